@@ -1,0 +1,135 @@
+"""Users, password hashes, vhost permissions: RabbitMQ's internal access control.
+
+Passwords are stored as RabbitMQ stores them (``rabbit_password_hashing_sha256``:
+base64 of a 4-byte salt followed by SHA-256(salt + password)), so hashes from
+a RabbitMQ definitions export are accepted as they are.  Permissions are three
+regular expressions (configure, write, read) matched anywhere in the resource
+name, as RabbitMQ's ``re:run`` does; the empty string means ``^$``.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .definitions import DefinitionStore
+
+DEFAULT_USER = "guest"
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    salt = os.urandom(4) if salt is None else salt
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def check_password(password: str, password_hash: str) -> bool:
+    try:
+        raw = base64.b64decode(password_hash)
+    except ValueError:
+        return False
+    return len(raw) > 4 and hmac.compare_digest(hash_password(password, raw[:4]), password_hash)
+
+
+@lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern or "^$")
+
+
+@dataclass(frozen=True)
+class Permissions:
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+    def allows(self, kind: str, name: str) -> bool:
+        """``kind`` is configure, write or read; the default exchange is named amq.default."""
+        return _compile(getattr(self, kind)).search(name or "amq.default") is not None
+
+
+@dataclass
+class User:
+    name: str
+    password_hash: str
+    tags: list[str] = field(default_factory=list)
+
+    def to_record(self) -> dict:
+        return {"password_hash": self.password_hash, "tags": self.tags,
+                "hashing_algorithm": "rabbit_password_hashing_sha256"}
+
+
+class AccessControl:
+    """Reads and writes users, vhosts and permissions in the definition store."""
+
+    def __init__(self, store: DefinitionStore) -> None:
+        self.store = store
+
+    def bootstrap(self) -> None:
+        """A fresh data directory gets guest/guest with full rights on vhost /, like RabbitMQ."""
+        if next(self.store.items("user"), None) is None and next(self.store.items("vhost"), None) is None:
+            self.add_vhost("/")
+            self.add_user(DEFAULT_USER, DEFAULT_USER, ["administrator"])
+            self.set_permissions("/", DEFAULT_USER, Permissions())
+
+    def user(self, name: str) -> User | None:
+        record = self.store.get("user", name)
+        if record is None:
+            return None
+        return User(name, record["password_hash"], list(record.get("tags", [])))
+
+    def users(self) -> list[User]:
+        return [User(name, r["password_hash"], list(r.get("tags", []))) for name, r in self.store.items("user")]
+
+    def add_user(self, name: str, password: str, tags: list[str] | None = None) -> User:
+        user = User(name, hash_password(password), tags or [])
+        self.store.put("user", name, user.to_record())
+        return user
+
+    def delete_user(self, name: str) -> bool:
+        for key, _ in list(self.store.items("permission")):
+            if key.split("/", 1)[1] == name:
+                self.store.delete("permission", key)
+        return self.store.delete("user", name)
+
+    def authenticate(self, name: str, password: str) -> User | None:
+        user = self.user(name)
+        if user is None or not check_password(password, user.password_hash):
+            return None
+        return user
+
+    def vhosts(self) -> list[str]:
+        return [record["name"] for _, record in self.store.items("vhost")]
+
+    def vhost_exists(self, name: str) -> bool:
+        return self.store.get("vhost", _vhost_key(name)) is not None
+
+    def add_vhost(self, name: str) -> None:
+        self.store.put("vhost", _vhost_key(name), {"name": name})
+
+    def delete_vhost(self, name: str) -> bool:
+        for key, record in list(self.store.items("permission")):
+            if record["vhost"] == name:
+                self.store.delete("permission", key)
+        return self.store.delete("vhost", _vhost_key(name))
+
+    def permissions(self, vhost: str, user: str) -> Permissions | None:
+        record = self.store.get("permission", f"{_vhost_key(vhost)}/{user}")
+        if record is None:
+            return None
+        return Permissions(record["configure"], record["write"], record["read"])
+
+    def set_permissions(self, vhost: str, user: str, perms: Permissions) -> None:
+        self.store.put("permission", f"{_vhost_key(vhost)}/{user}",
+                       {"vhost": vhost, "user": user, "configure": perms.configure,
+                        "write": perms.write, "read": perms.read})
+
+    def clear_permissions(self, vhost: str, user: str) -> bool:
+        return self.store.delete("permission", f"{_vhost_key(vhost)}/{user}")
+
+
+def _vhost_key(name: str) -> str:
+    """Vhost names may hold '/', which separates key parts: escape it."""
+    return name.replace("%", "%25").replace("/", "%2F")

@@ -1,0 +1,425 @@
+"""The broker: vhosts with their exchanges, queues and bindings, and the operations on them.
+
+Every front end — AMQP channels, the HTTP plugin, the forwarder — calls these
+operations; none keeps its own copy.  Operations raise :class:`ChannelError`
+(or :class:`ConnectionError`) with RabbitMQ's reply code and text.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Collection, Iterable
+
+from exchanges import Exchange, exchange_class
+
+from . import errors
+from .auth import AccessControl
+from .definitions import DefinitionStore
+from .errors import ChannelError, ConnectionError, resource_name
+from .message import Message
+from .queue import Queue
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("warren.broker")
+
+DEFAULT_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+# Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
+EQUIVALENT_QUEUE_ARGS = (
+    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
+    "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-type", "x-single-active-consumer",
+)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def server_name(prefix: str) -> str:
+    """``amq.gen-…`` / ``amq.ctag-…``: 16 random bytes, URL-safe base64, as RabbitMQ makes them."""
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class VHost:
+    """One virtual host's exchanges and queues."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
+        for ex_name, type_name in DEFAULT_EXCHANGES:
+            self.exchanges[ex_name] = exchange_class(type_name)(ex_name, durable=True)
+
+    def exchange(self, name: str) -> Exchange:
+        try:
+            return self.exchanges[name]
+        except KeyError:
+            raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
+
+    def queue(self, name: str) -> Queue:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'") from None
+
+
+class Broker:
+    def __init__(self, data_dir: str, node_name: str = "warren@localhost") -> None:
+        self.data_dir = data_dir
+        self.node_name = node_name
+        self.store = DefinitionStore(data_dir)
+        self.access = AccessControl(self.store)
+        self.access.bootstrap()
+        self.vhosts: dict[str, VHost] = {}
+        self.connections: set["Connection"] = set()
+        self.blocked = False  # memory alarm: publishers are blocked
+        self._recover_definitions()
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- vhosts -------------------------------------------------------------------------------
+
+    def vhost(self, name: str) -> VHost:
+        """The vhost, created in memory on first use if the definition store has it."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            if not self.access.vhost_exists(name):
+                raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
+            vhost = self.vhosts[name] = VHost(name)
+        return vhost
+
+    def add_vhost(self, name: str) -> VHost:
+        self.access.add_vhost(name)
+        return self.vhost(name)
+
+    def delete_vhost(self, name: str) -> None:
+        vhost = self.vhosts.pop(name, None)
+        if vhost is not None:
+            for queue in list(vhost.queues.values()):
+                self._remove_queue(vhost, queue)
+            for connection in list(self.connections):
+                if connection.vhost_name == name:
+                    connection.force_close(f"vhost '{name}' is deleted")
+        for kind in ("exchange", "queue", "binding"):
+            for key, record in list(self.store.items(kind)):
+                if record["vhost"] == name:
+                    self.store.delete(kind, key)
+        self.access.delete_vhost(name)
+
+    # -- exchanges ----------------------------------------------------------------------------
+
+    def declare_exchange(self, vhost: VHost, name: str, type_name: str, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                         arguments: dict[str, Any] | None = None) -> Exchange:
+        existing = vhost.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
+            return existing
+        if name == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        if name.startswith("amq."):
+            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        cls = exchange_class(type_name)
+        if cls is None:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{type_name}'")
+        arguments = dict(arguments or {})
+        what = resource_name("exchange", name, vhost.name)
+        if existing is not None:
+            for arg, new, old in (("type", type_name, existing.type_name),
+                                  ("durable", durable, existing.durable),
+                                  ("auto_delete", auto_delete, existing.auto_delete),
+                                  ("internal", internal, existing.internal)):
+                if new != old:
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+            if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
+                raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
+            return existing
+        exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        vhost.exchanges[name] = exchange
+        if durable:
+            self.store.put("exchange", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "type": type_name, "auto_delete": auto_delete,
+                "internal": internal, "arguments": arguments})
+        return exchange
+
+    def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False) -> None:
+        if name == "" or name.startswith("amq."):
+            raise errors.access_refused(
+                "operation not permitted on the default exchange" if name == ""
+                else f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            return  # idempotent, as RabbitMQ
+        if if_unused and exchange.has_bindings:
+            raise errors.precondition_failed(f"{resource_name('exchange', name, vhost.name)} in use")
+        self._remove_exchange(vhost, exchange)
+
+    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        del vhost.exchanges[exchange.name]
+        for binding in exchange.bindings():
+            if isinstance(binding.destination, Exchange):
+                vhost.e2e_bindings -= 1
+            self._forget_binding(vhost, exchange.name, binding.destination, binding.routing_key,
+                                 binding.args_dict())
+        self._drop_destination(vhost, exchange)
+        if exchange.durable:
+            self.store.delete("exchange", _key(vhost.name, exchange.name))
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def declare_queue(self, vhost: VHost, name: str, passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict[str, Any] | None = None,
+                      owner: "Connection | None" = None, server_named: bool = False) -> Queue:
+        existing = vhost.queues.get(name)
+        if passive:
+            if existing is None:
+                raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
+            self.check_exclusive(existing, owner)
+            return existing
+        if name.startswith("amq.") and not server_named:
+            raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        arguments = dict(arguments or {})
+        if existing is not None:
+            self.check_exclusive(existing, owner)
+            if exclusive != existing.exclusive:
+                raise _exclusive_locked(existing)
+            what = resource_name("queue", name, vhost.name)
+            for arg, new, old in (("durable", durable, existing.durable),
+                                  ("auto_delete", auto_delete, existing.auto_delete)):
+                if new != old:
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+            for arg in EQUIVALENT_QUEUE_ARGS:
+                new, old = arguments.get(arg), existing.arguments.get(arg)
+                if new != old:
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received {_show_arg(new)} but current is {_show_arg(old)}")
+            return existing
+        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments)
+        vhost.queues[name] = queue
+        if owner is not None and exclusive:
+            owner.exclusive_queues.add(queue)
+        if durable and not exclusive:
+            self.store.put("queue", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "auto_delete": auto_delete, "arguments": arguments})
+        return queue
+
+    @staticmethod
+    def check_exclusive(queue: Queue, connection: "Connection | None") -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+            raise _exclusive_locked(queue)
+
+    def delete_queue(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
+                     owner: "Connection | None" = None) -> int:
+        queue = vhost.queues.get(name)
+        if queue is None:
+            return 0  # idempotent, as RabbitMQ
+        self.check_exclusive(queue, owner)
+        what = resource_name("queue", name, vhost.name)
+        if if_unused and queue.consumers:
+            raise errors.precondition_failed(f"{what} in use")
+        if if_empty and queue.message_count:
+            raise errors.precondition_failed(f"{what} not empty")
+        count = queue.message_count
+        self._remove_queue(vhost, queue)
+        return count
+
+    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
+        if vhost.queues.get(queue.name) is not queue:
+            return
+        del vhost.queues[queue.name]
+        queue.deleted = True
+        self._drop_destination(vhost, queue)
+        for consumer in list(queue.consumers):
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+        queue.consumers.clear()
+        queue.ready.clear()
+        if queue.exclusive_owner is not None:
+            queue.exclusive_owner.exclusive_queues.discard(queue)
+        if queue.durable:
+            self.store.delete("queue", _key(vhost.name, queue.name))
+
+    def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue.purge()
+
+    def consumer_left(self, queue: Queue) -> None:
+        """Auto-delete queues go when their last consumer leaves."""
+        if queue.unused_auto_delete and not queue.deleted:
+            self._remove_queue(self.vhosts[queue.vhost], queue)
+
+    def connection_closed(self, connection: "Connection") -> None:
+        self.connections.discard(connection)
+        for queue in list(connection.exclusive_queues):
+            self._remove_queue(self.vhosts[queue.vhost], queue)
+
+    # -- bindings -----------------------------------------------------------------------------
+
+    def bind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+             arguments: dict[str, Any] | None = None) -> None:
+        exchange = self._bindable(vhost, source)
+        try:
+            added = exchange.bind(destination, routing_key, arguments or {})
+        except ValueError as exc:
+            raise errors.precondition_failed(str(exc)) from None
+        if not added:
+            return
+        if isinstance(destination, Exchange):
+            vhost.e2e_bindings += 1
+        if exchange.durable and destination.durable:
+            self.store.put("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
+                "vhost": vhost.name, "source": source, "destination": destination.name,
+                "destination_type": _kind(destination), "routing_key": routing_key,
+                "arguments": dict(arguments or {})})
+
+    def unbind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+               arguments: dict[str, Any] | None = None) -> None:
+        exchange = self._bindable(vhost, source)
+        if not exchange.unbind(destination, routing_key, arguments or {}):
+            return
+        if isinstance(destination, Exchange):
+            vhost.e2e_bindings -= 1
+        self._forget_binding(vhost, source, destination, routing_key, arguments)
+        self._auto_delete_exchange(vhost, exchange)
+
+    @staticmethod
+    def _bindable(vhost: VHost, source: str) -> Exchange:
+        if source == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        return vhost.exchange(source)
+
+    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                        arguments: dict[str, Any] | None) -> None:
+        if destination.durable:
+            self.store.delete("binding", _binding_key(vhost.name, source, destination, routing_key, arguments))
+
+    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
+        """A queue or exchange is gone: remove every binding to it."""
+        for exchange in list(vhost.exchanges.values()):
+            for binding in [b for b in exchange.bindings() if b.destination is destination]:
+                exchange.unbind(destination, binding.routing_key, binding.args_dict())
+                if isinstance(destination, Exchange):
+                    vhost.e2e_bindings -= 1
+                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
+            self._auto_delete_exchange(vhost, exchange)
+
+    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.has_bindings and vhost.exchanges.get(exchange.name) is exchange:
+            self._remove_exchange(vhost, exchange)
+
+    def bindings(self, vhost: VHost) -> Iterable[tuple[str, Queue | Exchange, str, dict]]:
+        """(source, destination, routing key, arguments) of every binding, the default exchange's included."""
+        for queue in vhost.queues.values():
+            yield "", queue, queue.name, {}
+        for exchange in vhost.exchanges.values():
+            for binding in exchange.bindings():
+                yield exchange.name, binding.destination, binding.routing_key, binding.args_dict()
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def route(self, vhost: VHost, exchange: Exchange, message: Message) -> Collection[Queue]:
+        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
+        if exchange.name == "":
+            queue = vhost.queues.get(message.routing_key)
+            return (queue,) if queue is not None else ()
+        destinations = exchange.route(message.routing_key, message)
+        if not vhost.e2e_bindings and (destinations or "alternate-exchange" not in exchange.arguments):
+            return destinations
+        queues: dict[Queue, None] = {}
+        seen: set[Exchange] = set()
+        pending = [exchange]
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            routed = current.route(message.routing_key, message)
+            for destination in routed:
+                if isinstance(destination, Queue):
+                    queues[destination] = None
+                else:
+                    pending.append(destination)
+            if not routed:
+                alternate = vhost.exchanges.get(current.arguments.get("alternate-exchange", ""))
+                if alternate is not None and alternate.name:
+                    pending.append(alternate)
+        return queues.keys()
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _recover_definitions(self) -> None:
+        for name in self.access.vhosts():
+            self.vhost(name)
+        for _, record in self.store.items("exchange"):
+            vhost = self.vhosts.get(record["vhost"])
+            cls = exchange_class(record["type"])
+            if vhost is None or cls is None:
+                continue
+            vhost.exchanges[record["name"]] = cls(record["name"], durable=True, auto_delete=record["auto_delete"],
+                                                  internal=record["internal"], arguments=record["arguments"])
+        for _, record in self.store.items("queue"):
+            vhost = self.vhosts.get(record["vhost"])
+            if vhost is not None:
+                vhost.queues[record["name"]] = Queue(record["name"], vhost.name, True, None,
+                                                     record["auto_delete"], record["arguments"])
+        for _, record in self.store.items("binding"):
+            vhost = self.vhosts.get(record["vhost"])
+            if vhost is None:
+                continue
+            source = vhost.exchanges.get(record["source"])
+            table = vhost.queues if record["destination_type"] == "queue" else vhost.exchanges
+            destination = table.get(record["destination"])
+            if source is not None and destination is not None:
+                source.bind(destination, record["routing_key"], record["arguments"])
+                if isinstance(destination, Exchange):
+                    vhost.e2e_bindings += 1
+        log.info("recovered definitions: %d vhosts, %d exchanges, %d queues",
+                 len(self.vhosts), sum(len(v.exchanges) for v in self.vhosts.values()),
+                 sum(len(v.queues) for v in self.vhosts.values()))
+
+
+def _kind(destination: Queue | Exchange) -> str:
+    return "queue" if isinstance(destination, Queue) else "exchange"
+
+
+def _key(vhost: str, name: str) -> str:
+    return json.dumps([vhost, name])
+
+
+def _binding_key(vhost: str, source: str, destination: Queue | Exchange, routing_key: str,
+                 arguments: dict | None) -> str:
+    raw = json.dumps([vhost, source, _kind(destination), destination.name, routing_key, arguments or {}],
+                     sort_keys=True, default=str)
+    return hashlib.sha1(raw.encode()).hexdigest()
+
+
+def _exclusive_locked(queue: Queue) -> ChannelError:
+    return errors.resource_locked(
+        f"cannot obtain exclusive access to locked {resource_name('queue', queue.name, queue.vhost)}. "
+        "It could be originally declared on another connection or the exclusive property value does not "
+        "match that of the original declaration.")
+
+
+def _show(value: Any) -> str:
+    return _flag(value) if isinstance(value, bool) else str(value)
+
+
+def _show_arg(value: Any) -> str:
+    return "none" if value is None else f"the value '{value}'"

@@ -1,0 +1,561 @@
+"""One AMQP channel (RabbitMQ's rabbit_channel): content assembly, consumers, acks, QoS, confirms, tx.
+
+Publish and deliver are the hot path and work on bytes (see :mod:`codec`);
+every other method arrives as a pamqp object and is dispatched by type.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from pamqp import commands
+from pamqp.base import Frame
+
+from exchanges import Exchange
+
+from . import codec, errors
+from .broker import server_name
+from .errors import AMQPError, ChannelError, ConnectionError
+from .message import Message
+from .queue import Consumer, Entry, Queue
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("warren.channel")
+
+EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
+NO_ROUTE_TEXT = "NO_ROUTE"
+
+
+class Channel:
+    def __init__(self, connection: "Connection", number: int) -> None:
+        self.connection = connection
+        self.number = number
+        self.broker = connection.broker
+        self.vhost = connection.vhost
+        self.out = connection.out
+        self.open = True
+        self.flow_active = True
+        # content assembly
+        self.expect = EXPECT_METHOD
+        self._route = b""
+        self._mandatory = False
+        self._header = b""
+        self._size = 0
+        self._chunks: list[bytes] = []
+        self._received = 0
+        # consuming
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
+        self.delivery_tag = 0
+        self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
+        self.global_prefetch = 0  # basic.qos global=true: shared by the channel's consumers
+        self.unacked_for_global = 0
+        # publishing
+        self.confirm_mode = False
+        self.publish_seq = 0
+        self.confirm_pending = False
+        self.tx: list[Callable[[], None]] | None = None
+        self.last_queue = ""
+        self._write_checked: set[str] = set()
+        self.max_message_size = connection.config.max_message_size
+
+    # -- hot path: publish --------------------------------------------------------------------
+
+    def on_publish(self, route: bytes, flags: int) -> None:
+        if self.expect != EXPECT_METHOD:
+            raise _unexpected_content(self.expect)
+        if flags & 2:
+            raise ConnectionError(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self._route = route
+        self._mandatory = flags & 1
+        self.expect = EXPECT_HEADER
+
+    def on_header(self, header: bytes) -> None:
+        if self.expect != EXPECT_HEADER:
+            raise ConnectionError(errors.UNEXPECTED_FRAME,
+                                  f"expected {_EXPECTED[self.expect]}, got content header frame instead", 60, 40)
+        if len(header) < 14 or header[0] != 0 or header[1] != 60:
+            raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
+        size = codec.BODY_SIZE.unpack_from(header, 4)[0]
+        self._header = header
+        if size == 0:
+            self.expect = EXPECT_METHOD
+            self._publish(b"")
+            return
+        if size > self.max_message_size:
+            self.expect = EXPECT_BODY
+            self._size = size
+            raise errors.precondition_failed(
+                f"message size {size} is larger than configured max size {self.max_message_size}")
+        self._size = size
+        self._received = 0
+        self.expect = EXPECT_BODY
+
+    def on_body(self, data: bytes) -> None:
+        if self.expect != EXPECT_BODY:
+            raise ConnectionError(errors.UNEXPECTED_FRAME,
+                                  f"expected {_EXPECTED[self.expect]}, got content body frame instead", 60, 40)
+        received = self._received + len(data)
+        if received == self._size and not self._chunks:
+            self.expect = EXPECT_METHOD
+            self._publish(data)
+            return
+        if received > self._size:
+            raise ConnectionError(errors.FRAME_ERROR,
+                                  f"content body larger than the {self._size} octets its header declared")
+        self._chunks.append(data)
+        self._received = received
+        if received == self._size:
+            body = b"".join(self._chunks)
+            self._chunks.clear()
+            self.expect = EXPECT_METHOD
+            self._publish(body)
+
+    def _publish(self, body: bytes) -> None:
+        route = self._route
+        ex_len = route[0]
+        exchange_name = route[1:1 + ex_len].decode()
+        message = Message(exchange_name, route[2 + ex_len:].decode(), route, self._header, body)
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
+        if exchange_name not in self._write_checked:
+            self._check("write", "exchange", exchange_name, 60, 40)
+            if exchange.internal:
+                raise _publish_error(errors.access_refused(
+                    f"cannot publish to internal {errors.resource_name('exchange', exchange_name, vhost.name)}"))
+            self._write_checked.add(exchange_name)
+        if message.has_user_id and message.properties.user_id != self.connection.user.name:
+            raise _publish_error(errors.precondition_failed(
+                f"user_id property set to '{message.properties.user_id}' but authenticated user was "
+                f"'{self.connection.user.name}'"))
+        if self.confirm_mode:
+            self.publish_seq += 1
+            self.confirm_pending = True
+        if self.broker.blocked:
+            self.connection.publisher_blocked()
+        self.connection.publishing = True
+        if self.tx is not None:
+            mandatory = self._mandatory
+            self.tx.append(lambda: self._route_message(exchange, message, mandatory))
+            return
+        self._route_message(exchange, message, self._mandatory)
+
+    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+        queues = self.broker.route(self.vhost, exchange, message)
+        if queues:
+            for queue in queues:
+                queue.enqueue(message)
+        elif mandatory:
+            codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
+                                message.header, message.body, self.connection.frame_max)
+            self.connection.schedule_flush()
+
+    def emit_confirms(self) -> None:
+        """One basic.ack(multiple) covers every publish since the last flush."""
+        self.confirm_pending = False
+        self.out.append(codec.basic_ack(self.number, self.publish_seq, True))
+
+    # -- hot path: deliver --------------------------------------------------------------------
+
+    def can_deliver(self) -> bool:
+        connection = self.connection
+        if not self.flow_active or connection.write_paused or connection.deliver_budget <= 0:
+            return False
+        return not self.global_prefetch or self.unacked_for_global < self.global_prefetch
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        if not consumer.no_ack:
+            self.unacked[tag] = (entry, consumer.queue, consumer)
+            consumer.unacked += 1
+            self.unacked_for_global += 1
+        message = entry.message
+        connection = self.connection
+        codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
+                             message.header, message.body, connection.frame_max)
+        connection.deliver_budget -= 1
+        connection.schedule_flush()
+
+    def kick(self) -> None:
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.run()
+
+    # -- acks ---------------------------------------------------------------------------------
+
+    def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[Entry, Queue, Consumer | None]]:
+        unacked = self.unacked
+        if multiple:
+            if delivery_tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            taken = []
+            while unacked:
+                tag = next(iter(unacked))
+                if tag > delivery_tag:
+                    break
+                taken.append(unacked.pop(tag))
+            if not taken and delivery_tag > self.delivery_tag:
+                raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
+            return taken
+        item = unacked.pop(delivery_tag, None)
+        if item is None:
+            raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
+        return [item]
+
+    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
+        """Acked, rejected or requeued: credit returns, and the queues may deliver again."""
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry, queue, consumer in taken:
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.unacked_for_global -= 1
+            entries = by_queue.get(queue)
+            if entries is None:
+                by_queue[queue] = [entry]
+            else:
+                entries.append(entry)
+        for queue, entries in by_queue.items():
+            if queue.deleted:
+                continue
+            if requeue:
+                queue.requeue(entries)
+            else:
+                queue.settle(len(entries))
+                queue.run()
+
+    def _ack(self, method: commands.Basic.Ack) -> None:
+        if self.tx is not None:
+            self._check_tags(method.delivery_tag, method.multiple)
+            self.tx.append(lambda: self._settle(self._take_unacked(method.delivery_tag, method.multiple), False))
+            return
+        self._settle(self._take_unacked(method.delivery_tag, method.multiple), False)
+
+    def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
+        multiple = getattr(method, "multiple", False)
+        requeue = method.requeue
+
+        def apply() -> None:
+            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue)
+
+        if self.tx is not None:
+            self._check_tags(method.delivery_tag, multiple)
+            self.tx.append(apply)
+            return
+        apply()
+
+    def _check_tags(self, delivery_tag: int, multiple: bool) -> None:
+        if not multiple and delivery_tag not in self.unacked:
+            raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
+
+    # -- method dispatch ----------------------------------------------------------------------
+
+    def on_method(self, method: Frame) -> None:
+        if self.expect != EXPECT_METHOD:
+            raise ConnectionError(errors.UNEXPECTED_FRAME,
+                                  f"expected {_EXPECTED[self.expect]}, got non content header frame instead", 60, 40)
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on a channel",
+                                  *divmod(method.index, 0x10000))
+        try:
+            handler(self, method)
+        except AMQPError as exc:
+            if not exc.class_id:
+                exc.class_id, exc.method_id = divmod(method.index, 0x10000)
+            raise
+
+    def reply(self, method: Frame) -> None:
+        self.connection.send_method(self.number, method)
+
+    def _check(self, kind: str, resource: str, name: str, class_id: int = 0, method_id: int = 0) -> None:
+        connection = self.connection
+        if not connection.permissions.allows(kind, name):
+            raise ChannelError(errors.ACCESS_REFUSED,
+                               f"access to {errors.resource_name(resource, name or 'amq.default', self.vhost.name)}"
+                               f" refused for user '{connection.user.name}'", class_id, method_id)
+
+    def _queue_name(self, name: str) -> str:
+        """An empty queue name means the last queue declared on this channel."""
+        if name:
+            return name
+        if not self.last_queue:
+            raise errors.not_found("no previously declared queue")
+        return self.last_queue
+
+    # channel.*
+
+    def _channel_open(self, method: commands.Channel.Open) -> None:
+        raise ConnectionError(errors.CHANNEL_ERROR, "second 'channel.open' seen")
+
+    def _channel_flow(self, method: commands.Channel.Flow) -> None:
+        self.flow_active = method.active
+        self.reply(commands.Channel.FlowOk(active=method.active))
+        if method.active:
+            self.kick()
+
+    def _channel_close(self, method: commands.Channel.Close) -> None:
+        self.closed()
+        self.connection.channel_closed(self.number, awaiting_close_ok=False)
+        self.reply(commands.Channel.CloseOk())
+
+    def _channel_close_ok(self, method: commands.Channel.CloseOk) -> None:
+        raise ConnectionError(errors.CHANNEL_ERROR, "unexpected channel.close-ok")
+
+    # exchange.*
+
+    def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        if not m.passive:
+            self._check("configure", "exchange", m.exchange)
+            alternate = (m.arguments or {}).get("alternate-exchange")
+            if alternate:
+                self._check("read", "exchange", m.exchange)
+                self._check("write", "exchange", str(alternate))
+        self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
+                                     m.auto_delete, m.internal, m.arguments)
+        if not m.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self._check("configure", "exchange", m.exchange)
+        self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused)
+        self._write_checked.discard(m.exchange)
+        if not m.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    def _exchange_binding(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        destination = self.vhost.exchange(m.destination)
+        if isinstance(m, commands.Exchange.Bind):
+            self.vhost.exchange(m.source)
+            self.broker.bind(self.vhost, m.source, destination, m.routing_key, m.arguments)
+            reply: Frame = commands.Exchange.BindOk()
+        else:
+            self.broker.unbind(self.vhost, m.source, destination, m.routing_key, m.arguments)
+            reply = commands.Exchange.UnbindOk()
+        if not m.nowait:
+            self.reply(reply)
+
+    # queue.*
+
+    def _queue_declare(self, m: commands.Queue.Declare) -> None:
+        name = m.queue
+        if not name and not m.passive:
+            name = server_name("amq.gen-")
+        elif not name:
+            name = self._queue_name(name)
+        if not m.passive:
+            self._check("configure", "queue", name)
+        queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
+                                          m.arguments, self.connection, server_named=not m.queue)
+        self.last_queue = queue.name
+        if not m.nowait:
+            self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
+                                                consumer_count=len(queue.consumers)))
+
+    def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
+        name = self._queue_name(m.queue)
+        routing_key = m.routing_key if (m.queue or m.routing_key) else name
+        self._check("write", "queue", name)
+        self._check("read", "exchange", m.exchange)
+        queue = self.vhost.queue(name)
+        self.broker.check_exclusive(queue, self.connection)
+        if isinstance(m, commands.Queue.Bind):
+            self.vhost.exchange(m.exchange)
+            self.broker.bind(self.vhost, m.exchange, queue, routing_key, m.arguments)
+            if not m.nowait:
+                self.reply(commands.Queue.BindOk())
+        else:
+            self.broker.unbind(self.vhost, m.exchange, queue, routing_key, m.arguments)
+            self.reply(commands.Queue.UnbindOk())
+
+    def _queue_purge(self, m: commands.Queue.Purge) -> None:
+        name = self._queue_name(m.queue)
+        self._check("read", "queue", name)
+        count = self.broker.purge_queue(self.vhost, name, self.connection)
+        if not m.nowait:
+            self.reply(commands.Queue.PurgeOk(message_count=count))
+
+    def _queue_delete(self, m: commands.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        self._check("configure", "queue", name)
+        count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection)
+        if not m.nowait:
+            self.reply(commands.Queue.DeleteOk(message_count=count))
+
+    # basic.*
+
+    def _basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise ConnectionError(errors.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch = m.prefetch_count
+        self.reply(commands.Basic.QosOk())
+        self.kick()
+
+    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        name = self._queue_name(m.queue)
+        self._check("read", "queue", name)
+        queue = self.vhost.queue(name)
+        self.broker.check_exclusive(queue, self.connection)
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        what = errors.resource_name("queue", name, self.vhost.name)
+        if m.exclusive and queue.consumers or any(c.exclusive for c in queue.consumers):
+            raise errors.access_refused(f"{what} in exclusive use")
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
+                            codec.deliver_prefix(tag))
+        self.consumers[tag] = consumer
+        queue.add_consumer(consumer)
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.run()
+
+    def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if not m.nowait:
+            self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+        if consumer is not None:
+            self._remove_consumer(consumer)
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
+        self.broker.consumer_left(queue)
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: tell clients that understand basic.cancel from the server."""
+        self.consumers.pop(consumer.tag, None)
+        if self.connection.client_capabilities.get("consumer_cancel_notify"):
+            self.reply(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    def _basic_get(self, m: commands.Basic.Get) -> None:
+        name = self._queue_name(m.queue)
+        self._check("read", "queue", name)
+        queue = self.vhost.queue(name)
+        self.broker.check_exclusive(queue, self.connection)
+        entry = queue.get()
+        if entry is None:
+            self.reply(commands.Basic.GetEmpty())
+            return
+        self.delivery_tag += 1
+        if not m.no_ack:
+            self.unacked[self.delivery_tag] = (entry, queue, None)
+            queue.unacked += 1
+        message = entry.message
+        codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
+                            queue.message_count, message.header, message.body, self.connection.frame_max)
+        self.connection.schedule_flush()
+
+    def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+        if not m.requeue:
+            raise ConnectionError(errors.NOT_IMPLEMENTED, "requeue=false")
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        self._settle(taken, True)
+        if isinstance(m, commands.Basic.Recover):
+            self.reply(commands.Basic.RecoverOk())
+
+    # confirm.* and tx.*
+
+    def _confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise errors.precondition_failed("cannot switch from tx to confirm mode")
+        self.confirm_mode = True
+        if not m.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    def _tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirm_mode:
+            raise errors.precondition_failed("cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = []
+        self.reply(commands.Tx.SelectOk())
+
+    def _tx_commit(self, m: commands.Tx.Commit) -> None:
+        if self.tx is None:
+            raise errors.precondition_failed("channel is not transactional")
+        pending, self.tx = self.tx, []
+        for action in pending:
+            action()
+        self.reply(commands.Tx.CommitOk())
+
+    def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise errors.precondition_failed("channel is not transactional")
+        self.tx.clear()
+        self.reply(commands.Tx.RollbackOk())
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def fail(self, error: ChannelError) -> None:
+        """A soft error: close the channel with its reply code; the connection carries on."""
+        log.info("channel %d on %s closed: %s", self.number, self.connection.name, error.text)
+        self.closed()
+        self.connection.channel_closed(self.number, awaiting_close_ok=True)
+        self.reply(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
+                                          class_id=error.class_id, method_id=error.method_id))
+
+    def closed(self) -> None:
+        """Channel gone: its unacked messages go back to their queues, its consumers leave."""
+        if not self.open:
+            return
+        self.open = False
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        for consumer in list(self.consumers.values()):
+            self._remove_consumer(consumer)
+        self.consumers.clear()
+        self._settle(taken, True)
+
+
+def _publish_error(error: ChannelError) -> ChannelError:
+    error.class_id, error.method_id = 60, 40
+    return error
+
+
+def _unexpected_content(expect: int) -> ConnectionError:
+    return ConnectionError(errors.UNEXPECTED_FRAME,
+                           f"expected {_EXPECTED[expect]}, got non content header frame instead", 60, 40)
+
+
+_EXPECTED = {EXPECT_METHOD: "method frame", EXPECT_HEADER: "content header for class 60",
+             EXPECT_BODY: "content body for class 60"}
+
+_HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    commands.Channel.Open: Channel._channel_open,
+    commands.Channel.Flow: Channel._channel_flow,
+    commands.Channel.Close: Channel._channel_close,
+    commands.Channel.CloseOk: Channel._channel_close_ok,
+    commands.Exchange.Declare: Channel._exchange_declare,
+    commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Exchange.Bind: Channel._exchange_binding,
+    commands.Exchange.Unbind: Channel._exchange_binding,
+    commands.Queue.Declare: Channel._queue_declare,
+    commands.Queue.Bind: Channel._queue_binding,
+    commands.Queue.Unbind: Channel._queue_binding,
+    commands.Queue.Purge: Channel._queue_purge,
+    commands.Queue.Delete: Channel._queue_delete,
+    commands.Basic.Qos: Channel._basic_qos,
+    commands.Basic.Consume: Channel._basic_consume,
+    commands.Basic.Cancel: Channel._basic_cancel,
+    commands.Basic.Get: Channel._basic_get,
+    commands.Basic.Ack: Channel._ack,
+    commands.Basic.Nack: Channel._nack,
+    commands.Basic.Reject: Channel._nack,
+    commands.Basic.Recover: Channel._basic_recover,
+    commands.Basic.RecoverAsync: Channel._basic_recover,
+    commands.Confirm.Select: Channel._confirm_select,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
+}

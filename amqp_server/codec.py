@@ -1,0 +1,125 @@
+"""Frame encoding for the hot path, without pamqp objects.
+
+pamqp marshals and unmarshals every method; these helpers cover only what runs
+once per message (publish parsing, deliver / get-ok / return encoding, the
+confirm ack) by writing bytes with :mod:`struct`.  Everything else goes
+through :func:`method_frame`, which uses pamqp.
+"""
+from __future__ import annotations
+
+import struct
+
+from pamqp import frame as pamqp_frame
+from pamqp.base import Frame
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = b"\xce"
+FRAME_END_BYTE = 0xCE
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+FRAME_HEAD = struct.Struct(">BHI")
+METHOD_HEAD = struct.Struct(">BHIHH")
+DELIVERY_TAG = struct.Struct(">QB")
+BODY_SIZE = struct.Struct(">Q")
+SHORT = struct.Struct(">H")
+
+# Property flags of the basic class content header, in wire order.
+FLAG_CONTENT_TYPE = 0x8000
+FLAG_CONTENT_ENCODING = 0x4000
+FLAG_HEADERS = 0x2000
+FLAG_DELIVERY_MODE = 0x1000
+FLAG_PRIORITY = 0x0800
+FLAG_EXPIRATION = 0x0100
+FLAG_USER_ID = 0x0010
+
+
+def method_frame(channel: int, method: Frame) -> bytes:
+    """Any method, marshalled by pamqp (for everything off the hot path)."""
+    return pamqp_frame.marshal(method, channel)
+
+
+def shortstr(value: str) -> bytes:
+    data = value.encode()
+    if len(data) > 255:
+        raise ValueError("short string longer than 255 bytes")
+    return bytes((len(data),)) + data
+
+
+def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_max: int) -> None:
+    """Append the content header frame and body frames of a message to ``out``."""
+    out.append(FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)))
+    out.append(header)
+    size = len(body)
+    limit = frame_max - 8
+    if size <= limit:
+        if size:
+            out.append(FRAME_END + FRAME_HEAD.pack(FRAME_BODY, channel, size))
+            out.append(body)
+        out.append(FRAME_END)
+        return
+    out.append(FRAME_END)
+    view = memoryview(body)
+    for start in range(0, size, limit):
+        chunk = view[start:start + limit]
+        out.append(FRAME_HEAD.pack(FRAME_BODY, channel, len(chunk)))
+        out.append(chunk)
+        out.append(FRAME_END)
+
+
+def deliver_prefix(consumer_tag: str) -> bytes:
+    """Basic.Deliver's class/method ids and consumer tag, cached per consumer."""
+    return b"\x00\x3c\x00\x3c" + shortstr(consumer_tag)
+
+
+def append_deliver(out: list, channel: int, prefix: bytes, delivery_tag: int, redelivered: bool,
+                   route: bytes, header: bytes, body: bytes, frame_max: int) -> None:
+    """Basic.Deliver + content, reusing the publish's encoded exchange and routing key."""
+    out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, len(prefix) + 9 + len(route)))
+    out.append(prefix)
+    out.append(DELIVERY_TAG.pack(delivery_tag, redelivered))
+    out.append(route)
+    out.append(FRAME_END)
+    content_frames(out, channel, header, body, frame_max)
+
+
+def append_get_ok(out: list, channel: int, delivery_tag: int, redelivered: bool, route: bytes,
+                  message_count: int, header: bytes, body: bytes, frame_max: int) -> None:
+    out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, 4 + 9 + len(route) + 4))
+    out.append(b"\x00\x3c\x00\x47")
+    out.append(DELIVERY_TAG.pack(delivery_tag, redelivered))
+    out.append(route)
+    out.append(struct.pack(">I", message_count))
+    out.append(FRAME_END)
+    content_frames(out, channel, header, body, frame_max)
+
+
+def append_return(out: list, channel: int, reply_code: int, reply_text: str, route: bytes,
+                  header: bytes, body: bytes, frame_max: int) -> None:
+    text = shortstr(reply_text)
+    out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, 6 + len(text) + len(route)))
+    out.append(b"\x00\x3c\x00\x32" + SHORT.pack(reply_code) + text)
+    out.append(route)
+    out.append(FRAME_END)
+    content_frames(out, channel, header, body, frame_max)
+
+
+_ACK = struct.Struct(">BHIHHQB")
+
+
+
+def basic_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return _ACK.pack(FRAME_METHOD, channel, 13, 60, 80, delivery_tag, multiple) + FRAME_END
+
+
+def basic_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """Basic.Nack with requeue=false (bit 1) as a publisher confirm nack."""
+    return _ACK.pack(FRAME_METHOD, channel, 13, 60, 120, delivery_tag, multiple) + FRAME_END
+
+
+def read_shortstr(buf, pos: int) -> tuple[str, int]:
+    end = pos + 1 + buf[pos]
+    return bytes(buf[pos + 1:end]).decode(), end

@@ -1,0 +1,105 @@
+"""Configuration: defaults, then a TOML file, then WARREN_* environment variables, then the command line."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+
+def _total_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass
+class Config:
+    amqp_port: int = 5672
+    mgmt_port: int = 15672
+    bind: str = "0.0.0.0"
+    data_dir: str = "warren-data"
+    node_name: str = f"warren@{socket.gethostname()}"
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+    max_message_size: int = 128 * 1024 * 1024
+    memory_high_watermark: float = 0.4  # fraction of RAM (<= 1) or absolute bytes (> 1), as RabbitMQ
+    write_buffer_high: int = 4 * 1024 * 1024
+    deliveries_per_flush: int = 2000
+    loopback_users_only: bool = True  # guest may log in only from loopback, as RabbitMQ
+    log_level: str = "INFO"
+
+    @property
+    def memory_limit(self) -> int:
+        mark = self.memory_high_watermark
+        return int(mark * _total_memory()) if mark <= 1 else int(mark)
+
+
+_HELP = {
+    "amqp_port": "AMQP listener port",
+    "mgmt_port": "management HTTP port",
+    "bind": "address to listen on",
+    "data_dir": "directory for definitions and messages",
+    "node_name": "this node's name",
+    "heartbeat": "heartbeat interval proposed to clients, seconds (0 disables)",
+    "frame_max": "largest frame size offered to clients",
+    "channel_max": "most channels per connection",
+    "max_message_size": "largest message body accepted, bytes",
+    "memory_high_watermark": "memory alarm: fraction of RAM, or bytes if > 1",
+    "write_buffer_high": "bytes buffered for a slow client before delivery pauses",
+    "deliveries_per_flush": "deliveries written per event-loop turn per connection",
+    "loopback_users_only": "guest may log in from loopback only",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+}
+
+
+def _convert(kind: type, value: Any) -> Any:
+    if kind is bool and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return kind(value)
+
+
+def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="warren-server", description="Warren AMQP 0-9-1 broker")
+    parser.add_argument("--config", metavar="FILE", default=environ.get("WARREN_CONFIG"),
+                        help="TOML file with any of the options below (env WARREN_CONFIG)")
+    for field in fields(Config):
+        flag = "--" + field.name.replace("_", "-")
+        env = "WARREN_" + field.name.upper()
+        if field.type in ("bool", bool):
+            parser.add_argument(flag, dest=field.name, default=None, type=lambda v: _convert(bool, v),
+                                metavar="BOOL", help=f"{_HELP[field.name]} (env {env})")
+        else:
+            parser.add_argument(flag, dest=field.name, default=None, help=f"{_HELP[field.name]} (env {env})")
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, "rb") as handle:
+            table = tomllib.load(handle)
+        unknown = set(table) - {f.name for f in fields(Config)}
+        if unknown:
+            parser.error(f"unknown option(s) in {args.config}: {', '.join(sorted(unknown))}")
+        values.update(table)
+    for field in fields(Config):
+        env = environ.get("WARREN_" + field.name.upper())
+        if env is not None:
+            values[field.name] = env
+        cli = getattr(args, field.name)
+        if cli is not None:
+            values[field.name] = cli
+    config = Config()
+    for field in fields(Config):
+        if field.name in values:
+            kind = type(getattr(config, field.name))
+            try:
+                setattr(config, field.name, _convert(kind, values[field.name]))
+            except ValueError:
+                parser.error(f"bad value for {field.name}: {values[field.name]!r}")
+    return config
+
+
+def as_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,497 @@
+"""One client connection (RabbitMQ's rabbit_reader): framing, handshake, heartbeats, channels.
+
+The frame loop keeps an offset into one ``bytearray`` and compacts it once per
+read.  ``basic.publish`` and content frames are parsed here without pamqp and
+handed to the channel; every other method is unmarshalled by pamqp.  Output is
+gathered per loop iteration and written with one ``transport.write``.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import struct
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands, decode
+from pamqp.base import Frame
+
+from . import __version__, codec, errors
+from .errors import AMQPError, ConnectionError
+
+if TYPE_CHECKING:
+    from .broker import Broker, VHost
+    from .channel import Channel
+    from .config import Config
+    from .auth import Permissions, User
+
+log = logging.getLogger("warren.connection")
+
+_HEAD = struct.Struct(">BHI")
+_METHOD_ID = struct.Struct(">I")
+_PUBLISH = (60 << 16) | 40
+MIN_FRAME_MAX = 4096
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 3.0
+LOGIN_REFUSED = "Login was refused using authentication mechanism {}. For details see the broker logfile."
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+# Handshake states
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+class Connection(asyncio.Protocol):
+    """Protocol instance per TCP connection."""
+
+    def __init__(self, broker: "Broker", config: "Config") -> None:
+        self.broker = broker
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.state = AWAIT_HEADER
+        self.buf = bytearray()
+        self.out: list[bytes] = []
+        self._flush_scheduled = False
+        self.channels: dict[int, "Channel"] = {}
+        self.closing_channels: set[int] = set()
+        self.channel_max = config.channel_max
+        self.frame_max = config.frame_max
+        self.heartbeat = 0
+        self.user: "User | None" = None
+        self.vhost: "VHost | None" = None
+        self.vhost_name = ""
+        self.permissions: "Permissions | None" = None
+        self.client_properties: dict[str, Any] = {}
+        self.client_capabilities: dict[str, Any] = {}
+        self.peer = ("?", 0)
+        self.exclusive_queues: set = set()
+        self.write_paused = False
+        self.reading_paused = False
+        self.blocked_notified = False
+        self.publishing = False
+        self.deliver_budget = config.deliveries_per_flush
+        self._received = True
+        self._sent = False
+        self._silent_ticks = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self.connected_at = time.time()
+        self.name = ""
+
+    # -- transport callbacks ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername") or ("?", 0)
+        sock = transport.get_extra_info("sockname") or ("?", 0)
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+        self.broker.connections.add(self)
+        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.closed()
+        self.channels.clear()
+        self.broker.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if not self.broker.blocked or not self.publishing:
+            self._resume_reading()
+        self.kick_consumers()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.transport.is_closing():
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def kick_consumers(self) -> None:
+        """Credit came back (writes drained, flow on): let this connection's queues deliver again."""
+        for channel in list(self.channels.values()):
+            channel.kick()
+
+    # -- output -------------------------------------------------------------------------------
+
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        for channel in self.channels.values():
+            if channel.confirm_pending:
+                channel.emit_confirms()
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+            self._sent = True
+        self.out.clear()
+        if self.deliver_budget <= 0:
+            self.deliver_budget = self.config.deliveries_per_flush
+            if not self.write_paused:
+                self.kick_consumers()
+
+    def send_method(self, channel: int, method: Frame) -> None:
+        self.out.append(codec.method_frame(channel, method))
+        self.schedule_flush()
+
+    # -- input --------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        buf = self.buf
+        buf += data
+        if self.state == AWAIT_HEADER:
+            if len(buf) < 8:
+                return
+            if bytes(buf[:8]) != codec.PROTOCOL_HEADER:
+                self.transport.write(codec.PROTOCOL_HEADER)
+                self.transport.close()
+                self.state = CLOSED
+                return
+            del buf[:8]
+            self._start()
+        pos = 0
+        n = len(buf)
+        channels = self.channels
+        limit = self.frame_max
+        try:
+            while n - pos >= 8 and self.state != CLOSED:
+                ftype, ch, size = _HEAD.unpack_from(buf, pos)
+                end = pos + 7 + size
+                if size > limit - 8:
+                    raise ConnectionError(errors.FRAME_ERROR,
+                                          f"type {ftype}, frame size {size + 8} larger than frame_max {limit}")
+                if end >= n:
+                    break
+                if buf[end] != codec.FRAME_END_BYTE:
+                    raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, channel {ch}: no frame-end octet")
+                start = pos + 7
+                pos = end + 1
+                if self.state == CLOSING:
+                    self._closing_frame(ftype, ch, buf, start, end)
+                    continue
+                channel = channels.get(ch)
+                try:
+                    if ftype == 3:
+                        if channel is None:
+                            self._no_channel(ch)
+                        channel.on_body(bytes(buf[start:end]))
+                    elif ftype == 1:
+                        if size < 4:
+                            raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
+                        if _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH and channel is not None:
+                            self._publish(channel, buf, start, end)
+                        else:
+                            self._method(ch, channel, self._unmarshal(buf, start, end))
+                    elif ftype == 2:
+                        if channel is None:
+                            self._no_channel(ch)
+                        channel.on_header(bytes(buf[start:end]))
+                    elif ftype == 8:
+                        if ch != 0:
+                            raise ConnectionError(errors.FRAME_ERROR, "heartbeat frame on a non-zero channel")
+                    else:
+                        raise ConnectionError(errors.FRAME_ERROR, f"unknown frame type {ftype}")
+                except errors.ChannelError as exc:
+                    if channel is None or ch == 0:
+                        raise ConnectionError(exc.code, exc.text.split(" - ", 1)[1], exc.class_id,
+                                              exc.method_id) from None
+                    channel.fail(exc)
+        except ConnectionError as exc:
+            self.close_with(exc)
+            pos = len(buf)
+        except Exception as exc:  # a bug must not take the server down
+            log.exception("internal error on connection %s", self.name)
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
+            pos = len(buf)
+        del buf[:pos]
+        if self.out:
+            self.schedule_flush()
+
+    def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
+        """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""
+        route_start = start + 6  # class, method, reserved short
+        try:
+            rk_at = route_start + 1 + buf[route_start]
+            flags_at = rk_at + 1 + buf[rk_at]
+            if flags_at >= end:
+                raise IndexError
+        except IndexError:
+            raise ConnectionError(errors.SYNTAX_ERROR, "malformed basic.publish frame",
+                                  60, 40) from None
+        channel.on_publish(bytes(buf[route_start:flags_at]), buf[flags_at])
+
+    @staticmethod
+    def _unmarshal(buf: bytearray, start: int, end: int) -> Frame:
+        index = _METHOD_ID.unpack_from(buf, start)[0]
+        cls = commands.INDEX_MAPPING.get(index)
+        if cls is None:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown method class {index >> 16} method {index & 0xFFFF}")
+        method = cls()
+        try:
+            method.unmarshal(bytes(buf[start + 4:end]))
+        except Exception as exc:
+            raise ConnectionError(errors.SYNTAX_ERROR, f"malformed {method.name}: {exc}",
+                                  index >> 16, index & 0xFFFF) from None
+        return method
+
+    def _no_channel(self, ch: int) -> None:
+        if ch in self.closing_channels:
+            return
+        raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'")
+
+    def _closing_frame(self, ftype: int, ch: int, buf: bytearray, start: int, end: int) -> None:
+        """After we sent connection.close only close / close-ok matter."""
+        if ftype != 1 or ch != 0:
+            return
+        method = self._unmarshal(buf, start, end)
+        if isinstance(method, commands.Connection.Close):
+            self.send_method(0, commands.Connection.CloseOk())
+            self.flush()
+        if isinstance(method, (commands.Connection.CloseOk, commands.Connection.Close)):
+            self._drop()
+
+    # -- methods ------------------------------------------------------------------------------
+
+    def _method(self, ch: int, channel: "Channel | None", method: Frame) -> None:
+        if ch == 0:
+            self._connection_method(method)
+        elif channel is not None:
+            channel.on_method(method)
+        elif ch in self.closing_channels:
+            if isinstance(method, commands.Channel.CloseOk):
+                self.closing_channels.discard(ch)
+            elif isinstance(method, commands.Channel.Close):
+                self.send_method(ch, commands.Channel.CloseOk())
+        elif isinstance(method, commands.Channel.Open):
+            self._open_channel(ch)
+        else:
+            raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'")
+
+    def _open_channel(self, ch: int) -> None:
+        from .channel import Channel
+
+        if self.state != OPEN:
+            raise ConnectionError(errors.CHANNEL_ERROR, "channel.open before connection.open")
+        if ch > self.channel_max:
+            raise ConnectionError(errors.NOT_ALLOWED,
+                                  f"number of channels opened ({len(self.channels)}) has reached the "
+                                  f"negotiated channel_max ({self.channel_max})")
+        self.channels[ch] = Channel(self, ch)
+        self.send_method(ch, commands.Channel.OpenOk())
+
+    def channel_closed(self, ch: int, awaiting_close_ok: bool) -> None:
+        self.channels.pop(ch, None)
+        if awaiting_close_ok:
+            self.closing_channels.add(ch)
+
+    def _connection_method(self, method: Frame) -> None:
+        handler = {
+            commands.Connection.StartOk: self._start_ok,
+            commands.Connection.TuneOk: self._tune_ok,
+            commands.Connection.Open: self._open,
+            commands.Connection.Close: self._close,
+            commands.Connection.CloseOk: lambda _m: self._drop(),
+            commands.Connection.UpdateSecret: self._update_secret,
+        }.get(type(method))
+        if handler is None:
+            if isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
+                return
+            raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
+        handler(method)
+
+    def _start(self) -> None:
+        properties = {
+            "product": "Warren",
+            "version": __version__,
+            "platform": f"Python {sys.version.split()[0]}",
+            "copyright": "Warren contributors",
+            "information": "Licensed under the MPL 2.0",
+            "cluster_name": self.broker.node_name,
+            "capabilities": CAPABILITIES,
+        }
+        self.state = AWAIT_START_OK
+        self.send_method(0, commands.Connection.Start(server_properties=properties, mechanisms="PLAIN AMQPLAIN",
+                                                      locales="en_US"))
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        if self.state != AWAIT_START_OK:
+            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.start-ok")
+        self.client_properties = method.client_properties or {}
+        self.client_capabilities = self.client_properties.get("capabilities") or {}
+        username, password = self._credentials(method.mechanism, method.response)
+        user = self.broker.access.authenticate(username, password)
+        if user is not None and user.name == "guest" and self.config.loopback_users_only and not _is_loopback(self.peer[0]):
+            log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
+            user = None
+        if user is None:
+            log.warning("login refused for user %r from %s", username, self.peer[0])
+            raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism))
+        self.user = user
+        self.state = AWAIT_TUNE_OK
+        self.send_method(0, commands.Connection.Tune(channel_max=self.config.channel_max,
+                                                     frame_max=self.config.frame_max,
+                                                     heartbeat=self.config.heartbeat))
+
+    @staticmethod
+    def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
+        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response)
+        if mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed PLAIN response")
+            return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+        if mechanism == "AMQPLAIN":
+            try:
+                _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
+            except Exception:
+                raise ConnectionError(errors.ACCESS_REFUSED,
+                                      "authentication failed: malformed AMQPLAIN response") from None
+            return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
+        raise ConnectionError(errors.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        if self.state != AWAIT_TUNE_OK:
+            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.tune-ok")
+        server = self.config
+        frame_max = method.frame_max or server.frame_max
+        if frame_max < MIN_FRAME_MAX:
+            raise ConnectionError(errors.NOT_ALLOWED, f"frame_max={frame_max} < {MIN_FRAME_MAX} min size")
+        if frame_max > server.frame_max:
+            raise ConnectionError(errors.NOT_ALLOWED, f"frame_max={frame_max} > {server.frame_max} max size")
+        channel_max = method.channel_max or server.channel_max
+        if channel_max > server.channel_max:
+            raise ConnectionError(errors.NOT_ALLOWED,
+                                  f"channel_max={channel_max} > {server.channel_max} max size")
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, method: commands.Connection.Open) -> None:
+        if self.state != AWAIT_OPEN:
+            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.open")
+        name = method.virtual_host
+        if not self.broker.access.vhost_exists(name):
+            raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
+        permissions = self.broker.access.permissions(name, self.user.name)
+        if permissions is None:
+            raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'")
+        self.vhost = self.broker.vhost(name)
+        self.vhost_name = name
+        self.permissions = permissions
+        self.state = OPEN
+        self._timer.cancel()
+        self._timer = None
+        if self.heartbeat:
+            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        self.send_method(0, commands.Connection.OpenOk())
+        if self.broker.blocked:
+            self.notify_blocked()
+
+    def _update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        self.send_method(0, commands.Connection.UpdateSecretOk())
+
+    def _close(self, method: commands.Connection.Close) -> None:
+        self.send_method(0, commands.Connection.CloseOk())
+        self.flush()
+        self._drop()
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close_with(self, error: AMQPError) -> None:
+        """Send connection.close with the error and wait (bounded) for close-ok."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.warning("closing connection %s: %s", self.name, error.text)
+        for channel in list(self.channels.values()):
+            channel.closed()
+        self.channels.clear()
+        self.state = CLOSING
+        self.out.clear()
+        self.send_method(0, commands.Connection.Close(reply_code=error.code, reply_text=error.text[:255],
+                                                      class_id=error.class_id, method_id=error.method_id))
+        self.flush()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(CLOSE_TIMEOUT, self._drop)
+
+    def force_close(self, reason: str) -> None:
+        """Closed by an operator (management API, vhost deletion): 320 CONNECTION_FORCED."""
+        self.close_with(ConnectionError(errors.CONNECTION_FORCED, reason))
+
+    def _drop(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.state = CLOSED
+
+    def _handshake_timeout(self) -> None:
+        if self.state != OPEN:
+            log.warning("handshake timeout on %s", self.name)
+            self._drop()
+
+    def _heartbeat_tick(self) -> None:
+        """Every half interval: send a heartbeat if we were quiet; close after two silent intervals."""
+        if self.state != OPEN:
+            return
+        self._silent_ticks = 0 if self._received else self._silent_ticks + 1
+        self._received = False
+        if not self._sent:
+            self.out.append(codec.HEARTBEAT_FRAME)
+            self.schedule_flush()
+        self._sent = False
+        if self._silent_ticks >= 4:
+            log.warning("missed heartbeats from client %s, timeout: %ds", self.name, self.heartbeat)
+            self._drop()
+            return
+        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- memory alarm -------------------------------------------------------------------------
+
+    def notify_blocked(self) -> None:
+        if self.client_capabilities.get("connection.blocked") and not self.blocked_notified:
+            self.blocked_notified = True
+            self.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+
+    def notify_unblocked(self) -> None:
+        if self.blocked_notified:
+            self.blocked_notified = False
+            self.send_method(0, commands.Connection.Unblocked())
+        if not self.write_paused:
+            self._resume_reading()
+
+    def publisher_blocked(self) -> None:
+        """A publish arrived during a memory alarm: stop reading this connection until it clears."""
+        self.notify_blocked()
+        self._pause_reading()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False

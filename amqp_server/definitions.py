@@ -1,0 +1,51 @@
+"""Durable definitions (vhosts, users, permissions, exchanges, queues, bindings) in LMDB.
+
+Each definition is one JSON record under ``kind/key``.  LMDB lets the admin CLI
+write while the broker runs; the broker reads users and permissions from here
+at login, so such changes take effect on the next connection.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import lmdb
+
+
+class DefinitionStore:
+    def __init__(self, data_dir: str) -> None:
+        path = os.path.join(data_dir, "definitions")
+        os.makedirs(path, exist_ok=True)
+        self._env = lmdb.open(path, map_size=1 << 30, max_dbs=1)
+
+    def close(self) -> None:
+        self._env.close()
+
+    @staticmethod
+    def _key(kind: str, key: str) -> bytes:
+        return f"{kind}/{key}".encode()
+
+    def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        with self._env.begin() as txn:
+            raw = txn.get(self._key(kind, key))
+        return None if raw is None else json.loads(raw)
+
+    def put(self, kind: str, key: str, value: dict[str, Any]) -> None:
+        with self._env.begin(write=True) as txn:
+            txn.put(self._key(kind, key), json.dumps(value, sort_keys=True).encode())
+
+    def delete(self, kind: str, key: str) -> bool:
+        with self._env.begin(write=True) as txn:
+            return txn.delete(self._key(kind, key))
+
+    def items(self, kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        prefix = f"{kind}/".encode()
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(prefix):
+                return
+            for raw_key, raw in cursor:
+                if not raw_key.startswith(prefix):
+                    break
+                yield raw_key[len(prefix):].decode(), json.loads(raw)

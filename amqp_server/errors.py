@@ -1,0 +1,91 @@
+"""AMQP exceptions as RabbitMQ sends them: a reply code, a reply text naming the object.
+
+Soft errors close the channel; hard errors close the connection.  Reply texts
+follow RabbitMQ's format ``"NAME - detail"`` so that client code (and people)
+matching on them keep working.
+"""
+from __future__ import annotations
+
+CONTENT_TOO_LARGE = 311
+NO_ROUTE = 312
+NO_CONSUMERS = 313
+CONNECTION_FORCED = 320
+INVALID_PATH = 402
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+RESOURCE_ERROR = 506
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+REPLY_NAMES = {
+    CONTENT_TOO_LARGE: "CONTENT_TOO_LARGE",
+    NO_ROUTE: "NO_ROUTE",
+    NO_CONSUMERS: "NO_CONSUMERS",
+    CONNECTION_FORCED: "CONNECTION_FORCED",
+    INVALID_PATH: "INVALID_PATH",
+    ACCESS_REFUSED: "ACCESS_REFUSED",
+    NOT_FOUND: "NOT_FOUND",
+    RESOURCE_LOCKED: "RESOURCE_LOCKED",
+    PRECONDITION_FAILED: "PRECONDITION_FAILED",
+    FRAME_ERROR: "FRAME_ERROR",
+    SYNTAX_ERROR: "SYNTAX_ERROR",
+    COMMAND_INVALID: "COMMAND_INVALID",
+    CHANNEL_ERROR: "CHANNEL_ERROR",
+    UNEXPECTED_FRAME: "UNEXPECTED_FRAME",
+    RESOURCE_ERROR: "RESOURCE_ERROR",
+    NOT_ALLOWED: "NOT_ALLOWED",
+    NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
+    INTERNAL_ERROR: "INTERNAL_ERROR",
+}
+
+
+class AMQPError(Exception):
+    """An exception the peer is told about. ``hard`` ones close the connection."""
+
+    hard = False
+
+    def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.code = code
+        self.text = f"{REPLY_NAMES[code]} - {detail}"
+        self.class_id = class_id
+        self.method_id = method_id
+        super().__init__(self.text)
+
+
+class ChannelError(AMQPError):
+    """Closes the channel the offending method arrived on."""
+
+
+class ConnectionError(AMQPError):  # noqa: A001 - the AMQP name
+    """Closes the whole connection."""
+
+    hard = True
+
+
+def not_found(detail: str) -> ChannelError:
+    return ChannelError(NOT_FOUND, detail)
+
+
+def access_refused(detail: str) -> ChannelError:
+    return ChannelError(ACCESS_REFUSED, detail)
+
+
+def precondition_failed(detail: str) -> ChannelError:
+    return ChannelError(PRECONDITION_FAILED, detail)
+
+
+def resource_locked(detail: str) -> ChannelError:
+    return ChannelError(RESOURCE_LOCKED, detail)
+
+
+def resource_name(kind: str, name: str, vhost: str) -> str:
+    """``queue 'q' in vhost '/'``: how RabbitMQ names a resource in reply texts."""
+    return f"{kind} '{name}' in vhost '{vhost}'"

@@ -1,0 +1,87 @@
+"""A published message as the broker keeps it.
+
+The content header arrives as bytes and goes out again as the same bytes, so
+routing and delivery never decode properties.  They are decoded (by pamqp)
+only when something needs them: the headers exchange, user-id validation,
+TTL, dead-lettering, the management API.
+"""
+from __future__ import annotations
+
+import struct
+
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from . import codec
+
+_LONG = struct.Struct(">I")
+
+
+class Message:
+    """One message, shared by every queue it was routed to."""
+
+    __slots__ = ("exchange", "routing_key", "route", "header", "body", "_properties", "_flags")
+
+    def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.route = route  # exchange + routing key, AMQP short strings, as published
+        self.header = header  # content header payload: class, weight, size, flags, properties
+        self.body = body
+        self._properties: commands.Basic.Properties | None = None
+        self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        if self._properties is None:
+            content = ContentHeader()
+            content.unmarshal(self.header)
+            self._properties = content.properties
+        return self._properties
+
+    @property
+    def headers(self) -> dict | None:
+        if not self._flags & codec.FLAG_HEADERS:
+            return None
+        return self.properties.headers
+
+    @property
+    def has_user_id(self) -> bool:
+        return bool(self._flags & codec.FLAG_USER_ID)
+
+    @property
+    def persistent(self) -> bool:
+        """delivery_mode == 2, read straight from the header bytes."""
+        flags = self._flags
+        if not flags & codec.FLAG_DELIVERY_MODE:
+            return False
+        header = self.header
+        pos = 14
+        if flags & 0x0001:  # a continuation flag word: rare, let pamqp do it
+            return self.properties.delivery_mode == 2
+        if flags & codec.FLAG_CONTENT_TYPE:
+            pos += 1 + header[pos]
+        if flags & codec.FLAG_CONTENT_ENCODING:
+            pos += 1 + header[pos]
+        if flags & codec.FLAG_HEADERS:
+            pos += 4 + _LONG.unpack_from(header, pos)[0]
+        return header[pos] == 2
+
+    @property
+    def body_size(self) -> int:
+        return len(self.body)
+
+
+def encode_route(exchange: str, routing_key: str) -> bytes:
+    return codec.shortstr(exchange) + codec.shortstr(routing_key)
+
+
+def build_header(properties: commands.Basic.Properties, body_size: int) -> bytes:
+    """Content header payload for a message the broker makes itself (HTTP publish, dead letters)."""
+    return ContentHeader(0, body_size, properties).marshal()
+
+
+def make_message(exchange: str, routing_key: str, properties: commands.Basic.Properties,
+                 body: bytes) -> Message:
+    return Message(exchange, routing_key, encode_route(exchange, routing_key),
+                   build_header(properties, len(body)), body)

@@ -1,0 +1,137 @@
+"""``warren-server``: start a node, hold its data directory, stop cleanly on SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import logging
+import os
+import signal
+import sys
+from typing import Sequence
+
+from rich.logging import RichHandler
+
+from . import __version__, config as config_module
+from .broker import Broker
+from .config import Config
+from .connection import Connection
+
+log = logging.getLogger("warren")
+MEMORY_CHECK_INTERVAL = 1.0
+
+
+class DataDirLocked(RuntimeError):
+    pass
+
+
+def lock_data_dir(data_dir: str) -> int:
+    """One node per data directory: a second start fails while the first holds the lock."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, "warren.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DataDirLocked(f"data directory {os.path.abspath(data_dir)} is in use by another Warren node "
+                            f"(pid {owner}); stop it first or choose another --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Node:
+    """The running broker: listener, memory alarm, shutdown."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.broker = Broker(config.data_dir, config.node_name)
+        self.server: asyncio.base_events.Server | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: Connection(self.broker, self.config),
+                                               self.config.bind, self.config.amqp_port, reuse_address=True,
+                                               backlog=1024)
+        self._memory_task = asyncio.create_task(self._watch_memory())
+        log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
+                 self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
+
+    async def _watch_memory(self) -> None:
+        limit = self.config.memory_limit
+        broker = self.broker
+        while True:
+            await asyncio.sleep(MEMORY_CHECK_INTERVAL)
+            rss = _rss()
+            if rss > limit and not broker.blocked:
+                log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
+                broker.blocked = True
+                for connection in list(broker.connections):
+                    if connection.publishing:
+                        connection.notify_blocked()
+            elif rss <= limit and broker.blocked:
+                log.warning("memory alarm cleared: %d bytes used, limit %d", rss, limit)
+                broker.blocked = False
+                for connection in list(broker.connections):
+                    connection.notify_unblocked()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def run_until_stopped(self) -> None:
+        await self._stopped.wait()
+        log.info("shutting down")
+        self._memory_task.cancel()
+        self.server.close()
+        for connection in list(self.broker.connections):
+            connection.force_close("broker shutdown")
+        await asyncio.sleep(0.1)
+        self.broker.close()
+
+
+async def serve(config: Config) -> None:
+    node = Node(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stop)
+    await node.start()
+    await node.run_until_stopped()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = config_module.load(argv)
+    logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
+    try:
+        lock = lock_data_dir(config.data_dir)
+    except DataDirLocked as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(serve(config))
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    finally:
+        os.close(lock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,826 @@
+#!/usr/bin/env python3
+"""Raw-socket AMQP 0-9-1 load generator for Warren (and any RabbitMQ-compatible broker).
+
+No client library is used: every frame is hand-encoded with ``struct`` and the
+frame parser works on a single growing ``bytearray`` with a read offset (frames
+are never sliced out of the buffer on the hot path, and the unread tail is only
+moved to the front once per ``recv_into``, so parsing is linear).
+
+Publisher and consumer(s) run in separate processes (``multiprocessing``, fork).
+Every run declares its own uniquely named queues / exchange and deletes them at
+the end, so runs never interfere with each other.
+
+Workloads
+---------
+``transient-noack``
+    ``--size``-byte (default 100) transient messages to one queue via the
+    default exchange; one consumer process with ``no_ack``.  Reports consumed
+    msg/s.
+``transient-ack``
+    Same, but the consumer uses manual acks (prefetch 200) and acks with
+    ``multiple=true`` every 50 deliveries.
+``fanout4``
+    Publish to a fanout exchange bound to 4 queues; 4 consumer processes (one
+    per queue), ``no_ack``.  Reports deliveries/s (sum over the 4 queues).
+``persistent-confirm``
+    Persistent (delivery_mode 2) messages to a durable queue; the publisher
+    uses publisher confirms with at most 1000 unconfirmed messages in flight;
+    the consumer acks manually (prefetch 200).  Reports consumed msg/s.
+``latency``
+    One message at a time: publish on one connection, wait for the delivery on
+    a second connection (both in the same process, ``no_ack``), measure the
+    round trip.  Reports p50 / p99 in microseconds over up to 5000 samples
+    (bounded by ``--seconds``), after 200 warm-up round trips.
+
+Throughput method: the publisher pipelines batches of messages as fast as the
+socket accepts them, but keeps at most ``--window`` (default 20000) messages
+outstanding (published minus consumed, the consumers publish their counts in
+shared memory), so no unbounded backlog builds up inside the broker.  Broker
+flow control (TCP back-pressure) is honoured as well, since the publisher uses
+a non-blocking socket.  After all processes are connected the generator runs
+for 1 s of warm-up, then measures the consumed count over ``--seconds``.  Each
+workload is repeated ``--runs`` times and the median is reported.
+
+Running Warren and RabbitMQ side by side
+---------------------------------------
+Start Warren on its port (e.g. 5672) and a throwaway RabbitMQ on another
+loopback port (``benchmarks/run_rabbitmq.sh`` does this on 5699), then run the
+same command against both::
+
+    python benchmarks/amqp_load.py --host 127.0.0.1 --port 5672 --workload all --runs 3
+    python benchmarks/amqp_load.py --host 127.0.0.1 --port 5699 --workload all --runs 3
+
+or simply ``benchmarks/run_rabbitmq.sh --workload all --runs 3``.  Add
+``--json`` for machine-readable output.  Run the two brokers one after the
+other, not concurrently: the load generator and the broker share the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import select
+import socket
+import statistics
+import struct
+import sys
+import time
+import uuid
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = b"\xce"
+
+WORKLOADS = ["transient-noack", "transient-ack", "fanout4", "persistent-confirm", "latency"]
+
+_HDR = struct.Struct("!BHI")
+_CM = struct.Struct("!HH")
+_U64 = struct.Struct("!Q")
+
+PREFETCH = 200
+ACK_EVERY = 50
+MAX_UNCONFIRMED = 1000
+BATCH = 50
+LATENCY_SAMPLES = 5000
+LATENCY_WARMUP = 200
+
+
+class AMQPError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------
+# encoding helpers
+# --------------------------------------------------------------------------
+
+def shortstr(s) -> bytes:
+    if isinstance(s, str):
+        s = s.encode()
+    if len(s) > 255:
+        raise ValueError("shortstr too long")
+    return bytes((len(s),)) + s
+
+
+def longstr(s) -> bytes:
+    if isinstance(s, str):
+        s = s.encode()
+    return struct.pack("!I", len(s)) + s
+
+
+def table(d: dict | None) -> bytes:
+    out = bytearray()
+    for k, v in (d or {}).items():
+        out += shortstr(k)
+        if isinstance(v, bool):
+            out += b"t" + (b"\x01" if v else b"\x00")
+        elif isinstance(v, int):
+            out += b"l" + struct.pack("!q", v)
+        elif isinstance(v, dict):
+            out += b"F" + table(v)
+        else:
+            out += b"S" + longstr(v)
+    return struct.pack("!I", len(out)) + bytes(out)
+
+
+def decode_table(buf, off: int):
+    """Decode a field table; returns (dict, new_offset). Best effort, used only
+    for the server properties in connection.start."""
+    (n,) = struct.unpack_from("!I", buf, off)
+    off += 4
+    end = off + n
+    res = {}
+    while off < end:
+        kl = buf[off]
+        key = bytes(buf[off + 1:off + 1 + kl]).decode(errors="replace")
+        off += 1 + kl
+        val, off = _decode_value(buf, off)
+        res[key] = val
+    return res, end
+
+
+_FIXED = {b"b": "!b", b"B": "!B", b"s": "!h", b"u": "!H", b"I": "!i", b"i": "!I",
+          b"l": "!q", b"L": "!Q", b"f": "!f", b"d": "!d", b"T": "!Q"}
+
+
+def _decode_value(buf, off):
+    t = bytes(buf[off:off + 1])
+    off += 1
+    if t == b"S" or t == b"x":
+        (n,) = struct.unpack_from("!I", buf, off)
+        v = bytes(buf[off + 4:off + 4 + n])
+        return (v.decode(errors="replace") if t == b"S" else v), off + 4 + n
+    if t == b"t":
+        return bool(buf[off]), off + 1
+    if t in _FIXED:
+        fmt = _FIXED[t]
+        return struct.unpack_from(fmt, buf, off)[0], off + struct.calcsize(fmt)
+    if t == b"D":
+        return None, off + 5
+    if t == b"F":
+        return decode_table(buf, off)
+    if t == b"A":
+        (n,) = struct.unpack_from("!I", buf, off)
+        off += 4
+        end = off + n
+        arr = []
+        while off < end:
+            v, off = _decode_value(buf, off)
+            arr.append(v)
+        return arr, end
+    if t == b"V":
+        return None, off
+    raise AMQPError(f"unknown field type {t!r}")
+
+
+def method_frame(channel: int, cls: int, meth: int, args: bytes = b"") -> bytes:
+    return _HDR.pack(FRAME_METHOD, channel, len(args) + 4) + _CM.pack(cls, meth) + args + FRAME_END
+
+
+def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes,
+                   persistent: bool, frame_max: int) -> bytes:
+    """basic.publish + content header + body frame(s) for one message."""
+    m = method_frame(channel, 60, 40, struct.pack("!H", 0) + shortstr(exchange)
+                     + shortstr(routing_key) + b"\x00")
+    if persistent:
+        props = struct.pack("!HB", 0x1000, 2)  # delivery-mode present, = 2
+    else:
+        props = struct.pack("!H", 0)
+    hp = struct.pack("!HHQ", 60, 0, len(body)) + props
+    h = _HDR.pack(FRAME_HEADER, channel, len(hp)) + hp + FRAME_END
+    parts = [m, h]
+    chunk = max(1, frame_max - 8) if frame_max else len(body) or 1
+    for i in range(0, len(body), chunk):
+        piece = body[i:i + chunk]
+        parts.append(_HDR.pack(FRAME_BODY, channel, len(piece)) + piece + FRAME_END)
+    return b"".join(parts)
+
+
+def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
+    return method_frame(channel, 60, 80, struct.pack("!QB", tag, 1 if multiple else 0))
+
+
+# --------------------------------------------------------------------------
+# connection
+# --------------------------------------------------------------------------
+
+class Connection:
+    """Minimal synchronous AMQP connection with an offset-based frame buffer."""
+
+    def __init__(self, host, port, user, password, vhost="/", timeout=10.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
+            except OSError:
+                pass
+        self.buf = bytearray(1 << 20)
+        self.start = 0
+        self.end = 0
+        self.frame_max = 131072
+        self.server_properties = {}
+        self._handshake(user, password, vhost)
+
+    # -- low level -----------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def fill(self) -> None:
+        """Read more bytes into the buffer (compacting / growing as needed)."""
+        buf = self.buf
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif len(buf) - self.end < 65536:
+            rem = self.end - self.start
+            if self.start > 0:
+                buf[0:rem] = buf[self.start:self.end]
+                self.start, self.end = 0, rem
+            if len(buf) - self.end < 65536:
+                buf.extend(bytes(len(buf)))
+        n = self.sock.recv_into(memoryview(self.buf)[self.end:])
+        if n == 0:
+            raise AMQPError("connection closed by broker")
+        self.end += n
+
+    def next_frame(self):
+        """Blocking: return (type, channel, payload_start, payload_end)."""
+        while True:
+            if self.end - self.start >= 7:
+                ftype, ch, size = _HDR.unpack_from(self.buf, self.start)
+                fend = self.start + 8 + size
+                if fend <= self.end:
+                    if self.buf[fend - 1] != 0xCE:
+                        raise AMQPError("bad frame end")
+                    p0 = self.start + 7
+                    self.start = fend
+                    return ftype, ch, p0, fend - 1
+            self.fill()
+
+    def _check_close(self, ch, cls, meth, p0):
+        if cls == 10 and meth == 50:
+            code, = struct.unpack_from("!H", self.buf, p0 + 4)
+            tl = self.buf[p0 + 6]
+            text = bytes(self.buf[p0 + 7:p0 + 7 + tl]).decode(errors="replace")
+            try:
+                self.send(method_frame(0, 10, 51))
+            except OSError:
+                pass
+            raise AMQPError(f"connection closed by broker: {code} {text}")
+        if cls == 20 and meth == 40:
+            code, = struct.unpack_from("!H", self.buf, p0 + 4)
+            tl = self.buf[p0 + 6]
+            text = bytes(self.buf[p0 + 7:p0 + 7 + tl]).decode(errors="replace")
+            self.send(method_frame(ch, 20, 41))
+            raise AMQPError(f"channel {ch} closed by broker: {code} {text}")
+
+    def wait_method(self, channel, cls, meth):
+        """Wait for a specific method; returns its args offset in self.buf."""
+        while True:
+            ftype, ch, p0, p1 = self.next_frame()
+            if ftype != FRAME_METHOD:
+                continue
+            c, m = _CM.unpack_from(self.buf, p0)
+            self._check_close(ch, c, m, p0)
+            if ch == channel and c == cls and m == meth:
+                return p0 + 4
+
+    def rpc(self, channel, cls, meth, args, reply_meth):
+        self.send(method_frame(channel, cls, meth, args))
+        return self.wait_method(channel, cls, reply_meth)
+
+    # -- handshake -----------------------------------------------------
+    def _handshake(self, user, password, vhost):
+        self.send(b"AMQP\x00\x00\x09\x01")
+        off = self.wait_method(0, 10, 10)  # connection.start
+        try:
+            self.server_properties, _ = decode_table(self.buf, off + 2)
+        except Exception:  # pragma: no cover - cosmetic only
+            self.server_properties = {}
+        props = table({"product": "warren-amqp-load", "platform": "Python",
+                       "capabilities": {"consumer_cancel_notify": True,
+                                        "publisher_confirms": True,
+                                        "basic.nack": True}})
+        resp = b"\x00" + user.encode() + b"\x00" + password.encode()
+        self.send(method_frame(0, 10, 11, props + shortstr("PLAIN") + longstr(resp)
+                               + shortstr("en_US")))
+        off = self.wait_method(0, 10, 30)  # connection.tune
+        chmax, fmax, _hb = struct.unpack_from("!HIH", self.buf, off)
+        fmax = min(fmax or 131072, 131072)
+        self.frame_max = fmax
+        self.send(method_frame(0, 10, 31, struct.pack("!HIH", chmax or 2047, fmax, 0)))
+        self.rpc(0, 10, 40, shortstr(vhost) + shortstr("") + b"\x00", 41)
+
+    # -- commands ------------------------------------------------------
+    def channel_open(self, ch=1):
+        self.rpc(ch, 20, 10, shortstr(""), 11)
+
+    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False):
+        bits = (2 if durable else 0) | (4 if exclusive else 0) | (8 if auto_delete else 0)
+        self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(None), 11)
+
+    def queue_delete(self, ch, name):
+        self.rpc(ch, 50, 40, struct.pack("!H", 0) + shortstr(name) + b"\x00", 41)
+
+    def exchange_declare(self, ch, name, etype, durable=False, auto_delete=False):
+        bits = (2 if durable else 0) | (4 if auto_delete else 0)
+        self.rpc(ch, 40, 10, struct.pack("!H", 0) + shortstr(name) + shortstr(etype)
+                 + bytes((bits,)) + table(None), 11)
+
+    def exchange_delete(self, ch, name):
+        self.rpc(ch, 40, 20, struct.pack("!H", 0) + shortstr(name) + b"\x00", 21)
+
+    def queue_bind(self, ch, queue, exchange, key=""):
+        self.rpc(ch, 50, 20, struct.pack("!H", 0) + shortstr(queue) + shortstr(exchange)
+                 + shortstr(key) + b"\x00" + table(None), 21)
+
+    def basic_qos(self, ch, prefetch):
+        self.rpc(ch, 60, 10, struct.pack("!IHB", 0, prefetch, 0), 11)
+
+    def basic_consume(self, ch, queue, no_ack, tag="c"):
+        self.rpc(ch, 60, 20, struct.pack("!H", 0) + shortstr(queue) + shortstr(tag)
+                 + bytes((2 if no_ack else 0,)) + table(None), 21)
+
+    def confirm_select(self, ch):
+        self.rpc(ch, 85, 10, b"\x00", 11)
+
+    def close(self, timeout=2.0):
+        """Graceful connection.close; never raises."""
+        try:
+            self.sock.setblocking(True)
+            self.sock.settimeout(timeout)
+            self.send(method_frame(0, 10, 50, struct.pack("!H", 200) + shortstr("bye")
+                                   + struct.pack("!HH", 0, 0)))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ftype, ch, p0, p1 = self.next_frame()
+                if ftype == FRAME_METHOD and ch == 0:
+                    c, m = _CM.unpack_from(self.buf, p0)
+                    if (c, m) in ((10, 51), (10, 50)):
+                        break
+        except Exception:
+            pass
+        finally:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------
+# worker processes
+# --------------------------------------------------------------------------
+
+def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
+    conn = None
+    try:
+        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn.channel_open(1)
+        if not no_ack:
+            conn.basic_qos(1, PREFETCH)
+        conn.basic_consume(1, queue, no_ack)
+        ready.value = 1
+        sock = conn.sock
+        sock.settimeout(0.2)
+        unpack_hdr = _HDR.unpack_from
+        unpack_cm = _CM.unpack_from
+        unpack_q = _U64.unpack_from
+        count = 0
+        unacked = 0
+        buf = conn.buf
+        start, end = conn.start, conn.end
+        mv = memoryview(buf)
+        while not stop.value:
+            # parse every complete frame in the buffer
+            while end - start >= 7:
+                ftype, ch, size = unpack_hdr(buf, start)
+                fend = start + size + 8
+                if fend > end:
+                    break
+                if ftype == 1:
+                    cls, meth = unpack_cm(buf, start + 7)
+                    if cls == 60 and meth == 60:
+                        count += 1
+                        if not no_ack:
+                            unacked += 1
+                            if unacked >= ACK_EVERY:
+                                tl = buf[start + 11]
+                                (tag,) = unpack_q(buf, start + 12 + tl)
+                                sock.sendall(ack_frame(1, tag, True))
+                                unacked = 0
+                    else:
+                        conn.start = start
+                        conn._check_close(ch, cls, meth, start + 7)
+                start = fend
+            counter.value = count
+            # make room, then read
+            if start == end:
+                start = end = 0
+            elif len(buf) - end < 65536:
+                rem = end - start
+                buf[0:rem] = buf[start:end]
+                start, end = 0, rem
+                if len(buf) - end < 65536:
+                    buf.extend(bytes(len(buf)))
+                    mv = memoryview(buf)
+            try:
+                n = sock.recv_into(mv[end:])
+            except socket.timeout:
+                continue
+            if n == 0:
+                raise AMQPError("connection closed by broker")
+            end += n
+        conn.start = conn.end = 0
+    except Exception as e:  # report to the parent
+        errq.put(f"consumer({queue}): {type(e).__name__}: {e}")
+        ready.value = -1
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
+                   published, ready, go, stop, errq):
+    conn = None
+    try:
+        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn.channel_open(1)
+        if confirm:
+            conn.confirm_select(1)
+        body = os.urandom(cfg["size"] // 2 + 1).hex()[: cfg["size"]].encode()
+        one = publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
+        batch = memoryview(one * BATCH)
+        window = cfg["window"]
+        ready.value = 1
+        while not go.value:
+            if stop.value:
+                return
+            time.sleep(0.005)
+        sock = conn.sock
+        sock.setblocking(False)
+        buf = conn.buf
+        mv = memoryview(buf)
+        start = end = 0
+        unpack_hdr = _HDR.unpack_from
+        unpack_cm = _CM.unpack_from
+        pub = 0
+        pending = None       # partially sent batch
+        poff = 0
+        confirmed_hw = 0     # all tags <= hw are confirmed
+        singles = set()      # individually confirmed tags > hw
+        nconsumers = len(counters)
+        while not stop.value:
+            # ---- read anything the broker sent (confirms, close) ----
+            want_read = False
+            while True:
+                try:
+                    n = sock.recv_into(mv[end:])
+                except BlockingIOError:
+                    break
+                if n == 0:
+                    raise AMQPError("connection closed by broker")
+                end += n
+                while end - start >= 7:
+                    ftype, ch, size = unpack_hdr(buf, start)
+                    fend = start + size + 8
+                    if fend > end:
+                        break
+                    if ftype == 1:
+                        cls, meth = unpack_cm(buf, start + 7)
+                        if cls == 60 and (meth == 80 or meth == 120):  # ack / nack
+                            tag, bits = struct.unpack_from("!QB", buf, start + 11)
+                            if bits & 1:
+                                if tag > confirmed_hw:
+                                    confirmed_hw = tag
+                                    if singles:
+                                        singles = {t for t in singles if t > tag}
+                            elif tag > confirmed_hw:
+                                singles.add(tag)
+                        else:
+                            conn.buf = buf
+                            conn._check_close(ch, cls, meth, start + 7)
+                    start = fend
+                if start == end:
+                    start = end = 0
+                elif len(buf) - end < 65536:
+                    rem = end - start
+                    buf[0:rem] = buf[start:end]
+                    start, end = 0, rem
+            # ---- send ----
+            if pending is not None:
+                try:
+                    poff += sock.send(pending[poff:])
+                except BlockingIOError:
+                    pass
+                if poff >= len(pending):
+                    pending = None
+                else:
+                    select.select([sock], [sock], [], 0.05)
+                    continue
+            consumed = counters[0].value if nconsumers == 1 else min(c.value for c in counters)
+            if pub - consumed + BATCH > window:
+                want_read = True
+            elif confirm and pub - confirmed_hw - len(singles) + BATCH > MAX_UNCONFIRMED:
+                want_read = True
+            if want_read:
+                if confirm:
+                    select.select([sock], [], [], 0.002)
+                else:
+                    time.sleep(0.001)
+                continue
+            try:
+                n = sock.send(batch)
+            except BlockingIOError:
+                n = 0
+            pub += BATCH
+            published.value = pub
+            if n < len(batch):
+                pending, poff = batch, n
+    except Exception as e:
+        errq.put(f"publisher: {type(e).__name__}: {e}")
+        ready.value = -1
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+# --------------------------------------------------------------------------
+# workloads
+# --------------------------------------------------------------------------
+
+def _uniq(workload):
+    return f"warren-bench.{workload}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def _wait_ready(flags, procs, errq, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(f.value < 0 for f in flags) or not errq.empty():
+            break
+        if all(f.value == 1 for f in flags):
+            return
+        if any(not p.is_alive() for p in procs):
+            break
+        time.sleep(0.01)
+    errs = _drain(errq)
+    raise AMQPError("workers failed to start: " + ("; ".join(errs) or "timeout"))
+
+
+def _drain(errq):
+    out = []
+    while True:
+        try:
+            out.append(errq.get_nowait())
+        except Exception:
+            return out
+
+
+def run_throughput(cfg, workload):
+    ctx = mp.get_context("fork")
+    name = _uniq(workload)
+    ctl = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    ctl.channel_open(1)
+    persistent = confirm = False
+    no_ack = True
+    exchange = ""
+    if workload == "fanout4":
+        exchange = name + ".fx"
+        queues = [f"{name}.q{i}" for i in range(4)]
+        ctl.exchange_declare(1, exchange, "fanout")
+        for q in queues:
+            ctl.queue_declare(1, q, auto_delete=True)
+            ctl.queue_bind(1, q, exchange)
+        routing_key = ""
+    elif workload == "persistent-confirm":
+        queues = [name]
+        ctl.queue_declare(1, name, durable=True)
+        routing_key = name
+        persistent = confirm = True
+        no_ack = False
+    else:
+        queues = [name]
+        ctl.queue_declare(1, name, auto_delete=True)
+        routing_key = name
+        no_ack = workload == "transient-noack"
+
+    stop = ctx.RawValue("b", 0)
+    go = ctx.RawValue("b", 0)
+    errq = ctx.Queue()
+    counters = [ctx.RawValue("q", 0) for _ in queues]
+    cready = [ctx.RawValue("b", 0) for _ in queues]
+    pready = ctx.RawValue("b", 0)
+    published = ctx.RawValue("q", 0)
+    procs = []
+    result = None
+    try:
+        for q, c, r in zip(queues, counters, cready):
+            p = ctx.Process(target=consumer_proc, args=(cfg, q, no_ack, c, r, stop, errq), daemon=True)
+            p.start()
+            procs.append(p)
+        _wait_ready(cready, procs, errq)
+        pp = ctx.Process(target=publisher_proc,
+                         args=(cfg, exchange, routing_key, persistent, confirm, counters,
+                               published, pready, go, stop, errq), daemon=True)
+        pp.start()
+        procs.append(pp)
+        _wait_ready([pready], procs, errq)
+        go.value = 1
+        time.sleep(1.0)  # warm-up
+        c0, p0, t0 = sum(c.value for c in counters), published.value, time.perf_counter()
+        deadline = t0 + cfg["seconds"]
+        while time.perf_counter() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.perf_counter())))
+            if not errq.empty() or not all(p.is_alive() for p in procs):
+                break
+        c1, p1, t1 = sum(c.value for c in counters), published.value, time.perf_counter()
+        errs = _drain(errq)
+        if errs:
+            raise AMQPError("; ".join(errs))
+        dt = t1 - t0
+        result = {"rate": (c1 - c0) / dt, "publish_rate": (p1 - p0) / dt,
+                  "unit": "deliveries/s" if workload == "fanout4" else "msg/s"}
+    finally:
+        stop.value = 1
+        for p in procs:
+            p.join(5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2)
+        try:
+            for q in queues:
+                try:
+                    ctl.queue_delete(1, q)
+                except AMQPError:  # e.g. already auto-deleted: reopen channel
+                    ctl.channel_open(1)
+            if exchange:
+                ctl.exchange_delete(1, exchange)
+        except Exception as e:
+            print(f"warning: cleanup failed: {e}", file=sys.stderr)
+        ctl.close()
+    return result
+
+
+def run_latency(cfg):
+    name = _uniq("latency")
+    pubc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    subc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    try:
+        pubc.channel_open(1)
+        subc.channel_open(1)
+        pubc.queue_declare(1, name, auto_delete=True)
+        subc.basic_consume(1, name, no_ack=True)
+        body = b"x" * cfg["size"]
+        frame = publish_frames(1, "", name, body, False, pubc.frame_max)
+        psend = pubc.sock.sendall
+        next_frame = subc.next_frame
+        sbuf = subc.buf
+        samples = []
+        perf = time.perf_counter_ns
+        deadline = time.monotonic() + cfg["seconds"] + 1.0
+        total = LATENCY_WARMUP + LATENCY_SAMPLES
+        for i in range(total):
+            t0 = perf()
+            psend(frame)
+            # wait for deliver + header + full body
+            remaining = -1
+            while remaining != 0:
+                ftype, ch, p0, p1 = next_frame()
+                if ftype == FRAME_METHOD:
+                    sbuf = subc.buf
+                    c, m = _CM.unpack_from(sbuf, p0)
+                    if not (c == 60 and m == 60):
+                        subc._check_close(ch, c, m, p0)
+                elif ftype == FRAME_HEADER:
+                    (remaining,) = _U64.unpack_from(subc.buf, p0 + 4)
+                elif ftype == FRAME_BODY:
+                    remaining -= p1 - p0
+            t1 = perf()
+            if i >= LATENCY_WARMUP:
+                samples.append((t1 - t0) / 1000.0)
+            if time.monotonic() > deadline and len(samples) >= 100:
+                break
+        samples.sort()
+
+        def pct(p):
+            return samples[min(len(samples) - 1, int(round(p / 100.0 * (len(samples) - 1))))]
+        return {"p50_us": pct(50), "p99_us": pct(99), "mean_us": statistics.fmean(samples),
+                "samples": len(samples)}
+    finally:
+        try:
+            pubc.queue_delete(1, name)
+        except Exception:
+            pass
+        subc.close()
+        pubc.close()
+
+
+def run_workload(cfg, workload):
+    if workload == "latency":
+        return run_latency(cfg)
+    return run_throughput(cfg, workload)
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=5672)
+    ap.add_argument("--user", default="guest")
+    ap.add_argument("--password", default="guest")
+    ap.add_argument("--vhost", default="/")
+    ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run (after 1 s warm-up)")
+    ap.add_argument("--size", type=int, default=100, help="message body size in bytes")
+    ap.add_argument("--workload", default="all", help="one of %s, or 'all' (comma list allowed)" % ", ".join(WORKLOADS))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.workload == "all":
+        workloads = list(WORKLOADS)
+    else:
+        workloads = [w.strip() for w in args.workload.split(",") if w.strip()]
+        bad = [w for w in workloads if w not in WORKLOADS]
+        if bad:
+            ap.error(f"unknown workload(s): {', '.join(bad)}")
+    cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
+           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window}
+
+    server = {}
+    try:
+        probe = Connection(args.host, args.port, args.user, args.password, args.vhost)
+        sp = probe.server_properties
+        server = {"product": sp.get("product"), "version": sp.get("version")}
+        probe.close()
+    except Exception as e:
+        print(f"error: cannot connect to {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+
+    results = {}
+    exit_code = 0
+    for w in workloads:
+        runs = []
+        error = None
+        for i in range(args.runs):
+            try:
+                runs.append(run_workload(cfg, w))
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+                print(f"error: {w} run {i + 1}: {error}", file=sys.stderr)
+                exit_code = 1
+                break
+            if not args.json:
+                print(f"  {w} run {i + 1}/{args.runs}: {_fmt_run(w, runs[-1])}", file=sys.stderr)
+        entry = {"runs": runs}
+        if error:
+            entry["error"] = error
+        if runs:
+            if w == "latency":
+                entry["unit"] = "us"
+                entry["p50_us"] = statistics.median(r["p50_us"] for r in runs)
+                entry["p99_us"] = statistics.median(r["p99_us"] for r in runs)
+            else:
+                entry["unit"] = runs[0]["unit"]
+                entry["median"] = statistics.median(r["rate"] for r in runs)
+                entry["publish_median"] = statistics.median(r["publish_rate"] for r in runs)
+        results[w] = entry
+
+    if args.json:
+        print(json.dumps({"host": args.host, "port": args.port, "server": server,
+                          "seconds": args.seconds, "size": args.size, "runs": args.runs,
+                          "window": args.window, "results": results}, indent=2))
+    else:
+        print(f"broker {args.host}:{args.port}  {server.get('product')} {server.get('version')}  "
+              f"size={args.size}B seconds={args.seconds:g} runs={args.runs}")
+        print(f"{'workload':<20} {'result (median)':>28}   {'per-run':<}")
+        print("-" * 78)
+        for w, e in results.items():
+            if "error" in e and not e["runs"]:
+                print(f"{w:<20} {'ERROR':>28}   {e['error']}")
+                continue
+            if w == "latency":
+                med = f"p50 {e['p50_us']:.0f} us  p99 {e['p99_us']:.0f} us"
+                per = ", ".join(f"{r['p50_us']:.0f}/{r['p99_us']:.0f}" for r in e["runs"])
+            else:
+                med = f"{e['median']:,.0f} {e['unit']}"
+                per = ", ".join(f"{r['rate']:,.0f}" for r in e["runs"])
+            print(f"{w:<20} {med:>28}   {per}")
+    return exit_code
+
+
+def _fmt_run(w, r):
+    if w == "latency":
+        return f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us ({r['samples']} samples)"
+    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Exchange types for Warren: binding bookkeeping and message routing only.
+
+Offers `Exchange` (abstract base), `Binding`, one class per AMQP exchange type
+(direct, fanout, topic, headers; one module each, as in RabbitMQ) and a registry
+`EXCHANGE_TYPES` / `exchange_class()` mapping a declared type name to its class.
+Knows nothing of sockets or storage; destinations are opaque hashable objects.
+"""
+
+from __future__ import annotations
+
+from .base import Binding, Exchange
+from .direct import DirectExchange
+from .fanout import FanoutExchange
+from .headers import HeadersExchange
+from .topic import TopicExchange
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+    cls.type_name: cls
+    for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
+}
+
+
+def exchange_class(type_name: str) -> type[Exchange] | None:
+    """Class for a declared exchange type, or None (the broker answers 503 COMMAND_INVALID)."""
+    return EXCHANGE_TYPES.get(type_name)
+
+
+__all__ = [
+    "Binding", "Exchange", "EXCHANGE_TYPES", "exchange_class",
+    "DirectExchange", "FanoutExchange", "TopicExchange", "HeadersExchange",
+]
