@@ -135,6 +135,7 @@ class Channel:
         if self.confirm_mode:
             self.publish_seq += 1
             self.confirm_pending = True
+            self.connection.schedule_flush()
         if self.broker.blocked:
             self.connection.publisher_blocked()
         self.connection.publishing = True
