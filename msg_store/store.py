@@ -1,0 +1,297 @@
+"""The shared message store (RabbitMQ's rabbit_msg_store), one per kind (persistent, transient).
+
+A message is written once, however many queues hold it, and reference
+counted.  ``write`` appends to an in-memory tail that ``flush`` hands to the
+current segment file and ``sync`` makes durable; the caller batches many
+writes per ``sync`` (group commit).  ``remove`` only drops a reference: bytes
+become dead in their segment's summary, a segment with no live record left is
+deleted, and one whose dead fraction passes the threshold is compacted — its
+live records moved to the tail a slice at a time by ``compact_step``.
+Recent payloads are kept in an LRU cache so publish → consume reads no disk.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from .segment import HEAD_SIZE, Segment, encode_head, list_segments, scan, segment_path
+
+log = logging.getLogger("warren.msg_store")
+
+DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+COMPACT_SLICE = 4 * 1024 * 1024
+
+
+class Location:
+    """Where a message's payload lives, and how many queues refer to it."""
+
+    __slots__ = ("segment", "offset", "size", "refs")
+
+    def __init__(self, segment: int, offset: int, size: int, refs: int) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.refs = refs
+
+
+@dataclass
+class StoreStats:
+    messages: int
+    segments: int
+    disk_bytes: int
+    dead_bytes: int
+    compactions: int
+
+    @property
+    def dead_fraction(self) -> float:
+        return self.dead_bytes / self.disk_bytes if self.disk_bytes else 0.0
+
+
+class MessageStore:
+    def __init__(self, directory: str, segment_size: int = DEFAULT_SEGMENT_SIZE,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, compaction_threshold: float = 0.5,
+                 wipe: bool = False) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.compaction_threshold = compaction_threshold
+        if wipe and os.path.isdir(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory, exist_ok=True)
+        self.index: dict[int, Location] = {}
+        self.segments: dict[int, Segment] = {}
+        self.cache: LRUCache = LRUCache(maxsize=cache_bytes, getsizeof=len)
+        self._tail = bytearray()  # written but not yet flushed to the current segment
+        self._tail_ids: dict[int, tuple[int, int]] = {}  # msg_id -> (tail offset, size) for unflushed reads
+        self._to_compact: list[int] = []
+        self._compacting: tuple[int, list[int]] | None = None
+        self._dirty: set[int] = set()  # segments written since the last sync
+        self.compactions = 0
+        self.next_id = 1
+        self.current: Segment | None = None
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self) -> float:
+        """Index every intact record on disk (refs 0); queues then claim theirs with ``claim``."""
+        started = time.monotonic()
+        for number in list_segments(self.directory):
+            path = segment_path(self.directory, number)
+            records = list(scan(path))
+            segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
+            self.segments[number] = segment
+            for msg_id, offset, size in records:
+                old = self.index.get(msg_id)
+                if old is not None:  # a compaction copied it; the later copy wins
+                    self.segments[old.segment].live -= 1
+                    self.segments[old.segment].dead_bytes += old.size + HEAD_SIZE
+                self.index[msg_id] = Location(number, offset, size, 0)
+                segment.live += 1
+                self.next_id = max(self.next_id, msg_id + 1)
+        return time.monotonic() - started
+
+    def claim(self, msg_id: int) -> bool:
+        """A recovered queue holds this message; False if the store lost it."""
+        location = self.index.get(msg_id)
+        if location is None:
+            return False
+        location.refs += 1
+        return True
+
+    def finish_recovery(self) -> int:
+        """Records no queue claimed are dead; returns how many."""
+        unclaimed = [msg_id for msg_id, location in self.index.items() if location.refs == 0]
+        for msg_id in unclaimed:
+            self._kill(self.index.pop(msg_id))
+        self._open_new_segment()
+        for number in list(self.segments):
+            self._reclaim(number)
+        return len(unclaimed)
+
+    def start(self) -> None:
+        """A fresh store with nothing to recover."""
+        self.finish_recovery()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def new_id(self) -> int:
+        msg_id = self.next_id
+        self.next_id += 1
+        return msg_id
+
+    def write(self, msg_id: int, parts: tuple[bytes, ...], refs: int) -> None:
+        """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``."""
+        head = encode_head(msg_id, parts)
+        current = self.current
+        tail = self._tail
+        record_at = current.size + len(tail)
+        tail += head
+        payload_at = len(tail)
+        for part in parts:
+            tail += part
+        size = len(tail) - payload_at
+        self._tail_ids[msg_id] = (payload_at, size)
+        self.index[msg_id] = Location(current.number, record_at + HEAD_SIZE, size, refs)
+        current.live += 1
+        if current.size + len(tail) >= self.segment_size:
+            self.flush()
+            self._open_new_segment()
+
+    def add_ref(self, msg_id: int, count: int = 1) -> None:
+        self.index[msg_id].refs += count
+
+    def flush(self) -> None:
+        """Hand the tail to the operating system (no fsync)."""
+        if not self._tail:
+            return
+        current = self.current
+        os.pwrite(current.fd, self._tail, current.size)
+        current.size += len(self._tail)
+        self._dirty.add(current.number)
+        self._tail = bytearray()
+        self._tail_ids.clear()
+
+    def dirty_fds(self) -> list[int]:
+        """File descriptors a ``sync`` must fsync; the caller may fsync them off the event loop."""
+        fds = [self.segments[n].fd for n in self._dirty if n in self.segments]
+        self._dirty.clear()
+        return fds
+
+    def sync(self) -> None:
+        self.flush()
+        for fd in self.dirty_fds():
+            os.fsync(fd)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, msg_id: int) -> bytes:
+        cached = self.cache.get(msg_id)
+        if cached is not None:
+            return cached
+        pending = self._tail_ids.get(msg_id)
+        if pending is not None:
+            start, size = pending
+            return bytes(self._tail[start:start + size])
+        location = self.index[msg_id]
+        data = os.pread(self.segments[location.segment].fd, location.size, location.offset)
+        if len(data) != location.size:
+            raise IOError(f"message {msg_id}: short read from segment {location.segment}")
+        self.cache[msg_id] = data
+        return data
+
+    def remember(self, msg_id: int, payload: bytes) -> None:
+        """Put a payload just written in the read cache."""
+        if len(payload) <= self.cache.maxsize // 16:
+            self.cache[msg_id] = payload
+
+    def __contains__(self, msg_id: int) -> bool:
+        return msg_id in self.index
+
+    # -- removal and compaction ---------------------------------------------------------------
+
+    def remove(self, msg_id: int, count: int = 1) -> None:
+        location = self.index.get(msg_id)
+        if location is None:
+            return
+        location.refs -= count
+        if location.refs > 0:
+            return
+        del self.index[msg_id]
+        self.cache.pop(msg_id, None)
+        self._kill(location)
+        self._reclaim(location.segment)
+
+    def _kill(self, location: Location) -> None:
+        segment = self.segments[location.segment]
+        segment.live -= 1
+        segment.dead_bytes += location.size + HEAD_SIZE
+
+    def _reclaim(self, number: int) -> None:
+        segment = self.segments.get(number)
+        if segment is None or segment is self.current:
+            return
+        if segment.live <= 0:
+            self._delete_segment(segment)
+        elif segment.dead_fraction >= self.compaction_threshold and number not in self._to_compact \
+                and (self._compacting is None or self._compacting[0] != number):
+            self._to_compact.append(number)
+
+    def _delete_segment(self, segment: Segment) -> None:
+        del self.segments[segment.number]
+        self._dirty.discard(segment.number)
+        if segment.number in self._to_compact:
+            self._to_compact.remove(segment.number)
+        os.close(segment.fd)
+        os.unlink(segment_path(self.directory, segment.number))
+
+    @property
+    def needs_compaction(self) -> bool:
+        return bool(self._to_compact) or self._compacting is not None
+
+    def compact_step(self, budget: int = COMPACT_SLICE) -> bool:
+        """Move up to ``budget`` bytes of live records out of a mostly-dead segment.
+
+        Returns True while work remains.  The moved copies are written to the
+        tail like new messages; the old segment is deleted once empty, and its
+        deletion waits for the next sync of the copies (``sync`` before the
+        caller's next step keeps this crash-safe: see ``Durability``).
+        """
+        if self._compacting is None:
+            while self._to_compact:
+                number = self._to_compact.pop(0)
+                segment = self.segments.get(number)
+                if segment is not None and segment is not self.current and segment.live > 0:
+                    ids = [m for m, loc in self.index.items() if loc.segment == number]
+                    ids.sort(key=lambda m: self.index[m].offset)
+                    self._compacting = (number, ids)
+                    break
+            else:
+                return False
+        number, ids = self._compacting
+        segment = self.segments[number]
+        moved = 0
+        while ids and moved < budget:
+            msg_id = ids.pop()
+            location = self.index.get(msg_id)
+            if location is None or location.segment != number:
+                continue
+            data = os.pread(segment.fd, location.size, location.offset)
+            refs = location.refs
+            segment.live -= 1
+            segment.dead_bytes += location.size + HEAD_SIZE
+            self.write(msg_id, (data,), refs)
+            moved += len(data) + HEAD_SIZE
+        if not ids:
+            self._compacting = None
+            self.compactions += 1
+            self.sync()  # the copies are durable before the original goes
+            if segment.number in self.segments and segment.live <= 0:
+                self._delete_segment(segment)
+        return self.needs_compaction
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def _open_new_segment(self) -> None:
+        number = max(self.segments, default=0) + 1
+        path = segment_path(self.directory, number)
+        segment = Segment(number, os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 0)
+        self.segments[number] = segment
+        previous, self.current = self.current, segment
+        if previous is not None:
+            self._reclaim(previous.number)
+
+    def stats(self) -> StoreStats:
+        disk = sum(s.size for s in self.segments.values()) + len(self._tail)
+        dead = sum(s.dead_bytes for s in self.segments.values())
+        return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions)
+
+    def close(self) -> None:
+        self.sync()
+        for segment in self.segments.values():
+            os.close(segment.fd)
+        self.segments.clear()

@@ -1,0 +1,110 @@
+"""Per-queue ordered entries in LMDB (RabbitMQ's rabbit_queue_index).
+
+Key ``queue id (u32) | seq (u64)``, big-endian, so one cursor walk returns a
+queue's entries in order; value ``msg_id (u64) | expiry ms (u64, 0 = none) |
+size (u32) | flags (u8)``.  Changes are staged and applied in one write
+transaction per ``commit``; ``sync`` makes committed changes durable and may run
+off the event loop while new changes are staged.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+import lmdb
+
+KEY = struct.Struct(">IQ")
+VALUE = struct.Struct(">QQIB")
+FLAG_DELIVERED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    seq: int
+    msg_id: int
+    expiry: int  # epoch milliseconds, 0 for none
+    size: int
+    delivered: bool
+
+
+class QueueIndex:
+    def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self._env = lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=False,
+                              max_dbs=0, readahead=False)
+        self._puts: dict[bytes, bytes] = {}
+        self._deletes: list[bytes] = []
+
+    def close(self) -> None:
+        self._env.close()
+
+    def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False) -> None:
+        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED if delivered else 0)
+
+    def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int) -> None:
+        """Remember a delivery so that after a restart the message comes back redelivered."""
+        self.publish(queue_id, seq, msg_id, expiry, size, True)
+
+    def ack(self, queue_id: int, seq: int) -> None:
+        key = KEY.pack(queue_id, seq)
+        if self._puts.pop(key, None) is None:
+            self._deletes.append(key)
+        # else: published and acked within one batch, never written
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._puts or self._deletes)
+
+    def commit(self) -> None:
+        """Apply the staged changes in one transaction (durable after the next ``sync``)."""
+        if not (self._puts or self._deletes):
+            return
+        puts, deletes = self._puts, self._deletes
+        self._puts, self._deletes = {}, []
+        with self._env.begin(write=True) as txn:
+            for key in deletes:
+                txn.delete(key)
+            if puts:
+                txn.cursor().putmulti(sorted(puts.items()))
+
+    def sync(self) -> None:
+        self._env.sync(True)
+
+    def entries(self, queue_id: int) -> Iterator[IndexEntry]:
+        """A queue's entries in order (used at recovery)."""
+        prefix = queue_id.to_bytes(4, "big")
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(prefix):
+                return
+            for key, value in cursor:
+                if key[:4] != prefix:
+                    break
+                _, seq = KEY.unpack(key)
+                msg_id, expiry, size, flags = VALUE.unpack(value)
+                yield IndexEntry(seq, msg_id, expiry, size, bool(flags & FLAG_DELIVERED))
+
+    def delete_queue(self, queue_id: int) -> None:
+        prefix = queue_id.to_bytes(4, "big")
+        self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
+        self._deletes = [k for k in self._deletes if k[:4] != prefix]
+        with self._env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(prefix):
+                while cursor.key()[:4] == prefix:
+                    if not cursor.delete():
+                        break
+
+    def queue_ids(self) -> set[int]:
+        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped)."""
+        ids: set[int] = set()
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            more = cursor.first()
+            while more:
+                queue_id = int.from_bytes(cursor.key()[:4], "big")
+                ids.add(queue_id)
+                more = cursor.set_range((queue_id + 1).to_bytes(4, "big")) if queue_id < 0xFFFFFFFF else False
+        return ids
