@@ -20,6 +20,7 @@ from .auth import AccessControl
 from .definitions import DefinitionStore
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
+from .persistence import Persistence
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -76,9 +77,11 @@ class VHost:
 
 
 class Broker:
-    def __init__(self, data_dir: str, node_name: str = "warren@localhost") -> None:
+    def __init__(self, data_dir: str, node_name: str = "warren@localhost",
+                 persistence: Persistence | None = None) -> None:
         self.data_dir = data_dir
         self.node_name = node_name
+        self.persistence = persistence or Persistence(data_dir)
         self.store = DefinitionStore(data_dir)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
@@ -88,6 +91,7 @@ class Broker:
         self._recover_definitions()
 
     def close(self) -> None:
+        self.persistence.close()
         self.store.close()
 
     # -- vhosts -------------------------------------------------------------------------------
@@ -216,9 +220,18 @@ class Broker:
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
+            queue.index_id = self._next_index_id()
+            queue.persistence = self.persistence
             self.store.put("queue", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "auto_delete": auto_delete, "arguments": arguments})
+                "vhost": vhost.name, "name": name, "auto_delete": auto_delete, "arguments": arguments,
+                "index_id": queue.index_id})
         return queue
+
+    def _next_index_id(self) -> int:
+        """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
+        record = self.store.get("meta", "queue_index") or {"next": 1}
+        self.store.put("meta", "queue_index", {"next": record["next"] + 1})
+        return record["next"]
 
     @staticmethod
     def check_exclusive(queue: Queue, connection: "Connection | None") -> None:
@@ -249,7 +262,7 @@ class Broker:
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_broker(consumer)
         queue.consumers.clear()
-        queue.ready.clear()
+        queue.drop_all()
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         if queue.durable:
@@ -374,11 +387,16 @@ class Broker:
                 continue
             vhost.exchanges[record["name"]] = cls(record["name"], durable=True, auto_delete=record["auto_delete"],
                                                   internal=record["internal"], arguments=record["arguments"])
+        durable: list[Queue] = []
         for _, record in self.store.items("queue"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is not None:
-                vhost.queues[record["name"]] = Queue(record["name"], vhost.name, True, None,
-                                                     record["auto_delete"], record["arguments"])
+                queue = vhost.queues[record["name"]] = Queue(record["name"], vhost.name, True, None,
+                                                             record["auto_delete"], record["arguments"])
+                queue.index_id = record["index_id"]
+                queue.persistence = self.persistence
+                durable.append(queue)
+        self.persistence.recover(durable)
         for _, record in self.store.items("binding"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is None:

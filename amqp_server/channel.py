@@ -6,6 +6,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from pamqp import commands
@@ -55,6 +56,8 @@ class Channel:
         # publishing
         self.confirm_mode = False
         self.publish_seq = 0
+        self.confirmed = 0
+        self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
@@ -134,8 +137,6 @@ class Channel:
                 f"'{self.connection.user.name}'"))
         if self.confirm_mode:
             self.publish_seq += 1
-            self.confirm_pending = True
-            self.connection.schedule_flush()
         if self.broker.blocked:
             self.connection.publisher_blocked()
         self.connection.publishing = True
@@ -144,6 +145,8 @@ class Channel:
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
         self._route_message(exchange, message, self._mandatory)
+        if self.confirm_mode:
+            self._to_confirm(message)
 
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
         queues = self.broker.route(self.vhost, exchange, message)
@@ -155,10 +158,33 @@ class Channel:
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
 
+    def _to_confirm(self, message: Message) -> None:
+        """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced."""
+        if message.msg_id:
+            persistence = self.broker.persistence
+            self.unsynced.append((self.publish_seq, persistence.batch))
+            persistence.waiters.add(self)
+        elif not self.unsynced:
+            self.confirm_pending = True
+            self.connection.schedule_flush()
+
+    def synced(self, batch: int) -> None:
+        """Group commit ``batch`` is durable: confirm what waited for it."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][1] <= batch:
+            unsynced.popleft()
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+        self.confirm_pending = True
+        self.connection.schedule_flush()
+
     def emit_confirms(self) -> None:
-        """One basic.ack(multiple) covers every publish since the last flush."""
+        """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
-        self.out.append(codec.basic_ack(self.number, self.publish_seq, True))
+        upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
+        if upto > self.confirmed:
+            self.confirmed = upto
+            self.out.append(codec.basic_ack(self.number, upto, True))
 
     # -- hot path: deliver --------------------------------------------------------------------
 
@@ -223,11 +249,11 @@ class Channel:
                 entries.append(entry)
         for queue, entries in by_queue.items():
             if queue.deleted:
-                continue
-            if requeue:
+                queue.settle(entries)
+            elif requeue:
                 queue.requeue(entries)
             else:
-                queue.settle(len(entries))
+                queue.settle(entries)
                 queue.run()
 
     def _ack(self, method: commands.Basic.Ack) -> None:
@@ -444,14 +470,13 @@ class Channel:
         self._check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.broker.check_exclusive(queue, self.connection)
-        entry = queue.get()
+        entry = queue.get(m.no_ack)
         if entry is None:
             self.reply(commands.Basic.GetEmpty())
             return
         self.delivery_tag += 1
         if not m.no_ack:
             self.unacked[self.delivery_tag] = (entry, queue, None)
-            queue.unacked += 1
         message = entry.message
         codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
                             queue.message_count, message.header, message.body, self.connection.frame_max)
@@ -511,6 +536,7 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.persistence.waiters.discard(self)
         taken = list(self.unacked.values())
         self.unacked.clear()
         for consumer in list(self.consumers.values()):

@@ -20,7 +20,8 @@ _LONG = struct.Struct(">I")
 class Message:
     """One message, shared by every queue it was routed to."""
 
-    __slots__ = ("exchange", "routing_key", "route", "header", "body", "_properties", "_flags")
+    __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "_properties",
+                 "_flags")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -28,7 +29,28 @@ class Message:
         self.route = route  # exchange + routing key, AMQP short strings, as published
         self.header = header  # content header payload: class, weight, size, flags, properties
         self.body = body
+        self.body_size = len(body)
+        self.msg_id = 0  # set once written to the persistent store
         self._properties: commands.Basic.Properties | None = None
+        self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
+
+    @classmethod
+    def stored(cls, msg_id: int, body_size: int) -> "Message":
+        """A recovered message whose content stays in the store until it is needed (see ``fill``)."""
+        message = cls.__new__(cls)
+        message.msg_id = msg_id
+        message.body_size = body_size
+        message.body = None
+        message._properties = None
+        return message
+
+    def fill(self, route: bytes, header: bytes, body: bytes) -> None:
+        ex_len = route[0]
+        self.exchange = route[1:1 + ex_len].decode()
+        self.routing_key = route[2 + ex_len:].decode()
+        self.route = route
+        self.header = header
+        self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
     @property
@@ -66,10 +88,6 @@ class Message:
         if flags & codec.FLAG_HEADERS:
             pos += 4 + _LONG.unpack_from(header, pos)[0]
         return header[pos] == 2
-
-    @property
-    def body_size(self) -> int:
-        return len(self.body)
 
 
 def encode_route(exchange: str, routing_key: str) -> bytes:

@@ -16,17 +16,19 @@ from .message import Message
 if TYPE_CHECKING:
     from .channel import Channel
     from .connection import Connection
+    from .persistence import Persistence
 
 
 class Entry:
     """A message's place in one queue: its sequence number keeps requeues in order."""
 
-    __slots__ = ("seq", "message", "redelivered")
+    __slots__ = ("seq", "message", "redelivered", "expiry")
 
-    def __init__(self, seq: int, message: Message, redelivered: bool = False) -> None:
+    def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0) -> None:
         self.seq = seq
         self.message = message
         self.redelivered = redelivered
+        self.expiry = expiry  # epoch ms, 0 for none
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq
@@ -74,6 +76,8 @@ class Queue:
         self._rr = 0
         self.had_consumer = False
         self.deleted = False
+        self.index_id = 0
+        self.persistence: "Persistence | None" = None  # set for durable queues
 
     @property
     def exclusive(self) -> bool:
@@ -87,10 +91,18 @@ class Queue:
         return f"<Queue {self.vhost}/{self.name}>"
 
     def enqueue(self, message: Message) -> None:
-        self.ready.append(Entry(self.next_seq, message))
+        entry = Entry(self.next_seq, message)
         self.next_seq += 1
+        if self.persistence is not None and message.persistent:
+            self.persistence.write(self, entry)
+        self.ready.append(entry)
         if self.consumers:
             self.run()
+
+    def recover_entry(self, entry: Entry) -> None:
+        """An entry read back from the queue index at start-up, in order."""
+        self.ready.append(entry)
+        self.next_seq = entry.seq + 1
 
     def run(self) -> None:
         """Hand ready entries to consumers with credit, round-robin."""
@@ -108,23 +120,40 @@ class Queue:
             i += 1
             if consumer.has_credit():
                 idle = 0
-                entry = ready.popleft()
-                if not consumer.no_ack:
-                    self.unacked += 1
+                entry = self._take(ready.popleft(), consumer.no_ack)
                 consumer.channel.deliver(consumer, entry)
             else:
                 idle += 1
         self._rr = i
 
-    def get(self) -> Entry | None:
+    def _take(self, entry: Entry, no_ack: bool) -> Entry:
+        """An entry leaves the ready list for a consumer or basic.get."""
+        message = entry.message
+        persisted = message.msg_id and self.persistence is not None
+        if message.body is None:
+            self.persistence.load(message)
+        if no_ack:
+            if persisted:
+                self.persistence.remove(self, entry)
+        else:
+            self.unacked += 1
+            if persisted and not entry.redelivered:
+                self.persistence.delivered(self, entry)
+        return entry
+
+    def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""
         if not self.ready:
             return None
-        return self.ready.popleft()
+        return self._take(self.ready.popleft(), no_ack)
 
-    def settle(self, count: int = 1) -> None:
+    def settle(self, entries: list[Entry]) -> None:
         """Entries taken for manual ack were acked or dropped."""
-        self.unacked -= count
+        self.unacked -= len(entries)
+        if self.persistence is not None:
+            for entry in entries:
+                if entry.message.msg_id:
+                    self.persistence.remove(self, entry)
 
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put unacked entries back in their original places, marked redelivered."""
@@ -145,8 +174,18 @@ class Queue:
 
     def purge(self) -> int:
         count = len(self.ready)
+        if self.persistence is not None:
+            for entry in self.ready:
+                if entry.message.msg_id:
+                    self.persistence.remove(self, entry)
         self.ready.clear()
         return count
+
+    def drop_all(self) -> None:
+        """The queue is deleted: its ready entries and (durable) index go with it."""
+        if self.persistence is not None:
+            self.persistence.delete_queue(self, list(self.ready))
+        self.ready.clear()
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)

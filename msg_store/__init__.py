@@ -5,6 +5,6 @@ or of queues' order.
 
 Offers :class:`MessageStore` and :class:`StoreStats`.
 """
-from .store import MessageStore, StoreStats
+from .store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore, StoreStats
 
-__all__ = ["MessageStore", "StoreStats"]
+__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_SEGMENT_SIZE", "MessageStore", "StoreStats"]
