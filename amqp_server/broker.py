@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable
 
 from exchanges import Exchange, exchange_class
 
-from . import errors
+from . import errors, queue_args
+from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .persistence import Persistence
-from .queue import Queue
+from .queue import Entry, Queue
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -215,7 +216,8 @@ class Broker:
                     raise errors.precondition_failed(
                         f"inequivalent arg '{arg}' for {what}: received {_show_arg(new)} but current is {_show_arg(old)}")
             return existing
-        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments)
+        args = queue_args.parse(arguments, name, vhost.name)
+        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
         vhost.queues[name] = queue
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
@@ -267,6 +269,27 @@ class Broker:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         if queue.durable:
             self.store.delete("queue", _key(vhost.name, queue.name))
+
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
+        """Republish entries that left ``queue`` for good to its dead-letter exchange."""
+        vhost = self.vhosts.get(queue.vhost)
+        exchange = vhost.exchanges.get(queue.args.dead_letter_exchange) if vhost else None
+        if exchange is None:
+            return  # RabbitMQ drops dead letters whose exchange does not exist
+        for entry in entries:
+            message = dead_letter_message(entry.message, queue.name, reason, exchange.name,
+                                          queue.args.dead_letter_routing_key)
+            for target in self.route(vhost, exchange, message):
+                if not cycle_detected(message, target.name):
+                    target.enqueue(message)
+
+    def expire_queue(self, queue: Queue) -> None:
+        """x-expires: the queue went unused for its whole lifetime setting."""
+        vhost = self.vhosts.get(queue.vhost)
+        if vhost is not None:
+            log.info("queue '%s' in vhost '%s' expired (unused for %d ms)", queue.name, vhost.name,
+                     queue.args.expires)
+            self._remove_queue(vhost, queue)
 
     def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
         queue = vhost.queue(name)
@@ -391,8 +414,9 @@ class Broker:
         for _, record in self.store.items("queue"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is not None:
-                queue = vhost.queues[record["name"]] = Queue(record["name"], vhost.name, True, None,
-                                                             record["auto_delete"], record["arguments"])
+                queue = vhost.queues[record["name"]] = Queue(
+                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"],
+                    queue_args.parse(record["arguments"], record["name"], vhost.name), self)
                 queue.index_id = record["index_id"]
                 queue.persistence = self.persistence
                 durable.append(queue)

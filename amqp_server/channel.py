@@ -58,6 +58,7 @@ class Channel:
         self.publish_seq = 0
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
+        self.rejected: deque[int] = deque()  # publish seqs to nack
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
@@ -135,6 +136,12 @@ class Channel:
             raise _publish_error(errors.precondition_failed(
                 f"user_id property set to '{message.properties.user_id}' but authenticated user was "
                 f"'{self.connection.user.name}'"))
+        if message.has_expiration:
+            try:
+                message.expiration_ms
+            except ValueError:
+                raise _publish_error(errors.precondition_failed(
+                    f"invalid expiration '{message.properties.expiration}': no_integer")) from None
         if self.confirm_mode:
             self.publish_seq += 1
         if self.broker.blocked:
@@ -144,27 +151,36 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        self._route_message(exchange, message, self._mandatory)
+        rejected = self._route_message(exchange, message, self._mandatory)
         if self.confirm_mode:
-            self._to_confirm(message)
+            self._to_confirm(message, rejected)
 
-    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
+        """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         queues = self.broker.route(self.vhost, exchange, message)
+        rejected = False
         if queues:
             for queue in queues:
-                queue.enqueue(message)
+                if not queue.enqueue(message):
+                    rejected = True
         elif mandatory:
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
+        return rejected
 
-    def _to_confirm(self, message: Message) -> None:
-        """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced."""
+    def _to_confirm(self, message: Message, rejected: bool) -> None:
+        """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced.
+
+        One a queue refused (reject-publish) is nacked, in order with the acks around it.
+        """
+        if rejected:
+            self.rejected.append(self.publish_seq)
         if message.msg_id:
             persistence = self.broker.persistence
             self.unsynced.append((self.publish_seq, persistence.batch))
             persistence.waiters.add(self)
-        elif not self.unsynced:
+        if not self.unsynced:
             self.confirm_pending = True
             self.connection.schedule_flush()
 
@@ -182,6 +198,13 @@ class Channel:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
+        rejected = self.rejected
+        while rejected and rejected[0] <= upto:
+            seq = rejected.popleft()
+            if seq - 1 > self.confirmed:
+                self.out.append(codec.basic_ack(self.number, seq - 1, True))
+            self.out.append(codec.basic_nack(self.number, seq, False))
+            self.confirmed = seq
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
@@ -235,7 +258,8 @@ class Channel:
             raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
         return [item]
 
-    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
+    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool,
+                reject: bool = False) -> None:
         """Acked, rejected or requeued: credit returns, and the queues may deliver again."""
         by_queue: dict[Queue, list[Entry]] = {}
         for entry, queue, consumer in taken:
@@ -253,7 +277,10 @@ class Channel:
             elif requeue:
                 queue.requeue(entries)
             else:
-                queue.settle(entries)
+                if reject:
+                    queue.reject(entries)
+                else:
+                    queue.settle(entries)
                 queue.run()
 
     def _ack(self, method: commands.Basic.Ack) -> None:
@@ -268,7 +295,7 @@ class Channel:
         requeue = method.requeue
 
         def apply() -> None:
-            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue)
+            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue, reject=not requeue)
 
         if self.tx is not None:
             self._check_tags(method.delivery_tag, multiple)

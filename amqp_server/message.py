@@ -68,6 +68,23 @@ class Message:
         return self.properties.headers
 
     @property
+    def has_expiration(self) -> bool:
+        return bool(self._flags & codec.FLAG_EXPIRATION)
+
+    @property
+    def expiration_ms(self) -> int | None:
+        """The per-message TTL; ValueError if it is not a non-negative integer, as RabbitMQ requires."""
+        if not self._flags & codec.FLAG_EXPIRATION:
+            return None
+        value = self.properties.expiration
+        if value is None:
+            return None
+        ttl = int(value)
+        if ttl < 0:
+            raise ValueError(value)
+        return ttl
+
+    @property
     def has_user_id(self) -> bool:
         return bool(self._flags & codec.FLAG_USER_ID)
 

@@ -4,14 +4,23 @@ Delivery is synchronous: an enqueue with a consumer that has credit goes out
 in the same call, so a message published and consumed on one broker touches
 no scheduler.  The channel owns delivery tags and the unacked map; the queue
 only hands entries over and takes them back.
+
+Expired entries are found through an expiry heap wherever they sit, marked
+gone in place and skipped when the ready list reaches them, so expiring a
+message in the middle of a long queue costs O(log n).
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from bisect import insort
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
+
+from queue_index import ExpiryHeap
 
 from .message import Message
+from .queue_args import QueueArgs
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -22,13 +31,14 @@ if TYPE_CHECKING:
 class Entry:
     """A message's place in one queue: its sequence number keeps requeues in order."""
 
-    __slots__ = ("seq", "message", "redelivered", "expiry")
+    __slots__ = ("seq", "message", "redelivered", "expiry", "gone")
 
     def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0) -> None:
         self.seq = seq
         self.message = message
         self.redelivered = redelivered
         self.expiry = expiry  # epoch ms, 0 for none
+        self.gone = False  # expired while in the ready list: skipped when reached
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq
@@ -58,18 +68,37 @@ class Consumer:
         return self.channel.can_deliver()
 
 
+class QueueHost(Protocol):
+    """What a queue asks of the broker that owns it."""
+
+    def dead_letter(self, queue: "Queue", entries: list[Entry], reason: str) -> None: ...
+
+    def expire_queue(self, queue: "Queue") -> None: ...
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "Connection | None" = None,
-                 auto_delete: bool = False, arguments: dict[str, Any] | None = None) -> None:
+                 auto_delete: bool = False, arguments: dict[str, Any] | None = None,
+                 args: QueueArgs | None = None, host: QueueHost | None = None) -> None:
         self.name = name
         self.vhost = vhost
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
+        self.args = args or QueueArgs()
+        self._limited = self.args.limited
+        self._ttl = self.args.message_ttl is not None
+        self.host = host
         self.ready: deque[Entry] = deque()
+        self.gone_in_ready = 0
+        self.ready_bytes = 0
         self.consumers: list[Consumer] = []
         self.unacked = 0
         self.next_seq = 0
@@ -78,6 +107,11 @@ class Queue:
         self.deleted = False
         self.index_id = 0
         self.persistence: "Persistence | None" = None  # set for durable queues
+        self._expiring: dict[int, Entry] = {}
+        self._expiry = ExpiryHeap()
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expires_timer: asyncio.TimerHandle | None = None
+        self.touch()
 
     @property
     def exclusive(self) -> bool:
@@ -85,31 +119,79 @@ class Queue:
 
     @property
     def message_count(self) -> int:
-        return len(self.ready)
+        return len(self.ready) - self.gone_in_ready
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost}/{self.name}>"
 
-    def enqueue(self, message: Message) -> None:
-        entry = Entry(self.next_seq, message)
+    # -- in -----------------------------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> bool:
+        """Add a published message; False if the queue's length limit rejects it (reject-publish)."""
+        args = self.args
+        limited = self._limited
+        if limited and args.overflow != "drop-head" and self._full(message.body_size):
+            if args.overflow == "reject-publish-dlx":
+                self._dead_letter([Entry(self.next_seq, message)], "maxlen", persisted=False)
+            return False
+        expiry = self._expiry_for(message) if self._ttl or message.has_expiration else 0
+        entry = Entry(self.next_seq, message, False, expiry)
         self.next_seq += 1
         if self.persistence is not None and message.persistent:
             self.persistence.write(self, entry)
         self.ready.append(entry)
+        self.ready_bytes += message.body_size
+        if expiry:
+            self._track_expiry(entry)
+        if limited:
+            self._drop_overflow()
         if self.consumers:
             self.run()
+        if expiry and self._expiry.next_deadline() <= now_ms():
+            self._expire_due()  # TTL 0: delivered above or expired now
+        return True
+
+    def _expiry_for(self, message: Message) -> int:
+        ttl = self.args.message_ttl
+        expiration = message.expiration_ms
+        if expiration is not None and (ttl is None or expiration < ttl):
+            ttl = expiration
+        return now_ms() + ttl if ttl is not None else 0
+
+    def _full(self, incoming: int) -> bool:
+        args = self.args
+        return ((args.max_length is not None and self.message_count >= args.max_length)
+                or (args.max_length_bytes is not None and self.ready_bytes + incoming > args.max_length_bytes))
+
+    def _drop_overflow(self) -> None:
+        """drop-head: the oldest messages go (dead-lettered as maxlen) until the limits hold."""
+        args = self.args
+        dropped = []
+        while ((args.max_length is not None and self.message_count > args.max_length)
+               or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes)):
+            entry = self._pop_ready()
+            if entry is None:
+                break
+            dropped.append(entry)
+        if dropped:
+            self._dead_letter(dropped, "maxlen")
 
     def recover_entry(self, entry: Entry) -> None:
         """An entry read back from the queue index at start-up, in order."""
         self.ready.append(entry)
+        self.ready_bytes += entry.message.body_size
         self.next_seq = entry.seq + 1
+        if entry.expiry:
+            self._track_expiry(entry)
+
+    # -- out ----------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Hand ready entries to consumers with credit, round-robin."""
         ready = self.ready
         consumers = self.consumers
         n = len(consumers)
-        if not ready or not n:
+        if not n or len(ready) == self.gone_in_ready:
             return
         i = self._rr
         idle = 0
@@ -118,13 +200,32 @@ class Queue:
                 i = 0
             consumer = consumers[i]
             i += 1
-            if consumer.has_credit():
-                idle = 0
-                entry = self._take(ready.popleft(), consumer.no_ack)
-                consumer.channel.deliver(consumer, entry)
-            else:
+            if not consumer.has_credit():
                 idle += 1
+                continue
+            entry = self._pop_ready()
+            if entry is None:
+                break
+            idle = 0
+            consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
         self._rr = i
+
+    def _pop_ready(self) -> Entry | None:
+        """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
+        ready = self.ready
+        while ready:
+            entry = ready.popleft()
+            if entry.gone:
+                self.gone_in_ready -= 1
+                continue
+            self.ready_bytes -= entry.message.body_size
+            if entry.expiry:
+                self._expiring.pop(entry.seq, None)
+                if entry.expiry <= now_ms():
+                    self._dead_letter([entry], "expired")
+                    continue
+            return entry
+        return None
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         """An entry leaves the ready list for a consumer or basic.get."""
@@ -143,9 +244,9 @@ class Queue:
 
     def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""
-        if not self.ready:
-            return None
-        return self._take(self.ready.popleft(), no_ack)
+        self.touch()
+        entry = self._pop_ready()
+        return None if entry is None else self._take(entry, no_ack)
 
     def settle(self, entries: list[Entry]) -> None:
         """Entries taken for manual ack were acked or dropped."""
@@ -155,6 +256,11 @@ class Queue:
                 if entry.message.msg_id:
                     self.persistence.remove(self, entry)
 
+    def reject(self, entries: list[Entry]) -> None:
+        """Rejected or nacked without requeue: dead-lettered (if configured) and settled."""
+        self.unacked -= len(entries)
+        self._dead_letter(entries, "rejected")
+
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put unacked entries back in their original places, marked redelivered."""
         ready = self.ready
@@ -162,6 +268,9 @@ class Queue:
         for entry in sorted(entries, key=lambda e: e.seq):
             entry.redelivered = True
             count += 1
+            self.ready_bytes += entry.message.body_size
+            if entry.expiry:
+                self._track_expiry(entry)
             if not ready or entry.seq > ready[-1].seq:
                 ready.append(entry)
             elif entry.seq < ready[0].seq:
@@ -171,25 +280,106 @@ class Queue:
         self.unacked -= count
         if count:
             self.run()
+            if self._expiring:
+                self._expire_due()
 
     def purge(self) -> int:
-        count = len(self.ready)
+        count = self.message_count
         if self.persistence is not None:
             for entry in self.ready:
-                if entry.message.msg_id:
+                if entry.message.msg_id and not entry.gone:
                     self.persistence.remove(self, entry)
-        self.ready.clear()
+        self._clear_ready()
         return count
 
     def drop_all(self) -> None:
         """The queue is deleted: its ready entries and (durable) index go with it."""
         if self.persistence is not None:
-            self.persistence.delete_queue(self, list(self.ready))
+            self.persistence.delete_queue(self, [e for e in self.ready if not e.gone])
+        self._clear_ready()
+        for timer in (self._expiry_timer, self._expires_timer):
+            if timer is not None:
+                timer.cancel()
+
+    def _clear_ready(self) -> None:
         self.ready.clear()
+        self.gone_in_ready = 0
+        self.ready_bytes = 0
+        self._expiring.clear()
+        self._expiry.clear()
+
+    # -- expiry -------------------------------------------------------------------------------
+
+    def _track_expiry(self, entry: Entry) -> None:
+        self._expiring[entry.seq] = entry
+        first = self._expiry.next_deadline()
+        self._expiry.push(entry.expiry, entry.seq)
+        if first is None or entry.expiry < first or self._expiry_timer is None:
+            self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        deadline = self._expiry.next_deadline()
+        if deadline is not None and not self.deleted:
+            loop = asyncio.get_running_loop()
+            self._expiry_timer = loop.call_later(max(0.0, (deadline - now_ms()) / 1000), self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Mark every entry whose time is up as gone, wherever it is, and dead-letter it."""
+        self._expiry_timer = None
+        expired = []
+        for seq in self._expiry.pop_due(now_ms()):
+            entry = self._expiring.pop(seq, None)
+            if entry is None:
+                continue  # delivered or already expired
+            entry.gone = True
+            self.gone_in_ready += 1
+            self.ready_bytes -= entry.message.body_size
+            expired.append(entry)
+        if expired:
+            self._dead_letter(expired, "expired")
+            if self.gone_in_ready > 1024 and self.gone_in_ready * 2 > len(self.ready):
+                self.ready = deque(e for e in self.ready if not e.gone)
+                self.gone_in_ready = 0
+        self._arm_expiry()
+
+    def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
+        """Entries leave the queue for good: to the dead-letter exchange if one is set."""
+        if self.persistence is not None:
+            for entry in entries:
+                if entry.message.body is None:
+                    self.persistence.load(entry.message)
+        if self.args.dead_letter_exchange is not None and self.host is not None:
+            self.host.dead_letter(self, entries, reason)
+        if persisted and self.persistence is not None:
+            for entry in entries:
+                if entry.message.msg_id:
+                    self.persistence.remove(self, entry)
+
+    # -- consumers and x-expires --------------------------------------------------------------
+
+    def touch(self) -> None:
+        """Used (declared, consumed, got from): restart the x-expires countdown."""
+        expires = self.args.expires
+        if expires is None or self.deleted:
+            return
+        if self._expires_timer is not None:
+            self._expires_timer.cancel()
+        self._expires_timer = asyncio.get_running_loop().call_later(expires / 1000, self._unused)
+
+    def _unused(self) -> None:
+        self._expires_timer = None
+        if self.consumers:
+            return  # consumers keep it alive; the countdown restarts when the last one leaves
+        if self.host is not None and not self.deleted:
+            self.host.expire_queue(self)
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True
+        self.touch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
@@ -199,6 +389,8 @@ class Queue:
         del self.consumers[index]
         if index < self._rr:
             self._rr -= 1
+        if not self.consumers:
+            self.touch()
 
     @property
     def unused_auto_delete(self) -> bool:
