@@ -29,6 +29,9 @@ class Config:
     write_buffer_high: int = 4 * 1024 * 1024
     deliveries_per_flush: int = 2000
     loopback_users_only: bool = True  # guest may log in only from loopback, as RabbitMQ
+    segment_size: int = 16 * 1024 * 1024
+    compaction_threshold: float = 0.5
+    message_cache_bytes: int = 64 * 1024 * 1024
     log_level: str = "INFO"
 
     @property
@@ -51,6 +54,9 @@ _HELP = {
     "write_buffer_high": "bytes buffered for a slow client before delivery pauses",
     "deliveries_per_flush": "deliveries written per event-loop turn per connection",
     "loopback_users_only": "guest may log in from loopback only",
+    "segment_size": "message store segment file size, bytes",
+    "compaction_threshold": "dead fraction of a segment that triggers its compaction",
+    "message_cache_bytes": "message store read cache, bytes",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
 }
 

@@ -16,6 +16,7 @@ from . import __version__, config as config_module
 from .broker import Broker
 from .config import Config
 from .connection import Connection
+from .persistence import Persistence
 
 log = logging.getLogger("warren")
 MEMORY_CHECK_INTERVAL = 1.0
@@ -54,7 +55,9 @@ class Node:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.broker = Broker(config.data_dir, config.node_name)
+        self.broker = Broker(config.data_dir, config.node_name,
+                             Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
+                                         config.compaction_threshold))
         self.server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
 
