@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any, Collection, Iterable
 
 from exchanges import Exchange, exchange_class
+from msg_store import DEFAULT_SEGMENT_SIZE
 
 from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
@@ -21,6 +22,7 @@ from .auth import AccessControl
 from .definitions import DefinitionStore
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
+from .paging import Pager
 from .persistence import Persistence
 from .queue import Entry, Queue
 
@@ -79,10 +81,11 @@ class VHost:
 
 class Broker:
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
-                 persistence: Persistence | None = None) -> None:
+                 persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
         self.data_dir = data_dir
         self.node_name = node_name
         self.persistence = persistence or Persistence(data_dir)
+        self.pager = Pager(data_dir, segment_size, self.persistence)
         self.store = DefinitionStore(data_dir)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
@@ -92,6 +95,7 @@ class Broker:
         self._recover_definitions()
 
     def close(self) -> None:
+        self.pager.close()
         self.persistence.close()
         self.store.close()
 
@@ -282,6 +286,14 @@ class Broker:
             for target in self.route(vhost, exchange, message):
                 if not cycle_detected(message, target.name):
                     target.enqueue(message)
+
+    def load(self, message: Message) -> None:
+        """Bring back the body of a message that was recovered or paged out."""
+        self.pager.load(message)
+
+    def all_queues(self) -> Iterable[Queue]:
+        for vhost in self.vhosts.values():
+            yield from vhost.queues.values()
 
     def expire_queue(self, queue: Queue) -> None:
         """x-expires: the queue went unused for its whole lifetime setting."""

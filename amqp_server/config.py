@@ -26,6 +26,7 @@ class Config:
     channel_max: int = 2047
     max_message_size: int = 128 * 1024 * 1024
     memory_high_watermark: float = 0.4  # fraction of RAM (<= 1) or absolute bytes (> 1), as RabbitMQ
+    paging_ratio: float = 0.5  # of the high watermark: above it, bodies deep in queues are paged out
     write_buffer_high: int = 4 * 1024 * 1024
     deliveries_per_flush: int = 2000
     loopback_users_only: bool = True  # guest may log in only from loopback, as RabbitMQ
@@ -51,6 +52,7 @@ _HELP = {
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes",
     "memory_high_watermark": "memory alarm: fraction of RAM, or bytes if > 1",
+    "paging_ratio": "fraction of the memory watermark above which message bodies are paged to disk",
     "write_buffer_high": "bytes buffered for a slow client before delivery pauses",
     "deliveries_per_flush": "deliveries written per event-loop turn per connection",
     "loopback_users_only": "guest may log in from loopback only",

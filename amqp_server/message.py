@@ -20,8 +20,8 @@ _LONG = struct.Struct(">I")
 class Message:
     """One message, shared by every queue it was routed to."""
 
-    __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "_properties",
-                 "_flags")
+    __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
+                 "_properties", "_flags", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -31,6 +31,7 @@ class Message:
         self.body = body
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
+        self.transient_id = 0  # set once paged out to the transient store
         self._properties: commands.Basic.Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
@@ -39,6 +40,7 @@ class Message:
         """A recovered message whose content stays in the store until it is needed (see ``fill``)."""
         message = cls.__new__(cls)
         message.msg_id = msg_id
+        message.transient_id = 0
         message.body_size = body_size
         message.body = None
         message._properties = None

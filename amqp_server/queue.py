@@ -75,6 +75,8 @@ class QueueHost(Protocol):
 
     def expire_queue(self, queue: "Queue") -> None: ...
 
+    def load(self, message: Message) -> None: ...
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -232,7 +234,7 @@ class Queue:
         message = entry.message
         persisted = message.msg_id and self.persistence is not None
         if message.body is None:
-            self.persistence.load(message)
+            self.host.load(message)
         if no_ack:
             if persisted:
                 self.persistence.remove(self, entry)
@@ -347,11 +349,10 @@ class Queue:
 
     def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         """Entries leave the queue for good: to the dead-letter exchange if one is set."""
-        if self.persistence is not None:
+        if self.args.dead_letter_exchange is not None and self.host is not None:
             for entry in entries:
                 if entry.message.body is None:
-                    self.persistence.load(entry.message)
-        if self.args.dead_letter_exchange is not None and self.host is not None:
+                    self.host.load(entry.message)
             self.host.dead_letter(self, entries, reason)
         if persisted and self.persistence is not None:
             for entry in entries:

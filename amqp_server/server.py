@@ -57,7 +57,7 @@ class Node:
         self.config = config
         self.broker = Broker(config.data_dir, config.node_name,
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
-                                         config.compaction_threshold))
+                                         config.compaction_threshold), config.segment_size)
         self.server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
 
@@ -76,6 +76,9 @@ class Node:
         while True:
             await asyncio.sleep(MEMORY_CHECK_INTERVAL)
             rss = _rss()
+            if rss > limit * self.config.paging_ratio:
+                broker.pager.page_out(broker.all_queues())
+            broker.pager.housekeeping()
             if rss > limit and not broker.blocked:
                 log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
                 broker.blocked = True
