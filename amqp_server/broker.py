@@ -92,12 +92,22 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
         self.blocked = False  # memory alarm: publishers are blocked
+        self.dirty: list["Connection"] = []  # connections with output to write
         self._recover_definitions()
 
     def close(self) -> None:
         self.pager.close()
         self.persistence.close()
         self.store.close()
+
+    def flush_dirty(self) -> None:
+        """Write every connection's pending output: at the end of each read, or on the next loop turn."""
+        dirty = self.dirty
+        while dirty:
+            connections = dirty[:]
+            dirty.clear()
+            for connection in connections:
+                connection.flush()
 
     # -- vhosts -------------------------------------------------------------------------------
 

@@ -136,9 +136,13 @@ class Connection(asyncio.Protocol):
     # -- output -------------------------------------------------------------------------------
 
     def schedule_flush(self) -> None:
+        """Output waits until the current read is processed (or the loop turns), then goes in one write."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self.flush)
+            dirty = self.broker.dirty
+            if not dirty:
+                self.loop.call_soon(self.broker.flush_dirty)
+            dirty.append(self)
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -231,6 +235,7 @@ class Connection(asyncio.Protocol):
         del buf[:pos]
         if self.out:
             self.schedule_flush()
+        self.broker.flush_dirty()
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
         """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""
