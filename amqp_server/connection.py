@@ -201,9 +201,10 @@ class Connection(asyncio.Protocol):
                 channel = channels.get(ch)
                 try:
                     if ftype == 3:
-                        if channel is None:
+                        if channel is not None:
+                            channel.on_body(bytes(buf[start:end]))
+                        else:
                             self._no_channel(ch)
-                        channel.on_body(bytes(buf[start:end]))
                     elif ftype == 1:
                         if size < 4:
                             raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
@@ -212,9 +213,10 @@ class Connection(asyncio.Protocol):
                         else:
                             self._method(ch, channel, self._unmarshal(buf, start, end))
                     elif ftype == 2:
-                        if channel is None:
+                        if channel is not None:
+                            channel.on_header(bytes(buf[start:end]))
+                        else:
                             self._no_channel(ch)
-                        channel.on_header(bytes(buf[start:end]))
                     elif ftype == 8:
                         if ch != 0:
                             raise ConnectionError(errors.FRAME_ERROR, "heartbeat frame on a non-zero channel")
@@ -265,6 +267,7 @@ class Connection(asyncio.Protocol):
         return method
 
     def _no_channel(self, ch: int) -> None:
+        """Content for a channel that is not open: dropped while we await its close-ok, else an error."""
         if ch in self.closing_channels:
             return
         raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'")
