@@ -25,6 +25,7 @@ from .message import Message
 from .paging import Pager
 from .persistence import Persistence
 from .queue import Entry, Queue
+from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -93,12 +94,20 @@ class Broker:
         self.connections: set["Connection"] = set()
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
+        self._vhost_stats: dict[str, MessageStats] = {}
         self._recover_definitions()
 
     def close(self) -> None:
         self.pager.close()
         self.persistence.close()
         self.store.close()
+
+    def vhost_stats(self, name: str) -> MessageStats:
+        """Counters of one vhost (kept across vhost objects being recreated)."""
+        stats = self._vhost_stats.get(name)
+        if stats is None:
+            stats = self._vhost_stats[name] = MessageStats()
+        return stats
 
     def flush_dirty(self) -> None:
         """Write every connection's pending output: at the end of each read, or on the next loop turn."""
@@ -145,16 +154,19 @@ class Broker:
                          arguments: dict[str, Any] | None = None) -> Exchange:
         existing = vhost.exchanges.get(name)
         if passive:
+            if name == "":
+                raise errors.access_refused("operation not permitted on the default exchange")
             if existing is None:
                 raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
             return existing
-        if name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
-        if name.startswith("amq."):
-            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        # RabbitMQ's order: type, default exchange, then (only for a new exchange) the amq. prefix
         cls = exchange_class(type_name)
         if cls is None:
             raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{type_name}'")
+        if name == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        if existing is None and name.startswith("amq."):
+            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         arguments = dict(arguments or {})
         what = resource_name("exchange", name, vhost.name)
         if existing is not None:
@@ -180,7 +192,7 @@ class Broker:
         if name == "" or name.startswith("amq."):
             raise errors.access_refused(
                 "operation not permitted on the default exchange" if name == ""
-                else f"exchange name '{name}' contains reserved prefix 'amq.*'")
+                else f"deletion of system {resource_name('exchange', name, vhost.name)} not allowed")
         exchange = vhost.exchanges.get(name)
         if exchange is None:
             return  # idempotent, as RabbitMQ
@@ -227,8 +239,12 @@ class Broker:
             for arg in EQUIVALENT_QUEUE_ARGS:
                 new, old = arguments.get(arg), existing.arguments.get(arg)
                 if new != old:
+                    if new is not None and old is not None:  # rabbit_misc: both set -> bare values
+                        shown_new, shown_old = f"'{_show(new)}'", f"'{_show(old)}'"
+                    else:
+                        shown_new, shown_old = _show_arg(new), _show_arg(old)
                     raise errors.precondition_failed(
-                        f"inequivalent arg '{arg}' for {what}: received {_show_arg(new)} but current is {_show_arg(old)}")
+                        f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
         queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
@@ -486,4 +502,19 @@ def _show(value: Any) -> str:
 
 
 def _show_arg(value: Any) -> str:
-    return "none" if value is None else f"the value '{value}'"
+    """rabbit_misc:val/1 for a table entry: its value and AMQP field type (as a typical client encodes it)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        kind = "bool"
+    elif isinstance(value, int):
+        kind = "signedint" if -2 ** 31 <= value < 2 ** 31 else "long"
+    elif isinstance(value, float):
+        kind = "double"
+    elif isinstance(value, dict):
+        kind = "table"
+    elif isinstance(value, (list, tuple)):
+        kind = "array"
+    else:
+        kind = "longstr"
+    return f"the value '{_show(value)}' of type '{kind}'"

@@ -19,6 +19,7 @@ from .broker import server_name
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
 from .queue import Consumer, Entry, Queue
+from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -63,6 +64,8 @@ class Channel:
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
         self._write_checked: set[str] = set()
+        self.stats = MessageStats()
+        self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
         self.max_message_size = connection.config.max_message_size
 
     # -- hot path: publish --------------------------------------------------------------------
@@ -152,6 +155,8 @@ class Channel:
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
         rejected = self._route_message(exchange, message, self._mandatory)
+        self.stats.publish += 1
+        self.vhost_stats.publish += 1
         if self.confirm_mode:
             self._to_confirm(message, rejected)
 
@@ -164,6 +169,7 @@ class Channel:
                 if not queue.enqueue(message):
                     rejected = True
         elif mandatory:
+            self.stats.return_unroutable += 1
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
@@ -220,10 +226,16 @@ class Channel:
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         self.delivery_tag += 1
         tag = self.delivery_tag
-        if not consumer.no_ack:
+        stats = self.stats
+        if consumer.no_ack:
+            stats.deliver_no_ack += 1
+        else:
             self.unacked[tag] = (entry, consumer.queue, consumer)
             consumer.unacked += 1
             self.unacked_for_global += 1
+            stats.deliver += 1
+        if entry.redelivered:
+            stats.redeliver += 1
         message = entry.message
         connection = self.connection
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
@@ -348,6 +360,8 @@ class Channel:
         raise ConnectionError(errors.CHANNEL_ERROR, "second 'channel.open' seen")
 
     def _channel_flow(self, method: commands.Channel.Flow) -> None:
+        if not method.active:  # RabbitMQ (since 3.3) refuses client-initiated flow control
+            raise ConnectionError(errors.NOT_IMPLEMENTED, "active=false")
         self.flow_active = method.active
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
@@ -501,6 +515,10 @@ class Channel:
         if entry is None:
             self.reply(commands.Basic.GetEmpty())
             return
+        if m.no_ack:
+            self.stats.get_no_ack += 1
+        else:
+            self.stats.get += 1
         self.delivery_tag += 1
         if not m.no_ack:
             self.unacked[self.delivery_tag] = (entry, queue, None)

@@ -7,10 +7,17 @@ through :func:`method_frame`, which uses pamqp.
 """
 from __future__ import annotations
 
+import re
 import struct
 
+from pamqp import constants as _pamqp_constants
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame
+
+# RabbitMQ takes any UTF-8 queue / exchange name (up to 255 bytes); pamqp's stricter name pattern
+# would make marshalling a reply that names one (queue.declare-ok for 'a[1]') fail.
+for _domain in ("queue-name", "exchange-name"):
+    _pamqp_constants.DOMAIN_REGEX[_domain] = re.compile(r"(?s).*")
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2

@@ -54,10 +54,18 @@ class AMQPError(Exception):
 
     def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.code = code
-        self.text = f"{REPLY_NAMES[code]} - {detail}"
+        self.text = _shortstr_text(f"{REPLY_NAMES[code]} - {detail}")
         self.class_id = class_id
         self.method_id = method_id
         super().__init__(self.text)
+
+
+def _shortstr_text(text: str) -> str:
+    """A reply text is a shortstr: RabbitMQ cuts one over 255 bytes to 252 bytes and '...'."""
+    raw = text.encode()
+    if len(raw) <= 255:
+        return text
+    return raw[:252].decode(errors="ignore") + "..."
 
 
 class ChannelError(AMQPError):

@@ -21,6 +21,7 @@ from queue_index import ExpiryHeap
 
 from .message import Message
 from .queue_args import QueueArgs
+from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -107,6 +108,7 @@ class Queue:
         self._rr = 0
         self.had_consumer = False
         self.deleted = False
+        self.stats = MessageStats()
         self.index_id = 0
         self.persistence: "Persistence | None" = None  # set for durable queues
         self._expiring: dict[int, Entry] = {}
@@ -139,6 +141,7 @@ class Queue:
         expiry = self._expiry_for(message) if self._ttl or message.has_expiration else 0
         entry = Entry(self.next_seq, message, False, expiry)
         self.next_seq += 1
+        self.stats.publish += 1
         if self.persistence is not None and message.persistent:
             self.persistence.write(self, entry)
         self.ready.append(entry)
@@ -209,6 +212,10 @@ class Queue:
             if entry is None:
                 break
             idle = 0
+            if consumer.no_ack:
+                self.stats.deliver_no_ack += 1
+            else:
+                self.stats.deliver += 1
             consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
         self._rr = i
 
@@ -232,6 +239,8 @@ class Queue:
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         """An entry leaves the ready list for a consumer or basic.get."""
         message = entry.message
+        if entry.redelivered:
+            self.stats.redeliver += 1
         persisted = message.msg_id and self.persistence is not None
         if message.body is None:
             self.host.load(message)
@@ -248,11 +257,18 @@ class Queue:
         """basic.get: the head entry, or None."""
         self.touch()
         entry = self._pop_ready()
-        return None if entry is None else self._take(entry, no_ack)
+        if entry is None:
+            return None
+        if no_ack:
+            self.stats.get_no_ack += 1
+        else:
+            self.stats.get += 1
+        return self._take(entry, no_ack)
 
     def settle(self, entries: list[Entry]) -> None:
-        """Entries taken for manual ack were acked or dropped."""
+        """Entries taken for manual ack were acked."""
         self.unacked -= len(entries)
+        self.stats.ack += len(entries)
         if self.persistence is not None:
             for entry in entries:
                 if entry.message.msg_id:

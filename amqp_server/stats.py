@@ -1,0 +1,20 @@
+"""Message counters kept where the work happens (channel, queue, vhost), read by the management plugin.
+
+Field names are RabbitMQ's ``message_stats`` keys; rates are derived from
+successive samples of these counters, never by scanning queues.
+"""
+from __future__ import annotations
+
+
+class MessageStats:
+    __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver", "confirm",
+                 "return_unroutable", "drop_unroutable", "publish_in", "publish_out")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        values = {name: getattr(self, name) for name in self.__slots__}
+        values["deliver_get"] = self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+        return values
