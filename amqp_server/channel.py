@@ -360,8 +360,10 @@ class Channel:
         raise ConnectionError(errors.CHANNEL_ERROR, "second 'channel.open' seen")
 
     def _channel_flow(self, method: commands.Channel.Flow) -> None:
-        if not method.active:  # RabbitMQ (since 3.3) refuses client-initiated flow control
-            raise ConnectionError(errors.NOT_IMPLEMENTED, "active=false")
+        """Client flow control, as the AMQP spec defines it: active=false pauses deliveries to this channel.
+
+        (RabbitMQ answers active=false with 540; honouring it cannot break a client written for RabbitMQ.)
+        """
         self.flow_active = method.active
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
