@@ -81,8 +81,7 @@ class Channel:
 
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
-            raise ConnectionError(errors.UNEXPECTED_FRAME,
-                                  f"expected {_EXPECTED[self.expect]}, got content header frame instead", 60, 40)
+            raise _unexpected_content(self.expect)
         if len(header) < 14 or header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
@@ -102,8 +101,7 @@ class Channel:
 
     def on_body(self, data: bytes) -> None:
         if self.expect != EXPECT_BODY:
-            raise ConnectionError(errors.UNEXPECTED_FRAME,
-                                  f"expected {_EXPECTED[self.expect]}, got content body frame instead", 60, 40)
+            raise _unexpected_content(self.expect)
         received = self._received + len(data)
         if received == self._size and not self._chunks:
             self.expect = EXPECT_METHOD
@@ -323,8 +321,7 @@ class Channel:
 
     def on_method(self, method: Frame) -> None:
         if self.expect != EXPECT_METHOD:
-            raise ConnectionError(errors.UNEXPECTED_FRAME,
-                                  f"expected {_EXPECTED[self.expect]}, got non content header frame instead", 60, 40)
+            raise _unexpected_content(self.expect)
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on a channel",
@@ -598,12 +595,14 @@ def _publish_error(error: ChannelError) -> ChannelError:
 
 
 def _unexpected_content(expect: int) -> ConnectionError:
-    return ConnectionError(errors.UNEXPECTED_FRAME,
-                           f"expected {_EXPECTED[expect]}, got non content header frame instead", 60, 40)
+    """A frame out of order, with rabbit_command_assembler's texts for the state we are in."""
+    if expect == EXPECT_METHOD:
+        return ConnectionError(errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+    return ConnectionError(errors.UNEXPECTED_FRAME, _UNEXPECTED[expect], 60, 40)
 
 
-_EXPECTED = {EXPECT_METHOD: "method frame", EXPECT_HEADER: "content header for class 60",
-             EXPECT_BODY: "content body for class 60"}
+_UNEXPECTED = {EXPECT_HEADER: "expected content header for class 60, got non content header frame instead",
+               EXPECT_BODY: "expected content body, got non content body frame instead"}
 
 _HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Channel.Open: Channel._channel_open,

@@ -186,9 +186,9 @@ class Connection(asyncio.Protocol):
             while n - pos >= 8 and self.state != CLOSED:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
-                if size > limit - 8:
-                    raise ConnectionError(errors.FRAME_ERROR,
-                                          f"type {ftype}, frame size {size + 8} larger than frame_max {limit}")
+                if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
+                    raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, all octets = <<>>: "
+                                          f"{{frame_too_large,{size},{limit - 8}}}")
                 if end >= n:
                     break
                 if buf[end] != codec.FRAME_END_BYTE:
@@ -219,9 +219,9 @@ class Connection(asyncio.Protocol):
                             self._no_channel(ch)
                     elif ftype == 8:
                         if ch != 0:
-                            raise ConnectionError(errors.FRAME_ERROR, "heartbeat frame on a non-zero channel")
+                            raise ConnectionError(errors.UNEXPECTED_FRAME, "type 8, all octets = <<>>")
                     else:
-                        raise ConnectionError(errors.FRAME_ERROR, f"unknown frame type {ftype}")
+                        raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, unknown_frame")
                 except errors.ChannelError as exc:
                     if channel is None or ch == 0:
                         raise ConnectionError(exc.code, exc.text.split(" - ", 1)[1], exc.class_id,
@@ -248,7 +248,7 @@ class Connection(asyncio.Protocol):
             if flags_at >= end:
                 raise IndexError
         except IndexError:
-            raise ConnectionError(errors.SYNTAX_ERROR, "malformed basic.publish frame",
+            raise ConnectionError(errors.FRAME_ERROR, "cannot decode basic.publish fields",
                                   60, 40) from None
         channel.on_publish(bytes(buf[route_start:flags_at]), buf[flags_at])
 
@@ -262,7 +262,8 @@ class Connection(asyncio.Protocol):
         try:
             method.unmarshal(bytes(buf[start + 4:end]))
         except Exception as exc:
-            raise ConnectionError(errors.SYNTAX_ERROR, f"malformed {method.name}: {exc}",
+            # rabbit_misc:frame_error/2: undecodable method fields are a 501, not a 502
+            raise ConnectionError(errors.FRAME_ERROR, f"cannot decode {method.name} fields: {exc}",
                                   index >> 16, index & 0xFFFF) from None
         return method
 
@@ -270,7 +271,8 @@ class Connection(asyncio.Protocol):
         """Content for a channel that is not open: dropped while we await its close-ok, else an error."""
         if ch in self.closing_channels:
             return
-        raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'")
+        # rabbit_command_assembler: a fresh channel (or channel 0) expects a method frame first
+        raise ConnectionError(errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
 
     def _closing_frame(self, ftype: int, ch: int, buf: bytearray, start: int, end: int) -> None:
         """After we sent connection.close only close / close-ok matter."""
@@ -298,7 +300,7 @@ class Connection(asyncio.Protocol):
         elif isinstance(method, commands.Channel.Open):
             self._open_channel(ch)
         else:
-            raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'")
+            raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(method.index, 0x10000))
 
     def _open_channel(self, ch: int) -> None:
         from .channel import Channel
@@ -358,7 +360,10 @@ class Connection(asyncio.Protocol):
             user = None
         if user is None:
             log.warning("login refused for user %r from %s", username, self.peer[0])
-            raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism))
+            if not self.client_capabilities.get("authentication_failure_close"):
+                self._drop()  # RabbitMQ only sends connection.close to clients advertising the capability
+                return
+            raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism), 10, 11)
         self.user = user
         self.state = AWAIT_TUNE_OK
         self.send_method(0, commands.Connection.Tune(channel_max=self.config.channel_max,
@@ -388,13 +393,15 @@ class Connection(asyncio.Protocol):
         server = self.config
         frame_max = method.frame_max or server.frame_max
         if frame_max < MIN_FRAME_MAX:
-            raise ConnectionError(errors.NOT_ALLOWED, f"frame_max={frame_max} < {MIN_FRAME_MAX} min size")
+            raise ConnectionError(errors.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is lower than the "
+                                  f"minimum allowed value ({MIN_FRAME_MAX})", 10, 30)
         if frame_max > server.frame_max:
-            raise ConnectionError(errors.NOT_ALLOWED, f"frame_max={frame_max} > {server.frame_max} max size")
+            raise ConnectionError(errors.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is higher than the "
+                                  f"maximum allowed value ({server.frame_max})", 10, 30)
         channel_max = method.channel_max or server.channel_max
         if channel_max > server.channel_max:
-            raise ConnectionError(errors.NOT_ALLOWED,
-                                  f"channel_max={channel_max} > {server.channel_max} max size")
+            raise ConnectionError(errors.NOT_ALLOWED, f"negotiated channel_max = {channel_max} is higher than "
+                                  f"the maximum allowed value ({server.channel_max})", 10, 30)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = method.heartbeat

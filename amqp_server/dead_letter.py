@@ -22,7 +22,7 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     for i, death in enumerate(deaths):
         if death.get("queue") == queue and death.get("reason") == reason:
-            death = dict(death, count=int(death.get("count", 1)) + 1, time=now)
+            death = dict(death, count=int(death.get("count", 1)) + 1)  # RabbitMQ keeps the first time
             del deaths[i]
             deaths.insert(0, death)
             break
@@ -46,6 +46,7 @@ def cycle_detected(message: Message, target_queue: str) -> bool:
     """RabbitMQ drops a dead letter that would return to a queue it already died in, unless a rejection
     is part of the cycle (then a client is making progress)."""
     deaths = (message.headers or {}).get("x-death") or []
-    if not any(d.get("queue") == target_queue for d in deaths):
-        return False
-    return not any(d.get("reason") == CYCLE_SAFE_REASON for d in deaths)
+    for i, death in enumerate(deaths):  # newest first: the cycle is everything up to the last death there
+        if isinstance(death, dict) and death.get("queue") == target_queue:
+            return all(isinstance(d, dict) and d.get("reason") != CYCLE_SAFE_REASON for d in deaths[:i + 1])
+    return False

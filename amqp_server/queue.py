@@ -115,6 +115,7 @@ class Queue:
         self._expiry = ExpiryHeap()
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expires_timer: asyncio.TimerHandle | None = None
+        self._fresh: Entry | None = None  # the entry being published: not expired on its way to a consumer
         self.touch()
 
     @property
@@ -151,7 +152,9 @@ class Queue:
         if limited:
             self._drop_overflow()
         if self.consumers:
+            self._fresh = entry  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.run()
+            self._fresh = None
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
@@ -230,7 +233,7 @@ class Queue:
             self.ready_bytes -= entry.message.body_size
             if entry.expiry:
                 self._expiring.pop(entry.seq, None)
-                if entry.expiry <= now_ms():
+                if entry.expiry <= now_ms() and entry is not self._fresh:
                     self._dead_letter([entry], "expired")
                     continue
             return entry
