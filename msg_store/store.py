@@ -215,6 +215,8 @@ class MessageStore:
         segment = self.segments.get(number)
         if segment is None or segment is self.current:
             return
+        if self._compacting is not None and self._compacting[0] == number:
+            return  # compact_step deletes it once its copies are synced
         if segment.live <= 0:
             self._delete_segment(segment)
         elif segment.dead_fraction >= self.compaction_threshold and number not in self._to_compact \

@@ -36,22 +36,28 @@ class QueueIndex:
                               max_dbs=0, readahead=False)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
+        self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)
 
     def close(self) -> None:
         self._env.close()
 
     def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False) -> None:
-        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED if delivered else 0)
+        key = KEY.pack(queue_id, seq)
+        self._puts[key] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED if delivered else 0)
+        self._fresh.add(key)
 
     def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int) -> None:
         """Remember a delivery so that after a restart the message comes back redelivered."""
-        self.publish(queue_id, seq, msg_id, expiry, size, True)
+        # an update of an entry that may already be on disk: not fresh, so an ack must still delete it
+        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED)
 
     def ack(self, queue_id: int, seq: int) -> None:
         key = KEY.pack(queue_id, seq)
-        if self._puts.pop(key, None) is None:
+        self._puts.pop(key, None)
+        if key in self._fresh:
+            self._fresh.discard(key)  # published and acked within one batch, never written
+        else:
             self._deletes.append(key)
-        # else: published and acked within one batch, never written
 
     @property
     def pending(self) -> bool:
@@ -63,6 +69,7 @@ class QueueIndex:
             return
         puts, deletes = self._puts, self._deletes
         self._puts, self._deletes = {}, []
+        self._fresh = set()
         with self._env.begin(write=True) as txn:
             for key in deletes:
                 txn.delete(key)
@@ -90,6 +97,7 @@ class QueueIndex:
         prefix = queue_id.to_bytes(4, "big")
         self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
         self._deletes = [k for k in self._deletes if k[:4] != prefix]
+        self._fresh = {k for k in self._fresh if k[:4] != prefix}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):

@@ -1,0 +1,560 @@
+"""Unit tests of msg_store: segments, refcounts, deletion, compaction, recovery, torn tails."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from msg_store import MessageStore
+from msg_store.segment import HEAD_SIZE, list_segments, segment_path
+
+
+def new_store(path, **kw) -> MessageStore:
+    store = MessageStore(str(path), **kw)
+    store.start()
+    return store
+
+
+def reopen(path, claims: dict[int, int] | None = None, **kw) -> tuple[MessageStore, int]:
+    """A store recovered from ``path``; ``claims`` maps msg_id -> how many queues claim it."""
+    store = MessageStore(str(path), **kw)
+    store.recover()
+    for msg_id, refs in (claims or {}).items():
+        for _ in range(refs):
+            assert store.claim(msg_id)
+    dead = store.finish_recovery()
+    return store, dead
+
+
+def put(store: MessageStore, payload: bytes, refs: int = 1) -> int:
+    msg_id = store.new_id()
+    store.write(msg_id, (payload,), refs)
+    return msg_id
+
+
+def seg_files(path) -> list[int]:
+    return list_segments(str(path))
+
+
+# -- round trip and reads ------------------------------------------------------------------------
+
+
+def test_round_trip_parts_before_and_after_flush_sync_and_cache_clear(tmp_path):
+    store = new_store(tmp_path)
+    parts = (b"\x00\x05", b"route", b"", b"header-bytes", b"B" * 1000)
+    whole = b"".join(parts)
+    msg_id = store.new_id()
+    store.write(msg_id, parts, 1)
+    assert msg_id in store
+    assert store.read(msg_id) == whole  # unflushed, from the tail
+    store.flush()
+    store.cache.clear()
+    assert store.read(msg_id) == whole  # from the file (no fsync yet)
+    store.sync()
+    store.cache.clear()
+    assert store.read(msg_id) == whole
+    assert store.read(msg_id) == whole  # now from the cache
+    assert msg_id in store.cache
+    store.close()
+
+
+def test_many_messages_distinct_payloads(tmp_path):
+    store = new_store(tmp_path, segment_size=4096)
+    rng = random.Random(1)
+    payloads = {}
+    for _ in range(200):
+        data = rng.randbytes(rng.randrange(0, 300))
+        payloads[put(store, data)] = data
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.sync()
+    store.cache.clear()
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+
+
+def test_remember_puts_payload_in_cache(tmp_path):
+    store = new_store(tmp_path)
+    msg_id = put(store, b"hello")
+    store.remember(msg_id, b"hello")
+    assert store.cache[msg_id] == b"hello"
+    store.remove(msg_id)
+    assert msg_id not in store.cache
+    assert msg_id not in store
+    store.close()
+
+
+# -- refcounts -----------------------------------------------------------------------------------
+
+
+def test_refcount_survives_until_last_remove(tmp_path):
+    store = new_store(tmp_path)
+    msg_id = put(store, b"shared", refs=3)
+    store.sync()
+    store.remove(msg_id)
+    store.remove(msg_id)
+    assert msg_id in store
+    store.cache.clear()
+    assert store.read(msg_id) == b"shared"
+    store.remove(msg_id)
+    assert msg_id not in store
+    store.cache.clear()
+    with pytest.raises(KeyError):
+        store.read(msg_id)
+    store.remove(msg_id)  # removing an unknown id is harmless
+    store.close()
+
+
+def test_add_ref_and_remove_count(tmp_path):
+    store = new_store(tmp_path)
+    msg_id = put(store, b"x", refs=1)
+    store.add_ref(msg_id, 2)
+    store.remove(msg_id, count=2)
+    assert msg_id in store
+    store.remove(msg_id)
+    assert msg_id not in store
+    store.close()
+
+
+# -- segments and deletion -----------------------------------------------------------------------
+
+
+def test_segment_rollover_at_segment_size(tmp_path):
+    store = new_store(tmp_path, segment_size=1000)
+    ids = [put(store, bytes([i]) * 100) for i in range(30)]
+    store.sync()
+    segments = {store.index[m].segment for m in ids}
+    assert len(segments) >= 3
+    numbers = seg_files(tmp_path)
+    assert set(numbers) == set(store.segments)
+    for number in numbers[:-1]:  # every full segment reached the size, and not by much more than a record
+        size = os.path.getsize(segment_path(str(tmp_path), number))
+        assert 1000 <= size < 1000 + 100 + HEAD_SIZE
+    store.cache.clear()
+    for i, msg_id in enumerate(ids):
+        assert store.read(msg_id) == bytes([i]) * 100
+    store.close()
+
+
+def test_segment_all_removed_is_deleted_but_never_current(tmp_path):
+    store = new_store(tmp_path, segment_size=1000)
+    ids = [put(store, bytes([i]) * 100) for i in range(25)]
+    store.sync()
+    first = [m for m in ids if store.index[m].segment == 1]
+    assert store.current.number != 1
+    for msg_id in first:
+        assert os.path.exists(segment_path(str(tmp_path), 1))
+        store.remove(msg_id)
+    assert not os.path.exists(segment_path(str(tmp_path), 1))
+    assert 1 not in store.segments
+    # the current segment stays even when all its records are gone
+    current = store.current.number
+    for msg_id in [m for m in ids if m in store and store.index[m].segment == current]:
+        store.remove(msg_id)
+    store.sync()
+    assert os.path.exists(segment_path(str(tmp_path), current))
+    assert store.current.number == current
+    # the others are still readable
+    store.cache.clear()
+    for msg_id in ids:
+        if msg_id in store:
+            assert store.read(msg_id) == bytes([ids.index(msg_id)]) * 100
+    store.close()
+
+
+# -- compaction ----------------------------------------------------------------------------------
+
+
+def _fill(store: MessageStore, count: int, size: int = 100) -> dict[int, bytes]:
+    payloads = {}
+    for i in range(count):
+        data = i.to_bytes(4, "big") * (size // 4)
+        payloads[put(store, data)] = data
+    store.sync()
+    return payloads
+
+
+def test_compaction_moves_live_records_and_deletes_old_file(tmp_path):
+    store = new_store(tmp_path, segment_size=2000, compaction_threshold=0.5)
+    payloads = _fill(store, 60)
+    in_first = sorted((m for m in payloads if store.index[m].segment == 1), key=lambda m: store.index[m].offset)
+    assert len(in_first) >= 10
+    before = store.stats()
+    assert before.dead_fraction == 0
+    removed = in_first[: int(len(in_first) * 0.7)]  # > threshold
+    kept = in_first[len(removed):]
+    for msg_id in removed:
+        store.remove(msg_id)
+        del payloads[msg_id]
+    dirty = store.stats()
+    assert dirty.dead_fraction > 0
+    assert store.needs_compaction
+    steps = 0
+    while store.compact_step(budget=150):  # several slices
+        steps += 1
+        assert steps < 1000
+    assert steps >= 1
+    assert not store.needs_compaction
+    assert not os.path.exists(segment_path(str(tmp_path), 1))
+    assert 1 not in store.segments
+    for msg_id in kept:
+        assert store.index[msg_id].segment != 1
+    after = store.stats()
+    assert after.compactions == 1
+    assert after.dead_fraction < dirty.dead_fraction
+    assert after.messages == len(payloads)
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.cache.clear()
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+    # the compacted layout recovers too
+    store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=2000)
+    assert dead == 0
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+
+
+def test_compaction_keeps_refcounts(tmp_path):
+    store = new_store(tmp_path, segment_size=1000)
+    shared = put(store, b"s" * 100, refs=2)
+    others = [put(store, b"o" * 100) for _ in range(20)]
+    store.sync()
+    assert store.index[shared].segment == 1
+    for msg_id in others:
+        if store.index[msg_id].segment == 1:
+            store.remove(msg_id)
+    while store.compact_step():
+        pass
+    assert store.index[shared].segment != 1
+    store.remove(shared)
+    assert store.read(shared) == b"s" * 100
+    store.remove(shared)
+    assert shared not in store
+    store.close()
+
+
+def test_removal_of_rest_during_sliced_compaction(tmp_path):
+    """Regression: the segment being compacted lost its last live record between slices (KeyError)."""
+    store = new_store(tmp_path, segment_size=1000, compaction_threshold=0.3)
+    ids = [put(store, bytes([i]) * 100) for i in range(12)]
+    store.sync()
+    first = [m for m in ids if store.index[m].segment == 1]
+    for msg_id in first[:4]:
+        store.remove(msg_id)
+    assert store.compact_step(budget=1)  # one record moved, more to go
+    for msg_id in first[4:]:
+        if store.index[msg_id].segment == 1:
+            store.remove(msg_id)
+    while store.compact_step(budget=1):
+        pass
+    assert 1 not in store.segments
+    assert not os.path.exists(segment_path(str(tmp_path), 1))
+    for msg_id in ids:
+        if msg_id in store:
+            assert store.read(msg_id) == bytes([ids.index(msg_id)]) * 100
+    store.close()
+
+
+def test_disk_use_back_near_zero_after_backlog_consumed(tmp_path):
+    segment_size = 8192
+    store = new_store(tmp_path, segment_size=segment_size)
+    rng = random.Random(7)
+    payloads = {}
+    for _ in range(2000):
+        data = rng.randbytes(rng.randrange(50, 500))
+        payloads[put(store, data)] = data
+    store.sync()
+    peak = store.stats().disk_bytes
+    assert peak > 50 * segment_size
+    order = list(payloads)
+    rng.shuffle(order)  # consumed out of order, as with several queues
+    for i, msg_id in enumerate(order):
+        store.remove(msg_id)
+        if i % 100 == 0:
+            while store.compact_step(budget=4096):
+                pass
+    while store.compact_step():
+        pass
+    store.sync()
+    stats = store.stats()
+    assert stats.messages == 0
+    assert stats.segments == 1  # only the current segment is left
+    on_disk = sum(os.path.getsize(segment_path(str(tmp_path), n)) for n in seg_files(tmp_path))
+    assert on_disk == stats.disk_bytes
+    assert on_disk < segment_size + 500 + HEAD_SIZE
+    assert on_disk < peak / 50
+    store.close()
+
+
+# -- recovery ------------------------------------------------------------------------------------
+
+
+def test_recovery_claims_and_unclaimed(tmp_path):
+    store = new_store(tmp_path, segment_size=1000)
+    payloads = _fill(store, 30)
+    gone = list(payloads)[5]
+    store.remove(gone)
+    del payloads[gone]
+    last_id = store.next_id - 1
+    store.close()
+
+    ids = list(payloads)
+    claimed = {m: 1 + (m % 2) for m in ids[::2]}
+    store = MessageStore(str(tmp_path), segment_size=1000)
+    store.recover()
+    assert store.next_id > last_id
+    for msg_id, refs in claimed.items():
+        for _ in range(refs):
+            assert store.claim(msg_id)
+    assert not store.claim(10_000)  # never written
+    dead = store.finish_recovery()
+    # the removed record may or may not still be on disk; the unclaimed live ones surely are
+    unclaimed = len(ids) - len(claimed)
+    assert dead in (unclaimed, unclaimed + 1)
+    assert store.stats().messages == len(claimed)
+    store.cache.clear()
+    for msg_id in claimed:
+        assert store.read(msg_id) == payloads[msg_id]
+    for msg_id in ids:
+        if msg_id not in claimed:
+            assert msg_id not in store
+    fresh = store.new_id()
+    assert fresh > last_id
+    store.write(fresh, (b"new",), 1)
+    assert store.read(fresh) == b"new"
+    for msg_id, refs in claimed.items():  # recovered refcounts hold
+        for _ in range(refs - 1):
+            store.remove(msg_id)
+        assert msg_id in store
+        store.remove(msg_id)
+        assert msg_id not in store
+    store.close()
+
+
+def test_recovery_of_empty_directory(tmp_path):
+    store, dead = reopen(tmp_path)
+    assert dead == 0
+    msg_id = put(store, b"a")
+    assert msg_id == 1
+    store.close()
+
+
+def test_recovery_twice_and_new_writes_go_to_new_segment(tmp_path):
+    store = new_store(tmp_path)
+    a = put(store, b"a" * 10)
+    store.close()
+    store, _ = reopen(tmp_path, {a: 1})
+    b = put(store, b"b" * 10)
+    assert store.index[b].segment != store.index[a].segment
+    store.close()
+    store, dead = reopen(tmp_path, {a: 1, b: 1})
+    assert dead == 0
+    assert store.read(a) == b"a" * 10 and store.read(b) == b"b" * 10
+    assert store.next_id > b
+    store.close()
+
+
+def _last_segment(path) -> str:
+    return segment_path(str(path), seg_files(path)[-1])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "short-garbage"])
+def test_torn_tail_cut_at_recovery(tmp_path, caplog, damage):
+    store = new_store(tmp_path, segment_size=1 << 20)
+    payloads = _fill(store, 10)
+    last = max(payloads)
+    store.close()
+    path = _last_segment(tmp_path)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        if damage == "garbage":
+            handle.seek(0, os.SEEK_END)
+            handle.write(b"\x00\x00\x01\x00" + os.urandom(60))
+            expected_size, survivors = size, payloads
+        elif damage == "short-garbage":
+            handle.seek(0, os.SEEK_END)
+            handle.write(b"\xff" * 5)
+            expected_size, survivors = size, payloads
+        else:
+            handle.truncate(size - 30)  # mid-way through the last record
+            expected_size = size - len(payloads[last]) - HEAD_SIZE
+            survivors = {m: d for m, d in payloads.items() if m != last}
+    with caplog.at_level(logging.WARNING, logger="warren.msg_store"):
+        store = MessageStore(str(tmp_path), segment_size=1 << 20)
+        store.recover()
+    assert any("cut off" in r.getMessage() for r in caplog.records)
+    assert os.path.getsize(path) == expected_size
+    for msg_id in survivors:
+        assert store.claim(msg_id)
+    if damage == "truncate":
+        assert not store.claim(last)
+    assert store.finish_recovery() == 0
+    store.cache.clear()
+    for msg_id, data in survivors.items():
+        assert store.read(msg_id) == data
+    msg_id = put(store, b"after")
+    store.sync()
+    store.close()
+    store, dead = reopen(tmp_path, {**{m: 1 for m in survivors}, msg_id: 1})
+    assert dead == 0
+    assert store.read(msg_id) == b"after"
+    store.close()
+
+
+def test_flipped_byte_in_last_record_detected_by_crc(tmp_path, caplog):
+    store = new_store(tmp_path)
+    payloads = _fill(store, 5)
+    last = max(payloads)
+    store.close()
+    path = _last_segment(tmp_path)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(size - 10)
+        byte = handle.read(1)
+        handle.seek(size - 10)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    with caplog.at_level(logging.WARNING, logger="warren.msg_store"):
+        store = MessageStore(str(tmp_path))
+        store.recover()
+    assert any("cut off" in r.getMessage() for r in caplog.records)
+    assert last not in store
+    assert os.path.getsize(path) == size - len(payloads[last]) - HEAD_SIZE
+    for msg_id in payloads:
+        if msg_id != last:
+            assert store.claim(msg_id)
+    assert store.finish_recovery() == 0
+    for msg_id, data in payloads.items():
+        if msg_id != last:
+            assert store.read(msg_id) == data
+    store.close()
+
+
+def test_duplicate_copies_after_interrupted_compaction_later_wins(tmp_path):
+    """A crash between a compaction's copies and the old segment's deletion leaves two copies."""
+    store = new_store(tmp_path, segment_size=1000)
+    payloads = _fill(store, 20)
+    in_first = [m for m in payloads if store.index[m].segment == 1]
+    for msg_id in in_first[:-2]:
+        store.remove(msg_id)
+        del payloads[msg_id]
+    assert store.compact_step(budget=1)  # one copy made, old segment still there
+    store.close()
+    assert 1 in seg_files(tmp_path)
+    store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1000)
+    assert dead >= len(in_first) - 2
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    while store.compact_step():
+        pass
+    store.cache.clear()
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+
+
+# -- randomized model check ----------------------------------------------------------------------
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Writes, removes, compaction slices, flushes and reopens against a dict model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="warren-store-sm-")
+        self.kw = dict(segment_size=600, compaction_threshold=0.4, cache_bytes=2000)
+        self.store = new_store(self.dir, **self.kw)
+        self.model: dict[int, tuple[bytes, int]] = {}
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(data=st.binary(max_size=200), refs=st.integers(1, 3), parts=st.integers(1, 3))
+    def write(self, data, refs, parts):
+        msg_id = self.store.new_id()
+        # beyond every id the store holds (ids whose records are all gone may be reused after a restart)
+        assert msg_id > max(self.model, default=0)
+        cut = [len(data) * i // parts for i in range(parts + 1)]
+        self.store.write(msg_id, tuple(data[cut[i]:cut[i + 1]] for i in range(parts)), refs)
+        self.model[msg_id] = (data, refs)
+
+    @precondition(lambda self: self.model)
+    @rule(pick=st.integers(0, 10_000), count=st.integers(1, 2))
+    def remove(self, pick, count):
+        msg_id = sorted(self.model)[pick % len(self.model)]
+        data, refs = self.model[msg_id]
+        count = min(count, refs)
+        self.store.remove(msg_id, count)
+        if refs - count:
+            self.model[msg_id] = (data, refs - count)
+        else:
+            del self.model[msg_id]
+
+    @rule(budget=st.sampled_from([1, 100, 10_000]))
+    def compact_slice(self, budget):
+        self.store.compact_step(budget)
+
+    @rule()
+    def compact_all(self):
+        steps = 0
+        while self.store.compact_step():
+            steps += 1
+            assert steps < 10_000
+        assert not self.store.needs_compaction
+
+    @rule()
+    def flush(self):
+        self.store.flush()
+
+    @rule()
+    def sync(self):
+        self.store.sync()
+
+    @rule()
+    def clear_cache(self):
+        self.store.cache.clear()
+
+    @rule()
+    def reopen(self):
+        self.store.close()
+        self.store, _ = reopen(self.dir, {m: refs for m, (_, refs) in self.model.items()}, **self.kw)
+        assert self.store.next_id > max(self.model, default=0)
+
+    @invariant()
+    def matches_model(self):
+        store = self.store
+        assert set(store.index) == set(self.model)
+        for msg_id, (data, refs) in self.model.items():
+            assert store.index[msg_id].refs == refs
+            assert store.read(msg_id) == data
+
+    @invariant()
+    def files_match_segments(self):
+        store = self.store
+        assert set(list_segments(self.dir)) == set(store.segments)
+        assert store.current.number in store.segments
+        for number, segment in store.segments.items():
+            assert segment.live >= 0
+            assert 0 <= segment.dead_bytes <= segment.size + (len(store._tail) if segment is store.current else 0)
+            live = sum(1 for loc in store.index.values() if loc.segment == number)
+            assert segment.live == live
+        stats = store.stats()
+        assert 0.0 <= stats.dead_fraction <= 1.0
+
+
+TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])

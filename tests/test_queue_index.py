@@ -1,0 +1,265 @@
+"""Unit tests of queue_index: staged publish/delivered/ack over LMDB, and the expiry heap."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from queue_index import ExpiryHeap, IndexEntry, QueueIndex
+
+
+@pytest.fixture
+def index(tmp_path):
+    idx = QueueIndex(str(tmp_path / "index"), map_size=1 << 24)
+    yield idx
+    idx.close()
+
+
+def seqs(index: QueueIndex, queue_id: int) -> list[int]:
+    return [e.seq for e in index.entries(queue_id)]
+
+
+def test_publish_commit_entries_in_seq_order_per_queue(index):
+    rng = random.Random(3)
+    expected: dict[int, list[int]] = {1: [], 2: [], 3: []}
+    order = [(q, s) for q in expected for s in range(1, 60)]
+    rng.shuffle(order)  # staged out of order, across queues
+    for queue_id, seq in order:
+        index.publish(queue_id, seq, msg_id=queue_id * 1000 + seq, expiry=seq * 7, size=seq + 1)
+        expected[queue_id].append(seq)
+    assert index.pending
+    assert list(index.entries(1)) == []  # nothing before commit
+    index.commit()
+    assert not index.pending
+    for queue_id, want in expected.items():
+        entries = list(index.entries(queue_id))
+        assert [e.seq for e in entries] == sorted(want)
+        for e in entries:
+            assert e == IndexEntry(e.seq, queue_id * 1000 + e.seq, e.seq * 7, e.seq + 1, False)
+    assert list(index.entries(4)) == []
+    assert list(index.entries(0)) == []
+
+
+def test_entries_of_one_queue_never_leak_into_the_next(index):
+    # big seqs in queue 1, tiny in queue 2: key ordering must keep them apart
+    index.publish(1, 2**63, 1, 0, 1)
+    index.publish(1, 0xFFFFFFFF, 2, 0, 1)
+    index.publish(2, 0, 3, 0, 1)
+    index.publish(256, 1, 4, 0, 1)  # queue ids differing only in a higher byte
+    index.commit()
+    assert seqs(index, 1) == [0xFFFFFFFF, 2**63]
+    assert seqs(index, 2) == [0]
+    assert seqs(index, 256) == [1]
+    assert seqs(index, 0) == []
+    index.delete_queue(1)
+    assert seqs(index, 2) == [0]
+    assert seqs(index, 1) == []
+
+
+def test_seq_order_is_numeric_not_insertion(index):
+    for seq in (300, 2, 70000, 1, 256):
+        index.publish(5, seq, seq, 0, 0)
+    index.commit()
+    assert seqs(index, 5) == [1, 2, 256, 300, 70000]
+
+
+def test_ack_removes_committed_entry(index):
+    for seq in range(1, 6):
+        index.publish(1, seq, seq, 0, 10)
+    index.commit()
+    index.ack(1, 2)
+    index.ack(1, 5)
+    assert seqs(index, 1) == [1, 2, 3, 4, 5]  # staged only
+    index.commit()
+    assert seqs(index, 1) == [1, 3, 4]
+
+
+def test_publish_and_ack_in_one_batch_writes_nothing(index):
+    index.publish(1, 1, 11, 0, 1)
+    index.publish(1, 2, 12, 0, 1)
+    index.ack(1, 1)
+    index.ack(1, 2)
+    assert not index.pending
+    index.commit()
+    assert seqs(index, 1) == []
+    assert index.queue_ids() == set()
+
+
+def test_publish_delivered_ack_in_one_batch_writes_nothing(index):
+    index.publish(1, 1, 11, 0, 1)
+    index.delivered(1, 1, 11, 0, 1)
+    index.ack(1, 1)
+    assert not index.pending
+    index.commit()
+    assert seqs(index, 1) == []
+
+
+def test_delivered_then_ack_of_committed_entry_deletes_it(index):
+    """Regression: the staged delivered flag was mistaken for a fresh publish and the ack dropped."""
+    index.publish(1, 1, 11, 0, 1)
+    index.publish(1, 2, 12, 0, 1)
+    index.commit()
+    index.delivered(1, 1, 11, 0, 1)
+    index.ack(1, 1)
+    assert index.pending
+    index.commit()
+    assert seqs(index, 1) == [2]
+
+
+def test_delivered_flag_persists(tmp_path):
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    index.publish(1, 1, 11, 123, 4)
+    index.publish(1, 2, 12, 0, 5)
+    index.publish(1, 3, 13, 0, 6, delivered=True)
+    index.commit()
+    index.delivered(1, 2, 12, 0, 5)
+    index.commit()
+    index.sync()
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert list(index.entries(1)) == [
+        IndexEntry(1, 11, 123, 4, False),
+        IndexEntry(2, 12, 0, 5, True),
+        IndexEntry(3, 13, 0, 6, True),
+    ]
+    index.close()
+
+
+def test_delete_queue_drops_committed_and_staged(index):
+    for seq in range(1, 4):
+        index.publish(1, seq, seq, 0, 1)
+        index.publish(2, seq, seq, 0, 1)
+    index.commit()
+    index.publish(1, 10, 10, 0, 1)  # staged
+    index.ack(1, 1)  # staged delete
+    index.publish(2, 10, 10, 0, 1)
+    index.delete_queue(1)
+    index.commit()
+    assert seqs(index, 1) == []
+    assert seqs(index, 2) == [1, 2, 3, 10]
+    assert index.queue_ids() == {2}
+    index.delete_queue(7)  # unknown queue: harmless
+    index.delete_queue(2)
+    assert index.queue_ids() == set()
+
+
+def test_queue_ids(index):
+    assert index.queue_ids() == set()
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFF):
+        index.publish(queue_id, 1, 1, 0, 1)
+        index.publish(queue_id, 2, 2, 0, 1)
+    index.publish(3, 1, 1, 0, 1)
+    index.commit()
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFF}
+    index.ack(3, 1)
+    index.commit()
+    assert 3 not in index.queue_ids()
+
+
+def test_reopen_keeps_committed_and_synced_entries(tmp_path):
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    for seq in range(1, 101):
+        index.publish(seq % 3, seq, seq * 10, 0, seq)
+    index.commit()
+    for seq in range(1, 101, 2):
+        index.ack(seq % 3, seq)
+    index.commit()
+    index.sync()
+    index.publish(9, 1, 1, 0, 1)  # staged, never committed: lost at close
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.queue_ids() == {0, 1, 2}
+    for queue_id in range(3):
+        want = [s for s in range(2, 101, 2) if s % 3 == queue_id]
+        entries = list(index.entries(queue_id))
+        assert [e.seq for e in entries] == want
+        assert all(e.msg_id == e.seq * 10 and e.size == e.seq for e in entries)
+    assert seqs(index, 9) == []
+    index.close()
+
+
+def test_entries_model_randomized(index):
+    rng = random.Random(11)
+    model: dict[tuple[int, int], tuple[int, bool]] = {}  # committed state
+    staged: dict[tuple[int, int], tuple[int, bool] | None] = {}
+    next_seq = {q: 1 for q in range(4)}
+    for _ in range(600):
+        op = rng.random()
+        queue_id = rng.randrange(4)
+        view = {**model, **staged}
+        live = [k for k, v in view.items() if v is not None and k[0] == queue_id]
+        if op < 0.4:
+            seq = next_seq[queue_id]
+            next_seq[queue_id] += 1
+            index.publish(queue_id, seq, seq + 100, 0, 1)
+            staged[(queue_id, seq)] = (seq + 100, False)
+        elif op < 0.55 and live:
+            key = rng.choice(live)
+            index.delivered(key[0], key[1], key[1] + 100, 0, 1)
+            staged[key] = (key[1] + 100, True)
+        elif op < 0.8 and live:
+            key = rng.choice(live)
+            index.ack(*key)
+            staged[key] = None
+        elif op < 0.95:
+            index.commit()
+            for key, value in staged.items():
+                if value is None:
+                    model.pop(key, None)
+                else:
+                    model[key] = value
+            staged.clear()
+            for q in range(4):
+                assert [(e.seq, e.msg_id, e.delivered) for e in index.entries(q)] == sorted(
+                    (s, m, d) for (qq, s), (m, d) in model.items() if qq == q)
+        else:
+            index.delete_queue(queue_id)
+            for key in [k for k in model if k[0] == queue_id]:
+                del model[key]
+            for key in [k for k in staged if k[0] == queue_id]:
+                del staged[key]
+        assert index.queue_ids() == {q for q, _ in model}
+
+
+# -- expiry heap ---------------------------------------------------------------------------------
+
+
+def test_expiry_heap_pop_due_ordering_and_next_deadline():
+    heap = ExpiryHeap()
+    assert len(heap) == 0
+    assert heap.next_deadline() is None
+    assert heap.pop_due(10**12) == []
+    for expiry, seq in [(500, 1), (100, 2), (300, 3), (100, 4), (900, 5), (300, 0)]:
+        heap.push(expiry, seq)
+    assert len(heap) == 6
+    assert heap.next_deadline() == 100
+    assert heap.pop_due(99) == []
+    assert heap.pop_due(100) == [2, 4]  # at the deadline counts; ties by seq
+    assert heap.next_deadline() == 300
+    assert heap.pop_due(600) == [0, 3, 1]  # expiry order, not push order
+    assert heap.next_deadline() == 900
+    assert len(heap) == 1
+    heap.push(50, 9)  # a later push with an earlier deadline comes first
+    assert heap.next_deadline() == 50
+    assert heap.pop_due(1000) == [9, 5]
+    assert heap.next_deadline() is None
+    heap.push(1, 1)
+    heap.clear()
+    assert len(heap) == 0 and heap.next_deadline() is None
+
+
+def test_expiry_heap_randomized():
+    rng = random.Random(5)
+    heap = ExpiryHeap()
+    items = [(rng.randrange(1000), seq) for seq in range(500)]
+    for expiry, seq in items:
+        heap.push(expiry, seq)
+    popped = []
+    for now in range(0, 1100, 37):
+        due = heap.pop_due(now)
+        popped.extend(due)
+        deadline = heap.next_deadline()
+        assert deadline is None or deadline > now
+    assert popped == [seq for _, seq in sorted(items)]
