@@ -26,6 +26,8 @@ log = logging.getLogger("warren.msg_store")
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
+ID_FILE = "next_id"
+ID_BLOCK = 1 << 20
 
 
 class Location:
@@ -73,6 +75,7 @@ class MessageStore:
         self._dirty: set[int] = set()  # segments written since the last sync
         self.compactions = 0
         self.next_id = 1
+        self._reserved = 0  # ids below this are on record as handed out (see _reserve)
         self.current: Segment | None = None
 
     # -- recovery -----------------------------------------------------------------------------
@@ -80,6 +83,7 @@ class MessageStore:
     def recover(self) -> float:
         """Index every intact record on disk (refs 0); queues then claim theirs with ``claim``."""
         started = time.monotonic()
+        self._recover_next_id()
         for number in list_segments(self.directory):
             path = segment_path(self.directory, number)
             records = list(scan(path))
@@ -122,7 +126,30 @@ class MessageStore:
     def new_id(self) -> int:
         msg_id = self.next_id
         self.next_id += 1
+        if msg_id >= self._reserved:
+            self._reserve()
         return msg_id
+
+    def _reserve(self) -> None:
+        """Record, durably, a block of ids as handed out, so no id is reused after a restart.
+
+        The records of the highest ids may be gone from disk while a queue index entry
+        still names one; reusing it would hand that entry a different message.
+        """
+        self._reserved = self.next_id + ID_BLOCK
+        path = os.path.join(self.directory, ID_FILE)
+        with open(path + ".tmp", "w") as handle:
+            handle.write(str(self._reserved))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(path + ".tmp", path)
+
+    def _recover_next_id(self) -> None:
+        try:
+            with open(os.path.join(self.directory, ID_FILE)) as handle:
+                self.next_id = max(self.next_id, int(handle.read().strip() or 0))
+        except (FileNotFoundError, ValueError):
+            pass
 
     def write(self, msg_id: int, parts: tuple[bytes, ...], refs: int) -> None:
         """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``."""
