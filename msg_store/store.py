@@ -232,6 +232,15 @@ class MessageStore:
         self.cache.pop(msg_id, None)
         self._kill(location)
         self._reclaim(location.segment)
+        current = self.current
+        if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
+            self._retire_current()
+
+    def _retire_current(self) -> None:
+        """The current segment holds nothing live but is large: start a new one so it can be deleted."""
+        self._tail = bytearray()
+        self._tail_ids.clear()
+        self._open_new_segment()
 
     def _kill(self, location: Location) -> None:
         segment = self.segments[location.segment]

@@ -153,13 +153,15 @@ def test_segment_all_removed_is_deleted_but_never_current(tmp_path):
         store.remove(msg_id)
     assert not os.path.exists(segment_path(str(tmp_path), 1))
     assert 1 not in store.segments
-    # the current segment stays even when all its records are gone
+    # the segment being written is never deleted under the writer: once it is large and holds
+    # nothing live, writing moves on to a fresh segment and the old one goes
     current = store.current.number
     for msg_id in [m for m in ids if m in store and store.index[m].segment == current]:
         store.remove(msg_id)
     store.sync()
-    assert os.path.exists(segment_path(str(tmp_path), current))
-    assert store.current.number == current
+    assert store.current.number != current
+    assert not os.path.exists(segment_path(str(tmp_path), current))
+    assert os.path.exists(segment_path(str(tmp_path), store.current.number))
     # the others are still readable
     store.cache.clear()
     for msg_id in ids:
