@@ -210,7 +210,7 @@ def test_corrupt_segment_tail_is_cut_off(start_broker):
             ch.basic_publish("", "dq", b"m%d" % i + b"." * 100, PERSISTENT)
     node.stop()
     store = node.data_dir / "msg_store_persistent"
-    segments = sorted(p for p in store.iterdir() if p.is_file())
+    segments = sorted(store.glob("*.seg"))
     assert segments
     newest = segments[-1]
     assert newest.stat().st_size > 50 * 100, [(p.name, p.stat().st_size) for p in segments]
