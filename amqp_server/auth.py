@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .definitions import DefinitionStore
+from .errors import ACCESS_REFUSED, ChannelError, resource_name
 
 DEFAULT_USER = "guest"
+# Tags the management plugin knows, as RabbitMQ defines them.
+MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
@@ -48,6 +51,28 @@ class Permissions:
     def allows(self, kind: str, name: str) -> bool:
         """``kind`` is configure, write or read; the default exchange is named amq.default."""
         return _compile(getattr(self, kind)).search(name or "amq.default") is not None
+
+
+def check_permission(permissions: "Permissions | None", user: str, vhost: str, kind: str, resource: str,
+                     name: str, class_id: int = 0, method_id: int = 0) -> None:
+    """403 ACCESS_REFUSED unless ``permissions`` allow ``kind`` (configure/write/read) on the resource.
+
+    The one permission check: AMQP channels and the HTTP API both call it.
+    """
+    if permissions is None or not permissions.allows(kind, name):
+        raise ChannelError(ACCESS_REFUSED,
+                           f"access to {resource_name(resource, name or 'amq.default', vhost)}"
+                           f" refused for user '{user}'", class_id, method_id)
+
+
+def check_exchange_declare(permissions: "Permissions | None", user: str, vhost: str, name: str,
+                           arguments: dict | None) -> None:
+    """exchange.declare (not passive): configure on it, and read on it + write on its alternate exchange."""
+    check_permission(permissions, user, vhost, "configure", "exchange", name)
+    alternate = (arguments or {}).get("alternate-exchange")
+    if alternate:
+        check_permission(permissions, user, vhost, "read", "exchange", name)
+        check_permission(permissions, user, vhost, "write", "exchange", str(alternate))
 
 
 @dataclass
@@ -87,6 +112,10 @@ class AccessControl:
         user = User(name, hash_password(password), tags or [])
         self.store.put("user", name, user.to_record())
         return user
+
+    def put_user(self, user: User) -> None:
+        """Create or replace a user with an already hashed password (definitions import, HTTP API)."""
+        self.store.put("user", user.name, user.to_record())
 
     def delete_user(self, name: str) -> bool:
         for key, _ in list(self.store.items("permission")):

@@ -98,6 +98,9 @@ class Broker:
         self._recover_definitions()
 
     def close(self) -> None:
+        for queue in self.all_queues():
+            if queue.persistence is not None:
+                self._save_offsets(queue)
         self.pager.close()
         self.persistence.close()
         self.store.close()
@@ -299,6 +302,7 @@ class Broker:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         if queue.durable:
             self.store.delete("queue", _key(vhost.name, queue.name))
+            self.store.delete("queue_offsets", str(queue.index_id))
 
     def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
         """Republish entries that left ``queue`` for good to its dead-letter exchange."""
@@ -328,6 +332,22 @@ class Broker:
             log.info("queue '%s' in vhost '%s' expired (unused for %d ms)", queue.name, vhost.name,
                      queue.args.expires)
             self._remove_queue(vhost, queue)
+
+    def commit_offset(self, queue: Queue, offset: int) -> int:
+        """Remove the queue's ready entries below ``offset`` (idempotent, monotonic): the Spark bridge's commit.
+
+        A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so
+        after a restart offsets carry on above every offset a reader has seen, even when the entries
+        at the tail were transient or removed.
+        """
+        removed = queue.remove_upto(offset)
+        if queue.persistence is not None:
+            self._save_offsets(queue)
+        return removed
+
+    def _save_offsets(self, queue: Queue) -> None:
+        self.store.put("queue_offsets", str(queue.index_id),
+                       {"next_seq": queue.next_seq, "committed": queue.committed})
 
     def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
         queue = vhost.queue(name)
@@ -406,6 +426,81 @@ class Broker:
             for binding in exchange.bindings():
                 yield exchange.name, binding.destination, binding.routing_key, binding.args_dict()
 
+    # -- publishing, getting, settling -------------------------------------------------------
+    # basic.publish / basic.get / ack on an AMQP channel and the HTTP API's publish, get and
+    # move all come through these.
+
+    def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
+        """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
+        queues = self.route(vhost, exchange, message)
+        rejected = False
+        for queue in queues:
+            if not queue.enqueue(message):
+                rejected = True
+        return bool(queues), rejected
+
+    @staticmethod
+    def check_publishable(vhost: VHost, exchange: Exchange) -> None:
+        """Clients may not publish to an internal exchange."""
+        if exchange.internal:
+            raise errors.access_refused(
+                f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")
+
+    @staticmethod
+    def check_message(message: Message, user_name: str) -> None:
+        """A published message's user_id must be the publisher's, its expiration an integer."""
+        if message.has_user_id and message.properties.user_id != user_name:
+            raise errors.precondition_failed(
+                f"user_id property set to '{message.properties.user_id}' but authenticated user was "
+                f"'{user_name}'")
+        if message.has_expiration:
+            try:
+                message.expiration_ms
+            except ValueError:
+                raise errors.precondition_failed(
+                    f"invalid expiration '{message.properties.expiration}': no_integer") from None
+
+    def basic_get(self, vhost: VHost, name: str, no_ack: bool,
+                  owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
+        """basic.get: the queue and its head entry (None if empty); with no_ack=False the caller settles it."""
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue, queue.get(no_ack)
+
+    @staticmethod
+    def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
+        """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued."""
+        if queue.deleted:
+            queue.settle(entries)
+        elif requeue:
+            queue.requeue(entries)
+        else:
+            if reject:
+                queue.reject(entries)
+            else:
+                queue.settle(entries)
+            queue.run()
+
+    def move_messages(self, source: Queue, destination: Queue, count: int | None = None) -> int:
+        """Move up to ``count`` (default all) ready messages from one queue to the tail of another, in order.
+
+        Each message keeps its properties, exchange and routing key (replaying a dead-letter queue).
+        A destination that refuses a message (reject-publish) stops the move; that message stays.
+        """
+        if source is destination:
+            raise errors.precondition_failed("source and destination are the same queue")
+        moved = 0
+        while count is None or moved < count:
+            entry = source.get(no_ack=False)
+            if entry is None:
+                break
+            if destination.deleted or not destination.enqueue(entry.message):
+                self.settle(source, [entry], requeue=True)
+                break
+            self.settle(source, [entry], requeue=False)
+            moved += 1
+        return moved
+
     # -- routing ------------------------------------------------------------------------------
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message) -> Collection[Queue]:
@@ -459,6 +554,11 @@ class Broker:
                 queue.persistence = self.persistence
                 durable.append(queue)
         self.persistence.recover(durable)
+        for queue in durable:  # offsets never go back across restarts (see commit_offset)
+            saved = self.store.get("queue_offsets", str(queue.index_id))
+            if saved is not None:
+                queue.next_seq = max(queue.next_seq, saved["next_seq"])
+                queue.committed = saved["committed"]
         for _, record in self.store.items("binding"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is None:

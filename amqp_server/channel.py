@@ -15,6 +15,7 @@ from pamqp.base import Frame
 from exchanges import Exchange
 
 from . import codec, errors
+from .auth import check_exchange_declare, check_permission
 from .broker import server_name
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
@@ -121,28 +122,24 @@ class Channel:
     def _publish(self, body: bytes) -> None:
         route = self._route
         ex_len = route[0]
-        exchange_name = route[1:1 + ex_len].decode()
-        message = Message(exchange_name, route[2 + ex_len:].decode(), route, self._header, body)
+        exchange_name = route[1:1 + ex_len].decode(errors="replace")
+        message = Message(exchange_name, route[2 + ex_len:].decode(errors="replace"), route, self._header, body)
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
         if exchange_name not in self._write_checked:
             self._check("write", "exchange", exchange_name, 60, 40)
-            if exchange.internal:
-                raise _publish_error(errors.access_refused(
-                    f"cannot publish to internal {errors.resource_name('exchange', exchange_name, vhost.name)}"))
-            self._write_checked.add(exchange_name)
-        if message.has_user_id and message.properties.user_id != self.connection.user.name:
-            raise _publish_error(errors.precondition_failed(
-                f"user_id property set to '{message.properties.user_id}' but authenticated user was "
-                f"'{self.connection.user.name}'"))
-        if message.has_expiration:
             try:
-                message.expiration_ms
-            except ValueError:
-                raise _publish_error(errors.precondition_failed(
-                    f"invalid expiration '{message.properties.expiration}': no_integer")) from None
+                self.broker.check_publishable(vhost, exchange)
+            except ChannelError as exc:
+                raise _publish_error(exc) from None
+            self._write_checked.add(exchange_name)
+        if message.has_user_id or message.has_expiration:
+            try:
+                self.broker.check_message(message, self.connection.user.name)
+            except ChannelError as exc:
+                raise _publish_error(exc) from None
         if self.confirm_mode:
             self.publish_seq += 1
         if self.broker.blocked:
@@ -160,13 +157,8 @@ class Channel:
 
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
-        queues = self.broker.route(self.vhost, exchange, message)
-        rejected = False
-        if queues:
-            for queue in queues:
-                if not queue.enqueue(message):
-                    rejected = True
-        elif mandatory:
+        routed, rejected = self.broker.publish(self.vhost, exchange, message)
+        if not routed and mandatory:
             self.stats.return_unroutable += 1
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
@@ -281,17 +273,9 @@ class Channel:
                 by_queue[queue] = [entry]
             else:
                 entries.append(entry)
+        settle = self.broker.settle
         for queue, entries in by_queue.items():
-            if queue.deleted:
-                queue.settle(entries)
-            elif requeue:
-                queue.requeue(entries)
-            else:
-                if reject:
-                    queue.reject(entries)
-                else:
-                    queue.settle(entries)
-                queue.run()
+            settle(queue, entries, requeue, reject)
 
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:
@@ -339,9 +323,8 @@ class Channel:
     def _check(self, kind: str, resource: str, name: str, class_id: int = 0, method_id: int = 0) -> None:
         connection = self.connection
         if not connection.permissions.allows(kind, name):
-            raise ChannelError(errors.ACCESS_REFUSED,
-                               f"access to {errors.resource_name(resource, name or 'amq.default', self.vhost.name)}"
-                               f" refused for user '{connection.user.name}'", class_id, method_id)
+            check_permission(connection.permissions, connection.user.name, self.vhost.name, kind, resource, name,
+                             class_id, method_id)
 
     def _queue_name(self, name: str) -> str:
         """An empty queue name means the last queue declared on this channel."""
@@ -378,11 +361,8 @@ class Channel:
 
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive:
-            self._check("configure", "exchange", m.exchange)
-            alternate = (m.arguments or {}).get("alternate-exchange")
-            if alternate:
-                self._check("read", "exchange", m.exchange)
-                self._check("write", "exchange", str(alternate))
+            check_exchange_declare(self.connection.permissions, self.connection.user.name, self.vhost.name,
+                                   m.exchange, m.arguments)
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
                                      m.auto_delete, m.internal, m.arguments)
         if not m.nowait:
@@ -508,9 +488,7 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        queue = self.vhost.queue(name)
-        self.broker.check_exclusive(queue, self.connection)
-        entry = queue.get(m.no_ack)
+        queue, entry = self.broker.basic_get(self.vhost, name, m.no_ack, self.connection)
         if entry is None:
             self.reply(commands.Basic.GetEmpty())
             return

@@ -125,8 +125,3 @@ def basic_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
 def basic_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """Basic.Nack with requeue=false (bit 1) as a publisher confirm nack."""
     return _ACK.pack(FRAME_METHOD, channel, 13, 60, 120, delivery_tag, multiple) + FRAME_END
-
-
-def read_shortstr(buf, pos: int) -> tuple[str, int]:
-    end = pos + 1 + buf[pos]
-    return bytes(buf[pos + 1:end]).decode(), end

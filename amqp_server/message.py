@@ -48,8 +48,8 @@ class Message:
 
     def fill(self, route: bytes, header: bytes, body: bytes) -> None:
         ex_len = route[0]
-        self.exchange = route[1:1 + ex_len].decode()
-        self.routing_key = route[2 + ex_len:].decode()
+        self.exchange = route[1:1 + ex_len].decode(errors="replace")
+        self.routing_key = route[2 + ex_len:].decode(errors="replace")
         self.route = route
         self.header = header
         self.body = body

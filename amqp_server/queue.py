@@ -116,6 +116,7 @@ class Queue:
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expires_timer: asyncio.TimerHandle | None = None
         self._fresh: Entry | None = None  # the entry being published: not expired on its way to a consumer
+        self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
         self.touch()
 
     @property
@@ -267,6 +268,91 @@ class Queue:
         else:
             self.stats.get += 1
         return self._take(entry, no_ack)
+
+    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
+        """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay."""
+        entries: list[Entry] = []
+        skipped = 0
+        for entry in self.ready:
+            if entry.gone:
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            if len(entries) >= count:
+                break
+            if entry.message.body is None and self.host is not None:
+                self.host.load(entry.message)
+            entries.append(entry)
+        return entries
+
+    # -- offsets (the Spark bridge: read by sequence number, remove once the reader committed) ----
+    # An offset is an entry's ``seq``: per queue, increasing, and for durable queues kept by the
+    # queue index across restarts.  Only *ready* entries are visible here: entries a consumer
+    # holds unacked are neither browsed nor removed (if requeued they come back at their seq).
+
+    def offsets(self) -> tuple[int, int]:
+        """(head, tail): the seq of the first live ready entry (``next_seq`` if none), and ``next_seq``."""
+        for entry in self.ready:
+            if not entry.gone:
+                return entry.seq, self.next_seq
+        return self.next_seq, self.next_seq
+
+    def browse(self, start: int, end: int, limit: int | None = None) -> list[Entry]:
+        """Ready entries with ``start <= seq < end``, in order, at most ``limit``; nothing changes.
+
+        No redelivered flag, no delivery, no stats: a retried read sees the same entries.  Entries whose
+        TTL ran out are skipped.  Paged-out bodies are loaded.
+        """
+        ready = self.ready
+        entries: list[Entry] = []
+        if not ready or end <= start or (limit is not None and limit <= 0):
+            return entries
+        from bisect import bisect_left
+        from itertools import islice
+
+        first = bisect_left(ready, start, key=lambda e: e.seq) if ready[0].seq < start else 0
+        now = now_ms()
+        host = self.host
+        for entry in islice(ready, first, None):
+            if entry.seq >= end:
+                break
+            if entry.gone or (entry.expiry and entry.expiry <= now):
+                continue
+            if entry.message.body is None and host is not None:
+                host.load(entry.message)
+            entries.append(entry)
+            if limit is not None and len(entries) >= limit:
+                break
+        return entries
+
+    def remove_upto(self, offset: int) -> int:
+        """Remove every ready entry with ``seq < offset`` as an ack would (index and store updated).
+
+        Idempotent and monotonic: ``committed`` never goes back, an offset at or below it removes
+        nothing more.  Returns how many entries were removed.
+        """
+        if offset <= self.committed:
+            return 0
+        self.committed = offset
+        ready = self.ready
+        removed = 0
+        persistence = self.persistence
+        while ready and ready[0].seq < offset:
+            entry = ready.popleft()
+            if entry.gone:
+                self.gone_in_ready -= 1
+                continue
+            self.ready_bytes -= entry.message.body_size
+            if entry.expiry:
+                self._expiring.pop(entry.seq, None)
+            if persistence is not None and entry.message.msg_id:
+                persistence.remove(self, entry)
+            removed += 1
+        self.stats.ack += removed
+        if removed:
+            self.touch()
+        return removed
 
     def settle(self, entries: list[Entry]) -> None:
         """Entries taken for manual ack were acked."""

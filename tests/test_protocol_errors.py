@@ -291,6 +291,31 @@ def test_channel_error_leaves_connection_and_other_channels_usable(broker, uid):
         client.close()
 
 
+def _raw_publish(channel: int, exchange: bytes, routing_key: bytes, body: bytes) -> bytes:
+    args = struct.pack(">HB", 0, len(exchange)) + exchange + struct.pack(">B", len(routing_key)) + routing_key + b"\x00"
+    return (raw_frame(1, channel, method_payload(60, 40, args))
+            + pframe.marshal(pheader.ContentHeader(0, len(body), commands.Basic.Properties()), channel)
+            + pframe.marshal(pbody.ContentBody(body), channel))
+
+
+def test_publish_with_names_that_are_not_utf8(broker):
+    """Names are bytes on the wire: invalid UTF-8 finds no exchange (404) and never breaks the connection."""
+    client = Raw(broker)
+    try:
+        client.handshake()
+        client.open_channel(1)
+        client.send(_raw_publish(1, b"", b"no-such-\xff-queue", b"x"))  # unroutable, dropped quietly
+        client.send(_raw_publish(1, b"amq\xfftopic", b"k", b"x"))
+        channel, close = client.read_frame()
+        assert channel == 1 and isinstance(close, commands.Channel.Close)
+        assert close.reply_code == 404 and close.reply_text.startswith("NOT_FOUND - no exchange 'amq")
+        assert (close.class_id, close.method_id) == (60, 40)
+        client.send_method(1, commands.Channel.CloseOk())
+    finally:
+        client.close()
+    assert_serves(broker)
+
+
 # -- content ------------------------------------------------------------------------------------------------
 
 
