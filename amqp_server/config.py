@@ -18,6 +18,7 @@ def _total_memory() -> int:
 class Config:
     amqp_port: int = 5672
     mgmt_port: int = 15672
+    mgmt_enabled: bool = True
     bind: str = "0.0.0.0"
     data_dir: str = "warren-data"
     node_name: str = f"warren@{socket.gethostname()}"
@@ -44,6 +45,7 @@ class Config:
 _HELP = {
     "amqp_port": "AMQP listener port",
     "mgmt_port": "management HTTP port",
+    "mgmt_enabled": "serve the management HTTP API (and /metrics) on --mgmt-port",
     "bind": "address to listen on",
     "data_dir": "directory for definitions and messages",
     "node_name": "this node's name",

@@ -59,10 +59,16 @@ class Node:
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size)
         self.server: asyncio.base_events.Server | None = None
+        self.mgmt = None  # the management plugin's aiohttp runner, when enabled
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
+            import mgmt_http
+
+            self.mgmt = await mgmt_http.start(self.broker, self.config)
+            log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
         self.server = await loop.create_server(lambda: Connection(self.broker, self.config),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
@@ -99,6 +105,8 @@ class Node:
         log.info("shutting down")
         self._memory_task.cancel()
         self.server.close()
+        if self.mgmt is not None:
+            await self.mgmt.cleanup()
         for connection in list(self.broker.connections):
             connection.force_close("broker shutdown")
         await asyncio.sleep(0.1)

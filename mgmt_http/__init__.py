@@ -1,0 +1,16 @@
+"""Warren's management plugin: RabbitMQ 3.10's management HTTP API on aiohttp.
+
+Offers ``create_app(broker, config)`` (an aiohttp Application) and ``start(broker, config)``
+(serve it on ``config.bind:config.mgmt_port`` on the running loop; returns the AppRunner,
+``await runner.cleanup()`` stops it).  The node starts it unless ``--mgmt-enabled false``.
+
+Paths, methods, status codes and JSON shapes follow RabbitMQ's API (see README); Warren adds
+``GET /api/queues/{vhost}/{name}/peek`` and ``POST /api/queues/{vhost}/{name}/move``, and
+``/metrics`` in Prometheus text format.  One module per concern: ``auth`` (basic auth, tags),
+``listing`` (columns/sort/paging), ``rates`` (the sampler), and one per resource area.  Handlers
+call the broker's own operations (the ones AMQP channels call); the static UI in ``static/``
+is served at ``/`` when present.
+"""
+from .app import create_app, start
+
+__all__ = ["create_app", "start"]

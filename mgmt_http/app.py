@@ -1,0 +1,97 @@
+"""The aiohttp application: error and auth middlewares, every resource's routes, the static UI."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from amqp_server.broker import Broker
+from amqp_server.errors import AMQPError
+
+from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, queues, users, vhosts
+from . import offsets
+from .auth import auth_middleware
+from .context import KEY, Context
+from .http import HTTPError, error_response, from_amqp
+from .rates import DEFAULT_INTERVAL, Sampler
+
+log = logging.getLogger("warren.mgmt")
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+RESOURCES = (overview, users, vhosts, permissions, connections, exchanges, bindings, queues, definitions, metrics)
+
+
+@web.middleware
+async def error_middleware(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every error leaves as RabbitMQ's ``{"error", "reason"}`` JSON; nothing escapes as a bare 500."""
+    if request.path.startswith("/api/") and isinstance(request.match_info.route.resource, web.StaticResource):
+        return error_response(404, "Object Not Found", "Not Found")  # no API route: not a UI file either
+    try:
+        response = await handler(request)
+        if response.status >= 400 and request.path.startswith("/api/") and response.content_type != "application/json":
+            return _as_json_error(request, response)  # e.g. fell through to the static files
+        return response
+    except HTTPError as exc:
+        return exc.response()
+    except AMQPError as exc:
+        return from_amqp(exc).response()
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _as_json_error(request, exc)
+        raise
+    except Exception:  # noqa: BLE001 - the API answers, logs, and keeps serving
+        log.exception("management API error on %s %s", request.method, request.path)
+        return error_response(500, "internal_server_error", "internal error; see the node's log")
+
+
+def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Response:
+    if response.status == 404:
+        return error_response(404, "Object Not Found", "Not Found")
+    if response.status == 405:
+        return error_response(405, "Method Not Allowed", f"{request.method} is not allowed here",
+                              {"Allow": response.headers.get("Allow", "")})
+    return error_response(response.status, response.reason or "error", response.reason or "error")
+
+
+async def _index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(os.path.join(request.app["static_dir"], "index.html"))
+
+
+def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL,
+               static_dir: str | None = STATIC_DIR) -> web.Application:
+    """The management application for ``broker``; ``config`` is the node's Config."""
+    app = web.Application(middlewares=[error_middleware,
+                                       auth_middleware(broker, getattr(config, "loopback_users_only", True))],
+                          client_max_size=max(1024 ** 2, getattr(config, "max_message_size", 0) * 2))
+    sampler = Sampler(broker, sample_interval)
+    app[KEY] = Context(broker, config, sampler)
+    app["broker"] = broker  # plain key for add-on modules (offsets.py)
+    for module in RESOURCES:
+        app.add_routes(module.routes)
+    offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
+    if static_dir and os.path.isdir(static_dir):
+        app["static_dir"] = static_dir
+        if os.path.exists(os.path.join(static_dir, "index.html")):
+            app.router.add_get("/", _index)
+        app.router.add_static("/", static_dir)
+
+    async def on_startup(_app: web.Application) -> None:
+        sampler.start()
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await sampler.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+async def start(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
+    """Serve the API on ``config.bind:config.mgmt_port`` on the running loop; ``await runner.cleanup()`` stops it."""
+    runner = web.AppRunner(create_app(broker, config, sample_interval), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True)
+    await site.start()
+    return runner

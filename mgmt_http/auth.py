@@ -1,0 +1,146 @@
+"""HTTP basic auth against the broker's users, and RabbitMQ's management tags.
+
+``administrator`` may do anything; ``monitoring`` sees every vhost, connection and
+channel and the node; ``policymaker`` and ``management`` see only the vhosts they
+have permissions on (and their own connections).  A user with none of these tags
+may not use the API.  401 = not authenticated; 403 = authenticated but not allowed.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Permissions, User
+from amqp_server.broker import Broker
+
+from .context import ctx
+from .http import HTTPError, forbidden, not_found
+
+REALM = 'Basic realm="RabbitMQ Management"'
+PUBLIC_PREFIXES = ("/metrics",)
+
+
+@dataclass(frozen=True)
+class Login:
+    user: User
+
+    @property
+    def name(self) -> str:
+        return self.user.name
+
+    @property
+    def tags(self) -> list[str]:
+        return self.user.tags
+
+    @property
+    def is_admin(self) -> bool:
+        return "administrator" in self.user.tags
+
+    @property
+    def is_monitor(self) -> bool:
+        return self.is_admin or "monitoring" in self.user.tags
+
+    @property
+    def is_management(self) -> bool:
+        return any(tag in MANAGEMENT_TAGS for tag in self.user.tags)
+
+
+def unauthorised(reason: str) -> HTTPError:
+    return HTTPError(401, "not_authorised", reason, {"WWW-Authenticate": REALM})
+
+
+def _credentials(header: str) -> tuple[str, str]:
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        raise unauthorised("Not_Authorized")
+    try:
+        name, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise unauthorised("Not_Authorized") from None
+    if not sep:
+        raise unauthorised("Not_Authorized")
+    return name, password
+
+
+def _is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool) -> Login:
+    header = request.headers.get("Authorization")
+    if not header:
+        raise unauthorised("Not_Authorized")
+    name, password = _credentials(header)
+    user = broker.access.authenticate(name, password)
+    if user is None:
+        raise unauthorised("Login failed")
+    if loopback_only_guest and user.name == DEFAULT_USER and not _is_loopback(request.remote):
+        raise unauthorised("User can only log in via localhost")
+    login = Login(user)
+    if not login.is_management:
+        raise forbidden("Not management user")
+    return login
+
+
+def auth_middleware(broker: Broker, loopback_only_guest: bool) -> Callable:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        if request.path.startswith("/api/"):
+            request["login"] = authenticate(request, broker, loopback_only_guest)
+        return await handler(request)
+
+    return middleware
+
+
+def login(request: web.Request) -> Login:
+    return request["login"]
+
+
+def require_admin(request: web.Request) -> Login:
+    user = login(request)
+    if not user.is_admin:
+        raise forbidden("Not administrator user")
+    return user
+
+
+def require_monitor(request: web.Request) -> Login:
+    user = login(request)
+    if not user.is_monitor:
+        raise forbidden("Not monitor user")
+    return user
+
+
+def can_see_vhost(broker: Broker, user: Login, vhost: str) -> bool:
+    return user.is_monitor or broker.access.permissions(vhost, user.name) is not None
+
+
+def visible_vhosts(request: web.Request) -> list[str]:
+    broker = ctx(request).broker
+    user = login(request)
+    return [name for name in broker.access.vhosts() if can_see_vhost(broker, user, name)]
+
+
+def require_vhost(request: web.Request, name: str | None = None) -> str:
+    """The path's vhost: 404 if there is none such, 403 if the user may not see it."""
+    broker = ctx(request).broker
+    vhost = request.match_info["vhost"] if name is None else name
+    if not broker.access.vhost_exists(vhost):
+        raise not_found()
+    if not can_see_vhost(broker, login(request), vhost):
+        raise forbidden("Access refused.")
+    return vhost
+
+
+def permissions(request: web.Request, vhost: str) -> Permissions | None:
+    """The user's configure/write/read patterns in a vhost: what HTTP operations on its resources check."""
+    broker = ctx(request).broker
+    return broker.access.permissions(vhost, login(request).name)

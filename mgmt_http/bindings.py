@@ -1,0 +1,162 @@
+"""/api/bindings and the binding views of exchanges and queues.
+
+A binding's ``properties_key`` identifies it in URLs as RabbitMQ's does: ``~`` for an
+empty routing key without arguments, the quoted routing key without arguments, or
+``<quoted key>~<hash of the arguments>``.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any, Iterable
+from urllib.parse import quote, quote_plus, unquote_plus
+
+from aiohttp import web
+
+from amqp_server.auth import check_permission
+from amqp_server.broker import VHost
+from amqp_server.queue import Queue
+from exchanges import Exchange
+
+from . import auth
+from .context import Context, ctx
+from .http import exchange_param, get_str, get_table, no_content, not_found, read_json
+from .listing import respond, respond_one
+
+routes = web.RouteTableDef()
+KINDS = {"q": "queue", "e": "exchange"}
+
+
+def _quote(value: str) -> str:
+    return quote_plus(value).replace("~", "%7E")
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    if not arguments:
+        return _quote(routing_key) if routing_key else "~"
+    digest = hashlib.sha1(json.dumps(arguments, sort_keys=True, default=str).encode()).digest()[:4]
+    return _quote(routing_key) + "~" + _quote(base64.urlsafe_b64encode(digest).decode().rstrip("="))
+
+
+def binding_info(vhost: str, source: str, destination: Queue | Exchange, routing_key: str,
+                 arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "vhost": vhost, "destination": destination.name,
+            "destination_type": "queue" if isinstance(destination, Queue) else "exchange",
+            "routing_key": routing_key, "arguments": arguments,
+            "properties_key": properties_key(routing_key, arguments)}
+
+
+def vhost_bindings(context: Context, vhost: VHost) -> list[dict[str, Any]]:
+    return [binding_info(vhost.name, *binding) for binding in context.broker.bindings(vhost)]
+
+
+def _matching(items: Iterable[dict[str, Any]], **fields: str) -> list[dict[str, Any]]:
+    return [item for item in items if all(item[k] == v for k, v in fields.items())]
+
+
+@routes.get("/api/bindings")
+async def list_all(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = [b for name in auth.visible_vhosts(request) for b in vhost_bindings(context, context.vhost(name))]
+    return respond(request, items, ("vhost", "source", "destination", "routing_key"))
+
+
+@routes.get("/api/bindings/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = vhost_bindings(context, context.vhost(auth.require_vhost(request)))
+    return respond(request, items, ("source", "destination", "routing_key"))
+
+
+@routes.get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}")
+async def exchange_bindings(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    name = exchange_param(request.match_info["name"])
+    if name not in vhost.exchanges:
+        raise not_found()
+    if request.match_info["side"] == "source":
+        items = _matching(vhost_bindings(context, vhost), source=name)
+    else:
+        items = _matching(vhost_bindings(context, vhost), destination=name, destination_type="exchange")
+    return respond(request, items, ("source", "destination", "routing_key"))
+
+
+@routes.get("/api/queues/{vhost}/{name}/bindings")
+async def queue_bindings(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    name = request.match_info["name"]
+    if name not in vhost.queues:
+        raise not_found()
+    items = _matching(vhost_bindings(context, vhost), destination=name, destination_type="queue")
+    return respond(request, items, ("source", "destination", "routing_key"))
+
+
+def _endpoints(request: web.Request) -> tuple[Context, VHost, Exchange, Queue | Exchange]:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    source = vhost.exchanges.get(exchange_param(request.match_info["source"]))
+    table = vhost.queues if request.match_info["kind"] == "q" else vhost.exchanges
+    destination = table.get(request.match_info["destination"])
+    if source is None or destination is None:
+        raise not_found()
+    return context, vhost, source, destination
+
+
+BETWEEN = "/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}"
+
+
+@routes.get(BETWEEN)
+async def list_between(request: web.Request) -> web.Response:
+    context, vhost, source, destination = _endpoints(request)
+    items = [b for b in vhost_bindings(context, vhost) if b["source"] == source.name
+             and b["destination"] == destination.name and b["destination_type"] == KINDS[request.match_info["kind"]]]
+    return respond(request, items, ("routing_key",))
+
+
+def _check_bind(request: web.Request, vhost: str, source: str, destination: Queue | Exchange) -> None:
+    """queue.bind / exchange.bind's permissions: write on the destination, read on the source."""
+    permissions, user = auth.permissions(request, vhost), auth.login(request).name
+    kind = "queue" if isinstance(destination, Queue) else "exchange"
+    check_permission(permissions, user, vhost, "write", kind, destination.name)
+    check_permission(permissions, user, vhost, "read", "exchange", source)
+
+
+@routes.post(BETWEEN)
+async def create(request: web.Request) -> web.Response:
+    context, vhost, source, destination = _endpoints(request)
+    body = await read_json(request)
+    routing_key = get_str(body, "routing_key", "")
+    arguments = get_table(body, "arguments")
+    _check_bind(request, vhost.name, source.name, destination)
+    if isinstance(destination, Queue):
+        context.broker.check_exclusive(destination, None)
+    context.broker.bind(vhost, source.name, destination, routing_key, arguments)
+    location = quote(destination.name, safe="") + "/" + properties_key(routing_key, arguments)
+    return web.Response(status=201, headers={"Location": location})
+
+
+def _find(request: web.Request) -> tuple[Context, VHost, Exchange, Queue | Exchange, dict[str, Any]]:
+    context, vhost, source, destination = _endpoints(request)
+    props = request.match_info["props"]
+    for binding in context.broker.bindings(vhost):
+        info = binding_info(vhost.name, *binding)
+        key = info["properties_key"]
+        if binding[0] == source.name and binding[1] is destination and props in (key, unquote_plus(key)):
+            return context, vhost, source, destination, info
+    raise not_found()
+
+
+@routes.get(BETWEEN + "/{props}")
+async def show(request: web.Request) -> web.Response:
+    return respond_one(request, _find(request)[4])
+
+
+@routes.delete(BETWEEN + "/{props}")
+async def delete(request: web.Request) -> web.Response:
+    context, vhost, source, destination, info = _find(request)
+    _check_bind(request, vhost.name, source.name, destination)
+    context.broker.unbind(vhost, source.name, destination, info["routing_key"], info["arguments"])
+    return no_content()

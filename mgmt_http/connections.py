@@ -1,0 +1,174 @@
+"""/api/connections, /api/channels, /api/consumers: what clients are connected and doing."""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from aiohttp import web
+
+from amqp_server.channel import Channel
+from amqp_server.connection import OPEN, Connection
+from amqp_server.queue import Consumer
+
+from . import auth
+from .context import Context, ctx
+from .http import forbidden, jsonable, no_content, not_found
+from .listing import respond, respond_one
+from .rates import message_stats
+
+routes = web.RouteTableDef()
+FORCED_REASON = "Closed via management plugin"
+
+
+def _opened(context: Context) -> list[Connection]:
+    return [c for c in list(context.broker.connections) if c.user is not None and c.vhost is not None]
+
+
+def visible_connections(request: web.Request, vhost: str | None = None) -> list[Connection]:
+    """Monitoring users see every connection; others see their own."""
+    user = auth.login(request)
+    return [c for c in _opened(ctx(request))
+            if (user.is_monitor or c.user.name == user.name) and (vhost is None or c.vhost_name == vhost)]
+
+
+def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
+    sock = connection.transport.get_extra_info("sockname") if connection.transport else None
+    host, port = (sock[0], sock[1]) if sock else ("?", 0)
+    props = jsonable(connection.client_properties)
+    return {
+        "name": connection.name, "node": context.node, "type": "network",
+        "state": "running" if connection.state == OPEN else "closing", "protocol": "AMQP 0-9-1",
+        "user": connection.user.name, "user_who_performed_action": connection.user.name,
+        "vhost": connection.vhost_name, "auth_mechanism": "PLAIN", "ssl": False,
+        "host": host, "port": port, "peer_host": connection.peer[0], "peer_port": connection.peer[1],
+        "channels": len(connection.channels), "channel_max": connection.channel_max,
+        "frame_max": connection.frame_max, "timeout": connection.heartbeat,
+        "client_properties": props, "user_provided_name": props.get("connection_name"),
+        "connected_at": int(connection.connected_at * 1000),
+    }
+
+
+def channel_name(channel: Channel) -> str:
+    return f"{channel.connection.name} ({channel.number})"
+
+
+def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
+    connection = channel.connection
+    return {
+        "name": channel_name(channel), "number": channel.number, "node": context.node,
+        "connection_details": {"name": connection.name, "peer_host": connection.peer[0],
+                               "peer_port": connection.peer[1]},
+        "vhost": connection.vhost_name, "user": connection.user.name, "user_who_performed_action": connection.user.name,
+        "state": "running" if channel.flow_active else "flow",
+        "consumer_count": len(channel.consumers), "messages_unacknowledged": len(channel.unacked),
+        "messages_unconfirmed": channel.publish_seq - channel.confirmed if channel.confirm_mode else 0,
+        "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0, "acks_uncommitted": 0,
+        "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
+        "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
+        "message_stats": message_stats(channel.stats, context.sampler.rates(channel)),
+    }
+
+
+def consumer_info(context: Context, consumer: Consumer) -> dict[str, Any]:
+    channel = consumer.channel
+    connection = channel.connection
+    return {
+        "consumer_tag": consumer.tag, "ack_required": not consumer.no_ack, "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": True,
+        "activity_status": "up", "consumer_timeout": None,
+        "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
+        "channel_details": {"name": channel_name(channel), "number": channel.number,
+                            "connection_name": connection.name, "peer_host": connection.peer[0],
+                            "peer_port": connection.peer[1], "node": context.node, "user": connection.user.name},
+    }
+
+
+def _channels(connections: list[Connection]) -> Iterator[Channel]:
+    for connection in connections:
+        yield from list(connection.channels.values())
+
+
+def find_connection(request: web.Request) -> Connection:
+    name = request.match_info["name"]
+    for connection in visible_connections(request):
+        if connection.name == name:
+            return connection
+    raise not_found()
+
+
+@routes.get("/api/connections")
+async def list_connections(request: web.Request) -> web.Response:
+    context = ctx(request)
+    return respond(request, [connection_info(context, c) for c in visible_connections(request)], ("name",))
+
+
+@routes.get("/api/vhosts/{vhost}/connections")
+async def list_vhost_connections(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = auth.require_vhost(request)
+    return respond(request, [connection_info(context, c) for c in visible_connections(request, vhost)], ("name",))
+
+
+@routes.get("/api/connections/{name}")
+async def show_connection(request: web.Request) -> web.Response:
+    return respond_one(request, connection_info(ctx(request), find_connection(request)))
+
+
+@routes.delete("/api/connections/{name}")
+async def close_connection(request: web.Request) -> web.Response:
+    """Closes the connection with 320 CONNECTION_FORCED; the reason may come in an X-Reason header."""
+    connection = find_connection(request)
+    user = auth.login(request)
+    if not user.is_admin and connection.user.name != user.name:
+        raise forbidden("Not administrator user")
+    connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
+    return no_content()
+
+
+@routes.get("/api/connections/{name}/channels")
+async def list_connection_channels(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = [channel_info(context, ch) for ch in _channels([find_connection(request)])]
+    return respond(request, items, ("name",))
+
+
+@routes.get("/api/channels")
+async def list_channels(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = [channel_info(context, ch) for ch in _channels(visible_connections(request))]
+    return respond(request, items, ("name",))
+
+
+@routes.get("/api/vhosts/{vhost}/channels")
+async def list_vhost_channels(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = auth.require_vhost(request)
+    items = [channel_info(context, ch) for ch in _channels(visible_connections(request, vhost))]
+    return respond(request, items, ("name",))
+
+
+@routes.get("/api/channels/{name}")
+async def show_channel(request: web.Request) -> web.Response:
+    context = ctx(request)
+    for channel in _channels(visible_connections(request)):
+        if channel_name(channel) == request.match_info["name"]:
+            return respond_one(request, channel_info(context, channel))
+    raise not_found()
+
+
+def _consumers(request: web.Request, vhost: str | None) -> list[dict[str, Any]]:
+    context = ctx(request)
+    names = [vhost] if vhost is not None else auth.visible_vhosts(request)
+    return [consumer_info(context, consumer) for name in names
+            for queue in list(context.vhost(name).queues.values()) for consumer in list(queue.consumers)]
+
+
+@routes.get("/api/consumers")
+async def list_consumers(request: web.Request) -> web.Response:
+    return respond(request, _consumers(request, None), ("queue.vhost", "queue.name", "consumer_tag"))
+
+
+@routes.get("/api/consumers/{vhost}")
+async def list_vhost_consumers(request: web.Request) -> web.Response:
+    return respond(request, _consumers(request, auth.require_vhost(request)),
+                   ("queue.vhost", "queue.name", "consumer_tag"))

@@ -1,0 +1,36 @@
+"""What every resource needs from the application: the broker, the rate sampler, the node's config."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from amqp_server.broker import Broker, VHost
+
+from .http import not_found
+from .rates import Sampler
+
+KEY = web.AppKey("warren", object)
+
+
+@dataclass
+class Context:
+    broker: Broker
+    config: Any
+    sampler: Sampler
+    started: float = field(default_factory=time.time)
+
+    @property
+    def node(self) -> str:
+        return self.broker.node_name
+
+    def vhost(self, name: str) -> VHost:
+        if not self.broker.access.vhost_exists(name):
+            raise not_found()
+        return self.broker.vhost(name)
+
+
+def ctx(request: web.Request) -> Context:
+    return request.app[KEY]  # type: ignore[return-value]

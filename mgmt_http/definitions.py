@@ -1,0 +1,169 @@
+"""/api/definitions: export and import in RabbitMQ's definitions format (whole node, or one vhost)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from amqp_server import __version__
+from amqp_server.errors import AMQPError
+
+from . import auth
+from .bindings import vhost_bindings
+from .context import Context, ctx
+from .http import bad_request, from_amqp, get_bool, get_str, get_table, json_response, no_content
+from .permissions import all_permissions, permissions_from_json
+from .users import parse_tags, user_from_json, user_info
+
+routes = web.RouteTableDef()
+RABBIT_VERSION = "3.10.8"  # the RabbitMQ whose export format this is
+
+
+def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, list[dict[str, Any]]]:
+    vhost = context.vhost(name)
+    tag = {"vhost": name} if with_vhost else {}
+    queues = [{"name": q.name, **tag, "durable": q.durable, "auto_delete": q.auto_delete,
+               "arguments": dict(q.arguments)} for q in list(vhost.queues.values()) if not q.exclusive]
+    exchanges = [{"name": e.name, **tag, "type": e.type_name, "durable": e.durable, "auto_delete": e.auto_delete,
+                  "internal": e.internal, "arguments": dict(e.arguments)}
+                 for e in list(vhost.exchanges.values()) if e.name and not e.name.startswith("amq.")]
+    exclusive = {q.name for q in vhost.queues.values() if q.exclusive}
+    bindings = [{"source": b["source"], **tag, "destination": b["destination"],
+                 "destination_type": b["destination_type"], "routing_key": b["routing_key"],
+                 "arguments": b["arguments"]} for b in vhost_bindings(context, vhost)
+                if b["source"] and not (b["destination_type"] == "queue" and b["destination"] in exclusive)]
+    return {"queues": queues, "exchanges": exchanges, "bindings": bindings}
+
+
+def _header() -> dict[str, Any]:
+    return {"rabbit_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION, "product_name": "Warren",
+            "product_version": __version__}
+
+
+def export_all(request: web.Request) -> dict[str, Any]:
+    context = ctx(request)
+    access = context.broker.access
+    result = _header()
+    result["users"] = [user_info(u) for u in access.users()]
+    result["vhosts"] = [{"name": name, "limits": [], "metadata": {"description": "", "tags": []}}
+                        for name in access.vhosts()]
+    result["permissions"] = all_permissions(request)
+    result.update({"topic_permissions": [], "parameters": [], "global_parameters": [], "policies": []})
+    objects: dict[str, list] = {"queues": [], "exchanges": [], "bindings": []}
+    for name in access.vhosts():
+        for key, items in _vhost_objects(context, name, True).items():
+            objects[key].extend(items)
+    result.update(objects)
+    return result
+
+
+def _download(request: web.Request, body: dict[str, Any]) -> web.Response:
+    headers = None
+    if "download" in request.query:
+        headers = {"Content-Disposition": f'attachment; filename="{request.query["download"]}"'}
+    return json_response(body, headers=headers)
+
+
+@routes.get("/api/definitions")
+async def export(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    return _download(request, export_all(request))
+
+
+@routes.get("/api/definitions/{vhost}")
+async def export_vhost(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    name = auth.require_vhost(request)
+    result = _header()
+    result.update({"parameters": [], "policies": []})
+    result.update(_vhost_objects(ctx(request), name, False))
+    return _download(request, result)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    """JSON, or a form upload with a ``file`` field as RabbitMQ's UI sends it."""
+    if request.content_type.startswith("multipart/") or request.content_type == "application/x-www-form-urlencoded":
+        form = await request.post()
+        field = form.get("file")
+        raw = field.file.read() if hasattr(field, "file") else (field or "")
+    else:
+        raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"failed to decode JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("definitions must be a JSON object")
+    return body
+
+
+def _items(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = body.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise bad_request(f"{key} must be a list of objects")
+    return items
+
+
+def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None) -> None:
+    """Users, vhosts, permissions (whole-node import only), then exchanges, queues, bindings — through the
+    same broker operations as AMQP declares, so conflicts are errors as they would be there."""
+    broker = context.broker
+    access = broker.access
+    if only_vhost is None:
+        for item in _items(body, "users"):
+            name = get_str(item, "name")
+            item = dict(item, tags=parse_tags(item.get("tags")))
+            access.put_user(user_from_json(name, item, access.user(name)))
+        for item in _items(body, "vhosts"):
+            broker.add_vhost(get_str(item, "name"))
+        for item in _items(body, "permissions"):
+            vhost, user = get_str(item, "vhost"), get_str(item, "user")
+            if not access.vhost_exists(vhost) or access.user(user) is None:
+                raise bad_request(f"permissions for unknown vhost '{vhost}' or user '{user}'")
+            access.set_permissions(vhost, user, permissions_from_json(item))
+
+    def vhost_of(item: dict[str, Any]):
+        name = only_vhost if only_vhost is not None else get_str(item, "vhost")
+        if not access.vhost_exists(name):
+            raise bad_request(f"vhost '{name}' does not exist")
+        return broker.vhost(name)
+
+    try:
+        for item in _items(body, "exchanges"):
+            broker.declare_exchange(vhost_of(item), get_str(item, "name"), get_str(item, "type"),
+                                    durable=get_bool(item, "durable", True),
+                                    auto_delete=get_bool(item, "auto_delete", False),
+                                    internal=get_bool(item, "internal", False),
+                                    arguments=get_table(item, "arguments"))
+        for item in _items(body, "queues"):
+            broker.declare_queue(vhost_of(item), get_str(item, "name"), durable=get_bool(item, "durable", True),
+                                 auto_delete=get_bool(item, "auto_delete", False),
+                                 arguments=get_table(item, "arguments"))
+        for item in _items(body, "bindings"):
+            vhost = vhost_of(item)
+            kind = get_str(item, "destination_type", "queue")
+            if kind not in ("queue", "exchange"):
+                raise bad_request("destination_type must be 'queue' or 'exchange'")
+            destination = (vhost.queue if kind == "queue" else vhost.exchange)(get_str(item, "destination"))
+            broker.bind(vhost, get_str(item, "source"), destination, get_str(item, "routing_key", ""),
+                        get_table(item, "arguments"))
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+
+
+@routes.post("/api/definitions")
+async def import_all(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    import_definitions(ctx(request), await _body(request))
+    return no_content()
+
+
+@routes.post("/api/definitions/{vhost}")
+async def import_vhost(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    import_definitions(ctx(request), await _body(request), auth.require_vhost(request))
+    return no_content()
+
+
+__all__ = ["routes", "export_all", "import_definitions"]

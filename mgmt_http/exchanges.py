@@ -1,0 +1,101 @@
+"""/api/exchanges: list, declare, delete, publish."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from amqp_server.auth import check_exchange_declare, check_permission
+from exchanges import Exchange
+
+from . import auth
+from .context import Context, ctx
+from .http import (bad_request, created_or_updated, exchange_param, get_bool, get_str, get_table,
+                   json_response, no_content, not_found, query_flag, read_json)
+from .listing import respond, respond_one
+from .messages import message_from_json
+
+routes = web.RouteTableDef()
+
+
+def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
+    return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
+            "auto_delete": exchange.auto_delete, "internal": exchange.internal,
+            "arguments": dict(exchange.arguments), "user_who_performed_action": "", "policy": None}
+
+
+def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    exchange = vhost.exchanges.get(exchange_param(request.match_info["name"]))
+    if exchange is None:
+        raise not_found()
+    return context, vhost.name, exchange
+
+
+@routes.get("/api/exchanges")
+async def list_all(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = [exchange_info(name, exchange) for name in auth.visible_vhosts(request)
+             for exchange in list(context.vhost(name).exchanges.values())]
+    return respond(request, items)
+
+
+@routes.get("/api/exchanges/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    vhost = ctx(request).vhost(auth.require_vhost(request))
+    return respond(request, [exchange_info(vhost.name, e) for e in list(vhost.exchanges.values())])
+
+
+@routes.get("/api/exchanges/{vhost}/{name}")
+async def show(request: web.Request) -> web.Response:
+    _, vhost, exchange = find_exchange(request)
+    return respond_one(request, exchange_info(vhost, exchange))
+
+
+@routes.put("/api/exchanges/{vhost}/{name}")
+async def declare(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    name = exchange_param(request.match_info["name"])
+    body = await read_json(request)
+    type_name = get_str(body, "type")
+    durable = get_bool(body, "durable", True)
+    auto_delete = get_bool(body, "auto_delete", False)
+    internal = get_bool(body, "internal", False)
+    arguments = get_table(body, "arguments")
+    check_exchange_declare(auth.permissions(request, vhost.name), auth.login(request).name, vhost.name, name,
+                           arguments)
+    existed = name in vhost.exchanges
+    context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
+                                    internal=internal, arguments=arguments)
+    return created_or_updated(not existed)
+
+
+@routes.delete("/api/exchanges/{vhost}/{name}")
+async def delete(request: web.Request) -> web.Response:
+    context, vhost, exchange = find_exchange(request)
+    check_permission(auth.permissions(request, vhost), auth.login(request).name, vhost, "configure", "exchange",
+                     exchange.name)
+    context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_flag(request, "if-unused"))
+    return no_content()
+
+
+@routes.post("/api/exchanges/{vhost}/{name}/publish")
+async def publish(request: web.Request) -> web.Response:
+    """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``."""
+    context, vhost_name, exchange = find_exchange(request)
+    body = await read_json(request, required=True)
+    message = message_from_json(exchange.name, body)
+    user = auth.login(request).name
+    broker = context.broker
+    vhost = context.vhost(vhost_name)
+    check_permission(auth.permissions(request, vhost_name), user, vhost_name, "write", "exchange", exchange.name)
+    broker.check_publishable(vhost, exchange)
+    broker.check_message(message, user)
+    if message.body_size > context.config.max_message_size:
+        raise bad_request(f"message size {message.body_size} is larger than configured max size "
+                          f"{context.config.max_message_size}")
+    routed, _ = broker.publish(vhost, exchange, message)
+    broker.vhost_stats(vhost_name).publish += 1
+    return json_response({"routed": routed})

@@ -1,0 +1,157 @@
+"""HTTP helpers shared by the resources: RabbitMQ's error bodies, JSON in and out, path parameters."""
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from amqp_server import errors
+from amqp_server.errors import AMQPError
+
+DEFAULT_EXCHANGE_ALIAS = "amq.default"  # how RabbitMQ's API names the default exchange in paths
+
+
+def jsonable(value: Any) -> Any:
+    """AMQP table values (bytes, datetimes, decimals) as JSON values, as RabbitMQ renders them."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode()
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return int(value.timestamp())
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    return value
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, default=lambda v: jsonable(v) if not isinstance(v, (str, int, float)) else str(v))
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+def error_response(status: int, error: str, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response({"error": error, "reason": reason}, status, headers)
+
+
+class HTTPError(Exception):
+    """Raised by handlers; the error middleware turns it into RabbitMQ's ``{"error", "reason"}`` body."""
+
+    def __init__(self, status: int, error: str, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.headers = headers
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.error, self.reason, self.headers)
+
+
+def not_found(reason: str = "Not Found") -> HTTPError:
+    return HTTPError(404, "Object Not Found", reason)
+
+
+def bad_request(reason: str) -> HTTPError:
+    return HTTPError(400, "bad_request", reason)
+
+
+def forbidden(reason: str) -> HTTPError:
+    return HTTPError(403, "not_authorised", reason)
+
+
+def from_amqp(exc: AMQPError) -> HTTPError:
+    """A broker operation's AMQP error as RabbitMQ's management plugin reports it."""
+    if exc.code == errors.NOT_FOUND:
+        return HTTPError(404, "not_found", exc.text)
+    if exc.code == errors.ACCESS_REFUSED:
+        return HTTPError(403, "not_authorised", exc.text)
+    return HTTPError(400, "bad_request", exc.text)
+
+
+def no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+def created_or_updated(created: bool) -> web.Response:
+    return web.Response(status=201 if created else 204)
+
+
+async def read_json(request: web.Request, required: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}`` unless required; anything else is 400."""
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise bad_request("body is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"failed to decode JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    return body
+
+
+def get_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A JSON boolean (or "true"/"false", as RabbitMQ's own UI sends them)."""
+    value = body.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise bad_request(f"{key} must be a boolean")
+
+
+def get_str(body: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = body.get(key, default)
+    if value is None:
+        raise bad_request(f"{key} is required")
+    if not isinstance(value, str):
+        raise bad_request(f"{key} must be a string")
+    return value
+
+
+def get_int(body: dict[str, Any], key: str, default: int | None = None, minimum: int | None = None) -> int:
+    value = body.get(key, default)
+    if value is None:
+        raise bad_request(f"{key} is required")
+    if isinstance(value, bool):
+        raise bad_request(f"{key} must be an integer")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise bad_request(f"{key} must be an integer") from None
+    if minimum is not None and number < minimum:
+        raise bad_request(f"{key} must be at least {minimum}")
+    return number
+
+
+def get_table(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key) or {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{key} must be a JSON object")
+    return value
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "false").lower() in ("true", "1", "yes")
+
+
+def exchange_param(raw: str) -> str:
+    """``amq.default`` in a path means the default exchange ``""``."""
+    return "" if raw == DEFAULT_EXCHANGE_ALIAS else raw

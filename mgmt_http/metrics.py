@@ -1,0 +1,100 @@
+"""/metrics in Prometheus text format (no auth, as RabbitMQ's prometheus plugin): queue depths and rates,
+connections, channels, consumers, process memory, the message store's disk use, dead fraction and
+compactions."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from aiohttp import web
+
+from .context import ctx
+from .node_info import fd_used, rss_bytes
+
+routes = web.RouteTableDef()
+CONTENT_TYPE = "text/plain"  # ; version=0.0.4 is added as a charset-free parameter below
+RATE_KEYS = ("publish", "deliver_get", "ack", "redeliver")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str,
+               samples: Iterable[tuple[dict[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            if labels:
+                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                self.lines.append(f"{name}{{{rendered}}} {value}")
+            else:
+                self.lines.append(f"{name} {value}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(request: web.Request) -> str:
+    context = ctx(request)
+    broker = context.broker
+    sampler = context.sampler
+    queues = list(broker.all_queues())
+    labels = [{"vhost": q.vhost, "queue": q.name} for q in queues]
+    out = Exposition()
+    out.family("rabbitmq_queue_messages", "gauge", "Messages ready and unacknowledged",
+               ((lab, q.message_count + q.unacked) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_ready", "gauge", "Messages ready to be delivered",
+               ((lab, q.message_count) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_unacked", "gauge", "Messages delivered and not yet acknowledged",
+               ((lab, q.unacked) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_ready_bytes", "gauge", "Bytes of ready message bodies",
+               ((lab, q.ready_bytes) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_consumers", "gauge", "Consumers on the queue",
+               ((lab, len(q.consumers)) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_published_total", "counter", "Messages published to the queue",
+               ((lab, q.stats.publish) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_delivered_total", "counter", "Messages delivered or got from the queue",
+               ((lab, q.stats.as_dict()["deliver_get"]) for lab, q in zip(labels, queues)))
+    out.family("rabbitmq_queue_messages_acked_total", "counter", "Messages acknowledged",
+               ((lab, q.stats.ack) for lab, q in zip(labels, queues)))
+    for key in RATE_KEYS:
+        out.family(f"warren_queue_{key}_rate", "gauge", f"{key} messages per second over the last sample interval",
+                   ((lab, sampler.rates(q).get(key, 0.0)) for lab, q in zip(labels, queues)))
+    connections = [c for c in list(broker.connections) if c.user is not None]
+    out.family("rabbitmq_connections", "gauge", "Open AMQP connections", [({}, len(connections))])
+    out.family("rabbitmq_channels", "gauge", "Open AMQP channels",
+               [({}, sum(len(c.channels) for c in connections))])
+    out.family("rabbitmq_consumers", "gauge", "Consumers", [({}, sum(len(q.consumers) for q in queues))])
+    out.family("rabbitmq_queues", "gauge", "Queues", [({}, len(queues))])
+    out.family("rabbitmq_process_resident_memory_bytes", "gauge", "Resident memory of the node process",
+               [({}, rss_bytes())])
+    out.family("rabbitmq_resident_memory_limit_bytes", "gauge", "Memory high watermark",
+               [({}, context.config.memory_limit)])
+    out.family("rabbitmq_alarms_memory_used_watermark", "gauge", "1 while the memory alarm blocks publishers",
+               [({}, int(broker.blocked))])
+    out.family("rabbitmq_process_open_fds", "gauge", "Open file descriptors", [({}, fd_used())])
+    stats = broker.persistence.store.stats()
+    out.family("warren_message_store_messages", "gauge", "Messages in the persistent message store",
+               [({}, stats.messages)])
+    out.family("warren_message_store_segments", "gauge", "Segment files of the message store",
+               [({}, stats.segments)])
+    out.family("warren_message_store_disk_bytes", "gauge", "Bytes the message store's segments use on disk",
+               [({}, stats.disk_bytes)])
+    out.family("warren_message_store_dead_bytes", "gauge", "Bytes of removed messages not yet compacted away",
+               [({}, stats.dead_bytes)])
+    out.family("warren_message_store_dead_fraction", "gauge", "Dead bytes / disk bytes",
+               [({}, round(stats.dead_fraction, 6))])
+    out.family("warren_message_store_compactions_total", "counter", "Segment compactions run",
+               [({}, stats.compactions)])
+    return out.text()
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    response = web.Response(text=render(request), content_type=CONTENT_TYPE)
+    response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+    return response

@@ -1,0 +1,148 @@
+"""/api/overview, /api/nodes, /api/aliveness-test, /api/healthchecks/node, and empty lists for
+features Warren doesn't have (policies, parameters, extensions) so RabbitMQ tools keep working."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+from pamqp import commands
+
+from amqp_server import __version__
+from amqp_server.auth import check_permission
+from amqp_server.message import make_message
+from exchanges import EXCHANGE_TYPES
+
+from . import auth
+from .connections import visible_connections
+from .context import Context, ctx
+from .definitions import RABBIT_VERSION
+from .http import json_response, not_found
+from .listing import respond
+from .node_info import disk_free, fd_total, fd_used, rss_bytes
+from .rates import depth_fields, message_stats, queue_depths, sum_stats
+
+routes = web.RouteTableDef()
+DISK_FREE_LIMIT = 50_000_000
+ALIVENESS_QUEUE = "aliveness-test"
+
+
+def exchange_types() -> list[dict[str, Any]]:
+    return [{"name": name, "description": f"AMQP {name} exchange", "enabled": True} for name in sorted(EXCHANGE_TYPES)]
+
+
+def listeners(context: Context) -> list[dict[str, Any]]:
+    config = context.config
+    return [{"node": context.node, "protocol": "amqp", "ip_address": config.bind, "port": config.amqp_port,
+             "socket_opts": []}]
+
+
+def http_contexts(context: Context) -> list[dict[str, Any]]:
+    return [{"node": context.node, "description": "RabbitMQ Management", "path": "/",
+             "port": str(context.config.mgmt_port), "ip": context.config.bind}]
+
+
+def node_info(context: Context) -> dict[str, Any]:
+    config = context.config
+    broker = context.broker
+    return {
+        "name": context.node, "type": "disc", "running": True, "being_drained": False,
+        "mem_used": rss_bytes(), "mem_limit": config.memory_limit, "mem_alarm": broker.blocked,
+        "disk_free": disk_free(config.data_dir), "disk_free_limit": DISK_FREE_LIMIT,
+        "disk_free_alarm": False, "fd_used": fd_used(), "fd_total": fd_total(),
+        "sockets_used": len(broker.connections), "sockets_total": fd_total(),
+        "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,
+        "uptime": int((time.time() - context.started) * 1000), "os_pid": str(os.getpid()),
+        "partitions": [], "net_ticktime": 60, "rates_mode": "basic", "db_dir": config.data_dir,
+        "exchange_types": exchange_types(), "auth_mechanisms": [
+            {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
+            {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True}],
+        "applications": [{"name": "warren", "description": "Warren AMQP broker", "version": __version__}],
+        "enabled_plugins": ["rabbitmq_management"], "contexts": http_contexts(context),
+        "config_files": [], "log_files": [], "cluster_links": [],
+    }
+
+
+@routes.get("/api/overview")
+async def overview(request: web.Request) -> web.Response:
+    context = ctx(request)
+    broker = context.broker
+    user = auth.login(request)
+    names = auth.visible_vhosts(request)
+    vhosts = [context.vhost(name) for name in names]
+    queues = [q for vhost in vhosts for q in list(vhost.queues.values())]
+    rates = context.sampler.node_rates() if user.is_monitor else {}
+    channels = sum(len(c.channels) for c in visible_connections(request))
+    body = {
+        "management_version": RABBIT_VERSION, "rates_mode": "basic", "exchange_types": exchange_types(),
+        "product_version": __version__, "product_name": "Warren", "rabbitmq_version": RABBIT_VERSION,
+        "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
+        "disable_stats": False, "enable_queue_totals": True,
+        "message_stats": message_stats(sum_stats(broker.vhost_stats(n) for n in names), rates),
+        "churn_rates": {},
+        "queue_totals": depth_fields(queue_depths(queues), rates),
+        "object_totals": {"connections": len(visible_connections(request)), "channels": channels,
+                          "exchanges": sum(len(v.exchanges) for v in vhosts), "queues": len(queues),
+                          "consumers": sum(len(q.consumers) for q in queues)},
+        "statistics_db_event_queue": 0, "node": context.node,
+        "listeners": listeners(context), "contexts": http_contexts(context),
+    }
+    return json_response(body)
+
+
+@routes.get("/api/nodes")
+async def nodes(request: web.Request) -> web.Response:
+    auth.require_monitor(request)
+    return respond(request, [node_info(ctx(request))], ("name",))
+
+
+@routes.get("/api/nodes/{name}")
+async def node(request: web.Request) -> web.Response:
+    auth.require_monitor(request)
+    context = ctx(request)
+    if request.match_info["name"] != context.node:
+        raise not_found()
+    return json_response(node_info(context))
+
+
+@routes.get("/api/aliveness-test/{vhost}")
+async def aliveness(request: web.Request) -> web.Response:
+    """Declare ``aliveness-test``, publish to it and get the message back, as RabbitMQ does."""
+    context = ctx(request)
+    broker = context.broker
+    vhost = context.vhost(auth.require_vhost(request))
+    permissions, user = auth.permissions(request, vhost.name), auth.login(request).name
+    for kind in ("configure", "write", "read"):
+        check_permission(permissions, user, vhost.name, kind, "queue", ALIVENESS_QUEUE)
+    broker.declare_queue(vhost, ALIVENESS_QUEUE, durable=False)
+    message = make_message("", ALIVENESS_QUEUE, commands.Basic.Properties(), b"test_message")
+    broker.publish(vhost, vhost.exchange(""), message)
+    _, entry = broker.basic_get(vhost, ALIVENESS_QUEUE, no_ack=True)
+    if entry is None or entry.message.body != b"test_message":
+        return json_response({"status": "failed", "reason": "message not received"}, 503)
+    return json_response({"status": "ok"})
+
+
+@routes.get("/api/healthchecks/node")
+@routes.get("/api/healthchecks/node/{node}")
+@routes.get("/api/health/checks/alarms")
+async def healthcheck(request: web.Request) -> web.Response:
+    if ctx(request).broker.blocked:
+        return json_response({"status": "failed", "reason": "resource alarm in effect"}, 503)
+    return json_response({"status": "ok"})
+
+
+@routes.get("/api/extensions")
+@routes.get("/api/policies")
+@routes.get("/api/policies/{vhost}")
+@routes.get("/api/parameters")
+@routes.get("/api/global-parameters")
+@routes.get("/api/operator-policies")
+async def empty_list(request: web.Request) -> web.Response:
+    return json_response([])
+
+
+@routes.get("/api/cluster-name")
+async def cluster_name(request: web.Request) -> web.Response:
+    return json_response({"name": ctx(request).node})

@@ -1,0 +1,189 @@
+"""/api/queues: list, declare, delete, purge, get; Warren's peek and move."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from amqp_server.auth import check_permission
+from amqp_server.queue import Queue
+
+from . import auth
+from .context import Context, ctx
+from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
+                   no_content, not_found, query_flag, read_json)
+from .listing import respond, respond_one
+from .messages import entry_to_json
+from .rates import depth_fields, message_stats, queue_depths
+
+routes = web.RouteTableDef()
+
+ACK_MODES = {  # ackmode -> (requeue, reject)
+    "ack_requeue_true": (True, False),
+    "reject_requeue_true": (True, True),
+    "ack_requeue_false": (False, False),
+    "reject_requeue_false": (False, True),
+}
+ENCODINGS = ("auto", "base64")
+
+
+def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
+    rates = context.sampler.rates(queue)
+    info: dict[str, Any] = {
+        "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
+        "type": "classic", "state": "running", "policy": None, "effective_policy_definition": {},
+        "consumers": len(queue.consumers), "consumer_utilisation": None,
+        "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
+        "message_bytes_ready": queue.ready_bytes,
+        "message_stats": message_stats(queue.stats, rates),
+    }
+    info.update(depth_fields(queue_depths((queue,)), rates))
+    if queue.exclusive_owner is not None:
+        owner = queue.exclusive_owner
+        info["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0], "peer_port": owner.peer[1]}
+    return info
+
+
+def find_queue(request: web.Request) -> tuple[Context, Queue]:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    queue = vhost.queues.get(request.match_info["name"])
+    if queue is None:
+        raise not_found()
+    return context, queue
+
+
+def _check(request: web.Request, vhost: str, kind: str, name: str) -> None:
+    check_permission(auth.permissions(request, vhost), auth.login(request).name, vhost, kind, "queue", name)
+
+
+@routes.get("/api/queues")
+async def list_all(request: web.Request) -> web.Response:
+    context = ctx(request)
+    items = [queue_info(context, queue) for name in auth.visible_vhosts(request)
+             for queue in list(context.vhost(name).queues.values())]
+    return respond(request, items)
+
+
+@routes.get("/api/queues/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    return respond(request, [queue_info(context, queue) for queue in list(vhost.queues.values())])
+
+
+@routes.get("/api/queues/{vhost}/{name}")
+async def show(request: web.Request) -> web.Response:
+    context, queue = find_queue(request)
+    return respond_one(request, queue_info(context, queue))
+
+
+@routes.put("/api/queues/{vhost}/{name}")
+async def declare(request: web.Request) -> web.Response:
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    name = request.match_info["name"]
+    body = await read_json(request)
+    durable = get_bool(body, "durable", True)
+    auto_delete = get_bool(body, "auto_delete", False)
+    arguments = get_table(body, "arguments")
+    if not name:
+        raise bad_request("queue name must not be empty")
+    _check(request, vhost.name, "configure", name)
+    existed = name in vhost.queues
+    context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
+    return created_or_updated(not existed)
+
+
+@routes.delete("/api/queues/{vhost}/{name}")
+async def delete(request: web.Request) -> web.Response:
+    context, queue = find_queue(request)
+    _check(request, queue.vhost, "configure", queue.name)
+    context.broker.delete_queue(context.vhost(queue.vhost), queue.name, if_unused=query_flag(request, "if-unused"),
+                                if_empty=query_flag(request, "if-empty"))
+    return no_content()
+
+
+@routes.delete("/api/queues/{vhost}/{name}/contents")
+async def purge(request: web.Request) -> web.Response:
+    context, queue = find_queue(request)
+    _check(request, queue.vhost, "read", queue.name)
+    context.broker.purge_queue(context.vhost(queue.vhost), queue.name)
+    return no_content()
+
+
+def _encoding_and_truncate(body: dict[str, Any], default_encoding: str | None) -> tuple[str, int | None]:
+    encoding = get_str(body, "encoding", default_encoding)
+    if encoding not in ENCODINGS:
+        raise bad_request(f"encoding must be one of {', '.join(ENCODINGS)}")
+    truncate = body.get("truncate")
+    if truncate in (None, ""):
+        return encoding, None
+    return encoding, get_int(body, "truncate", minimum=0)
+
+
+@routes.post("/api/queues/{vhost}/{name}/get")
+async def get(request: web.Request) -> web.Response:
+    """RabbitMQ's "get messages": basic.get ``count`` times, then ack, reject or requeue them all."""
+    context, queue = find_queue(request)
+    body = await read_json(request, required=True)
+    count = get_int(body, "count", minimum=0)
+    ackmode = get_str(body, "ackmode")
+    if ackmode not in ACK_MODES:
+        raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
+    encoding, truncate = _encoding_and_truncate(body, None)
+    requeue, reject = ACK_MODES[ackmode]
+    _check(request, queue.vhost, "read", queue.name)
+    broker = context.broker
+    vhost = context.vhost(queue.vhost)
+    no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
+    result, taken = [], []
+    for _ in range(count):
+        _, entry = broker.basic_get(vhost, queue.name, no_ack=no_ack)
+        if entry is None:
+            break
+        taken.append(entry)
+        item = entry_to_json(entry, encoding, truncate)
+        item["message_count"] = queue.message_count
+        result.append(item)
+    if taken and not no_ack:
+        broker.settle(queue, taken, requeue, reject)
+    return json_response(result)
+
+
+@routes.get("/api/queues/{vhost}/{name}/peek")
+async def peek(request: web.Request) -> web.Response:
+    """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were."""
+    context, queue = find_queue(request)
+    query = dict(request.query)
+    offset = get_int(query, "offset", 0, minimum=0)
+    count = get_int(query, "count", 10, minimum=0)
+    encoding, truncate = _encoding_and_truncate(query, "auto")
+    _check(request, queue.vhost, "read", queue.name)
+    items = []
+    for position, entry in enumerate(queue.peek(offset, count), start=offset):
+        item = entry_to_json(entry, encoding, truncate)
+        item["position"] = position
+        items.append(item)
+    return json_response(items)
+
+
+@routes.post("/api/queues/{vhost}/{name}/move")
+async def move(request: web.Request) -> web.Response:
+    """Warren: move ready messages (all, or ``count``) to the tail of ``destination`` in the same vhost."""
+    context, queue = find_queue(request)
+    body = await read_json(request, required=True)
+    destination_name = get_str(body, "destination")
+    count = get_int(body, "count", minimum=0) if body.get("count") is not None else None
+    vhost = context.vhost(queue.vhost)
+    destination = vhost.queues.get(destination_name)
+    if destination is None:
+        raise not_found(f"no queue '{destination_name}' in vhost '{vhost.name}'")
+    _check(request, vhost.name, "read", queue.name)
+    _check(request, vhost.name, "write", destination_name)
+    context.broker.check_exclusive(queue, None)
+    context.broker.check_exclusive(destination, None)
+    moved = context.broker.move_messages(queue, destination, count)
+    return json_response({"moved": moved, "source": queue.name, "destination": destination.name,
+                          "vhost": vhost.name})

@@ -1,0 +1,147 @@
+"""Message rates: a sampler reads the counters (amqp_server.stats) every few seconds and keeps the
+previous sample, so a rate is (now - then) / interval.  Queues' contents are never scanned: the
+depths sampled are counts the queues keep anyway.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any, Iterator
+
+from amqp_server.broker import Broker
+from amqp_server.stats import MessageStats
+
+DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
+
+
+def queue_depths(queues: Any) -> dict[str, int]:
+    ready = unacked = 0
+    for queue in queues:
+        ready += queue.message_count
+        unacked += queue.unacked
+    return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
+
+
+def sum_stats(stats: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for item in stats:
+        for key, value in item.as_dict().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+class _Series:
+    """Two samples of one object's counters; rates are their difference over time."""
+
+    __slots__ = ("at", "values", "rates")
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.values: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
+
+    def add(self, now: float, values: dict[str, int], previous_tick: float | None) -> None:
+        if not self.values and previous_tick is not None:
+            # new since the last tick: then, its counters were all zero
+            self.at, self.values = previous_tick, dict.fromkeys(values, 0)
+        if self.values and now > self.at:
+            elapsed = now - self.at
+            self.rates = {key: round((value - self.values.get(key, 0)) / elapsed, 1)
+                          for key, value in values.items()}
+        self.at = now
+        self.values = values
+
+
+class Sampler:
+    def __init__(self, broker: Broker, interval: float = DEFAULT_INTERVAL) -> None:
+        self.broker = broker
+        self.interval = interval
+        self._objects: "weakref.WeakKeyDictionary[Any, _Series]" = weakref.WeakKeyDictionary()
+        self._named: dict[str, _Series] = {}
+        self._task: asyncio.Task | None = None
+        self._last_tick: float | None = None
+
+    def _series(self, owner: Any) -> _Series:
+        series = self._objects.get(owner)
+        if series is None:
+            series = self._objects[owner] = _Series()
+        return series
+
+    def _named_series(self, name: str) -> _Series:
+        series = self._named.get(name)
+        if series is None:
+            series = self._named[name] = _Series()
+        return series
+
+    def _channels(self) -> Iterator[Any]:
+        for connection in list(self.broker.connections):
+            yield from list(connection.channels.values())
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        tick, self._last_tick = self._last_tick, now
+        broker = self.broker
+        for vhost in list(broker.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                values = queue.stats.as_dict()
+                values.update(queue_depths((queue,)))
+                self._series(queue).add(now, values, tick)
+            values = broker.vhost_stats(vhost.name).as_dict()
+            values.update(queue_depths(vhost.queues.values()))
+            self._named_series("vhost:" + vhost.name).add(now, values, tick)
+        for channel in self._channels():
+            self._series(channel).add(now, channel.stats.as_dict(), tick)
+        values = sum_stats(broker.vhost_stats(name) for name in broker.vhosts)
+        values.update(queue_depths(broker.all_queues()))
+        self._named_series("node").add(now, values, tick)
+
+    def rates(self, owner: Any) -> dict[str, float]:
+        series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
+        return series.rates if series is not None else {}
+
+    def vhost_rates(self, name: str) -> dict[str, float]:
+        return self.rates("vhost:" + name)
+
+    def node_rates(self) -> dict[str, float]:
+        return self.rates("node")
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats``: each counter plus ``<counter>_details: {rate}``."""
+    values = counters.as_dict() if isinstance(counters, MessageStats) else counters
+    result: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in DEPTH_KEYS:
+            continue
+        result[key] = value
+        result[key + "_details"] = {"rate": rates.get(key, 0.0)}
+    return result
+
+
+DEPTH_KEYS = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+def depth_fields(depths: dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
+    """messages / messages_ready / messages_unacknowledged with their ``_details`` rates."""
+    result: dict[str, Any] = {}
+    for key in DEPTH_KEYS:
+        result[key] = depths[key]
+        result[key + "_details"] = {"rate": rates.get(key, 0.0)}
+    return result

@@ -1,0 +1,166 @@
+/* App shell: login, hash routing, the refresh tick and the overview history the charts draw. */
+"use strict";
+(function (W) {
+  const { h, api, replace } = W;
+  const HISTORY_MS = 10 * 60 * 1000;
+  const INTERVAL_KEY = "warren.refresh";
+  W.state = { overview: null, vhosts: null };
+  W.history = [];
+
+  const $ = (id) => document.getElementById(id);
+  const app = (W.app = { current: null, route: null, timer: null, ticking: false });
+
+  /* ---------- login ---------- */
+  function showLogin(message) {
+    stopTimer();
+    W.auth.clear();
+    $("app-view").hidden = true;
+    $("login-view").hidden = false;
+    W.clearBanners();
+    const err = $("login-error");
+    err.hidden = !message;
+    err.textContent = message || "";
+    $("login-username").focus();
+  }
+  W.onUnauthorized = (err) => showLogin(`Your session ended: ${err.reason || "not authorised"}. Please log in again.`);
+
+  $("login-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const user = $("login-username").value;
+    const password = $("login-password").value;
+    const submit = $("login-submit");
+    submit.disabled = true;
+    try {
+      const header = "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(`${user}:${password}`)));
+      const me = await api("GET", "whoami", undefined, { authHeader: header });
+      W.auth.set(user, password);
+      $("login-password").value = "";
+      await enter(me);
+    } catch (err) {
+      const e2 = $("login-error");
+      e2.hidden = false;
+      e2.textContent = err.status === 401 ? `Login failed: ${err.reason || "wrong username or password"}`
+        : err.status === 403 ? `${user} may not use the management UI: ${err.reason}` : (err.reason || err.message);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  $("logout").addEventListener("click", () => { W.history = []; showLogin(""); location.hash = "#/"; });
+
+  async function enter(me) {
+    me = me || await api("GET", "whoami");
+    $("current-user").textContent = me.name;
+    $("current-user").title = (me.tags || []).join(", ");
+    $("login-view").hidden = true;
+    $("app-view").hidden = false;
+    try {
+      W.state.overview = await api("GET", "overview");
+      pushHistory(W.state.overview);
+      await W.vhostNames();
+    } catch (err) {
+      W.showError(err, "Overview");
+    }
+    renderChrome();
+    await route();
+    startTimer();
+  }
+
+  function renderChrome() {
+    const ov = W.state.overview || {};
+    $("node-name").textContent = ov.node || "";
+    replace($("footer"), `${ov.product_name || "Warren"} ${ov.product_version || ""}`,
+      ov.rabbitmq_version ? ` · RabbitMQ ${ov.rabbitmq_version} compatible management API` : "");
+  }
+
+  /* ---------- history for the charts ---------- */
+  function pushHistory(ov) {
+    const ms = ov.message_stats || {};
+    const qt = ov.queue_totals || {};
+    const r = (k) => (ms[`${k}_details`] || {}).rate || 0;
+    const now = Date.now();
+    W.history.push({ t: now, v: {
+      publish: r("publish"), deliver: r("deliver_get"), ack: r("ack"), redeliver: r("redeliver"),
+      ready: qt.messages_ready || 0, unacked: qt.messages_unacknowledged || 0, total: qt.messages || 0 } });
+    while (W.history.length && W.history[0].t < now - HISTORY_MS) W.history.shift();
+  }
+
+  /* ---------- routing ---------- */
+  function parseHash() {
+    const parts = (location.hash.replace(/^#\/?/, "") || "").split("/").filter((p, i) => p !== "" || i > 0).map(decodeURIComponent);
+    return parts;
+  }
+  async function route() {
+    const parts = parseHash();
+    const [tab] = parts;
+    let page, active;
+    try {
+      if (!tab) { page = W.pages.overview(); active = "overview"; }
+      else if (tab === "connections") { page = W.pages.connections(); active = tab; }
+      else if (tab === "channels") { page = W.pages.channels(); active = tab; }
+      else if (tab === "exchanges" && parts.length >= 3) { page = W.pages.exchange(parts[1], parts.slice(2).join("/")); active = tab; }
+      else if (tab === "exchanges") { page = W.pages.exchanges(); active = tab; }
+      else if (tab === "queues" && parts.length >= 3) { page = W.pages.queue(parts[1], parts.slice(2).join("/")); active = tab; }
+      else if (tab === "queues") { page = W.pages.queues(); active = tab; }
+      else if (tab === "admin") { page = W.pages.admin(parts[1]); active = tab; }
+      else { page = { el: h("div.panel", h("div.empty", "No such page. ", h("a", { href: "#/" }, "Go to the overview"))) }; }
+    } catch (err) {
+      W.showError(err);
+      return;
+    }
+    document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.tab === active));
+    document.title = `${active ? active[0].toUpperCase() + active.slice(1) : "Not found"} · Warren`;
+    app.current = page;
+    W.clearBanners();
+    replace($("main"), page.el);
+    window.scrollTo(0, 0);
+    await refreshPage(page, true);
+  }
+  async function refreshPage(page, first) {
+    if (!page.refresh) return;
+    try {
+      await page.refresh();
+      if (page.failed) { document.querySelectorAll(".banner-error[data-refresh]").forEach((b) => b.remove()); page.failed = false; }
+    } catch (err) {
+      if (err.status === 401) return;
+      if (first || !page.failed) {
+        const b = W.showError(err, err.status === 404 ? "Not found" : "Refresh");
+        b.dataset.refresh = "1";
+      }
+      page.failed = true;
+    }
+  }
+  window.addEventListener("hashchange", () => { if (W.auth.header()) route(); });
+
+  /* ---------- refresh tick ---------- */
+  function interval() { return Number(sessionStorage.getItem(INTERVAL_KEY) || 5000); }
+  function stopTimer() { if (app.timer) clearInterval(app.timer); app.timer = null; }
+  function startTimer() {
+    stopTimer();
+    const ms = interval();
+    if (ms > 0) app.timer = setInterval(tick, ms);
+  }
+  async function tick() {
+    if (app.ticking || document.hidden || !W.auth.header()) return;
+    app.ticking = true;
+    try {
+      try {
+        W.state.overview = await api("GET", "overview");
+        pushHistory(W.state.overview);
+        renderChrome();
+      } catch (err) {
+        if (err.status !== 401 && !document.querySelector(".banner-error")) W.showError(err, "Overview");
+      }
+      if (app.current && W.auth.header()) await refreshPage(app.current, false);
+    } finally {
+      app.ticking = false;
+    }
+  }
+  W.tick = tick;
+  const sel = $("refresh-interval");
+  sel.value = String(interval());
+  sel.addEventListener("change", () => { sessionStorage.setItem(INTERVAL_KEY, sel.value); startTimer(); });
+
+  /* ---------- start ---------- */
+  if (W.auth.header()) enter().catch((err) => showLogin(err.status === 401 ? "" : (err.reason || err.message)));
+  else showLogin("");
+})(window.W);

@@ -1,0 +1,114 @@
+"""/api/users and /api/whoami."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from amqp_server.auth import User, hash_password
+
+from . import auth
+from .context import ctx
+from .http import bad_request, created_or_updated, get_str, json_response, no_content, not_found, read_json
+from .listing import respond, respond_one
+from .permissions import permission_info
+
+routes = web.RouteTableDef()
+HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+
+
+def user_info(user: User) -> dict[str, Any]:
+    return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": HASHING_ALGORITHM,
+            "tags": list(user.tags), "limits": {}}
+
+
+def parse_tags(value: Any) -> list[str]:
+    """Tags as a list or RabbitMQ's comma-separated string."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [tag.strip() for tag in value.split(",") if tag.strip()]
+    if isinstance(value, list) and all(isinstance(tag, str) for tag in value):
+        return [tag.strip() for tag in value if tag.strip()]
+    raise bad_request("tags must be a string or a list of strings")
+
+
+def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> User:
+    """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``), and ``tags``."""
+    if "password" in body and body["password"] is not None:
+        password_hash = hash_password(get_str(body, "password"))
+    elif "password_hash" in body and body["password_hash"] is not None:
+        password_hash = get_str(body, "password_hash")
+        algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
+        if algorithm != HASHING_ALGORITHM:
+            raise bad_request(f"unsupported hashing_algorithm '{algorithm}'; only {HASHING_ALGORITHM}")
+    elif existing is not None:
+        password_hash = existing.password_hash
+    else:
+        raise bad_request("password or password_hash must be set")
+    tags = parse_tags(body["tags"]) if "tags" in body else (existing.tags if existing else [])
+    return User(name, password_hash, tags)
+
+
+@routes.get("/api/whoami")
+async def whoami(request: web.Request) -> web.Response:
+    login = auth.login(request)
+    return json_response({"name": login.name, "tags": list(login.tags)})
+
+
+@routes.get("/api/users")
+async def list_users(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    return respond(request, [user_info(u) for u in ctx(request).broker.access.users()], ("name",))
+
+
+@routes.get("/api/users/{name}")
+async def show(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    user = ctx(request).broker.access.user(request.match_info["name"])
+    if user is None:
+        raise not_found()
+    return respond_one(request, user_info(user))
+
+
+@routes.put("/api/users/{name}")
+async def put(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    access = ctx(request).broker.access
+    name = request.match_info["name"]
+    if not name:
+        raise bad_request("user name must not be empty")
+    existing = access.user(name)
+    access.put_user(user_from_json(name, await read_json(request), existing))
+    return created_or_updated(existing is None)
+
+
+@routes.delete("/api/users/{name}")
+async def delete(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    if not ctx(request).broker.access.delete_user(request.match_info["name"]):
+        raise not_found()
+    return no_content()
+
+
+@routes.post("/api/users/bulk-delete")
+async def bulk_delete(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    names = (await read_json(request, required=True)).get("users")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad_request("users must be a list of user names")
+    for name in names:
+        ctx(request).broker.access.delete_user(name)
+    return no_content()
+
+
+@routes.get("/api/users/{name}/permissions")
+async def user_permissions(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    access = ctx(request).broker.access
+    name = request.match_info["name"]
+    if access.user(name) is None:
+        raise not_found()
+    items = [permission_info(vhost, name, perms) for vhost in access.vhosts()
+             if (perms := access.permissions(vhost, name)) is not None]
+    return respond(request, items, ("vhost",))

@@ -1,0 +1,613 @@
+"""The management HTTP API against a real node: RabbitMQ 3.10's paths, codes and shapes, plus Warren's
+peek, move and /metrics.  HTTP through urllib (stdlib), AMQP state through pika."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+GUEST = ("guest", "guest")
+
+
+class Response:
+    def __init__(self, status: int, headers: Any, raw: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.raw = raw
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw) if self.raw else None
+
+
+def call(broker, method: str, path: str, body: Any = None, auth: tuple[str, str] | None = GUEST,
+         raw: bytes | None = None) -> Response:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.mgmt_port}{path}", data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return Response(response.status, response.headers, response.read())
+    except urllib.error.HTTPError as exc:
+        return Response(exc.code, exc.headers, exc.read())
+
+
+def q(name: str) -> str:
+    return quote(name, safe="")
+
+
+def assert_error(response: Response, status: int) -> dict:
+    assert response.status == status, (response.status, response.raw)
+    body = response.json
+    assert set(body) == {"error", "reason"} and body["reason"], body
+    return body
+
+
+def amqp(broker, vhost: str = "/", user: tuple[str, str] = GUEST) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.port, vhost, pika.PlainCredentials(*user),
+        client_properties={"connection_name": "mgmt-test"}))
+
+
+def make_user(broker, name: str, tags: str, vhost: str | None = "/", password: str = "pw") -> tuple[str, str]:
+    assert call(broker, "PUT", f"/api/users/{q(name)}", {"password": password, "tags": tags}).status == 201
+    if vhost is not None:
+        assert call(broker, "PUT", f"/api/permissions/{q(vhost)}/{q(name)}",
+                    {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+    return name, password
+
+
+def publish(broker, queue: str, payload: str, vhost: str = "/", **properties: Any) -> dict:
+    response = call(broker, "POST", f"/api/exchanges/{q(vhost)}/amq.default/publish",
+                    {"properties": properties, "routing_key": queue, "payload": payload,
+                     "payload_encoding": "string"})
+    assert response.status == 200, response.raw
+    return response.json
+
+
+def get(broker, queue: str, count: int = 1, ackmode: str = "ack_requeue_false", vhost: str = "/",
+        **extra: Any) -> list[dict]:
+    response = call(broker, "POST", f"/api/queues/{q(vhost)}/{q(queue)}/get",
+                    {"count": count, "ackmode": ackmode, "encoding": "auto", **extra})
+    assert response.status == 200, response.raw
+    return response.json
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+def test_unauthenticated_and_bad_credentials_get_401(broker):
+    response = call(broker, "GET", "/api/overview", auth=None)
+    assert_error(response, 401)
+    assert response.headers["WWW-Authenticate"].startswith("Basic")
+    assert_error(call(broker, "GET", "/api/overview", auth=("guest", "wrong")), 401)
+    assert_error(call(broker, "GET", "/api/overview", auth=("nobody-at-all", "x")), 401)
+    assert_error(call(broker, "GET", "/api/overview", raw=None, auth=None), 401)
+
+
+def test_tags_decide_what_a_user_may_do(broker, uid):
+    plain = make_user(broker, f"plain-{uid}", "")
+    assert assert_error(call(broker, "GET", "/api/overview", auth=plain), 403)["reason"] == "Not management user"
+    mgmt = make_user(broker, f"mgmt-{uid}", "management")
+    assert call(broker, "GET", "/api/overview", auth=mgmt).status == 200
+    assert call(broker, "GET", "/api/whoami", auth=mgmt).json == {"name": mgmt[0], "tags": ["management"]}
+    for path in ("/api/users", "/api/permissions", "/api/definitions", f"/api/users/{q(mgmt[0])}"):
+        assert assert_error(call(broker, "GET", path, auth=mgmt), 403)["error"] == "not_authorised"
+    assert_error(call(broker, "PUT", f"/api/vhosts/{q('v-' + uid)}", auth=mgmt), 403)
+    assert_error(call(broker, "GET", "/api/nodes", auth=mgmt), 403)
+    monitor = make_user(broker, f"mon-{uid}", "monitoring", vhost=None)
+    assert call(broker, "GET", "/api/nodes", auth=monitor).status == 200
+    assert_error(call(broker, "GET", "/api/users", auth=monitor), 403)
+    # tags as a list, as 3.10 exports them
+    assert call(broker, "PUT", f"/api/users/{q(mgmt[0])}", {"tags": ["management", "policymaker"]}).status == 204
+    assert call(broker, "GET", f"/api/users/{q(mgmt[0])}").json["tags"] == ["management", "policymaker"]
+    assert call(broker, "GET", "/api/whoami", auth=mgmt).status == 200  # password kept
+
+
+def test_users_see_only_vhosts_they_have_permissions_on(broker, uid):
+    vhost = f"vis-{uid}"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    user = make_user(broker, f"vis-{uid}", "management", vhost=vhost)
+    names = [v["name"] for v in call(broker, "GET", "/api/vhosts", auth=user).json]
+    assert names == [vhost]
+    assert call(broker, "GET", "/api/queues/%2F", auth=user).status == 403
+    assert call(broker, "PUT", f"/api/queues/{q(vhost)}/mine", {"durable": False}, auth=user).status == 201
+    assert call(broker, "PUT", "/api/queues/%2F/theirs", {}, auth=user).status == 403
+    visible = {item["vhost"] for item in call(broker, "GET", "/api/queues", auth=user).json}
+    assert visible == {vhost}
+    # the admin sees every vhost
+    assert {"/", vhost} <= {v["name"] for v in call(broker, "GET", "/api/vhosts").json}
+    # permissions narrower than .* are AMQP's: configure on the queue name
+    assert call(broker, "PUT", f"/api/permissions/{q(vhost)}/{q(user[0])}",
+                {"configure": "^only-", "write": ".*", "read": ".*"}).status == 204
+    refused = assert_error(call(broker, "PUT", f"/api/queues/{q(vhost)}/other", {}, auth=user), 403)
+    assert "ACCESS_REFUSED" in refused["reason"]
+    assert call(broker, "PUT", f"/api/queues/{q(vhost)}/only-this", {}, auth=user).status == 201
+    assert call(broker, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
+# -- overview, nodes, health -------------------------------------------------------------------
+
+
+def test_overview_nodes_and_health(broker):
+    overview = call(broker, "GET", "/api/overview").json
+    for key in ("management_version", "rabbitmq_version", "node", "listeners", "exchange_types", "message_stats",
+                "queue_totals", "object_totals"):
+        assert key in overview, key
+    assert {"messages", "messages_ready", "messages_unacknowledged"} <= set(overview["queue_totals"])
+    assert {"connections", "channels", "exchanges", "queues", "consumers"} <= set(overview["object_totals"])
+    assert overview["listeners"][0]["port"] == broker.port
+    nodes = call(broker, "GET", "/api/nodes").json
+    assert len(nodes) == 1 and nodes[0]["name"] == overview["node"] and nodes[0]["running"] is True
+    for key in ("mem_used", "mem_limit", "disk_free", "fd_used", "uptime", "type"):
+        assert key in nodes[0]
+    assert call(broker, "GET", f"/api/nodes/{q(overview['node'])}").json["name"] == overview["node"]
+    assert_error(call(broker, "GET", "/api/nodes/rabbit@elsewhere"), 404)
+    assert call(broker, "GET", "/api/aliveness-test/%2F").json == {"status": "ok"}
+    assert_error(call(broker, "GET", "/api/aliveness-test/no-such-vhost"), 404)
+    assert call(broker, "GET", "/api/healthchecks/node").json == {"status": "ok"}
+
+
+# -- vhosts, users, permissions ----------------------------------------------------------------
+
+
+def test_vhost_user_permission_lifecycle(broker, uid):
+    vhost, user = f"life-{uid}", f"life-{uid}"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}", {"description": "x"}).status == 204
+    info = call(broker, "GET", f"/api/vhosts/{q(vhost)}").json
+    assert info["name"] == vhost and info["messages"] == 0 and "message_stats" in info
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": "s3cret", "tags": "management"}).status == 201
+    shown = call(broker, "GET", f"/api/users/{q(user)}").json
+    assert set(shown) >= {"name", "password_hash", "hashing_algorithm", "tags"}
+    assert shown["hashing_algorithm"] == "rabbit_password_hashing_sha256"
+    perms = {"configure": "^a", "write": "^b", "read": "^c"}
+    path = f"/api/permissions/{q(vhost)}/{q(user)}"
+    assert_error(call(broker, "GET", path), 404)
+    assert call(broker, "PUT", path, perms).status == 201
+    assert call(broker, "PUT", path, perms).status == 204
+    assert call(broker, "GET", path).json == {"user": user, "vhost": vhost, **perms}
+    in_vhost = call(broker, "GET", f"/api/vhosts/{q(vhost)}/permissions").json
+    assert {p["user"] for p in in_vhost} == {user, "guest"}  # the vhost's creator got full permissions
+    assert [p for p in in_vhost if p["user"] == user] == [{"user": user, "vhost": vhost, **perms}]
+    assert call(broker, "GET", f"/api/users/{q(user)}/permissions").json == [{"user": user, "vhost": vhost, **perms}]
+    assert any(p["user"] == user for p in call(broker, "GET", "/api/permissions").json)
+    assert_error(call(broker, "PUT", path, {"configure": "(", "write": "", "read": ""}), 400)
+    # login over AMQP with the new user works on the new vhost
+    connection = amqp(broker, vhost, (user, "s3cret"))
+    connection.close()
+    # password_hash from an export is accepted as is
+    hashed = shown["password_hash"]
+    assert call(broker, "PUT", f"/api/users/{q(user)}-2", {"password_hash": hashed, "tags": ""}).status == 201
+    assert call(broker, "GET", f"/api/users/{q(user)}-2").json["password_hash"] == hashed
+    assert_error(call(broker, "PUT", f"/api/users/{q(user)}-3", {"tags": "management"}), 400)
+    assert call(broker, "DELETE", path).status == 204
+    assert_error(call(broker, "DELETE", path), 404)
+    assert call(broker, "DELETE", f"/api/users/{q(user)}").status == 204
+    assert_error(call(broker, "GET", f"/api/users/{q(user)}"), 404)
+    assert call(broker, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+    assert_error(call(broker, "GET", f"/api/vhosts/{q(vhost)}"), 404)
+    assert_error(call(broker, "DELETE", f"/api/vhosts/{q(vhost)}"), 404)
+
+
+# -- exchanges ---------------------------------------------------------------------------------
+
+
+def test_exchange_declare_show_delete(broker, uid):
+    path = f"/api/exchanges/%2F/{q(uid)}"
+    assert call(broker, "PUT", path, {"type": "topic", "durable": False}).status == 201
+    assert call(broker, "PUT", path, {"type": "topic", "durable": False}).status == 204
+    mismatch = assert_error(call(broker, "PUT", path, {"type": "fanout", "durable": False}), 400)
+    assert "inequivalent arg 'type'" in mismatch["reason"]
+    shown = call(broker, "GET", path).json
+    assert {k: shown[k] for k in ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments")} == {
+        "name": uid, "vhost": "/", "type": "topic", "durable": False, "auto_delete": False, "internal": False,
+        "arguments": {}}
+    assert uid in [e["name"] for e in call(broker, "GET", "/api/exchanges/%2F").json]
+    assert "" in [e["name"] for e in call(broker, "GET", "/api/exchanges").json]
+    assert call(broker, "GET", "/api/exchanges/%2F/amq.default").json["name"] == ""
+    assert call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {}).status == 201
+    assert call(broker, "POST", f"/api/bindings/%2F/e/{q(uid)}/q/{q(uid)}", {"routing_key": "a.#"}).status == 201
+    assert_error(call(broker, "DELETE", path + "?if-unused=true"), 400)
+    assert call(broker, "DELETE", path).status == 204
+    assert_error(call(broker, "GET", path), 404)
+    assert_error(call(broker, "DELETE", path), 404)
+    assert_error(call(broker, "DELETE", "/api/exchanges/%2F/amq.direct"), 403)
+    assert_error(call(broker, "PUT", "/api/exchanges/%2F/amq.custom", {"type": "direct"}), 403)
+    assert_error(call(broker, "PUT", path, {"durable": True}), 400)  # type is required
+    assert_error(call(broker, "PUT", path, {"type": "nonsense"}), 400)
+    assert_error(call(broker, "PUT", path, raw=b"{not json"), 400)
+    assert_error(call(broker, "PUT", path, raw=b"[1, 2]"), 400)
+    assert_error(call(broker, "PUT", path, {"type": "direct", "durable": "maybe"}), 400)
+    assert_error(call(broker, "GET", "/api/exchanges/no-such-vhost"), 404)
+    call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
+
+
+def test_publish_routes_like_amqp(broker, uid):
+    assert call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {"durable": True}).status == 201
+    assert publish(broker, uid, "hello", delivery_mode=2, headers={"k": "v"}, content_type="text/plain") == {
+        "routed": True}
+    assert publish(broker, f"{uid}-nowhere", "lost") == {"routed": False}
+    payload = base64.b64encode(b"\x00\xffbin").decode()
+    assert call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+                {"routing_key": uid, "payload": payload, "payload_encoding": "base64", "properties": {}}
+                ).json == {"routed": True}
+    assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+                      {"routing_key": uid, "payload": "x", "payload_encoding": "rot13", "properties": {}}), 400)
+    assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+                      {"routing_key": uid, "payload": "x", "properties": {"bogus": 1}}), 400)
+    assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.default/publish", {"payload": "x"}), 400)
+    assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+                      {"routing_key": uid, "payload": "x", "properties": {"user_id": "mallory"}}), 400)
+    assert_error(call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}-missing/publish",
+                      {"routing_key": uid, "payload": "x", "properties": {}}), 404)
+    # and AMQP consumers see what HTTP published
+    connection = amqp(broker)
+    channel = connection.channel()
+    method, props, body = channel.basic_get(uid, auto_ack=True)
+    assert body == b"hello" and props.headers == {"k": "v"} and props.delivery_mode == 2
+    assert channel.basic_get(uid, auto_ack=True)[2] == b"\x00\xffbin"
+    connection.close()
+    call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
+
+
+# -- queues ------------------------------------------------------------------------------------
+
+
+def test_queue_declare_show_purge_delete(broker, uid):
+    path = f"/api/queues/%2F/{q(uid)}"
+    assert call(broker, "PUT", path, {"durable": True, "arguments": {"x-max-length": 100}}).status == 201
+    assert call(broker, "PUT", path, {"durable": True, "arguments": {"x-max-length": 100}}).status == 204
+    assert_error(call(broker, "PUT", path, {"durable": False}), 400)
+    assert_error(call(broker, "PUT", path, {"arguments": "nope"}), 400)
+    assert_error(call(broker, "PUT", f"/api/queues/%2F/{q(uid)}-bad", {"arguments": {"x-max-length": "ten"}}), 400)
+    for i in range(3):
+        publish(broker, uid, f"m{i}")
+    shown = call(broker, "GET", path).json
+    for key in ("name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "node", "state", "consumers",
+                "messages", "messages_ready", "messages_unacknowledged", "message_stats", "messages_details"):
+        assert key in shown, key
+    assert (shown["messages"], shown["messages_ready"], shown["messages_unacknowledged"]) == (3, 3, 0)
+    assert shown["arguments"] == {"x-max-length": 100} and shown["durable"] is True
+    assert shown["message_stats"]["publish"] == 3 and "rate" in shown["message_stats"]["publish_details"]
+    assert_error(call(broker, "DELETE", path + "?if-empty=true"), 400)
+    assert call(broker, "DELETE", path + "/contents").status == 204
+    assert call(broker, "GET", path).json["messages"] == 0
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.basic_consume(uid, lambda *a: None)
+    connection.process_data_events(0.2)
+    assert call(broker, "GET", path).json["consumers"] == 1
+    assert_error(call(broker, "DELETE", path + "?if-unused=true"), 400)
+    connection.close()
+    assert call(broker, "DELETE", path + "?if-unused=true&if-empty=true").status == 204
+    assert_error(call(broker, "GET", path), 404)
+    assert_error(call(broker, "DELETE", path), 404)
+    assert_error(call(broker, "DELETE", path + "/contents"), 404)
+
+
+def test_get_ack_modes_encoding_truncate(broker, uid):
+    dlx = f"{uid}-dlq"
+    call(broker, "PUT", f"/api/queues/%2F/{q(dlx)}", {})
+    call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {"arguments": {"x-dead-letter-exchange": "",
+                                                                    "x-dead-letter-routing-key": dlx}})
+    for i in range(4):
+        publish(broker, uid, f"message-{i}", headers={"n": i})
+    got = get(broker, uid, 2, "ack_requeue_true")
+    assert [m["payload"] for m in got] == ["message-0", "message-1"]
+    assert set(got[0]) >= {"payload_bytes", "redelivered", "exchange", "routing_key", "message_count", "properties",
+                           "payload", "payload_encoding"}
+    assert got[0]["message_count"] == 3 and got[1]["message_count"] == 2
+    assert got[0]["properties"]["headers"] == {"n": 0} and got[0]["payload_encoding"] == "string"
+    again = get(broker, uid, 1, "reject_requeue_true")
+    assert again[0]["payload"] == "message-0" and again[0]["redelivered"] is True
+    assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json["messages"] == 4
+    removed = get(broker, uid, 1, "ack_requeue_false", truncate=3)
+    assert removed[0]["payload"] == "mes" and removed[0]["payload_bytes"] == 9
+    rejected = get(broker, uid, 1, "reject_requeue_false")
+    assert rejected[0]["payload"] == "message-1"
+    assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json["messages"] == 2
+    assert get(broker, dlx, 5, "ack_requeue_false")[0]["payload"] == "message-1"  # dead-lettered
+    b64 = call(broker, "POST", f"/api/queues/%2F/{q(uid)}/get",
+               {"count": 1, "ackmode": "ack_requeue_true", "encoding": "base64"}).json
+    assert base64.b64decode(b64[0]["payload"]) == b"message-2" and b64[0]["payload_encoding"] == "base64"
+    for bad in ({"count": 1, "ackmode": "nope", "encoding": "auto"}, {"count": 1, "encoding": "auto"},
+                {"count": "x", "ackmode": "ack_requeue_true", "encoding": "auto"},
+                {"count": 1, "ackmode": "ack_requeue_true", "encoding": "utf-7"}):
+        assert_error(call(broker, "POST", f"/api/queues/%2F/{q(uid)}/get", bad), 400)
+    assert_error(call(broker, "POST", f"/api/queues/%2F/{q(uid)}/get", raw=b""), 400)
+    assert get(broker, f"{uid}-dlq", 3) == []
+    for name in (uid, dlx):
+        call(broker, "DELETE", f"/api/queues/%2F/{q(name)}")
+
+
+def test_peek_changes_nothing(broker, uid):
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.queue_declare(uid)
+    for i in range(5):
+        channel.basic_publish("", uid, f"p{i}".encode())
+    before = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
+    peeked = call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?offset=1&count=2").json
+    assert [(m["payload"], m["position"], m["redelivered"]) for m in peeked] == [("p1", 1, False), ("p2", 2, False)]
+    assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?offset=10").json == []
+    assert len(call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek").json) == 5
+    after = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
+    assert after["messages"] == before["messages"] == 5
+    assert after["message_stats"] == before["message_stats"]
+    for i in range(5):
+        method, _, body = channel.basic_get(uid, auto_ack=True)
+        assert body == f"p{i}".encode() and not method.redelivered
+    assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?offset=-1"), 400)
+    assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?count=x"), 400)
+    assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}-none/peek"), 404)
+    channel.queue_delete(uid)
+    connection.close()
+
+
+def test_move_replays_a_dead_letter_queue(broker, uid):
+    work, dlq = f"{uid}-work", f"{uid}-dlq"
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.queue_declare(dlq, durable=True)
+    channel.queue_declare(work, durable=True, arguments={"x-dead-letter-exchange": "",
+                                                         "x-dead-letter-routing-key": dlq})
+    for i in range(4):
+        channel.basic_publish("", work, f"job{i}".encode(), pika.BasicProperties(delivery_mode=2, headers={"i": i}))
+    for _ in range(4):
+        method, _, _ = channel.basic_get(work)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    assert call(broker, "GET", f"/api/queues/%2F/{q(dlq)}").json["messages"] == 4
+    moved = call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": work, "count": 3})
+    assert moved.status == 200 and moved.json["moved"] == 3
+    assert call(broker, "GET", f"/api/queues/%2F/{q(dlq)}").json["messages"] == 1
+    method, props, body = channel.basic_get(work, auto_ack=True)
+    assert body == b"job0" and props.headers["i"] == 0 and props.headers["x-death"][0]["reason"] == "rejected"
+    assert call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": work}).json["moved"] == 1
+    assert [channel.basic_get(work, auto_ack=True)[2] for _ in range(3)] == [b"job1", b"job2", b"job3"]
+    assert_error(call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": f"{uid}-none"}), 404)
+    assert_error(call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {}), 400)
+    assert_error(call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": dlq}), 400)
+    channel.queue_delete(work)
+    channel.queue_delete(dlq)
+    connection.close()
+
+
+# -- bindings ----------------------------------------------------------------------------------
+
+
+def test_bindings(broker, uid):
+    ex, ex2, queue = f"{uid}-x", f"{uid}-x2", f"{uid}-q"
+    call(broker, "PUT", f"/api/exchanges/%2F/{q(ex)}", {"type": "direct"})
+    call(broker, "PUT", f"/api/exchanges/%2F/{q(ex2)}", {"type": "fanout"})
+    call(broker, "PUT", f"/api/queues/%2F/{q(queue)}", {})
+    base = f"/api/bindings/%2F/e/{q(ex)}/q/{q(queue)}"
+    created = call(broker, "POST", base, {"routing_key": "rk", "arguments": {}})
+    assert created.status == 201 and created.headers["Location"] == f"{q(queue)}/rk"
+    with_args = call(broker, "POST", base, {"routing_key": "rk", "arguments": {"x-a": 1}})
+    listed = call(broker, "GET", base).json
+    assert len(listed) == 2
+    keys = {b["properties_key"] for b in listed}
+    assert "rk" in keys and with_args.headers["Location"].split("/")[-1] in keys
+    one = call(broker, "GET", f"{base}/rk").json
+    assert one == {"source": ex, "vhost": "/", "destination": queue, "destination_type": "queue",
+                   "routing_key": "rk", "arguments": {}, "properties_key": "rk"}
+    assert call(broker, "POST", f"/api/bindings/%2F/e/{q(ex)}/q/{q(queue)}", {}).status == 201
+    assert "~" in {b["properties_key"] for b in call(broker, "GET", base).json}
+    e2e = call(broker, "POST", f"/api/bindings/%2F/e/{q(ex)}/e/{q(ex2)}", {"routing_key": "to-x2"})
+    assert e2e.status == 201
+    assert call(broker, "GET", f"/api/exchanges/%2F/{q(ex2)}/bindings/destination").json[0]["source"] == ex
+    assert len(call(broker, "GET", f"/api/exchanges/%2F/{q(ex)}/bindings/source").json) == 4
+    queue_bindings = call(broker, "GET", f"/api/queues/%2F/{q(queue)}/bindings").json
+    assert {b["source"] for b in queue_bindings} == {"", ex}
+    assert any(b["source"] == ex for b in call(broker, "GET", "/api/bindings/%2F").json)
+    assert any(b["destination"] == ex2 for b in call(broker, "GET", "/api/bindings").json)
+    # routing through an HTTP-made binding
+    call(broker, "POST", "/api/exchanges/%2F/" + q(ex) + "/publish",
+         {"routing_key": "rk", "payload": "via-binding", "properties": {}})
+    assert get(broker, queue)[0]["payload"] == "via-binding"
+    assert call(broker, "DELETE", f"{base}/rk").status == 204
+    assert_error(call(broker, "GET", f"{base}/rk"), 404)
+    assert_error(call(broker, "DELETE", f"{base}/rk"), 404)
+    assert_error(call(broker, "POST", f"/api/bindings/%2F/e/amq.default/q/{q(queue)}", {"routing_key": "x"}), 403)
+    assert_error(call(broker, "POST", f"/api/bindings/%2F/e/{q(ex)}/q/{q(uid)}-none", {}), 404)
+    assert_error(call(broker, "GET", f"/api/exchanges/%2F/{q(uid)}-none/bindings/source"), 404)
+    for path in (f"/api/exchanges/%2F/{q(ex)}", f"/api/exchanges/%2F/{q(ex2)}", f"/api/queues/%2F/{q(queue)}"):
+        call(broker, "DELETE", path)
+
+
+# -- connections, channels, consumers ----------------------------------------------------------
+
+
+def test_connections_channels_consumers_and_forced_close(broker, uid):
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.queue_declare(uid)
+    channel.basic_qos(prefetch_count=7)
+    channel.basic_consume(uid, lambda *a: None, consumer_tag=f"ctag-{uid}")
+    connection.process_data_events(0.2)
+    connections = [c for c in call(broker, "GET", "/api/connections").json
+                   if c["client_properties"].get("connection_name") == "mgmt-test" and c["channels"] == 1]
+    assert connections
+    mine = connections[-1]
+    for key in ("name", "user", "vhost", "peer_host", "peer_port", "protocol", "channels", "state", "node",
+                "connected_at", "client_properties", "frame_max", "timeout"):
+        assert key in mine, key
+    assert mine["user"] == "guest" and mine["vhost"] == "/" and mine["protocol"] == "AMQP 0-9-1"
+    name = mine["name"]
+    assert call(broker, "GET", f"/api/connections/{q(name)}").json["name"] == name
+    channels = [c for c in call(broker, "GET", "/api/channels").json if c["connection_details"]["name"] == name]
+    assert len(channels) == 1 and channels[0]["number"] == 1 and channels[0]["consumer_count"] == 1
+    assert channels[0]["prefetch_count"] == 7 and "message_stats" in channels[0]
+    assert call(broker, "GET", f"/api/connections/{q(name)}/channels").json[0]["name"] == channels[0]["name"]
+    consumers = [c for c in call(broker, "GET", "/api/consumers/%2F").json if c["queue"]["name"] == uid]
+    assert consumers[0]["consumer_tag"] == f"ctag-{uid}" and consumers[0]["ack_required"] is True
+    assert consumers[0]["channel_details"]["connection_name"] == name
+    assert any(c["queue"]["name"] == uid for c in call(broker, "GET", "/api/consumers").json)
+    # another management user sees only their own connections
+    other = make_user(broker, f"conn-{uid}", "management")
+    assert all(c["user"] == other[0] for c in call(broker, "GET", "/api/connections", auth=other).json)
+    assert_error(call(broker, "DELETE", f"/api/connections/{q(name)}", auth=other), 404)
+    assert call(broker, "DELETE", f"/api/connections/{q(name)}").status == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.process_data_events(2)
+        connection.channel()
+    assert closed.value.reply_code == 320
+    assert_error(call(broker, "DELETE", f"/api/connections/{q(name)}"), 404)
+    cleanup = amqp(broker)
+    cleanup.channel().queue_delete(uid)
+    cleanup.close()
+
+
+# -- listing parameters ------------------------------------------------------------------------
+
+
+def test_columns_sort_paging_and_name_filter(broker, uid):
+    names = [f"{uid}-list-{i}" for i in range(7)]
+    for i, name in enumerate(names):
+        call(broker, "PUT", f"/api/queues/%2F/{q(name)}", {"durable": False})
+        for _ in range(i % 3):
+            publish(broker, name, "x")
+    paged = call(broker, "GET", f"/api/queues/%2F?page=2&page_size=3&name={q(uid + '-list-')}&sort=name").json
+    assert set(paged) == {"filtered_count", "item_count", "items", "page", "page_count", "page_size", "total_count"}
+    assert paged["filtered_count"] == 7 and paged["page_count"] == 3 and paged["item_count"] == 3
+    assert [i["name"] for i in paged["items"]] == names[3:6]
+    assert paged["total_count"] >= 7
+    regex = call(broker, "GET", f"/api/queues/%2F?page=1&use_regex=true&name={q('list-[0-2]$')}").json
+    assert sorted(i["name"] for i in regex["items"] if i["name"].startswith(uid)) == names[:3]
+    trimmed = call(broker, "GET", f"/api/queues/%2F?columns=name,messages,message_stats.publish"
+                                  f"&name={q(uid + '-list-')}&sort=messages&sort_reverse=true").json
+    assert set(trimmed[0]) <= {"name", "messages", "message_stats"} and trimmed[0]["messages"] == 2
+    assert [t["messages"] for t in trimmed] == sorted((t["messages"] for t in trimmed), reverse=True)
+    assert set(trimmed[0]["message_stats"]) == {"publish"}
+    one = call(broker, "GET", f"/api/queues/%2F/{q(names[0])}?columns=name,vhost").json
+    assert one == {"name": names[0], "vhost": "/"}
+    assert_error(call(broker, "GET", "/api/queues?page=1000&page_size=500"), 400)
+    assert_error(call(broker, "GET", "/api/queues?page=1&page_size=501"), 400)
+    assert_error(call(broker, "GET", "/api/queues?page=0"), 400)
+    assert_error(call(broker, "GET", "/api/queues?page=x"), 400)
+    assert_error(call(broker, "GET", f"/api/queues?name={q('[')}&use_regex=true"), 400)
+    exchanges = call(broker, "GET", "/api/exchanges?page=1&page_size=2&sort=name").json
+    assert exchanges["item_count"] == 2 and exchanges["page_size"] == 2
+    for name in names:
+        call(broker, "DELETE", f"/api/queues/%2F/{q(name)}")
+
+
+# -- definitions -------------------------------------------------------------------------------
+
+
+def test_definitions_export_import_round_trip(broker, start_broker, uid):
+    vhost, user = f"defs-{uid}", f"defs-{uid}"
+    call(broker, "PUT", f"/api/vhosts/{q(vhost)}")
+    make_user(broker, user, "monitoring", vhost=vhost, password="round-trip")
+    v = q(vhost)
+    call(broker, "PUT", f"/api/exchanges/{v}/ex", {"type": "topic", "durable": True, "arguments": {"x-y": "z"}})
+    call(broker, "PUT", f"/api/exchanges/{v}/ex2", {"type": "headers", "durable": True})
+    call(broker, "PUT", f"/api/queues/{v}/qq", {"durable": True, "arguments": {"x-max-length": 5}})
+    call(broker, "POST", f"/api/bindings/{v}/e/ex/q/qq", {"routing_key": "a.*"})
+    call(broker, "POST", f"/api/bindings/{v}/e/ex/e/ex2", {"routing_key": "b", "arguments": {"k": "v"}})
+    exported = call(broker, "GET", "/api/definitions").json
+    for key in ("rabbit_version", "users", "vhosts", "permissions", "queues", "exchanges", "bindings", "policies",
+                "parameters"):
+        assert key in exported, key
+    assert any(u["name"] == user and u["tags"] == ["monitoring"] for u in exported["users"])
+    assert not any(e["name"].startswith("amq.") or e["name"] == "" for e in exported["exchanges"])
+    per_vhost = call(broker, "GET", f"/api/definitions/{v}").json
+    assert {e["name"] for e in per_vhost["exchanges"]} == {"ex", "ex2"} and "vhost" not in per_vhost["queues"][0]
+    assert "users" not in per_vhost
+
+    fresh = start_broker()
+    assert call(fresh, "POST", "/api/definitions", exported).status == 204
+    again = call(fresh, "GET", "/api/definitions").json
+
+    def mine(defs: dict, key: str) -> list:
+        return sorted((json.dumps(item, sort_keys=True) for item in defs[key] if item.get("vhost") == vhost))
+
+    for key in ("queues", "exchanges", "bindings", "permissions"):
+        assert mine(again, key) == mine(exported, key), key
+    assert {u["name"]: u["password_hash"] for u in again["users"]}[user] == \
+        {u["name"]: u["password_hash"] for u in exported["users"]}[user]
+    assert call(fresh, "GET", "/api/whoami", auth=(user, "round-trip")).json["tags"] == ["monitoring"]
+    # importing one vhost's definitions into another vhost
+    assert call(fresh, "PUT", "/api/vhosts/copy").status == 201
+    assert call(fresh, "POST", "/api/definitions/copy", per_vhost).status == 204
+    assert {q_["name"] for q_ in call(fresh, "GET", "/api/queues/copy").json} == {"qq"}
+    # a definitions import that conflicts, or is malformed, is a 400
+    conflicting = {"queues": [{"name": "qq", "vhost": vhost, "durable": False, "auto_delete": False,
+                               "arguments": {}}]}
+    assert_error(call(fresh, "POST", "/api/definitions", conflicting), 400)
+    assert_error(call(fresh, "POST", "/api/definitions", raw=b"nope"), 400)
+    assert_error(call(fresh, "POST", "/api/definitions", {"queues": "x"}), 400)
+    assert_error(call(fresh, "POST", "/api/definitions", {"queues": [{"name": "q", "vhost": "none"}]}), 400)
+    call(broker, "DELETE", f"/api/vhosts/{v}")
+
+
+# -- rates and metrics -------------------------------------------------------------------------
+
+
+def test_rates_become_non_zero_after_traffic(broker, uid):
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.queue_declare(uid)
+    deadline = time.monotonic() + 7
+    rate = 0.0
+    while time.monotonic() < deadline:
+        for _ in range(50):
+            channel.basic_publish("", uid, b"r")
+        connection.process_data_events(0)
+        info = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
+        rate = info["message_stats"]["publish_details"]["rate"]
+        if rate > 0:
+            break
+        time.sleep(0.5)
+    assert rate > 0
+    overview = call(broker, "GET", "/api/overview").json
+    assert overview["message_stats"]["publish"] > 0
+    assert "rate" in overview["message_stats"]["publish_details"]
+    assert "rate" in overview["queue_totals"]["messages_details"]
+    vhost = call(broker, "GET", "/api/vhosts/%2F").json
+    assert vhost["message_stats"]["publish"] > 0
+    channel.queue_delete(uid)
+    connection.close()
+
+
+def test_metrics_are_prometheus_text(broker, uid):
+    connection = amqp(broker)
+    channel = connection.channel()
+    channel.queue_declare(uid, durable=True)
+    channel.basic_publish("", uid, b"m", pika.BasicProperties(delivery_mode=2))
+    connection.process_data_events(0.2)
+    response = call(broker, "GET", "/metrics", auth=None)
+    assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.raw.decode())}
+    for name in ("rabbitmq_queue_messages", "rabbitmq_connections", "rabbitmq_channels",
+                 "rabbitmq_process_resident_memory_bytes", "warren_message_store_disk_bytes",
+                 "warren_message_store_dead_fraction", "warren_message_store_compactions", "warren_queue_publish_rate"):
+        assert name in families, name
+    depth = {s.labels["queue"]: s.value for s in families["rabbitmq_queue_messages"].samples
+             if s.labels["vhost"] == "/"}
+    assert depth[uid] == 1
+    assert families["rabbitmq_connections"].samples[0].value >= 1
+    assert families["warren_message_store_disk_bytes"].samples[0].value > 0
+    channel.queue_delete(uid)
+    connection.close()
+
+
+def test_unknown_paths_and_methods(broker):
+    assert_error(call(broker, "GET", "/api/no-such-thing"), 404)
+    assert_error(call(broker, "GET", "/api/queues/%2F/no-such-queue"), 404)
+    response = call(broker, "PATCH", "/api/overview")
+    assert response.status == 405
+    assert_error(call(broker, "GET", "/api/queues/no-such-vhost"), 404)
