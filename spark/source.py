@@ -1,0 +1,418 @@
+"""``spark.read.format("warren")`` / ``spark.readStream.format("warren")``: queues as DataFrames.
+
+Reads go through the management port (``mgmt_http/offsets.py``): each ready message of a queue
+has an *offset* (its per-queue sequence number, stable across broker restarts for durable
+queues), ``/records`` returns offset ranges as Arrow IPC without changing the queue, and
+``/commit`` removes everything below an offset (idempotent, monotonic).
+
+Batch
+    Partitions are offset ranges fixed when the DataFrame is planned (``[head, tail)`` split
+    every ``partitionSize`` offsets), so a retried task reads the same rows.  ``mode=browse``
+    (the default) leaves the queue as it is.  Draining is two-phase and needs an action
+    boundary Spark does not give a source, so it is the helper :func:`spark.drain`: fix the range,
+    read, materialise (``localCheckpoint(eager=True)`` or your own write), then commit.
+Streaming
+    Offsets are ``{queue: next offset}``.  ``initialOffset`` is each queue's head,
+    ``latestOffset`` its tail, capped by ``maxRowsPerTrigger`` (offsets, summed over queues).
+    With ``mode=drain``, ``commit(end)`` removes what the query has processed — Spark calls it
+    one batch late, again after a restart, and never for the last ``AvailableNow`` batch (that
+    batch's messages stay in the queue until the next run commits them); with ``mode=browse``
+    nothing is removed and the checkpoint alone tracks the position.  ``Trigger.AvailableNow``
+    is supported.
+
+Exactly once holds when this reader is the queue's only consumer (publishers can be many).
+Messages that AMQP consumers hold unacked are not visible to a read; if they are requeued
+later, behind a committed offset, the next commit covering them removes them unread.
+A queue that is deleted and declared again starts its offsets again from 0: a streaming
+checkpoint taken before that is stale.
+
+Options (case-insensitive): ``url`` (management endpoint, ``http://127.0.0.1:15672``), ``user``,
+``password`` (guest/guest), ``vhost`` (``/``), ``queue`` (comma-separated) or ``queuePattern``
+(a regex searched in queue names of the vhost, resolved at planning / stream start),
+``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 50000),
+``maxRowsPerTrigger``, ``bodyFormat`` (binary|text|json; json with ``bodySchema`` — a DDL
+string such as ``"id INT, name STRING"`` — makes ``body`` a struct of that schema, parsed per
+message with invalid JSON giving null; json without ``bodySchema`` is text, use ``from_json``),
+``timeout`` (seconds per HTTP call, 60), ``protocol`` (http|amqp, see :mod:`spark.amqp`).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import (BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField,
+                               StructType, TimestampType)
+
+try:
+    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                                  SupportsTriggerAvailableNow)
+except ImportError:  # PySpark before 4.2: no admission control, AvailableNow reads everything
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
+
+DEFAULT_URL = "http://127.0.0.1:15672"
+DEFAULT_PARTITION_SIZE = 50_000
+PAGE_ROWS = 1_000_000  # the server's cap on one /records answer
+
+
+def base_schema(body_type: Any = None) -> StructType:
+    s = StringType()
+    return StructType([
+        StructField("queue", s), StructField("offset", LongType()), StructField("body", body_type or BinaryType()),
+        StructField("exchange", s), StructField("routing_key", s), StructField("headers", MapType(s, s)),
+        StructField("content_type", s), StructField("content_encoding", s),
+        StructField("delivery_mode", IntegerType()), StructField("priority", IntegerType()),
+        StructField("correlation_id", s), StructField("reply_to", s), StructField("expiration", s),
+        StructField("message_id", s), StructField("timestamp", TimestampType()), StructField("type", s),
+        StructField("user_id", s), StructField("app_id", s), StructField("redelivered", BooleanType()),
+    ])
+
+
+# -- options and the HTTP client ---------------------------------------------------------------
+
+def _opt(options: Any, key: str, default: Any = None) -> Any:
+    """Options are a case-insensitive map: never ``dict()`` them (camelCase keys would vanish)."""
+    value = options.get(key)
+    if value is None:
+        value = options.get(key.lower())
+    return default if value is None else value
+
+
+@dataclass
+class Settings:
+    url: str
+    user: str
+    password: str
+    vhost: str
+    queues: list[str] | None
+    pattern: str | None
+    mode: str
+    partition_size: int
+    max_rows: int | None
+    body_format: str
+    body_schema: str | None
+    timeout: float
+
+    @classmethod
+    def from_options(cls, options: Any) -> "Settings":
+        queues = _opt(options, "queue")
+        pattern = _opt(options, "queuePattern")
+        if not queues and not pattern:
+            raise ValueError("warren: set the option 'queue' (comma-separated) or 'queuePattern'")
+        mode = str(_opt(options, "mode", "browse")).lower()
+        if mode not in ("browse", "drain"):
+            raise ValueError("warren: mode must be browse or drain")
+        body_format = str(_opt(options, "bodyFormat", "binary")).lower()
+        if body_format not in ("binary", "text", "json"):
+            raise ValueError("warren: bodyFormat must be binary, text or json")
+        max_rows = _opt(options, "maxRowsPerTrigger")
+        size = int(_opt(options, "partitionSize", DEFAULT_PARTITION_SIZE))
+        if size < 1:
+            raise ValueError("warren: partitionSize must be at least 1")
+        return cls(url=str(_opt(options, "url", DEFAULT_URL)).rstrip("/"), user=str(_opt(options, "user", "guest")),
+                   password=str(_opt(options, "password", "guest")), vhost=str(_opt(options, "vhost", "/")),
+                   queues=[q.strip() for q in str(queues).split(",") if q.strip()] if queues else None,
+                   pattern=str(pattern) if pattern and not queues else None, mode=mode, partition_size=size,
+                   max_rows=int(max_rows) if max_rows else None, body_format=body_format,
+                   body_schema=_opt(options, "bodySchema"), timeout=float(_opt(options, "timeout", 60)))
+
+    def schema(self) -> StructType:
+        if self.body_format == "binary":
+            return base_schema()
+        if self.body_format == "json" and self.body_schema:
+            return base_schema(parse_body_schema(self.body_schema))
+        return base_schema(StringType())
+
+
+_SIMPLE_TYPES = {"string": "string", "int": "integer", "integer": "integer", "bigint": "long", "long": "long",
+                 "double": "double", "float": "float", "boolean": "boolean", "bool": "boolean",
+                 "timestamp": "timestamp", "date": "date", "binary": "binary", "smallint": "short",
+                 "short": "short", "tinyint": "byte", "byte": "byte"}
+
+
+def parse_body_schema(text: str) -> StructType:
+    """``bodySchema``: a StructType's JSON, or flat DDL ``"id INT, name STRING"`` (simple types; nested
+    structs and arrays through the JSON form or a full ``.schema(...)`` whose ``body`` is a struct).
+    Parsed here, without a SparkSession: the data source runs in a Python worker that has none."""
+    text = text.strip()
+    if text.startswith("{"):
+        return StructType.fromJson(json.loads(text))
+    fields = []
+    for part in text.split(","):
+        bits = part.strip().split()
+        if len(bits) != 2 or bits[1].lower() not in _SIMPLE_TYPES:
+            raise ValueError(f"warren: bodySchema '{part.strip()}' is not 'name TYPE' with a simple type "
+                             f"({', '.join(sorted(_SIMPLE_TYPES))}); use the JSON form for nested types")
+        fields.append({"name": bits[0].strip("`"), "type": _SIMPLE_TYPES[bits[1].lower()], "nullable": True,
+                       "metadata": {}})
+    return StructType.fromJson({"type": "struct", "fields": fields})
+
+
+class WarrenError(RuntimeError):
+    pass
+
+
+class Client:
+    """The management API's offsets, records and commit endpoints (stdlib HTTP, basic auth)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        token = base64.b64encode(f"{settings.user}:{settings.password}".encode()).decode()
+        self.headers = {"Authorization": f"Basic {token}"}
+
+    def _path(self, queue: str, what: str) -> str:
+        q = urllib.parse.quote
+        return f"{self.s.url}/api/queues/{q(self.s.vhost, safe='')}/{q(queue, safe='')}/{what}"
+
+    def _open(self, url: str, body: dict | None = None) -> Any:
+        data = None
+        headers = dict(self.headers)
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+        try:
+            return urllib.request.urlopen(request, timeout=self.s.timeout)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise WarrenError(f"warren: {exc.code} from {url}: {detail}") from None
+
+    def _json(self, url: str, body: dict | None = None) -> Any:
+        with self._open(url, body) as response:
+            return json.loads(response.read())
+
+    def queue_names(self) -> list[str]:
+        if self.s.queues:
+            return list(self.s.queues)
+        names = self._json(f"{self.s.url}/api/queues/{urllib.parse.quote(self.s.vhost, safe='')}?columns=name")
+        regex = re.compile(self.s.pattern or "")
+        return sorted(item["name"] for item in names if regex.search(item["name"]))
+
+    def offsets(self, queue: str) -> dict[str, int]:
+        return self._json(self._path(queue, "offsets"))
+
+    def commit(self, queue: str, offset: int) -> dict[str, int]:
+        return self._json(self._path(queue, "commit"), {"offset": int(offset)})
+
+    def records(self, queue: str, start: int, end: int) -> Iterator[Any]:
+        """Record batches of ``[start, end)``, paging through the server's per-answer cap."""
+        import pyarrow as pa
+
+        body = "binary" if self.s.body_format == "binary" else "text"
+        while start < end:
+            query = urllib.parse.urlencode({"start": start, "end": end, "limit": PAGE_ROWS, "body": body})
+            with self._open(f"{self._path(queue, 'records')}?{query}") as response:
+                count = int(response.headers.get("X-Warren-Count", "0"))
+                last = int(response.headers.get("X-Warren-Last-Offset", "-1"))
+                reader = pa.ipc.open_stream(response)
+                for batch in reader:
+                    if batch.num_rows:
+                        yield batch
+            if count < PAGE_ROWS:
+                return
+            start = last + 1
+
+
+# -- partitions and reading --------------------------------------------------------------------
+
+class OffsetRange(InputPartition):
+    """Offsets ``[start, end)`` of one queue: what one task reads, the same on every retry."""
+
+    def __init__(self, queue: str, start: int, end: int) -> None:
+        super().__init__((queue, start, end))
+        self.queue = queue
+        self.start = start
+        self.end = end
+
+
+def split(queue: str, start: int, end: int, size: int) -> list[OffsetRange]:
+    return [OffsetRange(queue, s, min(s + size, end)) for s in range(start, end, size)]
+
+
+def read_range(settings: Settings, schema: StructType, part: OffsetRange) -> Iterator[Any]:
+    """Record batches of one range, in the exact Arrow schema Spark expects for ``schema``."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema, timezone="UTC")
+    names = target.names
+    parse_json = (settings.body_format == "json" and "body" in names
+                  and isinstance(schema["body"].dataType, StructType))
+    for batch in Client(settings).records(part.queue, part.start, part.end):
+        if parse_json:
+            batch = _parse_bodies(batch, target.field("body").type)
+        batch = batch.select(names)
+        if not batch.schema.equals(target):
+            batch = batch.cast(target)
+        yield batch
+
+
+def _parse_bodies(batch: Any, body_type: Any) -> Any:
+    import pyarrow as pa
+
+    values = []
+    for text in batch.column("body").to_pylist():
+        try:
+            value = json.loads(text) if text is not None else None
+        except ValueError:
+            value = None
+        values.append(value if isinstance(value, dict) else None)
+    try:
+        column = pa.array(values, body_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # one odd value must not fail the batch: row by row
+        column = pa.array([_coerce(v, body_type) for v in values], body_type)
+    index = batch.schema.get_field_index("body")
+    return batch.set_column(index, pa.field("body", body_type), column)
+
+
+def _coerce(value: Any, body_type: Any) -> Any:
+    import pyarrow as pa
+
+    try:
+        pa.array([value], body_type)
+        return value
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+# -- batch -------------------------------------------------------------------------------------
+
+class WarrenBatchReader(DataSourceReader):
+    def __init__(self, settings: Settings, schema: StructType, ranges: dict[str, list[int]] | None) -> None:
+        self.settings = settings
+        self.schema = schema
+        client = Client(settings)
+        if ranges is None:  # fixed now, at planning: every task and every retry reads these
+            ranges = {}
+            for queue in client.queue_names():
+                offsets = client.offsets(queue)
+                ranges[queue] = [offsets["head"], offsets["tail"]]
+        self.ranges = ranges
+
+    def partitions(self) -> list[OffsetRange]:
+        parts: list[OffsetRange] = []
+        for queue, (start, end) in sorted(self.ranges.items()):
+            parts.extend(split(queue, start, end, self.settings.partition_size))
+        return parts or [OffsetRange("", 0, 0)]
+
+    def read(self, partition: OffsetRange) -> Iterator[Any]:
+        if partition.start >= partition.end:
+            return iter(())
+        return read_range(self.settings, self.schema, partition)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    def __init__(self, settings: Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = schema
+        self.queues = Client(settings).queue_names()  # fixed for the life of the query
+        self.target: dict[str, int] | None = None  # AvailableNow: nothing beyond this
+
+    def initialOffset(self) -> dict[str, int]:
+        client = Client(self.settings)
+        return {queue: client.offsets(queue)["head"] for queue in self.queues}
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.settings.max_rows and ReadMaxRows is not None:
+            return ReadMaxRows(self.settings.max_rows)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        client = Client(self.settings)
+        self.target = {queue: client.offsets(queue)["tail"] for queue in self.queues}
+
+    def _tails(self) -> dict[str, int]:
+        if self.target is not None:
+            return dict(self.target)
+        client = Client(self.settings)
+        return {queue: client.offsets(queue)["tail"] for queue in self.queues}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, int]:
+        tails = self._tails()
+        start = start or {}
+        budget = None
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        elif limit is None and self.settings.max_rows:
+            budget = self.settings.max_rows
+        end: dict[str, int] = {}
+        for queue in self.queues:
+            begin = int(start.get(queue, 0))
+            if tails[queue] < begin:
+                raise WarrenError(f"warren: offsets of queue '{queue}' went back ({tails[queue]} < {begin}): the "
+                                  "queue was deleted and declared again, or was not durable; start the query "
+                                  "with a new checkpoint")
+            tail = tails[queue]
+            if budget is not None:
+                take = min(tail - begin, budget)
+                budget -= take
+                tail = begin + take
+            end[queue] = tail
+        return end
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return self._tails()
+
+    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        parts: list[OffsetRange] = []
+        for queue in sorted(end):
+            parts.extend(split(queue, int(start.get(queue, 0)), int(end[queue]), self.settings.partition_size))
+        return parts
+
+    def read(self, partition: OffsetRange) -> Iterator[Any]:
+        if partition.start >= partition.end:
+            return iter(())
+        return read_range(self.settings, self.schema, partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark has processed everything below ``end``: drain mode removes it (idempotent on the broker)."""
+        if self.settings.mode != "drain":
+            return
+        client = Client(self.settings)
+        for queue, offset in end.items():
+            client.commit(queue, int(offset))
+
+
+# -- the data source ---------------------------------------------------------------------------
+
+class WarrenDataSource(DataSource):
+    """``format("warren")``: see this module's docstring for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "warren"
+
+    def _protocol(self) -> str:
+        return str(_opt(self.options, "protocol", "http")).lower()
+
+    def schema(self) -> StructType:
+        if self._protocol() == "amqp":
+            from .amqp import amqp_schema
+
+            return amqp_schema(self.options)
+        return Settings.from_options(self.options).schema()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        if self._protocol() == "amqp":
+            from .amqp import AmqpBatchReader
+
+            return AmqpBatchReader(self.options, schema)
+        settings = Settings.from_options(self.options)
+        ranges = _opt(self.options, "offsetRanges")  # set by spark.drain(): {queue: [start, end]}
+        if settings.mode == "drain" and ranges is None:
+            raise ValueError("warren: a batch read does not drain by itself (Spark gives a source no signal that "
+                             "the data is materialised); use spark.drain(spark, ...) or mode=browse")
+        return WarrenBatchReader(settings, schema, json.loads(ranges) if ranges else None)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self._protocol() == "amqp":
+            raise ValueError("warren: protocol=amqp supports batch reads only")
+        return WarrenStreamReader(Settings.from_options(self.options), schema)

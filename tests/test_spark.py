@@ -1,0 +1,208 @@
+"""The Spark bridge against a real SparkSession (local[2]) and a private node: batch, drain, streaming, auth."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+if shutil.which("java") is None:
+    pytest.skip("java is not installed: no SparkSession", allow_module_level=True)
+
+pika = pytest.importorskip("pika")
+pytest.importorskip("pyspark")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from spark import WarrenDataSource
+
+    session = (SparkSession.builder.master("local[2]").appName("warren-tests")
+               .config("spark.driver.memory", "2g").config("spark.driver.host", "127.0.0.1")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    session.dataSource.register(WarrenDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def node(start_broker):
+    return start_broker()
+
+
+def mgmt(node) -> str:
+    return f"http://127.0.0.1:{node.mgmt_port}"
+
+
+def publish(node, queue: str, bodies, durable: bool = True, **props) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, socket_timeout=10))
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=durable)
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(**props))
+    connection.close()
+
+
+def api(node, path: str, body: dict | None = None, user: str = "guest", password: str = "guest"):
+    headers = {"Content-Type": "application/json"}
+    if user is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(mgmt(node) + path, headers=headers, method="POST" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def reader(spark, node, queue: str, **options):
+    r = spark.read.format("warren").option("url", mgmt(node)).option("queue", queue)
+    for key, value in options.items():
+        r = r.option(key, str(value))
+    return r.load()
+
+
+def test_batch_browse_reads_every_message_and_leaves_queue(spark, node):
+    publish(node, "orders", [f"m{i}".encode() for i in range(50)], content_type="text/plain", delivery_mode=2,
+            headers={"k": "v", "n": 7, "nested": {"a": [1, 2]}}, priority=3, correlation_id="c",
+            reply_to="r", message_id="id", timestamp=1700000000, type="t", app_id="app")
+    df = reader(spark, node, "orders")
+    assert [f.name for f in df.schema.fields] == [
+        "queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
+        "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+        "type", "user_id", "app_id", "redelivered"]
+    rows = df.orderBy("offset").collect()
+    assert [r.offset for r in rows] == list(range(50))
+    assert [bytes(r.body) for r in rows] == [f"m{i}".encode() for i in range(50)]
+    row = rows[7]
+    assert row.queue == "orders" and row.exchange == "" and row.routing_key == "orders"
+    assert row.headers == {"k": "v", "n": "7", "nested": '{"a":[1,2]}'}
+    assert (row.content_type, row.delivery_mode, row.priority, row.correlation_id, row.reply_to,
+            row.message_id, row.type, row.app_id, row.redelivered) == (
+        "text/plain", 2, 3, "c", "r", "id", "t", "app", False)
+    assert int(row.timestamp.replace(tzinfo=__import__("datetime").timezone.utc).timestamp()) == 1700000000
+    assert api(node, "/api/queues/%2F/orders/offsets") == {"head": 0, "tail": 50, "committed": 0}
+    assert reader(spark, node, "orders").count() == 50  # browse is repeatable
+
+
+def test_multiple_partitions_and_text_and_json(spark, node):
+    publish(node, "p", [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(100)])
+    publish(node, "p2", [b"x"] * 10)
+    df = reader(spark, node, "p,p2", partitionSize=30)
+    assert df.rdd.getNumPartitions() == 5  # 4 ranges of p, 1 of p2
+    assert df.count() == 110
+    assert sorted(r.offset for r in df.where("queue = 'p'").collect()) == list(range(100))
+    text = reader(spark, node, "p", bodyFormat="text").orderBy("offset").first()
+    assert text.body == '{"id": 0, "name": "n0"}'
+    parsed = reader(spark, node, "p", bodyFormat="json", bodySchema="id INT, name STRING")
+    assert parsed.where("body.id = 42").select("body.name").first()[0] == "n42"
+    pattern = spark.read.format("warren").option("url", mgmt(node)).option("queuePattern", "^p").load()
+    assert pattern.count() == 110
+
+
+def test_drain_removes_exactly_what_was_read(spark, node):
+    from spark import drain
+
+    publish(node, "work", [str(i).encode() for i in range(40)], delivery_mode=2)
+    df = drain(spark, url=mgmt(node), queue="work", partitionSize=16)
+    publish(node, "work", [b"late"] * 5, delivery_mode=2)  # after the range was fixed: stays
+    assert sorted(r.offset for r in df.collect()) == list(range(40))
+    assert df.count() == 40  # materialised: the same answer again
+    assert api(node, "/api/queues/%2F/work/offsets") == {"head": 40, "tail": 45, "committed": 40}
+    rest = reader(spark, node, "work").collect()
+    assert [bytes(r.body) for r in rest] == [b"late"] * 5
+    with pytest.raises(Exception, match="drain"):
+        reader(spark, node, "work", mode="drain").count()
+
+
+def _stream(spark, node, checkpoint: Path, out: Path, **options) -> None:
+    s = (spark.readStream.format("warren").option("url", mgmt(node)).option("queue", "events")
+         .option("mode", "drain"))
+    for key, value in options.items():
+        s = s.option(key, str(value))
+    query = (s.load().select("queue", "offset", "body").writeStream.format("parquet")
+             .option("checkpointLocation", str(checkpoint)).option("path", str(out))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(90)
+    assert query.exception() is None
+
+
+def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
+    checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
+    publish(node, "events", [f"a{i}".encode() for i in range(30)], delivery_mode=2)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    first = spark.read.parquet(str(out)).collect()
+    assert sorted(r.offset for r in first) == list(range(30))
+    publish(node, "events", [f"b{i}".encode() for i in range(25)], delivery_mode=2)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)  # restarted from the checkpoint
+    node.stop()  # the broker restarts too: offsets carry on
+    node.start()
+    publish(node, "events", [f"c{i}".encode() for i in range(7)], delivery_mode=2)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    rows = spark.read.parquet(str(out)).collect()
+    offsets = sorted(r.offset for r in rows)
+    assert offsets == list(range(62))  # every offset exactly once, none missing
+    assert sorted(bytes(r.body) for r in rows) == sorted(
+        [f"a{i}".encode() for i in range(30)] + [f"b{i}".encode() for i in range(25)]
+        + [f"c{i}".encode() for i in range(7)])
+    # drain: everything committed is gone; only the last batch (Spark never commits it) can remain
+    state = api(node, "/api/queues/%2F/events/offsets")
+    assert state["tail"] == 62 and 62 - 8 <= state["head"] <= 62
+
+
+def test_streaming_memory_sink_browse(spark, node):
+    publish(node, "ticks", [b"t"] * 12)
+    query = (spark.readStream.format("warren").option("url", mgmt(node)).option("queue", "ticks").load()
+             .writeStream.format("memory").queryName("ticks_view").trigger(availableNow=True).start())
+    assert query.awaitTermination(90)
+    assert spark.sql("select count(*) from ticks_view").first()[0] == 12
+    assert api(node, "/api/queues/%2F/ticks/offsets")["head"] == 0  # browse: nothing removed
+
+
+def test_endpoints_require_auth_and_read_permission(node):
+    publish(node, "secret", [b"s"])
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        api(node, "/api/queues/%2F/secret/offsets", user=None)
+    assert exc.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        api(node, "/api/queues/%2F/secret/offsets", password="wrong")
+    assert exc.value.code == 401
+    assert node.admin("add-user", "writer", "pw", "--tags", "management").returncode == 0
+    assert node.admin("set-permissions", "/", "writer", ".*", ".*", "^$").returncode == 0
+    for path, body in (("offsets", None), ("records", None), ("commit", {"offset": 1})):
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            api(node, f"/api/queues/%2F/secret/{path}", body, user="writer", password="pw")
+        assert exc.value.code == 403
+    assert node.admin("add-user", "reader", "pw", "--tags", "management").returncode == 0
+    assert node.admin("set-permissions", "/", "reader", "", "", "^secret$").returncode == 0
+    assert api(node, "/api/queues/%2F/secret/offsets", user="reader", password="pw")["tail"] == 1
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        api(node, "/api/queues/%2F/missing/offsets")
+    assert exc.value.code == 404
+
+
+def test_amqp_fallback_browse_and_drain(spark, node):
+    from spark import drain
+
+    publish(node, "plain", [f"p{i}".encode() for i in range(20)])
+    url = f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"
+    df = spark.read.format("warren").option("protocol", "amqp").option("url", url).option("queue", "plain").load()
+    assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"p{i}".encode() for i in range(20))
+    assert api(node, "/api/queues/%2F/plain/offsets")["tail"] == 20  # requeued, still there
+    drained = drain(spark, protocol="amqp", url=url, queue="plain")
+    assert drained.count() == 20
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    assert connection.channel().queue_declare("plain", passive=True).method.message_count == 0
+    connection.close()
