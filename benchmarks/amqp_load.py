@@ -246,18 +246,26 @@ class Connection:
             raise AMQPError("connection closed by broker")
         self.end += n
 
+    def poll_frame(self):
+        """Non-blocking: the next complete frame already in the buffer as
+        (type, channel, payload_start, payload_end), or None."""
+        if self.end - self.start >= 7:
+            ftype, ch, size = _HDR.unpack_from(self.buf, self.start)
+            fend = self.start + 8 + size
+            if fend <= self.end:
+                if self.buf[fend - 1] != 0xCE:
+                    raise AMQPError("bad frame end")
+                p0 = self.start + 7
+                self.start = fend
+                return ftype, ch, p0, fend - 1
+        return None
+
     def next_frame(self):
         """Blocking: return (type, channel, payload_start, payload_end)."""
         while True:
-            if self.end - self.start >= 7:
-                ftype, ch, size = _HDR.unpack_from(self.buf, self.start)
-                fend = self.start + 8 + size
-                if fend <= self.end:
-                    if self.buf[fend - 1] != 0xCE:
-                        raise AMQPError("bad frame end")
-                    p0 = self.start + 7
-                    self.start = fend
-                    return ftype, ch, p0, fend - 1
+            f = self.poll_frame()
+            if f is not None:
+                return f
             self.fill()
 
     def _check_close(self, ch, cls, meth, p0):
@@ -318,9 +326,14 @@ class Connection:
     def channel_open(self, ch=1):
         self.rpc(ch, 20, 10, shortstr(""), 11)
 
-    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False):
-        bits = (2 if durable else 0) | (4 if exclusive else 0) | (8 if auto_delete else 0)
-        self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(None), 11)
+    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False, passive=False):
+        """queue.declare; returns (message_count, consumer_count) from declare-ok.
+        A failed passive declare (404) raises AMQPError and closes the channel."""
+        bits = ((1 if passive else 0) | (2 if durable else 0) | (4 if exclusive else 0)
+                | (8 if auto_delete else 0))
+        off = self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(None), 11)
+        off += 1 + self.buf[off]  # queue name
+        return struct.unpack_from("!II", self.buf, off)
 
     def queue_delete(self, ch, name):
         self.rpc(ch, 50, 40, struct.pack("!H", 0) + shortstr(name) + b"\x00", 41)
@@ -368,6 +381,144 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
+
+
+# --------------------------------------------------------------------------
+# bulk helpers (single connection, used by backlog.py)
+# --------------------------------------------------------------------------
+
+def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=True,
+                      max_unconfirmed=10000, batch=100, timeout=None, progress=None):
+    """Publish ``count`` copies of ``body`` on channel ``ch`` (already in confirm
+    mode) and wait until the broker has confirmed all of them.
+
+    Pipelined: batches of ``batch`` messages are written whenever fewer than
+    ``max_unconfirmed`` are outstanding; the socket is non-blocking, so broker
+    back-pressure is honoured and confirms are read while publishing.  Returns
+    ``{"sent_s", "confirmed_s", "nacks"}`` (seconds from the first publish until
+    the last one was written / the last confirm arrived).  ``progress(sent,
+    confirmed)`` is called about once a second.  Raises AMQPError on a broker
+    close or when ``timeout`` seconds pass."""
+    one = publish_frames(ch, exchange, routing_key, body, persistent, conn.frame_max)
+    full = memoryview(one * batch)
+    sock = conn.sock
+    old_timeout = sock.gettimeout()
+    sock.setblocking(False)
+    t0 = time.perf_counter()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    next_report = time.monotonic() + 1.0
+    sent = 0          # messages fully or partially handed to the socket
+    hw = 0            # every tag <= hw is confirmed (multiple acks)
+    singles = set()   # individually confirmed tags > hw
+    nacks = 0
+    pending = None    # unsent remainder of the current batch
+    poff = 0
+    sent_s = None
+    unpack_q = struct.Struct("!QB").unpack_from
+    try:
+        while hw + len(singles) < count:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                raise AMQPError(f"publish timeout: {sent} sent, {hw + len(singles)} confirmed")
+            if progress is not None and now >= next_report:
+                progress(sent, hw + len(singles))
+                next_report = now + 1.0
+            can_send = pending is not None or (
+                sent < count and sent - hw - len(singles) + batch <= max_unconfirmed)
+            r, w, _ = select.select([sock], [sock] if can_send else [], [], 0.5)
+            if r:
+                try:
+                    conn.fill()
+                except (BlockingIOError, InterruptedError):
+                    pass
+                while True:
+                    f = conn.poll_frame()
+                    if f is None:
+                        break
+                    ftype, fch, p0, _p1 = f
+                    if ftype != FRAME_METHOD:
+                        continue
+                    cls, meth = _CM.unpack_from(conn.buf, p0)
+                    if cls == 60 and meth in (80, 120):  # basic.ack / basic.nack
+                        tag, bits = unpack_q(conn.buf, p0 + 4)
+                        if meth == 120:
+                            nacks += max(1, tag - hw) if bits & 1 else 1
+                        if bits & 1:
+                            if tag > hw:
+                                hw = tag
+                                if singles:
+                                    singles = {t for t in singles if t > tag}
+                        elif tag > hw:
+                            singles.add(tag)
+                    else:
+                        conn._check_close(fch, cls, meth, p0)
+            if w and can_send:
+                if pending is None:
+                    n = min(batch, count - sent)
+                    pending = full if n == batch else memoryview(one * n)
+                    poff = 0
+                    sent += n
+                try:
+                    poff += sock.send(pending[poff:])
+                except (BlockingIOError, InterruptedError):
+                    pass
+                if poff >= len(pending):
+                    pending = None
+                    if sent >= count and sent_s is None:
+                        sent_s = time.perf_counter() - t0
+    finally:
+        sock.settimeout(old_timeout)
+    return {"sent_s": sent_s if sent_s is not None else time.perf_counter() - t0,
+            "confirmed_s": time.perf_counter() - t0, "nacks": nacks}
+
+
+def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=None,
+                  progress=None):
+    """basic.consume on ``queue`` with manual acks (multiple, every ``ack_every``)
+    until ``count`` deliveries have arrived; ack the rest, cancel nothing (close
+    the connection afterwards).  Returns the elapsed seconds from basic.consume
+    until the last ack was written.  Raises AMQPError on timeout."""
+    conn.basic_qos(ch, prefetch)
+    t0 = time.perf_counter()
+    conn.basic_consume(ch, queue, no_ack=False, tag="backlog")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    next_report = time.monotonic() + 1.0
+    old_timeout = conn.sock.gettimeout()
+    conn.sock.settimeout(1.0)
+    got = 0
+    unacked = 0
+    last_tag = 0
+    unpack_q = _U64.unpack_from
+    try:
+        while got < count:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                raise AMQPError(f"consume timeout: {got}/{count} delivered")
+            if progress is not None and now >= next_report:
+                progress(got)
+                next_report = now + 1.0
+            try:
+                ftype, fch, p0, _p1 = conn.next_frame()
+            except socket.timeout:
+                continue
+            if ftype != FRAME_METHOD:
+                continue
+            cls, meth = _CM.unpack_from(conn.buf, p0)
+            if cls == 60 and meth == 60:  # basic.deliver: ctag, delivery tag, ...
+                tl = conn.buf[p0 + 4]
+                (last_tag,) = unpack_q(conn.buf, p0 + 5 + tl)
+                got += 1
+                unacked += 1
+                if unacked >= ack_every:
+                    conn.send(ack_frame(ch, last_tag, True))
+                    unacked = 0
+            else:
+                conn._check_close(fch, cls, meth, p0)
+        if unacked:
+            conn.send(ack_frame(ch, last_tag, True))
+    finally:
+        conn.sock.settimeout(old_timeout)
+    return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------
