@@ -10,7 +10,7 @@ ROOT="$(dirname "$HERE")"
 PORT="${BENCH_PORT:-5698}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 TMP="$(mktemp -d /tmp/warren-bench.XXXXXX)"
-"$PYTHON" -m amqp_server --bind 127.0.0.1 --amqp-port "$PORT" --data-dir "$TMP/data" --log-level WARNING \
+"$PYTHON" -m amqp_server --bind 127.0.0.1 --amqp-port "$PORT" --data-dir "$TMP/data" --mgmt-enabled false --log-level WARNING \
     > "$TMP/broker.log" 2>&1 &
 PID=$!
 cleanup() { kill -TERM "$PID" 2>/dev/null; wait "$PID" 2>/dev/null || true; rm -rf "$TMP"; }
