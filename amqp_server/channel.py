@@ -29,6 +29,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 
 
 class Channel:
@@ -48,6 +49,9 @@ class Channel:
         self._size = 0
         self._chunks: list[bytes] = []
         self._received = 0
+        # a backlog of messages shares one copy of each distinct route and content header
+        self._routes: dict[bytes, tuple[bytes, str, str]] = {}
+        self._headers: dict[bytes, bytes] = {}
         # consuming
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
@@ -86,7 +90,12 @@ class Channel:
         if len(header) < 14 or header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
-        self._header = header
+        shared = self._headers.get(header)
+        if shared is None:
+            if len(self._headers) >= SHARED_MAX:
+                self._headers.clear()
+            shared = self._headers[header] = header
+        self._header = shared
         if size == 0:
             self.expect = EXPECT_METHOD
             self._publish(b"")
@@ -120,10 +129,16 @@ class Channel:
             self._publish(body)
 
     def _publish(self, body: bytes) -> None:
-        route = self._route
-        ex_len = route[0]
-        exchange_name = route[1:1 + ex_len].decode(errors="replace")
-        message = Message(exchange_name, route[2 + ex_len:].decode(errors="replace"), route, self._header, body)
+        shared = self._routes.get(self._route)
+        if shared is None:
+            if len(self._routes) >= SHARED_MAX:
+                self._routes.clear()
+            route = self._route
+            ex_len = route[0]
+            shared = self._routes[route] = (route, route[1:1 + ex_len].decode(errors="replace"),
+                                            route[2 + ex_len:].decode(errors="replace"))
+        route, exchange_name, routing_key = shared
+        message = Message(exchange_name, routing_key, route, self._header, body)
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
