@@ -64,6 +64,7 @@ class Channel:
         self.publish_seq = 0
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
+        self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
@@ -196,7 +197,13 @@ class Channel:
             self.connection.schedule_flush()
 
     def synced(self, batch: int) -> None:
-        """Group commit ``batch`` is durable: confirm what waited for it."""
+        """Group commit ``batch`` is durable: confirm (or tx.commit-ok) what waited for it."""
+        if self.tx_commit_batch:
+            if batch >= self.tx_commit_batch:
+                self.tx_commit_batch = 0
+                self.broker.persistence.waiters.discard(self)
+                self.reply(commands.Tx.CommitOk())
+            return
         unsynced = self.unsynced
         while unsynced and unsynced[0][1] <= batch:
             unsynced.popleft()
@@ -550,6 +557,11 @@ class Channel:
         pending, self.tx = self.tx, []
         for action in pending:
             action()
+        persistence = self.broker.persistence
+        if persistence.staged:  # as a confirm would: commit-ok once what the transaction stored is fsynced
+            self.tx_commit_batch = persistence.batch
+            persistence.waiters.add(self)
+            return
         self.reply(commands.Tx.CommitOk())
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
