@@ -8,7 +8,7 @@
   W.history = [];
 
   const $ = (id) => document.getElementById(id);
-  const app = (W.app = { current: null, route: null, timer: null, ticking: false });
+  const app = (W.app = { current: null, timer: null, ticking: false, flash: null });
 
   /* ---------- login ---------- */
   function showLogin(message) {
@@ -31,15 +31,14 @@
     const submit = $("login-submit");
     submit.disabled = true;
     try {
-      const header = "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(`${user}:${password}`)));
-      const me = await api("GET", "whoami", undefined, { authHeader: header });
+      const me = await api("GET", "whoami", undefined, { authHeader: W.auth.headerFor(user, password) });
       W.auth.set(user, password);
       $("login-password").value = "";
       await enter(me);
     } catch (err) {
       const e2 = $("login-error");
       e2.hidden = false;
-      e2.textContent = err.status === 401 ? `Login failed: ${err.reason || "wrong username or password"}`
+      e2.textContent = err.status === 401 ? (err.reason === "Login failed" ? "Wrong username or password." : `Login failed: ${err.reason}`)
         : err.status === 403 ? `${user} may not use the management UI: ${err.reason}` : (err.reason || err.message);
     } finally {
       submit.disabled = false;
@@ -111,9 +110,14 @@
     document.title = `${active ? active[0].toUpperCase() + active.slice(1) : "Not found"} · Warren`;
     app.current = page;
     W.clearBanners();
-    replace($("main"), page.el);
+    if (app.flash) { W.showSuccess(app.flash); app.flash = null; }
+    const main = $("main");
+    main.dataset.route = location.hash;
+    main.setAttribute("aria-busy", "true");  // until the page's data is in
+    replace(main, page.el);
     window.scrollTo(0, 0);
     await refreshPage(page, true);
+    if (app.current === page) main.removeAttribute("aria-busy");
   }
   async function refreshPage(page, first) {
     if (!page.refresh) return;
@@ -121,7 +125,7 @@
       await page.refresh();
       if (page.failed) { document.querySelectorAll(".banner-error[data-refresh]").forEach((b) => b.remove()); page.failed = false; }
     } catch (err) {
-      if (err.status === 401) return;
+      if (err.status === 401 || page !== app.current) return;  // a page left meanwhile (e.g. just deleted) stays quiet
       if (first || !page.failed) {
         const b = W.showError(err, err.status === 404 ? "Not found" : "Refresh");
         b.dataset.refresh = "1";
@@ -130,6 +134,8 @@
     }
   }
   window.addEventListener("hashchange", () => { if (W.auth.header()) route(); });
+  // Go to another page and say what was done there: route() clears the old page's banners.
+  W.navigate = (hash, message) => { app.flash = message; location.hash = hash; };
 
   /* ---------- refresh tick ---------- */
   function interval() { return Number(sessionStorage.getItem(INTERVAL_KEY) || 5000); }

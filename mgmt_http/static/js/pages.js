@@ -59,7 +59,7 @@
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
       { key: "total", label: "Total", color: COLORS.total },
-    ], { fill: true, label: "Queued messages" });
+    ], { fill: true, integer: true, label: "Queued messages" });
     const perQueue = new W.BarChart("queue-depths", [
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
@@ -77,7 +77,6 @@
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Message rates")), rates.el),
         h("section.panel", h("div.panel-head", h("h2", "Queued messages")), depth.el)),
-      h("div", { style: "height:18px" }),
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Deepest queues"), h("span.spacer"), h("a", { href: "#/queues" }, "All queues →")),
           h("div.panel-body", { style: "padding-bottom:0" }, perQueue.el)),
@@ -351,8 +350,8 @@
     const bind = bindForm(vhost, { exchange: name }, () => page.refresh());
     const del = h("button.btn.btn-danger", { type: "button", id: "exchange-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete exchange", ["Delete exchange ", h("b", display), ` in ${vhost}? Its bindings go with it.`], "Delete")) return;
-      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, `Exchange ${display} deleted.`, "Delete exchange");
-      if (ok) location.hash = "#/exchanges";
+      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, null, "Delete exchange");
+      if (ok) W.navigate("#/exchanges", `Exchange ${display} deleted.`);
     } } }, "Delete this exchange");
     const isDefault = name === "";
     const builtin = name.startsWith("amq.");
@@ -509,8 +508,8 @@
     const del = h("button.btn.btn-danger", { type: "button", id: "queue-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete queue", ["Delete queue ", h("b", name), ` in ${vhost} and every message in it?`], "Delete")) return;
       const q = [ifUnused.checked ? "if-unused=true" : "", ifEmpty.checked ? "if-empty=true" : ""].filter(Boolean).join("&");
-      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, `Queue ${name} deleted.`, "Delete queue");
-      if (ok) location.hash = "#/queues";
+      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, null, "Delete queue");
+      if (ok) W.navigate("#/queues", `Queue ${name} deleted.`);
     } } }, "Delete queue");
 
     const page = {
@@ -521,7 +520,6 @@
           h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
           h("section.panel", h("div.panel-head", h("h2", "Bindings")), h("div.panel-body.flush", bindings.el),
             h("div.panel-body", { style: "border-top:1px solid var(--border)" }, h("h3", { style: "margin-bottom:10px" }, "Add binding to this queue"), bind.el))),
-        h("div", { style: "height:18px" }),
         h("section.panel", { id: "get-messages" }, h("div.panel-head", h("h2", "Get messages")), h("div.panel-body", getForm, getOut)),
         h("section.panel", { id: "peek-messages" }, h("div.panel-head", h("h2", "Peek"), h("span.tag.accent", "Warren")), h("div.panel-body", peekForm, peekOut)),
         h("section.panel", { id: "move-messages" }, h("div.panel-head", h("h2", "Move messages"), h("span.tag.accent", "Warren")), h("div.panel-body", moveForm)),

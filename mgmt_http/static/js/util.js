@@ -90,6 +90,7 @@ window.W = window.W || {};
       sessionStorage.setItem(USER_KEY, user);
     },
     header() { const t = sessionStorage.getItem(AUTH_KEY); return t ? "Basic " + t : null; },
+    headerFor(user, password) { return "Basic " + b64(`${user}:${password}`); },
     user() { return sessionStorage.getItem(USER_KEY) || ""; },
     clear() { sessionStorage.removeItem(AUTH_KEY); sessionStorage.removeItem(USER_KEY); },
   };
