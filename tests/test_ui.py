@@ -212,7 +212,7 @@ def test_overview_charts_draw_and_follow_the_broker(ui: UI, node: BrokerProcess,
 
 def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerProcess, uid: str):
     page = ui.page
-    source, target = f"src-{uid}", f"dst-{uid}"
+    source, target = f"src/{uid} #1", f"dst-{uid}"  # a name that needs encoding in paths and hashes
     declare_queue_in_ui(ui, source)
     declare_queue_in_ui(ui, target)
     assert api_get(node, f"/api/queues/%2F/{q(source)}")["durable"] is False
@@ -375,6 +375,7 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     row = page.locator("table[data-table=users] tbody tr", has_text=user)
     expect(row).to_contain_text("management")
     assert api_get(node, f"/api/users/{q(user)}")["tags"] == ["management"]
+    assert api_get(node, f"/api/permissions/%2F/{q(user)}")["configure"] == ".*"  # the form's default grant
 
     page.click("[data-subtab=permissions]")
     page.select_option("#perm-user", user)
@@ -387,12 +388,25 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     expect(perm_row).to_contain_text("^orders")
     assert api_get(node, f"/api/permissions/{q(vhost)}/{q(user)}")["read"] == "^orders"
 
-    other = browser.new_context()  # the new user logs in: the UI is theirs to use, admin pages refuse
+    other = browser.new_context()  # the new user logs in: the UI is theirs to use, but not its admin pages
     other.set_default_timeout(TIMEOUT_MS)
     try:
         session = UI(other.new_page(), node)
+        session.page.goto(session.base)
+        session.page.fill("#login-username", user)
+        session.page.fill("#login-password", "wrong")
+        session.page.click("#login-submit")
+        expect(session.page.locator("#login-error")).to_have_text("Wrong username or password.")
+        assert [e for e in session.errors if "401 (Unauthorized)" not in e] == []  # the browser notes the 401
+        session.errors.clear()
         session.login(user, "s3cret")
         expect(session.page.locator("canvas[data-chart=depth]")).to_be_visible()
+        expect(session.page.locator("#nav a[data-tab=admin]")).to_be_hidden()
+        session.go("#/admin/users")
+        expect(session.page.locator("#main")).to_contain_text("for users tagged administrator")
+        session.go("#/queues")
+        expect(session.page.locator("#q-vhost option")).to_have_text(["/", vhost])  # "/" granted on adding
+        assert session.off_host() == [] and session.errors == [], (session.off_host(), session.errors)
     finally:
         other.close()
 
@@ -441,6 +455,11 @@ def test_definitions_export_and_import(ui: UI, node: BrokerProcess, uid: str, tm
     assert download.value.suggested_filename.endswith(".json")
     assert kept in [queue["name"] for queue in exported["queues"]]
     assert {"users", "vhosts", "permissions", "exchanges", "bindings"} <= set(exported)
+
+    page.set_input_files("#definitions-file", files=[{"name": "broken.json", "mimeType": "application/json",
+                                                       "buffer": b'{"queues": ['}])
+    page.click("#definitions-import")
+    expect(page.locator("#banners .banner-error")).to_contain_text("broken.json is not valid JSON")
 
     exported["queues"].append({"name": imported, "vhost": "/", "durable": True, "auto_delete": False,
                                "arguments": {"x-max-length": 5}})

@@ -4,7 +4,8 @@
   const { h, api, replace } = W;
   const HISTORY_MS = 10 * 60 * 1000;
   const INTERVAL_KEY = "warren.refresh";
-  W.state = { overview: null, vhosts: null };
+  W.state = { me: null, overview: null, vhosts: null };
+  W.isAdmin = () => ((W.state.me || {}).tags || []).includes("administrator");
   W.history = [];
 
   const $ = (id) => document.getElementById(id);
@@ -48,6 +49,8 @@
 
   async function enter(me) {
     me = me || await api("GET", "whoami");
+    W.state.me = me;
+    document.querySelector('#nav a[data-tab="admin"]').hidden = !W.isAdmin();
     $("current-user").textContent = me.name;
     $("current-user").title = (me.tags || []).join(", ");
     $("login-view").hidden = true;

@@ -209,7 +209,7 @@
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Exchange name is required");
+        if (!name) throw new W.InputError("Exchange name is required");
         await api("PUT", `exchanges/${exchangePath(vhost, name)}`, {
           type: form.type.value, durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true",
           internal: form.internal.value === "true", arguments: form.args.value() });
@@ -273,7 +273,7 @@
       if (fixed.exchange !== undefined) { source = fixed.exchange; kind = destType.value; dest = target; }
       else { source = target; kind = "q"; dest = fixed.queue; }
       const ok = await act(submit, async () => {
-        if (!target) throw new Error("Name is required");
+        if (!target) throw new W.InputError("Name is required");
         await api("POST", `bindings/${enc(vhost)}/e/${enc(source === "" ? DEFAULT_EX : source)}/${kind}/${enc(dest)}`,
           { routing_key: rk.value, arguments: args.value() });
         return true;
@@ -418,7 +418,7 @@
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Queue name is required");
+        if (!name) throw new W.InputError("Queue name is required");
         await api("PUT", `queues/${enc(vhost)}/${enc(name)}`, {
           durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true", arguments: form.args.value() });
         return true;
@@ -492,7 +492,7 @@
       const body = { destination: moveDest.value.trim() };
       if (moveCount.value) body.count = Number(moveCount.value);
       const res = await act(moveSubmit, async () => {
-        if (!body.destination) throw new Error("Destination queue is required");
+        if (!body.destination) throw new W.InputError("Destination queue is required");
         return api("POST", `${qpath}/move`, body);
       }, (r) => `Moved ${fmtNum(r.moved)} message${r.moved === 1 ? "" : "s"} to ${r.destination}.`, "Move");
       if (res) await page.refresh();

@@ -136,6 +136,9 @@ window.W = window.W || {};
     return data;
   }
 
+  // What the user typed cannot be sent: shown like an API refusal, not logged as a fault of the page.
+  class InputError extends Error {}
+
   /* ---------- banners ---------- */
   function banner(kind, title, message, timeout) {
     const box = document.getElementById("banners");
@@ -154,7 +157,7 @@ window.W = window.W || {};
       const title = (context ? context + ": " : "") + (err.status ? `${err.status} ${err.error || ""}`.trim() : "Error");
       return banner("error", title + " —", err.reason || err.message);
     }
-    console.error(err);
+    if (!(err instanceof InputError)) console.error(err);
     return banner("error", (context ? context + ": " : "") + "Error —", String(err && err.message || err));
   }
   function showSuccess(message) { return banner("success", "", message, 6000); }
@@ -316,12 +319,12 @@ window.W = window.W || {};
           const raw = row.querySelector("[data-kv-value]").value;
           const type = row.querySelector("[data-kv-type]").value;
           if (type === "number") {
-            if (raw.trim() === "" || isNaN(Number(raw))) throw new Error(`${name}: "${key}" must be a number`);
+            if (raw.trim() === "" || isNaN(Number(raw))) throw new InputError(`${name}: "${key}" must be a number`);
             out[key] = Number(raw);
           } else if (type === "boolean") {
             out[key] = /^(true|1|yes)$/i.test(raw.trim());
           } else if (type === "json") {
-            try { out[key] = JSON.parse(raw); } catch (e) { throw new Error(`${name}: "${key}" is not valid JSON`); }
+            try { out[key] = JSON.parse(raw); } catch (e) { throw new InputError(`${name}: "${key}" is not valid JSON`); }
           } else out[key] = raw;
         }
         return out;
@@ -357,7 +360,7 @@ window.W = window.W || {};
 
   Object.assign(W, {
     h, append, clear, replace, fmtNum, fmtRate, fmtBytes, fmtTime, get, rate, enc, vhostLabel,
-    auth, api, ApiError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
+    auth, api, ApiError, InputError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
     dataTable, field, select, kvEditor, featureTags, kvTable, panel,
   });
 })(window.W);
