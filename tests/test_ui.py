@@ -216,6 +216,9 @@ def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerPr
     declare_queue_in_ui(ui, source)
     declare_queue_in_ui(ui, target)
     assert api_get(node, f"/api/queues/%2F/{q(source)}")["durable"] is False
+    ui.go("#/")  # refreshing is off: opening the overview loads fresh totals all the same
+    expect(ui.stat("queues")).to_have_text(str(len(api_get(node, "/api/queues"))))
+    ui.go("#/queues")
 
     page.click(f"table[data-table=queues] a[data-queue='{source}']")
     expect(page.locator("#main h1")).to_contain_text(source)

@@ -56,8 +56,7 @@
     $("login-view").hidden = true;
     $("app-view").hidden = false;
     try {
-      W.state.overview = await api("GET", "overview");
-      pushHistory(W.state.overview);
+      await loadOverview();
       await W.vhostNames();
     } catch (err) {
       W.showError(err, "Overview");
@@ -66,6 +65,14 @@
     await route();
     startTimer();
   }
+
+  // The overview feeds the header, the footer and the charts' history on every tick, whatever the page.
+  async function loadOverview() {
+    W.state.overview = await api("GET", "overview");
+    pushHistory(W.state.overview);
+    renderChrome();
+  }
+  W.loadOverview = loadOverview;
 
   function renderChrome() {
     const ov = W.state.overview || {};
@@ -125,7 +132,7 @@
   async function refreshPage(page, first) {
     if (!page.refresh) return;
     try {
-      await page.refresh();
+      await page.refresh(first);
       if (page.failed) { document.querySelectorAll(".banner-error[data-refresh]").forEach((b) => b.remove()); page.failed = false; }
     } catch (err) {
       if (err.status === 401 || page !== app.current) return;  // a page left meanwhile (e.g. just deleted) stays quiet
@@ -153,9 +160,7 @@
     app.ticking = true;
     try {
       try {
-        W.state.overview = await api("GET", "overview");
-        pushHistory(W.state.overview);
-        renderChrome();
+        await loadOverview();
       } catch (err) {
         if (err.status !== 401 && !document.querySelector(".banner-error")) W.showError(err, "Overview");
       }

@@ -1,5 +1,6 @@
-/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh()}; the app
-   mounts el once and calls refresh() now and on every tick, so forms keep what the user typed. */
+/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh(first)}; the app
+   mounts el once and calls refresh(true) now and refresh(false) on every tick, so forms keep what the
+   user typed. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, fmtRate, fmtBytes, get, rate, enc } = W;
@@ -87,8 +88,9 @@
     }
     return {
       el,
-      async refresh() {
-        const ov = W.state.overview || await api("GET", "overview");
+      async refresh(first) {
+        if (first) await W.loadOverview();  // the last tick's may be old, or ticks may be off
+        const ov = W.state.overview;
         const ot = ov.object_totals || {};
         const qt = ov.queue_totals || {};
         replace(cards,
