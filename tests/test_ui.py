@@ -22,7 +22,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); test.sh installs it",
                 allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -91,7 +91,7 @@ class UI:
     def success(self, text: str | re.Pattern) -> None:
         expect(self.page.locator(".banner-success")).to_contain_text(text)
 
-    def stat(self, key: str):
+    def stat(self, key: str) -> Locator:
         return self.page.locator(f"[data-stat={key}] .value")
 
     def off_host(self) -> list[str]:
@@ -174,6 +174,14 @@ def delete_queue_in_ui(ui: UI, name: str) -> None:
     ui.wait_for_page("#/queues")
     ui.success(f"Queue {name} deleted")
     expect(ui.page.locator(f"table[data-table=queues] a[data-queue='{name}']")).to_have_count(0)
+
+
+def delete_row(ui: UI, row: Locator, action: str, message: str) -> None:
+    """Click a table row's delete button, confirm, and see the row go."""
+    row.locator(f"[data-action={action}]").click()
+    ui.confirm()
+    ui.success(message)
+    expect(row).to_have_count(0)
 
 
 # -- overview ------------------------------------------------------------------------------------
@@ -417,10 +425,7 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     ui.success("cleared")
     expect(perm_row).to_have_count(0)
     page.click("[data-subtab=users]")
-    row.locator("[data-action=delete-user]").click()
-    ui.confirm()
-    ui.success(f"User {user} deleted")
-    expect(row).to_have_count(0)
+    delete_row(ui, row, "delete-user", f"User {user} deleted")
     assert call(node, "GET", f"/api/users/{q(user)}").status == 404
     assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
@@ -440,10 +445,7 @@ def test_vhosts_page_add_and_delete(ui: UI, node: BrokerProcess, uid: str):
     ui.go("#/queues")  # the new vhost is offered where queues are declared
     expect(page.locator("#q-vhost option", has_text=vhost)).to_have_count(1)
     ui.go("#/admin/vhosts")
-    row.locator("[data-action=delete-vhost]").click()
-    ui.confirm()
-    ui.success(f"Virtual host {vhost} deleted")
-    expect(row).to_have_count(0)
+    delete_row(ui, row, "delete-vhost", f"Virtual host {vhost} deleted")
     assert call(node, "GET", f"/api/vhosts/{q(vhost)}").status == 404
 
 
