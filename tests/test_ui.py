@@ -430,6 +430,39 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_refused_action_keeps_the_session_and_changed_password_ends_it(browser: Browser, node: BrokerProcess,
+                                                                       uid: str):
+    user, vhost, queue = f"ro-{uid}", f"ro-vh-{uid}", f"keep-{uid}"
+    assert call(node, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    assert call(node, "PUT", f"/api/queues/{q(vhost)}/{q(queue)}", {"durable": False}).status == 201
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "management"}).status == 201
+    assert call(node, "PUT", f"/api/permissions/{q(vhost)}/{q(user)}",
+                {"configure": "^$", "write": ".*", "read": ".*"}).status == 201
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        session = UI(context.new_page(), node)
+        session.login(user, "pw")
+        session.go(f"#/queues/{q(vhost)}/{q(queue)}")
+        session.page.click("#queue-delete")
+        session.confirm()
+        expect(session.page.locator("#banners .banner-error")).to_contain_text("Delete queue")
+        expect(session.page.locator("#app-view")).to_be_visible()  # refused, not logged out
+        assert call(node, "GET", f"/api/queues/{q(vhost)}/{q(queue)}").status == 200
+
+        assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "changed", "tags": "management"}).status == 204
+        session.page.click("#peek-submit")
+        expect(session.page.locator("#login-view")).to_be_visible()
+        expect(session.page.locator("#login-error")).to_contain_text("Your session ended")
+        assert session.off_host() == []
+        refusals = re.compile(r"Failed to load resource: the server responded with a status of 40[13]")
+        assert [e for e in session.errors if not refusals.match(e)] == []  # only the browser noting them
+    finally:
+        context.close()
+    assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
+    assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
 def test_vhosts_page_add_and_delete(ui: UI, node: BrokerProcess, uid: str):
     page = ui.page
     vhost = f"vhost-{uid}"

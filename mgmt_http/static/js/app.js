@@ -39,8 +39,8 @@
     } catch (err) {
       const e2 = $("login-error");
       e2.hidden = false;
-      e2.textContent = err.status === 401 ? (err.reason === "Login failed" ? "Wrong username or password." : `Login failed: ${err.reason}`)
-        : err.status === 403 ? `${user} may not use the management UI: ${err.reason}` : (err.reason || err.message);
+      e2.textContent = err.reason === "Login failed" ? "Wrong username or password."
+        : err.status === 401 || err.status === 403 ? `${user} may not log in here: ${err.reason}` : (err.reason || err.message);
     } finally {
       submit.disabled = false;
     }
@@ -135,7 +135,7 @@
       await page.refresh(first);
       if (page.failed) { document.querySelectorAll(".banner-error[data-refresh]").forEach((b) => b.remove()); page.failed = false; }
     } catch (err) {
-      if (err.status === 401 || page !== app.current) return;  // a page left meanwhile (e.g. just deleted) stays quiet
+      if (err.sessionEnded || page !== app.current) return;  // a page left meanwhile (e.g. just deleted) stays quiet
       if (first || !page.failed) {
         const b = W.showError(err, err.status === 404 ? "Not found" : "Refresh");
         b.dataset.refresh = "1";
@@ -162,7 +162,7 @@
       try {
         await loadOverview();
       } catch (err) {
-        if (err.status !== 401 && !document.querySelector(".banner-error")) W.showError(err, "Overview");
+        if (!err.sessionEnded && !document.querySelector(".banner-error")) W.showError(err, "Overview");
       }
       if (app.current && W.auth.header()) await refreshPage(app.current, false);
     } finally {
@@ -175,6 +175,6 @@
   sel.addEventListener("change", () => { sessionStorage.setItem(INTERVAL_KEY, sel.value); startTimer(); });
 
   /* ---------- start ---------- */
-  if (W.auth.header()) enter().catch((err) => showLogin(err.status === 401 ? "" : (err.reason || err.message)));
+  if (W.auth.header()) enter().catch((err) => { if (!err.sessionEnded) showLogin(err.reason || err.message); });
   else showLogin("");
 })(window.W);

@@ -101,6 +101,7 @@ window.W = window.W || {};
       this.status = status;
       this.error = error;
       this.reason = reason;
+      this.sessionEnded = false;  // set by api(): the credentials no longer work
     }
   }
 
@@ -130,7 +131,10 @@ window.W = window.W || {};
       const error = data && typeof data === "object" ? data.error : undefined;
       const reason = data && typeof data === "object" ? data.reason : (typeof data === "string" ? data : "");
       const err = new ApiError(res.status, error || res.statusText, reason || res.statusText);
-      if (res.status === 401 && !options.authHeader && W.onUnauthorized) W.onUnauthorized(err);
+      // 401 asking for credentials (WWW-Authenticate): these ones no longer work.  A 401 without it
+      // (RabbitMQ's "not allowed", as a 403 is) is an answer to this request only.
+      err.sessionEnded = res.status === 401 && res.headers.has("WWW-Authenticate") && !options.authHeader;
+      if (err.sessionEnded && W.onUnauthorized) W.onUnauthorized(err);
       throw err;
     }
     return data;
