@@ -12,7 +12,7 @@ from amqp_server.queue import Consumer
 
 from . import auth
 from .context import Context, ctx
-from .http import forbidden, jsonable, no_content, not_found
+from .http import not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
 from .rates import message_stats
 
@@ -120,7 +120,7 @@ async def close_connection(request: web.Request) -> web.Response:
     connection = find_connection(request)
     user = auth.login(request)
     if not user.is_admin and connection.user.name != user.name:
-        raise forbidden("Not administrator user")
+        raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
 

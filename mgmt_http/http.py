@@ -70,8 +70,9 @@ def bad_request(reason: str) -> HTTPError:
     return HTTPError(400, "bad_request", reason)
 
 
-def forbidden(reason: str) -> HTTPError:
-    return HTTPError(403, "not_authorised", reason)
+def not_authorised(reason: str) -> HTTPError:
+    """Authenticated but not allowed: RabbitMQ's management plugin answers 401 here too (never 403)."""
+    return HTTPError(401, "not_authorised", reason)
 
 
 def from_amqp(exc: AMQPError) -> HTTPError:
@@ -79,7 +80,7 @@ def from_amqp(exc: AMQPError) -> HTTPError:
     if exc.code == errors.NOT_FOUND:
         return HTTPError(404, "not_found", exc.text)
     if exc.code == errors.ACCESS_REFUSED:
-        return HTTPError(403, "not_authorised", exc.text)
+        return not_authorised(exc.text)
     return HTTPError(400, "bad_request", exc.text)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from aiohttp import web
 
-from .http import bad_request, json_response, query_flag
+from .http import HTTPError, bad_request, json_response, query_flag
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
@@ -71,24 +71,27 @@ def select_columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return result
 
 
-def _positive_int(request: web.Request, name: str, default: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
+def _pagination(request: web.Request) -> tuple[int, int]:
+    """(page, page_size), refused with RabbitMQ's errors: not integers, page < 1, size outside 1..500."""
+    raw_page, raw_size = request.query.get("page"), request.query.get("page_size")
     try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer") from None
-    if value < 1:
-        raise bad_request(f"{name} must be a positive integer")
-    return value
+        page = int(raw_page)
+        page_size = int(raw_size) if raw_size is not None else DEFAULT_PAGE_SIZE
+    except (TypeError, ValueError):
+        raise bad_request("Pagination parameters are invalid") from None
+    if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
+        size = raw_size if raw_size is not None else "undefined"
+        raise HTTPError(400, "invalid_pagination_parameters",
+                        f"Invalid pagination parameters: page number {page}, page size {size}")
+    return page, page_size
 
 
 def paginate(items: list[dict[str, Any]], page: int, page_size: int, total: int) -> dict[str, Any]:
     filtered = len(items)
     page_count = max(1, math.ceil(filtered / page_size)) if filtered else 0
     if page_count and page > page_count:
-        raise bad_request("page_out_of_range")
+        raise HTTPError(400, "page_out_of_range",
+                        f"Page out of range, page: {page} page size: {page_size}, len: {filtered}")
     chunk = items[(page - 1) * page_size:page * page_size]
     return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk, "page": page,
             "page_count": page_count, "page_size": page_size, "total_count": total}
@@ -106,10 +109,8 @@ def respond(request: web.Request, items: list[dict[str, Any]],
     items = sort_items(items, keys, query_flag(request, "sort_reverse"))
     columns = [c.strip() for c in query.get("columns", "").split(",") if c.strip()]
     if "page" in query:
-        page_size = _positive_int(request, "page_size", DEFAULT_PAGE_SIZE)
-        if page_size > MAX_PAGE_SIZE:
-            raise bad_request(f"page_size must be between 1 and {MAX_PAGE_SIZE}")
-        body = paginate(items, _positive_int(request, "page", 1), page_size, total)
+        page, page_size = _pagination(request)
+        body = paginate(items, page, page_size, total)
         if columns:
             body["items"] = [select_columns(item, columns) for item in body["items"]]
         return json_response(body)

@@ -85,7 +85,7 @@ async def declare(request: web.Request) -> web.Response:
     vhost = context.vhost(auth.require_vhost(request))
     name = request.match_info["name"]
     body = await read_json(request)
-    durable = get_bool(body, "durable", True)
+    durable = get_bool(body, "durable", False)  # queue.declare's default, as RabbitMQ
     auto_delete = get_bool(body, "auto_delete", False)
     arguments = get_table(body, "arguments")
     if not name:
