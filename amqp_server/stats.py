@@ -7,8 +7,8 @@ from __future__ import annotations
 
 
 class MessageStats:
-    __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver", "confirm",
-                 "return_unroutable", "drop_unroutable", "publish_in", "publish_out")
+    __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "ack", "redeliver",
+                 "confirm", "return_unroutable", "drop_unroutable")
 
     def __init__(self) -> None:
         for name in self.__slots__:

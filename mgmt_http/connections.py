@@ -14,7 +14,7 @@ from . import auth
 from .context import Context, ctx
 from .http import not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
-from .rates import message_stats
+from .rates import CHANNEL_STATS, message_stats
 
 routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
@@ -65,7 +65,7 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0, "acks_uncommitted": 0,
         "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
         "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
-        "message_stats": message_stats(channel.stats, context.sampler.rates(channel)),
+        "message_stats": message_stats(channel.stats, context.sampler.rates(channel), CHANNEL_STATS),
     }
 
 

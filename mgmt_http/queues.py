@@ -14,7 +14,7 @@ from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, 
                    no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
-from .rates import depth_fields, message_stats, queue_depths
+from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 
@@ -36,7 +36,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "consumers": len(queue.consumers), "consumer_utilisation": None,
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "message_bytes_ready": queue.ready_bytes,
-        "message_stats": message_stats(queue.stats, rates),
+        "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
     if queue.exclusive_owner is not None:

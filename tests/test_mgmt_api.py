@@ -619,6 +619,49 @@ def test_rates_become_non_zero_after_traffic(broker, uid):
     connection.close()
 
 
+QUEUE_STATS = {"publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "ack", "redeliver",
+               "deliver_get"}
+
+
+def test_message_stats_counters_per_object(broker, uid):
+    """Queues, channels, vhosts and the overview count as RabbitMQ's do: vhost and node totals include what
+    their queues delivered and had acked (also after a queue is deleted), basic.get on an empty queue counts."""
+    vhost = f"stats-{uid}"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    connection = amqp(broker, vhost)
+    channel = connection.channel()
+    channel.queue_declare(uid)
+    for i in range(5):
+        channel.basic_publish("", uid, b"s")
+    channel.basic_qos(prefetch_count=10)
+    seen = []
+    channel.basic_consume(uid, lambda ch, method, props, body: seen.append(method.delivery_tag))
+    while len(seen) < 5:
+        connection.process_data_events(0.1)
+    channel.basic_ack(seen[-1], multiple=True)
+    channel.basic_cancel(channel.consumer_tags[0])
+    assert channel.basic_get(uid)[0] is None  # get_empty
+    connection.process_data_events(0.2)
+    stats = call(broker, "GET", f"/api/queues/{q(vhost)}/{q(uid)}").json["message_stats"]
+    assert {k for k in stats if not k.endswith("_details")} == QUEUE_STATS
+    assert (stats["publish"], stats["deliver"], stats["ack"], stats["get_empty"], stats["deliver_get"]) == \
+        (5, 5, 5, 1, 5)
+    ch_stats = next(c for c in call(broker, "GET", f"/api/vhosts/{q(vhost)}/channels").json)["message_stats"]
+    assert (ch_stats["publish"], ch_stats["deliver"], ch_stats["ack"], ch_stats["get_empty"]) == (5, 5, 5, 1)
+    expected = {"publish": 5, "deliver": 5, "ack": 5, "get_empty": 1, "deliver_get": 5}
+    totals = call(broker, "GET", f"/api/vhosts/{q(vhost)}").json["message_stats"]
+    assert {k: totals[k] for k in expected} == expected
+    overview = call(broker, "GET", "/api/overview").json["message_stats"]
+    assert all(overview[k] >= v for k, v in expected.items())
+    time.sleep(5.5)  # a sample of the queue's counters is taken (every 5 s) ...
+    channel.queue_delete(uid)
+    time.sleep(5.5)  # ... and the next one finds it gone: its counters stay in the vhost's totals
+    totals = call(broker, "GET", f"/api/vhosts/{q(vhost)}").json["message_stats"]
+    assert {k: totals[k] for k in expected} == expected
+    connection.close()
+    call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
+
+
 def test_metrics_are_prometheus_text(broker, uid):
     connection = amqp(broker)
     channel = connection.channel()
