@@ -14,7 +14,11 @@ class MessageStats:
         for name in self.__slots__:
             setattr(self, name, 0)
 
+    @property
+    def deliver_get(self) -> int:
+        return self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+
     def as_dict(self) -> dict[str, int]:
         values = {name: getattr(self, name) for name in self.__slots__}
-        values["deliver_get"] = self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+        values["deliver_get"] = self.deliver_get
         return values

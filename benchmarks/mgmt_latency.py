@@ -11,10 +11,11 @@ Starts a throwaway Warren node (or uses a running broker given ``--amqp-port`` a
    node (a steady publish/consume load in separate processes) and waits ``--settle`` s
    so that rate samples are being taken;
 3. sends ``--requests`` (200) sequential ``GET /api/queues`` (the full listing), then as
-   many ``GET /api/queues?page=1&page_size=100`` on one keep-alive HTTP connection, and
-   reports p50 / p99 / max in milliseconds and the body size;
-4. stops the load (its throughput during the measurement is reported too) and deletes
-   the queues.
+   many ``GET /api/queues?page=1&page_size=100``, then as many ``GET /api/whoami`` (the
+   floor: what any request waits for the node's event loop and the CPU), each on one
+   keep-alive HTTP connection, and reports p50 / p99 / max in milliseconds and the body size;
+4. reads the node's own publish and deliver rates from /api/overview (the load's
+   throughput while measuring), stops the load and deletes the queues.
 
     .venv/bin/python benchmarks/mgmt_latency.py
     .venv/bin/python benchmarks/mgmt_latency.py --amqp-port 5699 --mgmt-port 15699   # a running RabbitMQ
@@ -27,7 +28,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -100,6 +100,15 @@ def teardown(port: int, queues: int) -> None:
     conn.close()
 
 
+def get_json(mgmt_port: int, path: str) -> dict:
+    token = base64.b64encode(b"guest:guest").decode()
+    conn = http.client.HTTPConnection("127.0.0.1", mgmt_port, timeout=60)
+    conn.request("GET", path, headers={"Authorization": f"Basic {token}"})
+    body = json.loads(conn.getresponse().read())
+    conn.close()
+    return body
+
+
 def measure(mgmt_port: int, path: str, requests: int) -> dict:
     token = base64.b64encode(b"guest:guest").decode()
     http_conn = http.client.HTTPConnection("127.0.0.1", mgmt_port, timeout=60)
@@ -114,7 +123,7 @@ def measure(mgmt_port: int, path: str, requests: int) -> dict:
             raise RuntimeError(f"GET {path}: {response.status} {raw[:200]!r}")
         size = len(raw)
     body = json.loads(raw)
-    items = len(body["items"]) if isinstance(body, dict) else len(body)
+    items = len(body["items"]) if isinstance(body, dict) and "items" in body else len(body)
     http_conn.close()
     times.sort()
     return {"path": path, "requests": requests, "items": items, "bytes": size,
@@ -131,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--page-size", type=int, default=100)
     ap.add_argument("--settle", type=float, default=6.0, help="seconds of load before measuring")
+    ap.add_argument("--no-load", action="store_true", help="measure without the publish/consume load")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if (args.amqp_port is None) != (args.mgmt_port is None):
@@ -144,28 +154,34 @@ def main(argv: list[str] | None = None) -> int:
         else:
             amqp_port, mgmt_port = args.amqp_port, args.mgmt_port
         consumers = setup(amqp_port, args.queues, args.backlog)
-        load = subprocess.Popen([sys.executable, os.path.join(HERE, "amqp_load.py"), "--port", str(amqp_port),
-                                 "--workload", "transient-ack", "--seconds", "600", "--runs", "1"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if not args.no_load:
+            load = subprocess.Popen([sys.executable, os.path.join(HERE, "amqp_load.py"), "--port", str(amqp_port),
+                                     "--workload", "transient-ack", "--seconds", "600", "--runs", "1"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
         time.sleep(args.settle)
-        if load.poll() is not None:
+        if load is not None and load.poll() is not None:
             raise RuntimeError(f"load generator exited: {load.stderr.read()}")
-        results = [measure(mgmt_port, "/api/queues", args.requests),
-                   measure(mgmt_port, f"/api/queues?page=1&page_size={args.page_size}", args.requests)]
-        load.send_signal(signal.SIGINT)
+        results = [measure(mgmt_port, path, args.requests) for path in (
+            "/api/queues", f"/api/queues?page=1&page_size={args.page_size}", "/api/whoami")]
+        stats = get_json(mgmt_port, "/api/overview")["message_stats"]
+        rates = {key: stats.get(f"{key}_details", {}).get("rate", 0.0) for key in ("publish", "deliver_get")}
         consumers.close()
         teardown(amqp_port, args.queues)
     finally:
-        if load is not None and load.poll() is None:
-            load.kill()
+        if load is not None:
+            os.killpg(load.pid, 9)  # the generator and its publisher/consumer processes
+            load.wait()
         if broker is not None:
             broker.terminate()
             broker.wait(15)
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        print(json.dumps({"queues": args.queues, "results": results}, indent=2))
+        print(json.dumps({"queues": args.queues, "load_rates": rates, "results": results}, indent=2))
     else:
-        print(f"{args.queues} queues, {args.requests} requests each, under transient-ack load")
+        print(f"{args.queues} queues, {args.requests} requests each, "
+              f"{'no load' if args.no_load else 'under transient-ack load'}; node's rates at the end: "
+              f"publish {rates['publish']:,.0f}/s, deliver {rates['deliver_get']:,.0f}/s")
         for r in results:
             print(f"GET {r['path']:<40} items {r['items']:>5}  {r['bytes'] / 1024:>7.0f} KiB  "
                   f"p50 {r['p50_ms']:>6.1f} ms  p99 {r['p99_ms']:>6.1f} ms  max {r['max_ms']:>6.1f} ms")

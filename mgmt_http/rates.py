@@ -151,26 +151,30 @@ class Sampler:
 
 
 _DETAILS = {key: key + "_details" for key in CHANNEL_STATS}
+_IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
+
+
+def _details(rate: float) -> dict[str, float]:
+    return {"rate": rate} if rate else _IDLE
 
 
 def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float],
                   keys: tuple[str, ...]) -> dict[str, Any]:
     """RabbitMQ's ``message_stats``: each of ``keys``' counters plus ``<counter>_details: {rate}``."""
-    values = counters.as_dict() if isinstance(counters, MessageStats) else counters
+    value = counters.__getattribute__ if isinstance(counters, MessageStats) else counters.__getitem__
+    rate = rates.get
     result: dict[str, Any] = {}
     for key in keys:
-        result[key] = values.get(key, 0)
-        result[_DETAILS[key]] = {"rate": rates.get(key, 0.0)}
+        result[key] = value(key)
+        result[_DETAILS[key]] = _details(rate(key, 0.0))
     return result
-
-
-DEPTH_KEYS = ("messages", "messages_ready", "messages_unacknowledged")
 
 
 def depth_fields(depths: dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
     """messages / messages_ready / messages_unacknowledged with their ``_details`` rates."""
-    result: dict[str, Any] = {}
-    for key in DEPTH_KEYS:
-        result[key] = depths[key]
-        result[key + "_details"] = {"rate": rates.get(key, 0.0)}
-    return result
+    rate = rates.get
+    return {"messages": depths["messages"], "messages_details": _details(rate("messages", 0.0)),
+            "messages_ready": depths["messages_ready"],
+            "messages_ready_details": _details(rate("messages_ready", 0.0)),
+            "messages_unacknowledged": depths["messages_unacknowledged"],
+            "messages_unacknowledged_details": _details(rate("messages_unacknowledged", 0.0))}

@@ -513,6 +513,7 @@ def test_columns_sort_paging_and_name_filter(broker, uid):
     assert set(paged) == {"filtered_count", "item_count", "items", "page", "page_count", "page_size", "total_count"}
     assert paged["filtered_count"] == 7 and paged["page_count"] == 3 and paged["item_count"] == 3
     assert [i["name"] for i in paged["items"]] == names[3:6]
+    assert [i["messages"] for i in paged["items"]] == [0, 1, 2]  # a page renders its items in full
     assert paged["total_count"] >= 7
     regex = call(broker, "GET", f"/api/queues/%2F?page=1&use_regex=true&name={q('list-[0-2]$')}").json
     assert sorted(i["name"] for i in regex["items"] if i["name"].startswith(uid)) == names[:3]
