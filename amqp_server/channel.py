@@ -302,9 +302,14 @@ class Channel:
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:
             self._check_tags(method.delivery_tag, method.multiple)
-            self.tx.append(lambda: self._settle(self._take_unacked(method.delivery_tag, method.multiple), False))
+            self.tx.append(lambda: self._acked(method.delivery_tag, method.multiple))
             return
-        self._settle(self._take_unacked(method.delivery_tag, method.multiple), False)
+        self._acked(method.delivery_tag, method.multiple)
+
+    def _acked(self, delivery_tag: int, multiple: bool) -> None:
+        taken = self._take_unacked(delivery_tag, multiple)
+        self.stats.ack += len(taken)  # once per basic.ack frame, not per message
+        self._settle(taken, False)
 
     def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
         multiple = getattr(method, "multiple", False)
@@ -512,6 +517,7 @@ class Channel:
         self._check("read", "queue", name)
         queue, entry = self.broker.basic_get(self.vhost, name, m.no_ack, self.connection)
         if entry is None:
+            self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         if m.no_ack:

@@ -262,6 +262,7 @@ class Queue:
         self.touch()
         entry = self._pop_ready()
         if entry is None:
+            self.stats.get_empty += 1
             return None
         if no_ack:
             self.stats.get_no_ack += 1

@@ -12,9 +12,9 @@ from amqp_server.queue import Consumer
 
 from . import auth
 from .context import Context, ctx
-from .http import forbidden, jsonable, no_content, not_found
+from .http import not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
-from .rates import message_stats
+from .rates import CHANNEL_STATS, message_stats
 
 routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
@@ -65,7 +65,7 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0, "acks_uncommitted": 0,
         "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
         "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
-        "message_stats": message_stats(channel.stats, context.sampler.rates(channel)),
+        "message_stats": message_stats(channel.stats, context.sampler.rates(channel), CHANNEL_STATS),
     }
 
 
@@ -120,7 +120,7 @@ async def close_connection(request: web.Request) -> web.Response:
     connection = find_connection(request)
     user = auth.login(request)
     if not user.is_admin and connection.user.name != user.name:
-        raise forbidden("Not administrator user")
+        raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
 

@@ -34,7 +34,8 @@ def parse_tags(value: Any) -> list[str]:
 
 
 def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> User:
-    """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``), and ``tags``."""
+    """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``), and ``tags``.  A new user
+    with neither gets no password (as RabbitMQ: only other mechanisms could authenticate it)."""
     if "password" in body and body["password"] is not None:
         password_hash = hash_password(get_str(body, "password"))
     elif "password_hash" in body and body["password_hash"] is not None:
@@ -42,10 +43,8 @@ def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> Us
         algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
         if algorithm != HASHING_ALGORITHM:
             raise bad_request(f"unsupported hashing_algorithm '{algorithm}'; only {HASHING_ALGORITHM}")
-    elif existing is not None:
-        password_hash = existing.password_hash
     else:
-        raise bad_request("password or password_hash must be set")
+        password_hash = existing.password_hash if existing is not None else ""
     tags = parse_tags(body["tags"]) if "tags" in body else (existing.tags if existing else [])
     return User(name, password_hash, tags)
 
