@@ -43,20 +43,17 @@ def authenticate(access: "AccessControl", config: "Config", ssl_object: ssl.SSLO
 
 
 def _external(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObject | None) -> tuple[str, "User | None"]:
+    """The user named by the verified client certificate; the refusal reasons are rabbit_auth_mechanism_ssl's."""
     cert = tls.peer_certificate(ssl_object)
+    username = tls.login_name(cert, config.tls_cert_login_from) if cert else None
     if config.tls_verify != "verify_peer":
         reason = "TLS configuration is unsafe"  # an unverified certificate must not name a user
     elif not cert:
         reason = "connection peer presented no TLS (x.509) certificate"
+    elif username is None:
+        reason = "no name found"
     else:
-        username = tls.login_name(cert, config.tls_cert_login_from)
-        if username is None:
-            reason = "no name found"
-        else:
-            user = access.user(username)
-            if user is None:
-                log.warning("EXTERNAL login refused: user '%s' - invalid credentials", username)
-            return username, user
+        return username, access.user(username)
     log.warning("EXTERNAL login refused: %s", reason)
     return "", None
 
