@@ -63,6 +63,7 @@ import multiprocessing as mp
 import os
 import select
 import socket
+import ssl
 import statistics
 import struct
 import sys
@@ -87,6 +88,8 @@ MAX_UNCONFIRMED = 1000
 BATCH = 50
 LATENCY_SAMPLES = 5000
 LATENCY_WARMUP = 200
+# a non-blocking read or write that has to wait (TLS sockets raise their own kinds)
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class AMQPError(Exception):
@@ -207,17 +210,25 @@ def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
 # connection
 # --------------------------------------------------------------------------
 
+def connect(cfg):
+    """A Connection as the command line asked (host, credentials, TLS)."""
+    return Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"], cafile=cfg["tls_ca"])
+
+
 class Connection:
     """Minimal synchronous AMQP connection with an offset-based frame buffer."""
 
-    def __init__(self, host, port, user, password, vhost="/", timeout=10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, host, port, user, password, vhost="/", timeout=10.0, cafile=None):
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
             except OSError:
                 pass
+        if cafile:  # AMQPS: verify the broker against this CA
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
+        self.sock = sock
         self.buf = bytearray(1 << 20)
         self.start = 0
         self.end = 0
@@ -429,7 +440,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
             if r:
                 try:
                     conn.fill()
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 while True:
                     f = conn.poll_frame()
@@ -460,7 +471,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
                     sent += n
                 try:
                     poff += sock.send(pending[poff:])
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -528,7 +539,7 @@ def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=
 def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if not no_ack:
             conn.basic_qos(1, PREFETCH)
@@ -597,7 +608,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                    published, ready, go, stop, errq):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if confirm:
             conn.confirm_select(1)
@@ -629,7 +640,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             while True:
                 try:
                     n = sock.recv_into(mv[end:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     break
                 if n == 0:
                     raise AMQPError("connection closed by broker")
@@ -664,7 +675,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             if pending is not None:
                 try:
                     poff += sock.send(pending[poff:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -684,7 +695,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                 continue
             try:
                 n = sock.send(batch)
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 n = 0
             pub += BATCH
             published.value = pub
@@ -732,7 +743,7 @@ def _drain(errq):
 def run_throughput(cfg, workload):
     ctx = mp.get_context("fork")
     name = _uniq(workload)
-    ctl = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    ctl = connect(cfg)
     ctl.channel_open(1)
     persistent = confirm = False
     no_ack = True
@@ -817,8 +828,8 @@ def run_throughput(cfg, workload):
 
 def run_latency(cfg):
     name = _uniq("latency")
-    pubc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
-    subc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    pubc = connect(cfg)
+    subc = connect(cfg)
     try:
         pubc.channel_open(1)
         subc.channel_open(1)
@@ -893,6 +904,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
     args = ap.parse_args(argv)
 
     if args.workload == "all":
@@ -903,11 +915,12 @@ def main(argv=None):
         if bad:
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
-           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window}
+           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
+           "tls_ca": args.tls_ca}
 
     server = {}
     try:
-        probe = Connection(args.host, args.port, args.user, args.password, args.vhost)
+        probe = connect(cfg)
         sp = probe.server_properties
         server = {"product": sp.get("product"), "version": sp.get("version")}
         probe.close()
