@@ -740,6 +740,13 @@ def _drain(errq):
             return out
 
 
+def _cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_throughput(cfg, workload):
     ctx = mp.get_context("fork")
     name = _uniq(workload)
@@ -792,18 +799,22 @@ def run_throughput(cfg, workload):
         go.value = 1
         time.sleep(1.0)  # warm-up
         c0, p0, t0 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu0 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         deadline = t0 + cfg["seconds"]
         while time.perf_counter() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.perf_counter())))
             if not errq.empty() or not all(p.is_alive() for p in procs):
                 break
         c1, p1, t1 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu1 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         errs = _drain(errq)
         if errs:
             raise AMQPError("; ".join(errs))
         dt = t1 - t0
         result = {"rate": (c1 - c0) / dt, "publish_rate": (p1 - p0) / dt,
                   "unit": "deliveries/s" if workload == "fanout4" else "msg/s"}
+        if cfg["broker_pid"]:  # broker CPU per delivery: comparable however busy the machine is
+            result["broker_cpu_us"] = (cpu1 - cpu0) / max(1, c1 - c0) * 1e6
     finally:
         stop.value = 1
         for p in procs:
@@ -905,6 +916,7 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
+    ap.add_argument("--broker-pid", type=int, help="also report this (local) broker process's CPU time per delivery")
     args = ap.parse_args(argv)
 
     if args.workload == "all":
@@ -916,7 +928,7 @@ def main(argv=None):
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
            "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
-           "tls_ca": args.tls_ca}
+           "tls_ca": args.tls_ca, "broker_pid": args.broker_pid}
 
     server = {}
     try:
@@ -955,6 +967,8 @@ def main(argv=None):
                 entry["unit"] = runs[0]["unit"]
                 entry["median"] = statistics.median(r["rate"] for r in runs)
                 entry["publish_median"] = statistics.median(r["publish_rate"] for r in runs)
+                if "broker_cpu_us" in runs[0]:
+                    entry["broker_cpu_us_median"] = statistics.median(r["broker_cpu_us"] for r in runs)
         results[w] = entry
 
     if args.json:
@@ -976,6 +990,8 @@ def main(argv=None):
             else:
                 med = f"{e['median']:,.0f} {e['unit']}"
                 per = ", ".join(f"{r['rate']:,.0f}" for r in e["runs"])
+                if "broker_cpu_us_median" in e:
+                    per += f"  (broker CPU {e['broker_cpu_us_median']:.1f} us per delivery)"
             print(f"{w:<20} {med:>28}   {per}")
     return exit_code
 
@@ -983,7 +999,8 @@ def main(argv=None):
 def _fmt_run(w, r):
     if w == "latency":
         return f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us ({r['samples']} samples)"
-    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s)"
+    cpu = f", broker CPU {r['broker_cpu_us']:.1f} us/delivery" if "broker_cpu_us" in r else ""
+    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s){cpu}"
 
 
 if __name__ == "__main__":

@@ -35,4 +35,4 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 cd "$ROOT"
-"$PYTHON" benchmarks/amqp_load.py --host 127.0.0.1 "${LOAD_TO[@]}" "$@"
+"$PYTHON" benchmarks/amqp_load.py --host 127.0.0.1 "${LOAD_TO[@]}" --broker-pid "$PID" "$@"
