@@ -398,6 +398,20 @@ def test_bad_tls_configuration_is_refused_at_start(tmp_path: Path, args: list[st
     assert result.returncode == 2 and message in result.stderr
 
 
+def test_tls_options_from_toml_env_and_command_line(tmp_path: Path) -> None:
+    from amqp_server import config
+
+    toml = tmp_path / "warren.toml"
+    toml.write_text('tls_certfile = "/etc/warren/server.pem"\ntls_verify = "verify_peer"\n'
+                    'auth_mechanisms = ["PLAIN", "EXTERNAL"]\ntls_port = 5000\n')
+    loaded = config.load(["--config", str(toml), "--tls-cert-login-from", "common_name"],
+                         environ={"WARREN_TLS_PORT": "5001", "WARREN_TLS_FAIL_IF_NO_PEER_CERT": "true"})
+    assert (loaded.tls_certfile, loaded.tls_verify, loaded.tls_port) == ("/etc/warren/server.pem", "verify_peer", 5001)
+    assert loaded.mechanisms == ["PLAIN", "EXTERNAL"] and loaded.tls_fail_if_no_peer_cert
+    assert loaded.tls_cert_login_from == "common_name"
+    assert config.load([], environ={}).mechanisms == ["PLAIN", "AMQPLAIN"]
+
+
 def test_missing_certificate_file_stops_the_node(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port",
                              str(free_port()), "--mgmt-enabled", "false", "--tls-port", str(free_port()),
