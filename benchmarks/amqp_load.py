@@ -63,6 +63,7 @@ import multiprocessing as mp
 import os
 import select
 import socket
+import ssl
 import statistics
 import struct
 import sys
@@ -87,6 +88,8 @@ MAX_UNCONFIRMED = 1000
 BATCH = 50
 LATENCY_SAMPLES = 5000
 LATENCY_WARMUP = 200
+# a non-blocking read or write that has to wait (TLS sockets raise their own kinds)
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class AMQPError(Exception):
@@ -207,17 +210,25 @@ def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
 # connection
 # --------------------------------------------------------------------------
 
+def connect(cfg):
+    """A Connection as the command line asked (host, credentials, TLS)."""
+    return Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"], cafile=cfg["tls_ca"])
+
+
 class Connection:
     """Minimal synchronous AMQP connection with an offset-based frame buffer."""
 
-    def __init__(self, host, port, user, password, vhost="/", timeout=10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, host, port, user, password, vhost="/", timeout=10.0, cafile=None):
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
             except OSError:
                 pass
+        if cafile:  # AMQPS: verify the broker against this CA
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
+        self.sock = sock
         self.buf = bytearray(1 << 20)
         self.start = 0
         self.end = 0
@@ -429,7 +440,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
             if r:
                 try:
                     conn.fill()
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 while True:
                     f = conn.poll_frame()
@@ -460,7 +471,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
                     sent += n
                 try:
                     poff += sock.send(pending[poff:])
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -528,7 +539,7 @@ def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=
 def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if not no_ack:
             conn.basic_qos(1, PREFETCH)
@@ -597,7 +608,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                    published, ready, go, stop, errq):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if confirm:
             conn.confirm_select(1)
@@ -629,7 +640,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             while True:
                 try:
                     n = sock.recv_into(mv[end:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     break
                 if n == 0:
                     raise AMQPError("connection closed by broker")
@@ -664,7 +675,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             if pending is not None:
                 try:
                     poff += sock.send(pending[poff:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -684,7 +695,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                 continue
             try:
                 n = sock.send(batch)
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 n = 0
             pub += BATCH
             published.value = pub
@@ -729,10 +740,17 @@ def _drain(errq):
             return out
 
 
+def _cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_throughput(cfg, workload):
     ctx = mp.get_context("fork")
     name = _uniq(workload)
-    ctl = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    ctl = connect(cfg)
     ctl.channel_open(1)
     persistent = confirm = False
     no_ack = True
@@ -781,18 +799,22 @@ def run_throughput(cfg, workload):
         go.value = 1
         time.sleep(1.0)  # warm-up
         c0, p0, t0 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu0 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         deadline = t0 + cfg["seconds"]
         while time.perf_counter() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.perf_counter())))
             if not errq.empty() or not all(p.is_alive() for p in procs):
                 break
         c1, p1, t1 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu1 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         errs = _drain(errq)
         if errs:
             raise AMQPError("; ".join(errs))
         dt = t1 - t0
         result = {"rate": (c1 - c0) / dt, "publish_rate": (p1 - p0) / dt,
                   "unit": "deliveries/s" if workload == "fanout4" else "msg/s"}
+        if cfg["broker_pid"]:  # broker CPU per delivery: comparable however busy the machine is
+            result["broker_cpu_us"] = (cpu1 - cpu0) / max(1, c1 - c0) * 1e6
     finally:
         stop.value = 1
         for p in procs:
@@ -817,8 +839,8 @@ def run_throughput(cfg, workload):
 
 def run_latency(cfg):
     name = _uniq("latency")
-    pubc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
-    subc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    pubc = connect(cfg)
+    subc = connect(cfg)
     try:
         pubc.channel_open(1)
         subc.channel_open(1)
@@ -893,6 +915,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
+    ap.add_argument("--broker-pid", type=int, help="also report this (local) broker process's CPU time per delivery")
     args = ap.parse_args(argv)
 
     if args.workload == "all":
@@ -903,11 +927,12 @@ def main(argv=None):
         if bad:
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
-           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window}
+           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
+           "tls_ca": args.tls_ca, "broker_pid": args.broker_pid}
 
     server = {}
     try:
-        probe = Connection(args.host, args.port, args.user, args.password, args.vhost)
+        probe = connect(cfg)
         sp = probe.server_properties
         server = {"product": sp.get("product"), "version": sp.get("version")}
         probe.close()
@@ -942,6 +967,8 @@ def main(argv=None):
                 entry["unit"] = runs[0]["unit"]
                 entry["median"] = statistics.median(r["rate"] for r in runs)
                 entry["publish_median"] = statistics.median(r["publish_rate"] for r in runs)
+                if "broker_cpu_us" in runs[0]:
+                    entry["broker_cpu_us_median"] = statistics.median(r["broker_cpu_us"] for r in runs)
         results[w] = entry
 
     if args.json:
@@ -963,6 +990,8 @@ def main(argv=None):
             else:
                 med = f"{e['median']:,.0f} {e['unit']}"
                 per = ", ".join(f"{r['rate']:,.0f}" for r in e["runs"])
+                if "broker_cpu_us_median" in e:
+                    per += f"  (broker CPU {e['broker_cpu_us_median']:.1f} us per delivery)"
             print(f"{w:<20} {med:>28}   {per}")
     return exit_code
 
@@ -970,7 +999,8 @@ def main(argv=None):
 def _fmt_run(w, r):
     if w == "latency":
         return f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us ({r['samples']} samples)"
-    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s)"
+    cpu = f", broker CPU {r['broker_cpu_us']:.1f} us/delivery" if "broker_cpu_us" in r else ""
+    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s){cpu}"
 
 
 if __name__ == "__main__":

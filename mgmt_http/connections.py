@@ -6,6 +6,7 @@ from typing import Any, Iterator
 
 from aiohttp import web
 
+from amqp_server import tls
 from amqp_server.channel import Channel
 from amqp_server.connection import OPEN, Connection
 from amqp_server.queue import Consumer
@@ -39,7 +40,8 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
         "name": connection.name, "node": context.node, "type": "network",
         "state": "running" if connection.state == OPEN else "closing", "protocol": "AMQP 0-9-1",
         "user": connection.user.name, "user_who_performed_action": connection.user.name,
-        "vhost": connection.vhost_name, "auth_mechanism": "PLAIN", "ssl": False,
+        "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
+        **tls.connection_info(connection.ssl_object),
         "host": host, "port": port, "peer_host": connection.peer[0], "peer_port": connection.peer[1],
         "channels": len(connection.channels), "channel_max": connection.channel_max,
         "frame_max": connection.frame_max, "timeout": connection.heartbeat,
