@@ -133,32 +133,32 @@ class AccessControl:
         return [record["name"] for _, record in self.store.items("vhost")]
 
     def vhost_exists(self, name: str) -> bool:
-        return self.store.get("vhost", _vhost_key(name)) is not None
+        return self.store.get("vhost", vhost_key(name)) is not None
 
     def add_vhost(self, name: str) -> None:
-        self.store.put("vhost", _vhost_key(name), {"name": name})
+        self.store.put("vhost", vhost_key(name), {"name": name})
 
     def delete_vhost(self, name: str) -> bool:
         for key, record in list(self.store.items("permission")):
             if record["vhost"] == name:
                 self.store.delete("permission", key)
-        return self.store.delete("vhost", _vhost_key(name))
+        return self.store.delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
-        record = self.store.get("permission", f"{_vhost_key(vhost)}/{user}")
+        record = self.store.get("permission", f"{vhost_key(vhost)}/{user}")
         if record is None:
             return None
         return Permissions(record["configure"], record["write"], record["read"])
 
     def set_permissions(self, vhost: str, user: str, perms: Permissions) -> None:
-        self.store.put("permission", f"{_vhost_key(vhost)}/{user}",
+        self.store.put("permission", f"{vhost_key(vhost)}/{user}",
                        {"vhost": vhost, "user": user, "configure": perms.configure,
                         "write": perms.write, "read": perms.read})
 
     def clear_permissions(self, vhost: str, user: str) -> bool:
-        return self.store.delete("permission", f"{_vhost_key(vhost)}/{user}")
+        return self.store.delete("permission", f"{vhost_key(vhost)}/{user}")
 
 
-def _vhost_key(name: str) -> str:
+def vhost_key(name: str) -> str:
     """Vhost names may hold '/', which separates key parts: escape it."""
     return name.replace("%", "%25").replace("/", "%2F")

@@ -6,6 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_permission
+from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
 from . import auth
@@ -32,7 +33,10 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
-        "type": "classic", "state": "running", "policy": None, "effective_policy_definition": {},
+        "type": "classic", "state": "running",
+        "policy": queue.policy.name if queue.policy else None,
+        "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
+        "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
         "consumers": len(queue.consumers), "consumer_utilisation": None,
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "message_bytes_ready": queue.ready_bytes,
