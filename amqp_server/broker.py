@@ -18,6 +18,7 @@ from msg_store import DEFAULT_SEGMENT_SIZE
 
 from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
+from .direct_reply import ReplyConsumers
 from .auth import AccessControl
 from .definitions import DefinitionStore
 from .errors import ChannelError, ConnectionError, resource_name
@@ -92,6 +93,7 @@ class Broker:
         self.access = AccessControl(self.store)
         self.access.bootstrap()
         self.policies = Policies(self.store)
+        self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
         self.blocked = False  # memory alarm: publishers are blocked
@@ -513,7 +515,7 @@ class Broker:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
-            return (queue,) if queue is not None else ()
+            return (queue,) if queue is not None else self.replies.route(message.routing_key)
         destinations = exchange.route(message.routing_key, message)
         if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             return destinations

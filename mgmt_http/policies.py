@@ -32,7 +32,7 @@ def _kind(request: web.Request) -> str:
 def _listed(request: web.Request, kind: str, vhosts: list[str]) -> web.Response:
     policies = ctx(request).broker.policies
     return respond(request, [p.to_json() for vhost in vhosts for p in policies.list(kind, vhost)],
-                   ("vhost", "name"))
+                   ("priority", "vhost", "name"))  # RabbitMQ lists policies by priority
 
 
 @routes.get("/api/{kind:policies|operator-policies}")
