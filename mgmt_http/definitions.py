@@ -34,19 +34,12 @@ def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, l
                  "destination_type": b["destination_type"], "routing_key": b["routing_key"],
                  "arguments": b["arguments"]} for b in vhost_bindings(context, vhost)
                 if b["source"] and not (b["destination_type"] == "queue" and b["destination"] in exclusive)]
-    policies = context.broker.policies
-    user_policies = [_without_vhost(p.to_json(), with_vhost) for p in policies.list(POLICY, name)]
+    policies = context.broker.policies  # a vhost's export names the vhost of policies too, as RabbitMQ's does
     parameters = [{"value": {"pattern": p.pattern, "definition": p.definition, "priority": p.priority,
-                             "apply-to": p.apply_to}, **tag, "component": OPERATOR_POLICY, "name": p.name}
+                             "apply-to": p.apply_to}, "vhost": name, "component": OPERATOR_POLICY, "name": p.name}
                   for p in policies.list(OPERATOR_POLICY, name)]
-    return {"parameters": parameters, "policies": user_policies, "queues": queues, "exchanges": exchanges,
-            "bindings": bindings}
-
-
-def _without_vhost(item: dict[str, Any], with_vhost: bool) -> dict[str, Any]:
-    if not with_vhost:
-        del item["vhost"]
-    return item
+    return {"parameters": parameters, "policies": [p.to_json() for p in policies.list(POLICY, name)],
+            "queues": queues, "exchanges": exchanges, "bindings": bindings}
 
 
 def _header() -> dict[str, Any]:

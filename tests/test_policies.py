@@ -263,7 +263,7 @@ def test_definitions_export_and_import(broker, vhost: str, uid: str) -> None:
             "value": {"pattern": ".*", "definition": {"max-length-bytes": 100}, "priority": 0,
                       "apply-to": "all"}} in exported["parameters"]
     per_vhost = call(broker, "GET", f"/api/definitions/{q(vhost)}").json
-    assert per_vhost["policies"] == [{"name": "limit", "pattern": "^a", "apply-to": "queues",
+    assert per_vhost["policies"] == [{"vhost": vhost, "name": "limit", "pattern": "^a", "apply-to": "queues",
                                       "definition": {"max-length": 2}, "priority": 3}]
     other = f"imp-{uid}"
     assert call(broker, "PUT", f"/api/vhosts/{q(other)}").status == 201
