@@ -18,9 +18,9 @@ from msg_store import DEFAULT_SEGMENT_SIZE
 
 from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
-from .direct_reply import ReplyConsumers
 from .auth import AccessControl
 from .definitions import DefinitionStore
+from .direct_reply import ReplyConsumers
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .paging import Pager

@@ -17,8 +17,8 @@ from exchanges import Exchange
 from . import codec, direct_reply, errors
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
-from .errors import AMQPError, ChannelError, ConnectionError
 from .direct_reply import ReplyConsumer
+from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
 from .queue import Consumer, Entry, Queue
 from .stats import MessageStats

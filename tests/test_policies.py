@@ -43,6 +43,12 @@ def publish(channel, queue: str, count: int, **properties) -> None:
         channel.basic_publish("", queue, f"m{i}".encode(), pika.BasicProperties(**properties))
 
 
+def fanout_to(channel, exchange: str, queue: str) -> None:
+    channel.exchange_declare(exchange, "fanout")
+    channel.queue_declare(queue)
+    channel.queue_bind(queue, exchange)
+
+
 def test_crud_and_listing(broker, vhost: str) -> None:
     base = f"/api/policies/{q(vhost)}"
     assert set_policy(broker, vhost, "limit", "^orders\\.", {"max-length": 2}, 1, "queues") == 201
@@ -163,9 +169,7 @@ def test_queue_arguments_against_policy(broker, vhost: str) -> None:
     with amqp(broker, vhost) as connection:
         channel = connection.channel()
         for name in ("dlx-arg", "dlx-policy"):
-            channel.exchange_declare(name, "fanout")
-            channel.queue_declare(f"{name}-q")
-            channel.queue_bind(f"{name}-q", name)
+            fanout_to(channel, name, f"{name}-q")
         set_policy(broker, vhost, "p", "^work", {"max-length": 3, "dead-letter-exchange": "dlx-policy",
                                                   "overflow": "reject-publish"})
         channel.queue_declare("work-a", arguments={"x-max-length": 10, "x-dead-letter-exchange": "dlx-arg",
@@ -181,9 +185,7 @@ def test_queue_arguments_against_policy(broker, vhost: str) -> None:
 def test_message_ttl_and_dead_letter_by_policy(broker, vhost: str) -> None:
     with amqp(broker, vhost) as connection:
         channel = connection.channel()
-        channel.exchange_declare("dlx", "fanout")
-        channel.queue_declare("dead")
-        channel.queue_bind("dead", "dlx")
+        fanout_to(channel, "dlx", "dead")
         channel.queue_declare("short")
         set_policy(broker, vhost, "ttl", "^short$", {"message-ttl": 50, "dead-letter-exchange": "dlx"})
         publish(channel, "short", 3)
@@ -209,9 +211,7 @@ def test_expires_by_policy(broker, vhost: str) -> None:
 def test_alternate_exchange_by_policy(broker, vhost: str) -> None:
     with amqp(broker, vhost) as connection:
         channel = connection.channel()
-        channel.exchange_declare("unrouted", "fanout")
-        channel.queue_declare("lost")
-        channel.queue_bind("lost", "unrouted")
+        fanout_to(channel, "unrouted", "lost")
         channel.exchange_declare("orders", "direct")
         channel.exchange_declare("other", "direct")
         set_policy(broker, vhost, "ae", "^orders$", {"alternate-exchange": "unrouted"}, apply_to="exchanges")
