@@ -14,9 +14,10 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, errors
+from . import codec, direct_reply, errors
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
+from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
 from .queue import Consumer, Entry, Queue
@@ -54,6 +55,7 @@ class Channel:
         self._headers: dict[bytes, bytes] = {}
         # consuming
         self.consumers: dict[str, Consumer] = {}
+        self.reply_consumer: ReplyConsumer | None = None  # consuming amq.rabbitmq.reply-to
         self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
         self.delivery_tag = 0
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
@@ -151,11 +153,15 @@ class Channel:
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             self._write_checked.add(exchange_name)
-        if message.has_user_id or message.has_expiration:
+        if message.needs_checks:
             try:
                 self.broker.check_message(message, self.connection.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
+            if message.has_reply_to and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
+                if self.reply_consumer is None:
+                    raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
+                message = direct_reply.with_reply_to(message, self.reply_consumer.name)
         if self.confirm_mode:
             self.publish_seq += 1
         if self.broker.blocked:
@@ -253,6 +259,15 @@ class Channel:
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
                              message.header, message.body, connection.frame_max)
         connection.deliver_budget -= 1
+        connection.schedule_flush()
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
+        self.delivery_tag += 1
+        self.stats.deliver_no_ack += 1
+        connection = self.connection
+        codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False, message.route,
+                             message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
     def kick(self) -> None:
@@ -424,6 +439,9 @@ class Channel:
             name = server_name("amq.gen-")
         elif not name:
             name = self._queue_name(name)
+        if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
+            self._declare_reply_queue(name, m.nowait)
+            return
         if not m.passive:
             self._check("configure", "queue", name)
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
@@ -432,6 +450,17 @@ class Channel:
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
                                                 consumer_count=len(queue.consumers)))
+
+    def _declare_reply_queue(self, name: str, nowait: bool) -> None:
+        """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does."""
+        if name == direct_reply.PSEUDO_QUEUE:
+            consumers = 1 if self.reply_consumer is not None else 0
+        elif self.broker.replies.get(name) is not None:
+            consumers = 1
+        else:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not nowait:
+            self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=consumers))
 
     def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
@@ -476,6 +505,9 @@ class Channel:
         self.kick()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        if m.queue == direct_reply.PSEUDO_QUEUE:
+            self._consume_replies(m)
+            return
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
         queue = self.vhost.queue(name)
@@ -494,7 +526,27 @@ class Channel:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.run()
 
+    def _consume_replies(self, m: commands.Basic.Consume) -> None:
+        """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
+        if not m.no_ack:
+            raise errors.precondition_failed("reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise errors.precondition_failed("reply consumer already set")
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = self.broker.replies.add(self, tag, codec.deliver_prefix(tag))
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    def _cancel_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.replies.remove(self.reply_consumer)
+            self.reply_consumer = None
+
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer.tag:
+            self._cancel_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
@@ -592,6 +644,7 @@ class Channel:
             return
         self.open = False
         self.broker.persistence.waiters.discard(self)
+        self._cancel_replies()
         taken = list(self.unacked.values())
         self.unacked.clear()
         for consumer in list(self.consumers.values()):

@@ -15,6 +15,7 @@ from pamqp.header import ContentHeader
 from . import codec
 
 _LONG = struct.Struct(">I")
+_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO
 
 
 class Message:
@@ -89,6 +90,15 @@ class Message:
     @property
     def has_user_id(self) -> bool:
         return bool(self._flags & codec.FLAG_USER_ID)
+
+    @property
+    def has_reply_to(self) -> bool:
+        return bool(self._flags & codec.FLAG_REPLY_TO)
+
+    @property
+    def needs_checks(self) -> bool:
+        """user_id, expiration or reply_to is set: one test lets the publish path skip all three."""
+        return bool(self._flags & _CHECKED)
 
     @property
     def persistent(self) -> bool:

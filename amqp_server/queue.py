@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .connection import Connection
     from .persistence import Persistence
+    from .policy import Policy
 
 
 class Entry:
@@ -117,6 +118,8 @@ class Queue:
         self._expires_timer: asyncio.TimerHandle | None = None
         self._fresh: Entry | None = None  # the entry being published: not expired on its way to a consumer
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
+        self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
+        self.operator_policy: "Policy | None" = None
         self.touch()
 
     @property
@@ -159,6 +162,21 @@ class Queue:
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
+
+    def set_args(self, args: QueueArgs) -> None:
+        """The effective arguments changed (a policy was set or cleared): limits and x-expires apply now.
+
+        Messages already queued keep the expiry they were given, as in RabbitMQ.
+        """
+        self.args = args
+        self._limited = args.limited
+        self._ttl = args.message_ttl is not None
+        if self._limited and args.overflow == "drop-head":
+            self._drop_overflow()
+        if args.expires is None and self._expires_timer is not None:
+            self._expires_timer.cancel()
+            self._expires_timer = None
+        self.touch()
 
     def _expiry_for(self, message: Message) -> int:
         ttl = self.args.message_ttl

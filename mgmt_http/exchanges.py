@@ -21,7 +21,8 @@ routes = web.RouteTableDef()
 def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
     return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-            "arguments": dict(exchange.arguments), "user_who_performed_action": "", "policy": None}
+            "arguments": dict(exchange.arguments), "user_who_performed_action": "",
+            "policy": exchange.policy.name if exchange.policy else None}
 
 
 def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:

@@ -1,5 +1,5 @@
 """/api/overview, /api/nodes, /api/aliveness-test, /api/healthchecks/node, and empty lists for
-features Warren doesn't have (policies, parameters, extensions) so RabbitMQ tools keep working."""
+features Warren doesn't have (parameters, extensions) so RabbitMQ tools keep working."""
 from __future__ import annotations
 
 import os
@@ -142,11 +142,8 @@ async def healthcheck(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/extensions")
-@routes.get("/api/policies")
-@routes.get("/api/policies/{vhost}")
 @routes.get("/api/parameters")
 @routes.get("/api/global-parameters")
-@routes.get("/api/operator-policies")
 async def empty_list(request: web.Request) -> web.Response:
     return json_response([])
 

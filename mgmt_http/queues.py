@@ -6,6 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_permission
+from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
 from . import auth
@@ -36,8 +37,11 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
-        "type": "classic", "state": "running", "policy": None, "operator_policy": None,
-        "effective_policy_definition": {}, "recoverable_slaves": None, "single_active_consumer_tag": None,
+        "type": "classic", "state": "running",
+        "policy": queue.policy.name if queue.policy else None,
+        "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
+        "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
+        "recoverable_slaves": None, "single_active_consumer_tag": None,
         "consumers": len(consumers), "consumer_utilisation": None,
         "consumer_capacity": sum(c.has_credit() for c in consumers) / len(consumers) if consumers else 0,
         "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),
