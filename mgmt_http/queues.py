@@ -9,6 +9,7 @@ from amqp_server.auth import check_permission
 from amqp_server.queue import Queue
 
 from . import auth
+from .connections import consumer_info
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
                    no_content, not_found, query_flag, read_json)
@@ -35,6 +36,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "type": "classic", "state": "running", "policy": None, "effective_policy_definition": {},
         "consumers": len(queue.consumers), "consumer_utilisation": None,
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
+        "single_active_consumer_tag": queue.active_consumer.tag if queue.active_consumer is not None else None,
         "message_bytes_ready": queue.ready_bytes,
         "message_stats": message_stats(queue.stats, rates),
     }
@@ -75,8 +77,11 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 @routes.get("/api/queues/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
+    """One queue, with its consumers (``consumer_details``) as RabbitMQ's queue page shows them."""
     context, queue = find_queue(request)
-    return respond_one(request, queue_info(context, queue))
+    info = queue_info(context, queue)
+    info["consumer_details"] = [consumer_info(context, consumer) for consumer in list(queue.consumers)]
+    return respond_one(request, info)
 
 
 @routes.put("/api/queues/{vhost}/{name}")
