@@ -9,8 +9,8 @@ Expired entries are found through an expiry heap wherever they sit, marked
 gone in place and skipped when the ready list reaches them, so expiring a
 message in the middle of a long queue costs O(log n).
 
-The ready list is a FIFO, or for a priority queue (``x-max-priority``) a FIFO
-per priority level (see :mod:`ready`).  Consumers are grouped by their
+The ready list is a deque in ``seq`` order; a priority queue (``x-max-priority``,
+:mod:`priority_queue`) keeps one per priority level.  Consumers are grouped by their
 ``x-priority``: a group gets messages only while every higher one is out of
 credit, round-robin within it.  With ``x-single-active-consumer`` the only
 group is the active consumer; when it leaves, the next (highest priority, then
@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from bisect import bisect_left, insort
+from collections import deque
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap
 
 from .message import Message
 from .queue_args import QueueArgs
-from .ready import FifoReady, PriorityReady
 from .stats import MessageStats
 
 if TYPE_CHECKING:
@@ -97,6 +99,30 @@ class QueueHost(Protocol):
     def load(self, message: Message) -> None: ...
 
 
+def put_back(ready: deque[Entry], entry: Entry) -> None:
+    """Insert a requeued entry where its ``seq`` puts it (usually at one end)."""
+    if not ready or entry.seq > ready[-1].seq:
+        ready.append(entry)
+    elif entry.seq < ready[0].seq:
+        ready.appendleft(entry)
+    else:
+        insort(ready, entry)
+
+
+def from_seq(ready: deque[Entry], start: int) -> Iterator[Entry]:
+    first = bisect_left(ready, start, key=_seq) if ready and ready[0].seq < start else 0
+    return islice(ready, first, None)
+
+
+def pop_below(ready: deque[Entry], offset: int) -> Iterator[Entry]:
+    while ready and ready[0].seq < offset:
+        yield ready.popleft()
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
 def _priority(consumer: Consumer) -> int:
     return consumer.priority
 
@@ -121,8 +147,7 @@ class Queue:
         self._limited = self.args.limited
         self._ttl = self.args.message_ttl is not None
         self.host = host
-        self.ready: FifoReady | PriorityReady = (
-            FifoReady() if self.args.max_priority is None else PriorityReady(self.args.max_priority))
+        self.ready: deque[Entry] = deque()
         self.gone_in_ready = 0
         self.ready_bytes = 0
         self.consumers: list[Consumer] = []  # in registration order
@@ -211,8 +236,6 @@ class Queue:
 
     def recover_entry(self, entry: Entry) -> None:
         """An entry read back from the queue index at start-up, in order."""
-        if self.args.max_priority is not None and entry.message.body is None:
-            self.host.load(entry.message)  # its priority is in the header, which lives in the store
         self.ready.append(entry)
         self.ready_bytes += entry.message.body_size
         self.next_seq = entry.seq + 1
@@ -252,8 +275,6 @@ class Queue:
                     self.stats.deliver += 1
                 consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
             group.rr = i
-            if len(ready) == self.gone_in_ready:
-                return
 
     def _pop_ready(self) -> Entry | None:
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
@@ -325,7 +346,7 @@ class Queue:
 
     def offsets(self) -> tuple[int, int]:
         """(head, tail): the lowest seq of a live ready entry (``next_seq`` if none), and ``next_seq``."""
-        for entry in self.ready.from_seq(0):
+        for entry in self._from_seq(0):
             if not entry.gone:
                 return entry.seq, self.next_seq
         return self.next_seq, self.next_seq
@@ -343,7 +364,7 @@ class Queue:
             return entries
         now = now_ms()
         host = self.host
-        for entry in ready.from_seq(start):
+        for entry in self._from_seq(start):
             if entry.seq >= end:
                 break
             if entry.gone or (entry.expiry and entry.expiry <= now):
@@ -366,7 +387,7 @@ class Queue:
         self.committed = offset
         removed = 0
         persistence = self.persistence
-        for entry in self.ready.pop_below(offset):
+        for entry in self._pop_below(offset):
             if entry.gone:
                 self.gone_in_ready -= 1
                 continue
@@ -397,7 +418,6 @@ class Queue:
 
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put unacked entries back in their original places, marked redelivered."""
-        ready = self.ready
         count = 0
         for entry in sorted(entries, key=lambda e: e.seq):
             entry.redelivered = True
@@ -405,7 +425,7 @@ class Queue:
             self.ready_bytes += entry.message.body_size
             if entry.expiry:
                 self._track_expiry(entry)
-            ready.put_back(entry)
+            self._put_back(entry)
         self.unacked -= count
         if count:
             self.run()
@@ -431,6 +451,23 @@ class Queue:
         for timer in (self._expiry_timer, self._expires_timer):
             if timer is not None:
                 timer.cancel()
+
+    # -- the ready list's slow paths (a priority queue has one deque per level) ------------------
+
+    def _put_back(self, entry: Entry) -> None:
+        put_back(self.ready, entry)
+
+    def _from_seq(self, start: int) -> Iterable[Entry]:
+        """Ready entries with ``seq >= start``, in seq order."""
+        return from_seq(self.ready, start)
+
+    def _pop_below(self, offset: int) -> Iterator[Entry]:
+        """Take every ready entry with ``seq < offset`` out of the ready list."""
+        return pop_below(self.ready, offset)
+
+    def _compact_ready(self) -> None:
+        """Drop the entries marked gone."""
+        self.ready = deque(e for e in self.ready if not e.gone)
 
     def _clear_ready(self) -> None:
         self.ready.clear()
@@ -472,7 +509,7 @@ class Queue:
         if expired:
             self._dead_letter(expired, "expired")
             if self.gone_in_ready > 1024 and self.gone_in_ready * 2 > len(self.ready):
-                self.ready.compact()
+                self._compact_ready()
                 self.gone_in_ready = 0
         self._arm_expiry()
 
