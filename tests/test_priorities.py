@@ -297,3 +297,38 @@ def test_restart_after_kill_keeps_priority_order(start_broker):
     expected = sorted((f"m{i}" for i in range(200)), key=lambda b: (-min(int(b[1:]) % 5, 3), int(b[1:])))
     assert got == expected
     conn.close()
+
+
+def test_many_expired_entries_compacted_out_of_every_level(conn, uid):
+    """Over 1024 entries expired in place make the queue drop them from its levels; order stays."""
+    ch = conn.channel()
+    ch.queue_declare(uid, arguments=PRIORITY)
+    for i in range(1500):
+        ch.basic_publish("", uid, b"x", pika.BasicProperties(priority=i % 11, expiration="20"))
+    publish(ch, uid, [("keep3", 3), ("keep9", 9), ("keep0", None)])
+    deadline = time.monotonic() + 10
+    while ch.queue_declare(uid, passive=True).method.message_count > 3 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert ch.queue_declare(uid, passive=True).method.message_count == 3
+    publish(ch, uid, [("late9", 9)])
+    assert bodies(get_all(ch, uid)) == ["keep9", "late9", "keep3", "keep0"]
+    ch.queue_delete(uid)
+
+
+async def test_aio_pika_priorities_and_consumer_priority(broker, uid):
+    import aio_pika
+
+    async with await aio_pika.connect_robust(broker.url, timeout=10) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(uid, arguments={"x-max-priority": 5}, auto_delete=True)
+        for body, priority in [("low", 1), ("top", 9), ("mid", 3), ("zero", 0), ("top2", 5)]:
+            await channel.default_exchange.publish(aio_pika.Message(body.encode(), priority=priority),
+                                                   routing_key=uid)
+        got = []
+        async with queue.iterator(arguments={"x-priority": 2}) as messages:
+            async for message in messages:
+                async with message.process():
+                    got.append((message.body.decode(), message.priority))
+                if len(got) == 5:
+                    break
+        assert got == [("top", 9), ("top2", 5), ("mid", 3), ("low", 1), ("zero", 0)]
