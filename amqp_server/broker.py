@@ -26,6 +26,7 @@ from .message import Message
 from .paging import Pager
 from .policy import Policies
 from .persistence import Persistence
+from .priority_queue import queue_class
 from .queue import Entry, Queue
 from .stats import MessageStats
 
@@ -257,7 +258,8 @@ class Broker:
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
-        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
+        queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
+                                  self)
         vhost.queues[name] = queue
         self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
@@ -555,9 +557,9 @@ class Broker:
         for _, record in self.store.items("queue"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is not None:
-                queue = vhost.queues[record["name"]] = Queue(
-                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"],
-                    queue_args.parse(record["arguments"], record["name"], vhost.name), self)
+                args = queue_args.parse(record["arguments"], record["name"], vhost.name)
+                queue = vhost.queues[record["name"]] = queue_class(args)(
+                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"], args, self)
                 queue.index_id = record["index_id"]
                 queue.persistence = self.persistence
                 durable.append(queue)

@@ -14,7 +14,7 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, direct_reply, errors
+from . import codec, direct_reply, errors, queue_args
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
 from .direct_reply import ReplyConsumer
@@ -515,11 +515,14 @@ class Channel:
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers:
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        arguments = m.arguments or {}
+        priority = queue_args.consumer_priority(arguments, name, self.vhost.name)
         what = errors.resource_name("queue", name, self.vhost.name)
-        if m.exclusive and queue.consumers or any(c.exclusive for c in queue.consumers):
+        if (m.exclusive and (queue.consumers or queue.args.single_active_consumer)
+                or any(c.exclusive for c in queue.consumers)):
             raise errors.access_refused(f"{what} in exclusive use")
-        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
-                            codec.deliver_prefix(tag))
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, arguments, self.prefetch,
+                            codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
         if not m.nowait:
@@ -552,6 +555,7 @@ class Channel:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             self._remove_consumer(consumer)
+            consumer.queue.run()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
@@ -647,10 +651,13 @@ class Channel:
         self._cancel_replies()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        queues = {consumer.queue for consumer in self.consumers.values()}
         for consumer in list(self.consumers.values()):
             self._remove_consumer(consumer)
         self.consumers.clear()
         self._settle(taken, True)
+        for queue in queues:  # after the requeue: a single active consumer's successor gets those first
+            queue.run()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

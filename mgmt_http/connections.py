@@ -71,13 +71,22 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
     }
 
 
+def activity(consumer: Consumer) -> tuple[bool, str]:
+    """(active, activity_status) as RabbitMQ reports them: with a single active consumer, the others wait."""
+    queue = consumer.queue
+    if not queue.args.single_active_consumer:
+        return True, "up"
+    return (True, "single_active") if consumer is queue.active_consumer else (False, "waiting")
+
+
 def consumer_info(context: Context, consumer: Consumer) -> dict[str, Any]:
     channel = consumer.channel
     connection = channel.connection
+    active, status = activity(consumer)
     return {
         "consumer_tag": consumer.tag, "ack_required": not consumer.no_ack, "exclusive": consumer.exclusive,
-        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": True,
-        "activity_status": "up", "consumer_timeout": None,
+        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": active,
+        "activity_status": status, "consumer_timeout": None,
         "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
         "channel_details": {"name": channel_name(channel), "number": channel.number,
                             "connection_name": connection.name, "peer_host": connection.peer[0],

@@ -7,7 +7,7 @@ from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, forbidden, no_content, not_found, read_json
+from .http import bad_request, created_or_updated, no_content, not_authorised, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
@@ -20,7 +20,7 @@ def _require(request: web.Request, kind: str) -> None:
     if kind == OPERATOR_POLICY:
         auth.require_admin(request)
     elif not (login.is_admin or "policymaker" in login.tags):
-        raise forbidden("Not policymaker user")
+        raise not_authorised("Not policymaker user")
 
 
 def _kind(request: web.Request) -> str:

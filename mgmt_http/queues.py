@@ -10,6 +10,7 @@ from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
 from . import auth
+from .connections import consumer_info
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
                    no_content, not_found, query_flag, read_json)
@@ -41,7 +42,8 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "policy": queue.policy.name if queue.policy else None,
         "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
         "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
-        "recoverable_slaves": None, "single_active_consumer_tag": None,
+        "recoverable_slaves": None,
+        "single_active_consumer_tag": queue.active_consumer.tag if queue.active_consumer is not None else None,
         "consumers": len(consumers), "consumer_utilisation": None,
         "consumer_capacity": sum(c.has_credit() for c in consumers) / len(consumers) if consumers else 0,
         "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),

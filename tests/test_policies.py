@@ -247,8 +247,8 @@ def test_permissions(broker, vhost: str, uid: str) -> None:
         call(broker, "PUT", f"/api/permissions/{q(vhost)}/{q(name)}", {"configure": ".*", "write": ".*", "read": ".*"})
     body = {"pattern": "x", "definition": {"max-length": 1}}
     assert call(broker, "PUT", f"/api/policies/{q(vhost)}/p", body, auth=(f"pm-{uid}", "pw")).status == 201
-    assert_error(call(broker, "PUT", f"/api/operator-policies/{q(vhost)}/p", body, auth=(f"pm-{uid}", "pw")), 403)
-    assert_error(call(broker, "PUT", f"/api/policies/{q(vhost)}/p", body, auth=(f"mg-{uid}", "pw")), 403)
+    assert_error(call(broker, "PUT", f"/api/operator-policies/{q(vhost)}/p", body, auth=(f"pm-{uid}", "pw")), 401)
+    assert_error(call(broker, "PUT", f"/api/policies/{q(vhost)}/p", body, auth=(f"mg-{uid}", "pw")), 401)
     for name in (f"pm-{uid}", f"mg-{uid}"):
         call(broker, "DELETE", f"/api/users/{q(name)}")
 

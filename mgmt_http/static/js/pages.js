@@ -543,6 +543,8 @@
           ["Arguments", Object.keys(q.arguments || {}).length ? h("span.mono", JSON.stringify(q.arguments)) : h("span.muted", "none")],
           ["Node", h("span.mono", q.node || "")],
           q.owner_pid_details ? ["Exclusive owner", h("span.mono", q.owner_pid_details.name)] : null,
+          q.exclusive_consumer_tag ? ["Exclusive consumer", h("span.mono", q.exclusive_consumer_tag)] : null,
+          q.single_active_consumer_tag ? ["Single active consumer", h("span.mono", q.single_active_consumer_tag)] : null,
           q.policy ? ["Policy", q.policy] : null,
         ]));
         bindings.update(await api("GET", `${qpath}/bindings`));
