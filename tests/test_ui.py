@@ -88,6 +88,12 @@ class UI:
         self.page.locator(".modal .modal-actions button").last.click()
         expect(self.page.locator(".modal")).to_have_count(0)
 
+    def dismiss_banners(self) -> None:
+        """Close the banners shown, so that the next success banner is the next action's."""
+        for close in self.page.locator("#banners .close").all():
+            close.click()
+        expect(self.page.locator("#banners .banner")).to_have_count(0)
+
     def success(self, text: str | re.Pattern) -> None:
         expect(self.page.locator(".banner-success")).to_contain_text(text)
 
@@ -161,6 +167,7 @@ def declare_queue_in_ui(ui: UI, name: str) -> None:
 
 
 def publish_in_ui(ui: UI, payload: str) -> None:
+    ui.dismiss_banners()
     ui.page.fill("#pub-payload", payload)
     ui.page.click("#pub-submit")
     ui.success("Message published")
