@@ -247,7 +247,8 @@ def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerPr
     expect(card).to_have_count(1)
     expect(card.locator("pre.payload")).to_have_text("hello from the UI")
     expect(card).to_contain_text("first delivery")
-    page.evaluate("W.tick()")
+    ui.go("#/queues")
+    ui.go(f"#/queues/%2F/{q(source)}")  # opened afresh: the peeked message is still there
     expect(ui.stat("messages_ready")).to_have_text("1")
     peeked = api_get(node, f"/api/queues/%2F/{q(source)}/peek")
     assert len(peeked) == 1 and peeked[0]["redelivered"] is False, peeked
