@@ -88,6 +88,12 @@ class UI:
         self.page.locator(".modal .modal-actions button").last.click()
         expect(self.page.locator(".modal")).to_have_count(0)
 
+    def dismiss_banners(self) -> None:
+        """Close the banners shown, so that the next success banner is the next action's."""
+        for close in self.page.locator("#banners .close").all():
+            close.click()
+        expect(self.page.locator("#banners .banner")).to_have_count(0)
+
     def success(self, text: str | re.Pattern) -> None:
         expect(self.page.locator(".banner-success")).to_contain_text(text)
 
@@ -161,6 +167,7 @@ def declare_queue_in_ui(ui: UI, name: str) -> None:
 
 
 def publish_in_ui(ui: UI, payload: str) -> None:
+    ui.dismiss_banners()
     ui.page.fill("#pub-payload", payload)
     ui.page.click("#pub-submit")
     ui.success("Message published")
@@ -240,7 +247,8 @@ def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerPr
     expect(card).to_have_count(1)
     expect(card.locator("pre.payload")).to_have_text("hello from the UI")
     expect(card).to_contain_text("first delivery")
-    page.evaluate("W.tick()")
+    ui.go("#/queues")
+    ui.go(f"#/queues/%2F/{q(source)}")  # opened afresh: the peeked message is still there
     expect(ui.stat("messages_ready")).to_have_text("1")
     peeked = api_get(node, f"/api/queues/%2F/{q(source)}/peek")
     assert len(peeked) == 1 and peeked[0]["redelivered"] is False, peeked
