@@ -20,10 +20,13 @@ from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
+from .direct_reply import ReplyConsumers
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .paging import Pager
+from .policy import Policies
 from .persistence import Persistence
+from .priority_queue import queue_class
 from .queue import Entry, Queue
 from .stats import MessageStats
 
@@ -90,6 +93,8 @@ class Broker:
         self.store = DefinitionStore(data_dir)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
+        self.policies = Policies(self.store)
+        self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
         self.blocked = False  # memory alarm: publishers are blocked
@@ -130,6 +135,7 @@ class Broker:
             if not self.access.vhost_exists(name):
                 raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
             vhost = self.vhosts[name] = VHost(name)
+            self.policies.apply_to_vhost(vhost)
         return vhost
 
     def add_vhost(self, name: str) -> VHost:
@@ -148,6 +154,7 @@ class Broker:
             for key, record in list(self.store.items(kind)):
                 if record["vhost"] == name:
                     self.store.delete(kind, key)
+        self.policies.drop_vhost(name)
         self.access.delete_vhost(name)
 
     # -- exchanges ----------------------------------------------------------------------------
@@ -185,6 +192,7 @@ class Broker:
             return existing
         exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         vhost.exchanges[name] = exchange
+        self.policies.apply_to_exchange(vhost.name, exchange)
         if durable:
             self.store.put("exchange", _key(vhost.name, name), {
                 "vhost": vhost.name, "name": name, "type": type_name, "auto_delete": auto_delete,
@@ -250,8 +258,10 @@ class Broker:
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
-        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
+        queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
+                                  self)
         vhost.queues[name] = queue
+        self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
@@ -507,9 +517,9 @@ class Broker:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
-            return (queue,) if queue is not None else ()
+            return (queue,) if queue is not None else self.replies.route(message.routing_key)
         destinations = exchange.route(message.routing_key, message)
-        if not vhost.e2e_bindings and (destinations or "alternate-exchange" not in exchange.arguments):
+        if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             return destinations
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
@@ -526,7 +536,7 @@ class Broker:
                 else:
                     pending.append(destination)
             if not routed:
-                alternate = vhost.exchanges.get(current.arguments.get("alternate-exchange", ""))
+                alternate = vhost.exchanges.get(current.alternate or "")
                 if alternate is not None and alternate.name:
                     pending.append(alternate)
         return queues.keys()
@@ -547,9 +557,9 @@ class Broker:
         for _, record in self.store.items("queue"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is not None:
-                queue = vhost.queues[record["name"]] = Queue(
-                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"],
-                    queue_args.parse(record["arguments"], record["name"], vhost.name), self)
+                args = queue_args.parse(record["arguments"], record["name"], vhost.name)
+                queue = vhost.queues[record["name"]] = queue_class(args)(
+                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"], args, self)
                 queue.index_id = record["index_id"]
                 queue.persistence = self.persistence
                 durable.append(queue)
@@ -570,6 +580,8 @@ class Broker:
                 source.bind(destination, record["routing_key"], record["arguments"])
                 if isinstance(destination, Exchange):
                     vhost.e2e_bindings += 1
+        for vhost in self.vhosts.values():
+            self.policies.apply_to_vhost(vhost)
         log.info("recovered definitions: %d vhosts, %d exchanges, %d queues",
                  len(self.vhosts), sum(len(v.exchanges) for v in self.vhosts.values()),
                  sum(len(v.queues) for v in self.vhosts.values()))

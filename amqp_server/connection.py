@@ -45,6 +45,7 @@ CAPABILITIES = {
     "connection.blocked": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "direct_reply_to": True,
 }
 
 # Handshake states

@@ -91,6 +91,11 @@ class Persistence:
 
     # -- group commit -------------------------------------------------------------------------
 
+    @property
+    def staged(self) -> bool:
+        """Changes wait for a group commit: batch number ``batch`` will make them durable."""
+        return self._dirty
+
     def _touch(self) -> None:
         self._dirty = True
         if not self._scheduled and not self._syncing:

@@ -22,6 +22,9 @@ Workloads
 ``fanout4``
     Publish to a fanout exchange bound to 4 queues; 4 consumer processes (one
     per queue), ``no_ack``.  Reports deliveries/s (sum over the 4 queues).
+``priority``
+    As ``transient-ack``, through a priority queue (``x-max-priority`` 10) with
+    each message's ``priority`` drawn at random from 0..10.
 ``persistent-confirm``
     Persistent (delivery_mode 2) messages to a durable queue; the publisher
     uses publisher confirms with at most 1000 unconfirmed messages in flight;
@@ -62,6 +65,7 @@ import json
 import multiprocessing as mp
 import os
 import select
+import random
 import socket
 import ssl
 import statistics
@@ -76,7 +80,7 @@ FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
 FRAME_END = b"\xce"
 
-WORKLOADS = ["transient-noack", "transient-ack", "fanout4", "persistent-confirm", "latency"]
+WORKLOADS = ["transient-noack", "transient-ack", "priority", "fanout4", "persistent-confirm", "latency"]
 
 _HDR = struct.Struct("!BHI")
 _CM = struct.Struct("!HH")
@@ -85,6 +89,8 @@ _U64 = struct.Struct("!Q")
 PREFETCH = 200
 ACK_EVERY = 50
 MAX_UNCONFIRMED = 1000
+MAX_PRIORITY = 10
+PRIORITY_BATCHES = 16  # distinct pre-encoded batches of random priorities, sent in turn
 BATCH = 50
 LATENCY_SAMPLES = 5000
 LATENCY_WARMUP = 200
@@ -184,14 +190,16 @@ def method_frame(channel: int, cls: int, meth: int, args: bytes = b"") -> bytes:
 
 
 def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes,
-                   persistent: bool, frame_max: int) -> bytes:
+                   persistent: bool, frame_max: int, priority: int | None = None) -> bytes:
     """basic.publish + content header + body frame(s) for one message."""
     m = method_frame(channel, 60, 40, struct.pack("!H", 0) + shortstr(exchange)
                      + shortstr(routing_key) + b"\x00")
+    flags, values = 0, b""
     if persistent:
-        props = struct.pack("!HB", 0x1000, 2)  # delivery-mode present, = 2
-    else:
-        props = struct.pack("!H", 0)
+        flags, values = flags | 0x1000, values + b"\x02"  # delivery-mode 2
+    if priority is not None:
+        flags, values = flags | 0x0800, values + bytes((priority,))
+    props = struct.pack("!H", flags) + values
     hp = struct.pack("!HHQ", 60, 0, len(body)) + props
     h = _HDR.pack(FRAME_HEADER, channel, len(hp)) + hp + FRAME_END
     parts = [m, h]
@@ -337,12 +345,13 @@ class Connection:
     def channel_open(self, ch=1):
         self.rpc(ch, 20, 10, shortstr(""), 11)
 
-    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False, passive=False):
+    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False, passive=False,
+                      arguments=None):
         """queue.declare; returns (message_count, consumer_count) from declare-ok.
         A failed passive declare (404) raises AMQPError and closes the channel."""
         bits = ((1 if passive else 0) | (2 if durable else 0) | (4 if exclusive else 0)
                 | (8 if auto_delete else 0))
-        off = self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(None), 11)
+        off = self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(arguments), 11)
         off += 1 + self.buf[off]  # queue name
         return struct.unpack_from("!II", self.buf, off)
 
@@ -605,7 +614,7 @@ def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
 
 
 def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
-                   published, ready, go, stop, errq):
+                   published, ready, go, stop, errq, prioritised=False):
     conn = None
     try:
         conn = connect(cfg)
@@ -613,8 +622,15 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
         if confirm:
             conn.confirm_select(1)
         body = os.urandom(cfg["size"] // 2 + 1).hex()[: cfg["size"]].encode()
-        one = publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
-        batch = memoryview(one * BATCH)
+        if prioritised:
+            rng = random.Random(1)
+            batches = [memoryview(b"".join(
+                publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max,
+                               rng.randint(0, MAX_PRIORITY)) for _ in range(BATCH)))
+                for _ in range(PRIORITY_BATCHES)]
+        else:
+            batches = [memoryview(publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
+                                  * BATCH)]
         window = cfg["window"]
         ready.value = 1
         while not go.value:
@@ -693,6 +709,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                 else:
                     time.sleep(0.001)
                 continue
+            batch = batches[(pub // BATCH) % len(batches)]
             try:
                 n = sock.send(batch)
             except WOULD_BLOCK:
@@ -771,7 +788,8 @@ def run_throughput(cfg, workload):
         no_ack = False
     else:
         queues = [name]
-        ctl.queue_declare(1, name, auto_delete=True)
+        arguments = {"x-max-priority": MAX_PRIORITY} if workload == "priority" else None
+        ctl.queue_declare(1, name, auto_delete=True, arguments=arguments)
         routing_key = name
         no_ack = workload == "transient-noack"
 
@@ -792,7 +810,7 @@ def run_throughput(cfg, workload):
         _wait_ready(cready, procs, errq)
         pp = ctx.Process(target=publisher_proc,
                          args=(cfg, exchange, routing_key, persistent, confirm, counters,
-                               published, pready, go, stop, errq), daemon=True)
+                               published, pready, go, stop, errq, workload == "priority"), daemon=True)
         pp.start()
         procs.append(pp)
         _wait_ready([pready], procs, errq)

@@ -25,7 +25,7 @@ if [ "${BENCH_TLS:-0}" = 1 ]; then
     NODE_TLS=(--tls-port "$TLS_PORT" --tls-certfile "$TMP/server.pem" --tls-keyfile "$TMP/server.key")
     LOAD_TO=(--port "$TLS_PORT" --tls-ca "$TMP/ca.pem")
 fi
-"$PYTHON" -m amqp_server --bind 127.0.0.1 --amqp-port "$PORT" --data-dir "$TMP/data" --log-level WARNING \
+"$PYTHON" -m amqp_server --bind 127.0.0.1 --amqp-port "$PORT" --data-dir "$TMP/data" --mgmt-enabled false --log-level WARNING \
     "${NODE_TLS[@]}" > "$TMP/broker.log" 2>&1 &
 PID=$!
 cleanup() { kill -TERM "$PID" 2>/dev/null; wait "$PID" 2>/dev/null || true; rm -rf "$TMP"; }

@@ -11,7 +11,8 @@ from amqp_server import tls
 from amqp_server.broker import Broker
 from amqp_server.errors import AMQPError
 
-from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, queues, users, vhosts
+from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, policies, queues, users
+from . import vhosts
 from . import offsets
 from .auth import auth_middleware
 from .context import KEY, Context
@@ -20,7 +21,8 @@ from .rates import DEFAULT_INTERVAL, Sampler
 
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-RESOURCES = (overview, users, vhosts, permissions, connections, exchanges, bindings, queues, definitions, metrics)
+RESOURCES = (overview, users, vhosts, permissions, policies, connections, exchanges, bindings, queues, definitions,
+             metrics)
 
 
 @web.middleware

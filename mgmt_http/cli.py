@@ -71,8 +71,8 @@ def _cmd(sub: argparse._SubParsersAction, common: argparse.ArgumentParser, name:
     return parser
 
 
-def _group(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse._SubParsersAction:
-    parser = sub.add_parser(name, help=help_text, description=help_text)
+def _group(sub: argparse._SubParsersAction, name: str, help_text: str, alias: str) -> argparse._SubParsersAction:
+    parser = sub.add_parser(name, aliases=[alias], help=help_text, description=help_text)
     return parser.add_subparsers(dest="kind", required=True, metavar="KIND")
 
 
@@ -89,7 +89,7 @@ def _binding_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_declare(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    kinds = _group(sub, "declare", "create or update an object")
+    kinds = _group(sub, "declare", "create or update an object (alias: set)", "set")
     queue = _cmd(kinds, common, "queue", commands.declare_queue, "declare a queue")
     queue.add_argument("name")
     queue.add_argument("--durable", action=argparse.BooleanOptionalAction, default=False)
@@ -122,9 +122,19 @@ def _add_declare(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     for kind in ("configure", "write", "read"):
         permission.add_argument(f"--{kind}", required=True, metavar="REGEX")
 
+    for kind, what in commands.POLICY_KINDS.items():
+        policy = _cmd(kinds, common, kind, commands.declare_policy, f"set {what}")
+        policy.add_argument("name")
+        policy.add_argument("--pattern", required=True, metavar="REGEX", help="queue / exchange names it applies to")
+        policy.add_argument("--definition", required=True, type=values.json_object, metavar="JSON",
+                            help="""e.g. '{"max-length": 10}'""")
+        policy.add_argument("--priority", type=int, default=0)
+        policy.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "classic_queues",
+                                                                   "quorum_queues", "streams"))
+
 
 def _add_delete(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    kinds = _group(sub, "delete", "delete an object")
+    kinds = _group(sub, "delete", "delete an object (alias: clear)", "clear")
     queue = _cmd(kinds, common, "queue", commands.delete_queue, "delete a queue")
     queue.add_argument("name")
     queue.add_argument("--if-empty", action="store_true")
@@ -137,6 +147,8 @@ def _add_delete(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     _cmd(kinds, common, "vhost", commands.delete_vhost, "delete a virtual host").add_argument("name")
     permission = _cmd(kinds, common, "permission", commands.delete_permission, "clear a user's permissions")
     permission.add_argument("--user", dest="perm_user", required=True)
+    for kind, what in commands.POLICY_KINDS.items():
+        _cmd(kinds, common, kind, commands.delete_policy, f"clear {what}").add_argument("name")
 
 
 def _add_messages(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

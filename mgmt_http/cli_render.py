@@ -66,6 +66,8 @@ COLUMNS: dict[str, list[Column]] = {
     "users": [field("name"), Column("tags", _tags)],
     "vhosts": [field("name"), number("messages"), field("tracing")],
     "permissions": [field("vhost"), field("user"), field("configure"), field("write"), field("read")],
+    "policies": [field("vhost"), field("name"), field("pattern"), field("apply-to"), field("definition"),
+                 number("priority")],
     "connections": [field("name"), field("user"), field("vhost"), field("peer_host"), number("peer_port"),
                     field("protocol"), number("channels"), field("state")],
     "channels": [field("name"), Column("connection", _connection_of_channel), number("number"),
@@ -82,6 +84,9 @@ COLUMNS: dict[str, list[Column]] = {
                number("payload_bytes", "bytes"), field("payload_encoding", "encoding"),
                Column("payload", _payload), field("properties")],
 }
+
+
+COLUMNS["operator-policies"] = COLUMNS["policies"]
 
 
 class Output:

@@ -13,9 +13,9 @@ from amqp_server.queue import Consumer
 
 from . import auth
 from .context import Context, ctx
-from .http import forbidden, jsonable, no_content, not_found
+from .http import not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
-from .rates import message_stats
+from .rates import CHANNEL_STATS, message_stats
 
 routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
@@ -67,17 +67,26 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0, "acks_uncommitted": 0,
         "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
         "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
-        "message_stats": message_stats(channel.stats, context.sampler.rates(channel)),
+        "message_stats": message_stats(channel.stats, context.sampler.rates(channel), CHANNEL_STATS),
     }
+
+
+def activity(consumer: Consumer) -> tuple[bool, str]:
+    """(active, activity_status) as RabbitMQ reports them: with a single active consumer, the others wait."""
+    queue = consumer.queue
+    if not queue.args.single_active_consumer:
+        return True, "up"
+    return (True, "single_active") if consumer is queue.active_consumer else (False, "waiting")
 
 
 def consumer_info(context: Context, consumer: Consumer) -> dict[str, Any]:
     channel = consumer.channel
     connection = channel.connection
+    active, status = activity(consumer)
     return {
         "consumer_tag": consumer.tag, "ack_required": not consumer.no_ack, "exclusive": consumer.exclusive,
-        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": True,
-        "activity_status": "up", "consumer_timeout": None,
+        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": active,
+        "activity_status": status, "consumer_timeout": None,
         "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
         "channel_details": {"name": channel_name(channel), "number": channel.number,
                             "connection_name": connection.name, "peer_host": connection.peer[0],
@@ -122,7 +131,7 @@ async def close_connection(request: web.Request) -> web.Response:
     connection = find_connection(request)
     user = auth.login(request)
     if not user.is_admin and connection.user.name != user.name:
-        raise forbidden("Not administrator user")
+        raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
 

@@ -21,7 +21,8 @@ routes = web.RouteTableDef()
 def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
     return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-            "arguments": dict(exchange.arguments), "user_who_performed_action": "", "policy": None}
+            "arguments": dict(exchange.arguments), "user_who_performed_action": "",
+            "policy": exchange.policy.name if exchange.policy else None}
 
 
 def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
@@ -59,8 +60,8 @@ async def declare(request: web.Request) -> web.Response:
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
     body = await read_json(request)
-    type_name = get_str(body, "type")
-    durable = get_bool(body, "durable", True)
+    type_name = get_str(body, "type", "direct")  # exchange.declare's defaults, as RabbitMQ
+    durable = get_bool(body, "durable", False)
     auto_delete = get_bool(body, "auto_delete", False)
     internal = get_bool(body, "internal", False)
     arguments = get_table(body, "arguments")
@@ -83,13 +84,20 @@ async def delete(request: web.Request) -> web.Response:
 
 @routes.post("/api/exchanges/{vhost}/{name}/publish")
 async def publish(request: web.Request) -> web.Response:
-    """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``."""
-    context, vhost_name, exchange = find_exchange(request)
+    """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``.
+
+    A missing exchange is 400 with basic.publish's NOT_FOUND text, as RabbitMQ answers it."""
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
     body = await read_json(request, required=True)
+    name = exchange_param(request.match_info["name"])
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise bad_request(f"NOT_FOUND - no exchange '{name}' in vhost '{vhost.name}'")
     message = message_from_json(exchange.name, body)
     user = auth.login(request).name
     broker = context.broker
-    vhost = context.vhost(vhost_name)
+    vhost_name = vhost.name
     check_permission(auth.permissions(request, vhost_name), user, vhost_name, "write", "exchange", exchange.name)
     broker.check_publishable(vhost, exchange)
     broker.check_message(message, user)

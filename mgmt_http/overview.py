@@ -1,10 +1,10 @@
 """/api/overview, /api/nodes, /api/aliveness-test, /api/healthchecks/node, and empty lists for
-features Warren doesn't have (policies, parameters, extensions) so RabbitMQ tools keep working."""
+features Warren doesn't have (parameters, extensions) so RabbitMQ tools keep working."""
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from aiohttp import web
 from pamqp import commands
@@ -21,7 +21,7 @@ from .definitions import RABBIT_VERSION
 from .http import json_response, not_found
 from .listing import respond
 from .node_info import disk_free, fd_total, fd_used, rss_bytes
-from .rates import depth_fields, message_stats, queue_depths, sum_stats
+from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 DISK_FREE_LIMIT = 50_000_000
@@ -64,6 +64,14 @@ def node_info(context: Context) -> dict[str, Any]:
     }
 
 
+def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for values in counters:
+        for key, value in values.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 @routes.get("/api/overview")
 async def overview(request: web.Request) -> web.Response:
     context = ctx(request)
@@ -79,7 +87,7 @@ async def overview(request: web.Request) -> web.Response:
         "product_version": __version__, "product_name": "Warren", "rabbitmq_version": RABBIT_VERSION,
         "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
-        "message_stats": message_stats(sum_stats(broker.vhost_stats(n) for n in names), rates),
+        "message_stats": message_stats(_sum(context.sampler.vhost_counters(n) for n in names), rates, VHOST_STATS),
         "churn_rates": {},
         "queue_totals": depth_fields(queue_depths(queues), rates),
         "object_totals": {"connections": len(visible_connections(request)), "channels": channels,
@@ -134,11 +142,8 @@ async def healthcheck(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/extensions")
-@routes.get("/api/policies")
-@routes.get("/api/policies/{vhost}")
 @routes.get("/api/parameters")
 @routes.get("/api/global-parameters")
-@routes.get("/api/operator-policies")
 async def empty_list(request: web.Request) -> web.Response:
     return json_response([])
 

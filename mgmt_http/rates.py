@@ -14,6 +14,14 @@ from amqp_server.stats import MessageStats
 
 DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 
+# The message_stats keys each kind of object reports, as RabbitMQ's
+QUEUE_STATS = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "ack", "redeliver",
+               "deliver_get")
+CHANNEL_STATS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack", "get",
+                 "get_no_ack", "get_empty", "ack", "redeliver", "deliver_get")
+QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues; publishes are counted at the door
+VHOST_STATS = QUEUE_STATS
+
 
 def queue_depths(queues: Any) -> dict[str, int]:
     ready = unacked = 0
@@ -21,14 +29,6 @@ def queue_depths(queues: Any) -> dict[str, int]:
         ready += queue.message_count
         unacked += queue.unacked
     return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
-
-
-def sum_stats(stats: Any) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for item in stats:
-        for key, value in item.as_dict().items():
-            total[key] = total.get(key, 0) + value
-    return total
 
 
 class _Series:
@@ -61,6 +61,27 @@ class Sampler:
         self._named: dict[str, _Series] = {}
         self._task: asyncio.Task | None = None
         self._last_tick: float | None = None
+        self._live: dict[int, tuple[str, dict[str, int]]] = {}  # id(queue) -> (vhost, counters at the last tick)
+        self._retired: dict[str, dict[str, int]] = {}  # per vhost: counters of queues deleted since
+
+    def vhost_counters(self, name: str) -> dict[str, int]:
+        """A vhost's message_stats counters: publishes as its channels and the API count them, the rest summed
+        over its queues (those deleted included, as of the tick before they went)."""
+        totals = dict.fromkeys(VHOST_STATS, 0)
+        queues = [queue.stats.as_dict() for queue in list(self.broker.vhost(name).queues.values())]
+        for values in (self._retired.get(name, {}), *queues):
+            for key in QUEUE_SIDE:
+                totals[key] += values.get(key, 0)
+        totals["publish"] = self.broker.vhost_stats(name).publish
+        return totals
+
+    def _retire(self, live: dict[int, tuple[str, dict[str, int]]]) -> None:
+        for key in self._live.keys() - live.keys():
+            vhost, values = self._live[key]
+            retired = self._retired.setdefault(vhost, {})
+            for name in QUEUE_SIDE:
+                retired[name] = retired.get(name, 0) + values.get(name, 0)
+        self._live = live
 
     def _series(self, owner: Any) -> _Series:
         series = self._objects.get(owner)
@@ -82,19 +103,25 @@ class Sampler:
         now = time.monotonic()
         tick, self._last_tick = self._last_tick, now
         broker = self.broker
+        live: dict[int, tuple[str, dict[str, int]]] = {}
         for vhost in list(broker.vhosts.values()):
             for queue in list(vhost.queues.values()):
                 values = queue.stats.as_dict()
-                values.update(queue_depths((queue,)))
+                live[id(queue)] = (vhost.name, values)
+                values = dict(values, **queue_depths((queue,)))
                 self._series(queue).add(now, values, tick)
-            values = broker.vhost_stats(vhost.name).as_dict()
+        self._retire(live)
+        node: dict[str, int] = {}
+        for vhost in list(broker.vhosts.values()):
+            values = self.vhost_counters(vhost.name)
+            for key, value in values.items():
+                node[key] = node.get(key, 0) + value
             values.update(queue_depths(vhost.queues.values()))
             self._named_series("vhost:" + vhost.name).add(now, values, tick)
         for channel in self._channels():
             self._series(channel).add(now, channel.stats.as_dict(), tick)
-        values = sum_stats(broker.vhost_stats(name) for name in broker.vhosts)
-        values.update(queue_depths(broker.all_queues()))
-        self._named_series("node").add(now, values, tick)
+        node.update(queue_depths(broker.all_queues()))
+        self._named_series("node").add(now, node, tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
@@ -123,25 +150,31 @@ class Sampler:
                 pass
 
 
-def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
-    """RabbitMQ's ``message_stats``: each counter plus ``<counter>_details: {rate}``."""
-    values = counters.as_dict() if isinstance(counters, MessageStats) else counters
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS}
+_IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
+
+
+def _details(rate: float) -> dict[str, float]:
+    return {"rate": rate} if rate else _IDLE
+
+
+def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float],
+                  keys: tuple[str, ...]) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats``: each of ``keys``' counters plus ``<counter>_details: {rate}``."""
+    value = counters.__getattribute__ if isinstance(counters, MessageStats) else counters.__getitem__
+    rate = rates.get
     result: dict[str, Any] = {}
-    for key, value in values.items():
-        if key in DEPTH_KEYS:
-            continue
-        result[key] = value
-        result[key + "_details"] = {"rate": rates.get(key, 0.0)}
+    for key in keys:
+        result[key] = value(key)
+        result[_DETAILS[key]] = _details(rate(key, 0.0))
     return result
-
-
-DEPTH_KEYS = ("messages", "messages_ready", "messages_unacknowledged")
 
 
 def depth_fields(depths: dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
     """messages / messages_ready / messages_unacknowledged with their ``_details`` rates."""
-    result: dict[str, Any] = {}
-    for key in DEPTH_KEYS:
-        result[key] = depths[key]
-        result[key + "_details"] = {"rate": rates.get(key, 0.0)}
-    return result
+    rate = rates.get
+    return {"messages": depths["messages"], "messages_details": _details(rate("messages", 0.0)),
+            "messages_ready": depths["messages_ready"],
+            "messages_ready_details": _details(rate("messages_ready", 0.0)),
+            "messages_unacknowledged": depths["messages_unacknowledged"],
+            "messages_unacknowledged_details": _details(rate("messages_unacknowledged", 0.0))}

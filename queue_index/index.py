@@ -9,6 +9,7 @@ off the event loop while new changes are staged.
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from dataclasses import dataclass
 from typing import Iterator
@@ -18,6 +19,7 @@ import lmdb
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
 FLAG_DELIVERED = 1
+COMPACT_MIN_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +31,41 @@ class IndexEntry:
     delivered: bool
 
 
+def _open(directory: str, map_size: int) -> lmdb.Environment:
+    return lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=False, max_dbs=0,
+                     readahead=False)
+
+
+def _compact(directory: str, map_size: int) -> None:
+    """Rewrite the file if most of it is free pages: LMDB reuses freed pages but never shrinks its file,
+    so after a large backlog was consumed the disk comes back at the next start."""
+    path = os.path.join(directory, "data.mdb")
+    if not os.path.exists(path) or os.path.getsize(path) < COMPACT_MIN_BYTES:
+        return
+    env = _open(directory, map_size)
+    try:
+        stat = env.stat()
+        used = (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] + 2) * stat["psize"]
+        if used * 4 > os.path.getsize(path):
+            return
+        tmp = os.path.join(directory, "compact.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp)
+        env.copy(tmp, compact=True)
+    finally:
+        env.close()
+    copy = os.path.join(tmp, "data.mdb")
+    with open(copy, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(copy, path)
+    os.rmdir(tmp)
+
+
 class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
         os.makedirs(directory, exist_ok=True)
-        self._env = lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=False,
-                              max_dbs=0, readahead=False)
+        _compact(directory, map_size)
+        self._env = _open(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
         self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)

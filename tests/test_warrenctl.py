@@ -271,7 +271,8 @@ def test_publish_peek_get_move_purge(broker: BrokerProcess, uid: str) -> None:
     assert fails(broker, "get", "--queue", f"{uid}-missing").startswith("warrenctl: 404 Not Found")
     assert fails(broker, "peek", "--queue", f"{uid}-missing").startswith("warrenctl: 404 Not Found")
     line = fails(broker, "publish", "--exchange", f"{uid}-missing", "--body", "x")
-    assert line == f"warrenctl: 404 Not Found: no exchange '{uid}-missing' in vhost '/'"
+    # the API answers a publish to a missing exchange as RabbitMQ's does: 400 with basic.publish's NOT_FOUND
+    assert line == f"warrenctl: 400 Bad Request: NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
     ok(broker, "delete", "queue", source)
     ok(broker, "delete", "queue", target)
 
@@ -392,3 +393,27 @@ def test_import_errors(broker: BrokerProcess, tmp_path: Path) -> None:
     rejected = tmp_path / "rejected.json"
     rejected.write_text(json.dumps({"queues": [{"name": 5}]}))
     assert fails(broker, "import", str(rejected)).startswith("warrenctl: 400 Bad Request")
+
+
+def test_policies_set_list_clear(broker: BrokerProcess, uid: str) -> None:
+    out = ok(broker, "set", "policy", uid, "--pattern", f"^{uid}$", "--definition", '{"max-length": 1}',
+             "--priority", "2", "--apply-to", "queues")
+    assert out.strip() == (f"policy '{uid}' set in vhost '/': pattern '^{uid}$', definition {{\"max-length\": 1}}, "
+                           "priority 2, apply-to queues")
+    assert by_name(as_json(broker, "list", "policies"), uid) == {
+        "vhost": "/", "name": uid, "pattern": f"^{uid}$", "apply-to": "queues", "definition": {"max-length": 1},
+        "priority": 2}
+    assert uid in ok(broker, "list", "policies")
+    ok(broker, "declare", "queue", uid)
+    ok(broker, "publish", "--routing-key", uid, "--body", "a")
+    ok(broker, "publish", "--routing-key", uid, "--body", "b")
+    assert eventually(lambda: by_name(as_json(broker, "list", "queues"), uid)["messages"] == 1)
+    ok(broker, "declare", "operator-policy", uid, "--pattern", f"^{uid}$", "--definition", '{"expires": 60000}')
+    assert by_name(as_json(broker, "list", "operator-policies"), uid)["definition"] == {"expires": 60000}
+    line = fails(broker, "set", "policy", "bad", "--pattern", ".*", "--definition", '{"max-priority": 1}')
+    assert line == ('warrenctl: 400 Bad Request: Validation failed [{<<"max-priority">>,1}] are not recognised '
+                    'policy settings')
+    assert ok(broker, "clear", "policy", uid).strip() == f"policy '{uid}' cleared in vhost '/'"
+    ok(broker, "delete", "operator-policy", uid)
+    assert fails(broker, "clear", "policy", uid) == f"warrenctl: 404 Not Found: no policy '{uid}' in vhost '/'"
+    assert by_name(as_json(broker, "list", "policies"), uid) is None

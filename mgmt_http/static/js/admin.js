@@ -6,6 +6,10 @@
   const SECTIONS = [["users", "Users"], ["vhosts", "Virtual hosts"], ["permissions", "Permissions"], ["definitions", "Definitions"]];
 
   W.pages.admin = function (section = "users") {
+    if (!W.isAdmin()) {
+      return { el: h("div", W.pageHead("Admin"), h("div.panel", h("div.empty",
+        "Users, virtual hosts, permissions and definitions are for users tagged administrator."))) };
+    }
     if (!SECTIONS.some(([k]) => k === section)) section = "users";
     const sub = h("nav.subtabs", SECTIONS.map(([key, label]) => h("a", { href: `#/admin/${key}`, class: key === section ? "active" : null, "data-subtab": key }, label)));
     const inner = sections[section]();
@@ -46,7 +50,7 @@
       e.preventDefault();
       const user = name.value.trim();
       const ok = await act(submit, async () => {
-        if (!user) throw new Error("User name is required");
+        if (!user) throw new W.InputError("User name is required");
         const body = { tags: tags.value.split(",").map((s) => s.trim()).filter(Boolean).join(",") };
         if (password.value) body.password = password.value; else body.password_hash = "";
         await api("PUT", `users/${enc(user)}`, body);
@@ -94,7 +98,7 @@
       e.preventDefault();
       const v = name.value.trim();
       const ok = await act(submit, async () => {
-        if (!v) throw new Error("Name is required");
+        if (!v) throw new W.InputError("Name is required");
         await api("PUT", `vhosts/${enc(v)}`, {});
         return true;
       }, `Virtual host ${v} added.`, "Add virtual host");
@@ -183,10 +187,10 @@
       e.preventDefault();
       const f = file.files[0];
       await act(importBtn, async () => {
-        if (!f) throw new Error("Choose a definitions file first");
+        if (!f) throw new W.InputError("Choose a definitions file first");
         const text = await f.text();
         let body;
-        try { body = JSON.parse(text); } catch (err) { throw new Error(`${f.name} is not valid JSON: ${err.message}`); }
+        try { body = JSON.parse(text); } catch (err) { throw new W.InputError(`${f.name} is not valid JSON: ${err.message}`); }
         await api("POST", "definitions", body);
         file.value = "";
         await refresh();

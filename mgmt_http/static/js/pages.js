@@ -1,5 +1,6 @@
-/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh()}; the app
-   mounts el once and calls refresh() now and on every tick, so forms keep what the user typed. */
+/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh(first)}; the app
+   mounts el once and calls refresh(true) now and refresh(false) on every tick, so forms keep what the
+   user typed. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, fmtRate, fmtBytes, get, rate, enc } = W;
@@ -59,7 +60,7 @@
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
       { key: "total", label: "Total", color: COLORS.total },
-    ], { fill: true, label: "Queued messages" });
+    ], { fill: true, integer: true, label: "Queued messages" });
     const perQueue = new W.BarChart("queue-depths", [
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
@@ -77,7 +78,6 @@
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Message rates")), rates.el),
         h("section.panel", h("div.panel-head", h("h2", "Queued messages")), depth.el)),
-      h("div", { style: "height:18px" }),
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Deepest queues"), h("span.spacer"), h("a", { href: "#/queues" }, "All queues →")),
           h("div.panel-body", { style: "padding-bottom:0" }, perQueue.el)),
@@ -88,8 +88,9 @@
     }
     return {
       el,
-      async refresh() {
-        const ov = W.state.overview || await api("GET", "overview");
+      async refresh(first) {
+        if (first) await W.loadOverview();  // the last tick's may be old, or ticks may be off
+        const ov = W.state.overview;
         const ot = ov.object_totals || {};
         const qt = ov.queue_totals || {};
         replace(cards,
@@ -210,7 +211,7 @@
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Exchange name is required");
+        if (!name) throw new W.InputError("Exchange name is required");
         await api("PUT", `exchanges/${exchangePath(vhost, name)}`, {
           type: form.type.value, durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true",
           internal: form.internal.value === "true", arguments: form.args.value() });
@@ -274,7 +275,7 @@
       if (fixed.exchange !== undefined) { source = fixed.exchange; kind = destType.value; dest = target; }
       else { source = target; kind = "q"; dest = fixed.queue; }
       const ok = await act(submit, async () => {
-        if (!target) throw new Error("Name is required");
+        if (!target) throw new W.InputError("Name is required");
         await api("POST", `bindings/${enc(vhost)}/e/${enc(source === "" ? DEFAULT_EX : source)}/${kind}/${enc(dest)}`,
           { routing_key: rk.value, arguments: args.value() });
         return true;
@@ -351,8 +352,8 @@
     const bind = bindForm(vhost, { exchange: name }, () => page.refresh());
     const del = h("button.btn.btn-danger", { type: "button", id: "exchange-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete exchange", ["Delete exchange ", h("b", display), ` in ${vhost}? Its bindings go with it.`], "Delete")) return;
-      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, `Exchange ${display} deleted.`, "Delete exchange");
-      if (ok) location.hash = "#/exchanges";
+      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, null, "Delete exchange");
+      if (ok) W.navigate("#/exchanges", `Exchange ${display} deleted.`);
     } } }, "Delete this exchange");
     const isDefault = name === "";
     const builtin = name.startsWith("amq.");
@@ -419,7 +420,7 @@
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Queue name is required");
+        if (!name) throw new W.InputError("Queue name is required");
         await api("PUT", `queues/${enc(vhost)}/${enc(name)}`, {
           durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true", arguments: form.args.value() });
         return true;
@@ -493,7 +494,7 @@
       const body = { destination: moveDest.value.trim() };
       if (moveCount.value) body.count = Number(moveCount.value);
       const res = await act(moveSubmit, async () => {
-        if (!body.destination) throw new Error("Destination queue is required");
+        if (!body.destination) throw new W.InputError("Destination queue is required");
         return api("POST", `${qpath}/move`, body);
       }, (r) => `Moved ${fmtNum(r.moved)} message${r.moved === 1 ? "" : "s"} to ${r.destination}.`, "Move");
       if (res) await page.refresh();
@@ -509,8 +510,8 @@
     const del = h("button.btn.btn-danger", { type: "button", id: "queue-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete queue", ["Delete queue ", h("b", name), ` in ${vhost} and every message in it?`], "Delete")) return;
       const q = [ifUnused.checked ? "if-unused=true" : "", ifEmpty.checked ? "if-empty=true" : ""].filter(Boolean).join("&");
-      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, `Queue ${name} deleted.`, "Delete queue");
-      if (ok) location.hash = "#/queues";
+      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, null, "Delete queue");
+      if (ok) W.navigate("#/queues", `Queue ${name} deleted.`);
     } } }, "Delete queue");
 
     const page = {
@@ -521,7 +522,6 @@
           h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
           h("section.panel", h("div.panel-head", h("h2", "Bindings")), h("div.panel-body.flush", bindings.el),
             h("div.panel-body", { style: "border-top:1px solid var(--border)" }, h("h3", { style: "margin-bottom:10px" }, "Add binding to this queue"), bind.el))),
-        h("div", { style: "height:18px" }),
         h("section.panel", { id: "get-messages" }, h("div.panel-head", h("h2", "Get messages")), h("div.panel-body", getForm, getOut)),
         h("section.panel", { id: "peek-messages" }, h("div.panel-head", h("h2", "Peek"), h("span.tag.accent", "Warren")), h("div.panel-body", peekForm, peekOut)),
         h("section.panel", { id: "move-messages" }, h("div.panel-head", h("h2", "Move messages"), h("span.tag.accent", "Warren")), h("div.panel-body", moveForm)),
@@ -543,6 +543,8 @@
           ["Arguments", Object.keys(q.arguments || {}).length ? h("span.mono", JSON.stringify(q.arguments)) : h("span.muted", "none")],
           ["Node", h("span.mono", q.node || "")],
           q.owner_pid_details ? ["Exclusive owner", h("span.mono", q.owner_pid_details.name)] : null,
+          q.exclusive_consumer_tag ? ["Exclusive consumer", h("span.mono", q.exclusive_consumer_tag)] : null,
+          q.single_active_consumer_tag ? ["Single active consumer", h("span.mono", q.single_active_consumer_tag)] : null,
           q.policy ? ["Policy", q.policy] : null,
         ]));
         bindings.update(await api("GET", `${qpath}/bindings`));

@@ -90,6 +90,7 @@ window.W = window.W || {};
       sessionStorage.setItem(USER_KEY, user);
     },
     header() { const t = sessionStorage.getItem(AUTH_KEY); return t ? "Basic " + t : null; },
+    headerFor(user, password) { return "Basic " + b64(`${user}:${password}`); },
     user() { return sessionStorage.getItem(USER_KEY) || ""; },
     clear() { sessionStorage.removeItem(AUTH_KEY); sessionStorage.removeItem(USER_KEY); },
   };
@@ -100,6 +101,7 @@ window.W = window.W || {};
       this.status = status;
       this.error = error;
       this.reason = reason;
+      this.sessionEnded = false;  // set by api(): the credentials no longer work
     }
   }
 
@@ -129,11 +131,17 @@ window.W = window.W || {};
       const error = data && typeof data === "object" ? data.error : undefined;
       const reason = data && typeof data === "object" ? data.reason : (typeof data === "string" ? data : "");
       const err = new ApiError(res.status, error || res.statusText, reason || res.statusText);
-      if (res.status === 401 && !options.authHeader && W.onUnauthorized) W.onUnauthorized(err);
+      // 401 asking for credentials (WWW-Authenticate): these ones no longer work.  A 401 without it
+      // (RabbitMQ's "not allowed", as a 403 is) is an answer to this request only.
+      err.sessionEnded = res.status === 401 && res.headers.has("WWW-Authenticate") && !options.authHeader;
+      if (err.sessionEnded && W.onUnauthorized) W.onUnauthorized(err);
       throw err;
     }
     return data;
   }
+
+  // What the user typed cannot be sent: shown like an API refusal, not logged as a fault of the page.
+  class InputError extends Error {}
 
   /* ---------- banners ---------- */
   function banner(kind, title, message, timeout) {
@@ -153,7 +161,7 @@ window.W = window.W || {};
       const title = (context ? context + ": " : "") + (err.status ? `${err.status} ${err.error || ""}`.trim() : "Error");
       return banner("error", title + " —", err.reason || err.message);
     }
-    console.error(err);
+    if (!(err instanceof InputError)) console.error(err);
     return banner("error", (context ? context + ": " : "") + "Error —", String(err && err.message || err));
   }
   function showSuccess(message) { return banner("success", "", message, 6000); }
@@ -315,12 +323,12 @@ window.W = window.W || {};
           const raw = row.querySelector("[data-kv-value]").value;
           const type = row.querySelector("[data-kv-type]").value;
           if (type === "number") {
-            if (raw.trim() === "" || isNaN(Number(raw))) throw new Error(`${name}: "${key}" must be a number`);
+            if (raw.trim() === "" || isNaN(Number(raw))) throw new InputError(`${name}: "${key}" must be a number`);
             out[key] = Number(raw);
           } else if (type === "boolean") {
             out[key] = /^(true|1|yes)$/i.test(raw.trim());
           } else if (type === "json") {
-            try { out[key] = JSON.parse(raw); } catch (e) { throw new Error(`${name}: "${key}" is not valid JSON`); }
+            try { out[key] = JSON.parse(raw); } catch (e) { throw new InputError(`${name}: "${key}" is not valid JSON`); }
           } else out[key] = raw;
         }
         return out;
@@ -356,7 +364,7 @@ window.W = window.W || {};
 
   Object.assign(W, {
     h, append, clear, replace, fmtNum, fmtRate, fmtBytes, fmtTime, get, rate, enc, vhostLabel,
-    auth, api, ApiError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
+    auth, api, ApiError, InputError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
     dataTable, field, select, kvEditor, featureTags, kvTable, panel,
   });
 })(window.W);
