@@ -320,6 +320,20 @@ def test_https_management_api_shows_connections_tls_fields(node: TLSNode, pki: P
         plain.close()
 
 
+def test_tls12_connection_fields_in_erlang_spelling(node: TLSNode, pki: PKI, uid: str) -> None:
+    context = pki.client_context()
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
+    connection = pika.BlockingConnection(node.params(context, client_properties={"connection_name": uid}))
+    try:
+        [info] = [c for c in node.api("/api/connections", pki) if c["user_provided_name"] == uid]
+        assert (info["ssl_protocol"], info["ssl_key_exchange"], info["ssl_cipher"], info["ssl_hash"]) == (
+            "tlsv1.2", "ecdhe_ecdsa", "aes_128_gcm", "sha256")
+        assert info["peer_cert_subject"] is None  # no client certificate presented
+    finally:
+        connection.close()
+
+
 def test_https_management_api_needs_the_ca_and_plain_http_still_answers(node: TLSNode, pki: PKI) -> None:
     with pytest.raises(urllib.error.URLError) as failed:
         urllib.request.urlopen(f"https://localhost:{node.mgmt_tls_port}/api/overview",
