@@ -11,7 +11,7 @@ from typing import Any
 import pika
 import pytest
 
-from conftest import BrokerProcess
+from conftest import BrokerProcess, unavailable
 from rabbitmq_tools import Unavailable, rabbitmqadmin
 
 
@@ -20,7 +20,7 @@ def script() -> Path:
     try:
         return rabbitmqadmin()
     except (Unavailable, OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"rabbitmqadmin unavailable: {exc}")
+        unavailable(f"rabbitmqadmin unavailable: {exc}")
 
 
 @pytest.fixture

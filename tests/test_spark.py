@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
+
 if shutil.which("java") is None:
-    pytest.skip("java is not installed: no SparkSession", allow_module_level=True)
+    unavailable("java is not installed: no SparkSession (test.sh installs default-jre-headless)")
 
 pika = pytest.importorskip("pika")
 pytest.importorskip("pyspark")

@@ -14,13 +14,12 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import BrokerProcess
+from conftest import BrokerProcess, unavailable
 from test_mgmt_api import call, q
 
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); test.sh installs it",
-                allow_module_level=True)
+    unavailable(f"{CHROMIUM} is not installed (apt-get install chromium); test.sh installs it")
 
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright  # noqa: E402
 
