@@ -3,8 +3,9 @@
 A policy sets optional arguments on every queue or exchange whose name its
 pattern matches, without redeclaring anything.  Per object only one user
 policy and one operator policy apply: the matching one with the highest
-priority (ties go to the name that sorts first).  The two are merged into the
-effective definition; where both set a numeric limit the lower value wins.
+priority (RabbitMQ leaves ties to its table order, which looks arbitrary; here
+the name that sorts first wins).  The two are merged into the effective
+definition; where both set a numeric limit the lower value wins.
 That definition then meets the object's own x-arguments as RabbitMQ's classic
 queue resolves them: expires, message-ttl, max-length and max-length-bytes take
 the lower of argument and policy; dead-letter-exchange, dead-letter-routing-key,
