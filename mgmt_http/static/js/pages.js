@@ -544,6 +544,9 @@
           ["Node", h("span.mono", q.node || "")],
           q.owner_pid_details ? ["Exclusive owner", h("span.mono", q.owner_pid_details.name)] : null,
           q.policy ? ["Policy", q.policy] : null,
+          q.operator_policy ? ["Operator policy", q.operator_policy] : null,
+          Object.keys(q.effective_policy_definition || {}).length
+            ? ["Effective policy definition", h("span.mono", JSON.stringify(q.effective_policy_definition))] : null,
         ]));
         bindings.update(await api("GET", `${qpath}/bindings`));
         await bind.suggest();
