@@ -182,9 +182,7 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
 
 def effective_queue_args(queue: "Queue", definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
-    arguments = queue.arguments
-    merged: dict[str, Any] = {name: arguments[name] for name in
-                              (f"x-{key}" for key in LOWER_WINS + ARGUMENT_WINS) if name in arguments}
+    merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
     for key in LOWER_WINS:
         value = definition.get(key)
         if value is not None:
