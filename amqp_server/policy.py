@@ -3,8 +3,9 @@
 A policy sets optional arguments on every queue or exchange whose name its
 pattern matches, without redeclaring anything.  Per object only one user
 policy and one operator policy apply: the matching one with the highest
-priority (ties go to the name that sorts first).  The two are merged into the
-effective definition; where both set a numeric limit the lower value wins.
+priority (RabbitMQ leaves ties to its table order, which looks arbitrary; here
+the name that sorts first wins).  The two are merged into the effective
+definition; where both set a numeric limit the lower value wins.
 That definition then meets the object's own x-arguments as RabbitMQ's classic
 queue resolves them: expires, message-ttl, max-length and max-length-bytes take
 the lower of argument and policy; dead-letter-exchange, dead-letter-routing-key,
@@ -181,9 +182,7 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
 
 def effective_queue_args(queue: "Queue", definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
-    arguments = queue.arguments
-    merged: dict[str, Any] = {name: arguments[name] for name in
-                              (f"x-{key}" for key in LOWER_WINS + ARGUMENT_WINS) if name in arguments}
+    merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
     for key in LOWER_WINS:
         value = definition.get(key)
         if value is not None:

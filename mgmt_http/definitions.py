@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from .permissions import all_permissions, permissions_from_json
 from .users import parse_tags, user_from_json, user_info
 
 routes = web.RouteTableDef()
+log = logging.getLogger("warren.mgmt")
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ whose export format this is
 
 
@@ -138,6 +140,11 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             raise bad_request(f"vhost '{name}' does not exist")
         return broker.vhost(name)
 
+    ignored = [key for key in ("topic_permissions", "global_parameters") if body.get(key)]
+    if any(item.get("component") != OPERATOR_POLICY for item in _items(body, "parameters")):
+        ignored.append("parameters other than operator policies")
+    if ignored:
+        log.warning("definitions import: ignored %s (not supported by Warren)", ", ".join(ignored))
     policies = broker.policies
     for item in _items(body, "policies"):
         vhost = vhost_of(item)

@@ -352,3 +352,28 @@ def test_unknown_hashing_algorithm_is_refused(start_broker) -> None:
     response = call(node, "POST", "/api/definitions", body)
     assert response.status == 400
     assert "rabbit_password_hashing_x" in response.json["reason"]
+
+
+def vhost_export(vhost: str) -> dict:
+    """RabbitMQ's GET /api/definitions/{vhost} for EXPORT's vhost: its policies and operator policies (vhost kept),
+    its queues, exchanges and bindings without "vhost" (checked equal to RabbitMQ 3.10.8's answer)."""
+    body = {"rabbit_version": EXPORT["rabbit_version"],
+            "parameters": [p for p in EXPORT["parameters"] if p["vhost"] == vhost],
+            "policies": [p for p in EXPORT["policies"] if p["vhost"] == vhost]}
+    for key in ("queues", "exchanges", "bindings"):
+        body[key] = [{k: v for k, v in item.items() if k != "vhost"} for item in EXPORT[key] if item["vhost"] == vhost]
+    return body
+
+
+def test_vhost_export_matches_rabbitmq_and_imports_elsewhere(start_broker) -> None:
+    node = start_broker()
+    assert call(node, "POST", "/api/definitions", EXPORT).status == 204
+    ours = call(node, "GET", "/api/definitions/imported").json
+    theirs = vhost_export("imported")
+    for key in ("parameters", "policies", "queues", "exchanges", "bindings"):
+        assert sorted(map(json.dumps, ours[key])) == sorted(map(json.dumps, theirs[key])), key
+    assert call(node, "PUT", "/api/vhosts/copy").status == 201
+    assert call(node, "POST", "/api/definitions/copy", theirs).status == 204
+    created = queue(node, "orders.created", "copy")
+    assert (created["policy"], created["operator_policy"]) == ("limit-orders", "op-ttl")
+    assert [p["vhost"] for p in call(node, "GET", "/api/policies/copy").json] == ["copy"] * 3

@@ -212,15 +212,18 @@ def test_alternate_exchange_by_policy(broker, vhost: str) -> None:
     with amqp(broker, vhost) as connection:
         channel = connection.channel()
         fanout_to(channel, "unrouted", "lost")
+        fanout_to(channel, "own-ae", "own-lost")
         channel.exchange_declare("orders", "direct")
+        channel.exchange_declare("orders-own", "direct", arguments={"alternate-exchange": "own-ae"})
         channel.exchange_declare("other", "direct")
-        set_policy(broker, vhost, "ae", "^orders$", {"alternate-exchange": "unrouted"}, apply_to="exchanges")
+        set_policy(broker, vhost, "ae", "^orders", {"alternate-exchange": "unrouted"}, apply_to="exchanges")
         assert call(broker, "GET", f"/api/exchanges/{q(vhost)}/orders").json["policy"] == "ae"
         channel.basic_publish("orders", "nowhere", b"a")
         channel.basic_publish("other", "nowhere", b"b")
-        assert depth(channel, "lost") == 1
+        channel.basic_publish("orders-own", "nowhere", b"c")  # the exchange's own argument wins
+        assert (depth(channel, "lost"), depth(channel, "own-lost")) == (1, 1)
         call(broker, "DELETE", f"/api/policies/{q(vhost)}/ae")
-        channel.basic_publish("orders", "nowhere", b"c")
+        channel.basic_publish("orders", "nowhere", b"d")
         assert depth(channel, "lost") == 1
 
 

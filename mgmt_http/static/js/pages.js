@@ -546,6 +546,9 @@
           q.exclusive_consumer_tag ? ["Exclusive consumer", h("span.mono", q.exclusive_consumer_tag)] : null,
           q.single_active_consumer_tag ? ["Single active consumer", h("span.mono", q.single_active_consumer_tag)] : null,
           q.policy ? ["Policy", q.policy] : null,
+          q.operator_policy ? ["Operator policy", q.operator_policy] : null,
+          Object.keys(q.effective_policy_definition || {}).length
+            ? ["Effective policy definition", h("span.mono", JSON.stringify(q.effective_policy_definition))] : null,
         ]));
         bindings.update(await api("GET", `${qpath}/bindings`));
         await bind.suggest();
