@@ -89,14 +89,16 @@ class MessageStore:
             records = list(scan(path))
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
+            index = self.index
             for msg_id, offset, size in records:
-                old = self.index.get(msg_id)
+                old = index.get(msg_id)
                 if old is not None:  # a compaction copied it; the later copy wins
                     self.segments[old.segment].live -= 1
                     self.segments[old.segment].dead_bytes += old.size + HEAD_SIZE
-                self.index[msg_id] = Location(number, offset, size, 0)
-                segment.live += 1
-                self.next_id = max(self.next_id, msg_id + 1)
+                index[msg_id] = Location(number, offset, size, 0)
+            segment.live += len(records)
+            if records:
+                self.next_id = max(self.next_id, max(record[0] for record in records) + 1)
         return time.monotonic() - started
 
     def claim(self, msg_id: int) -> bool:
