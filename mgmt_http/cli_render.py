@@ -76,7 +76,7 @@ COLUMNS: dict[str, list[Column]] = {
                  field("confirm"), field("state")],
     "consumers": [field("queue.vhost", "vhost"), field("queue.name", "queue"), field("consumer_tag"),
                   Column("channel", _consumer_channel), field("ack_required"), field("exclusive"),
-                  number("prefetch_count", "prefetch"), field("arguments")],
+                  number("prefetch_count", "prefetch"), field("activity_status", "status"), field("arguments")],
     "messages": [field("routing_key"), field("exchange"), number("message_count", "remaining"),
                  field("redelivered"), number("payload_bytes", "bytes"), field("payload_encoding", "encoding"),
                  Column("payload", _payload), field("properties")],
