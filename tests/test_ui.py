@@ -583,6 +583,7 @@ def test_policies_add_edit_apply_and_delete(ui: UI, node: BrokerProcess, uid: st
     expect(effective).to_have_text(json.dumps({"max-length": 5, "overflow": "reject-publish"}, separators=(",", ":")))
     ui.go(f"#/exchanges/%2F/{q(target)}")
     expect(page.locator("a[data-policy]")).to_have_text(name)
+    expect(effective).to_have_text(json.dumps({"max-length": 5, "overflow": "reject-publish"}, separators=(",", ":")))
 
     ui.go("#/admin/policies")  # edit as raw JSON
     row.locator("[data-action=edit-policy]").click()
@@ -616,6 +617,27 @@ def test_policies_add_edit_apply_and_delete(ui: UI, node: BrokerProcess, uid: st
     expect(effective).to_have_count(0)
     assert call(node, "DELETE", f"/api/queues/%2F/{q(target)}").status == 204
     assert call(node, "DELETE", f"/api/exchanges/%2F/{q(target)}").status == 204
+
+
+def test_policymaker_sees_policies_only(browser: Browser, node: BrokerProcess, uid: str):
+    user = f"pm-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "policymaker"}).status == 201
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert call(node, "PUT", f"/api/permissions/%2F/{q(user)}", everything).status == 201
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        session = UI(context.new_page(), node)
+        session.login(user, "pw")
+        expect(session.page.locator("#nav a[data-tab=admin]")).to_be_visible()
+        session.go("#/admin/users")
+        expect(session.page.locator("[data-subtab]")).to_have_text(["Policies"])
+        expect(session.page.locator("table[data-table=policies]")).to_be_visible()
+        expect(session.page.locator("table[data-table=operator-policies]")).to_have_count(0)  # administrators only
+        assert session.off_host() == [] and session.errors == [], (session.off_host(), session.errors)
+    finally:
+        context.close()
+    assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
 
 
 def test_vhosts_page_add_and_delete(ui: UI, node: BrokerProcess, uid: str):

@@ -192,7 +192,7 @@
   ];
 
   function definitionTags(def) {
-    return h("span.policy-def", Object.entries(def || {}).map(([k, v]) => h("span.tag", `${k}: ${JSON.stringify(v)}`)));
+    return h("span.policy-def", Object.entries(def || {}).map(([k, v]) => h("span.tag", `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`)));
   }
 
   // The definition as key/value rows or as raw JSON; switching carries what was typed across.
