@@ -577,7 +577,10 @@ def test_policies_add_edit_apply_and_delete(ui: UI, node: BrokerProcess, uid: st
     assert shown == {"vhost": "/", "name": name, "pattern": f"^pol-{uid}$", "apply-to": "all", "priority": 1,
                      "definition": {"max-length": 5, "overflow": "reject-publish"}}
 
-    ui.go(f"#/queues/%2F/{q(target)}")  # applied: the queue's page shows the policy and what it sets
+    ui.go("#/queues")  # applied: the queue list names the policy, the queue's page shows it and what it sets
+    listed = page.locator("table[data-table=queues] tbody tr", has=page.locator(f"a[data-queue='{target}']"))
+    expect(listed.locator("[data-policy-tag]")).to_have_text(name)
+    ui.go(f"#/queues/%2F/{q(target)}")
     expect(page.locator("a[data-policy]")).to_have_text(name)
     effective = page.locator("[data-effective-policy]")
     expect(effective).to_have_text(json.dumps({"max-length": 5, "overflow": "reject-publish"}, separators=(",", ":")))

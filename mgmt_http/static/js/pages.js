@@ -54,6 +54,11 @@
   function policyName(name) {
     return W.isPolicymaker() ? h("a", { href: "#/admin/policies", "data-policy": name }, name) : name;
   }
+  // As RabbitMQ's lists show them: the policy's name beside the features.
+  function policyTags(x) {
+    return [x.policy ? h("span.tag.accent", { title: "policy", "data-policy-tag": x.policy }, x.policy) : null,
+      x.operator_policy ? h("span.tag.accent", { title: "operator policy", "data-policy-tag": x.operator_policy }, x.operator_policy) : null];
+  }
   function policyRows(x) {
     return [
       ["Policy", x.policy ? policyName(x.policy) : h("span.muted", "none")],
@@ -266,7 +271,7 @@
       { key: "vhost", label: "Virtual host" },
       { key: "name", label: "Name", render: (x) => exchangeLink(x.vhost, x.name) },
       { key: "type", label: "Type" },
-      { key: "features", label: "Features", sortable: false, render: (x) => W.featureTags(x) },
+      { key: "features", label: "Features", sortable: false, render: (x) => [W.featureTags(x), policyTags(x)] },
       { key: "rate_in", label: "Message rate in", num: true, value: (x) => rate(x, "publish_in"), render: (x) => fmtRate(rate(x, "publish_in")) },
       { key: "rate_out", label: "Message rate out", num: true, value: (x) => rate(x, "publish_out"), render: (x) => fmtRate(rate(x, "publish_out")) },
     ], { sortKey: "name", empty: "No exchanges.", onRender: (s, t) => count.set(s, t) });
@@ -477,7 +482,7 @@
       { key: "vhost", label: "Virtual host" },
       { key: "name", label: "Name", render: (q) => queueLink(q.vhost, q.name) },
       { key: "type", label: "Type" },
-      { key: "features", label: "Features", sortable: false, render: (q) => W.featureTags(q) },
+      { key: "features", label: "Features", sortable: false, render: (q) => [W.featureTags(q), policyTags(q)] },
       { key: "state", label: "State", render: (q) => h("span.tag" + (q.state === "running" ? ".ok" : ".warn"), q.state) },
       { key: "consumers", label: "Consumers", num: true },
       { key: "messages_ready", label: "Ready", num: true },
