@@ -56,8 +56,8 @@
   }
   // As RabbitMQ's lists show them: the policy's name beside the features.
   function policyTags(x) {
-    return [x.policy ? h("span.tag.accent", { title: "policy", "data-policy-tag": x.policy }, x.policy) : null,
-      x.operator_policy ? h("span.tag.accent", { title: "operator policy", "data-policy-tag": x.operator_policy }, x.operator_policy) : null];
+    return [["policy", "policy"], ["operator_policy", "operator policy"]].map(([key, title]) =>
+      (x[key] ? h("span.tag.accent", { title, "data-policy-tag": x[key] }, x[key]) : null));
   }
   function policyRows(x) {
     return [
