@@ -6,6 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_exchange_declare, check_permission
+from amqp_server.policy import effective_definition
 from exchanges import Exchange
 
 from . import auth
@@ -22,7 +23,9 @@ def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
     return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
             "arguments": dict(exchange.arguments), "user_who_performed_action": "",
-            "policy": exchange.policy.name if exchange.policy else None}
+            "policy": exchange.policy.name if exchange.policy else None,
+            "operator_policy": exchange.operator_policy.name if exchange.operator_policy else None,
+            "effective_policy_definition": effective_definition(exchange.policy, exchange.operator_policy)}
 
 
 def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:

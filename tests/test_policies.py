@@ -217,7 +217,9 @@ def test_alternate_exchange_by_policy(broker, vhost: str) -> None:
         channel.exchange_declare("orders-own", "direct", arguments={"alternate-exchange": "own-ae"})
         channel.exchange_declare("other", "direct")
         set_policy(broker, vhost, "ae", "^orders", {"alternate-exchange": "unrouted"}, apply_to="exchanges")
-        assert call(broker, "GET", f"/api/exchanges/{q(vhost)}/orders").json["policy"] == "ae"
+        shown = call(broker, "GET", f"/api/exchanges/{q(vhost)}/orders").json
+        assert (shown["policy"], shown["operator_policy"], shown["effective_policy_definition"]) == (
+            "ae", None, {"alternate-exchange": "unrouted"})
         channel.basic_publish("orders", "nowhere", b"a")
         channel.basic_publish("other", "nowhere", b"b")
         channel.basic_publish("orders-own", "nowhere", b"c")  # the exchange's own argument wins

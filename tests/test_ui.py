@@ -14,8 +14,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import BrokerProcess, unavailable
+from conftest import BrokerProcess, free_port, unavailable
 from test_mgmt_api import call, q
+from test_tls import PKI
 
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
@@ -33,11 +34,23 @@ expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """A node of this module's own, so the overview's totals are only what these tests make."""
-    broker = BrokerProcess(tmp_path_factory.mktemp("ui") / "data").start()
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
+    return PKI.create(tmp_path_factory.mktemp("ui-pki"))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, pki: PKI) -> Iterator[BrokerProcess]:
+    """A node of this module's own, so the overview's totals are only what these tests make; it listens
+    for AMQPS too (a client certificate optional), for the connection page's TLS details."""
+    broker = BrokerProcess(tmp_path_factory.mktemp("ui") / "data", extra=[
+        "--tls-port", str(free_port()), "--tls-certfile", pki.server_cert, "--tls-keyfile", pki.server_key,
+        "--tls-cacertfile", pki.cafile, "--tls-verify", "verify_peer"]).start()
     yield broker
     broker.stop()
+
+
+def tls_port(node: BrokerProcess) -> int:
+    return int(node.extra[node.extra.index("--tls-port") + 1])
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +305,36 @@ def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerPr
     assert call(node, "GET", f"/api/queues/%2F/{q(target)}").status == 404
 
 
+def test_queue_argument_hints_are_typed_and_consumers_show_activity(ui: UI, node: BrokerProcess, uid: str):
+    page = ui.page
+    name = f"hinted-{uid}"
+    ui.go("#/queues")
+    page.fill("#q-name", name)
+    page.select_option("#q-durable", "false")
+    for hint, value in (("x-max-length", "10"), ("x-overflow", "reject-publish"), ("x-single-active-consumer", "true")):
+        page.click(f"#queue-form [data-hint={hint}]")  # fills the key and type, focuses the value
+        page.keyboard.type(value)
+    expect(page.locator("#queue-form [data-kv-type]").nth(0)).to_have_value("number")
+    page.click("#q-add")
+    ui.success(f"Queue {name} declared")
+    arguments = api_get(node, f"/api/queues/%2F/{q(name)}")["arguments"]
+    assert arguments == {"x-max-length": 10, "x-overflow": "reject-publish", "x-single-active-consumer": True}
+    assert type(arguments["x-max-length"]) is int
+
+    with amqp(node, f"consumers-{uid}") as connection:
+        channel = connection.channel()
+        first = channel.basic_consume(name, lambda *_: None, arguments={"x-priority": 5})
+        second = channel.basic_consume(name, lambda *_: None)
+        ui.go(f"#/queues/%2F/{q(name)}")
+        expect(ui.stat("consumers")).to_have_text("2")
+        def row(tag: str) -> Locator:
+            return page.locator(f"table[data-table=queue-consumers] tbody tr[data-key='{tag}']")
+        expect(row(first).locator("td[data-col=activity_status]")).to_have_text("single active")
+        expect(row(first).locator("td[data-col=priority]")).to_have_text("5")
+        expect(row(second).locator("td[data-col=activity_status]")).to_have_text("waiting")
+    delete_queue_in_ui(ui, name)
+
+
 # -- connections and channels --------------------------------------------------------------------
 
 
@@ -309,6 +352,7 @@ def test_connections_and_channels_pages_and_close(ui: UI, node: BrokerProcess, u
         row = page.locator("table[data-table=connections] tbody tr", has_text=f"client-{uid}")
         expect(row).to_have_count(1)
         expect(row).to_contain_text("Pika")
+        expect(row.locator("td[data-col=ssl]")).to_have_text("no")
         row.locator("[data-action=close-connection]").click()
         ui.confirm()
         ui.success("closed")
@@ -323,6 +367,31 @@ def test_connections_and_channels_pages_and_close(ui: UI, node: BrokerProcess, u
     finally:
         if connection.is_open:
             connection.close()
+
+
+def test_tls_connection_shows_protocol_cipher_and_certificate(ui: UI, node: BrokerProcess, pki: PKI, uid: str):
+    page = ui.page
+    params = pika.ConnectionParameters(
+        "127.0.0.1", tls_port(node), ssl_options=pika.SSLOptions(pki.client_context("ui-client"), "localhost"),
+        client_properties={"connection_name": f"tls-{uid}"}, connection_attempts=3, retry_delay=0.5, socket_timeout=10)
+    with pika.BlockingConnection(params) as connection:
+        connection.channel()
+        info = next(c for c in api_get(node, "/api/connections") if c.get("user_provided_name") == f"tls-{uid}")
+        assert info["ssl"] is True and info["ssl_protocol"].startswith("tlsv1"), info
+        ui.go("#/connections")
+        row = page.locator("table[data-table=connections] tbody tr", has_text=f"tls-{uid}")
+        expect(row.locator("td[data-col=ssl]")).to_have_text(info["ssl_protocol"])
+        row.locator(f"a[data-connection='{info['name']}']").click()
+        tls = page.locator("#connection-tls")
+        expect(tls).to_contain_text(info["ssl_cipher"])
+        expect(tls).to_contain_text("CN=ui-client")
+        expect(page.locator("table[data-table=connection-channels] tbody tr")).to_have_count(1)
+        page.click("#connection-close")
+        ui.confirm()
+        ui.wait_for_page("#/connections")
+        ui.success("closed")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker):
+            connection.process_data_events(time_limit=5)
 
 
 # -- exchanges -----------------------------------------------------------------------------------
@@ -373,6 +442,22 @@ def test_exchange_declare_bind_publish_unbind_delete(ui: UI, node: BrokerProcess
     expect(link).to_have_count(0)
     assert call(node, "GET", f"/api/exchanges/%2F/{q(exchange)}").status == 404
     assert call(node, "DELETE", f"/api/queues/%2F/{q(queue)}").status == 204
+
+
+def test_exchange_types_come_from_the_node(ui: UI, node: BrokerProcess, uid: str):
+    page = ui.page
+    exchange = f"with-ae-{uid}"
+    ui.go("#/exchanges")
+    types = [t["name"] for t in api_get(node, "/api/overview")["exchange_types"]]
+    expect(page.locator("#ex-type option")).to_have_text(types)
+    expect(page.locator("#exchange-form [data-hint=x-delayed-type]")).to_be_visible()
+    page.fill("#ex-name", exchange)
+    page.click("#exchange-form [data-hint=alternate-exchange]")
+    page.keyboard.type("amq.fanout")
+    page.click("#ex-add")
+    ui.success(f"Exchange {exchange} declared")
+    assert api_get(node, f"/api/exchanges/%2F/{q(exchange)}")["arguments"] == {"alternate-exchange": "amq.fanout"}
+    assert call(node, "DELETE", f"/api/exchanges/%2F/{q(exchange)}").status == 204
 
 
 # -- admin ---------------------------------------------------------------------------------------
@@ -468,6 +553,94 @@ def test_refused_action_keeps_the_session_and_changed_password_ends_it(browser: 
         context.close()
     assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
     assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
+def test_policies_add_edit_apply_and_delete(ui: UI, node: BrokerProcess, uid: str):
+    page = ui.page
+    name, operator, target = f"limit-{uid}", f"cap-{uid}", f"pol-{uid}"
+    assert call(node, "PUT", f"/api/queues/%2F/{q(target)}", {"durable": False}).status == 201
+    assert call(node, "PUT", f"/api/exchanges/%2F/{q(target)}", {"type": "fanout", "durable": False}).status == 201
+
+    ui.go("#/admin/policies")
+    page.fill("#policy-name", name)
+    page.fill("#policy-pattern", f"^pol-{uid}$")
+    page.fill("#policy-priority", "1")
+    page.click("#policy-form [data-hint=max-length]")
+    page.keyboard.type("5")
+    page.click("#policy-form [data-hint=overflow]")
+    page.keyboard.type("reject-publish")
+    page.click("#policy-add")
+    ui.success(f"Policy {name} set in /")
+    row = page.locator("table[data-table=policies] tbody tr", has_text=name)
+    expect(row).to_contain_text("max-length: 5")
+    shown = api_get(node, f"/api/policies/%2F/{q(name)}")
+    assert shown == {"vhost": "/", "name": name, "pattern": f"^pol-{uid}$", "apply-to": "all", "priority": 1,
+                     "definition": {"max-length": 5, "overflow": "reject-publish"}}
+
+    ui.go("#/queues")  # applied: the queue list names the policy, the queue's page shows it and what it sets
+    listed = page.locator("table[data-table=queues] tbody tr", has=page.locator(f"a[data-queue='{target}']"))
+    expect(listed.locator("[data-policy-tag]")).to_have_text(name)
+    ui.go(f"#/queues/%2F/{q(target)}")
+    expect(page.locator("a[data-policy]")).to_have_text(name)
+    effective = page.locator("[data-effective-policy]")
+    expect(effective).to_have_text(json.dumps({"max-length": 5, "overflow": "reject-publish"}, separators=(",", ":")))
+    ui.go(f"#/exchanges/%2F/{q(target)}")
+    expect(page.locator("a[data-policy]")).to_have_text(name)
+    expect(effective).to_have_text(json.dumps({"max-length": 5, "overflow": "reject-publish"}, separators=(",", ":")))
+
+    ui.go("#/admin/policies")  # edit as raw JSON
+    row.locator("[data-action=edit-policy]").click()
+    expect(page.locator("#policy-name")).to_have_value(name)
+    page.check("#policy-mode-json")
+    expect(page.locator("#policy-definition-json")).to_have_value(re.compile(r'"max-length": 5'))
+    page.fill("#policy-definition-json", '{"max-length": 7}')
+    page.click("#policy-add")
+    ui.success(f"Policy {name} set in /")
+    expect(row).to_contain_text("max-length: 7")
+    assert api_get(node, f"/api/policies/%2F/{q(name)}")["definition"] == {"max-length": 7}
+
+    page.fill("#operator-policy-name", operator)  # an operator policy's lower limit wins
+    page.fill("#operator-policy-pattern", f"^pol-{uid}$")
+    page.click("#operator-policy-form [data-hint=max-length]")
+    page.keyboard.type("3")
+    page.click("#operator-policy-add")
+    ui.success(f"Operator policy {operator} set in /")
+    assert api_get(node, f"/api/operator-policies/%2F/{q(operator)}")["definition"] == {"max-length": 3}
+    ui.go(f"#/queues/%2F/{q(target)}")
+    expect(effective).to_have_text('{"max-length":3}')
+    expect(page.locator("a[data-policy]")).to_have_text([name, operator])
+
+    ui.go("#/admin/policies")
+    delete_row(ui, row, "delete-policy", f"Policy {name} deleted")
+    delete_row(ui, page.locator("table[data-table=operator-policies] tbody tr", has_text=operator),
+               "delete-operator-policy", f"Operator policy {operator} deleted")
+    assert call(node, "GET", f"/api/policies/%2F/{q(name)}").status == 404
+    ui.go(f"#/queues/%2F/{q(target)}")
+    expect(page.locator("a[data-policy]")).to_have_count(0)
+    expect(effective).to_have_count(0)
+    assert call(node, "DELETE", f"/api/queues/%2F/{q(target)}").status == 204
+    assert call(node, "DELETE", f"/api/exchanges/%2F/{q(target)}").status == 204
+
+
+def test_policymaker_sees_policies_only(browser: Browser, node: BrokerProcess, uid: str):
+    user = f"pm-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "policymaker"}).status == 201
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert call(node, "PUT", f"/api/permissions/%2F/{q(user)}", everything).status == 201
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        session = UI(context.new_page(), node)
+        session.login(user, "pw")
+        expect(session.page.locator("#nav a[data-tab=admin]")).to_be_visible()
+        session.go("#/admin/users")
+        expect(session.page.locator("[data-subtab]")).to_have_text(["Policies"])
+        expect(session.page.locator("table[data-table=policies]")).to_be_visible()
+        expect(session.page.locator("table[data-table=operator-policies]")).to_have_count(0)  # administrators only
+        assert session.off_host() == [] and session.errors == [], (session.off_host(), session.errors)
+    finally:
+        context.close()
+    assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
 
 
 def test_vhosts_page_add_and_delete(ui: UI, node: BrokerProcess, uid: str):

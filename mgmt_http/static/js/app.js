@@ -5,7 +5,9 @@
   const HISTORY_MS = 10 * 60 * 1000;
   const INTERVAL_KEY = "warren.refresh";
   W.state = { me: null, overview: null, vhosts: null };
-  W.isAdmin = () => ((W.state.me || {}).tags || []).includes("administrator");
+  const tagged = (tag) => ((W.state.me || {}).tags || []).includes(tag);
+  W.isAdmin = () => tagged("administrator");
+  W.isPolicymaker = () => W.isAdmin() || tagged("policymaker");
   W.history = [];
 
   const $ = (id) => document.getElementById(id);
@@ -50,7 +52,7 @@
   async function enter(me) {
     me = me || await api("GET", "whoami");
     W.state.me = me;
-    document.querySelector('#nav a[data-tab="admin"]').hidden = !W.isAdmin();
+    document.querySelector('#nav a[data-tab="admin"]').hidden = !W.isPolicymaker();
     $("current-user").textContent = me.name;
     $("current-user").title = (me.tags || []).join(", ");
     $("login-view").hidden = true;
@@ -104,6 +106,7 @@
     let page, active;
     try {
       if (!tab) { page = W.pages.overview(); active = "overview"; }
+      else if (tab === "connections" && parts.length >= 2) { page = W.pages.connection(parts.slice(1).join("/")); active = tab; }
       else if (tab === "connections") { page = W.pages.connections(); active = tab; }
       else if (tab === "channels") { page = W.pages.channels(); active = tab; }
       else if (tab === "exchanges" && parts.length >= 3) { page = W.pages.exchange(parts[1], parts.slice(2).join("/")); active = tab; }

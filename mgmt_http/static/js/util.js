@@ -280,15 +280,19 @@ window.W = window.W || {};
     }));
   }
   // Key = value rows with a type per row, as RabbitMQ's arguments editor; .value() -> object.
+  // quick: hints that fill a row's key and type: [label, key, type, suggested values?], or a string heading a group.
+  let datalists = 0;
   function kvEditor(name, quick = []) {
     const list = h("div.kv-editor", { "data-kv": name });
     function addRow(key = "", value = "", type = "string") {
+      const suggestions = h("datalist", { id: `kv-values-${++datalists}` });
       const row = h("div.kv-row",
         h("input", { placeholder: "key", value: key, "data-kv-key": "" }),
         h("span.eq", "="),
-        h("input", { placeholder: "value", value: String(value), "data-kv-value": "" }),
+        h("input", { placeholder: "value", value: String(value), "data-kv-value": "", list: suggestions.id }),
         select({ "data-kv-type": "" }, [["string", "String"], ["number", "Number"], ["boolean", "Boolean"], ["json", "JSON"]], type),
-        h("button.btn.btn-sm", { type: "button", title: "Remove", on: { click: () => { row.remove(); ensureBlank(); } } }, "×"));
+        h("button.btn.btn-sm", { type: "button", title: "Remove", on: { click: () => { row.remove(); ensureBlank(); } } }, "×"),
+        suggestions);
       row.querySelectorAll("input").forEach((i) => i.addEventListener("input", ensureBlank));
       list.insertBefore(row, quickBox);
       return row;
@@ -297,20 +301,22 @@ window.W = window.W || {};
       const rows = [...list.querySelectorAll(".kv-row")];
       if (!rows.length || rows[rows.length - 1].querySelector("[data-kv-key]").value) addRow();
     }
-    const quickBox = h("div.quick-add", quick.length ? h("span.muted", { style: "font-size:12px;margin-right:4px" }, "Add") : null,
-      quick.map(([label, key, type]) => h("button", {
-        type: "button", on: {
-          click: () => {
-            const rows = [...list.querySelectorAll(".kv-row")];
-            const blank = rows.find((r) => !r.querySelector("[data-kv-key]").value);
-            const row = blank || addRow();
-            row.querySelector("[data-kv-key]").value = key;
-            row.querySelector("[data-kv-type]").value = type;
-            row.querySelector("[data-kv-value]").focus();
-            ensureBlank();
-          },
+    function hint([label, key, type, values]) {
+      return h("button", { type: "button", "data-hint": key, title: `${key} (${type})`, on: {
+        click: () => {
+          const rows = [...list.querySelectorAll(".kv-row")];
+          const row = rows.find((r) => r.querySelector("[data-kv-key]").value === key)
+            || rows.find((r) => !r.querySelector("[data-kv-key]").value) || addRow();
+          row.querySelector("[data-kv-key]").value = key;
+          row.querySelector("[data-kv-type]").value = type;
+          replace(row.querySelector("datalist"), (values || []).map((v) => h("option", { value: v })));
+          row.querySelector("[data-kv-value]").focus();
+          ensureBlank();
         },
-      }, label)));
+      } }, label);
+    }
+    const quickBox = h("div.quick-add", quick.length && typeof quick[0] !== "string" ? h("span.muted.hint-group", "Add") : null,
+      quick.map((q) => (typeof q === "string" ? h("span.muted.hint-group", q) : hint(q))));
     list.append(quickBox);
     addRow();
     return {
@@ -333,7 +339,16 @@ window.W = window.W || {};
         }
         return out;
       },
-      reset() { list.querySelectorAll(".kv-row").forEach((r) => r.remove()); addRow(); },
+      // Rows for an object's entries, each typed by its value.
+      set(obj) {
+        list.querySelectorAll(".kv-row").forEach((r) => r.remove());
+        for (const [key, v] of Object.entries(obj || {})) {
+          const type = ["number", "boolean", "string"].includes(typeof v) ? typeof v : "json";
+          addRow(key, type === "json" ? JSON.stringify(v) : v, type);
+        }
+        addRow();
+      },
+      reset() { this.set({}); },
     };
   }
   function featureTags(obj) {
@@ -351,7 +366,7 @@ window.W = window.W || {};
     const names = { "x-message-ttl": "TTL", "x-expires": "Exp", "x-max-length": "Lim", "x-max-length-bytes": "Lim B",
       "x-dead-letter-exchange": "DLX", "x-dead-letter-routing-key": "DLK", "x-max-priority": "Pri",
       "x-overflow": "Ovfl", "x-queue-mode": "Mode", "x-queue-type": "Type", "x-single-active-consumer": "SAC",
-      "alternate-exchange": "AE" };
+      "x-queue-leader-locator": "Ldr", "x-delayed-type": "Delayed", "alternate-exchange": "AE" };
     return names[k] || k;
   }
   function kvTable(pairs) {
