@@ -233,6 +233,7 @@ class Broker:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
             self.check_exclusive(existing, owner)
+            existing.touch()  # any redeclare, passive too, renews the x-expires lease (rabbit_amqqueue_process stat)
             return existing
         if name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -256,6 +257,7 @@ class Broker:
                         shown_new, shown_old = _show_arg(new), _show_arg(old)
                     raise errors.precondition_failed(
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
+            existing.touch()
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,

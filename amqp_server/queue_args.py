@@ -13,6 +13,8 @@ from typing import Any
 from . import errors
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
+QUEUE_TYPES = ("classic", "quorum", "stream")  # accepted; every queue is a classic queue
 MAX_SUPPORTED_PRIORITY = 255
 
 
@@ -34,13 +36,15 @@ class QueueArgs:
 
 
 def _type_name(value: Any) -> str:
-    """The AMQP field type RabbitMQ names in ``unacceptable_type`` errors."""
+    """The AMQP field type RabbitMQ names in its errors (an int as pika sends it: 32 bits if it fits)."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, (str, bytes)):
         return "longstr"
     if isinstance(value, float):
         return "double"
+    if isinstance(value, int):
+        return "signedint" if -2**31 <= value < 2**31 else "long"
     return _FIELD_TYPES.get(type(value), type(value).__name__)
 
 
@@ -56,7 +60,7 @@ def _integer(arguments: dict[str, Any], name: str, where: str, minimum: int | No
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{unacceptable_type,{_type_name(value)}}}")
+        raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"expected integer, got {_type_name(value)}\"")
     if minimum is not None and value < minimum:
         kind = "value_negative" if value < 0 else "value_zero"
         raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{{kind},{value}}}")
@@ -79,14 +83,22 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
             raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{unacceptable_type,{_type_name(value)}}}")
         return value
 
+    dlx = arguments.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, (str, bytes)):  # rabbit_channel checks it before the rest
+        raise errors.precondition_failed(f"invalid type '{_type_name(dlx)}' for arg 'x-dead-letter-exchange' in "
+                                         f"{errors.resource_name('queue', queue, vhost)}")
     overflow = string("x-overflow") or "drop-head"
     if overflow not in OVERFLOW_MODES:
-        raise errors.precondition_failed(f"invalid arg 'x-overflow' {where}: {{unknown_overflow_type,<<\"{overflow}\">>}}")
+        raise errors.precondition_failed(f"invalid arg 'x-overflow' {where}: invalid_overflow")
+    for name, what, allowed in (("x-queue-mode", "mode", QUEUE_MODES), ("x-queue-type", "type", QUEUE_TYPES)):
+        value = string(name)
+        if value is not None and value not in allowed:
+            raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"unsupported queue {what} '{value}'\"")
     dlx = string("x-dead-letter-exchange")
     dlrk = string("x-dead-letter-routing-key")
     if dlrk is not None and dlx is None:
         raise errors.precondition_failed(
-            f"invalid arg 'x-dead-letter-routing-key' {where}: Key x-dead-letter-exchange should be present")
+            f"invalid arg 'x-dead-letter-routing-key' {where}: routing_key_but_no_dlx_defined")
     max_priority = integer("x-max-priority", 0)
     if max_priority is not None and max_priority > MAX_SUPPORTED_PRIORITY:
         raise errors.precondition_failed(f"invalid arg 'x-max-priority' {where}: {{max_value_exceeded,{max_priority}}}")

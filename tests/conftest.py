@@ -1,12 +1,26 @@
-"""Shared fixtures: a real Warren node in a subprocess on a free loopback port."""
+"""Shared fixtures: a real Warren node in a subprocess on a free loopback port.
+
+Parity mode (for humans comparing Warren with RabbitMQ, never CI): ``WARREN_TEST_BROKER=host:port`` makes
+the ``broker`` fixture point at that already running broker (user guest/guest, vhost ``/``) instead of
+starting Warren; ``WARREN_TEST_BROKER_MGMT=port`` adds its HTTP API. Tests marked ``warren_only`` (they
+check a deliberate Warren improvement or need warren-admin, the data directory, the node's log) and tests
+using ``start_broker`` are skipped then. E.g. against a throwaway RabbitMQ on port 5733:
+
+    WARREN_TEST_BROKER=127.0.0.1:5733 python -m pytest -p no:cacheprovider tests/test_amqp_pika.py
+"""
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -91,13 +105,77 @@ class BrokerProcess:
                               cwd=ROOT, capture_output=True, text=True, timeout=30)
 
     @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
 
+@dataclass
+class ExternalBroker:
+    """A broker the tests did not start (parity mode): only its address, no process, log or data dir."""
+
+    host: str
+    port: int
+    mgmt_port: int = 0
+    running = True
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+    def admin(self, command: str, *args: str) -> subprocess.CompletedProcess:
+        """The few ``warren-admin`` commands tests use, done through the broker's HTTP API instead."""
+        quote = lambda name: urllib.parse.quote(name, safe="")  # noqa: E731
+        if command == "add-user":
+            path, body = f"/api/users/{quote(args[0])}", {"password": args[1], "tags": ""}
+        elif command == "add-vhost":
+            path, body = f"/api/vhosts/{quote(args[0])}", {}
+        elif command == "set-permissions":
+            vhost, user, configure, write, read = args
+            path, body = f"/api/permissions/{quote(vhost)}/{quote(user)}", {
+                "configure": configure, "write": write, "read": read}
+        else:
+            pytest.skip(f"warren-admin {command} has no HTTP equivalent here (parity mode)")
+        if not self.mgmt_port:
+            pytest.skip("needs WARREN_TEST_BROKER_MGMT (parity mode)")
+        request = urllib.request.Request(
+            f"http://{self.host}:{self.mgmt_port}{path}", data=json.dumps(body).encode(), method="PUT",
+            headers={"content-type": "application/json",
+                     "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except urllib.error.HTTPError as exc:
+            return subprocess.CompletedProcess([command, *args], 1, "", exc.read().decode())
+        return subprocess.CompletedProcess([command, *args], 0, "", "")
+
+
+EXTERNAL = os.environ.get("WARREN_TEST_BROKER", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "warren_only(reason): Warren-specific behaviour; skipped in parity mode")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not EXTERNAL:
+        return
+    for item in items:
+        marker = item.get_closest_marker("warren_only")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else "Warren-only"
+            item.add_marker(pytest.mark.skip(reason=f"warren_only: {reason}"))
+
+
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess | ExternalBroker]:
     """One node shared by the tests that do not restart it; tests use unique names."""
+    if EXTERNAL:
+        host, _, port = EXTERNAL.rpartition(":")
+        yield ExternalBroker(host, int(port), int(os.environ.get("WARREN_TEST_BROKER_MGMT", "0")))
+        return
     node = BrokerProcess(tmp_path_factory.mktemp("node") / "data").start()
     yield node
     node.stop()
@@ -106,6 +184,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 @pytest.fixture
 def start_broker(tmp_path: Path) -> Iterator:
     """Factory for nodes of a test's own (restartable, killable, configurable)."""
+    if EXTERNAL:
+        pytest.skip("starts Warren nodes of its own (parity mode)")
     nodes: list[BrokerProcess] = []
 
     def start(*extra: str, data_dir: Path | None = None, port: int = 0) -> BrokerProcess:
