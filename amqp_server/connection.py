@@ -43,6 +43,7 @@ CAPABILITIES = {
     "basic.nack": True,
     "consumer_cancel_notify": True,
     "connection.blocked": True,
+    "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "direct_reply_to": True,
@@ -368,7 +369,7 @@ class Connection(asyncio.Protocol):
             if not self.client_capabilities.get("authentication_failure_close"):
                 self._drop()  # RabbitMQ only sends connection.close to clients advertising the capability
                 return
-            raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism), 10, 11)
+            raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism))
         self.user = user
         self.auth_mechanism = method.mechanism
         self.state = AWAIT_TUNE_OK

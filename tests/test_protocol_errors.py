@@ -41,8 +41,15 @@ class Raw:
     def send_method(self, channel: int, method) -> None:
         self.send(pframe.marshal(method, channel))
 
+    def recv(self, size: int = 65536) -> bytes:
+        """b"" at end of stream: RabbitMQ often ends a connection with a reset where Warren sends a FIN."""
+        try:
+            return self.sock.recv(size)
+        except ConnectionResetError:
+            return b""
+
     def _fill(self) -> None:
-        data = self.sock.recv(65536)
+        data = self.recv()
         if not data:
             raise Closed()
         self.buf += data
@@ -102,10 +109,7 @@ class Raw:
         self.sock.settimeout(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                if not self.sock.recv(65536):
-                    return
-            except ConnectionResetError:
+            if not self.recv():
                 return
         raise AssertionError("server did not close the socket")
 
@@ -159,6 +163,22 @@ def connection_error(broker, payload: bytes, open_channel: bool = True, **handsh
         client.close()
 
 
+def test_connection_start_server_properties_as_rabbitmq(broker):
+    client = Raw(broker)
+    try:
+        client.send(PROTOCOL_HEADER)
+        start = client.expect(commands.Connection.Start)
+    finally:
+        client.close()
+    assert (start.version_major, start.version_minor, start.locales) == (0, 9, "en_US")
+    props = start.server_properties
+    assert set(props) == {"capabilities", "cluster_name", "copyright", "information", "platform", "product", "version"}
+    assert props["capabilities"] == {  # RabbitMQ 3.10's set
+        "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
+        "consumer_cancel_notify": True, "connection.blocked": True, "consumer_priorities": True,
+        "authentication_failure_close": True, "per_consumer_qos": True, "direct_reply_to": True}
+
+
 # -- protocol header ----------------------------------------------------------------------------------------
 
 
@@ -169,7 +189,7 @@ def test_bad_protocol_header_gets_supported_header_and_close(broker, header):
         client.send(header)
         data = b""
         while True:
-            chunk = client.sock.recv(64)
+            chunk = client.recv(64)
             if not chunk:
                 break
             data += chunk
@@ -298,6 +318,7 @@ def _raw_publish(channel: int, exchange: bytes, routing_key: bytes, body: bytes)
             + pframe.marshal(pbody.ContentBody(body), channel))
 
 
+@pytest.mark.warren_only("RabbitMQ echoes the invalid bytes into its reply text, which pamqp cannot decode")
 def test_publish_with_names_that_are_not_utf8(broker):
     """Names are bytes on the wire: invalid UTF-8 finds no exchange (404) and never breaks the connection."""
     client = Raw(broker)
@@ -359,6 +380,7 @@ def test_method_between_header_and_body_is_unexpected_frame(broker):
     assert (close.class_id, close.method_id) == (60, 40)
 
 
+@pytest.mark.warren_only("RabbitMQ 3.10 silently waits on a body longer than declared")
 def test_body_longer_than_declared_closes_connection(broker):
     close = connection_error(broker, publish_frames(1, "", "nowhere", b"0123456789", declared=4))
     # RabbitMQ 3.10 never completes such a message; Warren refuses it outright
@@ -427,7 +449,7 @@ def test_bad_credentials_are_access_refused(broker):
         assert close.reply_code == 403
         assert close.reply_text == ("ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
                                     "For details see the broker logfile.")
-        assert (close.class_id, close.method_id) == (10, 11)
+        assert (close.class_id, close.method_id) == (0, 0)
         client.assert_eof()
     finally:
         client.close()
@@ -449,6 +471,7 @@ def test_bad_credentials_without_capability_just_close(broker):
     assert_serves(broker)
 
 
+@pytest.mark.warren_only("RabbitMQ closes the socket without connection.close before connection.open")
 def test_tune_ok_frame_max_below_minimum_is_not_allowed(broker):
     client = Raw(broker)
     try:
@@ -474,8 +497,7 @@ def test_client_close_gets_close_ok(broker):
     try:
         client.handshake()
         client.send_method(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
-        client.expect(commands.Connection.CloseOk)
-        client.assert_eof()
+        client.expect(commands.Connection.CloseOk)  # then the client closes the socket (RabbitMQ waits for it)
     finally:
         client.close()
 
