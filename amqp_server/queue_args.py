@@ -15,6 +15,10 @@ from . import errors
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
 QUEUE_TYPES = ("classic", "quorum", "stream")  # accepted; every queue is a classic queue
+# Quorum/stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack them):
+NOT_CLASSIC = ("x-delivery-limit", "x-dead-letter-strategy", "x-max-in-memory-length", "x-max-in-memory-bytes",
+               "x-quorum-initial-group-size", "x-queue-leader-locator", "x-max-age", "x-initial-cluster-size",
+               "x-stream-max-segment-size-bytes")
 MAX_SUPPORTED_PRIORITY = 255
 
 
@@ -94,6 +98,10 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
         value = string(name)
         if value is not None and value not in allowed:
             raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"unsupported queue {what} '{value}'\"")
+    if string("x-queue-type") in (None, "classic"):
+        for name in NOT_CLASSIC:
+            if name in arguments:
+                raise errors.precondition_failed(f"invalid arg '{name}' {where} of queue type rabbit_classic_queue")
     dlx = string("x-dead-letter-exchange")
     dlrk = string("x-dead-letter-routing-key")
     if dlrk is not None and dlx is None:

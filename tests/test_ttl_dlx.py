@@ -551,6 +551,16 @@ def test_invalid_queue_args_406(conn, uid, args, detail):
     assert closed.value.reply_code == 404
 
 
+@pytest.mark.parametrize("arg, value", [("x-delivery-limit", 5), ("x-max-in-memory-length", 1), ("x-max-age", "1D"),
+                                        ("x-queue-leader-locator", "client-local")])
+def test_quorum_or_stream_arg_on_classic_queue_406(conn, uid, arg, value):
+    with pytest.raises(ChannelClosedByBroker) as closed:
+        conn.channel().queue_declare(uid, arguments={arg: value})
+    assert closed.value.reply_code == 406
+    assert closed.value.reply_text == (
+        f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{uid}' in vhost '/' of queue type rabbit_classic_queue")
+
+
 def test_dead_letter_exchange_of_wrong_type_406(conn, uid):
     with pytest.raises(ChannelClosedByBroker) as closed:
         conn.channel().queue_declare(uid, arguments={"x-dead-letter-exchange": 1})
