@@ -381,15 +381,15 @@ class Connection(asyncio.Protocol):
         if self.state != AWAIT_TUNE_OK:
             raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.tune-ok")
         server = self.config
-        frame_max = method.frame_max or server.frame_max
-        if frame_max < MIN_FRAME_MAX:
+        frame_max = method.frame_max  # 0 ("no limit") is above any limit the server set, as in rabbit_reader
+        if 0 < frame_max < MIN_FRAME_MAX:
             raise ConnectionError(errors.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is lower than the "
                                   f"minimum allowed value ({MIN_FRAME_MAX})", 10, 30)
-        if frame_max > server.frame_max:
+        if server.frame_max and (frame_max == 0 or frame_max > server.frame_max):
             raise ConnectionError(errors.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is higher than the "
                                   f"maximum allowed value ({server.frame_max})", 10, 30)
-        channel_max = method.channel_max or server.channel_max
-        if channel_max > server.channel_max:
+        channel_max = method.channel_max
+        if server.channel_max and (channel_max == 0 or channel_max > server.channel_max):
             raise ConnectionError(errors.NOT_ALLOWED, f"negotiated channel_max = {channel_max} is higher than "
                                   f"the maximum allowed value ({server.channel_max})", 10, 30)
         self.frame_max = frame_max

@@ -471,8 +471,13 @@ def test_bad_credentials_without_capability_just_close(broker):
     assert_serves(broker)
 
 
+@pytest.mark.parametrize("frame_max, channel_max, detail", [
+    (1024, None, "frame_max = 1024 is lower than the minimum allowed value (4096)"),
+    (0, None, "frame_max = 0 is higher than the maximum allowed value ({frame_max})"),  # 0 = "no limit"
+    (None, 0, "channel_max = 0 is higher than the maximum allowed value ({channel_max})"),
+])
 @pytest.mark.warren_only("RabbitMQ closes the socket without connection.close before connection.open")
-def test_tune_ok_frame_max_below_minimum_is_not_allowed(broker):
+def test_tune_ok_outside_the_servers_limits_is_not_allowed(broker, frame_max, channel_max, detail):
     client = Raw(broker)
     try:
         client.send(PROTOCOL_HEADER)
@@ -481,11 +486,13 @@ def test_tune_ok_frame_max_below_minimum_is_not_allowed(broker):
             client_properties={"capabilities": {}}, mechanism="PLAIN", response="\x00guest\x00guest",
             locale="en_US"))
         tune = client.expect(commands.Connection.Tune)
-        client.send_method(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=1024, heartbeat=0))
+        client.send_method(0, commands.Connection.TuneOk(
+            channel_max=tune.channel_max if channel_max is None else channel_max,
+            frame_max=tune.frame_max if frame_max is None else frame_max, heartbeat=0))
         close = client.expect_connection_close()
         assert close.reply_code == 530
-        assert close.reply_text == ("NOT_ALLOWED - negotiated frame_max = 1024 is lower than the minimum "
-                                    "allowed value (4096)")
+        assert close.reply_text == "NOT_ALLOWED - negotiated " + detail.format(frame_max=tune.frame_max,
+                                                                               channel_max=tune.channel_max)
         client.assert_eof()
     finally:
         client.close()
