@@ -22,7 +22,7 @@ from .auth import AccessControl
 from .definitions import DefinitionStore
 from .direct_reply import ReplyConsumers
 from .errors import ChannelError, ConnectionError, resource_name
-from .message import Message
+from .message import Message, expiration_error
 from .paging import Pager
 from .policy import Policies
 from .persistence import Persistence
@@ -179,6 +179,10 @@ class Broker:
             raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         arguments = dict(arguments or {})
         what = resource_name("exchange", name, vhost.name)
+        alternate = arguments.get("alternate-exchange")
+        if existing is None and alternate is not None and not isinstance(alternate, (str, bytes)):
+            raise errors.precondition_failed(
+                f"invalid type '{errors.field_type(alternate)}' for arg 'alternate-exchange' in {what}")
         if existing is not None:
             for arg, new, old in (("type", type_name, existing.type_name),
                                   ("durable", durable, existing.durable),
@@ -465,12 +469,10 @@ class Broker:
             raise errors.precondition_failed(
                 f"user_id property set to '{message.properties.user_id}' but authenticated user was "
                 f"'{user_name}'")
-        if message.has_expiration:
-            try:
-                message.expiration_ms
-            except ValueError:
-                raise errors.precondition_failed(
-                    f"invalid expiration '{message.properties.expiration}': no_integer") from None
+        if message.has_expiration and message.properties.expiration is not None:
+            error = expiration_error(message.properties.expiration)
+            if error is not None:
+                raise errors.precondition_failed(f"invalid expiration '{message.properties.expiration}': {error}")
 
     def basic_get(self, vhost: VHost, name: str, no_ack: bool,
                   owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:

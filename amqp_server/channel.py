@@ -434,11 +434,9 @@ class Channel:
     # queue.*
 
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
-        name = m.queue
+        name = m.queue  # a passive declare of "" looks for a queue named "" (RabbitMQ: no last-queue shortcut)
         if not name and not m.passive:
             name = server_name("amq.gen-")
-        elif not name:
-            name = self._queue_name(name)
         if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
             self._declare_reply_queue(name, m.nowait)
             return

@@ -7,6 +7,7 @@ TTL, dead-lettering, the management API.
 """
 from __future__ import annotations
 
+import re
 import struct
 
 from pamqp import commands
@@ -16,6 +17,23 @@ from . import codec
 
 _LONG = struct.Struct(">I")
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO
+_LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
+MAX_EXPIRY = 315_360_000_000  # ten years in ms: rabbit_misc:check_expiry
+
+
+def expiration_error(value: str) -> str | None:
+    """Why RabbitMQ refuses an ``expiration`` (string:to_integer, then check_expiry), in its terms; None if fine."""
+    match = _LEADING_INTEGER.match(value)
+    if match is None:
+        return "no_integer"
+    if match.end() < len(value):
+        return f'{{leftover_string,"{value[match.end():]}"}}'
+    ttl = int(match.group())
+    if ttl < 0:
+        return f"{{value_negative,{ttl}}}"
+    if ttl > MAX_EXPIRY:
+        return f"{{value_too_large,{ttl}}}"
+    return None
 
 
 class Message:

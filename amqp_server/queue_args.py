@@ -5,12 +5,11 @@ Consumer (basic.consume): ``x-priority``.
 """
 from __future__ import annotations
 
-import datetime
-import decimal
 from dataclasses import dataclass
 from typing import Any
 
 from . import errors
+from .message import MAX_EXPIRY
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
@@ -39,22 +38,6 @@ class QueueArgs:
         return self.max_length is not None or self.max_length_bytes is not None
 
 
-def _type_name(value: Any) -> str:
-    """The AMQP field type RabbitMQ names in its errors (an int as pika sends it: 32 bits if it fits)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (str, bytes)):
-        return "longstr"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, int):
-        return "signedint" if -2**31 <= value < 2**31 else "long"
-    return _FIELD_TYPES.get(type(value), type(value).__name__)
-
-
-_FIELD_TYPES = {decimal.Decimal: "decimal", dict: "table", list: "array", datetime.datetime: "timestamp"}
-
-
 def _where(queue: str, vhost: str) -> str:
     return f"for {errors.resource_name('queue', queue, vhost)}"
 
@@ -64,10 +47,12 @@ def _integer(arguments: dict[str, Any], name: str, where: str, minimum: int | No
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"expected integer, got {_type_name(value)}\"")
+        raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"expected integer, got {errors.field_type(value)}\"")
     if minimum is not None and value < minimum:
         kind = "value_negative" if value < 0 else "value_zero"
         raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{{kind},{value}}}")
+    if name in ("x-message-ttl", "x-expires") and value > MAX_EXPIRY:
+        raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{value_too_large,{value}}}")
     return value
 
 
@@ -84,12 +69,12 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
         if isinstance(value, bytes):
             value = value.decode()
         if not isinstance(value, str):
-            raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{unacceptable_type,{_type_name(value)}}}")
+            raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{unacceptable_type,{errors.field_type(value)}}}")
         return value
 
     dlx = arguments.get("x-dead-letter-exchange")
     if dlx is not None and not isinstance(dlx, (str, bytes)):  # rabbit_channel checks it before the rest
-        raise errors.precondition_failed(f"invalid type '{_type_name(dlx)}' for arg 'x-dead-letter-exchange' in "
+        raise errors.precondition_failed(f"invalid type '{errors.field_type(dlx)}' for arg 'x-dead-letter-exchange' in "
                                          f"{errors.resource_name('queue', queue, vhost)}")
     overflow = string("x-overflow") or "drop-head"
     if overflow not in OVERFLOW_MODES:
@@ -113,7 +98,7 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise errors.precondition_failed(
-            f"invalid arg 'x-single-active-consumer' {where}: {{unacceptable_type,{_type_name(sac)}}}")
+            f"invalid arg 'x-single-active-consumer' {where}: {{unacceptable_type,{errors.field_type(sac)}}}")
     return QueueArgs(message_ttl=integer("x-message-ttl", 0), expires=integer("x-expires", 1),
                      max_length=integer("x-max-length", 0), max_length_bytes=integer("x-max-length-bytes", 0),
                      overflow=overflow, dead_letter_exchange=dlx, dead_letter_routing_key=dlrk,

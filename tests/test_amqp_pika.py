@@ -419,6 +419,29 @@ def test_exchange_bind_missing(conn, uid):
     channel_closed(exc, 404, f"NOT_FOUND - no exchange '{uid}' in {V}")
 
 
+def test_alternate_exchange_of_wrong_type_406(ch, uid):
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.exchange_declare(uid, "direct", arguments={"alternate-exchange": 5})
+    channel_closed(exc, 406, f"PRECONDITION_FAILED - invalid type 'signedint' for arg 'alternate-exchange' "
+                             f"in exchange '{uid}' in {V}")
+
+
+def test_empty_queue_name_means_last_declared_except_for_passive_declare(conn, uid):
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.queue_bind("", "amq.direct", routing_key="k")
+    channel_closed(exc, 404, "NOT_FOUND - no previously declared queue")
+    ch = conn.channel()
+    ch.queue_declare(uid, auto_delete=True)
+    ch.queue_bind("", "amq.direct", routing_key=uid)
+    ch.basic_publish("amq.direct", uid, b"via last queue")
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.queue_declare("", passive=True)
+    channel_closed(exc, 404, f"NOT_FOUND - no queue '' in {V}")
+    ch = conn.channel()
+    assert ch.basic_get(uid, auto_ack=True)[2] == b"via last queue"
+
+
 def test_alternate_exchange(ch, uid):
     alt = uid + "-alt"
     ch.exchange_declare(alt, "fanout")

@@ -195,14 +195,18 @@ def test_ttl_zero_delivered_to_waiting_consumer_else_expired(conn, uid):
     ch.exchange_delete(dlx)
 
 
-@pytest.mark.parametrize("expiration", ["abc", "-1", "1.5"])
-def test_invalid_expiration_closes_channel_406(conn, uid, expiration):
+@pytest.mark.parametrize("expiration, error", [
+    ("abc", "no_integer"), ("", "no_integer"), (" 5", "no_integer"), ("-1", "{value_negative,-1}"),
+    ("1.5", '{leftover_string,".5"}'), ("5abc", '{leftover_string,"abc"}'),
+    ("315360000001", "{value_too_large,315360000001}")])
+def test_invalid_expiration_closes_channel_406(conn, uid, expiration, error):
     ch = conn.channel()
     ch.queue_declare(uid)
     ch.basic_publish("", uid, b"x", pika.BasicProperties(expiration=expiration))
     with pytest.raises(ChannelClosedByBroker) as closed:
         ch.queue_declare(uid, passive=True)
     assert closed.value.reply_code == 406
+    assert closed.value.reply_text == f"PRECONDITION_FAILED - invalid expiration '{expiration}': {error}"
     assert count(conn, uid) == 0
     conn.channel().queue_delete(uid)
 
@@ -530,6 +534,8 @@ def test_reject_publish_nacks_publisher(conn, uid, overflow):
     ({"x-message-ttl": True}, '"expected integer, got bool"'),
     ({"x-expires": 0}, "{value_zero,0}"),
     ({"x-expires": -5}, "{value_negative,-5}"),
+    ({"x-expires": 315360000001}, "{value_too_large,315360000001}"),
+    ({"x-message-ttl": 315360000001}, "{value_too_large,315360000001}"),
     ({"x-max-length": -1}, "{value_negative,-1}"),
     ({"x-max-length-bytes": -1}, "{value_negative,-1}"),
     ({"x-overflow": "bogus"}, "invalid_overflow"),
