@@ -90,8 +90,11 @@ class Channel:
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
             raise _unexpected_content(self.expect)
-        if len(header) < 14 or header[0] != 0 or header[1] != 60:
+        if len(header) < 14:
             raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
+        if header[0] != 0 or header[1] != 60:
+            raise ConnectionError(errors.UNEXPECTED_FRAME, "expected content header for class 60, got one for "
+                                  f"class {header[0] << 8 | header[1]} instead", 60, 40)
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
         shared = self._headers.get(header)
         if shared is None:
@@ -350,7 +353,7 @@ class Channel:
             raise _unexpected_content(self.expect)
         handler = _HANDLERS.get(type(method))
         if handler is None:
-            raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on a channel",
+            raise ConnectionError(errors.COMMAND_INVALID, "unimplemented method",  # a client-bound method
                                   *divmod(method.index, 0x10000))
         try:
             handler(self, method)
@@ -395,9 +398,6 @@ class Channel:
         self.closed()
         self.connection.channel_closed(self.number, awaiting_close_ok=False)
         self.reply(commands.Channel.CloseOk())
-
-    def _channel_close_ok(self, method: commands.Channel.CloseOk) -> None:
-        raise ConnectionError(errors.CHANNEL_ERROR, "unexpected channel.close-ok")
 
     # exchange.*
 
@@ -677,7 +677,6 @@ _HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Channel.Open: Channel._channel_open,
     commands.Channel.Flow: Channel._channel_flow,
     commands.Channel.Close: Channel._channel_close,
-    commands.Channel.CloseOk: Channel._channel_close_ok,
     commands.Exchange.Declare: Channel._exchange_declare,
     commands.Exchange.Delete: Channel._exchange_delete,
     commands.Exchange.Bind: Channel._exchange_binding,

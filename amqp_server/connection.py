@@ -333,9 +333,12 @@ class Connection(asyncio.Protocol):
             commands.Connection.CloseOk: lambda _m: self._drop(),
             commands.Connection.UpdateSecret: self._update_secret,
         }.get(type(method))
+        if isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
+            return
+        if self.state == OPEN and not isinstance(method, (commands.Connection.Close, commands.Connection.UpdateSecret)):
+            raise ConnectionError(errors.CHANNEL_ERROR, "unexpected method in connection state running",
+                                  *divmod(method.index, 0x10000))
         if handler is None:
-            if isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
-                return
             raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
         handler(method)
 

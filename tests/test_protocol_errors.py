@@ -340,6 +340,32 @@ def test_publish_with_names_that_are_not_utf8(broker):
 # -- content ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("channel, method, code, text", [
+    (1, commands.Connection.Open(virtual_host="/"), 503, "COMMAND_INVALID - unimplemented method"),
+    (1, commands.Exchange.DeclareOk(), 503, "COMMAND_INVALID - unimplemented method"),
+    (1, commands.Channel.CloseOk(), 503, "COMMAND_INVALID - unimplemented method"),
+    (1, commands.Channel.FlowOk(active=True), 503, "COMMAND_INVALID - unimplemented method"),
+    (0, commands.Queue.Declare(queue="x"), 504, "CHANNEL_ERROR - unexpected method in connection state running"),
+    (0, commands.Connection.Open(virtual_host="/"), 504,
+     "CHANNEL_ERROR - unexpected method in connection state running"),
+    (0, commands.Connection.CloseOk(), 504, "CHANNEL_ERROR - unexpected method in connection state running"),
+], ids=lambda value: value.name if hasattr(value, "name") else None)
+def test_method_where_it_does_not_belong(broker, channel, method, code, text):
+    close = connection_error(broker, pframe.marshal(method, channel))
+    assert (close.reply_code, close.reply_text) == (code, text)
+    assert (close.class_id, close.method_id) == divmod(method.index, 0x10000)
+    assert_serves(broker)
+
+
+def test_content_header_of_another_class_is_unexpected_frame(broker):
+    header = raw_frame(2, 1, struct.pack(">HHQH", 50, 0, 1, 0))
+    close = connection_error(broker, pframe.marshal(commands.Basic.Publish(routing_key="q"), 1) + header)
+    assert close.reply_code == 505
+    assert close.reply_text == "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead"
+    assert (close.class_id, close.method_id) == (60, 40)
+    assert_serves(broker)
+
+
 def test_body_without_publish_is_unexpected_frame(broker):
     close = connection_error(broker, pframe.marshal(pbody.ContentBody(b"stray"), 1))
     assert close.reply_code == 505
