@@ -470,8 +470,8 @@ class Connection(asyncio.Protocol):
         self._received = False
         if not self._sent:
             self.out.append(codec.HEARTBEAT_FRAME)
-            self.schedule_flush()
-        self._sent = False
+            self.flush()
+        self._sent = False  # our own heartbeat does not count: quiet, we send one every half interval as RabbitMQ
         if self._silent_ticks >= 4:
             log.warning("missed heartbeats from client %s, timeout: %ds", self.name, self.heartbeat)
             self._drop()

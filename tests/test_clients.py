@@ -339,7 +339,7 @@ def test_silent_client_is_disconnected_after_two_heartbeat_intervals(broker):
                 break
             heartbeats += data.count(b"\x08\x00\x00\x00\x00\x00\x00\xce")
         elapsed = time.monotonic() - opened
-    assert heartbeats >= 1  # the server kept sending its own heartbeats meanwhile
+    assert heartbeats >= 3  # the server kept sending its own, every half interval as RabbitMQ does
     assert 1.5 <= elapsed <= 4.0, elapsed
 
 
