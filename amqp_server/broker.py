@@ -11,15 +11,17 @@ import hashlib
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Collection, Iterable
 
-from exchanges import Exchange, exchange_class
+from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
 
 from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
+from .delayed import DelayedMessages, Publisher
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .paging import Pager
@@ -95,7 +97,9 @@ class Broker:
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
+        self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
+        self.delayed.start()
 
     def close(self) -> None:
         for queue in self.all_queues():
@@ -103,6 +107,7 @@ class Broker:
                 self._save_offsets(queue)
         self.pager.close()
         self.persistence.close()
+        self.delayed.close()
         self.store.close()
 
     def vhost_stats(self, name: str) -> MessageStats:
@@ -183,7 +188,12 @@ class Broker:
             if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
                 raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
             return existing
-        exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        try:
+            exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        except LookupError as exc:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{exc.args[0]}'") from None
+        except ValueError as exc:
+            raise errors.precondition_failed(str(exc)) from None
         vhost.exchanges[name] = exchange
         if durable:
             self.store.put("exchange", _key(vhost.name, name), {
@@ -381,7 +391,7 @@ class Broker:
             self.store.put("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
                 "vhost": vhost.name, "source": source, "destination": destination.name,
                 "destination_type": _kind(destination), "routing_key": routing_key,
-                "arguments": dict(arguments or {})})
+                "arguments": dict(arguments or {}), "created": time.time_ns()})
 
     def unbind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                arguments: dict[str, Any] | None = None) -> None:
@@ -430,14 +440,16 @@ class Broker:
     # basic.publish / basic.get / ack on an AMQP channel and the HTTP API's publish, get and
     # move all come through these.
 
-    def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
-        """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
-        queues = self.route(vhost, exchange, message)
+    def publish(self, vhost: VHost, exchange: Exchange, message: Message,
+                publisher: Publisher | None = None) -> tuple[bool, bool]:
+        """Route and enqueue: (routed to some queue or held by a delayed exchange, a queue's length limit
+        rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return."""
+        queues = self.route(vhost, exchange, message, publisher)
         rejected = False
         for queue in queues:
             if not queue.enqueue(message):
                 rejected = True
-        return bool(queues), rejected
+        return bool(queues) or queues is DEFERRED, rejected
 
     @staticmethod
     def check_publishable(vhost: VHost, exchange: Exchange) -> None:
@@ -503,23 +515,35 @@ class Broker:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def route(self, vhost: VHost, exchange: Exchange, message: Message) -> Collection[Queue]:
-        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
+    def route(self, vhost: VHost, exchange: Exchange, message: Message,
+              publisher: Publisher | None = None) -> Collection[Queue]:
+        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
+
+        A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
+        took it, the answer is ``DEFERRED`` (empty, but not unroutable).
+        """
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
             return (queue,) if queue is not None else ()
         destinations = exchange.route(message.routing_key, message)
         if not vhost.e2e_bindings and (destinations or "alternate-exchange" not in exchange.arguments):
+            if destinations is DEFERRED:
+                self.delayed.defer(vhost, exchange, message, publisher)
             return destinations
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
         pending = [exchange]
+        deferred = False
         while pending:
             current = pending.pop()
             if current in seen:
                 continue
             seen.add(current)
             routed = current.route(message.routing_key, message)
+            if routed is DEFERRED:
+                self.delayed.defer(vhost, current, message, publisher)
+                deferred = True
+                continue
             for destination in routed:
                 if isinstance(destination, Queue):
                     queues[destination] = None
@@ -529,7 +553,7 @@ class Broker:
                 alternate = vhost.exchanges.get(current.arguments.get("alternate-exchange", ""))
                 if alternate is not None and alternate.name:
                     pending.append(alternate)
-        return queues.keys()
+        return DEFERRED if deferred and not queues else queues.keys()
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -559,7 +583,8 @@ class Broker:
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
                 queue.committed = saved["committed"]
-        for _, record in self.store.items("binding"):
+        # in the order they were made: a consistent-hash ring is laid out in binding order
+        for record in sorted((r for _, r in self.store.items("binding")), key=lambda r: r.get("created", 0)):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is None:
                 continue

@@ -157,13 +157,17 @@ class Channel:
 
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
-        routed, rejected = self.broker.publish(self.vhost, exchange, message)
+        routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None)
         if not routed and mandatory:
-            self.stats.return_unroutable += 1
-            codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
-                                message.header, message.body, self.connection.frame_max)
-            self.connection.schedule_flush()
+            self.basic_return(message)
         return rejected
+
+    def basic_return(self, message: Message) -> None:
+        """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""
+        self.stats.return_unroutable += 1
+        codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
+                            message.header, message.body, self.connection.frame_max)
+        self.connection.schedule_flush()
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
         """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced.

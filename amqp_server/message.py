@@ -55,6 +55,12 @@ class Message:
         self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
+    def set_properties(self, properties: commands.Basic.Properties) -> None:
+        """Replace the properties (a delayed exchange rewrites ``x-delay``) before anything stored the message."""
+        self.header = build_header(properties, self.body_size)
+        self._properties = properties
+        self._flags = struct.unpack_from(">H", self.header, 12)[0]
+
     @property
     def properties(self) -> commands.Basic.Properties:
         if self._properties is None:

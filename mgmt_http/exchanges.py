@@ -6,7 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_exchange_declare, check_permission
-from exchanges import Exchange
+from exchanges import DelayedExchange, Exchange
 
 from . import auth
 from .context import Context, ctx
@@ -18,10 +18,13 @@ from .messages import message_from_json
 routes = web.RouteTableDef()
 
 
-def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
-    return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
+def exchange_info(context: Context, vhost: str, exchange: Exchange) -> dict[str, Any]:
+    info = {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
             "arguments": dict(exchange.arguments), "user_who_performed_action": "", "policy": None}
+    if isinstance(exchange, DelayedExchange):  # the plugin's info item
+        info["messages_delayed"] = context.broker.delayed.pending[(vhost, exchange.name)]
+    return info
 
 
 def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
@@ -36,21 +39,22 @@ def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    items = [exchange_info(name, exchange) for name in auth.visible_vhosts(request)
+    items = [exchange_info(context, name, exchange) for name in auth.visible_vhosts(request)
              for exchange in list(context.vhost(name).exchanges.values())]
     return respond(request, items)
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    vhost = ctx(request).vhost(auth.require_vhost(request))
-    return respond(request, [exchange_info(vhost.name, e) for e in list(vhost.exchanges.values())])
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    return respond(request, [exchange_info(context, vhost.name, e) for e in list(vhost.exchanges.values())])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
-    _, vhost, exchange = find_exchange(request)
-    return respond_one(request, exchange_info(vhost, exchange))
+    context, vhost, exchange = find_exchange(request)
+    return respond_one(request, exchange_info(context, vhost, exchange))
 
 
 @routes.put("/api/exchanges/{vhost}/{name}")

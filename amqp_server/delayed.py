@@ -1,0 +1,251 @@
+"""Delayed messages (``x-delayed-message`` exchanges): held until due, then routed as if just published.
+
+A persistent message sent to a durable delayed exchange is stored before its
+publish is confirmed — the message in the persistent store, an entry keyed by
+(due time, seq) in the LMDB schedule — in the same group commit (and fsync) as
+queue writes, so it survives a restart or kill -9 and is routed when due, or at
+once if it fell due while the node was down.  Anything else is held in memory
+and lost on restart, as with RabbitMQ's plugin.
+
+One timer serves every delayed exchange.  A heap holds what falls due soon:
+in-memory messages, and stored entries due within ``WINDOW_MS`` (as references,
+not bodies); stored entries due later stay on disk and are read in, in order,
+by a cursor as the window moves.  So with millions pending, memory holds the
+store's small per-message index and a window of entries, not bodies.
+
+Unlike the plugin, ``mandatory`` works: a delayed message that finally routes
+nowhere goes back to its publisher as basic.return — if that channel is still
+open.  If it is gone (closed, or the node restarted) the message is dropped,
+logged at debug level and counted in ``returns_dropped``.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+import struct
+from collections import Counter
+from typing import TYPE_CHECKING, Protocol
+
+from exchanges import DelayedExchange, Exchange, delay_of
+from msg_store import MessageStore
+from queue_index import Schedule, ScheduledEntry
+
+from .message import Message
+from .queue import now_ms
+
+if TYPE_CHECKING:
+    from .broker import Broker, VHost
+
+log = logging.getLogger("warren.delayed")
+
+WINDOW_MS = 2000  # stored entries due this far ahead are in the heap
+LOAD_LIMIT = 50_000  # stored entries read in per window move
+ROUTE_BATCH = 2000  # messages routed per loop turn, so clients keep being served while a backlog drains
+_TAG_LEN = struct.Struct(">H")
+
+
+class Publisher(Protocol):
+    """The channel that published a mandatory delayed message."""
+
+    open: bool
+
+    def basic_return(self, message: Message) -> None: ...
+
+
+class _Held:
+    """A delayed message kept in memory (transient, or sent to a non-durable exchange)."""
+
+    __slots__ = ("vhost", "exchange", "message", "publisher")
+
+    def __init__(self, vhost: str, exchange: Exchange, message: Message, publisher: Publisher | None) -> None:
+        self.vhost = vhost
+        self.exchange = exchange
+        self.message = message
+        self.publisher = publisher
+
+
+class DelayedMessages:
+    def __init__(self, broker: "Broker", data_dir: str) -> None:
+        self.broker = broker
+        self.persistence = broker.persistence
+        self.schedule = Schedule(os.path.join(data_dir, "delayed_index"))
+        self.persistence.journals.append(self)
+        self.loop = asyncio.get_running_loop()
+        self.pending: Counter[tuple[str, str]] = Counter()  # (vhost, exchange) -> messages waiting
+        self.returns_dropped = 0  # mandatory and unroutable when due, but the publisher's channel was gone
+        self.dropped = 0  # due after their exchange was deleted
+        self._heap: list[tuple[int, int, _Held | ScheduledEntry]] = []
+        self._seq = 0
+        self._horizon = 0  # every stored entry due at or before this is in the heap
+        self._beyond = 0  # stored entries due after the horizon (on disk only)
+        self._returns: dict[int, Publisher] = {}  # seq of a stored mandatory message -> its publisher
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0
+
+    # -- the persistence journal: committed, synced and recovered with the queue index --------
+
+    def commit(self) -> None:
+        self.schedule.commit()
+
+    def sync(self) -> None:
+        self.schedule.sync()
+
+    def claim(self, store: MessageStore) -> None:
+        """At recovery: take back each scheduled message's store reference; forget those the store lost."""
+        lost = 0
+        for entry in self.schedule.entries():
+            self._seq = max(self._seq, entry.seq + 1)
+            if store.claim(entry.msg_id):
+                self.pending[_untag(entry.tag)] += 1
+                self._beyond += 1
+            else:
+                self.schedule.delete(entry.due, entry.seq)
+                lost += 1
+        self.schedule.commit()
+        if self._beyond or lost:
+            log.info("recovered %d delayed messages (%d missing from the store)", self._beyond, lost)
+
+    def start(self) -> None:
+        """After recovery: read in what is due (or overdue) and set the timer."""
+        self._advance(now_ms())
+        self._rearm()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.schedule.close()
+
+    # -- in ------------------------------------------------------------------------------------
+
+    def defer(self, vhost: "VHost", exchange: Exchange, message: Message, publisher: Publisher | None) -> None:
+        """Hold a message its delayed exchange deferred; ``publisher`` is set if it was published mandatory."""
+        delay = delay_of(message)
+        properties = message.properties
+        properties.headers = {**properties.headers, "x-delay": -delay}  # as the plugin: routed once, not again
+        message.set_properties(properties)
+        due = now_ms() + delay
+        seq = self._seq
+        self._seq += 1
+        self.pending[(vhost.name, exchange.name)] += 1
+        if not (exchange.durable and message.persistent):
+            self._push(due, seq, _Held(vhost.name, exchange, message, publisher))
+            return
+        self.persistence.keep(message)
+        entry = ScheduledEntry(due, seq, message.msg_id, message.body_size, _tag(vhost.name, exchange.name))
+        self.schedule.put(entry)
+        if publisher is not None:
+            self._returns[seq] = publisher
+        if due <= self._horizon:
+            self._push(due, seq, entry)
+        else:
+            self._beyond += 1
+            self._rearm()
+
+    def _push(self, due: int, seq: int, item: _Held | ScheduledEntry) -> None:
+        heapq.heappush(self._heap, (due, seq, item))
+        if self._timer is None or due < self._timer_due:
+            self._rearm()
+
+    # -- timing --------------------------------------------------------------------------------
+
+    def _next_wake(self) -> int | None:
+        wake = self._heap[0][0] if self._heap else None
+        if self._beyond:
+            move = self._horizon - WINDOW_MS // 2
+            wake = move if wake is None else min(wake, move)
+        return wake
+
+    def _rearm(self) -> None:
+        wake = self._next_wake()
+        if wake is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        if self._timer is not None:
+            if self._timer_due == wake:
+                return
+            self._timer.cancel()
+        self._timer_due = wake
+        self._timer = self.loop.call_later(max(0, wake - now_ms()) / 1000, self._fire)
+
+    def _advance(self, now: int) -> None:
+        """Move the window: read in stored entries due before ``now + WINDOW_MS``, at most ``LOAD_LIMIT``."""
+        upto = now + WINDOW_MS
+        entries = self.schedule.between(self._horizon, upto, LOAD_LIMIT + 1)
+        if len(entries) > LOAD_LIMIT:
+            upto = entries[LOAD_LIMIT].due - 1
+            kept = [e for e in entries if e.due <= upto]
+            entries = kept or [e for e in entries if e.due == entries[0].due]
+            upto = max(upto, entries[-1].due)
+        self._horizon = upto
+        self._beyond -= len(entries)
+        for entry in entries:
+            heapq.heappush(self._heap, (entry.due, entry.seq, entry))
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = now_ms()
+        if self._beyond and now >= self._horizon - WINDOW_MS // 2:
+            self._advance(now)
+        heap = self._heap
+        routed = 0
+        while heap and heap[0][0] <= now and routed < ROUTE_BATCH:
+            self._route(heapq.heappop(heap)[2])
+            routed += 1
+        if heap and heap[0][0] <= now:
+            self._timer_due = now
+            self._timer = self.loop.call_soon(self._fire)  # type: ignore[assignment]
+            return
+        self._rearm()
+
+    # -- out -----------------------------------------------------------------------------------
+
+    def _route(self, item: _Held | ScheduledEntry) -> None:
+        if isinstance(item, _Held):
+            key = (item.vhost, item.exchange.name)
+            vhost = self.broker.vhosts.get(item.vhost)
+            exchange = item.exchange if vhost is not None and vhost.exchanges.get(key[1]) is item.exchange else None
+            message, publisher = item.message, item.publisher
+        else:
+            key = _untag(item.tag)
+            vhost = self.broker.vhosts.get(key[0])
+            exchange = vhost.exchanges.get(key[1]) if vhost is not None else None
+            publisher = self._returns.pop(item.seq, None)
+            self.schedule.delete(item.due, item.seq)
+            message = Message.stored(item.msg_id, item.size)
+            self.persistence.load(message)
+        self._forget(key)
+        if vhost is None or not isinstance(exchange, DelayedExchange):
+            self.dropped += 1
+            log.debug("delayed message for deleted exchange '%s' in vhost '%s' dropped", key[1], key[0])
+        else:
+            routed, _ = self.broker.publish(vhost, exchange, message)
+            if not routed and publisher is not None:
+                if publisher.open:
+                    publisher.basic_return(message)
+                else:
+                    self.returns_dropped += 1
+                    log.debug("unroutable mandatory delayed message dropped: its channel is closed")
+        if not isinstance(item, _Held):
+            self.persistence.release(message)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        count = self.pending[key] - 1
+        if count > 0:
+            self.pending[key] = count
+        else:
+            del self.pending[key]
+
+
+def _tag(vhost: str, exchange: str) -> bytes:
+    raw = vhost.encode()
+    return _TAG_LEN.pack(len(raw)) + raw + exchange.encode()
+
+
+def _untag(tag: bytes) -> tuple[str, str]:
+    length = _TAG_LEN.unpack_from(tag)[0]
+    start = _TAG_LEN.size
+    return tag[start:start + length].decode(), tag[start + length:].decode()
