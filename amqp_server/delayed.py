@@ -122,9 +122,7 @@ class DelayedMessages:
     def defer(self, vhost: "VHost", exchange: Exchange, message: Message, publisher: Publisher | None) -> None:
         """Hold a message its delayed exchange deferred; ``publisher`` is set if it was published mandatory."""
         delay = delay_of(message)
-        properties = message.properties
-        properties.headers = {**properties.headers, "x-delay": -delay}  # as the plugin: routed once, not again
-        message.set_properties(properties)
+        message.set_int_header("x-delay", -delay)  # as the plugin: routed once, not again
         due = now_ms() + delay
         seq = self._seq
         self._seq += 1

@@ -8,11 +8,12 @@ TTL, dead-lettering, the management API.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from . import codec
+from . import codec, header_table
 
 _LONG = struct.Struct(">I")
 
@@ -55,11 +56,23 @@ class Message:
         self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
-    def set_properties(self, properties: commands.Basic.Properties) -> None:
-        """Replace the properties (a delayed exchange rewrites ``x-delay``) before anything stored the message."""
-        self.header = build_header(properties, self.body_size)
-        self._properties = properties
-        self._flags = struct.unpack_from(">H", self.header, 12)[0]
+    def header_value(self, name: str) -> Any:
+        """One header's value; an integer or string one is read from the header bytes, without pamqp."""
+        try:
+            return header_table.read(self.header, self._flags, name)
+        except header_table.Unsupported:
+            return (self.headers or {}).get(name)
+
+    def set_int_header(self, name: str, value: int) -> None:
+        """Set an integer header (a delayed exchange negates ``x-delay``), before anything stored the message."""
+        try:
+            self.header = header_table.with_int(self.header, self._flags, name, value)
+            self._properties = None
+        except header_table.Unsupported:
+            properties = self.properties
+            properties.headers = {**(properties.headers or {}), name: value}
+            self.header = build_header(properties, self.body_size)
+            self._flags = struct.unpack_from(">H", self.header, 12)[0]
 
     @property
     def properties(self) -> commands.Basic.Properties:

@@ -52,7 +52,7 @@ from backlog import Warren, log, port_open, rss_bytes  # noqa: E402
 
 EXCHANGE = "warren-bench.delayed"
 QUEUE = "warren-bench.delayed-q"
-_BODY = struct.Struct("!II")  # seq, delay ms
+_BODY = struct.Struct("!Ii")  # seq, delay ms
 
 
 def free_port() -> int:

@@ -82,7 +82,7 @@ class ConsistentHashExchange(Exchange):
 
     def _value(self, routing_key: str, message: Any) -> Any:
         if self._header is not None:
-            return (message.headers or {}).get(self._header)
+            return message.header_value(self._header)
         if self._property is not None:
             return getattr(message.properties, self._property)
         return routing_key

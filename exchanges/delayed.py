@@ -28,11 +28,8 @@ DEFERRED: frozenset = _Deferred()
 
 def delay_of(message: Any) -> int:
     """The message's ``x-delay`` in ms, read as the plugin does: integers, numeric strings, floats truncated;
-    anything else is no delay."""
-    headers = message.headers
-    if not headers:
-        return 0
-    value = headers.get("x-delay")
+    anything else is no delay.  Messages offer ``header_value(name)``."""
+    value = message.header_value("x-delay")
     if isinstance(value, bool) or value is None:
         return 0
     if isinstance(value, int):

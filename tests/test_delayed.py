@@ -3,6 +3,7 @@ mandatory returns after the delay, confirms after storage, underlying types, e2e
 from __future__ import annotations
 
 import json
+import struct
 import time
 import urllib.request
 
@@ -220,3 +221,33 @@ def test_confirmed_means_stored(start_broker):
     assert [body for body, _, _ in got] == list(bodies)
     log = node.log()
     assert "recovered 200 delayed messages" in log
+
+
+@pytest.mark.parametrize("encoded, value, in_place", [
+    (b"b\x05", 5, True), (b"B\x05", 5, True), (b"B\xc8", 200, False), (b"u\x01\x2c", 300, True),
+    (b"s\x01\x2c", 300, True), (b"I\x00\x00\x01\x2c", 300, True), (b"i\xff\xff\xff\xff", 2**32 - 1, False),
+    (b"l" + (300).to_bytes(8, "big"), 300, True), (b"S\x00\x00\x00\x03450", "450", False),
+])
+def test_header_bytes_read_and_negated_in_place(encoded, value, in_place):
+    """x-delay is read from (and negated in) the header bytes; what pamqp decodes afterwards agrees."""
+    from pamqp.header import ContentHeader
+
+    from amqp_server import header_table
+    from amqp_server.message import Message
+
+    table = b"\x01aS\x00\x00\x00\x01x" + b"\x07x-delay" + encoded + b"\x01zb\x01"
+    header = (struct.pack(">HHQH", 60, 0, 3, 0xA000) + b"\x0atext/plain" + struct.pack(">I", len(table))
+              + table)
+    message = Message("x", "k", b"\x01x\x01k", bytes(header), b"abc")
+    assert message.header_value("x-delay") == value
+    assert message.header_value("z") == 1 and message.header_value("nope") is None
+    if in_place:
+        assert len(header_table.with_int(header, 0xA000, "x-delay", -value)) == len(header)
+    else:  # the signed type of that width cannot hold it, or not an integer: through pamqp
+        with pytest.raises(header_table.Unsupported):
+            header_table.with_int(header, 0xA000, "x-delay", -int(value))
+    message.set_int_header("x-delay", -int(value))
+    decoded = ContentHeader()
+    decoded.unmarshal(message.header)
+    assert decoded.properties.headers == {"a": "x", "x-delay": -int(value), "z": 1}
+    assert decoded.properties.content_type == "text/plain"
