@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.delayed")
 
 WINDOW_MS = 2000  # stored entries due this far ahead are in the heap
-LOAD_LIMIT = 50_000  # stored entries read in per window move
-ROUTE_BATCH = 2000  # messages routed per loop turn, so clients keep being served while a backlog drains
+LOAD_LIMIT = 5000  # stored entries read in per loop turn (more follow in the next turns)
+ROUTE_BATCH = 500  # messages routed per loop turn, so clients keep being served while a backlog drains
 _TAG_LEN = struct.Struct(">H")
 
 

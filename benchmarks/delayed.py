@@ -21,6 +21,9 @@ durable queue, and starts a consumer process (no-ack) on that queue.  Then:
    from the confirm (a lower bound, short of the truth by about one group
    commit).  p50 / p99 / p99.9 / max in ms, plus the broker's peak RSS (sampled
    every 0.5 s from /proc).  The consumer's own delay in reading is included.
+   The broker's CPU use over the delivery phase (share of one core, and per
+   delivered message) and the machine's load average say whether lateness came
+   from the broker's own work or from waiting for a CPU.
 
 Output is a table, or JSON with ``--json``.
 
@@ -53,6 +56,13 @@ from backlog import Warren, log, port_open, rss_bytes  # noqa: E402
 EXCHANGE = "warren-bench.delayed"
 QUEUE = "warren-bench.delayed-q"
 _BODY = struct.Struct("!Ii")  # seq, delay ms
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -214,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         result["rss_all_pending"] = rss_bytes(node.pid() or 0) or 0
         log(f"published at {result['publish_rate']:.0f} msg/s; RSS {result['rss_all_pending'] / 2**20:.0f} MiB; "
             f"waiting for deliveries")
+        time.sleep(max(0.0, start + args.lead - time.time()))
+        cpu0, wall0, load0 = cpu_seconds(node.pid()), time.time(), os.getloadavg()[0]
         arrived = out.get(timeout=args.lead + args.spread + 900)
+        cpu = cpu_seconds(node.pid()) - cpu0
+        result["broker_cpu_share_delivering"] = cpu / (time.time() - wall0)
+        result["broker_cpu_us_per_delivery"] = cpu / args.messages * 1e6
+        result["load_average"] = (load0 + os.getloadavg()[0]) / 2
         proc.join(30)
         conn.close()
         got = [seq for seq, at in enumerate(arrived) if at]

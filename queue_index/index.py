@@ -8,12 +8,11 @@ off the event loop while new changes are staged.
 """
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-import lmdb
+from .lmdb_batch import open_env, write_batch
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
@@ -31,9 +30,7 @@ class IndexEntry:
 
 class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
-        os.makedirs(directory, exist_ok=True)
-        self._env = lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=False,
-                              max_dbs=0, readahead=False)
+        self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
         self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)
@@ -70,11 +67,7 @@ class QueueIndex:
         puts, deletes = self._puts, self._deletes
         self._puts, self._deletes = {}, []
         self._fresh = set()
-        with self._env.begin(write=True) as txn:
-            for key in deletes:
-                txn.delete(key)
-            if puts:
-                txn.cursor().putmulti(sorted(puts.items()))
+        write_batch(self._env, puts, deletes)
 
     def sync(self) -> None:
         self._env.sync(True)

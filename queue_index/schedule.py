@@ -8,12 +8,11 @@ one write transaction per ``commit`` and made durable by ``sync``, like
 """
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-import lmdb
+from .lmdb_batch import open_env, write_batch
 
 KEY = struct.Struct(">QQ")
 VALUE = struct.Struct(">QI")
@@ -30,9 +29,7 @@ class ScheduledEntry:
 
 class Schedule:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
-        os.makedirs(directory, exist_ok=True)
-        self._env = lmdb.open(directory, map_size=map_size, sync=False, metasync=False, max_dbs=0,
-                              readahead=False)
+        self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: set[bytes] = set()
 
@@ -53,11 +50,7 @@ class Schedule:
             return
         puts, deletes = self._puts, self._deletes
         self._puts, self._deletes = {}, set()
-        with self._env.begin(write=True) as txn:
-            for key in deletes:
-                txn.delete(key)
-            if puts:
-                txn.cursor().putmulti(sorted(puts.items()))
+        write_batch(self._env, puts, deletes)
 
     def sync(self) -> None:
         self._env.sync(True)
