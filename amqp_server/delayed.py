@@ -16,7 +16,7 @@ store's small per-message index and a window of entries, not bodies.
 Unlike the plugin, ``mandatory`` works: a delayed message that finally routes
 nowhere goes back to its publisher as basic.return — if that channel is still
 open.  If it is gone (closed, or the node restarted) the message is dropped,
-logged at debug level and counted in ``returns_dropped``.
+logged and counted in ``returns_dropped``.
 """
 from __future__ import annotations
 
@@ -226,7 +226,8 @@ class DelayedMessages:
                     publisher.basic_return(message)
                 else:
                     self.returns_dropped += 1
-                    log.debug("unroutable mandatory delayed message dropped: its channel is closed")
+                    log.info("mandatory delayed message for exchange '%s' in vhost '%s' routed nowhere and its "
+                             "channel is closed: dropped", key[1], key[0])
         if not isinstance(item, _Held):
             self.persistence.release(message)
 

@@ -107,6 +107,8 @@ def test_mandatory_return_after_the_channel_closed_is_dropped(broker, uid):
         other = conn.channel()  # the broker carried on; nothing arrives on a channel that did not publish
         other.exchange_delete(f"{uid}-x")
         conn.process_data_events(time_limit=0.1)
+    dropped = f"mandatory delayed message for exchange '{uid}-x' in vhost '/' routed nowhere"
+    assert " ".join(broker.log().split()).count(dropped) == 2
 
 
 def test_underlying_headers_and_topic_types(broker, uid):
