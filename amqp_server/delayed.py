@@ -44,6 +44,7 @@ WINDOW_MS = 2000  # stored entries due this far ahead are in the heap
 LOAD_LIMIT = 5000  # stored entries read in per loop turn (more follow in the next turns)
 ROUTE_BATCH = 500  # messages routed per loop turn, so clients keep being served while a backlog drains
 _TAG_LEN = struct.Struct(">H")
+MAX_SEQ = (1 << 64) - 1
 
 
 class Publisher(Protocol):
@@ -78,7 +79,7 @@ class DelayedMessages:
         self.dropped = 0  # due after their exchange was deleted
         self._heap: list[tuple[int, int, _Held | ScheduledEntry]] = []
         self._seq = 0
-        self._horizon = 0  # every stored entry due at or before this is in the heap
+        self._horizon = (0, 0)  # every stored entry with a (due, seq) up to this is in the heap
         self._beyond = 0  # stored entries due after the horizon (on disk only)
         self._returns: dict[int, Publisher] = {}  # seq of a stored mandatory message -> its publisher
         self._timer: asyncio.TimerHandle | None = None
@@ -135,7 +136,7 @@ class DelayedMessages:
         self.schedule.put(entry)
         if publisher is not None:
             self._returns[seq] = publisher
-        if due <= self._horizon:
+        if (due, seq) <= self._horizon:
             self._push(due, seq, entry)
         else:
             self._beyond += 1
@@ -151,7 +152,7 @@ class DelayedMessages:
     def _next_wake(self) -> int | None:
         wake = self._heap[0][0] if self._heap else None
         if self._beyond:
-            move = self._horizon - WINDOW_MS // 2
+            move = self._horizon[0] - WINDOW_MS // 2
             wake = move if wake is None else min(wake, move)
         return wake
 
@@ -170,15 +171,13 @@ class DelayedMessages:
         self._timer = self.loop.call_later(max(0, wake - now_ms()) / 1000, self._fire)
 
     def _advance(self, now: int) -> None:
-        """Move the window: read in stored entries due before ``now + WINDOW_MS``, at most ``LOAD_LIMIT``."""
-        upto = now + WINDOW_MS
-        entries = self.schedule.between(self._horizon, upto, LOAD_LIMIT + 1)
-        if len(entries) > LOAD_LIMIT:
-            upto = entries[LOAD_LIMIT].due - 1
-            kept = [e for e in entries if e.due <= upto]
-            entries = kept or [e for e in entries if e.due == entries[0].due]
-            upto = max(upto, entries[-1].due)
-        self._horizon = upto
+        """Move the window: read in stored entries due before ``now + WINDOW_MS``, at most ``LOAD_LIMIT``
+        (the rest in later turns)."""
+        entries = self.schedule.between(self._horizon, now + WINDOW_MS, LOAD_LIMIT)
+        if len(entries) == LOAD_LIMIT:
+            self._horizon = (entries[-1].due, entries[-1].seq)
+        else:
+            self._horizon = (now + WINDOW_MS, MAX_SEQ)
         self._beyond -= len(entries)
         for entry in entries:
             heapq.heappush(self._heap, (entry.due, entry.seq, entry))
@@ -186,7 +185,7 @@ class DelayedMessages:
     def _fire(self) -> None:
         self._timer = None
         now = now_ms()
-        if self._beyond and now >= self._horizon - WINDOW_MS // 2:
+        if self._beyond and now >= self._horizon[0] - WINDOW_MS // 2:
             self._advance(now)
         heap = self._heap
         routed = 0

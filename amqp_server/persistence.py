@@ -83,12 +83,11 @@ class Persistence:
     def release(self, message: Message) -> None:
         """Drop a reference taken with ``keep``.  If it was the last, the message lives on in memory only
         (held by transient queues), so it forgets its msg_id: nothing may load it from the store again."""
-        location = self.store.index.get(message.msg_id)
-        if location is not None and location.refs <= 1:
-            self.store.remove(message.msg_id)
+        msg_id = message.msg_id
+        location = self.store.index.get(msg_id)
+        if location is None or location.refs <= 1:
             message.msg_id = 0
-        else:
-            self.store.remove(message.msg_id)
+        self.store.remove(msg_id)
         self._touch()
 
     def delivered(self, queue: "Queue", entry: "Entry") -> None:

@@ -55,20 +55,22 @@ class Schedule:
     def sync(self) -> None:
         self._env.sync(True)
 
-    def between(self, after: int, upto: int, limit: int) -> list[ScheduledEntry]:
-        """The first ``limit`` entries due in (after, upto], staged ones included, in (due, seq) order."""
+    def between(self, after: tuple[int, int], upto: int, limit: int) -> list[ScheduledEntry]:
+        """The first ``limit`` entries after the key (due, seq) ``after`` and due at or before ``upto``,
+        staged ones included, in (due, seq) order."""
         found: dict[bytes, bytes] = {}
         deletes = self._deletes
+        start = KEY.pack(*after)
         with self._env.begin() as txn:
             cursor = txn.cursor()
-            if cursor.set_range(KEY.pack(after + 1, 0)):
+            if cursor.set_range(start):
                 for key, value in cursor:
                     if KEY.unpack(key)[0] > upto or len(found) >= limit:
                         break
-                    if key not in deletes:
+                    if key != start and key not in deletes:
                         found[key] = value
         for key, value in self._puts.items():
-            if after < KEY.unpack(key)[0] <= upto:
+            if start < key and KEY.unpack(key)[0] <= upto:
                 found[key] = value
         return [_entry(key, found[key]) for key in sorted(found)[:limit]]
 

@@ -11,7 +11,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
-LATE_MS = 100  # allowed lateness
+LATE_MS = 150  # allowed lateness (typically under 10 ms; the margin is for a loaded machine)
 
 
 def connect(broker) -> pika.BlockingConnection:
@@ -189,7 +189,7 @@ def _publish_confirmed(node, delays: dict[bytes, int], persistent: bool = True) 
 @pytest.mark.parametrize("how", ["restart", "kill -9"])
 def test_stored_delayed_messages_survive(start_broker, how):
     node = start_broker()
-    due = _publish_confirmed(node, {b"soon": 300, b"later": 2500, b"last": 3500})
+    due = _publish_confirmed(node, {b"soon": 300, b"later": 5000, b"last": 6000})  # later: after the restart
     if how == "restart":
         node.stop()
     else:
@@ -210,15 +210,15 @@ def test_stored_delayed_messages_survive(start_broker, how):
 def test_confirmed_means_stored(start_broker):
     """Every confirmed publish survives a kill -9 right after its confirm; transient ones are lost."""
     node = start_broker()
-    bodies = {f"m{i}".encode(): 4000 + i for i in range(200)}
+    bodies = {f"m{i}".encode(): 8000 + i for i in range(200)}
     _publish_confirmed(node, bodies)
-    _publish_confirmed(node, {b"transient": 4000}, persistent=False)
+    _publish_confirmed(node, {b"transient": 8000}, persistent=False)
     node.kill()
     node.start()
     assert api(node, "/api/exchanges/%2F/dx")["messages_delayed"] == 200
     with connect(node) as conn:
         ch = conn.channel()
-        got = receive(conn, ch, "dq", 200)
+        got = receive(conn, ch, "dq", 200, timeout=20)
         conn.process_data_events(time_limit=0.3)
     assert [body for body, _, _ in got] == list(bodies)
     log = node.log()
@@ -253,3 +253,27 @@ def test_header_bytes_read_and_negated_in_place(encoded, value, in_place):
     decoded.unmarshal(message.header)
     assert decoded.properties.headers == {"a": "x", "x-delay": -int(value), "z": 1}
     assert decoded.properties.content_type == "text/plain"
+
+
+def test_schedule_reads_in_order_in_chunks(tmp_path):
+    """The window reads every entry once, in (due, seq) order, across ties, staged puts and deletes."""
+    from queue_index import Schedule, ScheduledEntry
+
+    schedule = Schedule(str(tmp_path / "s"))
+    entries = [ScheduledEntry(due, seq, seq + 100, 10, b"t") for seq, due in enumerate([5, 5, 5, 5, 3, 9, 5, 7])]
+    for entry in entries[:5]:
+        schedule.put(entry)
+    schedule.commit()
+    for entry in entries[5:]:
+        schedule.put(entry)  # staged, not committed
+    schedule.delete(5, 1)  # a committed one
+    schedule.delete(7, 7)  # a staged one
+    after, seen = (0, 0), []
+    while chunk := schedule.between(after, 8, 2):
+        seen += [(e.due, e.seq) for e in chunk]
+        after = seen[-1]
+    assert seen == [(3, 4), (5, 0), (5, 2), (5, 3), (5, 6)]
+    schedule.commit()
+    assert [(e.due, e.seq, e.msg_id) for e in schedule.entries()] == [
+        (3, 4, 104), (5, 0, 100), (5, 2, 102), (5, 3, 103), (5, 6, 106), (9, 5, 105)]
+    schedule.close()
