@@ -60,11 +60,10 @@ class Publisher(Protocol):
 class _Held:
     """A delayed message kept in memory (transient, or sent to a non-durable exchange)."""
 
-    __slots__ = ("vhost", "exchange", "message", "publisher")
+    __slots__ = ("target", "message", "publisher")
 
-    def __init__(self, vhost: str, exchange: Exchange, message: Message, publisher: Publisher | None) -> None:
-        self.vhost = vhost
-        self.exchange = exchange
+    def __init__(self, target: tuple[str, str], message: Message, publisher: Publisher | None) -> None:
+        self.target = target  # (vhost, exchange)
         self.message = message
         self.publisher = publisher
 
@@ -144,9 +143,10 @@ class DelayedMessages:
         due = now_ms() + delay
         seq = self._seq
         self._seq += 1
-        self.pending[(vhost.name, exchange.name)] += 1
+        target = (vhost.name, exchange.name)
+        self.pending[target] += 1
         if not (exchange.durable and message.persistent):
-            self._push(due, seq, _Held(vhost.name, exchange, message, publisher))
+            self._push(due, seq, _Held(target, message, publisher))
             return
         self.persistence.keep(message)
         entry = ScheduledEntry(due, seq, message.msg_id, message.body_size, _tag(vhost.name, exchange.name))
@@ -222,19 +222,16 @@ class DelayedMessages:
 
     def _route(self, item: _Held | ScheduledEntry) -> None:
         if isinstance(item, _Held):
-            key = (item.vhost, item.exchange.name)
-            vhost = self.broker.vhosts.get(item.vhost)
-            exchange = item.exchange if vhost is not None and vhost.exchanges.get(key[1]) is item.exchange else None
-            message, publisher = item.message, item.publisher
+            key, message, publisher = item.target, item.message, item.publisher
         else:
             key = _untag(item.tag)
-            vhost = self.broker.vhosts.get(key[0])
-            exchange = vhost.exchanges.get(key[1]) if vhost is not None else None
             publisher = self._returns.pop(item.seq, None)
             self.schedule.delete(item.due, item.seq)
             message = Message.stored(item.msg_id, item.size)
             self.persistence.load(message)
         self._forget(key)
+        vhost = self.broker.vhosts.get(key[0])
+        exchange = vhost.exchanges.get(key[1]) if vhost is not None else None
         if vhost is None or not isinstance(exchange, DelayedExchange):
             self.dropped += 1
             log.debug("delayed message for deleted exchange '%s' in vhost '%s' dropped", key[1], key[0])

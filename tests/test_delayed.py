@@ -277,3 +277,29 @@ def test_schedule_reads_in_order_in_chunks(tmp_path):
     assert [(e.due, e.seq, e.msg_id) for e in schedule.entries()] == [
         (3, 4, 104), (5, 0, 100), (5, 2, 102), (5, 3, 103), (5, 6, 106), (9, 5, 105)]
     schedule.close()
+
+
+def test_delayed_messages_follow_the_exchange_name(broker, uid):
+    """As with the plugin: when due, a message is routed by its exchange's name, or dropped if none is left."""
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.queue_declare(f"{uid}-q", durable=True)
+
+        def declare() -> None:
+            delayed(ch, f"{uid}-x", durable=True)
+            ch.queue_bind(f"{uid}-q", f"{uid}-x", "k")
+
+        declare()
+        for persistent in (True, False):
+            ch.basic_publish(f"{uid}-x", "k", b"gone", props(300, persistent=persistent))
+        ch.exchange_delete(f"{uid}-x")
+        time.sleep(0.5)
+        assert ch.queue_declare(f"{uid}-q", passive=True).method.message_count == 0
+        declare()
+        for persistent in (True, False):
+            ch.basic_publish(f"{uid}-x", "k", b"kept", props(300, persistent=persistent))
+        ch.exchange_delete(f"{uid}-x")
+        declare()
+        time.sleep(0.5)
+        assert ch.queue_declare(f"{uid}-q", passive=True).method.message_count == 2
+        ch.queue_delete(f"{uid}-q")
