@@ -79,7 +79,9 @@ class DelayedMessages:
         self.returns_dropped = 0  # mandatory and unroutable when due, but the publisher's channel was gone
         self.dropped = 0  # due after their exchange was deleted
         self.lateness = array("Q", bytes(8 * LATENESS_BUCKETS))  # routed messages by ms between due and routing
-        self._heap: list[tuple[int, int, _Held | ScheduledEntry]] = []
+        # (due, seq, msg_id, size, tag) of a stored message, (due, seq, 0, 0, _Held) of a held one: a stored
+        # one's item holds only ints and bytes, so the garbage collector stops tracking it
+        self._heap: list[tuple[int, int, int, int, bytes | _Held]] = []
         self._seq = 0
         self._horizon = (0, 0)  # every stored entry with a (due, seq) up to this is in the heap
         self._beyond = 0  # stored entries due after the horizon (on disk only)
@@ -146,7 +148,7 @@ class DelayedMessages:
         target = (vhost.name, exchange.name)
         self.pending[target] += 1
         if not (exchange.durable and message.persistent):
-            self._push(due, seq, _Held(target, message, publisher))
+            self._push((due, seq, 0, 0, _Held(target, message, publisher)))
             return
         self.persistence.keep(message)
         entry = ScheduledEntry(due, seq, message.msg_id, message.body_size, _tag(vhost.name, exchange.name))
@@ -154,14 +156,14 @@ class DelayedMessages:
         if publisher is not None:
             self._returns[seq] = publisher
         if (due, seq) <= self._horizon:
-            self._push(due, seq, entry)
+            self._push((due, seq, entry.msg_id, entry.size, entry.tag))
         else:
             self._beyond += 1
             self._rearm()
 
-    def _push(self, due: int, seq: int, item: _Held | ScheduledEntry) -> None:
-        heapq.heappush(self._heap, (due, seq, item))
-        if self._timer is None or due < self._timer_due:
+    def _push(self, item: tuple[int, int, int, int, bytes | _Held]) -> None:
+        heapq.heappush(self._heap, item)
+        if self._timer is None or item[0] < self._timer_due:
             self._rearm()
 
     # -- timing --------------------------------------------------------------------------------
@@ -197,7 +199,7 @@ class DelayedMessages:
             self._horizon = (now + WINDOW_MS, MAX_SEQ)
         self._beyond -= len(entries)
         for entry in entries:
-            heapq.heappush(self._heap, (entry.due, entry.seq, entry))
+            heapq.heappush(self._heap, (entry.due, entry.seq, entry.msg_id, entry.size, entry.tag))
 
     def _fire(self) -> None:
         self._timer = None
@@ -208,9 +210,9 @@ class DelayedMessages:
         routed = 0
         lateness = self.lateness
         while heap and heap[0][0] <= now and routed < ROUTE_BATCH:
-            due, _, item = heapq.heappop(heap)
-            lateness[min(now - due, LATENESS_BUCKETS - 1)] += 1
-            self._route(item)
+            item = heapq.heappop(heap)
+            lateness[min(now - item[0], LATENESS_BUCKETS - 1)] += 1
+            self._route(*item)
             routed += 1
         if heap and heap[0][0] <= now:
             self._timer_due = now
@@ -220,14 +222,15 @@ class DelayedMessages:
 
     # -- out -----------------------------------------------------------------------------------
 
-    def _route(self, item: _Held | ScheduledEntry) -> None:
-        if isinstance(item, _Held):
+    def _route(self, due: int, seq: int, msg_id: int, size: int, item: bytes | _Held) -> None:
+        held = isinstance(item, _Held)
+        if held:
             key, message, publisher = item.target, item.message, item.publisher
         else:
-            key = _untag(item.tag)
-            publisher = self._returns.pop(item.seq, None)
-            self.schedule.delete(item.due, item.seq)
-            message = Message.stored(item.msg_id, item.size)
+            key = _untag(item)
+            publisher = self._returns.pop(seq, None)
+            self.schedule.delete(due, seq)
+            message = Message.stored(msg_id, size)
             self.persistence.load(message)
         self._forget(key)
         vhost = self.broker.vhosts.get(key[0])
@@ -244,7 +247,7 @@ class DelayedMessages:
                     self.returns_dropped += 1
                     log.info("mandatory delayed message for exchange '%s' in vhost '%s' routed nowhere and its "
                              "channel is closed: dropped", key[1], key[0])
-        if not isinstance(item, _Held):
+        if not held:
             self.persistence.release(message)
 
     def _forget(self, key: tuple[str, str]) -> None:
