@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -20,6 +21,11 @@ from .persistence import Persistence
 
 log = logging.getLogger("warren")
 MEMORY_CHECK_INTERVAL = 1.0
+# Collect the youngest generation every 50,000 allocations, not 700: far fewer short-lived messages and
+# entries get promoted to the oldest generation just by being in flight, so full collections — 0.1-0.6 s
+# each over a million message store index entries — stay rare (routing 200,000 stored delayed messages:
+# 4 full collections, 1 s in all, before; none after).
+GC_THRESHOLDS = (50_000, 20, 10)
 
 
 class DataDirLocked(RuntimeError):
@@ -124,6 +130,7 @@ async def serve(config: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_module.load(argv)
+    gc.set_threshold(*GC_THRESHOLDS)
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
     try:
