@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.delayed")
 
 WINDOW_MS = 2000  # stored entries due this far ahead are in the heap
-LOAD_LIMIT = 5000  # stored entries read in per loop turn (more follow in the next turns)
-ROUTE_BATCH = 500  # messages routed per loop turn, so clients keep being served while a backlog drains
+LOAD_LIMIT = 1000  # stored entries read in per loop turn (more follow in the next turns)
+ROUTE_BATCH = 200  # messages routed per loop turn, so clients keep being served while a backlog drains
 _TAG_LEN = struct.Struct(">H")
 MAX_SEQ = (1 << 64) - 1
 LATENESS_BUCKETS = 10_000  # ms; later ones count in the last bucket
