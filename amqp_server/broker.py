@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Protocol
 
 from exchanges import Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
@@ -28,9 +28,23 @@ from .queue import Entry, Queue
 from .stats import MessageStats
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .connection import Connection
 
 log = logging.getLogger("warren.broker")
+
+
+class ClusterHooks(Protocol):
+    """What the broker tells the cluster (``forwarder``): definition changes made on this node."""
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    def undefined(self, kind: str, key: str) -> None: ...
+
+    def nodes(self) -> list[tuple[str, bool]]: ...
+
+    async def agree_queue(self, vhost: "VHost", name: str, durable: bool, auto_delete: bool,
+                          arguments: dict[str, Any]) -> None: ...
 
 DEFAULT_EXCHANGES = (
     ("", "direct"),
@@ -74,10 +88,12 @@ class VHost:
             raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
 
     def queue(self, name: str) -> Queue:
-        try:
-            return self.queues[name]
-        except KeyError:
-            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'") from None
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
+        if not queue.available:
+            raise home_node_down(queue)
+        return queue
 
 
 class Broker:
@@ -95,6 +111,8 @@ class Broker:
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
+        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
+        self.confirming: "Channel | None" = None  # the confirm-mode channel whose publish is being routed
         self._recover_definitions()
 
     def close(self) -> None:
@@ -135,6 +153,19 @@ class Broker:
     def add_vhost(self, name: str) -> VHost:
         self.access.add_vhost(name)
         return self.vhost(name)
+
+    def _define(self, kind: str, key: str, record: dict[str, Any], durable: bool) -> None:
+        """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
+        if durable:
+            self.store.put(kind, key, record)
+        if self.cluster is not None:
+            self.cluster.defined(kind, key, record)
+
+    def _undefine(self, kind: str, key: str, durable: bool) -> None:
+        if durable:
+            self.store.delete(kind, key)
+        if self.cluster is not None:
+            self.cluster.undefined(kind, key)
 
     def delete_vhost(self, name: str) -> None:
         vhost = self.vhosts.pop(name, None)
@@ -185,10 +216,9 @@ class Broker:
             return existing
         exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         vhost.exchanges[name] = exchange
-        if durable:
-            self.store.put("exchange", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "type": type_name, "auto_delete": auto_delete,
-                "internal": internal, "arguments": arguments})
+        self._define("exchange", _key(vhost.name, name), {
+            "vhost": vhost.name, "name": name, "type": type_name, "durable": durable, "auto_delete": auto_delete,
+            "internal": internal, "arguments": arguments}, durable)
         return exchange
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False) -> None:
@@ -211,8 +241,7 @@ class Broker:
             self._forget_binding(vhost, exchange.name, binding.destination, binding.routing_key,
                                  binding.args_dict())
         self._drop_destination(vhost, exchange)
-        if exchange.durable:
-            self.store.delete("exchange", _key(vhost.name, exchange.name))
+        self._undefine("exchange", _key(vhost.name, exchange.name), exchange.durable)
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -221,6 +250,8 @@ class Broker:
                       arguments: dict[str, Any] | None = None,
                       owner: "Connection | None" = None, server_named: bool = False) -> Queue:
         existing = vhost.queues.get(name)
+        if existing is not None and not existing.available:
+            raise home_node_down(existing)
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
@@ -257,10 +288,20 @@ class Broker:
         if durable and not exclusive:
             queue.index_id = self._next_index_id()
             queue.persistence = self.persistence
-            self.store.put("queue", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "auto_delete": auto_delete, "arguments": arguments,
-                "index_id": queue.index_id})
+        if not exclusive:
+            self._define("queue", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
+                "arguments": arguments, "index_id": queue.index_id}, durable)
         return queue
+
+    async def agree_queue(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
+                          auto_delete: bool = False, arguments: dict[str, Any] | None = None) -> None:
+        """Cluster mode, before declaring a new queue: the first declaration the cluster agrees on wins.
+
+        Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
+        """
+        if self.cluster is not None and not exclusive and name not in vhost.queues:
+            await self.cluster.agree_queue(vhost, name, durable, auto_delete, dict(arguments or {}))
 
     def _next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
@@ -300,8 +341,9 @@ class Broker:
         queue.drop_all()
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
+        else:
+            self._undefine("queue", _key(vhost.name, queue.name), queue.durable)
         if queue.durable:
-            self.store.delete("queue", _key(vhost.name, queue.name))
             self.store.delete("queue_offsets", str(queue.index_id))
 
     def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
@@ -377,11 +419,11 @@ class Broker:
             return
         if isinstance(destination, Exchange):
             vhost.e2e_bindings += 1
-        if exchange.durable and destination.durable:
-            self.store.put("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
+        if not _exclusive(destination):
+            self._define("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
                 "vhost": vhost.name, "source": source, "destination": destination.name,
                 "destination_type": _kind(destination), "routing_key": routing_key,
-                "arguments": dict(arguments or {})})
+                "arguments": dict(arguments or {})}, exchange.durable and destination.durable)
 
     def unbind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                arguments: dict[str, Any] | None = None) -> None:
@@ -401,8 +443,9 @@ class Broker:
 
     def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
-        if destination.durable:
-            self.store.delete("binding", _binding_key(vhost.name, source, destination, routing_key, arguments))
+        if not _exclusive(destination):
+            self._undefine("binding", _binding_key(vhost.name, source, destination, routing_key, arguments),
+                           destination.durable)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it."""
@@ -431,13 +474,22 @@ class Broker:
     # move all come through these.
 
     def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
-        """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
+        """Route and enqueue: (routed to some queue, a queue's length limit rejected it).
+
+        A queue whose home node is down takes nothing (enqueue answers None): routed only to such
+        queues, the message is unroutable.
+        """
         queues = self.route(vhost, exchange, message)
         rejected = False
+        unavailable = 0
         for queue in queues:
-            if not queue.enqueue(message):
-                rejected = True
-        return bool(queues), rejected
+            accepted = queue.enqueue(message)
+            if not accepted:
+                if accepted is None:
+                    unavailable += 1
+                else:
+                    rejected = True
+        return len(queues) > unavailable, rejected
 
     @staticmethod
     def check_publishable(vhost: VHost, exchange: Exchange) -> None:
@@ -588,6 +640,17 @@ def _binding_key(vhost: str, source: str, destination: Queue | Exchange, routing
     raw = json.dumps([vhost, source, _kind(destination), destination.name, routing_key, arguments or {}],
                      sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()
+
+
+def _exclusive(destination: Queue | Exchange) -> bool:
+    """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
+    return isinstance(destination, Queue) and destination.exclusive
+
+
+def home_node_down(queue: Queue) -> ChannelError:
+    """A queue whose owner node is unreachable, in RabbitMQ's words."""
+    return errors.not_found(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost '{queue.vhost}' "
+                            "is down or inaccessible")
 
 
 def _exclusive_locked(queue: Queue) -> ChannelError:

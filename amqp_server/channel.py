@@ -6,6 +6,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 from __future__ import annotations
 
 import logging
+from bisect import insort
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -61,6 +62,7 @@ class Channel:
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
+        self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
@@ -149,7 +151,12 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        rejected = self._route_message(exchange, message, self._mandatory)
+        if self.confirm_mode:
+            self.broker.confirming = self  # a copy forwarded to another node reports back here
+            rejected = self._route_message(exchange, message, self._mandatory)
+            self.broker.confirming = None
+        else:
+            rejected = self._route_message(exchange, message, self._mandatory)
         self.stats.publish += 1
         self.vhost_stats.publish += 1
         if self.confirm_mode:
@@ -190,10 +197,29 @@ class Channel:
         self.confirm_pending = True
         self.connection.schedule_flush()
 
+    def forwarded(self) -> int:
+        """A copy of the publish being routed went to its queue's owner node: its confirm waits for that node."""
+        seq = self.publish_seq
+        self.remote_unconfirmed[seq] = self.remote_unconfirmed.get(seq, 0) + 1
+        return seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        """An owner node accepted (and, if persistent on a durable queue, fsynced) or refused its copy."""
+        left = self.remote_unconfirmed.pop(seq, 1) - 1
+        if left:
+            self.remote_unconfirmed[seq] = left
+        if rejected and seq not in self.rejected:
+            insort(self.rejected, seq)
+        if self.open:
+            self.confirm_pending = True
+            self.connection.schedule_flush()
+
     def emit_confirms(self) -> None:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
+        if self.remote_unconfirmed:
+            upto = min(upto, next(iter(self.remote_unconfirmed)) - 1)
         rejected = self.rejected
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
@@ -399,6 +425,17 @@ class Channel:
             name = self._queue_name(name)
         if not m.passive:
             self._check("configure", "queue", name)
+            if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
+                self.connection.suspend(self, m, self._agreed_declare(m, name))
+                return
+        self._declare(m, name)
+
+    async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
+        await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
+        if self.open:
+            self._declare(m, name)
+
+    def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                           m.arguments, self.connection, server_named=not m.queue)
         self.last_queue = queue.name

@@ -13,7 +13,7 @@ import logging
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from pamqp import commands, decode
 from pamqp.base import Frame
@@ -78,6 +78,7 @@ class Connection(asyncio.Protocol):
         self.exclusive_queues: set = set()
         self.write_paused = False
         self.reading_paused = False
+        self.suspended = False  # a channel method awaits the cluster: later frames wait behind it
         self.blocked_notified = False
         self.publishing = False
         self.deliver_budget = config.deliveries_per_flush
@@ -183,7 +184,7 @@ class Connection(asyncio.Protocol):
         channels = self.channels
         limit = self.frame_max
         try:
-            while n - pos >= 8 and self.state != CLOSED:
+            while n - pos >= 8 and self.state != CLOSED and not self.suspended:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -238,6 +239,34 @@ class Connection(asyncio.Protocol):
         if self.out:
             self.schedule_flush()
         self.broker.flush_dirty()
+
+    def suspend(self, channel: "Channel", method: Frame, work: Coroutine[Any, Any, None]) -> None:
+        """A channel method that must await (cluster agreement): frames after it are read once it is done.
+
+        Its errors close the channel or connection as a synchronous method's would.
+        """
+        self.suspended = True
+        self._pause_reading()
+        self.loop.create_task(work).add_done_callback(lambda task: self._resume(channel, method, task))
+
+    def _resume(self, channel: "Channel", method: Frame, task: asyncio.Task) -> None:
+        self.suspended = False
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, AMQPError) and not exc.class_id:
+            exc.class_id, exc.method_id = divmod(method.index, 0x10000)
+        if isinstance(exc, errors.ChannelError):
+            if channel.open:
+                channel.fail(exc)
+        elif isinstance(exc, ConnectionError):
+            self.close_with(exc)
+        elif exc is not None:
+            log.error("internal error on connection %s", self.name, exc_info=exc)
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
+        if self.state in (CLOSING, CLOSED):
+            return
+        if not self.write_paused and not (self.broker.blocked and self.publishing):
+            self._resume_reading()
+        self.data_received(b"")
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
         """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""

@@ -86,6 +86,8 @@ def now_ms() -> int:
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
+    available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
+
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "Connection | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
                  args: QueueArgs | None = None, host: QueueHost | None = None) -> None:

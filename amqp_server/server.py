@@ -60,10 +60,16 @@ class Node:
                                          config.compaction_threshold), config.segment_size)
         self.server: asyncio.base_events.Server | None = None
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
+        self.cluster = None  # forwarder.Cluster in cluster mode
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.cluster_etcd:
+            import forwarder
+
+            self.cluster = forwarder.Cluster(self.broker, self.config)
+            await self.cluster.start()
         if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
             import mgmt_http
 
@@ -110,6 +116,8 @@ class Node:
         for connection in list(self.broker.connections):
             connection.force_close("broker shutdown")
         await asyncio.sleep(0.1)
+        if self.cluster is not None:
+            await self.cluster.stop()
         self.broker.close()
 
 
@@ -124,6 +132,9 @@ async def serve(config: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_module.load(argv)
+    if config.cluster_etcd and not config.cluster_secret:
+        print("warren-server: --cluster-secret is required with --cluster-etcd", file=sys.stderr)
+        return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
     try:

@@ -94,7 +94,10 @@ async def overview(request: web.Request) -> web.Response:
 @routes.get("/api/nodes")
 async def nodes(request: web.Request) -> web.Response:
     auth.require_monitor(request)
-    return respond(request, [node_info(ctx(request))], ("name",))
+    context = ctx(request)
+    others = context.broker.cluster.nodes() if context.broker.cluster is not None else []
+    return respond(request, [node_info(context)] + [{"name": name, "running": up, "type": "disc"}
+                                                    for name, up in others], ("name",))
 
 
 @routes.get("/api/nodes/{name}")

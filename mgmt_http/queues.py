@@ -31,8 +31,8 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     rates = context.sampler.rates(queue)
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
-        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
-        "type": "classic", "state": "running", "policy": None, "effective_policy_definition": {},
+        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
+        "type": "classic", "state": "running" if queue.available else "down", "policy": None, "effective_policy_definition": {},
         "consumers": len(queue.consumers), "consumer_utilisation": None,
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "message_bytes_ready": queue.ready_bytes,
@@ -92,6 +92,7 @@ async def declare(request: web.Request) -> web.Response:
         raise bad_request("queue name must not be empty")
     _check(request, vhost.name, "configure", name)
     existed = name in vhost.queues
+    await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     return created_or_updated(not existed)
 

@@ -1,0 +1,218 @@
+"""Another node as this one sees it: the link to it, forwarded publishes awaiting its confirm,
+and this node's consumers of its queues.
+
+The link is dialed and redialed for as long as the node is a member.  While it is down the
+node's queues are unavailable: publishes to them are unroutable, declares and consumes answer
+RabbitMQ's "home node ... is down" error, and their consumers here were sent basic.cancel.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from amqp_server.message import Message
+from amqp_server.queue import Consumer, Entry
+
+from . import link
+from .remote_queue import RemoteConsumer, RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+    from amqp_server.channel import Channel
+
+log = logging.getLogger("warren.forwarder.peer")
+
+REDIAL_INTERVAL = 0.5
+
+
+class Peer:
+    def __init__(self, name: str, broker: "Broker", secret: bytes, on_change: Any) -> None:
+        self.name = name
+        self.broker = broker
+        self.secret = secret
+        self.on_change = on_change  # called with the peer when it comes up or goes down
+        self.address: tuple[str, int] | None = None
+        self.link: link.ClientLink | None = None
+        self.up = False
+        self._seq = 0
+        self._pending: dict[int, tuple["Channel", int]] = {}  # link seq -> (channel, its publish seq)
+        self._ids = itertools.count(1)
+        self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
+        self._credit: dict[int, int] = {}
+        self._acks: list[bytes] = []
+        self._flush_scheduled = False
+        self._holding = False
+        self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
+        self._dialer: asyncio.Task | None = None
+
+    # -- the link -----------------------------------------------------------------------------
+
+    def connect(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        if self._dialer is None:
+            self._dialer = asyncio.get_running_loop().create_task(self._dial())
+
+    def close(self) -> None:
+        if self._dialer is not None:
+            self._dialer.cancel()
+        if self.link is not None:
+            self.link.close()
+
+    async def _dial(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            host, port = self.address
+            try:
+                _, client = await loop.create_connection(
+                    lambda: link.ClientLink(self.secret, self.broker.node_name, self.name, self), host, port)
+                self.link = client
+                await asyncio.wait_for(client.ready, 5)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                log.debug("link to %s at %s:%d: %s", self.name, host, port, exc)
+                if self.link is not None:
+                    self.link.close()
+                self.link = None
+                await asyncio.sleep(REDIAL_INTERVAL)
+                continue
+            self._went_up()
+            await client.closed
+            self._went_down()
+            await asyncio.sleep(REDIAL_INTERVAL)
+
+    def _went_up(self) -> None:
+        log.info("link to node %s up", self.name)
+        self.up = True
+        self.on_change(self)
+
+    def _went_down(self) -> None:
+        log.warning("link to node %s down", self.name)
+        self.up = False
+        self.link = None
+        pending, self._pending = self._pending, {}
+        for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
+            channel.remote_confirmed(seq, rejected=True)
+        consumers, self.consumers = self.consumers, {}
+        for queue, remote in consumers.values():
+            queue.cancelled(remote.consumer)
+        self._credit.clear()
+        self._acks.clear()
+        self.on_change(self)
+        self.broker.flush_dirty()
+
+    # -- to the owner -------------------------------------------------------------------------
+
+    def publish(self, queue: RemoteQueue, message: Message) -> bool | None:
+        client = self.link
+        if not self.up or client is None:
+            return None
+        seq = 0
+        channel = self.broker.confirming
+        if channel is not None:
+            self._seq += 1
+            seq = self._seq
+            self._pending[seq] = (channel, channel.forwarded())
+        client.send(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(queue.qid)), queue.qid,
+                    *link.message_parts(message.route, message.header, message.body))
+        if client.paused and not self._holding:
+            self._holding = True  # the link's buffer is full: publishers wait until it drains
+            for connection in list(self.broker.connections):
+                if connection.publishing:
+                    connection.publisher_blocked()
+        return True
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
+        remote = RemoteConsumer(next(self._ids), consumer)
+        self.consumers[remote.id] = (queue, remote)
+        if self.link is not None:
+            self.link.send(link.CONSUME, link.encode_json({
+                "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
+                "exclusive": consumer.exclusive, "arguments": consumer.arguments,
+                "prefetch": 0 if consumer.no_ack else consumer.prefetch}))
+        return remote
+
+    def cancel(self, remote: RemoteConsumer) -> None:
+        self.consumers.pop(remote.id, None)
+        if self.link is None:
+            return
+        self.link.send(link.CANCEL, link.ID.pack(remote.id))
+        if remote.buffer:  # never reached the client: back to the queue, in place
+            self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+            remote.buffer.clear()
+
+    def settle(self, mode: int, entries: list[Entry]) -> None:
+        if self.link is not None and entries:
+            self.link.send(link.SETTLE, bytes((mode,)), b"".join(link.TAG.pack(e.seq) for e in entries))
+
+    def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
+        """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""
+        self._credit[remote.id] = self._credit.get(remote.id, 0) + 1
+        if no_ack:
+            self._acks.append(link.TAG.pack(entry.seq))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        client = self.link
+        if client is None:
+            return
+        if self._acks:
+            client.send(link.SETTLE, bytes((link.SETTLE_ACK,)), b"".join(self._acks))
+            self._acks.clear()
+        for consumer_id, count in self._credit.items():
+            client.send(link.CREDIT, link.CREDIT_BODY.pack(consumer_id, count))
+        self._credit.clear()
+
+    # -- from the owner -----------------------------------------------------------------------
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == link.DELIVER:
+            self._deliver(payload)
+        elif ftype == link.CONFIRM:
+            seq, status = link.CONFIRM_BODY.unpack(payload)
+            pending = self._pending.pop(seq, None)
+            if pending is not None:
+                pending[0].remote_confirmed(pending[1], status == link.CONFIRM_REJECTED)
+        elif ftype == link.CONSUMED:
+            reply = json.loads(payload)
+            if reply["error"] is not None:
+                log.info("node %s refused consumer: %s", self.name, reply["error"][1])
+                self._cancelled(reply["id"])
+        elif ftype == link.CANCELLED:
+            self._cancelled(link.ID.unpack(payload)[0])
+        elif ftype == link.STATS:
+            self.stats = json.loads(payload)
+        self.broker.flush_dirty()
+
+    def _deliver(self, payload: bytes) -> None:
+        consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)
+        found = self.consumers.get(consumer_id)
+        if found is None:  # cancelled meanwhile: back to the queue
+            self.link.send(link.SETTLE, bytes((link.SETTLE_REQUEUE,)), link.TAG.pack(tag))
+            return
+        route, header, body = link.read_message(payload, link.DELIVER_HEAD.size)
+        ex_len = route[0]
+        message = Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
+                          route, header, body)
+        queue, remote = found
+        queue.delivered(remote, Entry(tag, message, bool(redelivered)))
+
+    def _cancelled(self, consumer_id: int) -> None:
+        found = self.consumers.pop(consumer_id, None)
+        if found is not None:
+            queue, remote = found
+            if remote.buffer:
+                self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+                remote.buffer.clear()
+            queue.cancelled(remote.consumer)
+
+    def writable(self) -> None:
+        """The link drained: publishers held for it may go on (unless the memory alarm holds them)."""
+        if self._holding and not self.broker.blocked:
+            self._holding = False
+            for connection in list(self.broker.connections):
+                connection.notify_unblocked()

@@ -1,0 +1,128 @@
+"""A queue owned by another node, as routing and consumers on this node see it.
+
+It is a :class:`Queue` to everything here — exchanges bind it, ``Broker.route`` returns it,
+channels consume from it and settle its entries — but it holds no messages: an enqueue goes
+over the link to the owner, and deliveries arrive from the owner for the local consumers,
+wait in a small per-consumer buffer while those have no credit (QoS, a slow client) and
+leave in order.  Acks, rejects and requeues go back to the owner by delivery tag.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterable
+
+from amqp_server.message import Message
+from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.queue_args import QueueArgs
+
+from . import link
+
+if TYPE_CHECKING:
+    from .peer import Peer
+
+
+class RemoteConsumer:
+    """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
+
+    __slots__ = ("id", "consumer", "buffer")
+
+    def __init__(self, consumer_id: int, consumer: Consumer) -> None:
+        self.id = consumer_id
+        self.consumer = consumer
+        self.buffer: deque[Entry] = deque()
+
+
+class RemoteQueue(Queue):
+    def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
+                 args: QueueArgs, peer: "Peer") -> None:
+        super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None)
+        self.peer = peer
+        self.key = f"{vhost}\0{name}"
+        self.qid = self.key.encode()
+        self.remote: dict[Consumer, RemoteConsumer] = {}
+
+    @property
+    def node(self) -> str:
+        return self.peer.name
+
+    @property
+    def available(self) -> bool:  # type: ignore[override]
+        return self.peer.up
+
+    @property
+    def message_count(self) -> int:  # type: ignore[override]
+        """As the owner last reported it (every second)."""
+        return self.peer.stats.get(self.key, (0, 0))[0]
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.vhost}/{self.name} on {self.peer.name}>"
+
+    def touch(self) -> None:
+        """x-expires is the owner's business."""
+
+    # -- in -----------------------------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> bool | None:  # type: ignore[override]
+        """Forward to the owner; None (unroutable) while it is down."""
+        return self.peer.publish(self, message)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        super().add_consumer(consumer)
+        self.remote[consumer] = self.peer.consume(self, consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        super().remove_consumer(consumer)
+        remote = self.remote.pop(consumer, None)
+        if remote is not None:
+            self.peer.cancel(remote)
+
+    def delivered(self, remote: RemoteConsumer, entry: Entry) -> None:
+        """A delivery from the owner: straight to the client if it has credit, else in the buffer."""
+        remote.buffer.append(entry)
+        self._drain(remote)
+
+    def _drain(self, remote: RemoteConsumer) -> None:
+        buffer = remote.buffer
+        consumer = remote.consumer
+        peer = self.peer
+        while buffer and consumer.has_credit():
+            entry = buffer.popleft()
+            consumer.channel.deliver(consumer, entry)
+            peer.passed_on(remote, entry, consumer.no_ack)
+
+    def run(self) -> None:
+        """Credit came back (ack, QoS, writes drained): pass buffered deliveries on."""
+        for remote in list(self.remote.values()):
+            if remote.buffer:
+                self._drain(remote)
+
+    def cancelled(self, consumer: Consumer) -> None:
+        """The owner cancelled the consumer (queue deleted, refused) or went down."""
+        Queue.remove_consumer(self, consumer)
+        self.remote.pop(consumer, None)
+        consumer.channel.consumer_cancelled_by_broker(consumer)
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def settle(self, entries: list[Entry]) -> None:
+        self.peer.settle(link.SETTLE_ACK, entries)
+
+    def requeue(self, entries: Iterable[Entry]) -> None:
+        self.peer.settle(link.SETTLE_REQUEUE, list(entries))
+
+    def reject(self, entries: list[Entry]) -> None:
+        self.peer.settle(link.SETTLE_REJECT, entries)
+
+    def get(self, no_ack: bool) -> Entry | None:
+        """basic.get is served by the owner node only (not forwarded yet): nothing here."""
+        return None
+
+    def purge(self) -> int:
+        return 0
+
+    def drop_all(self) -> None:
+        for remote in self.remote.values():
+            self.peer.cancel(remote)
+        self.remote.clear()

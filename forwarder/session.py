@@ -1,0 +1,190 @@
+"""The owner's side of a link: publishes into local queues, consumers on behalf of another node.
+
+A remote consumer is an ordinary :class:`Consumer` on the local queue whose "channel" is a
+:class:`RemoteConsumerChannel`: the queue's round-robin, prefetch and requeue logic stay the
+queue's own.  Deliveries are always taken with manual ack here; the consuming node acks at once
+for its no-ack consumers, so a message in flight when a link drops is requeued, not lost.  Each
+consumer has a credit window: deliveries the consuming node has not yet passed to its client.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from amqp_server import errors
+from amqp_server.errors import AMQPError
+from amqp_server.message import Message
+from amqp_server.queue import Consumer, Entry, Queue
+
+from . import link
+from .remote_queue import RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+
+log = logging.getLogger("warren.forwarder.session")
+
+CREDIT_WINDOW = 2000
+_tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
+
+
+class RemoteConsumerChannel:
+    """Stands in for the AMQP channel of a consumer on another node."""
+
+    __slots__ = ("session", "id", "in_flight")
+
+    def __init__(self, session: "Session", consumer_id: int) -> None:
+        self.session = session
+        self.id = consumer_id
+        self.in_flight = 0
+
+    def can_deliver(self) -> bool:
+        return self.in_flight < CREDIT_WINDOW and not self.session.link.paused
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        tag = next(_tags)
+        consumer.unacked += 1
+        self.in_flight += 1
+        session = self.session
+        session.unacked[tag] = (entry, consumer.queue, consumer)
+        message = entry.message
+        session.link.send(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
+                          *link.message_parts(message.route, message.header, message.body))
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.session.consumers.pop(self.id, None)
+        self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
+
+
+class Session:
+    def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
+        self.broker = broker
+        self.link = server_link
+        self.unacked: dict[int, tuple[Entry, Queue, Consumer]] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
+        self._handlers = {link.PUBLISH: self._publish, link.CONSUME: self._consume, link.CANCEL: self._cancel,
+                          link.SETTLE: self._settle, link.CREDIT: self._credit}
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        self._handlers[ftype](payload)
+        self.broker.flush_dirty()
+
+    # -- publishes ----------------------------------------------------------------------------
+
+    def _publish(self, payload: bytes) -> None:
+        seq, qid_len = link.PUBLISH_HEAD.unpack_from(payload)
+        pos = link.PUBLISH_HEAD.size
+        vhost_name, _, name = payload[pos:pos + qid_len].decode().partition("\0")
+        route, header, body = link.read_message(payload, pos + qid_len)
+        ex_len = route[0]
+        message = Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
+                          route, header, body)
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if queue is None or isinstance(queue, RemoteQueue) or queue.deleted:
+            status = link.CONFIRM_NO_QUEUE
+        else:
+            status = link.CONFIRM_OK if queue.enqueue(message) else link.CONFIRM_REJECTED
+        if not seq:
+            return
+        if message.msg_id:
+            persistence = self.broker.persistence
+            self.unsynced.append((seq, status, persistence.batch))
+            persistence.waiters.add(self)
+        else:
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+
+    def synced(self, batch: int) -> None:
+        """Group commit ``batch`` is on disk: confirm the publishes that waited for it."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][2] <= batch:
+            seq, status, _ = unsynced.popleft()
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def _consume(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        consumer_id = request["id"]
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            what = errors.resource_name("queue", queue.name, queue.vhost)
+            if request["exclusive"] and queue.consumers or any(c.exclusive for c in queue.consumers):
+                raise errors.access_refused(f"{what} in exclusive use")
+        except AMQPError as exc:
+            self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
+            return
+        consumer = Consumer(request["tag"], RemoteConsumerChannel(self, consumer_id), queue, False,
+                            request["exclusive"], request["arguments"], request["prefetch"], b"")  # type: ignore
+        self.consumers[consumer_id] = consumer
+        queue.add_consumer(consumer)
+        self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))
+        queue.run()
+
+    def _local_queue(self, vhost_name: str, name: str) -> Queue:
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if queue is None or isinstance(queue, RemoteQueue):
+            raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
+        return queue
+
+    def _cancel(self, payload: bytes) -> None:
+        consumer = self.consumers.pop(link.ID.unpack(payload)[0], None)
+        if consumer is not None:
+            self._remove(consumer)
+
+    def _remove(self, consumer: Consumer) -> None:
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
+        self.broker.consumer_left(queue)
+
+    def _credit(self, payload: bytes) -> None:
+        consumer_id, count = link.CREDIT_BODY.unpack(payload)
+        consumer = self.consumers.get(consumer_id)
+        if consumer is not None:
+            consumer.channel.in_flight -= count
+            consumer.queue.run()
+
+    def _settle(self, payload: bytes) -> None:
+        mode = payload[0]
+        unacked = self.unacked
+        taken = []
+        for pos in range(1, len(payload), link.TAG.size):
+            item = unacked.pop(link.TAG.unpack_from(payload, pos)[0], None)
+            if item is not None:  # unknown: from before a reconnect, already requeued
+                taken.append(item)
+        self._give_back(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+
+    def _give_back(self, taken: list[tuple[Entry, Queue, Consumer]], requeue: bool, reject: bool) -> None:
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry, queue, consumer in taken:
+            consumer.unacked -= 1
+            by_queue.setdefault(queue, []).append(entry)
+        for queue, entries in by_queue.items():
+            self.broker.settle(queue, entries, requeue, reject)
+
+    def writable(self) -> None:
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.run()
+
+    def closed(self) -> None:
+        """The other node went away: what it held unacked goes back to the queues, its consumers leave."""
+        log.info("link from node %s closed", self.link.peer_name)
+        self.broker.persistence.waiters.discard(self)
+        for consumer in list(self.consumers.values()):
+            self._remove(consumer)
+        self.consumers.clear()
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        self._give_back(taken, True, False)
+        self.broker.flush_dirty()
+
+    def describe(self) -> dict[str, Any]:
+        return {"node": self.link.peer_name, "consumers": len(self.consumers), "unacked": len(self.unacked)}

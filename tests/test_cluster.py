@@ -1,0 +1,267 @@
+"""Three Warren nodes and an etcd they agree through, all real processes on loopback ports."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+
+from conftest import BrokerProcess, free_port
+
+ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+pytestmark = pytest.mark.skipif(ETCD is None, reason="etcd not installed (Debian package etcd-server)")
+SECRET = "test-cluster-secret"
+
+
+class Etcd:
+    def __init__(self, data_dir: Path) -> None:
+        self.port, peer = free_port(), free_port()
+        self.log = open(data_dir.parent / "etcd.log", "wb")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "warren-test", "--data-dir", str(data_dir),
+             "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"warren-test=http://127.0.0.1:{peer}"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError("etcd did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self.log.close()
+
+
+def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0) -> BrokerProcess:
+    node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
+        "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+        "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
+    node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
+    return node.start()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    etcd = Etcd(tmp / "etcd")
+    nodes = [start_node(tmp, etcd, i) for i in (1, 2, 3)]
+    wait_for(lambda: all(len(running_nodes(n)) == 3 for n in nodes), "nodes see each other")
+    yield etcd, nodes
+    for node in nodes:
+        node.stop()
+    etcd.stop()
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+def api(node: BrokerProcess, path: str) -> object:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.load(reply)
+
+
+def running_nodes(node: BrokerProcess) -> list[str]:
+    return [n["name"] for n in api(node, "/nodes") if n["running"]]
+
+
+def connect(node: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+
+
+def pump(connection: pika.BlockingConnection, done: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.1)
+
+
+def passive(node: BrokerProcess, queue: str) -> int:
+    with connect(node) as connection:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+
+
+def test_declared_queue_is_visible_on_every_node(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    for node in (n2, n3):
+        wait_for(lambda: passive(node, uid) == 0, f"{uid} visible on {node.port}")
+        info = api(node, f"/queues/%2F/{uid}")
+        assert info["node"] == "warren1@localhost" and info["state"] == "running"
+
+
+def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_third(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid)
+        ch.queue_bind(uid, "amq.direct", routing_key=uid)
+    wait_for(lambda: passive(n2, uid) == 0 and passive(n3, uid) == 0, "queue everywhere")
+    consumer = connect(n3)
+    cch = consumer.channel()
+    cch.basic_qos(prefetch_count=10)
+    publisher = connect(n2)
+    pch = publisher.channel()
+    pch.confirm_delivery()
+    for i in range(50):
+        pch.basic_publish("amq.direct", uid, f"m{i}".encode(), mandatory=True)  # confirmed, else raises
+    received = []
+    for method, _, body in cch.consume(uid, inactivity_timeout=10):
+        assert method is not None, f"only {len(received)} messages arrived"
+        received.append(body.decode())
+        cch.basic_ack(method.delivery_tag)
+        if len(received) == 50:
+            break
+    assert received == [f"m{i}" for i in range(50)]  # order kept across three nodes
+    cch.cancel()
+    assert passive(n1, uid) == 0  # acked end to end: nothing left at the owner
+    consumer.close()
+    publisher.close()
+
+
+def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": uid + "-dl"})
+        ch.queue_declare(uid + "-dl")
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish("", uid, f"m{i}".encode())
+    wait_for(lambda: passive(n2, uid) >= 0, "queue on node 2")
+    connection = connect(n2)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=3)
+    deliveries = []
+    ch.basic_consume(uid, lambda c, m, p, b: deliveries.append((m, b)))
+    pump(connection, lambda: len(deliveries) >= 3)
+    connection.process_data_events(time_limit=0.5)
+    assert len(deliveries) == 3  # prefetch honoured across the link
+    first, second, third = deliveries
+    ch.basic_reject(first[0].delivery_tag, requeue=False)  # dead-lettered at the owner
+    ch.basic_nack(second[0].delivery_tag, requeue=True)  # back to its place, redelivered
+    pump(connection, lambda: len(deliveries) >= 5)
+    connection.process_data_events(time_limit=0.5)
+    assert len(deliveries) == 5
+    redelivered = [m for m, b in deliveries[3:] if b == second[1]]
+    assert redelivered and redelivered[0].redelivered
+    wait_for(lambda: passive(n1, uid + "-dl") == 1, "rejected message dead-lettered at the owner")
+    connection.close()  # unacked go back
+    wait_for(lambda: passive(n1, uid) == 9, "unacked requeued at the owner")
+
+
+def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    results: dict[int, object] = {}
+
+    def declare(node: BrokerProcess, ttl: int) -> None:
+        try:
+            with connect(node) as connection:
+                connection.channel().queue_declare(uid, durable=True, arguments={"x-message-ttl": ttl})
+            results[ttl] = "ok"
+        except ChannelClosedByBroker as exc:
+            results[ttl] = exc.reply_code
+
+    threads = [threading.Thread(target=declare, args=(n, ttl)) for n, ttl in ((n1, 1000), (n2, 2000))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results.values(), key=str) == [406, "ok"], results
+    winner = next(ttl for ttl, result in results.items() if result == "ok")
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
+                 f"one definition on {node.port}")
+
+
+def test_node_down_then_back(cluster, tmp_path_factory, uid):
+    etcd, nodes = cluster
+    n1, n2, n3 = nodes
+    with connect(n3) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True)
+        ch.confirm_delivery()
+        for i in range(20):
+            ch.basic_publish("", uid, f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n1, uid) == 20, "queue of node 3 visible on node 1")
+    connection = connect(n1)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=1)
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    ch.basic_consume(uid, lambda c, m, p, b: None)
+    connection.process_data_events(time_limit=0.5)
+    n3.kill()
+    pump(connection, lambda: bool(cancelled), 10)
+    assert cancelled, "consumer on node 1 got no basic.cancel when the owner died"
+    with pytest.raises(ChannelClosedByBroker) as info:
+        connection.channel().queue_declare(uid, passive=True)
+    assert info.value.reply_code == 404
+    assert "home node 'warren3@localhost' of durable queue" in info.value.reply_text
+    assert "is down or inaccessible" in info.value.reply_text
+    assert api(n2, f"/queues/%2F/{uid}")["state"] == "down"
+    pch = connection.channel()
+    pch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        pch.basic_publish("", uid, b"nowhere", mandatory=True)
+    connection.close()
+    nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
+    wait_for(lambda: passive(n1, uid) == 20, "durable messages back after restart", timeout=20)
+    with connect(n2) as connection:
+        ch = connection.channel()
+        bodies = []
+        for method, _, body in ch.consume(uid, inactivity_timeout=10):
+            assert method is not None
+            bodies.append(body.decode())
+            ch.basic_ack(method.delivery_tag)
+            if len(bodies) == 20:
+                break
+        assert bodies == [f"p{i}" for i in range(20)]
+
+
+def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
+    etcd, nodes = cluster
+    n1, n2, n3 = nodes
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid + "-gone", durable=True)
+    wait_for(lambda: passive(n2, uid + "-gone") == 0, "queue on node 2")
+    n2.stop()
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid + "-new", durable=True)
+        ch.queue_bind(uid + "-new", "amq.fanout")
+        ch.queue_delete(uid + "-gone")
+    nodes[1] = start_node(n2.data_dir.parent, etcd, 2, port=n2.port, link_port=n2.link_port)
+    wait_for(lambda: passive(nodes[1], uid + "-new") == 0, "missed declaration applied")
+    with pytest.raises(ChannelClosedByBroker) as info:
+        passive(nodes[1], uid + "-gone")
+    assert info.value.reply_code == 404
+    bindings = api(nodes[1], f"/queues/%2F/{uid}-new/bindings")
+    assert any(b["source"] == "amq.fanout" for b in bindings)
