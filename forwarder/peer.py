@@ -186,7 +186,6 @@ class Peer:
             self._cancelled(link.ID.unpack(payload)[0])
         elif ftype == link.STATS:
             self.stats = json.loads(payload)
-        self.broker.flush_dirty()
 
     def _deliver(self, payload: bytes) -> None:
         consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)

@@ -72,7 +72,6 @@ class Session:
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self._handlers[ftype](payload)
-        self.broker.flush_dirty()
 
     # -- publishes ----------------------------------------------------------------------------
 
