@@ -519,6 +519,23 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
+    async def fetch(self, vhost: VHost, name: str, no_ack: bool,
+                    owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
+        """basic.get on any queue, one owned by another node (cluster mode) included."""
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.basic_get(vhost, name, no_ack, owner)
+        self.check_exclusive(queue, owner)
+        return queue, await queue.fetch(no_ack)
+
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
+        """queue.purge on any queue, one owned by another node (cluster mode) included."""
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.purge_queue(vhost, name, owner)
+        self.check_exclusive(queue, owner)
+        return await queue.purge_remote()
+
     @staticmethod
     def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
         """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued."""

@@ -462,7 +462,17 @@ class Channel:
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        count = self.broker.purge_queue(self.vhost, name, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_purge(m, name))
+            return
+        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection))
+
+    async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
+        count = await self.broker.purge_anywhere(self.vhost, name, self.connection)
+        if self.open:
+            self._purged(m, count)
+
+    def _purged(self, m: commands.Queue.Purge, count: int) -> None:
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(message_count=count))
 
@@ -525,7 +535,20 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        queue, entry = self.broker.basic_get(self.vhost, name, m.no_ack, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_get(m, name))
+            return
+        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection))
+
+    async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
+        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection)
+        if not self.open:
+            if entry is not None and not m.no_ack:
+                self.broker.settle(queue, [entry], requeue=True)
+            return
+        self._got(m, queue, entry)
+
+    def _got(self, m: commands.Basic.Get, queue: Queue, entry: Entry | None) -> None:
         if entry is None:
             self.reply(commands.Basic.GetEmpty())
             return

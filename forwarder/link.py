@@ -21,6 +21,8 @@ import os
 import struct
 from typing import Any, Callable
 
+from amqp_server.message import Message
+
 log = logging.getLogger("warren.forwarder.link")
 
 FRAME = struct.Struct(">IB")  # payload length, frame type
@@ -33,6 +35,8 @@ CHALLENGE, AUTH, AUTH_OK = 1, 2, 3
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
+REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
+REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
 
 PUBLISH_HEAD = struct.Struct(">QH")  # link seq (0: no confirm wanted), queue id length
@@ -51,12 +55,14 @@ def message_parts(route: bytes, header: bytes, body: bytes) -> tuple[bytes, byte
     return MESSAGE.pack(len(route), len(header)), route, header, body
 
 
-def read_message(payload: bytes, pos: int) -> tuple[bytes, bytes, bytes]:
+def read_message(payload: bytes, pos: int) -> Message:
     route_len, header_len = MESSAGE.unpack_from(payload, pos)
     pos += MESSAGE.size
     route = payload[pos:pos + route_len]
     pos += route_len
-    return route, payload[pos:pos + header_len], payload[pos + header_len:]
+    ex_len = route[0]
+    return Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
+                   route, payload[pos:pos + header_len], payload[pos + header_len:])
 
 
 def encode_json(value: Any) -> bytes:

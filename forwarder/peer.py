@@ -13,6 +13,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from amqp_server import errors
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry
 
@@ -46,6 +47,7 @@ class Peer:
         self._flush_scheduled = False
         self._holding = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
+        self._requests: dict[int, asyncio.Future] = {}
         self._dialer: asyncio.Task | None = None
 
     # -- the link -----------------------------------------------------------------------------
@@ -94,6 +96,11 @@ class Peer:
         pending, self._pending = self._pending, {}
         for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_result(({"error": [errors.NOT_FOUND, f"home node '{self.name}' is down or inaccessible"]},
+                                   None))
         consumers, self.consumers = self.consumers, {}
         for queue, remote in consumers.values():
             queue.cancelled(remote.consumer)
@@ -142,6 +149,22 @@ class Peer:
             self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
             remote.buffer.clear()
 
+    async def request(self, request: dict[str, Any]) -> tuple[dict[str, Any], Message | None]:
+        """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
+        if self.link is None or not self.up:
+            raise errors.not_found(f"home node '{self.name}' of queue '{request['queue']}' in vhost "
+                                   f"'{request['vhost']}' is down or inaccessible")
+        request["rid"] = rid = next(self._ids)
+        future = self._requests[rid] = asyncio.get_running_loop().create_future()
+        self.link.send(link.REQUEST, link.encode_json(request))
+        reply, message = await future
+        if reply.get("error"):
+            code, text = reply["error"]
+            raise errors.ChannelError(code, text.split(" - ", 1)[-1])
+        if "count" in reply and "key" in reply:
+            self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
+        return reply, message
+
     def settle(self, mode: int, entries: list[Entry]) -> None:
         if self.link is not None and entries:
             self.link.send(link.SETTLE, bytes((mode,)), b"".join(link.TAG.pack(e.seq) for e in entries))
@@ -186,6 +209,19 @@ class Peer:
             self._cancelled(link.ID.unpack(payload)[0])
         elif ftype == link.STATS:
             self.stats = json.loads(payload)
+        elif ftype == link.REPLY:
+            self._reply(payload)
+
+    def _reply(self, payload: bytes) -> None:
+        size = link.REPLY_HEAD.unpack_from(payload)[0]
+        start = link.REPLY_HEAD.size
+        reply = json.loads(payload[start:start + size])
+        message = None
+        if len(payload) > start + size:
+            message = link.read_message(payload, start + size)
+        future = self._requests.pop(reply["rid"], None)
+        if future is not None and not future.done():
+            future.set_result((reply, message))
 
     def _deliver(self, payload: bytes) -> None:
         consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)
@@ -193,11 +229,8 @@ class Peer:
         if found is None:  # cancelled meanwhile: back to the queue
             self.link.send(link.SETTLE, bytes((link.SETTLE_REQUEUE,)), link.TAG.pack(tag))
             return
-        route, header, body = link.read_message(payload, link.DELIVER_HEAD.size)
-        ex_len = route[0]
-        message = Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
-                          route, header, body)
         queue, remote = found
+        message = link.read_message(payload, link.DELIVER_HEAD.size)
         queue.delivered(remote, Entry(tag, message, bool(redelivered)))
 
     def _cancelled(self, consumer_id: int) -> None:

@@ -39,7 +39,7 @@ class RemoteQueue(Queue):
         self.peer = peer
         self.key = f"{vhost}\0{name}"
         self.qid = self.key.encode()
-        self.remote: dict[Consumer, RemoteConsumer] = {}
+        self.by_consumer: dict[Consumer, RemoteConsumer] = {}
 
     @property
     def node(self) -> str:
@@ -49,9 +49,11 @@ class RemoteQueue(Queue):
     def available(self) -> bool:  # type: ignore[override]
         return self.peer.up
 
+    remote = True
+
     @property
     def message_count(self) -> int:  # type: ignore[override]
-        """As the owner last reported it (every second)."""
+        """As the owner last reported it (every second, and with every basic.get)."""
         return self.peer.stats.get(self.key, (0, 0))[0]
 
     def __repr__(self) -> str:
@@ -70,11 +72,11 @@ class RemoteQueue(Queue):
 
     def add_consumer(self, consumer: Consumer) -> None:
         super().add_consumer(consumer)
-        self.remote[consumer] = self.peer.consume(self, consumer)
+        self.by_consumer[consumer] = self.peer.consume(self, consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         super().remove_consumer(consumer)
-        remote = self.remote.pop(consumer, None)
+        remote = self.by_consumer.pop(consumer, None)
         if remote is not None:
             self.peer.cancel(remote)
 
@@ -94,14 +96,14 @@ class RemoteQueue(Queue):
 
     def run(self) -> None:
         """Credit came back (ack, QoS, writes drained): pass buffered deliveries on."""
-        for remote in list(self.remote.values()):
+        for remote in list(self.by_consumer.values()):
             if remote.buffer:
                 self._drain(remote)
 
     def cancelled(self, consumer: Consumer) -> None:
         """The owner cancelled the consumer (queue deleted, refused) or went down."""
         Queue.remove_consumer(self, consumer)
-        self.remote.pop(consumer, None)
+        self.by_consumer.pop(consumer, None)
         consumer.channel.consumer_cancelled_by_broker(consumer)
 
     # -- settling -----------------------------------------------------------------------------
@@ -115,14 +117,21 @@ class RemoteQueue(Queue):
     def reject(self, entries: list[Entry]) -> None:
         self.peer.settle(link.SETTLE_REJECT, entries)
 
-    def get(self, no_ack: bool) -> Entry | None:
-        """basic.get is served by the owner node only (not forwarded yet): nothing here."""
-        return None
+    async def fetch(self, no_ack: bool) -> Entry | None:
+        """basic.get at the owner: the entry stays unacked there until settled from here."""
+        reply, message = await self.peer.request({"op": "get", "vhost": self.vhost, "queue": self.name})
+        if message is None:
+            return None
+        entry = Entry(reply["tag"], message, reply["redelivered"])
+        if no_ack:
+            self.peer.settle(link.SETTLE_ACK, [entry])
+        return entry
 
-    def purge(self) -> int:
-        return 0
+    async def purge_remote(self) -> int:
+        reply, _ = await self.peer.request({"op": "purge", "vhost": self.vhost, "queue": self.name})
+        return reply["count"]
 
     def drop_all(self) -> None:
-        for remote in self.remote.values():
+        for remote in self.by_consumer.values():
             self.peer.cancel(remote)
-        self.remote.clear()
+        self.by_consumer.clear()

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
-from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 
 from . import link
@@ -64,11 +63,12 @@ class Session:
     def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
         self.broker = broker
         self.link = server_link
-        self.unacked: dict[int, tuple[Entry, Queue, Consumer]] = {}
+        self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
+        self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
         self._handlers = {link.PUBLISH: self._publish, link.CONSUME: self._consume, link.CANCEL: self._cancel,
-                          link.SETTLE: self._settle, link.CREDIT: self._credit}
+                          link.SETTLE: self._settle, link.CREDIT: self._credit, link.REQUEST: self._request}
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self._handlers[ftype](payload)
@@ -78,14 +78,16 @@ class Session:
     def _publish(self, payload: bytes) -> None:
         seq, qid_len = link.PUBLISH_HEAD.unpack_from(payload)
         pos = link.PUBLISH_HEAD.size
-        vhost_name, _, name = payload[pos:pos + qid_len].decode().partition("\0")
-        route, header, body = link.read_message(payload, pos + qid_len)
-        ex_len = route[0]
-        message = Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
-                          route, header, body)
-        vhost = self.broker.vhosts.get(vhost_name)
-        queue = vhost.queues.get(name) if vhost is not None else None
-        if queue is None or isinstance(queue, RemoteQueue) or queue.deleted:
+        qid = payload[pos:pos + qid_len]
+        message = link.read_message(payload, pos + qid_len)
+        queue = self._queues.get(qid)
+        if queue is None or queue.deleted:
+            vhost_name, _, name = qid.decode().partition("\0")
+            try:
+                queue = self._queues[qid] = self._local_queue(vhost_name, name)
+            except AMQPError:
+                queue = None
+        if queue is None:
             status = link.CONFIRM_NO_QUEUE
         else:
             status = link.CONFIRM_OK if queue.enqueue(message) else link.CONFIRM_REJECTED
@@ -161,13 +163,36 @@ class Session:
                 taken.append(item)
         self._give_back(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
-    def _give_back(self, taken: list[tuple[Entry, Queue, Consumer]], requeue: bool, reject: bool) -> None:
+    def _give_back(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, reject: bool) -> None:
         by_queue: dict[Queue, list[Entry]] = {}
         for entry, queue, consumer in taken:
-            consumer.unacked -= 1
+            if consumer is not None:  # None: taken by basic.get
+                consumer.unacked -= 1
             by_queue.setdefault(queue, []).append(entry)
         for queue, entries in by_queue.items():
             self.broker.settle(queue, entries, requeue, reject)
+
+    def _request(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
+        parts: tuple[bytes, ...] = ()
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            if request["op"] == "get":
+                entry = queue.get(no_ack=False)
+                if entry is not None:
+                    tag = next(_tags)
+                    self.unacked[tag] = (entry, queue, None)
+                    reply.update(tag=tag, redelivered=entry.redelivered)
+                    message = entry.message
+                    parts = link.message_parts(message.route, message.header, message.body)
+                reply["count"] = queue.message_count
+            else:
+                reply["count"] = queue.purge()
+        except AMQPError as exc:
+            reply["error"] = [exc.code, exc.text]
+        raw = link.encode_json(reply)
+        self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)), raw, *parts)
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:
@@ -184,6 +209,3 @@ class Session:
         self.unacked.clear()
         self._give_back(taken, True, False)
         self.broker.flush_dirty()
-
-    def describe(self) -> dict[str, Any]:
-        return {"node": self.link.peer_name, "consumers": len(self.consumers), "unacked": len(self.unacked)}

@@ -141,7 +141,7 @@ async def get(request: web.Request) -> web.Response:
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
     for _ in range(count):
-        _, entry = broker.basic_get(vhost, queue.name, no_ack=no_ack)
+        _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
         if entry is None:
             break
         taken.append(entry)

@@ -176,6 +176,38 @@ def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     wait_for(lambda: passive(n1, uid) == 9, "unacked requeued at the owner")
 
 
+def test_basic_get_and_purge_through_another_node(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid)
+        ch.confirm_delivery()
+        for i in range(3):
+            ch.basic_publish("", uid, f"m{i}".encode())
+    wait_for(lambda: passive(n2, uid) == 3, "owner's count reported on node 2")
+    with connect(n2) as connection:
+        ch = connection.channel()
+        method, _, body = ch.basic_get(uid)
+        assert body == b"m0" and method.message_count == 2 and not method.redelivered
+        _, _, body = ch.basic_get(uid, auto_ack=True)
+        assert body == b"m1"
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        again, _, body = ch.basic_get(uid, auto_ack=True)
+        assert body == b"m0" and again.redelivered
+        assert ch.queue_purge(uid).method.message_count == 1
+        assert ch.basic_get(uid) == (None, None, None)
+    assert passive(n1, uid) == 0
+    with connect(n1) as connection:
+        connection.channel().basic_publish("", uid, b"over http")
+    request = urllib.request.Request(f"http://127.0.0.1:{n3.mgmt_port}/api/queues/%2F/{uid}/get", method="POST",
+                                     data=json.dumps({"count": 5, "ackmode": "ack_requeue_false",
+                                                      "encoding": "auto"}).encode())
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert [m["payload"] for m in json.load(reply)] == ["over http"]
+    assert passive(n1, uid) == 0
+
+
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
     _, (n1, n2, n3) = cluster
     results: dict[int, object] = {}
@@ -204,12 +236,14 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
     etcd, nodes = cluster
     n1, n2, n3 = nodes
     with connect(n3) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    wait_for(lambda: passive(n1, uid) == 0, "queue of node 3 visible on node 1")
+    with connect(n1) as connection:  # confirmed only once node 3 has them on disk
         ch = connection.channel()
-        ch.queue_declare(uid, durable=True)
         ch.confirm_delivery()
         for i in range(20):
             ch.basic_publish("", uid, f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
-    wait_for(lambda: passive(n1, uid) == 20, "queue of node 3 visible on node 1")
+    wait_for(lambda: passive(n1, uid) == 20, "count reported")
     connection = connect(n1)
     ch = connection.channel()
     ch.basic_qos(prefetch_count=1)
@@ -217,7 +251,7 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
     ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
     ch.basic_consume(uid, lambda c, m, p, b: None)
     connection.process_data_events(time_limit=0.5)
-    n3.kill()
+    n3.kill()  # kill -9: one message unacked on node 1's consumer, all 20 on node 3's disk
     pump(connection, lambda: bool(cancelled), 10)
     assert cancelled, "consumer on node 1 got no basic.cancel when the owner died"
     with pytest.raises(ChannelClosedByBroker) as info:
