@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 import aetcd
 
 from amqp_server import errors, queue_args
+from amqp_server.auth import Permissions, User
 from amqp_server.errors import AMQPError
 
 from .link import STATS, ServerLink, encode_json
@@ -34,6 +35,7 @@ AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 BALANCED = ("balanced", "least-leaders", "random")
+ACCESS_KINDS = ("user", "vhost", "permission")
 
 
 class Cluster:
@@ -58,8 +60,9 @@ class Cluster:
     async def start(self) -> None:
         """Definitions from the mirror first (no etcd needed), then links, then etcd's current state."""
         self.broker.cluster = self
-        for kind, record in self.metadata.mirrored():
-            self.apply(kind, record, None)
+        self.broker.access.listener = self
+        for kind, key, record in self.metadata.mirrored():
+            self.apply(kind, key, record, None)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ServerLink(self.secret, self.name, self._session),
                                                 self.config.bind, self.link_port, reuse_address=True)
@@ -151,31 +154,51 @@ class Cluster:
         record = {"vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
                   "arguments": arguments, "node": self._place(arguments)}
         try:
-            current = await asyncio.wait_for(
-                self.metadata.create("queue", json.dumps([vhost.name, name]), record), AGREE_TIMEOUT)
+            key = json.dumps([vhost.name, name])  # the broker's key for a queue
+            current = await asyncio.wait_for(self.metadata.create("queue", key, record), AGREE_TIMEOUT)
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
-        self.apply("queue", current, None)
+        self.apply("queue", key, current, None)
 
     # -- definitions agreed elsewhere ---------------------------------------------------------
 
-    def apply(self, kind: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-        record = new if new is not None else old
-        vhost = self.broker.vhosts.get(record["vhost"])
-        if vhost is None:
-            return  # vhosts are not replicated (yet): a vhost unknown here has nothing to apply to
+    def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        """A definition changed in etcd (``new`` None: deleted): make this node's the same."""
         self.applying = True
         try:
-            if new is not None:
-                getattr(self, f"_put_{kind}")(vhost, new)
+            if kind in ACCESS_KINDS:
+                self._apply_access(kind, key, new, old)
             else:
-                getattr(self, f"_delete_{kind}")(vhost, old)
+                record = new if new is not None else old
+                vhost = self.broker.vhosts.get(record["vhost"])
+                if vhost is None:
+                    return  # its vhost is gone (or not yet here): nothing to apply to
+                if new is not None:
+                    getattr(self, f"_put_{kind}")(vhost, new)
+                else:
+                    getattr(self, f"_delete_{kind}")(vhost, old)
         except AMQPError as exc:
-            log.warning("cannot apply %s %s: %s", kind, record, exc.text)
+            log.warning("cannot apply %s %s: %s", kind, key, exc.text)
         finally:
             self.applying = False
-        self.broker.flush_dirty()
+
+    def _apply_access(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        access = self.broker.access
+        if kind == "user":
+            if new is None:
+                access.delete_user(key)
+            else:
+                access.put_user(User(key, new["password_hash"], list(new.get("tags", []))))
+        elif kind == "vhost":
+            if new is None:
+                self.broker.delete_vhost(old["name"])
+            else:
+                self.broker.add_vhost(new["name"])
+        elif new is None:
+            access.clear_permissions(old["vhost"], old["user"])
+        else:
+            access.set_permissions(new["vhost"], new["user"], Permissions(new["configure"], new["write"], new["read"]))
 
     def _put_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
         name, node = record["name"], record["node"]

@@ -29,9 +29,9 @@ log = logging.getLogger("warren.forwarder.metadata")
 DEF_PREFIX = b"/warren/def/"
 MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"record", "revision"}
 RETRY_INTERVAL = 1.0
-ORDER = {"exchange": 0, "queue": 1, "binding": 2}  # apply order: bindings after their ends
+ORDER = {"vhost": 0, "user": 1, "permission": 2, "exchange": 3, "queue": 4, "binding": 5}  # dependencies first
 
-Apply = Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None]  # kind, new (None: deleted), old
+Apply = Callable[[str, str, dict[str, Any] | None, dict[str, Any] | None], None]  # kind, key, new (None: gone), old
 
 
 def etcd_key(kind: str, key: str) -> bytes:
@@ -40,6 +40,11 @@ def etcd_key(kind: str, key: str) -> bytes:
 
 def _kind(etcd_key_: bytes) -> str:
     return etcd_key_[len(DEF_PREFIX):].decode().split("/", 1)[0]
+
+
+def _name(etcd_key_: bytes) -> str:
+    """The definition's key within its kind (a user's name, a vhost's escaped name, ...)."""
+    return etcd_key_[len(DEF_PREFIX):].decode().split("/", 1)[1]
 
 
 class Metadata:
@@ -53,10 +58,10 @@ class Metadata:
 
     # -- the local mirror ---------------------------------------------------------------------
 
-    def mirrored(self) -> list[tuple[str, dict[str, Any]]]:
-        """(kind, record) of every mirrored definition, bindings after what they bind."""
-        records = [(_kind(k.encode()), v["record"]) for k, v in self.store.items(MIRROR)]
-        return sorted(records, key=lambda kr: ORDER.get(kr[0], 3))
+    def mirrored(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(kind, key, record) of every mirrored definition, each after what it depends on."""
+        records = [(_kind(k.encode()), _name(k.encode()), v["record"]) for k, v in self.store.items(MIRROR)]
+        return sorted(records, key=lambda kr: ORDER.get(kr[0], 9))
 
     def _mirror(self, key: bytes, record: dict[str, Any] | None, revision: int) -> None:
         if record is None:
@@ -143,14 +148,14 @@ class Metadata:
                 return  # our own write, or seen already
             record = json.loads(event.kv.value)
             self._mirror(key, record, revision)
-            self.apply(_kind(key), record, saved["record"] if saved else None)
+            self.apply(_kind(key), _name(key), record, saved["record"] if saved else None)
         else:
             if saved is not None and saved["revision"] > revision:
                 return  # re-created since
             self._mirror(key, None, revision)
             old = saved["record"] if saved else (json.loads(event.prev_kv.value) if event.prev_kv else None)
             if old is not None:
-                self.apply(_kind(key), None, old)
+                self.apply(_kind(key), _name(key), None, old)
 
     async def _reload(self) -> int:
         """Apply etcd's whole current state; returns its revision."""
@@ -162,11 +167,11 @@ class Metadata:
         for key, saved in list(self.store.items(MIRROR)):
             if key not in present:
                 self._mirror(key.encode(), None, revision)
-                self.apply(_kind(key.encode()), None, saved["record"])
-        for key, record in sorted(present.items(), key=lambda kv: ORDER.get(_kind(kv[0].encode()), 3)):
+                self.apply(_kind(key.encode()), _name(key.encode()), None, saved["record"])
+        for key, record in sorted(present.items(), key=lambda kv: ORDER.get(_kind(kv[0].encode()), 9)):
             saved = self.store.get(MIRROR, key)
             self._mirror(key.encode(), record, revision)
             if saved is None or saved["record"] != record:
-                self.apply(_kind(key.encode()), record, saved["record"] if saved else None)
+                self.apply(_kind(key.encode()), _name(key.encode()), record, saved["record"] if saved else None)
         self.caught_up.set()
         return revision

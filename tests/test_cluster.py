@@ -208,6 +208,36 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
     assert passive(n1, uid) == 0
 
 
+def api_put(node: BrokerProcess, path: str, body: dict, method: str = "PUT") -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    user, vhost = f"u-{uid}", f"v-{uid}"
+    api_put(n1, f"/vhosts/{vhost}", {})
+    api_put(n1, f"/users/{user}", {"password": "secret", "tags": ""})
+    api_put(n1, f"/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+    params = pika.ConnectionParameters("127.0.0.1", n2.port, vhost, pika.PlainCredentials(user, "secret"))
+
+    def declare_on_node2() -> bool:
+        with pika.BlockingConnection(params) as connection:
+            connection.channel().queue_declare("in-" + vhost)
+        return True
+
+    wait_for(declare_on_node2, "user, vhost and permissions usable on node 2")
+    wait_for(lambda: api(n3, f"/queues/{vhost}/in-{vhost}")["node"] == "warren2@localhost", "queue seen on node 3")
+    api_put(n3, f"/users/{user}", None, method="DELETE")
+    wait_for(lambda: not any(u["name"] == user for u in api(n1, "/users")), "user deleted everywhere")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port, vhost,
+                                                          pika.PlainCredentials(user, "secret")))
+
+
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
     _, (n1, n2, n3) = cluster
     results: dict[int, object] = {}
