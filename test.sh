@@ -12,4 +12,9 @@ if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hyp
   .venv/bin/pip install -q -e '.[test]'
   touch .venv/.installed-test
 fi
+# The cluster tests start their own etcd (Debian's etcd-server); without it they are skipped.
+if ! command -v etcd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  { apt-get install -y -q etcd-server || sudo -n apt-get install -y -q etcd-server; } >/dev/null 2>&1 \
+    || echo "test.sh: could not install etcd-server; cluster tests will be skipped" >&2
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
+import struct
 from typing import TYPE_CHECKING, Any
 
 from amqp_server import errors
@@ -43,7 +44,7 @@ class Peer:
         self._ids = itertools.count(1)
         self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
         self._credit: dict[int, int] = {}
-        self._acks: list[bytes] = []
+        self._acks: list[int] = []
         self._flush_scheduled = False
         self._holding = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
@@ -166,14 +167,17 @@ class Peer:
         return reply, message
 
     def settle(self, mode: int, entries: list[Entry]) -> None:
-        if self.link is not None and entries:
-            self.link.send(link.SETTLE, bytes((mode,)), b"".join(link.TAG.pack(e.seq) for e in entries))
+        self.settle_tags(mode, [e.seq for e in entries])
+
+    def settle_tags(self, mode: int, tags: list[int]) -> None:
+        if self.link is not None and tags:
+            self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
         """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""
         self._credit[remote.id] = self._credit.get(remote.id, 0) + 1
         if no_ack:
-            self._acks.append(link.TAG.pack(entry.seq))
+            self._acks.append(entry.seq)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -184,7 +188,7 @@ class Peer:
         if client is None:
             return
         if self._acks:
-            client.send(link.SETTLE, bytes((link.SETTLE_ACK,)), b"".join(self._acks))
+            self.settle_tags(link.SETTLE_ACK, self._acks)
             self._acks.clear()
         for consumer_id, count in self._credit.items():
             client.send(link.CREDIT, link.CREDIT_BODY.pack(consumer_id, count))
@@ -227,7 +231,7 @@ class Peer:
         consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)
         found = self.consumers.get(consumer_id)
         if found is None:  # cancelled meanwhile: back to the queue
-            self.link.send(link.SETTLE, bytes((link.SETTLE_REQUEUE,)), link.TAG.pack(tag))
+            self.settle_tags(link.SETTLE_REQUEUE, [tag])
             return
         queue, remote = found
         message = link.read_message(payload, link.DELIVER_HEAD.size)

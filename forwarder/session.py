@@ -155,10 +155,10 @@ class Session:
 
     def _settle(self, payload: bytes) -> None:
         mode = payload[0]
-        unacked = self.unacked
+        pop = self.unacked.pop
         taken = []
-        for pos in range(1, len(payload), link.TAG.size):
-            item = unacked.pop(link.TAG.unpack_from(payload, pos)[0], None)
+        for (tag,) in link.TAG.iter_unpack(payload[1:]):
+            item = pop(tag, None)
             if item is not None:  # unknown: from before a reconnect, already requeued
                 taken.append(item)
         self._give_back(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
