@@ -8,7 +8,8 @@ event-loop turn go out in one write (batched), nothing waits for a reply before 
 
 A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
 random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
-knows the secret the same way.  Nothing else is read before that.
+knows the secret the same way.  Nothing else is read before that.  Heartbeats every second
+notice a peer that vanished without closing its socket (a dead host) within five seconds.
 """
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ MESSAGE = struct.Struct(">HI")  # route length, header length; then route, heade
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 MAX_FRAME = 256 * 1024 * 1024
 
+HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
+HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
+
 # frame types
-CHALLENGE, AUTH, AUTH_OK = 1, 2, 3
+CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
@@ -86,11 +90,30 @@ class FrameLink(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
+        self._heard = True
+        self._quiet_ticks = 0
+        self._sent = False
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.transport = transport  # type: ignore[assignment]
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if self.transport is None:
+            return
+        self._quiet_ticks = 0 if self._heard else self._quiet_ticks + 1
+        self._heard = False
+        if self._quiet_ticks >= HEARTBEAT_MISSES:
+            log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
+                        HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
+            self.transport.abort()
+            return
+        if not self._sent:
+            self.send(HEARTBEAT)
+        self._sent = False
+        asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -123,9 +146,11 @@ class FrameLink(asyncio.Protocol):
         self._scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self._out))
+            self._sent = True
         self._out.clear()
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         buf = self._buf
         buf += data
         pos = 0
@@ -140,6 +165,8 @@ class FrameLink(asyncio.Protocol):
                     break
                 payload = bytes(buf[pos + FRAME.size:end])
                 pos = end
+                if ftype == HEARTBEAT:
+                    continue
                 if self.authenticated:
                     self.frame(ftype, payload)
                 else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -329,3 +330,27 @@ def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
     assert info.value.reply_code == 404
     bindings = api(nodes[1], f"/queues/%2F/{uid}-new/bindings")
     assert any(b["source"] == "amq.fanout" for b in bindings)
+
+
+def test_node_that_stops_answering_is_down_within_seconds(cluster, uid):
+    """SIGSTOP: the socket stays open but silent, as with a dead host; heartbeats find it."""
+    _, (n1, n2, _) = cluster
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n1, uid) == 0, "queue of node 2 on node 1")
+    connection = connect(n1)
+    ch = connection.channel()
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    ch.basic_consume(uid, lambda c, m, p, b: None)
+    n2.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pump(connection, lambda: bool(cancelled), 15)
+        assert cancelled, "no basic.cancel after the owner went silent"
+        assert time.monotonic() - started < 10
+        assert api(n1, f"/queues/%2F/{uid}")["state"] == "down"
+    finally:
+        n2.proc.send_signal(signal.SIGCONT)
+    connection.close()
+    wait_for(lambda: passive(n1, uid) == 0, "node 2 back after it answers again", timeout=20)
