@@ -55,6 +55,7 @@ class Cluster:
         self.peers: dict[str, Peer] = {}
         self.sessions: set[Session] = set()
         self.applying = False
+        self._lost: list[tuple["VHost", str]] = []  # transient queues of ours that did not survive a restart
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
@@ -74,6 +75,11 @@ class Cluster:
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             log.error("etcd at %s not reachable (%s): serving the definitions mirrored here", self.config.cluster_etcd,
                       exc or "timeout")
+        lost, self._lost = self._lost, []
+        for vhost, name in lost:  # as in RabbitMQ, a node's transient queues die with it
+            queue = vhost.queues.get(name)
+            if queue is not None and not queue.remote and not queue.durable:
+                self.broker.delete_queue(vhost, name)
         log.info("cluster node %s: links on port %d, %d other node(s) known", self.name, self.link_port,
                  len(self.peers))
 
@@ -207,6 +213,8 @@ class Cluster:
             if existing is None:
                 self.broker.declare_queue(vhost, name, durable=record["durable"], auto_delete=record["auto_delete"],
                                           arguments=record["arguments"])
+                if not record["durable"] and not self.metadata.caught_up.is_set():
+                    self._lost.append((vhost, name))
         elif existing is None:
             vhost.queues[name] = RemoteQueue(name, vhost.name, record["durable"], record["auto_delete"],
                                              record["arguments"],

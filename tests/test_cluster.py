@@ -268,6 +268,7 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
     n1, n2, n3 = nodes
     with connect(n3) as connection:
         connection.channel().queue_declare(uid, durable=True)
+        connection.channel().queue_declare(uid + "-transient")
     wait_for(lambda: passive(n1, uid) == 0, "queue of node 3 visible on node 1")
     with connect(n1) as connection:  # confirmed only once node 3 has them on disk
         ch = connection.channel()
@@ -298,6 +299,15 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
     connection.close()
     nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
     wait_for(lambda: passive(n1, uid) == 20, "durable messages back after restart", timeout=20)
+
+    def transient_gone() -> bool:
+        try:
+            passive(n1, uid + "-transient")
+        except ChannelClosedByBroker as exc:
+            return exc.reply_code == 404 and "no queue" in exc.reply_text
+        return False
+
+    wait_for(transient_gone, "the restarted node's transient queue deleted everywhere")
     with connect(n2) as connection:
         ch = connection.channel()
         bodies = []
