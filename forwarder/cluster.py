@@ -51,7 +51,7 @@ class Cluster:
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
         self.membership = Membership(self.client, self.name, {
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
-            "mgmt_port": config.mgmt_port}, self._joined)
+            "mgmt_port": config.mgmt_port}, self._joined, self._left)
         self.peers: dict[str, Peer] = {}
         self.sessions: set[Session] = set()
         self.applying = False
@@ -103,6 +103,23 @@ class Cluster:
 
     def _joined(self, name: str, address: dict[str, Any]) -> None:
         self.peer(name).connect(address["host"], address["link_port"])
+
+    def _left(self, name: str) -> None:
+        peer = self.peers.pop(name, None)
+        if peer is not None:
+            peer.close()
+            log.info("node %s left the cluster", name)
+
+    async def forget(self, name: str) -> None:
+        """Remove a stopped node for good: its queues (and their bindings) go, then its membership."""
+        peer = self.peers.get(name)
+        if peer is not None and peer.up:
+            raise ValueError(f"node {name} is running: stop it before forgetting it")
+        for vhost in list(self.broker.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                if queue.remote and queue.node == name:
+                    self.broker.delete_queue(vhost, queue.name)
+        await self.membership.forget(name)
 
     def _peer_changed(self, peer: Peer) -> None:
         log.info("node %s is %s", peer.name, "up" if peer.up else "down")

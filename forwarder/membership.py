@@ -26,11 +26,12 @@ RETRY_INTERVAL = 1.0
 
 class Membership:
     def __init__(self, client: aetcd.Client, name: str, address: dict[str, Any],
-                 joined: Callable[[str, dict[str, Any]], None]) -> None:
+                 joined: Callable[[str, dict[str, Any]], None], left: Callable[[str], None]) -> None:
         self.client = client
         self.name = name
         self.address = address
         self.joined = joined  # called for every other node registered, with its address
+        self.left = left  # called for a node forgotten
         self.members: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task] = []
 
@@ -74,12 +75,18 @@ class Membership:
                     if event.kind == rtypes.EventKind.PUT:
                         self._seen(json.loads(event.kv.value))
                     else:
-                        self.members.pop(event.kv.key[len(KNOWN_PREFIX):].decode(), None)
+                        name = event.kv.key[len(KNOWN_PREFIX):].decode()
+                        self.members.pop(name, None)
+                        self.left(name)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("etcd membership watch failed (%s); retrying", exc)
                 await asyncio.sleep(RETRY_INTERVAL)
+
+    async def forget(self, name: str) -> None:
+        await self.client.delete(KNOWN_PREFIX + name.encode())
+        await self.client.delete(NODES_PREFIX + name.encode())
 
     def _seen(self, address: dict[str, Any]) -> None:
         name = address["name"]

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _cmd(sub, common, "status", commands.status, "overview and node health")
+    _cmd(sub, common, "forget-node", commands.forget_node,
+         "remove a stopped node from the cluster, with its queues").add_argument("name")
     listing = _cmd(sub, common, "list", commands.list_, "list objects")
     listing.add_argument("kind", choices=commands.LISTABLE)
 

@@ -245,6 +245,12 @@ def _properties_key(routing_key: str) -> str:
     return routing_key or "~"
 
 
+def forget_node(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    api.delete(path("nodes", args.name), not_found=f"no other node '{args.name}' in the cluster")
+    out.ok(f"node '{args.name}' forgotten")
+    return 0
+
+
 def delete_user(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     api.delete(path("users", args.name), not_found=f"no user '{args.name}'")
     out.ok(f"user '{args.name}' deleted")

@@ -18,7 +18,7 @@ from . import auth
 from .connections import visible_connections
 from .context import Context, ctx
 from .definitions import RABBIT_VERSION
-from .http import json_response, not_found
+from .http import bad_request, json_response, no_content, not_found
 from .listing import respond
 from .node_info import disk_free, fd_total, fd_used, rss_bytes
 from .rates import depth_fields, message_stats, queue_depths, sum_stats
@@ -107,6 +107,21 @@ async def node(request: web.Request) -> web.Response:
     if request.match_info["name"] != context.node:
         raise not_found()
     return json_response(node_info(context))
+
+
+@routes.delete("/api/nodes/{name}")
+async def forget_node(request: web.Request) -> web.Response:
+    """Warren: remove a stopped node from the cluster for good, with its queues (rabbitmqctl forget_cluster_node)."""
+    auth.require_admin(request)
+    cluster = ctx(request).broker.cluster
+    name = request.match_info["name"]
+    if cluster is None or name not in dict(cluster.nodes()):
+        raise not_found()
+    try:
+        await cluster.forget(name)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    return no_content()
 
 
 @routes.get("/api/aliveness-test/{vhost}")

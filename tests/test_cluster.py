@@ -5,6 +5,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -15,7 +16,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from conftest import BrokerProcess, free_port
+from conftest import ROOT, BrokerProcess, free_port
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 pytestmark = pytest.mark.skipif(ETCD is None, reason="etcd not installed (Debian package etcd-server)")
@@ -105,6 +106,15 @@ def pump(connection: pika.BlockingConnection, done: Callable[[], bool], timeout:
 def passive(node: BrokerProcess, queue: str) -> int:
     with connect(node) as connection:
         return connection.channel().queue_declare(queue, passive=True).method.message_count
+
+
+def gone(node: BrokerProcess, queue: str) -> bool:
+    """The queue does not exist at all (not merely down)."""
+    try:
+        passive(node, queue)
+    except ChannelClosedByBroker as exc:
+        return exc.reply_code == 404 and "no queue" in exc.reply_text
+    return False
 
 
 def test_declared_queue_is_visible_on_every_node(cluster, uid):
@@ -299,15 +309,7 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
     connection.close()
     nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
     wait_for(lambda: passive(n1, uid) == 20, "durable messages back after restart", timeout=20)
-
-    def transient_gone() -> bool:
-        try:
-            passive(n1, uid + "-transient")
-        except ChannelClosedByBroker as exc:
-            return exc.reply_code == 404 and "no queue" in exc.reply_text
-        return False
-
-    wait_for(transient_gone, "the restarted node's transient queue deleted everywhere")
+    wait_for(lambda: gone(n1, uid + "-transient"), "the restarted node's transient queue deleted everywhere")
     with connect(n2) as connection:
         ch = connection.channel()
         bodies = []
@@ -364,3 +366,26 @@ def test_node_that_stops_answering_is_down_within_seconds(cluster, uid):
         n2.proc.send_signal(signal.SIGCONT)
     connection.close()
     wait_for(lambda: passive(n1, uid) == 0, "node 2 back after it answers again", timeout=20)
+
+
+def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
+    etcd, (n1, n2, n3) = cluster
+    n4 = start_node(n1.data_dir.parent, etcd, 4)
+    try:
+        wait_for(lambda: "warren4@localhost" in running_nodes(n1), "node 4 joined")
+        with connect(n4) as connection:
+            connection.channel().queue_declare(uid, durable=True)
+        wait_for(lambda: passive(n2, uid) == 0, "node 4's queue on node 2")
+    finally:
+        n4.stop()
+    ctl = [sys.executable, "-m", "mgmt_http.cli", "--port", str(n1.mgmt_port)]
+    refused = subprocess.run([*ctl, "forget-node", "warren2@localhost"], capture_output=True, text=True,
+                             timeout=30, cwd=ROOT)
+    assert refused.returncode == 1 and "running" in refused.stderr
+    wait_for(lambda: "warren4@localhost" not in running_nodes(n1), "node 4 seen stopped")
+    done = subprocess.run([*ctl, "forget-node", "warren4@localhost"], capture_output=True, text=True, timeout=30,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for node in (n2, n3):
+        wait_for(lambda: all(n["name"] != "warren4@localhost" for n in api(node, "/nodes")), "node 4 forgotten")
+        wait_for(lambda: gone(node, uid), "node 4's queue deleted")
