@@ -45,8 +45,7 @@ class ClusterHooks(Protocol):
 
     async def forget(self, name: str) -> None: ...
 
-    async def agree_queue(self, vhost: "VHost", name: str, durable: bool, auto_delete: bool,
-                          arguments: dict[str, Any]) -> None: ...
+    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
 
 DEFAULT_EXCHANGES = (
     ("", "direct"),
@@ -174,6 +173,9 @@ class Broker:
         if vhost is not None:
             for queue in list(vhost.queues.values()):
                 self._remove_queue(vhost, queue)
+            for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
+                if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
+                    self._remove_exchange(vhost, exchange)
             for connection in list(self.connections):
                 if connection.vhost_name == name:
                     connection.force_close(f"vhost '{name}' is deleted")
@@ -222,6 +224,16 @@ class Broker:
             "vhost": vhost.name, "name": name, "type": type_name, "durable": durable, "auto_delete": auto_delete,
             "internal": internal, "arguments": arguments}, durable)
         return exchange
+
+    async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
+                             auto_delete: bool = False, internal: bool = False,
+                             arguments: dict[str, Any] | None = None) -> None:
+        """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
+        if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
+                and exchange_class(type_name) is not None):
+            await self.cluster.agree("exchange", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "type": type_name, "durable": durable,
+                "auto_delete": auto_delete, "internal": internal, "arguments": dict(arguments or {})})
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
@@ -303,7 +315,9 @@ class Broker:
         Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
         """
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            await self.cluster.agree_queue(vhost, name, durable, auto_delete, dict(arguments or {}))
+            await self.cluster.agree("queue", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
+                "arguments": dict(arguments or {})})
 
     def _next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""

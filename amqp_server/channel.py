@@ -389,6 +389,18 @@ class Channel:
         if not m.passive:
             check_exchange_declare(self.connection.permissions, self.connection.user.name, self.vhost.name,
                                    m.exchange, m.arguments)
+            if self.broker.cluster is not None and m.exchange not in self.vhost.exchanges:
+                self.connection.suspend(self, m, self._agreed_exchange(m))
+                return
+        self._declare_exchange(m)
+
+    async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
+        await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
+                                         m.arguments)
+        if self.open:
+            self._declare_exchange(m)
+
+    def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
                                      m.auto_delete, m.internal, m.arguments)
         if not m.nowait:

@@ -7,7 +7,6 @@ channel uses, with ``applying`` set so they are not echoed back to etcd.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -172,17 +171,16 @@ class Cluster:
         if not self.applying:
             self.metadata.delete(kind, key)
 
-    async def agree_queue(self, vhost: "VHost", name: str, durable: bool, auto_delete: bool,
-                          arguments: dict[str, Any]) -> None:
-        record = {"vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
-                  "arguments": arguments, "node": self._place(arguments)}
+    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
+        if kind == "queue":
+            record = dict(record, node=self._place(record["arguments"]))
         try:
-            key = json.dumps([vhost.name, name])  # the broker's key for a queue
-            current = await asyncio.wait_for(self.metadata.create("queue", key, record), AGREE_TIMEOUT)
+            current = await asyncio.wait_for(self.metadata.create(kind, key, record), AGREE_TIMEOUT)
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
-        self.apply("queue", key, current, None)
+        self.apply(kind, key, current, None)
 
     # -- definitions agreed elsewhere ---------------------------------------------------------
 

@@ -67,6 +67,8 @@ async def declare(request: web.Request) -> web.Response:
     check_exchange_declare(auth.permissions(request, vhost.name), auth.login(request).name, vhost.name, name,
                            arguments)
     existed = name in vhost.exchanges
+    await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
+                                        internal=internal, arguments=arguments)
     context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
                                     internal=internal, arguments=arguments)
     return created_or_updated(not existed)

@@ -238,6 +238,7 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
     def declare_on_node2() -> bool:
         with pika.BlockingConnection(params) as connection:
             connection.channel().queue_declare("in-" + vhost)
+            connection.channel().exchange_declare("x-" + vhost, "fanout", durable=True)
         return True
 
     wait_for(declare_on_node2, "user, vhost and permissions usable on node 2")
@@ -247,6 +248,10 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port, vhost,
                                                           pika.PlainCredentials(user, "secret")))
+    wait_for(lambda: any(x["name"] == "x-" + vhost for x in api(n1, f"/exchanges/{vhost}")), "exchange on node 1")
+    api_put(n1, f"/vhosts/{vhost}", None, method="DELETE")
+    for node in (n2, n3):
+        wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
 
 
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
@@ -271,6 +276,26 @@ def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid)
     for node in (n1, n2, n3):
         wait_for(lambda: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
                  f"one definition on {node.port}")
+
+    results.clear()
+
+    def declare_exchange(node: BrokerProcess, kind: str) -> None:
+        try:
+            with connect(node) as connection:
+                connection.channel().exchange_declare(uid, kind, durable=True)
+            results[kind] = "ok"
+        except ChannelClosedByBroker as exc:
+            results[kind] = exc.reply_code
+
+    threads = [threading.Thread(target=declare_exchange, args=(n, kind)) for n, kind in ((n2, "topic"), (n3, "fanout"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results.values(), key=str) == [406, "ok"], results
+    kind = next(kind for kind, result in results.items() if result == "ok")
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
 
 
 def test_node_down_then_back(cluster, tmp_path_factory, uid):
