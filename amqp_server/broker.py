@@ -24,7 +24,7 @@ from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .paging import Pager
 from .persistence import Persistence
-from .queue import Entry, Queue
+from .queue import Consumer, Entry, Queue
 from .stats import MessageStats
 
 if TYPE_CHECKING:
@@ -412,8 +412,10 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue.purge()
 
-    def consumer_left(self, queue: Queue) -> None:
-        """Auto-delete queues go when their last consumer leaves."""
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """A consumer leaves its queue (cancelled, channel or link closed); auto-delete queues go with the last."""
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
         if queue.unused_auto_delete and not queue.deleted:
             self._remove_queue(self.vhosts[queue.vhost], queue)
 

@@ -534,9 +534,7 @@ class Channel:
             self._remove_consumer(consumer)
 
     def _remove_consumer(self, consumer: Consumer) -> None:
-        queue = consumer.queue
-        queue.remove_consumer(consumer)
-        self.broker.consumer_left(queue)
+        self.broker.remove_consumer(consumer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""

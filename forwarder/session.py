@@ -139,12 +139,8 @@ class Session:
     def _cancel(self, payload: bytes) -> None:
         consumer = self.consumers.pop(link.ID.unpack(payload)[0], None)
         if consumer is not None:
-            self._remove(consumer)
+            self.broker.remove_consumer(consumer)
 
-    def _remove(self, consumer: Consumer) -> None:
-        queue = consumer.queue
-        queue.remove_consumer(consumer)
-        self.broker.consumer_left(queue)
 
     def _credit(self, payload: bytes) -> None:
         consumer_id, count = link.CREDIT_BODY.unpack(payload)
@@ -203,7 +199,7 @@ class Session:
         log.info("link from node %s closed", self.link.peer_name)
         self.broker.persistence.waiters.discard(self)
         for consumer in list(self.consumers.values()):
-            self._remove(consumer)
+            self.broker.remove_consumer(consumer)
         self.consumers.clear()
         taken = list(self.unacked.values())
         self.unacked.clear()

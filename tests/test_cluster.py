@@ -256,46 +256,36 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
 
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
     _, (n1, n2, n3) = cluster
-    results: dict[int, object] = {}
-
-    def declare(node: BrokerProcess, ttl: int) -> None:
-        try:
-            with connect(node) as connection:
-                connection.channel().queue_declare(uid, durable=True, arguments={"x-message-ttl": ttl})
-            results[ttl] = "ok"
-        except ChannelClosedByBroker as exc:
-            results[ttl] = exc.reply_code
-
-    threads = [threading.Thread(target=declare, args=(n, ttl)) for n, ttl in ((n1, 1000), (n2, 2000))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert sorted(results.values(), key=str) == [406, "ok"], results
-    winner = next(ttl for ttl, result in results.items() if result == "ok")
+    winner = race([(n1, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 1000}), 1000),
+                   (n2, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 2000}), 2000)])
     for node in (n1, n2, n3):
         wait_for(lambda: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
                  f"one definition on {node.port}")
+    kind = race([(n2, lambda ch: ch.exchange_declare(uid, "topic", durable=True), "topic"),
+                 (n3, lambda ch: ch.exchange_declare(uid, "fanout", durable=True), "fanout")])
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
 
-    results.clear()
 
-    def declare_exchange(node: BrokerProcess, kind: str) -> None:
+def race(declarations: list[tuple[BrokerProcess, Callable, object]]) -> object:
+    """Run the declarations at once on their nodes: exactly one succeeds, the other gets 406; the winner's label."""
+    results: dict[object, object] = {}
+
+    def declare(node: BrokerProcess, declaration: Callable, label: object) -> None:
         try:
             with connect(node) as connection:
-                connection.channel().exchange_declare(uid, kind, durable=True)
-            results[kind] = "ok"
+                declaration(connection.channel())
+            results[label] = "ok"
         except ChannelClosedByBroker as exc:
-            results[kind] = exc.reply_code
+            results[label] = exc.reply_code
 
-    threads = [threading.Thread(target=declare_exchange, args=(n, kind)) for n, kind in ((n2, "topic"), (n3, "fanout"))]
+    threads = [threading.Thread(target=declare, args=item) for item in declarations]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
     assert sorted(results.values(), key=str) == [406, "ok"], results
-    kind = next(kind for kind, result in results.items() if result == "ok")
-    for node in (n1, n2, n3):
-        wait_for(lambda: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
+    return next(label for label, result in results.items() if result == "ok")
 
 
 def test_node_down_then_back(cluster, tmp_path_factory, uid):
