@@ -522,9 +522,25 @@ class Channel:
                             codec.deliver_prefix(tag))
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
+        if queue.remote:
+            self.connection.suspend(self, m, self._remote_consume(m, consumer))
+            return
+        self._consuming(m, consumer)
+
+    async def _remote_consume(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
+        """The owner node must accept the consumer (it checks exclusivity) before consume-ok."""
+        try:
+            await consumer.queue.registered(consumer)
+        except ChannelError:
+            self.consumers.pop(consumer.tag, None)
+            raise
+        if self.open and consumer.tag in self.consumers:
+            self._consuming(m, consumer)
+
+    def _consuming(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
         if not m.nowait:
-            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
-        queue.run()
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
+        consumer.queue.run()
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         consumer = self.consumers.pop(m.consumer_tag, None)

@@ -15,6 +15,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from amqp_server import errors
+from amqp_server.broker import home_node_down
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry
 
@@ -48,7 +49,7 @@ class Peer:
         self._flush_scheduled = False
         self._holding = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
-        self._requests: dict[int, asyncio.Future] = {}
+        self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
         self._dialer: asyncio.Task | None = None
 
     # -- the link -----------------------------------------------------------------------------
@@ -98,13 +99,16 @@ class Peer:
         for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
         requests, self._requests = self._requests, {}
-        for future in requests.values():
+        for future, queue in requests.values():
             if not future.done():
-                future.set_result(({"error": [errors.NOT_FOUND, f"home node '{self.name}' is down or inaccessible"]},
-                                   None))
+                future.set_exception(home_node_down(queue))
         consumers, self.consumers = self.consumers, {}
         for queue, remote in consumers.values():
-            queue.cancelled(remote.consumer)
+            if remote.accepted.done():
+                queue.cancelled(remote.consumer)
+            else:  # its basic.consume is still waiting: it fails as for a queue whose node is down
+                queue.refused(remote.consumer)
+                remote.accepted.set_exception(home_node_down(queue))
         self._credit.clear()
         self._acks.clear()
         self.on_change(self)
@@ -150,14 +154,15 @@ class Peer:
             self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
             remote.buffer.clear()
 
-    async def request(self, request: dict[str, Any]) -> tuple[dict[str, Any], Message | None]:
+    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]:
         """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
         if self.link is None or not self.up:
-            raise errors.not_found(f"home node '{self.name}' of queue '{request['queue']}' in vhost "
-                                   f"'{request['vhost']}' is down or inaccessible")
-        request["rid"] = rid = next(self._ids)
-        future = self._requests[rid] = asyncio.get_running_loop().create_future()
-        self.link.send(link.REQUEST, link.encode_json(request))
+            raise home_node_down(queue)
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, queue)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": op, "vhost": queue.vhost,
+                                                       "queue": queue.name}))
         reply, message = await future
         if reply.get("error"):
             code, text = reply["error"]
@@ -205,10 +210,7 @@ class Peer:
             if pending is not None:
                 pending[0].remote_confirmed(pending[1], status == link.CONFIRM_REJECTED)
         elif ftype == link.CONSUMED:
-            reply = json.loads(payload)
-            if reply["error"] is not None:
-                log.info("node %s refused consumer: %s", self.name, reply["error"][1])
-                self._cancelled(reply["id"])
+            self._consumed(json.loads(payload))
         elif ftype == link.CANCELLED:
             self._cancelled(link.ID.unpack(payload)[0])
         elif ftype == link.STATS:
@@ -223,7 +225,7 @@ class Peer:
         message = None
         if len(payload) > start + size:
             message = link.read_message(payload, start + size)
-        future = self._requests.pop(reply["rid"], None)
+        future, _ = self._requests.pop(reply["rid"], (None, None))
         if future is not None and not future.done():
             future.set_result((reply, message))
 
@@ -236,6 +238,19 @@ class Peer:
         queue, remote = found
         message = link.read_message(payload, link.DELIVER_HEAD.size)
         queue.delivered(remote, Entry(tag, message, bool(redelivered)))
+
+    def _consumed(self, reply: dict[str, Any]) -> None:
+        found = self.consumers.get(reply["id"])
+        if found is None:
+            return
+        queue, remote = found
+        if reply["error"] is None:
+            remote.accepted.set_result(None)
+            return
+        del self.consumers[remote.id]
+        queue.refused(remote.consumer)
+        code, text = reply["error"]
+        remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))
 
     def _cancelled(self, consumer_id: int) -> None:
         found = self.consumers.pop(consumer_id, None)

@@ -8,6 +8,7 @@ leave in order.  Acks, rejects and requeues go back to the owner by delivery tag
 """
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -24,12 +25,13 @@ if TYPE_CHECKING:
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
-    __slots__ = ("id", "consumer", "buffer")
+    __slots__ = ("id", "consumer", "buffer", "accepted")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
         self.consumer = consumer
         self.buffer: deque[Entry] = deque()
+        self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
 
 
 class RemoteQueue(Queue):
@@ -80,12 +82,22 @@ class RemoteQueue(Queue):
         if remote is not None:
             self.peer.cancel(remote)
 
+    async def registered(self, consumer: Consumer) -> None:
+        """Once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised here."""
+        await self.by_consumer[consumer].accepted
+
+    def refused(self, consumer: Consumer) -> None:
+        Queue.remove_consumer(self, consumer)
+        self.by_consumer.pop(consumer, None)
+
     def delivered(self, remote: RemoteConsumer, entry: Entry) -> None:
         """A delivery from the owner: straight to the client if it has credit, else in the buffer."""
         remote.buffer.append(entry)
         self._drain(remote)
 
     def _drain(self, remote: RemoteConsumer) -> None:
+        if not remote.accepted.done():
+            return  # deliveries wait for consume-ok to reach the client first
         buffer = remote.buffer
         consumer = remote.consumer
         peer = self.peer
@@ -101,9 +113,8 @@ class RemoteQueue(Queue):
                 self._drain(remote)
 
     def cancelled(self, consumer: Consumer) -> None:
-        """The owner cancelled the consumer (queue deleted, refused) or went down."""
-        Queue.remove_consumer(self, consumer)
-        self.by_consumer.pop(consumer, None)
+        """The owner cancelled the consumer (queue deleted) or went down."""
+        self.refused(consumer)
         consumer.channel.consumer_cancelled_by_broker(consumer)
 
     # -- settling -----------------------------------------------------------------------------
@@ -119,7 +130,7 @@ class RemoteQueue(Queue):
 
     async def fetch(self, no_ack: bool) -> Entry | None:
         """basic.get at the owner: the entry stays unacked there until settled from here."""
-        reply, message = await self.peer.request({"op": "get", "vhost": self.vhost, "queue": self.name})
+        reply, message = await self.peer.request(self, "get")
         if message is None:
             return None
         entry = Entry(reply["tag"], message, reply["redelivered"])
@@ -128,7 +139,7 @@ class RemoteQueue(Queue):
         return entry
 
     async def purge_remote(self) -> int:
-        reply, _ = await self.peer.request({"op": "purge", "vhost": self.vhost, "queue": self.name})
+        reply, _ = await self.peer.request(self, "purge")
         return reply["count"]
 
     def drop_all(self) -> None:

@@ -254,6 +254,22 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
         wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
 
 
+def test_exclusive_consumer_is_refused_across_nodes(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n2, uid) == 0, "queue on node 2")
+    owner_side = connect(n1)
+    owner_side.channel().basic_consume(uid, lambda *a: None, exclusive=True)
+    with connect(n2) as connection:
+        with pytest.raises(ChannelClosedByBroker) as info:
+            connection.channel().basic_consume(uid, lambda *a: None)
+            connection.process_data_events(time_limit=1)
+        assert info.value.reply_code == 403
+        assert info.value.reply_text == f"ACCESS_REFUSED - queue '{uid}' in vhost '/' in exclusive use"
+    owner_side.close()
+
+
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
     _, (n1, n2, n3) = cluster
     winner = race([(n1, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 1000}), 1000),
