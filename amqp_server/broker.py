@@ -47,6 +47,8 @@ class ClusterHooks(Protocol):
 
     async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
 
+    async def look_up(self, kind: str, key: str) -> None: ...
+
 DEFAULT_EXCHANGES = (
     ("", "direct"),
     ("amq.direct", "direct"),
@@ -318,6 +320,11 @@ class Broker:
             await self.cluster.agree("queue", _key(vhost.name, name), {
                 "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
                 "arguments": dict(arguments or {})})
+
+    async def find_queue(self, vhost: VHost, name: str) -> None:
+        """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
+        if self.cluster is not None and name not in vhost.queues:
+            await self.cluster.look_up("queue", _key(vhost.name, name))
 
     def _next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""

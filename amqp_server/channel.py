@@ -437,13 +437,17 @@ class Channel:
             name = self._queue_name(name)
         if not m.passive:
             self._check("configure", "queue", name)
-            if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
-                self.connection.suspend(self, m, self._agreed_declare(m, name))
-                return
+        if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
+            self.connection.suspend(self, m, self._agreed_declare(m, name))
+            return
         self._declare(m, name)
 
     async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
-        await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
+        """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first."""
+        if m.passive:
+            await self.broker.find_queue(self.vhost, name)
+        else:
+            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
         if self.open:
             self._declare(m, name)
 

@@ -182,6 +182,15 @@ class Cluster:
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
         self.apply(kind, key, current, None)
 
+    async def look_up(self, kind: str, key: str) -> None:
+        """Not known here (yet): if the cluster has it, apply it now rather than when the watch brings it."""
+        try:
+            record = await asyncio.wait_for(self.metadata.fetch(kind, key), AGREE_TIMEOUT)
+        except (asyncio.TimeoutError, aetcd.exceptions.ClientError):
+            return  # etcd unreachable: the local view answers
+        if record is not None:
+            self.apply(kind, key, record, None)
+
     # -- definitions agreed elsewhere ---------------------------------------------------------
 
     def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:

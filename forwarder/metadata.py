@@ -86,6 +86,11 @@ class Metadata:
         self._mirror(full, current, meta.mod_revision)
         return current
 
+    async def fetch(self, kind: str, key: str) -> dict[str, Any] | None:
+        """The record etcd has now (it reaches the mirror through the watch)."""
+        reply = await self.client.get(etcd_key(kind, key))
+        return None if reply is None else json.loads(reply.value)
+
     def put(self, kind: str, key: str, record: dict[str, Any]) -> None:
         self._writes.put_nowait((etcd_key(kind, key), record))
 
