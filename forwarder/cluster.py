@@ -97,7 +97,7 @@ class Cluster:
     def peer(self, name: str) -> Peer:
         peer = self.peers.get(name)
         if peer is None:
-            peer = self.peers[name] = Peer(name, self.broker, self.secret, self._peer_changed)
+            peer = self.peers[name] = Peer(name, self.broker, self.secret)
         return peer
 
     def _joined(self, name: str, address: dict[str, Any]) -> None:
@@ -119,9 +119,6 @@ class Cluster:
                 if queue.remote and queue.node == name:
                     self.broker.delete_queue(vhost, queue.name)
         await self.membership.forget(name)
-
-    def _peer_changed(self, peer: Peer) -> None:
-        log.info("node %s is %s", peer.name, "up" if peer.up else "down")
 
     def _session(self, server_link: ServerLink) -> Session:
         session = Session(self.broker, server_link)

@@ -32,11 +32,10 @@ REDIAL_INTERVAL = 0.5
 
 
 class Peer:
-    def __init__(self, name: str, broker: "Broker", secret: bytes, on_change: Any) -> None:
+    def __init__(self, name: str, broker: "Broker", secret: bytes) -> None:
         self.name = name
         self.broker = broker
         self.secret = secret
-        self.on_change = on_change  # called with the peer when it comes up or goes down
         self.address: tuple[str, int] | None = None
         self.link: link.ClientLink | None = None
         self.up = False
@@ -89,7 +88,6 @@ class Peer:
     def _went_up(self) -> None:
         log.info("link to node %s up", self.name)
         self.up = True
-        self.on_change(self)
 
     def _went_down(self) -> None:
         log.warning("link to node %s down", self.name)
@@ -111,8 +109,6 @@ class Peer:
                 remote.accepted.set_exception(home_node_down(queue))
         self._credit.clear()
         self._acks.clear()
-        self.on_change(self)
-        self.broker.flush_dirty()
 
     # -- to the owner -------------------------------------------------------------------------
 

@@ -204,4 +204,3 @@ class Session:
         taken = list(self.unacked.values())
         self.unacked.clear()
         self._give_back(taken, True, False)
-        self.broker.flush_dirty()
