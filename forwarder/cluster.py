@@ -68,12 +68,13 @@ class Cluster:
                                                 self.config.bind, self.link_port, reuse_address=True)
         self.metadata.start()
         self._stats = loop.create_task(self._report_stats())
+        self._joining = loop.create_task(self._join())
         try:
-            await asyncio.wait_for(self.membership.start(), STARTUP_TIMEOUT)
+            await asyncio.wait_for(asyncio.shield(self._joining), STARTUP_TIMEOUT)
             await asyncio.wait_for(self.metadata.caught_up.wait(), STARTUP_TIMEOUT)
-        except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
-            log.error("etcd at %s not reachable (%s): serving the definitions mirrored here", self.config.cluster_etcd,
-                      exc or "timeout")
+        except asyncio.TimeoutError:
+            log.error("etcd at %s not reachable: serving the definitions mirrored here until it is",
+                      self.config.cluster_etcd)
         lost, self._lost = self._lost, []
         for vhost, name in lost:  # as in RabbitMQ, a node's transient queues die with it
             queue = vhost.queues.get(name)
@@ -82,8 +83,19 @@ class Cluster:
         log.info("cluster node %s: links on port %d, %d other node(s) known", self.name, self.link_port,
                  len(self.peers))
 
+    async def _join(self) -> None:
+        """Register and learn the other nodes; retried until etcd answers."""
+        while True:
+            try:
+                await self.membership.start()
+                return
+            except aetcd.exceptions.ClientError as exc:
+                log.warning("etcd membership: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+
     async def stop(self) -> None:
         self._stats.cancel()
+        self._joining.cancel()
         await self.membership.stop()
         await self.metadata.stop()
         for peer in self.peers.values():

@@ -24,8 +24,8 @@ SECRET = "test-cluster-secret"
 
 
 class Etcd:
-    def __init__(self, data_dir: Path) -> None:
-        self.port, peer = free_port(), free_port()
+    def __init__(self, data_dir: Path, port: int = 0) -> None:
+        self.port, peer = port or free_port(), free_port()
         self.log = open(data_dir.parent / "etcd.log", "wb")
         self.proc = subprocess.Popen(
             [ETCD, "--name", "warren-test", "--data-dir", str(data_dir),
@@ -420,3 +420,26 @@ def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
     for node in (n2, n3):
         wait_for(lambda: all(n["name"] != "warren4@localhost" for n in api(node, "/nodes")), "node 4 forgotten")
         wait_for(lambda: gone(node, uid), "node 4's queue deleted")
+
+
+def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
+    """etcd down at start: the node serves from its mirror, then registers and links once etcd answers."""
+    etcd_port = free_port()
+    late = type("LateEtcd", (), {"port": etcd_port})
+    n1 = start_node(tmp_path, late, 1)  # type: ignore[arg-type]
+    n2 = etcd = None
+    try:
+        with connect(n1) as connection:
+            connection.channel().queue_declare(uid := "local-only", exclusive=True)
+        etcd = Etcd(tmp_path / "etcd", port=etcd_port)
+        n2 = start_node(tmp_path, etcd, 2)
+        wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "node 1 joined late", 30)
+        with connect(n2) as connection:
+            connection.channel().queue_declare(uid + "-shared", durable=True)
+        assert passive(n1, uid + "-shared") == 0
+    finally:
+        for node in (n1, n2):
+            if node is not None:
+                node.stop()
+        if etcd is not None:
+            etcd.stop()
