@@ -143,6 +143,8 @@ class Peer:
 
     def cancel(self, remote: RemoteConsumer) -> None:
         self.consumers.pop(remote.id, None)
+        if not remote.accepted.done():
+            remote.accepted.cancel()  # its basic.consume waits no more
         if self.link is None:
             return
         self.link.send(link.CANCEL, link.ID.pack(remote.id))

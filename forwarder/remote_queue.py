@@ -84,7 +84,9 @@ class RemoteQueue(Queue):
 
     async def registered(self, consumer: Consumer) -> None:
         """Once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised here."""
-        await self.by_consumer[consumer].accepted
+        remote = self.by_consumer.get(consumer)
+        if remote is not None:  # else it is gone already (channel closed)
+            await remote.accepted
 
     def refused(self, consumer: Consumer) -> None:
         Queue.remove_consumer(self, consumer)
