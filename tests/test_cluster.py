@@ -156,6 +156,20 @@ def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_thi
     publisher.close()
 
 
+def test_confirm_is_a_nack_when_the_owner_refuses(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    assert passive(n2, uid) == 0  # known on node 2 (asked etcd if the watch had not brought it yet)
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", uid, b"fits")  # acked by the owner
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", uid, b"over the limit")
+    assert passive(n1, uid) == 1
+
+
 def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
