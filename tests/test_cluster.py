@@ -156,6 +156,24 @@ def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_thi
     publisher.close()
 
 
+def test_balanced_locator_places_on_the_node_owning_fewest_queues(cluster, uid):
+    _, (n1, _, _) = cluster
+    owners = []
+    for i in range(4):
+        counts: dict[str, int] = {name: 0 for name in running_nodes(n1)}
+        for queue in api(n1, "/queues"):
+            if queue["node"] in counts:
+                counts[queue["node"]] += 1
+        expected = min(counts, key=lambda name: (counts[name], name))
+        with connect(n1) as connection:
+            connection.channel().queue_declare(f"{uid}-{i}", arguments={"x-queue-leader-locator": "balanced"})
+        owners.append(api(n1, f"/queues/%2F/{uid}-{i}")["node"])
+        assert owners[-1] == expected, (counts, owners)
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid + "-local")
+    assert api(n1, f"/queues/%2F/{uid}-local")["node"] == "warren1@localhost"  # client-local by default
+
+
 def test_confirm_is_a_nack_when_the_owner_refuses(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
