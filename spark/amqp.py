@@ -30,6 +30,10 @@ DEFAULT_MAX_ROWS = 10_000
 
 
 def amqp_schema(options: Any) -> StructType:
+    """Runs at ``load()``: a drain is refused there, not at the first action."""
+    if str(_opt(options, "mode", "browse")).lower() == "drain":
+        raise ValueError("warren (amqp): mode=drain has no offsets to pin over plain AMQP; drain with "
+                         "spark.drain(spark, protocol='amqp', ...), which acks after materialising")
     text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
     return base_schema(StringType() if text else None)
 
@@ -97,8 +101,6 @@ class AmqpBatchReader(DataSourceReader):
         self.queues = _queues(options)
         self.max_rows = int(_opt(options, "maxRows", DEFAULT_MAX_ROWS))
         self.text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
-        if str(_opt(options, "mode", "browse")).lower() == "drain":
-            raise ValueError("warren (amqp): drain with spark.drain(spark, protocol='amqp', ...)")
         self.options = {key: _opt(options, key) for key in ("url", "user", "password", "vhost", "timeout")}
         self.schema = schema
 
