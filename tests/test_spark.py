@@ -184,6 +184,9 @@ def test_load_fails_early_with_a_one_line_reason(spark, node):
         stream.load()
 
 
+BATCH = 15  # rows per micro-batch: the first two runs below take more than one
+
+
 def _stream(spark, node, checkpoint: Path, out: Path, **options) -> None:
     s = (spark.readStream.format("warren").option("url", mgmt(node)).option("queue", "events")
          .option("mode", "drain"))
@@ -199,15 +202,15 @@ def _stream(spark, node, checkpoint: Path, out: Path, **options) -> None:
 def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
     checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
     publish(node, "events", [f"a{i}".encode() for i in range(30)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)
     first = spark.read.parquet(str(out)).collect()
     assert sorted(r.offset for r in first) == list(range(30))
     publish(node, "events", [f"b{i}".encode() for i in range(25)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)  # restarted from the checkpoint
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)  # restarted from the checkpoint
     node.stop()  # the broker restarts too: offsets carry on
     node.start()
     publish(node, "events", [f"c{i}".encode() for i in range(7)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)
     rows = spark.read.parquet(str(out)).collect()
     offsets = sorted(r.offset for r in rows)
     assert offsets == list(range(62))  # every offset exactly once, none missing
@@ -216,7 +219,7 @@ def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
         + [f"c{i}".encode() for i in range(7)])
     # drain: everything committed is gone; only the last batch (Spark never commits it) can remain
     state = api(node, "/api/queues/%2F/events/offsets")
-    assert state["tail"] == 62 and 62 - 8 <= state["head"] <= 62
+    assert state["tail"] == 62 and 62 - BATCH <= state["head"] <= 62
 
 
 def test_streaming_memory_sink_browse(spark, node):
@@ -258,6 +261,10 @@ def test_amqp_fallback_browse_and_drain(spark, node):
     df = spark.read.format("warren").option("protocol", "amqp").option("url", url).option("queue", "plain").load()
     assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"p{i}".encode() for i in range(20))
     assert api(node, "/api/queues/%2F/plain/offsets")["tail"] == 20  # requeued, still there
+    assert _load_error(spark, url, "nope", protocol="amqp") == "warren (amqp): queue 'nope' not found in vhost '/'"
+    bad = f"amqp://guest:wrong@127.0.0.1:{node.port}/%2F"
+    assert _load_error(spark, bad, "plain", protocol="amqp") == (
+        f"warren (amqp): login failed for user 'guest' at 127.0.0.1:{node.port}")
     drained = drain(spark, protocol="amqp", url=url, queue="plain")
     assert drained.count() == 20
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
