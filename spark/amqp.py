@@ -12,6 +12,10 @@ builds the DataFrame, materialises it (``write`` or ``localCheckpoint``) and onl
 (``multiple``) and closes.  A failure before the ack requeues everything: at-least-once, a
 message may be read twice if the driver dies between materialising and acking.
 
+``load()`` connects and passively declares each queue, so an unreachable broker, a failed login,
+a refused vhost or a missing queue fail there with one line starting ``warren (amqp):``; a
+missing read permission shows at the first action (a passive declare does not check it).
+
 Options: ``url`` (``amqp://user:pass@host:5672/vhost``; ``user``, ``password``, ``vhost`` override
 its parts), ``queue`` (comma-separated), ``maxRows``, ``bodyFormat`` (binary|text), ``timeout``.
 """

@@ -196,8 +196,8 @@ def error_reason(exc: BaseException) -> str | None:
     """The ``warren: ...`` line inside ``exc``: Spark wraps what ``schema()`` raises in its own
     ``[PYTHON_DATA_SOURCE_ERROR] ...`` text (and a Python traceback unless
     ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``); this digs the reason back out."""
-    found = _REASON.search(str(exc))
-    return found.group(0).rstrip() if found else None
+    found = _REASON.findall(str(exc))  # the last: a traceback's source lines come before the message
+    return found[-1].rstrip() if found else None
 
 
 class Client:
