@@ -76,7 +76,9 @@ PIN_KEY = "warren"  # metadata of the offset column: where load() pinned a batch
 
 
 def pinned(schema: StructType) -> dict | None:
-    """``{"url", "vhost", "user", "mode", "ranges": {queue: [start, end]}}`` fixed by ``load()``, if any."""
+    """``{"url", "vhost", "user", "mode", "ranges": {queue: [start, end]}}`` fixed by ``load()``, if any:
+    what :func:`spark.drain.commit` removes.  (The reader takes its ranges from the source instance,
+    not from here: a schema copied into ``.schema(...)`` must not pin an old range.)"""
     if "offset" not in schema.fieldNames():
         return None
     return schema["offset"].metadata.get(PIN_KEY)
@@ -474,10 +476,10 @@ class WarrenDataSource(DataSource):
             return amqp_schema(self.options)
         settings = Settings.from_options(self.options)
         try:
-            ranges = Client(settings).pin()
+            self.ranges = Client(settings).pin()
         except WarrenError as exc:
             raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
-        return settings.schema(ranges)
+        return settings.schema(self.ranges)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self._protocol() == "amqp":
@@ -485,8 +487,10 @@ class WarrenDataSource(DataSource):
 
             return AmqpBatchReader(self.options, schema)
         settings = Settings.from_options(self.options)
-        pin = pinned(schema)  # absent when the user gave .schema(...): pin now, at planning
-        return WarrenBatchReader(settings, schema, pin["ranges"] if pin else Client(settings).pin())
+        # Spark hands reader() the instance schema() ran on (pickled), so load()'s ranges are here;
+        # with a user-given .schema(...) schema() never ran: pin now, at planning.
+        ranges = getattr(self, "ranges", None)
+        return WarrenBatchReader(settings, schema, ranges if ranges is not None else Client(settings).pin())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._protocol() == "amqp":

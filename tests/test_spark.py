@@ -143,6 +143,14 @@ def test_mode_drain_pins_at_load_and_removes_on_commit(spark, node, tmp_path):
     assert sorted(int(bytes(r.body)) for r in spark.read.parquet(str(tmp_path / "jobs")).collect()) == list(range(30))
     with pytest.raises(WarrenError, match="mode=drain"):
         commit(reader(spark, node, "jobs"))  # a browse DataFrame is never committed
+    from spark import base_schema
+
+    given = spark.read.format("warren").schema(base_schema()).option("url", mgmt(node)).option("queue", "jobs")
+    assert given.option("mode", "drain").load().count() == 4  # pinned at the action: the late ones
+    copied = spark.read.format("warren").schema(df.schema).option("url", mgmt(node)).option("queue", "jobs").load()
+    assert copied.count() == 4  # an old DataFrame's schema does not bring back its range
+    with pytest.raises(WarrenError, match="mode=drain"):
+        commit(given.load())
 
 
 def _load_error(spark, node_url: str, queue: str, **options) -> str:
