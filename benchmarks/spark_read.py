@@ -8,7 +8,7 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
    publisher of amqp_load.py);
 2. starts a local SparkSession (``local[--cores]``, driver memory 4g) and times
    ``spark.read.format("warren")...load().count()`` ``--runs`` (3) times: rows/s of each run,
-   partitions (``--partition-size`` offsets each, default 50000); ``load()`` (which pins the
+   partitions (``--partition-size`` offsets each, default 250000); ``load()`` (which pins the
    ranges) is timed apart;
 3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
    one partition per queue, requeued afterwards) reading ``N`` messages of the same queue.
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=16, help="body size in bytes")
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N]")
-    ap.add_argument("--partition-size", type=int, default=50_000)
+    ap.add_argument("--partition-size", type=int, default=250_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--amqp-rows", type=int, default=0, help="also time the AMQP fallback reading this many")
     ap.add_argument("--timeout", type=float, default=1800.0, help="publish timeout (s)")

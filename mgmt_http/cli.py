@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     exporting.add_argument("--all-queues", action="store_true", help="every queue of the vhost")
     exporting.add_argument("--drain", action="store_true",
                            help="remove what was written, once it is on disk (default: leave the queues alone)")
-    exporting.add_argument("--partition-size", type=int, default=50_000, metavar="N",
-                           help="messages per Spark partition (default 50000)")
+    exporting.add_argument("--partition-size", type=int, metavar="N",
+                           help="messages per Spark partition (default: the data source's, 250000)")
     importing = _cmd(sub, common, "import", commands.import_, "load definitions from FILE ('-': stdin)")
     importing.add_argument("file", metavar="FILE")
     return parser

@@ -89,8 +89,9 @@ def _export_all(spark: Any, api: ApiClient, args: argparse.Namespace, out: Outpu
 
     spark.dataSource.register(WarrenDataSource)
     options = {"url": api.base_url.rstrip("/"), "user": api.user, "password": api.password, "vhost": vhost,
-               "mode": "drain" if args.drain else "browse", "partitionSize": str(args.partition_size),
-               "timeout": str(api.timeout)}
+               "mode": "drain" if args.drain else "browse", "timeout": str(api.timeout)}
+    if args.partition_size:
+        options["partitionSize"] = str(args.partition_size)
     results: list[Exported] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
                TimeElapsedColumn())

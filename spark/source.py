@@ -41,7 +41,7 @@ checkpoint taken before that is stale.
 Options (case-insensitive): ``url`` (management endpoint, ``http://127.0.0.1:15672``), ``user``,
 ``password`` (guest/guest), ``vhost`` (``/``), ``queue`` (comma-separated) or ``queuePattern``
 (a regex searched in queue names of the vhost, resolved at ``load()``),
-``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 50000),
+``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 250000: each Spark task costs a few tenths of a second),
 ``maxRowsPerTrigger``, ``bodyFormat`` (binary|text|json; json with ``bodySchema`` — a DDL
 string such as ``"id INT, name STRING"`` — makes ``body`` a struct of that schema, parsed per
 message with invalid JSON giving null; json without ``bodySchema`` is text, use ``from_json``),
@@ -70,7 +70,7 @@ except ImportError:  # PySpark before 4.2: no admission control, AvailableNow re
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 DEFAULT_URL = "http://127.0.0.1:15672"
-DEFAULT_PARTITION_SIZE = 50_000
+DEFAULT_PARTITION_SIZE = 250_000
 PAGE_ROWS = 1_000_000  # the server's cap on one /records answer
 PIN_KEY = "warren"  # metadata of the offset column: where load() pinned a batch read
 
