@@ -41,10 +41,11 @@ checkpoint taken before that is stale.
 Options (case-insensitive): ``url`` (management endpoint, ``http://127.0.0.1:15672``), ``user``,
 ``password`` (guest/guest), ``vhost`` (``/``), ``queue`` (comma-separated) or ``queuePattern``
 (a regex searched in queue names of the vhost, resolved at ``load()``),
-``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 250000: each Spark task costs a few tenths of a second),
-``maxRowsPerTrigger``, ``bodyFormat`` (binary|text|json; json with ``bodySchema`` — a DDL
-string such as ``"id INT, name STRING"`` — makes ``body`` a struct of that schema, parsed per
-message with invalid JSON giving null; json without ``bodySchema`` is text, use ``from_json``),
+``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 250000: a Spark task costs
+tenths of a second, so small partitions are slow), ``maxRowsPerTrigger``, ``bodyFormat``
+(binary|text|json; json with ``bodySchema`` — a DDL string such as ``"id INT, name STRING"`` —
+makes ``body`` a struct of that schema, parsed per message with invalid JSON giving null; json
+without ``bodySchema`` is text, use ``from_json``),
 ``timeout`` (seconds per HTTP call, 60), ``protocol`` (http|amqp, see :mod:`spark.amqp`).
 """
 from __future__ import annotations
