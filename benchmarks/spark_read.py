@@ -16,7 +16,7 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
     ./run.sh --amqp-port 5701 --mgmt-port 15701 --data-dir /tmp/bench-node &
     .venv/bin/python benchmarks/spark_read.py --port 5701 --mgmt-port 15701 --messages 1000000 --size 16
     .venv/bin/python benchmarks/spark_read.py --port 5701 --mgmt-port 15701 --messages 100000 --size 4096 \\
-        --amqp-rows 100000
+        --amqp-rows 20000
 
 Spark start-up (5-10 s) is not in any figure.  Output is a table, or JSON with ``--json``.
 """
