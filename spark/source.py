@@ -225,19 +225,23 @@ class Client:
         try:
             return urllib.request.urlopen(request, timeout=self.s.timeout)
         except urllib.error.HTTPError as exc:
-            raise self._refused(exc.code, exc.read().decode(errors="replace"), url, queue) from None
+            challenged = "WWW-Authenticate" in exc.headers  # 401 + challenge: who are you? (else: you may not)
+            detail = exc.read().decode(errors="replace")
+            raise self._refused(exc.code, challenged, detail, url, queue) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             text = "timed out" if isinstance(reason, TimeoutError) else getattr(reason, "strerror", None) or reason
             raise WarrenError(f"warren: cannot reach the management API at {self.s.url}: {text}") from None
 
-    def _refused(self, status: int, detail: str, url: str, queue: str | None) -> WarrenError:
-        """An error answer as one line saying what is wrong in the user's terms (options, names)."""
+    def _refused(self, status: int, challenged: bool, detail: str, url: str, queue: str | None) -> WarrenError:
+        """An error answer as one line saying what is wrong in the user's terms (options, names).
+
+        RabbitMQ's management API answers "not allowed" with 401 too, only without the challenge."""
         where = f"in vhost '{self.s.vhost}'"
-        if status == 401:
+        if status == 401 and challenged:
             message = (f"warren: login failed for user '{self.s.user}' at {self.s.url} "
                        "(check the options user and password)")
-        elif status == 403:
+        elif status in (401, 403):
             what = f"queue '{queue}' {where}" if queue else f"vhost '{self.s.vhost}'"
             message = f"warren: access refused: user '{self.s.user}' may not read {what}"
         elif status == 404 and queue is not None and self._vhost_exists():

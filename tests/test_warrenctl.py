@@ -361,40 +361,6 @@ def test_connections_channels_consumers(broker: BrokerProcess, uid: str) -> None
         connection.close()
 
 
-# -- definitions ------------------------------------------------------------------------------
-
-def test_export_import(broker: BrokerProcess, uid: str, tmp_path: Path) -> None:
-    ok(broker, "declare", "queue", uid, "--durable", "--arg", "x-max-length=5")
-    ok(broker, "declare", "exchange", f"{uid}-x", "--type", "fanout", "--durable")
-    ok(broker, "declare", "binding", "--source", f"{uid}-x", "--destination", uid)
-    path = tmp_path / "defs.json"
-    assert "exported" in ok(broker, "export", str(path))
-    definitions = json.loads(path.read_text())
-    assert any(q["name"] == uid for q in definitions["queues"])
-    assert any(b["source"] == f"{uid}-x" and b["destination"] == uid for b in definitions["bindings"])
-    assert json.loads(ok(broker, "export", "-"))["queues"]
-
-    ok(broker, "delete", "exchange", f"{uid}-x")
-    ok(broker, "delete", "queue", uid)
-    assert "imported" in ok(broker, "import", str(path))
-    queue = by_name(as_json(broker, "list", "queues"), uid)
-    assert queue and queue["arguments"] == {"x-max-length": 5}
-    assert [b for b in as_json(broker, "list", "bindings") if b["source"] == f"{uid}-x" and b["destination"] == uid]
-    ok(broker, "delete", "exchange", f"{uid}-x")
-    ok(broker, "delete", "queue", uid)
-
-
-def test_import_errors(broker: BrokerProcess, tmp_path: Path) -> None:
-    missing = tmp_path / "missing.json"
-    assert fails(broker, "import", str(missing)) == f"warrenctl: cannot read {missing}: No such file or directory"
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert fails(broker, "import", str(bad)).startswith(f"warrenctl: {bad} is not JSON")
-    rejected = tmp_path / "rejected.json"
-    rejected.write_text(json.dumps({"queues": [{"name": 5}]}))
-    assert fails(broker, "import", str(rejected)).startswith("warrenctl: 400 Bad Request")
-
-
 # -- export to Parquet through Spark ----------------------------------------------------------
 
 def _publish(broker: BrokerProcess, vhost: str, queue: str, bodies: list[bytes]) -> None:
@@ -458,3 +424,37 @@ def test_export_failures_are_one_line_before_spark_starts(broker: BrokerProcess,
     assert fails(broker, "export", "--queue", uid, str(tmp_path / "other"), env={"PYTHONPATH": path}) == (
         "warrenctl: export needs pyspark: pip install 'warren[spark]'")
     ok(broker, "delete", "queue", uid)
+
+
+# -- definitions ------------------------------------------------------------------------------
+
+def test_export_import(broker: BrokerProcess, uid: str, tmp_path: Path) -> None:
+    ok(broker, "declare", "queue", uid, "--durable", "--arg", "x-max-length=5")
+    ok(broker, "declare", "exchange", f"{uid}-x", "--type", "fanout", "--durable")
+    ok(broker, "declare", "binding", "--source", f"{uid}-x", "--destination", uid)
+    path = tmp_path / "defs.json"
+    assert "exported" in ok(broker, "export", str(path))
+    definitions = json.loads(path.read_text())
+    assert any(q["name"] == uid for q in definitions["queues"])
+    assert any(b["source"] == f"{uid}-x" and b["destination"] == uid for b in definitions["bindings"])
+    assert json.loads(ok(broker, "export", "-"))["queues"]
+
+    ok(broker, "delete", "exchange", f"{uid}-x")
+    ok(broker, "delete", "queue", uid)
+    assert "imported" in ok(broker, "import", str(path))
+    queue = by_name(as_json(broker, "list", "queues"), uid)
+    assert queue and queue["arguments"] == {"x-max-length": 5}
+    assert [b for b in as_json(broker, "list", "bindings") if b["source"] == f"{uid}-x" and b["destination"] == uid]
+    ok(broker, "delete", "exchange", f"{uid}-x")
+    ok(broker, "delete", "queue", uid)
+
+
+def test_import_errors(broker: BrokerProcess, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.json"
+    assert fails(broker, "import", str(missing)) == f"warrenctl: cannot read {missing}: No such file or directory"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert fails(broker, "import", str(bad)).startswith(f"warrenctl: {bad} is not JSON")
+    rejected = tmp_path / "rejected.json"
+    rejected.write_text(json.dumps({"queues": [{"name": 5}]}))
+    assert fails(broker, "import", str(rejected)).startswith("warrenctl: 400 Bad Request")
