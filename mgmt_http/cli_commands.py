@@ -363,6 +363,15 @@ def move(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
 # -- definitions ------------------------------------------------------------------------------
 
 def export(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    """Definitions, or with --queue/--all-queues messages to Parquet (:mod:`mgmt_http.cli_export`)."""
+    if args.queue or args.all_queues:
+        if args.file == "-":
+            raise CtlError("a Parquet export needs a directory, not '-'")
+        from .cli_export import export_queues  # imports rich.progress only; pyspark once it is needed
+
+        return export_queues(api, args, out, vhost_of(args))
+    if args.drain:
+        raise CtlError("--drain needs --queue or --all-queues")
     definitions = api.get(path("definitions"))
     text = json.dumps(definitions, indent=2, sort_keys=True) + "\n"
     if args.file == "-":
