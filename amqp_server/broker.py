@@ -443,6 +443,9 @@ class Broker:
     def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
         """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
         queues = self.route(vhost, exchange, message)
+        exchange.publish_in += 1
+        if queues:
+            exchange.publish_out += 1
         rejected = False
         for queue in queues:
             if not queue.enqueue(message):

@@ -180,11 +180,17 @@ class Channel:
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         routed, rejected = self.broker.publish(self.vhost, exchange, message)
-        if not routed and mandatory:
+        if routed:
+            return rejected
+        if mandatory:
             self.stats.return_unroutable += 1
+            self.vhost_stats.return_unroutable += 1
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
+        else:
+            self.stats.drop_unroutable += 1
+            self.vhost_stats.drop_unroutable += 1
         return rejected
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
@@ -223,8 +229,10 @@ class Channel:
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
         rejected = self.rejected
+        acked = upto - self.confirmed
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
+            acked -= 1
             if seq - 1 > self.confirmed:
                 self.out.append(codec.basic_ack(self.number, seq - 1, True))
             self.out.append(codec.basic_nack(self.number, seq, False))
@@ -232,6 +240,9 @@ class Channel:
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
+        if acked > 0:
+            self.stats.confirm += acked
+            self.vhost_stats.confirm += acked
 
     # -- hot path: deliver --------------------------------------------------------------------
 

@@ -19,8 +19,10 @@ QUEUE_STATS = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get
                "deliver_get")
 CHANNEL_STATS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack", "get",
                  "get_no_ack", "get_empty", "ack", "redeliver", "deliver_get")
-QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues; publishes are counted at the door
-VHOST_STATS = QUEUE_STATS
+QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues
+DOOR_SIDE = ("publish", "confirm", "return_unroutable", "drop_unroutable")  # counted by the vhost as they happen
+VHOST_STATS = DOOR_SIDE + QUEUE_SIDE
+EXCHANGE_STATS = ("publish_in", "publish_out")
 
 
 def queue_depths(queues: Any) -> dict[str, int]:
@@ -63,16 +65,19 @@ class Sampler:
         self._last_tick: float | None = None
         self._live: dict[int, tuple[str, dict[str, int]]] = {}  # id(queue) -> (vhost, counters at the last tick)
         self._retired: dict[str, dict[str, int]] = {}  # per vhost: counters of queues deleted since
+        self._exchanges: dict[tuple[str, str], _Series] = {}  # (vhost, name) -> series; exchanges have no weakrefs
 
     def vhost_counters(self, name: str) -> dict[str, int]:
-        """A vhost's message_stats counters: publishes as its channels and the API count them, the rest summed
-        over its queues (those deleted included, as of the tick before they went)."""
+        """A vhost's message_stats counters: publishes, confirms and unroutables as its channels and the API count
+        them, the rest summed over its queues (those deleted included, as of the tick before they went)."""
         totals = dict.fromkeys(VHOST_STATS, 0)
         queues = [queue.stats.as_dict() for queue in list(self.broker.vhost(name).queues.values())]
         for values in (self._retired.get(name, {}), *queues):
             for key in QUEUE_SIDE:
                 totals[key] += values.get(key, 0)
-        totals["publish"] = self.broker.vhost_stats(name).publish
+        door = self.broker.vhost_stats(name)
+        for key in DOOR_SIDE:
+            totals[key] = getattr(door, key)
         return totals
 
     def _retire(self, live: dict[int, tuple[str, dict[str, int]]]) -> None:
@@ -118,13 +123,27 @@ class Sampler:
                 node[key] = node.get(key, 0) + value
             values.update(queue_depths(vhost.queues.values()))
             self._named_series("vhost:" + vhost.name).add(now, values, tick)
+        exchanges: dict[tuple[str, str], _Series] = {}
+        for vhost in list(broker.vhosts.values()):
+            for exchange in list(vhost.exchanges.values()):
+                key = (vhost.name, exchange.name)
+                series = exchanges[key] = self._exchanges.get(key) or _Series()
+                series.add(now, {"publish_in": exchange.publish_in, "publish_out": exchange.publish_out}, tick)
+        self._exchanges = exchanges
         for channel in self._channels():
             self._series(channel).add(now, channel.stats.as_dict(), tick)
+        for connection in list(broker.connections):
+            self._series(connection).add(now, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct},
+                                         tick)
         node.update(queue_depths(broker.all_queues()))
         self._named_series("node").add(now, node, tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
+        return series.rates if series is not None else {}
+
+    def exchange_rates(self, vhost: str, name: str) -> dict[str, float]:
+        series = self._exchanges.get((vhost, name))
         return series.rates if series is not None else {}
 
     def vhost_rates(self, name: str) -> dict[str, float]:
@@ -150,7 +169,7 @@ class Sampler:
                 pass
 
 
-_DETAILS = {key: key + "_details" for key in CHANNEL_STATS}
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS}
 _IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
 
 
@@ -158,10 +177,10 @@ def _details(rate: float) -> dict[str, float]:
     return {"rate": rate} if rate else _IDLE
 
 
-def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float],
-                  keys: tuple[str, ...]) -> dict[str, Any]:
-    """RabbitMQ's ``message_stats``: each of ``keys``' counters plus ``<counter>_details: {rate}``."""
-    value = counters.__getattribute__ if isinstance(counters, MessageStats) else counters.__getitem__
+def message_stats(counters: Any, rates: dict[str, float], keys: tuple[str, ...]) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats``: each of ``keys``' counters (a dict's items, or an object's attributes,
+    e.g. MessageStats') plus ``<counter>_details: {rate}``."""
+    value = counters.__getitem__ if isinstance(counters, dict) else counters.__getattribute__
     rate = rates.get
     result: dict[str, Any] = {}
     for key in keys:

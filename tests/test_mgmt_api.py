@@ -654,11 +654,37 @@ def test_message_stats_counters_per_object(broker, uid):
     assert {k: totals[k] for k in expected} == expected
     overview = call(broker, "GET", "/api/overview").json["message_stats"]
     assert all(overview[k] >= v for k, v in expected.items())
+    # the door side: confirms, unroutable messages dropped or returned, an exchange's messages in and out
+    confirming = connection.channel()
+    confirming.confirm_delivery()
+    confirming.exchange_declare(uid, "direct")
+    confirming.queue_bind(uid, uid, "routed")
+    confirming.basic_publish(uid, "routed", b"in-and-out")
+    confirming.basic_publish(uid, "nowhere", b"dropped")
+    with pytest.raises(pika.exceptions.UnroutableError):
+        confirming.basic_publish(uid, "nowhere", b"returned", mandatory=True)
+    door = {"confirm": 3, "drop_unroutable": 1, "return_unroutable": 1}
+    ch_stats = [c["message_stats"] for c in call(broker, "GET", f"/api/vhosts/{q(vhost)}/channels").json
+                if c["confirm"]][0]
+    assert {k: ch_stats[k] for k in door} == door
+    totals = call(broker, "GET", f"/api/vhosts/{q(vhost)}").json["message_stats"]
+    assert {k: totals[k] for k in door} == door
+    exchange = call(broker, "GET", f"/api/exchanges/{q(vhost)}/{q(uid)}").json
+    assert {k: exchange["message_stats"][k] for k in ("publish_in", "publish_out")} == {
+        "publish_in": 3, "publish_out": 1}
+    assert exchange["incoming"] == [] and exchange["outgoing"] == []
+    name = call(broker, "GET", f"/api/vhosts/{q(vhost)}/connections").json[0]["name"]
+    listed = call(broker, "GET", f"/api/connections/{q(name)}").json
+    assert listed["recv_oct"] > 0 and listed["send_oct"] > 0 and listed["recv_cnt"] > 0
+    assert "rate" in listed["recv_oct_details"]
+    expected.update(door, publish=8)
     time.sleep(5.5)  # a sample of the queue's counters is taken (every 5 s) ...
     channel.queue_delete(uid)
     time.sleep(5.5)  # ... and the next one finds it gone: its counters stay in the vhost's totals
     totals = call(broker, "GET", f"/api/vhosts/{q(vhost)}").json["message_stats"]
     assert {k: totals[k] for k in expected} == expected
+    rates = call(broker, "GET", f"/api/exchanges/{q(vhost)}/{q(uid)}").json["message_stats"]
+    assert set(rates) == {"publish_in", "publish_in_details", "publish_out", "publish_out_details"}
     connection.close()
     call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
 
