@@ -711,6 +711,40 @@ def test_metrics_are_prometheus_text(broker, uid):
     connection.close()
 
 
+def test_metrics_follow_the_message_store(start_broker):
+    """Disk use, dead fraction and compaction runs come from the store's own counters."""
+    node = start_broker("--segment-size", str(64 * 1024), "--compaction-threshold", "0.3")
+
+    def store_metrics() -> dict[str, float]:
+        text = call(node, "GET", "/metrics", auth=None).raw.decode()
+        return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
+                if f.name.startswith("warren_message_store")}
+
+    assert store_metrics()["warren_message_store_compactions"] == 0
+    connection = amqp(node)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for name in ("keep", "drop"):
+        channel.queue_declare(name, durable=True)
+    body = b"x" * 1024
+    for _ in range(300):  # interleaved: every segment ends up half dead once "drop" is purged
+        for name in ("keep", "drop"):
+            channel.basic_publish("", name, body, pika.BasicProperties(delivery_mode=2))
+    before = store_metrics()
+    assert before["warren_message_store_messages"] == 600 and before["warren_message_store_segments"] > 5
+    assert before["warren_message_store_disk_bytes"] > 600 * 1024
+    channel.queue_purge("drop")
+    deadline = time.monotonic() + 20
+    while store_metrics()["warren_message_store_compactions"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = store_metrics()
+    assert after["warren_message_store_compactions"] > 0
+    assert after["warren_message_store_messages"] == 300
+    assert 0 <= after["warren_message_store_dead_fraction"] <= 1
+    assert after["warren_message_store_disk_bytes"] < before["warren_message_store_disk_bytes"]
+    connection.close()
+
+
 def test_unknown_paths_and_methods(broker):
     assert_error(call(broker, "GET", "/api/no-such-thing"), 404)
     assert_error(call(broker, "GET", "/api/queues/%2F/no-such-queue"), 404)
