@@ -38,6 +38,7 @@ class Channel:
         self.connection = connection
         self.number = number
         self.broker = connection.broker
+        self.broker.churn.channel_created += 1
         self.vhost = connection.vhost
         self.out = connection.out
         self.open = True
@@ -658,6 +659,7 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
         self._cancel_replies()
         taken = list(self.unacked.values())

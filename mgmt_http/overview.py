@@ -21,7 +21,7 @@ from .definitions import RABBIT_VERSION
 from .http import json_response, not_found
 from .listing import respond
 from .node_info import disk_free, fd_total, fd_used, rss_bytes
-from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
+from .rates import CHURN_STATS, VHOST_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 DISK_FREE_LIMIT = 50_000_000
@@ -43,6 +43,11 @@ def http_contexts(context: Context) -> list[dict[str, Any]]:
              "port": str(context.config.mgmt_port), "ip": context.config.bind}]
 
 
+def churn_rates(context: Context) -> dict[str, Any]:
+    """Connections, channels and queues created/closed/declared/deleted, with rates, as RabbitMQ's."""
+    return message_stats(context.broker.churn, context.sampler.rates("churn"), CHURN_STATS)
+
+
 def node_info(context: Context) -> dict[str, Any]:
     config = context.config
     broker = context.broker
@@ -60,7 +65,7 @@ def node_info(context: Context) -> dict[str, Any]:
             {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True}],
         "applications": [{"name": "warren", "description": "Warren AMQP broker", "version": __version__}],
         "enabled_plugins": ["rabbitmq_management"], "contexts": http_contexts(context),
-        "config_files": [], "log_files": [], "cluster_links": [],
+        "config_files": [], "log_files": [], "cluster_links": [], **churn_rates(context),
     }
 
 
@@ -88,7 +93,7 @@ async def overview(request: web.Request) -> web.Response:
         "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
         "message_stats": message_stats(_sum(context.sampler.vhost_counters(n) for n in names), rates, VHOST_STATS),
-        "churn_rates": {},
+        "churn_rates": churn_rates(context),
         "queue_totals": depth_fields(queue_depths(queues), rates),
         "object_totals": {"connections": len(visible_connections(request)), "channels": channels,
                           "exchanges": sum(len(v.exchanges) for v in vhosts), "queues": len(queues),

@@ -23,6 +23,8 @@ QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues
 DOOR_SIDE = ("publish", "confirm", "return_unroutable", "drop_unroutable")  # counted by the vhost as they happen
 VHOST_STATS = DOOR_SIDE + QUEUE_SIDE
 EXCHANGE_STATS = ("publish_in", "publish_out")
+CHURN_STATS = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
+               "queue_created", "queue_deleted")
 
 
 def queue_depths(queues: Any) -> dict[str, int]:
@@ -137,6 +139,7 @@ class Sampler:
                                          tick)
         node.update(queue_depths(broker.all_queues()))
         self._named_series("node").add(now, node, tick)
+        self._named_series("churn").add(now, broker.churn.as_dict(), tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
@@ -169,7 +172,7 @@ class Sampler:
                 pass
 
 
-_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS}
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS}
 _IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
 
 

@@ -629,6 +629,7 @@ def test_message_stats_counters_per_object(broker, uid):
     their queues delivered and had acked (also after a queue is deleted), basic.get on an empty queue counts."""
     vhost = f"stats-{uid}"
     assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    churn_before = call(broker, "GET", "/api/overview").json["churn_rates"]
     connection = amqp(broker, vhost)
     channel = connection.channel()
     channel.queue_declare(uid)
@@ -654,6 +655,12 @@ def test_message_stats_counters_per_object(broker, uid):
     assert {k: totals[k] for k in expected} == expected
     overview = call(broker, "GET", "/api/overview").json["message_stats"]
     assert all(overview[k] >= v for k, v in expected.items())
+    churn = call(broker, "GET", "/api/overview").json["churn_rates"]
+    assert {k: churn[k] - churn_before[k] for k in ("connection_created", "channel_created", "queue_declared",
+                                                     "queue_created", "queue_deleted")} == {
+        "connection_created": 1, "channel_created": 1, "queue_declared": 1, "queue_created": 1, "queue_deleted": 0}
+    assert "rate" in churn["queue_deleted_details"]
+    assert call(broker, "GET", "/api/nodes").json[0]["queue_created"] == churn["queue_created"]
     # the door side: confirms, unroutable messages dropped or returned, an exchange's messages in and out
     confirming = connection.channel()
     confirming.confirm_delivery()
