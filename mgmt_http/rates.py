@@ -51,8 +51,10 @@ class _Series:
             self.at, self.values = previous_tick, dict.fromkeys(values, 0)
         if self.values and now > self.at:
             elapsed = now - self.at
-            self.rates = {key: round((value - self.values.get(key, 0)) / elapsed, 1)
-                          for key, value in values.items()}
+            previous = self.values
+            # only counters that moved: most of 1,000 queues are idle, and a missing rate reads as 0.0
+            self.rates = {key: round((value - previous.get(key, 0)) / elapsed, 1)
+                          for key, value in values.items() if value != previous.get(key, 0)}
         self.at = now
         self.values = values
 
@@ -72,8 +74,11 @@ class Sampler:
     def vhost_counters(self, name: str) -> dict[str, int]:
         """A vhost's message_stats counters: publishes, confirms and unroutables as its channels and the API count
         them, the rest summed over its queues (those deleted included, as of the tick before they went)."""
+        queues = list(self.broker.vhost(name).queues.values())
+        return self._vhost_totals(name, [queue.stats.as_dict() for queue in queues])
+
+    def _vhost_totals(self, name: str, queues: list[dict[str, int]]) -> dict[str, int]:
         totals = dict.fromkeys(VHOST_STATS, 0)
-        queues = [queue.stats.as_dict() for queue in list(self.broker.vhost(name).queues.values())]
         for values in (self._retired.get(name, {}), *queues):
             for key in QUEUE_SIDE:
                 totals[key] += values.get(key, 0)
@@ -111,16 +116,18 @@ class Sampler:
         tick, self._last_tick = self._last_tick, now
         broker = self.broker
         live: dict[int, tuple[str, dict[str, int]]] = {}
+        per_vhost: dict[str, list[dict[str, int]]] = {}
         for vhost in list(broker.vhosts.values()):
+            counters = per_vhost[vhost.name] = []
             for queue in list(vhost.queues.values()):
                 values = queue.stats.as_dict()
                 live[id(queue)] = (vhost.name, values)
-                values = dict(values, **queue_depths((queue,)))
-                self._series(queue).add(now, values, tick)
+                counters.append(values)
+                self._series(queue).add(now, dict(values, **queue_depths((queue,))), tick)
         self._retire(live)
         node: dict[str, int] = {}
         for vhost in list(broker.vhosts.values()):
-            values = self.vhost_counters(vhost.name)
+            values = self._vhost_totals(vhost.name, per_vhost.get(vhost.name, []))
             for key, value in values.items():
                 node[key] = node.get(key, 0) + value
             values.update(queue_depths(vhost.queues.values()))
