@@ -1,7 +1,6 @@
 """/api/connections, /api/channels, /api/consumers: what clients are connected and doing."""
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from aiohttp import web

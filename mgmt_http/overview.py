@@ -80,7 +80,6 @@ def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
 @routes.get("/api/overview")
 async def overview(request: web.Request) -> web.Response:
     context = ctx(request)
-    broker = context.broker
     user = auth.login(request)
     names = auth.visible_vhosts(request)
     vhosts = [context.vhost(name) for name in names]

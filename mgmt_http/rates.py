@@ -10,7 +10,6 @@ import weakref
 from typing import Any, Iterator
 
 from amqp_server.broker import Broker
-from amqp_server.stats import MessageStats
 
 DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 
