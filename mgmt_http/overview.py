@@ -21,7 +21,7 @@ from .definitions import RABBIT_VERSION
 from .http import json_response, not_found
 from .listing import respond
 from .node_info import disk_free, fd_total, fd_used, rss_bytes
-from .rates import CHURN_STATS, VHOST_STATS, depth_fields, message_stats, queue_depths
+from .rates import CHURN_STATS, DISK_STATS, VHOST_STATS, depth_fields, disk_counters, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 DISK_FREE_LIMIT = 50_000_000
@@ -65,8 +65,17 @@ def node_info(context: Context) -> dict[str, Any]:
             {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True}],
         "applications": [{"name": "warren", "description": "Warren AMQP broker", "version": __version__}],
         "enabled_plugins": ["rabbitmq_management"], "contexts": http_contexts(context),
-        "config_files": [], "log_files": [], "cluster_links": [], **churn_rates(context),
+        "config_files": [], "log_files": [], "cluster_links": [], **churn_rates(context), **store_io(context),
     }
+
+
+def store_io(context: Context) -> dict[str, Any]:
+    """The node's msg_store_read_count / msg_store_write_count with rates, as RabbitMQ's."""
+    io, rates = disk_counters(context.broker), context.sampler.node_rates()
+    return {"msg_store_read_count": io["disk_reads"],
+            "msg_store_read_count_details": {"rate": rates.get("disk_reads", 0.0)},
+            "msg_store_write_count": io["disk_writes"],
+            "msg_store_write_count_details": {"rate": rates.get("disk_writes", 0.0)}}
 
 
 def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -91,7 +100,8 @@ async def overview(request: web.Request) -> web.Response:
         "product_version": __version__, "product_name": "Warren", "rabbitmq_version": RABBIT_VERSION,
         "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
-        "message_stats": message_stats(_sum(context.sampler.vhost_counters(n) for n in names), rates, VHOST_STATS),
+        "message_stats": message_stats(_sum([*(context.sampler.vhost_counters(n) for n in names),
+                                             disk_counters(context.broker)]), rates, VHOST_STATS + DISK_STATS),
         "churn_rates": churn_rates(context),
         "queue_totals": depth_fields(queue_depths(queues), rates),
         "object_totals": {"connections": len(visible_connections(request)), "channels": channels,

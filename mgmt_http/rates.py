@@ -22,8 +22,15 @@ QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues
 DOOR_SIDE = ("publish", "confirm", "return_unroutable", "drop_unroutable")  # counted by the vhost as they happen
 VHOST_STATS = DOOR_SIDE + QUEUE_SIDE
 EXCHANGE_STATS = ("publish_in", "publish_out")
+DISK_STATS = ("disk_reads", "disk_writes")
 CHURN_STATS = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
                "queue_created", "queue_deleted")
+
+
+def disk_counters(broker: Broker) -> dict[str, int]:
+    """Message records written to and read back from disk: the persistent store's and the pager's."""
+    stores = (broker.persistence.store, broker.pager.store)
+    return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores)}
 
 
 def queue_depths(queues: Any) -> dict[str, int]:
@@ -144,6 +151,7 @@ class Sampler:
             self._series(connection).add(now, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct},
                                          tick)
         node.update(queue_depths(broker.all_queues()))
+        node.update(disk_counters(broker))
         self._named_series("node").add(now, node, tick)
         self._named_series("churn").add(now, broker.churn.as_dict(), tick)
 
@@ -178,7 +186,7 @@ class Sampler:
                 pass
 
 
-_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS}
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS + DISK_STATS}
 _IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
 
 

@@ -739,6 +739,9 @@ def test_metrics_follow_the_message_store(start_broker):
             channel.basic_publish("", name, body, pika.BasicProperties(delivery_mode=2))
     before = store_metrics()
     assert before["warren_message_store_messages"] == 600 and before["warren_message_store_segments"] > 5
+    assert before["warren_message_store_writes"] == 600
+    assert call(node, "GET", "/api/overview").json["message_stats"]["disk_writes"] >= 600
+    assert call(node, "GET", "/api/nodes").json[0]["msg_store_write_count"] >= 600
     assert before["warren_message_store_disk_bytes"] > 600 * 1024
     channel.queue_purge("drop")
     deadline = time.monotonic() + 20
@@ -747,6 +750,7 @@ def test_metrics_follow_the_message_store(start_broker):
     after = store_metrics()
     assert after["warren_message_store_compactions"] > 0
     assert after["warren_message_store_messages"] == 300
+    assert after["warren_message_store_reads"] > 0  # compaction read the live records to copy them
     assert 0 <= after["warren_message_store_dead_fraction"] <= 1
     assert after["warren_message_store_disk_bytes"] < before["warren_message_store_disk_bytes"]
     connection.close()
@@ -782,7 +786,9 @@ RABBITMQ_FIELDS = {
                   "channel_created_details cluster_links config_files connection_closed connection_closed_details "
                   "connection_created connection_created_details contexts db_dir disk_free disk_free_alarm "
                   "disk_free_limit enabled_plugins exchange_types fd_total fd_used log_files mem_alarm mem_limit "
-                  "mem_used name net_ticktime os_pid partitions proc_total proc_used processors queue_created "
+                  "mem_used msg_store_read_count msg_store_read_count_details msg_store_write_count "
+                  "msg_store_write_count_details name net_ticktime os_pid partitions proc_total proc_used processors "
+                  "queue_created "
                   "queue_created_details queue_declared queue_declared_details queue_deleted queue_deleted_details "
                   "rates_mode run_queue running sockets_total sockets_used type uptime",
     "/api/bindings/%2F": "arguments destination destination_type properties_key routing_key source vhost",
