@@ -818,6 +818,33 @@ def test_json_fields_match_rabbitmq(broker, uid):
     connection.close()
 
 
+def test_malformed_bodies_are_400_never_500(broker, uid):
+    """Every body-taking endpoint answers garbage with a 4xx and a reason; nothing escapes as a 500."""
+    v, name = "%2F", q(uid)
+    call(broker, "PUT", f"/api/queues/{v}/{name}", {"durable": False})
+    call(broker, "PUT", f"/api/exchanges/{v}/{name}", {"type": "direct"})
+    call(broker, "PUT", f"/api/users/{name}", {"password": "pw", "tags": ""})
+    endpoints = [("PUT", f"/api/queues/{v}/{name}-new"), ("PUT", f"/api/exchanges/{v}/{name}-new"),
+                 ("POST", f"/api/exchanges/{v}/{name}/publish"), ("POST", f"/api/queues/{v}/{name}/get"),
+                 ("POST", f"/api/bindings/{v}/e/{name}/q/{name}"), ("POST", f"/api/bindings/{v}/e/{name}/e/amq.direct"),
+                 ("PUT", f"/api/users/{name}"), ("PUT", f"/api/permissions/{v}/{name}"),
+                 ("POST", "/api/definitions"), ("POST", f"/api/definitions/{v}"),
+                 ("POST", f"/api/queues/{v}/{name}/move"), ("PUT", f"/api/policies/{v}/{name}")]
+    garbage = [b"{not json", b"[]", b'"text"', b"null", b"42", b"\xff\xfe",
+               json.dumps({"durable": [], "arguments": "x", "type": 7, "count": "many", "ackmode": None,
+                           "encoding": 1, "routing_key": {}, "payload": 5, "properties": [], "password": 1,
+                           "tags": {}, "configure": 1, "queues": "all", "destination": [], "pattern": 3,
+                           "definition": "x"}).encode()]
+    for method, path in endpoints:
+        for raw in garbage:
+            response = call(broker, method, path, raw=raw)
+            assert 400 <= response.status < 500, (method, path, raw, response.status, response.raw)
+            assert response.json["reason"], (method, path, raw)
+    call(broker, "DELETE", f"/api/queues/{v}/{name}")
+    call(broker, "DELETE", f"/api/exchanges/{v}/{name}")
+    call(broker, "DELETE", f"/api/users/{name}")
+
+
 def test_unknown_paths_and_methods(broker):
     assert_error(call(broker, "GET", "/api/no-such-thing"), 404)
     assert_error(call(broker, "GET", "/api/queues/%2F/no-such-queue"), 404)
