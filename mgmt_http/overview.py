@@ -20,8 +20,9 @@ from .context import Context, ctx
 from .definitions import RABBIT_VERSION
 from .http import json_response, not_found
 from .listing import respond
-from .node_info import disk_free, fd_total, fd_used, rss_bytes
-from .rates import CHURN_STATS, DISK_STATS, VHOST_STATS, depth_fields, disk_counters, message_stats, queue_depths
+from .node_info import fd_total
+from .rates import (CHURN_STATS, DISK_STATS, GAUGE_STATS, VHOST_STATS, depth_fields, disk_counters, message_stats,
+                    node_gauges, queue_depths)
 
 routes = web.RouteTableDef()
 DISK_FREE_LIMIT = 50_000_000
@@ -53,10 +54,9 @@ def node_info(context: Context) -> dict[str, Any]:
     broker = context.broker
     return {
         "name": context.node, "type": "disc", "running": True, "being_drained": False,
-        "mem_used": rss_bytes(), "mem_limit": config.memory_limit, "mem_alarm": broker.blocked,
-        "disk_free": disk_free(config.data_dir), "disk_free_limit": DISK_FREE_LIMIT,
-        "disk_free_alarm": False, "fd_used": fd_used(), "fd_total": fd_total(),
-        "sockets_used": len(broker.connections), "sockets_total": fd_total(),
+        **message_stats(node_gauges(broker), context.sampler.rates("gauges"), GAUGE_STATS),
+        "mem_limit": config.memory_limit, "mem_alarm": broker.blocked, "disk_free_limit": DISK_FREE_LIMIT,
+        "disk_free_alarm": False, "fd_total": fd_total(), "sockets_total": fd_total(),
         "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,
         "uptime": int((time.time() - context.started) * 1000), "os_pid": str(os.getpid()),
         "partitions": [], "net_ticktime": 60, "rates_mode": "basic", "db_dir": config.data_dir,

@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 from amqp_server.broker import Broker
 
+from .node_info import disk_free, fd_used, rss_bytes
+
 DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 
 # The message_stats keys each kind of object reports, as RabbitMQ's
@@ -23,6 +25,7 @@ DOOR_SIDE = ("publish", "confirm", "return_unroutable", "drop_unroutable")  # co
 VHOST_STATS = DOOR_SIDE + QUEUE_SIDE
 EXCHANGE_STATS = ("publish_in", "publish_out")
 DISK_STATS = ("disk_reads", "disk_writes")
+GAUGE_STATS = ("mem_used", "fd_used", "sockets_used", "disk_free")  # the node's, with rates of change
 CHURN_STATS = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
                "queue_created", "queue_deleted")
 
@@ -31,6 +34,11 @@ def disk_counters(broker: Broker) -> dict[str, int]:
     """Message records written to and read back from disk: the persistent store's and the pager's."""
     stores = (broker.persistence.store, broker.pager.store)
     return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores)}
+
+
+def node_gauges(broker: Broker) -> dict[str, int]:
+    return {"mem_used": rss_bytes(), "fd_used": fd_used(), "sockets_used": len(broker.connections),
+            "disk_free": disk_free(broker.data_dir)}
 
 
 def queue_depths(queues: Any) -> dict[str, int]:
@@ -154,6 +162,7 @@ class Sampler:
         node.update(disk_counters(broker))
         self._named_series("node").add(now, node, tick)
         self._named_series("churn").add(now, broker.churn.as_dict(), tick)
+        self._named_series("gauges").add(now, node_gauges(broker), tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
@@ -186,7 +195,7 @@ class Sampler:
                 pass
 
 
-_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS + DISK_STATS}
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS + DISK_STATS + GAUGE_STATS}
 _IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
 
 

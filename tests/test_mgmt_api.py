@@ -784,11 +784,11 @@ RABBITMQ_FIELDS = {
                        "messages_unacknowledged_details metadata name tags tracing",
     "/api/nodes": "applications auth_mechanisms channel_closed channel_closed_details channel_created "
                   "channel_created_details cluster_links config_files connection_closed connection_closed_details "
-                  "connection_created connection_created_details contexts db_dir disk_free disk_free_alarm "
-                  "disk_free_limit enabled_plugins exchange_types fd_total fd_used log_files mem_alarm mem_limit "
-                  "mem_used msg_store_read_count msg_store_read_count_details msg_store_write_count "
-                  "msg_store_write_count_details name net_ticktime os_pid partitions proc_total proc_used processors "
-                  "queue_created "
+                  "connection_created connection_created_details contexts db_dir disk_free disk_free_details "
+                  "disk_free_alarm disk_free_limit enabled_plugins exchange_types fd_total fd_used fd_used_details "
+                  "log_files mem_alarm mem_limit mem_used mem_used_details msg_store_read_count "
+                  "msg_store_read_count_details msg_store_write_count msg_store_write_count_details name "
+                  "net_ticktime os_pid partitions proc_total proc_used processors sockets_used_details queue_created "
                   "queue_created_details queue_declared queue_declared_details queue_deleted queue_deleted_details "
                   "rates_mode run_queue running sockets_total sockets_used type uptime",
     "/api/bindings/%2F": "arguments destination destination_type properties_key routing_key source vhost",
