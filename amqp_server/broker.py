@@ -28,7 +28,7 @@ from .policy import Policies
 from .persistence import Persistence
 from .priority_queue import queue_class
 from .queue import Entry, Queue
-from .stats import MessageStats
+from .stats import ChurnStats, MessageStats
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -97,6 +97,7 @@ class Broker:
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
+        self.churn = ChurnStats()
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
@@ -229,6 +230,7 @@ class Broker:
                       arguments: dict[str, Any] | None = None,
                       owner: "Connection | None" = None, server_named: bool = False) -> Queue:
         existing = vhost.queues.get(name)
+        self.churn.queue_declared += 1
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
@@ -261,6 +263,7 @@ class Broker:
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
                                   self)
         vhost.queues[name] = queue
+        self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
@@ -302,6 +305,7 @@ class Broker:
         if vhost.queues.get(queue.name) is not queue:
             return
         del vhost.queues[queue.name]
+        self.churn.queue_deleted += 1
         queue.deleted = True
         self._drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
@@ -371,6 +375,7 @@ class Broker:
 
     def connection_closed(self, connection: "Connection") -> None:
         self.connections.discard(connection)
+        self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
@@ -443,6 +448,9 @@ class Broker:
     def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
         """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
         queues = self.route(vhost, exchange, message)
+        exchange.publish_in += 1
+        if queues:
+            exchange.publish_out += 1
         rejected = False
         for queue in queues:
             if not queue.enqueue(message):

@@ -38,6 +38,7 @@ class Channel:
         self.connection = connection
         self.number = number
         self.broker = connection.broker
+        self.broker.churn.channel_created += 1
         self.vhost = connection.vhost
         self.out = connection.out
         self.open = True
@@ -180,11 +181,17 @@ class Channel:
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         routed, rejected = self.broker.publish(self.vhost, exchange, message)
-        if not routed and mandatory:
+        if routed:
+            return rejected
+        if mandatory:
             self.stats.return_unroutable += 1
+            self.vhost_stats.return_unroutable += 1
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
+        else:
+            self.stats.drop_unroutable += 1
+            self.vhost_stats.drop_unroutable += 1
         return rejected
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
@@ -223,8 +230,10 @@ class Channel:
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
         rejected = self.rejected
+        acked = upto - self.confirmed
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
+            acked -= 1
             if seq - 1 > self.confirmed:
                 self.out.append(codec.basic_ack(self.number, seq - 1, True))
             self.out.append(codec.basic_nack(self.number, seq, False))
@@ -232,6 +241,9 @@ class Channel:
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
+        if acked > 0:
+            self.stats.confirm += acked
+            self.vhost_stats.confirm += acked
 
     # -- hot path: deliver --------------------------------------------------------------------
 
@@ -647,6 +659,7 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
         self._cancel_replies()
         taken = list(self.unacked.values())

@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         self.deliver_budget = config.deliveries_per_flush
         self._received = True
         self._sent = False
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0  # per read / write, for the HTTP API
         self._silent_ticks = 0
         self._timer: asyncio.TimerHandle | None = None
         self.connected_at = time.time()
@@ -101,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         self.broker.connections.add(self)
+        self.broker.churn.connection_created += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -154,7 +156,10 @@ class Connection(asyncio.Protocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
+            data = b"".join(self.out)
+            self.transport.write(data)
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self._sent = True
         self.out.clear()
         if self.deliver_budget <= 0:
@@ -170,6 +175,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         buf = self.buf
         buf += data
         if self.state == AWAIT_HEADER:

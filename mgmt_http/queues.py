@@ -16,7 +16,6 @@ from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, 
                    no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
-from .connections import consumer_info
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
