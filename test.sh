@@ -6,7 +6,16 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hypothesis" 2>/dev/null \
+# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession).
+# CI runs as root on Debian, so they are installed once when missing.
+MISSING=()
+[ -x /usr/bin/chromium ] || MISSING+=(chromium)
+command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
+if [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
+    || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
+fi
+if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hypothesis, playwright" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed-test ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'

@@ -20,12 +20,15 @@ from . import errors, queue_args
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
+from .direct_reply import ReplyConsumers
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message
 from .paging import Pager
+from .policy import Policies
 from .persistence import Persistence
+from .priority_queue import queue_class
 from .queue import Consumer, Entry, Queue
-from .stats import MessageStats
+from .stats import ChurnStats, MessageStats
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -109,8 +112,11 @@ class Broker:
         self.store = DefinitionStore(data_dir)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
+        self.policies = Policies(self.store)
+        self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
+        self.churn = ChurnStats()
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
@@ -151,6 +157,7 @@ class Broker:
             if not self.access.vhost_exists(name):
                 raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
             vhost = self.vhosts[name] = VHost(name)
+            self.policies.apply_to_vhost(vhost)
         return vhost
 
     def add_vhost(self, name: str) -> VHost:
@@ -185,6 +192,7 @@ class Broker:
             for key, record in list(self.store.items(kind)):
                 if record["vhost"] == name:
                     self.store.delete(kind, key)
+        self.policies.drop_vhost(name)
         self.access.delete_vhost(name)
 
     # -- exchanges ----------------------------------------------------------------------------
@@ -222,6 +230,7 @@ class Broker:
             return existing
         exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         vhost.exchanges[name] = exchange
+        self.policies.apply_to_exchange(vhost.name, exchange)
         self._define("exchange", _key(vhost.name, name), {
             "vhost": vhost.name, "name": name, "type": type_name, "durable": durable, "auto_delete": auto_delete,
             "internal": internal, "arguments": arguments}, durable)
@@ -268,6 +277,7 @@ class Broker:
         existing = vhost.queues.get(name)
         if existing is not None and not existing.available:
             raise home_node_down(existing)
+        self.churn.queue_declared += 1
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
@@ -297,8 +307,11 @@ class Broker:
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
-        queue = Queue(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
+        queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
+                                  self)
         vhost.queues[name] = queue
+        self.churn.queue_created += 1
+        self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
@@ -356,6 +369,7 @@ class Broker:
         if vhost.queues.get(queue.name) is not queue:
             return
         del vhost.queues[queue.name]
+        self.churn.queue_deleted += 1
         queue.deleted = True
         self._drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
@@ -428,6 +442,7 @@ class Broker:
 
     def connection_closed(self, connection: "Connection") -> None:
         self.connections.discard(connection)
+        self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
@@ -505,6 +520,9 @@ class Broker:
         queues, the message is unroutable.
         """
         queues = self.route(vhost, exchange, message)
+        exchange.publish_in += 1
+        if queues:
+            exchange.publish_out += 1
         rejected = False
         unavailable = 0
         for queue in queues:
@@ -601,9 +619,9 @@ class Broker:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
-            return (queue,) if queue is not None else ()
+            return (queue,) if queue is not None else self.replies.route(message.routing_key)
         destinations = exchange.route(message.routing_key, message)
-        if not vhost.e2e_bindings and (destinations or "alternate-exchange" not in exchange.arguments):
+        if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             return destinations
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
@@ -620,7 +638,7 @@ class Broker:
                 else:
                     pending.append(destination)
             if not routed:
-                alternate = vhost.exchanges.get(current.arguments.get("alternate-exchange", ""))
+                alternate = vhost.exchanges.get(current.alternate or "")
                 if alternate is not None and alternate.name:
                     pending.append(alternate)
         return queues.keys()
@@ -641,9 +659,9 @@ class Broker:
         for _, record in self.store.items("queue"):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is not None:
-                queue = vhost.queues[record["name"]] = Queue(
-                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"],
-                    queue_args.parse(record["arguments"], record["name"], vhost.name), self)
+                args = queue_args.parse(record["arguments"], record["name"], vhost.name)
+                queue = vhost.queues[record["name"]] = queue_class(args)(
+                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"], args, self)
                 queue.index_id = record["index_id"]
                 queue.persistence = self.persistence
                 durable.append(queue)
@@ -664,6 +682,8 @@ class Broker:
                 source.bind(destination, record["routing_key"], record["arguments"])
                 if isinstance(destination, Exchange):
                     vhost.e2e_bindings += 1
+        for vhost in self.vhosts.values():
+            self.policies.apply_to_vhost(vhost)
         log.info("recovered definitions: %d vhosts, %d exchanges, %d queues",
                  len(self.vhosts), sum(len(v.exchanges) for v in self.vhosts.values()),
                  sum(len(v.queues) for v in self.vhosts.values()))

@@ -15,9 +15,10 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, errors
+from . import codec, direct_reply, errors, queue_args
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
+from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
 from .queue import Consumer, Entry, Queue
@@ -30,6 +31,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 
 
 class Channel:
@@ -37,6 +39,7 @@ class Channel:
         self.connection = connection
         self.number = number
         self.broker = connection.broker
+        self.broker.churn.channel_created += 1
         self.vhost = connection.vhost
         self.out = connection.out
         self.open = True
@@ -49,8 +52,12 @@ class Channel:
         self._size = 0
         self._chunks: list[bytes] = []
         self._received = 0
+        # a backlog of messages shares one copy of each distinct route and content header
+        self._routes: dict[bytes, tuple[bytes, str, str]] = {}
+        self._headers: dict[bytes, bytes] = {}
         # consuming
         self.consumers: dict[str, Consumer] = {}
+        self.reply_consumer: ReplyConsumer | None = None  # consuming amq.rabbitmq.reply-to
         self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
         self.delivery_tag = 0
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
@@ -61,6 +68,7 @@ class Channel:
         self.publish_seq = 0
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
+        self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
@@ -88,7 +96,12 @@ class Channel:
         if len(header) < 14 or header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
-        self._header = header
+        shared = self._headers.get(header)
+        if shared is None:
+            if len(self._headers) >= SHARED_MAX:
+                self._headers.clear()
+            shared = self._headers[header] = header
+        self._header = shared
         if size == 0:
             self.expect = EXPECT_METHOD
             self._publish(b"")
@@ -122,10 +135,16 @@ class Channel:
             self._publish(body)
 
     def _publish(self, body: bytes) -> None:
-        route = self._route
-        ex_len = route[0]
-        exchange_name = route[1:1 + ex_len].decode(errors="replace")
-        message = Message(exchange_name, route[2 + ex_len:].decode(errors="replace"), route, self._header, body)
+        shared = self._routes.get(self._route)
+        if shared is None:
+            if len(self._routes) >= SHARED_MAX:
+                self._routes.clear()
+            route = self._route
+            ex_len = route[0]
+            shared = self._routes[route] = (route, route[1:1 + ex_len].decode(errors="replace"),
+                                            route[2 + ex_len:].decode(errors="replace"))
+        route, exchange_name, routing_key = shared
+        message = Message(exchange_name, routing_key, route, self._header, body)
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
@@ -137,11 +156,15 @@ class Channel:
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             self._write_checked.add(exchange_name)
-        if message.has_user_id or message.has_expiration:
+        if message.needs_checks:
             try:
                 self.broker.check_message(message, self.connection.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
+            if message.has_reply_to and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
+                if self.reply_consumer is None:
+                    raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
+                message = direct_reply.with_reply_to(message, self.reply_consumer.name)
         if self.confirm_mode:
             self.publish_seq += 1
         if self.broker.blocked:
@@ -165,11 +188,17 @@ class Channel:
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         routed, rejected = self.broker.publish(self.vhost, exchange, message)
-        if not routed and mandatory:
+        if routed:
+            return rejected
+        if mandatory:
             self.stats.return_unroutable += 1
+            self.vhost_stats.return_unroutable += 1
             codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                                 message.header, message.body, self.connection.frame_max)
             self.connection.schedule_flush()
+        else:
+            self.stats.drop_unroutable += 1
+            self.vhost_stats.drop_unroutable += 1
         return rejected
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
@@ -188,7 +217,13 @@ class Channel:
             self.connection.schedule_flush()
 
     def synced(self, batch: int) -> None:
-        """Group commit ``batch`` is durable: confirm what waited for it."""
+        """Group commit ``batch`` is durable: confirm (or tx.commit-ok) what waited for it."""
+        if self.tx_commit_batch:
+            if batch >= self.tx_commit_batch:
+                self.tx_commit_batch = 0
+                self.broker.persistence.waiters.discard(self)
+                self.reply(commands.Tx.CommitOk())
+            return
         unsynced = self.unsynced
         while unsynced and unsynced[0][1] <= batch:
             unsynced.popleft()
@@ -221,8 +256,10 @@ class Channel:
         if self.remote_unconfirmed:
             upto = min(upto, next(iter(self.remote_unconfirmed)) - 1)
         rejected = self.rejected
+        acked = upto - self.confirmed
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
+            acked -= 1
             if seq - 1 > self.confirmed:
                 self.out.append(codec.basic_ack(self.number, seq - 1, True))
             self.out.append(codec.basic_nack(self.number, seq, False))
@@ -230,6 +267,9 @@ class Channel:
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
+        if acked > 0:
+            self.stats.confirm += acked
+            self.vhost_stats.confirm += acked
 
     # -- hot path: deliver --------------------------------------------------------------------
 
@@ -257,6 +297,15 @@ class Channel:
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
                              message.header, message.body, connection.frame_max)
         connection.deliver_budget -= 1
+        connection.schedule_flush()
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
+        self.delivery_tag += 1
+        self.stats.deliver_no_ack += 1
+        connection = self.connection
+        codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False, message.route,
+                             message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
     def kick(self) -> None:
@@ -306,9 +355,14 @@ class Channel:
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:
             self._check_tags(method.delivery_tag, method.multiple)
-            self.tx.append(lambda: self._settle(self._take_unacked(method.delivery_tag, method.multiple), False))
+            self.tx.append(lambda: self._acked(method.delivery_tag, method.multiple))
             return
-        self._settle(self._take_unacked(method.delivery_tag, method.multiple), False)
+        self._acked(method.delivery_tag, method.multiple)
+
+    def _acked(self, delivery_tag: int, multiple: bool) -> None:
+        taken = self._take_unacked(delivery_tag, multiple)
+        self.stats.ack += len(taken)  # once per basic.ack frame, not per message
+        self._settle(taken, False)
 
     def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
         multiple = getattr(method, "multiple", False)
@@ -435,6 +489,9 @@ class Channel:
             name = server_name("amq.gen-")
         elif not name:
             name = self._queue_name(name)
+        if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
+            self._declare_reply_queue(name, m.nowait)
+            return
         if not m.passive:
             self._check("configure", "queue", name)
         if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
@@ -458,6 +515,17 @@ class Channel:
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
                                                 consumer_count=len(queue.consumers)))
+
+    def _declare_reply_queue(self, name: str, nowait: bool) -> None:
+        """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does."""
+        if name == direct_reply.PSEUDO_QUEUE:
+            consumers = 1 if self.reply_consumer is not None else 0
+        elif self.broker.replies.get(name) is not None:
+            consumers = 1
+        else:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not nowait:
+            self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=consumers))
 
     def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
@@ -512,6 +580,9 @@ class Channel:
         self.kick()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        if m.queue == direct_reply.PSEUDO_QUEUE:
+            self._consume_replies(m)
+            return
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
         queue = self.vhost.queue(name)
@@ -519,11 +590,14 @@ class Channel:
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers:
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        arguments = m.arguments or {}
+        priority = queue_args.consumer_priority(arguments, name, self.vhost.name)
         what = errors.resource_name("queue", name, self.vhost.name)
-        if m.exclusive and queue.consumers or any(c.exclusive for c in queue.consumers):
+        if (m.exclusive and (queue.consumers or queue.args.single_active_consumer)
+                or any(c.exclusive for c in queue.consumers)):
             raise errors.access_refused(f"{what} in exclusive use")
-        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
-                            codec.deliver_prefix(tag))
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, arguments, self.prefetch,
+                            codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
         if queue.remote:
@@ -546,12 +620,33 @@ class Channel:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
         consumer.queue.run()
 
+    def _consume_replies(self, m: commands.Basic.Consume) -> None:
+        """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
+        if not m.no_ack:
+            raise errors.precondition_failed("reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise errors.precondition_failed("reply consumer already set")
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = self.broker.replies.add(self, tag, codec.deliver_prefix(tag))
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    def _cancel_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.replies.remove(self.reply_consumer)
+            self.reply_consumer = None
+
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer.tag:
+            self._cancel_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             self._remove_consumer(consumer)
+            consumer.queue.run()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         self.broker.remove_consumer(consumer)
@@ -580,6 +675,7 @@ class Channel:
 
     def _got(self, m: commands.Basic.Get, queue: Queue, entry: Entry | None) -> None:
         if entry is None:
+            self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         if m.no_ack:
@@ -625,6 +721,11 @@ class Channel:
         pending, self.tx = self.tx, []
         for action in pending:
             action()
+        persistence = self.broker.persistence
+        if persistence.staged:  # as a confirm would: commit-ok once what the transaction stored is fsynced
+            self.tx_commit_batch = persistence.batch
+            persistence.waiters.add(self)
+            return
         self.reply(commands.Tx.CommitOk())
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
@@ -648,13 +749,18 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
+        self._cancel_replies()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        queues = {consumer.queue for consumer in self.consumers.values()}
         for consumer in list(self.consumers.values()):
             self._remove_consumer(consumer)
         self.consumers.clear()
         self._settle(taken, True)
+        for queue in queues:  # after the requeue: a single active consumer's successor gets those first
+            queue.run()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from rich.logging import RichHandler
 
-from . import __version__, config as config_module
+from . import __version__, config as config_module, tls
 from .broker import Broker
 from .config import Config
 from .connection import Connection
@@ -59,6 +59,7 @@ class Node:
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size)
         self.server: asyncio.base_events.Server | None = None
+        self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
         self.cluster = None  # forwarder.Cluster in cluster mode
         self._stopped = asyncio.Event()
@@ -75,6 +76,13 @@ class Node:
 
             self.mgmt = await mgmt_http.start(self.broker, self.config)
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
+        context = tls.amqp_context(self.config)
+        if context is not None:  # before plain AMQP, so that a node answering on one answers on both
+            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config),
+                                                       self.config.bind, self.config.tls_port, ssl=context,
+                                                       ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
+                                                       reuse_address=True, backlog=1024)
+            log.info("AMQPS on %s:%d (verify: %s)", self.config.bind, self.config.tls_port, self.config.tls_verify)
         self.server = await loop.create_server(lambda: Connection(self.broker, self.config),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
@@ -111,6 +119,8 @@ class Node:
         log.info("shutting down")
         self._memory_task.cancel()
         self.server.close()
+        if self.tls_server is not None:
+            self.tls_server.close()
         if self.mgmt is not None:
             await self.mgmt.cleanup()
         for connection in list(self.broker.connections):
