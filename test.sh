@@ -6,11 +6,12 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession).
-# CI runs as root on Debian, so they are installed once when missing.
+# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
+# etcd (tests/test_cluster.py starts its own). CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
 command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
+command -v etcd >/dev/null 2>&1 || MISSING+=(etcd-server)
 if [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
@@ -20,10 +21,5 @@ if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hyp
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
   touch .venv/.installed-test
-fi
-# The cluster tests start their own etcd (Debian's etcd-server); without it they are skipped.
-if ! command -v etcd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  { apt-get install -y -q etcd-server || sudo -n apt-get install -y -q etcd-server; } >/dev/null 2>&1 \
-    || echo "test.sh: could not install etcd-server; cluster tests will be skipped" >&2
 fi
 exec .venv/bin/python -m pytest -q "$@"

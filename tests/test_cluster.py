@@ -16,10 +16,11 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from conftest import ROOT, BrokerProcess, free_port
+from conftest import ROOT, BrokerProcess, free_port, unavailable
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
-pytestmark = pytest.mark.skipif(ETCD is None, reason="etcd not installed (Debian package etcd-server)")
+if ETCD is None:
+    unavailable("etcd is not installed (Debian package etcd-server; test.sh installs it)")
 SECRET = "test-cluster-secret"
 
 
