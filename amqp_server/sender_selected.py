@@ -38,13 +38,18 @@ def check(message: Message) -> None:
             raise errors.precondition_failed(f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}')
 
 
+def header_keys(headers: dict, name: str) -> list[str]:
+    """The string elements of the ``name`` (CC or BCC) array."""
+    value = headers.get(name)
+    return [key for key in value if isinstance(key, str)] if isinstance(value, list) else []
+
+
 def routing_keys(message: Message) -> list[str]:
     """The extra routing keys from CC and BCC; strips BCC from the message (its header is re-encoded once)."""
     headers = _headers(message)
     if not headers:
         return []
-    keys = [key for name in ROUTING_HEADERS if isinstance(headers.get(name), list)
-            for key in headers[name] if isinstance(key, str)]
+    keys = [key for name in ROUTING_HEADERS for key in header_keys(headers, name)]
     if "BCC" in headers:
         properties = message.properties
         properties.headers = {name: value for name, value in headers.items() if name != "BCC"}

@@ -131,3 +131,24 @@ def test_persistent_message_is_stored_without_bcc(start_broker, uid):
     node.start()
     with pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port, socket_timeout=5)) as connection:
         assert drain(connection.channel(), uid) == [(b"durable", {"CC": ["x"]})]
+
+
+@pytest.mark.parametrize("dl_key", [None, "k.dl"])
+def test_dead_letter_keeps_cc_keys(ch, uid, dl_key):
+    dlx = f"{uid}.dlx"
+    targets = bound_queues(ch, dlx, "direct", {"src": "k.src", "cc": "k.cc", "bcc": "k.bcc", "dl": "k.dl"})
+    arguments = {"x-dead-letter-exchange": dlx, **({"x-dead-letter-routing-key": dl_key} if dl_key else {})}
+    ch.exchange_declare(uid, "direct", auto_delete=True)
+    source = ch.queue_declare("", exclusive=True, arguments=arguments).method.queue
+    ch.queue_bind(source, uid, "k.src")
+    publish(ch, uid, "k.src", {"CC": ["k.cc"], "BCC": ["k.bcc"]})
+    method, _, _ = ch.basic_get(source)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    got = {label: drain(ch, queue) for label, queue in targets.items()}
+    expected = ["dl"] if dl_key else ["src", "cc"]  # routed by its CC keys again unless a routing key replaces them
+    assert [label for label, messages in got.items() if messages] == expected
+    for label in expected:
+        [(_, headers)] = got[label]
+        assert headers["x-death"][0]["routing-keys"] == ["k.src", "k.cc"]  # CC keys, never BCC ones
+        assert "BCC" not in headers
+        assert ("CC" in headers) is (dl_key is None)
