@@ -7,7 +7,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
-# Node.js with npm (tests/test_node_amqplib.py), PHP with php-amqplib (tests/test_php_amqplib.py). CI runs as root on Debian, so they are installed once when missing.
+# Node.js with npm (tests/test_node_amqplib.py), PHP with php-amqplib (tests/test_php_amqplib.py).
+# CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
 command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
