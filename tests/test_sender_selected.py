@@ -6,6 +6,8 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
+from test_mgmt_api import assert_error, call, q
+
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -152,3 +154,16 @@ def test_dead_letter_keeps_cc_keys(ch, uid, dl_key):
         assert headers["x-death"][0]["routing-keys"] == ["k.src", "k.cc"]  # CC keys, never BCC ones
         assert "BCC" not in headers
         assert ("CC" in headers) is (dl_key is None)
+
+
+def test_http_publish_uses_cc_and_bcc(broker, ch, uid):
+    targets = bound_queues(ch, uid, "topic", {"to": "k.to", "cc": "k.cc", "bcc": "k.*.bcc"})
+    body = {"routing_key": "k.to", "payload": "via http", "payload_encoding": "string",
+            "properties": {"headers": {"CC": ["k.cc"], "BCC": ["k.x.bcc"]}}}
+    assert call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}/publish", body).json == {"routed": True}
+    assert [drain(ch, targets[label]) for label in ("to", "cc", "bcc")] == [[(b"via http", {"CC": ["k.cc"]})]] * 3
+    body = dict(body, routing_key="unbound", properties={"headers": {"BCC": ["k.cc"]}})
+    assert call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}/publish", body).json == {"routed": True}
+    body["properties"] = {"headers": {"BCC": "k.cc"}}
+    assert "unacceptable_type_in_header" in assert_error(
+        call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}/publish", body), 400)["reason"]
