@@ -50,13 +50,14 @@ def test_amqplib_confirm_channel_and_mandatory_return(broker, uid):
     assert result["unroutableConfirmed"] is True
 
 
-def test_amqplib_topic_routing(broker, uid):
+def test_amqplib_topic_routing_with_cc_and_bcc(broker, uid):
     result = node_script("topic", broker, uid)
     assert result == {
-        "all": sorted(["kern.error", "kern.info", "app.error", "app.web.db", "app.db", "user.info.more"]),
+        "all": sorted(["kern.error", "kern.info", "app.error", "app.web.db", "app.db", "user.info.more", "nothing"]),
         "errors": ["app.error", "kern.error"],
-        "kern": ["kern.error", "kern.info"],
-        "deep": ["app.db", "app.web.db"],
+        "kern": ["kern.error", "kern.info", "nothing"],
+        "deep": ["app.db", "app.web.db", "nothing"],  # one copy for two matching keys (a CC and a BCC one)
+        "ccHeaders": {"CC": ["kern.critical", "app.web.db"], "n": 1},
     }
 
 
