@@ -3,7 +3,8 @@
 The copy keeps the original properties, loses ``expiration`` (kept as
 ``original-expiration`` in its x-death entry), and gains RabbitMQ's ``x-death`` history: one
 table per (queue, reason) with a count, newest first, plus ``x-first-death-*``. Its routing keys
-include the CC ones (sender_selected); without a dead-letter routing key it is routed by them again.
+include the CC ones (sender_selected); without a dead-letter routing key it is routed by them and the
+BCC ones again, as RabbitMQ does.
 """
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
         headers.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
     props.headers = headers
     props.expiration = None
-    return make_message(exchange, routing_key if routing_key is not None else message.routing_key, props,
+    dead = make_message(exchange, routing_key if routing_key is not None else message.routing_key, props,
                         message.body)
+    if routing_key is None and hasattr(message, "bcc_keys"):
+        dead.bcc_keys = message.bcc_keys
+    return dead
 
 
 def cycle_detected(message: Message, target_queue: str) -> bool:

@@ -21,8 +21,9 @@ _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | co
 class Message:
     """One message, shared by every queue it was routed to."""
 
+    # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "_properties", "_flags", "__weakref__")
+                 "_properties", "_flags", "bcc_keys", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange

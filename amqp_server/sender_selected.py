@@ -2,8 +2,9 @@
 
 A message is routed with its routing key plus every string in its ``CC`` and ``BCC`` header arrays (other
 element types are ignored, as RabbitMQ does); ``BCC`` is removed from the message before it is stored,
-delivered or returned, so consumers do not see it. Only messages whose raw header mentions ``CC`` pay for
-decoding their properties; the publish path asks only when the headers flag is set.
+delivered or returned, so consumers do not see it (its keys stay on the message in memory, for
+dead-lettering). Only messages whose raw header mentions ``CC`` pay for decoding their properties;
+the publish path asks only when the headers flag is set.
 """
 from __future__ import annotations
 
@@ -45,12 +46,16 @@ def header_keys(headers: dict, name: str) -> list[str]:
 
 
 def routing_keys(message: Message) -> list[str]:
-    """The extra routing keys from CC and BCC; strips BCC from the message (its header is re-encoded once)."""
+    """The extra routing keys from CC and BCC; strips BCC from the message (its header is re-encoded once)
+    and keeps its keys in ``bcc_keys``, which a dead letter is routed by again."""
+    kept = list(getattr(message, "bcc_keys", ()))
     headers = _headers(message)
     if not headers:
-        return []
-    keys = [key for name in ROUTING_HEADERS for key in header_keys(headers, name)]
+        return kept
+    keys = header_keys(headers, "CC") + kept
     if "BCC" in headers:
+        message.bcc_keys = tuple(header_keys(headers, "BCC"))
+        keys += message.bcc_keys
         properties = message.properties
         properties.headers = {name: value for name, value in headers.items() if name != "BCC"}
         message.replace_properties(properties)

@@ -147,7 +147,7 @@ def test_dead_letter_keeps_cc_keys(ch, uid, dl_key):
     method, _, _ = ch.basic_get(source)
     ch.basic_reject(method.delivery_tag, requeue=False)
     got = {label: drain(ch, queue) for label, queue in targets.items()}
-    expected = ["dl"] if dl_key else ["src", "cc"]  # routed by its CC keys again unless a routing key replaces them
+    expected = ["dl"] if dl_key else ["src", "cc", "bcc"]  # by all its keys again, unless a routing key replaces them
     assert [label for label, messages in got.items() if messages] == expected
     for label in expected:
         [(_, headers)] = got[label]
