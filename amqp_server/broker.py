@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Protocol
 from exchanges import Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
 
-from . import errors, queue_args
+from . import errors, queue_args, sender_selected
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
@@ -543,7 +543,7 @@ class Broker:
 
     @staticmethod
     def check_message(message: Message, user_name: str) -> None:
-        """A published message's user_id must be the publisher's, its expiration an integer."""
+        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays."""
         if message.has_user_id and message.properties.user_id != user_name:
             raise errors.precondition_failed(
                 f"user_id property set to '{message.properties.user_id}' but authenticated user was "
@@ -554,6 +554,8 @@ class Broker:
             except ValueError:
                 raise errors.precondition_failed(
                     f"invalid expiration '{message.properties.expiration}': no_integer") from None
+        if message.has_headers:
+            sender_selected.check(message)
 
     def basic_get(self, vhost: VHost, name: str, no_ack: bool,
                   owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
@@ -617,13 +619,28 @@ class Broker:
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message) -> Collection[Queue]:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
+        if message.has_headers:
+            extra = sender_selected.routing_keys(message)
+            if extra:
+                return self._route_keys(vhost, exchange, message, (message.routing_key, *extra))
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
             return (queue,) if queue is not None else self.replies.route(message.routing_key)
         destinations = exchange.route(message.routing_key, message)
         if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             return destinations
+        return self._route_keys(vhost, exchange, message, (message.routing_key,))
+
+    def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
+                    keys: tuple[str, ...]) -> Collection[Queue]:
+        """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
+        exchange none of the keys routes through."""
         queues: dict[Queue, None] = {}
+        if exchange.name == "":
+            for key in keys:
+                queue = vhost.queues.get(key)
+                queues.update(dict.fromkeys((queue,) if queue is not None else self.replies.route(key)))
+            return queues.keys()
         seen: set[Exchange] = set()
         pending = [exchange]
         while pending:
@@ -631,7 +648,7 @@ class Broker:
             if current in seen:
                 continue
             seen.add(current)
-            routed = current.route(message.routing_key, message)
+            routed = [destination for key in keys for destination in current.route(key, message)]
             for destination in routed:
                 if isinstance(destination, Queue):
                     queues[destination] = None

@@ -15,14 +15,15 @@ from pamqp.header import ContentHeader
 from . import codec
 
 _LONG = struct.Struct(">I")
-_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO
+_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 
 
 class Message:
     """One message, shared by every queue it was routed to."""
 
+    # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "_properties", "_flags", "__weakref__")
+                 "_properties", "_flags", "bcc_keys", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -71,6 +72,16 @@ class Message:
         return self.properties.headers
 
     @property
+    def has_headers(self) -> bool:
+        return bool(self._flags & codec.FLAG_HEADERS)
+
+    def replace_properties(self, properties: commands.Basic.Properties) -> None:
+        """Re-encode the content header with changed properties (BCC removed), before routing stores it."""
+        self.header = build_header(properties, self.body_size)
+        self._properties = properties
+        self._flags = struct.unpack_from(">H", self.header, 12)[0]
+
+    @property
     def has_expiration(self) -> bool:
         return bool(self._flags & codec.FLAG_EXPIRATION)
 
@@ -97,7 +108,7 @@ class Message:
 
     @property
     def needs_checks(self) -> bool:
-        """user_id, expiration or reply_to is set: one test lets the publish path skip all three."""
+        """user_id, expiration, reply_to or headers (CC/BCC) is set: one test lets the publish path skip them all."""
         return bool(self._flags & _CHECKED)
 
     @property
