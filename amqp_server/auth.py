@@ -2,7 +2,8 @@
 
 Passwords are stored as RabbitMQ stores them (``rabbit_password_hashing_sha256``:
 base64 of a 4-byte salt followed by SHA-256(salt + password)), so hashes from
-a RabbitMQ definitions export are accepted as they are.  Permissions are three
+a RabbitMQ definitions export are accepted as they are; so are its SHA-512 and
+MD5 (pre-3.6) hashes, each checked with the algorithm its user record names.  Permissions are three
 regular expressions (configure, write, read) matched anywhere in the resource
 name, as RabbitMQ's ``re:run`` does; the empty string means ``^$``.
 """
@@ -15,26 +16,31 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Protocol
 
 from .definitions import DefinitionStore
 from .errors import ACCESS_REFUSED, ChannelError, resource_name
 
 DEFAULT_USER = "guest"
+DEFAULT_HASHING = "rabbit_password_hashing_sha256"
+HASHING_ALGORITHMS = {DEFAULT_HASHING: hashlib.sha256, "rabbit_password_hashing_sha512": hashlib.sha512,
+                      "rabbit_password_hashing_md5": hashlib.md5}
 # Tags the management plugin knows, as RabbitMQ defines them.
 MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
 
 
-def hash_password(password: str, salt: bytes | None = None) -> str:
+def hash_password(password: str, salt: bytes | None = None, algorithm: str = DEFAULT_HASHING) -> str:
     salt = os.urandom(4) if salt is None else salt
-    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+    return base64.b64encode(salt + HASHING_ALGORITHMS[algorithm](salt + password.encode()).digest()).decode()
 
 
-def check_password(password: str, password_hash: str) -> bool:
+def check_password(password: str, password_hash: str, algorithm: str = DEFAULT_HASHING) -> bool:
+    """False for an empty hash: RabbitMQ's passwordless users cannot log in with a password."""
     try:
         raw = base64.b64decode(password_hash)
     except ValueError:
         return False
-    return len(raw) > 4 and hmac.compare_digest(hash_password(password, raw[:4]), password_hash)
+    return len(raw) > 4 and hmac.compare_digest(hash_password(password, raw[:4], algorithm), password_hash)
 
 
 @lru_cache(maxsize=1024)
@@ -80,10 +86,23 @@ class User:
     name: str
     password_hash: str
     tags: list[str] = field(default_factory=list)
+    hashing_algorithm: str = DEFAULT_HASHING
 
     def to_record(self) -> dict:
-        return {"password_hash": self.password_hash, "tags": self.tags,
-                "hashing_algorithm": "rabbit_password_hashing_sha256"}
+        return {"password_hash": self.password_hash, "tags": self.tags, "hashing_algorithm": self.hashing_algorithm}
+
+    @classmethod
+    def from_record(cls, name: str, record: dict) -> "User":
+        return cls(name, record["password_hash"], list(record.get("tags", [])),
+                   record.get("hashing_algorithm", DEFAULT_HASHING))
+
+
+class DefinitionListener(Protocol):
+    """Told of every definition written (cluster mode: it becomes the cluster's)."""
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    def undefined(self, kind: str, key: str) -> None: ...
 
 
 class AccessControl:
@@ -91,6 +110,18 @@ class AccessControl:
 
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
+        self.listener: DefinitionListener | None = None
+
+    def _put(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        self.store.put(kind, key, record)
+        if self.listener is not None:
+            self.listener.defined(kind, key, record)
+
+    def _delete(self, kind: str, key: str) -> bool:
+        found = self.store.delete(kind, key)
+        if self.listener is not None:
+            self.listener.undefined(kind, key)
+        return found
 
     def bootstrap(self) -> None:
         """A fresh data directory gets guest/guest with full rights on vhost /, like RabbitMQ."""
@@ -101,31 +132,29 @@ class AccessControl:
 
     def user(self, name: str) -> User | None:
         record = self.store.get("user", name)
-        if record is None:
-            return None
-        return User(name, record["password_hash"], list(record.get("tags", [])))
+        return None if record is None else User.from_record(name, record)
 
     def users(self) -> list[User]:
-        return [User(name, r["password_hash"], list(r.get("tags", []))) for name, r in self.store.items("user")]
+        return [User.from_record(name, record) for name, record in self.store.items("user")]
 
     def add_user(self, name: str, password: str, tags: list[str] | None = None) -> User:
         user = User(name, hash_password(password), tags or [])
-        self.store.put("user", name, user.to_record())
+        self._put("user", name, user.to_record())
         return user
 
     def put_user(self, user: User) -> None:
         """Create or replace a user with an already hashed password (definitions import, HTTP API)."""
-        self.store.put("user", user.name, user.to_record())
+        self._put("user", user.name, user.to_record())
 
     def delete_user(self, name: str) -> bool:
         for key, _ in list(self.store.items("permission")):
             if key.split("/", 1)[1] == name:
-                self.store.delete("permission", key)
-        return self.store.delete("user", name)
+                self._delete("permission", key)
+        return self._delete("user", name)
 
     def authenticate(self, name: str, password: str) -> User | None:
         user = self.user(name)
-        if user is None or not check_password(password, user.password_hash):
+        if user is None or not check_password(password, user.password_hash, user.hashing_algorithm):
             return None
         return user
 
@@ -133,32 +162,32 @@ class AccessControl:
         return [record["name"] for _, record in self.store.items("vhost")]
 
     def vhost_exists(self, name: str) -> bool:
-        return self.store.get("vhost", _vhost_key(name)) is not None
+        return self.store.get("vhost", vhost_key(name)) is not None
 
     def add_vhost(self, name: str) -> None:
-        self.store.put("vhost", _vhost_key(name), {"name": name})
+        self._put("vhost", vhost_key(name), {"name": name})
 
     def delete_vhost(self, name: str) -> bool:
         for key, record in list(self.store.items("permission")):
             if record["vhost"] == name:
-                self.store.delete("permission", key)
-        return self.store.delete("vhost", _vhost_key(name))
+                self._delete("permission", key)
+        return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
-        record = self.store.get("permission", f"{_vhost_key(vhost)}/{user}")
+        record = self.store.get("permission", f"{vhost_key(vhost)}/{user}")
         if record is None:
             return None
         return Permissions(record["configure"], record["write"], record["read"])
 
     def set_permissions(self, vhost: str, user: str, perms: Permissions) -> None:
-        self.store.put("permission", f"{_vhost_key(vhost)}/{user}",
+        self._put("permission", f"{vhost_key(vhost)}/{user}",
                        {"vhost": vhost, "user": user, "configure": perms.configure,
                         "write": perms.write, "read": perms.read})
 
     def clear_permissions(self, vhost: str, user: str) -> bool:
-        return self.store.delete("permission", f"{_vhost_key(vhost)}/{user}")
+        return self._delete("permission", f"{vhost_key(vhost)}/{user}")
 
 
-def _vhost_key(name: str) -> str:
+def vhost_key(name: str) -> str:
     """Vhost names may hold '/', which separates key parts: escape it."""
     return name.replace("%", "%25").replace("/", "%2F")

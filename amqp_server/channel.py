@@ -6,6 +6,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 from __future__ import annotations
 
 import logging
+from bisect import insort
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -14,9 +15,10 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, errors
+from . import codec, direct_reply, errors, queue_args
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
+from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
 from .queue import Consumer, Entry, Queue
@@ -29,6 +31,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 
 
 class Channel:
@@ -36,6 +39,7 @@ class Channel:
         self.connection = connection
         self.number = number
         self.broker = connection.broker
+        self.broker.churn.channel_created += 1
         self.vhost = connection.vhost
         self.out = connection.out
         self.open = True
@@ -48,8 +52,12 @@ class Channel:
         self._size = 0
         self._chunks: list[bytes] = []
         self._received = 0
+        # a backlog of messages shares one copy of each distinct route and content header
+        self._routes: dict[bytes, tuple[bytes, str, str]] = {}
+        self._headers: dict[bytes, bytes] = {}
         # consuming
         self.consumers: dict[str, Consumer] = {}
+        self.reply_consumer: ReplyConsumer | None = None  # consuming amq.rabbitmq.reply-to
         self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
         self.delivery_tag = 0
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
@@ -60,7 +68,9 @@ class Channel:
         self.publish_seq = 0
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
+        self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
+        self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
@@ -86,7 +96,12 @@ class Channel:
         if len(header) < 14 or header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
-        self._header = header
+        shared = self._headers.get(header)
+        if shared is None:
+            if len(self._headers) >= SHARED_MAX:
+                self._headers.clear()
+            shared = self._headers[header] = header
+        self._header = shared
         if size == 0:
             self.expect = EXPECT_METHOD
             self._publish(b"")
@@ -120,10 +135,16 @@ class Channel:
             self._publish(body)
 
     def _publish(self, body: bytes) -> None:
-        route = self._route
-        ex_len = route[0]
-        exchange_name = route[1:1 + ex_len].decode(errors="replace")
-        message = Message(exchange_name, route[2 + ex_len:].decode(errors="replace"), route, self._header, body)
+        shared = self._routes.get(self._route)
+        if shared is None:
+            if len(self._routes) >= SHARED_MAX:
+                self._routes.clear()
+            route = self._route
+            ex_len = route[0]
+            shared = self._routes[route] = (route, route[1:1 + ex_len].decode(errors="replace"),
+                                            route[2 + ex_len:].decode(errors="replace"))
+        route, exchange_name, routing_key = shared
+        message = Message(exchange_name, routing_key, route, self._header, body)
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
@@ -135,11 +156,15 @@ class Channel:
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             self._write_checked.add(exchange_name)
-        if message.has_user_id or message.has_expiration:
+        if message.needs_checks:
             try:
                 self.broker.check_message(message, self.connection.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
+            if message.has_reply_to and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
+                if self.reply_consumer is None:
+                    raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
+                message = direct_reply.with_reply_to(message, self.reply_consumer.name)
         if self.confirm_mode:
             self.publish_seq += 1
         if self.broker.blocked:
@@ -149,7 +174,12 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        rejected = self._route_message(exchange, message, self._mandatory)
+        if self.confirm_mode:
+            self.broker.confirming = self  # a copy forwarded to another node reports back here
+            rejected = self._route_message(exchange, message, self._mandatory)
+            self.broker.confirming = None
+        else:
+            rejected = self._route_message(exchange, message, self._mandatory)
         self.stats.publish += 1
         self.vhost_stats.publish += 1
         if self.confirm_mode:
@@ -158,13 +188,19 @@ class Channel:
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None)
-        if not routed and mandatory:
+        if routed:
+            return rejected
+        if mandatory:
             self.basic_return(message)
+        else:
+            self.stats.drop_unroutable += 1
+            self.vhost_stats.drop_unroutable += 1
         return rejected
 
     def basic_return(self, message: Message) -> None:
         """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""
         self.stats.return_unroutable += 1
+        self.vhost_stats.return_unroutable += 1
         codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                             message.header, message.body, self.connection.frame_max)
         self.connection.schedule_flush()
@@ -185,7 +221,13 @@ class Channel:
             self.connection.schedule_flush()
 
     def synced(self, batch: int) -> None:
-        """Group commit ``batch`` is durable: confirm what waited for it."""
+        """Group commit ``batch`` is durable: confirm (or tx.commit-ok) what waited for it."""
+        if self.tx_commit_batch:
+            if batch >= self.tx_commit_batch:
+                self.tx_commit_batch = 0
+                self.broker.persistence.waiters.discard(self)
+                self.reply(commands.Tx.CommitOk())
+            return
         unsynced = self.unsynced
         while unsynced and unsynced[0][1] <= batch:
             unsynced.popleft()
@@ -194,13 +236,34 @@ class Channel:
         self.confirm_pending = True
         self.connection.schedule_flush()
 
+    def forwarded(self) -> int:
+        """A copy of the publish being routed went to its queue's owner node: its confirm waits for that node."""
+        seq = self.publish_seq
+        self.remote_unconfirmed[seq] = self.remote_unconfirmed.get(seq, 0) + 1
+        return seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        """An owner node accepted (and, if persistent on a durable queue, fsynced) or refused its copy."""
+        left = self.remote_unconfirmed.pop(seq, 1) - 1
+        if left:
+            self.remote_unconfirmed[seq] = left
+        if rejected and seq not in self.rejected:
+            insort(self.rejected, seq)
+        if self.open:
+            self.confirm_pending = True
+            self.connection.schedule_flush()
+
     def emit_confirms(self) -> None:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
+        if self.remote_unconfirmed:
+            upto = min(upto, next(iter(self.remote_unconfirmed)) - 1)
         rejected = self.rejected
+        acked = upto - self.confirmed
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
+            acked -= 1
             if seq - 1 > self.confirmed:
                 self.out.append(codec.basic_ack(self.number, seq - 1, True))
             self.out.append(codec.basic_nack(self.number, seq, False))
@@ -208,6 +271,9 @@ class Channel:
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
+        if acked > 0:
+            self.stats.confirm += acked
+            self.vhost_stats.confirm += acked
 
     # -- hot path: deliver --------------------------------------------------------------------
 
@@ -235,6 +301,15 @@ class Channel:
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
                              message.header, message.body, connection.frame_max)
         connection.deliver_budget -= 1
+        connection.schedule_flush()
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
+        self.delivery_tag += 1
+        self.stats.deliver_no_ack += 1
+        connection = self.connection
+        codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False, message.route,
+                             message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
     def kick(self) -> None:
@@ -284,9 +359,14 @@ class Channel:
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:
             self._check_tags(method.delivery_tag, method.multiple)
-            self.tx.append(lambda: self._settle(self._take_unacked(method.delivery_tag, method.multiple), False))
+            self.tx.append(lambda: self._acked(method.delivery_tag, method.multiple))
             return
-        self._settle(self._take_unacked(method.delivery_tag, method.multiple), False)
+        self._acked(method.delivery_tag, method.multiple)
+
+    def _acked(self, delivery_tag: int, multiple: bool) -> None:
+        taken = self._take_unacked(delivery_tag, multiple)
+        self.stats.ack += len(taken)  # once per basic.ack frame, not per message
+        self._settle(taken, False)
 
     def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
         multiple = getattr(method, "multiple", False)
@@ -367,6 +447,18 @@ class Channel:
         if not m.passive:
             check_exchange_declare(self.connection.permissions, self.connection.user.name, self.vhost.name,
                                    m.exchange, m.arguments)
+            if self.broker.cluster is not None and m.exchange not in self.vhost.exchanges:
+                self.connection.suspend(self, m, self._agreed_exchange(m))
+                return
+        self._declare_exchange(m)
+
+    async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
+        await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
+                                         m.arguments)
+        if self.open:
+            self._declare_exchange(m)
+
+    def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
                                      m.auto_delete, m.internal, m.arguments)
         if not m.nowait:
@@ -401,14 +493,43 @@ class Channel:
             name = server_name("amq.gen-")
         elif not name:
             name = self._queue_name(name)
+        if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
+            self._declare_reply_queue(name, m.nowait)
+            return
         if not m.passive:
             self._check("configure", "queue", name)
+        if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
+            self.connection.suspend(self, m, self._agreed_declare(m, name))
+            return
+        self._declare(m, name)
+
+    async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
+        """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first."""
+        if m.passive:
+            await self.broker.find_queue(self.vhost, name)
+        else:
+            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
+        if self.open:
+            self._declare(m, name)
+
+    def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                           m.arguments, self.connection, server_named=not m.queue)
         self.last_queue = queue.name
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
                                                 consumer_count=len(queue.consumers)))
+
+    def _declare_reply_queue(self, name: str, nowait: bool) -> None:
+        """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does."""
+        if name == direct_reply.PSEUDO_QUEUE:
+            consumers = 1 if self.reply_consumer is not None else 0
+        elif self.broker.replies.get(name) is not None:
+            consumers = 1
+        else:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not nowait:
+            self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=consumers))
 
     def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
@@ -429,7 +550,17 @@ class Channel:
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        count = self.broker.purge_queue(self.vhost, name, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_purge(m, name))
+            return
+        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection))
+
+    async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
+        count = await self.broker.purge_anywhere(self.vhost, name, self.connection)
+        if self.open:
+            self._purged(m, count)
+
+    def _purged(self, m: commands.Queue.Purge, count: int) -> None:
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(message_count=count))
 
@@ -453,6 +584,9 @@ class Channel:
         self.kick()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        if m.queue == direct_reply.PSEUDO_QUEUE:
+            self._consume_replies(m)
+            return
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
         queue = self.vhost.queue(name)
@@ -460,28 +594,66 @@ class Channel:
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers:
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        arguments = m.arguments or {}
+        priority = queue_args.consumer_priority(arguments, name, self.vhost.name)
         what = errors.resource_name("queue", name, self.vhost.name)
-        if m.exclusive and queue.consumers or any(c.exclusive for c in queue.consumers):
+        if (m.exclusive and (queue.consumers or queue.args.single_active_consumer)
+                or any(c.exclusive for c in queue.consumers)):
             raise errors.access_refused(f"{what} in exclusive use")
-        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
-                            codec.deliver_prefix(tag))
+        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, arguments, self.prefetch,
+                            codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
+        if queue.remote:
+            self.connection.suspend(self, m, self._remote_consume(m, consumer))
+            return
+        self._consuming(m, consumer)
+
+    async def _remote_consume(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
+        """The owner node must accept the consumer (it checks exclusivity) before consume-ok."""
+        try:
+            await consumer.queue.registered(consumer)
+        except ChannelError:
+            self.consumers.pop(consumer.tag, None)
+            raise
+        if self.open and consumer.tag in self.consumers:
+            self._consuming(m, consumer)
+
+    def _consuming(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
+        consumer.queue.run()
+
+    def _consume_replies(self, m: commands.Basic.Consume) -> None:
+        """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
+        if not m.no_ack:
+            raise errors.precondition_failed("reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise errors.precondition_failed("reply consumer already set")
+        tag = m.consumer_tag or server_name("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = self.broker.replies.add(self, tag, codec.deliver_prefix(tag))
         if not m.nowait:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
-        queue.run()
+
+    def _cancel_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.replies.remove(self.reply_consumer)
+            self.reply_consumer = None
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer.tag:
+            self._cancel_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             self._remove_consumer(consumer)
+            consumer.queue.run()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
-        queue = consumer.queue
-        queue.remove_consumer(consumer)
-        self.broker.consumer_left(queue)
+        self.broker.remove_consumer(consumer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""
@@ -492,8 +664,22 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        queue, entry = self.broker.basic_get(self.vhost, name, m.no_ack, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_get(m, name))
+            return
+        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection))
+
+    async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
+        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection)
+        if not self.open:
+            if entry is not None and not m.no_ack:
+                self.broker.settle(queue, [entry], requeue=True)
+            return
+        self._got(m, queue, entry)
+
+    def _got(self, m: commands.Basic.Get, queue: Queue, entry: Entry | None) -> None:
         if entry is None:
+            self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         if m.no_ack:
@@ -539,6 +725,11 @@ class Channel:
         pending, self.tx = self.tx, []
         for action in pending:
             action()
+        persistence = self.broker.persistence
+        if persistence.staged:  # as a confirm would: commit-ok once what the transaction stored is fsynced
+            self.tx_commit_batch = persistence.batch
+            persistence.waiters.add(self)
+            return
         self.reply(commands.Tx.CommitOk())
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
@@ -562,13 +753,18 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
+        self._cancel_replies()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        queues = {consumer.queue for consumer in self.consumers.values()}
         for consumer in list(self.consumers.values()):
             self._remove_consumer(consumer)
         self.consumers.clear()
         self._settle(taken, True)
+        for queue in queues:  # after the requeue: a single active consumer's successor gets those first
+            queue.run()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

@@ -35,6 +35,26 @@ class Config:
     compaction_threshold: float = 0.5
     message_cache_bytes: int = 64 * 1024 * 1024
     log_level: str = "INFO"
+    cluster_etcd: str = ""  # etcd endpoint (host:port): cluster mode; empty for a single node
+    cluster_secret: str = ""
+    cluster_port: int = 0  # node-to-node links; 0 means amqp_port + 20000
+    cluster_advertise: str = ""  # address other nodes dial; default the bind address or 127.0.0.1
+    tls_port: int = 5671  # AMQPS; listens only when tls_certfile is set
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cacertfile: str = ""
+    tls_verify: str = "verify_none"
+    tls_fail_if_no_peer_cert: bool = False
+    tls_cert_login_from: str = "distinguished_name"
+    auth_mechanisms: str = "PLAIN AMQPLAIN"
+    mgmt_tls: bool = False
+    mgmt_tls_port: int = 15671
+    mgmt_tls_certfile: str = ""  # empty: tls_certfile
+    mgmt_tls_keyfile: str = ""  # empty: tls_keyfile
+
+    @property
+    def mechanisms(self) -> list[str]:
+        return self.auth_mechanisms.replace(",", " ").upper().split()
 
     @property
     def memory_limit(self) -> int:
@@ -62,10 +82,33 @@ _HELP = {
     "compaction_threshold": "dead fraction of a segment that triggers its compaction",
     "message_cache_bytes": "message store read cache, bytes",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "cluster_etcd": "etcd endpoint (host:port) shared by the cluster's nodes; empty runs a single node",
+    "cluster_secret": "shared secret authenticating node-to-node links (required in cluster mode)",
+    "cluster_port": "port for node-to-node links (default AMQP port + 20000)",
+    "cluster_advertise": "address the other nodes dial for links (default the bind address, or 127.0.0.1)",
+    "tls_port": "AMQPS listener port, served when --tls-certfile is set",
+    "tls_certfile": "PEM server certificate (chain) for AMQPS",
+    "tls_keyfile": "PEM private key of the certificate (empty: in the certificate file)",
+    "tls_cacertfile": "PEM CA bundle that client certificates are verified against",
+    "tls_verify": "verify_none or verify_peer: whether clients are asked for a certificate",
+    "tls_fail_if_no_peer_cert": "with verify_peer: refuse the TLS handshake of a client without a certificate",
+    "tls_cert_login_from": "EXTERNAL login name: distinguished_name (RFC 4514 subject) or common_name",
+    "auth_mechanisms": "SASL mechanisms offered, of PLAIN, AMQPLAIN, EXTERNAL (EXTERNAL on TLS only)",
+    "mgmt_tls": "also serve the management API over HTTPS on --mgmt-tls-port",
+    "mgmt_tls_port": "management HTTPS port",
+    "mgmt_tls_certfile": "PEM certificate for HTTPS (empty: --tls-certfile)",
+    "mgmt_tls_keyfile": "PEM key for HTTPS (empty: --tls-keyfile)",
 }
+_CHOICES = {
+    "tls_verify": ("verify_none", "verify_peer"),
+    "tls_cert_login_from": ("distinguished_name", "common_name"),
+}
+MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 
 
 def _convert(kind: type, value: Any) -> Any:
+    if kind is str and isinstance(value, list):  # TOML: auth_mechanisms = ["PLAIN", "EXTERNAL"]
+        return " ".join(map(str, value))
     if kind is bool and isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return kind(value)
@@ -108,6 +151,14 @@ def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
                 setattr(config, field.name, _convert(kind, values[field.name]))
             except ValueError:
                 parser.error(f"bad value for {field.name}: {values[field.name]!r}")
+    for name, choices in _CHOICES.items():
+        if getattr(config, name) not in choices:
+            parser.error(f"{name} must be one of {', '.join(choices)}, not {getattr(config, name)!r}")
+    unknown = [m for m in config.mechanisms if m not in MECHANISMS]
+    if unknown:
+        parser.error(f"unknown auth_mechanisms: {', '.join(unknown)} (known: {', '.join(MECHANISMS)})")
+    if config.mgmt_tls and not (config.mgmt_tls_certfile or config.tls_certfile):
+        parser.error("mgmt_tls needs mgmt_tls_certfile or tls_certfile")
     return config
 
 

@@ -13,12 +13,12 @@ import logging
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
-from pamqp import commands, decode
+from pamqp import commands
 from pamqp.base import Frame
 
-from . import __version__, codec, errors
+from . import __version__, auth_mechanisms, codec, errors
 from .errors import AMQPError, ConnectionError
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ CAPABILITIES = {
     "connection.blocked": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "direct_reply_to": True,
 }
 
 # Handshake states
@@ -75,14 +76,18 @@ class Connection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
         self.peer = ("?", 0)
+        self.ssl_object = None  # the ssl.SSLObject of an AMQPS connection
+        self.auth_mechanism = ""
         self.exclusive_queues: set = set()
         self.write_paused = False
         self.reading_paused = False
+        self.suspended = False  # a channel method awaits the cluster: later frames wait behind it
         self.blocked_notified = False
         self.publishing = False
         self.deliver_budget = config.deliveries_per_flush
         self._received = True
         self._sent = False
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0  # per read / write, for the HTTP API
         self._silent_ticks = 0
         self._timer: asyncio.TimerHandle | None = None
         self.connected_at = time.time()
@@ -93,10 +98,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.peer = transport.get_extra_info("peername") or ("?", 0)
+        self.ssl_object = transport.get_extra_info("ssl_object")
         sock = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         self.broker.connections.add(self)
+        self.broker.churn.connection_created += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -150,7 +157,10 @@ class Connection(asyncio.Protocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
+            data = b"".join(self.out)
+            self.transport.write(data)
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self._sent = True
         self.out.clear()
         if self.deliver_budget <= 0:
@@ -166,6 +176,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         buf = self.buf
         buf += data
         if self.state == AWAIT_HEADER:
@@ -183,7 +195,7 @@ class Connection(asyncio.Protocol):
         channels = self.channels
         limit = self.frame_max
         try:
-            while n - pos >= 8 and self.state != CLOSED:
+            while n - pos >= 8 and self.state != CLOSED and not self.suspended:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -238,6 +250,34 @@ class Connection(asyncio.Protocol):
         if self.out:
             self.schedule_flush()
         self.broker.flush_dirty()
+
+    def suspend(self, channel: "Channel", method: Frame, work: Coroutine[Any, Any, None]) -> None:
+        """A channel method that must await (cluster agreement): frames after it are read once it is done.
+
+        Its errors close the channel or connection as a synchronous method's would.
+        """
+        self.suspended = True
+        self._pause_reading()
+        self.loop.create_task(work).add_done_callback(lambda task: self._resume(channel, method, task))
+
+    def _resume(self, channel: "Channel", method: Frame, task: asyncio.Task) -> None:
+        self.suspended = False
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, AMQPError) and not exc.class_id:
+            exc.class_id, exc.method_id = divmod(method.index, 0x10000)
+        if isinstance(exc, errors.ChannelError):
+            if channel.open:
+                channel.fail(exc)
+        elif isinstance(exc, ConnectionError):
+            self.close_with(exc)
+        elif exc is not None:
+            log.error("internal error on connection %s", self.name, exc_info=exc)
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
+        if self.state in (CLOSING, CLOSED):
+            return
+        if not self.write_paused and not (self.broker.blocked and self.publishing):
+            self._resume_reading()
+        self.data_received(b"")
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
         """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""
@@ -345,7 +385,8 @@ class Connection(asyncio.Protocol):
             "capabilities": CAPABILITIES,
         }
         self.state = AWAIT_START_OK
-        self.send_method(0, commands.Connection.Start(server_properties=properties, mechanisms="PLAIN AMQPLAIN",
+        mechanisms = " ".join(auth_mechanisms.offered(self.config, self.ssl_object))
+        self.send_method(0, commands.Connection.Start(server_properties=properties, mechanisms=mechanisms,
                                                       locales="en_US"))
 
     def _start_ok(self, method: commands.Connection.StartOk) -> None:
@@ -353,8 +394,8 @@ class Connection(asyncio.Protocol):
             raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.start-ok")
         self.client_properties = method.client_properties or {}
         self.client_capabilities = self.client_properties.get("capabilities") or {}
-        username, password = self._credentials(method.mechanism, method.response)
-        user = self.broker.access.authenticate(username, password)
+        username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
+                                                      method.mechanism, method.response)
         if user is not None and user.name == "guest" and self.config.loopback_users_only and not _is_loopback(self.peer[0]):
             log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None
@@ -365,27 +406,11 @@ class Connection(asyncio.Protocol):
                 return
             raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism), 10, 11)
         self.user = user
+        self.auth_mechanism = method.mechanism
         self.state = AWAIT_TUNE_OK
         self.send_method(0, commands.Connection.Tune(channel_max=self.config.channel_max,
                                                      frame_max=self.config.frame_max,
                                                      heartbeat=self.config.heartbeat))
-
-    @staticmethod
-    def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response)
-        if mechanism == "PLAIN":
-            parts = raw.split(b"\x00")
-            if len(parts) != 3:
-                raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed PLAIN response")
-            return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-        if mechanism == "AMQPLAIN":
-            try:
-                _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-            except Exception:
-                raise ConnectionError(errors.ACCESS_REFUSED,
-                                      "authentication failed: malformed AMQPLAIN response") from None
-            return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
-        raise ConnectionError(errors.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         if self.state != AWAIT_TUNE_OK:

@@ -16,13 +16,15 @@ from pamqp.header import ContentHeader
 from . import codec, header_table
 
 _LONG = struct.Struct(">I")
+_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 
 
 class Message:
     """One message, shared by every queue it was routed to."""
 
+    # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "_properties", "_flags", "__weakref__")
+                 "_properties", "_flags", "bcc_keys", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -89,6 +91,16 @@ class Message:
         return self.properties.headers
 
     @property
+    def has_headers(self) -> bool:
+        return bool(self._flags & codec.FLAG_HEADERS)
+
+    def replace_properties(self, properties: commands.Basic.Properties) -> None:
+        """Re-encode the content header with changed properties (BCC removed), before routing stores it."""
+        self.header = build_header(properties, self.body_size)
+        self._properties = properties
+        self._flags = struct.unpack_from(">H", self.header, 12)[0]
+
+    @property
     def has_expiration(self) -> bool:
         return bool(self._flags & codec.FLAG_EXPIRATION)
 
@@ -110,23 +122,42 @@ class Message:
         return bool(self._flags & codec.FLAG_USER_ID)
 
     @property
+    def has_reply_to(self) -> bool:
+        return bool(self._flags & codec.FLAG_REPLY_TO)
+
+    @property
+    def needs_checks(self) -> bool:
+        """user_id, expiration, reply_to or headers (CC/BCC) is set: one test lets the publish path skip them all."""
+        return bool(self._flags & _CHECKED)
+
+    @property
     def persistent(self) -> bool:
         """delivery_mode == 2, read straight from the header bytes."""
+        return self._octet(codec.FLAG_DELIVERY_MODE, "delivery_mode") == 2
+
+    @property
+    def priority(self) -> int:
+        """The priority property (0 when unset), read straight from the header bytes."""
+        return self._octet(codec.FLAG_PRIORITY, "priority") or 0
+
+    def _octet(self, flag: int, name: str) -> int | None:
+        """delivery_mode or priority: the octet properties after content type, encoding and headers."""
         flags = self._flags
-        if not flags & codec.FLAG_DELIVERY_MODE:
-            return False
+        if not flags & flag:
+            return None
+        if flags & 0x0001:  # a continuation flag word: rare, let pamqp do it
+            return getattr(self.properties, name)
         header = self.header
         pos = 14
-        if flags & 0x0001:  # a continuation flag word: rare, let pamqp do it
-            return self.properties.delivery_mode == 2
         if flags & codec.FLAG_CONTENT_TYPE:
             pos += 1 + header[pos]
         if flags & codec.FLAG_CONTENT_ENCODING:
             pos += 1 + header[pos]
         if flags & codec.FLAG_HEADERS:
             pos += 4 + _LONG.unpack_from(header, pos)[0]
-        return header[pos] == 2
-
+        if flag == codec.FLAG_PRIORITY and flags & codec.FLAG_DELIVERY_MODE:
+            pos += 1
+        return header[pos]
 
 def encode_route(exchange: str, routing_key: str) -> bytes:
     return codec.shortstr(exchange) + codec.shortstr(routing_key)

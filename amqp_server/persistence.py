@@ -117,6 +117,11 @@ class Persistence:
 
     # -- group commit -------------------------------------------------------------------------
 
+    @property
+    def staged(self) -> bool:
+        """Changes wait for a group commit: batch number ``batch`` will make them durable."""
+        return self._dirty
+
     def _touch(self) -> None:
         self._dirty = True
         if not self._scheduled and not self._syncing:
@@ -195,18 +200,20 @@ class Persistence:
         known = {queue.index_id for queue in queues}
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
-        messages: dict[int, Message] = {}
+        messages: dict[int, Message] = {}  # one Message however many queues hold it
         count = lost = 0
+        claim, stored = self.store.claim, Message.stored
         for queue in queues:
-            for item in self.index.entries(queue.index_id):
-                if not self.store.claim(item.msg_id):
-                    self.index.ack(queue.index_id, item.seq)
+            recover_entry = queue.recover_entry
+            for seq, msg_id, expiry, size, delivered in self.index.entries(queue.index_id):
+                if not claim(msg_id):
+                    self.index.ack(queue.index_id, seq)
                     lost += 1
                     continue
-                message = messages.get(item.msg_id)
+                message = messages.get(msg_id)
                 if message is None:
-                    message = messages[item.msg_id] = Message.stored(item.msg_id, item.size)
-                queue.recover_entry(Entry(item.seq, message, item.delivered, item.expiry))
+                    message = messages[msg_id] = stored(msg_id, size)
+                recover_entry(Entry(seq, message, delivered, expiry))
                 count += 1
         for journal in self.journals:
             journal.claim(self.store)

@@ -8,14 +8,22 @@ only hands entries over and takes them back.
 Expired entries are found through an expiry heap wherever they sit, marked
 gone in place and skipped when the ready list reaches them, so expiring a
 message in the middle of a long queue costs O(log n).
+
+The ready list is a deque in ``seq`` order; a priority queue (``x-max-priority``,
+:mod:`priority_queue`) keeps one per priority level.  Consumers are grouped by their
+``x-priority``: a group gets messages only while every higher one is out of
+credit, round-robin within it.  With ``x-single-active-consumer`` the only
+group is the active consumer; when it leaves, the next (highest priority, then
+earliest registered) takes over.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap
 
@@ -27,6 +35,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .connection import Connection
     from .persistence import Persistence
+    from .policy import Policy
 
 
 class Entry:
@@ -49,10 +58,10 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix")
+                 "unacked", "prefix", "priority")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
-                 arguments: dict, prefetch: int, prefix: bytes) -> None:
+                 arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
         self.tag = tag
         self.channel = channel
         self.queue = queue
@@ -62,11 +71,23 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.prefix = prefix  # encoded Basic.Deliver class/method + consumer tag
+        self.priority = priority  # x-priority
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:
             return False
         return self.channel.can_deliver()
+
+
+class ConsumerGroup:
+    """The consumers of one priority that receive messages, and where round-robin among them resumes."""
+
+    __slots__ = ("priority", "consumers", "rr")
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.consumers: list[Consumer] = []
+        self.rr = 0
 
 
 class QueueHost(Protocol):
@@ -79,12 +100,43 @@ class QueueHost(Protocol):
     def load(self, message: Message) -> None: ...
 
 
+def put_back(ready: deque[Entry], entry: Entry) -> None:
+    """Insert a requeued entry where its ``seq`` puts it (usually at one end)."""
+    if not ready or entry.seq > ready[-1].seq:
+        ready.append(entry)
+    elif entry.seq < ready[0].seq:
+        ready.appendleft(entry)
+    else:
+        insort(ready, entry)
+
+
+def from_seq(ready: deque[Entry], start: int) -> Iterator[Entry]:
+    first = bisect_left(ready, start, key=_seq) if ready and ready[0].seq < start else 0
+    return islice(ready, first, None)
+
+
+def pop_below(ready: deque[Entry], offset: int) -> Iterator[Entry]:
+    while ready and ready[0].seq < offset:
+        yield ready.popleft()
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
+def _priority(consumer: Consumer) -> int:
+    return consumer.priority
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
+
+    available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
+    remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "Connection | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -102,10 +154,11 @@ class Queue:
         self.ready: deque[Entry] = deque()
         self.gone_in_ready = 0
         self.ready_bytes = 0
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Consumer] = []  # in registration order
+        self.active_consumer: Consumer | None = None  # x-single-active-consumer: the one that receives
+        self._groups: list[ConsumerGroup] = []  # consumers that receive, by descending priority
         self.unacked = 0
         self.next_seq = 0
-        self._rr = 0
         self.had_consumer = False
         self.deleted = False
         self.stats = MessageStats()
@@ -117,6 +170,8 @@ class Queue:
         self._expires_timer: asyncio.TimerHandle | None = None
         self._fresh: Entry | None = None  # the entry being published: not expired on its way to a consumer
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
+        self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
+        self.operator_policy: "Policy | None" = None
         self.touch()
 
     @property
@@ -160,6 +215,21 @@ class Queue:
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
 
+    def set_args(self, args: QueueArgs) -> None:
+        """The effective arguments changed (a policy was set or cleared): limits and x-expires apply now.
+
+        Messages already queued keep the expiry they were given, as in RabbitMQ.
+        """
+        self.args = args
+        self._limited = args.limited
+        self._ttl = args.message_ttl is not None
+        if self._limited and args.overflow == "drop-head":
+            self._drop_overflow()
+        if args.expires is None and self._expires_timer is not None:
+            self._expires_timer.cancel()
+            self._expires_timer = None
+        self.touch()
+
     def _expiry_for(self, message: Message) -> int:
         ttl = self.args.message_ttl
         expiration = message.expiration_ms
@@ -196,32 +266,36 @@ class Queue:
     # -- out ----------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Hand ready entries to consumers with credit, round-robin."""
+        """Hand ready entries to consumers with credit: the highest priority group first, round-robin within.
+
+        Credit only shrinks during one call, so a group none of whose consumers can take more is done.
+        """
         ready = self.ready
-        consumers = self.consumers
-        n = len(consumers)
-        if not n or len(ready) == self.gone_in_ready:
+        if len(ready) == self.gone_in_ready:
             return
-        i = self._rr
-        idle = 0
-        while ready and idle < n:
-            if i >= n:
-                i = 0
-            consumer = consumers[i]
-            i += 1
-            if not consumer.has_credit():
-                idle += 1
-                continue
-            entry = self._pop_ready()
-            if entry is None:
-                break
+        for group in self._groups:
+            consumers = group.consumers
+            n = len(consumers)
+            i = group.rr
             idle = 0
-            if consumer.no_ack:
-                self.stats.deliver_no_ack += 1
-            else:
-                self.stats.deliver += 1
-            consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
-        self._rr = i
+            while ready and idle < n:
+                if i >= n:
+                    i = 0
+                consumer = consumers[i]
+                i += 1
+                if not consumer.has_credit():
+                    idle += 1
+                    continue
+                entry = self._pop_ready()
+                if entry is None:
+                    break
+                idle = 0
+                if consumer.no_ack:
+                    self.stats.deliver_no_ack += 1
+                else:
+                    self.stats.deliver += 1
+                consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
+            group.rr = i
 
     def _pop_ready(self) -> Entry | None:
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
@@ -262,6 +336,7 @@ class Queue:
         self.touch()
         entry = self._pop_ready()
         if entry is None:
+            self.stats.get_empty += 1
             return None
         if no_ack:
             self.stats.get_no_ack += 1
@@ -292,29 +367,26 @@ class Queue:
     # holds unacked are neither browsed nor removed (if requeued they come back at their seq).
 
     def offsets(self) -> tuple[int, int]:
-        """(head, tail): the seq of the first live ready entry (``next_seq`` if none), and ``next_seq``."""
-        for entry in self.ready:
+        """(head, tail): the lowest seq of a live ready entry (``next_seq`` if none), and ``next_seq``."""
+        for entry in self._from_seq(0):
             if not entry.gone:
                 return entry.seq, self.next_seq
         return self.next_seq, self.next_seq
 
     def browse(self, start: int, end: int, limit: int | None = None) -> list[Entry]:
-        """Ready entries with ``start <= seq < end``, in order, at most ``limit``; nothing changes.
+        """Ready entries with ``start <= seq < end``, in seq order, at most ``limit``; nothing changes.
 
         No redelivered flag, no delivery, no stats: a retried read sees the same entries.  Entries whose
-        TTL ran out are skipped.  Paged-out bodies are loaded.
+        TTL ran out are skipped.  Paged-out bodies are loaded.  A priority queue's entries come in seq
+        (publish) order too, not in delivery order.
         """
         ready = self.ready
         entries: list[Entry] = []
         if not ready or end <= start or (limit is not None and limit <= 0):
             return entries
-        from bisect import bisect_left
-        from itertools import islice
-
-        first = bisect_left(ready, start, key=lambda e: e.seq) if ready[0].seq < start else 0
         now = now_ms()
         host = self.host
-        for entry in islice(ready, first, None):
+        for entry in self._from_seq(start):
             if entry.seq >= end:
                 break
             if entry.gone or (entry.expiry and entry.expiry <= now):
@@ -335,11 +407,9 @@ class Queue:
         if offset <= self.committed:
             return 0
         self.committed = offset
-        ready = self.ready
         removed = 0
         persistence = self.persistence
-        while ready and ready[0].seq < offset:
-            entry = ready.popleft()
+        for entry in self._pop_below(offset):
             if entry.gone:
                 self.gone_in_ready -= 1
                 continue
@@ -370,7 +440,6 @@ class Queue:
 
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put unacked entries back in their original places, marked redelivered."""
-        ready = self.ready
         count = 0
         for entry in sorted(entries, key=lambda e: e.seq):
             entry.redelivered = True
@@ -378,12 +447,7 @@ class Queue:
             self.ready_bytes += entry.message.body_size
             if entry.expiry:
                 self._track_expiry(entry)
-            if not ready or entry.seq > ready[-1].seq:
-                ready.append(entry)
-            elif entry.seq < ready[0].seq:
-                ready.appendleft(entry)
-            else:
-                insort(ready, entry)
+            self._put_back(entry)
         self.unacked -= count
         if count:
             self.run()
@@ -404,9 +468,28 @@ class Queue:
         if self.persistence is not None:
             self.persistence.delete_queue(self, [e for e in self.ready if not e.gone])
         self._clear_ready()
+        self._groups = []
+        self.active_consumer = None
         for timer in (self._expiry_timer, self._expires_timer):
             if timer is not None:
                 timer.cancel()
+
+    # -- the ready list's slow paths (a priority queue has one deque per level) ------------------
+
+    def _put_back(self, entry: Entry) -> None:
+        put_back(self.ready, entry)
+
+    def _from_seq(self, start: int) -> Iterable[Entry]:
+        """Ready entries with ``seq >= start``, in seq order."""
+        return from_seq(self.ready, start)
+
+    def _pop_below(self, offset: int) -> Iterator[Entry]:
+        """Take every ready entry with ``seq < offset`` out of the ready list."""
+        return pop_below(self.ready, offset)
+
+    def _compact_ready(self) -> None:
+        """Drop the entries marked gone."""
+        self.ready = deque(e for e in self.ready if not e.gone)
 
     def _clear_ready(self) -> None:
         self.ready.clear()
@@ -448,7 +531,7 @@ class Queue:
         if expired:
             self._dead_letter(expired, "expired")
             if self.gone_in_ready > 1024 and self.gone_in_ready * 2 > len(self.ready):
-                self.ready = deque(e for e in self.ready if not e.gone)
+                self._compact_ready()
                 self.gone_in_ready = 0
         self._arm_expiry()
 
@@ -485,18 +568,55 @@ class Queue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True
+        if not self.args.single_active_consumer:
+            self._join_group(consumer)
+        elif self.active_consumer is None:
+            self._activate(consumer)
         self.touch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """The consumer is cancelled or its channel closed; a single active one hands over (run the queue after)."""
         try:
-            index = self.consumers.index(consumer)
+            self.consumers.remove(consumer)
         except ValueError:
             return
-        del self.consumers[index]
-        if index < self._rr:
-            self._rr -= 1
+        if not self.args.single_active_consumer:
+            self._leave_group(consumer)
+        elif consumer is self.active_consumer:
+            self._activate(max(self.consumers, key=_priority, default=None))
         if not self.consumers:
             self.touch()
+
+    def _join_group(self, consumer: Consumer) -> None:
+        groups = self._groups
+        for position, group in enumerate(groups):
+            if group.priority == consumer.priority:
+                group.consumers.append(consumer)
+                return
+            if group.priority < consumer.priority:
+                break
+        else:
+            position = len(groups)
+        group = ConsumerGroup(consumer.priority)
+        group.consumers.append(consumer)
+        groups.insert(position, group)
+
+    def _leave_group(self, consumer: Consumer) -> None:
+        for group in self._groups:
+            if group.priority == consumer.priority:
+                index = group.consumers.index(consumer)
+                del group.consumers[index]
+                if index < group.rr:
+                    group.rr -= 1
+                if not group.consumers:
+                    self._groups.remove(group)
+                return
+
+    def _activate(self, consumer: Consumer | None) -> None:
+        self.active_consumer = consumer
+        self._groups = []
+        if consumer is not None:
+            self._join_group(consumer)
 
     @property
     def unused_auto_delete(self) -> bool:

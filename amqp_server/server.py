@@ -13,7 +13,7 @@ from typing import Sequence
 
 from rich.logging import RichHandler
 
-from . import __version__, config as config_module
+from . import __version__, config as config_module, tls
 from .broker import Broker
 from .config import Config
 from .connection import Connection
@@ -65,16 +65,30 @@ class Node:
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size)
         self.server: asyncio.base_events.Server | None = None
+        self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
+        self.cluster = None  # forwarder.Cluster in cluster mode
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.cluster_etcd:
+            import forwarder
+
+            self.cluster = forwarder.Cluster(self.broker, self.config)
+            await self.cluster.start()
         if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
             import mgmt_http
 
             self.mgmt = await mgmt_http.start(self.broker, self.config)
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
+        context = tls.amqp_context(self.config)
+        if context is not None:  # before plain AMQP, so that a node answering on one answers on both
+            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config),
+                                                       self.config.bind, self.config.tls_port, ssl=context,
+                                                       ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
+                                                       reuse_address=True, backlog=1024)
+            log.info("AMQPS on %s:%d (verify: %s)", self.config.bind, self.config.tls_port, self.config.tls_verify)
         self.server = await loop.create_server(lambda: Connection(self.broker, self.config),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
@@ -111,11 +125,15 @@ class Node:
         log.info("shutting down")
         self._memory_task.cancel()
         self.server.close()
+        if self.tls_server is not None:
+            self.tls_server.close()
         if self.mgmt is not None:
             await self.mgmt.cleanup()
         for connection in list(self.broker.connections):
             connection.force_close("broker shutdown")
         await asyncio.sleep(0.1)
+        if self.cluster is not None:
+            await self.cluster.stop()
         self.broker.close()
 
 
@@ -130,6 +148,9 @@ async def serve(config: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_module.load(argv)
+    if config.cluster_etcd and not config.cluster_secret:
+        print("warren-server: --cluster-secret is required with --cluster-etcd", file=sys.stderr)
+        return 2
     gc.set_threshold(*GC_THRESHOLDS)
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=True, show_path=False)])

@@ -7,14 +7,32 @@ from __future__ import annotations
 
 
 class MessageStats:
-    __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver", "confirm",
-                 "return_unroutable", "drop_unroutable", "publish_in", "publish_out")
+    __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "ack", "redeliver",
+                 "confirm", "return_unroutable", "drop_unroutable")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    @property
+    def deliver_get(self) -> int:
+        return self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+
+    def as_dict(self) -> dict[str, int]:
+        values = {name: getattr(self, name) for name in self.__slots__}
+        values["deliver_get"] = self.deliver_get
+        return values
+
+
+class ChurnStats:
+    """How many connections, channels and queues came and went: RabbitMQ's ``churn_rates`` counters."""
+
+    __slots__ = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
+                 "queue_created", "queue_deleted")
 
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
     def as_dict(self) -> dict[str, int]:
-        values = {name: getattr(self, name) for name in self.__slots__}
-        values["deliver_get"] = self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
-        return values
+        return {name: getattr(self, name) for name in self.__slots__}

@@ -22,6 +22,9 @@ Workloads
 ``fanout4``
     Publish to a fanout exchange bound to 4 queues; 4 consumer processes (one
     per queue), ``no_ack``.  Reports deliveries/s (sum over the 4 queues).
+``priority``
+    As ``transient-ack``, through a priority queue (``x-max-priority`` 10) with
+    each message's ``priority`` drawn at random from 0..10.
 ``persistent-confirm``
     Persistent (delivery_mode 2) messages to a durable queue; the publisher
     uses publisher confirms with at most 1000 unconfirmed messages in flight;
@@ -62,7 +65,9 @@ import json
 import multiprocessing as mp
 import os
 import select
+import random
 import socket
+import ssl
 import statistics
 import struct
 import sys
@@ -75,7 +80,7 @@ FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
 FRAME_END = b"\xce"
 
-WORKLOADS = ["transient-noack", "transient-ack", "fanout4", "persistent-confirm", "latency"]
+WORKLOADS = ["transient-noack", "transient-ack", "priority", "fanout4", "persistent-confirm", "latency"]
 
 _HDR = struct.Struct("!BHI")
 _CM = struct.Struct("!HH")
@@ -84,9 +89,13 @@ _U64 = struct.Struct("!Q")
 PREFETCH = 200
 ACK_EVERY = 50
 MAX_UNCONFIRMED = 1000
+MAX_PRIORITY = 10
+PRIORITY_BATCHES = 16  # distinct pre-encoded batches of random priorities, sent in turn
 BATCH = 50
 LATENCY_SAMPLES = 5000
 LATENCY_WARMUP = 200
+# a non-blocking read or write that has to wait (TLS sockets raise their own kinds)
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class AMQPError(Exception):
@@ -181,14 +190,16 @@ def method_frame(channel: int, cls: int, meth: int, args: bytes = b"") -> bytes:
 
 
 def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes,
-                   persistent: bool, frame_max: int) -> bytes:
+                   persistent: bool, frame_max: int, priority: int | None = None) -> bytes:
     """basic.publish + content header + body frame(s) for one message."""
     m = method_frame(channel, 60, 40, struct.pack("!H", 0) + shortstr(exchange)
                      + shortstr(routing_key) + b"\x00")
+    flags, values = 0, b""
     if persistent:
-        props = struct.pack("!HB", 0x1000, 2)  # delivery-mode present, = 2
-    else:
-        props = struct.pack("!H", 0)
+        flags, values = flags | 0x1000, values + b"\x02"  # delivery-mode 2
+    if priority is not None:
+        flags, values = flags | 0x0800, values + bytes((priority,))
+    props = struct.pack("!H", flags) + values
     hp = struct.pack("!HHQ", 60, 0, len(body)) + props
     h = _HDR.pack(FRAME_HEADER, channel, len(hp)) + hp + FRAME_END
     parts = [m, h]
@@ -207,17 +218,25 @@ def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
 # connection
 # --------------------------------------------------------------------------
 
+def connect(cfg):
+    """A Connection as the command line asked (host, credentials, TLS)."""
+    return Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"], cafile=cfg["tls_ca"])
+
+
 class Connection:
     """Minimal synchronous AMQP connection with an offset-based frame buffer."""
 
-    def __init__(self, host, port, user, password, vhost="/", timeout=10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, host, port, user, password, vhost="/", timeout=10.0, cafile=None):
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
             except OSError:
                 pass
+        if cafile:  # AMQPS: verify the broker against this CA
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
+        self.sock = sock
         self.buf = bytearray(1 << 20)
         self.start = 0
         self.end = 0
@@ -326,12 +345,13 @@ class Connection:
     def channel_open(self, ch=1):
         self.rpc(ch, 20, 10, shortstr(""), 11)
 
-    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False, passive=False):
+    def queue_declare(self, ch, name, durable=False, auto_delete=False, exclusive=False, passive=False,
+                      arguments=None):
         """queue.declare; returns (message_count, consumer_count) from declare-ok.
         A failed passive declare (404) raises AMQPError and closes the channel."""
         bits = ((1 if passive else 0) | (2 if durable else 0) | (4 if exclusive else 0)
                 | (8 if auto_delete else 0))
-        off = self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(None), 11)
+        off = self.rpc(ch, 50, 10, struct.pack("!H", 0) + shortstr(name) + bytes((bits,)) + table(arguments), 11)
         off += 1 + self.buf[off]  # queue name
         return struct.unpack_from("!II", self.buf, off)
 
@@ -429,7 +449,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
             if r:
                 try:
                     conn.fill()
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 while True:
                     f = conn.poll_frame()
@@ -460,7 +480,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
                     sent += n
                 try:
                     poff += sock.send(pending[poff:])
-                except (BlockingIOError, InterruptedError):
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -528,7 +548,7 @@ def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=
 def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if not no_ack:
             conn.basic_qos(1, PREFETCH)
@@ -594,16 +614,23 @@ def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
 
 
 def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
-                   published, ready, go, stop, errq):
+                   published, ready, go, stop, errq, prioritised=False):
     conn = None
     try:
-        conn = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+        conn = connect(cfg)
         conn.channel_open(1)
         if confirm:
             conn.confirm_select(1)
         body = os.urandom(cfg["size"] // 2 + 1).hex()[: cfg["size"]].encode()
-        one = publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
-        batch = memoryview(one * BATCH)
+        if prioritised:
+            rng = random.Random(1)
+            batches = [memoryview(b"".join(
+                publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max,
+                               rng.randint(0, MAX_PRIORITY)) for _ in range(BATCH)))
+                for _ in range(PRIORITY_BATCHES)]
+        else:
+            batches = [memoryview(publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
+                                  * BATCH)]
         window = cfg["window"]
         ready.value = 1
         while not go.value:
@@ -629,7 +656,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             while True:
                 try:
                     n = sock.recv_into(mv[end:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     break
                 if n == 0:
                     raise AMQPError("connection closed by broker")
@@ -664,7 +691,7 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
             if pending is not None:
                 try:
                     poff += sock.send(pending[poff:])
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     pass
                 if poff >= len(pending):
                     pending = None
@@ -682,9 +709,10 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                 else:
                     time.sleep(0.001)
                 continue
+            batch = batches[(pub // BATCH) % len(batches)]
             try:
                 n = sock.send(batch)
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 n = 0
             pub += BATCH
             published.value = pub
@@ -729,10 +757,17 @@ def _drain(errq):
             return out
 
 
+def _cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_throughput(cfg, workload):
     ctx = mp.get_context("fork")
     name = _uniq(workload)
-    ctl = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    ctl = connect(cfg)
     ctl.channel_open(1)
     persistent = confirm = False
     no_ack = True
@@ -753,7 +788,8 @@ def run_throughput(cfg, workload):
         no_ack = False
     else:
         queues = [name]
-        ctl.queue_declare(1, name, auto_delete=True)
+        arguments = {"x-max-priority": MAX_PRIORITY} if workload == "priority" else None
+        ctl.queue_declare(1, name, auto_delete=True, arguments=arguments)
         routing_key = name
         no_ack = workload == "transient-noack"
 
@@ -774,25 +810,29 @@ def run_throughput(cfg, workload):
         _wait_ready(cready, procs, errq)
         pp = ctx.Process(target=publisher_proc,
                          args=(cfg, exchange, routing_key, persistent, confirm, counters,
-                               published, pready, go, stop, errq), daemon=True)
+                               published, pready, go, stop, errq, workload == "priority"), daemon=True)
         pp.start()
         procs.append(pp)
         _wait_ready([pready], procs, errq)
         go.value = 1
         time.sleep(1.0)  # warm-up
         c0, p0, t0 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu0 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         deadline = t0 + cfg["seconds"]
         while time.perf_counter() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.perf_counter())))
             if not errq.empty() or not all(p.is_alive() for p in procs):
                 break
         c1, p1, t1 = sum(c.value for c in counters), published.value, time.perf_counter()
+        cpu1 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         errs = _drain(errq)
         if errs:
             raise AMQPError("; ".join(errs))
         dt = t1 - t0
         result = {"rate": (c1 - c0) / dt, "publish_rate": (p1 - p0) / dt,
                   "unit": "deliveries/s" if workload == "fanout4" else "msg/s"}
+        if cfg["broker_pid"]:  # broker CPU per delivery: comparable however busy the machine is
+            result["broker_cpu_us"] = (cpu1 - cpu0) / max(1, c1 - c0) * 1e6
     finally:
         stop.value = 1
         for p in procs:
@@ -817,8 +857,8 @@ def run_throughput(cfg, workload):
 
 def run_latency(cfg):
     name = _uniq("latency")
-    pubc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
-    subc = Connection(cfg["host"], cfg["port"], cfg["user"], cfg["password"], cfg["vhost"])
+    pubc = connect(cfg)
+    subc = connect(cfg)
     try:
         pubc.channel_open(1)
         subc.channel_open(1)
@@ -893,6 +933,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
+    ap.add_argument("--broker-pid", type=int, help="also report this (local) broker process's CPU time per delivery")
     args = ap.parse_args(argv)
 
     if args.workload == "all":
@@ -903,11 +945,12 @@ def main(argv=None):
         if bad:
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
-           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window}
+           "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
+           "tls_ca": args.tls_ca, "broker_pid": args.broker_pid}
 
     server = {}
     try:
-        probe = Connection(args.host, args.port, args.user, args.password, args.vhost)
+        probe = connect(cfg)
         sp = probe.server_properties
         server = {"product": sp.get("product"), "version": sp.get("version")}
         probe.close()
@@ -942,6 +985,8 @@ def main(argv=None):
                 entry["unit"] = runs[0]["unit"]
                 entry["median"] = statistics.median(r["rate"] for r in runs)
                 entry["publish_median"] = statistics.median(r["publish_rate"] for r in runs)
+                if "broker_cpu_us" in runs[0]:
+                    entry["broker_cpu_us_median"] = statistics.median(r["broker_cpu_us"] for r in runs)
         results[w] = entry
 
     if args.json:
@@ -963,6 +1008,8 @@ def main(argv=None):
             else:
                 med = f"{e['median']:,.0f} {e['unit']}"
                 per = ", ".join(f"{r['rate']:,.0f}" for r in e["runs"])
+                if "broker_cpu_us_median" in e:
+                    per += f"  (broker CPU {e['broker_cpu_us_median']:.1f} us per delivery)"
             print(f"{w:<20} {med:>28}   {per}")
     return exit_code
 
@@ -970,7 +1017,8 @@ def main(argv=None):
 def _fmt_run(w, r):
     if w == "latency":
         return f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us ({r['samples']} samples)"
-    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s)"
+    cpu = f", broker CPU {r['broker_cpu_us']:.1f} us/delivery" if "broker_cpu_us" in r else ""
+    return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s){cpu}"
 
 
 if __name__ == "__main__":

@@ -67,8 +67,8 @@ class Exchange(ABC):
     reject it by raising), `_remove`, and `route`.
     """
 
-    __slots__ = ("name", "durable", "auto_delete", "internal", "arguments",
-                 "_by_destination", "_count")
+    __slots__ = ("name", "durable", "auto_delete", "internal", "arguments", "alternate", "policy",
+                 "operator_policy", "publish_in", "publish_out", "_by_destination", "_count")
 
     type_name: ClassVar[str]
 
@@ -79,6 +79,12 @@ class Exchange(ABC):
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments: dict[str, Any] = dict(arguments) if arguments else {}
+        # The alternate exchange in effect: the argument, else a policy's (set by the broker's policies).
+        self.alternate: Any = self.arguments.get("alternate-exchange")
+        self.policy: Any = None  # the user / operator policy applied (opaque here)
+        self.operator_policy: Any = None
+        self.publish_in = 0  # messages published to this exchange, and those it routed to some queue
+        self.publish_out = 0
         # Indexed by destination so deleting a queue costs O(its bindings), not O(all).
         self._by_destination: dict[object, dict[Binding, None]] = {}
         self._count = 0

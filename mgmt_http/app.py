@@ -7,10 +7,12 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from amqp_server import tls
 from amqp_server.broker import Broker
 from amqp_server.errors import AMQPError
 
-from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, queues, users, vhosts
+from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, policies, queues, users
+from . import vhosts
 from . import offsets
 from .auth import auth_middleware
 from .context import KEY, Context
@@ -19,7 +21,8 @@ from .rates import DEFAULT_INTERVAL, Sampler
 
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-RESOURCES = (overview, users, vhosts, permissions, connections, exchanges, bindings, queues, definitions, metrics)
+RESOURCES = (overview, users, vhosts, permissions, policies, connections, exchanges, bindings, queues, definitions,
+             metrics)
 
 
 @web.middleware
@@ -89,9 +92,13 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
 
 
 async def start(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
-    """Serve the API on ``config.bind:config.mgmt_port`` on the running loop; ``await runner.cleanup()`` stops it."""
+    """Serve the API on ``config.bind:config.mgmt_port`` (and HTTPS on ``mgmt_tls_port`` with ``mgmt_tls``)
+    on the running loop; ``await runner.cleanup()`` stops it."""
     runner = web.AppRunner(create_app(broker, config, sample_interval), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True)
-    await site.start()
+    await web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True).start()
+    context = tls.mgmt_context(config)
+    if context is not None:
+        await web.TCPSite(runner, config.bind, config.mgmt_tls_port, ssl_context=context, reuse_address=True).start()
+        log.info("management HTTPS API on %s:%d", config.bind, config.mgmt_tls_port)
     return runner

@@ -3,7 +3,8 @@
 ``administrator`` may do anything; ``monitoring`` sees every vhost, connection and
 channel and the node; ``policymaker`` and ``management`` see only the vhosts they
 have permissions on (and their own connections).  A user with none of these tags
-may not use the API.  401 = not authenticated; 403 = authenticated but not allowed.
+may not use the API.  As RabbitMQ's plugin, both "who are you?" and "you may not" are 401
+(only the former asks for credentials with ``WWW-Authenticate``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Permissions, User
 from amqp_server.broker import Broker
 
 from .context import ctx
-from .http import HTTPError, forbidden, not_found
+from .http import HTTPError, not_authorised, not_found
 
 REALM = 'Basic realm="RabbitMQ Management"'
 PUBLIC_PREFIXES = ("/metrics",)
@@ -50,20 +51,20 @@ class Login:
         return any(tag in MANAGEMENT_TAGS for tag in self.user.tags)
 
 
-def unauthorised(reason: str) -> HTTPError:
-    return HTTPError(401, "not_authorised", reason, {"WWW-Authenticate": REALM})
+def unauthenticated(reason: str, error: str = "not_authorised") -> HTTPError:
+    return HTTPError(401, error, reason, {"WWW-Authenticate": REALM})
 
 
 def _credentials(header: str) -> tuple[str, str]:
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
-        raise unauthorised("Not_Authorized")
+        raise unauthenticated("Not_Authorized")
     try:
         name, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        raise unauthorised("Not_Authorized") from None
+        raise unauthenticated("Not_Authorized") from None
     if not sep:
-        raise unauthorised("Not_Authorized")
+        raise unauthenticated("Not_Authorized")
     return name, password
 
 
@@ -77,16 +78,16 @@ def _is_loopback(host: str | None) -> bool:
 def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool) -> Login:
     header = request.headers.get("Authorization")
     if not header:
-        raise unauthorised("Not_Authorized")
+        raise unauthenticated("Not_Authorized")
     name, password = _credentials(header)
     user = broker.access.authenticate(name, password)
     if user is None:
-        raise unauthorised("Login failed")
+        raise unauthenticated("Login failed", "not_authorized")  # RabbitMQ's spelling, for this case only
     if loopback_only_guest and user.name == DEFAULT_USER and not _is_loopback(request.remote):
-        raise unauthorised("User can only log in via localhost")
+        raise unauthenticated("User can only log in via localhost")
     login = Login(user)
     if not login.is_management:
-        raise forbidden("Not management user")
+        raise not_authorised("Not management user")
     return login
 
 
@@ -108,14 +109,14 @@ def login(request: web.Request) -> Login:
 def require_admin(request: web.Request) -> Login:
     user = login(request)
     if not user.is_admin:
-        raise forbidden("Not administrator user")
+        raise not_authorised("Not administrator user")
     return user
 
 
 def require_monitor(request: web.Request) -> Login:
     user = login(request)
     if not user.is_monitor:
-        raise forbidden("Not monitor user")
+        raise not_authorised("Not monitor user")
     return user
 
 
@@ -130,13 +131,13 @@ def visible_vhosts(request: web.Request) -> list[str]:
 
 
 def require_vhost(request: web.Request, name: str | None = None) -> str:
-    """The path's vhost: 404 if there is none such, 403 if the user may not see it."""
+    """The path's vhost: 404 if there is none such, 401 if the user may not see it."""
     broker = ctx(request).broker
     vhost = request.match_info["vhost"] if name is None else name
     if not broker.access.vhost_exists(vhost):
         raise not_found()
     if not can_see_vhost(broker, login(request), vhost):
-        raise forbidden("Access refused.")
+        raise not_authorised("User not authorised to access virtual host")
     return vhost
 
 

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _cmd(sub, common, "status", commands.status, "overview and node health")
+    _cmd(sub, common, "forget-node", commands.forget_node,
+         "remove a stopped node from the cluster, with its queues").add_argument("name")
     listing = _cmd(sub, common, "list", commands.list_, "list objects")
     listing.add_argument("kind", choices=commands.LISTABLE)
 
@@ -57,8 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_delete(sub, common)
     _add_messages(sub, common)
 
-    exporting = _cmd(sub, common, "export", commands.export, "save definitions to FILE ('-': stdout)")
+    exporting = _cmd(sub, common, "export", commands.export,
+                     "save definitions to FILE ('-': stdout); with --queue/--all-queues, queues to Parquet "
+                     "under the directory FILE (needs pyspark and Java)")
     exporting.add_argument("file", metavar="FILE")
+    exporting.add_argument("--queue", action="append", default=[], help="a queue to write (repeatable)")
+    exporting.add_argument("--all-queues", action="store_true", help="every queue of the vhost")
+    exporting.add_argument("--drain", action="store_true",
+                           help="remove what was written, once it is on disk (default: leave the queues alone)")
+    exporting.add_argument("--partition-size", type=int, metavar="N",
+                           help="messages per Spark partition (default: the data source's, 250000)")
     importing = _cmd(sub, common, "import", commands.import_, "load definitions from FILE ('-': stdin)")
     importing.add_argument("file", metavar="FILE")
     return parser
@@ -71,8 +81,8 @@ def _cmd(sub: argparse._SubParsersAction, common: argparse.ArgumentParser, name:
     return parser
 
 
-def _group(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse._SubParsersAction:
-    parser = sub.add_parser(name, help=help_text, description=help_text)
+def _group(sub: argparse._SubParsersAction, name: str, help_text: str, alias: str) -> argparse._SubParsersAction:
+    parser = sub.add_parser(name, aliases=[alias], help=help_text, description=help_text)
     return parser.add_subparsers(dest="kind", required=True, metavar="KIND")
 
 
@@ -89,7 +99,7 @@ def _binding_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_declare(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    kinds = _group(sub, "declare", "create or update an object")
+    kinds = _group(sub, "declare", "create or update an object (alias: set)", "set")
     queue = _cmd(kinds, common, "queue", commands.declare_queue, "declare a queue")
     queue.add_argument("name")
     queue.add_argument("--durable", action=argparse.BooleanOptionalAction, default=False)
@@ -122,9 +132,19 @@ def _add_declare(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     for kind in ("configure", "write", "read"):
         permission.add_argument(f"--{kind}", required=True, metavar="REGEX")
 
+    for kind, what in commands.POLICY_KINDS.items():
+        policy = _cmd(kinds, common, kind, commands.declare_policy, f"set {what}")
+        policy.add_argument("name")
+        policy.add_argument("--pattern", required=True, metavar="REGEX", help="queue / exchange names it applies to")
+        policy.add_argument("--definition", required=True, type=values.json_object, metavar="JSON",
+                            help="""e.g. '{"max-length": 10}'""")
+        policy.add_argument("--priority", type=int, default=0)
+        policy.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "classic_queues",
+                                                                   "quorum_queues", "streams"))
+
 
 def _add_delete(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    kinds = _group(sub, "delete", "delete an object")
+    kinds = _group(sub, "delete", "delete an object (alias: clear)", "clear")
     queue = _cmd(kinds, common, "queue", commands.delete_queue, "delete a queue")
     queue.add_argument("name")
     queue.add_argument("--if-empty", action="store_true")
@@ -137,6 +157,8 @@ def _add_delete(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     _cmd(kinds, common, "vhost", commands.delete_vhost, "delete a virtual host").add_argument("name")
     permission = _cmd(kinds, common, "permission", commands.delete_permission, "clear a user's permissions")
     permission.add_argument("--user", dest="perm_user", required=True)
+    for kind, what in commands.POLICY_KINDS.items():
+        _cmd(kinds, common, kind, commands.delete_policy, f"clear {what}").add_argument("name")
 
 
 def _add_messages(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

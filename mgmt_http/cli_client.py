@@ -55,7 +55,7 @@ def path(*segments: str) -> str:
 
 
 def error_reason(body: bytes) -> str:
-    """The reason in a RabbitMQ-style error body ``{"error": ..., "reason": ...}``, else the text."""
+    """The reason in a RabbitMQ-style error body ``{"error": ..., "reason": ...}``, else the text; on one line."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
@@ -63,7 +63,8 @@ def error_reason(body: bytes) -> str:
         return " ".join(text.split())[:300]
     if isinstance(data, dict):
         reason = data.get("reason") or data.get("error") or ""
-        return str(reason) if not isinstance(reason, (dict, list)) else json.dumps(reason)
+        # one line: RabbitMQ's validation reasons span several ("Validation failed\n\n...")
+        return " ".join(str(reason).split()) if not isinstance(reason, (dict, list)) else json.dumps(reason)
     return str(data)
 
 

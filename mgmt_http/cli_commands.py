@@ -102,8 +102,8 @@ def _memory(node: dict[str, Any]) -> str:
 
 # -- list -------------------------------------------------------------------------------------
 
-LISTABLE = ("queues", "exchanges", "bindings", "users", "vhosts", "permissions", "connections", "channels",
-            "consumers")
+LISTABLE = ("queues", "exchanges", "bindings", "users", "vhosts", "permissions", "policies", "operator-policies",
+            "connections", "channels", "consumers")
 _GLOBAL = {"users", "vhosts"}  # not per vhost
 
 
@@ -204,6 +204,20 @@ def declare_permission(api: ApiClient, args: argparse.Namespace, out: Output) ->
     return 0
 
 
+POLICY_KINDS = {"policy": "a policy", "operator-policy": "an operator policy"}
+_POLICY_PATHS = {"policy": "policies", "operator-policy": "operator-policies"}
+
+
+def declare_policy(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    vhost = vhost_of(args)
+    body = {"pattern": args.pattern, "definition": args.definition, "priority": args.priority,
+            "apply-to": args.apply_to}
+    api.put(path(_POLICY_PATHS[args.kind], vhost, args.name), body, not_found=f"no vhost '{vhost}'")
+    out.ok(f"{args.kind} '{args.name}' set {_in(vhost)}: pattern '{args.pattern}', "
+           f"definition {json.dumps(args.definition)}, priority {args.priority}, apply-to {args.apply_to}")
+    return 0
+
+
 # -- delete -----------------------------------------------------------------------------------
 
 def delete_queue(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
@@ -245,6 +259,12 @@ def _properties_key(routing_key: str) -> str:
     return routing_key or "~"
 
 
+def forget_node(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    api.delete(path("nodes", args.name), not_found=f"no other node '{args.name}' in the cluster")
+    out.ok(f"node '{args.name}' forgotten")
+    return 0
+
+
 def delete_user(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     api.delete(path("users", args.name), not_found=f"no user '{args.name}'")
     out.ok(f"user '{args.name}' deleted")
@@ -262,6 +282,14 @@ def delete_permission(api: ApiClient, args: argparse.Namespace, out: Output) -> 
     api.delete(path("permissions", vhost, args.perm_user),
                not_found=f"no permissions for user '{args.perm_user}' {_in(vhost)}")
     out.ok(f"permissions of user '{args.perm_user}' {_in(vhost)} cleared")
+    return 0
+
+
+def delete_policy(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    vhost = vhost_of(args)
+    api.delete(path(_POLICY_PATHS[args.kind], vhost, args.name),
+               not_found=f"no {args.kind} '{args.name}' {_in(vhost)}")
+    out.ok(f"{args.kind} '{args.name}' cleared {_in(vhost)}")
     return 0
 
 
@@ -341,6 +369,15 @@ def move(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
 # -- definitions ------------------------------------------------------------------------------
 
 def export(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    """Definitions, or with --queue/--all-queues messages to Parquet (:mod:`mgmt_http.cli_export`)."""
+    if args.queue or args.all_queues:
+        if args.file == "-":
+            raise CtlError("a Parquet export needs a directory, not '-'")
+        from .cli_export import export_queues  # imports rich.progress only; pyspark once it is needed
+
+        return export_queues(api, args, out, vhost_of(args))
+    if args.drain:
+        raise CtlError("--drain needs --queue or --all-queues")
     definitions = api.get(path("definitions"))
     text = json.dumps(definitions, indent=2, sort_keys=True) + "\n"
     if args.file == "-":
@@ -351,7 +388,7 @@ def export(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     except OSError as exc:
         raise CtlError(f"cannot write {args.file}: {exc.strerror or exc}") from None
     counts = ", ".join(f"{len(definitions.get(k) or [])} {k}" for k in
-                       ("users", "vhosts", "permissions", "queues", "exchanges", "bindings"))
+                       ("users", "vhosts", "permissions", "policies", "queues", "exchanges", "bindings"))
     out.ok(f"definitions exported to {args.file} ({counts})")
     return 0
 

@@ -66,6 +66,8 @@ COLUMNS: dict[str, list[Column]] = {
     "users": [field("name"), Column("tags", _tags)],
     "vhosts": [field("name"), number("messages"), field("tracing")],
     "permissions": [field("vhost"), field("user"), field("configure"), field("write"), field("read")],
+    "policies": [field("vhost"), field("name"), field("pattern"), field("apply-to"), field("definition"),
+                 number("priority")],
     "connections": [field("name"), field("user"), field("vhost"), field("peer_host"), number("peer_port"),
                     field("protocol"), number("channels"), field("state")],
     "channels": [field("name"), Column("connection", _connection_of_channel), number("number"),
@@ -74,7 +76,7 @@ COLUMNS: dict[str, list[Column]] = {
                  field("confirm"), field("state")],
     "consumers": [field("queue.vhost", "vhost"), field("queue.name", "queue"), field("consumer_tag"),
                   Column("channel", _consumer_channel), field("ack_required"), field("exclusive"),
-                  number("prefetch_count", "prefetch"), field("arguments")],
+                  number("prefetch_count", "prefetch"), field("activity_status", "status"), field("arguments")],
     "messages": [field("routing_key"), field("exchange"), number("message_count", "remaining"),
                  field("redelivered"), number("payload_bytes", "bytes"), field("payload_encoding", "encoding"),
                  Column("payload", _payload), field("properties")],
@@ -82,6 +84,9 @@ COLUMNS: dict[str, list[Column]] = {
                number("payload_bytes", "bytes"), field("payload_encoding", "encoding"),
                Column("payload", _payload), field("properties")],
 }
+
+
+COLUMNS["operator-policies"] = COLUMNS["policies"]
 
 
 class Output:

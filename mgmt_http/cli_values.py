@@ -38,6 +38,17 @@ def pair(item: str) -> tuple[str, str]:
     return key, value
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """argparse ``type=`` for a JSON object option (a policy definition)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def arguments(pairs: Iterable[tuple[str, str]] | None) -> dict[str, Any]:
     """``--arg x-max-length=10`` → {"x-max-length": 10}."""
     return {key: guess(value) for key, value in pairs or ()}

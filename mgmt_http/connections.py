@@ -1,20 +1,20 @@
 """/api/connections, /api/channels, /api/consumers: what clients are connected and doing."""
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from aiohttp import web
 
+from amqp_server import tls
 from amqp_server.channel import Channel
 from amqp_server.connection import OPEN, Connection
 from amqp_server.queue import Consumer
 
 from . import auth
 from .context import Context, ctx
-from .http import forbidden, jsonable, no_content, not_found
+from .http import not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
-from .rates import message_stats
+from .rates import CHANNEL_STATS, message_stats
 
 routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
@@ -39,13 +39,23 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
         "name": connection.name, "node": context.node, "type": "network",
         "state": "running" if connection.state == OPEN else "closing", "protocol": "AMQP 0-9-1",
         "user": connection.user.name, "user_who_performed_action": connection.user.name,
-        "vhost": connection.vhost_name, "auth_mechanism": "PLAIN", "ssl": False,
+        "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
+        **tls.connection_info(connection.ssl_object),
         "host": host, "port": port, "peer_host": connection.peer[0], "peer_port": connection.peer[1],
         "channels": len(connection.channels), "channel_max": connection.channel_max,
         "frame_max": connection.frame_max, "timeout": connection.heartbeat,
         "client_properties": props, "user_provided_name": props.get("connection_name"),
         "connected_at": int(connection.connected_at * 1000),
+        "recv_cnt": connection.recv_cnt, "send_cnt": connection.send_cnt,
+        "send_pend": connection.transport.get_write_buffer_size() if connection.transport else 0,
+        **octets(connection, context.sampler.rates(connection)),
     }
+
+
+def octets(connection: Connection, rates: dict[str, float]) -> dict[str, Any]:
+    """Bytes read and written (counted per socket read and write) with their rates, as RabbitMQ's."""
+    return {"recv_oct": connection.recv_oct, "recv_oct_details": {"rate": rates.get("recv_oct", 0.0)},
+            "send_oct": connection.send_oct, "send_oct_details": {"rate": rates.get("send_oct", 0.0)}}
 
 
 def channel_name(channel: Channel) -> str:
@@ -65,17 +75,26 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0, "acks_uncommitted": 0,
         "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
         "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
-        "message_stats": message_stats(channel.stats, context.sampler.rates(channel)),
+        "message_stats": message_stats(channel.stats, context.sampler.rates(channel), CHANNEL_STATS),
     }
+
+
+def activity(consumer: Consumer) -> tuple[bool, str]:
+    """(active, activity_status) as RabbitMQ reports them: with a single active consumer, the others wait."""
+    queue = consumer.queue
+    if not queue.args.single_active_consumer:
+        return True, "up"
+    return (True, "single_active") if consumer is queue.active_consumer else (False, "waiting")
 
 
 def consumer_info(context: Context, consumer: Consumer) -> dict[str, Any]:
     channel = consumer.channel
     connection = channel.connection
+    active, status = activity(consumer)
     return {
         "consumer_tag": consumer.tag, "ack_required": not consumer.no_ack, "exclusive": consumer.exclusive,
-        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": True,
-        "activity_status": "up", "consumer_timeout": None,
+        "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": active,
+        "activity_status": status, "consumer_timeout": None,
         "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
         "channel_details": {"name": channel_name(channel), "number": channel.number,
                             "connection_name": connection.name, "peer_host": connection.peer[0],
@@ -120,7 +139,7 @@ async def close_connection(request: web.Request) -> web.Response:
     connection = find_connection(request)
     user = auth.login(request)
     if not user.is_admin and connection.user.name != user.name:
-        raise forbidden("Not administrator user")
+        raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 
 from amqp_server import __version__
 from amqp_server.errors import AMQPError
+from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 
 from . import auth
 from .bindings import vhost_bindings
@@ -17,6 +19,7 @@ from .permissions import all_permissions, permissions_from_json
 from .users import parse_tags, user_from_json, user_info
 
 routes = web.RouteTableDef()
+log = logging.getLogger("warren.mgmt")
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ whose export format this is
 
 
@@ -33,7 +36,12 @@ def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, l
                  "destination_type": b["destination_type"], "routing_key": b["routing_key"],
                  "arguments": b["arguments"]} for b in vhost_bindings(context, vhost)
                 if b["source"] and not (b["destination_type"] == "queue" and b["destination"] in exclusive)]
-    return {"queues": queues, "exchanges": exchanges, "bindings": bindings}
+    policies = context.broker.policies  # a vhost's export names the vhost of policies too, as RabbitMQ's does
+    parameters = [{"value": {"pattern": p.pattern, "definition": p.definition, "priority": p.priority,
+                             "apply-to": p.apply_to}, "vhost": name, "component": OPERATOR_POLICY, "name": p.name}
+                  for p in policies.list(OPERATOR_POLICY, name)]
+    return {"parameters": parameters, "policies": [p.to_json() for p in policies.list(POLICY, name)],
+            "queues": queues, "exchanges": exchanges, "bindings": bindings}
 
 
 def _header() -> dict[str, Any]:
@@ -49,8 +57,8 @@ def export_all(request: web.Request) -> dict[str, Any]:
     result["vhosts"] = [{"name": name, "limits": [], "metadata": {"description": "", "tags": []}}
                         for name in access.vhosts()]
     result["permissions"] = all_permissions(request)
-    result.update({"topic_permissions": [], "parameters": [], "global_parameters": [], "policies": []})
-    objects: dict[str, list] = {"queues": [], "exchanges": [], "bindings": []}
+    result.update({"topic_permissions": [], "global_parameters": []})
+    objects: dict[str, list] = {"parameters": [], "policies": [], "queues": [], "exchanges": [], "bindings": []}
     for name in access.vhosts():
         for key, items in _vhost_objects(context, name, True).items():
             objects[key].extend(items)
@@ -76,7 +84,6 @@ async def export_vhost(request: web.Request) -> web.Response:
     auth.require_admin(request)
     name = auth.require_vhost(request)
     result = _header()
-    result.update({"parameters": [], "policies": []})
     result.update(_vhost_objects(ctx(request), name, False))
     return _download(request, result)
 
@@ -106,8 +113,12 @@ def _items(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None) -> None:
-    """Users, vhosts, permissions (whole-node import only), then exchanges, queues, bindings — through the
-    same broker operations as AMQP declares, so conflicts are errors as they would be there."""
+    """Users, vhosts, permissions (whole-node import only), then policies, exchanges, queues, bindings — through
+    the same broker operations as AMQP declares, so conflicts are errors as they would be there.
+
+    As RabbitMQ does, unknown fields are ignored.  Topic permissions, global parameters and runtime parameters
+    other than operator policies (federation, shovels) are accepted and ignored: Warren has no such features.
+    """
     broker = context.broker
     access = broker.access
     if only_vhost is None:
@@ -129,6 +140,21 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             raise bad_request(f"vhost '{name}' does not exist")
         return broker.vhost(name)
 
+    ignored = [key for key in ("topic_permissions", "global_parameters") if body.get(key)]
+    if any(item.get("component") != OPERATOR_POLICY for item in _items(body, "parameters")):
+        ignored.append("parameters other than operator policies")
+    if ignored:
+        log.warning("definitions import: ignored %s (not supported by Warren)", ", ".join(ignored))
+    policies = broker.policies
+    for item in _items(body, "policies"):
+        vhost = vhost_of(item)
+        policies.put(POLICY, _policy(vhost.name, item, item, False), vhost)
+    for item in _items(body, "parameters"):
+        if item.get("component") == OPERATOR_POLICY:
+            vhost = vhost_of(item)
+            value = item.get("value")
+            policies.put(OPERATOR_POLICY, _policy(vhost.name, item, value if isinstance(value, dict) else {}, True),
+                         vhost)
     try:
         for item in _items(body, "exchanges"):
             broker.declare_exchange(vhost_of(item), get_str(item, "name"), get_str(item, "type"),
@@ -150,6 +176,13 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
                         get_table(item, "arguments"))
     except AMQPError as exc:
         raise from_amqp(exc) from None
+
+
+def _policy(vhost: str, item: dict[str, Any], body: dict[str, Any], operator: bool):
+    try:
+        return parse(vhost, get_str(item, "name"), body, operator)
+    except PolicyError as exc:
+        raise bad_request(str(exc)) from None
 
 
 @routes.post("/api/definitions")

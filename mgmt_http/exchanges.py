@@ -6,6 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_exchange_declare, check_permission
+from amqp_server.policy import effective_definition
 from exchanges import DelayedExchange, Exchange
 
 from . import auth
@@ -14,6 +15,7 @@ from .http import (bad_request, created_or_updated, exchange_param, get_bool, ge
                    json_response, no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import message_from_json
+from .rates import EXCHANGE_STATS, message_stats
 
 routes = web.RouteTableDef()
 
@@ -21,7 +23,12 @@ routes = web.RouteTableDef()
 def exchange_info(context: Context, vhost: str, exchange: Exchange) -> dict[str, Any]:
     info = {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-            "arguments": dict(exchange.arguments), "user_who_performed_action": "", "policy": None}
+            "arguments": dict(exchange.arguments), "user_who_performed_action": "",
+            "policy": exchange.policy.name if exchange.policy else None,
+            "operator_policy": exchange.operator_policy.name if exchange.operator_policy else None,
+            "effective_policy_definition": effective_definition(exchange.policy, exchange.operator_policy),
+            "message_stats": message_stats(exchange, context.sampler.exchange_rates(vhost, exchange.name),
+                                           EXCHANGE_STATS)}
     if isinstance(exchange, DelayedExchange):  # the plugin's info item
         info["messages_delayed"] = context.broker.delayed.pending[(vhost, exchange.name)]
     return info
@@ -53,8 +60,9 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 @routes.get("/api/exchanges/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
+    """One exchange; per-channel ``incoming``/``outgoing`` are empty, as RabbitMQ's in ``basic`` rates mode."""
     context, vhost, exchange = find_exchange(request)
-    return respond_one(request, exchange_info(context, vhost, exchange))
+    return respond_one(request, {**exchange_info(context, vhost, exchange), "incoming": [], "outgoing": []})
 
 
 @routes.put("/api/exchanges/{vhost}/{name}")
@@ -63,14 +71,16 @@ async def declare(request: web.Request) -> web.Response:
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
     body = await read_json(request)
-    type_name = get_str(body, "type")
-    durable = get_bool(body, "durable", True)
+    type_name = get_str(body, "type", "direct")  # exchange.declare's defaults, as RabbitMQ
+    durable = get_bool(body, "durable", False)
     auto_delete = get_bool(body, "auto_delete", False)
     internal = get_bool(body, "internal", False)
     arguments = get_table(body, "arguments")
     check_exchange_declare(auth.permissions(request, vhost.name), auth.login(request).name, vhost.name, name,
                            arguments)
     existed = name in vhost.exchanges
+    await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
+                                        internal=internal, arguments=arguments)
     context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
                                     internal=internal, arguments=arguments)
     return created_or_updated(not existed)
@@ -87,13 +97,20 @@ async def delete(request: web.Request) -> web.Response:
 
 @routes.post("/api/exchanges/{vhost}/{name}/publish")
 async def publish(request: web.Request) -> web.Response:
-    """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``."""
-    context, vhost_name, exchange = find_exchange(request)
+    """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``.
+
+    A missing exchange is 400 with basic.publish's NOT_FOUND text, as RabbitMQ answers it."""
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
     body = await read_json(request, required=True)
+    name = exchange_param(request.match_info["name"])
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise bad_request(f"NOT_FOUND - no exchange '{name}' in vhost '{vhost.name}'")
     message = message_from_json(exchange.name, body)
     user = auth.login(request).name
     broker = context.broker
-    vhost = context.vhost(vhost_name)
+    vhost_name = vhost.name
     check_permission(auth.permissions(request, vhost_name), user, vhost_name, "write", "exchange", exchange.name)
     broker.check_publishable(vhost, exchange)
     broker.check_message(message, user)

@@ -5,8 +5,9 @@ import base64
 import datetime
 import decimal
 import json
-from typing import Any, NoReturn
+from typing import Any
 
+import orjson
 from aiohttp import web
 
 from amqp_server import errors
@@ -36,12 +37,25 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def dumps(data: Any) -> str:
-    return json.dumps(data, default=lambda v: jsonable(v) if not isinstance(v, (str, int, float)) else str(v))
+def _default(value: Any) -> Any:
+    converted = jsonable(value)
+    return str(value) if converted is value else converted
+
+
+_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS  # datetimes as RabbitMQ's integer seconds
+
+
+def encode(data: Any) -> bytes:
+    """orjson: a listing of 1,000 queues encodes several times faster than with json (benchmarks/mgmt_latency.py)."""
+    return orjson.dumps(data, default=_default, option=_OPTIONS)
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(text=dumps(data), status=status, content_type="application/json", headers=headers)
+    return encoded_response(encode(data), status, headers)
+
+
+def encoded_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
 def error_response(status: int, error: str, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -70,8 +84,9 @@ def bad_request(reason: str) -> HTTPError:
     return HTTPError(400, "bad_request", reason)
 
 
-def forbidden(reason: str) -> HTTPError:
-    return HTTPError(403, "not_authorised", reason)
+def not_authorised(reason: str) -> HTTPError:
+    """Authenticated but not allowed: RabbitMQ's management plugin answers 401 here too (never 403)."""
+    return HTTPError(401, "not_authorised", reason)
 
 
 def from_amqp(exc: AMQPError) -> HTTPError:
@@ -79,7 +94,7 @@ def from_amqp(exc: AMQPError) -> HTTPError:
     if exc.code == errors.NOT_FOUND:
         return HTTPError(404, "not_found", exc.text)
     if exc.code == errors.ACCESS_REFUSED:
-        return HTTPError(403, "not_authorised", exc.text)
+        return not_authorised(exc.text)
     return HTTPError(400, "bad_request", exc.text)
 
 

@@ -6,13 +6,15 @@
 """
 from __future__ import annotations
 
+import gc
 import math
 import re
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
 from aiohttp import web
 
-from .http import bad_request, json_response, query_flag
+from .http import HTTPError, bad_request, encode, encoded_response, json_response, query_flag
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
@@ -41,19 +43,22 @@ def _sort_key(value: Any) -> tuple:
     return (3, str(value))
 
 
-def filter_by_name(items: list[dict[str, Any]], pattern: str, use_regex: bool) -> list[dict[str, Any]]:
+Row = tuple[dict[str, Any], Any]  # (the fields filters and sorts read, the object to render, or None)
+
+
+def filter_by_name(rows: list[Row], pattern: str, use_regex: bool) -> list[Row]:
     if use_regex:
         try:
             regex = re.compile(pattern, re.IGNORECASE)
         except re.error as exc:
             raise bad_request(f"invalid regular expression: {exc}") from None
-        return [item for item in items if regex.search(str(item.get("name", "")))]
-    return [item for item in items if pattern in str(item.get("name", ""))]
+        return [row for row in rows if regex.search(str(row[0].get("name", "")))]
+    return [row for row in rows if pattern in str(row[0].get("name", ""))]
 
 
-def sort_items(items: list[dict[str, Any]], keys: Iterable[str], reverse: bool) -> list[dict[str, Any]]:
+def sort_items(rows: list[Row], keys: Iterable[str], reverse: bool) -> list[Row]:
     keys = list(keys)
-    return sorted(items, key=lambda item: tuple(_sort_key(lookup(item, key)) for key in keys), reverse=reverse)
+    return sorted(rows, key=lambda row: tuple(_sort_key(lookup(row[0], key)) for key in keys), reverse=reverse)
 
 
 def select_columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
@@ -71,51 +76,88 @@ def select_columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return result
 
 
-def _positive_int(request: web.Request, name: str, default: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
+def _pagination(request: web.Request) -> tuple[int, int]:
+    """(page, page_size), refused with RabbitMQ's errors: not integers, page < 1, size outside 1..500."""
+    raw_page, raw_size = request.query.get("page"), request.query.get("page_size")
     try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer") from None
-    if value < 1:
-        raise bad_request(f"{name} must be a positive integer")
-    return value
+        page = int(raw_page)
+        page_size = int(raw_size) if raw_size is not None else DEFAULT_PAGE_SIZE
+    except (TypeError, ValueError):
+        raise bad_request("Pagination parameters are invalid") from None
+    if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
+        size = raw_size if raw_size is not None else "undefined"
+        raise HTTPError(400, "invalid_pagination_parameters",
+                        f"Invalid pagination parameters: page number {page}, page size {size}")
+    return page, page_size
 
 
-def paginate(items: list[dict[str, Any]], page: int, page_size: int, total: int) -> dict[str, Any]:
+def paginate(items: list[Any], page: int, page_size: int, total: int) -> dict[str, Any]:
     filtered = len(items)
     page_count = max(1, math.ceil(filtered / page_size)) if filtered else 0
     if page_count and page > page_count:
-        raise bad_request("page_out_of_range")
+        raise HTTPError(400, "page_out_of_range",
+                        f"Page out of range, page: {page} page size: {page_size}, len: {filtered}")
     chunk = items[(page - 1) * page_size:page * page_size]
     return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk, "page": page,
             "page_count": page_count, "page_size": page_size, "total_count": total}
 
 
-def respond(request: web.Request, items: list[dict[str, Any]],
-            default_sort: tuple[str, ...] = ("vhost", "name")) -> web.Response:
-    """Filter, sort, page and trim a listing per the request's query, and answer it."""
+def respond(request: web.Request, items: list[Any], default_sort: tuple[str, ...] = ("vhost", "name"),
+            render: Callable[[Any], dict[str, Any]] | None = None,
+            stub: Callable[[Any], dict[str, Any]] | None = None) -> web.Response:
+    """Filter, sort, page and trim a listing per the request's query, and answer it.
+
+    ``items`` are JSON objects, or (with ``render``) objects rendered to JSON only when needed: given
+    ``stub`` (an object's cheap fields, e.g. name and vhost), filtering and sorting by those fields work
+    on the stubs, and a page renders only its own items.
+    """
+    with _collector_paused():
+        body = _listing(request, items, default_sort, render, stub)
+    return encoded_response(body)
+
+
+def _listing(request: web.Request, items: list[Any], default_sort: tuple[str, ...],
+             render: Callable[[Any], dict[str, Any]] | None,
+             stub: Callable[[Any], dict[str, Any]] | None) -> bytes:
     query = request.query
     total = len(items)
-    if query.get("name"):
-        items = filter_by_name(items, query["name"], query_flag(request, "use_regex"))
     sort = query.get("sort")
-    keys = [sort] if sort else [key for key in default_sort]
-    items = sort_items(items, keys, query_flag(request, "sort_reverse"))
+    keys = [sort] if sort else list(default_sort)
+    rows: list[Row]
+    if render is not None and stub is not None and items and all(lookup(stub(items[0]), k) is not _MISSING
+                                                                  for k in keys):
+        rows = [(stub(item), item) for item in items]
+    else:
+        rows = [(render(item) if render is not None else item, None) for item in items]
+    if query.get("name"):
+        rows = filter_by_name(rows, query["name"], query_flag(request, "use_regex"))
+    rows = sort_items(rows, keys, query_flag(request, "sort_reverse"))
     columns = [c.strip() for c in query.get("columns", "").split(",") if c.strip()]
-    if "page" in query:
-        page_size = _positive_int(request, "page_size", DEFAULT_PAGE_SIZE)
-        if page_size > MAX_PAGE_SIZE:
-            raise bad_request(f"page_size must be between 1 and {MAX_PAGE_SIZE}")
-        body = paginate(items, _positive_int(request, "page", 1), page_size, total)
-        if columns:
-            body["items"] = [select_columns(item, columns) for item in body["items"]]
-        return json_response(body)
-    if columns:
-        items = [select_columns(item, columns) for item in items]
-    return json_response(items)
+
+    def finish(chosen: list[Row]) -> list[dict[str, Any]]:
+        rendered = [fields if item is None else render(item) for fields, item in chosen]
+        return [select_columns(item, columns) for item in rendered] if columns else rendered
+
+    if "page" not in query:
+        return encode(finish(rows))
+    paged = paginate(rows, *_pagination(request), total)
+    paged["items"] = finish(paged["items"])
+    return encode(paged)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Render and encode a listing without the cyclic GC: its tens of thousands of short-lived (acyclic) dicts
+    would otherwise trigger full collections over the node's whole heap, 50-150 ms each with 1,000 queues.
+    They are freed by reference counting (when ``_listing`` returns) before the collector is back, so its
+    allocation counts are as they were before the request."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def respond_one(request: web.Request, item: dict[str, Any]) -> web.Response:

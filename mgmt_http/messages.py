@@ -55,10 +55,13 @@ def properties_from_json(raw: dict[str, Any]) -> commands.Basic.Properties:
 
 
 def message_from_json(exchange: str, body: dict[str, Any]) -> Message:
-    """RabbitMQ's publish body: routing_key, payload, payload_encoding (string|base64), properties."""
+    """RabbitMQ's publish body: routing_key, payload, payload_encoding (string|base64), properties — all required,
+    as RabbitMQ requires them."""
     routing_key = get_str(body, "routing_key")
     payload = get_str(body, "payload")
-    encoding = get_str(body, "payload_encoding", "string")
+    encoding = get_str(body, "payload_encoding")
+    if "properties" not in body:
+        raise bad_request("properties is required")
     if encoding == "string":
         data = payload.encode()
     elif encoding == "base64":

@@ -33,7 +33,7 @@ from amqp_server.errors import AMQPError
 from amqp_server.queue import Entry, Queue
 
 from . import auth
-from .http import HTTPError, bad_request, forbidden, from_amqp, json_response, not_found, read_json
+from .http import HTTPError, bad_request, not_authorised, from_amqp, json_response, not_found, read_json
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 16384
@@ -71,7 +71,7 @@ def _broker(request: web.Request) -> Any:
 
 
 def authorize_queue_read(request: web.Request) -> Queue:
-    """The path's queue, once the caller is authenticated and may read it (401/403/404 otherwise).
+    """The path's queue, once the caller is authenticated and may read it (401/404 otherwise).
 
     The management API's login (set by its middleware, or authenticated here when the route is
     reached without it), its vhost visibility rule, and the broker's one permission check.
@@ -84,7 +84,7 @@ def authorize_queue_read(request: web.Request) -> Queue:
     if not broker.access.vhost_exists(vhost_name):
         raise not_found()
     if not auth.can_see_vhost(broker, login, vhost_name):
-        raise forbidden("Access refused.")
+        raise not_authorised("Access refused.")
     name = request.match_info["name"]
     check_permission(broker.access.permissions(vhost_name, login.name), login.name, vhost_name, "read",
                      "queue", name)

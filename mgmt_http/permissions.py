@@ -10,7 +10,7 @@ from amqp_server.auth import Permissions
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, get_str, no_content, not_found, read_json
+from .http import HTTPError, bad_request, created_or_updated, get_str, no_content, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
@@ -49,12 +49,13 @@ async def list_vhost(request: web.Request) -> web.Response:
     return respond(request, all_permissions(request, [auth.require_vhost(request)]), ("vhost", "user"))
 
 
-def _target(request: web.Request) -> tuple[str, str]:
+def _target(request: web.Request, missing: HTTPError | None = None) -> tuple[str, str]:
+    """The path's (vhost, user); if either is unknown, ``missing`` (default 404) is raised."""
     auth.require_admin(request)
     access = ctx(request).broker.access
     vhost, user = request.match_info["vhost"], request.match_info["user"]
     if not access.vhost_exists(vhost) or access.user(user) is None:
-        raise not_found()
+        raise missing or not_found()
     return vhost, user
 
 
@@ -69,7 +70,7 @@ async def show(request: web.Request) -> web.Response:
 
 @routes.put("/api/permissions/{vhost}/{user}")
 async def put(request: web.Request) -> web.Response:
-    vhost, user = _target(request)
+    vhost, user = _target(request, bad_request("vhost_or_user_not_found"))  # RabbitMQ's answer: 400, not 404
     access = ctx(request).broker.access
     perms = permissions_from_json(await read_json(request, required=True))
     existed = access.permissions(vhost, user) is not None

@@ -6,15 +6,17 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import check_permission
+from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
 from . import auth
+from .connections import consumer_info
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
                    no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
-from .rates import depth_fields, message_stats, queue_depths
+from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 
@@ -28,15 +30,24 @@ ENCODINGS = ("auto", "base64")
 
 
 def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
+    """A queue as RabbitMQ's API shows it, from counters the queue keeps (nothing is scanned: listing
+    1,000 queues must stay cheap, see benchmarks/mgmt_latency.py)."""
     rates = context.sampler.rates(queue)
+    consumers = queue.consumers
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
-        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
-        "type": "classic", "state": "running", "policy": None, "effective_policy_definition": {},
-        "consumers": len(queue.consumers), "consumer_utilisation": None,
-        "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
+        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
+        "type": "classic", "state": "running" if queue.available else "down",
+        "policy": queue.policy.name if queue.policy else None,
+        "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
+        "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
+        "recoverable_slaves": None,
+        "single_active_consumer_tag": queue.active_consumer.tag if queue.active_consumer is not None else None,
+        "consumers": len(consumers), "consumer_utilisation": None,
+        "consumer_capacity": sum(c.has_credit() for c in consumers) / len(consumers) if consumers else 0,
+        "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),
         "message_bytes_ready": queue.ready_bytes,
-        "message_stats": message_stats(queue.stats, rates),
+        "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
     if queue.exclusive_owner is not None:
@@ -58,25 +69,37 @@ def _check(request: web.Request, vhost: str, kind: str, name: str) -> None:
     check_permission(auth.permissions(request, vhost), auth.login(request).name, vhost, kind, "queue", name)
 
 
+def _stub(queue: Queue) -> dict[str, Any]:
+    return {"name": queue.name, "vhost": queue.vhost}
+
+
+def _listing(request: web.Request, context: Context, queues: list[Queue]) -> web.Response:
+    """Sorted by name or paged, only the queues answered are rendered."""
+    return respond(request, queues, render=lambda queue: queue_info(context, queue), stub=_stub)
+
+
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    items = [queue_info(context, queue) for name in auth.visible_vhosts(request)
-             for queue in list(context.vhost(name).queues.values())]
-    return respond(request, items)
+    return _listing(request, context, [queue for name in auth.visible_vhosts(request)
+                                       for queue in list(context.vhost(name).queues.values())])
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     context = ctx(request)
-    vhost = context.vhost(auth.require_vhost(request))
-    return respond(request, [queue_info(context, queue) for queue in list(vhost.queues.values())])
+    return _listing(request, context, list(context.vhost(auth.require_vhost(request)).queues.values()))
 
 
 @routes.get("/api/queues/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
+    """One queue also lists its consumers; per-channel ``incoming``/``deliveries`` are empty, as RabbitMQ's
+    in its (and Warren's) ``basic`` rates mode."""
     context, queue = find_queue(request)
-    return respond_one(request, queue_info(context, queue))
+    info = queue_info(context, queue)
+    info.update(consumer_details=[consumer_info(context, c) for c in list(queue.consumers)], incoming=[],
+                deliveries=[])
+    return respond_one(request, info)
 
 
 @routes.put("/api/queues/{vhost}/{name}")
@@ -85,13 +108,14 @@ async def declare(request: web.Request) -> web.Response:
     vhost = context.vhost(auth.require_vhost(request))
     name = request.match_info["name"]
     body = await read_json(request)
-    durable = get_bool(body, "durable", True)
+    durable = get_bool(body, "durable", False)  # queue.declare's default, as RabbitMQ
     auto_delete = get_bool(body, "auto_delete", False)
     arguments = get_table(body, "arguments")
     if not name:
         raise bad_request("queue name must not be empty")
     _check(request, vhost.name, "configure", name)
     existed = name in vhost.queues
+    await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     return created_or_updated(not existed)
 
@@ -140,7 +164,7 @@ async def get(request: web.Request) -> web.Response:
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
     for _ in range(count):
-        _, entry = broker.basic_get(vhost, queue.name, no_ack=no_ack)
+        _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
         if entry is None:
             break
         taken.append(entry)

@@ -5,7 +5,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import User, hash_password
+from amqp_server.auth import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_password
 
 from . import auth
 from .context import ctx
@@ -14,11 +14,10 @@ from .listing import respond, respond_one
 from .permissions import permission_info
 
 routes = web.RouteTableDef()
-HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 
 
 def user_info(user: User) -> dict[str, Any]:
-    return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": HASHING_ALGORITHM,
+    return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": user.hashing_algorithm,
             "tags": list(user.tags), "limits": {}}
 
 
@@ -34,20 +33,22 @@ def parse_tags(value: Any) -> list[str]:
 
 
 def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> User:
-    """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``), and ``tags``."""
+    """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``, SHA-256 by default), and ``tags``.
+    A new user with neither gets no password (as RabbitMQ: only other mechanisms could authenticate it)."""
+    algorithm = DEFAULT_HASHING
     if "password" in body and body["password"] is not None:
         password_hash = hash_password(get_str(body, "password"))
     elif "password_hash" in body and body["password_hash"] is not None:
         password_hash = get_str(body, "password_hash")
-        algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
-        if algorithm != HASHING_ALGORITHM:
-            raise bad_request(f"unsupported hashing_algorithm '{algorithm}'; only {HASHING_ALGORITHM}")
+        algorithm = body.get("hashing_algorithm") or DEFAULT_HASHING
+        if algorithm not in HASHING_ALGORITHMS:
+            raise bad_request(f"unsupported hashing_algorithm '{algorithm}'; one of {', '.join(HASHING_ALGORITHMS)}")
     elif existing is not None:
-        password_hash = existing.password_hash
+        password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
     else:
-        raise bad_request("password or password_hash must be set")
+        password_hash = ""
     tags = parse_tags(body["tags"]) if "tags" in body else (existing.tags if existing else [])
-    return User(name, password_hash, tags)
+    return User(name, password_hash, tags, algorithm)
 
 
 @routes.get("/api/whoami")

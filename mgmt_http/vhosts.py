@@ -11,7 +11,7 @@ from . import auth
 from .context import Context, ctx
 from .http import bad_request, created_or_updated, no_content, not_found, read_json
 from .listing import respond, respond_one
-from .rates import depth_fields, message_stats, queue_depths
+from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
 
@@ -23,7 +23,7 @@ def vhost_info(context: Context, name: str) -> dict[str, Any]:
         "name": name, "description": "", "tags": [], "default_queue_type": "classic",
         "metadata": {"description": "", "tags": []}, "tracing": False,
         "cluster_state": {context.node: "running"},
-        "message_stats": message_stats(context.broker.vhost_stats(name), rates),
+        "message_stats": message_stats(context.sampler.vhost_counters(name), rates, VHOST_STATS),
     }
     info.update(depth_fields(queue_depths(list(vhost.queues.values())), rates))
     return info

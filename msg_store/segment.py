@@ -59,15 +59,17 @@ def scan(path: str) -> Iterator[tuple[int, int, int]]:
     """Yield (msg_id, payload offset, payload size) of every intact record; cut a torn tail."""
     with open(path, "r+b") as handle:
         data = handle.read()
+        view = memoryview(data)  # CRCs over slices of the file without copying them
         pos = 0
         end = len(data)
         while pos + HEAD_SIZE <= end:
             length, crc, msg_id = RECORD_HEAD.unpack_from(data, pos)
             stop = pos + 8 + length
-            if length < 8 or stop > end or zlib.crc32(data[pos + 8:stop]) != crc:
+            if length < 8 or stop > end or zlib.crc32(view[pos + 8:stop]) != crc:
                 break
             yield msg_id, pos + HEAD_SIZE, length - 8
             pos = stop
+        view.release()
         if pos != end:
             log.warning("segment %s: %d bytes of torn or corrupt records after offset %d cut off",
                         path, end - pos, pos)

@@ -8,19 +8,22 @@ off the event loop while new changes are staged.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import struct
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from .lmdb_batch import open_env, write_batch
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
 FLAG_DELIVERED = 1
+COMPACT_MIN_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
+class IndexEntry(NamedTuple):
+    """A NamedTuple, not a dataclass: recovery makes one per message, and tuples are made fastest."""
+
     seq: int
     msg_id: int
     expiry: int  # epoch milliseconds, 0 for none
@@ -28,8 +31,35 @@ class IndexEntry:
     delivered: bool
 
 
+def _compact(directory: str, map_size: int) -> None:
+    """Rewrite the file if most of it is free pages: LMDB reuses freed pages but never shrinks its file,
+    so after a large backlog was consumed the disk comes back at the next start."""
+    path = os.path.join(directory, "data.mdb")
+    if not os.path.exists(path) or os.path.getsize(path) < COMPACT_MIN_BYTES:
+        return
+    env = open_env(directory, map_size)
+    try:
+        stat = env.stat()
+        used = (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] + 2) * stat["psize"]
+        if used * 4 > os.path.getsize(path):
+            return
+        tmp = os.path.join(directory, "compact.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp)
+        env.copy(tmp, compact=True)
+    finally:
+        env.close()
+    copy = os.path.join(tmp, "data.mdb")
+    with open(copy, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(copy, path)
+    os.rmdir(tmp)
+
+
 class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
+        os.makedirs(directory, exist_ok=True)
+        _compact(directory, map_size)
         self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
@@ -79,12 +109,12 @@ class QueueIndex:
             cursor = txn.cursor()
             if not cursor.set_range(prefix):
                 return
+            key_unpack, value_unpack = KEY.unpack, VALUE.unpack
             for key, value in cursor:
                 if key[:4] != prefix:
                     break
-                _, seq = KEY.unpack(key)
-                msg_id, expiry, size, flags = VALUE.unpack(value)
-                yield IndexEntry(seq, msg_id, expiry, size, bool(flags & FLAG_DELIVERED))
+                msg_id, expiry, size, flags = value_unpack(value)
+                yield IndexEntry(key_unpack(key)[1], msg_id, expiry, size, bool(flags & FLAG_DELIVERED))
 
     def delete_queue(self, queue_id: int) -> None:
         prefix = queue_id.to_bytes(4, "big")

@@ -200,6 +200,24 @@ def test_confirmed_messages_survive_sigkill(start_broker):
     assert time.monotonic() - started < 30
 
 
+def test_committed_transaction_survives_sigkill(start_broker):
+    """tx.commit-ok, like a confirm, is sent only once the transaction's persistent messages are fsynced."""
+    node = start_broker()
+    conn = connect(node)
+    ch = conn.channel()
+    ch.queue_declare("txq", durable=True)
+    ch.tx_select()
+    for batch in range(5):
+        for i in range(100):
+            ch.basic_publish("", "txq", b"%d.%d" % (batch, i), PERSISTENT)
+        ch.tx_commit()
+    node.kill()
+    node = start_broker(data_dir=node.data_dir)
+    with connect(node) as conn:
+        got = drain(conn.channel(), "txq")
+    assert [b for b, _ in got] == [b"%d.%d" % (batch, i) for batch in range(5) for i in range(100)]
+
+
 def test_corrupt_segment_tail_is_cut_off(start_broker):
     node = start_broker()
     with connect(node) as conn:

@@ -263,3 +263,26 @@ def test_expiry_heap_randomized():
         deadline = heap.next_deadline()
         assert deadline is None or deadline > now
     assert popped == [seq for _, seq in sorted(items)]
+
+
+def test_file_shrinks_at_open_after_a_backlog_was_acked(tmp_path):
+    directory = str(tmp_path / "index")
+    index = QueueIndex(directory, map_size=1 << 28)
+    for seq in range(200_000):
+        index.publish(1, seq, msg_id=seq, expiry=0, size=100)
+    index.commit()
+    for seq in range(1, 200_000):
+        index.ack(1, seq)
+    index.commit()
+    index.sync()
+    index.close()
+    path = tmp_path / "index" / "data.mdb"
+    grown = path.stat().st_size
+    assert grown > 8 << 20
+    index = QueueIndex(directory, map_size=1 << 28)
+    try:
+        assert path.stat().st_size < grown // 20
+        assert [e.seq for e in index.entries(1)] == [0]  # what was still there survives the rewrite
+    finally:
+        index.close()
+    assert not (tmp_path / "index" / "compact.tmp").exists()

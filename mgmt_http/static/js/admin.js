@@ -1,13 +1,21 @@
-/* Admin: users, virtual hosts, permissions, definitions export/import. */
+/* Admin: users, virtual hosts, permissions, policies, definitions export/import. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, enc } = W;
   const TAGS = ["administrator", "monitoring", "policymaker", "management", "impersonator"];
-  const SECTIONS = [["users", "Users"], ["vhosts", "Virtual hosts"], ["permissions", "Permissions"], ["definitions", "Definitions"]];
+  // [key, label, who may open it]: as in RabbitMQ, policymakers see the Admin tab with Policies only.
+  const admin = () => W.isAdmin();
+  const SECTIONS = [["users", "Users", admin], ["vhosts", "Virtual hosts", admin], ["permissions", "Permissions", admin],
+    ["policies", "Policies", () => W.isPolicymaker()], ["definitions", "Definitions", admin]];
 
   W.pages.admin = function (section = "users") {
-    if (!SECTIONS.some(([k]) => k === section)) section = "users";
-    const sub = h("nav.subtabs", SECTIONS.map(([key, label]) => h("a", { href: `#/admin/${key}`, class: key === section ? "active" : null, "data-subtab": key }, label)));
+    const allowed = SECTIONS.filter(([, , may]) => may());
+    if (!allowed.length) {
+      return { el: h("div", W.pageHead("Admin"), h("div.panel", h("div.empty",
+        "Users, virtual hosts, permissions and definitions are for users tagged administrator; policies for policymakers too."))) };
+    }
+    if (!allowed.some(([k]) => k === section)) section = allowed[0][0];
+    const sub = h("nav.subtabs", allowed.map(([key, label]) => h("a", { href: `#/admin/${key}`, class: key === section ? "active" : null, "data-subtab": key }, label)));
     const inner = sections[section]();
     return {
       el: h("div", W.pageHead("Admin"), sub, inner.el),
@@ -35,7 +43,7 @@
     const name = h("input", { id: "user-name", name: "username", required: true, autocomplete: "off" });
     const password = h("input", { id: "user-password", name: "password", type: "password", autocomplete: "new-password" });
     const tags = h("input", { id: "user-tags", name: "tags", placeholder: "comma-separated, e.g. management" });
-    const quick = h("div.quick-add", h("span.muted", { style: "font-size:12px;margin-right:4px" }, "Set"), TAGS.map((t) => h("button", { type: "button", on: { click: () => {
+    const quick = h("div.quick-add", h("span.muted.hint-group", "Set"), TAGS.map((t) => h("button", { type: "button", on: { click: () => {
       const cur = tags.value.split(",").map((s) => s.trim()).filter(Boolean);
       if (!cur.includes(t)) cur.push(t);
       tags.value = cur.join(", ");
@@ -46,7 +54,7 @@
       e.preventDefault();
       const user = name.value.trim();
       const ok = await act(submit, async () => {
-        if (!user) throw new Error("User name is required");
+        if (!user) throw new W.InputError("User name is required");
         const body = { tags: tags.value.split(",").map((s) => s.trim()).filter(Boolean).join(",") };
         if (password.value) body.password = password.value; else body.password_hash = "";
         await api("PUT", `users/${enc(user)}`, body);
@@ -94,7 +102,7 @@
       e.preventDefault();
       const v = name.value.trim();
       const ok = await act(submit, async () => {
-        if (!v) throw new Error("Name is required");
+        if (!v) throw new W.InputError("Name is required");
         await api("PUT", `vhosts/${enc(v)}`, {});
         return true;
       }, `Virtual host ${v} added.`, "Add virtual host");
@@ -160,6 +168,145 @@
     };
   };
 
+  /* ---------- policies ---------- */
+  const APPLY_TO = [["all", "Exchanges and queues"], ["exchanges", "Exchanges"], ["queues", "Queues [All types]"],
+    ["classic_queues", "Classic queues"], ["quorum_queues", "Quorum queues"], ["streams", "Streams"]];
+  const { OVERFLOW_MODES, LEADER_LOCATORS } = W;
+  // The definition keys RabbitMQ's policy form offers, typed as its validators want them.
+  const POLICY_HINTS = ["Queues",
+    ["Max length", "max-length", "number"], ["Max length bytes", "max-length-bytes", "number"],
+    ["Overflow behaviour", "overflow", "string", OVERFLOW_MODES], ["Auto expire", "expires", "number"],
+    ["Message TTL", "message-ttl", "number"], ["Dead letter exchange", "dead-letter-exchange", "string"],
+    ["Dead letter routing key", "dead-letter-routing-key", "string"],
+    ["Leader locator", "queue-leader-locator", "string", LEADER_LOCATORS],
+    "Exchanges", ["Alternate exchange", "alternate-exchange", "string"]];
+  const OPERATOR_HINTS = [
+    ["Max length", "max-length", "number"], ["Max length bytes", "max-length-bytes", "number"],
+    ["Message TTL", "message-ttl", "number"], ["Auto expire", "expires", "number"],
+    ["Delivery limit", "delivery-limit", "number"], ["Max in memory length", "max-in-memory-length", "number"],
+    ["Max in memory bytes", "max-in-memory-bytes", "number"]];
+  const POLICY_KINDS = [
+    { path: "policies", id: "policy", what: "Policy", title: "User policies", applyTo: APPLY_TO, hints: POLICY_HINTS },
+    { path: "operator-policies", id: "operator-policy", what: "Operator policy", title: "Operator policies",
+      applyTo: APPLY_TO.slice(2), hints: OPERATOR_HINTS, admin: true },
+  ];
+
+  function definitionTags(def) {
+    return h("span.policy-def", Object.entries(def || {}).map(([k, v]) => h("span.tag", `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`)));
+  }
+
+  // The definition as key/value rows or as raw JSON; switching carries what was typed across.
+  function definitionEditor(id, hints) {
+    const rows = W.kvEditor("Definition", hints);
+    const json = h("textarea", { id: `${id}-definition-json`, rows: 5, placeholder: '{"max-length": 1000}', hidden: true });
+    const mode = (value) => h("input", { type: "radio", name: `${id}-definition-mode`, value, id: `${id}-mode-${value}`,
+      checked: value === "rows", on: { change: () => switchTo(value) } });
+    const modes = h("div.def-mode", h("label", mode("rows"), "Key / value"), h("label", mode("json"), "JSON"));
+    const isJson = () => !json.hidden;
+    function parsed() {
+      let def;
+      try { def = JSON.parse(json.value || "{}"); } catch (e) { throw new W.InputError(`Definition is not valid JSON: ${e.message}`); }
+      if (!def || typeof def !== "object" || Array.isArray(def)) throw new W.InputError("Definition must be a JSON object");
+      return def;
+    }
+    function switchTo(value) {
+      try {
+        if (value === "json" && !isJson()) json.value = JSON.stringify(rows.value(), null, 2);
+        if (value === "rows" && isJson()) rows.set(parsed());
+      } catch (err) {
+        W.showError(err, "Definition");
+        modes.querySelector(`input[value=${isJson() ? "json" : "rows"}]`).checked = true;
+        return;
+      }
+      json.hidden = value !== "json";
+      rows.el.hidden = value === "json";
+    }
+    return {
+      el: h("div", modes, rows.el, json),
+      value: () => (isJson() ? parsed() : rows.value()),
+      set(def) { switchTo("rows"); rows.set(def); json.value = ""; },
+    };
+  }
+
+  function policyKind(kind) {
+    const { path, id, what } = kind;
+    const count = W.countLabel();
+    const vf = W.vhostFilter(() => refresh());
+    const table = W.dataTable(path, [
+      { key: "vhost", label: "Virtual host" },
+      { key: "name", label: "Name", render: (p) => h("b", p.name) },
+      { key: "pattern", label: "Pattern", render: (p) => h("span.mono", p.pattern) },
+      { key: "apply-to", label: "Apply to" },
+      { key: "definition", label: "Definition", sortable: false, render: (p) => definitionTags(p.definition) },
+      { key: "priority", label: "Priority", num: true },
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (p) => [
+        h("button.btn.btn-sm", { type: "button", "data-action": `edit-${id}`, on: { click: () => edit(p) } }, "Edit"),
+        h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": `delete-${id}`, on: { click: (e) => remove(e.target, p) } }, "Delete")] },
+    ], { sortKey: "priority", sortDir: -1, empty: `No ${kind.title.toLowerCase()}.`, filterFields: ["name", "pattern"],
+      rowKey: (p) => `${p.vhost}/${p.name}`, onRender: (s, t) => count.set(s, t) });
+    async function remove(button, p) {
+      if (!await W.confirmDialog(`Delete ${what.toLowerCase()}`, [`Delete ${what.toLowerCase()} `, h("b", p.name), ` in ${p.vhost}? What it set falls back to the next matching policy or the arguments.`], "Delete")) return;
+      await act(button, async () => { await api("DELETE", `${path}/${enc(p.vhost)}/${enc(p.name)}`); await refresh(); },
+        `${what} ${p.name} deleted.`, `Delete ${what.toLowerCase()}`);
+    }
+    const vhost = W.vhostSelect({ id: `${id}-vhost`, name: "vhost" });
+    const name = h("input", { id: `${id}-name`, name: "name", required: true, autocomplete: "off" });
+    const pattern = h("input", { id: `${id}-pattern`, name: "pattern", required: true, placeholder: "regular expression, e.g. ^orders\\." });
+    const applyTo = W.select({ id: `${id}-apply-to`, name: "apply-to" }, kind.applyTo, kind.applyTo[0][0]);
+    const priority = h("input", { id: `${id}-priority`, name: "priority", type: "number", value: 0, style: "max-width:120px" });
+    const definition = definitionEditor(id, kind.hints);
+    const submit = h("button.btn.btn-primary", { type: "submit", id: `${id}-add` }, `Add / update ${what.toLowerCase()}`);
+    const form = h("form.form", { id: `${id}-form`, on: { submit: async (e) => {
+      e.preventDefault();
+      const n = name.value.trim();
+      const v = vhost.value;
+      const ok = await act(submit, async () => {
+        if (!n) throw new W.InputError("Name is required");
+        await api("PUT", `${path}/${enc(v)}/${enc(n)}`, {
+          pattern: pattern.value, "apply-to": applyTo.value, priority: Number(priority.value || 0), definition: definition.value() });
+        return true;
+      }, `${what} ${n} set in ${v}.`, `Set ${what.toLowerCase()}`);
+      if (ok) { name.value = ""; pattern.value = ""; priority.value = 0; definition.set({}); await refresh(); }
+    } } },
+      W.field("Virtual host", vhost), W.field("Name", name), W.field("Pattern", pattern, "Matched anywhere in queue and exchange names"),
+      W.field("Apply to", applyTo), W.field("Priority", priority, "Of the policies matching an object, the highest priority applies"),
+      W.field("Definition", definition.el), h("div.actions", submit));
+    const details = h("details.panel", { id: `add-${id}`, open: true }, h("summary", `Add / update ${what.toLowerCase()}`), h("div.panel-body", form));
+    function edit(p) {
+      vhost.value = p.vhost;
+      name.value = p.name;
+      pattern.value = p.pattern;
+      applyTo.value = p["apply-to"];
+      priority.value = p.priority;
+      definition.set(p.definition);
+      details.open = true;
+      details.scrollIntoView({ block: "start" });
+      pattern.focus();
+    }
+    async function refresh(vhosts) {
+      vf.fill(vhosts || await W.vhostNames());
+      table.update(await api("GET", vf.value ? `${path}/${enc(vf.value)}` : path));
+    }
+    return {
+      el: h("div",
+        h("section.panel", { id: path }, h("div.panel-head", h("h2", kind.title), count.el, h("span.spacer"),
+          h("div.filter-bar", vf.el, W.searchBox(table))), h("div.panel-body.flush", table.el)),
+        details),
+      refresh,
+    };
+  }
+
+  sections.policies = function () {
+    const kinds = POLICY_KINDS.filter((k) => !k.admin || W.isAdmin()).map(policyKind);
+    return {
+      el: h("div", kinds.map((k) => k.el)),
+      async refresh() {
+        const vhosts = await W.vhostNames();
+        await Promise.all(kinds.map((k) => k.refresh(vhosts)));
+      },
+    };
+  };
+
   /* ---------- definitions ---------- */
   sections.definitions = function () {
     const summary = h("div");
@@ -183,10 +330,10 @@
       e.preventDefault();
       const f = file.files[0];
       await act(importBtn, async () => {
-        if (!f) throw new Error("Choose a definitions file first");
+        if (!f) throw new W.InputError("Choose a definitions file first");
         const text = await f.text();
         let body;
-        try { body = JSON.parse(text); } catch (err) { throw new Error(`${f.name} is not valid JSON: ${err.message}`); }
+        try { body = JSON.parse(text); } catch (err) { throw new W.InputError(`${f.name} is not valid JSON: ${err.message}`); }
         await api("POST", "definitions", body);
         file.value = "";
         await refresh();

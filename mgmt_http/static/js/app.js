@@ -4,11 +4,14 @@
   const { h, api, replace } = W;
   const HISTORY_MS = 10 * 60 * 1000;
   const INTERVAL_KEY = "warren.refresh";
-  W.state = { overview: null, vhosts: null };
+  W.state = { me: null, overview: null, vhosts: null };
+  const tagged = (tag) => ((W.state.me || {}).tags || []).includes(tag);
+  W.isAdmin = () => tagged("administrator");
+  W.isPolicymaker = () => W.isAdmin() || tagged("policymaker");
   W.history = [];
 
   const $ = (id) => document.getElementById(id);
-  const app = (W.app = { current: null, route: null, timer: null, ticking: false });
+  const app = (W.app = { current: null, timer: null, ticking: false, flash: null });
 
   /* ---------- login ---------- */
   function showLogin(message) {
@@ -31,16 +34,15 @@
     const submit = $("login-submit");
     submit.disabled = true;
     try {
-      const header = "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(`${user}:${password}`)));
-      const me = await api("GET", "whoami", undefined, { authHeader: header });
+      const me = await api("GET", "whoami", undefined, { authHeader: W.auth.headerFor(user, password) });
       W.auth.set(user, password);
       $("login-password").value = "";
       await enter(me);
     } catch (err) {
       const e2 = $("login-error");
       e2.hidden = false;
-      e2.textContent = err.status === 401 ? `Login failed: ${err.reason || "wrong username or password"}`
-        : err.status === 403 ? `${user} may not use the management UI: ${err.reason}` : (err.reason || err.message);
+      e2.textContent = err.reason === "Login failed" ? "Wrong username or password."
+        : err.status === 401 || err.status === 403 ? `${user} may not log in here: ${err.reason}` : (err.reason || err.message);
     } finally {
       submit.disabled = false;
     }
@@ -49,13 +51,14 @@
 
   async function enter(me) {
     me = me || await api("GET", "whoami");
+    W.state.me = me;
+    document.querySelector('#nav a[data-tab="admin"]').hidden = !W.isPolicymaker();
     $("current-user").textContent = me.name;
     $("current-user").title = (me.tags || []).join(", ");
     $("login-view").hidden = true;
     $("app-view").hidden = false;
     try {
-      W.state.overview = await api("GET", "overview");
-      pushHistory(W.state.overview);
+      await loadOverview();
       await W.vhostNames();
     } catch (err) {
       W.showError(err, "Overview");
@@ -64,6 +67,14 @@
     await route();
     startTimer();
   }
+
+  // The overview feeds the header, the footer and the charts' history on every tick, whatever the page.
+  async function loadOverview() {
+    W.state.overview = await api("GET", "overview");
+    pushHistory(W.state.overview);
+    renderChrome();
+  }
+  W.loadOverview = loadOverview;
 
   function renderChrome() {
     const ov = W.state.overview || {};
@@ -95,6 +106,7 @@
     let page, active;
     try {
       if (!tab) { page = W.pages.overview(); active = "overview"; }
+      else if (tab === "connections" && parts.length >= 2) { page = W.pages.connection(parts.slice(1).join("/")); active = tab; }
       else if (tab === "connections") { page = W.pages.connections(); active = tab; }
       else if (tab === "channels") { page = W.pages.channels(); active = tab; }
       else if (tab === "exchanges" && parts.length >= 3) { page = W.pages.exchange(parts[1], parts.slice(2).join("/")); active = tab; }
@@ -111,17 +123,22 @@
     document.title = `${active ? active[0].toUpperCase() + active.slice(1) : "Not found"} · Warren`;
     app.current = page;
     W.clearBanners();
-    replace($("main"), page.el);
+    if (app.flash) { W.showSuccess(app.flash); app.flash = null; }
+    const main = $("main");
+    main.dataset.route = location.hash;
+    main.setAttribute("aria-busy", "true");  // until the page's data is in
+    replace(main, page.el);
     window.scrollTo(0, 0);
     await refreshPage(page, true);
+    if (app.current === page) main.removeAttribute("aria-busy");
   }
   async function refreshPage(page, first) {
     if (!page.refresh) return;
     try {
-      await page.refresh();
+      await page.refresh(first);
       if (page.failed) { document.querySelectorAll(".banner-error[data-refresh]").forEach((b) => b.remove()); page.failed = false; }
     } catch (err) {
-      if (err.status === 401) return;
+      if (err.sessionEnded || page !== app.current) return;  // a page left meanwhile (e.g. just deleted) stays quiet
       if (first || !page.failed) {
         const b = W.showError(err, err.status === 404 ? "Not found" : "Refresh");
         b.dataset.refresh = "1";
@@ -130,6 +147,8 @@
     }
   }
   window.addEventListener("hashchange", () => { if (W.auth.header()) route(); });
+  // Go to another page and say what was done there: route() clears the old page's banners.
+  W.navigate = (hash, message) => { app.flash = message; location.hash = hash; };
 
   /* ---------- refresh tick ---------- */
   function interval() { return Number(sessionStorage.getItem(INTERVAL_KEY) || 5000); }
@@ -144,11 +163,9 @@
     app.ticking = true;
     try {
       try {
-        W.state.overview = await api("GET", "overview");
-        pushHistory(W.state.overview);
-        renderChrome();
+        await loadOverview();
       } catch (err) {
-        if (err.status !== 401 && !document.querySelector(".banner-error")) W.showError(err, "Overview");
+        if (!err.sessionEnded && !document.querySelector(".banner-error")) W.showError(err, "Overview");
       }
       if (app.current && W.auth.header()) await refreshPage(app.current, false);
     } finally {
@@ -161,6 +178,6 @@
   sel.addEventListener("change", () => { sessionStorage.setItem(INTERVAL_KEY, sel.value); startTimer(); });
 
   /* ---------- start ---------- */
-  if (W.auth.header()) enter().catch((err) => showLogin(err.status === 401 ? "" : (err.reason || err.message)));
+  if (W.auth.header()) enter().catch((err) => { if (!err.sessionEnded) showLogin(err.reason || err.message); });
   else showLogin("");
 })(window.W);

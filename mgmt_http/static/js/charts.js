@@ -6,11 +6,13 @@
   const GRID = "#e8ebef";
   const AXIS = "#7b8794";
 
-  function niceMax(v) {
-    if (!(v > 0)) return 1;
-    const exp = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * exp >= v) return m * exp;
-    return 10 * exp;
+  const TICKS = 4;
+  // The top of the scale: TICKS steps of a round size (1, 2, 2.5 or 5 × 10^n) reaching v; whole steps for counts.
+  function scaleMax(v, integer) {
+    let step = v > 0 ? v / TICKS : 0.25;
+    const exp = Math.pow(10, Math.floor(Math.log10(step)));
+    step = [1, 2, 2.5, 5, 10].map((m) => m * exp).find((s) => s >= step);
+    return (integer ? Math.max(1, Math.ceil(step)) : step) * TICKS;
   }
   function compact(v) {
     if (v >= 1e6) return (v / 1e6).toFixed(v % 1e6 ? 1 : 0) + "M";
@@ -32,6 +34,10 @@
     ctx.font = FONT;
     return [ctx, w, hgt];
   }
+  // What the chart shows now, as text: for screen readers (role="img") and for tests.
+  function describe(canvas, label, parts) {
+    canvas.setAttribute("aria-label", `${label}: ${parts.join(", ")}`);
+  }
   function observe(el, fn) {
     if (window.ResizeObserver) new ResizeObserver(() => fn()).observe(el);
   }
@@ -44,10 +50,16 @@
       this.points = [];
       this.canvas = h("canvas", { "data-chart": id, role: "img", "aria-label": options.label || id });
       this.legend = h("div.legend");
-      this.el = h("div.chart" + (options.tall ? ".tall" : ""), this.canvas, this.legend);
+      this.el = h("div.chart", this.canvas, this.legend);
       observe(this.canvas, () => this.draw());
     }
-    setPoints(points) { this.points = points; this.draw(); }
+    setPoints(points) {
+      this.points = points;
+      const last = points[points.length - 1];
+      const format = this.options.format || W.fmtNum;
+      describe(this.canvas, this.options.label, this.series.map((s) => `${s.label} ${last ? format(last.v[s.key] || 0) : "–"}`));
+      this.draw();
+    }
     draw() {
       if (!this.canvas.isConnected) return;
       const [ctx, w, hgt] = setupCanvas(this.canvas);
@@ -60,14 +72,14 @@
       const t0 = now - windowMs;
       let max = 0;
       for (const p of pts) for (const s of this.series) max = Math.max(max, p.v[s.key] || 0);
-      max = niceMax(max * 1.1);
+      max = scaleMax(max * 1.1, this.options.integer);
       const x = (t) => pad.l + ((t - t0) / windowMs) * pw;
       const y = (v) => pad.t + ph - (v / max) * ph;
       // grid + y labels
       ctx.strokeStyle = GRID; ctx.fillStyle = AXIS; ctx.lineWidth = 1;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
-      for (let i = 0; i <= 4; i++) {
-        const v = (max * i) / 4;
+      for (let i = 0; i <= TICKS; i++) {
+        const v = (max * i) / TICKS;
         const yy = Math.round(y(v)) + 0.5;
         ctx.beginPath(); ctx.moveTo(pad.l, yy); ctx.lineTo(pad.l + pw, yy); ctx.stroke();
         ctx.fillText(compact(v) + (this.options.unit || ""), pad.l - 6, yy);
@@ -127,7 +139,14 @@
       this.el = h("div.chart", this.canvas, this.legend);
       observe(this.canvas, () => this.draw());
     }
-    setItems(items) { this.items = items; this.draw(); }
+    setItems(items) {
+      this.items = items;
+      const shown = items.slice(0, this.options.limit || 8);
+      describe(this.canvas, this.options.label, shown.length
+        ? shown.map((it) => `${it.label} ${W.fmtNum(this.series.reduce((n, s) => n + (it.parts[s.key] || 0), 0))}`)
+        : [this.options.empty || "No data"]);
+      this.draw();
+    }
     draw() {
       if (!this.canvas.isConnected) return;
       const [ctx, w, hgt] = setupCanvas(this.canvas);
@@ -146,14 +165,14 @@
       const rowH = Math.min(26, (hgt - pad.t - pad.b) / items.length);
       let max = 0;
       for (const it of items) max = Math.max(max, this.series.reduce((a, s) => a + (it.parts[s.key] || 0), 0));
-      max = niceMax(max);
+      max = scaleMax(max, true);
       // grid
       ctx.strokeStyle = GRID; ctx.fillStyle = AXIS; ctx.textAlign = "center"; ctx.textBaseline = "top";
       const gridBottom = pad.t + rowH * items.length;
-      for (let i = 0; i <= 4; i++) {
-        const xx = Math.round(pad.l + (pw * i) / 4) + 0.5;
+      for (let i = 0; i <= TICKS; i++) {
+        const xx = Math.round(pad.l + (pw * i) / TICKS) + 0.5;
         ctx.beginPath(); ctx.moveTo(xx, pad.t); ctx.lineTo(xx, gridBottom); ctx.stroke();
-        ctx.fillText(compact((max * i) / 4), xx, gridBottom + 4);
+        ctx.fillText(compact((max * i) / TICKS), xx, gridBottom + 4);
       }
       ctx.textBaseline = "middle";
       items.forEach((it, i) => {

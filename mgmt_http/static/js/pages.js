@@ -1,5 +1,6 @@
-/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh()}; the app
-   mounts el once and calls refresh() now and on every tick, so forms keep what the user typed. */
+/* Pages: overview, connections, channels, exchanges, queues.  Each page is {el, refresh(first)}; the app
+   mounts el once and calls refresh(true) now and refresh(false) on every tick, so forms keep what the
+   user typed. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, fmtRate, fmtBytes, get, rate, enc } = W;
@@ -7,6 +8,8 @@
   const COLORS = { publish: "#2b6777", deliver: "#d08c2f", ack: "#5b8f3a", redeliver: "#a3485a",
     ready: "#2b6777", unacked: "#d08c2f", total: "#8e9aa8" };
   const DEFAULT_EX = "amq.default";
+  W.OVERFLOW_MODES = ["drop-head", "reject-publish", "reject-publish-dlx"];
+  W.LEADER_LOCATORS = ["client-local", "balanced"];
 
   function pageHead(title, ...rest) {
     return h("div.page-head", h("h1", title), ...rest);
@@ -44,6 +47,26 @@
   function queueLink(vhost, name) {
     return h("a", { href: `#/queues/${enc(vhost)}/${enc(name)}`, "data-queue": name }, name);
   }
+  function connectionLink(name, label) {
+    return h("a", { href: `#/connections/${enc(name)}`, "data-connection": name }, label || name);
+  }
+  // Policy names link to the policies page for those who may see it.
+  function policyName(name) {
+    return W.isPolicymaker() ? h("a", { href: "#/admin/policies", "data-policy": name }, name) : name;
+  }
+  // As RabbitMQ's lists show them: the policy's name beside the features.
+  function policyTags(x) {
+    return [["policy", "policy"], ["operator_policy", "operator policy"]].map(([key, title]) =>
+      (x[key] ? h("span.tag.accent", { title, "data-policy-tag": x[key] }, x[key]) : null));
+  }
+  function policyRows(x) {
+    return [
+      ["Policy", x.policy ? policyName(x.policy) : h("span.muted", "none")],
+      x.operator_policy ? ["Operator policy", policyName(x.operator_policy)] : null,
+      Object.keys(x.effective_policy_definition || {}).length
+        ? ["Effective policy definition", h("span.mono", { "data-effective-policy": "" }, JSON.stringify(x.effective_policy_definition))] : null,
+    ];
+  }
   W.exchangeLink = exchangeLink;
   W.queueLink = queueLink;
 
@@ -59,7 +82,7 @@
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
       { key: "total", label: "Total", color: COLORS.total },
-    ], { fill: true, label: "Queued messages" });
+    ], { fill: true, integer: true, label: "Queued messages" });
     const perQueue = new W.BarChart("queue-depths", [
       { key: "ready", label: "Ready", color: COLORS.ready },
       { key: "unacked", label: "Unacked", color: COLORS.unacked },
@@ -77,7 +100,6 @@
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Message rates")), rates.el),
         h("section.panel", h("div.panel-head", h("h2", "Queued messages")), depth.el)),
-      h("div", { style: "height:18px" }),
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Deepest queues"), h("span.spacer"), h("a", { href: "#/queues" }, "All queues →")),
           h("div.panel-body", { style: "padding-bottom:0" }, perQueue.el)),
@@ -88,8 +110,9 @@
     }
     return {
       el,
-      async refresh() {
-        const ov = W.state.overview || await api("GET", "overview");
+      async refresh(first) {
+        if (first) await W.loadOverview();  // the last tick's may be old, or ticks may be off
+        const ov = W.state.overview;
         const ot = ov.object_totals || {};
         const qt = ov.queue_totals || {};
         replace(cards,
@@ -125,27 +148,20 @@
   pages.connections = function () {
     const count = countLabel();
     const table = W.dataTable("connections", [
-      { key: "name", label: "Name", render: (c) => h("span", { title: c.name }, c.user_provided_name ? [c.user_provided_name, " ", h("span.muted", `(${c.name})`)] : c.name) },
+      { key: "name", label: "Name", render: (c) => connectionLink(c.name, c.user_provided_name ? [c.user_provided_name, " ", h("span.muted", `(${c.name})`)] : c.name) },
       { key: "vhost", label: "Virtual host" },
       { key: "user", label: "User" },
       { key: "peer", label: "Client", value: (c) => `${c.peer_host}:${c.peer_port}`, render: (c) => h("span.mono", `${c.peer_host}:${c.peer_port}`) },
       { key: "client", label: "Client library", value: (c) => clientName(c) },
+      { key: "ssl", label: "TLS", value: (c) => (c.ssl ? c.ssl_protocol : ""), render: (c) => tlsTag(c) },
       { key: "protocol", label: "Protocol" },
       { key: "channels", label: "Channels", num: true },
       { key: "state", label: "State", render: (c) => h("span.tag" + (c.state === "running" ? ".ok" : ".warn"), c.state) },
       { key: "connected_at", label: "Connected at", render: (c) => W.fmtTime(c.connected_at) },
       { key: "_actions", label: "", sortable: false, cls: "actions", render: (c) => h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "close-connection", on: { click: (e) => close(e.target, c) } }, "Close") },
     ], { empty: "No client connections.", filterFields: ["name", "user", "user_provided_name", "peer_host"], onRender: (s, t) => count.set(s, t) });
-    function clientName(c) {
-      const p = c.client_properties || {};
-      return [p.product, p.version].filter(Boolean).join(" ");
-    }
     async function close(button, c) {
-      if (!await W.confirmDialog("Close connection", [`Force-close connection `, h("b", c.name), "? The client gets connection.close (320 CONNECTION_FORCED)."], "Close connection")) return;
-      await act(button, async () => {
-        await api("DELETE", `connections/${enc(c.name)}`, undefined, { headers: { "X-Reason": "Closed via management UI" } });
-        await page.refresh();
-      }, `Connection ${c.name} closed.`);
+      if (await closeConnection(button, c.name)) await page.refresh();
     }
     const page = {
       el: h("div", pageHead("Connections"), h("section.panel",
@@ -154,6 +170,71 @@
       async refresh() { table.update(await api("GET", "connections")); },
     };
     return page;
+  };
+
+  function clientName(c) {
+    const p = c.client_properties || {};
+    return [p.product, p.version].filter(Boolean).join(" ");
+  }
+  function tlsTag(c) {
+    return c.ssl ? h("span.tag.ok", { title: [c.ssl_protocol, c.ssl_cipher, c.peer_cert_subject].filter(Boolean).join(" · "), "data-tls": c.ssl_protocol }, c.ssl_protocol || "TLS")
+      : h("span.muted", "no");
+  }
+  // Force-closes a connection after asking; resolves true once closed.
+  async function closeConnection(button, name) {
+    if (!await W.confirmDialog("Close connection", [`Force-close connection `, h("b", name), "? The client gets connection.close (320 CONNECTION_FORCED)."], "Close connection")) return false;
+    return !!await act(button, async () => {
+      await api("DELETE", `connections/${enc(name)}`, undefined, { headers: { "X-Reason": "Closed via management UI" } });
+      return true;
+    }, `Connection ${name} closed.`);
+  }
+
+  /* ====================== Connection detail ====================== */
+  pages.connection = function (name) {
+    const info = h("div");
+    const tlsInfo = h("div", { id: "connection-tls" });
+    const props = h("div");
+    const channels = W.dataTable("connection-channels", [
+      { key: "number", label: "Channel", num: true },
+      { key: "state", label: "State", render: (c) => h("span.tag" + (c.state === "running" ? ".ok" : ".warn"), c.state) },
+      { key: "prefetch_count", label: "Prefetch", num: true },
+      { key: "consumer_count", label: "Consumers", num: true },
+      { key: "messages_unacknowledged", label: "Unacked", num: true },
+      { key: "mode", label: "Mode", value: (c) => (c.confirm ? "C" : "") + (c.transactional ? "T" : "") },
+    ], { sortKey: "number", sortDir: 1, empty: "No open channels." });
+    const close = h("button.btn.btn-danger", { type: "button", id: "connection-close", on: { click: async () => {
+      if (await closeConnection(close, name)) W.navigate("#/connections", `Connection ${name} closed.`);
+    } } }, "Force close");
+    return {
+      el: h("div",
+        pageHead(h("span", h("span.muted", "Connection "), name), h("span.spacer"), h("a", { href: "#/connections" }, "← All connections")),
+        h("div.grid-2",
+          h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
+          h("section.panel", h("div.panel-head", h("h2", "TLS")), h("div.panel-body", tlsInfo))),
+        h("section.panel", h("div.panel-head", h("h2", "Channels")), h("div.panel-body.flush", channels.el)),
+        h("section.panel", h("div.panel-head", h("h2", "Client properties")), h("div.panel-body", props)),
+        h("section.panel", h("div.panel-head", h("h2", "Close this connection")), h("div.panel-body.danger-zone", close))),
+      async refresh() {
+        const c = await api("GET", `connections/${enc(name)}`);
+        replace(info, W.kvTable([
+          c.user_provided_name ? ["Client-provided name", c.user_provided_name] : null,
+          ["Virtual host", c.vhost], ["User", c.user], ["Client", h("span.mono", `${c.peer_host}:${c.peer_port}`)],
+          ["Client library", clientName(c)], ["Protocol", c.protocol], ["Authentication", c.auth_mechanism],
+          ["State", h("span.tag" + (c.state === "running" ? ".ok" : ".warn"), c.state)],
+          ["Heartbeat", `${fmtNum(c.timeout)} s`], ["Frame max", `${fmtNum(c.frame_max)} bytes`], ["Channel max", fmtNum(c.channel_max)],
+          ["Connected at", W.fmtTime(c.connected_at)],
+        ]));
+        replace(tlsInfo, c.ssl ? W.kvTable([
+          ["Protocol", c.ssl_protocol], ["Key exchange", c.ssl_key_exchange], ["Cipher", c.ssl_cipher], ["Hash", c.ssl_hash],
+          ["Peer certificate", c.peer_cert_subject ? h("span.mono", c.peer_cert_subject) : h("span.muted", "none presented")],
+          c.peer_cert_subject ? ["Issuer", h("span.mono", c.peer_cert_issuer)] : null,
+          c.peer_cert_subject ? ["Valid", h("span.mono", c.peer_cert_validity)] : null,
+        ]) : h("span.muted", "This connection does not use TLS."));
+        const p = c.client_properties || {};
+        replace(props, W.kvTable(Object.entries(p).map(([k, v]) => [k, h("span.mono", typeof v === "object" ? JSON.stringify(v) : String(v))])));
+        channels.update(await api("GET", `connections/${enc(name)}/channels`));
+      },
+    };
   };
 
   /* ====================== Channels ====================== */
@@ -190,27 +271,34 @@
       { key: "vhost", label: "Virtual host" },
       { key: "name", label: "Name", render: (x) => exchangeLink(x.vhost, x.name) },
       { key: "type", label: "Type" },
-      { key: "features", label: "Features", sortable: false, render: (x) => W.featureTags(x) },
+      { key: "features", label: "Features", sortable: false, render: (x) => [W.featureTags(x), policyTags(x)] },
       { key: "rate_in", label: "Message rate in", num: true, value: (x) => rate(x, "publish_in"), render: (x) => fmtRate(rate(x, "publish_in")) },
       { key: "rate_out", label: "Message rate out", num: true, value: (x) => rate(x, "publish_out"), render: (x) => fmtRate(rate(x, "publish_out")) },
     ], { sortKey: "name", empty: "No exchanges.", onRender: (s, t) => count.set(s, t) });
-    const types = ((W.state.overview || {}).exchange_types || []).map((t) => t.name);
     const form = {
       vhost: vhostSelect({ id: "ex-vhost", name: "vhost" }),
       name: h("input", { id: "ex-name", name: "name", required: true, placeholder: "e.g. orders" }),
-      type: W.select({ id: "ex-type", name: "type" }, types.length ? types : ["direct", "fanout", "headers", "topic"], "direct"),
+      type: h("select", { id: "ex-type", name: "type" }),
       durable: W.select({ id: "ex-durable", name: "durable" }, [["true", "Durable"], ["false", "Transient"]], "true"),
       autoDelete: W.select({ id: "ex-auto-delete", name: "auto_delete" }, [["false", "No"], ["true", "Yes"]], "false"),
       internal: W.select({ id: "ex-internal", name: "internal" }, [["false", "No"], ["true", "Yes"]], "false"),
-      args: W.kvEditor("Arguments", [["Alternate exchange", "alternate-exchange", "string"]]),
+      args: W.kvEditor("Arguments", [["Alternate exchange", "alternate-exchange", "string"],
+        ["Delayed type", "x-delayed-type", "string", ["direct", "fanout", "topic", "headers"]]]),
     };
+    // The types the node has (the overview's exchange_types, refreshed every tick), so plugins' types show up too.
+    function fillTypes() {
+      const types = ((W.state.overview || {}).exchange_types || []).map((t) => t.name);
+      const cur = form.type.value || "direct";
+      replace(form.type, types.map((t) => h("option", { value: t }, t)));
+      form.type.value = types.includes(cur) ? cur : types[0] || "";
+    }
     const submit = h("button.btn.btn-primary", { type: "submit", id: "ex-add" }, "Add exchange");
     const addForm = h("form.form", { id: "exchange-form", on: { submit: async (e) => {
       e.preventDefault();
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Exchange name is required");
+        if (!name) throw new W.InputError("Exchange name is required");
         await api("PUT", `exchanges/${exchangePath(vhost, name)}`, {
           type: form.type.value, durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true",
           internal: form.internal.value === "true", arguments: form.args.value() });
@@ -228,6 +316,7 @@
           h("div.panel-body.flush", table.el)),
         h("details.panel", { id: "add-exchange", open: true }, h("summary", "Add a new exchange"), h("div.panel-body", addForm))),
       async refresh() {
+        fillTypes();
         const vhosts = await vhostNames();
         vf.fill(vhosts);
         table.update(await api("GET", vf.value ? `exchanges/${enc(vf.value)}` : "exchanges"));
@@ -274,7 +363,7 @@
       if (fixed.exchange !== undefined) { source = fixed.exchange; kind = destType.value; dest = target; }
       else { source = target; kind = "q"; dest = fixed.queue; }
       const ok = await act(submit, async () => {
-        if (!target) throw new Error("Name is required");
+        if (!target) throw new W.InputError("Name is required");
         await api("POST", `bindings/${enc(vhost)}/e/${enc(source === "" ? DEFAULT_EX : source)}/${kind}/${enc(dest)}`,
           { routing_key: rk.value, arguments: args.value() });
         return true;
@@ -351,8 +440,8 @@
     const bind = bindForm(vhost, { exchange: name }, () => page.refresh());
     const del = h("button.btn.btn-danger", { type: "button", id: "exchange-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete exchange", ["Delete exchange ", h("b", display), ` in ${vhost}? Its bindings go with it.`], "Delete")) return;
-      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, `Exchange ${display} deleted.`, "Delete exchange");
-      if (ok) location.hash = "#/exchanges";
+      const ok = await act(del, async () => { await api("DELETE", `exchanges/${exchangePath(vhost, name)}`); return true; }, null, "Delete exchange");
+      if (ok) W.navigate("#/exchanges", `Exchange ${display} deleted.`);
     } } }, "Delete this exchange");
     const isDefault = name === "";
     const builtin = name.startsWith("amq.");
@@ -372,6 +461,7 @@
         replace(info, W.kvTable([
           ["Type", x.type], ["Features", W.featureTags(x).length ? W.featureTags(x) : h("span.muted", "none")],
           ["Arguments", Object.keys(x.arguments || {}).length ? h("span.mono", JSON.stringify(x.arguments)) : h("span.muted", "none")],
+          ...policyRows(x),
           ["Message rate in", fmtRate(rate(x, "publish_in")) || "0.0/s"], ["Message rate out", fmtRate(rate(x, "publish_out")) || "0.0/s"],
         ]));
         if (!isDefault) {
@@ -392,7 +482,7 @@
       { key: "vhost", label: "Virtual host" },
       { key: "name", label: "Name", render: (q) => queueLink(q.vhost, q.name) },
       { key: "type", label: "Type" },
-      { key: "features", label: "Features", sortable: false, render: (q) => W.featureTags(q) },
+      { key: "features", label: "Features", sortable: false, render: (q) => [W.featureTags(q), policyTags(q)] },
       { key: "state", label: "State", render: (q) => h("span.tag" + (q.state === "running" ? ".ok" : ".warn"), q.state) },
       { key: "consumers", label: "Consumers", num: true },
       { key: "messages_ready", label: "Ready", num: true },
@@ -407,11 +497,12 @@
       name: h("input", { id: "q-name", name: "name", required: true, placeholder: "e.g. orders.pending" }),
       durable: W.select({ id: "q-durable", name: "durable" }, [["true", "Durable"], ["false", "Transient"]], "true"),
       autoDelete: W.select({ id: "q-auto-delete", name: "auto_delete" }, [["false", "No"], ["true", "Yes"]], "false"),
-      args: W.kvEditor("Arguments", [["Message TTL", "x-message-ttl", "number"], ["Auto expire", "x-expires", "number"],
+      // RabbitMQ's hints for a classic queue, with the types its queue argument validation wants
+      args: W.kvEditor("Arguments", [["Auto expire", "x-expires", "number"], ["Message TTL", "x-message-ttl", "number"],
+        ["Overflow behaviour", "x-overflow", "string", W.OVERFLOW_MODES], ["Single active consumer", "x-single-active-consumer", "boolean", ["true", "false"]],
+        ["Dead letter exchange", "x-dead-letter-exchange", "string"], ["Dead letter routing key", "x-dead-letter-routing-key", "string"],
         ["Max length", "x-max-length", "number"], ["Max length bytes", "x-max-length-bytes", "number"],
-        ["Overflow", "x-overflow", "string"], ["Dead letter exchange", "x-dead-letter-exchange", "string"],
-        ["Dead letter routing key", "x-dead-letter-routing-key", "string"], ["Max priority", "x-max-priority", "number"],
-        ["Single active consumer", "x-single-active-consumer", "boolean"]]),
+        ["Maximum priority", "x-max-priority", "number"], ["Leader locator", "x-queue-leader-locator", "string", W.LEADER_LOCATORS]]),
     };
     const submit = h("button.btn.btn-primary", { type: "submit", id: "q-add" }, "Add queue");
     const addForm = h("form.form", { id: "queue-form", on: { submit: async (e) => {
@@ -419,7 +510,7 @@
       const name = form.name.value.trim();
       const vhost = form.vhost.value;
       const ok = await act(submit, async () => {
-        if (!name) throw new Error("Queue name is required");
+        if (!name) throw new W.InputError("Queue name is required");
         await api("PUT", `queues/${enc(vhost)}/${enc(name)}`, {
           durable: form.durable.value === "true", auto_delete: form.autoDelete.value === "true", arguments: form.args.value() });
         return true;
@@ -450,6 +541,17 @@
     const info = h("div");
     const bindings = bindingsTable("queue-bindings", vhost, "queue", () => page.refresh());
     const bind = bindForm(vhost, { queue: name }, () => page.refresh());
+    const consumers = W.dataTable("queue-consumers", [
+      { key: "channel", label: "Channel", value: (c) => c.channel_details.name,
+        render: (c) => connectionLink(c.channel_details.connection_name, c.channel_details.name) },
+      { key: "consumer_tag", label: "Consumer tag", render: (c) => h("span.mono", c.consumer_tag) },
+      { key: "ack_required", label: "Ack required" },
+      { key: "exclusive", label: "Exclusive" },
+      { key: "prefetch_count", label: "Prefetch count", num: true },
+      { key: "priority", label: "Priority", num: true, value: (c) => (c.arguments || {})["x-priority"] },
+      { key: "activity_status", label: "Activity status", render: (c) => h("span.tag" + (c.active ? ".ok" : ""), { "data-activity": c.activity_status }, activityLabel(c.activity_status)) },
+      { key: "arguments", label: "Arguments", sortable: false, render: (c) => Object.keys(c.arguments || {}).length ? h("span.mono", JSON.stringify(c.arguments)) : "" },
+    ], { sortKey: "consumer_tag", empty: "No consumers.", rowKey: (c) => c.consumer_tag });
 
     // get messages
     const ackmode = W.select({ id: "get-ackmode", name: "ackmode" }, [
@@ -493,7 +595,7 @@
       const body = { destination: moveDest.value.trim() };
       if (moveCount.value) body.count = Number(moveCount.value);
       const res = await act(moveSubmit, async () => {
-        if (!body.destination) throw new Error("Destination queue is required");
+        if (!body.destination) throw new W.InputError("Destination queue is required");
         return api("POST", `${qpath}/move`, body);
       }, (r) => `Moved ${fmtNum(r.moved)} message${r.moved === 1 ? "" : "s"} to ${r.destination}.`, "Move");
       if (res) await page.refresh();
@@ -509,8 +611,8 @@
     const del = h("button.btn.btn-danger", { type: "button", id: "queue-delete", on: { click: async () => {
       if (!await W.confirmDialog("Delete queue", ["Delete queue ", h("b", name), ` in ${vhost} and every message in it?`], "Delete")) return;
       const q = [ifUnused.checked ? "if-unused=true" : "", ifEmpty.checked ? "if-empty=true" : ""].filter(Boolean).join("&");
-      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, `Queue ${name} deleted.`, "Delete queue");
-      if (ok) location.hash = "#/queues";
+      const ok = await act(del, async () => { await api("DELETE", qpath + (q ? "?" + q : "")); return true; }, null, "Delete queue");
+      if (ok) W.navigate("#/queues", `Queue ${name} deleted.`);
     } } }, "Delete queue");
 
     const page = {
@@ -521,7 +623,7 @@
           h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
           h("section.panel", h("div.panel-head", h("h2", "Bindings")), h("div.panel-body.flush", bindings.el),
             h("div.panel-body", { style: "border-top:1px solid var(--border)" }, h("h3", { style: "margin-bottom:10px" }, "Add binding to this queue"), bind.el))),
-        h("div", { style: "height:18px" }),
+        h("section.panel", { id: "consumers" }, h("div.panel-head", h("h2", "Consumers")), h("div.panel-body.flush", consumers.el)),
         h("section.panel", { id: "get-messages" }, h("div.panel-head", h("h2", "Get messages")), h("div.panel-body", getForm, getOut)),
         h("section.panel", { id: "peek-messages" }, h("div.panel-head", h("h2", "Peek"), h("span.tag.accent", "Warren")), h("div.panel-body", peekForm, peekOut)),
         h("section.panel", { id: "move-messages" }, h("div.panel-head", h("h2", "Move messages"), h("span.tag.accent", "Warren")), h("div.panel-body", moveForm)),
@@ -543,8 +645,11 @@
           ["Arguments", Object.keys(q.arguments || {}).length ? h("span.mono", JSON.stringify(q.arguments)) : h("span.muted", "none")],
           ["Node", h("span.mono", q.node || "")],
           q.owner_pid_details ? ["Exclusive owner", h("span.mono", q.owner_pid_details.name)] : null,
-          q.policy ? ["Policy", q.policy] : null,
+          q.exclusive_consumer_tag ? ["Exclusive consumer", h("span.mono", q.exclusive_consumer_tag)] : null,
+          q.single_active_consumer_tag ? ["Single active consumer", h("span.mono", q.single_active_consumer_tag)] : null,
+          ...policyRows(q),
         ]));
+        consumers.update(q.consumer_details || []);
         bindings.update(await api("GET", `${qpath}/bindings`));
         await bind.suggest();
         const queues = await api("GET", `queues/${enc(vhost)}?columns=name`);
@@ -554,7 +659,13 @@
     return page;
   };
 
+  function activityLabel(status) {
+    return { up: "up", single_active: "single active", waiting: "waiting" }[status] || status || "";
+  }
+
   W.messageCard = messageCard;
+  W.vhostFilter = vhostFilter;
+  W.vhostSelect = vhostSelect;
   W.pageHead = pageHead;
   W.countLabel = countLabel;
   W.searchBox = searchBox;

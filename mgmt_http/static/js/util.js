@@ -90,6 +90,7 @@ window.W = window.W || {};
       sessionStorage.setItem(USER_KEY, user);
     },
     header() { const t = sessionStorage.getItem(AUTH_KEY); return t ? "Basic " + t : null; },
+    headerFor(user, password) { return "Basic " + b64(`${user}:${password}`); },
     user() { return sessionStorage.getItem(USER_KEY) || ""; },
     clear() { sessionStorage.removeItem(AUTH_KEY); sessionStorage.removeItem(USER_KEY); },
   };
@@ -100,6 +101,7 @@ window.W = window.W || {};
       this.status = status;
       this.error = error;
       this.reason = reason;
+      this.sessionEnded = false;  // set by api(): the credentials no longer work
     }
   }
 
@@ -129,11 +131,17 @@ window.W = window.W || {};
       const error = data && typeof data === "object" ? data.error : undefined;
       const reason = data && typeof data === "object" ? data.reason : (typeof data === "string" ? data : "");
       const err = new ApiError(res.status, error || res.statusText, reason || res.statusText);
-      if (res.status === 401 && !options.authHeader && W.onUnauthorized) W.onUnauthorized(err);
+      // 401 asking for credentials (WWW-Authenticate): these ones no longer work.  A 401 without it
+      // (RabbitMQ's "not allowed", as a 403 is) is an answer to this request only.
+      err.sessionEnded = res.status === 401 && res.headers.has("WWW-Authenticate") && !options.authHeader;
+      if (err.sessionEnded && W.onUnauthorized) W.onUnauthorized(err);
       throw err;
     }
     return data;
   }
+
+  // What the user typed cannot be sent: shown like an API refusal, not logged as a fault of the page.
+  class InputError extends Error {}
 
   /* ---------- banners ---------- */
   function banner(kind, title, message, timeout) {
@@ -153,7 +161,7 @@ window.W = window.W || {};
       const title = (context ? context + ": " : "") + (err.status ? `${err.status} ${err.error || ""}`.trim() : "Error");
       return banner("error", title + " —", err.reason || err.message);
     }
-    console.error(err);
+    if (!(err instanceof InputError)) console.error(err);
     return banner("error", (context ? context + ": " : "") + "Error —", String(err && err.message || err));
   }
   function showSuccess(message) { return banner("success", "", message, 6000); }
@@ -272,15 +280,19 @@ window.W = window.W || {};
     }));
   }
   // Key = value rows with a type per row, as RabbitMQ's arguments editor; .value() -> object.
+  // quick: hints that fill a row's key and type: [label, key, type, suggested values?], or a string heading a group.
+  let datalists = 0;
   function kvEditor(name, quick = []) {
     const list = h("div.kv-editor", { "data-kv": name });
     function addRow(key = "", value = "", type = "string") {
+      const suggestions = h("datalist", { id: `kv-values-${++datalists}` });
       const row = h("div.kv-row",
         h("input", { placeholder: "key", value: key, "data-kv-key": "" }),
         h("span.eq", "="),
-        h("input", { placeholder: "value", value: String(value), "data-kv-value": "" }),
+        h("input", { placeholder: "value", value: String(value), "data-kv-value": "", list: suggestions.id }),
         select({ "data-kv-type": "" }, [["string", "String"], ["number", "Number"], ["boolean", "Boolean"], ["json", "JSON"]], type),
-        h("button.btn.btn-sm", { type: "button", title: "Remove", on: { click: () => { row.remove(); ensureBlank(); } } }, "×"));
+        h("button.btn.btn-sm", { type: "button", title: "Remove", on: { click: () => { row.remove(); ensureBlank(); } } }, "×"),
+        suggestions);
       row.querySelectorAll("input").forEach((i) => i.addEventListener("input", ensureBlank));
       list.insertBefore(row, quickBox);
       return row;
@@ -289,20 +301,22 @@ window.W = window.W || {};
       const rows = [...list.querySelectorAll(".kv-row")];
       if (!rows.length || rows[rows.length - 1].querySelector("[data-kv-key]").value) addRow();
     }
-    const quickBox = h("div.quick-add", quick.length ? h("span.muted", { style: "font-size:12px;margin-right:4px" }, "Add") : null,
-      quick.map(([label, key, type]) => h("button", {
-        type: "button", on: {
-          click: () => {
-            const rows = [...list.querySelectorAll(".kv-row")];
-            const blank = rows.find((r) => !r.querySelector("[data-kv-key]").value);
-            const row = blank || addRow();
-            row.querySelector("[data-kv-key]").value = key;
-            row.querySelector("[data-kv-type]").value = type;
-            row.querySelector("[data-kv-value]").focus();
-            ensureBlank();
-          },
+    function hint([label, key, type, values]) {
+      return h("button", { type: "button", "data-hint": key, title: `${key} (${type})`, on: {
+        click: () => {
+          const rows = [...list.querySelectorAll(".kv-row")];
+          const row = rows.find((r) => r.querySelector("[data-kv-key]").value === key)
+            || rows.find((r) => !r.querySelector("[data-kv-key]").value) || addRow();
+          row.querySelector("[data-kv-key]").value = key;
+          row.querySelector("[data-kv-type]").value = type;
+          replace(row.querySelector("datalist"), (values || []).map((v) => h("option", { value: v })));
+          row.querySelector("[data-kv-value]").focus();
+          ensureBlank();
         },
-      }, label)));
+      } }, label);
+    }
+    const quickBox = h("div.quick-add", quick.length && typeof quick[0] !== "string" ? h("span.muted.hint-group", "Add") : null,
+      quick.map((q) => (typeof q === "string" ? h("span.muted.hint-group", q) : hint(q))));
     list.append(quickBox);
     addRow();
     return {
@@ -315,17 +329,26 @@ window.W = window.W || {};
           const raw = row.querySelector("[data-kv-value]").value;
           const type = row.querySelector("[data-kv-type]").value;
           if (type === "number") {
-            if (raw.trim() === "" || isNaN(Number(raw))) throw new Error(`${name}: "${key}" must be a number`);
+            if (raw.trim() === "" || isNaN(Number(raw))) throw new InputError(`${name}: "${key}" must be a number`);
             out[key] = Number(raw);
           } else if (type === "boolean") {
             out[key] = /^(true|1|yes)$/i.test(raw.trim());
           } else if (type === "json") {
-            try { out[key] = JSON.parse(raw); } catch (e) { throw new Error(`${name}: "${key}" is not valid JSON`); }
+            try { out[key] = JSON.parse(raw); } catch (e) { throw new InputError(`${name}: "${key}" is not valid JSON`); }
           } else out[key] = raw;
         }
         return out;
       },
-      reset() { list.querySelectorAll(".kv-row").forEach((r) => r.remove()); addRow(); },
+      // Rows for an object's entries, each typed by its value.
+      set(obj) {
+        list.querySelectorAll(".kv-row").forEach((r) => r.remove());
+        for (const [key, v] of Object.entries(obj || {})) {
+          const type = ["number", "boolean", "string"].includes(typeof v) ? typeof v : "json";
+          addRow(key, type === "json" ? JSON.stringify(v) : v, type);
+        }
+        addRow();
+      },
+      reset() { this.set({}); },
     };
   }
   function featureTags(obj) {
@@ -343,7 +366,7 @@ window.W = window.W || {};
     const names = { "x-message-ttl": "TTL", "x-expires": "Exp", "x-max-length": "Lim", "x-max-length-bytes": "Lim B",
       "x-dead-letter-exchange": "DLX", "x-dead-letter-routing-key": "DLK", "x-max-priority": "Pri",
       "x-overflow": "Ovfl", "x-queue-mode": "Mode", "x-queue-type": "Type", "x-single-active-consumer": "SAC",
-      "alternate-exchange": "AE" };
+      "x-queue-leader-locator": "Ldr", "x-delayed-type": "Delayed", "alternate-exchange": "AE" };
     return names[k] || k;
   }
   function kvTable(pairs) {
@@ -356,7 +379,7 @@ window.W = window.W || {};
 
   Object.assign(W, {
     h, append, clear, replace, fmtNum, fmtRate, fmtBytes, fmtTime, get, rate, enc, vhostLabel,
-    auth, api, ApiError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
+    auth, api, ApiError, InputError, banner, showError, showSuccess, clearBanners, act, confirmDialog,
     dataTable, field, select, kvEditor, featureTags, kvTable, panel,
   });
 })(window.W);

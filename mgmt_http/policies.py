@@ -1,0 +1,80 @@
+"""/api/policies and /api/operator-policies: list, show, set, clear (RabbitMQ's rabbit_mgmt_wm_policy)."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
+
+from . import auth
+from .context import ctx
+from .http import bad_request, created_or_updated, no_content, not_authorised, not_found, read_json
+from .listing import respond, respond_one
+
+routes = web.RouteTableDef()
+KINDS = {"policies": POLICY, "operator-policies": OPERATOR_POLICY}
+
+
+def _require(request: web.Request, kind: str) -> None:
+    """Policies need the policymaker (or administrator) tag; operator policies need administrator."""
+    login = auth.login(request)
+    if kind == OPERATOR_POLICY:
+        auth.require_admin(request)
+    elif not (login.is_admin or "policymaker" in login.tags):
+        raise not_authorised("Not policymaker user")
+
+
+def _kind(request: web.Request) -> str:
+    kind = KINDS[request.match_info["kind"]]
+    _require(request, kind)
+    return kind
+
+
+def _listed(request: web.Request, kind: str, vhosts: list[str]) -> web.Response:
+    policies = ctx(request).broker.policies
+    return respond(request, [p.to_json() for vhost in vhosts for p in policies.list(kind, vhost)],
+                   ("priority", "vhost", "name"))  # RabbitMQ lists policies by priority
+
+
+@routes.get("/api/{kind:policies|operator-policies}")
+async def list_all(request: web.Request) -> web.Response:
+    return _listed(request, _kind(request), auth.visible_vhosts(request))
+
+
+@routes.get("/api/{kind:policies|operator-policies}/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    kind = _kind(request)
+    return _listed(request, kind, [auth.require_vhost(request)])
+
+
+@routes.get("/api/{kind:policies|operator-policies}/{vhost}/{name}")
+async def show(request: web.Request) -> web.Response:
+    kind = _kind(request)
+    policy = ctx(request).broker.policies.get(kind, auth.require_vhost(request), request.match_info["name"])
+    if policy is None:
+        raise not_found()
+    return respond_one(request, policy.to_json())
+
+
+@routes.put("/api/{kind:policies|operator-policies}/{vhost}/{name}")
+async def put(request: web.Request) -> web.Response:
+    kind = _kind(request)
+    vhost = auth.require_vhost(request)
+    name = request.match_info["name"]
+    try:
+        policy = parse(vhost, name, await read_json(request, required=True), kind == OPERATOR_POLICY)
+    except PolicyError as exc:
+        raise bad_request(str(exc)) from None
+    broker = ctx(request).broker
+    existed = broker.policies.get(kind, vhost, name) is not None
+    broker.policies.put(kind, policy, broker.vhost(vhost))
+    return created_or_updated(not existed)
+
+
+@routes.delete("/api/{kind:policies|operator-policies}/{vhost}/{name}")
+async def delete(request: web.Request) -> web.Response:
+    kind = _kind(request)
+    vhost = auth.require_vhost(request)
+    broker = ctx(request).broker
+    if not broker.policies.delete(kind, broker.vhost(vhost), request.match_info["name"]):
+        raise not_found()
+    return no_content()

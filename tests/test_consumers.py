@@ -1,0 +1,289 @@
+"""Consumer priorities (``x-priority``), single active consumer and exclusive consumers, through pika and
+the HTTP API, as RabbitMQ's classic queues behave."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+from decimal import Decimal
+from urllib.parse import quote
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+
+pytestmark = pytest.mark.timeout(60)
+
+V = "vhost '/'"
+SAC = {"x-single-active-consumer": True}
+
+
+def connect(node, name: str = "") -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        node.host, node.port, connection_attempts=1, socket_timeout=5, blocked_connection_timeout=10,
+        client_properties={"connection_name": name} if name else None))
+
+
+@pytest.fixture
+def conn(broker):
+    connection = connect(broker)
+    yield connection
+    if connection.is_open:
+        connection.close()
+
+
+def api(node, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}{path}", method=method)
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        raw = response.read()
+        return json.loads(raw) if raw else None
+
+
+def force_close(node, connection_name: str) -> None:
+    """Close a connection from the broker side (as a failure would): no basic.cancel first."""
+    for connection in api(node, "/api/connections"):
+        if connection["user_provided_name"] == connection_name:
+            api(node, f"/api/connections/{quote(connection['name'], safe='')}", "DELETE")
+            return
+    raise AssertionError(f"no connection {connection_name}")
+
+
+class Consumer:
+    """A manual-ack consumer on its own channel that records (body, redelivered, delivery tag)."""
+
+    def __init__(self, conn, queue: str, prefetch: int = 0, priority: int | None = None, tag: str = "") -> None:
+        self.conn = conn
+        self.ch = conn.channel()
+        if prefetch:
+            self.ch.basic_qos(prefetch_count=prefetch)
+        self.got: list[tuple[str, bool, int]] = []
+        arguments = {"x-priority": priority} if priority is not None else None
+        self.tag = self.ch.basic_consume(queue, self._on, arguments=arguments, consumer_tag=tag or None)
+
+    def _on(self, _ch, method, _props, body) -> None:
+        self.got.append((body.decode(), method.redelivered, method.delivery_tag))
+
+    @property
+    def bodies(self) -> list[str]:
+        return [body for body, _, _ in self.got]
+
+    def ack_all(self) -> None:
+        if self.got:
+            self.ch.basic_ack(self.got[-1][2], multiple=True)
+
+
+def pump(*conns, seconds: float = 0.3) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for conn in conns:
+            conn.process_data_events(0.02)
+
+
+def publish(ch, queue: str, bodies) -> None:
+    for body in bodies:
+        ch.basic_publish("", queue, body.encode())
+
+
+# -- consumer priorities --------------------------------------------------------------------------
+
+def test_higher_priority_consumer_served_while_it_has_credit(conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    low = Consumer(conn, uid, prefetch=10, priority=-5)
+    high = Consumer(conn, uid, prefetch=2, priority=10)
+    default = Consumer(conn, uid, prefetch=3)  # x-priority 0: between the two
+    publish(ch, uid, [f"m{i}" for i in range(8)])
+    pump(conn)
+    assert high.bodies == ["m0", "m1"]
+    assert default.bodies == ["m2", "m3", "m4"]
+    assert low.bodies == ["m5", "m6", "m7"]
+    high.ack_all()  # credit again: the next messages are the high-priority consumer's
+    publish(ch, uid, ["n0", "n1", "n2"])
+    pump(conn)
+    assert high.bodies[2:] == ["n0", "n1"] and low.bodies[3:] == ["n2"]
+    ch.queue_delete(uid)
+
+
+def test_round_robin_among_equal_priorities(conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    a = Consumer(conn, uid, priority=3)
+    b = Consumer(conn, uid, priority=3)
+    low = Consumer(conn, uid)
+    publish(ch, uid, [f"m{i}" for i in range(6)])
+    pump(conn)
+    assert a.bodies == ["m0", "m2", "m4"] and b.bodies == ["m1", "m3", "m5"] and low.bodies == []
+    ch.queue_delete(uid)
+
+
+def test_lower_priority_gets_messages_when_higher_cancels(conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    high = Consumer(conn, uid, prefetch=1, priority=1)
+    low = Consumer(conn, uid, prefetch=1)
+    publish(ch, uid, ["a", "b", "c"])
+    pump(conn)
+    assert (high.bodies, low.bodies) == (["a"], ["b"])
+    high.ch.basic_cancel(high.tag)
+    low.ack_all()
+    pump(conn)
+    assert low.bodies == ["b", "c"]
+    ch.queue_delete(uid)
+
+
+@pytest.mark.parametrize("value, kind", [("high", "longstr"), (Decimal("1.5"), "decimal"), (True, "bool"),
+                                         ({"a": 1}, "table")])
+def test_invalid_consumer_priority_406(conn, uid, value, kind):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.basic_consume(uid, lambda *a: None, arguments={"x-priority": value})
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue '{uid}' in {V}: "
+                                    f"{{unacceptable_type,{kind}}}")
+    conn.channel().queue_delete(uid)
+
+
+def test_consumer_priority_in_http_arguments(broker, conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    Consumer(conn, uid, priority=7, tag="prio-7")
+    consumers = [c for c in api(broker, "/api/consumers/%2F") if c["queue"]["name"] == uid]
+    assert [(c["consumer_tag"], c["arguments"], c["active"], c["activity_status"]) for c in consumers] == [
+        ("prio-7", {"x-priority": 7}, True, "up")]
+    ch.queue_delete(uid)
+
+
+# -- single active consumer -----------------------------------------------------------------------
+
+def _statuses(broker, queue: str) -> dict[str, tuple[bool, str]]:
+    details = api(broker, f"/api/queues/%2F/{queue}")["consumer_details"]
+    return {c["consumer_tag"]: (c["active"], c["activity_status"]) for c in details}
+
+
+def test_single_active_consumer_fails_over_with_unacked_redelivered(broker, uid):
+    setup = connect(broker)
+    ch = setup.channel()
+    ch.queue_declare(uid, arguments=SAC)
+    conns = [connect(broker, f"{uid}-{i}") for i in range(3)]
+    first, second, third = (Consumer(c, uid, prefetch=3, tag=f"c{i}") for i, c in enumerate(conns))
+    publish(ch, uid, [f"m{i}" for i in range(5)])
+    pump(*conns)
+    assert first.bodies == ["m0", "m1", "m2"] and second.got == [] and third.got == []
+    queue = api(broker, f"/api/queues/%2F/{uid}")
+    assert queue["single_active_consumer_tag"] == "c0" and queue["consumers"] == 3
+    assert _statuses(broker, uid) == {"c0": (True, "single_active"), "c1": (False, "waiting"),
+                                      "c2": (False, "waiting")}
+    listed = {c["consumer_tag"]: c["activity_status"] for c in api(broker, "/api/consumers")
+              if c["queue"]["name"] == uid}
+    assert listed == {"c0": "single_active", "c1": "waiting", "c2": "waiting"}
+
+    first.ch.basic_ack(first.got[0][2])  # m0 done: m3 follows; m1, m2, m3 are unacked when the connection dies
+    pump(conns[0])
+    assert first.bodies == ["m0", "m1", "m2", "m3"]
+    force_close(broker, f"{uid}-0")
+    pump(*conns[1:])
+    assert [(body, redelivered) for body, redelivered, _ in second.got] == [
+        ("m1", True), ("m2", True), ("m3", True)]
+    assert third.got == []
+    assert api(broker, f"/api/queues/%2F/{uid}")["single_active_consumer_tag"] == "c1"
+    assert _statuses(broker, uid) == {"c1": (True, "single_active"), "c2": (False, "waiting")}
+
+    second.ch.basic_cancel(second.tag)  # a cancel hands over too; its unacked stay with its channel
+    pump(*conns[1:])
+    assert third.bodies == ["m4"]
+    conns[1].close()  # m1..m3 come back to the active consumer, after m4
+    pump(conns[2])
+    assert [(body, redelivered) for body, redelivered, _ in third.got] == [
+        ("m4", False), ("m1", True), ("m2", True)]
+    assert api(broker, f"/api/queues/%2F/{uid}")["single_active_consumer_tag"] == "c2"
+    third.ack_all()
+    third.ch.basic_cancel(third.tag)
+    assert api(broker, f"/api/queues/%2F/{uid}")["single_active_consumer_tag"] is None
+    ch.queue_delete(uid)
+    for c in (setup, conns[2]):
+        c.close()
+
+
+def test_single_active_consumer_successor_by_priority_then_registration(broker, conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid, arguments=SAC)
+    first = Consumer(conn, uid, tag="first")
+    Consumer(conn, uid, priority=1, tag="low")
+    Consumer(conn, uid, priority=5, tag="high-a")
+    Consumer(conn, uid, priority=5, tag="high-b")
+    assert api(broker, f"/api/queues/%2F/{uid}")["single_active_consumer_tag"] == "first"  # no pre-emption
+    first.ch.basic_cancel(first.tag)
+    assert api(broker, f"/api/queues/%2F/{uid}")["single_active_consumer_tag"] == "high-a"
+    ch.queue_delete(uid)
+
+
+def test_single_active_consumer_refuses_exclusive_consume(conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid, arguments=SAC)
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.basic_consume(uid, lambda *a: None, exclusive=True)
+    assert exc.value.reply_code == 403
+    assert exc.value.reply_text == f"ACCESS_REFUSED - queue '{uid}' in {V} in exclusive use"
+    conn.channel().queue_delete(uid)
+
+
+@pytest.mark.parametrize("value, kind", [("true", "longstr"), (1, "int")])
+def test_invalid_single_active_consumer_arg_406(conn, uid, value, kind):
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.queue_declare(uid, arguments={"x-single-active-consumer": value})
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text.startswith(
+        f"PRECONDITION_FAILED - invalid arg 'x-single-active-consumer' for queue '{uid}' in {V}: "
+        "{unacceptable_type,")
+
+
+def test_queue_without_sac_reports_no_active_consumer(broker, conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    Consumer(conn, uid, tag="only")
+    queue = api(broker, f"/api/queues/%2F/{uid}")
+    assert queue["single_active_consumer_tag"] is None
+    assert _statuses(broker, uid) == {"only": (True, "up")}
+    ch.queue_delete(uid)
+
+
+# -- exclusive consumers --------------------------------------------------------------------------
+
+def test_exclusive_consumer_blocks_others_until_cancelled(broker, conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    owner = Consumer(conn, uid, tag="owner")
+    owner.ch.basic_cancel(owner.tag)
+    exclusive = conn.channel()
+    tag = exclusive.basic_consume(uid, lambda *a: None, exclusive=True, consumer_tag="solo")
+    assert api(broker, f"/api/queues/%2F/{uid}")["exclusive_consumer_tag"] == "solo"
+    other = connect(broker)
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        other.channel().basic_consume(uid, lambda *a: None)
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        403, f"ACCESS_REFUSED - queue '{uid}' in {V} in exclusive use")
+    exclusive.basic_cancel(tag)
+    later = Consumer(other, uid, tag="later")  # free again once the exclusive consumer is gone
+    publish(ch, uid, ["x"])
+    pump(other)
+    assert later.bodies == ["x"]
+    assert api(broker, f"/api/queues/%2F/{uid}")["exclusive_consumer_tag"] is None
+    other.close()
+    ch.queue_delete(uid)
+
+
+def test_exclusive_consumer_released_when_its_connection_closes(broker, conn, uid):
+    ch = conn.channel()
+    ch.queue_declare(uid)
+    holder = connect(broker)
+    holder.channel().basic_consume(uid, lambda *a: None, exclusive=True)
+    with pytest.raises(ChannelClosedByBroker):
+        conn.channel().basic_consume(uid, lambda *a: None, exclusive=True)
+    holder.close()
+    conn.channel().basic_consume(uid, lambda *a: None, exclusive=True)
+    assert api(broker, f"/api/queues/%2F/{uid}")["consumers"] == 1
+    conn.channel().queue_delete(uid)

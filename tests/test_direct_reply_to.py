@@ -1,0 +1,150 @@
+"""Direct reply-to (amq.rabbitmq.reply-to) through pika and aio-pika: RPC round trips and RabbitMQ's errors."""
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import pika
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+REPLY_TO = "amq.rabbitmq.reply-to"
+
+
+def connect(broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def test_capability_advertised(broker) -> None:
+    with connect(broker) as connection:
+        capabilities = connection._impl.server_capabilities
+        assert capabilities["direct_reply_to"] is True
+
+
+def test_pika_rpc_round_trip(broker, uid: str) -> None:
+    with connect(broker) as client, connect(broker) as server:
+        client_channel = client.channel()
+        replies: list[tuple] = []
+        client_channel.basic_consume(REPLY_TO, lambda ch, method, props, body: replies.append((method, props, body)),
+                                     auto_ack=True)
+        server_channel = server.channel()
+        server_channel.queue_declare(uid, auto_delete=True)
+        for i in range(3):
+            client_channel.basic_publish("", uid, f"req{i}".encode(),
+                                         pika.BasicProperties(reply_to=REPLY_TO, correlation_id=str(i)))
+        for i in range(3):
+            method, props, body = _get(server, server_channel, uid)
+            assert body == f"req{i}".encode()
+            assert props.reply_to.startswith(REPLY_TO + ".") and len(props.reply_to) > len(REPLY_TO) + 8
+            assert props.correlation_id == str(i)
+            server_channel.basic_publish("", props.reply_to, f"resp{i}".encode(),
+                                         pika.BasicProperties(correlation_id=props.correlation_id))
+        while len(replies) < 3:
+            client.process_data_events(0.1)
+        assert [(m.exchange, m.routing_key, p.correlation_id, b) for m, p, b in replies] == [
+            ("", props.reply_to, str(i), f"resp{i}".encode()) for i in range(3)]
+        assert not replies[0][0].redelivered
+        assert client_channel.queue_declare(REPLY_TO, passive=True).method.consumer_count == 1
+        assert server_channel.queue_declare(props.reply_to, passive=True).method.consumer_count == 1
+
+
+def _get(connection, channel, queue: str):
+    for _ in range(100):
+        method, props, body = channel.basic_get(queue, auto_ack=True)
+        if method is not None:
+            return method, props, body
+        connection.sleep(0.05)
+    raise AssertionError("no request arrived")
+
+
+def test_consume_with_acks_is_refused(broker) -> None:
+    with connect(broker) as connection:
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=False)
+        assert (info.value.reply_code, info.value.reply_text) == (
+            406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+
+
+def test_second_reply_consumer_on_a_channel_is_refused(broker) -> None:
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+        assert (info.value.reply_code, info.value.reply_text) == (
+            406, "PRECONDITION_FAILED - reply consumer already set")
+
+
+def test_publish_with_reply_to_without_consumer_is_refused(broker, uid: str) -> None:
+    closed: list = []
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel._impl.add_on_close_callback(lambda ch, reason: closed.append(reason))
+        channel.basic_publish("", uid, b"x", pika.BasicProperties(reply_to=REPLY_TO))
+        while not closed:
+            connection.process_data_events(0.1)
+        assert (closed[0].reply_code, closed[0].reply_text) == (
+            406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+        other = connection.channel()  # a reply consumer on another channel does not count
+        other.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+        third = connection.channel()
+        third._impl.add_on_close_callback(lambda ch, reason: closed.append(reason))
+        third.basic_publish("", uid, b"x", pika.BasicProperties(reply_to=REPLY_TO))
+        while len(closed) < 2:
+            connection.process_data_events(0.1)
+        assert closed[1].reply_code == 406
+
+
+def test_reply_to_unknown_or_gone_consumer(broker) -> None:
+    with connect(broker) as client, connect(broker) as server:
+        channel = client.channel()
+        channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True, consumer_tag="replies")
+        publisher = server.channel()
+        publisher.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            publisher.basic_publish("", REPLY_TO + ".no-such-token", b"x", mandatory=True)
+        publisher.basic_publish("", REPLY_TO + ".no-such-token", b"x")  # silently dropped
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            publisher.queue_declare(REPLY_TO + ".no-such-token", passive=True)
+        assert info.value.reply_code == 404
+
+
+def test_reply_after_cancel_or_close_is_unroutable(broker, uid: str) -> None:
+    with connect(broker) as client, connect(broker) as server:
+        channel = client.channel()
+        channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True, consumer_tag="replies")
+        server_channel = server.channel()
+        server_channel.queue_declare(uid, auto_delete=False)
+        channel.basic_publish("", uid, b"req", pika.BasicProperties(reply_to=REPLY_TO))
+        _, props, _ = _get(server, server_channel, uid)
+        channel.basic_cancel("replies")
+        server_channel.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            server_channel.basic_publish("", props.reply_to, b"late", mandatory=True)
+        server_channel.queue_delete(uid)
+
+
+async def test_aio_pika_rpc(broker, uid: str) -> None:
+    client = await aio_pika.connect(broker.url, timeout=10)
+    server = await aio_pika.connect(broker.url, timeout=10)
+    async with client, server:
+        server_channel = await server.channel()
+        requests = await server_channel.declare_queue(uid, auto_delete=True)
+
+        async def serve(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            async with message.process():
+                await server_channel.default_exchange.publish(
+                    aio_pika.Message(message.body.upper(), correlation_id=message.correlation_id),
+                    routing_key=message.reply_to)
+
+        await requests.consume(serve)
+        client_channel = await client.channel()
+        replies = await client_channel.get_queue(REPLY_TO, ensure=False)
+        answers: asyncio.Queue = asyncio.Queue()
+        await replies.consume(answers.put, no_ack=True)
+        for word in ("ping", "pong"):
+            await client_channel.default_exchange.publish(
+                aio_pika.Message(word.encode(), reply_to=REPLY_TO, correlation_id=word), routing_key=uid)
+        got = [await asyncio.wait_for(answers.get(), 10) for _ in range(2)]
+        assert [(m.body, m.correlation_id) for m in got] == [(b"PING", "ping"), (b"PONG", "pong")]
