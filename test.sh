@@ -6,11 +6,15 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession).
-# CI runs as root on Debian, so they are installed once when missing.
+# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
+# etcd (tests/test_cluster.py starts its own), Node.js with npm (tests/test_node_amqplib.py), PHP with
+# php-amqplib (tests/test_php_amqplib.py). CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
 command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
+command -v etcd >/dev/null 2>&1 || MISSING+=(etcd-server)
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || MISSING+=(nodejs npm)
+command -v php >/dev/null 2>&1 && [ -f /usr/share/php/PhpAmqpLib/autoload.php ] || MISSING+=(php-cli php-amqplib)
 if [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
@@ -20,5 +24,11 @@ if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hyp
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
   touch .venv/.installed-test
+fi
+# The Node.js client amqplib, pinned by tests/node/package-lock.json.
+if command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/node_modules ] \
+     || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; }; then
+  npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null \
+    || echo "test.sh: npm ci --prefix tests/node failed; tests/test_node_amqplib.py will skip (fail under .ci/run)" >&2
 fi
 exec .venv/bin/python -m pytest -q "$@"

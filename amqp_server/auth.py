@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Protocol
 
 from .definitions import DefinitionStore
 from .errors import ACCESS_REFUSED, ChannelError, resource_name
@@ -96,11 +97,31 @@ class User:
                    record.get("hashing_algorithm", DEFAULT_HASHING))
 
 
+class DefinitionListener(Protocol):
+    """Told of every definition written (cluster mode: it becomes the cluster's)."""
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    def undefined(self, kind: str, key: str) -> None: ...
+
+
 class AccessControl:
     """Reads and writes users, vhosts and permissions in the definition store."""
 
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
+        self.listener: DefinitionListener | None = None
+
+    def _put(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        self.store.put(kind, key, record)
+        if self.listener is not None:
+            self.listener.defined(kind, key, record)
+
+    def _delete(self, kind: str, key: str) -> bool:
+        found = self.store.delete(kind, key)
+        if self.listener is not None:
+            self.listener.undefined(kind, key)
+        return found
 
     def bootstrap(self) -> None:
         """A fresh data directory gets guest/guest with full rights on vhost /, like RabbitMQ."""
@@ -118,18 +139,18 @@ class AccessControl:
 
     def add_user(self, name: str, password: str, tags: list[str] | None = None) -> User:
         user = User(name, hash_password(password), tags or [])
-        self.store.put("user", name, user.to_record())
+        self._put("user", name, user.to_record())
         return user
 
     def put_user(self, user: User) -> None:
         """Create or replace a user with an already hashed password (definitions import, HTTP API)."""
-        self.store.put("user", user.name, user.to_record())
+        self._put("user", user.name, user.to_record())
 
     def delete_user(self, name: str) -> bool:
         for key, _ in list(self.store.items("permission")):
             if key.split("/", 1)[1] == name:
-                self.store.delete("permission", key)
-        return self.store.delete("user", name)
+                self._delete("permission", key)
+        return self._delete("user", name)
 
     def authenticate(self, name: str, password: str) -> User | None:
         user = self.user(name)
@@ -144,13 +165,13 @@ class AccessControl:
         return self.store.get("vhost", vhost_key(name)) is not None
 
     def add_vhost(self, name: str) -> None:
-        self.store.put("vhost", vhost_key(name), {"name": name})
+        self._put("vhost", vhost_key(name), {"name": name})
 
     def delete_vhost(self, name: str) -> bool:
         for key, record in list(self.store.items("permission")):
             if record["vhost"] == name:
-                self.store.delete("permission", key)
-        return self.store.delete("vhost", vhost_key(name))
+                self._delete("permission", key)
+        return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
         record = self.store.get("permission", f"{vhost_key(vhost)}/{user}")
@@ -159,12 +180,12 @@ class AccessControl:
         return Permissions(record["configure"], record["write"], record["read"])
 
     def set_permissions(self, vhost: str, user: str, perms: Permissions) -> None:
-        self.store.put("permission", f"{vhost_key(vhost)}/{user}",
+        self._put("permission", f"{vhost_key(vhost)}/{user}",
                        {"vhost": vhost, "user": user, "configure": perms.configure,
                         "write": perms.write, "read": perms.read})
 
     def clear_permissions(self, vhost: str, user: str) -> bool:
-        return self.store.delete("permission", f"{vhost_key(vhost)}/{user}")
+        return self._delete("permission", f"{vhost_key(vhost)}/{user}")
 
 
 def vhost_key(name: str) -> str:

@@ -11,15 +11,17 @@ import hashlib
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Collection, Iterable
+import time
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Protocol
 
-from exchanges import Exchange, exchange_class
+from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
 
-from . import errors, queue_args
+from . import errors, queue_args, sender_selected
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl
 from .definitions import DefinitionStore
+from .delayed import DelayedMessages, Publisher
 from .direct_reply import ReplyConsumers
 from .errors import ChannelError, ConnectionError, resource_name
 from .message import Message, expiration_error
@@ -27,13 +29,30 @@ from .paging import Pager
 from .policy import Policies
 from .persistence import Persistence
 from .priority_queue import queue_class
-from .queue import Entry, Queue
-from .stats import MessageStats
+from .queue import Consumer, Entry, Queue
+from .stats import ChurnStats, MessageStats
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .connection import Connection
 
 log = logging.getLogger("warren.broker")
+
+
+class ClusterHooks(Protocol):
+    """What the broker tells the cluster (``forwarder``): definition changes made on this node."""
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    def undefined(self, kind: str, key: str) -> None: ...
+
+    def nodes(self) -> list[tuple[str, bool]]: ...
+
+    async def forget(self, name: str) -> None: ...
+
+    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    async def look_up(self, kind: str, key: str) -> None: ...
 
 DEFAULT_EXCHANGES = (
     ("", "direct"),
@@ -77,10 +96,12 @@ class VHost:
             raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
 
     def queue(self, name: str) -> Queue:
-        try:
-            return self.queues[name]
-        except KeyError:
-            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'") from None
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
+        if not queue.available:
+            raise home_node_down(queue)
+        return queue
 
 
 class Broker:
@@ -97,10 +118,15 @@ class Broker:
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.connections: set["Connection"] = set()
+        self.churn = ChurnStats()
         self.blocked = False  # memory alarm: publishers are blocked
         self.dirty: list["Connection"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
+        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
+        self.confirming: "Channel | None" = None  # the confirm-mode channel whose publish is being routed
+        self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
+        self.delayed.start()
 
     def close(self) -> None:
         for queue in self.all_queues():
@@ -108,6 +134,7 @@ class Broker:
                 self._save_offsets(queue)
         self.pager.close()
         self.persistence.close()
+        self.delayed.close()
         self.store.close()
 
     def vhost_stats(self, name: str) -> MessageStats:
@@ -142,11 +169,27 @@ class Broker:
         self.access.add_vhost(name)
         return self.vhost(name)
 
+    def _define(self, kind: str, key: str, record: dict[str, Any], durable: bool) -> None:
+        """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
+        if durable:
+            self.store.put(kind, key, record)
+        if self.cluster is not None:
+            self.cluster.defined(kind, key, record)
+
+    def _undefine(self, kind: str, key: str, durable: bool) -> None:
+        if durable:
+            self.store.delete(kind, key)
+        if self.cluster is not None:
+            self.cluster.undefined(kind, key)
+
     def delete_vhost(self, name: str) -> None:
         vhost = self.vhosts.pop(name, None)
         if vhost is not None:
             for queue in list(vhost.queues.values()):
                 self._remove_queue(vhost, queue)
+            for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
+                if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
+                    self._remove_exchange(vhost, exchange)
             for connection in list(self.connections):
                 if connection.vhost_name == name:
                     connection.force_close(f"vhost '{name}' is deleted")
@@ -194,14 +237,28 @@ class Broker:
             if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
                 raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
             return existing
-        exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        try:
+            exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        except LookupError as exc:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{exc.args[0]}'") from None
+        except ValueError as exc:
+            raise errors.precondition_failed(str(exc)) from None
         vhost.exchanges[name] = exchange
         self.policies.apply_to_exchange(vhost.name, exchange)
-        if durable:
-            self.store.put("exchange", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "type": type_name, "auto_delete": auto_delete,
-                "internal": internal, "arguments": arguments})
+        self._define("exchange", _key(vhost.name, name), {
+            "vhost": vhost.name, "name": name, "type": type_name, "durable": durable, "auto_delete": auto_delete,
+            "internal": internal, "arguments": arguments}, durable)
         return exchange
+
+    async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
+                             auto_delete: bool = False, internal: bool = False,
+                             arguments: dict[str, Any] | None = None) -> None:
+        """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
+        if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
+                and exchange_class(type_name) is not None):
+            await self.cluster.agree("exchange", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "type": type_name, "durable": durable,
+                "auto_delete": auto_delete, "internal": internal, "arguments": dict(arguments or {})})
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
@@ -223,8 +280,7 @@ class Broker:
             self._forget_binding(vhost, exchange.name, binding.destination, binding.routing_key,
                                  binding.args_dict())
         self._drop_destination(vhost, exchange)
-        if exchange.durable:
-            self.store.delete("exchange", _key(vhost.name, exchange.name))
+        self._undefine("exchange", _key(vhost.name, exchange.name), exchange.durable)
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -233,6 +289,9 @@ class Broker:
                       arguments: dict[str, Any] | None = None,
                       owner: "Connection | None" = None, server_named: bool = False) -> Queue:
         existing = vhost.queues.get(name)
+        if existing is not None and not existing.available:
+            raise home_node_down(existing)
+        self.churn.queue_declared += 1
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
@@ -267,16 +326,34 @@ class Broker:
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
                                   self)
         vhost.queues[name] = queue
+        self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
             queue.index_id = self._next_index_id()
             queue.persistence = self.persistence
-            self.store.put("queue", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "auto_delete": auto_delete, "arguments": arguments,
-                "index_id": queue.index_id})
+        if not exclusive:
+            self._define("queue", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
+                "arguments": arguments, "index_id": queue.index_id}, durable)
         return queue
+
+    async def agree_queue(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
+                          auto_delete: bool = False, arguments: dict[str, Any] | None = None) -> None:
+        """Cluster mode, before declaring a new queue: the first declaration the cluster agrees on wins.
+
+        Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
+        """
+        if self.cluster is not None and not exclusive and name not in vhost.queues:
+            await self.cluster.agree("queue", _key(vhost.name, name), {
+                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
+                "arguments": dict(arguments or {})})
+
+    async def find_queue(self, vhost: VHost, name: str) -> None:
+        """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
+        if self.cluster is not None and name not in vhost.queues:
+            await self.cluster.look_up("queue", _key(vhost.name, name))
 
     def _next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
@@ -308,6 +385,7 @@ class Broker:
         if vhost.queues.get(queue.name) is not queue:
             return
         del vhost.queues[queue.name]
+        self.churn.queue_deleted += 1
         queue.deleted = True
         self._drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
@@ -316,8 +394,9 @@ class Broker:
         queue.drop_all()
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
+        else:
+            self._undefine("queue", _key(vhost.name, queue.name), queue.durable)
         if queue.durable:
-            self.store.delete("queue", _key(vhost.name, queue.name))
             self.store.delete("queue_offsets", str(queue.index_id))
 
     def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
@@ -370,13 +449,16 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue.purge()
 
-    def consumer_left(self, queue: Queue) -> None:
-        """Auto-delete queues go when their last consumer leaves."""
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """A consumer leaves its queue (cancelled, channel or link closed); auto-delete queues go with the last."""
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
         if queue.unused_auto_delete and not queue.deleted:
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
     def connection_closed(self, connection: "Connection") -> None:
         self.connections.discard(connection)
+        self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
@@ -393,11 +475,12 @@ class Broker:
             return
         if isinstance(destination, Exchange):
             vhost.e2e_bindings += 1
-        if exchange.durable and destination.durable:
-            self.store.put("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
+        if not _exclusive(destination):
+            self._define("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
                 "vhost": vhost.name, "source": source, "destination": destination.name,
                 "destination_type": _kind(destination), "routing_key": routing_key,
-                "arguments": dict(arguments or {})})
+                "arguments": dict(arguments or {}), "created": time.time_ns()},
+                exchange.durable and destination.durable)
 
     def unbind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                arguments: dict[str, Any] | None = None) -> None:
@@ -417,8 +500,9 @@ class Broker:
 
     def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
-        if destination.durable:
-            self.store.delete("binding", _binding_key(vhost.name, source, destination, routing_key, arguments))
+        if not _exclusive(destination):
+            self._undefine("binding", _binding_key(vhost.name, source, destination, routing_key, arguments),
+                           destination.durable)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it."""
@@ -446,14 +530,28 @@ class Broker:
     # basic.publish / basic.get / ack on an AMQP channel and the HTTP API's publish, get and
     # move all come through these.
 
-    def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]:
-        """Route and enqueue: (routed to some queue, a queue's length limit rejected it)."""
-        queues = self.route(vhost, exchange, message)
+    def publish(self, vhost: VHost, exchange: Exchange, message: Message,
+                publisher: Publisher | None = None) -> tuple[bool, bool]:
+        """Route and enqueue: (routed to some queue or held by a delayed exchange, a queue's length limit
+        rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return.
+
+        A queue whose home node is down takes nothing (enqueue answers None): routed only to such
+        queues, the message is unroutable.
+        """
+        queues = self.route(vhost, exchange, message, publisher)
+        exchange.publish_in += 1
+        if queues:
+            exchange.publish_out += 1
         rejected = False
+        unavailable = 0
         for queue in queues:
-            if not queue.enqueue(message):
-                rejected = True
-        return bool(queues), rejected
+            accepted = queue.enqueue(message)
+            if not accepted:
+                if accepted is None:
+                    unavailable += 1
+                else:
+                    rejected = True
+        return len(queues) > unavailable or queues is DEFERRED, rejected
 
     @staticmethod
     def check_publishable(vhost: VHost, exchange: Exchange) -> None:
@@ -464,7 +562,7 @@ class Broker:
 
     @staticmethod
     def check_message(message: Message, user_name: str) -> None:
-        """A published message's user_id must be the publisher's, its expiration an integer."""
+        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays."""
         if message.has_user_id and message.properties.user_id != user_name:
             raise errors.precondition_failed(
                 f"user_id property set to '{message.properties.user_id}' but authenticated user was "
@@ -473,6 +571,8 @@ class Broker:
             error = expiration_error(message.properties.expiration)
             if error is not None:
                 raise errors.precondition_failed(f"invalid expiration '{message.properties.expiration}': {error}")
+        if message.has_headers:
+            sender_selected.check(message)
 
     def basic_get(self, vhost: VHost, name: str, no_ack: bool,
                   owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
@@ -480,6 +580,23 @@ class Broker:
         queue = vhost.queue(name)
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
+
+    async def fetch(self, vhost: VHost, name: str, no_ack: bool,
+                    owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
+        """basic.get on any queue, one owned by another node (cluster mode) included."""
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.basic_get(vhost, name, no_ack, owner)
+        self.check_exclusive(queue, owner)
+        return queue, await queue.fetch(no_ack)
+
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
+        """queue.purge on any queue, one owned by another node (cluster mode) included."""
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.purge_queue(vhost, name, owner)
+        self.check_exclusive(queue, owner)
+        return await queue.purge_remote()
 
     @staticmethod
     def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
@@ -517,23 +634,52 @@ class Broker:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def route(self, vhost: VHost, exchange: Exchange, message: Message) -> Collection[Queue]:
-        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges."""
+    def route(self, vhost: VHost, exchange: Exchange, message: Message,
+              publisher: Publisher | None = None) -> Collection[Queue]:
+        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
+
+        A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
+        took it, the answer is ``DEFERRED`` (empty, but not unroutable).
+        """
+        if message.has_headers:
+            extra = sender_selected.routing_keys(message)
+            if extra:
+                return self._route_keys(vhost, exchange, message, (message.routing_key, *extra), publisher)
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
             return (queue,) if queue is not None else self.replies.route(message.routing_key)
         destinations = exchange.route(message.routing_key, message)
         if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
+            if destinations is DEFERRED:
+                self.delayed.defer(vhost, exchange, message, publisher)
             return destinations
+        return self._route_keys(vhost, exchange, message, (message.routing_key,), publisher)
+
+    def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
+                    keys: tuple[str, ...], publisher: Publisher | None = None) -> Collection[Queue]:
+        """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
+        exchange none of the keys routes through."""
         queues: dict[Queue, None] = {}
+        if exchange.name == "":
+            for key in keys:
+                queue = vhost.queues.get(key)
+                queues.update(dict.fromkeys((queue,) if queue is not None else self.replies.route(key)))
+            return queues.keys()
         seen: set[Exchange] = set()
         pending = [exchange]
+        deferred = False
         while pending:
             current = pending.pop()
             if current in seen:
                 continue
             seen.add(current)
-            routed = current.route(message.routing_key, message)
+            routed = current.route(keys[0], message)
+            if routed is DEFERRED:  # whatever the key: the delay is the message's
+                self.delayed.defer(vhost, current, message, publisher)
+                deferred = True
+                continue
+            if len(keys) > 1:
+                routed = [destination for key in keys for destination in current.route(key, message)]
             for destination in routed:
                 if isinstance(destination, Queue):
                     queues[destination] = None
@@ -543,7 +689,7 @@ class Broker:
                 alternate = vhost.exchanges.get(current.alternate or "")
                 if alternate is not None and alternate.name:
                     pending.append(alternate)
-        return queues.keys()
+        return DEFERRED if deferred and not queues else queues.keys()
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -573,7 +719,8 @@ class Broker:
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
                 queue.committed = saved["committed"]
-        for _, record in self.store.items("binding"):
+        # in the order they were made: a consistent-hash ring is laid out in binding order
+        for record in sorted((r for _, r in self.store.items("binding")), key=lambda r: r.get("created", 0)):
             vhost = self.vhosts.get(record["vhost"])
             if vhost is None:
                 continue
@@ -604,6 +751,17 @@ def _binding_key(vhost: str, source: str, destination: Queue | Exchange, routing
     raw = json.dumps([vhost, source, _kind(destination), destination.name, routing_key, arguments or {}],
                      sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()
+
+
+def _exclusive(destination: Queue | Exchange) -> bool:
+    """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
+    return isinstance(destination, Queue) and destination.exclusive
+
+
+def home_node_down(queue: Queue) -> ChannelError:
+    """A queue whose owner node is unreachable, in RabbitMQ's words."""
+    return errors.not_found(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost '{queue.vhost}' "
+                            "is down or inaccessible")
 
 
 def _exclusive_locked(queue: Queue) -> ChannelError:

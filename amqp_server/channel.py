@@ -6,6 +6,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 from __future__ import annotations
 
 import logging
+from bisect import insort
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -38,6 +39,7 @@ class Channel:
         self.connection = connection
         self.number = number
         self.broker = connection.broker
+        self.broker.churn.channel_created += 1
         self.vhost = connection.vhost
         self.out = connection.out
         self.open = True
@@ -68,6 +70,7 @@ class Channel:
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
         self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
+        self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
@@ -174,7 +177,12 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        rejected = self._route_message(exchange, message, self._mandatory)
+        if self.confirm_mode:
+            self.broker.confirming = self  # a copy forwarded to another node reports back here
+            rejected = self._route_message(exchange, message, self._mandatory)
+            self.broker.confirming = None
+        else:
+            rejected = self._route_message(exchange, message, self._mandatory)
         self.stats.publish += 1
         self.vhost_stats.publish += 1
         if self.confirm_mode:
@@ -182,13 +190,23 @@ class Channel:
 
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
-        routed, rejected = self.broker.publish(self.vhost, exchange, message)
-        if not routed and mandatory:
-            self.stats.return_unroutable += 1
-            codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
-                                message.header, message.body, self.connection.frame_max)
-            self.connection.schedule_flush()
+        routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None)
+        if routed:
+            return rejected
+        if mandatory:
+            self.basic_return(message)
+        else:
+            self.stats.drop_unroutable += 1
+            self.vhost_stats.drop_unroutable += 1
         return rejected
+
+    def basic_return(self, message: Message) -> None:
+        """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""
+        self.stats.return_unroutable += 1
+        self.vhost_stats.return_unroutable += 1
+        codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
+                            message.header, message.body, self.connection.frame_max)
+        self.connection.schedule_flush()
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
         """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced.
@@ -221,13 +239,34 @@ class Channel:
         self.confirm_pending = True
         self.connection.schedule_flush()
 
+    def forwarded(self) -> int:
+        """A copy of the publish being routed went to its queue's owner node: its confirm waits for that node."""
+        seq = self.publish_seq
+        self.remote_unconfirmed[seq] = self.remote_unconfirmed.get(seq, 0) + 1
+        return seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        """An owner node accepted (and, if persistent on a durable queue, fsynced) or refused its copy."""
+        left = self.remote_unconfirmed.pop(seq, 1) - 1
+        if left:
+            self.remote_unconfirmed[seq] = left
+        if rejected and seq not in self.rejected:
+            insort(self.rejected, seq)
+        if self.open:
+            self.confirm_pending = True
+            self.connection.schedule_flush()
+
     def emit_confirms(self) -> None:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
         upto = self.unsynced[0][0] - 1 if self.unsynced else self.publish_seq
+        if self.remote_unconfirmed:
+            upto = min(upto, next(iter(self.remote_unconfirmed)) - 1)
         rejected = self.rejected
+        acked = upto - self.confirmed
         while rejected and rejected[0] <= upto:
             seq = rejected.popleft()
+            acked -= 1
             if seq - 1 > self.confirmed:
                 self.out.append(codec.basic_ack(self.number, seq - 1, True))
             self.out.append(codec.basic_nack(self.number, seq, False))
@@ -235,6 +274,9 @@ class Channel:
         if upto > self.confirmed:
             self.confirmed = upto
             self.out.append(codec.basic_ack(self.number, upto, True))
+        if acked > 0:
+            self.stats.confirm += acked
+            self.vhost_stats.confirm += acked
 
     # -- hot path: deliver --------------------------------------------------------------------
 
@@ -405,6 +447,18 @@ class Channel:
         if not m.passive:
             check_exchange_declare(self.connection.permissions, self.connection.user.name, self.vhost.name,
                                    m.exchange, m.arguments)
+            if self.broker.cluster is not None and m.exchange not in self.vhost.exchanges:
+                self.connection.suspend(self, m, self._agreed_exchange(m))
+                return
+        self._declare_exchange(m)
+
+    async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
+        await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
+                                         m.arguments)
+        if self.open:
+            self._declare_exchange(m)
+
+    def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
                                      m.auto_delete, m.internal, m.arguments)
         if not m.nowait:
@@ -442,6 +496,21 @@ class Channel:
             return
         if not m.passive:
             self._check("configure", "queue", name)
+        if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
+            self.connection.suspend(self, m, self._agreed_declare(m, name))
+            return
+        self._declare(m, name)
+
+    async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
+        """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first."""
+        if m.passive:
+            await self.broker.find_queue(self.vhost, name)
+        else:
+            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
+        if self.open:
+            self._declare(m, name)
+
+    def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                           m.arguments, self.connection, server_named=not m.queue)
         self.last_queue = queue.name
@@ -479,7 +548,17 @@ class Channel:
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        count = self.broker.purge_queue(self.vhost, name, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_purge(m, name))
+            return
+        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection))
+
+    async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
+        count = await self.broker.purge_anywhere(self.vhost, name, self.connection)
+        if self.open:
+            self._purged(m, count)
+
+    def _purged(self, m: commands.Queue.Purge, count: int) -> None:
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(message_count=count))
 
@@ -523,9 +602,25 @@ class Channel:
                             codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
+        if queue.remote:
+            self.connection.suspend(self, m, self._remote_consume(m, consumer))
+            return
+        self._consuming(m, consumer)
+
+    async def _remote_consume(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
+        """The owner node must accept the consumer (it checks exclusivity) before consume-ok."""
+        try:
+            await consumer.queue.registered(consumer)
+        except ChannelError:
+            self.consumers.pop(consumer.tag, None)
+            raise
+        if self.open and consumer.tag in self.consumers:
+            self._consuming(m, consumer)
+
+    def _consuming(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
         if not m.nowait:
-            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
-        queue.run()
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
+        consumer.queue.run()
 
     def _consume_replies(self, m: commands.Basic.Consume) -> None:
         """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
@@ -556,9 +651,7 @@ class Channel:
             consumer.queue.run()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
-        queue = consumer.queue
-        queue.remove_consumer(consumer)
-        self.broker.consumer_left(queue)
+        self.broker.remove_consumer(consumer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""
@@ -569,7 +662,20 @@ class Channel:
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check("read", "queue", name)
-        queue, entry = self.broker.basic_get(self.vhost, name, m.no_ack, self.connection)
+        if self.vhost.queue(name).remote:
+            self.connection.suspend(self, m, self._remote_get(m, name))
+            return
+        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection))
+
+    async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
+        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection)
+        if not self.open:
+            if entry is not None and not m.no_ack:
+                self.broker.settle(queue, [entry], requeue=True)
+            return
+        self._got(m, queue, entry)
+
+    def _got(self, m: commands.Basic.Get, queue: Queue, entry: Entry | None) -> None:
         if entry is None:
             self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
@@ -645,6 +751,7 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
         self._cancel_replies()
         taken = list(self.unacked.values())

@@ -35,6 +35,10 @@ class Config:
     compaction_threshold: float = 0.5
     message_cache_bytes: int = 64 * 1024 * 1024
     log_level: str = "INFO"
+    cluster_etcd: str = ""  # etcd endpoint (host:port): cluster mode; empty for a single node
+    cluster_secret: str = ""
+    cluster_port: int = 0  # node-to-node links; 0 means amqp_port + 20000
+    cluster_advertise: str = ""  # address other nodes dial; default the bind address or 127.0.0.1
     tls_port: int = 5671  # AMQPS; listens only when tls_certfile is set
     tls_certfile: str = ""
     tls_keyfile: str = ""
@@ -78,6 +82,10 @@ _HELP = {
     "compaction_threshold": "dead fraction of a segment that triggers its compaction",
     "message_cache_bytes": "message store read cache, bytes",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "cluster_etcd": "etcd endpoint (host:port) shared by the cluster's nodes; empty runs a single node",
+    "cluster_secret": "shared secret authenticating node-to-node links (required in cluster mode)",
+    "cluster_port": "port for node-to-node links (default AMQP port + 20000)",
+    "cluster_advertise": "address the other nodes dial for links (default the bind address, or 127.0.0.1)",
     "tls_port": "AMQPS listener port, served when --tls-certfile is set",
     "tls_certfile": "PEM server certificate (chain) for AMQPS",
     "tls_keyfile": "PEM private key of the certificate (empty: in the certificate file)",

@@ -13,7 +13,7 @@ import logging
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -82,11 +82,13 @@ class Connection(asyncio.Protocol):
         self.exclusive_queues: set = set()
         self.write_paused = False
         self.reading_paused = False
+        self.suspended = False  # a channel method awaits the cluster: later frames wait behind it
         self.blocked_notified = False
         self.publishing = False
         self.deliver_budget = config.deliveries_per_flush
         self._received = True
         self._sent = False
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0  # per read / write, for the HTTP API
         self._silent_ticks = 0
         self._timer: asyncio.TimerHandle | None = None
         self.connected_at = time.time()
@@ -102,6 +104,7 @@ class Connection(asyncio.Protocol):
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         self.broker.connections.add(self)
+        self.broker.churn.connection_created += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -155,7 +158,10 @@ class Connection(asyncio.Protocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
+            data = b"".join(self.out)
+            self.transport.write(data)
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self._sent = True
         self.out.clear()
         if self.deliver_budget <= 0:
@@ -171,6 +177,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         buf = self.buf
         buf += data
         if self.state == AWAIT_HEADER:
@@ -188,7 +196,7 @@ class Connection(asyncio.Protocol):
         channels = self.channels
         limit = self.frame_max
         try:
-            while n - pos >= 8 and self.state != CLOSED:
+            while n - pos >= 8 and self.state != CLOSED and not self.suspended:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -243,6 +251,34 @@ class Connection(asyncio.Protocol):
         if self.out:
             self.schedule_flush()
         self.broker.flush_dirty()
+
+    def suspend(self, channel: "Channel", method: Frame, work: Coroutine[Any, Any, None]) -> None:
+        """A channel method that must await (cluster agreement): frames after it are read once it is done.
+
+        Its errors close the channel or connection as a synchronous method's would.
+        """
+        self.suspended = True
+        self._pause_reading()
+        self.loop.create_task(work).add_done_callback(lambda task: self._resume(channel, method, task))
+
+    def _resume(self, channel: "Channel", method: Frame, task: asyncio.Task) -> None:
+        self.suspended = False
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, AMQPError) and not exc.class_id:
+            exc.class_id, exc.method_id = divmod(method.index, 0x10000)
+        if isinstance(exc, errors.ChannelError):
+            if channel.open:
+                channel.fail(exc)
+        elif isinstance(exc, ConnectionError):
+            self.close_with(exc)
+        elif exc is not None:
+            log.error("internal error on connection %s", self.name, exc_info=exc)
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
+        if self.state in (CLOSING, CLOSED):
+            return
+        if not self.write_paused and not (self.broker.blocked and self.publishing):
+            self._resume_reading()
+        self.data_received(b"")
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
         """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""

@@ -2,7 +2,9 @@
 
 The copy keeps the original properties, loses ``expiration`` (kept as
 ``original-expiration`` in its x-death entry), and gains RabbitMQ's ``x-death`` history: one
-table per (queue, reason) with a count, newest first, plus ``x-first-death-*``.
+table per (queue, reason) with a count, newest first, plus ``x-first-death-*``. Its routing keys
+include the CC ones (sender_selected); without a dead-letter routing key it is routed by them and the
+BCC ones again, as RabbitMQ does.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import datetime
 from typing import Any
 
 from .message import Message, make_message
+from .sender_selected import header_keys
 
 CYCLE_SAFE_REASON = "rejected"
 
@@ -28,7 +31,7 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
             break
     else:
         death = {"count": 1, "reason": reason, "queue": queue, "time": now, "exchange": message.exchange,
-                 "routing-keys": [message.routing_key]}
+                 "routing-keys": [message.routing_key, *header_keys(headers, "CC")]}
         if props.expiration is not None:
             death["original-expiration"] = props.expiration
         deaths.insert(0, death)
@@ -36,10 +39,15 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     headers.setdefault("x-first-death-reason", reason)
     headers.setdefault("x-first-death-queue", queue)
     headers.setdefault("x-first-death-exchange", message.exchange)
+    if routing_key is not None:
+        headers.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
     props.headers = headers
     props.expiration = None
-    return make_message(exchange, routing_key if routing_key is not None else message.routing_key, props,
+    dead = make_message(exchange, routing_key if routing_key is not None else message.routing_key, props,
                         message.body)
+    if routing_key is None and hasattr(message, "bcc_keys"):
+        dead.bcc_keys = message.bcc_keys
+    return dead
 
 
 def cycle_detected(message: Message, target_queue: str) -> bool:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import Any
 
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from . import codec
+from . import codec, header_table
 
 _LONG = struct.Struct(">I")
-_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO
+_CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
 MAX_EXPIRY = 315_360_000_000  # ten years in ms: rabbit_misc:check_expiry
 
@@ -39,8 +40,9 @@ def expiration_error(value: str) -> str | None:
 class Message:
     """One message, shared by every queue it was routed to."""
 
+    # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "_properties", "_flags", "__weakref__")
+                 "_properties", "_flags", "bcc_keys", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -74,6 +76,24 @@ class Message:
         self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
+    def header_value(self, name: str) -> Any:
+        """One header's value; an integer or string one is read from the header bytes, without pamqp."""
+        try:
+            return header_table.read(self.header, self._flags, name)
+        except header_table.Unsupported:
+            return (self.headers or {}).get(name)
+
+    def set_int_header(self, name: str, value: int) -> None:
+        """Set an integer header (a delayed exchange negates ``x-delay``), before anything stored the message."""
+        try:
+            self.header = header_table.with_int(self.header, self._flags, name, value)
+            self._properties = None
+        except header_table.Unsupported:
+            properties = self.properties
+            properties.headers = {**(properties.headers or {}), name: value}
+            self.header = build_header(properties, self.body_size)
+            self._flags = struct.unpack_from(">H", self.header, 12)[0]
+
     @property
     def properties(self) -> commands.Basic.Properties:
         if self._properties is None:
@@ -87,6 +107,16 @@ class Message:
         if not self._flags & codec.FLAG_HEADERS:
             return None
         return self.properties.headers
+
+    @property
+    def has_headers(self) -> bool:
+        return bool(self._flags & codec.FLAG_HEADERS)
+
+    def replace_properties(self, properties: commands.Basic.Properties) -> None:
+        """Re-encode the content header with changed properties (BCC removed), before routing stores it."""
+        self.header = build_header(properties, self.body_size)
+        self._properties = properties
+        self._flags = struct.unpack_from(">H", self.header, 12)[0]
 
     @property
     def has_expiration(self) -> bool:
@@ -115,7 +145,7 @@ class Message:
 
     @property
     def needs_checks(self) -> bool:
-        """user_id, expiration or reply_to is set: one test lets the publish path skip all three."""
+        """user_id, expiration, reply_to or headers (CC/BCC) is set: one test lets the publish path skip them all."""
         return bool(self._flags & _CHECKED)
 
     @property

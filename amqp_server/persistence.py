@@ -34,6 +34,17 @@ class SyncWaiter(Protocol):
     def synced(self, batch: int) -> None: ...
 
 
+class Journal(Protocol):
+    """Another index over the persistent store (the delayed-message schedule): it commits and syncs
+    in the same group commit as the queue index, and claims its messages at recovery."""
+
+    def commit(self) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def claim(self, store: MessageStore) -> None: ...
+
+
 class Persistence:
     def __init__(self, data_dir: str, segment_size: int = DEFAULT_SEGMENT_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  compaction_threshold: float = 0.5) -> None:
@@ -46,6 +57,7 @@ class Persistence:
         self._syncing = False
         self._dirty = False
         self.waiters: set[SyncWaiter] = set()
+        self.journals: list[Journal] = []
         self._compactor: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
 
@@ -54,6 +66,11 @@ class Persistence:
     def write(self, queue: "Queue", entry: "Entry") -> None:
         """Store a persistent message for a durable queue (once per message) and index the entry."""
         message = entry.message
+        self.keep(message)
+        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, len(message.body))
+
+    def keep(self, message: Message) -> None:
+        """Take a reference to the message in the store, writing it there the first time."""
         store = self.store
         if not message.msg_id:
             message.msg_id = store.new_id()
@@ -61,7 +78,16 @@ class Persistence:
                                          message.header, message.body), 1)
         else:
             store.add_ref(message.msg_id)
-        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, len(message.body))
+        self._touch()
+
+    def release(self, message: Message) -> None:
+        """Drop a reference taken with ``keep``.  If it was the last, the message lives on in memory only
+        (held by transient queues), so it forgets its msg_id: nothing may load it from the store again."""
+        msg_id = message.msg_id
+        location = self.store.index.get(msg_id)
+        if location is None or location.refs <= 1:
+            message.msg_id = 0
+        self.store.remove(msg_id)
         self._touch()
 
     def delivered(self, queue: "Queue", entry: "Entry") -> None:
@@ -108,7 +134,9 @@ class Persistence:
             return
         self._dirty = False
         self.store.flush()
-        self.index.commit()
+        self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
+        for journal in self.journals:
+            journal.commit()
         fds = self.store.dirty_fds()
         batch = self.batch
         self.batch += 1
@@ -125,6 +153,8 @@ class Persistence:
             except OSError as exc:  # a segment deleted meanwhile: nothing left to make durable there
                 log.debug("fsync skipped: %s", exc)
         self.index.sync()
+        for journal in self.journals:
+            journal.sync()
 
     def _committed(self, batch: int, future: asyncio.Future) -> None:
         self._syncing = False
@@ -148,6 +178,9 @@ class Persistence:
         self.store.sync()
         self.index.commit()
         self.index.sync()
+        for journal in self.journals:
+            journal.commit()
+            journal.sync()
 
     def close(self) -> None:
         if self._compactor is not None:
@@ -182,6 +215,8 @@ class Persistence:
                     message = messages[msg_id] = stored(msg_id, size)
                 recover_entry(Entry(seq, message, delivered, expiry))
                 count += 1
+        for journal in self.journals:
+            journal.claim(self.store)
         dead = self.store.finish_recovery()
         self.index.commit()
         log.info("recovered %d messages in %d durable queues in %.3fs (%d dead records, %d missing)",

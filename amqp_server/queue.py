@@ -135,6 +135,9 @@ def now_ms() -> int:
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
+    available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
+    remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
+
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "Connection | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
                  args: QueueArgs | None = None, host: QueueHost | None = None) -> None:

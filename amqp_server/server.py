@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -20,6 +21,11 @@ from .persistence import Persistence
 
 log = logging.getLogger("warren")
 MEMORY_CHECK_INTERVAL = 1.0
+# Collect the youngest generation every 50,000 allocations, not 700: far fewer short-lived messages and
+# entries get promoted to the oldest generation just by being in flight, so full collections — 0.1-0.6 s
+# each over a million message store index entries — stay rare (routing 200,000 stored delayed messages:
+# 4 full collections, 1 s in all, before; none after).
+GC_THRESHOLDS = (50_000, 20, 10)
 
 
 class DataDirLocked(RuntimeError):
@@ -61,10 +67,16 @@ class Node:
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
+        self.cluster = None  # forwarder.Cluster in cluster mode
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.cluster_etcd:
+            import forwarder
+
+            self.cluster = forwarder.Cluster(self.broker, self.config)
+            await self.cluster.start()
         if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
             import mgmt_http
 
@@ -120,6 +132,8 @@ class Node:
         for connection in list(self.broker.connections):
             connection.force_close("broker shutdown")
         await asyncio.sleep(0.1)
+        if self.cluster is not None:
+            await self.cluster.stop()
         self.broker.close()
 
 
@@ -134,6 +148,10 @@ async def serve(config: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_module.load(argv)
+    if config.cluster_etcd and not config.cluster_secret:
+        print("warren-server: --cluster-secret is required with --cluster-etcd", file=sys.stderr)
+        return 2
+    gc.set_threshold(*GC_THRESHOLDS)
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
     try:

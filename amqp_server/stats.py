@@ -22,3 +22,17 @@ class MessageStats:
         values = {name: getattr(self, name) for name in self.__slots__}
         values["deliver_get"] = self.deliver_get
         return values
+
+
+class ChurnStats:
+    """How many connections, channels and queues came and went: RabbitMQ's ``churn_rates`` counters."""
+
+    __slots__ = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
+                 "queue_created", "queue_deleted")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}

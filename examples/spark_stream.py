@@ -35,7 +35,10 @@ def main() -> None:
     from spark import WarrenDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.driver.memory", "2g")
-             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(WarrenDataSource)
 
     stream = (spark.readStream.format("warren").option("url", args.url).option("queue", args.queue)

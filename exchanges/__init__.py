@@ -1,7 +1,8 @@
 """Exchange types for Warren: binding bookkeeping and message routing only.
 
 Offers `Exchange` (abstract base), `Binding`, one class per AMQP exchange type
-(direct, fanout, topic, headers; one module each, as in RabbitMQ) and a registry
+(direct, fanout, topic, headers, and the plugins' x-consistent-hash and
+x-delayed-message; one module each, as in RabbitMQ) and a registry
 `EXCHANGE_TYPES` / `exchange_class()` mapping a declared type name to its class.
 Knows nothing of sockets or storage; destinations are opaque hashable objects.
 """
@@ -9,6 +10,8 @@ Knows nothing of sockets or storage; destinations are opaque hashable objects.
 from __future__ import annotations
 
 from .base import Binding, Exchange
+from .consistent_hash import ConsistentHashExchange
+from .delayed import DEFERRED, DelayedExchange, delay_of
 from .direct import DirectExchange
 from .fanout import FanoutExchange
 from .headers import HeadersExchange
@@ -16,16 +19,22 @@ from .topic import TopicExchange
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     cls.type_name: cls
-    for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
+    for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange, ConsistentHashExchange,
+                DelayedExchange)
 }
 
 
 def exchange_class(type_name: str) -> type[Exchange] | None:
-    """Class for a declared exchange type, or None (the broker answers 503 COMMAND_INVALID)."""
+    """Class for a declared exchange type, or None (the broker answers 503 COMMAND_INVALID).
+
+    Constructing one may raise ValueError for invalid arguments (406 PRECONDITION_FAILED)
+    or LookupError naming an unknown type they refer to (503 COMMAND_INVALID).
+    """
     return EXCHANGE_TYPES.get(type_name)
 
 
 __all__ = [
     "Binding", "Exchange", "EXCHANGE_TYPES", "exchange_class",
-    "DirectExchange", "FanoutExchange", "TopicExchange", "HeadersExchange",
+    "DirectExchange", "FanoutExchange", "TopicExchange", "HeadersExchange", "ConsistentHashExchange",
+    "DelayedExchange", "DEFERRED", "delay_of",
 ]

@@ -68,7 +68,7 @@ class Exchange(ABC):
     """
 
     __slots__ = ("name", "durable", "auto_delete", "internal", "arguments", "alternate", "policy",
-                 "operator_policy", "_by_destination", "_count")
+                 "operator_policy", "publish_in", "publish_out", "_by_destination", "_count")
 
     type_name: ClassVar[str]
 
@@ -83,6 +83,8 @@ class Exchange(ABC):
         self.alternate: Any = self.arguments.get("alternate-exchange")
         self.policy: Any = None  # the user / operator policy applied (opaque here)
         self.operator_policy: Any = None
+        self.publish_in = 0  # messages published to this exchange, and those it routed to some queue
+        self.publish_out = 0
         # Indexed by destination so deleting a queue costs O(its bindings), not O(all).
         self._by_destination: dict[object, dict[Binding, None]] = {}
         self._count = 0

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _cmd(sub, common, "status", commands.status, "overview and node health")
+    _cmd(sub, common, "forget-node", commands.forget_node,
+         "remove a stopped node from the cluster, with its queues").add_argument("name")
     listing = _cmd(sub, common, "list", commands.list_, "list objects")
     listing.add_argument("kind", choices=commands.LISTABLE)
 
@@ -57,8 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_delete(sub, common)
     _add_messages(sub, common)
 
-    exporting = _cmd(sub, common, "export", commands.export, "save definitions to FILE ('-': stdout)")
+    exporting = _cmd(sub, common, "export", commands.export,
+                     "save definitions to FILE ('-': stdout); with --queue/--all-queues, queues to Parquet "
+                     "under the directory FILE (needs pyspark and Java)")
     exporting.add_argument("file", metavar="FILE")
+    exporting.add_argument("--queue", action="append", default=[], help="a queue to write (repeatable)")
+    exporting.add_argument("--all-queues", action="store_true", help="every queue of the vhost")
+    exporting.add_argument("--drain", action="store_true",
+                           help="remove what was written, once it is on disk (default: leave the queues alone)")
+    exporting.add_argument("--partition-size", type=int, metavar="N",
+                           help="messages per Spark partition (default: the data source's, 250000)")
     importing = _cmd(sub, common, "import", commands.import_, "load definitions from FILE ('-': stdin)")
     importing.add_argument("file", metavar="FILE")
     return parser

@@ -259,6 +259,12 @@ def _properties_key(routing_key: str) -> str:
     return routing_key or "~"
 
 
+def forget_node(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    api.delete(path("nodes", args.name), not_found=f"no other node '{args.name}' in the cluster")
+    out.ok(f"node '{args.name}' forgotten")
+    return 0
+
+
 def delete_user(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     api.delete(path("users", args.name), not_found=f"no user '{args.name}'")
     out.ok(f"user '{args.name}' deleted")
@@ -363,6 +369,15 @@ def move(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
 # -- definitions ------------------------------------------------------------------------------
 
 def export(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    """Definitions, or with --queue/--all-queues messages to Parquet (:mod:`mgmt_http.cli_export`)."""
+    if args.queue or args.all_queues:
+        if args.file == "-":
+            raise CtlError("a Parquet export needs a directory, not '-'")
+        from .cli_export import export_queues  # imports rich.progress only; pyspark once it is needed
+
+        return export_queues(api, args, out, vhost_of(args))
+    if args.drain:
+        raise CtlError("--drain needs --queue or --all-queues")
     definitions = api.get(path("definitions"))
     text = json.dumps(definitions, indent=2, sort_keys=True) + "\n"
     if args.file == "-":

@@ -1,7 +1,6 @@
 """/api/connections, /api/channels, /api/consumers: what clients are connected and doing."""
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from aiohttp import web
@@ -47,7 +46,16 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
         "frame_max": connection.frame_max, "timeout": connection.heartbeat,
         "client_properties": props, "user_provided_name": props.get("connection_name"),
         "connected_at": int(connection.connected_at * 1000),
+        "recv_cnt": connection.recv_cnt, "send_cnt": connection.send_cnt,
+        "send_pend": connection.transport.get_write_buffer_size() if connection.transport else 0,
+        **octets(connection, context.sampler.rates(connection)),
     }
+
+
+def octets(connection: Connection, rates: dict[str, float]) -> dict[str, Any]:
+    """Bytes read and written (counted per socket read and write) with their rates, as RabbitMQ's."""
+    return {"recv_oct": connection.recv_oct, "recv_oct_details": {"rate": rates.get("recv_oct", 0.0)},
+            "send_oct": connection.send_oct, "send_oct_details": {"rate": rates.get("send_oct", 0.0)}}
 
 
 def channel_name(channel: Channel) -> str:

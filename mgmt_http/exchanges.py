@@ -7,7 +7,7 @@ from aiohttp import web
 
 from amqp_server.auth import check_exchange_declare, check_permission
 from amqp_server.policy import effective_definition
-from exchanges import Exchange
+from exchanges import DelayedExchange, Exchange
 
 from . import auth
 from .context import Context, ctx
@@ -15,17 +15,23 @@ from .http import (bad_request, created_or_updated, exchange_param, get_bool, ge
                    json_response, no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import message_from_json
+from .rates import EXCHANGE_STATS, message_stats
 
 routes = web.RouteTableDef()
 
 
-def exchange_info(vhost: str, exchange: Exchange) -> dict[str, Any]:
-    return {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
+def exchange_info(context: Context, vhost: str, exchange: Exchange) -> dict[str, Any]:
+    info = {"name": exchange.name, "vhost": vhost, "type": exchange.type_name, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
             "arguments": dict(exchange.arguments), "user_who_performed_action": "",
             "policy": exchange.policy.name if exchange.policy else None,
             "operator_policy": exchange.operator_policy.name if exchange.operator_policy else None,
-            "effective_policy_definition": effective_definition(exchange.policy, exchange.operator_policy)}
+            "effective_policy_definition": effective_definition(exchange.policy, exchange.operator_policy),
+            "message_stats": message_stats(exchange, context.sampler.exchange_rates(vhost, exchange.name),
+                                           EXCHANGE_STATS)}
+    if isinstance(exchange, DelayedExchange):  # the plugin's info item
+        info["messages_delayed"] = context.broker.delayed.pending[(vhost, exchange.name)]
+    return info
 
 
 def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
@@ -40,21 +46,23 @@ def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    items = [exchange_info(name, exchange) for name in auth.visible_vhosts(request)
+    items = [exchange_info(context, name, exchange) for name in auth.visible_vhosts(request)
              for exchange in list(context.vhost(name).exchanges.values())]
     return respond(request, items)
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    vhost = ctx(request).vhost(auth.require_vhost(request))
-    return respond(request, [exchange_info(vhost.name, e) for e in list(vhost.exchanges.values())])
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    return respond(request, [exchange_info(context, vhost.name, e) for e in list(vhost.exchanges.values())])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
-    _, vhost, exchange = find_exchange(request)
-    return respond_one(request, exchange_info(vhost, exchange))
+    """One exchange; per-channel ``incoming``/``outgoing`` are empty, as RabbitMQ's in ``basic`` rates mode."""
+    context, vhost, exchange = find_exchange(request)
+    return respond_one(request, {**exchange_info(context, vhost, exchange), "incoming": [], "outgoing": []})
 
 
 @routes.put("/api/exchanges/{vhost}/{name}")
@@ -71,6 +79,8 @@ async def declare(request: web.Request) -> web.Response:
     check_exchange_declare(auth.permissions(request, vhost.name), auth.login(request).name, vhost.name, name,
                            arguments)
     existed = name in vhost.exchanges
+    await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
+                                        internal=internal, arguments=arguments)
     context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
                                     internal=internal, arguments=arguments)
     return created_or_updated(not existed)

@@ -5,7 +5,7 @@ import base64
 import datetime
 import decimal
 import json
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 from aiohttp import web

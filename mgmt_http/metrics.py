@@ -90,6 +90,10 @@ def render(request: web.Request) -> str:
                [({}, round(stats.dead_fraction, 6))])
     out.family("warren_message_store_compactions_total", "counter", "Segment compactions run",
                [({}, stats.compactions)])
+    out.family("warren_message_store_writes_total", "counter", "Message records appended to the store",
+               [({}, stats.writes)])
+    out.family("warren_message_store_reads_total", "counter", "Message records read back from segment files",
+               [({}, stats.reads)])
     return out.text()
 
 

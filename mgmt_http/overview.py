@@ -18,10 +18,11 @@ from . import auth
 from .connections import visible_connections
 from .context import Context, ctx
 from .definitions import RABBIT_VERSION
-from .http import json_response, not_found
+from .http import bad_request, json_response, no_content, not_found
 from .listing import respond
-from .node_info import disk_free, fd_total, fd_used, rss_bytes
-from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
+from .node_info import fd_total
+from .rates import (CHURN_STATS, DISK_STATS, GAUGE_STATS, VHOST_STATS, depth_fields, disk_counters, message_stats,
+                    node_gauges, queue_depths)
 
 routes = web.RouteTableDef()
 DISK_FREE_LIMIT = 50_000_000
@@ -43,15 +44,19 @@ def http_contexts(context: Context) -> list[dict[str, Any]]:
              "port": str(context.config.mgmt_port), "ip": context.config.bind}]
 
 
+def churn_rates(context: Context) -> dict[str, Any]:
+    """Connections, channels and queues created/closed/declared/deleted, with rates, as RabbitMQ's."""
+    return message_stats(context.broker.churn, context.sampler.rates("churn"), CHURN_STATS)
+
+
 def node_info(context: Context) -> dict[str, Any]:
     config = context.config
     broker = context.broker
     return {
         "name": context.node, "type": "disc", "running": True, "being_drained": False,
-        "mem_used": rss_bytes(), "mem_limit": config.memory_limit, "mem_alarm": broker.blocked,
-        "disk_free": disk_free(config.data_dir), "disk_free_limit": DISK_FREE_LIMIT,
-        "disk_free_alarm": False, "fd_used": fd_used(), "fd_total": fd_total(),
-        "sockets_used": len(broker.connections), "sockets_total": fd_total(),
+        **message_stats(node_gauges(broker), context.sampler.rates("gauges"), GAUGE_STATS),
+        "mem_limit": config.memory_limit, "mem_alarm": broker.blocked, "disk_free_limit": DISK_FREE_LIMIT,
+        "disk_free_alarm": False, "fd_total": fd_total(), "sockets_total": fd_total(),
         "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,
         "uptime": int((time.time() - context.started) * 1000), "os_pid": str(os.getpid()),
         "partitions": [], "net_ticktime": 60, "rates_mode": "basic", "db_dir": config.data_dir,
@@ -60,8 +65,17 @@ def node_info(context: Context) -> dict[str, Any]:
             {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True}],
         "applications": [{"name": "warren", "description": "Warren AMQP broker", "version": __version__}],
         "enabled_plugins": ["rabbitmq_management"], "contexts": http_contexts(context),
-        "config_files": [], "log_files": [], "cluster_links": [],
+        "config_files": [], "log_files": [], "cluster_links": [], **churn_rates(context), **store_io(context),
     }
+
+
+def store_io(context: Context) -> dict[str, Any]:
+    """The node's msg_store_read_count / msg_store_write_count with rates, as RabbitMQ's."""
+    io, rates = disk_counters(context.broker), context.sampler.node_rates()
+    return {"msg_store_read_count": io["disk_reads"],
+            "msg_store_read_count_details": {"rate": rates.get("disk_reads", 0.0)},
+            "msg_store_write_count": io["disk_writes"],
+            "msg_store_write_count_details": {"rate": rates.get("disk_writes", 0.0)}}
 
 
 def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -75,7 +89,6 @@ def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
 @routes.get("/api/overview")
 async def overview(request: web.Request) -> web.Response:
     context = ctx(request)
-    broker = context.broker
     user = auth.login(request)
     names = auth.visible_vhosts(request)
     vhosts = [context.vhost(name) for name in names]
@@ -87,8 +100,9 @@ async def overview(request: web.Request) -> web.Response:
         "product_version": __version__, "product_name": "Warren", "rabbitmq_version": RABBIT_VERSION,
         "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
-        "message_stats": message_stats(_sum(context.sampler.vhost_counters(n) for n in names), rates, VHOST_STATS),
-        "churn_rates": {},
+        "message_stats": message_stats(_sum([*(context.sampler.vhost_counters(n) for n in names),
+                                             disk_counters(context.broker)]), rates, VHOST_STATS + DISK_STATS),
+        "churn_rates": churn_rates(context),
         "queue_totals": depth_fields(queue_depths(queues), rates),
         "object_totals": {"connections": len(visible_connections(request)), "channels": channels,
                           "exchanges": sum(len(v.exchanges) for v in vhosts), "queues": len(queues),
@@ -102,7 +116,10 @@ async def overview(request: web.Request) -> web.Response:
 @routes.get("/api/nodes")
 async def nodes(request: web.Request) -> web.Response:
     auth.require_monitor(request)
-    return respond(request, [node_info(ctx(request))], ("name",))
+    context = ctx(request)
+    others = context.broker.cluster.nodes() if context.broker.cluster is not None else []
+    return respond(request, [node_info(context)] + [{"name": name, "running": up, "type": "disc"}
+                                                    for name, up in others], ("name",))
 
 
 @routes.get("/api/nodes/{name}")
@@ -112,6 +129,21 @@ async def node(request: web.Request) -> web.Response:
     if request.match_info["name"] != context.node:
         raise not_found()
     return json_response(node_info(context))
+
+
+@routes.delete("/api/nodes/{name}")
+async def forget_node(request: web.Request) -> web.Response:
+    """Warren: remove a stopped node from the cluster for good, with its queues (rabbitmqctl forget_cluster_node)."""
+    auth.require_admin(request)
+    cluster = ctx(request).broker.cluster
+    name = request.match_info["name"]
+    if cluster is None or name not in dict(cluster.nodes()):
+        raise not_found()
+    try:
+        await cluster.forget(name)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    return no_content()
 
 
 @routes.get("/api/aliveness-test/{vhost}")

@@ -16,7 +16,6 @@ from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, 
                    no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
-from .connections import consumer_info
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
 
 routes = web.RouteTableDef()
@@ -37,8 +36,8 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     consumers = queue.consumers
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
-        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": context.node,
-        "type": "classic", "state": "running",
+        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
+        "type": "classic", "state": "running" if queue.available else "down",
         "policy": queue.policy.name if queue.policy else None,
         "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
         "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
@@ -116,6 +115,7 @@ async def declare(request: web.Request) -> web.Response:
         raise bad_request("queue name must not be empty")
     _check(request, vhost.name, "configure", name)
     existed = name in vhost.queues
+    await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
     return created_or_updated(not existed)
 
@@ -164,7 +164,7 @@ async def get(request: web.Request) -> web.Response:
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
     for _ in range(count):
-        _, entry = broker.basic_get(vhost, queue.name, no_ack=no_ack)
+        _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
         if entry is None:
             break
         taken.append(entry)

@@ -10,7 +10,8 @@ import weakref
 from typing import Any, Iterator
 
 from amqp_server.broker import Broker
-from amqp_server.stats import MessageStats
+
+from .node_info import disk_free, fd_used, rss_bytes
 
 DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 
@@ -19,8 +20,25 @@ QUEUE_STATS = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get
                "deliver_get")
 CHANNEL_STATS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack", "get",
                  "get_no_ack", "get_empty", "ack", "redeliver", "deliver_get")
-QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues; publishes are counted at the door
-VHOST_STATS = QUEUE_STATS
+QUEUE_SIDE = QUEUE_STATS[1:]  # a vhost's (or the node's) sums over its queues
+DOOR_SIDE = ("publish", "confirm", "return_unroutable", "drop_unroutable")  # counted by the vhost as they happen
+VHOST_STATS = DOOR_SIDE + QUEUE_SIDE
+EXCHANGE_STATS = ("publish_in", "publish_out")
+DISK_STATS = ("disk_reads", "disk_writes")
+GAUGE_STATS = ("mem_used", "fd_used", "sockets_used", "disk_free")  # the node's, with rates of change
+CHURN_STATS = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
+               "queue_created", "queue_deleted")
+
+
+def disk_counters(broker: Broker) -> dict[str, int]:
+    """Message records written to and read back from disk: the persistent store's and the pager's."""
+    stores = (broker.persistence.store, broker.pager.store)
+    return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores)}
+
+
+def node_gauges(broker: Broker) -> dict[str, int]:
+    return {"mem_used": rss_bytes(), "fd_used": fd_used(), "sockets_used": len(broker.connections),
+            "disk_free": disk_free(broker.data_dir)}
 
 
 def queue_depths(queues: Any) -> dict[str, int]:
@@ -47,8 +65,10 @@ class _Series:
             self.at, self.values = previous_tick, dict.fromkeys(values, 0)
         if self.values and now > self.at:
             elapsed = now - self.at
-            self.rates = {key: round((value - self.values.get(key, 0)) / elapsed, 1)
-                          for key, value in values.items()}
+            previous = self.values
+            # only counters that moved: most of 1,000 queues are idle, and a missing rate reads as 0.0
+            self.rates = {key: round((value - previous.get(key, 0)) / elapsed, 1)
+                          for key, value in values.items() if value != previous.get(key, 0)}
         self.at = now
         self.values = values
 
@@ -63,16 +83,22 @@ class Sampler:
         self._last_tick: float | None = None
         self._live: dict[int, tuple[str, dict[str, int]]] = {}  # id(queue) -> (vhost, counters at the last tick)
         self._retired: dict[str, dict[str, int]] = {}  # per vhost: counters of queues deleted since
+        self._exchanges: dict[tuple[str, str], _Series] = {}  # (vhost, name) -> series; exchanges have no weakrefs
 
     def vhost_counters(self, name: str) -> dict[str, int]:
-        """A vhost's message_stats counters: publishes as its channels and the API count them, the rest summed
-        over its queues (those deleted included, as of the tick before they went)."""
+        """A vhost's message_stats counters: publishes, confirms and unroutables as its channels and the API count
+        them, the rest summed over its queues (those deleted included, as of the tick before they went)."""
+        queues = list(self.broker.vhost(name).queues.values())
+        return self._vhost_totals(name, [queue.stats.as_dict() for queue in queues])
+
+    def _vhost_totals(self, name: str, queues: list[dict[str, int]]) -> dict[str, int]:
         totals = dict.fromkeys(VHOST_STATS, 0)
-        queues = [queue.stats.as_dict() for queue in list(self.broker.vhost(name).queues.values())]
         for values in (self._retired.get(name, {}), *queues):
             for key in QUEUE_SIDE:
                 totals[key] += values.get(key, 0)
-        totals["publish"] = self.broker.vhost_stats(name).publish
+        door = self.broker.vhost_stats(name)
+        for key in DOOR_SIDE:
+            totals[key] = getattr(door, key)
         return totals
 
     def _retire(self, live: dict[int, tuple[str, dict[str, int]]]) -> None:
@@ -104,27 +130,46 @@ class Sampler:
         tick, self._last_tick = self._last_tick, now
         broker = self.broker
         live: dict[int, tuple[str, dict[str, int]]] = {}
+        per_vhost: dict[str, list[dict[str, int]]] = {}
         for vhost in list(broker.vhosts.values()):
+            counters = per_vhost[vhost.name] = []
             for queue in list(vhost.queues.values()):
                 values = queue.stats.as_dict()
                 live[id(queue)] = (vhost.name, values)
-                values = dict(values, **queue_depths((queue,)))
-                self._series(queue).add(now, values, tick)
+                counters.append(values)
+                self._series(queue).add(now, dict(values, **queue_depths((queue,))), tick)
         self._retire(live)
         node: dict[str, int] = {}
         for vhost in list(broker.vhosts.values()):
-            values = self.vhost_counters(vhost.name)
+            values = self._vhost_totals(vhost.name, per_vhost.get(vhost.name, []))
             for key, value in values.items():
                 node[key] = node.get(key, 0) + value
             values.update(queue_depths(vhost.queues.values()))
             self._named_series("vhost:" + vhost.name).add(now, values, tick)
+        exchanges: dict[tuple[str, str], _Series] = {}
+        for vhost in list(broker.vhosts.values()):
+            for exchange in list(vhost.exchanges.values()):
+                key = (vhost.name, exchange.name)
+                series = exchanges[key] = self._exchanges.get(key) or _Series()
+                series.add(now, {"publish_in": exchange.publish_in, "publish_out": exchange.publish_out}, tick)
+        self._exchanges = exchanges
         for channel in self._channels():
             self._series(channel).add(now, channel.stats.as_dict(), tick)
+        for connection in list(broker.connections):
+            self._series(connection).add(now, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct},
+                                         tick)
         node.update(queue_depths(broker.all_queues()))
+        node.update(disk_counters(broker))
         self._named_series("node").add(now, node, tick)
+        self._named_series("churn").add(now, broker.churn.as_dict(), tick)
+        self._named_series("gauges").add(now, node_gauges(broker), tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
+        return series.rates if series is not None else {}
+
+    def exchange_rates(self, vhost: str, name: str) -> dict[str, float]:
+        series = self._exchanges.get((vhost, name))
         return series.rates if series is not None else {}
 
     def vhost_rates(self, name: str) -> dict[str, float]:
@@ -150,7 +195,7 @@ class Sampler:
                 pass
 
 
-_DETAILS = {key: key + "_details" for key in CHANNEL_STATS}
+_DETAILS = {key: key + "_details" for key in CHANNEL_STATS + EXCHANGE_STATS + CHURN_STATS + DISK_STATS + GAUGE_STATS}
 _IDLE = {"rate": 0.0}  # shared by every idle counter of a listing: fewer objects, fewer GC passes; never mutated
 
 
@@ -158,10 +203,10 @@ def _details(rate: float) -> dict[str, float]:
     return {"rate": rate} if rate else _IDLE
 
 
-def message_stats(counters: MessageStats | dict[str, int], rates: dict[str, float],
-                  keys: tuple[str, ...]) -> dict[str, Any]:
-    """RabbitMQ's ``message_stats``: each of ``keys``' counters plus ``<counter>_details: {rate}``."""
-    value = counters.__getattribute__ if isinstance(counters, MessageStats) else counters.__getitem__
+def message_stats(counters: Any, rates: dict[str, float], keys: tuple[str, ...]) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats``: each of ``keys``' counters (a dict's items, or an object's attributes,
+    e.g. MessageStats') plus ``<counter>_details: {rate}``."""
+    value = counters.__getitem__ if isinstance(counters, dict) else counters.__getattribute__
     rate = rates.get
     result: dict[str, Any] = {}
     for key in keys:

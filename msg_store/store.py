@@ -49,6 +49,8 @@ class StoreStats:
     disk_bytes: int
     dead_bytes: int
     compactions: int
+    writes: int  # records appended (compaction's copies included)
+    reads: int  # records read from a segment file (cache hits excluded, compaction's included)
 
     @property
     def dead_fraction(self) -> float:
@@ -74,6 +76,7 @@ class MessageStore:
         self._compacting: tuple[int, list[int]] | None = None
         self._dirty: set[int] = set()  # segments written since the last sync
         self.compactions = 0
+        self.writes = self.reads = 0
         self.next_id = 1
         self._reserved = 0  # ids below this are on record as handed out (see _reserve)
         self.current: Segment | None = None
@@ -156,6 +159,7 @@ class MessageStore:
     def write(self, msg_id: int, parts: tuple[bytes, ...], refs: int) -> None:
         """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``."""
         head = encode_head(msg_id, parts)
+        self.writes += 1
         current = self.current
         tail = self._tail
         record_at = current.size + len(tail)
@@ -208,6 +212,7 @@ class MessageStore:
             return bytes(self._tail[start:start + size])
         location = self.index[msg_id]
         data = os.pread(self.segments[location.segment].fd, location.size, location.offset)
+        self.reads += 1
         if len(data) != location.size:
             raise IOError(f"message {msg_id}: short read from segment {location.segment}")
         self.cache[msg_id] = data
@@ -301,6 +306,7 @@ class MessageStore:
             if location is None or location.segment != number:
                 continue
             data = os.pread(segment.fd, location.size, location.offset)
+            self.reads += 1
             refs = location.refs
             segment.live -= 1
             segment.dead_bytes += location.size + HEAD_SIZE
@@ -328,7 +334,7 @@ class MessageStore:
     def stats(self) -> StoreStats:
         disk = sum(s.size for s in self.segments.values()) + len(self._tail)
         dead = sum(s.dead_bytes for s in self.segments.values())
-        return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions)
+        return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions, self.writes, self.reads)
 
     def close(self) -> None:
         self.sync()

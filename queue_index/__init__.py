@@ -1,10 +1,13 @@
 """Per-queue ordered entries (seq → msg_id, expiry, size, delivered), acks, recovery of
-order, and the expiry structure that finds any expired entry on time.  Knows
-nothing of message bodies or AMQP.
+order, the expiry structure that finds any expired entry on time, and the
+schedule of messages held until a time (delayed exchanges).  Knows nothing of
+message bodies or AMQP.
 
-Offers :class:`QueueIndex`, :class:`IndexEntry` and :class:`ExpiryHeap`.
+Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`ExpiryHeap`,
+:class:`Schedule` and :class:`ScheduledEntry`.
 """
 from .expiry import ExpiryHeap
 from .index import IndexEntry, QueueIndex
+from .schedule import Schedule, ScheduledEntry
 
-__all__ = ["ExpiryHeap", "IndexEntry", "QueueIndex"]
+__all__ = ["ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry"]

@@ -13,7 +13,7 @@ import shutil
 import struct
 from typing import Iterator, NamedTuple
 
-import lmdb
+from .lmdb_batch import open_env, write_batch
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
@@ -31,18 +31,13 @@ class IndexEntry(NamedTuple):
     delivered: bool
 
 
-def _open(directory: str, map_size: int) -> lmdb.Environment:
-    return lmdb.open(directory, map_size=map_size, sync=False, metasync=False, writemap=False, max_dbs=0,
-                     readahead=False)
-
-
 def _compact(directory: str, map_size: int) -> None:
     """Rewrite the file if most of it is free pages: LMDB reuses freed pages but never shrinks its file,
     so after a large backlog was consumed the disk comes back at the next start."""
     path = os.path.join(directory, "data.mdb")
     if not os.path.exists(path) or os.path.getsize(path) < COMPACT_MIN_BYTES:
         return
-    env = _open(directory, map_size)
+    env = open_env(directory, map_size)
     try:
         stat = env.stat()
         used = (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] + 2) * stat["psize"]
@@ -65,7 +60,7 @@ class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
         os.makedirs(directory, exist_ok=True)
         _compact(directory, map_size)
-        self._env = _open(directory, map_size)
+        self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
         self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)
@@ -102,11 +97,7 @@ class QueueIndex:
         puts, deletes = self._puts, self._deletes
         self._puts, self._deletes = {}, []
         self._fresh = set()
-        with self._env.begin(write=True) as txn:
-            for key in deletes:
-                txn.delete(key)
-            if puts:
-                txn.cursor().putmulti(sorted(puts.items()))
+        write_batch(self._env, puts, deletes)
 
     def sync(self) -> None:
         self._env.sync(True)

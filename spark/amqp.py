@@ -12,6 +12,10 @@ builds the DataFrame, materialises it (``write`` or ``localCheckpoint``) and onl
 (``multiple``) and closes.  A failure before the ack requeues everything: at-least-once, a
 message may be read twice if the driver dies between materialising and acking.
 
+``load()`` connects and passively declares each queue, so an unreachable broker, a failed login,
+a refused vhost or a missing queue fail there with one line starting ``warren (amqp):``; a
+missing read permission shows at the first action (a passive declare does not check it).
+
 Options: ``url`` (``amqp://user:pass@host:5672/vhost``; ``user``, ``password``, ``vhost`` override
 its parts), ``queue`` (comma-separated), ``maxRows``, ``bodyFormat`` (binary|text), ``timeout``.
 """
@@ -24,14 +28,63 @@ from typing import Any, Callable, Iterator
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StringType, StructType
 
-from .source import _opt, base_schema
+from .source import WarrenError, _opt, base_schema
 
 DEFAULT_MAX_ROWS = 10_000
 
 
 def amqp_schema(options: Any) -> StructType:
+    """Runs at ``load()``: refuses a drain, and checks the broker, the login and that each queue
+    exists (a passive declare; read permission shows only at the first action)."""
+    if str(_opt(options, "mode", "browse")).lower() == "drain":
+        raise ValueError("warren (amqp): mode=drain has no offsets to pin over plain AMQP; drain with "
+                         "spark.drain(spark, protocol='amqp', ...), which acks after materialising")
+    try:
+        check_queues(options)
+    except WarrenError as exc:
+        raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
     text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
     return base_schema(StringType() if text else None)
+
+
+def connect(options: Any) -> Any:
+    """A pika BlockingConnection, or a :class:`WarrenError` saying in one line why there is none."""
+    import pika
+    from pika import exceptions
+
+    params = _parameters(options)
+    where = f"{params.host}:{params.port}"
+    user = params.credentials.username
+    try:
+        return pika.BlockingConnection(params)
+    except exceptions.ConnectionClosedByBroker as exc:
+        if exc.reply_code == 403:
+            raise WarrenError(f"warren (amqp): login failed for user '{user}' at {where}") from None
+        raise WarrenError(f"warren (amqp): {where} refused: {exc.reply_text}") from None
+    except (exceptions.ProbableAuthenticationError, exceptions.AuthenticationError):
+        raise WarrenError(f"warren (amqp): login failed for user '{user}' at {where}") from None
+    except exceptions.ProbableAccessDeniedError:
+        raise WarrenError(f"warren (amqp): access refused: user '{user}' may not use vhost "
+                          f"'{params.virtual_host}'") from None
+    except exceptions.AMQPConnectionError:
+        raise WarrenError(f"warren (amqp): cannot reach {where}") from None
+
+
+def check_queues(options: Any) -> None:
+    from pika import exceptions
+
+    connection = connect(options)
+    try:
+        for queue in _queues(options):
+            try:
+                connection.channel().queue_declare(queue, passive=True)
+            except exceptions.ChannelClosedByBroker as exc:
+                vhost = _parameters(options).virtual_host
+                if exc.reply_code == 404:
+                    raise WarrenError(f"warren (amqp): queue '{queue}' not found in vhost '{vhost}'") from None
+                raise WarrenError(f"warren (amqp): queue '{queue}' in vhost '{vhost}': {exc.reply_text}") from None
+    finally:
+        connection.close()
 
 
 def _parameters(options: Any) -> Any:
@@ -97,8 +150,6 @@ class AmqpBatchReader(DataSourceReader):
         self.queues = _queues(options)
         self.max_rows = int(_opt(options, "maxRows", DEFAULT_MAX_ROWS))
         self.text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
-        if str(_opt(options, "mode", "browse")).lower() == "drain":
-            raise ValueError("warren (amqp): drain with spark.drain(spark, protocol='amqp', ...)")
         self.options = {key: _opt(options, key) for key in ("url", "user", "password", "vhost", "timeout")}
         self.schema = schema
 
@@ -106,10 +157,8 @@ class AmqpBatchReader(DataSourceReader):
         return [QueuePartition(queue) for queue in self.queues]
 
     def read(self, partition: QueuePartition) -> Iterator[tuple]:
-        import pika
-
         options = {k: v for k, v in self.options.items() if v is not None}
-        connection = pika.BlockingConnection(_parameters(options))
+        connection = connect(options)
         try:
             rows, _ = consume(connection.channel(), partition.queue, self.max_rows, self.text)
         finally:
@@ -123,13 +172,11 @@ class AmqpBatchReader(DataSourceReader):
 
 def drain_amqp(spark: Any, write: Callable[[Any], Any] | None = None, **options: Any) -> Any:
     """Consume (acks held), build and materialise the DataFrame, then ack: at-least-once."""
-    import pika
-
-    opts = {k: v for k, v in options.items() if v is not None}
+    opts = {k: v for k, v in options.items() if v is not None and k != "mode"}
     max_rows = int(opts.get("maxRows", DEFAULT_MAX_ROWS))
     text = str(opts.get("bodyFormat", "binary")).lower() in ("text", "json")
     schema = amqp_schema(opts)
-    connection = pika.BlockingConnection(_parameters(opts))
+    connection = connect(opts)
     try:
         channel = connection.channel()
         rows: list[tuple] = []

@@ -6,11 +6,23 @@ queues), ``/records`` returns offset ranges as Arrow IPC without changing the qu
 ``/commit`` removes everything below an offset (idempotent, monotonic).
 
 Batch
-    Partitions are offset ranges fixed when the DataFrame is planned (``[head, tail)`` split
-    every ``partitionSize`` offsets), so a retried task reads the same rows.  ``mode=browse``
-    (the default) leaves the queue as it is.  Draining is two-phase and needs an action
-    boundary Spark does not give a source, so it is the helper :func:`spark.drain`: fix the range,
-    read, materialise (``localCheckpoint(eager=True)`` or your own write), then commit.
+    ``load()`` runs :meth:`WarrenDataSource.schema` (in a Python worker), which checks the broker,
+    login, permission and every queue, and *pins* each queue's ``[head, tail)`` in the offset
+    column's metadata (``df.schema["offset"].metadata["warren"]``).  Every action and every task
+    retry reads those offsets, split every ``partitionSize`` into partitions; with a
+    user-given ``.schema(...)`` the range is pinned at the first action instead.  ``mode=browse``
+    (the default) leaves the queue as it is.  ``mode=drain`` reads exactly like browse and removes
+    nothing by itself: removal is :func:`spark.drain.commit` (``commit(df)``), called once the data is
+    materialised, up to the pinned end; :func:`spark.drain.drain` does load, materialise and commit
+    in one call.  A source cannot remove during ``read()`` honestly: Spark re-reads on every action
+    and retry and never tells it when the data is safe (see :mod:`spark.drain`).
+Errors
+    A missing queue or vhost, a failed login, a refused permission or an unreachable broker raise
+    :class:`WarrenError` at ``load()`` with one line starting ``warren:``.  PySpark reports it as an
+    ``AnalysisException`` ``[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source
+    instance: ...`` (a prefix a source cannot change) followed by that line — by a short Python
+    traceback first unless ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` is true;
+    :func:`error_reason` extracts the line.
 Streaming
     Offsets are ``{queue: next offset}``.  ``initialOffset`` is each queue's head,
     ``latestOffset`` its tail, capped by ``maxRowsPerTrigger`` (offsets, summed over queues).
@@ -28,11 +40,12 @@ checkpoint taken before that is stale.
 
 Options (case-insensitive): ``url`` (management endpoint, ``http://127.0.0.1:15672``), ``user``,
 ``password`` (guest/guest), ``vhost`` (``/``), ``queue`` (comma-separated) or ``queuePattern``
-(a regex searched in queue names of the vhost, resolved at planning / stream start),
-``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 50000),
-``maxRowsPerTrigger``, ``bodyFormat`` (binary|text|json; json with ``bodySchema`` — a DDL
-string such as ``"id INT, name STRING"`` — makes ``body`` a struct of that schema, parsed per
-message with invalid JSON giving null; json without ``bodySchema`` is text, use ``from_json``),
+(a regex searched in queue names of the vhost, resolved at ``load()``),
+``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 250000: a Spark task costs
+tenths of a second, so small partitions are slow), ``maxRowsPerTrigger``, ``bodyFormat``
+(binary|text|json; json with ``bodySchema`` — a DDL string such as ``"id INT, name STRING"`` —
+makes ``body`` a struct of that schema, parsed per message with invalid JSON giving null; json
+without ``bodySchema`` is text, use ``from_json``),
 ``timeout`` (seconds per HTTP call, 60), ``protocol`` (http|amqp, see :mod:`spark.amqp`).
 """
 from __future__ import annotations
@@ -58,14 +71,25 @@ except ImportError:  # PySpark before 4.2: no admission control, AvailableNow re
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 DEFAULT_URL = "http://127.0.0.1:15672"
-DEFAULT_PARTITION_SIZE = 50_000
+DEFAULT_PARTITION_SIZE = 250_000
 PAGE_ROWS = 1_000_000  # the server's cap on one /records answer
+PIN_KEY = "warren"  # metadata of the offset column: where load() pinned a batch read
 
 
-def base_schema(body_type: Any = None) -> StructType:
+def pinned(schema: StructType) -> dict | None:
+    """``{"url", "vhost", "user", "mode", "ranges": {queue: [start, end]}}`` fixed by ``load()``, if any:
+    what :func:`spark.drain.commit` removes.  (The reader takes its ranges from the source instance,
+    not from here: a schema copied into ``.schema(...)`` must not pin an old range.)"""
+    if "offset" not in schema.fieldNames():
+        return None
+    return schema["offset"].metadata.get(PIN_KEY)
+
+
+def base_schema(body_type: Any = None, pin: dict | None = None) -> StructType:
     s = StringType()
     return StructType([
-        StructField("queue", s), StructField("offset", LongType()), StructField("body", body_type or BinaryType()),
+        StructField("queue", s), StructField("offset", LongType(), metadata={PIN_KEY: pin} if pin else None),
+        StructField("body", body_type or BinaryType()),
         StructField("exchange", s), StructField("routing_key", s), StructField("headers", MapType(s, s)),
         StructField("content_type", s), StructField("content_encoding", s),
         StructField("delivery_mode", IntegerType()), StructField("priority", IntegerType()),
@@ -123,12 +147,17 @@ class Settings:
                    max_rows=int(max_rows) if max_rows else None, body_format=body_format,
                    body_schema=_opt(options, "bodySchema"), timeout=float(_opt(options, "timeout", 60)))
 
-    def schema(self) -> StructType:
+    def schema(self, ranges: dict[str, list[int]] | None = None) -> StructType:
+        """The DataFrame's schema; ``ranges`` (from :meth:`Client.pin`) go in the offset column's metadata,
+        without the password: ``df.schema`` is for everyone to see."""
+        pin = None
+        if ranges is not None:
+            pin = {"url": self.url, "vhost": self.vhost, "user": self.user, "mode": self.mode, "ranges": ranges}
         if self.body_format == "binary":
-            return base_schema()
+            return base_schema(None, pin)
         if self.body_format == "json" and self.body_schema:
-            return base_schema(parse_body_schema(self.body_schema))
-        return base_schema(StringType())
+            return base_schema(parse_body_schema(self.body_schema), pin)
+        return base_schema(StringType(), pin)
 
 
 _SIMPLE_TYPES = {"string": "string", "int": "integer", "integer": "integer", "bigint": "long", "long": "long",
@@ -156,7 +185,22 @@ def parse_body_schema(text: str) -> StructType:
 
 
 class WarrenError(RuntimeError):
-    pass
+    """A one-line reason starting ``warren:``; ``status`` is the HTTP status when the API answered."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_REASON = re.compile(r"warren(?: \(amqp\))?: [^\n]*")
+
+
+def error_reason(exc: BaseException) -> str | None:
+    """The ``warren: ...`` line inside ``exc``: Spark wraps what ``schema()`` raises in its own
+    ``[PYTHON_DATA_SOURCE_ERROR] ...`` text (and a Python traceback unless
+    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``); this digs the reason back out."""
+    found = _REASON.findall(str(exc))  # the last: a traceback's source lines come before the message
+    return found[-1].rstrip() if found else None
 
 
 class Client:
@@ -171,7 +215,7 @@ class Client:
         q = urllib.parse.quote
         return f"{self.s.url}/api/queues/{q(self.s.vhost, safe='')}/{q(queue, safe='')}/{what}"
 
-    def _open(self, url: str, body: dict | None = None) -> Any:
+    def _open(self, url: str, body: dict | None = None, queue: str | None = None) -> Any:
         data = None
         headers = dict(self.headers)
         if body is not None:
@@ -181,11 +225,43 @@ class Client:
         try:
             return urllib.request.urlopen(request, timeout=self.s.timeout)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise WarrenError(f"warren: {exc.code} from {url}: {detail}") from None
+            challenged = "WWW-Authenticate" in exc.headers  # 401 + challenge: who are you? (else: you may not)
+            detail = exc.read().decode(errors="replace")
+            raise self._refused(exc.code, challenged, detail, url, queue) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            text = "timed out" if isinstance(reason, TimeoutError) else getattr(reason, "strerror", None) or reason
+            raise WarrenError(f"warren: cannot reach the management API at {self.s.url}: {text}") from None
 
-    def _json(self, url: str, body: dict | None = None) -> Any:
-        with self._open(url, body) as response:
+    def _refused(self, status: int, challenged: bool, detail: str, url: str, queue: str | None) -> WarrenError:
+        """An error answer as one line saying what is wrong in the user's terms (options, names).
+
+        RabbitMQ's management API answers "not allowed" with 401 too, only without the challenge."""
+        where = f"in vhost '{self.s.vhost}'"
+        if status == 401 and challenged:
+            message = (f"warren: login failed for user '{self.s.user}' at {self.s.url} "
+                       "(check the options user and password)")
+        elif status in (401, 403):
+            what = f"queue '{queue}' {where}" if queue else f"vhost '{self.s.vhost}'"
+            message = f"warren: access refused: user '{self.s.user}' may not read {what}"
+        elif status == 404 and queue is not None and self._vhost_exists():
+            message = f"warren: queue '{queue}' not found {where}"
+        elif status == 404:
+            message = f"warren: vhost '{self.s.vhost}' not found at {self.s.url}"
+        else:
+            message = f"warren: {status} from {url}: {' '.join(detail.split())[:300]}"
+        return WarrenError(message, status)
+
+    def _vhost_exists(self) -> bool:
+        """Tells a missing queue from a missing vhost: the API answers both with a bare 404."""
+        try:
+            self._open(f"{self.s.url}/api/vhosts/{urllib.parse.quote(self.s.vhost, safe='')}").close()
+        except WarrenError as exc:
+            return exc.status != 404
+        return True
+
+    def _json(self, url: str, body: dict | None = None, queue: str | None = None) -> Any:
+        with self._open(url, body, queue) as response:
             return json.loads(response.read())
 
     def queue_names(self) -> list[str]:
@@ -196,10 +272,18 @@ class Client:
         return sorted(item["name"] for item in names if regex.search(item["name"]))
 
     def offsets(self, queue: str) -> dict[str, int]:
-        return self._json(self._path(queue, "offsets"))
+        return self._json(self._path(queue, "offsets"), queue=queue)
 
     def commit(self, queue: str, offset: int) -> dict[str, int]:
-        return self._json(self._path(queue, "commit"), {"offset": int(offset)})
+        return self._json(self._path(queue, "commit"), {"offset": int(offset)}, queue=queue)
+
+    def pin(self) -> dict[str, list[int]]:
+        """Each queue's ``[head, tail)`` now: what a batch read will read, on every action and retry."""
+        ranges = {}
+        for queue in self.queue_names():
+            offsets = self.offsets(queue)
+            ranges[queue] = [offsets["head"], offsets["tail"]]
+        return ranges
 
     def records(self, queue: str, start: int, end: int) -> Iterator[Any]:
         """Record batches of ``[start, end)``, paging through the server's per-answer cap."""
@@ -208,7 +292,7 @@ class Client:
         body = "binary" if self.s.body_format == "binary" else "text"
         while start < end:
             query = urllib.parse.urlencode({"start": start, "end": end, "limit": PAGE_ROWS, "body": body})
-            with self._open(f"{self._path(queue, 'records')}?{query}") as response:
+            with self._open(f"{self._path(queue, 'records')}?{query}", queue=queue) as response:
                 count = int(response.headers.get("X-Warren-Count", "0"))
                 last = int(response.headers.get("X-Warren-Last-Offset", "-1"))
                 reader = pa.ipc.open_stream(response)
@@ -284,15 +368,9 @@ def _coerce(value: Any, body_type: Any) -> Any:
 # -- batch -------------------------------------------------------------------------------------
 
 class WarrenBatchReader(DataSourceReader):
-    def __init__(self, settings: Settings, schema: StructType, ranges: dict[str, list[int]] | None) -> None:
+    def __init__(self, settings: Settings, schema: StructType, ranges: dict[str, list[int]]) -> None:
         self.settings = settings
         self.schema = schema
-        client = Client(settings)
-        if ranges is None:  # fixed now, at planning: every task and every retry reads these
-            ranges = {}
-            for queue in client.queue_names():
-                offsets = client.offsets(queue)
-                ranges[queue] = [offsets["head"], offsets["tail"]]
         self.ranges = ranges
 
     def partitions(self) -> list[OffsetRange]:
@@ -394,11 +472,19 @@ class WarrenDataSource(DataSource):
         return str(_opt(self.options, "protocol", "http")).lower()
 
     def schema(self) -> StructType:
+        """Runs at ``load()`` (in a Python worker): checks the broker, queues, login and permission
+        now, and pins each queue's range, so errors surface at ``load()`` and every action reads
+        the same offsets."""
         if self._protocol() == "amqp":
             from .amqp import amqp_schema
 
             return amqp_schema(self.options)
-        return Settings.from_options(self.options).schema()
+        settings = Settings.from_options(self.options)
+        try:
+            self.ranges = Client(settings).pin()
+        except WarrenError as exc:
+            raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
+        return settings.schema(self.ranges)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self._protocol() == "amqp":
@@ -406,11 +492,10 @@ class WarrenDataSource(DataSource):
 
             return AmqpBatchReader(self.options, schema)
         settings = Settings.from_options(self.options)
-        ranges = _opt(self.options, "offsetRanges")  # set by spark.drain(): {queue: [start, end]}
-        if settings.mode == "drain" and ranges is None:
-            raise ValueError("warren: a batch read does not drain by itself (Spark gives a source no signal that "
-                             "the data is materialised); use spark.drain(spark, ...) or mode=browse")
-        return WarrenBatchReader(settings, schema, json.loads(ranges) if ranges else None)
+        # Spark hands reader() the instance schema() ran on (pickled), so load()'s ranges are here;
+        # with a user-given .schema(...) schema() never ran: pin now, at planning.
+        ranges = getattr(self, "ranges", None)
+        return WarrenBatchReader(settings, schema, ranges if ranges is not None else Client(settings).pin())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._protocol() == "amqp":

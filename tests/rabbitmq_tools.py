@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import os
 import shutil
 import subprocess
 import sys
@@ -65,8 +66,15 @@ def _download() -> Path:
     if shutil.which("apt-get") is None:
         raise Unavailable("apt-get is not available to download Debian's rabbitmq-server package")
     CACHE.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["apt-get", "download", "rabbitmq-server"], cwd=CACHE, capture_output=True,
-                            text=True, timeout=300)
+
+    def download() -> subprocess.CompletedProcess:
+        return subprocess.run(["apt-get", "download", "rabbitmq-server"], cwd=CACHE, capture_output=True,
+                              text=True, timeout=300)
+
+    result = download()
+    if result.returncode != 0 and os.geteuid() == 0:  # a fresh machine may have no package lists yet
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300)
+        result = download()
     debs = sorted(CACHE.glob("rabbitmq-server_*.deb"))
     if result.returncode != 0 or not debs:
         raise Unavailable(f"apt-get download rabbitmq-server failed: {result.stderr.strip()[-300:]}")

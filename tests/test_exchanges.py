@@ -34,7 +34,8 @@ NOMSG = Untouchable()
 # --- registry / base -------------------------------------------------------
 
 def test_registry():
-    assert set(EXCHANGE_TYPES) == {"direct", "fanout", "topic", "headers"}
+    assert set(EXCHANGE_TYPES) == {"direct", "fanout", "topic", "headers", "x-consistent-hash",
+                                   "x-delayed-message"}
     assert exchange_class("topic") is TopicExchange
     assert exchange_class("x-nope") is None
     for name, cls in EXCHANGE_TYPES.items():

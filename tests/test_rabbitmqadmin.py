@@ -23,22 +23,22 @@ def script() -> Path:
         unavailable(f"rabbitmqadmin unavailable: {exc}")
 
 
-@pytest.fixture
-def admin(script: Path, broker: BrokerProcess, tmp_path: Path):
-    """Run rabbitmqadmin against the shared node; returns its stdout, asserting it succeeded."""
+def runner(script: Path, node: BrokerProcess, home: Path):
+    """Run rabbitmqadmin against ``node``: its output, once it exited as ``ok`` says."""
 
-    def run(*args: str, ok: bool = True, user: tuple[str, str] = ("guest", "guest")) -> str:
-        result = subprocess.run(
-            [sys.executable, str(script), "-H", "127.0.0.1", "-P", str(broker.mgmt_port), "-u", user[0],
-             "-p", user[1], *args],
-            capture_output=True, text=True, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-        if ok:
-            assert result.returncode == 0, (args, result.stdout, result.stderr)
-        else:
-            assert result.returncode != 0, (args, result.stdout, result.stderr)
+    def run(*args: str, ok: bool = True) -> str:
+        result = subprocess.run([sys.executable, str(script), "-H", "127.0.0.1", "-P", str(node.mgmt_port), *args],
+                                capture_output=True, text=True, timeout=60,
+                                env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+        assert (result.returncode == 0) == ok, (args, result.stdout, result.stderr)
         return result.stdout + result.stderr
 
     return run
+
+
+@pytest.fixture
+def admin(script: Path, broker: BrokerProcess, tmp_path: Path):
+    return runner(script, broker, tmp_path)
 
 
 def listing(admin, *args: str) -> list[dict[str, Any]]:
@@ -107,14 +107,14 @@ def test_vhost_user_permission_commands(admin, uid):
     assert [q["name"] for q in mine] == [uid]
     # the management user sees its own vhost only, and may not list users
     assert {v["name"] for v in listing(admin, "list", "vhosts")} >= {vhost, "/"}
-    as_user = [f"-u{user}", "-psecret"]
-    assert {v["name"] for v in json.loads(admin("-f", "raw_json", *as_user, "list", "vhosts"))} == {vhost}
+    as_user = ["-u", user, "-p", "secret"]
+    assert {v["name"] for v in listing(admin, *as_user, "list", "vhosts")} == {vhost}
     assert "Access refused: /api/users" in admin(*as_user, "list", "users", ok=False)  # RabbitMQ's 401
     admin("delete", "vhost", f"name={vhost}")
     admin("delete", "user", f"name={user}")
 
 
-def test_export_import(admin, broker, start_broker, tmp_path, uid):
+def test_export_import(admin, script, start_broker, tmp_path, uid):
     exchange, queue = f"{uid}-x", f"{uid}-q"
     admin("declare", "exchange", f"name={exchange}", "type=fanout", "durable=true")
     admin("declare", "queue", f"name={queue}", "durable=true")
@@ -123,15 +123,9 @@ def test_export_import(admin, broker, start_broker, tmp_path, uid):
     assert "Exported definitions" in admin("export", str(exported))
     defs = json.loads(exported.read_text())
     assert any(q["name"] == queue for q in defs["queues"])
-    fresh = start_broker()
-    script = rabbitmqadmin()
-    result = subprocess.run([sys.executable, str(script), "-H", "127.0.0.1", "-P", str(fresh.mgmt_port), "import",
-                             str(exported)], capture_output=True, text=True, timeout=60,
-                            env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert result.returncode == 0, result.stderr
-    imported = json.loads(subprocess.run(
-        [sys.executable, str(script), "-H", "127.0.0.1", "-P", str(fresh.mgmt_port), "-f", "raw_json", "list",
-         "bindings"], capture_output=True, text=True, timeout=60, env={"HOME": str(tmp_path)}).stdout)
-    assert any(b["source"] == exchange and b["destination"] == queue for b in imported)
+    fresh = runner(script, start_broker(), tmp_path)
+    assert "Uploaded definitions" in fresh("import", str(exported))
+    assert any(b["source"] == exchange and b["destination"] == queue for b in listing(fresh, "list", "bindings"))
+    assert any(q["name"] == queue and q["durable"] for q in listing(fresh, "list", "queues"))
     admin("delete", "queue", f"name={queue}")
     admin("delete", "exchange", f"name={exchange}")

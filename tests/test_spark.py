@@ -35,7 +35,8 @@ def spark():
     session = (SparkSession.builder.master("local[2]").appName("warren-tests")
                .config("spark.driver.memory", "2g").config("spark.driver.host", "127.0.0.1")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "true").getOrCreate())
     session.dataSource.register(WarrenDataSource)
     yield session
     session.stop()
@@ -125,8 +126,75 @@ def test_drain_removes_exactly_what_was_read(spark, node):
     assert api(node, "/api/queues/%2F/work/offsets") == {"head": 40, "tail": 45, "committed": 40}
     rest = reader(spark, node, "work").collect()
     assert [bytes(r.body) for r in rest] == [b"late"] * 5
-    with pytest.raises(Exception, match="drain"):
-        reader(spark, node, "work", mode="drain").count()
+
+
+def test_mode_drain_pins_at_load_and_removes_on_commit(spark, node, tmp_path):
+    from spark import WarrenError, commit
+
+    publish(node, "jobs", [str(i).encode() for i in range(30)], delivery_mode=2)
+    df = reader(spark, node, "jobs", mode="drain", partitionSize=10)
+    assert df.schema["offset"].metadata["warren"]["ranges"] == {"jobs": [0, 30]}
+    assert "password" not in df.schema["offset"].metadata["warren"]
+    publish(node, "jobs", [b"late"] * 4, delivery_mode=2)  # after load(): not in the pinned range
+    df.write.parquet(str(tmp_path / "jobs"))
+    assert df.count() == 30  # every action reads the pinned range; nothing removed yet
+    assert api(node, "/api/queues/%2F/jobs/offsets")["head"] == 0
+    assert commit(df) == {"jobs": 30}
+    assert commit(df) == {"jobs": 0}  # idempotent
+    assert api(node, "/api/queues/%2F/jobs/offsets") == {"head": 30, "tail": 34, "committed": 30}
+    assert sorted(int(bytes(r.body)) for r in spark.read.parquet(str(tmp_path / "jobs")).collect()) == list(range(30))
+    with pytest.raises(WarrenError, match="mode=drain"):
+        commit(reader(spark, node, "jobs"))  # a browse DataFrame is never committed
+    from spark import base_schema
+
+    given = spark.read.format("warren").schema(base_schema()).option("url", mgmt(node)).option("queue", "jobs")
+    assert given.option("mode", "drain").load().count() == 4  # pinned at the action: the late ones
+    copied = spark.read.format("warren").schema(df.schema).option("url", mgmt(node)).option("queue", "jobs").load()
+    assert copied.count() == 4  # an old DataFrame's schema does not bring back its range
+    with pytest.raises(WarrenError, match="mode=drain"):
+        commit(given.load())
+
+
+def _load_error(spark, node_url: str, queue: str, **options) -> str:
+    """The error ``load()`` itself raises (no action is run), as a one-line Warren reason."""
+    from spark import error_reason
+
+    r = spark.read.format("warren").option("url", node_url).option("queue", queue)
+    for key, value in options.items():
+        r = r.option(key, str(value))
+    with pytest.raises(Exception) as exc:
+        r.load()
+    text = str(exc.value)
+    assert "JVM stacktrace" not in text and "Traceback" not in text, text
+    first = text.splitlines()[0]
+    reason = error_reason(exc.value)
+    assert reason is not None and first.endswith(reason), text  # the reason is on the first line
+    return reason
+
+
+def test_load_fails_early_with_a_one_line_reason(spark, node):
+    from conftest import free_port
+
+    publish(node, "secret", [b"s"])
+    url = mgmt(node)
+    assert _load_error(spark, url, "nope") == "warren: queue 'nope' not found in vhost '/'"
+    assert _load_error(spark, url, "secret", vhost="elsewhere") == (
+        f"warren: vhost 'elsewhere' not found at {url}")
+    assert _load_error(spark, url, "secret", password="wrong") == (
+        f"warren: login failed for user 'guest' at {url} (check the options user and password)")
+    assert node.admin("add-user", "writer", "pw", "--tags", "management").returncode == 0
+    assert node.admin("set-permissions", "/", "writer", ".*", ".*", "^$").returncode == 0
+    assert _load_error(spark, url, "secret", user="writer", password="pw") == (
+        "warren: access refused: user 'writer' may not read queue 'secret' in vhost '/'")
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert _load_error(spark, closed, "secret") == (
+        f"warren: cannot reach the management API at {closed}: Connection refused")
+    stream = spark.readStream.format("warren").option("url", url).option("queue", "nope")
+    with pytest.raises(Exception, match="warren: queue 'nope' not found in vhost '/'"):
+        stream.load()
+
+
+BATCH = 15  # rows per micro-batch: the first two runs below take more than one
 
 
 def _stream(spark, node, checkpoint: Path, out: Path, **options) -> None:
@@ -144,15 +212,15 @@ def _stream(spark, node, checkpoint: Path, out: Path, **options) -> None:
 def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
     checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
     publish(node, "events", [f"a{i}".encode() for i in range(30)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)
     first = spark.read.parquet(str(out)).collect()
     assert sorted(r.offset for r in first) == list(range(30))
     publish(node, "events", [f"b{i}".encode() for i in range(25)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)  # restarted from the checkpoint
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)  # restarted from the checkpoint
     node.stop()  # the broker restarts too: offsets carry on
     node.start()
     publish(node, "events", [f"c{i}".encode() for i in range(7)], delivery_mode=2)
-    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=8, partitionSize=5)
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=BATCH, partitionSize=5)
     rows = spark.read.parquet(str(out)).collect()
     offsets = sorted(r.offset for r in rows)
     assert offsets == list(range(62))  # every offset exactly once, none missing
@@ -161,7 +229,7 @@ def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
         + [f"c{i}".encode() for i in range(7)])
     # drain: everything committed is gone; only the last batch (Spark never commits it) can remain
     state = api(node, "/api/queues/%2F/events/offsets")
-    assert state["tail"] == 62 and 62 - 8 <= state["head"] <= 62
+    assert state["tail"] == 62 and 62 - BATCH <= state["head"] <= 62
 
 
 def test_streaming_memory_sink_browse(spark, node):
@@ -203,6 +271,10 @@ def test_amqp_fallback_browse_and_drain(spark, node):
     df = spark.read.format("warren").option("protocol", "amqp").option("url", url).option("queue", "plain").load()
     assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"p{i}".encode() for i in range(20))
     assert api(node, "/api/queues/%2F/plain/offsets")["tail"] == 20  # requeued, still there
+    assert _load_error(spark, url, "nope", protocol="amqp") == "warren (amqp): queue 'nope' not found in vhost '/'"
+    bad = f"amqp://guest:wrong@127.0.0.1:{node.port}/%2F"
+    assert _load_error(spark, bad, "plain", protocol="amqp") == (
+        f"warren (amqp): login failed for user 'guest' at 127.0.0.1:{node.port}")
     drained = drain(spark, protocol="amqp", url=url, queue="plain")
     assert drained.count() == 20
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,14 +25,14 @@ def command() -> list[str]:
 
 
 def run(broker: BrokerProcess | None, *args: str, input: str | None = None, port: int | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
     base["COLUMNS"] = "250"
     if broker is not None or port is not None:
         base["WARREN_MGMT_URL"] = f"http://127.0.0.1:{port or broker.mgmt_port}"
     base.update(env or {})
     return subprocess.run([*command(), *args], cwd=ROOT, capture_output=True, text=True, input=input,
-                          timeout=60, env=base)
+                          timeout=timeout, env=base)
 
 
 def ok(broker: BrokerProcess, *args: str, input: str | None = None) -> str:
@@ -359,6 +360,71 @@ def test_connections_channels_consumers(broker: BrokerProcess, uid: str) -> None
         assert f"ctag-{uid}" in ok(broker, "list", "consumers")
     finally:
         connection.close()
+
+
+# -- export to Parquet through Spark ----------------------------------------------------------
+
+def _publish(broker: BrokerProcess, vhost: str, queue: str, bodies: list[bytes]) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port, virtual_host=vhost))
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    connection.close()
+
+
+@pytest.mark.timeout(400)
+def test_export_queues_to_parquet_browse_then_drain(broker: BrokerProcess, uid: str, tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    if not shutil.which("java"):
+        pytest.skip("java is not installed: no Spark")
+    import pyarrow.parquet as pq
+
+    vhost = f"x-{uid}"
+    ok(broker, "declare", "vhost", vhost)
+    ok(broker, "declare", "permission", "--user", "guest", "--vhost", vhost, "--configure", ".*", "--write", ".*",
+       "--read", ".*")
+    _publish(broker, vhost, "a", [f"a{i}".encode() for i in range(30)])
+    _publish(broker, vhost, "b/c", [b"x"] * 5)  # a name that is no file name as it stands
+    result = run(broker, "export", "--vhost", vhost, "--all-queues", "--partition-size", "7", str(tmp_path / "p"),
+                 timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "queue 'a': 30 messages written to" in result.stdout and "queue 'b/c': 5 messages" in result.stdout
+    table = pq.read_table(tmp_path / "p" / "a")
+    assert sorted(table.column("offset").to_pylist()) == list(range(30))
+    assert sorted(table.column("body").to_pylist()) == sorted(f"a{i}".encode() for i in range(30))
+    assert pq.read_table(tmp_path / "p" / "b%2Fc").num_rows == 5
+    queues = {q["name"]: q for q in as_json(broker, "list", "queues", "--vhost", vhost)}
+    assert queues["a"]["messages"] == 30  # a browse leaves the queue alone
+
+    _publish(broker, vhost, "a", [b"late"])
+    result = run(broker, "export", "--vhost", vhost, "--queue", "a", "--drain", "--json", str(tmp_path / "d"),
+                 timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"queue": "a", "path": str(tmp_path / "d" / "a"), "rows": 31,
+                                          "removed": 31}]
+    assert pq.read_table(tmp_path / "d" / "a").num_rows == 31
+    assert eventually(lambda: by_name(as_json(broker, "list", "queues", "--vhost", vhost), "a")["messages"] == 0)
+    ok(broker, "delete", "vhost", vhost)
+
+
+def test_export_failures_are_one_line_before_spark_starts(broker: BrokerProcess, uid: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "out")
+    assert fails(broker, "export", "--queue", f"nope-{uid}", out) == (
+        f"warrenctl: 404 Not Found: no queue 'nope-{uid}' in vhost '/'")
+    assert fails(broker, "export", "--all-queues", "--vhost", f"nov-{uid}", out) == (
+        f"warrenctl: 404 Not Found: no vhost 'nov-{uid}'")
+    assert fails(broker, "export", "--drain", out) == "warrenctl: --drain needs --queue or --all-queues"
+    ok(broker, "declare", "queue", uid)
+    (tmp_path / "out" / uid).mkdir(parents=True)
+    assert fails(broker, "export", "--queue", uid, out) == f"warrenctl: {tmp_path / 'out' / uid} already exists"
+    fake = tmp_path / "fake" / "pyspark"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'pyspark'\")\n")
+    path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", str(ROOT))])
+    assert fails(broker, "export", "--queue", uid, str(tmp_path / "other"), env={"PYTHONPATH": path}) == (
+        "warrenctl: export needs pyspark: pip install 'warren[spark]'")
+    ok(broker, "delete", "queue", uid)
 
 
 # -- definitions ------------------------------------------------------------------------------

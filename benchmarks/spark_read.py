@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Spark read benchmark: a queue backlog into a DataFrame ``count()``, Warren's source vs the AMQP fallback.
+
+Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
+
+1. declares a transient queue ``warren-bench.spark`` (deleted first and at the end) and publishes
+   ``--messages`` (1,000,000) ``--size`` (16) byte messages with publisher confirms (the raw-socket
+   publisher of amqp_load.py);
+2. starts a local SparkSession (``local[--cores]``, driver memory 4g) and times
+   ``spark.read.format("warren")...load().count()`` ``--runs`` (3) times: rows/s of each run,
+   partitions (``--partition-size`` offsets each, default 250000); ``load()`` (which pins the
+   ranges) is timed apart;
+3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
+   one partition per queue, requeued afterwards) reading ``N`` messages of the same queue.
+
+    ./run.sh --amqp-port 5701 --mgmt-port 15701 --data-dir /tmp/bench-node &
+    .venv/bin/python benchmarks/spark_read.py --port 5701 --mgmt-port 15701 --messages 1000000 --size 16
+    .venv/bin/python benchmarks/spark_read.py --port 5701 --mgmt-port 15701 --messages 100000 --size 4096 \\
+        --amqp-rows 20000
+
+Spark start-up (5-10 s) is not in any figure.  Output is a table, or JSON with ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from amqp_load import Connection, publish_confirmed  # noqa: E402
+
+QUEUE = "warren-bench.spark"
+
+
+def fill(args: argparse.Namespace) -> float:
+    """Publish the backlog; messages/s until the last confirm."""
+    conn = Connection(args.host, args.port, args.user, args.password, args.vhost)
+    conn.channel_open(1)
+    conn.queue_delete(1, QUEUE)
+    conn.queue_declare(1, QUEUE)
+    conn.confirm_select(1)
+    result = publish_confirmed(conn, 1, "", QUEUE, b"x" * args.size, args.messages, persistent=False,
+                               timeout=args.timeout)
+    conn.close()
+    return args.messages / result["confirmed_s"]
+
+
+def delete_queue(args: argparse.Namespace) -> None:
+    conn = Connection(args.host, args.port, args.user, args.password, args.vhost)
+    conn.channel_open(1)
+    conn.queue_delete(1, QUEUE)
+    conn.close()
+
+
+def session(args: argparse.Namespace):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from spark import WarrenDataSource
+
+    spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("warren-spark-read")
+             .config("spark.driver.memory", "4g").config("spark.driver.host", "127.0.0.1")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(WarrenDataSource)
+    return spark
+
+
+def time_count(load) -> dict:
+    started = time.perf_counter()
+    df = load()
+    loaded = time.perf_counter()
+    rows = df.count()
+    done = time.perf_counter()
+    return {"rows": rows, "load_s": round(loaded - started, 3), "count_s": round(done - loaded, 3),
+            "rows_per_s": round(rows / (done - loaded)), "partitions": df.rdd.getNumPartitions()}
+
+
+def run(args: argparse.Namespace) -> dict:
+    result: dict = {"messages": args.messages, "size": args.size, "cores": args.cores,
+                    "partition_size": args.partition_size}
+    result["publish_per_s"] = round(fill(args))
+    spark = session(args)
+    try:
+        url = f"http://{args.host}:{args.mgmt_port}"
+        reader = (spark.read.format("warren").option("url", url).option("user", args.user)
+                  .option("password", args.password).option("vhost", args.vhost).option("queue", QUEUE)
+                  .option("partitionSize", args.partition_size))
+        result["warren"] = [time_count(reader.load) for _ in range(args.runs)]
+        result["warren_median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in result["warren"])
+        if args.amqp_rows:
+            vhost = "%2F" if args.vhost == "/" else args.vhost
+            amqp = (spark.read.format("warren").option("protocol", "amqp").option("queue", QUEUE)
+                    .option("url", f"amqp://{args.user}:{args.password}@{args.host}:{args.port}/{vhost}")
+                    .option("maxRows", args.amqp_rows))
+            result["amqp"] = [time_count(amqp.load)]
+    finally:
+        spark.stop()
+        if not args.keep:
+            delete_queue(args)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=5672, help="AMQP port")
+    ap.add_argument("--mgmt-port", type=int, default=15672, help="management API port")
+    ap.add_argument("--user", default="guest")
+    ap.add_argument("--password", default="guest")
+    ap.add_argument("--vhost", default="/")
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=16, help="body size in bytes")
+    ap.add_argument("--cores", type=int, default=2, help="Spark local[N]")
+    ap.add_argument("--partition-size", type=int, default=250_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--amqp-rows", type=int, default=0, help="also time the AMQP fallback reading this many")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="publish timeout (s)")
+    ap.add_argument("--keep", action="store_true", help="keep the queue")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    result = run(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.messages:,} x {args.size} B, publish {result['publish_per_s']:,} msg/s, local[{args.cores}]")
+    for name in ("warren", "amqp"):
+        for i, r in enumerate(result.get(name, []), 1):
+            print(f"  {name:6} run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
+                  f"({r['partitions']} partitions; load() {r['load_s']:.2f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

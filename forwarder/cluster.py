@@ -1,0 +1,280 @@
+"""This node in a cluster: applies agreed definitions to its broker, places queues, runs the links.
+
+The broker calls back (``Broker.cluster``) when a definition is made here; definitions made
+elsewhere arrive from :mod:`metadata` and are applied through the same Broker operations a
+channel uses, with ``applying`` set so they are not echoed back to etcd.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import aetcd
+
+from amqp_server import errors, queue_args
+from amqp_server.auth import Permissions, User
+from amqp_server.errors import AMQPError
+
+from .link import STATS, ServerLink, encode_json
+from .membership import Membership
+from .metadata import Metadata
+from .peer import Peer
+from .remote_queue import RemoteQueue
+from .session import Session
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker, VHost
+    from amqp_server.config import Config
+
+log = logging.getLogger("warren.forwarder")
+
+AGREE_TIMEOUT = 10.0
+STATS_INTERVAL = 1.0
+STARTUP_TIMEOUT = 10.0
+BALANCED = ("balanced", "least-leaders", "random")
+ACCESS_KINDS = ("user", "vhost", "permission")
+
+
+class Cluster:
+    def __init__(self, broker: "Broker", config: "Config") -> None:
+        self.broker = broker
+        self.config = config
+        self.name = config.node_name
+        self.secret = config.cluster_secret.encode()
+        url = urlparse(config.cluster_etcd if "//" in config.cluster_etcd else f"http://{config.cluster_etcd}")
+        self.client = aetcd.Client(host=url.hostname or "127.0.0.1", port=url.port or 2379, timeout=5)
+        self.metadata = Metadata(self.client, broker.store, self.apply)
+        self.link_port = config.cluster_port or config.amqp_port + 20000
+        host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
+        self.membership = Membership(self.client, self.name, {
+            "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
+            "mgmt_port": config.mgmt_port}, self._joined, self._left)
+        self.peers: dict[str, Peer] = {}
+        self.sessions: set[Session] = set()
+        self.applying = False
+        self._lost: list[tuple["VHost", str]] = []  # transient queues of ours that did not survive a restart
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        """Definitions from the mirror first (no etcd needed), then links, then etcd's current state."""
+        self.broker.cluster = self
+        self.broker.access.listener = self
+        for kind, key, record in self.metadata.mirrored():
+            self.apply(kind, key, record, None)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ServerLink(self.secret, self.name, self._session),
+                                                self.config.bind, self.link_port, reuse_address=True)
+        self.metadata.start()
+        self._stats = loop.create_task(self._report_stats())
+        self._joining = loop.create_task(self._join())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._joining), STARTUP_TIMEOUT)
+            await asyncio.wait_for(self.metadata.caught_up.wait(), STARTUP_TIMEOUT)
+        except asyncio.TimeoutError:
+            log.error("etcd at %s not reachable: serving the definitions mirrored here until it is",
+                      self.config.cluster_etcd)
+        lost, self._lost = self._lost, []
+        for vhost, name in lost:  # as in RabbitMQ, a node's transient queues die with it
+            queue = vhost.queues.get(name)
+            if queue is not None and not queue.remote and not queue.durable:
+                self.broker.delete_queue(vhost, name)
+        log.info("cluster node %s: links on port %d, %d other node(s) known", self.name, self.link_port,
+                 len(self.peers))
+
+    async def _join(self) -> None:
+        """Register and learn the other nodes; retried until etcd answers."""
+        while True:
+            try:
+                await self.membership.start()
+                return
+            except aetcd.exceptions.ClientError as exc:
+                log.warning("etcd membership: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        self._stats.cancel()
+        self._joining.cancel()
+        await self.membership.stop()
+        await self.metadata.stop()
+        for peer in self.peers.values():
+            peer.close()
+        if self._server is not None:
+            self._server.close()
+        await self.client.close()
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def peer(self, name: str) -> Peer:
+        peer = self.peers.get(name)
+        if peer is None:
+            peer = self.peers[name] = Peer(name, self.broker, self.secret)
+        return peer
+
+    def _joined(self, name: str, address: dict[str, Any]) -> None:
+        self.peer(name).connect(address["host"], address["link_port"])
+
+    def _left(self, name: str) -> None:
+        peer = self.peers.pop(name, None)
+        if peer is not None:
+            peer.close()
+            log.info("node %s left the cluster", name)
+
+    async def forget(self, name: str) -> None:
+        """Remove a stopped node for good: its queues (and their bindings) go, then its membership."""
+        peer = self.peers.get(name)
+        if peer is not None and peer.up:
+            raise ValueError(f"node {name} is running: stop it before forgetting it")
+        for vhost in list(self.broker.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                if queue.remote and queue.node == name:
+                    self.broker.delete_queue(vhost, queue.name)
+        await self.membership.forget(name)
+
+    def _session(self, server_link: ServerLink) -> Session:
+        session = Session(self.broker, server_link)
+        self.sessions.add(session)
+        server_link.closed.add_done_callback(lambda _: self.sessions.discard(session))
+        return session
+
+    async def _report_stats(self) -> None:
+        """Every second, tell the other nodes how many messages the queues owned here hold."""
+        while True:
+            await asyncio.sleep(STATS_INTERVAL)
+            if not self.sessions:
+                continue
+            report = encode_json({f"{q.vhost}\0{q.name}": [q.message_count, len(q.consumers)]
+                                  for q in self.broker.all_queues() if not isinstance(q, RemoteQueue)})
+            for session in self.sessions:
+                session.link.send(STATS, report)
+
+    def nodes(self) -> list[tuple[str, bool]]:
+        """(name, running) of every other member."""
+        return [(name, peer.up) for name, peer in sorted(self.peers.items())]
+
+    # -- placement ----------------------------------------------------------------------------
+
+    def _place(self, arguments: dict[str, Any]) -> str:
+        """x-queue-leader-locator: client-local (default) or balanced (the running node owning fewest queues)."""
+        if arguments.get("x-queue-leader-locator") not in BALANCED:
+            return self.name
+        owned = {self.name: 0, **{name: 0 for name, peer in self.peers.items() if peer.up}}
+        for queue in self.broker.all_queues():
+            owner = queue.node if isinstance(queue, RemoteQueue) else self.name
+            if owner in owned:
+                owned[owner] += 1
+        return min(owned, key=lambda name: (owned[name], name))
+
+    # -- definitions made here ----------------------------------------------------------------
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        if self.applying:
+            return
+        record = {k: v for k, v in record.items() if k != "index_id"}
+        if kind == "queue":
+            record["node"] = self.name
+        self.metadata.put(kind, key, record)
+
+    def undefined(self, kind: str, key: str) -> None:
+        if not self.applying:
+            self.metadata.delete(kind, key)
+
+    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
+        if kind == "queue":
+            record = dict(record, node=self._place(record["arguments"]))
+        try:
+            current = await asyncio.wait_for(self.metadata.create(kind, key, record), AGREE_TIMEOUT)
+        except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
+            raise errors.ChannelError(errors.RESOURCE_ERROR,
+                                      f"cluster metadata store unavailable: {exc or 'timeout'}") from None
+        self.apply(kind, key, current, None)
+
+    async def look_up(self, kind: str, key: str) -> None:
+        """Not known here (yet): if the cluster has it, apply it now rather than when the watch brings it."""
+        try:
+            record = await asyncio.wait_for(self.metadata.fetch(kind, key), AGREE_TIMEOUT)
+        except (asyncio.TimeoutError, aetcd.exceptions.ClientError):
+            return  # etcd unreachable: the local view answers
+        if record is not None:
+            self.apply(kind, key, record, None)
+
+    # -- definitions agreed elsewhere ---------------------------------------------------------
+
+    def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        """A definition changed in etcd (``new`` None: deleted): make this node's the same."""
+        self.applying = True
+        try:
+            if kind in ACCESS_KINDS:
+                self._apply_access(kind, key, new, old)
+            else:
+                record = new if new is not None else old
+                vhost = self.broker.vhosts.get(record["vhost"])
+                if vhost is None:
+                    return  # its vhost is gone (or not yet here): nothing to apply to
+                if new is not None:
+                    getattr(self, f"_put_{kind}")(vhost, new)
+                else:
+                    getattr(self, f"_delete_{kind}")(vhost, old)
+        except AMQPError as exc:
+            log.warning("cannot apply %s %s: %s", kind, key, exc.text)
+        finally:
+            self.applying = False
+
+    def _apply_access(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        access = self.broker.access
+        if kind == "user":
+            if new is None:
+                access.delete_user(key)
+            else:
+                access.put_user(User(key, new["password_hash"], list(new.get("tags", []))))
+        elif kind == "vhost":
+            if new is None:
+                self.broker.delete_vhost(old["name"])
+            else:
+                self.broker.add_vhost(new["name"])
+        elif new is None:
+            access.clear_permissions(old["vhost"], old["user"])
+        else:
+            access.set_permissions(new["vhost"], new["user"], Permissions(new["configure"], new["write"], new["read"]))
+
+    def _put_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        name, node = record["name"], record["node"]
+        existing = vhost.queues.get(name)
+        if node == self.name:
+            if existing is None:
+                self.broker.declare_queue(vhost, name, durable=record["durable"], auto_delete=record["auto_delete"],
+                                          arguments=record["arguments"])
+                if not record["durable"] and not self.metadata.caught_up.is_set():
+                    self._lost.append((vhost, name))
+        elif existing is None:
+            vhost.queues[name] = RemoteQueue(name, vhost.name, record["durable"], record["auto_delete"],
+                                             record["arguments"],
+                                             queue_args.parse(record["arguments"], name, vhost.name), self.peer(node))
+
+    def _delete_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        self.broker.delete_queue(vhost, record["name"])
+
+    def _put_exchange(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        if record["name"] not in vhost.exchanges:
+            self.broker.declare_exchange(vhost, record["name"], record["type"], durable=record.get("durable", True),
+                                         auto_delete=record["auto_delete"], internal=record["internal"],
+                                         arguments=record["arguments"])
+
+    def _delete_exchange(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        self.broker.delete_exchange(vhost, record["name"])
+
+    def _binding_ends(self, vhost: "VHost", record: dict[str, Any]) -> tuple[Any, Any]:
+        table = vhost.queues if record["destination_type"] == "queue" else vhost.exchanges
+        return vhost.exchanges.get(record["source"]), table.get(record["destination"])
+
+    def _put_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        source, destination = self._binding_ends(vhost, record)
+        if source is not None and destination is not None:
+            self.broker.bind(vhost, record["source"], destination, record["routing_key"], record["arguments"])
+
+    def _delete_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        source, destination = self._binding_ends(vhost, record)
+        if source is not None and destination is not None:
+            self.broker.unbind(vhost, record["source"], destination, record["routing_key"], record["arguments"])

@@ -1,0 +1,266 @@
+"""Node-to-node links: persistent TCP connections carrying length-prefixed frames.
+
+Every node dials every other node; the dialing side (:class:`ClientLink`) sends requests —
+publishes for queues the other node owns, consumer registrations, acks — and the listening
+side (:class:`ServerLink`) answers with confirms and deliveries.  Frames written during one
+event-loop turn go out in one write (batched), nothing waits for a reply before the next frame
+(pipelined), and a full socket buffer pauses the producers (flow control).
+
+A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
+random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
+knows the secret the same way.  Nothing else is read before that.  Heartbeats every second
+notice a peer that vanished without closing its socket (a dead host) within five seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import struct
+from typing import Any, Callable
+
+from amqp_server.message import Message
+
+log = logging.getLogger("warren.forwarder.link")
+
+FRAME = struct.Struct(">IB")  # payload length, frame type
+MESSAGE = struct.Struct(">HI")  # route length, header length; then route, header, body
+WRITE_BUFFER_HIGH = 8 * 1024 * 1024
+MAX_FRAME = 256 * 1024 * 1024
+
+HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
+HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
+
+# frame types
+CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
+PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
+CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
+DELIVER, SETTLE, CREDIT = 30, 31, 32
+REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
+REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
+STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
+
+PUBLISH_HEAD = struct.Struct(">QH")  # link seq (0: no confirm wanted), queue id length
+CONFIRM_BODY = struct.Struct(">QB")  # link seq, status
+DELIVER_HEAD = struct.Struct(">IQB")  # consumer id, delivery tag, redelivered
+SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
+TAG = struct.Struct(">Q")
+ID = struct.Struct(">I")
+CREDIT_BODY = struct.Struct(">II")  # consumer id, deliveries made to the client
+
+CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
+SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT = 0, 1, 2
+
+
+def message_parts(route: bytes, header: bytes, body: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    return MESSAGE.pack(len(route), len(header)), route, header, body
+
+
+def read_message(payload: bytes, pos: int) -> Message:
+    route_len, header_len = MESSAGE.unpack_from(payload, pos)
+    pos += MESSAGE.size
+    route = payload[pos:pos + route_len]
+    pos += route_len
+    ex_len = route[0]
+    return Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
+                   route, payload[pos:pos + header_len], payload[pos + header_len:])
+
+
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value, default=str).encode()
+
+
+def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:
+    return hmac.new(secret, role + nonce + name.encode(), hashlib.sha256).digest()
+
+
+class FrameLink(asyncio.Protocol):
+    """Framing, batched output and write flow control shared by both ends of a link."""
+
+    def __init__(self, secret: bytes, node_name: str) -> None:
+        self.secret = secret
+        self.node_name = node_name
+        self.peer_name = ""
+        self.transport: asyncio.Transport | None = None
+        self.authenticated = False
+        self.paused = False  # the socket buffer is full: producers hold off
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self._scheduled = False
+        self._heard = True
+        self._quiet_ticks = 0
+        self._sent = False
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if self.transport is None:
+            return
+        self._quiet_ticks = 0 if self._heard else self._quiet_ticks + 1
+        self._heard = False
+        if self._quiet_ticks >= HEARTBEAT_MISSES:
+            log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
+                        HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
+            self.transport.abort()
+            return
+        if not self._sent:
+            self.send(HEARTBEAT)
+        self._sent = False
+        asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.writable()
+
+    def writable(self) -> None:
+        """The socket drained: whoever held off may produce again."""
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def send(self, ftype: int, *parts: bytes) -> None:
+        out = self._out
+        out.append(FRAME.pack(sum(map(len, parts)), ftype))
+        out.extend(parts)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self._out))
+            self._sent = True
+        self._out.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self._heard = True
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        try:
+            while n - pos >= FRAME.size:
+                size, ftype = FRAME.unpack_from(buf, pos)
+                if size > MAX_FRAME:
+                    raise ValueError(f"frame of {size} bytes")
+                end = pos + FRAME.size + size
+                if end > n:
+                    break
+                payload = bytes(buf[pos + FRAME.size:end])
+                pos = end
+                if ftype == HEARTBEAT:
+                    continue
+                if self.authenticated:
+                    self.frame(ftype, payload)
+                else:
+                    self.handshake(ftype, payload)
+                if self.transport is None:
+                    return
+        except Exception:
+            log.exception("link with %s failed", self.peer_name or "?")
+            self.close()
+            return
+        del buf[:pos]
+
+    def handshake(self, ftype: int, payload: bytes) -> None:
+        raise NotImplementedError
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        raise NotImplementedError
+
+
+class ServerLink(FrameLink):
+    """The listening end: authenticates the dialer, then hands its frames to a session."""
+
+    def __init__(self, secret: bytes, node_name: str, open_session: Callable[["ServerLink"], Any]) -> None:
+        super().__init__(secret, node_name)
+        self._nonce = os.urandom(16)
+        self._open_session = open_session
+        self.session: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.send(CHALLENGE, self._nonce)
+
+    def handshake(self, ftype: int, payload: bytes) -> None:
+        if ftype != AUTH or len(payload) < 48:
+            raise ValueError("expected AUTH")
+        nonce, proof, name = payload[:16], payload[16:48], payload[48:].decode()
+        if not hmac.compare_digest(proof, _proof(self.secret, self._nonce, name, b"dialer")):
+            log.warning("link from %s refused: wrong cluster secret", name)
+            self.close()
+            return
+        self.peer_name = name
+        self.authenticated = True
+        self.send(AUTH_OK, _proof(self.secret, nonce, self.node_name, b"listener"), self.node_name.encode())
+        self.session = self._open_session(self)
+        log.info("link from node %s accepted", name)
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        self.session.frame(ftype, payload)
+
+    def writable(self) -> None:
+        if self.session is not None:
+            self.session.writable()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.session is not None:
+            self.session.closed()
+
+
+class ClientLink(FrameLink):
+    """The dialing end: proves the secret, then feeds frames from the owner to ``handler``."""
+
+    def __init__(self, secret: bytes, node_name: str, expected_peer: str, handler: Any) -> None:
+        super().__init__(secret, node_name)
+        self.expected_peer = expected_peer
+        self.handler = handler
+        self._nonce = os.urandom(16)
+        self.ready = asyncio.get_running_loop().create_future()
+
+    def handshake(self, ftype: int, payload: bytes) -> None:
+        if ftype == CHALLENGE:
+            self.send(AUTH, self._nonce, _proof(self.secret, payload, self.node_name, b"dialer"),
+                      self.node_name.encode())
+            return
+        if ftype != AUTH_OK:
+            raise ValueError("expected AUTH_OK")
+        proof, name = payload[:32], payload[32:].decode()
+        if name != self.expected_peer or not hmac.compare_digest(
+                proof, _proof(self.secret, self._nonce, name, b"listener")):
+            log.warning("link to %s refused: it is %r or has another cluster secret", self.expected_peer, name)
+            self.close()
+            return
+        self.peer_name = name
+        self.authenticated = True
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        self.handler.frame(ftype, payload)
+
+    def writable(self) -> None:
+        self.handler.writable()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError("link closed during handshake"))

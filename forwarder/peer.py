@@ -1,0 +1,267 @@
+"""Another node as this one sees it: the link to it, forwarded publishes awaiting its confirm,
+and this node's consumers of its queues.
+
+The link is dialed and redialed for as long as the node is a member.  While it is down the
+node's queues are unavailable: publishes to them are unroutable, declares and consumes answer
+RabbitMQ's "home node ... is down" error, and their consumers here were sent basic.cancel.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+from amqp_server import errors
+from amqp_server.broker import home_node_down
+from amqp_server.message import Message
+from amqp_server.queue import Consumer, Entry
+
+from . import link
+from .remote_queue import RemoteConsumer, RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+    from amqp_server.channel import Channel
+
+log = logging.getLogger("warren.forwarder.peer")
+
+REDIAL_INTERVAL = 0.5
+
+
+class Peer:
+    def __init__(self, name: str, broker: "Broker", secret: bytes) -> None:
+        self.name = name
+        self.broker = broker
+        self.secret = secret
+        self.address: tuple[str, int] | None = None
+        self.link: link.ClientLink | None = None
+        self.up = False
+        self._seq = 0
+        self._pending: dict[int, tuple["Channel", int]] = {}  # link seq -> (channel, its publish seq)
+        self._ids = itertools.count(1)
+        self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
+        self._credit: dict[int, int] = {}
+        self._acks: list[int] = []
+        self._flush_scheduled = False
+        self._holding = False
+        self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
+        self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
+        self._dialer: asyncio.Task | None = None
+
+    # -- the link -----------------------------------------------------------------------------
+
+    def connect(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        if self._dialer is None:
+            self._dialer = asyncio.get_running_loop().create_task(self._dial())
+
+    def close(self) -> None:
+        if self._dialer is not None:
+            self._dialer.cancel()
+        if self.link is not None:
+            self.link.close()
+
+    async def _dial(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            host, port = self.address
+            try:
+                _, client = await loop.create_connection(
+                    lambda: link.ClientLink(self.secret, self.broker.node_name, self.name, self), host, port)
+                self.link = client
+                await asyncio.wait_for(client.ready, 5)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                log.debug("link to %s at %s:%d: %s", self.name, host, port, exc)
+                if self.link is not None:
+                    self.link.close()
+                self.link = None
+                await asyncio.sleep(REDIAL_INTERVAL)
+                continue
+            self._went_up()
+            await client.closed
+            self._went_down()
+            await asyncio.sleep(REDIAL_INTERVAL)
+
+    def _went_up(self) -> None:
+        log.info("link to node %s up", self.name)
+        self.up = True
+
+    def _went_down(self) -> None:
+        log.warning("link to node %s down", self.name)
+        self.up = False
+        self.link = None
+        pending, self._pending = self._pending, {}
+        for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
+            channel.remote_confirmed(seq, rejected=True)
+        requests, self._requests = self._requests, {}
+        for future, queue in requests.values():
+            if not future.done():
+                future.set_exception(home_node_down(queue))
+        consumers, self.consumers = self.consumers, {}
+        for queue, remote in consumers.values():
+            if remote.accepted.done():
+                queue.cancelled(remote.consumer)
+            else:  # its basic.consume is still waiting: it fails as for a queue whose node is down
+                queue.refused(remote.consumer)
+                remote.accepted.set_exception(home_node_down(queue))
+        self._credit.clear()
+        self._acks.clear()
+
+    # -- to the owner -------------------------------------------------------------------------
+
+    def publish(self, queue: RemoteQueue, message: Message) -> bool | None:
+        client = self.link
+        if not self.up or client is None:
+            return None
+        seq = 0
+        channel = self.broker.confirming
+        if channel is not None:
+            self._seq += 1
+            seq = self._seq
+            self._pending[seq] = (channel, channel.forwarded())
+        client.send(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(queue.qid)), queue.qid,
+                    *link.message_parts(message.route, message.header, message.body))
+        if client.paused and not self._holding:
+            self._holding = True  # the link's buffer is full: publishers wait until it drains
+            for connection in list(self.broker.connections):
+                if connection.publishing:
+                    connection.publisher_blocked()
+        return True
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
+        remote = RemoteConsumer(next(self._ids), consumer)
+        self.consumers[remote.id] = (queue, remote)
+        if self.link is not None:
+            self.link.send(link.CONSUME, link.encode_json({
+                "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
+                "exclusive": consumer.exclusive, "arguments": consumer.arguments,
+                "prefetch": 0 if consumer.no_ack else consumer.prefetch}))
+        return remote
+
+    def cancel(self, remote: RemoteConsumer) -> None:
+        self.consumers.pop(remote.id, None)
+        if not remote.accepted.done():
+            remote.accepted.cancel()  # its basic.consume waits no more
+        if self.link is None:
+            return
+        self.link.send(link.CANCEL, link.ID.pack(remote.id))
+        if remote.buffer:  # never reached the client: back to the queue, in place
+            self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+            remote.buffer.clear()
+
+    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]:
+        """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
+        if self.link is None or not self.up:
+            raise home_node_down(queue)
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, queue)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": op, "vhost": queue.vhost,
+                                                       "queue": queue.name}))
+        reply, message = await future
+        if reply.get("error"):
+            code, text = reply["error"]
+            raise errors.ChannelError(code, text.split(" - ", 1)[-1])
+        if "count" in reply and "key" in reply:
+            self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
+        return reply, message
+
+    def settle(self, mode: int, entries: list[Entry]) -> None:
+        self.settle_tags(mode, [e.seq for e in entries])
+
+    def settle_tags(self, mode: int, tags: list[int]) -> None:
+        if self.link is not None and tags:
+            self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
+
+    def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
+        """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""
+        self._credit[remote.id] = self._credit.get(remote.id, 0) + 1
+        if no_ack:
+            self._acks.append(entry.seq)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        client = self.link
+        if client is None:
+            return
+        if self._acks:
+            self.settle_tags(link.SETTLE_ACK, self._acks)
+            self._acks.clear()
+        for consumer_id, count in self._credit.items():
+            client.send(link.CREDIT, link.CREDIT_BODY.pack(consumer_id, count))
+        self._credit.clear()
+
+    # -- from the owner -----------------------------------------------------------------------
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == link.DELIVER:
+            self._deliver(payload)
+        elif ftype == link.CONFIRM:
+            seq, status = link.CONFIRM_BODY.unpack(payload)
+            pending = self._pending.pop(seq, None)
+            if pending is not None:
+                pending[0].remote_confirmed(pending[1], status == link.CONFIRM_REJECTED)
+        elif ftype == link.CONSUMED:
+            self._consumed(json.loads(payload))
+        elif ftype == link.CANCELLED:
+            self._cancelled(link.ID.unpack(payload)[0])
+        elif ftype == link.STATS:
+            self.stats = json.loads(payload)
+        elif ftype == link.REPLY:
+            self._reply(payload)
+
+    def _reply(self, payload: bytes) -> None:
+        size = link.REPLY_HEAD.unpack_from(payload)[0]
+        start = link.REPLY_HEAD.size
+        reply = json.loads(payload[start:start + size])
+        message = None
+        if len(payload) > start + size:
+            message = link.read_message(payload, start + size)
+        future, _ = self._requests.pop(reply["rid"], (None, None))
+        if future is not None and not future.done():
+            future.set_result((reply, message))
+
+    def _deliver(self, payload: bytes) -> None:
+        consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)
+        found = self.consumers.get(consumer_id)
+        if found is None:  # cancelled meanwhile: back to the queue
+            self.settle_tags(link.SETTLE_REQUEUE, [tag])
+            return
+        queue, remote = found
+        message = link.read_message(payload, link.DELIVER_HEAD.size)
+        queue.delivered(remote, Entry(tag, message, bool(redelivered)))
+
+    def _consumed(self, reply: dict[str, Any]) -> None:
+        found = self.consumers.get(reply["id"])
+        if found is None:
+            return
+        queue, remote = found
+        if reply["error"] is None:
+            remote.accepted.set_result(None)
+            return
+        del self.consumers[remote.id]
+        queue.refused(remote.consumer)
+        code, text = reply["error"]
+        remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))
+
+    def _cancelled(self, consumer_id: int) -> None:
+        found = self.consumers.pop(consumer_id, None)
+        if found is not None:
+            queue, remote = found
+            if remote.buffer:
+                self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+                remote.buffer.clear()
+            queue.cancelled(remote.consumer)
+
+    def writable(self) -> None:
+        """The link drained: publishers held for it may go on (unless the memory alarm holds them)."""
+        if self._holding and not self.broker.blocked:
+            self._holding = False
+            for connection in list(self.broker.connections):
+                connection.notify_unblocked()

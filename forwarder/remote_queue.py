@@ -1,0 +1,150 @@
+"""A queue owned by another node, as routing and consumers on this node see it.
+
+It is a :class:`Queue` to everything here — exchanges bind it, ``Broker.route`` returns it,
+channels consume from it and settle its entries — but it holds no messages: an enqueue goes
+over the link to the owner, and deliveries arrive from the owner for the local consumers,
+wait in a small per-consumer buffer while those have no credit (QoS, a slow client) and
+leave in order.  Acks, rejects and requeues go back to the owner by delivery tag.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterable
+
+from amqp_server.message import Message
+from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.queue_args import QueueArgs
+
+from . import link
+
+if TYPE_CHECKING:
+    from .peer import Peer
+
+
+class RemoteConsumer:
+    """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
+
+    __slots__ = ("id", "consumer", "buffer", "accepted")
+
+    def __init__(self, consumer_id: int, consumer: Consumer) -> None:
+        self.id = consumer_id
+        self.consumer = consumer
+        self.buffer: deque[Entry] = deque()
+        self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
+
+
+class RemoteQueue(Queue):
+    def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
+                 args: QueueArgs, peer: "Peer") -> None:
+        super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None)
+        self.peer = peer
+        self.key = f"{vhost}\0{name}"
+        self.qid = self.key.encode()
+        self.by_consumer: dict[Consumer, RemoteConsumer] = {}
+
+    @property
+    def node(self) -> str:
+        return self.peer.name
+
+    @property
+    def available(self) -> bool:  # type: ignore[override]
+        return self.peer.up
+
+    remote = True
+
+    @property
+    def message_count(self) -> int:  # type: ignore[override]
+        """As the owner last reported it (every second, and with every basic.get)."""
+        return self.peer.stats.get(self.key, (0, 0))[0]
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.vhost}/{self.name} on {self.peer.name}>"
+
+    def touch(self) -> None:
+        """x-expires is the owner's business."""
+
+    # -- in -----------------------------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> bool | None:  # type: ignore[override]
+        """Forward to the owner; None (unroutable) while it is down."""
+        return self.peer.publish(self, message)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        super().add_consumer(consumer)
+        self.by_consumer[consumer] = self.peer.consume(self, consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        super().remove_consumer(consumer)
+        remote = self.by_consumer.pop(consumer, None)
+        if remote is not None:
+            self.peer.cancel(remote)
+
+    async def registered(self, consumer: Consumer) -> None:
+        """Once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised here."""
+        remote = self.by_consumer.get(consumer)
+        if remote is not None:  # else it is gone already (channel closed)
+            await remote.accepted
+
+    def refused(self, consumer: Consumer) -> None:
+        Queue.remove_consumer(self, consumer)
+        self.by_consumer.pop(consumer, None)
+
+    def delivered(self, remote: RemoteConsumer, entry: Entry) -> None:
+        """A delivery from the owner: straight to the client if it has credit, else in the buffer."""
+        remote.buffer.append(entry)
+        self._drain(remote)
+
+    def _drain(self, remote: RemoteConsumer) -> None:
+        if not remote.accepted.done():
+            return  # deliveries wait for consume-ok to reach the client first
+        buffer = remote.buffer
+        consumer = remote.consumer
+        peer = self.peer
+        while buffer and consumer.has_credit():
+            entry = buffer.popleft()
+            consumer.channel.deliver(consumer, entry)
+            peer.passed_on(remote, entry, consumer.no_ack)
+
+    def run(self) -> None:
+        """Credit came back (ack, QoS, writes drained): pass buffered deliveries on."""
+        for remote in list(self.by_consumer.values()):
+            if remote.buffer:
+                self._drain(remote)
+
+    def cancelled(self, consumer: Consumer) -> None:
+        """The owner cancelled the consumer (queue deleted) or went down."""
+        self.refused(consumer)
+        consumer.channel.consumer_cancelled_by_broker(consumer)
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def settle(self, entries: list[Entry]) -> None:
+        self.peer.settle(link.SETTLE_ACK, entries)
+
+    def requeue(self, entries: Iterable[Entry]) -> None:
+        self.peer.settle(link.SETTLE_REQUEUE, list(entries))
+
+    def reject(self, entries: list[Entry]) -> None:
+        self.peer.settle(link.SETTLE_REJECT, entries)
+
+    async def fetch(self, no_ack: bool) -> Entry | None:
+        """basic.get at the owner: the entry stays unacked there until settled from here."""
+        reply, message = await self.peer.request(self, "get")
+        if message is None:
+            return None
+        entry = Entry(reply["tag"], message, reply["redelivered"])
+        if no_ack:
+            self.peer.settle(link.SETTLE_ACK, [entry])
+        return entry
+
+    async def purge_remote(self) -> int:
+        reply, _ = await self.peer.request(self, "purge")
+        return reply["count"]
+
+    def drop_all(self) -> None:
+        for remote in self.by_consumer.values():
+            self.peer.cancel(remote)
+        self.by_consumer.clear()

@@ -1,0 +1,206 @@
+"""The owner's side of a link: publishes into local queues, consumers on behalf of another node.
+
+A remote consumer is an ordinary :class:`Consumer` on the local queue whose "channel" is a
+:class:`RemoteConsumerChannel`: the queue's round-robin, prefetch and requeue logic stay the
+queue's own.  Deliveries are always taken with manual ack here; the consuming node acks at once
+for its no-ack consumers, so a message in flight when a link drops is requeued, not lost.  Each
+consumer has a credit window: deliveries the consuming node has not yet passed to its client.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from amqp_server import errors
+from amqp_server.errors import AMQPError
+from amqp_server.queue import Consumer, Entry, Queue
+
+from . import link
+from .remote_queue import RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+
+log = logging.getLogger("warren.forwarder.session")
+
+CREDIT_WINDOW = 2000
+_tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
+
+
+class RemoteConsumerChannel:
+    """Stands in for the AMQP channel of a consumer on another node."""
+
+    __slots__ = ("session", "id", "in_flight")
+
+    def __init__(self, session: "Session", consumer_id: int) -> None:
+        self.session = session
+        self.id = consumer_id
+        self.in_flight = 0
+
+    def can_deliver(self) -> bool:
+        return self.in_flight < CREDIT_WINDOW and not self.session.link.paused
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        tag = next(_tags)
+        consumer.unacked += 1
+        self.in_flight += 1
+        session = self.session
+        session.unacked[tag] = (entry, consumer.queue, consumer)
+        message = entry.message
+        session.link.send(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
+                          *link.message_parts(message.route, message.header, message.body))
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.session.consumers.pop(self.id, None)
+        self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
+
+
+class Session:
+    def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
+        self.broker = broker
+        self.link = server_link
+        self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
+        self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
+        self._handlers = {link.PUBLISH: self._publish, link.CONSUME: self._consume, link.CANCEL: self._cancel,
+                          link.SETTLE: self._settle, link.CREDIT: self._credit, link.REQUEST: self._request}
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        self._handlers[ftype](payload)
+
+    # -- publishes ----------------------------------------------------------------------------
+
+    def _publish(self, payload: bytes) -> None:
+        seq, qid_len = link.PUBLISH_HEAD.unpack_from(payload)
+        pos = link.PUBLISH_HEAD.size
+        qid = payload[pos:pos + qid_len]
+        message = link.read_message(payload, pos + qid_len)
+        queue = self._queues.get(qid)
+        if queue is None or queue.deleted:
+            vhost_name, _, name = qid.decode().partition("\0")
+            try:
+                queue = self._queues[qid] = self._local_queue(vhost_name, name)
+            except AMQPError:
+                queue = None
+        if queue is None:
+            status = link.CONFIRM_NO_QUEUE
+        else:
+            status = link.CONFIRM_OK if queue.enqueue(message) else link.CONFIRM_REJECTED
+        if not seq:
+            return
+        if message.msg_id:
+            persistence = self.broker.persistence
+            self.unsynced.append((seq, status, persistence.batch))
+            persistence.waiters.add(self)
+        else:
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+
+    def synced(self, batch: int) -> None:
+        """Group commit ``batch`` is on disk: confirm the publishes that waited for it."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][2] <= batch:
+            seq, status, _ = unsynced.popleft()
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def _consume(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        consumer_id = request["id"]
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            what = errors.resource_name("queue", queue.name, queue.vhost)
+            if request["exclusive"] and queue.consumers or any(c.exclusive for c in queue.consumers):
+                raise errors.access_refused(f"{what} in exclusive use")
+        except AMQPError as exc:
+            self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
+            return
+        consumer = Consumer(request["tag"], RemoteConsumerChannel(self, consumer_id), queue, False,
+                            request["exclusive"], request["arguments"], request["prefetch"], b"")  # type: ignore
+        self.consumers[consumer_id] = consumer
+        queue.add_consumer(consumer)
+        self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))
+        queue.run()
+
+    def _local_queue(self, vhost_name: str, name: str) -> Queue:
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if queue is None or isinstance(queue, RemoteQueue):
+            raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
+        return queue
+
+    def _cancel(self, payload: bytes) -> None:
+        consumer = self.consumers.pop(link.ID.unpack(payload)[0], None)
+        if consumer is not None:
+            self.broker.remove_consumer(consumer)
+
+
+    def _credit(self, payload: bytes) -> None:
+        consumer_id, count = link.CREDIT_BODY.unpack(payload)
+        consumer = self.consumers.get(consumer_id)
+        if consumer is not None:
+            consumer.channel.in_flight -= count
+            consumer.queue.run()
+
+    def _settle(self, payload: bytes) -> None:
+        mode = payload[0]
+        pop = self.unacked.pop
+        taken = []
+        for (tag,) in link.TAG.iter_unpack(payload[1:]):
+            item = pop(tag, None)
+            if item is not None:  # unknown: from before a reconnect, already requeued
+                taken.append(item)
+        self._give_back(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+
+    def _give_back(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, reject: bool) -> None:
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry, queue, consumer in taken:
+            if consumer is not None:  # None: taken by basic.get
+                consumer.unacked -= 1
+            by_queue.setdefault(queue, []).append(entry)
+        for queue, entries in by_queue.items():
+            self.broker.settle(queue, entries, requeue, reject)
+
+    def _request(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
+        parts: tuple[bytes, ...] = ()
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            if request["op"] == "get":
+                entry = queue.get(no_ack=False)
+                if entry is not None:
+                    tag = next(_tags)
+                    self.unacked[tag] = (entry, queue, None)
+                    reply.update(tag=tag, redelivered=entry.redelivered)
+                    message = entry.message
+                    parts = link.message_parts(message.route, message.header, message.body)
+                reply["count"] = queue.message_count
+            else:
+                reply["count"] = queue.purge()
+        except AMQPError as exc:
+            reply["error"] = [exc.code, exc.text]
+        raw = link.encode_json(reply)
+        self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)), raw, *parts)
+
+    def writable(self) -> None:
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.run()
+
+    def closed(self) -> None:
+        """The other node went away: what it held unacked goes back to the queues, its consumers leave."""
+        log.info("link from node %s closed", self.link.peer_name)
+        self.broker.persistence.waiters.discard(self)
+        for consumer in list(self.consumers.values()):
+            self.broker.remove_consumer(consumer)
+        self.consumers.clear()
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        self._give_back(taken, True, False)

@@ -1,0 +1,478 @@
+"""Three Warren nodes and an etcd they agree through, all real processes on loopback ports."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+
+from conftest import ROOT, BrokerProcess, free_port, unavailable
+
+ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+if ETCD is None:
+    unavailable("etcd is not installed (Debian package etcd-server; test.sh installs it)")
+SECRET = "test-cluster-secret"
+
+
+class Etcd:
+    def __init__(self, data_dir: Path, port: int = 0) -> None:
+        self.port, peer = port or free_port(), free_port()
+        self.log = open(data_dir.parent / "etcd.log", "wb")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "warren-test", "--data-dir", str(data_dir),
+             "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"warren-test=http://127.0.0.1:{peer}"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError("etcd did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self.log.close()
+
+
+def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0) -> BrokerProcess:
+    node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
+        "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+        "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
+    node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
+    return node.start()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    etcd = Etcd(tmp / "etcd")
+    nodes = [start_node(tmp, etcd, i) for i in (1, 2, 3)]
+    wait_for(lambda: all(len(running_nodes(n)) == 3 for n in nodes), "nodes see each other")
+    yield etcd, nodes
+    for node in nodes:
+        node.stop()
+    etcd.stop()
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+def api(node: BrokerProcess, path: str) -> object:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.load(reply)
+
+
+def running_nodes(node: BrokerProcess) -> list[str]:
+    return [n["name"] for n in api(node, "/nodes") if n["running"]]
+
+
+def connect(node: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+
+
+def pump(connection: pika.BlockingConnection, done: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.1)
+
+
+def passive(node: BrokerProcess, queue: str) -> int:
+    with connect(node) as connection:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+
+
+def gone(node: BrokerProcess, queue: str) -> bool:
+    """The queue does not exist at all (not merely down)."""
+    try:
+        passive(node, queue)
+    except ChannelClosedByBroker as exc:
+        return exc.reply_code == 404 and "no queue" in exc.reply_text
+    return False
+
+
+def test_declared_queue_is_visible_on_every_node(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    for node in (n2, n3):
+        assert passive(node, uid) == 0  # at once: a passive declare asks etcd for a queue unknown here
+        info = api(node, f"/queues/%2F/{uid}")
+        assert info["node"] == "warren1@localhost" and info["state"] == "running"
+
+
+def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_third(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid)
+        ch.queue_bind(uid, "amq.direct", routing_key=uid)
+    wait_for(lambda: passive(n2, uid) == 0 and passive(n3, uid) == 0, "queue everywhere")
+    consumer = connect(n3)
+    cch = consumer.channel()
+    cch.basic_qos(prefetch_count=10)
+    publisher = connect(n2)
+    pch = publisher.channel()
+    pch.confirm_delivery()
+    for i in range(50):
+        pch.basic_publish("amq.direct", uid, f"m{i}".encode(), mandatory=True)  # confirmed, else raises
+    received = []
+    for method, _, body in cch.consume(uid, inactivity_timeout=10):
+        assert method is not None, f"only {len(received)} messages arrived"
+        received.append(body.decode())
+        cch.basic_ack(method.delivery_tag)
+        if len(received) == 50:
+            break
+    assert received == [f"m{i}" for i in range(50)]  # order kept across three nodes
+    cch.cancel()
+    assert passive(n1, uid) == 0  # acked end to end: nothing left at the owner
+    consumer.close()
+    publisher.close()
+
+
+def test_balanced_locator_places_on_the_node_owning_fewest_queues(cluster, uid):
+    _, (n1, _, _) = cluster
+    owners = []
+    for i in range(4):
+        counts: dict[str, int] = {name: 0 for name in running_nodes(n1)}
+        for queue in api(n1, "/queues"):
+            if queue["node"] in counts:
+                counts[queue["node"]] += 1
+        expected = min(counts, key=lambda name: (counts[name], name))
+        with connect(n1) as connection:
+            connection.channel().queue_declare(f"{uid}-{i}", arguments={"x-queue-leader-locator": "balanced"})
+        owners.append(api(n1, f"/queues/%2F/{uid}-{i}")["node"])
+        assert owners[-1] == expected, (counts, owners)
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid + "-local")
+    assert api(n1, f"/queues/%2F/{uid}-local")["node"] == "warren1@localhost"  # client-local by default
+
+
+def test_confirm_is_a_nack_when_the_owner_refuses(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    assert passive(n2, uid) == 0  # known on node 2 (asked etcd if the watch had not brought it yet)
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", uid, b"fits")  # acked by the owner
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", uid, b"over the limit")
+    assert passive(n1, uid) == 1
+
+
+def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": uid + "-dl"})
+        ch.queue_declare(uid + "-dl")
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish("", uid, f"m{i}".encode())
+    wait_for(lambda: passive(n2, uid) >= 0, "queue on node 2")
+    connection = connect(n2)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=3)
+    deliveries = []
+    ch.basic_consume(uid, lambda c, m, p, b: deliveries.append((m, b)))
+    pump(connection, lambda: len(deliveries) >= 3)
+    connection.process_data_events(time_limit=0.5)
+    assert len(deliveries) == 3  # prefetch honoured across the link
+    first, second, third = deliveries
+    ch.basic_reject(first[0].delivery_tag, requeue=False)  # dead-lettered at the owner
+    ch.basic_nack(second[0].delivery_tag, requeue=True)  # back to its place, redelivered
+    pump(connection, lambda: len(deliveries) >= 5)
+    connection.process_data_events(time_limit=0.5)
+    assert len(deliveries) == 5
+    redelivered = [m for m, b in deliveries[3:] if b == second[1]]
+    assert redelivered and redelivered[0].redelivered
+    wait_for(lambda: passive(n1, uid + "-dl") == 1, "rejected message dead-lettered at the owner")
+    connection.close()  # unacked go back
+    wait_for(lambda: passive(n1, uid) == 9, "unacked requeued at the owner")
+
+
+def test_basic_get_and_purge_through_another_node(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid)
+        ch.confirm_delivery()
+        for i in range(3):
+            ch.basic_publish("", uid, f"m{i}".encode())
+    wait_for(lambda: passive(n2, uid) == 3, "owner's count reported on node 2")
+    with connect(n2) as connection:
+        ch = connection.channel()
+        method, _, body = ch.basic_get(uid)
+        assert body == b"m0" and method.message_count == 2 and not method.redelivered
+        _, _, body = ch.basic_get(uid, auto_ack=True)
+        assert body == b"m1"
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        again, _, body = ch.basic_get(uid, auto_ack=True)
+        assert body == b"m0" and again.redelivered
+        assert ch.queue_purge(uid).method.message_count == 1
+        assert ch.basic_get(uid) == (None, None, None)
+    assert passive(n1, uid) == 0
+    with connect(n1) as connection:
+        connection.channel().basic_publish("", uid, b"over http")
+    request = urllib.request.Request(f"http://127.0.0.1:{n3.mgmt_port}/api/queues/%2F/{uid}/get", method="POST",
+                                     data=json.dumps({"count": 5, "ackmode": "ack_requeue_false",
+                                                      "encoding": "auto"}).encode())
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert [m["payload"] for m in json.load(reply)] == ["over http"]
+    assert passive(n1, uid) == 0
+
+
+def api_put(node: BrokerProcess, path: str, body: dict, method: str = "PUT") -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    user, vhost = f"u-{uid}", f"v-{uid}"
+    api_put(n1, f"/vhosts/{vhost}", {})
+    api_put(n1, f"/users/{user}", {"password": "secret", "tags": ""})
+    api_put(n1, f"/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+    params = pika.ConnectionParameters("127.0.0.1", n2.port, vhost, pika.PlainCredentials(user, "secret"))
+
+    def declare_on_node2() -> bool:
+        with pika.BlockingConnection(params) as connection:
+            connection.channel().queue_declare("in-" + vhost)
+            connection.channel().exchange_declare("x-" + vhost, "fanout", durable=True)
+        return True
+
+    wait_for(declare_on_node2, "user, vhost and permissions usable on node 2")
+    wait_for(lambda: api(n3, f"/queues/{vhost}/in-{vhost}")["node"] == "warren2@localhost", "queue seen on node 3")
+    api_put(n3, f"/users/{user}", None, method="DELETE")
+    wait_for(lambda: not any(u["name"] == user for u in api(n1, "/users")), "user deleted everywhere")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port, vhost,
+                                                          pika.PlainCredentials(user, "secret")))
+    wait_for(lambda: any(x["name"] == "x-" + vhost for x in api(n1, f"/exchanges/{vhost}")), "exchange on node 1")
+    api_put(n1, f"/vhosts/{vhost}", None, method="DELETE")
+    for node in (n2, n3):
+        wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
+
+
+def test_exclusive_consumer_is_refused_across_nodes(cluster, uid):
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n2, uid) == 0, "queue on node 2")
+    owner_side = connect(n1)
+    owner_side.channel().basic_consume(uid, lambda *a: None, exclusive=True)
+    with connect(n2) as connection:
+        with pytest.raises(ChannelClosedByBroker) as info:
+            connection.channel().basic_consume(uid, lambda *a: None)
+            connection.process_data_events(time_limit=1)
+        assert info.value.reply_code == 403
+        assert info.value.reply_text == f"ACCESS_REFUSED - queue '{uid}' in vhost '/' in exclusive use"
+    owner_side.close()
+
+
+def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
+    _, (n1, n2, n3) = cluster
+    winner = race([(n1, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 1000}), 1000),
+                   (n2, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 2000}), 2000)])
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
+                 f"one definition on {node.port}")
+    kind = race([(n2, lambda ch: ch.exchange_declare(uid, "topic", durable=True), "topic"),
+                 (n3, lambda ch: ch.exchange_declare(uid, "fanout", durable=True), "fanout")])
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
+
+
+def race(declarations: list[tuple[BrokerProcess, Callable, object]]) -> object:
+    """Run the declarations at once on their nodes: exactly one succeeds, the other gets 406; the winner's label."""
+    results: dict[object, object] = {}
+
+    def declare(node: BrokerProcess, declaration: Callable, label: object) -> None:
+        try:
+            with connect(node) as connection:
+                declaration(connection.channel())
+            results[label] = "ok"
+        except ChannelClosedByBroker as exc:
+            results[label] = exc.reply_code
+
+    threads = [threading.Thread(target=declare, args=item) for item in declarations]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results.values(), key=str) == [406, "ok"], results
+    return next(label for label, result in results.items() if result == "ok")
+
+
+def test_node_down_then_back(cluster, tmp_path_factory, uid):
+    etcd, nodes = cluster
+    n1, n2, n3 = nodes
+    with connect(n3) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+        connection.channel().queue_declare(uid + "-transient")
+    wait_for(lambda: passive(n1, uid) == 0, "queue of node 3 visible on node 1")
+    with connect(n1) as connection:  # confirmed only once node 3 has them on disk
+        ch = connection.channel()
+        ch.confirm_delivery()
+        for i in range(20):
+            ch.basic_publish("", uid, f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n1, uid) == 20, "count reported")
+    connection = connect(n1)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=1)
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    ch.basic_consume(uid, lambda c, m, p, b: None)
+    connection.process_data_events(time_limit=0.5)
+    n3.kill()  # kill -9: one message unacked on node 1's consumer, all 20 on node 3's disk
+    pump(connection, lambda: bool(cancelled), 10)
+    assert cancelled, "consumer on node 1 got no basic.cancel when the owner died"
+    with pytest.raises(ChannelClosedByBroker) as info:
+        connection.channel().queue_declare(uid, passive=True)
+    assert info.value.reply_code == 404
+    assert "home node 'warren3@localhost' of durable queue" in info.value.reply_text
+    assert "is down or inaccessible" in info.value.reply_text
+    assert api(n2, f"/queues/%2F/{uid}")["state"] == "down"
+    pch = connection.channel()
+    pch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        pch.basic_publish("", uid, b"nowhere", mandatory=True)
+    connection.close()
+    nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
+    wait_for(lambda: passive(n1, uid) == 20, "durable messages back after restart", timeout=20)
+    wait_for(lambda: gone(n1, uid + "-transient"), "the restarted node's transient queue deleted everywhere")
+    with connect(n2) as connection:
+        ch = connection.channel()
+        bodies = []
+        for method, _, body in ch.consume(uid, inactivity_timeout=10):
+            assert method is not None
+            bodies.append(body.decode())
+            ch.basic_ack(method.delivery_tag)
+            if len(bodies) == 20:
+                break
+        assert bodies == [f"p{i}" for i in range(20)]
+
+
+def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
+    etcd, nodes = cluster
+    n1, n2, n3 = nodes
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid + "-gone", durable=True)
+    wait_for(lambda: passive(n2, uid + "-gone") == 0, "queue on node 2")
+    n2.stop()
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid + "-new", durable=True)
+        ch.queue_bind(uid + "-new", "amq.fanout")
+        ch.queue_delete(uid + "-gone")
+    nodes[1] = start_node(n2.data_dir.parent, etcd, 2, port=n2.port, link_port=n2.link_port)
+    wait_for(lambda: passive(nodes[1], uid + "-new") == 0, "missed declaration applied")
+    with pytest.raises(ChannelClosedByBroker) as info:
+        passive(nodes[1], uid + "-gone")
+    assert info.value.reply_code == 404
+    bindings = api(nodes[1], f"/queues/%2F/{uid}-new/bindings")
+    assert any(b["source"] == "amq.fanout" for b in bindings)
+
+
+def test_node_that_stops_answering_is_down_within_seconds(cluster, uid):
+    """SIGSTOP: the socket stays open but silent, as with a dead host; heartbeats find it."""
+    _, (n1, n2, _) = cluster
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n1, uid) == 0, "queue of node 2 on node 1")
+    connection = connect(n1)
+    ch = connection.channel()
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    ch.basic_consume(uid, lambda c, m, p, b: None)
+    n2.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pump(connection, lambda: bool(cancelled), 15)
+        assert cancelled, "no basic.cancel after the owner went silent"
+        assert time.monotonic() - started < 12
+        assert api(n1, f"/queues/%2F/{uid}")["state"] == "down"
+    finally:
+        n2.proc.send_signal(signal.SIGCONT)
+    connection.close()
+    wait_for(lambda: passive(n1, uid) == 0, "node 2 back after it answers again", timeout=20)
+
+
+def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
+    etcd, (n1, n2, n3) = cluster
+    n4 = start_node(n1.data_dir.parent, etcd, 4)
+    try:
+        wait_for(lambda: "warren4@localhost" in running_nodes(n1), "node 4 joined")
+        with connect(n4) as connection:
+            connection.channel().queue_declare(uid, durable=True)
+        wait_for(lambda: passive(n2, uid) == 0, "node 4's queue on node 2")
+    finally:
+        n4.stop()
+    ctl = [sys.executable, "-m", "mgmt_http.cli", "--port", str(n1.mgmt_port)]
+    refused = subprocess.run([*ctl, "forget-node", "warren2@localhost"], capture_output=True, text=True,
+                             timeout=30, cwd=ROOT)
+    assert refused.returncode == 1 and "running" in refused.stderr
+    wait_for(lambda: "warren4@localhost" not in running_nodes(n1), "node 4 seen stopped")
+    done = subprocess.run([*ctl, "forget-node", "warren4@localhost"], capture_output=True, text=True, timeout=30,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for node in (n2, n3):
+        wait_for(lambda: all(n["name"] != "warren4@localhost" for n in api(node, "/nodes")), "node 4 forgotten")
+        wait_for(lambda: gone(node, uid), "node 4's queue deleted")
+
+
+def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
+    """etcd down at start: the node serves from its mirror, then registers and links once etcd answers."""
+    etcd_port = free_port()
+    late = type("LateEtcd", (), {"port": etcd_port})
+    n1 = start_node(tmp_path, late, 1)  # type: ignore[arg-type]
+    n2 = etcd = None
+    try:
+        with connect(n1) as connection:
+            connection.channel().queue_declare(uid := "local-only", exclusive=True)
+        etcd = Etcd(tmp_path / "etcd", port=etcd_port)
+        n2 = start_node(tmp_path, etcd, 2)
+        wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "node 1 joined late", 30)
+        with connect(n2) as connection:
+            connection.channel().queue_declare(uid + "-shared", durable=True)
+        assert passive(n1, uid + "-shared") == 0
+    finally:
+        for node in (n1, n2):
+            if node is not None:
+                node.stop()
+        if etcd is not None:
+            etcd.stop()
