@@ -18,6 +18,7 @@ from exchanges import Exchange
 from . import codec, direct_reply, errors, queue_args
 from .auth import check_exchange_declare, check_permission
 from .broker import server_name
+from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
@@ -63,6 +64,7 @@ class Channel:
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
         self.global_prefetch = 0  # basic.qos global=true: shared by the channel's consumers
         self.unacked_for_global = 0
+        self.ack_timeout = AckTimeout(self)
         # publishing
         self.confirm_mode = False
         self.publish_seq = 0
@@ -602,6 +604,8 @@ class Channel:
                             codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
         queue.add_consumer(consumer)
+        if not m.no_ack:
+            self.ack_timeout.watch(queue, consumer)
         if queue.remote:
             self.connection.suspend(self, m, self._remote_consume(m, consumer))
             return
@@ -687,6 +691,7 @@ class Channel:
         self.delivery_tag += 1
         if not m.no_ack:
             self.unacked[self.delivery_tag] = (entry, queue, None)
+            self.ack_timeout.watch(queue, None)
         message = entry.message
         codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
                             queue.message_count, message.header, message.body, self.connection.frame_max)
@@ -753,6 +758,7 @@ class Channel:
         self.open = False
         self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
+        self.ack_timeout.stop()
         self._cancel_replies()
         taken = list(self.unacked.values())
         self.unacked.clear()

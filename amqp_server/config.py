@@ -26,6 +26,7 @@ class Config:
     frame_max: int = 131072
     channel_max: int = 2047
     max_message_size: int = 128 * 1024 * 1024
+    consumer_timeout: int = 30 * 60 * 1000  # ms a delivery may stay unacknowledged; 0 (or false) disables
     memory_high_watermark: float = 0.4  # fraction of RAM (<= 1) or absolute bytes (> 1), as RabbitMQ
     paging_ratio: float = 0.5  # of the high watermark: above it, bodies deep in queues are paged out
     write_buffer_high: int = 4 * 1024 * 1024
@@ -73,6 +74,7 @@ _HELP = {
     "frame_max": "largest frame size offered to clients",
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes",
+    "consumer_timeout": "delivery acknowledgement timeout, ms (0 or false disables)",
     "memory_high_watermark": "memory alarm: fraction of RAM, or bytes if > 1",
     "paging_ratio": "fraction of the memory watermark above which message bodies are paged to disk",
     "write_buffer_high": "bytes buffered for a slow client before delivery pauses",
@@ -111,6 +113,8 @@ def _convert(kind: type, value: Any) -> Any:
         return " ".join(map(str, value))
     if kind is bool and isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
+    if kind is int and isinstance(value, str) and value.strip().lower() == "false":  # consumer_timeout = false
+        return 0
     return kind(value)
 
 

@@ -7,7 +7,7 @@ priority (RabbitMQ leaves ties to its table order, which looks arbitrary; here
 the name that sorts first wins).  The two are merged into the effective
 definition; where both set a numeric limit the lower value wins.
 That definition then meets the object's own x-arguments as RabbitMQ's classic
-queue resolves them: expires, message-ttl, max-length and max-length-bytes take
+queue resolves them: expires, message-ttl, max-length, max-length-bytes and consumer-timeout take
 the lower of argument and policy; dead-letter-exchange, dead-letter-routing-key,
 overflow and alternate-exchange take the argument when it is set.
 
@@ -35,7 +35,7 @@ POLICY = "policy"
 OPERATOR_POLICY = "operator_policy"
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 # Keys where argument and policy both count: the lower value applies (and operator vs user policy too).
-LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes")
+LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")
 # Keys where the queue's own argument, when set, overrides the policy.
 ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow")
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
@@ -98,6 +98,7 @@ VALIDATORS = {
     "delivery-limit": _integer(0, "delivery limit"),
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),
     "max-in-memory-bytes": _integer(0, "maximum memory in bytes"),
+    "consumer-timeout": _integer(0, "consumer timeout"),
 }
 
 

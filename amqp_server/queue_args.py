@@ -1,6 +1,6 @@
 """Queue and consumer arguments that change behaviour, validated as RabbitMQ does.
 
-Queue: TTL, expiry, limits, dead-lettering, priorities, single active consumer.
+Queue: TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout.
 Consumer (basic.consume): ``x-priority``.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ class QueueArgs:
     dead_letter_routing_key: str | None = None
     max_priority: int | None = None  # x-max-priority: a priority queue with levels 0..max_priority
     single_active_consumer: bool = False
+    consumer_timeout: int | None = None  # ms, x-consumer-timeout: overrides the node's consumer_timeout
 
     @property
     def limited(self) -> bool:
@@ -102,7 +103,8 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
     return QueueArgs(message_ttl=integer("x-message-ttl", 0), expires=integer("x-expires", 1),
                      max_length=integer("x-max-length", 0), max_length_bytes=integer("x-max-length-bytes", 0),
                      overflow=overflow, dead_letter_exchange=dlx, dead_letter_routing_key=dlrk,
-                     max_priority=max_priority, single_active_consumer=bool(sac))
+                     max_priority=max_priority, single_active_consumer=bool(sac),
+                     consumer_timeout=integer("x-consumer-timeout", 0))
 
 
 def consumer_priority(arguments: dict[str, Any], queue: str, vhost: str) -> int:
