@@ -14,9 +14,10 @@ from .message import MAX_EXPIRY
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
 QUEUE_TYPES = ("classic", "quorum", "stream")  # accepted; every queue is a classic queue
-# Quorum/stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack them):
+# Quorum/stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack them).
+# x-queue-leader-locator is not among them: classic queues take it from RabbitMQ 3.12 on, and cluster mode uses it.
 NOT_CLASSIC = ("x-delivery-limit", "x-dead-letter-strategy", "x-max-in-memory-length", "x-max-in-memory-bytes",
-               "x-quorum-initial-group-size", "x-queue-leader-locator", "x-max-age", "x-initial-cluster-size",
+               "x-quorum-initial-group-size", "x-max-age", "x-initial-cluster-size",
                "x-stream-max-segment-size-bytes")
 MAX_SUPPORTED_PRIORITY = 255
 

@@ -557,8 +557,7 @@ def test_invalid_queue_args_406(conn, uid, args, detail):
     assert closed.value.reply_code == 404
 
 
-@pytest.mark.parametrize("arg, value", [("x-delivery-limit", 5), ("x-max-in-memory-length", 1), ("x-max-age", "1D"),
-                                        ("x-queue-leader-locator", "client-local")])
+@pytest.mark.parametrize("arg, value", [("x-delivery-limit", 5), ("x-max-in-memory-length", 1), ("x-max-age", "1D")])
 def test_quorum_or_stream_arg_on_classic_queue_406(conn, uid, arg, value):
     with pytest.raises(ChannelClosedByBroker) as closed:
         conn.channel().queue_declare(uid, arguments={arg: value})

@@ -502,7 +502,7 @@
         ["Overflow behaviour", "x-overflow", "string", W.OVERFLOW_MODES], ["Single active consumer", "x-single-active-consumer", "boolean", ["true", "false"]],
         ["Dead letter exchange", "x-dead-letter-exchange", "string"], ["Dead letter routing key", "x-dead-letter-routing-key", "string"],
         ["Max length", "x-max-length", "number"], ["Max length bytes", "x-max-length-bytes", "number"],
-        ["Maximum priority", "x-max-priority", "number"], ["Master locator", "x-queue-master-locator", "string", ["min-masters", "client-local", "random"]]]),
+        ["Maximum priority", "x-max-priority", "number"], ["Leader locator", "x-queue-leader-locator", "string", ["client-local", "balanced"]]]),
     };
     const submit = h("button.btn.btn-primary", { type: "submit", id: "q-add" }, "Add queue");
     const addForm = h("form.form", { id: "queue-form", on: { submit: async (e) => {
