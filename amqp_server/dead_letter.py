@@ -2,52 +2,69 @@
 
 The copy keeps the original properties, loses ``expiration`` (kept as
 ``original-expiration`` in its x-death entry), and gains RabbitMQ's ``x-death`` history: one
-table per (queue, reason) with a count, newest first, plus ``x-first-death-*``. Its routing keys
+table per (queue, reason) with a count, newest first, plus ``x-first-death-*``, typed as RabbitMQ
+types them (count ``l``, time ``T``, strings ``S``); every other header keeps its wire type. Its routing keys
 include the CC ones (sender_selected); without a dead-letter routing key it is routed by them and the
 BCC ones again, as RabbitMQ does.
 """
 from __future__ import annotations
 
 import copy
-import datetime
-from typing import Any
+import struct
+import time
 
-from .message import Message, make_message
+from . import header_table
+from .header_table import Field
+from .message import Message, build_header, encode_route
 from .sender_selected import header_keys
 
 CYCLE_SAFE_REASON = "rejected"
 
 
+def _death(message: Message, queue: str, reason: str, cc_keys: list[str]) -> Field:
+    """A new x-death entry, typed as rabbit_dead_letter writes it."""
+    entry = {"count": Field("l", 1), "reason": Field("S", reason), "queue": Field("S", queue),
+             "time": Field("T", int(time.time())), "exchange": Field("S", message.exchange),
+             "routing-keys": Field("A", [Field("S", key) for key in [message.routing_key, *cc_keys]])}
+    expiration = message.properties.expiration
+    if expiration is not None:
+        entry["original-expiration"] = Field("S", expiration)
+    return Field("F", entry)
+
+
 def dead_letter_message(message: Message, queue: str, reason: str, exchange: str, routing_key: str | None) -> Message:
-    props = copy.copy(message.properties)
-    headers: dict[str, Any] = dict(props.headers or {})
-    deaths: list[dict[str, Any]] = list(headers.get("x-death") or [])
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    fields = message.typed_headers()
+    old = fields.get("x-death")
+    deaths = list(old.value) if old is not None and old.kind == "A" else []
     for i, death in enumerate(deaths):
-        if death.get("queue") == queue and death.get("reason") == reason:
-            death = dict(death, count=int(death.get("count", 1)) + 1)  # RabbitMQ keeps the first time
-            del deaths[i]
-            deaths.insert(0, death)
+        info = death.value if death.kind == "F" else {}
+        if _text(info.get("queue")) == queue and _text(info.get("reason")) == reason:
+            count = info.get("count")
+            number = count.value if count is not None and isinstance(count.value, int) else 1
+            deaths.insert(0, Field("F", {**info, "count": Field("l", number + 1)}))  # RabbitMQ keeps the first time
+            del deaths[i + 1]
             break
     else:
-        death = {"count": 1, "reason": reason, "queue": queue, "time": now, "exchange": message.exchange,
-                 "routing-keys": [message.routing_key, *header_keys(headers, "CC")]}
-        if props.expiration is not None:
-            death["original-expiration"] = props.expiration
-        deaths.insert(0, death)
-    headers["x-death"] = deaths
-    headers.setdefault("x-first-death-reason", reason)
-    headers.setdefault("x-first-death-queue", queue)
-    headers.setdefault("x-first-death-exchange", message.exchange)
+        deaths.insert(0, _death(message, queue, reason, header_keys(message.headers or {}, "CC")))
+    fields["x-death"] = Field("A", deaths)
+    for name, value in (("reason", reason), ("queue", queue), ("exchange", message.exchange)):
+        fields.setdefault(f"x-first-death-{name}", Field("S", value))
     if routing_key is not None:
-        headers.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
-    props.headers = headers
+        fields.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
+    props = copy.copy(message.properties)
+    props.headers = None
     props.expiration = None
-    dead = make_message(exchange, routing_key if routing_key is not None else message.routing_key, props,
-                        message.body)
+    header = build_header(props, message.body_size)
+    header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], fields)
+    key = routing_key if routing_key is not None else message.routing_key
+    dead = Message(exchange, key, encode_route(exchange, key), header, message.body)
     if routing_key is None and hasattr(message, "bcc_keys"):
         dead.bcc_keys = message.bcc_keys
     return dead
+
+
+def _text(field: Field | None) -> str | None:
+    return field.value if field is not None and field.kind == "S" else None
 
 
 def cycle_detected(message: Message, target_queue: str) -> bool:

@@ -1,14 +1,17 @@
-"""One entry of a content header's ``headers`` table, read or overwritten in the header bytes.
+"""A content header's ``headers`` table on the bytes, with every value's wire type kept.
 
-A delayed exchange reads ``x-delay`` from every message published to it, and
-rewrites it once; doing that on the bytes, instead of decoding and re-encoding
-every property with pamqp, keeps a delayed publish cheap.  Anything unusual
-(a property flag continuation word, a field type this does not read) raises
-:class:`Unsupported` and the caller goes through pamqp.
+pamqp picks integer widths by value when it encodes, so a table it re-encodes loses the publisher's
+types (an ``I`` 5 comes back as ``b``) and cannot write RabbitMQ's x-death types (``l`` count, ``T``
+time).  :func:`headers` decodes the table into :class:`Field` values that remember their type and
+:func:`with_headers` writes one back, leaving every other property byte for byte; dead-lettering and
+BCC removal use them.  A delayed exchange reads ``x-delay`` from every message published to it and
+rewrites it once (:func:`read`, :func:`with_int`) without decoding the rest.  Anything unusual (a
+property flag continuation word, a field type this does not read) raises :class:`Unsupported`.
 """
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from . import codec
@@ -31,15 +34,9 @@ class Unsupported(Exception):
 
 def _find(header: bytes, flags: int, name: bytes) -> int | None:
     """Offset of the field type byte of ``name`` in the headers table, or None if it is absent."""
-    if flags & 0x0001:
-        raise Unsupported
     if not flags & codec.FLAG_HEADERS:
         return None
-    pos = 14
-    if flags & codec.FLAG_CONTENT_TYPE:
-        pos += 1 + header[pos]
-    if flags & codec.FLAG_CONTENT_ENCODING:
-        pos += 1 + header[pos]
+    pos = _table_pos(header, flags)
     end = pos + 4 + _LONG.unpack_from(header, pos)[0]
     pos += 4
     while pos < end:
@@ -85,3 +82,130 @@ def with_int(header: bytes, flags: int, name: str, value: int) -> bytes:
     except struct.error:
         raise Unsupported from None
     return header[:pos] + bytes((kind,)) + packed + header[pos + 1 + len(packed):]
+
+
+@dataclass(frozen=True)
+class Field:
+    """A table value with its AMQP field type, so a re-encoded table keeps the publisher's widths.
+
+    ``value`` is an int (integer types, ``t``, ``T``), float (``f``, ``d``), (scale, digits) for ``D``,
+    str for ``S`` (surrogate-escaped, so any bytes survive), bytes for ``x``, a list of Field for ``A``,
+    a dict of Field for ``F``, None for ``V``.
+    """
+    kind: str
+    value: Any
+
+
+_FLOATS = {"f": struct.Struct(">f"), "d": struct.Struct(">d")}
+_DECIMAL = struct.Struct(">BI")
+_TIMESTAMP = struct.Struct(">Q")
+
+
+def _decode_value(buf: bytes, pos: int) -> tuple[Field, int]:
+    kind = chr(buf[pos])
+    pos += 1
+    if ord(kind) in _INTS:
+        packer = _INTS[ord(kind)]
+        return Field(kind, packer.unpack_from(buf, pos)[0]), pos + packer.size
+    if kind in _FLOATS:
+        return Field(kind, _FLOATS[kind].unpack_from(buf, pos)[0]), pos + _FLOATS[kind].size
+    if kind == "t":
+        return Field(kind, buf[pos]), pos + 1
+    if kind == "T":
+        return Field(kind, _TIMESTAMP.unpack_from(buf, pos)[0]), pos + 8
+    if kind == "D":
+        return Field(kind, _DECIMAL.unpack_from(buf, pos)), pos + 5
+    if kind == "V":
+        return Field(kind, None), pos
+    if ord(kind) not in _SIZED:
+        raise Unsupported
+    end = pos + 4 + _LONG.unpack_from(buf, pos)[0]
+    data = buf[pos + 4:end]
+    if kind == "S":
+        return Field(kind, data.decode("utf-8", "surrogateescape")), end
+    if kind == "x":
+        return Field(kind, bytes(data)), end
+    if kind == "F":
+        return Field(kind, decode(data)), end
+    items, at = [], 0
+    while at < len(data):
+        item, at = _decode_value(data, at)
+        items.append(item)
+    return Field(kind, items), end
+
+
+def decode(table: bytes) -> dict[str, Field]:
+    """A field table's contents (without its length prefix), every value typed."""
+    fields: dict[str, Field] = {}
+    pos = 0
+    while pos < len(table):
+        length = table[pos]
+        name = table[pos + 1:pos + 1 + length].decode("utf-8", "surrogateescape")
+        fields[name], pos = _decode_value(table, pos + 1 + length)
+    return fields
+
+
+def _encode_value(field: Field) -> bytes:
+    kind, value = field.kind, field.value
+    code = kind.encode()
+    if ord(kind) in _INTS:
+        return code + _INTS[ord(kind)].pack(value)
+    if kind in _FLOATS:
+        return code + _FLOATS[kind].pack(value)
+    if kind == "t":
+        return code + bytes((value,))
+    if kind == "T":
+        return code + _TIMESTAMP.pack(value)
+    if kind == "D":
+        return code + _DECIMAL.pack(*value)
+    if kind == "V":
+        return code
+    if kind == "S":
+        data = value.encode("utf-8", "surrogateescape")
+    elif kind == "x":
+        data = value
+    elif kind == "F":
+        data = encode(value)
+    elif kind == "A":
+        data = b"".join(_encode_value(item) for item in value)
+    else:
+        raise ValueError(f"unknown field type {kind!r}")
+    return code + _LONG.pack(len(data)) + data
+
+
+def encode(fields: dict[str, Field]) -> bytes:
+    """The field table bytes (without its length prefix) of typed ``fields``."""
+    out = []
+    for name, field in fields.items():
+        key = name.encode("utf-8", "surrogateescape")
+        out.append(bytes((len(key),)) + key + _encode_value(field))
+    return b"".join(out)
+
+
+def _table_pos(header: bytes, flags: int) -> int:
+    """Offset of the headers table (its length prefix), or of where it would go."""
+    if flags & 0x0001:
+        raise Unsupported
+    pos = 14
+    if flags & codec.FLAG_CONTENT_TYPE:
+        pos += 1 + header[pos]
+    if flags & codec.FLAG_CONTENT_ENCODING:
+        pos += 1 + header[pos]
+    return pos
+
+
+def headers(header: bytes, flags: int) -> dict[str, Field]:
+    """The typed headers table of a content header ({} when it has none)."""
+    if not flags & codec.FLAG_HEADERS:
+        return {}
+    pos = _table_pos(header, flags)
+    return decode(header[pos + 4:pos + 4 + _LONG.unpack_from(header, pos)[0]])
+
+
+def with_headers(header: bytes, flags: int, fields: dict[str, Field]) -> bytes:
+    """The content header bytes with its headers table replaced by ``fields`` (other properties untouched)."""
+    pos = _table_pos(header, flags)
+    end = pos + 4 + _LONG.unpack_from(header, pos)[0] if flags & codec.FLAG_HEADERS else pos
+    table = encode(fields)
+    flags |= codec.FLAG_HEADERS
+    return header[:12] + struct.pack(">H", flags) + header[14:pos] + _LONG.pack(len(table)) + table + header[end:]

@@ -112,10 +112,14 @@ class Message:
     def has_headers(self) -> bool:
         return bool(self._flags & codec.FLAG_HEADERS)
 
-    def replace_properties(self, properties: commands.Basic.Properties) -> None:
-        """Re-encode the content header with changed properties (BCC removed), before routing stores it."""
-        self.header = build_header(properties, self.body_size)
-        self._properties = properties
+    def typed_headers(self) -> dict[str, header_table.Field]:
+        """The headers table with each value's wire type (for re-encoding it without changing them)."""
+        return header_table.headers(self.header, self._flags)
+
+    def replace_headers(self, fields: dict[str, header_table.Field]) -> None:
+        """Rewrite the headers table in the content header bytes (BCC removed), before routing stores it."""
+        self.header = header_table.with_headers(self.header, self._flags, fields)
+        self._properties = None
         self._flags = struct.unpack_from(">H", self.header, 12)[0]
 
     @property

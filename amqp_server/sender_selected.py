@@ -46,8 +46,8 @@ def header_keys(headers: dict, name: str) -> list[str]:
 
 
 def routing_keys(message: Message) -> list[str]:
-    """The extra routing keys from CC and BCC; strips BCC from the message (its header is re-encoded once)
-    and keeps its keys in ``bcc_keys``, which a dead letter is routed by again."""
+    """The extra routing keys from CC and BCC; strips BCC from the message (the other headers
+    keep their wire types) and keeps its keys in ``bcc_keys``, which a dead letter is routed by again."""
     kept = list(getattr(message, "bcc_keys", ()))
     headers = _headers(message)
     if not headers:
@@ -56,7 +56,7 @@ def routing_keys(message: Message) -> list[str]:
     if "BCC" in headers:
         message.bcc_keys = tuple(header_keys(headers, "BCC"))
         keys += message.bcc_keys
-        properties = message.properties
-        properties.headers = {name: value for name, value in headers.items() if name != "BCC"}
-        message.replace_properties(properties)
+        fields = message.typed_headers()
+        del fields["BCC"]
+        message.replace_headers(fields)
     return keys
