@@ -287,6 +287,39 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
         wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
 
 
+def test_policies_are_the_clusters(cluster, uid):
+    """Set on node 1, shown on every node and enforced by the queue's owner (node 2); cleared on node 3."""
+    _, (n1, n2, n3) = cluster
+    api_put(n1, f"/policies/%2F/{uid}", {"pattern": f"^{uid}", "definition": {"max-length": 2}, "apply-to": "queues"})
+    api_put(n1, f"/operator-policies/%2F/{uid}-op", {"pattern": f"^{uid}", "definition": {"message-ttl": 60000}})
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    effective = {"max-length": 2, "message-ttl": 60000}
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == effective,
+                 f"policies applied on {node.port}")
+    assert api(n3, f"/queues/%2F/{uid}")["policy"] == uid
+    with connect(n3) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(5):
+            channel.basic_publish("", uid, str(i).encode())
+    wait_for(lambda: passive(n1, uid) == 2, "owner kept max-length 2")
+    api_put(n3, f"/policies/%2F/{uid}", None, method="DELETE")
+    for node in (n1, n2):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == {"message-ttl": 60000},
+                 f"policy cleared on {node.port}")
+        assert all(p["name"] != uid for p in api(node, "/policies"))
+    with connect(n1) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(3):
+            channel.basic_publish("", uid, str(i).encode())
+    wait_for(lambda: passive(n3, uid) == 5, "no max-length once cleared")
+    api_put(n2, f"/operator-policies/%2F/{uid}-op", None, method="DELETE")
+    wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["effective_policy_definition"] == {}, "operator policy cleared")
+
+
 def test_exclusive_consumer_is_refused_across_nodes(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
@@ -399,6 +432,7 @@ def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
         ch.queue_declare(uid + "-new", durable=True)
         ch.queue_bind(uid + "-new", "amq.fanout")
         ch.queue_delete(uid + "-gone")
+    api_put(n1, f"/policies/%2F/{uid}", {"pattern": f"^{uid}-new$", "definition": {"max-length": 7}})
     nodes[1] = start_node(n2.data_dir.parent, etcd, 2, port=n2.port, link_port=n2.link_port)
     wait_for(lambda: passive(nodes[1], uid + "-new") == 0, "missed declaration applied")
     with pytest.raises(ChannelClosedByBroker) as info:
@@ -406,6 +440,7 @@ def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
     assert info.value.reply_code == 404
     bindings = api(nodes[1], f"/queues/%2F/{uid}-new/bindings")
     assert any(b["source"] == "amq.fanout" for b in bindings)
+    assert api(nodes[1], f"/queues/%2F/{uid}-new")["effective_policy_definition"] == {"max-length": 7}
 
 
 def test_node_that_stops_answering_is_down_within_seconds(cluster, uid):
