@@ -76,21 +76,17 @@ class Session:
     # -- publishes ----------------------------------------------------------------------------
 
     def _publish(self, payload: bytes) -> None:
-        seq, qid_len = link.PUBLISH_HEAD.unpack_from(payload)
+        """One message for one or more queues here: stored once, confirmed once (refused if any refused)."""
+        seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
         pos = link.PUBLISH_HEAD.size
-        qid = payload[pos:pos + qid_len]
-        message = link.read_message(payload, pos + qid_len)
-        queue = self._queues.get(qid)
-        if queue is None or queue.deleted:
-            vhost_name, _, name = qid.decode().partition("\0")
-            try:
-                queue = self._queues[qid] = self._local_queue(vhost_name, name)
-            except AMQPError:
-                queue = None
-        if queue is None:
-            status = link.CONFIRM_NO_QUEUE
-        else:
-            status = link.CONFIRM_OK if queue.enqueue(message) else link.CONFIRM_REJECTED
+        message = link.read_message(payload, pos + qids_len)
+        found = rejected = False
+        for qid in link.read_queue_ids(payload, pos, pos + qids_len):
+            queue = self._queue(qid)
+            if queue is not None:
+                found = True
+                rejected = not queue.enqueue(message) or rejected
+        status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
         if message.msg_id:
@@ -99,6 +95,17 @@ class Session:
             persistence.waiters.add(self)
         else:
             self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+
+    def _queue(self, qid: bytes) -> Queue | None:
+        """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
+        queue = self._queues.get(qid)
+        if queue is None or queue.deleted:
+            vhost_name, _, name = qid.decode().partition("\0")
+            try:
+                queue = self._queues[qid] = self._local_queue(vhost_name, name)
+            except AMQPError:
+                return None
+        return queue
 
     def synced(self, batch: int) -> None:
         """Group commit ``batch`` is on disk: confirm the publishes that waited for it."""

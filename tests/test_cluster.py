@@ -189,6 +189,40 @@ def test_confirm_is_a_nack_when_the_owner_refuses(cluster, uid):
     assert passive(n1, uid) == 1
 
 
+def test_fanout_to_several_queues_of_one_owner(cluster, uid):
+    """One copy per queue arrives, persistent ones stored at the owner; a refusing queue nacks the publish."""
+    _, (n1, n2, n3) = cluster
+    queues = [f"{uid}-{i}" for i in range(4)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.exchange_declare(uid, "fanout")
+        for queue in queues[:3]:
+            ch.queue_declare(queue, durable=True)
+            ch.queue_bind(queue, uid)
+        ch.queue_declare(queues[3], arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+        ch.queue_bind(queues[3], uid)
+    with connect(n3) as connection:  # and one queue of another owner
+        ch = connection.channel()
+        ch.queue_declare(uid + "-n3")
+        ch.queue_bind(uid + "-n3", uid)
+    wait_for(lambda: passive(n2, queues[3]) == 0 and passive(n2, uid + "-n3") == 0, "queues seen on node 2")
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.confirm_delivery()
+        for i in range(2):
+            ch.basic_publish(uid, "", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish(uid, "", b"m2", pika.BasicProperties(delivery_mode=2))
+    assert [passive(n1, queue) for queue in queues] == [3, 3, 3, 2]
+    assert passive(n3, uid + "-n3") == 3
+    with connect(n3) as connection:
+        ch = connection.channel()
+        for queue in queues[:3]:
+            bodies = [ch.basic_get(queue, auto_ack=True)[2] for _ in range(3)]
+            assert bodies == [b"m0", b"m1", b"m2"]
+        assert ch.basic_get(queues[0])[0] is None
+
+
 def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
