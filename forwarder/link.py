@@ -60,10 +60,6 @@ def message_parts(route: bytes, header: bytes, body: bytes) -> tuple[bytes, byte
     return MESSAGE.pack(len(route), len(header)), route, header, body
 
 
-def queue_ids(qids: list[bytes]) -> bytes:
-    return b"".join(QID.pack(len(qid)) + qid for qid in qids)
-
-
 def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:
     qids = []
     while pos < end:

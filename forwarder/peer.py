@@ -50,6 +50,7 @@ class Peer:
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
         self._open: tuple[Message, "Channel | None", int, list[bytes]] | None = None  # publish gathering queues
+        self._send_open_cb = self._send_open
         self._dialer: asyncio.Task | None = None
 
     # -- the link -----------------------------------------------------------------------------
@@ -123,15 +124,15 @@ class Peer:
         channel = self.broker.confirming
         open_ = self._open
         if open_ is not None and open_[0] is message and open_[1] is channel:
-            open_[3].append(queue.qid)
+            open_[3].append(queue.link_id)
             return True
         seq = 0
         if channel is not None:
             self._seq += 1
             seq = self._seq
             self._pending[seq] = (channel, channel.forwarded())
-        client.hold(self._send_open)
-        self._open = (message, channel, seq, [queue.qid])
+        client.hold(self._send_open_cb)
+        self._open = (message, channel, seq, [queue.link_id])
         if client.paused and not self._holding:
             self._holding = True  # the link's buffer is full: publishers wait until it drains
             for connection in list(self.broker.connections):
@@ -144,7 +145,7 @@ class Peer:
         if open_ is None or self.link is None:
             return
         message, _, seq, qids = open_
-        qid_block = link.queue_ids(qids)
+        qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
         self.link.send(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)), qid_block,
                        *link.message_parts(message.route, message.header, message.body))
 
