@@ -321,6 +321,14 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
         wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
 
 
+def publish_confirmed(node: BrokerProcess, queue: str, count: int) -> None:
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(count):
+            channel.basic_publish("", queue, str(i).encode())
+
+
 def test_policies_are_the_clusters(cluster, uid):
     """Set on node 1, shown on every node and enforced by the queue's owner (node 2); cleared on node 3."""
     _, (n1, n2, n3) = cluster
@@ -333,23 +341,15 @@ def test_policies_are_the_clusters(cluster, uid):
         wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == effective,
                  f"policies applied on {node.port}")
     assert api(n3, f"/queues/%2F/{uid}")["policy"] == uid
-    with connect(n3) as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for i in range(5):
-            channel.basic_publish("", uid, str(i).encode())
-    wait_for(lambda: passive(n1, uid) == 2, "owner kept max-length 2")
+    publish_confirmed(n3, uid, 5)
+    assert passive(n2, uid) == 2  # the owner kept max-length 2
     api_put(n3, f"/policies/%2F/{uid}", None, method="DELETE")
     for node in (n1, n2):
         wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == {"message-ttl": 60000},
                  f"policy cleared on {node.port}")
         assert all(p["name"] != uid for p in api(node, "/policies"))
-    with connect(n1) as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for i in range(3):
-            channel.basic_publish("", uid, str(i).encode())
-    wait_for(lambda: passive(n3, uid) == 5, "no max-length once cleared")
+    publish_confirmed(n1, uid, 3)
+    assert passive(n2, uid) == 5  # no max-length once cleared
     api_put(n2, f"/operator-policies/%2F/{uid}-op", None, method="DELETE")
     wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["effective_policy_definition"] == {}, "operator policy cleared")
 
