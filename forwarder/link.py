@@ -70,14 +70,25 @@ def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:
     return qids
 
 
+_names: dict[bytes, tuple[str, str]] = {}  # route -> (exchange, routing key): a stream repeats a few routes
+MAX_NAMES = 4096
+
+
+def _route_names(route: bytes) -> tuple[str, str]:
+    if len(_names) >= MAX_NAMES:
+        _names.clear()
+    ex_len = route[0]
+    names = _names[route] = (route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
+    return names
+
+
 def read_message(payload: bytes, pos: int) -> Message:
     route_len, header_len = MESSAGE.unpack_from(payload, pos)
     pos += MESSAGE.size
     route = payload[pos:pos + route_len]
     pos += route_len
-    ex_len = route[0]
-    return Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
-                   route, payload[pos:pos + header_len], payload[pos + header_len:])
+    exchange, routing_key = _names.get(route) or _route_names(route)
+    return Message(exchange, routing_key, route, payload[pos:pos + header_len], payload[pos + header_len:])
 
 
 def encode_json(value: Any) -> bytes:
