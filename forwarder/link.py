@@ -56,10 +56,6 @@ CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
 SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT = 0, 1, 2
 
 
-def message_parts(route: bytes, header: bytes, body: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-    return MESSAGE.pack(len(route), len(header)), route, header, body
-
-
 def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:
     qids = []
     while pos < end:
@@ -178,6 +174,20 @@ class FrameLink(asyncio.Protocol):
         out = self._out
         out.append(FRAME.pack(sum(map(len, parts)), ftype))
         out.extend(parts)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def send_message(self, ftype: int, head: bytes, message: Message | None) -> None:
+        """A frame of ``head`` and then the message, if any (route, header and body as published)."""
+        if message is None:
+            self.send(ftype, head)
+            return
+        if self._held is not None:
+            self._complete_held()
+        route, header, body = message.route, message.header, message.body
+        self._out += (FRAME.pack(len(head) + MESSAGE.size + len(route) + len(header) + len(body), ftype), head,
+                      MESSAGE.pack(len(route), len(header)), route, header, body)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)

@@ -146,8 +146,7 @@ class Peer:
             return
         message, _, seq, qids = open_
         qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
-        self.link.send(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)), qid_block,
-                       *link.message_parts(message.route, message.header, message.body))
+        self.link.send_message(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
         remote = RemoteConsumer(next(self._ids), consumer)

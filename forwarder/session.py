@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
+from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 
 from . import link
@@ -50,9 +51,8 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
-        message = entry.message
-        session.link.send(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
-                          *link.message_parts(message.route, message.header, message.body))
+        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
+                                  entry.message)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
@@ -178,7 +178,7 @@ class Session:
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
-        parts: tuple[bytes, ...] = ()
+        message: Message | None = None
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
             if request["op"] == "get":
@@ -188,14 +188,13 @@ class Session:
                     self.unacked[tag] = (entry, queue, None)
                     reply.update(tag=tag, redelivered=entry.redelivered)
                     message = entry.message
-                    parts = link.message_parts(message.route, message.header, message.body)
                 reply["count"] = queue.message_count
             else:
                 reply["count"] = queue.purge()
         except AMQPError as exc:
             reply["error"] = [exc.code, exc.text]
         raw = link.encode_json(reply)
-        self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)), raw, *parts)
+        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message)
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:
