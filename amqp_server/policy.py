@@ -12,7 +12,8 @@ the lower of argument and policy; dead-letter-exchange, dead-letter-routing-key,
 overflow and alternate-exchange take the argument when it is set.
 
 Policies are durable (one definition-store record each) and are applied again
-to the vhost's queues and exchanges whenever one is set or cleared.
+to the vhost's queues and exchanges whenever one is set or cleared.  In cluster
+mode a listener makes every change the cluster's, as for users and vhosts.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import queue_args
-from .auth import vhost_key
+from .auth import DefinitionListener, vhost_key
 from .definitions import DefinitionStore
 from .queue_args import OVERFLOW_MODES, QueueArgs
 
@@ -127,6 +128,12 @@ class Policy:
         return {"vhost": self.vhost, "name": self.name, "pattern": self.pattern, "apply-to": self.apply_to,
                 "definition": dict(self.definition), "priority": self.priority}
 
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> "Policy":
+        """A policy as :meth:`to_json` stored it (already validated)."""
+        return cls(record["vhost"], record["name"], record["pattern"], record["definition"], record["priority"],
+                   record["apply-to"])
+
 
 def parse(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -> Policy:
     """A policy from its JSON (``pattern``, ``definition``, ``priority``, ``apply-to``), validated as RabbitMQ does."""
@@ -208,11 +215,11 @@ class Policies:
 
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
+        self.listener: DefinitionListener | None = None
         self._policies: dict[tuple[str, str], dict[str, Policy]] = {}  # (kind, vhost) -> name -> policy
         for kind in (POLICY, OPERATOR_POLICY):
             for _, record in store.items(kind):
-                policy = Policy(record["vhost"], record["name"], record["pattern"], record["definition"],
-                                record["priority"], record["apply-to"])
+                policy = Policy.from_json(record)
                 self._policies.setdefault((kind, policy.vhost), {})[policy.name] = policy
 
     def list(self, kind: str, vhost: str | None = None) -> list[Policy]:
@@ -227,7 +234,10 @@ class Policies:
     def put(self, kind: str, policy: Policy, vhost: "VHost") -> None:
         """Set (create or replace) a policy of ``vhost``; it applies to its queues and exchanges at once."""
         self._policies.setdefault((kind, policy.vhost), {})[policy.name] = policy
-        self.store.put(kind, _record_key(policy.vhost, policy.name), policy.to_json())
+        key, record = _record_key(policy.vhost, policy.name), policy.to_json()
+        self.store.put(kind, key, record)
+        if self.listener is not None:
+            self.listener.defined(kind, key, record)
         self.apply_to_vhost(vhost)
 
     def delete(self, kind: str, vhost: "VHost", name: str) -> bool:
@@ -235,7 +245,7 @@ class Policies:
         named = self._policies.get((kind, vhost.name), {})
         if named.pop(name, None) is None:
             return False
-        self.store.delete(kind, _record_key(vhost.name, name))
+        self._forget(kind, vhost.name, name)
         self.apply_to_vhost(vhost)
         return True
 
@@ -243,7 +253,13 @@ class Policies:
         """The vhost is deleted: its policies go with it."""
         for kind in (POLICY, OPERATOR_POLICY):
             for name in list(self._policies.pop((kind, vhost), {})):
-                self.store.delete(kind, _record_key(vhost, name))
+                self._forget(kind, vhost, name)
+
+    def _forget(self, kind: str, vhost: str, name: str) -> None:
+        key = _record_key(vhost, name)
+        self.store.delete(kind, key)
+        if self.listener is not None:
+            self.listener.undefined(kind, key)
 
     def match(self, kind: str, vhost: str, resource: str, name: str) -> Policy | None:
         """The one policy of ``kind`` that applies to a queue or exchange: highest priority, then first name."""

@@ -8,6 +8,8 @@ loopback ports, then measures with the raw-socket generator of ``amqp_load.py``:
 ``3-nodes``  queue owned by node 1, publisher on node 2, consumer on node 3
 ``spread``   three queues, one owned by each node, each with a publisher on the next node
              and a consumer on the one after: the sum shows how load over owners scales
+``fanout4``  publisher on node 2 to a fanout exchange bound to four queues owned by node 1,
+             consumed there: deliveries/s summed over the four (one link crossing per message)
 
 Transient messages, no-ack consumers (``transient-noack``) or ``--ack`` for manual acks.
 Usage: ``python benchmarks/cluster.py --seconds 5 --runs 3``
@@ -71,34 +73,49 @@ def start_cluster(tmp: str) -> tuple[list[subprocess.Popen], list[int]]:
     return procs, ports
 
 
-def measure(ports: list[int], pairs: list[tuple[int, int, int]], seconds: float, no_ack: bool) -> float:
-    """pairs: (owner, publisher, consumer) node indexes; returns consumed msg/s summed over the queues."""
+def measure(ports: list[int], pairs: list[tuple[int, int, int]], seconds: float, no_ack: bool,
+            width: int = 1) -> float:
+    """pairs: (owner, publisher, consumer) node indexes; returns consumed msg/s summed over the queues.
+
+    ``width`` > 1: the publisher sends to a fanout exchange bound to that many queues of the owner.
+    """
     ctx = mp.get_context("fork")
     base = {"host": "127.0.0.1", "user": "guest", "password": "guest", "vhost": "/", "size": 100,
-            "window": 20000}
-    queues = []
+            "window": 20000, "tls_ca": None}
+    targets = []  # (exchange, [queues]) per pair
     for owner, _, _ in pairs:
         name = f"bench-{os.urandom(4).hex()}"
         ctl = amqp_load.Connection("127.0.0.1", ports[owner], "guest", "guest")
         ctl.channel_open(1)
-        ctl.queue_declare(1, name)
+        if width == 1:
+            ctl.queue_declare(1, name)
+            targets.append(("", [name]))
+        else:
+            ctl.exchange_declare(1, name, "fanout")
+            queues = [f"{name}-{i}" for i in range(width)]
+            for queue in queues:
+                ctl.queue_declare(1, queue)
+                ctl.queue_bind(1, queue, name)
+            targets.append((name, queues))
         ctl.close()
-        queues.append(name)
     time.sleep(0.5)  # definitions reach every node
     stop, go, errq = ctx.RawValue("b", 0), ctx.RawValue("b", 0), ctx.Queue()
-    counters = [ctx.RawValue("q", 0) for _ in pairs]
+    counters = []
     procs = []
     try:
-        for (owner, pub, con), queue, counter in zip(pairs, queues, counters):
-            ready = ctx.RawValue("b", 0)
-            proc = ctx.Process(target=amqp_load.consumer_proc, daemon=True,
-                               args=(dict(base, port=ports[con]), queue, no_ack, counter, ready, stop, errq))
-            proc.start()
-            procs.append(proc)
-            amqp_load._wait_ready([ready], procs, errq)
+        for (owner, pub, con), (exchange, queues) in zip(pairs, targets):
+            mine = [ctx.RawValue("q", 0) for _ in queues]
+            counters += mine
+            for queue, counter in zip(queues, mine):
+                ready = ctx.RawValue("b", 0)
+                proc = ctx.Process(target=amqp_load.consumer_proc, daemon=True,
+                                   args=(dict(base, port=ports[con]), queue, no_ack, counter, ready, stop, errq))
+                proc.start()
+                procs.append(proc)
+                amqp_load._wait_ready([ready], procs, errq)
             ready = ctx.RawValue("b", 0)
             proc = ctx.Process(target=amqp_load.publisher_proc, daemon=True,
-                               args=(dict(base, port=ports[pub]), "", queue, False, False, [counter],
+                               args=(dict(base, port=ports[pub]), exchange, queues[0], False, False, mine,
                                      ctx.RawValue("q", 0), ready, go, stop, errq))
             proc.start()
             procs.append(proc)
@@ -124,7 +141,9 @@ SCENARIOS = {
     "local": [(0, 0, 0)],
     "3-nodes": [(0, 1, 2)],
     "spread": [(0, 1, 2), (1, 2, 0), (2, 0, 1)],
+    "fanout4": [(0, 1, 0)],
 }
+WIDTH = {"fanout4": 4}
 
 
 def main() -> int:
@@ -132,6 +151,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ack", action="store_true", help="manual acks instead of no-ack consumers")
+    parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), help="these scenarios only")
     args = parser.parse_args()
     if not shutil.which("etcd"):
         print("etcd not found: apt-get install etcd-server", file=sys.stderr)
@@ -141,10 +161,13 @@ def main() -> int:
     try:
         results = {}
         for scenario, pairs in SCENARIOS.items():
-            runs = [measure(ports, pairs, args.seconds, not args.ack) for _ in range(args.runs)]
+            if args.only and scenario not in args.only:
+                continue
+            runs = [measure(ports, pairs, args.seconds, not args.ack, WIDTH.get(scenario, 1)) for _ in range(args.runs)]
             results[scenario] = statistics.median(runs)
             print(f"{scenario:<8} {results[scenario]:>10.0f} msg/s   runs: {', '.join(f'{r:.0f}' for r in runs)}")
-        print(f"3-nodes / local = {results['3-nodes'] / results['local']:.2f}")
+        if "3-nodes" in results and "local" in results:
+            print(f"3-nodes / local = {results['3-nodes'] / results['local']:.2f}")
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -16,6 +16,7 @@ import aetcd
 from amqp_server import errors, queue_args
 from amqp_server.auth import Permissions, User
 from amqp_server.errors import AMQPError
+from amqp_server.policy import Policy
 
 from .link import STATS, ServerLink, encode_json
 from .membership import Membership
@@ -61,6 +62,7 @@ class Cluster:
         """Definitions from the mirror first (no etcd needed), then links, then etcd's current state."""
         self.broker.cluster = self
         self.broker.access.listener = self
+        self.broker.policies.listener = self
         for kind, key, record in self.metadata.mirrored():
             self.apply(kind, key, record, None)
         loop = asyncio.get_running_loop()
@@ -249,9 +251,11 @@ class Cluster:
                 if not record["durable"] and not self.metadata.caught_up.is_set():
                     self._lost.append((vhost, name))
         elif existing is None:
-            vhost.queues[name] = RemoteQueue(name, vhost.name, record["durable"], record["auto_delete"],
-                                             record["arguments"],
-                                             queue_args.parse(record["arguments"], name, vhost.name), self.peer(node))
+            queue = vhost.queues[name] = RemoteQueue(name, vhost.name, record["durable"], record["auto_delete"],
+                                                     record["arguments"],
+                                                     queue_args.parse(record["arguments"], name, vhost.name),
+                                                     self.peer(node))
+            self.broker.policies.apply_to_queue(queue)  # shown by the API here; enforced by the owner
 
     def _delete_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
         self.broker.delete_queue(vhost, record["name"])
@@ -261,6 +265,20 @@ class Cluster:
             self.broker.declare_exchange(vhost, record["name"], record["type"], durable=record.get("durable", True),
                                          auto_delete=record["auto_delete"], internal=record["internal"],
                                          arguments=record["arguments"])
+
+    def _put_policy(self, vhost: "VHost", record: dict[str, Any], kind: str = "policy") -> None:
+        policy = Policy.from_json(record)
+        if self.broker.policies.get(kind, vhost.name, policy.name) != policy:
+            self.broker.policies.put(kind, policy, vhost)
+
+    def _delete_policy(self, vhost: "VHost", record: dict[str, Any], kind: str = "policy") -> None:
+        self.broker.policies.delete(kind, vhost, record["name"])
+
+    def _put_operator_policy(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        self._put_policy(vhost, record, "operator_policy")
+
+    def _delete_operator_policy(self, vhost: "VHost", record: dict[str, Any]) -> None:
+        self._delete_policy(vhost, record, "operator_policy")
 
     def _delete_exchange(self, vhost: "VHost", record: dict[str, Any]) -> None:
         self.broker.delete_exchange(vhost, record["name"])

@@ -43,7 +43,8 @@ REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON 
 REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
 
-PUBLISH_HEAD = struct.Struct(">QH")  # link seq (0: no confirm wanted), queue id length
+PUBLISH_HEAD = struct.Struct(">QI")  # link seq (0: no confirm wanted), length of the queue ids that follow
+QID = struct.Struct(">H")  # each queue id ("vhost\0name") is prefixed by its length
 CONFIRM_BODY = struct.Struct(">QB")  # link seq, status
 DELIVER_HEAD = struct.Struct(">IQB")  # consumer id, delivery tag, redelivered
 SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
@@ -55,8 +56,26 @@ CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
 SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT = 0, 1, 2
 
 
-def message_parts(route: bytes, header: bytes, body: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-    return MESSAGE.pack(len(route), len(header)), route, header, body
+def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:
+    qids = []
+    while pos < end:
+        size = QID.unpack_from(payload, pos)[0]
+        pos += QID.size
+        qids.append(payload[pos:pos + size])
+        pos += size
+    return qids
+
+
+_names: dict[bytes, tuple[str, str]] = {}  # route -> (exchange, routing key): a stream repeats a few routes
+MAX_NAMES = 4096
+
+
+def _route_names(route: bytes) -> tuple[str, str]:
+    if len(_names) >= MAX_NAMES:
+        _names.clear()
+    ex_len = route[0]
+    names = _names[route] = (route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
+    return names
 
 
 def read_message(payload: bytes, pos: int) -> Message:
@@ -64,9 +83,8 @@ def read_message(payload: bytes, pos: int) -> Message:
     pos += MESSAGE.size
     route = payload[pos:pos + route_len]
     pos += route_len
-    ex_len = route[0]
-    return Message(route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"),
-                   route, payload[pos:pos + header_len], payload[pos + header_len:])
+    exchange, routing_key = _names.get(route) or _route_names(route)
+    return Message(exchange, routing_key, route, payload[pos:pos + header_len], payload[pos + header_len:])
 
 
 def encode_json(value: Any) -> bytes:
@@ -90,6 +108,7 @@ class FrameLink(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
+        self._held: Callable[[], None] | None = None
         self._heard = True
         self._quiet_ticks = 0
         self._sent = False
@@ -134,7 +153,24 @@ class FrameLink(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def hold(self, complete: Callable[[], None]) -> None:
+        """A frame still being assembled (a publish gathering its queues): ``complete`` sends it
+        before any other frame, and at the latest at the end of this event-loop turn."""
+        self._complete_held()
+        self._held = complete
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def _complete_held(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            held()
+
     def send(self, ftype: int, *parts: bytes) -> None:
+        if self._held is not None:
+            self._complete_held()
         out = self._out
         out.append(FRAME.pack(sum(map(len, parts)), ftype))
         out.extend(parts)
@@ -142,7 +178,22 @@ class FrameLink(asyncio.Protocol):
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def send_message(self, ftype: int, head: bytes, message: Message | None) -> None:
+        """A frame of ``head`` and then the message, if any (route, header and body as published)."""
+        if message is None:
+            self.send(ftype, head)
+            return
+        if self._held is not None:
+            self._complete_held()
+        route, header, body = message.route, message.header, message.body
+        self._out += (FRAME.pack(len(head) + MESSAGE.size + len(route) + len(header) + len(body), ftype), head,
+                      MESSAGE.pack(len(route), len(header)), route, header, body)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def flush(self) -> None:
+        self._complete_held()
         self._scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self._out))

@@ -1,7 +1,7 @@
 """Cluster definitions in etcd, mirrored into this node's LMDB.
 
 etcd (Raft) is the one place definitions are agreed: ``/warren/def/<kind>/<key>`` holds one
-JSON record per exchange, queue (with its owner node) and binding.  Each node applies the
+JSON record per exchange, queue (with its owner node), binding and (operator) policy.  Each node applies the
 changes it watches to its broker and keeps them, with the last revision applied, in its own
 definition store: reads stay local, a node starts from its mirror without etcd, and after
 downtime it loads etcd's current state, applies what differs from its mirror (deletions
@@ -29,7 +29,8 @@ log = logging.getLogger("warren.forwarder.metadata")
 DEF_PREFIX = b"/warren/def/"
 MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"record", "revision"}
 RETRY_INTERVAL = 1.0
-ORDER = {"vhost": 0, "user": 1, "permission": 2, "exchange": 3, "queue": 4, "binding": 5}  # dependencies first
+ORDER = {"vhost": 0, "user": 1, "permission": 2, "exchange": 3, "queue": 4, "binding": 5,
+         "policy": 6, "operator_policy": 6}  # dependencies first
 
 Apply = Callable[[str, str, dict[str, Any] | None, dict[str, Any] | None], None]  # kind, key, new (None: gone), old
 

@@ -49,6 +49,8 @@ class Peer:
         self._holding = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
+        self._open: tuple[Message, "Channel | None", int, list[bytes]] | None = None  # publish gathering queues
+        self._send_open_cb = self._send_open
         self._dialer: asyncio.Task | None = None
 
     # -- the link -----------------------------------------------------------------------------
@@ -93,6 +95,7 @@ class Peer:
         log.warning("link to node %s down", self.name)
         self.up = False
         self.link = None
+        self._open = None
         pending, self._pending = self._pending, {}
         for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
@@ -113,23 +116,37 @@ class Peer:
     # -- to the owner -------------------------------------------------------------------------
 
     def publish(self, queue: RemoteQueue, message: Message) -> bool | None:
+        """Forward to the owner.  A message routed to several of its queues crosses the link once:
+        the frame stays open while routing adds queues, and is sent before anything else."""
         client = self.link
         if not self.up or client is None:
             return None
-        seq = 0
         channel = self.broker.confirming
+        open_ = self._open
+        if open_ is not None and open_[0] is message and open_[1] is channel:
+            open_[3].append(queue.link_id)
+            return True
+        seq = 0
         if channel is not None:
             self._seq += 1
             seq = self._seq
             self._pending[seq] = (channel, channel.forwarded())
-        client.send(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(queue.qid)), queue.qid,
-                    *link.message_parts(message.route, message.header, message.body))
+        client.hold(self._send_open_cb)
+        self._open = (message, channel, seq, [queue.link_id])
         if client.paused and not self._holding:
             self._holding = True  # the link's buffer is full: publishers wait until it drains
             for connection in list(self.broker.connections):
                 if connection.publishing:
                     connection.publisher_blocked()
         return True
+
+    def _send_open(self) -> None:
+        open_, self._open = self._open, None
+        if open_ is None or self.link is None:
+            return
+        message, _, seq, qids = open_
+        qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
+        self.link.send_message(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
         remote = RemoteConsumer(next(self._ids), consumer)

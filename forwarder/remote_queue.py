@@ -40,7 +40,8 @@ class RemoteQueue(Queue):
         super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None)
         self.peer = peer
         self.key = f"{vhost}\0{name}"
-        self.qid = self.key.encode()
+        qid = self.key.encode()
+        self.link_id = link.QID.pack(len(qid)) + qid  # as a publish frame lists it
         self.by_consumer: dict[Consumer, RemoteConsumer] = {}
 
     @property

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
+from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 
 from . import link
@@ -50,9 +51,8 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
-        message = entry.message
-        session.link.send(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
-                          *link.message_parts(message.route, message.header, message.body))
+        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
+                                  entry.message)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
@@ -76,21 +76,17 @@ class Session:
     # -- publishes ----------------------------------------------------------------------------
 
     def _publish(self, payload: bytes) -> None:
-        seq, qid_len = link.PUBLISH_HEAD.unpack_from(payload)
+        """One message for one or more queues here: stored once, confirmed once (refused if any refused)."""
+        seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
         pos = link.PUBLISH_HEAD.size
-        qid = payload[pos:pos + qid_len]
-        message = link.read_message(payload, pos + qid_len)
-        queue = self._queues.get(qid)
-        if queue is None or queue.deleted:
-            vhost_name, _, name = qid.decode().partition("\0")
-            try:
-                queue = self._queues[qid] = self._local_queue(vhost_name, name)
-            except AMQPError:
-                queue = None
-        if queue is None:
-            status = link.CONFIRM_NO_QUEUE
-        else:
-            status = link.CONFIRM_OK if queue.enqueue(message) else link.CONFIRM_REJECTED
+        message = link.read_message(payload, pos + qids_len)
+        found = rejected = False
+        for qid in link.read_queue_ids(payload, pos, pos + qids_len):
+            queue = self._queue(qid)
+            if queue is not None:
+                found = True
+                rejected = not queue.enqueue(message) or rejected
+        status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
         if message.msg_id:
@@ -99,6 +95,17 @@ class Session:
             persistence.waiters.add(self)
         else:
             self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+
+    def _queue(self, qid: bytes) -> Queue | None:
+        """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
+        queue = self._queues.get(qid)
+        if queue is None or queue.deleted:
+            vhost_name, _, name = qid.decode().partition("\0")
+            try:
+                queue = self._queues[qid] = self._local_queue(vhost_name, name)
+            except AMQPError:
+                return None
+        return queue
 
     def synced(self, batch: int) -> None:
         """Group commit ``batch`` is on disk: confirm the publishes that waited for it."""
@@ -171,7 +178,7 @@ class Session:
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
-        parts: tuple[bytes, ...] = ()
+        message: Message | None = None
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
             if request["op"] == "get":
@@ -181,14 +188,13 @@ class Session:
                     self.unacked[tag] = (entry, queue, None)
                     reply.update(tag=tag, redelivered=entry.redelivered)
                     message = entry.message
-                    parts = link.message_parts(message.route, message.header, message.body)
                 reply["count"] = queue.message_count
             else:
                 reply["count"] = queue.purge()
         except AMQPError as exc:
             reply["error"] = [exc.code, exc.text]
         raw = link.encode_json(reply)
-        self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)), raw, *parts)
+        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message)
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:

@@ -189,6 +189,40 @@ def test_confirm_is_a_nack_when_the_owner_refuses(cluster, uid):
     assert passive(n1, uid) == 1
 
 
+def test_fanout_to_several_queues_of_one_owner(cluster, uid):
+    """One copy per queue arrives, persistent ones stored at the owner; a refusing queue nacks the publish."""
+    _, (n1, n2, n3) = cluster
+    queues = [f"{uid}-{i}" for i in range(4)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.exchange_declare(uid, "fanout")
+        for queue in queues[:3]:
+            ch.queue_declare(queue, durable=True)
+            ch.queue_bind(queue, uid)
+        ch.queue_declare(queues[3], arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+        ch.queue_bind(queues[3], uid)
+    with connect(n3) as connection:  # and one queue of another owner
+        ch = connection.channel()
+        ch.queue_declare(uid + "-n3")
+        ch.queue_bind(uid + "-n3", uid)
+    wait_for(lambda: passive(n2, queues[3]) == 0 and passive(n2, uid + "-n3") == 0, "queues seen on node 2")
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.confirm_delivery()
+        for i in range(2):
+            ch.basic_publish(uid, "", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish(uid, "", b"m2", pika.BasicProperties(delivery_mode=2))
+    assert [passive(n1, queue) for queue in queues] == [3, 3, 3, 2]
+    assert passive(n3, uid + "-n3") == 3
+    with connect(n3) as connection:
+        ch = connection.channel()
+        for queue in queues[:3]:
+            bodies = [ch.basic_get(queue, auto_ack=True)[2] for _ in range(3)]
+            assert bodies == [b"m0", b"m1", b"m2"]
+        assert ch.basic_get(queues[0])[0] is None
+
+
 def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
@@ -285,6 +319,39 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
     api_put(n1, f"/vhosts/{vhost}", None, method="DELETE")
     for node in (n2, n3):
         wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
+
+
+def publish_confirmed(node: BrokerProcess, queue: str, count: int) -> None:
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(count):
+            channel.basic_publish("", queue, str(i).encode())
+
+
+def test_policies_are_the_clusters(cluster, uid):
+    """Set on node 1, shown on every node and enforced by the queue's owner (node 2); cleared on node 3."""
+    _, (n1, n2, n3) = cluster
+    api_put(n1, f"/policies/%2F/{uid}", {"pattern": f"^{uid}", "definition": {"max-length": 2}, "apply-to": "queues"})
+    api_put(n1, f"/operator-policies/%2F/{uid}-op", {"pattern": f"^{uid}", "definition": {"message-ttl": 60000}})
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    effective = {"max-length": 2, "message-ttl": 60000}
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == effective,
+                 f"policies applied on {node.port}")
+    assert api(n3, f"/queues/%2F/{uid}")["policy"] == uid
+    publish_confirmed(n3, uid, 5)
+    assert passive(n2, uid) == 2  # the owner kept max-length 2
+    api_put(n3, f"/policies/%2F/{uid}", None, method="DELETE")
+    for node in (n1, n2):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == {"message-ttl": 60000},
+                 f"policy cleared on {node.port}")
+        assert all(p["name"] != uid for p in api(node, "/policies"))
+    publish_confirmed(n1, uid, 3)
+    assert passive(n2, uid) == 5  # no max-length once cleared
+    api_put(n2, f"/operator-policies/%2F/{uid}-op", None, method="DELETE")
+    wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["effective_policy_definition"] == {}, "operator policy cleared")
 
 
 def test_exclusive_consumer_is_refused_across_nodes(cluster, uid):
@@ -399,6 +466,7 @@ def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
         ch.queue_declare(uid + "-new", durable=True)
         ch.queue_bind(uid + "-new", "amq.fanout")
         ch.queue_delete(uid + "-gone")
+    api_put(n1, f"/policies/%2F/{uid}", {"pattern": f"^{uid}-new$", "definition": {"max-length": 7}})
     nodes[1] = start_node(n2.data_dir.parent, etcd, 2, port=n2.port, link_port=n2.link_port)
     wait_for(lambda: passive(nodes[1], uid + "-new") == 0, "missed declaration applied")
     with pytest.raises(ChannelClosedByBroker) as info:
@@ -406,6 +474,7 @@ def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
     assert info.value.reply_code == 404
     bindings = api(nodes[1], f"/queues/%2F/{uid}-new/bindings")
     assert any(b["source"] == "amq.fanout" for b in bindings)
+    assert api(nodes[1], f"/queues/%2F/{uid}-new")["effective_policy_definition"] == {"max-length": 7}
 
 
 def test_node_that_stops_answering_is_down_within_seconds(cluster, uid):
