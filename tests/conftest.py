@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import pika
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,3 +203,20 @@ def start_broker(tmp_path: Path) -> Iterator:
 def uid(request: pytest.FixtureRequest) -> str:
     """A name unique to the test, for queues and exchanges on the shared node."""
     return f"{request.node.name[:80]}-{os.urandom(3).hex()}"
+
+
+def connect(node, user: str = "guest", password: str = "guest", vhost: str = "/",
+            name: str = "") -> pika.BlockingConnection:
+    """A pika connection to a node (``name``: the client's connection_name), bounded by timeouts."""
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        node.host, node.port, vhost, pika.PlainCredentials(user, password), connection_attempts=1,
+        socket_timeout=5, blocked_connection_timeout=10,
+        client_properties={"connection_name": name} if name else None))
+
+
+@pytest.fixture
+def conn(broker):
+    connection = connect(broker)
+    yield connection
+    if connection.is_open:
+        connection.close()

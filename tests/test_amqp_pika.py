@@ -10,6 +10,8 @@ import time
 
 import pika
 import pytest
+
+from conftest import connect
 from pika.exceptions import (ChannelClosedByBroker, ConnectionClosedByBroker, ProbableAccessDeniedError,
                              ProbableAuthenticationError, UnroutableError)
 
@@ -18,18 +20,6 @@ pytestmark = pytest.mark.timeout(20)
 V = "vhost '/'"
 
 
-def connect(broker, user: str = "guest", password: str = "guest", vhost: str = "/") -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        broker.host, broker.port, vhost, pika.PlainCredentials(user, password),
-        socket_timeout=5, blocked_connection_timeout=5, connection_attempts=1))
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ from collections import Counter
 
 import pika
 import pytest
+
+from conftest import connect
 from pika.exceptions import ChannelClosedByBroker
 
 from exchanges import ConsistentHashExchange
 from exchanges.consistent_hash import jump_hash
 
-
-def connect(broker) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
 
 
 def setup(ch, uid: str, weights: dict[str, int], **arguments) -> dict[str, str]:

@@ -9,8 +9,9 @@ import urllib.request
 from decimal import Decimal
 from urllib.parse import quote
 
-import pika
 import pytest
+
+from conftest import connect
 from pika.exceptions import ChannelClosedByBroker
 
 # RabbitMQ's HTTP API shows consumers only after its next stats emission (collect_statistics_interval, 5 s);
@@ -23,18 +24,6 @@ V = "vhost '/'"
 SAC = {"x-single-active-consumer": True}
 
 
-def connect(node, name: str = "") -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        node.host, node.port, connection_attempts=1, socket_timeout=5, blocked_connection_timeout=10,
-        client_properties={"connection_name": name} if name else None))
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 def api(node, path: str, method: str = "GET"):
@@ -173,7 +162,7 @@ def test_single_active_consumer_fails_over_with_unacked_redelivered(broker, uid)
     setup = connect(broker)
     ch = setup.channel()
     ch.queue_declare(uid, arguments=SAC)
-    conns = [connect(broker, f"{uid}-{i}") for i in range(3)]
+    conns = [connect(broker, name=f"{uid}-{i}") for i in range(3)]
     first, second, third = (Consumer(c, uid, prefetch=3, tag=f"c{i}") for i, c in enumerate(conns))
     publish(ch, uid, [f"m{i}" for i in range(5)])
     pump(*conns)

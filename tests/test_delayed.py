@@ -9,13 +9,12 @@ import urllib.request
 
 import pika
 import pytest
+
+from conftest import connect
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 LATE_MS = 150  # allowed lateness (typically under 10 ms; the margin is for a loaded machine)
 
-
-def connect(broker) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
 
 
 def delayed(ch, name: str, kind: str = "direct", durable: bool = False, **declare) -> None:

@@ -11,6 +11,8 @@ import urllib.request
 
 import pika
 import pytest
+
+from conftest import connect
 from pika.exceptions import ChannelClosedByBroker
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,17 +21,6 @@ V = "vhost '/'"
 PRIORITY = {"x-max-priority": 10}
 
 
-def connect(node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port, connection_attempts=1,
-                                                             socket_timeout=5, blocked_connection_timeout=10))
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 def publish(ch, queue: str, items: list[tuple[str, int | None]], **props) -> None:

@@ -6,6 +6,7 @@ import time
 
 import pika
 import pytest
+
 from pika.exceptions import ChannelClosedByBroker, NackError
 
 pytestmark = pytest.mark.timeout(60)
@@ -13,17 +14,6 @@ pytestmark = pytest.mark.timeout(60)
 X_DEATH_KEYS = {"count", "reason", "queue", "time", "exchange", "routing-keys"}
 
 
-def connect(node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port, connection_attempts=1,
-                                                             socket_timeout=5, blocked_connection_timeout=10))
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 def count(conn, queue: str) -> int:
