@@ -6,7 +6,6 @@ import time
 
 import pika
 import pytest
-
 from pika.exceptions import ChannelClosedByBroker, NackError
 
 pytestmark = pytest.mark.timeout(60)
