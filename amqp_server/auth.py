@@ -71,14 +71,18 @@ def check_permission(permissions: "Permissions | None", user: str, vhost: str, k
                            f" refused for user '{user}'", class_id, method_id)
 
 
-def check_exchange_declare(permissions: "Permissions | None", user: str, vhost: str, name: str,
-                           arguments: dict | None) -> None:
-    """exchange.declare (not passive): configure on it, and read on it + write on its alternate exchange."""
-    check_permission(permissions, user, vhost, "configure", "exchange", name)
-    alternate = (arguments or {}).get("alternate-exchange")
-    if alternate:
-        check_permission(permissions, user, vhost, "read", "exchange", name)
-        check_permission(permissions, user, vhost, "write", "exchange", str(alternate))
+@dataclass(frozen=True)
+class Principal:
+    """Whom a broker operation is done for: a user and its permissions in the operation's vhost.
+
+    Broker operations take one and check it themselves, so AMQP, HTTP and the cluster cannot differ.
+    """
+    name: str
+    permissions: Permissions | None
+
+    def check(self, kind: str, resource: str, vhost: str, name: str) -> None:
+        if self.permissions is None or not self.permissions.allows(kind, name):
+            check_permission(self.permissions, self.name, vhost, kind, resource, name)
 
 
 @dataclass
@@ -147,12 +151,15 @@ class AccessControl:
         self._put("user", user.name, user.to_record())
 
     def delete_user(self, name: str) -> bool:
-        for key, _ in list(self.store.items("permission")):
-            if key.split("/", 1)[1] == name:
+        for key, record in list(self.store.items("permission")):
+            if record["user"] == name:
                 self._delete("permission", key)
         return self._delete("user", name)
 
     def authenticate(self, name: str, password: str) -> User | None:
+        """The user, if the password is right; an empty password never logs in (RabbitMQ: "empty password")."""
+        if not password:
+            return None
         user = self.user(name)
         if user is None or not check_password(password, user.password_hash, user.hashing_algorithm):
             return None

@@ -59,7 +59,8 @@ def _external(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObje
 
 
 def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    raw = response.encode("latin-1") if isinstance(response, str) else bytes(response)
+    """(username, password) as UTF-8, as RabbitMQ reads them; never quoted in a reply or a log line."""
+    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
         if len(parts) != 3:
@@ -69,4 +70,8 @@ def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
         _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
     except Exception:
         raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed AMQPLAIN response") from None
-    return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
+    return _text(table.get("LOGIN", "")), _text(table.get("PASSWORD", ""))
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -15,8 +15,8 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, direct_reply, errors, queue_args
-from .auth import check_exchange_declare, check_permission
+from . import codec, direct_reply, errors, properties, queue_args
+from .auth import check_permission
 from .broker import server_name
 from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
@@ -33,6 +33,7 @@ log = logging.getLogger("warren.channel")
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
+MEMORY_CHECK_BYTES = 8 * 1024 * 1024  # each time a message's partial body grows by this, memory is checked
 
 
 class Channel:
@@ -91,6 +92,7 @@ class Channel:
         self._route = route
         self._mandatory = flags & 1
         self.expect = EXPECT_HEADER
+        self.connection.publishing = True
 
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
@@ -103,6 +105,13 @@ class Channel:
         size = codec.BODY_SIZE.unpack_from(header, 4)[0]
         shared = self._headers.get(header)
         if shared is None:
+            try:
+                properties.check(header)
+            except properties.Malformed as exc:
+                # RabbitMQ cannot decode such properties either: its channel crashes, the client gets a bare 541
+                log.warning("malformed content header on channel %d of %s: %s", self.number,
+                            self.connection.name, exc)
+                raise ConnectionError(errors.INTERNAL_ERROR, "") from None
             if len(self._headers) >= SHARED_MAX:
                 self._headers.clear()
             shared = self._headers[header] = header
@@ -131,6 +140,10 @@ class Channel:
         if received > self._size:
             raise ConnectionError(errors.FRAME_ERROR,
                                   f"content body larger than the {self._size} octets its header declared")
+        if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
+            self.broker.check_memory()  # a large message can outrun the once-a-second memory check
+        if self.broker.blocked:  # a large message arriving during a memory alarm waits with the rest
+            self.connection.publisher_blocked()
         self._chunks.append(data)
         self._received = received
         if received == self._size:
@@ -166,7 +179,7 @@ class Channel:
                 self.broker.check_message(message, self.connection.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
-            if message.has_reply_to and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
+            if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:
                 if self.reply_consumer is None:
                     raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
                 message = direct_reply.with_reply_to(message, self.reply_consumer.name)
@@ -174,7 +187,6 @@ class Channel:
             self.publish_seq += 1
         if self.broker.blocked:
             self.connection.publisher_blocked()
-        self.connection.publishing = True
         if self.tx is not None:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
@@ -429,10 +441,10 @@ class Channel:
         raise ConnectionError(errors.CHANNEL_ERROR, "second 'channel.open' seen")
 
     def _channel_flow(self, method: commands.Channel.Flow) -> None:
-        """Client flow control, as the AMQP spec defines it: active=false pauses deliveries to this channel.
-
-        (RabbitMQ answers active=false with 540; honouring it cannot break a client written for RabbitMQ.)
-        """
+        """active=false closes the connection with 540, as RabbitMQ does (clients' tests rely on it); with the
+        node's ``channel_flow`` option it pauses deliveries to this channel, as the AMQP spec defines it."""
+        if not method.active and not self.connection.config.channel_flow:
+            raise ConnectionError(errors.NOT_IMPLEMENTED, "active=false", 20, 20)
         self.flow_active = method.active
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
@@ -447,8 +459,6 @@ class Channel:
 
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive:
-            check_exchange_declare(self.connection.permissions, self.connection.user.name, self.vhost.name,
-                                   m.exchange, m.arguments)
             if self.broker.cluster is not None and m.exchange not in self.vhost.exchanges:
                 self.connection.suspend(self, m, self._agreed_exchange(m))
                 return
@@ -456,13 +466,13 @@ class Channel:
 
     async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
         await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
-                                         m.arguments)
+                                         m.arguments, self.connection.principal)
         if self.open:
             self._declare_exchange(m)
 
     def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
-                                     m.auto_delete, m.internal, m.arguments)
+                                     m.auto_delete, m.internal, m.arguments, self.connection.principal)
         if not m.nowait:
             self.reply(commands.Exchange.DeclareOk())
 
@@ -476,13 +486,15 @@ class Channel:
     def _exchange_binding(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
-        destination = self.vhost.exchange(m.destination)
         if isinstance(m, commands.Exchange.Bind):
+            destination = self.vhost.exchange(m.destination)
             self.vhost.exchange(m.source)
             self.broker.bind(self.vhost, m.source, destination, m.routing_key, m.arguments)
             reply: Frame = commands.Exchange.BindOk()
         else:
-            self.broker.unbind(self.vhost, m.source, destination, m.routing_key, m.arguments)
+            destination = self.vhost.exchanges.get(m.destination)
+            if destination is not None:  # a missing source or destination: unbind-ok, as in RabbitMQ
+                self.broker.unbind(self.vhost, m.source, destination, m.routing_key, m.arguments)
             reply = commands.Exchange.UnbindOk()
         if not m.nowait:
             self.reply(reply)
@@ -496,8 +508,6 @@ class Channel:
         if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
             self._declare_reply_queue(name, m.nowait)
             return
-        if not m.passive:
-            self._check("configure", "queue", name)
         if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
             self.connection.suspend(self, m, self._agreed_declare(m, name))
             return
@@ -508,13 +518,15 @@ class Channel:
         if m.passive:
             await self.broker.find_queue(self.vhost, name)
         else:
-            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments)
+            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
+                                          self.connection.principal)
         if self.open:
             self._declare(m, name)
 
     def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                          m.arguments, self.connection, server_named=not m.queue)
+                                          m.arguments, self.connection, server_named=not m.queue,
+                                          who=self.connection.principal)
         self.last_queue = queue.name
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
@@ -536,16 +548,19 @@ class Channel:
         routing_key = m.routing_key if (m.queue or m.routing_key) else name
         self._check("write", "queue", name)
         self._check("read", "exchange", m.exchange)
-        queue = self.vhost.queue(name)
-        self.broker.check_exclusive(queue, self.connection)
         if isinstance(m, commands.Queue.Bind):
+            queue = self.vhost.queue(name)
+            self.broker.check_exclusive(queue, self.connection)
             self.vhost.exchange(m.exchange)
             self.broker.bind(self.vhost, m.exchange, queue, routing_key, m.arguments)
             if not m.nowait:
                 self.reply(commands.Queue.BindOk())
-        else:
+            return
+        queue = self.vhost.queues.get(name)
+        if queue is not None:  # unbinding what is gone (an auto-deleted queue) succeeds, as in RabbitMQ
+            self.broker.check_exclusive(queue, self.connection)
             self.broker.unbind(self.vhost, m.exchange, queue, routing_key, m.arguments)
-            self.reply(commands.Queue.UnbindOk())
+        self.reply(commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
@@ -756,6 +771,11 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self._chunks = []  # a partial message's body frames go now, not with the channel object
+        self._header = self._route = b""
+        self._headers.clear()
+        self._routes.clear()
+        self.tx = None
         self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
         self.ack_timeout.stop()

@@ -52,6 +52,10 @@ class Config:
     mgmt_tls_port: int = 15671
     mgmt_tls_certfile: str = ""  # empty: tls_certfile
     mgmt_tls_keyfile: str = ""  # empty: tls_keyfile
+    mgmt_max_body_size: int = 10 * 1024 * 1024  # RabbitMQ's management.http.max_body_size; larger is 413
+    mgmt_idle_timeout: float = 120.0  # s an HTTP connection may wait for (or trickle) a request's head
+    metrics_auth: bool = False  # /metrics needs a monitoring or administrator login (prometheus.authentication)
+    channel_flow: bool = False  # honour channel.flow active=false (pause deliveries); RabbitMQ answers 540
 
     @property
     def mechanisms(self) -> list[str]:
@@ -100,6 +104,10 @@ _HELP = {
     "mgmt_tls_port": "management HTTPS port",
     "mgmt_tls_certfile": "PEM certificate for HTTPS (empty: --tls-certfile)",
     "mgmt_tls_keyfile": "PEM key for HTTPS (empty: --tls-keyfile)",
+    "mgmt_max_body_size": "largest HTTP request body, bytes (larger: 413)",
+    "mgmt_idle_timeout": "seconds an HTTP connection may stay idle or take to send a request's headers",
+    "metrics_auth": "require a monitoring or administrator login for /metrics",
+    "channel_flow": "honour channel.flow active=false by pausing deliveries (RabbitMQ: 540 NOT_IMPLEMENTED)",
 }
 _CHOICES = {
     "tls_verify": ("verify_none", "verify_peer"),

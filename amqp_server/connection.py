@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import select
 import struct
 import sys
 import time
@@ -19,6 +20,7 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
+from .auth import Principal
 from .errors import AMQPError, ConnectionError
 
 if TYPE_CHECKING:
@@ -49,8 +51,9 @@ CAPABILITIES = {
     "direct_reply_to": True,
 }
 
-# Handshake states
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+# Handshake states; DRAINING: close-ok sent, frames still arriving are read and dropped until the client
+# closes the socket (closing it with unread data would reset it under a client still writing)
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
 
 
 class Connection(asyncio.Protocol):
@@ -74,6 +77,7 @@ class Connection(asyncio.Protocol):
         self.vhost: "VHost | None" = None
         self.vhost_name = ""
         self.permissions: "Permissions | None" = None
+        self.principal: "Principal | None" = None  # user + permissions: what broker operations check
         self.client_properties: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
         self.peer = ("?", 0)
@@ -114,6 +118,8 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.closed()
         self.channels.clear()
+        self.buf = bytearray()  # a half-sent frame goes with the socket
+        self.out.clear()
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -179,6 +185,8 @@ class Connection(asyncio.Protocol):
         self._received = True
         self.recv_oct += len(data)
         self.recv_cnt += 1
+        if self.state == DRAINING:
+            return
         buf = self.buf
         buf += data
         if self.state == AWAIT_HEADER:
@@ -196,7 +204,7 @@ class Connection(asyncio.Protocol):
         channels = self.channels
         limit = self.frame_max
         try:
-            while n - pos >= 8 and self.state != CLOSED and not self.suspended:
+            while n - pos >= 8 and self.state < DRAINING and not self.suspended:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -237,15 +245,15 @@ class Connection(asyncio.Protocol):
                         raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, unknown_frame")
                 except errors.ChannelError as exc:
                     if channel is None or ch == 0:
-                        raise ConnectionError(exc.code, exc.text.split(" - ", 1)[1], exc.class_id,
+                        raise ConnectionError(exc.code, exc.text.partition(" - ")[2], exc.class_id,
                                               exc.method_id) from None
                     channel.fail(exc)
         except ConnectionError as exc:
             self.close_with(exc)
             pos = len(buf)
-        except Exception as exc:  # a bug must not take the server down
+        except Exception:  # a bug must not take the server down; the reply says no more than RabbitMQ's
             log.exception("internal error on connection %s", self.name)
-            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, ""))
             pos = len(buf)
         del buf[:pos]
         if self.out:
@@ -273,8 +281,8 @@ class Connection(asyncio.Protocol):
             self.close_with(exc)
         elif exc is not None:
             log.error("internal error on connection %s", self.name, exc_info=exc)
-            self.close_with(ConnectionError(errors.INTERNAL_ERROR, f"internal error: {exc!r}"))
-        if self.state in (CLOSING, CLOSED):
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, ""))
+        if self.state in (CLOSING, DRAINING, CLOSED):
             return
         if not self.write_paused and not (self.broker.blocked and self.publishing):
             self._resume_reading()
@@ -348,7 +356,7 @@ class Connection(asyncio.Protocol):
 
         if self.state != OPEN:
             raise ConnectionError(errors.CHANNEL_ERROR, "channel.open before connection.open")
-        if ch > self.channel_max:
+        if self.channel_max and len(self.channels) >= self.channel_max:  # any number 1-65535, as RabbitMQ
             raise ConnectionError(errors.NOT_ALLOWED,
                                   f"number of channels opened ({len(self.channels)}) has reached the "
                                   f"negotiated channel_max ({self.channel_max})")
@@ -448,6 +456,7 @@ class Connection(asyncio.Protocol):
         self.vhost = self.broker.vhost(name)
         self.vhost_name = name
         self.permissions = permissions
+        self.principal = Principal(self.user.name, permissions)
         self.state = OPEN
         self._timer.cancel()
         self._timer = None
@@ -461,15 +470,24 @@ class Connection(asyncio.Protocol):
         self.send_method(0, commands.Connection.UpdateSecretOk())
 
     def _close(self, method: commands.Connection.Close) -> None:
+        """The client closes: its channels go now, then close-ok; the client closes the socket (bounded wait)."""
+        for channel in list(self.channels.values()):
+            channel.closed()
+        self.channels.clear()
         self.send_method(0, commands.Connection.CloseOk())
         self.flush()
-        self._drop()
+        self.state = DRAINING
+        self.buf.clear()
+        self._resume_reading()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(CLOSE_TIMEOUT, self._drop)
 
     # -- closing ------------------------------------------------------------------------------
 
     def close_with(self, error: AMQPError) -> None:
         """Send connection.close with the error and wait (bounded) for close-ok."""
-        if self.state in (CLOSING, CLOSED):
+        if self.state in (CLOSING, DRAINING, CLOSED):
             return
         log.warning("closing connection %s: %s", self.name, error.text)
         for channel in list(self.channels.values()):
@@ -527,6 +545,18 @@ class Connection(asyncio.Protocol):
             self.send_method(0, commands.Connection.Unblocked())
         if not self.write_paused:
             self._resume_reading()
+
+    def drop_if_peer_gone(self) -> None:
+        """A connection we stopped reading cannot see its peer hang up: ask the socket (POLLRDHUP), and let
+        go of what it holds (partial messages) at once instead of when the alarm clears."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or self.state == CLOSED:
+            return
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+        if poller.poll(0):
+            log.info("client of blocked connection %s went away", self.name)
+            self.transport.abort()
 
     def publisher_blocked(self) -> None:
         """A publish arrived during a memory alarm: stop reading this connection until it clears."""

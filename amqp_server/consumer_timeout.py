@@ -14,6 +14,7 @@ policy), else the node's ``consumer_timeout``; 0 disables.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -48,17 +49,18 @@ def timed_out_text(channel: int, timeout: int) -> str:
 class AckTimeout:
     """One channel's watch over its oldest unacknowledged delivery."""
 
-    __slots__ = ("channel", "tick", "_ticks", "_timer")
+    __slots__ = ("_channel", "tick", "_ticks", "_timer")
 
     def __init__(self, channel: "Channel") -> None:
-        self.channel = channel
+        self._channel = weakref.ref(channel)  # no Channel <-> AckTimeout cycle: a closed channel is freed at once
         self.tick = 0.0  # seconds; 0 while nothing is watched
         self._ticks: deque[tuple[int, float]] = deque()  # (latest delivery tag, monotonic time) per tick
         self._timer: TimerHandle | None = None
 
     def watch(self, queue: "Queue", consumer: "Consumer | None") -> None:
         """Manual-ack deliveries may follow (basic.consume or basic.get): tick often enough for their timeout."""
-        timeout = timeout_for(queue, consumer, self.channel.connection.config.consumer_timeout)
+        channel = self._channel()
+        timeout = timeout_for(queue, consumer, channel.connection.config.consumer_timeout)
         if not timeout:
             return
         tick = max(MIN_TICK, min(MAX_TICK, timeout / 1000 / TICKS_PER_TIMEOUT))
@@ -67,7 +69,7 @@ class AckTimeout:
         self.tick = tick
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.channel.connection.loop.call_later(tick, self._check)
+        self._timer = channel.connection.loop.call_later(tick, self._check)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -77,9 +79,9 @@ class AckTimeout:
         self._ticks.clear()
 
     def _check(self) -> None:
-        channel = self.channel
+        channel = self._channel()
         self._timer = None
-        if not channel.open:
+        if channel is None or not channel.open:
             return
         unacked = channel.unacked
         ticks = self._ticks

@@ -1,6 +1,6 @@
 """Dead-lettering (RabbitMQ's rabbit_dead_letter): the message a DLX receives.
 
-The copy keeps the original properties, loses ``expiration`` (kept as
+The copy keeps the original properties byte for byte, loses ``expiration`` (kept as
 ``original-expiration`` in its x-death entry), and gains RabbitMQ's ``x-death`` history: one
 table per (queue, reason) with a count, newest first, plus ``x-first-death-*``, typed as RabbitMQ
 types them (count ``l``, time ``T``, strings ``S``); every other header keeps its wire type. Its routing keys
@@ -9,13 +9,12 @@ BCC ones again, as RabbitMQ does.
 """
 from __future__ import annotations
 
-import copy
 import struct
 import time
 
-from . import header_table
+from . import codec, header_table, properties
 from .header_table import Field
-from .message import Message, build_header, encode_route
+from .message import Message, encode_route
 from .sender_selected import header_keys
 
 CYCLE_SAFE_REASON = "rejected"
@@ -26,7 +25,7 @@ def _death(message: Message, queue: str, reason: str, cc_keys: list[str]) -> Fie
     entry = {"count": Field("l", 1), "reason": Field("S", reason), "queue": Field("S", queue),
              "time": Field("T", int(time.time())), "exchange": Field("S", message.exchange),
              "routing-keys": Field("A", [Field("S", key) for key in [message.routing_key, *cc_keys]])}
-    expiration = message.properties.expiration
+    expiration = message.property_str(codec.FLAG_EXPIRATION)
     if expiration is not None:
         entry["original-expiration"] = Field("S", expiration)
     return Field("F", entry)
@@ -51,10 +50,7 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
         fields.setdefault(f"x-first-death-{name}", Field("S", value))
     if routing_key is not None:
         fields.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
-    props = copy.copy(message.properties)
-    props.headers = None
-    props.expiration = None
-    header = build_header(props, message.body_size)
+    header = properties.replace(message.header, codec.FLAG_EXPIRATION, None)
     header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], fields)
     key = routing_key if routing_key is not None else message.routing_key
     dead = Message(exchange, key, encode_route(exchange, key), header, message.body)

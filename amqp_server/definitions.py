@@ -6,11 +6,14 @@ at login, so such changes take effect on the next connection.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Iterator
 
 import lmdb
+
+MAX_KEY = 480  # LMDB's default key limit is 511 bytes
 
 
 class DefinitionStore:
@@ -24,7 +27,12 @@ class DefinitionStore:
 
     @staticmethod
     def _key(kind: str, key: str) -> bytes:
-        return f"{kind}/{key}".encode()
+        """``kind/key``; a key LMDB could not hold (over 511 bytes: long escaped names) is stored by its hash.
+        Records carry every name, so nothing reads a name back from a key."""
+        raw = f"{kind}/{key}".encode()
+        if len(raw) > MAX_KEY:
+            return f"{kind}/~".encode() + hashlib.sha256(raw).hexdigest().encode()
+        return raw
 
     def get(self, kind: str, key: str) -> dict[str, Any] | None:
         with self._env.begin() as txn:

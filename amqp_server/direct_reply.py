@@ -12,7 +12,8 @@ import base64
 import os
 from typing import TYPE_CHECKING
 
-from .message import Message, build_header
+from . import codec, properties
+from .message import Message
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -61,8 +62,6 @@ class ReplyConsumers:
 
 
 def with_reply_to(message: Message, reply_to: str) -> Message:
-    """The message with its reply_to property replaced (the request of an RPC, so off the bulk path)."""
-    properties = message.properties
-    properties.reply_to = reply_to
-    return Message(message.exchange, message.routing_key, message.route,
-                   build_header(properties, message.body_size), message.body)
+    """The message with its reply_to property replaced on the bytes (every other property stays as sent)."""
+    header = properties.replace(message.header, codec.FLAG_REPLY_TO, properties.shortstr(reply_to))
+    return Message(message.exchange, message.routing_key, message.route, header, message.body)

@@ -52,13 +52,16 @@ REPLY_NAMES = {
 
 
 class AMQPError(Exception):
-    """An exception the peer is told about. ``hard`` ones close the connection."""
+    """An exception the peer is told about. ``hard`` ones close the connection.
+
+    The reply text is ``NAME - detail``, or the bare NAME without a detail (RabbitMQ's crash replies).
+    """
 
     hard = False
 
     def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.code = code
-        self.text = _shortstr_text(f"{REPLY_NAMES[code]} - {detail}")
+        self.text = _shortstr_text(f"{REPLY_NAMES[code]} - {detail}" if detail else REPLY_NAMES[code])
         self.class_id = class_id
         self.method_id = method_id
         super().__init__(self.text)

@@ -1,9 +1,10 @@
 """A published message as the broker keeps it.
 
 The content header arrives as bytes and goes out again as the same bytes, so
-routing and delivery never decode properties.  They are decoded (by pamqp)
-only when something needs them: the headers exchange, user-id validation,
-TTL, dead-lettering, the management API.
+routing and delivery never decode properties.  One is read or replaced on the
+bytes when something needs it (user-id validation, TTL, direct reply-to,
+dead-lettering); all are decoded (:mod:`properties`) only for the headers
+exchange and the management API.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from . import codec, header_table
+from . import codec, header_table, properties
+from .properties import Properties
 
 _LONG = struct.Struct(">I")
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
@@ -53,7 +55,7 @@ class Message:
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
         self.transient_id = 0  # set once paged out to the transient store
-        self._properties: commands.Basic.Properties | None = None
+        self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
     @classmethod
@@ -76,6 +78,10 @@ class Message:
         self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
+    def property_str(self, flag: int) -> str | None:
+        """One shortstr property (``codec.FLAG_*``), read from the bytes without decoding the others."""
+        return properties.read_str(self.header, flag) if self._flags & flag else None
+
     def header_value(self, name: str) -> Any:
         """One header's value; an integer or string one is read from the header bytes, without pamqp."""
         try:
@@ -89,17 +95,14 @@ class Message:
             self.header = header_table.with_int(self.header, self._flags, name, value)
             self._properties = None
         except header_table.Unsupported:
-            properties = self.properties
-            properties.headers = {**(properties.headers or {}), name: value}
-            self.header = build_header(properties, self.body_size)
-            self._flags = struct.unpack_from(">H", self.header, 12)[0]
+            fields = self.typed_headers()
+            fields[name] = header_table.Field("l", value)
+            self.replace_headers(fields)
 
     @property
-    def properties(self) -> commands.Basic.Properties:
+    def properties(self) -> Properties:
         if self._properties is None:
-            content = ContentHeader()
-            content.unmarshal(self.header)
-            self._properties = content.properties
+            self._properties = properties.decode(self.header)
         return self._properties
 
     @property
@@ -131,21 +134,11 @@ class Message:
         """The per-message TTL; ValueError if it is not a non-negative integer, as RabbitMQ requires."""
         if not self._flags & codec.FLAG_EXPIRATION:
             return None
-        value = self.properties.expiration
-        if value is None:
-            return None
+        value = properties.read_str(self.header, codec.FLAG_EXPIRATION)
         ttl = int(value)
         if ttl < 0:
             raise ValueError(value)
         return ttl
-
-    @property
-    def has_user_id(self) -> bool:
-        return bool(self._flags & codec.FLAG_USER_ID)
-
-    @property
-    def has_reply_to(self) -> bool:
-        return bool(self._flags & codec.FLAG_REPLY_TO)
 
     @property
     def needs_checks(self) -> bool:
@@ -185,12 +178,12 @@ def encode_route(exchange: str, routing_key: str) -> bytes:
     return codec.shortstr(exchange) + codec.shortstr(routing_key)
 
 
-def build_header(properties: commands.Basic.Properties, body_size: int) -> bytes:
-    """Content header payload for a message the broker makes itself (HTTP publish, dead letters)."""
-    return ContentHeader(0, body_size, properties).marshal()
+def build_header(props: commands.Basic.Properties, body_size: int) -> bytes:
+    """Content header payload for a message the broker makes itself (HTTP publish, the aliveness test)."""
+    return ContentHeader(0, body_size, props).marshal()
 
 
-def make_message(exchange: str, routing_key: str, properties: commands.Basic.Properties,
+def make_message(exchange: str, routing_key: str, props: commands.Basic.Properties,
                  body: bytes) -> Message:
     return Message(exchange, routing_key, encode_route(exchange, routing_key),
-                   build_header(properties, len(body)), body)
+                   build_header(props, len(body)), body)

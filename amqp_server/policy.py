@@ -78,7 +78,11 @@ def _integer(minimum: int, what: str):
 
 
 def _string(what: str):
-    return lambda value: None if isinstance(value, str) else f"{_erl(value)} is not a valid {what}"
+    """A name or routing key: a string that fits an AMQP short string."""
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, str) and len(value.encode()) <= 255
+        return None if ok else f"{_erl(value)} is not a valid {what}"
+    return check
 
 
 def _one_of(choices: Iterable[str], what: str):

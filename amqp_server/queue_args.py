@@ -91,6 +91,9 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
                 raise errors.precondition_failed(f"invalid arg '{name}' {where} of queue type rabbit_classic_queue")
     dlx = string("x-dead-letter-exchange")
     dlrk = string("x-dead-letter-routing-key")
+    if dlrk is not None and len(dlrk.encode()) > 255:  # RabbitMQ stores it, then fails every dead letter (541)
+        raise errors.precondition_failed(
+            f"invalid arg 'x-dead-letter-routing-key' {where}: {{value_too_long,{len(dlrk.encode())}}}")
     if dlrk is not None and dlx is None:
         raise errors.precondition_failed(
             f"invalid arg 'x-dead-letter-routing-key' {where}: routing_key_but_no_dlx_defined")

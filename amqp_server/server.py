@@ -93,29 +93,44 @@ class Node:
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
         self._memory_task = asyncio.create_task(self._watch_memory())
+        self.broker.check_memory = self.check_memory
         log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
                  self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
 
     async def _watch_memory(self) -> None:
-        limit = self.config.memory_limit
         broker = self.broker
         while True:
             await asyncio.sleep(MEMORY_CHECK_INTERVAL)
-            rss = _rss()
-            if rss > limit * self.config.paging_ratio:
-                broker.pager.page_out(broker.all_queues())
-            broker.pager.housekeeping()
-            if rss > limit and not broker.blocked:
-                log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
-                broker.blocked = True
-                for connection in list(broker.connections):
-                    if connection.publishing:
-                        connection.notify_blocked()
-            elif rss <= limit and broker.blocked:
-                log.warning("memory alarm cleared: %d bytes used, limit %d", rss, limit)
-                broker.blocked = False
-                for connection in list(broker.connections):
-                    connection.notify_unblocked()
+            try:
+                rss = self.check_memory()
+                if rss > self.config.memory_limit * self.config.paging_ratio:
+                    broker.pager.page_out(broker.all_queues())
+                broker.pager.housekeeping()
+            except Exception:  # the alarm must keep being checked whatever one pass met
+                log.exception("memory check failed")
+
+    def check_memory(self) -> int:
+        """Set or clear the memory alarm; the RSS. Every second, and whenever a publisher has sent another
+        8 MiB of a message (channel.MEMORY_CHECK_BYTES) (a fast publisher outruns the clock)."""
+        limit = self.config.memory_limit
+        broker = self.broker
+        rss = _rss()
+        if rss > limit and not broker.blocked:
+            log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
+            broker.blocked = True
+            for connection in list(broker.connections):
+                if connection.publishing:  # also one in the middle of a message: it is read no further
+                    connection.publisher_blocked()
+        elif rss > limit:
+            for connection in list(broker.connections):
+                if connection.reading_paused:
+                    connection.drop_if_peer_gone()
+        elif broker.blocked:
+            log.warning("memory alarm cleared: %d bytes used, limit %d", rss, limit)
+            broker.blocked = False
+            for connection in list(broker.connections):
+                connection.notify_unblocked()
+        return rss
 
     def stop(self) -> None:
         self._stopped.set()

@@ -11,8 +11,8 @@ from amqp_server import tls
 from amqp_server.broker import Broker
 from amqp_server.errors import AMQPError
 
-from . import bindings, connections, definitions, exchanges, metrics, overview, permissions, policies, queues, users
-from . import vhosts
+from . import bindings, connections, definitions, exchanges, health, metrics, overview, permissions, policies, queues
+from . import users, vhosts
 from . import offsets
 from .auth import auth_middleware
 from .context import KEY, Context
@@ -21,8 +21,8 @@ from .rates import DEFAULT_INTERVAL, Sampler
 
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-RESOURCES = (overview, users, vhosts, permissions, policies, connections, exchanges, bindings, queues, definitions,
-             metrics)
+RESOURCES = (overview, health, users, vhosts, permissions, policies, connections, exchanges, bindings, queues,
+             definitions, metrics)
 
 
 @web.middleware
@@ -49,6 +49,24 @@ async def error_middleware(request: web.Request,
         return error_response(500, "internal_server_error", "internal error; see the node's log")
 
 
+# The web UI loads nothing from elsewhere and may not be framed (clickjacking).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+                               "object-src 'none'; base-uri 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@web.middleware
+async def security_headers(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Response:
     if response.status == 404:
         return error_response(404, "Object Not Found", "Not Found")
@@ -65,14 +83,17 @@ async def _index(request: web.Request) -> web.FileResponse:
 def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL,
                static_dir: str | None = STATIC_DIR) -> web.Application:
     """The management application for ``broker``; ``config`` is the node's Config."""
-    app = web.Application(middlewares=[error_middleware,
-                                       auth_middleware(broker, getattr(config, "loopback_users_only", True))],
-                          client_max_size=max(1024 ** 2, getattr(config, "max_message_size", 0) * 2))
+    app = web.Application(middlewares=[security_headers, error_middleware,
+                                       auth_middleware(broker, config.loopback_users_only, config.metrics_auth)],
+                          client_max_size=config.mgmt_max_body_size)
     sampler = Sampler(broker, sample_interval)
     app[KEY] = Context(broker, config, sampler)
     app["broker"] = broker  # plain key for add-on modules (offsets.py)
     for module in RESOURCES:
         app.add_routes(module.routes)
+        for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
+            if isinstance(route, web.RouteDef) and route.path.startswith("/api/") and not route.path.endswith("/"):
+                app.router.add_route(route.method, route.path + "/", route.handler, **route.kwargs)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
     if static_dir and os.path.isdir(static_dir):
         app["static_dir"] = static_dir
@@ -94,7 +115,9 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
 async def start(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
     """Serve the API on ``config.bind:config.mgmt_port`` (and HTTPS on ``mgmt_tls_port`` with ``mgmt_tls``)
     on the running loop; ``await runner.cleanup()`` stops it."""
-    runner = web.AppRunner(create_app(broker, config, sample_interval), access_log=None)
+    # a connection idle, or trickling a request's head, that long is closed (aiohttp's keep-alive timer)
+    runner = web.AppRunner(create_app(broker, config, sample_interval), access_log=None,
+                           keepalive_timeout=config.mgmt_idle_timeout)
     await runner.setup()
     await web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True).start()
     context = tls.mgmt_context(config)

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Permissions, User
+from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Permissions, Principal, User
 from amqp_server.broker import Broker
 
 from .context import ctx
@@ -91,12 +91,17 @@ def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool
     return login
 
 
-def auth_middleware(broker: Broker, loopback_only_guest: bool) -> Callable:
+def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: bool = False) -> Callable:
+    """Every /api/ request logs in before its handler runs (so before any body is read); /metrics too with
+    ``metrics_auth``, as a monitoring user (RabbitMQ's prometheus.authentication.enabled)."""
     @web.middleware
     async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                          ) -> web.StreamResponse:
         if request.path.startswith("/api/"):
             request["login"] = authenticate(request, broker, loopback_only_guest)
+        elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
+            request["login"] = authenticate(request, broker, loopback_only_guest)
+            require_monitor(request)
         return await handler(request)
 
     return middleware
@@ -145,3 +150,8 @@ def permissions(request: web.Request, vhost: str) -> Permissions | None:
     """The user's configure/write/read patterns in a vhost: what HTTP operations on its resources check."""
     broker = ctx(request).broker
     return broker.access.permissions(vhost, login(request).name)
+
+
+def principal(request: web.Request, vhost: str) -> Principal:
+    """The logged-in user with its permissions in ``vhost``: what the broker's operations check."""
+    return Principal(login(request).name, permissions(request, vhost))

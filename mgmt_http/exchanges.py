@@ -5,14 +5,14 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import check_exchange_declare, check_permission
+from amqp_server.auth import check_permission
 from amqp_server.policy import effective_definition
 from exchanges import DelayedExchange, Exchange
 
 from . import auth
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, exchange_param, get_bool, get_str, get_table,
-                   json_response, no_content, not_found, query_flag, read_json)
+                   json_response, new_name, no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import message_from_json
 from .rates import EXCHANGE_STATS, message_stats
@@ -69,20 +69,20 @@ async def show(request: web.Request) -> web.Response:
 async def declare(request: web.Request) -> web.Response:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
-    name = exchange_param(request.match_info["name"])
+    name = exchange_param(new_name(request, "name", "exchange"))
+    who = auth.principal(request, vhost.name)
+    who.check("configure", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
     body = await read_json(request)
     type_name = get_str(body, "type", "direct")  # exchange.declare's defaults, as RabbitMQ
     durable = get_bool(body, "durable", False)
     auto_delete = get_bool(body, "auto_delete", False)
     internal = get_bool(body, "internal", False)
     arguments = get_table(body, "arguments")
-    check_exchange_declare(auth.permissions(request, vhost.name), auth.login(request).name, vhost.name, name,
-                           arguments)
     existed = name in vhost.exchanges
     await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
-                                        internal=internal, arguments=arguments)
+                                        internal=internal, arguments=arguments, who=who)
     context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
-                                    internal=internal, arguments=arguments)
+                                    internal=internal, arguments=arguments, who=who)
     return created_or_updated(not existed)
 
 
@@ -102,8 +102,9 @@ async def publish(request: web.Request) -> web.Response:
     A missing exchange is 400 with basic.publish's NOT_FOUND text, as RabbitMQ answers it."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
-    body = await read_json(request, required=True)
     name = exchange_param(request.match_info["name"])
+    auth.principal(request, vhost.name).check("write", "exchange", vhost.name, name)  # before the body is read
+    body = await read_json(request, required=True)
     exchange = vhost.exchanges.get(name)
     if exchange is None:
         raise bad_request(f"NOT_FOUND - no exchange '{name}' in vhost '{vhost.name}'")
@@ -111,7 +112,6 @@ async def publish(request: web.Request) -> web.Response:
     user = auth.login(request).name
     broker = context.broker
     vhost_name = vhost.name
-    check_permission(auth.permissions(request, vhost_name), user, vhost_name, "write", "exchange", exchange.name)
     broker.check_publishable(vhost, exchange)
     broker.check_message(message, user)
     if message.body_size > context.config.max_message_size:

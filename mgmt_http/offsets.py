@@ -20,16 +20,16 @@ permission checked is ``read`` on the queue, for commit too: committing is consu
 """
 from __future__ import annotations
 
-import datetime
 import decimal
 import json
 from typing import Any
 
 from aiohttp import web
-from pamqp.header import ContentHeader
 
+from amqp_server import properties
 from amqp_server.auth import check_permission
 from amqp_server.errors import AMQPError
+from amqp_server.properties import Properties
 from amqp_server.queue import Entry, Queue
 
 from . import auth
@@ -38,6 +38,7 @@ from .http import HTTPError, bad_request, not_authorised, from_amqp, json_respon
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 16384
 MAX_LIMIT = 1_000_000
+MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
 
 # Column order and names of every record batch (the Spark source's schema mirrors it).
 COLUMNS = ("queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
@@ -91,6 +92,7 @@ def authorize_queue_read(request: web.Request) -> Queue:
     queue = broker.vhost(vhost_name).queues.get(name)
     if queue is None:
         raise not_found()
+    broker.check_exclusive(queue, None)  # another connection's exclusive queue is locked, as over AMQP
     return queue
 
 
@@ -122,23 +124,15 @@ def _text(value: Any) -> str:
 def _json_default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.timezone.utc)
-        return int(value.timestamp())
     if isinstance(value, decimal.Decimal):
         return float(value)
     return str(value)
 
 
-def _properties(message: Any) -> Any:
+def _properties(message: Any) -> Properties:
     """Decoded properties without caching them on the message (a big browse would keep them all)."""
     props = getattr(message, "_properties", None)
-    if props is None:
-        content = ContentHeader()
-        content.unmarshal(message.header)
-        props = content.properties
-    return props
+    return props if props is not None else properties.decode(message.header)
 
 
 def encode_batch(queue_name: str, entries: list[Entry], body_text: bool, schema: Any) -> Any:
@@ -172,9 +166,9 @@ def encode_batch(queue_name: str, entries: list[Entry], body_text: bool, schema:
                 cols["type" if attr == "message_type" else attr][i] = value
         cols["delivery_mode"][i] = props.delivery_mode
         cols["priority"][i] = props.priority
-        stamp = props.timestamp
-        if stamp is not None:
-            cols["timestamp"][i] = stamp if stamp.tzinfo else stamp.replace(tzinfo=datetime.timezone.utc)
+        stamp = props.timestamp  # seconds, opaque on the wire: one Arrow (µs, int64) cannot hold is null
+        if stamp is not None and stamp < MAX_TIMESTAMP_S:
+            cols["timestamp"][i] = stamp * 1_000_000
     arrays = [pa.array([queue_name] * n, pa.string()), pa.array(offsets, pa.int64()),
               pa.array(bodies, schema.field("body").type), pa.array(exchanges, pa.string()),
               pa.array(keys, pa.string())]

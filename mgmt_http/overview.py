@@ -1,4 +1,4 @@
-"""/api/overview, /api/nodes, /api/aliveness-test, /api/healthchecks/node, and empty lists for
+"""/api/overview, /api/nodes, /api/aliveness-test, and empty lists for
 features Warren doesn't have (parameters, extensions) so RabbitMQ tools keep working."""
 from __future__ import annotations
 
@@ -161,15 +161,6 @@ async def aliveness(request: web.Request) -> web.Response:
     _, entry = broker.basic_get(vhost, ALIVENESS_QUEUE, no_ack=True)
     if entry is None or entry.message.body != b"test_message":
         return json_response({"status": "failed", "reason": "message not received"}, 503)
-    return json_response({"status": "ok"})
-
-
-@routes.get("/api/healthchecks/node")
-@routes.get("/api/healthchecks/node/{node}")
-@routes.get("/api/health/checks/alarms")
-async def healthcheck(request: web.Request) -> web.Response:
-    if ctx(request).broker.blocked:
-        return json_response({"status": "failed", "reason": "resource alarm in effect"}, 503)
     return json_response({"status": "ok"})
 
 

@@ -66,7 +66,7 @@ async def put(request: web.Request) -> web.Response:
         raise bad_request(str(exc)) from None
     broker = ctx(request).broker
     existed = broker.policies.get(kind, vhost, name) is not None
-    broker.policies.put(kind, policy, broker.vhost(vhost))
+    broker.set_policy(kind, policy, auth.principal(request, vhost))
     return created_or_updated(not existed)
 
 

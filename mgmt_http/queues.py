@@ -13,7 +13,7 @@ from . import auth
 from .connections import consumer_info
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
-                   no_content, not_found, query_flag, read_json)
+                   new_name, no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
@@ -106,17 +106,20 @@ async def show(request: web.Request) -> web.Response:
 async def declare(request: web.Request) -> web.Response:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
-    name = request.match_info["name"]
+    name = new_name(request, "name", "queue")
+    who = auth.principal(request, vhost.name)
+    who.check("configure", "queue", vhost.name, name)  # before the body is read: refusing costs nothing
     body = await read_json(request)
     durable = get_bool(body, "durable", False)  # queue.declare's default, as RabbitMQ
     auto_delete = get_bool(body, "auto_delete", False)
     arguments = get_table(body, "arguments")
     if not name:
         raise bad_request("queue name must not be empty")
-    _check(request, vhost.name, "configure", name)
     existed = name in vhost.queues
-    await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
-    context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments)
+    await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments,
+                                     who=who)
+    context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments,
+                                 who=who)
     return created_or_updated(not existed)
 
 
@@ -133,7 +136,7 @@ async def delete(request: web.Request) -> web.Response:
 async def purge(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
     _check(request, queue.vhost, "read", queue.name)
-    context.broker.purge_queue(context.vhost(queue.vhost), queue.name)
+    await context.broker.purge_anywhere(context.vhost(queue.vhost), queue.name)  # the owner node's too
     return no_content()
 
 
@@ -163,14 +166,19 @@ async def get(request: web.Request) -> web.Response:
     vhost = context.vhost(queue.vhost)
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
-    for _ in range(count):
-        _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
-        if entry is None:
-            break
-        taken.append(entry)
-        item = entry_to_json(entry, encoding, truncate)
-        item["message_count"] = queue.message_count
-        result.append(item)
+    try:
+        for _ in range(count):
+            _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
+            if entry is None:
+                break
+            taken.append(entry)
+            item = entry_to_json(entry, encoding, truncate)
+            item["message_count"] = queue.message_count
+            result.append(item)
+    except BaseException:
+        if taken and not no_ack:  # nothing may stay unacked without a channel to settle it
+            broker.settle(queue, taken, requeue=True)
+        raise
     if taken and not no_ack:
         broker.settle(queue, taken, requeue, reject)
     return json_response(result)
@@ -186,7 +194,7 @@ async def peek(request: web.Request) -> web.Response:
     encoding, truncate = _encoding_and_truncate(query, "auto")
     _check(request, queue.vhost, "read", queue.name)
     items = []
-    for position, entry in enumerate(queue.peek(offset, count), start=offset):
+    for position, entry in enumerate(context.broker.peek(queue, offset, count), start=offset):
         item = entry_to_json(entry, encoding, truncate)
         item["position"] = position
         items.append(item)

@@ -9,7 +9,7 @@ from amqp_server.auth import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_pas
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, get_str, json_response, no_content, not_found, read_json
+from .http import bad_request, created_or_updated, get_str, json_response, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
 from .permissions import permission_info
 
@@ -76,7 +76,7 @@ async def show(request: web.Request) -> web.Response:
 async def put(request: web.Request) -> web.Response:
     auth.require_admin(request)
     access = ctx(request).broker.access
-    name = request.match_info["name"]
+    name = new_name(request, "name", "user")
     if not name:
         raise bad_request("user name must not be empty")
     existing = access.user(name)

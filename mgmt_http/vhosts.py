@@ -9,7 +9,7 @@ from amqp_server.auth import Permissions
 
 from . import auth
 from .context import Context, ctx
-from .http import bad_request, created_or_updated, no_content, not_found, read_json
+from .http import bad_request, created_or_updated, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
 from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
 
@@ -44,7 +44,7 @@ async def show(request: web.Request) -> web.Response:
 async def put(request: web.Request) -> web.Response:
     auth.require_admin(request)
     await read_json(request)  # description, tags, default_queue_type, tracing: accepted, not kept
-    name = request.match_info["vhost"]
+    name = new_name(request, "vhost", "vhost")
     if not name:
         raise bad_request("vhost name must not be empty")
     broker = ctx(request).broker

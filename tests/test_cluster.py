@@ -286,7 +286,21 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
     assert passive(n1, uid) == 0
 
 
-def api_put(node: BrokerProcess, path: str, body: dict, method: str = "PUT") -> None:
+def test_http_purge_through_another_node(cluster, uid):
+    """DELETE /api/queues/.../contents on a node that does not own the queue purges the owner's messages."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid)
+        ch.confirm_delivery()
+        for i in range(100):
+            ch.basic_publish("", uid, f"m{i}".encode())
+    wait_for(lambda: passive(n2, uid) == 100, "owner's count reported on node 2")
+    api_put(n2, f"/queues/%2F/{uid}/contents", None, method="DELETE")
+    assert passive(n1, uid) == 0
+
+
+def api_put(node: BrokerProcess, path: str, body: dict | None, method: str = "PUT") -> None:
     request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}", method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
                                      headers={"Content-Type": "application/json"})

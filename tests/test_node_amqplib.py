@@ -85,3 +85,11 @@ def test_amqplib_connection_blocked(start_broker, uid):
     node = start_broker("--memory-high-watermark", "2")
     result = node_script("blocked", node, uid)
     assert result["blocked"] is True
+
+
+def test_amqplib_close_while_frames_are_still_buffered(broker, uid):
+    """The client closes with ~1 MB of publishes still on the way: close-ok arrives, no ECONNRESET (RabbitMQ:
+    the broker reads and drops what follows connection.close and lets the client close the socket)."""
+    result = node_script("close_while_writing", broker, uid)
+    assert result["closed"] is True
+    assert result["sent"] > 100
