@@ -1060,9 +1060,11 @@ def test_user_id_mismatch_refused(conn, uid):
 # -- channel.flow ---------------------------------------------------------------------------------
 
 
-@pytest.mark.warren_only("RabbitMQ refuses channel.flow active=false with 540 NOT_IMPLEMENTED")
-def test_channel_flow_pauses_and_resumes_deliveries(conn, uid):
-    """channel.flow(active=false) stops deliveries to the channel; active=true resumes them."""
+@pytest.mark.warren_only("Warren's --channel-flow option; RabbitMQ (and Warren by default) answer 540")
+def test_channel_flow_pauses_and_resumes_deliveries(start_broker, uid):
+    """With --channel-flow true, channel.flow(active=false) stops deliveries to the channel; active=true
+    resumes them (test_compatibility: the default 540)."""
+    conn = connect(start_broker("--channel-flow", "true"))
     ch = conn.channel()
     ch.queue_declare(uid, exclusive=True)
     got = []
