@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import fcntl
 import gc
@@ -49,6 +50,14 @@ def lock_data_dir(data_dir: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _trim() -> None:
+    """glibc's malloc_trim: return free heap pages to the OS (large freed bodies otherwise keep RSS up)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _rss() -> int:
@@ -125,6 +134,7 @@ class Node:
             for connection in list(broker.connections):
                 if connection.reading_paused:
                     connection.drop_if_peer_gone()
+            _trim()  # freed message bodies may sit in malloc's heap, holding the alarm on: give them back
         elif broker.blocked:
             log.warning("memory alarm cleared: %d bytes used, limit %d", rss, limit)
             broker.blocked = False
