@@ -454,6 +454,11 @@ OPERATIONS = {  # name -> (permission kind needed on the resource named X, actio
     "basic.consume": ("read", lambda ch, x: ch.basic_consume(x, lambda *a: None)),
     "queue.bind (queue)": ("write", lambda ch, x: ch.queue_bind(x, "amq.fanout")),
     "queue.bind (exchange)": ("read", lambda ch, x: ch.queue_bind(f"{x}-q", x)),
+    "queue.unbind (queue)": ("write", lambda ch, x: ch.queue_unbind(x, "amq.fanout")),
+    "queue.unbind (exchange)": ("read", lambda ch, x: ch.queue_unbind(f"{x}-q", x)),
+    "exchange.bind (destination)": ("write", lambda ch, x: ch.exchange_bind(x, "amq.fanout")),
+    "exchange.bind (source)": ("read", lambda ch, x: ch.exchange_bind("amq.fanout", x)),
+    "exchange.unbind (destination)": ("write", lambda ch, x: ch.exchange_unbind(x, "amq.fanout")),
     "basic.publish": ("write", lambda ch, x: (ch.confirm_delivery(), ch.basic_publish(x, "", b"p"))),
 }
 
@@ -494,6 +499,13 @@ HTTP_OPERATIONS = {  # path template, method, body, permission kind
             "read"),
     "publish": ("POST", "/api/exchanges/%2F/{x}/publish", {"routing_key": "", "payload": "p",
                                                            "payload_encoding": "string", "properties": {}}, "write"),
+    "bind (queue)": ("POST", "/api/bindings/%2F/e/amq.fanout/q/{x}", {"routing_key": "k"}, "write"),
+    "bind (exchange)": ("POST", "/api/bindings/%2F/e/{x}/e/amq.fanout", {"routing_key": "k"}, "read"),
+    "peek": ("GET", "/api/queues/%2F/{x}/peek", None, "read"),
+    "offsets": ("GET", "/api/queues/%2F/{x}/offsets", None, "read"),
+    "records": ("GET", "/api/queues/%2F/{x}/records", None, "read"),
+    "commit": ("POST", "/api/queues/%2F/{x}/commit", {"offset": 0}, "read"),
+    "move": ("POST", "/api/queues/%2F/{x}/move", {"destination": "{x}-q"}, "read"),
 }
 
 
@@ -506,7 +518,10 @@ def test_http_permission_matrix(broker, uid, operation):
         ch = connection.channel()
         ch.exchange_declare(resource, "fanout")
         ch.queue_declare(resource)
+        ch.queue_declare(f"{resource}-q")
     path = template.format(x=urllib.parse.quote(resource, safe=""))
+    if body is not None and "destination" in body:
+        body = {"destination": f"{resource}-q"}
     denied = {"configure": ".*", "write": ".*", "read": ".*", kind: f"^{uid}-never$"}
     user = make_user(broker, f"{uid}-denied", denied["configure"], denied["write"], denied["read"])
     assert_error(call(broker, method, path, body, auth=user), 401)
@@ -515,4 +530,5 @@ def test_http_permission_matrix(broker, uid, operation):
     with connect(broker) as connection:
         ch = connection.channel()
         ch.queue_delete(resource)
+        ch.queue_delete(f"{resource}-q")
         ch.exchange_delete(resource)
