@@ -56,6 +56,7 @@ class Config:
     mgmt_idle_timeout: float = 120.0  # s an HTTP connection may wait for (or trickle) a request's head
     metrics_auth: bool = False  # /metrics needs a monitoring or administrator login (prometheus.authentication)
     channel_flow: bool = False  # honour channel.flow active=false (pause deliveries); RabbitMQ answers 540
+    explain_handshake_errors: bool = False  # connection.close saying why; RabbitMQ drops the socket after 3 s
 
     @property
     def mechanisms(self) -> list[str]:
@@ -108,6 +109,8 @@ _HELP = {
     "mgmt_idle_timeout": "seconds an HTTP connection may stay idle or take to send a request's headers",
     "metrics_auth": "require a monitoring or administrator login for /metrics",
     "channel_flow": "honour channel.flow active=false by pausing deliveries (RabbitMQ: 540 NOT_IMPLEMENTED)",
+    "explain_handshake_errors": "answer a failed handshake with connection.close saying why (RabbitMQ: drops "
+                                "the socket after 3 s)",
 }
 _CHOICES = {
     "tls_verify": ("verify_none", "verify_peer"),

@@ -37,6 +37,7 @@ _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
+SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 LOGIN_REFUSED = "Login was refused using authentication mechanism {}. For details see the broker logfile."
 
 CAPABILITIES = {
@@ -486,8 +487,22 @@ class Connection(asyncio.Protocol):
     # -- closing ------------------------------------------------------------------------------
 
     def close_with(self, error: AMQPError) -> None:
-        """Send connection.close with the error and wait (bounded) for close-ok."""
+        """Send connection.close with the error and wait (bounded) for close-ok.
+
+        Before tune-ok is accepted, RabbitMQ trusts no client: it logs the error and drops the socket after
+        SILENT_CLOSE_DELAY, telling only a refused login (403) why; so does Warren unless
+        ``explain_handshake_errors`` is set.
+        """
         if self.state in (CLOSING, DRAINING, CLOSED):
+            return
+        if (self.state in (AWAIT_START_OK, AWAIT_TUNE_OK) and error.code != errors.ACCESS_REFUSED
+                and not self.config.explain_handshake_errors):
+            log.warning("closing connection %s in its handshake: %s", self.name, error.text)
+            self.state = CLOSING
+            self._pause_reading()
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(SILENT_CLOSE_DELAY, self._drop)
             return
         log.warning("closing connection %s: %s", self.name, error.text)
         for channel in list(self.channels.values()):

@@ -502,8 +502,9 @@ def test_bad_credentials_without_capability_just_close(broker):
     (0, None, "frame_max = 0 is higher than the maximum allowed value ({frame_max})"),  # 0 = "no limit"
     (None, 0, "channel_max = 0 is higher than the maximum allowed value ({channel_max})"),
 ])
-@pytest.mark.warren_only("RabbitMQ closes the socket without connection.close before connection.open")
-def test_tune_ok_outside_the_servers_limits_is_not_allowed(broker, frame_max, channel_max, detail):
+@pytest.mark.warren_only("Warren's --explain-handshake-errors; by default the socket is dropped, as RabbitMQ does")
+def test_tune_ok_outside_the_servers_limits_is_not_allowed(start_broker, frame_max, channel_max, detail):
+    broker = start_broker("--explain-handshake-errors", "true")
     client = Raw(broker)
     try:
         client.send(PROTOCOL_HEADER)
@@ -520,6 +521,29 @@ def test_tune_ok_outside_the_servers_limits_is_not_allowed(broker, frame_max, ch
         assert close.reply_text == "NOT_ALLOWED - negotiated " + detail.format(frame_max=tune.frame_max,
                                                                                channel_max=tune.channel_max)
         client.assert_eof()
+    finally:
+        client.close()
+    assert_serves(broker)
+
+
+@pytest.mark.parametrize("case", ["unknown mechanism", "frame_max too low"])
+def test_handshake_errors_drop_the_socket_after_a_delay(broker, case):
+    """Before connection.open RabbitMQ trusts no client: no connection.close, the socket goes after 3 s."""
+    client = Raw(broker, timeout=10)
+    try:
+        client.send(PROTOCOL_HEADER)
+        client.expect(commands.Connection.Start)
+        client.send_method(0, commands.Connection.StartOk(
+            client_properties={}, mechanism="FOO" if case == "unknown mechanism" else "PLAIN",
+            response="\x00guest\x00guest", locale="en_US"))
+        if case == "frame_max too low":
+            tune = client.expect(commands.Connection.Tune)
+            client.send_method(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=100,
+                                                            heartbeat=0))
+        started = time.monotonic()
+        with pytest.raises(Closed):
+            client.read_frame()
+        assert 2.5 < time.monotonic() - started < 6
     finally:
         client.close()
     assert_serves(broker)

@@ -350,7 +350,7 @@ def test_https_management_api_needs_the_ca_and_plain_http_still_answers(node: TL
 
 def test_fail_if_no_peer_cert_refuses_clients_without_certificate(pki: PKI, tmp_path: Path) -> None:
     strict = start_tls_node(tmp_path / "data", pki, "--tls-verify", "verify_peer", "--tls-fail-if-no-peer-cert",
-                            "true", "--auth-mechanisms", "EXTERNAL")
+                            "true", "--auth-mechanisms", "EXTERNAL", "--explain-handshake-errors", "true")
     try:
         # TLS 1.3 lets the client finish its side first; the refusal arrives as an alert before any AMQP byte
         with pytest.raises((ssl.SSLError, ConnectionError)):
@@ -364,6 +364,7 @@ def test_fail_if_no_peer_cert_refuses_clients_without_certificate(pki: PKI, tmp_
                 socket.create_connection(("127.0.0.1", strict.tls_port), timeout=5), server_hostname="localhost") as sock:
             assert _start_mechanisms(sock) == ["EXTERNAL"]
         # plain AMQP offers nothing then; a known mechanism not offered is 503, as RabbitMQ's auth_mechanism_to_module
+        # says (RabbitMQ then drops the socket; --explain-handshake-errors sends it as connection.close)
         with socket.create_connection(("127.0.0.1", strict.broker.port), timeout=5) as sock:
             assert _start_mechanisms(sock) == []
             sock.sendall(pframe.marshal(commands.Connection.StartOk(
