@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import decode
 
-from . import errors, tls
+from . import codec, errors, tls
 from .config import MECHANISMS
 from .errors import ConnectionError
 
@@ -70,8 +70,4 @@ def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
         _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
     except Exception:
         raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed AMQPLAIN response") from None
-    return _text(table.get("LOGIN", "")), _text(table.get("PASSWORD", ""))
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return codec.text(table.get("LOGIN", "")), codec.text(table.get("PASSWORD", ""))

@@ -223,7 +223,7 @@ class Broker:
         alternate = (arguments or {}).get("alternate-exchange")
         if alternate and isinstance(alternate, (str, bytes)):  # another type is declare's 406
             who.check("read", "exchange", vhost.name, name)
-            who.check("write", "exchange", vhost.name, _text(alternate))
+            who.check("write", "exchange", vhost.name, codec.text(alternate))
 
     def declare_exchange(self, vhost: VHost, name: str, type_name: str, passive: bool = False,
                          durable: bool = False, auto_delete: bool = False, internal: bool = False,
@@ -322,7 +322,7 @@ class Broker:
         dlx = (arguments or {}).get("x-dead-letter-exchange")
         if isinstance(dlx, (str, bytes)):
             who.check("read", "queue", vhost.name, name)
-            who.check("write", "exchange", vhost.name, _text(dlx))
+            who.check("write", "exchange", vhost.name, codec.text(dlx))
 
     def declare_queue(self, vhost: VHost, name: str, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
@@ -834,10 +834,6 @@ def _exclusive_locked(queue: Queue) -> ChannelError:
         f"cannot obtain exclusive access to locked {resource_name('queue', queue.name, queue.vhost)}. "
         "It could be originally declared on another connection or the exclusive property value does not "
         "match that of the original declaration.")
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _show(value: Any) -> str:

@@ -45,9 +45,26 @@ FLAG_EXPIRATION = 0x0100
 FLAG_USER_ID = 0x0010
 
 
+def table_pos(header: bytes, flags: int) -> int:
+    """Offset of a content header's headers table (its length prefix), or of where it would go: after
+    content_type and content_encoding.  Every walk to a property starts here (the property block was
+    checked on publish, see :mod:`properties`)."""
+    pos = 14
+    if flags & FLAG_CONTENT_TYPE:
+        pos += 1 + header[pos]
+    if flags & FLAG_CONTENT_ENCODING:
+        pos += 1 + header[pos]
+    return pos
+
+
 def method_frame(channel: int, method: Frame) -> bytes:
     """Any method, marshalled by pamqp (for everything off the hot path)."""
     return pamqp_frame.marshal(method, channel)
+
+
+def text(value: object) -> str:
+    """A name or credential from a field table: longstr bytes decoded as UTF-8 (U+FFFD for bad bytes)."""
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
 def shortstr(value: str) -> bytes:

@@ -63,5 +63,5 @@ class ReplyConsumers:
 
 def with_reply_to(message: Message, reply_to: str) -> Message:
     """The message with its reply_to property replaced on the bytes (every other property stays as sent)."""
-    header = properties.replace(message.header, codec.FLAG_REPLY_TO, properties.shortstr(reply_to))
+    header = properties.replace(message.header, codec.FLAG_REPLY_TO, codec.shortstr(reply_to))
     return Message(message.exchange, message.routing_key, message.route, header, message.body)

@@ -5,8 +5,8 @@ types (an ``I`` 5 comes back as ``b``) and cannot write RabbitMQ's x-death types
 time).  :func:`headers` decodes the table into :class:`Field` values that remember their type and
 :func:`with_headers` writes one back, leaving every other property byte for byte; dead-lettering and
 BCC removal use them.  A delayed exchange reads ``x-delay`` from every message published to it and
-rewrites it once (:func:`read`, :func:`with_int`) without decoding the rest.  Anything unusual (a
-property flag continuation word, a field type this does not read) raises :class:`Unsupported`.
+rewrites it once (:func:`read`, :func:`with_int`) without decoding the rest.  A field type this does not
+read raises :class:`Unsupported`.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _find(header: bytes, flags: int, name: bytes) -> int | None:
     """Offset of the field type byte of ``name`` in the headers table, or None if it is absent."""
     if not flags & codec.FLAG_HEADERS:
         return None
-    pos = _table_pos(header, flags)
+    pos = codec.table_pos(header, flags)
     end = pos + 4 + _LONG.unpack_from(header, pos)[0]
     pos += 4
     while pos < end:
@@ -182,29 +182,17 @@ def encode(fields: dict[str, Field]) -> bytes:
     return b"".join(out)
 
 
-def _table_pos(header: bytes, flags: int) -> int:
-    """Offset of the headers table (its length prefix), or of where it would go."""
-    if flags & 0x0001:
-        raise Unsupported
-    pos = 14
-    if flags & codec.FLAG_CONTENT_TYPE:
-        pos += 1 + header[pos]
-    if flags & codec.FLAG_CONTENT_ENCODING:
-        pos += 1 + header[pos]
-    return pos
-
-
 def headers(header: bytes, flags: int) -> dict[str, Field]:
     """The typed headers table of a content header ({} when it has none)."""
     if not flags & codec.FLAG_HEADERS:
         return {}
-    pos = _table_pos(header, flags)
+    pos = codec.table_pos(header, flags)
     return decode(header[pos + 4:pos + 4 + _LONG.unpack_from(header, pos)[0]])
 
 
 def with_headers(header: bytes, flags: int, fields: dict[str, Field]) -> bytes:
     """The content header bytes with its headers table replaced by ``fields`` (other properties untouched)."""
-    pos = _table_pos(header, flags)
+    pos = codec.table_pos(header, flags)
     end = pos + 4 + _LONG.unpack_from(header, pos)[0] if flags & codec.FLAG_HEADERS else pos
     table = encode(fields)
     flags |= codec.FLAG_HEADERS

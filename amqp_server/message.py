@@ -160,14 +160,8 @@ class Message:
         flags = self._flags
         if not flags & flag:
             return None
-        if flags & 0x0001:  # a continuation flag word: rare, let pamqp do it
-            return getattr(self.properties, name)
         header = self.header
-        pos = 14
-        if flags & codec.FLAG_CONTENT_TYPE:
-            pos += 1 + header[pos]
-        if flags & codec.FLAG_CONTENT_ENCODING:
-            pos += 1 + header[pos]
+        pos = codec.table_pos(header, flags)
         if flags & codec.FLAG_HEADERS:
             pos += 4 + _LONG.unpack_from(header, pos)[0]
         if flag == codec.FLAG_PRIORITY and flags & codec.FLAG_DELIVERY_MODE:

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from . import header_table
+from . import codec, header_table
 
 _LONG = struct.Struct(">I")
 _TIMESTAMP = struct.Struct(">Q")
@@ -37,6 +37,10 @@ FIELDS = (
     (0x0008, "app_id", "s"),
     (0x0004, "cluster_id", "s"),
 )
+_KIND = {flag: kind for flag, _, kind in FIELDS}
+_AFTER_HEADERS = tuple((flag, kind) for flag, _, kind in FIELDS[3:])
+FLAG_CONTENT_ENCODING, FLAG_HEADERS = codec.FLAG_CONTENT_ENCODING, codec.FLAG_HEADERS
+FLAG_CONTENT_TYPE = codec.FLAG_CONTENT_TYPE
 FLAG_CONTINUATION = 0x0001
 MAX_TABLE_DEPTH = 100  # nested tables / arrays; deeper ones would exhaust a reader's (or a client's) stack
 
@@ -127,16 +131,21 @@ def _check_table(buf: bytes | bytearray, pos: int, end: int) -> None:
 def locate(header: bytes, flag: int) -> tuple[int, int]:
     """(start, end) of property ``flag``'s encoded value, or (where it would go, same) if it is not set."""
     flags = header[12] << 8 | header[13]
-    pos = 14
-    for field_flag, _, kind in FIELDS:
-        if field_flag == flag:
-            break
-        if not flags & field_flag:
-            continue
-        pos += _width(header, pos, kind)
+    if flag > FLAG_HEADERS:  # content_type or content_encoding
+        pos = 15 + header[14] if flag == FLAG_CONTENT_ENCODING and flags & FLAG_CONTENT_TYPE else 14
+    else:
+        pos = codec.table_pos(header, flags)
+        if flag < FLAG_HEADERS:
+            if flags & FLAG_HEADERS:
+                pos += 4 + _LONG.unpack_from(header, pos)[0]
+            for field_flag, kind in _AFTER_HEADERS:
+                if field_flag == flag:
+                    break
+                if flags & field_flag:
+                    pos += _width(header, pos, kind)
     if not flags & flag:
         return pos, pos
-    return pos, pos + _width(header, pos, kind)
+    return pos, pos + _width(header, pos, _KIND[flag])
 
 
 def _width(header: bytes, pos: int, kind: str) -> int:
@@ -162,13 +171,6 @@ def replace(header: bytes, flag: int, encoded: bytes | None) -> bytes:
     start, end = locate(header, flag)
     flags = flags | flag if encoded is not None else flags & ~flag
     return header[:12] + struct.pack(">H", flags) + header[14:start] + (encoded or b"") + header[end:]
-
-
-def shortstr(value: str) -> bytes:
-    data = value.encode()
-    if len(data) > 255:
-        raise ValueError("short string longer than 255 bytes")
-    return bytes((len(data),)) + data
 
 
 @dataclass(slots=True)
