@@ -287,11 +287,15 @@ class Broker:
                 "vhost": vhost.name, "name": name, "type": type_name, "durable": durable,
                 "auto_delete": auto_delete, "internal": internal, "arguments": dict(arguments or {})})
 
-    def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False) -> None:
+    def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False, who: Principal | None = None) -> None:
+        """exchange.delete for ``who``: the default and amq.* exchanges are refused first, then permission
+        (rabbit_channel's order)."""
         if name == "" or name.startswith("amq."):
             raise errors.access_refused(
                 "operation not permitted on the default exchange" if name == ""
                 else f"deletion of system {resource_name('exchange', name, vhost.name)} not allowed")
+        if who is not None:
+            who.check("configure", "exchange", vhost.name, name)
         exchange = vhost.exchanges.get(name)
         if exchange is None:
             return  # idempotent, as RabbitMQ
@@ -407,13 +411,34 @@ class Broker:
         self.store.put("meta", "queue_index", {"next": record["next"] + 1})
         return record["next"]
 
+    def consumable(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+                   who: Principal | None = None) -> Queue:
+        """basic.consume for ``who`` (read): the queue, unless it is another connection's exclusive queue.
+        The consumer's own exclusivity is checked by check_consumer_exclusivity once its arguments are read."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue
+
+    @staticmethod
+    def check_consumer_exclusivity(queue: Queue, exclusive: bool) -> None:
+        """An exclusive consumer wants the queue alone (none there, no single active consumer); nobody joins
+        an exclusive consumer.  AMQP channels and remote consumers (cluster mode) both ask here."""
+        if (exclusive and (queue.consumers or queue.args.single_active_consumer)
+                or any(c.exclusive for c in queue.consumers)):
+            raise errors.access_refused(f"{resource_name('queue', queue.name, queue.vhost)} in exclusive use")
+
     @staticmethod
     def check_exclusive(queue: Queue, connection: "Connection | None") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
             raise _exclusive_locked(queue)
 
     def delete_queue(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
-                     owner: "Connection | None" = None) -> int:
+                     owner: "Connection | None" = None, who: Principal | None = None) -> int:
+        """queue.delete for ``who`` (configure); the count of ready messages it had."""
+        if who is not None:
+            who.check("configure", "queue", vhost.name, name)
         queue = vhost.queues.get(name)
         if queue is None:
             return 0  # idempotent, as RabbitMQ
@@ -494,7 +519,11 @@ class Broker:
         self.store.put("queue_offsets", str(queue.index_id),
                        {"next_seq": queue.next_seq, "committed": queue.committed})
 
-    def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
+    def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+                    who: Principal | None = None) -> int:
+        """queue.purge of a queue of this node for ``who`` (read); see purge_anywhere."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         self.check_exclusive(queue, owner)
         return queue.purge()
@@ -514,8 +543,40 @@ class Broker:
 
     # -- bindings -----------------------------------------------------------------------------
 
-    def bind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
-             arguments: dict[str, Any] | None = None) -> None:
+    def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+             arguments: dict[str, Any] | None = None, owner: "Connection | None" = None,
+             who: Principal | None = None) -> None:
+        """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
+        read on the source first, then both must exist (rabbit_channel:binding_action's order)."""
+        if who is not None:
+            who.check("write", kind, vhost.name, destination)
+            who.check("read", "exchange", vhost.name, source)
+        if kind == "queue":
+            target: Queue | Exchange = vhost.queue(destination)
+            self.check_exclusive(target, owner)
+        else:
+            target = vhost.exchange(destination)
+        vhost.exchange(source)
+        self.add_binding(vhost, source, target, routing_key, arguments)
+
+    def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+               arguments: dict[str, Any] | None = None, owner: "Connection | None" = None,
+               who: Principal | None = None) -> None:
+        """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
+        destination) unbinds without error, as in RabbitMQ."""
+        if who is not None:
+            who.check("write", kind, vhost.name, destination)
+            who.check("read", "exchange", vhost.name, source)
+        target = (vhost.queues if kind == "queue" else vhost.exchanges).get(destination)
+        if target is None:
+            return
+        if kind == "queue":
+            self.check_exclusive(target, owner)
+        self.remove_binding(vhost, source, target, routing_key, arguments)
+
+    def add_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                    arguments: dict[str, Any] | None = None) -> None:
+        """Bind (no permission check): bind, definitions import and the cluster's definitions come here."""
         exchange = self._bindable(vhost, source)
         try:
             added = exchange.bind(destination, routing_key, arguments or {})
@@ -532,8 +593,9 @@ class Broker:
                 "arguments": dict(arguments or {}), "created": time.time_ns()},
                 exchange.durable and destination.durable)
 
-    def unbind(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
-               arguments: dict[str, Any] | None = None) -> None:
+    def remove_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                       arguments: dict[str, Any] | None = None) -> None:
+        """Unbind (no permission check); an exchange or binding that is not there is no error."""
         if source == "":
             raise errors.access_refused("operation not permitted on the default exchange")
         exchange = vhost.exchanges.get(source)
@@ -606,8 +668,10 @@ class Broker:
         return len(queues) > unavailable or queues is DEFERRED, rejected
 
     @staticmethod
-    def check_publishable(vhost: VHost, exchange: Exchange) -> None:
-        """Clients may not publish to an internal exchange."""
+    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None) -> None:
+        """May ``who`` publish to the exchange: write on it, and it is not internal."""
+        if who is not None:
+            who.check("write", "exchange", vhost.name, exchange.name)
         if exchange.internal:
             raise errors.access_refused(
                 f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")
@@ -627,30 +691,40 @@ class Broker:
         if message.has_headers:
             sender_selected.check(message)
 
-    def basic_get(self, vhost: VHost, name: str, no_ack: bool,
-                  owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
-        """basic.get: the queue and its head entry (None if empty); with no_ack=False the caller settles it."""
+    def basic_get(self, vhost: VHost, name: str, no_ack: bool, owner: "Connection | None" = None,
+                  who: Principal | None = None) -> tuple[Queue, Entry | None]:
+        """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
+        with no_ack=False the caller settles it.  See fetch for any node's queue."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
-    async def fetch(self, vhost: VHost, name: str, no_ack: bool,
-                    owner: "Connection | None" = None) -> tuple[Queue, Entry | None]:
+    async def fetch(self, vhost: VHost, name: str, no_ack: bool, owner: "Connection | None" = None,
+                    who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         if not queue.remote:
             return self.basic_get(vhost, name, no_ack, owner)
         self.check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
-    def peek(self, queue: Queue, offset: int, count: int) -> list[Entry]:
-        """Ready entries from ``offset`` without taking them (management API); another connection's exclusive
-        queue is locked, as it is to basic.get."""
+    def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None) -> list[Entry]:
+        """Ready entries from ``offset`` without taking them (management API) for ``who`` (read); another
+        connection's exclusive queue is locked, as it is to basic.get."""
+        if who is not None:
+            who.check("read", "queue", queue.vhost, queue.name)
         self.check_exclusive(queue, None)
         return queue.peek(offset, count)
 
-    async def purge_anywhere(self, vhost: VHost, name: str, owner: "Connection | None" = None) -> int:
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+                             who: Principal | None = None) -> int:
         """queue.purge on any queue, one owned by another node (cluster mode) included."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         if not queue.remote:
             return self.purge_queue(vhost, name, owner)
@@ -671,12 +745,20 @@ class Broker:
                 queue.settle(entries)
             queue.run()
 
-    def move_messages(self, source: Queue, destination: Queue, count: int | None = None) -> int:
-        """Move up to ``count`` (default all) ready messages from one queue to the tail of another, in order.
+    def move_messages(self, source: Queue, destination: Queue, count: int | None = None,
+                      who: Principal | None = None) -> int:
+        """Move up to ``count`` (default all) ready messages from one queue to the tail of another, in order,
+        for ``who`` (read on the source, write on the destination); neither may be another connection's
+        exclusive queue.
 
         Each message keeps its properties, exchange and routing key (replaying a dead-letter queue).
         A destination that refuses a message (reject-publish) stops the move; that message stays.
         """
+        if who is not None:
+            who.check("read", "queue", source.vhost, source.name)
+            who.check("write", "queue", destination.vhost, destination.name)
+        self.check_exclusive(source, None)
+        self.check_exclusive(destination, None)
         if source is destination:
             raise errors.precondition_failed("source and destination are the same queue")
         moved = 0

@@ -16,7 +16,6 @@ from pamqp.base import Frame
 from exchanges import Exchange
 
 from . import codec, direct_reply, errors, properties, queue_args
-from .auth import check_permission
 from .broker import server_name
 from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
@@ -167,10 +166,9 @@ class Channel:
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
-        if exchange_name not in self._write_checked:
-            self._check("write", "exchange", exchange_name, 60, 40)
+        if exchange_name not in self._write_checked:  # once per exchange and channel: the hot path stays lean
             try:
-                self.broker.check_publishable(vhost, exchange)
+                self.broker.check_publish(vhost, exchange, self.connection.principal)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             self._write_checked.add(exchange_name)
@@ -421,11 +419,10 @@ class Channel:
     def reply(self, method: Frame) -> None:
         self.connection.send_method(self.number, method)
 
-    def _check(self, kind: str, resource: str, name: str, class_id: int = 0, method_id: int = 0) -> None:
-        connection = self.connection
-        if not connection.permissions.allows(kind, name):
-            check_permission(connection.permissions, connection.user.name, self.vhost.name, kind, resource, name,
-                             class_id, method_id)
+    def _remote(self, name: str) -> bool:
+        """The queue is another node's (cluster mode): the operation is awaited (permission is checked there)."""
+        queue = self.vhost.queues.get(name)
+        return queue is not None and queue.remote
 
     def _queue_name(self, name: str) -> str:
         """An empty queue name means the last queue declared on this channel."""
@@ -477,27 +474,18 @@ class Channel:
             self.reply(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self._check("configure", "exchange", m.exchange)
-        self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused)
+        self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused, self.connection.principal)
         self._write_checked.discard(m.exchange)
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
     def _exchange_binding(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
-        self._check("write", "exchange", m.destination)
-        self._check("read", "exchange", m.source)
-        if isinstance(m, commands.Exchange.Bind):
-            destination = self.vhost.exchange(m.destination)
-            self.vhost.exchange(m.source)
-            self.broker.bind(self.vhost, m.source, destination, m.routing_key, m.arguments)
-            reply: Frame = commands.Exchange.BindOk()
-        else:
-            destination = self.vhost.exchanges.get(m.destination)
-            if destination is not None:  # a missing source or destination: unbind-ok, as in RabbitMQ
-                self.broker.unbind(self.vhost, m.source, destination, m.routing_key, m.arguments)
-            reply = commands.Exchange.UnbindOk()
+        bind = isinstance(m, commands.Exchange.Bind)
+        operation = self.broker.bind if bind else self.broker.unbind
+        operation(self.vhost, m.source, "exchange", m.destination, m.routing_key, m.arguments,
+                  who=self.connection.principal)
         if not m.nowait:
-            self.reply(reply)
+            self.reply(commands.Exchange.BindOk() if bind else commands.Exchange.UnbindOk())
 
     # queue.*
 
@@ -546,32 +534,25 @@ class Channel:
     def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if (m.queue or m.routing_key) else name
-        self._check("write", "queue", name)
-        self._check("read", "exchange", m.exchange)
         if isinstance(m, commands.Queue.Bind):
-            queue = self.vhost.queue(name)
-            self.broker.check_exclusive(queue, self.connection)
-            self.vhost.exchange(m.exchange)
-            self.broker.bind(self.vhost, m.exchange, queue, routing_key, m.arguments)
+            self.broker.bind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
+                             self.connection.principal)
             if not m.nowait:
                 self.reply(commands.Queue.BindOk())
             return
-        queue = self.vhost.queues.get(name)
-        if queue is not None:  # unbinding what is gone (an auto-deleted queue) succeeds, as in RabbitMQ
-            self.broker.check_exclusive(queue, self.connection)
-            self.broker.unbind(self.vhost, m.exchange, queue, routing_key, m.arguments)
+        self.broker.unbind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
+                           self.connection.principal)
         self.reply(commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
-        self._check("read", "queue", name)
-        if self.vhost.queue(name).remote:
+        if self._remote(name):
             self.connection.suspend(self, m, self._remote_purge(m, name))
             return
-        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection))
+        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection, self.connection.principal))
 
     async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
-        count = await self.broker.purge_anywhere(self.vhost, name, self.connection)
+        count = await self.broker.purge_anywhere(self.vhost, name, self.connection, self.connection.principal)
         if self.open:
             self._purged(m, count)
 
@@ -581,8 +562,8 @@ class Channel:
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
-        self._check("configure", "queue", name)
-        count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection)
+        count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection,
+                                         self.connection.principal)
         if not m.nowait:
             self.reply(commands.Queue.DeleteOk(message_count=count))
 
@@ -603,18 +584,13 @@ class Channel:
             self._consume_replies(m)
             return
         name = self._queue_name(m.queue)
-        self._check("read", "queue", name)
-        queue = self.vhost.queue(name)
-        self.broker.check_exclusive(queue, self.connection)
         tag = m.consumer_tag or server_name("amq.ctag-")
-        if tag in self.consumers:
+        if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        queue = self.broker.consumable(self.vhost, name, self.connection, self.connection.principal)
         arguments = m.arguments or {}
         priority = queue_args.consumer_priority(arguments, name, self.vhost.name)
-        what = errors.resource_name("queue", name, self.vhost.name)
-        if (m.exclusive and (queue.consumers or queue.args.single_active_consumer)
-                or any(c.exclusive for c in queue.consumers)):
-            raise errors.access_refused(f"{what} in exclusive use")
+        self.broker.check_consumer_exclusivity(queue, m.exclusive)
         consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, arguments, self.prefetch,
                             codec.deliver_prefix(tag), priority)
         self.consumers[tag] = consumer
@@ -680,14 +656,13 @@ class Channel:
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
-        self._check("read", "queue", name)
-        if self.vhost.queue(name).remote:
+        if self._remote(name):
             self.connection.suspend(self, m, self._remote_get(m, name))
             return
-        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection))
+        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection, self.connection.principal))
 
     async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
-        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection)
+        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection, self.connection.principal)
         if not self.open:
             if entry is not None and not m.no_ack:
                 self.broker.settle(queue, [entry], requeue=True)

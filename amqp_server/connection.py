@@ -38,6 +38,7 @@ MIN_FRAME_MAX = 4096
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
+INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
 LOGIN_REFUSED = "Login was refused using authentication mechanism {}. For details see the broker logfile."
 
 CAPABILITIES = {
@@ -252,9 +253,9 @@ class Connection(asyncio.Protocol):
         except ConnectionError as exc:
             self.close_with(exc)
             pos = len(buf)
-        except Exception:  # a bug must not take the server down; the reply says no more than RabbitMQ's
+        except Exception:  # a bug must not take the server down; the reply quotes nothing (credentials)
             log.exception("internal error on connection %s", self.name)
-            self.close_with(ConnectionError(errors.INTERNAL_ERROR, ""))
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
             pos = len(buf)
         del buf[:pos]
         if self.out:
@@ -282,7 +283,7 @@ class Connection(asyncio.Protocol):
             self.close_with(exc)
         elif exc is not None:
             log.error("internal error on connection %s", self.name, exc_info=exc)
-            self.close_with(ConnectionError(errors.INTERNAL_ERROR, ""))
+            self.close_with(ConnectionError(errors.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
         if self.state in (CLOSING, DRAINING, CLOSED):
             return
         if not self.write_paused and not (self.broker.blocked and self.publishing):

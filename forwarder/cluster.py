@@ -290,9 +290,9 @@ class Cluster:
     def _put_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
         source, destination = self._binding_ends(vhost, record)
         if source is not None and destination is not None:
-            self.broker.bind(vhost, record["source"], destination, record["routing_key"], record["arguments"])
+            self.broker.add_binding(vhost, record["source"], destination, record["routing_key"], record["arguments"])
 
     def _delete_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
         source, destination = self._binding_ends(vhost, record)
         if source is not None and destination is not None:
-            self.broker.unbind(vhost, record["source"], destination, record["routing_key"], record["arguments"])
+            self.broker.remove_binding(vhost, record["source"], destination, record["routing_key"], record["arguments"])

@@ -123,9 +123,7 @@ class Session:
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
-            what = errors.resource_name("queue", queue.name, queue.vhost)
-            if request["exclusive"] and queue.consumers or any(c.exclusive for c in queue.consumers):
-                raise errors.access_refused(f"{what} in exclusive use")
+            self.broker.check_consumer_exclusivity(queue, request["exclusive"])
         except AMQPError as exc:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return

@@ -14,7 +14,6 @@ from urllib.parse import quote, quote_plus, unquote_plus
 
 from aiohttp import web
 
-from amqp_server.auth import check_permission
 from amqp_server.broker import VHost
 from amqp_server.queue import Queue
 from exchanges import Exchange
@@ -116,12 +115,8 @@ async def list_between(request: web.Request) -> web.Response:
     return respond(request, items, ("routing_key",))
 
 
-def _check_bind(request: web.Request, vhost: str, source: str, destination: Queue | Exchange) -> None:
-    """queue.bind / exchange.bind's permissions: write on the destination, read on the source."""
-    permissions, user = auth.permissions(request, vhost), auth.login(request).name
-    kind = "queue" if isinstance(destination, Queue) else "exchange"
-    check_permission(permissions, user, vhost, "write", kind, destination.name)
-    check_permission(permissions, user, vhost, "read", "exchange", source)
+def _kind(destination: Queue | Exchange) -> str:
+    return "queue" if isinstance(destination, Queue) else "exchange"
 
 
 @routes.post(BETWEEN)
@@ -130,10 +125,8 @@ async def create(request: web.Request) -> web.Response:
     body = await read_json(request)
     routing_key = get_str(body, "routing_key", "")
     arguments = get_table(body, "arguments")
-    _check_bind(request, vhost.name, source.name, destination)
-    if isinstance(destination, Queue):
-        context.broker.check_exclusive(destination, None)
-    context.broker.bind(vhost, source.name, destination, routing_key, arguments)
+    context.broker.bind(vhost, source.name, _kind(destination), destination.name, routing_key, arguments,
+                        who=auth.principal(request, vhost.name))
     location = quote(destination.name, safe="") + "/" + properties_key(routing_key, arguments)
     return web.Response(status=201, headers={"Location": location})
 
@@ -157,6 +150,6 @@ async def show(request: web.Request) -> web.Response:
 @routes.delete(BETWEEN + "/{props}")
 async def delete(request: web.Request) -> web.Response:
     context, vhost, source, destination, info = _find(request)
-    _check_bind(request, vhost.name, source.name, destination)
-    context.broker.unbind(vhost, source.name, destination, info["routing_key"], info["arguments"])
+    context.broker.unbind(vhost, source.name, _kind(destination), destination.name, info["routing_key"],
+                          info["arguments"], who=auth.principal(request, vhost.name))
     return no_content()

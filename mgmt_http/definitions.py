@@ -172,7 +172,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             if kind not in ("queue", "exchange"):
                 raise bad_request("destination_type must be 'queue' or 'exchange'")
             destination = (vhost.queue if kind == "queue" else vhost.exchange)(get_str(item, "destination"))
-            broker.bind(vhost, get_str(item, "source"), destination, get_str(item, "routing_key", ""),
+            broker.add_binding(vhost, get_str(item, "source"), destination, get_str(item, "routing_key", ""),
                         get_table(item, "arguments"))
     except AMQPError as exc:
         raise from_amqp(exc) from None

@@ -5,7 +5,6 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import check_permission
 from amqp_server.policy import effective_definition
 from exchanges import DelayedExchange, Exchange
 
@@ -89,9 +88,8 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/exchanges/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     context, vhost, exchange = find_exchange(request)
-    check_permission(auth.permissions(request, vhost), auth.login(request).name, vhost, "configure", "exchange",
-                     exchange.name)
-    context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_flag(request, "if-unused"))
+    context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_flag(request, "if-unused"),
+                                   who=auth.principal(request, vhost))
     return no_content()
 
 
@@ -103,7 +101,8 @@ async def publish(request: web.Request) -> web.Response:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
-    auth.principal(request, vhost.name).check("write", "exchange", vhost.name, name)  # before the body is read
+    who = auth.principal(request, vhost.name)
+    who.check("write", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
     body = await read_json(request, required=True)
     exchange = vhost.exchanges.get(name)
     if exchange is None:
@@ -112,7 +111,7 @@ async def publish(request: web.Request) -> web.Response:
     user = auth.login(request).name
     broker = context.broker
     vhost_name = vhost.name
-    broker.check_publishable(vhost, exchange)
+    broker.check_publish(vhost, exchange, who)
     broker.check_message(message, user)
     if message.body_size > context.config.max_message_size:
         raise bad_request(f"message size {message.body_size} is larger than configured max size "

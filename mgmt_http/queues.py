@@ -5,7 +5,6 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import check_permission
 from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
@@ -65,10 +64,6 @@ def find_queue(request: web.Request) -> tuple[Context, Queue]:
     return context, queue
 
 
-def _check(request: web.Request, vhost: str, kind: str, name: str) -> None:
-    check_permission(auth.permissions(request, vhost), auth.login(request).name, vhost, kind, "queue", name)
-
-
 def _stub(queue: Queue) -> dict[str, Any]:
     return {"name": queue.name, "vhost": queue.vhost}
 
@@ -126,17 +121,16 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/queues/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
-    _check(request, queue.vhost, "configure", queue.name)
     context.broker.delete_queue(context.vhost(queue.vhost), queue.name, if_unused=query_flag(request, "if-unused"),
-                                if_empty=query_flag(request, "if-empty"))
+                                if_empty=query_flag(request, "if-empty"), who=auth.principal(request, queue.vhost))
     return no_content()
 
 
 @routes.delete("/api/queues/{vhost}/{name}/contents")
 async def purge(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
-    _check(request, queue.vhost, "read", queue.name)
-    await context.broker.purge_anywhere(context.vhost(queue.vhost), queue.name)  # the owner node's too
+    await context.broker.purge_anywhere(context.vhost(queue.vhost), queue.name,  # the owner node's too
+                                        who=auth.principal(request, queue.vhost))
     return no_content()
 
 
@@ -161,14 +155,14 @@ async def get(request: web.Request) -> web.Response:
         raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
     encoding, truncate = _encoding_and_truncate(body, None)
     requeue, reject = ACK_MODES[ackmode]
-    _check(request, queue.vhost, "read", queue.name)
+    who = auth.principal(request, queue.vhost)
     broker = context.broker
     vhost = context.vhost(queue.vhost)
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
     try:
         for _ in range(count):
-            _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack)
+            _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack, who=who)
             if entry is None:
                 break
             taken.append(entry)
@@ -192,9 +186,9 @@ async def peek(request: web.Request) -> web.Response:
     offset = get_int(query, "offset", 0, minimum=0)
     count = get_int(query, "count", 10, minimum=0)
     encoding, truncate = _encoding_and_truncate(query, "auto")
-    _check(request, queue.vhost, "read", queue.name)
     items = []
-    for position, entry in enumerate(context.broker.peek(queue, offset, count), start=offset):
+    who = auth.principal(request, queue.vhost)
+    for position, entry in enumerate(context.broker.peek(queue, offset, count, who), start=offset):
         item = entry_to_json(entry, encoding, truncate)
         item["position"] = position
         items.append(item)
@@ -212,10 +206,6 @@ async def move(request: web.Request) -> web.Response:
     destination = vhost.queues.get(destination_name)
     if destination is None:
         raise not_found(f"no queue '{destination_name}' in vhost '{vhost.name}'")
-    _check(request, vhost.name, "read", queue.name)
-    _check(request, vhost.name, "write", destination_name)
-    context.broker.check_exclusive(queue, None)
-    context.broker.check_exclusive(destination, None)
-    moved = context.broker.move_messages(queue, destination, count)
+    moved = context.broker.move_messages(queue, destination, count, auth.principal(request, vhost.name))
     return json_response({"moved": moved, "source": queue.name, "destination": destination.name,
                           "vhost": vhost.name})
