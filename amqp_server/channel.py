@@ -76,6 +76,7 @@ class Channel:
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
+        self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
         self._write_checked: set[str] = set()
         self.stats = MessageStats()
         self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
@@ -409,12 +410,17 @@ class Channel:
         if handler is None:
             raise ConnectionError(errors.COMMAND_INVALID, "unimplemented method",  # a client-bound method
                                   *divmod(method.index, 0x10000))
+        self._cancels = []
         try:
             handler(self, method)
         except AMQPError as exc:
             if not exc.class_id:
                 exc.class_id, exc.method_id = divmod(method.index, 0x10000)
             raise
+        finally:
+            cancels, self._cancels = self._cancels, None
+        for tag in cancels if self.open else ():  # after the method's reply (queue.delete-ok first), as RabbitMQ
+            self.reply(commands.Basic.Cancel(consumer_tag=tag, nowait=True))
 
     def reply(self, method: Frame) -> None:
         self.connection.send_method(self.number, method)
@@ -651,7 +657,11 @@ class Channel:
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""
         self.consumers.pop(consumer.tag, None)
-        if self.connection.client_capabilities.get("consumer_cancel_notify"):
+        if not self.connection.client_capabilities.get("consumer_cancel_notify"):
+            return
+        if self._cancels is not None:
+            self._cancels.append(consumer.tag)
+        else:
             self.reply(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     def _basic_get(self, m: commands.Basic.Get) -> None:

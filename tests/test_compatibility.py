@@ -49,6 +49,24 @@ def raw_publish(queue: str) -> bytes:
             + frame(1, pbody.ContentBody(b"x" * 1024)))
 
 
+# -- queue.delete-ok before basic.cancel ---------------------------------------------------------------
+
+def test_delete_ok_comes_before_the_cancel_of_the_deleting_channels_consumer(broker, uid):
+    """kombu's own suite deletes a queue it still consumes with py-amqp, which raises ConsumerCancelled if the
+    server's basic.cancel arrives while it waits for queue.delete-ok; RabbitMQ sends delete-ok first."""
+    raw = Raw(broker)
+    raw.handshake(capabilities={"consumer_cancel_notify": True})
+    raw.open_channel(1)
+    raw.send(frame(1, commands.Queue.Declare(queue=uid)))
+    raw.expect(commands.Queue.DeclareOk)
+    raw.send(frame(1, commands.Basic.Consume(queue=uid, consumer_tag="c")))
+    raw.expect(commands.Basic.ConsumeOk)
+    raw.send(frame(1, commands.Queue.Delete(queue=uid)))
+    raw.expect(commands.Queue.DeleteOk)
+    raw.expect(commands.Basic.Cancel)
+    raw.close()
+
+
 # -- unbind of what is gone --------------------------------------------------------------------------
 
 def test_unbind_of_missing_queue_or_exchange_is_ok(conn, uid):
