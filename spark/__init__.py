@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .drain import commit, drain
-from .source import WarrenDataSource, WarrenError, base_schema, error_reason
+from .common import WarrenError, base_schema, error_reason
+from .source import WarrenDataSource
 
 __all__ = ["WarrenDataSource", "WarrenError", "base_schema", "commit", "drain", "error_reason", "register"]
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StringType, StructType
 
-from .source import WarrenError, _opt, base_schema
+from .common import WarrenError, base_schema, option
 
 DEFAULT_MAX_ROWS = 10_000
 
@@ -36,14 +36,14 @@ DEFAULT_MAX_ROWS = 10_000
 def amqp_schema(options: Any) -> StructType:
     """Runs at ``load()``: refuses a drain, and checks the broker, the login and that each queue
     exists (a passive declare; read permission shows only at the first action)."""
-    if str(_opt(options, "mode", "browse")).lower() == "drain":
+    if str(option(options, "mode", "browse")).lower() == "drain":
         raise ValueError("warren (amqp): mode=drain has no offsets to pin over plain AMQP; drain with "
                          "spark.drain(spark, protocol='amqp', ...), which acks after materialising")
     try:
         check_queues(options)
     except WarrenError as exc:
         raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
-    text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
+    text = str(option(options, "bodyFormat", "binary")).lower() in ("text", "json")
     return base_schema(StringType() if text else None)
 
 
@@ -90,22 +90,22 @@ def check_queues(options: Any) -> None:
 def _parameters(options: Any) -> Any:
     import pika
 
-    url = str(_opt(options, "url", "amqp://guest:guest@127.0.0.1:5672/%2F"))
+    url = str(option(options, "url", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     params = pika.URLParameters(url)
-    user, password = _opt(options, "user"), _opt(options, "password")
+    user, password = option(options, "user"), option(options, "password")
     if user is not None or password is not None:
         params.credentials = pika.PlainCredentials(str(user or "guest"), str(password or "guest"))
-    vhost = _opt(options, "vhost")
+    vhost = option(options, "vhost")
     if vhost is not None:
         params.virtual_host = str(vhost)
-    timeout = float(_opt(options, "timeout", 30))
+    timeout = float(option(options, "timeout", 30))
     params.socket_timeout = params.blocked_connection_timeout = timeout
     params.heartbeat = 0
     return params
 
 
 def _queues(options: Any) -> list[str]:
-    raw = _opt(options, "queue")
+    raw = option(options, "queue")
     if not raw:
         raise ValueError("warren (amqp): set the option 'queue'")
     return [q.strip() for q in str(raw).split(",") if q.strip()]
@@ -148,9 +148,9 @@ class QueuePartition(InputPartition):
 class AmqpBatchReader(DataSourceReader):
     def __init__(self, options: Any, schema: StructType) -> None:
         self.queues = _queues(options)
-        self.max_rows = int(_opt(options, "maxRows", DEFAULT_MAX_ROWS))
-        self.text = str(_opt(options, "bodyFormat", "binary")).lower() in ("text", "json")
-        self.options = {key: _opt(options, key) for key in ("url", "user", "password", "vhost", "timeout")}
+        self.max_rows = int(option(options, "maxRows", DEFAULT_MAX_ROWS))
+        self.text = str(option(options, "bodyFormat", "binary")).lower() in ("text", "json")
+        self.options = {key: option(options, key) for key in ("url", "user", "password", "vhost", "timeout")}
         self.schema = schema
 
     def partitions(self) -> list[QueuePartition]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .source import Client, Settings, WarrenDataSource, WarrenError, pinned
+from .common import WarrenError, pinned
+from .source import Client, Settings, WarrenDataSource
 
 
 def commit(df: Any, password: str = "guest") -> dict[str, int]:

@@ -60,8 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField,
-                               StructType, TimestampType)
+from pyspark.sql.types import StringType, StructType
 
 try:
     from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
@@ -70,44 +69,14 @@ except ImportError:  # PySpark before 4.2: no admission control, AvailableNow re
     ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
+from .common import WarrenError, base_schema, option, parse_body_schema
+
 DEFAULT_URL = "http://127.0.0.1:15672"
 DEFAULT_PARTITION_SIZE = 250_000
 PAGE_ROWS = 1_000_000  # the server's cap on one /records answer
-PIN_KEY = "warren"  # metadata of the offset column: where load() pinned a batch read
-
-
-def pinned(schema: StructType) -> dict | None:
-    """``{"url", "vhost", "user", "mode", "ranges": {queue: [start, end]}}`` fixed by ``load()``, if any:
-    what :func:`spark.drain.commit` removes.  (The reader takes its ranges from the source instance,
-    not from here: a schema copied into ``.schema(...)`` must not pin an old range.)"""
-    if "offset" not in schema.fieldNames():
-        return None
-    return schema["offset"].metadata.get(PIN_KEY)
-
-
-def base_schema(body_type: Any = None, pin: dict | None = None) -> StructType:
-    s = StringType()
-    return StructType([
-        StructField("queue", s), StructField("offset", LongType(), metadata={PIN_KEY: pin} if pin else None),
-        StructField("body", body_type or BinaryType()),
-        StructField("exchange", s), StructField("routing_key", s), StructField("headers", MapType(s, s)),
-        StructField("content_type", s), StructField("content_encoding", s),
-        StructField("delivery_mode", IntegerType()), StructField("priority", IntegerType()),
-        StructField("correlation_id", s), StructField("reply_to", s), StructField("expiration", s),
-        StructField("message_id", s), StructField("timestamp", TimestampType()), StructField("type", s),
-        StructField("user_id", s), StructField("app_id", s), StructField("redelivered", BooleanType()),
-    ])
 
 
 # -- options and the HTTP client ---------------------------------------------------------------
-
-def _opt(options: Any, key: str, default: Any = None) -> Any:
-    """Options are a case-insensitive map: never ``dict()`` them (camelCase keys would vanish)."""
-    value = options.get(key)
-    if value is None:
-        value = options.get(key.lower())
-    return default if value is None else value
-
 
 @dataclass
 class Settings:
@@ -126,26 +95,26 @@ class Settings:
 
     @classmethod
     def from_options(cls, options: Any) -> "Settings":
-        queues = _opt(options, "queue")
-        pattern = _opt(options, "queuePattern")
+        queues = option(options, "queue")
+        pattern = option(options, "queuePattern")
         if not queues and not pattern:
             raise ValueError("warren: set the option 'queue' (comma-separated) or 'queuePattern'")
-        mode = str(_opt(options, "mode", "browse")).lower()
+        mode = str(option(options, "mode", "browse")).lower()
         if mode not in ("browse", "drain"):
             raise ValueError("warren: mode must be browse or drain")
-        body_format = str(_opt(options, "bodyFormat", "binary")).lower()
+        body_format = str(option(options, "bodyFormat", "binary")).lower()
         if body_format not in ("binary", "text", "json"):
             raise ValueError("warren: bodyFormat must be binary, text or json")
-        max_rows = _opt(options, "maxRowsPerTrigger")
-        size = int(_opt(options, "partitionSize", DEFAULT_PARTITION_SIZE))
+        max_rows = option(options, "maxRowsPerTrigger")
+        size = int(option(options, "partitionSize", DEFAULT_PARTITION_SIZE))
         if size < 1:
             raise ValueError("warren: partitionSize must be at least 1")
-        return cls(url=str(_opt(options, "url", DEFAULT_URL)).rstrip("/"), user=str(_opt(options, "user", "guest")),
-                   password=str(_opt(options, "password", "guest")), vhost=str(_opt(options, "vhost", "/")),
+        return cls(url=str(option(options, "url", DEFAULT_URL)).rstrip("/"), user=str(option(options, "user", "guest")),
+                   password=str(option(options, "password", "guest")), vhost=str(option(options, "vhost", "/")),
                    queues=[q.strip() for q in str(queues).split(",") if q.strip()] if queues else None,
                    pattern=str(pattern) if pattern and not queues else None, mode=mode, partition_size=size,
                    max_rows=int(max_rows) if max_rows else None, body_format=body_format,
-                   body_schema=_opt(options, "bodySchema"), timeout=float(_opt(options, "timeout", 60)))
+                   body_schema=option(options, "bodySchema"), timeout=float(option(options, "timeout", 60)))
 
     def schema(self, ranges: dict[str, list[int]] | None = None) -> StructType:
         """The DataFrame's schema; ``ranges`` (from :meth:`Client.pin`) go in the offset column's metadata,
@@ -158,49 +127,6 @@ class Settings:
         if self.body_format == "json" and self.body_schema:
             return base_schema(parse_body_schema(self.body_schema), pin)
         return base_schema(StringType(), pin)
-
-
-_SIMPLE_TYPES = {"string": "string", "int": "integer", "integer": "integer", "bigint": "long", "long": "long",
-                 "double": "double", "float": "float", "boolean": "boolean", "bool": "boolean",
-                 "timestamp": "timestamp", "date": "date", "binary": "binary", "smallint": "short",
-                 "short": "short", "tinyint": "byte", "byte": "byte"}
-
-
-def parse_body_schema(text: str) -> StructType:
-    """``bodySchema``: a StructType's JSON, or flat DDL ``"id INT, name STRING"`` (simple types; nested
-    structs and arrays through the JSON form or a full ``.schema(...)`` whose ``body`` is a struct).
-    Parsed here, without a SparkSession: the data source runs in a Python worker that has none."""
-    text = text.strip()
-    if text.startswith("{"):
-        return StructType.fromJson(json.loads(text))
-    fields = []
-    for part in text.split(","):
-        bits = part.strip().split()
-        if len(bits) != 2 or bits[1].lower() not in _SIMPLE_TYPES:
-            raise ValueError(f"warren: bodySchema '{part.strip()}' is not 'name TYPE' with a simple type "
-                             f"({', '.join(sorted(_SIMPLE_TYPES))}); use the JSON form for nested types")
-        fields.append({"name": bits[0].strip("`"), "type": _SIMPLE_TYPES[bits[1].lower()], "nullable": True,
-                       "metadata": {}})
-    return StructType.fromJson({"type": "struct", "fields": fields})
-
-
-class WarrenError(RuntimeError):
-    """A one-line reason starting ``warren:``; ``status`` is the HTTP status when the API answered."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-_REASON = re.compile(r"warren(?: \(amqp\))?: [^\n]*")
-
-
-def error_reason(exc: BaseException) -> str | None:
-    """The ``warren: ...`` line inside ``exc``: Spark wraps what ``schema()`` raises in its own
-    ``[PYTHON_DATA_SOURCE_ERROR] ...`` text (and a Python traceback unless
-    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``); this digs the reason back out."""
-    found = _REASON.findall(str(exc))  # the last: a traceback's source lines come before the message
-    return found[-1].rstrip() if found else None
 
 
 class Client:
@@ -469,7 +395,7 @@ class WarrenDataSource(DataSource):
         return "warren"
 
     def _protocol(self) -> str:
-        return str(_opt(self.options, "protocol", "http")).lower()
+        return str(option(self.options, "protocol", "http")).lower()
 
     def schema(self) -> StructType:
         """Runs at ``load()`` (in a Python worker): checks the broker, queues, login and permission
