@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Protocol
 
 from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
@@ -31,10 +31,10 @@ from .persistence import Persistence
 from .priority_queue import queue_class
 from .queue import Consumer, Entry, Queue
 from .stats import ChurnStats, MessageStats
+from .vhost import VHost, home_node_down
 
 if TYPE_CHECKING:
-    from .channel import Channel
-    from .connection import Connection
+    from .ports import ConfirmSink, ExclusiveOwner, Output
 
 log = logging.getLogger("warren.broker")
 
@@ -54,14 +54,6 @@ class ClusterHooks(Protocol):
 
     async def look_up(self, kind: str, key: str) -> None: ...
 
-DEFAULT_EXCHANGES = (
-    ("", "direct"),
-    ("amq.direct", "direct"),
-    ("amq.fanout", "fanout"),
-    ("amq.topic", "topic"),
-    ("amq.headers", "headers"),
-    ("amq.match", "headers"),
-)
 # Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
 EQUIVALENT_QUEUE_ARGS = (
     "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
@@ -78,32 +70,6 @@ def server_name(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class VHost:
-    """One virtual host's exchanges and queues."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, Queue] = {}
-        self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
-        for ex_name, type_name in DEFAULT_EXCHANGES:
-            self.exchanges[ex_name] = exchange_class(type_name)(ex_name, durable=True)
-
-    def exchange(self, name: str) -> Exchange:
-        try:
-            return self.exchanges[name]
-        except KeyError:
-            raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
-
-    def queue(self, name: str) -> Queue:
-        queue = self.queues.get(name)
-        if queue is None:
-            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
-        if not queue.available:
-            raise home_node_down(queue)
-        return queue
-
-
 class Broker:
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
@@ -117,14 +83,12 @@ class Broker:
         self.policies = Policies(self.store)
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
-        self.connections: set["Connection"] = set()
+        self.connections: set["ExclusiveOwner"] = set()
         self.churn = ChurnStats()
-        self.blocked = False  # memory alarm: publishers are blocked
-        self.check_memory: Callable[[], int] = lambda: 0  # the node's alarm check, for a publisher's large message
-        self.dirty: list["Connection"] = []  # connections with output to write
+        self.dirty: list["Output"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
         self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
-        self.confirming: "Channel | None" = None  # the confirm-mode channel whose publish is being routed
+        self.confirming: "ConfirmSink | None" = None  # the confirm-mode channel whose publish is being routed
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
         self.delayed.start()
@@ -331,7 +295,7 @@ class Broker:
     def declare_queue(self, vhost: VHost, name: str, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict[str, Any] | None = None,
-                      owner: "Connection | None" = None, server_named: bool = False,
+                      owner: "ExclusiveOwner | None" = None, server_named: bool = False,
                       who: Principal | None = None) -> Queue:
         """queue.declare for ``who`` (None: the node itself); ``owner`` is the connection of an exclusive queue."""
         if not passive:
@@ -411,7 +375,7 @@ class Broker:
         self.store.put("meta", "queue_index", {"next": record["next"] + 1})
         return record["next"]
 
-    def consumable(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+    def consumable(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
                    who: Principal | None = None) -> Queue:
         """basic.consume for ``who`` (read): the queue, unless it is another connection's exclusive queue.
         The consumer's own exclusivity is checked by check_consumer_exclusivity once its arguments are read."""
@@ -430,12 +394,12 @@ class Broker:
             raise errors.access_refused(f"{resource_name('queue', queue.name, queue.vhost)} in exclusive use")
 
     @staticmethod
-    def check_exclusive(queue: Queue, connection: "Connection | None") -> None:
+    def check_exclusive(queue: Queue, connection: "ExclusiveOwner | None") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
             raise _exclusive_locked(queue)
 
     def delete_queue(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
-                     owner: "Connection | None" = None, who: Principal | None = None) -> int:
+                     owner: "ExclusiveOwner | None" = None, who: Principal | None = None) -> int:
         """queue.delete for ``who`` (configure); the count of ready messages it had."""
         if who is not None:
             who.check("configure", "queue", vhost.name, name)
@@ -460,7 +424,7 @@ class Broker:
         queue.deleted = True
         self._drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
-            consumer.channel.consumer_cancelled_by_broker(consumer)
+            consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
         queue.drop_all()
         if queue.exclusive_owner is not None:
@@ -519,7 +483,7 @@ class Broker:
         self.store.put("queue_offsets", str(queue.index_id),
                        {"next_seq": queue.next_seq, "committed": queue.committed})
 
-    def purge_queue(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+    def purge_queue(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
                     who: Principal | None = None) -> int:
         """queue.purge of a queue of this node for ``who`` (read); see purge_anywhere."""
         if who is not None:
@@ -535,7 +499,7 @@ class Broker:
         if queue.unused_auto_delete and not queue.deleted:
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
-    def connection_closed(self, connection: "Connection") -> None:
+    def connection_closed(self, connection: "ExclusiveOwner") -> None:
         self.connections.discard(connection)
         self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
@@ -544,7 +508,7 @@ class Broker:
     # -- bindings -----------------------------------------------------------------------------
 
     def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
-             arguments: dict[str, Any] | None = None, owner: "Connection | None" = None,
+             arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner | None" = None,
              who: Principal | None = None) -> None:
         """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
         read on the source first, then both must exist (rabbit_channel:binding_action's order)."""
@@ -560,7 +524,7 @@ class Broker:
         self.add_binding(vhost, source, target, routing_key, arguments)
 
     def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
-               arguments: dict[str, Any] | None = None, owner: "Connection | None" = None,
+               arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner | None" = None,
                who: Principal | None = None) -> None:
         """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
         destination) unbinds without error, as in RabbitMQ."""
@@ -619,12 +583,14 @@ class Broker:
                            destination.durable)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
-        """A queue or exchange is gone: remove every binding to it."""
+        """A queue or exchange is gone: remove every binding to it (a lookup per exchange, then its own bindings)."""
         for exchange in list(vhost.exchanges.values()):
-            for binding in [b for b in exchange.bindings() if b.destination is destination]:
-                exchange.unbind(destination, binding.routing_key, binding.args_dict())
-                if isinstance(destination, Exchange):
-                    vhost.e2e_bindings -= 1
+            removed = exchange.remove_destination(destination)
+            if not removed:
+                continue
+            if isinstance(destination, Exchange):
+                vhost.e2e_bindings -= len(removed)
+            for binding in removed:
                 self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
             self._auto_delete_exchange(vhost, exchange)
 
@@ -691,7 +657,7 @@ class Broker:
         if message.has_headers:
             sender_selected.check(message)
 
-    def basic_get(self, vhost: VHost, name: str, no_ack: bool, owner: "Connection | None" = None,
+    def basic_get(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
                   who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
         with no_ack=False the caller settles it.  See fetch for any node's queue."""
@@ -701,7 +667,7 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
-    async def fetch(self, vhost: VHost, name: str, no_ack: bool, owner: "Connection | None" = None,
+    async def fetch(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
                     who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included."""
         if who is not None:
@@ -720,7 +686,7 @@ class Broker:
         self.check_exclusive(queue, None)
         return queue.peek(offset, count)
 
-    async def purge_anywhere(self, vhost: VHost, name: str, owner: "Connection | None" = None,
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
                              who: Principal | None = None) -> int:
         """queue.purge on any queue, one owned by another node (cluster mode) included."""
         if who is not None:
@@ -903,12 +869,6 @@ def _binding_key(vhost: str, source: str, destination: Queue | Exchange, routing
 def _exclusive(destination: Queue | Exchange) -> bool:
     """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
     return isinstance(destination, Queue) and destination.exclusive
-
-
-def home_node_down(queue: Queue) -> ChannelError:
-    """A queue whose owner node is unreachable, in RabbitMQ's words."""
-    return errors.not_found(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost '{queue.vhost}' "
-                            "is down or inaccessible")
 
 
 def _exclusive_locked(queue: Queue) -> ChannelError:

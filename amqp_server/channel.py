@@ -92,7 +92,8 @@ class Channel:
         self._route = route
         self._mandatory = flags & 1
         self.expect = EXPECT_HEADER
-        self.connection.publishing = True
+        if not self.connection.publishing:
+            self.connection.started_publishing()
 
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
@@ -141,9 +142,9 @@ class Channel:
             raise ConnectionError(errors.FRAME_ERROR,
                                   f"content body larger than the {self._size} octets its header declared")
         if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
-            self.broker.check_memory()  # a large message can outrun the once-a-second memory check
-        if self.broker.blocked:  # a large message arriving during a memory alarm waits with the rest
-            self.connection.publisher_blocked()
+            self.connection.flow.recheck()  # a large message can outrun the once-a-second memory check
+        if self.connection.flow.blocked:  # a large message arriving during an alarm waits with the rest
+            self.connection.hold(self.connection.flow.alarm())
         self._chunks.append(data)
         self._received = received
         if received == self._size:
@@ -184,8 +185,8 @@ class Channel:
                 message = direct_reply.with_reply_to(message, self.reply_consumer.name)
         if self.confirm_mode:
             self.publish_seq += 1
-        if self.broker.blocked:
-            self.connection.publisher_blocked()
+        if self.connection.flow.blocked:
+            self.connection.hold(self.connection.flow.alarm())
         if self.tx is not None:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
@@ -654,7 +655,7 @@ class Channel:
     def _remove_consumer(self, consumer: Consumer) -> None:
         self.broker.remove_consumer(consumer)
 
-    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""
         self.consumers.pop(consumer.tag, None)
         if not self.connection.client_capabilities.get("consumer_cancel_notify"):

@@ -21,10 +21,12 @@ from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal
+from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
 
 if TYPE_CHECKING:
-    from .broker import Broker, VHost
+    from .broker import Broker
+    from .vhost import VHost
     from .channel import Channel
     from .config import Config
     from .auth import Permissions, User
@@ -61,9 +63,10 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING
 class Connection(asyncio.Protocol):
     """Protocol instance per TCP connection."""
 
-    def __init__(self, broker: "Broker", config: "Config") -> None:
+    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow) -> None:
         self.broker = broker
         self.config = config
+        self.flow = flow
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
@@ -122,6 +125,7 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
         self.buf = bytearray()  # a half-sent frame goes with the socket
         self.out.clear()
+        self.flow.gone(self)
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -130,7 +134,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if not self.broker.blocked or not self.publishing:
+        if not self.held:
             self._resume_reading()
         self.kick_consumers()
 
@@ -286,7 +290,7 @@ class Connection(asyncio.Protocol):
             self.close_with(ConnectionError(errors.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
         if self.state in (CLOSING, DRAINING, CLOSED):
             return
-        if not self.write_paused and not (self.broker.blocked and self.publishing):
+        if not self.write_paused and not self.held:
             self._resume_reading()
         self.data_received(b"")
 
@@ -465,8 +469,9 @@ class Connection(asyncio.Protocol):
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
         self.send_method(0, commands.Connection.OpenOk())
-        if self.broker.blocked:
-            self.notify_blocked()
+        alarm = self.flow.alarm()
+        if alarm is not None:
+            self.notify_blocked(alarm)
 
     def _update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         self.send_method(0, commands.Connection.UpdateSecretOk())
@@ -548,19 +553,50 @@ class Connection(asyncio.Protocol):
             return
         self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
-    # -- memory alarm -------------------------------------------------------------------------
+    # -- publisher flow (amqp_server.publisher_flow) -------------------------------------------
 
-    def notify_blocked(self) -> None:
+    @property
+    def held(self) -> bool:
+        """A publisher while the flow has a reason to hold publishers: not read."""
+        return self.publishing and self.flow.blocked
+
+    @property
+    def flow_state(self) -> str:
+        """RabbitMQ's connection state: blocked (a publisher during an alarm), blocking (an alarm stands; it
+        has not published), flow (held by back-pressure), else running or closing."""
+        if self.state != OPEN:
+            return "closing"
+        alarm = self.flow.alarm() is not None
+        if self.held:
+            return "blocked" if alarm else "flow"
+        return "blocking" if alarm else "running"
+
+    def started_publishing(self) -> None:
+        self.publishing = True
+        self.flow.publishing(self)
+
+    def hold(self, alarm: str | None) -> None:
+        """Stop reading, also in the middle of a message; an alarm is told to clients that asked."""
+        if alarm is not None:
+            self.notify_blocked(alarm)
+        else:
+            self._notify_unblocked()  # the alarm cleared, while flow still holds: reading stays paused
+        self._pause_reading()
+
+    def release(self) -> None:
+        self._notify_unblocked()
+        if not self.write_paused:
+            self._resume_reading()
+
+    def notify_blocked(self, alarm: str) -> None:
         if self.client_capabilities.get("connection.blocked") and not self.blocked_notified:
             self.blocked_notified = True
-            self.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+            self.send_method(0, commands.Connection.Blocked(reason=alarm))
 
-    def notify_unblocked(self) -> None:
+    def _notify_unblocked(self) -> None:
         if self.blocked_notified:
             self.blocked_notified = False
             self.send_method(0, commands.Connection.Unblocked())
-        if not self.write_paused:
-            self._resume_reading()
 
     def drop_if_peer_gone(self) -> None:
         """A connection we stopped reading cannot see its peer hang up: ask the socket (POLLRDHUP), and let
@@ -573,11 +609,6 @@ class Connection(asyncio.Protocol):
         if poller.poll(0):
             log.info("client of blocked connection %s went away", self.name)
             self.transport.abort()
-
-    def publisher_blocked(self) -> None:
-        """A publish arrived during a memory alarm: stop reading this connection until it clears."""
-        self.notify_blocked()
-        self._pause_reading()
 
 
 def _is_loopback(host: str) -> bool:

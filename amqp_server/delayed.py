@@ -34,10 +34,11 @@ from msg_store import MessageStore
 from queue_index import Schedule, ScheduledEntry
 
 from .message import Message
-from .queue import now_ms
+from .clock import now_ms
 
 if TYPE_CHECKING:
-    from .broker import Broker, VHost
+    from .persistence import Persistence
+    from .vhost import VHost
 
 log = logging.getLogger("warren.delayed")
 
@@ -57,6 +58,15 @@ class Publisher(Protocol):
     def basic_return(self, message: Message) -> None: ...
 
 
+class Host(Protocol):
+    """What due messages need of the broker: its store, its vhosts, and publishing."""
+
+    persistence: Persistence
+    vhosts: dict[str, VHost]
+
+    def publish(self, vhost: VHost, exchange: Exchange, message: Message) -> tuple[bool, bool]: ...
+
+
 class _Held:
     """A delayed message kept in memory (transient, or sent to a non-durable exchange)."""
 
@@ -69,7 +79,7 @@ class _Held:
 
 
 class DelayedMessages:
-    def __init__(self, broker: "Broker", data_dir: str) -> None:
+    def __init__(self, broker: Host, data_dir: str) -> None:
         self.broker = broker
         self.persistence = broker.persistence
         self.schedule = Schedule(os.path.join(data_dir, "delayed_index"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from . import queue_args
 from .auth import DefinitionListener, vhost_key
@@ -29,7 +29,6 @@ from .queue_args import OVERFLOW_MODES, QueueArgs
 if TYPE_CHECKING:
     from exchanges import Exchange
 
-    from .broker import VHost
     from .queue import Queue
 
 POLICY = "policy"
@@ -49,6 +48,14 @@ WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "delivery-limit", "ma
                             "ha-promote-on-shutdown", "ha-promote-on-failure", "federation-upstream",
                             "federation-upstream-set", "federation-upstream-pattern", "stream-max-segment-size-bytes"})
 LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
+
+
+class Resources(Protocol):
+    """A vhost as policies see it: the queues and exchanges they apply to."""
+
+    name: str
+    queues: dict[str, Queue]
+    exchanges: dict[str, Exchange]
 
 
 class PolicyError(ValueError):
@@ -235,7 +242,7 @@ class Policies:
     def get(self, kind: str, vhost: str, name: str) -> Policy | None:
         return self._policies.get((kind, vhost), {}).get(name)
 
-    def put(self, kind: str, policy: Policy, vhost: "VHost") -> None:
+    def put(self, kind: str, policy: Policy, vhost: "Resources") -> None:
         """Set (create or replace) a policy of ``vhost``; it applies to its queues and exchanges at once."""
         self._policies.setdefault((kind, policy.vhost), {})[policy.name] = policy
         key, record = _record_key(policy.vhost, policy.name), policy.to_json()
@@ -244,7 +251,7 @@ class Policies:
             self.listener.defined(kind, key, record)
         self.apply_to_vhost(vhost)
 
-    def delete(self, kind: str, vhost: "VHost", name: str) -> bool:
+    def delete(self, kind: str, vhost: "Resources", name: str) -> bool:
         """Clear a policy; what it set falls back to the next matching policy or the arguments."""
         named = self._policies.get((kind, vhost.name), {})
         if named.pop(name, None) is None:
@@ -296,7 +303,7 @@ class Policies:
         exchange.policy, exchange.operator_policy = policy, operator
         exchange.alternate = alternate_exchange(exchange, effective_definition(policy, operator))
 
-    def apply_to_vhost(self, vhost: "VHost") -> None:
+    def apply_to_vhost(self, vhost: "Resources") -> None:
         """A policy was set or cleared (or the vhost recovered): every queue and exchange is matched again."""
         for queue in list(vhost.queues.values()):
             self.apply_to_queue(queue)

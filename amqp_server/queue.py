@@ -19,7 +19,6 @@ earliest registered) takes over.
 from __future__ import annotations
 
 import asyncio
-import time
 from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
@@ -27,15 +26,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap
 
+from .clock import now_ms
 from .message import Message
 from .queue_args import QueueArgs
 from .stats import MessageStats
 
 if TYPE_CHECKING:
-    from .channel import Channel
-    from .connection import Connection
     from .persistence import Persistence
     from .policy import Policy
+    from .ports import DeliveryTarget, ExclusiveOwner
 
 
 class Entry:
@@ -60,7 +59,7 @@ class Consumer:
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
                  "unacked", "prefix", "priority")
 
-    def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
+    def __init__(self, tag: str, channel: "DeliveryTarget", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
         self.tag = tag
         self.channel = channel
@@ -128,17 +127,13 @@ def _priority(consumer: Consumer) -> int:
     return consumer.priority
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
     remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
 
-    def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "Connection | None" = None,
+    def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
                  args: QueueArgs | None = None, host: QueueHost | None = None) -> None:
         self.name = name

@@ -19,6 +19,7 @@ from .broker import Broker
 from .config import Config
 from .connection import Connection
 from .persistence import Persistence
+from .publisher_flow import MEMORY, PublisherFlow
 
 log = logging.getLogger("warren")
 MEMORY_CHECK_INTERVAL = 1.0
@@ -77,6 +78,8 @@ class Node:
         self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
         self.cluster = None  # forwarder.Cluster in cluster mode
+        self.flow = PublisherFlow()
+        self.flow.recheck = self.check_memory
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -84,25 +87,24 @@ class Node:
         if self.config.cluster_etcd:
             import forwarder
 
-            self.cluster = forwarder.Cluster(self.broker, self.config)
+            self.cluster = forwarder.Cluster(self.broker, self.config, self.flow)
             await self.cluster.start()
         if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
             import mgmt_http
 
-            self.mgmt = await mgmt_http.start(self.broker, self.config)
+            self.mgmt = await mgmt_http.start(self.broker, self.config, self.flow)
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
         context = tls.amqp_context(self.config)
         if context is not None:  # before plain AMQP, so that a node answering on one answers on both
-            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config),
+            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow),
                                                        self.config.bind, self.config.tls_port, ssl=context,
                                                        ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
                                                        reuse_address=True, backlog=1024)
             log.info("AMQPS on %s:%d (verify: %s)", self.config.bind, self.config.tls_port, self.config.tls_verify)
-        self.server = await loop.create_server(lambda: Connection(self.broker, self.config),
+        self.server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
         self._memory_task = asyncio.create_task(self._watch_memory())
-        self.broker.check_memory = self.check_memory
         log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
                  self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
 
@@ -122,24 +124,19 @@ class Node:
         """Set or clear the memory alarm; the RSS. Every second, and whenever a publisher has sent another
         8 MiB of a message (channel.MEMORY_CHECK_BYTES) (a fast publisher outruns the clock)."""
         limit = self.config.memory_limit
-        broker = self.broker
         rss = _rss()
-        if rss > limit and not broker.blocked:
+        alarmed = self.flow.alarmed(MEMORY)
+        if rss > limit and not alarmed:
             log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
-            broker.blocked = True
-            for connection in list(broker.connections):
-                if connection.publishing:  # also one in the middle of a message: it is read no further
-                    connection.publisher_blocked()
+            self.flow.block(MEMORY)  # also a publisher in the middle of a message: it is read no further
         elif rss > limit:
-            for connection in list(broker.connections):
+            for connection in list(self.broker.connections):
                 if connection.reading_paused:
                     connection.drop_if_peer_gone()
             _trim()  # freed message bodies may sit in malloc's heap, holding the alarm on: give them back
-        elif broker.blocked:
+        elif alarmed:
             log.warning("memory alarm cleared: %d bytes used, limit %d", rss, limit)
-            broker.blocked = False
-            for connection in list(broker.connections):
-                connection.notify_unblocked()
+            self.flow.unblock(MEMORY)
         return rss
 
     def stop(self) -> None:

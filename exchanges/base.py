@@ -130,15 +130,15 @@ class Exchange(ABC):
         self._remove(binding)
         return True
 
-    def remove_destination(self, destination: object) -> int:
-        """Drop every binding to `destination` (queue/exchange deleted); return how many."""
+    def remove_destination(self, destination: object) -> list[Binding]:
+        """Drop every binding to `destination` (queue/exchange deleted); return them."""
         group = self._by_destination.pop(destination, None)
         if not group:
-            return 0
+            return []
         self._count -= len(group)
         for binding in group:
             self._remove(binding)
-        return len(group)
+        return list(group)
 
     @abstractmethod
     def route(self, routing_key: str, message: Any) -> Collection[object]:

@@ -17,6 +17,7 @@ from amqp_server import errors, queue_args
 from amqp_server.auth import Permissions, User
 from amqp_server.errors import AMQPError
 from amqp_server.policy import Policy
+from amqp_server.publisher_flow import PublisherFlow
 
 from .link import STATS, ServerLink, encode_json
 from .membership import Membership
@@ -26,7 +27,8 @@ from .remote_queue import RemoteQueue
 from .session import Session
 
 if TYPE_CHECKING:
-    from amqp_server.broker import Broker, VHost
+    from amqp_server.broker import Broker
+    from amqp_server.vhost import VHost
     from amqp_server.config import Config
 
 log = logging.getLogger("warren.forwarder")
@@ -39,9 +41,10 @@ ACCESS_KINDS = ("user", "vhost", "permission")
 
 
 class Cluster:
-    def __init__(self, broker: "Broker", config: "Config") -> None:
+    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow) -> None:
         self.broker = broker
         self.config = config
+        self.flow = flow
         self.name = config.node_name
         self.secret = config.cluster_secret.encode()
         url = urlparse(config.cluster_etcd if "//" in config.cluster_etcd else f"http://{config.cluster_etcd}")
@@ -111,7 +114,7 @@ class Cluster:
     def peer(self, name: str) -> Peer:
         peer = self.peers.get(name)
         if peer is None:
-            peer = self.peers[name] = Peer(name, self.broker, self.secret)
+            peer = self.peers[name] = Peer(name, self.broker, self.secret, self.flow)
         return peer
 
     def _joined(self, name: str, address: dict[str, Any]) -> None:

@@ -14,8 +14,8 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
-from amqp_server import errors
-from amqp_server.broker import home_node_down
+from amqp_server import errors, publisher_flow
+from amqp_server.vhost import home_node_down
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry
 
@@ -32,9 +32,11 @@ REDIAL_INTERVAL = 0.5
 
 
 class Peer:
-    def __init__(self, name: str, broker: "Broker", secret: bytes) -> None:
+    def __init__(self, name: str, broker: "Broker", secret: bytes, flow: publisher_flow.PublisherFlow) -> None:
         self.name = name
         self.broker = broker
+        self.flow = flow
+        self._held_for = publisher_flow.link(name)  # the flow's reason while this link's buffer is full
         self.secret = secret
         self.address: tuple[str, int] | None = None
         self.link: link.ClientLink | None = None
@@ -46,7 +48,6 @@ class Peer:
         self._credit: dict[int, int] = {}
         self._acks: list[int] = []
         self._flush_scheduled = False
-        self._holding = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
         self._open: tuple[Message, "Channel | None", int, list[bytes]] | None = None  # publish gathering queues
@@ -96,6 +97,7 @@ class Peer:
         self.up = False
         self.link = None
         self._open = None
+        self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}
         for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
@@ -133,11 +135,8 @@ class Peer:
             self._pending[seq] = (channel, channel.forwarded())
         client.hold(self._send_open_cb)
         self._open = (message, channel, seq, [queue.link_id])
-        if client.paused and not self._holding:
-            self._holding = True  # the link's buffer is full: publishers wait until it drains
-            for connection in list(self.broker.connections):
-                if connection.publishing:
-                    connection.publisher_blocked()
+        if client.paused:  # the link's buffer is full: publishers wait until it drains
+            self.flow.block(self._held_for)
         return True
 
     def _send_open(self) -> None:
@@ -277,8 +276,5 @@ class Peer:
             queue.cancelled(remote.consumer)
 
     def writable(self) -> None:
-        """The link drained: publishers held for it may go on (unless the memory alarm holds them)."""
-        if self._holding and not self.broker.blocked:
-            self._holding = False
-            for connection in list(self.broker.connections):
-                connection.notify_unblocked()
+        """The link drained: publishers held for it may go on (unless another reason holds them)."""
+        self.flow.unblock(self._held_for)

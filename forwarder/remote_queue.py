@@ -118,7 +118,7 @@ class RemoteQueue(Queue):
     def cancelled(self, consumer: Consumer) -> None:
         """The owner cancelled the consumer (queue deleted) or went down."""
         self.refused(consumer)
-        consumer.channel.consumer_cancelled_by_broker(consumer)
+        consumer.channel.cancelled_by_broker(consumer)
 
     # -- settling -----------------------------------------------------------------------------
 

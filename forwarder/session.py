@@ -54,7 +54,7 @@ class RemoteConsumerChannel:
         session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
                                   entry.message)
 
-    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
         self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
 
@@ -128,7 +128,7 @@ class Session:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return
         consumer = Consumer(request["tag"], RemoteConsumerChannel(self, consumer_id), queue, False,
-                            request["exclusive"], request["arguments"], request["prefetch"], b"")  # type: ignore
+                            request["exclusive"], request["arguments"], request["prefetch"], b"")
         self.consumers[consumer_id] = consumer
         queue.add_consumer(consumer)
         self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))

@@ -14,7 +14,7 @@ from urllib.parse import quote, quote_plus, unquote_plus
 
 from aiohttp import web
 
-from amqp_server.broker import VHost
+from amqp_server.vhost import VHost
 from amqp_server.queue import Queue
 from exchanges import Exchange
 

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from amqp_server import tls
 from amqp_server.channel import Channel
-from amqp_server.connection import OPEN, Connection
+from amqp_server.connection import Connection
 from amqp_server.queue import Consumer
 
 from . import auth
@@ -37,7 +37,7 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
     props = jsonable(connection.client_properties)
     return {
         "name": connection.name, "node": context.node, "type": "network",
-        "state": "running" if connection.state == OPEN else "closing", "protocol": "AMQP 0-9-1",
+        "state": connection.flow_state, "protocol": "AMQP 0-9-1",
         "user": connection.user.name, "user_who_performed_action": connection.user.name,
         "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
         **tls.connection_info(connection.ssl_object),

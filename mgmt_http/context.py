@@ -7,7 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.broker import Broker, VHost
+from amqp_server.broker import Broker
+from amqp_server.vhost import VHost
+from amqp_server.publisher_flow import PublisherFlow
 
 from .http import not_found
 from .rates import Sampler
@@ -20,6 +22,7 @@ class Context:
     broker: Broker
     config: Any
     sampler: Sampler
+    flow: PublisherFlow = field(default_factory=PublisherFlow)  # the node's: its alarms are shown
     started: float = field(default_factory=time.time)
 
     @property

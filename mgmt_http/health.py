@@ -11,6 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from amqp_server.publisher_flow import MEMORY
+
 from .context import Context, ctx
 from .http import bad_request, json_response
 
@@ -37,7 +39,7 @@ async def node(request: web.Request) -> web.Response:
 
 
 def _alarms(context: Context) -> list[dict[str, str]]:
-    return [{"node": context.node, "resource": "memory"}] if context.broker.blocked else []
+    return [{"node": context.node, "resource": "memory"}] if context.flow.alarmed(MEMORY) else []
 
 
 @routes.get("/api/health/checks/alarms")

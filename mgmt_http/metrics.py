@@ -7,6 +7,8 @@ from typing import Iterable
 
 from aiohttp import web
 
+from amqp_server.publisher_flow import MEMORY
+
 from .context import ctx
 from .node_info import fd_used, rss_bytes
 
@@ -75,7 +77,7 @@ def render(request: web.Request) -> str:
     out.family("rabbitmq_resident_memory_limit_bytes", "gauge", "Memory high watermark",
                [({}, context.config.memory_limit)])
     out.family("rabbitmq_alarms_memory_used_watermark", "gauge", "1 while the memory alarm blocks publishers",
-               [({}, int(broker.blocked))])
+               [({}, int(context.flow.alarmed(MEMORY)))])
     out.family("rabbitmq_process_open_fds", "gauge", "Open file descriptors", [({}, fd_used())])
     stats = broker.persistence.store.stats()
     out.family("warren_message_store_messages", "gauge", "Messages in the persistent message store",

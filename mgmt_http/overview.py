@@ -12,6 +12,7 @@ from pamqp import commands
 from amqp_server import __version__
 from amqp_server.auth import check_permission
 from amqp_server.message import make_message
+from amqp_server.publisher_flow import MEMORY
 from exchanges import EXCHANGE_TYPES
 
 from . import auth
@@ -55,7 +56,7 @@ def node_info(context: Context) -> dict[str, Any]:
     return {
         "name": context.node, "type": "disc", "running": True, "being_drained": False,
         **message_stats(node_gauges(broker), context.sampler.rates("gauges"), GAUGE_STATS),
-        "mem_limit": config.memory_limit, "mem_alarm": broker.blocked, "disk_free_limit": DISK_FREE_LIMIT,
+        "mem_limit": config.memory_limit, "mem_alarm": context.flow.alarmed(MEMORY), "disk_free_limit": DISK_FREE_LIMIT,
         "disk_free_alarm": False, "fd_total": fd_total(), "sockets_total": fd_total(),
         "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,
         "uptime": int((time.time() - context.started) * 1000), "os_pid": str(os.getpid()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -559,3 +560,59 @@ def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
                 node.stop()
         if etcd is not None:
             etcd.stop()
+
+
+class Flooder(threading.Thread):
+    """A raw publisher sending 256 KiB messages to a queue as fast as the node reads them."""
+
+    def __init__(self, node: BrokerProcess, queue: str) -> None:
+        super().__init__(daemon=True)
+        from pamqp import body, commands, frame, header
+        from test_protocol_errors import Raw
+        self.raw = Raw(node)
+        self.raw.handshake()
+        self.raw.open_channel(1)
+        self.port = self.raw.sock.getsockname()[1]
+        self.message = (frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), 1)
+                        + frame.marshal(header.ContentHeader(0, 1 << 18, commands.Basic.Properties()), 1)
+                        + b"".join(frame.marshal(body.ContentBody(b"x" * 65536), 1) for _ in range(4)))
+        self.raw.sock.settimeout(None)
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.raw.send(self.message)
+        except OSError:  # closed by the test
+            pass
+
+    def stop(self) -> None:
+        self.raw.sock.shutdown(socket.SHUT_RDWR)
+        self.raw.close()
+        self.join(5)
+
+
+def connection_state(node: BrokerProcess, port: int) -> str:
+    """The API's state of the connection from ``port``: RabbitMQ's running / flow / blocked / blocking."""
+    return next((c["state"] for c in api(node, "/connections") if c["peer_port"] == port), "gone")
+
+
+def test_link_down_and_back_releases_held_publishers_and_holds_new_ones(cluster, uid):
+    """A full link to the owner holds publishers (state flow, as RabbitMQ's credit flow); the link going down
+    releases them, and once it is back a full link holds new publishers again."""
+    _, (n1, n2, _) = cluster
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n1, uid) == 0, "queue of node 2 on node 1")
+    for round_ in ("first", "after the link came back"):
+        n2.proc.send_signal(signal.SIGSTOP)
+        flooder = Flooder(n1, uid)
+        try:
+            wait_for(lambda: connection_state(n1, flooder.port) == "flow", f"publisher held by the full link ({round_})")
+            wait_for(lambda: connection_state(n1, flooder.port) == "running", "publisher released when the link went down")
+        finally:
+            n2.proc.send_signal(signal.SIGCONT)
+            flooder.stop()
+        wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["state"] == "running", "node 2 back", timeout=20)
+    with connect(n1) as connection:
+        connection.channel().queue_delete(uid)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -67,8 +66,8 @@ def test_binding_identity_and_args():
     assert x.unbind("q", "k", {"a": 1})
     assert not x.unbind("q", "k", {"a": 1})
     assert x.route("k", NOMSG) == {"q"}
-    assert x.remove_destination("q") == 2
-    assert x.remove_destination("q") == 0
+    assert len(x.remove_destination("q")) == 2
+    assert x.remove_destination("q") == []
     assert len(x) == 0 and not x.has_bindings
     assert x.route("k", NOMSG) == set()
 
@@ -196,7 +195,7 @@ def test_headers_unbind_and_duplicates():
     assert x.route("", Msg({"a": 1})) == {"q"}
     assert x.unbind("q", "", {"a": 1})
     assert x.route("", Msg({"b": 1})) == {"q"}
-    assert x.remove_destination("q") == 1
+    assert len(x.remove_destination("q")) == 1
     assert x.route("", Msg({"a": 1, "b": 1})) == set()
 
 
@@ -338,4 +337,4 @@ def test_topic_10k_bindings():
     assert x.route("stock.5.nyse.q5", NOMSG) == {"q5", "all"}
     assert x.route("stock.6.q6", NOMSG) == {"q6", "all"}  # '#' matches zero words
     print(f"2000 routes over {n} topic bindings: {elapsed * 1000:.1f} ms")
-    assert x.remove_destination("q5") == 1 and len(x) == n
+    assert len(x.remove_destination("q5")) == 1 and len(x) == n

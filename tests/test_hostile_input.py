@@ -150,11 +150,12 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
     from amqp_server.broker import Broker
     from amqp_server.config import Config
     from amqp_server.connection import Connection
+    from amqp_server.publisher_flow import PublisherFlow
 
     async def scenario() -> list[weakref.ref]:
         broker = Broker(str(tmp_path / "data"))
         config = Config()
-        server = await asyncio.get_running_loop().create_server(lambda: Connection(broker, config), "127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(lambda: Connection(broker, config, PublisherFlow()), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         from pamqp import frame as pframe

@@ -91,7 +91,7 @@ class Raw:
 
     def open_channel(self, channel: int = 1) -> None:
         self.send_method(channel, commands.Channel.Open())
-        ch, _ = channel, self.expect(commands.Channel.OpenOk)
+        self.expect(commands.Channel.OpenOk)
 
     def expect_connection_close(self) -> commands.Connection.Close:
         """Read until Connection.Close (skipping other frames), answer close-ok, expect EOF."""

@@ -1,0 +1,59 @@
+"""What the broker core asks of its front ends, as Protocols: the core imports no front end.
+
+The AMQP channel and connection (``channel.py``, ``connection.py``) and the forwarder's session for
+consumers on other nodes (``forwarder/session.py``) implement these; queues and the broker hold them
+without knowing which one they have.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .direct_reply import ReplyConsumer
+    from .message import Message
+    from .queue import Consumer, Entry, Queue
+
+
+class DeliveryTarget(Protocol):
+    """Where a consumer's messages go: an AMQP channel, or the link to the node its client is on."""
+
+    def can_deliver(self) -> bool:
+        """Room for another delivery now (prefetch aside: the queue counts that per consumer)."""
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        """Send ``entry`` to ``consumer``'s client; it stays unacked unless the consumer is no-ack."""
+
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away (deleted, or its node went down): tell the client."""
+
+
+class ReplyTarget(Protocol):
+    """The channel of an ``amq.rabbitmq.reply-to`` consumer: replies bypass queues."""
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None: ...
+
+
+class ExclusiveOwner(Protocol):
+    """A client connection: it owns its exclusive queues, and the broker may close it."""
+
+    name: str
+    vhost_name: str
+    exclusive_queues: set[Queue]
+
+    def force_close(self, reason: str) -> None:
+        """Close with 320 CONNECTION_FORCED and ``reason``."""
+
+
+class Output(Protocol):
+    """A connection with frames to write: the broker flushes all those a publish touched at once."""
+
+    def flush(self) -> None: ...
+
+
+class ConfirmSink(Protocol):
+    """The confirm-mode channel whose publish is being routed: copies forwarded to other nodes confirm here."""
+
+    def forwarded(self) -> int:
+        """The publish sequence number a forwarded copy will confirm."""
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None: ...

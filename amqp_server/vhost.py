@@ -1,0 +1,53 @@
+"""A virtual host: its exchanges and queues by name, the lookups every operation starts with."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from exchanges import Exchange, exchange_class
+
+from . import errors
+from .errors import ChannelError
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+DEFAULT_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+class VHost:
+    """One virtual host's exchanges and queues."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
+        for ex_name, type_name in DEFAULT_EXCHANGES:
+            self.exchanges[ex_name] = exchange_class(type_name)(ex_name, durable=True)
+
+    def exchange(self, name: str) -> Exchange:
+        try:
+            return self.exchanges[name]
+        except KeyError:
+            raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
+
+    def queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
+        if not queue.available:
+            raise home_node_down(queue)
+        return queue
+
+
+def home_node_down(queue: Queue) -> ChannelError:
+    """A queue whose owner node is unreachable, in RabbitMQ's words."""
+    return errors.not_found(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost '{queue.vhost}' "
+                            "is down or inaccessible")
