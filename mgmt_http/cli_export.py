@@ -85,7 +85,7 @@ def _session() -> Any:
 def _export_all(spark: Any, api: ApiClient, args: argparse.Namespace, out: Output, vhost: str,
                 dests: dict[str, Path]) -> list[Exported]:
     from spark import WarrenDataSource, commit, error_reason
-    from spark.source import pinned
+    from spark.common import pinned
 
     spark.dataSource.register(WarrenDataSource)
     options = {"url": api.base_url.rstrip("/"), "user": api.user, "password": api.password, "vhost": vhost,

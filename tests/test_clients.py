@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-import struct
 import subprocess
 import threading
 import time
