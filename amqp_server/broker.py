@@ -7,12 +7,10 @@ operations; none keeps its own copy.  Operations raise :class:`ChannelError`
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Protocol, TypeVar
 
 from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
@@ -30,6 +28,7 @@ from .policy import Policies, Policy
 from .persistence import Persistence
 from .priority_queue import queue_class
 from .queue import Consumer, Entry, Queue
+from .records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
 from .stats import ChurnStats, MessageStats
 from .vhost import VHost, home_node_down
 
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from .ports import ConfirmSink, ExclusiveOwner, Output
 
 log = logging.getLogger("warren.broker")
+R = TypeVar("R", bound=Record)
 
 
 class ClusterHooks(Protocol):
@@ -50,7 +50,7 @@ class ClusterHooks(Protocol):
 
     async def forget(self, name: str) -> None: ...
 
-    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+    async def agree(self, record: Record) -> None: ...
 
     async def look_up(self, kind: str, key: str) -> None: ...
 
@@ -88,7 +88,6 @@ class Broker:
         self.dirty: list["Output"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
         self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
-        self.confirming: "ConfirmSink | None" = None  # the confirm-mode channel whose publish is being routed
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
         self.delayed.start()
@@ -144,18 +143,19 @@ class Broker:
         self.access.add_vhost(name)
         return self.vhost(name)
 
-    def _define(self, kind: str, key: str, record: dict[str, Any], durable: bool) -> None:
+    def _define(self, record: Record, durable: bool) -> None:
         """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
+        raw = record.to_json()
         if durable:
-            self.store.put(kind, key, record)
+            self.store.put(record.kind, record.key, raw)
         if self.cluster is not None:
-            self.cluster.defined(kind, key, record)
+            self.cluster.defined(record.kind, record.key, raw)
 
-    def _undefine(self, kind: str, key: str, durable: bool) -> None:
+    def _undefine(self, record: Record, durable: bool) -> None:
         if durable:
-            self.store.delete(kind, key)
+            self.store.delete(record.kind, record.key)
         if self.cluster is not None:
-            self.cluster.undefined(kind, key)
+            self.cluster.undefined(record.kind, record.key)
 
     def delete_vhost(self, name: str) -> None:
         vhost = self.vhosts.pop(name, None)
@@ -235,9 +235,8 @@ class Broker:
             raise errors.precondition_failed(str(exc)) from None
         vhost.exchanges[name] = exchange
         self.policies.apply_to_exchange(vhost.name, exchange)
-        self._define("exchange", _key(vhost.name, name), {
-            "vhost": vhost.name, "name": name, "type": type_name, "durable": durable, "auto_delete": auto_delete,
-            "internal": internal, "arguments": arguments}, durable)
+        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
+                     durable)
         return exchange
 
     async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
@@ -247,9 +246,8 @@ class Broker:
         self.check_exchange_declare(vhost, name, arguments, who)
         if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
                 and exchange_class(type_name) is not None):
-            await self.cluster.agree("exchange", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "type": type_name, "durable": durable,
-                "auto_delete": auto_delete, "internal": internal, "arguments": dict(arguments or {})})
+            await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
+                                                    dict(arguments or {})))
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False, who: Principal | None = None) -> None:
         """exchange.delete for ``who``: the default and amq.* exchanges are refused first, then permission
@@ -275,7 +273,7 @@ class Broker:
             self._forget_binding(vhost, exchange.name, binding.destination, binding.routing_key,
                                  binding.args_dict())
         self._drop_destination(vhost, exchange)
-        self._undefine("exchange", _key(vhost.name, exchange.name), exchange.durable)
+        self._undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -346,10 +344,14 @@ class Broker:
             queue.index_id = self._next_index_id()
             queue.persistence = self.persistence
         if not exclusive:
-            self._define("queue", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
-                "arguments": arguments, "index_id": queue.index_id}, durable)
+            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
         return queue
+
+    def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
+        """A queue of another node joins the vhost as its proxy; the policies shown here are this vhost's
+        (the owner enforces its own)."""
+        vhost.queues[queue.name] = queue
+        self.policies.apply_to_queue(queue)
 
     async def agree_queue(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
                           auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -360,14 +362,12 @@ class Broker:
         """
         self.check_queue_declare(vhost, name, arguments, who)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            await self.cluster.agree("queue", _key(vhost.name, name), {
-                "vhost": vhost.name, "name": name, "durable": durable, "auto_delete": auto_delete,
-                "arguments": dict(arguments or {})})
+            await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete, dict(arguments or {})))
 
     async def find_queue(self, vhost: VHost, name: str) -> None:
         """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
         if self.cluster is not None and name not in vhost.queues:
-            await self.cluster.look_up("queue", _key(vhost.name, name))
+            await self.cluster.look_up(QueueRecord.kind, name_key(vhost.name, name))
 
     def _next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
@@ -430,7 +430,7 @@ class Broker:
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         else:
-            self._undefine("queue", _key(vhost.name, queue.name), queue.durable)
+            self._undefine(QueueRecord(vhost.name, queue.name), queue.durable)
         if queue.durable:
             self.store.delete("queue_offsets", str(queue.index_id))
 
@@ -551,11 +551,8 @@ class Broker:
         if isinstance(destination, Exchange):
             vhost.e2e_bindings += 1
         if not _exclusive(destination):
-            self._define("binding", _binding_key(vhost.name, source, destination, routing_key, arguments), {
-                "vhost": vhost.name, "source": source, "destination": destination.name,
-                "destination_type": _kind(destination), "routing_key": routing_key,
-                "arguments": dict(arguments or {}), "created": time.time_ns()},
-                exchange.durable and destination.durable)
+            self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()),
+                         exchange.durable and destination.durable)
 
     def remove_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                        arguments: dict[str, Any] | None = None) -> None:
@@ -579,8 +576,7 @@ class Broker:
     def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
         if not _exclusive(destination):
-            self._undefine("binding", _binding_key(vhost.name, source, destination, routing_key, arguments),
-                           destination.durable)
+            self._undefine(_binding(vhost, source, destination, routing_key, arguments), destination.durable)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it (a lookup per exchange, then its own bindings)."""
@@ -611,9 +607,10 @@ class Broker:
     # move all come through these.
 
     def publish(self, vhost: VHost, exchange: Exchange, message: Message,
-                publisher: Publisher | None = None) -> tuple[bool, bool]:
+                publisher: Publisher | None = None, confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
         """Route and enqueue: (routed to some queue or held by a delayed exchange, a queue's length limit
-        rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return.
+        rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return;
+        ``confirm`` the confirm-mode channel that copies forwarded to other nodes confirm to.
 
         A queue whose home node is down takes nothing (enqueue answers None): routed only to such
         queues, the message is unroutable.
@@ -625,7 +622,7 @@ class Broker:
         rejected = False
         unavailable = 0
         for queue in queues:
-            accepted = queue.enqueue(message)
+            accepted = queue.enqueue(message, confirm)
             if not accepted:
                 if accepted is None:
                     unavailable += 1
@@ -710,6 +707,23 @@ class Broker:
             else:
                 queue.settle(entries)
             queue.run()
+
+    def settle_taken(self, taken: Iterable[tuple[Entry, Queue, Consumer | None]], requeue: bool,
+                     reject: bool = False) -> None:
+        """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
+        the consumers get their credit back."""
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry, queue, consumer in taken:
+            if consumer is not None:
+                consumer.unacked -= 1
+            entries = by_queue.get(queue)
+            if entries is None:
+                by_queue[queue] = [entry]
+            else:
+                entries.append(entry)
+        settle = self.settle
+        for queue, entries in by_queue.items():
+            settle(queue, entries, requeue, reject)
 
     def move_messages(self, source: Queue, destination: Queue, count: int | None = None,
                       who: Principal | None = None) -> int:
@@ -800,32 +814,39 @@ class Broker:
 
     # -- recovery -----------------------------------------------------------------------------
 
+    def _stored(self, cls: type[R]) -> Iterator[R]:
+        for _, raw in self.store.items(cls.kind):
+            yield cls.from_json(raw)
+
     def _recover_definitions(self) -> None:
         for name in self.access.vhosts():
             self.vhost(name)
-        for _, record in self.store.items("exchange"):
-            vhost = self.vhosts.get(record["vhost"])
-            cls = exchange_class(record["type"])
+        for exchange_record in self._stored(ExchangeRecord):
+            vhost = self.vhosts.get(exchange_record.vhost)
+            cls = exchange_class(exchange_record.type)
             if vhost is None or cls is None:
                 continue
-            vhost.exchanges[record["name"]] = cls(record["name"], durable=True, auto_delete=record["auto_delete"],
-                                                  internal=record["internal"], arguments=record["arguments"])
+            vhost.exchanges[exchange_record.name] = cls(
+                exchange_record.name, durable=True, auto_delete=exchange_record.auto_delete,
+                internal=exchange_record.internal, arguments=exchange_record.arguments)
         durable: list[Queue] = []
-        for _, record in self.store.items("queue"):
-            vhost = self.vhosts.get(record["vhost"])
-            if vhost is not None:
-                try:
-                    args = queue_args.parse(record["arguments"], record["name"], vhost.name)
-                except ChannelError as exc:  # stored before today's checks: recover, without its arguments
-                    log.error("queue '%s' in vhost '%s': stored arguments refused (%s); recovered without them",
-                              record["name"], vhost.name, exc.text)
-                    record["arguments"] = {}
-                    args = queue_args.parse({}, record["name"], vhost.name)
-                queue = vhost.queues[record["name"]] = queue_class(args)(
-                    record["name"], vhost.name, True, None, record["auto_delete"], record["arguments"], args, self)
-                queue.index_id = record["index_id"]
-                queue.persistence = self.persistence
-                durable.append(queue)
+        for record in self._stored(QueueRecord):
+            vhost = self.vhosts.get(record.vhost)
+            if vhost is None:
+                continue
+            arguments = record.arguments
+            try:
+                args = queue_args.parse(arguments, record.name, vhost.name)
+            except ChannelError as exc:  # stored before today's checks: recover, without its arguments
+                log.error("queue '%s' in vhost '%s': stored arguments refused (%s); recovered without them",
+                          record.name, vhost.name, exc.text)
+                arguments = {}
+                args = queue_args.parse(arguments, record.name, vhost.name)
+            queue = vhost.queues[record.name] = queue_class(args)(
+                record.name, vhost.name, True, None, record.auto_delete, arguments, args, self)
+            queue.index_id = record.index_id
+            queue.persistence = self.persistence
+            durable.append(queue)
         self.persistence.recover(durable)
         for queue in durable:  # offsets never go back across restarts (see commit_offset)
             saved = self.store.get("queue_offsets", str(queue.index_id))
@@ -833,15 +854,13 @@ class Broker:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
                 queue.committed = saved["committed"]
         # in the order they were made: a consistent-hash ring is laid out in binding order
-        for record in sorted((r for _, r in self.store.items("binding")), key=lambda r: r.get("created", 0)):
-            vhost = self.vhosts.get(record["vhost"])
+        for binding in sorted(self._stored(BindingRecord), key=lambda r: r.created):
+            vhost = self.vhosts.get(binding.vhost)
             if vhost is None:
                 continue
-            source = vhost.exchanges.get(record["source"])
-            table = vhost.queues if record["destination_type"] == "queue" else vhost.exchanges
-            destination = table.get(record["destination"])
+            source, destination = vhost.binding_ends(binding)
             if source is not None and destination is not None:
-                source.bind(destination, record["routing_key"], record["arguments"])
+                source.bind(destination, binding.routing_key, binding.arguments)
                 if isinstance(destination, Exchange):
                     vhost.e2e_bindings += 1
         for vhost in self.vhosts.values():
@@ -851,19 +870,10 @@ class Broker:
                  sum(len(v.queues) for v in self.vhosts.values()))
 
 
-def _kind(destination: Queue | Exchange) -> str:
-    return "queue" if isinstance(destination, Queue) else "exchange"
-
-
-def _key(vhost: str, name: str) -> str:
-    return json.dumps([vhost, name])
-
-
-def _binding_key(vhost: str, source: str, destination: Queue | Exchange, routing_key: str,
-                 arguments: dict | None) -> str:
-    raw = json.dumps([vhost, source, _kind(destination), destination.name, routing_key, arguments or {}],
-                     sort_keys=True, default=str)
-    return hashlib.sha1(raw.encode()).hexdigest()
+def _binding(vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+             arguments: dict[str, Any] | None, created: int = 0) -> BindingRecord:
+    kind = "queue" if isinstance(destination, Queue) else "exchange"
+    return BindingRecord(vhost.name, source, destination.name, kind, routing_key, dict(arguments or {}), created)
 
 
 def _exclusive(destination: Queue | Exchange) -> bool:

@@ -26,6 +26,7 @@ from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .connection import Connection
+    from .ports import ConfirmSink
 
 log = logging.getLogger("warren.channel")
 
@@ -191,20 +192,16 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        if self.confirm_mode:
-            self.broker.confirming = self  # a copy forwarded to another node reports back here
-            rejected = self._route_message(exchange, message, self._mandatory)
-            self.broker.confirming = None
-        else:
-            rejected = self._route_message(exchange, message, self._mandatory)
+        rejected = self._route_message(exchange, message, self._mandatory, self if self.confirm_mode else None)
         self.stats.publish += 1
         self.vhost_stats.publish += 1
         if self.confirm_mode:
             self._to_confirm(message, rejected)
 
-    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool) -> bool:
+    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool,
+                       confirm: ConfirmSink | None = None) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
-        routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None)
+        routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None, confirm)
         if routed:
             return rejected
         if mandatory:
@@ -359,19 +356,8 @@ class Channel:
     def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool,
                 reject: bool = False) -> None:
         """Acked, rejected or requeued: credit returns, and the queues may deliver again."""
-        by_queue: dict[Queue, list[Entry]] = {}
-        for entry, queue, consumer in taken:
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.unacked_for_global -= 1
-            entries = by_queue.get(queue)
-            if entries is None:
-                by_queue[queue] = [entry]
-            else:
-                entries.append(entry)
-        settle = self.broker.settle
-        for queue, entries in by_queue.items():
-            settle(queue, entries, requeue, reject)
+        self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None)  # before queues run
+        self.broker.settle_taken(taken, requeue, reject)
 
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:

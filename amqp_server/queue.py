@@ -34,7 +34,7 @@ from .stats import MessageStats
 if TYPE_CHECKING:
     from .persistence import Persistence
     from .policy import Policy
-    from .ports import DeliveryTarget, ExclusiveOwner
+    from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
 
 
 class Entry:
@@ -182,8 +182,10 @@ class Queue:
 
     # -- in -----------------------------------------------------------------------------------
 
-    def enqueue(self, message: Message) -> bool:
-        """Add a published message; False if the queue's length limit rejects it (reject-publish)."""
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
+        """Add a published message; False if the queue's length limit rejects it (reject-publish).
+
+        ``confirm`` matters only to a queue of another node; here a confirm follows the fsync."""
         args = self.args
         limited = self._limited
         if limited and args.overflow != "drop-head" and self._full(message.body_size):

@@ -10,6 +10,7 @@ from .errors import ChannelError
 
 if TYPE_CHECKING:
     from .queue import Queue
+    from .records import BindingRecord
 
 DEFAULT_EXCHANGES = (
     ("", "direct"),
@@ -45,6 +46,11 @@ class VHost:
         if not queue.available:
             raise home_node_down(queue)
         return queue
+
+    def binding_ends(self, binding: BindingRecord) -> tuple[Exchange | None, Queue | Exchange | None]:
+        """A stored binding's source and destination, None for one that is not (or no longer) here."""
+        table = self.queues if binding.destination_type == "queue" else self.exchanges
+        return self.exchanges.get(binding.source), table.get(binding.destination)
 
 
 def home_node_down(queue: Queue) -> ChannelError:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 import aetcd
@@ -18,6 +20,8 @@ from amqp_server.auth import Permissions, User
 from amqp_server.errors import AMQPError
 from amqp_server.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
+from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
+from amqp_server.vhost import VHost
 
 from .link import STATS, ServerLink, encode_json
 from .membership import Membership
@@ -28,7 +32,6 @@ from .session import Session
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
-    from amqp_server.vhost import VHost
     from amqp_server.config import Config
 
 log = logging.getLogger("warren.forwarder")
@@ -58,8 +61,19 @@ class Cluster:
         self.peers: dict[str, Peer] = {}
         self.sessions: set[Session] = set()
         self.applying = False
-        self._lost: list[tuple["VHost", str]] = []  # transient queues of ours that did not survive a restart
+        self._lost: list[tuple[VHost, str]] = []  # transient queues of ours that did not survive a restart
         self._server: asyncio.base_events.Server | None = None
+        # kind -> (record from JSON, create or change it here, delete it here)
+        self._appliers: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[VHost, Any], None],
+                                        Callable[[VHost, Any], None]]] = {
+            QueueRecord.kind: (QueueRecord.from_json, self._put_queue, self._delete_queue),
+            ExchangeRecord.kind: (ExchangeRecord.from_json, self._put_exchange, self._delete_exchange),
+            BindingRecord.kind: (BindingRecord.from_json, self._put_binding, self._delete_binding),
+            "policy": (Policy.from_json, partial(self._put_policy, kind="policy"),
+                       partial(self._delete_policy, kind="policy")),
+            "operator_policy": (Policy.from_json, partial(self._put_policy, kind="operator_policy"),
+                                partial(self._delete_policy, kind="operator_policy")),
+        }
 
     async def start(self) -> None:
         """Definitions from the mirror first (no etcd needed), then links, then etcd's current state."""
@@ -185,12 +199,13 @@ class Cluster:
         if not self.applying:
             self.metadata.delete(kind, key)
 
-    async def agree(self, kind: str, key: str, record: dict[str, Any]) -> None:
+    async def agree(self, record: Record) -> None:
         """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
-        if kind == "queue":
-            record = dict(record, node=self._place(record["arguments"]))
+        if isinstance(record, QueueRecord):
+            record = replace(record, node=self._place(record.arguments))
+        kind, key = record.kind, record.key
         try:
-            current = await asyncio.wait_for(self.metadata.create(kind, key, record), AGREE_TIMEOUT)
+            current = await asyncio.wait_for(self.metadata.create(kind, key, record.to_json()), AGREE_TIMEOUT)
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
@@ -214,14 +229,12 @@ class Cluster:
             if kind in ACCESS_KINDS:
                 self._apply_access(kind, key, new, old)
             else:
-                record = new if new is not None else old
-                vhost = self.broker.vhosts.get(record["vhost"])
+                parse, put, delete = self._appliers[kind]
+                record = parse(new if new is not None else old)
+                vhost = self.broker.vhosts.get(record.vhost)
                 if vhost is None:
                     return  # its vhost is gone (or not yet here): nothing to apply to
-                if new is not None:
-                    getattr(self, f"_put_{kind}")(vhost, new)
-                else:
-                    getattr(self, f"_delete_{kind}")(vhost, old)
+                (put if new is not None else delete)(vhost, record)
         except AMQPError as exc:
             log.warning("cannot apply %s %s: %s", kind, key, exc.text)
         finally:
@@ -244,58 +257,44 @@ class Cluster:
         else:
             access.set_permissions(new["vhost"], new["user"], Permissions(new["configure"], new["write"], new["read"]))
 
-    def _put_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        name, node = record["name"], record["node"]
-        existing = vhost.queues.get(name)
-        if node == self.name:
+    def _put_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        existing = vhost.queues.get(record.name)
+        if record.node == self.name:
             if existing is None:
-                self.broker.declare_queue(vhost, name, durable=record["durable"], auto_delete=record["auto_delete"],
-                                          arguments=record["arguments"])
-                if not record["durable"] and not self.metadata.caught_up.is_set():
-                    self._lost.append((vhost, name))
+                self.broker.declare_queue(vhost, record.name, durable=record.durable, auto_delete=record.auto_delete,
+                                          arguments=record.arguments)
+                if not record.durable and not self.metadata.caught_up.is_set():
+                    self._lost.append((vhost, record.name))
         elif existing is None:
-            queue = vhost.queues[name] = RemoteQueue(name, vhost.name, record["durable"], record["auto_delete"],
-                                                     record["arguments"],
-                                                     queue_args.parse(record["arguments"], name, vhost.name),
-                                                     self.peer(node))
-            self.broker.policies.apply_to_queue(queue)  # shown by the API here; enforced by the owner
+            self.broker.add_remote_queue(vhost, RemoteQueue(
+                record.name, vhost.name, record.durable, record.auto_delete, record.arguments,
+                queue_args.parse(record.arguments, record.name, vhost.name), self.peer(record.node)))
 
-    def _delete_queue(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        self.broker.delete_queue(vhost, record["name"])
+    def _delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        self.broker.delete_queue(vhost, record.name)
 
-    def _put_exchange(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        if record["name"] not in vhost.exchanges:
-            self.broker.declare_exchange(vhost, record["name"], record["type"], durable=record.get("durable", True),
-                                         auto_delete=record["auto_delete"], internal=record["internal"],
-                                         arguments=record["arguments"])
+    def _put_exchange(self, vhost: VHost, record: ExchangeRecord) -> None:
+        if record.name not in vhost.exchanges:
+            self.broker.declare_exchange(vhost, record.name, record.type, durable=record.durable,
+                                         auto_delete=record.auto_delete, internal=record.internal,
+                                         arguments=record.arguments)
 
-    def _put_policy(self, vhost: "VHost", record: dict[str, Any], kind: str = "policy") -> None:
-        policy = Policy.from_json(record)
+    def _delete_exchange(self, vhost: VHost, record: ExchangeRecord) -> None:
+        self.broker.delete_exchange(vhost, record.name)
+
+    def _put_policy(self, vhost: VHost, policy: Policy, kind: str) -> None:
         if self.broker.policies.get(kind, vhost.name, policy.name) != policy:
             self.broker.policies.put(kind, policy, vhost)
 
-    def _delete_policy(self, vhost: "VHost", record: dict[str, Any], kind: str = "policy") -> None:
-        self.broker.policies.delete(kind, vhost, record["name"])
+    def _delete_policy(self, vhost: VHost, policy: Policy, kind: str) -> None:
+        self.broker.policies.delete(kind, vhost, policy.name)
 
-    def _put_operator_policy(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        self._put_policy(vhost, record, "operator_policy")
-
-    def _delete_operator_policy(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        self._delete_policy(vhost, record, "operator_policy")
-
-    def _delete_exchange(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        self.broker.delete_exchange(vhost, record["name"])
-
-    def _binding_ends(self, vhost: "VHost", record: dict[str, Any]) -> tuple[Any, Any]:
-        table = vhost.queues if record["destination_type"] == "queue" else vhost.exchanges
-        return vhost.exchanges.get(record["source"]), table.get(record["destination"])
-
-    def _put_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        source, destination = self._binding_ends(vhost, record)
+    def _put_binding(self, vhost: VHost, record: BindingRecord) -> None:
+        source, destination = vhost.binding_ends(record)
         if source is not None and destination is not None:
-            self.broker.add_binding(vhost, record["source"], destination, record["routing_key"], record["arguments"])
+            self.broker.add_binding(vhost, record.source, destination, record.routing_key, record.arguments)
 
-    def _delete_binding(self, vhost: "VHost", record: dict[str, Any]) -> None:
-        source, destination = self._binding_ends(vhost, record)
+    def _delete_binding(self, vhost: VHost, record: BindingRecord) -> None:
+        source, destination = vhost.binding_ends(record)
         if source is not None and destination is not None:
-            self.broker.remove_binding(vhost, record["source"], destination, record["routing_key"], record["arguments"])
+            self.broker.remove_binding(vhost, record.source, destination, record.routing_key, record.arguments)

@@ -24,7 +24,7 @@ from .remote_queue import RemoteConsumer, RemoteQueue
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
-    from amqp_server.channel import Channel
+    from amqp_server.ports import ConfirmSink
 
 log = logging.getLogger("warren.forwarder.peer")
 
@@ -42,7 +42,7 @@ class Peer:
         self.link: link.ClientLink | None = None
         self.up = False
         self._seq = 0
-        self._pending: dict[int, tuple["Channel", int]] = {}  # link seq -> (channel, its publish seq)
+        self._pending: dict[int, tuple["ConfirmSink", int]] = {}  # link seq -> (channel, its publish seq)
         self._ids = itertools.count(1)
         self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
         self._credit: dict[int, int] = {}
@@ -50,7 +50,7 @@ class Peer:
         self._flush_scheduled = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
-        self._open: tuple[Message, "Channel | None", int, list[bytes]] | None = None  # publish gathering queues
+        self._open: tuple[Message, "ConfirmSink | None", int, list[bytes]] | None = None  # publish gathering queues
         self._send_open_cb = self._send_open
         self._dialer: asyncio.Task | None = None
 
@@ -117,13 +117,12 @@ class Peer:
 
     # -- to the owner -------------------------------------------------------------------------
 
-    def publish(self, queue: RemoteQueue, message: Message) -> bool | None:
+    def publish(self, queue: RemoteQueue, message: Message, channel: "ConfirmSink | None") -> bool | None:
         """Forward to the owner.  A message routed to several of its queues crosses the link once:
         the frame stays open while routing adds queues, and is sent before anything else."""
         client = self.link
         if not self.up or client is None:
             return None
-        channel = self.broker.confirming
         open_ = self._open
         if open_ is not None and open_[0] is message and open_[1] is channel:
             open_[3].append(queue.link_id)

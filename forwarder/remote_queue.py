@@ -19,6 +19,8 @@ from amqp_server.queue_args import QueueArgs
 from . import link
 
 if TYPE_CHECKING:
+    from amqp_server.ports import ConfirmSink
+
     from .peer import Peer
 
 
@@ -67,9 +69,9 @@ class RemoteQueue(Queue):
 
     # -- in -----------------------------------------------------------------------------------
 
-    def enqueue(self, message: Message) -> bool | None:  # type: ignore[override]
-        """Forward to the owner; None (unroutable) while it is down."""
-        return self.peer.publish(self, message)
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool | None:  # type: ignore[override]
+        """Forward to the owner, which confirms to ``confirm``; None (unroutable) while it is down."""
+        return self.peer.publish(self, message, confirm)
 
     # -- consumers ----------------------------------------------------------------------------
 

@@ -162,16 +162,7 @@ class Session:
             item = pop(tag, None)
             if item is not None:  # unknown: from before a reconnect, already requeued
                 taken.append(item)
-        self._give_back(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
-
-    def _give_back(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, reject: bool) -> None:
-        by_queue: dict[Queue, list[Entry]] = {}
-        for entry, queue, consumer in taken:
-            if consumer is not None:  # None: taken by basic.get
-                consumer.unacked -= 1
-            by_queue.setdefault(queue, []).append(entry)
-        for queue, entries in by_queue.items():
-            self.broker.settle(queue, entries, requeue, reject)
+        self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
@@ -207,4 +198,4 @@ class Session:
         self.consumers.clear()
         taken = list(self.unacked.values())
         self.unacked.clear()
-        self._give_back(taken, True, False)
+        self.broker.settle_taken(taken, True)

@@ -1,0 +1,90 @@
+"""Durable definitions of exchanges, queues and bindings as typed records.
+
+One record class per kind, shared by the broker (which makes and recovers them), the LMDB definition
+store and the cluster's metadata in etcd (both of which keep ``to_json()``).  ``key`` is the record's
+name in either store; ``from_json`` ignores fields another store added.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: ClassVar[str]
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls: type[R], raw: dict[str, Any]) -> R:
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
+
+
+def name_key(vhost: str, name: str) -> str:
+    """The key of an exchange or queue: its vhost and name."""
+    return json.dumps([vhost, name])
+
+
+@dataclass(frozen=True)
+class ExchangeRecord(Record):
+    kind: ClassVar[str] = "exchange"
+    vhost: str
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return name_key(self.vhost, self.name)
+
+
+@dataclass(frozen=True)
+class QueueRecord(Record):
+    """A queue.  ``index_id`` names its queue index (a durable queue on its node); ``node`` is its owner in
+    cluster mode ('' until placed)."""
+
+    kind: ClassVar[str] = "queue"
+    vhost: str
+    name: str
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    index_id: int = 0
+    node: str = ""
+
+    @property
+    def key(self) -> str:
+        return name_key(self.vhost, self.name)
+
+
+@dataclass(frozen=True)
+class BindingRecord(Record):
+    """A binding; ``created`` (ns) orders recovery, since a consistent-hash ring is laid out in binding order."""
+
+    kind: ClassVar[str] = "binding"
+    vhost: str
+    source: str
+    destination: str
+    destination_type: str  # "queue" or "exchange"
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    created: int = 0
+
+    @property
+    def key(self) -> str:
+        raw = json.dumps([self.vhost, self.source, self.destination_type, self.destination, self.routing_key,
+                          self.arguments], sort_keys=True, default=str)
+        return hashlib.sha1(raw.encode()).hexdigest()
