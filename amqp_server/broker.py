@@ -451,9 +451,9 @@ class Broker:
                 if not cycle_detected(message, target.name):
                     target.enqueue(message)
 
-    def load(self, message: Message) -> None:
+    def load_body(self, message: Message) -> None:
         """Bring back the body of a message that was recovered or paged out."""
-        self.pager.load(message)
+        self.pager.load_body(message)
 
     def all_queues(self) -> Iterable[Queue]:
         for vhost in self.vhosts.values():
@@ -483,7 +483,7 @@ class Broker:
         self.store.put("queue_offsets", str(queue.index_id),
                        {"next_seq": queue.next_seq, "committed": queue.committed})
 
-    def purge_queue(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
+    def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
                     who: Principal | None = None) -> int:
         """queue.purge of a queue of this node for ``who`` (read); see purge_anywhere."""
         if who is not None:
@@ -654,24 +654,24 @@ class Broker:
         if message.has_headers:
             sender_selected.check(message)
 
-    def basic_get(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
+    def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
                   who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
-        with no_ack=False the caller settles it.  See fetch for any node's queue."""
+        with no_ack=False the caller settles it.  See get_anywhere for any node's queue."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
-    async def fetch(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
+    async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
                     who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         if not queue.remote:
-            return self.basic_get(vhost, name, no_ack, owner)
+            return self.get_local(vhost, name, no_ack, owner)
         self.check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
@@ -690,7 +690,7 @@ class Broker:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         if not queue.remote:
-            return self.purge_queue(vhost, name, owner)
+            return self.purge_local(vhost, name, owner)
         self.check_exclusive(queue, owner)
         return await queue.purge_remote()
 
@@ -706,7 +706,7 @@ class Broker:
                 queue.reject(entries)
             else:
                 queue.settle(entries)
-            queue.run()
+            queue.deliver_ready()
 
     def settle_taken(self, taken: Iterable[tuple[Entry, Queue, Consumer | None]], requeue: bool,
                      reject: bool = False) -> None:

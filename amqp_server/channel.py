@@ -326,9 +326,9 @@ class Channel:
                              message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
-    def kick(self) -> None:
+    def resume_deliveries(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:
-            queue.run()
+            queue.deliver_ready()
 
     # -- acks ---------------------------------------------------------------------------------
 
@@ -438,7 +438,7 @@ class Channel:
         self.flow_active = method.active
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
-            self.kick()
+            self.resume_deliveries()
 
     def _channel_close(self, method: commands.Channel.Close) -> None:
         self.closed()
@@ -542,7 +542,7 @@ class Channel:
         if self._remote(name):
             self.connection.suspend(self, m, self._remote_purge(m, name))
             return
-        self._purged(m, self.broker.purge_queue(self.vhost, name, self.connection, self.connection.principal))
+        self._purged(m, self.broker.purge_local(self.vhost, name, self.connection, self.connection.principal))
 
     async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
         count = await self.broker.purge_anywhere(self.vhost, name, self.connection, self.connection.principal)
@@ -570,7 +570,7 @@ class Channel:
         else:
             self.prefetch = m.prefetch_count
         self.reply(commands.Basic.QosOk())
-        self.kick()
+        self.resume_deliveries()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
         if m.queue == direct_reply.PSEUDO_QUEUE:
@@ -608,7 +608,7 @@ class Channel:
     def _consuming(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
         if not m.nowait:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
-        consumer.queue.run()
+        consumer.queue.deliver_ready()
 
     def _consume_replies(self, m: commands.Basic.Consume) -> None:
         """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
@@ -636,7 +636,7 @@ class Channel:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             self._remove_consumer(consumer)
-            consumer.queue.run()  # a single active consumer's successor takes over
+            consumer.queue.deliver_ready()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         self.broker.remove_consumer(consumer)
@@ -656,10 +656,10 @@ class Channel:
         if self._remote(name):
             self.connection.suspend(self, m, self._remote_get(m, name))
             return
-        self._got(m, *self.broker.basic_get(self.vhost, name, m.no_ack, self.connection, self.connection.principal))
+        self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.connection.principal))
 
     async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
-        queue, entry = await self.broker.fetch(self.vhost, name, m.no_ack, self.connection, self.connection.principal)
+        queue, entry = await self.broker.get_anywhere(self.vhost, name, m.no_ack, self.connection, self.connection.principal)
         if not self.open:
             if entry is not None and not m.no_ack:
                 self.broker.settle(queue, [entry], requeue=True)
@@ -760,7 +760,7 @@ class Channel:
         self.consumers.clear()
         self._settle(taken, True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
-            queue.run()
+            queue.deliver_ready()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

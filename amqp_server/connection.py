@@ -136,7 +136,7 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         if not self.held:
             self._resume_reading()
-        self.kick_consumers()
+        self.resume_deliveries()
 
     def _pause_reading(self) -> None:
         if not self.reading_paused and self.transport is not None:
@@ -148,10 +148,10 @@ class Connection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def kick_consumers(self) -> None:
+    def resume_deliveries(self) -> None:
         """Credit came back (writes drained, flow on): let this connection's queues deliver again."""
         for channel in list(self.channels.values()):
-            channel.kick()
+            channel.resume_deliveries()
 
     # -- output -------------------------------------------------------------------------------
 
@@ -179,7 +179,7 @@ class Connection(asyncio.Protocol):
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
-                self.kick_consumers()
+                self.resume_deliveries()
 
     def send_method(self, channel: int, method: Frame) -> None:
         self.out.append(codec.method_frame(channel, method))

@@ -241,7 +241,7 @@ class DelayedMessages:
             publisher = self._returns.pop(seq, None)
             self.schedule.delete(due, seq)
             message = Message.stored(msg_id, size)
-            self.persistence.load(message)
+            self.persistence.load_body(message)
         self._forget(key)
         vhost = self.broker.vhosts.get(key[0])
         exchange = vhost.exchanges.get(key[1]) if vhost is not None else None

@@ -35,9 +35,9 @@ class Pager:
         self.persistence = persistence
         self.paged_out = 0
 
-    def load(self, message: Message) -> None:
+    def load_body(self, message: Message) -> None:
         if message.msg_id:
-            self.persistence.load(message)
+            self.persistence.load_body(message)
         else:
             message.body = self.store.read(message.transient_id)
 

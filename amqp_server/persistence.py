@@ -107,7 +107,7 @@ class Persistence:
         self.index.delete_queue(queue.index_id)
         self._touch()
 
-    def load(self, message: Message) -> None:
+    def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""
         payload = self.store.read(message.msg_id)
         route_len, header_len = _ROUTE_LEN.unpack_from(payload)

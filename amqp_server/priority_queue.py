@@ -76,7 +76,7 @@ class PriorityQueue(Queue):
 
     def recover_entry(self, entry: Entry) -> None:
         if entry.message.body is None:
-            self.host.load(entry.message)  # the priority is in the header, which is in the store
+            self.host.load_body(entry.message)  # the priority is in the header, which is in the store
         super().recover_entry(entry)
 
     def _put_back(self, entry: Entry) -> None:

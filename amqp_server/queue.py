@@ -96,7 +96,7 @@ class QueueHost(Protocol):
 
     def expire_queue(self, queue: "Queue") -> None: ...
 
-    def load(self, message: Message) -> None: ...
+    def load_body(self, message: Message) -> None: ...
 
 
 def put_back(ready: deque[Entry], entry: Entry) -> None:
@@ -206,7 +206,7 @@ class Queue:
             self._drop_overflow()
         if self.consumers:
             self._fresh = entry  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
-            self.run()
+            self.deliver_ready()
             self._fresh = None
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
@@ -262,7 +262,7 @@ class Queue:
 
     # -- out ----------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def deliver_ready(self) -> None:
         """Hand ready entries to consumers with credit: the highest priority group first, round-robin within.
 
         Credit only shrinks during one call, so a group none of whose consumers can take more is done.
@@ -318,7 +318,7 @@ class Queue:
             self.stats.redeliver += 1
         persisted = message.msg_id and self.persistence is not None
         if message.body is None:
-            self.host.load(message)
+            self.host.load_body(message)
         if no_ack:
             if persisted:
                 self.persistence.remove(self, entry)
@@ -354,7 +354,7 @@ class Queue:
             if len(entries) >= count:
                 break
             if entry.message.body is None and self.host is not None:
-                self.host.load(entry.message)
+                self.host.load_body(entry.message)
             entries.append(entry)
         return entries
 
@@ -389,7 +389,7 @@ class Queue:
             if entry.gone or (entry.expiry and entry.expiry <= now):
                 continue
             if entry.message.body is None and host is not None:
-                host.load(entry.message)
+                host.load_body(entry.message)
             entries.append(entry)
             if limit is not None and len(entries) >= limit:
                 break
@@ -447,7 +447,7 @@ class Queue:
             self._put_back(entry)
         self.unacked -= count
         if count:
-            self.run()
+            self.deliver_ready()
             if self._expiring:
                 self._expire_due()
 
@@ -537,7 +537,7 @@ class Queue:
         if self.args.dead_letter_exchange is not None and self.host is not None:
             for entry in entries:
                 if entry.message.body is None:
-                    self.host.load(entry.message)
+                    self.host.load_body(entry.message)
             self.host.dead_letter(self, entries, reason)
         if persisted and self.persistence is not None:
             for entry in entries:

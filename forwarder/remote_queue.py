@@ -111,7 +111,7 @@ class RemoteQueue(Queue):
             consumer.channel.deliver(consumer, entry)
             peer.passed_on(remote, entry, consumer.no_ack)
 
-    def run(self) -> None:
+    def deliver_ready(self) -> None:
         """Credit came back (ack, QoS, writes drained): pass buffered deliveries on."""
         for remote in list(self.by_consumer.values()):
             if remote.buffer:

@@ -132,7 +132,7 @@ class Session:
         self.consumers[consumer_id] = consumer
         queue.add_consumer(consumer)
         self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))
-        queue.run()
+        queue.deliver_ready()
 
     def _local_queue(self, vhost_name: str, name: str) -> Queue:
         vhost = self.broker.vhosts.get(vhost_name)
@@ -152,7 +152,7 @@ class Session:
         consumer = self.consumers.get(consumer_id)
         if consumer is not None:
             consumer.channel.in_flight -= count
-            consumer.queue.run()
+            consumer.queue.deliver_ready()
 
     def _settle(self, payload: bytes) -> None:
         mode = payload[0]
@@ -187,7 +187,7 @@ class Session:
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:
-            queue.run()
+            queue.deliver_ready()
 
     def closed(self) -> None:
         """The other node went away: what it held unacked goes back to the queues, its consumers leave."""

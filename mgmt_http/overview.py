@@ -159,7 +159,7 @@ async def aliveness(request: web.Request) -> web.Response:
     broker.declare_queue(vhost, ALIVENESS_QUEUE, durable=False)
     message = make_message("", ALIVENESS_QUEUE, commands.Basic.Properties(), b"test_message")
     broker.publish(vhost, vhost.exchange(""), message)
-    _, entry = broker.basic_get(vhost, ALIVENESS_QUEUE, no_ack=True)
+    _, entry = broker.get_local(vhost, ALIVENESS_QUEUE, no_ack=True)
     if entry is None or entry.message.body != b"test_message":
         return json_response({"status": "failed", "reason": "message not received"}, 503)
     return json_response({"status": "ok"})

@@ -162,7 +162,7 @@ async def get(request: web.Request) -> web.Response:
     result, taken = [], []
     try:
         for _ in range(count):
-            _, entry = await broker.fetch(vhost, queue.name, no_ack=no_ack, who=who)
+            _, entry = await broker.get_anywhere(vhost, queue.name, no_ack=no_ack, who=who)
             if entry is None:
                 break
             taken.append(entry)
