@@ -526,7 +526,7 @@ def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
         wait_for(lambda: passive(n2, uid) == 0, "node 4's queue on node 2")
     finally:
         n4.stop()
-    ctl = [sys.executable, "-m", "mgmt_http.cli", "--port", str(n1.mgmt_port)]
+    ctl = [sys.executable, "-m", "mgmt_http.warrenctl", "--port", str(n1.mgmt_port)]
     refused = subprocess.run([*ctl, "forget-node", "warren2@localhost"], capture_output=True, text=True,
                              timeout=30, cwd=ROOT)
     assert refused.returncode == 1 and "running" in refused.stderr

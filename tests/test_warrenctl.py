@@ -21,7 +21,7 @@ WARRENCTL = Path(sys.executable).with_name("warrenctl")
 
 def command() -> list[str]:
     """The installed console script; ``python -m`` where the venv has not registered it."""
-    return [str(WARRENCTL)] if WARRENCTL.exists() else [sys.executable, "-m", "mgmt_http.cli"]
+    return [str(WARRENCTL)] if WARRENCTL.exists() else [sys.executable, "-m", "mgmt_http.warrenctl"]
 
 
 def run(broker: BrokerProcess | None, *args: str, input: str | None = None, port: int | None = None,

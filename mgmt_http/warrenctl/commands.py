@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from . import cli_values as values
-from .cli_client import ApiClient, ApiError, CtlError, path
-from .cli_render import Output
+from . import values
+from .client import ApiClient, ApiError, CtlError, path
+from .render import Output
 
 Command = Callable[[ApiClient, argparse.Namespace, Output], int]
 DEFAULT_VHOST = "/"
@@ -369,11 +369,11 @@ def move(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
 # -- definitions ------------------------------------------------------------------------------
 
 def export(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
-    """Definitions, or with --queue/--all-queues messages to Parquet (:mod:`mgmt_http.cli_export`)."""
+    """Definitions, or with --queue/--all-queues messages to Parquet (:mod:`mgmt_http.warrenctl.export`)."""
     if args.queue or args.all_queues:
         if args.file == "-":
             raise CtlError("a Parquet export needs a directory, not '-'")
-        from .cli_export import export_queues  # imports rich.progress only; pyspark once it is needed
+        from .export import export_queues  # imports rich.progress only; pyspark once it is needed
 
         return export_queues(api, args, out, vhost_of(args))
     if args.drain:

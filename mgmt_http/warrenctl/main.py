@@ -14,10 +14,10 @@ import sys
 import urllib.parse
 from typing import Mapping, Sequence
 
-from . import cli_commands as commands
-from . import cli_values as values
-from .cli_client import ApiClient, CtlError
-from .cli_render import Output
+from . import commands
+from . import values
+from .client import ApiClient, CtlError
+from .render import Output
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 15672
@@ -226,7 +226,3 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 130
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

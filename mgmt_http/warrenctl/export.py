@@ -20,8 +20,8 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from .cli_client import ApiClient, CtlError, path
-from .cli_render import Output
+from .client import ApiClient, CtlError, path
+from .render import Output
 
 POLL_SECONDS = 0.25
 
