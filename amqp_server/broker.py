@@ -33,7 +33,7 @@ from .stats import ChurnStats, MessageStats
 from .vhost import VHost, home_node_down
 
 if TYPE_CHECKING:
-    from .ports import ConfirmSink, ExclusiveOwner, Output
+    from .ports import ClientRegistry, ConfirmSink, ExclusiveOwner
 
 log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
@@ -72,7 +72,8 @@ def server_name(prefix: str) -> str:
 
 class Broker:
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
-                 persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
+                 persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
+                 clients: "ClientRegistry | None" = None) -> None:
         self.data_dir = data_dir
         self.node_name = node_name
         self.persistence = persistence or Persistence(data_dir)
@@ -83,9 +84,8 @@ class Broker:
         self.policies = Policies(self.store)
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
-        self.connections: set["ExclusiveOwner"] = set()
+        self.clients = clients  # the node's connections (none in a broker used in-process)
         self.churn = ChurnStats()
-        self.dirty: list["Output"] = []  # connections with output to write
         self._vhost_stats: dict[str, MessageStats] = {}
         self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
@@ -107,15 +107,6 @@ class Broker:
         if stats is None:
             stats = self._vhost_stats[name] = MessageStats()
         return stats
-
-    def flush_dirty(self) -> None:
-        """Write every connection's pending output: at the end of each read, or on the next loop turn."""
-        dirty = self.dirty
-        while dirty:
-            connections = dirty[:]
-            dirty.clear()
-            for connection in connections:
-                connection.flush()
 
     # -- vhosts -------------------------------------------------------------------------------
 
@@ -165,9 +156,8 @@ class Broker:
             for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
                 if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
                     self._remove_exchange(vhost, exchange)
-            for connection in list(self.connections):
-                if connection.vhost_name == name:
-                    connection.force_close(f"vhost '{name}' is deleted")
+            if self.clients is not None:
+                self.clients.close_vhost(name, f"vhost '{name}' is deleted")
         for kind in ("exchange", "queue", "binding"):
             for key, record in list(self.store.items(kind)):
                 if record["vhost"] == name:
@@ -500,7 +490,7 @@ class Broker:
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
     def connection_closed(self, connection: "ExclusiveOwner") -> None:
-        self.connections.discard(connection)
+        """Its exclusive queues go with it."""
         self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
             self._remove_queue(self.vhosts[queue.vhost], queue)

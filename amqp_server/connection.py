@@ -26,6 +26,7 @@ from .errors import AMQPError, ConnectionError
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .clients import Clients
     from .vhost import VHost
     from .channel import Channel
     from .config import Config
@@ -63,10 +64,11 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING
 class Connection(asyncio.Protocol):
     """Protocol instance per TCP connection."""
 
-    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow) -> None:
+    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: "Clients") -> None:
         self.broker = broker
         self.config = config
         self.flow = flow
+        self.clients = clients
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
@@ -112,7 +114,7 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
-        self.broker.connections.add(self)
+        self.clients.add(self)
         self.broker.churn.connection_created += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
@@ -126,6 +128,7 @@ class Connection(asyncio.Protocol):
         self.buf = bytearray()  # a half-sent frame goes with the socket
         self.out.clear()
         self.flow.gone(self)
+        self.clients.remove(self)
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -159,10 +162,7 @@ class Connection(asyncio.Protocol):
         """Output waits until the current read is processed (or the loop turns), then goes in one write."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            dirty = self.broker.dirty
-            if not dirty:
-                self.loop.call_soon(self.broker.flush_dirty)
-            dirty.append(self)
+            self.clients.schedule_flush(self)
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -264,7 +264,7 @@ class Connection(asyncio.Protocol):
         del buf[:pos]
         if self.out:
             self.schedule_flush()
-        self.broker.flush_dirty()
+        self.clients.flush()
 
     def suspend(self, channel: "Channel", method: Frame, work: Coroutine[Any, Any, None]) -> None:
         """A channel method that must await (cluster agreement): frames after it are read once it is done.

@@ -44,10 +44,11 @@ class ExclusiveOwner(Protocol):
         """Close with 320 CONNECTION_FORCED and ``reason``."""
 
 
-class Output(Protocol):
-    """A connection with frames to write: the broker flushes all those a publish touched at once."""
+class ClientRegistry(Protocol):
+    """The node's client connections, as far as the broker must reach them."""
 
-    def flush(self) -> None: ...
+    def close_vhost(self, name: str, reason: str) -> None:
+        """Close every connection to vhost ``name`` with 320 CONNECTION_FORCED and ``reason``."""
 
 
 class ConfirmSink(Protocol):

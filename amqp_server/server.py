@@ -16,6 +16,7 @@ from rich.logging import RichHandler
 
 from . import __version__, config as config_module, tls
 from .broker import Broker
+from .clients import Clients
 from .config import Config
 from .connection import Connection
 from .persistence import Persistence
@@ -67,13 +68,14 @@ def _rss() -> int:
 
 
 class Node:
-    """The running broker: listener, memory alarm, shutdown."""
+    """The running broker: listener, client connections, memory alarm, shutdown."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.clients = Clients()
         self.broker = Broker(config.data_dir, config.node_name,
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
-                                         config.compaction_threshold), config.segment_size)
+                                         config.compaction_threshold), config.segment_size, self.clients)
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
@@ -92,16 +94,16 @@ class Node:
         if self.config.mgmt_enabled:  # first: once AMQP accepts connections, the API answers too
             import mgmt_http
 
-            self.mgmt = await mgmt_http.start(self.broker, self.config, self.flow)
+            self.mgmt = await mgmt_http.start(self.broker, self.config, self.flow, self.clients)
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
         context = tls.amqp_context(self.config)
         if context is not None:  # before plain AMQP, so that a node answering on one answers on both
-            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow),
+            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow, self.clients),
                                                        self.config.bind, self.config.tls_port, ssl=context,
                                                        ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
                                                        reuse_address=True, backlog=1024)
             log.info("AMQPS on %s:%d (verify: %s)", self.config.bind, self.config.tls_port, self.config.tls_verify)
-        self.server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow),
+        self.server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow, self.clients),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
         self._memory_task = asyncio.create_task(self._watch_memory())
@@ -130,7 +132,7 @@ class Node:
             log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)
             self.flow.block(MEMORY)  # also a publisher in the middle of a message: it is read no further
         elif rss > limit:
-            for connection in list(self.broker.connections):
+            for connection in list(self.clients.connections):
                 if connection.reading_paused:
                     connection.drop_if_peer_gone()
             _trim()  # freed message bodies may sit in malloc's heap, holding the alarm on: give them back
@@ -151,8 +153,7 @@ class Node:
             self.tls_server.close()
         if self.mgmt is not None:
             await self.mgmt.cleanup()
-        for connection in list(self.broker.connections):
-            connection.force_close("broker shutdown")
+        self.clients.close_all("broker shutdown")
         await asyncio.sleep(0.1)
         if self.cluster is not None:
             await self.cluster.stop()

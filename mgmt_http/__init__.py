@@ -1,6 +1,6 @@
 """Warren's management plugin: RabbitMQ 3.10's management HTTP API on aiohttp.
 
-Offers ``create_app(broker, config)`` (an aiohttp Application) and ``start(broker, config, flow)``
+Offers ``create_app(broker, config)`` (an aiohttp Application) and ``start(broker, config, flow, clients)``
 (serve it on ``config.bind:config.mgmt_port`` on the running loop; returns the AppRunner,
 ``await runner.cleanup()`` stops it).  The node starts it unless ``--mgmt-enabled false``.
 

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from amqp_server import tls
 from amqp_server.broker import Broker
+from amqp_server.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 
@@ -82,13 +83,16 @@ async def _index(request: web.Request) -> web.FileResponse:
 
 
 def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL,
-               static_dir: str | None = STATIC_DIR, flow: PublisherFlow | None = None) -> web.Application:
-    """The management application for ``broker``; ``config`` is the node's Config, ``flow`` its alarms."""
+               static_dir: str | None = STATIC_DIR, flow: PublisherFlow | None = None,
+               clients: Clients | None = None) -> web.Application:
+    """The management application for ``broker``; ``config`` is the node's Config, ``flow`` its alarms,
+    ``clients`` its AMQP connections."""
     app = web.Application(middlewares=[security_headers, error_middleware,
                                        auth_middleware(broker, config.loopback_users_only, config.metrics_auth)],
                           client_max_size=config.mgmt_max_body_size)
-    sampler = Sampler(broker, sample_interval)
-    app[KEY] = Context(broker, config, sampler, flow or PublisherFlow())
+    clients = clients or Clients()
+    sampler = Sampler(broker, clients, sample_interval)
+    app[KEY] = Context(broker, config, sampler, clients, flow or PublisherFlow())
     app["broker"] = broker  # plain key for add-on modules (offsets.py)
     for module in RESOURCES:
         app.add_routes(module.routes)
@@ -113,12 +117,12 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     return app
 
 
-async def start(broker: Broker, config: Any, flow: PublisherFlow | None = None,
+async def start(broker: Broker, config: Any, flow: PublisherFlow | None = None, clients: Clients | None = None,
                 sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
     """Serve the API on ``config.bind:config.mgmt_port`` (and HTTPS on ``mgmt_tls_port`` with ``mgmt_tls``)
     on the running loop; ``await runner.cleanup()`` stops it."""
     # a connection idle, or trickling a request's head, that long is closed (aiohttp's keep-alive timer)
-    runner = web.AppRunner(create_app(broker, config, sample_interval, flow=flow), access_log=None,
+    runner = web.AppRunner(create_app(broker, config, sample_interval, flow=flow, clients=clients), access_log=None,
                            keepalive_timeout=config.mgmt_idle_timeout)
     await runner.setup()
     await web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True).start()

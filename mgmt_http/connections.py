@@ -21,7 +21,7 @@ FORCED_REASON = "Closed via management plugin"
 
 
 def _opened(context: Context) -> list[Connection]:
-    return [c for c in list(context.broker.connections) if c.user is not None and c.vhost is not None]
+    return [c for c in list(context.clients.connections) if c.user is not None and c.vhost is not None]
 
 
 def visible_connections(request: web.Request, vhost: str | None = None) -> list[Connection]:

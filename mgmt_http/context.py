@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.broker import Broker
+from amqp_server.clients import Clients
 from amqp_server.vhost import VHost
 from amqp_server.publisher_flow import PublisherFlow
 
@@ -22,6 +23,7 @@ class Context:
     broker: Broker
     config: Any
     sampler: Sampler
+    clients: Clients  # the node's AMQP connections
     flow: PublisherFlow = field(default_factory=PublisherFlow)  # the node's: its alarms are shown
     started: float = field(default_factory=time.time)
 

@@ -66,7 +66,7 @@ def render(request: web.Request) -> str:
     for key in RATE_KEYS:
         out.family(f"warren_queue_{key}_rate", "gauge", f"{key} messages per second over the last sample interval",
                    ((lab, sampler.rates(q).get(key, 0.0)) for lab, q in zip(labels, queues)))
-    connections = [c for c in list(broker.connections) if c.user is not None]
+    connections = [c for c in list(context.clients.connections) if c.user is not None]
     out.family("rabbitmq_connections", "gauge", "Open AMQP connections", [({}, len(connections))])
     out.family("rabbitmq_channels", "gauge", "Open AMQP channels",
                [({}, sum(len(c.channels) for c in connections))])

@@ -55,7 +55,7 @@ def node_info(context: Context) -> dict[str, Any]:
     broker = context.broker
     return {
         "name": context.node, "type": "disc", "running": True, "being_drained": False,
-        **message_stats(node_gauges(broker), context.sampler.rates("gauges"), GAUGE_STATS),
+        **message_stats(node_gauges(broker, context.clients), context.sampler.rates("gauges"), GAUGE_STATS),
         "mem_limit": config.memory_limit, "mem_alarm": context.flow.alarmed(MEMORY), "disk_free_limit": DISK_FREE_LIMIT,
         "disk_free_alarm": False, "fd_total": fd_total(), "sockets_total": fd_total(),
         "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,

@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Iterator
 
 from amqp_server.broker import Broker
+from amqp_server.clients import Clients
 
 from .node_info import disk_free, fd_used, rss_bytes
 
@@ -36,8 +37,8 @@ def disk_counters(broker: Broker) -> dict[str, int]:
     return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores)}
 
 
-def node_gauges(broker: Broker) -> dict[str, int]:
-    return {"mem_used": rss_bytes(), "fd_used": fd_used(), "sockets_used": len(broker.connections),
+def node_gauges(broker: Broker, clients: Clients) -> dict[str, int]:
+    return {"mem_used": rss_bytes(), "fd_used": fd_used(), "sockets_used": len(clients.connections),
             "disk_free": disk_free(broker.data_dir)}
 
 
@@ -74,8 +75,9 @@ class _Series:
 
 
 class Sampler:
-    def __init__(self, broker: Broker, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(self, broker: Broker, clients: Clients, interval: float = DEFAULT_INTERVAL) -> None:
         self.broker = broker
+        self.clients = clients
         self.interval = interval
         self._objects: "weakref.WeakKeyDictionary[Any, _Series]" = weakref.WeakKeyDictionary()
         self._named: dict[str, _Series] = {}
@@ -122,7 +124,7 @@ class Sampler:
         return series
 
     def _channels(self) -> Iterator[Any]:
-        for connection in list(self.broker.connections):
+        for connection in list(self.clients.connections):
             yield from list(connection.channels.values())
 
     def sample(self) -> None:
@@ -155,14 +157,14 @@ class Sampler:
         self._exchanges = exchanges
         for channel in self._channels():
             self._series(channel).add(now, channel.stats.as_dict(), tick)
-        for connection in list(broker.connections):
+        for connection in list(self.clients.connections):
             self._series(connection).add(now, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct},
                                          tick)
         node.update(queue_depths(broker.all_queues()))
         node.update(disk_counters(broker))
         self._named_series("node").add(now, node, tick)
         self._named_series("churn").add(now, broker.churn.as_dict(), tick)
-        self._named_series("gauges").add(now, node_gauges(broker), tick)
+        self._named_series("gauges").add(now, node_gauges(broker, self.clients), tick)
 
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)

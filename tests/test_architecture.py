@@ -10,7 +10,7 @@ from conftest import ROOT
 PACKAGES = ("amqp_server", "exchanges", "msg_store", "queue_index", "mgmt_http", "mgmt_http.warrenctl", "forwarder",
             "spark")
 # The AMQP front end: the broker core (every other amqp_server module) reaches it through amqp_server/ports.py.
-FRONT_END = {"channel", "connection", "consumer_timeout", "server", "__main__"}
+FRONT_END = {"channel", "clients", "connection", "consumer_timeout", "server", "__main__"}
 
 
 def imports(package: str) -> dict[str, set[str]]:

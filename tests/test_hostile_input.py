@@ -148,6 +148,7 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
     import weakref
 
     from amqp_server.broker import Broker
+    from amqp_server.clients import Clients
     from amqp_server.config import Config
     from amqp_server.connection import Connection
     from amqp_server.publisher_flow import PublisherFlow
@@ -155,7 +156,9 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
     async def scenario() -> list[weakref.ref]:
         broker = Broker(str(tmp_path / "data"))
         config = Config()
-        server = await asyncio.get_running_loop().create_server(lambda: Connection(broker, config, PublisherFlow()), "127.0.0.1", 0)
+        clients = Clients()
+        server = await asyncio.get_running_loop().create_server(
+            lambda: Connection(broker, config, PublisherFlow(), clients), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         from pamqp import frame as pframe
@@ -175,7 +178,7 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
         await writer.drain()
         for _ in range(50):
             await asyncio.sleep(0.02)
-            connections = list(broker.connections)
+            connections = list(clients.connections)
             if connections and len(connections[0].channels) == 4 and connections[0].channels[4]._chunks:
                 break
         connection = connections[0]
@@ -184,7 +187,7 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
         writer.close()
         for _ in range(50):
             await asyncio.sleep(0.02)
-            if not broker.connections:
+            if not clients.connections:
                 break
         server.close()
         await server.wait_closed()

@@ -1,0 +1,50 @@
+"""The node's client connections and their pending output: transport state, kept out of the broker core.
+
+The node (``server.py``) owns one :class:`Clients`; connections register with it and schedule their
+output through it, so that everything one read of the socket produced, on any connection, goes out
+in one write per connection.  The broker reaches it only through ``ports.ClientRegistry``.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+
+class Clients:
+    def __init__(self) -> None:
+        self.connections: set[Connection] = set()
+        self._dirty: list[Connection] = []  # connections with output to write
+
+    def add(self, connection: Connection) -> None:
+        self.connections.add(connection)
+
+    def remove(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+
+    def schedule_flush(self, connection: Connection) -> None:
+        """Write ``connection``'s output once the current read is processed (or the loop turns)."""
+        dirty = self._dirty
+        if not dirty:
+            asyncio.get_running_loop().call_soon(self.flush)
+        dirty.append(connection)
+
+    def flush(self) -> None:
+        """Write every connection's pending output (flushing one may give another output: loop)."""
+        dirty = self._dirty
+        while dirty:
+            connections = dirty[:]
+            dirty.clear()
+            for connection in connections:
+                connection.flush()
+
+    def close_vhost(self, name: str, reason: str) -> None:
+        for connection in list(self.connections):
+            if connection.vhost_name == name:
+                connection.force_close(reason)
+
+    def close_all(self, reason: str) -> None:
+        for connection in list(self.connections):
+            connection.force_close(reason)
