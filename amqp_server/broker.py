@@ -33,7 +33,7 @@ from .stats import ChurnStats, MessageStats
 from .vhost import VHost, home_node_down
 
 if TYPE_CHECKING:
-    from .ports import ClientRegistry, ConfirmSink, ExclusiveOwner
+    from .ports import ClientRegistry, ConfirmSink, DeliveryTarget, ExclusiveOwner
 
 log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
@@ -374,6 +374,18 @@ class Broker:
         queue = vhost.queue(name)
         self.check_exclusive(queue, owner)
         return queue
+
+    def consume(self, queue: Queue, target: "DeliveryTarget", tag: str, no_ack: bool, exclusive: bool,
+                arguments: dict[str, Any], prefetch: int) -> Consumer:
+        """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: its
+        x-priority read, every exclusivity rule checked, the consumer added.  The caller answers, then lets
+        the queue deliver (``deliver_ready``)."""
+        priority = queue_args.consumer_priority(arguments, queue.name, queue.vhost)
+        self.check_consumer_exclusivity(queue, exclusive)
+        consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
+                            priority)
+        queue.add_consumer(consumer)
+        return consumer
 
     @staticmethod
     def check_consumer_exclusivity(queue: Queue, exclusive: bool) -> None:

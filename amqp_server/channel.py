@@ -15,7 +15,7 @@ from pamqp.base import Frame
 
 from exchanges import Exchange
 
-from . import codec, direct_reply, errors, properties, queue_args
+from . import codec, direct_reply, errors, properties
 from .broker import server_name
 from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
@@ -581,13 +581,8 @@ class Channel:
         if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         queue = self.broker.consumable(self.vhost, name, self.connection, self.connection.principal)
-        arguments = m.arguments or {}
-        priority = queue_args.consumer_priority(arguments, name, self.vhost.name)
-        self.broker.check_consumer_exclusivity(queue, m.exclusive)
-        consumer = Consumer(tag, self, queue, m.no_ack, m.exclusive, arguments, self.prefetch,
-                            codec.deliver_prefix(tag), priority)
+        consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch)
         self.consumers[tag] = consumer
-        queue.add_consumer(consumer)
         if not m.no_ack:
             self.ack_timeout.watch(queue, consumer)
         if queue.remote:

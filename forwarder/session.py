@@ -123,14 +123,12 @@ class Session:
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
-            self.broker.check_consumer_exclusivity(queue, request["exclusive"])
+            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id), request["tag"], False,
+                                           request["exclusive"], request["arguments"], request["prefetch"])
         except AMQPError as exc:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return
-        consumer = Consumer(request["tag"], RemoteConsumerChannel(self, consumer_id), queue, False,
-                            request["exclusive"], request["arguments"], request["prefetch"], b"")
         self.consumers[consumer_id] = consumer
-        queue.add_consumer(consumer)
         self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))
         queue.deliver_ready()
 

@@ -255,6 +255,34 @@ def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     wait_for(lambda: passive(n1, uid) == 9, "unacked requeued at the owner")
 
 
+def test_consumer_priority_holds_for_a_consumer_on_another_node(cluster, uid):
+    """x-priority travels with a consumer on another node: the owner prefers it while it has credit."""
+    _, (n1, n2, _) = cluster
+    local = connect(n1)
+    lch = local.channel()
+    lch.queue_declare(uid)
+    lch.basic_qos(prefetch_count=100)
+    low: list[bytes] = []
+    lch.basic_consume(uid, lambda c, m, p, b: low.append(b))
+    wait_for(lambda: passive(n2, uid) == 0, "queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    rch.basic_qos(prefetch_count=100)
+    high: list[bytes] = []
+    rch.basic_consume(uid, lambda c, m, p, b: high.append(b), arguments={"x-priority": 10})
+    remote.process_data_events(time_limit=0.5)  # the owner has the remote consumer before anything is published
+    lch.confirm_delivery()
+    for i in range(20):
+        lch.basic_publish("", uid, f"m{i}".encode())
+    deadline = time.monotonic() + 5
+    while len(low) + len(high) < 20 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+        local.process_data_events(time_limit=0.05)
+    assert (len(high), len(low)) == (20, 0)
+    remote.close()
+    local.close()
+
+
 def test_basic_get_and_purge_through_another_node(cluster, uid):
     _, (n1, n2, n3) = cluster
     with connect(n1) as connection:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import urllib.parse
 from typing import Mapping, Sequence
 
