@@ -16,7 +16,7 @@ from . import codec, properties
 from .message import Message
 
 if TYPE_CHECKING:
-    from .ports import ReplyTarget
+    from .ports import ConfirmSink, ReplyTarget
 
 PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 PREFIX = PSEUDO_QUEUE + "."
@@ -33,7 +33,8 @@ class ReplyConsumer:
         self.channel = channel
         self.prefix = prefix  # encoded Basic.Deliver class/method + consumer tag
 
-    def enqueue(self, message: Message) -> bool:
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
+        """A reply goes straight to the consumer's channel (confirmed at once: it is never stored)."""
         self.channel.deliver_reply(self, message)
         return True
 
