@@ -305,7 +305,6 @@ class Channel:
             stats.deliver_no_ack += 1
         else:
             self.unacked[tag] = (entry, consumer.queue, consumer)
-            consumer.unacked += 1
             self.unacked_for_global += 1
             stats.deliver += 1
         if entry.redelivered:

@@ -21,7 +21,10 @@ class DeliveryTarget(Protocol):
         """Room for another delivery now (prefetch aside: the queue counts that per consumer)."""
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
-        """Send ``entry`` to ``consumer``'s client; it stays unacked unless the consumer is no-ack."""
+        """Send ``entry`` to ``consumer``'s client; it stays unacked unless the consumer is no-ack.
+
+        The queue has already counted it against the consumer's prefetch (``consumer.unacked``); the target
+        hands it back through ``Broker.settle_taken``, which counts it off again."""
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away (deleted, or its node went down): tell the client."""

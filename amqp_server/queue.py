@@ -291,6 +291,7 @@ class Queue:
                     self.stats.deliver_no_ack += 1
                 else:
                     self.stats.deliver += 1
+                    consumer.unacked += 1  # against its prefetch until settled (Broker.settle_taken)
                 consumer.channel.deliver(consumer, self._take(entry, consumer.no_ack))
             group.rr = i
 

@@ -108,6 +108,8 @@ class RemoteQueue(Queue):
         peer = self.peer
         while buffer and consumer.has_credit():
             entry = buffer.popleft()
+            if not consumer.no_ack:
+                consumer.unacked += 1
             consumer.channel.deliver(consumer, entry)
             peer.passed_on(remote, entry, consumer.no_ack)
 

@@ -47,7 +47,6 @@ class RemoteConsumerChannel:
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         tag = next(_tags)
-        consumer.unacked += 1
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)

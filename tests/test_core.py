@@ -1,0 +1,162 @@
+"""The broker core in-process, through a fake delivery target (amqp_server/ports.py): no sockets, no frames.
+
+These pin the queue and broker rules that every front end relies on (round-robin, priorities, prefetch,
+requeue order, single active consumer, exclusivity, cancellation) in milliseconds; the same behaviour
+is driven through real clients in test_amqp_pika.py, test_consumers.py and test_priorities.py.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from pamqp import commands
+
+from amqp_server import errors
+from amqp_server.auth import Principal
+from amqp_server.broker import Broker
+from amqp_server.errors import ChannelError
+from amqp_server.message import make_message
+from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.vhost import VHost
+
+
+class Target:
+    """A DeliveryTarget that records what the core hands it; ``room`` stands for the socket's write buffer."""
+
+    def __init__(self) -> None:
+        self.room = True
+        self.delivered: list[tuple[str, bytes, bool]] = []  # (consumer tag, body, redelivered)
+        self.held: list[tuple[Entry, Queue, Consumer | None]] = []  # what a client would have unacked
+        self.cancelled: list[str] = []
+
+    def can_deliver(self) -> bool:
+        return self.room
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        self.delivered.append((consumer.tag, entry.message.body, entry.redelivered))
+        if not consumer.no_ack:
+            self.held.append((entry, consumer.queue, consumer))
+
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.cancelled.append(consumer.tag)
+
+    def bodies(self, tag: str | None = None) -> list[bytes]:
+        return [body for t, body, _ in self.delivered if tag is None or t == tag]
+
+
+@pytest.fixture
+async def broker(tmp_path) -> AsyncIterator[Broker]:
+    broker = Broker(str(tmp_path / "data"))
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def vhost(broker: Broker) -> VHost:
+    return broker.vhost("/")
+
+
+def publish(broker: Broker, vhost: VHost, queue: str, *bodies: bytes) -> None:
+    for body in bodies:
+        routed, rejected = broker.publish(vhost, vhost.exchange(""),
+                                          make_message("", queue, commands.Basic.Properties(), body))
+        assert routed and not rejected
+
+
+def consume(broker: Broker, vhost: VHost, queue: str, target: Target, tag: str, prefetch: int = 0,
+            no_ack: bool = False, exclusive: bool = False, priority: int | None = None) -> Consumer:
+    arguments = {} if priority is None else {"x-priority": priority}
+    consumer = broker.consume(broker.consumable(vhost, queue), target, tag, no_ack, exclusive, arguments, prefetch)
+    consumer.queue.deliver_ready()
+    return consumer
+
+
+async def test_round_robin_within_prefetch(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    consume(broker, vhost, "q", target, "a", prefetch=2)
+    consume(broker, vhost, "q", target, "b", prefetch=2)
+    publish(broker, vhost, "q", b"1", b"2", b"3", b"4", b"5")
+    assert target.delivered == [("a", b"1", False), ("b", b"2", False), ("a", b"3", False), ("b", b"4", False)]
+    broker.settle_taken([target.held[0]], requeue=False)  # a acks 1: credit for one more
+    assert target.bodies("a") == [b"1", b"3", b"5"]
+    assert vhost.queues["q"].message_count == 0
+
+
+async def test_higher_priority_consumers_first_while_they_have_credit(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    consume(broker, vhost, "q", target, "low")
+    consume(broker, vhost, "q", target, "high", prefetch=2, priority=5)
+    publish(broker, vhost, "q", b"1", b"2", b"3")
+    assert target.bodies("high") == [b"1", b"2"] and target.bodies("low") == [b"3"]
+
+
+async def test_requeue_returns_to_the_original_place_redelivered(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    consumer = consume(broker, vhost, "q", target, "a", prefetch=2)
+    publish(broker, vhost, "q", b"1", b"2", b"3")
+    broker.settle_taken(target.held[:2], requeue=True)
+    assert consumer.unacked == 2  # the requeued two were delivered again at once
+    assert target.delivered[2:] == [("a", b"1", True), ("a", b"2", True)]
+    assert [e.message.body for e in vhost.queues["q"].peek(0, 10)] == [b"3"]
+
+
+async def test_a_full_delivery_target_gets_nothing_until_it_has_room(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    target.room = False
+    consume(broker, vhost, "q", target, "a", no_ack=True)
+    publish(broker, vhost, "q", b"1", b"2")
+    assert target.delivered == []
+    target.room = True
+    vhost.queues["q"].deliver_ready()
+    assert target.bodies() == [b"1", b"2"]
+
+
+async def test_single_active_consumer_hands_over_when_it_leaves(broker, vhost):
+    broker.declare_queue(vhost, "q", arguments={"x-single-active-consumer": True})
+    target = Target()
+    first = consume(broker, vhost, "q", target, "first", no_ack=True)
+    consume(broker, vhost, "q", target, "second", no_ack=True)
+    publish(broker, vhost, "q", b"1")
+    broker.remove_consumer(first)
+    vhost.queues["q"].deliver_ready()
+    publish(broker, vhost, "q", b"2")
+    assert target.delivered == [("first", b"1", False), ("second", b"2", False)]
+
+
+async def test_exclusive_consumer_rules(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    consume(broker, vhost, "q", target, "a")
+    with pytest.raises(ChannelError) as refused:
+        consume(broker, vhost, "q", target, "b", exclusive=True)
+    assert refused.value.code == errors.ACCESS_REFUSED
+    broker.declare_queue(vhost, "solo")
+    consume(broker, vhost, "solo", target, "alone", exclusive=True)
+    with pytest.raises(ChannelError) as refused:
+        consume(broker, vhost, "solo", target, "joiner")
+    assert refused.value.code == errors.ACCESS_REFUSED
+    assert len(vhost.queues["solo"].consumers) == 1
+
+
+async def test_deleting_a_queue_cancels_its_consumers_and_drops_what_they_held(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    target = Target()
+    consume(broker, vhost, "q", target, "a", prefetch=1)
+    publish(broker, vhost, "q", b"1", b"2")
+    broker.delete_queue(vhost, "q")
+    assert target.cancelled == ["a"] and "q" not in vhost.queues
+    broker.settle_taken(target.held, requeue=True)  # the client's late nack of a deleted queue's message
+    assert target.bodies() == [b"1"]
+
+
+async def test_consume_checks_the_callers_permission_first(broker, vhost):
+    broker.declare_queue(vhost, "q")
+    nobody = Principal("nobody", None)
+    with pytest.raises(ChannelError) as refused:
+        broker.consumable(vhost, "q", who=nobody)
+    assert refused.value.code == errors.ACCESS_REFUSED
+    assert vhost.queues["q"].consumers == []
