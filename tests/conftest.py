@@ -205,12 +205,14 @@ def uid(request: pytest.FixtureRequest) -> str:
     return f"{request.node.name[:80]}-{os.urandom(3).hex()}"
 
 
-def connect(node, user: str = "guest", password: str = "guest", vhost: str = "/",
-            name: str = "") -> pika.BlockingConnection:
-    """A pika connection to a node (``name``: the client's connection_name), bounded by timeouts."""
+def connect(node, user: str = "guest", password: str = "guest", vhost: str = "/", name: str = "",
+            heartbeat: int | None = None, blocked_timeout: float | None = 10) -> pika.BlockingConnection:
+    """A pika connection to a node (``name``: the client's connection_name), bounded by timeouts.
+
+    ``heartbeat`` None takes the node's; ``blocked_timeout`` None lets a blocked connection wait."""
     return pika.BlockingConnection(pika.ConnectionParameters(
         node.host, node.port, vhost, pika.PlainCredentials(user, password), connection_attempts=1,
-        socket_timeout=5, blocked_connection_timeout=10,
+        socket_timeout=5, blocked_connection_timeout=blocked_timeout, heartbeat=heartbeat,
         client_properties={"connection_name": name} if name else None))
 
 

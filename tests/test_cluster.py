@@ -18,6 +18,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from conftest import ROOT, BrokerProcess, free_port, unavailable
+from conftest import connect as conftest_connect
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 if ETCD is None:
@@ -96,7 +97,8 @@ def running_nodes(node: BrokerProcess) -> list[str]:
 
 
 def connect(node: BrokerProcess) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+    """No heartbeats (a stopped node must be found by the cluster, not by the client); blocking may last."""
+    return conftest_connect(node, heartbeat=0, blocked_timeout=None)
 
 
 def pump(connection: pika.BlockingConnection, done: Callable[[], bool], timeout: float = 5.0) -> None:

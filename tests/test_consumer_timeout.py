@@ -14,7 +14,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from amqp_server import config
-from conftest import EXTERNAL, BrokerProcess
+from conftest import EXTERNAL, BrokerProcess, connect
 from test_mgmt_api import call, q
 
 pytestmark = pytest.mark.skipif(bool(EXTERNAL), reason="starts Warren nodes with a tiny consumer_timeout")
@@ -39,10 +39,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def untimed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """consumer_timeout = false: no timeout."""
     yield from _node(tmp_path_factory, "false")
-
-
-def connect(node: BrokerProcess) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
 
 
 def held_until_closed(connection: pika.BlockingConnection, channel, limit: float = 5.0) -> ChannelClosedByBroker | None:

@@ -7,12 +7,10 @@ import aio_pika
 import pika
 import pytest
 
+from conftest import connect
+
 pytestmark = pytest.mark.timeout(60)
 REPLY_TO = "amq.rabbitmq.reply-to"
-
-
-def connect(broker) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(broker.url))
 
 
 def test_capability_advertised(broker) -> None:

@@ -12,15 +12,11 @@ import pika
 import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
+from conftest import connect
+
 pytestmark = pytest.mark.timeout(120)
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def connect(node, vhost: str = "/", user: str = "guest", password: str = "guest") -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        node.host, node.port, vhost, pika.PlainCredentials(user, password), connection_attempts=1,
-        socket_timeout=5, blocked_connection_timeout=10))
 
 
 def restart(start_broker, node, *extra: str):
@@ -98,7 +94,7 @@ def test_definitions_survive_restart(start_broker):
         ch.exchange_bind("dx2", "dx", "b.#")  # e -> e: dx2 receives from dx
         ch.queue_declare("dq2", durable=True)
         ch.queue_bind("dq2", "dx2")
-    with connect(node, "v1", "alice", "s3cret") as conn:
+    with connect(node, "alice", "s3cret", "v1") as conn:
         ch = conn.channel()
         ch.queue_declare("vq", durable=True)
         ch.basic_publish("", "vq", b"in-v1", PERSISTENT)
@@ -117,7 +113,7 @@ def test_definitions_survive_restart(start_broker):
         with pytest.raises(ChannelClosedByBroker) as closed:
             conn.channel().queue_declare("dq", durable=True)
         assert closed.value.reply_code == 406
-    with connect(node, "v1", "alice", "s3cret") as conn:
+    with connect(node, "alice", "s3cret", "v1") as conn:
         ch = conn.channel()
         assert drain(ch, "vq") == [(b"in-v1", False)]
 
