@@ -757,7 +757,7 @@ def test_metrics_follow_the_message_store(start_broker):
 
 
 # Top-level fields RabbitMQ 3.10.8 answers with, recorded from a running node (Erlang-process fields and counts
-# Warren does not keep are left out: see the README's "Management HTTP API").
+# Warren does not keep are left out: see docs/http-api.md).
 RABBITMQ_FIELDS = {
     "/api/overview": "churn_rates cluster_name contexts disable_stats enable_queue_totals erlang_full_version "
                      "erlang_version exchange_types listeners management_version message_stats node object_totals "
