@@ -257,11 +257,11 @@ class Broker:
 
     def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
         del vhost.exchanges[exchange.name]
-        for binding in exchange.bindings():
-            if isinstance(binding.destination, Exchange):
-                vhost.e2e_bindings -= 1
-            self._forget_binding(vhost, exchange.name, binding.destination, binding.routing_key,
-                                 binding.args_dict())
+        for destination in exchange.destinations():
+            removed = exchange.remove_destination(destination)
+            vhost.unbound(exchange, destination, len(removed))
+            for binding in removed:
+                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
         self._drop_destination(vhost, exchange)
         self._undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
 
@@ -550,8 +550,7 @@ class Broker:
             raise errors.precondition_failed(str(exc)) from None
         if not added:
             return
-        if isinstance(destination, Exchange):
-            vhost.e2e_bindings += 1
+        vhost.bound(exchange, destination)
         if not _exclusive(destination):
             self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()),
                          exchange.durable and destination.durable)
@@ -564,8 +563,7 @@ class Broker:
         exchange = vhost.exchanges.get(source)
         if exchange is None or not exchange.unbind(destination, routing_key, arguments or {}):
             return  # nothing to unbind is no error, as in RabbitMQ
-        if isinstance(destination, Exchange):
-            vhost.e2e_bindings -= 1
+        vhost.unbound(exchange, destination)
         self._forget_binding(vhost, source, destination, routing_key, arguments)
         self._auto_delete_exchange(vhost, exchange)
 
@@ -581,13 +579,10 @@ class Broker:
             self._undefine(_binding(vhost, source, destination, routing_key, arguments), destination.durable)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
-        """A queue or exchange is gone: remove every binding to it (a lookup per exchange, then its own bindings)."""
-        for exchange in list(vhost.exchanges.values()):
+        """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""
+        for exchange in list(vhost.sources.get(destination, ())):
             removed = exchange.remove_destination(destination)
-            if not removed:
-                continue
-            if isinstance(destination, Exchange):
-                vhost.e2e_bindings -= len(removed)
+            vhost.unbound(exchange, destination, len(removed))
             for binding in removed:
                 self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
             self._auto_delete_exchange(vhost, exchange)
@@ -863,8 +858,7 @@ class Broker:
             source, destination = vhost.binding_ends(binding)
             if source is not None and destination is not None:
                 source.bind(destination, binding.routing_key, binding.arguments)
-                if isinstance(destination, Exchange):
-                    vhost.e2e_bindings += 1
+                vhost.bound(source, destination)
         for vhost in self.vhosts.values():
             self.policies.apply_to_vhost(vhost)
         log.info("recovered definitions: %d vhosts, %d exchanges, %d queues",

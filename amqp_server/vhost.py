@@ -30,6 +30,8 @@ class VHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
+        # destination -> the exchanges with a binding to it: deleting a queue costs O(its bindings)
+        self.sources: dict[Queue | Exchange, dict[Exchange, None]] = {}
         for ex_name, type_name in DEFAULT_EXCHANGES:
             self.exchanges[ex_name] = exchange_class(type_name)(ex_name, durable=True)
 
@@ -46,6 +48,26 @@ class VHost:
         if not queue.available:
             raise home_node_down(queue)
         return queue
+
+    def bound(self, exchange: Exchange, destination: Queue | Exchange) -> None:
+        """``exchange`` got a binding to ``destination``."""
+        if isinstance(destination, Exchange):
+            self.e2e_bindings += 1
+        sources = self.sources.get(destination)
+        if sources is None:
+            sources = self.sources[destination] = {}
+        sources[exchange] = None
+
+    def unbound(self, exchange: Exchange, destination: Queue | Exchange, count: int = 1) -> None:
+        """``count`` of ``exchange``'s bindings to ``destination`` went."""
+        if isinstance(destination, Exchange):
+            self.e2e_bindings -= count
+        if not exchange.binds_to(destination):
+            sources = self.sources.get(destination)
+            if sources is not None:
+                sources.pop(exchange, None)
+                if not sources:
+                    del self.sources[destination]
 
     def binding_ends(self, binding: BindingRecord) -> tuple[Exchange | None, Queue | Exchange | None]:
         """A stored binding's source and destination, None for one that is not (or no longer) here."""

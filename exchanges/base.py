@@ -102,6 +102,13 @@ class Exchange(ABC):
     def bindings(self) -> list[Binding]:
         return [b for group in self._by_destination.values() for b in group]
 
+    def destinations(self) -> list[object]:
+        """Every queue or exchange this one has a binding to."""
+        return list(self._by_destination)
+
+    def binds_to(self, destination: object) -> bool:
+        return destination in self._by_destination
+
     def bind(self, destination: object, routing_key: str,
              arguments: Mapping[str, Any] | None = None) -> bool:
         """Add a binding; True if it is new.  May raise ValueError for invalid arguments."""

@@ -18,6 +18,7 @@ from amqp_server.errors import ChannelError
 from amqp_server.message import make_message
 from amqp_server.queue import Consumer, Entry, Queue
 from amqp_server.vhost import VHost
+from exchanges import Exchange
 
 
 class Target:
@@ -160,3 +161,33 @@ async def test_consume_checks_the_callers_permission_first(broker, vhost):
         broker.consumable(vhost, "q", who=nobody)
     assert refused.value.code == errors.ACCESS_REFUSED
     assert vhost.queues["q"].consumers == []
+
+
+async def test_deleting_a_queue_visits_only_the_exchanges_bound_to_it(broker, vhost, monkeypatch):
+    for i in range(200):
+        broker.declare_exchange(vhost, f"x{i}", "direct")
+    broker.declare_queue(vhost, "q")
+    broker.add_binding(vhost, "x7", vhost.queues["q"], "a")
+    broker.add_binding(vhost, "x7", vhost.queues["q"], "b")
+    broker.add_binding(vhost, "x9", vhost.queues["q"], "a")
+    visited = []
+    remove = Exchange.remove_destination
+    monkeypatch.setattr(Exchange, "remove_destination", lambda self, d: visited.append(self.name) or remove(self, d))
+    broker.delete_queue(vhost, "q")
+    assert sorted(visited) == ["x7", "x9"]
+    assert not vhost.exchanges["x7"].has_bindings and not vhost.exchanges["x9"].has_bindings
+    assert vhost.sources == {}
+
+
+async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(broker, vhost):
+    broker.declare_exchange(vhost, "upstream", "fanout")
+    broker.declare_exchange(vhost, "downstream", "fanout", auto_delete=True)
+    broker.declare_queue(vhost, "q")
+    broker.add_binding(vhost, "upstream", vhost.exchanges["downstream"], "")
+    broker.add_binding(vhost, "downstream", vhost.queues["q"], "")
+    assert vhost.e2e_bindings == 1
+    publish_to = vhost.exchange("upstream")
+    assert broker.publish(vhost, publish_to, make_message("upstream", "", commands.Basic.Properties(), b"m"))[0]
+    broker.delete_queue(vhost, "q")  # downstream's last binding went: it is auto-deleted, and its source binding
+    assert "downstream" not in vhost.exchanges
+    assert vhost.e2e_bindings == 0 and not vhost.exchanges["upstream"].has_bindings and vhost.sources == {}
