@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server import properties
-from amqp_server.auth import check_permission
+from amqp_server.auth import Principal
 from amqp_server.errors import AMQPError
 from amqp_server.properties import Properties
 from amqp_server.queue import Entry, Queue
@@ -86,14 +86,13 @@ def authorize_queue_read(request: web.Request) -> Queue:
         raise not_found()
     if not auth.can_see_vhost(broker, login, vhost_name):
         raise not_authorised("Access refused.")
+    who = Principal(login.name, broker.access.permissions(vhost_name, login.name))
+    vhost = broker.vhost(vhost_name)
     name = request.match_info["name"]
-    check_permission(broker.access.permissions(vhost_name, login.name), login.name, vhost_name, "read",
-                     "queue", name)
-    queue = broker.vhost(vhost_name).queues.get(name)
-    if queue is None:
+    if name not in vhost.queues:
+        who.check("read", "queue", vhost_name, name)  # refused before a missing queue is told apart
         raise not_found()
-    broker.check_exclusive(queue, None)  # another connection's exclusive queue is locked, as over AMQP
-    return queue
+    return broker.consumable(vhost, name, None, who)  # read permission; another's exclusive queue is locked
 
 
 def _guarded(handler: Any) -> Any:

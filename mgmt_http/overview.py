@@ -10,7 +10,6 @@ from aiohttp import web
 from pamqp import commands
 
 from amqp_server import __version__
-from amqp_server.auth import check_permission
 from amqp_server.message import make_message
 from amqp_server.publisher_flow import MEMORY
 from exchanges import EXCHANGE_TYPES
@@ -153,13 +152,12 @@ async def aliveness(request: web.Request) -> web.Response:
     context = ctx(request)
     broker = context.broker
     vhost = context.vhost(auth.require_vhost(request))
-    permissions, user = auth.permissions(request, vhost.name), auth.login(request).name
-    for kind in ("configure", "write", "read"):
-        check_permission(permissions, user, vhost.name, kind, "queue", ALIVENESS_QUEUE)
-    broker.declare_queue(vhost, ALIVENESS_QUEUE, durable=False)
-    message = make_message("", ALIVENESS_QUEUE, commands.Basic.Properties(), b"test_message")
-    broker.publish(vhost, vhost.exchange(""), message)
-    _, entry = broker.get_local(vhost, ALIVENESS_QUEUE, no_ack=True)
+    who = auth.principal(request, vhost.name)  # as RabbitMQ's, through the user's own channel operations
+    broker.declare_queue(vhost, ALIVENESS_QUEUE, durable=False, who=who)
+    exchange = vhost.exchange("")
+    broker.check_publish(vhost, exchange, who)
+    broker.publish(vhost, exchange, make_message("", ALIVENESS_QUEUE, commands.Basic.Properties(), b"test_message"))
+    _, entry = broker.get_local(vhost, ALIVENESS_QUEUE, no_ack=True, who=who)
     if entry is None or entry.message.body != b"test_message":
         return json_response({"status": "failed", "reason": "message not received"}, 503)
     return json_response({"status": "ok"})
