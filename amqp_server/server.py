@@ -29,6 +29,9 @@ MEMORY_CHECK_INTERVAL = 1.0
 # each over a million message store index entries — stay rare (routing 200,000 stored delayed messages:
 # 4 full collections, 1 s in all, before; none after).
 GC_THRESHOLDS = (50_000, 20, 10)
+# Worker threads (the Spark bridge's Arrow encoding, fsyncs) hold the GIL for at most this long before the
+# event loop may take it back: Python's default, 5 ms, would be an AMQP client's latency while one runs.
+GIL_SWITCH_INTERVAL = 0.0005
 
 
 class DataDirLocked(RuntimeError):
@@ -175,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("warren-server: --cluster-secret is required with --cluster-etcd", file=sys.stderr)
         return 2
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
     try:

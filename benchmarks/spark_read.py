@@ -7,9 +7,10 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
    ``--messages`` (1,000,000) ``--size`` (16) byte messages with publisher confirms (the raw-socket
    publisher of amqp_load.py);
 2. starts a local SparkSession (``local[--cores]``, driver memory 4g) and times
-   ``spark.read.format("warren")...load().count()`` ``--runs`` (3) times: rows/s of each run,
-   partitions (``--partition-size`` offsets each, default 250000); ``load()`` (which pins the
-   ranges) is timed apart;
+   ``spark.read.format("warren")...load().count()`` ``--runs`` (3) times: rows/s of each run (the first
+   includes starting Spark's Python workers), partitions (``--partition-size`` offsets each, default
+   250000); ``load()`` (which pins the ranges) is timed apart; then ``toPandas()`` of ``offset, body``;
+   then the same two on a Parquet file of the same rows (the practical ceiling);
 3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
    one partition per queue, requeued afterwards) reading ``N`` messages of the same queue.
 
@@ -27,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,9 +45,9 @@ def fill(args: argparse.Namespace) -> float:
     conn = Connection(args.host, args.port, args.user, args.password, args.vhost)
     conn.channel_open(1)
     conn.queue_delete(1, QUEUE)
-    conn.queue_declare(1, QUEUE)
+    conn.queue_declare(1, QUEUE, durable=args.persistent)
     conn.confirm_select(1)
-    result = publish_confirmed(conn, 1, "", QUEUE, b"x" * args.size, args.messages, persistent=False,
+    result = publish_confirmed(conn, 1, "", QUEUE, b"x" * args.size, args.messages, persistent=args.persistent,
                                timeout=args.timeout)
     conn.close()
     return args.messages / result["confirmed_s"]
@@ -83,6 +85,15 @@ def time_count(load) -> dict:
             "rows_per_s": round(rows / (done - loaded)), "partitions": df.rdd.getNumPartitions()}
 
 
+def time_pandas(load) -> dict:
+    """``toPandas()`` of ``offset, body``: the rows cross from Spark's JVM to this Python process too."""
+    df = load().select("offset", "body")
+    started = time.perf_counter()
+    frame = df.toPandas()
+    done = time.perf_counter()
+    return {"rows": len(frame), "to_pandas_s": round(done - started, 3), "rows_per_s": round(len(frame) / (done - started))}
+
+
 def run(args: argparse.Namespace) -> dict:
     result: dict = {"messages": args.messages, "size": args.size, "cores": args.cores,
                     "partition_size": args.partition_size}
@@ -95,6 +106,12 @@ def run(args: argparse.Namespace) -> dict:
                   .option("partitionSize", args.partition_size))
         result["warren"] = [time_count(reader.load) for _ in range(args.runs)]
         result["warren_median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in result["warren"])
+        result["warren_mb_per_s"] = round(result["warren_median_rows_per_s"] * args.size / 1e6, 1)
+        result["warren_pandas"] = [time_pandas(reader.load) for _ in range(args.runs)]
+        with tempfile.TemporaryDirectory() as parquet:  # the same rows from a Parquet file: the practical ceiling
+            reader.load().write.mode("overwrite").parquet(parquet)
+            result["parquet"] = [time_count(lambda: spark.read.parquet(parquet)) for _ in range(args.runs)]
+            result["parquet_pandas"] = [time_pandas(lambda: spark.read.parquet(parquet)) for _ in range(args.runs)]
         if args.amqp_rows:
             vhost = "%2F" if args.vhost == "/" else args.vhost
             amqp = (spark.read.format("warren").option("protocol", "amqp").option("queue", QUEUE)
@@ -122,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N]")
     ap.add_argument("--partition-size", type=int, default=250_000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--persistent", action="store_true", help="a durable queue of persistent messages")
     ap.add_argument("--amqp-rows", type=int, default=0, help="also time the AMQP fallback reading this many")
     ap.add_argument("--timeout", type=float, default=1800.0, help="publish timeout (s)")
     ap.add_argument("--keep", action="store_true", help="keep the queue")
@@ -132,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{args.messages:,} x {args.size} B, publish {result['publish_per_s']:,} msg/s, local[{args.cores}]")
-    for name in ("warren", "amqp"):
+    for name in ("warren", "parquet", "amqp"):
         for i, r in enumerate(result.get(name, []), 1):
-            print(f"  {name:6} run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
+            print(f"  {name:7} count run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
                   f"({r['partitions']} partitions; load() {r['load_s']:.2f} s)")
+    for name in ("warren_pandas", "parquet_pandas"):
+        for i, r in enumerate(result.get(name, []), 1):
+            print(f"  {name:14} toPandas(offset, body) run {i}: {r['rows']:,} rows in {r['to_pandas_s']:.2f} s = "
+                  f"{r['rows_per_s']:,} rows/s")
     return 0
 
 

@@ -20,45 +20,23 @@ permission checked is ``read`` on the queue, for commit too: committing is consu
 """
 from __future__ import annotations
 
-import decimal
-import json
+import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from amqp_server import properties
 from amqp_server.auth import Principal
 from amqp_server.errors import AMQPError
-from amqp_server.properties import Properties
-from amqp_server.queue import Entry, Queue
+from amqp_server.queue import Queue
 
 from . import auth
 from .http import HTTPError, bad_request, not_authorised, from_amqp, json_response, not_found, read_json
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 16384
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
+SNAPSHOT_ROWS = 2048  # rows snapshotted per loop turn
 MAX_LIMIT = 1_000_000
-MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
-
-# Column order and names of every record batch (the Spark source's schema mirrors it).
-COLUMNS = ("queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
-           "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
-           "type", "user_id", "app_id", "redelivered")
-_STRING_PROPS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
-                 "message_type", "user_id", "app_id")
-
-
-def arrow_schema(body_text: bool = False) -> Any:
-    import pyarrow as pa
-
-    s = pa.string()
-    return pa.schema([
-        ("queue", s), ("offset", pa.int64()), ("body", s if body_text else pa.binary()), ("exchange", s),
-        ("routing_key", s), ("headers", pa.map_(s, s)), ("content_type", s), ("content_encoding", s),
-        ("delivery_mode", pa.int32()), ("priority", pa.int32()), ("correlation_id", s), ("reply_to", s),
-        ("expiration", s), ("message_id", s), ("timestamp", pa.timestamp("us", tz="UTC")), ("type", s),
-        ("user_id", s), ("app_id", s), ("redelivered", pa.bool_()),
-    ])
 
 
 # -- auth: the management API's, reused ------------------------------------------------------
@@ -110,97 +88,6 @@ def _guarded(handler: Any) -> Any:
     return wrapper
 
 
-# -- Arrow encoding --------------------------------------------------------------------------
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", "replace")
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    return str(value)
-
-
-def _properties(message: Any) -> Properties:
-    """Decoded properties without caching them on the message (a big browse would keep them all)."""
-    props = getattr(message, "_properties", None)
-    return props if props is not None else properties.decode(message.header)
-
-
-def encode_batch(queue_name: str, entries: list[Entry], body_text: bool, schema: Any) -> Any:
-    import pyarrow as pa
-
-    n = len(entries)
-    offsets = [0] * n
-    bodies: list[Any] = [None] * n
-    exchanges: list[Any] = [None] * n
-    keys: list[Any] = [None] * n
-    redelivered = [False] * n
-    cols: dict[str, list[Any]] = {name: [None] * n for name in (
-        "headers", "content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
-        "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id")}
-    for i, entry in enumerate(entries):
-        message = entry.message
-        offsets[i] = entry.seq
-        body = message.body
-        bodies[i] = bytes(body).decode("utf-8", "replace") if body_text else body
-        exchanges[i] = message.exchange
-        keys[i] = message.routing_key
-        redelivered[i] = entry.redelivered
-        if not message._flags:
-            continue
-        props = _properties(message)
-        if props.headers:
-            cols["headers"][i] = [(str(k), None if v is None else _text(v)) for k, v in props.headers.items()]
-        for attr in _STRING_PROPS:
-            value = getattr(props, attr)
-            if value is not None:
-                cols["type" if attr == "message_type" else attr][i] = value
-        cols["delivery_mode"][i] = props.delivery_mode
-        cols["priority"][i] = props.priority
-        stamp = props.timestamp  # seconds, opaque on the wire: one Arrow (µs, int64) cannot hold is null
-        if stamp is not None and stamp < MAX_TIMESTAMP_S:
-            cols["timestamp"][i] = stamp * 1_000_000
-    arrays = [pa.array([queue_name] * n, pa.string()), pa.array(offsets, pa.int64()),
-              pa.array(bodies, schema.field("body").type), pa.array(exchanges, pa.string()),
-              pa.array(keys, pa.string())]
-    for name in COLUMNS[5:-1]:
-        arrays.append(pa.array(cols[name], schema.field(name).type))
-    arrays.append(pa.array(redelivered, pa.bool_()))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-class _Chunks:
-    """A write-only file for the Arrow IPC writer: what it wrote since the last ``take``."""
-
-    closed = False
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def write(self, data: Any) -> int:
-        self.parts.append(bytes(data))
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def take(self) -> bytes:
-        data = b"".join(self.parts)
-        self.parts.clear()
-        return data
-
-
 # -- handlers --------------------------------------------------------------------------------
 
 def _int_query(request: web.Request, name: str, default: int, minimum: int = 0) -> int:
@@ -225,7 +112,9 @@ async def offsets(request: web.Request) -> web.Response:
 
 @_guarded
 async def records(request: web.Request) -> web.StreamResponse:
-    import pyarrow as pa
+    """The range as an Arrow stream.  The loop only snapshots each batch's references (``SNAPSHOT_ROWS`` at a
+    time, so no AMQP connection waits long); columns are built and serialised in a worker thread."""
+    from . import arrow_records
 
     queue = authorize_queue_read(request)
     head, tail = queue.offsets()
@@ -238,20 +127,27 @@ async def records(request: web.Request) -> web.StreamResponse:
         raise bad_request("body must be binary or text")
     body_text = body_format == "text"
     entries = queue.browse(start, end, limit)
-    schema = arrow_schema(body_text)
+    schema = arrow_records.arrow_schema(body_text)
     response = web.StreamResponse(headers={
         "Content-Type": ARROW_STREAM, "X-Warren-Count": str(len(entries)),
         "X-Warren-Last-Offset": str(entries[-1].seq if entries else -1),
         "X-Warren-Head": str(head), "X-Warren-Tail": str(tail)})
     await response.prepare(request)
-    sink = _Chunks()
-    writer = pa.ipc.new_stream(sink, schema)
     name = queue.name
+    loop = asyncio.get_running_loop()
+
+    def encode(snap: arrow_records.Snapshot) -> Any:
+        """One IPC message of the stream; written as it is, with no copy on the loop."""
+        return arrow_records.encode(name, snap, body_text, schema).serialize()
+
+    await response.write(schema.serialize().to_pybytes())
     for i in range(0, len(entries), batch_rows):
-        writer.write_batch(encode_batch(name, entries[i:i + batch_rows], body_text, schema))
-        await response.write(sink.take())  # also yields to the loop between batches
-    writer.close()
-    await response.write(sink.take())
+        snap = arrow_records.Snapshot()
+        for j in range(i, min(i + batch_rows, len(entries)), SNAPSHOT_ROWS):
+            snap.add(entries[j:min(j + SNAPSHOT_ROWS, i + batch_rows)])
+            await asyncio.sleep(0)  # let the loop serve others between snapshots
+        await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+    await response.write(END_OF_STREAM)
     await response.write_eof()
     return response
 

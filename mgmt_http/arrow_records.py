@@ -1,0 +1,136 @@
+"""Queue entries as Arrow record batches, built column by column for the Spark bridge's ``/records``.
+
+Two steps, so that the event loop does only the cheap one: :meth:`Snapshot.add` (on the loop) copies
+references to what a batch needs into plain lists, so later paging or acks cannot change it;
+:func:`encode` (in a worker thread) builds the columns from those lists.  Properties are decoded
+once per distinct content header and routes once per distinct route, not per row: a backlog's messages
+mostly share theirs, and each such column is then one ``take`` over the few decoded rows.
+"""
+from __future__ import annotations
+
+import decimal
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+
+from amqp_server import properties
+from amqp_server.queue import Entry
+
+MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
+
+# Column order and names of every record batch (the Spark source's schema mirrors it).
+COLUMNS = ("queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
+           "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+           "type", "user_id", "app_id", "redelivered")
+PROPERTY_COLUMNS = COLUMNS[5:-1]
+_STRING_PROPS = {"content_type": "content_type", "content_encoding": "content_encoding",
+                 "correlation_id": "correlation_id", "reply_to": "reply_to", "expiration": "expiration",
+                 "message_id": "message_id", "type": "message_type", "user_id": "user_id", "app_id": "app_id"}
+
+
+_message, _seq, _redelivered = attrgetter("message"), attrgetter("seq"), attrgetter("redelivered")
+_body, _route, _header = attrgetter("body"), attrgetter("route"), attrgetter("header")
+
+
+def arrow_schema(body_text: bool = False) -> pa.Schema:
+    s = pa.string()
+    return pa.schema([
+        ("queue", s), ("offset", pa.int64()), ("body", s if body_text else pa.binary()), ("exchange", s),
+        ("routing_key", s), ("headers", pa.map_(s, s)), ("content_type", s), ("content_encoding", s),
+        ("delivery_mode", pa.int32()), ("priority", pa.int32()), ("correlation_id", s), ("reply_to", s),
+        ("expiration", s), ("message_id", s), ("timestamp", pa.timestamp("us", tz="UTC")), ("type", s),
+        ("user_id", s), ("app_id", s), ("redelivered", pa.bool_()),
+    ])
+
+
+@dataclass
+class Snapshot:
+    """What one record batch needs, taken on the event loop: the entries, and their bodies (the one thing
+    that may change under a worker thread: paging drops a body).  An entry's seq and its message's route and
+    header never change; its redelivered flag is read as it is when the batch is built."""
+
+    entries: list[Entry] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    def add(self, entries: Sequence[Entry]) -> None:
+        self.entries += entries
+        self.bodies += map(_body, map(_message, entries))
+
+
+def encode(queue_name: str, snap: Snapshot, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
+    entries = snap.entries
+    messages = list(map(_message, entries))
+    bodies = pa.array(snap.bodies, pa.binary())
+    if body_text:
+        bodies = _as_text(bodies, snap.bodies)
+    arrays = [pa.repeat(pa.scalar(queue_name, pa.string()), len(entries)),
+              pa.array(list(map(_seq, entries)), pa.int64()), bodies]
+    arrays.extend(_distinct_columns(list(map(_route, messages)), _route_row, (pa.string(), pa.string())))
+    arrays.extend(_distinct_columns(list(map(_header, messages)), _header_row,
+                                    [schema.field(name).type for name in PROPERTY_COLUMNS]))
+    arrays.append(pa.array(list(map(_redelivered, entries)), pa.bool_()))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _distinct_columns(keys: list[bytes], row: Callable[[bytes], tuple[Any, ...]],
+                      types: Sequence[pa.DataType]) -> list[pa.Array]:
+    """Columns of values that depend on ``keys`` alone: each distinct key's row computed once, then one
+    ``take`` per column (a backlog's messages mostly share their route and their properties)."""
+    encoded = pa.array(keys, pa.binary()).dictionary_encode()  # hashed in Arrow, not in Python
+    rows = list(map(row, encoded.dictionary.to_pylist()))
+    return [pa.array([r[j] for r in rows], kind).take(encoded.indices) for j, kind in enumerate(types)]
+
+
+def _route_row(route: bytes) -> tuple[str, str]:
+    ex_len = route[0]
+    return route[1:1 + ex_len].decode("utf-8", "replace"), route[2 + ex_len:].decode("utf-8", "replace")
+
+
+def _as_text(bodies: pa.Array, raw: list[bytes]) -> pa.Array:
+    """Bodies as UTF-8 text; invalid bytes become U+FFFD (only then row by row)."""
+    try:
+        return bodies.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([bytes(b).decode("utf-8", "replace") for b in raw], pa.string())
+
+
+def _header_row(header: bytes) -> tuple[Any, ...]:
+    """Property values (PROPERTY_COLUMNS order, None where absent) of a header; headers that differ only in
+    body size share one decoding."""
+    return _property_row(header[12:])
+
+
+@lru_cache(maxsize=1024)
+def _property_row(flags_and_properties: bytes) -> tuple[Any, ...]:
+    if len(flags_and_properties) < 2 or flags_and_properties[:2] == b"\0\0":
+        return (None,) * len(PROPERTY_COLUMNS)
+    props = properties.decode(b"\0" * 12 + flags_and_properties)
+    values: dict[str, Any] = {name: getattr(props, attr) for name, attr in _STRING_PROPS.items()}
+    if props.headers:
+        values["headers"] = [(str(k), None if v is None else _text(v)) for k, v in props.headers.items()]
+    values["delivery_mode"] = props.delivery_mode
+    values["priority"] = props.priority
+    stamp = props.timestamp  # seconds, opaque on the wire: one Arrow (µs, int64) cannot hold is null
+    if stamp is not None and stamp < MAX_TIMESTAMP_S:
+        values["timestamp"] = stamp * 1_000_000
+    return tuple(values.get(name) for name in PROPERTY_COLUMNS)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return json.dumps(value, default=_json_default, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    return str(value)
