@@ -4,8 +4,9 @@ An offset is a ready entry's ``seq`` (per queue, increasing, kept across restart
 queues).  Three endpoints, each needing *read* permission on the queue:
 
 ``GET  /api/queues/{vhost}/{name}/offsets``
-    ``{"head": .., "tail": .., "committed": ..}``: the first live ready offset (``tail`` when
-    empty), the next offset to be given out, and the commit cursor.
+    ``{"head": .., "tail": .., "committed": .., "messages": .., "bytes": ..}``: the first live ready offset
+    (``tail`` when empty), the next offset to be given out, the commit cursor, and how many ready messages
+    there are with how many body bytes (for planning partitions).
 ``GET  /api/queues/{vhost}/{name}/records?start=&end=&limit=&body=binary|text&batch=``
     ``application/vnd.apache.arrow.stream``: ready entries with ``start <= offset < end`` (defaults:
     head, tail), at most ``limit``, in ``batch``-row record batches of :data:`SCHEMA`.  Nothing
@@ -107,7 +108,8 @@ def _int_query(request: web.Request, name: str, default: int, minimum: int = 0) 
 async def offsets(request: web.Request) -> web.Response:
     queue = authorize_queue_read(request)
     head, tail = queue.offsets()
-    return json_response({"head": head, "tail": tail, "committed": queue.committed})
+    return json_response({"head": head, "tail": tail, "committed": queue.committed,
+                          "messages": queue.message_count, "bytes": queue.ready_bytes})
 
 
 @_guarded

@@ -41,8 +41,10 @@ checkpoint taken before that is stale.
 Options (case-insensitive): ``url`` (management endpoint, ``http://127.0.0.1:15672``), ``user``,
 ``password`` (guest/guest), ``vhost`` (``/``), ``queue`` (comma-separated) or ``queuePattern``
 (a regex searched in queue names of the vhost, resolved at ``load()``),
-``mode`` (browse|drain), ``partitionSize`` (offsets per partition, 250000: a Spark task costs
-tenths of a second, so small partitions are slow), ``maxRowsPerTrigger``, ``bodyFormat``
+``mode`` (browse|drain), ``partitionSize`` (offsets per partition at most, 250000: a Spark task costs
+tenths of a second, so small partitions are slow), ``partitionBytes`` (bodies per partition, about;
+64 MiB), ``minPartitions`` (at least this many in all, to keep every core busy: the planning machine's
+core count), ``maxRowsPerTrigger``, ``bodyFormat``
 (binary|text|json; json with ``bodySchema`` — a DDL string such as ``"id INT, name STRING"`` —
 makes ``body`` a struct of that schema, parsed per message with invalid JSON giving null; json
 without ``bodySchema`` is text, use ``from_json``),
@@ -52,6 +54,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import os
 import re
 import urllib.error
 import urllib.parse
@@ -73,6 +77,7 @@ from .common import WarrenError, base_schema, option, parse_body_schema
 
 DEFAULT_URL = "http://127.0.0.1:15672"
 DEFAULT_PARTITION_SIZE = 250_000
+DEFAULT_PARTITION_BYTES = 64 << 20
 PAGE_ROWS = 1_000_000  # the server's cap on one /records answer
 
 
@@ -88,6 +93,8 @@ class Settings:
     pattern: str | None
     mode: str
     partition_size: int
+    partition_bytes: int
+    min_partitions: int
     max_rows: int | None
     body_format: str
     body_schema: str | None
@@ -107,12 +114,15 @@ class Settings:
             raise ValueError("warren: bodyFormat must be binary, text or json")
         max_rows = option(options, "maxRowsPerTrigger")
         size = int(option(options, "partitionSize", DEFAULT_PARTITION_SIZE))
-        if size < 1:
-            raise ValueError("warren: partitionSize must be at least 1")
+        size_bytes = int(option(options, "partitionBytes", DEFAULT_PARTITION_BYTES))
+        min_partitions = int(option(options, "minPartitions", os.cpu_count() or 1))
+        if size < 1 or size_bytes < 1 or min_partitions < 1:
+            raise ValueError("warren: partitionSize, partitionBytes and minPartitions must be at least 1")
         return cls(url=str(option(options, "url", DEFAULT_URL)).rstrip("/"), user=str(option(options, "user", "guest")),
                    password=str(option(options, "password", "guest")), vhost=str(option(options, "vhost", "/")),
                    queues=[q.strip() for q in str(queues).split(",") if q.strip()] if queues else None,
                    pattern=str(pattern) if pattern and not queues else None, mode=mode, partition_size=size,
+                   partition_bytes=size_bytes, min_partitions=min_partitions,
                    max_rows=int(max_rows) if max_rows else None, body_format=body_format,
                    body_schema=option(options, "bodySchema"), timeout=float(option(options, "timeout", 60)))
 
@@ -203,13 +213,16 @@ class Client:
     def commit(self, queue: str, offset: int) -> dict[str, int]:
         return self._json(self._path(queue, "commit"), {"offset": int(offset)}, queue=queue)
 
-    def pin(self) -> dict[str, list[int]]:
-        """Each queue's ``[head, tail)`` now: what a batch read will read, on every action and retry."""
-        ranges = {}
+    def pin(self) -> tuple[dict[str, list[int]], dict[str, float]]:
+        """Each queue's ``[head, tail)`` now (what a batch read will read, on every action and retry), and its
+        mean body size, for planning partitions."""
+        ranges, sizes = {}, {}
         for queue in self.queue_names():
             offsets = self.offsets(queue)
             ranges[queue] = [offsets["head"], offsets["tail"]]
-        return ranges
+            count = offsets.get("messages") or 0
+            sizes[queue] = offsets.get("bytes", 0) / count if count else 0.0
+        return ranges, sizes
 
     def records(self, queue: str, start: int, end: int) -> Iterator[Any]:
         """Record batches of ``[start, end)``, paging through the server's per-answer cap."""
@@ -242,8 +255,21 @@ class OffsetRange(InputPartition):
         self.end = end
 
 
-def split(queue: str, start: int, end: int, size: int) -> list[OffsetRange]:
-    return [OffsetRange(queue, s, min(s + size, end)) for s in range(start, end, size)]
+def plan(ranges: dict[str, list[int]], sizes: dict[str, float], settings: Settings) -> list[OffsetRange]:
+    """Partitions of each queue's range: at most ``partitionSize`` offsets and about ``partitionBytes`` of bodies
+    each, and at least ``minPartitions`` in all (every core busy), spread over the queues by their size."""
+    total = sum(max(end - start, 0) for start, end in ranges.values())
+    parts: list[OffsetRange] = []
+    for queue, (start, end) in sorted(ranges.items()):
+        n = end - start
+        if n <= 0:
+            continue
+        count = max(math.ceil(n / settings.partition_size),
+                    math.ceil(n * sizes.get(queue, 0.0) / settings.partition_bytes),
+                    math.ceil(settings.min_partitions * n / total))
+        step = math.ceil(n / min(count, n))
+        parts.extend(OffsetRange(queue, s, min(s + step, end)) for s in range(start, end, step))
+    return parts
 
 
 def read_range(settings: Settings, schema: StructType, part: OffsetRange) -> Iterator[Any]:
@@ -294,16 +320,15 @@ def _coerce(value: Any, body_type: Any) -> Any:
 # -- batch -------------------------------------------------------------------------------------
 
 class WarrenBatchReader(DataSourceReader):
-    def __init__(self, settings: Settings, schema: StructType, ranges: dict[str, list[int]]) -> None:
+    def __init__(self, settings: Settings, schema: StructType, ranges: dict[str, list[int]],
+                 sizes: dict[str, float]) -> None:
         self.settings = settings
         self.schema = schema
         self.ranges = ranges
+        self.sizes = sizes
 
     def partitions(self) -> list[OffsetRange]:
-        parts: list[OffsetRange] = []
-        for queue, (start, end) in sorted(self.ranges.items()):
-            parts.extend(split(queue, start, end, self.settings.partition_size))
-        return parts or [OffsetRange("", 0, 0)]
+        return plan(self.ranges, self.sizes, self.settings) or [OffsetRange("", 0, 0)]
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
         if partition.start >= partition.end:
@@ -366,10 +391,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return self._tails()
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
-        parts: list[OffsetRange] = []
-        for queue in sorted(end):
-            parts.extend(split(queue, int(start.get(queue, 0)), int(end[queue]), self.settings.partition_size))
-        return parts
+        return plan({queue: [int(start.get(queue, 0)), int(end[queue])] for queue in end}, {}, self.settings)
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
         if partition.start >= partition.end:
@@ -407,7 +429,7 @@ class WarrenDataSource(DataSource):
             return amqp_schema(self.options)
         settings = Settings.from_options(self.options)
         try:
-            self.ranges = Client(settings).pin()
+            self.ranges, self.sizes = Client(settings).pin()
         except WarrenError as exc:
             raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
         return settings.schema(self.ranges)
@@ -420,8 +442,10 @@ class WarrenDataSource(DataSource):
         settings = Settings.from_options(self.options)
         # Spark hands reader() the instance schema() ran on (pickled), so load()'s ranges are here;
         # with a user-given .schema(...) schema() never ran: pin now, at planning.
-        ranges = getattr(self, "ranges", None)
-        return WarrenBatchReader(settings, schema, ranges if ranges is not None else Client(settings).pin())
+        ranges, sizes = getattr(self, "ranges", None), getattr(self, "sizes", {})
+        if ranges is None:
+            ranges, sizes = Client(settings).pin()
+        return WarrenBatchReader(settings, schema, ranges, sizes)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._protocol() == "amqp":

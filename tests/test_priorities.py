@@ -245,7 +245,8 @@ def test_peek_in_delivery_order_offsets_in_publish_order(broker, conn, uid):
     peeked = api(broker, f"/api/queues/%2F/{uid}/peek?count=100")
     assert [m["payload"] for m in peeked] == MIXED_ORDER
     assert [m["position"] for m in peeked] == list(range(len(MIXED)))
-    assert api(broker, f"/api/queues/%2F/{uid}/offsets") == {"head": 0, "tail": 8, "committed": 0}
+    assert api(broker, f"/api/queues/%2F/{uid}/offsets") == {"head": 0, "tail": 8, "committed": 0, "messages": 8,
+                                                              "bytes": sum(len(body) for body, _ in MIXED)}
     table = pa.ipc.open_stream(api(broker, f"/api/queues/%2F/{uid}/records?start=2&end=7")).read_all()
     assert table.column("offset").to_pylist() == [2, 3, 4, 5, 6]
     assert [bytes(b).decode() for b in table.column("body").to_pylist()] == ["c0", "d10", "e5", "f200", "g1"]
