@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from itertools import chain
+from itertools import chain, takewhile
 from typing import Any, Iterable, Iterator
 
 from .queue import Entry, Queue, from_seq, pop_below, put_back
@@ -85,6 +85,10 @@ class PriorityQueue(Queue):
 
     def _from_seq(self, start: int) -> Iterable[Entry]:
         return heapq.merge(*(from_seq(level, start) for level in self.ready.levels if level))
+
+    def span(self, start: int, end: int) -> list[Entry]:
+        """The levels' entries in ``[start, end)``, merged into seq order."""
+        return list(takewhile(lambda entry: entry.seq < end, self._from_seq(start))) if end > start else []
 
     def _pop_below(self, offset: int) -> Iterator[Entry]:
         ready = self.ready

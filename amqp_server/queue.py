@@ -378,23 +378,34 @@ class Queue:
         TTL ran out are skipped.  Paged-out bodies are loaded.  A priority queue's entries come in seq
         (publish) order too, not in delivery order.
         """
+        return self.readable(self.span(start, end), limit)
+
+    def span(self, start: int, end: int) -> list[Entry]:
+        """The ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy of
+        references, which a long read goes through in slices (``readable``) while the queue changes."""
         ready = self.ready
-        entries: list[Entry] = []
-        if not ready or end <= start or (limit is not None and limit <= 0):
-            return entries
+        if not ready or end <= start:
+            return []
+        first = bisect_left(ready, start, key=_seq) if ready[0].seq < start else 0
+        last = bisect_left(ready, end, key=_seq) if ready[-1].seq >= end else len(ready)
+        return list(islice(ready, first, last))
+
+    def readable(self, entries: Iterable[Entry], limit: int | None = None) -> list[Entry]:
+        """Of ``entries`` (from ``span``), those still ready and unexpired, at most ``limit``, bodies loaded."""
+        found: list[Entry] = []
+        if limit is not None and limit <= 0:
+            return found
         now = now_ms()
         host = self.host
-        for entry in self._from_seq(start):
-            if entry.seq >= end:
-                break
+        for entry in entries:
             if entry.gone or (entry.expiry and entry.expiry <= now):
                 continue
             if entry.message.body is None and host is not None:
                 host.load_body(entry.message)
-            entries.append(entry)
-            if limit is not None and len(entries) >= limit:
+            found.append(entry)
+            if limit is not None and len(found) >= limit:
                 break
-        return entries
+        return found
 
     def remove_upto(self, offset: int) -> int:
         """Remove every ready entry with ``seq < offset`` as an ack would (index and store updated).

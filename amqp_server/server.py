@@ -31,7 +31,7 @@ MEMORY_CHECK_INTERVAL = 1.0
 GC_THRESHOLDS = (50_000, 20, 10)
 # Worker threads (the Spark bridge's Arrow encoding, fsyncs) hold the GIL for at most this long before the
 # event loop may take it back: Python's default, 5 ms, would be an AMQP client's latency while one runs.
-GIL_SWITCH_INTERVAL = 0.0005
+GIL_SWITCH_INTERVAL = 0.0002
 
 
 class DataDirLocked(RuntimeError):

@@ -872,7 +872,7 @@ def run_latency(cfg):
         samples = []
         perf = time.perf_counter_ns
         deadline = time.monotonic() + cfg["seconds"] + 1.0
-        total = LATENCY_WARMUP + LATENCY_SAMPLES
+        total = LATENCY_WARMUP + cfg["latency_samples"]
         for i in range(total):
             t0 = perf()
             psend(frame)
@@ -898,8 +898,8 @@ def run_latency(cfg):
 
         def pct(p):
             return samples[min(len(samples) - 1, int(round(p / 100.0 * (len(samples) - 1))))]
-        return {"p50_us": pct(50), "p99_us": pct(99), "mean_us": statistics.fmean(samples),
-                "samples": len(samples)}
+        return {"p50_us": pct(50), "p99_us": pct(99), "p999_us": pct(99.9), "max_us": samples[-1],
+                "mean_us": statistics.fmean(samples), "samples": len(samples)}
     finally:
         try:
             pubc.queue_delete(1, name)
@@ -935,6 +935,8 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
     ap.add_argument("--broker-pid", type=int, help="also report this (local) broker process's CPU time per delivery")
+    ap.add_argument("--latency-samples", type=int, default=LATENCY_SAMPLES,
+                    help="round trips the latency workload times (it ends after these or --seconds)")
     args = ap.parse_args(argv)
 
     if args.workload == "all":
@@ -946,7 +948,7 @@ def main(argv=None):
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
            "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
-           "tls_ca": args.tls_ca, "broker_pid": args.broker_pid}
+           "tls_ca": args.tls_ca, "broker_pid": args.broker_pid, "latency_samples": args.latency_samples}
 
     server = {}
     try:
@@ -1016,7 +1018,8 @@ def main(argv=None):
 
 def _fmt_run(w, r):
     if w == "latency":
-        return f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us ({r['samples']} samples)"
+        return (f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us, p99.9 {r['p999_us']:.0f} us, "
+                f"max {r['max_us']:.0f} us ({r['samples']} samples)")
     cpu = f", broker CPU {r['broker_cpu_us']:.1f} us/delivery" if "broker_cpu_us" in r else ""
     return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s){cpu}"
 

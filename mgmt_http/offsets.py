@@ -9,9 +9,9 @@ queues).  Three endpoints, each needing *read* permission on the queue:
     there are with how many body bytes (for planning partitions).
 ``GET  /api/queues/{vhost}/{name}/records?start=&end=&limit=&body=binary|text&batch=``
     ``application/vnd.apache.arrow.stream``: ready entries with ``start <= offset < end`` (defaults:
-    head, tail), at most ``limit``, in ``batch``-row record batches of :data:`SCHEMA`.  Nothing
+    head, tail), at most ``limit``, in record batches of about ``batch`` rows of ``arrow_records.arrow_schema()``.  Nothing
     changes: no redelivered flag, no delivery.  Entries held unacked by AMQP consumers are not
-    included.  ``X-Warren-Count`` and ``X-Warren-Last-Offset`` tell what was sent.
+    included.  The stream ends after ``limit`` rows or at ``end``; its offset column tells where.
 ``POST /api/queues/{vhost}/{name}/commit`` ``{"offset": N}``
     removes every ready entry below ``N`` as an ack would; idempotent and monotonic (an offset at
     or below the cursor removes nothing).  ``{"removed": k, "committed": c}``.
@@ -128,12 +128,9 @@ async def records(request: web.Request) -> web.StreamResponse:
     if body_format not in ("binary", "text"):
         raise bad_request("body must be binary or text")
     body_text = body_format == "text"
-    entries = queue.browse(start, end, limit)
     schema = arrow_records.arrow_schema(body_text)
     response = web.StreamResponse(headers={
-        "Content-Type": ARROW_STREAM, "X-Warren-Count": str(len(entries)),
-        "X-Warren-Last-Offset": str(entries[-1].seq if entries else -1),
-        "X-Warren-Head": str(head), "X-Warren-Tail": str(tail)})
+        "Content-Type": ARROW_STREAM, "X-Warren-Head": str(head), "X-Warren-Tail": str(tail)})
     await response.prepare(request)
     name = queue.name
     loop = asyncio.get_running_loop()
@@ -143,12 +140,20 @@ async def records(request: web.Request) -> web.StreamResponse:
         return arrow_records.encode(name, snap, body_text, schema).serialize()
 
     await response.write(schema.serialize().to_pybytes())
-    for i in range(0, len(entries), batch_rows):
-        snap = arrow_records.Snapshot()
-        for j in range(i, min(i + batch_rows, len(entries)), SNAPSHOT_ROWS):
-            snap.add(entries[j:min(j + SNAPSHOT_ROWS, i + batch_rows)])
-            await asyncio.sleep(0)  # let the loop serve others between snapshots
-        await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+    span = queue.span(start, end)  # references only: the walk below goes a slice per loop turn
+    step = min(SNAPSHOT_ROWS, batch_rows)
+    snap = arrow_records.Snapshot()
+    for i in range(0, len(span), step):
+        entries = queue.readable(span[i:i + step], limit)
+        limit -= len(entries)
+        snap.add(entries)
+        if len(snap.entries) >= batch_rows or (snap.entries and (limit <= 0 or i + step >= len(span))):
+            await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+            snap = arrow_records.Snapshot()
+        else:
+            await asyncio.sleep(0)  # let the loop serve others between slices
+        if limit <= 0:
+            break
     await response.write(END_OF_STREAM)
     await response.write_eof()
     return response

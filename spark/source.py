@@ -231,12 +231,12 @@ class Client:
         body = "binary" if self.s.body_format == "binary" else "text"
         while start < end:
             query = urllib.parse.urlencode({"start": start, "end": end, "limit": PAGE_ROWS, "body": body})
+            count, last = 0, -1
             with self._open(f"{self._path(queue, 'records')}?{query}", queue=queue) as response:
-                count = int(response.headers.get("X-Warren-Count", "0"))
-                last = int(response.headers.get("X-Warren-Last-Offset", "-1"))
-                reader = pa.ipc.open_stream(response)
-                for batch in reader:
+                for batch in pa.ipc.open_stream(response):
                     if batch.num_rows:
+                        count += batch.num_rows
+                        last = batch.column(1)[-1].as_py()  # the offset column
                         yield batch
             if count < PAGE_ROWS:
                 return

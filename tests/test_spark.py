@@ -294,3 +294,19 @@ def test_partitions_by_offsets_bytes_and_cores():
     assert by_queue["b"] == [(10, 14), (14, 18), (18, 20)]  # 10 KiB of bodies, 4 KiB a partition
     covered = sorted((p.queue, s) for p in parts for s in range(p.start, p.end))
     assert covered == sorted([("a", i) for i in range(3000)] + [("b", i) for i in range(10, 20)])  # each once
+
+
+def test_records_limit_and_batches_through_gone_entries(node):
+    """/records: ``limit`` rows from ``start`` in batches of ``batch``, skipping what a commit removed."""
+    import pyarrow as pa
+
+    publish(node, "lim", [f"m{i}".encode() for i in range(100)])
+    api(node, "/api/queues/%2F/lim/commit", {"offset": 5})
+    request = urllib.request.Request(mgmt(node) + "/api/queues/%2F/lim/records?start=0&limit=25&batch=7",
+                                     headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        batches = list(pa.ipc.open_stream(response.read()))
+    assert [b.num_rows for b in batches] == [7, 7, 7, 4]
+    offsets = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(5, 30))
+    assert [bytes(b) for b in batches[0].column("body").to_pylist()][:2] == [b"m5", b"m6"]
