@@ -6,13 +6,15 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import unavailable
+from conftest import ROOT, unavailable
 
 if shutil.which("java") is None:
     unavailable("java is not installed: no SparkSession (test.sh installs default-jre-headless)")
@@ -310,3 +312,49 @@ def test_records_limit_and_batches_through_gone_entries(node):
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == list(range(5, 30))
     assert [bytes(b) for b in batches[0].column("body").to_pylist()][:2] == [b"m5", b"m6"]
+
+
+@pytest.mark.timeout(300)
+def test_streaming_100k_row_batches_exactly_once_across_a_broker_kill(spark, start_broker, tmp_path):
+    """Drain mode, micro-batches of 100,000 rows; the broker is killed (SIGKILL) once the first batch is
+    committed by the sink, then restarted: the query, restarted from its checkpoint, ends with every offset exactly once."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from amqp_load import Connection, publish_confirmed  # a raw-socket publisher: 250,000 in seconds
+
+    node = start_broker()
+    total, batch = 250_000, 100_000
+    conn = Connection("127.0.0.1", node.port, "guest", "guest", "/")
+    conn.channel_open(1)
+    conn.queue_declare(1, "events", durable=True)
+    conn.confirm_select(1)
+    publish_confirmed(conn, 1, "", "events", b"e" * 16, total, persistent=True, timeout=60)
+    conn.close()
+    checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
+
+    def kill_once_a_batch_is_written() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "_spark_metadata" / "0").exists():  # batch 0 committed
+            time.sleep(0.02)
+        node.kill()
+
+    killer = threading.Thread(target=kill_once_a_batch_is_written)
+    killer.start()
+    query = (spark.readStream.format("warren").option("url", mgmt(node)).option("queue", "events")
+             .option("mode", "drain").option("maxRowsPerTrigger", str(batch)).load()
+             .select("queue", "offset", "body").writeStream.format("parquet")
+             .option("checkpointLocation", str(checkpoint)).option("path", str(out))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    except Exception:  # the broker went away under the query: it stops with an error
+        pass
+    killer.join()
+    assert not query.isActive
+    written = spark.read.parquet(str(out)).count()
+    assert 0 < written < total  # killed mid-stream
+    node.start()
+    _stream(spark, node, checkpoint, out, maxRowsPerTrigger=batch)
+    offsets = spark.read.parquet(str(out)).select("offset")
+    assert offsets.count() == total
+    assert offsets.distinct().count() == total
+    assert offsets.agg({"offset": "min"}).first()[0] == 0 and offsets.agg({"offset": "max"}).first()[0] == total - 1
