@@ -18,6 +18,8 @@ import pika
 import pytest
 from pamqp import commands, frame as pframe
 
+from conftest import unavailable
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -275,8 +277,9 @@ def test_py_amqp_direct(broker, uid):
 # -- amqp-tools (rabbitmq-c) --------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("amqp-publish") is None, reason="amqp-tools (rabbitmq-c) not installed")
 def test_amqp_tools(broker, uid):
+    if shutil.which("amqp-publish") is None:
+        unavailable("amqp-tools (rabbitmq-c) is not installed (test.sh installs it)")
     common = ["--server", broker.host, "--port", str(broker.port), "--username", "guest", "--password", "guest"]
     run = lambda *args: subprocess.run(list(args), capture_output=True, text=True, timeout=20)  # noqa: E731
     declared = run("amqp-declare-queue", *common, "-q", uid)
