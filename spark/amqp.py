@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StringType, StructType
 
-from .common import WarrenError, base_schema, option
+from .common import WarrenError, base_schema, int_option, option
 
 DEFAULT_MAX_ROWS = 10_000
 
@@ -148,7 +148,7 @@ class QueuePartition(InputPartition):
 class AmqpBatchReader(DataSourceReader):
     def __init__(self, options: Any, schema: StructType) -> None:
         self.queues = _queues(options)
-        self.max_rows = int(option(options, "maxRows", DEFAULT_MAX_ROWS))
+        self.max_rows = int_option(options, "maxRows", DEFAULT_MAX_ROWS)
         self.text = str(option(options, "bodyFormat", "binary")).lower() in ("text", "json")
         self.options = {key: option(options, key) for key in ("url", "user", "password", "vhost", "timeout")}
         self.schema = schema

@@ -67,6 +67,20 @@ def option(options: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def int_option(options: Any, key: str, default: int | None) -> int | None:
+    """A whole-number option of at least 1 (``default`` when unset), or ValueError saying which one is wrong."""
+    value = option(options, key)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise ValueError(f"warren: {key} must be a whole number of at least 1, not {value!r}")
+    return number
+
+
 class WarrenError(RuntimeError):
     """A one-line reason starting ``warren:``; ``status`` is the HTTP status when the API answered."""
 

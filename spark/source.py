@@ -73,7 +73,7 @@ except ImportError:  # PySpark before 4.2: no admission control, AvailableNow re
     ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
-from .common import WarrenError, base_schema, option, parse_body_schema
+from .common import WarrenError, base_schema, int_option, option, parse_body_schema
 
 DEFAULT_URL = "http://127.0.0.1:15672"
 DEFAULT_PARTITION_SIZE = 250_000
@@ -112,18 +112,16 @@ class Settings:
         body_format = str(option(options, "bodyFormat", "binary")).lower()
         if body_format not in ("binary", "text", "json"):
             raise ValueError("warren: bodyFormat must be binary, text or json")
-        max_rows = option(options, "maxRowsPerTrigger")
-        size = int(option(options, "partitionSize", DEFAULT_PARTITION_SIZE))
-        size_bytes = int(option(options, "partitionBytes", DEFAULT_PARTITION_BYTES))
-        min_partitions = int(option(options, "minPartitions", os.cpu_count() or 1))
-        if size < 1 or size_bytes < 1 or min_partitions < 1:
-            raise ValueError("warren: partitionSize, partitionBytes and minPartitions must be at least 1")
+        max_rows = int_option(options, "maxRowsPerTrigger", None)
+        size = int_option(options, "partitionSize", DEFAULT_PARTITION_SIZE)
+        size_bytes = int_option(options, "partitionBytes", DEFAULT_PARTITION_BYTES)
+        min_partitions = int_option(options, "minPartitions", os.cpu_count() or 1)
         return cls(url=str(option(options, "url", DEFAULT_URL)).rstrip("/"), user=str(option(options, "user", "guest")),
                    password=str(option(options, "password", "guest")), vhost=str(option(options, "vhost", "/")),
                    queues=[q.strip() for q in str(queues).split(",") if q.strip()] if queues else None,
                    pattern=str(pattern) if pattern and not queues else None, mode=mode, partition_size=size,
                    partition_bytes=size_bytes, min_partitions=min_partitions,
-                   max_rows=int(max_rows) if max_rows else None, body_format=body_format,
+                   max_rows=max_rows, body_format=body_format,
                    body_schema=option(options, "bodySchema"), timeout=float(option(options, "timeout", 60)))
 
     def schema(self, ranges: dict[str, list[int]] | None = None) -> StructType:

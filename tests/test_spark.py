@@ -358,3 +358,12 @@ def test_streaming_100k_row_batches_exactly_once_across_a_broker_kill(spark, sta
     assert offsets.count() == total
     assert offsets.distinct().count() == total
     assert offsets.agg({"offset": "min"}).first()[0] == 0 and offsets.agg({"offset": "max"}).first()[0] == total - 1
+
+
+@pytest.mark.parametrize("key", ["partitionSize", "partitionBytes", "minPartitions", "maxRowsPerTrigger"])
+@pytest.mark.parametrize("value", ["0", "-3", "ten", "1.5"])
+def test_whole_number_options_are_checked(key, value):
+    from spark.source import Settings
+
+    with pytest.raises(ValueError, match=f"warren: {key} must be a whole number of at least 1, not '{value}'"):
+        Settings.from_options({"queue": "q", key: value})
