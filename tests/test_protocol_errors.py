@@ -406,11 +406,25 @@ def test_method_between_header_and_body_is_unexpected_frame(broker):
     assert (close.class_id, close.method_id) == (60, 40)
 
 
-@pytest.mark.warren_only("RabbitMQ 3.10 silently waits on a body longer than declared")
-def test_body_longer_than_declared_closes_connection(broker):
-    close = connection_error(broker, publish_frames(1, "", "nowhere", b"0123456789", declared=4))
-    # RabbitMQ 3.10 never completes such a message; Warren refuses it outright
-    assert close.reply_code in (501, 505)
+def test_body_longer_than_declared_is_swallowed_until_the_next_method(broker):
+    """rabbit_command_assembler never completes such a message: more body frames are taken silently (and,
+    here, dropped), the channel answers nothing, and the next method on it is a 505."""
+    client = Raw(broker)
+    try:
+        client.handshake()
+        client.open_channel(1)
+        client.open_channel(2)
+        client.send(publish_frames(1, "", "nowhere", b"0123456789", declared=4)
+                    + raw_frame(3, 1, b"more body") * 3)
+        client.send_method(2, commands.Basic.Qos(prefetch_count=5))  # the connection still serves
+        client.expect(commands.Basic.QosOk)
+        client.send_method(1, commands.Basic.Qos(prefetch_count=1))
+        close = client.expect_connection_close()
+        client.assert_eof()
+    finally:
+        client.close()
+    assert close.reply_code == 505
+    assert close.reply_text == "UNEXPECTED_FRAME - expected content body, got non content body frame instead"
     assert_serves(broker)
 
 
