@@ -73,9 +73,10 @@ def server_name(prefix: str) -> str:
 class Broker:
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
-                 clients: "ClientRegistry | None" = None) -> None:
+                 clients: "ClientRegistry | None" = None, queue_window: int = 2048) -> None:
         self.data_dir = data_dir
         self.node_name = node_name
+        self.queue_window = queue_window
         self.persistence = persistence or Persistence(data_dir)
         self.pager = Pager(data_dir, segment_size, self.persistence)
         self.store = DefinitionStore(data_dir)
@@ -332,10 +333,19 @@ class Broker:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
             queue.index_id = self._next_index_id()
-            queue.persistence = self.persistence
+        self._attach(queue, durable and not exclusive)
         if not exclusive:
             self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
         return queue
+
+    def _attach(self, queue: Queue, durable: bool) -> None:
+        """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
+        bounded window in memory (a transient queue pages only when memory runs short)."""
+        queue.pager = self.pager
+        if durable:
+            queue.persistence = self.persistence
+            if queue.pageable:
+                queue.window = self.queue_window
 
     def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
         """A queue of another node joins the vhost as its proxy; the policies shown here are this vhost's
@@ -842,7 +852,7 @@ class Broker:
             queue = vhost.queues[record.name] = queue_class(args)(
                 record.name, vhost.name, True, None, record.auto_delete, arguments, args, self)
             queue.index_id = record.index_id
-            queue.persistence = self.persistence
+            self._attach(queue, True)
             durable.append(queue)
         self.persistence.recover(durable)
         for queue in durable:  # offsets never go back across restarts (see commit_offset)

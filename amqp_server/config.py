@@ -29,6 +29,7 @@ class Config:
     consumer_timeout: int = 30 * 60 * 1000  # ms a delivery may stay unacknowledged; 0 (or false) disables
     memory_high_watermark: float = 0.4  # fraction of RAM (<= 1) or absolute bytes (> 1), as RabbitMQ
     paging_ratio: float = 0.5  # of the high watermark: above it, bodies deep in queues are paged out
+    queue_window: int = 2048  # ready entries a durable queue keeps in memory; the rest waits on disk
     write_buffer_high: int = 4 * 1024 * 1024
     deliveries_per_flush: int = 2000
     loopback_users_only: bool = True  # guest may log in only from loopback, as RabbitMQ
@@ -81,7 +82,8 @@ _HELP = {
     "max_message_size": "largest message body accepted, bytes",
     "consumer_timeout": "delivery acknowledgement timeout, ms (0 or false disables)",
     "memory_high_watermark": "memory alarm: fraction of RAM, or bytes if > 1",
-    "paging_ratio": "fraction of the memory watermark above which message bodies are paged to disk",
+    "paging_ratio": "fraction of the memory watermark above which every queue's tail is paged to disk",
+    "queue_window": "ready messages a durable queue keeps in memory (the rest waits on disk until near the head)",
     "write_buffer_high": "bytes buffered for a slow client before delivery pauses",
     "deliveries_per_flush": "deliveries written per event-loop turn per connection",
     "loopback_users_only": "guest may log in from loopback only",

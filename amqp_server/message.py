@@ -19,6 +19,7 @@ from . import codec, header_table, properties
 from .properties import Properties
 
 _LONG = struct.Struct(">I")
+_ROUTE_LEN = struct.Struct(">HI")  # a stored payload: route length, header length; then route, header, body
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
 MAX_EXPIRY = 315_360_000_000  # ten years in ms: rabbit_misc:check_expiry
@@ -54,20 +55,32 @@ class Message:
         self.body = body
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
-        self.transient_id = 0  # set once paged out to the transient store
+        self.transient_id = 0  # a message paged in from the transient store: its record there
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
     @classmethod
-    def stored(cls, msg_id: int, body_size: int) -> "Message":
-        """A recovered message whose content stays in the store until it is needed (see ``fill``)."""
+    def stored(cls, msg_id: int, body_size: int, transient_id: int = 0) -> "Message":
+        """A message read back from a queue index (after a restart, or paged in) whose content stays in the
+        persistent store (``msg_id``) or the transient one (``transient_id``) until it is needed."""
         message = cls.__new__(cls)
         message.msg_id = msg_id
-        message.transient_id = 0
+        message.transient_id = transient_id
         message.body_size = body_size
         message.body = None
         message._properties = None
         return message
+
+    def payload(self) -> tuple[bytes, ...]:
+        """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
+        return _ROUTE_LEN.pack(len(self.route), len(self.header)), self.route, self.header, self.body
+
+    def fill_from(self, payload: bytes) -> None:
+        """Route, header and body back from a store's ``payload()`` record."""
+        route_len, header_len = _ROUTE_LEN.unpack_from(payload)
+        start = _ROUTE_LEN.size
+        self.fill(payload[start:start + route_len], payload[start + route_len:start + route_len + header_len],
+                  payload[start + route_len + header_len:])
 
     def fill(self, route: bytes, header: bytes, body: bytes) -> None:
         ex_len = route[0]

@@ -1,19 +1,25 @@
-"""Paging under memory pressure: bodies of messages deep in long queues leave memory.
+"""Where the transient part of queues' disk tails lives, and paging under memory pressure.
 
-A persistent message already in the persistent store just drops its body; a
-transient one is written to the transient store first (wiped at every start).
-Bodies come back on demand when a message nears delivery.  A transient store
-record lives exactly as long as its message object: a finalizer removes it.
+A queue keeps in memory only the head of its ready list (a durable queue its first
+``--queue-window`` entries; any queue once memory runs short); the rest is on disk as
+queue index entries (:meth:`Queue.page_out`, :meth:`Queue._page_in`).  A persistent
+message of a durable queue is on disk already.  Any other message is written here:
+its payload to the transient store (wiped at every start), and, for a non-durable
+queue, its entry to the transient queue index (wiped too).  A durable queue's entry
+for a transient message goes to the durable index marked transient, and is dropped
+at the next start.
+
+Transient store records are reference counted like persistent ones: every queue
+entry that names one holds a reference, released when the entry leaves its queue.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import weakref
 from typing import TYPE_CHECKING, Iterable
 
 from msg_store import MessageStore
+from queue_index import QueueIndex
 
 from .message import Message
 
@@ -23,8 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warren.paging")
 
-KEEP_IN_MEMORY = 2048  # entries at each queue's head that keep their bodies
+KEEP_IN_MEMORY = 2048  # entries at each queue's head that stay in memory when memory runs short
 TRANSIENT_CACHE = 8 * 1024 * 1024
+TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
 
 
 class Pager:
@@ -32,40 +39,51 @@ class Pager:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_transient"), segment_size, TRANSIENT_CACHE,
                                   wipe=True)
         self.store.start()
+        self.index = QueueIndex(os.path.join(data_dir, "queue_index_transient"), wipe=True,
+                                auto_commit=TRANSIENT_COMMIT)
         self.persistence = persistence
-        self.paged_out = 0
+        self.paged_out = 0  # bytes of message bodies moved out of memory under pressure, since start
+        self._next_page_id = 1
+
+    def new_page_id(self) -> int:
+        """An id in the transient index for a non-durable queue that pages."""
+        page_id = self._next_page_id
+        self._next_page_id += 1
+        return page_id
 
     def load_body(self, message: Message) -> None:
         if message.msg_id:
             self.persistence.load_body(message)
         else:
-            message.body = self.store.read(message.transient_id)
+            message.fill_from(self.store.read(message.transient_id))
+
+    def write(self, message: Message) -> int:
+        """A new transient store record of the message (one reference); its id."""
+        if message.body is None:
+            self.load_body(message)
+        transient_id = self.store.new_id()
+        self.store.write(transient_id, message.payload(), 1)
+        return transient_id
 
     def page_out(self, queues: Iterable["Queue"], keep: int = KEEP_IN_MEMORY) -> int:
-        """Drop the bodies of entries beyond the first ``keep`` of each queue; returns bytes freed."""
-        freed = 0
-        store = self.store
-        for queue in sorted(queues, key=lambda q: q.ready_bytes, reverse=True):
-            for entry in itertools.islice(queue.ready, keep, None):
-                message = entry.message
-                if entry.gone or message.body is None:
-                    continue
-                if not message.msg_id:
-                    if not message.transient_id:
-                        message.transient_id = store.new_id()
-                        store.write(message.transient_id, (message.body,), 1)
-                        weakref.finalize(message, store.remove, message.transient_id)
-                freed += message.body_size
-                message.body = None
-        store.flush()
+        """Memory runs short: every queue keeps its first ``keep`` ready entries in memory, the rest goes to
+        disk, deepest queues first; returns bytes of message bodies freed."""
+        written: dict[int, tuple[Message, int]] = {}  # a message held by several queues is written once
+        freed = sum(queue.page_out(keep, written)
+                    for queue in sorted(queues, key=lambda q: q.ready_bytes, reverse=True))
+        self.store.flush()
+        self.index.commit()
         self.paged_out += freed
         if freed:
             log.info("paged out %d bytes of message bodies", freed)
         return freed
 
     def housekeeping(self) -> None:
+        self.store.flush()
+        self.index.commit()
         if self.store.needs_compaction:
             self.store.compact_step()
 
     def close(self) -> None:
-        self.store.close()
+        self.store.close(snapshot=False)  # wiped at the next start anyway
+        self.index.close()

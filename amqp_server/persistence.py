@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
 import time
 from typing import TYPE_CHECKING, Protocol
 
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
-from queue_index import QueueIndex
+from queue_index import QueueIndex, Totals
 
 from .message import Message
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warren.persistence")
 
-_ROUTE_LEN = struct.Struct(">HI")  # route length, header length; then route, header, body
 COMPACTION_INTERVAL = 0.05
 
 
@@ -74,8 +72,7 @@ class Persistence:
         store = self.store
         if not message.msg_id:
             message.msg_id = store.new_id()
-            store.write(message.msg_id, (_ROUTE_LEN.pack(len(message.route), len(message.header)), message.route,
-                                         message.header, message.body), 1)
+            store.write(message.msg_id, message.payload(), 1)
         else:
             store.add_ref(message.msg_id)
         self._touch()
@@ -84,8 +81,7 @@ class Persistence:
         """Drop a reference taken with ``keep``.  If it was the last, the message lives on in memory only
         (held by transient queues), so it forgets its msg_id: nothing may load it from the store again."""
         msg_id = message.msg_id
-        location = self.store.index.get(msg_id)
-        if location is None or location.refs <= 1:
+        if self.store.refs(msg_id) <= 1:
             message.msg_id = 0
         self.store.remove(msg_id)
         self._touch()
@@ -100,20 +96,14 @@ class Persistence:
         self.store.remove(entry.message.msg_id)
         self._touch()
 
-    def delete_queue(self, queue: "Queue", entries: list["Entry"]) -> None:
-        for entry in entries:
-            if entry.message.msg_id:
-                self.store.remove(entry.message.msg_id)
+    def delete_queue(self, queue: "Queue") -> None:
+        """The queue's index entries go (its ready entries' references were released as it purged)."""
         self.index.delete_queue(queue.index_id)
         self._touch()
 
     def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""
-        payload = self.store.read(message.msg_id)
-        route_len, header_len = _ROUTE_LEN.unpack_from(payload)
-        start = _ROUTE_LEN.size
-        message.fill(payload[start:start + route_len], payload[start + route_len:start + route_len + header_len],
-                     payload[start + route_len + header_len:])
+        message.fill_from(self.store.read(message.msg_id))
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -192,32 +182,40 @@ class Persistence:
     # -- recovery -----------------------------------------------------------------------------
 
     def recover(self, queues: list["Queue"]) -> None:
-        """Rebuild each durable queue from its index entries, in order; drop orphaned entries."""
+        """Give each durable queue its totals from the index; its entries stay on disk until they near the
+        head.  Entries are walked only where they must be: after a crash (to count the store's references),
+        for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the
+        expiry heap must know them)."""
         started = time.monotonic()
         self.store.recover()
-        from .queue import Entry
-
+        clean = self.store.clean
         known = {queue.index_id for queue in queues}
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
-        messages: dict[int, Message] = {}  # one Message however many queues hold it
-        count = lost = 0
-        claim, stored = self.store.claim, Message.stored
+        count = lost = walked = 0
+        claim = self.store.claim
         for queue in queues:
-            recover_entry = queue.recover_entry
-            for seq, msg_id, expiry, size, delivered in self.index.entries(queue.index_id):
-                if not claim(msg_id):
-                    self.index.ack(queue.index_id, seq)
-                    lost += 1
-                    continue
-                message = messages.get(msg_id)
-                if message is None:
-                    message = messages[msg_id] = stored(msg_id, size)
-                recover_entry(Entry(seq, message, delivered, expiry))
-                count += 1
+            queue_id = queue.index_id
+            totals = self.index.totals(queue_id) or self.index.recount(queue_id)
+            expiries: list[tuple[int, int]] = []
+            if totals.count and (not clean or totals.transient or totals.expiring):
+                walked += 1
+                for entry in self.index.entries(queue_id):
+                    if entry.transient:
+                        self.index.ack(queue_id, entry.seq)
+                    elif not claim(entry.msg_id):
+                        self.index.ack(queue_id, entry.seq)
+                        lost += 1
+                    elif entry.expiry:
+                        expiries.append((entry.expiry, entry.seq))
+                self.index.commit()
+                totals = self.index.totals(queue_id) or Totals()
+            queue.recover(totals.count, totals.bytes, self.index.last_seq(queue_id), expiries)
+            count += totals.count
         for journal in self.journals:
             journal.claim(self.store)
         dead = self.store.finish_recovery()
         self.index.commit()
-        log.info("recovered %d messages in %d durable queues in %.3fs (%d dead records, %d missing)",
-                 count, len(queues), time.monotonic() - started, dead, lost)
+        log.info("recovered %d messages in %d durable queues in %.3fs (%s; %d queues walked, %d dead records, "
+                 "%d missing)", count, len(queues), time.monotonic() - started,
+                 "clean shutdown" if clean else "segments scanned", walked, dead, lost)

@@ -69,15 +69,22 @@ class PriorityQueue(Queue):
     """A queue whose ready list is a :class:`PriorityReady`."""
 
     ready: PriorityReady  # type: ignore[assignment]
+    pageable = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ready = PriorityReady(self.args.max_priority or 0)
 
-    def recover_entry(self, entry: Entry) -> None:
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """Every entry comes into memory at start-up: delivery order depends on all of them."""
+        super().recover(count, size, last_seq, expiries)
+        while self.paged:
+            self._page_in()
+
+    def _admit(self, entry: Entry) -> None:
         if entry.message.body is None:
             self.host.load_body(entry.message)  # the priority is in the header, which is in the store
-        super().recover_entry(entry)
+        self.ready.append(entry)
 
     def _put_back(self, entry: Entry) -> None:
         put_back(self.ready.level(entry), entry)

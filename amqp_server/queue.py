@@ -9,6 +9,13 @@ Expired entries are found through an expiry heap wherever they sit, marked
 gone in place and skipped when the ready list reaches them, so expiring a
 message in the middle of a long queue costs O(log n).
 
+Only the head of the ready list need be in memory: past ``window`` entries (a
+durable queue) or when memory runs short (any queue but a priority one), the
+tail goes to disk as queue index entries (``page_out``) and comes back a batch
+at a time as the head drains (``_page_in``).  While part of the queue is on
+disk, new entries join it there, so order holds.  Every seq on disk is above
+every seq in memory and every seq a consumer holds (``_taken_upto``).
+
 The ready list is a deque in ``seq`` order; a priority queue (``x-max-priority``,
 :mod:`priority_queue`) keeps one per priority level.  Consumers are grouped by their
 ``x-priority``: a group gets messages only while every higher one is out of
@@ -22,9 +29,10 @@ import asyncio
 from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
+import logging
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
-from queue_index import ExpiryHeap
+from queue_index import ExpiryHeap, IndexEntry, QueueIndex
 
 from .clock import now_ms
 from .message import Message
@@ -32,9 +40,17 @@ from .queue_args import QueueArgs
 from .stats import MessageStats
 
 if TYPE_CHECKING:
+    from msg_store import MessageStore
+
     from .persistence import Persistence
     from .policy import Policy
     from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
+
+
+log = logging.getLogger("warren.queue")
+
+PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
+PAGE_IN_BATCH = 1024
 
 
 class Entry:
@@ -99,6 +115,17 @@ class QueueHost(Protocol):
     def load_body(self, message: Message) -> None: ...
 
 
+class TransientPages(Protocol):
+    """Where a queue's tail goes when its messages are not in the persistent store (paging.Pager)."""
+
+    store: "MessageStore"
+    index: QueueIndex
+
+    def new_page_id(self) -> int: ...
+
+    def write(self, message: Message) -> int: ...
+
+
 def put_back(ready: deque[Entry], entry: Entry) -> None:
     """Insert a requeued entry where its ``seq`` puts it (usually at one end)."""
     if not ready or entry.seq > ready[-1].seq:
@@ -132,6 +159,7 @@ class Queue:
 
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
     remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
+    pageable = True  # a priority queue keeps every entry in memory
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -163,7 +191,14 @@ class Queue:
         self._expiry = ExpiryHeap()
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expires_timer: asyncio.TimerHandle | None = None
-        self._fresh: Entry | None = None  # the entry being published: not expired on its way to a consumer
+        self._fresh = -1  # seq of the entry being published: not expired on its way to a consumer
+        self.pager: "TransientPages | None" = None  # set for a queue that may page
+        self.window: int | None = None  # entries kept in memory before the tail pages out (durable queues)
+        self.paged = 0  # ready entries on disk only, all with seq >= paged_from
+        self.paged_bytes = 0  # their bodies' bytes (in ready_bytes too)
+        self.paged_from = 0
+        self.page_id = 0  # a non-durable queue's id in the transient index, once it pages
+        self._taken_upto = -1  # the highest seq ever taken by a consumer or basic.get
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
@@ -175,7 +210,7 @@ class Queue:
 
     @property
     def message_count(self) -> int:
-        return len(self.ready) - self.gone_in_ready
+        return len(self.ready) - self.gone_in_ready + self.paged
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost}/{self.name}>"
@@ -198,16 +233,25 @@ class Queue:
         self.stats.publish += 1
         if self.persistence is not None and message.persistent:
             self.persistence.write(self, entry)
-        self.ready.append(entry)
         self.ready_bytes += message.body_size
-        if expiry:
-            self._track_expiry(entry)
+        if self.paged:  # the tail is on disk: the new entry joins it there
+            self._page_write(entry)
+            self.paged += 1
+            self.paged_bytes += message.body_size
+            if expiry:
+                self._schedule_expiry(expiry, entry.seq)
+        else:
+            self.ready.append(entry)
+            if expiry:
+                self._track_expiry(entry)
         if limited:
             self._drop_overflow()
         if self.consumers:
-            self._fresh = entry  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
+            self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
-            self._fresh = None
+            self._fresh = -1
+        if self.window is not None and len(self.ready) > self.window:
+            self.page_out(self.window // 2)
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
@@ -252,13 +296,17 @@ class Queue:
         if dropped:
             self._dead_letter(dropped, "maxlen")
 
-    def recover_entry(self, entry: Entry) -> None:
-        """An entry read back from the queue index at start-up, in order."""
-        self.ready.append(entry)
-        self.ready_bytes += entry.message.body_size
-        self.next_seq = entry.seq + 1
-        if entry.expiry:
-            self._track_expiry(entry)
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """At start-up: the queue index holds ``count`` entries of ``size`` bytes up to ``last_seq``, all on
+        disk until they near the head; ``expiries`` are the (expiry, seq) of those that have one."""
+        self.paged = count
+        self.paged_bytes = size
+        self.ready_bytes += size
+        self.paged_from = 0
+        if last_seq is not None:
+            self.next_seq = max(self.next_seq, last_seq + 1)
+        for expiry, seq in expiries:
+            self._schedule_expiry(expiry, seq)
 
     # -- out ----------------------------------------------------------------------------------
 
@@ -268,14 +316,14 @@ class Queue:
         Credit only shrinks during one call, so a group none of whose consumers can take more is done.
         """
         ready = self.ready
-        if len(ready) == self.gone_in_ready:
+        if len(ready) == self.gone_in_ready and not self.paged:
             return
         for group in self._groups:
             consumers = group.consumers
             n = len(consumers)
             i = group.rr
             idle = 0
-            while ready and idle < n:
+            while (ready or self.paged) and idle < n:
                 if i >= n:
                     i = 0
                 consumer = consumers[i]
@@ -298,7 +346,11 @@ class Queue:
     def _pop_ready(self) -> Entry | None:
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
         ready = self.ready
-        while ready:
+        while True:
+            if self.paged and len(ready) - self.gone_in_ready < PAGE_IN_BELOW:
+                self._page_in()
+            if not ready:
+                return None
             entry = ready.popleft()
             if entry.gone:
                 self.gone_in_ready -= 1
@@ -306,26 +358,25 @@ class Queue:
             self.ready_bytes -= entry.message.body_size
             if entry.expiry:
                 self._expiring.pop(entry.seq, None)
-                if entry.expiry <= now_ms() and entry is not self._fresh:
+                if entry.expiry <= now_ms() and entry.seq != self._fresh:
                     self._dead_letter([entry], "expired")
                     continue
             return entry
-        return None
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         """An entry leaves the ready list for a consumer or basic.get."""
         message = entry.message
         if entry.redelivered:
             self.stats.redeliver += 1
-        persisted = message.msg_id and self.persistence is not None
+        if entry.seq > self._taken_upto:
+            self._taken_upto = entry.seq
         if message.body is None:
             self.host.load_body(message)
         if no_ack:
-            if persisted:
-                self.persistence.remove(self, entry)
+            self._forget(entry)
         else:
             self.unacked += 1
-            if persisted and not entry.redelivered:
+            if message.msg_id and self.persistence is not None and not entry.redelivered:
                 self.persistence.delivered(self, entry)
         return entry
 
@@ -354,9 +405,14 @@ class Queue:
                 continue
             if len(entries) >= count:
                 break
+            entries.append(entry)
+        if len(entries) < count and self.paged:
+            index, queue_id = self._page_index()
+            rows = index.read(queue_id, self.paged_from, offset - skipped + count - len(entries))
+            entries.extend(self._paged_entry(row) for row in rows[offset - skipped:])
+        for entry in entries:
             if entry.message.body is None and self.host is not None:
                 self.host.load_body(entry.message)
-            entries.append(entry)
         return entries
 
     # -- offsets (the Spark bridge: read by sequence number, remove once the reader committed) ----
@@ -369,20 +425,63 @@ class Queue:
         for entry in self._from_seq(0):
             if not entry.gone:
                 return entry.seq, self.next_seq
+        if self.paged:
+            index, queue_id = self._page_index()
+            rows = index.read(queue_id, self.paged_from, 1)
+            if rows:
+                return rows[0].seq, self.next_seq
         return self.next_seq, self.next_seq
 
     def browse(self, start: int, end: int, limit: int | None = None) -> list[Entry]:
         """Ready entries with ``start <= seq < end``, in seq order, at most ``limit``; nothing changes.
 
         No redelivered flag, no delivery, no stats: a retried read sees the same entries.  Entries whose
-        TTL ran out are skipped.  Paged-out bodies are loaded.  A priority queue's entries come in seq
+        TTL ran out are skipped.  Bodies on disk are loaded.  A priority queue's entries come in seq
         (publish) order too, not in delivery order.
         """
-        return self.readable(self.span(start, end), limit)
+        found: list[Entry] = []
+        for batch in self.read_range(start, end, 4096, limit):
+            found.extend(batch)
+        return found
+
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
+        """``browse`` a batch of at most ``step`` entries at a time, so a long read can let others run
+        between batches while the queue changes: each batch is what is ready when it is read."""
+        remaining = limit
+        memory = self.span(start, end)
+        cursor = start
+        for i in range(0, len(memory), step):
+            batch = self.readable(memory[i:i + step], remaining)
+            cursor = memory[min(i + step, len(memory)) - 1].seq + 1
+            if batch:
+                yield batch
+            if remaining is not None:
+                remaining -= len(batch)
+                if remaining <= 0:
+                    return
+        while cursor < end:
+            # entries at or above cursor: any paged in or requeued since (in memory), then those on disk
+            entries = [entry for entry in islice(self._from_seq(cursor), step) if entry.seq < end]
+            if self.paged:
+                index, queue_id = self._page_index()
+                rows = index.read(queue_id, max(cursor, self.paged_from), step)
+                entries.extend(self._paged_entry(row) for row in rows if row.seq < end)
+            if not entries:
+                return
+            entries.sort(key=_seq)
+            entries = entries[:step]
+            cursor = entries[-1].seq + 1
+            batch = self.readable(entries, remaining)
+            if batch:
+                yield batch
+            if remaining is not None:
+                remaining -= len(batch)
+                if remaining <= 0:
+                    return
 
     def span(self, start: int, end: int) -> list[Entry]:
-        """The ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy of
-        references, which a long read goes through in slices (``readable``) while the queue changes."""
+        """The in-memory ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy
+        of references, which a long read goes through in slices (``readable``) while the queue changes."""
         ready = self.ready
         if not ready or end <= start:
             return []
@@ -417,7 +516,6 @@ class Queue:
             return 0
         self.committed = offset
         removed = 0
-        persistence = self.persistence
         for entry in self._pop_below(offset):
             if entry.gone:
                 self.gone_in_ready -= 1
@@ -425,9 +523,11 @@ class Queue:
             self.ready_bytes -= entry.message.body_size
             if entry.expiry:
                 self._expiring.pop(entry.seq, None)
-            if persistence is not None and entry.message.msg_id:
-                persistence.remove(self, entry)
+            self._forget(entry)
             removed += 1
+        if self.paged and offset > self.paged_from:
+            removed += self._drop_paged(offset)
+            self.paged_from = max(self.paged_from, offset)
         self.stats.ack += removed
         if removed:
             self.touch()
@@ -437,10 +537,8 @@ class Queue:
         """Entries taken for manual ack were acked."""
         self.unacked -= len(entries)
         self.stats.ack += len(entries)
-        if self.persistence is not None:
-            for entry in entries:
-                if entry.message.msg_id:
-                    self.persistence.remove(self, entry)
+        for entry in entries:
+            self._forget(entry)
 
     def reject(self, entries: list[Entry]) -> None:
         """Rejected or nacked without requeue: dead-lettered (if configured) and settled."""
@@ -465,18 +563,21 @@ class Queue:
 
     def purge(self) -> int:
         count = self.message_count
-        if self.persistence is not None:
-            for entry in self.ready:
-                if entry.message.msg_id and not entry.gone:
-                    self.persistence.remove(self, entry)
+        for entry in self.ready:
+            if not entry.gone:
+                self._forget(entry)
+        if self.paged:
+            self._drop_paged(self.next_seq)
         self._clear_ready()
         return count
 
     def drop_all(self) -> None:
         """The queue is deleted: its ready entries and (durable) index go with it."""
+        self.purge()
         if self.persistence is not None:
-            self.persistence.delete_queue(self, [e for e in self.ready if not e.gone])
-        self._clear_ready()
+            self.persistence.delete_queue(self)
+        elif self.page_id:
+            self.pager.index.delete_queue(self.page_id)
         self._groups = []
         self.active_consumer = None
         for timer in (self._expiry_timer, self._expires_timer):
@@ -504,16 +605,148 @@ class Queue:
         self.ready.clear()
         self.gone_in_ready = 0
         self.ready_bytes = 0
+        self.paged = self.paged_bytes = 0
         self._expiring.clear()
         self._expiry.clear()
+
+    # -- the tail on disk ---------------------------------------------------------------------
+
+    def _page_index(self) -> tuple[QueueIndex, int]:
+        """The index this queue's tail goes to, and its id there."""
+        if self.persistence is not None:
+            return self.persistence.index, self.index_id
+        if not self.page_id:
+            self.page_id = self.pager.new_page_id()
+        return self.pager.index, self.page_id
+
+    def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
+        """Move the ready entries after the first ``keep`` to disk (those above every seq a consumer took);
+        returns the bytes of bodies that left memory.  ``written``: transient records made in this pass, by
+        message, so a message several queues page is written once."""
+        ready = self.ready
+        if not self.pageable or self.pager is None or len(ready) <= keep:
+            return 0
+        freed = 0
+        while len(ready) > keep and ready[-1].seq > self._taken_upto:
+            entry = ready.pop()
+            self.paged_from = entry.seq
+            if entry.gone:
+                self.gone_in_ready -= 1
+                continue
+            if entry.expiry:
+                self._expiring.pop(entry.seq, None)  # its (expiry, seq) stays in the heap
+            self._page_write(entry, written)
+            self.paged += 1
+            self.paged_bytes += entry.message.body_size
+            if entry.message.body is not None:
+                freed += entry.message.body_size
+        return freed
+
+    def _page_write(self, entry: Entry, written: dict[int, tuple[Message, int]] | None = None) -> None:
+        """Make sure the entry is in the index, so it can leave memory."""
+        message = entry.message
+        index, queue_id = self._page_index()
+        if message.transient_id:  # paged in before: its entry and record are still there
+            if entry.redelivered:
+                index.delivered(queue_id, entry.seq, message.transient_id, entry.expiry, message.body_size,
+                                transient=True)
+            return
+        if message.msg_id and self.persistence is not None:
+            return  # a persistent message of a durable queue: indexed when it came
+        pager = self.pager
+        known = written.get(id(message)) if written is not None else None
+        if known is not None and known[1] in pager.store:
+            transient_id = known[1]
+            pager.store.add_ref(transient_id)
+        else:
+            transient_id = pager.write(message)
+            if written is not None:
+                written[id(message)] = (message, transient_id)
+        index.publish(queue_id, entry.seq, transient_id, entry.expiry, message.body_size, entry.redelivered,
+                      transient=True)
+
+    def _paged_entry(self, row: IndexEntry) -> Entry:
+        """An entry for an index row (its message's content stays in its store until needed)."""
+        message = Message.stored(0, row.size, row.msg_id) if row.transient else Message.stored(row.msg_id, row.size)
+        return Entry(row.seq, message, row.delivered, row.expiry)
+
+    def _page_in(self) -> None:
+        """Bring the next batch of the tail into memory."""
+        index, queue_id = self._page_index()
+        rows = index.read(queue_id, self.paged_from, PAGE_IN_BATCH)
+        persistent = self.persistence.store if self.persistence is not None else None
+        for row in rows:
+            if not row.transient and (persistent is None or row.msg_id not in persistent):
+                log.warning("%r: message %d of entry %d is missing from the store; dropped", self, row.msg_id,
+                            row.seq)
+                index.ack(queue_id, row.seq)
+                self._unpage(row.size)
+                continue
+            entry = self._paged_entry(row)
+            self._admit(entry)
+            self.paged -= 1
+            self.paged_bytes -= row.size
+            if row.expiry:
+                self._expiring[row.seq] = entry
+        if rows:
+            self.paged_from = rows[-1].seq + 1
+        if not rows or self.paged <= 0:  # the counts said more than the index held: trust the index
+            if self.paged:
+                log.error("%r: %d entries counted on disk were not found", self, self.paged)
+            self.ready_bytes -= self.paged_bytes
+            self.paged = self.paged_bytes = 0
+
+    def _admit(self, entry: Entry) -> None:
+        """An entry paged in joins the ready list's end (its seq is above every seq in memory)."""
+        self.ready.append(entry)
+
+    def _unpage(self, size: int) -> None:
+        """One entry on disk left the queue without coming into memory."""
+        self.paged -= 1
+        self.paged_bytes -= size
+        self.ready_bytes -= size
+
+    def _drop_paged(self, below: int) -> int:
+        """Entries on disk with seq < ``below`` leave the queue, as acked; returns how many."""
+        index, queue_id = self._page_index()
+        removed = 0
+        while self.paged:
+            rows = index.take(queue_id, self.paged_from, below, PAGE_IN_BATCH)
+            if not rows:
+                break
+            for row in rows:
+                self._release_row(row)
+                self._unpage(row.size)
+            removed += len(rows)
+        return removed
+
+    def _release_row(self, row: IndexEntry) -> None:
+        """The store reference a deleted index entry held."""
+        if row.transient:
+            self.pager.store.remove(row.msg_id)
+        elif self.persistence is not None:
+            self.persistence.store.remove(row.msg_id)
+
+    def _forget(self, entry: Entry) -> None:
+        """An entry leaves the queue for good: its index entry and its store reference go."""
+        message = entry.message
+        if message.transient_id:
+            index, queue_id = self._page_index()
+            index.ack(queue_id, entry.seq)
+            self.pager.store.remove(message.transient_id)
+        elif message.msg_id and self.persistence is not None:
+            self.persistence.remove(self, entry)
 
     # -- expiry -------------------------------------------------------------------------------
 
     def _track_expiry(self, entry: Entry) -> None:
         self._expiring[entry.seq] = entry
+        self._schedule_expiry(entry.expiry, entry.seq)
+
+    def _schedule_expiry(self, expiry: int, seq: int) -> None:
         first = self._expiry.next_deadline()
-        self._expiry.push(entry.expiry, entry.seq)
-        if first is None or entry.expiry < first or self._expiry_timer is None:
+        self._expiry.push(expiry, seq)
+        if first is None or expiry < first or self._expiry_timer is None:
             self._arm_expiry()
 
     def _arm_expiry(self) -> None:
@@ -532,6 +765,10 @@ class Queue:
         for seq in self._expiry.pop_due(now_ms()):
             entry = self._expiring.pop(seq, None)
             if entry is None:
+                if self.paged and seq >= self.paged_from:
+                    entry = self._expire_paged(seq)
+                    if entry is not None:
+                        expired.append(entry)
                 continue  # delivered or already expired
             entry.gone = True
             self.gone_in_ready += 1
@@ -544,6 +781,15 @@ class Queue:
                 self.gone_in_ready = 0
         self._arm_expiry()
 
+    def _expire_paged(self, seq: int) -> Entry | None:
+        """An entry on disk whose time is up leaves the queue without coming into memory."""
+        index, queue_id = self._page_index()
+        row = index.get(queue_id, seq)
+        if row is None:
+            return None
+        self._unpage(row.size)
+        return self._paged_entry(row)
+
     def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         """Entries leave the queue for good: to the dead-letter exchange if one is set."""
         if self.args.dead_letter_exchange is not None and self.host is not None:
@@ -551,10 +797,9 @@ class Queue:
                 if entry.message.body is None:
                     self.host.load_body(entry.message)
             self.host.dead_letter(self, entries, reason)
-        if persisted and self.persistence is not None:
+        if persisted:
             for entry in entries:
-                if entry.message.msg_id:
-                    self.persistence.remove(self, entry)
+                self._forget(entry)
 
     # -- consumers and x-expires --------------------------------------------------------------
 

@@ -140,20 +140,16 @@ async def records(request: web.Request) -> web.StreamResponse:
         return arrow_records.encode(name, snap, body_text, schema).serialize()
 
     await response.write(schema.serialize().to_pybytes())
-    span = queue.span(start, end)  # references only: the walk below goes a slice per loop turn
-    step = min(SNAPSHOT_ROWS, batch_rows)
     snap = arrow_records.Snapshot()
-    for i in range(0, len(span), step):
-        entries = queue.readable(span[i:i + step], limit)
-        limit -= len(entries)
+    for entries in queue.read_range(start, end, min(SNAPSHOT_ROWS, batch_rows), limit):  # a slice per loop turn
         snap.add(entries)
-        if len(snap.entries) >= batch_rows or (snap.entries and (limit <= 0 or i + step >= len(span))):
+        if len(snap.entries) >= batch_rows:
             await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
             snap = arrow_records.Snapshot()
         else:
             await asyncio.sleep(0)  # let the loop serve others between slices
-        if limit <= 0:
-            break
+    if snap.entries:
+        await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
     await response.write(END_OF_STREAM)
     await response.write_eof()
     return response

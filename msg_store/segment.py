@@ -55,9 +55,9 @@ class Segment:
         return self.dead_bytes / self.size if self.size else 0.0
 
 
-def scan(path: str) -> Iterator[tuple[int, int, int]]:
-    """Yield (msg_id, payload offset, payload size) of every intact record; cut a torn tail."""
-    with open(path, "r+b") as handle:
+def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
+    """Yield (msg_id, payload offset, payload size) of every intact record; cut a torn tail if ``repair``."""
+    with open(path, "r+b" if repair else "rb") as handle:
         data = handle.read()
         view = memoryview(data)  # CRCs over slices of the file without copying them
         pos = 0
@@ -70,7 +70,7 @@ def scan(path: str) -> Iterator[tuple[int, int, int]]:
             yield msg_id, pos + HEAD_SIZE, length - 8
             pos = stop
         view.release()
-        if pos != end:
+        if pos != end and repair:
             log.warning("segment %s: %d bytes of torn or corrupt records after offset %d cut off",
                         path, end - pos, pos)
             handle.truncate(pos)

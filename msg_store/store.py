@@ -14,32 +14,26 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import time
 from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from .locations import Location, Locations, fsync_dir
 from .segment import HEAD_SIZE, Segment, encode_head, list_segments, scan, segment_path
 
 log = logging.getLogger("warren.msg_store")
+
+_SNAPSHOT_HEAD = struct.Struct(">QI")  # next id, segments
+_SEGMENT_SUMMARY = struct.Struct(">IQQQ")  # number, size, live records, dead bytes
 
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
 ID_FILE = "next_id"
 ID_BLOCK = 1 << 20
-
-
-class Location:
-    """Where a message's payload lives, and how many queues refer to it."""
-
-    __slots__ = ("segment", "offset", "size", "refs")
-
-    def __init__(self, segment: int, offset: int, size: int, refs: int) -> None:
-        self.segment = segment
-        self.offset = offset
-        self.size = size
-        self.refs = refs
+SNAPSHOT = "clean_shutdown"  # the index as a clean close left it; removed as soon as it is read
 
 
 @dataclass
@@ -67,7 +61,8 @@ class MessageStore:
         if wipe and os.path.isdir(directory):
             shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
-        self.index: dict[int, Location] = {}
+        self.index = Locations()
+        self.clean = False  # recovered from a clean shutdown's snapshot: refs are known, claims only check
         self.segments: dict[int, Segment] = {}
         self.cache: LRUCache = LRUCache(maxsize=cache_bytes, getsizeof=len)
         self._tail = bytearray()  # written but not yet flushed to the current segment
@@ -84,43 +79,93 @@ class MessageStore:
     # -- recovery -----------------------------------------------------------------------------
 
     def recover(self) -> float:
-        """Index every intact record on disk (refs 0); queues then claim theirs with ``claim``."""
+        """Rebuild the index: from a clean shutdown's snapshot if there is one (refs included), else by
+        scanning every segment (refs 0: queues then claim theirs with ``claim``)."""
         started = time.monotonic()
         self._recover_next_id()
+        if not self._load_snapshot():
+            self._scan_segments()
+        return time.monotonic() - started
+
+    def _scan_segments(self) -> None:
+        index = self.index
         for number in list_segments(self.directory):
             path = segment_path(self.directory, number)
             records = list(scan(path))
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
-            index = self.index
             for msg_id, offset, size in records:
                 old = index.get(msg_id)
                 if old is not None:  # a compaction copied it; the later copy wins
                     self.segments[old.segment].live -= 1
                     self.segments[old.segment].dead_bytes += old.size + HEAD_SIZE
-                index[msg_id] = Location(number, offset, size, 0)
+                index.put(msg_id, number, offset, size, 0)
             segment.live += len(records)
             if records:
                 self.next_id = max(self.next_id, max(record[0] for record in records) + 1)
-        return time.monotonic() - started
 
     def claim(self, msg_id: int) -> bool:
         """A recovered queue holds this message; False if the store lost it."""
-        location = self.index.get(msg_id)
-        if location is None:
+        if msg_id not in self.index:
             return False
-        location.refs += 1
+        if not self.clean:
+            self.index.add_refs(msg_id, 1)
         return True
 
     def finish_recovery(self) -> int:
         """Records no queue claimed are dead; returns how many."""
-        unclaimed = [msg_id for msg_id, location in self.index.items() if location.refs == 0]
+        unclaimed = [] if self.clean else [msg_id for msg_id, location in self.index.items() if location.refs == 0]
         for msg_id in unclaimed:
             self._kill(self.index.pop(msg_id))
         self._open_new_segment()
         for number in list(self.segments):
             self._reclaim(number)
         return len(unclaimed)
+
+    # -- the clean shutdown's snapshot --------------------------------------------------------
+
+    def _save_snapshot(self) -> None:
+        """After the final sync: the index and segment summaries, so the next start reads no segment."""
+        path = os.path.join(self.directory, SNAPSHOT)
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(_SNAPSHOT_HEAD.pack(self.next_id, len(self.segments)))
+            for segment in self.segments.values():
+                handle.write(_SEGMENT_SUMMARY.pack(segment.number, segment.size, segment.live, segment.dead_bytes))
+            self.index.dump(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(path + ".tmp", path)
+        fsync_dir(self.directory)
+
+    def _load_snapshot(self) -> bool:
+        """Use the snapshot if it matches the segment files; remove it either way (durably) before any
+        write, so that a crash later can never bring back an index older than the files."""
+        path = os.path.join(self.directory, SNAPSHOT)
+        if not os.path.exists(path):
+            return False
+        try:
+            with open(path, "rb") as handle:
+                next_id, count = _SNAPSHOT_HEAD.unpack(handle.read(_SNAPSHOT_HEAD.size))
+                summaries = [_SEGMENT_SUMMARY.unpack(handle.read(_SEGMENT_SUMMARY.size)) for _ in range(count)]
+                index = Locations.load(handle)
+            numbers = list_segments(self.directory)
+            if sorted(summary[0] for summary in summaries) != numbers or any(
+                    os.path.getsize(segment_path(self.directory, number)) != size
+                    for number, size, _live, _dead in summaries):
+                raise ValueError("segment files differ from the snapshot")
+        except (OSError, ValueError, EOFError, struct.error) as exc:
+            log.warning("store snapshot %s not used (%s): scanning the segments", path, exc)
+            return False
+        finally:
+            os.unlink(path)
+            fsync_dir(self.directory)
+        for number, size, live, dead in summaries:
+            self.segments[number] = Segment(number, os.open(segment_path(self.directory, number), os.O_RDWR),
+                                            size, live, dead)
+        self.index = index
+        self.next_id = max(self.next_id, next_id)
+        self.clean = True
+        return True
 
     def start(self) -> None:
         """A fresh store with nothing to recover."""
@@ -169,14 +214,19 @@ class MessageStore:
             tail += part
         size = len(tail) - payload_at
         self._tail_ids[msg_id] = (payload_at, size)
-        self.index[msg_id] = Location(current.number, record_at + HEAD_SIZE, size, refs)
+        self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
         current.live += 1
         if current.size + len(tail) >= self.segment_size:
             self.flush()
             self._open_new_segment()
 
     def add_ref(self, msg_id: int, count: int = 1) -> None:
-        self.index[msg_id].refs += count
+        self.index.add_refs(msg_id, count)
+
+    def refs(self, msg_id: int) -> int:
+        """How many holders ``msg_id`` has (0 if it is gone)."""
+        location = self.index.get(msg_id)
+        return location.refs if location is not None else 0
 
     def flush(self) -> None:
         """Hand the tail to the operating system (no fsync)."""
@@ -229,13 +279,9 @@ class MessageStore:
     # -- removal and compaction ---------------------------------------------------------------
 
     def remove(self, msg_id: int, count: int = 1) -> None:
-        location = self.index.get(msg_id)
-        if location is None:
+        if msg_id not in self.index or self.index.add_refs(msg_id, -count) > 0:
             return
-        location.refs -= count
-        if location.refs > 0:
-            return
-        del self.index[msg_id]
+        location = self.index.pop(msg_id)
         self.cache.pop(msg_id, None)
         self._kill(location)
         self._reclaim(location.segment)
@@ -291,8 +337,11 @@ class MessageStore:
                 number = self._to_compact.pop(0)
                 segment = self.segments.get(number)
                 if segment is not None and segment is not self.current and segment.live > 0:
-                    ids = [m for m, loc in self.index.items() if loc.segment == number]
-                    ids.sort(key=lambda m: self.index[m].offset)
+                    index = self.index
+                    path = segment_path(self.directory, number)
+                    ids = [msg_id for msg_id, offset, _size in scan(path, repair=False)
+                           if (location := index.get(msg_id)) is not None and location.segment == number
+                           and location.offset == offset]
                     self._compacting = (number, ids)
                     break
             else:
@@ -336,8 +385,11 @@ class MessageStore:
         dead = sum(s.dead_bytes for s in self.segments.values())
         return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions, self.writes, self.reads)
 
-    def close(self) -> None:
+    def close(self, snapshot: bool = True) -> None:
+        """Sync and close; ``snapshot`` (a clean shutdown) saves the index so the next start need not scan."""
         self.sync()
+        if snapshot and self.current is not None:
+            self._save_snapshot()
         for segment in self.segments.values():
             os.close(segment.fd)
         self.segments.clear()

@@ -3,11 +3,11 @@ order, the expiry structure that finds any expired entry on time, and the
 schedule of messages held until a time (delayed exchanges).  Knows nothing of
 message bodies or AMQP.
 
-Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`ExpiryHeap`,
+Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`Totals`, :class:`ExpiryHeap`,
 :class:`Schedule` and :class:`ScheduledEntry`.
 """
 from .expiry import ExpiryHeap
-from .index import IndexEntry, QueueIndex
+from .index import IndexEntry, QueueIndex, Totals
 from .schedule import Schedule, ScheduledEntry
 
-__all__ = ["ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry"]
+__all__ = ["ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals"]

@@ -2,33 +2,65 @@
 
 Key ``queue id (u32) | seq (u64)``, big-endian, so one cursor walk returns a
 queue's entries in order; value ``msg_id (u64) | expiry ms (u64, 0 = none) |
-size (u32) | flags (u8)``.  Changes are staged and applied in one write
-transaction per ``commit``; ``sync`` makes committed changes durable and may run
-off the event loop while new changes are staged.
+size (u32) | flags (u8)``.  Beside them, under the bare ``queue id`` (which
+sorts first), a queue's totals: entries, bytes, entries with an expiry, and
+entries whose message is in the transient store.  The totals change in the
+same transaction as the entries, from what each put replaced and each delete
+removed, so they always match the entries, and a restart reads them instead
+of counting.
+
+Changes are staged and applied in one write transaction per ``commit``;
+``sync`` makes committed changes durable and may run off the event loop while
+new changes are staged.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import struct
 from typing import Iterator, NamedTuple
 
-from .lmdb_batch import open_env, write_batch
+from .lmdb_batch import open_env
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
+TOTALS = struct.Struct(">QQQQ")
 FLAG_DELIVERED = 1
+FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
 COMPACT_MIN_BYTES = 4 << 20
 
 
 class IndexEntry(NamedTuple):
-    """A NamedTuple, not a dataclass: recovery makes one per message, and tuples are made fastest."""
+    """A NamedTuple, not a dataclass: a queue paging in makes one per message, and tuples are made fastest."""
 
     seq: int
     msg_id: int
     expiry: int  # epoch milliseconds, 0 for none
     size: int
     delivered: bool
+    transient: bool = False
+
+
+class Totals(NamedTuple):
+    """A queue's entries as the index holds them."""
+
+    count: int = 0
+    bytes: int = 0
+    expiring: int = 0
+    transient: int = 0
+
+
+def _entry(key: bytes, value: bytes) -> IndexEntry:
+    msg_id, expiry, size, flags = VALUE.unpack(value)
+    return IndexEntry(KEY.unpack(key)[1], msg_id, expiry, size, bool(flags & FLAG_DELIVERED),
+                      bool(flags & FLAG_TRANSIENT))
+
+
+def _weigh(value: bytes) -> tuple[int, int, int, int]:
+    """What one entry adds to its queue's totals."""
+    _msg_id, expiry, size, flags = VALUE.unpack(value)
+    return 1, size, 1 if expiry else 0, 1 if flags & FLAG_TRANSIENT else 0
 
 
 def _compact(directory: str, map_size: int) -> None:
@@ -57,26 +89,37 @@ def _compact(directory: str, map_size: int) -> None:
 
 
 class QueueIndex:
-    def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
+    def __init__(self, directory: str, map_size: int = 1 << 36, wipe: bool = False,
+                 auto_commit: int | None = None) -> None:
+        """``auto_commit``: commit whenever that many puts are staged (an index no group commit drives)."""
+        if wipe:
+            shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
         _compact(directory, map_size)
         self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}
         self._deletes: list[bytes] = []
         self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)
+        self._auto_commit = auto_commit
 
     def close(self) -> None:
         self._env.close()
 
-    def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False) -> None:
+    def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False,
+                transient: bool = False) -> None:
         key = KEY.pack(queue_id, seq)
-        self._puts[key] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED if delivered else 0)
+        self._puts[key] = VALUE.pack(msg_id, expiry, size, (FLAG_DELIVERED if delivered else 0)
+                                     | (FLAG_TRANSIENT if transient else 0))
         self._fresh.add(key)
+        if self._auto_commit is not None and len(self._puts) >= self._auto_commit:
+            self.commit()
 
-    def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int) -> None:
+    def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int,
+                  transient: bool = False) -> None:
         """Remember a delivery so that after a restart the message comes back redelivered."""
         # an update of an entry that may already be on disk: not fresh, so an ack must still delete it
-        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED)
+        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size,
+                                                         FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0))
 
     def ack(self, queue_id: int, seq: int) -> None:
         key = KEY.pack(queue_id, seq)
@@ -97,24 +140,103 @@ class QueueIndex:
         puts, deletes = self._puts, self._deletes
         self._puts, self._deletes = {}, []
         self._fresh = set()
-        write_batch(self._env, puts, deletes)
+        changes: dict[bytes, list[int]] = {}
+        with self._env.begin(write=True) as txn:
+            for key in deletes:
+                old = txn.pop(key)
+                if old is not None:
+                    _add(changes, key[:4], _weigh(old), -1)
+            for key, value in sorted(puts.items()):
+                old = txn.replace(key, value)
+                if old is not None:
+                    _add(changes, key[:4], _weigh(old), -1)
+                _add(changes, key[:4], _weigh(value), 1)
+            for prefix, change in changes.items():
+                current = txn.get(prefix)
+                totals = TOTALS.unpack(current) if current is not None else (0, 0, 0, 0)
+                totals = tuple(max(0, t + c) for t, c in zip(totals, change))
+                if totals[0]:
+                    txn.put(prefix, TOTALS.pack(*totals))
+                else:  # no entry left: no totals either, so queue_ids names only queues with entries
+                    txn.delete(prefix)
 
     def sync(self) -> None:
         self._env.sync(True)
 
-    def entries(self, queue_id: int) -> Iterator[IndexEntry]:
-        """A queue's entries in order (used at recovery)."""
+    def entries(self, queue_id: int, start: int = 0) -> Iterator[IndexEntry]:
+        """A queue's committed entries with ``seq >= start``, in order."""
         prefix = queue_id.to_bytes(4, "big")
         with self._env.begin() as txn:
             cursor = txn.cursor()
-            if not cursor.set_range(prefix):
+            if not cursor.set_range(KEY.pack(queue_id, start)):
                 return
-            key_unpack, value_unpack = KEY.unpack, VALUE.unpack
             for key, value in cursor:
                 if key[:4] != prefix:
                     break
-                msg_id, expiry, size, flags = value_unpack(value)
-                yield IndexEntry(key_unpack(key)[1], msg_id, expiry, size, bool(flags & FLAG_DELIVERED))
+                yield _entry(key, value)
+
+    def read(self, queue_id: int, start: int, limit: int) -> list[IndexEntry]:
+        """Up to ``limit`` entries from ``seq >= start`` on, staged changes included (they are committed
+        first: durable only after the next ``sync``, as any commit)."""
+        self.commit()
+        found = []
+        for entry in self.entries(queue_id, start):
+            found.append(entry)
+            if len(found) >= limit:
+                break
+        return found
+
+    def take(self, queue_id: int, start: int, end: int, limit: int) -> list[IndexEntry]:
+        """Delete up to ``limit`` entries with ``start <= seq < end`` (staged changes committed first) and
+        return them, so the caller can release what they held: purge and commit a batch at a time."""
+        self.commit()
+        found = [entry for entry in itertools.islice(self.entries(queue_id, start), limit) if entry.seq < end]
+        for entry in found:
+            self.ack(queue_id, entry.seq)
+        self.commit()
+        return found
+
+    def get(self, queue_id: int, seq: int) -> IndexEntry | None:
+        self.commit()
+        key = KEY.pack(queue_id, seq)
+        with self._env.begin() as txn:
+            value = txn.get(key)
+        return _entry(key, value) if value is not None else None
+
+    def totals(self, queue_id: int) -> Totals | None:
+        """The queue's committed totals; None if the index has none for it (a queue from before they were
+        kept has entries but no totals: ``recount`` makes them)."""
+        with self._env.begin() as txn:
+            value = txn.get(queue_id.to_bytes(4, "big"))
+        return Totals(*TOTALS.unpack(value)) if value is not None else None
+
+    def recount(self, queue_id: int) -> Totals:
+        """Count the queue's entries and store the totals."""
+        totals = [0, 0, 0, 0]
+        for entry in self.entries(queue_id):
+            totals[0] += 1
+            totals[1] += entry.size
+            totals[2] += 1 if entry.expiry else 0
+            totals[3] += 1 if entry.transient else 0
+        if totals[0]:
+            with self._env.begin(write=True) as txn:
+                txn.put(queue_id.to_bytes(4, "big"), TOTALS.pack(*totals))
+        return Totals(*totals)
+
+    def last_seq(self, queue_id: int) -> int | None:
+        """The highest committed seq of the queue, None if it has no entry."""
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else None
+            if upper is None or not cursor.set_range(upper):
+                if not cursor.last():
+                    return None
+            elif not cursor.prev():
+                return None
+            key = cursor.key()
+            if key[:4] != queue_id.to_bytes(4, "big") or len(key) != KEY.size:
+                return None
+            return KEY.unpack(key)[1]
 
     def delete_queue(self, queue_id: int) -> None:
         prefix = queue_id.to_bytes(4, "big")
@@ -139,3 +261,11 @@ class QueueIndex:
                 ids.add(queue_id)
                 more = cursor.set_range((queue_id + 1).to_bytes(4, "big")) if queue_id < 0xFFFFFFFF else False
         return ids
+
+
+def _add(changes: dict[bytes, list[int]], prefix: bytes, weight: tuple[int, int, int, int], sign: int) -> None:
+    change = changes.get(prefix)
+    if change is None:
+        change = changes[prefix] = [0, 0, 0, 0]
+    for i, amount in enumerate(weight):
+        change[i] += sign * amount

@@ -307,7 +307,7 @@ def test_recovery_claims_and_unclaimed(tmp_path):
     store.remove(gone)
     del payloads[gone]
     last_id = store.next_id - 1
-    store.close()
+    store.close(snapshot=False)
 
     ids = list(payloads)
     claimed = {m: 1 + (m % 2) for m in ids[::2]}
@@ -342,6 +342,62 @@ def test_recovery_claims_and_unclaimed(tmp_path):
     store.close()
 
 
+def test_clean_close_reopens_from_the_snapshot_without_reading_a_segment(tmp_path, monkeypatch):
+    store = new_store(tmp_path, segment_size=1000)
+    payloads = _fill(store, 40)
+    shared = next(iter(payloads))
+    store.add_ref(shared, 2)
+    store.remove(list(payloads)[7])
+    del payloads[list(payloads)[7]]
+    before = {m: store.index[m] for m in payloads}
+    stats = store.stats()
+    store.close()
+    assert os.path.exists(tmp_path / "clean_shutdown")
+
+    import msg_store.store as store_module
+
+    def no_scan(*_args, **_kwargs):
+        raise AssertionError("a clean restart read a segment")
+
+    monkeypatch.setattr(store_module, "scan", no_scan)
+    store = MessageStore(str(tmp_path), segment_size=1000)
+    store.recover()
+    assert not os.path.exists(tmp_path / "clean_shutdown")  # a later crash must scan
+    assert all(store.claim(m) for m in payloads)  # claims only check: refs are known
+    assert store.finish_recovery() == 0
+    assert {m: store.index[m] for m in payloads} == before
+    assert store.stats().dead_bytes == stats.dead_bytes and store.stats().messages == stats.messages
+    store.cache.clear()
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.remove(shared, 3)
+    assert shared not in store
+    monkeypatch.undo()
+    fresh = put(store, b"after")
+    store.close(snapshot=False)
+
+    claims = {m: 1 for m in payloads if m != shared} | {fresh: 1}
+    store, _dead = reopen(tmp_path, claims, segment_size=1000)  # the removed records, if still on disk, are dead
+    assert store.stats().messages == len(claims)
+    assert store.read(fresh) == b"after"
+    store.close()
+
+
+def test_snapshot_that_does_not_match_the_files_is_ignored(tmp_path, caplog):
+    store = new_store(tmp_path, segment_size=1 << 20)
+    payloads = _fill(store, 5)
+    store.close()
+    with open(_last_segment(tmp_path), "ab") as handle:  # the files moved on without a new snapshot
+        handle.write(b"\x00" * 3)
+    with caplog.at_level(logging.WARNING, logger="warren.msg_store"):
+        store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1 << 20)
+    assert "snapshot" in caplog.text and dead == 0
+    assert not os.path.exists(tmp_path / "clean_shutdown")
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+
+
 def test_recovery_of_empty_directory(tmp_path):
     store, dead = reopen(tmp_path)
     assert dead == 0
@@ -353,11 +409,11 @@ def test_recovery_of_empty_directory(tmp_path):
 def test_recovery_twice_and_new_writes_go_to_new_segment(tmp_path):
     store = new_store(tmp_path)
     a = put(store, b"a" * 10)
-    store.close()
+    store.close(snapshot=False)
     store, _ = reopen(tmp_path, {a: 1})
     b = put(store, b"b" * 10)
     assert store.index[b].segment != store.index[a].segment
-    store.close()
+    store.close(snapshot=False)
     store, dead = reopen(tmp_path, {a: 1, b: 1})
     assert dead == 0
     assert store.read(a) == b"a" * 10 and store.read(b) == b"b" * 10
@@ -374,7 +430,7 @@ def test_torn_tail_cut_at_recovery(tmp_path, caplog, damage):
     store = new_store(tmp_path, segment_size=1 << 20)
     payloads = _fill(store, 10)
     last = max(payloads)
-    store.close()
+    store.close(snapshot=False)  # a crash: no snapshot
     path = _last_segment(tmp_path)
     size = os.path.getsize(path)
     with open(path, "r+b") as handle:
@@ -416,7 +472,7 @@ def test_flipped_byte_in_last_record_detected_by_crc(tmp_path, caplog):
     store = new_store(tmp_path)
     payloads = _fill(store, 5)
     last = max(payloads)
-    store.close()
+    store.close(snapshot=False)  # a crash: no snapshot
     path = _last_segment(tmp_path)
     size = os.path.getsize(path)
     with open(path, "r+b") as handle:
@@ -449,7 +505,7 @@ def test_duplicate_copies_after_interrupted_compaction_later_wins(tmp_path):
         store.remove(msg_id)
         del payloads[msg_id]
     assert store.compact_step(budget=1)  # one copy made, old segment still there
-    store.close()
+    store.close(snapshot=False)
     assert 1 in seg_files(tmp_path)
     store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1000)
     assert dead >= len(in_first) - 2
@@ -529,9 +585,10 @@ class StoreMachine(RuleBasedStateMachine):
     def clear_cache(self):
         self.store.cache.clear()
 
-    @rule()
-    def reopen(self):
-        self.store.close()
+    @rule(clean=st.booleans())
+    def reopen(self, clean):
+        """A clean close (the snapshot: no scan, claims only check) or a crash-like one (scan, then claims)."""
+        self.store.close(snapshot=clean)
         self.store, _ = reopen(self.dir, {m: refs for m, (_, refs) in self.model.items()}, **self.kw)
         assert self.store.next_id > max(self.model, default=0)
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from queue_index import ExpiryHeap, IndexEntry, QueueIndex
+from queue_index import ExpiryHeap, IndexEntry, QueueIndex, Totals
 
 
 @pytest.fixture
@@ -214,6 +214,8 @@ def test_entries_model_randomized(index):
             for q in range(4):
                 assert [(e.seq, e.msg_id, e.delivered) for e in index.entries(q)] == sorted(
                     (s, m, d) for (qq, s), (m, d) in model.items() if qq == q)
+                count = sum(1 for qq, _ in model if qq == q)
+                assert (index.totals(q) or Totals()) == Totals(count, count, 0, 0)  # kept, never recounted
         else:
             index.delete_queue(queue_id)
             for key in [k for k in model if k[0] == queue_id]:
@@ -286,3 +288,23 @@ def test_file_shrinks_at_open_after_a_backlog_was_acked(tmp_path):
     finally:
         index.close()
     assert not (tmp_path / "index" / "compact.tmp").exists()
+
+
+def test_totals_follow_puts_replacements_and_deletes(index):
+    index.publish(5, 1, 10, expiry=0, size=100)
+    index.publish(5, 2, 11, expiry=123, size=50, transient=True)
+    index.publish(5, 3, 12, expiry=0, size=7)
+    index.commit()
+    assert index.totals(5) == Totals(3, 157, 1, 1)
+    index.delivered(5, 2, 11, 123, 50, transient=True)  # a replacement: counted once
+    index.ack(5, 3)
+    index.ack(5, 3)  # a second ack of the same entry changes nothing
+    index.commit()
+    assert index.totals(5) == Totals(2, 150, 1, 1)
+    assert index.last_seq(5) == 2 and index.last_seq(4) is None and index.last_seq(6) is None
+    assert [e.seq for e in index.read(5, 2, 10)] == [2] and index.get(5, 2).transient and index.get(5, 2).delivered
+    index.publish(5, 9, 13, 0, 1)  # staged: read and get commit first
+    assert [e.seq for e in index.read(5, 0, 2)] == [1, 2] and index.get(5, 9).msg_id == 13
+    assert index.recount(5) == index.totals(5) == Totals(3, 151, 1, 1)
+    index.delete_queue(5)
+    assert index.totals(5) is None and index.queue_ids() == set()

@@ -1,0 +1,172 @@
+"""The store's index, msg_id → (segment, offset, size, refs), in compact arrays.
+
+Message ids are handed out in increasing order and die roughly in that order, so
+the index is a set of chunks of ``CHUNK`` consecutive ids, each four machine
+arrays (16 bytes per id) instead of an object and a dict slot per message.  A
+chunk goes when its last live id does.  A chunk holding few live ids among many
+dead ones costs its full size: the price of this layout, paid only by ids kept
+far longer than their neighbours.
+
+The whole table can be written to a file and read back in one go (a clean
+shutdown's snapshot), so a restart needs no scan of the segment files.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from typing import Iterator, NamedTuple
+
+CHUNK = 4096
+ABSENT = -1  # refs of an id with no record
+_CHUNK_HEAD = struct.Struct(">QI")  # chunk number, live ids
+
+
+class Location(NamedTuple):
+    segment: int
+    offset: int
+    size: int
+    refs: int
+
+
+class _Chunk:
+    __slots__ = ("segment", "offset", "size", "refs", "live")
+
+    def __init__(self) -> None:
+        self.segment = array("I", bytes(4 * CHUNK))
+        self.offset = array("I", bytes(4 * CHUNK))
+        self.size = array("I", bytes(4 * CHUNK))
+        self.refs = array("i", [ABSENT]) * CHUNK
+        self.live = 0
+
+
+class Locations:
+    def __init__(self) -> None:
+        self._chunks: dict[int, _Chunk] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, msg_id: int) -> bool:
+        chunk = self._chunks.get(msg_id // CHUNK)
+        return chunk is not None and chunk.refs[msg_id % CHUNK] != ABSENT
+
+    def get(self, msg_id: int) -> Location | None:
+        chunk = self._chunks.get(msg_id // CHUNK)
+        if chunk is None:
+            return None
+        i = msg_id % CHUNK
+        refs = chunk.refs[i]
+        if refs == ABSENT:
+            return None
+        return Location(chunk.segment[i], chunk.offset[i], chunk.size[i], refs)
+
+    def __getitem__(self, msg_id: int) -> Location:
+        location = self.get(msg_id)
+        if location is None:
+            raise KeyError(msg_id)
+        return location
+
+    def put(self, msg_id: int, segment: int, offset: int, size: int, refs: int) -> None:
+        """Record (or move) ``msg_id``'s payload."""
+        number, i = divmod(msg_id, CHUNK)
+        chunk = self._chunks.get(number)
+        if chunk is None:
+            chunk = self._chunks[number] = _Chunk()
+        if chunk.refs[i] == ABSENT:
+            chunk.live += 1
+            self._count += 1
+        chunk.segment[i] = segment
+        chunk.offset[i] = offset
+        chunk.size[i] = size
+        chunk.refs[i] = refs
+
+    def add_refs(self, msg_id: int, count: int) -> int:
+        """Change ``msg_id``'s reference count by ``count``; returns the new count (KeyError if absent)."""
+        chunk = self._chunks.get(msg_id // CHUNK)
+        i = msg_id % CHUNK
+        if chunk is None or chunk.refs[i] == ABSENT:
+            raise KeyError(msg_id)
+        refs = chunk.refs[i] + count
+        chunk.refs[i] = refs
+        return refs
+
+    def pop(self, msg_id: int) -> Location | None:
+        location = self.get(msg_id)
+        if location is None:
+            return None
+        number, i = divmod(msg_id, CHUNK)
+        chunk = self._chunks[number]
+        chunk.refs[i] = ABSENT
+        chunk.live -= 1
+        self._count -= 1
+        if not chunk.live:
+            del self._chunks[number]
+        return location
+
+    def items(self) -> Iterator[tuple[int, Location]]:
+        """Every (msg_id, location), in id order; safe to ``pop`` what was returned while iterating."""
+        for number in sorted(self._chunks):
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                continue
+            base = number * CHUNK
+            refs = chunk.refs
+            for i in range(CHUNK):
+                if refs[i] != ABSENT:
+                    yield base + i, Location(chunk.segment[i], chunk.offset[i], chunk.size[i], refs[i])
+
+    def __iter__(self) -> Iterator[int]:
+        return (msg_id for msg_id, _location in self.items())
+
+    def values(self) -> Iterator[Location]:
+        return (location for _msg_id, location in self.items())
+
+    # -- snapshot -----------------------------------------------------------------------------
+
+    def dump(self, handle) -> None:
+        """Write the table to a binary file (see ``load``)."""
+        handle.write(len(self._chunks).to_bytes(8, "big"))
+        for number, chunk in sorted(self._chunks.items()):
+            handle.write(_CHUNK_HEAD.pack(number, chunk.live))
+            for column in (chunk.segment, chunk.offset, chunk.size, chunk.refs):
+                column.tofile(handle)
+
+    @classmethod
+    def load(cls, handle) -> "Locations":
+        table = cls()
+        for _ in range(int.from_bytes(_read(handle, 8), "big")):
+            number, live = _CHUNK_HEAD.unpack(_read(handle, _CHUNK_HEAD.size))
+            chunk = _Chunk.__new__(_Chunk)
+            chunk.segment, chunk.offset, chunk.size, chunk.refs = (
+                _column(typecode, handle) for typecode in ("I", "I", "I", "i"))
+            chunk.live = live
+            table._chunks[number] = chunk
+            table._count += live
+        return table
+
+    def memory(self) -> int:
+        """Bytes the arrays hold (for /metrics and tests)."""
+        return len(self._chunks) * 16 * CHUNK
+
+
+def _column(typecode: str, handle) -> array:
+    column = array(typecode)
+    column.frombytes(_read(handle, 4 * CHUNK))
+    return column
+
+
+def _read(handle, size: int) -> bytes:
+    data = handle.read(size)
+    if len(data) != size:
+        raise EOFError(f"snapshot cut short ({len(data)} of {size} bytes)")
+    return data
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

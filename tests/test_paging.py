@@ -1,0 +1,198 @@
+"""Queues deeper than their in-memory window, in-process (issue: deep backlogs in bounded memory).
+
+A durable queue keeps ``queue_window`` ready entries in memory and the rest in the queue index; any
+queue pages its tail when memory runs short.  The window is made tiny here so every reader of the
+queue meets the disk: delivery order, requeue, TTL, max-length, dead-lettering, peek, offsets and
+range reads, purge and delete, and a restart that reads totals instead of entries.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from pamqp import commands
+
+from amqp_server.broker import Broker
+from amqp_server.message import make_message
+from amqp_server.vhost import VHost
+
+from test_core import Target, consume
+
+WINDOW = 16
+
+
+@pytest.fixture
+async def broker(tmp_path) -> AsyncIterator[Broker]:
+    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def vhost(broker: Broker) -> VHost:
+    return broker.vhost("/")
+
+
+def send(broker: Broker, vhost: VHost, queue: str, bodies, persistent: bool = True, **props) -> None:
+    for body in bodies:
+        message = make_message("", queue, commands.Basic.Properties(delivery_mode=2 if persistent else 1, **props),
+                               body)
+        routed, _rejected = broker.publish(vhost, vhost.exchange(""), message)
+        assert routed
+
+
+def bodies(n: int, prefix: str = "m") -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+async def settle() -> None:
+    """Let the group commit run (a publish's index entry is committed on the next loop turn)."""
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+def drain(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
+    got = []
+    while (entry := broker.get_local(vhost, queue, no_ack=True)[1]) is not None:
+        got.append(entry.message.body)
+    return got
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+async def test_durable_queue_keeps_a_window_in_memory_and_delivers_in_order(broker, vhost, persistent):
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    send(broker, vhost, "q", bodies(500), persistent)
+    assert len(queue.ready) <= WINDOW and queue.paged == 500 - len(queue.ready)
+    assert queue.message_count == 500
+    assert queue.ready_bytes == sum(map(len, bodies(500)))
+    await settle()
+    target = Target()
+    consume(broker, vhost, "q", target, "c", no_ack=True)
+    assert target.bodies() == bodies(500)
+    assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.paged == 0
+
+
+async def test_consumer_acks_leave_no_entry_or_record_behind(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(300))
+    send(broker, vhost, "q", bodies(300, "t"), persistent=False)
+    await settle()
+    assert drain(broker, vhost, "q") == bodies(300) + bodies(300, "t")
+    broker.persistence.commit_now()
+    broker.pager.index.commit()
+    assert broker.persistence.index.queue_ids() == set()
+    assert broker.persistence.store.stats().messages == 0
+    assert broker.pager.store.stats().messages == 0
+
+
+async def test_requeue_below_the_tail_on_disk_is_not_delivered_twice(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    send(broker, vhost, "q", bodies(40))
+    target = Target()
+    consumer = consume(broker, vhost, "q", target, "c", prefetch=5)
+    broker.remove_consumer(consumer)
+    broker.settle_taken(target.held, requeue=True)  # five come back at the head
+    send(broker, vhost, "q", bodies(40, "late"))
+    queue.page_out(1)  # as memory pressure would: all but the head to disk
+    assert queue.paged > 0
+    got = drain(broker, vhost, "q")
+    assert got == bodies(40) + bodies(40, "late")
+
+
+async def test_transient_queue_pages_under_memory_pressure_and_back(broker, vhost):
+    broker.declare_queue(vhost, "t")
+    queue = vhost.queue("t")
+    shared = bodies(200)
+    broker.declare_queue(vhost, "t2")
+    for body in shared:  # one message in two queues: written to the transient store once
+        message = make_message("amq.fanout", "", commands.Basic.Properties(), body)
+        for name in ("t", "t2"):
+            vhost.queue(name).enqueue(message)
+    assert queue.paged == 0 and len(queue.ready) == 200  # no window for a transient queue
+    freed = broker.pager.page_out(broker.all_queues(), keep=10)
+    assert freed == 2 * sum(map(len, shared)) - 2 * sum(map(len, shared[:10]))
+    assert len(queue.ready) == 10 and queue.paged == 190 and queue.message_count == 200
+    assert broker.pager.store.stats().messages == 190  # one record per message, two references each
+    send(broker, vhost, "t", [b"after"], persistent=False)  # joins the tail on disk, in order
+    assert queue.paged == 191
+    assert drain(broker, vhost, "t") == shared + [b"after"]
+    assert drain(broker, vhost, "t2") == shared
+    assert broker.pager.store.stats().messages == 0
+
+
+async def test_ttl_expires_entries_on_disk_and_dead_letters_them(broker, vhost):
+    broker.declare_queue(vhost, "dlq", durable=True)
+    broker.declare_queue(vhost, "q", durable=True, arguments={"x-dead-letter-exchange": ""
+                                                              , "x-dead-letter-routing-key": "dlq"})
+    queue = vhost.queue("q")
+    send(broker, vhost, "q", bodies(20, "keep"))
+    send(broker, vhost, "q", bodies(30, "short"), expiration="50")  # deep in the queue: on disk
+    send(broker, vhost, "q", bodies(20, "tail"))
+    assert queue.paged > 30
+    await asyncio.sleep(0.3)
+    assert queue.message_count == 40  # expired where they sat, without reaching the head
+    assert vhost.queue("dlq").message_count == 30
+    assert drain(broker, vhost, "q") == bodies(20, "keep") + bodies(20, "tail")
+    assert drain(broker, vhost, "dlq") == bodies(30, "short")
+
+
+async def test_max_length_drop_head_reaches_into_the_disk(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 50})
+    send(broker, vhost, "q", bodies(200))
+    queue = vhost.queue("q")
+    assert queue.message_count == 50
+    assert drain(broker, vhost, "q") == bodies(200)[150:]
+
+
+async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    send(broker, vhost, "q", bodies(100))
+    assert [e.message.body for e in broker.peek(queue, 90, 20)] == bodies(100)[90:]
+    assert queue.offsets() == (0, 100)
+    assert [e.message.body for e in queue.browse(5, 95)] == bodies(100)[5:95]
+    batches = list(queue.read_range(0, 100, 7, limit=60))
+    assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
+    assert queue.remove_upto(80) == 80
+    assert queue.message_count == 20 and queue.offsets() == (80, 100)
+    assert drain(broker, vhost, "q") == bodies(100)[80:]
+
+
+async def test_purge_and_delete_release_everything_on_disk(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(100))
+    send(broker, vhost, "q", bodies(100, "t"), persistent=False)
+    await settle()
+    assert broker.purge_local(vhost, "q") == 200
+    assert vhost.queue("q").message_count == 0
+    send(broker, vhost, "q", bodies(100))
+    broker.delete_queue(vhost, "q")
+    broker.persistence.commit_now()
+    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
+    assert broker.persistence.index.queue_ids() == set()
+
+
+async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    broker.declare_queue(vhost, "p", durable=True, arguments={"x-max-priority": 5})
+    send(broker, vhost, "q", bodies(300))
+    send(broker, vhost, "q", bodies(10, "gone"), persistent=False)  # a durable queue's transient entries
+    send(broker, vhost, "p", [b"low"], priority=1)
+    send(broker, vhost, "p", [b"high"], priority=4)
+    await settle()
+    broker.close()
+
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = vhost.queue("q")
+    assert queue.message_count == 300 and len(queue.ready) == 0  # counted from the index's totals
+    assert queue.next_seq == 310
+    assert drain(broker, vhost, "q") == bodies(300)
+    assert drain(broker, vhost, "p") == [b"high", b"low"]  # a priority queue comes back whole
+    broker.close()
