@@ -75,18 +75,23 @@ class Message:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
         return _ROUTE_LEN.pack(len(self.route), len(self.header)), self.route, self.header, self.body
 
-    def fill_from(self, payload: bytes) -> None:
-        """Route, header and body back from a store's ``payload()`` record."""
+    def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None) -> None:
+        """Route, header and body back from a store's ``payload()`` record.  ``routes``: decoded routes to
+        share across the messages of one batch (they are few, and the same route is then one object)."""
         route_len, header_len = _ROUTE_LEN.unpack_from(payload)
         start = _ROUTE_LEN.size
         self.fill(payload[start:start + route_len], payload[start + route_len:start + route_len + header_len],
-                  payload[start + route_len + header_len:])
+                  payload[start + route_len + header_len:], routes)
 
-    def fill(self, route: bytes, header: bytes, body: bytes) -> None:
-        ex_len = route[0]
-        self.exchange = route[1:1 + ex_len].decode(errors="replace")
-        self.routing_key = route[2 + ex_len:].decode(errors="replace")
-        self.route = route
+    def fill(self, route: bytes, header: bytes, body: bytes,
+             routes: dict[bytes, tuple[bytes, str, str]] | None = None) -> None:
+        decoded = routes.get(route) if routes is not None else None
+        if decoded is None:
+            ex_len = route[0]
+            decoded = (route, route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
+            if routes is not None:
+                routes[route] = decoded
+        self.route, self.exchange, self.routing_key = decoded
         self.header = header
         self.body = body
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.persistence")
 
 COMPACTION_INTERVAL = 0.05
+COMPACTION_QUIET = 1.0  # a segment consumers are emptying is left to die whole rather than copied
 
 
 class SyncWaiter(Protocol):
@@ -47,7 +48,7 @@ class Persistence:
     def __init__(self, data_dir: str, segment_size: int = DEFAULT_SEGMENT_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  compaction_threshold: float = 0.5) -> None:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
-                                  compaction_threshold)
+                                  compaction_threshold, compaction_quiet=COMPACTION_QUIET)
         self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable

@@ -51,6 +51,7 @@ log = logging.getLogger("warren.queue")
 
 PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
 PAGE_IN_BATCH = 1024
+PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
 class Entry:
@@ -675,17 +676,27 @@ class Queue:
         index, queue_id = self._page_index()
         rows = index.read(queue_id, self.paged_from, PAGE_IN_BATCH)
         persistent = self.persistence.store if self.persistence is not None else None
+        payloads = {}  # the batch's contents, a read or two per store rather than one per message
+        routes: dict[bytes, tuple[bytes, str, str]] = {}
+        for store, transient in ((self.pager.store, True), (persistent, False)):
+            ids = [row.msg_id for row in rows if row.transient == transient]
+            if ids and store is not None:
+                payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
+        admit = self._admit
+        self.paged -= len(rows)
+        self.paged_bytes -= sum(row.size for row in rows)
         for row in rows:
-            if not row.transient and (persistent is None or row.msg_id not in persistent):
+            payload = payloads[row.transient].get(row.msg_id)
+            if payload is None and not row.transient and (persistent is None or row.msg_id not in persistent):
                 log.warning("%r: message %d of entry %d is missing from the store; dropped", self, row.msg_id,
                             row.seq)
                 index.ack(queue_id, row.seq)
-                self._unpage(row.size)
+                self.ready_bytes -= row.size
                 continue
             entry = self._paged_entry(row)
-            self._admit(entry)
-            self.paged -= 1
-            self.paged_bytes -= row.size
+            if payload is not None:
+                entry.message.fill_from(payload, routes)
+            admit(entry)
             if row.expiry:
                 self._expiring[row.seq] = entry
         if rows:

@@ -4,17 +4,20 @@
 For one broker (``--broker warren`` or ``--broker rabbitmq``) this starts a
 throwaway node on a loopback port with its state in a fresh temp dir, then
 
-1. declares a durable queue and publishes ``--messages`` (1,000,000) persistent
-   ``--size`` (100) byte messages with publisher confirms, pipelined with at most
-   ``--max-unconfirmed`` (10,000) unconfirmed; reports the publish rate (messages
-   / time until the last confirm);
+1. declares ``--queues`` (1) durable queues, reads the broker's RSS (the empty
+   node), and publishes ``--messages`` (1,000,000) persistent ``--size`` (100)
+   byte messages spread evenly over them, with publisher confirms, pipelined with
+   at most ``--max-unconfirmed`` (10,000) unconfirmed; reports the publish rate
+   (messages / time until the last confirm);
 2. sleeps ``--settle`` (5) s, then reads the broker's RSS from /proc (Warren: the
-   python process; RabbitMQ: beam.smp) and the disk use of its data dir;
-3. kills the broker with SIGKILL, restarts it on the same data dir and measures
-   the time from starting the process until a passive queue.declare returns
-   message_count == N (polled every 0.1 s; the time until the AMQP port first
-   accepts is reported too, and Warren's own "recovered N messages ... in X s"
-   log line);
+   python process; RabbitMQ: beam.smp), the growth per queued message over the
+   empty node, and the disk use of its data dir;
+3. stops the broker cleanly (SIGTERM), restarts it on the same data dir and
+   measures the time from starting the process until passive queue.declares
+   return message counts summing to N (polled every 0.1 s; the time until the
+   AMQP port first accepts is reported too, and Warren's own "recovered N
+   messages ... in X s" log line);
+3b. kills the broker with SIGKILL and measures the restart the same way;
 4. with ``--consume``: consumes and acks everything (prefetch 1000, multi-ack
    every 100), reports the rate, waits ``--compact-wait`` (10) s and reports the
    disk use again (compaction / garbage collection of the store).
@@ -174,8 +177,8 @@ class Warren:
 
     def recovery_log(self) -> str | None:
         # the console handler may wrap long lines, so match across whitespace
-        found = re.findall(r"recovered\s+\d+\s+messages\s+in\s+\d+\s+durable\s+queues\s+in\s+[\d.]+s",
-                           self.log_text())
+        found = re.findall(r"recovered\s+\d+\s+messages\s+in\s+\d+\s+durable\s+queues\s+in\s+[\d.]+s"
+                           r"(?:\s+\([^)]*\))?", self.log_text())
         return " ".join(found[-1].split()) if found else None
 
     def problems(self) -> list[str]:
@@ -306,9 +309,9 @@ class RabbitMQ:
 # phases
 # --------------------------------------------------------------------------
 
-def wait_for_count(broker, args, expected: int, t_start: float, timeout: float) -> dict:
-    """Poll (every 0.1 s) until a passive queue.declare returns message_count ==
-    expected.  Times are relative to t_start (perf_counter at process start)."""
+def wait_for_count(broker, args, queues: list[str], expected: int, t_start: float, timeout: float) -> dict:
+    """Poll (every 0.1 s) until passive queue.declares return message counts summing
+    to expected.  Times are relative to t_start (perf_counter at process start)."""
     deadline = time.monotonic() + timeout
     port_s = None
     conn = None
@@ -332,7 +335,7 @@ def wait_for_count(broker, args, expected: int, t_start: float, timeout: float) 
                     time.sleep(0.1)
                     continue
             try:
-                count, _consumers = conn.queue_declare(1, QUEUE, durable=True, passive=True)
+                count = sum(conn.queue_declare(1, queue, durable=True, passive=True)[0] for queue in queues)
             except AMQPError as e:  # e.g. 404 while the queue is not recovered yet
                 last_err = str(e)
                 conn.close(0.5)
@@ -375,7 +378,8 @@ def wait_port(broker, port: int, timeout: float) -> float:
 
 def run(args) -> dict:
     res: dict = {"broker": args.broker, "port": args.port, "messages": args.messages, "size": args.size,
-                 "max_unconfirmed": args.max_unconfirmed}
+                 "max_unconfirmed": args.max_unconfirmed, "queues": args.queues}
+    queues = [QUEUE] if args.queues == 1 else [f"{QUEUE}.{i}" for i in range(args.queues)]
     if port_open(args.port):
         raise RuntimeError(f"port {args.port} is already in use")
     tmp = tempfile.mkdtemp(prefix=f"warren-backlog-{args.broker}.")
@@ -398,7 +402,10 @@ def run(args) -> dict:
         sp = conn.server_properties
         res["server"] = f"{sp.get('product')} {sp.get('version')}"
         conn.channel_open(1)
-        conn.queue_declare(1, QUEUE, durable=True)
+        for queue in queues:
+            conn.queue_declare(1, queue, durable=True)
+        time.sleep(1)
+        res["rss_empty_bytes"] = rss_bytes(broker.pid())
         conn.confirm_select(1)
         body = os.urandom(args.size // 2 + 1).hex()[: args.size].encode()
         log(f"publishing {args.messages:,} persistent {args.size}-byte messages "
@@ -411,34 +418,54 @@ def run(args) -> dict:
                 log(f"  sent {sent:,} confirmed {confirmed:,} "
                     f"({confirmed / (time.monotonic() - t_pub):,.0f}/s so far)")
         pub_progress.last = time.monotonic()
-        p = publish_confirmed(conn, 1, "", QUEUE, body, args.messages, persistent=True,
-                              max_unconfirmed=args.max_unconfirmed, timeout=args.publish_timeout,
-                              progress=pub_progress)
-        res["publish_s"] = p["confirmed_s"]
-        res["publish_rate"] = args.messages / p["confirmed_s"]
-        res["publish_sent_s"] = p["sent_s"]
-        res["nacks"] = p["nacks"]
-        count, _ = conn.queue_declare(1, QUEUE, durable=True, passive=True)
+        confirmed_s = sent_s = 0.0
+        nacks = 0
+        for i, queue in enumerate(queues):
+            share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
+            p = publish_confirmed(conn, 1, "", queue, body, share, persistent=True,
+                                  max_unconfirmed=args.max_unconfirmed, timeout=args.publish_timeout,
+                                  progress=pub_progress)
+            confirmed_s += p["confirmed_s"]
+            sent_s += p["sent_s"]
+            nacks += p["nacks"]
+        res["publish_s"] = confirmed_s
+        res["publish_rate"] = args.messages / confirmed_s
+        res["publish_sent_s"] = sent_s
+        res["nacks"] = nacks
+        count = sum(conn.queue_declare(1, queue, durable=True, passive=True)[0] for queue in queues)
         res["count_after_publish"] = count
         conn.close()
-        log(f"published in {p['confirmed_s']:.1f}s = {res['publish_rate']:,.0f} msg/s "
-            f"(nacks {p['nacks']}, queue count {count:,})")
+        log(f"published in {confirmed_s:.1f}s = {res['publish_rate']:,.0f} msg/s "
+            f"(nacks {nacks}, queue count {count:,})")
 
         # ---- 2. RSS and disk ----
         time.sleep(args.settle)
         pid = broker.pid()
         res["rss_bytes"] = rss_bytes(pid) if pid else None
+        if res["rss_bytes"] and res["rss_empty_bytes"]:
+            res["rss_per_message"] = (res["rss_bytes"] - res["rss_empty_bytes"]) / args.messages
         du = disk_usage(broker.data_dir)
         res["disk_bytes"] = du["allocated"]
         res["disk_apparent_bytes"] = du["apparent"]
         log(f"RSS {fmt_bytes(res['rss_bytes'])} (pid {pid}), data dir {fmt_bytes(du['allocated'])}")
 
-        # ---- 3. SIGKILL + restart ----
+        # ---- 3. clean stop + restart ----
+        log(f"stopping {pid} (SIGTERM); restarting on the same data dir")
+        broker.stop()
+        t_restart = time.perf_counter()
+        broker.start()
+        r = wait_for_count(broker, args, queues, args.messages, t_restart, args.recovery_timeout)
+        res["clean_restart_s"] = r["ready_s"]
+        res["clean_restart_log"] = broker.recovery_log()
+        log(f"counts back after a clean restart in {r['ready_s']:.2f}s")
+
+        # ---- 3b. SIGKILL + restart ----
+        pid = broker.pid()
         log(f"kill -9 {pid}; restarting on the same data dir")
         broker.kill9()
         t_restart = time.perf_counter()
         broker.start()
-        r = wait_for_count(broker, args, args.messages, t_restart, args.recovery_timeout)
+        r = wait_for_count(broker, args, queues, args.messages, t_restart, args.recovery_timeout)
         res["recovery_s"] = r["ready_s"]
         res["recovery_port_s"] = r["port_s"]
         res["recovery_first_declare_s"] = r["first_declare_s"]
@@ -462,14 +489,17 @@ def run(args) -> dict:
                     con_progress.last = time.monotonic()
                     log(f"  consumed {got:,} ({got / (time.monotonic() - t_con):,.0f}/s so far)")
             con_progress.last = time.monotonic()
-            dt = consume_count(conn, 1, QUEUE, args.messages, timeout=args.consume_timeout,
-                               progress=con_progress)
+            dt = 0.0
+            for i, queue in enumerate(queues):
+                share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
+                dt += consume_count(conn, 1, queue, share, timeout=args.consume_timeout, progress=con_progress)
             res["consume_s"] = dt
             res["consume_rate"] = args.messages / dt
             conn.close()  # also makes sure the last ack was processed before we look at counts
             conn = Connection("127.0.0.1", args.port, args.user, args.password, args.vhost, timeout=30)
             conn.channel_open(1)
-            res["count_after_consume"], _ = conn.queue_declare(1, QUEUE, durable=True, passive=True)
+            res["count_after_consume"] = sum(conn.queue_declare(1, queue, durable=True, passive=True)[0]
+                                             for queue in queues)
             conn.close()
             log(f"consumed in {dt:.1f}s = {res['consume_rate']:,.0f} msg/s; "
                 f"waiting {args.compact_wait:g}s for compaction")
@@ -504,13 +534,18 @@ def print_table(r: dict) -> None:
         return "n/a" if v is None else fmt.format(v)
     rows = [
         ("broker", f"{r['broker']} ({r.get('server')}) on 127.0.0.1:{r['port']}"),
-        ("messages x size", f"{r['messages']:,} x {r['size']} B persistent, <= {r['max_unconfirmed']:,} unconfirmed"),
+        ("messages x size", f"{r['messages']:,} x {r['size']} B persistent in {r['queues']:,} queue(s), "
+                            f"<= {r['max_unconfirmed']:,} unconfirmed"),
         ("cold start (empty)", s(r.get("cold_start_s"))),
         ("publish (all confirmed)", f"{r['publish_s']:.1f} s = {r['publish_rate']:,.0f} msg/s"
                                     f"  (nacks {r['nacks']}, queue count {r['count_after_publish']:,})"),
-        ("RSS after publish", fmt_bytes(r.get("rss_bytes"))),
+        ("RSS empty / after publish", f"{fmt_bytes(r.get('rss_empty_bytes'))} / {fmt_bytes(r.get('rss_bytes'))}"
+                                      + (f" = {r['rss_per_message']:.1f} B per queued message"
+                                         if r.get("rss_per_message") is not None else "")),
         ("data dir after publish", f"{fmt_bytes(r.get('disk_bytes'))} (apparent {fmt_bytes(r.get('disk_apparent_bytes'))})"),
-        ("restart after kill -9", f"{s(r.get('recovery_s'))} until message_count == {r['messages']:,}"),
+        ("restart after SIGTERM", f"{s(r.get('clean_restart_s'))} until the counts sum to {r['messages']:,}"
+                                  + (f"  ({r['clean_restart_log']})" if r.get("clean_restart_log") else "")),
+        ("restart after kill -9", f"{s(r.get('recovery_s'))} until the counts sum to {r['messages']:,}"),
         ("  AMQP port accepted at", s(r.get("recovery_port_s"))),
         ("  first declare-ok at", s(r.get("recovery_first_declare_s"))),
         ("RSS after recovery", fmt_bytes(r.get("rss_after_recovery_bytes"))),
@@ -539,6 +574,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, help="AMQP port (warren 5698, rabbitmq 5699)")
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=100, help="body size in bytes")
+    ap.add_argument("--queues", type=int, default=1, help="durable queues the messages are spread over")
     ap.add_argument("--max-unconfirmed", type=int, default=10_000)
     ap.add_argument("--consume", action="store_true", help="consume + ack everything afterwards")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between last confirm and RSS/disk reading")

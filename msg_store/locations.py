@@ -92,6 +92,28 @@ class Locations:
         chunk.refs[i] = refs
         return refs
 
+    def release(self, msg_id: int, count: int) -> Location | None:
+        """Drop ``count`` references; the location if that was the last (the id is gone then), else None
+        (None too for an id that is not here)."""
+        number, i = divmod(msg_id, CHUNK)
+        chunk = self._chunks.get(number)
+        if chunk is None:
+            return None
+        refs = chunk.refs[i]
+        if refs == ABSENT:
+            return None
+        refs -= count
+        if refs > 0:
+            chunk.refs[i] = refs
+            return None
+        location = Location(chunk.segment[i], chunk.offset[i], chunk.size[i], 0)
+        chunk.refs[i] = ABSENT
+        chunk.live -= 1
+        self._count -= 1
+        if not chunk.live:
+            del self._chunks[number]
+        return location
+
     def pop(self, msg_id: int) -> Location | None:
         location = self.get(msg_id)
         if location is None:

@@ -49,6 +49,7 @@ class Segment:
     size: int = 0
     live: int = 0
     dead_bytes: int = 0
+    touched: float = 0.0  # time.monotonic() of the last removal of one of its records
 
     @property
     def dead_fraction(self) -> float:

@@ -31,6 +31,7 @@ _SEGMENT_SUMMARY = struct.Struct(">IQQQ")  # number, size, live records, dead by
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
+READ_GAP = 64 * 1024  # dead bytes between two wanted records that read_many reads through rather than seek
 ID_FILE = "next_id"
 ID_BLOCK = 1 << 20
 SNAPSHOT = "clean_shutdown"  # the index as a clean close left it; removed as soon as it is read
@@ -54,10 +55,13 @@ class StoreStats:
 class MessageStore:
     def __init__(self, directory: str, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, compaction_threshold: float = 0.5,
-                 wipe: bool = False) -> None:
+                 wipe: bool = False, compaction_quiet: float = 0.0) -> None:
+        """``compaction_quiet``: seconds a segment must go without a removal before it is compacted, so a
+        segment a consumer is still emptying dies whole instead of being copied."""
         self.directory = directory
         self.segment_size = segment_size
         self.compaction_threshold = compaction_threshold
+        self.compaction_quiet = compaction_quiet
         if wipe and os.path.isdir(directory):
             shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
@@ -268,6 +272,46 @@ class MessageStore:
         self.cache[msg_id] = data
         return data
 
+    def read_many(self, msg_ids: list[int], budget: int) -> list[bytes | None]:
+        """Payloads of several messages, with one pread per run of neighbouring records (a queue bringing its
+        next entries into memory reads them this way, usually one run); None for an id the store lacks or
+        beyond ``budget`` bytes read from files.  The read cache is neither consulted nor filled: these
+        payloads go straight into their messages."""
+        found: list[bytes | None] = [None] * len(msg_ids)
+        wanted: list[tuple[int, int, int, int]] = []  # segment, offset, size, position
+        spent = 0
+        index, tail_ids = self.index, self._tail_ids
+        for position, msg_id in enumerate(msg_ids):
+            pending = tail_ids.get(msg_id)
+            if pending is not None:
+                start, size = pending
+                found[position] = bytes(self._tail[start:start + size])
+                continue
+            location = index.get(msg_id)
+            if location is None or spent + location.size > budget:
+                continue
+            spent += location.size
+            wanted.append((location.segment, location.offset, location.size, position))
+        wanted.sort()
+        i = 0
+        while i < len(wanted):
+            number, first, size, _position = wanted[i]
+            end = first + size
+            j = i + 1
+            while j < len(wanted) and wanted[j][0] == number and wanted[j][1] - end <= READ_GAP:
+                end = max(end, wanted[j][1] + wanted[j][2])
+                j += 1
+            data = os.pread(self.segments[number].fd, end - first, first)
+            if len(data) != end - first:
+                raise IOError(f"short read of {end - first} bytes from segment {number}")
+            view = memoryview(data)
+            for _number, offset, size, position in wanted[i:j]:
+                found[position] = bytes(view[offset - first:offset - first + size])
+            view.release()
+            i = j
+        self.reads += len(wanted)
+        return found
+
     def remember(self, msg_id: int, payload: bytes) -> None:
         """Put a payload just written in the read cache."""
         if len(payload) <= self.cache.maxsize // 16:
@@ -279,9 +323,9 @@ class MessageStore:
     # -- removal and compaction ---------------------------------------------------------------
 
     def remove(self, msg_id: int, count: int = 1) -> None:
-        if msg_id not in self.index or self.index.add_refs(msg_id, -count) > 0:
+        location = self.index.release(msg_id, count)
+        if location is None:
             return
-        location = self.index.pop(msg_id)
         self.cache.pop(msg_id, None)
         self._kill(location)
         self._reclaim(location.segment)
@@ -297,6 +341,7 @@ class MessageStore:
 
     def _kill(self, location: Location) -> None:
         segment = self.segments[location.segment]
+        segment.touched = time.monotonic()
         segment.live -= 1
         segment.dead_bytes += location.size + HEAD_SIZE
 
@@ -333,10 +378,13 @@ class MessageStore:
         caller's next step keeps this crash-safe: see ``Durability``).
         """
         if self._compacting is None:
-            while self._to_compact:
-                number = self._to_compact.pop(0)
+            quiet_since = time.monotonic() - self.compaction_quiet
+            for number in list(self._to_compact):
                 segment = self.segments.get(number)
-                if segment is not None and segment is not self.current and segment.live > 0:
+                if segment is None or segment is self.current or segment.live <= 0:
+                    self._to_compact.remove(number)
+                elif segment.touched <= quiet_since:
+                    self._to_compact.remove(number)
                     index = self.index
                     path = segment_path(self.directory, number)
                     ids = [msg_id for msg_id, offset, _size in scan(path, repair=False)
@@ -345,7 +393,7 @@ class MessageStore:
                     self._compacting = (number, ids)
                     break
             else:
-                return False
+                return bool(self._to_compact)  # the rest are still being emptied: later
         number, ids = self._compacting
         segment = self.segments[number]
         moved = 0

@@ -19,7 +19,7 @@ import itertools
 import os
 import shutil
 import struct
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from .lmdb_batch import open_env
 
@@ -57,11 +57,6 @@ def _entry(key: bytes, value: bytes) -> IndexEntry:
                       bool(flags & FLAG_TRANSIENT))
 
 
-def _weigh(value: bytes) -> tuple[int, int, int, int]:
-    """What one entry adds to its queue's totals."""
-    _msg_id, expiry, size, flags = VALUE.unpack(value)
-    return 1, size, 1 if expiry else 0, 1 if flags & FLAG_TRANSIENT else 0
-
 
 def _compact(directory: str, map_size: int) -> None:
     """Rewrite the file if most of it is free pages: LMDB reuses freed pages but never shrinks its file,
@@ -97,9 +92,9 @@ class QueueIndex:
         os.makedirs(directory, exist_ok=True)
         _compact(directory, map_size)
         self._env = open_env(directory, map_size)
-        self._puts: dict[bytes, bytes] = {}
+        self._puts: dict[bytes, bytes] = {}  # entries published in this batch (not yet on disk)
+        self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
         self._deletes: list[bytes] = []
-        self._fresh: set[bytes] = set()  # keys first published in this batch (not yet on disk)
         self._auto_commit = auto_commit
 
     def close(self) -> None:
@@ -110,47 +105,51 @@ class QueueIndex:
         key = KEY.pack(queue_id, seq)
         self._puts[key] = VALUE.pack(msg_id, expiry, size, (FLAG_DELIVERED if delivered else 0)
                                      | (FLAG_TRANSIENT if transient else 0))
-        self._fresh.add(key)
         if self._auto_commit is not None and len(self._puts) >= self._auto_commit:
             self.commit()
 
     def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int,
                   transient: bool = False) -> None:
-        """Remember a delivery so that after a restart the message comes back redelivered."""
-        # an update of an entry that may already be on disk: not fresh, so an ack must still delete it
-        self._puts[KEY.pack(queue_id, seq)] = VALUE.pack(msg_id, expiry, size,
-                                                         FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0))
+        """Remember a delivery so that after a restart the message comes back redelivered (the arguments
+        are the entry's, as published)."""
+        key = KEY.pack(queue_id, seq)
+        value = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0))
+        if key in self._puts:
+            self._puts[key] = value
+        else:
+            self._updates[key] = value
 
     def ack(self, queue_id: int, seq: int) -> None:
         key = KEY.pack(queue_id, seq)
-        self._puts.pop(key, None)
-        if key in self._fresh:
-            self._fresh.discard(key)  # published and acked within one batch, never written
-        else:
+        if self._puts.pop(key, None) is None:
+            self._updates.pop(key, None)
             self._deletes.append(key)
+        # else published and acked within one batch: never written
 
     @property
     def pending(self) -> bool:
-        return bool(self._puts or self._deletes)
+        return bool(self._puts or self._updates or self._deletes)
 
     def commit(self) -> None:
         """Apply the staged changes in one transaction (durable after the next ``sync``)."""
-        if not (self._puts or self._deletes):
+        if not (self._puts or self._updates or self._deletes):
             return
-        puts, deletes = self._puts, self._deletes
-        self._puts, self._deletes = {}, []
-        self._fresh = set()
+        puts, updates, deletes = self._puts, self._updates, self._deletes
+        self._puts, self._updates, self._deletes = {}, {}, []
         changes: dict[bytes, list[int]] = {}
         with self._env.begin(write=True) as txn:
-            for key in deletes:
-                old = txn.pop(key)
-                if old is not None:
-                    _add(changes, key[:4], _weigh(old), -1)
-            for key, value in sorted(puts.items()):
-                old = txn.replace(key, value)
-                if old is not None:
-                    _add(changes, key[:4], _weigh(old), -1)
-                _add(changes, key[:4], _weigh(value), 1)
+            _account(changes, ((key, txn.pop(key)) for key in deletes), -1)
+            items = sorted(puts.items())
+            if items and txn.cursor().putmulti(items, overwrite=False)[1] == len(items):
+                _account(changes, items, 1)
+            else:  # some key was on disk already: count what each put replaced
+                for key, value in items:
+                    old = txn.replace(key, value)
+                    if old is not None and old != value:
+                        _account(changes, ((key, old),), -1)
+                    _account(changes, ((key, value),), 1)
+            if updates:
+                txn.cursor().putmulti(sorted(updates.items()))
             for prefix, change in changes.items():
                 current = txn.get(prefix)
                 totals = TOTALS.unpack(current) if current is not None else (0, 0, 0, 0)
@@ -241,8 +240,8 @@ class QueueIndex:
     def delete_queue(self, queue_id: int) -> None:
         prefix = queue_id.to_bytes(4, "big")
         self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
+        self._updates = {k: v for k, v in self._updates.items() if k[:4] != prefix}
         self._deletes = [k for k in self._deletes if k[:4] != prefix]
-        self._fresh = {k for k in self._fresh if k[:4] != prefix}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):
@@ -263,9 +262,21 @@ class QueueIndex:
         return ids
 
 
-def _add(changes: dict[bytes, list[int]], prefix: bytes, weight: tuple[int, int, int, int], sign: int) -> None:
-    change = changes.get(prefix)
-    if change is None:
-        change = changes[prefix] = [0, 0, 0, 0]
-    for i, amount in enumerate(weight):
-        change[i] += sign * amount
+
+
+def _account(changes: dict[bytes, list[int]], entries: Iterable[tuple[bytes, bytes | None]], sign: int) -> None:
+    """Add (sign 1) or take (-1) entries' weight to their queues' changes of totals."""
+    unpack = VALUE.unpack
+    for key, value in entries:
+        if value is None:
+            continue
+        change = changes.get(key[:4])
+        if change is None:
+            change = changes[key[:4]] = [0, 0, 0, 0]
+        _msg_id, expiry, size, flags = unpack(value)
+        change[0] += sign
+        change[1] += sign * size
+        if expiry:
+            change[2] += sign
+        if flags & FLAG_TRANSIENT:
+            change[3] += sign

@@ -617,3 +617,20 @@ class StoreMachine(RuleBasedStateMachine):
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_read_many_reads_runs_of_records_within_a_budget(tmp_path):
+    store = new_store(tmp_path, segment_size=1500)
+    payloads = _fill(store, 30)  # several segments
+    ids = list(payloads)
+    store.remove(ids[3])
+    unflushed = put(store, b"still in the tail")
+    reads = store.reads
+    got = store.read_many(ids + [unflushed, 10_000], budget=1 << 20)
+    assert got[3] is None and got[-1] is None  # removed; never written
+    assert got[-2] == b"still in the tail"
+    assert [g for i, g in enumerate(got[:-2]) if i != 3] == [payloads[m] for i, m in enumerate(ids) if i != 3]
+    assert store.reads - reads == len(ids) - 1  # records counted, though read a run at a time
+    partial = store.read_many(ids[:10], budget=250)  # 100-byte payloads: two fit
+    assert partial[:2] == [payloads[ids[0]], payloads[ids[1]]] and partial[2:] == [None] * 8
+    store.close()
