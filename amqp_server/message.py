@@ -55,7 +55,7 @@ class Message:
         self.body = body
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
-        self.transient_id = 0  # a message paged in from the transient store: its record there
+        self.transient_id = 0  # a message paged in from the transient store: its record there (to load it)
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 

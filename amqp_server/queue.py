@@ -57,14 +57,19 @@ PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is
 class Entry:
     """A message's place in one queue: its sequence number keeps requeues in order."""
 
-    __slots__ = ("seq", "message", "redelivered", "expiry", "gone")
+    __slots__ = ("seq", "message", "redelivered", "expiry", "gone", "transient")
 
-    def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0) -> None:
+    def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0,
+                 transient: int = 0) -> None:
         self.seq = seq
         self.message = message
         self.redelivered = redelivered
         self.expiry = expiry  # epoch ms, 0 for none
         self.gone = False  # expired while in the ready list: skipped when reached
+        # paged in from the transient store: the record this entry holds a reference to, and whose index
+        # entry it has (the entry's own, not the message's: a message moved to another queue is not the
+        # other queue's to release)
+        self.transient = transient
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq
@@ -647,9 +652,9 @@ class Queue:
         """Make sure the entry is in the index, so it can leave memory."""
         message = entry.message
         index, queue_id = self._page_index()
-        if message.transient_id:  # paged in before: its entry and record are still there
+        if entry.transient:  # paged in before: its index entry and record are still there
             if entry.redelivered:
-                index.delivered(queue_id, entry.seq, message.transient_id, entry.expiry, message.body_size,
+                index.delivered(queue_id, entry.seq, entry.transient, entry.expiry, message.body_size,
                                 transient=True)
             return
         if message.msg_id and self.persistence is not None:
@@ -668,8 +673,9 @@ class Queue:
 
     def _paged_entry(self, row: IndexEntry) -> Entry:
         """An entry for an index row (its message's content stays in its store until needed)."""
-        message = Message.stored(0, row.size, row.msg_id) if row.transient else Message.stored(row.msg_id, row.size)
-        return Entry(row.seq, message, row.delivered, row.expiry)
+        if row.transient:
+            return Entry(row.seq, Message.stored(0, row.size, row.msg_id), row.delivered, row.expiry, row.msg_id)
+        return Entry(row.seq, Message.stored(row.msg_id, row.size), row.delivered, row.expiry)
 
     def _page_in(self) -> None:
         """Bring the next batch of the tail into memory."""
@@ -741,10 +747,10 @@ class Queue:
     def _forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""
         message = entry.message
-        if message.transient_id:
+        if entry.transient:
             index, queue_id = self._page_index()
             index.ack(queue_id, entry.seq)
-            self.pager.store.remove(message.transient_id)
+            self.pager.store.remove(entry.transient)
         elif message.msg_id and self.persistence is not None:
             self.persistence.remove(self, entry)
 

@@ -196,3 +196,19 @@ async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
     assert drain(broker, vhost, "q") == bodies(300)
     assert drain(broker, vhost, "p") == [b"high", b"low"]  # a priority queue comes back whole
     broker.close()
+
+
+async def test_move_from_a_deep_transient_tail_into_a_queue_that_pages_it_again(broker, vhost):
+    """A message paged in from the transient store and moved to another queue is that queue's own: when the
+    first queue releases its record, the second still has the message, and pages it out with a record of
+    its own."""
+    broker.declare_queue(vhost, "src")
+    broker.declare_queue(vhost, "dst", durable=True)
+    send(broker, vhost, "src", bodies(100), persistent=False)
+    broker.pager.page_out([vhost.queue("src")], keep=5)
+    assert broker.move_messages(vhost.queue("src"), vhost.queue("dst")) == 100
+    dst = vhost.queue("dst")
+    assert dst.paged > 0 and dst.message_count == 100
+    assert drain(broker, vhost, "dst") == bodies(100)
+    broker.pager.index.commit()
+    assert broker.pager.store.stats().messages == 0
