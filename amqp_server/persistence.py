@@ -15,8 +15,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
-from queue_index import QueueIndex, Totals
+from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
 from .message import Message
 
@@ -48,7 +49,7 @@ class Persistence:
     def __init__(self, data_dir: str, segment_size: int = DEFAULT_SEGMENT_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  compaction_threshold: float = 0.5) -> None:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
-                                  compaction_threshold, compaction_quiet=COMPACTION_QUIET)
+                                  compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
         self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
@@ -128,21 +129,23 @@ class Persistence:
         self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
         for journal in self.journals:
             journal.commit()
+        sealed = self.store.take_sealed()
         fds = self.store.dirty_fds()
         batch = self.batch
         self.batch += 1
         self._syncing = True
-        future = self.loop.run_in_executor(None, self._fsync, fds)
+        future = self.loop.run_in_executor(None, self._fsync, fds, sealed)
         future.add_done_callback(lambda f: self._committed(batch, f))
         if self.store.needs_compaction and self._compactor is None:
             self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
 
-    def _fsync(self, fds: list[int]) -> None:
+    def _fsync(self, fds: list[int], sealed: list) -> None:
         for fd in fds:
             try:
                 os.fsync(fd)
             except OSError as exc:  # a segment deleted meanwhile: nothing left to make durable there
                 log.debug("fsync skipped: %s", exc)
+        self.store.write_sidecars(sealed)  # full segments, synced just now
         self.index.sync()
         for journal in self.journals:
             journal.sync()
@@ -194,21 +197,23 @@ class Persistence:
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
         count = lost = walked = 0
-        claim = self.store.claim
+        claim_many = self.store.claim_many
         for queue in queues:
             queue_id = queue.index_id
             totals = self.index.totals(queue_id) or self.index.recount(queue_id)
             expiries: list[tuple[int, int]] = []
             if totals.count and (not clean or totals.transient or totals.expiring):
                 walked += 1
-                for entry in self.index.entries(queue_id):
-                    if entry.transient:
-                        self.index.ack(queue_id, entry.seq)
-                    elif not claim(entry.msg_id):
-                        self.index.ack(queue_id, entry.seq)
-                        lost += 1
-                    elif entry.expiry:
-                        expiries.append((entry.expiry, entry.seq))
+                for seqs, values in self.index.columns(queue_id):  # arrays: a batch of entries at a time
+                    transient = (values["flags"] & FLAG_TRANSIENT) != 0
+                    found = np.zeros(len(seqs), dtype=bool)
+                    found[~transient] = claim_many(values["msg_id"][~transient])
+                    gone = seqs[~found].tolist()
+                    for seq in gone:  # transient (their store is gone) or lost
+                        self.index.ack(queue_id, seq)
+                    lost += len(gone) - int(transient.sum())
+                    expiring = found & (values["expiry"] != 0)
+                    expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
                 self.index.commit()
                 totals = self.index.totals(queue_id) or Totals()
             queue.recover(totals.count, totals.bytes, self.index.last_seq(queue_id), expiries)

@@ -49,6 +49,12 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
+    if not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
+        in_ram = queue.message_count - queue.paged
+        info.update({"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,
+                     "messages_unacknowledged_ram": queue.unacked, "messages_paged_out": queue.paged,
+                     "message_bytes_ram": queue.ready_bytes - queue.paged_bytes,
+                     "message_bytes_paged_out": queue.paged_bytes})
     if queue.exclusive_owner is not None:
         owner = queue.exclusive_owner
         info["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0], "peer_port": owner.peer[1]}

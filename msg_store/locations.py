@@ -17,6 +17,8 @@ import struct
 from array import array
 from typing import Iterator, NamedTuple
 
+import numpy as np
+
 CHUNK = 4096
 ABSENT = -1  # refs of an id with no record
 _CHUNK_HEAD = struct.Struct(">QI")  # chunk number, live ids
@@ -81,6 +83,95 @@ class Locations:
         chunk.offset[i] = offset
         chunk.size[i] = size
         chunk.refs[i] = refs
+
+    def put_many(self, segment: int, records: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """Recovery: (msg_id, offset, size) records of one segment, refs 0; returns the (segment, size) of
+        the locations this replaced (records copied by a compaction, found again in a later segment)."""
+        replaced = []
+        chunks = self._chunks
+        for msg_id, offset, size in records:
+            number, i = divmod(msg_id, CHUNK)
+            chunk = chunks.get(number)
+            if chunk is None:
+                chunk = chunks[number] = _Chunk()
+            if chunk.refs[i] == ABSENT:
+                chunk.live += 1
+                self._count += 1
+            else:
+                replaced.append((chunk.segment[i], chunk.size[i]))
+            chunk.segment[i] = segment
+            chunk.offset[i] = offset
+            chunk.size[i] = size
+            chunk.refs[i] = 0
+        return replaced
+
+    def put_columns(self, segment: int, ids: bytes, offsets: bytes, sizes: bytes) -> tuple[list[tuple[int, int]],
+                                                                                           int, int]:
+        """Recovery: a segment's records from its sidecar (machine arrays' bytes: u64 ids, u32 offsets, u32
+        sizes), refs 0, a chunk at a time.  Returns the (segment, size) of the locations this replaced
+        (records copied by a compaction), how many records there were and the highest id."""
+        id_column = np.frombuffer(ids, dtype=np.uint64)
+        if not len(id_column):
+            return [], 0, 0
+        offset_column = np.frombuffer(offsets, dtype=np.uint32)
+        size_column = np.frombuffer(sizes, dtype=np.uint32)
+        replaced: list[tuple[int, int]] = []
+        numbers = id_column // CHUNK
+        for number in np.unique(numbers).tolist():
+            chosen = numbers == number
+            slots = (id_column[chosen] % CHUNK).astype(np.intp)
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                chunk = self._chunks[number] = _Chunk()
+            refs, segments, sizes_here = _view(chunk.refs), _view(chunk.segment), _view(chunk.size)
+            present = refs[slots] != ABSENT
+            replaced.extend(zip(segments[slots[present]].tolist(), sizes_here[slots[present]].tolist()))
+            added = len(slots) - int(present.sum())
+            chunk.live += added
+            self._count += added
+            segments[slots] = segment
+            _view(chunk.offset)[slots] = offset_column[chosen]
+            sizes_here[slots] = size_column[chosen]
+            refs[slots] = 0
+        return replaced, len(id_column), int(id_column.max())
+
+    def claim_many(self, ids: "np.ndarray", count: bool = True) -> "np.ndarray":
+        """Recovery: ``claim`` for an array of ids (``count`` False only checks they are here); which were."""
+        found = np.zeros(len(ids), dtype=bool)
+        numbers = ids // CHUNK
+        for number in np.unique(numbers).tolist():
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                continue
+            chosen = np.flatnonzero(numbers == number)
+            slots = (ids[chosen] % CHUNK).astype(np.intp)
+            refs = _view(chunk.refs)
+            here = refs[slots] != ABSENT
+            if count:
+                np.add.at(refs, slots[here], 1)
+            found[chosen[here]] = True
+        return found
+
+    def claim(self, msg_id: int) -> bool:
+        """Recovery: one more holder of ``msg_id``; False if it is not here."""
+        chunk = self._chunks.get(msg_id // CHUNK)
+        if chunk is None:
+            return False
+        i = msg_id % CHUNK
+        refs = chunk.refs[i]
+        if refs == ABSENT:
+            return False
+        chunk.refs[i] = refs + 1
+        return True
+
+    def unclaimed(self) -> list[int]:
+        """Recovery: the ids no holder claimed (refs 0)."""
+        found = []
+        for number, chunk in self._chunks.items():
+            if chunk.refs.count(0):
+                base = number * CHUNK
+                found.extend(base + i for i, refs in enumerate(chunk.refs) if refs == 0)
+        return found
 
     def add_refs(self, msg_id: int, count: int) -> int:
         """Change ``msg_id``'s reference count by ``count``; returns the new count (KeyError if absent)."""
@@ -171,6 +262,11 @@ class Locations:
     def memory(self) -> int:
         """Bytes the arrays hold (for /metrics and tests)."""
         return len(self._chunks) * 16 * CHUNK
+
+
+def _view(column: array) -> "np.ndarray":
+    """A numpy view of a chunk's column (no copy: writes go to the array)."""
+    return np.frombuffer(column, dtype=np.int32 if column.typecode == "i" else np.uint32)
 
 
 def _column(typecode: str, handle) -> array:

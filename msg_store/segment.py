@@ -10,6 +10,7 @@ import logging
 import os
 import struct
 import zlib
+from array import array
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -18,10 +19,22 @@ log = logging.getLogger("warren.msg_store")
 RECORD_HEAD = struct.Struct(">IIQ")
 HEAD_SIZE = RECORD_HEAD.size
 SUFFIX = ".seg"
+SIDECAR_SUFFIX = ".idx"
+_SIDECAR_HEAD = struct.Struct(">4sIQI")  # magic, records, segment size, crc32 of the columns
+_SIDECAR_MAGIC = b"WIX1"
 
 
 def segment_path(directory: str, number: int) -> str:
     return os.path.join(directory, f"{number:08d}{SUFFIX}")
+
+
+def sidecar_path(directory: str, number: int) -> str:
+    return os.path.join(directory, f"{number:08d}{SIDECAR_SUFFIX}")
+
+
+def list_sidecars(directory: str) -> list[int]:
+    return sorted(int(name[:-len(SIDECAR_SUFFIX)]) for name in os.listdir(directory)
+                  if name.endswith(SIDECAR_SUFFIX) and name[:-len(SIDECAR_SUFFIX)].isdigit())
 
 
 def list_segments(directory: str) -> list[int]:
@@ -77,3 +90,55 @@ def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
             handle.truncate(pos)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+class SegmentRecords:
+    """The (msg_id, offset, size) of every record written to a segment, in file order, as three machine
+    arrays; when the segment is full and synced they become its sidecar file, which a restart after a crash
+    reads instead of the segment (only the segments written since the last sync are scanned)."""
+
+    __slots__ = ("ids", "offsets", "sizes")
+
+    def __init__(self) -> None:
+        self.ids = array("Q")
+        self.offsets = array("I")
+        self.sizes = array("I")
+
+    def add(self, msg_id: int, offset: int, size: int) -> None:
+        self.ids.append(msg_id)
+        self.offsets.append(offset)
+        self.sizes.append(size)
+
+
+def write_sidecar(directory: str, number: int, segment_size: int, records: SegmentRecords) -> None:
+    """Write and fsync the sidecar of a segment whose records are synced."""
+    columns = (records.ids.tobytes(), records.offsets.tobytes(), records.sizes.tobytes())
+    crc = 0
+    for column in columns:
+        crc = zlib.crc32(column, crc)
+    path = sidecar_path(directory, number)
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(_SIDECAR_HEAD.pack(_SIDECAR_MAGIC, len(records.ids), segment_size, crc))
+        for column in columns:
+            handle.write(column)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def read_sidecar(directory: str, number: int, segment_size: int) -> tuple[bytes, bytes, bytes] | None:
+    """The (ids, offsets, sizes) columns of a segment's sidecar (machine arrays' bytes), or None if it has
+    none or one that does not match the segment file."""
+    try:
+        with open(sidecar_path(directory, number), "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < _SIDECAR_HEAD.size:
+        return None
+    magic, count, size, crc = _SIDECAR_HEAD.unpack_from(data)
+    body = memoryview(data)[_SIDECAR_HEAD.size:]
+    if magic != _SIDECAR_MAGIC or size != segment_size or len(body) != 16 * count or zlib.crc32(body) != crc:
+        log.warning("sidecar of segment %d does not match it: scanning the segment", number)
+        return None
+    return bytes(body[:8 * count]), bytes(body[8 * count:12 * count]), bytes(body[12 * count:])

@@ -18,10 +18,12 @@ import struct
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from cachetools import LRUCache
 
 from .locations import Location, Locations, fsync_dir
-from .segment import HEAD_SIZE, Segment, encode_head, list_segments, scan, segment_path
+from .segment import (HEAD_SIZE, Segment, SegmentRecords, encode_head, list_segments, list_sidecars,
+                      read_sidecar, scan, segment_path, sidecar_path, write_sidecar)
 
 log = logging.getLogger("warren.msg_store")
 
@@ -55,9 +57,11 @@ class StoreStats:
 class MessageStore:
     def __init__(self, directory: str, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, compaction_threshold: float = 0.5,
-                 wipe: bool = False, compaction_quiet: float = 0.0) -> None:
+                 wipe: bool = False, compaction_quiet: float = 0.0, sidecars: bool = False) -> None:
         """``compaction_quiet``: seconds a segment must go without a removal before it is compacted, so a
-        segment a consumer is still emptying dies whole instead of being copied."""
+        segment a consumer is still emptying dies whole instead of being copied.  ``sidecars``: keep each
+        full segment's record list beside it (see ``take_sealed``), so a restart after a crash reads those
+        instead of scanning every segment."""
         self.directory = directory
         self.segment_size = segment_size
         self.compaction_threshold = compaction_threshold
@@ -79,6 +83,8 @@ class MessageStore:
         self.next_id = 1
         self._reserved = 0  # ids below this are on record as handed out (see _reserve)
         self.current: Segment | None = None
+        self._records: SegmentRecords | None = SegmentRecords() if sidecars else None  # the current segment's
+        self._sealed: list[tuple[int, int, SegmentRecords]] = []  # full segments whose sidecar is not written
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -92,33 +98,43 @@ class MessageStore:
         return time.monotonic() - started
 
     def _scan_segments(self) -> None:
+        """Index every record: from a segment's sidecar where it has one, else by reading the segment."""
         index = self.index
-        for number in list_segments(self.directory):
+        numbers = list_segments(self.directory)
+        for orphan in set(list_sidecars(self.directory)) - set(numbers):
+            os.unlink(sidecar_path(self.directory, orphan))
+        for number in numbers:
             path = segment_path(self.directory, number)
-            records = list(scan(path))
+            size = os.path.getsize(path)
+            columns = read_sidecar(self.directory, number, size)
+            if columns is None:
+                records = list(scan(path))
+                replaced = index.put_many(number, records)
+                count = len(records)
+                highest = max((record[0] for record in records), default=0)
+            else:
+                replaced, count, highest = index.put_columns(number, *columns)
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
-            for msg_id, offset, size in records:
-                old = index.get(msg_id)
-                if old is not None:  # a compaction copied it; the later copy wins
-                    self.segments[old.segment].live -= 1
-                    self.segments[old.segment].dead_bytes += old.size + HEAD_SIZE
-                index.put(msg_id, number, offset, size, 0)
-            segment.live += len(records)
-            if records:
-                self.next_id = max(self.next_id, max(record[0] for record in records) + 1)
+            for old_segment, old_size in replaced:  # a compaction copied these; the later copy wins
+                self.segments[old_segment].live -= 1
+                self.segments[old_segment].dead_bytes += old_size + HEAD_SIZE
+            segment.live += count
+            self.next_id = max(self.next_id, highest + 1)
 
     def claim(self, msg_id: int) -> bool:
         """A recovered queue holds this message; False if the store lost it."""
-        if msg_id not in self.index:
-            return False
-        if not self.clean:
-            self.index.add_refs(msg_id, 1)
-        return True
+        if self.clean:
+            return msg_id in self.index
+        return self.index.claim(msg_id)
+
+    def claim_many(self, msg_ids: "np.ndarray") -> "np.ndarray":
+        """``claim`` for an array of ids; which the store has."""
+        return self.index.claim_many(msg_ids, count=not self.clean)
 
     def finish_recovery(self) -> int:
         """Records no queue claimed are dead; returns how many."""
-        unclaimed = [] if self.clean else [msg_id for msg_id, location in self.index.items() if location.refs == 0]
+        unclaimed = [] if self.clean else self.index.unclaimed()
         for msg_id in unclaimed:
             self._kill(self.index.pop(msg_id))
         self._open_new_segment()
@@ -219,6 +235,8 @@ class MessageStore:
         size = len(tail) - payload_at
         self._tail_ids[msg_id] = (payload_at, size)
         self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
+        if self._records is not None:
+            self._records.add(msg_id, record_at + HEAD_SIZE, size)
         current.live += 1
         if current.size + len(tail) >= self.segment_size:
             self.flush()
@@ -249,10 +267,23 @@ class MessageStore:
         self._dirty.clear()
         return fds
 
+    def take_sealed(self) -> list[tuple[int, int, SegmentRecords]]:
+        """Full segments (number, size, records) whose sidecars may be written once the fds of the
+        ``dirty_fds`` taken with them are fsynced (``write_sidecars``, off the event loop if need be)."""
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def write_sidecars(self, sealed: list[tuple[int, int, SegmentRecords]]) -> None:
+        for number, size, records in sealed:
+            if os.path.exists(segment_path(self.directory, number)):  # not deleted meanwhile
+                write_sidecar(self.directory, number, size, records)
+
     def sync(self) -> None:
         self.flush()
+        sealed = self.take_sealed()
         for fd in self.dirty_fds():
             os.fsync(fd)
+        self.write_sidecars(sealed)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -337,6 +368,8 @@ class MessageStore:
         """The current segment holds nothing live but is large: start a new one so it can be deleted."""
         self._tail = bytearray()
         self._tail_ids.clear()
+        if self._records is not None:
+            self._records = SegmentRecords()  # all dead: its sidecar lists nothing
         self._open_new_segment()
 
     def _kill(self, location: Location) -> None:
@@ -364,6 +397,11 @@ class MessageStore:
             self._to_compact.remove(segment.number)
         os.close(segment.fd)
         os.unlink(segment_path(self.directory, segment.number))
+        self._sealed = [sealed for sealed in self._sealed if sealed[0] != segment.number]
+        try:
+            os.unlink(sidecar_path(self.directory, segment.number))
+        except FileNotFoundError:
+            pass
 
     @property
     def needs_compaction(self) -> bool:
@@ -422,10 +460,15 @@ class MessageStore:
     def _open_new_segment(self) -> None:
         number = max(self.segments, default=0) + 1
         path = segment_path(self.directory, number)
+        if os.path.exists(sidecar_path(self.directory, number)):  # a leftover must never describe this file
+            os.unlink(sidecar_path(self.directory, number))
         segment = Segment(number, os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 0)
         self.segments[number] = segment
         previous, self.current = self.current, segment
         if previous is not None:
+            if self._records is not None:
+                self._sealed.append((previous.number, previous.size, self._records))
+                self._records = SegmentRecords()
             self._reclaim(previous.number)
 
     def stats(self) -> StoreStats:

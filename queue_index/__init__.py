@@ -7,7 +7,7 @@ Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`Totals`, :class:`Expiry
 :class:`Schedule` and :class:`ScheduledEntry`.
 """
 from .expiry import ExpiryHeap
-from .index import IndexEntry, QueueIndex, Totals
+from .index import FLAG_TRANSIENT, IndexEntry, QueueIndex, Totals
 from .schedule import Schedule, ScheduledEntry
 
-__all__ = ["ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals"]
+__all__ = ["FLAG_TRANSIENT", "ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals"]

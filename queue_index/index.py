@@ -15,16 +15,21 @@ new changes are staged.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import shutil
 import struct
 from typing import Iterable, Iterator, NamedTuple
 
+import numpy as np
+
 from .lmdb_batch import open_env
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
+KEY_DTYPE = np.dtype([("queue", ">u4"), ("seq", ">u8")])
+VALUE_DTYPE = np.dtype([("msg_id", ">u8"), ("expiry", ">u8"), ("size", ">u4"), ("flags", "u1")])
 TOTALS = struct.Struct(">QQQQ")
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
@@ -169,10 +174,35 @@ class QueueIndex:
             cursor = txn.cursor()
             if not cursor.set_range(KEY.pack(queue_id, start)):
                 return
+            key_unpack, value_unpack = KEY.unpack, VALUE.unpack
             for key, value in cursor:
                 if key[:4] != prefix:
                     break
-                yield _entry(key, value)
+                msg_id, expiry, size, flags = value_unpack(value)
+                yield IndexEntry(key_unpack(key)[1], msg_id, expiry, size, flags & FLAG_DELIVERED != 0,
+                                 flags & FLAG_TRANSIENT != 0)
+
+    def columns(self, queue_id: int, batch: int = 65536) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
+        """A queue's committed entries as arrays, ``batch`` at a time: seqs, and values with fields
+        ``msg_id``, ``expiry``, ``size``, ``flags`` (a restart walks a deep queue this way)."""
+        upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
+        start = KEY.pack(queue_id, 0)
+        with self._env.begin() as txn:
+            key_cursor, value_cursor = txn.cursor(), txn.cursor()  # one walks keys, one values: no pairs made
+            if not key_cursor.set_range(start):
+                return
+            value_cursor.set_range(start)
+            keys_left = key_cursor.iternext(keys=True, values=False)
+            values_left = value_cursor.iternext(keys=False, values=True)
+            while True:
+                keys = list(itertools.islice(keys_left, batch))
+                end = bisect.bisect_left(keys, upper)
+                if end:
+                    seqs = np.frombuffer(b"".join(keys[:end]), dtype=KEY_DTYPE)["seq"]
+                    values = b"".join(itertools.islice(values_left, end))
+                    yield seqs, np.frombuffer(values, dtype=VALUE_DTYPE)
+                if end < batch:
+                    return
 
     def read(self, queue_id: int, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` entries from ``seq >= start`` on, staged changes included (they are committed

@@ -383,6 +383,41 @@ def test_clean_close_reopens_from_the_snapshot_without_reading_a_segment(tmp_pat
     store.close()
 
 
+def test_after_a_crash_full_segments_are_read_from_their_sidecars(tmp_path, monkeypatch, caplog):
+    store = new_store(tmp_path, segment_size=1000, sidecars=True)
+    payloads = _fill(store, 60)  # several full segments; _fill syncs, which writes their sidecars
+    ids = list(payloads)
+    for msg_id in ids[:5]:
+        store.remove(msg_id)
+        del payloads[msg_id]
+    assert len(seg_files(tmp_path)) > 3 and os.path.exists(tmp_path / "00000001.idx")
+    last = seg_files(tmp_path)[-1]
+    store.close(snapshot=False)  # a crash
+
+    import msg_store.store as store_module
+
+    scanned = []
+    real_scan = store_module.scan
+    monkeypatch.setattr(store_module, "scan", lambda path, **kw: scanned.append(path) or real_scan(path, **kw))
+    store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1000, sidecars=True)
+    assert scanned == [segment_path(str(tmp_path), last)]  # only the segment that was not full
+    store.cache.clear()
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close(snapshot=False)
+
+    with open(tmp_path / "00000002.idx", "r+b") as handle:  # a damaged sidecar: its segment is scanned
+        handle.seek(30)
+        handle.write(b"\xff")
+    scanned.clear()
+    with caplog.at_level(logging.WARNING, logger="warren.msg_store"):
+        store, _dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1000, sidecars=True)
+    assert segment_path(str(tmp_path), 2) in scanned and "sidecar" in caplog.text
+    for msg_id, data in payloads.items():
+        assert store.read(msg_id) == data
+    store.close()
+
+
 def test_snapshot_that_does_not_match_the_files_is_ignored(tmp_path, caplog):
     store = new_store(tmp_path, segment_size=1 << 20)
     payloads = _fill(store, 5)
@@ -530,7 +565,7 @@ class StoreMachine(RuleBasedStateMachine):
         import tempfile
 
         self.dir = tempfile.mkdtemp(prefix="warren-store-sm-")
-        self.kw = dict(segment_size=600, compaction_threshold=0.4, cache_bytes=2000)
+        self.kw = dict(segment_size=600, compaction_threshold=0.4, cache_bytes=2000, sidecars=True)
         self.store = new_store(self.dir, **self.kw)
         self.model: dict[int, tuple[bytes, int]] = {}
 

@@ -308,3 +308,15 @@ def test_totals_follow_puts_replacements_and_deletes(index):
     assert index.recount(5) == index.totals(5) == Totals(3, 151, 1, 1)
     index.delete_queue(5)
     assert index.totals(5) is None and index.queue_ids() == set()
+
+
+def test_columns_match_entries_across_batches_and_queue_boundaries(index):
+    for queue_id in (1, 2, 3):
+        for seq in range(0, 50, queue_id):
+            index.publish(queue_id, seq, seq * 10 + queue_id, expiry=seq % 4, size=seq, transient=seq % 5 == 0)
+    index.commit()
+    for queue_id in (1, 2, 3, 4):
+        for batch in (1, 7, 1000):
+            got = [(int(seq), int(v["msg_id"]), int(v["expiry"]), int(v["size"]), bool(v["flags"] & 2))
+                   for seqs, values in index.columns(queue_id, batch) for seq, v in zip(seqs, values)]
+            assert got == [(e.seq, e.msg_id, e.expiry, e.size, e.transient) for e in index.entries(queue_id)]
