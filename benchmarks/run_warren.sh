@@ -25,8 +25,9 @@ if [ "${BENCH_TLS:-0}" = 1 ]; then
     NODE_TLS=(--tls-port "$TLS_PORT" --tls-certfile "$TMP/server.pem" --tls-keyfile "$TMP/server.key")
     LOAD_TO=(--port "$TLS_PORT" --tls-ca "$TMP/ca.pem")
 fi
+# shellcheck disable=SC2086  # BROKER_ARGS: extra broker options, split on spaces (e.g. "--queue-window 100000")
 "$PYTHON" -m amqp_server --bind 127.0.0.1 --amqp-port "$PORT" --data-dir "$TMP/data" --mgmt-enabled false --log-level WARNING \
-    "${NODE_TLS[@]}" > "$TMP/broker.log" 2>&1 &
+    "${NODE_TLS[@]}" ${BROKER_ARGS:-} > "$TMP/broker.log" 2>&1 &
 PID=$!
 cleanup() { kill -TERM "$PID" 2>/dev/null; wait "$PID" 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT

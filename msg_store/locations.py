@@ -19,7 +19,9 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-CHUNK = 4096
+CHUNK_BITS = 12
+CHUNK = 1 << CHUNK_BITS
+_SLOT = CHUNK - 1
 ABSENT = -1  # refs of an id with no record
 _CHUNK_HEAD = struct.Struct(">QI")  # chunk number, live ids
 
@@ -51,14 +53,14 @@ class Locations:
         return self._count
 
     def __contains__(self, msg_id: int) -> bool:
-        chunk = self._chunks.get(msg_id // CHUNK)
-        return chunk is not None and chunk.refs[msg_id % CHUNK] != ABSENT
+        chunk = self._chunks.get(msg_id >> CHUNK_BITS)
+        return chunk is not None and chunk.refs[msg_id & _SLOT] != ABSENT
 
     def get(self, msg_id: int) -> Location | None:
-        chunk = self._chunks.get(msg_id // CHUNK)
+        chunk = self._chunks.get(msg_id >> CHUNK_BITS)
         if chunk is None:
             return None
-        i = msg_id % CHUNK
+        i = msg_id & _SLOT
         refs = chunk.refs[i]
         if refs == ABSENT:
             return None
@@ -72,7 +74,7 @@ class Locations:
 
     def put(self, msg_id: int, segment: int, offset: int, size: int, refs: int) -> None:
         """Record (or move) ``msg_id``'s payload."""
-        number, i = divmod(msg_id, CHUNK)
+        number, i = msg_id >> CHUNK_BITS, msg_id & _SLOT
         chunk = self._chunks.get(number)
         if chunk is None:
             chunk = self._chunks[number] = _Chunk()
@@ -105,16 +107,14 @@ class Locations:
             chunk.refs[i] = 0
         return replaced
 
-    def put_columns(self, segment: int, ids: bytes, offsets: bytes, sizes: bytes) -> tuple[list[tuple[int, int]],
-                                                                                           int, int]:
-        """Recovery: a segment's records from its sidecar (machine arrays' bytes: u64 ids, u32 offsets, u32
-        sizes), refs 0, a chunk at a time.  Returns the (segment, size) of the locations this replaced
-        (records copied by a compaction), how many records there were and the highest id."""
-        id_column = np.frombuffer(ids, dtype=np.uint64)
-        if not len(id_column):
+    def put_records(self, segment: int, records: bytes) -> tuple[list[tuple[int, int]], int, int]:
+        """Recovery: a segment's records from its sidecar ((msg_id, offset, size) as machine u64s), refs 0,
+        a chunk at a time.  Returns the (segment, size) of the locations this replaced (records copied by a
+        compaction), how many records there were and the highest id."""
+        table = np.frombuffer(records, dtype=np.uint64).reshape(-1, 3)
+        if not len(table):
             return [], 0, 0
-        offset_column = np.frombuffer(offsets, dtype=np.uint32)
-        size_column = np.frombuffer(sizes, dtype=np.uint32)
+        id_column, offset_column, size_column = table[:, 0], table[:, 1], table[:, 2]
         replaced: list[tuple[int, int]] = []
         numbers = id_column // CHUNK
         for number in np.unique(numbers).tolist():
@@ -183,10 +183,10 @@ class Locations:
         chunk.refs[i] = refs
         return refs
 
-    def release(self, msg_id: int, count: int) -> Location | None:
-        """Drop ``count`` references; the location if that was the last (the id is gone then), else None
-        (None too for an id that is not here)."""
-        number, i = divmod(msg_id, CHUNK)
+    def release(self, msg_id: int, count: int) -> tuple[int, int] | None:
+        """Drop ``count`` references; the (segment, size) it had if that was the last (the id is gone then),
+        else None (None too for an id that is not here)."""
+        number, i = msg_id >> CHUNK_BITS, msg_id & _SLOT
         chunk = self._chunks.get(number)
         if chunk is None:
             return None
@@ -197,13 +197,12 @@ class Locations:
         if refs > 0:
             chunk.refs[i] = refs
             return None
-        location = Location(chunk.segment[i], chunk.offset[i], chunk.size[i], 0)
         chunk.refs[i] = ABSENT
         chunk.live -= 1
         self._count -= 1
         if not chunk.live:
             del self._chunks[number]
-        return location
+        return chunk.segment[i], chunk.size[i]
 
     def pop(self, msg_id: int) -> Location | None:
         location = self.get(msg_id)

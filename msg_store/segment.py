@@ -92,43 +92,28 @@ def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
             os.fsync(handle.fileno())
 
 
-class SegmentRecords:
-    """The (msg_id, offset, size) of every record written to a segment, in file order, as three machine
-    arrays; when the segment is full and synced they become its sidecar file, which a restart after a crash
-    reads instead of the segment (only the segments written since the last sync are scanned)."""
-
-    __slots__ = ("ids", "offsets", "sizes")
-
-    def __init__(self) -> None:
-        self.ids = array("Q")
-        self.offsets = array("I")
-        self.sizes = array("I")
-
-    def add(self, msg_id: int, offset: int, size: int) -> None:
-        self.ids.append(msg_id)
-        self.offsets.append(offset)
-        self.sizes.append(size)
+def new_records() -> array:
+    """The (msg_id, offset, size) of every record written to a segment, in file order, interleaved in one
+    machine array; when the segment is full and synced it becomes its sidecar file, which a restart after a
+    crash reads instead of the segment (only the segments written since the last sync are scanned)."""
+    return array("Q")
 
 
-def write_sidecar(directory: str, number: int, segment_size: int, records: SegmentRecords) -> None:
+def write_sidecar(directory: str, number: int, segment_size: int, records: array) -> None:
     """Write and fsync the sidecar of a segment whose records are synced."""
-    columns = (records.ids.tobytes(), records.offsets.tobytes(), records.sizes.tobytes())
-    crc = 0
-    for column in columns:
-        crc = zlib.crc32(column, crc)
+    column = records.tobytes()
     path = sidecar_path(directory, number)
     with open(path + ".tmp", "wb") as handle:
-        handle.write(_SIDECAR_HEAD.pack(_SIDECAR_MAGIC, len(records.ids), segment_size, crc))
-        for column in columns:
-            handle.write(column)
+        handle.write(_SIDECAR_HEAD.pack(_SIDECAR_MAGIC, len(records) // 3, segment_size, zlib.crc32(column)))
+        handle.write(column)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(path + ".tmp", path)
 
 
-def read_sidecar(directory: str, number: int, segment_size: int) -> tuple[bytes, bytes, bytes] | None:
-    """The (ids, offsets, sizes) columns of a segment's sidecar (machine arrays' bytes), or None if it has
-    none or one that does not match the segment file."""
+def read_sidecar(directory: str, number: int, segment_size: int) -> bytes | None:
+    """The records of a segment's sidecar (``new_records``' bytes), or None if it has none or one that does
+    not match the segment file."""
     try:
         with open(sidecar_path(directory, number), "rb") as handle:
             data = handle.read()
@@ -137,8 +122,8 @@ def read_sidecar(directory: str, number: int, segment_size: int) -> tuple[bytes,
     if len(data) < _SIDECAR_HEAD.size:
         return None
     magic, count, size, crc = _SIDECAR_HEAD.unpack_from(data)
-    body = memoryview(data)[_SIDECAR_HEAD.size:]
-    if magic != _SIDECAR_MAGIC or size != segment_size or len(body) != 16 * count or zlib.crc32(body) != crc:
+    body = data[_SIDECAR_HEAD.size:]
+    if magic != _SIDECAR_MAGIC or size != segment_size or len(body) != 24 * count or zlib.crc32(body) != crc:
         log.warning("sidecar of segment %d does not match it: scanning the segment", number)
         return None
-    return bytes(body[:8 * count]), bytes(body[8 * count:12 * count]), bytes(body[12 * count:])
+    return body

@@ -18,12 +18,14 @@ import struct
 import time
 from dataclasses import dataclass
 
+from array import array
+
 import numpy as np
 from cachetools import LRUCache
 
-from .locations import Location, Locations, fsync_dir
-from .segment import (HEAD_SIZE, Segment, SegmentRecords, encode_head, list_segments, list_sidecars,
-                      read_sidecar, scan, segment_path, sidecar_path, write_sidecar)
+from .locations import Locations, fsync_dir
+from .segment import (HEAD_SIZE, Segment, encode_head, list_segments, list_sidecars, new_records, read_sidecar,
+                      scan, segment_path, sidecar_path, write_sidecar)
 
 log = logging.getLogger("warren.msg_store")
 
@@ -83,8 +85,8 @@ class MessageStore:
         self.next_id = 1
         self._reserved = 0  # ids below this are on record as handed out (see _reserve)
         self.current: Segment | None = None
-        self._records: SegmentRecords | None = SegmentRecords() if sidecars else None  # the current segment's
-        self._sealed: list[tuple[int, int, SegmentRecords]] = []  # full segments whose sidecar is not written
+        self._records: array | None = new_records() if sidecars else None  # the current segment's
+        self._sealed: list[tuple[int, int, array]] = []  # full segments whose sidecar is not written
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -106,14 +108,14 @@ class MessageStore:
         for number in numbers:
             path = segment_path(self.directory, number)
             size = os.path.getsize(path)
-            columns = read_sidecar(self.directory, number, size)
-            if columns is None:
+            records_bytes = read_sidecar(self.directory, number, size)
+            if records_bytes is None:
                 records = list(scan(path))
                 replaced = index.put_many(number, records)
                 count = len(records)
                 highest = max((record[0] for record in records), default=0)
             else:
-                replaced, count, highest = index.put_columns(number, *columns)
+                replaced, count, highest = index.put_records(number, records_bytes)
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
             for old_segment, old_size in replaced:  # a compaction copied these; the later copy wins
@@ -136,7 +138,8 @@ class MessageStore:
         """Records no queue claimed are dead; returns how many."""
         unclaimed = [] if self.clean else self.index.unclaimed()
         for msg_id in unclaimed:
-            self._kill(self.index.pop(msg_id))
+            location = self.index.pop(msg_id)
+            self._kill(location.segment, location.size)
         self._open_new_segment()
         for number in list(self.segments):
             self._reclaim(number)
@@ -236,7 +239,7 @@ class MessageStore:
         self._tail_ids[msg_id] = (payload_at, size)
         self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
         if self._records is not None:
-            self._records.add(msg_id, record_at + HEAD_SIZE, size)
+            self._records.extend((msg_id, record_at + HEAD_SIZE, size))
         current.live += 1
         if current.size + len(tail) >= self.segment_size:
             self.flush()
@@ -267,13 +270,13 @@ class MessageStore:
         self._dirty.clear()
         return fds
 
-    def take_sealed(self) -> list[tuple[int, int, SegmentRecords]]:
+    def take_sealed(self) -> list[tuple[int, int, array]]:
         """Full segments (number, size, records) whose sidecars may be written once the fds of the
         ``dirty_fds`` taken with them are fsynced (``write_sidecars``, off the event loop if need be)."""
         sealed, self._sealed = self._sealed, []
         return sealed
 
-    def write_sidecars(self, sealed: list[tuple[int, int, SegmentRecords]]) -> None:
+    def write_sidecars(self, sealed: list[tuple[int, int, array]]) -> None:
         for number, size, records in sealed:
             if os.path.exists(segment_path(self.directory, number)):  # not deleted meanwhile
                 write_sidecar(self.directory, number, size, records)
@@ -354,12 +357,12 @@ class MessageStore:
     # -- removal and compaction ---------------------------------------------------------------
 
     def remove(self, msg_id: int, count: int = 1) -> None:
-        location = self.index.release(msg_id, count)
-        if location is None:
+        freed = self.index.release(msg_id, count)
+        if freed is None:
             return
         self.cache.pop(msg_id, None)
-        self._kill(location)
-        self._reclaim(location.segment)
+        self._kill(*freed)
+        self._reclaim(freed[0])
         current = self.current
         if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
             self._retire_current()
@@ -369,14 +372,14 @@ class MessageStore:
         self._tail = bytearray()
         self._tail_ids.clear()
         if self._records is not None:
-            self._records = SegmentRecords()  # all dead: its sidecar lists nothing
+            self._records = new_records()  # all dead: its sidecar lists nothing
         self._open_new_segment()
 
-    def _kill(self, location: Location) -> None:
-        segment = self.segments[location.segment]
+    def _kill(self, number: int, size: int) -> None:
+        segment = self.segments[number]
         segment.touched = time.monotonic()
         segment.live -= 1
-        segment.dead_bytes += location.size + HEAD_SIZE
+        segment.dead_bytes += size + HEAD_SIZE
 
     def _reclaim(self, number: int) -> None:
         segment = self.segments.get(number)
@@ -468,7 +471,7 @@ class MessageStore:
         if previous is not None:
             if self._records is not None:
                 self._sealed.append((previous.number, previous.size, self._records))
-                self._records = SegmentRecords()
+                self._records = new_records()
             self._reclaim(previous.number)
 
     def stats(self) -> StoreStats:

@@ -20,7 +20,7 @@ import itertools
 import os
 import shutil
 import struct
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ TOTALS = struct.Struct(">QQQQ")
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
 COMPACT_MIN_BYTES = 4 << 20
+ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
 
 
 class IndexEntry(NamedTuple):
@@ -143,16 +144,19 @@ class QueueIndex:
         self._puts, self._updates, self._deletes = {}, {}, []
         changes: dict[bytes, list[int]] = {}
         with self._env.begin(write=True) as txn:
-            _account(changes, ((key, txn.pop(key)) for key in deletes), -1)
+            if deletes:
+                removed = list(map(txn.pop, deletes))  # None where nothing was there
+                _account(changes, list(itertools.compress(deletes, removed)), list(filter(None, removed)), -1)
             items = sorted(puts.items())
             if items and txn.cursor().putmulti(items, overwrite=False)[1] == len(items):
-                _account(changes, items, 1)
+                keys, values = zip(*items)
+                _account(changes, keys, values, 1)
             else:  # some key was on disk already: count what each put replaced
                 for key, value in items:
                     old = txn.replace(key, value)
                     if old is not None and old != value:
-                        _account(changes, ((key, old),), -1)
-                    _account(changes, ((key, value),), 1)
+                        _account(changes, [key], [old], -1)
+                    _account(changes, [key], [value], 1)
             if updates:
                 txn.cursor().putmulti(sorted(updates.items()))
             for prefix, change in changes.items():
@@ -294,12 +298,29 @@ class QueueIndex:
 
 
 
-def _account(changes: dict[bytes, list[int]], entries: Iterable[tuple[bytes, bytes | None]], sign: int) -> None:
-    """Add (sign 1) or take (-1) entries' weight to their queues' changes of totals."""
+def _account(changes: dict[bytes, list[int]], keys: Sequence[bytes], values: Sequence[bytes], sign: int) -> None:
+    """Add (sign 1) or take (-1) entries' weight to their queues' changes of totals: in Python for a few, as
+    arrays for a batch (a busy queue commits hundreds of entries at a time)."""
+    if len(keys) >= ARRAY_ACCOUNTING:
+        entries = np.frombuffer(b"".join(values), dtype=VALUE_DTYPE)
+        if keys[0][:4] == keys[-1][:4] and all(key[:4] == keys[0][:4] for key in keys):  # one queue: no grouping
+            change = changes.setdefault(keys[0][:4], [0, 0, 0, 0])
+            for field, amount in enumerate((len(entries), int(entries["size"].sum()),
+                                            int(np.count_nonzero(entries["expiry"])),
+                                            int(np.count_nonzero(entries["flags"] & FLAG_TRANSIENT)))):
+                change[field] += sign * amount
+            return
+        queues = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["queue"]
+        ids, which = np.unique(queues, return_inverse=True)
+        columns = (np.bincount(which), np.bincount(which, entries["size"]),
+                   np.bincount(which, entries["expiry"] != 0), np.bincount(which, (entries["flags"] & FLAG_TRANSIENT) != 0))
+        for i, queue_id in enumerate(ids.tolist()):
+            change = changes.setdefault(queue_id.to_bytes(4, "big"), [0, 0, 0, 0])
+            for field, column in enumerate(columns):
+                change[field] += sign * int(column[i])
+        return
     unpack = VALUE.unpack
-    for key, value in entries:
-        if value is None:
-            continue
+    for key, value in zip(keys, values):
         change = changes.get(key[:4])
         if change is None:
             change = changes[key[:4]] = [0, 0, 0, 0]

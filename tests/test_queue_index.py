@@ -320,3 +320,19 @@ def test_columns_match_entries_across_batches_and_queue_boundaries(index):
             got = [(int(seq), int(v["msg_id"]), int(v["expiry"]), int(v["size"]), bool(v["flags"] & 2))
                    for seqs, values in index.columns(queue_id, batch) for seq, v in zip(seqs, values)]
             assert got == [(e.seq, e.msg_id, e.expiry, e.size, e.transient) for e in index.entries(queue_id)]
+
+
+@pytest.mark.parametrize("n", [10, 500])  # a few are counted in Python, a batch as arrays
+def test_totals_of_a_commit_counted_either_way(index, n):
+    for queue_id in (7, 8):
+        for seq in range(n):
+            index.publish(queue_id, seq, seq, expiry=seq % 3, size=seq, transient=seq % 4 == 0)
+    index.commit()
+    want = Totals(n, sum(range(n)), sum(1 for s in range(n) if s % 3), sum(1 for s in range(n) if s % 4 == 0))
+    assert index.totals(7) == index.totals(8) == want
+    for seq in range(0, n, 2):
+        index.ack(7, seq)
+    index.commit()
+    odd = range(1, n, 2)
+    assert index.totals(7) == Totals(len(odd), sum(odd), sum(1 for s in odd if s % 3), 0)
+    assert index.totals(8) == want
