@@ -75,13 +75,16 @@ class Message:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
         return _ROUTE_LEN.pack(len(self.route), len(self.header)), self.route, self.header, self.body
 
-    def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None) -> None:
-        """Route, header and body back from a store's ``payload()`` record.  ``routes``: decoded routes to
-        share across the messages of one batch (they are few, and the same route is then one object)."""
+    def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None,
+                  headers: dict[bytes, bytes] | None = None) -> None:
+        """Route, header and body back from a store's ``payload()`` record.  ``routes`` and ``headers``: what
+        the messages of one batch share (a few routes and headers: each is then one object in memory)."""
         route_len, header_len = _ROUTE_LEN.unpack_from(payload)
         start = _ROUTE_LEN.size
-        self.fill(payload[start:start + route_len], payload[start + route_len:start + route_len + header_len],
-                  payload[start + route_len + header_len:], routes)
+        header = payload[start + route_len:start + route_len + header_len]
+        if headers is not None:
+            header = headers.setdefault(header, header)
+        self.fill(payload[start:start + route_len], header, payload[start + route_len + header_len:], routes)
 
     def fill(self, route: bytes, header: bytes, body: bytes,
              routes: dict[bytes, tuple[bytes, str, str]] | None = None) -> None:

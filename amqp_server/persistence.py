@@ -196,28 +196,23 @@ class Persistence:
         known = {queue.index_id for queue in queues}
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
-        count = lost = walked = 0
-        claim_many = self.store.claim_many
+        walk = _Walk(self.index, self.store)
+        totals_of: dict[int, Totals] = {}
         for queue in queues:
             queue_id = queue.index_id
-            totals = self.index.totals(queue_id) or self.index.recount(queue_id)
-            expiries: list[tuple[int, int]] = []
+            totals = totals_of[queue_id] = self.index.totals(queue_id) or self.index.recount(queue_id)
             if totals.count and (not clean or totals.transient or totals.expiring):
-                walked += 1
-                for seqs, values in self.index.columns(queue_id):  # arrays: a batch of entries at a time
-                    transient = (values["flags"] & FLAG_TRANSIENT) != 0
-                    found = np.zeros(len(seqs), dtype=bool)
-                    found[~transient] = claim_many(values["msg_id"][~transient])
-                    gone = seqs[~found].tolist()
-                    for seq in gone:  # transient (their store is gone) or lost
-                        self.index.ack(queue_id, seq)
-                    lost += len(gone) - int(transient.sum())
-                    expiring = found & (values["expiry"] != 0)
-                    expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
-                self.index.commit()
-                totals = self.index.totals(queue_id) or Totals()
-            queue.recover(totals.count, totals.bytes, self.index.last_seq(queue_id), expiries)
+                walk.queue(queue_id, totals.count)
+        walk.finish()
+        count = 0
+        for queue in queues:
+            totals = totals_of[queue.index_id]
+            if queue.index_id in walk.expiries:
+                totals = self.index.totals(queue.index_id) or Totals()
+            queue.recover(totals.count, totals.bytes, self.index.last_seq(queue.index_id),
+                          walk.expiries.get(queue.index_id, ()))
             count += totals.count
+        walked, lost = len(walk.expiries), walk.lost
         for journal in self.journals:
             journal.claim(self.store)
         dead = self.store.finish_recovery()
@@ -225,3 +220,52 @@ class Persistence:
         log.info("recovered %d messages in %d durable queues in %.3fs (%s; %d queues walked, %d dead records, "
                  "%d missing)", count, len(queues), time.monotonic() - started,
                  "clean shutdown" if clean else "segments scanned", walked, dead, lost)
+
+
+class _Walk:
+    """Recovery's walk over queues' index entries, as arrays: the store's references are claimed a million
+    ids at a time across queues (ids of neighbouring queues share the store's chunks), transient entries
+    and entries whose message the store lost are dropped, and each queue's (expiry, seq) pairs collected."""
+
+    CLAIM_BATCH = 1 << 20
+    READ_BATCH = 1 << 16  # entries read from the index at a time (the +1 that ends a short queue included)
+
+    def __init__(self, index: QueueIndex, store: MessageStore) -> None:
+        self.index = index
+        self.store = store
+        self.expiries: dict[int, list[tuple[int, int]]] = {}
+        self.lost = 0
+        self._pending: list[tuple[int, "np.ndarray", "np.ndarray", "np.ndarray"]] = []
+        self._pending_ids = 0
+
+    def queue(self, queue_id: int, count: int) -> None:
+        self.expiries[queue_id] = []
+        for seqs, values in self.index.columns(queue_id, min(count + 1, self.READ_BATCH)):
+            kept = (values["flags"] & FLAG_TRANSIENT) == 0
+            self._pending.append((queue_id, seqs, values, kept))
+            self._pending_ids += len(seqs)
+            if self._pending_ids >= self.CLAIM_BATCH:
+                self._claim()
+
+    def finish(self) -> None:
+        self._claim()
+        self.index.commit()
+
+    def _claim(self) -> None:
+        if not self._pending:
+            return
+        found_all = self.store.claim_many(np.concatenate([values["msg_id"][kept]
+                                                          for _q, _s, values, kept in self._pending]))
+        start = 0
+        for queue_id, seqs, values, kept in self._pending:
+            found = np.zeros(len(seqs), dtype=bool)
+            found[kept] = found_all[start:start + int(kept.sum())]
+            start += int(kept.sum())
+            gone = seqs[~found].tolist()
+            for seq in gone:  # transient (their store is gone) or lost
+                self.index.ack(queue_id, seq)
+            self.lost += len(gone) - int((~kept).sum())
+            expiring = found & (values["expiry"] != 0)
+            self.expiries[queue_id].extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
+        self._pending = []
+        self._pending_ids = 0

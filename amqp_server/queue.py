@@ -684,6 +684,7 @@ class Queue:
         persistent = self.persistence.store if self.persistence is not None else None
         payloads = {}  # the batch's contents, a read or two per store rather than one per message
         routes: dict[bytes, tuple[bytes, str, str]] = {}
+        headers: dict[bytes, bytes] = {}
         for store, transient in ((self.pager.store, True), (persistent, False)):
             ids = [row.msg_id for row in rows if row.transient == transient]
             if ids and store is not None:
@@ -701,7 +702,7 @@ class Queue:
                 continue
             entry = self._paged_entry(row)
             if payload is not None:
-                entry.message.fill_from(payload, routes)
+                entry.message.fill_from(payload, routes, headers)
             admit(entry)
             if row.expiry:
                 self._expiring[row.seq] = entry

@@ -19,6 +19,7 @@ from .broker import Broker
 from .clients import Clients
 from .config import Config
 from .connection import Connection
+from .memory import memory_used
 from .persistence import Persistence
 from .publisher_flow import MEMORY, PublisherFlow
 
@@ -63,11 +64,6 @@ def _trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Node:
@@ -130,7 +126,7 @@ class Node:
         """Set or clear the memory alarm; the RSS. Every second, and whenever a publisher has sent another
         8 MiB of a message (channel.MEMORY_CHECK_BYTES) (a fast publisher outruns the clock)."""
         limit = self.config.memory_limit
-        rss = _rss()
+        rss = memory_used()
         alarmed = self.flow.alarmed(MEMORY)
         if rss > limit and not alarmed:
             log.warning("memory alarm set: %d bytes used, limit %d; blocking publishers", rss, limit)

@@ -492,7 +492,9 @@ def run(args) -> dict:
             dt = 0.0
             for i, queue in enumerate(queues):
                 share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
-                dt += consume_count(conn, 1, queue, share, timeout=args.consume_timeout, progress=con_progress)
+                if i:  # a channel per queue: each keeps its consumer
+                    conn.channel_open(i + 1)
+                dt += consume_count(conn, i + 1, queue, share, timeout=args.consume_timeout, progress=con_progress)
             res["consume_s"] = dt
             res["consume_rate"] = args.messages / dt
             conn.close()  # also makes sure the last ack was processed before we look at counts

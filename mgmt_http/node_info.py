@@ -5,13 +5,9 @@ import os
 import resource
 import shutil
 
+from amqp_server.memory import memory_used
 
-def rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+__all__ = ["disk_free", "fd_total", "fd_used", "memory_used"]
 
 
 def fd_used() -> int:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from amqp_server.broker import Broker
 from amqp_server.clients import Clients
 
-from .node_info import disk_free, fd_used, rss_bytes
+from .node_info import disk_free, fd_used, memory_used
 
 DEFAULT_INTERVAL = 5.0  # RabbitMQ's collect_statistics_interval
 
@@ -38,7 +38,7 @@ def disk_counters(broker: Broker) -> dict[str, int]:
 
 
 def node_gauges(broker: Broker, clients: Clients) -> dict[str, int]:
-    return {"mem_used": rss_bytes(), "fd_used": fd_used(), "sockets_used": len(clients.connections),
+    return {"mem_used": memory_used(), "fd_used": fd_used(), "sockets_used": len(clients.connections),
             "disk_free": disk_free(broker.data_dir)}
 
 

@@ -212,3 +212,45 @@ async def test_move_from_a_deep_transient_tail_into_a_queue_that_pages_it_again(
     assert drain(broker, vhost, "dst") == bodies(100)
     broker.pager.index.commit()
     assert broker.pager.store.stats().messages == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_deep_queue_through_amqp_and_http(start_broker):
+    """A node whose durable queues keep 16 messages in memory: the HTTP API's counts, peek, get, the Spark
+    bridge's offsets, records and commit, and AMQP consumers all see the part on disk."""
+    import pyarrow as pa
+    import pika
+
+    from test_mgmt_api import call
+
+    node = start_broker("--queue-window", "16")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("deep", durable=True)
+    channel.confirm_delivery()
+    for i in range(300):
+        channel.basic_publish("", "deep", b"m%d" % i, pika.BasicProperties(delivery_mode=2 if i % 3 else 1))
+    shown = call(node, "GET", "/api/queues/%2F/deep").json
+    assert shown["messages"] == 300 and shown["messages_paged_out"] >= 284 and shown["messages_ram"] <= 16
+    peeked = call(node, "GET", "/api/queues/%2F/deep/peek?offset=250&count=3").json
+    assert [m["payload"] for m in peeked] == ["m250", "m251", "m252"]
+    offsets = call(node, "GET", "/api/queues/%2F/deep/offsets").json
+    assert (offsets["head"], offsets["tail"], offsets["messages"]) == (0, 300, 300)
+    raw = call(node, "GET", "/api/queues/%2F/deep/records?start=10&end=290&batch=50").raw
+    table = pa.ipc.open_stream(raw).read_all()
+    assert table.column("offset").to_pylist() == list(range(10, 290))
+    assert table.column("body").to_pylist()[:2] == [b"m10", b"m11"]
+    assert call(node, "POST", "/api/queues/%2F/deep/commit", {"offset": 200}).json["removed"] == 200
+    got = call(node, "POST", "/api/queues/%2F/deep/get", {"count": 2, "ackmode": "ack_requeue_true",
+                                                          "encoding": "auto"}).json
+    assert [m["payload"] for m in got] == ["m200", "m201"]
+    bodies = []
+    channel.basic_qos(prefetch_count=10)
+    for method, _props, body in channel.consume("deep", inactivity_timeout=2):
+        if method is None:
+            break
+        bodies.append(body)
+        channel.basic_ack(method.delivery_tag)
+    assert bodies == [b"m%d" % i for i in range(200, 300)]
+    assert call(node, "GET", "/api/queues/%2F/deep").json["messages"] == 0
+    connection.close()
