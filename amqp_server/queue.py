@@ -51,6 +51,7 @@ log = logging.getLogger("warren.queue")
 
 PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
 PAGE_IN_BATCH = 1024
+PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has none of its own)
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
@@ -678,9 +679,12 @@ class Queue:
         return Entry(row.seq, Message.stored(row.msg_id, row.size), row.delivered, row.expiry)
 
     def _page_in(self) -> None:
-        """Bring the next batch of the tail into memory."""
+        """Bring the next batch of the tail into memory; the whole tail if it fits in the window, so a queue
+        that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
+        on through it)."""
         index, queue_id = self._page_index()
-        rows = index.read(queue_id, self.paged_from, PAGE_IN_BATCH)
+        room = (self.window or PAGED_WINDOW) - (len(self.ready) - self.gone_in_ready)
+        rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
         persistent = self.persistence.store if self.persistence is not None else None
         payloads = {}  # the batch's contents, a read or two per store rather than one per message
         routes: dict[bytes, tuple[bytes, str, str]] = {}
