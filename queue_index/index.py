@@ -189,35 +189,39 @@ class QueueIndex:
     def columns(self, queue_id: int, batch: int = 65536) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
         """A queue's committed entries as arrays, ``batch`` at a time: seqs, and values with fields
         ``msg_id``, ``expiry``, ``size``, ``flags`` (a restart walks a deep queue this way)."""
-        upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
-        start = KEY.pack(queue_id, 0)
-        with self._env.begin() as txn:
-            key_cursor, value_cursor = txn.cursor(), txn.cursor()  # one walks keys, one values: no pairs made
-            if not key_cursor.set_range(start):
+        start = 0
+        while True:
+            keys, values = self._walk(queue_id, start, batch)
+            if not keys:
                 return
-            value_cursor.set_range(start)
-            keys_left = key_cursor.iternext(keys=True, values=False)
-            values_left = value_cursor.iternext(keys=False, values=True)
-            while True:
-                keys = list(itertools.islice(keys_left, batch))
-                end = bisect.bisect_left(keys, upper)
-                if end:
-                    seqs = np.frombuffer(b"".join(keys[:end]), dtype=KEY_DTYPE)["seq"]
-                    values = b"".join(itertools.islice(values_left, end))
-                    yield seqs, np.frombuffer(values, dtype=VALUE_DTYPE)
-                if end < batch:
-                    return
+            seqs = np.frombuffer(keys, dtype=KEY_DTYPE)["seq"]
+            yield seqs, np.frombuffer(values, dtype=VALUE_DTYPE)
+            if len(seqs) < batch:
+                return
+            start = int(seqs[-1]) + 1
 
     def read(self, queue_id: int, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` entries from ``seq >= start`` on, staged changes included (they are committed
         first: durable only after the next ``sync``, as any commit)."""
         self.commit()
-        found = []
-        for entry in self.entries(queue_id, start):
-            found.append(entry)
-            if len(found) >= limit:
-                break
-        return found
+        keys, values = self._walk(queue_id, start, limit)
+        return [IndexEntry(seq, msg_id, expiry, size, flags & FLAG_DELIVERED != 0, flags & FLAG_TRANSIENT != 0)
+                for (_queue, seq), (msg_id, expiry, size, flags) in zip(KEY.iter_unpack(keys),
+                                                                        VALUE.iter_unpack(values))]
+
+    def _walk(self, queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
+        """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined:
+        one cursor walks keys, another values, so no (key, value) pair is made per entry."""
+        upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
+        first = KEY.pack(queue_id, start)
+        with self._env.begin() as txn:
+            key_cursor, value_cursor = txn.cursor(), txn.cursor()
+            if not key_cursor.set_range(first):
+                return b"", b""
+            value_cursor.set_range(first)
+            keys = list(itertools.islice(key_cursor.iternext(keys=True, values=False), limit))
+            end = bisect.bisect_left(keys, upper)
+            return b"".join(keys[:end]), b"".join(itertools.islice(value_cursor.iternext(keys=False, values=True), end))
 
     def take(self, queue_id: int, start: int, end: int, limit: int) -> list[IndexEntry]:
         """Delete up to ``limit`` entries with ``start <= seq < end`` (staged changes committed first) and
