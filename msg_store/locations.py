@@ -66,6 +66,16 @@ class Locations:
             return None
         return Location(chunk.segment[i], chunk.offset[i], chunk.size[i], refs)
 
+    def find(self, msg_id: int) -> tuple[int, int, int] | None:
+        """(segment, offset, size) of ``msg_id``'s payload: ``get`` without its refs, for the read path."""
+        chunk = self._chunks.get(msg_id >> CHUNK_BITS)
+        if chunk is None:
+            return None
+        i = msg_id & _SLOT
+        if chunk.refs[i] == ABSENT:
+            return None
+        return chunk.segment[i], chunk.offset[i], chunk.size[i]
+
     def __getitem__(self, msg_id: int) -> Location:
         location = self.get(msg_id)
         if location is None:

@@ -298,11 +298,14 @@ class MessageStore:
         if pending is not None:
             start, size = pending
             return bytes(self._tail[start:start + size])
-        location = self.index[msg_id]
-        data = os.pread(self.segments[location.segment].fd, location.size, location.offset)
+        found_at = self.index.find(msg_id)
+        if found_at is None:
+            raise KeyError(msg_id)
+        number, offset, size = found_at
+        data = os.pread(self.segments[number].fd, size, offset)
         self.reads += 1
-        if len(data) != location.size:
-            raise IOError(f"message {msg_id}: short read from segment {location.segment}")
+        if len(data) != size:
+            raise IOError(f"message {msg_id}: short read from segment {number}")
         self.cache[msg_id] = data
         return data
 
@@ -321,11 +324,11 @@ class MessageStore:
                 start, size = pending
                 found[position] = bytes(self._tail[start:start + size])
                 continue
-            location = index.get(msg_id)
-            if location is None or spent + location.size > budget:
+            found_at = index.find(msg_id)
+            if found_at is None or spent + found_at[2] > budget:
                 continue
-            spent += location.size
-            wanted.append((location.segment, location.offset, location.size, position))
+            spent += found_at[2]
+            wanted.append((*found_at, position))
         wanted.sort()
         i = 0
         while i < len(wanted):
