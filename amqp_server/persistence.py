@@ -202,7 +202,7 @@ class Persistence:
             queue_id = queue.index_id
             totals = totals_of[queue_id] = self.index.totals(queue_id) or self.index.recount(queue_id)
             if totals.count and (not clean or totals.transient or totals.expiring):
-                walk.queue(queue_id, totals.count)
+                walk.queue(queue_id, totals)
         walk.finish()
         count = 0
         for queue in queues:
@@ -238,12 +238,16 @@ class _Walk:
         self._pending: list[tuple[int, "np.ndarray", "np.ndarray", "np.ndarray"]] = []
         self._pending_ids = 0
 
-    def queue(self, queue_id: int, count: int) -> None:
+    def queue(self, queue_id: int, totals: Totals) -> None:
         self.expiries[queue_id] = []
-        for seqs, values in self.index.columns(queue_id, min(count + 1, self.READ_BATCH)):
+        if totals.transient or totals.expiring:  # seqs are wanted: to drop entries, or for the expiry heap
+            batches = self.index.columns(queue_id, min(totals.count + 1, self.READ_BATCH))
+        else:  # only a lost message would need its seq: found again below if one is
+            batches = ((None, values) for values in self.index.values(queue_id, totals.count, self.READ_BATCH))
+        for seqs, values in batches:
             kept = (values["flags"] & FLAG_TRANSIENT) == 0
             self._pending.append((queue_id, seqs, values, kept))
-            self._pending_ids += len(seqs)
+            self._pending_ids += len(values)
             if self._pending_ids >= self.CLAIM_BATCH:
                 self._claim()
 
@@ -258,14 +262,23 @@ class _Walk:
                                                           for _q, _s, values, kept in self._pending]))
         start = 0
         for queue_id, seqs, values, kept in self._pending:
-            found = np.zeros(len(seqs), dtype=bool)
+            found = np.zeros(len(values), dtype=bool)
             found[kept] = found_all[start:start + int(kept.sum())]
             start += int(kept.sum())
-            gone = seqs[~found].tolist()
-            for seq in gone:  # transient (their store is gone) or lost
+            self.lost += int((kept & ~found).sum())
+            if seqs is None:
+                if not found.all():
+                    self._drop_lost(queue_id, values["msg_id"][~found])
+                continue
+            for seq in seqs[~found].tolist():  # transient (their store is gone) or lost
                 self.index.ack(queue_id, seq)
-            self.lost += len(gone) - int((~kept).sum())
             expiring = found & (values["expiry"] != 0)
             self.expiries[queue_id].extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
         self._pending = []
         self._pending_ids = 0
+
+    def _drop_lost(self, queue_id: int, msg_ids: "np.ndarray") -> None:
+        """Entries whose message the store lost, found by id (a values-only walk has no seqs)."""
+        for seqs, values in self.index.columns(queue_id, self.READ_BATCH):
+            for seq in seqs[np.isin(values["msg_id"], msg_ids)].tolist():
+                self.index.ack(queue_id, seq)

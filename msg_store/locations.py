@@ -122,14 +122,8 @@ class Locations:
         a chunk at a time.  Returns the (segment, size) of the locations this replaced (records copied by a
         compaction), how many records there were and the highest id."""
         table = np.frombuffer(records, dtype=np.uint64).reshape(-1, 3)
-        if not len(table):
-            return [], 0, 0
-        id_column, offset_column, size_column = table[:, 0], table[:, 1], table[:, 2]
         replaced: list[tuple[int, int]] = []
-        numbers = id_column // CHUNK
-        for number in np.unique(numbers).tolist():
-            chosen = numbers == number
-            slots = (id_column[chosen] % CHUNK).astype(np.intp)
+        for number, rows, slots in _by_chunk(table[:, 0]):
             chunk = self._chunks.get(number)
             if chunk is None:
                 chunk = self._chunks[number] = _Chunk()
@@ -140,26 +134,23 @@ class Locations:
             chunk.live += added
             self._count += added
             segments[slots] = segment
-            _view(chunk.offset)[slots] = offset_column[chosen]
-            sizes_here[slots] = size_column[chosen]
+            _view(chunk.offset)[slots] = table[rows, 1]
+            sizes_here[slots] = table[rows, 2]
             refs[slots] = 0
-        return replaced, len(id_column), int(id_column.max())
+        return replaced, len(table), int(table[:, 0].max()) if len(table) else 0
 
     def claim_many(self, ids: "np.ndarray", count: bool = True) -> "np.ndarray":
         """Recovery: ``claim`` for an array of ids (``count`` False only checks they are here); which were."""
         found = np.zeros(len(ids), dtype=bool)
-        numbers = ids // CHUNK
-        for number in np.unique(numbers).tolist():
+        for number, rows, slots in _by_chunk(ids):
             chunk = self._chunks.get(number)
             if chunk is None:
                 continue
-            chosen = np.flatnonzero(numbers == number)
-            slots = (ids[chosen] % CHUNK).astype(np.intp)
             refs = _view(chunk.refs)
             here = refs[slots] != ABSENT
             if count:
-                np.add.at(refs, slots[here], 1)
-            found[chosen[here]] = True
+                np.add.at(refs, slots[here], 1)  # add.at: an id twice in the batch counts twice
+            found[rows[here]] = True
         return found
 
     def claim(self, msg_id: int) -> bool:
@@ -271,6 +262,18 @@ class Locations:
     def memory(self) -> int:
         """Bytes the arrays hold (for /metrics and tests)."""
         return len(self._chunks) * 16 * CHUNK
+
+
+def _by_chunk(ids: "np.ndarray") -> Iterator[tuple[int, "np.ndarray", "np.ndarray"]]:
+    """(chunk number, positions in ``ids``, slots in the chunk) for each chunk the ids fall in: one sort,
+    then a slice per chunk."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    numbers = ordered >> CHUNK_BITS
+    bounds = np.flatnonzero(np.diff(numbers)) + 1
+    for start, end in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(ids)])).tolist()):
+        if start < end:
+            yield int(numbers[start]), order[start:end], (ordered[start:end] & _SLOT).astype(np.intp)
 
 
 def _view(column: array) -> "np.ndarray":

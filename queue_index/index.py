@@ -16,6 +16,7 @@ new changes are staged.
 from __future__ import annotations
 
 import bisect
+import logging
 import itertools
 import os
 import shutil
@@ -25,6 +26,8 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from .lmdb_batch import open_env
+
+log = logging.getLogger("warren.queue_index")
 
 KEY = struct.Struct(">IQ")
 VALUE = struct.Struct(">QQIB")
@@ -186,10 +189,10 @@ class QueueIndex:
                 yield IndexEntry(key_unpack(key)[1], msg_id, expiry, size, flags & FLAG_DELIVERED != 0,
                                  flags & FLAG_TRANSIENT != 0)
 
-    def columns(self, queue_id: int, batch: int = 65536) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
-        """A queue's committed entries as arrays, ``batch`` at a time: seqs, and values with fields
-        ``msg_id``, ``expiry``, ``size``, ``flags`` (a restart walks a deep queue this way)."""
-        start = 0
+    def columns(self, queue_id: int, batch: int = 65536,
+                start: int = 0) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
+        """A queue's committed entries from ``seq >= start`` as arrays, ``batch`` at a time: seqs, and values
+        with fields ``msg_id``, ``expiry``, ``size``, ``flags`` (a restart walks a deep queue this way)."""
         while True:
             keys, values = self._walk(queue_id, start, batch)
             if not keys:
@@ -199,6 +202,35 @@ class QueueIndex:
             if len(seqs) < batch:
                 return
             start = int(seqs[-1]) + 1
+
+    def values(self, queue_id: int, count: int, batch: int = 65536) -> Iterator["np.ndarray"]:
+        """The values of a queue's committed entries (``columns`` without the seqs, a third cheaper), taking
+        its totals' ``count`` as where they end.  The totals change with the entries, so they agree; should
+        they not, the rest is walked with its keys (never an entry of another queue is given, none of this
+        queue's is left out)."""
+        prefix = queue_id.to_bytes(4, "big")
+        last_good = None
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(KEY.pack(queue_id, 0)):
+                return
+            rows = cursor.iternext(keys=False, values=True)
+            read = 0
+            while read < count:
+                wanted = min(batch, count - read)
+                values = b"".join(itertools.islice(rows, wanted))
+                key = cursor.key()
+                if len(values) != wanted * VALUE.size or key[:4] != prefix or len(key) != KEY.size:
+                    break
+                yield np.frombuffer(values, dtype=VALUE_DTYPE)
+                last_good, read = key, read + wanted
+            else:
+                if not cursor.next() or cursor.key()[:4] != prefix:
+                    return
+        log.warning("queue index %d: its totals do not match its entries; walking them", queue_id)
+        start = KEY.unpack(last_good)[1] + 1 if last_good is not None else 0
+        for _seqs, values in self.columns(queue_id, batch, start):
+            yield values
 
     def read(self, queue_id: int, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` entries from ``seq >= start`` on, staged changes included (they are committed

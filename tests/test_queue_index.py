@@ -336,3 +336,15 @@ def test_totals_of_a_commit_counted_either_way(index, n):
     odd = range(1, n, 2)
     assert index.totals(7) == Totals(len(odd), sum(odd), sum(1 for s in odd if s % 3), 0)
     assert index.totals(8) == want
+
+
+@pytest.mark.parametrize("off_by", [0, -7, 5, 1000])
+def test_values_trust_the_totals_but_never_stray_from_the_queue(index, off_by, caplog):
+    for queue_id in (1, 2, 3):
+        for seq in range(40):
+            index.publish(queue_id, seq, queue_id * 100 + seq, 0, 1)
+    index.commit()
+    count = index.totals(2).count + off_by  # as if the totals had gone wrong
+    got = [int(m) for values in index.values(2, count, batch=8) for m in values["msg_id"]]
+    assert got == [200 + seq for seq in range(40)]
+    assert ("do not match" in caplog.text) == (off_by != 0)
