@@ -22,6 +22,7 @@ from msg_store import MessageStore
 from queue_index import QueueIndex
 
 from .message import Message
+from .queue import MIN_WINDOW
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.paging")
 
 KEEP_IN_MEMORY = 2048  # entries at each queue's head that stay in memory when memory runs short
+MEMORY_BUDGET = 1 << 19  # ready entries in memory across the queues that are deep, at most (~180 MB)
 TRANSIENT_CACHE = 8 * 1024 * 1024
 TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
 
@@ -44,6 +46,12 @@ class Pager:
         self.persistence = persistence
         self.paged_out = 0  # bytes of message bodies moved out of memory under pressure, since start
         self._next_page_id = 1
+        self.deep: set[Queue] = set()  # queues with part of them on disk (some may have drained: pruned)
+
+    def window(self, window: int) -> int:
+        """A queue's window, shrunk so that the queues that are deep share ``MEMORY_BUDGET`` entries: one deep
+        queue keeps its whole window, a thousand keep a few hundred entries each."""
+        return min(window, max(MIN_WINDOW, MEMORY_BUDGET // max(1, len(self.deep))))
 
     def new_page_id(self) -> int:
         """An id in the transient index for a non-durable queue that pages."""
@@ -79,6 +87,7 @@ class Pager:
         return freed
 
     def housekeeping(self) -> None:
+        self.deep = {queue for queue in self.deep if queue.paged and not queue.deleted}
         self.store.flush()
         self.index.commit()
         if self.store.needs_compaction:

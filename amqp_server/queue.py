@@ -52,6 +52,7 @@ log = logging.getLogger("warren.queue")
 PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
 PAGE_IN_BATCH = 1024
 PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has none of its own)
+MIN_WINDOW = 64  # the least a deep queue keeps in memory, however many share the budget (paging.Pager.window)
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
@@ -123,10 +124,14 @@ class QueueHost(Protocol):
 
 
 class TransientPages(Protocol):
-    """Where a queue's tail goes when its messages are not in the persistent store (paging.Pager)."""
+    """Where a queue's tail goes when its messages are not in the persistent store, and how much of a
+    queue stays in memory (paging.Pager)."""
 
     store: "MessageStore"
     index: QueueIndex
+    deep: set["Queue"]
+
+    def window(self, window: int) -> int: ...
 
     def new_page_id(self) -> int: ...
 
@@ -257,8 +262,10 @@ class Queue:
             self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
             self._fresh = -1
-        if self.window is not None and len(self.ready) > self.window:
-            self.page_out(self.window // 2)
+        if self.window is not None and len(self.ready) > MIN_WINDOW:
+            window = self.pager.window(self.window)  # smaller when many queues are deep
+            if len(self.ready) > window:
+                self.page_out(window // 2)
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
@@ -310,6 +317,8 @@ class Queue:
         self.paged_bytes = size
         self.ready_bytes += size
         self.paged_from = 0
+        if count and self.pager is not None:
+            self.pager.deep.add(self)
         if last_seq is not None:
             self.next_seq = max(self.next_seq, last_seq + 1)
         for expiry, seq in expiries:
@@ -581,6 +590,8 @@ class Queue:
     def drop_all(self) -> None:
         """The queue is deleted: its ready entries and (durable) index go with it."""
         self.purge()
+        if self.pager is not None:
+            self.pager.deep.discard(self)
         if self.persistence is not None:
             self.persistence.delete_queue(self)
         elif self.page_id:
@@ -633,6 +644,7 @@ class Queue:
         ready = self.ready
         if not self.pageable or self.pager is None or len(ready) <= keep:
             return 0
+        self.pager.deep.add(self)
         freed = 0
         while len(ready) > keep and ready[-1].seq > self._taken_upto:
             entry = ready.pop()
@@ -683,7 +695,7 @@ class Queue:
         that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
         on through it)."""
         index, queue_id = self._page_index()
-        room = (self.window or PAGED_WINDOW) - (len(self.ready) - self.gone_in_ready)
+        room = self.pager.window(self.window or PAGED_WINDOW) - (len(self.ready) - self.gone_in_ready)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
         persistent = self.persistence.store if self.persistence is not None else None
         payloads = {}  # the batch's contents, a read or two per store rather than one per message

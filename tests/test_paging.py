@@ -282,3 +282,26 @@ async def test_restart_after_a_crash_drops_entries_whose_message_the_store_lost(
     assert 0 < len(got) < 200 and got == [b for b in bodies(200) if b in set(got)]  # in order, gaps only
     assert vhost.queue("q").message_count == 0
     broker.close()
+
+
+async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
+    """One deep queue keeps its whole window; many share MEMORY_BUDGET entries."""
+    import amqp_server.paging as paging
+
+    monkeypatch.setattr(paging, "MEMORY_BUDGET", 1024)
+    broker = Broker(str(tmp_path / "data"), queue_window=512)
+    vhost = broker.vhost("/")
+    names = [f"q{i}" for i in range(8)]
+    for name in names:
+        broker.declare_queue(vhost, name, durable=True)
+        send(broker, vhost, name, bodies(1000, name))
+    assert len(vhost.queue("q0").ready) > 128  # paged while it was the only deep queue
+    for name in names:
+        send(broker, vhost, name, [b"last"])  # each enqueue trims to the share
+    assert broker.pager.window(512) == 128
+    assert all(len(vhost.queue(name).ready) <= 128 for name in names)
+    for name in names:
+        assert drain(broker, vhost, name) == bodies(1000, name) + [b"last"]
+    broker.pager.housekeeping()
+    assert not broker.pager.deep and broker.pager.window(512) == 512
+    broker.close()
