@@ -7,7 +7,12 @@ writes per ``sync`` (group commit).  ``remove`` only drops a reference: bytes
 become dead in their segment's summary, a segment with no live record left is
 deleted, and one whose dead fraction passes the threshold is compacted — its
 live records moved to the tail a slice at a time by ``compact_step``.
-Recent payloads are kept in an LRU cache so publish → consume reads no disk.
+
+The index (msg_id → segment, offset, size, refs) is compact arrays
+(:mod:`locations`).  A clean ``close`` saves it whole; after a crash it is
+rebuilt from the full segments' sidecars and a scan of the rest.  Payloads
+read one by one are kept in an LRU cache; a batch a queue brings back into
+memory is read a run of records at a time (``read_many``).
 """
 from __future__ import annotations
 
@@ -348,11 +353,6 @@ class MessageStore:
             i = j
         self.reads += len(wanted)
         return found
-
-    def remember(self, msg_id: int, payload: bytes) -> None:
-        """Put a payload just written in the read cache."""
-        if len(payload) <= self.cache.maxsize // 16:
-            self.cache[msg_id] = payload
 
     def __contains__(self, msg_id: int) -> bool:
         return msg_id in self.index

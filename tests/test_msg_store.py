@@ -79,17 +79,6 @@ def test_many_messages_distinct_payloads(tmp_path):
     store.close()
 
 
-def test_remember_puts_payload_in_cache(tmp_path):
-    store = new_store(tmp_path)
-    msg_id = put(store, b"hello")
-    store.remember(msg_id, b"hello")
-    assert store.cache[msg_id] == b"hello"
-    store.remove(msg_id)
-    assert msg_id not in store.cache
-    assert msg_id not in store
-    store.close()
-
-
 # -- refcounts -----------------------------------------------------------------------------------
 
 
