@@ -19,6 +19,7 @@ from . import codec, header_table, properties
 from .properties import Properties
 
 _LONG = struct.Struct(">I")
+_FLAGS = struct.Struct(">H")
 _ROUTE_LEN = struct.Struct(">HI")  # a stored payload: route length, header length; then route, header, body
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -81,23 +82,20 @@ class Message:
         the messages of one batch share (a few routes and headers: each is then one object in memory)."""
         route_len, header_len = _ROUTE_LEN.unpack_from(payload)
         start = _ROUTE_LEN.size
+        route = payload[start:start + route_len]
         header = payload[start + route_len:start + route_len + header_len]
-        if headers is not None:
-            header = headers.setdefault(header, header)
-        self.fill(payload[start:start + route_len], header, payload[start + route_len + header_len:], routes)
-
-    def fill(self, route: bytes, header: bytes, body: bytes,
-             routes: dict[bytes, tuple[bytes, str, str]] | None = None) -> None:
         decoded = routes.get(route) if routes is not None else None
         if decoded is None:
             ex_len = route[0]
             decoded = (route, route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
             if routes is not None:
                 routes[route] = decoded
+        if headers is not None:
+            header = headers.setdefault(header, header)
         self.route, self.exchange, self.routing_key = decoded
         self.header = header
-        self.body = body
-        self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
+        self.body = payload[start + route_len + header_len:]
+        self._flags = _FLAGS.unpack_from(header, 12)[0] if len(header) >= 14 else 0
 
     def property_str(self, flag: int) -> str | None:
         """One shortstr property (``codec.FLAG_*``), read from the bytes without decoding the others."""
