@@ -11,6 +11,9 @@ at the next start.
 
 Transient store records are reference counted like persistent ones: every queue
 entry that names one holds a reference, released when the entry leaves its queue.
+
+The queues that are deep share ``MEMORY_BUDGET`` entries in memory (``window``), so
+a thousand deep queues hold no more than one.
 """
 from __future__ import annotations
 
