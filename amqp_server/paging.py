@@ -49,12 +49,23 @@ class Pager:
         self.persistence = persistence
         self.paged_out = 0  # bytes of message bodies moved out of memory under pressure, since start
         self._next_page_id = 1
-        self.deep: set[Queue] = set()  # queues with part of them on disk (some may have drained: pruned)
+        self._deep: set[Queue] = set()  # queues with part of them on disk (some may have drained: pruned)
+        self.share = MEMORY_BUDGET  # what each deep queue may keep in memory at most
 
-    def window(self, window: int) -> int:
-        """A queue's window, shrunk so that the queues that are deep share ``MEMORY_BUDGET`` entries: one deep
-        queue keeps its whole window, a thousand keep a few hundred entries each."""
-        return min(window, max(MIN_WINDOW, MEMORY_BUDGET // max(1, len(self.deep))))
+    def deep(self, queue: "Queue") -> None:
+        """``queue`` has part of it on disk: the deep queues share ``MEMORY_BUDGET`` entries in memory, so one
+        keeps its whole window and a thousand keep a few hundred entries each."""
+        if queue not in self._deep:
+            self._deep.add(queue)
+            self._reshare()
+
+    def shallow(self, queue: "Queue") -> None:
+        """``queue`` was deleted (drained ones are found at the next housekeeping)."""
+        self._deep.discard(queue)
+        self._reshare()
+
+    def _reshare(self) -> None:
+        self.share = max(MIN_WINDOW, MEMORY_BUDGET // max(1, len(self._deep)))
 
     def new_page_id(self) -> int:
         """An id in the transient index for a non-durable queue that pages."""
@@ -90,7 +101,8 @@ class Pager:
         return freed
 
     def housekeeping(self) -> None:
-        self.deep = {queue for queue in self.deep if queue.paged and not queue.deleted}
+        self._deep = {queue for queue in self._deep if queue.paged and not queue.deleted}
+        self._reshare()
         self.store.flush()
         self.index.commit()
         if self.store.needs_compaction:

@@ -53,6 +53,7 @@ PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the 
 PAGE_IN_BATCH = 1024
 PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has none of its own)
 MIN_WINDOW = 64  # the least a deep queue keeps in memory, however many share the budget (paging.Pager.window)
+CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budget still applies)
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
@@ -129,9 +130,11 @@ class TransientPages(Protocol):
 
     store: "MessageStore"
     index: QueueIndex
-    deep: set["Queue"]
+    share: int
 
-    def window(self, window: int) -> int: ...
+    def deep(self, queue: "Queue") -> None: ...
+
+    def shallow(self, queue: "Queue") -> None: ...
 
     def new_page_id(self) -> int: ...
 
@@ -263,7 +266,7 @@ class Queue:
             self.deliver_ready()
             self._fresh = -1
         if self.window is not None and len(self.ready) > MIN_WINDOW:
-            window = self.pager.window(self.window)  # smaller when many queues are deep
+            window = self._window()
             if len(self.ready) > window:
                 self.page_out(window // 2)
         if expiry and self._expiry.next_deadline() <= now_ms():
@@ -318,7 +321,7 @@ class Queue:
         self.ready_bytes += size
         self.paged_from = 0
         if count and self.pager is not None:
-            self.pager.deep.add(self)
+            self.pager.deep(self)
         if last_seq is not None:
             self.next_seq = max(self.next_seq, last_seq + 1)
         for expiry, seq in expiries:
@@ -591,7 +594,7 @@ class Queue:
         """The queue is deleted: its ready entries and (durable) index go with it."""
         self.purge()
         if self.pager is not None:
-            self.pager.deep.discard(self)
+            self.pager.shallow(self)
         if self.persistence is not None:
             self.persistence.delete_queue(self)
         elif self.page_id:
@@ -644,7 +647,7 @@ class Queue:
         ready = self.ready
         if not self.pageable or self.pager is None or len(ready) <= keep:
             return 0
-        self.pager.deep.add(self)
+        self.pager.deep(self)
         freed = 0
         while len(ready) > keep and ready[-1].seq > self._taken_upto:
             entry = ready.pop()
@@ -695,7 +698,7 @@ class Queue:
         that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
         on through it)."""
         index, queue_id = self._page_index()
-        room = self.pager.window(self.window or PAGED_WINDOW) - (len(self.ready) - self.gone_in_ready)
+        room = self._window() - (len(self.ready) - self.gone_in_ready)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
         persistent = self.persistence.store if self.persistence is not None else None
         payloads = {}  # the batch's contents, a read or two per store rather than one per message
@@ -729,6 +732,13 @@ class Queue:
                 log.error("%r: %d entries counted on disk were not found", self, self.paged)
             self.ready_bytes -= self.paged_bytes
             self.paged = self.paged_bytes = 0
+
+    def _window(self) -> int:
+        """How much of the queue stays in memory: its window, or ``CONSUMED_WINDOW`` while consumers take from
+        it (they should not wait on the disk for what they are about to get), within its share of the memory
+        budget of deep queues (smaller when many are deep)."""
+        window = self.window or PAGED_WINDOW
+        return min(max(window, CONSUMED_WINDOW) if self.consumers else window, self.pager.share)
 
     def _admit(self, entry: Entry) -> None:
         """An entry paged in joins the ready list's end (its seq is above every seq in memory)."""

@@ -290,6 +290,7 @@ async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
 
     monkeypatch.setattr(paging, "MEMORY_BUDGET", 1024)
     broker = Broker(str(tmp_path / "data"), queue_window=512)
+    broker.pager.share = paging.MEMORY_BUDGET
     vhost = broker.vhost("/")
     names = [f"q{i}" for i in range(8)]
     for name in names:
@@ -298,10 +299,24 @@ async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
     assert len(vhost.queue("q0").ready) > 128  # paged while it was the only deep queue
     for name in names:
         send(broker, vhost, name, [b"last"])  # each enqueue trims to the share
-    assert broker.pager.window(512) == 128
+    assert broker.pager.share == 128
     assert all(len(vhost.queue(name).ready) <= 128 for name in names)
     for name in names:
         assert drain(broker, vhost, name) == bodies(1000, name) + [b"last"]
     broker.pager.housekeeping()
-    assert not broker.pager.deep and broker.pager.window(512) == 512
+    assert broker.pager.share == 1024  # none is deep now
     broker.close()
+
+
+async def test_a_consumed_queue_keeps_more_in_memory_until_its_consumers_leave(broker, vhost):
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    target = Target()
+    consumer = consume(broker, vhost, "q", target, "c", prefetch=1)  # takes one, the rest stays ready
+    send(broker, vhost, "q", bodies(500))
+    assert queue.paged == 0 and len(queue.ready) == 499  # consumers must not wait on the disk
+    broker.remove_consumer(consumer)
+    broker.settle_taken(target.held, requeue=True)
+    send(broker, vhost, "q", [b"last"])  # no consumer: back to the window
+    assert len(queue.ready) <= WINDOW and queue.paged > 0
+    assert drain(broker, vhost, "q") == bodies(500) + [b"last"]
