@@ -265,9 +265,12 @@ class Queue:
             self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
             self._fresh = -1
-        if self.window is not None and len(self.ready) > MIN_WINDOW:
+        depth = len(self.ready)
+        # a cheap test first (the hot path): could the window, whatever it is now, be exceeded?
+        if self.window is not None and depth > MIN_WINDOW and (
+                depth > self.pager.share or depth > (CONSUMED_WINDOW if self.consumers else self.window)):
             window = self._window()
-            if len(self.ready) > window:
+            if depth > window:
                 self.page_out(window // 2)
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
