@@ -25,7 +25,7 @@ from msg_store import MessageStore
 from queue_index import QueueIndex
 
 from .message import Message
-from .queue import MIN_WINDOW
+from .queue import MIN_WINDOW, PAGED_WINDOW
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warren.paging")
 
-KEEP_IN_MEMORY = 2048  # entries at each queue's head that stay in memory when memory runs short
 MEMORY_BUDGET = 1 << 19  # ready entries in memory across the queues that are deep, at most (~180 MB)
 TRANSIENT_CACHE = 8 * 1024 * 1024
 TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
@@ -87,7 +86,7 @@ class Pager:
         self.store.write(transient_id, message.payload(), 1)
         return transient_id
 
-    def page_out(self, queues: Iterable["Queue"], keep: int = KEEP_IN_MEMORY) -> int:
+    def page_out(self, queues: Iterable["Queue"], keep: int = PAGED_WINDOW) -> int:
         """Memory runs short: every queue keeps its first ``keep`` ready entries in memory, the rest goes to
         disk, deepest queues first; returns bytes of message bodies freed."""
         written: dict[int, tuple[Message, int]] = {}  # a message held by several queues is written once
