@@ -96,27 +96,6 @@ class Locations:
         chunk.size[i] = size
         chunk.refs[i] = refs
 
-    def put_many(self, segment: int, records: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
-        """Recovery: (msg_id, offset, size) records of one segment, refs 0; returns the (segment, size) of
-        the locations this replaced (records copied by a compaction, found again in a later segment)."""
-        replaced = []
-        chunks = self._chunks
-        for msg_id, offset, size in records:
-            number, i = divmod(msg_id, CHUNK)
-            chunk = chunks.get(number)
-            if chunk is None:
-                chunk = chunks[number] = _Chunk()
-            if chunk.refs[i] == ABSENT:
-                chunk.live += 1
-                self._count += 1
-            else:
-                replaced.append((chunk.segment[i], chunk.size[i]))
-            chunk.segment[i] = segment
-            chunk.offset[i] = offset
-            chunk.size[i] = size
-            chunk.refs[i] = 0
-        return replaced
-
     def put_records(self, segment: int, records: bytes) -> tuple[list[tuple[int, int]], int, int]:
         """Recovery: a segment's records from its sidecar ((msg_id, offset, size) as machine u64s), refs 0,
         a chunk at a time.  Returns the (segment, size) of the locations this replaced (records copied by a
@@ -186,7 +165,7 @@ class Locations:
 
     def release(self, msg_id: int, count: int) -> tuple[int, int] | None:
         """Drop ``count`` references; the (segment, size) it had if that was the last (the id is gone then),
-        else None (None too for an id that is not here)."""
+        else None (None too for an id that is not here).  Releasing none frees an id no one claimed."""
         number, i = msg_id >> CHUNK_BITS, msg_id & _SLOT
         chunk = self._chunks.get(number)
         if chunk is None:
@@ -204,19 +183,6 @@ class Locations:
         if not chunk.live:
             del self._chunks[number]
         return chunk.segment[i], chunk.size[i]
-
-    def pop(self, msg_id: int) -> Location | None:
-        location = self.get(msg_id)
-        if location is None:
-            return None
-        number, i = divmod(msg_id, CHUNK)
-        chunk = self._chunks[number]
-        chunk.refs[i] = ABSENT
-        chunk.live -= 1
-        self._count -= 1
-        if not chunk.live:
-            del self._chunks[number]
-        return location
 
     def items(self) -> Iterator[tuple[int, Location]]:
         """Every (msg_id, location), in id order; safe to ``pop`` what was returned while iterating."""

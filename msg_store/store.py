@@ -16,6 +16,7 @@ memory is read a run of records at a time (``read_many``).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -114,13 +115,9 @@ class MessageStore:
             path = segment_path(self.directory, number)
             size = os.path.getsize(path)
             records_bytes = read_sidecar(self.directory, number, size)
-            if records_bytes is None:
-                records = list(scan(path))
-                replaced = index.put_many(number, records)
-                count = len(records)
-                highest = max((record[0] for record in records), default=0)
-            else:
-                replaced, count, highest = index.put_records(number, records_bytes)
+            if records_bytes is None:  # no sidecar: the segment itself, read into the sidecar's form
+                records_bytes = array("Q", itertools.chain.from_iterable(scan(path))).tobytes()
+            replaced, count, highest = index.put_records(number, records_bytes)
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
             for old_segment, old_size in replaced:  # a compaction copied these; the later copy wins
@@ -143,8 +140,7 @@ class MessageStore:
         """Records no queue claimed are dead; returns how many."""
         unclaimed = [] if self.clean else self.index.unclaimed()
         for msg_id in unclaimed:
-            location = self.index.pop(msg_id)
-            self._kill(location.segment, location.size)
+            self._kill(*self.index.release(msg_id, 0))
         self._open_new_segment()
         for number in list(self.segments):
             self._reclaim(number)

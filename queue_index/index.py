@@ -258,8 +258,7 @@ class QueueIndex:
     def take(self, queue_id: int, start: int, end: int, limit: int) -> list[IndexEntry]:
         """Delete up to ``limit`` entries with ``start <= seq < end`` (staged changes committed first) and
         return them, so the caller can release what they held: purge and commit a batch at a time."""
-        self.commit()
-        found = [entry for entry in itertools.islice(self.entries(queue_id, start), limit) if entry.seq < end]
+        found = [entry for entry in self.read(queue_id, start, limit) if entry.seq < end]
         for entry in found:
             self.ack(queue_id, entry.seq)
         self.commit()
@@ -282,11 +281,11 @@ class QueueIndex:
     def recount(self, queue_id: int) -> Totals:
         """Count the queue's entries and store the totals."""
         totals = [0, 0, 0, 0]
-        for entry in self.entries(queue_id):
-            totals[0] += 1
-            totals[1] += entry.size
-            totals[2] += 1 if entry.expiry else 0
-            totals[3] += 1 if entry.transient else 0
+        for _seqs, values in self.columns(queue_id):
+            totals[0] += len(values)
+            totals[1] += int(values["size"].sum())
+            totals[2] += int(np.count_nonzero(values["expiry"]))
+            totals[3] += int(np.count_nonzero(values["flags"] & FLAG_TRANSIENT))
         if totals[0]:
             with self._env.begin(write=True) as txn:
                 txn.put(queue_id.to_bytes(4, "big"), TOTALS.pack(*totals))
