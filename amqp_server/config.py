@@ -168,6 +168,8 @@ def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
                 setattr(config, field.name, _convert(kind, values[field.name]))
             except ValueError:
                 parser.error(f"bad value for {field.name}: {values[field.name]!r}")
+    if config.queue_window < 1:
+        parser.error(f"queue_window must be at least 1, not {config.queue_window}")
     for name, choices in _CHOICES.items():
         if getattr(config, name) not in choices:
             parser.error(f"{name} must be one of {', '.join(choices)}, not {getattr(config, name)!r}")

@@ -320,3 +320,14 @@ async def test_a_consumed_queue_keeps_more_in_memory_until_its_consumers_leave(b
     send(broker, vhost, "q", [b"last"])  # no consumer: back to the window
     assert len(queue.ready) <= WINDOW and queue.paged > 0
     assert drain(broker, vhost, "q") == bodies(500) + [b"last"]
+
+
+def test_queue_window_option_is_checked(capsys):
+    from amqp_server import config
+
+    assert config.load([], {}).queue_window == 2048
+    assert config.load(["--queue-window", "100"], {}).queue_window == 100
+    for bad in ("0", "-5", "many"):
+        with pytest.raises(SystemExit):
+            config.load(["--queue-window", bad], {})
+        assert "queue_window" in capsys.readouterr().err
