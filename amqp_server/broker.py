@@ -26,7 +26,8 @@ from .message import Message, expiration_error
 from .paging import Pager
 from .policy import Policies, Policy
 from .persistence import Persistence
-from .priority_queue import queue_class
+from .queue_type import queue_class
+from .quorum_queue import QuorumQueue
 from .queue import Consumer, Entry, Queue
 from .records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
 from .stats import ChurnStats, MessageStats
@@ -324,6 +325,7 @@ class Broker:
             existing.touch()
             return existing
         args = queue_args.parse(arguments, name, vhost.name)
+        queue_args.check_properties(args, name, vhost.name, durable, exclusive, auto_delete)
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
                                   self)
         vhost.queues[name] = queue
@@ -332,16 +334,18 @@ class Broker:
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
         if durable and not exclusive:
-            queue.index_id = self._next_index_id()
-        self._attach(queue, durable and not exclusive)
+            queue.index_id = self.next_index_id()
+        self.attach(queue, durable and not exclusive)
         if not exclusive:
             self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
         return queue
 
-    def _attach(self, queue: Queue, durable: bool) -> None:
+    def attach(self, queue: Queue, durable: bool) -> None:
         """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
         bounded window in memory (a transient queue pages only when memory runs short)."""
         queue.pager = self.pager
+        if isinstance(queue, QuorumQueue):
+            queue.members = [self.node_name]  # a group of one until the cluster replicates it
         if durable:
             queue.persistence = self.persistence
             if queue.pageable:
@@ -369,7 +373,7 @@ class Broker:
         if self.cluster is not None and name not in vhost.queues:
             await self.cluster.look_up(QueueRecord.kind, name_key(vhost.name, name))
 
-    def _next_index_id(self) -> int:
+    def next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
         record = self.store.get("meta", "queue_index") or {"next": 1}
         self.store.put("meta", "queue_index", {"next": record["next"] + 1})
@@ -587,6 +591,19 @@ class Broker:
                         arguments: dict[str, Any] | None) -> None:
         if not _exclusive(destination):
             self._undefine(_binding(vhost, source, destination, routing_key, arguments), destination.durable)
+
+    def replace_queue(self, vhost: VHost, old: Queue, new: Queue) -> None:
+        """Another object stands for the same queue from now on (a replicated queue's leader moved): its
+        bindings move to it, and the consumers of the old one are cancelled, as RabbitMQ's are."""
+        for exchange in list(vhost.sources.pop(old, ())):
+            for binding in exchange.remove_destination(old):
+                exchange.bind(new, binding.routing_key, binding.args_dict())
+            vhost.bound(exchange, new)
+        vhost.queues[new.name] = new
+        for consumer in list(old.consumers):
+            consumer.channel.cancelled_by_broker(consumer)
+        old.consumers.clear()
+        self.policies.apply_to_queue(new)
 
     def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""
@@ -852,9 +869,10 @@ class Broker:
             queue = vhost.queues[record.name] = queue_class(args)(
                 record.name, vhost.name, True, None, record.auto_delete, arguments, args, self)
             queue.index_id = record.index_id
-            self._attach(queue, True)
+            self.attach(queue, True)
             durable.append(queue)
-        self.persistence.recover(durable)
+        # a cluster's replicated queues keep copies here too (forwarder.quorum): not orphans
+        self.persistence.recover(durable, {saved["index_id"] for _, saved in self.store.items("replica")})
         for queue in durable:  # offsets never go back across restarts (see commit_offset)
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:

@@ -313,9 +313,11 @@ class Channel:
         if entry.redelivered:
             stats.redeliver += 1
         message = entry.message
+        queue = consumer.queue
         connection = self.connection
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
-                             message.header, message.body, connection.frame_max)
+                             queue.delivery_header(entry) if queue.counts_deliveries else message.header,
+                             message.body, connection.frame_max)
         connection.deliver_budget -= 1
         connection.schedule_flush()
 
@@ -583,6 +585,9 @@ class Channel:
         if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         queue = self.broker.consumable(self.vhost, name, self.connection, self.connection.principal)
+        if self.global_prefetch and queue.args.queue_type == "quorum":
+            raise ConnectionError(errors.NOT_IMPLEMENTED,
+                                  f"{errors.resource_name('queue', queue.name, queue.vhost)} does not support global qos")
         consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch)
         self.consumers[tag] = consumer
         if not m.no_ack:
@@ -678,7 +683,8 @@ class Channel:
             self.ack_timeout.watch(queue, None)
         message = entry.message
         codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
-                            queue.message_count, message.header, message.body, self.connection.frame_max)
+                            queue.message_count, queue.delivery_header(entry, get=True), message.body,
+                            self.connection.frame_max)
         self.connection.schedule_flush()
 
     def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from . import codec
 
 _LONG = struct.Struct(">I")
+_FLAGS = struct.Struct(">H")  # the property flags, at offset 12 of a content header payload
 # field type -> struct of an integer value (RabbitMQ's table types)
 _INTS = {ord("b"): struct.Struct(">b"), ord("B"): struct.Struct(">B"), ord("s"): struct.Struct(">h"),
          ord("u"): struct.Struct(">H"), ord("I"): struct.Struct(">i"),
@@ -82,6 +83,26 @@ def with_int(header: bytes, flags: int, name: str, value: int) -> bytes:
     except struct.error:
         raise Unsupported from None
     return header[:pos] + bytes((kind,)) + packed + header[pos + 1 + len(packed):]
+
+
+def with_int_set(header: bytes, name: str, value: int) -> bytes:
+    """The header bytes with integer header ``name`` set to ``value``: in place where it is an integer that
+    fits, else added (or replaced) as a long-long, as RabbitMQ writes its own counters."""
+    flags = _FLAGS.unpack_from(header, 12)[0]
+    key = name.encode()
+    try:
+        if _find(header, flags, key) is None:  # the usual case: appended to the table's bytes
+            field = bytes((len(key),)) + key + b"l" + _INTS[ord("l")].pack(value)
+            if not flags & codec.FLAG_HEADERS:
+                return with_headers(header, flags, {name: Field("l", value)})
+            pos = codec.table_pos(header, flags)
+            end = pos + 4 + _LONG.unpack_from(header, pos)[0]
+            return header[:pos] + _LONG.pack(end - pos - 4 + len(field)) + header[pos + 4:end] + field + header[end:]
+        return with_int(header, flags, name, value)
+    except Unsupported:
+        fields = headers(header, flags)
+        fields[name] = Field("l", value)
+        return with_headers(header, flags, fields)
 
 
 @dataclass(frozen=True)

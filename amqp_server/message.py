@@ -72,6 +72,14 @@ class Message:
         message._properties = None
         return message
 
+    def copy(self) -> "Message":
+        """The same content in an object of its own (references, no bytes copied): a queue that stores a
+        transient message, which the other queues it went to keep in memory only, holds its own."""
+        other = Message(self.exchange, self.routing_key, self.route, self.header, self.body)
+        if hasattr(self, "bcc_keys"):
+            other.bcc_keys = self.bcc_keys
+        return other
+
     def payload(self) -> tuple[bytes, ...]:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
         return _ROUTE_LEN.pack(len(self.route), len(self.header)), self.route, self.header, self.body
@@ -110,13 +118,9 @@ class Message:
 
     def set_int_header(self, name: str, value: int) -> None:
         """Set an integer header (a delayed exchange negates ``x-delay``), before anything stored the message."""
-        try:
-            self.header = header_table.with_int(self.header, self._flags, name, value)
-            self._properties = None
-        except header_table.Unsupported:
-            fields = self.typed_headers()
-            fields[name] = header_table.Field("l", value)
-            self.replace_headers(fields)
+        self.header = header_table.with_int_set(self.header, name, value)
+        self._properties = None
+        self._flags = struct.unpack_from(">H", self.header, 12)[0]
 
     @property
     def properties(self) -> Properties:

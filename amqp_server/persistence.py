@@ -103,6 +103,48 @@ class Persistence:
         self.index.delete_queue(queue.index_id)
         self._touch()
 
+    # -- a replica's copy of a queue of another node (forwarder.quorum) ---------------------------
+
+    def replica_put(self, index_id: int, seq: int, message: Message, expiry: int, delivered: bool) -> None:
+        msg_id = self.store.new_id()
+        self.store.write(msg_id, message.payload(), 1)
+        self.index.publish(index_id, seq, msg_id, expiry, len(message.body), delivered)
+        self._touch()
+
+    def replica_delivered(self, index_id: int, seq: int) -> None:
+        self.index.mark_delivered(index_id, seq)
+        self._touch()
+
+    def replica_remove(self, index_id: int, seq: int) -> None:
+        entry = self.index.remove(index_id, seq)
+        if entry is not None:
+            self.store.remove(entry.msg_id)
+            self._touch()
+
+    def replica_clear(self, index_id: int) -> None:
+        """Every entry of the replica goes (a snapshot replaces them), with its store reference."""
+        while rows := self.index.take(index_id, 0, 1 << 63, 65536):
+            for row in rows:
+                self.store.remove(row.msg_id)
+        self._touch()
+
+    def replica_position(self, index_id: int, term: int, index: int) -> None:
+        self.index.set_position(index_id, term, index)
+        self._touch()
+
+    def recover_queue(self, queue: "Queue") -> None:
+        """A queue made from a copy kept here while the node runs (a replicated queue's new leader): its
+        totals and expiries from the index, as at a restart; the store's references are claimed already."""
+        index, queue_id = self.index, queue.index_id
+        index.commit()
+        totals = index.totals(queue_id) or Totals()
+        expiries: list[tuple[int, int]] = []
+        if totals.expiring:
+            for seqs, values in index.columns(queue_id):
+                expiring = values["expiry"] != 0
+                expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
+        queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
+
     def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
@@ -185,7 +227,7 @@ class Persistence:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, queues: list["Queue"]) -> None:
+    def recover(self, queues: list["Queue"], copies: set[int] = frozenset()) -> None:
         """Give each durable queue its totals from the index; its entries stay on disk until they near the
         head.  Entries are walked only where they must be: after a crash (to count the store's references),
         for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the
@@ -193,7 +235,7 @@ class Persistence:
         started = time.monotonic()
         self.store.recover()
         clean = self.store.clean
-        known = {queue.index_id for queue in queues}
+        known = {queue.index_id for queue in queues} | copies
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
         walk = _Walk(self.index, self.store)
@@ -202,6 +244,10 @@ class Persistence:
             queue_id = queue.index_id
             totals = totals_of[queue_id] = self.index.totals(queue_id) or self.index.recount(queue_id)
             if totals.count and (not clean or totals.transient or totals.expiring):
+                walk.queue(queue_id, totals)
+        for queue_id in copies:  # their references count too (their expiries are their leader's business)
+            totals = self.index.totals(queue_id) or self.index.recount(queue_id)
+            if totals.count and not clean:
                 walk.queue(queue_id, totals)
         walk.finish()
         count = 0

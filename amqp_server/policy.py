@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 from . import queue_args
 from .auth import DefinitionListener, vhost_key
 from .definitions import DefinitionStore
-from .queue_args import OVERFLOW_MODES, QueueArgs
+from .queue_args import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, QueueArgs
 
 if TYPE_CHECKING:
     from exchanges import Exchange
@@ -38,11 +38,14 @@ APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "st
 LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")
 # Keys where the queue's own argument, when set, overrides the policy.
 ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow")
+# The same, for keys only a quorum queue takes (a classic queue refuses them as arguments and ignores them here).
+QUORUM_LOWER_WINS = ("delivery-limit",)
+QUORUM_ARGUMENT_WINS = ("dead-letter-strategy",)
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
 # Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings, federation):
 # accepted so that definitions exported from RabbitMQ import unchanged.
-WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "delivery-limit", "max-age", "max-segment-size",
+WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-age", "max-segment-size",
                             "max-segment-size-bytes", "initial-cluster-size", "max-in-memory-length",
                             "max-in-memory-bytes", "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
                             "ha-promote-on-shutdown", "ha-promote-on-failure", "federation-upstream",
@@ -108,6 +111,7 @@ VALIDATORS = {
     "overflow": _one_of(OVERFLOW_MODES, "overflow value"),
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
     "delivery-limit": _integer(0, "delivery limit"),
+    "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES, "dead letter strategy"),
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),
     "max-in-memory-bytes": _integer(0, "maximum memory in bytes"),
     "consumer-timeout": _integer(0, "consumer timeout"),
@@ -127,10 +131,10 @@ class Policy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_regex", re.compile(self.pattern))
 
-    def matches(self, kind: str, name: str) -> bool:
+    def matches(self, kind: str, name: str, queue_type: str = "classic") -> bool:
         """``kind`` is queue or exchange; the pattern is searched anywhere in the name, as re:run does."""
         if kind == "queue":
-            applies = self.apply_to in ("all", "queues", "classic_queues")  # every Warren queue is classic
+            applies = self.apply_to in ("all", "queues", f"{queue_type}_queues")
         else:
             applies = self.apply_to in ("all", "exchanges")
         return applies and self._regex.search(name) is not None
@@ -202,12 +206,13 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
 def effective_queue_args(queue: "Queue", definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
     merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
-    for key in LOWER_WINS:
+    quorum = queue.args.queue_type == "quorum"
+    for key in LOWER_WINS + (QUORUM_LOWER_WINS if quorum else ()):
         value = definition.get(key)
         if value is not None:
             name = f"x-{key}"
-            merged[name] = min(merged[name], value) if name in merged else value
-    for key in ARGUMENT_WINS:
+            merged[name] = min(merged[name], value) if isinstance(merged.get(name), int) else value
+    for key in ARGUMENT_WINS + (QUORUM_ARGUMENT_WINS if quorum else ()):
         if key in definition:
             merged.setdefault(f"x-{key}", definition[key])
     if "x-dead-letter-exchange" not in merged:
@@ -272,14 +277,15 @@ class Policies:
         if self.listener is not None:
             self.listener.undefined(kind, key)
 
-    def match(self, kind: str, vhost: str, resource: str, name: str) -> Policy | None:
-        """The one policy of ``kind`` that applies to a queue or exchange: highest priority, then first name."""
+    def match(self, kind: str, vhost: str, resource: str, name: str, queue_type: str = "classic") -> Policy | None:
+        """The one policy of ``kind`` that applies to a queue (of ``queue_type``) or an exchange: highest
+        priority, then first name."""
         named = self._policies.get((kind, vhost))
         if not named:
             return None
         best: Policy | None = None
         for policy in named.values():
-            if policy.matches(resource, name) and (
+            if policy.matches(resource, name, queue_type) and (
                     best is None or (-policy.priority, policy.name) < (-best.priority, best.name)):
                 best = policy
         return best
@@ -288,8 +294,9 @@ class Policies:
 
     def apply_to_queue(self, queue: "Queue") -> None:
         """Resolve the queue's effective arguments if the policies that match it changed."""
-        policy = self.match(POLICY, queue.vhost, "queue", queue.name)
-        operator = self.match(OPERATOR_POLICY, queue.vhost, "queue", queue.name)
+        kind = queue.args.queue_type
+        policy = self.match(POLICY, queue.vhost, "queue", queue.name, kind)
+        operator = self.match(OPERATOR_POLICY, queue.vhost, "queue", queue.name, kind)
         if policy == queue.policy and operator == queue.operator_policy:
             return
         queue.policy, queue.operator_policy = policy, operator

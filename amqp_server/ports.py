@@ -1,7 +1,7 @@
 """What the broker core asks of its front ends, as Protocols: the core imports no front end.
 
-The AMQP channel and connection (``channel.py``, ``connection.py``) and the forwarder's session for
-consumers on other nodes (``forwarder/session.py``) implement these; queues and the broker hold them
+The AMQP channel and connection (``channel.py``, ``connection.py``), the forwarder's session for
+consumers on other nodes (``forwarder/session.py``) and its replication (``forwarder/quorum.py``) implement these; queues and the broker hold them
 without knowing which one they have.
 """
 from __future__ import annotations
@@ -61,3 +61,17 @@ class ConfirmSink(Protocol):
         """The publish sequence number a forwarded copy will confirm."""
 
     def remote_confirmed(self, seq: int, rejected: bool) -> None: ...
+
+
+class Replicator(Protocol):
+    """Where the leader of a replicated queue sends its changes (``forwarder.quorum``): the core only reports
+    them, in the order they happen."""
+
+    def enqueued(self, entry: Entry, confirm: ConfirmSink | None) -> None:
+        """A new entry; ``confirm`` (if any) is told once the queue's group has it."""
+
+    def delivered(self, seq: int) -> None:
+        """The entry went to a consumer that must ack it: after a failover it comes back redelivered."""
+
+    def removed(self, seq: int) -> None:
+        """The entry left the queue for good (acked, dropped, expired, dead-lettered, purged)."""

@@ -17,7 +17,6 @@ from itertools import chain, takewhile
 from typing import Any, Iterable, Iterator
 
 from .queue import Entry, Queue, from_seq, pop_below, put_back
-from .queue_args import QueueArgs
 
 
 class PriorityReady:
@@ -108,8 +107,3 @@ class PriorityQueue(Queue):
         ready = self.ready
         ready.levels = [deque(e for e in level if not e.gone) for level in ready.levels]
         ready.count = sum(map(len, ready.levels))
-
-
-def queue_class(args: QueueArgs) -> type[Queue]:
-    """The class for a queue declared with these arguments."""
-    return Queue if args.max_priority is None else PriorityQueue

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from .persistence import Persistence
     from .policy import Policy
-    from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
+    from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, Replicator
 
 
 log = logging.getLogger("warren.queue")
@@ -175,6 +175,10 @@ class Queue:
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
     remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
     pageable = True  # a priority queue keeps every entry in memory
+    queue_type = "classic"
+    counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
+    persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
+    replicator: "Replicator | None" = None  # a quorum queue led here in cluster mode: ships its changes
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -235,19 +239,24 @@ class Queue:
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         """Add a published message; False if the queue's length limit rejects it (reject-publish).
 
-        ``confirm`` matters only to a queue of another node; here a confirm follows the fsync."""
+        ``confirm`` matters only to a queue of another node or a replicated one, whose group must have the
+        message first; otherwise a confirm follows the fsync."""
         args = self.args
         limited = self._limited
         if limited and args.overflow != "drop-head" and self._full(message.body_size):
             if args.overflow == "reject-publish-dlx":
                 self._dead_letter([Entry(self.next_seq, message)], "maxlen", persisted=False)
             return False
+        if message.msg_id and not self.persists_all and not message.persistent:
+            message = message.copy()  # a quorum queue's stored copy (moved here): transient here, as published
         expiry = self._expiry_for(message) if self._ttl or message.has_expiration else 0
         entry = Entry(self.next_seq, message, False, expiry)
         self.next_seq += 1
         self.stats.publish += 1
-        if self.persistence is not None and message.persistent:
+        if self.persistence is not None and (message.persistent or self.persists_all):
             self.persistence.write(self, entry)
+        if self.replicator is not None:  # before anything else can remove it
+            self.replicator.enqueued(entry, confirm)
         self.ready_bytes += message.body_size
         if self.paged:  # the tail is on disk: the new entry joins it there
             self._page_write(entry)
@@ -401,6 +410,11 @@ class Queue:
             if message.msg_id and self.persistence is not None and not entry.redelivered:
                 self.persistence.delivered(self, entry)
         return entry
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
+        """The content header a consumer (``get``: basic.get) receives for ``entry`` (the hot path asks only
+        where ``counts_deliveries``)."""
+        return entry.message.header
 
     def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""
@@ -609,6 +623,22 @@ class Queue:
                 timer.cancel()
 
     # -- the ready list's slow paths (a priority queue has one deque per level) ------------------
+
+    def detach(self) -> None:
+        """This object stops standing for the queue, whose storage lives on without it (a replicated queue's
+        leader was deposed): it takes nothing more, forgets what it held in memory and touches no storage;
+        what its clients still settle is dropped."""
+        self.deleted = True
+        self.replicator = None
+        self.persistence = None
+        self.window = None
+        self._clear_ready()
+        for timer in (self._expiry_timer, self._expires_timer):
+            if timer is not None:
+                timer.cancel()
+        self._expiry_timer = self._expires_timer = None
+        if self.pager is not None:
+            self.pager.shallow(self)
 
     def _put_back(self, entry: Entry) -> None:
         put_back(self.ready, entry)

@@ -1,6 +1,7 @@
 """Queue and consumer arguments that change behaviour, validated as RabbitMQ does.
 
-Queue: TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout.
+Queue: type, TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout, and
+a quorum queue's delivery limit, dead-letter strategy and group size.
 Consumer (basic.consume): ``x-priority``.
 """
 from __future__ import annotations
@@ -13,12 +14,16 @@ from .message import MAX_EXPIRY
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
-QUEUE_TYPES = ("classic", "quorum", "stream")  # accepted; every queue is a classic queue
+QUEUE_TYPES = ("classic", "quorum", "stream")  # a stream is accepted as a classic queue
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 # Quorum/stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack them).
 # x-queue-leader-locator is not among them: classic queues take it from RabbitMQ 3.12 on, and cluster mode uses it.
 NOT_CLASSIC = ("x-delivery-limit", "x-dead-letter-strategy", "x-max-in-memory-length", "x-max-in-memory-bytes",
                "x-quorum-initial-group-size", "x-max-age", "x-initial-cluster-size",
                "x-stream-max-segment-size-bytes")
+# Arguments RabbitMQ 3.10 refuses on a quorum queue (rabbit_quorum_queue's capabilities lack them).
+NOT_QUORUM = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",
+              "x-stream-max-segment-size-bytes")
 MAX_SUPPORTED_PRIORITY = 255
 
 
@@ -34,6 +39,10 @@ class QueueArgs:
     max_priority: int | None = None  # x-max-priority: a priority queue with levels 0..max_priority
     single_active_consumer: bool = False
     consumer_timeout: int | None = None  # ms, x-consumer-timeout: overrides the node's consumer_timeout
+    queue_type: str = "classic"  # x-queue-type: "classic" or "quorum"
+    delivery_limit: int | None = None  # x-delivery-limit (quorum): returns allowed before a message is dropped
+    dead_letter_strategy: str = "at-most-once"  # x-dead-letter-strategy (quorum)
+    group_size: int | None = None  # x-quorum-initial-group-size
 
     @property
     def limited(self) -> bool:
@@ -85,10 +94,16 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
         value = string(name)
         if value is not None and value not in allowed:
             raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"unsupported queue {what} '{value}'\"")
-    if string("x-queue-type") in (None, "classic"):
-        for name in NOT_CLASSIC:
-            if name in arguments:
-                raise errors.precondition_failed(f"invalid arg '{name}' {where} of queue type rabbit_classic_queue")
+    declared_type = string("x-queue-type") or "classic"
+    queue_type = "quorum" if declared_type == "quorum" else "classic"
+    strategy = string("x-dead-letter-strategy")
+    if strategy is not None and strategy not in DEAD_LETTER_STRATEGIES:
+        raise errors.precondition_failed(f"invalid arg 'x-dead-letter-strategy' {where}: invalid_dlx_strategy")
+    group_size = integer("x-quorum-initial-group-size", 1)
+    refused = {"classic": NOT_CLASSIC, "quorum": NOT_QUORUM}.get(declared_type, ())
+    for name in refused:
+        if name in arguments:
+            raise errors.precondition_failed(f"invalid arg '{name}' {where} of queue type rabbit_{queue_type}_queue")
     dlx = string("x-dead-letter-exchange")
     dlrk = string("x-dead-letter-routing-key")
     if dlrk is not None and len(dlrk.encode()) > 255:  # RabbitMQ stores it, then fails every dead letter (541)
@@ -108,7 +123,25 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
                      max_length=integer("x-max-length", 0), max_length_bytes=integer("x-max-length-bytes", 0),
                      overflow=overflow, dead_letter_exchange=dlx, dead_letter_routing_key=dlrk,
                      max_priority=max_priority, single_active_consumer=bool(sac),
-                     consumer_timeout=integer("x-consumer-timeout", 0))
+                     consumer_timeout=integer("x-consumer-timeout", 0), queue_type=queue_type,
+                     delivery_limit=_delivery_limit(arguments.get("x-delivery-limit")),
+                     dead_letter_strategy=strategy or "at-most-once", group_size=group_size)
+
+
+def _delivery_limit(value: Any) -> int | None:
+    """RabbitMQ 3.10 takes any x-delivery-limit: an integer limits (0 or less drops at the first return),
+    anything else does not."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_properties(args: QueueArgs, queue: str, vhost: str, durable: bool, exclusive: bool,
+                     auto_delete: bool) -> None:
+    """A quorum queue is durable, shared and kept: RabbitMQ refuses the other properties, in this order."""
+    if args.queue_type != "quorum":
+        return
+    for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+        if refused:
+            raise errors.precondition_failed(f"invalid property '{name}' {_where(queue, vhost)}")
 
 
 def consumer_priority(arguments: dict[str, Any], queue: str, vhost: str) -> int:

@@ -54,7 +54,7 @@ class ExchangeRecord(Record):
 @dataclass(frozen=True)
 class QueueRecord(Record):
     """A queue.  ``index_id`` names its queue index (a durable queue on its node); ``node`` is its owner in
-    cluster mode ('' until placed)."""
+    cluster mode ('' until placed), for a quorum queue its first leader."""
 
     kind: ClassVar[str] = "queue"
     vhost: str
@@ -64,6 +64,7 @@ class QueueRecord(Record):
     arguments: dict[str, Any] = field(default_factory=dict)
     index_id: int = 0
     node: str = ""
+    members: list[str] = field(default_factory=list)  # a quorum queue's group in cluster mode, leader first
 
     @property
     def key(self) -> str:

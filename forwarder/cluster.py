@@ -27,6 +27,7 @@ from .link import STATS, ServerLink, encode_json
 from .membership import Membership
 from .metadata import Metadata
 from .peer import Peer
+from .quorum import QuorumGroups
 from .remote_queue import RemoteQueue
 from .session import Session
 
@@ -59,6 +60,7 @@ class Cluster:
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
             "mgmt_port": config.mgmt_port}, self._joined, self._left)
         self.peers: dict[str, Peer] = {}
+        self.quorum = QuorumGroups(self)
         self.sessions: set[Session] = set()
         self.applying = False
         self._lost: list[tuple[VHost, str]] = []  # transient queues of ours that did not survive a restart
@@ -107,6 +109,7 @@ class Cluster:
         while True:
             try:
                 await self.membership.start()
+                await self.quorum.start()
                 return
             except aetcd.exceptions.ClientError as exc:
                 log.warning("etcd membership: %s; retrying", exc)
@@ -115,6 +118,7 @@ class Cluster:
     async def stop(self) -> None:
         self._stats.cancel()
         self._joining.cancel()
+        await self.quorum.stop()
         await self.membership.stop()
         await self.metadata.stop()
         for peer in self.peers.values():
@@ -202,13 +206,18 @@ class Cluster:
     async def agree(self, record: Record) -> None:
         """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
         if isinstance(record, QueueRecord):
-            record = replace(record, node=self._place(record.arguments))
+            node = self._place(record.arguments)
+            record = replace(record, node=node)
+            if record.arguments.get("x-queue-type") == "quorum":
+                record = replace(record, members=self.quorum.members_for(record.arguments, node))
         kind, key = record.kind, record.key
         try:
             current = await asyncio.wait_for(self.metadata.create(kind, key, record.to_json()), AGREE_TIMEOUT)
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
+        if isinstance(record, QueueRecord) and current.get("members") and current.get("node") == self.name:
+            await self.quorum.claim_first(record.vhost, record.name)  # leads it before declare-ok
         self.apply(kind, key, current, None)
 
     async def look_up(self, kind: str, key: str) -> None:
@@ -258,6 +267,9 @@ class Cluster:
             access.set_permissions(new["vhost"], new["user"], Permissions(new["configure"], new["write"], new["read"]))
 
     def _put_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        if record.members:
+            self.quorum.put_queue(vhost, record)
+            return
         existing = vhost.queues.get(record.name)
         if record.node == self.name:
             if existing is None:
@@ -271,6 +283,9 @@ class Cluster:
                 queue_args.parse(record.arguments, record.name, vhost.name), self.peer(record.node)))
 
     def _delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        if record.members:
+            self.quorum.delete_queue(vhost, record)
+            return
         self.broker.delete_queue(vhost, record.name)
 
     def _put_exchange(self, vhost: VHost, record: ExchangeRecord) -> None:

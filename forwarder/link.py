@@ -42,6 +42,7 @@ DELIVER, SETTLE, CREDIT = 30, 31, 32
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
 REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
+REPLICATE, REPLICATED = 60, 61  # a quorum queue's leader -> follower: its log (see quorum); follower -> leader
 
 PUBLISH_HEAD = struct.Struct(">QI")  # link seq (0: no confirm wanted), length of the queue ids that follow
 QID = struct.Struct(">H")  # each queue id ("vhost\0name") is prefixed by its length
@@ -178,14 +179,17 @@ class FrameLink(asyncio.Protocol):
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def send_message(self, ftype: int, head: bytes, message: Message | None) -> None:
-        """A frame of ``head`` and then the message, if any (route, header and body as published)."""
+    def send_message(self, ftype: int, head: bytes, message: Message | None, header: bytes | None = None) -> None:
+        """A frame of ``head`` and then the message, if any (route, header and body as published, or with
+        ``header`` as its queue delivers it)."""
         if message is None:
             self.send(ftype, head)
             return
         if self._held is not None:
             self._complete_held()
-        route, header, body = message.route, message.header, message.body
+        route, body = message.route, message.body
+        if header is None:
+            header = message.header
         self._out += (FRAME.pack(len(head) + MESSAGE.size + len(route) + len(header) + len(body), ftype), head,
                       MESSAGE.pack(len(route), len(header)), route, header, body)
         if not self._scheduled:

@@ -91,11 +91,13 @@ class Peer:
     def _went_up(self) -> None:
         log.info("link to node %s up", self.name)
         self.up = True
+        self.broker.cluster.quorum.peer_up(self.name)
 
     def _went_down(self) -> None:
         log.warning("link to node %s down", self.name)
         self.up = False
         self.link = None
+        self.broker.cluster.quorum.peer_down(self.name)
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}
@@ -228,6 +230,8 @@ class Peer:
             self._cancelled(link.ID.unpack(payload)[0])
         elif ftype == link.STATS:
             self.stats = json.loads(payload)
+        elif ftype == link.REPLICATED:
+            self.broker.cluster.quorum.replicated(self.name, payload)
         elif ftype == link.REPLY:
             self._reply(payload)
 

@@ -45,6 +45,7 @@ class RemoteQueue(Queue):
         qid = self.key.encode()
         self.link_id = link.QID.pack(len(qid)) + qid  # as a publish frame lists it
         self.by_consumer: dict[Consumer, RemoteConsumer] = {}
+        self.members: list[str] = []  # a quorum queue's group (forwarder.quorum)
 
     @property
     def node(self) -> str:
@@ -70,8 +71,12 @@ class RemoteQueue(Queue):
     # -- in -----------------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool | None:  # type: ignore[override]
-        """Forward to the owner, which confirms to ``confirm``; None (unroutable) while it is down."""
-        return self.peer.publish(self, message, confirm)
+        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable), or for a
+        quorum queue False (refused: nacked), since its group elects another leader that has the queue."""
+        accepted = self.peer.publish(self, message, confirm)
+        if accepted is None and self.args.queue_type == "quorum":
+            return False
+        return accepted
 
     # -- consumers ----------------------------------------------------------------------------
 

@@ -50,8 +50,9 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
+        queue = consumer.queue
         session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
-                                  entry.message)
+                                  entry.message, queue.delivery_header(entry) if queue.counts_deliveries else None)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
@@ -65,9 +66,14 @@ class Session:
         self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
+        # link seq -> [copies a replicated queue's group has yet to take, status once fsynced (or None),
+        # answered already (a group refused it: nacked at once)]
+        self.replicating: dict[int, list] = {}
+        self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
         self._handlers = {link.PUBLISH: self._publish, link.CONSUME: self._consume, link.CANCEL: self._cancel,
-                          link.SETTLE: self._settle, link.CREDIT: self._credit, link.REQUEST: self._request}
+                          link.SETTLE: self._settle, link.CREDIT: self._credit, link.REQUEST: self._request,
+                          link.REPLICATE: self._replicate, link.REPLICATED: self._replicated}
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self._handlers[ftype](payload)
@@ -80,11 +86,15 @@ class Session:
         pos = link.PUBLISH_HEAD.size
         message = link.read_message(payload, pos + qids_len)
         found = rejected = False
+        self._publishing = seq
+        sink = self if seq else None
         for qid in link.read_queue_ids(payload, pos, pos + qids_len):
             queue = self._queue(qid)
             if queue is not None:
                 found = True
-                rejected = not queue.enqueue(message) or rejected
+                rejected = not queue.enqueue(message, sink) or rejected
+            elif self._elsewhere(qid):  # a quorum queue whose leader moved: refused, so the publisher retries
+                rejected = True
         status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
@@ -93,7 +103,46 @@ class Session:
             self.unsynced.append((seq, status, persistence.batch))
             persistence.waiters.add(self)
         else:
+            self._confirm(seq, status)
+
+    def _confirm(self, seq: int, status: int) -> None:
+        """The publish is on disk here: confirmed now, or once the groups of its replicated queues have it."""
+        waiting = self.replicating.get(seq)
+        if waiting is None:
             self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+            return
+        waiting[1] = status
+        self._settled(seq, waiting)
+
+    def forwarded(self) -> int:
+        """A replicated queue led here took the publish: its confirm also waits for the queue's group."""
+        seq = self._publishing
+        waiting = self.replicating.setdefault(seq, [0, None, False])
+        waiting[0] += 1
+        return seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        waiting = self.replicating.get(seq)
+        if waiting is None:
+            return
+        waiting[0] -= 1
+        if rejected and not waiting[2]:
+            waiting[2] = True
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_REJECTED))
+        self._settled(seq, waiting)
+
+    def _settled(self, seq: int, waiting: list) -> None:
+        """Both on disk here and taken by every group: confirmed, unless nacked already."""
+        if waiting[0] == 0 and waiting[1] is not None:
+            del self.replicating[seq]
+            if not waiting[2]:
+                self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
+
+    def _elsewhere(self, qid: bytes) -> bool:
+        vhost_name, _, name = qid.decode().partition("\0")
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        return isinstance(queue, RemoteQueue) and queue.args.queue_type == "quorum"
 
     def _queue(self, qid: bytes) -> Queue | None:
         """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
@@ -111,7 +160,7 @@ class Session:
         unsynced = self.unsynced
         while unsynced and unsynced[0][2] <= batch:
             seq, status, _ = unsynced.popleft()
-            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+            self._confirm(seq, status)
         if not unsynced:
             self.broker.persistence.waiters.discard(self)
 
@@ -161,10 +210,17 @@ class Session:
                 taken.append(item)
         self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
+    def _replicate(self, payload: bytes) -> None:
+        self.broker.cluster.quorum.replicate(self, payload)
+
+    def _replicated(self, payload: bytes) -> None:
+        self.broker.cluster.quorum.replicated(self.link.peer_name, payload)
+
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
         message: Message | None = None
+        header: bytes | None = None
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
             if request["op"] == "get":
@@ -173,14 +229,14 @@ class Session:
                     tag = next(_tags)
                     self.unacked[tag] = (entry, queue, None)
                     reply.update(tag=tag, redelivered=entry.redelivered)
-                    message = entry.message
+                    message, header = entry.message, queue.delivery_header(entry, get=True)
                 reply["count"] = queue.message_count
             else:
                 reply["count"] = queue.purge()
         except AMQPError as exc:
             reply["error"] = [exc.code, exc.text]
         raw = link.encode_json(reply)
-        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message)
+        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message, header)
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:

@@ -14,7 +14,7 @@ from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 
 from . import bindings, connections, definitions, exchanges, health, metrics, overview, permissions, policies, queues
-from . import users, vhosts
+from . import quorum_members, users, vhosts
 from . import offsets
 from .auth import auth_middleware
 from .context import KEY, Context
@@ -24,7 +24,7 @@ from .rates import DEFAULT_INTERVAL, Sampler
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 RESOURCES = (overview, health, users, vhosts, permissions, policies, connections, exchanges, bindings, queues,
-             definitions, metrics)
+             quorum_members, definitions, metrics)
 
 
 @web.middleware

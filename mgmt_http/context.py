@@ -31,6 +31,11 @@ class Context:
     def node(self) -> str:
         return self.broker.node_name
 
+    def node_running(self, name: str) -> bool:
+        """This node, or a cluster member our link to is up."""
+        cluster = self.broker.cluster
+        return name == self.node or (cluster is not None and dict(cluster.nodes()).get(name, False))
+
     def vhost(self, name: str) -> VHost:
         if not self.broker.access.vhost_exists(name):
             raise not_found()

@@ -96,6 +96,12 @@ def render(request: web.Request) -> str:
                [({}, stats.writes)])
     out.family("warren_message_store_reads_total", "counter", "Message records read back from segment files",
                [({}, stats.reads)])
+    if broker.cluster is not None:
+        lag = broker.cluster.quorum.lag()
+        out.family("warren_quorum_follower_lag", "gauge",
+                   "Log entries a follower of a quorum queue led here has yet to make durable",
+                   ((dict(zip(("vhost", "queue"), key.split("\0", 1)), follower=follower), behind)
+                    for key, followers in lag.items() for follower, behind in followers.items()))
     return out.text()
 
 

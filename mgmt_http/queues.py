@@ -36,7 +36,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
-        "type": "classic", "state": "running" if queue.available else "down",
+        "type": queue.args.queue_type, "state": "running" if queue.available else "down",
         "policy": queue.policy.name if queue.policy else None,
         "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
         "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
@@ -49,6 +49,8 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
+    if queue.args.queue_type == "quorum":
+        info.update(quorum_fields(context, queue))
     if not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
         in_ram = queue.message_count - queue.paged
         info.update({"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,
@@ -59,6 +61,14 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         owner = queue.exclusive_owner
         info["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0], "peer_port": owner.peer[1]}
     return info
+
+
+def quorum_fields(context: Context, queue: Queue) -> dict[str, Any]:
+    """A quorum queue's group as RabbitMQ shows it: its leader (also ``node``), members and those running."""
+    leader = queue.node if queue.remote else context.node
+    members = list(getattr(queue, "members", None) or [leader])
+    online = [name for name in members if context.node_running(name)]
+    return {"leader": leader, "node": leader, "members": members, "online": online}
 
 
 def find_queue(request: web.Request) -> tuple[Context, Queue]:

@@ -9,6 +9,10 @@ same transaction as the entries, from what each put replaced and each delete
 removed, so they always match the entries, and a restart reads them instead
 of counting.
 
+A replicated queue's replica also keeps its position in its group's log (term, index) there, under
+the reserved queue id ``POSITIONS`` with the queue's id as seq: it commits with the entries it
+describes, so a replica never claims more than it has.
+
 Changes are staged and applied in one write transaction per ``commit``;
 ``sync`` makes committed changes durable and may run off the event loop while
 new changes are staged.
@@ -38,6 +42,7 @@ FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
 COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
+POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
 
 
 class IndexEntry(NamedTuple):
@@ -103,7 +108,7 @@ class QueueIndex:
         self._env = open_env(directory, map_size)
         self._puts: dict[bytes, bytes] = {}  # entries published in this batch (not yet on disk)
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
-        self._deletes: list[bytes] = []
+        self._deletes: dict[bytes, None] = {}  # a dict: ordered, and a replica asks what is staged
         self._auto_commit = auto_commit
 
     def close(self) -> None:
@@ -132,8 +137,48 @@ class QueueIndex:
         key = KEY.pack(queue_id, seq)
         if self._puts.pop(key, None) is None:
             self._updates.pop(key, None)
-            self._deletes.append(key)
+            self._deletes[key] = None
         # else published and acked within one batch: never written
+
+    def remove(self, queue_id: int, seq: int) -> IndexEntry | None:
+        """Delete one entry, staged or committed, and return it (None if there is none): a replica's removal,
+        which must release the store reference the entry holds."""
+        key = KEY.pack(queue_id, seq)
+        value = self._puts.pop(key, None)
+        if value is None:
+            if key in self._deletes:
+                return None
+            value = self._updates.pop(key, None) or self._committed(key)
+            if value is None:
+                return None
+            self._deletes[key] = None
+        return _entry(key, value)
+
+    def mark_delivered(self, queue_id: int, seq: int) -> None:
+        """Flag one entry, staged or committed, as delivered (a replica's copy of ``delivered``)."""
+        key = KEY.pack(queue_id, seq)
+        if key in self._deletes:
+            return
+        value = self._puts.get(key) or self._updates.get(key) or self._committed(key)
+        if value is not None:
+            msg_id, expiry, size, flags = VALUE.unpack(value)
+            self.delivered(queue_id, seq, msg_id, expiry, size, bool(flags & FLAG_TRANSIENT))
+
+    def _committed(self, key: bytes) -> bytes | None:
+        with self._env.begin() as txn:
+            return txn.get(key)
+
+    def set_position(self, queue_id: int, term: int, index: int) -> None:
+        """A replica's position in its group's log, committed with the entries staged with it."""
+        self.publish(POSITIONS, queue_id, term, index, 0)
+
+    def position(self, queue_id: int) -> tuple[int, int]:
+        """(term, index) last committed for a replica; (0, 0) for none."""
+        entry = self.get(POSITIONS, queue_id)
+        return (entry.msg_id, entry.expiry) if entry is not None else (0, 0)
+
+    def forget_position(self, queue_id: int) -> None:
+        self.ack(POSITIONS, queue_id)
 
     @property
     def pending(self) -> bool:
@@ -143,8 +188,8 @@ class QueueIndex:
         """Apply the staged changes in one transaction (durable after the next ``sync``)."""
         if not (self._puts or self._updates or self._deletes):
             return
-        puts, updates, deletes = self._puts, self._updates, self._deletes
-        self._puts, self._updates, self._deletes = {}, {}, []
+        puts, updates, deletes = self._puts, self._updates, list(self._deletes)
+        self._puts, self._updates, self._deletes = {}, {}, {}
         changes: dict[bytes, list[int]] = {}
         with self._env.begin(write=True) as txn:
             if deletes:
@@ -310,7 +355,7 @@ class QueueIndex:
         prefix = queue_id.to_bytes(4, "big")
         self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
         self._updates = {k: v for k, v in self._updates.items() if k[:4] != prefix}
-        self._deletes = [k for k in self._deletes if k[:4] != prefix]
+        self._deletes = {k: None for k in self._deletes if k[:4] != prefix}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):
@@ -319,14 +364,16 @@ class QueueIndex:
                         break
 
     def queue_ids(self) -> set[int]:
-        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped)."""
+        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped); not
+        ``POSITIONS``."""
         ids: set[int] = set()
         with self._env.begin() as txn:
             cursor = txn.cursor()
             more = cursor.first()
             while more:
                 queue_id = int.from_bytes(cursor.key()[:4], "big")
-                ids.add(queue_id)
+                if queue_id != POSITIONS:
+                    ids.add(queue_id)
                 more = cursor.set_range((queue_id + 1).to_bytes(4, "big")) if queue_id < 0xFFFFFFFF else False
         return ids
 

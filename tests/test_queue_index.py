@@ -146,15 +146,49 @@ def test_delete_queue_drops_committed_and_staged(index):
 
 def test_queue_ids(index):
     assert index.queue_ids() == set()
-    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFF):
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFE):
         index.publish(queue_id, 1, 1, 0, 1)
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
+    index.set_position(2, 7, 9)  # kept under the reserved id, which names no queue
     index.commit()
-    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFF}
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFE}
     index.ack(3, 1)
     index.commit()
     assert 3 not in index.queue_ids()
+
+
+def test_a_replicas_position_commits_with_its_entries(tmp_path):
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.position(5) == (0, 0)
+    index.publish(5, 1, 11, 0, 3)
+    index.set_position(5, 2, 40)
+    assert index.position(5) == (2, 40)  # a read commits what is staged
+    index.set_position(5, 2, 41)
+    index.commit()
+    index.sync()
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.position(5) == (2, 41) and index.totals(5).count == 1
+    index.forget_position(5)
+    assert index.position(5) == (0, 0)
+    index.close()
+
+
+def test_remove_and_mark_delivered_find_staged_and_committed_entries(index):
+    index.publish(1, 1, 11, 0, 3)
+    index.publish(1, 2, 12, 0, 4)
+    index.commit()
+    index.publish(1, 3, 13, 0, 5)  # staged only
+    index.mark_delivered(1, 1)
+    index.mark_delivered(1, 3)
+    assert index.remove(1, 3).msg_id == 13  # staged: never written
+    assert index.remove(1, 2).msg_id == 12
+    assert index.remove(1, 2) is None and index.remove(1, 9) is None
+    index.commit()
+    assert [(e.seq, e.msg_id, e.delivered) for e in index.entries(1)] == [(1, 11, True)]
+    assert index.totals(1).count == 1 and index.totals(1).bytes == 3
 
 
 def test_reopen_keeps_committed_and_synced_entries(tmp_path):

@@ -335,6 +335,24 @@ def test_queue_argument_hints_are_typed_and_consumers_show_activity(ui: UI, node
     delete_queue_in_ui(ui, name)
 
 
+def test_a_quorum_queue_shows_its_leader_and_members(ui: UI, node: BrokerProcess, uid: str):
+    page = ui.page
+    name = f"quorum-{uid}"
+    ui.go("#/queues")
+    page.fill("#q-name", name)
+    for hint, value in (("x-queue-type", "quorum"), ("x-delivery-limit", "3")):
+        page.click(f"#queue-form [data-hint={hint}]")
+        page.keyboard.type(value)
+    page.click("#q-add")
+    ui.success(f"Queue {name} declared")
+    info = api_get(node, f"/api/queues/%2F/{q(name)}")
+    assert (info["type"], info["arguments"]) == ("quorum", {"x-queue-type": "quorum", "x-delivery-limit": 3})
+    ui.go(f"#/queues/%2F/{q(name)}")
+    expect(page.locator("#queue-leader")).to_have_text(info["leader"])
+    expect(page.locator(f"#queue-members [data-member='{info['leader']}']")).to_have_class(re.compile(r"\bok\b"))
+    delete_queue_in_ui(ui, name)
+
+
 # -- connections and channels --------------------------------------------------------------------
 
 

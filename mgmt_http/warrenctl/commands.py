@@ -265,6 +265,30 @@ def forget_node(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def add_member(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    vhost = vhost_of(args)
+    api.post(path("queues", "quorum", vhost, args.queue, "replicas", "add"), {"node": args.node},
+             not_found=f"no quorum queue '{args.queue}' {_in(vhost)}")
+    out.ok(f"node '{args.node}' joins queue '{args.queue}' {_in(vhost)}")
+    return 0
+
+
+def delete_member(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    vhost = vhost_of(args)
+    api.request("DELETE", path("queues", "quorum", vhost, args.queue, "replicas", "delete"), {"node": args.node},
+                not_found=f"no quorum queue '{args.queue}' {_in(vhost)}")
+    out.ok(f"node '{args.node}' leaves queue '{args.queue}' {_in(vhost)}")
+    return 0
+
+
+def grow(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
+    api.post(path("queues", "quorum", "replicas", "on", args.node, "grow"),
+             {"strategy": args.strategy, "vhost_pattern": args.vhost_pattern, "queue_pattern": args.queue_pattern})
+    out.ok(f"node '{args.node}' joins the {'matching' if args.strategy == 'all' else 'even-sized matching'} "
+           "quorum queues")
+    return 0
+
+
 def delete_user(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
     api.delete(path("users", args.name), not_found=f"no user '{args.name}'")
     out.ok(f"user '{args.name}' deleted")

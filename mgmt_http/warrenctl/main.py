@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cmd(sub, common, "status", commands.status, "overview and node health")
     _cmd(sub, common, "forget-node", commands.forget_node,
          "remove a stopped node from the cluster, with its queues").add_argument("name")
+    _add_quorum(sub, common)
     listing = _cmd(sub, common, "list", commands.list_, "list objects")
     listing.add_argument("kind", choices=commands.LISTABLE)
 
@@ -158,6 +159,21 @@ def _add_delete(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     permission.add_argument("--user", dest="perm_user", required=True)
     for kind, what in commands.POLICY_KINDS.items():
         _cmd(kinds, common, kind, commands.delete_policy, f"clear {what}").add_argument("name")
+
+
+def _add_quorum(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    kinds = _group(sub, "quorum", "change the members of quorum queues (cluster mode)", "qq")
+    for name, handler, what in (("add-member", commands.add_member, "a node takes a copy of a queue"),
+                                ("delete-member", commands.delete_member, "a node drops its copy of a queue")):
+        member = _cmd(kinds, common, name, handler, what)
+        member.add_argument("queue")
+        member.add_argument("node")
+    grow = _cmd(kinds, common, "grow", commands.grow, "a node joins every matching quorum queue")
+    grow.add_argument("node")
+    grow.add_argument("--strategy", choices=("all", "even"), default="all",
+                      help="all queues, or those with an even number of members (default: all)")
+    grow.add_argument("--vhost-pattern", default=".*", metavar="REGEX")
+    grow.add_argument("--queue-pattern", default=".*", metavar="REGEX")
 
 
 def _add_messages(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Replicated (quorum) queues on three nodes: publish rate with confirms against a classic durable queue on
+the same cluster, and (Warren) the failover time after a kill -9 of the leader.
+
+``--broker warren`` starts its own etcd and three Warren nodes on free loopback ports.
+``--broker rabbitmq`` uses three clustered RabbitMQ nodes already running on ``--ports`` (default
+5681,5682,5683), e.g. three Debian rabbitmq-server nodes joined with ``rabbitmqctl join_cluster``.
+
+For each queue type (classic durable, quorum) one publisher sends ``--messages`` persistent 100-byte
+messages with confirms (``--in-flight`` unconfirmed at most) through the queue's own node (``leader``)
+and through another node (``follower``); the queue is purged in between.  Failover: messages are
+published and confirmed, the leader is killed with SIGKILL, and the time is measured until a publish
+with confirm through another node is acked again; then every confirmed message is counted.
+
+Usage: ``python benchmarks/quorum.py --broker warren --messages 50000 --runs 3``
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import amqp_load  # noqa: E402
+from cluster import start_cluster  # noqa: E402
+
+BODY = b"x" * 100
+
+
+def connect(port: int) -> amqp_load.Connection:
+    conn = amqp_load.Connection("127.0.0.1", port, "guest", "guest")
+    conn.channel_open(1)
+    return conn
+
+
+def declare(port: int, name: str, quorum: bool) -> None:
+    conn = connect(port)
+    conn.queue_declare(1, name, durable=True, arguments={"x-queue-type": "quorum"} if quorum else None)
+    conn.close()
+
+
+def publish_rate(port: int, queue: str, count: int, in_flight: int) -> float:
+    conn = connect(port)
+    conn.confirm_select(1)
+    result = amqp_load.publish_confirmed(conn, 1, "", queue, BODY, count, max_unconfirmed=in_flight, timeout=300)
+    conn.close()
+    if result["nacks"]:
+        raise RuntimeError(f"{result['nacks']} nacks")
+    return count / result["confirmed_s"]
+
+
+def purge(port: int, queue: str) -> None:
+    conn = connect(port)
+    conn.rpc(1, 50, 30, b"\x00\x00" + amqp_load.shortstr(queue) + b"\x00", 31)
+    conn.close()
+
+
+def count(port: int, queue: str) -> int:
+    conn = connect(port)
+    messages, _ = conn.queue_declare(1, queue, passive=True)
+    conn.close()
+    return messages
+
+
+def acked(port: int, queue: str) -> bool:
+    """One publish with confirm through ``port`` was acked (not nacked, not refused)."""
+    try:
+        conn = amqp_load.Connection("127.0.0.1", port, "guest", "guest", timeout=2)
+        conn.channel_open(1)
+        conn.confirm_select(1)
+        result = amqp_load.publish_confirmed(conn, 1, "", queue, BODY, 1, timeout=2)
+        conn.close()
+        return result["nacks"] == 0
+    except (amqp_load.AMQPError, OSError):
+        return False
+
+
+def rates(ports: list[int], messages: int, runs: int, in_flight: int) -> None:
+    for quorum in (False, True):
+        kind = "quorum" if quorum else "classic"
+        queue = f"bench-{kind}-{os.urandom(3).hex()}"
+        declare(ports[0], queue, quorum)
+        time.sleep(1.0)  # the queue and its leader are known on every node
+        for via, port in (("leader", ports[0]), ("follower", ports[1])):
+            figures = []
+            for _ in range(runs):
+                figures.append(publish_rate(port, queue, messages, in_flight))
+                purge(ports[0], queue)
+            print(f"{kind:<8} publish+confirm via {via:<8} {statistics.median(figures):>9.0f} msg/s   "
+                  f"runs: {', '.join(f'{r:.0f}' for r in figures)}", flush=True)
+
+
+def failover(procs: list, ports: list[int], messages: int) -> None:
+    """Warren only: kill -9 the leader (node 1) and time until node 2 confirms a publish again."""
+    queue = f"bench-failover-{os.urandom(3).hex()}"
+    declare(ports[0], queue, True)
+    time.sleep(1.0)
+    publish_rate(ports[1], queue, messages, 1000)
+    procs[1].send_signal(signal.SIGKILL)  # procs[0] is etcd
+    killed = time.monotonic()
+    while not acked(ports[1], queue):
+        if time.monotonic() - killed > 60:
+            raise RuntimeError("no leader after 60 s")
+        time.sleep(0.05)
+    took = time.monotonic() - killed
+    kept = count(ports[1], queue)
+    print(f"failover: confirms again {took:.2f} s after kill -9 of the leader; "
+          f"{kept - 1} of {messages} confirmed messages there", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--broker", choices=("warren", "rabbitmq"), default="warren")
+    parser.add_argument("--ports", default="5681,5682,5683", help="RabbitMQ's three AMQP ports")
+    parser.add_argument("--messages", type=int, default=50000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--in-flight", type=int, default=1000, help="unconfirmed publishes at most")
+    args = parser.parse_args()
+    if args.broker == "rabbitmq":
+        rates([int(p) for p in args.ports.split(",")], args.messages, args.runs, args.in_flight)
+        return 0
+    if not shutil.which("etcd"):
+        print("etcd not found: apt-get install etcd-server", file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="warren-quorum-bench-")
+    procs, ports = start_cluster(tmp)
+    try:
+        rates(ports, args.messages, args.runs, args.in_flight)
+        failover(procs, ports, args.messages)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,715 @@
+"""Replicated (quorum) queues: a leader that serves clients, followers that keep a copy on their disks.
+
+Leadership comes from etcd: the leader of a queue holds ``/warren/leaders/<queue>`` under its node's
+lease, and the key's create revision is its *term*.  A node whose lease lapses (it died, or lost etcd)
+loses every key it held; the members left elect a new leader among themselves:
+
+1. each stops taking the old leader's log, and writes its position (term, index) under
+   ``/warren/positions/<queue>/<node>``;
+2. once a majority of the members have written one, the member with the highest position among them
+   claims the key (an etcd transaction that only one can win).  A committed entry is on a majority, so
+   any majority holds a member that has it, and the highest position of a majority has them all.
+
+The log is the queue's changes — an entry put (with its message), marked delivered, or removed — shipped
+by the leader over the node-to-node links in one ``REPLICATE`` frame per follower per event-loop turn.
+A follower applies them to its own message store and queue index (under its own index id for the
+queue), with its position in the same transaction, and answers ``REPLICATED`` once the group commit
+that holds them is fsynced.  A publish is confirmed once a majority (the leader counting itself) has it
+durably.  Acks, requeues, expiry and dead-lettering are removals and marks like any other.
+
+A follower that joins a term (a new leader, or its link back) first receives a snapshot: a reset and
+every entry the leader holds, ready or unacked.  A new leader recovers the queue from its copy as a
+restart would (unacked entries come back redelivered), and its clients' consumers elsewhere were
+cancelled when the old leader's link dropped, as RabbitMQ does.  A leader that sees a later term, or
+whose lease lapsed, stops: its consumers are cancelled and its unconfirmed publishes nacked.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import struct
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import aetcd
+from aetcd import rtypes
+
+from amqp_server import queue_args
+from amqp_server.message import Message
+from amqp_server.quorum_queue import QuorumQueue
+from amqp_server.records import QueueRecord
+from amqp_server.vhost import VHost
+
+from . import link
+from .remote_queue import RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.ports import ConfirmSink
+    from amqp_server.queue import Entry
+
+    from .cluster import Cluster
+    from .session import Session
+
+log = logging.getLogger("warren.forwarder.quorum")
+
+LEADERS = b"/warren/leaders/"
+POSITIONS = b"/warren/positions/"
+LEASE_TTL = 2  # seconds: a dead leader's keys go this long after its last refresh
+ELECTION_POLL = 0.1
+ELECTION_TIMEOUT = 10.0
+REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
+DEFAULT_GROUP_SIZE = 3
+
+HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
+OP = struct.Struct(">BQ")  # kind, seq
+PUT = struct.Struct(">QBHII")  # expiry, delivered, route, header and body lengths; then those bytes
+ACKED = struct.Struct(">QQBH")  # term, durable index, wants a snapshot, queue key length; then the key
+PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP = 1, 2, 3, 4, 5  # MORE: the snapshot goes on
+SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot
+
+
+def queue_key(vhost: str, name: str) -> str:
+    return f"{vhost}\0{name}"
+
+
+def _encode_put(entry: "Entry", delivered: bool) -> bytes:
+    message = entry.message
+    return b"".join((OP.pack(PUT_OP, entry.seq), PUT.pack(entry.expiry, delivered, len(message.route),
+                                                           len(message.header), len(message.body)),
+                     message.route, message.header, message.body))
+
+
+@dataclass
+class Follower:
+    """A follower as its leader sees it."""
+
+    name: str
+    joined: bool = False  # sent a snapshot of this term on the current link
+    match: int = 0  # the highest index it has durably
+
+
+class Replicator:
+    """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
+
+    def __init__(self, groups: "QuorumGroups", group: "Group", queue: QuorumQueue, term: int, index: int) -> None:
+        self.groups = groups
+        self.group = group
+        self.queue = queue
+        self.term = term
+        self.index = index  # the last op's index
+        self.followers = {name: Follower(name) for name in group.members if name != groups.name}
+        self.ops: list[bytes] = []
+        self.first = index + 1  # index of ops[0]
+        self.pending: list[tuple[int, "ConfirmSink", int]] = []  # (index, sink, its seq), oldest first
+        self.committed = index
+        self._scheduled = False
+        for follower in self.followers.values():
+            self.join(follower)
+
+    # -- what the queue does -------------------------------------------------------------------
+
+    def enqueued(self, entry: "Entry", confirm: "ConfirmSink | None") -> None:
+        self._op(_encode_put(entry, False))
+        if confirm is not None and self.followers:
+            self.pending.append((self.index, confirm, confirm.forwarded()))
+
+    def delivered(self, seq: int) -> None:
+        self._op(OP.pack(DELIVERED_OP, seq))
+
+    def removed(self, seq: int) -> None:
+        self._op(OP.pack(REMOVE_OP, seq))
+
+    def _op(self, op: bytes) -> None:
+        self.index += 1
+        self.ops.append(op)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self.ops:
+            return
+        frame = self._frame(self.first, self.ops)
+        self.ops = []
+        self.first = self.index + 1
+        group = self.group  # the leader's own copy is where it stands too, should it run an election later
+        group.applied_term, group.applied = self.term, self.index
+        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index)
+        for follower in self.followers.values():
+            if follower.joined:
+                self._send(follower, frame)
+
+    def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
+        key = self.group.key.encode()
+        return [HEAD.pack(self.term, first, len(key)), key, *ops]
+
+    def _send(self, follower: Follower, parts: list[bytes]) -> bool:
+        peer = self.groups.cluster.peers.get(follower.name)
+        if peer is None or not peer.up or peer.link is None:
+            follower.joined = False
+            return False
+        peer.link.send(link.REPLICATE, *parts)
+        return True
+
+    # -- followers -----------------------------------------------------------------------------
+
+    def join(self, follower: Follower) -> None:
+        """Send the follower the queue as it is now (reset, then every entry, a chunk per frame), then the log
+        from here."""
+        self.flush()
+        queue = self.queue
+        ops = [OP.pack(RESET_OP, 0)]
+        ops.extend(_encode_put(entry, True) for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
+        follower.joined = True
+        for batch in queue.read_range(0, queue.next_seq, SNAPSHOT_CHUNK):
+            ops.extend(_encode_put(entry, entry.redelivered) for entry in batch)
+            if len(ops) >= SNAPSHOT_CHUNK:
+                follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
+                ops = [OP.pack(MORE_OP, 0)]
+        if len(ops) > 1 or ops[0][0] == RESET_OP:
+            follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
+
+    def peer_up(self, name: str) -> None:
+        follower = self.followers.get(name)
+        if follower is not None and not follower.joined:
+            self.join(follower)
+
+    def regroup(self, members: list[str]) -> None:
+        """The group changed: followers that joined get a snapshot, those that left nothing more."""
+        for name in list(self.followers):
+            if name not in members:
+                del self.followers[name]
+        for name in members:
+            if name != self.groups.name and name not in self.followers:
+                follower = self.followers[name] = Follower(name)
+                self.join(follower)
+
+    def rejoin(self, name: str) -> None:
+        follower = self.followers.get(name)
+        if follower is not None:
+            self.join(follower)
+
+    def peer_down(self, name: str) -> None:
+        follower = self.followers.get(name)
+        if follower is not None:
+            follower.joined = False
+
+    def acked(self, name: str, index: int) -> None:
+        follower = self.followers.get(name)
+        if follower is None:
+            return
+        follower.match = max(follower.match, index)
+        matches = sorted([self.index] + [f.match for f in self.followers.values()], reverse=True)
+        committed = matches[len(self.group.members) // 2]  # the highest index a majority has
+        if committed <= self.committed:
+            return
+        self.committed = committed
+        pending = self.pending
+        done = 0
+        while done < len(pending) and pending[done][0] <= committed:
+            _, sink, seq = pending[done]
+            sink.remote_confirmed(seq, False)
+            done += 1
+        del pending[:done]
+
+    @property
+    def lag(self) -> dict[str, int]:
+        return {f.name: self.index - f.match for f in self.followers.values()}
+
+    def stop(self) -> None:
+        """Deposed: what waits for the group is refused (nack), never confirmed later."""
+        pending, self.pending = self.pending, []
+        for _, sink, seq in pending:
+            sink.remote_confirmed(seq, True)
+
+
+@dataclass
+class Group:
+    """One quorum queue as this node knows it: its members, its leader, and this node's copy."""
+
+    vhost: str
+    name: str
+    members: list[str]
+    record: QueueRecord
+    index_id: int = 0  # this node's copy, if a member
+    leader: str = ""
+    term: int = 0  # the term this node follows (0: none, during an election)
+    applied_term: int = 0  # the term of the last op this node's copy has
+    applied: int = 0  # the index of that op
+    reset_term: int = 0  # the term of the last snapshot taken (a follower asks for one once per term)
+    replicator: Replicator | None = None
+    acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
+    electing: asyncio.Task | None = None
+
+    @property
+    def key(self) -> str:
+        return queue_key(self.vhost, self.name)
+
+
+class QuorumGroups:
+    """Every quorum queue of the cluster, as this node takes part in them."""
+
+    def __init__(self, cluster: "Cluster") -> None:
+        self.cluster = cluster
+        self.broker = cluster.broker
+        self.name = cluster.name
+        self.client: aetcd.Client = cluster.client
+        self.groups: dict[str, Group] = {}
+        self.lease: aetcd.Lease | None = None
+        self.ready = asyncio.Event()  # the lease is granted and the watch runs
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        self.lease = await self.client.lease(LEASE_TTL)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keep_lease()), loop.create_task(self._watch())]
+        self.ready.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for group in self.groups.values():
+            if group.electing is not None:
+                group.electing.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.lease is not None:
+            try:
+                await asyncio.wait_for(self.lease.revoke(), 2)  # the others need not wait for it to lapse
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                pass
+
+    async def _keep_lease(self) -> None:
+        """Refresh the lease; once it may have lapsed (half its TTL without a refresh), lead nothing: etcd may
+        let another member claim our queues from then on."""
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        while True:
+            await asyncio.sleep(LEASE_TTL / 8)
+            try:
+                reply = await asyncio.wait_for(self.lease.refresh(), LEASE_TTL / 4)
+                lapsed = reply.TTL <= 0
+                if not lapsed:
+                    renewed = loop.time()
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                lapsed = loop.time() - renewed > LEASE_TTL / 2
+            if not lapsed:
+                continue
+            if any(group.replicator is not None for group in self.groups.values()):
+                log.warning("etcd lease lapsed: leading no queue until etcd answers again")
+            self._step_down_everywhere()
+            try:
+                self.lease = await asyncio.wait_for(self.client.lease(LEASE_TTL), LEASE_TTL)
+                renewed = loop.time()
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                pass
+
+    def _step_down_everywhere(self) -> None:
+        for group in self.groups.values():
+            if group.leader == self.name:
+                self._follow(group, "", 0)  # (the only member of a group keeps leading it)
+
+    # -- definitions ---------------------------------------------------------------------------
+
+    def members_for(self, arguments: dict[str, Any], first: str) -> list[str]:
+        """The group of a new queue: its placed node, then running nodes by name, up to the group size."""
+        size = queue_args.parse(arguments, "", "").group_size or DEFAULT_GROUP_SIZE
+        others = sorted(name for name, up in self.cluster.nodes() if up and name != first)
+        if first != self.name:
+            others = sorted(set(others) | {self.name} - {first})
+        return [first, *others][:size]
+
+    def put_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        key = queue_key(vhost.name, record.name)
+        group = self.groups.get(key)
+        if group is not None:
+            self._regroup(vhost, group, record)
+            return
+        group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
+        if self.name in group.members:
+            self._open_copy(group)
+        self._proxy(vhost, group, record.node)  # a hint, so that the queue exists here at once
+        asyncio.get_running_loop().create_task(self._learn_leader(group))
+
+    def _open_copy(self, group: Group) -> None:
+        """This node's copy of the queue: the index id it has (or a new one), and where its log stands."""
+        saved = self.broker.store.get(REPLICA, group.key)
+        if saved is None:
+            saved = {"index_id": self.broker.next_index_id()}
+            self.broker.store.put(REPLICA, group.key, saved)
+        group.index_id = saved["index_id"]
+        group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
+
+    def _drop_copy(self, group: Group) -> None:
+        if not group.index_id:
+            return
+        persistence = self.broker.persistence
+        persistence.replica_clear(group.index_id)
+        persistence.index.forget_position(group.index_id)
+        self.broker.store.delete(REPLICA, group.key)
+        group.index_id = group.applied = group.applied_term = group.reset_term = 0
+
+    # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
+
+    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
+        """A node joins (``add``) or leaves (``remove``) a queue's group; the cluster agrees through etcd.
+        LookupError: no such quorum queue; ValueError: a change that cannot be made."""
+        group = self.groups.get(queue_key(vhost, name))
+        if group is None:
+            raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+        members = list(group.members)
+        if add:
+            if add != self.name and add not in dict(self.cluster.nodes()):
+                raise ValueError(f"no node '{add}' in the cluster")
+            if add in members:
+                raise ValueError(f"node '{add}' is a member of queue '{name}' already")
+            members.append(add)
+        if remove:
+            if remove not in members:
+                raise ValueError(f"node '{remove}' is not a member of queue '{name}'")
+            if len(members) == 1:
+                raise ValueError(f"queue '{name}' has only one member")
+            members.remove(remove)
+        record = replace(group.record, members=members)
+        self.cluster.metadata.put(QueueRecord.kind, record.key, {k: v for k, v in record.to_json().items()
+                                                                 if k != "index_id"})
+        vhost_object = self.broker.vhosts.get(vhost)
+        if vhost_object is not None:
+            self._regroup(vhost_object, group, record)
+
+    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int:
+        """Add ``node`` to every matching quorum queue (``strategy`` all) or those with an even number of
+        members (even), as rabbitmq-queues grow; returns how many queues it joined."""
+        if node != self.name and node not in dict(self.cluster.nodes()):
+            raise ValueError(f"no node '{node}' in the cluster")
+        try:
+            vhosts, queues = re.compile(vhost_pattern), re.compile(queue_pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid pattern: {exc}") from None
+        joined = 0
+        for group in list(self.groups.values()):
+            if node in group.members or (strategy == "even" and len(group.members) % 2):
+                continue
+            if vhosts.search(group.vhost) and queues.search(group.name):
+                self.change_members(group.vhost, group.name, add=node)
+                joined += 1
+        return joined
+
+    def _regroup(self, vhost: VHost, group: Group, record: QueueRecord) -> None:
+        """The group changed: a new member takes a copy, a member that left drops it, the leader ships to
+        the new set, and a leader that left steps down for the others to elect one."""
+        members = list(record.members)
+        group.record = record
+        if members == group.members:
+            return
+        group.members = members
+        if self.name in members and not group.index_id:
+            self._open_copy(group)
+            if group.leader and group.leader != self.name:
+                self._ask_snapshot(group)
+        queue = vhost.queues.get(group.name)
+        if isinstance(queue, RemoteQueue):
+            queue.members = members
+        if group.replicator is not None:
+            if self.name in members:
+                group.replicator.queue.members = [self.name] + [m for m in members if m != self.name]
+                group.replicator.regroup(members)
+            else:
+                self._follow(group, "", 0)
+                asyncio.get_running_loop().create_task(self._release(group))
+        if self.name not in members:
+            self._drop_copy(group)
+
+    def delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        group = self.groups.pop(queue_key(vhost.name, record.name), None)
+        if group is None:
+            return
+        if group.electing is not None:
+            group.electing.cancel()
+        if group.replicator is not None:
+            group.replicator.stop()
+        self.broker.delete_queue(vhost, record.name)
+        self._drop_copy(group)
+        if group.leader == self.name:
+            asyncio.get_running_loop().create_task(self._release(group))
+
+    async def _release(self, group: Group) -> None:
+        try:
+            await self.client.delete(LEADERS + group.key.encode())
+        except aetcd.ClientError:
+            pass
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    async def claim_first(self, vhost: str, name: str) -> None:
+        """A queue declared here and placed here: lead it from the start (its declare-ok waits for this)."""
+        await asyncio.wait_for(self.ready.wait(), LEASE_TTL * 5)
+        await self._claim(queue_key(vhost, name))
+
+    async def _learn_leader(self, group: Group) -> None:
+        """A queue just known here: follow its leader, or elect one if it has none."""
+        await self.ready.wait()
+        try:
+            current = await self.client.get(LEADERS + group.key.encode())
+        except aetcd.ClientError as exc:
+            log.warning("etcd: leader of %s unknown (%s)", group.key, exc)
+            return
+        if current is not None:
+            self._follow(group, current.value.decode(), current.create_revision)
+        elif self.name in group.members:
+            self._elect(group)
+
+    async def _watch(self) -> None:
+        """Follow every queue's leader key; after a broken watch, start again from etcd's current state."""
+        while True:
+            try:
+                reply = await self.client.get_prefix(LEADERS)
+                current = {kv.key[len(LEADERS):].decode(): (kv.value.decode(), kv.create_revision) for kv in reply}
+                for key, group in list(self.groups.items()):
+                    if key in current:
+                        self._follow(group, *current[key])
+                    elif self.name in group.members:
+                        self._follow(group, "", 0)
+                        self._elect(group)
+                watch = await self.client.watch_prefix(LEADERS, start_revision=reply.header.revision + 1)
+                async for event in watch:
+                    group = self.groups.get(event.kv.key[len(LEADERS):].decode())
+                    if group is None:
+                        continue
+                    if event.kind == rtypes.EventKind.PUT:
+                        self._follow(group, event.kv.value.decode(), event.kv.create_revision)
+                    else:
+                        self._follow(group, "", 0)
+                        if self.name in group.members:
+                            self._elect(group)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("etcd leader watch failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    def _elect(self, group: Group) -> None:
+        if group.electing is None or group.electing.done():
+            group.electing = asyncio.get_running_loop().create_task(self._election(group))
+
+    async def _election(self, group: Group) -> None:
+        """Write our position; once a majority has, the highest claims the key; until a leader is known."""
+        key = group.key.encode()
+        mine = POSITIONS + key + b"/" + self.name.encode()
+        deadline = asyncio.get_running_loop().time() + ELECTION_TIMEOUT
+        try:
+            await self.client.put(mine, json.dumps([group.applied_term, group.applied]).encode(), lease=self.lease)
+            while not group.leader:
+                positions = {kv.key.rsplit(b"/", 1)[1].decode(): tuple(json.loads(kv.value))
+                             for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
+                positions = {name: p for name, p in positions.items() if name in group.members}
+                if len(positions) > len(group.members) // 2:
+                    best = max(positions, key=lambda name: (positions[name], name))
+                    if best == self.name:
+                        await self._claim(group.key)
+                if asyncio.get_running_loop().time() > deadline:
+                    await self.client.put(mine, json.dumps([group.applied_term, group.applied]).encode(), lease=self.lease)
+                    deadline += ELECTION_TIMEOUT
+                await asyncio.sleep(ELECTION_POLL)
+        except aetcd.ClientError as exc:
+            log.warning("election for %s: %s", group.key, exc)
+        finally:
+            try:
+                await self.client.delete(mine)
+            except aetcd.ClientError:
+                pass
+
+    async def _claim(self, key: str) -> None:
+        """Lead the queue unless it has a leader: the watch (or _learn_leader) then tells us who won."""
+        full = LEADERS + key.encode()
+        ops = self.client.transactions
+        won, _ = await self.client.transaction(
+            compare=[ops.create(full) == 0], success=[ops.put(full, self.name.encode(), self.lease)], failure=[])
+        if won:
+            log.info("%s claimed the lead of %s", self.name, key)
+
+    def _follow(self, group: Group, leader: str, term: int) -> None:
+        """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``."""
+        if leader == group.leader and term == group.term:
+            return
+        if not leader and group.members == [self.name] and group.replicator is not None:
+            return  # the only member keeps leading while it claims the key again
+        group.leader, group.term = leader, term
+        vhost = self.broker.vhosts.get(group.vhost)
+        if vhost is None:
+            return
+        if group.replicator is not None and leader != self.name:
+            self._demote(group)
+        if leader == self.name:
+            if group.replicator is None:
+                self._promote(vhost, group)
+        elif leader:
+            self._proxy(vhost, group, leader)
+            if group.index_id and group.reset_term != term:
+                self._ask_snapshot(group)
+        elif not isinstance(vhost.queues.get(group.name), RemoteQueue):
+            # deposed, none elected yet: publishes through here are refused by another member until one is
+            others = [name for name in group.members if name != self.name]
+            if others:
+                self._proxy(vhost, group, others[0])
+
+    # -- this node's queue object ---------------------------------------------------------------
+
+    def _proxy(self, vhost: VHost, group: Group, leader: str) -> None:
+        """Clients here reach the queue through the leader's node."""
+        if leader == self.name:
+            return
+        current = vhost.queues.get(group.name)
+        if isinstance(current, RemoteQueue):
+            if current.peer.name != leader:
+                for consumer in list(current.consumers):
+                    current.cancelled(consumer)
+                current.peer = self.cluster.peer(leader)
+            return
+        record = group.record
+        queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
+                            queue_args.parse(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
+        queue.members = group.members
+        self._swap(vhost, current, queue)
+
+    def _promote(self, vhost: VHost, group: Group) -> None:
+        """This node leads: its copy becomes the queue clients use, and the followers are sent snapshots."""
+        record = group.record
+        args = queue_args.parse(record.arguments, record.name, vhost.name)
+        queue = QuorumQueue(record.name, vhost.name, True, None, False, record.arguments, args, self.broker)
+        queue.index_id = group.index_id
+        self.broker.attach(queue, True)
+        queue.members = [self.name] + [name for name in group.members if name != self.name]
+        self.broker.persistence.recover_queue(queue)
+        group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
+        self._swap(vhost, vhost.queues.get(group.name), queue)
+        log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
+
+    def _demote(self, group: Group) -> None:
+        """Deposed: the queue object here takes nothing more (its storage is the copy's now); the proxy that
+        replaces it (``_proxy``) takes its bindings and cancels its consumers."""
+        replicator, group.replicator = group.replicator, None
+        replicator.stop()
+        replicator.queue.detach()
+        log.info("%s no longer leads %s", self.name, group.key)
+
+    def _swap(self, vhost: VHost, old: Any, new: Any) -> None:
+        if old is not None:
+            self.broker.replace_queue(vhost, old, new)
+        else:
+            self.broker.add_remote_queue(vhost, new)
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def peer_up(self, name: str) -> None:
+        """A link came up: a leader sends that follower a snapshot; a follower of that leader without this
+        term's snapshot asks for one (what either sent before the other knew the term was ignored)."""
+        for group in self.groups.values():
+            if group.replicator is not None:
+                group.replicator.peer_up(name)
+            elif group.leader == name and group.index_id and group.reset_term != group.term:
+                self._ask_snapshot(group)
+
+    def peer_down(self, name: str) -> None:
+        for group in self.groups.values():
+            if group.replicator is not None:
+                group.replicator.peer_down(name)
+
+    def _ask_snapshot(self, group: Group) -> None:
+        """Following a leader (new, or newly heard of): it sends its queue whole, then its log."""
+        peer = self.cluster.peers.get(group.leader)
+        if peer is not None and peer.up and peer.link is not None:
+            key = group.key.encode()
+            peer.link.send(link.REPLICATED, ACKED.pack(group.term, group.applied, 1, len(key)), key)
+
+    def replicate(self, session: "Session", payload: bytes) -> None:
+        """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
+        term, first, size = HEAD.unpack_from(payload)
+        pos = HEAD.size
+        key = payload[pos:pos + size].decode()
+        pos += size
+        group = self.groups.get(key)
+        if group is None or not group.index_id:
+            return
+        if term != group.term or group.leader != session.link.peer_name:  # fenced: not the leader we follow
+            log.debug("ops for %s from %s in term %d ignored (following term %d)", key, session.link.peer_name,
+                      term, group.term)
+            return
+        persistence = self.broker.persistence
+        index_id = group.index_id
+        end = len(payload)
+        reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
+        more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
+        if more and group.reset_term == term and first == group.applied:
+            reset = True
+        elif not reset and first != group.applied + 1:  # ops of this term from before we followed it
+            log.info("ops for %s from %d, ours end at %d: asking for a snapshot", key, first, group.applied)
+            key_bytes = key.encode()
+            session.link.send(link.REPLICATED, ACKED.pack(term, group.applied, 1, len(key_bytes)), key_bytes)
+            return
+        count = 0
+        while pos < end:
+            kind, seq = OP.unpack_from(payload, pos)
+            pos += OP.size
+            if kind == PUT_OP:
+                expiry, delivered, route_len, header_len, body_len = PUT.unpack_from(payload, pos)
+                pos += PUT.size
+                route = payload[pos:pos + route_len]
+                pos += route_len
+                header = payload[pos:pos + header_len]
+                pos += header_len
+                body = payload[pos:pos + body_len]
+                pos += body_len
+                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry, bool(delivered))
+            elif kind == DELIVERED_OP:
+                persistence.replica_delivered(index_id, seq)
+            elif kind == REMOVE_OP:
+                persistence.replica_remove(index_id, seq)
+            elif kind == RESET_OP:
+                persistence.replica_clear(index_id)
+            count += 1
+        group.applied = first if reset else first + count - 1
+        group.applied_term = term
+        if reset:
+            group.reset_term = term
+        persistence.replica_position(index_id, term, group.applied)
+        group.acks.append((persistence.batch, session, group.applied))
+        persistence.waiters.add(self)
+
+    def synced(self, batch: int) -> None:
+        """A group commit is on disk: tell each leader how far our copies are durable."""
+        waiting = False
+        for group in self.groups.values():
+            acks = group.acks
+            sent = None
+            while acks and acks[0][0] <= batch:
+                sent = acks.pop(0)
+            if sent is not None:
+                key = group.key.encode()
+                sent[1].link.send(link.REPLICATED, ACKED.pack(group.term, sent[2], 0, len(key)), key)
+            waiting = waiting or bool(acks)
+        if not waiting:
+            self.broker.persistence.waiters.discard(self)
+
+    def replicated(self, peer_name: str, payload: bytes) -> None:
+        """A follower's answer: how far its copy is durable, or that it wants a snapshot."""
+        term, index, wants_snapshot, size = ACKED.unpack_from(payload)
+        group = self.groups.get(payload[ACKED.size:ACKED.size + size].decode())
+        if group is None or group.replicator is None:
+            return
+        replicator = group.replicator
+        if term > replicator.term:  # a later leader exists: we were deposed
+            self._follow(group, "", 0)
+        elif wants_snapshot:
+            replicator.rejoin(peer_name)
+        elif term == replicator.term:
+            replicator.acked(peer_name, index)
+
+    # -- what the API shows --------------------------------------------------------------------
+
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Per queue led here: how many ops each follower has yet to make durable."""
+        return {group.key: group.replicator.lag for group in self.groups.values() if group.replicator is not None}
+

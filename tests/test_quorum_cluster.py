@@ -1,0 +1,319 @@
+"""Quorum queues replicated across three real Warren nodes and a real etcd: confirms, failover, catch-up,
+and a leader cut off from etcd that must not confirm what the group does not have."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Iterator
+
+import pika
+import pytest
+from pika.exceptions import AMQPError
+
+from conftest import BrokerProcess, free_port
+from test_cluster import Etcd, api, connect, passive, running_nodes, start_node, wait_for
+from test_warrenctl import fails, ok
+
+pytestmark = pytest.mark.timeout(180)
+
+QUORUM = {"x-queue-type": "quorum"}
+NAMES = [f"warren{i}@localhost" for i in (1, 2, 3)]
+
+
+@pytest.fixture
+def nodes(tmp_path) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
+    """Three nodes of a cluster of the test's own: tests here kill and restart them."""
+    etcd = Etcd(tmp_path / "etcd")
+    started = [start_node(tmp_path, etcd, i) for i in (1, 2, 3)]
+    wait_for(lambda: all(len(running_nodes(n)) == 3 for n in started), "nodes see each other")
+    yield etcd, started
+    for node in started:
+        node.stop()
+    etcd.stop()
+
+
+def leader_of(node: BrokerProcess, queue: str) -> str:
+    return api(node, f"/queues/%2F/{queue}")["leader"]
+
+
+def publish(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
+    """Publish persistent messages with confirms (each publish waits for its confirm: pika raises on a nack)."""
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in bodies:
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def drain(node: BrokerProcess, queue: str) -> list[bytes]:
+    bodies = []
+    with connect(node) as connection:
+        channel = connection.channel()
+        while True:
+            method, _, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return bodies
+            bodies.append(body)
+
+
+def test_a_quorum_queue_has_three_members_and_one_leader(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    for node in (n1, n2, n3):
+        wait_for(lambda: api(node, f"/queues/%2F/{uid}").get("leader") == NAMES[0], "the leader everywhere")
+        info = api(node, f"/queues/%2F/{uid}")
+        assert info["type"] == "quorum" and sorted(info["members"]) == NAMES and sorted(info["online"]) == NAMES
+    bodies = [b"m%d" % i for i in range(200)]
+    publish(n2, uid, bodies)  # through a follower's node
+    assert drain(n3, uid) == bodies
+
+
+def test_kill_the_leader_and_a_follower_leads_with_every_confirmed_message(nodes, uid):
+    etcd, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    bodies = [b"m%d" % i for i in range(500)]
+    publish(n2, uid, bodies[:250])
+    publish(n1, uid, bodies[250:])
+    with connect(n3) as connection:  # one message held unacked by a consumer on node 3 when the leader dies
+        channel = connection.channel()
+        method, _, body = channel.basic_get(uid)
+        assert body == bodies[0]
+        n1.kill()
+        started = time.monotonic()
+        wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid),
+                 "a new leader", timeout=20)
+        failover = time.monotonic() - started
+    wait_for(lambda: passive(n3, uid) == 500, "every message there", timeout=10)
+    got = drain(n3, uid)
+    assert got == bodies, (len(got), got[:3])
+    assert failover < 10, failover
+    n1.start()  # the old leader comes back as a follower and catches up
+    wait_for(lambda: sorted(api(n2, f"/queues/%2F/{uid}")["online"]) == NAMES, "node 1 back", timeout=20)
+    later = [b"later%d" % i for i in range(100)]
+    publish(n1, uid, later)
+    leader = leader_of(n2, uid)
+    survivors = [n for n, name in zip((n1, n2, n3), NAMES) if name != leader]
+    {NAMES[1]: n2, NAMES[2]: n3}[leader].kill()  # now node 1's copy must count: it is one of the two left
+    wait_for(lambda: leader_of(survivors[0], uid) != leader and leader_of(survivors[1], uid) != leader,
+             "another leader", timeout=20)
+    assert drain(n1, uid) == later
+
+
+class Cuttable:
+    """A TCP proxy on loopback that can cut every connection through it, and let new ones through again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.port = free_port()
+        self.open = True
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self.open = False
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._sockets = []
+
+    def restore(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+
+@dataclass
+class Proxied:
+    """An etcd as one node sees it: through a proxy."""
+
+    port: int
+
+
+def test_a_leader_cut_off_from_etcd_confirms_nothing_the_group_loses(tmp_path, uid):
+    etcd = Etcd(tmp_path / "etcd")
+    proxy = Cuttable(etcd.port)
+    n1 = start_node(tmp_path, Proxied(proxy.port), 1)
+    n2, n3 = start_node(tmp_path, etcd, 2), start_node(tmp_path, etcd, 3)
+    try:
+        wait_for(lambda: all(len(running_nodes(n)) == 3 for n in (n1, n2, n3)), "nodes see each other")
+        with connect(n1) as connection:
+            connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+        wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+        confirmed = [b"before%d" % i for i in range(100)]
+        publish(n1, uid, confirmed)
+        outcomes: list[tuple[bytes, str]] = []
+        stop = threading.Event()
+
+        def publisher() -> None:  # keeps publishing through node 1 while it is cut off
+            i = 0
+            while not stop.is_set():
+                try:
+                    with connect(n1) as connection:
+                        channel = connection.channel()
+                        channel.confirm_delivery()
+                        while not stop.is_set():
+                            body = b"during%d" % i
+                            i += 1
+                            try:
+                                channel.basic_publish("", uid, body, pika.BasicProperties(delivery_mode=2))
+                                outcomes.append((body, "confirmed"))
+                            except pika.exceptions.NackError:
+                                outcomes.append((body, "nacked"))
+                            time.sleep(0.005)
+                except AMQPError:
+                    time.sleep(0.1)
+
+        thread = threading.Thread(target=publisher, daemon=True)
+        thread.start()
+        time.sleep(0.5)
+        proxy.cut()
+        wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a leader elected without node 1", timeout=20)
+        time.sleep(2)
+        stop.set()
+        thread.join(20)
+        leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
+        got = drain(leader, uid)
+        during = [body for body, outcome in outcomes if outcome == "confirmed"]
+        missing = [body for body in confirmed + during if body not in got]
+        assert not missing, (len(missing), missing[:5], len(outcomes))
+        assert len(got) == len(set(got))
+        assert any(outcome == "nacked" for _, outcome in outcomes) or len(outcomes) < 5, outcomes[-5:]
+        proxy.restore()  # node 1 back in touch: it follows the new leader
+        wait_for(lambda: leader_of(n1, uid) == leader_of(n2, uid), "node 1 follows", timeout=20)
+        publish(n1, uid, [b"after"])
+        assert drain(n2, uid) == [b"after"]
+    finally:
+        for node in (n1, n2, n3):
+            node.stop()
+        proxy.close()
+        etcd.stop()
+
+
+def lag(node: BrokerProcess, queue: str, follower: str) -> float | None:
+    """A follower's lag as the leader's /metrics reports it (None: not a follower there)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/metrics")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("warren_quorum_follower_lag{") and f'queue="{queue}"' in line \
+                    and f'follower="{follower}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_members_are_added_and_removed_with_warrenctl(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True,
+                                           arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["members"] == NAMES[:2], "a group of two")
+    publish(n1, uid, [b"m%d" % i for i in range(50)])
+    assert "joins" in ok(n1, "quorum", "add-member", uid, NAMES[2])
+    wait_for(lambda: all(sorted(api(n, f"/queues/%2F/{uid}")["members"]) == NAMES for n in (n1, n2, n3)),
+             "three members everywhere")
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up")
+    n2.kill()  # with node 2 gone, a confirm needs node 3's copy
+    publish(n1, uid, [b"n%d" % i for i in range(10)])
+    assert len(drain(n1, uid)) == 60
+    assert "leaves" in ok(n1, "quorum", "delete-member", uid, NAMES[1])
+    wait_for(lambda: api(n3, f"/queues/%2F/{uid}")["members"] == [NAMES[0], NAMES[2]], "node 2 left")
+    assert "is not a member" in fails(n1, "quorum", "delete-member", uid, NAMES[1])
+    assert "no node 'nowhere@localhost'" in fails(n1, "quorum", "add-member", uid, "nowhere@localhost")
+    assert "no quorum queue" in fails(n1, "quorum", "add-member", f"{uid}-missing", NAMES[1])
+
+
+def test_consumers_are_cancelled_at_failover_and_consume_again_with_bindings_kept(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True, arguments=QUORUM)
+        channel.queue_bind(uid, "amq.direct", routing_key=uid)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    bodies = [b"m%d" % i for i in range(20)]
+    publish(n3, uid, bodies)
+    connection = connect(n2)
+    try:
+        channel = connection.channel()
+        cancelled, got = [], []
+        channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        channel.basic_qos(prefetch_count=1)
+        tag = channel.basic_consume(uid, lambda ch, method, props, body: got.append((method.redelivered, body)))
+        wait_for_events(connection, lambda: len(got) == 1)  # one unacked when the leader dies
+        n1.kill()
+        wait_for_events(connection, lambda: cancelled == [tag], timeout=20)
+        wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
+        got.clear()
+        channel.basic_qos(prefetch_count=0)
+        channel.basic_consume(uid, lambda ch, method, props, body: (got.append((method.redelivered, body)),
+                                                                     ch.basic_ack(method.delivery_tag)))
+        wait_for_events(connection, lambda: len(got) == 20)
+        assert got[0] == (True, bodies[0])  # the unacked one comes back redelivered, first
+        assert [body for _, body in got] == bodies
+        with connect(n3) as other:  # the binding moved with the queue
+            other.channel().basic_publish("amq.direct", uid, b"routed")
+        wait_for_events(connection, lambda: len(got) == 21)
+        assert got[-1] == (False, b"routed")
+    finally:
+        connection.close()
+
+
+def wait_for_events(connection: pika.BlockingConnection, check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        connection.process_data_events(time_limit=0.1)
+
+
+def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n3, uid) == NAMES[0], "leader known")
+    n3.kill()
+    bodies = [b"m%05d" % i for i in range(5000)]  # two snapshot frames
+    publish(n2, uid, bodies)
+    n3.start()
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
+    n1.kill()  # nodes 2 and 3 have the same position: the tie goes to the name that sorts last, node 3
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
+             timeout=20)
+    assert leader_of(n3, uid) == NAMES[2]
+    assert drain(n3, uid) == bodies

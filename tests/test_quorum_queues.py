@@ -1,0 +1,291 @@
+"""Quorum queues on one node, as RabbitMQ 3.10 has them (issue: replicated queues).
+
+Each test passes against RabbitMQ 3.10 too (parity mode, see conftest), except those marked warren_only.
+The replicated group across nodes is tested in test_quorum_cluster.py.
+"""
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+
+from conftest import ExternalBroker, connect
+from test_mgmt_api import call, q
+
+pytestmark = pytest.mark.timeout(60)
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+def declare(channel, name: str, durable: bool = True, **arguments):
+    return channel.queue_declare(name, durable=durable, arguments={**QUORUM, **arguments})
+
+
+def refused(broker, name: str, **kwargs) -> tuple[int, str]:
+    """The channel error a quorum declaration gets."""
+    with connect(broker) as connection:
+        channel = connection.channel()
+        arguments = {**QUORUM, **kwargs.pop("arguments", {})}
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            channel.queue_declare(name, arguments=arguments, **kwargs)
+        return caught.value.reply_code, caught.value.reply_text
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(durable=True, exclusive=True), "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
+    (dict(durable=False), "invalid property 'non-durable' for queue '{q}' in vhost '/'"),
+    (dict(durable=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+    (dict(durable=False, exclusive=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+    (dict(durable=False, exclusive=True), "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
+    (dict(durable=True, exclusive=True, arguments={"x-max-priority": 5}),
+     "invalid arg 'x-max-priority' for queue '{q}' in vhost '/' of queue type rabbit_quorum_queue"),
+    (dict(durable=True, arguments={"x-queue-mode": "lazy"}),
+     "invalid arg 'x-queue-mode' for queue '{q}' in vhost '/' of queue type rabbit_quorum_queue"),
+    (dict(durable=True, arguments={"x-max-age": "1D"}),
+     "invalid arg 'x-max-age' for queue '{q}' in vhost '/' of queue type rabbit_quorum_queue"),
+    (dict(durable=True, arguments={"x-dead-letter-strategy": "sometimes"}),
+     "invalid arg 'x-dead-letter-strategy' for queue '{q}' in vhost '/': invalid_dlx_strategy"),
+    (dict(durable=True, arguments={"x-quorum-initial-group-size": 0}),
+     "invalid arg 'x-quorum-initial-group-size' for queue '{q}' in vhost '/': {{value_zero,0}}"),
+    (dict(durable=True, arguments={"x-quorum-initial-group-size": "3"}),
+     "invalid arg 'x-quorum-initial-group-size' for queue '{q}' in vhost '/': \"expected integer, got longstr\""),
+])
+def test_what_a_quorum_queue_refuses(broker, uid, kwargs, text):
+    assert refused(broker, uid, **kwargs) == (406, "PRECONDITION_FAILED - " + text.format(q=uid))
+
+
+@pytest.mark.parametrize("argument", ["x-delivery-limit", "x-dead-letter-strategy"])
+def test_quorum_arguments_are_refused_on_a_classic_queue(broker, uid, argument):
+    value = 3 if argument == "x-delivery-limit" else "at-least-once"
+    with connect(broker) as connection:
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            connection.channel().queue_declare(uid, durable=True, arguments={argument: value})
+    assert caught.value.reply_text == (f"PRECONDITION_FAILED - invalid arg '{argument}' for queue '{uid}' in vhost '/' "
+                                       "of queue type rabbit_classic_queue")
+
+
+def test_what_a_quorum_queue_takes(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        for i, arguments in enumerate([{"x-message-ttl": 1000}, {"x-expires": 100000},
+                                       {"x-overflow": "reject-publish"}, {"x-delivery-limit": "any"},
+                                       {"x-dead-letter-strategy": "at-least-once"}, {"x-quorum-initial-group-size": 5},
+                                       {"x-max-in-memory-length": 5}, {"x-queue-leader-locator": "balanced"}]):
+            declare(channel, f"{uid}-{i}", **arguments)
+            channel.queue_delete(f"{uid}-{i}")
+
+
+def test_a_classic_redeclaration_of_a_quorum_queue_is_inequivalent(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.queue_declare(uid, passive=True)
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            channel.queue_declare(uid, durable=True)
+        assert caught.value.reply_text == (
+            f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{uid}' in vhost '/': "
+            "received none but current is the value 'quorum' of type 'longstr'")
+        connection.channel().queue_delete(uid)
+
+
+def _get(channel, queue: str):
+    for _ in range(50):  # RabbitMQ returns a message to its queue asynchronously
+        method, properties, body = channel.basic_get(queue)
+        if method is not None:
+            return method, properties, body
+        time.sleep(0.05)
+    return None, None, None
+
+
+def test_each_delivery_says_how_often_the_message_came_back(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.basic_publish("", uid, b"m", pika.BasicProperties(headers={"a": 1}))
+        for count in range(3):
+            method, properties, _ = _get(channel, uid)
+            assert (method.redelivered, properties.headers) == (count > 0, {"a": 1, "x-delivery-count": count})
+            channel.basic_nack(method.delivery_tag, requeue=True)
+        other = connect(broker)  # a channel that closes with the message unacked returns it too
+        method, properties, _ = _get(other.channel(), uid)
+        assert properties.headers["x-delivery-count"] == 3
+        other.close()
+        method, properties, _ = _get(channel, uid)
+        assert properties.headers["x-delivery-count"] == 4
+        channel.basic_ack(method.delivery_tag)
+        channel.queue_delete(uid)
+
+
+def test_consumers_get_the_delivery_count_from_the_first_return_on(broker, uid):
+    """RabbitMQ 3.10 leaves the header out of a first basic.deliver (basic.get-ok always has it)."""
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.basic_publish("", uid, b"m")
+        seen = []
+
+        def on_message(ch, method, properties, body):
+            seen.append((properties.headers or {}).get("x-delivery-count"))
+            ch.basic_reject(method.delivery_tag, requeue=len(seen) < 3)
+
+        channel.basic_consume(uid, on_message)
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            connection.process_data_events(0.1)
+        assert seen == [None, 1, 2]
+        channel.queue_delete(uid)
+
+
+def test_a_message_returned_past_the_delivery_limit_is_dead_lettered(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(f"{uid}-dead", durable=True)
+        declare(channel, uid, **{"x-delivery-limit": 1, "x-dead-letter-exchange": "",
+                                 "x-dead-letter-routing-key": f"{uid}-dead"})
+        channel.basic_publish("", uid, b"m", pika.BasicProperties(headers={"a": 1}))
+        for _ in range(2):
+            method, _, _ = _get(channel, uid)
+            channel.basic_reject(method.delivery_tag, requeue=True)
+        method, properties, body = _get(channel, f"{uid}-dead")
+        assert body == b"m" and method is not None
+        assert properties.headers["a"] == 1 and "x-delivery-count" not in properties.headers
+        assert properties.headers["x-first-death-reason"] == "delivery_limit"
+        death = properties.headers["x-death"][0]
+        assert (death["reason"], death["queue"], death["count"]) == ("delivery_limit", uid, 1)
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0
+        channel.queue_delete(uid)
+        channel.queue_delete(f"{uid}-dead")
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_delivery_limit_of_zero_or_less_drops_at_the_first_return(broker, uid, limit):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid, **{"x-delivery-limit": limit})
+        channel.basic_publish("", uid, b"m")
+        method, _, _ = _get(channel, uid)
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        time.sleep(0.3)
+        assert channel.basic_get(uid)[0] is None
+        channel.queue_delete(uid)
+
+
+def test_global_qos_is_refused_at_consume(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.basic_qos(prefetch_count=10, global_qos=True)
+        with pytest.raises(ConnectionClosedByBroker) as caught:
+            channel.basic_consume(uid, lambda *a: None)
+    assert (caught.value.reply_code, caught.value.reply_text) == (
+        540, f"NOT_IMPLEMENTED - queue '{uid}' in vhost '/' does not support global qos")
+    with connect(broker) as connection:
+        connection.channel().queue_delete(uid)
+
+
+def test_the_api_shows_type_leader_and_members(broker, uid):
+    if not broker.mgmt_port:
+        pytest.skip("needs the HTTP API")
+    with connect(broker) as connection:
+        declare(connection.channel(), uid)
+    for _ in range(50):  # RabbitMQ fills a new queue's details in a moment
+        info = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
+        if info.get("leader"):
+            break
+        time.sleep(0.1)
+    assert info["type"] == "quorum"
+    assert info["leader"] in info["members"] and sorted(info["online"]) == sorted(info["members"])
+    if not isinstance(broker, ExternalBroker):
+        assert info["members"] == [info["leader"]]  # one node: a group of one
+    assert info["arguments"] == QUORUM
+    with connect(broker) as connection:
+        connection.channel().queue_delete(uid)
+
+
+def test_a_policy_for_quorum_queues_sets_the_delivery_limit(broker, uid):
+    if not broker.mgmt_port:
+        pytest.skip("needs the HTTP API")
+    policy = f"/api/policies/%2F/{q(uid)}"
+    assert call(broker, "PUT", policy, {"pattern": f"^{uid}", "apply-to": "queues",
+                                        "definition": {"delivery-limit": 0}}).status in (201, 204)
+    try:
+        with connect(broker) as connection:
+            channel = connection.channel()
+            declare(channel, uid)
+            channel.queue_declare(f"{uid}-classic", durable=True)  # a classic queue has no delivery limit
+            for name in (uid, f"{uid}-classic"):
+                channel.basic_publish("", name, b"m")
+                method, _, _ = _get(channel, name)
+                channel.basic_nack(method.delivery_tag, requeue=True)
+            time.sleep(0.3)
+            assert channel.basic_get(uid)[0] is None
+            assert channel.basic_get(f"{uid}-classic", auto_ack=True)[0] is not None
+            for _ in range(50):
+                info = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
+                if info.get("policy"):
+                    break
+                time.sleep(0.1)
+            assert info["policy"] == uid
+            channel.queue_delete(uid)
+            channel.queue_delete(f"{uid}-classic")
+    finally:
+        call(broker, "DELETE", policy)
+
+
+@pytest.mark.warren_only("restarts the node")
+def test_a_quorum_queue_and_its_messages_survive_a_restart(start_broker, uid):
+    node = start_broker()
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        declare(channel, uid, **{"x-delivery-limit": 5})
+        for i in range(10):
+            channel.basic_publish("", uid, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    node.stop()
+    node.start()
+    with connect(node) as connection:
+        channel = connection.channel()
+        bodies = []
+        for _ in range(10):
+            method, properties, body = channel.basic_get(uid, auto_ack=True)
+            bodies.append(body)
+            assert properties.headers == {"x-delivery-count": 0}
+        assert bodies == [str(i).encode() for i in range(10)]
+    assert call(node, "GET", f"/api/queues/%2F/{q(uid)}").json["type"] == "quorum"
+
+
+@pytest.mark.warren_only("restarts the node")
+def test_transient_messages_in_a_quorum_queue_survive_a_restart_and_nowhere_else(start_broker, uid):
+    """RabbitMQ's quorum queues keep every message on disk; the classic durable queue the same publish went
+    to keeps it in memory only, and a move from the quorum queue back to a classic one keeps it transient."""
+    node = start_broker()
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        declare(channel, uid)
+        channel.queue_declare(f"{uid}-classic", durable=True)
+        channel.exchange_declare(f"{uid}-fanout", "fanout")
+        channel.queue_bind(uid, f"{uid}-fanout")
+        channel.queue_bind(f"{uid}-classic", f"{uid}-fanout")
+        for i in range(5):
+            channel.basic_publish(f"{uid}-fanout", "", b"t%d" % i)  # delivery_mode 1
+    node.stop()
+    node.start()
+    with connect(node) as connection:
+        channel = connection.channel()
+        assert channel.queue_declare(uid, passive=True).method.message_count == 5
+        assert channel.queue_declare(f"{uid}-classic", passive=True).method.message_count == 0
+    moved = call(node, "POST", f"/api/queues/%2F/{q(uid)}/move", {"destination": f"{uid}-classic", "count": 2})
+    assert moved.status == 200, moved.raw
+    with connect(node) as connection:
+        channel = connection.channel()
+        assert [channel.basic_get(f"{uid}-classic", auto_ack=True)[2] for _ in range(2)] == [b"t0", b"t1"]
+        assert [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)] == [b"t2", b"t3", b"t4"]
+    node.stop()
+    node.start()  # what was acked stays gone; nothing came back to the classic queue
+    with connect(node) as connection:
+        channel = connection.channel()
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0
+        assert channel.queue_declare(f"{uid}-classic", passive=True).method.message_count == 0
