@@ -4,7 +4,8 @@ the same cluster, and (Warren) the failover time after a kill -9 of the leader.
 
 ``--broker warren`` starts its own etcd and three Warren nodes on free loopback ports.
 ``--broker rabbitmq`` uses three clustered RabbitMQ nodes already running on ``--ports`` (default
-5681,5682,5683), e.g. three Debian rabbitmq-server nodes joined with ``rabbitmqctl join_cluster``.
+5681,5682,5683), e.g. three Debian rabbitmq-server nodes joined with ``rabbitmqctl join_cluster``; with
+``--kill-leader CMD`` (a shell command that kills -9 the first node) it measures their failover too.
 
 For each queue type (classic durable, quorum) one publisher sends ``--messages`` persistent 100-byte
 messages with confirms (``--in-flight`` unconfirmed at most) through the queue's own node (``leader``)
@@ -21,9 +22,11 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amqp_load  # noqa: E402
@@ -95,13 +98,13 @@ def rates(ports: list[int], messages: int, runs: int, in_flight: int) -> None:
                   f"runs: {', '.join(f'{r:.0f}' for r in figures)}", flush=True)
 
 
-def failover(procs: list, ports: list[int], messages: int) -> None:
-    """Warren only: kill -9 the leader (node 1) and time until node 2 confirms a publish again."""
+def failover(kill: Callable[[], None], ports: list[int], messages: int) -> None:
+    """Kill -9 the leader (node 1) and time until node 2 confirms a publish again."""
     queue = f"bench-failover-{os.urandom(3).hex()}"
     declare(ports[0], queue, True)
     time.sleep(1.0)
     publish_rate(ports[1], queue, messages, 1000)
-    procs[1].send_signal(signal.SIGKILL)  # procs[0] is etcd
+    kill()
     killed = time.monotonic()
     while not acked(ports[1], queue):
         if time.monotonic() - killed > 60:
@@ -120,9 +123,13 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=50000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=1000, help="unconfirmed publishes at most")
+    parser.add_argument("--kill-leader", metavar="CMD", help="RabbitMQ: a shell command that kills -9 node 1")
     args = parser.parse_args()
     if args.broker == "rabbitmq":
-        rates([int(p) for p in args.ports.split(",")], args.messages, args.runs, args.in_flight)
+        ports = [int(p) for p in args.ports.split(",")]
+        rates(ports, args.messages, args.runs, args.in_flight)
+        if args.kill_leader:
+            failover(lambda: subprocess.run(args.kill_leader, shell=True, check=True), ports, args.messages)
         return 0
     if not shutil.which("etcd"):
         print("etcd not found: apt-get install etcd-server", file=sys.stderr)
@@ -131,7 +138,7 @@ def main() -> int:
     procs, ports = start_cluster(tmp)
     try:
         rates(ports, args.messages, args.runs, args.in_flight)
-        failover(procs, ports, args.messages)
+        failover(lambda: procs[1].send_signal(signal.SIGKILL), ports, args.messages)  # procs[0] is etcd
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -240,6 +240,7 @@ class Group:
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
     reset_term: int = 0  # the term of the last snapshot taken (a follower asks for one once per term)
+    leader_lease: int = 0  # the etcd lease the leader holds its key under
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
@@ -457,7 +458,7 @@ class QuorumGroups:
             log.warning("etcd: leader of %s unknown (%s)", group.key, exc)
             return
         if current is not None:
-            self._follow(group, current.value.decode(), current.create_revision)
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
         elif self.name in group.members:
             self._elect(group)
 
@@ -466,7 +467,8 @@ class QuorumGroups:
         while True:
             try:
                 reply = await self.client.get_prefix(LEADERS)
-                current = {kv.key[len(LEADERS):].decode(): (kv.value.decode(), kv.create_revision) for kv in reply}
+                current = {kv.key[len(LEADERS):].decode(): (kv.value.decode(), kv.create_revision, kv.lease)
+                           for kv in reply}
                 for key, group in list(self.groups.items()):
                     if key in current:
                         self._follow(group, *current[key])
@@ -479,7 +481,7 @@ class QuorumGroups:
                     if group is None:
                         continue
                     if event.kind == rtypes.EventKind.PUT:
-                        self._follow(group, event.kv.value.decode(), event.kv.create_revision)
+                        self._follow(group, event.kv.value.decode(), event.kv.create_revision, event.kv.lease)
                     else:
                         self._follow(group, "", 0)
                         if self.name in group.members:
@@ -530,8 +532,10 @@ class QuorumGroups:
         if won:
             log.info("%s claimed the lead of %s", self.name, key)
 
-    def _follow(self, group: Group, leader: str, term: int) -> None:
-        """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``."""
+    def _follow(self, group: Group, leader: str, term: int, lease: int = 0) -> None:
+        """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``, holding the key
+        under ``lease``."""
+        group.leader_lease = lease
         if leader == group.leader and term == group.term:
             return
         if not leader and group.members == [self.name] and group.replicator is not None:
@@ -613,9 +617,23 @@ class QuorumGroups:
                 self._ask_snapshot(group)
 
     def peer_down(self, name: str) -> None:
+        """A link dropped: a leader stops shipping to that follower; the followers of that leader revoke its
+        lease, so that its queues elect a leader now rather than when the lease lapses (a leader that is in
+        fact alive is deposed as if its lease had lapsed: fencing and the election work the same)."""
+        leases = set()
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_down(name)
+            elif group.leader == name and group.index_id and group.leader_lease:
+                leases.add(group.leader_lease)
+        for lease in leases:
+            asyncio.get_running_loop().create_task(self._revoke(lease))
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self.client.revoke_lease(lease)
+        except aetcd.ClientError as exc:  # gone already, or etcd unreachable: the lease lapses by itself
+            log.debug("revoking lease %x: %s", lease, exc)
 
     def _ask_snapshot(self, group: Group) -> None:
         """Following a leader (new, or newly heard of): it sends its queue whole, then its log."""
