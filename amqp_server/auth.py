@@ -171,8 +171,20 @@ class AccessControl:
     def vhost_exists(self, name: str) -> bool:
         return self.store.get("vhost", vhost_key(name)) is not None
 
-    def add_vhost(self, name: str) -> None:
-        self._put("vhost", vhost_key(name), {"name": name})
+    def add_vhost(self, name: str, **metadata: Any) -> None:
+        """Create a vhost, or change its metadata (``description``, ``tags``, ``default_queue_type``: what is
+        given replaces what it had, the rest stays)."""
+        record = self.store.get("vhost", vhost_key(name)) or {"name": name}
+        record.update({key: value for key, value in metadata.items() if key in VHOST_METADATA})
+        self._put("vhost", vhost_key(name), record)
+
+    def vhost_metadata(self, name: str) -> dict[str, Any]:
+        """``description``, ``tags`` and, if set, ``default_queue_type`` (RabbitMQ's vhost metadata)."""
+        record = self.store.get("vhost", vhost_key(name)) or {}
+        metadata = {"description": record.get("description", ""), "tags": list(record.get("tags", []))}
+        if record.get("default_queue_type"):
+            metadata["default_queue_type"] = record["default_queue_type"]
+        return metadata
 
     def delete_vhost(self, name: str) -> bool:
         for key, record in list(self.store.items("permission")):
@@ -193,6 +205,9 @@ class AccessControl:
 
     def clear_permissions(self, vhost: str, user: str) -> bool:
         return self._delete("permission", f"{vhost_key(vhost)}/{user}")
+
+
+VHOST_METADATA = ("description", "tags", "default_queue_type")
 
 
 def vhost_key(name: str) -> str:

@@ -132,8 +132,9 @@ class Broker:
                     who.check("write", "exchange", policy.vhost, target)
         self.policies.put(kind, policy, self.vhost(policy.vhost))
 
-    def add_vhost(self, name: str) -> VHost:
-        self.access.add_vhost(name)
+    def add_vhost(self, name: str, **metadata: Any) -> VHost:
+        """Create a vhost or change its metadata (see ``AccessControl.add_vhost``)."""
+        self.access.add_vhost(name, **metadata)
         return self.vhost(name)
 
     def _define(self, record: Record, durable: bool) -> None:
@@ -302,7 +303,7 @@ class Broker:
             return existing
         if name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        arguments = dict(arguments or {})
+        arguments = self._typed(vhost, arguments, durable, exclusive, auto_delete)
         if existing is not None:
             self.check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
@@ -366,7 +367,19 @@ class Broker:
         """
         self.check_queue_declare(vhost, name, arguments, who)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete, dict(arguments or {})))
+            await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
+                                                 self._typed(vhost, arguments, durable, exclusive, auto_delete)))
+
+    def _typed(self, vhost: VHost, arguments: dict[str, Any] | None, durable: bool, exclusive: bool,
+               auto_delete: bool) -> dict[str, Any]:
+        """A declaration's arguments with the vhost's ``default_queue_type`` written in where it applies: a
+        durable, shared, kept queue that names no type (RabbitMQ 3.10)."""
+        arguments = dict(arguments or {})
+        if durable and not exclusive and not auto_delete and "x-queue-type" not in arguments:
+            default = self.access.vhost_metadata(vhost.name).get("default_queue_type")
+            if default not in (None, "classic"):
+                arguments["x-queue-type"] = default
+        return arguments
 
     async def find_queue(self, vhost: VHost, name: str) -> None:
         """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
@@ -450,12 +463,15 @@ class Broker:
         if queue.durable:
             self.store.delete("queue_offsets", str(queue.index_id))
 
-    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
-        """Republish entries that left ``queue`` for good to its dead-letter exchange."""
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
+        """Republish entries that left ``queue`` for good to its dead-letter exchange; returns those no queue
+        took (no such exchange, routed nowhere, refused), which at-most-once dead-lettering drops as
+        RabbitMQ does and at-least-once keeps for a retry."""
         vhost = self.vhosts.get(queue.vhost)
         exchange = vhost.exchanges.get(queue.args.dead_letter_exchange) if vhost else None
         if exchange is None:
-            return  # RabbitMQ drops dead letters whose exchange does not exist
+            return entries
+        untaken = []
         for entry in entries:
             try:
                 message = dead_letter_message(entry.message, queue.name, reason, exchange.name,
@@ -463,9 +479,14 @@ class Broker:
             except ValueError as exc:  # a definition stored before its arguments were checked at declare
                 log.error("dead letter from %r dropped: %s", queue, exc)
                 continue
-            for target in self.route(vhost, exchange, message):
-                if not cycle_detected(message, target.name):
-                    target.enqueue(message)
+            routed = self.route(vhost, exchange, message)
+            if routed is DEFERRED:  # a delayed exchange holds it
+                continue
+            targets = [target for target in routed if not cycle_detected(message, target.name)]
+            accepted = [bool(target.enqueue(message)) for target in targets]
+            if not any(accepted) and (targets or not routed):  # (routed only into a cycle: dropped)
+                untaken.append(entry)
+        return untaken
 
     def load_body(self, message: Message) -> None:
         """Bring back the body of a message that was recovered or paged out."""

@@ -9,6 +9,9 @@ What a client sees differs from a classic queue:
   ``delivery_limit``) or dropped;
 - the queue is durable, shared and kept (the declaration's properties are checked in
   :func:`queue_args.check_properties`), and global QoS is refused at basic.consume;
+- ``x-dead-letter-strategy: at-least-once`` (with ``x-overflow: reject-publish``, as RabbitMQ requires;
+  otherwise at-most-once): a dead letter no queue takes stays with the queue, counted apart
+  (``messages_dlx``), and is tried again every ``DLX_RETRY`` seconds until one does;
 - the HTTP API shows its leader and members.
 
 A queue's replicas are the cluster's business (``forwarder.quorum``, which it tells of every change through
@@ -18,6 +21,7 @@ persisted (after a restart a message is only ``redelivered``).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Iterable
 
 from queue_index import IndexEntry
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from .ports import ConfirmSink
 
 DELIVERY_COUNT = "x-delivery-count"
+DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
 
 
 class QuorumQueue(Queue):
@@ -42,6 +47,8 @@ class QuorumQueue(Queue):
         self.returns: dict[int, int] = {}  # seq -> times returned, for entries returned at least once
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
         self.taken: dict[int, Entry] = {}  # unacked entries (a replicated queue's snapshot includes them)
+        self.dlx_pending: list[tuple[Entry, str]] = []  # at-least-once dead letters no queue took yet, reason
+        self._dlx_timer: asyncio.TimerHandle | None = None
 
     @property
     def leader(self) -> str:
@@ -80,6 +87,67 @@ class QuorumQueue(Queue):
             self.unacked -= len(over)
             self._dead_letter(over, "delivery_limit")
         super().requeue(kept)
+
+    @property
+    def dlx_bytes(self) -> int:
+        return sum(entry.message.body_size for entry, _ in self.dlx_pending)
+
+    def _at_least_once(self) -> bool:
+        args = self.args
+        return (args.dead_letter_strategy == "at-least-once" and args.overflow == "reject-publish"
+                and args.dead_letter_exchange is not None and self.host is not None)
+
+    def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
+        """At least once: an entry leaves only once a queue took its dead letter; until then it waits here."""
+        if not (persisted and self._at_least_once()):
+            super()._dead_letter(entries, reason, persisted)
+            return
+        for entry in entries:
+            if entry.message.body is None:
+                self.host.load_body(entry.message)
+        self._settle_dead_letters([(entry, reason) for entry in entries])
+
+    def _settle_dead_letters(self, letters: list[tuple[Entry, str]]) -> None:
+        untaken: list[tuple[Entry, str]] = []
+        for reason in {reason for _, reason in letters}:
+            entries = [entry for entry, why in letters if why == reason]
+            left = {id(entry) for entry in self.host.dead_letter(self, entries, reason)}
+            for entry in entries:
+                if id(entry) in left:
+                    untaken.append((entry, reason))
+                else:
+                    self._forget(entry)
+        self.dlx_pending.extend(untaken)
+        if self.dlx_pending and self._dlx_timer is None and not self.deleted:
+            self._dlx_timer = asyncio.get_running_loop().call_later(DLX_RETRY, self._retry_dead_letters)
+
+    def _retry_dead_letters(self) -> None:
+        self._dlx_timer = None
+        letters, self.dlx_pending = self.dlx_pending, []
+        if self.deleted:
+            return
+        if self._at_least_once():
+            self._settle_dead_letters(letters)
+            return
+        for reason in {reason for _, reason in letters}:  # the strategy changed (a policy): at most once now
+            super()._dead_letter([entry for entry, why in letters if why == reason], reason)
+
+    def drop_all(self) -> None:
+        """Deleted: the dead letters still waiting go too."""
+        self._stop_dead_letters()
+        super().drop_all()
+
+    def detach(self) -> None:
+        super().detach()
+        self._stop_dead_letters()
+
+    def _stop_dead_letters(self) -> None:
+        for entry, _ in self.dlx_pending:
+            self._forget(entry)
+        self.dlx_pending = []
+        if self._dlx_timer is not None:
+            self._dlx_timer.cancel()
+            self._dlx_timer = None
 
     def _forget(self, entry: Entry) -> None:
         self.returns.pop(entry.seq, None)

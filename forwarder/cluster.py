@@ -260,7 +260,7 @@ class Cluster:
             if new is None:
                 self.broker.delete_vhost(old["name"])
             else:
-                self.broker.add_vhost(new["name"])
+                self.broker.add_vhost(new["name"], **{k: v for k, v in new.items() if k != "name"})
         elif new is None:
             access.clear_permissions(old["vhost"], old["user"])
         else:

@@ -17,6 +17,7 @@ from .context import Context, ctx
 from .http import bad_request, from_amqp, get_bool, get_str, get_table, json_response, no_content
 from .permissions import all_permissions, permissions_from_json
 from .users import parse_tags, user_from_json, user_info
+from .vhosts import vhost_metadata
 
 routes = web.RouteTableDef()
 log = logging.getLogger("warren.mgmt")
@@ -54,7 +55,7 @@ def export_all(request: web.Request) -> dict[str, Any]:
     access = context.broker.access
     result = _header()
     result["users"] = [user_info(u) for u in access.users()]
-    result["vhosts"] = [{"name": name, "limits": [], "metadata": {"description": "", "tags": []}}
+    result["vhosts"] = [{"name": name, "limits": [], "metadata": access.vhost_metadata(name)}
                         for name in access.vhosts()]
     result["permissions"] = all_permissions(request)
     result.update({"topic_permissions": [], "global_parameters": []})
@@ -127,7 +128,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             item = dict(item, tags=parse_tags(item.get("tags")))
             access.put_user(user_from_json(name, item, access.user(name)))
         for item in _items(body, "vhosts"):
-            broker.add_vhost(get_str(item, "name"))
+            broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
         for item in _items(body, "permissions"):
             vhost, user = get_str(item, "vhost"), get_str(item, "user")
             if not access.vhost_exists(vhost) or access.user(user) is None:

@@ -51,6 +51,9 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     info.update(depth_fields(queue_depths((queue,)), rates))
     if queue.args.queue_type == "quorum":
         info.update(quorum_fields(context, queue))
+        if not queue.remote:  # at-least-once dead letters waiting for a queue to take them
+            info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
+            info["messages"] += len(queue.dlx_pending)
     if not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
         in_ram = queue.message_count - queue.paged
         info.update({"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,

@@ -6,12 +6,14 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import Permissions
+from amqp_server.queue_args import QUEUE_TYPES
 
 from . import auth
 from .context import Context, ctx
-from .http import bad_request, created_or_updated, new_name, no_content, not_found, read_json
+from .http import bad_request, created_or_updated, get_str, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
 from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
+from .users import parse_tags
 
 routes = web.RouteTableDef()
 
@@ -19,14 +21,36 @@ routes = web.RouteTableDef()
 def vhost_info(context: Context, name: str) -> dict[str, Any]:
     vhost = context.vhost(name)
     rates = context.sampler.vhost_rates(name)
+    metadata = context.broker.access.vhost_metadata(name)
     info: dict[str, Any] = {
-        "name": name, "description": "", "tags": [], "default_queue_type": "classic",
-        "metadata": {"description": "", "tags": []}, "tracing": False,
+        "name": name, "description": metadata["description"], "tags": metadata["tags"],
+        "default_queue_type": metadata.get("default_queue_type", "undefined"),
+        "metadata": metadata, "tracing": False,
         "cluster_state": {context.node: "running"},
         "message_stats": message_stats(context.sampler.vhost_counters(name), rates, VHOST_STATS),
     }
     info.update(depth_fields(queue_depths(list(vhost.queues.values())), rates))
     return info
+
+
+def vhost_metadata(body: dict[str, Any]) -> dict[str, Any]:
+    """``description``, ``tags`` and ``default_queue_type`` from a vhost's JSON (RabbitMQ 3.10's HTTP API names
+    the last ``defaultqueuetype``; its definitions, ``metadata.default_queue_type``), as given."""
+    nested = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    found: dict[str, Any] = {}
+    for key in ("description", "tags", "default_queue_type"):
+        value = body.get(key, nested.get(key))
+        if key == "default_queue_type" and value is None:
+            value = body.get("defaultqueuetype")
+        if value is not None:
+            found[key] = value
+    if "description" in found:
+        found["description"] = get_str(found, "description")
+    if "tags" in found:
+        found["tags"] = parse_tags(found["tags"])
+    if found.get("default_queue_type") not in (None, *QUEUE_TYPES):
+        raise bad_request(f"default_queue_type must be one of {', '.join(QUEUE_TYPES)}")
+    return found
 
 
 @routes.get("/api/vhosts")
@@ -43,13 +67,13 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/vhosts/{vhost}")
 async def put(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    await read_json(request)  # description, tags, default_queue_type, tracing: accepted, not kept
+    metadata = vhost_metadata(await read_json(request))  # tracing: accepted, not kept
     name = new_name(request, "vhost", "vhost")
     if not name:
         raise bad_request("vhost name must not be empty")
     broker = ctx(request).broker
     existed = broker.access.vhost_exists(name)
-    broker.add_vhost(name)
+    broker.add_vhost(name, **metadata)
     if not existed:  # as RabbitMQ: whoever creates a vhost over HTTP gets full permissions on it
         broker.access.set_permissions(name, auth.login(request).name, Permissions())
     return created_or_updated(not existed)
