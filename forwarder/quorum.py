@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import struct
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -59,15 +60,18 @@ POSITIONS = b"/warren/positions/"
 LEASE_TTL = 2  # seconds: a dead leader's keys go this long after its last refresh
 ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
+ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
 
 HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
 OP = struct.Struct(">BQ")  # kind, seq
 PUT = struct.Struct(">QBHII")  # expiry, delivered, route, header and body lengths; then those bytes
-ACKED = struct.Struct(">QQBH")  # term, durable index, wants a snapshot, queue key length; then the key
+# term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
+ACKED = struct.Struct(">QQQBH")
 PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP = 1, 2, 3, 4, 5  # MORE: the snapshot goes on
-SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot
+SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
+LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
 
 def queue_key(vhost: str, name: str) -> str:
@@ -102,11 +106,13 @@ class Replicator:
         self.followers = {name: Follower(name) for name in group.members if name != groups.name}
         self.ops: list[bytes] = []
         self.first = index + 1  # index of ops[0]
+        self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
+        self.log_bytes = 0
         self.pending: list[tuple[int, "ConfirmSink", int]] = []  # (index, sink, its seq), oldest first
         self.committed = index
         self._scheduled = False
         for follower in self.followers.values():
-            self.join(follower)
+            self.probe(follower)
 
     # -- what the queue does -------------------------------------------------------------------
 
@@ -124,6 +130,11 @@ class Replicator:
     def _op(self, op: bytes) -> None:
         self.index += 1
         self.ops.append(op)
+        log_ = self.log
+        log_.append((self.index, op))
+        self.log_bytes += len(op)
+        while self.log_bytes > LOG_BYTES:
+            self.log_bytes -= len(log_.popleft()[1])
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -161,6 +172,8 @@ class Replicator:
         from here."""
         self.flush()
         queue = self.queue
+        log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
+                 queue.message_count + len(queue.taken))
         ops = [OP.pack(RESET_OP, 0)]
         ops.extend(_encode_put(entry, True) for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
         follower.joined = True
@@ -172,10 +185,16 @@ class Replicator:
         if len(ops) > 1 or ops[0][0] == RESET_OP:
             follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
 
+    def probe(self, follower: Follower) -> None:
+        """An empty frame at the next index: a follower in step takes it, one that is not asks to catch up
+        (with its position, so that it gets the log it missed or, failing that, a snapshot)."""
+        self.flush()
+        follower.joined = self._send(follower, self._frame(self.index + 1, []))
+
     def peer_up(self, name: str) -> None:
         follower = self.followers.get(name)
         if follower is not None and not follower.joined:
-            self.join(follower)
+            self.probe(follower)
 
     def regroup(self, members: list[str]) -> None:
         """The group changed: followers that joined get a snapshot, those that left nothing more."""
@@ -184,13 +203,27 @@ class Replicator:
                 del self.followers[name]
         for name in members:
             if name != self.groups.name and name not in self.followers:
-                follower = self.followers[name] = Follower(name)
-                self.join(follower)
+                self.probe(self.followers.setdefault(name, Follower(name)))
 
-    def rejoin(self, name: str) -> None:
+    def catch_up(self, name: str, applied_term: int, applied: int) -> None:
+        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it,
+        else a snapshot."""
         follower = self.followers.get(name)
-        if follower is not None:
+        if follower is None:
+            return
+        log_ = self.log
+        if applied_term != self.term or applied > self.index or (applied < self.index and (
+                not log_ or log_[0][0] > applied + 1)):
             self.join(follower)
+            return
+        follower.joined = False  # what is staged goes to the others now, to this one with the rest below
+        self.flush()
+        missed = [op for index, op in log_ if index > applied]
+        log.info("%s catches up on %s from the log: %d ops", name, self.group.key, len(missed))
+        follower.joined = True
+        for start in range(0, len(missed), SNAPSHOT_CHUNK):
+            frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
+            follower.joined = follower.joined and self._send(follower, frame)
 
     def peer_down(self, name: str) -> None:
         follower = self.followers.get(name)
@@ -239,8 +272,8 @@ class Group:
     term: int = 0  # the term this node follows (0: none, during an election)
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
-    reset_term: int = 0  # the term of the last snapshot taken (a follower asks for one once per term)
     leader_lease: int = 0  # the etcd lease the leader holds its key under
+    asked: tuple[int, int] = (0, 0)  # (term, index) we last asked to catch up from, on a gap
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
@@ -350,7 +383,7 @@ class QuorumGroups:
         persistence.replica_clear(group.index_id)
         persistence.index.forget_position(group.index_id)
         self.broker.store.delete(REPLICA, group.key)
-        group.index_id = group.applied = group.applied_term = group.reset_term = 0
+        group.index_id = group.applied = group.applied_term = 0
 
     # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
 
@@ -409,7 +442,7 @@ class QuorumGroups:
         if self.name in members and not group.index_id:
             self._open_copy(group)
             if group.leader and group.leader != self.name:
-                self._ask_snapshot(group)
+                self._ask_to_catch_up(group)
         queue = vhost.queues.get(group.name)
         if isinstance(queue, RemoteQueue):
             queue.members = members
@@ -450,16 +483,22 @@ class QuorumGroups:
         await self._claim(queue_key(vhost, name))
 
     async def _learn_leader(self, group: Group) -> None:
-        """A queue just known here: follow its leader, or elect one if it has none."""
+        """A queue just known here: follow its leader, or elect one if it has none — after a grace period,
+        in which the node that declared a new queue claims it (``claim_first``)."""
         await self.ready.wait()
-        try:
-            current = await self.client.get(LEADERS + group.key.encode())
-        except aetcd.ClientError as exc:
-            log.warning("etcd: leader of %s unknown (%s)", group.key, exc)
-            return
-        if current is not None:
-            self._follow(group, current.value.decode(), current.create_revision, current.lease)
-        elif self.name in group.members:
+        for grace in (0.0, ELECTION_GRACE):
+            await asyncio.sleep(grace)
+            if group.leader or self.groups.get(group.key) is not group:
+                return  # the watch told us meanwhile, or the queue went
+            try:
+                current = await self.client.get(LEADERS + group.key.encode())
+            except aetcd.ClientError as exc:
+                log.warning("etcd: leader of %s unknown (%s)", group.key, exc)
+                return
+            if current is not None:
+                self._follow(group, current.value.decode(), current.create_revision, current.lease)
+                return
+        if self.name in group.members:
             self._elect(group)
 
     async def _watch(self) -> None:
@@ -551,8 +590,8 @@ class QuorumGroups:
                 self._promote(vhost, group)
         elif leader:
             self._proxy(vhost, group, leader)
-            if group.index_id and group.reset_term != term:
-                self._ask_snapshot(group)
+            if group.index_id and group.applied_term != term:
+                self._ask_to_catch_up(group)
         elif not isinstance(vhost.queues.get(group.name), RemoteQueue):
             # deposed, none elected yet: publishes through here are refused by another member until one is
             others = [name for name in group.members if name != self.name]
@@ -613,8 +652,8 @@ class QuorumGroups:
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_up(name)
-            elif group.leader == name and group.index_id and group.reset_term != group.term:
-                self._ask_snapshot(group)
+            elif group.leader == name and group.index_id:
+                self._ask_to_catch_up(group)
 
     def peer_down(self, name: str) -> None:
         """A link dropped: a leader stops shipping to that follower; the followers of that leader revoke its
@@ -635,12 +674,16 @@ class QuorumGroups:
         except aetcd.ClientError as exc:  # gone already, or etcd unreachable: the lease lapses by itself
             log.debug("revoking lease %x: %s", lease, exc)
 
-    def _ask_snapshot(self, group: Group) -> None:
-        """Following a leader (new, or newly heard of): it sends its queue whole, then its log."""
+    def _ask_to_catch_up(self, group: Group) -> None:
+        """Following a leader (new, or newly heard of): it sends what we miss of its log, or its queue whole."""
         peer = self.cluster.peers.get(group.leader)
         if peer is not None and peer.up and peer.link is not None:
-            key = group.key.encode()
-            peer.link.send(link.REPLICATED, ACKED.pack(group.term, group.applied, 1, len(key)), key)
+            peer.link.send(link.REPLICATED, *self._catch_up_request(group, group.term))
+
+    @staticmethod
+    def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
+        key = group.key.encode()
+        return ACKED.pack(term, group.applied, group.applied_term, 1, len(key)), key
 
     def replicate(self, session: "Session", payload: bytes) -> None:
         """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
@@ -660,12 +703,14 @@ class QuorumGroups:
         end = len(payload)
         reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
         more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
-        if more and group.reset_term == term and first == group.applied:
+        if more and group.applied_term == term and first == group.applied:
             reset = True
-        elif not reset and first != group.applied + 1:  # ops of this term from before we followed it
-            log.info("ops for %s from %d, ours end at %d: asking for a snapshot", key, first, group.applied)
-            key_bytes = key.encode()
-            session.link.send(link.REPLICATED, ACKED.pack(term, group.applied, 1, len(key_bytes)), key_bytes)
+        elif not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
+            # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
+            if group.asked != (term, group.applied):  # once: the answer is on its way behind these
+                group.asked = (term, group.applied)
+                log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
+                session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
             return
         count = 0
         while pos < end:
@@ -690,8 +735,6 @@ class QuorumGroups:
             count += 1
         group.applied = first if reset else first + count - 1
         group.applied_term = term
-        if reset:
-            group.reset_term = term
         persistence.replica_position(index_id, term, group.applied)
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
@@ -706,22 +749,22 @@ class QuorumGroups:
                 sent = acks.pop(0)
             if sent is not None:
                 key = group.key.encode()
-                sent[1].link.send(link.REPLICATED, ACKED.pack(group.term, sent[2], 0, len(key)), key)
+                sent[1].link.send(link.REPLICATED, ACKED.pack(group.term, sent[2], group.term, 0, len(key)), key)
             waiting = waiting or bool(acks)
         if not waiting:
             self.broker.persistence.waiters.discard(self)
 
     def replicated(self, peer_name: str, payload: bytes) -> None:
         """A follower's answer: how far its copy is durable, or that it wants a snapshot."""
-        term, index, wants_snapshot, size = ACKED.unpack_from(payload)
+        term, index, applied_term, catch_up, size = ACKED.unpack_from(payload)
         group = self.groups.get(payload[ACKED.size:ACKED.size + size].decode())
         if group is None or group.replicator is None:
             return
         replicator = group.replicator
         if term > replicator.term:  # a later leader exists: we were deposed
             self._follow(group, "", 0)
-        elif wants_snapshot:
-            replicator.rejoin(peer_name)
+        elif catch_up:
+            replicator.catch_up(peer_name, applied_term, index)
         elif term == replicator.term:
             replicator.acked(peer_name, index)
 
