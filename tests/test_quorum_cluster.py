@@ -2,6 +2,7 @@
 and a leader cut off from etcd that must not confirm what the group does not have."""
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -318,3 +319,46 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
              timeout=20)
     assert leader_of(n3, uid) == NAMES[2]
     assert drain(n3, uid) == bodies
+
+
+def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, uid):
+    """SIGSTOP, as a long pause or a host cut off from everything: the others elect a leader; when the old one
+    runs again it still believes it leads until it finds its lease revoked, and confirms nothing meanwhile."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    confirmed = [b"before%d" % i for i in range(50)]
+    publish(n1, uid, confirmed)
+    outcomes: list[tuple[bytes, str]] = []
+    connection = connect(n1)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    n1.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a leader elected without node 1", timeout=20)
+        stopped = threading.Thread(target=lambda: time.sleep(1.0) or n1.proc.send_signal(signal.SIGCONT))
+        stopped.start()
+        for i in range(20):  # written while node 1 is frozen; it reads them when it runs again
+            body = b"during%d" % i
+            try:
+                channel.basic_publish("", uid, body, pika.BasicProperties(delivery_mode=2))
+                outcomes.append((body, "confirmed"))
+            except pika.exceptions.NackError:
+                outcomes.append((body, "nacked"))
+            except AMQPError:
+                break
+        stopped.join()
+    finally:
+        n1.proc.send_signal(signal.SIGCONT)
+        try:
+            connection.close()
+        except AMQPError:
+            pass
+    leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
+    got = drain(leader, uid)
+    during = [body for body, outcome in outcomes if outcome == "confirmed"]
+    assert [body for body in confirmed + during if body not in got] == []
+    assert len(got) == len(set(got))
+    assert outcomes[0] == (b"during0", "nacked")  # what the old leader took after its pause: refused
+    wait_for(lambda: leader_of(n1, uid) == leader_of(n2, uid), "node 1 follows", timeout=20)
