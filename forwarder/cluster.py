@@ -58,7 +58,7 @@ class Cluster:
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
         self.membership = Membership(self.client, self.name, {
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
-            "mgmt_port": config.mgmt_port}, self._joined, self._left)
+            "mgmt_port": config.mgmt_port if config.mgmt_enabled else 0}, self._joined, self._left)
         self.peers: dict[str, Peer] = {}
         self.quorum = QuorumGroups(self)
         self.sessions: set[Session] = set()
@@ -136,7 +136,9 @@ class Cluster:
         return peer
 
     def _joined(self, name: str, address: dict[str, Any]) -> None:
-        self.peer(name).connect(address["host"], address["link_port"])
+        peer = self.peer(name)
+        peer.http = (address["host"], address["mgmt_port"]) if address.get("mgmt_port") else None
+        peer.connect(address["host"], address["link_port"])
 
     def _left(self, name: str) -> None:
         peer = self.peers.pop(name, None)

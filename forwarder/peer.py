@@ -39,6 +39,7 @@ class Peer:
         self._held_for = publisher_flow.link(name)  # the flow's reason while this link's buffer is full
         self.secret = secret
         self.address: tuple[str, int] | None = None
+        self.http: tuple[str, int] | None = None  # its management API (offset reads go there), if it serves one
         self.link: link.ClientLink | None = None
         self.up = False
         self._seq = 0

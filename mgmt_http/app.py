@@ -15,7 +15,7 @@ from amqp_server.errors import AMQPError
 
 from . import bindings, connections, definitions, exchanges, health, metrics, overview, permissions, policies, queues
 from . import quorum_members, users, vhosts
-from . import offsets
+from . import forward, offsets
 from .auth import auth_middleware
 from .context import KEY, Context
 from .http import HTTPError, error_response, from_amqp
@@ -99,6 +99,7 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
             if isinstance(route, web.RouteDef) and route.path.startswith("/api/") and not route.path.endswith("/"):
                 app.router.add_route(route.method, route.path + "/", route.handler, **route.kwargs)
+    forward.setup(app)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
     if static_dir and os.path.isdir(static_dir):
         app["static_dir"] = static_dir

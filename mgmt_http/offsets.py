@@ -18,6 +18,10 @@ queues).  Three endpoints, each needing *read* permission on the queue:
 
 Authentication is the management API's (basic auth, management tag, vhost access); the
 permission checked is ``read`` on the queue, for commit too: committing is consuming.
+
+In cluster mode any node answers: for a queue of another node (a quorum queue's leader elsewhere
+included) the request is checked here, then forwarded to that node's management API with the
+caller's credentials, and its answer streamed back as it comes.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from amqp_server.errors import AMQPError
 from amqp_server.queue import Queue
 
 from . import auth
-from .http import HTTPError, bad_request, not_authorised, from_amqp, json_response, not_found, read_json
+from .forward import forward
+from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 16384
@@ -104,21 +109,34 @@ def _int_query(request: web.Request, name: str, default: int, minimum: int = 0) 
     return value
 
 
+def _owned(handler: Any) -> Any:
+    """Answer here for a queue of this node, forward for one of another node."""
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        queue = authorize_queue_read(request)
+        if queue.remote:
+            return await forward(request, queue.node)
+        return await handler(request, queue)
+
+    wrapper.__name__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    return wrapper
+
+
 @_guarded
-async def offsets(request: web.Request) -> web.Response:
-    queue = authorize_queue_read(request)
+@_owned
+async def offsets(request: web.Request, queue: Queue) -> web.Response:
     head, tail = queue.offsets()
     return json_response({"head": head, "tail": tail, "committed": queue.committed,
                           "messages": queue.message_count, "bytes": queue.ready_bytes})
 
 
 @_guarded
-async def records(request: web.Request) -> web.StreamResponse:
+@_owned
+async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
     """The range as an Arrow stream.  The loop only snapshots each batch's references (``SNAPSHOT_ROWS`` at a
     time, so no AMQP connection waits long); columns are built and serialised in a worker thread."""
     from . import arrow_records
 
-    queue = authorize_queue_read(request)
     head, tail = queue.offsets()
     start = _int_query(request, "start", head)
     end = _int_query(request, "end", tail)
@@ -156,8 +174,8 @@ async def records(request: web.Request) -> web.StreamResponse:
 
 
 @_guarded
-async def commit(request: web.Request) -> web.Response:
-    queue = authorize_queue_read(request)
+@_owned
+async def commit(request: web.Request, queue: Queue) -> web.Response:
     body = await read_json(request, required=True)
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:

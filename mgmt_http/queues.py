@@ -10,6 +10,7 @@ from amqp_server.queue import Queue
 
 from . import auth
 from .connections import consumer_info
+from .forward import forward
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
                    new_name, no_content, not_found, query_flag, read_json)
@@ -201,12 +202,15 @@ async def get(request: web.Request) -> web.Response:
 async def peek(request: web.Request) -> web.Response:
     """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were."""
     context, queue = find_queue(request)
+    who = auth.principal(request, queue.vhost)
+    if queue.remote:  # its node answers, once the caller may read it
+        context.broker.consumable(context.vhost(queue.vhost), queue.name, None, who)
+        return await forward(request, queue.node)
     query = dict(request.query)
     offset = get_int(query, "offset", 0, minimum=0)
     count = get_int(query, "count", 10, minimum=0)
     encoding, truncate = _encoding_and_truncate(query, "auto")
     items = []
-    who = auth.principal(request, queue.vhost)
     for position, entry in enumerate(context.broker.peek(queue, offset, count, who), start=offset):
         item = entry_to_json(entry, encoding, truncate)
         item["position"] = position

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
@@ -329,6 +330,42 @@ def test_http_purge_through_another_node(cluster, uid):
     wait_for(lambda: passive(n2, uid) == 100, "owner's count reported on node 2")
     api_put(n2, f"/queues/%2F/{uid}/contents", None, method="DELETE")
     assert passive(n1, uid) == 0
+
+
+def test_offsets_records_and_commit_through_another_node(cluster, uid):
+    """The Spark bridge's endpoints and peek answer on any node: a queue of another node's is read there."""
+    import pyarrow as pa
+
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True)
+        ch.confirm_delivery()
+        for i in range(100):
+            ch.basic_publish("", uid, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, uid) == 100, "owner's count reported on node 2")
+    offsets = api(n2, f"/queues/%2F/{uid}/offsets")
+    assert (offsets["messages"], offsets["tail"] - offsets["head"]) == (100, 100)
+    request = urllib.request.Request(f"http://127.0.0.1:{n3.mgmt_port}/api/queues/%2F/{uid}/records?limit=60")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.headers["Content-Type"] == "application/vnd.apache.arrow.stream"
+        table = pa.ipc.open_stream(reply.read()).read_all()
+    assert [bytes(b) for b in table.column("body").to_pylist()] == [f"m{i}".encode() for i in range(60)]
+    commit = urllib.request.Request(f"http://127.0.0.1:{n2.mgmt_port}/api/queues/%2F/{uid}/commit", method="POST",
+                                    data=json.dumps({"offset": table.column("offset")[-1].as_py() + 1}).encode(),
+                                    headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=",
+                                             "Content-Type": "application/json"})
+    with urllib.request.urlopen(commit, timeout=10) as reply:
+        assert json.load(reply)["removed"] == 60
+    assert passive(n1, uid) == 40
+    peeked = api(n3, f"/queues/%2F/{uid}/peek?count=2")
+    assert [(m["payload"], m["position"]) for m in peeked] == [("m60", 0), ("m61", 1)]
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the caller's credentials go along
+        request = urllib.request.Request(f"http://127.0.0.1:{n3.mgmt_port}/api/queues/%2F/{uid}/offsets")
+        request.add_header("Authorization", "Basic Z3Vlc3Q6d3Jvbmc=")
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
 
 
 def api_put(node: BrokerProcess, path: str, body: dict | None, method: str = "PUT") -> None:
