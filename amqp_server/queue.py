@@ -268,7 +268,7 @@ class Queue:
             self.ready.append(entry)
             if expiry:
                 self._track_expiry(entry)
-        if limited:
+        if limited and args.overflow == "drop-head":
             self._drop_overflow()
         if self.consumers:
             self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it

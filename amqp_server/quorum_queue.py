@@ -7,6 +7,8 @@ What a client sees differs from a classic queue:
   basic.get-ok, and on a basic.deliver only from the first return on;
 - ``x-delivery-limit``: a message returned more often than that is dead-lettered (reason
   ``delivery_limit``) or dropped;
+- ``x-overflow: reject-publish`` refuses only once the queue is over its limit (RabbitMQ 3.10 takes the
+  publish that goes over it);
 - the queue is durable, shared and kept (the declaration's properties are checked in
   :func:`queue_args.check_properties`), and global QoS is refused at basic.consume;
 - ``x-dead-letter-strategy: at-least-once`` (with ``x-overflow: reject-publish``, as RabbitMQ requires;
@@ -65,6 +67,13 @@ class QuorumQueue(Queue):
         if not count and not get:
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
+
+    def _full(self, incoming: int) -> bool:
+        """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
+        one that reaches it is taken."""
+        args = self.args
+        return ((args.max_length is not None and self.message_count > args.max_length)
+                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         entry = super()._take(entry, no_ack)

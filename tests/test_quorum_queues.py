@@ -380,3 +380,43 @@ def test_a_vhosts_default_queue_type_makes_durable_queues_quorum(broker, uid):
             assert mine[0]["metadata"]["default_queue_type"] == "quorum"
     finally:
         call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
+
+
+@pytest.mark.parametrize("overflow", ["drop-head", "reject-publish"])
+def test_max_length_on_a_quorum_queue(broker, uid, overflow):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid, **{"x-max-length": 2, "x-overflow": overflow})
+        channel.confirm_delivery()
+        outcomes = []
+        for body in (b"a", b"b", b"c", b"d"):
+            try:
+                channel.basic_publish("", uid, body)
+                outcomes.append("ack")
+            except pika.exceptions.NackError:
+                outcomes.append("nack")
+        time.sleep(0.2)
+        count = channel.queue_declare(uid, passive=True).method.message_count
+        kept = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
+        if overflow == "drop-head":
+            assert (outcomes, kept) == (["ack"] * 4, [b"c", b"d"])
+        else:  # RabbitMQ 3.10's quorum queues take the publish that goes over the limit, refuse the next
+            assert (outcomes, kept) == (["ack", "ack", "ack", "nack"], [b"a", b"b", b"c"])
+        channel.queue_delete(uid)
+
+
+def test_message_ttl_and_single_active_consumer_on_a_quorum_queue(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid, **{"x-message-ttl": 200, "x-single-active-consumer": True})
+        channel.basic_publish("", uid, b"old")
+        time.sleep(0.6)
+        channel.basic_publish("", uid, b"new")
+        got = []
+        first = channel.basic_consume(uid, lambda ch, m, p, b: got.append((m.consumer_tag, b)), auto_ack=True)
+        channel.basic_consume(uid, lambda ch, m, p, b: got.append((m.consumer_tag, b)), auto_ack=True)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            connection.process_data_events(0.1)
+        assert got == [(first, b"new")]  # the expired one is gone; the first consumer is the active one
+        channel.queue_delete(uid)
