@@ -93,6 +93,17 @@ class Persistence:
         self.index.delivered(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size)
         self._touch()
 
+    def moved(self, queue: "Queue", old_seq: int, entry: "Entry", returns: int) -> None:
+        """A quorum queue's entry came back to it for the ``returns``-th time (its x-delivery-count) and went
+        to the back, under a new seq: its index entry moves there (the store keeps its message as it is)."""
+        self.replica_move(queue.index_id, old_seq, entry.seq, returns)
+
+    def replica_move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
+        row = self.index.remove(index_id, old_seq)
+        if row is not None:
+            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, True, returns=returns)
+            self._touch()
+
     def remove(self, queue: "Queue", entry: "Entry") -> None:
         self.index.ack(queue.index_id, entry.seq)
         self.store.remove(entry.message.msg_id)
@@ -105,10 +116,11 @@ class Persistence:
 
     # -- a replica's copy of a queue of another node (forwarder.quorum) ---------------------------
 
-    def replica_put(self, index_id: int, seq: int, message: Message, expiry: int, delivered: bool) -> None:
+    def replica_put(self, index_id: int, seq: int, message: Message, expiry: int, delivered: bool,
+                    returns: int) -> None:
         msg_id = self.store.new_id()
         self.store.write(msg_id, message.payload(), 1)
-        self.index.publish(index_id, seq, msg_id, expiry, len(message.body), delivered)
+        self.index.publish(index_id, seq, msg_id, expiry, len(message.body), delivered, returns=returns)
         self._touch()
 
     def replica_delivered(self, index_id: int, seq: int) -> None:

@@ -73,5 +73,9 @@ class Replicator(Protocol):
     def delivered(self, seq: int) -> None:
         """The entry went to a consumer that must ack it: after a failover it comes back redelivered."""
 
+    def moved(self, old_seq: int, new_seq: int, returns: int) -> None:
+        """The entry came back to the queue for the ``returns``-th time (its x-delivery-count) and went to
+        the back, as ``new_seq``."""
+
     def removed(self, seq: int) -> None:
         """The entry left the queue for good (acked, dropped, expired, dead-lettered, purged)."""

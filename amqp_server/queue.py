@@ -257,17 +257,7 @@ class Queue:
             self.persistence.write(self, entry)
         if self.replicator is not None:  # before anything else can remove it
             self.replicator.enqueued(entry, confirm)
-        self.ready_bytes += message.body_size
-        if self.paged:  # the tail is on disk: the new entry joins it there
-            self._page_write(entry)
-            self.paged += 1
-            self.paged_bytes += message.body_size
-            if expiry:
-                self._schedule_expiry(expiry, entry.seq)
-        else:
-            self.ready.append(entry)
-            if expiry:
-                self._track_expiry(entry)
+        self._append(entry)
         if limited and args.overflow == "drop-head":
             self._drop_overflow()
         if self.consumers:
@@ -284,6 +274,21 @@ class Queue:
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
+
+    def _append(self, entry: Entry) -> None:
+        """A ready entry joins the tail: on disk if the tail is there (so order holds), else in memory."""
+        size = entry.message.body_size
+        self.ready_bytes += size
+        if self.paged:
+            self._page_write(entry)
+            self.paged += 1
+            self.paged_bytes += size
+            if entry.expiry:
+                self._schedule_expiry(entry.expiry, entry.seq)
+        else:
+            self.ready.append(entry)
+            if entry.expiry:
+                self._track_expiry(entry)
 
     def set_args(self, args: QueueArgs) -> None:
         """The effective arguments changed (a policy was set or cleared): limits and x-expires apply now.

@@ -2,6 +2,8 @@
 
 What a client sees differs from a classic queue:
 
+- a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
+  offset, as RabbitMQ 3.10's quorum queues put it (a classic queue puts it back in its place);
 - a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
   reject with requeue, a consumer or channel gone with it unacked); RabbitMQ 3.10 sets it on every
   basic.get-ok, and on a basic.deliver only from the first return on;
@@ -18,8 +20,8 @@ What a client sees differs from a classic queue:
 
 A queue's replicas are the cluster's business (``forwarder.quorum``, which it tells of every change through
 ``replicator``); on a single node the group is this node.
-The counts are kept per seq, not per entry, so they survive an entry paging out and back; they are not
-persisted (after a restart a message is only ``redelivered``).
+The counts are kept per seq, not per entry, so they survive an entry paging out and back, and in the queue
+index's flags (up to 63: ``queue_index.MAX_RETURNS``), so they survive a restart and, replicated, a failover.
 """
 from __future__ import annotations
 
@@ -51,10 +53,7 @@ class QuorumQueue(Queue):
         self.taken: dict[int, Entry] = {}  # unacked entries (a replicated queue's snapshot includes them)
         self.dlx_pending: list[tuple[Entry, str]] = []  # at-least-once dead letters no queue took yet, reason
         self._dlx_timer: asyncio.TimerHandle | None = None
-
-    @property
-    def leader(self) -> str:
-        return self.members[0] if self.members else ""
+        self._no_ack_taken = (-1, 0)  # (seq, returns) of the entry a no-ack delivery or get just took
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         if not message.persistent and self.persistence is not None and not message.msg_id:
@@ -63,7 +62,8 @@ class QuorumQueue(Queue):
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
-        count = self.returns.get(entry.seq, 0)
+        seq = entry.seq
+        count = self.returns.get(seq) or (self._no_ack_taken[1] if self._no_ack_taken[0] == seq else 0)
         if not count and not get:
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
@@ -76,6 +76,8 @@ class QuorumQueue(Queue):
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
+        if no_ack:  # the entry is forgotten now, its count with it: kept for the header built next
+            self._no_ack_taken = (entry.seq, self.returns.get(entry.seq, 0))
         entry = super()._take(entry, no_ack)
         if not no_ack:
             self.taken[entry.seq] = entry
@@ -84,18 +86,38 @@ class QuorumQueue(Queue):
         return entry
 
     def requeue(self, entries: Iterable[Entry]) -> None:
-        """Returned entries count one more return; those past the delivery limit leave for good."""
+        """Returned entries count one more return and go to the back (under a new seq, their index entry
+        moved); those past the delivery limit leave for good."""
         limit = self.args.delivery_limit
         returns = self.returns
-        kept, over = [], []
-        for entry in entries:
-            self.taken.pop(entry.seq, None)
-            count = returns[entry.seq] = returns.get(entry.seq, 0) + 1
-            (over if limit is not None and count > limit else kept).append(entry)
+        over = []
+        persistence, replicator = self.persistence, self.replicator
+        count = 0
+        for entry in sorted(entries, key=lambda e: e.seq):
+            old = entry.seq
+            self.taken.pop(old, None)
+            times = returns.pop(old, 0) + 1
+            if limit is not None and times > limit:
+                returns[old] = times
+                over.append(entry)
+                continue
+            entry.seq = new = self.next_seq
+            self.next_seq += 1
+            returns[new] = times
+            entry.redelivered = True
+            if persistence is not None and entry.message.msg_id:
+                persistence.moved(self, old, entry, times)
+            if replicator is not None:
+                replicator.moved(old, new, times)
+            self._append(entry)
+            count += 1
+        self.unacked -= count + len(over)
         if over:
-            self.unacked -= len(over)
             self._dead_letter(over, "delivery_limit")
-        super().requeue(kept)
+        if count:
+            self.deliver_ready()
+            if self._expiring:
+                self._expire_due()
 
     @property
     def dlx_bytes(self) -> int:
@@ -164,6 +186,11 @@ class QuorumQueue(Queue):
         if self.replicator is not None:
             self.replicator.removed(entry.seq)
         super()._forget(entry)
+
+    def _paged_entry(self, row: IndexEntry) -> Entry:
+        if row.returns:  # counted before a restart (or by the copy this node leads from)
+            self.returns[row.seq] = row.returns
+        return super()._paged_entry(row)
 
     def _release_row(self, row: IndexEntry) -> None:
         self.returns.pop(row.seq, None)

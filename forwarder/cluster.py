@@ -218,9 +218,12 @@ class Cluster:
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
+        claimed = None
         if isinstance(record, QueueRecord) and current.get("members") and current.get("node") == self.name:
-            await self.quorum.claim_first(record.vhost, record.name)  # leads it before declare-ok
+            claimed = await self.quorum.claim_first(record.vhost, record.name)
         self.apply(kind, key, current, None)
+        if claimed is not None:  # leads it before declare-ok
+            self.quorum.lead(record.vhost, record.name, *claimed)
 
     async def look_up(self, kind: str, key: str) -> None:
         """Not known here (yet): if the cluster has it, apply it now rather than when the watch brings it."""

@@ -66,10 +66,11 @@ DEFAULT_GROUP_SIZE = 3
 
 HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
 OP = struct.Struct(">BQ")  # kind, seq
-PUT = struct.Struct(">QBHII")  # expiry, delivered, route, header and body lengths; then those bytes
+PUT = struct.Struct(">QBBHII")  # expiry, delivered, returns, route, header and body lengths; then those bytes
+MOVE = struct.Struct(">QI")  # after a MOVED op (seq: the old one): the new seq, how often the entry came back
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
-PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP = 1, 2, 3, 4, 5  # MORE: the snapshot goes on
+PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP = 1, 2, 3, 4, 5, 6  # MORE: the snapshot goes on
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
@@ -78,10 +79,11 @@ def queue_key(vhost: str, name: str) -> str:
     return f"{vhost}\0{name}"
 
 
-def _encode_put(entry: "Entry", delivered: bool) -> bytes:
+def _encode_put(entry: "Entry", delivered: bool, returns: int = 0) -> bytes:
     message = entry.message
-    return b"".join((OP.pack(PUT_OP, entry.seq), PUT.pack(entry.expiry, delivered, len(message.route),
-                                                           len(message.header), len(message.body)),
+    return b"".join((OP.pack(PUT_OP, entry.seq), PUT.pack(entry.expiry, delivered, min(returns, 255),
+                                                           len(message.route), len(message.header),
+                                                           len(message.body)),
                      message.route, message.header, message.body))
 
 
@@ -123,6 +125,9 @@ class Replicator:
 
     def delivered(self, seq: int) -> None:
         self._op(OP.pack(DELIVERED_OP, seq))
+
+    def moved(self, old_seq: int, new_seq: int, returns: int) -> None:
+        self._op(OP.pack(MOVED_OP, old_seq) + MOVE.pack(new_seq, returns))
 
     def removed(self, seq: int) -> None:
         self._op(OP.pack(REMOVE_OP, seq))
@@ -175,10 +180,12 @@ class Replicator:
         log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
                  queue.message_count + len(queue.taken))
         ops = [OP.pack(RESET_OP, 0)]
-        ops.extend(_encode_put(entry, True) for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
+        returns = queue.returns
+        ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
+                   for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
         follower.joined = True
         for batch in queue.read_range(0, queue.next_seq, SNAPSHOT_CHUNK):
-            ops.extend(_encode_put(entry, entry.redelivered) for entry in batch)
+            ops.extend(_encode_put(entry, entry.redelivered, returns.get(entry.seq, 0)) for entry in batch)
             if len(ops) >= SNAPSHOT_CHUNK:
                 follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
                 ops = [OP.pack(MORE_OP, 0)]
@@ -364,7 +371,11 @@ class QuorumGroups:
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
         if self.name in group.members:
             self._open_copy(group)
-        self._proxy(vhost, group, record.node)  # a hint, so that the queue exists here at once
+        # until the leader is known, clients here reach another member (which refuses what needs a leader), so
+        # that the queue exists here at once and is never declared anew
+        others = [record.node] if record.node != self.name else [m for m in group.members if m != self.name]
+        if others:
+            self._proxy(vhost, group, others[0])
         asyncio.get_running_loop().create_task(self._learn_leader(group))
 
     def _open_copy(self, group: Group) -> None:
@@ -462,8 +473,10 @@ class QuorumGroups:
             return
         if group.electing is not None:
             group.electing.cancel()
-        if group.replicator is not None:
+        if group.replicator is not None:  # the followers drop their copies themselves: nothing more to ship
             group.replicator.stop()
+            group.replicator.queue.replicator = None
+            group.replicator = None
         self.broker.delete_queue(vhost, record.name)
         self._drop_copy(group)
         if group.leader == self.name:
@@ -477,10 +490,16 @@ class QuorumGroups:
 
     # -- leadership ----------------------------------------------------------------------------
 
-    async def claim_first(self, vhost: str, name: str) -> None:
-        """A queue declared here and placed here: lead it from the start (its declare-ok waits for this)."""
+    async def claim_first(self, vhost: str, name: str) -> tuple[int, int] | None:
+        """A queue declared here and placed here: claim its lead from the start; (term, lease) if won."""
         await asyncio.wait_for(self.ready.wait(), LEASE_TTL * 5)
-        await self._claim(queue_key(vhost, name))
+        return await self._claim(queue_key(vhost, name))
+
+    def lead(self, vhost: str, name: str, term: int, lease: int) -> None:
+        """Lead a queue just claimed (``claim_first``), before its declare-ok."""
+        group = self.groups.get(queue_key(vhost, name))
+        if group is not None:
+            self._follow(group, self.name, term, lease)
 
     async def _learn_leader(self, group: Group) -> None:
         """A queue just known here: follow its leader, or elect one if it has none — after a grace period,
@@ -562,14 +581,18 @@ class QuorumGroups:
             except aetcd.ClientError:
                 pass
 
-    async def _claim(self, key: str) -> None:
-        """Lead the queue unless it has a leader: the watch (or _learn_leader) then tells us who won."""
+    async def _claim(self, key: str) -> tuple[int, int] | None:
+        """Lead the queue unless it has a leader; (term, lease) if this node won.  The watch tells every node
+        (this one too) who leads."""
         full = LEADERS + key.encode()
         ops = self.client.transactions
-        won, _ = await self.client.transaction(
-            compare=[ops.create(full) == 0], success=[ops.put(full, self.name.encode(), self.lease)], failure=[])
-        if won:
-            log.info("%s claimed the lead of %s", self.name, key)
+        lease = self.lease
+        won, responses = await self.client.transaction(
+            compare=[ops.create(full) == 0], success=[ops.put(full, self.name.encode(), lease)], failure=[])
+        if not won:
+            return None
+        log.info("%s claimed the lead of %s", self.name, key)
+        return responses[0].response_put.header.revision, lease.id
 
     def _follow(self, group: Group, leader: str, term: int, lease: int = 0) -> None:
         """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``, holding the key
@@ -717,7 +740,7 @@ class QuorumGroups:
             kind, seq = OP.unpack_from(payload, pos)
             pos += OP.size
             if kind == PUT_OP:
-                expiry, delivered, route_len, header_len, body_len = PUT.unpack_from(payload, pos)
+                expiry, delivered, returns, route_len, header_len, body_len = PUT.unpack_from(payload, pos)
                 pos += PUT.size
                 route = payload[pos:pos + route_len]
                 pos += route_len
@@ -725,9 +748,14 @@ class QuorumGroups:
                 pos += header_len
                 body = payload[pos:pos + body_len]
                 pos += body_len
-                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry, bool(delivered))
+                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry, bool(delivered),
+                                        returns)
             elif kind == DELIVERED_OP:
                 persistence.replica_delivered(index_id, seq)
+            elif kind == MOVED_OP:
+                new_seq, returns = MOVE.unpack_from(payload, pos)
+                pos += MOVE.size
+                persistence.replica_move(index_id, seq, new_seq, returns)
             elif kind == REMOVE_OP:
                 persistence.replica_remove(index_id, seq)
             elif kind == RESET_OP:

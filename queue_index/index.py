@@ -40,6 +40,8 @@ VALUE_DTYPE = np.dtype([("msg_id", ">u8"), ("expiry", ">u8"), ("size", ">u4"), (
 TOTALS = struct.Struct(">QQQQ")
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
+RETURNS_SHIFT = 2  # the flags' upper six bits: how often the entry came back to its queue (a quorum queue's
+MAX_RETURNS = 63  # x-delivery-count), saturating
 COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
 POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
@@ -54,6 +56,12 @@ class IndexEntry(NamedTuple):
     size: int
     delivered: bool
     transient: bool = False
+    returns: int = 0  # times returned to the queue (kept for quorum queues, at most MAX_RETURNS)
+
+
+def _row(seq: int, msg_id: int, expiry: int, size: int, flags: int) -> IndexEntry:
+    return IndexEntry(seq, msg_id, expiry, size, flags & FLAG_DELIVERED != 0, flags & FLAG_TRANSIENT != 0,
+                      flags >> RETURNS_SHIFT)
 
 
 class Totals(NamedTuple):
@@ -66,9 +74,7 @@ class Totals(NamedTuple):
 
 
 def _entry(key: bytes, value: bytes) -> IndexEntry:
-    msg_id, expiry, size, flags = VALUE.unpack(value)
-    return IndexEntry(KEY.unpack(key)[1], msg_id, expiry, size, bool(flags & FLAG_DELIVERED),
-                      bool(flags & FLAG_TRANSIENT))
+    return _row(KEY.unpack(key)[1], *VALUE.unpack(value))
 
 
 
@@ -115,10 +121,11 @@ class QueueIndex:
         self._env.close()
 
     def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False,
-                transient: bool = False) -> None:
+                transient: bool = False, returns: int = 0) -> None:
         key = KEY.pack(queue_id, seq)
         self._puts[key] = VALUE.pack(msg_id, expiry, size, (FLAG_DELIVERED if delivered else 0)
-                                     | (FLAG_TRANSIENT if transient else 0))
+                                     | (FLAG_TRANSIENT if transient else 0)
+                                     | (min(returns, MAX_RETURNS) << RETURNS_SHIFT if returns else 0))
         if self._auto_commit is not None and len(self._puts) >= self._auto_commit:
             self.commit()
 
@@ -160,9 +167,14 @@ class QueueIndex:
         if key in self._deletes:
             return
         value = self._puts.get(key) or self._updates.get(key) or self._committed(key)
-        if value is not None:
-            msg_id, expiry, size, flags = VALUE.unpack(value)
-            self.delivered(queue_id, seq, msg_id, expiry, size, bool(flags & FLAG_TRANSIENT))
+        if value is None:
+            return
+        msg_id, expiry, size, flags = VALUE.unpack(value)
+        value = VALUE.pack(msg_id, expiry, size, flags | FLAG_DELIVERED)
+        if key in self._puts:
+            self._puts[key] = value
+        else:
+            self._updates[key] = value
 
     def _committed(self, key: bytes) -> bytes | None:
         with self._env.begin() as txn:
@@ -230,9 +242,7 @@ class QueueIndex:
             for key, value in cursor:
                 if key[:4] != prefix:
                     break
-                msg_id, expiry, size, flags = value_unpack(value)
-                yield IndexEntry(key_unpack(key)[1], msg_id, expiry, size, flags & FLAG_DELIVERED != 0,
-                                 flags & FLAG_TRANSIENT != 0)
+                yield _row(key_unpack(key)[1], *value_unpack(value))
 
     def columns(self, queue_id: int, batch: int = 65536,
                 start: int = 0) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
@@ -282,9 +292,7 @@ class QueueIndex:
         first: durable only after the next ``sync``, as any commit)."""
         self.commit()
         keys, values = self._walk(queue_id, start, limit)
-        return [IndexEntry(seq, msg_id, expiry, size, flags & FLAG_DELIVERED != 0, flags & FLAG_TRANSIENT != 0)
-                for (_queue, seq), (msg_id, expiry, size, flags) in zip(KEY.iter_unpack(keys),
-                                                                        VALUE.iter_unpack(values))]
+        return [_row(seq, *value) for (_queue, seq), value in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))]
 
     def _walk(self, queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
         """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined:

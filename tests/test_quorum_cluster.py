@@ -362,3 +362,41 @@ def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, u
     assert len(got) == len(set(got))
     assert outcomes[0] == (b"during0", "nacked")  # what the old leader took after its pause: refused
     wait_for(lambda: leader_of(n1, uid) == leader_of(n2, uid), "node 1 follows", timeout=20)
+
+
+def test_the_declaring_node_leads_before_declare_ok_and_keeps_no_queue_of_its_own(nodes, uid):
+    """What is published right after declare-ok is in the replicated queue; after a restart the node has no
+    classic copy of the queue (the declaration is the cluster's quorum queue, members and all)."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True, arguments=QUORUM)
+        channel.confirm_delivery()
+        channel.basic_publish("", uid, b"at once", pika.BasicProperties(delivery_mode=2))
+    assert api(n1, f"/queues/%2F/{uid}")["leader"] == NAMES[0]
+    n1.stop()
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader")
+    n1.start()
+    wait_for(lambda: sorted(api(n1, f"/queues/%2F/{uid}")["online"]) == NAMES, "node 1 back")
+    info = api(n1, f"/queues/%2F/{uid}")
+    assert (info["type"], sorted(info["members"]), info["leader"]) == ("quorum", NAMES, leader_of(n2, uid))
+    assert drain(n1, uid) == [b"at once"]
+
+
+def test_the_delivery_count_is_replicated(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n3, uid) == NAMES[0], "leader known")
+    publish(n1, uid, [b"m"])
+    with connect(n2) as connection:
+        channel = connection.channel()
+        for _ in range(2):
+            method, _, _ = channel.basic_get(uid)
+            channel.basic_nack(method.delivery_tag, requeue=True)
+    time.sleep(0.5)  # the returns reach the followers
+    n1.kill()
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
+    with connect(n3) as connection:
+        method, properties, body = connection.channel().basic_get(uid, auto_ack=True)
+        assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})

@@ -420,3 +420,70 @@ def test_message_ttl_and_single_active_consumer_on_a_quorum_queue(broker, uid):
             connection.process_data_events(0.1)
         assert got == [(first, b"new")]  # the expired one is gone; the first consumer is the active one
         channel.queue_delete(uid)
+
+
+@pytest.mark.warren_only("restarts the node")
+def test_the_delivery_count_survives_a_restart(start_broker, uid):
+    node = start_broker()
+    with connect(node) as connection:
+        channel = connection.channel()
+        declare(channel, uid, **{"x-delivery-limit": 3})
+        channel.basic_publish("", uid, b"m", pika.BasicProperties(delivery_mode=2))
+        for _ in range(2):
+            method, _, _ = _get(channel, uid)
+            channel.basic_nack(method.delivery_tag, requeue=True)
+    node.stop()
+    node.start()
+    with connect(node) as connection:
+        channel = connection.channel()
+        method, properties, _ = _get(channel, uid)
+        assert (method.redelivered, properties.headers) == (True, {"x-delivery-count": 2})
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        method, properties, _ = _get(channel, uid)
+        assert properties.headers == {"x-delivery-count": 3}
+        channel.basic_nack(method.delivery_tag, requeue=True)  # the fourth return: over the limit of 3
+        time.sleep(0.3)
+        assert channel.basic_get(uid)[0] is None
+
+
+def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        for body in (b"a", b"b"):
+            channel.basic_publish("", uid, body)
+        for _ in range(2):  # each comes back once
+            method, _, _ = _get(channel, uid)
+            channel.basic_nack(method.delivery_tag, requeue=True)
+        for _ in range(50):
+            method, properties, body = channel.basic_get(uid, auto_ack=True)
+            if method is not None:
+                break
+            time.sleep(0.05)
+        assert (body, properties.headers) == (b"a", {"x-delivery-count": 1})
+        got = []
+        channel.basic_consume(uid, lambda ch, m, p, b: got.append((b, p.headers)), auto_ack=True)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            connection.process_data_events(0.1)
+        assert got == [(b"b", {"x-delivery-count": 1})]
+        channel.queue_delete(uid)
+
+
+def test_a_returned_message_goes_to_the_back(broker, uid):
+    """RabbitMQ 3.10's quorum queues put a message that comes back behind the others (a classic queue puts it
+    back in its place)."""
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        for body in (b"a", b"b", b"c"):
+            channel.basic_publish("", uid, body)
+        method, _, body = _get(channel, uid)
+        assert body == b"a"
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        time.sleep(0.3)
+        got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
+        assert [(body, m.redelivered, p.headers) for m, p, body in got] == [
+            (b"b", False, {"x-delivery-count": 0}), (b"c", False, {"x-delivery-count": 0}),
+            (b"a", True, {"x-delivery-count": 1})]
+        channel.queue_delete(uid)
