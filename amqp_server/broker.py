@@ -791,7 +791,10 @@ class Broker:
             entry = source.get(no_ack=False)
             if entry is None:
                 break
-            if destination.deleted or not destination.enqueue(entry.message):
+            message = entry.message
+            if message.msg_id and not message.persistent:  # a quorum queue's stored copy: transient elsewhere
+                message = message.copy()
+            if destination.deleted or not destination.enqueue(message):
                 self.settle(source, [entry], requeue=True)
                 break
             self.settle(source, [entry], requeue=False)

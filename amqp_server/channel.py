@@ -313,10 +313,9 @@ class Channel:
         if entry.redelivered:
             stats.redeliver += 1
         message = entry.message
-        queue = consumer.queue
         connection = self.connection
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
-                             queue.delivery_header(entry) if queue.counts_deliveries else message.header,
+                             consumer.queue.delivery_header(entry) if consumer.counted else message.header,
                              message.body, connection.frame_max)
         connection.deliver_budget -= 1
         connection.schedule_flush()

@@ -82,7 +82,7 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority")
+                 "unacked", "prefix", "priority", "counted")
 
     def __init__(self, tag: str, channel: "DeliveryTarget", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -96,6 +96,7 @@ class Consumer:
         self.unacked = 0
         self.prefix = prefix  # encoded Basic.Deliver class/method + consumer tag
         self.priority = priority  # x-priority
+        self.counted = queue.counts_deliveries  # its deliveries' header is the queue's (delivery_header)
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:
@@ -247,17 +248,19 @@ class Queue:
             if args.overflow == "reject-publish-dlx":
                 self._dead_letter([Entry(self.next_seq, message)], "maxlen", persisted=False)
             return False
-        if message.msg_id and not self.persists_all and not message.persistent:
-            message = message.copy()  # a quorum queue's stored copy (moved here): transient here, as published
         expiry = self._expiry_for(message) if self._ttl or message.has_expiration else 0
         entry = Entry(self.next_seq, message, False, expiry)
         self.next_seq += 1
         self.stats.publish += 1
         if self.persistence is not None and (message.persistent or self.persists_all):
             self.persistence.write(self, entry)
-        if self.replicator is not None:  # before anything else can remove it
-            self.replicator.enqueued(entry, confirm)
-        self._append(entry)
+            if self.replicator is not None:  # (a quorum queue's leader: it stores every message) before anything
+                self.replicator.enqueued(entry, confirm)  # else can remove the entry
+        if self.paged or expiry:
+            self._append(entry)
+        else:  # _append's common case, inline: this is the hot path
+            self.ready_bytes += message.body_size
+            self.ready.append(entry)
         if limited and args.overflow == "drop-head":
             self._drop_overflow()
         if self.consumers:

@@ -50,9 +50,8 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
-        queue = consumer.queue
         session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
-                                  entry.message, queue.delivery_header(entry) if queue.counts_deliveries else None)
+                                  entry.message, consumer.queue.delivery_header(entry) if consumer.counted else None)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
