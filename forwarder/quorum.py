@@ -10,18 +10,16 @@ loses every key it held; the members left elect a new leader among themselves:
    claims the key (an etcd transaction that only one can win).  A committed entry is on a majority, so
    any majority holds a member that has it, and the highest position of a majority has them all.
 
-The log is the queue's changes — an entry put (with its message), marked delivered, or removed — shipped
-by the leader over the node-to-node links in one ``REPLICATE`` frame per follower per event-loop turn.
-A follower applies them to its own message store and queue index (under its own index id for the
-queue), with its position in the same transaction, and answers ``REPLICATED`` once the group commit
-that holds them is fsynced.  A publish is confirmed once a majority (the leader counting itself) has it
-durably.  Acks, requeues, expiry and dead-lettering are removals and marks like any other.
+The log (:mod:`quorum_log`) is the queue's changes, shipped by the leader over the node-to-node links.  A
+follower takes ops only from the leader of the term it follows and only in order (else it asks to catch
+up), applies them to its own message store and queue index (under its own index id for the queue) with its
+position in the same transaction, and answers ``REPLICATED`` once the group commit that holds them is
+fsynced.  A publish is confirmed once a majority (the leader counting itself) has it durably.
 
-A follower that joins a term (a new leader, or its link back) first receives a snapshot: a reset and
-every entry the leader holds, ready or unacked.  A new leader recovers the queue from its copy as a
-restart would (unacked entries come back redelivered), and its clients' consumers elsewhere were
-cancelled when the old leader's link dropped, as RabbitMQ does.  A leader that sees a later term, or
-whose lease lapsed, stops: its consumers are cancelled and its unconfirmed publishes nacked.
+A new leader recovers the queue from its copy as a restart would (unacked entries come back
+redelivered), and its clients' consumers elsewhere were cancelled when the old leader's link dropped, as
+RabbitMQ does.  A leader that sees a later term, or whose lease lapsed, stops: its consumers are cancelled
+and its unconfirmed publishes nacked.
 """
 from __future__ import annotations
 
@@ -29,8 +27,6 @@ import asyncio
 import json
 import logging
 import re
-import struct
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,18 +34,16 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server import queue_args
-from amqp_server.message import Message
 from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
+from .quorum_log import ACKED, HEAD, MORE_OP, RESET_OP, Replicator
+from .quorum_log import apply as apply_ops
 from .remote_queue import RemoteQueue
 
 if TYPE_CHECKING:
-    from amqp_server.ports import ConfirmSink
-    from amqp_server.queue import Entry
-
     from .cluster import Cluster
     from .session import Session
 
@@ -64,207 +58,8 @@ ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring n
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
 
-HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
-OP = struct.Struct(">BQ")  # kind, seq
-PUT = struct.Struct(">QBBHII")  # expiry, delivered, returns, route, header and body lengths; then those bytes
-MOVE = struct.Struct(">QI")  # after a MOVED op (seq: the old one): the new seq, how often the entry came back
-# term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
-ACKED = struct.Struct(">QQQBH")
-PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP = 1, 2, 3, 4, 5, 6  # MORE: the snapshot goes on
-SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
-LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
-
-
 def queue_key(vhost: str, name: str) -> str:
     return f"{vhost}\0{name}"
-
-
-def _encode_put(entry: "Entry", delivered: bool, returns: int = 0) -> bytes:
-    message = entry.message
-    return b"".join((OP.pack(PUT_OP, entry.seq), PUT.pack(entry.expiry, delivered, min(returns, 255),
-                                                           len(message.route), len(message.header),
-                                                           len(message.body)),
-                     message.route, message.header, message.body))
-
-
-@dataclass
-class Follower:
-    """A follower as its leader sees it."""
-
-    name: str
-    joined: bool = False  # sent a snapshot of this term on the current link
-    match: int = 0  # the highest index it has durably
-
-
-class Replicator:
-    """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
-
-    def __init__(self, groups: "QuorumGroups", group: "Group", queue: QuorumQueue, term: int, index: int) -> None:
-        self.groups = groups
-        self.group = group
-        self.queue = queue
-        self.term = term
-        self.index = index  # the last op's index
-        self.followers = {name: Follower(name) for name in group.members if name != groups.name}
-        self.ops: list[bytes] = []
-        self.first = index + 1  # index of ops[0]
-        self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
-        self.log_bytes = 0
-        self.pending: list[tuple[int, "ConfirmSink", int]] = []  # (index, sink, its seq), oldest first
-        self.committed = index
-        self._scheduled = False
-        for follower in self.followers.values():
-            self.probe(follower)
-
-    # -- what the queue does -------------------------------------------------------------------
-
-    def enqueued(self, entry: "Entry", confirm: "ConfirmSink | None") -> None:
-        self._op(_encode_put(entry, False))
-        if confirm is not None and self.followers:
-            self.pending.append((self.index, confirm, confirm.forwarded()))
-
-    def delivered(self, seq: int) -> None:
-        self._op(OP.pack(DELIVERED_OP, seq))
-
-    def moved(self, old_seq: int, new_seq: int, returns: int) -> None:
-        self._op(OP.pack(MOVED_OP, old_seq) + MOVE.pack(new_seq, returns))
-
-    def removed(self, seq: int) -> None:
-        self._op(OP.pack(REMOVE_OP, seq))
-
-    def _op(self, op: bytes) -> None:
-        self.index += 1
-        self.ops.append(op)
-        log_ = self.log
-        log_.append((self.index, op))
-        self.log_bytes += len(op)
-        while self.log_bytes > LOG_BYTES:
-            self.log_bytes -= len(log_.popleft()[1])
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False
-        if not self.ops:
-            return
-        frame = self._frame(self.first, self.ops)
-        self.ops = []
-        self.first = self.index + 1
-        group = self.group  # the leader's own copy is where it stands too, should it run an election later
-        group.applied_term, group.applied = self.term, self.index
-        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index)
-        for follower in self.followers.values():
-            if follower.joined:
-                self._send(follower, frame)
-
-    def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
-        key = self.group.key.encode()
-        return [HEAD.pack(self.term, first, len(key)), key, *ops]
-
-    def _send(self, follower: Follower, parts: list[bytes]) -> bool:
-        peer = self.groups.cluster.peers.get(follower.name)
-        if peer is None or not peer.up or peer.link is None:
-            follower.joined = False
-            return False
-        peer.link.send(link.REPLICATE, *parts)
-        return True
-
-    # -- followers -----------------------------------------------------------------------------
-
-    def join(self, follower: Follower) -> None:
-        """Send the follower the queue as it is now (reset, then every entry, a chunk per frame), then the log
-        from here."""
-        self.flush()
-        queue = self.queue
-        log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
-                 queue.message_count + len(queue.taken))
-        ops = [OP.pack(RESET_OP, 0)]
-        returns = queue.returns
-        ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
-                   for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
-        follower.joined = True
-        for batch in queue.read_range(0, queue.next_seq, SNAPSHOT_CHUNK):
-            ops.extend(_encode_put(entry, entry.redelivered, returns.get(entry.seq, 0)) for entry in batch)
-            if len(ops) >= SNAPSHOT_CHUNK:
-                follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
-                ops = [OP.pack(MORE_OP, 0)]
-        if len(ops) > 1 or ops[0][0] == RESET_OP:
-            follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
-
-    def probe(self, follower: Follower) -> None:
-        """An empty frame at the next index: a follower in step takes it, one that is not asks to catch up
-        (with its position, so that it gets the log it missed or, failing that, a snapshot)."""
-        self.flush()
-        follower.joined = self._send(follower, self._frame(self.index + 1, []))
-
-    def peer_up(self, name: str) -> None:
-        follower = self.followers.get(name)
-        if follower is not None and not follower.joined:
-            self.probe(follower)
-
-    def regroup(self, members: list[str]) -> None:
-        """The group changed: followers that joined get a snapshot, those that left nothing more."""
-        for name in list(self.followers):
-            if name not in members:
-                del self.followers[name]
-        for name in members:
-            if name != self.groups.name and name not in self.followers:
-                self.probe(self.followers.setdefault(name, Follower(name)))
-
-    def catch_up(self, name: str, applied_term: int, applied: int) -> None:
-        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it,
-        else a snapshot."""
-        follower = self.followers.get(name)
-        if follower is None:
-            return
-        log_ = self.log
-        if applied_term != self.term or applied > self.index or (applied < self.index and (
-                not log_ or log_[0][0] > applied + 1)):
-            self.join(follower)
-            return
-        follower.joined = False  # what is staged goes to the others now, to this one with the rest below
-        self.flush()
-        missed = [op for index, op in log_ if index > applied]
-        log.info("%s catches up on %s from the log: %d ops", name, self.group.key, len(missed))
-        follower.joined = True
-        for start in range(0, len(missed), SNAPSHOT_CHUNK):
-            frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
-            follower.joined = follower.joined and self._send(follower, frame)
-
-    def peer_down(self, name: str) -> None:
-        follower = self.followers.get(name)
-        if follower is not None:
-            follower.joined = False
-
-    def acked(self, name: str, index: int) -> None:
-        follower = self.followers.get(name)
-        if follower is None:
-            return
-        follower.match = max(follower.match, index)
-        matches = sorted([self.index] + [f.match for f in self.followers.values()], reverse=True)
-        committed = matches[len(self.group.members) // 2]  # the highest index a majority has
-        if committed <= self.committed:
-            return
-        self.committed = committed
-        pending = self.pending
-        done = 0
-        while done < len(pending) and pending[done][0] <= committed:
-            _, sink, seq = pending[done]
-            sink.remote_confirmed(seq, False)
-            done += 1
-        del pending[:done]
-
-    @property
-    def lag(self) -> dict[str, int]:
-        return {f.name: self.index - f.match for f in self.followers.values()}
-
-    def stop(self) -> None:
-        """Deposed: what waits for the group is refused (nack), never confirmed later."""
-        pending, self.pending = self.pending, []
-        for _, sink, seq in pending:
-            sink.remote_confirmed(seq, True)
-
 
 @dataclass
 class Group:
@@ -559,8 +354,12 @@ class QuorumGroups:
         key = group.key.encode()
         mine = POSITIONS + key + b"/" + self.name.encode()
         deadline = asyncio.get_running_loop().time() + ELECTION_TIMEOUT
-        try:
+
+        async def write_position() -> None:  # under the lease we hold now (it may have changed since)
             await self.client.put(mine, json.dumps([group.applied_term, group.applied]).encode(), lease=self.lease)
+
+        try:
+            await write_position()
             while not group.leader:
                 positions = {kv.key.rsplit(b"/", 1)[1].decode(): tuple(json.loads(kv.value))
                              for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
@@ -570,7 +369,7 @@ class QuorumGroups:
                     if best == self.name:
                         await self._claim(group.key)
                 if asyncio.get_running_loop().time() > deadline:
-                    await self.client.put(mine, json.dumps([group.applied_term, group.applied]).encode(), lease=self.lease)
+                    await write_position()
                     deadline += ELECTION_TIMEOUT
                 await asyncio.sleep(ELECTION_POLL)
         except aetcd.ClientError as exc:
@@ -735,32 +534,7 @@ class QuorumGroups:
                 log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
             return
-        count = 0
-        while pos < end:
-            kind, seq = OP.unpack_from(payload, pos)
-            pos += OP.size
-            if kind == PUT_OP:
-                expiry, delivered, returns, route_len, header_len, body_len = PUT.unpack_from(payload, pos)
-                pos += PUT.size
-                route = payload[pos:pos + route_len]
-                pos += route_len
-                header = payload[pos:pos + header_len]
-                pos += header_len
-                body = payload[pos:pos + body_len]
-                pos += body_len
-                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry, bool(delivered),
-                                        returns)
-            elif kind == DELIVERED_OP:
-                persistence.replica_delivered(index_id, seq)
-            elif kind == MOVED_OP:
-                new_seq, returns = MOVE.unpack_from(payload, pos)
-                pos += MOVE.size
-                persistence.replica_move(index_id, seq, new_seq, returns)
-            elif kind == REMOVE_OP:
-                persistence.replica_remove(index_id, seq)
-            elif kind == RESET_OP:
-                persistence.replica_clear(index_id)
-            count += 1
+        count = apply_ops(persistence, index_id, payload, pos)
         group.applied = first if reset else first + count - 1
         group.applied_term = term
         persistence.replica_position(index_id, term, group.applied)
