@@ -100,9 +100,13 @@ class Persistence:
 
     def replica_move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
         row = self.index.remove(index_id, old_seq)
-        if row is not None:
+        if row is None:
+            return
+        if self.index.has(index_id, new_seq):  # (a snapshot read it there already)
+            self.store.remove(row.msg_id)
+        else:
             self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, True, returns=returns)
-            self._touch()
+        self._touch()
 
     def remove(self, queue: "Queue", entry: "Entry") -> None:
         self.index.ack(queue.index_id, entry.seq)

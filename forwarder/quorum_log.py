@@ -38,7 +38,8 @@ PUT = struct.Struct(">QBBHII")  # expiry, delivered, returns, route, header and 
 MOVE = struct.Struct(">QI")  # after a MOVED op (seq: the old one): the new seq, how often the entry came back
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
-PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP = 1, 2, 3, 4, 5, 6  # MORE: the snapshot goes on
+# MORE: the snapshot goes on; REPLAY: the ops since the snapshot began, applied idempotently as it was
+PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP, REPLAY_OP = 1, 2, 3, 4, 5, 6, 7
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
@@ -57,8 +58,9 @@ class Follower:
     """A follower as its leader sees it."""
 
     name: str
-    joined: bool = False  # sent a snapshot of this term on the current link
+    joined: bool = False  # in step: it gets every op as it is shipped
     match: int = 0  # the highest index it has durably
+    snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
 
 
 class Replicator:
@@ -138,28 +140,58 @@ class Replicator:
     # -- followers -----------------------------------------------------------------------------
 
     def join(self, follower: Follower) -> None:
-        """Send the follower the queue as it is now (reset, then every entry, a chunk per frame), then the log
-        from here."""
-        self.flush()
+        """Send the follower a snapshot in the background (see ``_snapshot``); it is out of step until then."""
+        self._stop_snapshot(follower)
+        follower.joined = False
+        self.flush()  # what is staged goes to the others; the snapshot covers it for this one
+        follower.snapshot = asyncio.get_running_loop().create_task(self._snapshot(follower))
+
+    async def _snapshot(self, follower: Follower) -> None:
+        """The queue, a chunk per frame and per loop turn (so that nobody waits on a deep queue's): a reset,
+        every ready entry as it is when its chunk is read, every unacked one at the end; then the ops
+        since the start again.  As the queue changes meanwhile, the follower applies all this idempotently
+        (an entry it has is kept), which brings it where replaying those ops on the start's state would."""
         queue = self.queue
+        start = self.index
         log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
                  queue.message_count + len(queue.taken))
-        ops = [OP.pack(RESET_OP, 0)]
         returns = queue.returns
-        ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
-                   for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
-        follower.joined = True
-        for batch in queue.read_range(0, queue.next_seq, SNAPSHOT_CHUNK):
+        ops = [OP.pack(RESET_OP, 0)]
+        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
             ops.extend(_encode_put(entry, entry.redelivered, returns.get(entry.seq, 0)) for entry in batch)
             if len(ops) >= SNAPSHOT_CHUNK:
-                follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
+                if not self._send(follower, self._frame(start, ops)):
+                    return
                 ops = [OP.pack(MORE_OP, 0)]
-        if len(ops) > 1 or ops[0][0] == RESET_OP:
-            follower.joined = follower.joined and self._send(follower, self._frame(self.index, ops))
+                await asyncio.sleep(0)
+        ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
+                   for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
+        if not self._send(follower, self._frame(start, ops)):
+            return
+        self.flush()
+        log_ = self.log
+        if self.index > start and (not log_ or log_[0][0] > start + 1):  # the log lost ops meanwhile: again
+            follower.snapshot = None
+            self.join(follower)
+            return
+        missed = [op for index, op in log_ if index > start]
+        for first in range(0, len(missed), SNAPSHOT_CHUNK):
+            chunk = [OP.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
+            if not self._send(follower, self._frame(start + 1 + first, chunk)):
+                return
+        follower.snapshot = None
+        follower.joined = True
+
+    def _stop_snapshot(self, follower: Follower) -> None:
+        if follower.snapshot is not None:
+            follower.snapshot.cancel()
+            follower.snapshot = None
 
     def probe(self, follower: Follower) -> None:
         """An empty frame at the next index: a follower in step takes it, one that is not asks to catch up
         (with its position, so that it gets the log it missed or, failing that, a snapshot)."""
+        if follower.snapshot is not None:
+            return  # it is brought into step by the snapshot
         self.flush()
         follower.joined = self._send(follower, self._frame(self.index + 1, []))
 
@@ -172,7 +204,7 @@ class Replicator:
         """The group changed: followers that joined get a snapshot, those that left nothing more."""
         for name in list(self.followers):
             if name not in members:
-                del self.followers[name]
+                self._stop_snapshot(self.followers.pop(name))
         for name in members:
             if name != self.groups.name and name not in self.followers:
                 self.probe(self.followers.setdefault(name, Follower(name)))
@@ -181,7 +213,7 @@ class Replicator:
         """A follower asks to catch up from ``applied``: the log from there if this term's log still has it,
         else a snapshot."""
         follower = self.followers.get(name)
-        if follower is None:
+        if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
         log_ = self.log
         if applied_term != self.term or applied > self.index or (applied < self.index and (
@@ -201,6 +233,7 @@ class Replicator:
         follower = self.followers.get(name)
         if follower is not None:
             follower.joined = False
+            self._stop_snapshot(follower)
 
     def acked(self, name: str, index: int) -> None:
         follower = self.followers.get(name)
@@ -226,15 +259,22 @@ class Replicator:
 
     def stop(self) -> None:
         """Deposed: what waits for the group is refused (nack), never confirmed later."""
+        for follower in self.followers.values():
+            self._stop_snapshot(follower)
         pending, self.pending = self.pending, []
         for _, sink, seq in pending:
             sink.remote_confirmed(seq, True)
 
 
 def apply(persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
-    """A follower applies the ops of ``payload`` from ``pos`` to its copy (``index_id``); returns how many."""
+    """A follower applies the ops of ``payload`` from ``pos`` to its copy (``index_id``); returns how many
+    log ops that was (a frame's leading marker is not one).  A snapshot's frames after its first, and a
+    replay, are applied idempotently: an entry the copy has is kept as it is."""
     count = 0
     end = len(payload)
+    idempotent = pos < end and payload[pos] in (MORE_OP, REPLAY_OP)
+    if idempotent:
+        pos += OP.size
     while pos < end:
         kind, seq = OP.unpack_from(payload, pos)
         pos += OP.size
@@ -247,8 +287,9 @@ def apply(persistence: "Persistence", index_id: int, payload: bytes, pos: int) -
             pos += header_len
             body = payload[pos:pos + body_len]
             pos += body_len
-            persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry, bool(delivered),
-                                    returns)
+            if not (idempotent and persistence.index.has(index_id, seq)):
+                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry,
+                                        bool(delivered), returns)
         elif kind == DELIVERED_OP:
             persistence.replica_delivered(index_id, seq)
         elif kind == MOVED_OP:

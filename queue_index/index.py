@@ -161,6 +161,11 @@ class QueueIndex:
             self._deletes[key] = None
         return _entry(key, value)
 
+    def has(self, queue_id: int, seq: int) -> bool:
+        """An entry is there, staged or committed (and not staged for deletion)."""
+        key = KEY.pack(queue_id, seq)
+        return key in self._puts or (key not in self._deletes and self._committed(key) is not None)
+
     def mark_delivered(self, queue_id: int, seq: int) -> None:
         """Flag one entry, staged or committed, as delivered (a replica's copy of ``delivered``)."""
         key = KEY.pack(queue_id, seq)

@@ -400,3 +400,44 @@ def test_the_delivery_count_is_replicated(nodes, uid):
     with connect(n3) as connection:
         method, properties, body = connection.channel().basic_get(uid, auto_ack=True)
         assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})
+
+
+def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
+    """The snapshot is sent a chunk per loop turn while publishes, acks and returns go on; the new member's
+    copy ends up the leader's, as shown when it leads."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True,
+                                           arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    wait_for(lambda: api(n2, f"/queues/%2F/{uid}")["members"] == NAMES[:2], "a group of two")
+    first = [b"a%05d" % i for i in range(10000)]
+    publish(n1, uid, first)
+    later = [b"b%05d" % i for i in range(1000)]
+    acked: list[bytes] = []
+
+    def consume() -> None:  # through node 2, while the snapshot goes: 1,500 got, every 10th returned
+        with connect(n2) as connection:
+            channel = connection.channel()
+            got = 0
+            while got < 1500:
+                method, _, body = channel.basic_get(uid)
+                if method is None:
+                    continue
+                got += 1
+                if got % 10 == 0:
+                    channel.basic_nack(method.delivery_tag, requeue=True)
+                else:
+                    channel.basic_ack(method.delivery_tag)
+                    acked.append(body)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert "joins" in ok(n1, "quorum", "add-member", uid, NAMES[2])
+    publish(n1, uid, later)
+    consumer.join(60)
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0 and lag(n1, uid, NAMES[1]) == 0, "both in step", timeout=30)
+    n1.kill()
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
+    assert leader_of(n3, uid) == NAMES[2]  # same positions: the tie goes to node 3, whose copy is the snapshot's
+    expected = sorted(set(first + later) - set(acked))
+    assert sorted(drain(n3, uid)) == expected
