@@ -79,3 +79,6 @@ class Replicator(Protocol):
 
     def removed(self, seq: int) -> None:
         """The entry left the queue for good (acked, dropped, expired, dead-lettered, purged)."""
+
+    def flush(self) -> None:
+        """Send what was reported so far now (else it goes at the end of the loop turn)."""

@@ -75,6 +75,21 @@ class QuorumQueue(Queue):
         return ((args.max_length is not None and self.message_count > args.max_length)
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
+    def deliver_ready(self) -> None:
+        super().deliver_ready()
+        self._ship()
+
+    def get(self, no_ack: bool) -> Entry | None:
+        entry = super().get(no_ack)
+        self._ship()
+        return entry
+
+    def _ship(self) -> None:
+        """The deliveries just made go to the followers before any reaches a client (connections write at
+        the end of the loop turn), so that a new leader redelivers whatever a client may have seen."""
+        if self.replicator is not None:
+            self.replicator.flush()
+
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         if no_ack:  # the entry is forgotten now, its count with it: kept for the header built next
             self._no_ack_taken = (entry.seq, self.returns.get(entry.seq, 0))

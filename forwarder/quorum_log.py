@@ -135,6 +135,7 @@ class Replicator:
             follower.joined = False
             return False
         peer.link.send(link.REPLICATE, *parts)
+        peer.link.flush()  # now: what an op records (a delivery) must not reach a client before the op leaves
         return True
 
     # -- followers -----------------------------------------------------------------------------
@@ -144,7 +145,14 @@ class Replicator:
         self._stop_snapshot(follower)
         follower.joined = False
         self.flush()  # what is staged goes to the others; the snapshot covers it for this one
-        follower.snapshot = asyncio.get_running_loop().create_task(self._snapshot(follower))
+        follower.snapshot = task = asyncio.get_running_loop().create_task(self._snapshot(follower))
+        task.add_done_callback(lambda _: self._snapshot_ended(follower, task))
+
+    @staticmethod
+    def _snapshot_ended(follower: Follower, task: asyncio.Task) -> None:
+        """Sent, or given up (its link dropped: it asks again, or is probed, when the link is back)."""
+        if follower.snapshot is task:
+            follower.snapshot = None
 
     async def _snapshot(self, follower: Follower) -> None:
         """The queue, a chunk per frame and per loop turn (so that nobody waits on a deep queue's): a reset,
@@ -171,15 +179,13 @@ class Replicator:
         self.flush()
         log_ = self.log
         if self.index > start and (not log_ or log_[0][0] > start + 1):  # the log lost ops meanwhile: again
-            follower.snapshot = None
-            self.join(follower)
+            asyncio.get_running_loop().call_soon(self.join, follower)
             return
         missed = [op for index, op in log_ if index > start]
         for first in range(0, len(missed), SNAPSHOT_CHUNK):
             chunk = [OP.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
             if not self._send(follower, self._frame(start + 1 + first, chunk)):
                 return
-        follower.snapshot = None
         follower.joined = True
 
     def _stop_snapshot(self, follower: Follower) -> None:

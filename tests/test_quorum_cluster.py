@@ -2,6 +2,7 @@
 and a leader cut off from etcd that must not confirm what the group does not have."""
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import threading
@@ -441,3 +442,23 @@ def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
     assert leader_of(n3, uid) == NAMES[2]  # same positions: the tie goes to node 3, whose copy is the snapshot's
     expected = sorted(set(first + later) - set(acked))
     assert sorted(drain(n3, uid)) == expected
+
+
+def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n3, uid) == NAMES[0], "leader known")
+    bodies = [b"m%04d" % i for i in range(3000)]
+    publish(n1, uid, bodies[:1000])
+    n3.kill()
+    shutil.rmtree(n3.data_dir)  # its disk is lost
+    publish(n2, uid, bodies[1000:])
+    n3.start()
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
+    assert f"{NAMES[2]} takes a snapshot of / {uid}" in n1.log().replace("\0", " ")
+    n1.kill()  # nodes 2 and 3 have the same position: node 3, rebuilt from the snapshot, leads
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
+             timeout=20)
+    assert leader_of(n3, uid) == NAMES[2]
+    assert drain(n3, uid) == bodies
