@@ -21,7 +21,7 @@ from .auth import AccessControl, Principal
 from .definitions import DefinitionStore
 from .delayed import DelayedMessages, Publisher
 from .direct_reply import ReplyConsumers
-from .errors import ChannelError, ConnectionError, resource_name
+from .errors import AMQPError, ChannelError, ConnectionError, resource_name
 from .message import Message, expiration_error
 from .paging import Pager
 from .policy import Policies, Policy
@@ -403,10 +403,11 @@ class Broker:
         return queue
 
     def consume(self, queue: Queue, target: "DeliveryTarget", tag: str, no_ack: bool, exclusive: bool,
-                arguments: dict[str, Any], prefetch: int) -> Consumer:
-        """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: its
-        x-priority read, every exclusivity rule checked, the consumer added.  The caller answers, then lets
-        the queue deliver (``deliver_ready``)."""
+                arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0) -> Consumer:
+        """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
+        queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
+        answers, then lets the queue deliver (``deliver_ready``)."""
+        queue.check_consume(no_ack, prefetch, global_prefetch, arguments)
         priority = queue_args.consumer_priority(arguments, queue.name, queue.vhost)
         self.check_consumer_exclusivity(queue, exclusive)
         consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
@@ -752,6 +753,17 @@ class Broker:
             else:
                 queue.settle(entries)
             queue.deliver_ready()
+
+    def nack_taken(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
+        """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
+        refuses them (a stream: the connection closes, and what it held is settled as acked first)."""
+        try:
+            for queue in {queue for _, queue, _ in taken}:
+                queue.check_nack()
+        except AMQPError:
+            self.settle_taken(taken, False)
+            raise
+        self.settle_taken(taken, requeue, reject=not requeue)
 
     def settle_taken(self, taken: Iterable[tuple[Entry, Queue, Consumer | None]], requeue: bool,
                      reject: bool = False) -> None:

@@ -356,11 +356,13 @@ class Channel:
             raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
         return [item]
 
-    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool,
-                reject: bool = False) -> None:
-        """Acked, rejected or requeued: credit returns, and the queues may deliver again."""
+    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
+        """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again."""
         self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None)  # before queues run
-        self.broker.settle_taken(taken, requeue, reject)
+        if nack:
+            self.broker.nack_taken(taken, requeue)
+        else:
+            self.broker.settle_taken(taken, requeue)
 
     def _ack(self, method: commands.Basic.Ack) -> None:
         if self.tx is not None:
@@ -379,7 +381,7 @@ class Channel:
         requeue = method.requeue
 
         def apply() -> None:
-            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue, reject=not requeue)
+            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue, nack=True)
 
         if self.tx is not None:
             self._check_tags(method.delivery_tag, multiple)
@@ -584,10 +586,8 @@ class Channel:
         if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         queue = self.broker.consumable(self.vhost, name, self.connection, self.connection.principal)
-        if self.global_prefetch and queue.args.queue_type == "quorum":
-            raise ConnectionError(errors.NOT_IMPLEMENTED,
-                                  f"{errors.resource_name('queue', queue.name, queue.vhost)} does not support global qos")
-        consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch)
+        consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
+                                       self.global_prefetch)
         self.consumers[tag] = consumer
         if not m.no_ack:
             self.ack_timeout.watch(queue, consumer)

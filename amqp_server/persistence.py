@@ -113,6 +113,15 @@ class Persistence:
         self.store.remove(entry.message.msg_id)
         self._touch()
 
+    def remove_range(self, queue: "Queue", start: int, end: int) -> None:
+        """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
+        retention, a batch at a time)."""
+        while rows := self.index.take(queue.index_id, start, end, 65536):
+            for row in rows:
+                self.store.remove(row.msg_id)
+            start = rows[-1].seq + 1
+        self._touch()
+
     def delete_queue(self, queue: "Queue") -> None:
         """The queue's index entries go (its ready entries' references were released as it purged)."""
         self.index.delete_queue(queue.index_id)

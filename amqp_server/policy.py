@@ -41,15 +41,18 @@ ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow")
 # The same, for keys only a quorum queue takes (a classic queue refuses them as arguments and ignores them here).
 QUORUM_LOWER_WINS = ("delivery-limit",)
 QUORUM_ARGUMENT_WINS = ("dead-letter-strategy",)
+# What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
+STREAM_LOWER_WINS = ("max-length-bytes",)
+STREAM_ARGUMENT_WINS = ("max-age", "stream-max-segment-size-bytes")
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
 # Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings, federation):
 # accepted so that definitions exported from RabbitMQ import unchanged.
-WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-age", "max-segment-size",
+WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-segment-size",
                             "max-segment-size-bytes", "initial-cluster-size", "max-in-memory-length",
                             "max-in-memory-bytes", "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
                             "ha-promote-on-shutdown", "ha-promote-on-failure", "federation-upstream",
-                            "federation-upstream-set", "federation-upstream-pattern", "stream-max-segment-size-bytes"})
+                            "federation-upstream-set", "federation-upstream-pattern"})
 LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
 
 
@@ -115,6 +118,9 @@ VALIDATORS = {
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),
     "max-in-memory-bytes": _integer(0, "maximum memory in bytes"),
     "consumer-timeout": _integer(0, "consumer timeout"),
+    "max-age": lambda value: None if isinstance(value, str) and queue_args.interval_ms(value)
+    else f"{_erl(value)} is not a valid max age",
+    "stream-max-segment-size-bytes": _integer(0, "segment size"),
 }
 
 
@@ -134,7 +140,7 @@ class Policy:
     def matches(self, kind: str, name: str, queue_type: str = "classic") -> bool:
         """``kind`` is queue or exchange; the pattern is searched anywhere in the name, as re:run does."""
         if kind == "queue":
-            applies = self.apply_to in ("all", "queues", f"{queue_type}_queues")
+            applies = self.apply_to in ("all", "queues", "streams" if queue_type == "stream" else f"{queue_type}_queues")
         else:
             applies = self.apply_to in ("all", "exchanges")
         return applies and self._regex.search(name) is not None
@@ -206,13 +212,15 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
 def effective_queue_args(queue: "Queue", definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
     merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
-    quorum = queue.args.queue_type == "quorum"
-    for key in LOWER_WINS + (QUORUM_LOWER_WINS if quorum else ()):
+    lower_wins, argument_wins = {"quorum": (LOWER_WINS + QUORUM_LOWER_WINS, ARGUMENT_WINS + QUORUM_ARGUMENT_WINS),
+                                 "stream": (STREAM_LOWER_WINS, STREAM_ARGUMENT_WINS)}.get(
+                                     queue.args.queue_type, (LOWER_WINS, ARGUMENT_WINS))
+    for key in lower_wins:
         value = definition.get(key)
         if value is not None:
             name = f"x-{key}"
             merged[name] = min(merged[name], value) if isinstance(merged.get(name), int) else value
-    for key in ARGUMENT_WINS + (QUORUM_ARGUMENT_WINS if quorum else ()):
+    for key in argument_wins:
         if key in definition:
             merged.setdefault(f"x-{key}", definition[key])
     if "x-dead-letter-exchange" not in merged:

@@ -1,11 +1,12 @@
 """Queue and consumer arguments that change behaviour, validated as RabbitMQ does.
 
-Queue: type, TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout, and
-a quorum queue's delivery limit, dead-letter strategy and group size.
+Queue: type, TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout, a
+quorum queue's delivery limit, dead-letter strategy and group size, and a stream's retention.
 Consumer (basic.consume): ``x-priority``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from .message import MAX_EXPIRY
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
-QUEUE_TYPES = ("classic", "quorum", "stream")  # a stream is accepted as a classic queue
+QUEUE_TYPES = ("classic", "quorum", "stream")
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 # Quorum/stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack them).
 # x-queue-leader-locator is not among them: classic queues take it from RabbitMQ 3.12 on, and cluster mode uses it.
@@ -24,7 +25,20 @@ NOT_CLASSIC = ("x-delivery-limit", "x-dead-letter-strategy", "x-max-in-memory-le
 # Arguments RabbitMQ 3.10 refuses on a quorum queue (rabbit_quorum_queue's capabilities lack them).
 NOT_QUORUM = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",
               "x-stream-max-segment-size-bytes")
+# Arguments RabbitMQ 3.10 refuses on a stream (rabbit_stream_queue's capabilities lack them).
+NOT_STREAM = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+              "x-dead-letter-strategy", "x-max-length", "x-max-in-memory-length", "x-max-in-memory-bytes",
+              "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
+              "x-quorum-initial-group-size", "x-delivery-limit")
 MAX_SUPPORTED_PRIORITY = 255
+INTERVAL = re.compile(r"^(\d+)([YMDhms])$")
+UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+
+
+def interval_ms(value: str) -> int | None:
+    """``7D``, ``12h``, ``30m``… (a stream's x-max-age, an x-stream-offset interval) in ms; None if not one."""
+    found = INTERVAL.match(value)
+    return int(found.group(1)) * UNIT_MS[found.group(2)] if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +53,12 @@ class QueueArgs:
     max_priority: int | None = None  # x-max-priority: a priority queue with levels 0..max_priority
     single_active_consumer: bool = False
     consumer_timeout: int | None = None  # ms, x-consumer-timeout: overrides the node's consumer_timeout
-    queue_type: str = "classic"  # x-queue-type: "classic" or "quorum"
+    queue_type: str = "classic"  # x-queue-type: "classic", "quorum" or "stream"
     delivery_limit: int | None = None  # x-delivery-limit (quorum): returns allowed before a message is dropped
     dead_letter_strategy: str = "at-most-once"  # x-dead-letter-strategy (quorum)
     group_size: int | None = None  # x-quorum-initial-group-size
+    max_age: int | None = None  # ms, x-max-age (stream): segments older go
+    segment_bytes: int | None = None  # x-stream-max-segment-size-bytes (stream)
 
     @property
     def limited(self) -> bool:
@@ -94,13 +110,12 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
         value = string(name)
         if value is not None and value not in allowed:
             raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"unsupported queue {what} '{value}'\"")
-    declared_type = string("x-queue-type") or "classic"
-    queue_type = "quorum" if declared_type == "quorum" else "classic"
+    queue_type = string("x-queue-type") or "classic"
     strategy = string("x-dead-letter-strategy")
     if strategy is not None and strategy not in DEAD_LETTER_STRATEGIES:
         raise errors.precondition_failed(f"invalid arg 'x-dead-letter-strategy' {where}: invalid_dlx_strategy")
     group_size = integer("x-quorum-initial-group-size", 1)
-    refused = {"classic": NOT_CLASSIC, "quorum": NOT_QUORUM}.get(declared_type, ())
+    refused = {"classic": NOT_CLASSIC, "quorum": NOT_QUORUM, "stream": NOT_STREAM}[queue_type]
     for name in refused:
         if name in arguments:
             raise errors.precondition_failed(f"invalid arg '{name}' {where} of queue type rabbit_{queue_type}_queue")
@@ -125,7 +140,23 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
                      max_priority=max_priority, single_active_consumer=bool(sac),
                      consumer_timeout=integer("x-consumer-timeout", 0), queue_type=queue_type,
                      delivery_limit=_delivery_limit(arguments.get("x-delivery-limit")),
-                     dead_letter_strategy=strategy or "at-most-once", group_size=group_size)
+                     dead_letter_strategy=strategy or "at-most-once", group_size=group_size,
+                     max_age=_max_age(arguments.get("x-max-age"), where),
+                     segment_bytes=integer("x-stream-max-segment-size-bytes", 0))
+
+
+def _max_age(value: Any, where: str) -> int | None:
+    """A stream's x-max-age: a positive whole number and a unit (Y, M, D, h, m, s).  (RabbitMQ fails a string
+    it cannot read with 541 INTERNAL_ERROR; it is refused here as a zero is.)"""
+    if value is None:
+        return None
+    if not isinstance(value, (str, bytes)):
+        raise errors.precondition_failed(
+            f"invalid arg 'x-max-age' {where}: {{unacceptable_type,{errors.field_type(value)}}}")
+    ms = interval_ms(value.decode(errors="replace") if isinstance(value, bytes) else value)
+    if not ms:
+        raise errors.precondition_failed(f"invalid arg 'x-max-age' {where}: invalid_max_age")
+    return ms
 
 
 def _delivery_limit(value: Any) -> int | None:
@@ -136,8 +167,9 @@ def _delivery_limit(value: Any) -> int | None:
 
 def check_properties(args: QueueArgs, queue: str, vhost: str, durable: bool, exclusive: bool,
                      auto_delete: bool) -> None:
-    """A quorum queue is durable, shared and kept: RabbitMQ refuses the other properties, in this order."""
-    if args.queue_type != "quorum":
+    """A quorum queue or a stream is durable, shared and kept: RabbitMQ refuses the other properties, in this
+    order."""
+    if args.queue_type == "classic":
         return
     for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
         if refused:

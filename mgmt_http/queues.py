@@ -55,7 +55,10 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         if not queue.remote:  # at-least-once dead letters waiting for a queue to take them
             info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
             info["messages"] += len(queue.dlx_pending)
-    if not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
+    if queue.args.queue_type == "stream":  # one replica, here (RabbitMQ's JSON has no RAM figures for streams)
+        node = info["node"]
+        info.update(members=[node], online=[node] if context.node_running(node) else [])
+    elif not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
         in_ram = queue.message_count - queue.paged
         info.update({"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,
                      "messages_unacknowledged_ram": queue.unacked, "messages_paged_out": queue.paged,

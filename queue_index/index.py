@@ -13,6 +13,9 @@ A replicated queue's replica also keeps its position in its group's log (term, i
 the reserved queue id ``POSITIONS`` with the queue's id as seq: it commits with the entries it
 describes, so a replica never claims more than it has.
 
+A stream keeps its runs (first offset, publish time, bytes; see ``amqp_server.stream_queue``) under the
+reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq, committed with its entries too.
+
 Changes are staged and applied in one write transaction per ``commit``;
 ``sync`` makes committed changes durable and may run off the event loop while
 new changes are staged.
@@ -45,6 +48,9 @@ MAX_RETURNS = 63  # x-delivery-count), saturating
 COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
 POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
+MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | number, msg_id = first offset,
+# expiry = publish ms, size = bytes, flags = 1 where a segment starts)
+RESERVED = (POSITIONS, MARKS)
 
 
 class IndexEntry(NamedTuple):
@@ -196,6 +202,22 @@ class QueueIndex:
 
     def forget_position(self, queue_id: int) -> None:
         self.ack(POSITIONS, queue_id)
+
+    def put_mark(self, queue_id: int, number: int, first: int, ms: int, size: int, segment: bool) -> None:
+        """A stream's run, committed with the entries staged with it."""
+        self._puts[KEY.pack(MARKS, queue_id << 32 | number)] = VALUE.pack(first, ms, min(size, 0xFFFFFFFF), segment)
+
+    def marks(self, queue_id: int) -> list[tuple[int, int, int, int, bool]]:
+        """A stream's runs, in order: (number, first offset, publish ms, bytes, starts a segment)."""
+        start = queue_id << 32
+        return [(entry.seq - start, entry.msg_id, entry.expiry, entry.size, entry.delivered)
+                for entry in self.read(MARKS, start, 1 << 32) if entry.seq >> 32 == queue_id]
+
+    def forget_marks(self, queue_id: int, below: int) -> None:
+        """A stream's runs numbered below ``below`` go (retention removed their entries)."""
+        for entry in self.read(MARKS, queue_id << 32, below):
+            if entry.seq >> 32 == queue_id and entry.seq & 0xFFFFFFFF < below:
+                self.ack(MARKS, entry.seq)
 
     @property
     def pending(self) -> bool:
@@ -369,23 +391,29 @@ class QueueIndex:
         self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
         self._updates = {k: v for k, v in self._updates.items() if k[:4] != prefix}
         self._deletes = {k: None for k in self._deletes if k[:4] != prefix}
+        marks, end = KEY.pack(MARKS, queue_id << 32), KEY.pack(MARKS, (queue_id + 1) << 32)
+        self._puts = {k: v for k, v in self._puts.items() if not marks <= k < end}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):
                 while cursor.key()[:4] == prefix:
                     if not cursor.delete():
                         break
+            if cursor.set_range(marks):  # a stream's runs
+                while marks <= cursor.key() < end:
+                    if not cursor.delete():
+                        break
 
     def queue_ids(self) -> set[int]:
-        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped); not
-        ``POSITIONS``."""
+        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped); not the
+        reserved ``POSITIONS`` and ``MARKS``."""
         ids: set[int] = set()
         with self._env.begin() as txn:
             cursor = txn.cursor()
             more = cursor.first()
             while more:
                 queue_id = int.from_bytes(cursor.key()[:4], "big")
-                if queue_id != POSITIONS:
+                if queue_id not in RESERVED:
                     ids.add(queue_id)
                 more = cursor.set_range((queue_id + 1).to_bytes(4, "big")) if queue_id < 0xFFFFFFFF else False
         return ids

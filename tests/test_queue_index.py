@@ -144,15 +144,31 @@ def test_delete_queue_drops_committed_and_staged(index):
     assert index.queue_ids() == set()
 
 
+def test_a_streams_runs_are_kept_beside_its_entries_and_go_with_it(index):
+    index.put_mark(5, 0, 0, 1000, 10, True)
+    index.put_mark(5, 1, 4, 2000, 0, False)
+    index.put_mark(6, 0, 0, 3000, 7, True)  # another stream's
+    index.put_mark(5, 1, 4, 2000, 30, False)  # the run's bytes, final
+    index.commit()
+    assert index.marks(5) == [(0, 0, 1000, 10, True), (1, 4, 2000, 30, False)]
+    index.forget_marks(5, 1)
+    assert index.marks(5) == [(1, 4, 2000, 30, False)]
+    index.put_mark(5, 2, 9, 4000, 0, True)  # staged, then the queue is deleted
+    index.delete_queue(5)
+    index.commit()
+    assert index.marks(5) == [] and index.marks(6) == [(0, 0, 3000, 7, True)]
+
+
 def test_queue_ids(index):
     assert index.queue_ids() == set()
-    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFE):
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFD):
         index.publish(queue_id, 1, 1, 0, 1)
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
-    index.set_position(2, 7, 9)  # kept under the reserved id, which names no queue
+    index.set_position(2, 7, 9)  # kept under the reserved ids, which name no queue
+    index.put_mark(2, 0, 1, 1000, 2, True)
     index.commit()
-    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFE}
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFD}
     index.ack(3, 1)
     index.commit()
     assert 3 not in index.queue_ids()

@@ -1,0 +1,299 @@
+"""Streams (``x-queue-type: stream``) over AMQP 0-9-1, as RabbitMQ 3.10 serves them to AMQP clients.
+
+A stream is an append-only log: a consumer reads it from an offset of its choosing (``x-stream-offset``:
+``first``, ``last``, ``next``, a number, a timestamp or an interval such as ``1h``) without taking
+anything, each delivery carrying its ``x-stream-offset`` header; acks only give credit back.  Messages
+leave by retention alone (``x-max-length-bytes``, ``x-max-age``), a whole segment at a time and only
+when a segment fills (``x-stream-max-segment-size-bytes``, 500 MB by default), as RabbitMQ's log does.
+
+Every message is on disk (queue index and message store); memory holds the newest ``TAIL`` entries, which
+consumers that keep up read, and chunk marks: the first offset, publish time and bytes of each second's
+messages (and of each segment's first), kept in the queue index beside the entries (``QueueIndex.marks``)
+so that timestamps and retention survive a restart.  An offset is the entry's ``seq``.
+"""
+from __future__ import annotations
+
+import datetime
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from . import errors, header_table
+from .clock import now_ms
+from .message import Message
+from .queue import Consumer, Entry, Queue
+from .queue_args import QueueArgs, interval_ms
+
+if TYPE_CHECKING:
+    from .ports import ConfirmSink
+
+OFFSET_HEADER = "x-stream-offset"
+TAIL = 4096  # newest entries kept in memory, at most
+TAIL_BYTES = 16 << 20  # and at most so many bytes of their bodies
+READ_BATCH = 256  # entries read from disk at a time for a consumer behind the tail
+DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+
+
+@dataclass(slots=True)
+class Mark:
+    """A run of the stream: from ``first`` (its first offset) to the next mark's; published from ``ms`` on."""
+
+    number: int
+    first: int
+    ms: int
+    size: int = 0  # bytes of its messages' bodies
+    segment: bool = False  # the first run of a segment: retention removes whole segments
+
+
+class StreamQueue(Queue):
+    queue_type = "stream"
+    counts_deliveries = True  # each delivery carries x-stream-offset (delivery_header)
+    persists_all = True  # every message is on disk, whatever its delivery mode
+    pageable = False  # its own: the tail in memory, the rest read from disk (``_read``)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first = 0  # the lowest offset still in the stream
+        self.cursors: dict[Consumer, int] = {}  # each consumer's next offset
+        self.marks: deque[Mark] = deque()
+        self.segment_bytes = 0  # of the segment being written
+        self.tail_bytes = 0  # of the entries in memory (``ready``)
+
+    @property
+    def message_count(self) -> int:
+        return self.next_seq - self.first
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.vhost}/{self.name}>"
+
+    # -- in -----------------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
+        if not message.persistent and not message.msg_id:
+            message = message.copy()  # stored here; the other queues it went to keep theirs in memory
+        entry = Entry(self.next_seq, message)
+        self.next_seq += 1
+        self.stats.publish += 1
+        self.persistence.write(self, entry)
+        self._mark(entry.seq, message.body_size)
+        ready = self.ready
+        ready.append(entry)
+        self.tail_bytes += message.body_size
+        while len(ready) > TAIL or (self.tail_bytes > TAIL_BYTES and len(ready) > 1):
+            self.tail_bytes -= ready.popleft().message.body_size
+        if self.cursors:
+            self.deliver_ready()
+        return True
+
+    def _mark(self, seq: int, size: int) -> None:
+        """Count the message in its run; a new second or a full segment starts a new run (and a full segment
+        lets retention run)."""
+        marks = self.marks
+        now = now_ms()
+        rolled = self.segment_bytes >= (self.args.segment_bytes or DEFAULT_SEGMENT_BYTES)
+        if rolled or not marks or now // 1000 != marks[-1].ms // 1000:
+            if marks:
+                self._save(marks[-1])  # its size is final now
+            marks.append(Mark(marks[-1].number + 1 if marks else 0, seq, now, 0, rolled or not marks))
+            self._save(marks[-1])
+            if rolled:
+                self.segment_bytes = 0
+        marks[-1].size += size
+        self.segment_bytes += size
+        self.ready_bytes += size
+        if rolled:
+            self._retain()
+
+    def _save(self, mark: Mark) -> None:
+        self.persistence.index.put_mark(self.index_id, mark.number, mark.first, mark.ms, mark.size, mark.segment)
+
+    def _retain(self) -> None:
+        """Whole segments go, oldest first, while the stream is over x-max-length-bytes or their newest run is
+        older than x-max-age; never the segment being written."""
+        max_bytes, max_age = self.args.max_length_bytes, self.args.max_age
+        if max_bytes is None and max_age is None:
+            return
+        marks = self.marks
+        oldest = now_ms() - max_age if max_age is not None else None
+        while True:
+            starts = [i for i, mark in enumerate(islice(marks, 1, None), 1) if mark.segment]
+            if not starts:
+                return
+            segment = list(islice(marks, 0, starts[0]))
+            if not ((max_bytes is not None and self.ready_bytes > max_bytes)
+                    or (oldest is not None and segment[-1].ms < oldest)):
+                return
+            self._drop(marks[starts[0]].first, segment)
+
+    def _drop(self, end: int, segment: list[Mark]) -> None:
+        """Offsets below ``end`` leave the stream, with the runs that held them."""
+        self.persistence.remove_range(self, self.first, end)
+        ready = self.ready
+        while ready and ready[0].seq < end:
+            self.tail_bytes -= ready.popleft().message.body_size
+        for mark in segment:
+            self.marks.popleft()
+            self.ready_bytes -= mark.size
+        self.persistence.index.forget_marks(self.index_id, segment[-1].number + 1)
+        self.first = end
+
+    def set_args(self, args: QueueArgs) -> None:
+        """A policy changed the retention: it applies when the next segment fills, as RabbitMQ's does."""
+        self.args = args
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]) -> None:
+        """A consumer of a stream sets a (per-consumer) prefetch, acks, and has no x-priority; its offset is
+        one RabbitMQ takes (which crashes on any other with 541)."""
+        what = errors.resource_name("queue", self.name, self.vhost)
+        if not prefetch:
+            raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
+        if no_ack:
+            raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
+                                         f"automatic acknowledgement not supported by stream queues {what}")
+        if "x-priority" in arguments:
+            raise errors.precondition_failed(f"invalid arg 'x-priority' for {what} of queue type rabbit_stream_queue")
+        spec = arguments.get(OFFSET_HEADER)
+        if spec is not None and self.attach_at(spec) is None:
+            raise errors.precondition_failed(f"invalid arg '{OFFSET_HEADER}' for {what}: {spec!r}")
+
+    def check_nack(self) -> None:
+        raise errors.ConnectionError(
+            errors.NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream queues "
+            f"{errors.resource_name('queue', self.name, self.vhost)}")
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.cursors[consumer] = self.attach_at(consumer.arguments.get(OFFSET_HEADER, "next"))
+        super().add_consumer(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.cursors.pop(consumer, None)
+        super().remove_consumer(consumer)
+
+    def attach_at(self, spec: Any) -> int | None:
+        """The offset a consumer starts from, within the stream; None for what is not an x-stream-offset.
+        ``last`` is the last message (RabbitMQ's last chunk: what it wrote at once)."""
+        if isinstance(spec, bytes):
+            spec = spec.decode(errors="replace")
+        if spec == "next":
+            return self.next_seq
+        if spec == "first":
+            return self.first
+        if spec == "last":
+            return max(self.first, self.next_seq - 1)
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            return min(max(spec, self.first), self.next_seq)
+        if isinstance(spec, datetime.datetime):
+            return self._published_from(int(spec.timestamp() * 1000))
+        if isinstance(spec, str) and (ms := interval_ms(spec)) is not None:
+            return self._published_from(now_ms() - ms)
+        return None
+
+    def _published_from(self, ms: int) -> int:
+        """The first offset of the first run published at or after ``ms``."""
+        for mark in self.marks:
+            if mark.ms >= ms or mark.ms // 1000 == ms // 1000:
+                return mark.first
+        return self.next_seq
+
+    def deliver_ready(self) -> None:
+        """Each consumer reads on from its own offset while it has credit."""
+        for consumer in self.consumers:
+            cursor = max(self.cursors[consumer], self.first)
+            while cursor < self.next_seq and consumer.has_credit():
+                room = consumer.prefetch - consumer.unacked
+                batch = self._read(cursor, min(room, READ_BATCH))
+                if not batch:
+                    cursor = self.next_seq
+                    break
+                for entry in batch:
+                    if not consumer.has_credit():
+                        break
+                    consumer.unacked += 1
+                    self.unacked += 1
+                    self.stats.deliver += 1
+                    cursor = entry.seq + 1
+                    consumer.channel.deliver(consumer, entry)
+            self.cursors[consumer] = cursor
+
+    def _read(self, start: int, count: int) -> list[Entry]:
+        """Up to ``count`` entries from ``start`` on: from the tail in memory, else from disk."""
+        ready = self.ready
+        if ready and start >= ready[0].seq:
+            position = start - ready[0].seq
+            return list(islice(ready, position, position + count))
+        rows = self.persistence.index.read(self.index_id, start, count)
+        return self.readable(self._paged_entry(row) for row in rows)
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
+        return header_table.with_int_set(entry.message.header, OFFSET_HEADER, entry.seq)
+
+    def settle(self, entries: list[Entry]) -> None:
+        """An ack gives credit back; the message stays."""
+        self.unacked -= len(entries)
+        self.stats.ack += len(entries)
+
+    def requeue(self, entries: Iterable[Entry]) -> None:
+        """What a closed channel or cancelled consumer held: nothing comes back (the offsets are read)."""
+        self.unacked -= sum(1 for _ in entries)
+
+    def get(self, no_ack: bool) -> Entry | None:
+        raise errors.ConnectionError(
+            errors.NOT_IMPLEMENTED,
+            f"basic.get not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")
+
+    # -- what reads or changes the whole stream -----------------------------------------------
+
+    def purge(self) -> int:
+        raise errors.ConnectionError(
+            errors.NOT_IMPLEMENTED,
+            f"queue.purge not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")
+
+    def drop_all(self) -> None:
+        """The stream is deleted: its entries, their store references and its runs go."""
+        self._groups = []
+        self.active_consumer = None
+        self.cursors.clear()
+        self.ready.clear()
+        self.persistence.remove_range(self, self.first, self.next_seq)
+        self.persistence.delete_queue(self)
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """Offsets, bytes and runs from the index; nothing is read into memory until a consumer asks."""
+        index = self.persistence.index
+        if last_seq is not None:
+            self.next_seq = last_seq + 1
+        rows = index.read(self.index_id, 0, 1)
+        self.first = rows[0].seq if rows else self.next_seq
+        self.ready_bytes = size
+        self.marks = deque(Mark(number, first, ms, run, segment)
+                           for number, first, ms, run, segment in index.marks(self.index_id))
+        if self.marks:  # the last run's bytes were saved as it began
+            self.marks[-1].size = max(0, size - sum(mark.size for mark in islice(self.marks, 0, len(self.marks) - 1)))
+            current = max(i for i, mark in enumerate(self.marks) if mark.segment or i == 0)
+            self.segment_bytes = sum(mark.size for mark in islice(self.marks, current, None))
+
+    def offsets(self) -> tuple[int, int]:
+        return self.first, self.next_seq
+
+    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
+        return self._read(self.first + offset, count) if self.first + offset < self.next_seq else []
+
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
+        cursor, remaining = max(start, self.first), limit
+        while cursor < min(end, self.next_seq) and (remaining is None or remaining > 0):
+            want = step if remaining is None else min(step, remaining)
+            batch = [entry for entry in self._read(cursor, want) if entry.seq < end]
+            if not batch:
+                return
+            cursor = batch[-1].seq + 1
+            if remaining is not None:
+                remaining -= len(batch)
+            yield batch
+
+    def remove_upto(self, offset: int) -> int:
+        raise errors.precondition_failed(
+            f"{errors.resource_name('queue', self.name, self.vhost)} is a stream: its messages leave by "
+            "retention only")
