@@ -93,9 +93,10 @@ def with_int_set(header: bytes, name: str, value: int) -> bytes:
     try:
         if _find(header, flags, key) is None:  # the usual case: appended to the table's bytes
             field = bytes((len(key),)) + key + b"l" + _INTS[ord("l")].pack(value)
-            if not flags & codec.FLAG_HEADERS:
-                return with_headers(header, flags, {name: Field("l", value)})
             pos = codec.table_pos(header, flags)
+            if not flags & codec.FLAG_HEADERS:  # a table of this one field, where the headers go
+                return (header[:12] + _FLAGS.pack(flags | codec.FLAG_HEADERS) + header[14:pos] + _LONG.pack(len(field))
+                        + field + header[pos:])
             end = pos + 4 + _LONG.unpack_from(header, pos)[0]
             return header[:pos] + _LONG.pack(end - pos - 4 + len(field)) + header[pos + 4:end] + field + header[end:]
         return with_int(header, flags, name, value)

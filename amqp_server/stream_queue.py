@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from . import errors, header_table
 from .clock import now_ms
 from .message import Message
-from .queue import Consumer, Entry, Queue
+from .queue import PAGE_IN_BYTES, Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
 
 if TYPE_CHECKING:
@@ -224,8 +224,18 @@ class StreamQueue(Queue):
         if ready and start >= ready[0].seq:
             position = start - ready[0].seq
             return list(islice(ready, position, position + count))
-        rows = self.persistence.index.read(self.index_id, start, count)
-        return self.readable(self._paged_entry(row) for row in rows)
+        persistence = self.persistence
+        rows = persistence.index.read(self.index_id, start, count)
+        payloads = persistence.store.read_many([row.msg_id for row in rows], PAGE_IN_BYTES)  # a pread per run
+        routes: dict[bytes, tuple[bytes, str, str]] = {}
+        headers: dict[bytes, bytes] = {}
+        entries = []
+        for row, payload in zip(rows, payloads):
+            entry = self._paged_entry(row)
+            if payload is not None:  # (else beyond the batch's budget: read on its own by ``readable``)
+                entry.message.fill_from(payload, routes, headers)
+            entries.append(entry)
+        return self.readable(entries)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         return header_table.with_int_set(entry.message.header, OFFSET_HEADER, entry.seq)

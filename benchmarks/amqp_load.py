@@ -373,9 +373,9 @@ class Connection:
     def basic_qos(self, ch, prefetch):
         self.rpc(ch, 60, 10, struct.pack("!IHB", 0, prefetch, 0), 11)
 
-    def basic_consume(self, ch, queue, no_ack, tag="c"):
+    def basic_consume(self, ch, queue, no_ack, tag="c", arguments=None):
         self.rpc(ch, 60, 20, struct.pack("!H", 0) + shortstr(queue) + shortstr(tag)
-                 + bytes((2 if no_ack else 0,)) + table(None), 21)
+                 + bytes((2 if no_ack else 0,)) + table(arguments), 21)
 
     def confirm_select(self, ch):
         self.rpc(ch, 85, 10, b"\x00", 11)
@@ -493,14 +493,14 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
 
 
 def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=None,
-                  progress=None):
+                  progress=None, arguments=None):
     """basic.consume on ``queue`` with manual acks (multiple, every ``ack_every``)
     until ``count`` deliveries have arrived; ack the rest, cancel nothing (close
     the connection afterwards).  Returns the elapsed seconds from basic.consume
     until the last ack was written.  Raises AMQPError on timeout."""
     conn.basic_qos(ch, prefetch)
     t0 = time.perf_counter()
-    conn.basic_consume(ch, queue, no_ack=False, tag="backlog")
+    conn.basic_consume(ch, queue, no_ack=False, tag="backlog", arguments=arguments)
     deadline = None if timeout is None else time.monotonic() + timeout
     next_report = time.monotonic() + 1.0
     old_timeout = conn.sock.gettimeout()
