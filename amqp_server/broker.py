@@ -407,7 +407,7 @@ class Broker:
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
         answers, then lets the queue deliver (``deliver_ready``)."""
-        queue.check_consume(no_ack, prefetch, global_prefetch, arguments)
+        queue_args.check_consumer(queue.args, queue.name, queue.vhost, no_ack, prefetch, global_prefetch, arguments)
         priority = queue_args.consumer_priority(arguments, queue.name, queue.vhost)
         self.check_consumer_exclusivity(queue, exclusive)
         consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
@@ -756,12 +756,13 @@ class Broker:
 
     def nack_taken(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
         """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
-        refuses them (a stream: the connection closes, and what it held is settled as acked first)."""
+        refuses them (a stream: the connection closes, and what the frame named is requeued first, as the rest
+        of what the connection held is as it closes)."""
         try:
             for queue in {queue for _, queue, _ in taken}:
-                queue.check_nack()
+                queue_args.check_nack(queue.args, queue.name, queue.vhost)
         except AMQPError:
-            self.settle_taken(taken, False)
+            self.settle_taken(taken, True)
             raise
         self.settle_taken(taken, requeue, reject=not requeue)
 

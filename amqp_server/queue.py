@@ -904,12 +904,6 @@ class Queue:
         if self.host is not None and not self.deleted:
             self.host.expire_queue(self)
 
-    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]) -> None:
-        """What this type of queue refuses of a new consumer (a classic queue: nothing)."""
-
-    def check_nack(self) -> None:
-        """basic.nack and basic.reject are refused (a stream's) or taken (the others)."""
-
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True

@@ -6,6 +6,7 @@ Consumer (basic.consume): ``x-priority``.
 """
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -174,6 +175,44 @@ def check_properties(args: QueueArgs, queue: str, vhost: str, durable: bool, exc
     for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
         if refused:
             raise errors.precondition_failed(f"invalid property '{name}' {_where(queue, vhost)}")
+
+
+def check_consumer(args: QueueArgs, queue: str, vhost: str, no_ack: bool, prefetch: int, global_prefetch: int,
+                   arguments: dict[str, Any]) -> None:
+    """What a queue's type refuses of a consumer, as rabbit_quorum_queue and rabbit_stream_queue do (checked by
+    type, so that a proxy of another node's queue refuses the same): a quorum queue, a global prefetch; a
+    stream, no per-consumer prefetch, automatic acks, x-priority, or an x-stream-offset that is none (RabbitMQ
+    fails on that with 541)."""
+    what = errors.resource_name("queue", queue, vhost)
+    if args.queue_type == "quorum" and global_prefetch:
+        raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"{what} does not support global qos")
+    if args.queue_type != "stream":
+        return
+    if not prefetch:
+        raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
+    if no_ack:
+        raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
+                                     f"automatic acknowledgement not supported by stream queues {what}")
+    if "x-priority" in arguments:
+        raise errors.precondition_failed(f"invalid arg 'x-priority' for {what} of queue type rabbit_stream_queue")
+    offset = arguments.get("x-stream-offset")
+    if offset is not None and not _stream_offset(offset):
+        raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {what}: {offset!r}")
+
+
+def _stream_offset(value: Any) -> bool:
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if isinstance(value, str):
+        return value in ("first", "last", "next") or interval_ms(value) is not None
+    return isinstance(value, (int, datetime.datetime)) and not isinstance(value, bool)
+
+
+def check_nack(args: QueueArgs, queue: str, vhost: str) -> None:
+    """basic.nack and basic.reject: a stream refuses them."""
+    if args.queue_type == "stream":
+        raise errors.ConnectionError(errors.NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream "
+                                     f"queues {errors.resource_name('queue', queue, vhost)}")
 
 
 def consumer_priority(arguments: dict[str, Any], queue: str, vhost: str) -> int:

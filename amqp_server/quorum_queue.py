@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from queue_index import IndexEntry
 
-from . import errors, header_table
+from . import header_table
 from .message import Message
 from .queue import Entry, Queue
 
@@ -74,11 +74,6 @@ class QuorumQueue(Queue):
         args = self.args
         return ((args.max_length is not None and self.message_count > args.max_length)
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
-
-    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]) -> None:
-        if global_prefetch:
-            raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
-                                         f"{errors.resource_name('queue', self.name, self.vhost)} does not support global qos")
 
     def deliver_ready(self) -> None:
         super().deliver_ready()

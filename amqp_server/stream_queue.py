@@ -144,26 +144,6 @@ class StreamQueue(Queue):
 
     # -- consumers ----------------------------------------------------------------------------
 
-    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]) -> None:
-        """A consumer of a stream sets a (per-consumer) prefetch, acks, and has no x-priority; its offset is
-        one RabbitMQ takes (which crashes on any other with 541)."""
-        what = errors.resource_name("queue", self.name, self.vhost)
-        if not prefetch:
-            raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
-        if no_ack:
-            raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
-                                         f"automatic acknowledgement not supported by stream queues {what}")
-        if "x-priority" in arguments:
-            raise errors.precondition_failed(f"invalid arg 'x-priority' for {what} of queue type rabbit_stream_queue")
-        spec = arguments.get(OFFSET_HEADER)
-        if spec is not None and self.attach_at(spec) is None:
-            raise errors.precondition_failed(f"invalid arg '{OFFSET_HEADER}' for {what}: {spec!r}")
-
-    def check_nack(self) -> None:
-        raise errors.ConnectionError(
-            errors.NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream queues "
-            f"{errors.resource_name('queue', self.name, self.vhost)}")
-
     def add_consumer(self, consumer: Consumer) -> None:
         self.cursors[consumer] = self.attach_at(consumer.arguments.get(OFFSET_HEADER, "next"))
         super().add_consumer(consumer)
@@ -172,9 +152,9 @@ class StreamQueue(Queue):
         self.cursors.pop(consumer, None)
         super().remove_consumer(consumer)
 
-    def attach_at(self, spec: Any) -> int | None:
-        """The offset a consumer starts from, within the stream; None for what is not an x-stream-offset.
-        ``last`` is the last message (RabbitMQ's last chunk: what it wrote at once)."""
+    def attach_at(self, spec: Any) -> int:
+        """The offset a consumer starts from, within the stream (``queue_args.check_consumer`` checked the
+        spec).  ``last`` is the last message (RabbitMQ's last chunk: what it wrote at once)."""
         if isinstance(spec, bytes):
             spec = spec.decode(errors="replace")
         if spec == "next":
@@ -189,7 +169,7 @@ class StreamQueue(Queue):
             return self._published_from(int(spec.timestamp() * 1000))
         if isinstance(spec, str) and (ms := interval_ms(spec)) is not None:
             return self._published_from(now_ms() - ms)
-        return None
+        return self.next_seq
 
     def _published_from(self, ms: int) -> int:
         """The first offset of the first run published at or after ``ms``."""

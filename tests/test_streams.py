@@ -356,3 +356,31 @@ def test_the_spark_bridge_reads_a_stream_by_its_offsets_and_cannot_drain_it(brok
     refused = call(broker, "POST", f"/api/queues/%2F/{q(uid)}/commit", {"offset": 10})
     assert refused.status == 400 and "is a stream: its messages leave by retention only" in refused.json["reason"]
     assert len(consume_from(broker, uid, "first", 6000, prefetch=1000, timeout=20)) == 6000
+
+
+def test_a_nack_that_names_a_stream_message_loses_nothing_of_a_classic_queue(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.queue_declare(f"{uid}-classic")
+    publish(broker, uid, [b"s"])
+    publish(broker, f"{uid}-classic", [b"c"])
+    connection = connect(broker)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    tags = []
+    channel.basic_consume(f"{uid}-classic", lambda ch, method, properties, body: tags.append(method.delivery_tag))
+    channel.basic_consume(uid, lambda ch, method, properties, body: tags.append(method.delivery_tag),
+                          arguments={"x-stream-offset": "first"})
+    while len(tags) < 2:
+        connection.process_data_events(0.05)
+    channel.basic_nack(max(tags), multiple=True, requeue=False)
+    with pytest.raises(ConnectionClosedByBroker) as caught:
+        for _ in range(40):
+            connection.process_data_events(0.05)
+    assert caught.value.reply_code == 540
+    with connect(broker) as connection:
+        channel = connection.channel()
+        method, _, body = channel.basic_get(f"{uid}-classic", auto_ack=True)
+        assert body == b"c"
+        channel.queue_delete(f"{uid}-classic")
