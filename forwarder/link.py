@@ -14,6 +14,7 @@ notice a peer that vanished without closing its socket (a dead host) within five
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import hmac
 import json
@@ -89,7 +90,24 @@ def read_message(payload: bytes, pos: int) -> Message:
 
 
 def encode_json(value: Any) -> bytes:
-    return json.dumps(value, default=str).encode()
+    """JSON for the link; an AMQP timestamp (a consumer's x-stream-offset) stays one (see ``decode_json``)."""
+    return json.dumps(value, default=_portable).encode()
+
+
+def decode_json(payload: bytes) -> Any:
+    return json.loads(payload, object_hook=_timestamp)
+
+
+def _portable(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return {"$timestamp": value.timestamp()}
+    return str(value)
+
+
+def _timestamp(value: dict[str, Any]) -> Any:
+    if len(value) == 1 and "$timestamp" in value:
+        return datetime.datetime.fromtimestamp(value["$timestamp"], datetime.timezone.utc)
+    return value
 
 
 def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:

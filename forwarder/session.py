@@ -166,7 +166,7 @@ class Session:
     # -- consumers ----------------------------------------------------------------------------
 
     def _consume(self, payload: bytes) -> None:
-        request = json.loads(payload)
+        request = link.decode_json(payload)
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])

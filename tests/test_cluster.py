@@ -1,6 +1,7 @@
 """Three Warren nodes and an etcd they agree through, all real processes on loopback ports."""
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import signal
@@ -316,6 +317,35 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
     with urllib.request.urlopen(request, timeout=5) as reply:
         assert [m["payload"] for m in json.load(reply)] == ["over http"]
     assert passive(n1, uid) == 0
+
+
+def test_a_stream_through_another_node(cluster, uid):
+    """A stream lives on its owner; another node's clients publish and read it at the offsets they name."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={"x-queue-type": "stream"})
+    wait_for(lambda: passive(n2, uid) == 0, "the stream known on node 2")
+    publish_confirmed(n2, uid, 3)
+
+    def read(offset) -> list[tuple[int, bytes]]:
+        got: list[tuple[int, bytes]] = []
+        with connect(n2) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=10)
+            channel.basic_consume(uid, lambda ch, method, properties, body: (
+                got.append((properties.headers["x-stream-offset"], body)), ch.basic_ack(method.delivery_tag)),
+                arguments={"x-stream-offset": offset})
+            pump(connection, lambda: len(got) >= 3 - min(offset if isinstance(offset, int) else 0, 3))
+        return got
+
+    everything = [(0, b"0"), (1, b"1"), (2, b"2")]
+    assert read("first") == everything
+    assert read(1) == everything[1:]
+    assert read(datetime.datetime.now() - datetime.timedelta(minutes=1)) == everything
+    with connect(n2) as connection:
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            connection.channel().basic_consume(uid, lambda *_: None)
+    assert caught.value.reply_text == f"PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{uid}' in vhost '/''"
 
 
 def test_http_purge_through_another_node(cluster, uid):
