@@ -353,6 +353,23 @@ def test_a_quorum_queue_shows_its_leader_and_members(ui: UI, node: BrokerProcess
     delete_queue_in_ui(ui, name)
 
 
+def test_a_stream_is_declared_with_its_retention_and_shows_its_member(ui: UI, node: BrokerProcess, uid: str):
+    page = ui.page
+    name = f"stream-{uid}"
+    ui.go("#/queues")
+    page.fill("#q-name", name)
+    for hint, value in (("x-queue-type", "stream"), ("x-max-age", "7D")):
+        page.click(f"#queue-form [data-hint={hint}]")
+        page.keyboard.type(value)
+    page.click("#q-add")
+    ui.success(f"Queue {name} declared")
+    info = api_get(node, f"/api/queues/%2F/{q(name)}")
+    assert (info["type"], info["arguments"]) == ("stream", {"x-queue-type": "stream", "x-max-age": "7D"})
+    ui.go(f"#/queues/%2F/{q(name)}")
+    expect(page.locator(f"#queue-members [data-member='{info['node']}']")).to_have_class(re.compile(r"\bok\b"))
+    delete_queue_in_ui(ui, name)
+
+
 # -- connections and channels --------------------------------------------------------------------
 
 

@@ -503,7 +503,8 @@
         ["Dead letter exchange", "x-dead-letter-exchange", "string"], ["Dead letter routing key", "x-dead-letter-routing-key", "string"],
         ["Max length", "x-max-length", "number"], ["Max length bytes", "x-max-length-bytes", "number"],
         ["Maximum priority", "x-max-priority", "number"], ["Leader locator", "x-queue-leader-locator", "string", ["client-local", "balanced"]],
-        ["Queue type", "x-queue-type", "string", ["classic", "quorum"]], ["Delivery limit (quorum)", "x-delivery-limit", "number"]]),
+        ["Queue type", "x-queue-type", "string", ["classic", "quorum", "stream"]], ["Delivery limit (quorum)", "x-delivery-limit", "number"],
+        ["Max age (stream)", "x-max-age", "string"], ["Max segment size bytes (stream)", "x-stream-max-segment-size-bytes", "number"]]),
     };
     const submit = h("button.btn.btn-primary", { type: "submit", id: "q-add" }, "Add queue");
     const addForm = h("form.form", { id: "queue-form", on: { submit: async (e) => {
@@ -646,7 +647,7 @@
           ["Arguments", Object.keys(q.arguments || {}).length ? h("span.mono", JSON.stringify(q.arguments)) : h("span.muted", "none")],
           ["Node", h("span.mono", q.node || "")],
           q.type === "quorum" ? ["Leader", h("span.mono", { id: "queue-leader" }, q.leader || "")] : null,
-          q.type === "quorum" ? ["Members", h("span", { id: "queue-members" }, (q.members || []).map((m) =>
+          q.members ? ["Members", h("span", { id: "queue-members" }, q.members.map((m) =>
             h("span.tag" + ((q.online || []).includes(m) ? ".ok" : ".warn"), { "data-member": m }, m)))] : null,
           q.owner_pid_details ? ["Exclusive owner", h("span.mono", q.owner_pid_details.name)] : null,
           q.exclusive_consumer_tag ? ["Exclusive consumer", h("span.mono", q.exclusive_consumer_tag)] : null,
