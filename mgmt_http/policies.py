@@ -1,6 +1,8 @@
 """/api/policies and /api/operator-policies: list, show, set, clear (RabbitMQ's rabbit_mgmt_wm_policy)."""
 from __future__ import annotations
 
+import html
+
 from aiohttp import web
 
 from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
@@ -62,8 +64,8 @@ async def put(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     try:
         policy = parse(vhost, name, await read_json(request, required=True), kind == OPERATOR_POLICY)
-    except PolicyError as exc:
-        raise bad_request(str(exc)) from None
+    except PolicyError as exc:  # RabbitMQ escapes a user policy's reason for HTML (not an operator policy's)
+        raise bad_request(html.escape(str(exc), quote=False) if kind == POLICY else str(exc)) from None
     broker = ctx(request).broker
     existed = broker.policies.get(kind, vhost, name) is not None
     broker.set_policy(kind, policy, auth.principal(request, vhost))

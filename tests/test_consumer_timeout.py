@@ -173,4 +173,4 @@ def test_policy_value_is_validated(untimed: BrokerProcess, uid: str) -> None:
     response = call(untimed, "PUT", f"/api/policies/{q('/')}/{uid}",
                     {"pattern": uid, "definition": {"consumer-timeout": "86400000"}})
     assert response.status == 400
-    assert '<<"86400000">> is not a valid consumer timeout' in response.json["reason"]
+    assert '&lt;&lt;"86400000"&gt;&gt; is not a valid consumer timeout' in response.json["reason"]

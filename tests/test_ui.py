@@ -633,6 +633,14 @@ def test_policies_add_edit_apply_and_delete(ui: UI, node: BrokerProcess, uid: st
     ui.success(f"Policy {name} set in /")
     expect(row).to_contain_text("max-length: 7")
     assert api_get(node, f"/api/policies/%2F/{q(name)}")["definition"] == {"max-length": 7}
+    page.fill("#policy-name", f"bad-{uid}")  # refused: the reason as RabbitMQ's UI shows it
+    page.fill("#policy-pattern", "^nothing$")
+    page.click("#policy-form [data-hint=overflow]")
+    page.keyboard.type("drop-tail")
+    page.click("#policy-add")
+    expect(page.locator("#banners .banner-error")).to_contain_text('<<"drop-tail">> is not a valid overflow value')
+    assert [e for e in ui.errors if "400 (Bad Request)" not in e] == []  # only the browser noting the refusal
+    ui.errors.clear()
 
     page.fill("#operator-policy-name", operator)  # an operator policy's lower limit wins
     page.fill("#operator-policy-pattern", f"^pol-{uid}$")

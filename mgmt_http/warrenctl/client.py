@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
 import socket
 import urllib.error
@@ -63,8 +64,8 @@ def error_reason(body: bytes) -> str:
         return " ".join(text.split())[:300]
     if isinstance(data, dict):
         reason = data.get("reason") or data.get("error") or ""
-        # one line: RabbitMQ's validation reasons span several ("Validation failed\n\n...")
-        return " ".join(str(reason).split()) if not isinstance(reason, (dict, list)) else json.dumps(reason)
+        # one line: RabbitMQ's validation reasons span several ("Validation failed\n\n..."), some escaped for HTML
+        return " ".join(html.unescape(str(reason)).split()) if not isinstance(reason, (dict, list)) else json.dumps(reason)
     return str(data)
 
 

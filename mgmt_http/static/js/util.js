@@ -130,7 +130,10 @@ window.W = window.W || {};
     if (!res.ok) {
       const error = data && typeof data === "object" ? data.error : undefined;
       const reason = data && typeof data === "object" ? data.reason : (typeof data === "string" ? data : "");
-      const err = new ApiError(res.status, error || res.statusText, reason || res.statusText);
+      // shown as text: a reason escaped for HTML (a policy's, as RabbitMQ sends it) is unescaped first
+      const text = typeof reason === "string"
+        ? reason.replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&amp;/g, "&") : reason;
+      const err = new ApiError(res.status, error || res.statusText, text || res.statusText);
       // 401 asking for credentials (WWW-Authenticate): these ones no longer work.  A 401 without it
       // (RabbitMQ's "not allowed", as a 403 is) is an answer to this request only.
       err.sessionEnded = res.status === 401 && res.headers.has("WWW-Authenticate") && !options.authHeader;
