@@ -203,6 +203,11 @@ class StreamQueue(Queue):
         ready = self.ready
         if ready and start >= ready[0].seq:
             position = start - ready[0].seq
+            behind = len(ready) - position
+            if behind < position:  # near the end (a consumer keeping up): walked from there
+                newest = list(islice(reversed(ready), behind))
+                newest.reverse()
+                return newest[:count]
             return list(islice(ready, position, position + count))
         persistence = self.persistence
         rows = persistence.index.read(self.index_id, start, count)
