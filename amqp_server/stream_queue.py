@@ -7,9 +7,11 @@ leave by retention alone (``x-max-length-bytes``, ``x-max-age``), a whole segmen
 when a segment fills (``x-stream-max-segment-size-bytes``, 500 MB by default), as RabbitMQ's log does.
 
 Every message is on disk (queue index and message store); memory holds the newest ``TAIL`` entries, which
-consumers that keep up read, and chunk marks: the first offset, publish time and bytes of each second's
-messages (and of each segment's first), kept in the queue index beside the entries (``QueueIndex.marks``)
-so that timestamps and retention survive a restart.  An offset is the entry's ``seq``.
+consumers that keep up read, and runs: the first offset, publish time and bytes of each second's messages
+(and of each segment's first), kept in the queue index beside the entries (``QueueIndex.marks``) so that
+timestamps and retention survive a restart.  Past ``MAX_RUNS`` runs, neighbours within a segment merge
+pairwise, so memory stays bounded however long the stream keeps its messages (a timestamp then starts
+at the merged run: earlier, never later).  An offset is the entry's ``seq``.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ TAIL = 4096  # newest entries kept in memory, at most
 TAIL_BYTES = 16 << 20  # and at most so many bytes of their bodies
 READ_BATCH = 256  # entries read from disk at a time for a consumer behind the tail
 DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+MAX_RUNS = 16384  # runs kept before neighbours merge
+SEGMENT, MERGED = 1, 2  # a run's flags: it starts a segment; it spans more than its second
 
 
 @dataclass(slots=True)
@@ -43,7 +47,11 @@ class Mark:
     first: int
     ms: int
     size: int = 0  # bytes of its messages' bodies
-    segment: bool = False  # the first run of a segment: retention removes whole segments
+    flags: int = 0  # SEGMENT: the first run of a segment (retention removes whole segments); MERGED
+
+    @property
+    def segment(self) -> bool:
+        return bool(self.flags & SEGMENT)
 
 
 class StreamQueue(Queue):
@@ -95,10 +103,13 @@ class StreamQueue(Queue):
         if rolled or not marks or now // 1000 != marks[-1].ms // 1000:
             if marks:
                 self._save(marks[-1])  # its size is final now
-            marks.append(Mark(marks[-1].number + 1 if marks else 0, seq, now, 0, rolled or not marks))
+            marks.append(Mark(marks[-1].number + 1 if marks else 0, seq, now, 0,
+                              SEGMENT if rolled or len(marks) == 0 else 0))
             self._save(marks[-1])
             if rolled:
                 self.segment_bytes = 0
+            if len(marks) > MAX_RUNS:
+                self._merge_runs()
         marks[-1].size += size
         self.segment_bytes += size
         self.ready_bytes += size
@@ -106,11 +117,29 @@ class StreamQueue(Queue):
             self._retain()
 
     def _save(self, mark: Mark) -> None:
-        self.persistence.index.put_mark(self.index_id, mark.number, mark.first, mark.ms, mark.size, mark.segment)
+        self.persistence.index.put_mark(self.index_id, mark.number, mark.first, mark.ms, mark.size, mark.flags)
+
+    def _merge_runs(self) -> None:
+        """Each pair of neighbouring runs within a segment becomes one (the newest run stays as it is)."""
+        index = self.persistence.index
+        kept: deque[Mark] = deque()
+        newest = self.marks[-1]
+        joined = None  # the run that took its neighbour in this pass
+        for mark in self.marks:
+            last = kept[-1] if kept else None
+            if last is not None and last is not joined and not mark.segment and mark is not newest:
+                last.size += mark.size
+                last.flags |= MERGED
+                index.forget_mark(self.index_id, mark.number)
+                self._save(last)
+                joined = last
+            else:
+                kept.append(mark)
+        self.marks = kept
 
     def _retain(self) -> None:
-        """Whole segments go, oldest first, while the stream is over x-max-length-bytes or their newest run is
-        older than x-max-age; never the segment being written."""
+        """Whole segments go, oldest first, while the stream is over x-max-length-bytes or the next segment began
+        before x-max-age ago (so every message of theirs is older); never the segment being written."""
         max_bytes, max_age = self.args.max_length_bytes, self.args.max_age
         if max_bytes is None and max_age is None:
             return
@@ -122,7 +151,7 @@ class StreamQueue(Queue):
                 return
             segment = list(islice(marks, 0, starts[0]))
             if not ((max_bytes is not None and self.ready_bytes > max_bytes)
-                    or (oldest is not None and segment[-1].ms < oldest)):
+                    or (oldest is not None and marks[starts[0]].ms < oldest)):
                 return
             self._drop(marks[starts[0]].first, segment)
 
@@ -172,9 +201,15 @@ class StreamQueue(Queue):
         return self.next_seq
 
     def _published_from(self, ms: int) -> int:
-        """The first offset of the first run published at or after ``ms``."""
-        for mark in self.marks:
-            if mark.ms >= ms or mark.ms // 1000 == ms // 1000:
+        """The first offset of the first run that may hold a message published at or after ``ms``: one that
+        ends after it (a run ends with its second, a merged one where the next begins)."""
+        marks = self.marks
+        for i, mark in enumerate(marks):
+            if mark.flags & MERGED and i + 1 < len(marks):
+                end = marks[i + 1].ms
+            else:
+                end = (mark.ms // 1000 + 1) * 1000
+            if end > ms:
                 return mark.first
         return self.next_seq
 
@@ -263,8 +298,7 @@ class StreamQueue(Queue):
         rows = index.read(self.index_id, 0, 1)
         self.first = rows[0].seq if rows else self.next_seq
         self.ready_bytes = size
-        self.marks = deque(Mark(number, first, ms, run, segment)
-                           for number, first, ms, run, segment in index.marks(self.index_id))
+        self.marks = deque(Mark(*run) for run in index.marks(self.index_id))
         if self.marks:  # the last run's bytes were saved as it began
             self.marks[-1].size = max(0, size - sum(mark.size for mark in islice(self.marks, 0, len(self.marks) - 1)))
             current = max(i for i, mark in enumerate(self.marks) if mark.segment or i == 0)

@@ -49,7 +49,7 @@ COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
 POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
 MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | number, msg_id = first offset,
-# expiry = publish ms, size = bytes, flags = 1 where a segment starts)
+# expiry = publish ms, size = bytes, flags = the stream's)
 RESERVED = (POSITIONS, MARKS)
 
 
@@ -203,21 +203,27 @@ class QueueIndex:
     def forget_position(self, queue_id: int) -> None:
         self.ack(POSITIONS, queue_id)
 
-    def put_mark(self, queue_id: int, number: int, first: int, ms: int, size: int, segment: bool) -> None:
+    def put_mark(self, queue_id: int, number: int, first: int, ms: int, size: int, flags: int) -> None:
         """A stream's run, committed with the entries staged with it."""
-        self._puts[KEY.pack(MARKS, queue_id << 32 | number)] = VALUE.pack(first, ms, min(size, 0xFFFFFFFF), segment)
+        self._puts[KEY.pack(MARKS, queue_id << 32 | number)] = VALUE.pack(first, ms, min(size, 0xFFFFFFFF), flags)
 
-    def marks(self, queue_id: int) -> list[tuple[int, int, int, int, bool]]:
-        """A stream's runs, in order: (number, first offset, publish ms, bytes, starts a segment)."""
+    def marks(self, queue_id: int) -> list[tuple[int, int, int, int, int]]:
+        """A stream's runs, in order: (number, first offset, publish ms, bytes, flags)."""
         start = queue_id << 32
-        return [(entry.seq - start, entry.msg_id, entry.expiry, entry.size, entry.delivered)
-                for entry in self.read(MARKS, start, 1 << 32) if entry.seq >> 32 == queue_id]
+        self.commit()
+        keys, values = self._walk(MARKS, start, 1 << 32)  # (not ``read``: the flags are wanted whole)
+        return [(seq - start, first, ms, size, flags)
+                for (_queue, seq), (first, ms, size, flags) in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))
+                if seq >> 32 == queue_id]
 
     def forget_marks(self, queue_id: int, below: int) -> None:
         """A stream's runs numbered below ``below`` go (retention removed their entries)."""
         for entry in self.read(MARKS, queue_id << 32, below):
             if entry.seq >> 32 == queue_id and entry.seq & 0xFFFFFFFF < below:
                 self.ack(MARKS, entry.seq)
+
+    def forget_mark(self, queue_id: int, number: int) -> None:
+        self.ack(MARKS, queue_id << 32 | number)
 
     @property
     def pending(self) -> bool:

@@ -145,18 +145,20 @@ def test_delete_queue_drops_committed_and_staged(index):
 
 
 def test_a_streams_runs_are_kept_beside_its_entries_and_go_with_it(index):
-    index.put_mark(5, 0, 0, 1000, 10, True)
-    index.put_mark(5, 1, 4, 2000, 0, False)
-    index.put_mark(6, 0, 0, 3000, 7, True)  # another stream's
-    index.put_mark(5, 1, 4, 2000, 30, False)  # the run's bytes, final
+    index.put_mark(5, 0, 0, 1000, 10, 1)
+    index.put_mark(5, 1, 4, 2000, 0, 0)
+    index.put_mark(6, 0, 0, 3000, 7, 3)  # another stream's
+    index.put_mark(5, 1, 4, 2000, 30, 2)  # the run's bytes, final
     index.commit()
-    assert index.marks(5) == [(0, 0, 1000, 10, True), (1, 4, 2000, 30, False)]
+    assert index.marks(5) == [(0, 0, 1000, 10, 1), (1, 4, 2000, 30, 2)]
     index.forget_marks(5, 1)
-    assert index.marks(5) == [(1, 4, 2000, 30, False)]
-    index.put_mark(5, 2, 9, 4000, 0, True)  # staged, then the queue is deleted
+    assert index.marks(5) == [(1, 4, 2000, 30, 2)]
+    index.forget_mark(5, 1)
+    assert index.marks(5) == []
+    index.put_mark(5, 2, 9, 4000, 0, 1)  # staged, then the queue is deleted
     index.delete_queue(5)
     index.commit()
-    assert index.marks(5) == [] and index.marks(6) == [(0, 0, 3000, 7, True)]
+    assert index.marks(5) == [] and index.marks(6) == [(0, 0, 3000, 7, 3)]
 
 
 def test_queue_ids(index):
@@ -166,7 +168,7 @@ def test_queue_ids(index):
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
     index.set_position(2, 7, 9)  # kept under the reserved ids, which name no queue
-    index.put_mark(2, 0, 1, 1000, 2, True)
+    index.put_mark(2, 0, 1, 1000, 2, 1)
     index.commit()
     assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFD}
     index.ack(3, 1)
