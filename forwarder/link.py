@@ -90,24 +90,20 @@ def read_message(payload: bytes, pos: int) -> Message:
 
 
 def encode_json(value: Any) -> bytes:
-    """JSON for the link; an AMQP timestamp (a consumer's x-stream-offset) stays one (see ``decode_json``)."""
-    return json.dumps(value, default=_portable).encode()
+    return json.dumps(value, default=str).encode()
 
 
-def decode_json(payload: bytes) -> Any:
-    return json.loads(payload, object_hook=_timestamp)
+def portable_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """A consumer's arguments for JSON, and apart (by name, as epoch seconds) those that are AMQP timestamps
+    (a stream's x-stream-offset), which ``arguments_from`` makes timestamps again: nothing a client sends can
+    pass for one."""
+    stamps = {name: value.timestamp() for name, value in arguments.items() if isinstance(value, datetime.datetime)}
+    return {name: value for name, value in arguments.items() if name not in stamps}, stamps
 
 
-def _portable(value: Any) -> Any:
-    if isinstance(value, datetime.datetime):
-        return {"$timestamp": value.timestamp()}
-    return str(value)
-
-
-def _timestamp(value: dict[str, Any]) -> Any:
-    if len(value) == 1 and "$timestamp" in value:
-        return datetime.datetime.fromtimestamp(value["$timestamp"], datetime.timezone.utc)
-    return value
+def arguments_from(arguments: dict[str, Any], stamps: dict[str, float]) -> dict[str, Any]:
+    return {**arguments, **{name: datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+                            for name, seconds in stamps.items()}}
 
 
 def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:

@@ -153,9 +153,10 @@ class Peer:
         remote = RemoteConsumer(next(self._ids), consumer)
         self.consumers[remote.id] = (queue, remote)
         if self.link is not None:
+            arguments, timestamps = link.portable_arguments(consumer.arguments)
             self.link.send(link.CONSUME, link.encode_json({
                 "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
-                "exclusive": consumer.exclusive, "arguments": consumer.arguments,
+                "exclusive": consumer.exclusive, "arguments": arguments, "timestamps": timestamps,
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch}))
         return remote
 

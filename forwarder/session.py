@@ -166,12 +166,14 @@ class Session:
     # -- consumers ----------------------------------------------------------------------------
 
     def _consume(self, payload: bytes) -> None:
-        request = link.decode_json(payload)
+        request = json.loads(payload)
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
             consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id), request["tag"], False,
-                                           request["exclusive"], request["arguments"], request["prefetch"])
+                                           request["exclusive"],
+                                           link.arguments_from(request["arguments"], request["timestamps"]),
+                                           request["prefetch"])
         except AMQPError as exc:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return

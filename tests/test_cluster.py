@@ -342,6 +342,13 @@ def test_a_stream_through_another_node(cluster, uid):
     assert read("first") == everything
     assert read(1) == everything[1:]
     assert read(datetime.datetime.now() - datetime.timedelta(minutes=1)) == everything
+    with connect(n2) as connection:  # a table that looks like the link's own encoding is only a table
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=10)
+        channel.basic_consume(uid, lambda *_: None, arguments={"x-stream-offset": "first",
+                                                              "x-any": {"$timestamp": "not a time"}})
+        connection.process_data_events(0.2)
+    assert read("first") == everything  # and the link to the owner carries on
     with connect(n2) as connection:
         with pytest.raises(ChannelClosedByBroker) as caught:
             connection.channel().basic_consume(uid, lambda *_: None)
