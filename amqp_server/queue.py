@@ -278,6 +278,13 @@ class Queue:
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
 
+    def _stored_copy(self, message: Message) -> Message:
+        """The message as a queue that stores every message (``persists_all``) keeps it: a transient one not
+        yet stored becomes a copy of its own, so the other queues it went to keep theirs in memory."""
+        if not message.persistent and self.persistence is not None and not message.msg_id:
+            return message.copy()
+        return message
+
     def _append(self, entry: Entry) -> None:
         """A ready entry joins the tail: on disk if the tail is there (so order holds), else in memory."""
         size = entry.message.body_size

@@ -56,9 +56,7 @@ class QuorumQueue(Queue):
         self._no_ack_taken = (-1, 0)  # (seq, returns) of the entry a no-ack delivery or get just took
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        if not message.persistent and self.persistence is not None and not message.msg_id:
-            message = message.copy()  # stored here; the other queues it went to keep theirs in memory
-        return super().enqueue(message, confirm)
+        return super().enqueue(self._stored_copy(message), confirm)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""

@@ -78,8 +78,7 @@ class StreamQueue(Queue):
     # -- in -----------------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        if not message.persistent and not message.msg_id:
-            message = message.copy()  # stored here; the other queues it went to keep theirs in memory
+        message = self._stored_copy(message)
         entry = Entry(self.next_seq, message)
         self.next_seq += 1
         self.stats.publish += 1
