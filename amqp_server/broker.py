@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Protocol,
 from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
 
-from . import codec, errors, queue_args, sender_selected
+from . import codec, errors, field_types, queue_args, sender_selected
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl, Principal
 from .definitions import DefinitionStore
@@ -206,9 +206,9 @@ class Broker:
         arguments = dict(arguments or {})
         what = resource_name("exchange", name, vhost.name)
         alternate = arguments.get("alternate-exchange")
-        if existing is None and alternate is not None and not isinstance(alternate, (str, bytes)):
+        if existing is None and "alternate-exchange" in arguments and not isinstance(alternate, (str, bytes)):
             raise errors.precondition_failed(
-                f"invalid type '{errors.field_type(alternate)}' for arg 'alternate-exchange' in {what}")
+                f"invalid type '{field_types.name(alternate)}' for arg 'alternate-exchange' in {what}")
         if existing is not None:
             for arg, new, old in (("type", type_name, existing.type_name),
                                   ("durable", durable, existing.durable),
@@ -407,8 +407,8 @@ class Broker:
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
         answers, then lets the queue deliver (``deliver_ready``)."""
-        queue_args.check_consumer(queue.args, queue.name, queue.vhost, no_ack, prefetch, global_prefetch, arguments)
-        priority = queue_args.consumer_priority(arguments, queue.name, queue.vhost)
+        priority = queue_args.check_consumer(queue.args, queue.name, queue.vhost, no_ack, prefetch, global_prefetch,
+                                             arguments)
         self.check_consumer_exclusivity(queue, exclusive)
         consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
                             priority)
@@ -954,19 +954,7 @@ def _show(value: Any) -> str:
 
 
 def _show_arg(value: Any) -> str:
-    """rabbit_misc:val/1 for a table entry: its value and AMQP field type (as a typical client encodes it)."""
+    """rabbit_misc:val/1 for a table entry: its value and AMQP field type (``none`` when absent)."""
     if value is None:
         return "none"
-    if isinstance(value, bool):
-        kind = "bool"
-    elif isinstance(value, int):
-        kind = "signedint" if -2 ** 31 <= value < 2 ** 31 else "long"
-    elif isinstance(value, float):
-        kind = "double"
-    elif isinstance(value, dict):
-        kind = "table"
-    elif isinstance(value, (list, tuple)):
-        kind = "array"
-    else:
-        kind = "longstr"
-    return f"the value '{_show(value)}' of type '{kind}'"
+    return f"the value '{_show(value)}' of type '{field_types.name(value)}'"

@@ -14,10 +14,13 @@ from pamqp import constants as _pamqp_constants
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame
 
+from . import field_types
+
 # RabbitMQ takes any UTF-8 queue / exchange name (up to 255 bytes); pamqp's stricter name pattern
 # would make marshalling a reply that names one (queue.declare-ok for 'a[1]') fail.
 for _domain in ("queue-name", "exchange-name"):
     _pamqp_constants.DOMAIN_REGEX[_domain] = re.compile(r"(?s).*")
+field_types.install()  # refusals name the integer and float types a client sent, as RabbitMQ's do
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2

@@ -6,9 +6,6 @@ matching on them keep working.
 """
 from __future__ import annotations
 
-import datetime
-import decimal
-from typing import Any
 
 CONTENT_TOO_LARGE = 311
 NO_ROUTE = 312
@@ -61,6 +58,7 @@ class AMQPError(Exception):
 
     def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.code = code
+        self.detail = detail  # the text without the reply name, as RabbitMQ's HTTP API shows most refusals
         self.text = _shortstr_text(f"{REPLY_NAMES[code]} - {detail}" if detail else REPLY_NAMES[code])
         self.class_id = class_id
         self.method_id = method_id
@@ -104,19 +102,3 @@ def resource_locked(detail: str) -> ChannelError:
 def resource_name(kind: str, name: str, vhost: str) -> str:
     """``queue 'q' in vhost '/'``: how RabbitMQ names a resource in reply texts."""
     return f"{kind} '{name}' in vhost '{vhost}'"
-
-
-def field_type(value: Any) -> str:
-    """The AMQP field type RabbitMQ names in its errors (an int as pika sends it: 32 bits if it fits)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (str, bytes)):
-        return "longstr"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, int):
-        return "signedint" if -2**31 <= value < 2**31 else "long"
-    return _FIELD_TYPES.get(type(value), type(value).__name__)
-
-
-_FIELD_TYPES = {decimal.Decimal: "decimal", dict: "table", list: "array", datetime.datetime: "timestamp"}

@@ -2,7 +2,7 @@
 
 Queue: type, TTL, expiry, limits, dead-lettering, priorities, single active consumer, consumer timeout, a
 quorum queue's delivery limit, dead-letter strategy and group size, and a stream's retention.
-Consumer (basic.consume): ``x-priority``.
+Consumer (basic.consume): ``x-priority``, ``x-cancel-on-ha-failover``, a stream's ``x-stream-offset``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors
+from . import errors, field_types
 from .message import MAX_EXPIRY
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -31,6 +31,9 @@ NOT_STREAM = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-le
               "x-dead-letter-strategy", "x-max-length", "x-max-in-memory-length", "x-max-in-memory-bytes",
               "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
               "x-quorum-initial-group-size", "x-delivery-limit")
+# Consumer arguments RabbitMQ checks, and the queue types that take each (its types' consumer_arguments)
+CONSUMER_ARGS = {"x-priority": ("classic", "quorum"), "x-cancel-on-ha-failover": ("classic",),
+                 "x-stream-offset": ("stream",)}
 MAX_SUPPORTED_PRIORITY = 255
 INTERVAL = re.compile(r"^(\d+)([YMDhms])$")
 UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
@@ -71,11 +74,13 @@ def _where(queue: str, vhost: str) -> str:
 
 
 def _integer(arguments: dict[str, Any], name: str, where: str, minimum: int | None = None) -> int | None:
-    value = arguments.get(name)
-    if value is None:
+    """An integer argument; a void (None) one is there, and refused, as in RabbitMQ."""
+    if name not in arguments:
         return None
+    value = arguments[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.precondition_failed(f"invalid arg '{name}' {where}: \"expected integer, got {errors.field_type(value)}\"")
+        raise errors.precondition_failed(
+            f"invalid arg '{name}' {where}: \"expected integer, got {field_types.name(value)}\"")
     if minimum is not None and value < minimum:
         kind = "value_negative" if value < 0 else "value_zero"
         raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{{kind},{value}}}")
@@ -91,18 +96,19 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
         return _integer(arguments, name, where, minimum)
 
     def string(name: str) -> str | None:
-        value = arguments.get(name)
-        if value is None:
+        if name not in arguments:
             return None
+        value = arguments[name]
         if isinstance(value, bytes):
             value = value.decode()
         if not isinstance(value, str):
-            raise errors.precondition_failed(f"invalid arg '{name}' {where}: {{unacceptable_type,{errors.field_type(value)}}}")
+            raise errors.precondition_failed(
+                f"invalid arg '{name}' {where}: {{unacceptable_type,{field_types.name(value)}}}")
         return value
 
     dlx = arguments.get("x-dead-letter-exchange")
-    if dlx is not None and not isinstance(dlx, (str, bytes)):  # rabbit_channel checks it before the rest
-        raise errors.precondition_failed(f"invalid type '{errors.field_type(dlx)}' for arg 'x-dead-letter-exchange' in "
+    if "x-dead-letter-exchange" in arguments and not isinstance(dlx, (str, bytes)):  # rabbit_channel: before the rest
+        raise errors.precondition_failed(f"invalid type '{field_types.name(dlx)}' for arg 'x-dead-letter-exchange' in "
                                          f"{errors.resource_name('queue', queue, vhost)}")
     overflow = string("x-overflow") or "drop-head"
     if overflow not in OVERFLOW_MODES:
@@ -132,38 +138,45 @@ def parse(arguments: dict[str, Any], queue: str, vhost: str) -> QueueArgs:
     if max_priority is not None and max_priority > MAX_SUPPORTED_PRIORITY:
         raise errors.precondition_failed(f"invalid arg 'x-max-priority' {where}: {{max_value_exceeded,{max_priority}}}")
     sac = arguments.get("x-single-active-consumer")
-    if sac is not None and not isinstance(sac, bool):
+    if "x-single-active-consumer" in arguments and not isinstance(sac, bool):
         raise errors.precondition_failed(
-            f"invalid arg 'x-single-active-consumer' {where}: {{unacceptable_type,{errors.field_type(sac)}}}")
+            f"invalid arg 'x-single-active-consumer' {where}: {{unacceptable_type,{field_types.name(sac)}}}")
     return QueueArgs(message_ttl=integer("x-message-ttl", 0), expires=integer("x-expires", 1),
                      max_length=integer("x-max-length", 0), max_length_bytes=integer("x-max-length-bytes", 0),
                      overflow=overflow, dead_letter_exchange=dlx, dead_letter_routing_key=dlrk,
                      max_priority=max_priority, single_active_consumer=bool(sac),
-                     consumer_timeout=integer("x-consumer-timeout", 0), queue_type=queue_type,
-                     delivery_limit=_delivery_limit(arguments.get("x-delivery-limit")),
+                     consumer_timeout=_consumer_timeout(arguments.get("x-consumer-timeout")), queue_type=queue_type,
+                     delivery_limit=_whole(arguments.get("x-delivery-limit")),
                      dead_letter_strategy=strategy or "at-most-once", group_size=group_size,
-                     max_age=_max_age(arguments.get("x-max-age"), where),
+                     max_age=_max_age(arguments, where),
                      segment_bytes=integer("x-stream-max-segment-size-bytes", 0))
 
 
-def _max_age(value: Any, where: str) -> int | None:
+def _max_age(arguments: dict[str, Any], where: str) -> int | None:
     """A stream's x-max-age: a positive whole number and a unit (Y, M, D, h, m, s).  (RabbitMQ fails a string
     it cannot read with 541 INTERNAL_ERROR; it is refused here as a zero is.)"""
-    if value is None:
+    if "x-max-age" not in arguments:
         return None
+    value = arguments["x-max-age"]
     if not isinstance(value, (str, bytes)):
         raise errors.precondition_failed(
-            f"invalid arg 'x-max-age' {where}: {{unacceptable_type,{errors.field_type(value)}}}")
+            f"invalid arg 'x-max-age' {where}: {{unacceptable_type,{field_types.name(value)}}}")
     ms = interval_ms(value.decode(errors="replace") if isinstance(value, bytes) else value)
     if not ms:
         raise errors.precondition_failed(f"invalid arg 'x-max-age' {where}: invalid_max_age")
     return ms
 
 
-def _delivery_limit(value: Any) -> int | None:
-    """RabbitMQ 3.10 takes any x-delivery-limit: an integer limits (0 or less drops at the first return),
-    anything else does not."""
+def _whole(value: Any) -> int | None:
+    """An argument RabbitMQ 3.10 takes whatever its type (x-delivery-limit): an integer counts (a delivery
+    limit of 0 or less drops at the first return), anything else is as if absent."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _consumer_timeout(value: Any) -> int | None:
+    """x-consumer-timeout (RabbitMQ 3.12's; 3.10 takes any value and ignores it): ms, if a whole number >= 0."""
+    timeout = _whole(value)
+    return timeout if timeout is not None and timeout >= 0 else None
 
 
 def check_properties(args: QueueArgs, queue: str, vhost: str, durable: bool, exclusive: bool,
@@ -178,26 +191,36 @@ def check_properties(args: QueueArgs, queue: str, vhost: str, durable: bool, exc
 
 
 def check_consumer(args: QueueArgs, queue: str, vhost: str, no_ack: bool, prefetch: int, global_prefetch: int,
-                   arguments: dict[str, Any]) -> None:
-    """What a queue's type refuses of a consumer, as rabbit_quorum_queue and rabbit_stream_queue do (checked by
-    type, so that a proxy of another node's queue refuses the same): a quorum queue, a global prefetch; a
-    stream, no per-consumer prefetch, automatic acks, x-priority, or an x-stream-offset that is none (RabbitMQ
-    fails on that with 541)."""
+                   arguments: dict[str, Any]) -> int:
+    """basic.consume's arguments checked, and its priority (``x-priority``, any integer; 0 when absent).
+
+    First what every queue checks (``x-priority`` an integer, ``x-cancel-on-ha-failover`` a bool), then what
+    the queue's type refuses, as rabbit_quorum_queue and rabbit_stream_queue do (by type, so that a proxy of
+    another node's queue refuses the same): a quorum queue, a global prefetch; a stream, no per-consumer
+    prefetch, automatic acks, or an x-stream-offset that is none (RabbitMQ fails on that with 541); any type,
+    a consumer argument it does not take."""
+    where = _where(queue, vhost)
+    priority = _integer(arguments, "x-priority", where) or 0
+    if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
+        kind = field_types.name(arguments["x-cancel-on-ha-failover"])
+        raise errors.precondition_failed(f"invalid arg 'x-cancel-on-ha-failover' {where}: {{unacceptable_type,{kind}}}")
     what = errors.resource_name("queue", queue, vhost)
     if args.queue_type == "quorum" and global_prefetch:
         raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"{what} does not support global qos")
-    if args.queue_type != "stream":
-        return
-    if not prefetch:
-        raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
-    if no_ack:
-        raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
-                                     f"automatic acknowledgement not supported by stream queues {what}")
-    if "x-priority" in arguments:
-        raise errors.precondition_failed(f"invalid arg 'x-priority' for {what} of queue type rabbit_stream_queue")
+    if args.queue_type == "stream":
+        if not prefetch:
+            raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
+        if no_ack:
+            raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
+                                         f"automatic acknowledgement not supported by stream queues {what}")
+    for name, types in CONSUMER_ARGS.items():
+        if name in arguments and args.queue_type not in types:
+            raise errors.precondition_failed(
+                f"invalid arg '{name}' for {what} of queue type rabbit_{args.queue_type}_queue")
     offset = arguments.get("x-stream-offset")
-    if offset is not None and not _stream_offset(offset):
+    if args.queue_type == "stream" and "x-stream-offset" in arguments and not _stream_offset(offset):
         raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {what}: {offset!r}")
+    return priority
 
 
 def _stream_offset(value: Any) -> bool:
@@ -213,8 +236,3 @@ def check_nack(args: QueueArgs, queue: str, vhost: str) -> None:
     if args.queue_type == "stream":
         raise errors.ConnectionError(errors.NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream "
                                      f"queues {errors.resource_name('queue', queue, vhost)}")
-
-
-def consumer_priority(arguments: dict[str, Any], queue: str, vhost: str) -> int:
-    """basic.consume's ``x-priority`` (any integer; 0 when absent)."""
-    return _integer(arguments, "x-priority", _where(queue, vhost)) or 0

@@ -8,17 +8,10 @@ the publish path asks only when the headers flag is set.
 """
 from __future__ import annotations
 
-import datetime
-import decimal
-
-from . import errors
+from . import errors, field_types
 from .message import Message
 
 ROUTING_HEADERS = ("CC", "BCC")
-
-# RabbitMQ names the offending field type in its error; pamqp decodes integers without their width
-_TYPE_NAMES = {str: "longstr", bytes: "binary", bool: "bool", int: "long", float: "double", dict: "table",
-               decimal.Decimal: "decimal", datetime.datetime: "timestamp", type(None): "void"}
 
 
 def _headers(message: Message) -> dict | None:
@@ -35,7 +28,7 @@ def check(message: Message) -> None:
         return
     for name in ROUTING_HEADERS:
         if name in headers and not isinstance(headers[name], list):
-            kind = _TYPE_NAMES.get(type(headers[name]), "unknown")
+            kind = field_types.name(headers[name])
             raise errors.precondition_failed(f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}')
 
 

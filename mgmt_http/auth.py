@@ -135,12 +135,13 @@ def visible_vhosts(request: web.Request) -> list[str]:
     return [name for name in broker.access.vhosts() if can_see_vhost(broker, user, name)]
 
 
-def require_vhost(request: web.Request, name: str | None = None) -> str:
-    """The path's vhost: 404 if there is none such, 401 if the user may not see it."""
+def require_vhost(request: web.Request, name: str | None = None, creating: bool = False) -> str:
+    """The path's vhost: 404 if there is none such (RabbitMQ's ``vhost_not_found`` when ``creating`` something
+    in it), 401 if the user may not see it."""
     broker = ctx(request).broker
     vhost = request.match_info["vhost"] if name is None else name
     if not broker.access.vhost_exists(vhost):
-        raise not_found()
+        raise HTTPError(404, "not_found", "vhost_not_found") if creating else not_found()
     if not can_see_vhost(broker, login(request), vhost):
         raise not_authorised("User not authorised to access virtual host")
     return vhost

@@ -20,7 +20,7 @@ from exchanges import Exchange
 
 from . import auth
 from .context import Context, ctx
-from .http import exchange_param, get_str, get_table, no_content, not_found, read_json
+from .http import exchange_param, get_arguments, get_str, no_content, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
@@ -121,13 +121,16 @@ def _kind(destination: Queue | Exchange) -> str:
 
 @routes.post(BETWEEN)
 async def create(request: web.Request) -> web.Response:
-    context, vhost, source, destination = _endpoints(request)
+    """queue.bind or exchange.bind: a missing source or destination is the broker's 404, as RabbitMQ's."""
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request, creating=True))
+    destination = request.match_info["destination"]
     body = await read_json(request)
     routing_key = get_str(body, "routing_key", "")
-    arguments = get_table(body, "arguments")
-    context.broker.bind(vhost, source.name, _kind(destination), destination.name, routing_key, arguments,
-                        who=auth.principal(request, vhost.name))
-    location = quote(destination.name, safe="") + "/" + properties_key(routing_key, arguments)
+    arguments = get_arguments(body)
+    context.broker.bind(vhost, exchange_param(request.match_info["source"]), KINDS[request.match_info["kind"]],
+                        destination, routing_key, arguments, who=auth.principal(request, vhost.name))
+    location = quote(destination, safe="") + "/" + properties_key(routing_key, arguments)
     return web.Response(status=201, headers={"Location": location})
 
 

@@ -5,13 +5,15 @@ from typing import Any
 
 from aiohttp import web
 
+from amqp_server import errors
+from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
 from exchanges import DelayedExchange, Exchange
 
 from . import auth
 from .context import Context, ctx
-from .http import (bad_request, created_or_updated, exchange_param, get_bool, get_str, get_table,
-                   json_response, new_name, no_content, not_found, query_flag, read_json)
+from .http import (bad_request, created_or_updated, exchange_param, get_arguments, get_bool, get_str,
+                   json_response, new_name, no_content, not_found, query_flag, read_json, with_code)
 from .listing import respond, respond_one
 from .messages import message_from_json
 from .rates import EXCHANGE_STATS, message_stats
@@ -67,7 +69,7 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/exchanges/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     context = ctx(request)
-    vhost = context.vhost(auth.require_vhost(request))
+    vhost = context.vhost(auth.require_vhost(request, creating=True))
     name = exchange_param(new_name(request, "name", "exchange"))
     who = auth.principal(request, vhost.name)
     who.check("configure", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
@@ -76,7 +78,7 @@ async def declare(request: web.Request) -> web.Response:
     durable = get_bool(body, "durable", False)
     auto_delete = get_bool(body, "auto_delete", False)
     internal = get_bool(body, "internal", False)
-    arguments = get_table(body, "arguments")
+    arguments = get_arguments(body)
     existed = name in vhost.exchanges
     await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
                                         internal=internal, arguments=arguments, who=who)
@@ -97,22 +99,25 @@ async def delete(request: web.Request) -> web.Response:
 async def publish(request: web.Request) -> web.Response:
     """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``.
 
-    A missing exchange is 400 with basic.publish's NOT_FOUND text, as RabbitMQ answers it."""
+    A refusal (a missing exchange, no write permission, a user_id that is not the caller's) is 400 with the
+    reply code and text basic.publish would get, as RabbitMQ answers it."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
     who = auth.principal(request, vhost.name)
-    who.check("write", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
-    body = await read_json(request, required=True)
-    exchange = vhost.exchanges.get(name)
-    if exchange is None:
-        raise bad_request(f"NOT_FOUND - no exchange '{name}' in vhost '{vhost.name}'")
-    message = message_from_json(exchange.name, body)
-    user = auth.login(request).name
     broker = context.broker
     vhost_name = vhost.name
-    broker.check_publish(vhost, exchange, who)
-    broker.check_message(message, user)
+    try:
+        who.check("write", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
+        body = await read_json(request, required=True)
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
+        message = message_from_json(exchange.name, body)
+        broker.check_publish(vhost, exchange, who)
+        broker.check_message(message, auth.login(request).name)
+    except AMQPError as exc:
+        raise with_code(exc) from None
     if message.body_size > context.config.max_message_size:
         raise bad_request(f"message size {message.body_size} is larger than configured max size "
                           f"{context.config.max_message_size}")

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from amqp_server import errors
+from amqp_server import errors, field_types
 from amqp_server.errors import AMQPError
 
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # how RabbitMQ's API names the default exchange in paths
@@ -31,7 +31,7 @@ def jsonable(value: Any) -> Any:
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
         return int(value.timestamp())
-    if isinstance(value, decimal.Decimal):
+    if isinstance(value, (decimal.Decimal, float)):  # a float subclass too: a field's wire type (orjson skips them)
         return float(value)
     return value
 
@@ -57,14 +57,14 @@ def encoded_response(body: bytes, status: int = 200, headers: dict[str, str] | N
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
-def error_response(status: int, error: str, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(status: int, error: str, reason: Any, headers: dict[str, str] | None = None) -> web.Response:
     return json_response({"error": error, "reason": reason}, status, headers)
 
 
 class HTTPError(Exception):
     """Raised by handlers; the error middleware turns it into RabbitMQ's ``{"error", "reason"}`` body."""
 
-    def __init__(self, status: int, error: str, reason: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, error: str, reason: Any, headers: dict[str, str] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.error = error
@@ -79,7 +79,8 @@ def not_found(reason: str = "Not Found") -> HTTPError:
     return HTTPError(404, "Object Not Found", reason)
 
 
-def bad_request(reason: str) -> HTTPError:
+def bad_request(reason: Any) -> HTTPError:
+    """400; ``reason`` a string, or a list where RabbitMQ answers with an Erlang tuple (``["not_boolean", v]``)."""
     return HTTPError(400, "bad_request", reason)
 
 
@@ -89,12 +90,32 @@ def not_authorised(reason: str) -> HTTPError:
 
 
 def from_amqp(exc: AMQPError) -> HTTPError:
-    """A broker operation's AMQP error as RabbitMQ's management plugin reports it."""
+    """A broker operation's refusal as RabbitMQ's management plugin reports those it makes directly (declare,
+    delete, bind, purge): the reply text without its name, and an access refusal without a reason."""
+    if exc.code == errors.NOT_FOUND:
+        return HTTPError(404, "not_found", exc.detail)
+    if exc.code == errors.ACCESS_REFUSED:
+        return not_authorised("Access refused.")
+    return HTTPError(400, "bad_request", exc.detail)
+
+
+def from_channel(exc: AMQPError) -> HTTPError:
+    """A refusal as RabbitMQ's management plugin reports those it meets on a channel (get): the whole text,
+    and for any but a missing queue or a refused access, the reply code before it."""
     if exc.code == errors.NOT_FOUND:
         return HTTPError(404, "not_found", exc.text)
     if exc.code == errors.ACCESS_REFUSED:
         return not_authorised(exc.text)
-    return HTTPError(400, "bad_request", exc.text)
+    return with_code(exc)
+
+
+def with_code(exc: AMQPError) -> HTTPError:
+    """400 with the reply code and text (``405 RESOURCE_LOCKED - …``), as RabbitMQ's publish and get say."""
+    return bad_request(f"{exc.code} {exc.text}")
+
+
+def key_missing(key: str) -> HTTPError:
+    return bad_request(f"[{{key_missing,{key}}}]")
 
 
 def no_content() -> web.Response:
@@ -114,10 +135,10 @@ async def read_json(request: web.Request, required: bool = False) -> dict[str, A
         return {}
     try:
         body = orjson.loads(raw)  # several times faster and leaner than json, and it bounds nesting
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"failed to decode JSON: {exc}") from None
+    except orjson.JSONDecodeError:
+        raise bad_request("not_json") from None
     if not isinstance(body, dict):
-        raise bad_request("body must be a JSON object")
+        raise bad_request("not_json")
     return body
 
 
@@ -128,13 +149,13 @@ def get_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise bad_request(f"{key} must be a boolean")
+    raise bad_request(["not_boolean", value])
 
 
 def get_str(body: dict[str, Any], key: str, default: str | None = None) -> str:
     value = body.get(key, default)
     if value is None:
-        raise bad_request(f"{key} is required")
+        raise key_missing(key)
     if not isinstance(value, str):
         raise bad_request(f"{key} must be a string")
     return value
@@ -143,13 +164,13 @@ def get_str(body: dict[str, Any], key: str, default: str | None = None) -> str:
 def get_int(body: dict[str, Any], key: str, default: int | None = None, minimum: int | None = None) -> int:
     value = body.get(key, default)
     if value is None:
-        raise bad_request(f"{key} is required")
+        raise key_missing(key)
     if isinstance(value, bool):
-        raise bad_request(f"{key} must be an integer")
+        raise bad_request(["not_integer", value])
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise bad_request(f"{key} must be an integer") from None
+        raise bad_request(["not_integer", value]) from None
     if minimum is not None and number < minimum:
         raise bad_request(f"{key} must be at least {minimum}")
     return number
@@ -159,6 +180,24 @@ def get_table(body: dict[str, Any], key: str) -> dict[str, Any]:
     value = body.get(key) or {}
     if not isinstance(value, dict):
         raise bad_request(f"{key} must be a JSON object")
+    return value
+
+
+def get_arguments(body: dict[str, Any], key: str = "arguments") -> dict[str, Any]:
+    """An AMQP arguments table from JSON, as RabbitMQ's API reads one: no nulls anywhere, and integers are
+    ``long`` (what its refusals name)."""
+    return _amqp_value(get_table(body, key))
+
+
+def _amqp_value(value: Any) -> Any:
+    if value is None:
+        raise bad_request("null_not_allowed")
+    if isinstance(value, dict):
+        return {k: _amqp_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_amqp_value(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return field_types.Long(value)
     return value
 
 

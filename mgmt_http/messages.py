@@ -11,7 +11,7 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server.queue import Entry
 
-from .http import bad_request, get_str, get_table, jsonable
+from .http import bad_request, get_str, get_table, jsonable, key_missing
 
 # RabbitMQ's JSON property names -> pamqp's Basic.Properties attributes
 PROPERTIES = {
@@ -27,13 +27,11 @@ def properties_from_json(raw: dict[str, Any]) -> commands.Basic.Properties:
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         attr = PROPERTIES.get(key)
-        if attr is None:
-            raise bad_request(f"unknown message property '{key}'")
-        if value is None:
+        if attr is None or value is None:  # RabbitMQ ignores a property it does not know
             continue
         if key in _INT_PROPERTIES:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise bad_request(f"property {key} must be an integer")
+                raise bad_request(["not_int", key])
             if key == "timestamp":
                 value = datetime.datetime.fromtimestamp(value, datetime.timezone.utc)
             elif key == "delivery_mode" and value not in (1, 2):
@@ -61,16 +59,16 @@ def message_from_json(exchange: str, body: dict[str, Any]) -> Message:
     payload = get_str(body, "payload")
     encoding = get_str(body, "payload_encoding")
     if "properties" not in body:
-        raise bad_request("properties is required")
+        raise key_missing("properties")
     if encoding == "string":
         data = payload.encode()
     elif encoding == "base64":
         try:
             data = base64.b64decode(payload, validate=True)
         except binascii.Error:
-            raise bad_request("payload is not valid base64") from None
+            raise bad_request(["not_base64", payload]) from None
     else:
-        raise bad_request("payload_encoding must be 'string' or 'base64'")
+        raise bad_request(["unsupported_encoding", encoding])
     if len(routing_key.encode()) > 255:
         raise bad_request("routing_key is longer than 255 bytes")
     return make_message(exchange, routing_key, properties_from_json(get_table(body, "properties")), data)

@@ -5,6 +5,8 @@ from typing import Any
 
 from aiohttp import web
 
+from amqp_server import errors
+from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
 
@@ -12,8 +14,8 @@ from . import auth
 from .connections import consumer_info
 from .forward import forward
 from .context import Context, ctx
-from .http import (bad_request, created_or_updated, get_bool, get_int, get_str, get_table, json_response,
-                   new_name, no_content, not_found, query_flag, read_json)
+from .http import (bad_request, created_or_updated, from_channel, get_arguments, get_bool, get_int, get_str,
+                   json_response, new_name, no_content, not_found, query_flag, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
@@ -123,14 +125,14 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/queues/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     context = ctx(request)
-    vhost = context.vhost(auth.require_vhost(request))
+    vhost = context.vhost(auth.require_vhost(request, creating=True))
     name = new_name(request, "name", "queue")
     who = auth.principal(request, vhost.name)
     who.check("configure", "queue", vhost.name, name)  # before the body is read: refusing costs nothing
     body = await read_json(request)
     durable = get_bool(body, "durable", False)  # queue.declare's default, as RabbitMQ
     auto_delete = get_bool(body, "auto_delete", False)
-    arguments = get_table(body, "arguments")
+    arguments = get_arguments(body)
     if not name:
         raise bad_request("queue name must not be empty")
     existed = name in vhost.queues
@@ -160,7 +162,7 @@ async def purge(request: web.Request) -> web.Response:
 def _encoding_and_truncate(body: dict[str, Any], default_encoding: str | None) -> tuple[str, int | None]:
     encoding = get_str(body, "encoding", default_encoding)
     if encoding not in ENCODINGS:
-        raise bad_request(f"encoding must be one of {', '.join(ENCODINGS)}")
+        raise bad_request("Unsupported encoding. Please use auto or base64.")
     truncate = body.get("truncate")
     if truncate in (None, ""):
         return encoding, None
@@ -169,8 +171,14 @@ def _encoding_and_truncate(body: dict[str, Any], default_encoding: str | None) -
 
 @routes.post("/api/queues/{vhost}/{name}/get")
 async def get(request: web.Request) -> web.Response:
-    """RabbitMQ's "get messages": basic.get ``count`` times, then ack, reject or requeue them all."""
-    context, queue = find_queue(request)
+    """RabbitMQ's "get messages": basic.get ``count`` times, then ack, reject or requeue them all.  Refusals
+    read as RabbitMQ's, which makes the gets on a channel (a missing queue is basic.get's 404 text)."""
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    queue = vhost.queues.get(request.match_info["name"])
+    if queue is None:
+        missing = errors.resource_name("queue", request.match_info["name"], vhost.name)
+        raise from_channel(errors.not_found(f"no {missing}"))
     body = await read_json(request, required=True)
     count = get_int(body, "count", minimum=0)
     ackmode = get_str(body, "ackmode")
@@ -180,7 +188,6 @@ async def get(request: web.Request) -> web.Response:
     requeue, reject = ACK_MODES[ackmode]
     who = auth.principal(request, queue.vhost)
     broker = context.broker
-    vhost = context.vhost(queue.vhost)
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
     result, taken = [], []
     try:
@@ -192,9 +199,11 @@ async def get(request: web.Request) -> web.Response:
             item = entry_to_json(entry, encoding, truncate)
             item["message_count"] = queue.message_count
             result.append(item)
-    except BaseException:
+    except BaseException as exc:
         if taken and not no_ack:  # nothing may stay unacked without a channel to settle it
             broker.settle(queue, taken, requeue=True)
+        if isinstance(exc, AMQPError):
+            raise from_channel(exc) from None
         raise
     if taken and not no_ack:
         broker.settle(queue, taken, requeue, reject)

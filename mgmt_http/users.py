@@ -35,6 +35,8 @@ def parse_tags(value: Any) -> list[str]:
 def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> User:
     """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``, SHA-256 by default), and ``tags``.
     A new user with neither gets no password (as RabbitMQ: only other mechanisms could authenticate it)."""
+    if "tags" not in body:
+        raise bad_request("tags_not_present")  # as RabbitMQ, updating a user too
     algorithm = DEFAULT_HASHING
     if "password" in body and body["password"] is not None:
         password_hash = hash_password(get_str(body, "password"))
@@ -47,8 +49,7 @@ def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> Us
         password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
     else:
         password_hash = ""
-    tags = parse_tags(body["tags"]) if "tags" in body else (existing.tags if existing else [])
-    return User(name, password_hash, tags, algorithm)
+    return User(name, password_hash, parse_tags(body["tags"]), algorithm)
 
 
 @routes.get("/api/whoami")

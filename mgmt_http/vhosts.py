@@ -10,7 +10,7 @@ from amqp_server.queue_args import QUEUE_TYPES
 
 from . import auth
 from .context import Context, ctx
-from .http import bad_request, created_or_updated, get_str, new_name, no_content, not_found, read_json
+from .http import bad_request, created_or_updated, get_bool, get_str, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
 from .rates import VHOST_STATS, depth_fields, message_stats, queue_depths
 from .users import parse_tags
@@ -67,7 +67,9 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/vhosts/{vhost}")
 async def put(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    metadata = vhost_metadata(await read_json(request))  # tracing: accepted, not kept
+    body = await read_json(request)
+    get_bool(body, "tracing")  # checked as RabbitMQ does, not kept
+    metadata = vhost_metadata(body)
     name = new_name(request, "vhost", "vhost")
     if not name:
         raise bad_request("vhost name must not be empty")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 
 import aio_pika
@@ -16,7 +17,7 @@ from pamqp import body as pbody, commands, frame as pframe, header as pheader
 
 from conftest import connect
 from test_mgmt_api import call, q
-from test_protocol_errors import Raw
+from test_protocol_errors import Raw, method_payload, raw_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,3 +248,217 @@ def test_closed_connection_is_gone_from_the_api(broker, uid):
             break
         time.sleep(0.2)
     assert uid not in names
+
+
+# -- argument types: refusals name the wire type the client sent ------------------------------------
+
+def _sstr(text: str) -> bytes:
+    raw = text.encode()
+    return bytes([len(raw)]) + raw
+
+
+def _table(name: str, kind: str, value: bytes) -> bytes:
+    entry = _sstr(name) + kind.encode() + value
+    return struct.pack(">I", len(entry)) + entry
+
+
+FIELDS = {"b": (struct.pack(">b", 1), "byte"), "B": (struct.pack(">B", 1), "unsignedbyte"),
+          "s": (struct.pack(">h", 1), "short"), "u": (struct.pack(">H", 1), "unsignedshort"),
+          "I": (struct.pack(">i", 1), "signedint"), "i": (struct.pack(">I", 1), "unsignedint"),
+          "l": (struct.pack(">q", 1), "long"), "f": (struct.pack(">f", 1.5), "float"),
+          "d": (struct.pack(">d", 1.5), "double"), "V": (b"", "void"), "x": (b"\x00\x00\x00\x01a", "binary"),
+          "T": (struct.pack(">Q", 5), "timestamp"), "A": (b"\x00\x00\x00\x00", "array")}
+
+
+def _refusal(broker, class_id: int, method_id: int, args: bytes, setup: bytes = b"") -> str:
+    client = Raw(broker)
+    try:
+        client.handshake()
+        client.open_channel(1)
+        if setup:
+            client.send(raw_frame(1, 1, setup))
+            client.read_frame()
+        client.send(raw_frame(1, 1, method_payload(class_id, method_id, args)))
+        _, reply = client.read_frame()
+        return f"{reply.reply_code} {reply.reply_text}" if isinstance(reply, commands.Channel.Close) else "ok"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", sorted(FIELDS))
+def test_argument_refusals_name_the_wire_type(broker, uid, kind):
+    """aio-pika (pamqp) sends a small integer as a byte, pika as a signedint: RabbitMQ's refusal names which,
+    and a void argument is there (refused), not absent."""
+    value, name = FIELDS[kind]
+    q_name = f"{uid}-{kind}"
+
+    def declare(arg: str) -> str:
+        return _refusal(broker, 50, 10, struct.pack(">H", 0) + _sstr(q_name) + b"\x00" + _table(arg, kind, value))
+
+    where = f"for queue '{q_name}' in vhost '/'"
+    assert declare("x-overflow") == f"406 PRECONDITION_FAILED - invalid arg 'x-overflow' {where}: " \
+                                    f"{{unacceptable_type,{name}}}"
+    assert declare("x-dead-letter-exchange") == (f"406 PRECONDITION_FAILED - invalid type '{name}' for arg "
+                                                 f"'x-dead-letter-exchange' in queue '{q_name}' in vhost '/'")
+    integer = declare("x-max-length")
+    if name in ("byte", "unsignedbyte", "short", "unsignedshort", "signedint", "unsignedint", "long"):
+        assert integer == "ok"
+        conn = connect(broker)
+        conn.channel().queue_delete(q_name)
+        conn.close()
+    else:
+        assert integer == f"406 PRECONDITION_FAILED - invalid arg 'x-max-length' {where}: " \
+                          f"\"expected integer, got {name}\""
+    exchange = _refusal(broker, 40, 10, struct.pack(">H", 0) + _sstr(f"{uid}-x{kind}") + _sstr("direct") + b"\x00"
+                        + _table("alternate-exchange", kind, value))
+    assert exchange == (f"406 PRECONDITION_FAILED - invalid type '{name}' for arg 'alternate-exchange' in "
+                        f"exchange '{uid}-x{kind}' in vhost '/'")
+
+
+@pytest.mark.parametrize("kind", ["b", "V", "x"])
+def test_consumer_argument_types(broker, uid, kind):
+    value, name = FIELDS[kind]
+    q_name = f"{uid}-{kind}"
+    declare = method_payload(50, 10, struct.pack(">H", 0) + _sstr(q_name) + b"\x00" + struct.pack(">I", 0))
+
+    def consume(arg: str) -> str:
+        return _refusal(broker, 60, 20, struct.pack(">H", 0) + _sstr(q_name) + _sstr("") + b"\x00"
+                        + _table(arg, kind, value), setup=declare)
+
+    where = f"for queue '{q_name}' in vhost '/'"
+    assert consume("x-cancel-on-ha-failover") == (f"406 PRECONDITION_FAILED - invalid arg 'x-cancel-on-ha-failover' "
+                                                  f"{where}: {{unacceptable_type,{name}}}")
+    assert consume("x-priority") == ("ok" if kind == "b" else
+                                     f"406 PRECONDITION_FAILED - invalid arg 'x-priority' {where}: "
+                                     f"\"expected integer, got {name}\"")
+    conn = connect(broker)
+    conn.channel().queue_delete(q_name)
+    conn.close()
+
+
+@pytest.mark.parametrize("queue_type, refused", [("classic", ["x-stream-offset"]),
+                                                  ("quorum", ["x-stream-offset", "x-cancel-on-ha-failover"]),
+                                                  ("stream", ["x-priority", "x-cancel-on-ha-failover"])])
+def test_consumer_arguments_a_queue_type_does_not_take(broker, uid, queue_type, refused):
+    values = {"x-stream-offset": "first", "x-cancel-on-ha-failover": True, "x-priority": 3, "x-credit":
+              {"credit": 5, "drain": False}}
+    conn = connect(broker)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(uid, durable=True, arguments={"x-queue-type": queue_type})
+        for arg, value in values.items():
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=10)
+            if arg in refused:
+                with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                    ch.basic_consume(uid, lambda *a: None, arguments={arg: value})
+                assert (caught.value.reply_code, caught.value.reply_text) == (
+                    406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{uid}' in vhost '/' of queue type "
+                         f"rabbit_{queue_type}_queue")
+            else:
+                ch.basic_cancel(ch.basic_consume(uid, lambda *a: None, arguments={arg: value}))
+                ch.close()
+    finally:
+        conn.channel().queue_delete(uid)
+        conn.close()
+
+
+@pytest.mark.parametrize("value", ["soon", [1], None])
+def test_consumer_timeout_argument_of_any_type(conn, uid, value):
+    """RabbitMQ 3.10 takes x-consumer-timeout whatever it is (Warren: a whole number of ms applies)."""
+    ch = conn.channel()
+    ch.queue_declare(uid, arguments={"x-consumer-timeout": value})
+    ch.queue_delete(uid)
+
+
+# -- the HTTP API's refusals, in RabbitMQ's words ---------------------------------------------------
+
+def _reason(response, status: int, error: str = "bad_request"):
+    assert response.status == status, (response.status, response.raw)
+    assert response.json["error"] == error, response.json
+    return response.json["reason"]
+
+
+def test_http_declare_refusals_drop_the_reply_name(broker, uid):
+    _mgmt(broker)
+    path = f"/api/queues/%2F/{q(uid)}"
+    assert call(broker, "PUT", path, {"arguments": {"x-max-length": 5}}).status == 201
+    assert _reason(call(broker, "PUT", path, {"arguments": {"x-max-length": 6}}), 400) == (
+        f"inequivalent arg 'x-max-length' for queue '{uid}' in vhost '/': received '6' but current is '5'")
+    assert _reason(call(broker, "PUT", path, {}), 400) == (  # a JSON integer is a long
+        f"inequivalent arg 'x-max-length' for queue '{uid}' in vhost '/': received none but current is the value "
+        "'5' of type 'long'")
+    assert _reason(call(broker, "PUT", f"/api/queues/%2F/{q(uid)}-o", {"arguments": {"x-overflow": 5}}), 400) == (
+        f"invalid arg 'x-overflow' for queue '{uid}-o' in vhost '/': {{unacceptable_type,long}}")
+    for table in ({"x-foo": None}, {"x-foo": {"a": None}}):
+        assert _reason(call(broker, "PUT", f"/api/queues/%2F/{q(uid)}-n", {"arguments": table}), 400) == \
+            "null_not_allowed"
+    assert _reason(call(broker, "PUT", f"/api/queues/%2F/amq.{q(uid)}", {}), 401, "not_authorised") == \
+        "Access refused."
+    assert _reason(call(broker, "PUT", f"/api/exchanges/%2F/{q(uid)}-x", {"type": "nope"}), 400) == \
+        "unknown exchange type 'nope'"
+    assert _reason(call(broker, "PUT", f"/api/queues/no-{q(uid)}/q", {}), 404, "not_found") == "vhost_not_found"
+    assert _reason(call(broker, "PUT", f"/api/exchanges/no-{q(uid)}/x", {}), 404, "not_found") == "vhost_not_found"
+    assert _reason(call(broker, "POST", f"/api/bindings/%2F/e/{q(uid)}-none/q/{q(uid)}", {}), 404, "not_found") == \
+        f"no exchange '{uid}-none' in vhost '/'"
+    assert _reason(call(broker, "POST", f"/api/bindings/%2F/e/amq.direct/q/{q(uid)}-none", {}), 404, "not_found") \
+        == f"no queue '{uid}-none' in vhost '/'"
+    call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+         {"routing_key": uid, "payload": "x", "payload_encoding": "string", "properties": {}})
+    assert _reason(call(broker, "DELETE", f"{path}?if-empty=true"), 400) == f"queue '{uid}' in vhost '/' not empty"
+    assert call(broker, "DELETE", path).status == 204
+
+
+def test_http_body_refusals(broker, uid):
+    _mgmt(broker)
+    path = f"/api/queues/%2F/{q(uid)}"
+    assert _reason(call(broker, "PUT", path, raw=b"not json"), 400) == "not_json"
+    assert _reason(call(broker, "PUT", path, [1]), 400) == "not_json"
+    assert _reason(call(broker, "PUT", path, {"durable": "yes"}), 400) == ["not_boolean", "yes"]
+    assert _reason(call(broker, "PUT", f"/api/users/{q(uid)}", {}), 400) == "tags_not_present"
+    assert _reason(call(broker, "PUT", f"/api/vhosts/{q(uid)}", {"tracing": "x"}), 400) == ["not_boolean", "x"]
+    assert call(broker, "PUT", path, {}).status == 201
+    get = f"{path}/get"
+    assert _reason(call(broker, "POST", get, {"ackmode": "ack_requeue_true", "encoding": "auto"}), 400) == \
+        "[{key_missing,count}]"
+    assert _reason(call(broker, "POST", get, {"count": "x", "ackmode": "ack_requeue_true", "encoding": "auto"}),
+                   400) == ["not_integer", "x"]
+    assert _reason(call(broker, "POST", get, {"count": 1, "ackmode": "ack_requeue_true", "encoding": "x"}), 400) \
+        == "Unsupported encoding. Please use auto or base64."
+    assert _reason(call(broker, "POST", f"/api/queues/%2F/{q(uid)}-none/get",
+                        {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}), 404, "not_found") == \
+        f"NOT_FOUND - no queue '{uid}-none' in vhost '/'"
+    publish = "/api/exchanges/%2F/amq.default/publish"
+    assert _reason(call(broker, "POST", publish, {"payload": "x", "payload_encoding": "string", "properties": {}}),
+                   400) == "[{key_missing,routing_key}]"
+    assert _reason(call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}-none/publish",
+                        {"routing_key": "a", "payload": "x", "payload_encoding": "string", "properties": {}}), 400) \
+        == f"404 NOT_FOUND - no exchange '{uid}-none' in vhost '/'"
+    assert call(broker, "DELETE", path).status == 204
+
+
+def test_http_refusals_for_a_user_without_permission(broker, uid):
+    _mgmt(broker)
+    user, password = uid, "pw"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": password, "tags": "management"}).status == 201
+    try:
+        assert call(broker, "PUT", f"/api/permissions/%2F/{q(user)}",
+                    {"configure": "^$", "write": "^$", "read": "^$"}).status == 201
+        assert call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {}).status == 201
+        auth = (user, password)
+        for method, path, body in (("PUT", f"/api/queues/%2F/{q(uid)}-2", {}),
+                                   ("DELETE", f"/api/queues/%2F/{q(uid)}", None),
+                                   ("DELETE", f"/api/queues/%2F/{q(uid)}/contents", None),
+                                   ("POST", f"/api/bindings/%2F/e/amq.direct/q/{q(uid)}", {"routing_key": "a"})):
+            assert _reason(call(broker, method, path, body, auth=auth), 401, "not_authorised") == "Access refused."
+        assert _reason(call(broker, "POST", f"/api/queues/%2F/{q(uid)}/get",
+                            {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}, auth=auth),
+                       401, "not_authorised") == \
+            f"ACCESS_REFUSED - access to queue '{uid}' in vhost '/' refused for user '{user}'"
+        assert _reason(call(broker, "POST", "/api/exchanges/%2F/amq.default/publish",
+                            {"routing_key": "a", "payload": "x", "payload_encoding": "string", "properties": {}},
+                            auth=auth), 400) == \
+            f"403 ACCESS_REFUSED - access to exchange 'amq.default' in vhost '/' refused for user '{user}'"
+    finally:
+        call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
+        call(broker, "DELETE", f"/api/users/{q(user)}")

@@ -74,8 +74,7 @@ def test_dead_letter_exchange_permission_over_http_and_policies(broker, uid):
     user = make_user(broker, f"{uid}-u", f"^{uid}-app.*", f"^{uid}-app.*", f"^{uid}-app.*", tags="policymaker")
     reply = call(broker, "PUT", f"/api/queues/%2F/{q(uid)}-app-dl", {"arguments": {
         "x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{uid}-secret"}}, auth=user)
-    assert_error(reply, 401)
-    assert "amq.default" in reply.json["reason"]
+    assert assert_error(reply, 401)["reason"] == "Access refused."  # RabbitMQ's words: no detail over HTTP
     assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}-app-dl").status == 404
     for key in ("dead-letter-exchange", "alternate-exchange"):
         reply = call(broker, "PUT", f"/api/policies/%2F/{q(uid)}-{key}", {
@@ -236,7 +235,9 @@ def test_exclusive_queue_is_locked_over_http(conn, broker, uid):
                                ("DELETE", f"{base}/contents", None)):
         reply = call(broker, method, path, body)
         assert reply.status == 400, (path, reply.status, reply.raw[:200])
-        assert "RESOURCE_LOCKED" in reply.json["reason"]
+        # RabbitMQ's words: get names the reply code, the others give the detail alone
+        prefix = "405 RESOURCE_LOCKED - " if path.endswith("/get") else ""
+        assert reply.json["reason"].startswith(f"{prefix}cannot obtain exclusive access"), reply.json
     assert ch.queue_declare(uid, passive=True).method.message_count == 1
 
 
@@ -528,7 +529,8 @@ def test_http_permission_matrix(broker, uid, operation):
         body = {"destination": f"{resource}-q"}
     denied = {"configure": ".*", "write": ".*", "read": ".*", kind: f"^{uid}-never$"}
     user = make_user(broker, f"{uid}-denied", denied["configure"], denied["write"], denied["read"])
-    assert_error(call(broker, method, path, body, auth=user), 401)
+    # RabbitMQ's publish answers a refusal 400 "403 ACCESS_REFUSED - …", as any refusal of its publish
+    assert_error(call(broker, method, path, body, auth=user), 400 if operation == "publish" else 401)
     allowed = make_user(broker, f"{uid}-allowed", ".*", ".*", ".*")
     assert call(broker, method, path, body, auth=allowed).status < 300
     with connect(broker) as connection:

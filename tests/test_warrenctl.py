@@ -273,7 +273,7 @@ def test_publish_peek_get_move_purge(broker: BrokerProcess, uid: str) -> None:
     assert fails(broker, "peek", "--queue", f"{uid}-missing").startswith("warrenctl: 404 Not Found")
     line = fails(broker, "publish", "--exchange", f"{uid}-missing", "--body", "x")
     # the API answers a publish to a missing exchange as RabbitMQ's does: 400 with basic.publish's NOT_FOUND
-    assert line == f"warrenctl: 400 Bad Request: NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
+    assert line == f"warrenctl: 400 Bad Request: 404 NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
     ok(broker, "delete", "queue", source)
     ok(broker, "delete", "queue", target)
 

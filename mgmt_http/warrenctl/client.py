@@ -14,7 +14,7 @@ from typing import Any
 
 DEFAULT_TIMEOUT = 30.0
 # Reasons the RabbitMQ management API gives that say no more than the status line does.
-_GENERIC_REASONS = {"not found", "object not found", "not_found", "object_not_found", ""}
+_GENERIC_REASONS = {"not found", "object not found", "not_found", "object_not_found", "vhost_not_found", ""}
 
 
 class CtlError(Exception):

@@ -131,8 +131,10 @@ window.W = window.W || {};
       const error = data && typeof data === "object" ? data.error : undefined;
       const reason = data && typeof data === "object" ? data.reason : (typeof data === "string" ? data : "");
       // shown as text: a reason escaped for HTML (a policy's, as RabbitMQ sends it) is unescaped first
+      // (RabbitMQ sends some reasons as a list: ["not_boolean", "yes"])
       const text = typeof reason === "string"
-        ? reason.replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&amp;/g, "&") : reason;
+        ? reason.replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&amp;/g, "&")
+        : Array.isArray(reason) ? reason.map(String).join(": ") : reason;
       const err = new ApiError(res.status, error || res.statusText, text || res.statusText);
       // 401 asking for credentials (WWW-Authenticate): these ones no longer work.  A 401 without it
       // (RabbitMQ's "not allowed", as a 403 is) is an answer to this request only.
