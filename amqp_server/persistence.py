@@ -67,7 +67,8 @@ class Persistence:
         """Store a persistent message for a durable queue (once per message) and index the entry."""
         message = entry.message
         self.keep(message)
-        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, len(message.body))
+        self.index.publish(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
+                           entry.expiry, len(message.body))
 
     def keep(self, message: Message) -> None:
         """Take a reference to the message in the store, writing it there the first time."""
@@ -90,7 +91,8 @@ class Persistence:
 
     def delivered(self, queue: "Queue", entry: "Entry") -> None:
         message = entry.message
-        self.index.delivered(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size)
+        self.index.delivered(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
+                             entry.expiry, message.body_size)
         self._touch()
 
     def moved(self, queue: "Queue", old_seq: int, entry: "Entry", returns: int) -> None:
@@ -109,7 +111,7 @@ class Persistence:
         self._touch()
 
     def remove(self, queue: "Queue", entry: "Entry") -> None:
-        self.index.ack(queue.index_id, entry.seq)
+        self.index.ack(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq)
         self.store.remove(entry.message.msg_id)
         self._touch()
 

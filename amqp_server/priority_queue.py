@@ -5,18 +5,42 @@ Delivery (consumers, basic.get, peek) takes the highest non-empty level first an
 (by ``seq``) within a level; a requeued entry goes back to its place in its level.  Offsets (the
 Spark bridge) stay in ``seq`` order across levels.
 
+Each level pages as a plain queue's ready list does (RabbitMQ's priority queue is one backing queue
+per level): the head of a level is in memory, the rest of it on disk.  The queue index keys an
+entry by its level first (:func:`index_key`), so a level's entries on disk are one ordered range
+of the index, read without walking the others'.
+
 A separate class so that a plain queue's ready list stays a bare deque: publish and deliver
 pay nothing for priorities.  Everything else (TTL, limits, dead-lettering, persistence) is
-:class:`~amqp_server.queue.Queue`'s, working through the ready list's deque-like surface.
+:class:`~amqp_server.queue.Queue`'s, working through the ready list's deque-like surface and the
+paging hooks overridden here.
 """
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import deque
 from itertools import chain, takewhile
 from typing import Any, Iterable, Iterator
 
-from .queue import Entry, Queue, from_seq, pop_below, put_back
+from queue_index import IndexEntry
+
+from .message import Message
+from .queue import PAGE_IN_BATCH, PAGE_IN_BELOW, Entry, Queue, from_seq, pop_below, put_back
+
+log = logging.getLogger("warren.queue")
+
+RANK_SHIFT = 55  # an entry's index key: (256 - level) << RANK_SHIFT | seq, so higher levels sort first
+SEQ_MASK = (1 << RANK_SHIFT) - 1
+
+
+def index_key(level: int, seq: int) -> int:
+    return (256 - level) << RANK_SHIFT | seq
+
+
+def key_level(key: int) -> int:
+    """The level an index key names (an unranked key, written before levels were keyed, is above all)."""
+    return 256 - (key >> RANK_SHIFT)
 
 
 class PriorityReady:
@@ -29,12 +53,26 @@ class PriorityReady:
         self.top = -1  # no level above this one holds entries
         self.count = 0
 
+    def index_of(self, entry: Entry) -> int:
+        return min(entry.message.priority, len(self.levels) - 1)
+
     def level(self, entry: Entry) -> deque[Entry]:
         """The deque ``entry`` belongs in; a level above ``top`` raises ``top``."""
-        index = min(entry.message.priority, len(self.levels) - 1)
+        return self.at(self.index_of(entry))
+
+    def at(self, index: int) -> deque[Entry]:
         if index > self.top:
             self.top = index
         return self.levels[index]
+
+    def highest(self) -> int:
+        """The highest level holding entries in memory, -1 if none."""
+        levels = self.levels
+        top = self.top
+        while top >= 0 and not levels[top]:
+            top -= 1
+        self.top = top
+        return top
 
     def __len__(self) -> int:
         return self.count
@@ -49,13 +87,8 @@ class PriorityReady:
     def popleft(self) -> Entry:
         if not self.count:
             raise IndexError("pop from an empty ready list")
-        levels = self.levels
-        top = self.top
-        while not levels[top]:
-            top -= 1
-        self.top = top
         self.count -= 1
-        return levels[top].popleft()
+        return self.levels[self.highest()].popleft()
 
     def clear(self) -> None:
         for level in self.levels:
@@ -65,29 +98,185 @@ class PriorityReady:
 
 
 class PriorityQueue(Queue):
-    """A queue whose ready list is a :class:`PriorityReady`."""
+    """A queue whose ready list is a :class:`PriorityReady`, each level paging on its own.
+
+    Level ``n``'s entries with ``seq >= level_from[n]`` are on disk while ``on_disk[n]`` (which may stay set
+    once the level's last entry on disk left otherwise than by paging in: the next page-in finds none and
+    clears it); ``paged`` counts them all.  ``level_taken[n]``, the highest seq of the level a consumer took,
+    keeps every unacked entry in front of the level's part on disk, so a requeue puts it back in memory."""
 
     ready: PriorityReady  # type: ignore[assignment]
-    pageable = False
+    ranked = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ready = PriorityReady(self.args.max_priority or 0)
+        levels = len(self.ready.levels)
+        self.on_disk = [False] * levels
+        self.level_from = [0] * levels
+        self.level_taken = [-1] * levels
+        self.disk_top = -1  # the highest level on disk
 
-    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
-        """Every entry comes into memory at start-up: delivery order depends on all of them."""
-        super().recover(count, size, last_seq, expiries)
-        while self.paged:
-            self._page_in()
+    def _level(self, entry: Entry) -> int:
+        if entry.message.body is None:  # paged in beyond a batch's bytes: its content is still in the store
+            self.host.load_body(entry.message)
+        return self.ready.index_of(entry)
 
-    def _admit(self, entry: Entry) -> None:
-        if entry.message.body is None:
-            self.host.load_body(entry.message)  # the priority is in the header, which is in the store
-        self.ready.append(entry)
+    def row_key(self, entry: Entry) -> int:
+        return index_key(self._level(entry), entry.seq)
+
+    def _set_on_disk(self, level: int, value: bool) -> None:
+        self.on_disk[level] = value
+        if value:
+            self.disk_top = max(self.disk_top, level)
+        elif level == self.disk_top:
+            top = level
+            while top >= 0 and not self.on_disk[top]:
+                top -= 1
+            self.disk_top = top
+
+    # -- in and out of memory -------------------------------------------------------------------
+
+    def _tail_on_disk(self, entry: Entry) -> bool:
+        return self.on_disk[self._level(entry)]
+
+    def _page_due(self) -> bool:
+        """The highest level on disk is above every level in memory, or is the highest and runs short."""
+        level = self.disk_top
+        if level < 0:
+            return True  # counted on disk, yet no level is: _page_in puts the count right
+        top = self.ready.highest()
+        return level > top or (level == top and len(self.ready.levels[level]) < PAGE_IN_BELOW)
+
+    def _page_in(self) -> None:
+        """The next batch of the highest level on disk comes in."""
+        level = self.disk_top
+        if level < 0:
+            self._trust_index()
+            return
+        rows = self._level_rows(level, self.level_from[level], PAGE_IN_BATCH)
+        ready = self.ready
+        entries = ready.at(level)
+
+        def admit(entry: Entry) -> None:
+            entries.append(entry)
+            ready.count += 1
+
+        self._bring_in(rows, admit)
+        if rows:
+            self.level_from[level] = (rows[-1].seq & SEQ_MASK) + 1
+        if len(rows) < PAGE_IN_BATCH:
+            self._set_on_disk(level, False)
+            if self.disk_top < 0 and self.paged:
+                self._trust_index()
+
+    def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
+        """Entries after the first ``keep`` (in delivery order) go to disk, lowest level first, each level from
+        its tail (those above every seq of it a consumer took)."""
+        ready = self.ready
+        if self.pager is None or len(ready) <= keep:
+            return 0
+        self.pager.deep(self)
+        freed = 0
+        for level, entries in enumerate(ready.levels):
+            taken = self.level_taken[level]
+            while len(ready) > keep and entries and entries[-1].seq > taken:
+                entry = entries.pop()
+                ready.count -= 1
+                self.level_from[level] = entry.seq
+                self._set_on_disk(level, True)
+                if entry.gone:
+                    self.gone_in_ready -= 1
+                    continue
+                if entry.expiry:
+                    self._expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
+                self._page_write(entry, written)
+                self.paged += 1
+                self.paged_bytes += entry.message.body_size
+                if entry.message.body is not None:
+                    freed += entry.message.body_size
+            if len(ready) <= keep:
+                break
+        return freed
+
+    def _take(self, entry: Entry, no_ack: bool) -> Entry:
+        level = self._level(entry)
+        if entry.seq > self.level_taken[level]:
+            self.level_taken[level] = entry.seq
+        return super()._take(entry, no_ack)
 
     def _put_back(self, entry: Entry) -> None:
         put_back(self.ready.level(entry), entry)
         self.ready.count += 1
+
+    # -- what is on disk ------------------------------------------------------------------------
+
+    def _level_rows(self, level: int, start: int, limit: int) -> list[IndexEntry]:
+        """Up to ``limit`` index rows of ``level`` from ``seq >= start`` (keys as stored)."""
+        index, queue_id = self._page_index()
+        end = index_key(level - 1, 0)  # where the level below begins (level 0: past every level)
+        return [row for row in index.read(queue_id, index_key(level, start), limit) if row.seq < end]
+
+    def _paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
+        """Every level's rows on disk from ``seq >= start``, merged in seq order, with their seqs."""
+        found = [row._replace(seq=row.seq & SEQ_MASK) for level, on_disk in enumerate(self.on_disk) if on_disk
+                 for row in self._level_rows(level, max(start, self.level_from[level]), limit)]
+        found.sort(key=lambda row: row.seq)
+        return found[:limit]
+
+    def _paged_entry(self, row: IndexEntry) -> Entry:
+        return super()._paged_entry(row._replace(seq=row.seq & SEQ_MASK))
+
+    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
+        """In delivery order: each level's entries in memory, then those on disk, highest level first."""
+        entries: list[Entry] = []
+        skip = offset
+        for level in range(len(self.ready.levels) - 1, -1, -1):
+            for entry in self.ready.levels[level]:
+                if len(entries) >= count:
+                    return self._with_bodies(entries)
+                if entry.gone:
+                    continue
+                if skip:
+                    skip -= 1
+                    continue
+                entries.append(entry)
+            if self.on_disk[level] and len(entries) < count:
+                rows = self._level_rows(level, self.level_from[level], skip + count - len(entries))
+                entries.extend(self._paged_entry(row) for row in rows[skip:])
+                skip = max(0, skip - len(rows))
+        return self._with_bodies(entries[:count])
+
+    def _drop_paged(self, below: int) -> int:
+        """Every level's entries on disk with seq < ``below`` leave the queue, as acked."""
+        index, queue_id = self._page_index()
+        removed = 0
+        for level, on_disk in enumerate(self.on_disk):
+            if not on_disk:
+                continue
+            start, end = index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK))
+            while rows := index.take(queue_id, start, end, PAGE_IN_BATCH):
+                for row in rows:
+                    self._release_row(row)
+                    self._unpage(row.size)
+                removed += len(rows)
+                start = rows[-1].seq + 1
+            self.level_from[level] = max(self.level_from[level], below)
+        return removed
+
+    def _expire_paged(self, key: int) -> Entry | None:
+        level, seq = key_level(key), key & SEQ_MASK
+        if not self.on_disk[level] or seq < self.level_from[level]:
+            return None
+        return super()._expire_paged(key)
+
+    def _clear_ready(self) -> None:
+        super()._clear_ready()
+        for level, on_disk in enumerate(self.on_disk):
+            if on_disk:
+                self._set_on_disk(level, False)
+
+    # -- memory only ----------------------------------------------------------------------------
 
     def _from_seq(self, start: int) -> Iterable[Entry]:
         return heapq.merge(*(from_seq(level, start) for level in self.ready.levels if level))
@@ -107,3 +296,39 @@ class PriorityQueue(Queue):
         ready = self.ready
         ready.levels = [deque(e for e in level if not e.gone) for level in ready.levels]
         ready.count = sum(map(len, ready.levels))
+
+    # -- a restart ------------------------------------------------------------------------------
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """The levels found on disk (one index lookup each); entries written before levels were keyed are
+        keyed now (once), reading their messages' priorities."""
+        index, queue_id = self._page_index()
+        rekeyed = self._rekey(index, queue_id)
+        last = -1
+        for level in range(len(self.ready.levels)):
+            rows = self._level_rows(level, 0, 1)
+            if rows:
+                self._set_on_disk(level, True)
+                last = max(last, (index.last_seq(queue_id, below=index_key(level - 1, 0)) or 0) & SEQ_MASK)
+        super().recover(count, size, last if last >= 0 else None,
+                        ((expiry, rekeyed.get(seq, seq)) for expiry, seq in expiries))
+
+    def _rekey(self, index: Any, queue_id: int) -> dict[int, int]:
+        """Index rows keyed by seq alone (before levels were keyed) move to their level's range (a restart has
+        dropped a durable queue's transient entries; a message the store lost is the page-in's to drop)."""
+        moved: dict[int, int] = {}
+        store = self.persistence.store
+        while rows := [row for row in index.read(queue_id, 0, PAGE_IN_BATCH) if row.seq <= SEQ_MASK]:
+            for row in rows:
+                level = 0
+                if row.msg_id in store:
+                    message = Message.stored(row.msg_id, row.size)
+                    self.host.load_body(message)
+                    level = min(message.priority, len(self.ready.levels) - 1)
+                moved[row.seq] = key = index_key(level, row.seq)
+                index.publish(queue_id, key, row.msg_id, row.expiry, row.size, row.delivered, row.transient)
+                index.ack(queue_id, row.seq)
+        if moved:
+            index.commit()
+            log.info("%r: %d entries keyed by level", self, len(moved))
+        return moved

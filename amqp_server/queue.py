@@ -30,7 +30,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap, IndexEntry, QueueIndex
 
@@ -175,7 +175,8 @@ class Queue:
 
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
     remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
-    pageable = True  # a priority queue keeps every entry in memory
+    pageable = True
+    ranked = False  # a priority queue keys its index entries by level, then seq (row_key)
     queue_type = "classic"
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
@@ -289,12 +290,11 @@ class Queue:
         """A ready entry joins the tail: on disk if the tail is there (so order holds), else in memory."""
         size = entry.message.body_size
         self.ready_bytes += size
-        if self.paged:
+        if self._tail_on_disk(entry):
             self._page_write(entry)
-            self.paged += 1
-            self.paged_bytes += size
+            self._count_paged(entry, size)
             if entry.expiry:
-                self._schedule_expiry(entry.expiry, entry.seq)
+                self._schedule_expiry(entry.expiry, self.row_key(entry))
         else:
             self.ready.append(entry)
             if entry.expiry:
@@ -393,7 +393,7 @@ class Queue:
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
         ready = self.ready
         while True:
-            if self.paged and len(ready) - self.gone_in_ready < PAGE_IN_BELOW:
+            if self.paged and self._page_due():
                 self._page_in()
             if not ready:
                 return None
@@ -403,7 +403,7 @@ class Queue:
                 continue
             self.ready_bytes -= entry.message.body_size
             if entry.expiry:
-                self._expiring.pop(entry.seq, None)
+                self._expiring.pop(self.row_key(entry), None)
                 if entry.expiry <= now_ms() and entry.seq != self._fresh:
                     self._dead_letter([entry], "expired")
                     continue
@@ -458,9 +458,11 @@ class Queue:
                 break
             entries.append(entry)
         if len(entries) < count and self.paged:
-            index, queue_id = self._page_index()
-            rows = index.read(queue_id, self.paged_from, offset - skipped + count - len(entries))
+            rows = self._paged_rows(0, offset - skipped + count - len(entries))
             entries.extend(self._paged_entry(row) for row in rows[offset - skipped:])
+        return self._with_bodies(entries)
+
+    def _with_bodies(self, entries: list[Entry]) -> list[Entry]:
         for entry in entries:
             if entry.message.body is None and self.host is not None:
                 self.host.load_body(entry.message)
@@ -473,15 +475,9 @@ class Queue:
 
     def offsets(self) -> tuple[int, int]:
         """(head, tail): the lowest seq of a live ready entry (``next_seq`` if none), and ``next_seq``."""
-        for entry in self._from_seq(0):
-            if not entry.gone:
-                return entry.seq, self.next_seq
-        if self.paged:
-            index, queue_id = self._page_index()
-            rows = index.read(queue_id, self.paged_from, 1)
-            if rows:
-                return rows[0].seq, self.next_seq
-        return self.next_seq, self.next_seq
+        head = next((entry.seq for entry in self._from_seq(0) if not entry.gone), self.next_seq)
+        first_on_disk = self._first_paged(0)
+        return min(head, first_on_disk) if first_on_disk is not None else head, self.next_seq
 
     def browse(self, start: int, end: int, limit: int | None = None) -> list[Entry]:
         """Ready entries with ``start <= seq < end``, in seq order, at most ``limit``; nothing changes.
@@ -499,7 +495,8 @@ class Queue:
         """``browse`` a batch of at most ``step`` entries at a time, so a long read can let others run
         between batches while the queue changes: each batch is what is ready when it is read."""
         remaining = limit
-        memory = self.span(start, end)
+        first_on_disk = self._first_paged(start)  # memory up to there first (a priority queue's interleave)
+        memory = self.span(start, end if first_on_disk is None else min(end, first_on_disk))
         cursor = start
         for i in range(0, len(memory), step):
             batch = self.readable(memory[i:i + step], remaining)
@@ -514,9 +511,7 @@ class Queue:
             # entries at or above cursor: any paged in or requeued since (in memory), then those on disk
             entries = [entry for entry in islice(self._from_seq(cursor), step) if entry.seq < end]
             if self.paged:
-                index, queue_id = self._page_index()
-                rows = index.read(queue_id, max(cursor, self.paged_from), step)
-                entries.extend(self._paged_entry(row) for row in rows if row.seq < end)
+                entries.extend(self._paged_entry(row) for row in self._paged_rows(cursor, step) if row.seq < end)
             if not entries:
                 return
             entries.sort(key=_seq)
@@ -573,12 +568,11 @@ class Queue:
                 continue
             self.ready_bytes -= entry.message.body_size
             if entry.expiry:
-                self._expiring.pop(entry.seq, None)
+                self._expiring.pop(self.row_key(entry), None)
             self._forget(entry)
             removed += 1
         if self.paged and offset > self.paged_from:
             removed += self._drop_paged(offset)
-            self.paged_from = max(self.paged_from, offset)
         self.stats.ack += removed
         if removed:
             self.touch()
@@ -688,6 +682,33 @@ class Queue:
             self.page_id = self.pager.new_page_id()
         return self.pager.index, self.page_id
 
+    def row_key(self, entry: Entry) -> int:
+        """Where ``entry`` is in the queue index: its seq (a priority queue ranks it by level first)."""
+        return entry.seq
+
+    def _tail_on_disk(self, entry: Entry) -> bool:
+        """Whether a new ``entry`` goes to disk: the tail it joins is there (so order holds)."""
+        return self.paged > 0
+
+    def _count_paged(self, entry: Entry, size: int) -> None:
+        """``entry`` (``size`` bytes) joined the part of the queue on disk."""
+        self.paged += 1
+        self.paged_bytes += size
+
+    def _page_due(self) -> bool:
+        """The ready entries in memory run short: the next batch of the tail should come in."""
+        return len(self.ready) - self.gone_in_ready < PAGE_IN_BELOW
+
+    def _first_paged(self, start: int) -> int | None:
+        """The lowest seq >= ``start`` of an entry on disk, None if there is none."""
+        rows = self._paged_rows(start, 1) if self.paged else []
+        return rows[0].seq if rows else None
+
+    def _paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
+        """Up to ``limit`` index rows of entries on disk with seq >= ``start``, in seq order."""
+        index, queue_id = self._page_index()
+        return index.read(queue_id, max(start, self.paged_from), limit)
+
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
         """Move the ready entries after the first ``keep`` to disk (those above every seq a consumer took);
         returns the bytes of bodies that left memory.  ``written``: transient records made in this pass, by
@@ -704,7 +725,7 @@ class Queue:
                 self.gone_in_ready -= 1
                 continue
             if entry.expiry:
-                self._expiring.pop(entry.seq, None)  # its (expiry, seq) stays in the heap
+                self._expiring.pop(self.row_key(entry), None)  # its (expiry, key) stays in the heap
             self._page_write(entry, written)
             self.paged += 1
             self.paged_bytes += entry.message.body_size
@@ -718,7 +739,7 @@ class Queue:
         index, queue_id = self._page_index()
         if entry.transient:  # paged in before: its index entry and record are still there
             if entry.redelivered:
-                index.delivered(queue_id, entry.seq, entry.transient, entry.expiry, message.body_size,
+                index.delivered(queue_id, self.row_key(entry), entry.transient, entry.expiry, message.body_size,
                                 transient=True)
             return
         if message.msg_id and self.persistence is not None:
@@ -732,8 +753,8 @@ class Queue:
             transient_id = pager.write(message)
             if written is not None:
                 written[id(message)] = (message, transient_id)
-        index.publish(queue_id, entry.seq, transient_id, entry.expiry, message.body_size, entry.redelivered,
-                      transient=True)
+        index.publish(queue_id, self.row_key(entry), transient_id, entry.expiry, message.body_size,
+                      entry.redelivered, transient=True)
 
     def _paged_entry(self, row: IndexEntry) -> Entry:
         """An entry for an index row (its message's content stays in its store until needed)."""
@@ -748,6 +769,16 @@ class Queue:
         index, queue_id = self._page_index()
         room = self._window() - (len(self.ready) - self.gone_in_ready)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
+        self._bring_in(rows, self._admit)
+        if rows:
+            self.paged_from = rows[-1].seq + 1
+        if not rows or self.paged <= 0:
+            self._trust_index()
+
+    def _bring_in(self, rows: list[IndexEntry], admit: Callable[[Entry], None]) -> None:
+        """Index rows of the part on disk become ready entries in memory (``admit``), their contents read a
+        batch at a time; an entry whose message the store lost is dropped."""
+        index, queue_id = self._page_index()
         persistent = self.persistence.store if self.persistence is not None else None
         payloads = {}  # the batch's contents, a read or two per store rather than one per message
         routes: dict[bytes, tuple[bytes, str, str]] = {}
@@ -756,7 +787,6 @@ class Queue:
             ids = [row.msg_id for row in rows if row.transient == transient]
             if ids and store is not None:
                 payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
-        admit = self._admit
         self.paged -= len(rows)
         self.paged_bytes -= sum(row.size for row in rows)
         for row in rows:
@@ -772,14 +802,14 @@ class Queue:
                 entry.message.fill_from(payload, routes, headers)
             admit(entry)
             if row.expiry:
-                self._expiring[row.seq] = entry
-        if rows:
-            self.paged_from = rows[-1].seq + 1
-        if not rows or self.paged <= 0:  # the counts said more than the index held: trust the index
-            if self.paged:
-                log.error("%r: %d entries counted on disk were not found", self, self.paged)
-            self.ready_bytes -= self.paged_bytes
-            self.paged = self.paged_bytes = 0
+                self._expiring[self.row_key(entry)] = entry
+
+    def _trust_index(self) -> None:
+        """The counts said more was on disk than the index held: the index is right."""
+        if self.paged:
+            log.error("%r: %d entries counted on disk were not found", self, self.paged)
+        self.ready_bytes -= self.paged_bytes
+        self.paged = self.paged_bytes = 0
 
     def _window(self) -> int:
         """How much of the queue stays in memory: its window, or ``CONSUMED_WINDOW`` while consumers take from
@@ -810,6 +840,7 @@ class Queue:
                 self._release_row(row)
                 self._unpage(row.size)
             removed += len(rows)
+        self.paged_from = max(self.paged_from, below)
         return removed
 
     def _release_row(self, row: IndexEntry) -> None:
@@ -824,7 +855,7 @@ class Queue:
         message = entry.message
         if entry.transient:
             index, queue_id = self._page_index()
-            index.ack(queue_id, entry.seq)
+            index.ack(queue_id, self.row_key(entry))
             self.pager.store.remove(entry.transient)
         elif message.msg_id and self.persistence is not None:
             self.persistence.remove(self, entry)
@@ -832,8 +863,9 @@ class Queue:
     # -- expiry -------------------------------------------------------------------------------
 
     def _track_expiry(self, entry: Entry) -> None:
-        self._expiring[entry.seq] = entry
-        self._schedule_expiry(entry.expiry, entry.seq)
+        key = self.row_key(entry)
+        self._expiring[key] = entry
+        self._schedule_expiry(entry.expiry, key)
 
     def _schedule_expiry(self, expiry: int, seq: int) -> None:
         first = self._expiry.next_deadline()

@@ -408,7 +408,7 @@ class Connection:
 # --------------------------------------------------------------------------
 
 def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=True,
-                      max_unconfirmed=10000, batch=100, timeout=None, progress=None):
+                      max_unconfirmed=10000, batch=100, timeout=None, progress=None, max_priority=None):
     """Publish ``count`` copies of ``body`` on channel ``ch`` (already in confirm
     mode) and wait until the broker has confirmed all of them.
 
@@ -418,9 +418,13 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
     ``{"sent_s", "confirmed_s", "nacks"}`` (seconds from the first publish until
     the last one was written / the last confirm arrived).  ``progress(sent,
     confirmed)`` is called about once a second.  Raises AMQPError on a broker
-    close or when ``timeout`` seconds pass."""
-    one = publish_frames(ch, exchange, routing_key, body, persistent, conn.frame_max)
-    full = memoryview(one * batch)
+    close or when ``timeout`` seconds pass.  ``max_priority``: the messages'
+    ``priority`` goes round 0..max_priority."""
+    levels = [None] if max_priority is None else range(max_priority + 1)
+    frames = [publish_frames(ch, exchange, routing_key, body, persistent, conn.frame_max, priority=level)
+              for level in levels]
+    one = frames[0]
+    full = memoryview(b"".join(frames[i % len(frames)] for i in range(batch)))
     sock = conn.sock
     old_timeout = sock.gettimeout()
     sock.setblocking(False)

@@ -402,8 +402,9 @@ def run(args) -> dict:
         sp = conn.server_properties
         res["server"] = f"{sp.get('product')} {sp.get('version')}"
         conn.channel_open(1)
+        queue_arguments = {"x-max-priority": args.max_priority} if args.max_priority is not None else None
         for queue in queues:
-            conn.queue_declare(1, queue, durable=True)
+            conn.queue_declare(1, queue, durable=True, arguments=queue_arguments)
         time.sleep(1)
         res["rss_empty_bytes"] = rss_bytes(broker.pid())
         conn.confirm_select(1)
@@ -424,7 +425,7 @@ def run(args) -> dict:
             share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
             p = publish_confirmed(conn, 1, "", queue, body, share, persistent=True,
                                   max_unconfirmed=args.max_unconfirmed, timeout=args.publish_timeout,
-                                  progress=pub_progress)
+                                  progress=pub_progress, max_priority=args.max_priority)
             confirmed_s += p["confirmed_s"]
             sent_s += p["sent_s"]
             nacks += p["nacks"]
@@ -577,6 +578,7 @@ def main(argv=None) -> int:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=100, help="body size in bytes")
     ap.add_argument("--queues", type=int, default=1, help="durable queues the messages are spread over")
+    ap.add_argument("--max-priority", type=int, help="priority queues (x-max-priority) with messages of every level")
     ap.add_argument("--max-unconfirmed", type=int, default=10_000)
     ap.add_argument("--consume", action="store_true", help="consume + ack everything afterwards")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between last confirm and RSS/disk reading")

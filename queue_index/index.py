@@ -377,11 +377,14 @@ class QueueIndex:
                 txn.put(queue_id.to_bytes(4, "big"), TOTALS.pack(*totals))
         return Totals(*totals)
 
-    def last_seq(self, queue_id: int) -> int | None:
-        """The highest committed seq of the queue, None if it has no entry."""
+    def last_seq(self, queue_id: int, below: int | None = None) -> int | None:
+        """The highest committed seq of the queue (under ``below``), None if it has no entry."""
         with self._env.begin() as txn:
             cursor = txn.cursor()
-            upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else None
+            if below is not None:
+                upper = KEY.pack(queue_id, below)
+            else:
+                upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else None
             if upper is None or not cursor.set_range(upper):
                 if not cursor.last():
                     return None

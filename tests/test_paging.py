@@ -368,3 +368,226 @@ async def test_a_streams_runs_stay_bounded_and_find_times_across_a_restart(tmp_p
             for t in published] == starts
     assert (stream.first, stream.next_seq, stream.message_count) == (0, 100, 100)
     broker.close()
+
+
+# -- priority queues: each level pages as a plain queue does ----------------------------------------
+
+def send_levels(broker: Broker, vhost: VHost, queue: str, levels: list[int], persistent: bool = True,
+                prefix: str = "m", **props) -> list[tuple[int, bytes]]:
+    """One message per level in ``levels``, bodies ``{prefix}{i}``; returns (level, body) in publish order."""
+    sent = []
+    for i, level in enumerate(levels):
+        body = f"{prefix}{i}".encode()
+        send(broker, vhost, queue, [body], persistent, priority=level, **props)
+        sent.append((level, body))
+    return sent
+
+
+def by_priority(sent: list[tuple[int, bytes]], maximum: int) -> list[bytes]:
+    """Delivery order: highest level first (levels above the maximum count as the maximum), FIFO within."""
+    order = sorted(range(len(sent)), key=lambda i: (-min(sent[i][0], maximum), i))
+    return [sent[i][1] for i in order]
+
+
+PRIORITIES = {"x-max-priority": 9}
+MIXED_LEVELS = [(i * 7) % 12 for i in range(600)]  # 0..11: 10 and 11 count as 9
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+async def test_a_deep_priority_queue_keeps_a_window_and_delivers_in_priority_order(broker, vhost, persistent):
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS, persistent)
+    assert len(queue.ready) <= WINDOW and queue.paged == 600 - len(queue.ready)
+    assert queue.message_count == 600
+    await settle()
+    got = []
+    while (entry := broker.get_local(vhost, "p", no_ack=True)[1]) is not None:
+        got.append(entry.message.body)
+        assert len(queue.ready) <= 2048  # a level pages in a batch at a time, never the whole queue
+    assert got == by_priority(sent, 9)
+    assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.paged == 0
+    broker.persistence.commit_now()
+    broker.pager.index.commit()
+    assert broker.persistence.index.queue_ids() == set()
+    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
+
+
+async def test_a_high_priority_message_deep_in_the_tail_comes_first_without_the_rest(broker, vhost):
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    send(broker, vhost, "p", bodies(3000), priority=1)
+    send(broker, vhost, "p", [b"urgent"], priority=8)
+    send(broker, vhost, "p", bodies(10, "after"), priority=1)
+    assert queue.paged > 2900
+    assert broker.get_local(vhost, "p", no_ack=True)[1].message.body == b"urgent"
+    assert len(queue.ready) <= 2 * WINDOW  # the level below stayed on disk
+    assert drain(broker, vhost, "p") == bodies(3000) + bodies(10, "after")
+
+
+async def test_priority_requeues_consumers_and_pages_interleave(broker, vhost):
+    """Consumers take some, give some back, the queue pages out and in meanwhile: every message once, each
+    level in order, redelivered ones back in their place."""
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:300])
+    target = Target()
+    consumer = consume(broker, vhost, "p", target, "c", prefetch=40)
+    taken = list(target.held)
+    broker.remove_consumer(consumer)
+    sent += send_levels(broker, vhost, "p", MIXED_LEVELS[300:], prefix="n")
+    queue.page_out(3)
+    broker.settle_taken(taken, requeue=True)  # back in place, in memory, ahead of their levels' disk part
+    queue.page_out(3)
+    got = drain(broker, vhost, "p")
+    assert got == by_priority(sent, 9)
+
+
+async def test_priority_ttl_on_disk_expires_and_dead_letters(broker, vhost):
+    broker.declare_queue(vhost, "dlq", durable=True)
+    broker.declare_queue(vhost, "p", durable=True, arguments={
+        **PRIORITIES, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    queue = vhost.queue("p")
+    send(broker, vhost, "p", bodies(40, "keep"), priority=2)
+    send(broker, vhost, "p", bodies(30, "short"), priority=5, expiration="50")
+    send(broker, vhost, "p", bodies(40, "tail"), priority=0)
+    assert queue.paged > 60
+    await asyncio.sleep(0.3)
+    assert queue.message_count == 80
+    assert vhost.queue("dlq").message_count == 30
+    assert drain(broker, vhost, "p") == bodies(40, "keep") + bodies(40, "tail")
+    assert sorted(drain(broker, vhost, "dlq")) == sorted(bodies(30, "short"))
+
+
+async def test_priority_ttl_of_entries_paged_in_and_out_again(broker, vhost):
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    send(broker, vhost, "p", bodies(100, "x"), priority=3, expiration="100")
+    send(broker, vhost, "p", bodies(100, "k"), priority=1)
+    assert broker.get_local(vhost, "p", no_ack=True)[1].message.body == b"x0"  # level 3 pages in
+    queue.page_out(2)
+    await asyncio.sleep(0.3)
+    assert queue.message_count == 100
+    assert drain(broker, vhost, "p") == bodies(100, "k")
+
+
+async def test_priority_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker, vhost):
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:200])
+    order = by_priority(sent, 9)
+    assert [e.message.body for e in broker.peek(queue, 0, 200)] == order
+    assert [e.message.body for e in broker.peek(queue, 150, 30)] == order[150:180]
+    assert queue.offsets() == (0, 200)
+    assert [e.message.body for e in queue.browse(5, 195)] == [body for _, body in sent[5:195]]
+    batches = list(queue.read_range(0, 200, 7, limit=60))
+    assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
+    assert queue.remove_upto(120) == 120
+    assert queue.message_count == 80 and queue.offsets() == (120, 200)
+    assert drain(broker, vhost, "p") == by_priority(sent[120:], 9)
+
+
+async def test_priority_purge_and_delete_release_everything_on_disk(broker, vhost):
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
+    send_levels(broker, vhost, "p", MIXED_LEVELS[:100], persistent=False, prefix="t")
+    await settle()
+    assert broker.purge_local(vhost, "p") == 200
+    assert vhost.queue("p").message_count == 0 and vhost.queue("p").paged == 0
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
+    assert drain(broker, vhost, "p")[:3] == by_priority(sent, 9)[:3]
+    send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
+    broker.delete_queue(vhost, "p")
+    broker.persistence.commit_now()
+    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
+    assert broker.persistence.index.queue_ids() == set()
+
+
+async def test_a_transient_priority_queue_pages_under_memory_pressure(broker, vhost):
+    broker.declare_queue(vhost, "t", arguments=PRIORITIES)
+    queue = vhost.queue("t")
+    sent = send_levels(broker, vhost, "t", MIXED_LEVELS, persistent=False)
+    assert queue.paged == 0
+    broker.pager.page_out(broker.all_queues(), keep=10)
+    assert len(queue.ready) == 10 and queue.paged == 590
+    sent += send_levels(broker, vhost, "t", [9, 0], persistent=False, prefix="late")
+    assert drain(broker, vhost, "t") == by_priority(sent, 9)
+    broker.pager.index.commit()
+    assert broker.pager.store.stats().messages == 0
+
+
+async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path):
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS)
+    send(broker, vhost, "p", [b"gone"], persistent=False, priority=9)
+    await settle()
+    broker.close()
+
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = vhost.queue("p")
+    assert queue.message_count == 600 and len(queue.ready) == 0
+    assert queue.next_seq == 601
+    sent += send_levels(broker, vhost, "p", [9, 0], prefix="new")
+    assert drain(broker, vhost, "p") == by_priority(sent, 9)
+    broker.close()
+
+
+async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
+    """A node upgraded from when a priority queue's index entries were keyed by seq alone (and the queue
+    kept them all in memory) finds them, in priority order, and keys them by level once."""
+    from amqp_server.priority_queue import PriorityQueue
+
+    data = str(tmp_path / "data")
+    monkeypatch.setattr(PriorityQueue, "ranked", False)  # writes as before: seq-keyed
+    broker = Broker(data, queue_window=10_000)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:300], expiration="600000")
+    await settle()
+    broker.close()
+    monkeypatch.undo()
+
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = vhost.queue("p")
+    assert queue.message_count == 300
+    assert drain(broker, vhost, "p") == by_priority(sent, 9)
+    broker.persistence.commit_now()
+    assert broker.persistence.index.queue_ids() == set()
+    broker.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_deep_priority_queue_survives_kill_9(start_broker):
+    """Confirmed persistent messages of a priority queue deeper than its window: all back after kill -9, in
+    priority order, none twice."""
+    import pika
+
+    node = start_broker("--queue-window", "16")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("pq", durable=True, arguments={"x-max-priority": 5})
+    for i, level in enumerate(MIXED_LEVELS):
+        channel.basic_publish("", "pq", b"m%d" % i, pika.BasicProperties(delivery_mode=2, priority=level))
+    channel.basic_qos(prefetch_count=50)
+    held = 0
+    for method, _props, _body in channel.consume("pq", inactivity_timeout=2):
+        held += 1
+        if method is None or held == 50:
+            break
+    assert held == 50  # taken, never acked: back after the crash
+    node.kill()
+    node.start()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    assert channel.queue_declare("pq", durable=True, arguments={"x-max-priority": 5}).method.message_count == 600
+    got = []
+    while (reply := channel.basic_get("pq", auto_ack=True))[0] is not None:
+        got.append(reply[2])
+    assert got == by_priority([(level, b"m%d" % i) for i, level in enumerate(MIXED_LEVELS)], 5)
+    connection.close()
