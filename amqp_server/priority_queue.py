@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 from queue_index import IndexEntry
 
 from .message import Message
-from .queue import PAGE_IN_BATCH, PAGE_IN_BELOW, Entry, Queue, from_seq, pop_below, put_back
+from .queue import PAGE_IN_BATCH, PAGE_IN_BELOW, Entry, Queue, from_seq, pop_below, put_back, stored_message
 
 log = logging.getLogger("warren.queue")
 
@@ -43,18 +43,34 @@ def key_level(key: int) -> int:
     return 256 - (key >> RANK_SHIFT)
 
 
-class PriorityReady:
-    """Ready entries in one deque per level 0..max; iteration and ``popleft`` go highest level first."""
+class LeveledEntry(Entry):
+    """An entry of a priority queue: its message's priority read once (uncapped; ``PriorityReady`` caps it),
+    or for one read back from disk, the level its index key names."""
 
-    __slots__ = ("levels", "top", "count")
+    __slots__ = ("level",)
+
+    def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0,
+                 transient: int = 0, level: int | None = None) -> None:
+        super().__init__(seq, message, redelivered, expiry, transient)
+        self.level = message.priority if level is None else level
+
+
+class PriorityReady:
+    """Ready entries in one deque per level 0..max; iteration and ``popleft`` go highest level first.
+
+    ``taken[n]`` is the highest seq ``popleft`` took from level ``n``: every entry a consumer holds is at or
+    below it, so the level's part above it may go to disk (a requeue then comes back in memory)."""
+
+    __slots__ = ("levels", "top", "count", "taken")
 
     def __init__(self, max_priority: int) -> None:
         self.levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
         self.top = -1  # no level above this one holds entries
         self.count = 0
+        self.taken = [-1] * (max_priority + 1)
 
-    def index_of(self, entry: Entry) -> int:
-        return min(entry.message.priority, len(self.levels) - 1)
+    def index_of(self, entry: LeveledEntry) -> int:
+        return min(entry.level, len(self.levels) - 1)
 
     def level(self, entry: Entry) -> deque[Entry]:
         """The deque ``entry`` belongs in; a level above ``top`` raises ``top``."""
@@ -81,14 +97,25 @@ class PriorityReady:
         return chain.from_iterable(reversed(self.levels[:self.top + 1]))
 
     def append(self, entry: Entry) -> None:
-        self.level(entry).append(entry)
+        index = min(entry.level, len(self.levels) - 1)  # level(), inline: the publish path
+        if index > self.top:
+            self.top = index
+        self.levels[index].append(entry)
         self.count += 1
 
     def popleft(self) -> Entry:
         if not self.count:
             raise IndexError("pop from an empty ready list")
+        levels = self.levels
+        top = self.top  # highest(), inline: the delivery path
+        while not levels[top]:
+            top -= 1
+        self.top = top
         self.count -= 1
-        return self.levels[self.highest()].popleft()
+        entry = levels[top].popleft()
+        if entry.seq > self.taken[top]:
+            self.taken[top] = entry.seq
+        return entry
 
     def clear(self) -> None:
         for level in self.levels:
@@ -102,28 +129,25 @@ class PriorityQueue(Queue):
 
     Level ``n``'s entries with ``seq >= level_from[n]`` are on disk while ``on_disk[n]`` (which may stay set
     once the level's last entry on disk left otherwise than by paging in: the next page-in finds none and
-    clears it); ``paged`` counts them all.  ``level_taken[n]``, the highest seq of the level a consumer took,
-    keeps every unacked entry in front of the level's part on disk, so a requeue puts it back in memory."""
+    clears it); ``paged`` counts them all.  A level pages out only above ``ready.taken[n]``, so every unacked
+    entry is in front of the level's part on disk and a requeue puts it back in memory."""
 
     ready: PriorityReady  # type: ignore[assignment]
     ranked = True
+    entry_type = LeveledEntry
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ready = PriorityReady(self.args.max_priority or 0)
         levels = len(self.ready.levels)
+        self.max_level = levels - 1
         self.on_disk = [False] * levels
         self.level_from = [0] * levels
-        self.level_taken = [-1] * levels
         self.disk_top = -1  # the highest level on disk
 
-    def _level(self, entry: Entry) -> int:
-        if entry.message.body is None:  # paged in beyond a batch's bytes: its content is still in the store
-            self.host.load_body(entry.message)
-        return self.ready.index_of(entry)
-
-    def row_key(self, entry: Entry) -> int:
-        return index_key(self._level(entry), entry.seq)
+    def row_key(self, entry: LeveledEntry) -> int:
+        """index_key, inline: asked for each store, delivery and ack of a persistent message."""
+        return (256 - min(entry.level, self.max_level)) << RANK_SHIFT | entry.seq
 
     def _set_on_disk(self, level: int, value: bool) -> None:
         self.on_disk[level] = value
@@ -138,15 +162,20 @@ class PriorityQueue(Queue):
     # -- in and out of memory -------------------------------------------------------------------
 
     def _tail_on_disk(self, entry: Entry) -> bool:
-        return self.on_disk[self._level(entry)]
+        return self.on_disk[self.ready.index_of(entry)]
 
     def _page_due(self) -> bool:
         """The highest level on disk is above every level in memory, or is the highest and runs short."""
         level = self.disk_top
         if level < 0:
             return True  # counted on disk, yet no level is: _page_in puts the count right
-        top = self.ready.highest()
-        return level > top or (level == top and len(self.ready.levels[level]) < PAGE_IN_BELOW)
+        ready = self.ready
+        levels = ready.levels
+        top = ready.top  # highest(), inline: asked before every delivery from a deep queue
+        while top >= 0 and not levels[top]:
+            top -= 1
+        ready.top = top
+        return level > top or (level == top and len(levels[level]) < PAGE_IN_BELOW)
 
     def _page_in(self) -> None:
         """The next batch of the highest level on disk comes in."""
@@ -179,7 +208,7 @@ class PriorityQueue(Queue):
         self.pager.deep(self)
         freed = 0
         for level, entries in enumerate(ready.levels):
-            taken = self.level_taken[level]
+            taken = ready.taken[level]
             while len(ready) > keep and entries and entries[-1].seq > taken:
                 entry = entries.pop()
                 ready.count -= 1
@@ -198,12 +227,6 @@ class PriorityQueue(Queue):
             if len(ready) <= keep:
                 break
         return freed
-
-    def _take(self, entry: Entry, no_ack: bool) -> Entry:
-        level = self._level(entry)
-        if entry.seq > self.level_taken[level]:
-            self.level_taken[level] = entry.seq
-        return super()._take(entry, no_ack)
 
     def _put_back(self, entry: Entry) -> None:
         put_back(self.ready.level(entry), entry)
@@ -224,8 +247,9 @@ class PriorityQueue(Queue):
         found.sort(key=lambda row: row.seq)
         return found[:limit]
 
-    def _paged_entry(self, row: IndexEntry) -> Entry:
-        return super()._paged_entry(row._replace(seq=row.seq & SEQ_MASK))
+    def _paged_entry(self, row: IndexEntry) -> LeveledEntry:
+        return LeveledEntry(row.seq & SEQ_MASK, stored_message(row), row.delivered, row.expiry,
+                            row.msg_id if row.transient else 0, key_level(row.seq))
 
     def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
         """In delivery order: each level's entries in memory, then those on disk, highest level first."""

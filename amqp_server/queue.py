@@ -142,6 +142,11 @@ class TransientPages(Protocol):
     def write(self, message: Message) -> int: ...
 
 
+def stored_message(row: IndexEntry) -> Message:
+    """The message of an index row, its content left in the store (transient or persistent) it names."""
+    return Message.stored(0, row.size, row.msg_id) if row.transient else Message.stored(row.msg_id, row.size)
+
+
 def put_back(ready: deque[Entry], entry: Entry) -> None:
     """Insert a requeued entry where its ``seq`` puts it (usually at one end)."""
     if not ready or entry.seq > ready[-1].seq:
@@ -177,6 +182,7 @@ class Queue:
     remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
     pageable = True
     ranked = False  # a priority queue keys its index entries by level, then seq (row_key)
+    entry_type = Entry  # a priority queue's entries know their level
     queue_type = "classic"
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
@@ -250,7 +256,7 @@ class Queue:
                 self._dead_letter([Entry(self.next_seq, message)], "maxlen", persisted=False)
             return False
         expiry = self._expiry_for(message) if self._ttl or message.has_expiration else 0
-        entry = Entry(self.next_seq, message, False, expiry)
+        entry = self.entry_type(self.next_seq, message, False, expiry)
         self.next_seq += 1
         self.stats.publish += 1
         if self.persistence is not None and (message.persistent or self.persists_all):
@@ -758,9 +764,7 @@ class Queue:
 
     def _paged_entry(self, row: IndexEntry) -> Entry:
         """An entry for an index row (its message's content stays in its store until needed)."""
-        if row.transient:
-            return Entry(row.seq, Message.stored(0, row.size, row.msg_id), row.delivered, row.expiry, row.msg_id)
-        return Entry(row.seq, Message.stored(row.msg_id, row.size), row.delivered, row.expiry)
+        return Entry(row.seq, stored_message(row), row.delivered, row.expiry, row.msg_id if row.transient else 0)
 
     def _page_in(self) -> None:
         """Bring the next batch of the tail into memory; the whole tail if it fits in the window, so a queue
