@@ -30,9 +30,13 @@ from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
 import logging
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
-from queue_index import ExpiryHeap, IndexEntry, QueueIndex
+import numpy as np
+
+from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, ExpiryHeap, IndexEntry, QueueIndex
 
 from .clock import now_ms
 from .message import Message
@@ -55,6 +59,26 @@ PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has
 MIN_WINDOW = 64  # the least a deep queue keeps in memory, however many share the budget (paging.Pager.window)
 CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budget still applies)
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
+
+
+@dataclass
+class DiskSpan:
+    """Ready entries on disk as arrays of where their payloads lie (``Queue.disk_span``): row ``i`` is the
+    ``sizes[i]`` bytes at ``offsets[i]`` of the segment file open as ``fds[files[i]]``.  The descriptors are
+    duplicates, the holder's to close (``close``): they stay that file whatever the store does meanwhile."""
+
+    seqs: np.ndarray
+    redelivered: np.ndarray
+    files: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    fds: list[int]
+    next: int  # where the next span starts
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class Entry:
@@ -530,6 +554,46 @@ class Queue:
                 remaining -= len(batch)
                 if remaining <= 0:
                     return
+
+    def disk_index(self, start: int) -> tuple[str, int, int] | None:
+        """Where a reader in another process walks the entries on disk from ``start`` on (``disk_span`` then
+        finds their payloads): the queue index's directory, the queue's id there and the first seq, the index
+        committed so that the reader sees them.  None where the part on disk is not a seq suffix (a priority
+        queue's levels interleave)."""
+        if self.ranked:
+            return None
+        index, queue_id = self._page_index()
+        index.commit()
+        return index.path, queue_id, max(start, self.paged_from)
+
+    def disk_span(self, seqs: np.ndarray, values: np.ndarray, end: int, limit: int) -> DiskSpan:
+        """Of index rows walked from ``disk_index`` (at most ``limit``; ``queue_index.as_columns``), those below
+        ``end`` and not expired, with where their payloads lie in the stores' segment files.  Its ``next`` is
+        where the entries on disk after these begin (``end`` when there are none)."""
+        if not len(seqs) or seqs[0] >= end:
+            return DiskSpan(*(np.zeros(0, np.int64),) * 5, [], end)
+        following = int(seqs[-1]) + 1 if len(seqs) == limit else end
+        expiry = values["expiry"]
+        keep = (seqs < end) & ((expiry == 0) | (expiry > now_ms()))
+        seqs, values = seqs[keep], values[keep]
+        flags = values["flags"]
+        files = np.zeros(len(seqs), np.uint32)
+        offsets = np.zeros(len(seqs), np.uint32)
+        sizes = np.zeros(len(seqs), np.uint32)
+        found = np.zeros(len(seqs), bool)
+        fds: list[int] = []
+        transient = (flags & FLAG_TRANSIENT) != 0
+        for store, rows in ((self.pager.store, transient),
+                            (self.persistence.store if self.persistence is not None else None, ~transient)):
+            if store is None or not rows.any():
+                continue
+            here, segments, offsets[rows], sizes[rows] = store.locate(values["msg_id"][rows].astype(np.int64))
+            found[rows] = here
+            numbers = np.unique(segments[here])
+            files[rows] = np.searchsorted(numbers, segments) + len(fds)
+            fds.extend(os.dup(store.segment_fd(int(number))) for number in numbers)
+        return DiskSpan(seqs[found].astype(np.int64), (flags[found] & FLAG_DELIVERED) != 0, files[found],
+                        offsets[found], sizes[found], fds, min(following, end))
 
     def span(self, start: int, end: int) -> list[Entry]:
         """The in-memory ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy

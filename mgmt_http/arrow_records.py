@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import pyarrow as pa
 
@@ -64,23 +64,36 @@ class Snapshot:
 def encode(queue_name: str, snap: Snapshot, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
     entries = snap.entries
     messages = list(map(_message, entries))
-    bodies = pa.array(snap.bodies, pa.binary())
+    return encode_columns(queue_name, list(map(_seq, entries)), list(map(_redelivered, entries)),
+                          list(map(_route, messages)), list(map(_header, messages)), snap.bodies, body_text, schema)
+
+
+Binaries = Union[list[bytes], pa.Array]
+
+
+def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries,
+                   headers: Binaries, bodies: Binaries, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch from its rows' offsets, redelivered flags, routes, content headers and bodies (as the
+    store keeps them; lists, or binary arrays ``record_reader`` gathers from the segment files)."""
+    body_array = _binary(bodies)
     if body_text:
-        bodies = _as_text(bodies, snap.bodies)
-    arrays = [pa.repeat(pa.scalar(queue_name, pa.string()), len(entries)),
-              pa.array(list(map(_seq, entries)), pa.int64()), bodies]
-    arrays.extend(_distinct_columns(list(map(_route, messages)), _route_row, (pa.string(), pa.string())))
-    arrays.extend(_distinct_columns(list(map(_header, messages)), _header_row,
-                                    [schema.field(name).type for name in PROPERTY_COLUMNS]))
-    arrays.append(pa.array(list(map(_redelivered, entries)), pa.bool_()))
+        body_array = _as_text(body_array)
+    arrays = [pa.repeat(pa.scalar(queue_name, pa.string()), len(bodies)), pa.array(seqs, pa.int64()), body_array]
+    arrays.extend(_distinct_columns(routes, _route_row, (pa.string(), pa.string())))
+    arrays.extend(_distinct_columns(headers, _header_row, [schema.field(name).type for name in PROPERTY_COLUMNS]))
+    arrays.append(pa.array(redelivered, pa.bool_()))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _distinct_columns(keys: list[bytes], row: Callable[[bytes], tuple[Any, ...]],
+def _binary(values: Binaries) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+
+
+def _distinct_columns(keys: Binaries, row: Callable[[bytes], tuple[Any, ...]],
                       types: Sequence[pa.DataType]) -> list[pa.Array]:
     """Columns of values that depend on ``keys`` alone: each distinct key's row computed once, then one
     ``take`` per column (a backlog's messages mostly share their route and their properties)."""
-    encoded = pa.array(keys, pa.binary()).dictionary_encode()  # hashed in Arrow, not in Python
+    encoded = _binary(keys).dictionary_encode()  # hashed in Arrow, not in Python
     rows = list(map(row, encoded.dictionary.to_pylist()))
     return [pa.array([r[j] for r in rows], kind).take(encoded.indices) for j, kind in enumerate(types)]
 
@@ -90,12 +103,12 @@ def _route_row(route: bytes) -> tuple[str, str]:
     return route[1:1 + ex_len].decode("utf-8", "replace"), route[2 + ex_len:].decode("utf-8", "replace")
 
 
-def _as_text(bodies: pa.Array, raw: list[bytes]) -> pa.Array:
+def _as_text(bodies: pa.Array) -> pa.Array:
     """Bodies as UTF-8 text; invalid bytes become U+FFFD (only then row by row)."""
     try:
         return bodies.cast(pa.string())
     except pa.ArrowInvalid:
-        return pa.array([bytes(b).decode("utf-8", "replace") for b in raw], pa.string())
+        return pa.array([b.decode("utf-8", "replace") for b in bodies.to_pylist()], pa.string())
 
 
 def _header_row(header: bytes) -> tuple[Any, ...]:

@@ -32,9 +32,9 @@ from aiohttp import web
 
 from amqp_server.auth import Principal
 from amqp_server.errors import AMQPError
-from amqp_server.queue import Queue
+from amqp_server.queue import DiskSpan, Queue
 
-from . import auth
+from . import auth, record_reader
 from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
@@ -43,6 +43,9 @@ DEFAULT_BATCH_ROWS = 16384
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
 SNAPSHOT_ROWS = 2048  # rows snapshotted per loop turn
 MAX_LIMIT = 1_000_000
+WRITE_SLICE = 256 * 1024  # bytes of a reader's batch written to the response at once
+READER_PROCESSES = 2  # Spark reads a partition per core: two at once on the machines measured
+READERS = web.AppKey("record_readers", record_reader.RecordReaders)
 
 
 # -- auth: the management API's, reused ------------------------------------------------------
@@ -133,8 +136,10 @@ async def offsets(request: web.Request, queue: Queue) -> web.Response:
 @_guarded
 @_owned
 async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
-    """The range as an Arrow stream.  The loop only snapshots each batch's references (``SNAPSHOT_ROWS`` at a
-    time, so no AMQP connection waits long); columns are built and serialised in a worker thread."""
+    """The range as an Arrow stream.  Entries in memory: the loop snapshots each batch's references
+    (``SNAPSHOT_ROWS`` at a time, so no AMQP connection waits long) and a worker thread builds the columns.
+    Entries on disk: the loop finds where they lie and a reader process (``record_reader``) builds the
+    batch, so the loop's GIL stays free for AMQP traffic; without one, they are read as those in memory."""
     from . import arrow_records
 
     head, tail = queue.offsets()
@@ -157,20 +162,65 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
         """One IPC message of the stream; written as it is, with no copy on the loop."""
         return arrow_records.encode(name, snap, body_text, schema).serialize()
 
-    await response.write(schema.serialize().to_pybytes())
-    snap = arrow_records.Snapshot()
-    for entries in queue.read_range(start, end, min(SNAPSHOT_ROWS, batch_rows), limit):  # a slice per loop turn
-        snap.add(entries)
-        if len(snap.entries) >= batch_rows:
+    async def in_memory(first: int, last: int, most: int) -> int:
+        """Entries ``first <= seq < last`` (at most ``most``) as the loop and a worker thread read them."""
+        written = 0
+        snap = arrow_records.Snapshot()
+        for entries in queue.read_range(first, last, min(SNAPSHOT_ROWS, batch_rows), most):  # a slice per turn
+            snap.add(entries)
+            written += len(entries)
+            if len(snap.entries) >= batch_rows:
+                await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+                snap = arrow_records.Snapshot()
+            else:
+                await asyncio.sleep(0)  # let the loop serve others between slices
+        if snap.entries:
             await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
-            snap = arrow_records.Snapshot()
-        else:
-            await asyncio.sleep(0)  # let the loop serve others between slices
-    if snap.entries:
-        await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+        return written
+
+    await response.write(schema.serialize().to_pybytes())
+    readers: record_reader.RecordReaders = request.app[READERS]
+    cursor, remaining = start, limit
+    while cursor < end and remaining > 0:
+        on_disk_from = queue.paged_from if queue.paged else end  # a plain queue's memory holds what is below
+        if cursor < on_disk_from:
+            remaining -= await in_memory(cursor, min(end, on_disk_from), remaining)
+            cursor = min(end, on_disk_from)
+            continue
+        try:
+            span = await _disk_batch(readers, queue, cursor, end, min(batch_rows, remaining))
+        except record_reader.ReaderUnavailable:
+            span = None
+        if span is None:  # a priority queue (its levels' parts on disk interleave), or no reader
+            remaining -= await in_memory(cursor, end, remaining)
+            break
+        try:
+            if len(span.seqs):
+                batch = memoryview(await readers.read(name, span, body_text))
+                for at in range(0, len(batch), WRITE_SLICE):  # each write a short copy, the loop free between
+                    await response.write(batch[at:at + WRITE_SLICE])
+                remaining -= len(span.seqs)
+        except record_reader.ReaderUnavailable:
+            remaining -= await in_memory(cursor, span.next, len(span.seqs))
+        finally:
+            span.close()
+        cursor = span.next
     await response.write(END_OF_STREAM)
     await response.write_eof()
     return response
+
+
+async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start: int, end: int,
+                      rows: int) -> DiskSpan | None:
+    """Up to ``rows`` ready entries on disk from ``start``: a reader walks the queue index, the loop finds
+    where their payloads lie.  None for a priority queue."""
+    where = queue.disk_index(start)
+    if where is None:
+        return None
+    seqs, values = await readers.walk(*where, rows)
+    if not queue.paged or queue.paged_from > where[2]:  # consumers took the disk's head into memory meanwhile
+        seqs, values = seqs[seqs >= queue.paged_from], values[seqs >= queue.paged_from]
+    return queue.disk_span(seqs, values, end, rows)
 
 
 @_guarded
@@ -185,6 +235,12 @@ async def commit(request: web.Request, queue: Queue) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    readers = app[READERS] = record_reader.RecordReaders(READER_PROCESSES)
+
+    async def stop_readers(_app: web.Application) -> None:
+        readers.close()
+
+    app.on_cleanup.append(stop_readers)
     app.router.add_get("/api/queues/{vhost}/{name}/offsets", offsets)
     app.router.add_get("/api/queues/{vhost}/{name}/records", records)
     app.router.add_post("/api/queues/{vhost}/{name}/commit", commit)

@@ -76,6 +76,24 @@ class Locations:
             return None
         return chunk.segment[i], chunk.offset[i], chunk.size[i]
 
+    def find_many(self, ids: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray", "np.ndarray"]:
+        """``find`` for an array of ids: (found, segment, offset, size) arrays, a slice per chunk."""
+        found = np.zeros(len(ids), dtype=bool)
+        segments = np.zeros(len(ids), dtype=np.uint32)
+        offsets = np.zeros(len(ids), dtype=np.uint32)
+        sizes = np.zeros(len(ids), dtype=np.uint32)
+        for number, rows, slots in _by_chunk(ids):
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                continue
+            here = _view(chunk.refs)[slots] != ABSENT
+            rows, slots = rows[here], slots[here]
+            found[rows] = True
+            segments[rows] = _view(chunk.segment)[slots]
+            offsets[rows] = _view(chunk.offset)[slots]
+            sizes[rows] = _view(chunk.size)[slots]
+        return found, segments, offsets, sizes
+
     def __getitem__(self, msg_id: int) -> Location:
         location = self.get(msg_id)
         if location is None:

@@ -350,6 +350,16 @@ class MessageStore:
         self.reads += len(wanted)
         return found
 
+    def locate(self, msg_ids: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray", "np.ndarray"]:
+        """Where the payloads of ``msg_ids`` lie in the segment files, for a reader in another process:
+        (found, segment, offset, size) arrays, the tail flushed first so every record is in its file.  The
+        files' descriptors (``segment_fd``) stay readable after a compaction or deletion unlinks them."""
+        self.flush()
+        return self.index.find_many(msg_ids)
+
+    def segment_fd(self, number: int) -> int:
+        return self.segments[number].fd
+
     def __contains__(self, msg_id: int) -> bool:
         return msg_id in self.index
 

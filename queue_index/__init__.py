@@ -7,7 +7,8 @@ Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`Totals`, :class:`Expiry
 :class:`Schedule` and :class:`ScheduledEntry`.
 """
 from .expiry import ExpiryHeap
-from .index import FLAG_TRANSIENT, IndexEntry, QueueIndex, Totals
+from .index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexEntry, QueueIndex, Totals, as_columns, open_reader, walk
 from .schedule import Schedule, ScheduledEntry
 
-__all__ = ["FLAG_TRANSIENT", "ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals"]
+__all__ = ["FLAG_DELIVERED", "FLAG_TRANSIENT", "ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals",
+           "as_columns", "open_reader", "walk"]

@@ -30,6 +30,7 @@ import shutil
 import struct
 from typing import Iterator, NamedTuple, Sequence
 
+import lmdb
 import numpy as np
 
 from .lmdb_batch import open_env
@@ -285,8 +286,8 @@ class QueueIndex:
             keys, values = self._walk(queue_id, start, batch)
             if not keys:
                 return
-            seqs = np.frombuffer(keys, dtype=KEY_DTYPE)["seq"]
-            yield seqs, np.frombuffer(values, dtype=VALUE_DTYPE)
+            seqs, rows = as_columns(keys, values)
+            yield seqs, rows
             if len(seqs) < batch:
                 return
             start = int(seqs[-1]) + 1
@@ -328,18 +329,12 @@ class QueueIndex:
         return [_row(seq, *value) for (_queue, seq), value in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))]
 
     def _walk(self, queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
-        """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined:
-        one cursor walks keys, another values, so no (key, value) pair is made per entry."""
-        upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
-        first = KEY.pack(queue_id, start)
-        with self._env.begin() as txn:
-            key_cursor, value_cursor = txn.cursor(), txn.cursor()
-            if not key_cursor.set_range(first):
-                return b"", b""
-            value_cursor.set_range(first)
-            keys = list(itertools.islice(key_cursor.iternext(keys=True, values=False), limit))
-            end = bisect.bisect_left(keys, upper)
-            return b"".join(keys[:end]), b"".join(itertools.islice(value_cursor.iternext(keys=False, values=True), end))
+        return walk(self._env, queue_id, start, limit)
+
+    @property
+    def path(self) -> str:
+        """The index's directory, for a reader in another process (``open_reader``, ``walk``)."""
+        return self._env.path()
 
     def take(self, queue_id: int, start: int, end: int, limit: int) -> list[IndexEntry]:
         """Delete up to ``limit`` entries with ``start <= seq < end`` (staged changes committed first) and
@@ -428,6 +423,32 @@ class QueueIndex:
         return ids
 
 
+
+
+def walk(env: "lmdb.Environment", queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
+    """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined: one
+    cursor walks keys, another values, so no (key, value) pair is made per entry.  ``env`` may be this
+    process's index or another's (``open_reader``)."""
+    upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
+    first = KEY.pack(queue_id, start)
+    with env.begin() as txn:
+        key_cursor, value_cursor = txn.cursor(), txn.cursor()
+        if not key_cursor.set_range(first):
+            return b"", b""
+        value_cursor.set_range(first)
+        keys = list(itertools.islice(key_cursor.iternext(keys=True, values=False), limit))
+        end = bisect.bisect_left(keys, upper)
+        return b"".join(keys[:end]), b"".join(itertools.islice(value_cursor.iternext(keys=False, values=True), end))
+
+
+def as_columns(keys: bytes, values: bytes) -> tuple["np.ndarray", "np.ndarray"]:
+    """``walk``'s bytes as arrays: seqs, and values with fields ``msg_id``, ``expiry``, ``size``, ``flags``."""
+    return np.frombuffer(keys, dtype=KEY_DTYPE)["seq"], np.frombuffer(values, dtype=VALUE_DTYPE)
+
+
+def open_reader(path: str) -> "lmdb.Environment":
+    """An index another process writes, opened to read (LMDB readers never block its writer)."""
+    return lmdb.open(path, readonly=True, lock=True, max_dbs=0, readahead=False)
 
 
 def _account(changes: dict[bytes, list[int]], keys: Sequence[bytes], values: Sequence[bytes], sign: int) -> None:

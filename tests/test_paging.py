@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import re
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -590,4 +592,65 @@ def test_a_deep_priority_queue_survives_kill_9(start_broker):
     while (reply := channel.basic_get("pq", auto_ack=True))[0] is not None:
         got.append(reply[2])
     assert got == by_priority([(level, b"m%d" % i) for i, level in enumerate(MIXED_LEVELS)], 5)
+    connection.close()
+
+
+def _reader_pids(node) -> list[int]:
+    """The node's record reader processes (children running mgmt_http.record_reader)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                    if parent == node.proc.pid and b"mgmt_http.record_reader" in cmdline.read():
+                        found.append(int(pid))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+@pytest.mark.timeout(90)
+def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
+    """/records builds the batches of a deep queue's part on disk in reader processes: persistent and
+    transient messages alike, expired ones left out, properties as published; a reader killed mid-way is
+    replaced and the read answered all the same."""
+    import signal
+
+    import pika
+    import pyarrow as pa
+
+    from test_mgmt_api import call
+
+    node = start_broker("--queue-window", "16")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("deep", durable=True)
+    channel.confirm_delivery()
+    expected = []
+    for i in range(3000):
+        expiring = i % 100 == 7
+        channel.basic_publish("", "deep", b"m%d" % i, pika.BasicProperties(
+            delivery_mode=2 if i % 3 else 1, expiration="1" if expiring else None, message_id=f"id{i}"))
+        if not expiring:
+            expected.append(i)
+    time.sleep(0.05)
+
+    def read(**query) -> pa.Table:
+        params = "&".join(f"{k}={v}" for k, v in query.items())
+        return pa.ipc.open_stream(call(node, "GET", f"/api/queues/%2F/deep/records?{params}").raw).read_all()
+
+    table = read(batch=500)
+    assert table.column("offset").to_pylist() == expected
+    assert table.column("body").to_pylist() == [b"m%d" % i for i in expected]
+    assert table.column("message_id").to_pylist() == [f"id{i}" for i in expected]
+    assert table.column("delivery_mode").to_pylist() == [2 if i % 3 else 1 for i in expected]
+    readers = _reader_pids(node)
+    assert len(readers) == 2
+    for pid in readers:
+        os.kill(pid, signal.SIGKILL)
+    table = read(start=100, end=2900, limit=2000, body="text")
+    assert table.column("offset").to_pylist() == [i for i in expected if 100 <= i < 2900][:2000]
+    assert table.column("body").to_pylist() == [f"m{i}" for i in expected if 100 <= i < 2900][:2000]
+    assert _reader_pids(node)  # replaced
     connection.close()

@@ -1,0 +1,278 @@
+"""Reader processes for the Spark bridge's ``/records``: a queue's part on disk becomes Arrow batches in
+another process, so that a large read does not take the event loop's GIL from AMQP traffic.
+
+The loop finds where a batch's payloads lie (``Queue.disk_span``: the queue index and the stores'
+locations, as arrays) and sends that, with the descriptors of the segment files, to an idle reader over a
+Unix socket.  The reader reads the records (one ``pread`` per run of neighbours), builds the record batch
+column by column (``arrow_records.encode_columns``) and sends back its serialised IPC message, which the
+loop writes to the response as it is.  A descriptor stays readable after a compaction or a deletion
+unlinks its file, so the records a span names are there however the store moves on meanwhile.
+
+The queue index is walked there too (``walk``): LMDB lets another process read it while the broker
+writes, and a walk of 16,384 entries is milliseconds the loop would otherwise spend.
+
+Wire format, both ways over a stream socket: a request is ``REQUEST`` (header length, rows), the JSON
+header (a walk's index, queue id, start and limit; or a batch's queue name and body format), then for a
+batch the span's five arrays back to back, its descriptors riding along with the first bytes.  A reply is
+``REPLY`` (status, length) and that many bytes: the walk's keys' length, keys and values, or the batch's
+IPC message, or (status 1) the error's text.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from amqp_server.queue import DiskSpan
+from queue_index import as_columns, open_reader, walk
+
+log = logging.getLogger("warren.mgmt.records")
+
+REQUEST = struct.Struct(">II")  # header length, rows
+REPLY = struct.Struct(">BQ")  # status (0: the batch, 1: an error), length
+KEYS_LENGTH = struct.Struct(">I")  # a walk's reply: its keys' length, then keys and values
+PAYLOAD_HEAD = struct.Struct(">HI")  # a stored payload: route length, header length (amqp_server.message)
+READ_GAP = 64 * 1024  # dead bytes between two wanted records read through rather than seeked over
+MAX_FDS = 4096
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_COLUMNS = (("seqs", np.int64), ("redelivered", np.bool_), ("files", np.uint32), ("offsets", np.uint32),
+            ("sizes", np.uint32))
+
+
+class ReaderUnavailable(Exception):
+    """No reader process could serve the batch: the caller builds it itself."""
+
+
+class RecordReaders:
+    """``size`` reader processes, started on first use; ``read`` hands a span to an idle one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._idle: asyncio.Queue[_Reader] | None = None
+        self._all: list[_Reader] = []
+
+    async def walk(self, index_path: str, queue_id: int, start: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``limit`` index entries of the queue from ``seq >= start``, as ``queue_index.as_columns``."""
+        reply = await self._ask(lambda reader: reader.request({"walk": [index_path, queue_id, start, limit]}))
+        keys_length = KEYS_LENGTH.unpack_from(reply)[0]
+        return as_columns(reply[KEYS_LENGTH.size:KEYS_LENGTH.size + keys_length],
+                          reply[KEYS_LENGTH.size + keys_length:])
+
+    async def read(self, queue_name: str, span: DiskSpan, body_text: bool) -> bytes:
+        """The span's record batch, serialised (an Arrow IPC message)."""
+        return await self._ask(lambda reader: reader.request({"queue": queue_name, "text": body_text}, span))
+
+    async def _ask(self, request: Any) -> bytes:
+        if self.size <= 0:
+            raise ReaderUnavailable("no reader processes")
+        if self._idle is None:
+            self._idle = asyncio.Queue()
+            for _ in range(self.size):
+                try:
+                    reader = _Reader()
+                except OSError as exc:
+                    log.warning("cannot start a record reader: %s", exc)
+                    continue
+                self._all.append(reader)
+                self._idle.put_nowait(reader)
+        if not self._all:
+            raise ReaderUnavailable("no reader processes")
+        reader = await self._idle.get()
+        try:
+            if reader.proc.poll() is not None:
+                reader = self._replace(reader, f"exited with {reader.proc.returncode}")
+            return await request(reader)
+        except (OSError, EOFError) as exc:
+            reader = self._replace(reader, str(exc))
+            raise ReaderUnavailable(str(exc)) from None
+        finally:
+            self._idle.put_nowait(reader)
+
+    def _replace(self, reader: "_Reader", why: str) -> "_Reader":
+        log.warning("record reader %d failed (%s); starting another", reader.proc.pid, why)
+        reader.close()
+        self._all.remove(reader)
+        reader = _Reader()
+        self._all.append(reader)
+        return reader
+
+    def close(self) -> None:
+        for reader in self._all:
+            reader.close()
+        self._all.clear()
+
+
+class _Reader:
+    """One reader process and the loop's end of its socket."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "mgmt_http.record_reader", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),), cwd=ROOT, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+
+    async def request(self, header: dict, span: DiskSpan | None = None) -> bytes:
+        loop = asyncio.get_running_loop()
+        encoded = json.dumps(header).encode()
+        head = REQUEST.pack(len(encoded), len(span.seqs) if span is not None else 0) + encoded
+        socket.send_fds(self.sock, [head], span.fds if span is not None else [])  # few bytes, an empty buffer
+        if span is not None:
+            await loop.sock_sendall(self.sock, b"".join(getattr(span, name).astype(kind, copy=False).tobytes()
+                                                        for name, kind in _COLUMNS))
+        status, length = REPLY.unpack(await self._exactly(REPLY.size))
+        body = await self._exactly(length)
+        if status:
+            raise OSError(body.decode(errors="replace"))
+        return body
+
+    async def _exactly(self, size: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        got = 0
+        while got < size:
+            count = await loop.sock_recv_into(self.sock, view[got:])
+            if not count:
+                raise EOFError("the reader closed its socket")
+            got += count
+        return bytes(buffer) if size < 1 << 16 else buffer
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- the reader process -----------------------------------------------------------------------
+
+def _receive(sock: socket.socket, size: int, buffer: bytearray) -> bytes:
+    while len(buffer) < size:
+        data = sock.recv(max(size - len(buffer), 1 << 16))
+        if not data:
+            raise EOFError
+        buffer += data
+    taken = bytes(buffer[:size])
+    del buffer[:size]
+    return taken
+
+
+def _payloads(fds: list[int], files: np.ndarray, offsets: np.ndarray,
+              sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' payloads read into one buffer, a pread per run of neighbouring records of a file: (buffer,
+    where each payload starts in it, its size, the rows in buffer order)."""
+    order = np.lexsort((offsets, files))
+    file, first = files[order], offsets[order].astype(np.int64)
+    size = sizes[order].astype(np.int64)
+    end = first + size
+    breaks = np.flatnonzero((file[1:] != file[:-1]) | (first[1:] - end[:-1] > READ_GAP)) + 1
+    starts, stops = np.concatenate(([0], breaks)), np.concatenate((breaks, [len(order)]))
+    chunks, position, base = [], np.empty(len(order), np.int64), 0
+    for i, j in zip(starts.tolist(), stops.tolist()):
+        at, upto = int(first[i]), int(end[j - 1])
+        data = os.pread(fds[int(file[i])], upto - at, at)
+        if len(data) != upto - at:
+            raise OSError(f"short read of {upto - at} bytes at {at}")
+        chunks.append(data)
+        position[i:j] = first[i:j] - at + base
+        base += len(data)
+    return np.frombuffer(b"".join(chunks), np.uint8), position, size, order
+
+
+def _gather(buffer: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+    """The binary array of ``buffer[starts[i]:stops[i]]``, copied by numpy, not a slice per row: as one
+    strided block when the ranges are alike and evenly spaced (a backlog of messages of one size), else
+    through an index of every byte."""
+    lengths = stops - starts
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not len(starts):
+        data = np.zeros(0, np.uint8)
+    elif (lengths == lengths[0]).all() and (len(starts) == 1 or (np.diff(starts) == starts[1] - starts[0]).all()):
+        stride = int(starts[1] - starts[0]) if len(starts) > 1 else 0
+        data = np.lib.stride_tricks.as_strided(buffer[int(starts[0]):], shape=(len(starts), int(lengths[0])),
+                                               strides=(stride, 1), writeable=False).ravel()
+    else:
+        data = buffer[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
+    return pa.Array.from_buffers(pa.binary(), len(starts),
+                                 [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+
+
+def _batch(header: dict, columns: dict[str, np.ndarray], fds: list[int]) -> bytes:
+    """The record batch of the span, its columns gathered from the records as arrays (row by row only
+    where ``arrow_records`` decodes each distinct route and header once)."""
+    from . import arrow_records
+
+    buffer, at, size, order = _payloads(fds, columns["files"], columns["offsets"], columns["sizes"])
+
+    def octet(k: int) -> np.ndarray:
+        return buffer[at + k].astype(np.int64)
+
+    route_len = octet(0) << 8 | octet(1)  # PAYLOAD_HEAD, big-endian, read for every row at once
+    header_len = octet(2) << 24 | octet(3) << 16 | octet(4) << 8 | octet(5)
+    route_at = at + PAYLOAD_HEAD.size
+    header_at = route_at + route_len
+    body_at = header_at + header_len
+    columns_in_buffer_order = [_gather(buffer, begin, stop) for begin, stop in
+                               ((route_at, header_at), (header_at, body_at), (body_at, at + size))]
+    if np.any(order[1:] < order[:-1]):  # records not in offset order (a compaction moved some): rows' order back
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        columns_in_buffer_order = [column.take(back) for column in columns_in_buffer_order]
+    routes, headers, bodies = columns_in_buffer_order
+    schema = arrow_records.arrow_schema(header["text"])
+    batch = arrow_records.encode_columns(header["queue"], columns["seqs"], columns["redelivered"], routes, headers,
+                                         bodies, header["text"], schema)
+    return batch.serialize().to_pybytes()
+
+
+def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limit: int) -> bytes:
+    env = envs.get(index_path)
+    if env is None:
+        env = envs[index_path] = open_reader(index_path)
+    keys, values = walk(env, queue_id, start, limit)
+    return KEYS_LENGTH.pack(len(keys)) + keys + values
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer requests until the broker closes its end."""
+    buffer = bytearray()
+    envs: dict[str, Any] = {}  # the queue indexes walked, open to read
+    while True:
+        data, fds, _flags, _address = socket.recv_fds(sock, 1 << 16, MAX_FDS)
+        if not data:
+            return
+        buffer += data
+        try:
+            header_len, rows = REQUEST.unpack(_receive(sock, REQUEST.size, buffer))
+            header = json.loads(_receive(sock, header_len, buffer))
+            columns = {name: np.frombuffer(_receive(sock, rows * np.dtype(kind).itemsize, buffer), kind)
+                       for name, kind in _COLUMNS} if rows else {}
+            try:
+                reply = _walk(envs, *header["walk"]) if "walk" in header else _batch(header, columns, fds)
+                status = 0
+            except Exception as exc:  # noqa: BLE001 - told to the broker, which builds the batch itself
+                reply, status = repr(exc).encode(), 1
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.sendall(REPLY.pack(status, len(reply)) + reply)
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))
