@@ -67,11 +67,11 @@ class RecordReaders:
         return as_columns(reply[KEYS_LENGTH.size:KEYS_LENGTH.size + keys_length],
                           reply[KEYS_LENGTH.size + keys_length:])
 
-    async def read(self, queue_name: str, span: DiskSpan, body_text: bool) -> bytes:
+    async def read(self, queue_name: str, span: DiskSpan, body_text: bool) -> memoryview:
         """The span's record batch, serialised (an Arrow IPC message)."""
         return await self._ask(lambda reader: reader.request({"queue": queue_name, "text": body_text}, span))
 
-    async def _ask(self, request: Any) -> bytes:
+    async def _ask(self, request: Any) -> memoryview:
         if self.size <= 0:
             raise ReaderUnavailable("no reader processes")
         if self._idle is None:
@@ -124,7 +124,7 @@ class _Reader:
         ours.setblocking(False)
         self.sock = ours
 
-    async def request(self, header: dict, span: DiskSpan | None = None) -> bytes:
+    async def request(self, header: dict, span: DiskSpan | None = None) -> memoryview:
         loop = asyncio.get_running_loop()
         encoded = json.dumps(header).encode()
         head = REQUEST.pack(len(encoded), len(span.seqs) if span is not None else 0) + encoded
@@ -135,20 +135,20 @@ class _Reader:
         status, length = REPLY.unpack(await self._exactly(REPLY.size))
         body = await self._exactly(length)
         if status:
-            raise OSError(body.decode(errors="replace"))
+            raise OSError(bytes(body).decode(errors="replace"))
         return body
 
-    async def _exactly(self, size: int) -> bytes:
+    async def _exactly(self, size: int) -> memoryview:
+        """``size`` bytes from the reader, into memory not zeroed first (a batch is tens of MiB)."""
         loop = asyncio.get_running_loop()
-        buffer = bytearray(size)
-        view = memoryview(buffer)
+        view = memoryview(np.empty(size, np.uint8))
         got = 0
         while got < size:
             count = await loop.sock_recv_into(self.sock, view[got:])
             if not count:
                 raise EOFError("the reader closed its socket")
             got += count
-        return bytes(buffer) if size < 1 << 16 else buffer
+        return view
 
     def close(self) -> None:
         self.sock.close()
@@ -195,21 +195,26 @@ def _payloads(fds: list[int], files: np.ndarray, offsets: np.ndarray,
 
 
 def _gather(buffer: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
-    """The binary array of ``buffer[starts[i]:stops[i]]``, copied by numpy, not a slice per row: as one
-    strided block when the ranges are alike and evenly spaced (a backlog of messages of one size), else
-    through an index of every byte."""
+    """The binary array of ``buffer[starts[i]:stops[i]]``, copied by numpy, not a slice per row: a strided
+    block per group of ranges alike and evenly spaced (a backlog of messages of one size is a few groups, split
+    where a run of records ends), else, for ranges that differ all along, through an index of every byte."""
+    count = len(starts)
     lengths = stops - starts
-    offsets = np.zeros(len(starts) + 1, np.int64)
+    offsets = np.zeros(count + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    if not len(starts):
+    steps = np.diff(starts)
+    breaks = np.flatnonzero((lengths[1:] != lengths[:-1]) | np.concatenate(([False], steps[1:] != steps[:-1]))) + 1
+    if not count:
         data = np.zeros(0, np.uint8)
-    elif (lengths == lengths[0]).all() and (len(starts) == 1 or (np.diff(starts) == starts[1] - starts[0]).all()):
-        stride = int(starts[1] - starts[0]) if len(starts) > 1 else 0
-        data = np.lib.stride_tricks.as_strided(buffer[int(starts[0]):], shape=(len(starts), int(lengths[0])),
-                                               strides=(stride, 1), writeable=False).ravel()
+    elif len(breaks) <= count // 16:
+        bounds = np.concatenate(([0], breaks, [count])).tolist()
+        data = np.concatenate([np.lib.stride_tricks.as_strided(
+            buffer[int(starts[a]):], shape=(b - a, int(lengths[a])),
+            strides=(int(steps[a]) if b - a > 1 else 0, 1), writeable=False).ravel()
+            for a, b in zip(bounds[:-1], bounds[1:])])
     else:
         data = buffer[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
-    return pa.Array.from_buffers(pa.binary(), len(starts),
+    return pa.Array.from_buffers(pa.binary(), count,
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
 
 

@@ -654,3 +654,28 @@ def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
     assert table.column("body").to_pylist() == [f"m{i}" for i in expected if 100 <= i < 2900][:2000]
     assert _reader_pids(node)  # replaced
     connection.close()
+
+
+def test_a_readers_gather_copies_every_range_as_sliced():
+    """record_reader._gather, the readers' copy of bodies, routes and headers out of the records read: the
+    same bytes as slicing row by row, for ranges alike and evenly spaced (split where a run ends), of every
+    length, or none."""
+    import numpy as np
+
+    from mgmt_http.record_reader import _gather
+
+    rng = np.random.default_rng(7)
+    buffer = rng.integers(0, 256, 100_000, dtype=np.uint8)
+    for case in range(300):
+        count = int(rng.integers(0, 60))
+        if case % 3 == 0:  # one size, a gap where the records' run ends
+            starts = np.concatenate((np.arange(count // 2) * 50, 5000 + np.arange(count - count // 2) * 50))
+            lengths = np.full(count, 20)
+        elif case % 3 == 1:  # every size, uneven gaps
+            lengths, gaps = rng.integers(0, 30, count), rng.integers(0, 10, count)
+            starts = np.cumsum(np.concatenate(([0], (lengths + gaps)[:-1])))[:count]
+        else:
+            starts, lengths = np.arange(count) * 64, np.full(count, 64)
+        starts = starts.astype(np.int64)
+        stops = starts + lengths
+        assert _gather(buffer, starts, stops).to_pylist() == [bytes(buffer[a:b]) for a, b in zip(starts, stops)]
