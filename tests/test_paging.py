@@ -200,7 +200,7 @@ async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
     assert queue.message_count == 300 and len(queue.ready) == 0  # counted from the index's totals
     assert queue.next_seq == 310
     assert drain(broker, vhost, "q") == bodies(300)
-    assert drain(broker, vhost, "p") == [b"high", b"low"]  # a priority queue comes back whole
+    assert drain(broker, vhost, "p") == [b"high", b"low"]  # in priority order, paged in level by level
     broker.close()
 
 
