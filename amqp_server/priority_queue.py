@@ -169,13 +169,8 @@ class PriorityQueue(Queue):
         level = self.disk_top
         if level < 0:
             return True  # counted on disk, yet no level is: _page_in puts the count right
-        ready = self.ready
-        levels = ready.levels
-        top = ready.top  # highest(), inline: asked before every delivery from a deep queue
-        while top >= 0 and not levels[top]:
-            top -= 1
-        ready.top = top
-        return level > top or (level == top and len(levels[level]) < PAGE_IN_BELOW)
+        top = self.ready.highest()
+        return level > top or (level == top and len(self.ready.levels[level]) < PAGE_IN_BELOW)
 
     def _page_in(self) -> None:
         """The next batch of the highest level on disk comes in."""
