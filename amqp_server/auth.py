@@ -5,7 +5,9 @@ base64 of a 4-byte salt followed by SHA-256(salt + password)), so hashes from
 a RabbitMQ definitions export are accepted as they are; so are its SHA-512 and
 MD5 (pre-3.6) hashes, each checked with the algorithm its user record names.  Permissions are three
 regular expressions (configure, write, read) matched anywhere in the resource
-name, as RabbitMQ's ``re:run`` does; the empty string means ``^$``.
+name, as RabbitMQ's ``re:run`` does; the empty string means ``^$``.  Topic permissions
+(RabbitMQ's topic authorisation) add, per topic exchange, a write and a read pattern for
+the routing keys published to it and bound with on it.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from .definitions import DefinitionStore
 from .errors import ACCESS_REFUSED, ChannelError, resource_name
@@ -72,17 +74,43 @@ def check_permission(permissions: "Permissions | None", user: str, vhost: str, k
 
 
 @dataclass(frozen=True)
+class TopicPermission:
+    """The routing keys a user may publish with (write) and bind with (read) on one topic exchange."""
+    exchange: str
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True)
 class Principal:
     """Whom a broker operation is done for: a user and its permissions in the operation's vhost.
 
     Broker operations take one and check it themselves, so AMQP, HTTP and the cluster cannot differ.
+    ``topics`` are its topic permissions there, by exchange name: a live view, as RabbitMQ reads them at each check.
     """
     name: str
     permissions: Permissions | None
+    topics: Mapping[str, TopicPermission] = field(default_factory=dict)
 
     def check(self, kind: str, resource: str, vhost: str, name: str) -> None:
         if self.permissions is None or not self.permissions.allows(kind, name):
             check_permission(self.permissions, self.name, vhost, kind, resource, name)
+
+    def check_topic(self, kind: str, vhost: str, exchange: str, routing_key: str) -> None:
+        """403 unless the topic permission for ``exchange`` (if there is one) lets ``kind`` (write or read) use
+        ``routing_key``; ``{username}`` and ``{vhost}`` in its pattern stand for those names, as in RabbitMQ.
+        Only topic exchanges are checked: the caller knows the exchange's type."""
+        rule = self.topics.get(exchange)
+        if rule is None:
+            return
+        pattern = getattr(rule, kind).replace("{username}", self.name).replace("{vhost}", vhost)
+        try:
+            allowed = _compile(pattern).search(routing_key) is not None
+        except re.error:  # a name made the pattern invalid: nothing matches it
+            allowed = False
+        if not allowed:
+            raise ChannelError(ACCESS_REFUSED, f"access to topic '{routing_key}' in exchange '{exchange}' in vhost "
+                                               f"'{vhost}' refused for user '{self.name}'")
 
 
 @dataclass
@@ -115,6 +143,9 @@ class AccessControl:
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
         self.listener: DefinitionListener | None = None
+        # (vhost, user) -> its topic permissions by exchange: one dict per pair, shared by its principals and
+        # changed in place, so that a change applies to connections already open
+        self._topics: dict[tuple[str, str], dict[str, TopicPermission]] = {}
 
     def _put(self, kind: str, key: str, record: dict[str, Any]) -> None:
         self.store.put(kind, key, record)
@@ -154,6 +185,9 @@ class AccessControl:
         for key, record in list(self.store.items("permission")):
             if record["user"] == name:
                 self._delete("permission", key)
+        for record in self.all_topic_permissions():
+            if record["user"] == name:
+                self.clear_topic_permission(record["vhost"], name, record["exchange"])
         return self._delete("user", name)
 
     def authenticate(self, name: str, password: str) -> User | None:
@@ -190,6 +224,9 @@ class AccessControl:
         for key, record in list(self.store.items("permission")):
             if record["vhost"] == name:
                 self._delete("permission", key)
+        for record in self.all_topic_permissions():
+            if record["vhost"] == name:
+                self.clear_topic_permission(name, record["user"], record["exchange"])
         return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
@@ -206,6 +243,41 @@ class AccessControl:
     def clear_permissions(self, vhost: str, user: str) -> bool:
         return self._delete("permission", f"{vhost_key(vhost)}/{user}")
 
+    def principal(self, vhost: str, user: str) -> Principal:
+        """``user`` with its permissions and topic permissions in ``vhost``: what its operations there check."""
+        return Principal(user, self.permissions(vhost, user), self.topic_permissions(vhost, user))
+
+    def topic_permissions(self, vhost: str, user: str) -> dict[str, TopicPermission]:
+        """A user's topic permissions in a vhost, by exchange (the live view: callers must not change it)."""
+        rules = self._topics.get((vhost, user))
+        if rules is None:
+            rules = self._topics[(vhost, user)] = {
+                record["exchange"]: _topic(record) for record in self.all_topic_permissions()
+                if record["vhost"] == vhost and record["user"] == user}
+        return rules
+
+    def all_topic_permissions(self) -> list[dict[str, Any]]:
+        """Every topic permission's record: vhost, user, exchange, write, read."""
+        return [record for _, record in self.store.items("topic_permission")]
+
+    def set_topic_permission(self, vhost: str, user: str, rule: TopicPermission) -> None:
+        self._put("topic_permission", _topic_key(vhost, user, rule.exchange),
+                  {"vhost": vhost, "user": user, "exchange": rule.exchange, "write": rule.write, "read": rule.read})
+        if (vhost, user) in self._topics:
+            self._topics[(vhost, user)][rule.exchange] = rule
+
+    def clear_topic_permission(self, vhost: str, user: str, exchange: str) -> bool:
+        if (vhost, user) in self._topics:
+            self._topics[(vhost, user)].pop(exchange, None)
+        return self._delete("topic_permission", _topic_key(vhost, user, exchange))
+
+    def clear_topic_permissions(self, vhost: str, user: str) -> bool:
+        """All of a user's topic permissions in a vhost (RabbitMQ's HTTP DELETE); False if it had none."""
+        exchanges = list(self.topic_permissions(vhost, user))
+        for exchange in exchanges:
+            self.clear_topic_permission(vhost, user, exchange)
+        return bool(exchanges)
+
 
 VHOST_METADATA = ("description", "tags", "default_queue_type")
 
@@ -213,3 +285,11 @@ VHOST_METADATA = ("description", "tags", "default_queue_type")
 def vhost_key(name: str) -> str:
     """Vhost names may hold '/', which separates key parts: escape it."""
     return name.replace("%", "%25").replace("/", "%2F")
+
+
+def _topic_key(vhost: str, user: str, exchange: str) -> str:
+    return f"{vhost_key(vhost)}/{vhost_key(user)}/{exchange}"
+
+
+def _topic(record: dict[str, Any]) -> TopicPermission:
+    return TopicPermission(record["exchange"], record["write"], record["read"])

@@ -550,9 +550,7 @@ class Broker:
              who: Principal | None = None) -> None:
         """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
         read on the source first, then both must exist (rabbit_channel:binding_action's order)."""
-        if who is not None:
-            who.check("write", kind, vhost.name, destination)
-            who.check("read", "exchange", vhost.name, source)
+        self._check_binding(vhost, source, kind, destination, routing_key, who)
         if kind == "queue":
             target: Queue | Exchange = vhost.queue(destination)
             self.check_exclusive(target, owner)
@@ -566,15 +564,26 @@ class Broker:
                who: Principal | None = None) -> None:
         """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
         destination) unbinds without error, as in RabbitMQ."""
-        if who is not None:
-            who.check("write", kind, vhost.name, destination)
-            who.check("read", "exchange", vhost.name, source)
+        self._check_binding(vhost, source, kind, destination, routing_key, who)
         target = (vhost.queues if kind == "queue" else vhost.exchanges).get(destination)
         if target is None:
             return
         if kind == "queue":
             self.check_exclusive(target, owner)
         self.remove_binding(vhost, source, target, routing_key, arguments)
+
+    @staticmethod
+    def _check_binding(vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+                       who: Principal | None) -> None:
+        """Write on the destination, read on the source and, if the source is a topic exchange, the user's topic
+        permission to read ``routing_key`` there (rabbit_channel:binding_action's checks, in its order)."""
+        if who is None:
+            return
+        who.check("write", kind, vhost.name, destination)
+        who.check("read", "exchange", vhost.name, source)
+        exchange = vhost.exchanges.get(source)
+        if exchange is not None and exchange.type_name == "topic":
+            who.check_topic("read", vhost.name, source, routing_key)
 
     def add_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                     arguments: dict[str, Any] | None = None) -> None:
@@ -677,13 +686,20 @@ class Broker:
         return len(queues) > unavailable or queues is DEFERRED, rejected
 
     @staticmethod
-    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None) -> None:
-        """May ``who`` publish to the exchange: write on it, and it is not internal."""
+    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> bool:
+        """May ``who`` publish to the exchange with ``routing_key``: write on it, it is not internal, and on a topic
+        exchange the user's topic permission (if it has one now) lets it write the key.  True if the answer holds
+        for every routing key from now on, so that a channel may skip the check for the exchange: not for a topic
+        exchange, whose topic permissions may change while the channel is open."""
         if who is not None:
             who.check("write", "exchange", vhost.name, exchange.name)
         if exchange.internal:
             raise errors.access_refused(
                 f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")
+        if who is None or exchange.type_name != "topic":
+            return True
+        who.check_topic("write", vhost.name, exchange.name, routing_key)
+        return False
 
     @staticmethod
     def check_message(message: Message, user_name: str) -> None:

@@ -33,6 +33,7 @@ log = logging.getLogger("warren.channel")
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
+TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 MEMORY_CHECK_BYTES = 8 * 1024 * 1024  # each time a message's partial body grows by this, memory is checked
 
 
@@ -78,7 +79,8 @@ class Channel:
         self.tx: list[Callable[[], None]] | None = None
         self.last_queue = ""
         self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
-        self._write_checked: set[str] = set()
+        self._write_checked: dict[str, Exchange] = {}  # (an exchange deleted and made again is checked again)
+        self._topic_checked: dict[tuple[str, str], None] = {}  # the latest TOPIC_CHECKS_KEPT, oldest first
         self.stats = MessageStats()
         self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
         self.max_message_size = connection.config.max_message_size
@@ -172,12 +174,19 @@ class Channel:
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
-        if exchange_name not in self._write_checked:  # once per exchange and channel: the hot path stays lean
+        if (self._write_checked.get(exchange_name) is not exchange
+                and (exchange_name, routing_key) not in self._topic_checked):
+            # once per exchange and channel (the hot path stays lean); a topic exchange's per routing key
             try:
-                self.broker.check_publish(vhost, exchange, self.connection.principal)
+                any_key = self.broker.check_publish(vhost, exchange, self.connection.principal, routing_key)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
-            self._write_checked.add(exchange_name)
+            if any_key:
+                self._write_checked[exchange_name] = exchange
+            else:
+                self._topic_checked[(exchange_name, routing_key)] = None
+                if len(self._topic_checked) > TOPIC_CHECKS_KEPT:
+                    del self._topic_checked[next(iter(self._topic_checked))]
         if message.needs_checks:
             try:
                 self.broker.check_message(message, self.connection.user.name)
@@ -473,7 +482,7 @@ class Channel:
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused, self.connection.principal)
-        self._write_checked.discard(m.exchange)
+        self._write_checked.pop(m.exchange, None)
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
 

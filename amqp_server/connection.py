@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .vhost import VHost
     from .channel import Channel
     from .config import Config
-    from .auth import Permissions, User
+    from .auth import User
 
 log = logging.getLogger("warren.connection")
 
@@ -83,7 +83,6 @@ class Connection(asyncio.Protocol):
         self.user: "User | None" = None
         self.vhost: "VHost | None" = None
         self.vhost_name = ""
-        self.permissions: "Permissions | None" = None
         self.principal: "Principal | None" = None  # user + permissions: what broker operations check
         self.client_properties: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
@@ -456,13 +455,12 @@ class Connection(asyncio.Protocol):
         name = method.virtual_host
         if not self.broker.access.vhost_exists(name):
             raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
-        permissions = self.broker.access.permissions(name, self.user.name)
-        if permissions is None:
+        principal = self.broker.access.principal(name, self.user.name)
+        if principal.permissions is None:
             raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'")
         self.vhost = self.broker.vhost(name)
         self.vhost_name = name
-        self.permissions = permissions
-        self.principal = Principal(self.user.name, permissions)
+        self.principal = principal
         self.state = OPEN
         self._timer.cancel()
         self._timer = None

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import aetcd
 
 from amqp_server import errors, queue_args
-from amqp_server.auth import Permissions, User
+from amqp_server.auth import Permissions, TopicPermission, User
 from amqp_server.errors import AMQPError
 from amqp_server.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
@@ -41,7 +41,7 @@ AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 BALANCED = ("balanced", "least-leaders", "random")
-ACCESS_KINDS = ("user", "vhost", "permission")
+ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission")
 
 
 class Cluster:
@@ -266,6 +266,12 @@ class Cluster:
                 self.broker.delete_vhost(old["name"])
             else:
                 self.broker.add_vhost(new["name"], **{k: v for k, v in new.items() if k != "name"})
+        elif kind == "topic_permission":
+            if new is None:
+                access.clear_topic_permission(old["vhost"], old["user"], old["exchange"])
+            else:
+                access.set_topic_permission(new["vhost"], new["user"],
+                                            TopicPermission(new["exchange"], new["write"], new["read"]))
         elif new is None:
             access.clear_permissions(old["vhost"], old["user"])
         else:

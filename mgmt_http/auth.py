@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Permissions, Principal, User
+from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Principal, User
 from amqp_server.broker import Broker
 
 from .context import ctx
@@ -147,12 +147,6 @@ def require_vhost(request: web.Request, name: str | None = None, creating: bool 
     return vhost
 
 
-def permissions(request: web.Request, vhost: str) -> Permissions | None:
-    """The user's configure/write/read patterns in a vhost: what HTTP operations on its resources check."""
-    broker = ctx(request).broker
-    return broker.access.permissions(vhost, login(request).name)
-
-
 def principal(request: web.Request, vhost: str) -> Principal:
     """The logged-in user with its permissions in ``vhost``: what the broker's operations check."""
-    return Principal(login(request).name, permissions(request, vhost))
+    return ctx(request).broker.access.principal(vhost, login(request).name)

@@ -15,7 +15,7 @@ from . import auth
 from .bindings import vhost_bindings
 from .context import Context, ctx
 from .http import bad_request, from_amqp, get_bool, get_str, get_table, json_response, no_content
-from .permissions import all_permissions, permissions_from_json
+from .permissions import all_permissions, permissions_from_json, topic_permission_from_json
 from .users import parse_tags, user_from_json, user_info
 from .vhosts import vhost_metadata
 
@@ -58,7 +58,7 @@ def export_all(request: web.Request) -> dict[str, Any]:
     result["vhosts"] = [{"name": name, "limits": [], "metadata": access.vhost_metadata(name)}
                         for name in access.vhosts()]
     result["permissions"] = all_permissions(request)
-    result.update({"topic_permissions": [], "global_parameters": []})
+    result.update({"topic_permissions": access.all_topic_permissions(), "global_parameters": []})
     objects: dict[str, list] = {"parameters": [], "policies": [], "queues": [], "exchanges": [], "bindings": []}
     for name in access.vhosts():
         for key, items in _vhost_objects(context, name, True).items():
@@ -117,8 +117,8 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
     """Users, vhosts, permissions (whole-node import only), then policies, exchanges, queues, bindings — through
     the same broker operations as AMQP declares, so conflicts are errors as they would be there.
 
-    As RabbitMQ does, unknown fields are ignored.  Topic permissions, global parameters and runtime parameters
-    other than operator policies (federation, shovels) are accepted and ignored: Warren has no such features.
+    As RabbitMQ does, unknown fields are ignored.  Global parameters and runtime parameters other than operator
+    policies (federation, shovels) are accepted and ignored: Warren has no such features.
     """
     broker = context.broker
     access = broker.access
@@ -134,6 +134,11 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             if not access.vhost_exists(vhost) or access.user(user) is None:
                 raise bad_request(f"permissions for unknown vhost '{vhost}' or user '{user}'")
             access.set_permissions(vhost, user, permissions_from_json(item))
+        for item in _items(body, "topic_permissions"):
+            vhost, user = get_str(item, "vhost"), get_str(item, "user")
+            if not access.vhost_exists(vhost) or access.user(user) is None:
+                raise bad_request(f"topic permissions for unknown vhost '{vhost}' or user '{user}'")
+            access.set_topic_permission(vhost, user, topic_permission_from_json(item))
 
     def vhost_of(item: dict[str, Any]):
         name = only_vhost if only_vhost is not None else get_str(item, "vhost")
@@ -141,7 +146,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             raise bad_request(f"vhost '{name}' does not exist")
         return broker.vhost(name)
 
-    ignored = [key for key in ("topic_permissions", "global_parameters") if body.get(key)]
+    ignored = ["global_parameters"] if body.get("global_parameters") else []
     if any(item.get("component") != OPERATOR_POLICY for item in _items(body, "parameters")):
         ignored.append("parameters other than operator policies")
     if ignored:

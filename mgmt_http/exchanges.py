@@ -114,7 +114,7 @@ async def publish(request: web.Request) -> web.Response:
         if exchange is None:
             raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
         message = message_from_json(exchange.name, body)
-        broker.check_publish(vhost, exchange, who)
+        broker.check_publish(vhost, exchange, who, message.routing_key)
         broker.check_message(message, auth.login(request).name)
     except AMQPError as exc:
         raise with_code(exc) from None

@@ -30,7 +30,6 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import Principal
 from amqp_server.errors import AMQPError
 from amqp_server.queue import DiskSpan, Queue
 
@@ -73,7 +72,7 @@ def authorize_queue_read(request: web.Request) -> Queue:
         raise not_found()
     if not auth.can_see_vhost(broker, login, vhost_name):
         raise not_authorised("Access refused.")
-    who = Principal(login.name, broker.access.permissions(vhost_name, login.name))
+    who = broker.access.principal(vhost_name, login.name)
     vhost = broker.vhost(vhost_name)
     name = request.match_info["name"]
     if name not in vhost.queues:

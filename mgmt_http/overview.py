@@ -155,7 +155,7 @@ async def aliveness(request: web.Request) -> web.Response:
     who = auth.principal(request, vhost.name)  # as RabbitMQ's, through the user's own channel operations
     broker.declare_queue(vhost, ALIVENESS_QUEUE, durable=False, who=who)
     exchange = vhost.exchange("")
-    broker.check_publish(vhost, exchange, who)
+    broker.check_publish(vhost, exchange, who, ALIVENESS_QUEUE)
     broker.publish(vhost, exchange, make_message("", ALIVENESS_QUEUE, commands.Basic.Properties(), b"test_message"))
     _, entry = broker.get_local(vhost, ALIVENESS_QUEUE, no_ack=True, who=who)
     if entry is None or entry.message.body != b"test_message":

@@ -1,4 +1,5 @@
-"""/api/permissions: configure/write/read regular expressions per (vhost, user)."""
+"""/api/permissions: configure/write/read regular expressions per (vhost, user); /api/topic-permissions: write
+and read patterns for routing keys per (vhost, user, topic exchange)."""
 from __future__ import annotations
 
 import re
@@ -6,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import Permissions
+from amqp_server.auth import Permissions, TopicPermission
 
 from . import auth
 from .context import ctx
@@ -20,14 +21,23 @@ def permission_info(vhost: str, user: str, perms: Permissions) -> dict[str, Any]
     return {"user": user, "vhost": vhost, "configure": perms.configure, "write": perms.write, "read": perms.read}
 
 
-def permissions_from_json(body: dict[str, Any]) -> Permissions:
-    values = {kind: get_str(body, kind) for kind in ("configure", "write", "read")}
+def _patterns(body: dict[str, Any], kinds: tuple[str, ...]) -> dict[str, str]:
+    values = {kind: get_str(body, kind) for kind in kinds}
     for kind, pattern in values.items():
         try:
             re.compile(pattern)
         except re.error as exc:
             raise bad_request(f"{kind}: invalid regular expression: {exc}") from None
-    return Permissions(**values)
+    return values
+
+
+def permissions_from_json(body: dict[str, Any]) -> Permissions:
+    return Permissions(**_patterns(body, ("configure", "write", "read")))
+
+
+def topic_permission_from_json(body: dict[str, Any]) -> TopicPermission:
+    exchange = get_str(body, "exchange")
+    return TopicPermission(exchange, **_patterns(body, ("write", "read")))
 
 
 def all_permissions(request: web.Request, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
@@ -82,5 +92,61 @@ async def put(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     vhost, user = _target(request)
     if not ctx(request).broker.access.clear_permissions(vhost, user):
+        raise not_found()
+    return no_content()
+
+
+def _topic_listing(request: web.Request, vhost: str | None = None, user: str | None = None) -> web.Response:
+    records = [record for record in ctx(request).broker.access.all_topic_permissions()
+               if (vhost is None or record["vhost"] == vhost) and (user is None or record["user"] == user)]
+    return respond(request, records, ("vhost", "user", "exchange"))
+
+
+@routes.get("/api/topic-permissions")
+async def list_topic(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    return _topic_listing(request)
+
+
+@routes.get("/api/vhosts/{vhost}/topic-permissions")
+async def list_vhost_topic(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    return _topic_listing(request, vhost=auth.require_vhost(request))
+
+
+@routes.get("/api/users/{user}/topic-permissions")
+async def list_user_topic(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    user = request.match_info["user"]
+    if ctx(request).broker.access.user(user) is None:
+        raise not_found()
+    return _topic_listing(request, user=user)
+
+
+@routes.get("/api/topic-permissions/{vhost}/{user}")
+async def show_topic(request: web.Request) -> web.Response:
+    """The user's topic permissions in the vhost, one per exchange (404 if it has none)."""
+    vhost, user = _target(request)
+    if not ctx(request).broker.access.topic_permissions(vhost, user):
+        raise not_found()
+    return _topic_listing(request, vhost, user)
+
+
+@routes.put("/api/topic-permissions/{vhost}/{user}")
+async def put_topic(request: web.Request) -> web.Response:
+    """Set the topic permission for the body's exchange: 201 if the user had none in the vhost, as RabbitMQ."""
+    vhost, user = _target(request, bad_request("vhost_or_user_not_found"))
+    access = ctx(request).broker.access
+    rule = topic_permission_from_json(await read_json(request, required=True))
+    existed = bool(access.topic_permissions(vhost, user))
+    access.set_topic_permission(vhost, user, rule)
+    return created_or_updated(not existed)
+
+
+@routes.delete("/api/topic-permissions/{vhost}/{user}")
+async def delete_topic(request: web.Request) -> web.Response:
+    """Every topic permission of the user in the vhost goes (RabbitMQ 3.10 names no exchange here)."""
+    vhost, user = _target(request)
+    if not ctx(request).broker.access.clear_topic_permissions(vhost, user):
         raise not_found()
     return no_content()

@@ -419,18 +419,26 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
     api_put(n1, f"/vhosts/{vhost}", {})
     api_put(n1, f"/users/{user}", {"password": "secret", "tags": ""})
     api_put(n1, f"/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+    api_put(n1, f"/topic-permissions/{vhost}/{user}", {"exchange": "amq.topic", "write": "^ok", "read": ".*"})
     params = pika.ConnectionParameters("127.0.0.1", n2.port, vhost, pika.PlainCredentials(user, "secret"))
 
     def declare_on_node2() -> bool:
         with pika.BlockingConnection(params) as connection:
             connection.channel().queue_declare("in-" + vhost)
             connection.channel().exchange_declare("x-" + vhost, "fanout", durable=True)
-        return True
+            channel = connection.channel()
+            channel.confirm_delivery()
+            try:
+                channel.basic_publish("amq.topic", "refused", b"")
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                return exc.reply_code == 403
+        return False
 
-    wait_for(declare_on_node2, "user, vhost and permissions usable on node 2")
+    wait_for(declare_on_node2, "user, vhost, permissions and topic permissions usable on node 2")
     wait_for(lambda: api(n3, f"/queues/{vhost}/in-{vhost}")["node"] == "warren2@localhost", "queue seen on node 3")
     api_put(n3, f"/users/{user}", None, method="DELETE")
     wait_for(lambda: not any(u["name"] == user for u in api(n1, "/users")), "user deleted everywhere")
+    wait_for(lambda: not any(p["user"] == user for p in api(n2, "/topic-permissions")), "with its topic permissions")
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port, vhost,
                                                           pika.PlainCredentials(user, "secret")))

@@ -462,3 +462,175 @@ def test_http_refusals_for_a_user_without_permission(broker, uid):
     finally:
         call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
         call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+# -- topic permissions (RabbitMQ's topic authorisation) -------------------------------------------------
+
+def _user_with_topic_permissions(broker, user: str, exchange: str, write: str, read: str) -> tuple[str, str]:
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "management"}).status == 201
+    assert call(broker, "PUT", f"/api/permissions/%2F/{q(user)}",
+                {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+    assert call(broker, "PUT", f"/api/topic-permissions/%2F/{q(user)}",
+                {"exchange": exchange, "write": write, "read": read}).status == 201
+    return user, "pw"
+
+
+def _refused_topic(broker, user: str, action) -> str:
+    connection = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.port, credentials=pika.PlainCredentials(user, "pw")))
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        action(channel)
+    connection.close()
+    assert refused.value.reply_code == 403
+    return refused.value.reply_text
+
+
+def _allowed_topic(broker, user: str, action) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.port, credentials=pika.PlainCredentials(user, "pw")))
+    action(connection.channel())
+    connection.close()
+
+
+def test_topic_permissions_check_routing_keys_published_and_bound(broker, uid):
+    """A write pattern for the keys published to a topic exchange, a read pattern for the keys bound with on it
+    (queue and exchange bindings, unbinding too); ``{username}`` and ``{vhost}`` expand; other exchanges are
+    not checked."""
+    _mgmt(broker)
+    exchange = f"{uid}.topic"
+    user, _ = _user_with_topic_permissions(broker, uid, exchange, "^a\\.{username}\\.", "^r\\.{vhost}\\.")
+    try:
+        def declare(channel):
+            channel.exchange_declare(exchange, "topic", auto_delete=True)
+            channel.queue_declare(uid, exclusive=True)
+
+        def publish(key):
+            def action(channel):
+                channel.confirm_delivery()
+                declare(channel)
+                channel.basic_publish(exchange, key, b"x")
+            return action
+
+        _allowed_topic(broker, user, publish(f"a.{uid}.x"))
+        assert _refused_topic(broker, user, publish("b.x")) == \
+            f"ACCESS_REFUSED - access to topic 'b.x' in exchange '{exchange}' in vhost '/' refused for user '{user}'"
+        _allowed_topic(broker, user, lambda ch: (declare(ch), ch.queue_bind(uid, exchange, "r./.x"),
+                                                 ch.queue_unbind(uid, exchange, "r./.x")))
+        for action in (lambda ch: (declare(ch), ch.queue_bind(uid, exchange, "r.x")),
+                       lambda ch: (declare(ch), ch.queue_unbind(uid, exchange, "r.x")),
+                       lambda ch: (declare(ch), ch.exchange_declare(f"{uid}.f", "fanout", auto_delete=True),
+                                   ch.exchange_bind(f"{uid}.f", exchange, "r.x"))):
+            assert _refused_topic(broker, user, action) == (f"ACCESS_REFUSED - access to topic 'r.x' in exchange "
+                                                           f"'{exchange}' in vhost '/' refused for user '{user}'")
+        # another topic exchange, and the binding's destination side, are not restricted
+        _allowed_topic(broker, user, lambda ch: (ch.confirm_delivery(), ch.basic_publish("amq.topic", "b.x", b"x")))
+        _allowed_topic(broker, user, lambda ch: (declare(ch), ch.exchange_declare(f"{uid}.f", "fanout", auto_delete=True),
+                                                 ch.exchange_bind(exchange, f"{uid}.f", "r.x"),
+                                                 ch.exchange_delete(f"{uid}.f")))
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+def test_topic_permissions_are_checked_for_every_publish_on_a_channel(broker, uid):
+    """A channel that published an allowed key is still refused a key the pattern does not allow (the exchange's
+    write permission is remembered per channel, the routing key is not); the HTTP API's publish is checked too."""
+    _mgmt(broker)
+    user, password = _user_with_topic_permissions(broker, uid, "amq.topic", "^ok\\.", ".*")
+    try:
+        def action(channel):
+            channel.confirm_delivery()
+            for _ in range(3):
+                channel.basic_publish("amq.topic", "ok.1", b"x")
+            channel.basic_publish("amq.topic", "no.1", b"x")
+        assert _refused_topic(broker, user, action) == \
+            f"ACCESS_REFUSED - access to topic 'no.1' in exchange 'amq.topic' in vhost '/' refused for user '{user}'"
+        body = {"routing_key": "no.2", "payload": "x", "payload_encoding": "string", "properties": {}}
+        assert _reason(call(broker, "POST", "/api/exchanges/%2F/amq.topic/publish", body, auth=(user, password)),
+                       400) == (f"403 ACCESS_REFUSED - access to topic 'no.2' in exchange 'amq.topic' in vhost '/' "
+                                f"refused for user '{user}'")
+        body["routing_key"] = "ok.2"
+        assert call(broker, "POST", "/api/exchanges/%2F/amq.topic/publish", body, auth=(user, password)).json == \
+            {"routed": False}
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+def test_topic_permissions_http_api(broker, uid):
+    _mgmt(broker)
+    user = uid
+    path = f"/api/topic-permissions/%2F/{q(user)}"
+    assert call(broker, "PUT", path, {"exchange": "amq.topic", "write": ".*", "read": ".*"}).json["reason"] == \
+        "vhost_or_user_not_found"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": ""}).status == 201
+    try:
+        assert call(broker, "GET", path).status == 404
+        assert _reason(call(broker, "PUT", path, {"write": ".*", "read": ".*"}), 400) == "[{key_missing,exchange}]"
+        assert _reason(call(broker, "PUT", path, {"exchange": "amq.topic", "read": ".*"}), 400) == \
+            "[{key_missing,write}]"
+        assert call(broker, "PUT", path, {"exchange": "amq.topic", "write": "(", "read": ".*"}).status == 400
+        assert call(broker, "PUT", path, {"exchange": "amq.topic", "write": "^w", "read": "^r"}).status == 201
+        assert call(broker, "PUT", path, {"exchange": "amq.direct", "write": "x", "read": ""}).status == 204
+        assert call(broker, "PUT", path, {"exchange": "amq.direct", "write": "y", "read": ""}).status == 204
+        mine = [{"user": user, "vhost": "/", "exchange": "amq.direct", "write": "y", "read": ""},
+                {"user": user, "vhost": "/", "exchange": "amq.topic", "write": "^w", "read": "^r"}]
+        def by_exchange(listing):
+            return sorted((p for p in listing if p["user"] == user), key=lambda p: p["exchange"])
+        for listing in (path, f"/api/users/{q(user)}/topic-permissions", "/api/topic-permissions",
+                        "/api/vhosts/%2F/topic-permissions"):
+            assert by_exchange(call(broker, "GET", listing).json) == mine, listing
+        assert by_exchange(call(broker, "GET", "/api/definitions").json["topic_permissions"]) == mine
+        assert call(broker, "DELETE", path).status == 204  # all of them
+        assert call(broker, "GET", path).status == 404
+        assert call(broker, "DELETE", path).status == 404
+        assert call(broker, "GET", f"/api/users/{q(user)}/topic-permissions").json == []
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+def test_topic_permissions_apply_to_open_channels(broker, uid):
+    """Set while a channel publishes to the exchange, a topic permission applies to the channel's next publish
+    with a new routing key; the last 12 keys it allowed on the channel stay allowed (RabbitMQ's per-channel
+    cache)."""
+    _mgmt(broker)
+    user, password = _user_with_topic_permissions(broker, uid, "amq.direct", ".*", ".*")
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, credentials=pika.PlainCredentials(user, password)))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("amq.topic", "any.key", b"x")
+        assert call(broker, "PUT", f"/api/topic-permissions/%2F/{q(user)}",
+                    {"exchange": "amq.topic", "write": "^ok", "read": ".*"}).status == 204
+        channel.basic_publish("amq.topic", "ok.key", b"x")
+        channel.basic_publish("amq.topic", "any.key", b"x")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.basic_publish("amq.topic", "other.key", b"x")
+        assert refused.value.reply_code == 403
+        connection.close()
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+def test_topic_permissions_follow_an_exchange_made_again_as_topic(broker, conn, uid):
+    """A channel that published to a direct exchange is checked once the name is a topic exchange's."""
+    _mgmt(broker)
+    exchange = f"{uid}.x"
+    user, password = _user_with_topic_permissions(broker, uid, exchange, "^ok", ".*")
+    admin = conn.channel()
+    try:
+        admin.exchange_declare(exchange, "direct")
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, credentials=pika.PlainCredentials(user, password)))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "any.key", b"x")
+        admin.exchange_delete(exchange)
+        admin.exchange_declare(exchange, "topic")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.basic_publish(exchange, "any.key", b"x")
+        assert refused.value.reply_code == 403
+        connection.close()
+    finally:
+        admin.exchange_delete(exchange)
+        call(broker, "DELETE", f"/api/users/{q(user)}")

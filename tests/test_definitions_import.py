@@ -304,6 +304,14 @@ def check_imported(node) -> None:
     bindings = call(node, "GET", "/api/bindings/imported").json
     assert {"orders.audit", "orders.created"} <= {b["destination"] for b in bindings if b["source"] == "orders"}
     assert call(node, "GET", "/api/permissions/%2F/bob").json["configure"] == "^bob"
+    with login(node, "alice", "s3cret") as connection:  # her topic permission: keys starting with "a" on amq.topic
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("amq.topic", "a.allowed", b"1")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            channel.basic_publish("amq.topic", "b.refused", b"2")
+        assert info.value.reply_code == 403
+    assert call(node, "GET", "/api/definitions").json["topic_permissions"] == EXPORT["topic_permissions"]
 
 
 def test_import_rabbitmq_export(start_broker) -> None:
