@@ -188,6 +188,7 @@ class AccessControl:
         for record in self.all_topic_permissions():
             if record["user"] == name:
                 self.clear_topic_permission(record["vhost"], name, record["exchange"])
+        self.set_limits("user_limits", name, {})
         return self._delete("user", name)
 
     def authenticate(self, name: str, password: str) -> User | None:
@@ -227,6 +228,7 @@ class AccessControl:
         for record in self.all_topic_permissions():
             if record["vhost"] == name:
                 self.clear_topic_permission(name, record["user"], record["exchange"])
+        self.set_limits("vhost_limits", name, {})
         return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
@@ -242,6 +244,32 @@ class AccessControl:
 
     def clear_permissions(self, vhost: str, user: str) -> bool:
         return self._delete("permission", f"{vhost_key(vhost)}/{user}")
+
+    # -- limits (checked by limits.Limits) -----------------------------------------------------
+
+    def vhost_limits(self, vhost: str) -> dict[str, int]:
+        """The vhost's ``max-connections`` and ``max-queues``, those that are set."""
+        return self._limits("vhost_limits", vhost_key(vhost))
+
+    def user_limits(self, user: str) -> dict[str, int]:
+        """The user's ``max-connections`` and ``max-channels``, those that are set."""
+        return self._limits("user_limits", vhost_key(user))
+
+    def all_limits(self, kind: str) -> list[dict[str, Any]]:
+        """``vhost_limits`` or ``user_limits``: records of ``vhost`` (or ``user``) and ``value``."""
+        return [record for _, record in self.store.items(kind)]
+
+    def set_limits(self, kind: str, name: str, value: dict[str, int]) -> None:
+        """Replace the limits of vhost or user ``name`` (``kind`` as for ``all_limits``); none left clears them."""
+        key = vhost_key(name)
+        if value:
+            self._put(kind, key, {"vhost" if kind == "vhost_limits" else "user": name, "value": value})
+        elif self.store.get(kind, key) is not None:
+            self._delete(kind, key)
+
+    def _limits(self, kind: str, key: str) -> dict[str, int]:
+        record = self.store.get(kind, key)
+        return {} if record is None else record["value"]
 
     def principal(self, vhost: str, user: str) -> Principal:
         """``user`` with its permissions and topic permissions in ``vhost``: what its operations there check."""

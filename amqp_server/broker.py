@@ -18,6 +18,7 @@ from msg_store import DEFAULT_SEGMENT_SIZE
 from . import codec, errors, field_types, queue_args, sender_selected
 from .dead_letter import cycle_detected, dead_letter_message
 from .auth import AccessControl, Principal
+from .limits import Limits
 from .definitions import DefinitionStore
 from .delayed import DelayedMessages, Publisher
 from .direct_reply import ReplyConsumers
@@ -83,6 +84,7 @@ class Broker:
         self.store = DefinitionStore(data_dir)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
+        self.limits = Limits(self.access)
         self.policies = Policies(self.store)
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
@@ -325,6 +327,8 @@ class Broker:
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             existing.touch()
             return existing
+        if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
+            self.limits.new_queue(vhost.name, len(vhost.queues), name)
         args = queue_args.parse(arguments, name, vhost.name)
         queue_args.check_properties(args, name, vhost.name, durable, exclusive, auto_delete)
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
@@ -366,6 +370,8 @@ class Broker:
         Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
         """
         self.check_queue_declare(vhost, name, arguments, who)
+        if who is not None and name not in vhost.queues:
+            self.limits.new_queue(vhost.name, len(vhost.queues), name)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))

@@ -128,6 +128,8 @@ class Connection(asyncio.Protocol):
         self.out.clear()
         self.flow.gone(self)
         self.clients.remove(self)
+        if self.user is not None:
+            self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -365,6 +367,7 @@ class Connection(asyncio.Protocol):
             raise ConnectionError(errors.NOT_ALLOWED,
                                   f"number of channels opened ({len(self.channels)}) has reached the "
                                   f"negotiated channel_max ({self.channel_max})")
+        self.broker.limits.open_channel(self.user.name)
         self.channels[ch] = Channel(self, ch)
         self.send_method(ch, commands.Channel.OpenOk())
 
@@ -458,6 +461,7 @@ class Connection(asyncio.Protocol):
         principal = self.broker.access.principal(name, self.user.name)
         if principal.permissions is None:
             raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'")
+        self.broker.limits.open_connection(self, name, self.user.name)
         self.vhost = self.broker.vhost(name)
         self.vhost_name = name
         self.principal = principal

@@ -9,12 +9,14 @@ from aiohttp import web
 
 from amqp_server import __version__
 from amqp_server.errors import AMQPError
+from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
 from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 
 from . import auth
 from .bindings import vhost_bindings
 from .context import Context, ctx
 from .http import bad_request, from_amqp, get_bool, get_str, get_table, json_response, no_content
+from .limits import COMPONENT as LIMITS, limit_value, limits_parameter
 from .permissions import all_permissions, permissions_from_json, topic_permission_from_json
 from .users import parse_tags, user_from_json, user_info
 from .vhosts import vhost_metadata
@@ -41,6 +43,9 @@ def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, l
     parameters = [{"value": {"pattern": p.pattern, "definition": p.definition, "priority": p.priority,
                              "apply-to": p.apply_to}, "vhost": name, "component": OPERATOR_POLICY, "name": p.name}
                   for p in policies.list(OPERATOR_POLICY, name)]
+    limits = context.broker.access.vhost_limits(name)
+    if limits:  # stored by RabbitMQ as a runtime parameter too
+        parameters.append(limits_parameter(name, limits))
     return {"parameters": parameters, "policies": [p.to_json() for p in policies.list(POLICY, name)],
             "queues": queues, "exchanges": exchanges, "bindings": bindings}
 
@@ -54,7 +59,7 @@ def export_all(request: web.Request) -> dict[str, Any]:
     context = ctx(request)
     access = context.broker.access
     result = _header()
-    result["users"] = [user_info(u) for u in access.users()]
+    result["users"] = [user_info(u, access.user_limits(u.name)) for u in access.users()]
     result["vhosts"] = [{"name": name, "limits": [], "metadata": access.vhost_metadata(name)}
                         for name in access.vhosts()]
     result["permissions"] = all_permissions(request)
@@ -127,6 +132,8 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             name = get_str(item, "name")
             item = dict(item, tags=parse_tags(item.get("tags")))
             access.put_user(user_from_json(name, item, access.user(name)))
+            if "limits" in item:
+                access.set_limits("user_limits", name, _limits(item["limits"], USER_LIMITS, "user-limits"))
         for item in _items(body, "vhosts"):
             broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
         for item in _items(body, "permissions"):
@@ -147,8 +154,8 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
         return broker.vhost(name)
 
     ignored = ["global_parameters"] if body.get("global_parameters") else []
-    if any(item.get("component") != OPERATOR_POLICY for item in _items(body, "parameters")):
-        ignored.append("parameters other than operator policies")
+    if any(item.get("component") not in (OPERATOR_POLICY, LIMITS) for item in _items(body, "parameters")):
+        ignored.append("parameters other than operator policies and vhost limits")
     if ignored:
         log.warning("definitions import: ignored %s (not supported by Warren)", ", ".join(ignored))
     policies = broker.policies
@@ -156,6 +163,9 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
         vhost = vhost_of(item)
         policies.put(POLICY, _policy(vhost.name, item, item, False), vhost)
     for item in _items(body, "parameters"):
+        if item.get("component") == LIMITS:
+            access.set_limits("vhost_limits", vhost_of(item).name,
+                              _limits(item.get("value"), VHOST_LIMITS, "limits"))
         if item.get("component") == OPERATOR_POLICY:
             vhost = vhost_of(item)
             value = item.get("value")
@@ -182,6 +192,15 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
                         get_table(item, "arguments"))
     except AMQPError as exc:
         raise from_amqp(exc) from None
+
+
+def _limits(value: Any, known: tuple[str, ...], component: str) -> dict[str, int]:
+    """A user's ``limits`` or a vhost-limits parameter's ``value``, each checked as the limits API checks it."""
+    if value in (None, [], {}):  # (RabbitMQ's export writes a user without limits' as {})
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{component} must be an object")
+    return {name: limit_value({"value": v}, name, known, component) for name, v in value.items()}
 
 
 def _policy(vhost: str, item: dict[str, Any], body: dict[str, Any], operator: bool):

@@ -164,7 +164,6 @@ async def aliveness(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/extensions")
-@routes.get("/api/parameters")
 @routes.get("/api/global-parameters")
 async def empty_list(request: web.Request) -> web.Response:
     return json_response([])

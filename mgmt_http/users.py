@@ -16,9 +16,9 @@ from .permissions import permission_info
 routes = web.RouteTableDef()
 
 
-def user_info(user: User) -> dict[str, Any]:
+def user_info(user: User, limits: dict[str, int]) -> dict[str, Any]:
     return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": user.hashing_algorithm,
-            "tags": list(user.tags), "limits": {}}
+            "tags": list(user.tags), "limits": limits}
 
 
 def parse_tags(value: Any) -> list[str]:
@@ -61,7 +61,8 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.get("/api/users")
 async def list_users(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    return respond(request, [user_info(u) for u in ctx(request).broker.access.users()], ("name",))
+    access = ctx(request).broker.access
+    return respond(request, [user_info(u, access.user_limits(u.name)) for u in access.users()], ("name",))
 
 
 @routes.get("/api/users/{name}")
@@ -70,7 +71,7 @@ async def show(request: web.Request) -> web.Response:
     user = ctx(request).broker.access.user(request.match_info["name"])
     if user is None:
         raise not_found()
-    return respond_one(request, user_info(user))
+    return respond_one(request, user_info(user, ctx(request).broker.access.user_limits(user.name)))
 
 
 @routes.put("/api/users/{name}")

@@ -634,3 +634,108 @@ def test_topic_permissions_follow_an_exchange_made_again_as_topic(broker, conn, 
     finally:
         admin.exchange_delete(exchange)
         call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+# -- vhost and user limits ----------------------------------------------------------------------------------
+
+def _login(broker, vhost: str, user: str = "guest", password: str = "guest") -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port, vhost,
+                                                             credentials=pika.PlainCredentials(user, password)))
+
+
+@pytest.fixture
+def limited_vhost(broker, uid):
+    _mgmt(broker)
+    vhost = f"{uid}-vh"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}", {}).status == 201
+    yield vhost
+    call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
+
+
+def test_vhost_limits(broker, limited_vhost):
+    vhost = limited_vhost
+    path = f"/api/vhost-limits/{q(vhost)}"
+    assert call(broker, "GET", path).json == []
+    assert call(broker, "PUT", f"{path}/max-connections", {"value": 1}).status == 204
+    assert call(broker, "PUT", f"{path}/max-queues", {"value": 2}).status == 204
+    assert call(broker, "GET", path).json == [{"vhost": vhost, "value": {"max-connections": 1, "max-queues": 2}}]
+    assert {"vhost": vhost, "value": {"max-connections": 1, "max-queues": 2}} in \
+        call(broker, "GET", "/api/vhost-limits").json
+    assert {"value": {"max-connections": 1, "max-queues": 2}, "vhost": vhost, "component": "vhost-limits",
+            "name": "limits"} in call(broker, "GET", "/api/parameters").json
+    first = _login(broker, vhost)
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+        _login(broker, vhost)
+    assert "530" in str(refused.value) and \
+        f"NOT_ALLOWED - access to vhost '{vhost}' refused for user 'guest': connection limit (1) is reached" \
+        in str(refused.value)
+    channel = first.channel()
+    channel.queue_declare("q1")
+    channel.queue_declare("q2", exclusive=True)
+    channel.queue_declare("q1")  # a queue that is there is no new one
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_declare("q3")
+    assert (refused.value.reply_code, refused.value.reply_text) == \
+        (406, f"PRECONDITION_FAILED - cannot declare queue 'q3': queue limit in vhost '{vhost}' (2) is reached")
+    assert call(broker, "PUT", f"/api/queues/{q(vhost)}/q4", {}).status == 400  # HTTP declares are limited too
+    first.close()
+    assert call(broker, "PUT", f"{path}/max-connections", {"value": -1}).status == 204  # negative: no limit
+    assert call(broker, "DELETE", f"{path}/max-queues").status == 204
+    assert call(broker, "GET", path).json == [{"vhost": vhost, "value": {"max-connections": -1}}]
+    connections = [_login(broker, vhost) for _ in range(3)]
+    connections[0].channel().queue_declare("q3")
+    for connection in connections:
+        connection.close()
+
+
+def test_vhost_limit_refusals(broker, limited_vhost):
+    path = f"/api/vhost-limits/{q(limited_vhost)}"
+    assert _reason(call(broker, "PUT", f"{path}/max-bogus", {"value": 1}), 400) == \
+        'Validation failed\n\nUnrecognised terms [{<<"max-bogus">>,1}] in limits\n'
+    assert _reason(call(broker, "PUT", f"{path}/max-queues", {"value": "x"}), 400) == \
+        'Validation failed\n\nmax-queues should be a number, actually was <<"x">>\n'
+    assert _reason(call(broker, "PUT", f"{path}/max-queues", {"value": 1.5}), 400) == \
+        "Validation failed\n\nmax-queues should be a number, actually was 1.5\n"
+    assert _reason(call(broker, "PUT", f"{path}/max-queues", {}), 400) == "[{key_missing,value}]"
+    assert _reason(call(broker, "PUT", f"/api/vhost-limits/{q(limited_vhost)}-no/max-queues", {"value": 1}), 404,
+                   "not_found") == "vhost_not_found"
+    assert call(broker, "GET", f"/api/vhost-limits/{q(limited_vhost)}-no").status == 404
+
+
+def test_user_limits(broker, limited_vhost, uid):
+    user, password = uid, "pw"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": password, "tags": ""}).status == 201
+    try:
+        assert call(broker, "PUT", f"/api/permissions/{q(limited_vhost)}/{q(user)}",
+                    {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+        path = f"/api/user-limits/{q(user)}"
+        assert call(broker, "PUT", f"{path}/max-connections", {"value": 1}).status == 204
+        assert call(broker, "PUT", f"{path}/max-channels", {"value": 2}).status == 204
+        assert call(broker, "GET", path).json == [{"user": user, "value": {"max-channels": 2, "max-connections": 1}}]
+        assert call(broker, "GET", f"/api/users/{q(user)}").json["limits"] == {"max-channels": 2,
+                                                                               "max-connections": 1}
+        connection = _login(broker, limited_vhost, user, password)
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+            _login(broker, limited_vhost, user, password)
+        assert f"NOT_ALLOWED - connection refused for user '{user}': user connection limit (1) is reached" \
+            in str(refused.value)
+        connection.channel()
+        connection.channel()
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            connection.channel()
+        assert (closed.value.reply_code, closed.value.reply_text) == \
+            (530, f"NOT_ALLOWED - number of channels opened for user '{user}' has reached the maximum allowed "
+                  f"user limit of (2)")
+        assert _reason(call(broker, "PUT", f"{path}/max-bogus", {"value": 1}), 400) == \
+            'Unrecognised terms [{<<"max-bogus">>,1}] in user-limits'
+        assert _reason(call(broker, "PUT", f"{path}/max-channels", {"value": True}), 400) == \
+            "max-channels should be a number, actually was true"
+        assert call(broker, "PUT", f"/api/user-limits/{q(user)}-no/max-channels", {"value": 1}).json["reason"] == \
+            ["no_such_user", f"{user}-no"]
+        assert call(broker, "DELETE", f"{path}/max-connections").status == 204
+        assert call(broker, "DELETE", f"{path}/max-channels").status == 204
+        assert call(broker, "GET", path).json == []
+        for connection in [_login(broker, limited_vhost, user, password) for _ in range(2)]:
+            connection.close()
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")

@@ -362,6 +362,25 @@ def test_unknown_hashing_algorithm_is_refused(start_broker) -> None:
     assert "rabbit_password_hashing_x" in response.json["reason"]
 
 
+def test_limits_are_imported_and_exported(start_broker) -> None:
+    """User limits in ``users``, vhost limits as RabbitMQ keeps them: runtime parameters of component
+    ``vhost-limits``; both survive a restart and are refused as the limits API refuses them."""
+    node = start_broker()
+    body = {"users": [{"name": "erin", "password_hash": "", "tags": [], "limits": {"max-channels": 3}}],
+            "vhosts": [{"name": "limited"}],
+            "parameters": [{"value": {"max-queues": 7}, "vhost": "limited", "component": "vhost-limits",
+                            "name": "limits"}]}
+    assert call(node, "POST", "/api/definitions", body).status == 204
+    node.stop()
+    node.start()
+    exported = call(node, "GET", "/api/definitions").json
+    assert [u["limits"] for u in exported["users"] if u["name"] == "erin"] == [{"max-channels": 3}]
+    assert body["parameters"][0] in exported["parameters"]
+    assert call(node, "GET", "/api/vhost-limits/limited").json == [{"vhost": "limited", "value": {"max-queues": 7}}]
+    body["parameters"][0]["value"] = {"max-queues": "7"}
+    assert call(node, "POST", "/api/definitions", body).status == 400
+
+
 def vhost_export(vhost: str) -> dict:
     """RabbitMQ's GET /api/definitions/{vhost} for EXPORT's vhost: its policies and operator policies (vhost kept),
     its queues, exchanges and bindings without "vhost" (checked equal to RabbitMQ 3.10.8's answer)."""
