@@ -129,6 +129,16 @@ class User:
                    record.get("hashing_algorithm", DEFAULT_HASHING))
 
 
+@dataclass
+class AuthAttempts:
+    """Logins tried on this node, by protocol (``amqp091``, ``http``): RabbitMQ's auth attempt metrics."""
+
+    counts: dict[str, list[int]] = field(default_factory=dict)  # protocol -> [succeeded, failed]
+
+    def record(self, protocol: str, succeeded: bool) -> None:
+        self.counts.setdefault(protocol, [0, 0])[0 if succeeded else 1] += 1
+
+
 class DefinitionListener(Protocol):
     """Told of every definition written (cluster mode: it becomes the cluster's)."""
 

@@ -17,7 +17,7 @@ from msg_store import DEFAULT_SEGMENT_SIZE
 
 from . import codec, errors, field_types, queue_args, sender_selected
 from .dead_letter import cycle_detected, dead_letter_message
-from .auth import AccessControl, Principal
+from .auth import AccessControl, AuthAttempts, Principal
 from .limits import Limits
 from .definitions import DefinitionStore
 from .delayed import DelayedMessages, Publisher
@@ -85,6 +85,7 @@ class Broker:
         self.access = AccessControl(self.store)
         self.access.bootstrap()
         self.limits = Limits(self.access)
+        self.auth_attempts = AuthAttempts()
         self.policies = Policies(self.store)
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}

@@ -419,6 +419,7 @@ class Connection(asyncio.Protocol):
         if user is not None and user.name == "guest" and self.config.loopback_users_only and not _is_loopback(self.peer[0]):
             log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None
+        self.broker.auth_attempts.record("amqp091", user is not None)
         if user is None:
             log.warning("login refused for user %r from %s", username, self.peer[0])
             if not self.client_capabilities.get("authentication_failure_close"):

@@ -232,6 +232,7 @@ class Queue:
         self.active_consumer: Consumer | None = None  # x-single-active-consumer: the one that receives
         self._groups: list[ConsumerGroup] = []  # consumers that receive, by descending priority
         self.unacked = 0
+        self.unacked_bytes = 0
         self.next_seq = 0
         self.had_consumer = False
         self.deleted = False
@@ -452,6 +453,7 @@ class Queue:
             self._forget(entry)
         else:
             self.unacked += 1
+            self.unacked_bytes += message.body_size
             if message.msg_id and self.persistence is not None and not entry.redelivered:
                 self.persistence.delivered(self, entry)
         return entry
@@ -650,15 +652,20 @@ class Queue:
 
     def settle(self, entries: list[Entry]) -> None:
         """Entries taken for manual ack were acked."""
-        self.unacked -= len(entries)
+        self._settled(entries)
         self.stats.ack += len(entries)
         for entry in entries:
             self._forget(entry)
 
     def reject(self, entries: list[Entry]) -> None:
         """Rejected or nacked without requeue: dead-lettered (if configured) and settled."""
-        self.unacked -= len(entries)
+        self._settled(entries)
         self._dead_letter(entries, "rejected")
+
+    def _settled(self, entries: list[Entry]) -> None:
+        """Unacked entries are no longer."""
+        self.unacked -= len(entries)
+        self.unacked_bytes -= sum(entry.message.body_size for entry in entries)
 
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put unacked entries back in their original places, marked redelivered."""
@@ -667,6 +674,7 @@ class Queue:
             entry.redelivered = True
             count += 1
             self.ready_bytes += entry.message.body_size
+            self.unacked_bytes -= entry.message.body_size
             if entry.expiry:
                 self._track_expiry(entry)
             self._put_back(entry)

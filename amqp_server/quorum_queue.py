@@ -109,6 +109,7 @@ class QuorumQueue(Queue):
         for entry in sorted(entries, key=lambda e: e.seq):
             old = entry.seq
             self.taken.pop(old, None)
+            self.unacked_bytes -= entry.message.body_size
             times = returns.pop(old, 0) + 1
             if limit is not None and times > limit:
                 returns[old] = times

@@ -81,6 +81,7 @@ def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool
         raise unauthenticated("Not_Authorized")
     name, password = _credentials(header)
     user = broker.access.authenticate(name, password)
+    broker.auth_attempts.record("http", user is not None)
     if user is None:
         raise unauthenticated("Login failed", "not_authorized")  # RabbitMQ's spelling, for this case only
     if loopback_only_guest and user.name == DEFAULT_USER and not _is_loopback(request.remote):
@@ -97,7 +98,7 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
     @web.middleware
     async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                          ) -> web.StreamResponse:
-        if request.path.startswith("/api/"):
+        if request.path.startswith("/api/") and request.path != "/api/auth":  # (the UI asks it before a login)
             request["login"] = authenticate(request, broker, loopback_only_guest)
         elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
             request["login"] = authenticate(request, broker, loopback_only_guest)

@@ -35,7 +35,7 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
     sock = connection.transport.get_extra_info("sockname") if connection.transport else None
     host, port = (sock[0], sock[1]) if sock else ("?", 0)
     props = jsonable(connection.client_properties)
-    return {
+    info: dict[str, Any] = {
         "name": connection.name, "node": context.node, "type": "network",
         "state": connection.flow_state, "protocol": "AMQP 0-9-1",
         "user": connection.user.name, "user_who_performed_action": connection.user.name,
@@ -44,18 +44,26 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
         "host": host, "port": port, "peer_host": connection.peer[0], "peer_port": connection.peer[1],
         "channels": len(connection.channels), "channel_max": connection.channel_max,
         "frame_max": connection.frame_max, "timeout": connection.heartbeat,
-        "client_properties": props, "user_provided_name": props.get("connection_name"),
+        "client_properties": props,
         "connected_at": int(connection.connected_at * 1000),
         "recv_cnt": connection.recv_cnt, "send_cnt": connection.send_cnt,
         "send_pend": connection.transport.get_write_buffer_size() if connection.transport else 0,
-        **octets(connection, context.sampler.rates(connection)),
+        **octets(context, [connection]),
     }
+    if "connection_name" in props:  # RabbitMQ shows it only for a client that names its connection
+        info["user_provided_name"] = props["connection_name"]
+    return info
 
 
-def octets(connection: Connection, rates: dict[str, float]) -> dict[str, Any]:
-    """Bytes read and written (counted per socket read and write) with their rates, as RabbitMQ's."""
-    return {"recv_oct": connection.recv_oct, "recv_oct_details": {"rate": rates.get("recv_oct", 0.0)},
-            "send_oct": connection.send_oct, "send_oct_details": {"rate": rates.get("send_oct", 0.0)}}
+def octets(context: Context, connections: list[Connection]) -> dict[str, Any]:
+    """Bytes read and written by connections (counted per socket read and write) with their rates, as RabbitMQ
+    shows them for a connection, or a vhost's."""
+    totals: dict[str, Any] = {}
+    for key in ("recv_oct", "send_oct"):
+        totals[key] = sum(getattr(connection, key) for connection in connections)
+        totals[f"{key}_details"] = {"rate": sum(context.sampler.rates(connection).get(key, 0.0)
+                                                for connection in connections)}
+    return totals
 
 
 def channel_name(channel: Channel) -> str:
@@ -64,7 +72,7 @@ def channel_name(channel: Channel) -> str:
 
 def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
     connection = channel.connection
-    return {
+    info: dict[str, Any] = {
         "name": channel_name(channel), "number": channel.number, "node": context.node,
         "connection_details": {"name": connection.name, "peer_host": connection.peer[0],
                                "peer_port": connection.peer[1]},
@@ -76,7 +84,12 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "prefetch_count": channel.prefetch, "global_prefetch_count": channel.global_prefetch,
         "confirm": channel.confirm_mode, "transactional": channel.tx is not None,
         "message_stats": message_stats(channel.stats, context.sampler.rates(channel), CHANNEL_STATS),
+        "pending_raft_commands": 0,
     }
+    idle = context.sampler.idle_since(channel)
+    if idle is not None:
+        info["idle_since"] = idle
+    return info
 
 
 def activity(consumer: Consumer) -> tuple[bool, str]:
@@ -171,7 +184,8 @@ async def show_channel(request: web.Request) -> web.Response:
     context = ctx(request)
     for channel in _channels(visible_connections(request)):
         if channel_name(channel) == request.match_info["name"]:
-            return respond_one(request, channel_info(context, channel))
+            # per-queue and per-exchange figures are empty, as RabbitMQ's in its (and Warren's) basic rates mode
+            return respond_one(request, dict(channel_info(context, channel), publishes=[], deliveries=[]))
     raise not_found()
 
 

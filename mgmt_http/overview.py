@@ -109,8 +109,58 @@ async def overview(request: web.Request) -> web.Response:
                           "consumers": sum(len(q.consumers) for q in queues)},
         "statistics_db_event_queue": 0, "node": context.node,
         "listeners": listeners(context), "contexts": http_contexts(context),
+        "sample_retention_policies": {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]},
+        "release_series_support_status": "supported",
     }
     return json_response(body)
+
+
+# RabbitMQ 3.10's feature flags: all stable and enabled, each standing for what Warren does as RabbitMQ does
+FEATURE_FLAGS = (
+    ("classic_mirrored_queue_version", "Support setting version for classic mirrored queues", "rabbit"),
+    ("drop_unroutable_metric", "Count unroutable publishes to be dropped in stats", "rabbitmq_management_agent"),
+    ("empty_basic_get_metric", "Count AMQP `basic.get` on empty queues in stats", "rabbitmq_management_agent"),
+    ("implicit_default_bindings", "Default bindings are now implicit, instead of being stored in the database",
+     "rabbit"),
+    ("maintenance_mode_status", "Maintenance mode status", "rabbit"),
+    ("quorum_queue", "Support queues of type `quorum`", "rabbit"),
+    ("stream_queue", "Support queues of type `stream`", "rabbit"),
+    ("user_limits", "Configure connection and channel limits for a user", "rabbit"),
+    ("virtual_host_metadata", "Virtual host metadata (description, tags, etc)", "rabbit"),
+)
+
+
+@routes.get("/api/feature-flags")
+async def feature_flags(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    return respond(request, [{"name": name, "desc": desc, "doc_url": "", "state": "enabled", "stability": "stable",
+                              "provided_by": provider} for name, desc, provider in FEATURE_FLAGS], ("name",))
+
+
+@routes.get("/api/auth")
+async def auth_settings(request: web.Request) -> web.Response:
+    """What the UI's login page asks first (no login needed): OAuth 2 (UAA) is not in use."""
+    return json_response({"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""})
+
+
+@routes.get("/api/auth/attempts/{node}")
+async def auth_attempts(request: web.Request) -> web.Response:
+    auth.require_monitor(request)
+    context = ctx(request)
+    if request.match_info["node"] != context.node:
+        raise not_found()
+    counts = context.broker.auth_attempts.counts
+    return json_response([{"protocol": protocol, "auth_attempts": ok + failed, "auth_attempts_failed": failed,
+                           "auth_attempts_succeeded": ok} for protocol, (ok, failed) in counts.items()])
+
+
+@routes.get("/api/auth/attempts/{node}/source")
+async def auth_attempts_by_source(request: web.Request) -> web.Response:
+    """Empty, as RabbitMQ's while it does not track sources (its default)."""
+    auth.require_monitor(request)
+    if request.match_info["node"] != ctx(request).node:
+        raise not_found()
+    return json_response([])
 
 
 @routes.get("/api/nodes")

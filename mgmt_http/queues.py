@@ -5,7 +5,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server import errors
+from amqp_server import errors, properties
 from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
 from amqp_server.queue import Queue
@@ -52,8 +52,16 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
+    if not queue.remote and queue.args.queue_type != "stream":
+        info.update(byte_fields(queue))
+    if queue.args.queue_type == "classic" and not queue.remote:
+        info.update(head_message_timestamp=head_timestamp(queue))
+        idle = context.sampler.idle_since(queue)
+        if idle is not None:
+            info["idle_since"] = idle
     if queue.args.queue_type == "quorum":
         info.update(quorum_fields(context, queue))
+        info.update(single_active_consumer_ctag=info["single_active_consumer_tag"], open_files={info["node"]: 0})
         if not queue.remote:  # at-least-once dead letters waiting for a queue to take them
             info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
             info["messages"] += len(queue.dlx_pending)
@@ -70,6 +78,31 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         owner = queue.exclusive_owner
         info["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0], "peer_port": owner.peer[1]}
     return info
+
+
+def byte_fields(queue: Queue) -> dict[str, int]:
+    """Bytes of message bodies ready and unacked, and the persistent messages: those of a durable queue's index,
+    as its committed totals count them (a quorum queue keeps every message; a non-durable queue none).  A
+    transient message a durable queue paged out is not counted, though its bytes are."""
+    unacked = queue.unacked_bytes
+    total = queue.ready_bytes + unacked
+    if queue.persists_all:
+        persistent, persistent_bytes = queue.message_count + queue.unacked, total
+    elif queue.persistence is not None and queue.index_id:
+        totals = queue.persistence.index.totals(queue.index_id)
+        persistent, persistent_bytes = (totals.count - totals.transient, totals.bytes) if totals else (0, 0)
+    else:
+        persistent = persistent_bytes = 0
+    return {"message_bytes": total, "message_bytes_unacknowledged": unacked, "messages_persistent": persistent,
+            "message_bytes_persistent": persistent_bytes}
+
+
+def head_timestamp(queue: Queue) -> int | None:
+    """The timestamp property of the next message, if it has one and is in memory (as RabbitMQ's)."""
+    head = next((entry for entry in queue.ready if not entry.gone), None)
+    if head is None or not head.message.header:  # (a message paged in has its header once it is read)
+        return None
+    return properties.decode(head.message.header).timestamp
 
 
 def quorum_fields(context: Context, queue: Queue) -> dict[str, Any]:

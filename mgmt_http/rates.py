@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from amqp_server.broker import Broker
@@ -53,12 +54,13 @@ def queue_depths(queues: Any) -> dict[str, int]:
 class _Series:
     """Two samples of one object's counters; rates are their difference over time."""
 
-    __slots__ = ("at", "values", "rates")
+    __slots__ = ("at", "values", "rates", "moved_at")
 
     def __init__(self) -> None:
         self.at = 0.0
         self.values: dict[str, int] = {}
         self.rates: dict[str, float] = {}
+        self.moved_at = time.monotonic()  # the last tick at which a counter had moved
 
     def add(self, now: float, values: dict[str, int], previous_tick: float | None) -> None:
         if not self.values and previous_tick is not None:
@@ -70,6 +72,8 @@ class _Series:
             # only counters that moved: most of 1,000 queues are idle, and a missing rate reads as 0.0
             self.rates = {key: round((value - previous.get(key, 0)) / elapsed, 1)
                           for key, value in values.items() if value != previous.get(key, 0)}
+            if self.rates:
+                self.moved_at = now
         self.at = now
         self.values = values
 
@@ -169,6 +173,15 @@ class Sampler:
     def rates(self, owner: Any) -> dict[str, float]:
         series = self._named.get(owner) if isinstance(owner, str) else self._objects.get(owner)
         return series.rates if series is not None else {}
+
+    def idle_since(self, owner: Any) -> str | None:
+        """When a queue or channel last did anything, if nothing within the last interval: RabbitMQ's
+        ``idle_since`` (which its idle processes report), in its format; None while it is busy."""
+        series = self._objects.get(owner)
+        if series is None or series.rates:
+            return None
+        moved = time.time() - (time.monotonic() - series.moved_at)
+        return datetime.fromtimestamp(moved, timezone.utc).isoformat(timespec="milliseconds")
 
     def exchange_rates(self, vhost: str, name: str) -> dict[str, float]:
         series = self._exchanges.get((vhost, name))

@@ -65,6 +65,15 @@ async def list_users(request: web.Request) -> web.Response:
     return respond(request, [user_info(u, access.user_limits(u.name)) for u in access.users()], ("name",))
 
 
+@routes.get("/api/users/without-permissions")
+async def without_permissions(request: web.Request) -> web.Response:
+    auth.require_admin(request)
+    access = ctx(request).broker.access
+    vhosts = access.vhosts()
+    return respond(request, [user_info(u, access.user_limits(u.name)) for u in access.users()
+                             if all(access.permissions(vhost, u.name) is None for vhost in vhosts)], ("name",))
+
+
 @routes.get("/api/users/{name}")
 async def show(request: web.Request) -> web.Response:
     auth.require_admin(request)

@@ -9,6 +9,7 @@ from amqp_server.auth import Permissions
 from amqp_server.queue_args import QUEUE_TYPES
 
 from . import auth
+from .connections import octets
 from .context import Context, ctx
 from .http import bad_request, created_or_updated, get_bool, get_str, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
@@ -30,6 +31,7 @@ def vhost_info(context: Context, name: str) -> dict[str, Any]:
         "message_stats": message_stats(context.sampler.vhost_counters(name), rates, VHOST_STATS),
     }
     info.update(depth_fields(queue_depths(list(vhost.queues.values())), rates))
+    info.update(octets(context, [c for c in list(context.clients.connections) if c.vhost_name == name]))
     return info
 
 

@@ -739,3 +739,114 @@ def test_user_limits(broker, limited_vhost, uid):
             connection.close()
     finally:
         call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
+# -- what the HTTP API shows ------------------------------------------------------------------------------
+
+def _queue(broker, name: str) -> dict:
+    return call(broker, "GET", f"/api/queues/%2F/{q(name)}").json
+
+
+def test_queue_bytes_persistent_messages_and_head_timestamp(broker, conn, uid):
+    """message_bytes (ready and unacked), messages_persistent and message_bytes_persistent (a durable queue's
+    persistent messages, unacked too), head_message_timestamp (the next message's timestamp property; RabbitMQ's
+    also looks at unacked messages, Warren's does not)."""
+    _mgmt(broker)
+    channel = conn.channel()
+    channel.queue_declare(uid, durable=True)
+    channel.confirm_delivery()
+    channel.basic_publish("", uid, b"p" * 10, pika.BasicProperties(delivery_mode=2, timestamp=1700000000))
+    channel.basic_publish("", uid, b"t" * 7, pika.BasicProperties(delivery_mode=1))
+    channel.basic_publish("", uid, b"q" * 5, pika.BasicProperties(delivery_mode=2))
+    try:
+        def settled(check, name: str = uid) -> dict:
+            deadline = time.monotonic() + 10
+            while True:  # the API's figures follow within a moment on RabbitMQ
+                info = _queue(broker, name)
+                if check(info) or time.monotonic() > deadline:
+                    return info
+                time.sleep(0.2)
+
+        info = settled(lambda i: i.get("messages_persistent") == 2)
+        assert (info["message_bytes"], info["message_bytes_ready"], info["message_bytes_unacknowledged"]) == \
+            (22, 22, 0)
+        assert (info["messages_persistent"], info["message_bytes_persistent"]) == (2, 15)
+        assert info["head_message_timestamp"] == 1700000000
+        method, _, _ = channel.basic_get(uid)  # the first: unacked now
+        info = settled(lambda i: i.get("message_bytes_unacknowledged") == 10)
+        assert (info["message_bytes"], info["message_bytes_ready"], info["message_bytes_unacknowledged"]) == \
+            (22, 12, 10)
+        assert (info["messages_persistent"], info["message_bytes_persistent"]) == (2, 15)
+        channel.basic_ack(method.delivery_tag)
+        info = settled(lambda i: i.get("messages_persistent") == 1)
+        assert (info["message_bytes"], info["message_bytes_unacknowledged"]) == (12, 0)
+        assert (info["messages_persistent"], info["message_bytes_persistent"]) == (1, 5)
+        assert info["head_message_timestamp"] is None  # the next one has none
+        channel.queue_declare(f"{uid}-t")
+        channel.basic_publish("", f"{uid}-t", b"x", pika.BasicProperties(delivery_mode=2))
+        info = settled(lambda i: i.get("messages") == 1, f"{uid}-t")
+        assert (info["messages_persistent"], info["message_bytes_persistent"]) == (0, 0)  # a transient queue's
+    finally:
+        channel.queue_delete(uid)
+        channel.queue_delete(f"{uid}-t")
+
+
+def test_quorum_queue_fields(broker, conn, uid):
+    _mgmt(broker)
+    channel = conn.channel()
+    channel.queue_declare(uid, durable=True, arguments={"x-queue-type": "quorum"})
+    channel.confirm_delivery()
+    channel.basic_publish("", uid, b"hello", pika.BasicProperties(delivery_mode=1))
+    try:
+        deadline = time.monotonic() + 10
+        while (info := _queue(broker, uid)).get("messages") != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (info["message_bytes"], info["messages_persistent"], info["message_bytes_persistent"]) == (5, 1, 5)
+        assert info["single_active_consumer_ctag"] is None
+        assert list(info["open_files"]) == [info["node"]]
+    finally:
+        channel.queue_delete(uid)
+
+
+def test_node_level_endpoints(broker, uid):
+    """/api/auth (asked before any login), /api/feature-flags, /api/users/without-permissions, auth attempts."""
+    _mgmt(broker)
+    assert call(broker, "GET", "/api/auth", auth=None).json == \
+        {"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""}
+    flags = {f["name"]: f for f in call(broker, "GET", "/api/feature-flags").json}
+    assert {"quorum_queue", "stream_queue", "user_limits", "virtual_host_metadata"} <= set(flags)
+    assert all(f["state"] == "enabled" and f["stability"] == "stable" for f in flags.values())
+    assert call(broker, "PUT", f"/api/users/{q(uid)}", {"password": "pw", "tags": ""}).status == 201
+    try:
+        assert uid in [u["name"] for u in call(broker, "GET", "/api/users/without-permissions").json]
+        assert "guest" not in [u["name"] for u in call(broker, "GET", "/api/users/without-permissions").json]
+        node = call(broker, "GET", "/api/overview").json["node"]
+
+        def attempts() -> dict[str, tuple[int, int]]:
+            return {a["protocol"]: (a["auth_attempts_succeeded"], a["auth_attempts_failed"])
+                    for a in call(broker, "GET", f"/api/auth/attempts/{q(node)}").json}
+
+        before = attempts()
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", broker.port, credentials=pika.PlainCredentials("guest", "wrong")))
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port)).close()
+        after = attempts()
+        ok, failed = before.get("amqp091", (0, 0))
+        assert after["amqp091"] == (ok + 1, failed + 1)
+        assert after["http"][0] > before["http"][0]
+        assert call(broker, "GET", f"/api/auth/attempts/{q(node)}/source").json == []
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(uid)}")
+
+
+def test_idle_queues_and_channels_say_since_when(broker, conn, uid):
+    _mgmt(broker)
+    channel = conn.channel()
+    channel.queue_declare(uid, exclusive=True)
+    deadline = time.monotonic() + 30
+    while "idle_since" not in (info := _queue(broker, uid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        conn.process_data_events(0)
+    assert time.strftime("%Y-%m-%dT", time.gmtime()) in info["idle_since"]
+    assert info["idle_since"].endswith("+00:00")

@@ -37,7 +37,7 @@ def api(node, path: str, method: str = "GET"):
 def force_close(node, connection_name: str) -> None:
     """Close a connection from the broker side (as a failure would): no basic.cancel first."""
     for connection in api(node, "/api/connections"):
-        if connection["user_provided_name"] == connection_name:
+        if connection.get("user_provided_name") == connection_name:
             api(node, f"/api/connections/{quote(connection['name'], safe='')}", "DELETE")
             return
     raise AssertionError(f"no connection {connection_name}")

@@ -770,27 +770,31 @@ def test_metrics_follow_the_message_store(start_broker):
 RABBITMQ_FIELDS = {
     "/api/overview": "churn_rates cluster_name contexts disable_stats enable_queue_totals erlang_full_version "
                      "erlang_version exchange_types listeners management_version message_stats node object_totals "
-                     "product_name product_version queue_totals rabbitmq_version rates_mode statistics_db_event_queue",
+                     "product_name product_version queue_totals rabbitmq_version rates_mode "
+                     "release_series_support_status sample_retention_policies statistics_db_event_queue",
     "/api/connections": "auth_mechanism channel_max channels client_properties connected_at frame_max host name node "
                         "peer_cert_issuer peer_cert_subject peer_cert_validity peer_host peer_port port protocol "
                         "recv_cnt recv_oct recv_oct_details send_cnt send_oct send_oct_details send_pend ssl "
                         "ssl_cipher ssl_hash ssl_key_exchange ssl_protocol state timeout type user "
-                        "user_provided_name user_who_performed_action vhost",
+                        "user_who_performed_action vhost",  # and user_provided_name if the client named it
     "/api/channels": "acks_uncommitted confirm connection_details consumer_count global_prefetch_count message_stats "
                      "messages_unacknowledged messages_uncommitted messages_unconfirmed name node number "
-                     "prefetch_count state transactional user user_who_performed_action vhost",
+                     "pending_raft_commands prefetch_count state transactional user user_who_performed_action vhost",
     "/api/consumers": "ack_required active activity_status arguments channel_details consumer_tag exclusive "
                       "prefetch_count queue",
     "/api/exchanges/%2F/{x}": "arguments auto_delete durable incoming internal message_stats name outgoing type "
                               "user_who_performed_action vhost",
     "/api/queues/%2F/{q}": "arguments auto_delete consumer_capacity consumer_details consumer_utilisation consumers "
-                           "deliveries durable effective_policy_definition exclusive exclusive_consumer_tag incoming "
-                           "message_bytes_ready message_stats messages messages_details messages_ready "
+                           "deliveries durable effective_policy_definition exclusive exclusive_consumer_tag "
+                           "head_message_timestamp incoming message_bytes message_bytes_persistent message_bytes_ready "
+                           "message_bytes_unacknowledged message_stats messages messages_details messages_persistent "
+                           "messages_ready "
                            "messages_ready_details messages_unacknowledged messages_unacknowledged_details name node "
                            "operator_policy policy recoverable_slaves single_active_consumer_tag state type vhost",
     "/api/vhosts/%2F": "cluster_state default_queue_type description message_stats messages messages_details "
                        "messages_ready messages_ready_details messages_unacknowledged "
-                       "messages_unacknowledged_details metadata name tags tracing",
+                       "messages_unacknowledged_details metadata name recv_oct recv_oct_details send_oct "
+                       "send_oct_details tags tracing",
     "/api/nodes": "applications auth_mechanisms channel_closed channel_closed_details channel_created "
                   "channel_created_details cluster_links config_files connection_closed connection_closed_details "
                   "connection_created connection_created_details contexts db_dir disk_free disk_free_details "

@@ -262,7 +262,7 @@ def test_external_login_takes_the_user_from_the_certificate_cn(node: TLSNode, pk
         channel.queue_declare(uid)
         channel.basic_publish("", uid, b"by certificate")
         assert channel.basic_get(uid, auto_ack=True)[2] == b"by certificate"
-        [info] = [c for c in node.api("/api/connections", pki) if c["user_provided_name"] == uid]
+        [info] = [c for c in node.api("/api/connections", pki) if c.get("user_provided_name") == uid]
         assert (info["user"], info["auth_mechanism"]) == ("tls-client", "EXTERNAL")
         assert info["peer_cert_subject"] == f"CN=tls-client,O={ORG}"
     finally:
@@ -302,7 +302,7 @@ def test_https_management_api_shows_connections_tls_fields(node: TLSNode, pki: P
     plain = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.broker.port,
                                                               client_properties={"connection_name": f"{uid}-plain"}))
     try:
-        by_name = {c["user_provided_name"]: c for c in node.api("/api/connections", pki)}
+        by_name = {c.get("user_provided_name"): c for c in node.api("/api/connections", pki)}
         info = by_name[f"{uid}-tls"]
         assert info["ssl"] is True and info["auth_mechanism"] == "PLAIN"
         assert info["ssl_protocol"] in ("tlsv1.2", "tlsv1.3")
@@ -326,7 +326,7 @@ def test_tls12_connection_fields_in_erlang_spelling(node: TLSNode, pki: PKI, uid
     context.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
     connection = pika.BlockingConnection(node.params(context, client_properties={"connection_name": uid}))
     try:
-        [info] = [c for c in node.api("/api/connections", pki) if c["user_provided_name"] == uid]
+        [info] = [c for c in node.api("/api/connections", pki) if c.get("user_provided_name") == uid]
         assert (info["ssl_protocol"], info["ssl_key_exchange"], info["ssl_cipher"], info["ssl_hash"]) == (
             "tlsv1.2", "ecdhe_ecdsa", "aes_128_gcm", "sha256")
         assert info["peer_cert_subject"] is None  # no client certificate presented
