@@ -131,7 +131,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
         for item in _items(body, "users"):
             name = get_str(item, "name")
             item = dict(item, tags=parse_tags(item.get("tags")))
-            access.put_user(user_from_json(name, item, access.user(name)))
+            access.put_user(user_from_json(name, item))
             if "limits" in item:
                 access.set_limits("user_limits", name, _limits(item["limits"], USER_LIMITS, "user-limits"))
         for item in _items(body, "vhosts"):

@@ -32,24 +32,24 @@ def parse_tags(value: Any) -> list[str]:
     raise bad_request("tags must be a string or a list of strings")
 
 
-def user_from_json(name: str, body: dict[str, Any], existing: User | None) -> User:
+def user_from_json(name: str, body: dict[str, Any]) -> User:
     """PUT body: ``password`` or ``password_hash`` (+ ``hashing_algorithm``, SHA-256 by default), and ``tags``.
-    A new user with neither gets no password (as RabbitMQ: only other mechanisms could authenticate it)."""
+    With neither, the user has no password, a user updated so too (as RabbitMQ: only other mechanisms, such as
+    a client certificate, could authenticate it)."""
     if "tags" not in body:
         raise bad_request("tags_not_present")  # as RabbitMQ, updating a user too
     algorithm = DEFAULT_HASHING
-    if "password" in body and body["password"] is not None:
+    password, password_hash = body.get("password"), body.get("password_hash")
+    if password is not None and password_hash is not None:
+        raise bad_request("both_password_and_password_hash_are_provided")
+    if password is not None:
         password_hash = hash_password(get_str(body, "password"))
-    elif "password_hash" in body and body["password_hash"] is not None:
+    elif password_hash is not None:
         password_hash = get_str(body, "password_hash")
         algorithm = body.get("hashing_algorithm") or DEFAULT_HASHING
         if algorithm not in HASHING_ALGORITHMS:
             raise bad_request(f"unsupported hashing_algorithm '{algorithm}'; one of {', '.join(HASHING_ALGORITHMS)}")
-    elif existing is not None:
-        password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
-    else:
-        password_hash = ""
-    return User(name, password_hash, parse_tags(body["tags"]), algorithm)
+    return User(name, password_hash or "", parse_tags(body["tags"]), algorithm)
 
 
 @routes.get("/api/whoami")
@@ -90,9 +90,9 @@ async def put(request: web.Request) -> web.Response:
     name = new_name(request, "name", "user")
     if not name:
         raise bad_request("user name must not be empty")
-    existing = access.user(name)
-    access.put_user(user_from_json(name, await read_json(request), existing))
-    return created_or_updated(existing is None)
+    existed = access.user(name) is not None
+    access.put_user(user_from_json(name, await read_json(request)))
+    return created_or_updated(not existed)
 
 
 @routes.delete("/api/users/{name}")
