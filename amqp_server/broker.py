@@ -556,14 +556,15 @@ class Broker:
              arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner | None" = None,
              who: Principal | None = None) -> None:
         """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
-        read on the source first, then both must exist (rabbit_channel:binding_action's order)."""
+        read on the source first, then both must exist, the source told first (rabbit_channel:binding_action's
+        order)."""
         self._check_binding(vhost, source, kind, destination, routing_key, who)
+        vhost.exchange(source)  # a missing source is told first, as in RabbitMQ
         if kind == "queue":
             target: Queue | Exchange = vhost.queue(destination)
             self.check_exclusive(target, owner)
         else:
             target = vhost.exchange(destination)
-        vhost.exchange(source)
         self.add_binding(vhost, source, target, routing_key, arguments)
 
     def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
@@ -582,11 +583,15 @@ class Broker:
     @staticmethod
     def _check_binding(vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
                        who: Principal | None) -> None:
-        """Write on the destination, read on the source and, if the source is a topic exchange, the user's topic
-        permission to read ``routing_key`` there (rabbit_channel:binding_action's checks, in its order)."""
+        """Write on the destination, neither end the default exchange, read on the source and, if the source is a
+        topic exchange, the user's topic permission to read ``routing_key`` there (rabbit_channel:binding_action's
+        checks, in its order)."""
+        if who is not None:
+            who.check("write", kind, vhost.name, destination)
+        if source == "" or (kind == "exchange" and destination == ""):
+            raise errors.access_refused("operation not permitted on the default exchange")
         if who is None:
             return
-        who.check("write", kind, vhost.name, destination)
         who.check("read", "exchange", vhost.name, source)
         exchange = vhost.exchanges.get(source)
         if exchange is not None and exchange.type_name == "topic":

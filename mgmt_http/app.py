@@ -72,9 +72,8 @@ async def security_headers(request: web.Request,
 def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Response:
     if response.status == 404:
         return error_response(404, "Object Not Found", "Not Found")
-    if response.status == 405:
-        return error_response(405, "Method Not Allowed", f"{request.method} is not allowed here",
-                              {"Allow": response.headers.get("Allow", "")})
+    if response.status == 405:  # a bare 405, as RabbitMQ's
+        return web.Response(status=405, headers={"Allow": response.headers.get("Allow", "")})
     return error_response(response.status, response.reason or "error", response.reason or "error")
 
 

@@ -56,16 +56,24 @@ def unauthenticated(reason: str, error: str = "not_authorised") -> HTTPError:
 
 
 def _credentials(header: str) -> tuple[str, str]:
+    """The Authorization header's user and password, refused as RabbitMQ refuses it: a token is a failed login
+    (it would be OAuth 2's), a header that is no Basic credentials a bare 400."""
     scheme, _, encoded = header.partition(" ")
-    if scheme.lower() != "basic":
-        raise unauthenticated("Not_Authorized")
+    if scheme.lower() == "bearer":
+        raise login_failed()
     try:
-        name, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        raise unauthenticated("Not_Authorized") from None
+        if scheme.lower() != "basic":
+            raise ValueError(scheme)
+        name, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+    except (binascii.Error, ValueError):
+        raise HTTPError(400, None, None) from None
     if not sep:
-        raise unauthenticated("Not_Authorized")
-    return name, password
+        raise HTTPError(400, None, None)
+    return name.decode(errors="replace"), password.decode(errors="replace")
+
+
+def login_failed() -> HTTPError:
+    return unauthenticated("Login failed", "not_authorized")  # RabbitMQ's spelling, for this case only
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -78,12 +86,12 @@ def _is_loopback(host: str | None) -> bool:
 def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool) -> Login:
     header = request.headers.get("Authorization")
     if not header:
-        raise unauthenticated("Not_Authorized")
+        raise HTTPError(401, None, None, {"WWW-Authenticate": REALM})  # a bare 401 asks for credentials
     name, password = _credentials(header)
     user = broker.access.authenticate(name, password)
     broker.auth_attempts.record("http", user is not None)
     if user is None:
-        raise unauthenticated("Login failed", "not_authorized")  # RabbitMQ's spelling, for this case only
+        raise login_failed()
     if loopback_only_guest and user.name == DEFAULT_USER and not _is_loopback(request.remote):
         raise unauthenticated("User can only log in via localhost")
     login = Login(user)

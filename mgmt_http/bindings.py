@@ -40,10 +40,14 @@ def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
 
 def binding_info(vhost: str, source: str, destination: Queue | Exchange, routing_key: str,
                  arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"source": source, "vhost": vhost, "destination": destination.name,
-            "destination_type": "queue" if isinstance(destination, Queue) else "exchange",
-            "routing_key": routing_key, "arguments": arguments,
-            "properties_key": properties_key(routing_key, arguments)}
+    return _binding(vhost, source, destination.name, "queue" if isinstance(destination, Queue) else "exchange",
+                    routing_key, arguments)
+
+
+def _binding(vhost: str, source: str, destination: str, kind: str, routing_key: str,
+             arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "vhost": vhost, "destination": destination, "destination_type": kind,
+            "routing_key": routing_key, "arguments": arguments, "properties_key": properties_key(routing_key, arguments)}
 
 
 def vhost_bindings(context: Context, vhost: VHost) -> list[dict[str, Any]]:
@@ -70,11 +74,10 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}")
 async def exchange_bindings(request: web.Request) -> web.Response:
+    """The exchange's bindings (none for a missing exchange: RabbitMQ's listings of bindings do not 404)."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
-    if name not in vhost.exchanges:
-        raise not_found()
     if request.match_info["side"] == "source":
         items = _matching(vhost_bindings(context, vhost), source=name)
     else:
@@ -87,9 +90,10 @@ async def queue_bindings(request: web.Request) -> web.Response:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = request.match_info["name"]
-    if name not in vhost.queues:
-        raise not_found()
-    items = _matching(vhost_bindings(context, vhost), destination=name, destination_type="queue")
+    if name in vhost.queues:
+        items = _matching(vhost_bindings(context, vhost), destination=name, destination_type="queue")
+    else:  # as RabbitMQ: a missing queue still has its implicit default-exchange binding
+        items = [_binding(vhost.name, "", name, "queue", name, {})]
     return respond(request, items, ("source", "destination", "routing_key"))
 
 
@@ -109,9 +113,12 @@ BETWEEN = "/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}"
 
 @routes.get(BETWEEN)
 async def list_between(request: web.Request) -> web.Response:
-    context, vhost, source, destination = _endpoints(request)
-    items = [b for b in vhost_bindings(context, vhost) if b["source"] == source.name
-             and b["destination"] == destination.name and b["destination_type"] == KINDS[request.match_info["kind"]]]
+    """Bindings from the source to the destination (none if either is missing, as RabbitMQ's)."""
+    context = ctx(request)
+    vhost = context.vhost(auth.require_vhost(request))
+    source, destination = exchange_param(request.match_info["source"]), request.match_info["destination"]
+    items = _matching(vhost_bindings(context, vhost), source=source, destination=destination,
+                      destination_type=KINDS[request.match_info["kind"]])
     return respond(request, items, ("routing_key",))
 
 

@@ -88,7 +88,9 @@ async def export(request: web.Request) -> web.Response:
 @routes.get("/api/definitions/{vhost}")
 async def export_vhost(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    name = auth.require_vhost(request)
+    name = request.match_info["vhost"]
+    if not ctx(request).broker.access.vhost_exists(name):
+        raise bad_request("vhost_not_found")  # (RabbitMQ's answer here; an import into it is a 404)
     result = _header()
     result.update(_vhost_objects(ctx(request), name, False))
     return _download(request, result)
@@ -220,7 +222,7 @@ async def import_all(request: web.Request) -> web.Response:
 @routes.post("/api/definitions/{vhost}")
 async def import_vhost(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    import_definitions(ctx(request), await _body(request), auth.require_vhost(request))
+    import_definitions(ctx(request), await _body(request), auth.require_vhost(request, creating=True))
     return no_content()
 
 

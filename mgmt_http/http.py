@@ -64,7 +64,7 @@ def error_response(status: int, error: str, reason: Any, headers: dict[str, str]
 class HTTPError(Exception):
     """Raised by handlers; the error middleware turns it into RabbitMQ's ``{"error", "reason"}`` body."""
 
-    def __init__(self, status: int, error: str, reason: Any, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, error: str | None, reason: Any, headers: dict[str, str] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.error = error
@@ -72,6 +72,8 @@ class HTTPError(Exception):
         self.headers = headers
 
     def response(self) -> web.Response:
+        if self.error is None:  # (RabbitMQ answers a few requests with a bare status)
+            return web.Response(status=self.status, headers=self.headers)
         return error_response(self.status, self.error, self.reason, self.headers)
 
 

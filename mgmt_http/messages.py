@@ -41,10 +41,8 @@ def properties_from_json(raw: dict[str, Any]) -> commands.Basic.Properties:
         elif key == "headers":
             if not isinstance(value, dict):
                 raise bad_request("headers must be a JSON object")
-        elif key == "expiration":
-            value = str(value)
         elif not isinstance(value, str):
-            raise bad_request(f"property {key} must be a string")
+            raise bad_request(["not_string", key])
         kwargs[attr] = value
     try:
         return commands.Basic.Properties(**kwargs)

@@ -60,7 +60,7 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/{kind:policies|operator-policies}/{vhost}/{name}")
 async def put(request: web.Request) -> web.Response:
     kind = _kind(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, creating=True)
     name = request.match_info["name"]
     try:
         policy = parse(vhost, name, await read_json(request, required=True), kind == OPERATOR_POLICY)

@@ -208,17 +208,17 @@ async def get(request: web.Request) -> web.Response:
     read as RabbitMQ's, which makes the gets on a channel (a missing queue is basic.get's 404 text)."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
-    queue = vhost.queues.get(request.match_info["name"])
-    if queue is None:
-        missing = errors.resource_name("queue", request.match_info["name"], vhost.name)
-        raise from_channel(errors.not_found(f"no {missing}"))
-    body = await read_json(request, required=True)
+    body = await read_json(request, required=True)  # the body is checked first, as RabbitMQ does
     count = get_int(body, "count", minimum=0)
     ackmode = get_str(body, "ackmode")
     if ackmode not in ACK_MODES:
         raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
     encoding, truncate = _encoding_and_truncate(body, None)
     requeue, reject = ACK_MODES[ackmode]
+    queue = vhost.queues.get(request.match_info["name"])
+    if queue is None:
+        missing = errors.resource_name("queue", request.match_info["name"], vhost.name)
+        raise from_channel(errors.not_found(f"no {missing}"))
     who = auth.principal(request, queue.vhost)
     broker = context.broker
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack

@@ -850,3 +850,48 @@ def test_idle_queues_and_channels_say_since_when(broker, conn, uid):
         conn.process_data_events(0)
     assert time.strftime("%Y-%m-%dT", time.gmtime()) in info["idle_since"]
     assert info["idle_since"].endswith("+00:00")
+
+
+def test_definitions_of_a_missing_vhost(broker, uid):
+    _mgmt(broker)
+    assert _reason(call(broker, "GET", f"/api/definitions/{q(uid)}"), 400) == "vhost_not_found"
+    assert _reason(call(broker, "POST", f"/api/definitions/{q(uid)}", {}), 404, "not_found") == "vhost_not_found"
+
+
+@pytest.mark.parametrize("action", [
+    lambda ch, uid: ch.exchange_bind("", "amq.direct", "k"),
+    lambda ch, uid: ch.exchange_unbind("", "amq.direct", "k"),
+    lambda ch, uid: ch.exchange_unbind("amq.direct", "", "k"),
+    lambda ch, uid: ch.queue_unbind(f"{uid}-none", "", "k"),
+], ids=["exchange.bind to it", "exchange.unbind to it", "exchange.unbind from it", "queue.unbind of no queue"])
+def test_bindings_of_the_default_exchange_are_refused(conn, uid, action):
+    """Either end, before anything is looked up (an unbind of what is not there included)."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        action(conn.channel(), uid)
+    assert (refused.value.reply_code, refused.value.reply_text) == \
+        (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
+
+
+def test_a_binding_with_neither_end_names_the_source(conn, uid):
+    for action in (lambda ch: ch.queue_bind(f"{uid}-q", f"{uid}-x", "k"),
+                   lambda ch: ch.exchange_bind(f"{uid}-d", f"{uid}-x", "k")):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            action(conn.channel())
+        assert refused.value.reply_text == f"NOT_FOUND - no exchange '{uid}-x' in vhost '/'"
+
+
+def test_http_refusals_in_rabbitmqs_order_and_words(broker, uid):
+    _mgmt(broker)
+    publish = "/api/exchanges/%2F/amq.default/publish"
+    for key in ("content_type", "correlation_id", "expiration", "message_id", "type", "user_id", "app_id"):
+        body = {"routing_key": uid, "payload": "x", "payload_encoding": "string", "properties": {key: 5}}
+        assert _reason(call(broker, "POST", publish, body), 400) == ["not_string", key]
+    get = f"/api/queues/%2F/{q(uid)}-none/get"  # the body is checked before the queue is looked up
+    assert _reason(call(broker, "POST", get, {"count": 1, "ackmode": "ack_requeue_true", "encoding": "bogus"}),
+                   400) == "Unsupported encoding. Please use auto or base64."
+    assert _reason(call(broker, "POST", get, {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto",
+                                              "truncate": "x"}), 400) == ["not_integer", "x"]
+    assert _reason(call(broker, "PUT", f"/api/policies/{q(uid)}-none/p", {"pattern": "^x", "definition": {}}), 404,
+                   "not_found") == "vhost_not_found"
+    refused = call(broker, "PATCH", f"/api/queues/%2F/{q(uid)}", {})
+    assert (refused.status, refused.raw) == (405, b"")
