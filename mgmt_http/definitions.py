@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server import __version__
+from amqp_server.auth import AccessControl
 from amqp_server.errors import AMQPError
 from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
 from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
@@ -139,20 +140,16 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
         for item in _items(body, "vhosts"):
             broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
         for item in _items(body, "permissions"):
-            vhost, user = get_str(item, "vhost"), get_str(item, "user")
-            if not access.vhost_exists(vhost) or access.user(user) is None:
-                raise bad_request(f"permissions for unknown vhost '{vhost}' or user '{user}'")
+            vhost, user = _known(access, item)
             access.set_permissions(vhost, user, permissions_from_json(item))
         for item in _items(body, "topic_permissions"):
-            vhost, user = get_str(item, "vhost"), get_str(item, "user")
-            if not access.vhost_exists(vhost) or access.user(user) is None:
-                raise bad_request(f"topic permissions for unknown vhost '{vhost}' or user '{user}'")
+            vhost, user = _known(access, item)
             access.set_topic_permission(vhost, user, topic_permission_from_json(item))
 
     def vhost_of(item: dict[str, Any]):
         name = only_vhost if only_vhost is not None else get_str(item, "vhost")
         if not access.vhost_exists(name):
-            raise bad_request(f"vhost '{name}' does not exist")
+            raise bad_request(["no_such_vhost", name])
         return broker.vhost(name)
 
     ignored = ["global_parameters"] if body.get("global_parameters") else []
@@ -189,11 +186,26 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             kind = get_str(item, "destination_type", "queue")
             if kind not in ("queue", "exchange"):
                 raise bad_request("destination_type must be 'queue' or 'exchange'")
-            destination = (vhost.queue if kind == "queue" else vhost.exchange)(get_str(item, "destination"))
-            broker.add_binding(vhost, get_str(item, "source"), destination, get_str(item, "routing_key", ""),
-                        get_table(item, "arguments"))
+            source, name = get_str(item, "source"), get_str(item, "destination")
+            destination = (vhost.queues if kind == "queue" else vhost.exchanges).get(name)
+            if destination is None or source not in vhost.exchanges:  # skipped, as RabbitMQ's import does
+                log.warning("definitions import: binding of %s '%s' to '%s' skipped: not both there", kind, name,
+                            source)
+                continue
+            broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""),
+                               get_table(item, "arguments"))
     except AMQPError as exc:
         raise from_amqp(exc) from None
+
+
+def _known(access: AccessControl, item: dict[str, Any]) -> tuple[str, str]:
+    """The (vhost, user) a permission names, both there (refused in RabbitMQ's words if not)."""
+    vhost, user = get_str(item, "vhost"), get_str(item, "user")
+    if not access.vhost_exists(vhost):
+        raise bad_request(["no_such_vhost", vhost])
+    if access.user(user) is None:
+        raise bad_request(["no_such_user", user])
+    return vhost, user
 
 
 def _limits(value: Any, known: tuple[str, ...], component: str) -> dict[str, int]:

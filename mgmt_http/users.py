@@ -9,7 +9,8 @@ from amqp_server.auth import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_pas
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, get_str, json_response, new_name, no_content, not_found, read_json
+from .http import (bad_request, created_or_updated, get_str, json_response, key_missing, new_name, no_content, not_found,
+                   read_json)
 from .listing import respond, respond_one
 from .permissions import permission_info
 
@@ -106,11 +107,18 @@ async def delete(request: web.Request) -> web.Response:
 @routes.post("/api/users/bulk-delete")
 async def bulk_delete(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    names = (await read_json(request, required=True)).get("users")
+    body = await read_json(request, required=True)
+    if "users" not in body:
+        raise key_missing("users")
+    names = body["users"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise bad_request("users must be a list of user names")
+    access = ctx(request).broker.access
+    for name in names:  # all known, or none deleted
+        if access.user(name) is None:
+            raise bad_request(["no_such_user", name])
     for name in names:
-        ctx(request).broker.access.delete_user(name)
+        access.delete_user(name)
     return no_content()
 
 

@@ -895,3 +895,38 @@ def test_http_refusals_in_rabbitmqs_order_and_words(broker, uid):
                    "not_found") == "vhost_not_found"
     refused = call(broker, "PATCH", f"/api/queues/%2F/{q(uid)}", {})
     assert (refused.status, refused.raw) == (405, b"")
+
+
+def test_definitions_import_refusals_and_skipped_bindings(broker, uid):
+    _mgmt(broker)
+    assert _reason(call(broker, "POST", "/api/definitions", {"permissions": [
+        {"vhost": f"{uid}-nv", "user": "guest", "configure": ".*", "write": ".*", "read": ".*"}]}), 400) == \
+        ["no_such_vhost", f"{uid}-nv"]
+    assert _reason(call(broker, "POST", "/api/definitions", {"queues": [
+        {"vhost": f"{uid}-nv", "name": uid, "durable": True, "auto_delete": False, "arguments": {}}]}), 400) == \
+        ["no_such_vhost", f"{uid}-nv"]
+    # a binding whose source or destination is missing is skipped; the rest is imported
+    body = {"queues": [{"vhost": "/", "name": uid, "durable": False, "auto_delete": False, "arguments": {}}],
+            "bindings": [{"vhost": "/", "source": f"{uid}-nx", "destination": uid, "destination_type": "queue",
+                          "routing_key": "k", "arguments": {}},
+                         {"vhost": "/", "source": "amq.direct", "destination": f"{uid}-nq",
+                          "destination_type": "queue", "routing_key": "k", "arguments": {}},
+                         {"vhost": "/", "source": "amq.direct", "destination": uid, "destination_type": "queue",
+                          "routing_key": "k", "arguments": {}}]}
+    try:
+        assert call(broker, "POST", "/api/definitions", body).status == 204
+        assert [b["source"] for b in call(broker, "GET", f"/api/queues/%2F/{q(uid)}/bindings").json] == \
+            ["", "amq.direct"]
+    finally:
+        call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
+
+
+def test_users_bulk_delete(broker, uid):
+    _mgmt(broker)
+    assert _reason(call(broker, "POST", "/api/users/bulk-delete", {}), 400) == "[{key_missing,users}]"
+    assert _reason(call(broker, "POST", "/api/users/bulk-delete", {"users": [f"{uid}-none"]}), 400) == \
+        ["no_such_user", f"{uid}-none"]
+    for name in (f"{uid}-1", f"{uid}-2"):
+        assert call(broker, "PUT", f"/api/users/{q(name)}", {"password": "pw", "tags": ""}).status == 201
+    assert call(broker, "POST", "/api/users/bulk-delete", {"users": [f"{uid}-1", f"{uid}-2"]}).status == 204
+    assert call(broker, "GET", f"/api/users/{q(uid)}-1").status == 404
