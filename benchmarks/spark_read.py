@@ -12,7 +12,10 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
    250000); ``load()`` (which pins the ranges) is timed apart; then ``toPandas()`` of ``offset, body``;
    then the same two on a Parquet file of the same rows (the practical ceiling);
 3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
-   one partition per queue, requeued afterwards) reading ``N`` messages of the same queue.
+   one partition per queue, requeued afterwards) reading ``N`` messages of the same queue;
+4. with ``--baseline``: times, in a fresh SparkSession of its own (another process), the first action on a
+   Python data source that reads nothing: PySpark's own cost of a first action (planning in Python, starting
+   its Python workers), which Warren's first action includes.
 
     ./run.sh --amqp-port 5701 --mgmt-port 15701 --data-dir /tmp/bench-node &
     .venv/bin/python benchmarks/spark_read.py --port 5701 --mgmt-port 15701 --messages 1000000 --size 16
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +79,38 @@ def session(args: argparse.Namespace):
     return spark
 
 
+def baseline(args: argparse.Namespace) -> dict:
+    """``load()`` and a first ``count()`` of a Python data source of 40 rows in a fresh session, as the Warren
+    source's partitions would be planned (4 of them): what PySpark itself takes on a first action."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Trivial(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "trivial"
+
+        def schema(self) -> str:
+            return "x long"
+
+        def reader(self, schema):
+            return TrivialReader()
+
+    class TrivialReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(i) for i in range(4)]
+
+        def read(self, partition):
+            import pyarrow as pa
+            yield pa.record_batch([pa.array(range(10), pa.int64())], names=["x"])
+
+    spark = session(args)
+    try:
+        spark.dataSource.register(Trivial)
+        return time_count(spark.read.format("trivial").load)
+    finally:
+        spark.stop()
+
+
 def time_count(load) -> dict:
     started = time.perf_counter()
     df = load()
@@ -97,6 +133,10 @@ def time_pandas(load) -> dict:
 def run(args: argparse.Namespace) -> dict:
     result: dict = {"messages": args.messages, "size": args.size, "cores": args.cores,
                     "partition_size": args.partition_size}
+    if args.baseline:
+        command = [sys.executable, os.path.abspath(__file__), "--only-baseline", "--cores", str(args.cores)]
+        first = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+        result["pyspark_first_action_s"] = round(first["load_s"] + first["count_s"], 2)
     result["publish_per_s"] = round(fill(args))
     spark = session(args)
     try:
@@ -145,8 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--amqp-rows", type=int, default=0, help="also time the AMQP fallback reading this many")
     ap.add_argument("--timeout", type=float, default=1800.0, help="publish timeout (s)")
     ap.add_argument("--keep", action="store_true", help="keep the queue")
+    ap.add_argument("--baseline", action="store_true", help="also time PySpark's own first action (see 4.)")
+    ap.add_argument("--only-baseline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.only_baseline:
+        print(json.dumps(baseline(args)))
+        return 0
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -154,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.messages:,} x {args.size} B, publish {result['publish_per_s']:,} msg/s, local[{args.cores}]")
     print(f"  warren count after the first: median {result['warren_median_rows_per_s']:,} rows/s = "
           f"{result['warren_mb_per_s']} MB/s of bodies; first action (load + count) {result['warren_first_action_s']} s")
+    if "pyspark_first_action_s" in result:
+        print(f"  PySpark's own first action (a Python data source reading nothing, fresh session): "
+              f"{result['pyspark_first_action_s']} s")
     for name in ("warren", "parquet", "amqp"):
         for i, r in enumerate(result.get(name, []), 1):
             print(f"  {name:7} count run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "

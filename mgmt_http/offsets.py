@@ -127,6 +127,7 @@ def _owned(handler: Any) -> Any:
 @_guarded
 @_owned
 async def offsets(request: web.Request, queue: Queue) -> web.Response:
+    request.app[READERS].start()  # the reads that follow find the reader processes up
     head, tail = queue.offsets()
     return json_response({"head": head, "tail": tail, "committed": queue.committed,
                           "messages": queue.message_count, "bytes": queue.ready_bytes})

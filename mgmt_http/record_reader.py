@@ -53,7 +53,7 @@ class ReaderUnavailable(Exception):
 
 
 class RecordReaders:
-    """``size`` reader processes, started on first use; ``read`` hands a span to an idle one."""
+    """``size`` reader processes, started on first use (``start``); ``read`` hands a span to an idle one."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -71,19 +71,23 @@ class RecordReaders:
         """The span's record batch, serialised (an Arrow IPC message)."""
         return await self._ask(lambda reader: reader.request({"queue": queue_name, "text": body_text}, span))
 
+    def start(self) -> None:
+        """Start the processes if they are not yet (their imports take a while: a client asking for offsets is
+        about to read, so the offsets call starts them)."""
+        if self._idle is not None:
+            return
+        self._idle = asyncio.Queue()
+        for _ in range(self.size):
+            try:
+                reader = _Reader()
+            except OSError as exc:
+                log.warning("cannot start a record reader: %s", exc)
+                continue
+            self._all.append(reader)
+            self._idle.put_nowait(reader)
+
     async def _ask(self, request: Any) -> memoryview:
-        if self.size <= 0:
-            raise ReaderUnavailable("no reader processes")
-        if self._idle is None:
-            self._idle = asyncio.Queue()
-            for _ in range(self.size):
-                try:
-                    reader = _Reader()
-                except OSError as exc:
-                    log.warning("cannot start a record reader: %s", exc)
-                    continue
-                self._all.append(reader)
-                self._idle.put_nowait(reader)
+        self.start()
         if not self._all:
             raise ReaderUnavailable("no reader processes")
         reader = await self._idle.get()
