@@ -385,8 +385,6 @@ class Connection(asyncio.Protocol):
             commands.Connection.CloseOk: lambda _m: self._drop(),
             commands.Connection.UpdateSecret: self._update_secret,
         }.get(type(method))
-        if isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
-            return
         if self.state == OPEN and not isinstance(method, (commands.Connection.Close, commands.Connection.UpdateSecret)):
             raise ConnectionError(errors.CHANNEL_ERROR, "unexpected method in connection state running",
                                   *divmod(method.index, 0x10000))

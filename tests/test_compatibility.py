@@ -930,3 +930,16 @@ def test_users_bulk_delete(broker, uid):
         assert call(broker, "PUT", f"/api/users/{q(name)}", {"password": "pw", "tags": ""}).status == 201
     assert call(broker, "POST", "/api/users/bulk-delete", {"users": [f"{uid}-1", f"{uid}-2"]}).status == 204
     assert call(broker, "GET", f"/api/users/{q(uid)}-1").status == 404
+
+
+@pytest.mark.parametrize("method", [commands.Connection.Blocked(reason="x"), commands.Connection.Unblocked()],
+                         ids=["blocked", "unblocked"])
+def test_a_client_cannot_say_the_connection_is_blocked(broker, method):
+    """connection.blocked and unblocked go from the server to the client only."""
+    raw = Raw(broker)
+    raw.handshake()
+    raw.send(frame(0, method))
+    close = raw.expect(commands.Connection.Close)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == \
+        (504, "CHANNEL_ERROR - unexpected method in connection state running", 10, method.index & 0xFFFF)
+    raw.close()
