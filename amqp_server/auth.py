@@ -148,7 +148,8 @@ class DefinitionListener(Protocol):
 
 
 class AccessControl:
-    """Reads and writes users, vhosts and permissions in the definition store."""
+    """Reads and writes the node-wide definitions in the definition store: users, vhosts, permissions, topic
+    permissions, limits and global parameters."""
 
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
@@ -280,6 +281,25 @@ class AccessControl:
     def _limits(self, kind: str, key: str) -> dict[str, int]:
         record = self.store.get(kind, key)
         return {} if record is None else record["value"]
+
+    # -- global parameters (RabbitMQ's global runtime parameters: any JSON value by name) ------------
+
+    def global_parameters(self) -> list[dict[str, Any]]:
+        return [record for _, record in self.store.items("global_parameter")]
+
+    def global_parameter(self, name: str) -> dict[str, Any] | None:
+        return self.store.get("global_parameter", vhost_key(name))
+
+    def set_global_parameter(self, name: str, value: Any) -> None:
+        self._put("global_parameter", vhost_key(name), {"name": name, "value": value})
+
+    def clear_global_parameter(self, name: str) -> bool:
+        return self._delete("global_parameter", vhost_key(name))
+
+    def cluster_name(self, default: str) -> str:
+        """The ``cluster_name`` global parameter (what RabbitMQ's UI and connection.start show), else ``default``."""
+        record = self.global_parameter("cluster_name")
+        return record["value"] if record is not None and isinstance(record["value"], str) else default
 
     def principal(self, vhost: str, user: str) -> Principal:
         """``user`` with its permissions and topic permissions in ``vhost``: what its operations there check."""

@@ -399,7 +399,7 @@ class Connection(asyncio.Protocol):
             "platform": f"Python {sys.version.split()[0]}",
             "copyright": "Warren contributors",
             "information": "Licensed under the MPL 2.0",
-            "cluster_name": self.broker.node_name,
+            "cluster_name": self.broker.access.cluster_name(self.broker.node_name),
             "capabilities": CAPABILITIES,
         }
         self.state = AWAIT_START_OK

@@ -41,7 +41,7 @@ AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 BALANCED = ("balanced", "least-leaders", "random")
-ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits")
+ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter")
 
 
 class Cluster:
@@ -266,6 +266,11 @@ class Cluster:
                 self.broker.delete_vhost(old["name"])
             else:
                 self.broker.add_vhost(new["name"], **{k: v for k, v in new.items() if k != "name"})
+        elif kind == "global_parameter":
+            if new is None:
+                access.clear_global_parameter(old["name"])
+            else:
+                access.set_global_parameter(new["name"], new["value"])
         elif kind in ("vhost_limits", "user_limits"):
             record = new if new is not None else old
             access.set_limits(kind, record["vhost" if kind == "vhost_limits" else "user"],

@@ -29,7 +29,7 @@ log = logging.getLogger("warren.forwarder.metadata")
 DEF_PREFIX = b"/warren/def/"
 MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"record", "revision"}
 RETRY_INTERVAL = 1.0
-ORDER = {"vhost": 0, "user": 1, "permission": 2, "topic_permission": 2, "vhost_limits": 2,
+ORDER = {"vhost": 0, "global_parameter": 0, "user": 1, "permission": 2, "topic_permission": 2, "vhost_limits": 2,
          "user_limits": 2, "exchange": 3, "queue": 4, "binding": 5,
          "policy": 6, "operator_policy": 6}  # dependencies first
 

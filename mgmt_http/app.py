@@ -13,8 +13,8 @@ from amqp_server.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 
-from . import bindings, connections, definitions, exchanges, health, limits, metrics, overview, permissions, policies
-from . import queues, quorum_members, users, vhosts
+from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
+from . import permissions, policies, queues, quorum_members, users, vhosts
 from . import forward, offsets
 from .auth import auth_middleware
 from .context import KEY, Context
@@ -23,8 +23,8 @@ from .rates import DEFAULT_INTERVAL, Sampler
 
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-RESOURCES = (overview, health, users, vhosts, permissions, limits, policies, connections, exchanges, bindings, queues,
-             quorum_members, definitions, metrics)
+RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
+             bindings, queues, quorum_members, definitions, metrics)
 
 
 @web.middleware

@@ -47,7 +47,8 @@ def binding_info(vhost: str, source: str, destination: Queue | Exchange, routing
 def _binding(vhost: str, source: str, destination: str, kind: str, routing_key: str,
              arguments: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "vhost": vhost, "destination": destination, "destination_type": kind,
-            "routing_key": routing_key, "arguments": arguments, "properties_key": properties_key(routing_key, arguments)}
+            "routing_key": routing_key, "arguments": arguments,
+            "properties_key": properties_key(routing_key, arguments)}
 
 
 def vhost_bindings(context: Context, vhost: VHost) -> list[dict[str, Any]]:

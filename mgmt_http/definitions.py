@@ -64,7 +64,8 @@ def export_all(request: web.Request) -> dict[str, Any]:
     result["vhosts"] = [{"name": name, "limits": [], "metadata": access.vhost_metadata(name)}
                         for name in access.vhosts()]
     result["permissions"] = all_permissions(request)
-    result.update({"topic_permissions": access.all_topic_permissions(), "global_parameters": []})
+    result.update({"topic_permissions": access.all_topic_permissions(),
+                   "global_parameters": access.global_parameters()})
     objects: dict[str, list] = {"parameters": [], "policies": [], "queues": [], "exchanges": [], "bindings": []}
     for name in access.vhosts():
         for key, items in _vhost_objects(context, name, True).items():
@@ -125,12 +126,14 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
     """Users, vhosts, permissions (whole-node import only), then policies, exchanges, queues, bindings — through
     the same broker operations as AMQP declares, so conflicts are errors as they would be there.
 
-    As RabbitMQ does, unknown fields are ignored.  Global parameters and runtime parameters other than operator
-    policies (federation, shovels) are accepted and ignored: Warren has no such features.
+    As RabbitMQ does, unknown fields are ignored.  Runtime parameters other than operator policies and vhost
+    limits (federation, shovels) are accepted and ignored: Warren has no such features.
     """
     broker = context.broker
     access = broker.access
     if only_vhost is None:
+        for item in _items(body, "global_parameters"):
+            access.set_global_parameter(get_str(item, "name"), item.get("value"))
         for item in _items(body, "users"):
             name = get_str(item, "name")
             item = dict(item, tags=parse_tags(item.get("tags")))
@@ -152,11 +155,9 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             raise bad_request(["no_such_vhost", name])
         return broker.vhost(name)
 
-    ignored = ["global_parameters"] if body.get("global_parameters") else []
     if any(item.get("component") not in (OPERATOR_POLICY, LIMITS) for item in _items(body, "parameters")):
-        ignored.append("parameters other than operator policies and vhost limits")
-    if ignored:
-        log.warning("definitions import: ignored %s (not supported by Warren)", ", ".join(ignored))
+        log.warning("definitions import: ignored parameters other than operator policies and vhost limits "
+                    "(federation, shovels: not supported by Warren)")
     policies = broker.policies
     for item in _items(body, "policies"):
         vhost = vhost_of(item)

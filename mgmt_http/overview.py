@@ -98,7 +98,8 @@ async def overview(request: web.Request) -> web.Response:
     body = {
         "management_version": RABBIT_VERSION, "rates_mode": "basic", "exchange_types": exchange_types(),
         "product_version": __version__, "product_name": "Warren", "rabbitmq_version": RABBIT_VERSION,
-        "cluster_name": context.node, "erlang_version": "n/a", "erlang_full_version": "n/a",
+        "cluster_name": context.broker.access.cluster_name(context.node),
+        "erlang_version": "n/a", "erlang_full_version": "n/a",
         "disable_stats": False, "enable_queue_totals": True,
         "message_stats": message_stats(_sum([*(context.sampler.vhost_counters(n) for n in names),
                                              disk_counters(context.broker)]), rates, VHOST_STATS + DISK_STATS),
@@ -214,11 +215,5 @@ async def aliveness(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/extensions")
-@routes.get("/api/global-parameters")
 async def empty_list(request: web.Request) -> web.Response:
     return json_response([])
-
-
-@routes.get("/api/cluster-name")
-async def cluster_name(request: web.Request) -> web.Response:
-    return json_response({"name": ctx(request).node})

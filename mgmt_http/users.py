@@ -9,8 +9,8 @@ from amqp_server.auth import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_pas
 
 from . import auth
 from .context import ctx
-from .http import (bad_request, created_or_updated, get_str, json_response, key_missing, new_name, no_content, not_found,
-                   read_json)
+from .http import (bad_request, created_or_updated, get_str, json_response, key_missing, new_name, no_content,
+                   not_found, read_json)
 from .listing import respond, respond_one
 from .permissions import permission_info
 

@@ -435,10 +435,12 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
         return False
 
     wait_for(declare_on_node2, "user, vhost, permissions and topic permissions usable on node 2")
+    api_put(n1, f"/global-parameters/{user}", {"value": {"a": 1}})
     api_put(n1, f"/vhost-limits/{vhost}/max-queues", {"value": 5})
     api_put(n1, f"/user-limits/{user}/max-channels", {"value": 4})
     wait_for(lambda: api(n3, f"/vhost-limits/{vhost}") == [{"vhost": vhost, "value": {"max-queues": 5}}]
-             and api(n3, f"/users/{user}")["limits"] == {"max-channels": 4}, "limits on node 3")
+             and api(n3, f"/users/{user}")["limits"] == {"max-channels": 4}
+             and api(n3, f"/global-parameters/{user}")["value"] == {"a": 1}, "limits and parameters on node 3")
     wait_for(lambda: api(n3, f"/queues/{vhost}/in-{vhost}")["node"] == "warren2@localhost", "queue seen on node 3")
     api_put(n3, f"/users/{user}", None, method="DELETE")
     wait_for(lambda: not any(u["name"] == user for u in api(n1, "/users")), "user deleted everywhere")

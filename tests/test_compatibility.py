@@ -943,3 +943,28 @@ def test_a_client_cannot_say_the_connection_is_blocked(broker, method):
     assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == \
         (504, "CHANNEL_ERROR - unexpected method in connection state running", 10, method.index & 0xFFFF)
     raw.close()
+
+
+def test_global_parameters_and_the_cluster_name(broker, uid):
+    _mgmt(broker)
+    path = f"/api/global-parameters/{q(uid)}"
+    assert call(broker, "GET", path).status == 404
+    assert _reason(call(broker, "PUT", path, {}), 400) == "[{key_missing,value}]"
+    assert call(broker, "PUT", path, {"value": {"a": [1, 2]}}).status == 201
+    assert call(broker, "PUT", path, {"value": "s"}).status == 204
+    assert call(broker, "GET", path).json == {"name": uid, "value": "s"}
+    assert {"name": uid, "value": "s"} in call(broker, "GET", "/api/global-parameters").json
+    assert {"name": uid, "value": "s"} in call(broker, "GET", "/api/definitions").json["global_parameters"]
+    assert call(broker, "DELETE", path).status == 204
+    assert call(broker, "DELETE", path).status == 404
+    before = call(broker, "GET", "/api/cluster-name").json["name"]
+    try:
+        assert _reason(call(broker, "PUT", "/api/cluster-name", {}), 400) == "[{key_missing,name}]"
+        assert call(broker, "PUT", "/api/cluster-name", {"name": f"{uid}-cluster"}).status == 204
+        assert call(broker, "GET", "/api/cluster-name").json == {"name": f"{uid}-cluster"}
+        assert call(broker, "GET", "/api/overview").json["cluster_name"] == f"{uid}-cluster"
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        assert connection._impl.server_properties["cluster_name"] == f"{uid}-cluster"  # connection.start's
+        connection.close()
+    finally:
+        call(broker, "PUT", "/api/cluster-name", {"name": before})

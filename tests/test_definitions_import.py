@@ -321,6 +321,7 @@ def test_import_rabbitmq_export(start_broker) -> None:
     exported = call(node, "GET", "/api/definitions").json
     assert sorted(p["name"] for p in exported["policies"]) == ["ae", "limit-orders", "mirror"]
     assert [p["name"] for p in exported["parameters"] if p["component"] == "operator_policy"] == ["op-ttl"]
+    assert exported["global_parameters"] == EXPORT["global_parameters"]
     node.stop()
     node.start()
     check_imported(node)
