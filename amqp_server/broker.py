@@ -698,20 +698,22 @@ class Broker:
         return len(queues) > unavailable or queues is DEFERRED, rejected
 
     @staticmethod
-    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> bool:
-        """May ``who`` publish to the exchange with ``routing_key``: write on it, it is not internal, and on a topic
-        exchange the user's topic permission (if it has one now) lets it write the key.  True if the answer holds
-        for every routing key from now on, so that a channel may skip the check for the exchange: not for a topic
-        exchange, whose topic permissions may change while the channel is open."""
+    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:
+        """May ``who`` publish to the exchange with ``routing_key``: write on it, it is not internal, and
+        ``check_topic_write``.  A channel may skip this for an exchange it checked, but for the latter."""
         if who is not None:
             who.check("write", "exchange", vhost.name, exchange.name)
         if exchange.internal:
             raise errors.access_refused(
                 f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")
-        if who is None or exchange.type_name != "topic":
-            return True
-        who.check_topic("write", vhost.name, exchange.name, routing_key)
-        return False
+        Broker.check_topic_write(vhost, exchange, who, routing_key)
+
+    @staticmethod
+    def check_topic_write(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:
+        """On a topic exchange, the user's topic permission there (if it has one now) must let it publish with
+        ``routing_key``.  Topic permissions may change while a channel is open: checked for every message."""
+        if who is not None and who.topics and exchange.type_name == "topic":
+            who.check_topic("write", vhost.name, exchange.name, routing_key)
 
     @staticmethod
     def check_message(message: Message, user_name: str) -> None:

@@ -174,19 +174,17 @@ class Channel:
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
-        if (self._write_checked.get(exchange_name) is not exchange
-                and (exchange_name, routing_key) not in self._topic_checked):
-            # once per exchange and channel (the hot path stays lean); a topic exchange's per routing key
-            try:
-                any_key = self.broker.check_publish(vhost, exchange, self.connection.principal, routing_key)
-            except ChannelError as exc:
-                raise _publish_error(exc) from None
-            if any_key:
+        principal = self.connection.principal
+        try:
+            if self._write_checked.get(exchange_name) is not exchange:  # once per exchange: the hot path stays lean
+                self.broker.check_publish(vhost, exchange, principal, routing_key)
                 self._write_checked[exchange_name] = exchange
-            else:
-                self._topic_checked[(exchange_name, routing_key)] = None
-                if len(self._topic_checked) > TOPIC_CHECKS_KEPT:
-                    del self._topic_checked[next(iter(self._topic_checked))]
+                self._topic_allowed(exchange, routing_key)
+            elif principal.topics and (exchange_name, routing_key) not in self._topic_checked:
+                self.broker.check_topic_write(vhost, exchange, principal, routing_key)
+                self._topic_allowed(exchange, routing_key)
+        except ChannelError as exc:
+            raise _publish_error(exc) from None
         if message.needs_checks:
             try:
                 self.broker.check_message(message, self.connection.user.name)
@@ -209,6 +207,15 @@ class Channel:
         self.vhost_stats.publish += 1
         if self.confirm_mode:
             self._to_confirm(message, rejected)
+
+    def _topic_allowed(self, exchange: Exchange, routing_key: str) -> None:
+        """Remember a routing key a topic permission allowed (the latest ``TOPIC_CHECKS_KEPT``, as RabbitMQ's
+        channel does: a permission changed meanwhile does not refuse them)."""
+        if self.connection.principal.topics and exchange.type_name == "topic":
+            checked = self._topic_checked
+            checked[(exchange.name, routing_key)] = None
+            if len(checked) > TOPIC_CHECKS_KEPT:
+                del checked[next(iter(checked))]
 
     def _route_message(self, exchange: Exchange, message: Message, mandatory: bool,
                        confirm: ConfirmSink | None = None) -> bool:
