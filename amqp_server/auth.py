@@ -15,11 +15,10 @@ import base64
 import hashlib
 import hmac
 import os
-import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping, Protocol
 
+from . import patterns
 from .definitions import DefinitionStore
 from .errors import ACCESS_REFUSED, ChannelError, resource_name
 
@@ -45,9 +44,14 @@ def check_password(password: str, password_hash: str, algorithm: str = DEFAULT_H
     return len(raw) > 4 and hmac.compare_digest(hash_password(password, raw[:4], algorithm), password_hash)
 
 
-@lru_cache(maxsize=1024)
-def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern or "^$")
+def _matches(pattern: str, name: str) -> bool:
+    """RabbitMQ's permission match: searched anywhere in the name; the empty pattern means ``^$``; a pattern that
+    does not compile (a name expanded into it made it invalid) matches nothing."""
+    try:
+        compiled = patterns.compile(pattern or "^$")
+    except patterns.Error:
+        return False
+    return patterns.search(compiled, name)
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class Permissions:
 
     def allows(self, kind: str, name: str) -> bool:
         """``kind`` is configure, write or read; the default exchange is named amq.default."""
-        return _compile(getattr(self, kind)).search(name or "amq.default") is not None
+        return _matches(getattr(self, kind), name or "amq.default")
 
 
 def check_permission(permissions: "Permissions | None", user: str, vhost: str, kind: str, resource: str,
@@ -104,11 +108,7 @@ class Principal:
         if rule is None:
             return
         pattern = getattr(rule, kind).replace("{username}", self.name).replace("{vhost}", vhost)
-        try:
-            allowed = _compile(pattern).search(routing_key) is not None
-        except re.error:  # a name made the pattern invalid: nothing matches it
-            allowed = False
-        if not allowed:
+        if not _matches(pattern, routing_key):
             raise ChannelError(ACCESS_REFUSED, f"access to topic '{routing_key}' in exchange '{exchange}' in vhost "
                                                f"'{vhost}' refused for user '{self.name}'")
 

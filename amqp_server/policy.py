@@ -17,11 +17,10 @@ mode a listener makes every change the cluster's, as for users and vhosts.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from . import queue_args
+from . import patterns, queue_args
 from .auth import DefinitionListener, vhost_key
 from .definitions import DefinitionStore
 from .queue_args import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, QueueArgs
@@ -132,10 +131,10 @@ class Policy:
     definition: dict[str, Any]
     priority: int = 0
     apply_to: str = "all"
-    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _regex: patterns.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_regex", re.compile(self.pattern))
+        object.__setattr__(self, "_regex", patterns.compile(self.pattern))
 
     def matches(self, kind: str, name: str, queue_type: str = "classic") -> bool:
         """``kind`` is queue or exchange; the pattern is searched anywhere in the name, as re:run does."""
@@ -143,7 +142,7 @@ class Policy:
             applies = self.apply_to in ("all", "queues", "streams" if queue_type == "stream" else f"{queue_type}_queues")
         else:
             applies = self.apply_to in ("all", "exchanges")
-        return applies and self._regex.search(name) is not None
+        return applies and patterns.search(self._regex, name)
 
     def to_json(self) -> dict[str, Any]:
         return {"vhost": self.vhost, "name": self.name, "pattern": self.pattern, "apply-to": self.apply_to,
@@ -173,8 +172,8 @@ def parse(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -
     if not isinstance(pattern, str):
         raise _failed(f"pattern should be a string, actually was {_erl(pattern)}")
     try:
-        re.compile(pattern)
-    except re.error as exc:
+        patterns.compile(pattern)
+    except patterns.Error as exc:
         raise _failed(f"pattern should be regular expression but is invalid: {exc}") from None
     if apply_to not in APPLY_TO:
         raise _failed(f"apply-to '{apply_to}' unrecognised; should be one of: 'queues', 'classic_queues', "

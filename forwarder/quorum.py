@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import aetcd
 from aetcd import rtypes
 
-from amqp_server import queue_args
+from amqp_server import patterns, queue_args
 from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
@@ -225,14 +224,14 @@ class QuorumGroups:
         if node != self.name and node not in dict(self.cluster.nodes()):
             raise ValueError(f"no node '{node}' in the cluster")
         try:
-            vhosts, queues = re.compile(vhost_pattern), re.compile(queue_pattern)
-        except re.error as exc:
+            vhosts, queues = patterns.compile(vhost_pattern), patterns.compile(queue_pattern)
+        except patterns.Error as exc:
             raise ValueError(f"invalid pattern: {exc}") from None
         joined = 0
         for group in list(self.groups.values()):
             if node in group.members or (strategy == "even" and len(group.members) % 2):
                 continue
-            if vhosts.search(group.vhost) and queues.search(group.name):
+            if patterns.search(vhosts, group.vhost) and patterns.search(queues, group.name):
                 self.change_members(group.vhost, group.name, add=node)
                 joined += 1
         return joined

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import gc
 import math
-import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from aiohttp import web
+
+from amqp_server import patterns
 
 from .http import HTTPError, bad_request, encode, encoded_response, json_response, query_flag
 
@@ -49,10 +50,10 @@ Row = tuple[dict[str, Any], Any]  # (the fields filters and sorts read, the obje
 def filter_by_name(rows: list[Row], pattern: str, use_regex: bool) -> list[Row]:
     if use_regex:
         try:
-            regex = re.compile(pattern, re.IGNORECASE)
-        except re.error as exc:
+            regex = patterns.compile(pattern, ignore_case=True)
+        except patterns.Error as exc:
             raise bad_request(f"invalid regular expression: {exc}") from None
-        return [row for row in rows if regex.search(str(row[0].get("name", "")))]
+        return [row for row in rows if patterns.search(regex, str(row[0].get("name", "")))]
     return [row for row in rows if pattern in str(row[0].get("name", ""))]
 
 

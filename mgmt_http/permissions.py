@@ -2,11 +2,11 @@
 and read patterns for routing keys per (vhost, user, topic exchange)."""
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from aiohttp import web
 
+from amqp_server import patterns
 from amqp_server.auth import Permissions, TopicPermission
 
 from . import auth
@@ -25,8 +25,8 @@ def _patterns(body: dict[str, Any], kinds: tuple[str, ...]) -> dict[str, str]:
     values = {kind: get_str(body, kind) for kind in kinds}
     for kind, pattern in values.items():
         try:
-            re.compile(pattern)
-        except re.error as exc:
+            patterns.compile(pattern)
+        except patterns.Error as exc:
             raise bad_request(f"{kind}: invalid regular expression: {exc}") from None
     return values
 

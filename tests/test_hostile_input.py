@@ -538,3 +538,42 @@ def test_http_permission_matrix(broker, uid, operation):
         ch.queue_delete(resource)
         ch.queue_delete(f"{resource}-q")
         ch.exchange_delete(resource)
+
+
+# -- patterns that backtrack ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_pattern_that_backtracks_does_not_hold_the_broker(broker, conn, uid):
+    """``^(a|a)*$`` against 40 a's and a b backtracks 2^40 times: as a permission, a topic permission, a policy
+    pattern or a listing filter, each search gives up after a few milliseconds (no match), as RabbitMQ's PCRE
+    gives up at its match limit, and other clients are answered meanwhile."""
+    slow, name = "^(a|a)*$", "a" * 40 + "b"
+    user = f"bt-{uid}"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "management"}).status == 201
+    try:
+        assert call(broker, "PUT", f"/api/permissions/%2F/{q(user)}",
+                    {"configure": slow, "write": ".*", "read": ".*"}).status == 201
+        assert call(broker, "PUT", f"/api/topic-permissions/%2F/{q(user)}",
+                    {"exchange": "amq.topic", "write": slow, "read": ".*"}).status == 201
+        assert call(broker, "PUT", f"/api/policies/%2F/bt-{q(uid)}",
+                    {"pattern": slow, "definition": {"max-length": 1}, "apply-to": "queues"}).status == 201
+        started = time.monotonic()
+        conn.channel().queue_declare(name, auto_delete=True)  # the policy's pattern is searched in its name
+        user_connection = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, credentials=pika.PlainCredentials(user, "pw")))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            user_connection.channel().queue_declare(name + "2")
+        assert refused.value.reply_code == 403
+        channel = user_connection.channel()
+        channel.confirm_delivery()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.basic_publish("amq.topic", name, b"x")
+        assert refused.value.reply_code == 403
+        user_connection.close()
+        listed = call(broker, "GET", f"/api/queues/%2F?name={urllib.parse.quote(slow)}&use_regex=true")
+        assert listed.status == 200 and listed.json == []
+        assert call(broker, "GET", f"/api/queues/%2F/{q(name)}").json["policy"] is None
+        assert time.monotonic() - started < 10
+    finally:
+        call(broker, "DELETE", f"/api/policies/%2F/bt-{q(uid)}")
+        call(broker, "DELETE", f"/api/users/{q(user)}")
