@@ -268,7 +268,7 @@ class AccessControl:
 
     def all_limits(self, kind: str) -> list[dict[str, Any]]:
         """``vhost_limits`` or ``user_limits``: records of ``vhost`` (or ``user``) and ``value``."""
-        return [record for _, record in self.store.items(kind)]
+        return self.store.records(kind)
 
     def set_limits(self, kind: str, name: str, value: dict[str, int]) -> None:
         """Replace the limits of vhost or user ``name`` (``kind`` as for ``all_limits``); none left clears them."""
@@ -285,7 +285,7 @@ class AccessControl:
     # -- global parameters (RabbitMQ's global runtime parameters: any JSON value by name) ------------
 
     def global_parameters(self) -> list[dict[str, Any]]:
-        return [record for _, record in self.store.items("global_parameter")]
+        return self.store.records("global_parameter")
 
     def global_parameter(self, name: str) -> dict[str, Any] | None:
         return self.store.get("global_parameter", vhost_key(name))
@@ -316,7 +316,7 @@ class AccessControl:
 
     def all_topic_permissions(self) -> list[dict[str, Any]]:
         """Every topic permission's record: vhost, user, exchange, write, read."""
-        return [record for _, record in self.store.items("topic_permission")]
+        return self.store.records("topic_permission")
 
     def set_topic_permission(self, vhost: str, user: str, rule: TopicPermission) -> None:
         self._put("topic_permission", _topic_key(vhost, user, rule.exchange),

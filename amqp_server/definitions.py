@@ -47,6 +47,10 @@ class DefinitionStore:
         with self._env.begin(write=True) as txn:
             return txn.delete(self._key(kind, key))
 
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """Every record of ``kind`` (records carry their names; keys are not read back)."""
+        return [record for _, record in self.items(kind)]
+
     def items(self, kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
         prefix = f"{kind}/".encode()
         with self._env.begin() as txn:
