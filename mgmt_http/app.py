@@ -46,6 +46,8 @@ async def error_middleware(request: web.Request,
         if exc.status >= 400:
             return _as_json_error(request, exc)
         raise
+    except ConnectionError:  # the client went away mid-answer: nothing to answer, aiohttp lets it go
+        raise
     except Exception:  # noqa: BLE001 - the API answers, logs, and keeps serving
         log.exception("management API error on %s %s", request.method, request.path)
         return error_response(500, "internal_server_error", "internal error; see the node's log")

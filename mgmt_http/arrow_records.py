@@ -4,7 +4,8 @@ Two steps, so that the event loop does only the cheap one: :meth:`Snapshot.add` 
 references to what a batch needs into plain lists, so later paging or acks cannot change it;
 :func:`encode` (in a worker thread) builds the columns from those lists.  Properties are decoded
 once per distinct content header and routes once per distinct route, not per row: a backlog's messages
-mostly share theirs, and each such column is then one ``take`` over the few decoded rows.
+mostly share theirs: a column whose rows all share one is a repeat of it (or nulls), else one ``take``
+over the few decoded rows.
 """
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Sequence, Union
 
+import numpy as np
 import pyarrow as pa
 
 from amqp_server import properties
 from amqp_server.queue import Entry
 
 MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
+PROPERTIES_AT = 12  # a content header's class, weight and body size come first; its property flags here
 
 # Column order and names of every record batch (the Spark source's schema mirrors it).
 COLUMNS = ("queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
@@ -65,22 +68,24 @@ def encode(queue_name: str, snap: Snapshot, body_text: bool, schema: pa.Schema) 
     entries = snap.entries
     messages = list(map(_message, entries))
     return encode_columns(queue_name, list(map(_seq, entries)), list(map(_redelivered, entries)),
-                          list(map(_route, messages)), list(map(_header, messages)), snap.bodies, body_text, schema)
+                          list(map(_route, messages)), [h[PROPERTIES_AT:] for h in map(_header, messages)],
+                          snap.bodies, body_text, schema)
 
 
 Binaries = Union[list[bytes], pa.Array]
 
 
 def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries,
-                   headers: Binaries, bodies: Binaries, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
-    """A record batch from its rows' offsets, redelivered flags, routes, content headers and bodies (as the
-    store keeps them; lists, or binary arrays ``record_reader`` gathers from the segment files)."""
+                   props: Binaries, bodies: Binaries, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch from its rows' offsets, redelivered flags, routes, properties (a content header from
+    ``PROPERTIES_AT`` on: flags and property list, so that headers differing only in body size are alike) and
+    bodies; lists, or binary arrays ``record_reader`` gathers from the segment files."""
     body_array = _binary(bodies)
     if body_text:
         body_array = _as_text(body_array)
     arrays = [pa.repeat(pa.scalar(queue_name, pa.string()), len(bodies)), pa.array(seqs, pa.int64()), body_array]
     arrays.extend(_distinct_columns(routes, _route_row, (pa.string(), pa.string())))
-    arrays.extend(_distinct_columns(headers, _header_row, [schema.field(name).type for name in PROPERTY_COLUMNS]))
+    arrays.extend(_distinct_columns(props, _property_row, [schema.field(name).type for name in PROPERTY_COLUMNS]))
     arrays.append(pa.array(redelivered, pa.bool_()))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -92,10 +97,32 @@ def _binary(values: Binaries) -> pa.Array:
 def _distinct_columns(keys: Binaries, row: Callable[[bytes], tuple[Any, ...]],
                       types: Sequence[pa.DataType]) -> list[pa.Array]:
     """Columns of values that depend on ``keys`` alone: each distinct key's row computed once, then one
-    ``take`` per column (a backlog's messages mostly share their route and their properties)."""
-    encoded = _binary(keys).dictionary_encode()  # hashed in Arrow, not in Python
+    ``take`` per column; or, when every row has the same key (a backlog's messages mostly share their route
+    and their properties), each column that value repeated."""
+    keys = _binary(keys)
+    if _one_value(keys):
+        return [pa.nulls(len(keys), kind) if value is None else pa.repeat(pa.scalar(value, kind), len(keys))
+                for value, kind in zip(row(keys[0].as_py()), types)]
+    encoded = keys.dictionary_encode()  # hashed in Arrow, not in Python
     rows = list(map(row, encoded.dictionary.to_pylist()))
     return [pa.array([r[j] for r in rows], kind).take(encoded.indices) for j, kind in enumerate(types)]
+
+
+def _one_value(values: pa.Array) -> bool:
+    """Whether a binary array of two rows or more has no nulls and one value in every row: its lengths and
+    bytes compared as arrays, cheaper than hashing each."""
+    count = len(values)
+    if count < 2 or values.null_count:
+        return False
+    _validity, offsets_buffer, data_buffer = values.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32, count + 1, values.offset * 4)
+    width = int(offsets[1] - offsets[0])
+    if int(offsets[-1] - offsets[0]) != width * count or np.any(np.diff(offsets) != width):
+        return False
+    if not width:
+        return True
+    rows = np.frombuffer(data_buffer, np.uint8, width * count, int(offsets[0])).reshape(count, width)
+    return bool((rows == rows[0]).all())
 
 
 def _route_row(route: bytes) -> tuple[str, str]:
@@ -111,17 +138,12 @@ def _as_text(bodies: pa.Array) -> pa.Array:
         return pa.array([b.decode("utf-8", "replace") for b in bodies.to_pylist()], pa.string())
 
 
-def _header_row(header: bytes) -> tuple[Any, ...]:
-    """Property values (PROPERTY_COLUMNS order, None where absent) of a header; headers that differ only in
-    body size share one decoding."""
-    return _property_row(header[12:])
-
-
 @lru_cache(maxsize=1024)
 def _property_row(flags_and_properties: bytes) -> tuple[Any, ...]:
+    """Property values (PROPERTY_COLUMNS order, None where absent) of a content header from ``PROPERTIES_AT``."""
     if len(flags_and_properties) < 2 or flags_and_properties[:2] == b"\0\0":
         return (None,) * len(PROPERTY_COLUMNS)
-    props = properties.decode(b"\0" * 12 + flags_and_properties)
+    props = properties.decode(b"\0" * PROPERTIES_AT + flags_and_properties)
     values: dict[str, Any] = {name: getattr(props, attr) for name, attr in _STRING_PROPS.items()}
     if props.headers:
         values["headers"] = [(str(k), None if v is None else _text(v)) for k, v in props.headers.items()]

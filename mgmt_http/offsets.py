@@ -154,6 +154,8 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
     schema = arrow_records.arrow_schema(body_text)
     response = web.StreamResponse(headers={
         "Content-Type": ARROW_STREAM, "X-Warren-Head": str(head), "X-Warren-Tail": str(tail)})
+    if request.version >= (1, 1):
+        response.enable_chunked_encoding()  # as aiohttp would: said here so that a reader knows how to frame
     await response.prepare(request)
     name = queue.name
     loop = asyncio.get_running_loop()
@@ -196,18 +198,48 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
             break
         try:
             if len(span.seqs):
-                batch = memoryview(await readers.read(name, span, body_text))
-                for at in range(0, len(batch), WRITE_SLICE):  # each write a short copy, the loop free between
-                    await response.write(batch[at:at + WRITE_SLICE])
+                await _write_disk_batch(request, response, readers.read, name, span, body_text)
                 remaining -= len(span.seqs)
         except record_reader.ReaderUnavailable:
             remaining -= await in_memory(cursor, span.next, len(span.seqs))
+        except record_reader.ClientGone as exc:
+            raise ConnectionResetError(str(exc)) from None
         finally:
             span.close()
         cursor = span.next
     await response.write(END_OF_STREAM)
     await response.write_eof()
     return response
+
+
+async def _write_disk_batch(request: web.Request, response: web.StreamResponse, read: Any, name: str,
+                            span: DiskSpan, body_text: bool) -> None:
+    """A reader's batch to the response: written by the reader to the client's socket itself when nothing of
+    ours waits to be written before it (a plain TCP connection), the loop writing only what the socket did not
+    take; else handed to the loop, which writes it in slices."""
+    client = _client_socket(request, response)
+    if client is not None:
+        rest = await read(name, span, body_text, client)
+        if rest:
+            request.transport.write(rest)  # framed by the reader already
+            await request.writer.drain()
+        return
+    batch = memoryview(await read(name, span, body_text))
+    for at in range(0, len(batch), WRITE_SLICE):  # each write a short copy, the loop free between
+        await response.write(batch[at:at + WRITE_SLICE])
+
+
+def _client_socket(request: web.Request, response: web.StreamResponse) -> record_reader.ClientSocket | None:
+    """The client's socket, when a reader may write to it now: plain TCP (not TLS), no compression, and
+    nothing of the response still in the transport's buffer."""
+    transport = request.transport
+    if (transport is None or transport.is_closing() or transport.get_write_buffer_size()
+            or transport.get_extra_info("sslcontext") is not None or response.compression):
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    return record_reader.ClientSocket(sock.fileno(), response.chunked)
 
 
 async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start: int, end: int,
@@ -218,9 +250,10 @@ async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start:
     if where is None:
         return None
     seqs, values = await readers.walk(*where, rows)
+    following = int(seqs[-1]) + 1 if len(seqs) == rows else end  # where the walk stopped: the next one starts
     if not queue.paged or queue.paged_from > where[2]:  # consumers took the disk's head into memory meanwhile
         seqs, values = seqs[seqs >= queue.paged_from], values[seqs >= queue.paged_from]
-    return queue.disk_span(seqs, values, end, rows)
+    return queue.disk_span(seqs, values, end, following)
 
 
 @_guarded

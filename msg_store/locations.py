@@ -249,10 +249,13 @@ class Locations:
 
 
 def _by_chunk(ids: "np.ndarray") -> Iterator[tuple[int, "np.ndarray", "np.ndarray"]]:
-    """(chunk number, positions in ``ids``, slots in the chunk) for each chunk the ids fall in: one sort,
-    then a slice per chunk."""
-    order = np.argsort(ids, kind="stable")
-    ordered = ids[order]
+    """(chunk number, positions in ``ids``, slots in the chunk) for each chunk the ids fall in: one sort
+    (unless they are in order), then a slice per chunk."""
+    if np.all(ids[1:] >= ids[:-1]):  # a backlog's ids are in order: no sort
+        order, ordered = np.arange(len(ids)), ids
+    else:
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
     numbers = ordered >> CHUNK_BITS
     bounds = np.flatnonzero(np.diff(numbers)) + 1
     for start, end in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(ids)])).tolist()):

@@ -679,3 +679,140 @@ def test_a_readers_gather_copies_every_range_as_sliced():
         starts = starts.astype(np.int64)
         stops = starts + lengths
         assert _gather(buffer, starts, stops).to_pylist() == [bytes(buffer[a:b]) for a, b in zip(starts, stops)]
+
+
+def _raw_records(node, path: str, version: str = "1.1", rcvbuf: int | None = None,
+                 pause: float = 0.0) -> tuple[bytes, bytes]:
+    """GET ``path`` over a raw socket (``rcvbuf``: a small receive buffer; ``pause``: seconds before reading):
+    the response's head and its body as sent (chunked or not), read to the end."""
+    import base64
+    import socket
+
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", node.mgmt_port))
+    token = base64.b64encode(b"guest:guest").decode()
+    sock.sendall(f"GET {path} HTTP/{version}\r\nHost: x\r\nAuthorization: Basic {token}\r\n"
+                 f"Connection: close\r\n\r\n".encode())
+    time.sleep(pause)
+    data = bytearray()
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+    sock.close()
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    return head, body
+
+
+def _unchunk(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's bytes, checking its framing to the last chunk."""
+    out, at = bytearray(), 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end], 16)
+        at = line_end + 2
+        if size == 0:
+            assert body[at:] == b"\r\n", body[at:at + 20]
+            return bytes(out)
+        out += body[at:at + size]
+        assert body[at + size:at + size + 2] == b"\r\n"
+        at += size + 2
+
+
+@pytest.mark.timeout(90)
+def test_readers_write_to_the_client_in_any_framing_at_any_speed(start_broker):
+    """A reader writes a batch to the client's socket itself: framed as an HTTP/1.1 chunk, or as is for an
+    HTTP/1.0 client; a client too slow to take it gets the rest from the loop, the same bytes; a client
+    that goes away mid-read changes nothing for the next."""
+    import socket
+
+    import pika
+    import pyarrow as pa
+
+    node = start_broker("--queue-window", "16")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("deep", durable=True)
+    channel.confirm_delivery()
+    bodies = [bytes([i % 251]) * 2048 + b"%d" % i for i in range(2000)]
+    for body in bodies:
+        channel.basic_publish("", "deep", body, pika.BasicProperties(delivery_mode=2))
+    path = "/api/queues/%2F/deep/records?batch=700"
+
+    def rows(stream: bytes) -> list[bytes]:
+        return pa.ipc.open_stream(stream).read_all().column("body").to_pylist()
+
+    head, body = _raw_records(node, path)
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert rows(_unchunk(body)) == bodies
+    head, body = _raw_records(node, path, version="1.0")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    assert rows(body) == bodies
+    _head, body = _raw_records(node, path, rcvbuf=4096, pause=0.5)  # the socket takes a little of each batch
+    assert rows(_unchunk(body)) == bodies
+
+    gone = socket.create_connection(("127.0.0.1", node.mgmt_port))
+    gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")  # close with a reset
+    gone.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n")
+    assert gone.recv(1024).startswith(b"HTTP/1.1 200")
+    gone.close()
+    for _ in range(3):
+        assert rows(_unchunk(_raw_records(node, path)[1])) == bodies
+    assert len(_reader_pids(node)) == 2
+    connection.close()
+
+
+async def test_a_reader_whose_request_is_cancelled_is_replaced(tmp_path):
+    """A request cancelled while its reader works (its client went away) leaves a reply on the reader's
+    socket: that reader is replaced, so the next request gets its own answer, not the stale one."""
+    from mgmt_http.record_reader import RecordReaders
+    from queue_index import QueueIndex
+
+    index = QueueIndex(str(tmp_path / "index"), map_size=1 << 24)
+    for seq in range(100):
+        index.publish(1, seq, 1000 + seq, 0, 10)
+    index.commit()
+    readers = RecordReaders(1)
+    try:
+        first = asyncio.ensure_future(readers.walk(index.path, 1, 0, 50))
+        await asyncio.sleep(0.05)  # sent: the reader is walking or has answered unread
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        seqs, values = await asyncio.wait_for(readers.walk(index.path, 1, 60, 3), 30)
+        assert seqs.tolist() == [60, 61, 62] and values["msg_id"].tolist() == [1060, 1061, 1062]
+    finally:
+        readers.close()
+        index.close()
+
+
+async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(broker, vhost):
+    """A consumer that takes the head of the disk into memory while a reader walks it: the walked entries now
+    in memory are left out of the span, and the read goes on from where the walk stopped (it used to stop at
+    the end of the range, skipping the rest)."""
+    from mgmt_http.offsets import _disk_batch
+    from mgmt_http.record_reader import RecordReaders
+
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(300))
+    await settle()
+    queue = vhost.queue("q")
+    head_on_disk = queue.paged_from
+    real = RecordReaders(1)
+
+    class ConsumerMeanwhile:
+        async def walk(self, *where):
+            walked = await real.walk(*where)
+            for _ in range(20):  # a consumer takes 20: the window refills from the disk's head
+                broker.get_local(vhost, "q", no_ack=True)
+            return walked
+
+    try:
+        span = await _disk_batch(ConsumerMeanwhile(), queue, head_on_disk, 300, 100)
+        assert queue.paged_from > head_on_disk
+        assert span.seqs.tolist() == list(range(queue.paged_from, head_on_disk + 100))
+        assert span.next == head_on_disk + 100
+        span.close()
+    finally:
+        real.close()
