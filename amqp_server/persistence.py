@@ -118,10 +118,10 @@ class Persistence:
     def remove_range(self, queue: "Queue", start: int, end: int) -> None:
         """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
         retention, a batch at a time)."""
-        while rows := self.index.take(queue.index_id, start, end, 65536):
-            for row in rows:
-                self.store.remove(row.msg_id)
-            start = rows[-1].seq + 1
+        while len((taken := self.index.take(queue.index_id, start, end, 65536))[0]):
+            seqs, rows = taken
+            self.store.remove_many(rows["msg_id"])
+            start = int(seqs[-1]) + 1
         self._touch()
 
     def delete_queue(self, queue: "Queue") -> None:
@@ -150,9 +150,8 @@ class Persistence:
 
     def replica_clear(self, index_id: int) -> None:
         """Every entry of the replica goes (a snapshot replaces them), with its store reference."""
-        while rows := self.index.take(index_id, 0, 1 << 63, 65536):
-            for row in rows:
-                self.store.remove(row.msg_id)
+        while len((rows := self.index.take(index_id, 0, 1 << 63, 65536)[1])):
+            self.store.remove_many(rows["msg_id"])
         self._touch()
 
     def replica_position(self, index_id: int, term: int, index: int) -> None:

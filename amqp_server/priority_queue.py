@@ -274,12 +274,11 @@ class PriorityQueue(Queue):
             if not on_disk:
                 continue
             start, end = index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK))
-            while rows := index.take(queue_id, start, end, PAGE_IN_BATCH):
-                for row in rows:
-                    self._release_row(row)
-                    self._unpage(row.size)
-                removed += len(rows)
-                start = rows[-1].seq + 1
+            while len((taken := index.take(queue_id, start, end, PAGE_IN_BATCH))[0]):
+                seqs, rows = taken
+                self._release_rows(seqs, rows)
+                removed += len(seqs)
+                start = int(seqs[-1]) + 1
             self.level_from[level] = max(self.level_from[level], below)
         return removed
 

@@ -921,22 +921,26 @@ class Queue:
         index, queue_id = self._page_index()
         removed = 0
         while self.paged:
-            rows = index.take(queue_id, self.paged_from, below, PAGE_IN_BATCH)
-            if not rows:
+            seqs, rows = index.take(queue_id, self.paged_from, below, PAGE_IN_BATCH)
+            if not len(seqs):
                 break
-            for row in rows:
-                self._release_row(row)
-                self._unpage(row.size)
-            removed += len(rows)
+            self._release_rows(seqs, rows)
+            removed += len(seqs)
         self.paged_from = max(self.paged_from, below)
         return removed
 
-    def _release_row(self, row: IndexEntry) -> None:
-        """The store reference a deleted index entry held."""
-        if row.transient:
-            self.pager.store.remove(row.msg_id)
-        elif self.persistence is not None:
-            self.persistence.store.remove(row.msg_id)
+    def _release_rows(self, seqs: np.ndarray, rows: np.ndarray) -> None:
+        """Entries on disk left the queue without coming into memory (``QueueIndex.take`` deleted them): the
+        store references they held go, and their weight."""
+        transient = (rows["flags"] & FLAG_TRANSIENT) != 0
+        if transient.any():
+            self.pager.store.remove_many(rows["msg_id"][transient])
+        if self.persistence is not None and not transient.all():
+            self.persistence.store.remove_many(rows["msg_id"][~transient])
+        size = int(rows["size"].sum())
+        self.paged -= len(rows)
+        self.paged_bytes -= size
+        self.ready_bytes -= size
 
     def _forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""

@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Iterable
 
+import numpy as np
+
 from queue_index import IndexEntry
 
 from . import header_table
@@ -206,8 +208,9 @@ class QuorumQueue(Queue):
             self.returns[row.seq] = row.returns
         return super()._paged_entry(row)
 
-    def _release_row(self, row: IndexEntry) -> None:
-        self.returns.pop(row.seq, None)
-        if self.replicator is not None:
-            self.replicator.removed(row.seq)
-        super()._release_row(row)
+    def _release_rows(self, seqs: np.ndarray, rows: np.ndarray) -> None:
+        for seq in seqs.tolist():
+            self.returns.pop(seq, None)
+            if self.replicator is not None:
+                self.replicator.removed(seq)
+        super()._release_rows(seqs, rows)

@@ -10,7 +10,10 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
    ``spark.read.format("warren")...load().count()`` ``--runs`` (3) times: rows/s of each run (the first
    includes starting Spark's Python workers), partitions (``--partition-size`` offsets each, default
    250000); ``load()`` (which pins the ranges) is timed apart; then ``toPandas()`` of ``offset, body``;
-   then the same two on a Parquet file of the same rows (the practical ceiling);
+   then the same two on a Python data source that yields the queue's first record batch over and over from
+   memory, as many rows in as many partitions (PySpark's own ceiling for a Python data source of this schema:
+   what its Python workers and JVM take, with no broker), and on a Parquet file of the same rows (Spark's
+   own reader, which needs no Python at all);
 3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
    one partition per queue, requeued afterwards) reading ``N`` messages of the same queue;
 4. with ``--baseline``: times, in a fresh SparkSession of its own (another process), the first action on a
@@ -111,6 +114,49 @@ def baseline(args: argparse.Namespace) -> dict:
         spark.stop()
 
 
+def register_memory_source(spark, url: str, user: str, password: str, rows: int, partitions: int) -> None:
+    """``format("warren-memory")``: the queue's first record batch (as Warren serves it, in the source's schema)
+    yielded from memory until each partition has its share of ``rows``."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark.source import Client, Settings, read_range, OffsetRange
+
+    settings = Settings.from_options({"url": url, "user": user, "password": password, "queue": QUEUE})
+    first = Client(settings).offsets(QUEUE)["head"]
+    schema = settings.schema()
+    batch = next(read_range(settings, schema, OffsetRange(QUEUE, first, first + 16384)))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    stream = sink.getvalue().to_pybytes()
+    share = rows // partitions
+
+    class MemoryReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(share + (rows % partitions if i == 0 else 0)) for i in range(partitions)]
+
+        def read(self, partition):
+            one = pa.ipc.open_stream(stream).read_next_batch()
+            left = partition.value
+            while left > 0:
+                yield one.slice(0, min(left, one.num_rows))
+                left -= one.num_rows
+
+    class Memory(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "warren-memory"
+
+        def schema(self):
+            return schema
+
+        def reader(self, schema):
+            return MemoryReader()
+
+    spark.dataSource.register(Memory)
+
+
 def time_count(load) -> dict:
     started = time.perf_counter()
     df = load()
@@ -150,7 +196,12 @@ def run(args: argparse.Namespace) -> dict:
         result["warren_median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in warm)
         result["warren_mb_per_s"] = round(result["warren_median_rows_per_s"] * args.size / 1e6, 1)
         result["warren_pandas"] = [time_pandas(reader.load) for _ in range(args.runs)]
-        with tempfile.TemporaryDirectory() as parquet:  # the same rows from a Parquet file: the practical ceiling
+        register_memory_source(spark, url, args.user, args.password, args.messages,
+                               result["warren"][-1]["partitions"])
+        memory = spark.read.format("warren-memory")
+        result["memory"] = [time_count(memory.load) for _ in range(args.runs)]
+        result["memory_pandas"] = [time_pandas(memory.load) for _ in range(args.runs)]
+        with tempfile.TemporaryDirectory() as parquet:  # the same rows from a Parquet file: Spark's own reader
             reader.load().write.mode("overwrite").parquet(parquet)
             result["parquet"] = [time_count(lambda: spark.read.parquet(parquet)) for _ in range(args.runs)]
             result["parquet_pandas"] = [time_pandas(lambda: spark.read.parquet(parquet)) for _ in range(args.runs)]
@@ -202,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     if "pyspark_first_action_s" in result:
         print(f"  PySpark's own first action (a Python data source reading nothing, fresh session): "
               f"{result['pyspark_first_action_s']} s")
-    for name in ("warren", "parquet", "amqp"):
+    for name in ("warren", "memory", "parquet", "amqp"):
         for i, r in enumerate(result.get(name, []), 1):
             print(f"  {name:7} count run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
                   f"({r['partitions']} partitions; load() {r['load_s']:.2f} s)")
-    for name in ("warren_pandas", "parquet_pandas"):
+    for name in ("warren_pandas", "memory_pandas", "parquet_pandas"):
         for i, r in enumerate(result.get(name, []), 1):
             print(f"  {name:14} toPandas(offset, body) run {i}: {r['rows']:,} rows in {r['to_pandas_s']:.2f} s = "
                   f"{r['rows_per_s']:,} rows/s")

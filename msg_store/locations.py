@@ -202,6 +202,30 @@ class Locations:
             del self._chunks[number]
         return chunk.segment[i], chunk.size[i]
 
+    def release_many(self, ids: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+        """``release`` of one reference for each of ``ids`` (an id may come more than once), as arrays: the
+        ids that lost their last reference (gone now), and the segment and size each had."""
+        freed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for number, _rows, slots in _by_chunk(ids):
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                continue
+            refs = _view(chunk.refs)
+            slots = slots[refs[slots] != ABSENT]
+            np.subtract.at(refs, slots, 1)
+            gone = np.unique(slots[refs[slots] <= 0])
+            if not len(gone):
+                continue
+            refs[gone] = ABSENT
+            chunk.live -= len(gone)
+            self._count -= len(gone)
+            freed.append((number * CHUNK + gone, _view(chunk.segment)[gone], _view(chunk.size)[gone]))
+            if not chunk.live:
+                del self._chunks[number]
+        if not freed:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+        return tuple(np.concatenate(column) for column in zip(*freed))  # type: ignore[return-value]
+
     def items(self) -> Iterator[tuple[int, Location]]:
         """Every (msg_id, location), in id order; safe to ``pop`` what was returned while iterating."""
         for number in sorted(self._chunks):

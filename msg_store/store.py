@@ -376,6 +376,33 @@ class MessageStore:
         if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
             self._retire_current()
 
+    def remove_many(self, msg_ids: "np.ndarray") -> None:
+        """``remove`` of one reference for each of ``msg_ids``, as arrays (a purge, a commit, a deletion: a
+        batch of a deep queue's entries at a time)."""
+        if not len(msg_ids):
+            return
+        ids, segments, sizes = self.index.release_many(msg_ids.astype(np.int64, copy=False))
+        cache = self.cache
+        if len(cache) < len(ids):  # whichever is fewer: the cached ids, or the freed ones
+            cached = np.fromiter(cache.keys(), np.int64, len(cache))
+            ids = cached[np.isin(cached, ids)]
+        for msg_id in ids.tolist():
+            cache.pop(msg_id, None)
+        numbers, which = np.unique(segments, return_inverse=True)
+        counts = np.bincount(which, minlength=len(numbers))
+        dead = np.bincount(which, sizes.astype(np.int64) + HEAD_SIZE, minlength=len(numbers))
+        now = time.monotonic()
+        for number, count, dead_bytes in zip(numbers.tolist(), counts.tolist(), dead.tolist()):
+            segment = self.segments[number]
+            segment.touched = now
+            segment.live -= count
+            segment.dead_bytes += int(dead_bytes)
+        for number in numbers.tolist():
+            self._reclaim(number)
+        current = self.current
+        if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
+            self._retire_current()
+
     def _retire_current(self) -> None:
         """The current segment holds nothing live but is large: start a new one so it can be deleted."""
         self._tail = bytearray()

@@ -336,14 +336,18 @@ class QueueIndex:
         """The index's directory, for a reader in another process (``open_reader``, ``walk``)."""
         return self._env.path()
 
-    def take(self, queue_id: int, start: int, end: int, limit: int) -> list[IndexEntry]:
+    def take(self, queue_id: int, start: int, end: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Delete up to ``limit`` entries with ``start <= seq < end`` (staged changes committed first) and
-        return them, so the caller can release what they held: purge and commit a batch at a time."""
-        found = [entry for entry in self.read(queue_id, start, limit) if entry.seq < end]
-        for entry in found:
-            self.ack(queue_id, entry.seq)
+        return them as ``as_columns`` does, so the caller can release what they held: purge, commit and
+        deletion a batch at a time, as arrays."""
         self.commit()
-        return found
+        keys, values = self._walk(queue_id, start, limit)
+        seqs, rows = as_columns(keys, values)
+        below = int(np.searchsorted(seqs, np.uint64(min(end, 2 ** 64 - 1))))  # not a float: keys use all 64 bits
+        if below:
+            self._deletes.update(dict.fromkeys(keys[at:at + KEY.size] for at in range(0, below * KEY.size, KEY.size)))
+            self.commit()
+        return seqs[:below], rows[:below]
 
     def get(self, queue_id: int, seq: int) -> IndexEntry | None:
         self.commit()
@@ -456,14 +460,14 @@ def _account(changes: dict[bytes, list[int]], keys: Sequence[bytes], values: Seq
     arrays for a batch (a busy queue commits hundreds of entries at a time)."""
     if len(keys) >= ARRAY_ACCOUNTING:
         entries = np.frombuffer(b"".join(values), dtype=VALUE_DTYPE)
-        if keys[0][:4] == keys[-1][:4] and all(key[:4] == keys[0][:4] for key in keys):  # one queue: no grouping
+        queues = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["queue"]
+        if (queues == queues[0]).all():  # one queue: no grouping
             change = changes.setdefault(keys[0][:4], [0, 0, 0, 0])
             for field, amount in enumerate((len(entries), int(entries["size"].sum()),
                                             int(np.count_nonzero(entries["expiry"])),
                                             int(np.count_nonzero(entries["flags"] & FLAG_TRANSIENT)))):
                 change[field] += sign * amount
             return
-        queues = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["queue"]
         ids, which = np.unique(queues, return_inverse=True)
         columns = (np.bincount(which), np.bincount(which, entries["size"]),
                    np.bincount(which, entries["expiry"] != 0), np.bincount(which, (entries["flags"] & FLAG_TRANSIENT) != 0))

@@ -5,6 +5,7 @@ import logging
 import os
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -584,6 +585,25 @@ class StoreMachine(RuleBasedStateMachine):
             self.model[msg_id] = (data, refs - count)
         else:
             del self.model[msg_id]
+
+    @precondition(lambda self: self.model)
+    @rule(picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=12))
+    def remove_many(self, picks):
+        """A batch of references at once (a purge's), an id more than once while it has references left."""
+        ids = sorted(self.model)
+        batch = []
+        left = {msg_id: refs for msg_id, (_, refs) in self.model.items()}
+        for pick in picks:
+            msg_id = ids[pick % len(ids)]
+            if left[msg_id]:
+                left[msg_id] -= 1
+                batch.append(msg_id)
+        self.store.remove_many(np.array(batch, np.int64))
+        for msg_id, refs in left.items():
+            if refs:
+                self.model[msg_id] = (self.model[msg_id][0], refs)
+            else:
+                del self.model[msg_id]
 
     @rule(budget=st.sampled_from([1, 100, 10_000]))
     def compact_slice(self, budget):
