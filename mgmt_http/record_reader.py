@@ -53,6 +53,9 @@ PAYLOAD_HEAD = struct.Struct(">HI")  # a stored payload: route length, header le
 READ_GAP = 64 * 1024  # dead bytes between two wanted records read through rather than seeked over
 MAX_FDS = 4096
 WRITE_WAIT = 0.05  # seconds a reader waits, in all, for a client's socket to take a batch, before handing back the rest
+# a reader process's program: imported, not run as ``-m`` (the package imports this module first, and runpy
+# would warn that it runs a second copy of it)
+MAIN = "import socket, sys; from mgmt_http.record_reader import serve; serve(socket.socket(fileno=int(sys.argv[1])))"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _COLUMNS = (("seqs", np.int64), ("redelivered", np.bool_), ("files", np.uint32), ("offsets", np.uint32),
             ("sizes", np.uint32))
@@ -154,7 +157,7 @@ class _Reader:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "mgmt_http.record_reader", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-c", MAIN, str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), cwd=ROOT, stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -353,6 +356,3 @@ def serve(sock: socket.socket) -> None:
         sock.sendall(REPLY.pack(status, len(reply)))
         sock.sendall(reply)
 
-
-if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
