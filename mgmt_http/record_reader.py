@@ -253,11 +253,13 @@ def _gather(buffer: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Arr
     if not count:
         data = np.zeros(0, np.uint8)
     elif len(breaks) <= count // 16:
+        data = np.empty(int(offsets[-1]), np.uint8)
         bounds = np.concatenate(([0], breaks, [count])).tolist()
-        data = np.concatenate([np.lib.stride_tricks.as_strided(
-            buffer[int(starts[a]):], shape=(b - a, int(lengths[a])),
-            strides=(int(steps[a]) if b - a > 1 else 0, 1), writeable=False).ravel()
-            for a, b in zip(bounds[:-1], bounds[1:])])
+        for a, b in zip(bounds[:-1], bounds[1:]):  # each group copied once, straight to its place
+            width = int(lengths[a])
+            data[int(offsets[a]):int(offsets[b])].reshape(b - a, width)[...] = np.lib.stride_tricks.as_strided(
+                buffer[int(starts[a]):], shape=(b - a, width), strides=(int(steps[a]) if b - a > 1 else 0, 1),
+                writeable=False)
     else:
         data = buffer[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
     return pa.Array.from_buffers(pa.binary(), count,
