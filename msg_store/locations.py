@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 from array import array
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Union
 
 import numpy as np
 
@@ -82,12 +82,13 @@ class Locations:
         segments = np.zeros(len(ids), dtype=np.uint32)
         offsets = np.zeros(len(ids), dtype=np.uint32)
         sizes = np.zeros(len(ids), dtype=np.uint32)
-        for number, rows, slots in _by_chunk(ids):
+        for number, rows, slots in _by_chunk(ids, runs=True):
             chunk = self._chunks.get(number)
             if chunk is None:
                 continue
             here = _view(chunk.refs)[slots] != ABSENT
-            rows, slots = rows[here], slots[here]
+            if not here.all():
+                rows, slots = np.arange(len(ids))[rows][here], np.arange(CHUNK)[slots][here]
             found[rows] = True
             segments[rows] = _view(chunk.segment)[slots]
             offsets[rows] = _view(chunk.offset)[slots]
@@ -272,19 +273,29 @@ class Locations:
         return len(self._chunks) * 16 * CHUNK
 
 
-def _by_chunk(ids: "np.ndarray") -> Iterator[tuple[int, "np.ndarray", "np.ndarray"]]:
+def _by_chunk(ids: "np.ndarray", runs: bool = False) -> Iterator[tuple[int, "_Part", "_Part"]]:
     """(chunk number, positions in ``ids``, slots in the chunk) for each chunk the ids fall in: one sort
-    (unless they are in order), then a slice per chunk."""
-    if np.all(ids[1:] >= ids[:-1]):  # a backlog's ids are in order: no sort
-        order, ordered = np.arange(len(ids)), ids
+    (unless they are in order), then a part per chunk.  With ``runs``, slices instead of arrays where the ids
+    are consecutive and in order (a backlog's), so the caller copies blocks rather than element by element."""
+    if len(ids) < 2 or np.all(ids[1:] > ids[:-1]):
+        order, ordered = None, ids
     else:
         order = np.argsort(ids, kind="stable")
         ordered = ids[order]
     numbers = ordered >> CHUNK_BITS
     bounds = np.flatnonzero(np.diff(numbers)) + 1
     for start, end in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(ids)])).tolist()):
-        if start < end:
-            yield int(numbers[start]), order[start:end], (ordered[start:end] & _SLOT).astype(np.intp)
+        if start >= end:
+            continue
+        first, last = int(ordered[start]), int(ordered[end - 1])
+        if runs and order is None and last - first == end - 1 - start:
+            yield first >> CHUNK_BITS, slice(start, end), slice(first & _SLOT, (last & _SLOT) + 1)
+        else:
+            rows = order[start:end] if order is not None else np.arange(start, end)
+            yield int(numbers[start]), rows, (ordered[start:end] & _SLOT).astype(np.intp)
+
+
+_Part = Union["np.ndarray", slice]
 
 
 def _view(column: array) -> "np.ndarray":

@@ -678,3 +678,45 @@ def test_read_many_reads_runs_of_records_within_a_budget(tmp_path):
     partial = store.read_many(ids[:10], budget=250)  # 100-byte payloads: two fit
     assert partial[:2] == [payloads[ids[0]], payloads[ids[1]]] and partial[2:] == [None] * 8
     store.close()
+
+
+def test_find_many_and_release_many_agree_with_one_id_at_a_time():
+    """Locations.find_many (slices for consecutive ids in order, gathers otherwise) and release_many give
+    what find and release give one id at a time: for runs, gaps, shuffles, repeats, absent ids and chunks."""
+    from msg_store.locations import CHUNK, Locations
+
+    rng = np.random.default_rng(3)
+    for case in range(120):
+        ours, theirs = Locations(), Locations()
+        held = rng.choice(3 * CHUNK, size=int(rng.integers(1, 2 * CHUNK)), replace=False)
+        for msg_id in held.tolist():
+            for table in (ours, theirs):
+                table.put(msg_id, msg_id % 7, msg_id * 3 % 65536, msg_id % 100 + 1, 1 + msg_id % 2)
+        first = int(rng.integers(0, 3 * CHUNK))
+        kind = case % 4
+        if kind == 0:
+            ids = np.arange(first, first + int(rng.integers(1, 2 * CHUNK)))  # a run, across chunks
+        elif kind == 1:
+            ids = np.sort(rng.choice(4 * CHUNK, size=int(rng.integers(1, CHUNK)), replace=False))  # gaps
+        elif kind == 2:
+            ids = rng.permutation(np.arange(first, first + int(rng.integers(1, CHUNK))))  # shuffled
+        else:
+            ids = rng.integers(0, 4 * CHUNK, size=int(rng.integers(1, CHUNK)))  # repeats
+        ids = ids.astype(np.int64)
+        if case < 4:  # in order across a chunk's end but not consecutive; consecutive but out of order
+            ids = np.array([[1, 3, 4], [0, 2, 1, 3], [5, 6, 6, 7], [CHUNK - 1, CHUNK]][case], np.int64)
+        found, segments, offsets, sizes = ours.find_many(ids)
+        for i, msg_id in enumerate(ids.tolist()):
+            expected = theirs.find(msg_id)
+            assert bool(found[i]) == (expected is not None)
+            if expected is not None:
+                assert (int(segments[i]), int(offsets[i]), int(sizes[i])) == expected
+        freed, freed_segments, freed_sizes = ours.release_many(ids)
+        gone = {}
+        for msg_id in ids.tolist():
+            result = theirs.release(msg_id, 1)
+            if result is not None:
+                gone[msg_id] = result
+        assert dict(zip(freed.tolist(), zip(freed_segments.tolist(), freed_sizes.tolist()))) == gone
+        assert len(ours) == len(theirs)
+        assert all(ours.get(m) == theirs.get(m) for m in range(4 * CHUNK))
