@@ -58,10 +58,18 @@ class Snapshot:
 
     entries: list[Entry] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
+    size: int = 0  # the bodies' bytes
 
     def add(self, entries: Sequence[Entry]) -> None:
+        bodies = list(map(_body, map(_message, entries)))
         self.entries += entries
-        self.bodies += map(_body, map(_message, entries))
+        self.bodies += bodies
+        self.size += sum(map(len, bodies))
+
+    def merge(self, other: "Snapshot") -> None:
+        self.entries += other.entries
+        self.bodies += other.bodies
+        self.size += other.size
 
 
 def encode(queue_name: str, snap: Snapshot, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:

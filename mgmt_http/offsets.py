@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from amqp_server.errors import AMQPError
@@ -41,6 +42,7 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 16384
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
 SNAPSHOT_ROWS = 2048  # rows snapshotted per loop turn
+BATCH_BYTES = 8 << 20  # bodies per record batch, about: a batch of big messages has fewer rows, not more bytes
 MAX_LIMIT = 1_000_000
 WRITE_SLICE = 256 * 1024  # bytes of a reader's batch written to the response at once
 READER_PROCESSES = 2  # Spark reads a partition per core: two at once on the machines measured
@@ -168,9 +170,15 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
         """Entries ``first <= seq < last`` (at most ``most``) as the loop and a worker thread read them."""
         written = 0
         snap = arrow_records.Snapshot()
-        for entries in queue.read_range(first, last, min(SNAPSHOT_ROWS, batch_rows), most):  # a slice per turn
-            snap.add(entries)
+        rows = min(SNAPSHOT_ROWS, batch_rows, _rows_for_bytes(queue.message_count, queue.ready_bytes))
+        for entries in queue.read_range(first, last, rows, most):  # a slice per turn
+            part = arrow_records.Snapshot()
+            part.add(entries)
             written += len(entries)
+            if snap.entries and snap.size + part.size > BATCH_BYTES:
+                await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
+                snap = arrow_records.Snapshot()
+            snap.merge(part)
             if len(snap.entries) >= batch_rows:
                 await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
                 snap = arrow_records.Snapshot()
@@ -190,7 +198,8 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
             cursor = min(end, on_disk_from)
             continue
         try:
-            span = await _disk_batch(readers, queue, cursor, end, min(batch_rows, remaining))
+            rows = min(batch_rows, remaining, _rows_for_bytes(queue.paged, queue.paged_bytes))
+            span = await _disk_batch(readers, queue, cursor, end, rows)
         except record_reader.ReaderUnavailable:
             span = None
         if span is None:  # a priority queue (its levels' parts on disk interleave), or no reader
@@ -242,6 +251,11 @@ def _client_socket(request: web.Request, response: web.StreamResponse) -> record
     return record_reader.ClientSocket(sock.fileno(), response.chunked)
 
 
+def _rows_for_bytes(count: int, size: int) -> int:
+    """Rows of a batch of about ``BATCH_BYTES`` of bodies, for messages of the mean size of ``count`` of ``size``."""
+    return max(1, BATCH_BYTES * count // size) if size > 0 else MAX_LIMIT
+
+
 async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start: int, end: int,
                       rows: int) -> DiskSpan | None:
     """Up to ``rows`` ready entries on disk from ``start``: a reader walks the queue index, the loop finds
@@ -251,6 +265,10 @@ async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start:
         return None
     seqs, values = await readers.walk(*where, rows)
     following = int(seqs[-1]) + 1 if len(seqs) == rows else end  # where the walk stopped: the next one starts
+    fits = max(1, int(np.searchsorted(np.cumsum(values["size"], dtype=np.int64), BATCH_BYTES, "right")))
+    if fits < len(seqs):  # bigger messages than the queue's mean: the batch stops at BATCH_BYTES
+        following = int(seqs[fits])
+        seqs, values = seqs[:fits], values[:fits]
     if not queue.paged or queue.paged_from > where[2]:  # consumers took the disk's head into memory meanwhile
         seqs, values = seqs[seqs >= queue.paged_from], values[seqs >= queue.paged_from]
     return queue.disk_span(seqs, values, end, following)

@@ -816,3 +816,29 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(broker
         span.close()
     finally:
         real.close()
+
+
+@pytest.mark.timeout(90)
+def test_record_batches_of_big_messages_stay_near_eight_mebibytes(start_broker):
+    """A batch is 16,384 rows or about 8 MiB of bodies, whichever is less, from memory and from disk alike:
+    a queue of big messages must not make a reader (or the loop) build a batch of gigabytes."""
+    import pika
+    import pyarrow as pa
+
+    from test_mgmt_api import call
+
+    node = start_broker("--queue-window", "4")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("big", durable=True)
+    channel.confirm_delivery()
+    bodies = [bytes([i]) * (1 << 20) for i in range(80)]
+    for body in bodies:
+        channel.basic_publish("", "big", body, pika.BasicProperties(delivery_mode=2))
+    assert call(node, "GET", "/api/queues/%2F/big").json["messages_paged_out"] > 60  # read by reader processes
+    for start in (0, 3, 70):
+        _head, body = _raw_records(node, f"/api/queues/%2F/big/records?start={start}")
+        batches = list(pa.ipc.open_stream(_unchunk(body)))
+        assert [row for batch in batches for row in batch.column("body").to_pylist()] == bodies[start:]
+        assert all(1 <= batch.num_rows <= 8 for batch in batches), [batch.num_rows for batch in batches]
+    connection.close()
