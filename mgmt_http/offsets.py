@@ -188,36 +188,37 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
             await response.write(memoryview(await loop.run_in_executor(None, encode, snap)))
         return written
 
-    await response.write(schema.serialize().to_pybytes())
-    readers: record_reader.RecordReaders = request.app[READERS]
-    cursor, remaining = start, limit
-    while cursor < end and remaining > 0:
-        on_disk_from = queue.paged_from if queue.paged else end  # a plain queue's memory holds what is below
-        if cursor < on_disk_from:
-            remaining -= await in_memory(cursor, min(end, on_disk_from), remaining)
-            cursor = min(end, on_disk_from)
-            continue
-        try:
-            rows = min(batch_rows, remaining, _rows_for_bytes(queue.paged, queue.paged_bytes))
-            span = await _disk_batch(readers, queue, cursor, end, rows)
-        except record_reader.ReaderUnavailable:
-            span = None
-        if span is None:  # a priority queue (its levels' parts on disk interleave), or no reader
-            remaining -= await in_memory(cursor, end, remaining)
-            break
-        try:
-            if len(span.seqs):
-                await _write_disk_batch(request, response, readers.read, name, span, body_text)
-                remaining -= len(span.seqs)
-        except record_reader.ReaderUnavailable:
-            remaining -= await in_memory(cursor, span.next, len(span.seqs))
-        except record_reader.ClientGone as exc:
-            raise ConnectionResetError(str(exc)) from None
-        finally:
-            span.close()
-        cursor = span.next
-    await response.write(END_OF_STREAM)
-    await response.write_eof()
+    try:
+        await response.write(schema.serialize().to_pybytes())
+        readers: record_reader.RecordReaders = request.app[READERS]
+        cursor, remaining = start, limit
+        while cursor < end and remaining > 0:
+            on_disk_from = queue.paged_from if queue.paged else end  # a plain queue's memory holds what is below
+            if cursor < on_disk_from:
+                remaining -= await in_memory(cursor, min(end, on_disk_from), remaining)
+                cursor = min(end, on_disk_from)
+                continue
+            try:
+                rows = min(batch_rows, remaining, _rows_for_bytes(queue.paged, queue.paged_bytes))
+                span = await _disk_batch(readers, queue, cursor, end, rows)
+            except record_reader.ReaderUnavailable:
+                span = None
+            if span is None:  # a priority queue (its levels' parts on disk interleave), or no reader
+                remaining -= await in_memory(cursor, end, remaining)
+                break
+            try:
+                if len(span.seqs):
+                    await _write_disk_batch(request, response, readers.read, name, span, body_text)
+                    remaining -= len(span.seqs)
+            except record_reader.ReaderUnavailable:
+                remaining -= await in_memory(cursor, span.next, len(span.seqs))
+            finally:
+                span.close()
+            cursor = span.next
+        await response.write(END_OF_STREAM)
+        await response.write_eof()
+    except (ConnectionError, record_reader.ClientGone):  # the client went away mid-stream: nothing to log
+        pass
     return response
 
 

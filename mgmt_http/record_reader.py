@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import lmdb
 import numpy as np
 import pyarrow as pa
 
@@ -324,7 +325,11 @@ def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limi
     env = envs.get(index_path)
     if env is None:
         env = envs[index_path] = open_reader(index_path)
-    keys, values = walk(env, queue_id, start, limit)
+    try:
+        keys, values = walk(env, queue_id, start, limit)
+    except lmdb.MapResizedError:  # the broker's index outgrew the map this process opened it with: adopt its size
+        env.set_mapsize(0)
+        keys, values = walk(env, queue_id, start, limit)
     return KEYS_LENGTH.pack(len(keys)) + keys + values
 
 

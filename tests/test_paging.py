@@ -842,3 +842,32 @@ def test_record_batches_of_big_messages_stay_near_eight_mebibytes(start_broker):
         assert [row for batch in batches for row in batch.column("body").to_pylist()] == bodies[start:]
         assert all(1 <= batch.num_rows <= 8 for batch in batches), [batch.num_rows for batch in batches]
     connection.close()
+
+
+async def test_a_reader_follows_the_index_when_it_outgrows_its_map(tmp_path):
+    """The broker's queue index grows past the map size a reader process opened it with: the reader adopts
+    the new size and answers (it used to fail with MDB_MAP_RESIZED, and be replaced, mid-read)."""
+    from mgmt_http.record_reader import RecordReaders
+    from queue_index import QueueIndex
+
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 20)
+    for seq in range(100):
+        index.publish(1, seq, 1000 + seq, 0, 10)
+    index.commit()
+    readers = RecordReaders(1)
+    try:
+        seqs, _values = await asyncio.wait_for(readers.walk(path, 1, 0, 10), 30)
+        assert seqs.tolist() == list(range(10))
+        pid = readers._all[0].proc.pid
+        index.close()
+        index = QueueIndex(path, map_size=1 << 27)
+        for seq in range(100, 300_000):  # over 10 MiB: past the map the reader opened with (py-lmdb's least)
+            index.publish(1, seq, 1000 + seq, 0, 10)
+        index.commit()
+        seqs, values = await asyncio.wait_for(readers.walk(path, 1, 299_990, 20), 30)
+        assert seqs.tolist() == list(range(299_990, 300_000)) and values["msg_id"][0] == 300_990
+        assert readers._all[0].proc.pid == pid  # the same reader: not failed and replaced
+    finally:
+        readers.close()
+        index.close()
