@@ -14,12 +14,24 @@ entry that names one holds a reference, released when the entry leaves its queue
 
 The queues that are deep share ``MEMORY_BUDGET`` entries in memory (``window``), so
 a thousand deep queues hold no more than one.
+
+A deleted deep queue's entries on disk are dropped in the background (``drop_later``), a batch
+of index rows per loop turn: at once, a backlog of a million held every other client for
+seconds.  Its index id is never used again, so its rows may go at any pace; a crash meanwhile
+leaves them to recovery, which drops the rows of ids no durable queue has (and the store's
+references with them: they are counted from the index after a crash).  ``close`` finishes
+what is left, so a clean shutdown's store snapshot counts no reference of a deleted queue.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Iterable
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import numpy as np
 
 from msg_store import MessageStore
 from queue_index import QueueIndex
@@ -36,6 +48,31 @@ log = logging.getLogger("warren.paging")
 MEMORY_BUDGET = 1 << 19  # ready entries in memory across the queues that are deep, at most (~180 MB)
 TRANSIENT_CACHE = 8 * 1024 * 1024
 TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
+DROP_BATCH = 16384  # index rows of a deleted queue dropped per loop turn
+
+
+@dataclass
+class _Drop:
+    """What is left of a deleted queue's rows in an index: ``ready`` key ranges, whose rows' store references
+    go with them (``release``); then the rest of the queue's rows, whose references their holders release."""
+
+    index: QueueIndex
+    queue_id: int
+    ready: list[tuple[int, int]]
+    release: Callable[[np.ndarray], None]
+
+    def step(self) -> bool:
+        """Drop one batch; False once nothing is left."""
+        while self.ready:
+            start, end = self.ready[0]
+            seqs, rows = self.index.take(self.queue_id, start, end, DROP_BATCH)
+            if len(seqs):
+                self.release(rows)
+                self.ready[0] = (int(seqs[-1]) + 1, end)
+                return True
+            self.ready.pop(0)
+        self.index.delete_queue(self.queue_id)
+        return False
 
 
 class Pager:
@@ -50,6 +87,43 @@ class Pager:
         self._next_page_id = 1
         self._deep: set[Queue] = set()  # queues with part of them on disk (some may have drained: pruned)
         self.share = MEMORY_BUDGET  # what each deep queue may keep in memory at most
+        self._drops: deque[_Drop] = deque()
+        self._dropping: asyncio.Task | None = None
+
+    def drop_later(self, index: QueueIndex, queue_id: int, ready: list[tuple[int, int]],
+                   release: Callable[[np.ndarray], None]) -> None:
+        """Drop a deleted queue's rows in ``index`` in the background (see the module's docstring): first those
+        with keys in the ``ready`` ranges, releasing their store references (``release``), then every other.
+        At once when no event loop runs."""
+        drop = _Drop(index, queue_id, list(ready), release)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            while drop.step():
+                pass
+            return
+        self._drops.append(drop)
+        if self._dropping is None or self._dropping.done():
+            self._dropping = loop.create_task(self._drop())
+
+    async def _drop(self) -> None:
+        while self._drops:
+            if not self._drops[0].step():
+                self._drops.popleft()
+            await asyncio.sleep(0)  # every other client served between batches
+
+    @property
+    def dropping(self) -> bool:
+        """Whether deleted queues' rows are still being dropped."""
+        return bool(self._drops)
+
+    def finish_drops(self) -> None:
+        """Drop what is left now (at shutdown)."""
+        if self._dropping is not None:
+            self._dropping.cancel()
+        while self._drops:
+            if not self._drops[0].step():
+                self._drops.popleft()
 
     def deep(self, queue: "Queue") -> None:
         """``queue`` has part of it on disk: the deep queues share ``MEMORY_BUDGET`` entries in memory, so one
@@ -108,5 +182,6 @@ class Pager:
             self.store.compact_step()
 
     def close(self) -> None:
+        self.finish_drops()
         self.store.close(snapshot=False)  # wiped at the next start anyway
         self.index.close()

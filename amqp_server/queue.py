@@ -707,14 +707,19 @@ class Queue:
         return count
 
     def drop_all(self) -> None:
-        """The queue is deleted: its ready entries and (durable) index go with it."""
-        self.purge()
+        """The queue is deleted: its ready entries go, and its index rows.  Those in memory go now; those on disk,
+        a deep queue's backlog, in the background (``Pager.drop_later``), as do the rows of entries consumers
+        still hold (their store references are theirs to release)."""
+        on_disk = self._paged_ranges() if self.paged else []
+        for entry in self.ready:
+            if not entry.gone:
+                self._forget(entry)
+        self._clear_ready()
         if self.pager is not None:
             self.pager.shallow(self)
-        if self.persistence is not None:
-            self.persistence.delete_queue(self)
-        elif self.page_id:
-            self.pager.index.delete_queue(self.page_id)
+            if self.persistence is not None or self.page_id:
+                index, queue_id = self._page_index()
+                self.pager.drop_later(index, queue_id, on_disk, self._release)
         self._groups = []
         self.active_consumer = None
         for timer in (self._expiry_timer, self._expires_timer):
@@ -932,15 +937,23 @@ class Queue:
     def _release_rows(self, seqs: np.ndarray, rows: np.ndarray) -> None:
         """Entries on disk left the queue without coming into memory (``QueueIndex.take`` deleted them): the
         store references they held go, and their weight."""
+        self._release(rows)
+        size = int(rows["size"].sum())
+        self.paged -= len(rows)
+        self.paged_bytes -= size
+        self.ready_bytes -= size
+
+    def _release(self, rows: np.ndarray) -> None:
+        """The store references of index rows taken from the queue's index (transient ones in the pager's store)."""
         transient = (rows["flags"] & FLAG_TRANSIENT) != 0
         if transient.any():
             self.pager.store.remove_many(rows["msg_id"][transient])
         if self.persistence is not None and not transient.all():
             self.persistence.store.remove_many(rows["msg_id"][~transient])
-        size = int(rows["size"].sum())
-        self.paged -= len(rows)
-        self.paged_bytes -= size
-        self.ready_bytes -= size
+
+    def _paged_ranges(self) -> list[tuple[int, int]]:
+        """The index keys of the entries on disk (``[start, end)`` ranges; a priority queue has one per level)."""
+        return [(self.paged_from, 2 ** 64 - 1)]
 
     def _forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""

@@ -180,8 +180,10 @@ class QuorumQueue(Queue):
             super()._dead_letter([entry for entry, why in letters if why == reason], reason)
 
     def drop_all(self) -> None:
-        """Deleted: the dead letters still waiting go too."""
+        """Deleted: the dead letters still waiting go too, and the entries on disk now, each removal replicated."""
         self._stop_dead_letters()
+        if self.paged:
+            self._drop_paged(self.next_seq)
         super().drop_all()
 
     def detach(self) -> None:

@@ -176,9 +176,73 @@ async def test_purge_and_delete_release_everything_on_disk(broker, vhost):
     assert vhost.queue("q").message_count == 0
     send(broker, vhost, "q", bodies(100))
     broker.delete_queue(vhost, "q")
+    await dropped(broker)
     broker.persistence.commit_now()
     assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
     assert broker.persistence.index.queue_ids() == set()
+
+
+async def dropped(broker: Broker) -> int:
+    """Wait for deleted queues' entries on disk to be dropped; the loop turns it took."""
+    turns = 0
+    while broker.pager.dropping:
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_a_deleted_deep_queue_is_dropped_in_the_background(broker, vhost, durable):
+    """Deleting a deep queue drops its entries on disk a batch per loop turn, not all at once (a million held
+    every client for seconds): the messages it shared with another queue stay there, those a consumer holds
+    are the consumer's to settle, and at the end the stores hold nothing of it."""
+    from amqp_server.paging import DROP_BATCH
+
+    for name in ("q", "other"):
+        broker.declare_queue(vhost, name, durable=durable)
+        broker.bind(vhost, "amq.fanout", "queue", name, "")
+    count = 3 * DROP_BATCH
+    for i in range(count):
+        message = make_message("amq.fanout", "", commands.Basic.Properties(delivery_mode=2), b"m%d" % i)
+        broker.publish(vhost, vhost.exchange("amq.fanout"), message)
+        if i % 4096 == 0:
+            await asyncio.sleep(0)
+    await settle()
+    queue = vhost.queue("q")
+    if not durable:  # a transient queue pages when memory runs short
+        queue.page_out(WINDOW)
+    assert queue.paged > 2 * DROP_BATCH
+    held = broker.get_local(vhost, "q", no_ack=False)[1]  # a consumer's, unacked
+    assert broker.delete_queue(vhost, "q") == count - 1
+    assert broker.pager.dropping  # not done at once
+    assert await dropped(broker) >= 3
+    if durable:  # the held message: its reference from "q" is the consumer's to release, "other" has its own
+        assert broker.persistence.store.index[held.message.msg_id].refs == 2
+    queue.settle([held])
+    assert drain(broker, vhost, "other") == [b"m%d" % i for i in range(count)]
+    broker.persistence.commit_now()
+    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
+    assert broker.persistence.index.queue_ids() == set()
+
+
+async def test_a_drop_left_at_shutdown_is_finished_before_the_store_is_closed(tmp_path):
+    """A clean shutdown finishes deleted queues' drops first: its store snapshot counts references no index
+    row holds any more, so nothing of the deleted queue is left on disk after a restart."""
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(40_000))
+    await settle()
+    broker.delete_queue(vhost, "q")
+    assert broker.pager.dropping
+    broker.close()
+    broker = Broker(data, queue_window=WINDOW)
+    try:
+        assert broker.persistence.store.stats().messages == 0
+        assert broker.persistence.index.queue_ids() == set()
+    finally:
+        broker.close()
 
 
 async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
@@ -500,6 +564,7 @@ async def test_priority_purge_and_delete_release_everything_on_disk(broker, vhos
     assert drain(broker, vhost, "p")[:3] == by_priority(sent, 9)[:3]
     send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
     broker.delete_queue(vhost, "p")
+    await dropped(broker)
     broker.persistence.commit_now()
     assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
     assert broker.persistence.index.queue_ids() == set()
