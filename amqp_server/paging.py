@@ -16,8 +16,8 @@ The queues that are deep share ``MEMORY_BUDGET`` entries in memory (``window``),
 a thousand deep queues hold no more than one.
 
 A deleted deep queue's entries on disk are dropped in the background (``drop_later``), a batch
-of index rows per loop turn: at once, a backlog of a million held every other client for
-seconds.  Its index id is never used again, so its rows may go at any pace; a crash meanwhile
+of index rows at a time, a pause as long between batches: at once, a backlog of a million held
+every other client for seconds.  Its index id is never used again, so its rows may go at any pace; a crash meanwhile
 leaves them to recovery, which drops the rows of ids no durable queue has (and the store's
 references with them: they are counted from the index after a crash).  ``close`` finishes
 what is left, so a clean shutdown's store snapshot counts no reference of a deleted queue.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -48,7 +49,7 @@ log = logging.getLogger("warren.paging")
 MEMORY_BUDGET = 1 << 19  # ready entries in memory across the queues that are deep, at most (~180 MB)
 TRANSIENT_CACHE = 8 * 1024 * 1024
 TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
-DROP_BATCH = 16384  # index rows of a deleted queue dropped per loop turn
+DROP_BATCH = 1024  # index rows of a deleted queue dropped per loop turn (a few milliseconds)
 
 
 @dataclass
@@ -107,10 +108,12 @@ class Pager:
             self._dropping = loop.create_task(self._drop())
 
     async def _drop(self) -> None:
+        """A batch at a time, then a pause as long as it took: the loop stays free half the time or more."""
         while self._drops:
+            began = time.monotonic()
             if not self._drops[0].step():
                 self._drops.popleft()
-            await asyncio.sleep(0)  # every other client served between batches
+            await asyncio.sleep(time.monotonic() - began)
 
     @property
     def dropping(self) -> bool:
