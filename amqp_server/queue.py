@@ -698,9 +698,7 @@ class Queue:
 
     def purge(self) -> int:
         count = self.message_count
-        for entry in self.ready:
-            if not entry.gone:
-                self._forget(entry)
+        self._forget_ready()
         if self.paged:
             self._drop_paged(self.next_seq)
         self._clear_ready()
@@ -711,9 +709,7 @@ class Queue:
         a deep queue's backlog, in the background (``Pager.drop_later``), as do the rows of entries consumers
         still hold (their store references are theirs to release)."""
         on_disk = self._paged_ranges() if self.paged else []
-        for entry in self.ready:
-            if not entry.gone:
-                self._forget(entry)
+        self._forget_ready()
         self._clear_ready()
         if self.pager is not None:
             self.pager.shallow(self)
@@ -942,6 +938,12 @@ class Queue:
         self.paged -= len(rows)
         self.paged_bytes -= size
         self.ready_bytes -= size
+
+    def _forget_ready(self) -> None:
+        """Every ready entry in memory leaves the queue for good (a purge, a deletion)."""
+        for entry in self.ready:
+            if not entry.gone:
+                self._forget(entry)
 
     def _release(self, rows: np.ndarray) -> None:
         """The store references of index rows taken from the queue's index (transient ones in the pager's store)."""

@@ -372,9 +372,7 @@ class MessageStore:
         self.cache.pop(msg_id, None)
         self._kill(*freed)
         self._reclaim(freed[0])
-        current = self.current
-        if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
-            self._retire_current()
+        self._retire_if_dead()
 
     def remove_many(self, msg_ids: "np.ndarray") -> None:
         """``remove`` of one reference for each of ``msg_ids``, as arrays (a purge, a commit, a deletion: a
@@ -390,15 +388,14 @@ class MessageStore:
             cache.pop(msg_id, None)
         numbers, which = np.unique(segments, return_inverse=True)
         counts = np.bincount(which, minlength=len(numbers))
-        dead = np.bincount(which, sizes.astype(np.int64) + HEAD_SIZE, minlength=len(numbers))
-        now = time.monotonic()
-        for number, count, dead_bytes in zip(numbers.tolist(), counts.tolist(), dead.tolist()):
-            segment = self.segments[number]
-            segment.touched = now
-            segment.live -= count
-            segment.dead_bytes += int(dead_bytes)
+        sizes_of = np.bincount(which, sizes.astype(np.int64), minlength=len(numbers))
+        for number, size, count in zip(numbers.tolist(), sizes_of.tolist(), counts.tolist()):
+            self._kill(number, int(size), count)
         for number in numbers.tolist():
             self._reclaim(number)
+        self._retire_if_dead()
+
+    def _retire_if_dead(self) -> None:
         current = self.current
         if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
             self._retire_current()
@@ -411,11 +408,12 @@ class MessageStore:
             self._records = new_records()  # all dead: its sidecar lists nothing
         self._open_new_segment()
 
-    def _kill(self, number: int, size: int) -> None:
+    def _kill(self, number: int, size: int, count: int = 1) -> None:
+        """``count`` records of ``size`` bytes in all died in segment ``number``."""
         segment = self.segments[number]
         segment.touched = time.monotonic()
-        segment.live -= 1
-        segment.dead_bytes += size + HEAD_SIZE
+        segment.live -= count
+        segment.dead_bytes += size + count * HEAD_SIZE
 
     def _reclaim(self, number: int) -> None:
         segment = self.segments.get(number)
