@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, ExpiryHeap, IndexEntry, QueueIndex
+from queue_index import FLAG_TRANSIENT, ExpiryHeap, IndexEntry, QueueIndex
 
 from .clock import now_ms
 from .message import Message
@@ -71,17 +71,16 @@ def _distinct(values: np.ndarray) -> np.ndarray:
 
 @dataclass
 class DiskSpan:
-    """Ready entries on disk as arrays of where their payloads lie (``Queue.disk_span``): row ``i`` is the
-    ``sizes[i]`` bytes at ``offsets[i]`` of the segment file open as ``fds[files[i]]``.  The descriptors are
-    duplicates, the holder's to close (``close``): they stay that file whatever the store does meanwhile."""
+    """Where the payloads of entries walked from a queue's part on disk lie (``Queue.disk_span``): row ``i``,
+    if ``found[i]``, is the ``sizes[i]`` bytes at ``offsets[i]`` of the segment file open as ``fds[files[i]]``.
+    The descriptors are duplicates, the holder's to close (``close``): they stay that file whatever the store
+    does meanwhile."""
 
-    seqs: np.ndarray
-    redelivered: np.ndarray
+    found: np.ndarray
     files: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
     fds: list[int]
-    next: int  # where the next span starts
 
     def close(self) -> None:
         for fd in self.fds:
@@ -576,38 +575,33 @@ class Queue:
         index.commit()
         return index.path, queue_id, max(start, self.paged_from)
 
-    def disk_span(self, seqs: np.ndarray, values: np.ndarray, end: int, following: int) -> DiskSpan:
-        """Of index rows walked from ``disk_index`` (``queue_index.as_columns``), those below ``end`` and not
-        expired, with where their payloads lie in the stores' segment files.  ``following`` is where the entries
-        on disk after the walked ones begin (``end`` if the walk reached the last), the span's ``next``."""
-        if not len(seqs) or seqs[0] >= end:
-            return DiskSpan(*(np.zeros(0, np.int64),) * 5, [], min(following, end))
-        expiry = values["expiry"]
-        keep = (seqs < end) & ((expiry == 0) | (expiry > now_ms()))
-        if not keep.all():  # else no copy (the values are a structured array: copying them is slow)
-            seqs, values = seqs[keep], values[keep]
-        flags = values["flags"]
-        files = np.zeros(len(seqs), np.uint32)
-        offsets = np.zeros(len(seqs), np.uint32)
-        sizes = np.zeros(len(seqs), np.uint32)
-        found = np.zeros(len(seqs), bool)
+    def disk_span(self, msg_ids: np.ndarray, transient: np.ndarray) -> DiskSpan:
+        """Where the payloads of entries walked from ``disk_index`` lie in the stores' segment files:
+        ``msg_ids`` of the transient store where ``transient``, of the persistent one elsewhere."""
+        persistent = self.persistence.store if self.persistence is not None else None
+        if not transient.any() or transient.all():  # one store holds them all (a backlog's): its arrays as they are
+            store = self.pager.store if len(transient) and transient[0] else persistent
+            if store is None:
+                return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32),) * 3, [])
+            found, segments, offsets, sizes = store.locate(msg_ids)
+            numbers = _distinct(segments[found] if not found.all() else segments)
+            return DiskSpan(found, np.searchsorted(numbers, segments).astype(np.uint32), offsets, sizes,
+                            [os.dup(store.segment_fd(int(number))) for number in numbers])
+        count = len(msg_ids)
+        found = np.zeros(count, bool)
+        files = np.zeros(count, np.uint32)
+        offsets = np.zeros(count, np.uint32)
+        sizes = np.zeros(count, np.uint32)
         fds: list[int] = []
-        transient = (flags & FLAG_TRANSIENT) != 0
-        for store, rows in ((self.pager.store, transient),
-                            (self.persistence.store if self.persistence is not None else None, ~transient)):
-            if store is None or not rows.any():
+        for store, which in ((self.pager.store, transient), (persistent, ~transient)):
+            if store is None:
                 continue
-            if rows.all():
-                rows = slice(None)  # one store holds them all: no masked copies
-            here, segments, offsets[rows], sizes[rows] = store.locate(values["msg_id"][rows].astype(np.int64))
-            found[rows] = here
+            here, segments, offsets[which], sizes[which] = store.locate(msg_ids[which])
+            found[which] = here
             numbers = _distinct(segments[here])
-            files[rows] = np.searchsorted(numbers, segments) + len(fds)
+            files[which] = np.searchsorted(numbers, segments) + len(fds)
             fds.extend(os.dup(store.segment_fd(int(number))) for number in numbers)
-        if not found.all():
-            seqs, flags, files, offsets, sizes = seqs[found], flags[found], files[found], offsets[found], sizes[found]
-        return DiskSpan(seqs.astype(np.int64), (flags & FLAG_DELIVERED) != 0, files, offsets, sizes, fds,
-                        min(following, end))
+        return DiskSpan(found, files, offsets, sizes, fds)
 
     def span(self, start: int, end: int) -> list[Entry]:
         """The in-memory ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy

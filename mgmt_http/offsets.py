@@ -26,20 +26,21 @@ caller's credentials, and its answer streamed back as it comes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from aiohttp import web
 
 from amqp_server.errors import AMQPError
-from amqp_server.queue import DiskSpan, Queue
+from amqp_server.clock import now_ms
+from amqp_server.queue import Queue
 
 from . import auth, record_reader
 from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-DEFAULT_BATCH_ROWS = 16384
+DEFAULT_BATCH_ROWS = 65536
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
 SNAPSHOT_ROWS = 2048  # rows snapshotted per loop turn
 BATCH_BYTES = 8 << 20  # bodies per record batch, about: a batch of big messages has fewer rows, not more bytes
@@ -200,43 +201,19 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
                 continue
             try:
                 rows = min(batch_rows, remaining, _rows_for_bytes(queue.paged, queue.paged_bytes))
-                span = await _disk_batch(readers, queue, cursor, end, rows)
+                read = await _disk_batch(request, response, readers, queue, cursor, end, rows, body_text)
             except record_reader.ReaderUnavailable:
-                span = None
-            if span is None:  # a priority queue (its levels' parts on disk interleave), or no reader
+                read = None
+            if read is None:  # a priority queue (its levels' parts on disk interleave), or no reader
                 remaining -= await in_memory(cursor, end, remaining)
                 break
-            try:
-                if len(span.seqs):
-                    await _write_disk_batch(request, response, readers.read, name, span, body_text)
-                    remaining -= len(span.seqs)
-            except record_reader.ReaderUnavailable:
-                remaining -= await in_memory(cursor, span.next, len(span.seqs))
-            finally:
-                span.close()
-            cursor = span.next
+            remaining -= read.rows
+            cursor = min(end, read.following if read.following is not None else end)
         await response.write(END_OF_STREAM)
         await response.write_eof()
     except (ConnectionError, record_reader.ClientGone):  # the client went away mid-stream: nothing to log
         pass
     return response
-
-
-async def _write_disk_batch(request: web.Request, response: web.StreamResponse, read: Any, name: str,
-                            span: DiskSpan, body_text: bool) -> None:
-    """A reader's batch to the response: written by the reader to the client's socket itself when nothing of
-    ours waits to be written before it (a plain TCP connection), the loop writing only what the socket did not
-    take; else handed to the loop, which writes it in slices."""
-    client = _client_socket(request, response)
-    if client is not None:
-        rest = await read(name, span, body_text, client)
-        if rest:
-            request.transport.write(rest)  # framed by the reader already
-            await request.writer.drain()
-        return
-    batch = memoryview(await read(name, span, body_text))
-    for at in range(0, len(batch), WRITE_SLICE):  # each write a short copy, the loop free between
-        await response.write(batch[at:at + WRITE_SLICE])
 
 
 def _client_socket(request: web.Request, response: web.StreamResponse) -> record_reader.ClientSocket | None:
@@ -257,22 +234,42 @@ def _rows_for_bytes(count: int, size: int) -> int:
     return max(1, BATCH_BYTES * count // size) if size > 0 else MAX_LIMIT
 
 
-async def _disk_batch(readers: record_reader.RecordReaders, queue: Queue, start: int, end: int,
-                      rows: int) -> DiskSpan | None:
-    """Up to ``rows`` ready entries on disk from ``start``: a reader walks the queue index, the loop finds
-    where their payloads lie.  None for a priority queue."""
+async def _disk_batch(request: web.Request, response: web.StreamResponse, readers: record_reader.RecordReaders,
+                      queue: Queue, start: int, end: int, rows: int, body_text: bool) -> record_reader.Read | None:
+    """A record batch of up to ``rows`` ready entries on disk from ``start``, about ``BATCH_BYTES`` of bodies at
+    most, written to the response: a reader walks the queue index, the loop finds where their payloads lie,
+    the reader builds the batch and writes it to the client's socket itself when nothing of ours waits to be
+    written before it (a plain TCP connection), the loop writing only what the socket did not take.  None for
+    a priority queue."""
     where = queue.disk_index(start)
     if where is None:
         return None
-    seqs, values = await readers.walk(*where, rows)
-    following = int(seqs[-1]) + 1 if len(seqs) == rows else end  # where the walk stopped: the next one starts
-    fits = max(1, int(np.searchsorted(np.cumsum(values["size"], dtype=np.int64), BATCH_BYTES, "right")))
-    if fits < len(seqs):  # bigger messages than the queue's mean: the batch stops at BATCH_BYTES
-        following = int(seqs[fits])
-        seqs, values = seqs[:fits], values[:fits]
-    if not queue.paged or queue.paged_from > where[2]:  # consumers took the disk's head into memory meanwhile
-        seqs, values = seqs[seqs >= queue.paged_from], values[seqs >= queue.paged_from]
-    return queue.disk_span(seqs, values, end, following)
+
+    client = _client_socket(request, response)
+    read = await readers.read(where, rows, BATCH_BYTES, end, now_ms(), _locator(queue, where[2]), queue.name,
+                              body_text, client)
+    if client is not None:
+        if read.rest:
+            request.transport.write(read.rest)  # framed by the reader already
+            await request.writer.drain()
+    else:
+        for at in range(0, len(read.rest), WRITE_SLICE):  # each write a short copy, the loop free between
+            await response.write(read.rest[at:at + WRITE_SLICE])
+    return read
+
+
+def _locator(queue: Queue, walked_from: int) -> Callable[[record_reader.Walked], record_reader.Located]:
+    """Where the payloads of entries walked from ``walked_from`` lie, of those still on disk.  In one loop turn:
+    a few array operations however many the rows, where slices (each turn's other work queued behind the next
+    slice) made other clients wait more, not less."""
+
+    def locate(walked: record_reader.Walked) -> record_reader.Located:
+        skip = 0
+        if not queue.paged or queue.paged_from > walked_from:  # consumers took the disk's head into memory meanwhile
+            skip = int(np.searchsorted(walked.seqs, queue.paged_from))
+        return record_reader.Located(skip, queue.disk_span(walked.msg_ids[skip:], walked.transient[skip:]))
+
+    return locate
 
 
 @_guarded

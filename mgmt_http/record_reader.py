@@ -1,27 +1,29 @@
 """Reader processes for the Spark bridge's ``/records``: a queue's part on disk becomes Arrow batches in
-another process, so that a large read does not take the event loop's GIL from AMQP traffic.
+other processes, so that a large read does not take the event loop's GIL from AMQP traffic.
 
-The loop finds where a batch's payloads lie (``Queue.disk_span``: the queue index and the stores'
-locations, as arrays) and sends that, with the descriptors of the segment files, to an idle reader over a
-Unix socket.  The reader reads the records (one ``pread`` per run of neighbours), builds the record batch
-column by column (``arrow_records.encode_columns``) and sends back its serialised IPC message, which the
-loop writes to the response as it is.  A descriptor stays readable after a compaction or a deletion
-unlinks its file, so the records a span names are there however the store moves on meanwhile.
+A batch takes one reader two steps (``RecordReaders.read``).  The reader walks the queue index (LMDB lets
+another process read it while the broker writes), keeps the entries below the range's end and unexpired, and
+sends the loop their seqs and message ids.  The loop finds where their payloads lie (``Queue.disk_span``: the
+stores' locations, as arrays) and sends that back, with the descriptors of the segment files.  The reader reads
+the records (one ``preadv`` per run of neighbours), builds the record batch column by column
+(``arrow_records.encode_columns``) and sends back its serialised IPC message, which the loop writes to the
+response as it is.  A descriptor stays readable after a compaction or a deletion unlinks its file, so the
+records a span names are there however the store moves on meanwhile.  The loop's share is a few array
+operations per batch, whatever its rows.
 
 When the client's connection is plain TCP, the loop passes its socket along too and the reader writes the
 batch to the client itself (an HTTP chunk, as aiohttp would frame it): the loop never touches the batch's
 bytes.  It writes what the socket takes within ``WRITE_WAIT`` and sends back only what is left, for the loop
 to write as it would have the whole batch, so a slow client cannot keep a reader busy.
 
-The queue index is walked there too (``walk``): LMDB lets another process read it while the broker
-writes, and a walk of 16,384 entries is milliseconds the loop would otherwise spend.
-
-Wire format, both ways over a stream socket: a request is ``REQUEST`` (header length, rows), the JSON
-header (a walk's index, queue id, start and limit; or a batch's queue name and body format), then for a
-batch the span's five arrays back to back, its descriptors riding along with the first bytes.  A reply is
-``REPLY`` (status, length) and that many bytes: the walk's keys' length, keys and values, or the batch's
-IPC message (with a client's socket: what of it is left to write), or the error's text (status 1; status 2
-when writing to the client failed).
+Wire format, both ways over a stream socket: a request is ``REQUEST`` (header length, payload length), the
+JSON header, then the payload, descriptors riding along with the first bytes.  A walk's header names the
+index, queue id, first seq, rows, bytes, the range's end and the time; a build's, the queue, the body format,
+the walked rows it skips and the framing of the client's socket (last of the descriptors), with the
+locations of the rest as its payload (``LOCATIONS``, column after column).  A reply is ``REPLY`` (status,
+length) and that many bytes: the walk's ``WALKED`` and its rows' seqs, message ids and transient flags; the
+build's IPC message (with a client's socket: what of it is left to write); or the error's text (status 1;
+status 2 when writing to the client failed).
 """
 from __future__ import annotations
 
@@ -36,20 +38,21 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import lmdb
 import numpy as np
 import pyarrow as pa
 
 from amqp_server.queue import DiskSpan
-from queue_index import as_columns, open_reader, walk
+from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
 
 log = logging.getLogger("warren.mgmt.records")
+_T = TypeVar("_T")
 
-REQUEST = struct.Struct(">II")  # header length, rows
+REQUEST = struct.Struct(">II")  # header length, payload length
 REPLY = struct.Struct(">BQ")  # status (0: the batch, 1: an error, 2: the client's socket failed), length
-KEYS_LENGTH = struct.Struct(">I")  # a walk's reply: its keys' length, then keys and values
+WALKED = struct.Struct(">Iq")  # a walk's reply: its rows and the seq following them (-1: none), then the rows
 PAYLOAD_HEAD = struct.Struct(">HI")  # a stored payload: route length, header length (amqp_server.message)
 READ_GAP = 64 * 1024  # dead bytes between two wanted records read through rather than seeked over
 MAX_FDS = 4096
@@ -58,8 +61,7 @@ WRITE_WAIT = 0.05  # seconds a reader waits, in all, for a client's socket to ta
 # would warn that it runs a second copy of it)
 MAIN = "import socket, sys; from mgmt_http.record_reader import serve; serve(socket.socket(fileno=int(sys.argv[1])))"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_COLUMNS = (("seqs", np.int64), ("redelivered", np.bool_), ("files", np.uint32), ("offsets", np.uint32),
-            ("sizes", np.uint32))
+LOCATIONS = (("found", np.bool_), ("files", np.uint32), ("offsets", np.uint32), ("sizes", np.uint32))
 
 
 class ReaderUnavailable(Exception):
@@ -79,29 +81,90 @@ class ClientSocket:
     chunked: bool
 
 
+@dataclass
+class Walked:
+    """A reader's walk of a queue's part on disk: the entries' seqs and message ids, which of them are in the
+    transient store, and the seq where the entries after them begin (None: the walk reached the last)."""
+
+    seqs: np.ndarray
+    msg_ids: np.ndarray
+    transient: np.ndarray
+    following: int | None
+
+    @classmethod
+    def unpack(cls, reply: memoryview) -> "Walked":
+        count, following = WALKED.unpack_from(reply)
+        at = WALKED.size
+        seqs = np.frombuffer(reply[at:at + 8 * count], np.int64)
+        msg_ids = np.frombuffer(reply[at + 8 * count:at + 16 * count], np.int64)
+        transient = np.frombuffer(reply[at + 16 * count:at + 17 * count], np.bool_)
+        return cls(seqs, msg_ids, transient, None if following < 0 else following)
+
+
+@dataclass
+class Located:
+    """The loop's answer to a walk: its rows from ``skip`` on are to be read, where ``span`` says (those it did
+    not find left out)."""
+
+    skip: int
+    span: DiskSpan
+
+
+@dataclass
+class Read:
+    """A batch read: its rows, where the entries after them begin (``Walked.following``), and what of the batch
+    the caller is to write (with a client's socket: what the reader left; else all of it)."""
+
+    rows: int
+    following: int | None
+    rest: memoryview
+
+
 class RecordReaders:
-    """``size`` reader processes, started on first use (``start``); ``read`` hands a span to an idle one."""
+    """``size`` reader processes, started on first use (``start``); ``read`` takes an idle one."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._idle: asyncio.Queue[_Reader] | None = None
         self._all: list[_Reader] = []
 
-    async def walk(self, index_path: str, queue_id: int, start: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``limit`` index entries of the queue from ``seq >= start``, as ``queue_index.as_columns``."""
-        reply = await self._ask(lambda reader: reader.request({"walk": [index_path, queue_id, start, limit]}))
-        keys_length = KEYS_LENGTH.unpack_from(reply)[0]
-        return as_columns(reply[KEYS_LENGTH.size:KEYS_LENGTH.size + keys_length],
-                          reply[KEYS_LENGTH.size + keys_length:])
+    async def walk(self, index_path: str, queue_id: int, start: int, limit: int, max_bytes: int, end: int,
+                   now: int) -> Walked:
+        """Up to ``limit`` index entries of the queue from ``seq >= start``, of ``max_bytes`` of payloads at most
+        (at least one), of them those below ``end`` and not expired at ``now`` (epoch ms)."""
+        return await self._ask(lambda reader: self._walk(reader, index_path, queue_id, start, limit, max_bytes,
+                                                         end, now))
 
-    async def read(self, queue_name: str, span: DiskSpan, body_text: bool,
-                   client: ClientSocket | None = None) -> memoryview:
-        """The span's record batch, serialised (an Arrow IPC message); with ``client``, written to it, and what is
-        left to write (already framed) returned."""
-        header: dict[str, Any] = {"queue": queue_name, "text": body_text}
-        if client is not None:
-            header["out"] = "chunked" if client.chunked else "raw"
-        return await self._ask(lambda reader: reader.request(header, span, client.fd if client is not None else None))
+    async def read(self, where: tuple[str, int, int], limit: int, max_bytes: int, end: int, now: int,
+                   locate: Callable[[Walked], Located], queue_name: str, body_text: bool,
+                   client: ClientSocket | None = None) -> Read:
+        """A record batch of the queue's part on disk from ``where`` (``Queue.disk_index``), as ``walk`` chooses
+        its entries, their payloads where ``locate`` finds them; with ``client``, written to it."""
+
+        async def walk_and_build(reader: _Reader) -> Read:
+            walked = await self._walk(reader, *where, limit, max_bytes, end, now)
+            located = locate(walked)
+            span = located.span
+            try:
+                rows = int(np.count_nonzero(span.found))
+                if not rows:
+                    return Read(0, walked.following, memoryview(b""))
+                header: dict[str, Any] = {"build": [queue_name, body_text, located.skip]}
+                fds = list(span.fds)
+                if client is not None:
+                    header["out"] = "chunked" if client.chunked else "raw"
+                    fds.append(client.fd)
+                payload = [getattr(span, name).astype(kind, copy=False) for name, kind in LOCATIONS]
+                return Read(rows, walked.following, await reader.request(header, payload, fds))
+            finally:
+                span.close()
+
+        return await self._ask(walk_and_build)
+
+    @staticmethod
+    async def _walk(reader: "_Reader", index_path: str, queue_id: int, start: int, limit: int, max_bytes: int,
+                    end: int, now: int) -> Walked:
+        return Walked.unpack(await reader.request({"walk": [index_path, queue_id, start, limit, max_bytes, end, now]}))
 
     def start(self) -> None:
         """Start the processes if they are not yet (their imports take a while: a client asking for offsets is
@@ -118,7 +181,7 @@ class RecordReaders:
             self._all.append(reader)
             self._idle.put_nowait(reader)
 
-    async def _ask(self, request: Any) -> memoryview:
+    async def _ask(self, request: Callable[["_Reader"], Awaitable[_T]]) -> _T:
         self.start()
         if not self._all:
             raise ReaderUnavailable("no reader processes")
@@ -165,23 +228,21 @@ class _Reader:
         ours.setblocking(False)
         self.sock = ours
 
-    async def request(self, header: dict, span: DiskSpan | None = None, out: int | None = None) -> memoryview:
-        """Send a request (``out``: a client's socket, passed after the span's descriptors) and read its reply."""
+    async def request(self, header: dict, payload: Sequence[np.ndarray] = (), fds: Sequence[int] = ()) -> memoryview:
+        """Send a request (``fds`` passed with its first bytes) and read its reply."""
         loop = asyncio.get_running_loop()
         encoded = json.dumps(header).encode()
-        head = REQUEST.pack(len(encoded), len(span.seqs) if span is not None else 0) + encoded
-        fds = (span.fds if span is not None else []) + ([out] if out is not None else [])
-        socket.send_fds(self.sock, [head], fds)  # few bytes, an empty buffer
-        if span is not None:
-            await loop.sock_sendall(self.sock, b"".join(getattr(span, name).astype(kind, copy=False).tobytes()
-                                                        for name, kind in _COLUMNS))
+        body = b"".join(column.tobytes() for column in payload)
+        socket.send_fds(self.sock, [REQUEST.pack(len(encoded), len(body)) + encoded], list(fds))  # few bytes, an empty buffer
+        if body:
+            await loop.sock_sendall(self.sock, body)
         status, length = REPLY.unpack(await self._exactly(REPLY.size))
-        body = await self._exactly(length)
+        reply = await self._exactly(length)
         if status == 2:
-            raise ClientGone(bytes(body).decode(errors="replace"))
+            raise ClientGone(bytes(reply).decode(errors="replace"))
         if status:
-            raise OSError(bytes(body).decode(errors="replace"))
-        return body
+            raise OSError(bytes(reply).decode(errors="replace"))
+        return reply
 
     async def _exactly(self, size: int) -> memoryview:
         """``size`` bytes from the reader, into memory not zeroed first (a batch is tens of MiB)."""
@@ -267,12 +328,14 @@ def _gather(buffer: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Arr
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
 
 
-def _batch(header: dict, columns: dict[str, np.ndarray], fds: list[int]) -> memoryview:
-    """The record batch of the span, its columns gathered from the records as arrays (row by row only
-    where ``arrow_records`` decodes each distinct route and header once)."""
+def _batch(queue_name: str, body_text: bool, rows: IndexRows, files: np.ndarray, offsets: np.ndarray,
+           sizes: np.ndarray, fds: list[int]) -> memoryview:
+    """The record batch of ``rows``, their payloads where ``files``, ``offsets`` and ``sizes`` say, its columns
+    gathered from the records as arrays (row by row only where ``arrow_records`` decodes each distinct route
+    and header once)."""
     from . import arrow_records
 
-    buffer, at, size, order = _payloads(fds, columns["files"], columns["offsets"], columns["sizes"])
+    buffer, at, size, order = _payloads(fds, files, offsets, sizes)
 
     def octet(k: int) -> np.ndarray:
         return buffer[at + k].astype(np.int64)
@@ -290,9 +353,9 @@ def _batch(header: dict, columns: dict[str, np.ndarray], fds: list[int]) -> memo
         back[order] = np.arange(len(order))
         columns_in_buffer_order = [column.take(back) for column in columns_in_buffer_order]
     routes, props, bodies = columns_in_buffer_order
-    schema = arrow_records.arrow_schema(header["text"])
-    batch = arrow_records.encode_columns(header["queue"], columns["seqs"], columns["redelivered"], routes, props,
-                                         bodies, header["text"], schema)
+    schema = arrow_records.arrow_schema(body_text)
+    batch = arrow_records.encode_columns(queue_name, rows.seqs, (rows.flags & FLAG_DELIVERED) != 0, routes, props,
+                                         bodies, body_text, schema)
     return memoryview(batch.serialize())
 
 
@@ -321,34 +384,61 @@ def _write_out(fd: int, batch: memoryview, chunked: bool) -> bytes:
     return b"".join(parts)
 
 
-def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limit: int) -> bytes:
+def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limit: int, max_bytes: int,
+          end: int, now: int) -> tuple[IndexRows, int]:
+    """The rows a batch may hold (below ``end``, unexpired) and the seq following the walked ones (-1: none)."""
     env = envs.get(index_path)
     if env is None:
         env = envs[index_path] = open_reader(index_path)
     try:
-        keys, values = walk(env, queue_id, start, limit)
+        rows = as_rows(*walk(env, queue_id, start, limit))
     except lmdb.MapResizedError:  # the broker's index outgrew the map this process opened it with: adopt its size
         env.set_mapsize(0)
-        keys, values = walk(env, queue_id, start, limit)
-    return KEYS_LENGTH.pack(len(keys)) + keys + values
+        rows = as_rows(*walk(env, queue_id, start, limit))
+    following = int(rows.seqs[-1]) + 1 if len(rows) == limit else -1
+    fits = max(1, int(np.searchsorted(np.cumsum(rows.sizes, dtype=np.int64), max_bytes, "right")))
+    if fits < len(rows):  # bigger messages than the queue's mean: the batch stops at max_bytes
+        following, rows = int(rows.seqs[fits]), rows[:fits]
+    keep = (rows.seqs < end) & ((rows.expiry == 0) | (rows.expiry > now))
+    return (rows if keep.all() else rows[keep]), following
+
+
+def _build(pending: IndexRows, queue_name: str, body_text: bool, skip: int, payload: bytes,
+           fds: list[int]) -> memoryview:
+    """The batch of the walked rows from ``skip`` on, located by the broker (``LOCATIONS``)."""
+    rows = pending[skip:]
+    columns, at = [], 0
+    for _name, kind in LOCATIONS:
+        size = len(rows) * np.dtype(kind).itemsize
+        columns.append(np.frombuffer(payload[at:at + size], kind))
+        at += size
+    found, files, offsets, sizes = columns
+    if not found.all():
+        rows, files, offsets, sizes = rows[found], files[found], offsets[found], sizes[found]
+    return _batch(queue_name, body_text, rows, files, offsets, sizes, fds)
 
 
 def serve(sock: socket.socket) -> None:
     """Answer requests until the broker closes its end."""
     buffer = bytearray()
     envs: dict[str, Any] = {}  # the queue indexes walked, open to read
+    pending = IndexRows.empty()  # the last walk's rows, for the build that follows it
     while True:
         data, fds, _flags, _address = socket.recv_fds(sock, 1 << 16, MAX_FDS)
         if not data:
             return
         buffer += data
         try:
-            header_len, rows = REQUEST.unpack(_receive(sock, REQUEST.size, buffer))
+            header_len, payload_len = REQUEST.unpack(_receive(sock, REQUEST.size, buffer))
             header = json.loads(_receive(sock, header_len, buffer))
-            columns = {name: np.frombuffer(_receive(sock, rows * np.dtype(kind).itemsize, buffer), kind)
-                       for name, kind in _COLUMNS} if rows else {}
+            payload = _receive(sock, payload_len, buffer)
             try:
-                reply = _walk(envs, *header["walk"]) if "walk" in header else _batch(header, columns, fds)
+                if "walk" in header:
+                    pending, following = _walk(envs, *header["walk"])
+                    reply = (WALKED.pack(len(pending), following) + pending.seqs.tobytes() + pending.msg_ids.tobytes()
+                             + ((pending.flags & FLAG_TRANSIENT) != 0).tobytes())
+                else:
+                    reply = _build(pending, *header["build"], payload, fds[:-1] if "out" in header else fds)
                 status = 0
             except Exception as exc:  # noqa: BLE001 - told to the broker, which builds the batch itself
                 reply, status = repr(exc).encode(), 1
@@ -362,4 +452,3 @@ def serve(sock: socket.socket) -> None:
                 os.close(fd)
         sock.sendall(REPLY.pack(status, len(reply)))
         sock.sendall(reply)
-

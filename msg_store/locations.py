@@ -86,9 +86,10 @@ class Locations:
             chunk = self._chunks.get(number)
             if chunk is None:
                 continue
-            here = _view(chunk.refs)[slots] != ABSENT
-            if not here.all():
-                rows, slots = np.arange(len(ids))[rows][here], np.arange(CHUNK)[slots][here]
+            if chunk.live < CHUNK:  # else every slot has a record: nothing to check
+                here = _view(chunk.refs)[slots] != ABSENT
+                if not here.all():
+                    rows, slots = np.arange(len(ids))[rows][here], np.arange(CHUNK)[slots][here]
             found[rows] = True
             segments[rows] = _view(chunk.segment)[slots]
             offsets[rows] = _view(chunk.offset)[slots]
@@ -282,17 +283,25 @@ def _by_chunk(ids: "np.ndarray", runs: bool = False) -> Iterator[tuple[int, "_Pa
     else:
         order = np.argsort(ids, kind="stable")
         ordered = ids[order]
-    numbers = ordered >> CHUNK_BITS
-    bounds = np.flatnonzero(np.diff(numbers)) + 1
-    for start, end in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(ids)])).tolist()):
+    if not len(ids):
+        return
+    low, high = int(ordered[0]) >> CHUNK_BITS, int(ordered[-1]) >> CHUNK_BITS
+    if high - low < len(ids):  # no more chunks than ids (a backlog's): where each begins, by bisection
+        numbers = range(low, high + 1)
+        bounds = np.searchsorted(ordered, np.arange(low + 1, high + 1, dtype=np.int64) << CHUNK_BITS).tolist()
+    else:
+        chunk_of = ordered >> CHUNK_BITS
+        bounds = (np.flatnonzero(np.diff(chunk_of)) + 1).tolist()
+        numbers = chunk_of[[0] + bounds].tolist()
+    for number, start, end in zip(numbers, [0] + bounds, bounds + [len(ids)]):
         if start >= end:
             continue
         first, last = int(ordered[start]), int(ordered[end - 1])
         if runs and order is None and last - first == end - 1 - start:
-            yield first >> CHUNK_BITS, slice(start, end), slice(first & _SLOT, (last & _SLOT) + 1)
+            yield number, slice(start, end), slice(first & _SLOT, (last & _SLOT) + 1)
         else:
             rows = order[start:end] if order is not None else np.arange(start, end)
-            yield int(numbers[start]), rows, (ordered[start:end] & _SLOT).astype(np.intp)
+            yield number, rows, (ordered[start:end] & _SLOT).astype(np.intp)
 
 
 _Part = Union["np.ndarray", slice]

@@ -3,12 +3,13 @@ order, the expiry structure that finds any expired entry on time, and the
 schedule of messages held until a time (delayed exchanges).  Knows nothing of
 message bodies or AMQP.
 
-Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`Totals`, :class:`ExpiryHeap`,
+Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`IndexRows`, :class:`Totals`, :class:`ExpiryHeap`,
 :class:`Schedule` and :class:`ScheduledEntry`.
 """
 from .expiry import ExpiryHeap
-from .index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexEntry, QueueIndex, Totals, as_columns, open_reader, walk
+from .index import (FLAG_DELIVERED, FLAG_TRANSIENT, IndexEntry, IndexRows, QueueIndex, Totals, as_columns, as_rows,
+                    open_reader, walk)
 from .schedule import Schedule, ScheduledEntry
 
-__all__ = ["FLAG_DELIVERED", "FLAG_TRANSIENT", "ExpiryHeap", "IndexEntry", "QueueIndex", "Schedule", "ScheduledEntry", "Totals",
-           "as_columns", "open_reader", "walk"]
+__all__ = ["FLAG_DELIVERED", "FLAG_TRANSIENT", "ExpiryHeap", "IndexEntry", "IndexRows", "QueueIndex", "Schedule",
+           "ScheduledEntry", "Totals", "as_columns", "as_rows", "open_reader", "walk"]

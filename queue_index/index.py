@@ -28,6 +28,7 @@ import itertools
 import os
 import shutil
 import struct
+from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 import lmdb
@@ -448,6 +449,38 @@ def walk(env: "lmdb.Environment", queue_id: int, start: int, limit: int) -> tupl
 def as_columns(keys: bytes, values: bytes) -> tuple["np.ndarray", "np.ndarray"]:
     """``walk``'s bytes as arrays: seqs, and values with fields ``msg_id``, ``expiry``, ``size``, ``flags``."""
     return np.frombuffer(keys, dtype=KEY_DTYPE)["seq"], np.frombuffer(values, dtype=VALUE_DTYPE)
+
+
+@dataclass
+class IndexRows:
+    """Walked entries as native, contiguous arrays (``as_rows``), for work on many at a time: the big-endian
+    fields of ``as_columns`` are read through a byte swap at every step."""
+
+    seqs: "np.ndarray"  # int64
+    msg_ids: "np.ndarray"  # int64
+    expiry: "np.ndarray"  # int64, ms; 0: none
+    sizes: "np.ndarray"  # uint32
+    flags: "np.ndarray"  # uint8
+
+    DTYPES = {"seqs": np.int64, "msg_ids": np.int64, "expiry": np.int64, "sizes": np.uint32, "flags": np.uint8}
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, rows: "slice | np.ndarray") -> "IndexRows":
+        """The rows at ``rows`` (a slice: views, no copy)."""
+        return IndexRows(*(getattr(self, name)[rows] for name in self.DTYPES))
+
+    @classmethod
+    def empty(cls) -> "IndexRows":
+        return cls(*(np.zeros(0, kind) for kind in cls.DTYPES.values()))
+
+
+def as_rows(keys: bytes, values: bytes) -> IndexRows:
+    """``walk``'s bytes as ``IndexRows``."""
+    seqs, rows = as_columns(keys, values)
+    return IndexRows(seqs.astype(np.int64), rows["msg_id"].astype(np.int64), rows["expiry"].astype(np.int64),
+                     rows["size"].astype(np.uint32), rows["flags"].copy())
 
 
 def open_reader(path: str) -> "lmdb.Environment":

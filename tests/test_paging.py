@@ -678,8 +678,8 @@ def _reader_pids(node) -> list[int]:
 @pytest.mark.timeout(90)
 def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
     """/records builds the batches of a deep queue's part on disk in reader processes: persistent and
-    transient messages alike, expired ones left out, properties as published; a reader killed mid-way is
-    replaced and the read answered all the same."""
+    transient messages alike, expired ones left out, properties as published, a batch's records in many
+    segments of both stores; a reader killed mid-way is replaced and the read answered all the same."""
     import signal
 
     import pika
@@ -687,13 +687,13 @@ def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
 
     from test_mgmt_api import call
 
-    node = start_broker("--queue-window", "16")
+    node = start_broker("--queue-window", "16", "--segment-size", "65536")  # a batch spans segments
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
     channel = connection.channel()
     channel.queue_declare("deep", durable=True)
     channel.confirm_delivery()
     expected = []
-    for i in range(3000):
+    for i in range(9000):
         expiring = i % 100 == 7
         channel.basic_publish("", "deep", b"m%d" % i, pika.BasicProperties(
             delivery_mode=2 if i % 3 else 1, expiration="1" if expiring else None, message_id=f"id{i}"))
@@ -705,12 +705,15 @@ def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
         params = "&".join(f"{k}={v}" for k, v in query.items())
         return pa.ipc.open_stream(call(node, "GET", f"/api/queues/%2F/deep/records?{params}").raw).read_all()
 
-    table = read(batch=500)
-    assert table.column("offset").to_pylist() == expected
-    assert table.column("body").to_pylist() == [b"m%d" % i for i in expected]
-    assert table.column("message_id").to_pylist() == [f"id{i}" for i in expected]
-    assert table.column("delivery_mode").to_pylist() == [2 if i % 3 else 1 for i in expected]
-    readers = _reader_pids(node)
+    readers: list[int] = []
+    for query in ({"batch": 500}, {}):  # then one batch, of both stores' records
+        table = read(**query)
+        assert table.column("offset").to_pylist() == expected
+        assert table.column("body").to_pylist() == [b"m%d" % i for i in expected]
+        assert table.column("message_id").to_pylist() == [f"id{i}" for i in expected]
+        assert table.column("delivery_mode").to_pylist() == [2 if i % 3 else 1 for i in expected]
+        assert readers in ([], _reader_pids(node))  # built by the readers: none failed (the loop would step in)
+        readers = _reader_pids(node)
     assert len(readers) == 2
     for pid in readers:
         os.kill(pid, signal.SIGKILL)
@@ -840,13 +843,14 @@ async def test_a_reader_whose_request_is_cancelled_is_replaced(tmp_path):
     index.commit()
     readers = RecordReaders(1)
     try:
-        first = asyncio.ensure_future(readers.walk(index.path, 1, 0, 50))
+        first = asyncio.ensure_future(readers.walk(index.path, 1, 0, 50, 1 << 20, 1 << 62, 0))
         await asyncio.sleep(0.05)  # sent: the reader is walking or has answered unread
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
-        seqs, values = await asyncio.wait_for(readers.walk(index.path, 1, 60, 3), 30)
-        assert seqs.tolist() == [60, 61, 62] and values["msg_id"].tolist() == [1060, 1061, 1062]
+        walked = await asyncio.wait_for(readers.walk(index.path, 1, 60, 3, 1 << 20, 1 << 62, 0), 30)
+        assert walked.seqs.tolist() == [60, 61, 62] and walked.msg_ids.tolist() == [1060, 1061, 1062]
+        assert walked.following == 63
     finally:
         readers.close()
         index.close()
@@ -854,33 +858,41 @@ async def test_a_reader_whose_request_is_cancelled_is_replaced(tmp_path):
 
 async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(broker, vhost):
     """A consumer that takes the head of the disk into memory while a reader walks it: the walked entries now
-    in memory are left out of the span, and the read goes on from where the walk stopped (it used to stop at
+    in memory are left out of the batch, and the read goes on from where the walk stopped (it used to stop at
     the end of the range, skipping the rest)."""
-    from mgmt_http.offsets import _disk_batch
+    import pyarrow as pa
+
+    from amqp_server.clock import now_ms
+    from mgmt_http import arrow_records
+    from mgmt_http.offsets import _locator
     from mgmt_http.record_reader import RecordReaders
 
     broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(300))
+    send(broker, vhost, "q", bodies(3000))  # more than a page-in batch (PAGE_IN_BATCH)
     await settle()
     queue = vhost.queue("q")
     head_on_disk = queue.paged_from
-    real = RecordReaders(1)
+    where = queue.disk_index(head_on_disk)
+    locate = _locator(queue, head_on_disk)
+    readers = RecordReaders(1)
 
-    class ConsumerMeanwhile:
-        async def walk(self, *where):
-            walked = await real.walk(*where)
-            for _ in range(20):  # a consumer takes 20: the window refills from the disk's head
-                broker.get_local(vhost, "q", no_ack=True)
-            return walked
+    paged_from = []
+
+    def consumer_meanwhile(walked):
+        for _ in range(20):  # a consumer takes 20: the window refills from the disk's head
+            broker.get_local(vhost, "q", no_ack=True)
+        paged_from.append(queue.paged_from)
+        return locate(walked)
 
     try:
-        span = await _disk_batch(ConsumerMeanwhile(), queue, head_on_disk, 300, 100)
-        assert queue.paged_from > head_on_disk
-        assert span.seqs.tolist() == list(range(queue.paged_from, head_on_disk + 100))
-        assert span.next == head_on_disk + 100
-        span.close()
+        read = await asyncio.wait_for(readers.read(where, 2000, 1 << 20, 3000, now_ms(), consumer_meanwhile, "q",
+                                                   False), 30)
+        assert head_on_disk < paged_from[0] < head_on_disk + 2000
+        batch = pa.ipc.read_record_batch(pa.py_buffer(read.rest), arrow_records.arrow_schema(False))
+        assert batch.column("offset").to_pylist() == list(range(paged_from[0], head_on_disk + 2000))
+        assert read.rows == batch.num_rows and read.following == head_on_disk + 2000
     finally:
-        real.close()
+        readers.close()
 
 
 @pytest.mark.timeout(90)
@@ -922,16 +934,17 @@ async def test_a_reader_follows_the_index_when_it_outgrows_its_map(tmp_path):
     index.commit()
     readers = RecordReaders(1)
     try:
-        seqs, _values = await asyncio.wait_for(readers.walk(path, 1, 0, 10), 30)
-        assert seqs.tolist() == list(range(10))
+        walked = await asyncio.wait_for(readers.walk(path, 1, 0, 10, 1 << 20, 1 << 62, 0), 30)
+        assert walked.seqs.tolist() == list(range(10))
         pid = readers._all[0].proc.pid
         index.close()
         index = QueueIndex(path, map_size=1 << 27)
         for seq in range(100, 300_000):  # over 10 MiB: past the map the reader opened with (py-lmdb's least)
             index.publish(1, seq, 1000 + seq, 0, 10)
         index.commit()
-        seqs, values = await asyncio.wait_for(readers.walk(path, 1, 299_990, 20), 30)
-        assert seqs.tolist() == list(range(299_990, 300_000)) and values["msg_id"][0] == 300_990
+        walked = await asyncio.wait_for(readers.walk(path, 1, 299_990, 20, 1 << 20, 1 << 62, 0), 30)
+        assert walked.seqs.tolist() == list(range(299_990, 300_000)) and walked.msg_ids[0] == 300_990
+        assert walked.following is None  # the walk reached the last entry
         assert readers._all[0].proc.pid == pid  # the same reader: not failed and replaced
     finally:
         readers.close()
