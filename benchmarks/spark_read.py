@@ -115,18 +115,21 @@ def baseline(args: argparse.Namespace) -> dict:
 
 
 def register_memory_source(spark, url: str, user: str, password: str, rows: int, partitions: int) -> None:
-    """``format("warren-memory")``: the queue's first ``DEFAULT_BATCH_ROWS`` rows as one record batch (as Warren
-    serves them, in the source's schema) yielded from memory until each partition has its share of ``rows``."""
+    """``format("warren-memory")``: the queue's first rows as one record batch of the size Warren serves from disk
+    (``DEFAULT_BATCH_ROWS``, or about ``BATCH_BYTES`` of bodies), in the source's schema, yielded from memory until
+    each partition has its share of ``rows``."""
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-    from mgmt_http.offsets import DEFAULT_BATCH_ROWS
+    from mgmt_http.offsets import BATCH_BYTES, DEFAULT_BATCH_ROWS
     from spark.source import Client, Settings, read_range, OffsetRange
 
     settings = Settings.from_options({"url": url, "user": user, "password": password, "queue": QUEUE})
-    first = Client(settings).offsets(QUEUE)["head"]
+    offsets = Client(settings).offsets(QUEUE)
+    first = offsets["head"]
     schema = settings.schema()
-    table = pa.Table.from_batches(list(read_range(settings, schema, OffsetRange(QUEUE, first, first + DEFAULT_BATCH_ROWS))))
+    size = min(DEFAULT_BATCH_ROWS, max(1, BATCH_BYTES * offsets["messages"] // max(1, offsets["bytes"])))
+    table = pa.Table.from_batches(list(read_range(settings, schema, OffsetRange(QUEUE, first, first + size))))
     batch = table.combine_chunks().to_batches()[0]  # one batch of the size Warren serves from disk
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
