@@ -24,12 +24,12 @@ from .delayed import DelayedMessages, Publisher
 from .direct_reply import ReplyConsumers
 from .errors import AMQPError, ChannelError, ConnectionError, resource_name
 from .message import Message, expiration_error
-from .paging import Pager
+from .paging import Pager, paced
 from .policy import Policies, Policy
 from .persistence import Persistence
 from .queue_type import queue_class
 from .quorum_queue import QuorumQueue
-from .queue import Consumer, Entry, Queue
+from .queue import DROP_BATCH, Consumer, Entry, Queue
 from .records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
 from .stats import ChurnStats, MessageStats
 from .vhost import VHost, home_node_down
@@ -512,17 +512,21 @@ class Broker:
                      queue.args.expires)
             self._remove_queue(vhost, queue)
 
-    def commit_offset(self, queue: Queue, offset: int) -> int:
+    async def commit_offset(self, queue: Queue, offset: int) -> int:
         """Remove the queue's ready entries below ``offset`` (idempotent, monotonic): the Spark bridge's commit.
 
         A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so
         after a restart offsets carry on above every offset a reader has seen, even when the entries
-        at the tail were transient or removed.
+        at the tail were transient or removed.  The cursor is saved before the entries on disk go, a batch
+        per loop turn (``Queue.drop_committed``): a restart meanwhile drops the rest (``recover_committed``).
+        Answers once they are gone, with how many were removed.
         """
         removed = queue.remove_upto(offset)
         if queue.persistence is not None:
             self._save_offsets(queue)
-        return removed
+        dropped = queue.committed_drops
+        await paced(lambda: queue.drop_committed(DROP_BATCH) > 0)
+        return removed + queue.committed_drops - dropped
 
     def _save_offsets(self, queue: Queue) -> None:
         self.store.put("queue_offsets", str(queue.index_id),
@@ -944,7 +948,7 @@ class Broker:
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
-                queue.committed = saved["committed"]
+                queue.recover_committed(saved["committed"])
         # in the order they were made: a consistent-hash ring is laid out in binding order
         for binding in sorted(self._stored(BindingRecord), key=lambda r: r.created):
             vhost = self.vhosts.get(binding.vhost)

@@ -38,7 +38,7 @@ from msg_store import MessageStore
 from queue_index import QueueIndex
 
 from .message import Message
-from .queue import MIN_WINDOW, PAGED_WINDOW
+from .queue import DROP_BATCH, MIN_WINDOW, PAGED_WINDOW
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -49,7 +49,16 @@ log = logging.getLogger("warren.paging")
 MEMORY_BUDGET = 1 << 19  # ready entries in memory across the queues that are deep, at most (~180 MB)
 TRANSIENT_CACHE = 8 * 1024 * 1024
 TRANSIENT_COMMIT = 8192  # staged transient index entries that make a commit (nothing else drives one)
-DROP_BATCH = 1024  # index rows of a deleted queue dropped per loop turn (a few milliseconds)
+
+
+async def paced(step: Callable[[], bool]) -> None:
+    """Call ``step`` until it returns False, after each call pausing as long as it took: work done a batch at a
+    time in the background leaves the loop free half the time or more."""
+    while True:
+        began = time.monotonic()
+        if not step():
+            return
+        await asyncio.sleep(time.monotonic() - began)
 
 
 @dataclass
@@ -108,12 +117,12 @@ class Pager:
             self._dropping = loop.create_task(self._drop())
 
     async def _drop(self) -> None:
-        """A batch at a time, then a pause as long as it took: the loop stays free half the time or more."""
-        while self._drops:
-            began = time.monotonic()
+        def step() -> bool:
             if not self._drops[0].step():
                 self._drops.popleft()
-            await asyncio.sleep(time.monotonic() - began)
+            return bool(self._drops)
+
+        await paced(step)
 
     @property
     def dropping(self) -> bool:

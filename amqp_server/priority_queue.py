@@ -135,6 +135,7 @@ class PriorityQueue(Queue):
     ready: PriorityReady  # type: ignore[assignment]
     ranked = True
     entry_type = LeveledEntry
+    DROPS_COMMITTED_LATER = False  # its levels' parts on disk interleave: a commit drops them at once
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

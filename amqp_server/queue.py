@@ -55,6 +55,7 @@ log = logging.getLogger("warren.queue")
 
 PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
 PAGE_IN_BATCH = 1024
+DROP_BATCH = 1024  # index rows dropped per loop turn in the background (a deleted queue's, a commit's): milliseconds
 PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has none of its own)
 MIN_WINDOW = 64  # the least a deep queue keeps in memory, however many share the budget (paging.Pager.window)
 CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budget still applies)
@@ -218,6 +219,7 @@ class Queue:
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
     replicator: "Replicator | None" = None  # a quorum queue led here in cluster mode: ships its changes
+    DROPS_COMMITTED_LATER = True  # a commit's entries on disk leave a batch at a time (drop_committed)
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -259,6 +261,8 @@ class Queue:
         self.page_id = 0  # a non-durable queue's id in the transient index, once it pages
         self._taken_upto = -1  # the highest seq ever taken by a consumer or basic.get
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
+        self._drop_below = 0  # entries on disk from paged_from to here are committed away, dropped in the background
+        self.committed_drops = 0  # entries on disk dropped for commits, in all (what a commit's answer counts)
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
         self.touch()
@@ -573,7 +577,7 @@ class Queue:
             return None
         index, queue_id = self._page_index()
         index.commit()
-        return index.path, queue_id, max(start, self.paged_from)
+        return index.path, queue_id, max(start, self.paged_from, self._drop_below)
 
     def disk_span(self, msg_ids: np.ndarray, transient: np.ndarray) -> DiskSpan:
         """Where the payloads of entries walked from ``disk_index`` lie in the stores' segment files:
@@ -634,7 +638,8 @@ class Queue:
         """Remove every ready entry with ``seq < offset`` as an ack would (index and store updated).
 
         Idempotent and monotonic: ``committed`` never goes back, an offset at or below it removes
-        nothing more.  Returns how many entries were removed.
+        nothing more.  Returns how many entries were removed; with ``DROPS_COMMITTED_LATER``, those in
+        memory, the ones on disk left to ``drop_committed`` (unseen meanwhile by reads, deliveries and expiry).
         """
         if offset <= self.committed:
             return 0
@@ -650,11 +655,38 @@ class Queue:
             self._forget(entry)
             removed += 1
         if self.paged and offset > self.paged_from:
-            removed += self._drop_paged(offset)
+            if self.DROPS_COMMITTED_LATER:
+                self._drop_below = offset
+            else:
+                removed += self._drop_paged(offset)
         self.stats.ack += removed
         if removed:
             self.touch()
         return removed
+
+    def drop_committed(self, limit: int) -> int:
+        """Up to ``limit`` of the entries on disk a commit removed (``remove_upto``) leave, as acked; how many
+        (0 once none is left).  A commit of a deep queue's million entries holds the loop a batch at a time."""
+        if not self._drop_below or self.deleted:
+            return 0
+        removed, done = self._drop_paged_batch(self._drop_below, limit)
+        if done:
+            self._drop_below = 0
+        self.stats.ack += removed
+        self.committed_drops += removed
+        return removed
+
+    def recover_committed(self, committed: int) -> None:
+        """At start-up: the commit cursor saved, and what a commit had left on disk when the node stopped dropped."""
+        self.committed = committed
+        if self.DROPS_COMMITTED_LATER and self.paged and committed > self.paged_from:
+            self._drop_below = committed
+            self._finish_drop()
+
+    def _finish_drop(self) -> None:
+        """What a commit left on disk goes now: before anything moves entries between memory and disk."""
+        while self.drop_committed(PAGE_IN_BATCH):
+            pass
 
     def settle(self, entries: list[Entry]) -> None:
         """Entries taken for manual ack were acked."""
@@ -691,6 +723,7 @@ class Queue:
                 self._expire_due()
 
     def purge(self) -> int:
+        self._finish_drop()
         count = self.message_count
         self._forget_ready()
         if self.paged:
@@ -792,7 +825,7 @@ class Queue:
     def _paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` index rows of entries on disk with seq >= ``start``, in seq order."""
         index, queue_id = self._page_index()
-        return index.read(queue_id, max(start, self.paged_from), limit)
+        return index.read(queue_id, max(start, self.paged_from, self._drop_below), limit)
 
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
         """Move the ready entries after the first ``keep`` to disk (those above every seq a consumer took);
@@ -801,6 +834,7 @@ class Queue:
         ready = self.ready
         if not self.pageable or self.pager is None or len(ready) <= keep:
             return 0
+        self._finish_drop()
         self.pager.deep(self)
         freed = 0
         while len(ready) > keep and ready[-1].seq > self._taken_upto:
@@ -849,6 +883,7 @@ class Queue:
         """Bring the next batch of the tail into memory; the whole tail if it fits in the window, so a queue
         that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
         on through it)."""
+        self._finish_drop()
         index, queue_id = self._page_index()
         room = self._window() - (len(self.ready) - self.gone_in_ready)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
@@ -913,16 +948,27 @@ class Queue:
 
     def _drop_paged(self, below: int) -> int:
         """Entries on disk with seq < ``below`` leave the queue, as acked; returns how many."""
-        index, queue_id = self._page_index()
-        removed = 0
-        while self.paged:
-            seqs, rows = index.take(queue_id, self.paged_from, below, PAGE_IN_BATCH)
-            if not len(seqs):
-                break
-            self._release_rows(seqs, rows)
-            removed += len(seqs)
-        self.paged_from = max(self.paged_from, below)
+        removed, done = 0, False
+        while not done:
+            taken, done = self._drop_paged_batch(below, PAGE_IN_BATCH)
+            removed += taken
         return removed
+
+    def _drop_paged_batch(self, below: int, limit: int) -> tuple[int, bool]:
+        """Up to ``limit`` of the entries on disk with seq < ``below`` leave the queue, as acked: how many, and
+        whether none is left."""
+        taken = 0
+        if self.paged:
+            index, queue_id = self._page_index()
+            seqs, rows = index.take(queue_id, self.paged_from, below, limit)
+            taken = len(seqs)
+            if taken:
+                self._release_rows(seqs, rows)
+                self.paged_from = int(seqs[-1]) + 1
+            if taken == limit and self.paged:
+                return taken, False
+        self.paged_from = max(self.paged_from, below)
+        return taken, True
 
     def _release_rows(self, seqs: np.ndarray, rows: np.ndarray) -> None:
         """Entries on disk left the queue without coming into memory (``QueueIndex.take`` deleted them): the
@@ -990,7 +1036,7 @@ class Queue:
         for seq in self._expiry.pop_due(now_ms()):
             entry = self._expiring.pop(seq, None)
             if entry is None:
-                if self.paged and seq >= self.paged_from:
+                if self.paged and seq >= max(self.paged_from, self._drop_below):
                     entry = self._expire_paged(seq)
                     if entry is not None:
                         expired.append(entry)

@@ -279,7 +279,7 @@ async def commit(request: web.Request, queue: Queue) -> web.Response:
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise bad_request("offset must be a non-negative integer")
-    removed = _broker(request).commit_offset(queue, offset)
+    removed = await _broker(request).commit_offset(queue, offset)
     return json_response({"removed": removed, "committed": queue.committed})
 
 

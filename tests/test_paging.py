@@ -162,9 +162,40 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker
     assert [e.message.body for e in queue.browse(5, 95)] == bodies(100)[5:95]
     batches = list(queue.read_range(0, 100, 7, limit=60))
     assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
-    assert queue.remove_upto(80) == 80
+    assert await broker.commit_offset(queue, 80) == 80
     assert queue.message_count == 20 and queue.offsets() == (80, 100)
     assert drain(broker, vhost, "q") == bodies(100)[80:]
+
+
+async def test_a_commit_drops_its_entries_on_disk_a_batch_per_loop_turn(broker, vhost):
+    """Committing most of a deep queue answers once its entries on disk are gone, dropped ``DROP_BATCH`` per loop
+    turn (a million of them held every client for seconds); meanwhile reads, offsets and expiry see none of
+    them, and a consumer that needs the disk finishes the drop first."""
+    from amqp_server.queue import DROP_BATCH
+
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    count = 6 * DROP_BATCH
+    send(broker, vhost, "q", bodies(count - 10))
+    send(broker, vhost, "q", bodies(10, "x"), expiration="300")
+    await settle()
+    on_disk_from = queue.paged_from
+    commit = asyncio.ensure_future(broker.commit_offset(queue, 2 * DROP_BATCH))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not commit.done() and 0 < queue.committed_drops < 2 * DROP_BATCH - on_disk_from  # under way
+    assert queue.offsets() == (2 * DROP_BATCH, count)
+    assert [e.message.body for e in queue.browse(0, count)] == bodies(count - 10)[2 * DROP_BATCH:] + bodies(10, "x")
+    assert await commit == 2 * DROP_BATCH
+    assert queue.message_count == 4 * DROP_BATCH and queue.committed_drops == 2 * DROP_BATCH - on_disk_from
+
+    commit = asyncio.ensure_future(broker.commit_offset(queue, count - 10))  # again, and a consumer meanwhile
+    await asyncio.sleep(0)
+    assert not commit.done()
+    assert broker.get_local(vhost, "q", no_ack=True)[1].message.body == b"x0"
+    assert await commit == 4 * DROP_BATCH - 10
+    await asyncio.sleep(0.4)  # the rest expire, none of the committed ones dead-lettered or counted again
+    assert queue.message_count == 0 and drain(broker, vhost, "q") == []
 
 
 async def test_purge_and_delete_release_everything_on_disk(broker, vhost):
@@ -241,6 +272,34 @@ async def test_a_drop_left_at_shutdown_is_finished_before_the_store_is_closed(tm
     try:
         assert broker.persistence.store.stats().messages == 0
         assert broker.persistence.index.queue_ids() == set()
+    finally:
+        broker.close()
+
+
+async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_path):
+    """The commit cursor is saved before the entries on disk go: a node stopped mid-drop (the answer not yet
+    sent) drops the rest when it starts again, so what was committed is never delivered, read or counted,
+    and a retried commit (a no-op: the cursor is there already) finds it done."""
+    from amqp_server.queue import DROP_BATCH
+
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(4 * DROP_BATCH))
+    await settle()
+    commit = asyncio.ensure_future(broker.commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
+    await asyncio.sleep(0)
+    assert not commit.done() and vhost.queue("q").committed_drops == DROP_BATCH
+    commit.cancel()
+    broker.close()
+    broker = Broker(data, queue_window=WINDOW)
+    try:
+        vhost = broker.vhost("/")
+        queue = vhost.queue("q")
+        assert queue.message_count == DROP_BATCH and queue.offsets() == (3 * DROP_BATCH, 4 * DROP_BATCH)
+        assert await broker.commit_offset(queue, 3 * DROP_BATCH) == 0
+        assert drain(broker, vhost, "q") == bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
     finally:
         broker.close()
 
