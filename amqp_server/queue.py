@@ -676,10 +676,17 @@ class Queue:
         self.committed_drops += removed
         return removed
 
-    def recover_committed(self, committed: int) -> None:
-        """At start-up: the commit cursor saved, and what a commit had left on disk when the node stopped dropped."""
+    @property
+    def dropping_committed(self) -> bool:
+        """Whether entries on disk a commit removed are still being dropped."""
+        return bool(self._drop_below)
+
+    def recover_committed(self, committed: int, dropping: bool) -> None:
+        """At start-up: the commit cursor saved, and, if the node stopped while a commit was ``dropping``, what
+        it had left on disk dropped now.  (Only then: entries below the cursor that were unacked when the node
+        stopped are back in the queue, as a requeue behind the cursor would put them.)"""
         self.committed = committed
-        if self.DROPS_COMMITTED_LATER and self.paged and committed > self.paged_from:
+        if dropping and self.DROPS_COMMITTED_LATER and self.paged and committed > self.paged_from:
             self._drop_below = committed
             self._finish_drop()
 

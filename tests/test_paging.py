@@ -304,6 +304,28 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
         broker.close()
 
 
+async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restart(tmp_path):
+    """A restart drops what a commit left on disk only if one was under way: messages a consumer held unacked
+    below the cursor come back, as a requeue would bring them (left for the next commit covering them)."""
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(3000))
+    await settle()
+    held = [broker.get_local(vhost, "q", no_ack=False)[1] for _ in range(5)]
+    assert [entry.seq for entry in held] == list(range(5))
+    assert await broker.commit_offset(vhost.queue("q"), 2000) == 1995
+    broker.close()
+    broker = Broker(data, queue_window=WINDOW)
+    try:
+        vhost = broker.vhost("/")
+        assert vhost.queue("q").message_count == 1005
+        assert drain(broker, vhost, "q") == bodies(5) + bodies(3000)[2000:]
+    finally:
+        broker.close()
+
+
 async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
