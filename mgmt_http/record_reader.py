@@ -81,6 +81,16 @@ class ClientSocket:
     chunked: bool
 
 
+def _columns(data: "bytes | memoryview", count: int, kinds: Sequence[Any]) -> list[np.ndarray]:
+    """Arrays of ``count`` items each of ``kinds``, one after the other in ``data`` (views, no copy)."""
+    columns, at = [], 0
+    for kind in kinds:
+        size = count * np.dtype(kind).itemsize
+        columns.append(np.frombuffer(data[at:at + size], kind))
+        at += size
+    return columns
+
+
 @dataclass
 class Walked:
     """A reader's walk of a queue's part on disk: the entries' seqs and message ids, which of them are in the
@@ -94,10 +104,7 @@ class Walked:
     @classmethod
     def unpack(cls, reply: memoryview) -> "Walked":
         count, following = WALKED.unpack_from(reply)
-        at = WALKED.size
-        seqs = np.frombuffer(reply[at:at + 8 * count], np.int64)
-        msg_ids = np.frombuffer(reply[at + 8 * count:at + 16 * count], np.int64)
-        transient = np.frombuffer(reply[at + 16 * count:at + 17 * count], np.bool_)
+        seqs, msg_ids, transient = _columns(reply[WALKED.size:], count, (np.int64, np.int64, np.bool_))
         return cls(seqs, msg_ids, transient, None if following < 0 else following)
 
 
@@ -407,12 +414,7 @@ def _build(pending: IndexRows, queue_name: str, body_text: bool, skip: int, payl
            fds: list[int]) -> memoryview:
     """The batch of the walked rows from ``skip`` on, located by the broker (``LOCATIONS``)."""
     rows = pending[skip:]
-    columns, at = [], 0
-    for _name, kind in LOCATIONS:
-        size = len(rows) * np.dtype(kind).itemsize
-        columns.append(np.frombuffer(payload[at:at + size], kind))
-        at += size
-    found, files, offsets, sizes = columns
+    found, files, offsets, sizes = _columns(payload, len(rows), [kind for _name, kind in LOCATIONS])
     if not found.all():
         rows, files, offsets, sizes = rows[found], files[found], offsets[found], sizes[found]
     return _batch(queue_name, body_text, rows, files, offsets, sizes, fds)
