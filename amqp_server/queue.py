@@ -70,6 +70,16 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return np.unique(values)
 
 
+def _store_span(store: "MessageStore | None", msg_ids: np.ndarray) -> "DiskSpan":
+    """``Queue.disk_span`` of messages all in ``store`` (None: none found)."""
+    if store is None:
+        return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32) for _ in range(3)), [])
+    found, segments, offsets, sizes = store.locate(msg_ids)
+    numbers = _distinct(segments[found] if not found.all() else segments)
+    return DiskSpan(found, np.searchsorted(numbers, segments).astype(np.uint32), offsets, sizes,
+                    [os.dup(store.segment_fd(int(number))) for number in numbers])
+
+
 @dataclass
 class DiskSpan:
     """Where the payloads of entries walked from a queue's part on disk lie (``Queue.disk_span``): row ``i``,
@@ -584,28 +594,15 @@ class Queue:
         ``msg_ids`` of the transient store where ``transient``, of the persistent one elsewhere."""
         persistent = self.persistence.store if self.persistence is not None else None
         if not transient.any() or transient.all():  # one store holds them all (a backlog's): its arrays as they are
-            store = self.pager.store if len(transient) and transient[0] else persistent
-            if store is None:
-                return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32),) * 3, [])
-            found, segments, offsets, sizes = store.locate(msg_ids)
-            numbers = _distinct(segments[found] if not found.all() else segments)
-            return DiskSpan(found, np.searchsorted(numbers, segments).astype(np.uint32), offsets, sizes,
-                            [os.dup(store.segment_fd(int(number))) for number in numbers])
+            return _store_span(self.pager.store if len(transient) and transient[0] else persistent, msg_ids)
         count = len(msg_ids)
-        found = np.zeros(count, bool)
-        files = np.zeros(count, np.uint32)
-        offsets = np.zeros(count, np.uint32)
-        sizes = np.zeros(count, np.uint32)
-        fds: list[int] = []
+        span = DiskSpan(np.zeros(count, bool), *(np.zeros(count, np.uint32) for _ in range(3)), [])
         for store, which in ((self.pager.store, transient), (persistent, ~transient)):
-            if store is None:
-                continue
-            here, segments, offsets[which], sizes[which] = store.locate(msg_ids[which])
-            found[which] = here
-            numbers = _distinct(segments[here])
-            files[which] = np.searchsorted(numbers, segments) + len(fds)
-            fds.extend(os.dup(store.segment_fd(int(number))) for number in numbers)
-        return DiskSpan(found, files, offsets, sizes, fds)
+            part = _store_span(store, msg_ids[which])
+            span.found[which], span.offsets[which], span.sizes[which] = part.found, part.offsets, part.sizes
+            span.files[which] = part.files + np.uint32(len(span.fds))
+            span.fds.extend(part.fds)
+        return span
 
     def span(self, start: int, end: int) -> list[Entry]:
         """The in-memory ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy
