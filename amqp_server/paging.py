@@ -19,8 +19,10 @@ A deleted deep queue's entries on disk are dropped in the background (``drop_lat
 of index rows at a time, a pause as long between batches: at once, a backlog of a million held
 every other client for seconds.  Its index id is never used again, so its rows may go at any pace; a crash meanwhile
 leaves them to recovery, which drops the rows of ids no durable queue has (and the store's
-references with them: they are counted from the index after a crash).  ``close`` finishes
-what is left, so a clean shutdown's store snapshot counts no reference of a deleted queue.
+references with them: they are counted from the index after a crash).  A purged deep queue's
+entries on disk go the same way: the queue forgets them at once, and drop marks in the index name
+them until they are gone, for recovery to drop should the node stop first.  ``close`` finishes
+what is left, so a clean shutdown's store snapshot counts no reference of a dropped entry.
 """
 from __future__ import annotations
 
@@ -63,13 +65,15 @@ async def paced(step: Callable[[], bool]) -> None:
 
 @dataclass
 class _Drop:
-    """What is left of a deleted queue's rows in an index: ``ready`` key ranges, whose rows' store references
-    go with them (``release``); then the rest of the queue's rows, whose references their holders release."""
+    """What is left to drop of a queue's rows in an index: ``ready`` key ranges, whose rows' store references
+    go with them (``release``); then ``then`` (a deleted queue's other rows go, whose references their holders
+    release; a purge's drop marks are forgotten)."""
 
     index: QueueIndex
     queue_id: int
     ready: list[tuple[int, int]]
     release: Callable[[np.ndarray], None]
+    then: Callable[[], None]
 
     def step(self) -> bool:
         """Drop one batch; False once nothing is left."""
@@ -81,7 +85,7 @@ class _Drop:
                 self.ready[0] = (int(seqs[-1]) + 1, end)
                 return True
             self.ready.pop(0)
-        self.index.delete_queue(self.queue_id)
+        self.then()
         return False
 
 
@@ -101,11 +105,11 @@ class Pager:
         self._dropping: asyncio.Task | None = None
 
     def drop_later(self, index: QueueIndex, queue_id: int, ready: list[tuple[int, int]],
-                   release: Callable[[np.ndarray], None]) -> None:
-        """Drop a deleted queue's rows in ``index`` in the background (see the module's docstring): first those
-        with keys in the ``ready`` ranges, releasing their store references (``release``), then every other.
-        At once when no event loop runs."""
-        drop = _Drop(index, queue_id, list(ready), release)
+                   release: Callable[[np.ndarray], None], then: Callable[[], None]) -> None:
+        """Drop a queue's rows in ``index`` with keys in the ``ready`` ranges in the background (see the module's
+        docstring), releasing their store references (``release``), then call ``then``.  At once when no event
+        loop runs."""
+        drop = _Drop(index, queue_id, list(ready), release, then)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
@@ -118,11 +118,15 @@ class Persistence:
     def remove_range(self, queue: "Queue", start: int, end: int) -> None:
         """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
         retention, a batch at a time)."""
-        while len((taken := self.index.take(queue.index_id, start, end, 65536))[0]):
-            seqs, rows = taken
+        for _seqs, rows in self._take(queue.index_id, start, end):
             self.store.remove_many(rows["msg_id"])
-            start = int(seqs[-1]) + 1
         self._touch()
+
+    def _take(self, queue_id: int, start: int, end: int) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
+        """Delete the queue's entries with ``start <= key < end``, yielding them a batch at a time."""
+        while len((taken := self.index.take(queue_id, start, end, 65536))[0]):
+            yield taken
+            start = int(taken[0][-1]) + 1
 
     def delete_queue(self, queue: "Queue") -> None:
         """The queue's index entries go (its ready entries' references were released as it purged)."""
@@ -264,6 +268,7 @@ class Persistence:
         known = {queue.index_id for queue in queues} | copies
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
+        held = self._drop_marked([queue.index_id for queue in queues], clean)
         walk = _Walk(self.index, self.store)
         totals_of: dict[int, Totals] = {}
         for queue in queues:
@@ -288,10 +293,26 @@ class Persistence:
         for journal in self.journals:
             journal.claim(self.store)
         dead = self.store.finish_recovery()
+        if len(held):
+            self.store.remove_many(held)
         self.index.commit()
         log.info("recovered %d messages in %d durable queues in %.3fs (%s; %d queues walked, %d dead records, "
                  "%d missing)", count, len(queues), time.monotonic() - started,
                  "clean shutdown" if clean else "segments scanned", walked, dead, lost)
+
+    def _drop_marked(self, queue_ids: list[int], clean: bool) -> "np.ndarray":
+        """The entries drop marks still name (the node stopped during a purge's deletions) go before anything
+        is counted.  Returns the persistent store references they held where a clean shutdown's snapshot
+        counted them (after a crash the walk counts references, and finds none of these), for release once
+        the store has recovered."""
+        held = [np.zeros(0, np.uint64)]
+        for queue_id in queue_ids:
+            for number, start, end in self.index.dropped(queue_id):
+                for _seqs, rows in self._take(queue_id, start, end):
+                    if clean:
+                        held.append(rows["msg_id"][(rows["flags"] & FLAG_TRANSIENT) == 0])
+                self.index.forget_dropped(queue_id, [number])
+        return np.concatenate(held)
 
 
 class _Walk:

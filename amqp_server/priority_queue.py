@@ -267,8 +267,8 @@ class PriorityQueue(Queue):
                 skip = max(0, skip - len(rows))
         return self._with_bodies(entries[:count])
 
-    def _paged_ranges(self) -> list[tuple[int, int]]:
-        return [(index_key(level, self.level_from[level]), index_key(level, SEQ_MASK))
+    def _paged_ranges(self, below: int = SEQ_MASK) -> list[tuple[int, int]]:
+        return [(index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK)))
                 for level, on_disk in enumerate(self.on_disk) if on_disk]
 
     def _drop_paged(self, below: int) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, insort
 from collections import deque
+from functools import partial
 from itertools import islice
 import logging
 import os
@@ -230,6 +231,7 @@ class Queue:
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
     replicator: "Replicator | None" = None  # a quorum queue led here in cluster mode: ships its changes
     DROPS_COMMITTED_LATER = True  # a commit's entries on disk leave a batch at a time (drop_committed)
+    PURGES_LATER = True  # a purge's entries on disk leave in the background (Pager.drop_later), marked dropped
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
                  auto_delete: bool = False, arguments: dict[str, Any] | None = None,
@@ -727,10 +729,20 @@ class Queue:
                 self._expire_due()
 
     def purge(self) -> int:
-        self._finish_drop()
+        """Every ready entry leaves the queue; how many.  Those on disk (a deep queue's backlog) at once to
+        every reader, and from the index in the background: a million held every client for seconds.  Drop
+        marks in the index name them until they are gone, so a restart meanwhile drops them too."""
         count = self.message_count
         self._forget_ready()
-        if self.paged:
+        if self.paged and self.PURGES_LATER:
+            index, queue_id = self._page_index()
+            on_disk = self._paged_ranges(self.next_seq)
+            marks = [index.mark_dropped(queue_id, start, end) for start, end in on_disk]
+            self.pager.drop_later(index, queue_id, on_disk, self._release,
+                                  partial(index.forget_dropped, queue_id, marks))
+            self.paged_from, self._drop_below = self.next_seq, 0  # a commit's drop under way is part of it
+        elif self.paged:
+            self._finish_drop()
             self._drop_paged(self.next_seq)
         self._clear_ready()
         return count
@@ -746,7 +758,7 @@ class Queue:
             self.pager.shallow(self)
             if self.persistence is not None or self.page_id:
                 index, queue_id = self._page_index()
-                self.pager.drop_later(index, queue_id, on_disk, self._release)
+                self.pager.drop_later(index, queue_id, on_disk, self._release, partial(index.delete_queue, queue_id))
         self._groups = []
         self.active_consumer = None
         for timer in (self._expiry_timer, self._expires_timer):
@@ -997,9 +1009,10 @@ class Queue:
         if self.persistence is not None and not transient.all():
             self.persistence.store.remove_many(rows["msg_id"][~transient])
 
-    def _paged_ranges(self) -> list[tuple[int, int]]:
-        """The index keys of the entries on disk (``[start, end)`` ranges; a priority queue has one per level)."""
-        return [(self.paged_from, 2 ** 64 - 1)]
+    def _paged_ranges(self, below: int = 2 ** 64 - 1) -> list[tuple[int, int]]:
+        """The index keys of the entries on disk with seq < ``below`` (``[start, end)`` ranges; a priority
+        queue has one per level)."""
+        return [(self.paged_from, below)]
 
     def _forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""

@@ -48,6 +48,7 @@ class QuorumQueue(Queue):
     counts_deliveries = True
     persists_all = True  # as RabbitMQ's: every message is on disk, whatever its delivery mode
     DROPS_COMMITTED_LATER = False  # a commit's drops replicate as they are made (_release_rows): all at once
+    PURGES_LATER = False  # and so do a purge's
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

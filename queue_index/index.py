@@ -16,6 +16,12 @@ describes, so a replica never claims more than it has.
 A stream keeps its runs (first offset, publish time, bytes; see ``amqp_server.stream_queue``) under the
 reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq, committed with its entries too.
 
+A queue's entries that left it all at once (a purge) but are deleted a batch at a time in the background
+are named by a drop mark, ``[start, end)`` of keys, under the reserved queue id ``DROPS`` with
+``queue id << 32 | mark number`` as seq: should the node stop before the deletions are done, its next start
+deletes what the marks still name (``dropped``) before it counts anything, so a purged message never comes
+back.
+
 Changes are staged and applied in one write transaction per ``commit``;
 ``sync`` makes committed changes durable and may run off the event loop while
 new changes are staged.
@@ -29,7 +35,7 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 import numpy as np
@@ -52,7 +58,8 @@ ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as 
 POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
 MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | number, msg_id = first offset,
 # expiry = publish ms, size = bytes, flags = the stream's)
-RESERVED = (POSITIONS, MARKS)
+DROPS = 0xFFFFFFFD  # reserved queue id: drop marks (seq = queue id << 32 | number, msg_id = start, expiry = end)
+RESERVED = (POSITIONS, MARKS, DROPS)
 
 
 class IndexEntry(NamedTuple):
@@ -124,6 +131,8 @@ class QueueIndex:
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
         self._deletes: dict[bytes, None] = {}  # a dict: ordered, and a replica asks what is staged
         self._auto_commit = auto_commit
+        self._drop_marks = itertools.count(1 + max((number for _queue, number, _s, _e in self._drop_marks_of(None)),
+                                                   default=0))
 
     def close(self) -> None:
         self._env.close()
@@ -226,6 +235,31 @@ class QueueIndex:
 
     def forget_mark(self, queue_id: int, number: int) -> None:
         self.ack(MARKS, queue_id << 32 | number)
+
+    def mark_dropped(self, queue_id: int, start: int, end: int) -> int:
+        """The queue's entries with ``start <= key < end`` left it, though they are still here until ``take``
+        deletes them: a start before then deletes them first (``dropped``).  Committed with the changes staged
+        with it; returns the mark's number, which ``forget_dropped`` takes once they are gone."""
+        number = next(self._drop_marks) & 0xFFFFFFFF
+        self._puts[KEY.pack(DROPS, queue_id << 32 | number)] = VALUE.pack(start, min(end, 2 ** 64 - 1), 0, 0)
+        return number
+
+    def dropped(self, queue_id: int) -> list[tuple[int, int, int]]:
+        """The queue's drop marks, staged ones committed first: (number, start, end)."""
+        self.commit()
+        return [(number, start, end) for _queue, number, start, end in self._drop_marks_of(queue_id)]
+
+    def forget_dropped(self, queue_id: int, numbers: Iterable[int]) -> None:
+        for number in numbers:
+            self.ack(DROPS, queue_id << 32 | number)
+
+    def _drop_marks_of(self, queue_id: int | None) -> Iterator[tuple[int, int, int, int]]:
+        """Committed drop marks, a queue's or (None) every queue's: (queue id, number, start, end)."""
+        start = 0 if queue_id is None else queue_id << 32
+        keys, values = self._walk(DROPS, start, 2 ** 32 if queue_id is None else 1 << 32)
+        for (_drops, seq), (first, end, _size, _flags) in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values)):
+            if queue_id is None or seq >> 32 == queue_id:
+                yield seq >> 32, seq & 0xFFFFFFFF, first, end
 
     @property
     def pending(self) -> bool:
@@ -400,23 +434,25 @@ class QueueIndex:
         self._puts = {k: v for k, v in self._puts.items() if k[:4] != prefix}
         self._updates = {k: v for k, v in self._updates.items() if k[:4] != prefix}
         self._deletes = {k: None for k in self._deletes if k[:4] != prefix}
-        marks, end = KEY.pack(MARKS, queue_id << 32), KEY.pack(MARKS, (queue_id + 1) << 32)
-        self._puts = {k: v for k, v in self._puts.items() if not marks <= k < end}
+        described = [(KEY.pack(reserved, queue_id << 32), KEY.pack(reserved, (queue_id + 1) << 32))
+                     for reserved in (MARKS, DROPS)]  # a stream's runs, drop marks
+        self._puts = {k: v for k, v in self._puts.items() if not any(lo <= k < hi for lo, hi in described)}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):
                 while cursor.key()[:4] == prefix:
                     if not cursor.delete():
                         break
-            if cursor.set_range(marks):  # a stream's runs
-                while marks <= cursor.key() < end:
-                    if not cursor.delete():
-                        break
+            for lo, hi in described:
+                if cursor.set_range(lo):
+                    while lo <= cursor.key() < hi:
+                        if not cursor.delete():
+                            break
 
     def queue_ids(self) -> set[int]:
-        """Every queue id with entries on disk (so the orphans of deleted queues can be dropped); not the
-        reserved ``POSITIONS`` and ``MARKS``."""
-        ids: set[int] = set()
+        """Every queue id with entries or drop marks on disk (so the orphans of deleted queues can be
+        dropped); not the reserved ids."""
+        ids: set[int] = {queue_id for queue_id, _number, _start, _end in self._drop_marks_of(None)}
         with self._env.begin() as txn:
             cursor = txn.cursor()
             more = cursor.first()

@@ -12,8 +12,10 @@ import datetime
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from pamqp import commands
@@ -270,6 +272,70 @@ async def test_a_drop_left_at_shutdown_is_finished_before_the_store_is_closed(tm
     broker.close()
     broker = Broker(data, queue_window=WINDOW)
     try:
+        assert broker.persistence.store.stats().messages == 0
+        assert broker.persistence.index.queue_ids() == set()
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("max_priority", [None, 5])
+async def test_a_purged_deep_queue_is_dropped_in_the_background(broker, vhost, max_priority):
+    """A purge answers with the count at once and every reader sees an empty queue at once; its entries on disk
+    leave the index a batch per loop turn (a million held every client for seconds), marked dropped until
+    they have.  What is published meanwhile, and pages out, is all a consumer gets."""
+    from amqp_server.paging import DROP_BATCH
+
+    arguments = {"x-max-priority": max_priority} if max_priority else None
+    broker.declare_queue(vhost, "q", durable=True, arguments=arguments)
+    queue = vhost.queue("q")
+    count = 3 * DROP_BATCH
+    send(broker, vhost, "q", bodies(count))
+    await settle()
+    assert queue.paged > 2 * DROP_BATCH
+    held = broker.get_local(vhost, "q", no_ack=False)[1]
+    index = broker.persistence.index
+    assert broker.purge_local(vhost, "q") == count - 1
+    assert queue.message_count == 0 and queue.peek(0, 5) == [] and broker.get_local(vhost, "q", no_ack=True)[1] is None
+    assert broker.pager.dropping and len(index.dropped(queue.index_id)) == 1
+    send(broker, vhost, "q", bodies(100, "new"))
+    queue.page_out(WINDOW)
+    assert await dropped(broker) >= 3
+    assert index.dropped(queue.index_id) == []
+    queue.settle([held])
+    assert drain(broker, vhost, "q") == bodies(100, "new")
+    broker.persistence.commit_now()
+    assert broker.persistence.store.stats().messages == 0 and index.queue_ids() == set()
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_path, crashed):
+    """A node stopping before a purge's entries on disk are gone drops them at its next start, before it counts
+    anything (the drop marks name them): no purged message comes back.  Whether it stopped cleanly (its store
+    snapshot counted their references, released then) or crashed (the store counts references from the
+    index).  The messages a consumer held unacked when the queue was purged come back, as after any restart."""
+    from amqp_server.paging import DROP_BATCH
+
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(4 * DROP_BATCH))
+    await settle()
+    held = [broker.get_local(vhost, "q", no_ack=False)[1] for _ in range(3)]
+    assert broker.purge_local(vhost, "q") == 4 * DROP_BATCH - 3
+    send(broker, vhost, "q", bodies(10, "new"))
+    await asyncio.sleep(0)
+    assert broker.pager.dropping
+    broker.pager.finish_drops = broker.pager._dropping.cancel  # the stop comes before the drop is done
+    broker.close()
+    if crashed:
+        (tmp_path / "data" / "msg_store_persistent" / "clean_shutdown").unlink()
+    broker = Broker(data, queue_window=WINDOW)
+    try:
+        vhost = broker.vhost("/")
+        assert vhost.queue("q").message_count == 13
+        assert drain(broker, vhost, "q") == [entry.message.body for entry in held] + bodies(10, "new")
+        broker.persistence.commit_now()
         assert broker.persistence.store.stats().messages == 0
         assert broker.persistence.index.queue_ids() == set()
     finally:
@@ -738,6 +804,40 @@ def test_a_deep_priority_queue_survives_kill_9(start_broker):
     while (reply := channel.basic_get("pq", auto_ack=True))[0] is not None:
         got.append(reply[2])
     assert got == by_priority([(level, b"m%d" % i) for i, level in enumerate(MIXED_LEVELS)], 5)
+    connection.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_purged_deep_queue_stays_purged_after_kill_9(start_broker):
+    """kill -9 while a purge's entries on disk are still being dropped (100,000 take about a second in the
+    background): after the restart none of them is back, and the messages confirmed after the purge are."""
+    import pika
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from amqp_load import Connection, publish_confirmed  # a raw-socket publisher: 100,000 in a second or two
+
+    node = start_broker("--queue-window", "16")
+    conn = Connection("127.0.0.1", node.port, "guest", "guest", "/")
+    conn.channel_open(1)
+    conn.queue_declare(1, "deep", durable=True)
+    conn.confirm_select(1)
+    publish_confirmed(conn, 1, "", "deep", b"m" * 16, 100_000, persistent=True, timeout=60)
+    conn.close()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    assert channel.queue_purge("deep").method.message_count == 100_000
+    for i in range(5):
+        channel.basic_publish("", "deep", b"after%d" % i, pika.BasicProperties(delivery_mode=2))
+    node.kill()
+    node.start()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    assert channel.queue_declare("deep", durable=True).method.message_count == 5
+    got = []
+    while (reply := channel.basic_get("deep", auto_ack=True))[0] is not None:
+        got.append(reply[2])
+    assert got == [b"after%d" % i for i in range(5)]
     connection.close()
 
 

@@ -161,16 +161,42 @@ def test_a_streams_runs_are_kept_beside_its_entries_and_go_with_it(index):
     assert index.marks(5) == [] and index.marks(6) == [(0, 0, 3000, 7, 3)]
 
 
+def test_drop_marks_name_ranges_until_forgotten_and_go_with_their_queue(tmp_path):
+    """A purge's drop marks: numbered on from those already on disk after a reopen (a number is never given
+    twice to one queue), listed per queue, forgotten one by one, gone with their queue; a queue with drop
+    marks and no entry left is still a queue id, so recovery finds it an orphan once it is deleted."""
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    first = index.mark_dropped(5, 10, 20)
+    index.mark_dropped(6, 0, 2 ** 64)  # another queue's, its end capped at the key space
+    index.commit()
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    try:
+        second = index.mark_dropped(5, 30, 40)
+        assert second > first + 1
+        assert index.dropped(5) == [(first, 10, 20), (second, 30, 40)]
+        assert index.dropped(6) == [(first + 1, 0, 2 ** 64 - 1)]
+        assert index.queue_ids() == {5, 6}
+        index.forget_dropped(5, [first])
+        assert index.dropped(5) == [(second, 30, 40)]
+        index.delete_queue(5)
+        index.commit()
+        assert index.dropped(5) == [] and index.queue_ids() == {6}
+    finally:
+        index.close()
+
+
 def test_queue_ids(index):
     assert index.queue_ids() == set()
-    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFD):
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFC):
         index.publish(queue_id, 1, 1, 0, 1)
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
     index.set_position(2, 7, 9)  # kept under the reserved ids, which name no queue
     index.put_mark(2, 0, 1, 1000, 2, 1)
     index.commit()
-    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFD}
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFC}
     index.ack(3, 1)
     index.commit()
     assert 3 not in index.queue_ids()
