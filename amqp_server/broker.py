@@ -517,22 +517,19 @@ class Broker:
 
         A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so
         after a restart offsets carry on above every offset a reader has seen, even when the entries
-        at the tail were transient or removed.  The cursor is saved, marked as dropping, before the entries
-        on disk go, a batch per loop turn (``Queue.drop_committed``): a restart meanwhile drops the rest
-        (``recover_committed``).  Answers once they are gone, with how many were removed.
+        at the tail were transient or removed.  The entries on disk go a batch per loop turn
+        (``Queue.drop_committed``), named meanwhile by a drop mark in the queue index, which a restart drops
+        first.  Answers once they are gone, with how many were removed.
         """
         removed = queue.remove_upto(offset)
         if queue.persistence is not None:
             self._save_offsets(queue)
         dropped = queue.committed_drops
         await paced(lambda: queue.drop_committed(DROP_BATCH) > 0)
-        if queue.persistence is not None and not queue.deleted:
-            self._save_offsets(queue)  # no longer dropping: a restart leaves what is below the cursor alone
         return removed + queue.committed_drops - dropped
 
     def _save_offsets(self, queue: Queue) -> None:
-        self.store.put("queue_offsets", str(queue.index_id),
-                       {"next_seq": queue.next_seq, "committed": queue.committed, "dropping": queue.dropping_committed})
+        self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
 
     def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
                     who: Principal | None = None) -> int:
@@ -950,7 +947,7 @@ class Broker:
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
-                queue.recover_committed(saved["committed"], saved.get("dropping", False))
+                queue.committed = saved["committed"]
         # in the order they were made: a consistent-hash ring is laid out in binding order
         for binding in sorted(self._stored(BindingRecord), key=lambda r: r.created):
             vhost = self.vhosts.get(binding.vhost)

@@ -274,6 +274,7 @@ class Queue:
         self._taken_upto = -1  # the highest seq ever taken by a consumer or basic.get
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
         self._drop_below = 0  # entries on disk from paged_from to here are committed away, dropped in the background
+        self._drop_marks: list[int] = []  # the index's drop marks naming them, forgotten once they are gone
         self.committed_drops = 0  # entries on disk dropped for commits, in all (what a commit's answer counts)
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
@@ -655,6 +656,8 @@ class Queue:
             removed += 1
         if self.paged and offset > self.paged_from:
             if self.DROPS_COMMITTED_LATER:
+                index, queue_id = self._page_index()
+                self._drop_marks.append(index.mark_dropped(queue_id, self.paged_from, offset))
                 self._drop_below = offset
             else:
                 removed += self._drop_paged(offset)
@@ -670,24 +673,12 @@ class Queue:
             return 0
         removed, done = self._drop_paged_batch(self._drop_below, limit)
         if done:
-            self._drop_below = 0
+            index, queue_id = self._page_index()
+            index.forget_dropped(queue_id, self._drop_marks)
+            self._drop_below, self._drop_marks = 0, []
         self.stats.ack += removed
         self.committed_drops += removed
         return removed
-
-    @property
-    def dropping_committed(self) -> bool:
-        """Whether entries on disk a commit removed are still being dropped."""
-        return bool(self._drop_below)
-
-    def recover_committed(self, committed: int, dropping: bool) -> None:
-        """At start-up: the commit cursor saved, and, if the node stopped while a commit was ``dropping``, what
-        it had left on disk dropped now.  (Only then: entries below the cursor that were unacked when the node
-        stopped are back in the queue, as a requeue behind the cursor would put them.)"""
-        self.committed = committed
-        if dropping and self.DROPS_COMMITTED_LATER and self.paged and committed > self.paged_from:
-            self._drop_below = committed
-            self._finish_drop()
 
     def _finish_drop(self) -> None:
         """What a commit left on disk goes now: before anything moves entries between memory and disk."""
@@ -737,12 +728,11 @@ class Queue:
         if self.paged and self.PURGES_LATER:
             index, queue_id = self._page_index()
             on_disk = self._paged_ranges(self.next_seq)
-            marks = [index.mark_dropped(queue_id, start, end) for start, end in on_disk]
+            marks = [index.mark_dropped(queue_id, start, end) for start, end in on_disk] + self._drop_marks
             self.pager.drop_later(index, queue_id, on_disk, self._release,
                                   partial(index.forget_dropped, queue_id, marks))
-            self.paged_from, self._drop_below = self.next_seq, 0  # a commit's drop under way is part of it
+            self.paged_from, self._drop_below, self._drop_marks = self.next_seq, 0, []  # a commit's drop: part of it
         elif self.paged:
-            self._finish_drop()
             self._drop_paged(self.next_seq)
         self._clear_ready()
         return count

@@ -238,10 +238,12 @@ class QueueIndex:
 
     def mark_dropped(self, queue_id: int, start: int, end: int) -> int:
         """The queue's entries with ``start <= key < end`` left it, though they are still here until ``take``
-        deletes them: a start before then deletes them first (``dropped``).  Committed with the changes staged
-        with it; returns the mark's number, which ``forget_dropped`` takes once they are gone."""
+        deletes them: a start before then deletes them first (``dropped``).  Committed at once, with the changes
+        staged before it (durable at the next ``sync``); returns the mark's number, which ``forget_dropped``
+        takes once they are gone."""
         number = next(self._drop_marks) & 0xFFFFFFFF
         self._puts[KEY.pack(DROPS, queue_id << 32 | number)] = VALUE.pack(start, min(end, 2 ** 64 - 1), 0, 0)
+        self.commit()
         return number
 
     def dropped(self, queue_id: int) -> list[tuple[int, int, int]]:
