@@ -38,7 +38,7 @@ from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
-from .quorum_log import ACKED, HEAD, MORE_OP, RESET_OP, Replicator
+from .quorum_log import ACKED, ADOPT_OP, HEAD, MORE_OP, OP, RESET_OP, Replicator
 from .quorum_log import apply as apply_ops
 from .remote_queue import RemoteQueue
 
@@ -73,6 +73,7 @@ class Group:
     term: int = 0  # the term this node follows (0: none, during an election)
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
+    partial: bool = False  # a snapshot is coming in: the copy is not whole yet
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int] = (0, 0)  # (term, index) we last asked to catch up from, on a gap
     replicator: Replicator | None = None
@@ -82,6 +83,13 @@ class Group:
     @property
     def key(self) -> str:
         return queue_key(self.vhost, self.name)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(term, index) of the last op this node's copy holds whole: what it stands for in an election and
+        asks a leader from; (0, index) while a snapshot is coming in, so a partial copy never wins, nor is
+        taken for whole by a new leader."""
+        return (0 if self.partial else self.applied_term), self.applied
 
 
 class QuorumGroups:
@@ -189,6 +197,7 @@ class QuorumGroups:
         persistence.index.forget_position(group.index_id)
         self.broker.store.delete(REPLICA, group.key)
         group.index_id = group.applied = group.applied_term = 0
+        group.partial = False
 
     # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
 
@@ -355,7 +364,7 @@ class QuorumGroups:
         deadline = asyncio.get_running_loop().time() + ELECTION_TIMEOUT
 
         async def write_position() -> None:  # under the lease we hold now (it may have changed since)
-            await self.client.put(mine, json.dumps([group.applied_term, group.applied]).encode(), lease=self.lease)
+            await self.client.put(mine, json.dumps(group.position).encode(), lease=self.lease)
 
         try:
             await write_position()
@@ -504,7 +513,8 @@ class QuorumGroups:
     @staticmethod
     def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
         key = group.key.encode()
-        return ACKED.pack(term, group.applied, group.applied_term, 1, len(key)), key
+        applied_term, applied = group.position
+        return ACKED.pack(term, applied, applied_term, 1, len(key)), key
 
     def replicate(self, session: "Session", payload: bytes) -> None:
         """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
@@ -526,7 +536,10 @@ class QuorumGroups:
         more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
         if more and group.applied_term == term and first == group.applied:
             reset = True
-        elif not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
+        elif (pos < end and payload[pos] == ADOPT_OP and first == group.applied + 1
+              and group.position[0] == OP.unpack_from(payload, pos)[1]):  # our copy is where this term started
+            group.applied_term = term
+        if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
             # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
             if group.asked != (term, group.applied):  # once: the answer is on its way behind these
                 group.asked = (term, group.applied)
@@ -535,8 +548,8 @@ class QuorumGroups:
             return
         count = apply_ops(persistence, index_id, payload, pos)
         group.applied = first if reset else first + count - 1
-        group.applied_term = term
-        persistence.replica_position(index_id, term, group.applied)
+        group.applied_term, group.partial = term, reset
+        persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 

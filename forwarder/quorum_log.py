@@ -5,7 +5,9 @@ The ops are the queue's changes — an entry put (with its message), marked deli
 it comes back (with its delivery count), removed — numbered by an index within the leader's term.  The
 leader (:class:`Replicator`) stages a turn's ops and ships them in one ``REPLICATE`` frame per follower; it
 keeps its term's latest ops (``LOG_BYTES``) to catch up a follower that missed a few, and sends a snapshot
-(a reset, then every entry, ready or unacked) to one that missed more or whose copy is of another term.
+(a reset, then every entry, ready or unacked) to one that missed more or whose copy is of another term —
+unless that copy is where the leader's own stood when it took over (a failover's usual case: the members
+left were in step), which the leader's term then adopts as it is.
 A follower applies ops with :func:`apply` to its own message store and queue index.  Who leads, and which
 follower takes what, is :mod:`quorum`'s business.
 """
@@ -38,8 +40,10 @@ PUT = struct.Struct(">QBBHII")  # expiry, delivered, returns, route, header and 
 MOVE = struct.Struct(">QI")  # after a MOVED op (seq: the old one): the new seq, how often the entry came back
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
-# MORE: the snapshot goes on; REPLAY: the ops since the snapshot began, applied idempotently as it was
-PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP, REPLAY_OP = 1, 2, 3, 4, 5, 6, 7
+# MORE: the snapshot goes on; REPLAY: the ops since the snapshot began, applied idempotently as it was (the
+# snapshot is whole once one comes); ADOPT (seq: a term): a copy at that term and the frame's index before
+# ``first`` is the new leader's own at the start of its term, so it follows on with no snapshot
+PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP, REPLAY_OP, ADOPT_OP = 1, 2, 3, 4, 5, 6, 7, 8
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
@@ -73,6 +77,7 @@ class Replicator:
         self.term = term
         self.index = index  # the last op's index
         self.followers = {name: Follower(name) for name in group.members if name != groups.name}
+        self.base = group.position  # where the copy this term starts from stood: a follower's there too adopts it
         self.ops: list[bytes] = []
         self.first = index + 1  # index of ops[0]
         self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
@@ -182,7 +187,7 @@ class Replicator:
             asyncio.get_running_loop().call_soon(self.join, follower)
             return
         missed = [op for index, op in log_ if index > start]
-        for first in range(0, len(missed), SNAPSHOT_CHUNK):
+        for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
             chunk = [OP.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
             if not self._send(follower, self._frame(start + 1 + first, chunk)):
                 return
@@ -216,21 +221,23 @@ class Replicator:
                 self.probe(self.followers.setdefault(name, Follower(name)))
 
     def catch_up(self, name: str, applied_term: int, applied: int) -> None:
-        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it,
-        else a snapshot."""
+        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it (a
+        copy where this term started from adopted first), else a snapshot."""
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
         log_ = self.log
-        if applied_term != self.term or applied > self.index or (applied < self.index and (
+        adopt = applied_term > 0 and (applied_term, applied) == self.base
+        if (applied_term != self.term and not adopt) or applied > self.index or (applied < self.index and (
                 not log_ or log_[0][0] > applied + 1)):
             self.join(follower)
             return
         follower.joined = False  # what is staged goes to the others now, to this one with the rest below
         self.flush()
         missed = [op for index, op in log_ if index > applied]
-        log.info("%s catches up on %s from the log: %d ops", name, self.group.key, len(missed))
-        follower.joined = True
+        log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(missed),
+                 f" (its copy of term {applied_term} adopted)" if adopt else "")
+        follower.joined = not adopt or self._send(follower, self._frame(applied + 1, [OP.pack(ADOPT_OP, applied_term)]))
         for start in range(0, len(missed), SNAPSHOT_CHUNK):
             frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
             follower.joined = follower.joined and self._send(follower, frame)
@@ -279,7 +286,7 @@ def apply(persistence: "Persistence", index_id: int, payload: bytes, pos: int) -
     count = 0
     end = len(payload)
     idempotent = pos < end and payload[pos] in (MORE_OP, REPLAY_OP)
-    if idempotent:
+    if idempotent or (pos < end and payload[pos] == ADOPT_OP):
         pos += OP.size
     while pos < end:
         kind, seq = OP.unpack_from(payload, pos)

@@ -326,6 +326,30 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
     assert drain(n3, uid) == [b"first", *bodies]
 
 
+def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(nodes, uid):
+    """The members left by a dead leader were in step: the new leader's term adopts the other's copy as it is
+    (a snapshot of a deep queue would hold the first confirm after the failover for as long as it takes), and
+    that copy is whole: with the new leader killed in turn, it leads with every confirmed message."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    before = [b"m%05d" % i for i in range(3000)]
+    publish(n1, uid, before)
+    wait_for(lambda: lag(n1, uid, NAMES[1]) == 0 and lag(n1, uid, NAMES[2]) == 0, "followers in step")
+    n1.kill()  # nodes 2 and 3 have the same position: node 3 leads (the name that sorts last)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[2] and leader_of(n3, uid) == NAMES[2], "node 3 leads", timeout=20)
+    after = [b"a%03d" % i for i in range(100)]
+    publish(n2, uid, after)  # confirmed once node 2 has them too: node 3's the only other copy
+    log_of_n3 = n3.log().replace("\0", " ")
+    assert f"{NAMES[1]} catches up on / {uid} from the log: 0 ops (its copy of term" in log_of_n3
+    assert f"takes a snapshot of / {uid}" not in log_of_n3
+    n3.kill()
+    n1.start()  # its copy is of the first term, node 2's of the second: node 2 leads
+    wait_for(lambda: leader_of(n1, uid) == NAMES[1] and leader_of(n2, uid) == NAMES[1], "node 2 leads", timeout=30)
+    assert drain(n2, uid) == before + after
+
+
 def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, uid):
     """SIGSTOP, as a long pause or a host cut off from everything: the others elect a leader; when the old one
     runs again it still believes it leads until it finds its lease revoked, and confirms nothing meanwhile."""
@@ -466,3 +490,45 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
              timeout=20)
     assert leader_of(n3, uid) == NAMES[2]
     assert drain(n3, uid) == bodies
+
+
+async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_whole(tmp_path):
+    """A follower's copy during a snapshot is partial: its position reads (0, index), in memory and on disk, so
+    it never wins an election against a whole copy at the same index nor is adopted by a new leader; the
+    frame that ends the snapshot makes it whole.  A new leader's ADOPT frame carries on a whole copy standing
+    where the new term began; a partial one asks to catch up instead."""
+    from types import SimpleNamespace
+
+    from amqp_server.broker import Broker
+    from amqp_server.records import QueueRecord
+    from forwarder.quorum import Group, QuorumGroups
+    from forwarder.quorum_log import ADOPT_OP, HEAD, OP, REPLAY_OP, RESET_OP
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
+        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), index_id=broker.next_index_id(),
+                      leader="leader", term=3, applied_term=3, applied=10)
+        groups.groups[group.key] = group
+        asked: list[tuple] = []
+        session = SimpleNamespace(link=SimpleNamespace(peer_name="leader", send=lambda *parts: asked.append(parts)))
+
+        def frame(term: int, first: int, *ops: bytes) -> bytes:
+            return HEAD.pack(term, first, len(group.key.encode())) + group.key.encode() + b"".join(ops)
+
+        groups.replicate(session, frame(3, 10, OP.pack(RESET_OP, 0)))
+        assert group.position == (0, 10) and broker.persistence.index.position(group.index_id) == (0, 10)
+        groups.replicate(session, frame(3, 11, OP.pack(REPLAY_OP, 0)))  # the snapshot's end
+        assert group.position == (3, 10) and broker.persistence.index.position(group.index_id) == (3, 10)
+
+        group.leader, group.term = "new", 4
+        session.link.peer_name = "new"
+        groups.replicate(session, frame(4, 11, OP.pack(ADOPT_OP, 3)))
+        assert group.position == (4, 10) and not asked
+
+        group.leader, group.term, group.partial = "newer", 5, True
+        session.link.peer_name = "newer"
+        groups.replicate(session, frame(5, 11, OP.pack(ADOPT_OP, 4)))
+        assert group.position == (0, 10) and len(asked) == 1  # it asks (a snapshot is the answer)
+    finally:
+        broker.close()
