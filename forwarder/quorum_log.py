@@ -237,7 +237,9 @@ class Replicator:
         missed = [op for index, op in log_ if index > applied]
         log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(missed),
                  f" (its copy of term {applied_term} adopted)" if adopt else "")
-        follower.joined = not adopt or self._send(follower, self._frame(applied + 1, [OP.pack(ADOPT_OP, applied_term)]))
+        follower.joined = True
+        if adopt:  # its copy as it stands becomes this term's
+            follower.joined = self._send(follower, self._frame(applied + 1, [OP.pack(ADOPT_OP, applied_term)]))
         for start in range(0, len(missed), SNAPSHOT_CHUNK):
             frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
             follower.joined = follower.joined and self._send(follower, frame)
