@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
@@ -60,6 +61,9 @@ class Persistence:
         self.journals: list[Journal] = []
         self._compactor: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
+        self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
+        self._fsyncing: Future | None = None  # the one under way: close waits for it before closing the files
+        self._closed = False
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -194,7 +198,7 @@ class Persistence:
 
     def _commit(self) -> None:
         self._scheduled = False
-        if not self._dirty:
+        if not self._dirty or self._closed:
             return
         self._dirty = False
         self.store.flush()
@@ -206,8 +210,8 @@ class Persistence:
         batch = self.batch
         self.batch += 1
         self._syncing = True
-        future = self.loop.run_in_executor(None, self._fsync, fds, sealed)
-        future.add_done_callback(lambda f: self._committed(batch, f))
+        self._fsyncing = self._fsyncer.submit(self._fsync, fds, sealed)
+        asyncio.wrap_future(self._fsyncing, loop=self.loop).add_done_callback(lambda f: self._committed(batch, f))
         if self.store.needs_compaction and self._compactor is None:
             self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
 
@@ -251,6 +255,10 @@ class Persistence:
     def close(self) -> None:
         if self._compactor is not None:
             self._compactor.cancel()
+        self._closed = True
+        if self._fsyncing is not None:  # its files must stay open until it is done
+            wait([self._fsyncing])
+        self._fsyncer.shutdown()
         self.commit_now()
         self.store.close()
         self.index.close()

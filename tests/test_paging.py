@@ -399,6 +399,27 @@ async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restar
         broker.close()
 
 
+@pytest.mark.parametrize("fsyncing", [False, True])
+async def test_a_stop_leaves_no_group_commit_behind(tmp_path, caplog, fsyncing):
+    """The node stops with a group commit due (its changes are made durable by the stop itself) or with one's
+    fsync under way in its thread (the files stay open until it is done): neither runs on closed files,
+    which failed and logged the disk untrustworthy at every stop."""
+    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    with caplog.at_level(logging.CRITICAL):
+        send(broker, vhost, "q", bodies(20_000))
+        if fsyncing:
+            await asyncio.sleep(0)  # the group commit starts its fsync
+            assert broker.persistence.synced < broker.persistence.batch - 1  # under way
+        broker.close()
+        await asyncio.sleep(0.1)  # what was due, or the fsync's answer, comes after the stop
+    assert "group commit" not in caplog.text
+    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    assert broker.vhost("/").queue("q").message_count == 20_000
+    broker.close()
+
+
 async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
