@@ -255,13 +255,22 @@ class QueueIndex:
         for number in numbers:
             self.ack(DROPS, queue_id << 32 | number)
 
-    def _drop_marks_of(self, queue_id: int | None) -> Iterator[tuple[int, int, int, int]]:
+    def _drop_marks_of(self, queue_id: int | None) -> list[tuple[int, int, int, int]]:
         """Committed drop marks, a queue's or (None) every queue's: (queue id, number, start, end)."""
-        start = 0 if queue_id is None else queue_id << 32
-        keys, values = self._walk(DROPS, start, 2 ** 32 if queue_id is None else 1 << 32)
-        for (_drops, seq), (first, end, _size, _flags) in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values)):
-            if queue_id is None or seq >> 32 == queue_id:
-                yield seq >> 32, seq & 0xFFFFFFFF, first, end
+        if queue_id is None:
+            lo, hi = KEY.pack(DROPS, 0), (DROPS + 1).to_bytes(4, "big")
+        else:
+            lo, hi = KEY.pack(DROPS, queue_id << 32), KEY.pack(DROPS, (queue_id + 1) << 32)
+        found = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            more = cursor.set_range(lo)
+            while more and cursor.key() < hi:
+                seq = KEY.unpack(cursor.key())[1]
+                first, end, _size, _flags = VALUE.unpack(cursor.value())
+                found.append((seq >> 32, seq & 0xFFFFFFFF, first, end))
+                more = cursor.next()
+        return found
 
     @property
     def pending(self) -> bool:

@@ -169,6 +169,8 @@ def test_drop_marks_name_ranges_until_forgotten_and_go_with_their_queue(tmp_path
     index = QueueIndex(path, map_size=1 << 24)
     first = index.mark_dropped(5, 10, 20)
     index.mark_dropped(6, 0, 2 ** 64)  # another queue's, its end capped at the key space
+    index.put_mark(5, 0, 0, 1000, 10, 1)  # a stream's run and a replica's position sort after drop marks
+    index.set_position(7, 2, 9)
     index.commit()
     index.close()
     index = QueueIndex(path, map_size=1 << 24)
