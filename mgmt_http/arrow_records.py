@@ -12,7 +12,7 @@ from __future__ import annotations
 import decimal
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Sequence, Union
 
@@ -29,6 +29,7 @@ PROPERTIES_AT = 12  # a content header's class, weight and body size come first;
 COLUMNS = ("queue", "offset", "body", "exchange", "routing_key", "headers", "content_type", "content_encoding",
            "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
            "type", "user_id", "app_id", "redelivered")
+ROUTE_COLUMNS = COLUMNS[3:5]
 PROPERTY_COLUMNS = COLUMNS[5:-1]
 _STRING_PROPS = {"content_type": "content_type", "content_encoding": "content_encoding",
                  "correlation_id": "correlation_id", "reply_to": "reply_to", "expiration": "expiration",
@@ -39,15 +40,44 @@ _message, _seq, _redelivered = attrgetter("message"), attrgetter("seq"), attrget
 _body, _route, _header = attrgetter("body"), attrgetter("route"), attrgetter("header")
 
 
-def arrow_schema(body_text: bool = False) -> pa.Schema:
+def arrow_schema(body_text: bool = False, columns: Sequence[str] = COLUMNS) -> pa.Schema:
+    """The schema of record batches of ``columns`` (in ``COLUMNS`` order), the body as text or bytes."""
     s = pa.string()
-    return pa.schema([
-        ("queue", s), ("offset", pa.int64()), ("body", s if body_text else pa.binary()), ("exchange", s),
-        ("routing_key", s), ("headers", pa.map_(s, s)), ("content_type", s), ("content_encoding", s),
-        ("delivery_mode", pa.int32()), ("priority", pa.int32()), ("correlation_id", s), ("reply_to", s),
-        ("expiration", s), ("message_id", s), ("timestamp", pa.timestamp("us", tz="UTC")), ("type", s),
-        ("user_id", s), ("app_id", s), ("redelivered", pa.bool_()),
-    ])
+    types = {
+        "queue": s, "offset": pa.int64(), "body": s if body_text else pa.binary(), "exchange": s,
+        "routing_key": s, "headers": pa.map_(s, s), "content_type": s, "content_encoding": s,
+        "delivery_mode": pa.int32(), "priority": pa.int32(), "correlation_id": s, "reply_to": s,
+        "expiration": s, "message_id": s, "timestamp": pa.timestamp("us", tz="UTC"), "type": s,
+        "user_id": s, "app_id": s, "redelivered": pa.bool_(),
+    }
+    return pa.schema([(name, types[name]) for name in columns])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the batches of a read hold: which of ``COLUMNS`` (a client that needs few asks for those: the
+    others are neither decoded nor sent), and the body as text or bytes."""
+
+    columns: tuple[str, ...] = COLUMNS
+    body_text: bool = False
+
+    @classmethod
+    def parse(cls, columns: str | None, body_text: bool) -> "Layout":
+        """From a request's comma-separated ``columns`` (None: all); ValueError names what is wrong."""
+        if columns is None:
+            return cls(COLUMNS, body_text)
+        asked = {name.strip() for name in columns.split(",")}
+        unknown = sorted(asked - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"unknown column {unknown[0]!r} (columns: {', '.join(COLUMNS)})")
+        return cls(tuple(name for name in COLUMNS if name in asked), body_text)
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        return arrow_schema(self.body_text, self.columns)
+
+
+_PROPERTY_TYPES = [arrow_schema().field(name).type for name in PROPERTY_COLUMNS]
 
 
 @dataclass
@@ -72,30 +102,39 @@ class Snapshot:
         self.size += other.size
 
 
-def encode(queue_name: str, snap: Snapshot, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
+def encode(queue_name: str, snap: Snapshot, layout: Layout) -> pa.RecordBatch:
     entries = snap.entries
     messages = list(map(_message, entries))
     return encode_columns(queue_name, list(map(_seq, entries)), list(map(_redelivered, entries)),
                           list(map(_route, messages)), [h[PROPERTIES_AT:] for h in map(_header, messages)],
-                          snap.bodies, body_text, schema)
+                          snap.bodies, layout)
 
 
 Binaries = Union[list[bytes], pa.Array]
 
 
 def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries,
-                   props: Binaries, bodies: Binaries, body_text: bool, schema: pa.Schema) -> pa.RecordBatch:
-    """A record batch from its rows' offsets, redelivered flags, routes, properties (a content header from
-    ``PROPERTIES_AT`` on: flags and property list, so that headers differing only in body size are alike) and
-    bodies; lists, or binary arrays ``record_reader`` gathers from the segment files."""
-    body_array = _binary(bodies)
-    if body_text:
-        body_array = _as_text(body_array)
-    arrays = [pa.repeat(pa.scalar(queue_name, pa.string()), len(bodies)), pa.array(seqs, pa.int64()), body_array]
-    arrays.extend(_distinct_columns(routes, _route_row, (pa.string(), pa.string())))
-    arrays.extend(_distinct_columns(props, _property_row, [schema.field(name).type for name in PROPERTY_COLUMNS]))
-    arrays.append(pa.array(redelivered, pa.bool_()))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+                   props: Binaries, bodies: Binaries, layout: Layout) -> pa.RecordBatch:
+    """A record batch of ``layout`` from its rows' offsets, redelivered flags, routes, properties (a content
+    header from ``PROPERTIES_AT`` on: flags and property list, so that headers differing only in body size are
+    alike) and bodies; lists, or binary arrays ``record_reader`` gathers from the segment files.  Only the
+    columns the layout holds are built."""
+    schema = layout.schema
+    wanted = set(layout.columns)
+    arrays: dict[str, pa.Array] = {}
+    if "queue" in wanted:
+        arrays["queue"] = pa.repeat(pa.scalar(queue_name, pa.string()), len(seqs))
+    if "offset" in wanted:
+        arrays["offset"] = pa.array(seqs, pa.int64())
+    if "body" in wanted:
+        arrays["body"] = _as_text(_binary(bodies)) if layout.body_text else _binary(bodies)
+    if wanted.intersection(ROUTE_COLUMNS):
+        arrays.update(zip(ROUTE_COLUMNS, _distinct_columns(routes, _route_row, (pa.string(), pa.string()))))
+    if wanted.intersection(PROPERTY_COLUMNS):
+        arrays.update(zip(PROPERTY_COLUMNS, _distinct_columns(props, _property_row, _PROPERTY_TYPES)))
+    if "redelivered" in wanted:
+        arrays["redelivered"] = pa.array(redelivered, pa.bool_())
+    return pa.RecordBatch.from_arrays([arrays[name] for name in layout.columns], schema=schema)
 
 
 def _binary(values: Binaries) -> pa.Array:

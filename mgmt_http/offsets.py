@@ -7,9 +7,10 @@ queues).  Three endpoints, each needing *read* permission on the queue:
     ``{"head": .., "tail": .., "committed": .., "messages": .., "bytes": ..}``: the first live ready offset
     (``tail`` when empty), the next offset to be given out, the commit cursor, and how many ready messages
     there are with how many body bytes (for planning partitions).
-``GET  /api/queues/{vhost}/{name}/records?start=&end=&limit=&body=binary|text&batch=``
+``GET  /api/queues/{vhost}/{name}/records?start=&end=&limit=&body=binary|text&batch=&columns=``
     ``application/vnd.apache.arrow.stream``: ready entries with ``start <= offset < end`` (defaults:
-    head, tail), at most ``limit``, in record batches of about ``batch`` rows of ``arrow_records.arrow_schema()``.  Nothing
+    head, tail), at most ``limit``, in record batches of about ``batch`` rows of ``arrow_records.arrow_schema()``,
+    or of the ``columns`` named (comma-separated, kept in the schema's order; an unknown one is a 400).  Nothing
     changes: no redelivered flag, no delivery.  Entries held unacked by AMQP consumers are not
     included.  The stream ends after ``limit`` rows or at ``end``; its offset column tells where.
 ``POST /api/queues/{vhost}/{name}/commit`` ``{"offset": N}``
@@ -26,7 +27,7 @@ caller's credentials, and its answer streamed back as it comes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from aiohttp import web
@@ -38,6 +39,9 @@ from amqp_server.queue import Queue
 from . import auth, record_reader
 from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
+
+if TYPE_CHECKING:
+    from .arrow_records import Layout
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_BATCH_ROWS = 65536
@@ -153,8 +157,10 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
     body_format = request.query.get("body", "binary")
     if body_format not in ("binary", "text"):
         raise bad_request("body must be binary or text")
-    body_text = body_format == "text"
-    schema = arrow_records.arrow_schema(body_text)
+    try:
+        layout = arrow_records.Layout.parse(request.query.get("columns"), body_format == "text")
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
     response = web.StreamResponse(headers={
         "Content-Type": ARROW_STREAM, "X-Warren-Head": str(head), "X-Warren-Tail": str(tail)})
     if request.version >= (1, 1):
@@ -165,7 +171,7 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
 
     def encode(snap: arrow_records.Snapshot) -> Any:
         """One IPC message of the stream; written as it is, with no copy on the loop."""
-        return arrow_records.encode(name, snap, body_text, schema).serialize()
+        return arrow_records.encode(name, snap, layout).serialize()
 
     async def in_memory(first: int, last: int, most: int) -> int:
         """Entries ``first <= seq < last`` (at most ``most``) as the loop and a worker thread read them."""
@@ -190,7 +196,7 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
         return written
 
     try:
-        await response.write(schema.serialize().to_pybytes())
+        await response.write(layout.schema.serialize().to_pybytes())
         readers: record_reader.RecordReaders = request.app[READERS]
         cursor, remaining = start, limit
         while cursor < end and remaining > 0:
@@ -201,7 +207,7 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
                 continue
             try:
                 rows = min(batch_rows, remaining, _rows_for_bytes(queue.paged, queue.paged_bytes))
-                read = await _disk_batch(request, response, readers, queue, cursor, end, rows, body_text)
+                read = await _disk_batch(request, response, readers, queue, cursor, end, rows, layout)
             except record_reader.ReaderUnavailable:
                 read = None
             if read is None:  # a priority queue (its levels' parts on disk interleave), or no reader
@@ -235,7 +241,8 @@ def _rows_for_bytes(count: int, size: int) -> int:
 
 
 async def _disk_batch(request: web.Request, response: web.StreamResponse, readers: record_reader.RecordReaders,
-                      queue: Queue, start: int, end: int, rows: int, body_text: bool) -> record_reader.Read | None:
+                      queue: Queue, start: int, end: int, rows: int,
+                      layout: Layout) -> record_reader.Read | None:
     """A record batch of up to ``rows`` ready entries on disk from ``start``, about ``BATCH_BYTES`` of bodies at
     most, written to the response: a reader walks the queue index, the loop finds where their payloads lie,
     the reader builds the batch and writes it to the client's socket itself when nothing of ours waits to be
@@ -247,7 +254,7 @@ async def _disk_batch(request: web.Request, response: web.StreamResponse, reader
 
     client = _client_socket(request, response)
     read = await readers.read(where, rows, BATCH_BYTES, end, now_ms(), _locator(queue, where[2]), queue.name,
-                              body_text, client)
+                              layout, client)
     if client is not None:
         if read.rest:
             request.transport.write(read.rest)  # framed by the reader already

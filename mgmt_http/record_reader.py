@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
 import lmdb
 import numpy as np
@@ -46,6 +46,9 @@ import pyarrow as pa
 
 from amqp_server.queue import DiskSpan
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
+
+if TYPE_CHECKING:
+    from .arrow_records import Layout
 
 log = logging.getLogger("warren.mgmt.records")
 _T = TypeVar("_T")
@@ -143,7 +146,7 @@ class RecordReaders:
                                                          end, now))
 
     async def read(self, where: tuple[str, int, int], limit: int, max_bytes: int, end: int, now: int,
-                   locate: Callable[[Walked], Located], queue_name: str, body_text: bool,
+                   locate: Callable[[Walked], Located], queue_name: str, layout: Layout,
                    client: ClientSocket | None = None) -> Read:
         """A record batch of the queue's part on disk from ``where`` (``Queue.disk_index``), as ``walk`` chooses
         its entries, their payloads where ``locate`` finds them; with ``client``, written to it."""
@@ -156,7 +159,7 @@ class RecordReaders:
                 rows = int(np.count_nonzero(span.found))
                 if not rows:
                     return Read(0, walked.following, memoryview(b""))
-                header: dict[str, Any] = {"build": [queue_name, body_text, located.skip]}
+                header: dict[str, Any] = {"build": [queue_name, layout.columns, layout.body_text, located.skip]}
                 fds = list(span.fds)
                 if client is not None:
                     header["out"] = "chunked" if client.chunked else "raw"
@@ -335,7 +338,7 @@ def _gather(buffer: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Arr
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
 
 
-def _batch(queue_name: str, body_text: bool, rows: IndexRows, files: np.ndarray, offsets: np.ndarray,
+def _batch(queue_name: str, layout: Layout, rows: IndexRows, files: np.ndarray, offsets: np.ndarray,
            sizes: np.ndarray, fds: list[int]) -> memoryview:
     """The record batch of ``rows``, their payloads where ``files``, ``offsets`` and ``sizes`` say, its columns
     gathered from the records as arrays (row by row only where ``arrow_records`` decodes each distinct route
@@ -360,9 +363,8 @@ def _batch(queue_name: str, body_text: bool, rows: IndexRows, files: np.ndarray,
         back[order] = np.arange(len(order))
         columns_in_buffer_order = [column.take(back) for column in columns_in_buffer_order]
     routes, props, bodies = columns_in_buffer_order
-    schema = arrow_records.arrow_schema(body_text)
     batch = arrow_records.encode_columns(queue_name, rows.seqs, (rows.flags & FLAG_DELIVERED) != 0, routes, props,
-                                         bodies, body_text, schema)
+                                         bodies, layout)
     return memoryview(batch.serialize())
 
 
@@ -410,14 +412,16 @@ def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limi
     return (rows if keep.all() else rows[keep]), following
 
 
-def _build(pending: IndexRows, queue_name: str, body_text: bool, skip: int, payload: bytes,
+def _build(pending: IndexRows, queue_name: str, columns: list[str], body_text: bool, skip: int, payload: bytes,
            fds: list[int]) -> memoryview:
     """The batch of the walked rows from ``skip`` on, located by the broker (``LOCATIONS``)."""
     rows = pending[skip:]
     found, files, offsets, sizes = _columns(payload, len(rows), [kind for _name, kind in LOCATIONS])
     if not found.all():
         rows, files, offsets, sizes = rows[found], files[found], offsets[found], sizes[found]
-    return _batch(queue_name, body_text, rows, files, offsets, sizes, fds)
+    from . import arrow_records
+
+    return _batch(queue_name, arrow_records.Layout(tuple(columns), body_text), rows, files, offsets, sizes, fds)
 
 
 def serve(sock: socket.socket) -> None:

@@ -222,19 +222,22 @@ class Client:
             sizes[queue] = offsets.get("bytes", 0) / count if count else 0.0
         return ranges, sizes
 
-    def records(self, queue: str, start: int, end: int) -> Iterator[Any]:
-        """Record batches of ``[start, end)``, paging through the server's per-answer cap."""
+    def records(self, queue: str, start: int, end: int, columns: list[str] | None = None) -> Iterator[Any]:
+        """Record batches of ``[start, end)``, paging through the server's per-answer cap; of ``columns`` and
+        the offset (None: all), so that the broker decodes and sends no other."""
         import pyarrow as pa
 
-        body = "binary" if self.s.body_format == "binary" else "text"
+        params = {"end": end, "limit": PAGE_ROWS, "body": "binary" if self.s.body_format == "binary" else "text"}
+        if columns is not None:
+            params["columns"] = ",".join(["offset", *(name for name in columns if name != "offset")])
         while start < end:
-            query = urllib.parse.urlencode({"start": start, "end": end, "limit": PAGE_ROWS, "body": body})
+            query = urllib.parse.urlencode({"start": start, **params})
             count, last = 0, -1
             with self._open(f"{self._path(queue, 'records')}?{query}", queue=queue) as response:
                 for batch in pa.ipc.open_stream(response):
                     if batch.num_rows:
                         count += batch.num_rows
-                        last = batch.column(1)[-1].as_py()  # the offset column
+                        last = batch.column("offset")[-1].as_py()
                         yield batch
             if count < PAGE_ROWS:
                 return
@@ -278,7 +281,8 @@ def read_range(settings: Settings, schema: StructType, part: OffsetRange) -> Ite
     names = target.names
     parse_json = (settings.body_format == "json" and "body" in names
                   and isinstance(schema["body"].dataType, StructType))
-    for batch in Client(settings).records(part.queue, part.start, part.end):
+    narrow = None if set(names) >= set(base_schema().fieldNames()) else names  # a .schema(...) of a few columns
+    for batch in Client(settings).records(part.queue, part.start, part.end, narrow):
         if parse_json:
             batch = _parse_bodies(batch, target.field("body").type)
         batch = batch.select(names)

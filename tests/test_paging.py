@@ -1095,9 +1095,9 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(broker
 
     try:
         read = await asyncio.wait_for(readers.read(where, 2000, 1 << 20, 3000, now_ms(), consumer_meanwhile, "q",
-                                                   False), 30)
+                                                   arrow_records.Layout()), 30)
         assert head_on_disk < paged_from[0] < head_on_disk + 2000
-        batch = pa.ipc.read_record_batch(pa.py_buffer(read.rest), arrow_records.arrow_schema(False))
+        batch = pa.ipc.read_record_batch(pa.py_buffer(read.rest), arrow_records.arrow_schema())
         assert batch.column("offset").to_pylist() == list(range(paged_from[0], head_on_disk + 2000))
         assert read.rows == batch.num_rows and read.following == head_on_disk + 2000
     finally:

@@ -298,6 +298,50 @@ def test_partitions_by_offsets_bytes_and_cores():
     assert covered == sorted([("a", i) for i in range(3000)] + [("b", i) for i in range(10, 20)])  # each once
 
 
+def _records(node, queue: str, query: str) -> list:
+    import pyarrow as pa
+
+    request = urllib.request.Request(f"{mgmt(node)}/api/queues/%2F/{queue}/records?{query}",
+                                     headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return list(pa.ipc.open_stream(response.read()))
+
+
+def test_records_of_the_columns_asked_for_from_memory_and_from_disk(start_broker):
+    """``columns=``: batches of those columns only, in the schema's order, whether the rows come from memory or
+    from a reader process (the queue's window is 16); an unknown column is a 400 naming it."""
+    node = start_broker("--queue-window", "16")
+    publish(node, "few", [f"m{i}".encode() for i in range(3000)], delivery_mode=2, content_type="text/plain")
+    batches = _records(node, "few", "columns=body,content_type,offset")
+    assert {tuple(b.schema.names) for b in batches} == {("offset", "body", "content_type")}
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(3000))
+    assert [bytes(v) for b in batches for v in b.column("body").to_pylist()] == [f"m{i}".encode() for i in range(3000)]
+    assert {v for b in batches for v in b.column("content_type").to_pylist()} == {"text/plain"}
+    assert len(batches) > 1  # the window's 16 from memory, the rest from disk
+    text = _records(node, "few", "columns=body&body=text&start=2990")
+    assert [v for b in text for v in b.column("body").to_pylist()] == [f"m{i}" for i in range(2990, 3000)]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _records(node, "few", "columns=offset,bogus")
+    assert refused.value.code == 400 and "unknown column 'bogus'" in refused.value.read().decode()
+
+
+def test_a_schema_of_a_few_columns_reads_only_those(spark, node):
+    """A ``.schema(...)`` of a few of the source's columns: the rows are right, and only those columns (with the
+    offset, for paging) are asked of the broker."""
+    publish(node, "narrow", [f"m{i}".encode() for i in range(50)], delivery_mode=2)
+    df = (spark.read.format("warren").schema("body binary, redelivered boolean").option("url", mgmt(node))
+          .option("queue", "narrow").load())
+    assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"m{i}".encode() for i in range(50))
+    assert df.count() == 50 and df.columns == ["body", "redelivered"]
+    from spark.source import Client, Settings
+
+    seen = []
+    settings = Settings.from_options({"url": mgmt(node), "queue": "narrow"})
+    for batch in Client(settings).records("narrow", 0, 50, ["body", "redelivered"]):
+        seen.append(tuple(batch.schema.names))
+    assert set(seen) == {("offset", "body", "redelivered")}
+
+
 def test_records_limit_and_batches_through_gone_entries(node):
     """/records: ``limit`` rows from ``start`` in batches of ``batch``, skipping what a commit removed."""
     import pyarrow as pa
