@@ -13,7 +13,8 @@ Against a running node (``--port`` AMQP, ``--mgmt-port`` management API):
    then the same two on a Python data source that yields the queue's first record batch over and over from
    memory, as many rows in as many partitions (PySpark's own ceiling for a Python data source of this schema:
    what its Python workers and JVM take, with no broker), and on a Parquet file of the same rows (Spark's
-   own reader, which needs no Python at all);
+   own reader, which needs no Python at all); and ``count()`` with a ``.schema(...)`` of ``offset, body`` and of
+   ``offset`` alone (the broker sends only those columns);
 3. with ``--amqp-rows N``: times the AMQP fallback (``protocol=amqp``, basic.get with pika,
    one partition per queue, requeued afterwards) reading ``N`` messages of the same queue;
 4. with ``--baseline``: times, in a fresh SparkSession of its own (another process), the first action on a
@@ -45,6 +46,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from amqp_load import Connection, publish_confirmed  # noqa: E402
 
 QUEUE = "warren-bench.spark"
+NARROW = {"offset+body": "offset long, body binary", "offset": "offset long"}  # counted with these schemas too
 
 
 def fill(args: argparse.Namespace) -> float:
@@ -201,6 +203,8 @@ def run(args: argparse.Namespace) -> dict:
         result["warren_median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in warm)
         result["warren_mb_per_s"] = round(result["warren_median_rows_per_s"] * args.size / 1e6, 1)
         result["warren_pandas"] = [time_pandas(reader.load) for _ in range(args.runs)]
+        for name, schema in NARROW.items():  # a .schema(...) of few columns: the broker sends only those
+            result[name] = [time_count(reader.schema(schema).load) for _ in range(args.runs)]
         register_memory_source(spark, url, args.user, args.password, args.messages,
                                result["warren"][-1]["partitions"])
         memory = spark.read.format("warren-memory")
@@ -258,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     if "pyspark_first_action_s" in result:
         print(f"  PySpark's own first action (a Python data source reading nothing, fresh session): "
               f"{result['pyspark_first_action_s']} s")
-    for name in ("warren", "memory", "parquet", "amqp"):
+    for name in ("warren", *NARROW, "memory", "parquet", "amqp"):
         for i, r in enumerate(result.get(name, []), 1):
-            print(f"  {name:7} count run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
+            print(f"  {name:11} count run {i}: {r['rows']:,} rows in {r['count_s']:.2f} s = {r['rows_per_s']:,} rows/s "
                   f"({r['partitions']} partitions; load() {r['load_s']:.2f} s)")
     for name in ("warren_pandas", "memory_pandas", "parquet_pandas"):
         for i, r in enumerate(result.get(name, []), 1):

@@ -113,12 +113,12 @@ def encode(queue_name: str, snap: Snapshot, layout: Layout) -> pa.RecordBatch:
 Binaries = Union[list[bytes], pa.Array]
 
 
-def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries,
-                   props: Binaries, bodies: Binaries, layout: Layout) -> pa.RecordBatch:
+def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries | None,
+                   props: Binaries | None, bodies: Binaries | None, layout: Layout) -> pa.RecordBatch:
     """A record batch of ``layout`` from its rows' offsets, redelivered flags, routes, properties (a content
     header from ``PROPERTIES_AT`` on: flags and property list, so that headers differing only in body size are
     alike) and bodies; lists, or binary arrays ``record_reader`` gathers from the segment files.  Only the
-    columns the layout holds are built."""
+    columns the layout holds are built (what no column of it needs may be None)."""
     schema = layout.schema
     wanted = set(layout.columns)
     arrays: dict[str, pa.Array] = {}

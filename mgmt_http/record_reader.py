@@ -342,29 +342,34 @@ def _batch(queue_name: str, layout: Layout, rows: IndexRows, files: np.ndarray, 
            sizes: np.ndarray, fds: list[int]) -> memoryview:
     """The record batch of ``rows``, their payloads where ``files``, ``offsets`` and ``sizes`` say, its columns
     gathered from the records as arrays (row by row only where ``arrow_records`` decodes each distinct route
-    and header once)."""
+    and header once); of the parts of the payloads the layout's columns need, none read for a layout that
+    needs none (offsets, the queue's name, redelivered flags)."""
     from . import arrow_records
 
-    buffer, at, size, order = _payloads(fds, files, offsets, sizes)
+    wanted = set(layout.columns)
+    needs = {"routes": bool(wanted.intersection(arrow_records.ROUTE_COLUMNS)),
+             "props": bool(wanted.intersection(arrow_records.PROPERTY_COLUMNS)), "bodies": "body" in wanted}
+    parts: dict[str, pa.Array] = {}
+    if any(needs.values()):
+        buffer, at, size, order = _payloads(fds, files, offsets, sizes)
 
-    def octet(k: int) -> np.ndarray:
-        return buffer[at + k].astype(np.int64)
+        def octet(k: int) -> np.ndarray:
+            return buffer[at + k].astype(np.int64)
 
-    route_len = octet(0) << 8 | octet(1)  # PAYLOAD_HEAD, big-endian, read for every row at once
-    header_len = octet(2) << 24 | octet(3) << 16 | octet(4) << 8 | octet(5)
-    route_at = at + PAYLOAD_HEAD.size
-    header_at = route_at + route_len
-    body_at = header_at + header_len
-    props_at = np.minimum(header_at + arrow_records.PROPERTIES_AT, body_at)
-    columns_in_buffer_order = [_gather(buffer, begin, stop) for begin, stop in
-                               ((route_at, header_at), (props_at, body_at), (body_at, at + size))]
-    if np.any(order[1:] < order[:-1]):  # records not in offset order (a compaction moved some): rows' order back
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        columns_in_buffer_order = [column.take(back) for column in columns_in_buffer_order]
-    routes, props, bodies = columns_in_buffer_order
-    batch = arrow_records.encode_columns(queue_name, rows.seqs, (rows.flags & FLAG_DELIVERED) != 0, routes, props,
-                                         bodies, layout)
+        route_len = octet(0) << 8 | octet(1)  # PAYLOAD_HEAD, big-endian, read for every row at once
+        header_len = octet(2) << 24 | octet(3) << 16 | octet(4) << 8 | octet(5)
+        route_at = at + PAYLOAD_HEAD.size
+        header_at = route_at + route_len
+        body_at = header_at + header_len
+        props_at = np.minimum(header_at + arrow_records.PROPERTIES_AT, body_at)
+        spans = {"routes": (route_at, header_at), "props": (props_at, body_at), "bodies": (body_at, at + size)}
+        parts = {part: _gather(buffer, *spans[part]) for part, needed in needs.items() if needed}
+        if np.any(order[1:] < order[:-1]):  # records not in offset order (a compaction moved some): rows' order back
+            back = np.empty_like(order)
+            back[order] = np.arange(len(order))
+            parts = {part: column.take(back) for part, column in parts.items()}
+    batch = arrow_records.encode_columns(queue_name, rows.seqs, (rows.flags & FLAG_DELIVERED) != 0,
+                                         parts.get("routes"), parts.get("props"), parts.get("bodies"), layout)
     return memoryview(batch.serialize())
 
 

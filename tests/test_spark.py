@@ -318,6 +318,9 @@ def test_records_of_the_columns_asked_for_from_memory_and_from_disk(start_broker
     assert [bytes(v) for b in batches for v in b.column("body").to_pylist()] == [f"m{i}".encode() for i in range(3000)]
     assert {v for b in batches for v in b.column("content_type").to_pylist()} == {"text/plain"}
     assert len(batches) > 1  # the window's 16 from memory, the rest from disk
+    bare = _records(node, "few", "columns=offset,redelivered")  # no part of a payload read
+    assert {tuple(b.schema.names) for b in bare} == {("offset", "redelivered")}
+    assert [o for b in bare for o in b.column("offset").to_pylist()] == list(range(3000))
     text = _records(node, "few", "columns=body&body=text&start=2990")
     assert [v for b in text for v in b.column("body").to_pylist()] == [f"m{i}" for i in range(2990, 3000)]
     with pytest.raises(urllib.error.HTTPError) as refused:
