@@ -194,9 +194,13 @@ def run(args: argparse.Namespace) -> dict:
     spark = session(args)
     try:
         url = f"http://{args.host}:{args.mgmt_port}"
-        reader = (spark.read.format("warren").option("url", url).option("user", args.user)
-                  .option("password", args.password).option("vhost", args.vhost).option("queue", QUEUE)
-                  .option("partitionSize", args.partition_size))
+
+        def warren():  # a reader of its own each time: .schema(...) changes the reader it is called on
+            return (spark.read.format("warren").option("url", url).option("user", args.user)
+                    .option("password", args.password).option("vhost", args.vhost).option("queue", QUEUE)
+                    .option("partitionSize", args.partition_size))
+
+        reader = warren()
         result["warren"] = [time_count(reader.load) for _ in range(args.runs)]
         warm = result["warren"][1:] or result["warren"]  # the first action also starts Spark's Python workers
         result["warren_first_action_s"] = round(result["warren"][0]["load_s"] + result["warren"][0]["count_s"], 2)
@@ -204,7 +208,7 @@ def run(args: argparse.Namespace) -> dict:
         result["warren_mb_per_s"] = round(result["warren_median_rows_per_s"] * args.size / 1e6, 1)
         result["warren_pandas"] = [time_pandas(reader.load) for _ in range(args.runs)]
         for name, schema in NARROW.items():  # a .schema(...) of few columns: the broker sends only those
-            result[name] = [time_count(reader.schema(schema).load) for _ in range(args.runs)]
+            result[name] = [time_count(warren().schema(schema).load) for _ in range(args.runs)]
         register_memory_source(spark, url, args.user, args.password, args.messages,
                                result["warren"][-1]["partitions"])
         memory = spark.read.format("warren-memory")
