@@ -41,7 +41,7 @@ _body, _route, _header = attrgetter("body"), attrgetter("route"), attrgetter("he
 
 
 def arrow_schema(body_text: bool = False, columns: Sequence[str] = COLUMNS) -> pa.Schema:
-    """The schema of record batches of ``columns`` (in ``COLUMNS`` order), the body as text or bytes."""
+    """The schema of record batches of ``columns``, in the order given, the body as text or bytes."""
     s = pa.string()
     types = {
         "queue": s, "offset": pa.int64(), "body": s if body_text else pa.binary(), "exchange": s,
