@@ -60,6 +60,12 @@ async def settle() -> None:
         await asyncio.sleep(0.01)
 
 
+def as_after_a_crash(data: Path) -> None:
+    """The node's data as after kill -9 of a node that had stopped cleanly: no snapshot of the store's index,
+    which the next start rebuilds from the segments (and its references from the queue index)."""
+    (data / "msg_store_persistent" / "clean_shutdown").unlink()
+
+
 def drain(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
     got = []
     while (entry := broker.get_local(vhost, queue, no_ack=True)[1]) is not None:
@@ -329,7 +335,7 @@ async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pat
     broker.pager.finish_drops = broker.pager._dropping.cancel  # the stop comes before the drop is done
     broker.close()
     if crashed:
-        (tmp_path / "data" / "msg_store_persistent" / "clean_shutdown").unlink()
+        as_after_a_crash(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     try:
         vhost = broker.vhost("/")
@@ -363,7 +369,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     commit.cancel()
     broker.close()
     if crashed:  # the store counts references from the index
-        (tmp_path / "data" / "msg_store_persistent" / "clean_shutdown").unlink()
+        as_after_a_crash(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     try:
         vhost = broker.vhost("/")
@@ -509,8 +515,8 @@ async def test_restart_after_a_crash_drops_entries_whose_message_the_store_lost(
     send(broker, vhost, "q", bodies(200))
     await settle()
     broker.close()
+    as_after_a_crash(data)
     store = data / "msg_store_persistent"
-    (store / "clean_shutdown").unlink()  # as after kill -9: the store's index is rebuilt
     (store / "00000002.seg").unlink()  # and one segment is gone (a damaged disk)
     (store / "00000002.idx").unlink()
 
