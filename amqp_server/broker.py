@@ -29,7 +29,7 @@ from .policy import Policies, Policy
 from .persistence import Persistence
 from .queue_type import queue_class
 from .quorum_queue import QuorumQueue
-from .queue import DROP_BATCH, Consumer, Entry, Queue
+from .queue import Consumer, Entry, Queue
 from .records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
 from .stats import ChurnStats, MessageStats
 from .vhost import VHost, home_node_down
@@ -517,16 +517,17 @@ class Broker:
 
         A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so
         after a restart offsets carry on above every offset a reader has seen, even when the entries
-        at the tail were transient or removed.  The entries on disk go a batch per loop turn
-        (``Queue.drop_committed``), named meanwhile by a drop mark in the queue index, which a restart drops
-        first.  Answers once they are gone, with how many were removed.
+        at the tail were transient or removed.  The entries on disk leave once counted (at once when
+        every one is below ``offset``, else a batch per loop turn: ``Queue.count_committed``); their index rows
+        go in the background, named meanwhile by a drop mark in the queue index, which a restart drops first.
+        Answers with how many were removed.
         """
+        counted = queue.committed_drops
         removed = queue.remove_upto(offset)
         if queue.persistence is not None:
             self._save_offsets(queue)
-        dropped = queue.committed_drops
-        await paced(lambda: queue.drop_committed(DROP_BATCH) > 0)
-        return removed + queue.committed_drops - dropped
+        await paced(queue.count_committed)
+        return removed + queue.committed_drops - counted
 
     def _save_offsets(self, queue: Queue) -> None:
         self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})

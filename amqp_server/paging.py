@@ -67,7 +67,7 @@ async def paced(step: Callable[[], bool]) -> None:
 class _Drop:
     """What is left to drop of a queue's rows in an index: ``ready`` key ranges, whose rows' store references
     go with them (``release``); then ``then`` (a deleted queue's other rows go, whose references their holders
-    release; a purge's drop marks are forgotten)."""
+    release; a purge's or a commit's drop marks are forgotten)."""
 
     index: QueueIndex
     queue_id: int

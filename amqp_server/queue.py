@@ -56,7 +56,8 @@ log = logging.getLogger("warren.queue")
 
 PAGE_IN_BELOW = 256  # live entries in memory under which the next batch of the tail comes in
 PAGE_IN_BATCH = 1024
-DROP_BATCH = 1024  # index rows dropped per loop turn in the background (a deleted queue's, a commit's): milliseconds
+DROP_BATCH = 1024  # index rows dropped per loop turn in the background (a deleted queue's, a purge's): milliseconds
+COUNT_BATCH = 8192  # index rows a commit counts per loop turn (a few milliseconds), before they are dropped
 PAGED_WINDOW = 2048  # the window of a queue paged under memory pressure (it has none of its own)
 MIN_WINDOW = 64  # the least a deep queue keeps in memory, however many share the budget (paging.Pager.window)
 CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budget still applies)
@@ -230,7 +231,7 @@ class Queue:
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
     replicator: "Replicator | None" = None  # a quorum queue led here in cluster mode: ships its changes
-    DROPS_COMMITTED_LATER = True  # a commit's entries on disk leave a batch at a time (drop_committed)
+    DROPS_COMMITTED_LATER = True  # a commit counts its entries on disk (count_committed); they go in the background
     PURGES_LATER = True  # a purge's entries on disk leave in the background (Pager.drop_later), marked dropped
 
     def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
@@ -273,9 +274,10 @@ class Queue:
         self.page_id = 0  # a non-durable queue's id in the transient index, once it pages
         self._taken_upto = -1  # the highest seq ever taken by a consumer or basic.get
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
-        self._drop_below = 0  # entries on disk from paged_from to here are committed away, dropped in the background
+        self._drop_below = 0  # entries on disk from paged_from to here are committed away, being counted
+        self._counting = (0, 0, 0)  # where that count goes on from, the entries and bytes counted so far
         self._drop_marks: list[int] = []  # the index's drop marks naming them, forgotten once they are gone
-        self.committed_drops = 0  # entries on disk dropped for commits, in all (what a commit's answer counts)
+        self.committed_drops = 0  # entries on disk removed by commits, in all (what a commit's answer counts)
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
         self.touch()
@@ -639,7 +641,8 @@ class Queue:
 
         Idempotent and monotonic: ``committed`` never goes back, an offset at or below it removes
         nothing more.  Returns how many entries were removed; with ``DROPS_COMMITTED_LATER``, those in
-        memory, the ones on disk left to ``drop_committed`` (unseen meanwhile by reads, deliveries and expiry).
+        memory, the ones on disk left to ``count_committed`` (unseen meanwhile by reads, deliveries and expiry)
+        unless every entry on disk is below ``offset``: then they leave at once.
         """
         if offset <= self.committed:
             return 0
@@ -658,7 +661,11 @@ class Queue:
             if self.DROPS_COMMITTED_LATER:
                 index, queue_id = self._page_index()
                 self._drop_marks.append(index.mark_dropped(queue_id, self.paged_from, offset))
+                if not self._drop_below:
+                    self._counting = (self.paged_from, 0, 0)
                 self._drop_below = offset
+                if self._first_paged(offset) is None:  # the whole part on disk: its count is known
+                    self._cut(self.paged, self.paged_bytes)
             else:
                 removed += self._drop_paged(offset)
         self.stats.ack += removed
@@ -666,23 +673,40 @@ class Queue:
             self.touch()
         return removed
 
-    def drop_committed(self, limit: int) -> int:
-        """Up to ``limit`` of the entries on disk a commit removed (``remove_upto``) leave, as acked; how many
-        (0 once none is left).  A commit of a deep queue's million entries holds the loop a batch at a time."""
+    def count_committed(self) -> bool:
+        """Count up to ``COUNT_BATCH`` more of the entries on disk a commit removed (``remove_upto``); once all are
+        counted they leave the queue, as acked, their index rows dropped in the background.  Whether more is
+        left to count: a commit of part of a deep queue's million entries counts a batch per loop turn."""
         if not self._drop_below or self.deleted:
-            return 0
-        removed, done = self._drop_paged_batch(self._drop_below, limit)
-        if done:
-            index, queue_id = self._page_index()
-            index.forget_dropped(queue_id, self._drop_marks)
-            self._drop_below, self._drop_marks = 0, []
-        self.stats.ack += removed
-        self.committed_drops += removed
-        return removed
+            return False
+        index, queue_id = self._page_index()
+        start, count, size = self._counting
+        counted, counted_size, following = index.tally(queue_id, start, self._drop_below, COUNT_BATCH)
+        count, size = count + counted, size + counted_size
+        if following is not None:
+            self._counting = (following, count, size)
+            return True
+        self._cut(count, size)
+        return False
 
-    def _finish_drop(self) -> None:
-        """What a commit left on disk goes now: before anything moves entries between memory and disk."""
-        while self.drop_committed(PAGE_IN_BATCH):
+    def _cut(self, count: int, size: int) -> None:
+        """The entries on disk below ``_drop_below``, ``count`` of ``size`` bytes, leave the queue now, as acked;
+        their rows go in the background, named by the drop marks until they are gone."""
+        index, queue_id = self._page_index()
+        self.paged -= count
+        self.paged_bytes -= size
+        self.ready_bytes -= size
+        self.stats.ack += count
+        self.committed_drops += count
+        self.pager.drop_later(index, queue_id, [(self.paged_from, self._drop_below)], self._release,
+                              partial(index.forget_dropped, queue_id, self._drop_marks))
+        self.paged_from, self._drop_below, self._drop_marks = self._drop_below, 0, []
+        if count:
+            self.touch()
+
+    def _finish_count(self) -> None:
+        """A commit's count of entries on disk ends now: before anything moves entries between memory and disk."""
+        while self.count_committed():
             pass
 
     def settle(self, entries: list[Entry]) -> None:
@@ -840,7 +864,7 @@ class Queue:
         ready = self.ready
         if not self.pageable or self.pager is None or len(ready) <= keep:
             return 0
-        self._finish_drop()
+        self._finish_count()
         self.pager.deep(self)
         freed = 0
         while len(ready) > keep and ready[-1].seq > self._taken_upto:
@@ -889,7 +913,7 @@ class Queue:
         """Bring the next batch of the tail into memory; the whole tail if it fits in the window, so a queue
         that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
         on through it)."""
-        self._finish_drop()
+        self._finish_count()
         index, queue_id = self._page_index()
         room = self._window() - (len(self.ready) - self.gone_in_ready)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)

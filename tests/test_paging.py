@@ -175,35 +175,67 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker
     assert drain(broker, vhost, "q") == bodies(100)[80:]
 
 
-async def test_a_commit_drops_its_entries_on_disk_a_batch_per_loop_turn(broker, vhost):
-    """Committing most of a deep queue answers once its entries on disk are gone, dropped ``DROP_BATCH`` per loop
-    turn (a million of them held every client for seconds); meanwhile reads, offsets and expiry see none of
-    them, and a consumer that needs the disk finishes the drop first."""
-    from amqp_server.queue import DROP_BATCH
-
+async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_turn(broker, vhost, monkeypatch):
+    """Committing part of a deep queue's part on disk answers once its entries there are counted, ``COUNT_BATCH``
+    per loop turn (a million of them held every client for seconds); meanwhile reads, offsets and expiry see
+    none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
+    go afterwards, in the background."""
+    COUNT_BATCH = 1024
+    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", COUNT_BATCH)
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
-    count = 6 * DROP_BATCH
+    count = 4 * COUNT_BATCH
     send(broker, vhost, "q", bodies(count - 10))
-    send(broker, vhost, "q", bodies(10, "x"), expiration="300")
+    send(broker, vhost, "q", bodies(10, "x"), expiration="1000")
     await settle()
     on_disk_from = queue.paged_from
-    commit = asyncio.ensure_future(broker.commit_offset(queue, 2 * DROP_BATCH))
+    commit = asyncio.ensure_future(broker.commit_offset(queue, 2 * COUNT_BATCH))
     await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert not commit.done() and 0 < queue.committed_drops < 2 * DROP_BATCH - on_disk_from  # under way
-    assert queue.offsets() == (2 * DROP_BATCH, count)
-    assert [e.message.body for e in queue.browse(0, count)] == bodies(count - 10)[2 * DROP_BATCH:] + bodies(10, "x")
-    assert await commit == 2 * DROP_BATCH
-    assert queue.message_count == 4 * DROP_BATCH and queue.committed_drops == 2 * DROP_BATCH - on_disk_from
+    assert not commit.done() and queue.committed_drops == 0  # under way: a batch counted
+    assert queue.offsets() == (2 * COUNT_BATCH, count)
+    assert [e.message.body for e in queue.browse(0, count)] == bodies(count - 10)[2 * COUNT_BATCH:] + bodies(10, "x")
+    assert await commit == 2 * COUNT_BATCH
+    assert queue.message_count == 2 * COUNT_BATCH and queue.committed_drops == 2 * COUNT_BATCH - on_disk_from
+    assert queue.ready_bytes == sum(map(len, bodies(count - 10)[2 * COUNT_BATCH:] + bodies(10, "x")))
 
     commit = asyncio.ensure_future(broker.commit_offset(queue, count - 10))  # again, and a consumer meanwhile
     await asyncio.sleep(0)
     assert not commit.done()
     assert broker.get_local(vhost, "q", no_ack=True)[1].message.body == b"x0"
-    assert await commit == 4 * DROP_BATCH - 10
-    await asyncio.sleep(0.4)  # the rest expire, none of the committed ones dead-lettered or counted again
+    assert await commit == 2 * COUNT_BATCH - 10
+    assert queue.message_count == 9
+    for _ in range(300):  # the rest expire, none of the committed ones dead-lettered or counted again
+        if not queue.message_count:
+            break
+        await asyncio.sleep(0.01)
     assert queue.message_count == 0 and drain(broker, vhost, "q") == []
+    while broker.pager.dropping:
+        await asyncio.sleep(0.01)
+    broker.persistence.commit_now()
+    assert broker.persistence.index.queue_ids() == set() and broker.persistence.store.stats().messages == 0
+
+
+async def test_a_commit_of_the_whole_disk_answers_at_once(broker, vhost, monkeypatch):
+    """A commit at or past the last entry on disk (a drain of the whole queue) knows their count without a walk:
+    it answers in the loop turn it came in, and their rows and records go in the background."""
+    from amqp_server.paging import DROP_BATCH
+
+    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
+    broker.declare_queue(vhost, "q", durable=True)
+    queue = vhost.queue("q")
+    send(broker, vhost, "q", bodies(3 * DROP_BATCH))
+    await settle()
+    commit = asyncio.ensure_future(broker.commit_offset(queue, 3 * DROP_BATCH))
+    await asyncio.sleep(0)
+    assert commit.done() and commit.result() == 3 * DROP_BATCH
+    assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.offsets() == (3 * DROP_BATCH,) * 2
+    assert broker.pager.dropping and broker.persistence.index.queue_ids()  # the rows, still going
+    send(broker, vhost, "q", bodies(5, "new"))
+    assert drain(broker, vhost, "q") == bodies(5, "new")
+    while broker.pager.dropping:
+        await asyncio.sleep(0.01)
+    broker.persistence.commit_now()
+    assert broker.persistence.index.queue_ids() == set() and broker.persistence.store.stats().messages == 0
 
 
 async def test_purge_and_delete_release_everything_on_disk(broker, vhost):
@@ -349,13 +381,16 @@ async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pat
 
 
 @pytest.mark.parametrize("crashed", [False, True])
-async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_path, crashed):
-    """A drop mark names the entries on disk a commit removed until they are gone: a node stopped mid-drop
-    (the answer not yet sent) drops the rest when it starts again, so what was committed is never delivered,
-    read or counted, and a retried commit (a no-op: the cursor is there already) finds it done.  Messages a
-    consumer held unacked below the cursor were in memory, not in the mark's range: they come back."""
-    from amqp_server.queue import DROP_BATCH
+@pytest.mark.parametrize("stage", ["counting", "dropping"])
+async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_path, monkeypatch, stage, crashed):
+    """A drop mark names the entries on disk a commit removed until they are gone: a node stopped while it counted
+    them (the answer not yet sent) or while their rows went in the background drops the rest when it starts
+    again, so what was committed is never delivered, read or counted, and a retried commit (a no-op: the cursor
+    is there already) finds it done.  Messages a consumer held unacked below the cursor were in memory, not in
+    the mark's range: they come back."""
+    from amqp_server.paging import DROP_BATCH
 
+    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     vhost = broker.vhost("/")
@@ -365,7 +400,11 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     held = [broker.get_local(vhost, "q", no_ack=False)[1].message.body for _ in range(3)]
     commit = asyncio.ensure_future(broker.commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
     await asyncio.sleep(0)
-    assert not commit.done() and vhost.queue("q").committed_drops == DROP_BATCH
+    assert not commit.done() and vhost.queue("q").committed_drops == 0
+    if stage == "dropping":
+        assert await commit == 3 * DROP_BATCH - 3
+        assert broker.pager.dropping
+        broker.pager.finish_drops = broker.pager._dropping.cancel  # the stop comes before the drop is done
     commit.cancel()
     broker.close()
     if crashed:  # the store counts references from the index
