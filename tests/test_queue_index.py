@@ -402,6 +402,22 @@ def test_columns_match_entries_across_batches_and_queue_boundaries(index):
             assert got == [(e.seq, e.msg_id, e.expiry, e.size, e.transient) for e in index.entries(queue_id)]
 
 
+
+def test_tally_counts_a_range_batch_by_batch_staged_entries_included(index):
+    for queue_id in (1, 2):
+        for seq in range(0, 60, 3):  # gaps, as acks leave them
+            index.publish(queue_id, seq, seq, expiry=0, size=seq + 1)
+    index.commit()
+    index.publish(1, 61, 61, expiry=0, size=100)  # staged: counted too
+    for start, end in ((0, 30), (4, 62), (0, 2 ** 64), (40, 41)):
+        for batch in (1, 4, 1000):
+            total, size, at, steps = 0, 0, start, 0
+            while at is not None:
+                counted, counted_size, at = index.tally(1, at, end, batch)
+                total, size, steps = total + counted, size + counted_size, steps + 1
+            wanted = [seq for seq in [*range(0, 60, 3), 61] if start <= seq < end]
+            assert (total, size) == (len(wanted), sum(wanted) + len(wanted) + 38 * (61 in wanted))
+            assert steps == len(wanted) // batch + 1
 @pytest.mark.parametrize("n", [10, 500])  # a few are counted in Python, a batch as arrays
 def test_totals_of_a_commit_counted_either_way(index, n):
     for queue_id in (7, 8):
