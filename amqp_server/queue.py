@@ -642,8 +642,11 @@ class Queue:
         Idempotent and monotonic: ``committed`` never goes back, an offset at or below it removes
         nothing more.  Returns how many entries were removed; with ``DROPS_COMMITTED_LATER``, those in
         memory, the ones on disk left to ``count_committed`` (unseen meanwhile by reads, deliveries and expiry)
-        unless every entry on disk is below ``offset``: then they leave at once.
+        unless every entry on disk is below ``offset``: then they leave at once.  An offset past the tail
+        commits up to the tail: the cursor never passes offsets not given out yet, which a later commit
+        could then not reach.
         """
+        offset = min(offset, self.next_seq)
         if offset <= self.committed:
             return 0
         self.committed = offset

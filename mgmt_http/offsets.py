@@ -15,7 +15,8 @@ queues).  Three endpoints, each needing *read* permission on the queue:
     included.  The stream ends after ``limit`` rows or at ``end``; its offset column tells where.
 ``POST /api/queues/{vhost}/{name}/commit`` ``{"offset": N}``
     removes every ready entry below ``N`` as an ack would; idempotent and monotonic (an offset at
-    or below the cursor removes nothing).  ``{"removed": k, "committed": c}``.
+    or below the cursor removes nothing; one past the tail commits up to the tail).
+    ``{"removed": k, "committed": c}``.
 
 Authentication is the management API's (basic auth, management tag, vhost access); the
 permission checked is ``read`` on the queue, for commit too: committing is consuming.

@@ -173,6 +173,10 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker
     assert await broker.commit_offset(queue, 80) == 80
     assert queue.message_count == 20 and queue.offsets() == (80, 100)
     assert drain(broker, vhost, "q") == bodies(100)[80:]
+    send(broker, vhost, "q", bodies(3, "late"))
+    assert await broker.commit_offset(queue, 2 ** 64 - 1) == 3 and queue.committed == 103  # past the tail: to it
+    send(broker, vhost, "q", bodies(2, "later"))
+    assert await broker.commit_offset(queue, 104) == 1 and drain(broker, vhost, "q") == [b"later1"]
 
 
 async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_turn(broker, vhost, monkeypatch):
