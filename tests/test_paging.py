@@ -448,6 +448,28 @@ async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restar
         broker.close()
 
 
+async def test_a_cursor_saved_past_the_tail_comes_back_at_the_tail(tmp_path):
+    """A commit cursor an older node saved past the tail (it took any offset) is read back at the tail, so later
+    messages can be committed."""
+    data = str(tmp_path / "data")
+    broker = Broker(data, queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "q", durable=True)
+    send(broker, vhost, "q", bodies(3))
+    await settle()
+    vhost.queue("q").committed = 2 ** 64 - 1  # as an older node left it: saved at the stop
+    broker.close()
+    broker = Broker(data, queue_window=WINDOW)
+    try:
+        vhost = broker.vhost("/")
+        queue = vhost.queue("q")
+        assert queue.committed == 3 and queue.offsets() == (0, 3)
+        send(broker, vhost, "q", bodies(2, "late"))
+        assert await broker.commit_offset(queue, 4) == 4 and drain(broker, vhost, "q") == [b"late1"]
+    finally:
+        broker.close()
+
+
 @pytest.mark.parametrize("fsyncing", [False, True])
 async def test_a_stop_leaves_no_group_commit_behind(tmp_path, caplog, fsyncing):
     """The node stops with a group commit due (its changes are made durable by the stop itself) or with one's
