@@ -486,22 +486,45 @@ class QueueIndex:
         return ids
 
 
-
-
 def walk(env: "lmdb.Environment", queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
-    """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined: one
-    cursor walks keys, another values, so no (key, value) pair is made per entry.  ``env`` may be this
-    process's index or another's (``open_reader``)."""
+    """The keys and the values of up to ``limit`` committed entries from ``seq >= start``, each joined, without a
+    (key, value) pair made per entry: a cursor walks the values, and when the entries it walked have every seq
+    from the first to the last (a backlog's mostly do) their keys are made as an array, not walked; else
+    another cursor walks the keys.  ``env`` may be this process's index or another's (``open_reader``)."""
     upper = (queue_id + 1).to_bytes(4, "big") if queue_id < 0xFFFFFFFF else b"\xff" * (KEY.size + 1)
     first = KEY.pack(queue_id, start)
     with env.begin() as txn:
-        key_cursor, value_cursor = txn.cursor(), txn.cursor()
-        if not key_cursor.set_range(first):
+        value_cursor = txn.cursor()
+        if limit < 1 or not value_cursor.set_range(first) or value_cursor.key() >= upper:
             return b"", b""
-        value_cursor.set_range(first)
+        first_seq = KEY.unpack(value_cursor.key())[1]
+        probe = txn.cursor()  # the last key before seq first + limit, and whether the queue has more after it
+        found = probe.set_range(KEY.pack(queue_id, min(first_seq + limit, 2 ** 64 - 1)))
+        more = found and probe.key() < upper
+        if found:
+            probe.prev()
+        else:
+            probe.last()
+        last = probe.key()
+        span = KEY.unpack(last)[1] - first_seq + 1  # entries from the first to the last, if no seq is missing
+        rows = value_cursor.iternext(keys=False, values=True)
+        values = list(itertools.islice(rows, span))
+        if len(values) == span and value_cursor.key() == last and (span == limit or not more):
+            return _keys(queue_id, first_seq, span), b"".join(values)
+        key_cursor = txn.cursor()
+        key_cursor.set_range(first)
         keys = list(itertools.islice(key_cursor.iternext(keys=True, values=False), limit))
         end = bisect.bisect_left(keys, upper)
-        return b"".join(keys[:end]), b"".join(itertools.islice(value_cursor.iternext(keys=False, values=True), end))
+        values.extend(itertools.islice(rows, max(0, end - len(values))))
+        return b"".join(keys[:end]), b"".join(values[:end])
+
+
+def _keys(queue_id: int, first_seq: int, count: int) -> bytes:
+    """The keys of the queue's entries ``first_seq`` to ``first_seq + count - 1``, joined."""
+    keys = np.empty(count, KEY_DTYPE)
+    keys["queue"] = queue_id
+    keys["seq"] = np.arange(first_seq, first_seq + count, dtype=np.uint64)
+    return keys.tobytes()
 
 
 def as_columns(keys: bytes, values: bytes) -> tuple["np.ndarray", "np.ndarray"]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from queue_index import ExpiryHeap, IndexEntry, QueueIndex, Totals
 
@@ -444,3 +446,24 @@ def test_values_trust_the_totals_but_never_stray_from_the_queue(index, off_by, c
     got = [int(m) for values in index.values(2, count, batch=8) for m in values["msg_id"]]
     assert got == [200 + seq for seq in range(40)]
     assert ("do not match" in caplog.text) == (off_by != 0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sets(st.integers(0, 80), max_size=60), min_size=3, max_size=3), st.integers(0, 90),
+       st.integers(0, 70), st.booleans())
+def test_reads_match_the_entries_with_or_without_gaps(index, queues, start, limit, marked):
+    """A read of ``limit`` entries from ``start``: the keys of entries with every seq made, not walked; with a gap
+    walked.  Either way exactly the entries there, never one of the next queue, a drop mark or a stream's run."""
+    for queue_id in (1, 2, 3):
+        index.delete_queue(queue_id)
+    for queue_id, seqs in enumerate(queues, 1):
+        for seq in seqs:
+            index.publish(queue_id, seq, seq * 10 + queue_id, expiry=0, size=seq + 1)
+    if marked:
+        index.mark_dropped(2, 0, 5)
+        index.put_mark(3, 0, 0, 1000, 10, 1)
+    index.commit()
+    for queue_id, seqs in enumerate(queues, 1):
+        wanted = sorted(seq for seq in seqs if seq >= start)[:limit]
+        got = index.read(queue_id, start, limit)
+        assert [(e.seq, e.msg_id, e.size) for e in got] == [(seq, seq * 10 + queue_id, seq + 1) for seq in wanted]
