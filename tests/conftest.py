@@ -72,17 +72,33 @@ class BrokerProcess:
     host = "127.0.0.1"
 
     def start(self) -> "BrokerProcess":
-        self.port = self.port or free_port()
-        self.mgmt_port = self.mgmt_port or free_port()
+        """Start the node.  Ports left 0 are chosen free, and chosen again should another process take one before
+        the node binds it (a port free a moment ago may go to any outgoing connection); a node that exits
+        anyway fails the test with the end of its log."""
+        chosen = (not self.port, not self.mgmt_port)
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
         env = dict(os.environ, COLUMNS="200")
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
-                 "--mgmt-port", str(self.mgmt_port), "--data-dir", str(self.data_dir), *self.extra],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        wait_for_port(self.port, self.proc)
-        return self
+        tries = 3
+        while True:
+            tries -= 1
+            self.port = self.port or free_port()
+            self.mgmt_port = self.mgmt_port or free_port()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
+                     "--mgmt-port", str(self.mgmt_port), "--data-dir", str(self.data_dir), *self.extra],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                wait_for_port(self.port, self.proc)
+                return self
+            except RuntimeError as exc:
+                tail = self.log()[-3000:]
+                if not (tries and any(chosen) and "address already in use" in tail.lower()):
+                    raise RuntimeError(f"{exc}; its log ends with:\n{tail}") from None
+            if chosen[0]:
+                self.port = 0
+            if chosen[1]:
+                self.mgmt_port = 0
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc is None:

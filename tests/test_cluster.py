@@ -56,11 +56,20 @@ class Etcd:
 
 
 def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0) -> BrokerProcess:
-    node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
-        "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
-        "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
-    node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
-    return node.start()
+    """A cluster node; a link port chosen free here is chosen again should another process take it first (as
+    ``BrokerProcess.start`` does its own ports)."""
+    tries = 3
+    while True:
+        tries -= 1
+        node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
+            "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+            "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
+        node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
+        try:
+            return node.start()
+        except RuntimeError as exc:
+            if not (tries and not link_port and "address already in use" in str(exc).lower()):
+                raise
 
 
 @pytest.fixture(scope="module")
