@@ -220,12 +220,9 @@ class QueueIndex:
 
     def marks(self, queue_id: int) -> list[tuple[int, int, int, int, int]]:
         """A stream's runs, in order: (number, first offset, publish ms, bytes, flags)."""
-        start = queue_id << 32
         self.commit()
-        keys, values = self._walk(MARKS, start, 1 << 32)  # (not ``read``: the flags are wanted whole)
-        return [(seq - start, first, ms, size, flags)
-                for (_queue, seq), (first, ms, size, flags) in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))
-                if seq >> 32 == queue_id]
+        return [(seq & 0xFFFFFFFF, first, ms, size, flags)
+                for seq, (first, ms, size, flags) in self._numbered(MARKS, queue_id)]
 
     def forget_marks(self, queue_id: int, below: int) -> None:
         """A stream's runs numbered below ``below`` go (retention removed their entries)."""
@@ -257,18 +254,22 @@ class QueueIndex:
 
     def _drop_marks_of(self, queue_id: int | None) -> list[tuple[int, int, int, int]]:
         """Committed drop marks, a queue's or (None) every queue's: (queue id, number, start, end)."""
+        return [(seq >> 32, seq & 0xFFFFFFFF, start, end) for seq, (start, end, _size, _flags)
+                in self._numbered(DROPS, queue_id)]
+
+    def _numbered(self, reserved: int, queue_id: int | None) -> list[tuple[int, tuple[int, int, int, int]]]:
+        """The committed rows of a reserved id numbered per queue (seq = queue id << 32 | number), a queue's or
+        (None) every queue's: (seq, value's fields); a cursor bounded to them, whatever sorts after."""
         if queue_id is None:
-            lo, hi = KEY.pack(DROPS, 0), (DROPS + 1).to_bytes(4, "big")
+            lo, hi = KEY.pack(reserved, 0), (reserved + 1).to_bytes(4, "big")
         else:
-            lo, hi = KEY.pack(DROPS, queue_id << 32), KEY.pack(DROPS, (queue_id + 1) << 32)
+            lo, hi = KEY.pack(reserved, queue_id << 32), KEY.pack(reserved, (queue_id + 1) << 32)
         found = []
         with self._env.begin() as txn:
             cursor = txn.cursor()
             more = cursor.set_range(lo)
             while more and cursor.key() < hi:
-                seq = KEY.unpack(cursor.key())[1]
-                first, end, _size, _flags = VALUE.unpack(cursor.value())
-                found.append((seq >> 32, seq & 0xFFFFFFFF, first, end))
+                found.append((KEY.unpack(cursor.key())[1], VALUE.unpack(cursor.value())))
                 more = cursor.next()
         return found
 
