@@ -1,10 +1,10 @@
 """/api/definitions: export and import in RabbitMQ's definitions format (whole node, or one vhost)."""
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from amqp_server import __version__
@@ -107,8 +107,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
     else:
         raw = await request.read()
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw)  # as read_json: its nesting is bounded, json's recursion is not
+    except orjson.JSONDecodeError as exc:
         raise bad_request(f"failed to decode JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("definitions must be a JSON object")

@@ -220,6 +220,16 @@ def test_http_body_limit_and_refusal_before_reading(broker, uid):
     assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").status == 404
 
 
+@pytest.mark.parametrize("method, path", [("POST", "/api/definitions"), ("POST", "/api/definitions/%2F"),
+                                          ("PUT", "/api/queues/%2F/nested"), ("PUT", "/api/policies/%2F/nested"),
+                                          ("POST", "/api/exchanges/%2F/amq.default/publish")])
+def test_json_nested_without_end_is_a_bad_request(broker, method, path):
+    """JSON nested 200,000 deep (a stack's worth for a recursive parser) is a 400 like any undecodable body."""
+    for nested in (b"[" * 200_000, b'{"a":' * 200_000 + b"1" + b"}" * 200_000):
+        assert_error(call(broker, method, path, raw=nested), 400)
+    assert call(broker, "GET", "/api/overview").status == 200
+
+
 # -- 5. another connection's exclusive queue is locked over HTTP too ----------------------------------
 
 @pytest.mark.warren_only("peek, records and commit are Warren's endpoints")
