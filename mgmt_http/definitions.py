@@ -16,7 +16,7 @@ from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 from . import auth
 from .bindings import vhost_bindings
 from .context import Context, ctx
-from .http import bad_request, from_amqp, get_bool, get_str, get_table, json_response, no_content
+from .http import bad_request, check_depth, from_amqp, get_bool, get_str, get_table, json_response, no_content
 from .limits import COMPONENT as LIMITS, limit_value, limits_parameter
 from .permissions import all_permissions, permissions_from_json, topic_permission_from_json
 from .users import parse_tags, user_from_json, user_info
@@ -112,6 +112,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise bad_request(f"failed to decode JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("definitions must be a JSON object")
+    check_depth(body)
     return body
 
 

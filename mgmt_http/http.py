@@ -141,7 +141,23 @@ async def read_json(request: web.Request, required: bool = False) -> dict[str, A
         raise bad_request("not_json") from None
     if not isinstance(body, dict):
         raise bad_request("not_json")
+    check_depth(body)
     return body
+
+
+MAX_JSON_DEPTH = 128  # no body needs more (AMQP tables stop at 100 levels); orjson writes no more than 254
+
+
+def check_depth(body: Any) -> None:
+    """400 for a body nested deeper than ``MAX_JSON_DEPTH``: kept, it could not be written back (an answer that
+    lists it, an export) without failing every time.  Walked with a stack of its own, not recursion."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value
+        if depth > MAX_JSON_DEPTH:
+            raise bad_request(f"JSON nested deeper than {MAX_JSON_DEPTH}")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def get_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:

@@ -230,6 +230,28 @@ def test_json_nested_without_end_is_a_bad_request(broker, method, path):
     assert call(broker, "GET", "/api/overview").status == 200
 
 
+@pytest.mark.warren_only("RabbitMQ takes JSON of any depth")
+def test_json_nested_too_deep_to_write_back_is_refused(broker, uid):
+    """A value nested 900 deep decodes, but kept it would fail every answer that lists it (the global parameters,
+    the definitions export): refused, as deeper than 128; one nested 100 deep is kept and listed."""
+    def nested(depth: int) -> str:
+        return "[" * depth + "]" * depth
+
+    for method, path, body in (
+            ("PUT", f"/api/global-parameters/{q(uid)}", '{"value": %s}' % nested(900)),
+            ("PUT", f"/api/queues/%2F/{q(uid)}", '{"arguments": {"x-deep": %s}}' % nested(900)),
+            ("POST", "/api/definitions", '{"global_parameters": [{"name": "%s", "value": %s}]}' % (uid, nested(900)))):
+        reply = call(broker, method, path, raw=body.encode())
+        assert assert_error(reply, 400)["reason"] == "JSON nested deeper than 128"
+    kept = '{"value": %s}' % nested(100)
+    assert call(broker, "PUT", f"/api/global-parameters/{q(uid)}", raw=kept.encode()).status == 201
+    try:
+        assert call(broker, "GET", "/api/global-parameters").status == 200
+        assert call(broker, "GET", "/api/definitions").status == 200
+    finally:
+        call(broker, "DELETE", f"/api/global-parameters/{q(uid)}")
+
+
 # -- 5. another connection's exclusive queue is locked over HTTP too ----------------------------------
 
 @pytest.mark.warren_only("peek, records and commit are Warren's endpoints")
