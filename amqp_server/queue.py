@@ -64,12 +64,16 @@ CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budg
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` of an array, without its sort when the array is in order already (a backlog's records
-    are, mostly: they were written in publish order)."""
-    if np.all(values[1:] >= values[:-1]):
-        return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
-    return np.unique(values)
+def _numbered(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct segment numbers, in order, and each row's index among them: ``np.unique`` with its inverse,
+    without its sort when the rows are in order already (a backlog's records are, mostly: they were written
+    in publish order), each run of one number then a block of one index."""
+    if np.all(segments[1:] >= segments[:-1]):
+        starts = np.flatnonzero(np.concatenate(([True], segments[1:] != segments[:-1])))[:len(segments)]
+        files = np.repeat(np.arange(len(starts), dtype=np.uint32), np.diff(np.append(starts, len(segments))))
+        return segments[starts], files
+    numbers, files = np.unique(segments, return_inverse=True)
+    return numbers, files.astype(np.uint32)
 
 
 def _store_span(store: "MessageStore | None", msg_ids: np.ndarray) -> "DiskSpan":
@@ -77,9 +81,13 @@ def _store_span(store: "MessageStore | None", msg_ids: np.ndarray) -> "DiskSpan"
     if store is None:
         return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32) for _ in range(3)), [])
     found, segments, offsets, sizes = store.locate(msg_ids)
-    numbers = _distinct(segments[found] if not found.all() else segments)
-    return DiskSpan(found, np.searchsorted(numbers, segments).astype(np.uint32), offsets, sizes,
-                    [os.dup(store.segment_fd(int(number))) for number in numbers])
+    if found.all():
+        numbers, files = _numbered(segments)
+    else:  # the rows not found name no segment
+        numbers, files_found = _numbered(segments[found])
+        files = np.zeros(len(segments), np.uint32)
+        files[found] = files_found
+    return DiskSpan(found, files, offsets, sizes, [os.dup(store.segment_fd(int(number))) for number in numbers])
 
 
 @dataclass

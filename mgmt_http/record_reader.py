@@ -242,10 +242,12 @@ class _Reader:
         """Send a request (``fds`` passed with its first bytes) and read its reply."""
         loop = asyncio.get_running_loop()
         encoded = json.dumps(header).encode()
-        body = b"".join(column.tobytes() for column in payload)
-        socket.send_fds(self.sock, [REQUEST.pack(len(encoded), len(body)) + encoded], list(fds))  # few bytes, an empty buffer
-        if body:
-            await loop.sock_sendall(self.sock, body)
+        columns = [memoryview(np.ascontiguousarray(column)).cast("B") for column in payload]  # sent as they are
+        size = sum(map(len, columns))
+        socket.send_fds(self.sock, [REQUEST.pack(len(encoded), size) + encoded], list(fds))  # few bytes, an empty buffer
+        for column in columns:
+            if len(column):
+                await loop.sock_sendall(self.sock, column)
         status, length = REPLY.unpack(await self._exactly(REPLY.size))
         reply = await self._exactly(length)
         if status == 2:
