@@ -145,19 +145,21 @@ async def read_json(request: web.Request, required: bool = False) -> dict[str, A
     return body
 
 
-MAX_JSON_DEPTH = 128  # no body needs more (AMQP tables stop at 100 levels); orjson writes no more than 254
+MAX_JSON_DEPTH = 128  # no body needs as much (AMQP tables stop at 100 levels)
+ORJSON_WRITES = 254  # the deepest JSON orjson writes
 
 
 def check_depth(body: Any) -> None:
     """400 for a body nested deeper than ``MAX_JSON_DEPTH``: kept, it could not be written back (an answer that
-    lists it, an export) without failing every time.  Walked with a stack of its own, not recursion."""
-    stack = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else value
-        if depth > MAX_JSON_DEPTH:
-            raise bad_request(f"JSON nested deeper than {MAX_JSON_DEPTH}")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    lists it, an export) without failing every time.  orjson checks it, in C: the body is written wrapped
+    in as many lists as it may not use (a walk in Python took seconds over a body of millions of empty lists)."""
+    wrapped = body
+    for _ in range(ORJSON_WRITES - MAX_JSON_DEPTH):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        raise bad_request(f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
 
 
 def get_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:

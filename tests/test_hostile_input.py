@@ -233,17 +233,18 @@ def test_json_nested_without_end_is_a_bad_request(broker, method, path):
 @pytest.mark.warren_only("RabbitMQ takes JSON of any depth")
 def test_json_nested_too_deep_to_write_back_is_refused(broker, uid):
     """A value nested 900 deep decodes, but kept it would fail every answer that lists it (the global parameters,
-    the definitions export): refused, as deeper than 128; one nested 100 deep is kept and listed."""
+    the definitions export): refused, as is one level past 128; a body of 128 levels is kept and listed."""
     def nested(depth: int) -> str:
         return "[" * depth + "]" * depth
 
     for method, path, body in (
             ("PUT", f"/api/global-parameters/{q(uid)}", '{"value": %s}' % nested(900)),
             ("PUT", f"/api/queues/%2F/{q(uid)}", '{"arguments": {"x-deep": %s}}' % nested(900)),
-            ("POST", "/api/definitions", '{"global_parameters": [{"name": "%s", "value": %s}]}' % (uid, nested(900)))):
+            ("POST", "/api/definitions", '{"global_parameters": [{"name": "%s", "value": %s}]}' % (uid, nested(900))),
+            ("PUT", f"/api/global-parameters/{q(uid)}", '{"value": %s}' % nested(128))):
         reply = call(broker, method, path, raw=body.encode())
         assert assert_error(reply, 400)["reason"] == "JSON nested deeper than 128"
-    kept = '{"value": %s}' % nested(100)
+    kept = '{"value": %s}' % nested(127)
     assert call(broker, "PUT", f"/api/global-parameters/{q(uid)}", raw=kept.encode()).status == 201
     try:
         assert call(broker, "GET", "/api/global-parameters").status == 200
