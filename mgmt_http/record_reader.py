@@ -244,7 +244,8 @@ class _Reader:
         encoded = json.dumps(header).encode()
         columns = [memoryview(np.ascontiguousarray(column)).cast("B") for column in payload]  # sent as they are
         size = sum(map(len, columns))
-        socket.send_fds(self.sock, [REQUEST.pack(len(encoded), size) + encoded], list(fds))  # few bytes, an empty buffer
+        # few bytes, into an empty buffer: sent at once
+        socket.send_fds(self.sock, [REQUEST.pack(len(encoded), size) + encoded], list(fds))
         for column in columns:
             if len(column):
                 await loop.sock_sendall(self.sock, column)
