@@ -64,7 +64,7 @@ CONSUMED_WINDOW = 32768  # the window of a queue with consumers (the shared budg
 PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is read when delivered
 
 
-def _numbered(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _segment_files(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct segment numbers, in order, and each row's index among them: ``np.unique`` with its inverse,
     without its sort when the rows are in order already (a backlog's records are, mostly: they were written
     in publish order), each run of one number then a block of one index."""
@@ -82,9 +82,9 @@ def _store_span(store: "MessageStore | None", msg_ids: np.ndarray) -> "DiskSpan"
         return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32) for _ in range(3)), [])
     found, segments, offsets, sizes = store.locate(msg_ids)
     if found.all():
-        numbers, files = _numbered(segments)
+        numbers, files = _segment_files(segments)
     else:  # the rows not found name no segment
-        numbers, files_found = _numbered(segments[found])
+        numbers, files_found = _segment_files(segments[found])
         files = np.zeros(len(segments), np.uint32)
         files[found] = files_found
     return DiskSpan(found, files, offsets, sizes, [os.dup(store.segment_fd(int(number))) for number in numbers])
@@ -703,17 +703,21 @@ class Queue:
     def _cut(self, count: int, size: int) -> None:
         """The entries on disk below ``_drop_below``, ``count`` of ``size`` bytes, leave the queue now, as acked;
         their rows go in the background, named by the drop marks until they are gone."""
-        index, queue_id = self._page_index()
         self.paged -= count
         self.paged_bytes -= size
         self.ready_bytes -= size
         self.stats.ack += count
         self.committed_drops += count
-        self.pager.drop_later(index, queue_id, [(self.paged_from, self._drop_below)], self._release,
-                              partial(index.forget_dropped, queue_id, self._drop_marks))
+        self._drop_marked([(self.paged_from, self._drop_below)], self._drop_marks)
         self.paged_from, self._drop_below, self._drop_marks = self._drop_below, 0, []
         if count:
             self.touch()
+
+    def _drop_marked(self, ranges: list[tuple[int, int]], marks: list[int]) -> None:
+        """The rows of entries on disk in ``ranges`` (keys), which left the queue, go in the background with their
+        store references; then the drop marks naming them are forgotten."""
+        index, queue_id = self._page_index()
+        self.pager.drop_later(index, queue_id, ranges, self._release, partial(index.forget_dropped, queue_id, marks))
 
     def _finish_count(self) -> None:
         """A commit's count of entries on disk ends now: before anything moves entries between memory and disk."""
@@ -764,8 +768,7 @@ class Queue:
             index, queue_id = self._page_index()
             on_disk = self._paged_ranges(self.next_seq)
             marks = [index.mark_dropped(queue_id, start, end) for start, end in on_disk] + self._drop_marks
-            self.pager.drop_later(index, queue_id, on_disk, self._release,
-                                  partial(index.forget_dropped, queue_id, marks))
+            self._drop_marked(on_disk, marks)
             self.paged_from, self._drop_below, self._drop_marks = self.next_seq, 0, []  # a commit's drop: part of it
         elif self.paged:
             self._drop_paged(self.next_seq)
