@@ -54,6 +54,7 @@ LEASE_TTL = 2  # seconds: a dead leader's keys go this long after its last refre
 ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
+RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
 
@@ -138,16 +139,29 @@ class QuorumGroups:
                     renewed = loop.time()
             except (aetcd.ClientError, asyncio.TimeoutError):
                 lapsed = loop.time() - renewed > LEASE_TTL / 2
-            if not lapsed:
-                continue
-            if any(group.replicator is not None for group in self.groups.values()):
-                log.warning("etcd lease lapsed: leading no queue until etcd answers again")
-            self._step_down_everywhere()
+            if lapsed:
+                await self._new_lease()
+                renewed = loop.time()
+
+    async def _new_lease(self) -> None:
+        """The lease may have lapsed: lead nothing, and never refresh that lease again (were it refreshed once
+        etcd answers, the keys it holds would name a leader that no longer leads, and no member would elect
+        another); then a new lease, asked for until etcd grants one.  The old one is revoked, so that its keys
+        go now rather than when it lapses, and every queue left without a leader elects one."""
+        if any(group.replicator is not None for group in self.groups.values()):
+            log.warning("etcd lease lapsed: leading no queue until etcd answers again")
+        self._step_down_everywhere()
+        old, self.lease = self.lease, None
+        while self.lease is None:
             try:
                 self.lease = await asyncio.wait_for(self.client.lease(LEASE_TTL), LEASE_TTL)
-                renewed = loop.time()
             except (aetcd.ClientError, asyncio.TimeoutError):
-                pass
+                await asyncio.sleep(LEASE_TTL / 8)
+        if old is not None:
+            asyncio.get_running_loop().create_task(self._revoke(old.id))
+        for group in self.groups.values():
+            if not group.leader and self.name in group.members:
+                self._elect(group)
 
     def _step_down_everywhere(self) -> None:
         for group in self.groups.values():
@@ -306,22 +320,26 @@ class QuorumGroups:
 
     async def _learn_leader(self, group: Group) -> None:
         """A queue just known here: follow its leader, or elect one if it has none — after a grace period,
-        in which the node that declared a new queue claims it (``claim_first``)."""
+        in which the node that declared a new queue claims it (``claim_first``).  Asked again while etcd
+        does not answer."""
         await self.ready.wait()
-        for grace in (0.0, ELECTION_GRACE):
-            await asyncio.sleep(grace)
-            if group.leader or self.groups.get(group.key) is not group:
-                return  # the watch told us meanwhile, or the queue went
+        graced = False
+        while not group.leader and self.groups.get(group.key) is group:
             try:
                 current = await self.client.get(LEADERS + group.key.encode())
             except aetcd.ClientError as exc:
-                log.warning("etcd: leader of %s unknown (%s)", group.key, exc)
-                return
+                log.warning("etcd: leader of %s unknown (%s); asking again", group.key, exc)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
             if current is not None:
                 self._follow(group, current.value.decode(), current.create_revision, current.lease)
+            elif graced:
+                if self.name in group.members:
+                    self._elect(group)
                 return
-        if self.name in group.members:
-            self._elect(group)
+            else:
+                graced = True
+                await asyncio.sleep(ELECTION_GRACE)
 
     async def _watch(self) -> None:
         """Follow every queue's leader key; after a broken watch, start again from etcd's current state."""
@@ -358,35 +376,50 @@ class QuorumGroups:
             group.electing = asyncio.get_running_loop().create_task(self._election(group))
 
     async def _election(self, group: Group) -> None:
-        """Write our position; once a majority has, the highest claims the key; until a leader is known."""
+        """Write our position; once a majority has, the highest claims the key; until a leader is known (the
+        watch tells, or a claim lost finds it), the queue is gone, or this node is no member of it.  An etcd
+        error is tried again, and the position is written again under each new lease (those under a lapsed
+        one are gone)."""
         key = group.key.encode()
         mine = POSITIONS + key + b"/" + self.name.encode()
-        deadline = asyncio.get_running_loop().time() + ELECTION_TIMEOUT
-
-        async def write_position() -> None:  # under the lease we hold now (it may have changed since)
-            await self.client.put(mine, json.dumps(group.position).encode(), lease=self.lease)
-
+        loop = asyncio.get_running_loop()
+        written: tuple[int, tuple[int, int]] | None = None  # (lease, position) of our latest write
+        deadline = 0.0
         try:
-            await write_position()
-            while not group.leader:
-                positions = {kv.key.rsplit(b"/", 1)[1].decode(): tuple(json.loads(kv.value))
-                             for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
-                positions = {name: p for name, p in positions.items() if name in group.members}
-                if len(positions) > len(group.members) // 2:
-                    best = max(positions, key=lambda name: (positions[name], name))
-                    if best == self.name:
-                        await self._claim(group.key)
-                if asyncio.get_running_loop().time() > deadline:
-                    await write_position()
-                    deadline += ELECTION_TIMEOUT
+            while not group.leader and self.groups.get(group.key) is group and self.name in group.members:
+                lease = self.lease
+                try:
+                    if lease is not None and (written != (lease.id, group.position) or loop.time() > deadline):
+                        await self.client.put(mine, json.dumps(group.position).encode(), lease=lease)
+                        written, deadline = (lease.id, group.position), loop.time() + ELECTION_TIMEOUT
+                    positions = {kv.key.rsplit(b"/", 1)[1].decode(): tuple(json.loads(kv.value))
+                                 for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
+                    positions = {name: p for name, p in positions.items() if name in group.members}
+                    if written is not None and len(positions) > len(group.members) // 2:
+                        best = max(positions, key=lambda name: (positions[name], name))
+                        if best == self.name:
+                            await self._claim_or_follow(group)
+                except aetcd.ClientError as exc:
+                    log.warning("election for %s: %s; trying again", group.key, exc)
+                    written = None
+                    await asyncio.sleep(RETRY_INTERVAL)
                 await asyncio.sleep(ELECTION_POLL)
-        except aetcd.ClientError as exc:
-            log.warning("election for %s: %s", group.key, exc)
         finally:
             try:
                 await self.client.delete(mine)
             except aetcd.ClientError:
                 pass
+
+    async def _claim_or_follow(self, group: Group) -> None:
+        """Claim the lead; lost, follow the winner at once (its watch event may be late, or lost with a
+        broken watch)."""
+        claimed = await self._claim(group.key)
+        if claimed is not None:
+            self._follow(group, self.name, *claimed)
+            return
+        current = await self.client.get(LEADERS + group.key.encode())
+        if current is not None:
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
 
     async def _claim(self, key: str) -> tuple[int, int] | None:
         """Lead the queue unless it has a leader; (term, lease) if this node won.  The watch tells every node
@@ -394,6 +427,8 @@ class QuorumGroups:
         full = LEADERS + key.encode()
         ops = self.client.transactions
         lease = self.lease
+        if lease is None:  # a new one is being asked for: none to claim under
+            return None
         won, responses = await self.client.transaction(
             compare=[ops.create(full) == 0], success=[ops.put(full, self.name.encode(), lease)], failure=[])
         if not won:

@@ -532,3 +532,46 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
         assert group.position == (0, 10) and len(asked) == 1  # it asks (a snapshot is the answer)
     finally:
         broker.close()
+
+
+def publish_until_confirmed(node: BrokerProcess, queue: str, bodies: list[bytes], timeout: float = 30.0) -> None:
+    """Publish each message with a confirm, sending it again after a nack, a closed channel or a closed
+    connection, until every one is confirmed."""
+    deadline = time.monotonic() + timeout
+    left = list(bodies)
+    while left:
+        assert time.monotonic() < deadline, f"{len(left)} of {len(bodies)} never confirmed"
+        try:
+            with connect(node) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                while left:
+                    try:
+                        channel.basic_publish("", queue, left[0], pika.BasicProperties(delivery_mode=2))
+                        left.pop(0)
+                    except pika.exceptions.NackError:
+                        assert time.monotonic() < deadline, f"{len(left)} of {len(bodies)} never confirmed"
+        except AMQPError:
+            time.sleep(0.2)
+
+
+def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_again(nodes, uid):
+    """Every lease lapses while etcd is frozen (SIGSTOP, twice the lease): the leader steps down, and once etcd
+    runs again the members elect a leader (an election whose position was written under a lease etcd then
+    dropped tries again under the node's new lease); every confirmed message is there."""
+    etcd, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    before = [b"before%d" % i for i in range(100)]
+    publish(n2, uid, before)
+    etcd.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(4)
+    finally:
+        etcd.proc.send_signal(signal.SIGCONT)
+    after = [b"after%d" % i for i in range(100)]
+    publish_until_confirmed(n3, uid, after)
+    leader = {NAMES[0]: n1, NAMES[1]: n2, NAMES[2]: n3}[leader_of(n3, uid)]
+    wait_for(lambda: all(leader_of(n, uid) == leader_of(leader, uid) for n in (n1, n2, n3)), "one leader everywhere")
+    assert drain(n1, uid) == before + after
