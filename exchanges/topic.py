@@ -57,9 +57,12 @@ class TopicExchange(Exchange):
         return result
 
     def _match(self, words: list[str]) -> set[object]:
-        """Walk states (node, words consumed).  A '#' node may absorb further words by
-        staying put; only '#' states can be reached twice, so remembering those alone
-        bounds the walk to O(nodes * words) even for "#.#.#" patterns."""
+        """Walk states (node, words consumed), each at most once: O(nodes * words) for any key.
+
+        A '#' node may absorb further words by staying put, so only '#' states have two ways in,
+        and those alone are remembered.  A routing key's own '*' or '#' word takes no literal
+        edge: the '*' edge is the same child, and a '#' child is reached as a wildcard anyway,
+        and following both would visit states twice per level (2^words for a key of '*')."""
         result: set[object] = set()
         n = len(words)
         seen: set[tuple[int, int]] = set()
@@ -76,9 +79,11 @@ class TopicExchange(Exchange):
             if i == n:
                 result.update(node.dests)
             else:
-                child = children.get(words[i])
-                if child is not None:
-                    push((child, i + 1))
+                word = words[i]
+                if word != "*" and word != "#":
+                    child = children.get(word)
+                    if child is not None:
+                        push((child, i + 1))
                 child = children.get("*")
                 if child is not None:
                     push((child, i + 1))
