@@ -77,6 +77,7 @@ class Channel:
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
         self.tx: list[Callable[[], None]] | None = None
+        self.tx_held: dict[int, tuple[Entry, Queue, Consumer | None]] = {}  # settled in the open transaction
         self.last_queue = ""
         self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
         self._write_checked: dict[str, Exchange] = {}  # (an exchange deleted and made again is checked again)
@@ -352,25 +353,37 @@ class Channel:
     # -- acks ---------------------------------------------------------------------------------
 
     def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[Entry, Queue, Consumer | None]]:
+        """The entries a basic.ack, nack or reject settles, out of the unacked map (rabbit_channel's collect_acks):
+        the tag itself must be outstanding, else 406 ``unknown delivery tag N`` and nothing is taken; with
+        ``multiple`` every outstanding tag up to it too, and tag 0 means every outstanding one (none is no error).
+        Inside a transaction they are held until its commit, and a rollback puts them back."""
         unacked = self.unacked
-        if multiple:
-            if delivery_tag == 0:
-                taken = list(unacked.values())
-                unacked.clear()
-                return taken
-            taken = []
-            while unacked:
-                tag = next(iter(unacked))
-                if tag > delivery_tag:
-                    break
-                taken.append(unacked.pop(tag))
-            if not taken and delivery_tag > self.delivery_tag:
-                raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
-            return taken
-        item = unacked.pop(delivery_tag, None)
-        if item is None:
+        if multiple and delivery_tag == 0:
+            tags = list(unacked)
+        elif delivery_tag not in unacked:
             raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
-        return [item]
+        elif multiple:
+            tags = []
+            for tag in unacked:  # in delivery order: tags only grow, and a rollback restores the order
+                tags.append(tag)
+                if tag == delivery_tag:
+                    break
+        else:
+            tags = [delivery_tag]
+        if self.tx is not None:
+            return [self._hold(tag, unacked.pop(tag)) for tag in tags]
+        return [unacked.pop(tag) for tag in tags]
+
+    def _hold(self, tag: int, item: tuple[Entry, Queue, Consumer | None]) -> tuple[Entry, Queue, Consumer | None]:
+        self.tx_held[tag] = item
+        return item
+
+    def _release_held(self) -> None:
+        """A rollback (or the channel closing) inside a transaction: its settled tags are outstanding again."""
+        if self.tx_held:
+            merged = {**self.unacked, **self.tx_held}
+            self.unacked = {tag: merged[tag] for tag in sorted(merged)}
+            self.tx_held = {}
 
     def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
         """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again."""
@@ -381,33 +394,23 @@ class Channel:
             self.broker.settle_taken(taken, requeue)
 
     def _ack(self, method: commands.Basic.Ack) -> None:
+        taken = self._take_unacked(method.delivery_tag, method.multiple)
         if self.tx is not None:
-            self._check_tags(method.delivery_tag, method.multiple)
-            self.tx.append(lambda: self._acked(method.delivery_tag, method.multiple))
+            self.tx.append(lambda: self._acked(taken))
             return
-        self._acked(method.delivery_tag, method.multiple)
+        self._acked(taken)
 
-    def _acked(self, delivery_tag: int, multiple: bool) -> None:
-        taken = self._take_unacked(delivery_tag, multiple)
+    def _acked(self, taken: list[tuple[Entry, Queue, Consumer | None]]) -> None:
         self.stats.ack += len(taken)  # once per basic.ack frame, not per message
         self._settle(taken, False)
 
     def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
-        multiple = getattr(method, "multiple", False)
+        taken = self._take_unacked(method.delivery_tag, getattr(method, "multiple", False))
         requeue = method.requeue
-
-        def apply() -> None:
-            self._settle(self._take_unacked(method.delivery_tag, multiple), requeue, nack=True)
-
         if self.tx is not None:
-            self._check_tags(method.delivery_tag, multiple)
-            self.tx.append(apply)
+            self.tx.append(lambda: self._settle(taken, requeue, nack=True))
             return
-        apply()
-
-    def _check_tags(self, delivery_tag: int, multiple: bool) -> None:
-        if not multiple and delivery_tag not in self.unacked:
-            raise errors.precondition_failed(f"unknown delivery tag {delivery_tag}")
+        self._settle(taken, requeue, nack=True)
 
     # -- method dispatch ----------------------------------------------------------------------
 
@@ -731,6 +734,7 @@ class Channel:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
         pending, self.tx = self.tx, []
+        self.tx_held = {}
         for action in pending:
             action()
         persistence = self.broker.persistence
@@ -744,6 +748,7 @@ class Channel:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
         self.tx.clear()
+        self._release_held()
         self.reply(commands.Tx.RollbackOk())
 
     # -- closing ------------------------------------------------------------------------------
@@ -766,6 +771,7 @@ class Channel:
         self._headers.clear()
         self._routes.clear()
         self.tx = None
+        self._release_held()
         self.broker.churn.channel_closed += 1
         self.broker.persistence.waiters.discard(self)
         self.ack_timeout.stop()

@@ -756,6 +756,68 @@ def test_double_ack(conn, uid):
     conn.channel().queue_delete(uid)
 
 
+def _outstanding(ch, uid: str, n: int, settle: tuple[int, ...] = ()) -> list[int]:
+    """Get n messages unacked, then ack those at the positions in ``settle``: the tags still outstanding."""
+    ch.queue_declare(uid)
+    for i in range(n):
+        ch.basic_publish("", uid, b"%d" % i)
+    tags = [ch.basic_get(uid)[0].delivery_tag for _ in range(n)]
+    for i in settle:
+        ch.basic_ack(tags[i])
+    return [tag for i, tag in enumerate(tags) if i not in settle]
+
+
+@pytest.mark.parametrize("method", ["basic_ack", "basic_nack"])
+@pytest.mark.parametrize("case", ["above", "acked", "gap", "zero-single"])
+def test_multiple_settle_needs_the_exact_tag_outstanding(conn, uid, method, case):
+    """rabbit_channel's collect_acks: with multiple=true as without, the tag itself must be outstanding, else the
+    channel closes with 406 and nothing is settled (the outstanding messages are requeued by the close)."""
+    ch = conn.channel()
+    first, *_ = _outstanding(ch, uid, 3, settle=(1,))
+    tag, multiple = {"above": (first + 81, True), "acked": (first, True), "gap": (first + 1, True),
+                     "zero-single": (0, False)}[case]
+    if case == "acked":  # now below every outstanding tag
+        ch.basic_ack(first)
+    closed = AsyncClose(ch)
+    getattr(ch, method)(tag, multiple=multiple)
+    closed.wait(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}")
+    assert conn.is_open
+    left = conn.channel()
+    assert left.queue_declare(uid, passive=True).method.message_count == (1 if case == "acked" else 2)
+    left.queue_delete(uid)
+
+
+def test_multiple_settle_of_an_outstanding_tag_takes_those_before_it(conn, uid):
+    ch = conn.channel()
+    first, third = _outstanding(ch, uid, 3, settle=(1,))
+    ch.basic_ack(third, multiple=True)  # over the gap the single ack left
+    ch.basic_ack(0, multiple=True)  # nothing left: no error
+    ch.basic_recover(requeue=True)
+    assert ch.queue_declare(uid, passive=True).method.message_count == 0
+    ch.queue_delete(uid)
+
+
+def test_ack_inside_a_transaction_is_checked_when_it_arrives(conn, uid):
+    """As in RabbitMQ, a transaction's ack takes its tags at once: acking one twice before the commit is an
+    unknown tag, and a rollback makes them outstanding again."""
+    ch = conn.channel()
+    first, second, third = _outstanding(ch, uid, 3)
+    ch.tx_select()
+    ch.basic_ack(second, multiple=True)
+    ch.tx_rollback()
+    ch.basic_ack(first)
+    ch.basic_nack(second, requeue=False)
+    ch.tx_commit()
+    assert ch.queue_declare(uid, passive=True).method.message_count == 0
+    ch.basic_ack(third)
+    closed = AsyncClose(ch)
+    ch.basic_ack(third, multiple=True)
+    closed.wait(406, f"PRECONDITION_FAILED - unknown delivery tag {third}")
+    left = conn.channel()
+    assert left.basic_get(uid, auto_ack=True)[0].redelivered  # the uncommitted ack went with the channel
+    left.queue_delete(uid)
+
+
 def test_unacked_requeued_on_channel_close(conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid)
