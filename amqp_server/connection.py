@@ -227,12 +227,14 @@ class Connection(asyncio.Protocol):
                     self._closing_frame(ftype, ch, buf, start, end)
                     continue
                 channel = channels.get(ch)
+                if channel is None and ch and self.state != OPEN:  # rabbit_reader: no channel frame before open
+                    raise unexpected_frame(ftype, buf[start:end])
                 try:
                     if ftype == 3:
                         if channel is not None:
                             channel.on_body(bytes(buf[start:end]))
                         else:
-                            self._no_channel(ch)
+                            self._no_channel(ch, ftype, buf[start:end])
                     elif ftype == 1:
                         if size < 4:
                             raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
@@ -244,12 +246,13 @@ class Connection(asyncio.Protocol):
                         if channel is not None:
                             channel.on_header(bytes(buf[start:end]))
                         else:
-                            self._no_channel(ch)
+                            self._no_channel(ch, ftype, buf[start:end])
                     elif ftype == 8:
                         if ch != 0:
-                            raise ConnectionError(errors.UNEXPECTED_FRAME, "type 8, all octets = <<>>")
+                            raise unexpected_frame(ftype, buf[start:end])
                     else:
-                        raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, unknown_frame")
+                        raise ConnectionError(errors.FRAME_ERROR,
+                                              f"type {ftype}, {octets(buf[start:end])}: unknown_frame")
                 except errors.ChannelError as exc:
                     if channel is None or ch == 0:
                         raise ConnectionError(exc.code, exc.text.partition(" - ")[2], exc.class_id,
@@ -323,11 +326,13 @@ class Connection(asyncio.Protocol):
                                   index >> 16, index & 0xFFFF) from None
         return method
 
-    def _no_channel(self, ch: int) -> None:
+    def _no_channel(self, ch: int, ftype: int, payload: bytearray) -> None:
         """Content for a channel that is not open: dropped while we await its close-ok, else an error."""
         if ch in self.closing_channels:
             return
-        # rabbit_command_assembler: a fresh channel (or channel 0) expects a method frame first
+        if ch == 0:  # rabbit_reader: only methods and heartbeats on channel 0
+            raise unexpected_frame(ftype, payload)
+        # rabbit_command_assembler: a fresh channel expects a method frame first
         raise ConnectionError(errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
 
     def _closing_frame(self, ftype: int, ch: int, buf: bytearray, start: int, end: int) -> None:
@@ -610,6 +615,26 @@ class Connection(asyncio.Protocol):
         if poller.poll(0):
             log.info("client of blocked connection %s went away", self.name)
             self.transport.abort()
+
+
+_ERLANG_ESCAPES = {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v", 0x08: "\\b", 0x0C: "\\f", 0x1B: "\\e",
+                   0x22: '\\"', 0x5C: "\\\\"}
+
+
+def octets(payload: bytes | bytearray) -> str:
+    """rabbit_reader's payload snippet (all of a payload up to 16 octets, else the first 16) as Erlang's ~p prints a
+    binary: ``<<"text">>`` when every octet is printable ASCII, else ``<<0,20,0,40>>``."""
+    part = bytes(payload[:16])
+    which = "all" if len(payload) <= 16 else "first 16"
+    if part and all(0x20 <= b < 0x7F or b in _ERLANG_ESCAPES for b in part):
+        text = "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in part)
+        return f'{which} octets = <<"{text}">>'
+    return f"{which} octets = <<{','.join(map(str, part))}>>"
+
+
+def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
+    """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
+    return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
 
 
 def _is_loopback(host: str) -> bool:
