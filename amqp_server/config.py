@@ -57,7 +57,12 @@ class Config:
     mgmt_idle_timeout: float = 120.0  # s an HTTP connection may wait for (or trickle) a request's head
     metrics_auth: bool = False  # /metrics needs a monitoring or administrator login (prometheus.authentication)
     channel_flow: bool = False  # honour channel.flow active=false (pause deliveries); RabbitMQ answers 540
-    explain_handshake_errors: bool = False  # connection.close saying why; RabbitMQ drops the socket after 3 s
+    explain_handshake_errors: bool = False
+    stream_enabled: bool = False  # RabbitMQ's stream protocol (the rabbitmq_stream plugin) on stream_port
+    stream_port: int = 5552
+    stream_frame_max: int = 1048576  # RabbitMQ's stream.frame_max
+    stream_advertised_host: str = ""  # what metadata and open tell clients; default the address they reached
+    stream_advertised_port: int = 0  # default stream_port  # connection.close saying why; RabbitMQ drops the socket after 3 s
 
     @property
     def mechanisms(self) -> list[str]:
@@ -111,6 +116,13 @@ _HELP = {
     "mgmt_idle_timeout": "seconds an HTTP connection may stay idle or take to send a request's headers",
     "metrics_auth": "require a monitoring or administrator login for /metrics",
     "channel_flow": "honour channel.flow active=false by pausing deliveries (RabbitMQ: 540 NOT_IMPLEMENTED)",
+    "stream_enabled": "serve RabbitMQ's stream protocol (rstream, rbfly, the Java/Go/.NET stream clients) on "
+                      "--stream-port",
+    "stream_port": "stream protocol port (with --stream-enabled)",
+    "stream_frame_max": "largest stream protocol frame offered to clients, bytes",
+    "stream_advertised_host": "host the stream protocol's metadata names for this node (default: the address the "
+                              "client connected to)",
+    "stream_advertised_port": "port the stream protocol's metadata names for this node (default --stream-port)",
     "explain_handshake_errors": "answer a failed handshake with connection.close saying why (RabbitMQ: drops "
                                 "the socket after 3 s)",
 }

@@ -82,3 +82,14 @@ class Replicator(Protocol):
 
     def flush(self) -> None:
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
+
+
+class StreamListener(Protocol):
+    """A stream-protocol connection reading or writing a stream (``stream.reader``): told of what the stream
+    does, so that it reads on or lets go."""
+
+    def appended(self, stream: Queue) -> None:
+        """Entries were appended (called per entry: cheap, the reading waits for the end of the loop turn)."""
+
+    def deleted(self, stream: Queue) -> None:
+        """The stream was deleted."""

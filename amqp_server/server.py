@@ -80,6 +80,8 @@ class Node:
         self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
         self.mgmt = None  # the management plugin's aiohttp runner, when enabled
         self.cluster = None  # forwarder.Cluster in cluster mode
+        self.stream_server: asyncio.base_events.Server | None = None  # the stream protocol, when enabled
+        self.streams = None  # its stream.manager.StreamManager
         self.flow = PublisherFlow()
         self.flow.recheck = self.check_memory
         self._stopped = asyncio.Event()
@@ -106,6 +108,11 @@ class Node:
         self.server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow, self.clients),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,
                                                backlog=1024)
+        if self.config.stream_enabled:
+            from .stream import reader
+
+            self.stream_server, self.streams = await reader.start(self.broker, self.config, self.flow, self.clients)
+            log.info("stream protocol on %s:%d", self.config.bind, self.config.stream_port)
         self._memory_task = asyncio.create_task(self._watch_memory())
         log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
                  self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
@@ -149,6 +156,8 @@ class Node:
         log.info("shutting down")
         self._memory_task.cancel()
         self.server.close()
+        if self.stream_server is not None:
+            self.stream_server.close()
         if self.tls_server is not None:
             self.tls_server.close()
         if self.mgmt is not None:
@@ -157,6 +166,8 @@ class Node:
         await asyncio.sleep(0.1)
         if self.cluster is not None:
             await self.cluster.stop()
+        if self.streams is not None:
+            self.streams.flush()
         self.broker.close()
 
 

@@ -22,13 +22,14 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from . import errors, header_table
+from .stream import amqp10
 from .clock import now_ms
 from .message import Message
 from .queue import PAGE_IN_BYTES, Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
 
 if TYPE_CHECKING:
-    from .ports import ConfirmSink
+    from .ports import ConfirmSink, StreamListener
 
 OFFSET_HEADER = "x-stream-offset"
 TAIL = 4096  # newest entries kept in memory, at most
@@ -67,6 +68,7 @@ class StreamQueue(Queue):
         self.marks: deque[Mark] = deque()
         self.segment_bytes = 0  # of the segment being written
         self.tail_bytes = 0  # of the entries in memory (``ready``)
+        self.listeners: dict["StreamListener", None] = {}  # stream-protocol readers and writers (stream.reader)
 
     @property
     def message_count(self) -> int:
@@ -91,6 +93,8 @@ class StreamQueue(Queue):
             self.tail_bytes -= ready.popleft().message.body_size
         if self.cursors:
             self.deliver_ready()
+        for listener in self.listeners:
+            listener.appended(self)
         return True
 
     def _mark(self, seq: int, size: int) -> None:
@@ -225,12 +229,22 @@ class StreamQueue(Queue):
                 for entry in batch:
                     if not consumer.has_credit():
                         break
+                    entry = self._amqp091(entry)
                     consumer.unacked += 1
                     self.unacked += 1
                     self.stats.deliver += 1
                     cursor = entry.seq + 1
                     consumer.channel.deliver(consumer, entry)
             self.cursors[consumer] = cursor
+
+    def read(self, start: int, count: int) -> list[Entry]:
+        """Up to ``count`` entries from offset ``start`` (within the stream) with their contents: a stream-protocol
+        reader's next chunk."""
+        return self._read(start, count)
+
+    def published_ms(self) -> int:
+        """When the newest run began: the timestamp of a chunk read now (runs are a second long at most)."""
+        return self.marks[-1].ms if self.marks else now_ms()
 
     def _read(self, start: int, count: int) -> list[Entry]:
         """Up to ``count`` entries from ``start`` on: from the tail in memory, else from disk."""
@@ -281,7 +295,11 @@ class StreamQueue(Queue):
             f"queue.purge not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")
 
     def drop_all(self) -> None:
-        """The stream is deleted: its entries, their store references and its runs go."""
+        """The stream is deleted: its entries, their store references and its runs go; its stream-protocol
+        readers and writers are told."""
+        for listener in list(self.listeners):
+            listener.deleted(self)
+        self.listeners.clear()
         self._groups = []
         self.active_consumer = None
         self.cursors.clear()
@@ -307,13 +325,21 @@ class StreamQueue(Queue):
         return self.first, self.next_seq
 
     def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
-        return self._read(self.first + offset, count) if self.first + offset < self.next_seq else []
+        if self.first + offset >= self.next_seq:
+            return []
+        return [self._amqp091(entry) for entry in self._read(self.first + offset, count)]
+
+    def _amqp091(self, entry: Entry) -> Entry:
+        """The entry as AMQP 0-9-1 readers see it: a stream-protocol record converted."""
+        if entry.message.header:
+            return entry
+        return Entry(entry.seq, amqp10.to_amqp091(entry.message.body, self.name))
 
     def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
         cursor, remaining = max(start, self.first), limit
         while cursor < min(end, self.next_seq) and (remaining is None or remaining > 0):
             want = step if remaining is None else min(step, remaining)
-            batch = [entry for entry in self._read(cursor, want) if entry.seq < end]
+            batch = [self._amqp091(entry) for entry in self._read(cursor, want) if entry.seq < end]
             if not batch:
                 return
             cursor = batch[-1].seq + 1

@@ -37,7 +37,7 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
     props = jsonable(connection.client_properties)
     info: dict[str, Any] = {
         "name": connection.name, "node": context.node, "type": "network",
-        "state": connection.flow_state, "protocol": "AMQP 0-9-1",
+        "state": connection.flow_state, "protocol": getattr(connection, "protocol", "AMQP 0-9-1"),
         "user": connection.user.name, "user_who_performed_action": connection.user.name,
         "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
         **tls.connection_info(connection.ssl_object),

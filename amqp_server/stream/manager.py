@@ -1,0 +1,191 @@
+"""The broker operations the stream protocol needs (RabbitMQ's rabbit_stream_manager): create and delete a stream,
+find one to publish to or read from, super-stream routes and partitions, and each stream's tracking (consumer
+offsets stored by reference, publishers' last publishing ids).  Permission checks are inside each operation, as in
+every broker operation; a refusal is a :class:`StreamError` with the protocol's response code.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import errors
+from ..auth import Principal
+from ..errors import AMQPError
+from ..message import Message, make_message
+from ..stream_queue import StreamQueue
+from . import core
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+from pamqp import commands
+
+log = logging.getLogger("warren.stream")
+
+# create's arguments, as rabbit_stream_manager turns them into queue arguments (the others are ignored)
+_INTEGER_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
+                      "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
+                      "initial-cluster-size": "x-initial-cluster-size"}
+_STRING_ARGUMENTS = {"max-age": "x-max-age", "queue-leader-locator": "x-queue-leader-locator"}
+_CODES = {errors.ACCESS_REFUSED: core.ACCESS_REFUSED, errors.NOT_FOUND: core.STREAM_DOES_NOT_EXIST,
+          errors.PRECONDITION_FAILED: core.PRECONDITION_FAILED, errors.RESOURCE_LOCKED: core.PRECONDITION_FAILED}
+TRACKING = "stream_tracking"  # the definition store's kind for a stream's tracking, keyed by its index id
+
+
+class StreamError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def code_of(error: AMQPError) -> int:
+    return _CODES.get(error.code, core.INTERNAL_ERROR)
+
+
+@dataclass
+class Tracking:
+    """What a stream remembers for its clients: offsets by consumer reference, last publishing ids by publisher
+    reference."""
+
+    offsets: dict[str, int] = field(default_factory=dict)
+    writers: dict[str, int] = field(default_factory=dict)
+
+
+class StreamManager:
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self._tracking: dict[int, Tracking] = {}
+        self._dirty: set[int] = set()  # streams whose writers changed since they were last saved
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
+        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS."""
+        broker = self.broker
+        vhost = self._vhost(vhost_name)
+        converted: dict[str, Any] = {"x-queue-type": "stream"}
+        for key, value in arguments.items():
+            if key in _INTEGER_ARGUMENTS:
+                try:
+                    converted[_INTEGER_ARGUMENTS[key]] = int(value)
+                except ValueError:
+                    raise StreamError(core.PRECONDITION_FAILED) from None
+            elif key in _STRING_ARGUMENTS:
+                converted[_STRING_ARGUMENTS[key]] = value
+        try:
+            broker.check_queue_declare(vhost, name, converted, who)
+            if name in vhost.queues:
+                raise StreamError(core.STREAM_ALREADY_EXISTS)
+            if not name or len(name.encode()) > 255 or name.startswith("amq."):
+                raise StreamError(core.PRECONDITION_FAILED)
+            broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+
+    def delete(self, vhost_name: str, name: str, who: Principal) -> None:
+        """delete: configure permission; only a stream (another queue type is STREAM_DOES_NOT_EXIST)."""
+        vhost = self._vhost(vhost_name)
+        try:
+            who.check("configure", "queue", vhost_name, name)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+        queue = vhost.queues.get(name)
+        if not isinstance(queue, StreamQueue):
+            raise StreamError(core.STREAM_DOES_NOT_EXIST)
+        index_id = queue.index_id
+        try:
+            self.broker.delete_queue(vhost, name, who=who)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+        self._tracking.pop(index_id, None)
+        self._dirty.discard(index_id)
+        self.broker.store.delete(TRACKING, str(index_id))
+
+    def stream(self, vhost_name: str, name: str) -> StreamQueue | None:
+        """The stream of that name on this node, if there is one (metadata)."""
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
+
+    def for_(self, kind: str, vhost_name: str, name: str, who: Principal) -> StreamQueue:
+        """The stream ``who`` may use for ``kind`` (write: declare a publisher, store an offset; read: subscribe,
+        query an offset or a publisher's sequence), permission first as RabbitMQ checks it."""
+        try:
+            who.check(kind, "queue", vhost_name, name)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+        queue = self.stream(vhost_name, name)
+        if queue is None:
+            raise StreamError(core.STREAM_DOES_NOT_EXIST)
+        return queue
+
+    def _vhost(self, name: str) -> Any:
+        try:
+            return self.broker.vhost(name)
+        except AMQPError:
+            raise StreamError(core.VHOST_ACCESS_FAILURE) from None
+
+    # -- super streams ------------------------------------------------------------------------
+
+    def route(self, vhost_name: str, super_stream: str, routing_key: str, who: Principal) -> list[str]:
+        """The streams a message with ``routing_key`` goes to from the super stream's exchange (read on it)."""
+        exchange = self._exchange(vhost_name, super_stream, who)
+        probe = _probe(super_stream, routing_key)
+        return [queue.name for queue in exchange.route(routing_key, probe) if isinstance(queue, StreamQueue)]
+
+    def partitions(self, vhost_name: str, super_stream: str, who: Principal) -> list[str]:
+        """The super stream's streams in binding order (x-stream-partition-order first, where bindings have it)."""
+        exchange = self._exchange(vhost_name, super_stream, who)
+        bound: list[tuple[int, int, str]] = []
+        for position, binding in enumerate(exchange.bindings()):
+            destination = binding.destination
+            if isinstance(destination, StreamQueue) and all(name != destination.name for _, _, name in bound):
+                order = binding.args_dict().get("x-stream-partition-order")
+                bound.append((order if isinstance(order, int) else position, position, destination.name))
+        return [name for _, _, name in sorted(bound)]
+
+    def _exchange(self, vhost_name: str, name: str, who: Principal) -> Any:
+        try:
+            who.check("read", "exchange", vhost_name, name)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+        exchange = self._vhost(vhost_name).exchanges.get(name)
+        if exchange is None or not name:
+            raise StreamError(core.STREAM_DOES_NOT_EXIST)
+        return exchange
+
+    # -- tracking -----------------------------------------------------------------------------
+
+    def tracking(self, queue: StreamQueue) -> Tracking:
+        tracking = self._tracking.get(queue.index_id)
+        if tracking is None:
+            saved = self.broker.store.get(TRACKING, str(queue.index_id)) or {}
+            tracking = self._tracking[queue.index_id] = Tracking(dict(saved.get("offsets", {})),
+                                                                 dict(saved.get("writers", {})))
+        return tracking
+
+    def store_offset(self, queue: StreamQueue, reference: str, offset: int) -> None:
+        tracking = self.tracking(queue)
+        tracking.offsets[reference] = offset
+        self._save(queue.index_id, tracking)
+
+    def wrote(self, queue: StreamQueue, reference: str, sequence: int) -> None:
+        """A named publisher's last publishing id: saved with the next ``flush`` (every second, and at stop)."""
+        self.tracking(queue).writers[reference] = sequence
+        self._dirty.add(queue.index_id)
+
+    def flush(self) -> None:
+        for index_id in list(self._dirty):
+            tracking = self._tracking.get(index_id)
+            if tracking is not None:
+                self._save(index_id, tracking)
+        self._dirty.clear()
+
+    def _save(self, index_id: int, tracking: Tracking) -> None:
+        self.broker.store.put(TRACKING, str(index_id), {"offsets": tracking.offsets, "writers": tracking.writers})
+
+
+def _probe(exchange: str, routing_key: str) -> Message:
+    """A message with no properties, for asking an exchange where a routing key goes."""
+    return make_message(exchange, routing_key, commands.Basic.Properties(), b"")

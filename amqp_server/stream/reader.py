@@ -1,0 +1,832 @@
+"""One stream-protocol connection (RabbitMQ's rabbit_stream_reader): handshake, publishers, subscriptions.
+
+Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and must have opened a vhost within
+``HANDSHAKE_TIMEOUT``; afterwards frames up to the tuned frame max.  A frame that does not parse, or an unknown
+command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused request gets its
+response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s operations.
+
+A publish frame's messages are appended one by one and confirmed once the group commit holding them is on disk.
+A subscription reads its stream from its offset and sends chunks of what is there, one per credit, while the
+socket takes them: when entries arrive, or credit does, the next chunk goes at the end of the loop turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from .. import __version__
+from ..connection import _is_loopback
+from ..errors import AMQPError
+from ..message import Message, encode_route
+from ..stream_queue import StreamQueue
+from . import amqp10, chunk, core
+from .core import Fields, Malformed
+from .manager import StreamError, StreamManager
+
+if TYPE_CHECKING:
+    from ..auth import Principal, User
+    from ..broker import Broker
+    from ..clients import Clients
+    from ..config import Config
+    from ..publisher_flow import PublisherFlow
+    from ..queue import Queue
+    from ..vhost import VHost
+
+log = logging.getLogger("warren.stream")
+
+PRE_LOGIN_FRAME_MAX = 4096  # peer properties, SASL: a login needs no more
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 3.0
+CHUNK_RECORDS = 1024  # records read into one chunk at most
+MECHANISMS = ("PLAIN",)
+_PUBLISH_ID = struct.Struct(">Q")
+_ENTRY = struct.Struct(">I")
+_DELIVER_HEAD = struct.Struct(">IHHB")  # size, key, version, subscription id
+_CONFIRM_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, count
+
+# states
+AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
+
+
+class Publisher:
+    __slots__ = ("id", "reference", "stream", "route", "sequence")
+
+    def __init__(self, publisher_id: int, reference: str, stream: StreamQueue, sequence: int) -> None:
+        self.id = publisher_id
+        self.reference = reference
+        self.stream = stream
+        self.route = encode_route("", stream.name)
+        self.sequence = sequence  # the last publishing id written (deduplication, with a reference)
+
+
+class Subscription:
+    __slots__ = ("id", "stream", "offset", "credit")
+
+    def __init__(self, subscription_id: int, stream: StreamQueue, offset: int, credit: int) -> None:
+        self.id = subscription_id
+        self.stream = stream
+        self.offset = offset  # the next offset to send
+        self.credit = credit  # chunks it may still be sent
+
+
+class StreamConnection(asyncio.Protocol):
+    """Also what the management API lists as a connection (the attributes it reads), and a ``StreamListener`` of
+    every stream it writes to or reads from."""
+
+    protocol = "RabbitMQ Stream"
+    auth_mechanism = "PLAIN"
+    ssl_object = None
+    channels: dict[int, Any] = {}
+    channel_max = 0
+
+    def __init__(self, broker: "Broker", manager: StreamManager, config: "Config", flow: "PublisherFlow",
+                 clients: "Clients") -> None:
+        self.broker = broker
+        self.manager = manager
+        self.config = config
+        self.flow = flow
+        self.clients = clients
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.state = AWAIT_LOGIN
+        self.buf = bytearray()
+        self.out: list[bytes] = []
+        self._flush_scheduled = False
+        self.user: "User | None" = None
+        self.vhost: "VHost | None" = None
+        self.vhost_name = ""
+        self.principal: "Principal | None" = None
+        self.client_properties: dict[str, str] = {}
+        self.peer: tuple[str, int] = ("?", 0)
+        self.name = ""
+        self.frame_max = PRE_LOGIN_FRAME_MAX
+        self.tuned_frame_max = 0  # agreed by tune, in force once open
+        self.heartbeat = 0
+        self.exclusive_queues: set = set()
+        self.publishers: dict[int, Publisher] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self._pending: dict[Subscription, None] = {}  # subscriptions with something to send at the flush
+        self._unsynced: deque[tuple[int, Publisher, list[int]]] = deque()  # (group commit, publisher, ids)
+        self._confirms: dict[Publisher, list[int]] = {}  # ids to confirm at the next flush
+        self.write_paused = False
+        self.reading_paused = False
+        self.publishing = False
+        self.held = False
+        self._correlation = 0
+        self._received = True
+        self._sent = False
+        self._silent_ticks = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.connected_at = time.time()
+
+    # -- transport ----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername") or ("?", 0)
+        sock = transport.get_extra_info("sockname") or ("?", 0)
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+        self.clients.add(self)  # type: ignore[arg-type]
+        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        for stream in {p.stream for p in self.publishers.values()} | {s.stream for s in self.subscriptions.values()}:
+            stream.listeners.pop(self, None)  # type: ignore[call-overload]
+        self.publishers.clear()
+        self.subscriptions.clear()
+        self._pending.clear()
+        self.broker.persistence.waiters.discard(self)
+        self.buf = bytearray()
+        self.out.clear()
+        self.flow.gone(self)
+        self.clients.remove(self)  # type: ignore[arg-type]
+        if self.user is not None and self.vhost is not None:
+            self.broker.limits.close_connection(self, self.vhost_name, self.user.name)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for subscription in self.subscriptions.values():
+            self._pending[subscription] = None
+        self.schedule_flush()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.transport.is_closing():
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    # -- what the management API and the node ask --------------------------------------------
+
+    @property
+    def flow_state(self) -> str:
+        if self.state != OPEN:
+            return "closing"
+        return "blocked" if self.held else "running"
+
+    def force_close(self, reason: str) -> None:
+        self._close(core.OK, reason)
+
+    def drop_if_peer_gone(self) -> None:
+        """(The memory alarm's sweep of paused connections: a stream connection it holds is dropped on close.)"""
+
+    def hold(self, alarm: str | None) -> None:
+        """A publisher while the node holds publishers (memory alarm, flow): not read."""
+        self.held = True
+        self._pause_reading()
+
+    def release(self) -> None:
+        self.held = False
+        self._resume_reading()
+
+    # -- output -------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        self.schedule_flush()
+
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.clients.schedule_flush(self)  # type: ignore[arg-type]
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._confirms:
+            self._emit_confirms()
+        if self._pending and self.state == OPEN:
+            pending = list(self._pending)
+            self._pending.clear()
+            for subscription in pending:
+                self._pump(subscription)
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(self.out)
+            self.transport.write(data)
+            self.send_oct += len(data)
+            self.send_cnt += 1
+            self._sent = True
+        self.out.clear()
+
+    # -- input --------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
+        if self.state >= CLOSED:
+            return
+        buf = self.buf
+        buf += data
+        pos = 0
+        size_of = core.SIZE.unpack_from
+        try:
+            while len(buf) - pos >= 4 and self.state < CLOSED:
+                size = size_of(buf, pos)[0]
+                if self.frame_max and size > self.frame_max:
+                    log.warning("stream connection %s: frame of %d bytes, above the frame max %d", self.name,
+                                size, self.frame_max)
+                    self._close(core.FRAME_TOO_LARGE, "frame too large")
+                    pos = len(buf)
+                    break
+                if len(buf) - pos - 4 < size:
+                    break
+                start, end = pos + 4, pos + 4 + size
+                pos = end
+                if size < 4:
+                    raise Malformed("frame shorter than its key and version")
+                key, version = core.HEAD.unpack_from(buf, start)
+                self._frame(key, version, Fields(buf, start + 4, end))
+        except Malformed as exc:
+            log.warning("stream connection %s: malformed frame (%s)", self.name, exc)
+            self._close(core.UNKNOWN_FRAME, "unknown frame")
+            pos = len(buf)
+        except Exception:
+            log.exception("internal error on stream connection %s", self.name)
+            self._close(core.INTERNAL_ERROR, "internal error")
+            pos = len(buf)
+        del buf[:pos]
+        if self.out or self._pending or self._confirms:
+            self.schedule_flush()
+        self.clients.flush()
+
+    def _frame(self, key: int, version: int, fields: Fields) -> None:
+        state = self.state
+        if state == CLOSE_SENT:
+            if key == core.CLOSE | core.RESPONSE:
+                self._drop()
+            elif key == core.CLOSE:
+                self.send(core.response(core.CLOSE, fields.u32(), core.OK))
+                self.flush()
+                self._drop()
+            return
+        if key == core.HEARTBEAT:
+            return
+        if key == core.PUBLISH and state == OPEN:
+            self._publish(version, fields)
+            return
+        handler = self._HANDLERS.get(key)
+        if handler is None or (state != OPEN and key not in _BEFORE_OPEN) or (state == OPEN and key in _LOGIN):
+            if key & core.RESPONSE and state == OPEN:
+                return  # a response to something we asked (a close racing its own): nothing to do
+            log.warning("stream connection %s: unknown or unexpected command %#06x", self.name, key)
+            self._close(core.UNKNOWN_FRAME, "unknown frame")
+            return
+        handler(self, fields)
+
+    # -- login --------------------------------------------------------------------------------
+
+    def _peer_properties(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        self.client_properties = fields.properties()
+        fields.done()
+        server = {"product": "RabbitMQ", "version": "3.10.8", "platform": "Warren " + __version__,
+                  "copyright": "Warren contributors", "information": "Licensed under the MPL 2.0",
+                  "cluster_name": self.broker.access.cluster_name(self.broker.node_name)}
+        self.send(core.response(core.PEER_PROPERTIES, correlation, core.OK, core.properties(server)))
+
+    def _sasl_handshake(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        fields.done()
+        self.send(core.response(core.SASL_HANDSHAKE, correlation, core.OK, core.strings(MECHANISMS)))
+
+    def _sasl_authenticate(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        mechanism = fields.string()
+        data = fields.bytes_()
+        fields.done()
+        if self.state != AWAIT_LOGIN:
+            self._close(core.UNKNOWN_FRAME, "unknown frame")
+            return
+        if mechanism not in MECHANISMS:
+            self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.SASL_MECHANISM_NOT_SUPPORTED))
+            return
+        parts = data.split(b"\x00")
+        if len(parts) != 3:
+            self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.SASL_ERROR))
+            return
+        username, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+        user = self.broker.access.authenticate(username, password)
+        loopback_refused = (user is not None and user.name == "guest" and self.config.loopback_users_only
+                            and not _is_loopback(self.peer[0]))
+        self.broker.auth_attempts.record("stream", user is not None and not loopback_refused)
+        if user is None or loopback_refused:
+            log.warning("stream login refused for user %r from %s", username[:64], self.peer[0])
+            code = core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if loopback_refused else core.AUTHENTICATION_FAILURE
+            self.send(core.response(core.SASL_AUTHENTICATE, correlation, code))
+            self.flush()
+            self._drop()
+            return
+        self.user = user
+        self.state = AWAIT_TUNE
+        self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.OK))
+        self.send(core.frame(core.TUNE, core.u32(self.config.stream_frame_max) + core.u32(self.config.heartbeat)))
+
+    def _tune(self, fields: Fields) -> None:
+        frame_max, heartbeat = fields.u32(), fields.u32()
+        fields.done()
+        if self.state != AWAIT_TUNE:
+            self._close(core.UNKNOWN_FRAME, "unknown frame")
+            return
+        server_max = self.config.stream_frame_max
+        self.tuned_frame_max = min(frame_max, server_max) if frame_max and server_max else frame_max or server_max
+        self.heartbeat = heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        name = fields.string()
+        fields.done()
+        if self.state != AWAIT_OPEN or self.user is None:
+            self._close(core.UNKNOWN_FRAME, "unknown frame")
+            return
+        access = self.broker.access
+        principal = access.principal(name, self.user.name) if access.vhost_exists(name) else None
+        if principal is None or principal.permissions is None:
+            log.warning("stream connection %s: access to vhost %r refused for user %r", self.name, name[:64],
+                        self.user.name)
+            self.send(core.response(core.OPEN, correlation, core.VHOST_ACCESS_FAILURE))
+            self.flush()
+            self._drop()
+            return
+        try:
+            self.broker.limits.open_connection(self, name, self.user.name)  # type: ignore[arg-type]
+        except AMQPError:
+            self.send(core.response(core.OPEN, correlation, core.VHOST_ACCESS_FAILURE))
+            self.flush()
+            self._drop()
+            return
+        self.vhost = self.broker.vhost(name)
+        self.vhost_name = name
+        self.principal = principal
+        self.frame_max = self.tuned_frame_max
+        self.state = OPEN
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._timer = self.loop.call_later(self.heartbeat, self._heartbeat_tick)
+        advertised = {"advertised_host": self.config.stream_advertised_host or self._local_host(),
+                      "advertised_port": str(self.config.stream_advertised_port or self.config.stream_port)}
+        self.send(core.response(core.OPEN, correlation, core.OK, core.properties(advertised)))
+
+    def _local_host(self) -> str:
+        sock = self.transport.get_extra_info("sockname") if self.transport is not None else None
+        return str(sock[0]) if sock else "localhost"
+
+    def _close_request(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        fields.u16()
+        fields.string()
+        self.send(core.response(core.CLOSE, correlation, core.OK))
+        self.flush()
+        self._drop()
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def _who(self) -> "Principal":
+        assert self.principal is not None
+        return self.principal
+
+    def _create(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        name = fields.string()
+        arguments = fields.properties()
+        fields.done()
+        self._answer(core.CREATE, correlation, lambda: self.manager.create(self.vhost_name, name, arguments,
+                                                                         self._who()))
+
+    def _delete(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        name = fields.string()
+        fields.done()
+        self._answer(core.DELETE, correlation, lambda: self.manager.delete(self.vhost_name, name, self._who()))
+
+    def _answer(self, key: int, correlation: int, operation: Callable[[], None]) -> None:
+        try:
+            operation()
+        except StreamError as exc:
+            self.send(core.response(key, correlation, exc.code))
+            return
+        self.send(core.response(key, correlation, core.OK))
+
+    def _metadata(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        names = fields.strings()
+        fields.done()
+        host = self.config.stream_advertised_host or self._local_host()
+        port = self.config.stream_advertised_port or self.config.stream_port
+        asked = list(dict.fromkeys(names))
+        body = [core.u32(correlation), core.u32(1), core.u16(0), core.string(host), core.u32(port),
+                core.u32(len(asked))]
+        for name in asked:  # this node leads every stream it has (reference 0), and has no replicas
+            if self.manager.stream(self.vhost_name, name) is None:
+                body.append(core.string(name) + core.u16(core.STREAM_DOES_NOT_EXIST) + core.u16(0xFFFF) + core.u32(0))
+            else:
+                body.append(core.string(name) + core.u16(core.OK) + core.u16(0) + core.u32(0))
+        self.send(core.frame(core.METADATA | core.RESPONSE, b"".join(body)))
+
+    def _route(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        routing_key = fields.string()
+        super_stream = fields.string()
+        fields.done()
+        try:
+            streams = self.manager.route(self.vhost_name, super_stream, routing_key, self._who())
+        except StreamError as exc:
+            self.send(core.response(core.ROUTE, correlation, exc.code, core.strings([])))
+            return
+        self.send(core.response(core.ROUTE, correlation, core.OK, core.strings(streams)))
+
+    def _partitions(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        super_stream = fields.string()
+        fields.done()
+        try:
+            streams = self.manager.partitions(self.vhost_name, super_stream, self._who())
+        except StreamError as exc:
+            self.send(core.response(core.PARTITIONS, correlation, exc.code, core.strings([])))
+            return
+        self.send(core.response(core.PARTITIONS, correlation, core.OK, core.strings(streams)))
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _declare_publisher(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        publisher_id = fields.u8()
+        reference = fields.string()
+        name = fields.string()
+        fields.done()
+        try:
+            if len(reference.encode()) > core.MAX_REFERENCE:
+                raise StreamError(core.PRECONDITION_FAILED)
+            stream = self.manager.for_("write", self.vhost_name, name, self._who())
+            if publisher_id in self.publishers or (reference and any(
+                    p.reference == reference and p.stream is stream for p in self.publishers.values())):
+                raise StreamError(core.PRECONDITION_FAILED)
+        except StreamError as exc:
+            self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
+            return
+        sequence = self.manager.tracking(stream).writers.get(reference, 0) if reference else 0
+        self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, sequence)
+        stream.listeners[self] = None  # type: ignore[index]
+        self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
+
+    def _delete_publisher(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        publisher_id = fields.u8()
+        fields.done()
+        publisher = self.publishers.pop(publisher_id, None)
+        if publisher is None:
+            self.send(core.response(core.DELETE_PUBLISHER, correlation, core.PUBLISHER_DOES_NOT_EXIST))
+            return
+        self._forget(publisher.stream)
+        self.send(core.response(core.DELETE_PUBLISHER, correlation, core.OK))
+
+    def _query_publisher_sequence(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        reference = fields.string()
+        name = fields.string()
+        fields.done()
+        try:
+            stream = self.manager.for_("read", self.vhost_name, name, self._who())
+        except StreamError as exc:
+            self.send(core.response(core.QUERY_PUBLISHER_SEQUENCE, correlation, exc.code, core.u64(0)))
+            return
+        sequence = self.manager.tracking(stream).writers.get(reference, 0)
+        self.send(core.response(core.QUERY_PUBLISHER_SEQUENCE, correlation, core.OK, core.u64(sequence)))
+
+    def _publish(self, version: int, fields: Fields) -> None:
+        """publish (v1; v2 carries a filter value per message, read and ignored): append, confirm after fsync.
+        Messages a named publisher sent before (publishing id not above its last) are confirmed, not written."""
+        publisher_id = fields.u8()
+        count = fields.count(12)
+        publisher = self.publishers.get(publisher_id)
+        if not self.publishing:
+            self.publishing = True
+            self.flow.publishing(self)
+        buf, pos, end = fields.buf, fields.pos, fields.end
+        ids: list[int] = []
+        duplicates: list[int] = []
+        stream = publisher.stream if publisher is not None else None
+        records: list[tuple[int, list[bytes] | bytes]] = []
+        for _ in range(count):
+            if pos + 13 > end:
+                raise Malformed("publish frame too short")
+            publishing_id = _PUBLISH_ID.unpack_from(buf, pos)[0]
+            pos += 8
+            if version >= 2:
+                fields.pos = pos
+                fields.string()
+                pos = fields.pos
+            if buf[pos] & 0x80:
+                if pos + 11 > end:
+                    raise Malformed("sub-batch too short")
+                type_byte, records_in, uncompressed, size = chunk.SUB_BATCH.unpack_from(buf, pos)
+                pos += 11
+                if pos + size > end:
+                    raise Malformed("sub-batch runs past the frame")
+                data = bytes(buf[pos:pos + size])
+                pos += size
+                records.append((publishing_id, [type_byte.to_bytes(1, "big") + records_in.to_bytes(2, "big")
+                                                + uncompressed.to_bytes(4, "big"), data]))
+            else:
+                size = _ENTRY.unpack_from(buf, pos)[0]
+                pos += 4
+                if pos + size > end:
+                    raise Malformed("message runs past the frame")
+                records.append((publishing_id, bytes(buf[pos:pos + size])))
+                pos += size
+        if pos != end:
+            raise Malformed("bytes left over in the publish frame")
+        if publisher is None or stream is None or stream.deleted:
+            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
+            self._publish_errors(publisher_id, [(pid, code) for pid, _ in records])
+            return
+        errors: list[tuple[int, int]] = []
+        route = publisher.route
+        name = stream.name
+        enqueue = stream.enqueue
+        dedup = bool(publisher.reference)
+        last = publisher.sequence
+        for publishing_id, record in records:
+            if dedup and publishing_id <= last:
+                duplicates.append(publishing_id)
+                continue
+            if isinstance(record, list):
+                head, data = record
+                try:
+                    batch = chunk.sub_batch_records(head[0], int.from_bytes(head[1:3], "big"),
+                                                    int.from_bytes(head[3:7], "big"), data)
+                except (ValueError, chunk.Unsupported) as exc:
+                    log.warning("stream connection %s: sub-batch refused: %s", self.name, exc)
+                    errors.append((publishing_id, core.PRECONDITION_FAILED))
+                    continue
+            else:
+                batch = [record]
+            for body in batch:
+                enqueue(Message("", name, route, b"", body))
+            ids.append(publishing_id)
+            last = max(last, publishing_id)
+        if dedup and last != publisher.sequence:
+            publisher.sequence = last
+            self.manager.wrote(stream, publisher.reference, last)
+        if errors:
+            self._publish_errors(publisher_id, errors)
+        if duplicates:
+            self._confirms.setdefault(publisher, []).extend(duplicates)
+        if ids:
+            persistence = self.broker.persistence
+            if persistence.staged:
+                self._unsynced.append((persistence.batch, publisher, ids))
+                persistence.waiters.add(self)
+            else:
+                self._confirms.setdefault(publisher, []).extend(ids)
+
+    def _publish_errors(self, publisher_id: int, errors: list[tuple[int, int]]) -> None:
+        body = core.u8(publisher_id) + core.u32(len(errors)) + b"".join(
+            core.u64(pid) + core.u16(code) for pid, code in errors)
+        self.send(core.frame(core.PUBLISH_ERROR, body))
+
+    def synced(self, batch: int) -> None:
+        """Group commit ``batch`` is on disk: what waited for it is confirmed."""
+        unsynced = self._unsynced
+        while unsynced and unsynced[0][0] <= batch:
+            _, publisher, ids = unsynced.popleft()
+            if self.publishers.get(publisher.id) is publisher:
+                self._confirms.setdefault(publisher, []).extend(ids)
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+        self.schedule_flush()
+
+    def _emit_confirms(self) -> None:
+        pack = _PUBLISH_ID.pack
+        for publisher, ids in self._confirms.items():
+            self.out.append(_CONFIRM_HEAD.pack(9 + 8 * len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids)))
+            self.out.append(b"".join(map(pack, ids)))
+        self._confirms.clear()
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    def _subscribe(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        subscription_id = fields.u8()
+        name = fields.string()
+        offset_type = fields.u16()
+        if offset_type in (core.OFFSET_OFFSET, core.OFFSET_TIMESTAMP):
+            value = fields.u64() if offset_type == core.OFFSET_OFFSET else fields.i64()
+        elif offset_type in (core.OFFSET_FIRST, core.OFFSET_LAST, core.OFFSET_NEXT):
+            value = 0
+        else:
+            raise Malformed("unknown offset specification")
+        credit = fields.u16()
+        fields.properties()  # (single-active-consumer, super-stream: RabbitMQ 3.11; 3.10 ignores them)
+        fields.done()
+        try:
+            if subscription_id in self.subscriptions:
+                raise StreamError(core.SUBSCRIPTION_ID_ALREADY_EXISTS)
+            stream = self.manager.for_("read", self.vhost_name, name, self._who())
+        except StreamError as exc:
+            self.send(core.response(core.SUBSCRIBE, correlation, exc.code))
+            return
+        if offset_type == core.OFFSET_FIRST:
+            start = stream.first
+        elif offset_type == core.OFFSET_LAST:
+            start = stream.attach_at("last")
+        elif offset_type == core.OFFSET_NEXT:
+            start = stream.next_seq
+        elif offset_type == core.OFFSET_OFFSET:
+            start = min(max(value, stream.first), stream.next_seq)
+        else:
+            start = stream.attach_at(datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc))
+        subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
+        stream.listeners[self] = None  # type: ignore[index]
+        self.send(core.response(core.SUBSCRIBE, correlation, core.OK))
+        self._pending[subscription] = None
+
+    def _credit(self, fields: Fields) -> None:
+        subscription_id = fields.u8()
+        credit = fields.u16()
+        fields.done()
+        subscription = self.subscriptions.get(subscription_id)
+        if subscription is None:
+            self.send(core.SIZE.pack(7) + core.HEAD.pack(core.CREDIT | core.RESPONSE, 1)
+                      + core.u16(core.SUBSCRIPTION_ID_DOES_NOT_EXIST) + core.u8(subscription_id))
+            return
+        subscription.credit = min(subscription.credit + credit, 0xFFFF)
+        self._pending[subscription] = None
+
+    def _unsubscribe(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        subscription_id = fields.u8()
+        fields.done()
+        subscription = self.subscriptions.pop(subscription_id, None)
+        if subscription is None:
+            self.send(core.response(core.UNSUBSCRIBE, correlation, core.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            return
+        self._pending.pop(subscription, None)
+        self._forget(subscription.stream)
+        self.send(core.response(core.UNSUBSCRIBE, correlation, core.OK))
+
+    def _store_offset(self, fields: Fields) -> None:
+        reference = fields.string()
+        name = fields.string()
+        offset = fields.u64()
+        fields.done()
+        if not reference or len(reference.encode()) > core.MAX_REFERENCE:
+            return
+        try:
+            stream = self.manager.for_("write", self.vhost_name, name, self._who())
+        except StreamError:
+            return  # no response to store_offset, as in RabbitMQ
+        self.manager.store_offset(stream, reference, offset)
+
+    def _query_offset(self, fields: Fields) -> None:
+        correlation = fields.u32()
+        reference = fields.string()
+        name = fields.string()
+        fields.done()
+        try:
+            stream = self.manager.for_("read", self.vhost_name, name, self._who())
+            offset = self.manager.tracking(stream).offsets.get(reference)
+            if offset is None:
+                raise StreamError(core.NO_OFFSET)
+        except StreamError as exc:
+            self.send(core.response(core.QUERY_OFFSET, correlation, exc.code, core.u64(0)))
+            return
+        self.send(core.response(core.QUERY_OFFSET, correlation, core.OK, core.u64(offset)))
+
+    def _pump(self, subscription: Subscription) -> None:
+        """Send chunks while the subscription has credit, its stream has more and the socket takes them."""
+        stream = subscription.stream
+        limit = (self.frame_max or 1 << 30) - _DELIVER_HEAD.size - chunk.HEADER.size
+        while subscription.credit > 0 and not self.write_paused and self.subscriptions.get(subscription.id) is subscription:
+            offset = max(subscription.offset, stream.first)
+            if offset >= stream.next_seq:
+                subscription.offset = offset
+                return
+            entries = stream.read(offset, CHUNK_RECORDS)
+            if not entries:
+                return
+            records: list[bytes] = []
+            size = 0
+            for entry in entries:
+                record = amqp10.stored_record(entry.message)
+                if records and size + 4 + len(record) > limit:
+                    break
+                records.append(record)
+                size += 4 + len(record)
+            data = chunk.encode(entries[0].seq, stream.published_ms(), records)
+            self.out.append(_DELIVER_HEAD.pack(len(data) + 5, core.DELIVER, 1, subscription.id))
+            self.out.append(data)
+            subscription.offset = entries[0].seq + len(records)
+            subscription.credit -= 1
+
+    # -- what the streams tell ----------------------------------------------------------------
+
+    def appended(self, stream: Queue) -> None:
+        for subscription in self.subscriptions.values():
+            if subscription.stream is stream and subscription.credit:
+                if subscription not in self._pending:
+                    self._pending[subscription] = None
+                    self.schedule_flush()
+
+    def deleted(self, stream: Queue) -> None:
+        """RabbitMQ's metadata update: the stream is not available any more; what used it here goes."""
+        for publisher_id in [p.id for p in self.publishers.values() if p.stream is stream]:
+            del self.publishers[publisher_id]
+        for subscription_id in [s.id for s in self.subscriptions.values() if s.stream is stream]:
+            self._pending.pop(self.subscriptions.pop(subscription_id), None)
+        update = core.frame(core.METADATA_UPDATE, core.u16(core.STREAM_NOT_AVAILABLE) + core.string(stream.name))
+        self.loop.call_soon(self.send, update)  # after the answer to a delete of this connection's
+
+    def _forget(self, stream: StreamQueue) -> None:
+        """Stop listening to a stream nothing here uses any more."""
+        if not any(p.stream is stream for p in self.publishers.values()) and \
+                not any(s.stream is stream for s in self.subscriptions.values()):
+            stream.listeners.pop(self, None)  # type: ignore[call-overload]
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def _close(self, code: int, reason: str) -> None:
+        """Close request to the client; the socket goes when it answers, or after CLOSE_TIMEOUT."""
+        if self.state >= CLOSE_SENT:
+            return
+        self.state = CLOSE_SENT
+        self._correlation += 1
+        self.send(core.frame(core.CLOSE, core.u32(self._correlation) + core.u16(code) + core.string(reason)))
+        self.flush()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(CLOSE_TIMEOUT, self._drop)
+
+    def _drop(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.state = CLOSED
+
+    def _handshake_timeout(self) -> None:
+        if self.state != OPEN:
+            log.warning("stream connection %s: no open within %.0f s", self.name, HANDSHAKE_TIMEOUT)
+            self._drop()
+
+    def _heartbeat_tick(self) -> None:
+        if self.state != OPEN:
+            return
+        self._silent_ticks = 0 if self._received else self._silent_ticks + 1
+        self._received = False
+        if not self._sent:
+            self.send(core.frame(core.HEARTBEAT))
+            self.flush()
+        self._sent = False
+        if self._silent_ticks >= 2:
+            log.warning("stream connection %s: missed heartbeats, timeout %d s", self.name, self.heartbeat)
+            self._drop()
+            return
+        self._timer = self.loop.call_later(self.heartbeat, self._heartbeat_tick)
+
+    _HANDLERS: dict[int, Callable[["StreamConnection", Fields], None]] = {
+        core.PEER_PROPERTIES: _peer_properties, core.SASL_HANDSHAKE: _sasl_handshake,
+        core.SASL_AUTHENTICATE: _sasl_authenticate, core.TUNE: _tune, core.OPEN: _open,
+        core.CLOSE: _close_request, core.CREATE: _create, core.DELETE: _delete, core.METADATA: _metadata,
+        core.ROUTE: _route, core.PARTITIONS: _partitions, core.DECLARE_PUBLISHER: _declare_publisher,
+        core.DELETE_PUBLISHER: _delete_publisher, core.QUERY_PUBLISHER_SEQUENCE: _query_publisher_sequence,
+        core.SUBSCRIBE: _subscribe, core.CREDIT: _credit, core.UNSUBSCRIBE: _unsubscribe,
+        core.STORE_OFFSET: _store_offset, core.QUERY_OFFSET: _query_offset,
+    }
+
+
+_LOGIN = frozenset({core.PEER_PROPERTIES, core.SASL_HANDSHAKE, core.SASL_AUTHENTICATE, core.TUNE, core.OPEN})
+_BEFORE_OPEN = _LOGIN | {core.CLOSE}
+
+
+async def start(broker: "Broker", config: "Config", flow: "PublisherFlow", clients: "Clients"
+                ) -> tuple[asyncio.AbstractServer, StreamManager]:
+    """Listen on the stream port; the manager's tracking is saved every second (and by ``stop``)."""
+    manager = StreamManager(broker)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: StreamConnection(broker, manager, config, flow, clients),
+                                      config.bind, config.stream_port, reuse_address=True, backlog=1024)
+
+    def save() -> None:
+        manager.flush()
+        if server.is_serving():
+            loop.call_later(1.0, save)
+
+    loop.call_later(1.0, save)
+    return server, manager

@@ -1,0 +1,354 @@
+"""RabbitMQ's stream protocol (``--stream-enabled``): rstream and rbfly unchanged, AMQP 0-9-1 on the same streams,
+and raw frames for what a hostile or broken peer sends.
+
+Each test also passes against RabbitMQ 3.10.8 with rabbitmq_stream, but for those marked warren_only.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+import uuid
+
+import pika
+import pytest
+
+from conftest import BrokerProcess, free_port
+
+rstream = pytest.importorskip("rstream")
+from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    port = free_port()
+    broker = BrokerProcess(tmp_path_factory.mktemp("stream") / "data",
+                           extra=["--stream-enabled", "true", "--stream-port", str(port)])
+    broker.stream_port = port  # type: ignore[attr-defined]
+    broker.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield broker
+    broker.stop()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def producer(node) -> "rstream.Producer":
+    return rstream.Producer("127.0.0.1", port=node.stream_port, username="guest", password="guest")
+
+
+def consumer(node) -> "rstream.Consumer":
+    return rstream.Consumer("127.0.0.1", port=node.stream_port, username="guest", password="guest")
+
+
+async def read(node, stream: str, count: int, offset=OffsetType.FIRST, value=None, decoder=None) -> list:
+    got: list = []
+    done = asyncio.Event()
+    reader = consumer(node)
+    await reader.start()
+
+    def on_message(message, context):
+        got.append((context.offset, message if decoder else bytes(message)))
+        if len(got) >= count:
+            done.set()
+
+    await reader.subscribe(stream, callback=on_message, decoder=decoder,
+                           offset_specification=ConsumerOffsetSpecification(offset, value))
+    try:
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        await reader.close()
+    return got
+
+
+def test_publish_confirmed_then_read_from_first_and_from_an_offset(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        async with producer(node) as writer:
+            await writer.create_stream(stream)
+            assert await writer.send_wait(stream, b"one") == 1
+            assert await writer.send_batch(stream, [b"m%d" % i for i in range(200)]) == list(range(2, 202))
+        everything = await read(node, stream, 201)
+        assert everything == [(0, b"one")] + [(i + 1, b"m%d" % i) for i in range(200)]
+        assert (await read(node, stream, 3, OffsetType.OFFSET, 198))[:3] == [(198, b"m197"), (199, b"m198"),
+                                                                            (200, b"m199")]
+        async with producer(node) as writer:
+            await writer.delete_stream(stream)
+    run(scenario())
+
+
+def test_a_named_publisher_is_deduplicated_and_its_sequence_kept(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        async with producer(node) as writer:
+            await writer.create_stream(stream)
+            for publishing_id in (1, 2, 3, 2, 3):
+                await writer.send_wait(stream, rstream.RawMessage(b"m%d" % publishing_id, publishing_id),
+                                       publisher_name="app")
+        async with producer(node) as writer:  # a new connection, the same name: the sequence is the stream's
+            await writer.send_wait(stream, rstream.RawMessage(b"m3", 3), publisher_name="app")
+            await writer.send_wait(stream, rstream.RawMessage(b"m4", 4), publisher_name="app")
+        got = await read(node, stream, 4)
+        assert [body for _, body in got] == [b"m1", b"m2", b"m3", b"m4"]
+    run(scenario())
+
+
+def test_offsets_are_stored_and_queried_by_reference(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        reader = consumer(node)
+        await reader.start()
+        try:
+            await reader.create_stream(stream)
+            with pytest.raises(rstream.exceptions.OffsetNotFound):
+                await reader.query_offset(stream, "app")
+            await reader.store_offset(stream, "app", 42)
+            assert await reader.query_offset(stream, "app") == 42
+            with pytest.raises(rstream.exceptions.StreamAlreadyExists):
+                await reader.create_stream(stream)
+            await reader.delete_stream(stream)
+            with pytest.raises(rstream.exceptions.StreamDoesNotExist):
+                await reader.delete_stream(stream)
+        finally:
+            await reader.close()
+    run(scenario())
+
+
+def test_a_stream_protocol_message_read_over_amqp_091(node):
+    """An AMQP 1.0 message published over the stream protocol reaches an AMQP 0-9-1 consumer as RabbitMQ 3.10
+    converts it; a record that is not AMQP 1.0 arrives as the body."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def publish():
+        async with producer(node) as writer:
+            await writer.create_stream(stream)
+            await writer.send_wait(stream, AMQPMessage(
+                body=b"hello", properties=Properties(message_id="id-1", content_type="text/plain",
+                                                     correlation_id="c-1", reply_to="back"),
+                application_properties={"colour": "red", "n": 7}))
+            await writer.send_wait(stream, b"raw bytes")
+    run(publish())
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    got = []
+    channel.basic_consume(stream, lambda ch, method, props, body: got.append((method, props, body)),
+                          arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    connection.close()
+    (method, props, body), (_, raw_props, raw_body) = got
+    assert body == b"hello" and method.routing_key == stream and method.exchange == ""
+    assert (props.message_id, props.content_type, props.correlation_id, props.reply_to) == (
+        "id-1", "text/plain", "c-1", "back")
+    assert props.headers == {"colour": "red", "n": 7, "x-stream-offset": 0}
+    assert raw_body == b"raw bytes" and raw_props.headers == {"x-stream-offset": 1}
+
+
+def test_an_amqp_091_publish_read_over_the_stream_protocol(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    channel.basic_publish("", stream, b"from amqp", pika.BasicProperties(
+        content_type="application/json", message_id="m-9", delivery_mode=2, headers={"k": "v"}, app_id="app"))
+    connection.close()
+    [(offset, message)] = run(read(node, stream, 1, decoder=amqp_decoder))
+    assert offset == 0 and message.body == b"from amqp"
+    assert message.properties.message_id == b"m-9"
+    assert message.properties.content_type == b"application/json"
+    assert message.application_properties == {b"k": b"v", b"x-basic-app-id": b"app"}
+    assert message.message_annotations[b"x-basic-delivery-mode"] == 2
+
+
+def test_rbfly_publishes_and_reads(node):
+    rbs = pytest.importorskip("rbfly.streams")
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        client = rbs.streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{node.stream_port}/")
+        try:
+            await client.create_stream(stream)
+            async with client.publisher(stream) as publisher:
+                for i in range(5):
+                    await publisher.send(b"rb%d" % i)
+            got = []
+            async for message in client.subscribe(stream, offset=rbs.Offset.FIRST):
+                got.append(message)
+                if len(got) == 5:
+                    break
+            assert got == [b"rb%d" % i for i in range(5)]
+            await client.delete_stream(stream)
+        finally:
+            await client.disconnect()
+    run(scenario())
+
+
+def test_a_deleted_stream_is_a_metadata_update_to_its_consumers(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        closed = asyncio.Event()
+        told: list[str] = []
+
+        async def on_close(info):
+            told.extend(info.streams)
+            closed.set()
+
+        reader = rstream.Consumer("127.0.0.1", port=node.stream_port, username="guest", password="guest",
+                                  on_close_handler=on_close)
+        await reader.start()
+        await reader.create_stream(stream)
+        await reader.subscribe(stream, callback=lambda message, context: None)
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        connection.channel().queue_delete(stream)
+        connection.close()
+        await asyncio.wait_for(closed.wait(), 5)
+        assert told == [stream]
+        await reader.close()
+    run(scenario())
+
+
+# -- raw frames -------------------------------------------------------------------------------------------
+
+def frame(key: int, body: bytes, version: int = 1) -> bytes:
+    return struct.pack(">IHH", len(body) + 4, key, version) + body
+
+
+def string(value: str) -> bytes:
+    return struct.pack(">h", len(value.encode())) + value.encode()
+
+
+class Raw:
+    def __init__(self, node) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", node.stream_port), timeout=5)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self) -> tuple[int, bytes]:
+        """(key, the rest) of the next frame; (-1, b"") when the broker closed the socket."""
+        while len(self.buf) < 4 or len(self.buf) < 4 + struct.unpack_from(">I", self.buf)[0]:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return -1, b""
+            self.buf += chunk
+        size = struct.unpack_from(">I", self.buf)[0]
+        data, self.buf = self.buf[4:4 + size], self.buf[4 + size:]
+        return struct.unpack_from(">H", data)[0], data[4:]
+
+    def login(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> int:
+        self.send(frame(0x11, struct.pack(">I", 1) + struct.pack(">i", 0)))
+        assert self.receive()[0] == 0x8011
+        self.send(frame(0x12, struct.pack(">I", 2)))
+        assert self.receive()[0] == 0x8012
+        self.send(frame(0x13, struct.pack(">I", 3) + string("PLAIN")
+                        + struct.pack(">i", len(user) + len(password) + 2) + b"\0" + user.encode() + b"\0"
+                        + password.encode()))
+        key, rest = self.receive()
+        code = struct.unpack_from(">IH", rest)[1]
+        if code != 1:
+            return code
+        key, rest = self.receive()
+        assert key == 0x14
+        self.send(frame(0x14, rest))
+        self.send(frame(0x15, struct.pack(">I", 4) + string(vhost)))
+        key, rest = self.receive()
+        return struct.unpack_from(">IH", rest)[1]
+
+    def request(self, key: int, body: bytes) -> int:
+        """Send a request (correlation 9) and answer its response code."""
+        self.send(frame(key, struct.pack(">I", 9) + body))
+        got, rest = self.receive()
+        assert got == key | 0x8000
+        return struct.unpack_from(">IH", rest)[1]
+
+    def closed_with(self) -> int:
+        """The code of the close request the broker sends."""
+        key, rest = self.receive()
+        assert key == 0x16, key
+        return struct.unpack_from(">IH", rest)[1]
+
+
+@pytest.mark.warren_only("the pre-login frame limit is Warren's (RabbitMQ takes frames up to frame_max)")
+def test_a_large_frame_before_login_closes_the_connection(node):
+    raw = Raw(node)
+    raw.send(struct.pack(">I", 1_000_000) + b"\x00\x11\x00\x01")
+    assert raw.closed_with() == 0x0E  # FRAME_TOO_LARGE
+
+
+def test_an_unknown_command_closes_with_unknown_frame(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    raw.send(frame(0x7F, b"whatever"))
+    assert raw.closed_with() == 0x0D
+
+
+def test_a_truncated_frame_closes_with_unknown_frame(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    raw.send(frame(0x0D, struct.pack(">I", 9) + struct.pack(">h", 300) + b"short"))
+    assert raw.closed_with() == 0x0D
+
+
+def test_a_wrong_password_is_authentication_failure(node):
+    assert Raw(node).login(password="wrong") == 0x08
+
+
+def test_an_unknown_vhost_is_vhost_access_failure(node):
+    assert Raw(node).login(vhost="no-such-vhost") == 0x0C
+
+
+@pytest.mark.warren_only("needs warren-admin")
+def test_permissions_are_checked_by_the_broker_operations(node):
+    user = f"u-{uuid.uuid4().hex[:6]}"
+    assert node.admin("add-user", user, "pw").returncode == 0
+    assert node.admin("set-permissions", "/", user, "^cfg-.*", "^w-.*", "^r-.*").returncode == 0
+    raw = Raw(node)
+    assert raw.login(user, "pw") == 1
+    assert raw.request(0x0D, string("nope") + struct.pack(">i", 0)) == 0x10  # create: configure refused
+    assert raw.request(0x0D, string("cfg-a") + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string("cfg-a")) == 0x10  # declare publisher: write
+    assert raw.request(0x07, b"\x01" + string("cfg-a") + struct.pack(">H", 1) + struct.pack(">H", 10)
+                       + struct.pack(">i", 0)) == 0x10  # subscribe: read
+    assert raw.request(0x0E, string("cfg-a")) == 1
+
+
+def test_bad_requests_get_their_response_codes(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 1) + string("max-length-bytes")
+                       + string("lots")) == 0x11
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 0x05
+    assert raw.request(0x01, b"\x01" + string("") + string("missing")) == 0x02
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 0x11  # the id is taken
+    assert raw.request(0x06, b"\x07") == 0x12
+    subscribe = b"\x01" + string(stream) + struct.pack(">H", 1) + struct.pack(">H", 10) + struct.pack(">i", 0)
+    assert raw.request(0x07, subscribe) == 1
+    assert raw.request(0x07, subscribe) == 0x03
+    assert raw.request(0x0C, b"\x05") == 0x04
+    raw.send(frame(0x02, b"\x09" + struct.pack(">i", 1) + struct.pack(">Q", 77) + struct.pack(">i", 1) + b"x"))
+    key, rest = raw.receive()
+    assert key == 0x04 and rest == b"\x09" + struct.pack(">I", 1) + struct.pack(">QH", 77, 0x12)
+    assert raw.request(0x0B, string("nobody") + string(stream)) == 0x13
+    assert raw.request(0x0E, string(stream)) == 1
