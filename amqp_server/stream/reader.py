@@ -43,6 +43,7 @@ PRE_LOGIN_FRAME_MAX = 4096  # peer properties, SASL: a login needs no more
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
 CHUNK_RECORDS = 1024  # records read into one chunk at most
+CHUNKS_PER_TURN = 8  # chunks a subscription sends per loop turn: a large credit does not read a stream at once
 MECHANISMS = ("PLAIN",)
 _PUBLISH_ID = struct.Struct(">Q")
 _ENTRY = struct.Struct(">I")
@@ -215,6 +216,8 @@ class StreamConnection(asyncio.Protocol):
             self._pending.clear()
             for subscription in pending:
                 self._pump(subscription)
+            if self._pending:  # more to send: after the socket took these, and other work had its turn
+                self.loop.call_soon(self.schedule_flush)
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
             self.transport.write(data)
@@ -715,7 +718,10 @@ class StreamConnection(asyncio.Protocol):
         """Send chunks while the subscription has credit, its stream has more and the socket takes them."""
         stream = subscription.stream
         limit = (self.frame_max or 1 << 30) - _DELIVER_HEAD.size - chunk.HEADER.size
-        while subscription.credit > 0 and not self.write_paused and self.subscriptions.get(subscription.id) is subscription:
+        for _ in range(CHUNKS_PER_TURN):
+            if not (subscription.credit > 0 and not self.write_paused
+                    and self.subscriptions.get(subscription.id) is subscription):
+                return
             offset = max(subscription.offset, stream.first)
             if offset >= stream.next_seq:
                 subscription.offset = offset
@@ -736,6 +742,7 @@ class StreamConnection(asyncio.Protocol):
             self.out.append(data)
             subscription.offset = entries[0].seq + len(records)
             subscription.credit -= 1
+        self._pending[subscription] = None  # the turn's share sent: the rest at the next
 
     # -- what the streams tell ----------------------------------------------------------------
 
