@@ -82,8 +82,12 @@ class Cluster:
         self.broker.cluster = self
         self.broker.access.listener = self
         self.broker.policies.listener = self
-        for kind, key, record in self.metadata.mirrored():
+        mirrored = self.metadata.mirrored()
+        for kind, key, record in mirrored:
             self.apply(kind, key, record, None)
+        counts = {kind: sum(1 for k, _, _ in mirrored if k == kind) for kind in ("exchange", "queue", "binding")}
+        log.info("cluster definitions from this node's mirror: %d exchanges, %d queues, %d bindings",
+                 counts["exchange"], counts["queue"], counts["binding"])
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ServerLink(self.secret, self.name, self._session),
                                                 self.config.bind, self.link_port, reuse_address=True)

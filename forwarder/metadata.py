@@ -3,10 +3,13 @@
 etcd (Raft) is the one place definitions are agreed: ``/warren/def/<kind>/<key>`` holds one
 JSON record per exchange, queue (with its owner node), binding and (operator) policy.  Each node applies the
 changes it watches to its broker and keeps them, with the last revision applied, in its own
-definition store: reads stay local, a node starts from its mirror without etcd, and after
-downtime it loads etcd's current state, applies what differs from its mirror (deletions
-included) and watches from that revision on; a broken watch resumes after the last revision
-seen, or — if etcd compacted that history away — reloads the whole prefix.
+definition store: reads stay local, and a node starts from its mirror without etcd.  On start, and
+again after any error of the watch, it reads etcd's whole current state, applies what differs from
+its mirror (deletions included) and watches from that revision on: never a resume from a revision
+seen before, which etcd may have compacted away (or a restored etcd never had).  A watch can also go
+quiet without an error (a stream the server ended): every ``CHECK_INTERVAL`` the keys and revisions
+etcd holds are compared with the mirror's, and a difference still there at the next check, which no
+event in flight explains, reads the whole state again.
 
 Writes made by this node go through one ordered writer, so a binding never reaches etcd before
 its queue.  A new queue is different: :meth:`create` is a transaction that only succeeds if the
@@ -27,8 +30,9 @@ from amqp_server.definitions import DefinitionStore
 log = logging.getLogger("warren.forwarder.metadata")
 
 DEF_PREFIX = b"/warren/def/"
-MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"record", "revision"}
+MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"key" (the etcd key), "record", "revision"}
 RETRY_INTERVAL = 1.0
+CHECK_INTERVAL = 10.0  # seconds between comparisons of etcd's keys with the mirror's
 ORDER = {"vhost": 0, "global_parameter": 0, "user": 1, "permission": 2, "topic_permission": 2, "vhost_limits": 2,
          "user_limits": 2, "exchange": 3, "queue": 4, "binding": 5,
          "policy": 6, "operator_policy": 6}  # dependencies first
@@ -57,19 +61,39 @@ class Metadata:
         self._writes: asyncio.Queue[tuple[bytes, dict[str, Any] | None]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self.caught_up = asyncio.Event()
+        self.reloads = 0  # full reads of etcd's state (the first included)
+        # etcd key -> revision of every mirrored definition, as the mirror has it (for the checks)
+        self._revisions = {key: saved["revision"] for key, saved in self._items()}
+        self._floor = 0  # the revision of the last full read: an event up to it is in the mirror already
 
     # -- the local mirror ---------------------------------------------------------------------
 
     def mirrored(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(kind, key, record) of every mirrored definition, each after what it depends on."""
-        records = [(_kind(k.encode()), _name(k.encode()), v["record"]) for k, v in self.store.items(MIRROR)]
+        records = [(_kind(k.encode()), _name(k.encode()), v["record"]) for k, v in self._items()]
         return sorted(records, key=lambda kr: ORDER.get(kr[0], 9))
 
+    def _items(self) -> list[tuple[str, dict[str, Any]]]:
+        """(etcd key, saved) of every mirrored definition.  The key is read from the record: the store keeps a
+        long one (a name of many escaped characters) under its hash.  Such an entry saved without its key (as
+        this node once did) is dropped: etcd's copy of it comes back with the next full read."""
+        items = []
+        for stored, saved in list(self.store.items(MIRROR)):
+            key = saved.get("key", stored)
+            if key.startswith(DEF_PREFIX.decode()):
+                items.append((key, saved))
+            else:
+                self.store.delete(MIRROR, stored)
+        return items
+
     def _mirror(self, key: bytes, record: dict[str, Any] | None, revision: int) -> None:
+        name = key.decode()
         if record is None:
-            self.store.delete(MIRROR, key.decode())
+            self.store.delete(MIRROR, name)
+            self._revisions.pop(name, None)
         else:
-            self.store.put(MIRROR, key.decode(), {"record": record, "revision": revision})
+            self.store.put(MIRROR, name, {"key": name, "record": record, "revision": revision})
+            self._revisions[name] = revision
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -127,28 +151,66 @@ class Metadata:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _watch(self) -> None:
-        """Load etcd's state once, then follow it, resuming after the last event seen when the watch breaks."""
-        start: int | None = None
+        """Read etcd's whole state and follow it from there; after an error, or a watch found quiet while
+        etcd changed (``_check``), read the whole state again."""
+        loop = asyncio.get_running_loop()
         while True:
+            follow = check = None
             try:
-                if start is None:
-                    start = await self._reload()
-                watch = await self.client.watch_prefix(DEF_PREFIX, start_revision=start + 1, prev_kv=True)
-                async for event in watch:
-                    self._event(event)
-                    start = event.kv.mod_revision
-            except aetcd.exceptions.RevisionCompactedError:
-                log.warning("etcd history after revision %s is compacted: reloading definitions", start)
-                start = None
+                revision = await self._reload()
+                watch = await self.client.watch_prefix(DEF_PREFIX, start_revision=revision + 1, prev_kv=True)
+                follow, check = loop.create_task(self._follow(watch)), loop.create_task(self._check())
+                done, _ = await asyncio.wait((follow, check), return_when=asyncio.FIRST_COMPLETED)
+                if follow in done:
+                    follow.result()  # its error, if it has one
+                loop.create_task(self._cancel(watch))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # etcd unreachable: keep serving from the mirror, retry
-                log.warning("etcd watch failed (%s); retrying", exc)
+                log.warning("etcd watch of definitions failed (%s); reading them all again", exc)
                 await asyncio.sleep(RETRY_INTERVAL)
+            finally:
+                for task in (follow, check):
+                    if task is not None:
+                        task.cancel()
+
+    async def _follow(self, watch: Any) -> None:
+        async for event in watch:
+            self._event(event)
+
+    @staticmethod
+    async def _cancel(watch: Any) -> None:
+        """Tell etcd we watch no more (its stream may be gone already, or stuck: then nothing)."""
+        try:
+            await asyncio.wait_for(watch.cancel(), RETRY_INTERVAL)
+        except Exception:
+            pass
+
+    async def _check(self) -> None:
+        """Every ``CHECK_INTERVAL``, the keys etcd holds (and their revisions) against the mirror's; returns once
+        a difference is found again at the next check (the first time it may be an event on its way)."""
+        suspect: set[tuple[str, int]] = set()
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL)
+            try:
+                reply = await self.client.get_prefix(DEF_PREFIX, keys_only=True)
+            except aetcd.exceptions.ClientError:
+                continue  # the watch fails too, or etcd answers again before long
+            held = {kv.key.decode(): kv.mod_revision for kv in reply}
+            mirrored = self._revisions
+            differ = {(key, revision) for key, revision in held.items() if mirrored.get(key, 0) < revision}
+            differ.update((key, 0) for key in mirrored if key not in held)
+            if differ & suspect:
+                log.warning("etcd watch of definitions quiet while %d of them changed; reading them all again",
+                            len(differ & suspect))
+                return
+            suspect = differ
 
     def _event(self, event: Any) -> None:
         key = event.kv.key
         revision = event.kv.mod_revision
+        if revision <= self._floor:
+            return  # the last full read had it (or what came after it)
         saved = self.store.get(MIRROR, key.decode())
         if event.kind == rtypes.EventKind.PUT:
             if saved is not None and saved["revision"] >= revision:
@@ -168,10 +230,11 @@ class Metadata:
         """Apply etcd's whole current state; returns its revision."""
         reply = await self.client.get_prefix(DEF_PREFIX)
         revision = reply.header.revision
+        self.reloads += 1
         present = {}
         for kv in reply:
             present[kv.key.decode()] = json.loads(kv.value)
-        for key, saved in list(self.store.items(MIRROR)):
+        for key, saved in self._items():
             if key not in present:
                 self._mirror(key.encode(), None, revision)
                 self.apply(_kind(key.encode()), _name(key.encode()), None, saved["record"])
@@ -180,5 +243,6 @@ class Metadata:
             self._mirror(key.encode(), record, revision)
             if saved is None or saved["record"] != record:
                 self.apply(_kind(key.encode()), _name(key.encode()), record, saved["record"] if saved else None)
+        self._floor = revision
         self.caught_up.set()
         return revision

@@ -29,29 +29,41 @@ SECRET = "test-cluster-secret"
 
 
 class Etcd:
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
-        self.port, peer = port or free_port(), free_port()
-        self.log = open(data_dir.parent / "etcd.log", "wb")
-        self.proc = subprocess.Popen(
-            [ETCD, "--name", "warren-test", "--data-dir", str(data_dir),
-             "--listen-client-urls", f"http://127.0.0.1:{self.port}",
-             "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
-             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-             "--initial-cluster", f"warren-test=http://127.0.0.1:{peer}"], stdout=self.log, stderr=subprocess.STDOUT)
+    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1", netns: str = "") -> None:
+        """etcd on ``host`` (in the network namespace ``netns``, if given), data in ``data_dir``."""
+        self.port, self.peer = port or free_port(), free_port()
+        self.host = host
+        self.data_dir = data_dir
+        self.netns = netns
+        self.log = open(data_dir.parent / "etcd.log", "ab")
+        self.start()
+
+    def start(self) -> None:
+        """Start (again: the same ports and data, as a restarted etcd) and wait until healthy."""
+        url, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer}"
+        command = [ETCD, "--name", "warren-test", "--data-dir", str(self.data_dir),
+                   "--listen-client-urls", url, "--advertise-client-urls", url,
+                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                   "--initial-cluster", f"warren-test={peer}"]
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns, *command]
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as reply:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
                     if json.load(reply).get("health") == "true":
                         return
             except OSError:
                 time.sleep(0.1)
         raise TimeoutError("etcd did not become healthy")
 
-    def stop(self) -> None:
+    def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+
+    def stop(self) -> None:
+        self.kill()
         self.log.close()
 
 

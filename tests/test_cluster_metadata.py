@@ -1,0 +1,260 @@
+"""Cluster definitions and members against a real etcd, in-process: a node's LMDB mirror becomes etcd's state on
+start and after every broken or quiet watch (a full read, whatever etcd compacted meanwhile), and survives names
+too long for the store's keys."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterator
+
+import aetcd
+import pytest
+
+from amqp_server.definitions import DefinitionStore
+from forwarder import membership, metadata
+from forwarder.membership import MEMBERS_PREFIX, Membership
+from forwarder.metadata import Metadata, etcd_key
+from test_cluster import Etcd
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Callable[[Coroutine[Any, Any, None]], None]]:
+    """One event loop for the module's scenarios: gRPC's asyncio channels (aetcd) can hang when closed in a
+    later test's loop."""
+    loop = asyncio.new_event_loop()
+    yield loop.run_until_complete
+    loop.close()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Etcd:
+    server = Etcd(tmp_path / "etcd")
+    yield server
+    server.stop()
+
+
+@contextlib.asynccontextmanager
+async def admin_of(etcd: Etcd) -> AsyncIterator[aetcd.Client]:
+    """Another client of the same etcd: what the rest of the cluster does."""
+    client = aetcd.Client(port=etcd.port, timeout=5)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+class Node:
+    """A node's metadata: its mirror in its own store, and the definitions its broker has (what ``apply`` made)."""
+
+    def __init__(self, tmp: Path, etcd: Etcd) -> None:
+        self.store = DefinitionStore(str(tmp / "node"))
+        self.client = aetcd.Client(port=etcd.port, timeout=5)
+        self.broker: dict[tuple[str, str], dict[str, Any]] = {}
+        self.metadata = Metadata(self.client, self.store, self.apply)
+
+    def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        if new is None:
+            self.broker.pop((kind, key), None)
+        else:
+            self.broker[(kind, key)] = new
+
+    async def start(self) -> None:
+        """As ``Cluster.start``: the mirror first, then etcd's state."""
+        for kind, key, record in self.metadata.mirrored():
+            self.apply(kind, key, record, None)
+        self.metadata.start()
+        await asyncio.wait_for(self.metadata.caught_up.wait(), 10)
+
+    async def stop(self) -> None:
+        await self.metadata.stop()
+        await self.client.close()
+        self.store.close()
+
+
+@contextlib.asynccontextmanager
+async def node_and_admin(tmp_path: Path, etcd: Etcd) -> AsyncIterator[tuple[Node, aetcd.Client]]:
+    created = Node(tmp_path, etcd)
+    try:
+        async with admin_of(etcd) as admin:
+            yield created, admin
+    finally:
+        await created.stop()
+
+
+def queue(name: str, **extra: Any) -> tuple[str, str, dict[str, Any]]:
+    key = json.dumps(["/", name])
+    return "queue", key, {"vhost": "/", "name": name, "durable": True, "node": "n1", **extra}
+
+
+async def put(client: aetcd.Client, kind: str, key: str, record: dict[str, Any]) -> int:
+    return (await client.put(etcd_key(kind, key), json.dumps(record).encode())).header.revision
+
+
+async def held(client: aetcd.Client) -> dict[tuple[str, str], dict[str, Any]]:
+    """The definitions etcd holds, as a broker would have them."""
+    prefix = len(metadata.DEF_PREFIX)
+    return {tuple(kv.key[prefix:].decode().split("/", 1)): json.loads(kv.value)  # type: ignore[misc]
+            for kv in await client.get_prefix(metadata.DEF_PREFIX)}
+
+
+async def watched(node: Node, admin: aetcd.Client) -> None:
+    """Once the node's watch runs: it applied a definition made after its full read."""
+    probe = queue("probe")
+    await put(admin, *probe)
+
+    async def applied() -> bool:
+        return probe[:2] in node.broker
+
+    await until(applied, "the watch runs")
+
+
+async def until(check: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_on_start_the_mirror_becomes_etcd_s_state(tmp_path, etcd, run):
+    """What the mirror has and etcd has not is deleted; what etcd has differently or the mirror lacks is applied."""
+
+    async def scenario() -> None:
+        async with node_and_admin(tmp_path, etcd) as (node, admin):
+            gone, changed, new = queue("gone"), queue("changed"), queue("new")
+            node.metadata._mirror(etcd_key(*gone[:2]), gone[2], 1)
+            node.metadata._mirror(etcd_key(*changed[:2]), changed[2], 1)
+            await put(admin, *changed[:2], {**changed[2], "arguments": {"x-max-length": 5}})
+            await put(admin, *new)
+            await node.start()
+            assert node.broker == await held(admin)
+            assert sorted(key for _, key, _ in node.metadata.mirrored()) == sorted([changed[1], new[1]])
+
+    run(scenario())
+
+
+def test_a_broken_watch_reads_everything_again_whatever_etcd_compacted(tmp_path, etcd, monkeypatch, run):
+    """etcd restarts (the watch breaks); before the node watches again, definitions are deleted, changed and made,
+    and the history compacted: the node's next read is a full one, and its broker has etcd's state."""
+
+    async def scenario() -> None:
+        async with node_and_admin(tmp_path, etcd) as (node, admin):
+            monkeypatch.setattr(metadata, "RETRY_INTERVAL", 5.0)
+            kept, deleted, changed = queue("kept"), queue("deleted"), queue("changed")
+            for definition in (kept, deleted, changed):
+                await put(admin, *definition)
+            await node.start()
+            await watched(node, admin)
+            etcd.kill()
+            etcd.start()
+            await admin.delete(etcd_key(*deleted[:2]))
+            await put(admin, *changed[:2], {**changed[2], "arguments": {"x-max-length": 5}})
+            revision = await put(admin, *queue("made"))
+            await admin.compact(revision)
+
+            async def same() -> bool:
+                return node.broker == await held(admin)
+
+            await until(same, "the node has etcd's definitions")
+            assert node.metadata.reloads >= 2
+
+    run(scenario())
+
+
+def test_a_watch_quiet_while_etcd_changes_is_found_and_everything_read_again(tmp_path, etcd, monkeypatch, run):
+    """A watch whose stream ended without an error (aetcd then delivers nothing more): the periodic comparison of
+    etcd's keys with the mirror's finds a change that stays unapplied, and reads everything again."""
+
+    async def scenario() -> None:
+        async with node_and_admin(tmp_path, etcd) as (node, admin):
+            monkeypatch.setattr(metadata, "CHECK_INTERVAL", 0.3)
+            real_watch = node.client.watch_prefix
+
+            class Quiet:
+                async def __aiter__(self):
+                    await asyncio.Event().wait()
+                    yield
+
+                async def cancel(self) -> None:
+                    pass
+
+            async def quiet_once(*args: Any, **kwargs: Any) -> Any:
+                node.client.watch_prefix = real_watch
+                return Quiet()
+
+            node.client.watch_prefix = quiet_once
+            await node.start()
+            await put(admin, *queue("later"))
+
+            async def applied() -> bool:
+                return ("queue", queue("later")[1]) in node.broker
+
+            await until(applied, "the definition made meanwhile is applied", timeout=5)
+            assert node.metadata.reloads == 2
+
+    run(scenario())
+
+
+def test_a_name_too_long_for_the_store_s_keys_is_mirrored_and_started_from(tmp_path, etcd, run):
+    """A queue of 85 three-byte characters: escaped, its etcd key is over the store's key limit (kept under its
+    hash).  Its mirror entry still names it, so a restart reads it back (a node used to fail to start)."""
+
+    async def scenario() -> None:
+        async with admin_of(etcd) as admin:
+            long = queue("\u6c34" * 85)
+            await put(admin, *long)
+            first = Node(tmp_path, etcd)
+            await first.start()
+            await first.stop()
+            again = Node(tmp_path, etcd)
+            try:
+                assert [(kind, key) for kind, key, _ in again.metadata.mirrored()] == [long[:2]]
+                await again.start()
+                assert again.broker == {long[:2]: long[2]}
+            finally:
+                await again.stop()
+
+    run(scenario())
+
+
+def test_members_are_read_again_after_a_broken_watch_whatever_etcd_compacted(tmp_path, etcd, monkeypatch, run):
+    async def scenario() -> None:
+        async with admin_of(etcd) as admin:
+            monkeypatch.setattr(membership, "RETRY_INTERVAL", 5.0)
+            joined: dict[str, dict[str, Any]] = {}
+            seen: list[str] = []
+
+            def join(name: str, address: dict[str, Any]) -> None:
+                joined[name] = address
+                seen.append(name)
+
+            client = aetcd.Client(port=etcd.port, timeout=5)
+            members = Membership(client, "a", {"name": "a"}, join, lambda name: joined.pop(name, None))
+            await admin.put(MEMBERS_PREFIX + b"b", json.dumps({"name": "b"}).encode())
+            try:
+                await members.start()
+                await admin.put(MEMBERS_PREFIX + b"live", json.dumps({"name": "live"}).encode())
+                await admin.delete(MEMBERS_PREFIX + b"live")
+
+                async def watching() -> bool:  # (the watch runs: it saw a member come and go)
+                    return list(joined) == ["b"] and seen == ["b", "live"]
+
+                await until(watching, "the watch runs")
+                etcd.kill()
+                etcd.start()
+                await admin.delete(MEMBERS_PREFIX + b"b")
+                reply = await admin.put(MEMBERS_PREFIX + b"c", json.dumps({"name": "c"}).encode())
+                await admin.compact(reply.header.revision)
+
+                async def caught_up() -> bool:
+                    return list(joined) == ["c"]
+
+                await until(caught_up, "node b left and node c joined")
+            finally:
+                await members.stop()
+                await client.close()
+
+    run(scenario())
