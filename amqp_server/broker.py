@@ -720,8 +720,11 @@ class Broker:
             who.check_topic("write", vhost.name, exchange.name, routing_key)
 
     @staticmethod
-    def check_message(message: Message, user_name: str) -> None:
-        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays."""
+    def check_message(vhost: VHost, exchange: Exchange, who: Principal | None, message: Message,
+                      user_name: str) -> None:
+        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays of keys
+        that ``check_topic_write`` allows as it allows the routing key (RabbitMQ 3.10 let them past the topic
+        permission; later versions check every key, as here)."""
         user_id = message.property_str(codec.FLAG_USER_ID)
         if user_id is not None and user_id != user_name:
             raise errors.precondition_failed(
@@ -732,7 +735,8 @@ class Broker:
             if error is not None:
                 raise errors.precondition_failed(f"invalid expiration '{expiration}': {error}")
         if message.has_headers:
-            sender_selected.check(message)
+            for key in sender_selected.check(message):
+                Broker.check_topic_write(vhost, exchange, who, key)
 
     def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
                   who: Principal | None = None) -> tuple[Queue, Entry | None]:

@@ -188,7 +188,7 @@ class Channel:
             raise _publish_error(exc) from None
         if message.needs_checks:
             try:
-                self.broker.check_message(message, self.connection.user.name)
+                self.broker.check_message(vhost, exchange, principal, message, self.connection.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:

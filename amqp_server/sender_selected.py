@@ -3,7 +3,8 @@
 A message is routed with its routing key plus every string in its ``CC`` and ``BCC`` header arrays (other
 element types are ignored, as RabbitMQ does); ``BCC`` is removed from the message before it is stored,
 delivered or returned, so consumers do not see it (its keys stay on the message in memory, for
-dead-lettering). Only messages whose raw header mentions ``CC`` pay for decoding their properties;
+dead-lettering). Each key is checked as the routing key is: at most 255 bytes, and against the publisher's topic
+permission on a topic exchange (``Broker.check_message``). Only messages whose raw header mentions ``CC`` pay for decoding their properties;
 the publish path asks only when the headers flag is set.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from . import errors, field_types
 from .message import Message
 
 ROUTING_HEADERS = ("CC", "BCC")
+MAX_KEY_BYTES = 255  # a routing key is a short string
 
 
 def _headers(message: Message) -> dict | None:
@@ -21,15 +23,26 @@ def _headers(message: Message) -> dict | None:
     return message.headers
 
 
-def check(message: Message) -> None:
-    """CC and BCC must be arrays: RabbitMQ refuses the publish (406) otherwise."""
+def check(message: Message) -> list[str]:
+    """The CC and BCC keys, checked: each header must be an array (RabbitMQ refuses the publish, 406, otherwise),
+    and each key at most 255 bytes, as the routing key is (a short string): a key's cost to route grows with its
+    words, so a longer one is refused (406 ``{value_too_long,"CC",N}``) where RabbitMQ would route it."""
     headers = _headers(message)
     if not headers:
-        return
+        return []
+    keys: list[str] = []
     for name in ROUTING_HEADERS:
-        if name in headers and not isinstance(headers[name], list):
+        if name not in headers:
+            continue
+        if not isinstance(headers[name], list):
             kind = field_types.name(headers[name])
             raise errors.precondition_failed(f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}')
+        for key in header_keys(headers, name):
+            size = len(key.encode())
+            if size > MAX_KEY_BYTES:
+                raise errors.precondition_failed(f'invalid message: {{value_too_long,"{name}",{size}}}')
+            keys.append(key)
+    return keys
 
 
 def header_keys(headers: dict, name: str) -> list[str]:

@@ -115,7 +115,7 @@ async def publish(request: web.Request) -> web.Response:
             raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
         message = message_from_json(exchange.name, body)
         broker.check_publish(vhost, exchange, who, message.routing_key)
-        broker.check_message(message, auth.login(request).name)
+        broker.check_message(vhost, exchange, who, message, auth.login(request).name)
     except AMQPError as exc:
         raise with_code(exc) from None
     if message.body_size > context.config.max_message_size:

@@ -2,6 +2,8 @@
 extension, docs "Sender-selected Distribution"); BCC never reaches a consumer."""
 from __future__ import annotations
 
+import time
+
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
@@ -167,3 +169,69 @@ def test_http_publish_uses_cc_and_bcc(broker, ch, uid):
     body["properties"] = {"headers": {"BCC": "k.cc"}}
     assert "unacceptable_type_in_header" in assert_error(
         call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}/publish", body), 400)["reason"]
+
+
+@pytest.mark.parametrize("header", ["CC", "BCC"])
+def test_a_key_longer_than_a_routing_key_is_refused(ch, uid, header):
+    """Each CC/BCC key is bounded as the routing key is (255 bytes): a topic binding of 100 '#' words against one
+    40 KB key held the node for seconds per message."""
+    q = bound_queues(ch, uid, "topic", {"hashes": ".".join(["#"] * 100), "to": "to"})
+    started = time.monotonic()
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        publish(ch, uid, "to", {header: ["ok", "a." * 20_000]})
+        ch.queue_declare(q["to"], passive=True)
+    assert time.monotonic() - started < 1
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f'PRECONDITION_FAILED - invalid message: {{value_too_long,"{header}",40000}}')
+    ch = ch.connection.channel()
+    assert [ch.queue_declare(name, passive=True).method.message_count for name in q.values()] == [0, 0]
+    publish(ch, uid, "to", {header: ["é" * 127]})  # 254 bytes: a routing key's size
+    assert [len(drain(ch, q[label])) for label in ("hashes", "to")] == [1, 1]
+
+
+def test_http_publish_refuses_a_long_key(broker, uid):
+    body = {"routing_key": "k", "payload": "x", "payload_encoding": "string",
+            "properties": {"headers": {"BCC": ["k" * 256]}}}
+    assert assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.topic/publish", body), 400)["reason"] == \
+        '406 PRECONDITION_FAILED - invalid message: {value_too_long,"BCC",256}'
+
+
+@pytest.mark.parametrize("header", ["CC", "BCC"])
+def test_keys_are_checked_against_the_topic_permission(broker, uid, header):
+    """A CC or BCC key goes through the publisher's topic permission as the routing key does: a key the write
+    pattern refuses closes the channel (403) and nothing is delivered, to any queue.  (RabbitMQ 3.10 let such keys
+    past; later versions check every key, as here.)"""
+    user = f"{uid}.user"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "management"}).status == 201
+    try:
+        assert call(broker, "PUT", f"/api/permissions/%2F/{q(user)}",
+                    {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+        assert call(broker, "PUT", f"/api/topic-permissions/%2F/{q(user)}",
+                    {"exchange": "amq.topic", "write": "^a\\.", "read": ".*"}).status == 201
+        admin = pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port))
+        observer = admin.channel()
+        queues = {}
+        for key in ("a.1", "a.2", "x.2"):
+            queues[key] = f"{uid}.{key}"
+            observer.queue_declare(queues[key], auto_delete=False)
+            observer.queue_bind(queues[key], "amq.topic", key)
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            broker.host, broker.port, credentials=pika.PlainCredentials(user, "pw")))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        publish(channel, "amq.topic", "a.1", {header: ["a.2"]})  # allowed: both delivered
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            publish(channel, "amq.topic", "a.1", {header: ["a.2", "x.2"]})
+        assert (refused.value.reply_code, refused.value.reply_text) == (
+            403, f"ACCESS_REFUSED - access to topic 'x.2' in exchange 'amq.topic' in vhost '/' refused for user "
+                 f"'{user}'")
+        body = {"routing_key": "a.1", "payload": "x", "payload_encoding": "string",
+                "properties": {"headers": {header: ["x.2"]}}}
+        assert assert_error(call(broker, "POST", "/api/exchanges/%2F/amq.topic/publish", body, auth=(user, "pw")),
+                            400)["reason"].startswith("403 ACCESS_REFUSED - access to topic 'x.2'")
+        connection.close()
+        assert [observer.queue_delete(queues[key]).method.message_count for key in ("a.1", "a.2", "x.2")] == \
+            [1, 1, 0]
+        admin.close()
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
