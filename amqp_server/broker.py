@@ -223,6 +223,7 @@ class Broker:
             if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
                 raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
             return existing
+        storable(arguments, what)
         try:
             exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         except LookupError as exc:
@@ -242,6 +243,7 @@ class Broker:
         self.check_exchange_declare(vhost, name, arguments, who)
         if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
                 and exchange_class(type_name) is not None):
+            storable(arguments, resource_name("exchange", name, vhost.name))
             await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
                                                     dict(arguments or {})))
 
@@ -330,6 +332,7 @@ class Broker:
             return existing
         if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
+        storable(arguments, resource_name("queue", name, vhost.name))
         args = queue_args.parse(arguments, name, vhost.name)
         queue_args.check_properties(args, name, vhost.name, durable, exclusive, auto_delete)
         queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
@@ -374,6 +377,7 @@ class Broker:
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
+            storable(arguments, resource_name("queue", name, vhost.name))
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 
@@ -605,6 +609,7 @@ class Broker:
                     arguments: dict[str, Any] | None = None) -> None:
         """Bind (no permission check): bind, definitions import and the cluster's definitions come here."""
         exchange = self._bindable(vhost, source)
+        storable(arguments, "binding")
         try:
             added = exchange.bind(destination, routing_key, arguments or {})
         except ValueError as exc:
@@ -973,6 +978,15 @@ def _binding(vhost: VHost, source: str, destination: Queue | Exchange, routing_k
              arguments: dict[str, Any] | None, created: int = 0) -> BindingRecord:
     kind = "queue" if isinstance(destination, Queue) else "exchange"
     return BindingRecord(vhost.name, source, destination.name, kind, routing_key, dict(arguments or {}), created)
+
+
+def storable(arguments: dict[str, Any] | None, what: str) -> None:
+    """Arguments Warren could not keep (in LMDB, etcd, an export) are refused before anything is made: tables nested
+    deeper than ``field_types.MAX_DEPTH`` (406, RabbitMQ's code for arguments it refuses)."""
+    try:
+        field_types.to_json(arguments or {})
+    except (TypeError, ValueError) as exc:
+        raise errors.precondition_failed(f"invalid arguments for {what}: {exc}") from None
 
 
 def _exclusive(destination: Queue | Exchange) -> bool:

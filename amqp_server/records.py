@@ -2,7 +2,8 @@
 
 One record class per kind, shared by the broker (which makes and recovers them), the LMDB definition
 store and the cluster's metadata in etcd (both of which keep ``to_json()``).  ``key`` is the record's
-name in either store; ``from_json`` ignores fields another store added.
+name in either store; ``from_json`` ignores fields another store added.  Arguments keep their AMQP field types
+in JSON (``field_types.to_json``); a binding's key hashes them by value, as its exchange matches them.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
+
+from . import field_types
 
 R = TypeVar("R", bound="Record")
 
@@ -23,11 +26,19 @@ class Record:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as JSON; ``arguments`` keep every field type (``field_types.to_json``), so a timestamp, a
+        decimal, a byte array or a byte-wide integer comes back as it was declared."""
+        raw = asdict(self)
+        if "arguments" in raw:
+            raw["arguments"] = field_types.to_json(raw["arguments"])
+        return raw
 
     @classmethod
     def from_json(cls: type[R], raw: dict[str, Any]) -> R:
-        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        if "arguments" in values:
+            values["arguments"] = field_types.from_json(values["arguments"])
+        return cls(**values)
 
 
 def name_key(vhost: str, name: str) -> str:

@@ -27,7 +27,14 @@ def _freeze(value: Any) -> Any:
         return frozenset((k, _freeze(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, bytearray):
+        return _FrozenByteArray(value)
     return value
+
+
+class _FrozenByteArray(bytes):
+    """A byte array ('x') frozen: hashable, equal to the same bytes, and a byte array again once thawed."""
+    __slots__ = ()
 
 
 def _thaw(value: Any) -> Any:
@@ -35,6 +42,8 @@ def _thaw(value: Any) -> Any:
         return {k: _thaw(v) for k, v in value}
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
+    if isinstance(value, _FrozenByteArray):
+        return bytearray(value)
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from amqp_server import __version__
+from amqp_server import __version__, field_types
 from amqp_server.auth import AccessControl
 from amqp_server.errors import AMQPError
 from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
@@ -16,7 +16,8 @@ from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 from . import auth
 from .bindings import vhost_bindings
 from .context import Context, ctx
-from .http import bad_request, check_depth, from_amqp, get_bool, get_str, get_table, json_response, no_content
+from .http import (bad_request, check_depth, encode, from_amqp, get_bool, get_str, get_table, json_response,
+                   no_content)
 from .limits import COMPONENT as LIMITS, limit_value, limits_parameter
 from .permissions import all_permissions, permissions_from_json, topic_permission_from_json
 from .users import parse_tags, user_from_json, user_info
@@ -25,20 +26,21 @@ from .vhosts import vhost_metadata
 routes = web.RouteTableDef()
 log = logging.getLogger("warren.mgmt")
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ whose export format this is
+TYPED_ARGUMENTS = "typed_arguments"  # Warren's: arguments with their field types, where RabbitMQ's JSON loses them
 
 
 def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, list[dict[str, Any]]]:
     vhost = context.vhost(name)
     tag = {"vhost": name} if with_vhost else {}
     queues = [{"name": q.name, **tag, "durable": q.durable, "auto_delete": q.auto_delete,
-               "arguments": dict(q.arguments)} for q in list(vhost.queues.values()) if not q.exclusive]
+               **_arguments_out(q.arguments)} for q in list(vhost.queues.values()) if not q.exclusive]
     exchanges = [{"name": e.name, **tag, "type": e.type_name, "durable": e.durable, "auto_delete": e.auto_delete,
-                  "internal": e.internal, "arguments": dict(e.arguments)}
+                  "internal": e.internal, **_arguments_out(e.arguments)}
                  for e in list(vhost.exchanges.values()) if e.name and not e.name.startswith("amq.")]
     exclusive = {q.name for q in vhost.queues.values() if q.exclusive}
     bindings = [{"source": b["source"], **tag, "destination": b["destination"],
                  "destination_type": b["destination_type"], "routing_key": b["routing_key"],
-                 "arguments": b["arguments"]} for b in vhost_bindings(context, vhost)
+                 **_arguments_out(b["arguments"])} for b in vhost_bindings(context, vhost)
                 if b["source"] and not (b["destination_type"] == "queue" and b["destination"] in exclusive)]
     policies = context.broker.policies  # a vhost's export names the vhost of policies too, as RabbitMQ's does
     parameters = [{"value": {"pattern": p.pattern, "definition": p.definition, "priority": p.priority,
@@ -49,6 +51,34 @@ def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, l
         parameters.append(limits_parameter(name, limits))
     return {"parameters": parameters, "policies": [p.to_json() for p in policies.list(POLICY, name)],
             "queues": queues, "exchanges": exchanges, "bindings": bindings}
+
+
+def _arguments_out(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` as RabbitMQ's export writes them (a timestamp as seconds, a byte array as text…) and, where that
+    loses a value's type, ``typed_arguments`` too (``field_types.to_json``), which an import prefers (RabbitMQ
+    ignores it)."""
+    try:
+        typed = field_types.to_json(arguments)
+    except (TypeError, ValueError):  # (declared before such arguments were refused)
+        return {"arguments": dict(arguments)}
+    if typed == orjson.loads(encode(arguments)):
+        return {"arguments": dict(arguments)}
+    return {"arguments": dict(arguments), TYPED_ARGUMENTS: typed}
+
+
+def _arguments_in(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's arguments: its ``typed_arguments`` while they still read as its ``arguments`` (an edited file's
+    ``arguments`` win), else ``arguments`` as RabbitMQ reads them."""
+    arguments = get_table(item, "arguments")
+    typed = item.get(TYPED_ARGUMENTS)
+    if isinstance(typed, dict):
+        try:
+            value = field_types.from_json(typed)
+        except ValueError:
+            return arguments
+        if orjson.loads(encode(value)) == arguments:
+            return value
+    return arguments
 
 
 def _header() -> dict[str, Any]:
@@ -178,11 +208,11 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
                                     durable=get_bool(item, "durable", True),
                                     auto_delete=get_bool(item, "auto_delete", False),
                                     internal=get_bool(item, "internal", False),
-                                    arguments=get_table(item, "arguments"))
+                                    arguments=_arguments_in(item))
         for item in _items(body, "queues"):
             broker.declare_queue(vhost_of(item), get_str(item, "name"), durable=get_bool(item, "durable", True),
                                  auto_delete=get_bool(item, "auto_delete", False),
-                                 arguments=get_table(item, "arguments"))
+                                 arguments=_arguments_in(item))
         for item in _items(body, "bindings"):
             vhost = vhost_of(item)
             kind = get_str(item, "destination_type", "queue")
@@ -194,8 +224,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
                 log.warning("definitions import: binding of %s '%s' to '%s' skipped: not both there", kind, name,
                             source)
                 continue
-            broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""),
-                               get_table(item, "arguments"))
+            broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
     except AMQPError as exc:
         raise from_amqp(exc) from None
 

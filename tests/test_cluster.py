@@ -154,6 +154,24 @@ def test_declared_queue_is_visible_on_every_node(cluster, uid):
         assert info["node"] == "warren1@localhost" and info["state"] == "running"
 
 
+def test_arguments_of_every_field_type_are_the_clusters(cluster, uid):
+    """etcd keeps a definition's arguments with every field type: another node, and that node after a kill -9
+    (reading its LMDB mirror and etcd again), holds exactly what was declared."""
+    from test_argument_types import EVERY_TYPE, declare_with, decoded, exported, same
+    _, (n1, n2, n3) = cluster
+    declare_with(n1, uid, EVERY_TYPE)
+    held = decoded(EVERY_TYPE)
+    wait_for(lambda: len(exported(n2, uid)) == 3, "the queue, exchange and binding on node 2")
+    found = exported(n2, uid)
+    assert same(found["queues"], held) and same(found["exchanges"], held)
+    assert same(found["bindings"], {**held, "x-match": "any-with-x"})
+    n3.kill()
+    n3.start()
+    wait_for(lambda: len(exported(n3, uid)) == 3, "the queue, exchange and binding on node 3 again", timeout=20)
+    found = exported(n3, uid)
+    assert same(found["queues"], held) and same(found["exchanges"], held)
+
+
 def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_third(cluster, uid):
     _, (n1, n2, n3) = cluster
     with connect(n1) as connection:
