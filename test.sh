@@ -8,7 +8,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
 # etcd (tests/test_cluster.py starts its own), Node.js with npm (tests/test_node_amqplib.py), PHP with
-# php-amqplib (tests/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/test_clients.py). CI runs as root on Debian, so they are installed once when missing.
+# php-amqplib (tests/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/test_clients.py), Ruby with
+# Bunny (tests/test_ruby_bunny.py). CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
 command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
@@ -16,6 +17,8 @@ command -v etcd >/dev/null 2>&1 || MISSING+=(etcd-server)
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || MISSING+=(nodejs npm)
 command -v php >/dev/null 2>&1 && [ -f /usr/share/php/PhpAmqpLib/autoload.php ] || MISSING+=(php-cli php-amqplib)
 command -v amqp-publish >/dev/null 2>&1 || MISSING+=(amqp-tools)
+command -v ruby >/dev/null 2>&1 && compgen -G "/usr/share/rubygems-integration/all/gems/bunny-*" >/dev/null \
+  || MISSING+=(ruby-bunny)
 if [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
