@@ -40,7 +40,7 @@ from amqp_server.vhost import VHost
 from . import link
 from .quorum_log import ACKED, ADOPT_OP, HEAD, MORE_OP, OP, RESET_OP, Replicator
 from .quorum_log import apply as apply_ops
-from .remote_queue import RemoteQueue
+from .remote_queue import Held, RemoteQueue
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -80,6 +80,7 @@ class Group:
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
+    held: Held = field(default_factory=Held)  # publishes through this node waiting for a leader
 
     @property
     def key(self) -> str:
@@ -445,6 +446,9 @@ class QuorumGroups:
         if not leader and group.members == [self.name] and group.replicator is not None:
             return  # the only member keeps leading while it claims the key again
         group.leader, group.term = leader, term
+        group.held.leaderless = not leader
+        if leader:
+            group.held.release()  # nacked now: sent again, they reach the leader
         vhost = self.broker.vhosts.get(group.vhost)
         if vhost is None:
             return
@@ -480,6 +484,7 @@ class QuorumGroups:
         queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
                             queue_args.parse(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
         queue.members = group.members
+        queue.held = group.held
         self._swap(vhost, current, queue)
 
     def _promote(self, vhost: VHost, group: Group) -> None:
@@ -517,8 +522,10 @@ class QuorumGroups:
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_up(name)
-            elif group.leader == name and group.index_id:
-                self._ask_to_catch_up(group)
+            elif group.leader == name:
+                group.held.release()  # nacked now: sent again, they reach the leader
+                if group.index_id:
+                    self._ask_to_catch_up(group)
 
     def peer_down(self, name: str) -> None:
         """A link dropped: a leader stops shipping to that follower; the followers of that leader revoke its

@@ -23,6 +23,41 @@ if TYPE_CHECKING:
 
     from .peer import Peer
 
+HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it is nacked
+HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
+
+
+class Held:
+    """Publishes to a quorum queue while no leader of it is known here, or its node is unreachable: each one's
+    confirm waits, and all are nacked together once a leader is known (the publisher sends them again at
+    once) or after ``HOLD`` seconds.  A publisher is so slowed by its own window of unconfirmed messages
+    rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes until a
+    leader takes them.  Nothing is stored: a nacked message was never confirmed."""
+
+    def __init__(self) -> None:
+        self.leaderless = False
+        self._waiting: list[tuple["ConfirmSink", int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hold(self, confirm: "ConfirmSink | None") -> bool:
+        """True if the publish's confirm now waits here; False (refused, nacked at once) without confirms or
+        with too many held."""
+        if confirm is None or len(self._waiting) >= HOLD_MAX:
+            return False
+        self._waiting.append((confirm, confirm.forwarded()))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release)
+        return True
+
+    def release(self) -> None:
+        """Nack what waits (a leader is known, or it waited long enough)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting, self._waiting = self._waiting, []
+        for confirm, seq in waiting:
+            confirm.remote_confirmed(seq, True)
+
 
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
@@ -46,6 +81,7 @@ class RemoteQueue(Queue):
         self.link_id = link.QID.pack(len(qid)) + qid  # as a publish frame lists it
         self.by_consumer: dict[Consumer, RemoteConsumer] = {}
         self.members: list[str] = []  # a quorum queue's group (forwarder.quorum)
+        self.held: Held | None = None  # a quorum queue's publishes waiting for a leader (forwarder.quorum)
 
     @property
     def node(self) -> str:
@@ -71,8 +107,11 @@ class RemoteQueue(Queue):
     # -- in -----------------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool | None:  # type: ignore[override]
-        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable), or for a
-        quorum queue False (refused: nacked), since its group elects another leader that has the queue."""
+        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable); a quorum
+        queue's publish waits for a leader instead (``Held``), since its group elects another one."""
+        held = self.held
+        if held is not None and (held.leaderless or not self.peer.up):
+            return held.hold(confirm)
         accepted = self.peer.publish(self, message, confirm)
         if accepted is None and self.args.queue_type == "quorum":
             return False

@@ -92,8 +92,12 @@ class Session:
             if queue is not None:
                 found = True
                 rejected = not queue.enqueue(message, sink) or rejected
-            elif self._elsewhere(qid):  # a quorum queue whose leader moved: refused, so the publisher retries
-                rejected = True
+            elif (proxy := self._elsewhere(qid)) is not None:  # a quorum queue whose leader moved: refused, so
+                # the publisher retries; while no leader is known here either, once one is (Held)
+                held = proxy.held
+                waits = held is not None and held.leaderless and held.hold(sink)
+                found = found or waits
+                rejected = rejected or not waits
         status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
@@ -137,11 +141,12 @@ class Session:
             if not waiting[2]:
                 self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
 
-    def _elsewhere(self, qid: bytes) -> bool:
+    def _elsewhere(self, qid: bytes) -> RemoteQueue | None:
+        """The proxy of a quorum queue led by another node (or by none known), if that is what ``qid`` is here."""
         vhost_name, _, name = qid.decode().partition("\0")
         vhost = self.broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
-        return isinstance(queue, RemoteQueue) and queue.args.queue_type == "quorum"
+        return queue if isinstance(queue, RemoteQueue) and queue.args.queue_type == "quorum" else None
 
     def _queue(self, qid: bytes) -> Queue | None:
         """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
