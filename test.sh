@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Set up (once) and run the whole test suite. Extra arguments go to pytest, e.g. ./test.sh -k topic
+# Set up (once) and run the whole test suite. Extra arguments go to pytest, e.g. ./test.sh -k topic, or
+# ./test.sh -m fast for the fast tier alone (tests/conftest.py says which test is in which tier).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
+FAST_ONLY=0  # the fast tier starts no program: it needs none of the tools below
+previous=""
+for arg in "$@"; do
+  [ "$previous" = -m ] && [ "$arg" = fast ] && FAST_ONLY=1
+  previous=$arg
+done
 # Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
 # etcd (tests/test_cluster.py starts its own), Node.js with npm (tests/test_node_amqplib.py), PHP with
 # php-amqplib (tests/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/test_clients.py), Ruby with
@@ -19,7 +26,7 @@ command -v php >/dev/null 2>&1 && [ -f /usr/share/php/PhpAmqpLib/autoload.php ] 
 command -v amqp-publish >/dev/null 2>&1 || MISSING+=(amqp-tools)
 command -v ruby >/dev/null 2>&1 && compgen -G "/usr/share/rubygems-integration/all/gems/bunny-*" >/dev/null \
   || MISSING+=(ruby-bunny)
-if [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+if [ $FAST_ONLY = 0 ] && [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
 fi
@@ -30,7 +37,7 @@ if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hyp
   touch .venv/.installed-test
 fi
 # The Node.js client amqplib, pinned by tests/node/package-lock.json.
-if command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/node_modules ] \
+if [ $FAST_ONLY = 0 ] && command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/node_modules ] \
      || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; }; then
   npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null \
     || echo "test.sh: npm ci --prefix tests/node failed; tests/test_node_amqplib.py will skip (fail under .ci/run)" >&2

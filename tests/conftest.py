@@ -21,9 +21,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TypeVar
 
 import pika
 import pytest
@@ -172,21 +173,99 @@ class ExternalBroker:
 EXTERNAL = os.environ.get("WARREN_TEST_BROKER", "")
 
 
+# Tiers.  A test's tier is what it needs, read from the fixtures it uses (their own and the ones they use in
+# turn), or from a tier mark on the test or its module when it starts something itself; the heaviest wins:
+#   fast         nothing outside this process: the core, queue types, state machines, codecs, exchanges, storage
+#   integration  a Warren node in a subprocess (`broker`, `start_broker` and every fixture built on them)
+#   client       a program other than Warren: Spark's JVM, Chromium, Node.js, PHP, rabbitmq-c, rabbitmqadmin
+#   cluster      etcd and several nodes
+# A fixture says what it starts under its @pytest.fixture: @starts(INTEGRATION).  A fast test that starts a
+# program other than this interpreter (or this interpreter running a node) fails, naming it.  `./test.sh -m fast`
+# runs one tier; the whole suite runs them in this order, so a break in the fast tier shows first.
+TIERS = ("fast", "integration", "client", "cluster")
+FAST, INTEGRATION, CLIENT, CLUSTER = TIERS
+TIER = pytest.StashKey[str]()
+Fixture = TypeVar("Fixture", bound=Callable)
+
+
+def starts(tier: str) -> Callable[[Fixture], Fixture]:
+    """Under @pytest.fixture: what this fixture starts puts every test that uses it in ``tier`` (or a heavier one)."""
+    def declare(fixture: Fixture) -> Fixture:
+        fixture.tier = tier  # type: ignore[attr-defined]
+        return fixture
+    return declare
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The heaviest of the item's tier marks and the tiers its fixtures start."""
+    needs = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    defs = item._fixtureinfo.name2fixturedefs if isinstance(item, pytest.Function) else {}
+    for name in getattr(item, "fixturenames", ()):
+        for fixturedef in reversed(defs.get(name, ())):  # the one used, then one it overrides if it asks for it
+            needs.add(getattr(fixturedef.func, "tier", FAST))
+            if name not in fixturedef.argnames:
+                break
+    return max(needs, key=TIERS.index, default=FAST)
+
+
+def _forbidden_in_fast(argv: list[str]) -> str | None:
+    """The program ``argv`` starts if a fast test may not start it: anything but this interpreter, and this
+    interpreter running a node (it may run the node's own helpers, e.g. the record readers)."""
+    if argv and argv[0] == sys.executable and argv[1:3] != ["-m", "amqp_server"]:
+        return None
+    return " ".join(argv)[:200]
+
+
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+
+def _execute_child_unless_fast(popen: subprocess.Popen, args, executable, *rest, **kwargs):
+    """Popen's start of a program, refused to a fast test."""
+    if _running and _running[-1].stash.get(TIER, None) == FAST:
+        program = _forbidden_in_fast([str(executable or args[0]), *map(str, args[1:])])
+        if program is not None:
+            pytest.fail(f"a fast test started {program!r}: mark the test, or decorate the fixture that starts it with "
+                        f"@starts(...), with its tier (conftest.py, Tiers)", pytrace=False)
+    return _execute_child(popen, args, executable, *rest, **kwargs)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "warren_only(reason): Warren-specific behaviour; skipped in parity mode")
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier (conftest.py says which test is in which)")
+    subprocess.Popen._execute_child = _execute_child_unless_fast  # type: ignore[attr-defined]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if not EXTERNAL:
-        return
+def pytest_unconfigure(config: pytest.Config) -> None:
+    subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]):
     for item in items:
+        item.stash[TIER] = tier_of(item)
+        item.add_marker(item.stash[TIER])
         marker = item.get_closest_marker("warren_only")
-        if marker is not None:
+        if EXTERNAL and marker is not None:
             reason = marker.args[0] if marker.args else "Warren-only"
             item.add_marker(pytest.mark.skip(reason=f"warren_only: {reason}"))
+    result = yield  # -m selects by the tier marks just added
+    items.sort(key=lambda item: TIERS.index(item.stash[TIER]))
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
 
 
 @pytest.fixture(scope="session")
+@starts(INTEGRATION)
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess | ExternalBroker]:
     """One node shared by the tests that do not restart it; tests use unique names."""
     if EXTERNAL:
@@ -199,6 +278,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess |
 
 
 @pytest.fixture
+@starts(INTEGRATION)
 def start_broker(tmp_path: Path) -> Iterator:
     """Factory for nodes of a test's own (restartable, killable, configurable)."""
     if EXTERNAL:

@@ -277,6 +277,7 @@ def test_py_amqp_direct(broker, uid):
 # -- amqp-tools (rabbitmq-c) --------------------------------------------------------------------------------
 
 
+@pytest.mark.client
 def test_amqp_tools(broker, uid):
     if shutil.which("amqp-publish") is None:
         unavailable("amqp-tools (rabbitmq-c) is not installed (test.sh installs it)")

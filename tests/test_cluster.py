@@ -19,7 +19,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from conftest import ROOT, BrokerProcess, free_port, unavailable
+from conftest import CLUSTER, ROOT, BrokerProcess, free_port, starts, unavailable
 from conftest import connect as conftest_connect
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
@@ -85,6 +85,7 @@ def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int 
 
 
 @pytest.fixture(scope="module")
+@starts(CLUSTER)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
     tmp = tmp_path_factory.mktemp("cluster")
     etcd = Etcd(tmp / "etcd")
@@ -696,6 +697,7 @@ def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
         wait_for(lambda: gone(node, uid), "node 4's queue deleted")
 
 
+@pytest.mark.cluster
 def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
     """etcd down at start: the node serves from its mirror, then registers and links once etcd answers."""
     etcd_port = free_port()

@@ -14,7 +14,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from amqp_server import config
-from conftest import EXTERNAL, BrokerProcess, connect
+from conftest import EXTERNAL, INTEGRATION, BrokerProcess, connect, starts
 from test_mgmt_api import call, q
 
 pytestmark = pytest.mark.skipif(bool(EXTERNAL), reason="starts Warren nodes with a tiny consumer_timeout")
@@ -30,12 +30,14 @@ def _node(tmp_path_factory: pytest.TempPathFactory, timeout: str) -> Iterator[Br
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """consumer_timeout = 500 ms."""
     yield from _node(tmp_path_factory, "500")
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def untimed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """consumer_timeout = false: no timeout."""
     yield from _node(tmp_path_factory, "false")

@@ -21,7 +21,7 @@ if NODE is None:
 if not (NODE_DIR / "node_modules" / "amqplib").is_dir():
     unavailable("amqplib is not installed: run `npm ci --prefix tests/node` (test.sh does)")
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.client]
 
 
 def node_script(script: str, broker: BrokerProcess, name: str) -> dict:

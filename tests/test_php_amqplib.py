@@ -18,7 +18,7 @@ PHP = shutil.which("php")
 if PHP is None or not Path("/usr/share/php/PhpAmqpLib/autoload.php").exists():
     unavailable("php-cli and php-amqplib are not installed (apt-get install php-cli php-amqplib); test.sh installs them")
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.client]
 
 
 def test_php_amqplib_confirm_consume_return_and_channel_error(broker, uid):

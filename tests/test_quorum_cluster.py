@@ -15,7 +15,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
-from conftest import BrokerProcess, free_port
+from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
 
@@ -26,6 +26,7 @@ NAMES = [f"warren{i}@localhost" for i in (1, 2, 3)]
 
 
 @pytest.fixture
+@starts(CLUSTER)
 def nodes(tmp_path) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
     """Three nodes of a cluster of the test's own: tests here kill and restart them."""
     etcd = Etcd(tmp_path / "etcd")
@@ -169,6 +170,7 @@ class Proxied:
     port: int
 
 
+@pytest.mark.cluster
 def test_a_leader_cut_off_from_etcd_confirms_nothing_the_group_loses(tmp_path, uid):
     etcd = Etcd(tmp_path / "etcd")
     proxy = Cuttable(etcd.port)

@@ -11,11 +11,12 @@ from typing import Any
 import pika
 import pytest
 
-from conftest import BrokerProcess, unavailable
+from conftest import CLIENT, BrokerProcess, starts, unavailable
 from rabbitmq_tools import Unavailable, rabbitmqadmin
 
 
 @pytest.fixture(scope="module")
+@starts(CLIENT)
 def script() -> Path:
     try:
         return rabbitmqadmin()

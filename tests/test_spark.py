@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, unavailable
+from conftest import CLIENT, ROOT, starts, unavailable
 
 if shutil.which("java") is None:
     unavailable("java is not installed: no SparkSession (test.sh installs default-jre-headless)")
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="session")
+@starts(CLIENT)
 def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 from pamqp import commands, frame as pframe
 
 from amqp_server import tls
-from conftest import ROOT, BrokerProcess, free_port
+from conftest import INTEGRATION, ROOT, BrokerProcess, free_port, starts
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -141,6 +141,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def node(pki: PKI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSNode]:
     """Peer verification on but a client certificate optional; EXTERNAL names users by CN."""
     started = start_tls_node(tmp_path_factory.mktemp("tlsnode") / "data", pki, "--tls-verify", "verify_peer",
@@ -348,6 +349,7 @@ def test_https_management_api_needs_the_ca_and_plain_http_still_answers(node: TL
 # -- fail_if_no_peer_cert and the distinguished-name login -------------------------------------------------
 
 
+@pytest.mark.integration
 def test_fail_if_no_peer_cert_refuses_clients_without_certificate(pki: PKI, tmp_path: Path) -> None:
     strict = start_tls_node(tmp_path / "data", pki, "--tls-verify", "verify_peer", "--tls-fail-if-no-peer-cert",
                             "true", "--auth-mechanisms", "EXTERNAL", "--explain-handshake-errors", "true")
@@ -378,6 +380,7 @@ def test_fail_if_no_peer_cert_refuses_clients_without_certificate(pki: PKI, tmp_
         strict.broker.stop()
 
 
+@pytest.mark.integration
 def test_external_login_by_distinguished_name_by_default(pki: PKI, tmp_path: Path) -> None:
     dn_node = start_tls_node(tmp_path / "data", pki, "--tls-verify", "verify_peer",
                              "--auth-mechanisms", "EXTERNAL PLAIN")
@@ -402,6 +405,7 @@ def test_external_login_by_distinguished_name_by_default(pki: PKI, tmp_path: Pat
 # -- configuration and formatting ---------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["--tls-verify", "verify_maybe"], "tls_verify must be one of verify_none, verify_peer"),
     (["--auth-mechanisms", "PLAIN CRAM-MD5"], "unknown auth_mechanisms: CRAM-MD5"),
@@ -427,6 +431,7 @@ def test_tls_options_from_toml_env_and_command_line(tmp_path: Path) -> None:
     assert config.load([], environ={}).mechanisms == ["PLAIN", "AMQPLAIN"]
 
 
+@pytest.mark.integration
 def test_missing_certificate_file_stops_the_node(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port",
                              str(free_port()), "--mgmt-enabled", "false", "--tls-port", str(free_port()),

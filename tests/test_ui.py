@@ -14,7 +14,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import BrokerProcess, free_port, unavailable
+from conftest import CLIENT, INTEGRATION, BrokerProcess, free_port, starts, unavailable
 from test_mgmt_api import call, q
 from test_tls import PKI
 
@@ -39,6 +39,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def node(tmp_path_factory: pytest.TempPathFactory, pki: PKI) -> Iterator[BrokerProcess]:
     """A node of this module's own, so the overview's totals are only what these tests make; it listens
     for AMQPS too (a client certificate optional), for the connection page's TLS details."""
@@ -54,6 +55,7 @@ def tls_port(node: BrokerProcess) -> int:
 
 
 @pytest.fixture(scope="module")
+@starts(CLIENT)
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,

@@ -373,6 +373,7 @@ def _publish(broker: BrokerProcess, vhost: str, queue: str, bodies: list[bytes])
     connection.close()
 
 
+@pytest.mark.client  # warrenctl export runs a SparkSession
 @pytest.mark.timeout(400)
 def test_export_queues_to_parquet_browse_then_drain(broker: BrokerProcess, uid: str, tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
