@@ -14,7 +14,7 @@ import uuid
 import pika
 import pytest
 
-from conftest import BrokerProcess, free_port
+from conftest import INTEGRATION, BrokerProcess, free_port, starts
 
 rstream = pytest.importorskip("rstream")
 from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def node(tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     broker = BrokerProcess(tmp_path_factory.mktemp("stream") / "data",
