@@ -177,8 +177,8 @@ EXTERNAL = os.environ.get("WARREN_TEST_BROKER", "")
 # turn), or from a tier mark on the test or its module when it starts something itself; the heaviest wins:
 #   fast         nothing outside this process: the core, queue types, state machines, codecs, exchanges, storage
 #   integration  a Warren node in a subprocess (`broker`, `start_broker` and every fixture built on them)
-#   client       a program other than Warren: Spark's JVM, Chromium, Node.js, PHP, rabbitmq-c, rabbitmqadmin
-#   cluster      etcd and several nodes
+#   client       a program other than Warren: Spark's JVM, Chromium, Node.js, PHP, Ruby, rabbitmq-c, rabbitmqadmin
+#   cluster      etcd, and the nodes of a cluster
 # A fixture says what it starts under its @pytest.fixture: @starts(INTEGRATION).  A fast test that starts a
 # program other than this interpreter (or this interpreter running a node) fails, naming it.  `./test.sh -m fast`
 # runs one tier; the whole suite runs them in this order, so a break in the fast tier shows first.

@@ -16,6 +16,7 @@ from amqp_server.definitions import DefinitionStore
 from forwarder import membership, metadata
 from forwarder.membership import MEMBERS_PREFIX, Membership
 from forwarder.metadata import Metadata, etcd_key
+from conftest import CLUSTER, starts
 from test_cluster import Etcd
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,6 +32,7 @@ def run() -> Iterator[Callable[[Coroutine[Any, Any, None]], None]]:
 
 
 @pytest.fixture
+@starts(CLUSTER)
 def etcd(tmp_path: Path) -> Etcd:
     server = Etcd(tmp_path / "etcd")
     yield server

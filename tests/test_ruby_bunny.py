@@ -19,7 +19,7 @@ RUBY = shutil.which("ruby")
 if RUBY is None or not list(Path("/usr/share/rubygems-integration/all/gems").glob("bunny-*")):
     unavailable("ruby and ruby-bunny are not installed (apt-get install ruby-bunny); test.sh installs them")
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.client]
 
 
 def test_bunny_ack_error_and_connection_recovery(broker, uid):
