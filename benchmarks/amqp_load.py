@@ -42,7 +42,9 @@ shared memory), so no unbounded backlog builds up inside the broker.  Broker
 flow control (TCP back-pressure) is honoured as well, since the publisher uses
 a non-blocking socket.  After all processes are connected the generator runs
 for 1 s of warm-up, then measures the consumed count over ``--seconds``.  Each
-workload is repeated ``--runs`` times and the median is reported.
+workload is repeated ``--runs`` times and the median is reported.  A workload
+given as ``NAME@SIZE`` (e.g. ``persistent-confirm@4096``) sends ``SIZE``-byte
+bodies instead of ``--size``.
 
 Running Warren and RabbitMQ side by side
 ---------------------------------------
@@ -919,6 +921,15 @@ def run_workload(cfg, workload):
     return run_throughput(cfg, workload)
 
 
+def parse_workload(spec, size):
+    """``NAME`` or ``NAME@SIZE``: the workload and its body size in bytes (``size``, i.e. --size, unless given);
+    None if ``spec`` names no workload."""
+    name, _, at = spec.partition("@")
+    if name not in WORKLOADS or (at and not (at.isdigit() and int(at) > 0)):
+        return None
+    return name, int(at) if at else size
+
+
 # --------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------
@@ -933,7 +944,8 @@ def main(argv=None):
     ap.add_argument("--vhost", default="/")
     ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run (after 1 s warm-up)")
     ap.add_argument("--size", type=int, default=100, help="message body size in bytes")
-    ap.add_argument("--workload", default="all", help="one of %s, or 'all' (comma list allowed)" % ", ".join(WORKLOADS))
+    ap.add_argument("--workload", default="all", help="one of %s, or 'all' (comma list allowed; NAME@SIZE "
+                    "runs NAME with SIZE-byte bodies, e.g. persistent-confirm@4096)" % ", ".join(WORKLOADS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
     ap.add_argument("--json", action="store_true")
@@ -947,7 +959,7 @@ def main(argv=None):
         workloads = list(WORKLOADS)
     else:
         workloads = [w.strip() for w in args.workload.split(",") if w.strip()]
-        bad = [w for w in workloads if w not in WORKLOADS]
+        bad = [w for w in workloads if parse_workload(w, args.size) is None]
         if bad:
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
@@ -967,23 +979,24 @@ def main(argv=None):
     results = {}
     exit_code = 0
     for w in workloads:
+        name, size = parse_workload(w, args.size)
         runs = []
         error = None
         for i in range(args.runs):
             try:
-                runs.append(run_workload(cfg, w))
+                runs.append(run_workload({**cfg, "size": size}, name))
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
                 print(f"error: {w} run {i + 1}: {error}", file=sys.stderr)
                 exit_code = 1
                 break
             if not args.json:
-                print(f"  {w} run {i + 1}/{args.runs}: {_fmt_run(w, runs[-1])}", file=sys.stderr)
+                print(f"  {w} run {i + 1}/{args.runs}: {_fmt_run(name, runs[-1])}", file=sys.stderr)
         entry = {"runs": runs}
         if error:
             entry["error"] = error
         if runs:
-            if w == "latency":
+            if name == "latency":
                 entry["unit"] = "us"
                 entry["p50_us"] = statistics.median(r["p50_us"] for r in runs)
                 entry["p99_us"] = statistics.median(r["p99_us"] for r in runs)
@@ -1002,13 +1015,13 @@ def main(argv=None):
     else:
         print(f"broker {args.host}:{args.port}  {server.get('product')} {server.get('version')}  "
               f"size={args.size}B seconds={args.seconds:g} runs={args.runs}")
-        print(f"{'workload':<20} {'result (median)':>28}   {'per-run':<}")
-        print("-" * 78)
+        print(f"{'workload':<24} {'result (median)':>28}   {'per-run':<}")
+        print("-" * 82)
         for w, e in results.items():
             if "error" in e and not e["runs"]:
-                print(f"{w:<20} {'ERROR':>28}   {e['error']}")
+                print(f"{w:<24} {'ERROR':>28}   {e['error']}")
                 continue
-            if w == "latency":
+            if w.partition("@")[0] == "latency":
                 med = f"p50 {e['p50_us']:.0f} us  p99 {e['p99_us']:.0f} us"
                 per = ", ".join(f"{r['p50_us']:.0f}/{r['p99_us']:.0f}" for r in e["runs"])
             else:
@@ -1016,7 +1029,7 @@ def main(argv=None):
                 per = ", ".join(f"{r['rate']:,.0f}" for r in e["runs"])
                 if "broker_cpu_us_median" in e:
                     per += f"  (broker CPU {e['broker_cpu_us_median']:.1f} us per delivery)"
-            print(f"{w:<20} {med:>28}   {per}")
+            print(f"{w:<24} {med:>28}   {per}")
     return exit_code
 
 

@@ -59,4 +59,8 @@ if [ "$up" != 1 ]; then
     exit 1
 fi
 
-"$PYTHON" "$HERE/amqp_load.py" --host 127.0.0.1 --port "$PORT" "$@"
+# the node's own process (beam.smp): amqp_load.py reports its CPU time per delivery, as run_warren.sh does Warren's
+PID="$(timeout 30 rabbitmqctl -n "$NODE" eval 'list_to_integer(os:getpid()).' 2>/dev/null || true)"
+BROKER_PID=()
+[[ "$PID" =~ ^[0-9]+$ ]] && BROKER_PID=(--broker-pid "$PID")
+"$PYTHON" "$HERE/amqp_load.py" --host 127.0.0.1 --port "$PORT" "${BROKER_PID[@]}" "$@"
