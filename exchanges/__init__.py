@@ -22,6 +22,7 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange, ConsistentHashExchange,
                 DelayedExchange)
 }
+DelayedExchange.types = EXCHANGE_TYPES  # (it cannot import the registry, which imports it)
 
 
 def exchange_class(type_name: str) -> type[Exchange] | None:

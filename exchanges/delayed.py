@@ -10,7 +10,7 @@ and timing messages is the broker's business; this module only decides.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from .base import Binding, Exchange
 
@@ -50,17 +50,16 @@ class DelayedExchange(Exchange):
     __slots__ = ("inner",)
 
     type_name = "x-delayed-message"
+    types: ClassVar[Mapping[str, type[Exchange]]] = {}  # the underlying types by name: the registry's (``exchanges/__init__``)
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)
-        from . import exchange_class  # the registry imports this module
-
         inner_type = self.arguments.get("x-delayed-type")
         if inner_type == self.type_name:
             raise ValueError("Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'")
         if not isinstance(inner_type, str):
             raise ValueError("Invalid argument, 'x-delayed-type' must be an existing exchange type")
-        cls = exchange_class(inner_type)
+        cls = self.types.get(inner_type)
         if cls is None:
             raise LookupError(inner_type)
         self.inner: Exchange = cls(name, *args, **kwargs)
