@@ -26,7 +26,7 @@ earliest registered) takes over.
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import deque
 from functools import partial
 from itertools import islice
@@ -42,6 +42,7 @@ from queue_index import FLAG_TRANSIENT, ExpiryHeap, IndexEntry, QueueIndex
 from .clock import now_ms
 from .message import Message
 from .queue_args import QueueArgs
+from .ready import Entry, _seq, from_seq, pop_below, put_back
 from .stats import MessageStats
 
 if TYPE_CHECKING:
@@ -107,27 +108,6 @@ class DiskSpan:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
-
-
-class Entry:
-    """A message's place in one queue: its sequence number keeps requeues in order."""
-
-    __slots__ = ("seq", "message", "redelivered", "expiry", "gone", "transient")
-
-    def __init__(self, seq: int, message: Message, redelivered: bool = False, expiry: int = 0,
-                 transient: int = 0) -> None:
-        self.seq = seq
-        self.message = message
-        self.redelivered = redelivered
-        self.expiry = expiry  # epoch ms, 0 for none
-        self.gone = False  # expired while in the ready list: skipped when reached
-        # paged in from the transient store: the record this entry holds a reference to, and whose index
-        # entry it has (the entry's own, not the message's: a message moved to another queue is not the
-        # other queue's to release)
-        self.transient = transient
-
-    def __lt__(self, other: "Entry") -> bool:
-        return self.seq < other.seq
 
 
 class Consumer:
@@ -197,30 +177,6 @@ class TransientPages(Protocol):
 def stored_message(row: IndexEntry) -> Message:
     """The message of an index row, its content left in the store (transient or persistent) it names."""
     return Message.stored(0, row.size, row.msg_id) if row.transient else Message.stored(row.msg_id, row.size)
-
-
-def put_back(ready: deque[Entry], entry: Entry) -> None:
-    """Insert a requeued entry where its ``seq`` puts it (usually at one end)."""
-    if not ready or entry.seq > ready[-1].seq:
-        ready.append(entry)
-    elif entry.seq < ready[0].seq:
-        ready.appendleft(entry)
-    else:
-        insort(ready, entry)
-
-
-def from_seq(ready: deque[Entry], start: int) -> Iterator[Entry]:
-    first = bisect_left(ready, start, key=_seq) if ready and ready[0].seq < start else 0
-    return islice(ready, first, None)
-
-
-def pop_below(ready: deque[Entry], offset: int) -> Iterator[Entry]:
-    while ready and ready[0].seq < offset:
-        yield ready.popleft()
-
-
-def _seq(entry: Entry) -> int:
-    return entry.seq
 
 
 def _priority(consumer: Consumer) -> int:
