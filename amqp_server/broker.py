@@ -291,7 +291,7 @@ class Broker:
     def declare_queue(self, vhost: VHost, name: str, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict[str, Any] | None = None,
-                      owner: "ExclusiveOwner | None" = None, server_named: bool = False,
+                      owner: "ExclusiveOwner[Queue] | None" = None, server_named: bool = False,
                       who: Principal | None = None) -> Queue:
         """queue.declare for ``who`` (None: the node itself); ``owner`` is the connection of an exclusive queue."""
         if not passive:
@@ -403,7 +403,7 @@ class Broker:
         self.store.put("meta", "queue_index", {"next": record["next"] + 1})
         return record["next"]
 
-    def consumable(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
+    def consumable(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                    who: Principal | None = None) -> Queue:
         """basic.consume for ``who`` (read): the queue, unless it is another connection's exclusive queue.
         The consumer's own exclusivity is checked by check_consumer_exclusivity once its arguments are read."""
@@ -413,7 +413,7 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue
 
-    def consume(self, queue: Queue, target: "DeliveryTarget", tag: str, no_ack: bool, exclusive: bool,
+    def consume(self, queue: Queue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool, exclusive: bool,
                 arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0) -> Consumer:
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
@@ -435,12 +435,12 @@ class Broker:
             raise errors.access_refused(f"{resource_name('queue', queue.name, queue.vhost)} in exclusive use")
 
     @staticmethod
-    def check_exclusive(queue: Queue, connection: "ExclusiveOwner | None") -> None:
+    def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
             raise _exclusive_locked(queue)
 
     def delete_queue(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
-                     owner: "ExclusiveOwner | None" = None, who: Principal | None = None) -> int:
+                     owner: "ExclusiveOwner[Queue] | None" = None, who: Principal | None = None) -> int:
         """queue.delete for ``who`` (configure); the count of ready messages it had."""
         if who is not None:
             who.check("configure", "queue", vhost.name, name)
@@ -536,7 +536,7 @@ class Broker:
     def _save_offsets(self, queue: Queue) -> None:
         self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
 
-    def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
+    def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> int:
         """queue.purge of a queue of this node for ``who`` (read); see purge_anywhere."""
         if who is not None:
@@ -552,7 +552,7 @@ class Broker:
         if queue.unused_auto_delete and not queue.deleted:
             self._remove_queue(self.vhosts[queue.vhost], queue)
 
-    def connection_closed(self, connection: "ExclusiveOwner") -> None:
+    def connection_closed(self, connection: "ExclusiveOwner[Queue]") -> None:
         """Its exclusive queues go with it."""
         self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
@@ -561,7 +561,7 @@ class Broker:
     # -- bindings -----------------------------------------------------------------------------
 
     def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
-             arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner | None" = None,
+             arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
              who: Principal | None = None) -> None:
         """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
         read on the source first, then both must exist, the source told first (rabbit_channel:binding_action's
@@ -576,7 +576,7 @@ class Broker:
         self.add_binding(vhost, source, target, routing_key, arguments)
 
     def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
-               arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner | None" = None,
+               arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
                who: Principal | None = None) -> None:
         """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
         destination) unbinds without error, as in RabbitMQ."""
@@ -743,7 +743,7 @@ class Broker:
             for key in sender_selected.check(message):
                 Broker.check_topic_write(vhost, exchange, who, key)
 
-    def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
+    def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
                   who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
         with no_ack=False the caller settles it.  See get_anywhere for any node's queue."""
@@ -753,7 +753,7 @@ class Broker:
         self.check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
-    async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner | None" = None,
+    async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> tuple[Queue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included."""
         if who is not None:
@@ -772,7 +772,7 @@ class Broker:
         self.check_exclusive(queue, None)
         return queue.peek(offset, count)
 
-    async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner | None" = None,
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                              who: Principal | None = None) -> int:
         """queue.purge on any queue, one owned by another node (cluster mode) included."""
         if who is not None:

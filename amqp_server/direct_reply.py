@@ -27,7 +27,7 @@ class ReplyConsumer:
 
     __slots__ = ("name", "tag", "channel", "prefix")
 
-    def __init__(self, name: str, tag: str, channel: "ReplyTarget", prefix: bytes) -> None:
+    def __init__(self, name: str, tag: str, channel: "ReplyTarget[ReplyConsumer, Message]", prefix: bytes) -> None:
         self.name = name  # amq.rabbitmq.reply-to.<token>: the reply_to requests carry
         self.tag = tag
         self.channel = channel
@@ -45,7 +45,7 @@ class ReplyConsumers:
     def __init__(self) -> None:
         self._by_name: dict[str, ReplyConsumer] = {}
 
-    def add(self, channel: "ReplyTarget", tag: str, prefix: bytes) -> ReplyConsumer:
+    def add(self, channel: "ReplyTarget[ReplyConsumer, Message]", tag: str, prefix: bytes) -> ReplyConsumer:
         token = base64.urlsafe_b64encode(os.urandom(18)).decode()
         consumer = self._by_name[PREFIX + token] = ReplyConsumer(PREFIX + token, tag, channel, prefix)
         return consumer

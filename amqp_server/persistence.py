@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
@@ -23,7 +23,7 @@ from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 from .message import Message
 
 if TYPE_CHECKING:
-    from .queue import Entry, Queue
+    from .ready import Entry
 
 log = logging.getLogger("warren.persistence")
 
@@ -33,6 +33,18 @@ COMPACTION_QUIET = 1.0  # a segment consumers are emptying is left to die whole 
 
 class SyncWaiter(Protocol):
     def synced(self, batch: int) -> None: ...
+
+
+class StoredQueue(Protocol):
+    """A durable queue as its storage sees it: its id in the queue index, where its entries are keyed there, and
+    the totals it takes back at recovery."""
+
+    index_id: int
+    ranked: bool
+
+    def row_key(self, entry: Entry) -> int: ...
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None: ...
 
 
 class Journal(Protocol):
@@ -67,7 +79,7 @@ class Persistence:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def write(self, queue: "Queue", entry: "Entry") -> None:
+    def write(self, queue: StoredQueue, entry: Entry) -> None:
         """Store a persistent message for a durable queue (once per message) and index the entry."""
         message = entry.message
         self.keep(message)
@@ -93,13 +105,13 @@ class Persistence:
         self.store.remove(msg_id)
         self._touch()
 
-    def delivered(self, queue: "Queue", entry: "Entry") -> None:
+    def delivered(self, queue: StoredQueue, entry: Entry) -> None:
         message = entry.message
         self.index.delivered(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
                              entry.expiry, message.body_size)
         self._touch()
 
-    def moved(self, queue: "Queue", old_seq: int, entry: "Entry", returns: int) -> None:
+    def moved(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
         """A quorum queue's entry came back to it for the ``returns``-th time (its x-delivery-count) and went
         to the back, under a new seq: its index entry moves there (the store keeps its message as it is)."""
         self.replica_move(queue.index_id, old_seq, entry.seq, returns)
@@ -114,12 +126,12 @@ class Persistence:
             self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, True, returns=returns)
         self._touch()
 
-    def remove(self, queue: "Queue", entry: "Entry") -> None:
+    def remove(self, queue: StoredQueue, entry: Entry) -> None:
         self.index.ack(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq)
         self.store.remove(entry.message.msg_id)
         self._touch()
 
-    def remove_range(self, queue: "Queue", start: int, end: int) -> None:
+    def remove_range(self, queue: StoredQueue, start: int, end: int) -> None:
         """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
         retention, a batch at a time)."""
         for _seqs, rows in self._take(queue.index_id, start, end):
@@ -132,7 +144,7 @@ class Persistence:
             yield taken
             start = int(taken[0][-1]) + 1
 
-    def delete_queue(self, queue: "Queue") -> None:
+    def delete_queue(self, queue: StoredQueue) -> None:
         """The queue's index entries go (its ready entries' references were released as it purged)."""
         self.index.delete_queue(queue.index_id)
         self._touch()
@@ -166,7 +178,7 @@ class Persistence:
         self.index.set_position(index_id, term, index)
         self._touch()
 
-    def recover_queue(self, queue: "Queue") -> None:
+    def recover_queue(self, queue: StoredQueue) -> None:
         """A queue made from a copy kept here while the node runs (a replicated queue's new leader): its
         totals and expiries from the index, as at a restart; the store's references are claimed already."""
         index, queue_id = self.index, queue.index_id
@@ -265,7 +277,7 @@ class Persistence:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, queues: list["Queue"], copies: set[int] = frozenset()) -> None:
+    def recover(self, queues: Sequence[StoredQueue], copies: set[int] = frozenset()) -> None:
         """Give each durable queue its totals from the index; its entries stay on disk until they near the
         head.  Entries are walked only where they must be: after a crash (to count the store's references),
         for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the

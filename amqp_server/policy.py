@@ -18,7 +18,7 @@ mode a listener makes every change the cluster's, as for users and vhosts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from . import patterns, queue_args
 from .auth import DefinitionListener, vhost_key
@@ -27,8 +27,6 @@ from .queue_args import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, QueueArgs
 
 if TYPE_CHECKING:
     from exchanges import Exchange
-
-    from .queue import Queue
 
 POLICY = "policy"
 OPERATOR_POLICY = "operator_policy"
@@ -55,12 +53,27 @@ WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-segment-size",
 LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
 
 
+class Governed(Protocol):
+    """A queue as policies see it: its declared arguments, the policies applied, and its effective arguments."""
+
+    name: str
+    vhost: str
+    arguments: dict[str, Any]
+    args: QueueArgs
+    policy: Policy | None
+    operator_policy: Policy | None
+
+    def set_args(self, args: QueueArgs) -> None: ...
+
+
 class Resources(Protocol):
     """A vhost as policies see it: the queues and exchanges they apply to."""
 
     name: str
-    queues: dict[str, Queue]
     exchanges: dict[str, Exchange]
+
+    @property
+    def queues(self) -> Mapping[str, Governed]: ...
 
 
 class PolicyError(ValueError):
@@ -208,7 +221,7 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
     return merged
 
 
-def effective_queue_args(queue: "Queue", definition: dict[str, Any]) -> QueueArgs:
+def effective_queue_args(queue: Governed, definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
     merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
     lower_wins, argument_wins = {"quorum": (LOWER_WINS + QUORUM_LOWER_WINS, ARGUMENT_WINS + QUORUM_ARGUMENT_WINS),
@@ -299,7 +312,7 @@ class Policies:
 
     # -- applying ------------------------------------------------------------------------------
 
-    def apply_to_queue(self, queue: "Queue") -> None:
+    def apply_to_queue(self, queue: Governed) -> None:
         """Resolve the queue's effective arguments if the policies that match it changed."""
         kind = queue.args.queue_type
         policy = self.match(POLICY, queue.vhost, "queue", queue.name, kind)

@@ -3,45 +3,50 @@
 The AMQP channel and connection (``channel.py``, ``connection.py``), the forwarder's session for
 consumers on other nodes (``forwarder/session.py``) and its replication (``forwarder/quorum.py``) implement these; queues and the broker hold them
 without knowing which one they have.
+
+This module imports nothing of the project, so that the core and the front ends both import it and no import
+cycle runs through it: where a protocol names an object of the core (a queue, a consumer, an entry, a message),
+it takes that object's class as a type parameter, which the core fills in (``DeliveryTarget[Consumer, Entry]``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from .direct_reply import ReplyConsumer
-    from .message import Message
-    from .queue import Consumer, Entry, Queue
+ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
+EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
+MessageT = TypeVar("MessageT", contravariant=True)  # a message (message.Message)
+QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
+StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 
 
-class DeliveryTarget(Protocol):
+class DeliveryTarget(Protocol[ConsumerT, EntryT]):
     """Where a consumer's messages go: an AMQP channel, or the link to the node its client is on."""
 
     def can_deliver(self) -> bool:
         """Room for another delivery now (prefetch aside: the queue counts that per consumer)."""
 
-    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+    def deliver(self, consumer: ConsumerT, entry: EntryT) -> None:
         """Send ``entry`` to ``consumer``'s client; it stays unacked unless the consumer is no-ack.
 
         The queue has already counted it against the consumer's prefetch (``consumer.unacked``); the target
         hands it back through ``Broker.settle_taken``, which counts it off again."""
 
-    def cancelled_by_broker(self, consumer: Consumer) -> None:
+    def cancelled_by_broker(self, consumer: ConsumerT) -> None:
         """The queue went away (deleted, or its node went down): tell the client."""
 
 
-class ReplyTarget(Protocol):
+class ReplyTarget(Protocol[ConsumerT, MessageT]):
     """The channel of an ``amq.rabbitmq.reply-to`` consumer: replies bypass queues."""
 
-    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None: ...
+    def deliver_reply(self, consumer: ConsumerT, message: MessageT) -> None: ...
 
 
-class ExclusiveOwner(Protocol):
+class ExclusiveOwner(Protocol[QueueT]):
     """A client connection: it owns its exclusive queues, and the broker may close it."""
 
     name: str
     vhost_name: str
-    exclusive_queues: set[Queue]
+    exclusive_queues: set[QueueT]
 
     def force_close(self, reason: str) -> None:
         """Close with 320 CONNECTION_FORCED and ``reason``."""
@@ -63,11 +68,11 @@ class ConfirmSink(Protocol):
     def remote_confirmed(self, seq: int, rejected: bool) -> None: ...
 
 
-class Replicator(Protocol):
+class Replicator(Protocol[EntryT]):
     """Where the leader of a replicated queue sends its changes (``forwarder.quorum``): the core only reports
     them, in the order they happen."""
 
-    def enqueued(self, entry: Entry, confirm: ConfirmSink | None) -> None:
+    def enqueued(self, entry: EntryT, confirm: ConfirmSink | None) -> None:
         """A new entry; ``confirm`` (if any) is told once the queue's group has it."""
 
     def delivered(self, seq: int) -> None:
@@ -84,12 +89,12 @@ class Replicator(Protocol):
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
 
 
-class StreamListener(Protocol):
+class StreamListener(Protocol[StreamT]):
     """A stream-protocol connection reading or writing a stream (``stream.reader``): told of what the stream
     does, so that it reads on or lets go."""
 
-    def appended(self, stream: Queue) -> None:
+    def appended(self, stream: StreamT) -> None:
         """Entries were appended (called per entry: cheap, the reading waits for the end of the loop turn)."""
 
-    def deleted(self, stream: Queue) -> None:
+    def deleted(self, stream: StreamT) -> None:
         """The stream was deleted."""

@@ -116,8 +116,8 @@ class Consumer:
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
                  "unacked", "prefix", "priority", "counted")
 
-    def __init__(self, tag: str, channel: "DeliveryTarget", queue: "Queue", no_ack: bool, exclusive: bool,
-                 arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
+    def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "Queue", no_ack: bool,
+                 exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
         self.tag = tag
         self.channel = channel
         self.queue = queue
@@ -194,13 +194,14 @@ class Queue:
     queue_type = "classic"
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
-    replicator: "Replicator | None" = None  # a quorum queue led here in cluster mode: ships its changes
+    replicator: "Replicator[Entry] | None" = None  # a quorum queue led here in cluster mode: ships its changes
     DROPS_COMMITTED_LATER = True  # a commit counts its entries on disk (count_committed); they go in the background
     PURGES_LATER = True  # a purge's entries on disk leave in the background (Pager.drop_later), marked dropped
 
-    def __init__(self, name: str, vhost: str, durable: bool = False, exclusive_owner: "ExclusiveOwner | None" = None,
-                 auto_delete: bool = False, arguments: dict[str, Any] | None = None,
-                 args: QueueArgs | None = None, host: QueueHost | None = None) -> None:
+    def __init__(self, name: str, vhost: str, durable: bool = False,
+                 exclusive_owner: "ExclusiveOwner[Queue] | None" = None, auto_delete: bool = False,
+                 arguments: dict[str, Any] | None = None, args: QueueArgs | None = None,
+                 host: QueueHost | None = None) -> None:
         self.name = name
         self.vhost = vhost
         self.durable = durable

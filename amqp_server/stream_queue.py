@@ -68,7 +68,8 @@ class StreamQueue(Queue):
         self.marks: deque[Mark] = deque()
         self.segment_bytes = 0  # of the segment being written
         self.tail_bytes = 0  # of the entries in memory (``ready``)
-        self.listeners: dict["StreamListener", None] = {}  # stream-protocol readers and writers (stream.reader)
+        # stream-protocol readers and writers (stream.reader)
+        self.listeners: dict["StreamListener[StreamQueue]", None] = {}
 
     @property
     def message_count(self) -> int:
