@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from bisect import insort
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -21,12 +21,19 @@ from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .message import Message
+from .ports import ExclusiveOwner
 from .queue import Consumer, Entry, Queue
 from .stats import MessageStats
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    import asyncio
+
+    from .auth import Principal, User
+    from .broker import Broker
+    from .config import Config
     from .ports import ConfirmSink
+    from .publisher_flow import PublisherFlow
+    from .vhost import VHost
 
 log = logging.getLogger("warren.channel")
 
@@ -37,8 +44,40 @@ TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allow
 MEMORY_CHECK_BYTES = 8 * 1024 * 1024  # each time a message's partial body grows by this, memory is checked
 
 
+class ChannelHost(ExclusiveOwner[Queue], Protocol):
+    """What a channel asks of its connection (``connection.Connection``), which owns the exclusive queues its
+    channels declare."""
+
+    broker: Broker
+    config: Config
+    flow: PublisherFlow
+    loop: asyncio.AbstractEventLoop
+    vhost: VHost | None
+    user: User | None
+    principal: Principal | None
+    client_capabilities: dict[str, Any]
+    peer: tuple[str, int]  # the client's address (the HTTP API lists it with the channel)
+    out: list[bytes]
+    frame_max: int
+    deliver_budget: int
+    write_paused: bool
+    publishing: bool
+
+    def schedule_flush(self) -> None: ...
+
+    def send_method(self, channel: int, method: Frame) -> None: ...
+
+    def suspend(self, channel: Channel, method: Frame, work: Coroutine[Any, Any, None]) -> None: ...
+
+    def channel_closed(self, ch: int, awaiting_close_ok: bool) -> None: ...
+
+    def started_publishing(self) -> None: ...
+
+    def hold(self, alarm: str | None) -> None: ...
+
+
 class Channel:
-    def __init__(self, connection: "Connection", number: int) -> None:
+    def __init__(self, connection: ChannelHost, number: int) -> None:
         self.connection = connection
         self.number = number
         self.broker = connection.broker

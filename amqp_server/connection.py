@@ -14,7 +14,7 @@ import select
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Coroutine
+from typing import TYPE_CHECKING, Any, Coroutine, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -26,7 +26,6 @@ from .errors import AMQPError, ConnectionError
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .clients import Clients
     from .vhost import VHost
     from .channel import Channel
     from .config import Config
@@ -61,10 +60,22 @@ CAPABILITIES = {
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
 
 
+class Registry(Protocol):
+    """The node's client connections (``clients.Clients``), which a connection joins, leaves and flushes through."""
+
+    def add(self, connection: Connection) -> None: ...
+
+    def remove(self, connection: Connection) -> None: ...
+
+    def schedule_flush(self, connection: Connection) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 class Connection(asyncio.Protocol):
     """Protocol instance per TCP connection."""
 
-    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: "Clients") -> None:
+    def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: Registry) -> None:
         self.broker = broker
         self.config = config
         self.flow = flow

@@ -16,19 +16,51 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from . import errors
 
 if TYPE_CHECKING:
-    from asyncio import TimerHandle
+    from asyncio import AbstractEventLoop, TimerHandle
 
-    from .channel import Channel
-    from .queue import Consumer, Queue
+    from .config import Config
+    from .errors import ChannelError
+    from .queue import Consumer, Entry, Queue
 
 MAX_TICK = 5.0  # seconds between checks, whatever the timeout
 TICKS_PER_TIMEOUT = 4  # a shorter timeout is checked this many times within it
 MIN_TICK = 0.05
+
+
+class Connection(Protocol):
+    """The connection of a watched channel: the node's settings and its loop."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def loop(self) -> AbstractEventLoop: ...
+
+
+class Watched(Protocol):
+    """A channel as its timeout sees it (``channel.Channel``): the deliveries it holds unacknowledged, by tag."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def open(self) -> bool: ...
+
+    @property
+    def delivery_tag(self) -> int: ...
+
+    @property
+    def unacked(self) -> Mapping[int, tuple[Entry, Queue, Consumer | None]]: ...
+
+    def fail(self, error: ChannelError) -> None: ...
 
 
 def timeout_for(queue: "Queue", consumer: "Consumer | None", default: int) -> int:
@@ -51,7 +83,7 @@ class AckTimeout:
 
     __slots__ = ("_channel", "tick", "_ticks", "_timer")
 
-    def __init__(self, channel: "Channel") -> None:
+    def __init__(self, channel: Watched) -> None:
         self._channel = weakref.ref(channel)  # no Channel <-> AckTimeout cycle: a closed channel is freed at once
         self.tick = 0.0  # seconds; 0 while nothing is watched
         self._ticks: deque[tuple[int, float]] = deque()  # (latest delivery tag, monotonic time) per tick
