@@ -10,7 +10,7 @@ import base64
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping, Protocol, TypeVar
 
 from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
@@ -41,8 +41,43 @@ log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
 
 
+class QuorumHooks(Protocol):
+    """The replicated queues' groups (``forwarder.quorum.QuorumGroups``), as the forwarder's links and the HTTP API
+    reach them through the broker."""
+
+    def peer_up(self, name: str) -> None: ...
+
+    def peer_down(self, name: str) -> None: ...
+
+    def replicate(self, session: Any, payload: bytes) -> None:
+        """A leader's ops arrived on ``session`` (a ``forwarder.session.Session``, which the core cannot name)."""
+
+    def replicated(self, peer_name: str, payload: bytes) -> None: ...
+
+    def lag(self) -> dict[str, dict[str, int]]: ...
+
+    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None: ...
+
+    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int: ...
+
+
+class PeerHooks(Protocol):
+    """Another node (``forwarder.peer.Peer``), as the HTTP API reaches it."""
+
+    @property
+    def http(self) -> tuple[str, int] | None:
+        """Its management API, if it serves one."""
+
+
 class ClusterHooks(Protocol):
-    """What the broker tells the cluster (``forwarder``): definition changes made on this node."""
+    """What the broker tells the cluster (``forwarder``): definition changes made on this node; and what the
+    front ends and the forwarder's own parts reach through the broker (``quorum``, ``peers``)."""
+
+    @property
+    def quorum(self) -> QuorumHooks: ...
+
+    @property
+    def peers(self) -> Mapping[str, PeerHooks]: ...
 
     def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
 

@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import aetcd
 from aetcd import rtypes
@@ -43,7 +43,10 @@ from .quorum_log import apply as apply_ops
 from .remote_queue import Held, RemoteQueue
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from amqp_server.broker import Broker
+
+    from .metadata import Metadata
+    from .peer import Peer
     from .session import Session
 
 log = logging.getLogger("warren.forwarder.quorum")
@@ -60,6 +63,30 @@ DEFAULT_GROUP_SIZE = 3
 
 def queue_key(vhost: str, name: str) -> str:
     return f"{vhost}\0{name}"
+
+class Cluster(Protocol):
+    """The cluster as the replicated queues use it (``cluster.Cluster``): this node and its broker, the other
+    nodes, etcd and the definitions there."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def client(self) -> aetcd.Client: ...
+
+    @property
+    def metadata(self) -> Metadata: ...
+
+    @property
+    def peers(self) -> Mapping[str, Peer]: ...
+
+    def nodes(self) -> list[tuple[str, bool]]: ...
+
+    def peer(self, name: str) -> Peer: ...
+
 
 @dataclass
 class Group:
@@ -97,7 +124,7 @@ class Group:
 class QuorumGroups:
     """Every quorum queue of the cluster, as this node takes part in them."""
 
-    def __init__(self, cluster: "Cluster") -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.broker = cluster.broker
         self.name = cluster.name

@@ -18,7 +18,7 @@ import logging
 import struct
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from amqp_server.message import Message
 from amqp_server.quorum_queue import QuorumQueue
@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from amqp_server.persistence import Persistence
     from amqp_server.ports import ConfirmSink
     from amqp_server.queue import Entry
+    from amqp_server.broker import Broker
 
-    from .quorum import Group, QuorumGroups
+    from .peer import Peer
 
 log = logging.getLogger("warren.forwarder.quorum_log")
 
@@ -67,10 +68,46 @@ class Follower:
     snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
 
 
+class Group(Protocol):
+    """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, and where the leader's
+    own copy stands."""
+
+    members: list[str]
+    index_id: int
+    applied_term: int
+    applied: int
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def position(self) -> tuple[int, int]: ...
+
+
+class Cluster(Protocol):
+    """The other nodes, by name (``cluster.Cluster``)."""
+
+    @property
+    def peers(self) -> Mapping[str, Peer]: ...
+
+
+class Groups(Protocol):
+    """This node's part in the replicated queues (``quorum.QuorumGroups``), as a replicator reaches the node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+
 class Replicator:
     """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
 
-    def __init__(self, groups: "QuorumGroups", group: "Group", queue: QuorumQueue, term: int, index: int) -> None:
+    def __init__(self, groups: Groups, group: Group, queue: QuorumQueue, term: int, index: int) -> None:
         self.groups = groups
         self.group = group
         self.queue = queue

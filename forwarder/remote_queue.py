@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
@@ -20,8 +20,6 @@ from . import link
 
 if TYPE_CHECKING:
     from amqp_server.ports import ConfirmSink
-
-    from .peer import Peer
 
 HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it is nacked
 HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
@@ -71,9 +69,29 @@ class RemoteConsumer:
         self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
 
 
+class Owner(Protocol):
+    """The link to the node that owns a remote queue (``peer.Peer``), as the queue's proxy uses it."""
+
+    name: str
+    up: bool
+    stats: dict[str, list[int]]  # the owner's last report on its queues
+
+    def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None) -> bool | None: ...
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer: ...
+
+    def cancel(self, remote: RemoteConsumer) -> None: ...
+
+    def settle(self, mode: int, entries: list[Entry]) -> None: ...
+
+    def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
+
+    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
+
+
 class RemoteQueue(Queue):
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
-                 args: QueueArgs, peer: "Peer") -> None:
+                 args: QueueArgs, peer: Owner) -> None:
         super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None)
         self.peer = peer
         self.key = f"{vhost}\0{name}"
