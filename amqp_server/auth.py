@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
@@ -28,6 +29,21 @@ HASHING_ALGORITHMS = {DEFAULT_HASHING: hashlib.sha256, "rabbit_password_hashing_
                       "rabbit_password_hashing_md5": hashlib.md5}
 # Tags the management plugin knows, as RabbitMQ defines them.
 MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
+
+
+def loopback_refused(user: User | None, host: str | None, loopback_users_only: bool) -> bool:
+    """RabbitMQ's ``loopback_users``: the default user (guest) logs in from loopback only, unless the node allows it
+    from anywhere (``loopback_users_only`` off).  True if ``user`` (authenticated) may not log in from ``host`` (the
+    peer's address, an IPv6 one with or without its zone); every front end (AMQP, the stream protocol, HTTP) asks
+    here."""
+    return user is not None and user.name == DEFAULT_USER and loopback_users_only and not _is_loopback(host)
+
+
+def _is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def hash_password(password: str, salt: bytes | None = None, algorithm: str = DEFAULT_HASHING) -> str:

@@ -8,7 +8,6 @@ gathered per loop iteration and written with one ``transport.write``.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import select
 import struct
@@ -20,7 +19,7 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
-from .auth import Principal
+from .auth import Principal, loopback_refused
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
 
@@ -430,7 +429,7 @@ class Connection(asyncio.Protocol):
         self.client_capabilities = self.client_properties.get("capabilities") or {}
         username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
                                                       method.mechanism, method.response)
-        if user is not None and user.name == "guest" and self.config.loopback_users_only and not _is_loopback(self.peer[0]):
+        if loopback_refused(user, self.peer[0], self.config.loopback_users_only):
             log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None
         self.broker.auth_attempts.record("amqp091", user is not None)
@@ -646,10 +645,3 @@ def octets(payload: bytes | bytearray) -> str:
 def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
     """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
     return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from amqp_server.auth import DEFAULT_USER, MANAGEMENT_TAGS, Principal, User
+from amqp_server.auth import MANAGEMENT_TAGS, Principal, User, loopback_refused
 from amqp_server.broker import Broker
 
 from .context import ctx
@@ -76,13 +75,6 @@ def login_failed() -> HTTPError:
     return unauthenticated("Login failed", "not_authorized")  # RabbitMQ's spelling, for this case only
 
 
-def _is_loopback(host: str | None) -> bool:
-    try:
-        return host is not None and ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool) -> Login:
     header = request.headers.get("Authorization")
     if not header:
@@ -92,7 +84,7 @@ def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool
     broker.auth_attempts.record("http", user is not None)
     if user is None:
         raise login_failed()
-    if loopback_only_guest and user.name == DEFAULT_USER and not _is_loopback(request.remote):
+    if loopback_refused(user, request.remote, loopback_only_guest):
         raise unauthenticated("User can only log in via localhost")
     login = Login(user)
     if not login.is_management:

@@ -191,3 +191,16 @@ async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(br
     broker.delete_queue(vhost, "q")  # downstream's last binding went: it is auto-deleted, and its source binding
     assert "downstream" not in vhost.exchanges
     assert vhost.e2e_bindings == 0 and not vhost.exchanges["upstream"].has_bindings and vhost.sources == {}
+
+
+@pytest.mark.parametrize("name, host, loopback_only, refused", [
+    ("guest", "127.0.0.1", True, False), ("guest", "127.8.9.10", True, False), ("guest", "::1", True, False),
+    ("guest", "::1%lo", True, False),
+    ("guest", "192.0.2.7", True, True), ("guest", "2001:db8::7%eth0", True, True),
+    ("guest", "not an address", True, True), ("guest", None, True, True), ("guest", "192.0.2.7", False, False), ("alice", "192.0.2.7", True, False),
+])
+def test_guest_logs_in_from_loopback_only(name, host, loopback_only, refused):
+    """One rule for every front end (AMQP, the stream protocol, HTTP): RabbitMQ's loopback_users."""
+    from amqp_server.auth import User, loopback_refused
+    assert loopback_refused(User(name, ""), host, loopback_only) is refused
+    assert loopback_refused(None, host, loopback_only) is False  # not logged in: refused for that reason instead

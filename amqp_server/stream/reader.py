@@ -20,7 +20,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import __version__
-from ..connection import _is_loopback
+from ..auth import loopback_refused
 from ..errors import AMQPError
 from ..message import Message, encode_route
 from ..stream_queue import StreamQueue
@@ -325,12 +325,11 @@ class StreamConnection(asyncio.Protocol):
             return
         username, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
         user = self.broker.access.authenticate(username, password)
-        loopback_refused = (user is not None and user.name == "guest" and self.config.loopback_users_only
-                            and not _is_loopback(self.peer[0]))
-        self.broker.auth_attempts.record("stream", user is not None and not loopback_refused)
-        if user is None or loopback_refused:
+        refused = loopback_refused(user, self.peer[0], self.config.loopback_users_only)
+        self.broker.auth_attempts.record("stream", user is not None and not refused)
+        if user is None or refused:
             log.warning("stream login refused for user %r from %s", username[:64], self.peer[0])
-            code = core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if loopback_refused else core.AUTHENTICATION_FAILURE
+            code = core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if refused else core.AUTHENTICATION_FAILURE
             self.send(core.response(core.SASL_AUTHENTICATE, correlation, code))
             self.flush()
             self._drop()
