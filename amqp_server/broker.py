@@ -23,6 +23,7 @@ from .definitions import DefinitionStore
 from .delayed import DelayedMessages, Publisher
 from .direct_reply import ReplyConsumers
 from .errors import AMQPError, ChannelError, ConnectionError, resource_name
+from .logs import untrusted
 from .message import Message, expiration_error
 from .paging import Pager, paced
 from .policy import Policies, Policy
@@ -524,7 +525,8 @@ class Broker:
                 message = dead_letter_message(entry.message, queue.name, reason, exchange.name,
                                               queue.args.dead_letter_routing_key)
             except ValueError as exc:  # a definition stored before its arguments were checked at declare
-                log.error("dead letter from %r dropped: %s", queue, exc)
+                log.error("dead letter from queue %s in vhost %s dropped: %s", untrusted(queue.name),
+                          untrusted(queue.vhost), untrusted(exc))
                 continue
             routed = self.route(vhost, exchange, message)
             if routed is DEFERRED:  # a delayed exchange holds it
@@ -547,7 +549,7 @@ class Broker:
         """x-expires: the queue went unused for its whole lifetime setting."""
         vhost = self.vhosts.get(queue.vhost)
         if vhost is not None:
-            log.info("queue '%s' in vhost '%s' expired (unused for %d ms)", queue.name, vhost.name,
+            log.info("queue %s in vhost %s expired (unused for %d ms)", untrusted(queue.name), untrusted(vhost.name),
                      queue.args.expires)
             self._remove_queue(vhost, queue)
 
@@ -977,8 +979,8 @@ class Broker:
             try:
                 args = queue_args.parse(arguments, record.name, vhost.name)
             except ChannelError as exc:  # stored before today's checks: recover, without its arguments
-                log.error("queue '%s' in vhost '%s': stored arguments refused (%s); recovered without them",
-                          record.name, vhost.name, exc.text)
+                log.error("queue %s in vhost %s: stored arguments refused (%s); recovered without them",
+                          untrusted(record.name), untrusted(vhost.name), untrusted(exc.text))
                 arguments = {}
                 args = queue_args.parse(arguments, record.name, vhost.name)
             queue = vhost.queues[record.name] = queue_class(args)(

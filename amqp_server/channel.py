@@ -20,6 +20,7 @@ from .broker import server_name
 from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
+from .logs import untrusted
 from .message import Message
 from .ports import ExclusiveOwner
 from .queue import Consumer, Entry, Queue
@@ -154,7 +155,7 @@ class Channel:
             except properties.Malformed as exc:
                 # RabbitMQ cannot decode such properties either: its channel crashes, the client gets a bare 541
                 log.warning("malformed content header on channel %d of %s: %s", self.number,
-                            self.connection.name, exc)
+                            self.connection.name, untrusted(exc))
                 raise ConnectionError(errors.INTERNAL_ERROR, "") from None
             if len(self._headers) >= SHARED_MAX:
                 self._headers.clear()
@@ -794,7 +795,7 @@ class Channel:
 
     def fail(self, error: ChannelError) -> None:
         """A soft error: close the channel with its reply code; the connection carries on."""
-        log.info("channel %d on %s closed: %s", self.number, self.connection.name, error.text)
+        log.info("channel %d on %s closed: %s", self.number, self.connection.name, untrusted(error.text))
         self.closed()
         self.connection.channel_closed(self.number, awaiting_close_ok=True)
         self.reply(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],

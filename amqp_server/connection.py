@@ -22,6 +22,7 @@ from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal, loopback_refused
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
+from .logs import untrusted
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -434,7 +435,7 @@ class Connection(asyncio.Protocol):
             user = None
         self.broker.auth_attempts.record("amqp091", user is not None)
         if user is None:
-            log.warning("login refused for user %r from %s", username, self.peer[0])
+            log.warning("login refused for user %s from %s", untrusted(username), self.peer[0])
             if not self.client_capabilities.get("authentication_failure_close"):
                 self._drop()  # RabbitMQ only sends connection.close to clients advertising the capability
                 return
@@ -519,14 +520,14 @@ class Connection(asyncio.Protocol):
             return
         if (self.state in (AWAIT_START_OK, AWAIT_TUNE_OK) and error.code != errors.ACCESS_REFUSED
                 and not self.config.explain_handshake_errors):
-            log.warning("closing connection %s in its handshake: %s", self.name, error.text)
+            log.warning("closing connection %s in its handshake: %s", self.name, untrusted(error.text))
             self.state = CLOSING
             self._pause_reading()
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self.loop.call_later(SILENT_CLOSE_DELAY, self._drop)
             return
-        log.warning("closing connection %s: %s", self.name, error.text)
+        log.warning("closing connection %s: %s", self.name, untrusted(error.text))
         for channel in list(self.channels.values()):
             channel.closed()
         self.channels.clear()

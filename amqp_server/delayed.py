@@ -35,6 +35,7 @@ from queue_index import Schedule, ScheduledEntry
 
 from .message import Message
 from .clock import now_ms
+from .logs import untrusted
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -247,7 +248,8 @@ class DelayedMessages:
         exchange = vhost.exchanges.get(key[1]) if vhost is not None else None
         if vhost is None or not isinstance(exchange, DelayedExchange):
             self.dropped += 1
-            log.debug("delayed message for deleted exchange '%s' in vhost '%s' dropped", key[1], key[0])
+            log.debug("delayed message for deleted exchange %s in vhost %s dropped", untrusted(key[1]),
+                      untrusted(key[0]))
         else:
             routed, _ = self.broker.publish(vhost, exchange, message)
             if not routed and publisher is not None:
@@ -255,8 +257,8 @@ class DelayedMessages:
                     publisher.basic_return(message)
                 else:
                     self.returns_dropped += 1
-                    log.info("mandatory delayed message for exchange '%s' in vhost '%s' routed nowhere and its "
-                             "channel is closed: dropped", key[1], key[0])
+                    log.info("mandatory delayed message for exchange %s in vhost %s routed nowhere and its channel is "
+                             "closed: dropped", untrusted(key[1]), untrusted(key[0]))
         if not held:
             self.persistence.release(message)
 

@@ -9,6 +9,8 @@ from functools import lru_cache
 
 import regex
 
+from .logs import untrusted
+
 log = logging.getLogger("warren.patterns")
 
 SEARCH_TIMEOUT = 0.01  # seconds per search: names are at most 255 bytes, a sane pattern takes microseconds
@@ -28,6 +30,6 @@ def search(pattern: Pattern, text: str) -> bool:
     try:
         return pattern.search(text, timeout=SEARCH_TIMEOUT) is not None
     except TimeoutError:
-        log.warning("pattern %r gave up on %r after %.0f ms: no match", pattern.pattern, text[:80],
+        log.warning("pattern %s gave up on %s after %.0f ms: no match", untrusted(pattern.pattern), untrusted(text),
                     SEARCH_TIMEOUT * 1000)
         return False

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 
 from queue_index import IndexEntry
 
+from .logs import untrusted
 from .message import Message
 from .queue import PAGE_IN_BATCH, PAGE_IN_BELOW, Entry, Queue, from_seq, pop_below, put_back, stored_message
 
@@ -353,5 +354,6 @@ class PriorityQueue(Queue):
                 index.ack(queue_id, row.seq)
         if moved:
             index.commit()
-            log.info("%r: %d entries keyed by level", self, len(moved))
+            log.info("queue %s in vhost %s: %d entries keyed by level", untrusted(self.name), untrusted(self.vhost),
+                     len(moved))
         return moved

@@ -40,6 +40,7 @@ import numpy as np
 from queue_index import FLAG_TRANSIENT, ExpiryHeap, IndexEntry, QueueIndex
 
 from .clock import now_ms
+from .logs import untrusted
 from .message import Message
 from .queue_args import QueueArgs
 from .ready import Entry, _seq, from_seq, pop_below, put_back
@@ -911,8 +912,8 @@ class Queue:
         for row in rows:
             payload = payloads[row.transient].get(row.msg_id)
             if payload is None and not row.transient and (persistent is None or row.msg_id not in persistent):
-                log.warning("%r: message %d of entry %d is missing from the store; dropped", self, row.msg_id,
-                            row.seq)
+                log.warning("queue %s in vhost %s: message %d of entry %d is missing from the store; dropped",
+                            untrusted(self.name), untrusted(self.vhost), row.msg_id, row.seq)
                 index.ack(queue_id, row.seq)
                 self.ready_bytes -= row.size
                 continue
@@ -926,7 +927,8 @@ class Queue:
     def _trust_index(self) -> None:
         """The counts said more was on disk than the index held: the index is right."""
         if self.paged:
-            log.error("%r: %d entries counted on disk were not found", self, self.paged)
+            log.error("queue %s in vhost %s: %d entries counted on disk were not found", untrusted(self.name),
+                      untrusted(self.vhost), self.paged)
         self.ready_bytes -= self.paged_bytes
         self.paged = self.paged_bytes = 0
 

@@ -12,9 +12,7 @@ import signal
 import sys
 from typing import Sequence
 
-from rich.logging import RichHandler
-
-from . import __version__, config as config_module, tls
+from . import __version__, config as config_module, logs, tls
 from .broker import Broker
 from .clients import Clients
 from .config import Config
@@ -187,8 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    logging.basicConfig(level=config.log_level.upper(), format="%(message)s", datefmt="[%X]",
-                        handlers=[RichHandler(rich_tracebacks=True, show_path=False)])
+    logs.setup(config.log_level)
     try:
         lock = lock_data_dir(config.data_dir)
     except DataDirLocked as exc:

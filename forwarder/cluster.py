@@ -18,6 +18,7 @@ import aetcd
 from amqp_server import errors, queue_args
 from amqp_server.auth import Permissions, TopicPermission, User
 from amqp_server.errors import AMQPError
+from amqp_server.logs import untrusted
 from amqp_server.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
@@ -254,7 +255,7 @@ class Cluster:
                     return  # its vhost is gone (or not yet here): nothing to apply to
                 (put if new is not None else delete)(vhost, record)
         except AMQPError as exc:
-            log.warning("cannot apply %s %s: %s", kind, key, exc.text)
+            log.warning("cannot apply %s %s: %s", kind, untrusted(key), untrusted(exc.text))
         finally:
             self.applying = False
 

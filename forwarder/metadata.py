@@ -26,6 +26,7 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server.definitions import DefinitionStore
+from amqp_server.logs import untrusted
 
 log = logging.getLogger("warren.forwarder.metadata")
 
@@ -136,7 +137,7 @@ class Metadata:
                         self._mirror(key, record, reply.header.revision)
                     break
                 except aetcd.exceptions.ClientError as exc:
-                    log.warning("etcd write of %s failed (%s); retrying", key.decode(), exc)
+                    log.warning("etcd write of %s failed (%s); retrying", untrusted(key), exc)
                     await asyncio.sleep(RETRY_INTERVAL)
 
     # -- watching -----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server import patterns, queue_args
+from amqp_server.logs import untrusted
 from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
@@ -356,7 +357,7 @@ class QuorumGroups:
             try:
                 current = await self.client.get(LEADERS + group.key.encode())
             except aetcd.ClientError as exc:
-                log.warning("etcd: leader of %s unknown (%s); asking again", group.key, exc)
+                log.warning("etcd: leader of %s unknown (%s); asking again", untrusted(group.key), exc)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             if current is not None:
@@ -428,7 +429,7 @@ class QuorumGroups:
                         if best == self.name:
                             await self._claim_or_follow(group)
                 except aetcd.ClientError as exc:
-                    log.warning("election for %s: %s; trying again", group.key, exc)
+                    log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
                     written = None
                     await asyncio.sleep(RETRY_INTERVAL)
                 await asyncio.sleep(ELECTION_POLL)

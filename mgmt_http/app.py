@@ -12,6 +12,7 @@ from amqp_server.broker import Broker
 from amqp_server.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
+from amqp_server.logs import untrusted
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import permissions, policies, queues, quorum_members, users, vhosts
@@ -49,7 +50,7 @@ async def error_middleware(request: web.Request,
     except ConnectionError:  # the client went away mid-answer: nothing to answer, aiohttp lets it go
         raise
     except Exception:  # noqa: BLE001 - the API answers, logs, and keeps serving
-        log.exception("management API error on %s %s", request.method, request.path)
+        log.exception("management API error on %s %s", untrusted(request.method), untrusted(request.path))
         return error_response(500, "internal_server_error", "internal error; see the node's log")
 
 

@@ -11,6 +11,7 @@ from amqp_server import __version__, field_types
 from amqp_server.auth import AccessControl
 from amqp_server.errors import AMQPError
 from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
+from amqp_server.logs import untrusted
 from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 
 from . import auth
@@ -221,8 +222,8 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             source, name = get_str(item, "source"), get_str(item, "destination")
             destination = (vhost.queues if kind == "queue" else vhost.exchanges).get(name)
             if destination is None or source not in vhost.exchanges:  # skipped, as RabbitMQ's import does
-                log.warning("definitions import: binding of %s '%s' to '%s' skipped: not both there", kind, name,
-                            source)
+                log.warning("definitions import: binding of %s %s to %s skipped: not both there", kind,
+                            untrusted(name), untrusted(source))
                 continue
             broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
     except AMQPError as exc:
