@@ -7,15 +7,23 @@ in one write per connection.  The broker reaches it only through ``ports.ClientR
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
+
+from .config import Config
+from .preauth import Unauthenticated
 
 if TYPE_CHECKING:
     from .connection import Connection
 
 
 class Clients:
-    def __init__(self) -> None:
+    def __init__(self, config: Config | None = None) -> None:
         self.connections: set[Connection] = set()
+        # AMQP and AMQPS connections until connection.open: a deadline, and a place among at most handshakes_max
+        config = config or Config()
+        self.handshakes = Unauthenticated("AMQP", config.handshakes_max, config.handshake_timeout / 1000,
+                                          logging.getLogger("warren.connection"))
         self._dirty: list[Connection] = []  # connections with output to write
 
     def add(self, connection: Connection) -> None:

@@ -24,6 +24,9 @@ class Config:
     node_name: str = f"warren@{socket.gethostname()}"
     heartbeat: int = 60
     frame_max: int = 131072
+    initial_frame_max: int = 4096  # before tune-ok, as RabbitMQ's initial_frame_max
+    handshake_timeout: int = 10_000  # ms from connect to connection.open (RabbitMQ's)
+    handshakes_max: int = 256  # AMQP connections in their handshake; one more closes the oldest
     channel_max: int = 2047
     max_message_size: int = 128 * 1024 * 1024
     consumer_timeout: int = 30 * 60 * 1000  # ms a delivery may stay unacknowledged; 0 (or false) disables
@@ -83,6 +86,10 @@ _HELP = {
     "node_name": "this node's name",
     "heartbeat": "heartbeat interval proposed to clients, seconds (0 disables)",
     "frame_max": "largest frame size offered to clients",
+    "initial_frame_max": "largest frame accepted before connection.tune-ok (start-ok with its credentials)",
+    "handshake_timeout": "ms a client has from connecting to connection.open",
+    "handshakes_max": "AMQP connections (AMQPS included) in their handshake at once; one more closes the one "
+                      "that waited longest",
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes",
     "consumer_timeout": "delivery acknowledgement timeout, ms (0 or false disables)",
@@ -180,6 +187,8 @@ def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
                 setattr(config, field.name, _convert(kind, values[field.name]))
             except ValueError:
                 parser.error(f"bad value for {field.name}: {values[field.name]!r}")
+    if len(config.node_name.encode()) > 255:  # (an Erlang node name is an atom) it must fit a link's handshake
+        parser.error(f"node_name may be at most 255 bytes, not {len(config.node_name.encode())}")
     if config.queue_window < 1:
         parser.error(f"queue_window must be at least 1, not {config.queue_window}")
     for name, choices in _CHOICES.items():

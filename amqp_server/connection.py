@@ -37,7 +37,6 @@ _HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
-HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
@@ -89,7 +88,7 @@ class Connection(asyncio.Protocol):
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
         self.channel_max = config.channel_max
-        self.frame_max = config.frame_max
+        self.frame_max = config.initial_frame_max  # until tune-ok, as rabbit_reader's initial_frame_max
         self.heartbeat = 0
         self.user: "User | None" = None
         self.vhost: "VHost | None" = None
@@ -126,10 +125,11 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         self.clients.add(self)
         self.broker.churn.connection_created += 1
-        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        self.clients.handshakes.enter(self, self.name)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        self.clients.handshakes.leave(self)
         if self._timer is not None:
             self._timer.cancel()
         for channel in list(self.channels.values()):
@@ -481,8 +481,7 @@ class Connection(asyncio.Protocol):
         self.vhost_name = name
         self.principal = principal
         self.state = OPEN
-        self._timer.cancel()
-        self._timer = None
+        self.clients.handshakes.leave(self)
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
         self.send_method(0, commands.Connection.OpenOk())
@@ -549,10 +548,11 @@ class Connection(asyncio.Protocol):
             self.transport.close()
         self.state = CLOSED
 
-    def _handshake_timeout(self) -> None:
-        if self.state != OPEN:
-            log.warning("handshake timeout on %s", self.name)
-            self._drop()
+    def abandon(self) -> None:
+        """Not open within the handshake timeout, or closed to make room for a newer handshake."""
+        if self.transport is not None:
+            self.transport.abort()
+        self.state = CLOSED
 
     def _heartbeat_tick(self) -> None:
         """Every half interval: send a heartbeat if we were quiet; close after two silent intervals."""

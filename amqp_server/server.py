@@ -69,7 +69,7 @@ class Node:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.clients = Clients()
+        self.clients = Clients(config)
         self.broker = Broker(config.data_dir, config.node_name,
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size, self.clients,

@@ -24,7 +24,7 @@ from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from amqp_server.vhost import VHost
 
-from .link import STATS, ServerLink, encode_json
+from .link import STATS, ServerLink, encode_json, listener
 from .membership import Membership
 from .metadata import Metadata
 from .peer import Peer
@@ -90,7 +90,7 @@ class Cluster:
         log.info("cluster definitions from this node's mirror: %d exchanges, %d queues, %d bindings",
                  counts["exchange"], counts["queue"], counts["binding"])
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ServerLink(self.secret, self.name, self._session),
+        self._server = await loop.create_server(listener(self.secret, self.name, self._session),
                                                 self.config.bind, self.link_port, reuse_address=True)
         self.metadata.start()
         self._stats = loop.create_task(self._report_stats())

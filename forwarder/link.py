@@ -8,8 +8,12 @@ event-loop turn go out in one write (batched), nothing waits for a reply before 
 
 A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
 random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
-knows the secret the same way.  Nothing else is read before that.  Heartbeats every second
-notice a peer that vanished without closing its socket (a dead host) within five seconds.
+knows the secret the same way.  Nothing else is read before that, and little: frames of at most
+``HANDSHAKE_FRAME_MAX`` bytes, one proof per connection, ``HANDSHAKE_TIMEOUT`` seconds, and at most
+``HANDSHAKES_MAX`` connections at once in their handshake on the listener (``amqp_server.preauth``).
+A peer that breaks these is closed with one line in the log (a few a second at most), its name
+quoted and cut.  Heartbeats every second notice a peer that vanished without closing its socket (a
+dead host) within five seconds.
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ import os
 import struct
 from typing import Any, Callable
 
+from amqp_server.logs import Throttle, untrusted
 from amqp_server.message import Message
+from amqp_server.preauth import Unauthenticated
 
 log = logging.getLogger("warren.forwarder.link")
 
@@ -31,6 +37,9 @@ FRAME = struct.Struct(">IB")  # payload length, frame type
 MESSAGE = struct.Struct(">HI")  # route length, header length; then route, header, body
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 MAX_FRAME = 256 * 1024 * 1024
+HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
+HANDSHAKE_TIMEOUT = 5.0  # seconds from connect to a proven peer, on both ends
+HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one more closes the oldest
 
 HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
@@ -113,6 +122,9 @@ def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:
 class FrameLink(asyncio.Protocol):
     """Framing, batched output and write flow control shared by both ends of a link."""
 
+    direction = "with"  # "from" a dialer, "to" a listener: for the log
+    handshake_log: Throttle  # where a broken handshake is told
+
     def __init__(self, secret: bytes, node_name: str) -> None:
         self.secret = secret
         self.node_name = node_name
@@ -127,6 +139,7 @@ class FrameLink(asyncio.Protocol):
         self._heard = True
         self._quiet_ticks = 0
         self._sent = False
+        self._refused = False  # a broken handshake: nothing more is read
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -219,6 +232,8 @@ class FrameLink(asyncio.Protocol):
         self._out.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         self._heard = True
         buf = self._buf
         buf += data
@@ -227,7 +242,7 @@ class FrameLink(asyncio.Protocol):
         try:
             while n - pos >= FRAME.size:
                 size, ftype = FRAME.unpack_from(buf, pos)
-                if size > MAX_FRAME:
+                if size > (MAX_FRAME if self.authenticated else HANDSHAKE_FRAME_MAX):
                     raise ValueError(f"frame of {size} bytes")
                 end = pos + FRAME.size + size
                 if end > n:
@@ -240,9 +255,12 @@ class FrameLink(asyncio.Protocol):
                     self.frame(ftype, payload)
                 else:
                     self.handshake(ftype, payload)
-                if self.transport is None:
+                if self.transport is None or self._refused:
                     return
-        except Exception:
+        except Exception as exc:
+            if not self.authenticated:  # a stranger's garbage: a line, no traceback
+                self.refuse(f"broken handshake ({untrusted(exc)})")
+                return
             log.exception("link with %s failed", self.peer_name or "?")
             self.close()
             return
@@ -251,36 +269,66 @@ class FrameLink(asyncio.Protocol):
     def handshake(self, ftype: int, payload: bytes) -> None:
         raise NotImplementedError
 
+    def refuse(self, why: str) -> None:
+        """The peer failed its handshake: closed at once, nothing more read, one line (throttled) said."""
+        self._refused = True
+        self._buf.clear()
+        self.handshake_log.warning("link %s %s refused: %s", self.direction, self.address, why)
+        self.abandon()
+
+    def abandon(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def address(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
     def frame(self, ftype: int, payload: bytes) -> None:
         raise NotImplementedError
+
+
+def listener(secret: bytes, node_name: str,
+             open_session: Callable[["ServerLink"], Any]) -> Callable[[], "ServerLink"]:
+    """The protocol factory of a node's link port, its connections in their handshake counted together."""
+    handshakes = Unauthenticated("cluster link", HANDSHAKES_MAX, HANDSHAKE_TIMEOUT, log)
+    return lambda: ServerLink(secret, node_name, open_session, handshakes)
 
 
 class ServerLink(FrameLink):
     """The listening end: authenticates the dialer, then hands its frames to a session."""
 
-    def __init__(self, secret: bytes, node_name: str, open_session: Callable[["ServerLink"], Any]) -> None:
+    direction = "from"
+
+    def __init__(self, secret: bytes, node_name: str, open_session: Callable[["ServerLink"], Any],
+                 handshakes: Unauthenticated) -> None:
         super().__init__(secret, node_name)
         self._nonce = os.urandom(16)
         self._open_session = open_session
+        self.handshakes = handshakes
+        self.handshake_log = handshakes.log
         self.session: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.handshakes.enter(self, self.address)
         self.send(CHALLENGE, self._nonce)
 
     def handshake(self, ftype: int, payload: bytes) -> None:
         if ftype != AUTH or len(payload) < 48:
-            raise ValueError("expected AUTH")
+            self.refuse(f"its first frame (type {ftype}, {len(payload)} bytes) is no proof")
+            return
         nonce, proof, name = payload[:16], payload[16:48], payload[48:].decode()
         if not hmac.compare_digest(proof, _proof(self.secret, self._nonce, name, b"dialer")):
-            log.warning("link from %s refused: wrong cluster secret", name)
-            self.close()
+            self.refuse(f"wrong cluster secret (it says it is {untrusted(name)})")
             return
+        self.handshakes.leave(self)
         self.peer_name = name
         self.authenticated = True
         self.send(AUTH_OK, _proof(self.secret, nonce, self.node_name, b"listener"), self.node_name.encode())
         self.session = self._open_session(self)
-        log.info("link from node %s accepted", name)
+        log.info("link from node %s accepted", untrusted(name))
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self.session.frame(ftype, payload)
@@ -291,32 +339,43 @@ class ServerLink(FrameLink):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.handshakes.leave(self)
         if self.session is not None:
             self.session.closed()
 
 
+_dialed = Throttle(log)  # the dialing ends' refusals
+
+
 class ClientLink(FrameLink):
-    """The dialing end: proves the secret, then feeds frames from the owner to ``handler``."""
+    """The dialing end: proves the secret, then feeds frames from the owner to ``handler``.  Its handshake's
+    deadline is the dialer's (``Peer``)."""
+
+    direction = "to"
+    handshake_log = _dialed
 
     def __init__(self, secret: bytes, node_name: str, expected_peer: str, handler: Any) -> None:
         super().__init__(secret, node_name)
         self.expected_peer = expected_peer
         self.handler = handler
         self._nonce = os.urandom(16)
+        self._challenged = False
         self.ready = asyncio.get_running_loop().create_future()
 
     def handshake(self, ftype: int, payload: bytes) -> None:
-        if ftype == CHALLENGE:
+        if ftype == CHALLENGE and not self._challenged and len(payload) == len(self._nonce):
+            self._challenged = True  # one proof per connection
             self.send(AUTH, self._nonce, _proof(self.secret, payload, self.node_name, b"dialer"),
                       self.node_name.encode())
             return
-        if ftype != AUTH_OK:
-            raise ValueError("expected AUTH_OK")
+        if ftype != AUTH_OK or not self._challenged:
+            self.refuse(f"frame of type {ftype} in the handshake with node {untrusted(self.expected_peer)}")
+            return
         proof, name = payload[:32], payload[32:].decode()
         if name != self.expected_peer or not hmac.compare_digest(
                 proof, _proof(self.secret, self._nonce, name, b"listener")):
-            log.warning("link to %s refused: it is %r or has another cluster secret", self.expected_peer, name)
-            self.close()
+            self.refuse(f"node {untrusted(self.expected_peer)} expected, it is {untrusted(name)} or has another "
+                        "cluster secret")
             return
         self.peer_name = name
         self.authenticated = True
