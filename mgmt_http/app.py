@@ -13,12 +13,14 @@ from amqp_server.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 from amqp_server.logs import untrusted
+from amqp_server.preauth import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import permissions, policies, queues, quorum_members, users, vhosts
 from . import forward, offsets
 from .auth import auth_middleware
 from .context import KEY, Context
+from .gate import GatedSite, QuietBadRequests
 from .http import HTTPError, error_response, from_amqp
 from .rates import DEFAULT_INTERVAL, Sampler
 
@@ -128,9 +130,11 @@ async def start(broker: Broker, config: Any, flow: PublisherFlow | None = None, 
     runner = web.AppRunner(create_app(broker, config, sample_interval, flow=flow, clients=clients), access_log=None,
                            keepalive_timeout=config.mgmt_idle_timeout)
     await runner.setup()
-    await web.TCPSite(runner, config.bind, config.mgmt_port, reuse_address=True).start()
+    handshakes = Unauthenticated("HTTP", config.handshakes_max, config.handshake_timeout / 1000, log)
+    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests(handshakes))
+    await GatedSite(runner, config.bind, config.mgmt_port, handshakes).start()
     context = tls.mgmt_context(config)
     if context is not None:
-        await web.TCPSite(runner, config.bind, config.mgmt_tls_port, ssl_context=context, reuse_address=True).start()
+        await GatedSite(runner, config.bind, config.mgmt_tls_port, handshakes, context).start()
         log.info("management HTTPS API on %s:%d", config.bind, config.mgmt_tls_port)
     return runner

@@ -8,6 +8,7 @@ may not use the API.  As RabbitMQ's plugin, both "who are you?" and "you may not
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from amqp_server.auth import MANAGEMENT_TAGS, Principal, User, loopback_refused
 from amqp_server.broker import Broker
 
 from .context import ctx
+from .gate import gate_of
 from .http import HTTPError, not_authorised, not_found
 
 REALM = 'Basic realm="RabbitMQ Management"'
@@ -94,16 +96,24 @@ def authenticate(request: web.Request, broker: Broker, loopback_only_guest: bool
 
 def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: bool = False) -> Callable:
     """Every /api/ request logs in before its handler runs (so before any body is read); /metrics too with
-    ``metrics_auth``, as a monitoring user (RabbitMQ's prometheus.authentication.enabled)."""
+    ``metrics_auth``, as a monitoring user (RabbitMQ's prometheus.authentication.enabled).  The connection's
+    gate (``gate.py``) is told: it reads on past the head once a request has logged in."""
     @web.middleware
     async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                          ) -> web.StreamResponse:
-        if request.path.startswith("/api/") and request.path != "/api/auth":  # (the UI asks it before a login)
-            request["login"] = authenticate(request, broker, loopback_only_guest)
-        elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
-            request["login"] = authenticate(request, broker, loopback_only_guest)
-            require_monitor(request)
-        return await handler(request)
+        gate = gate_of(request)
+        try:
+            if request.path.startswith("/api/") and request.path != "/api/auth":  # (the UI asks it before a login)
+                request["login"] = authenticate(request, broker, loopback_only_guest)
+            elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
+                request["login"] = authenticate(request, broker, loopback_only_guest)
+                require_monitor(request)
+            if gate is not None and "login" in request:
+                gate.logged_in()
+            return await handler(request)
+        finally:
+            if gate is not None and not gate.open:  # the answer is written within this loop turn, then read on
+                asyncio.get_running_loop().call_soon(gate.answered)
 
     return middleware
 

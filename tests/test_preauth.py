@@ -645,3 +645,139 @@ def test_user_names_of_refused_logins_are_logged_cut(tight_node):
         time.sleep(0.5)
     assert latency.worst < 1.0, latency.times
     assert tight_node.log().count("ab12cd34") - before < 21 * 30
+
+
+def http_socket(node) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", node.mgmt_port), timeout=5)
+
+
+def http_answer(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_http_request_head_before_login_is_at_most_32_kib(tight_node):
+    sock = http_socket(tight_node)
+    sock.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-Pad-%d: %s\r\n" % (n, b"p" * 1000) for n in range(40)) + b"\r\n")
+    assert http_answer(sock).startswith(b"HTTP/1.1 431 ")
+    assert closed_by_peer(sock, 2)
+    sock.close()
+    sock = http_socket(tight_node)  # credentials first, then as large a head as aiohttp takes
+    sock.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n")
+    assert http_answer(sock).startswith(b"HTTP/1.1 200 ")
+    sock.close()
+
+
+def test_http_body_is_not_read_before_its_credentials_are_checked(tight_node):
+    """An unauthenticated request's body: its 401 is answered from the head, and a body beyond a head's size
+    closes the connection (aiohttp read up to 10 s of it, to discard it)."""
+    sock = http_socket(tight_node)
+    size = 256 * 1024 * 1024
+    sock.sendall(b"POST /api/definitions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % size)
+    assert http_answer(sock).startswith(b"HTTP/1.1 401 ")
+    sent = 0
+    chunk = b" " * (1024 * 1024)
+    sock.settimeout(5)
+    with pytest.raises(OSError):
+        while sent < size:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    assert sent < 64 * 1024 * 1024
+    sock.close()
+
+
+def test_http_head_has_a_deadline_before_login(tight_node):
+    """A trickled head was kept for --mgmt-idle-timeout (120 s)."""
+    sock = http_socket(tight_node)
+    started = time.monotonic()
+    closed = False
+    for byte in b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100:
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            closed = True
+            break
+        if closed_by_peer(sock, 0.2):
+            closed = True
+            break
+    sock.close()
+    assert closed and time.monotonic() - started < 3
+
+
+def test_http_connections_beyond_the_cap_close_the_oldest(tight_node):
+    strangers = [http_socket(tight_node) for _ in range(20)]
+    time.sleep(0.3)
+    closed = [closed_by_peer(sock, 0.05) for sock in strangers]
+    assert sum(closed) == 12 and not any(closed[12:])
+    assert http_get(tight_node) == 200
+    for sock in strangers:
+        sock.close()
+
+
+def test_http_files_before_login_then_the_api_on_one_connection(tight_node):
+    """The UI's way: its files without credentials, then the API with them, on one kept-alive connection."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", tight_node.mgmt_port, timeout=5)
+    for path, headers in (("/", {}), ("/api/overview", {}), ("/api/overview", {
+            "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}), ("/api/vhosts", {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})):
+        connection.request("GET", path, headers=headers)
+        reply = connection.getresponse()
+        reply.read()
+        assert reply.status == (401 if path.startswith("/api") and not headers else 200)
+    connection.request("PUT", "/api/vhosts/preauth-kept-alive", body=b"{}", headers={
+        "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=", "Content-Type": "application/json"})
+    reply = connection.getresponse()
+    reply.read()
+    assert reply.status in (201, 204)
+    connection.close()
+
+
+def test_http_garbage_is_a_line_not_a_traceback(tight_node):
+    before = tight_node.log()
+    for _ in range(30):
+        sock = http_socket(tight_node)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n")
+        assert http_answer(sock).split(b" ")[1] == b"400"
+        sock.close()
+    time.sleep(0.5)
+    new = tight_node.log()[len(before):]
+    assert "Traceback" not in new and "Error handling request" not in new
+    assert 1 <= new.count("refused") <= 25
+
+
+def test_strangers_on_every_port_cost_the_node_less_than_32_mib(cluster_node):
+    """The issue's probe: peers that never log in, each sending as much as a port takes before login on
+    AMQP, HTTP and the cluster port, more of them than each port lets wait; HTTP meanwhile answers within a
+    second."""
+    from pamqp import commands, frame as pframe
+
+    http_get(cluster_node)
+    time.sleep(0.5)
+    before = rss(cluster_node)
+    socks = []
+    with Latency(cluster_node) as latency:
+        for _ in range(300):
+            sock = amqp_socket(cluster_node)
+            sock.sendall(struct.pack(">BHI", 1, 0, 4096) + b"s" * 4000)
+            socks.append(sock)
+            sock = http_socket(cluster_node)
+            sock.sendall(b"GET / HTTP/1.1\r\nX-Pad: " + b"p" * 32_000)
+            socks.append(sock)
+        for _ in range(40):
+            sock, _ = link_socket(cluster_node)
+            sock.sendall(link.FRAME.pack(link.HANDSHAKE_FRAME_MAX, link.AUTH) + b"a" * 500)
+            socks.append(sock)
+        time.sleep(1)
+        grown = rss(cluster_node) - before
+    for sock in socks:
+        sock.close()
+    assert grown < 32 * 1024 * 1024, grown
+    assert latency.worst < 1.0, latency.times

@@ -1,0 +1,170 @@
+"""The management port's connections until they log in: a gate in front of aiohttp's protocol.
+
+Until one of its requests has logged in, a connection sends one request head at a time, of at most
+``HEAD_MAX`` bytes; reading pauses where the head ends, so nothing after it (a body) is read before the
+request's credentials are checked.  The auth middleware then opens the gate for good, or, after an answer
+given without a login (the UI's files, a 401), lets the next head through.  Such a connection has
+``handshake_timeout`` from connecting to log in, and at most ``handshakes_max`` wait at once
+(``amqp_server.preauth``).  Once open, the gate only passes bytes on, and aiohttp's limits hold: a request
+line and each header of at most 8190 bytes, 128 headers, ``--mgmt-idle-timeout`` to send a request's head.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from amqp_server.logs import untrusted
+from amqp_server.preauth import Unauthenticated
+
+log = logging.getLogger("warren.mgmt")
+
+HEAD_END = b"\r\n\r\n"
+HEAD_MAX = 32 * 1024  # bytes of a request head before its connection has logged in
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+class Gate(asyncio.Protocol):
+    def __init__(self, inner: asyncio.Protocol, handshakes: Unauthenticated) -> None:
+        self.inner = inner
+        self.handshakes = handshakes
+        self.transport: asyncio.Transport | None = None
+        self.name = "?"
+        self.open = False  # a request has logged in: everything passes
+        self._head = 0  # bytes of the head coming in
+        self._tail = b""  # its last three bytes (a head's end may be split between two reads)
+        self._waiting = False  # a head went on: reading pauses until its request logged in or was answered
+        self._held = bytearray()  # what came after that head
+        self._answered = False  # a request went through without login (what follows may be its body)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.name = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.inner.connection_made(transport)
+        self.handshakes.enter(self, self.name)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.handshakes.leave(self)
+        self._held.clear()
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def data_received(self, data: bytes) -> None:
+        if self.open:
+            self.inner.data_received(data)
+        elif self._waiting:  # (a read already under way when reading paused)
+            self._held += data
+            if len(self._held) > HEAD_MAX:
+                self._refuse("sent more than a head before its login")
+        else:
+            self._head_bytes(data)
+
+    def _head_bytes(self, data: bytes) -> None:
+        seen = self._tail + data
+        end = seen.find(HEAD_END)
+        cut = len(data) if end < 0 else end + len(HEAD_END) - len(self._tail)
+        self._head += cut
+        if self._head > HEAD_MAX:
+            self._refuse(f"request head over {HEAD_MAX} bytes before its login",
+                         b"" if self._answered else TOO_LARGE)
+            return
+        if end < 0:
+            self._tail = seen[-3:]
+            self.inner.data_received(data)
+            return
+        self._head, self._tail, self._waiting = 0, b"", True
+        self._held += data[cut:]
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.inner.data_received(data[:cut])
+
+    def logged_in(self) -> None:
+        """A request on this connection logged in: everything passes from now on."""
+        if not self.open:
+            self.open = True
+            self.handshakes.leave(self)
+            self._resume()
+
+    def answered(self) -> None:
+        """A request was answered without logging in: the next head may come (once the answer is written: the
+        auth middleware calls this as its handler returns, so soon after)."""
+        if not self.open and self._waiting:
+            self._answered = True
+            self._resume()
+
+    def _resume(self) -> None:
+        self._waiting = False
+        held, self._held = bytes(self._held), bytearray()
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.resume_reading()
+        if held:
+            self.data_received(held)
+
+    def _refuse(self, why: str, answer: bytes = b"") -> None:
+        self.handshakes.log.warning("HTTP connection %s closed: %s", untrusted(self.name), why)
+        self._held.clear()
+        if self.transport is not None:
+            if answer:
+                self.transport.write(answer)
+            self.transport.close()
+
+    def abandon(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class QuietBadRequests(logging.Filter):
+    """aiohttp logs each request it cannot parse with a traceback: one line each instead, few a second."""
+
+    def __init__(self, handshakes: Unauthenticated) -> None:
+        super().__init__()
+        self.handshakes = handshakes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        self.handshakes.log.warning("HTTP request from %s refused: %s", untrusted(remote), untrusted(exc))
+        return False
+
+
+def gate_of(request: web.Request) -> Gate | None:
+    """The gate of the request's connection (none in front of an aiohttp test server)."""
+    transport = request.transport
+    protocol = transport.get_protocol() if transport is not None else None
+    return protocol if isinstance(protocol, Gate) else None
+
+
+class GatedSite(web.BaseSite):
+    """aiohttp's TCPSite, its connections made through a :class:`Gate` counted in one ``handshakes``."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, handshakes: Unauthenticated,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self.host, self.port, self.handshakes, self.ssl_context = host, port, handshakes, ssl_context
+
+    @property
+    def name(self) -> str:
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        protocol: Any = self._runner.server
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Gate(protocol(), self.handshakes), self.host, self.port, ssl=self.ssl_context,
+            reuse_address=True, backlog=1024, ssl_handshake_timeout=5.0 if self.ssl_context else None)
