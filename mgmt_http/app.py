@@ -20,7 +20,7 @@ from . import permissions, policies, queues, quorum_members, users, vhosts
 from . import forward, offsets
 from .auth import auth_middleware
 from .context import KEY, Context
-from .gate import GatedSite, QuietBadRequests
+from .gate import GatedSite, ServerLog
 from .http import HTTPError, error_response, from_amqp
 from .rates import DEFAULT_INTERVAL, Sampler
 
@@ -126,12 +126,11 @@ async def start(broker: Broker, config: Any, flow: PublisherFlow | None = None, 
                 sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
     """Serve the API on ``config.bind:config.mgmt_port`` (and HTTPS on ``mgmt_tls_port`` with ``mgmt_tls``)
     on the running loop; ``await runner.cleanup()`` stops it."""
+    handshakes = Unauthenticated("HTTP", config.handshakes_max, config.handshake_timeout / 1000, log)
     # a connection idle, or trickling a request's head, that long is closed (aiohttp's keep-alive timer)
     runner = web.AppRunner(create_app(broker, config, sample_interval, flow=flow, clients=clients), access_log=None,
-                           keepalive_timeout=config.mgmt_idle_timeout)
+                           keepalive_timeout=config.mgmt_idle_timeout, logger=ServerLog(handshakes))
     await runner.setup()
-    handshakes = Unauthenticated("HTTP", config.handshakes_max, config.handshake_timeout / 1000, log)
-    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests(handshakes))
     await GatedSite(runner, config.bind, config.mgmt_port, handshakes).start()
     context = tls.mgmt_context(config)
     if context is not None:
