@@ -431,11 +431,11 @@ class Connection(asyncio.Protocol):
         username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
                                                       method.mechanism, method.response)
         if loopback_refused(user, self.peer[0], self.config.loopback_users_only):
-            log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
+            self.clients.handshakes.log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None
         self.broker.auth_attempts.record("amqp091", user is not None)
         if user is None:
-            log.warning("login refused for user %s from %s", untrusted(username), self.peer[0])
+            self.clients.handshakes.log.warning("login refused for user %s from %s", untrusted(username), self.peer[0])
             if not self.client_capabilities.get("authentication_failure_close"):
                 self._drop()  # RabbitMQ only sends connection.close to clients advertising the capability
                 return
@@ -519,7 +519,8 @@ class Connection(asyncio.Protocol):
             return
         if (self.state in (AWAIT_START_OK, AWAIT_TUNE_OK) and error.code != errors.ACCESS_REFUSED
                 and not self.config.explain_handshake_errors):
-            log.warning("closing connection %s in its handshake: %s", self.name, untrusted(error.text))
+            self.clients.handshakes.log.warning("closing connection %s in its handshake: %s", self.name,
+                                                untrusted(error.text))
             self.state = CLOSING
             self._pause_reading()
             if self._timer is not None:

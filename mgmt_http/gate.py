@@ -21,14 +21,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 from amqp_server.logs import untrusted
 from amqp_server.preauth import Unauthenticated
 
-log = logging.getLogger("warren.mgmt")
-
 HEAD_END = b"\r\n\r\n"
 HEAD_MAX = 32 * 1024  # bytes of a request head before its connection has logged in
-TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class Gate(asyncio.Protocol):
+    """Wraps one connection's aiohttp protocol: every transport callback is passed on to it, the bytes read only
+    as far as the rules above allow."""
+
     def __init__(self, inner: asyncio.Protocol, handshakes: Unauthenticated) -> None:
         self.inner = inner
         self.handshakes = handshakes
@@ -115,7 +116,7 @@ class Gate(asyncio.Protocol):
             self.data_received(held)
 
     def _refuse(self, why: str, answer: bytes = b"") -> None:
-        self.handshakes.log.warning("HTTP connection %s closed: %s", untrusted(self.name), why)
+        self.handshakes.log.warning("HTTP connection %s closed: %s", self.name, why)
         self._held.clear()
         if self.transport is not None:
             if answer:

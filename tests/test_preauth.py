@@ -17,7 +17,6 @@ import struct
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 
 from amqp_server import logs
 from amqp_server.preauth import Unauthenticated
+from conftest import EXTERNAL, BrokerProcess, connect
 from forwarder import link
 
 pytestmark = pytest.mark.timeout(120)
@@ -439,20 +439,21 @@ def closed_by_peer(sock: socket.socket, within: float) -> bool:
     return False
 
 
-def wait_until(check: Callable[[], bool], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
+def trickle(sock: socket.socket, data: bytes, pause: float) -> bool:
+    """Send ``data`` a byte every ``pause`` seconds: whether the node closed the connection before the end."""
+    for byte in data:
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
             return True
-        time.sleep(0.05)
-    return check()
+        if closed_by_peer(sock, pause):
+            return True
+    return False
 
 
 @pytest.fixture(scope="module")
 def cluster_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A node in cluster mode (with its etcd), alone: its link port is what strangers attack."""
-    from conftest import EXTERNAL
-
     if EXTERNAL:
         pytest.skip("starts Warren nodes of its own (parity mode)")
     from test_cluster import Etcd, start_node
@@ -513,18 +514,9 @@ def test_a_trickle_is_closed_at_the_handshake_deadline(cluster_node):
     """Finding 2: a byte a second kept a connection open for ever."""
     sock, _ = link_socket(cluster_node)
     started = time.monotonic()
-    closed = False
-    for byte in frame(link.AUTH, b"x" * 100):
-        try:
-            sock.sendall(bytes([byte]))
-        except OSError:
-            closed = True
-            break
-        if closed_by_peer(sock, 0.5):
-            closed = True
-            break
+    assert trickle(sock, frame(link.AUTH, b"x" * 100), 0.5)
     sock.close()
-    assert closed and time.monotonic() - started < link.HANDSHAKE_TIMEOUT + 2
+    assert time.monotonic() - started < link.HANDSHAKE_TIMEOUT + 2
 
 
 def test_many_wrong_proofs_in_one_packet_are_one_refusal(cluster_node):
@@ -561,8 +553,6 @@ def test_handshakes_beyond_the_cap_close_the_oldest_and_a_node_still_gets_in(clu
 @pytest.fixture(scope="module")
 def tight_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A node allowing 8 connections per port in their handshake, for 2 s each."""
-    from conftest import EXTERNAL, BrokerProcess
-
     if EXTERNAL:
         pytest.skip("starts Warren nodes of its own (parity mode)")
     node = BrokerProcess(tmp_path_factory.mktemp("preauth") / "data",
@@ -599,17 +589,11 @@ def test_amqp_frames_before_tune_ok_are_at_most_initial_frame_max(tight_node):
         answer = b""
     assert answer == b""  # no connection.tune: the connection was closed
     sock.close()
-    import pika
-    from conftest import connect
-
     with connect(tight_node, name="x" * 3000):
         pass
 
 
 def test_amqp_handshakes_beyond_the_cap_close_the_oldest(tight_node):
-    import pika
-    from conftest import connect
-
     strangers = [amqp_socket(tight_node) for _ in range(20)]
     time.sleep(0.3)
     closed = [closed_by_peer(sock, 0.05) for sock in strangers]
@@ -697,18 +681,9 @@ def test_http_head_has_a_deadline_before_login(tight_node):
     """A trickled head was kept for --mgmt-idle-timeout (120 s)."""
     sock = http_socket(tight_node)
     started = time.monotonic()
-    closed = False
-    for byte in b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100:
-        try:
-            sock.sendall(bytes([byte]))
-        except OSError:
-            closed = True
-            break
-        if closed_by_peer(sock, 0.2):
-            closed = True
-            break
+    assert trickle(sock, b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100, 0.2)
     sock.close()
-    assert closed and time.monotonic() - started < 3
+    assert time.monotonic() - started < 3
 
 
 def test_http_connections_beyond_the_cap_close_the_oldest(tight_node):
