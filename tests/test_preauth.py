@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from amqp_server import logs
 from amqp_server.preauth import Unauthenticated
-from conftest import EXTERNAL, BrokerProcess, connect
+from conftest import CLUSTER, EXTERNAL, INTEGRATION, BrokerProcess, connect, starts
 from forwarder import link
 
 pytestmark = pytest.mark.timeout(120)
@@ -452,6 +452,7 @@ def trickle(sock: socket.socket, data: bytes, pause: float) -> bool:
 
 
 @pytest.fixture(scope="module")
+@starts(CLUSTER)
 def cluster_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A node in cluster mode (with its etcd), alone: its link port is what strangers attack."""
     if EXTERNAL:
@@ -551,6 +552,7 @@ def test_handshakes_beyond_the_cap_close_the_oldest_and_a_node_still_gets_in(clu
 
 
 @pytest.fixture(scope="module")
+@starts(INTEGRATION)
 def tight_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A node allowing 8 connections per port in their handshake, for 2 s each."""
     if EXTERNAL:
