@@ -65,7 +65,7 @@ def test_a_hostile_mebibyte_is_logged_in_milliseconds_quoted_and_cut(node_log):
         log.exception("internal error")
     elapsed = time.perf_counter() - started
     text = node_log.getvalue()
-    assert elapsed < 0.1, elapsed
+    assert elapsed < 0.25, elapsed  # about 15 ms here; the highlighter took 67 s over 64 KiB of it
     assert "forged line" not in text
     assert "(1048604 characters)" in text and "(1048604 bytes)" in text
     assert len(text) < 20_000
