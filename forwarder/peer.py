@@ -43,7 +43,8 @@ class Peer:
         self.link: link.ClientLink | None = None
         self.up = False
         self._seq = 0
-        self._pending: dict[int, tuple["ConfirmSink", int]] = {}  # link seq -> (channel, its publish seq)
+        # link seq -> (channel, its publish seq, the ids of the queues it went to)
+        self._pending: dict[int, tuple["ConfirmSink", int, list[bytes]]] = {}
         self._ids = itertools.count(1)
         self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
         self._credit: dict[int, int] = {}
@@ -102,7 +103,7 @@ class Peer:
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}
-        for channel, seq in pending.values():  # their fate is unknown: nack, as for a crashed queue
+        for channel, seq, _ in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
         requests, self._requests = self._requests, {}
         for future, queue in requests.values():
@@ -131,12 +132,13 @@ class Peer:
             open_[3].append(queue.link_id)
             return True
         seq = 0
+        qids = [queue.link_id]
         if channel is not None:
             self._seq += 1
             seq = self._seq
-            self._pending[seq] = (channel, channel.forwarded())
+            self._pending[seq] = (channel, channel.forwarded(), qids)
         client.hold(self._send_open_cb)
-        self._open = (message, channel, seq, [queue.link_id])
+        self._open = (message, channel, seq, qids)
         if client.paused:  # the link's buffer is full: publishers wait until it drains
             self.flow.block(self._held_for)
         return True
@@ -148,6 +150,15 @@ class Peer:
         message, _, seq, qids = open_
         qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
         self.link.send_message(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
+
+    def abandon(self, queue: RemoteQueue) -> None:
+        """The queue is no longer this node's (a quorum queue's leader moved): the publishes to it still
+        unconfirmed are nacked now (the deposed leader confirms none of them), not when the link goes, so
+        that their publishers go on with the new leader."""
+        gone = [seq for seq, (_, _, qids) in self._pending.items() if queue.link_id in qids]
+        for seq in gone:
+            channel, channel_seq, _ = self._pending.pop(seq)
+            channel.remote_confirmed(channel_seq, rejected=True)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
         remote = RemoteConsumer(next(self._ids), consumer)

@@ -506,6 +506,7 @@ class QuorumGroups:
             if current.peer.name != leader:
                 for consumer in list(current.consumers):
                     current.cancelled(consumer)
+                current.peer.abandon(current)
                 current.peer = self.cluster.peer(leader)
             return
         record = group.record

@@ -19,6 +19,7 @@ from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.vhost import home_node_down
 
 from . import link
 from .remote_queue import RemoteQueue
@@ -189,8 +190,10 @@ class Session:
     def _local_queue(self, vhost_name: str, name: str) -> Queue:
         vhost = self.broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
-        if queue is None or isinstance(queue, RemoteQueue):
+        if queue is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
+        if isinstance(queue, RemoteQueue):  # (a quorum queue's leader moved, or is being elected): it exists
+            raise home_node_down(queue)
         return queue
 
     def _cancel(self, payload: bytes) -> None:

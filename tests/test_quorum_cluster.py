@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pika
 import pytest
-from pika.exceptions import AMQPError
+from pika.exceptions import AMQPError, ChannelClosedByBroker
 
 from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, running_nodes, start_node, wait_for
@@ -584,9 +584,14 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     thread.start()
     etcd.proc.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(4)
+        time.sleep(2.5)  # the leader stepped down: a basic.get through node 3 reaches a node that leads nothing
+        with connect(n3) as connection, pytest.raises(ChannelClosedByBroker) as refused:
+            connection.channel().basic_get(uid)
+        time.sleep(1.5)
     finally:
         etcd.proc.send_signal(signal.SIGCONT)
+    # the queue exists: it is unreachable for now, not gone
+    assert refused.value.reply_code == 404 and "home node" in refused.value.reply_text, refused.value
     after = [b"after%d" % i for i in range(100)]
     publish_until_confirmed(n3, uid, after)
     stop.set()
@@ -598,3 +603,25 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     wait_for(lambda: all(leader_of(n, uid) == leader_of(leader, uid) for n in (n1, n2, n3)), "one leader everywhere")
     got = [body for body in drain(n1, uid) if body != b"during"]
     assert got == before + after
+
+
+def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_node_at_once(nodes, uid):
+    """The leader is paused (SIGSTOP) with a publish through node 2 waiting on it: once another member leads,
+    that publish is nacked at once (the paused leader can confirm nothing more), not when the link to the
+    paused node is found silent, so the publisher goes on with the new leader."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    publish(n2, uid, [b"before"])
+    n1.proc.send_signal(signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        publish_until_confirmed(n2, uid, [b"during"])
+        waited = time.monotonic() - paused
+    finally:
+        n1.proc.send_signal(signal.SIGCONT)
+    # the lease lapses 2 s after its last refresh; the link would be found silent after 5 s
+    assert waited < 4.5, waited
+    leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
+    assert drain(leader, uid) == [b"before", b"during"]
