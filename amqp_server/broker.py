@@ -92,6 +92,9 @@ class ClusterHooks(Protocol):
 
     async def look_up(self, kind: str, key: str) -> None: ...
 
+    def stream_address(self, node: str) -> tuple[str, int] | None:
+        """Where another node serves the stream protocol (host, port), if it does and is up."""
+
 # Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
 EQUIVALENT_QUEUE_ARGS = (
     "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",

@@ -286,7 +286,7 @@ class Channel:
         """
         if rejected:
             self.rejected.append(self.publish_seq)
-        if message.msg_id:
+        if message.msg_id or message.logged:
             persistence = self.broker.persistence
             self.unsynced.append((self.publish_seq, persistence.batch))
             persistence.waiters.add(self)

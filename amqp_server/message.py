@@ -46,7 +46,7 @@ class Message:
 
     # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "_properties", "_flags", "bcc_keys", "__weakref__")
+                 "logged", "_properties", "_flags", "bcc_keys", "__weakref__")
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -57,6 +57,7 @@ class Message:
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
         self.transient_id = 0  # a message paged in from the transient store: its record there (to load it)
+        self.logged = False  # written to a stream's log: durable with the group commit being staged
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
@@ -67,6 +68,7 @@ class Message:
         message = cls.__new__(cls)
         message.msg_id = msg_id
         message.transient_id = transient_id
+        message.logged = False
         message.body_size = body_size
         message.body = None
         message._properties = None

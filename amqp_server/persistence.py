@@ -14,13 +14,14 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
 from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
 from .message import Message
+from .stream.log import StreamLogs
 
 if TYPE_CHECKING:
     from .ready import Entry
@@ -64,6 +65,7 @@ class Persistence:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
                                   compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
         self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
+        self.streams = StreamLogs(os.path.join(data_dir, "streams"), self.stage)  # streams' logs: their own files
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
         self._scheduled = False
@@ -71,6 +73,7 @@ class Persistence:
         self._dirty = False
         self.waiters: set[SyncWaiter] = set()
         self.journals: list[Journal] = []
+        self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
         self._compactor: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
         self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
@@ -202,6 +205,10 @@ class Persistence:
         """Changes wait for a group commit: batch number ``batch`` will make them durable."""
         return self._dirty
 
+    def stage(self) -> None:
+        """Something written outside the store and the index (a stream's log) waits for the next group commit."""
+        self._touch()
+
     def _touch(self) -> None:
         self._dirty = True
         if not self._scheduled and not self._syncing:
@@ -217,6 +224,7 @@ class Persistence:
         self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
         for journal in self.journals:
             journal.commit()
+        self.streams.commit()
         sealed = self.store.take_sealed()
         fds = self.store.dirty_fds()
         batch = self.batch
@@ -237,6 +245,7 @@ class Persistence:
         self.index.sync()
         for journal in self.journals:
             journal.sync()
+        self.streams.sync()
 
     def _committed(self, batch: int, future: asyncio.Future) -> None:
         self._syncing = False
@@ -271,6 +280,7 @@ class Persistence:
         if self._fsyncing is not None:  # its files must stay open until it is done
             wait([self._fsyncing])
         self._fsyncer.shutdown()
+        self.streams.close()
         self.commit_now()
         self.store.close()
         self.index.close()
@@ -288,6 +298,7 @@ class Persistence:
         known = {queue.index_id for queue in queues} | copies
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
+        self.streams.drop_orphans(known)
         held = self._drop_marked([queue.index_id for queue in queues], clean)
         walk = _Walk(self.index, self.store)
         totals_of: dict[int, Totals] = {}
@@ -315,6 +326,9 @@ class Persistence:
         dead = self.store.finish_recovery()
         if len(held):
             self.store.remove_many(held)
+        for release in self.recovered:
+            release()
+        self.recovered.clear()
         self.index.commit()
         log.info("recovered %d messages in %d durable queues in %.3fs (%s; %d queues walked, %d dead records, "
                  "%d missing)", count, len(queues), time.monotonic() - started,

@@ -94,7 +94,7 @@ class StreamListener(Protocol[StreamT]):
     does, so that it reads on or lets go."""
 
     def appended(self, stream: StreamT) -> None:
-        """Entries were appended (called per entry: cheap, the reading waits for the end of the loop turn)."""
+        """A chunk was appended (cheap: the reading waits for the end of the loop turn)."""
 
     def deleted(self, stream: StreamT) -> None:
         """The stream was deleted."""

@@ -164,8 +164,6 @@ class Node:
         await asyncio.sleep(0.1)
         if self.cluster is not None:
             await self.cluster.stop()
-        if self.streams is not None:
-            self.streams.flush()
         self.broker.close()
 
 

@@ -6,70 +6,87 @@ anything, each delivery carrying its ``x-stream-offset`` header; acks only give 
 leave by retention alone (``x-max-length-bytes``, ``x-max-age``), a whole segment at a time and only
 when a segment fills (``x-stream-max-segment-size-bytes``, 500 MB by default), as RabbitMQ's log does.
 
-Every message is on disk (queue index and message store); memory holds the newest ``TAIL`` entries, which
-consumers that keep up read, and runs: the first offset, publish time and bytes of each second's messages
-(and of each segment's first), kept in the queue index beside the entries (``QueueIndex.marks``) so that
-timestamps and retention survive a restart.  Past ``MAX_RUNS`` runs, neighbours within a segment merge
-pairwise, so memory stays bounded however long the stream keeps its messages (a timestamp then starts
-at the merged run: earlier, never later).  An offset is the entry's ``seq``.
+The messages are in the stream's log (``stream.log``): osiris chunks in segment files.  An AMQP 0-9-1 publish is
+stored as the AMQP 1.0 record RabbitMQ 3.10 writes (``stream.amqp10``); the publishes of one loop turn make one
+chunk, written at the end of the turn (or by the group commit, which makes it durable: the publisher's confirm
+follows).  A stream-protocol publish frame is a chunk of its own (``append_chunk``).  AMQP consumers read chunks
+back, each decoded once into entries kept while memory allows (``DECODED_BYTES``).  An offset is the record's
+place in the log; ``last`` is the newest chunk's first offset, as in RabbitMQ.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
-from collections import deque
-from dataclasses import dataclass
-from itertools import islice
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from . import errors, header_table
-from .stream import amqp10
 from .clock import now_ms
 from .message import Message
-from .queue import PAGE_IN_BYTES, Consumer, Entry, Queue
+from .queue import Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
+from .stream import amqp10, chunk
+from .stream.log import DEFAULT_SEGMENT_BYTES, Segment, StreamLog
 
 if TYPE_CHECKING:
     from .ports import ConfirmSink, StreamListener
 
 OFFSET_HEADER = "x-stream-offset"
-TAIL = 4096  # newest entries kept in memory, at most
-TAIL_BYTES = 16 << 20  # and at most so many bytes of their bodies
-READ_BATCH = 256  # entries read from disk at a time for a consumer behind the tail
-DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
-MAX_RUNS = 16384  # runs kept before neighbours merge
-SEGMENT, MERGED = 1, 2  # a run's flags: it starts a segment; it spans more than its second
-
-
-@dataclass(slots=True)
-class Mark:
-    """A run of the stream: from ``first`` (its first offset) to the next mark's; published from ``ms`` on."""
-
-    number: int
-    first: int
-    ms: int
-    size: int = 0  # bytes of its messages' bodies
-    flags: int = 0  # SEGMENT: the first run of a segment (retention removes whole segments); MERGED
-
-    @property
-    def segment(self) -> bool:
-        return bool(self.flags & SEGMENT)
+CHUNK_BYTES = 1 << 20  # records of AMQP publishes buffered before they are written as a chunk (else: the turn's end)
+DECODED_BYTES = 16 << 20  # chunks decoded for AMQP consumers, kept while they take no more memory than this
+ENTRY_OVERHEAD = 400  # bytes of memory a decoded message takes beside its body (its objects)
 
 
 class StreamQueue(Queue):
     queue_type = "stream"
     counts_deliveries = True  # each delivery carries x-stream-offset (delivery_header)
     persists_all = True  # every message is on disk, whatever its delivery mode
-    pageable = False  # its own: the tail in memory, the rest read from disk (``_read``)
+    pageable = False  # its log is on disk; AMQP consumers read chunks from it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._log: StreamLog | None = None
+        self._open: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries (size, record)
+        self._open_body = 0
+        self._flush_scheduled = False
         super().__init__(*args, **kwargs)
-        self.first = 0  # the lowest offset still in the stream
         self.cursors: dict[Consumer, int] = {}  # each consumer's next offset
-        self.marks: deque[Mark] = deque()
-        self.segment_bytes = 0  # of the segment being written
-        self.tail_bytes = 0  # of the entries in memory (``ready``)
         # stream-protocol readers and writers (stream.reader)
         self.listeners: dict["StreamListener[StreamQueue]", None] = {}
+        self._decoder = amqp10.Decoder(self.name)
+        self._decoded: OrderedDict[int, list[Entry | None]] = OrderedDict()  # chunk id -> its entries, by offset
+        self._decoded_bytes = 0
+
+    # -- the log ------------------------------------------------------------------------------
+
+    @property
+    def log(self) -> StreamLog:
+        """The stream's log (opened, and recovered, on first use)."""
+        stream_log = self._log
+        if stream_log is None:
+            assert self.persistence is not None, "a stream is durable"
+            stream_log = self._log = self.persistence.streams.open(self.index_id)
+            self._limits(stream_log)
+        return stream_log
+
+    def _limits(self, stream_log: StreamLog) -> None:
+        args = self.args
+        stream_log.segment_bytes = args.segment_bytes or DEFAULT_SEGMENT_BYTES
+        stream_log.max_bytes = args.max_length_bytes
+        stream_log.max_age_ms = args.max_age
+
+    @property
+    def first(self) -> int:
+        """The lowest offset still in the stream."""
+        return self.log.first
+
+    @property  # type: ignore[override]
+    def next_seq(self) -> int:
+        """The offset the next message gets: the log's next, after this turn's publishes."""
+        return (self._log.next if self._log is not None else 0) + len(self._open) // 2
+
+    @next_seq.setter
+    def next_seq(self, value: int) -> None:
+        """(A stream's offsets are its log's: what the queue's base class or a restart sets is not used.)"""
 
     @property
     def message_count(self) -> int:
@@ -81,99 +98,61 @@ class StreamQueue(Queue):
     # -- in -----------------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        message = self._stored_copy(message)
-        entry = Entry(self.next_seq, message)
-        self.next_seq += 1
+        """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
+        commit that makes the chunk durable (``message.logged``)."""
+        record = amqp10.from_amqp091(message)
+        opened = self._open
+        opened.append(chunk.ENTRY.pack(len(record)))
+        opened.append(record)
+        self._open_body += message.body_size
+        self.ready_bytes += message.body_size
         self.stats.publish += 1
-        self.persistence.write(self, entry)
-        self._mark(entry.seq, message.body_size)
-        ready = self.ready
-        ready.append(entry)
-        self.tail_bytes += message.body_size
-        while len(ready) > TAIL or (self.tail_bytes > TAIL_BYTES and len(ready) > 1):
-            self.tail_bytes -= ready.popleft().message.body_size
+        message.logged = True
+        if len(opened) >= 2 * chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
+            self.flush()
+        elif not self._flush_scheduled:  # the turn's first: the chunk is written at its end, or by the next commit
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+            persistence = self.persistence
+            assert persistence is not None
+            persistence.streams.buffered(self.flush)
+            persistence.stage()
+        return True
+
+    def flush(self) -> None:
+        """This turn's AMQP publishes become a chunk; consumers and stream-protocol readers read on."""
+        self._flush_scheduled = False
+        if not self._open or self.deleted:
+            return
+        data = b"".join(self._open)
+        count = len(self._open) // 2
+        body = self._open_body
+        self._open = []
+        self._open_body = 0
+        self.log.append(data, count, count, body, chunk.body_trailer(body))
+        self._appended()
+
+    def append_chunk(self, data: bytes, entries: int, records: int, body: int, trailer: bytes = b"") -> int:
+        """A stream-protocol publish frame's chunk (after this turn's AMQP publishes, which are written first);
+        its id."""
+        self.flush()
+        chunk_id = self.log.append(data, entries, records, body, trailer)
+        self.stats.publish += records
+        self._appended()
+        return chunk_id
+
+    def _appended(self) -> None:
+        self.ready_bytes = self.log.body + self._open_body  # (retention may have removed segments)
         if self.cursors:
             self.deliver_ready()
         for listener in self.listeners:
             listener.appended(self)
-        return True
-
-    def _mark(self, seq: int, size: int) -> None:
-        """Count the message in its run; a new second or a full segment starts a new run (and a full segment
-        lets retention run)."""
-        marks = self.marks
-        now = now_ms()
-        rolled = self.segment_bytes >= (self.args.segment_bytes or DEFAULT_SEGMENT_BYTES)
-        if rolled or not marks or now // 1000 != marks[-1].ms // 1000:
-            if marks:
-                self._save(marks[-1])  # its size is final now
-            marks.append(Mark(marks[-1].number + 1 if marks else 0, seq, now, 0,
-                              SEGMENT if rolled or len(marks) == 0 else 0))
-            self._save(marks[-1])
-            if rolled:
-                self.segment_bytes = 0
-            if len(marks) > MAX_RUNS:
-                self._merge_runs()
-        marks[-1].size += size
-        self.segment_bytes += size
-        self.ready_bytes += size
-        if rolled:
-            self._retain()
-
-    def _save(self, mark: Mark) -> None:
-        self.persistence.index.put_mark(self.index_id, mark.number, mark.first, mark.ms, mark.size, mark.flags)
-
-    def _merge_runs(self) -> None:
-        """Each pair of neighbouring runs within a segment becomes one (the newest run stays as it is)."""
-        index = self.persistence.index
-        kept: deque[Mark] = deque()
-        newest = self.marks[-1]
-        joined = None  # the run that took its neighbour in this pass
-        for mark in self.marks:
-            last = kept[-1] if kept else None
-            if last is not None and last is not joined and not mark.segment and mark is not newest:
-                last.size += mark.size
-                last.flags |= MERGED
-                index.forget_mark(self.index_id, mark.number)
-                self._save(last)
-                joined = last
-            else:
-                kept.append(mark)
-        self.marks = kept
-
-    def _retain(self) -> None:
-        """Whole segments go, oldest first, while the stream is over x-max-length-bytes or the next segment began
-        before x-max-age ago (so every message of theirs is older); never the segment being written."""
-        max_bytes, max_age = self.args.max_length_bytes, self.args.max_age
-        if max_bytes is None and max_age is None:
-            return
-        marks = self.marks
-        oldest = now_ms() - max_age if max_age is not None else None
-        while True:
-            starts = [i for i, mark in enumerate(islice(marks, 1, None), 1) if mark.segment]
-            if not starts:
-                return
-            segment = list(islice(marks, 0, starts[0]))
-            if not ((max_bytes is not None and self.ready_bytes > max_bytes)
-                    or (oldest is not None and marks[starts[0]].ms < oldest)):
-                return
-            self._drop(marks[starts[0]].first, segment)
-
-    def _drop(self, end: int, segment: list[Mark]) -> None:
-        """Offsets below ``end`` leave the stream, with the runs that held them."""
-        self.persistence.remove_range(self, self.first, end)
-        ready = self.ready
-        while ready and ready[0].seq < end:
-            self.tail_bytes -= ready.popleft().message.body_size
-        for mark in segment:
-            self.marks.popleft()
-            self.ready_bytes -= mark.size
-        self.persistence.index.forget_marks(self.index_id, segment[-1].number + 1)
-        self.first = end
 
     def set_args(self, args: QueueArgs) -> None:
         """A policy changed the retention: it applies when the next segment fills, as RabbitMQ's does."""
         self.args = args
+        if self._log is not None:
+            self._limits(self._log)
 
     # -- consumers ----------------------------------------------------------------------------
 
@@ -187,89 +166,98 @@ class StreamQueue(Queue):
 
     def attach_at(self, spec: Any) -> int:
         """The offset a consumer starts from, within the stream (``queue_args.check_consumer`` checked the
-        spec).  ``last`` is the last message (RabbitMQ's last chunk: what it wrote at once)."""
+        spec).  ``last`` is the newest chunk's first offset, as osiris has it."""
+        self.flush()
         if isinstance(spec, bytes):
             spec = spec.decode(errors="replace")
+        stream_log = self.log
         if spec == "next":
-            return self.next_seq
+            return stream_log.next
         if spec == "first":
-            return self.first
+            return stream_log.first
         if spec == "last":
-            return max(self.first, self.next_seq - 1)
+            return stream_log.last_chunk
         if isinstance(spec, int) and not isinstance(spec, bool):
-            return min(max(spec, self.first), self.next_seq)
+            return min(max(spec, stream_log.first), stream_log.next)
         if isinstance(spec, datetime.datetime):
-            return self._published_from(int(spec.timestamp() * 1000))
+            return stream_log.at_time(int(spec.timestamp() * 1000))
         if isinstance(spec, str) and (ms := interval_ms(spec)) is not None:
-            return self._published_from(now_ms() - ms)
-        return self.next_seq
-
-    def _published_from(self, ms: int) -> int:
-        """The first offset of the first run that may hold a message published at or after ``ms``: one that
-        ends after it (a run ends with its second, a merged one where the next begins)."""
-        marks = self.marks
-        for i, mark in enumerate(marks):
-            if mark.flags & MERGED and i + 1 < len(marks):
-                end = marks[i + 1].ms
-            else:
-                end = (mark.ms // 1000 + 1) * 1000
-            if end > ms:
-                return mark.first
-        return self.next_seq
+            return stream_log.at_time(now_ms() - ms)
+        return stream_log.next
 
     def deliver_ready(self) -> None:
         """Each consumer reads on from its own offset while it has credit."""
+        stream_log = self.log
+        end = stream_log.next
+        stats = self.stats
         for consumer in self.consumers:
-            cursor = max(self.cursors[consumer], self.first)
-            while cursor < self.next_seq and consumer.has_credit():
-                room = consumer.prefetch - consumer.unacked
-                batch = self._read(cursor, min(room, READ_BATCH))
-                if not batch:
-                    cursor = self.next_seq
-                    break
-                for entry in batch:
+            cursor = max(self.cursors[consumer], stream_log.first)
+            while cursor < end and consumer.has_credit():
+                entries, cursor_end = self._entries(cursor)
+                channel = consumer.channel
+                for entry in entries:
+                    if entry is None:  # a record this node cannot read: its offset is passed over
+                        cursor += 1
+                        continue
                     if not consumer.has_credit():
                         break
-                    entry = self._amqp091(entry)
                     consumer.unacked += 1
                     self.unacked += 1
-                    self.stats.deliver += 1
+                    stats.deliver += 1
                     cursor = entry.seq + 1
-                    consumer.channel.deliver(consumer, entry)
+                    channel.deliver(consumer, entry)
+                else:
+                    cursor = cursor_end
             self.cursors[consumer] = cursor
 
+    def _entries(self, offset: int) -> tuple[list[Entry | None], int]:
+        """The entries of the chunk holding ``offset``, from ``offset`` on, and where the chunk ends."""
+        stream_log = self.log
+        found = stream_log.find(offset)
+        if found is None:
+            return [], offset
+        segment, i = found
+        row = stream_log.rows(segment)[i]
+        chunk_id, records = int(row["id"]), int(row["records"])
+        entries = self._decoded.get(chunk_id)
+        if entries is None:
+            entries = self._decode(segment, i, chunk_id)
+        else:
+            self._decoded.move_to_end(chunk_id)
+        return entries[max(offset - chunk_id, 0):], chunk_id + records
+
+    def _decode(self, segment: Segment, i: int, chunk_id: int) -> list[Entry | None]:
+        raw = self.log.chunk_bytes(segment, i)
+        entries_count, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
+        message = self._decoder.message
+        entries: list[Entry | None] = []
+        size = 0
+        for offset, record in enumerate(chunk.records(memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len],
+                                                      entries_count), chunk_id):
+            if record is None:
+                entries.append(None)
+                continue
+            converted = message(record)
+            size += converted.body_size + ENTRY_OVERHEAD
+            entries.append(Entry(offset, converted))
+        self._decoded[chunk_id] = entries
+        self._decoded_bytes += size
+        while self._decoded_bytes > DECODED_BYTES and len(self._decoded) > 1:
+            _, dropped = self._decoded.popitem(last=False)
+            self._decoded_bytes -= sum(entry.message.body_size + ENTRY_OVERHEAD for entry in dropped
+                                       if entry is not None)
+        return entries
+
     def read(self, start: int, count: int) -> list[Entry]:
-        """Up to ``count`` entries from offset ``start`` (within the stream) with their contents: a stream-protocol
-        reader's next chunk."""
-        return self._read(start, count)
-
-    def published_ms(self) -> int:
-        """When the newest run began: the timestamp of a chunk read now (runs are a second long at most)."""
-        return self.marks[-1].ms if self.marks else now_ms()
-
-    def _read(self, start: int, count: int) -> list[Entry]:
-        """Up to ``count`` entries from ``start`` on: from the tail in memory, else from disk."""
-        ready = self.ready
-        if ready and start >= ready[0].seq:
-            position = start - ready[0].seq
-            behind = len(ready) - position
-            if behind < position:  # near the end (a consumer keeping up): walked from there
-                newest = list(islice(reversed(ready), behind))
-                newest.reverse()
-                return newest[:count]
-            return list(islice(ready, position, position + count))
-        persistence = self.persistence
-        rows = persistence.index.read(self.index_id, start, count)
-        payloads = persistence.store.read_many([row.msg_id for row in rows], PAGE_IN_BYTES)  # a pread per run
-        routes: dict[bytes, tuple[bytes, str, str]] = {}
-        headers: dict[bytes, bytes] = {}
-        entries = []
-        for row, payload in zip(rows, payloads):
-            entry = self._paged_entry(row)
-            if payload is not None:  # (else beyond the batch's budget: read on its own by ``readable``)
-                entry.message.fill_from(payload, routes, headers)
-            entries.append(entry)
-        return self.readable(entries)
+        """Up to ``count`` entries from offset ``start`` (within the stream) with their contents."""
+        self.flush()
+        found: list[Entry] = []
+        cursor = max(start, self.first)
+        end = self.log.next
+        while cursor < end and len(found) < count:
+            entries, cursor = self._entries(cursor)
+            found.extend(entry for entry in entries[:count - len(found)] if entry is not None)
+        return found
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         return header_table.with_int_set(entry.message.header, OFFSET_HEADER, entry.seq)
@@ -296,51 +284,39 @@ class StreamQueue(Queue):
             f"queue.purge not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")
 
     def drop_all(self) -> None:
-        """The stream is deleted: its entries, their store references and its runs go; its stream-protocol
-        readers and writers are told."""
+        """The stream is deleted: its log goes; its stream-protocol readers and writers are told."""
         for listener in list(self.listeners):
             listener.deleted(self)
         self.listeners.clear()
         self._groups = []
         self.active_consumer = None
         self.cursors.clear()
-        self.ready.clear()
-        self.persistence.remove_range(self, self.first, self.next_seq)
-        self.persistence.delete_queue(self)
+        self._open = []
+        self._decoded.clear()
+        if self.persistence is not None:
+            self.persistence.streams.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)
 
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
-        """Offsets, bytes and runs from the index; nothing is read into memory until a consumer asks."""
-        index = self.persistence.index
-        if last_seq is not None:
-            self.next_seq = last_seq + 1
-        rows = index.read(self.index_id, 0, 1)
-        self.first = rows[0].seq if rows else self.next_seq
-        self.ready_bytes = size
-        self.marks = deque(Mark(*run) for run in index.marks(self.index_id))
-        if self.marks:  # the last run's bytes were saved as it began
-            self.marks[-1].size = max(0, size - sum(mark.size for mark in islice(self.marks, 0, len(self.marks) - 1)))
-            current = max(i for i, mark in enumerate(self.marks) if mark.segment or i == 0)
-            self.segment_bytes = sum(mark.size for mark in islice(self.marks, current, None))
+        """The log from disk (a stream kept in the queue index by an earlier version is moved into one first)."""
+        if count:
+            from .stream import migrate
+
+            assert self.persistence is not None
+            migrate.legacy_stream(self.persistence, self, f"'{self.name}' in vhost '{self.vhost}'")
+        self.ready_bytes = self.log.body
 
     def offsets(self) -> tuple[int, int]:
+        self.flush()
         return self.first, self.next_seq
 
     def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
-        if self.first + offset >= self.next_seq:
-            return []
-        return [self._amqp091(entry) for entry in self._read(self.first + offset, count)]
-
-    def _amqp091(self, entry: Entry) -> Entry:
-        """The entry as AMQP 0-9-1 readers see it: a stream-protocol record converted."""
-        if entry.message.header:
-            return entry
-        return Entry(entry.seq, amqp10.to_amqp091(entry.message.body, self.name))
+        return self.read(self.first + offset, count)
 
     def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
         cursor, remaining = max(start, self.first), limit
         while cursor < min(end, self.next_seq) and (remaining is None or remaining > 0):
             want = step if remaining is None else min(step, remaining)
-            batch = [self._amqp091(entry) for entry in self._read(cursor, want) if entry.seq < end]
+            batch = [entry for entry in self.read(cursor, want) if entry.seq < end]
             if not batch:
                 return
             cursor = batch[-1].seq + 1

@@ -4,7 +4,7 @@
 For one broker (``--broker warren`` or ``--broker rabbitmq``) this starts a
 throwaway node on a loopback port with its state in a fresh temp dir, then
 
-1. declares ``--queues`` (1) durable queues, reads the broker's RSS (the empty
+1. declares ``--queues`` (1) durable queues (of ``--queue-type``: classic, quorum or stream), reads the broker's RSS (the empty
    node), and publishes ``--messages`` (1,000,000) persistent ``--size`` (100)
    byte messages spread evenly over them, with publisher confirms, pipelined with
    at most ``--max-unconfirmed`` (10,000) unconfirmed; reports the publish rate
@@ -378,7 +378,7 @@ def wait_port(broker, port: int, timeout: float) -> float:
 
 def run(args) -> dict:
     res: dict = {"broker": args.broker, "port": args.port, "messages": args.messages, "size": args.size,
-                 "max_unconfirmed": args.max_unconfirmed, "queues": args.queues}
+                 "max_unconfirmed": args.max_unconfirmed, "queues": args.queues, "queue_type": args.queue_type}
     queues = [QUEUE] if args.queues == 1 else [f"{QUEUE}.{i}" for i in range(args.queues)]
     if port_open(args.port):
         raise RuntimeError(f"port {args.port} is already in use")
@@ -403,6 +403,8 @@ def run(args) -> dict:
         res["server"] = f"{sp.get('product')} {sp.get('version')}"
         conn.channel_open(1)
         queue_arguments = {"x-max-priority": args.max_priority} if args.max_priority is not None else None
+        if args.queue_type != "classic":
+            queue_arguments = {**(queue_arguments or {}), "x-queue-type": args.queue_type}
         for queue in queues:
             conn.queue_declare(1, queue, durable=True, arguments=queue_arguments)
         time.sleep(1)
@@ -495,7 +497,8 @@ def run(args) -> dict:
                 share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
                 if i:  # a channel per queue: each keeps its consumer
                     conn.channel_open(i + 1)
-                dt += consume_count(conn, i + 1, queue, share, timeout=args.consume_timeout, progress=con_progress)
+                dt += consume_count(conn, i + 1, queue, share, timeout=args.consume_timeout, progress=con_progress,
+                                    arguments={"x-stream-offset": "first"} if args.queue_type == "stream" else None)
             res["consume_s"] = dt
             res["consume_rate"] = args.messages / dt
             conn.close()  # also makes sure the last ack was processed before we look at counts
@@ -579,6 +582,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=100, help="body size in bytes")
     ap.add_argument("--queues", type=int, default=1, help="durable queues the messages are spread over")
     ap.add_argument("--max-priority", type=int, help="priority queues (x-max-priority) with messages of every level")
+    ap.add_argument("--queue-type", choices=["classic", "quorum", "stream"], default="classic",
+                    help="x-queue-type of the queues (a stream is read from first by --consume, not drained)")
     ap.add_argument("--max-unconfirmed", type=int, default=10_000)
     ap.add_argument("--consume", action="store_true", help="consume + ack everything afterwards")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between last confirm and RSS/disk reading")

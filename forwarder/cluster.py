@@ -59,7 +59,10 @@ class Cluster:
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
         self.membership = Membership(self.client, self.name, {
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
-            "mgmt_port": config.mgmt_port if config.mgmt_enabled else 0}, self._joined, self._left)
+            "mgmt_port": config.mgmt_port if config.mgmt_enabled else 0,
+            "stream": [config.stream_advertised_host or host, config.stream_advertised_port or config.stream_port]
+            if config.stream_enabled else None}, self._joined, self._left)
+        self._streams: dict[str, tuple[str, int]] = {}  # where the other nodes serve the stream protocol
         self.peers: dict[str, Peer] = {}
         self.quorum = QuorumGroups(self)
         self.sessions: set[Session] = set()
@@ -143,9 +146,19 @@ class Cluster:
     def _joined(self, name: str, address: dict[str, Any]) -> None:
         peer = self.peer(name)
         peer.http = (address["host"], address["mgmt_port"]) if address.get("mgmt_port") else None
+        if address.get("stream"):
+            self._streams[name] = (str(address["stream"][0]), int(address["stream"][1]))
+        else:
+            self._streams.pop(name, None)
         peer.connect(address["host"], address["link_port"])
 
+    def stream_address(self, node: str) -> tuple[str, int] | None:
+        """Where ``node`` serves the stream protocol (what metadata names as a stream's leader), while it is up."""
+        peer = self.peers.get(node)
+        return self._streams.get(node) if peer is not None and peer.up else None
+
     def _left(self, name: str) -> None:
+        self._streams.pop(name, None)
         peer = self.peers.pop(name, None)
         if peer is not None:
             peer.close()

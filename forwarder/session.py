@@ -102,7 +102,7 @@ class Session:
         status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
-        if message.msg_id:
+        if message.msg_id or message.logged:
             persistence = self.broker.persistence
             self.unsynced.append((seq, status, persistence.batch))
             persistence.waiters.add(self)

@@ -13,8 +13,9 @@ A replicated queue's replica also keeps its position in its group's log (term, i
 the reserved queue id ``POSITIONS`` with the queue's id as seq: it commits with the entries it
 describes, so a replica never claims more than it has.
 
-A stream keeps its runs (first offset, publish time, bytes; see ``amqp_server.stream_queue``) under the
-reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq, committed with its entries too.
+A stream kept by an earlier version (an entry per message) has its runs (first offset, publish time, bytes)
+under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq: ``amqp_server.stream.migrate``
+reads them once, when it moves the stream into a log of its own.
 
 A queue's entries that left it all at once (a purge) but are deleted a batch at a time in the background
 are named by a drop mark, ``[start, end)`` of keys, under the reserved queue id ``DROPS`` with
@@ -215,7 +216,7 @@ class QueueIndex:
         self.ack(POSITIONS, queue_id)
 
     def put_mark(self, queue_id: int, number: int, first: int, ms: int, size: int, flags: int) -> None:
-        """A stream's run, committed with the entries staged with it."""
+        """A stream's run, committed with the entries staged with it (as an earlier version kept streams)."""
         self._puts[KEY.pack(MARKS, queue_id << 32 | number)] = VALUE.pack(first, ms, min(size, 0xFFFFFFFF), flags)
 
     def marks(self, queue_id: int) -> list[tuple[int, int, int, int, int]]:
@@ -223,15 +224,6 @@ class QueueIndex:
         self.commit()
         return [(seq & 0xFFFFFFFF, first, ms, size, flags)
                 for seq, (first, ms, size, flags) in self._numbered(MARKS, queue_id)]
-
-    def forget_marks(self, queue_id: int, below: int) -> None:
-        """A stream's runs numbered below ``below`` go (retention removed their entries)."""
-        for entry in self.read(MARKS, queue_id << 32, below):
-            if entry.seq >> 32 == queue_id and entry.seq & 0xFFFFFFFF < below:
-                self.ack(MARKS, entry.seq)
-
-    def forget_mark(self, queue_id: int, number: int) -> None:
-        self.ack(MARKS, queue_id << 32 | number)
 
     def mark_dropped(self, queue_id: int, start: int, end: int) -> int:
         """The queue's entries with ``start <= key < end`` left it, though they are still here until ``take``

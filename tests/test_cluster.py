@@ -67,14 +67,15 @@ class Etcd:
         self.log.close()
 
 
-def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0) -> BrokerProcess:
-    """A cluster node; a link port chosen free here is chosen again should another process take it first (as
-    ``BrokerProcess.start`` does its own ports)."""
+def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0,
+               extra: tuple[str, ...] = ()) -> BrokerProcess:
+    """A cluster node (``extra``: more options); a link port chosen free here is chosen again should another
+    process take it first (as ``BrokerProcess.start`` does its own ports)."""
     tries = 3
     while True:
         tries -= 1
         node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
-            "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+            *extra, "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
             "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
         node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
         try:

@@ -8,7 +8,6 @@ range reads, purge and delete, and a restart that reads totals instead of entrie
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import re
 import sys
@@ -642,42 +641,6 @@ def test_queue_window_option_is_checked(capsys):
         with pytest.raises(SystemExit):
             config.load(["--queue-window", bad], {})
         assert "queue_window" in capsys.readouterr().err
-
-
-async def test_a_streams_runs_stay_bounded_and_find_times_across_a_restart(tmp_path, monkeypatch):
-    """A stream publishing for longer than MAX_RUNS seconds merges its older runs pairwise: a timestamp still
-    finds a run that starts at or before the first message published then, never after it."""
-    from amqp_server import stream_queue
-
-    clock = [1_700_000_000_000]
-    monkeypatch.setattr(stream_queue, "MAX_RUNS", 8)
-    monkeypatch.setattr(stream_queue, "now_ms", lambda: clock[0])
-    data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream"})
-    published = []  # the time of each offset
-    for i in range(100):  # one message a second
-        published.append(clock[0])
-        send(broker, vhost, "s", [b"m%d" % i])
-        clock[0] += 1000
-    stream = vhost.queue("s")
-    assert len(stream.marks) <= 9
-    starts = [stream.attach_at(datetime.datetime.fromtimestamp(t / 1000, datetime.timezone.utc)) for t in published]
-    assert all(start <= offset for offset, start in enumerate(starts))  # never after the message asked for
-    assert starts[-1] == 99 and starts[0] == 0  # the newest run alone; the oldest from the start
-    assert stream.attach_at(datetime.datetime.fromtimestamp(clock[0] / 1000 + 60, datetime.timezone.utc)) == 100
-    runs = [(m.number, m.first, m.ms, m.size, m.flags) for m in stream.marks]
-    await settle()
-    broker.close()
-
-    broker = Broker(data, queue_window=WINDOW)
-    stream = broker.vhost("/").queue("s")
-    assert [(m.number, m.first, m.ms, m.size, m.flags) for m in stream.marks] == runs
-    assert [stream.attach_at(datetime.datetime.fromtimestamp(t / 1000, datetime.timezone.utc))
-            for t in published] == starts
-    assert (stream.first, stream.next_seq, stream.message_count) == (0, 100, 100)
-    broker.close()
 
 
 # -- priority queues: each level pages as a plain queue does ----------------------------------------

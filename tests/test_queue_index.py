@@ -153,10 +153,6 @@ def test_a_streams_runs_are_kept_beside_its_entries_and_go_with_it(index):
     index.put_mark(5, 1, 4, 2000, 30, 2)  # the run's bytes, final
     index.commit()
     assert index.marks(5) == [(0, 0, 1000, 10, 1), (1, 4, 2000, 30, 2)]
-    index.forget_marks(5, 1)
-    assert index.marks(5) == [(1, 4, 2000, 30, 2)]
-    index.forget_mark(5, 1)
-    assert index.marks(5) == []
     index.put_mark(5, 2, 9, 4000, 0, 1)  # staged, then the queue is deleted
     index.delete_queue(5)
     index.commit()

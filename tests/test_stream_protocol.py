@@ -6,10 +6,13 @@ Each test also passes against RabbitMQ 3.10.8 with rabbitmq_stream, but for thos
 from __future__ import annotations
 
 import asyncio
+import datetime
+import gzip
 import socket
 import struct
 import time
 import uuid
+import zlib
 
 import pika
 import pytest
@@ -22,6 +25,16 @@ from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Proper
 pytestmark = pytest.mark.timeout(60)
 
 
+def wait_for_stream_port(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 @starts(INTEGRATION)
 def node(tmp_path_factory: pytest.TempPathFactory):
@@ -30,13 +43,7 @@ def node(tmp_path_factory: pytest.TempPathFactory):
                            extra=["--stream-enabled", "true", "--stream-port", str(port)])
     broker.stream_port = port  # type: ignore[attr-defined]
     broker.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    wait_for_stream_port(port)
     yield broker
     broker.stop()
 
@@ -129,6 +136,7 @@ def test_offsets_are_stored_and_queried_by_reference(node):
     run(scenario())
 
 
+@pytest.mark.warren_only("RabbitMQ 3.10 fails the consumer's connection (541) on a record that is not AMQP 1.0")
 def test_a_stream_protocol_message_read_over_amqp_091(node):
     """An AMQP 1.0 message published over the stream protocol reaches an AMQP 0-9-1 consumer as RabbitMQ 3.10
     converts it; a record that is not AMQP 1.0 arrives as the body."""
@@ -161,6 +169,37 @@ def test_a_stream_protocol_message_read_over_amqp_091(node):
     assert raw_body == b"raw bytes" and raw_props.headers == {"x-stream-offset": 1}
 
 
+def test_message_and_correlation_ids_that_are_not_strings_reach_amqp_091_as_rabbitmq_gives_them(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    ident = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    cases = [(Properties(message_id=b"\x01\x02bin"), "AQJiaW4=", None, {"x-message-id-type": "binary"}),
+             (Properties(message_id=ident), str(ident), None, {"x-message-id-type": "uuid"}),
+             (Properties(message_id=42), "42", None, {"x-message-id-type": "ulong"}),
+             (Properties(message_id="m" * 300), None, None, {"x-message-id": "m" * 300}),
+             (Properties(correlation_id=ident), None, str(ident), {"x-correlation-id-type": "uuid"})]
+
+    async def publish():
+        async with producer(node) as writer:
+            await writer.create_stream(stream)
+            for properties, *_ in cases:
+                await writer.send_wait(stream, AMQPMessage(body=b"b", properties=properties))
+    run(publish())
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    got = []
+    channel.basic_consume(stream, lambda ch, method, props, body: got.append(props),
+                          arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < len(cases) and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    channel.queue_delete(stream)
+    connection.close()
+    assert [(props.message_id, props.correlation_id, props.headers) for props in got] == [
+        (message_id, correlation_id, {**headers, "x-stream-offset": offset})
+        for offset, (_, message_id, correlation_id, headers) in enumerate(cases)]
+
+
 def test_an_amqp_091_publish_read_over_the_stream_protocol(node):
     stream = f"s-{uuid.uuid4().hex[:8]}"
     connection = pika.BlockingConnection(pika.URLParameters(node.url))
@@ -176,6 +215,51 @@ def test_an_amqp_091_publish_read_over_the_stream_protocol(node):
     assert message.properties.content_type == b"application/json"
     assert message.application_properties == {b"k": b"v", b"x-basic-app-id": b"app"}
     assert message.message_annotations[b"x-basic-delivery-mode"] == 2
+
+
+def test_an_amqp_091_publish_is_stored_as_the_record_rabbitmq_writes(node):
+    """Byte for byte the AMQP 1.0 record RabbitMQ 3.10.8 stores for this publish (read back over the stream protocol);
+    an AMQP 0-9-1 consumer gets it back as RabbitMQ converts it: tables and arrays in the headers are gone."""
+    stream = f"p091-{uuid.uuid4().hex[:10]}"  # 15 bytes, as the name the record below was taken with
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    headers = {"s": "str", "i": 5, "neg": -3, "big": 1 << 40, "b": True, "t": {"x": 1}, "a": [1, "two"], "n": None,
+               "ts": datetime.datetime(2020, 1, 1)}
+    properties = pika.BasicProperties(
+        content_type="text/plain", content_encoding="gzip", headers=headers, delivery_mode=2, priority=3,
+        correlation_id="corr", reply_to="rep", expiration="60000", message_id="mid", timestamp=1600000000,
+        type="typ", user_id="guest", app_id="app")
+    channel.basic_publish("", stream, b"body", properties)
+    [(_, record)] = run(read(node, stream, 1))
+    expected = bytes.fromhex(
+        "005372c1770aa30d782d726f7574696e672d6b6579a10f") + stream.encode() + bytes.fromhex(
+        "a30a782d65786368616e6765a100a310782d62617369632d7072696f726974795003a315782d62617369632d64656c6976"
+        "6572792d6d6f64655002a312782d62617369632d65787069726174696f6ea1053630303030005373c0390da1036d6964a005"
+        "67756573744040a103726570a104636f7272a30a746578742f706c61696ea304677a6970408300000174876e800040404000"
+        "5374c16112a10c782d62617369632d74797065a103747970a10e782d62617369632d6170702d6964a103617070a10173a103"
+        "737472a101695405a1036e656754fda103626967810000010000000000a101625601a1016e40a1027473830000016f5e66e8"
+        "00005375a004626f6479")
+    assert record == expected
+    channel.basic_qos(prefetch_count=10)
+    got = []
+    channel.basic_consume(stream, lambda ch, method, props, body: got.append((method, props, body)),
+                          arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    channel.queue_delete(stream)
+    connection.close()
+    [(method, props, body)] = got
+    assert (method.exchange, method.routing_key, body) == ("", stream, b"body")
+    kept = {k: v for k, v in headers.items() if k not in ("t", "a")}
+    assert props.headers == {**kept, "ts": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+                             "x-stream-offset": 0}
+    assert (props.content_type, props.content_encoding, props.delivery_mode, props.priority, props.correlation_id,
+            props.reply_to, props.expiration, props.message_id, props.timestamp, props.type, props.user_id,
+            props.app_id) == ("text/plain", "gzip", 2, 3, "corr", "rep", "60000", "mid", 1600000000, "typ", "guest",
+                              "app")
 
 
 def test_rbfly_publishes_and_reads(node):
@@ -353,3 +437,120 @@ def test_bad_requests_get_their_response_codes(node):
     assert key == 0x04 and rest == b"\x09" + struct.pack(">I", 1) + struct.pack(">QH", 77, 0x12)
     assert raw.request(0x0B, string("nobody") + string(stream)) == 0x13
     assert raw.request(0x0E, string(stream)) == 1
+
+
+@pytest.mark.warren_only("kills a node of its own")
+def test_a_named_publishers_sequence_and_its_confirmed_messages_survive_kill_9(start_broker):
+    """Deduplication is as durable as the messages it confirmed: right after the last confirm, kill -9; the
+    restarted node reports that publishing id and refuses to write those messages again."""
+    port = free_port()
+    node = start_broker("--stream-enabled", "true", "--stream-port", str(port))
+    node.stream_port = port
+    wait_for_stream_port(port)
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string("s") + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("app") + string("s")) == 1
+
+    def publish(ids: range) -> bytes:
+        return frame(0x02, b"\x01" + struct.pack(">i", len(ids)) + b"".join(
+            struct.pack(">QI", i, 4) + b"m%03d" % i for i in ids))
+
+    for start in range(1, 301, 50):
+        raw.send(publish(range(start, start + 50)))
+    confirmed = 0
+    while confirmed < 300:
+        key, rest = raw.receive()
+        assert key == 0x03
+        confirmed += struct.unpack_from(">I", rest, 1)[0]
+    node.kill()
+    node.start()
+    wait_for_stream_port(port)
+    raw = Raw(node)
+    assert raw.login() == 1
+    raw.send(frame(0x05, struct.pack(">I", 9) + string("app") + string("s")))
+    key, rest = raw.receive()
+    assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, 300)
+    assert raw.request(0x01, b"\x01" + string("app") + string("s")) == 1
+    raw.send(publish(range(299, 302)))  # two already there: confirmed, not written
+    key, rest = raw.receive()
+    assert key == 0x03
+    assert raw.request(0x07, b"\x01" + string("s") + struct.pack(">HHi", 1, 100, 0)) == 1
+    got: list[bytes] = []
+    while len(got) < 301:
+        key, rest = raw.receive()
+        if key != 0x08:
+            continue
+        entries, data_len = struct.unpack_from(">H", rest, 3)[0], struct.unpack_from(">I", rest, 1 + 36)[0]
+        data, pos = rest[1 + 48:1 + 48 + data_len], 0
+        for _ in range(entries):
+            size = struct.unpack_from(">I", data, pos)[0]
+            got.append(data[pos + 4:pos + 4 + size])
+            pos += 4 + size
+    assert got == [b"m%03d" % i for i in range(1, 302)]
+
+
+def read_chunks(raw: "Raw", count: int) -> list[tuple[int, int, int, bytes]]:
+    """(first offset, entries, records, data) of the next ``count`` deliver frames."""
+    chunks = []
+    while len(chunks) < count:
+        key, rest = raw.receive()
+        if key != 0x08:
+            continue
+        _magic, _kind, entries, records, _ts, _epoch, first, crc, data_len, _trailer, _reserved = struct.unpack_from(
+            ">BBHIqQQIIII", rest, 1)
+        data = rest[1 + 48:]
+        assert len(data) == data_len and zlib.crc32(data) == crc  # never the trailer
+        chunks.append((first, entries, records, data))
+    return chunks
+
+
+def test_a_sub_batch_is_stored_as_it_came_and_read_over_amqp_091_as_its_records(node):
+    """A sub-batch entry reaches subscribers as the client compressed it, its records an offset each; an AMQP
+    0-9-1 consumer gets the records of a gzip sub-batch, and passes over those of a compression it cannot read."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    plain = b"".join(struct.pack(">I", len(r)) + r for r in (b"r0", b"r1", b"r2"))
+    packed = gzip.compress(plain)
+    gzip_entry = struct.pack(">BHII", 0x80 | 1 << 4, 3, len(plain), len(packed)) + packed
+    zstd_entry = struct.pack(">BHII", 0x80 | 4 << 4, 2, 99, 5) + b"?????"
+    simple = struct.pack(">I", 3) + b"end"
+    raw.send(frame(0x02, b"\x01" + struct.pack(">i", 3) + struct.pack(">Q", 1) + gzip_entry
+                   + struct.pack(">Q", 2) + zstd_entry + struct.pack(">Q", 3) + simple))
+    key, rest = raw.receive()
+    assert key == 0x03 and rest == b"\x01" + struct.pack(">I", 3) + struct.pack(">QQQ", 1, 2, 3)
+    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
+    [(first, entries, records, data)] = read_chunks(raw, 1)
+    assert (first, entries, records, data) == (0, 3, 6, gzip_entry + zstd_entry + simple)
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    got = []
+    channel.basic_consume(stream, lambda ch, method, props, body: got.append((props.headers["x-stream-offset"], body)),
+                          arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < 4 and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    connection.close()
+    assert got == [(0, b"r0"), (1, b"r1"), (2, b"r2"), (5, b"end")]
+
+
+def test_a_frame_of_more_entries_than_a_chunk_counts_is_written_as_two_chunks(node):
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    count = 70_000  # a chunk header counts 65,535 entries at most
+    raw.send(frame(0x02, b"\x01" + struct.pack(">i", count) + b"".join(
+        struct.pack(">QI", i, 1) + b"x" for i in range(count))))
+    confirmed = 0
+    while confirmed < count:
+        key, rest = raw.receive()
+        assert key == 0x03
+        confirmed += struct.unpack_from(">I", rest, 1)[0]
+    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
+    assert [chunk[:3] for chunk in read_chunks(raw, 2)] == [(0, 65535, 65535), (65535, 4465, 4465)]

@@ -1,16 +1,23 @@
-"""AMQP 1.0 messages inside streams, converted to and from AMQP 0-9-1 as RabbitMQ 3.10 converts them
-(rabbit_msg_record: ``from_amqp091`` when an AMQP 0-9-1 publish is read over the stream protocol, ``to_amqp091``
-when a stream-protocol publish is read over AMQP 0-9-1).
+"""AMQP 1.0 messages inside streams, converted to and from AMQP 0-9-1 as RabbitMQ 3.10.8 converts them
+(rabbit_msg_record): an AMQP 0-9-1 publish is stored as the AMQP 1.0 record RabbitMQ writes (``from_amqp091``,
+byte for byte), and a record is read by an AMQP 0-9-1 consumer as RabbitMQ delivers it (``Decoder``).
 
-Mapping (3.10): properties message-id, user-id, reply-to, correlation-id, content-type, content-encoding and
-creation-time (ms; 0-9-1 timestamps are seconds) go both ways; 0-9-1 headers are application-properties;
-``type`` and ``app_id`` travel as application-properties ``x-basic-type`` / ``x-basic-app-id``, and priority,
-delivery mode and expiration as message-annotations ``x-basic-priority`` / ``x-basic-delivery-mode`` /
-``x-basic-expiration``; the body is one data section (several are joined on the way back).  A record that is not
-an AMQP 1.0 message (the stream protocol does not look inside) reaches AMQP 0-9-1 as the body, no properties.
+Mapping (3.10.8, as observed): message-annotations ``x-routing-key`` and ``x-exchange`` (the publish's), then
+``x-basic-priority``, ``x-basic-delivery-mode`` and ``x-basic-expiration``; properties message-id, user-id,
+reply-to, correlation-id, content-type, content-encoding and creation-time (ms; 0-9-1 timestamps are seconds), all
+13 fields once any is set; application-properties ``x-basic-type``, ``x-basic-app-id``, then the headers (tables
+and arrays left out); the body as one data section.  Back: exchange and routing key from those annotations (else
+"" and the stream's name), a message or correlation id that is not a string as a string with its type in
+``x-message-id-type`` / ``x-correlation-id-type`` (binary in base64; one longer than 256 bytes in the header
+``x-message-id`` / ``x-correlation-id`` instead), other properties and annotations ignored.
+
+Where RabbitMQ 3.10 fails the consumer's connection (541) Warren delivers something: a record that is not AMQP
+1.0 arrives as the body with no properties; an amqp-value or amqp-sequence body as its encoded section; several
+data sections joined; a decimal header is left out on the way in.
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import struct
 import uuid
@@ -175,6 +182,9 @@ def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
 
 # -- AMQP 1.0 -> AMQP 0-9-1 ---------------------------------------------------------------------------------------
 
+CACHED = 4096  # conversions remembered, by the bytes of a record's sections before its body
+
+
 def _plain(value: Value) -> Any:
     return None if value.kind == "null" else value.value
 
@@ -188,12 +198,13 @@ def _field(value: Value) -> header_table.Field | None:
         return header_table.Field("x", raw)
     if kind == "bool":
         return header_table.Field("t", int(raw))
-    if kind in ("long", "ulong"):
-        return header_table.Field("l", raw if kind == "long" else min(raw, (1 << 63) - 1))
-    if kind in ("int", "uint"):
-        return header_table.Field("I" if kind == "int" and raw >= -(1 << 31) else "l", raw)
-    if kind in ("short", "ushort", "byte", "ubyte"):
-        return header_table.Field({"short": "s", "ushort": "u", "byte": "b", "ubyte": "B"}[kind], raw)
+    if kind == "long":
+        return header_table.Field("l", raw)
+    if kind == "ulong":
+        return header_table.Field("l", min(raw, (1 << 63) - 1))
+    if kind in ("int", "uint", "short", "ushort", "byte", "ubyte"):
+        return header_table.Field({"int": "I", "uint": "i", "short": "s", "ushort": "u", "byte": "b",
+                                   "ubyte": "B"}[kind], raw)
     if kind == "double":
         return header_table.Field("d", raw)
     if kind == "float":
@@ -208,20 +219,21 @@ def _field(value: Value) -> header_table.Field | None:
 
 
 def _message_id(value: Value | None, name: str, headers: dict[str, header_table.Field]) -> str | None:
-    """A message or correlation id; one that is not a string is written as one, its type in a header."""
+    """A message or correlation id (``name``: its header's) as rabbit_msg_record:message_id gives it."""
     if value is None or value.kind == "null":
         return None
-    if value.kind == "string":
-        return value.value
-    if value.kind == "ulong":
-        headers[name] = header_table.Field("S", "ulong")
+    if value.kind in ("string", "binary"):
+        text = value.value if value.kind == "string" else base64.b64encode(value.value).decode()
+        if len(text.encode()) > 256:  # too long for a shortstr: the header instead
+            headers[name[:-len("-type")]] = header_table.Field("S", value.value) if value.kind == "string" \
+                else header_table.Field("x", value.value)
+            return None
+        if value.kind == "binary":
+            headers[name] = header_table.Field("S", "binary")
+        return text
+    if value.kind in ("ulong", "uuid"):
+        headers[name] = header_table.Field("S", value.kind)
         return str(value.value)
-    if value.kind == "uuid":
-        headers[name] = header_table.Field("S", "uuid")
-        return str(value.value)
-    if value.kind == "binary":
-        headers[name] = header_table.Field("S", "binary")
-        return value.value.decode("utf-8", "replace")
     return None
 
 
@@ -231,13 +243,26 @@ def _map(value: Value) -> dict[str, Value]:
     return {str(key.value): item for key, item in value.value if key.kind in ("string", "symbol")}
 
 
-def to_amqp091(record: bytes, stream: str) -> Message:
-    """A stream record as the AMQP 0-9-1 message RabbitMQ 3.10 delivers from a stream: exchange "" and the
-    stream's name as routing key; a record that is not AMQP 1.0 is the body, as it is."""
-    try:
-        found = sections(record)
-    except Invalid:
-        return _message(stream, commands.Basic.Properties(), {}, record)
+def _text(value: Value | None) -> str | None:
+    if value is None or value.kind not in ("string", "symbol"):
+        return None
+    return value.value[:255]
+
+
+def _int(value: Value | None) -> int | None:
+    if value is None or not isinstance(value.value, int) or isinstance(value.value, bool):
+        return None
+    return value.value if 0 <= value.value <= 255 else None
+
+
+def _timestamp(value: Value | None) -> datetime.datetime | None:
+    if value is None or value.kind != "timestamp":
+        return None
+    return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
+
+
+def _convert(found: list[tuple[int, Value, bytes]], stream: str) -> tuple[str, str, bytes, list[bytes]]:
+    """(exchange, routing key, content header, body parts) of a record's sections."""
     props: dict[str, Value] = {}
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
@@ -263,171 +288,250 @@ def to_amqp091(record: bytes, stream: str) -> Message:
     message_id = _message_id(props.get("message_id"), "x-message-id-type", headers)
     correlation_id = _message_id(props.get("correlation_id"), "x-correlation-id-type", headers)
     user_id = props.get("user_id")
-    created = props.get("creation_time")
-    priority = annotations.get("x-basic-priority")
-    mode = annotations.get("x-basic-delivery-mode")
-    expiration = annotations.get("x-basic-expiration")
     basic = commands.Basic.Properties(
         content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
-        delivery_mode=_int(mode), priority=_int(priority), correlation_id=correlation_id,
-        reply_to=_text(props.get("reply_to")), expiration=_text(expiration), message_id=message_id,
-        timestamp=_timestamp(created), message_type=_text(basic_type), app_id=_text(app_id),
-        user_id=user_id.value.decode("utf-8", "replace") if user_id is not None and user_id.kind == "binary"
-        else _text(user_id))
-    return _message(stream, basic, headers, b"".join(body))
-
-
-def _text(value: Value | None) -> str | None:
-    if value is None or value.kind not in ("string", "symbol"):
-        return None
-    return value.value[:255]
-
-
-def _int(value: Value | None) -> int | None:
-    if value is None or not isinstance(value.value, int) or isinstance(value.value, bool):
-        return None
-    return value.value if 0 <= value.value <= 255 else None
-
-
-def _timestamp(value: Value | None) -> datetime.datetime | None:
-    if value is None or value.kind != "timestamp":
-        return None
-    return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
-
-
-def _message(stream: str, props: commands.Basic.Properties, headers: dict[str, header_table.Field],
-             body: bytes) -> Message:
-    header = build_header(props, len(body))
+        delivery_mode=_int(annotations.get("x-basic-delivery-mode")),
+        priority=_int(annotations.get("x-basic-priority")), correlation_id=correlation_id,
+        reply_to=_text(props.get("reply_to")), expiration=_text(annotations.get("x-basic-expiration")),
+        message_id=message_id, timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
+        app_id=_text(app_id), user_id=user_id.value.decode("utf-8", "replace")[:255]
+        if user_id is not None and user_id.kind == "binary" else _text(user_id))
+    header = build_header(basic, 0)
     if headers:
         header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], headers)
-    return Message("", stream, encode_route("", stream), header, body)
+    exchange = annotations.get("x-exchange")
+    routing_key = annotations.get("x-routing-key")
+    if exchange is not None and routing_key is not None and exchange.kind == routing_key.kind == "string":
+        return exchange.value[:255], routing_key.value[:255], header, body
+    return "", stream, header, body
 
 
-# -- AMQP 0-9-1 -> AMQP 1.0 ---------------------------------------------------------------------------------------
-
-def _encode(value: Any) -> bytes:
-    """A Python value (or a Value for a symbol, ubyte, binary, timestamp) in AMQP 1.0's encoding."""
-    if isinstance(value, Value):
-        kind, raw = value.kind, value.value
-        if kind == "symbol":
-            data = raw.encode()
-            return (b"\xa3" + bytes((len(data),)) if len(data) < 256 else b"\xb3" + _U32.pack(len(data))) + data
-        if kind == "ubyte":
-            return b"\x50" + bytes((raw,))
-        if kind == "timestamp":
-            return b"\x83" + struct.pack(">q", raw)
-        if kind == "byte":
-            return b"\x51" + struct.pack(">b", raw)
-        if kind == "short":
-            return b"\x61" + struct.pack(">h", raw)
-        if kind == "int":
-            return b"\x71" + struct.pack(">i", raw)
-        if kind == "ushort":
-            return b"\x60" + struct.pack(">H", raw)
-        if kind == "uint":
-            return b"\x70" + _U32.pack(raw)
-        if kind == "float":
-            return b"\x72" + struct.pack(">f", raw)
-        raise ValueError(kind)
-    if value is None:
-        return b"\x40"
-    if isinstance(value, bool):
-        return b"\x41" if value else b"\x42"
-    if isinstance(value, int):
-        return b"\x81" + struct.pack(">q", value)
-    if isinstance(value, float):
-        return b"\x82" + struct.pack(">d", value)
-    if isinstance(value, str):
-        data = value.encode("utf-8", "surrogateescape")
-        return (b"\xa1" + bytes((len(data),)) if len(data) < 256 else b"\xb1" + _U32.pack(len(data))) + data
-    if isinstance(value, (bytes, bytearray)):
-        return (b"\xa0" + bytes((len(value),)) if len(value) < 256 else b"\xb0" + _U32.pack(len(value))) + value
-    if isinstance(value, list):
-        items = b"".join(_encode(item) for item in value)
-        return b"\xd0" + _U32.pack(len(items) + 4) + _U32.pack(len(value)) + items
-    if isinstance(value, dict):
-        items = b"".join(_encode(k) + _encode(v) for k, v in value.items())
-        return b"\xd1" + _U32.pack(len(items) + 4) + _U32.pack(len(value) * 2) + items
-    raise ValueError(type(value).__name__)
+def _skip(record: bytes, pos: int) -> int:
+    """Where the section at ``pos`` ends, for the encodings a record's sections use; -1 for others."""
+    if len(record) < pos + 4 or record[pos] != 0 or record[pos + 1] != 0x53:
+        return -1
+    code = record[pos + 3]
+    at = pos + 4
+    if code in (0x40, 0x45):
+        return at
+    if code in (0xC0, 0xC1, 0xA0, 0xA1, 0xA3):
+        return at + 1 + record[at] if at < len(record) else -1
+    if code in (0xD0, 0xD1, 0xB0, 0xB1, 0xB3):
+        return at + 4 + _U32.unpack_from(record, at)[0] if at + 4 <= len(record) else -1
+    return -1
 
 
-def _section(descriptor: int, value: Any) -> bytes:
-    return b"\x00\x53" + bytes((descriptor,)) + _encode(value)
+_SIZE = struct.Struct(">Q")
+_DATA_SECTION = b"\x00\x53\x75"
 
 
-def _from_field(field: header_table.Field) -> Any:
-    """An AMQP 0-9-1 header value as an application property (rabbit_msg_record:from_091)."""
+class Decoder:
+    """A stream's records as AMQP 0-9-1 messages: the conversion of what precedes a record's body is remembered
+    (records from one publisher share it), so reading one costs a few slices."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.route = encode_route("", stream)
+        self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
+        self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
+        self._last_conversion: tuple[str, str, bytes, bytes] | None = None
+
+    def message(self, record: bytes) -> Message:
+        last = self._last
+        body_at = len(last)
+        if record.startswith(last) and record[body_at:body_at + 3] == _DATA_SECTION:
+            cached = self._last_conversion
+        else:
+            cached, body_at = self._prefix(record)
+        if cached is not None:
+            kind = record[body_at + 3]
+            body = record[body_at + 5:] if kind == 0xA0 else record[body_at + 8:]
+            if len(body) == (record[body_at + 4] if kind == 0xA0 else _U32.unpack_from(record, body_at + 4)[0]):
+                exchange, routing_key, route, header = cached
+                return Message(exchange, routing_key, route, header[:4] + _SIZE.pack(len(body)) + header[12:], body)
+        return self._convert(record)
+
+    def _prefix(self, record: bytes) -> tuple[tuple[str, str, bytes, bytes] | None, int]:
+        """The conversion of the sections before a record's body, where its body is one binary data section that
+        ends it; and where that section starts."""
+        body_at = pos = 0
+        end = len(record)
+        while pos < end:
+            body_at = pos
+            pos = _skip(record, pos)
+            if pos < 0:
+                return None, 0
+        if end - body_at < 5 or record[body_at + 2] != DATA or record[body_at + 3] not in (0xA0, 0xB0):
+            return None, 0
+        prefix = record[:body_at]
+        cached = self._cache.get(prefix)
+        if cached is None:
+            cached = self._remember(prefix)
+        if cached is not None:
+            self._last, self._last_conversion = prefix, cached
+        return cached, body_at
+
+    def _remember(self, prefix: bytes) -> tuple[str, str, bytes, bytes] | None:
+        try:
+            found = sections(prefix) if prefix else []
+        except Invalid:
+            return None
+        if any(descriptor in (DATA, AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+            return None
+        exchange, routing_key, header, _ = _convert(found, self.stream)
+        if len(self._cache) >= CACHED:
+            self._cache.clear()
+        route = self.route if (exchange, routing_key) == ("", self.stream) else encode_route(exchange, routing_key)
+        cached = self._cache[prefix] = (exchange, routing_key, route, header)
+        return cached
+
+    def _convert(self, record: bytes) -> Message:
+        """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
+        try:
+            exchange, routing_key, header, body = _convert(sections(record), self.stream)
+        except Invalid:
+            return Message("", self.stream, self.route, build_header(commands.Basic.Properties(), len(record)),
+                           record)
+        data = b"".join(body)
+        header = header[:4] + _SIZE.pack(len(data)) + header[12:]
+        return Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
+
+
+# -- AMQP 0-9-1 -> AMQP 1.0, as amqp10_binary_generator encodes it ------------------------------------------------
+
+def _variable(small: int, large: int, data: bytes) -> bytes:
+    return (bytes((small, len(data))) if len(data) < 256 else bytes((large,)) + _U32.pack(len(data))) + data
+
+
+def utf8(value: str) -> bytes:
+    return _variable(0xA1, 0xB1, value.encode("utf-8", "surrogateescape"))
+
+
+def symbol(value: str) -> bytes:
+    return _variable(0xA3, 0xB3, value.encode("utf-8", "surrogateescape"))
+
+
+def binary(value: bytes) -> bytes:
+    return _variable(0xA0, 0xB0, value)
+
+
+def _compound(small: int, large: int, items: list[bytes]) -> bytes:
+    data = b"".join(items)
+    if len(items) >= 255 or len(data) + 1 >= 256:
+        return bytes((large,)) + _U32.pack(len(data) + 4) + _U32.pack(len(items)) + data
+    return bytes((small, len(data) + 1, len(items))) + data
+
+
+def _list(items: list[bytes]) -> bytes:
+    return _compound(0xC0, 0xD0, items) if items else b"\x45"
+
+
+def _map_of(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    return _compound(0xC1, 0xD1, [part for pair in pairs for part in pair])
+
+
+def _int_value(small: int, large: str, code: int, value: int) -> bytes:
+    return bytes((small,)) + struct.pack(">b", value) if -128 <= value <= 127 else bytes((code,)) + struct.pack(
+        large, value)
+
+
+def _unsigned(zero: int, small: int, code: int, large: str, value: int) -> bytes:
+    if value == 0:
+        return bytes((zero,))
+    return bytes((small, value)) if value < 256 else bytes((code,)) + struct.pack(large, value)
+
+
+def _header_value(field: header_table.Field) -> bytes | None:
+    """A header as an application property (rabbit_msg_record:from_091); None: left out."""
     kind, value = field.kind, field.value
     if kind == "S":
-        return value
-    if kind == "t":
-        return bool(value)
-    if kind == "T":
-        return Value("timestamp", value * 1000)
-    if kind == "b":
-        return Value("byte", value)
-    if kind == "B":
-        return Value("ubyte", value)
-    if kind == "s":
-        return Value("short", value)
-    if kind == "u":
-        return Value("ushort", value)
+        return utf8(value)
+    if kind in ("l", "L"):
+        return _int_value(0x55, ">q", 0x81, value)
     if kind == "I":
-        return Value("int", value)
+        return _int_value(0x54, ">i", 0x71, value)
     if kind == "i":
-        return Value("uint", value)
+        return _unsigned(0x43, 0x52, 0x70, ">I", value)
+    if kind == "t":
+        return b"\x56\x01" if value else b"\x56\x00"
+    if kind == "T":
+        return b"\x83" + struct.pack(">q", value * 1000)
+    if kind == "b":
+        return b"\x51" + struct.pack(">b", value)
+    if kind == "B":
+        return b"\x50" + bytes((value,))
+    if kind == "s":
+        return b"\x61" + struct.pack(">h", value)
+    if kind == "u":
+        return b"\x60" + struct.pack(">H", value)
     if kind == "f":
-        return Value("float", value)
-    if kind in ("l", "L", "d", "x"):
-        return value
+        return b"\x72" + struct.pack(">f", value)
+    if kind == "d":
+        return b"\x82" + struct.pack(">d", value)
+    if kind == "x":
+        return binary(value)
     if kind == "V":
-        return None
-    return None  # tables, arrays and decimals: RabbitMQ 3.10 leaves them out (unsupported_header_value_type)
+        return b"\x40"
+    return None  # tables and arrays (RabbitMQ 3.10 leaves them out), decimals (it fails the publish)
+
+
+def _section(descriptor: int, value: bytes) -> bytes:
+    return b"\x00\x53" + bytes((descriptor,)) + value
+
+
+_ENVELOPES: dict[tuple[bytes, bytes], bytes] = {}
 
 
 def from_amqp091(message: Message) -> bytes:
-    """An AMQP 0-9-1 message as the AMQP 1.0 record a stream-protocol consumer reads."""
+    """An AMQP 0-9-1 message as the record RabbitMQ 3.10.8 stores (what a stream-protocol consumer reads)."""
+    key = (message.route, message.header[12:])
+    envelope = _ENVELOPES.get(key)
+    if envelope is None:
+        envelope = _envelope(message)
+        if len(_ENVELOPES) >= CACHED:
+            _ENVELOPES.clear()
+        _ENVELOPES[key] = envelope
+    body = message.body
+    size = len(body)
+    return b"".join((envelope, b"\x00\x53\x75\xa0", bytes((size,)), body) if size < 256 else
+                    (envelope, b"\x00\x53\x75\xb0", _U32.pack(size), body))
+
+
+def _envelope(message: Message) -> bytes:
+    """Everything of the record before its body: the same for every message with this route and these properties."""
     props = message.properties
-    fields = header_table.headers(message.header, struct.unpack_from(">H", message.header, 12)[0]) \
-        if message.has_headers else {}
-    out: list[bytes] = []
-    annotations: dict[Any, Any] = {}
-    for name, value in (("x-basic-expiration", props.expiration), ("x-basic-delivery-mode", props.delivery_mode),
-                        ("x-basic-priority", props.priority)):
-        if value is not None:
-            annotations[Value("symbol", name)] = value if isinstance(value, str) else Value("ubyte", value)
-    if annotations:
-        out.append(_section(MESSAGE_ANNOTATIONS, annotations))
-    user_id = props.user_id.encode() if props.user_id is not None else None
-    values = [props.message_id, user_id, None, None, props.reply_to, props.correlation_id,
-              Value("symbol", props.content_type) if props.content_type is not None else None,
-              Value("symbol", props.content_encoding) if props.content_encoding is not None else None, None,
-              Value("timestamp", props.timestamp * 1000) if props.timestamp is not None else None]
-    while values and values[-1] is None:
-        values.pop()
-    if values:
-        out.append(_section(PROPERTIES, values))
-    application: dict[Any, Any] = {}
-    for name, field in fields.items():
-        if field.kind not in ("F", "A", "D"):
-            application[name] = _from_field(field)
-    if props.app_id is not None:
-        application["x-basic-app-id"] = props.app_id
+    annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
+    if props.priority is not None:
+        annotations.append((symbol("x-basic-priority"), b"\x50" + bytes((props.priority,))))
+    if props.delivery_mode is not None:
+        annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
+    if props.expiration is not None:
+        annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
+    out = [_section(MESSAGE_ANNOTATIONS, _map_of(annotations))]
+    values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
+              props.content_encoding, props.timestamp]
+    if any(value is not None for value in values):
+        out.append(_section(PROPERTIES, _list([
+            utf8(props.message_id) if props.message_id is not None else b"\x40",
+            binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
+            b"\x40", b"\x40",
+            utf8(props.reply_to) if props.reply_to is not None else b"\x40",
+            utf8(props.correlation_id) if props.correlation_id is not None else b"\x40",
+            symbol(props.content_type) if props.content_type is not None else b"\x40",
+            symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
+            b"\x40",
+            b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
+            b"\x40", b"\x40", b"\x40"])))
+    application: list[tuple[bytes, bytes]] = []
     if props.message_type is not None:
-        application["x-basic-type"] = props.message_type
+        application.append((utf8("x-basic-type"), utf8(props.message_type)))
+    if props.app_id is not None:
+        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
+    if message.has_headers:
+        for name, field in message.typed_headers().items():
+            value = _header_value(field)
+            if value is not None:
+                application.append((utf8(name), value))
     if application:
-        out.append(_section(APPLICATION_PROPERTIES, application))
-    out.append(_section(DATA, bytes(message.body)))
+        out.append(_section(APPLICATION_PROPERTIES, _map_of(application)))
     return b"".join(out)
-
-
-def stored_record(message: Message) -> bytes:
-    """What a stream-protocol consumer reads for a stored message: a record published over the stream protocol
-    (kept with no AMQP 0-9-1 header) as it came, an AMQP 0-9-1 publish converted."""
-    return message.body if not message.header else from_amqp091(message)
-
-
-def is_record(message: Message) -> bool:
-    """Published over the stream protocol: its body is the record, it has no AMQP 0-9-1 header."""
-    return not message.header
-

@@ -1,66 +1,126 @@
-"""Osiris chunks, as the stream protocol's deliver frame carries them, and the entries a publish frame brings.
+"""Osiris chunks, as they are stored and as the stream protocol's deliver frame carries them.
 
 A chunk is a 48-byte header (magic and version, type, entry and record counts, timestamp, epoch, first offset,
-CRC-32 of the data, data and trailer lengths), then its entries: a simple entry is a uint32 size (top bit clear)
-and the record; a sub-batch entry (top bit set) carries several records, possibly compressed.
+CRC-32 of the data, data and trailer lengths, 4 reserved bytes), its entries, then a trailer readers are not sent.
+A simple entry is a uint32 size (top bit clear) and the record; a sub-batch entry (top bit set: a type byte with
+the compression in bits 4-6, a uint16 record count, uint32 uncompressed and stored sizes) carries several
+records, possibly compressed, exactly as a publish frame brought it.
+
+The trailer holds tracking entries as osiris's does (``<<Type:8, IdSize:8, Id, Value:64>>``): each named
+publisher that wrote to the chunk with its last publishing id (type 0, what deduplication recovers from), and for
+a chunk of AMQP 0-9-1 publishes the bytes of its messages' bodies (``TRK_BODY``, Warren's: its records are AMQP
+1.0 conversions, larger than the bodies that retention and the HTTP API count).
 """
 from __future__ import annotations
 
 import gzip
 import struct
 import zlib
-from typing import Iterable
+from typing import Iterator
 
 HEADER = struct.Struct(">BBHIqQQIIII")
 MAGIC_VERSION = 0x50  # osiris: magic 5, chunk format 0
 USER_CHUNK = 0
 EPOCH = 1  # the epoch of a stream that never changed leader
-_ENTRY = struct.Struct(">I")
-SUB_BATCH = struct.Struct(">BHII")  # a publish frame's sub-batch: type byte, records, uncompressed size, size
+MAX_ENTRIES = 0xFFFF  # the header counts entries in 16 bits
+ENTRY = struct.Struct(">I")
+SUB_BATCH = struct.Struct(">BHII")  # type byte, records, uncompressed size, stored size
 COMPRESSION_NONE, COMPRESSION_GZIP = 0, 1
-MAX_RECORD = (1 << 31) - 1
+TRK_SEQUENCE, TRK_BODY = 0, 0x80
+_TRACKED = struct.Struct(">BB")
+_VALUE = struct.Struct(">Q")
 
 
 class Unsupported(Exception):
     """A sub-batch this node cannot split into records (a compression other than none or gzip)."""
 
 
-def encode(first_offset: int, timestamp: int, records: Iterable[bytes]) -> bytes:
-    """One chunk of simple entries, one a record."""
-    parts: list[bytes] = []
-    pack = _ENTRY.pack
-    count = 0
-    for record in records:
-        parts.append(pack(len(record)))
-        parts.append(record)
-        count += 1
-    data = b"".join(parts)
-    return HEADER.pack(MAGIC_VERSION, USER_CHUNK, count, count, timestamp, EPOCH, first_offset,
-                       zlib.crc32(data), len(data), 0, 0) + data
+def writer_trailer(reference: bytes, publishing_id: int) -> bytes:
+    """A named publisher's last publishing id in a chunk it wrote."""
+    return _TRACKED.pack(TRK_SEQUENCE, len(reference)) + reference + _VALUE.pack(publishing_id)
+
+
+def body_trailer(body: int) -> bytes:
+    return _TRACKED.pack(TRK_BODY, 0) + _VALUE.pack(body)
+
+
+def read_trailer(trailer: bytes) -> Iterator[tuple[str, int]]:
+    """The writers' (reference, last publishing id) a trailer holds; ("", bytes) for its body count."""
+    pos = 0
+    while pos + _TRACKED.size <= len(trailer):
+        kind, size = _TRACKED.unpack_from(trailer, pos)
+        pos += _TRACKED.size
+        if pos + size + _VALUE.size > len(trailer):
+            return
+        reference = trailer[pos:pos + size].decode(errors="replace")
+        value = _VALUE.unpack_from(trailer, pos + size)[0]
+        pos += size + _VALUE.size
+        if kind == TRK_SEQUENCE and reference:
+            yield reference, value
+        elif kind == TRK_BODY:
+            yield "", value
+
+
+def body_bytes(data: bytes, entries: int, trailer: bytes) -> int:
+    """What a chunk's messages count for retention: its trailer's body count, else its records' sizes."""
+    for reference, value in read_trailer(trailer):
+        if not reference:
+            return value
+    total = pos = 0
+    for _ in range(entries):
+        if pos + 4 > len(data):
+            break
+        if data[pos] & 0x80:
+            size = SUB_BATCH.unpack_from(data, pos)[3] if pos + SUB_BATCH.size <= len(data) else 0
+            pos += SUB_BATCH.size + size
+        else:
+            size = ENTRY.unpack_from(data, pos)[0]
+            pos += 4 + size
+        total += size
+    return total
+
+
+def records(data: bytes | memoryview, entries: int) -> Iterator[bytes | None]:
+    """A chunk's records in offset order (its data: what follows the header, up to the trailer).  A sub-batch
+    this node cannot read yields None for each of its records (they keep their offsets)."""
+    pos = 0
+    for _ in range(entries):
+        if data[pos] & 0x80:
+            type_byte, count, uncompressed, size = SUB_BATCH.unpack_from(data, pos)
+            pos += SUB_BATCH.size
+            try:
+                yield from sub_batch_records(type_byte, count, uncompressed, bytes(data[pos:pos + size]))
+            except (ValueError, Unsupported):
+                yield from (None for _ in range(count))
+            pos += size
+        else:
+            size = ENTRY.unpack_from(data, pos)[0]
+            pos += 4
+            yield bytes(data[pos:pos + size])
+            pos += size
 
 
 def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes) -> list[bytes]:
-    """The records of a sub-batch entry (publish frames carry one after its publishing id)."""
+    """The records of a sub-batch entry."""
     compression = (type_byte & 0x70) >> 4
     if compression == COMPRESSION_GZIP:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise ValueError(f"bad gzip sub-batch: {exc}") from None
+        if len(data) != uncompressed:
+            raise ValueError("sub-batch size does not match")
     elif compression != COMPRESSION_NONE:
         raise Unsupported(f"sub-batch compression {compression}")
-    if len(data) != uncompressed and compression == COMPRESSION_GZIP:
-        raise ValueError("sub-batch size does not match")
-    records = []
+    found = []
     pos = 0
     for _ in range(count):
         if pos + 4 > len(data):
             raise ValueError("sub-batch shorter than its records")
-        size = _ENTRY.unpack_from(data, pos)[0]
+        size = ENTRY.unpack_from(data, pos)[0]
         pos += 4
         if pos + size > len(data):
             raise ValueError("sub-batch record runs past it")
-        records.append(data[pos:pos + size])
+        found.append(data[pos:pos + size])
         pos += size
-    return records
-
+    return found

@@ -45,79 +45,95 @@ def code_of(error: AMQPError) -> int:
 
 @dataclass
 class Tracking:
-    """What a stream remembers for its clients: offsets by consumer reference, last publishing ids by publisher
-    reference."""
+    """The offsets a stream keeps for its consumers, by reference (its publishers' last publishing ids are in its
+    log: ``StreamLog.writers``)."""
 
     offsets: dict[str, int] = field(default_factory=dict)
-    writers: dict[str, int] = field(default_factory=dict)
 
 
 class StreamManager:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self._tracking: dict[int, Tracking] = {}
-        self._dirty: set[int] = set()  # streams whose writers changed since they were last saved
 
     # -- streams ------------------------------------------------------------------------------
 
-    def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
-        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS."""
-        broker = self.broker
+    def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal,
+               agreed: bool = False) -> None:
+        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS (``agreed``: the
+        cluster has just agreed on it, so it is here already, or its proxy)."""
         vhost = self._vhost(vhost_name)
-        converted: dict[str, Any] = {"x-queue-type": "stream"}
-        for key, value in arguments.items():
-            if key in _INTEGER_ARGUMENTS:
-                try:
-                    converted[_INTEGER_ARGUMENTS[key]] = int(value)
-                except ValueError:
-                    raise StreamError(core.PRECONDITION_FAILED) from None
-            elif key in _STRING_ARGUMENTS:
-                converted[_STRING_ARGUMENTS[key]] = value
+        converted = _queue_arguments(arguments)
         try:
-            broker.check_queue_declare(vhost, name, converted, who)
-            if name in vhost.queues:
-                raise StreamError(core.STREAM_ALREADY_EXISTS)
-            if not name or len(name.encode()) > 255 or name.startswith("amq."):
-                raise StreamError(core.PRECONDITION_FAILED)
-            broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
+            if not agreed:
+                self._check_new(vhost, name, converted, who)
+            self.broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
 
+    async def agree(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
+        """Cluster mode, before ``create``: the cluster agrees on the new stream and on the node it lives on."""
+        vhost = self._vhost(vhost_name)
+        converted = _queue_arguments(arguments)
+        try:
+            self._check_new(vhost, name, converted, who)
+            await self.broker.agree_queue(vhost, name, durable=True, arguments=converted, who=who)
+        except AMQPError as exc:
+            raise StreamError(code_of(exc)) from None
+
+    def _check_new(self, vhost: Any, name: str, arguments: dict[str, Any], who: Principal) -> None:
+        self.broker.check_queue_declare(vhost, name, arguments, who)
+        if name in vhost.queues:
+            raise StreamError(core.STREAM_ALREADY_EXISTS)
+        if not name or len(name.encode()) > 255 or name.startswith("amq."):
+            raise StreamError(core.PRECONDITION_FAILED)
+
     def delete(self, vhost_name: str, name: str, who: Principal) -> None:
-        """delete: configure permission; only a stream (another queue type is STREAM_DOES_NOT_EXIST)."""
+        """delete: configure permission; only a stream (another queue type is STREAM_DOES_NOT_EXIST), here or on
+        the node it lives on."""
         vhost = self._vhost(vhost_name)
         try:
             who.check("configure", "queue", vhost_name, name)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
         queue = vhost.queues.get(name)
-        if not isinstance(queue, StreamQueue):
+        if queue is None or queue.args.queue_type != "stream":
             raise StreamError(core.STREAM_DOES_NOT_EXIST)
         index_id = queue.index_id
         try:
             self.broker.delete_queue(vhost, name, who=who)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
-        self._tracking.pop(index_id, None)
-        self._dirty.discard(index_id)
-        self.broker.store.delete(TRACKING, str(index_id))
+        if index_id:
+            self._tracking.pop(index_id, None)
+            self.broker.store.delete(TRACKING, str(index_id))
 
     def stream(self, vhost_name: str, name: str) -> StreamQueue | None:
-        """The stream of that name on this node, if there is one (metadata)."""
+        """The stream of that name on this node, if there is one."""
         vhost = self.broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
         return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
 
+    def locate(self, vhost_name: str, name: str) -> str | None:
+        """Where the stream lives: "" here, else the name of its node (cluster mode); None if there is none."""
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if queue is None or queue.args.queue_type != "stream" or queue.deleted:
+            return None
+        return str(getattr(queue, "node", "")) if queue.remote else ""
+
     def for_(self, kind: str, vhost_name: str, name: str, who: Principal) -> StreamQueue:
         """The stream ``who`` may use for ``kind`` (write: declare a publisher, store an offset; read: subscribe,
-        query an offset or a publisher's sequence), permission first as RabbitMQ checks it."""
+        query an offset or a publisher's sequence), permission first as RabbitMQ checks it.  A stream of another
+        node is STREAM_NOT_AVAILABLE here: clients find its node by metadata."""
         try:
             who.check(kind, "queue", vhost_name, name)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
         queue = self.stream(vhost_name, name)
         if queue is None:
-            raise StreamError(core.STREAM_DOES_NOT_EXIST)
+            where = self.locate(vhost_name, name)
+            raise StreamError(core.STREAM_DOES_NOT_EXIST if where is None else core.STREAM_NOT_AVAILABLE)
         return queue
 
     def _vhost(self, name: str) -> Any:
@@ -161,29 +177,36 @@ class StreamManager:
         tracking = self._tracking.get(queue.index_id)
         if tracking is None:
             saved = self.broker.store.get(TRACKING, str(queue.index_id)) or {}
-            tracking = self._tracking[queue.index_id] = Tracking(dict(saved.get("offsets", {})),
-                                                                 dict(saved.get("writers", {})))
+            tracking = self._tracking[queue.index_id] = Tracking(dict(saved.get("offsets", {})))
+            stream_log = queue.log
+            if saved.get("writers") and not stream_log.writers:  # kept here by an earlier version: the log's now
+                for reference, sequence in saved["writers"].items():
+                    stream_log.wrote(reference, sequence)
         return tracking
+
+    def writers(self, queue: StreamQueue) -> dict[str, int]:
+        """The stream's named publishers' last publishing ids."""
+        self.tracking(queue)
+        return queue.log.writers
 
     def store_offset(self, queue: StreamQueue, reference: str, offset: int) -> None:
         tracking = self.tracking(queue)
         tracking.offsets[reference] = offset
-        self._save(queue.index_id, tracking)
+        self.broker.store.put(TRACKING, str(queue.index_id), {"offsets": tracking.offsets})
 
-    def wrote(self, queue: StreamQueue, reference: str, sequence: int) -> None:
-        """A named publisher's last publishing id: saved with the next ``flush`` (every second, and at stop)."""
-        self.tracking(queue).writers[reference] = sequence
-        self._dirty.add(queue.index_id)
 
-    def flush(self) -> None:
-        for index_id in list(self._dirty):
-            tracking = self._tracking.get(index_id)
-            if tracking is not None:
-                self._save(index_id, tracking)
-        self._dirty.clear()
-
-    def _save(self, index_id: int, tracking: Tracking) -> None:
-        self.broker.store.put(TRACKING, str(index_id), {"offsets": tracking.offsets, "writers": tracking.writers})
+def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
+    """create's arguments as queue arguments, as rabbit_stream_manager turns them (others are ignored)."""
+    converted: dict[str, Any] = {"x-queue-type": "stream"}
+    for key, value in arguments.items():
+        if key in _INTEGER_ARGUMENTS:
+            try:
+                converted[_INTEGER_ARGUMENTS[key]] = int(value)
+            except ValueError:
+                raise StreamError(core.PRECONDITION_FAILED) from None
+        elif key in _STRING_ARGUMENTS:
+            converted[_STRING_ARGUMENTS[key]] = value
+    return converted
 
 
 def _probe(exchange: str, routing_key: str) -> Message:

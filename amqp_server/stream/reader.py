@@ -5,15 +5,17 @@ Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and mus
 command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused request gets its
 response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s operations.
 
-A publish frame's messages are appended one by one and confirmed once the group commit holding them is on disk.
-A subscription reads its stream from its offset and sends chunks of what is there, one per credit, while the
-socket takes them: when entries arrive, or credit does, the next chunk goes at the end of the loop turn.
+A publish frame's messages are one chunk of the stream's log (``stream.log``), written at once and confirmed once
+the group commit holding it is on disk.  A subscription is sent the log's chunks from its offset, one per credit,
+from the segment file while the socket takes them: when a chunk is written, or credit comes, the next goes at the
+end of the loop turn.
 """
 from __future__ import annotations
 
 import asyncio
 import datetime
 import logging
+import os
 import struct
 import time
 from collections import deque
@@ -22,9 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from .. import __version__
 from ..auth import loopback_refused
 from ..errors import AMQPError
-from ..message import Message, encode_route
 from ..stream_queue import StreamQueue
-from . import amqp10, chunk, core
+from . import chunk, core
 from .core import Fields, Malformed
 from .manager import StreamError, StreamManager
 
@@ -42,26 +43,28 @@ log = logging.getLogger("warren.stream")
 PRE_LOGIN_FRAME_MAX = 4096  # peer properties, SASL: a login needs no more
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
-CHUNK_RECORDS = 1024  # records read into one chunk at most
-CHUNKS_PER_TURN = 8  # chunks a subscription sends per loop turn: a large credit does not read a stream at once
+TURN_CHUNKS = 64  # chunks a subscription sends per loop turn at most
+TURN_BYTES = 4 << 20  # and bytes
+SENDFILE_FROM = 16 << 10  # a chunk at least this large is sent with sendfile; a smaller one read and written
 MECHANISMS = ("PLAIN",)
-_PUBLISH_ID = struct.Struct(">Q")
+_ID_SIZE = struct.Struct(">QI")  # a message of a publish frame: publishing id, entry size (or sub-batch type)
 _ENTRY = struct.Struct(">I")
 _DELIVER_HEAD = struct.Struct(">IHHB")  # size, key, version, subscription id
 _CONFIRM_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, count
+
+_SPECS = {core.OFFSET_FIRST: "first", core.OFFSET_LAST: "last", core.OFFSET_NEXT: "next"}
 
 # states
 AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
 
 
 class Publisher:
-    __slots__ = ("id", "reference", "stream", "route", "sequence")
+    __slots__ = ("id", "reference", "stream", "sequence")
 
     def __init__(self, publisher_id: int, reference: str, stream: StreamQueue, sequence: int) -> None:
         self.id = publisher_id
         self.reference = reference
         self.stream = stream
-        self.route = encode_route("", stream.name)
         self.sequence = sequence  # the last publishing id written (deduplication, with a reference)
 
 
@@ -94,6 +97,7 @@ class StreamConnection(asyncio.Protocol):
         self.clients = clients
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        self._socket = -1  # the client's socket, written directly while the transport has nothing waiting
         self.state = AWAIT_LOGIN
         self.buf = bytearray()
         self.out: list[bytes] = []
@@ -109,6 +113,7 @@ class StreamConnection(asyncio.Protocol):
         self.tuned_frame_max = 0  # agreed by tune, in force once open
         self.heartbeat = 0
         self.exclusive_queues: set = set()
+        self._waiting: asyncio.Task | None = None  # a command waiting for the cluster: what follows waits for it
         self.publishers: dict[int, Publisher] = {}
         self.subscriptions: dict[int, Subscription] = {}
         self._pending: dict[Subscription, None] = {}  # subscriptions with something to send at the flush
@@ -130,6 +135,8 @@ class StreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        self._socket = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
         self.peer = transport.get_extra_info("peername") or ("?", 0)
         sock = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
@@ -211,6 +218,7 @@ class StreamConnection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._confirms:
             self._emit_confirms()
+        self._write_out()
         if self._pending and self.state == OPEN:
             pending = list(self._pending)
             self._pending.clear()
@@ -218,6 +226,9 @@ class StreamConnection(asyncio.Protocol):
                 self._pump(subscription)
             if self._pending:  # more to send: after the socket took these, and other work had its turn
                 self.loop.call_soon(self.schedule_flush)
+            self._write_out()
+
+    def _write_out(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
             self.transport.write(data)
@@ -234,12 +245,17 @@ class StreamConnection(asyncio.Protocol):
         self.recv_cnt += 1
         if self.state >= CLOSED:
             return
+        self.buf += data
+        if self._waiting is None:
+            self._read_frames()
+
+    def _read_frames(self) -> None:
+        """The frames in ``buf``, in order; a command that waits for the cluster holds the ones after it."""
         buf = self.buf
-        buf += data
         pos = 0
         size_of = core.SIZE.unpack_from
         try:
-            while len(buf) - pos >= 4 and self.state < CLOSED:
+            while len(buf) - pos >= 4 and self.state < CLOSED and self._waiting is None:
                 size = size_of(buf, pos)[0]
                 if self.frame_max and size > self.frame_max:
                     log.warning("stream connection %s: frame of %d bytes, above the frame max %d", self.name,
@@ -410,8 +426,38 @@ class StreamConnection(asyncio.Protocol):
         name = fields.string()
         arguments = fields.properties()
         fields.done()
+        if self.broker.cluster is None:
+            self._answer(core.CREATE, correlation, lambda: self.manager.create(self.vhost_name, name, arguments,
+                                                                             self._who()))
+            return
+        self._wait_for(self._agreed_create(correlation, name, arguments))
+
+    async def _agreed_create(self, correlation: int, name: str, arguments: dict[str, str]) -> None:
+        """Cluster mode: the cluster agrees on the stream (and where it lives) before it is created here."""
+        try:
+            await self.manager.agree(self.vhost_name, name, arguments, self._who())
+        except StreamError as exc:
+            self.send(core.response(core.CREATE, correlation, exc.code))
+            return
         self._answer(core.CREATE, correlation, lambda: self.manager.create(self.vhost_name, name, arguments,
-                                                                         self._who()))
+                                                                         self._who(), agreed=True))
+
+    def _wait_for(self, operation: Any) -> None:
+        """Run ``operation`` (a coroutine); frames after this one wait until it is done, unread meanwhile."""
+        self._waiting = self.loop.create_task(operation)
+        self._pause_reading()
+
+        def done(task: asyncio.Task) -> None:
+            self._waiting = None
+            if not task.cancelled() and task.exception() is not None:
+                log.error("stream connection %s: %s", self.name, task.exception())
+                self._close(core.INTERNAL_ERROR, "internal error")
+            if self.state < CLOSED:
+                if not self.held:
+                    self._resume_reading()
+                self._read_frames()
+
+        self._waiting.add_done_callback(done)
 
     def _delete(self, fields: Fields) -> None:
         correlation = fields.u32()
@@ -428,20 +474,30 @@ class StreamConnection(asyncio.Protocol):
         self.send(core.response(key, correlation, core.OK))
 
     def _metadata(self, fields: Fields) -> None:
+        """Each stream's leader: this node (reference 0) for a stream that lives here; in cluster mode the node
+        that owns it, at the stream address it registered (RabbitMQ's leader).  No replicas."""
         correlation = fields.u32()
         names = fields.strings()
         fields.done()
-        host = self.config.stream_advertised_host or self._local_host()
-        port = self.config.stream_advertised_port or self.config.stream_port
-        asked = list(dict.fromkeys(names))
-        body = [core.u32(correlation), core.u32(1), core.u16(0), core.string(host), core.u32(port),
-                core.u32(len(asked))]
-        for name in asked:  # this node leads every stream it has (reference 0), and has no replicas
-            if self.manager.stream(self.vhost_name, name) is None:
-                body.append(core.string(name) + core.u16(core.STREAM_DOES_NOT_EXIST) + core.u16(0xFFFF) + core.u32(0))
-            else:
-                body.append(core.string(name) + core.u16(core.OK) + core.u16(0) + core.u32(0))
-        self.send(core.frame(core.METADATA | core.RESPONSE, b"".join(body)))
+        cluster = self.broker.cluster
+        brokers = {"": (0, self.config.stream_advertised_host or self._local_host(),
+                        self.config.stream_advertised_port or self.config.stream_port)}
+        streams = []
+        for name in dict.fromkeys(names):
+            where = self.manager.locate(self.vhost_name, name)
+            address = cluster.stream_address(where) if where and cluster is not None else None
+            if where is not None and where not in brokers and address is not None:
+                brokers[where] = (len(brokers), *address)
+            if where is not None and where in brokers:
+                streams.append(core.string(name) + core.u16(core.OK) + core.u16(brokers[where][0]) + core.u32(0))
+            else:  # no such stream; or its node serves no stream protocol, or is not known to be up
+                code = core.STREAM_DOES_NOT_EXIST if where is None else core.STREAM_NOT_AVAILABLE
+                streams.append(core.string(name) + core.u16(code) + core.u16(0xFFFF) + core.u32(0))
+        body = [core.u32(correlation), core.u32(len(brokers))]
+        body.extend(core.u16(reference) + core.string(host) + core.u32(port) for reference, host, port in
+                    brokers.values())
+        body.append(core.u32(len(streams)))
+        self.send(core.frame(core.METADATA | core.RESPONSE, b"".join(body + streams)))
 
     def _route(self, fields: Fields) -> None:
         correlation = fields.u32()
@@ -484,7 +540,7 @@ class StreamConnection(asyncio.Protocol):
         except StreamError as exc:
             self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
             return
-        sequence = self.manager.tracking(stream).writers.get(reference, 0) if reference else 0
+        sequence = self.manager.writers(stream).get(reference, 0) if reference else 0
         self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, sequence)
         stream.listeners[self] = None  # type: ignore[index]
         self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
@@ -510,12 +566,14 @@ class StreamConnection(asyncio.Protocol):
         except StreamError as exc:
             self.send(core.response(core.QUERY_PUBLISHER_SEQUENCE, correlation, exc.code, core.u64(0)))
             return
-        sequence = self.manager.tracking(stream).writers.get(reference, 0)
+        sequence = self.manager.writers(stream).get(reference, 0)
         self.send(core.response(core.QUERY_PUBLISHER_SEQUENCE, correlation, core.OK, core.u64(sequence)))
 
     def _publish(self, version: int, fields: Fields) -> None:
-        """publish (v1; v2 carries a filter value per message, read and ignored): append, confirm after fsync.
-        Messages a named publisher sent before (publishing id not above its last) are confirmed, not written."""
+        """publish (v1; v2 carries a filter value per message, read and ignored): the frame's messages are one chunk,
+        their entries as they came (a sub-batch stays as the client compressed it), written at once and confirmed
+        after the group commit's fsync.  A named publisher's messages whose publishing id is not above its last
+        are confirmed, not written; the chunk's trailer holds its last id."""
         publisher_id = fields.u8()
         count = fields.count(12)
         publisher = self.publishers.get(publisher_id)
@@ -523,73 +581,56 @@ class StreamConnection(asyncio.Protocol):
             self.publishing = True
             self.flow.publishing(self)
         buf, pos, end = fields.buf, fields.pos, fields.end
-        ids: list[int] = []
+        ids: list[int] = []  # written: confirmed once on disk
         duplicates: list[int] = []
-        stream = publisher.stream if publisher is not None else None
-        records: list[tuple[int, list[bytes] | bytes]] = []
+        spans: list[tuple[int, int]] = []  # each written entry's place in the frame
+        records = sub_batches = 0
+        dedup = publisher is not None and bool(publisher.reference)
+        last = publisher.sequence if publisher is not None else 0
+        unpack = _ID_SIZE.unpack_from
         for _ in range(count):
-            if pos + 13 > end:
+            if pos + 12 > end:
                 raise Malformed("publish frame too short")
-            publishing_id = _PUBLISH_ID.unpack_from(buf, pos)[0]
-            pos += 8
-            if version >= 2:
-                fields.pos = pos
+            publishing_id, size = unpack(buf, pos)
+            start = pos + 8
+            if version >= 2:  # a filter value (RabbitMQ 3.13) before the entry
+                fields.pos = start
                 fields.string()
-                pos = fields.pos
-            if buf[pos] & 0x80:
-                if pos + 11 > end:
+                start = fields.pos
+                if start + 4 > end:
+                    raise Malformed("publish frame too short")
+                size = _ENTRY.unpack_from(buf, start)[0]
+            sub_batch = size & 0x80000000
+            if sub_batch:
+                if start + chunk.SUB_BATCH.size > end:
                     raise Malformed("sub-batch too short")
-                type_byte, records_in, uncompressed, size = chunk.SUB_BATCH.unpack_from(buf, pos)
-                pos += 11
-                if pos + size > end:
-                    raise Malformed("sub-batch runs past the frame")
-                data = bytes(buf[pos:pos + size])
-                pos += size
-                records.append((publishing_id, [type_byte.to_bytes(1, "big") + records_in.to_bytes(2, "big")
-                                                + uncompressed.to_bytes(4, "big"), data]))
+                _type, in_batch, _uncompressed, stored = chunk.SUB_BATCH.unpack_from(buf, start)
+                if not in_batch:
+                    raise Malformed("sub-batch of no records")
+                pos = start + chunk.SUB_BATCH.size + stored
             else:
-                size = _ENTRY.unpack_from(buf, pos)[0]
-                pos += 4
-                if pos + size > end:
-                    raise Malformed("message runs past the frame")
-                records.append((publishing_id, bytes(buf[pos:pos + size])))
-                pos += size
-        if pos != end:
-            raise Malformed("bytes left over in the publish frame")
-        if publisher is None or stream is None or stream.deleted:
-            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
-            self._publish_errors(publisher_id, [(pid, code) for pid, _ in records])
-            return
-        errors: list[tuple[int, int]] = []
-        route = publisher.route
-        name = stream.name
-        enqueue = stream.enqueue
-        dedup = bool(publisher.reference)
-        last = publisher.sequence
-        for publishing_id, record in records:
+                in_batch = 1
+                pos = start + 4 + size
+            if pos > end:
+                raise Malformed("message runs past the frame")
             if dedup and publishing_id <= last:
                 duplicates.append(publishing_id)
                 continue
-            if isinstance(record, list):
-                head, data = record
-                try:
-                    batch = chunk.sub_batch_records(head[0], int.from_bytes(head[1:3], "big"),
-                                                    int.from_bytes(head[3:7], "big"), data)
-                except (ValueError, chunk.Unsupported) as exc:
-                    log.warning("stream connection %s: sub-batch refused: %s", self.name, exc)
-                    errors.append((publishing_id, core.PRECONDITION_FAILED))
-                    continue
-            else:
-                batch = [record]
-            for body in batch:
-                enqueue(Message("", name, route, b"", body))
+            spans.append((start, pos))
             ids.append(publishing_id)
-            last = max(last, publishing_id)
-        if dedup and last != publisher.sequence:
-            publisher.sequence = last
-            self.manager.wrote(stream, publisher.reference, last)
-        if errors:
-            self._publish_errors(publisher_id, errors)
+            records += in_batch
+            if sub_batch:
+                sub_batches += 1
+            last = publishing_id
+        if pos != end:
+            raise Malformed("bytes left over in the publish frame")
+        stream = publisher.stream if publisher is not None else None
+        if publisher is None or stream is None or stream.deleted:
+            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
+            self._publish_errors(publisher_id, [(pid, code) for pid in ids + duplicates])
+            return
+        if spans:
+            self._write(publisher, stream, buf, spans, records, sub_batches, last if dedup else None)
         if duplicates:
             self._confirms.setdefault(publisher, []).extend(duplicates)
         if ids:
@@ -599,6 +640,32 @@ class StreamConnection(asyncio.Protocol):
                 persistence.waiters.add(self)
             else:
                 self._confirms.setdefault(publisher, []).extend(ids)
+
+    def _write(self, publisher: Publisher, stream: StreamQueue, buf: bytes | bytearray | memoryview,
+               spans: list[tuple[int, int]], records: int, sub_batches: int, last: int | None) -> None:
+        """The entries at ``spans`` of the frame in ``buf`` as one chunk (several, past the 65,535 entries a chunk
+        header counts)."""
+        with memoryview(buf) as view:
+            for at in range(0, len(spans), chunk.MAX_ENTRIES):
+                part = spans[at:at + chunk.MAX_ENTRIES]
+                data = b"".join([view[a:b] for a, b in part])
+                if len(part) < len(spans):  # (records and sub-batches of this part: counted again)
+                    records = sub_batches = 0
+                    for a, b in part:
+                        if buf[a] & 0x80:
+                            records += chunk.SUB_BATCH.unpack_from(buf, a)[1]
+                            sub_batches += 1
+                        else:
+                            records += 1
+                simple = len(part) - sub_batches
+                body = len(data) - 4 * simple - chunk.SUB_BATCH.size * sub_batches
+                final = at + chunk.MAX_ENTRIES >= len(spans)
+                trailer = chunk.writer_trailer(publisher.reference.encode(), last) \
+                    if last is not None and final else b""
+                stream.append_chunk(data, len(part), records, body, trailer)
+        if last is not None:
+            publisher.sequence = last
+            stream.log.wrote(publisher.reference, last)
 
     def _publish_errors(self, publisher_id: int, errors: list[tuple[int, int]]) -> None:
         body = core.u8(publisher_id) + core.u32(len(errors)) + b"".join(
@@ -617,10 +684,9 @@ class StreamConnection(asyncio.Protocol):
         self.schedule_flush()
 
     def _emit_confirms(self) -> None:
-        pack = _PUBLISH_ID.pack
         for publisher, ids in self._confirms.items():
             self.out.append(_CONFIRM_HEAD.pack(9 + 8 * len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids)))
-            self.out.append(b"".join(map(pack, ids)))
+            self.out.append(struct.pack(f">{len(ids)}Q", *ids))
         self._confirms.clear()
 
     # -- consuming ----------------------------------------------------------------------------
@@ -646,14 +712,10 @@ class StreamConnection(asyncio.Protocol):
         except StreamError as exc:
             self.send(core.response(core.SUBSCRIBE, correlation, exc.code))
             return
-        if offset_type == core.OFFSET_FIRST:
-            start = stream.first
-        elif offset_type == core.OFFSET_LAST:
-            start = stream.attach_at("last")
-        elif offset_type == core.OFFSET_NEXT:
-            start = stream.next_seq
+        if offset_type in _SPECS:
+            start = stream.attach_at(_SPECS[offset_type])
         elif offset_type == core.OFFSET_OFFSET:
-            start = min(max(value, stream.first), stream.next_seq)
+            start = stream.attach_at(value)
         else:
             start = stream.attach_at(datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc))
         subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
@@ -714,38 +776,59 @@ class StreamConnection(asyncio.Protocol):
         self.send(core.response(core.QUERY_OFFSET, correlation, core.OK, core.u64(offset)))
 
     def _pump(self, subscription: Subscription) -> None:
-        """Send chunks while the subscription has credit, its stream has more and the socket takes them."""
-        stream = subscription.stream
-        limit = (self.frame_max or 1 << 30) - _DELIVER_HEAD.size - chunk.HEADER.size
-        for _ in range(CHUNKS_PER_TURN):
-            if not (subscription.credit > 0 and not self.write_paused
+        """Send chunks while the subscription has credit, its stream has more and the socket takes them: from the
+        segment file, with ``sendfile`` where the transport has nothing waiting (else read, and written after it).
+        At most ``TURN_CHUNKS`` chunks or ``TURN_BYTES`` per loop turn: a large credit does not read a stream at
+        once."""
+        stream_log = subscription.stream.log
+        sent = 0
+        for _ in range(TURN_CHUNKS):
+            if not (subscription.credit > 0 and not self.write_paused and sent < TURN_BYTES
                     and self.subscriptions.get(subscription.id) is subscription):
                 return
-            offset = max(subscription.offset, stream.first)
-            if offset >= stream.next_seq:
-                subscription.offset = offset
+            found = stream_log.find(max(subscription.offset, stream_log.first))
+            if found is None:
+                subscription.offset = max(subscription.offset, stream_log.first)
                 return
-            entries = stream.read(offset, CHUNK_RECORDS)
-            if not entries:
-                return
-            records: list[bytes] = []
-            size = 0
-            for entry in entries:
-                record = amqp10.stored_record(entry.message)
-                if records and size + 4 + len(record) > limit:
-                    break
-                records.append(record)
-                size += 4 + len(record)
-            data = chunk.encode(entries[0].seq, stream.published_ms(), records)
-            self.out.append(_DELIVER_HEAD.pack(len(data) + 5, core.DELIVER, 1, subscription.id))
-            self.out.append(data)
-            subscription.offset = entries[0].seq + len(records)
+            segment, i = found
+            chunk_id, _ts, pos, records, size, _whole, _body = stream_log.rows(segment)[i].item()
+            head = _DELIVER_HEAD.pack(size + 5, core.DELIVER, 1, subscription.id)
+            self._send_chunk(head, stream_log.fd(segment), pos, size)
+            subscription.offset = chunk_id + records
             subscription.credit -= 1
+            sent += size
         self._pending[subscription] = None  # the turn's share sent: the rest at the next
+
+    def _send_chunk(self, head: bytes, fd: int, pos: int, size: int) -> None:
+        """A deliver frame: ``head``, then ``size`` bytes of the segment file ``fd`` at ``pos``."""
+        transport = self.transport
+        self.send_oct += len(head) + size
+        self.send_cnt += 1
+        self._sent = True
+        if self._socket < 0 or transport is None or transport.get_write_buffer_size() or transport.is_closing():
+            if transport is not None and not transport.is_closing():
+                transport.write(head + os.pread(fd, size, pos))
+            return
+        written = 0  # of the head and the chunk
+        try:
+            if size < SENDFILE_FROM:
+                written = os.writev(self._socket, [head, os.pread(fd, size, pos)])
+            else:
+                written = os.write(self._socket, head)
+                while len(head) <= written < len(head) + size:
+                    at = written - len(head)
+                    written += os.sendfile(self._socket, fd, pos + at, size - at)
+        except OSError:  # the socket is full (or the peer went: the transport finds out and closes)
+            pass
+        if written < len(head):
+            transport.write(head[written:] + os.pread(fd, size, pos))
+        elif written < len(head) + size:
+            at = written - len(head)
+            transport.write(os.pread(fd, size - at, pos + at))
 
     # -- what the streams tell ----------------------------------------------------------------
 
-    def appended(self, stream: Queue) -> None:
+    def appended(self, stream: "Queue") -> None:
         for subscription in self.subscriptions.values():
             if subscription.stream is stream and subscription.credit:
                 if subscription not in self._pending:
@@ -823,16 +906,9 @@ _BEFORE_OPEN = _LOGIN | {core.CLOSE}
 
 async def start(broker: "Broker", config: "Config", flow: "PublisherFlow", clients: "Clients"
                 ) -> tuple[asyncio.AbstractServer, StreamManager]:
-    """Listen on the stream port; the manager's tracking is saved every second (and by ``stop``)."""
+    """Listen on the stream port."""
     manager = StreamManager(broker)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: StreamConnection(broker, manager, config, flow, clients),
                                       config.bind, config.stream_port, reuse_address=True, backlog=1024)
-
-    def save() -> None:
-        manager.flush()
-        if server.is_serving():
-            loop.call_later(1.0, save)
-
-    loop.call_later(1.0, save)
     return server, manager
