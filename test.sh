@@ -16,11 +16,13 @@ done
 # Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
 # etcd (tests/test_cluster.py starts its own), Node.js with npm (tests/test_node_amqplib.py), PHP with
 # php-amqplib (tests/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/test_clients.py), Ruby with
-# Bunny (tests/test_ruby_bunny.py). CI runs as root on Debian, so they are installed once when missing.
+# Bunny (tests/test_ruby_bunny.py), iproute2 (tests/test_nemesis.py puts each node in a network namespace of its
+# own). CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
 command -v java >/dev/null 2>&1 || MISSING+=(default-jre-headless)
 command -v etcd >/dev/null 2>&1 || MISSING+=(etcd-server)
+command -v ip >/dev/null 2>&1 || MISSING+=(iproute2)
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || MISSING+=(nodejs npm)
 command -v php >/dev/null 2>&1 && [ -f /usr/share/php/PhpAmqpLib/autoload.php ] || MISSING+=(php-cli php-amqplib)
 command -v amqp-publish >/dev/null 2>&1 || MISSING+=(amqp-tools)
