@@ -22,6 +22,7 @@ from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .logs import untrusted
 from .message import Message
+from .payload import route_names
 from .ports import ExclusiveOwner
 from .queue import Consumer, Entry, Queue
 from .stats import MessageStats
@@ -206,9 +207,7 @@ class Channel:
             if len(self._routes) >= SHARED_MAX:
                 self._routes.clear()
             route = self._route
-            ex_len = route[0]
-            shared = self._routes[route] = (route, route[1:1 + ex_len].decode(errors="replace"),
-                                            route[2 + ex_len:].decode(errors="replace"))
+            shared = self._routes[route] = (route, *route_names(route))
         route, exchange_name, routing_key = shared
         message = Message(exchange_name, routing_key, route, self._header, body)
         vhost = self.vhost

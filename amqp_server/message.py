@@ -15,12 +15,11 @@ from typing import Any
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from . import codec, header_table, properties
+from . import codec, header_table, payload as payload_codec, properties
 from .properties import Properties
 
 _LONG = struct.Struct(">I")
 _FLAGS = struct.Struct(">H")
-_ROUTE_LEN = struct.Struct(">HI")  # a stored payload: route length, header length; then route, header, body
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
 MAX_EXPIRY = 315_360_000_000  # ten years in ms: rabbit_misc:check_expiry
@@ -84,27 +83,23 @@ class Message:
 
     def payload(self) -> tuple[bytes, ...]:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
-        return _ROUTE_LEN.pack(len(self.route), len(self.header)), self.route, self.header, self.body
+        return payload_codec.encode(self.route, self.header, self.body)
 
     def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None,
                   headers: dict[bytes, bytes] | None = None) -> None:
         """Route, header and body back from a store's ``payload()`` record.  ``routes`` and ``headers``: what
         the messages of one batch share (a few routes and headers: each is then one object in memory)."""
-        route_len, header_len = _ROUTE_LEN.unpack_from(payload)
-        start = _ROUTE_LEN.size
-        route = payload[start:start + route_len]
-        header = payload[start + route_len:start + route_len + header_len]
+        route, header, body = payload_codec.decode(payload)
         decoded = routes.get(route) if routes is not None else None
         if decoded is None:
-            ex_len = route[0]
-            decoded = (route, route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
+            decoded = (route, *payload_codec.route_names(route))
             if routes is not None:
                 routes[route] = decoded
         if headers is not None:
             header = headers.setdefault(header, header)
         self.route, self.exchange, self.routing_key = decoded
         self.header = header
-        self.body = payload[start + route_len + header_len:]
+        self.body = body
         self._flags = _FLAGS.unpack_from(header, 12)[0] if len(header) >= 14 else 0
 
     def property_str(self, flag: int) -> str | None:

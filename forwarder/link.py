@@ -29,12 +29,12 @@ from typing import Any, Callable
 
 from amqp_server.logs import Throttle, untrusted
 from amqp_server.message import Message
+from amqp_server.payload import HEAD, decode, encode, route_names
 from amqp_server.preauth import Unauthenticated
 
 log = logging.getLogger("warren.forwarder.link")
 
 FRAME = struct.Struct(">IB")  # payload length, frame type
-MESSAGE = struct.Struct(">HI")  # route length, header length; then route, header, body
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 MAX_FRAME = 256 * 1024 * 1024
 HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
@@ -84,18 +84,15 @@ MAX_NAMES = 4096
 def _route_names(route: bytes) -> tuple[str, str]:
     if len(_names) >= MAX_NAMES:
         _names.clear()
-    ex_len = route[0]
-    names = _names[route] = (route[1:1 + ex_len].decode(errors="replace"), route[2 + ex_len:].decode(errors="replace"))
+    names = _names[route] = route_names(route)
     return names
 
 
 def read_message(payload: bytes, pos: int) -> Message:
-    route_len, header_len = MESSAGE.unpack_from(payload, pos)
-    pos += MESSAGE.size
-    route = payload[pos:pos + route_len]
-    pos += route_len
+    """The message of a frame whose payload from ``pos`` on is a message's (``amqp_server.payload``)."""
+    route, header, body = decode(payload, pos)
     exchange, routing_key = _names.get(route) or _route_names(route)
-    return Message(exchange, routing_key, route, payload[pos:pos + header_len], payload[pos + header_len:])
+    return Message(exchange, routing_key, route, header, body)
 
 
 def encode_json(value: Any) -> bytes:
@@ -217,8 +214,8 @@ class FrameLink(asyncio.Protocol):
         route, body = message.route, message.body
         if header is None:
             header = message.header
-        self._out += (FRAME.pack(len(head) + MESSAGE.size + len(route) + len(header) + len(body), ftype), head,
-                      MESSAGE.pack(len(route), len(header)), route, header, body)
+        self._out += (FRAME.pack(len(head) + HEAD.size + len(route) + len(header) + len(body), ftype), head,
+                      *encode(route, header, body))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from amqp_server import properties
+from amqp_server.payload import route_names
 from amqp_server.queue import Entry
 
 MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
@@ -129,7 +130,7 @@ def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[b
     if "body" in wanted:
         arrays["body"] = _as_text(_binary(bodies)) if layout.body_text else _binary(bodies)
     if wanted.intersection(ROUTE_COLUMNS):
-        arrays.update(zip(ROUTE_COLUMNS, _distinct_columns(routes, _route_row, (pa.string(), pa.string()))))
+        arrays.update(zip(ROUTE_COLUMNS, _distinct_columns(routes, route_names, (pa.string(), pa.string()))))
     if wanted.intersection(PROPERTY_COLUMNS):
         arrays.update(zip(PROPERTY_COLUMNS, _distinct_columns(props, _property_row, _PROPERTY_TYPES)))
     if "redelivered" in wanted:
@@ -170,11 +171,6 @@ def _one_value(values: pa.Array) -> bool:
         return True
     rows = np.frombuffer(data_buffer, np.uint8, width * count, int(offsets[0])).reshape(count, width)
     return bool((rows == rows[0]).all())
-
-
-def _route_row(route: bytes) -> tuple[str, str]:
-    ex_len = route[0]
-    return route[1:1 + ex_len].decode("utf-8", "replace"), route[2 + ex_len:].decode("utf-8", "replace")
 
 
 def _as_text(bodies: pa.Array) -> pa.Array:

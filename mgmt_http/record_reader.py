@@ -44,6 +44,7 @@ import lmdb
 import numpy as np
 import pyarrow as pa
 
+from amqp_server import payload as payload_codec
 from amqp_server.queue import DiskSpan
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
 
@@ -56,7 +57,6 @@ _T = TypeVar("_T")
 REQUEST = struct.Struct(">II")  # header length, payload length
 REPLY = struct.Struct(">BQ")  # status (0: the batch, 1: an error, 2: the client's socket failed), length
 WALKED = struct.Struct(">Iq")  # a walk's reply: its rows and the seq following them (-1: none), then the rows
-PAYLOAD_HEAD = struct.Struct(">HI")  # a stored payload: route length, header length (amqp_server.message)
 READ_GAP = 64 * 1024  # dead bytes between two wanted records read through rather than seeked over
 MAX_FDS = 4096
 WRITE_WAIT = 0.05  # seconds a reader waits, in all, for a client's socket to take a batch, before handing back the rest
@@ -355,15 +355,7 @@ def _batch(queue_name: str, layout: Layout, rows: IndexRows, files: np.ndarray, 
     parts: dict[str, pa.Array] = {}
     if any(needs.values()):
         buffer, at, size, order = _payloads(fds, files, offsets, sizes)
-
-        def octet(k: int) -> np.ndarray:
-            return buffer[at + k].astype(np.int64)
-
-        route_len = octet(0) << 8 | octet(1)  # PAYLOAD_HEAD, big-endian, read for every row at once
-        header_len = octet(2) << 24 | octet(3) << 16 | octet(4) << 8 | octet(5)
-        route_at = at + PAYLOAD_HEAD.size
-        header_at = route_at + route_len
-        body_at = header_at + header_len
+        route_at, header_at, body_at = payload_codec.spans(buffer, at)  # every row's at once
         props_at = np.minimum(header_at + arrow_records.PROPERTIES_AT, body_at)
         spans = {"routes": (route_at, header_at), "props": (props_at, body_at), "bodies": (body_at, at + size)}
         parts = {part: _gather(buffer, *spans[part]) for part, needed in needs.items() if needed}
