@@ -15,28 +15,28 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping, 
 from exchanges import DEFERRED, Exchange, exchange_class
 from msg_store import DEFAULT_SEGMENT_SIZE
 
-from . import codec, errors, field_types, queue_args, sender_selected
-from .dead_letter import cycle_detected, dead_letter_message
-from .auth import AccessControl, AuthAttempts, Principal
-from .limits import Limits
-from .definitions import DefinitionStore
-from .delayed import DelayedMessages, Publisher
-from .direct_reply import ReplyConsumers
-from .errors import AMQPError, ChannelError, ConnectionError, resource_name
-from .logs import untrusted
-from .message import Message, expiration_error
-from .paging import Pager, paced
-from .policy import Policies, Policy
-from .persistence import Persistence
-from .queue_type import queue_class
-from .quorum_queue import QuorumQueue
-from .queue import Consumer, Entry, Queue
-from .records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
-from .stats import ChurnStats, MessageStats
-from .vhost import VHost, home_node_down
+from .. import codec, errors, field_types, queue_args, sender_selected
+from ..dead_letter import cycle_detected, dead_letter_message
+from ..auth import AccessControl, AuthAttempts, Principal
+from ..limits import Limits
+from ..definitions import DefinitionStore
+from ..delayed import DelayedMessages, Publisher
+from ..direct_reply import ReplyConsumers
+from ..errors import AMQPError, ChannelError, ConnectionError, resource_name
+from ..logs import untrusted
+from ..message import Message, expiration_error
+from ..paging import Pager, paced
+from ..policy import Policies, Policy
+from ..persistence import Persistence
+from ..queue_type import queue_class
+from ..quorum_queue import QuorumQueue
+from ..queue import Consumer, Entry, Queue
+from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record, name_key
+from ..stats import ChurnStats, MessageStats
+from ..vhost import VHost, home_node_down
 
 if TYPE_CHECKING:
-    from .ports import ClientRegistry, ConfirmSink, DeliveryTarget, ExclusiveOwner
+    from ..ports import ClientRegistry, ConfirmSink, DeliveryTarget, ExclusiveOwner
 
 log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
