@@ -1,0 +1,135 @@
+"""Bindings (RabbitMQ's rabbit_binding): bind and unbind with their permission checks, their definitions, and
+the bindings a queue or exchange that is gone leaves behind.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+from exchanges import Exchange
+
+from .. import errors
+from ..auth import Principal
+from ..queue import Queue
+from ..records import BindingRecord
+from ..vhost import VHost
+from .core import BrokerCore, storable
+
+if TYPE_CHECKING:
+    from ..ports import ExclusiveOwner
+
+
+def _binding(vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+             arguments: dict[str, Any] | None, created: int = 0) -> BindingRecord:
+    kind = "queue" if isinstance(destination, Queue) else "exchange"
+    return BindingRecord(vhost.name, source, destination.name, kind, routing_key, dict(arguments or {}), created)
+
+
+def _exclusive(destination: Queue | Exchange) -> bool:
+    """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
+    return isinstance(destination, Queue) and destination.exclusive
+
+
+class Bindings(BrokerCore):
+    """The broker's binding operations."""
+
+    def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+             arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
+             who: Principal | None = None) -> None:
+        """queue.bind / exchange.bind (``kind`` queue or exchange) for ``who``: write on the destination and
+        read on the source first, then both must exist, the source told first (rabbit_channel:binding_action's
+        order)."""
+        self._check_binding(vhost, source, kind, destination, routing_key, who)
+        vhost.exchange(source)  # a missing source is told first, as in RabbitMQ
+        if kind == "queue":
+            target: Queue | Exchange = vhost.queue(destination)
+            self.check_exclusive(target, owner)
+        else:
+            target = vhost.exchange(destination)
+        self.add_binding(vhost, source, target, routing_key, arguments)
+
+    def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+               arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
+               who: Principal | None = None) -> None:
+        """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
+        destination) unbinds without error, as in RabbitMQ."""
+        self._check_binding(vhost, source, kind, destination, routing_key, who)
+        target = (vhost.queues if kind == "queue" else vhost.exchanges).get(destination)
+        if target is None:
+            return
+        if kind == "queue":
+            self.check_exclusive(target, owner)
+        self.remove_binding(vhost, source, target, routing_key, arguments)
+
+    @staticmethod
+    def _check_binding(vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
+                       who: Principal | None) -> None:
+        """Write on the destination, neither end the default exchange, read on the source and, if the source is a
+        topic exchange, the user's topic permission to read ``routing_key`` there (rabbit_channel:binding_action's
+        checks, in its order)."""
+        if who is not None:
+            who.check("write", kind, vhost.name, destination)
+        if source == "" or (kind == "exchange" and destination == ""):
+            raise errors.access_refused("operation not permitted on the default exchange")
+        if who is None:
+            return
+        who.check("read", "exchange", vhost.name, source)
+        exchange = vhost.exchanges.get(source)
+        if exchange is not None and exchange.type_name == "topic":
+            who.check_topic("read", vhost.name, source, routing_key)
+
+    def add_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                    arguments: dict[str, Any] | None = None) -> None:
+        """Bind (no permission check): bind, definitions import and the cluster's definitions come here."""
+        exchange = self._bindable(vhost, source)
+        storable(arguments, "binding")
+        try:
+            added = exchange.bind(destination, routing_key, arguments or {})
+        except ValueError as exc:
+            raise errors.precondition_failed(str(exc)) from None
+        if not added:
+            return
+        vhost.bound(exchange, destination)
+        if not _exclusive(destination):
+            self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()),
+                         exchange.durable and destination.durable)
+
+    def remove_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                       arguments: dict[str, Any] | None = None) -> None:
+        """Unbind (no permission check); an exchange or binding that is not there is no error."""
+        if source == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        exchange = vhost.exchanges.get(source)
+        if exchange is None or not exchange.unbind(destination, routing_key, arguments or {}):
+            return  # nothing to unbind is no error, as in RabbitMQ
+        vhost.unbound(exchange, destination)
+        self._forget_binding(vhost, source, destination, routing_key, arguments)
+        self._auto_delete_exchange(vhost, exchange)
+
+    @staticmethod
+    def _bindable(vhost: VHost, source: str) -> Exchange:
+        if source == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        return vhost.exchange(source)
+
+    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                        arguments: dict[str, Any] | None) -> None:
+        if not _exclusive(destination):
+            self._undefine(_binding(vhost, source, destination, routing_key, arguments), destination.durable)
+
+    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
+        """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""
+        for exchange in list(vhost.sources.get(destination, ())):
+            removed = exchange.remove_destination(destination)
+            vhost.unbound(exchange, destination, len(removed))
+            for binding in removed:
+                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
+            self._auto_delete_exchange(vhost, exchange)
+
+    def bindings(self, vhost: VHost) -> Iterable[tuple[str, Queue | Exchange, str, dict]]:
+        """(source, destination, routing key, arguments) of every binding, the default exchange's included."""
+        for queue in vhost.queues.values():
+            yield "", queue, queue.name, {}
+        for exchange in vhost.exchanges.values():
+            for binding in exchange.bindings():
+                yield exchange.name, binding.destination, binding.routing_key, binding.args_dict()

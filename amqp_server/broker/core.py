@@ -1,0 +1,214 @@
+"""What the parts of the broker share, which :class:`broker.Broker` puts together: its state, the definitions it
+makes durable and the cluster's, what the cluster is to it (``ClusterHooks``), the checks every part makes, and
+the operations the parts call on one another.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Protocol
+
+from exchanges import Exchange
+
+from .. import errors, field_types
+from ..auth import AccessControl, AuthAttempts
+from ..definitions import DefinitionStore
+from ..delayed import DelayedMessages, Publisher
+from ..direct_reply import ReplyConsumers
+from ..errors import ChannelError, resource_name
+from ..limits import Limits
+from ..message import Message
+from ..paging import Pager
+from ..persistence import Persistence
+from ..policy import Policies
+from ..queue import Entry, Queue
+from ..records import Record
+from ..stats import ChurnStats, MessageStats
+from ..vhost import VHost
+
+if TYPE_CHECKING:
+    from ..ports import ClientRegistry, ExclusiveOwner
+
+
+class QuorumHooks(Protocol):
+    """The replicated queues' groups (``forwarder.quorum.QuorumGroups``), as the forwarder's links and the HTTP API
+    reach them through the broker."""
+
+    def peer_up(self, name: str) -> None: ...
+
+    def peer_down(self, name: str) -> None: ...
+
+    def replicate(self, session: Any, payload: bytes) -> None:
+        """A leader's ops arrived on ``session`` (a ``forwarder.session.Session``, which the core cannot name)."""
+
+    def replicated(self, peer_name: str, payload: bytes) -> None: ...
+
+    def lag(self) -> dict[str, dict[str, int]]: ...
+
+    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None: ...
+
+    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int: ...
+
+
+class PeerHooks(Protocol):
+    """Another node (``forwarder.peer.Peer``), as the HTTP API reaches it."""
+
+    @property
+    def http(self) -> tuple[str, int] | None:
+        """Its management API, if it serves one."""
+
+
+class ClusterHooks(Protocol):
+    """What the broker tells the cluster (``forwarder``): definition changes made on this node; and what the
+    front ends and the forwarder's own parts reach through the broker (``quorum``, ``peers``)."""
+
+    @property
+    def quorum(self) -> QuorumHooks: ...
+
+    @property
+    def peers(self) -> Mapping[str, PeerHooks]: ...
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None: ...
+
+    def undefined(self, kind: str, key: str) -> None: ...
+
+    def nodes(self) -> list[tuple[str, bool]]: ...
+
+    async def forget(self, name: str) -> None: ...
+
+    async def agree(self, record: Record) -> None: ...
+
+    async def look_up(self, kind: str, key: str) -> None: ...
+
+    def stream_address(self, node: str) -> tuple[str, int] | None:
+        """Where another node serves the stream protocol (host, port), if it does and is up."""
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def storable(arguments: dict[str, Any] | None, what: str) -> None:
+    """Arguments Warren could not keep (in LMDB, etcd, an export) are refused before anything is made: tables nested
+    deeper than ``field_types.MAX_DEPTH`` (406, RabbitMQ's code for arguments it refuses)."""
+    try:
+        field_types.to_json(arguments or {})
+    except (TypeError, ValueError) as exc:
+        raise errors.precondition_failed(f"invalid arguments for {what}: {exc}") from None
+
+
+def _exclusive_locked(queue: Queue) -> ChannelError:
+    return errors.resource_locked(
+        f"cannot obtain exclusive access to locked {resource_name('queue', queue.name, queue.vhost)}. "
+        "It could be originally declared on another connection or the exclusive property value does not "
+        "match that of the original declaration.")
+
+
+def _show(value: Any) -> str:
+    return _flag(value) if isinstance(value, bool) else str(value)
+
+
+def _show_arg(value: Any) -> str:
+    """rabbit_misc:val/1 for a table entry: its value and AMQP field type (``none`` when absent)."""
+    if value is None:
+        return "none"
+    return f"the value '{_show(value)}' of type '{field_types.name(value)}'"
+
+
+class BrokerCore:
+    """The broker's state, which :class:`Broker` sets up, and what every part of it uses: definitions kept durable
+    and (cluster mode) made the cluster's, and the exclusive-queue lock every operation on a queue checks."""
+
+    data_dir: str
+    node_name: str
+    queue_window: int
+    persistence: Persistence
+    pager: Pager
+    store: DefinitionStore
+    access: AccessControl
+    limits: Limits
+    auth_attempts: AuthAttempts
+    policies: Policies
+    replies: ReplyConsumers  # amq.rabbitmq.reply-to consumers
+    vhosts: dict[str, VHost]
+    clients: ClientRegistry | None  # the node's connections (none in a broker used in-process)
+    churn: ChurnStats
+    _vhost_stats: dict[str, MessageStats]
+    cluster: ClusterHooks | None  # set by the forwarder in cluster mode
+    delayed: DelayedMessages
+
+    def _define(self, record: Record, durable: bool) -> None:
+        """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
+        raw = record.to_json()
+        if durable:
+            self.store.put(record.kind, record.key, raw)
+        if self.cluster is not None:
+            self.cluster.defined(record.kind, record.key, raw)
+
+    def _undefine(self, record: Record, durable: bool) -> None:
+        if durable:
+            self.store.delete(record.kind, record.key)
+        if self.cluster is not None:
+            self.cluster.undefined(record.kind, record.key)
+
+    @staticmethod
+    def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+            raise _exclusive_locked(queue)
+
+
+    # -- what the parts call on one another (each defined by its part) -------------------------
+
+    def vhost(self, name: str) -> VHost:
+        """The vhost (``vhosts.py``)."""
+        raise NotImplementedError
+
+    def attach(self, queue: Queue, durable: bool) -> None:
+        """A queue of this node gets its storage (``queues.py``)."""
+        raise NotImplementedError
+
+    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
+        """A queue goes, with its bindings and definition (``queues.py``)."""
+        raise NotImplementedError
+
+    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        """An exchange goes, with its bindings and definition (``exchanges.py``)."""
+        raise NotImplementedError
+
+    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        """An auto-delete exchange goes once it has no binding left (``exchanges.py``)."""
+        raise NotImplementedError
+
+    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+                        arguments: dict[str, Any] | None) -> None:
+        """A binding's definition goes (``bindings.py``)."""
+        raise NotImplementedError
+
+    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
+        """Every binding to a queue or exchange that is gone goes (``bindings.py``)."""
+        raise NotImplementedError
+
+    def route(self, vhost: VHost, exchange: Exchange, message: Message,
+              publisher: Publisher | None = None) -> Collection[Queue]:
+        """The queues a message goes to (``routing.py``)."""
+        raise NotImplementedError
+
+    # a queue's host (queue.QueueHost): the parts that make queues hand them the broker
+
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
+        """Entries that left ``queue`` for good go to its dead-letter exchange (``dead_letters.py``)."""
+        raise NotImplementedError
+
+    def expire_queue(self, queue: Queue) -> None:
+        """x-expires: the queue went unused for its whole lifetime setting (``queues.py``)."""
+        raise NotImplementedError
+
+    def load_body(self, message: Message) -> None:
+        """Bring back the body of a message that was recovered or paged out (``messages.py``)."""
+        raise NotImplementedError
+
+    def all_queues(self) -> Iterable[Queue]:
+        """Every queue of every vhost (``queues.py``)."""
+        raise NotImplementedError
+
+    def _save_offsets(self, queue: Queue) -> None:
+        """A durable queue's offsets, kept across restarts (``offsets.py``)."""
+        raise NotImplementedError

@@ -1,0 +1,45 @@
+"""Dead-lettering (RabbitMQ's rabbit_dead_letter): entries that left a queue for good are republished to its
+dead-letter exchange.  How a dead letter's message is made is ``dead_letter.py``'s.
+"""
+from __future__ import annotations
+
+import logging
+
+from exchanges import DEFERRED
+
+from ..dead_letter import cycle_detected, dead_letter_message
+from ..logs import untrusted
+from ..queue import Entry, Queue
+from .core import BrokerCore
+
+log = logging.getLogger("warren.broker")
+
+
+class DeadLetters(BrokerCore):
+    """Dead-lettering, for the queues (``queue.QueueHost``)."""
+
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
+        """Republish entries that left ``queue`` for good to its dead-letter exchange; returns those no queue
+        took (no such exchange, routed nowhere, refused), which at-most-once dead-lettering drops as
+        RabbitMQ does and at-least-once keeps for a retry."""
+        vhost = self.vhosts.get(queue.vhost)
+        exchange = vhost.exchanges.get(queue.args.dead_letter_exchange) if vhost else None
+        if exchange is None:
+            return entries
+        untaken = []
+        for entry in entries:
+            try:
+                message = dead_letter_message(entry.message, queue.name, reason, exchange.name,
+                                              queue.args.dead_letter_routing_key)
+            except ValueError as exc:  # a definition stored before its arguments were checked at declare
+                log.error("dead letter from queue %s in vhost %s dropped: %s", untrusted(queue.name),
+                          untrusted(queue.vhost), untrusted(exc))
+                continue
+            routed = self.route(vhost, exchange, message)
+            if routed is DEFERRED:  # a delayed exchange holds it
+                continue
+            targets = [target for target in routed if not cycle_detected(message, target.name)]
+            accepted = [bool(target.enqueue(message)) for target in targets]
+            if not any(accepted) and (targets or not routed):  # (routed only into a cycle: dropped)
+                untaken.append(entry)
+        return untaken

@@ -1,0 +1,123 @@
+"""Exchanges (RabbitMQ's rabbit_exchange): declare, with its permission checks and equivalence; delete, with the
+bindings it had; and an auto-delete exchange's going with its last binding.  Routing is ``routing.py``'s.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from exchanges import Exchange, exchange_class
+
+from .. import codec, errors, field_types
+from ..auth import Principal
+from ..errors import ConnectionError, resource_name
+from ..records import ExchangeRecord
+from ..vhost import VHost
+from .core import BrokerCore, _show, storable
+
+
+class Exchanges(BrokerCore):
+    """The broker's exchange operations."""
+
+    @staticmethod
+    def check_exchange_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
+                               who: Principal | None) -> None:
+        """configure on the exchange; with an alternate exchange also read on it and write on that one."""
+        if who is None:
+            return
+        who.check("configure", "exchange", vhost.name, name)
+        alternate = (arguments or {}).get("alternate-exchange")
+        if alternate and isinstance(alternate, (str, bytes)):  # another type is declare's 406
+            who.check("read", "exchange", vhost.name, name)
+            who.check("write", "exchange", vhost.name, codec.text(alternate))
+
+    def declare_exchange(self, vhost: VHost, name: str, type_name: str, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                         arguments: dict[str, Any] | None = None, who: Principal | None = None) -> Exchange:
+        """exchange.declare for ``who`` (None: the node itself, e.g. a definitions import by an administrator)."""
+        if not passive:
+            self.check_exchange_declare(vhost, name, arguments, who)
+        existing = vhost.exchanges.get(name)
+        if passive:
+            if name == "":
+                raise errors.access_refused("operation not permitted on the default exchange")
+            if existing is None:
+                raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
+            return existing
+        # RabbitMQ's order: type, default exchange, then (only for a new exchange) the amq. prefix
+        cls = exchange_class(type_name)
+        if cls is None:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{type_name}'")
+        if name == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
+        if existing is None and name.startswith("amq."):
+            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        arguments = dict(arguments or {})
+        what = resource_name("exchange", name, vhost.name)
+        alternate = arguments.get("alternate-exchange")
+        if existing is None and "alternate-exchange" in arguments and not isinstance(alternate, (str, bytes)):
+            raise errors.precondition_failed(
+                f"invalid type '{field_types.name(alternate)}' for arg 'alternate-exchange' in {what}")
+        if existing is not None:
+            for arg, new, old in (("type", type_name, existing.type_name),
+                                  ("durable", durable, existing.durable),
+                                  ("auto_delete", auto_delete, existing.auto_delete),
+                                  ("internal", internal, existing.internal)):
+                if new != old:
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+            if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
+                raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
+            return existing
+        storable(arguments, what)
+        try:
+            exchange = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        except LookupError as exc:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{exc.args[0]}'") from None
+        except ValueError as exc:
+            raise errors.precondition_failed(str(exc)) from None
+        vhost.exchanges[name] = exchange
+        self.policies.apply_to_exchange(vhost.name, exchange)
+        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
+                     durable)
+        return exchange
+
+    async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
+                             auto_delete: bool = False, internal: bool = False,
+                             arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
+        """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
+        self.check_exchange_declare(vhost, name, arguments, who)
+        if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
+                and exchange_class(type_name) is not None):
+            storable(arguments, resource_name("exchange", name, vhost.name))
+            await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
+                                                    dict(arguments or {})))
+
+    def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False, who: Principal | None = None) -> None:
+        """exchange.delete for ``who``: the default and amq.* exchanges are refused first, then permission
+        (rabbit_channel's order)."""
+        if name == "" or name.startswith("amq."):
+            raise errors.access_refused(
+                "operation not permitted on the default exchange" if name == ""
+                else f"deletion of system {resource_name('exchange', name, vhost.name)} not allowed")
+        if who is not None:
+            who.check("configure", "exchange", vhost.name, name)
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            return  # idempotent, as RabbitMQ
+        if if_unused and exchange.has_bindings:
+            raise errors.precondition_failed(f"{resource_name('exchange', name, vhost.name)} in use")
+        self._remove_exchange(vhost, exchange)
+
+    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        del vhost.exchanges[exchange.name]
+        for destination in exchange.destinations():
+            removed = exchange.remove_destination(destination)
+            vhost.unbound(exchange, destination, len(removed))
+            for binding in removed:
+                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
+        self._drop_destination(vhost, exchange)
+        self._undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
+
+    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.has_bindings and vhost.exchanges.get(exchange.name) is exchange:
+            self._remove_exchange(vhost, exchange)

@@ -1,0 +1,212 @@
+"""Messages in and out (RabbitMQ's rabbit_basic and the channel's checks): publish, basic.get, settle (ack,
+reject, requeue), peek, purge and move.  An AMQP channel, the HTTP API and the forwarder all come through these.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from exchanges import DEFERRED, Exchange
+
+from .. import codec, errors, queue_args, sender_selected
+from ..auth import Principal
+from ..delayed import Publisher
+from ..errors import AMQPError, resource_name
+from ..message import Message, expiration_error
+from ..queue import Consumer, Entry, Queue
+from ..vhost import VHost
+from .core import BrokerCore
+
+if TYPE_CHECKING:
+    from ..ports import ConfirmSink, ExclusiveOwner
+
+
+class Messages(BrokerCore):
+    """The broker's operations on messages."""
+
+    def load_body(self, message: Message) -> None:
+        """Bring back the body of a message that was recovered or paged out."""
+        self.pager.load_body(message)
+
+    def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
+                    who: Principal | None = None) -> int:
+        """queue.purge of a queue of this node for ``who`` (read); see purge_anywhere."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue.purge()
+
+    def publish(self, vhost: VHost, exchange: Exchange, message: Message,
+                publisher: Publisher | None = None, confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
+        """Route and enqueue: (routed to some queue or held by a delayed exchange, a queue's length limit
+        rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return;
+        ``confirm`` the confirm-mode channel that copies forwarded to other nodes confirm to.
+
+        A queue whose home node is down takes nothing (enqueue answers None): routed only to such
+        queues, the message is unroutable.
+        """
+        queues = self.route(vhost, exchange, message, publisher)
+        exchange.publish_in += 1
+        if queues:
+            exchange.publish_out += 1
+        rejected = False
+        unavailable = 0
+        for queue in queues:
+            accepted = queue.enqueue(message, confirm)
+            if not accepted:
+                if accepted is None:
+                    unavailable += 1
+                else:
+                    rejected = True
+        return len(queues) > unavailable or queues is DEFERRED, rejected
+
+    @staticmethod
+    def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:
+        """May ``who`` publish to the exchange with ``routing_key``: write on it, it is not internal, and
+        ``check_topic_write``.  A channel may skip this for an exchange it checked, but for the latter."""
+        if who is not None:
+            who.check("write", "exchange", vhost.name, exchange.name)
+        if exchange.internal:
+            raise errors.access_refused(
+                f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")
+        Messages.check_topic_write(vhost, exchange, who, routing_key)
+
+    @staticmethod
+    def check_topic_write(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:
+        """On a topic exchange, the user's topic permission there (if it has one now) must let it publish with
+        ``routing_key``.  Topic permissions may change while a channel is open: checked for every message."""
+        if who is not None and who.topics and exchange.type_name == "topic":
+            who.check_topic("write", vhost.name, exchange.name, routing_key)
+
+    @staticmethod
+    def check_message(vhost: VHost, exchange: Exchange, who: Principal | None, message: Message,
+                      user_name: str) -> None:
+        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays of keys
+        that ``check_topic_write`` allows as it allows the routing key (RabbitMQ 3.10 let them past the topic
+        permission; later versions check every key, as here)."""
+        user_id = message.property_str(codec.FLAG_USER_ID)
+        if user_id is not None and user_id != user_name:
+            raise errors.precondition_failed(
+                f"user_id property set to '{user_id}' but authenticated user was '{user_name}'")
+        expiration = message.property_str(codec.FLAG_EXPIRATION)
+        if expiration is not None:
+            error = expiration_error(expiration)
+            if error is not None:
+                raise errors.precondition_failed(f"invalid expiration '{expiration}': {error}")
+        if message.has_headers:
+            for key in sender_selected.check(message):
+                Messages.check_topic_write(vhost, exchange, who, key)
+
+    def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
+                  who: Principal | None = None) -> tuple[Queue, Entry | None]:
+        """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
+        with no_ack=False the caller settles it.  See get_anywhere for any node's queue."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue, queue.get(no_ack)
+
+    async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
+                    who: Principal | None = None) -> tuple[Queue, Entry | None]:
+        """basic.get on any queue, one owned by another node (cluster mode) included."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.get_local(vhost, name, no_ack, owner)
+        self.check_exclusive(queue, owner)
+        return queue, await queue.fetch(no_ack)
+
+    def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None) -> list[Entry]:
+        """Ready entries from ``offset`` without taking them (management API) for ``who`` (read); another
+        connection's exclusive queue is locked, as it is to basic.get."""
+        if who is not None:
+            who.check("read", "queue", queue.vhost, queue.name)
+        self.check_exclusive(queue, None)
+        return queue.peek(offset, count)
+
+    async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
+                             who: Principal | None = None) -> int:
+        """queue.purge on any queue, one owned by another node (cluster mode) included."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        if not queue.remote:
+            return self.purge_local(vhost, name, owner)
+        self.check_exclusive(queue, owner)
+        return await queue.purge_remote()
+
+    @staticmethod
+    def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
+        """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued."""
+        if queue.deleted:
+            queue.settle(entries)
+        elif requeue:
+            queue.requeue(entries)
+        else:
+            if reject:
+                queue.reject(entries)
+            else:
+                queue.settle(entries)
+            queue.deliver_ready()
+
+    def nack_taken(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
+        """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
+        refuses them (a stream: the connection closes, and what the frame named is requeued first, as the rest
+        of what the connection held is as it closes)."""
+        try:
+            for queue in {queue for _, queue, _ in taken}:
+                queue_args.check_nack(queue.args, queue.name, queue.vhost)
+        except AMQPError:
+            self.settle_taken(taken, True)
+            raise
+        self.settle_taken(taken, requeue, reject=not requeue)
+
+    def settle_taken(self, taken: Iterable[tuple[Entry, Queue, Consumer | None]], requeue: bool,
+                     reject: bool = False) -> None:
+        """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
+        the consumers get their credit back."""
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry, queue, consumer in taken:
+            if consumer is not None:
+                consumer.unacked -= 1
+            entries = by_queue.get(queue)
+            if entries is None:
+                by_queue[queue] = [entry]
+            else:
+                entries.append(entry)
+        settle = self.settle
+        for queue, entries in by_queue.items():
+            settle(queue, entries, requeue, reject)
+
+    def move_messages(self, source: Queue, destination: Queue, count: int | None = None,
+                      who: Principal | None = None) -> int:
+        """Move up to ``count`` (default all) ready messages from one queue to the tail of another, in order,
+        for ``who`` (read on the source, write on the destination); neither may be another connection's
+        exclusive queue.
+
+        Each message keeps its properties, exchange and routing key (replaying a dead-letter queue).
+        A destination that refuses a message (reject-publish) stops the move; that message stays.
+        """
+        if who is not None:
+            who.check("read", "queue", source.vhost, source.name)
+            who.check("write", "queue", destination.vhost, destination.name)
+        self.check_exclusive(source, None)
+        self.check_exclusive(destination, None)
+        if source is destination:
+            raise errors.precondition_failed("source and destination are the same queue")
+        moved = 0
+        while count is None or moved < count:
+            entry = source.get(no_ack=False)
+            if entry is None:
+                break
+            message = entry.message
+            if message.msg_id and not message.persistent:  # a quorum queue's stored copy: transient elsewhere
+                message = message.copy()
+            if destination.deleted or not destination.enqueue(message):
+                self.settle(source, [entry], requeue=True)
+                break
+            self.settle(source, [entry], requeue=False)
+            moved += 1
+        return moved

@@ -1,0 +1,268 @@
+"""Queues as the broker holds them (RabbitMQ's rabbit_amqqueue): declare, with its permission checks and
+equivalence, find, consume from, delete; exclusive and auto-delete queues going with their owner or last
+consumer.  One queue's messages are ``queue.py``'s.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .. import codec, errors, queue_args
+from ..auth import Principal
+from ..errors import resource_name
+from ..logs import untrusted
+from ..queue import Consumer, Entry, Queue
+from ..queue_type import queue_class
+from ..quorum_queue import QuorumQueue
+from ..records import QueueRecord, name_key
+from ..vhost import VHost, home_node_down
+from .core import BrokerCore, _exclusive_locked, _show, _show_arg, storable
+
+if TYPE_CHECKING:
+    from ..ports import DeliveryTarget, ExclusiveOwner
+
+log = logging.getLogger("warren.broker")
+
+
+# Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
+EQUIVALENT_QUEUE_ARGS = (
+    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
+    "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-type", "x-single-active-consumer",
+)
+
+
+class Queues(BrokerCore):
+    """The broker's queue operations."""
+
+    @staticmethod
+    def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
+                            who: Principal | None) -> None:
+        """configure on the queue; with a dead-letter exchange also read on the queue and write on that
+        exchange, as rabbit_channel checks them: dead letters may only go where their publisher could send."""
+        if who is None:
+            return
+        who.check("configure", "queue", vhost.name, name)
+        dlx = (arguments or {}).get("x-dead-letter-exchange")
+        if isinstance(dlx, (str, bytes)):
+            who.check("read", "queue", vhost.name, name)
+            who.check("write", "exchange", vhost.name, codec.text(dlx))
+
+    def declare_queue(self, vhost: VHost, name: str, passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict[str, Any] | None = None,
+                      owner: "ExclusiveOwner[Queue] | None" = None, server_named: bool = False,
+                      who: Principal | None = None) -> Queue:
+        """queue.declare for ``who`` (None: the node itself); ``owner`` is the connection of an exclusive queue."""
+        if not passive:
+            self.check_queue_declare(vhost, name, arguments, who)
+        existing = vhost.queues.get(name)
+        if existing is not None and not existing.available:
+            raise home_node_down(existing)
+        self.churn.queue_declared += 1
+        if passive:
+            if existing is None:
+                raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
+            self.check_exclusive(existing, owner)
+            existing.touch()  # any redeclare, passive too, renews the x-expires lease (rabbit_amqqueue_process stat)
+            return existing
+        if name.startswith("amq.") and not server_named:
+            raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        arguments = self._typed(vhost, arguments, durable, exclusive, auto_delete)
+        if existing is not None:
+            self.check_exclusive(existing, owner)
+            if exclusive != existing.exclusive:
+                raise _exclusive_locked(existing)
+            what = resource_name("queue", name, vhost.name)
+            for arg, new, old in (("durable", durable, existing.durable),
+                                  ("auto_delete", auto_delete, existing.auto_delete)):
+                if new != old:
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+            for arg in EQUIVALENT_QUEUE_ARGS:
+                new, old = arguments.get(arg), existing.arguments.get(arg)
+                if new != old:
+                    if new is not None and old is not None:  # rabbit_misc: both set -> bare values
+                        shown_new, shown_old = f"'{_show(new)}'", f"'{_show(old)}'"
+                    else:
+                        shown_new, shown_old = _show_arg(new), _show_arg(old)
+                    raise errors.precondition_failed(
+                        f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
+            existing.touch()
+            return existing
+        if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
+            self.limits.new_queue(vhost.name, len(vhost.queues), name)
+        storable(arguments, resource_name("queue", name, vhost.name))
+        args = queue_args.parse(arguments, name, vhost.name)
+        queue_args.check_properties(args, name, vhost.name, durable, exclusive, auto_delete)
+        queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
+                                  self)
+        vhost.queues[name] = queue
+        self.churn.queue_created += 1
+        self.policies.apply_to_queue(queue)
+        if owner is not None and exclusive:
+            owner.exclusive_queues.add(queue)
+        if durable and not exclusive:
+            queue.index_id = self.next_index_id()
+        self.attach(queue, durable and not exclusive)
+        if not exclusive:
+            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
+        return queue
+
+    def attach(self, queue: Queue, durable: bool) -> None:
+        """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
+        bounded window in memory (a transient queue pages only when memory runs short)."""
+        queue.pager = self.pager
+        if isinstance(queue, QuorumQueue):
+            queue.members = [self.node_name]  # a group of one until the cluster replicates it
+        if durable:
+            queue.persistence = self.persistence
+            if queue.pageable:
+                queue.window = self.queue_window
+
+    def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
+        """A queue of another node joins the vhost as its proxy; the policies shown here are this vhost's
+        (the owner enforces its own)."""
+        vhost.queues[queue.name] = queue
+        self.policies.apply_to_queue(queue)
+
+    async def agree_queue(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
+                          auto_delete: bool = False, arguments: dict[str, Any] | None = None,
+                          who: Principal | None = None) -> None:
+        """Cluster mode, before declaring a new queue: the first declaration the cluster agrees on wins.
+
+        Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
+        """
+        self.check_queue_declare(vhost, name, arguments, who)
+        if who is not None and name not in vhost.queues:
+            self.limits.new_queue(vhost.name, len(vhost.queues), name)
+        if self.cluster is not None and not exclusive and name not in vhost.queues:
+            storable(arguments, resource_name("queue", name, vhost.name))
+            await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
+                                                 self._typed(vhost, arguments, durable, exclusive, auto_delete)))
+
+    def _typed(self, vhost: VHost, arguments: dict[str, Any] | None, durable: bool, exclusive: bool,
+               auto_delete: bool) -> dict[str, Any]:
+        """A declaration's arguments with the vhost's ``default_queue_type`` written in where it applies: a
+        durable, shared, kept queue that names no type (RabbitMQ 3.10)."""
+        arguments = dict(arguments or {})
+        if durable and not exclusive and not auto_delete and "x-queue-type" not in arguments:
+            default = self.access.vhost_metadata(vhost.name).get("default_queue_type")
+            if default not in (None, "classic"):
+                arguments["x-queue-type"] = default
+        return arguments
+
+    async def find_queue(self, vhost: VHost, name: str) -> None:
+        """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
+        if self.cluster is not None and name not in vhost.queues:
+            await self.cluster.look_up(QueueRecord.kind, name_key(vhost.name, name))
+
+    def next_index_id(self) -> int:
+        """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
+        record = self.store.get("meta", "queue_index") or {"next": 1}
+        self.store.put("meta", "queue_index", {"next": record["next"] + 1})
+        return record["next"]
+
+    def consumable(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
+                   who: Principal | None = None) -> Queue:
+        """basic.consume for ``who`` (read): the queue, unless it is another connection's exclusive queue.
+        The consumer's own exclusivity is checked by check_consumer_exclusivity once its arguments are read."""
+        if who is not None:
+            who.check("read", "queue", vhost.name, name)
+        queue = vhost.queue(name)
+        self.check_exclusive(queue, owner)
+        return queue
+
+    def consume(self, queue: Queue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool, exclusive: bool,
+                arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0) -> Consumer:
+        """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
+        queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
+        answers, then lets the queue deliver (``deliver_ready``)."""
+        priority = queue_args.check_consumer(queue.args, queue.name, queue.vhost, no_ack, prefetch, global_prefetch,
+                                             arguments)
+        self.check_consumer_exclusivity(queue, exclusive)
+        consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
+                            priority)
+        queue.add_consumer(consumer)
+        return consumer
+
+    @staticmethod
+    def check_consumer_exclusivity(queue: Queue, exclusive: bool) -> None:
+        """An exclusive consumer wants the queue alone (none there, no single active consumer); nobody joins
+        an exclusive consumer.  AMQP channels and remote consumers (cluster mode) both ask here."""
+        if (exclusive and (queue.consumers or queue.args.single_active_consumer)
+                or any(c.exclusive for c in queue.consumers)):
+            raise errors.access_refused(f"{resource_name('queue', queue.name, queue.vhost)} in exclusive use")
+
+    def delete_queue(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
+                     owner: "ExclusiveOwner[Queue] | None" = None, who: Principal | None = None) -> int:
+        """queue.delete for ``who`` (configure); the count of ready messages it had."""
+        if who is not None:
+            who.check("configure", "queue", vhost.name, name)
+        queue = vhost.queues.get(name)
+        if queue is None:
+            return 0  # idempotent, as RabbitMQ
+        self.check_exclusive(queue, owner)
+        what = resource_name("queue", name, vhost.name)
+        if if_unused and queue.consumers:
+            raise errors.precondition_failed(f"{what} in use")
+        if if_empty and queue.message_count:
+            raise errors.precondition_failed(f"{what} not empty")
+        count = queue.message_count
+        self._remove_queue(vhost, queue)
+        return count
+
+    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
+        if vhost.queues.get(queue.name) is not queue:
+            return
+        del vhost.queues[queue.name]
+        self.churn.queue_deleted += 1
+        queue.deleted = True
+        self._drop_destination(vhost, queue)
+        for consumer in list(queue.consumers):
+            consumer.channel.cancelled_by_broker(consumer)
+        queue.consumers.clear()
+        queue.drop_all()
+        if queue.exclusive_owner is not None:
+            queue.exclusive_owner.exclusive_queues.discard(queue)
+        else:
+            self._undefine(QueueRecord(vhost.name, queue.name), queue.durable)
+        if queue.durable:
+            self.store.delete("queue_offsets", str(queue.index_id))
+
+    def all_queues(self) -> Iterable[Queue]:
+        for vhost in self.vhosts.values():
+            yield from vhost.queues.values()
+
+    def expire_queue(self, queue: Queue) -> None:
+        """x-expires: the queue went unused for its whole lifetime setting."""
+        vhost = self.vhosts.get(queue.vhost)
+        if vhost is not None:
+            log.info("queue %s in vhost %s expired (unused for %d ms)", untrusted(queue.name), untrusted(vhost.name),
+                     queue.args.expires)
+            self._remove_queue(vhost, queue)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """A consumer leaves its queue (cancelled, channel or link closed); auto-delete queues go with the last."""
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
+        if queue.unused_auto_delete and not queue.deleted:
+            self._remove_queue(self.vhosts[queue.vhost], queue)
+
+    def connection_closed(self, connection: "ExclusiveOwner[Queue]") -> None:
+        """Its exclusive queues go with it."""
+        self.churn.connection_closed += 1
+        for queue in list(connection.exclusive_queues):
+            self._remove_queue(self.vhosts[queue.vhost], queue)
+
+    def replace_queue(self, vhost: VHost, old: Queue, new: Queue) -> None:
+        """Another object stands for the same queue from now on (a replicated queue's leader moved): its
+        bindings move to it, and the consumers of the old one are cancelled, as RabbitMQ's are."""
+        for exchange in list(vhost.sources.pop(old, ())):
+            for binding in exchange.remove_destination(old):
+                exchange.bind(new, binding.routing_key, binding.args_dict())
+            vhost.bound(exchange, new)
+        vhost.queues[new.name] = new
+        for consumer in list(old.consumers):
+            consumer.channel.cancelled_by_broker(consumer)
+        old.consumers.clear()
+        self.policies.apply_to_queue(new)

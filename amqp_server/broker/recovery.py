@@ -1,0 +1,79 @@
+"""Recovery: at start-up, the durable definitions (vhosts, exchanges, queues and their contents' totals,
+bindings in the order they were made) come back from LMDB.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterator, TypeVar
+
+from exchanges import exchange_class
+
+from .. import queue_args
+from ..errors import ChannelError
+from ..logs import untrusted
+from ..queue import Queue
+from ..queue_type import queue_class
+from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record
+from .core import BrokerCore
+
+log = logging.getLogger("warren.broker")
+R = TypeVar("R", bound=Record)
+
+
+class Recovery(BrokerCore):
+    """The start-up of a broker on its data directory."""
+
+    def _stored(self, cls: type[R]) -> Iterator[R]:
+        for _, raw in self.store.items(cls.kind):
+            yield cls.from_json(raw)
+
+    def _recover_definitions(self) -> None:
+        for name in self.access.vhosts():
+            self.vhost(name)
+        for exchange_record in self._stored(ExchangeRecord):
+            vhost = self.vhosts.get(exchange_record.vhost)
+            cls = exchange_class(exchange_record.type)
+            if vhost is None or cls is None:
+                continue
+            vhost.exchanges[exchange_record.name] = cls(
+                exchange_record.name, durable=True, auto_delete=exchange_record.auto_delete,
+                internal=exchange_record.internal, arguments=exchange_record.arguments)
+        durable: list[Queue] = []
+        for record in self._stored(QueueRecord):
+            vhost = self.vhosts.get(record.vhost)
+            if vhost is None:
+                continue
+            arguments = record.arguments
+            try:
+                args = queue_args.parse(arguments, record.name, vhost.name)
+            except ChannelError as exc:  # stored before today's checks: recover, without its arguments
+                log.error("queue %s in vhost %s: stored arguments refused (%s); recovered without them",
+                          untrusted(record.name), untrusted(vhost.name), untrusted(exc.text))
+                arguments = {}
+                args = queue_args.parse(arguments, record.name, vhost.name)
+            queue = vhost.queues[record.name] = queue_class(args)(
+                record.name, vhost.name, True, None, record.auto_delete, arguments, args, self)
+            queue.index_id = record.index_id
+            self.attach(queue, True)
+            durable.append(queue)
+        # a cluster's replicated queues keep copies here too (forwarder.quorum): not orphans
+        self.persistence.recover(durable, {saved["index_id"] for _, saved in self.store.items("replica")})
+        for queue in durable:  # offsets never go back across restarts (see commit_offset)
+            saved = self.store.get("queue_offsets", str(queue.index_id))
+            if saved is not None:
+                queue.next_seq = max(queue.next_seq, saved["next_seq"])
+                queue.committed = min(saved["committed"], queue.next_seq)  # one saved past the tail: at the tail
+        # in the order they were made: a consistent-hash ring is laid out in binding order
+        for binding in sorted(self._stored(BindingRecord), key=lambda r: r.created):
+            vhost = self.vhosts.get(binding.vhost)
+            if vhost is None:
+                continue
+            source, destination = vhost.binding_ends(binding)
+            if source is not None and destination is not None:
+                source.bind(destination, binding.routing_key, binding.arguments)
+                vhost.bound(source, destination)
+        for vhost in self.vhosts.values():
+            self.policies.apply_to_vhost(vhost)
+        log.info("recovered definitions: %d vhosts, %d exchanges, %d queues",
+                 len(self.vhosts), sum(len(v.exchanges) for v in self.vhosts.values()),
+                 sum(len(v.queues) for v in self.vhosts.values()))

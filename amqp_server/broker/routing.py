@@ -1,0 +1,76 @@
+"""Routing (RabbitMQ's rabbit_router): the queues a message goes to, through exchange-to-exchange bindings,
+alternate exchanges, sender-selected keys (CC, BCC), direct reply-to and delayed exchanges.
+"""
+from __future__ import annotations
+
+from typing import Collection
+
+from exchanges import DEFERRED, Exchange
+
+from .. import sender_selected
+from ..delayed import Publisher
+from ..message import Message
+from ..queue import Queue
+from ..vhost import VHost
+from .core import BrokerCore
+
+
+class Router(BrokerCore):
+    """Routing, for publish, dead letters and delayed messages."""
+
+    def route(self, vhost: VHost, exchange: Exchange, message: Message,
+              publisher: Publisher | None = None) -> Collection[Queue]:
+        """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
+
+        A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
+        took it, the answer is ``DEFERRED`` (empty, but not unroutable).
+        """
+        if message.has_headers:
+            extra = sender_selected.routing_keys(message)
+            if extra:
+                return self._route_keys(vhost, exchange, message, (message.routing_key, *extra), publisher)
+        if exchange.name == "":
+            queue = vhost.queues.get(message.routing_key)
+            return (queue,) if queue is not None else self.replies.route(message.routing_key)
+        destinations = exchange.route(message.routing_key, message)
+        if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
+            if destinations is DEFERRED:
+                self.delayed.defer(vhost, exchange, message, publisher)
+            return destinations
+        return self._route_keys(vhost, exchange, message, (message.routing_key,), publisher)
+
+    def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
+                    keys: tuple[str, ...], publisher: Publisher | None = None) -> Collection[Queue]:
+        """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
+        exchange none of the keys routes through."""
+        queues: dict[Queue, None] = {}
+        if exchange.name == "":
+            for key in keys:
+                queue = vhost.queues.get(key)
+                queues.update(dict.fromkeys((queue,) if queue is not None else self.replies.route(key)))
+            return queues.keys()
+        seen: set[Exchange] = set()
+        pending = [exchange]
+        deferred = False
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            routed = current.route(keys[0], message)
+            if routed is DEFERRED:  # whatever the key: the delay is the message's
+                self.delayed.defer(vhost, current, message, publisher)
+                deferred = True
+                continue
+            if len(keys) > 1:
+                routed = [destination for key in keys for destination in current.route(key, message)]
+            for destination in routed:
+                if isinstance(destination, Queue):
+                    queues[destination] = None
+                else:
+                    pending.append(destination)
+            if not routed:
+                alternate = vhost.exchanges.get(current.alternate or "")
+                if alternate is not None and alternate.name:
+                    pending.append(alternate)
+        return DEFERRED if deferred and not queues else queues.keys()

@@ -1,0 +1,67 @@
+"""Virtual hosts (RabbitMQ's rabbit_vhost): found or made on first use, deleted with everything in them, and the
+policies set on them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors
+from ..auth import Principal
+from ..errors import ConnectionError
+from ..policy import Policy
+from ..stats import MessageStats
+from ..vhost import VHost
+from .core import BrokerCore
+
+
+class VHosts(BrokerCore):
+    """The broker's vhost operations."""
+
+    def vhost_stats(self, name: str) -> MessageStats:
+        """Counters of one vhost (kept across vhost objects being recreated)."""
+        stats = self._vhost_stats.get(name)
+        if stats is None:
+            stats = self._vhost_stats[name] = MessageStats()
+        return stats
+
+    def vhost(self, name: str) -> VHost:
+        """The vhost, created in memory on first use if the definition store has it."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            if not self.access.vhost_exists(name):
+                raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
+            vhost = self.vhosts[name] = VHost(name)
+            self.policies.apply_to_vhost(vhost)
+        return vhost
+
+    def set_policy(self, kind: str, policy: Policy, who: Principal | None = None) -> None:
+        """Set a policy or operator policy for ``who``: one that sends dead letters or unroutable messages to
+        an exchange needs write permission on it, as declaring such a queue or exchange does."""
+        if who is not None:
+            for key in ("dead-letter-exchange", "alternate-exchange"):
+                target = policy.definition.get(key)
+                if isinstance(target, str):
+                    who.check("write", "exchange", policy.vhost, target)
+        self.policies.put(kind, policy, self.vhost(policy.vhost))
+
+    def add_vhost(self, name: str, **metadata: Any) -> VHost:
+        """Create a vhost or change its metadata (see ``AccessControl.add_vhost``)."""
+        self.access.add_vhost(name, **metadata)
+        return self.vhost(name)
+
+    def delete_vhost(self, name: str) -> None:
+        vhost = self.vhosts.pop(name, None)
+        if vhost is not None:
+            for queue in list(vhost.queues.values()):
+                self._remove_queue(vhost, queue)
+            for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
+                if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
+                    self._remove_exchange(vhost, exchange)
+            if self.clients is not None:
+                self.clients.close_vhost(name, f"vhost '{name}' is deleted")
+        for kind in ("exchange", "queue", "binding"):
+            for key, record in list(self.store.items(kind)):
+                if record["vhost"] == name:
+                    self.store.delete(kind, key)
+        self.policies.drop_vhost(name)
+        self.access.delete_vhost(name)
