@@ -95,22 +95,24 @@ def storable(arguments: dict[str, Any] | None, what: str) -> None:
         raise errors.precondition_failed(f"invalid arguments for {what}: {exc}") from None
 
 
-def _exclusive_locked(queue: Queue) -> ChannelError:
+def exclusive_locked(queue: Queue) -> ChannelError:
+    """405 for another connection's exclusive queue, in RabbitMQ's words."""
     return errors.resource_locked(
         f"cannot obtain exclusive access to locked {resource_name('queue', queue.name, queue.vhost)}. "
         "It could be originally declared on another connection or the exclusive property value does not "
         "match that of the original declaration.")
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A value in an inequivalence error, as RabbitMQ prints it (booleans lower case)."""
     return _flag(value) if isinstance(value, bool) else str(value)
 
 
-def _show_arg(value: Any) -> str:
+def shown_arg(value: Any) -> str:
     """rabbit_misc:val/1 for a table entry: its value and AMQP field type (``none`` when absent)."""
     if value is None:
         return "none"
-    return f"the value '{_show(value)}' of type '{field_types.name(value)}'"
+    return f"the value '{shown(value)}' of type '{field_types.name(value)}'"
 
 
 class BrokerCore:
@@ -152,7 +154,7 @@ class BrokerCore:
     @staticmethod
     def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise _exclusive_locked(queue)
+            raise exclusive_locked(queue)
 
 
     # -- what the parts call on one another (each defined by its part) -------------------------

@@ -12,7 +12,7 @@ from ..auth import Principal
 from ..errors import ConnectionError, resource_name
 from ..records import ExchangeRecord
 from ..vhost import VHost
-from .core import BrokerCore, _show, storable
+from .core import BrokerCore, shown, storable
 
 
 class Exchanges(BrokerCore):
@@ -64,7 +64,7 @@ class Exchanges(BrokerCore):
                                   ("internal", internal, existing.internal)):
                 if new != old:
                     raise errors.precondition_failed(
-                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+                        f"inequivalent arg '{arg}' for {what}: received '{shown(new)}' but current is '{shown(old)}'")
             if arguments.get("alternate-exchange") != existing.arguments.get("alternate-exchange"):
                 raise errors.precondition_failed(f"inequivalent arg 'alternate-exchange' for {what}")
             return existing

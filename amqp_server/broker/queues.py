@@ -16,7 +16,7 @@ from ..queue_type import queue_class
 from ..quorum_queue import QuorumQueue
 from ..records import QueueRecord, name_key
 from ..vhost import VHost, home_node_down
-from .core import BrokerCore, _exclusive_locked, _show, _show_arg, storable
+from .core import BrokerCore, exclusive_locked, shown, shown_arg, storable
 
 if TYPE_CHECKING:
     from ..ports import DeliveryTarget, ExclusiveOwner
@@ -71,20 +71,20 @@ class Queues(BrokerCore):
         if existing is not None:
             self.check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
-                raise _exclusive_locked(existing)
+                raise exclusive_locked(existing)
             what = resource_name("queue", name, vhost.name)
             for arg, new, old in (("durable", durable, existing.durable),
                                   ("auto_delete", auto_delete, existing.auto_delete)):
                 if new != old:
                     raise errors.precondition_failed(
-                        f"inequivalent arg '{arg}' for {what}: received '{_show(new)}' but current is '{_show(old)}'")
+                        f"inequivalent arg '{arg}' for {what}: received '{shown(new)}' but current is '{shown(old)}'")
             for arg in EQUIVALENT_QUEUE_ARGS:
                 new, old = arguments.get(arg), existing.arguments.get(arg)
                 if new != old:
                     if new is not None and old is not None:  # rabbit_misc: both set -> bare values
-                        shown_new, shown_old = f"'{_show(new)}'", f"'{_show(old)}'"
+                        shown_new, shown_old = f"'{shown(new)}'", f"'{shown(old)}'"
                     else:
-                        shown_new, shown_old = _show_arg(new), _show_arg(old)
+                        shown_new, shown_old = shown_arg(new), shown_arg(old)
                     raise errors.precondition_failed(
                         f"inequivalent arg '{arg}' for {what}: received {shown_new} but current is {shown_old}")
             existing.touch()
