@@ -655,6 +655,13 @@ class QuorumGroups:
 
     # -- what the API shows --------------------------------------------------------------------
 
+    def critical(self) -> list[tuple[str, str]]:
+        """(vhost, name) of each queue this node is a member of that would be left without a majority of running
+        members if it stopped: no more than a bare majority runs now (RabbitMQ's list_with_minimum_quorum)."""
+        running = {name for name, up in self.cluster.nodes() if up} | {self.name}
+        return [(group.vhost, group.name) for group in self.groups.values() if self.name in group.members
+                and sum(1 for m in group.members if m in running) <= len(group.members) // 2 + 1]
+
     def lag(self) -> dict[str, dict[str, int]]:
         """Per queue led here: how many ops each follower has yet to make durable."""
         return {group.key: group.replicator.lag for group in self.groups.values() if group.replicator is not None}

@@ -98,11 +98,25 @@ async def virtual_hosts(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/health/checks/node-is-quorum-critical")
-@routes.get("/api/health/checks/node-is-mirror-sync-critical")
-async def not_critical(request: web.Request) -> web.Response:
-    """No queue of Warren's depends on this node for a quorum or a mirror."""
+async def quorum_critical(request: web.Request) -> web.Response:
+    """503 listing the quorum queues this node's shutdown would leave without a majority of running members (an
+    operator asks before a rolling restart), in RabbitMQ 3.10's JSON."""
     cluster = ctx(request).broker.cluster
-    if cluster is None or len(cluster.nodes()) <= 1:
+    if cluster is None or not cluster.nodes():
+        return _ok(reason="single node cluster")
+    queues = [{"readable_name": f"queue '{name}' in vhost '{vhost}'", "name": name, "virtual_host": vhost,
+               "type": "quorum"} for vhost, name in cluster.quorum.critical()]
+    if queues:
+        return _failed("There are quorum queues that would lose their quorum if the target node is shut down",
+                       queues=queues)
+    return _ok()
+
+
+@routes.get("/api/health/checks/node-is-mirror-sync-critical")
+async def mirror_sync_critical(request: web.Request) -> web.Response:
+    """Warren has no mirrored classic queues: none depends on this node for a synchronised mirror."""
+    cluster = ctx(request).broker.cluster
+    if cluster is None or not cluster.nodes():
         return _ok(reason="single node cluster")
     return _ok()
 

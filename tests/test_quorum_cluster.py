@@ -2,11 +2,13 @@
 and a leader cut off from etcd that must not confirm what the group does not have."""
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Iterator
@@ -625,3 +627,36 @@ def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_nod
     assert waited < 4.5, waited
     leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
     assert drain(leader, uid) == [b"before", b"during"]
+
+
+def quorum_critical(node: BrokerProcess) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api/health/checks/node-is-quorum-critical")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_node_is_quorum_critical_lists_the_queues_its_shutdown_would_leave_without_a_majority(nodes, uid):
+    """RabbitMQ's check before a rolling restart: 503 and the queues (of which this node is a member) that no more
+    than a bare majority of members runs now; 200 when there are none."""
+    _, (n1, n2, n3) = nodes
+    pair = f"{uid}-pair"
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    with connect(n2) as connection:  # members: node 2, then node 1 (the next running by name)
+        connection.channel().queue_declare(pair, durable=True,
+                                           arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    wait_for(lambda: all(sorted(api(n, f"/queues/%2F/{pair}")["members"]) == NAMES[:2] for n in (n1, n2, n3)),
+             "both queues known everywhere")
+    failed = {"status": "failed",
+              "reason": "There are quorum queues that would lose their quorum if the target node is shut down"}
+    assert quorum_critical(n3) == (200, {"status": "ok"})  # a member of the first only, which all three run
+    assert quorum_critical(n1) == (503, {**failed, "queues": [  # the pair has no member to spare
+        {"readable_name": f"queue '{pair}' in vhost '/'", "name": pair, "virtual_host": "/", "type": "quorum"}]})
+    n2.kill()
+    wait_for(lambda: quorum_critical(n3)[0] == 503, "node 2 seen gone")
+    assert quorum_critical(n3) == (503, {**failed, "queues": [
+        {"readable_name": f"queue '{uid}' in vhost '/'", "name": uid, "virtual_host": "/", "type": "quorum"}]})
