@@ -39,8 +39,8 @@ import numpy as np
 from msg_store import MessageStore
 from queue_index import QueueIndex
 
+from .disk_tail import DROP_BATCH, MIN_WINDOW, PAGED_WINDOW
 from .message import Message
-from .queue import DROP_BATCH, MIN_WINDOW, PAGED_WINDOW
 
 if TYPE_CHECKING:
     from .persistence import Persistence

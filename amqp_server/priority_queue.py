@@ -25,9 +25,11 @@ from typing import Any, Iterable, Iterator
 
 from queue_index import IndexEntry
 
+from .disk_tail import PAGE_IN_BATCH, PAGE_IN_BELOW, stored_message
 from .logs import untrusted
 from .message import Message
-from .queue import PAGE_IN_BATCH, PAGE_IN_BELOW, Entry, Queue, from_seq, pop_below, put_back, stored_message
+from .queue import Entry, Queue
+from .ready import from_seq, pop_below, put_back
 
 log = logging.getLogger("warren.queue")
 

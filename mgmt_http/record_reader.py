@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from amqp_server import payload as payload_codec
-from amqp_server.queue import DiskSpan
+from amqp_server.offsets import DiskSpan
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
 
 if TYPE_CHECKING:

@@ -182,7 +182,7 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
     go afterwards, in the background."""
     COUNT_BATCH = 1024
-    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", COUNT_BATCH)
+    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", COUNT_BATCH)
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     count = 4 * COUNT_BATCH
@@ -221,7 +221,7 @@ async def test_a_commit_of_the_whole_disk_answers_at_once(broker, vhost, monkeyp
     it answers in the loop turn it came in, and their rows and records go in the background."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
+    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     send(broker, vhost, "q", bodies(3 * DROP_BATCH))
@@ -391,7 +391,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     the mark's range: they come back."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.queue.COUNT_BATCH", DROP_BATCH)
+    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     vhost = broker.vhost("/")
