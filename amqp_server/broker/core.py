@@ -43,6 +43,9 @@ class QuorumHooks(Protocol):
 
     def lag(self) -> dict[str, dict[str, int]]: ...
 
+    def critical(self) -> list[tuple[str, str]]:
+        """(vhost, name) of the queues this node's shutdown would leave without a majority of running members."""
+
     def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None: ...
 
     def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int: ...
