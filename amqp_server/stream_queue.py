@@ -45,7 +45,7 @@ class StreamQueue(Queue):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._log: StreamLog | None = None
-        self._open: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries (size, record)
+        self._open: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
         self._open_body = 0
         self._flush_scheduled = False
         super().__init__(*args, **kwargs)
@@ -82,7 +82,7 @@ class StreamQueue(Queue):
     @property  # type: ignore[override]
     def next_seq(self) -> int:
         """The offset the next message gets: the log's next, after this turn's publishes."""
-        return (self._log.next if self._log is not None else 0) + len(self._open) // 2
+        return (self._log.next if self._log is not None else 0) + len(self._open)
 
     @next_seq.setter
     def next_seq(self, value: int) -> None:
@@ -100,15 +100,14 @@ class StreamQueue(Queue):
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
         commit that makes the chunk durable (``message.logged``)."""
-        record = amqp10.from_amqp091(message)
         opened = self._open
-        opened.append(chunk.ENTRY.pack(len(record)))
-        opened.append(record)
-        self._open_body += message.body_size
-        self.ready_bytes += message.body_size
+        opened.append(amqp10.entry(message))
+        size = message.body_size
+        self._open_body += size
+        self.ready_bytes += size
         self.stats.publish += 1
         message.logged = True
-        if len(opened) >= 2 * chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
+        if len(opened) >= chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
             self.flush()
         elif not self._flush_scheduled:  # the turn's first: the chunk is written at its end, or by the next commit
             self._flush_scheduled = True
@@ -125,7 +124,7 @@ class StreamQueue(Queue):
         if not self._open or self.deleted:
             return
         data = b"".join(self._open)
-        count = len(self._open) // 2
+        count = len(self._open)
         body = self._open_body
         self._open = []
         self._open_body = 0

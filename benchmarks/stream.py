@@ -7,10 +7,12 @@ Against any broker on ``--port`` (a Warren node, or RabbitMQ 3.10 for comparison
 persistent messages, ``--in-flight`` unconfirmed at most, consumers with prefetch ``--prefetch`` acking every
 100.  Usage: ``python benchmarks/stream.py --port 5672 --messages 300000 --runs 3``
 
+``--broker-pid`` adds the broker's CPU time per message of each phase (its process's user and system time).
+
 ``--stream-port P`` measures RabbitMQ's stream protocol instead (a Warren node with ``--stream-enabled``, or
 RabbitMQ with rabbitmq_stream): ``--clients`` processes each publish their share in frames of ``--batch``
 messages with confirms (``--in-flight`` unconfirmed at most), then each reads the whole stream from ``first``
-(one credit per chunk, 10 ahead).  ``--broker-pid`` adds the broker's CPU time per message of each phase.
+(one credit per chunk, 10 ahead).
 """
 from __future__ import annotations
 
@@ -36,26 +38,30 @@ def connect(port: int) -> amqp_load.Connection:
     return conn
 
 
-def run(port: int, messages: int, in_flight: int, prefetch: int) -> tuple[float, float, float]:
+def run(port: int, messages: int, in_flight: int, prefetch: int, pid: int) -> tuple[float, ...]:
+    """(publish rate, its broker CPU per message in us, read rate, its CPU per message, second read rate)."""
     name = f"bench-stream-{uuid.uuid4().hex[:8]}"
     conn = connect(port)
     conn.queue_declare(1, name, durable=True, arguments={"x-queue-type": "stream"})
     conn.confirm_select(1)
+    cpu = _cpu(pid)
     result = amqp_load.publish_confirmed(conn, 1, "", name, BODY, messages, max_unconfirmed=in_flight, timeout=600)
+    publish_cpu = _cpu(pid) - cpu
     conn.close()
     if result["nacks"]:
         raise RuntimeError(f"{result['nacks']} nacks")
     reads = []
     for _ in range(2):
         conn = connect(port)
+        cpu = _cpu(pid)
         seconds = amqp_load.consume_count(conn, 1, name, messages, prefetch=prefetch, timeout=600,
                                           arguments={"x-stream-offset": "first"})
+        reads.append((messages / seconds, (_cpu(pid) - cpu) / messages * 1e6))
         conn.close()
-        reads.append(messages / seconds)
     conn = connect(port)
     conn.queue_delete(1, name)
     conn.close()
-    return messages / result["confirmed_s"], reads[0], reads[1]
+    return (messages / result["confirmed_s"], publish_cpu / messages * 1e6, reads[0][0], reads[0][1], reads[1][0])
 
 
 # -- the stream protocol ----------------------------------------------------------------------------------------
@@ -214,10 +220,11 @@ def main() -> int:
             print(f"{label:30s} median {statistics.median(values):>11,.2f}   runs: "
                   + ", ".join(f"{v:,.2f}" for v in values))
         return 0
-    figures = [run(args.port, args.messages, args.in_flight, args.prefetch) for _ in range(args.runs)]
-    for label, values in zip(("publish, confirmed", "read from first", "read again"), zip(*figures)):
-        print(f"{label:20s} median {statistics.median(values):>9,.0f} msg/s   runs: "
-              + ", ".join(f"{v:,.0f}" for v in values))
+    figures = [run(args.port, args.messages, args.in_flight, args.prefetch, args.broker_pid) for _ in range(args.runs)]
+    for label, values in zip(("publish, confirmed", "  broker CPU us/msg", "read from first", "  broker CPU us/msg",
+                              "read again"), zip(*figures)):
+        print(f"{label:30s} median {statistics.median(values):>11,.2f}   runs: "
+              + ", ".join(f"{v:,.2f}" for v in values))
     return 0
 
 

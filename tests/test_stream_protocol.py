@@ -554,3 +554,25 @@ def test_a_frame_of_more_entries_than_a_chunk_counts_is_written_as_two_chunks(no
         confirmed += struct.unpack_from(">I", rest, 1)[0]
     assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
     assert [chunk[:3] for chunk in read_chunks(raw, 2)] == [(0, 65535, 65535), (65535, 4465, 4465)]
+
+
+@pytest.mark.parametrize("sizes", [[5] * 100, [5] * 50 + [6] + [5] * 49], ids=["one size", "one differs"])
+def test_a_frame_is_one_chunk_of_its_entries_as_they_came(node, sizes):
+    """(Records all of one size are taken apart as arrays, others one by one: the chunk is the same.)"""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("app") + string(stream)) == 1
+    records = [b"r%0*d" % (size - 1, i) for i, size in enumerate(sizes)]
+    raw.send(frame(0x02, b"\x01" + struct.pack(">i", len(records)) + b"".join(
+        struct.pack(">QI", 10 + i, len(record)) + record for i, record in enumerate(records))))
+    key, rest = raw.receive()
+    assert key == 0x03 and rest == b"\x01" + struct.pack(">I", 100) + b"".join(
+        struct.pack(">Q", 10 + i) for i in range(100))
+    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
+    [(first, entries, count, data)] = read_chunks(raw, 1)
+    assert (first, entries, count, data) == (0, 100, 100, b"".join(struct.pack(">I", len(r)) + r for r in records))
+    raw.send(frame(0x05, struct.pack(">I", 9) + string("app") + string(stream)))
+    key, rest = raw.receive()
+    assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, 109)

@@ -484,6 +484,11 @@ _ENVELOPES: dict[tuple[bytes, bytes], bytes] = {}
 
 def from_amqp091(message: Message) -> bytes:
     """An AMQP 0-9-1 message as the record RabbitMQ 3.10.8 stores (what a stream-protocol consumer reads)."""
+    return entry(message)[4:]
+
+
+def entry(message: Message) -> bytes:
+    """``from_amqp091`` as a chunk's simple entry: its size, then the record (one join, the envelope remembered)."""
     key = (message.route, message.header[12:])
     envelope = _ENVELOPES.get(key)
     if envelope is None:
@@ -493,8 +498,12 @@ def from_amqp091(message: Message) -> bytes:
         _ENVELOPES[key] = envelope
     body = message.body
     size = len(body)
-    return b"".join((envelope, b"\x00\x53\x75\xa0", bytes((size,)), body) if size < 256 else
-                    (envelope, b"\x00\x53\x75\xb0", _U32.pack(size), body))
+    if size < 256:
+        return b"".join((_U32.pack(len(envelope) + 5 + size), envelope, b"\x00\x53\x75\xa0", _BYTES[size], body))
+    return b"".join((_U32.pack(len(envelope) + 8 + size), envelope, b"\x00\x53\x75\xb0", _U32.pack(size), body))
+
+
+_BYTES = [bytes((i,)) for i in range(256)]
 
 
 def _envelope(message: Message) -> bytes:

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from .. import __version__
 from ..auth import loopback_refused
 from ..errors import AMQPError
@@ -51,6 +53,28 @@ _ID_SIZE = struct.Struct(">QI")  # a message of a publish frame: publishing id, 
 _ENTRY = struct.Struct(">I")
 _DELIVER_HEAD = struct.Struct(">IHHB")  # size, key, version, subscription id
 _CONFIRM_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, count
+
+def _uniform(buf: bytes | bytearray | memoryview, pos: int, end: int, count: int,
+             last: int | None) -> tuple[bytes, bytes, int, int] | None:
+    """A v1 publish frame whose messages are simple entries of one size (a client batching records of one shape)
+    taken apart as arrays, with no work per message: (its publishing ids, packed; its entries; their records'
+    size; the last id).  None for any other frame, or (``last``: a named publisher's) one that repeats an id
+    already written or whose ids do not rise: the general way takes it."""
+    if count < 2 or count > chunk.MAX_ENTRIES or pos + 12 > end:
+        return None
+    size = _ENTRY.unpack_from(buf, pos + 8)[0]
+    stride = 12 + size
+    if size & 0x80000000 or count * stride != end - pos:
+        return None
+    rows = np.frombuffer(buf, np.uint8, count * stride, pos).reshape(count, stride)
+    if not (rows[:, 8:12] == rows[0, 8:12]).all():
+        return None
+    ids = rows[:, :8].tobytes()
+    rising = np.frombuffer(ids, ">u8")
+    if last is not None and (int(rising[0]) <= last or not (rising[1:] > rising[:-1]).all()):
+        return None
+    return ids, rows[:, 8:].tobytes(), size, int(rising[-1])
+
 
 _SPECS = {core.OFFSET_FIRST: "first", core.OFFSET_LAST: "last", core.OFFSET_NEXT: "next"}
 
@@ -117,8 +141,8 @@ class StreamConnection(asyncio.Protocol):
         self.publishers: dict[int, Publisher] = {}
         self.subscriptions: dict[int, Subscription] = {}
         self._pending: dict[Subscription, None] = {}  # subscriptions with something to send at the flush
-        self._unsynced: deque[tuple[int, Publisher, list[int]]] = deque()  # (group commit, publisher, ids)
-        self._confirms: dict[Publisher, list[int]] = {}  # ids to confirm at the next flush
+        self._unsynced: deque[tuple[int, Publisher, bytes]] = deque()  # (group commit, publisher, packed ids)
+        self._confirms: dict[Publisher, list[bytes]] = {}  # packed ids to confirm at the next flush
         self.write_paused = False
         self.reading_paused = False
         self.publishing = False
@@ -581,12 +605,19 @@ class StreamConnection(asyncio.Protocol):
             self.publishing = True
             self.flow.publishing(self)
         buf, pos, end = fields.buf, fields.pos, fields.end
+        dedup = publisher is not None and bool(publisher.reference)
+        last = publisher.sequence if publisher is not None else 0
+        stream = publisher.stream if publisher is not None else None
+        if version == 1 and stream is not None and not stream.deleted:
+            uniform = _uniform(buf, pos, end, count, last if dedup else None)
+            if uniform is not None:
+                assert publisher is not None
+                self._write_uniform(publisher, stream, count, *uniform, dedup)
+                return
         ids: list[int] = []  # written: confirmed once on disk
         duplicates: list[int] = []
         spans: list[tuple[int, int]] = []  # each written entry's place in the frame
         records = sub_batches = 0
-        dedup = publisher is not None and bool(publisher.reference)
-        last = publisher.sequence if publisher is not None else 0
         unpack = _ID_SIZE.unpack_from
         for _ in range(count):
             if pos + 12 > end:
@@ -624,7 +655,6 @@ class StreamConnection(asyncio.Protocol):
             last = publishing_id
         if pos != end:
             raise Malformed("bytes left over in the publish frame")
-        stream = publisher.stream if publisher is not None else None
         if publisher is None or stream is None or stream.deleted:
             code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
             self._publish_errors(publisher_id, [(pid, code) for pid in ids + duplicates])
@@ -632,14 +662,30 @@ class StreamConnection(asyncio.Protocol):
         if spans:
             self._write(publisher, stream, buf, spans, records, sub_batches, last if dedup else None)
         if duplicates:
-            self._confirms.setdefault(publisher, []).extend(duplicates)
+            self._confirms.setdefault(publisher, []).append(struct.pack(f">{len(duplicates)}Q", *duplicates))
         if ids:
-            persistence = self.broker.persistence
-            if persistence.staged:
-                self._unsynced.append((persistence.batch, publisher, ids))
-                persistence.waiters.add(self)
-            else:
-                self._confirms.setdefault(publisher, []).extend(ids)
+            self._to_confirm(publisher, struct.pack(f">{len(ids)}Q", *ids))
+
+    def _write_uniform(self, publisher: Publisher, stream: StreamQueue, count: int, ids: bytes, data: bytes,
+                       size: int, last: int, dedup: bool) -> None:
+        """A frame ``_uniform`` took apart: its ``count`` entries of ``size`` bytes in one chunk, ``ids`` confirmed
+        once it is on disk."""
+        reference = publisher.reference
+        stream.append_chunk(data, count, count, count * size,
+                            chunk.writer_trailer(reference.encode(), last) if dedup else b"")
+        if dedup:
+            publisher.sequence = last
+            stream.log.wrote(reference, last)
+        self._to_confirm(publisher, ids)
+
+    def _to_confirm(self, publisher: Publisher, ids: bytes) -> None:
+        """Publishing ids (packed) written: confirmed once the group commit that has them is on disk."""
+        persistence = self.broker.persistence
+        if persistence.staged:
+            self._unsynced.append((persistence.batch, publisher, ids))
+            persistence.waiters.add(self)
+        else:
+            self._confirms.setdefault(publisher, []).append(ids)
 
     def _write(self, publisher: Publisher, stream: StreamQueue, buf: bytes | bytearray | memoryview,
                spans: list[tuple[int, int]], records: int, sub_batches: int, last: int | None) -> None:
@@ -678,15 +724,16 @@ class StreamConnection(asyncio.Protocol):
         while unsynced and unsynced[0][0] <= batch:
             _, publisher, ids = unsynced.popleft()
             if self.publishers.get(publisher.id) is publisher:
-                self._confirms.setdefault(publisher, []).extend(ids)
+                self._confirms.setdefault(publisher, []).append(ids)
         if not unsynced:
             self.broker.persistence.waiters.discard(self)
         self.schedule_flush()
 
     def _emit_confirms(self) -> None:
-        for publisher, ids in self._confirms.items():
-            self.out.append(_CONFIRM_HEAD.pack(9 + 8 * len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids)))
-            self.out.append(struct.pack(f">{len(ids)}Q", *ids))
+        for publisher, blocks in self._confirms.items():
+            ids = b"".join(blocks)
+            self.out.append(_CONFIRM_HEAD.pack(9 + len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids) // 8))
+            self.out.append(ids)
         self._confirms.clear()
 
     # -- consuming ----------------------------------------------------------------------------
