@@ -3,7 +3,7 @@
 An offset is an entry's ``seq``: per queue, increasing, and for durable queues kept by the queue index across
 restarts.  Only *ready* entries are visible here: entries a consumer holds unacked are neither browsed nor removed
 (if requeued they come back at their seq).  A reader in another process walks the part on disk itself
-(``disk_index``, ``disk_span``: mgmt_http/record_reader.py).
+(``disk_index``, ``disk_span``: mgmt_http/record_reader.py), or a stream's chunks (``chunk_span``).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from .settle import Settling
 
 if TYPE_CHECKING:
     from msg_store import MessageStore
+
+    from .stream.log import ChunkSpan
 
 
 def _segment_files(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,6 +135,11 @@ class Offsets(Settling):
         index, queue_id = self._page_index()
         index.commit()
         return index.path, queue_id, max(start, self.paged_from, self._drop_below)
+
+    def chunk_span(self, start: int, end: int, rows: int, max_bytes: int) -> "ChunkSpan | None":
+        """Where a reader in another process reads the chunks holding offsets ``start`` to ``end`` (``rows`` of
+        them, about ``max_bytes``); None for a queue whose messages are not kept in chunks (a stream's are)."""
+        return None
 
     def disk_span(self, msg_ids: np.ndarray, transient: np.ndarray) -> DiskSpan:
         """Where the payloads of entries walked from ``disk_index`` lie in the stores' segment files:

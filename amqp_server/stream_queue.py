@@ -26,7 +26,7 @@ from .message import Message
 from .queue import Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
 from .stream import amqp10, chunk
-from .stream.log import DEFAULT_SEGMENT_BYTES, Segment, StreamLog
+from .stream.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, Segment, StreamLog
 
 if TYPE_CHECKING:
     from .ports import ConfirmSink, StreamListener
@@ -322,6 +322,10 @@ class StreamQueue(Queue):
             if remaining is not None:
                 remaining -= len(batch)
             yield batch
+
+    def chunk_span(self, start: int, end: int, rows: int, max_bytes: int) -> "ChunkSpan":
+        self.flush()
+        return self.log.span(max(start, self.first), end, rows, max_bytes)
 
     def remove_upto(self, offset: int) -> int:
         raise errors.precondition_failed(

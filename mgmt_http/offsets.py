@@ -42,6 +42,8 @@ from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
 if TYPE_CHECKING:
+    from amqp_server.stream.log import ChunkSpan
+
     from .arrow_records import Layout
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -201,6 +203,19 @@ async def records(request: web.Request, queue: Queue) -> web.StreamResponse:
         readers: record_reader.RecordReaders = request.app[READERS]
         cursor, remaining = start, limit
         while cursor < end and remaining > 0:
+            rows = min(batch_rows, remaining, _rows_for_bytes(queue.message_count, queue.ready_bytes))
+            span = queue.chunk_span(cursor, end, rows, BATCH_BYTES)
+            if span is not None:  # a stream: a reader reads its chunks from the segment files
+                if not len(span.ids):
+                    span.close()
+                    break
+                read = await _chunk_batch(request, response, readers, queue, span, rows, layout)
+                if read is None:  # no reader: the loop reads them
+                    remaining -= await in_memory(cursor, end, remaining)
+                    break
+                remaining -= read.rows
+                cursor = min(end, read.following if read.following is not None else end)
+                continue
             on_disk_from = queue.paged_from if queue.paged else end  # a plain queue's memory holds what is below
             if cursor < on_disk_from:
                 remaining -= await in_memory(cursor, min(end, on_disk_from), remaining)
@@ -256,14 +271,37 @@ async def _disk_batch(request: web.Request, response: web.StreamResponse, reader
     client = _client_socket(request, response)
     read = await readers.read(where, rows, BATCH_BYTES, end, now_ms(), _locator(queue, where[2]), queue.name,
                               layout, client)
+    await _write_rest(request, response, read, client)
+    return read
+
+
+async def _chunk_batch(request: web.Request, response: web.StreamResponse, readers: record_reader.RecordReaders,
+                       queue: Queue, span: ChunkSpan, rows: int, layout: Layout) -> record_reader.Read | None:
+    """A record batch of a stream's chunks where ``span`` says, up to ``rows`` records: a reader reads the chunks
+    from the segment files and decodes their records, nothing of them on the loop; written as ``_disk_batch``
+    writes its batch.  None with no reader to ask."""
+    client = _client_socket(request, response)
+    try:
+        read = await readers.read_chunks(span, rows, queue.name, layout, client)
+    except record_reader.ReaderUnavailable:
+        return None
+    finally:
+        span.close()
+    await _write_rest(request, response, read, client)
+    return read
+
+
+async def _write_rest(request: web.Request, response: web.StreamResponse, read: record_reader.Read,
+                      client: record_reader.ClientSocket | None) -> None:
+    """What of a reader's batch is left for the loop to write: all of it, or what the client's socket did not
+    take (framed by the reader already)."""
     if client is not None:
         if read.rest:
-            request.transport.write(read.rest)  # framed by the reader already
+            request.transport.write(read.rest)
             await request.writer.drain()
     else:
         for at in range(0, len(read.rest), WRITE_SLICE):  # each write a short copy, the loop free between
             await response.write(read.rest[at:at + WRITE_SLICE])
-    return read
 
 
 def _locator(queue: Queue, walked_from: int) -> Callable[[record_reader.Walked], record_reader.Located]:

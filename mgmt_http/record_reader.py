@@ -11,6 +11,10 @@ response as it is.  A descriptor stays readable after a compaction or a deletion
 records a span names are there however the store moves on meanwhile.  The loop's share is a few array
 operations per batch, whatever its rows.
 
+A stream's chunks take one step: the loop finds where they lie in its log (``Queue.chunk_span``: arrays from the
+segments' indexes) and sends that, with the segment files' descriptors; the reader reads the chunks, converts
+their records as an AMQP 0-9-1 consumer gets them (``amqp_server.stream.amqp10``) and builds the batch.
+
 When the client's connection is plain TCP, the loop passes its socket along too and the reader writes the
 batch to the client itself (an HTTP chunk, as aiohttp would frame it): the loop never touches the batch's
 bytes.  It writes what the socket takes within ``WRITE_WAIT`` and sends back only what is left, for the loop
@@ -20,10 +24,12 @@ Wire format, both ways over a stream socket: a request is ``REQUEST`` (header le
 JSON header, then the payload, descriptors riding along with the first bytes.  A walk's header names the
 index, queue id, first seq, rows, bytes, the range's end and the time; a build's, the queue, the body format,
 the walked rows it skips and the framing of the client's socket (last of the descriptors), with the
-locations of the rest as its payload (``LOCATIONS``, column after column).  A reply is ``REPLY`` (status,
-length) and that many bytes: the walk's ``WALKED`` and its rows' seqs, message ids and transient flags; the
-build's IPC message (with a client's socket: what of it is left to write); or the error's text (status 1;
-status 2 when writing to the client failed).
+locations of the rest as its payload (``LOCATIONS``, column after column); a chunks request's, the stream, the
+body format and the offsets and rows wanted, with the chunks' places as its payload (``CHUNK_LOCATIONS``).  A
+reply is ``REPLY`` (status, length) and that many bytes: the walk's ``WALKED`` and its rows' seqs, message ids and
+transient flags; the build's IPC message (with a client's socket: what of it is left to write), after
+``CHUNKS_READ`` for a chunks request; or the error's text (status 1; status 2 when writing to the client
+failed).
 """
 from __future__ import annotations
 
@@ -49,6 +55,8 @@ from amqp_server.offsets import DiskSpan
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
 
 if TYPE_CHECKING:
+    from amqp_server.stream.log import ChunkSpan
+
     from .arrow_records import Layout
 
 log = logging.getLogger("warren.mgmt.records")
@@ -65,6 +73,8 @@ WRITE_WAIT = 0.05  # seconds a reader waits, in all, for a client's socket to ta
 MAIN = "import socket, sys; from mgmt_http.record_reader import serve; serve(socket.socket(fileno=int(sys.argv[1])))"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCATIONS = (("found", np.bool_), ("files", np.uint32), ("offsets", np.uint32), ("sizes", np.uint32))
+CHUNK_LOCATIONS = (("files", np.uint32), ("positions", np.uint64), ("sizes", np.uint32), ("ids", np.uint64))
+CHUNKS_READ = struct.Struct(">Iq")  # a chunks request's reply: its rows, the offset after what it read
 
 
 class ReaderUnavailable(Exception):
@@ -170,6 +180,26 @@ class RecordReaders:
                 span.close()
 
         return await self._ask(walk_and_build)
+
+    async def read_chunks(self, span: ChunkSpan, limit: int, queue_name: str, layout: Layout,
+                          client: ClientSocket | None = None) -> Read:
+        """A record batch of the stream's records in the chunks ``span`` names (from ``span.start``, below
+        ``span.end``, ``limit`` at most), built by a reader from the segment files; with ``client``, written to
+        it.  The span's descriptors stay the caller's to close."""
+
+        async def build(reader: _Reader) -> Read:
+            header: dict[str, Any] = {"chunks": [queue_name, layout.columns, layout.body_text, span.start, span.end,
+                                                 limit]}
+            fds = list(span.fds)
+            if client is not None:
+                header["out"] = "chunked" if client.chunked else "raw"
+                fds.append(client.fd)
+            payload = [getattr(span, name).astype(kind, copy=False) for name, kind in CHUNK_LOCATIONS]
+            reply = await reader.request(header, payload, fds)
+            rows, following = CHUNKS_READ.unpack_from(reply)
+            return Read(rows, following, reply[CHUNKS_READ.size:])
+
+        return await self._ask(build)
 
     @staticmethod
     async def _walk(reader: "_Reader", index_path: str, queue_id: int, start: int, limit: int, max_bytes: int,
@@ -424,6 +454,48 @@ def _build(pending: IndexRows, queue_name: str, columns: list[str], body_text: b
     return _batch(queue_name, arrow_records.Layout(tuple(columns), body_text), rows, files, offsets, sizes, fds)
 
 
+def _chunks(queue_name: str, columns: list[str], body_text: bool, start: int, end: int, limit: int, payload: bytes,
+            fds: list[int]) -> bytes:
+    """``CHUNKS_READ`` and the batch of the records from ``start`` (below ``end``, ``limit`` at most) in the chunks
+    the payload places: each read whole, its records converted as an AMQP 0-9-1 consumer of the stream gets them
+    (a record this node cannot read keeps its offset and is left out)."""
+    from amqp_server.stream import amqp10, chunk
+
+    from . import arrow_records
+
+    count = len(payload) // sum(np.dtype(kind).itemsize for _name, kind in CHUNK_LOCATIONS)
+    files, positions, sizes, ids = (column.tolist() for column in _columns(
+        payload, count, [kind for _name, kind in CHUNK_LOCATIONS]))
+    message = amqp10.Decoder(queue_name).message
+    seqs: list[int] = []
+    routes: list[bytes] = []
+    props: list[bytes] = []
+    bodies: list[bytes] = []
+    following = start
+    for file, position, size, first in zip(files, positions, sizes, ids):
+        raw = os.pread(fds[file], size, position)
+        if len(raw) != size:
+            raise OSError(f"short read of {size} bytes at {position}")
+        entries, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
+        offset = first
+        for record in chunk.records(memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len], entries):
+            if offset >= end or len(seqs) >= limit:
+                break
+            if offset >= start and record is not None:
+                converted = message(record)
+                seqs.append(offset)
+                routes.append(converted.route)
+                props.append(converted.header[arrow_records.PROPERTIES_AT:])
+                bodies.append(converted.body)
+            offset += 1
+        following = max(following, offset)
+        if offset >= end or len(seqs) >= limit:
+            break
+    layout = arrow_records.Layout(tuple(columns), body_text)
+    batch = arrow_records.encode_columns(queue_name, seqs, [False] * len(seqs), routes, props, bodies, layout)
+    return CHUNKS_READ.pack(len(seqs), following) + batch.serialize().to_pybytes()
+
+
 def serve(sock: socket.socket) -> None:
     """Answer requests until the broker closes its end."""
     buffer = bytearray()
@@ -443,14 +515,17 @@ def serve(sock: socket.socket) -> None:
                     pending, following = _walk(envs, *header["walk"])
                     reply = (WALKED.pack(len(pending), following) + pending.seqs.tobytes() + pending.msg_ids.tobytes()
                              + ((pending.flags & FLAG_TRANSIENT) != 0).tobytes())
+                elif "chunks" in header:
+                    reply = _chunks(*header["chunks"], payload, fds[:-1] if "out" in header else fds)
                 else:
                     reply = _build(pending, *header["build"], payload, fds[:-1] if "out" in header else fds)
                 status = 0
             except Exception as exc:  # noqa: BLE001 - told to the broker, which builds the batch itself
                 reply, status = repr(exc).encode(), 1
             if not status and "out" in header:
+                head = reply[:CHUNKS_READ.size] if "chunks" in header else b""
                 try:
-                    reply = _write_out(fds[-1], reply, header["out"] == "chunked")
+                    reply = head + _write_out(fds[-1], memoryview(reply)[len(head):], header["out"] == "chunked")
                 except OSError as exc:
                     reply, status = repr(exc).encode(), 2
         finally:

@@ -8,6 +8,7 @@ import base64
 import os
 import signal
 import socket
+import struct
 import time
 
 import numpy as np
@@ -281,3 +282,72 @@ async def test_a_reader_follows_the_index_when_it_outgrows_its_map(tmp_path):
     finally:
         readers.close()
         index.close()
+
+
+async def test_a_reader_process_reads_a_streams_chunks_from_its_segment_files(tmp_path):
+    """A stream's records come to the Spark bridge from its chunks, read and converted in a reader process (what
+    an AMQP 0-9-1 consumer of the stream gets): from an offset inside a chunk, below an end, up to a limit; the
+    segment files' descriptors are the loop's to close, the records there whatever retention does meanwhile."""
+    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    broker.declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream",
+                                                              "x-stream-max-segment-size-bytes": 30})
+    for turn in range(10):  # ten chunks of five AMQP publishes (20 bytes of bodies), in segments of two
+        send(broker, vhost, "s", [b"a%d-%d" % (turn, i) for i in range(5)], message_id=f"t{turn}", headers={"h": 1})
+        await settle()
+    stream = vhost.queue("s")
+    record = bytes.fromhex("005373c00501a1026964") + bytes.fromhex("005375a003726177")  # over the stream protocol
+    stream.append_chunk(struct.pack(">I", len(record)) + record, 1, 1, len(record))
+    readers = RecordReaders(1)
+    layout = arrow_records.Layout.parse("offset,body,routing_key,message_id,headers", False)
+    try:
+        span = stream.chunk_span(7, 53, 40, 1 << 20)
+        assert span.ids.tolist()[0] == 5 and len(span.fds) == 5  # from the chunk holding 7, in five segments
+        read = await asyncio.wait_for(readers.read_chunks(span, 40, "s", layout), 30)
+        span.close()
+        table = pa.ipc.open_stream(layout.schema.serialize().to_pybytes() + bytes(read.rest)).read_all()
+        assert (read.rows, read.following) == (40, 47)
+        assert table.column("offset").to_pylist() == list(range(7, 47))
+        assert table.column("body").to_pylist()[:3] == [b"a1-2", b"a1-3", b"a1-4"]
+        assert set(table.column("routing_key").to_pylist()) == {"s"}
+        assert table.column("message_id").to_pylist()[:4] == ["t1", "t1", "t1", "t2"]
+        assert table.column("headers").to_pylist()[0] == [("h", "1")]
+        span = stream.chunk_span(47, 100, 100, 1 << 20)
+        read = await asyncio.wait_for(readers.read_chunks(span, 100, "s", layout), 30)
+        span.close()
+        table = pa.ipc.open_stream(layout.schema.serialize().to_pybytes() + bytes(read.rest)).read_all()
+        assert (read.rows, read.following) == (4, 51)
+        assert table.column("body").to_pylist()[-1] == b"raw"
+        assert table.column("message_id").to_pylist()[-1] == "id"
+    finally:
+        readers.close()
+        broker.close()
+
+
+@pytest.mark.timeout(90)
+def test_records_of_a_stream_come_from_a_reader_process(start_broker):
+    """/records of a stream: its chunks read by the reader processes, the rows as its AMQP consumers get them."""
+    node = start_broker()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("st", durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    for i in range(3000):
+        channel.basic_publish("", "st", b"m%d" % i, pika.BasicProperties(message_id=f"id{i}", delivery_mode=1))
+    connection.close()
+
+    def read(**query) -> pa.Table:
+        params = "&".join(f"{k}={v}" for k, v in query.items())
+        return pa.ipc.open_stream(call(node, "GET", f"/api/queues/%2F/st/records?{params}").raw).read_all()
+
+    table = read(batch=500)
+    assert table.column("offset").to_pylist() == list(range(3000))
+    assert table.column("body").to_pylist() == [b"m%d" % i for i in range(3000)]
+    assert table.column("message_id").to_pylist() == [f"id{i}" for i in range(3000)]
+    assert table.column("delivery_mode").to_pylist() == [1] * 3000
+    readers = _reader_pids(node)
+    assert len(readers) == 2
+    table = read(start=1234, end=2000, limit=500, body="text")
+    assert table.column("offset").to_pylist() == list(range(1234, 1734))
+    assert table.column("body").to_pylist()[0] == "m1234"
+    assert _reader_pids(node) == readers  # none failed (the loop would have stepped in)

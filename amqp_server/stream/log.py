@@ -275,6 +275,41 @@ class StreamLog:
             yield at
             at = self.after(*at)
 
+    def span(self, start: int, end: int, records: int, max_bytes: int) -> ChunkSpan:
+        """The chunks from the one holding ``start`` on, below ``end``, until they hold ``records`` records from
+        ``start`` on or ``max_bytes`` bytes (one chunk at least): a few array operations a segment."""
+        span = ChunkSpan(start, end)
+        parts: list[np.ndarray] = []
+        counted = taken = 0
+        found = self.find(start)
+        while found is not None and counted < records and taken < max_bytes:
+            segment, i = found
+            rows = self.rows(segment)[i:segment.count]
+            rows = rows[rows["id"] < end]
+            if not len(rows):
+                break
+            adds = rows["records"].astype(np.int64)
+            adds[0] -= max(start - int(rows["id"][0]), 0)  # (the first chunk may hold offsets below start)
+            held = counted + np.cumsum(adds)
+            sent = taken + np.cumsum(rows["sent"].astype(np.int64))
+            before = (np.concatenate(([counted], held[:-1])) < records) & (
+                np.concatenate(([taken], sent[:-1])) < max_bytes)
+            keep = int(np.count_nonzero(before))  # a prefix: both sums only grow
+            parts.append(np.full(keep, len(span.fds), np.uint32))
+            parts.append(rows[:keep])
+            span.fds.append(os.dup(self.fd(segment)))
+            counted, taken = int(held[keep - 1]), int(sent[keep - 1])
+            if keep < len(rows):
+                break
+            found = self.after(segment, i + keep - 1)
+        if parts:
+            rows = np.concatenate(parts[1::2])
+            span.files = np.concatenate(parts[0::2])
+            span.positions = rows["pos"].astype(np.uint64)
+            span.sizes = rows["sent"].astype(np.uint32)
+            span.ids = rows["id"].astype(np.uint64)
+        return span
+
     def at_time(self, ms: int) -> int:
         """The first chunk published at or after ``ms`` (osiris's timestamp offset), or ``next``."""
         if not self.segments:
@@ -403,6 +438,29 @@ class StreamLog:
                 _unlink(os.path.join(self.directory, name))
             os.rmdir(self.directory)
         self.logs.dir_changed()
+
+
+class ChunkSpan:
+    """Where the chunks holding offsets ``start`` to ``end`` lie (``StreamLog.span``), for a reader in another
+    process: chunk ``i`` (first offset ``ids[i]``) is the ``sizes[i]`` bytes (header and data) at ``positions[i]``
+    of the segment file open as ``fds[files[i]]``.  The descriptors are duplicates, the holder's to close: they
+    stay that file whatever retention does meanwhile."""
+
+    __slots__ = ("fds", "files", "positions", "sizes", "ids", "start", "end")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.fds: list[int] = []
+        self.files = np.zeros(0, np.uint32)
+        self.positions = np.zeros(0, np.uint64)
+        self.sizes = np.zeros(0, np.uint32)
+        self.ids = np.zeros(0, np.uint64)
+        self.start = start
+        self.end = end
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class _Marked:
