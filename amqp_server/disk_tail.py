@@ -59,9 +59,7 @@ class DiskTail(QueueBase):
     def _cut(self, count: int, size: int) -> None:
         """The entries on disk below ``_drop_below``, ``count`` of ``size`` bytes, leave the queue now, as acked;
         their rows go in the background, named by the drop marks until they are gone."""
-        self.paged -= count
-        self.paged_bytes -= size
-        self.ready_bytes -= size
+        self._left_disk(count, size)
         self.stats.ack += count
         self.committed_drops += count
         self._drop_marked([(self.paged_from, self._drop_below)], self._drop_marks)
@@ -83,8 +81,8 @@ class DiskTail(QueueBase):
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
         """At start-up: the queue index holds ``count`` entries of ``size`` bytes up to ``last_seq``, all on
         disk until they near the head; ``expiries`` are the (expiry, seq) of those that have one."""
-        self.paged = count
-        self.paged_bytes = size
+        self.tail.clear()
+        self.tail.add(count, size)
         self.ready_bytes += size
         self.paged_from = 0
         if count and self.pager is not None:
@@ -112,8 +110,7 @@ class DiskTail(QueueBase):
 
     def _count_paged(self, entry: Entry, size: int) -> None:
         """``entry`` (``size`` bytes) joined the part of the queue on disk."""
-        self.paged += 1
-        self.paged_bytes += size
+        self.tail.add(1, size)
 
     def _page_due(self) -> bool:
         """The ready entries in memory run short: the next batch of the tail should come in."""
@@ -148,8 +145,7 @@ class DiskTail(QueueBase):
             if entry.expiry:
                 self._expiring.pop(self.row_key(entry), None)  # its (expiry, key) stays in the heap
             self._page_write(entry, written)
-            self.paged += 1
-            self.paged_bytes += entry.message.body_size
+            self.tail.add(1, entry.message.body_size)
             if entry.message.body is not None:
                 freed += entry.message.body_size
         return freed
@@ -207,8 +203,7 @@ class DiskTail(QueueBase):
             ids = [row.msg_id for row in rows if row.transient == transient]
             if ids and store is not None:
                 payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
-        self.paged -= len(rows)
-        self.paged_bytes -= sum(row.size for row in rows)
+        self.tail.remove(len(rows), sum(row.size for row in rows))
         for row in rows:
             payload = payloads[row.transient].get(row.msg_id)
             if payload is None and not row.transient and (persistent is None or row.msg_id not in persistent):
@@ -229,8 +224,7 @@ class DiskTail(QueueBase):
         if self.paged:
             log.error("queue %s in vhost %s: %d entries counted on disk were not found", untrusted(self.name),
                       untrusted(self.vhost), self.paged)
-        self.ready_bytes -= self.paged_bytes
-        self.paged = self.paged_bytes = 0
+        self.ready_bytes -= self.tail.clear()
 
     def _window(self) -> int:
         """How much of the queue stays in memory: its window, or ``CONSUMED_WINDOW`` while consumers take from
@@ -245,8 +239,11 @@ class DiskTail(QueueBase):
 
     def _unpage(self, size: int) -> None:
         """One entry on disk left the queue without coming into memory."""
-        self.paged -= 1
-        self.paged_bytes -= size
+        self._left_disk(1, size)
+
+    def _left_disk(self, count: int, size: int) -> None:
+        """``count`` entries on disk, ``size`` bytes in all, left the queue without coming into memory."""
+        self.tail.remove(count, size)
         self.ready_bytes -= size
 
     def _drop_paged(self, below: int) -> int:
@@ -278,9 +275,7 @@ class DiskTail(QueueBase):
         store references they held go, and their weight."""
         self._release(rows)
         size = int(rows["size"].sum())
-        self.paged -= len(rows)
-        self.paged_bytes -= size
-        self.ready_bytes -= size
+        self._left_disk(len(rows), size)
 
     def _forget_ready(self) -> None:
         """Every ready entry in memory leaves the queue for good (a purge, a deletion)."""

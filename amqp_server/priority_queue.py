@@ -219,8 +219,7 @@ class PriorityQueue(Queue):
                 if entry.expiry:
                     self._expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
                 self._page_write(entry, written)
-                self.paged += 1
-                self.paged_bytes += entry.message.body_size
+                self.tail.add(1, entry.message.body_size)
                 if entry.message.body is not None:
                     freed += entry.message.body_size
             if len(ready) <= keep:

@@ -34,7 +34,7 @@ from .disk_tail import CONSUMED_WINDOW, MIN_WINDOW
 from .message import Message
 from .offsets import DiskSpan, Offsets
 from .queue_args import QueueArgs
-from .queue_base import QueueHost, TransientPages
+from .queue_base import QueueHost, TailCount, TransientPages
 from .ready import Entry
 from .stats import MessageStats
 
@@ -137,8 +137,7 @@ class Queue(Offsets):
         self._fresh = -1  # seq of the entry being published: not expired on its way to a consumer
         self.pager: "TransientPages | None" = None  # set for a queue that may page
         self.window: int | None = None  # entries kept in memory before the tail pages out (durable queues)
-        self.paged = 0  # ready entries on disk only, all with seq >= paged_from
-        self.paged_bytes = 0  # their bodies' bytes (in ready_bytes too)
+        self.tail = TailCount()  # ready entries on disk only, all with seq >= paged_from, and their bytes
         self.paged_from = 0
         self.page_id = 0  # a non-durable queue's id in the transient index, once it pages
         self._taken_upto = -1  # the highest seq ever taken by a consumer or basic.get
@@ -179,7 +178,7 @@ class Queue(Offsets):
             self.persistence.write(self, entry)
             if self.replicator is not None:  # (a quorum queue's leader: it stores every message) before anything
                 self.replicator.enqueued(entry, confirm)  # else can remove the entry
-        if self.paged or expiry:
+        if self.tail.count or expiry:
             self._append(entry)
         else:  # _append's common case, inline: this is the hot path
             self.ready_bytes += message.body_size
@@ -263,14 +262,14 @@ class Queue(Offsets):
         Credit only shrinks during one call, so a group none of whose consumers can take more is done.
         """
         ready = self.ready
-        if len(ready) == self.gone_in_ready and not self.paged:
+        if len(ready) == self.gone_in_ready and not self.tail.count:
             return
         for group in self._groups:
             consumers = group.consumers
             n = len(consumers)
             i = group.rr
             idle = 0
-            while (ready or self.paged) and idle < n:
+            while (ready or self.tail.count) and idle < n:
                 if i >= n:
                     i = 0
                 consumer = consumers[i]
@@ -294,7 +293,7 @@ class Queue(Offsets):
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
         ready = self.ready
         while True:
-            if self.paged and self._page_due():
+            if self.tail.count and self._page_due():
                 self._page_in()
             if not ready:
                 return None
@@ -359,7 +358,7 @@ class Queue(Offsets):
             if len(entries) >= count:
                 break
             entries.append(entry)
-        if len(entries) < count and self.paged:
+        if len(entries) < count and self.tail.count:
             rows = self._paged_rows(0, offset - skipped + count - len(entries))
             entries.extend(self._paged_entry(row) for row in rows[offset - skipped:])
         return self._with_bodies(entries)

@@ -27,6 +27,34 @@ if TYPE_CHECKING:
     from .ports import Replicator
 
 
+class TailCount:
+    """How many of a queue's ready entries are on disk, and their bodies' bytes: counted in this one object, the two
+    always together (a priority queue's levels' tails in one too).  The queue's ``ready_bytes`` counts these bytes as
+    well; ``DiskTail._left_disk`` moves it with them when entries leave the queue from disk."""
+
+    __slots__ = ("count", "bytes")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+
+    def add(self, count: int, size: int) -> None:
+        """``count`` entries of ``size`` bytes in all went to disk (paged out, joined the tail there, recovered)."""
+        self.count += count
+        self.bytes += size
+
+    def remove(self, count: int, size: int) -> None:
+        """``count`` entries of ``size`` bytes in all are no longer on disk (paged in, or gone)."""
+        self.count -= count
+        self.bytes -= size
+
+    def clear(self) -> int:
+        """None is on disk any more: the bytes that were."""
+        size = self.bytes
+        self.count = self.bytes = 0
+        return size
+
+
 class QueueHost(Protocol):
     """What a queue asks of the broker that owns it."""
 
@@ -80,8 +108,7 @@ class QueueBase:
     _expires_timer: asyncio.TimerHandle | None
     pager: TransientPages | None
     window: int | None
-    paged: int
-    paged_bytes: int
+    tail: TailCount
     paged_from: int
     page_id: int
     _taken_upto: int
@@ -98,7 +125,17 @@ class QueueBase:
 
     @property
     def message_count(self) -> int:
-        return len(self.ready) - self.gone_in_ready + self.paged
+        return len(self.ready) - self.gone_in_ready + self.tail.count
+
+    @property
+    def paged(self) -> int:
+        """Ready entries on disk only."""
+        return self.tail.count
+
+    @property
+    def paged_bytes(self) -> int:
+        """Their bodies' bytes (in ``ready_bytes`` too)."""
+        return self.tail.bytes
 
     def touch(self) -> None:
         """Used: the x-expires countdown starts again (``queue.py``)."""

@@ -102,6 +102,6 @@ class Settling(Expiry):
         self.ready.clear()
         self.gone_in_ready = 0
         self.ready_bytes = 0
-        self.paged = self.paged_bytes = 0
+        self.tail.clear()
         self._expiring.clear()
         self._expiry.clear()
