@@ -64,12 +64,18 @@ class Config:
     stream_enabled: bool = False  # RabbitMQ's stream protocol (the rabbitmq_stream plugin) on stream_port
     stream_port: int = 5552
     stream_frame_max: int = 1048576  # RabbitMQ's stream.frame_max
-    stream_advertised_host: str = ""  # what metadata and open tell clients; default the address they reached
-    stream_advertised_port: int = 0  # default stream_port  # connection.close saying why; RabbitMQ drops the socket after 3 s
+    stream_advertised_host: str = ""  # what metadata and open tell clients; default the host of node_name
+    stream_advertised_port: int = 0  # default stream_port
 
     @property
     def mechanisms(self) -> list[str]:
         return self.auth_mechanisms.replace(",", " ").upper().split()
+
+    @property
+    def stream_host(self) -> str:
+        """The host the stream protocol's open and metadata name for this node: ``stream_advertised_host``, else the
+        host of the node's name, as RabbitMQ's (empty if the name has none)."""
+        return self.stream_advertised_host or self.node_name.partition("@")[2]
 
     @property
     def memory_limit(self) -> int:

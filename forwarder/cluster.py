@@ -60,7 +60,7 @@ class Cluster:
         self.membership = Membership(self.client, self.name, {
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
             "mgmt_port": config.mgmt_port if config.mgmt_enabled else 0,
-            "stream": [config.stream_advertised_host or host, config.stream_advertised_port or config.stream_port]
+            "stream": [config.stream_host or host, config.stream_advertised_port or config.stream_port]
             if config.stream_enabled else None}, self._joined, self._left)
         self._streams: dict[str, tuple[str, int]] = {}  # where the other nodes serve the stream protocol
         self.peers: dict[str, Peer] = {}

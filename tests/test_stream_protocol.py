@@ -576,3 +576,41 @@ def test_a_frame_is_one_chunk_of_its_entries_as_they_came(node, sizes):
     raw.send(frame(0x05, struct.pack(">I", 9) + string("app") + string(stream)))
     key, rest = raw.receive()
     assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, 109)
+
+
+def test_once_open_a_frame_above_the_tuned_frame_max_is_taken_as_rabbitmq_takes_it(node):
+    """rstream 1.0.1 publishes what it buffered in one frame, past the frame max tune agreed (1 MiB); RabbitMQ
+    3.10 takes it.  A frame past FRAME_LIMIT closes the connection with FRAME_TOO_LARGE."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    count = 2048
+    raw.send(frame(0x02, b"\x01" + struct.pack(">i", count) + b"".join(
+        struct.pack(">QI", i, 1012) + b"x" * 1012 for i in range(count))))  # 2 MiB
+    key, rest = raw.receive()
+    assert key == 0x03 and struct.unpack_from(">I", rest, 1)[0] == count
+    raw.send(struct.pack(">I", (64 << 20) + 1) + b"\x00\x02\x00\x01")
+    assert raw.closed_with() == 0x0E
+
+
+def test_open_and_metadata_name_the_host_of_the_nodes_name(node):
+    """As RabbitMQ's advertised host defaults to the host of its node's name (--stream-advertised-host sets it)."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    raw.send(frame(0x11, struct.pack(">I", 1) + struct.pack(">i", 0)))
+    raw.receive()
+    raw.send(frame(0x12, struct.pack(">I", 2)))
+    raw.receive()
+    raw.send(frame(0x13, struct.pack(">I", 3) + string("PLAIN") + struct.pack(">i", 12) + b"\0guest\0guest"))
+    raw.receive()
+    raw.send(frame(0x14, raw.receive()[1]))
+    raw.send(frame(0x15, struct.pack(">I", 4) + string("/")))
+    key, rest = raw.receive()
+    host = socket.gethostname()  # the node's name is warren@<host> unless told
+    assert key == 0x8015 and string("advertised_host") + string(host) in rest
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    raw.send(frame(0x0F, struct.pack(">I", 5) + struct.pack(">i", 1) + string(stream)))
+    key, rest = raw.receive()
+    assert key == 0x800F and rest[8:8 + 4 + len(host)] == struct.pack(">H", 0) + string(host)

@@ -1,7 +1,8 @@
 """One stream-protocol connection (RabbitMQ's rabbit_stream_reader): handshake, publishers, subscriptions.
 
 Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and must have opened a vhost within
-``HANDSHAKE_TIMEOUT``; afterwards frames up to the tuned frame max.  A frame that does not parse, or an unknown
+``HANDSHAKE_TIMEOUT``; afterwards frames up to ``FRAME_LIMIT`` (RabbitMQ 3.10 takes frames above the frame max
+tune agreed, and rstream 1.0.1 sends them: it publishes what it buffered in one frame).  A frame that does not parse, or an unknown
 command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused request gets its
 response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s operations.
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.stream")
 
 PRE_LOGIN_FRAME_MAX = 4096  # peer properties, SASL: a login needs no more
+FRAME_LIMIT = 64 << 20  # the largest frame taken once open
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
 TURN_CHUNKS = 64  # chunks a subscription sends per loop turn at most
@@ -133,8 +135,8 @@ class StreamConnection(asyncio.Protocol):
         self.client_properties: dict[str, str] = {}
         self.peer: tuple[str, int] = ("?", 0)
         self.name = ""
-        self.frame_max = PRE_LOGIN_FRAME_MAX
-        self.tuned_frame_max = 0  # agreed by tune, in force once open
+        self.frame_max = PRE_LOGIN_FRAME_MAX  # the largest frame taken now
+        self._unframed = False  # a frame was refused: what follows cannot be told apart, and is not read
         self.heartbeat = 0
         self.exclusive_queues: set = set()
         self._waiting: asyncio.Task | None = None  # a command waiting for the cluster: what follows waits for it
@@ -267,7 +269,7 @@ class StreamConnection(asyncio.Protocol):
         self._received = True
         self.recv_oct += len(data)
         self.recv_cnt += 1
-        if self.state >= CLOSED:
+        if self.state >= CLOSED or self._unframed:
             return
         self.buf += data
         if self._waiting is None:
@@ -281,10 +283,11 @@ class StreamConnection(asyncio.Protocol):
         try:
             while len(buf) - pos >= 4 and self.state < CLOSED and self._waiting is None:
                 size = size_of(buf, pos)[0]
-                if self.frame_max and size > self.frame_max:
-                    log.warning("stream connection %s: frame of %d bytes, above the frame max %d", self.name,
+                if size > self.frame_max:
+                    log.warning("stream connection %s: frame of %d bytes, above the %d taken", self.name,
                                 size, self.frame_max)
                     self._close(core.FRAME_TOO_LARGE, "frame too large")
+                    self._unframed = True
                     pos = len(buf)
                     break
                 if len(buf) - pos - 4 < size:
@@ -298,10 +301,12 @@ class StreamConnection(asyncio.Protocol):
         except Malformed as exc:
             log.warning("stream connection %s: malformed frame (%s)", self.name, exc)
             self._close(core.UNKNOWN_FRAME, "unknown frame")
+            self._unframed = True
             pos = len(buf)
         except Exception:
             log.exception("internal error on stream connection %s", self.name)
             self._close(core.INTERNAL_ERROR, "internal error")
+            self._unframed = True
             pos = len(buf)
         del buf[:pos]
         if self.out or self._pending or self._confirms:
@@ -380,13 +385,12 @@ class StreamConnection(asyncio.Protocol):
         self.send(core.frame(core.TUNE, core.u32(self.config.stream_frame_max) + core.u32(self.config.heartbeat)))
 
     def _tune(self, fields: Fields) -> None:
-        frame_max, heartbeat = fields.u32(), fields.u32()
+        fields.u32()  # (the frame max: what a client sends is taken up to FRAME_LIMIT, whatever it is)
+        heartbeat = fields.u32()
         fields.done()
         if self.state != AWAIT_TUNE:
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             return
-        server_max = self.config.stream_frame_max
-        self.tuned_frame_max = min(frame_max, server_max) if frame_max and server_max else frame_max or server_max
         self.heartbeat = heartbeat
         self.state = AWAIT_OPEN
 
@@ -416,16 +420,21 @@ class StreamConnection(asyncio.Protocol):
         self.vhost = self.broker.vhost(name)
         self.vhost_name = name
         self.principal = principal
-        self.frame_max = self.tuned_frame_max
+        self.frame_max = FRAME_LIMIT
         self.state = OPEN
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat, self._heartbeat_tick)
-        advertised = {"advertised_host": self.config.stream_advertised_host or self._local_host(),
+        advertised = {"advertised_host": self._advertised_host(),
                       "advertised_port": str(self.config.stream_advertised_port or self.config.stream_port)}
         self.send(core.response(core.OPEN, correlation, core.OK, core.properties(advertised)))
+
+    def _advertised_host(self) -> str:
+        """The host open and metadata name for this node (``Config.stream_host``), else the address this client
+        reached."""
+        return self.config.stream_host or self._local_host()
 
     def _local_host(self) -> str:
         sock = self.transport.get_extra_info("sockname") if self.transport is not None else None
@@ -504,7 +513,7 @@ class StreamConnection(asyncio.Protocol):
         names = fields.strings()
         fields.done()
         cluster = self.broker.cluster
-        brokers = {"": (0, self.config.stream_advertised_host or self._local_host(),
+        brokers = {"": (0, self._advertised_host(),
                         self.config.stream_advertised_port or self.config.stream_port)}
         streams = []
         for name in dict.fromkeys(names):
