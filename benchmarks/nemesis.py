@@ -12,7 +12,8 @@ Workload: one queue (``x-queue-type: quorum``); one publisher per node sends per
 mandatory, with confirms (``--in-flight`` unconfirmed at most, ``--rate`` per second); a message nacked,
 returned or unconfirmed when its connection went is not sent again.  One consumer (manual acks, prefetch
 50) moves to the next node every ``ROTATE`` seconds and after any failure.  A publisher whose connection
-stays silent for ``STALL`` seconds with messages unconfirmed drops it and connects again.
+stays silent for ``STALL`` seconds with messages unconfirmed drops it and connects again.  Meanwhile a durable
+classic queue is declared and bound every second through the next node, and an older one deleted.
 
 Faults (``--schedule random``: drawn from ``--seed``, each kind once in a shuffled round, then again;
 ``issue``: the fixed schedule the replicated queue first failed under; ``rabbitmq``: the same without its
@@ -25,7 +26,9 @@ etcd step):
 Checker, once every fault is healed and the queue drained: every confirmed message delivered at least
 once; duplicates counted; no message confirmed through a node cut off from both others that it took after
 the cut (a side without a majority); per publisher, deliveries out of publish order and the longest gap
-between confirms; the longest gap between any two confirms; nacks; the queue declared on every node.
+between confirms; the longest gap between any two confirms; nacks; the queue declared on every node; every
+node with the same declared queues and bindings, and with each one answered as made (not deleted since) and
+none answered as deleted.
 
 Usage (as root):  python benchmarks/nemesis.py --seed 7
                   python benchmarks/nemesis.py --broker rabbitmq --schedule rabbitmq
@@ -651,6 +654,8 @@ class Consumer:
                 tag = struct.unpack_from("!Q", payload, tag_at)[0]
                 body = await connection.content()
                 self._delivered(message_id(body))
+                if writer.is_closing():
+                    raise Closed("connection lost")
                 writer.write(method_frame(1, 60, 80, struct.pack("!QB", tag, 0)))
             elif method == (60, 30):  # basic.cancel from the broker (the leader moved)
                 raise Closed("cancelled")
@@ -663,6 +668,77 @@ class Consumer:
         if self.deliveries[mid] == 1:
             publisher, seq = mid[1:].split("-")
             self.order.setdefault(int(publisher), []).append(int(seq))
+
+
+@dataclass
+class Definitions:
+    """Definitions made and deleted while the faults go on: every second a durable classic queue ``def-N`` is
+    declared and bound to amq.direct through the next node, and an older one deleted; what was answered ok is
+    what every node must have (or not have) once the faults are healed."""
+
+    hosts: list[tuple[str, int]]
+    made: set[str] = field(default_factory=set)  # declared and bound (both answered ok)
+    deleted: set[str] = field(default_factory=set)  # delete answered ok
+    tried: set[str] = field(default_factory=set)  # a delete was sent (its outcome may be unknown)
+    failed: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        turn = 0
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            host, port = self.hosts[turn % len(self.hosts)]
+            name = f"def-{turn}"
+            turn += 1
+            older = sorted(self.made - self.tried, key=lambda n: int(n[4:]))
+            try:
+                connection = await Connection.open(host, port)
+            except (OSError, asyncio.TimeoutError, Closed, ConnectionError, asyncio.IncompleteReadError):
+                self.failed += 1
+                continue
+            try:
+                await asyncio.wait_for(self._change(connection, name, older[0] if turn % 2 and older else None), 5)
+            except (OSError, asyncio.TimeoutError, Closed, ConnectionError, asyncio.IncompleteReadError):
+                self.failed += 1
+            await connection.close()
+
+    async def _change(self, connection: Connection, name: str, victim: str | None) -> None:
+        writer = connection.writer
+        writer.write(method_frame(1, 50, 10, struct.pack("!H", 0) + shortstr(name) + b"\x02" + table(None)))
+        await connection.method(50, 11)
+        writer.write(method_frame(1, 50, 20, struct.pack("!H", 0) + shortstr(name) + shortstr("amq.direct")
+                                  + shortstr(name) + b"\x00" + table(None)))
+        await connection.method(50, 21)
+        self.made.add(name)
+        if victim is not None:
+            self.tried.add(victim)
+            writer.write(method_frame(1, 50, 40, struct.pack("!H", 0) + shortstr(victim) + b"\x00"))
+            await connection.method(50, 41)
+            self.deleted.add(victim)
+
+    def check(self, cluster: "Cluster") -> dict[str, Any]:
+        """Each node's def-* queues and their bindings against what was answered, once they agree (or 30 s)."""
+        deadline = time.monotonic() + 30
+        while True:
+            seen = [self._held(cluster, index) for index in range(3)]
+            if all(view == seen[0] for view in seen) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        kept = self.made - self.tried
+        return {"made": len(self.made), "deleted": len(self.deleted), "failed": self.failed,
+                "nodes_disagree": any(view != seen[0] for view in seen),
+                "missing": sorted({name for queues, bound in seen for name in kept - (queues & bound)}),
+                "resurrected": sorted({name for queues, bound in seen for name in self.deleted & (queues | bound)})}
+
+    @staticmethod
+    def _held(cluster: "Cluster", index: int) -> tuple[set[str], set[str]]:
+        """(queues, queues bound to amq.direct) named def-* on a node."""
+        try:
+            queues = {q["name"] for q in cluster.api(index, "/queues/%2F", timeout=10) if q["name"].startswith("def-")}
+            bound = {b["destination"] for b in cluster.api(index, "/exchanges/%2F/amq.direct/bindings/source",
+                                                         timeout=10) if b["destination"].startswith("def-")}
+        except (OSError, ValueError):
+            return set(), set()
+        return queues, bound
 
 
 # -- the nemesis ----------------------------------------------------------------------------------------------
@@ -761,9 +837,11 @@ async def workload(cluster: Cluster, network: Network | None, faults: list[Fault
     await connection.close()
     publishers = [Publisher(i, host, port, args.rate, args.in_flight) for i, (host, port) in enumerate(hosts)]
     consumer = Consumer(hosts, started=started)
+    definitions = Definitions(hosts)
     stop_publishing, stop_consuming = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     tasks = [loop.create_task(p.run(stop_publishing, started)) for p in publishers]
+    tasks.append(loop.create_task(definitions.run(stop_publishing)))
     consuming = loop.create_task(consumer.run(stop_consuming))
     nemesis = Nemesis(cluster, network, started)
     await asyncio.sleep(args.warmup)
@@ -788,6 +866,7 @@ async def workload(cluster: Cluster, network: Network | None, faults: list[Fault
     await consuming
     nemesis.note("drained")
     report.update(check(publishers, consumer, nemesis, cluster))
+    report["definitions"] = await loop.run_in_executor(None, definitions.check, cluster)
     confirms = sorted(at for p in publishers for at in p.confirmed.values())
     for fault in faults:  # the longest time without any confirm that began while it lasted (or in its gap)
         gaps = [b - a for a, b in zip(confirms, confirms[1:]) if fault.started <= a < fault.ended + fault.gap]
@@ -860,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=10, help="seconds of publishing after the last fault")
     parser.add_argument("--drain", type=float, default=120, help="at most this long to drain the queue")
     parser.add_argument("--prefix", default=f"wn{os.getpid()}", help="names of the run's network namespaces")
-    parser.add_argument("--data", help="directory for the nodes' data and logs (default: a new temporary one)")
+    parser.add_argument("--data", help="directory for the nodes' data and logs (default: a new temporary one, "
+                                       "removed after a run that lost nothing)")
     parser.add_argument("--json", action="store_true", help="print only the report")
     args = parser.parse_args(argv)
     kinds = KINDS if args.broker == "warren" else [k for k in KINDS if k not in NEEDS_ETCD]
@@ -897,7 +977,10 @@ def main(argv: list[str] | None = None) -> int:
         if network is not None:
             Network.remove(args.prefix)
         if args.data is None:
-            report["data"] = data
+            if report.get("lost") == 0 and not report.get("queue_missing_on"):
+                shutil.rmtree(data, ignore_errors=True)
+            else:
+                report["data"] = data  # kept, to look into
     sys.stdout = sys.__stdout__
     print(json.dumps(report))
     return 0

@@ -1,9 +1,9 @@
 """The nemesis (``benchmarks/nemesis.py``) on a short seeded schedule: etcd and three nodes, each in a network
 namespace of its own, confirming publishers on every node and a consumer moving between them, while the leader
 is cut from the followers, a node from etcd, the leader's frames to a follower are lost, etcd is frozen, the
-leader is killed and paused.  Every confirmed message is delivered, the queue is there on every node, nothing
-was confirmed by a side without a majority, and publishers were slowed, not flooded with nacks, while no
-leader was known."""
+leader is killed and paused, and queues are declared, bound and deleted.  Every confirmed message is delivered,
+the queue is there on every node, every node has the definitions as they were answered, nothing was confirmed
+by a side without a majority, and publishers were slowed, not flooded with nacks, while no leader was known."""
 from __future__ import annotations
 
 import json
@@ -48,6 +48,9 @@ def test_a_short_nemesis_loses_no_confirmed_message(tmp_path: Path) -> None:
     assert report["confirmed"] > 10_000, summary
     assert report["lost"] == 0, summary
     assert report["queue_missing_on"] == [], summary
+    definitions = report["definitions"]  # queues declared, bound and deleted meanwhile: as answered, on every node
+    assert definitions["made"] > 20 and not definitions["nodes_disagree"], definitions
+    assert definitions["missing"] == [] and definitions["resurrected"] == [], definitions
     assert report["minority_confirms"] == 0, summary
     # while no leader is known a publish waits for one: nacks come a window at a time, not at the publish rate
     assert all(p["max_nacks_per_second"] <= 3 * IN_FLIGHT for p in report["publishers"].values()), report["publishers"]
