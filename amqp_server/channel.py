@@ -17,10 +17,12 @@ from exchanges import Exchange
 
 from . import codec, direct_reply, errors, properties
 from .broker import server_name
+from .codec import CONTENT_UNIT_BITS
 from .consumer_timeout import AckTimeout
 from .direct_reply import ReplyConsumer
 from .errors import AMQPError, ChannelError, ConnectionError
 from .logs import untrusted
+from .memory import MEMORY_CHECK_BYTES
 from .message import Message
 from .payload import route_names
 from .ports import ExclusiveOwner
@@ -43,7 +45,6 @@ EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
-MEMORY_CHECK_BYTES = 8 * 1024 * 1024  # each time a message's partial body grows by this, memory is checked
 
 
 class ChannelHost(ExclusiveOwner[Queue], Protocol):
@@ -66,6 +67,8 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     publishing: bool
 
     def schedule_flush(self) -> None: ...
+
+    def content_out(self, size: int) -> None: ...
 
     def send_method(self, channel: int, method: Frame) -> None: ...
 
@@ -277,6 +280,7 @@ class Channel:
         codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
                             message.header, message.body, self.connection.frame_max)
         self.connection.schedule_flush()
+        self.connection.content_out(len(message.header) + message.body_size)
 
     def _to_confirm(self, message: Message, rejected: bool) -> None:
         """A publish is confirmed at once, or — if it went to disk — when its batch is fsynced.
@@ -373,7 +377,7 @@ class Channel:
         codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
                              consumer.queue.delivery_header(entry) if consumer.counted else message.header,
                              message.body, connection.frame_max)
-        connection.deliver_budget -= 1
+        connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
@@ -739,10 +743,11 @@ class Channel:
             self.unacked[self.delivery_tag] = (entry, queue, None)
             self.ack_timeout.watch(queue, None)
         message = entry.message
+        header = queue.delivery_header(entry, get=True)
         codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
-                            queue.message_count, queue.delivery_header(entry, get=True), message.body,
-                            self.connection.frame_max)
+                            queue.message_count, header, message.body, self.connection.frame_max)
         self.connection.schedule_flush()
+        self.connection.content_out(len(header) + message.body_size)
 
     def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:

@@ -77,6 +77,17 @@ def shortstr(value: str) -> bytes:
     return bytes((len(data),)) + data
 
 
+# A delivery, a get or a return counts one against its connection's per-turn budget
+# (``--deliveries-per-flush``), plus one per 2 KiB of content: with the defaults, a turn writes at most
+# 2,000 small messages or 4 MiB (``--write-buffer-high``) of bodies, and one large message at a time.
+CONTENT_UNIT_BITS = 11
+
+
+def content_cost(size: int) -> int:
+    """What ``size`` bytes of content (body and header) take of a connection's delivery budget."""
+    return 1 + (size >> CONTENT_UNIT_BITS)
+
+
 def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_max: int) -> None:
     """Append the content header frame and body frames of a message to ``out``."""
     out.append(FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)))

@@ -20,6 +20,7 @@ from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal, loopback_refused
+from .memory import MEMORY_CHECK_BYTES
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
 from .logs import untrusted
@@ -100,9 +101,11 @@ class Connection(asyncio.Protocol):
         self.ssl_object = None  # the ssl.SSLObject of an AMQPS connection
         self.auth_mechanism = ""
         self.exclusive_queues: set = set()
-        self.write_paused = False
+        self.write_paused = False  # the client does not read what we write: frames already read wait too
         self.reading_paused = False
         self.suspended = False  # a channel method awaits the cluster: later frames wait behind it
+        self.stalled = False  # write_paused or suspended: the one flag the frame loop tests per frame
+        self.paused_output = 0  # bytes added to the output while writes are paused, since memory was checked
         self.blocked_notified = False
         self.publishing = False
         self.deliver_budget = config.deliveries_per_flush
@@ -144,14 +147,19 @@ class Connection(asyncio.Protocol):
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        """The client reads slower than we write: read no more, and leave the frames already read until it
+        catches up (a get answered now would copy another body into an output nobody takes)."""
+        self.write_paused = self.stalled = True
         self._pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.stalled = self.suspended
         if not self.held:
             self._resume_reading()
         self.resume_deliveries()
+        if self.buf and not self.stalled:
+            self.loop.call_soon(self._frames)  # not from inside a write that resumed us
 
     def _pause_reading(self) -> None:
         if not self.reading_paused and self.transport is not None:
@@ -187,11 +195,31 @@ class Connection(asyncio.Protocol):
             self.send_oct += len(data)
             self.send_cnt += 1
             self._sent = True
+            if self.write_paused:
+                self._unsent(len(data))
         self.out.clear()
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
                 self.resume_deliveries()
+
+    def _unsent(self, size: int) -> None:
+        """Output that waits for a client not reading is memory like a publisher's partial body: each
+        ``MEMORY_CHECK_BYTES`` of it checks the memory alarm (others' publishes can fill it faster than the
+        once-a-second check sees)."""
+        self.paused_output += size
+        if self.paused_output >= MEMORY_CHECK_BYTES:
+            self.paused_output = 0
+            self.flow.recheck()
+
+    def content_out(self, size: int) -> None:
+        """A get or a return put ``size`` bytes of content in the output: it counts against this
+        turn's delivery budget (see :func:`codec.content_cost`), and a spent budget is written out at once, so that
+        one read of small requests cannot copy an unbounded number of bodies before the client is seen not
+        to read (the write pauses us, and the frames still unread wait)."""
+        self.deliver_budget -= codec.content_cost(size)
+        if self.deliver_budget <= 0:
+            self.flush()
 
     def send_method(self, channel: int, method: Frame) -> None:
         self.out.append(codec.method_frame(channel, method))
@@ -217,12 +245,17 @@ class Connection(asyncio.Protocol):
                 return
             del buf[:8]
             self._start()
+        self._frames()
+
+    def _frames(self) -> None:
+        """Handle the complete frames read, until one makes the rest wait (``stalled``) or the state ends it."""
+        buf = self.buf
         pos = 0
         n = len(buf)
         channels = self.channels
         limit = self.frame_max
         try:
-            while n - pos >= 8 and self.state < DRAINING and not self.suspended:
+            while n - pos >= 8 and self.state < DRAINING and not self.stalled:
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -286,12 +319,13 @@ class Connection(asyncio.Protocol):
 
         Its errors close the channel or connection as a synchronous method's would.
         """
-        self.suspended = True
+        self.suspended = self.stalled = True
         self._pause_reading()
         self.loop.create_task(work).add_done_callback(lambda task: self._resume(channel, method, task))
 
     def _resume(self, channel: "Channel", method: Frame, task: asyncio.Task) -> None:
         self.suspended = False
+        self.stalled = self.write_paused
         exc = None if task.cancelled() else task.exception()
         if isinstance(exc, AMQPError) and not exc.class_id:
             exc.class_id, exc.method_id = divmod(method.index, 0x10000)
@@ -307,7 +341,7 @@ class Connection(asyncio.Protocol):
             return
         if not self.write_paused and not self.held:
             self._resume_reading()
-        self.data_received(b"")
+        self._frames()
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
         """basic.publish parsed in place: exchange and routing key stay encoded for delivery."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 import os
 import resource
 
+# Memory that grows faster than the once-a-second check (a large message arriving, output piling up for a
+# client that does not read) checks the memory alarm each time it grows by this much.
+MEMORY_CHECK_BYTES = 8 * 1024 * 1024
+
 
 def memory_used() -> int:
     """Resident memory the process itself holds: its anonymous pages.  File-backed resident pages (the

@@ -129,7 +129,8 @@ class Node:
 
     def check_memory(self) -> int:
         """Set or clear the memory alarm; the RSS. Every second, and whenever a publisher has sent another
-        8 MiB of a message (channel.MEMORY_CHECK_BYTES) (a fast publisher outruns the clock)."""
+        8 MiB of a message or a client that does not read has another 8 MiB waiting for it
+        (memory.MEMORY_CHECK_BYTES): fast publishers outrun the clock."""
         limit = self.config.memory_limit
         rss = memory_used()
         alarmed = self.flow.alarmed(MEMORY)
