@@ -31,9 +31,11 @@ class Settling(Expiry):
         self.unacked_bytes -= sum(entry.message.body_size for entry in entries)
 
     def requeue(self, entries: Iterable[Entry]) -> None:
-        """Put unacked entries back in their original places, marked redelivered."""
+        """Put unacked entries back in their original places, marked redelivered.  Newest first: each goes
+        in front of the ready head at once (oldest first, every one after the first went into the middle of
+        the deque, and 50,000 requeued into a queue of 150,000 held the loop 5 s)."""
         count = 0
-        for entry in sorted(entries, key=lambda e: e.seq):
+        for entry in sorted(entries, key=lambda e: e.seq, reverse=True):
             entry.redelivered = True
             count += 1
             self.ready_bytes += entry.message.body_size

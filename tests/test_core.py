@@ -104,6 +104,30 @@ async def test_requeue_returns_to_the_original_place_redelivered(broker, vhost):
     assert [e.message.body for e in vhost.queues["q"].peek(0, 10)] == [b"3"]
 
 
+async def test_requeueing_many_in_front_of_a_deep_queue_takes_linear_time(broker, vhost):
+    """50,000 held messages requeued (a channel closing, basic.recover, an HTTP get) in front of 150,000
+    ready ones: oldest first, each after the first went into the middle of the deque (3-9 s); newest first,
+    each goes in front of the head."""
+    import gc
+    import time
+
+    broker.declare_queue(vhost, "q")
+    queue = vhost.queues["q"]
+    for n in range(200_000):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", commands.Basic.Properties(), b"%d" % n))
+    taken = [queue.get(no_ack=False) for _ in range(50_000)]
+    gc.disable()  # the algorithm's time, not the collector's
+    try:
+        started = time.perf_counter()
+        broker.settle(queue, taken, requeue=True)
+        took = time.perf_counter() - started
+    finally:
+        gc.enable()
+    assert took < 1.0
+    assert [entry.message.body for entry in queue.peek(0, 3)] == [b"0", b"1", b"2"]
+    assert [entry.message.body for entry in queue.peek(49_999, 2)] == [b"49999", b"50000"]
+
+
 async def test_a_full_delivery_target_gets_nothing_until_it_has_room(broker, vhost):
     broker.declare_queue(vhost, "q")
     target = Target()
