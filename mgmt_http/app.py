@@ -19,6 +19,7 @@ from . import bindings, connections, definitions, exchanges, global_parameters, 
 from . import permissions, policies, queues, quorum_members, users, vhosts
 from . import forward, offsets
 from .auth import auth_middleware
+from .csrf import csrf_middleware
 from .context import KEY, Context
 from .gate import GatedSite, ServerLog
 from .http import HTTPError, error_response, from_amqp
@@ -92,7 +93,8 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     """The management application for ``broker``; ``config`` is the node's Config, ``flow`` its alarms,
     ``clients`` its AMQP connections."""
     app = web.Application(middlewares=[security_headers, error_middleware,
-                                       auth_middleware(broker, config.loopback_users_only, config.metrics_auth)],
+                                       auth_middleware(broker, config.loopback_users_only, config.metrics_auth),
+                                       csrf_middleware],
                           client_max_size=config.mgmt_max_body_size)
     clients = clients or Clients()
     sampler = Sampler(broker, clients, sample_interval)

@@ -130,8 +130,8 @@ async def export_vhost(request: web.Request) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    """JSON, or a form upload with a ``file`` field as RabbitMQ's UI sends it."""
-    if request.content_type.startswith("multipart/") or request.content_type == "application/x-www-form-urlencoded":
+    """JSON, or a form upload with a ``file`` field as RabbitMQ's UI sends it (see :mod:`csrf`)."""
+    if request.content_type == "multipart/form-data":
         form = await request.post()
         field = form.get("file")
         raw = field.file.read() if hasattr(field, "file") else (field or "")

@@ -353,7 +353,8 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
         connection.channel().basic_publish("", uid, b"over http")
     request = urllib.request.Request(f"http://127.0.0.1:{n3.mgmt_port}/api/queues/%2F/{uid}/get", method="POST",
                                      data=json.dumps({"count": 5, "ackmode": "ack_requeue_false",
-                                                      "encoding": "auto"}).encode())
+                                                      "encoding": "auto"}).encode(),
+                                     headers={"Content-Type": "application/json"})
     request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
     with urllib.request.urlopen(request, timeout=5) as reply:
         assert [m["payload"] for m in json.load(reply)] == ["over http"]

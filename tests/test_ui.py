@@ -734,3 +734,71 @@ def test_definitions_export_and_import(ui: UI, node: BrokerProcess, uid: str, tm
     assert api_get(node, f"/api/queues/%2F/{q(imported)}")["arguments"] == {"x-max-length": 5}
     for name in (kept, imported):
         assert call(node, "DELETE", f"/api/queues/%2F/{q(name)}").status == 204
+
+
+def test_a_page_on_another_origin_cannot_act_with_cached_credentials(browser: Browser, node: BrokerProcess, uid: str):
+    """A page served from another origin makes the requests a page may make without the node's leave, each
+    posting definitions that add an administrator, while the browser holds the guest's Basic credentials
+    for the node (it answers the node's 401 challenge with them): a text/plain form, a multipart form with
+    a ``file`` field, and a no-cors fetch.  Each was taken before; now each is refused and nobody is added."""
+    import http.server
+    import threading
+
+    target = f"http://127.0.0.1:{node.mgmt_port}/api/definitions"
+    names = {kind: f"{uid}-{kind}" for kind in ("plain", "multipart", "fetch")}
+
+    def definitions(name: str) -> str:
+        return json.dumps({"users": [{"name": name, "password": "pw", "tags": "administrator"}]})
+
+    def escaped(text: str) -> str:
+        return text.replace("&", "&amp;").replace("'", "&#39;")
+
+    plain = definitions(names["plain"])[:-1]  # the form writes name=value: the "=" goes into a string
+    pages = {
+        "/plain": f"""<form method=post enctype=text/plain action='{target}'>
+                      <input name='{escaped(plain + ',"x":"')}' value='"}}'></form>
+                      <script>document.forms[0].submit()</script>""",
+        "/multipart": f"""<form method=post enctype=multipart/form-data action='{target}'>
+                          <input name=file value='{escaped(definitions(names["multipart"]))}'></form>
+                          <script>document.forms[0].submit()</script>""",
+        "/fetch": f"""<script>fetch('{target}', {{method: 'POST', mode: 'no-cors', credentials: 'include',
+                      headers: {{'Content-Type': 'text/plain'}}, body: {json.dumps(definitions(names["fetch"]))}}})
+                      .then(() => {{ document.title = 'sent'; }}, () => {{ document.title = 'sent'; }})</script>""",
+    }
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path not in pages:  # (the favicon)
+                self.send_error(404)
+                return
+            body = f"<!doctype html><html><body>{pages[self.path]}</body></html>".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Attacker)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    context = browser.new_context(http_credentials={"username": "guest", "password": "guest"})
+    answered: list[int] = []  # the node's answers to the pages' posts (its 401 challenges aside)
+    context.on("response", lambda response: answered.append(response.status)
+               if response.url == target and response.status != 401 else None)
+    try:
+        for number, path in enumerate(pages, start=1):
+            page = context.new_page()  # (a tab each: a form's answer navigates its tab)
+            page.goto(f"http://127.0.0.1:{attacker.server_address[1]}{path}", wait_until="commit")
+            for _ in range(TIMEOUT_MS // 100):
+                if len(answered) >= number:
+                    break
+                page.wait_for_timeout(100)
+            assert len(answered) == number, f"{path}: the page's post never reached the node"
+    finally:
+        context.close()
+        attacker.shutdown()
+    assert answered == [415, 415, 415]
+    for kind, name in names.items():
+        assert call(node, "GET", f"/api/users/{q(name)}").status == 404, f"the {kind} page added an administrator"

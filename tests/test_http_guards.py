@@ -1,0 +1,95 @@
+"""The management API against requests that abuse it: cross-site posts, bulk reads and moves, publishing
+through an alarm.  (A real browser's cross-site attempt is in test_ui.py.)"""
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from test_mgmt_api import call, q
+
+pytestmark = pytest.mark.timeout(300)
+
+GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
+
+
+def send(node, method: str, path: str, data: bytes | None = None, **headers: str) -> tuple[int, dict, bytes]:
+    """A request with exactly these headers (and the guest's credentials): status, headers, body."""
+    request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}{path}", data=data, method=method,
+                                     headers={"Authorization": GUEST, **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def user_exists(node, name: str) -> bool:
+    return call(node, "GET", f"/api/users/{q(name)}").status == 200
+
+
+# -- cross-site requests -------------------------------------------------------------------------------
+
+def definitions_adding(user: str) -> bytes:
+    return json.dumps({"users": [{"name": user, "password": "pw", "tags": "administrator"}]}).encode()
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_post_that_is_not_json_is_refused_as_rabbitmq_refuses_it(broker, uid, content_type):
+    """What a form on another site can send: RabbitMQ 3.10 answers 415 with no body and creates nothing."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.mgmt_port}/api/definitions",
+                                     data=definitions_adding(uid), method="POST",
+                                     headers={"Authorization": GUEST, **headers})
+    if content_type is None:
+        request.remove_header("Content-type")  # (urllib adds x-www-form-urlencoded to a body otherwise)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    assert (status, body) == (415, b"")
+    assert not user_exists(broker, uid)
+
+
+@pytest.mark.warren_only("RabbitMQ 3.10 takes these: publish and get as text/plain, a form upload without a header")
+def test_every_post_must_be_json_and_a_form_upload_must_carry_a_header_no_form_can(broker, uid):
+    publish = json.dumps({"properties": {}, "routing_key": uid, "payload": "x", "payload_encoding": "string"})
+    assert send(broker, "POST", "/api/exchanges/%2F/amq.default/publish", publish.encode(),
+                **{"Content-Type": "text/plain"})[0] == 415
+    get = json.dumps({"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}).encode()
+    assert send(broker, "POST", f"/api/queues/%2F/{q(uid)}/get", get, **{"Content-Type": "text/plain"})[0] == 415
+    boundary = "warren-test-boundary"
+    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n".encode()
+            + definitions_adding(uid) + f"\r\n--{boundary}--\r\n".encode())
+    multipart = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    assert send(broker, "POST", "/api/definitions", form, **multipart)[0] == 415  # what a form can send
+    assert not user_exists(broker, uid)
+    assert send(broker, "POST", "/api/definitions", form, **multipart, **{"X-Vhost": "/"})[0] == 204  # RabbitMQ's UI
+    assert user_exists(broker, uid)
+    assert call(broker, "DELETE", f"/api/users/{q(uid)}").status == 204
+    assert send(broker, "POST", "/api/definitions", form, **multipart, **{"X-Requested-With": "x"})[0] == 204
+    assert call(broker, "DELETE", f"/api/users/{q(uid)}").status == 204
+
+
+@pytest.mark.warren_only("RabbitMQ 3.10 does not look at Origin")
+def test_a_request_from_another_origin_is_refused(broker, uid):
+    own = f"http://127.0.0.1:{broker.mgmt_port}"
+    body = json.dumps({"password": "pw", "tags": ""}).encode()
+    for origin in ("http://evil.example", f"http://localhost:{broker.mgmt_port}", "null",
+                   f"http://127.0.0.1:{broker.mgmt_port + 1}"):
+        status, _, answer = send(broker, "PUT", f"/api/users/{q(uid)}", body, Origin=origin,
+                                 **{"Content-Type": "application/json"})
+        assert (status, json.loads(answer)) == (403, {"error": "forbidden", "reason": "cross-site request refused"})
+        assert send(broker, "POST", "/api/definitions", definitions_adding(uid), Origin=origin,
+                    **{"Content-Type": "application/json"})[0] == 403
+        assert send(broker, "DELETE", "/api/users/guest", Origin=origin)[0] == 403
+    assert not user_exists(broker, uid)
+    assert send(broker, "GET", "/api/overview", Origin="http://evil.example")[0] == 200  # reading changes nothing
+    assert send(broker, "PUT", f"/api/users/{q(uid)}", body, Origin=own, **{"Content-Type": "application/json"})[0] == 201
+    assert send(broker, "PUT", f"/api/vhosts/{q(uid)}")[0] == 201  # curl -X PUT: no type, no Origin, as RabbitMQ
+    assert send(broker, "DELETE", f"/api/vhosts/{q(uid)}", Origin=own)[0] == 204
+    assert call(broker, "DELETE", f"/api/users/{q(uid)}").status == 204
