@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from itertools import chain, takewhile
+from itertools import chain, islice, takewhile
 from typing import Any, Iterable, Iterator
 
 from queue_index import IndexEntry
@@ -249,8 +249,10 @@ class PriorityQueue(Queue):
         return LeveledEntry(row.seq & SEQ_MASK, stored_message(row), row.delivered, row.expiry,
                             row.msg_id if row.transient else 0, key_level(row.seq))
 
-    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
+    def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """In delivery order: each level's entries in memory, then those on disk, highest level first."""
+        if after is not None:
+            return self._peek_after(after, count)
         entries: list[Entry] = []
         skip = offset
         for level in range(len(self.ready.levels) - 1, -1, -1):
@@ -268,6 +270,21 @@ class PriorityQueue(Queue):
                 entries.extend(self._paged_entry(row) for row in rows[skip:])
                 skip = max(0, skip - len(rows))
         return self._with_bodies(entries[:count])
+
+    def _peek_after(self, after: Entry, count: int) -> list[Entry]:
+        """The ``count`` entries that follow ``after`` in delivery order: the rest of its level, then lower ones."""
+        entries: list[Entry] = []
+        top = self.ready.index_of(after)  # type: ignore[arg-type]
+        for level in range(top, -1, -1):
+            start = after.seq + 1 if level == top else 0
+            memory = (e for e in from_seq(self.ready.levels[level], start) if not e.gone)
+            entries.extend(islice(memory, count - len(entries)))
+            if self.on_disk[level] and len(entries) < count:
+                rows = self._level_rows(level, max(start, self.level_from[level]), count - len(entries))
+                entries.extend(self._paged_entry(row) for row in rows)
+            if len(entries) >= count:
+                break
+        return self._with_bodies(entries)
 
     def _paged_ranges(self, below: int = SEQ_MASK) -> list[tuple[int, int]]:
         return [(index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK)))

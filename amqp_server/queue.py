@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from queue_index import ExpiryHeap
@@ -345,8 +346,15 @@ class Queue(Offsets):
             self.stats.get += 1
         return self._take(entry, no_ack)
 
-    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
-        """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay."""
+    def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
+        """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.
+        ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
+        without walking the queue from its head again)."""
+        if after is not None:
+            entries = list(islice((e for e in self._from_seq(after.seq + 1) if not e.gone), count))
+            if len(entries) < count and self.paged:
+                entries.extend(self._paged_entry(row) for row in self._paged_rows(after.seq + 1, count - len(entries)))
+            return self._with_bodies(entries)
         entries: list[Entry] = []
         skipped = 0
         for entry in self.ready:

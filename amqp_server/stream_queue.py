@@ -308,8 +308,8 @@ class StreamQueue(Queue):
         self.flush()
         return self.first, self.next_seq
 
-    def peek(self, offset: int = 0, count: int = 10) -> list[Entry]:
-        return self.read(self.first + offset, count)
+    def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
+        return self.read(self.first + offset if after is None else after.seq + 1, count)
 
     def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
         cursor, remaining = max(start, self.first), limit

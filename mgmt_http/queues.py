@@ -1,16 +1,16 @@
 """/api/queues: list, declare, delete, purge, get; Warren's peek and move."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
 from amqp_server import errors, properties
 from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
-from amqp_server.queue import Queue
+from amqp_server.queue import Entry, Queue
 
-from . import auth
+from . import auth, bulk
 from .connections import consumer_info
 from .forward import forward
 from .context import Context, ctx
@@ -203,13 +203,15 @@ def _encoding_and_truncate(body: dict[str, Any], default_encoding: str | None) -
 
 
 @routes.post("/api/queues/{vhost}/{name}/get")
-async def get(request: web.Request) -> web.Response:
+async def get(request: web.Request) -> web.StreamResponse:
     """RabbitMQ's "get messages": basic.get ``count`` times, then ack, reject or requeue them all.  Refusals
-    read as RabbitMQ's, which makes the gets on a channel (a missing queue is basic.get's 404 text)."""
+    read as RabbitMQ's, which makes the gets on a channel (a missing queue is basic.get's 404 text).  A slice
+    per loop turn, at most ``bulk.MAX_MESSAGES`` (see :mod:`bulk`); what is taken is held until the end, as on
+    RabbitMQ's channel (requeued, a later slice would take it again), then settled a slice per turn too."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     body = await read_json(request, required=True)  # the body is checked first, as RabbitMQ does
-    count = get_int(body, "count", minimum=0)
+    count = bulk.capped(get_int(body, "count", minimum=0))
     ackmode = get_str(body, "ackmode")
     if ackmode not in ACK_MODES:
         raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
@@ -222,30 +224,48 @@ async def get(request: web.Request) -> web.Response:
     who = auth.principal(request, queue.vhost)
     broker = context.broker
     no_ack = ackmode == "ack_requeue_false"  # as RabbitMQ: basic.get with no_ack
-    result, taken = [], []
+    taken: list[Entry] = []
+
+    async def slices() -> AsyncIterator[list[dict[str, Any]]]:
+        left = count
+        while left > 0:
+            items: list[dict[str, Any]] = []
+            turn = bulk.Turn()
+            while left > 0:
+                _, entry = await broker.get_anywhere(vhost, queue.name, no_ack=no_ack, who=who)
+                if entry is None:
+                    left = 0
+                    break
+                left -= 1
+                if not no_ack:
+                    taken.append(entry)
+                item = entry_to_json(entry, encoding, truncate)
+                item["message_count"] = queue.message_count
+                items.append(item)
+                if not turn.spend(1, entry.message.body_size):
+                    break
+            yield items
+            await bulk.next_turn()
+        while taken:  # settled before the answer ends; newest first, so a requeued slice goes to the head at once
+            part = taken[-bulk.SLICE:]
+            del taken[-bulk.SLICE:]
+            broker.settle(queue, part, requeue, reject)
+            yield []
+            await bulk.next_turn()
+
     try:
-        for _ in range(count):
-            _, entry = await broker.get_anywhere(vhost, queue.name, no_ack=no_ack, who=who)
-            if entry is None:
-                break
-            taken.append(entry)
-            item = entry_to_json(entry, encoding, truncate)
-            item["message_count"] = queue.message_count
-            result.append(item)
-    except BaseException as exc:
-        if taken and not no_ack:  # nothing may stay unacked without a channel to settle it
+        return await bulk.json_array(request, slices())
+    except AMQPError as exc:
+        raise from_channel(exc) from None
+    finally:
+        if taken:  # not answered to the end: nothing may stay unacked without a channel to settle it
             broker.settle(queue, taken, requeue=True)
-        if isinstance(exc, AMQPError):
-            raise from_channel(exc) from None
-        raise
-    if taken and not no_ack:
-        broker.settle(queue, taken, requeue, reject)
-    return json_response(result)
 
 
 @routes.get("/api/queues/{vhost}/{name}/peek")
-async def peek(request: web.Request) -> web.Response:
-    """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were."""
+async def peek(request: web.Request) -> web.StreamResponse:
+    """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were.  A
+    slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it."""
     context, queue = find_queue(request)
     who = auth.principal(request, queue.vhost)
     if queue.remote:  # its node answers, once the caller may read it
@@ -253,27 +273,58 @@ async def peek(request: web.Request) -> web.Response:
         return await forward(request, queue.node)
     query = dict(request.query)
     offset = get_int(query, "offset", 0, minimum=0)
-    count = get_int(query, "count", 10, minimum=0)
+    count = bulk.capped(get_int(query, "count", 10, minimum=0))
     encoding, truncate = _encoding_and_truncate(query, "auto")
-    items = []
-    for position, entry in enumerate(context.broker.peek(queue, offset, count, who), start=offset):
-        item = entry_to_json(entry, encoding, truncate)
-        item["position"] = position
-        items.append(item)
-    return json_response(items)
+
+    async def slices() -> AsyncIterator[list[dict[str, Any]]]:
+        position, last = offset, None
+        while position < offset + count:
+            items: list[dict[str, Any]] = []
+            turn = bulk.Turn()
+            going = True
+            while going and position < offset + count:
+                wanted = min(bulk.STEP, offset + count - position)
+                entries = context.broker.peek(queue, position, wanted, who, after=last)
+                for entry in entries:
+                    item = entry_to_json(entry, encoding, truncate)
+                    item["position"] = position
+                    items.append(item)
+                    position += 1
+                if len(entries) < wanted:
+                    yield items
+                    return
+                last = entries[-1]
+                going = turn.spend(len(entries), sum(entry.message.body_size for entry in entries))
+            yield items
+            await bulk.next_turn()
+
+    return await bulk.json_array(request, slices())
 
 
 @routes.post("/api/queues/{vhost}/{name}/move")
 async def move(request: web.Request) -> web.Response:
-    """Warren: move ready messages (all, or ``count``) to the tail of ``destination`` in the same vhost."""
+    """Warren: move ready messages (all, or ``count``; at most ``bulk.MAX_MESSAGES``) to the tail of
+    ``destination`` in the same vhost, a slice per loop turn; ``moved`` says how many."""
     context, queue = find_queue(request)
     body = await read_json(request, required=True)
     destination_name = get_str(body, "destination")
-    count = get_int(body, "count", minimum=0) if body.get("count") is not None else None
+    count = get_int(body, "count", minimum=0) if body.get("count") is not None else bulk.MAX_MESSAGES
     vhost = context.vhost(queue.vhost)
     destination = vhost.queues.get(destination_name)
     if destination is None:
         raise not_found(f"no queue '{destination_name}' in vhost '{vhost.name}'")
-    moved = context.broker.move_messages(queue, destination, count, auth.principal(request, vhost.name))
+    who = auth.principal(request, vhost.name)
+    moved, left = 0, bulk.capped(count)
+    turn = bulk.Turn()
+    while left:
+        wanted = min(bulk.STEP, left)
+        done = context.broker.move_messages(queue, destination, wanted, who)
+        moved += done
+        left -= done
+        if done < wanted:
+            break
+        if not turn.spend(done, 0):
+            await bulk.next_turn()
+            turn = bulk.Turn()
     return json_response({"moved": moved, "source": queue.name, "destination": destination.name,
                           "vhost": vhost.name})

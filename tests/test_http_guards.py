@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 
 import pytest
+from pamqp import commands
+from pamqp import frame as pframe
 
+from conftest import INTEGRATION, BrokerProcess, connect, starts
+from test_back_pressure import Watch, content
 from test_mgmt_api import call, q
+from test_protocol_errors import Raw
 
 pytestmark = pytest.mark.timeout(300)
 
+MiB = 1024 * 1024
 GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 
 
@@ -93,3 +100,71 @@ def test_a_request_from_another_origin_is_refused(broker, uid):
     assert send(broker, "PUT", f"/api/vhosts/{q(uid)}")[0] == 201  # curl -X PUT: no type, no Origin, as RabbitMQ
     assert send(broker, "DELETE", f"/api/vhosts/{q(uid)}", Origin=own)[0] == 204
     assert call(broker, "DELETE", f"/api/users/{q(uid)}").status == 204
+
+
+# -- bulk reads and moves: a slice per loop turn --------------------------------------------------------
+
+DEPTH = 200_000
+
+
+@pytest.fixture(scope="module")
+@starts(INTEGRATION)
+def deep(tmp_path_factory):
+    """A node of its own with a queue of 200,000 small messages, published raw (pika would take a minute)."""
+    node = BrokerProcess(tmp_path_factory.mktemp("bulk") / "data").start()
+    with connect(node) as connection:
+        ch = connection.channel()
+        ch.queue_declare("deep")
+        ch.queue_declare("deep-moved")
+    raw = Raw(node, timeout=60)
+    raw.handshake()
+    raw.open_channel(1)
+    publish = pframe.marshal(commands.Basic.Publish(exchange="", routing_key="deep"), 1)
+    raw.sock.sendall(b"".join(publish + content(1, b"m%d" % n) for n in range(DEPTH)))
+    deadline = time.monotonic() + 120
+    while call(node, "GET", "/api/queues/%2F/deep").json.get("messages") != DEPTH:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    raw.close()
+    yield node
+    node.stop()
+
+
+def while_running(node, method: str, path: str, body: dict | None = None) -> tuple[object, Watch, float]:
+    """The request's JSON answer, what another request's latency and the node's RSS were meanwhile, and how
+    long the request took."""
+    watch = Watch(node)
+    started = time.monotonic()
+    try:
+        reply = call(node, method, path, body)
+    finally:
+        took = time.monotonic() - started
+        watch.stop()
+    assert reply.status == 200, reply.raw[:300]
+    return reply.json, watch, took
+
+
+@pytest.mark.warren_only("peek and move are Warren's; the latency bound is Warren's")
+@pytest.mark.parametrize("operation", ["get", "peek", "move"])
+def test_bulk_requests_leave_the_api_answering(deep, operation):
+    """200,000 messages got, peeked or moved in one request held every other request until it was done
+    (0.5-6 s); now a slice per loop turn: another request waits a small part of that, and never a second."""
+    node = deep
+    if operation == "get":
+        answer, watch, took = while_running(node, "POST", "/api/queues/%2F/deep/get",
+                                      {"count": DEPTH, "ackmode": "ack_requeue_true", "encoding": "auto"})
+        assert len(answer) == DEPTH and answer[0]["payload"] == "m0" and answer[-1]["payload"] == f"m{DEPTH - 1}"
+    elif operation == "peek":
+        answer, watch, took = while_running(node, "GET", f"/api/queues/%2F/deep/peek?count={DEPTH}")
+        assert [item["position"] for item in answer] == list(range(DEPTH))
+        assert answer[12345]["payload"] == "m12345"
+    else:
+        answer, watch, took = while_running(node, "POST", "/api/queues/%2F/deep/move", {"destination": "deep-moved"})
+        assert answer["moved"] == DEPTH
+        assert call(node, "POST", "/api/queues/%2F/deep-moved/move", {"destination": "deep"}).json["moved"] == DEPTH
+    assert watch.slowest < min(1.0, took / 4), f"another request waited {watch.slowest:.2f} s of {took:.2f} s"
+    assert watch.growth < 64 * MiB, f"RSS grew {watch.growth / MiB:.0f} MiB"
+    with connect(node) as connection:  # all still there, in order (the requeue put them back in place)
+        ch = connection.channel()
+        assert ch.queue_declare("deep", passive=True).method.message_count == DEPTH
+    assert call(node, "GET", "/api/queues/%2F/deep/peek?count=2").json[0]["payload"] == "m0"

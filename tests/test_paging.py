@@ -176,6 +176,25 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker
     assert await broker.commit_offset(queue, 104) == 1 and drain(broker, vhost, "q") == [b"later1"]
 
 
+@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}])
+async def test_a_peek_in_steps_reads_as_one_peek_across_memory_and_disk(broker, vhost, arguments):
+    """The HTTP peek reads a slice per loop turn, each going on after the last entry of the one before (no walk
+    from the head again): the same entries, in delivery order, as one peek."""
+    broker.declare_queue(vhost, "q", durable=True, arguments=arguments)
+    queue = vhost.queue("q")
+    for n in range(300):
+        send(broker, vhost, "q", [f"m{n}".encode()], priority=n % 3 * 4)
+    assert queue.paged
+    whole = broker.peek(queue, 5, 1000)
+    stepped = broker.peek(queue, 5, 7)
+    while True:
+        more = broker.peek(queue, 0, 7, after=stepped[-1])
+        if not more:
+            break
+        stepped.extend(more)
+    assert [e.message.body for e in stepped] == [e.message.body for e in whole] and len(whole) == 295
+
+
 async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_turn(broker, vhost, monkeypatch):
     """Committing part of a deep queue's part on disk answers once its entries there are counted, ``COUNT_BATCH``
     per loop turn (a million of them held every client for seconds); meanwhile reads, offsets and expiry see

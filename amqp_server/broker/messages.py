@@ -118,13 +118,14 @@ class Messages(BrokerCore):
         self.check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
-    def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None) -> list[Entry]:
-        """Ready entries from ``offset`` without taking them (management API) for ``who`` (read); another
-        connection's exclusive queue is locked, as it is to basic.get."""
+    def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None,
+             after: Entry | None = None) -> list[Entry]:
+        """Ready entries from ``offset`` (or following ``after``) without taking them (management API) for
+        ``who`` (read); another connection's exclusive queue is locked, as it is to basic.get."""
         if who is not None:
             who.check("read", "queue", queue.vhost, queue.name)
         self.check_exclusive(queue, None)
-        return queue.peek(offset, count)
+        return queue.peek(offset, count, after)
 
     async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                              who: Principal | None = None) -> int:
