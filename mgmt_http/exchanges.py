@@ -1,6 +1,7 @@
 """/api/exchanges: list, declare, delete, publish."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -8,6 +9,7 @@ from aiohttp import web
 from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
+from amqp_server.publisher_flow import PublisherFlow
 from exchanges import DelayedExchange, Exchange
 
 from . import auth
@@ -95,12 +97,38 @@ async def delete(request: web.Request) -> web.Response:
     return no_content()
 
 
+class _HeldPublish:
+    """An HTTP publish the publisher flow holds as it holds a publishing connection (``publisher_flow.Publisher``)."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
+    def hold(self, alarm: str | None) -> None:
+        self.released.clear()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+async def until_released(flow: PublisherFlow) -> None:
+    """Wait while an alarm (memory, disk) or a full link holds publishers."""
+    while flow.blocked:
+        held = _HeldPublish()
+        flow.publishing(held)
+        try:
+            await held.released.wait()
+        finally:
+            flow.gone(held)
+
+
 @routes.post("/api/exchanges/{vhost}/{name}/publish")
 async def publish(request: web.Request) -> web.Response:
     """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``.
 
     A refusal (a missing exchange, no write permission, a user_id that is not the caller's) is 400 with the
-    reply code and text basic.publish would get, as RabbitMQ answers it."""
+    reply code and text basic.publish would get, as RabbitMQ answers it.  While the publisher flow holds
+    publishers (a memory or disk alarm, a full link), the request waits with its body unread, as a publishing
+    connection waits unread (RabbitMQ 3.10's HTTP publish goes through its alarms)."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
@@ -109,6 +137,7 @@ async def publish(request: web.Request) -> web.Response:
     vhost_name = vhost.name
     try:
         who.check("write", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
+        await until_released(context.flow)
         body = await read_json(request, required=True)
         exchange = vhost.exchanges.get(name)
         if exchange is None:

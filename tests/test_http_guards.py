@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +14,7 @@ from pamqp import commands
 from pamqp import frame as pframe
 
 from conftest import INTEGRATION, BrokerProcess, connect, starts
-from test_back_pressure import Watch, content
+from test_back_pressure import Watch, abort, anonymous, content, send_until_refused
 from test_mgmt_api import call, q
 from test_protocol_errors import Raw
 
@@ -168,3 +169,48 @@ def test_bulk_requests_leave_the_api_answering(deep, operation):
         ch = connection.channel()
         assert ch.queue_declare("deep", passive=True).method.message_count == DEPTH
     assert call(node, "GET", "/api/queues/%2F/deep/peek?count=2").json[0]["payload"] == "m0"
+
+
+# -- publish through an alarm --------------------------------------------------------------------------
+
+@pytest.mark.warren_only("RabbitMQ 3.10's HTTP publish goes through a memory alarm")
+def test_http_publish_waits_for_the_memory_alarm_with_its_body_unread(start_broker):
+    """With the memory alarm on, 20 HTTP publishes of 7 MiB were all taken (+340 MB for 40).  Now each
+    waits, unread, as an AMQP publisher does, and goes through once the alarm clears."""
+    limit = 200 * MiB
+    node = start_broker("--memory-high-watermark", str(limit))
+    with connect(node) as connection:
+        ch = connection.channel()
+        ch.queue_declare("fill")
+        ch.queue_declare("target")
+    filler = Raw(node, timeout=10)  # fills memory until the alarm stops reading it
+    filler.handshake()
+    filler.open_channel(1)
+    message = pframe.marshal(commands.Basic.Publish(exchange="", routing_key="fill"), 1) + content(1, b"f" * MiB)
+    send_until_refused(filler, message * 400)
+    deadline = time.monotonic() + 20
+    while not call(node, "GET", "/api/nodes").json[0]["mem_alarm"]:
+        assert time.monotonic() < deadline, "the memory alarm never set"
+        time.sleep(0.2)
+    before = anonymous(node)
+    body = json.dumps({"properties": {}, "routing_key": "target", "payload": "p" * (7 * MiB),
+                       "payload_encoding": "string"}).encode()
+    answers: list[tuple[int, bytes]] = []
+
+    def publish() -> None:
+        status, _, answer = send(node, "POST", "/api/exchanges/%2F/amq.default/publish", body,
+                                 **{"Content-Type": "application/json"})
+        answers.append((status, answer))
+
+    publishers = [threading.Thread(target=publish, daemon=True) for _ in range(20)]
+    for thread in publishers:
+        thread.start()
+    time.sleep(3)
+    assert answers == [], "HTTP publishes went through the memory alarm"
+    assert anonymous(node) - before < 32 * MiB
+    assert call(node, "GET", "/api/queues/%2F/target").json["messages"] == 0
+    abort(filler)
+    assert call(node, "DELETE", "/api/queues/%2F/fill/contents").status == 204  # memory comes back: alarm off
+    for thread in publishers:
+        thread.join(60)
+    assert answers == [(200, b'{"routed":true}')] * 20
