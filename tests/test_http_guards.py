@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pika
 import pytest
 from pamqp import commands
 from pamqp import frame as pframe
@@ -169,6 +170,25 @@ def test_bulk_requests_leave_the_api_answering(deep, operation):
         ch = connection.channel()
         assert ch.queue_declare("deep", passive=True).method.message_count == DEPTH
     assert call(node, "GET", "/api/queues/%2F/deep/peek?count=2").json[0]["payload"] == "m0"
+
+
+@pytest.mark.warren_only("peek is Warren's")
+@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}, {"x-queue-type": "quorum"},
+                                       {"x-queue-type": "stream"}], ids=["classic", "priority", "quorum", "stream"])
+def test_a_peek_of_every_queue_type_reads_on_from_slice_to_slice(broker, uid, arguments):
+    """A peek takes a queue's messages 64 at a time, each step going on after the last one's entry."""
+    with connect(broker) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True, arguments=arguments)
+        for n in range(300):
+            ch.basic_publish("", uid, b"m%d" % n, pika.BasicProperties(priority=n % 3 * 4))
+    peeked = call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?offset=5&count=250").json
+    order = list(range(300))
+    if "x-max-priority" in arguments:
+        order.sort(key=lambda n: -(n % 3))
+    assert [item["payload"] for item in peeked] == [f"m{n}" for n in order[5:255]]
+    assert [item["position"] for item in peeked] == list(range(5, 255))
+    assert call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}").status == 204
 
 
 # -- publish through an alarm --------------------------------------------------------------------------
