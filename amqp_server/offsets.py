@@ -95,18 +95,24 @@ class Offsets(Settling):
         """``browse`` a batch of at most ``step`` entries at a time, so a long read can let others run
         between batches while the queue changes: each batch is what is ready when it is read."""
         remaining = limit
-        first_on_disk = self._first_paged(start)  # memory up to there first (a priority queue's interleave)
-        memory = self.span(start, end if first_on_disk is None else min(end, first_on_disk))
-        cursor = start
-        for i in range(0, len(memory), step):
-            batch = self.readable(memory[i:i + step], remaining)
-            cursor = memory[min(i + step, len(memory)) - 1].seq + 1
+        for entries in self._range_slices(start, end, step):
+            batch = self.readable(entries, remaining)
             if batch:
                 yield batch
             if remaining is not None:
                 remaining -= len(batch)
                 if remaining <= 0:
                     return
+
+    def _range_slices(self, start: int, end: int, step: int) -> Iterator[list[Entry]]:
+        """``read_range``'s entries with ``start <= seq < end``, at most ``step`` at a time in seq order, dead ones
+        included: those in memory below the first on disk, then from where they ended on, what is there when asked."""
+        first_on_disk = self._first_paged(start)  # memory up to there first (a priority queue's interleave)
+        memory = self.span(start, end if first_on_disk is None else min(end, first_on_disk))
+        cursor = start
+        for i in range(0, len(memory), step):
+            yield memory[i:i + step]
+            cursor = memory[min(i + step, len(memory)) - 1].seq + 1
         while cursor < end:
             # entries at or above cursor: any paged in or requeued since (in memory), then those on disk
             entries = [entry for entry in islice(self._from_seq(cursor), step) if entry.seq < end]
@@ -117,13 +123,7 @@ class Offsets(Settling):
             entries.sort(key=_seq)
             entries = entries[:step]
             cursor = entries[-1].seq + 1
-            batch = self.readable(entries, remaining)
-            if batch:
-                yield batch
-            if remaining is not None:
-                remaining -= len(batch)
-                if remaining <= 0:
-                    return
+            yield entries
 
     def disk_index(self, start: int) -> tuple[str, int, int] | None:
         """Where a reader in another process walks the entries on disk from ``start`` on (``disk_span`` then
