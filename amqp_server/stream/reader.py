@@ -2,9 +2,10 @@
 
 Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and must have opened a vhost within
 ``HANDSHAKE_TIMEOUT``; afterwards frames up to ``FRAME_LIMIT`` (RabbitMQ 3.10 takes frames above the frame max
-tune agreed, and rstream 1.0.1 sends them: it publishes what it buffered in one frame).  A frame that does not parse, or an unknown
-command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused request gets its
-response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s operations.
+tune agreed, and rstream 1.0.1 sends them: it publishes what it buffered in one frame).  A frame that does not
+parse, or an unknown command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused
+request gets its response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s
+operations.
 
 A publish frame's messages are one chunk of the stream's log (``stream.log``), written at once and confirmed once
 the group commit holding it is on disk.  A subscription is sent the log's chunks from its offset, one per credit,
