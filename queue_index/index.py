@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import lmdb
 import numpy as np
 
-from .lmdb_batch import open_env
+from .lmdb_batch import open_env, sync
 
 log = logging.getLogger("warren.queue_index")
 
@@ -128,6 +128,7 @@ class QueueIndex:
         os.makedirs(directory, exist_ok=True)
         _compact(directory, map_size)
         self._env = open_env(directory, map_size)
+        self._synced = -1  # the last transaction a sync covered
         self._puts: dict[bytes, bytes] = {}  # entries published in this batch (not yet on disk)
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
         self._deletes: dict[bytes, None] = {}  # a dict: ordered, and a replica asks what is staged
@@ -302,7 +303,7 @@ class QueueIndex:
                     txn.delete(prefix)
 
     def sync(self) -> None:
-        self._env.sync(True)
+        self._synced = sync(self._env, self._synced)
 
     def entries(self, queue_id: int, start: int = 0) -> Iterator[IndexEntry]:
         """A queue's committed entries with ``seq >= start``, in order."""

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-from .lmdb_batch import open_env, write_batch
+from .lmdb_batch import open_env, sync, write_batch
 
 KEY = struct.Struct(">QQ")
 VALUE = struct.Struct(">QI")
@@ -30,6 +30,7 @@ class ScheduledEntry:
 class Schedule:
     def __init__(self, directory: str, map_size: int = 1 << 36) -> None:
         self._env = open_env(directory, map_size)
+        self._synced = -1  # the last transaction a sync covered
         self._puts: dict[bytes, bytes] = {}
         self._deletes: set[bytes] = set()
 
@@ -53,7 +54,7 @@ class Schedule:
         write_batch(self._env, puts, deletes)
 
     def sync(self) -> None:
-        self._env.sync(True)
+        self._synced = sync(self._env, self._synced)
 
     def between(self, after: tuple[int, int], upto: int, limit: int) -> list[ScheduledEntry]:
         """The first ``limit`` entries after the key (due, seq) ``after`` and due at or before ``upto``,
