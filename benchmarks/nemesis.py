@@ -893,7 +893,8 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, clu
             "node": cluster.names[p.index], "published": len(p.published), "confirmed": len(p.confirmed),
             "nacked": len(p.nacked), "returned": len(p.returned), "unknown": len(p.unknown),
             "connections": p.connections, "longest_confirm_gap": round(_longest_gap(times)[0], 2),
-            "delivered_out_of_order": out_of_order, "max_nacks_per_second": _peak(p.nacked)}
+            "delivered_out_of_order": out_of_order, "max_nacks_per_second": _peak(p.nacked),
+            "most_nacks_at": _peak_at(p.nacked)}
     confirms.sort()
     gap, at = _longest_gap(confirms)
     confirmed_ids = {f"p{p.index}-{seq}" for p in publishers for seq in p.confirmed}
@@ -923,6 +924,12 @@ def _peak(times: list[float]) -> int:
     """The most of these that fell within one second."""
     counts = Counter(int(t) for t in times)
     return max(counts.values(), default=0)
+
+
+def _peak_at(times: list[float]) -> int | None:
+    """The second (since the start) in which most of these fell."""
+    counts = Counter(int(t) for t in times)
+    return max(counts, key=counts.__getitem__, default=None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -955,6 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         faults = issue_schedule(args.schedule == "issue" and args.broker == "warren")
     report: dict[str, Any] = {"broker": args.broker, "seed": args.seed, "schedule": args.schedule}
     data = args.data or tempfile.mkdtemp(prefix="nemesis-")
+    os.makedirs(data, exist_ok=True)
     if args.json:
         sys.stdout = open(os.devnull, "w")
     network = None
