@@ -480,7 +480,9 @@ class Channel:
         self.connection.send_method(self.number, method)
 
     def _remote(self, name: str) -> bool:
-        """The queue is another node's (cluster mode): the operation is awaited (permission is checked there)."""
+        """The queue is another node's (cluster mode): the operation is awaited (permission is checked there).
+        Where a queue lives is asked here, not its type: a queue of this node answers basic.get and queue.purge
+        within the frame's turn, in order with the frames after it; another node's suspends the channel."""
         queue = self.vhost.queues.get(name)
         return queue is not None and queue.remote
 
@@ -653,15 +655,16 @@ class Channel:
         self.consumers[tag] = consumer
         if not m.no_ack:
             self.ack_timeout.watch(queue, consumer)
-        if queue.remote:
-            self.connection.suspend(self, m, self._remote_consume(m, consumer))
+        accepted = queue.accepted(consumer)
+        if accepted is not None:
+            self.connection.suspend(self, m, self._accepted(m, consumer, accepted))
             return
         self._consuming(m, consumer)
 
-    async def _remote_consume(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
-        """The owner node must accept the consumer (it checks exclusivity) before consume-ok."""
+    async def _accepted(self, m: commands.Basic.Consume, consumer: Consumer, accepted: asyncio.Future[None]) -> None:
+        """The queue's node must accept the consumer (another node checks exclusivity) before consume-ok."""
         try:
-            await consumer.queue.registered(consumer)
+            await accepted
         except ChannelError:
             self.consumers.pop(consumer.tag, None)
             raise

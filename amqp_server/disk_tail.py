@@ -17,6 +17,7 @@ from queue_index import FLAG_TRANSIENT, IndexEntry, QueueIndex
 from .logs import untrusted
 from .message import Message
 from .queue_base import QueueBase
+from .queue_type import PAGING
 from .ready import Entry
 
 log = logging.getLogger("warren.queue")
@@ -131,7 +132,7 @@ class DiskTail(QueueBase):
         returns the bytes of bodies that left memory.  ``written``: transient records made in this pass, by
         message, so a message several queues page is written once."""
         ready = self.ready
-        if not self.pageable or self.pager is None or len(ready) <= keep:
+        if PAGING not in self.type.capabilities or self.pager is None or len(ready) <= keep:
             return 0
         self._finish_count()
         self.pager.deep(self)

@@ -24,6 +24,7 @@ from . import patterns, queue_args
 from .auth import DefinitionListener, vhost_key
 from .definitions import DefinitionStore
 from .queue_args import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, QueueArgs
+from .queue_type import QueueType
 
 if TYPE_CHECKING:
     from exchanges import Exchange
@@ -31,16 +32,8 @@ if TYPE_CHECKING:
 POLICY = "policy"
 OPERATOR_POLICY = "operator_policy"
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
-# Keys where argument and policy both count: the lower value applies (and operator vs user policy too).
-LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")
-# Keys where the queue's own argument, when set, overrides the policy.
-ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow")
-# The same, for keys only a quorum queue takes (a classic queue refuses them as arguments and ignores them here).
-QUORUM_LOWER_WINS = ("delivery-limit",)
-QUORUM_ARGUMENT_WINS = ("dead-letter-strategy",)
-# What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
-STREAM_LOWER_WINS = ("max-length-bytes",)
-STREAM_ARGUMENT_WINS = ("max-age", "stream-max-segment-size-bytes")
+# Which keys apply to a queue, and how they meet its own arguments, its type says (QueueType.policy_lower_wins,
+# policy_argument_wins): a key a type does not list it refuses as an argument and ignores here.
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
 # Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings, federation):
@@ -56,6 +49,7 @@ LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
 class Governed(Protocol):
     """A queue as policies see it: its declared arguments, the policies applied, and its effective arguments."""
 
+    type: QueueType
     name: str
     vhost: str
     arguments: dict[str, Any]
@@ -149,10 +143,11 @@ class Policy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_regex", patterns.compile(self.pattern))
 
-    def matches(self, kind: str, name: str, queue_type: str = "classic") -> bool:
-        """``kind`` is queue or exchange; the pattern is searched anywhere in the name, as re:run does."""
+    def matches(self, kind: str, name: str, queue_type: QueueType | None = None) -> bool:
+        """``kind`` is queue (of ``queue_type``) or exchange; the pattern is searched anywhere in the name, as re:run
+        does."""
         if kind == "queue":
-            applies = self.apply_to in ("all", "queues", "streams" if queue_type == "stream" else f"{queue_type}_queues")
+            applies = self.apply_to in ("all", "queues", queue_type.apply_to if queue_type is not None else None)
         else:
             applies = self.apply_to in ("all", "exchanges")
         return applies and patterns.search(self._regex, name)
@@ -224,20 +219,18 @@ def effective_definition(policy: Policy | None, operator: Policy | None) -> dict
 def effective_queue_args(queue: Governed, definition: dict[str, Any]) -> QueueArgs:
     """The queue's x-arguments resolved against an effective policy definition, key by key as RabbitMQ does."""
     merged = dict(queue.arguments)  # every argument, so what policies cannot set parses as declared
-    lower_wins, argument_wins = {"quorum": (LOWER_WINS + QUORUM_LOWER_WINS, ARGUMENT_WINS + QUORUM_ARGUMENT_WINS),
-                                 "stream": (STREAM_LOWER_WINS, STREAM_ARGUMENT_WINS)}.get(
-                                     queue.args.queue_type, (LOWER_WINS, ARGUMENT_WINS))
-    for key in lower_wins:
+    kind = queue.type
+    for key in kind.policy_lower_wins:
         value = definition.get(key)
         if value is not None:
             name = f"x-{key}"
             merged[name] = min(merged[name], value) if isinstance(merged.get(name), int) else value
-    for key in argument_wins:
+    for key in kind.policy_argument_wins:
         if key in definition:
             merged.setdefault(f"x-{key}", definition[key])
     if "x-dead-letter-exchange" not in merged:
         merged.pop("x-dead-letter-routing-key", None)  # a routing key alone has no effect
-    return queue_args.parse(merged, queue.name, queue.vhost)
+    return kind.parse(merged, queue.name, queue.vhost)
 
 
 def alternate_exchange(exchange: "Exchange", definition: dict[str, Any]) -> str | None:
@@ -297,7 +290,8 @@ class Policies:
         if self.listener is not None:
             self.listener.undefined(kind, key)
 
-    def match(self, kind: str, vhost: str, resource: str, name: str, queue_type: str = "classic") -> Policy | None:
+    def match(self, kind: str, vhost: str, resource: str, name: str,
+              queue_type: QueueType | None = None) -> Policy | None:
         """The one policy of ``kind`` that applies to a queue (of ``queue_type``) or an exchange: highest
         priority, then first name."""
         named = self._policies.get((kind, vhost))
@@ -314,7 +308,7 @@ class Policies:
 
     def apply_to_queue(self, queue: Governed) -> None:
         """Resolve the queue's effective arguments if the policies that match it changed."""
-        kind = queue.args.queue_type
+        kind = queue.type
         policy = self.match(POLICY, queue.vhost, "queue", queue.name, kind)
         operator = self.match(OPERATOR_POLICY, queue.vhost, "queue", queue.name, kind)
         if policy == queue.policy and operator == queue.operator_policy:

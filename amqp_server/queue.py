@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .persistence import Persistence
     from .policy import Policy
     from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, Replicator
+    from .queue_type import QueueType
 
 __all__ = ["Consumer", "ConsumerGroup", "DiskSpan", "Entry", "Queue"]  # what the rest of the node takes from a queue
 
@@ -92,11 +93,9 @@ class Queue(Offsets):
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
-    remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purge_remote)
-    pageable = True
+    remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purged)
     ranked = False  # a priority queue keys its index entries by level, then seq (row_key)
     entry_type = Entry  # a priority queue's entries know their level
-    queue_type = "classic"
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
     replicator: "Replicator[Entry] | None" = None  # a quorum queue led here in cluster mode: ships its changes
@@ -106,7 +105,8 @@ class Queue(Offsets):
     def __init__(self, name: str, vhost: str, durable: bool = False,
                  exclusive_owner: "ExclusiveOwner[Queue] | None" = None, auto_delete: bool = False,
                  arguments: dict[str, Any] | None = None, args: QueueArgs | None = None,
-                 host: QueueHost | None = None) -> None:
+                 host: QueueHost | None = None, *, queue_type: "QueueType") -> None:
+        self.type = queue_type  # what the rest of the node asks, rather than branching on the class
         self.name = name
         self.vhost = vhost
         self.durable = durable
@@ -154,6 +154,11 @@ class Queue(Offsets):
     @property
     def exclusive(self) -> bool:
         return self.exclusive_owner is not None
+
+    @property
+    def node(self) -> str:
+        """The node the queue lives on: this one (a proxy's is its owner's)."""
+        return self.host.node_name if self.host is not None else ""
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost}/{self.name}>"
@@ -346,6 +351,14 @@ class Queue(Offsets):
             self.stats.get += 1
         return self._take(entry, no_ack)
 
+    async def fetch(self, no_ack: bool) -> Entry | None:
+        """basic.get wherever the queue lives (a proxy asks its node): here, at once."""
+        return self.get(no_ack)
+
+    async def purged(self) -> int:
+        """queue.purge wherever the queue lives (a proxy asks its node): here, at once."""
+        return self.purge()
+
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.
         ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
@@ -395,6 +408,10 @@ class Queue(Offsets):
             return  # consumers keep it alive; the countdown restarts when the last one leaves
         if self.host is not None and not self.deleted:
             self.host.expire_queue(self)
+
+    def accepted(self, consumer: Consumer) -> "asyncio.Future[None] | None":
+        """What basic.consume-ok waits for: nothing here (a proxy waits for its node to accept the consumer)."""
+        return None
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)

@@ -17,6 +17,7 @@ from queue_index import ExpiryHeap, QueueIndex
 
 from .message import Message
 from .queue_args import QueueArgs
+from .queue_type import QueueType
 from .ready import Entry, from_seq, pop_below, put_back
 from .stats import MessageStats
 
@@ -64,6 +65,9 @@ class QueueHost(Protocol):
 
     def load_body(self, message: Message) -> None: ...
 
+    @property
+    def node_name(self) -> str: ...
+
 
 class TransientPages(Protocol):
     """Where a queue's tail goes when its messages are not in the persistent store, and how much of a
@@ -85,6 +89,7 @@ class TransientPages(Protocol):
 class QueueBase:
     """The state a queue's parts use (``Queue.__init__`` sets it), and the operations of ``queue.py`` they call."""
 
+    type: QueueType
     name: str
     vhost: str
     args: QueueArgs
@@ -117,7 +122,6 @@ class QueueBase:
     _counting: tuple[int, int, int]
     _drop_marks: list[int]
     committed_drops: int
-    pageable: bool
     ranked: bool
     replicator: Replicator[Entry] | None
     DROPS_COMMITTED_LATER: bool

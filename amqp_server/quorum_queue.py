@@ -12,7 +12,7 @@ What a client sees differs from a classic queue:
 - ``x-overflow: reject-publish`` refuses only once the queue is over its limit (RabbitMQ 3.10 takes the
   publish that goes over it);
 - the queue is durable, shared and kept (the declaration's properties are checked in
-  :func:`queue_args.check_properties`), and global QoS is refused at basic.consume;
+  its type, :mod:`queue_types.quorum`), and global QoS is refused at basic.consume;
 - ``x-dead-letter-strategy: at-least-once`` (with ``x-overflow: reject-publish``, as RabbitMQ requires;
   otherwise at-most-once): a dead letter no queue takes stays with the queue, counted apart
   (``messages_dlx``), and is tried again every ``DLX_RETRY`` seconds until one does;
@@ -44,7 +44,6 @@ DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no q
 
 
 class QuorumQueue(Queue):
-    queue_type = "quorum"
     counts_deliveries = True
     persists_all = True  # as RabbitMQ's: every message is on disk, whatever its delivery mode
     DROPS_COMMITTED_LATER = False  # a commit's drops replicate as they are made (_release_rows): all at once

@@ -38,10 +38,8 @@ ENTRY_OVERHEAD = 400  # bytes of memory a decoded message takes beside its body 
 
 
 class StreamQueue(Queue):
-    queue_type = "stream"
     counts_deliveries = True  # each delivery carries x-stream-offset (delivery_header)
     persists_all = True  # every message is on disk, whatever its delivery mode
-    pageable = False  # its log is on disk; AMQP consumers read chunks from it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._log: StreamLog | None = None
@@ -164,7 +162,7 @@ class StreamQueue(Queue):
         super().remove_consumer(consumer)
 
     def attach_at(self, spec: Any) -> int:
-        """The offset a consumer starts from, within the stream (``queue_args.check_consumer`` checked the
+        """The offset a consumer starts from, within the stream (its type, ``queue_types.stream``, checked the
         spec).  ``last`` is the newest chunk's first offset, as osiris has it."""
         self.flush()
         if isinstance(spec, bytes):

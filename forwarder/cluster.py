@@ -15,12 +15,13 @@ from urllib.parse import urlparse
 
 import aetcd
 
-from amqp_server import errors, queue_args
+from amqp_server import errors, queue_types
 from amqp_server.auth import Permissions, TopicPermission, User
 from amqp_server.errors import AMQPError
 from amqp_server.logs import untrusted
 from amqp_server.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
+from amqp_server.queue_type import REPLICATED
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from amqp_server.vhost import VHost
 
@@ -107,7 +108,7 @@ class Cluster:
         lost, self._lost = self._lost, []
         for vhost, name in lost:  # as in RabbitMQ, a node's transient queues die with it
             queue = vhost.queues.get(name)
-            if queue is not None and not queue.remote and not queue.durable:
+            if queue is not None and queue.node == self.name and not queue.durable:
                 self.broker.delete_queue(vhost, name)
         log.info("cluster node %s: links on port %d, %d other node(s) known", self.name, self.link_port,
                  len(self.peers))
@@ -171,7 +172,7 @@ class Cluster:
             raise ValueError(f"node {name} is running: stop it before forgetting it")
         for vhost in list(self.broker.vhosts.values()):
             for queue in list(vhost.queues.values()):
-                if queue.remote and queue.node == name:
+                if queue.node == name:
                     self.broker.delete_queue(vhost, queue.name)
         await self.membership.forget(name)
 
@@ -188,7 +189,7 @@ class Cluster:
             if not self.sessions:
                 continue
             report = encode_json({f"{q.vhost}\0{q.name}": [q.message_count, len(q.consumers)]
-                                  for q in self.broker.all_queues() if not isinstance(q, RemoteQueue)})
+                                  for q in self.broker.all_queues() if q.node == self.name})
             for session in self.sessions:
                 session.link.send(STATS, report)
 
@@ -204,7 +205,7 @@ class Cluster:
             return self.name
         owned = {self.name: 0, **{name: 0 for name, peer in self.peers.items() if peer.up}}
         for queue in self.broker.all_queues():
-            owner = queue.node if isinstance(queue, RemoteQueue) else self.name
+            owner = queue.node
             if owner in owned:
                 owned[owner] += 1
         return min(owned, key=lambda name: (owned[name], name))
@@ -228,7 +229,7 @@ class Cluster:
         if isinstance(record, QueueRecord):
             node = self._place(record.arguments)
             record = replace(record, node=node)
-            if record.arguments.get("x-queue-type") == "quorum":
+            if REPLICATED in queue_types.of(record.arguments).capabilities:
                 record = replace(record, members=self.quorum.members_for(record.arguments, node))
         kind, key = record.kind, record.key
         try:
@@ -318,7 +319,7 @@ class Cluster:
         elif existing is None:
             self.broker.add_remote_queue(vhost, RemoteQueue(
                 record.name, vhost.name, record.durable, record.auto_delete, record.arguments,
-                queue_args.parse(record.arguments, record.name, vhost.name), self.peer(record.node)))
+                *queue_types.declared(record.arguments, record.name, vhost.name), self.peer(record.node)))
 
     def _delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
         if record.members:

@@ -32,16 +32,15 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import aetcd
 from aetcd import rtypes
 
-from amqp_server import patterns, queue_args
+from amqp_server import patterns, queue_args, queue_types
 from amqp_server.logs import untrusted
-from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
 from .quorum_log import ACKED, ADOPT_OP, HEAD, MORE_OP, OP, RESET_OP, Replicator
 from .quorum_log import apply as apply_ops
-from .remote_queue import Held, RemoteQueue
+from .remote_queue import Held, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -300,9 +299,9 @@ class QuorumGroups:
             self._open_copy(group)
             if group.leader and group.leader != self.name:
                 self._ask_to_catch_up(group)
-        queue = vhost.queues.get(group.name)
-        if isinstance(queue, RemoteQueue):
-            queue.members = members
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:
+            proxy.members = members
         if group.replicator is not None:
             if self.name in members:
                 group.replicator.queue.members = [self.name] + [m for m in members if m != self.name]
@@ -489,7 +488,7 @@ class QuorumGroups:
             self._proxy(vhost, group, leader)
             if group.index_id and group.applied_term != term:
                 self._ask_to_catch_up(group)
-        elif not isinstance(vhost.queues.get(group.name), RemoteQueue):
+        elif proxy_of(vhost.queues, group.name) is None:
             # deposed, none elected yet: publishes through here are refused by another member until one is
             others = [name for name in group.members if name != self.name]
             if others:
@@ -502,16 +501,17 @@ class QuorumGroups:
         if leader == self.name:
             return
         current = vhost.queues.get(group.name)
-        if isinstance(current, RemoteQueue):
-            if current.peer.name != leader:
-                for consumer in list(current.consumers):
-                    current.cancelled(consumer)
-                current.peer.abandon(current)
-                current.peer = self.cluster.peer(leader)
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:
+            if proxy.peer.name != leader:
+                for consumer in list(proxy.consumers):
+                    proxy.cancelled(consumer)
+                proxy.peer.abandon(proxy)
+                proxy.peer = self.cluster.peer(leader)
             return
         record = group.record
         queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
-                            queue_args.parse(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
+                            *queue_types.declared(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
         queue.members = group.members
         queue.held = group.held
         self._swap(vhost, current, queue)
@@ -519,8 +519,8 @@ class QuorumGroups:
     def _promote(self, vhost: VHost, group: Group) -> None:
         """This node leads: its copy becomes the queue clients use, and the followers are sent snapshots."""
         record = group.record
-        args = queue_args.parse(record.arguments, record.name, vhost.name)
-        queue = QuorumQueue(record.name, vhost.name, True, None, False, record.arguments, args, self.broker)
+        kind, args = queue_types.declared(record.arguments, record.name, vhost.name)
+        queue = kind.new(record.name, vhost.name, True, None, False, record.arguments, args, self.broker)
         queue.index_id = group.index_id
         self.broker.attach(queue, True)
         queue.members = [self.name] + [name for name in group.members if name != self.name]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 from amqp_server.queue_args import QueueArgs
+from amqp_server.queue_type import REPLICATED, QueueType
 
 from . import link
 
@@ -91,8 +92,8 @@ class Owner(Protocol):
 
 class RemoteQueue(Queue):
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
-                 args: QueueArgs, peer: Owner) -> None:
-        super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None)
+                 queue_type: QueueType, args: QueueArgs, peer: Owner) -> None:
+        super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None, queue_type=queue_type)
         self.peer = peer
         self.key = f"{vhost}\0{name}"
         qid = self.key.encode()
@@ -131,8 +132,8 @@ class RemoteQueue(Queue):
         if held is not None and (held.leaderless or not self.peer.up):
             return held.hold(confirm)
         accepted = self.peer.publish(self, message, confirm)
-        if accepted is None and self.args.queue_type == "quorum":
-            return False
+        if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
+            return False  # publisher sends it again
         return accepted
 
     # -- consumers ----------------------------------------------------------------------------
@@ -147,11 +148,11 @@ class RemoteQueue(Queue):
         if remote is not None:
             self.peer.cancel(remote)
 
-    async def registered(self, consumer: Consumer) -> None:
-        """Once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised here."""
+    def accepted(self, consumer: Consumer) -> asyncio.Future[None] | None:
+        """Done once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised by it.  None if the
+        consumer is gone already (channel closed)."""
         remote = self.by_consumer.get(consumer)
-        if remote is not None:  # else it is gone already (channel closed)
-            await remote.accepted
+        return remote.accepted if remote is not None else None
 
     def refused(self, consumer: Consumer) -> None:
         Queue.remove_consumer(self, consumer)
@@ -207,7 +208,8 @@ class RemoteQueue(Queue):
             self.peer.settle(link.SETTLE_ACK, [entry])
         return entry
 
-    async def purge_remote(self) -> int:
+    async def purged(self) -> int:
+        """queue.purge at the owner."""
         reply, _ = await self.peer.request(self, "purge")
         return reply["count"]
 
@@ -215,3 +217,10 @@ class RemoteQueue(Queue):
         for remote in self.by_consumer.values():
             self.peer.cancel(remote)
         self.by_consumer.clear()
+
+
+def proxy_of(queues: Mapping[str, Queue], name: str) -> RemoteQueue | None:
+    """The proxy through which this node reaches the queue of that name, if another node holds it (or, for a
+    quorum queue between leaders, none is known to yet); None for a queue of this node, or none."""
+    queue = queues.get(name)
+    return queue if isinstance(queue, RemoteQueue) else None

@@ -19,10 +19,11 @@ from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.queue_type import REPLICATED
 from amqp_server.vhost import home_node_down
 
 from . import link
-from .remote_queue import RemoteQueue
+from .remote_queue import RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -146,8 +147,8 @@ class Session:
         """The proxy of a quorum queue led by another node (or by none known), if that is what ``qid`` is here."""
         vhost_name, _, name = qid.decode().partition("\0")
         vhost = self.broker.vhosts.get(vhost_name)
-        queue = vhost.queues.get(name) if vhost is not None else None
-        return queue if isinstance(queue, RemoteQueue) and queue.args.queue_type == "quorum" else None
+        proxy = proxy_of(vhost.queues, name) if vhost is not None else None
+        return proxy if proxy is not None and REPLICATED in proxy.type.capabilities else None
 
     def _queue(self, qid: bytes) -> Queue | None:
         """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
@@ -189,11 +190,11 @@ class Session:
 
     def _local_queue(self, vhost_name: str, name: str) -> Queue:
         vhost = self.broker.vhosts.get(vhost_name)
-        queue = vhost.queues.get(name) if vhost is not None else None
-        if queue is None:
+        if vhost is None or (queue := vhost.queues.get(name)) is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
-        if isinstance(queue, RemoteQueue):  # (a quorum queue's leader moved, or is being elected): it exists
-            raise home_node_down(queue)
+        proxy = proxy_of(vhost.queues, name)  # (a quorum queue's leader moved, or is being elected): it exists
+        if proxy is not None:
+            raise home_node_down(proxy)
         return queue
 
     def _cancel(self, payload: bytes) -> None:

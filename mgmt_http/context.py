@@ -36,6 +36,10 @@ class Context:
         cluster = self.broker.cluster
         return name == self.node or (cluster is not None and dict(cluster.nodes()).get(name, False))
 
+    def idle_since(self, owner: Any) -> str | None:
+        """When a queue or channel last did anything, if it has been idle since (the sampler's)."""
+        return self.sampler.idle_since(owner)
+
     def vhost(self, name: str) -> VHost:
         if not self.broker.access.vhost_exists(name):
             raise not_found()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from amqp_server.queue import Queue
+
 from .http import error_response
 
 FORWARDED_HEADERS = ("Content-Type", "X-Warren-Head", "X-Warren-Tail")
@@ -36,6 +38,12 @@ KEY = web.AppKey("forwarder", Forwarder)
 def setup(app: web.Application) -> None:
     forwarder = app[KEY] = Forwarder()
     app.on_cleanup.append(forwarder.close)
+
+
+async def by_owner(request: web.Request, queue: Queue) -> web.StreamResponse | None:
+    """The answer of the node ``queue`` lives on, if that is another (the caller checked the request here);
+    None for a queue of this node, which the caller answers."""
+    return await forward(request, queue.node) if queue.remote else None
 
 
 async def forward(request: web.Request, node: str) -> web.StreamResponse:

@@ -38,7 +38,7 @@ from amqp_server.clock import now_ms
 from amqp_server.queue import Queue
 
 from . import auth, record_reader
-from .forward import forward
+from .forward import by_owner
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
 if TYPE_CHECKING:
@@ -125,9 +125,8 @@ def _owned(handler: Any) -> Any:
     """Answer here for a queue of this node, forward for one of another node."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
         queue = authorize_queue_read(request)
-        if queue.remote:
-            return await forward(request, queue.node)
-        return await handler(request, queue)
+        answer = await by_owner(request, queue)
+        return answer if answer is not None else await handler(request, queue)
 
     wrapper.__name__ = handler.__name__
     wrapper.__doc__ = handler.__doc__

@@ -5,14 +5,14 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from amqp_server import errors, properties
+from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
 from amqp_server.queue import Entry, Queue
 
 from . import auth, bulk
 from .connections import consumer_info
-from .forward import forward
+from .forward import by_owner
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, from_channel, get_arguments, get_bool, get_int, get_str,
                    json_response, new_name, no_content, not_found, query_flag, read_json)
@@ -39,7 +39,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
-        "type": queue.args.queue_type, "state": "running" if queue.available else "down",
+        "type": queue.type.name, "state": "running" if queue.available else "down",
         "policy": queue.policy.name if queue.policy else None,
         "operator_policy": queue.operator_policy.name if queue.operator_policy else None,
         "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
@@ -52,65 +52,11 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
         "message_stats": message_stats(queue.stats, rates, QUEUE_STATS),
     }
     info.update(depth_fields(queue_depths((queue,)), rates))
-    if not queue.remote and queue.args.queue_type != "stream":
-        info.update(byte_fields(queue))
-    if queue.args.queue_type == "classic" and not queue.remote:
-        info.update(head_message_timestamp=head_timestamp(queue))
-        idle = context.sampler.idle_since(queue)
-        if idle is not None:
-            info["idle_since"] = idle
-    if queue.args.queue_type == "quorum":
-        info.update(quorum_fields(context, queue))
-        info.update(single_active_consumer_ctag=info["single_active_consumer_tag"], open_files={info["node"]: 0})
-        if not queue.remote:  # at-least-once dead letters waiting for a queue to take them
-            info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
-            info["messages"] += len(queue.dlx_pending)
-    if queue.args.queue_type == "stream":  # one replica, here (RabbitMQ's JSON has no RAM figures for streams)
-        node = info["node"]
-        info.update(members=[node], online=[node] if context.node_running(node) else [])
-    elif not queue.remote:  # where a queue's ready messages are (an owner's figures; a proxy does not know them)
-        in_ram = queue.message_count - queue.paged
-        info.update({"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,
-                     "messages_unacknowledged_ram": queue.unacked, "messages_paged_out": queue.paged,
-                     "message_bytes_ram": queue.ready_bytes - queue.paged_bytes,
-                     "message_bytes_paged_out": queue.paged_bytes})
+    queue.type.describe(queue, context, info)
     if queue.exclusive_owner is not None:
         owner = queue.exclusive_owner
         info["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0], "peer_port": owner.peer[1]}
     return info
-
-
-def byte_fields(queue: Queue) -> dict[str, int]:
-    """Bytes of message bodies ready and unacked, and the persistent messages: those of a durable queue's index,
-    as its committed totals count them (a quorum queue keeps every message; a non-durable queue none).  A
-    transient message a durable queue paged out is not counted, though its bytes are."""
-    unacked = queue.unacked_bytes
-    total = queue.ready_bytes + unacked
-    if queue.persists_all:
-        persistent, persistent_bytes = queue.message_count + queue.unacked, total
-    elif queue.persistence is not None and queue.index_id:
-        totals = queue.persistence.index.totals(queue.index_id)
-        persistent, persistent_bytes = (totals.count - totals.transient, totals.bytes) if totals else (0, 0)
-    else:
-        persistent = persistent_bytes = 0
-    return {"message_bytes": total, "message_bytes_unacknowledged": unacked, "messages_persistent": persistent,
-            "message_bytes_persistent": persistent_bytes}
-
-
-def head_timestamp(queue: Queue) -> int | None:
-    """The timestamp property of the next message, if it has one and is in memory (as RabbitMQ's)."""
-    head = next((entry for entry in queue.ready if not entry.gone), None)
-    if head is None or not head.message.header:  # (a message paged in has its header once it is read)
-        return None
-    return properties.decode(head.message.header).timestamp
-
-
-def quorum_fields(context: Context, queue: Queue) -> dict[str, Any]:
-    """A quorum queue's group as RabbitMQ shows it: its leader (also ``node``), members and those running."""
-    leader = queue.node if queue.remote else context.node
-    members = list(getattr(queue, "members", None) or [leader])
-    online = [name for name in members if context.node_running(name)]
-    return {"leader": leader, "node": leader, "members": members, "online": online}
 
 
 def find_queue(request: web.Request) -> tuple[Context, Queue]:
@@ -268,9 +214,10 @@ async def peek(request: web.Request) -> web.StreamResponse:
     slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it."""
     context, queue = find_queue(request)
     who = auth.principal(request, queue.vhost)
-    if queue.remote:  # its node answers, once the caller may read it
-        context.broker.consumable(context.vhost(queue.vhost), queue.name, None, who)
-        return await forward(request, queue.node)
+    context.broker.consumable(context.vhost(queue.vhost), queue.name, None, who)
+    answer = await by_owner(request, queue)  # (another node's queue: its node answers, once the caller may read it)
+    if answer is not None:
+        return answer
     query = dict(request.query)
     offset = get_int(query, "offset", 0, minimum=0)
     count = bulk.capped(get_int(query, "count", 10, minimum=0))

@@ -6,7 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.auth import Permissions
-from amqp_server.queue_args import QUEUE_TYPES
+from amqp_server.queue_types import NAMES as QUEUE_TYPES
 
 from . import auth
 from .connections import octets

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from exchanges import DEFERRED, Exchange
 
-from .. import codec, errors, queue_args, sender_selected
+from .. import codec, errors, sender_selected
 from ..auth import Principal
 from ..delayed import Publisher
 from ..errors import AMQPError, resource_name
@@ -113,8 +113,6 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        if not queue.remote:
-            return self.get_local(vhost, name, no_ack, owner)
         self.check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
@@ -133,10 +131,8 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        if not queue.remote:
-            return self.purge_local(vhost, name, owner)
         self.check_exclusive(queue, owner)
-        return await queue.purge_remote()
+        return await queue.purged()
 
     @staticmethod
     def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
@@ -158,7 +154,7 @@ class Messages(BrokerCore):
         of what the connection held is as it closes)."""
         try:
             for queue in {queue for _, queue, _ in taken}:
-                queue_args.check_nack(queue.args, queue.name, queue.vhost)
+                queue.type.check_nack(queue.name, queue.vhost)
         except AMQPError:
             self.settle_taken(taken, True)
             raise

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .. import codec, errors, queue_args
+from .. import codec, errors, queue_types
 from ..auth import Principal
 from ..errors import resource_name
 from ..logs import untrusted
 from ..queue import Consumer, Entry, Queue
-from ..queue_type import queue_class
-from ..quorum_queue import QuorumQueue
+from ..queue_type import PAGING
 from ..records import QueueRecord, name_key
 from ..vhost import VHost, home_node_down
 from .core import BrokerCore, exclusive_locked, shown, shown_arg, storable
@@ -92,10 +91,9 @@ class Queues(BrokerCore):
         if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         storable(arguments, resource_name("queue", name, vhost.name))
-        args = queue_args.parse(arguments, name, vhost.name)
-        queue_args.check_properties(args, name, vhost.name, durable, exclusive, auto_delete)
-        queue = queue_class(args)(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args,
-                                  self)
+        kind, args = queue_types.declared(arguments, name, vhost.name)
+        kind.check_properties(name, vhost.name, durable, exclusive, auto_delete)
+        queue = kind.new(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
         vhost.queues[name] = queue
         self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
@@ -112,11 +110,10 @@ class Queues(BrokerCore):
         """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
         bounded window in memory (a transient queue pages only when memory runs short)."""
         queue.pager = self.pager
-        if isinstance(queue, QuorumQueue):
-            queue.members = [self.node_name]  # a group of one until the cluster replicates it
+        queue.type.attached(queue, self.node_name)
         if durable:
             queue.persistence = self.persistence
-            if queue.pageable:
+            if PAGING in queue.type.capabilities:
                 queue.window = self.queue_window
 
     def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
@@ -145,10 +142,8 @@ class Queues(BrokerCore):
         """A declaration's arguments with the vhost's ``default_queue_type`` written in where it applies: a
         durable, shared, kept queue that names no type (RabbitMQ 3.10)."""
         arguments = dict(arguments or {})
-        if durable and not exclusive and not auto_delete and "x-queue-type" not in arguments:
-            default = self.access.vhost_metadata(vhost.name).get("default_queue_type")
-            if default not in (None, "classic"):
-                arguments["x-queue-type"] = default
+        if durable and not exclusive and not auto_delete:
+            queue_types.with_default(arguments, self.access.vhost_metadata(vhost.name).get("default_queue_type"))
         return arguments
 
     async def find_queue(self, vhost: VHost, name: str) -> None:
@@ -177,8 +172,7 @@ class Queues(BrokerCore):
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
         answers, then lets the queue deliver (``deliver_ready``)."""
-        priority = queue_args.check_consumer(queue.args, queue.name, queue.vhost, no_ack, prefetch, global_prefetch,
-                                             arguments)
+        priority = queue.type.check_consumer(queue.name, queue.vhost, no_ack, prefetch, global_prefetch, arguments)
         self.check_consumer_exclusivity(queue, exclusive)
         consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
                             priority)

@@ -8,11 +8,10 @@ from typing import Iterator, TypeVar
 
 from exchanges import exchange_class
 
-from .. import queue_args
+from .. import queue_types
 from ..errors import ChannelError
 from ..logs import untrusted
 from ..queue import Queue
-from ..queue_type import queue_class
 from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from .core import BrokerCore
 
@@ -45,14 +44,14 @@ class Recovery(BrokerCore):
                 continue
             arguments = record.arguments
             try:
-                args = queue_args.parse(arguments, record.name, vhost.name)
+                kind, args = queue_types.declared(arguments, record.name, vhost.name)
             except ChannelError as exc:  # stored before today's checks: recover, without its arguments
                 log.error("queue %s in vhost %s: stored arguments refused (%s); recovered without them",
                           untrusted(record.name), untrusted(vhost.name), untrusted(exc.text))
                 arguments = {}
-                args = queue_args.parse(arguments, record.name, vhost.name)
-            queue = vhost.queues[record.name] = queue_class(args)(
-                record.name, vhost.name, True, None, record.auto_delete, arguments, args, self)
+                kind, args = queue_types.declared(arguments, record.name, vhost.name)
+            queue = vhost.queues[record.name] = kind.new(record.name, vhost.name, True, None, record.auto_delete,
+                                                         arguments, args, self)
             queue.index_id = record.index_id
             self.attach(queue, True)
             durable.append(queue)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .. import errors
 from ..auth import Principal
 from ..errors import AMQPError
 from ..message import Message, make_message
+from ..queue import Queue
+from ..queue_type import LOG
 from ..stream_queue import StreamQueue
 from . import core
 
@@ -50,6 +52,11 @@ class Tracking:
 
     offsets: dict[str, int] = field(default_factory=dict)
 
+
+def served_here(queue: Queue | Any) -> TypeGuard[StreamQueue]:
+    """Whether ``queue`` is a stream of this node, which the stream protocol serves here (a client finds another
+    node's by ``metadata``; a super stream's partitions are those of this node)."""
+    return isinstance(queue, Queue) and LOG in queue.type.capabilities and not queue.remote
 
 class StreamManager:
     def __init__(self, broker: "Broker") -> None:
@@ -97,7 +104,7 @@ class StreamManager:
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
         queue = vhost.queues.get(name)
-        if queue is None or queue.args.queue_type != "stream":
+        if queue is None or LOG not in queue.type.capabilities:
             raise StreamError(core.STREAM_DOES_NOT_EXIST)
         index_id = queue.index_id
         try:
@@ -112,15 +119,15 @@ class StreamManager:
         """The stream of that name on this node, if there is one."""
         vhost = self.broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
-        return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
+        return queue if served_here(queue) and not queue.deleted else None
 
     def locate(self, vhost_name: str, name: str) -> str | None:
         """Where the stream lives: "" here, else the name of its node (cluster mode); None if there is none."""
         vhost = self.broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
-        if queue is None or queue.args.queue_type != "stream" or queue.deleted:
+        if queue is None or LOG not in queue.type.capabilities or queue.deleted:
             return None
-        return str(getattr(queue, "node", "")) if queue.remote else ""
+        return "" if served_here(queue) else queue.node
 
     def for_(self, kind: str, vhost_name: str, name: str, who: Principal) -> StreamQueue:
         """The stream ``who`` may use for ``kind`` (write: declare a publisher, store an offset; read: subscribe,
@@ -148,7 +155,7 @@ class StreamManager:
         """The streams a message with ``routing_key`` goes to from the super stream's exchange (read on it)."""
         exchange = self._exchange(vhost_name, super_stream, who)
         probe = _probe(super_stream, routing_key)
-        return [queue.name for queue in exchange.route(routing_key, probe) if isinstance(queue, StreamQueue)]
+        return [queue.name for queue in exchange.route(routing_key, probe) if served_here(queue)]
 
     def partitions(self, vhost_name: str, super_stream: str, who: Principal) -> list[str]:
         """The super stream's streams in binding order (x-stream-partition-order first, where bindings have it)."""
@@ -156,7 +163,7 @@ class StreamManager:
         bound: list[tuple[int, int, str]] = []
         for position, binding in enumerate(exchange.bindings()):
             destination = binding.destination
-            if isinstance(destination, StreamQueue) and all(name != destination.name for _, _, name in bound):
+            if served_here(destination) and all(name != destination.name for _, _, name in bound):
                 order = binding.args_dict().get("x-stream-partition-order")
                 bound.append((order if isinstance(order, int) else position, position, destination.name))
         return [name for _, _, name in sorted(bound)]

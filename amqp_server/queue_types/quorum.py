@@ -1,0 +1,44 @@
+"""The quorum queue (RabbitMQ's rabbit_quorum_queue): replicated on a group of nodes in cluster mode
+(``forwarder.quorum``), its messages in ``quorum_queue.QuorumQueue`` on the node that leads it."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..queue_type import ARGUMENT_WINS, LOWER_WINS, NACK, PAGING, REPLICATED, HttpView, QueueType
+from ..quorum_queue import QuorumQueue
+from .classic import byte_fields, memory_fields
+
+
+class Quorum(QueueType):
+    name = "quorum"
+    apply_to = "quorum_queues"
+    # Arguments RabbitMQ 3.10 refuses on a quorum queue (rabbit_quorum_queue's capabilities lack them).
+    refused_arguments = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",
+                         "x-stream-max-segment-size-bytes")
+    consumer_arguments = ("x-priority",)
+    policy_lower_wins = LOWER_WINS + ("delivery-limit",)
+    policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
+    capabilities = frozenset({NACK, PAGING, REPLICATED})  # not GLOBAL_QOS, as RabbitMQ 3.10
+    queue_class = QuorumQueue
+
+    def attached(self, queue: Any, node: str) -> None:
+        queue.members = [node]  # a group of one until the cluster replicates it
+
+    def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
+        """Its group as RabbitMQ shows it: its leader (also ``node``), members and those running; an owner's
+        figures too, its at-least-once dead letters waiting for a queue to take them among them."""
+        owner = not queue.remote
+        if owner:
+            info.update(byte_fields(queue))
+        leader = queue.node if not owner else view.node
+        members = list(queue.members or [leader])
+        info.update(leader=leader, node=leader, members=members,
+                    online=[name for name in members if view.node_running(name)])
+        info.update(single_active_consumer_ctag=info["single_active_consumer_tag"], open_files={info["node"]: 0})
+        if owner:
+            info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
+            info["messages"] += len(queue.dlx_pending)
+            info.update(memory_fields(queue))
+
+
+TYPE = Quorum()
