@@ -133,3 +133,85 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
     assert "amqp_server.broker" in graph["forwarder.cluster"]  # across packages
     assert "amqp_server.stream_queue" in graph["amqp_server.stream.reader"]  # from a sub-package
     assert "exchanges.delayed" in graph["exchanges"]  # a package's own modules
+
+
+# The queue types (amqp_server/queue_types/, the interface in queue_type.py), the classes that hold a queue's messages
+# (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
+# known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
+# queue, and does not branch on either.
+INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.queue_base", "amqp_server.disk_tail",
+                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.offsets", "amqp_server.priority_queue",
+                    "amqp_server.quorum_queue", "amqp_server.stream_queue", "forwarder.remote_queue"}
+# (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
+QUEUE_CLASSES = {"PriorityQueue", "QuorumQueue", "StreamQueue", "RemoteQueue"}
+TYPE_NAMES = {"classic", "quorum", "stream", "x-queue-type"}
+# The branches that remain (at most five), each asking where a queue lives, for a reason:
+KNOWN_BRANCHES = {
+    "amqp_server/channel.py": 1,  # basic.get and queue.purge of this node's queue answer within the frame's turn,
+    # in order with the frames after it; another node's suspend the channel until its node answers
+    "amqp_server/stream/manager.py": 1,  # the stream protocol serves the streams of this node (served_here); a
+    # client finds another node's through metadata
+    "mgmt_http/forward.py": 1,  # another node's management API answers for its queues (by_owner)
+}
+
+
+def type_branches(tree: ast.AST) -> list[int]:
+    """The lines that branch on a queue's type or location: isinstance against a queue class, ``.remote``, a
+    comparison with a type's name, ``queue_type`` or ``x-queue-type``, or a read of ``x-queue-type``."""
+    def names(node: ast.expr) -> set[str]:
+        elements = node.elts if isinstance(node, ast.Tuple) else [node]
+        return {e.id if isinstance(e, ast.Name) else e.attr for e in elements if isinstance(e, (ast.Name, ast.Attribute))}
+
+    def typed(node: ast.expr, names: set[str] = TYPE_NAMES) -> bool:
+        return ((isinstance(node, ast.Constant) and node.value in names)
+                or (isinstance(node, ast.Attribute) and node.attr == "queue_type"))
+
+    def read(node: ast.expr) -> bool:  # arguments.get("x-queue-type"), arguments["x-queue-type"]
+        return typed(node, {"x-queue-type"})
+
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass")
+                and len(node.args) == 2 and names(node.args[1]) & QUEUE_CLASSES):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Attribute) and node.attr == "remote"
+              and not (isinstance(node.value, ast.Name) and node.value.id == "request")):  # (aiohttp's peer address)
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(typed(side) for side in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and read(node.args[0])) or (isinstance(node, ast.Subscript) and read(node.slice)):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def branches_outside_the_types() -> dict[str, list[int]]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package.replace(".", "/")).glob("*.py")) + sorted(
+                (ROOT / package.replace(".", "/")).glob("*/*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if module in INSIDE_THE_TYPES or module.startswith("amqp_server.queue_types"):
+                continue
+            lines = type_branches(ast.parse(path.read_text()))
+            if lines:
+                found[str(path.relative_to(ROOT))] = lines
+    return found
+
+
+def test_code_outside_the_queue_types_asks_the_type_and_does_not_branch_on_it():
+    found = branches_outside_the_types()
+    assert {path: len(lines) for path, lines in found.items()} == KNOWN_BRANCHES, found
+    assert sum(KNOWN_BRANCHES.values()) <= 5
+
+
+def test_the_branch_finder_finds_branches():
+    source = '''
+if isinstance(q, (RemoteQueue, Exchange)): pass
+if q.remote: pass
+if q.args.queue_type == "quorum": pass
+if arguments.get("x-queue-type"): pass
+if "stream" != kind: pass
+ok = isinstance(q, Exchange) and "x-queue-type" in NAMES and REPLICATED in q.type.capabilities
+'''
+    assert type_branches(ast.parse(source)) == [2, 3, 4, 5, 6, 7]  # (7: "x-queue-type" in NAMES)
