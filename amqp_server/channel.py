@@ -539,7 +539,7 @@ class Channel:
         self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused, self.connection.principal)
         self._write_checked.pop(m.exchange, None)
         if not m.nowait:
-            self.reply(commands.Exchange.DeleteOk())
+            self._answer_agreed(m, commands.Exchange.DeleteOk())
 
     def _exchange_binding(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
         bind = isinstance(m, commands.Exchange.Bind)
@@ -547,7 +547,20 @@ class Channel:
         operation(self.vhost, m.source, "exchange", m.destination, m.routing_key, m.arguments,
                   who=self.connection.principal)
         if not m.nowait:
-            self.reply(commands.Exchange.BindOk() if bind else commands.Exchange.UnbindOk())
+            self._answer_agreed(m, commands.Exchange.BindOk() if bind else commands.Exchange.UnbindOk())
+
+    def _answer_agreed(self, m: Frame, answer: Frame) -> None:
+        """The answer to a change of definitions; in cluster mode once etcd has the change (``Broker.agreed``),
+        so that a crash of this node right after cannot undo what the client was told."""
+        if self.broker.cluster is None:
+            self.reply(answer)
+        else:
+            self.connection.suspend(self, m, self._answered_when_agreed(answer))
+
+    async def _answered_when_agreed(self, answer: Frame) -> None:
+        await self.broker.agreed()
+        if self.open:
+            self.reply(answer)
 
     # queue.*
 
@@ -600,11 +613,11 @@ class Channel:
             self.broker.bind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
                              self.connection.principal)
             if not m.nowait:
-                self.reply(commands.Queue.BindOk())
+                self._answer_agreed(m, commands.Queue.BindOk())
             return
         self.broker.unbind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
                            self.connection.principal)
-        self.reply(commands.Queue.UnbindOk())
+        self._answer_agreed(m, commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
@@ -627,7 +640,7 @@ class Channel:
         count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection,
                                          self.connection.principal)
         if not m.nowait:
-            self.reply(commands.Queue.DeleteOk(message_count=count))
+            self._answer_agreed(m, commands.Queue.DeleteOk(message_count=count))
 
     # basic.*
 

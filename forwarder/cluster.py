@@ -224,6 +224,14 @@ class Cluster:
         if not self.applying:
             self.metadata.delete(kind, key)
 
+    async def written(self) -> None:
+        """Every definition change made here so far is in etcd; 506 if etcd does not take them within
+        AGREE_TIMEOUT (they stay made here and reach etcd once it answers)."""
+        try:
+            await asyncio.wait_for(self.metadata.written(), AGREE_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise errors.ChannelError(errors.RESOURCE_ERROR, "cluster metadata store unavailable: timeout") from None
+
     async def agree(self, record: Record) -> None:
         """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
         if isinstance(record, QueueRecord):

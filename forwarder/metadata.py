@@ -12,7 +12,8 @@ etcd holds are compared with the mirror's, and a difference still there at the n
 event in flight explains, reads the whole state again.
 
 Writes made by this node go through one ordered writer, so a binding never reaches etcd before
-its queue.  A new queue is different: :meth:`create` is a transaction that only succeeds if the
+its queue; :meth:`written` waits until etcd has those asked for so far, so that a change is answered only
+once a crash of this node can no longer lose it.  A new queue is different: :meth:`create` is a transaction that only succeeds if the
 key does not exist yet, so of two concurrent declarations exactly one wins and both nodes see it.
 """
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Metadata:
         self.store = store
         self.apply = apply
         self._writes: asyncio.Queue[tuple[bytes, dict[str, Any] | None]] = asyncio.Queue()
+        self._queued = self._done = 0  # writes put on _writes, and those etcd has taken
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # (writes to be done, its waiter)
         self._tasks: list[asyncio.Task] = []
         self.caught_up = asyncio.Event()
         self.reloads = 0  # full reads of etcd's state (the first included)
@@ -119,10 +122,33 @@ class Metadata:
         return None if reply is None else json.loads(reply.value)
 
     def put(self, kind: str, key: str, record: dict[str, Any]) -> None:
-        self._writes.put_nowait((etcd_key(kind, key), record))
+        self._write(etcd_key(kind, key), record)
 
     def delete(self, kind: str, key: str) -> None:
-        self._writes.put_nowait((etcd_key(kind, key), None))
+        self._write(etcd_key(kind, key), None)
+
+    def _write(self, key: bytes, record: dict[str, Any] | None) -> None:
+        self._queued += 1
+        self._writes.put_nowait((key, record))
+
+    async def written(self) -> None:
+        """Returns once etcd has every write asked for so far (those of ``put`` and ``delete``)."""
+        if self._done >= self._queued:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append((self._queued, waiter))
+        await waiter
+
+    def _wrote(self) -> None:
+        self._done += 1
+        still = []
+        for upto, waiter in self._waiting:
+            if upto <= self._done:
+                if not waiter.done():
+                    waiter.set_result(None)
+            elif not waiter.done():
+                still.append((upto, waiter))
+        self._waiting = still
 
     async def _writer(self) -> None:
         while True:
@@ -135,6 +161,7 @@ class Metadata:
                     else:
                         reply = await self.client.put(key, json.dumps(record).encode())
                         self._mirror(key, record, reply.header.revision)
+                    self._wrote()
                     break
                 except aetcd.exceptions.ClientError as exc:
                     log.warning("etcd write of %s failed (%s); retrying", untrusted(key), exc)

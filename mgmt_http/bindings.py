@@ -138,6 +138,7 @@ async def create(request: web.Request) -> web.Response:
     arguments = get_arguments(body)
     context.broker.bind(vhost, exchange_param(request.match_info["source"]), KINDS[request.match_info["kind"]],
                         destination, routing_key, arguments, who=auth.principal(request, vhost.name))
+    await context.broker.agreed()
     location = quote(destination, safe="") + "/" + properties_key(routing_key, arguments)
     return web.Response(status=201, headers={"Location": location})
 
@@ -163,4 +164,5 @@ async def delete(request: web.Request) -> web.Response:
     context, vhost, source, destination, info = _find(request)
     context.broker.unbind(vhost, source.name, _kind(destination), destination.name, info["routing_key"],
                           info["arguments"], who=auth.principal(request, vhost.name))
+    await context.broker.agreed()
     return no_content()

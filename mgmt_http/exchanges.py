@@ -94,6 +94,7 @@ async def delete(request: web.Request) -> web.Response:
     context, vhost, exchange = find_exchange(request)
     context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_flag(request, "if-unused"),
                                    who=auth.principal(request, vhost))
+    await context.broker.agreed()
     return no_content()
 
 

@@ -777,3 +777,52 @@ def test_link_down_and_back_releases_held_publishers_and_holds_new_ones(cluster,
         wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["state"] == "running", "node 2 back", timeout=20)
     with connect(n1) as connection:
         connection.channel().queue_delete(uid)
+
+
+@pytest.mark.cluster
+def test_a_change_is_answered_once_etcd_has_it_and_a_crash_right_after_keeps_it(tmp_path):
+    """queue.delete, queue.bind and the HTTP API's DELETE of a queue are answered once etcd has the change, as
+    RabbitMQ answers once Mnesia has it: while etcd is frozen nothing is answered (a node killed then would come
+    back with the queue etcd still held); once it thaws every answer comes, and a node killed -9 right after
+    starts again as it was answered."""
+    etcd = Etcd(tmp_path / "etcd")
+    node = start_node(tmp_path, etcd, 1)
+    try:
+        with connect(node) as connection:
+            channel = connection.channel()
+            for name in ("doomed", "kept", "doomed-over-http"):
+                channel.queue_declare(name, durable=True)
+        answered: list[str] = []
+
+        def change() -> None:
+            with connect(node) as connection:
+                channel = connection.channel()
+                channel.queue_delete("doomed")
+                answered.append("delete")
+                channel.queue_bind("kept", "amq.direct", "kept")
+                answered.append("bind")
+
+        def delete_over_http() -> None:
+            api_put(node, "/queues/%2F/doomed-over-http", None, method="DELETE")
+            answered.append("http delete")
+
+        workers = [threading.Thread(target=change), threading.Thread(target=delete_over_http)]
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            for worker in workers:
+                worker.start()
+            time.sleep(2)
+            assert answered == [], "answered while etcd could not have the change"
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        for worker in workers:
+            worker.join(15)
+        assert sorted(answered) == ["bind", "delete", "http delete"]
+        node.kill()
+        node = start_node(tmp_path, etcd, 1, port=node.port, link_port=node.link_port)
+        wait_for(lambda: gone(node, "doomed") and gone(node, "doomed-over-http"), "the deleted queues stay gone")
+        bound = [b["destination"] for b in api(node, "/exchanges/%2F/amq.direct/bindings/source")]
+        assert bound == ["kept"]
+    finally:
+        node.stop()
+        etcd.stop()

@@ -73,6 +73,8 @@ class ClusterHooks(Protocol):
 
     def undefined(self, kind: str, key: str) -> None: ...
 
+    async def written(self) -> None: ...
+
     def nodes(self) -> list[tuple[str, bool]]: ...
 
     async def forget(self, name: str) -> None: ...
@@ -153,6 +155,12 @@ class BrokerCore:
             self.store.delete(record.kind, record.key)
         if self.cluster is not None:
             self.cluster.undefined(record.kind, record.key)
+
+    async def agreed(self) -> None:
+        """Cluster mode: the definition changes made on this node so far are the cluster's (in etcd), so that a
+        change answered to a client survives this node's crash, as RabbitMQ answers once Mnesia has it."""
+        if self.cluster is not None:
+            await self.cluster.written()
 
     @staticmethod
     def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
