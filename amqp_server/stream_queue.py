@@ -9,8 +9,9 @@ when a segment fills (``x-stream-max-segment-size-bytes``, 500 MB by default), a
 The messages are in the stream's log (``stream.log``): osiris chunks in segment files.  An AMQP 0-9-1 publish is
 stored as the AMQP 1.0 record RabbitMQ 3.10 writes (``stream.amqp10``); the publishes of one loop turn make one
 chunk, written at the end of the turn (or by the group commit, which makes it durable: the publisher's confirm
-follows).  A stream-protocol publish frame is a chunk of its own (``append_chunk``).  AMQP consumers read chunks
-back, each decoded once into entries kept while memory allows (``DECODED_BYTES``).  An offset is the record's
+follows).  A stream-protocol publish frame is chunks of its own, cut as osiris's writer cuts it
+(``append_chunks``).  AMQP consumers read chunks back, each decoded once into entries kept while memory allows
+(``DECODED_BYTES``).  An offset is the record's
 place in the log; ``last`` is the newest chunk's first offset, as in RabbitMQ.
 """
 from __future__ import annotations
@@ -129,12 +130,12 @@ class StreamQueue(Queue):
         self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
 
-    def append_chunk(self, data: bytes, entries: int, records: int, body: int, trailer: bytes = b"") -> int:
-        """A stream-protocol publish frame's chunk (after this turn's AMQP publishes, which are written first);
-        its id."""
+    def append_chunks(self, chunks: list[tuple[bytes | memoryview, int, int, int, bytes]]) -> int:
+        """A stream-protocol publish frame's chunks, each (data, entries, records, body bytes, trailer), after this
+        turn's AMQP publishes (which are written first); the first one's id."""
         self.flush()
-        chunk_id = self.log.append(data, entries, records, body, trailer)
-        self.stats.publish += records
+        chunk_id = self.log.append_chunks(chunks)
+        self.stats.publish += sum(part[2] for part in chunks)
         self._appended()
         return chunk_id
 

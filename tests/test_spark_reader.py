@@ -297,7 +297,7 @@ async def test_a_reader_process_reads_a_streams_chunks_from_its_segment_files(tm
         await settle()
     stream = vhost.queue("s")
     record = bytes.fromhex("005373c00501a1026964") + bytes.fromhex("005375a003726177")  # over the stream protocol
-    stream.append_chunk(struct.pack(">I", len(record)) + record, 1, 1, len(record))
+    stream.append_chunks([(struct.pack(">I", len(record)) + record, 1, 1, len(record), b"")])
     readers = RecordReaders(1)
     layout = arrow_records.Layout.parse("offset,body,routing_key,message_id,headers", False)
     try:

@@ -71,6 +71,26 @@ def test_a_chunk_is_stored_in_osiris_layout_and_read_without_its_trailer(tmp_pat
     assert list(chunk.read_trailer(trailer)) == [("app", 7)]
 
 
+def test_a_frames_many_chunks_are_all_written_and_recovered_with_their_trailers(tmp_path):
+    """More chunks than one pwritev takes buffers (three each with its trailer): all there, in order, after a
+    crash too, and the named publisher's last id from the last chunk's trailer."""
+    logs = StreamLogs(str(tmp_path), lambda: None)
+    log = logs.open(1)
+    data = memoryview(entries(*(b"m%04d" % i for i in range(700))))
+    stride = 4 + 5
+    assert log.append_chunks([(data[i * stride:(i + 1) * stride], 1, 1, 5, chunk.writer_trailer(b"app", i))
+                              for i in range(700)]) == 0
+    log.wrote("app", 699)
+    assert (log.first, log.next, log.last_chunk, log.body) == (0, 700, 699, 3500)
+    committed(logs)
+    log.append(entries(b"after"), 1, 1, 5)
+    (tmp_path / "1" / "writers").unlink()
+    again = reopened(tmp_path)
+    assert (again.next, again.last_chunk, again.writers) == (701, 700, {"app": 699})
+    found = again.find(699)
+    assert found is not None and again.chunk_bytes(*found)[chunk.HEADER.size:] == entries(b"m0699")
+
+
 def test_recovery_cuts_a_torn_tail_and_carries_on_from_it(tmp_path):
     logs = StreamLogs(str(tmp_path), lambda: None)
     log = logs.open(1)

@@ -538,44 +538,80 @@ def test_a_sub_batch_is_stored_as_it_came_and_read_over_amqp_091_as_its_records(
     assert got == [(0, b"r0"), (1, b"r1"), (2, b"r2"), (5, b"end")]
 
 
-def test_a_frame_of_more_entries_than_a_chunk_counts_is_written_as_two_chunks(node):
+RABBITMQ_CUTS = {  # frames' entry counts: the chunks RabbitMQ 3.10.8's writer made of them into a new stream
+    "4999, 100, 3000": ([4999, 100, 3000], [32, 64, 128, 256, 512, 1024, 2048, 935, 100, 1024, 1976]),
+    "32, 32, 31, 200": ([32, 32, 31, 200], [32, 32, 31, 32, 64, 104]),
+    "70000": ([70_000], [32, 64, 128, 256, 512, 1024, 2048, 4096] + [8192] * 7 + [4496]),
+}
+
+
+@pytest.mark.parametrize("cuts", RABBITMQ_CUTS, ids=list(RABBITMQ_CUTS))
+@pytest.mark.parametrize("sizes", ["one size", "sizes differ"])
+def test_publish_frames_are_cut_into_chunks_as_rabbitmqs_writer_cuts_them(node, cuts, sizes):
+    """osiris's writer takes at most its batch size of the waiting writes into a chunk (32 at first, doubled after
+    a full batch up to 8,192, halved after one that took all that waited); the chunks hold the entries as they
+    came.  (Records all of one size are taken apart as arrays, others one by one; a named publisher's
+    sequence is the frames' last id.)"""
+    frames, expected = RABBITMQ_CUTS[cuts]
     stream = f"s-{uuid.uuid4().hex[:8]}"
     raw = Raw(node)
     assert raw.login() == 1
     assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
-    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
-    count = 70_000  # a chunk header counts 65,535 entries at most
-    raw.send(frame(0x02, b"\x01" + struct.pack(">i", count) + b"".join(
-        struct.pack(">QI", i, 1) + b"x" for i in range(count))))
-    confirmed = 0
-    while confirmed < count:
+    reference = "app" if sizes == "sizes differ" else ""
+    assert raw.request(0x01, b"\x01" + string(reference) + string(stream)) == 1
+    entries = []
+    publishing_id = 1
+    for count in frames:
+        records = [b"r%04d" % (i % 10000) + (b"+" if sizes == "sizes differ" and i % 7 == 3 else b"")
+                   for i in range(count)]
+        raw.send(frame(0x02, b"\x01" + struct.pack(">i", count) + b"".join(
+            struct.pack(">QI", publishing_id + i, len(record)) + record for i, record in enumerate(records))))
+        entries += [struct.pack(">I", len(record)) + record for record in records]
+        publishing_id += count
+        confirmed = 0
+        while confirmed < count:
+            key, rest = raw.receive()
+            assert key == 0x03
+            confirmed += struct.unpack_from(">I", rest, 1)[0]
+    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 100, 0)) == 1
+    chunks = read_chunks(raw, len(expected))
+    assert [entries for _first, entries, _records, _data in chunks] == expected
+    assert [first for first, *_ in chunks] == [sum(expected[:i]) for i in range(len(expected))]
+    assert b"".join(data for *_, data in chunks) == b"".join(entries)
+    if reference:
+        raw.send(frame(0x05, struct.pack(">I", 9) + string(reference) + string(stream)))
         key, rest = raw.receive()
-        assert key == 0x03
-        confirmed += struct.unpack_from(">I", rest, 1)[0]
-    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
-    assert [chunk[:3] for chunk in read_chunks(raw, 2)] == [(0, 65535, 65535), (65535, 4465, 4465)]
+        while key == 0x08:
+            key, rest = raw.receive()
+        assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, publishing_id - 1)
 
 
-@pytest.mark.parametrize("sizes", [[5] * 100, [5] * 50 + [6] + [5] * 49], ids=["one size", "one differs"])
-def test_a_frame_is_one_chunk_of_its_entries_as_they_came(node, sizes):
-    """(Records all of one size are taken apart as arrays, others one by one: the chunk is the same.)"""
+def test_last_after_a_large_frame_starts_at_its_last_chunk_as_on_rabbitmq(node):
+    """rstream's own test_offset_type_last: 4,999 messages sent in one frame, then a subscription at ``last``
+    gets fewer than all of them (on RabbitMQ 3.10 the last 935: its writer cut the frame into chunks of 32, 64,
+    ... 2,048 and 935)."""
     stream = f"s-{uuid.uuid4().hex[:8]}"
-    raw = Raw(node)
-    assert raw.login() == 1
-    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
-    assert raw.request(0x01, b"\x01" + string("app") + string(stream)) == 1
-    records = [b"r%0*d" % (size - 1, i) for i, size in enumerate(sizes)]
-    raw.send(frame(0x02, b"\x01" + struct.pack(">i", len(records)) + b"".join(
-        struct.pack(">QI", 10 + i, len(record)) + record for i, record in enumerate(records))))
-    key, rest = raw.receive()
-    assert key == 0x03 and rest == b"\x01" + struct.pack(">I", 100) + b"".join(
-        struct.pack(">Q", 10 + i) for i in range(100))
-    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 10, 0)) == 1
-    [(first, entries, count, data)] = read_chunks(raw, 1)
-    assert (first, entries, count, data) == (0, 100, 100, b"".join(struct.pack(">I", len(r)) + r for r in records))
-    raw.send(frame(0x05, struct.pack(">I", 9) + string("app") + string(stream)))
-    key, rest = raw.receive()
-    assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, 109)
+
+    async def scenario():
+        writer = producer(node)
+        await writer.start()
+        await writer.create_stream(stream)
+        confirmed = asyncio.Event()
+        count = 0
+
+        def on_confirm(status):
+            nonlocal count
+            count += 1
+            if count == 4999:
+                confirmed.set()
+
+        await writer.send_batch(stream, [b"%d" % i for i in range(1, 5000)], on_publish_confirm=on_confirm)
+        await asyncio.wait_for(confirmed.wait(), 10)
+        await writer.close()
+        return await read(node, stream, 935, OffsetType.LAST)
+
+    got = run(scenario())
+    assert len(got) == 935 and got[0] == (4064, b"4065") and got[-1] == (4998, b"4999")
 
 
 def test_once_open_a_frame_above_the_tuned_frame_max_is_taken_as_rabbitmq_takes_it(node):

@@ -1,10 +1,11 @@
 """A stream's messages on disk in the layout of RabbitMQ's osiris: segment files of chunks, and beside each an index
 of where its chunks lie.
 
-A chunk (``chunk.HEADER``: osiris's format 0) is what a publish frame, or one loop turn of AMQP 0-9-1 publishes,
-brought: its entries back to back, then a trailer that readers are never sent.  It is written with one write,
-readable at once, and made durable by the group commit's fdatasync of its segment file; a stream-protocol
-subscriber gets it from the segment file by ``sendfile``.
+A chunk (``chunk.HEADER``: osiris's format 0) is what one loop turn of AMQP 0-9-1 publishes brought, or a part of a
+publish frame cut as osiris's writer cuts it (``StreamLog.batches``): its entries back to back, then a trailer that
+readers are never sent.  The chunks of a frame are written with one write, readable at once, and made durable by
+the group commit's fdatasync of their segment file; a stream-protocol subscriber gets a chunk from the segment file
+by ``sendfile``.
 
 Files, in ``<data>/streams/<the queue's index id>/``:
 
@@ -52,6 +53,8 @@ DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-byte
 LOADED_SEGMENTS = 4  # sealed segments whose rows stay in memory (the rest are read again when a reader needs them)
 WRITERS_EVERY = 1.0  # seconds between two saves of the writers' snapshot
 WRITERS = "writers"
+MIN_BATCH, MAX_BATCH = 32, 8192  # gen_batch_server's batch sizes, which osiris's writer keeps (``batches``)
+IOV_MAX = 1024  # buffers one pwritev takes at most
 
 
 def _name(first: int) -> str:
@@ -100,48 +103,84 @@ class StreamLog:
         self._writers_saved = 0.0  # when the writers were last saved (monotonic)
         self._writers_dirty = False
         self.deleted = False
+        self._batch = MIN_BATCH  # the entries the next chunk of a frame takes at most (``batches``)
 
     # -- writing ------------------------------------------------------------------------------
+
+    def batches(self, count: int) -> list[int]:
+        """How many of ``count`` entries that came together (a publish frame's) each chunk takes, as osiris's
+        writer cuts them: a gen_batch_server that takes at most its batch size of the writes waiting for it into
+        a chunk, the batch size starting at ``MIN_BATCH``, doubled (up to ``MAX_BATCH``) after a full batch and
+        halved (down to ``MIN_BATCH``) after one that took all that was waiting.  RabbitMQ 3.10 writes a
+        frame's 4,999 messages to an idle stream as chunks of 32, 64, ... 2,048 and 935: ``last`` starts at the
+        935th from the end."""
+        sizes = []
+        size = self._batch
+        while count >= size:
+            sizes.append(size)
+            count -= size
+            size = min(MAX_BATCH, 2 * size)
+        if count:
+            sizes.append(count)
+            size = max(MIN_BATCH, size // 2)
+        self._batch = size
+        return sizes
 
     def append(self, data: bytes, entries: int, records: int, body: int, trailer: bytes = b"",
                timestamp: int = 0) -> int:
         """Write one chunk of ``entries`` entries holding ``records`` records, published now (or at ``timestamp``);
-        its id (the first record's offset).  When it begins a segment, retention runs (as osiris's does when a
-        segment rolls)."""
+        its id (the first record's offset)."""
+        return self.append_chunks([(data, entries, records, body, trailer)], timestamp)
+
+    def append_chunks(self, chunks: list[tuple[bytes | memoryview, int, int, int, bytes]], timestamp: int = 0) -> int:
+        """Write chunks, each (data, entries, records, body bytes, trailer), published now (or at ``timestamp``),
+        with one write to the segment and one of their index rows; the first one's id.  When they begin a
+        segment, retention runs (as osiris's does when a segment rolls); they all go to that segment."""
         segment = self.segments[-1] if self.segments else None
         rolled = segment is None or segment.body >= self.segment_bytes or segment.count >= MAX_SEGMENT_CHUNKS
         if rolled:
             segment = self._new_segment(self.next)
         assert segment is not None
-        chunk_id = self.next
+        first_id = chunk_id = self.next
         timestamp = timestamp or now_ms()
-        header = chunk.HEADER.pack(chunk.MAGIC_VERSION, chunk.USER_CHUNK, entries, records, timestamp, chunk.EPOCH,
-                                   chunk_id, zlib.crc32(data), len(data), len(trailer), 0)
-        sent = len(header) + len(data)
-        size = sent + len(trailer)
-        pos = segment.size
-        _write_all(segment.fd, [header, data, trailer] if trailer else [header, data], pos)
-        count = segment.count
+        count = first_count = segment.count
         rows = segment.rows
         assert rows is not None
-        if count == len(rows):
-            rows = segment.rows = np.resize(rows, max(64, 2 * count))
-        rows[count] = (chunk_id, timestamp, pos, records, sent, size, body)
-        _write_all(segment.index_fd, [rows[count:count + 1].tobytes()], INDEX_HEADER.size + count * ROW.itemsize)
-        if not count:
+        if count + len(chunks) > len(rows):
+            rows = segment.rows = np.resize(rows, max(64, 2 * (count + len(chunks))))
+        pos = start = segment.size
+        parts: list[bytes | memoryview] = []
+        added = 0
+        pack, crc32 = chunk.HEADER.pack, zlib.crc32
+        for data, entries, records, body, trailer in chunks:
+            header = pack(chunk.MAGIC_VERSION, chunk.USER_CHUNK, entries, records, timestamp, chunk.EPOCH, chunk_id,
+                          crc32(data), len(data), len(trailer), 0)
+            sent = len(header) + len(data)
+            size = sent + len(trailer)
+            parts += (header, data, trailer) if trailer else (header, data)
+            rows[count] = (chunk_id, timestamp, pos, records, sent, size, body)
+            last = chunk_id
+            count += 1
+            pos += size
+            added += body
+            chunk_id += records
+        _write_all(segment.fd, parts, start)
+        _write_all(segment.index_fd, [rows[first_count:count].tobytes()],
+                   INDEX_HEADER.size + first_count * ROW.itemsize)
+        if not first_count:
             segment.first_ts = timestamp
-        segment.count = count + 1
-        segment.size = pos + size
-        segment.body += body
-        self.body += body
-        self.last_chunk = chunk_id
-        self.next = chunk_id + records
+        segment.count = count
+        segment.size = pos
+        segment.body += added
+        self.body += added
+        self.last_chunk = last
+        self.next = chunk_id
         if not self._unsynced or self._unsynced[-1] is not segment:
             self._unsynced.append(segment)
         self.logs.changed(self)
         if rolled:
             self.retain()
-        return chunk_id
+        return first_id
 
     def wrote(self, reference: str, publishing_id: int) -> None:
         """A named publisher's last publishing id (its chunk's trailer holds it too)."""
@@ -702,14 +741,18 @@ def _scan(fd: int, pos: int, chunk_id: int, file_size: int) -> tuple[list[tuple]
     return rows, pos
 
 
-def _write_all(fd: int, parts: list[bytes], pos: int) -> None:
+def _write_all(fd: int, parts: list[bytes | memoryview], pos: int) -> None:
     """Write ``parts`` at ``pos`` (the file's end); on failure the file is cut back to ``pos`` before raising."""
+    at = pos
     try:
-        total = sum(len(part) for part in parts)
-        written = os.pwritev(fd, parts, pos)
-        while written < total:  # (a regular file takes it all but for an error: then this raises)
-            rest = b"".join(parts)[written:]
-            written += os.pwrite(fd, rest, pos + written)
+        for first in range(0, len(parts), IOV_MAX):
+            group = parts[first:first + IOV_MAX]
+            total = sum(len(part) for part in group)
+            written = os.pwritev(fd, group, at)
+            while written < total:  # (a regular file takes it all but for an error: then this raises)
+                rest = b"".join(group)[written:]
+                written += os.pwrite(fd, rest, at + written)
+            at += total
     except OSError:
         os.ftruncate(fd, pos)
         raise

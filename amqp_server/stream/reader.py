@@ -7,10 +7,10 @@ parse, or an unknown command, closes the connection with UNKNOWN_FRAME as Rabbit
 request gets its response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s
 operations.
 
-A publish frame's messages are one chunk of the stream's log (``stream.log``), written at once and confirmed once
-the group commit holding it is on disk.  A subscription is sent the log's chunks from its offset, one per credit,
-from the segment file while the socket takes them: when a chunk is written, or credit comes, the next goes at the
-end of the loop turn.
+A publish frame's messages are chunks of the stream's log (``stream.log``), cut as osiris's writer cuts them
+(``StreamLog.batches``), written at once and confirmed once the group commit holding them is on disk.  A
+subscription is sent the log's chunks from its offset, one per credit, from the segment file while the socket takes
+them: when a chunk is written, or credit comes, the next goes at the end of the loop turn.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _uniform(buf: bytes | bytearray | memoryview, pos: int, end: int, count: int
     taken apart as arrays, with no work per message: (its publishing ids, packed; its entries; their records'
     size; the last id).  None for any other frame, or (``last``: a named publisher's) one that repeats an id
     already written or whose ids do not rise: the general way takes it."""
-    if count < 2 or count > chunk.MAX_ENTRIES or pos + 12 > end:
+    if count < 2 or pos + 12 > end:
         return None
     size = _ENTRY.unpack_from(buf, pos + 8)[0]
     stride = 12 + size
@@ -604,10 +604,10 @@ class StreamConnection(asyncio.Protocol):
         self.send(core.response(core.QUERY_PUBLISHER_SEQUENCE, correlation, core.OK, core.u64(sequence)))
 
     def _publish(self, version: int, fields: Fields) -> None:
-        """publish (v1; v2 carries a filter value per message, read and ignored): the frame's messages are one chunk,
-        their entries as they came (a sub-batch stays as the client compressed it), written at once and confirmed
-        after the group commit's fsync.  A named publisher's messages whose publishing id is not above its last
-        are confirmed, not written; the chunk's trailer holds its last id."""
+        """publish (v1; v2 carries a filter value per message, read and ignored): the frame's messages are the chunks
+        osiris's writer cuts, their entries as they came (a sub-batch stays as the client compressed it), written
+        at once and confirmed after the group commit's fsync.  A named publisher's messages whose publishing id is
+        not above its last are confirmed, not written; each chunk's trailer holds its last id there."""
         publisher_id = fields.u8()
         count = fields.count(12)
         publisher = self.publishers.get(publisher_id)
@@ -627,7 +627,7 @@ class StreamConnection(asyncio.Protocol):
         ids: list[int] = []  # written: confirmed once on disk
         duplicates: list[int] = []
         spans: list[tuple[int, int]] = []  # each written entry's place in the frame
-        records = sub_batches = 0
+        sub_batches = 0
         unpack = _ID_SIZE.unpack_from
         for _ in range(count):
             if pos + 12 > end:
@@ -650,7 +650,6 @@ class StreamConnection(asyncio.Protocol):
                     raise Malformed("sub-batch of no records")
                 pos = start + chunk.SUB_BATCH.size + stored
             else:
-                in_batch = 1
                 pos = start + 4 + size
             if pos > end:
                 raise Malformed("message runs past the frame")
@@ -659,7 +658,6 @@ class StreamConnection(asyncio.Protocol):
                 continue
             spans.append((start, pos))
             ids.append(publishing_id)
-            records += in_batch
             if sub_batch:
                 sub_batches += 1
             last = publishing_id
@@ -670,7 +668,7 @@ class StreamConnection(asyncio.Protocol):
             self._publish_errors(publisher_id, [(pid, code) for pid in ids + duplicates])
             return
         if spans:
-            self._write(publisher, stream, buf, spans, records, sub_batches, last if dedup else None)
+            self._write(publisher, stream, buf, spans, ids, sub_batches, last if dedup else None)
         if duplicates:
             self._confirms.setdefault(publisher, []).append(struct.pack(f">{len(duplicates)}Q", *duplicates))
         if ids:
@@ -678,14 +676,23 @@ class StreamConnection(asyncio.Protocol):
 
     def _write_uniform(self, publisher: Publisher, stream: StreamQueue, count: int, ids: bytes, data: bytes,
                        size: int, last: int, dedup: bool) -> None:
-        """A frame ``_uniform`` took apart: its ``count`` entries of ``size`` bytes in one chunk, ``ids`` confirmed
-        once it is on disk."""
-        reference = publisher.reference
-        stream.append_chunk(data, count, count, count * size,
-                            chunk.writer_trailer(reference.encode(), last) if dedup else b"")
+        """A frame ``_uniform`` took apart: its ``count`` entries of ``size`` bytes in the chunks osiris's writer
+        cuts (slices of ``data``, written with one write), ``ids`` confirmed once they are on disk."""
+        stride = 4 + size
+        view = memoryview(data)
+        reference = publisher.reference.encode()
+        rising = np.frombuffer(ids, ">u8") if dedup else None
+        chunks: list[tuple[bytes | memoryview, int, int, int, bytes]] = []
+        at = 0
+        for n in stream.log.batches(count):
+            end = at + n
+            trailer = chunk.writer_trailer(reference, int(rising[end - 1])) if rising is not None else b""
+            chunks.append((view[at * stride:end * stride], n, n, n * size, trailer))
+            at = end
+        stream.append_chunks(chunks)
         if dedup:
             publisher.sequence = last
-            stream.log.wrote(reference, last)
+            stream.log.wrote(publisher.reference, last)
         self._to_confirm(publisher, ids)
 
     def _to_confirm(self, publisher: Publisher, ids: bytes) -> None:
@@ -698,27 +705,28 @@ class StreamConnection(asyncio.Protocol):
             self._confirms.setdefault(publisher, []).append(ids)
 
     def _write(self, publisher: Publisher, stream: StreamQueue, buf: bytes | bytearray | memoryview,
-               spans: list[tuple[int, int]], records: int, sub_batches: int, last: int | None) -> None:
-        """The entries at ``spans`` of the frame in ``buf`` as one chunk (several, past the 65,535 entries a chunk
-        header counts)."""
+               spans: list[tuple[int, int]], ids: list[int], sub_batches: int, last: int | None) -> None:
+        """The entries at ``spans`` of the frame in ``buf`` (publishing ids ``ids``) in the chunks osiris's writer
+        cuts, written with one write; with ``last`` (a named publisher's), each chunk's trailer holds its last
+        id."""
+        reference = publisher.reference.encode()
+        chunks: list[tuple[bytes | memoryview, int, int, int, bytes]] = []
+        at = 0
         with memoryview(buf) as view:
-            for at in range(0, len(spans), chunk.MAX_ENTRIES):
-                part = spans[at:at + chunk.MAX_ENTRIES]
+            for n in stream.log.batches(len(spans)):
+                part = spans[at:at + n]
                 data = b"".join([view[a:b] for a, b in part])
-                if len(part) < len(spans):  # (records and sub-batches of this part: counted again)
-                    records = sub_batches = 0
-                    for a, b in part:
+                records, in_sub_batches = n, 0
+                if sub_batches:
+                    for a, _ in part:
                         if buf[a] & 0x80:
-                            records += chunk.SUB_BATCH.unpack_from(buf, a)[1]
-                            sub_batches += 1
-                        else:
-                            records += 1
-                simple = len(part) - sub_batches
-                body = len(data) - 4 * simple - chunk.SUB_BATCH.size * sub_batches
-                final = at + chunk.MAX_ENTRIES >= len(spans)
-                trailer = chunk.writer_trailer(publisher.reference.encode(), last) \
-                    if last is not None and final else b""
-                stream.append_chunk(data, len(part), records, body, trailer)
+                            records += chunk.SUB_BATCH.unpack_from(buf, a)[1] - 1
+                            in_sub_batches += 1
+                body = len(data) - 4 * (n - in_sub_batches) - chunk.SUB_BATCH.size * in_sub_batches
+                trailer = chunk.writer_trailer(reference, ids[at + n - 1]) if last is not None else b""
+                chunks.append((data, n, records, body, trailer))
+                at += n
+        stream.append_chunks(chunks)
         if last is not None:
             publisher.sequence = last
             stream.log.wrote(publisher.reference, last)
