@@ -14,12 +14,11 @@ tail goes to disk as queue index entries (:mod:`disk_tail`), so order holds.
 The ready list is a deque in ``seq`` order; a priority queue (``x-max-priority``,
 :mod:`priority_queue`) keeps one per priority level.  Consumers are grouped by their
 ``x-priority``: a group gets messages only while every higher one is out of
-credit, round-robin within it.  With ``x-single-active-consumer`` the only
-group is the active consumer; when it leaves, the next (highest priority, then
-earliest registered) takes over.
+credit, round-robin within it (:mod:`consumers`).
 
-:class:`Queue` is enqueue, delivery and consumers; its other concerns are its parts, each in a module of its own
-(:mod:`queue_base` lists them): settling in :mod:`settle`, the Spark bridge's offsets in :mod:`offsets`.
+:class:`Queue` is enqueue and delivery; its other concerns are its parts, each in a module of its own
+(:mod:`queue_base` lists them): consumers and x-expires in :mod:`consumers`, settling in :mod:`settle`, the
+Spark bridge's offsets in :mod:`offsets`.
 """
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ from queue_index import ExpiryHeap
 from .clock import now_ms
 from .disk_tail import CONSUMED_WINDOW, MIN_WINDOW
 from .message import Message
-from .offsets import DiskSpan, Offsets
+from .consumers import ConsumerGroup, Consumers
+from .offsets import DiskSpan
 from .queue_args import QueueArgs
 from .queue_base import QueueHost, TailCount, TransientPages
 from .ready import Entry
@@ -74,22 +74,7 @@ class Consumer:
         return self.channel.can_deliver()
 
 
-class ConsumerGroup:
-    """The consumers of one priority that receive messages, and where round-robin among them resumes."""
-
-    __slots__ = ("priority", "consumers", "rr")
-
-    def __init__(self, priority: int) -> None:
-        self.priority = priority
-        self.consumers: list[Consumer] = []
-        self.rr = 0
-
-
-def _priority(consumer: Consumer) -> int:
-    return consumer.priority
-
-
-class Queue(Offsets):
+class Queue(Consumers):
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
     available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
@@ -389,84 +374,3 @@ class Queue(Offsets):
             if entry.message.body is None and self.host is not None:
                 self.host.load_body(entry.message)
         return entries
-
-
-    # -- consumers and x-expires --------------------------------------------------------------
-
-    def touch(self) -> None:
-        """Used (declared, consumed, got from): restart the x-expires countdown."""
-        expires = self.args.expires
-        if expires is None or self.deleted:
-            return
-        if self._expires_timer is not None:
-            self._expires_timer.cancel()
-        self._expires_timer = asyncio.get_running_loop().call_later(expires / 1000, self._unused)
-
-    def _unused(self) -> None:
-        self._expires_timer = None
-        if self.consumers:
-            return  # consumers keep it alive; the countdown restarts when the last one leaves
-        if self.host is not None and not self.deleted:
-            self.host.expire_queue(self)
-
-    def accepted(self, consumer: Consumer) -> "asyncio.Future[None] | None":
-        """What basic.consume-ok waits for: nothing here (a proxy waits for its node to accept the consumer)."""
-        return None
-
-    def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
-        self.had_consumer = True
-        if not self.args.single_active_consumer:
-            self._join_group(consumer)
-        elif self.active_consumer is None:
-            self._activate(consumer)
-        self.touch()
-
-    def remove_consumer(self, consumer: Consumer) -> None:
-        """The consumer is cancelled or its channel closed; a single active one hands over (run the queue after)."""
-        try:
-            self.consumers.remove(consumer)
-        except ValueError:
-            return
-        if not self.args.single_active_consumer:
-            self._leave_group(consumer)
-        elif consumer is self.active_consumer:
-            self._activate(max(self.consumers, key=_priority, default=None))
-        if not self.consumers:
-            self.touch()
-
-    def _join_group(self, consumer: Consumer) -> None:
-        groups = self._groups
-        for position, group in enumerate(groups):
-            if group.priority == consumer.priority:
-                group.consumers.append(consumer)
-                return
-            if group.priority < consumer.priority:
-                break
-        else:
-            position = len(groups)
-        group = ConsumerGroup(consumer.priority)
-        group.consumers.append(consumer)
-        groups.insert(position, group)
-
-    def _leave_group(self, consumer: Consumer) -> None:
-        for group in self._groups:
-            if group.priority == consumer.priority:
-                index = group.consumers.index(consumer)
-                del group.consumers[index]
-                if index < group.rr:
-                    group.rr -= 1
-                if not group.consumers:
-                    self._groups.remove(group)
-                return
-
-    def _activate(self, consumer: Consumer | None) -> None:
-        self.active_consumer = consumer
-        self._groups = []
-        if consumer is not None:
-            self._join_group(consumer)
-
-    @property
-    def unused_auto_delete(self) -> bool:
-        """An auto-delete queue goes once its last consumer has gone."""
-        return self.auto_delete and self.had_consumer and not self.consumers

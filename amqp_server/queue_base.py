@@ -4,14 +4,15 @@ a priority queue (:mod:`priority_queue`) keeps one per level.
 
 A queue's parts, each a class on the one before and a module named for its concern: ``disk_tail`` (its tail on
 disk: paging out and in, the entries there leaving), ``expiry`` (TTL, and dead-lettering what leaves for good),
-``settle`` (ack, reject, requeue, purge, delete), ``offsets`` (the Spark bridge's reads by seq and its commits), and
-``queue`` itself (enqueue, delivery, consumers and x-expires).
+``settle`` (ack, reject, requeue, purge, delete), ``offsets`` (the Spark bridge's reads by seq and its commits),
+``consumers`` (consumers, their priority groups, the single active one, and x-expires), and ``queue`` itself
+(enqueue and delivery).
 """
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap, QueueIndex
 
@@ -99,9 +100,11 @@ class QueueBase:
     ready: deque[Entry]
     gone_in_ready: int
     ready_bytes: int
-    consumers: Sequence[Any]  # queue.Consumer
+    consumers: list[Any]  # queue.Consumer
     active_consumer: Any  # queue.Consumer | None
-    _groups: list[Any]  # queue.ConsumerGroup
+    _groups: list[Any]  # consumers.ConsumerGroup
+    had_consumer: bool
+    auto_delete: bool
     unacked: int
     unacked_bytes: int
     next_seq: int
@@ -142,7 +145,7 @@ class QueueBase:
         return self.tail.bytes
 
     def touch(self) -> None:
-        """Used: the x-expires countdown starts again (``queue.py``)."""
+        """Used: the x-expires countdown starts again (``consumers.py``)."""
         raise NotImplementedError
 
     def deliver_ready(self) -> None:
