@@ -1,0 +1,355 @@
+"""The quorum queue's state machine (amqp_server.quorum_machine) against a simple model: a FIFO with
+at-least-once delivery and a delivery count per message.
+
+A driver plays the leader: it makes the ops a leader makes (the head goes to a consumer, the seqs it names
+are those the state holds), applies them, and carries out their storage effects on rows kept in a dict.
+After every step the machine's state, read through the rows, must be the model's; the rows must stand for
+the state (a copy restarting from them gets the same state); and a follower that applies the same ops,
+or joins later from a snapshot of the state and the rows, must end where the leader is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from amqp_server import quorum_machine as m
+from amqp_server.quorum_machine import SeqSet, State
+
+
+@dataclass
+class Row:
+    message: int
+    held: bool = False  # flagged out of the ready list
+    returns: int = 0
+
+
+class Rows(dict):
+    """A copy's storage: seq -> Row, changed only by effects."""
+
+    def carry_out(self, effects: list, lenient: bool = False) -> list[tuple[list[int], str]]:
+        """The storage effects done; the dead letters sent, as (seqs, reason)."""
+        sent = []
+        for effect in effects:
+            kind = type(effect)
+            if kind is m.Store:
+                assert lenient or effect.seq not in self
+                self.setdefault(effect.seq, Row(effect.message))
+            elif kind is m.Held:
+                self[effect.seq].held = True
+            elif kind is m.Move:
+                row = self.pop(effect.old)
+                self[effect.new] = Row(row.message, False, effect.returns)
+            elif kind is m.Unhold:
+                for seq, returns in effect.rows:
+                    self[seq].held, self[seq].returns = False, returns
+            elif kind is m.Remove:
+                for seq in effect.seqs:
+                    del self[seq]
+            elif kind is m.Drop:
+                for start, end in effect.runs:
+                    for seq in range(start, end):
+                        del self[seq]
+            elif kind is m.Clear:
+                self.clear()
+            else:
+                assert kind is m.DeadLetters
+                sent.append((list(effect.seqs), effect.reason))
+        return sent
+
+    def copy(self) -> "Rows":
+        return Rows({seq: Row(row.message, row.held, row.returns) for seq, row in self.items()})
+
+
+class Model:
+    """A FIFO: ready messages in the order they will be delivered, messages held by consumers, waiting dead
+    letters, how often each came back, and where each message that left went."""
+
+    def __init__(self) -> None:
+        self.ready: list[int] = []
+        self.position: dict[int, int] = {}  # a message's place in the order (a return gives it a new one)
+        self.out: set[int] = set()
+        self.dead: dict[int, str] = {}
+        self.counts: dict[int, int] = {}
+        self.left: dict[int, str] = {}  # acked, dead-lettered (reason), purged
+        self.places = 0
+        self.delivery_limit: int | None = None
+        self.at_least_once = False
+
+    def place(self, message: int) -> None:
+        self.position[message] = self.places
+        self.places += 1
+
+    def back_in_place(self, messages) -> None:
+        self.ready = sorted([*self.ready, *messages], key=self.position.__getitem__)
+
+    def leave(self, messages, why: str) -> None:
+        for message in messages:
+            self.left[message] = why
+            self.counts.pop(message, None)
+
+    def dead_letter(self, messages: list[int], reason: str) -> None:
+        if self.at_least_once:
+            self.dead.update(dict.fromkeys(messages, reason))
+        else:
+            self.leave(messages, reason)
+
+
+class QuorumMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = State()
+        self.rows = Rows()
+        self.model = Model()
+        self.messages = 0
+        self.log: list = []  # every op applied, in order
+        self.followers: list[tuple[State, Rows, int]] = []  # (state, rows, ops applied)
+        self.sent: list[tuple[list[int], str]] = []
+        self._gone: dict[int, int] = {}
+
+    def run(self, op) -> list:
+        state, effects = m.apply(op, self.state)
+        assert state is self.state
+        self.log.append(op)
+        self.sent.extend((list(map(self.message_at_or_gone, seqs)), reason)
+                         for seqs, reason in self.rows.carry_out(effects))
+        return effects
+
+    def message_at(self, seq: int) -> int:
+        return self.rows[seq].message
+
+    def message_at_or_gone(self, seq: int) -> int:
+        row = self.rows.get(seq)
+        return row.message if row is not None else self._gone[seq]
+
+    def seq_of(self, message: int) -> int:
+        (seq,) = [seq for seq, row in self.rows.items() if row.message == message]
+        return seq
+
+    def expect_sent(self, messages: list[int], reason: str) -> None:
+        """The dead letters just sent are ``messages``, for ``reason``."""
+        self.expect_all_sent({reason: messages} if messages else {})
+
+    def expect_all_sent(self, expected: dict[str, list[int]]) -> None:
+        sent: dict[str, list[int]] = {}
+        for messages, reason in self.sent:
+            sent.setdefault(reason, []).extend(messages)
+        assert {reason: sorted(messages) for reason, messages in sent.items()} == {
+            reason: sorted(messages) for reason, messages in expected.items()}
+        self.sent = []
+
+    def remember(self, seqs) -> None:
+        """Keep the messages at ``seqs``, whose rows an op may remove before its dead letters are read."""
+        self._gone = {seq: self.message_at(seq) for seq in seqs}
+
+    # -- rules: what a leader does ---------------------------------------------------------------
+
+    @initialize(limit=st.one_of(st.none(), st.integers(0, 3)), at_least_once=st.booleans())
+    def configure_first(self, limit, at_least_once) -> None:
+        self.configure(limit, at_least_once)
+
+    @rule(limit=st.one_of(st.none(), st.integers(0, 3)), at_least_once=st.booleans())
+    def configure(self, limit, at_least_once) -> None:
+        model = self.model
+        waiting = dict(model.dead) if model.at_least_once and not at_least_once else {}
+        self.remember(self.state.dead)
+        assert self.run(m.Configure(limit, at_least_once)) == [] or waiting
+        model.delivery_limit, model.at_least_once = limit, at_least_once
+        for message, reason in waiting.items():  # one more try each, at most once now
+            del model.dead[message]
+            model.leave([message], reason)
+        expected: dict[str, list[int]] = {}
+        for message, reason in waiting.items():
+            expected.setdefault(reason, []).append(message)
+        self.expect_all_sent(expected)
+
+    @rule(count=st.integers(1, 5))
+    def enqueue(self, count) -> None:
+        for _ in range(count):
+            message = self.messages
+            self.messages += 1
+            seq = self.state.next_seq
+            assert self.run(m.Enqueue(seq, 0, message)) == [m.Store(seq, 0, message)]
+            self.model.ready.append(message)
+            self.model.place(message)
+
+    @precondition(lambda self: self.model.ready)
+    @rule(settled=st.booleans())
+    def checkout(self, settled) -> None:
+        """The head goes to a consumer: the model's oldest ready message, with the model's delivery count."""
+        model = self.model
+        seq = self.state.ready.first()
+        message = self.message_at(seq)
+        assert message == model.ready[0]
+        assert self.state.count(seq) == model.counts.get(message, 0)  # its x-delivery-count
+        self.run(m.Checkout(seq, settled))
+        model.ready.pop(0)
+        if settled:
+            model.leave([message], "acked")
+        else:
+            model.out.add(message)
+
+    @precondition(lambda self: self.model.out)
+    @rule(data=st.data())
+    def settle(self, data) -> None:
+        messages = data.draw(st.lists(st.sampled_from(sorted(self.model.out)), min_size=1, unique=True))
+        self.run(m.Settle([self.seq_of(message) for message in messages]))
+        self.model.out -= set(messages)
+        self.model.leave(messages, "acked")
+
+    @precondition(lambda self: self.model.out)
+    @rule(data=st.data())
+    def return_(self, data) -> None:
+        """Back to the queue, each counted once more, behind everything else; past the limit, dead-lettered."""
+        model = self.model
+        messages = data.draw(st.lists(st.sampled_from(sorted(model.out)), min_size=1, unique=True))
+        seqs = [self.seq_of(message) for message in messages]
+        self.remember(seqs)
+        self.run(m.Return(seqs, self.state.next_seq))
+        over = []
+        for message in sorted(messages, key=model.position.__getitem__):
+            model.out.remove(message)
+            returns = model.counts.get(message, 0) + 1
+            if model.delivery_limit is not None and returns > model.delivery_limit:
+                over.append(message)
+                continue
+            model.counts[message] = returns
+            model.ready.append(message)
+            model.place(message)
+        model.dead_letter(over, "delivery_limit")
+        self.expect_sent(over, "delivery_limit")
+
+    @precondition(lambda self: self.model.ready)
+    @rule(data=st.data())
+    def expire(self, data) -> None:
+        model = self.model
+        messages = data.draw(st.lists(st.sampled_from(model.ready), min_size=1, unique=True))
+        seqs = [self.seq_of(message) for message in messages]
+        self.remember(seqs)
+        self.run(m.Expire(seqs))
+        model.ready = [message for message in model.ready if message not in messages]
+        model.dead_letter(messages, "expired")
+        self.expect_sent(messages, "expired")
+
+    @precondition(lambda self: self.model.ready or self.model.out)
+    @rule(data=st.data())
+    def dead_letter(self, data) -> None:
+        """A full queue's head dropped (maxlen), or held messages rejected (rejected)."""
+        model = self.model
+        if model.ready and data.draw(st.booleans()):
+            messages, reason = model.ready[:data.draw(st.integers(1, len(model.ready)))], "maxlen"
+            model.ready = model.ready[len(messages):]
+        elif model.out:
+            messages = data.draw(st.lists(st.sampled_from(sorted(model.out)), min_size=1, unique=True))
+            reason = "rejected"
+            model.out -= set(messages)
+        else:
+            return
+        seqs = [self.seq_of(message) for message in messages]
+        self.remember(seqs)
+        self.run(m.DeadLetter(seqs, reason))
+        model.dead_letter(messages, reason)
+        self.expect_sent(messages, reason)
+
+    @precondition(lambda self: self.model.dead)
+    @rule(data=st.data())
+    def dead_lettered(self, data) -> None:
+        messages = data.draw(st.lists(st.sampled_from(sorted(self.model.dead)), min_size=1, unique=True))
+        self.run(m.DeadLettered([self.seq_of(message) for message in messages]))
+        for message in messages:
+            self.model.leave([message], self.model.dead.pop(message))
+
+    @rule(data=st.data())
+    def purge(self, data) -> None:
+        """The first ``count`` ready messages go (all of them: queue.purge; some: a commit below an offset)."""
+        model = self.model
+        count = data.draw(st.integers(0, len(model.ready)))
+        ready = list(self.state.ready)
+        below = ready[count] if count < len(ready) else self.state.next_seq
+        self.run(m.Purge(below))
+        model.leave(model.ready[:count], "purged")
+        model.ready = model.ready[count:]
+
+    @rule()
+    def recover(self) -> None:
+        """A new term: what consumers held is back in its place, counted as returned; waiting dead letters too."""
+        model = self.model
+        for message in model.out:
+            model.counts[message] = model.counts.get(message, 0) + 1
+        model.back_in_place([*model.out, *model.dead])
+        model.out, model.dead = set(), {}
+        self.run(m.Recover())
+
+    @rule()
+    def follower_joins(self) -> None:
+        """A follower from a snapshot: the state as bytes, then the rows (a leader sends them a chunk at a time)."""
+        state, rows = State(next_seq=7, checked_out={1}), Rows({1: Row(-1)})  # whatever it had goes
+        snapshot, _ = m.decode_state(m.encode_state(self.state))
+        rows.carry_out(m.apply(m.Restore(snapshot), state)[1])
+        assert rows == {} and state == self.state
+        rows.update(self.rows.copy())
+        self.followers.append((state, rows, len(self.log)))
+
+    # -- what must hold ----------------------------------------------------------------------------
+
+    @invariant()
+    def the_state_is_the_models(self) -> None:
+        state, model = self.state, self.model
+        assert [self.message_at(seq) for seq in state.ready] == model.ready
+        assert len(state.ready) == len(model.ready) and state.messages == len(model.ready) + len(model.out)
+        assert {self.message_at(seq) for seq in state.checked_out} == model.out
+        assert {self.message_at(seq): reason for seq, reason in state.dead.items()} == model.dead
+        in_queue = [*model.ready, *model.out, *model.dead]
+        assert {self.message_at(seq): count for seq, count in state.counts.items()} == {
+            message: model.counts[message] for message in in_queue if model.counts.get(message)}
+        assert sorted([*in_queue, *model.left]) == list(range(self.messages))  # nothing lost, nothing twice
+        assert not self.sent
+
+    @invariant()
+    def the_rows_stand_for_the_state(self) -> None:
+        state, rows = self.state, self.rows
+        assert set(rows) == set(state.ready) | state.checked_out | state.dead.keys()
+        for seq, row in rows.items():
+            assert row.held == (seq not in state.ready)
+            assert row.returns == state.count(seq)
+        assert all(seq < state.next_seq for seq in rows)
+        restarted = State.from_rows(((seq, row.held, row.returns) for seq, row in sorted(rows.items())),
+                                    state.delivery_limit, state.at_least_once)
+        assert restarted.ready == state.ready
+        assert restarted.checked_out == state.checked_out | state.dead.keys()
+        assert restarted.counts == state.counts
+
+    @invariant()
+    def followers_end_where_the_leader_is(self) -> None:
+        for i, (state, rows, applied) in enumerate(self.followers):
+            for op in self.log[applied:]:
+                rows.carry_out(m.apply(op, state)[1], lenient=True)
+            self.followers[i] = (state, rows, len(self.log))
+            assert state == self.state
+            assert rows == self.rows
+
+    @invariant()
+    def the_state_survives_its_encoding(self) -> None:
+        assert m.decode_state(m.encode_state(self.state)) == (self.state, len(m.encode_state(self.state)))
+
+
+QuorumMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])
+test_the_state_machine_is_a_fifo_with_at_least_once_delivery = QuorumMachine.TestCase
+
+
+def test_seq_sets_keep_runs_sorted_and_disjoint():
+    seqs = SeqSet()
+    for seq in (0, 1, 2, 5, 6, 9):
+        seqs.add(seq)
+    assert list(seqs.runs()) == [(0, 3), (5, 7), (9, 10)] and len(seqs) == 6
+    seqs.add(3)
+    seqs.add_run(4, 5)  # joins both neighbours
+    assert list(seqs.runs()) == [(0, 7), (9, 10)]
+    assert seqs.discard(3) and not seqs.discard(3) and not seqs.discard(8)
+    assert list(seqs.runs()) == [(0, 3), (4, 7), (9, 10)]
+    assert seqs.pop_below(5) == [(0, 3), (4, 5)]
+    assert list(seqs.runs()) == [(5, 7), (9, 10)] and len(seqs) == 3 and seqs.first() == 5
+    assert 6 in seqs and 7 not in seqs and 4 not in seqs
