@@ -197,6 +197,14 @@ class Offsets(Settling):
         if offset <= self.committed:
             return 0
         self.committed = offset
+        removed = self._remove_below(offset)
+        self.stats.ack += removed
+        if removed:
+            self.touch()
+        return removed
+
+    def _remove_below(self, offset: int) -> int:
+        """``remove_upto``'s removals, without its cursor and counts: how many entries left now."""
         removed = 0
         for entry in self._pop_below(offset):
             if entry.gone:
@@ -218,7 +226,4 @@ class Offsets(Settling):
                     self._cut(self.paged, self.paged_bytes)
             else:
                 removed += self._drop_paged(offset)
-        self.stats.ack += removed
-        if removed:
-            self.touch()
         return removed

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequen
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
-from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
+from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, QueueIndex, Totals
+from queue_index.index import RETURNS_SHIFT
 
 from .message import Message
+from .quorum_machine import State
 from .stream.log import StreamLogs
 
 if TYPE_CHECKING:
@@ -108,25 +110,35 @@ class Persistence:
         self.store.remove(msg_id)
         self._touch()
 
-    def delivered(self, queue: StoredQueue, entry: Entry) -> None:
+    def delivered(self, queue: StoredQueue, entry: Entry, returns: int = 0) -> None:
+        """The entry went to a consumer that must ack it (``returns``: the times it came back before)."""
         message = entry.message
         self.index.delivered(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
-                             entry.expiry, message.body_size)
+                             entry.expiry, message.body_size, returns=returns)
         self._touch()
 
     def moved(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
         """A quorum queue's entry came back to it for the ``returns``-th time (its x-delivery-count) and went
-        to the back, under a new seq: its index entry moves there (the store keeps its message as it is)."""
-        self.replica_move(queue.index_id, old_seq, entry.seq, returns)
+        to the back, under a new seq: its index entry moves there, ready (the store keeps its message)."""
+        message = entry.message
+        self.index.ack(queue.index_id, old_seq)
+        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
+                           returns=returns)
+        self._touch()
+
+    def unhold(self, index_id: int, seq: int, returns: int) -> None:
+        """A quorum queue's entry a consumer held is ready again in its place, counting ``returns``."""
+        self.index.mark_returned(index_id, seq, returns)
+        self._touch()
 
     def replica_move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
         row = self.index.remove(index_id, old_seq)
         if row is None:
             return
-        if self.index.has(index_id, new_seq):  # (a snapshot read it there already)
+        if old_seq != new_seq and self.index.has(index_id, new_seq):  # (a snapshot read it there already)
             self.store.remove(row.msg_id)
         else:
-            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, True, returns=returns)
+            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
         self._touch()
 
     def remove(self, queue: StoredQueue, entry: Entry) -> None:
@@ -193,6 +205,28 @@ class Persistence:
                 expiring = values["expiry"] != 0
                 expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
         queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
+
+    def copy_state(self, index_id: int) -> State:
+        """The replicated state a quorum queue's rows stand for (``State.from_rows``), read as arrays."""
+        self.index.commit()
+        state = State()
+        for seqs, values in self.index.columns(index_id):
+            seqs = seqs.astype(np.int64)
+            flags = values["flags"]
+            held = (flags & FLAG_DELIVERED) != 0
+            ready = seqs[~held]
+            if len(ready):
+                cuts = np.flatnonzero(np.diff(ready) != 1)
+                starts = np.concatenate((ready[:1], ready[cuts + 1]))
+                ends = np.concatenate((ready[cuts] + 1, ready[-1:] + 1))
+                for start, end in zip(starts.tolist(), ends.tolist()):
+                    state.ready.add_run(start, end)
+            state.checked_out.update(seqs[held].tolist())
+            returns = flags >> RETURNS_SHIFT
+            counted = returns != 0
+            state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
+            state.next_seq = int(seqs[-1]) + 1
+        return state
 
     def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""

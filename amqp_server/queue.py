@@ -42,7 +42,7 @@ from .stats import MessageStats
 if TYPE_CHECKING:
     from .persistence import Persistence
     from .policy import Policy
-    from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, Replicator
+    from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
     from .queue_type import QueueType
 
 __all__ = ["Consumer", "ConsumerGroup", "DiskSpan", "Entry", "Queue"]  # what the rest of the node takes from a queue
@@ -83,7 +83,6 @@ class Queue(Consumers):
     entry_type = Entry  # a priority queue's entries know their level
     counts_deliveries = False  # a quorum queue sets x-delivery-count on each delivery (delivery_header)
     persists_all = False  # a durable quorum queue stores transient messages too (a copy of its own)
-    replicator: "Replicator[Entry] | None" = None  # a quorum queue led here in cluster mode: ships its changes
     DROPS_COMMITTED_LATER = True  # a commit counts its entries on disk (count_committed); they go in the background
     PURGES_LATER = True  # a purge's entries on disk leave in the background (Pager.drop_later), marked dropped
 
@@ -166,9 +165,7 @@ class Queue(Consumers):
         self.next_seq += 1
         self.stats.publish += 1
         if self.persistence is not None and (message.persistent or self.persists_all):
-            self.persistence.write(self, entry)
-            if self.replicator is not None:  # (a quorum queue's leader: it stores every message) before anything
-                self.replicator.enqueued(entry, confirm)  # else can remove the entry
+            self._store(entry, confirm)  # before anything else can remove the entry
         if self.tail.count or expiry:
             self._append(entry)
         else:  # _append's common case, inline: this is the hot path
@@ -190,6 +187,14 @@ class Queue(Consumers):
         if expiry and self._expiry.next_deadline() <= now_ms():
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
+
+    def restarted(self) -> None:
+        """The node started again and recovered the queue from its storage (a replicated queue reads back its
+        state then)."""
+
+    def _store(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
+        """A durable queue's persistent entry goes to storage (a replicated queue's to its group too)."""
+        self.persistence.write(self, entry)
 
     def _stored_copy(self, message: Message) -> Message:
         """The message as a queue that stores every message (``persists_all``) keeps it: a transient one not
@@ -302,6 +307,15 @@ class Queue(Consumers):
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
         """An entry leaves the ready list for a consumer or basic.get."""
+        self._took(entry, no_ack)
+        if no_ack:
+            self._forget(entry)
+        elif entry.message.msg_id and self.persistence is not None and not entry.redelivered:
+            self.persistence.delivered(self, entry)
+        return entry
+
+    def _took(self, entry: Entry, no_ack: bool) -> None:
+        """What ``_take`` counts, and the body it loads; its storage is the caller's."""
         message = entry.message
         if entry.redelivered:
             self.stats.redeliver += 1
@@ -309,14 +323,9 @@ class Queue(Consumers):
             self._taken_upto = entry.seq
         if message.body is None:
             self.host.load_body(message)
-        if no_ack:
-            self._forget(entry)
-        else:
+        if not no_ack:
             self.unacked += 1
             self.unacked_bytes += message.body_size
-            if message.msg_id and self.persistence is not None and not entry.redelivered:
-                self.persistence.delivered(self, entry)
-        return entry
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives for ``entry`` (the hot path asks only

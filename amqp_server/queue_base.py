@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from msg_store import MessageStore
 
     from .persistence import Persistence
-    from .ports import Replicator
 
 
 class TailCount:
@@ -126,7 +125,6 @@ class QueueBase:
     _drop_marks: list[int]
     committed_drops: int
     ranked: bool
-    replicator: Replicator[Entry] | None
     DROPS_COMMITTED_LATER: bool
     PURGES_LATER: bool
 

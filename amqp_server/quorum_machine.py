@@ -436,9 +436,8 @@ def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> lis
         dead = state.dead
         for seq in seqs:
             dead[seq] = reason
-        effects: list[Effect] = [DeadLetters(seqs, reason)]
-        if ready:
-            effects.extend(Held(seq) for seq in seqs)
+        effects: list[Effect] = [Held(seq) for seq in seqs] if ready else []
+        effects.append(DeadLetters(seqs, reason))  # (after: a queue may take them at once, and they go)
         return effects
     counts = state.counts
     for seq in seqs:

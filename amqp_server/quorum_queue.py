@@ -5,8 +5,9 @@ What a client sees differs from a classic queue:
 - a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
   offset, as RabbitMQ 3.10's quorum queues put it (a classic queue puts it back in its place);
 - a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
-  reject with requeue, a consumer or channel gone with it unacked); RabbitMQ 3.10 sets it on every
-  basic.get-ok, and on a basic.deliver only from the first return on;
+  reject with requeue, a consumer or channel gone with it unacked, a new leader or a restart while a
+  consumer held it); RabbitMQ 3.10 sets it on every basic.get-ok, and on a basic.deliver only from the
+  first return on;
 - ``x-delivery-limit``: a message returned more often than that is dead-lettered (reason
   ``delivery_limit``) or dropped;
 - ``x-overflow: reject-publish`` refuses only once the queue is over its limit (RabbitMQ 3.10 takes the
@@ -18,26 +19,28 @@ What a client sees differs from a classic queue:
   (``messages_dlx``), and is tried again every ``DLX_RETRY`` seconds until one does;
 - the HTTP API shows its leader and members.
 
-A queue's replicas are the cluster's business (``forwarder.quorum``, which it tells of every change through
-``replicator``); on a single node the group is this node.
-The counts are kept per seq, not per entry, so they survive an entry paging out and back, and in the queue
-index's flags (up to 63: ``queue_index.MAX_RETURNS``), so they survive a restart and, replicated, a failover.
+Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
+what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
+then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).  A
+queue's replicas are the cluster's business (``forwarder.quorum``, told of every change through
+``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
+survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
+a restart and, replicated, a failover.
 """
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any, Iterable
 
-import numpy as np
-
 from queue_index import IndexEntry
 
 from . import header_table
+from . import quorum_machine as machine
 from .message import Message
 from .queue import Entry, Queue
 
 if TYPE_CHECKING:
-    from .ports import ConfirmSink
+    from .ports import ConfirmSink, Replicator
 
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
@@ -46,25 +49,115 @@ DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no q
 class QuorumQueue(Queue):
     counts_deliveries = True
     persists_all = True  # as RabbitMQ's: every message is on disk, whatever its delivery mode
-    DROPS_COMMITTED_LATER = False  # a commit's drops replicate as they are made (_release_rows): all at once
-    PURGES_LATER = False  # and so do a purge's
+    DROPS_COMMITTED_LATER = False  # a commit's drops are the Purge op's effect, carried out as it is applied
+    PURGES_LATER = False  # and so are a purge's
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.returns: dict[int, int] = {}  # seq -> times returned, for entries returned at least once
+        self.state = machine.State()
+        self.replicator: "Replicator | None" = None  # a leader in cluster mode: ships the ops to the followers
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
-        self.taken: dict[int, Entry] = {}  # unacked entries (a replicated queue's snapshot includes them)
-        self.dlx_pending: list[tuple[Entry, str]] = []  # at-least-once dead letters no queue took yet, reason
+        self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
+        self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
+        self._context: dict[int, Entry] = {}  # the entries an op being carried out names, by seq
+        self._confirm: "ConfirmSink | None" = None  # the publish an Enqueue being carried out confirms
         self._dlx_timer: asyncio.TimerHandle | None = None
-        self._no_ack_taken = (-1, 0)  # (seq, returns) of the entry a no-ack delivery or get just took
+        self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
+        self._configure(apply=False)
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    def run(self, op: machine.Op, entries: Iterable[Entry] = ()) -> None:
+        """Apply ``op`` to the replicated state, then carry out its effects here; ``entries``: those it names
+        that are not held (ready ones)."""
+        if self.detached:
+            return
+        _, effects = machine.apply(op, self.state)
+        if not effects:
+            return
+        outer, self._context = self._context, {entry.seq: entry for entry in entries}
+        try:  # (an effect may run ops of its own: a dead letter a queue took leaves)
+            for effect in effects:
+                self._carry_out(effect)
+        finally:
+            self._context = outer
+
+    def _entry(self, seq: int) -> Entry:
+        entry = self._context.get(seq)
+        return entry if entry is not None else self.held[seq]
+
+    def _carry_out(self, effect: machine.Effect) -> None:
+        kind = type(effect)
+        persistence, replicator = self.persistence, self.replicator
+        if kind is machine.Store:
+            entry = self._context[effect.seq]
+            persistence.write(self, entry)
+            if replicator is not None:
+                replicator.enqueued(entry, self._confirm)
+        elif kind is machine.Held:
+            entry = self.held[effect.seq] = self._entry(effect.seq)
+            persistence.delivered(self, entry, self.state.count(entry.seq))
+            if replicator is not None:
+                replicator.delivered(entry.seq)
+        elif kind is machine.Remove:
+            for seq in effect.seqs:
+                self._forget(self._entry(seq))
+        elif kind is machine.Move:
+            self._move(self.held.pop(effect.old), effect.new, effect.returns)
+        elif kind is machine.Drop:
+            Queue._remove_below(self, effect.below)
+        elif kind is machine.Unhold:
+            for seq, returns in effect.rows:
+                persistence.unhold(self.index_id, seq, returns)
+                if replicator is not None:
+                    replicator.moved(seq, seq, returns)
+        elif kind is machine.DeadLetters:
+            self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
+        else:
+            raise AssertionError(f"{effect} on a leader")
+
+    def _configure(self, apply: bool = True) -> None:
+        """The state's arguments follow the queue's (declared, or a policy's)."""
+        args = self.args
+        at_least_once = (args.dead_letter_strategy == "at-least-once" and args.overflow == "reject-publish"
+                         and args.dead_letter_exchange is not None and self.host is not None)
+        limit = args.delivery_limit
+        state = self.state
+        if (state.delivery_limit, state.at_least_once) == (limit, at_least_once) and apply:
+            return
+        op = machine.Configure(limit, at_least_once)
+        if apply:
+            self.run(op)
+        else:
+            machine.apply(op, state)
+
+    def restarted(self) -> None:
+        self.start(self.persistence.copy_state(self.index_id))
+
+    def start(self, state: machine.State) -> None:
+        """The queue comes back from its storage (a restart, or a new leader's copy), whose state is ``state``:
+        what consumers held before is returned, in place (``machine.Recover``)."""
+        self.state = state
+        self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
+        self._configure()
+        self.run(machine.Recover())
+
+    # -- what clients do --------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         return super().enqueue(self._stored_copy(message), confirm)
 
+    def _store(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
+        self._confirm = confirm
+        try:
+            self.run(machine.Enqueue(entry.seq, entry.expiry, entry.message), (entry,))
+        finally:
+            self._confirm = None
+
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
         seq = entry.seq
-        count = self.returns.get(seq) or (self._no_ack_taken[1] if self._no_ack_taken[0] == seq else 0)
+        count = self.state.counts.get(seq) or (self._taken_count[1] if self._taken_count[0] == seq else 0)
         if not count and not get:
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
@@ -92,128 +185,134 @@ class QuorumQueue(Queue):
             self.replicator.flush()
 
     def _take(self, entry: Entry, no_ack: bool) -> Entry:
-        if no_ack:  # the entry is forgotten now, its count with it: kept for the header built next
-            self._no_ack_taken = (entry.seq, self.returns.get(entry.seq, 0))
-        entry = super()._take(entry, no_ack)
-        if not no_ack:
-            self.taken[entry.seq] = entry
-            if self.replicator is not None:
-                self.replicator.delivered(entry.seq)
+        seq = entry.seq
+        self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
+        self._took(entry, no_ack)
+        self.run(machine.Checkout(seq, no_ack), (entry,))
         return entry
 
+    def settle(self, entries: list[Entry]) -> None:
+        self._settled(entries)
+        self.stats.ack += len(entries)
+        self.run(machine.Settle([entry.seq for entry in entries]))
+
     def requeue(self, entries: Iterable[Entry]) -> None:
-        """Returned entries count one more return and go to the back (under a new seq, their index entry
-        moved); those past the delivery limit leave for good."""
-        limit = self.args.delivery_limit
-        returns = self.returns
-        over = []
-        persistence, replicator = self.persistence, self.replicator
-        count = 0
-        for entry in sorted(entries, key=lambda e: e.seq):
-            old = entry.seq
-            self.taken.pop(old, None)
-            self.unacked_bytes -= entry.message.body_size
-            times = returns.pop(old, 0) + 1
-            if limit is not None and times > limit:
-                returns[old] = times
-                over.append(entry)
-                continue
-            entry.seq = new = self.next_seq
-            self.next_seq += 1
-            returns[new] = times
-            entry.redelivered = True
-            if persistence is not None and entry.message.msg_id:
-                persistence.moved(self, old, entry, times)
-            if replicator is not None:
-                replicator.moved(old, new, times)
-            self._append(entry)
-            count += 1
-        self.unacked -= count + len(over)
-        if over:
-            self._dead_letter(over, "delivery_limit")
-        if count:
-            self.deliver_ready()
-            if self._expiring:
-                self._expire_due()
+        """Returned entries count one more return and go to the back, under new seqs; those past the delivery
+        limit leave for good."""
+        entries = list(entries)
+        self._settled(entries)
+        self.run(machine.Return([entry.seq for entry in entries], self.next_seq))
+        self.deliver_ready()
+        if self._expiring:
+            self._expire_due()
+
+    def _move(self, entry: Entry, new: int, returns: int) -> None:
+        """A returned entry goes to the back as ``new`` (``machine.Move``)."""
+        old = entry.seq
+        entry.seq = new
+        entry.redelivered = True
+        self.next_seq = max(self.next_seq, new + 1)
+        self.persistence.moved(self, old, entry, returns)
+        if self.replicator is not None:
+            self.replicator.moved(old, new, returns)
+        self._append(entry)
+
+    def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
+        if not persisted:  # (refused at the door: never the queue's)
+            super()._dead_letter(entries, reason, persisted)
+            return
+        seqs = [entry.seq for entry in entries]
+        self.run(machine.Expire(seqs) if reason == "expired" else machine.DeadLetter(seqs, reason), entries)
+
+    def _remove_below(self, offset: int) -> int:
+        before = self.message_count
+        self.run(machine.Purge(offset))
+        return before - self.message_count
+
+    def purge(self) -> int:
+        count = self.message_count
+        self.run(machine.Purge(self.next_seq))
+        self._clear_ready()
+        return count
+
+    def set_args(self, args: Any) -> None:
+        super().set_args(args)
+        self._configure()
+
+    # -- dead letters ------------------------------------------------------------------------------
+
+    @property
+    def dlx_count(self) -> int:
+        return len(self.state.dead)
 
     @property
     def dlx_bytes(self) -> int:
-        return sum(entry.message.body_size for entry, _ in self.dlx_pending)
+        return sum(self.held[seq].message.body_size for seq in self.state.dead if seq in self.held)
 
-    def _at_least_once(self) -> bool:
-        args = self.args
-        return (args.dead_letter_strategy == "at-least-once" and args.overflow == "reject-publish"
-                and args.dead_letter_exchange is not None and self.host is not None)
-
-    def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
-        """At least once: an entry leaves only once a queue took its dead letter; until then it waits here."""
-        if not (persisted and self._at_least_once()):
-            super()._dead_letter(entries, reason, persisted)
+    def _send_dead_letters(self, entries: list[Entry], reason: str) -> None:
+        """``machine.DeadLetters``: at most once, the entries leave whatever becomes of their dead letters; at
+        least once, they stay until a queue took them (``machine.DeadLettered``), tried again meanwhile."""
+        host = self.host
+        if self.args.dead_letter_exchange is None or host is None:
             return
         for entry in entries:
             if entry.message.body is None:
-                self.host.load_body(entry.message)
-        self._settle_dead_letters([(entry, reason) for entry in entries])
-
-    def _settle_dead_letters(self, letters: list[tuple[Entry, str]]) -> None:
-        untaken: list[tuple[Entry, str]] = []
-        for reason in {reason for _, reason in letters}:
-            entries = [entry for entry, why in letters if why == reason]
-            left = {id(entry) for entry in self.host.dead_letter(self, entries, reason)}
-            for entry in entries:
-                if id(entry) in left:
-                    untaken.append((entry, reason))
-                else:
-                    self._forget(entry)
-        self.dlx_pending.extend(untaken)
-        if self.dlx_pending and self._dlx_timer is None and not self.deleted:
+                host.load_body(entry.message)
+        left = host.dead_letter(self, entries, reason)
+        if not self.state.at_least_once:
+            return
+        untaken = {id(entry) for entry in left}
+        taken = [entry.seq for entry in entries if id(entry) not in untaken]
+        if taken:
+            self.run(machine.DeadLettered(taken))
+        if self.state.dead and self._dlx_timer is None and not self.deleted:
             self._dlx_timer = asyncio.get_running_loop().call_later(DLX_RETRY, self._retry_dead_letters)
 
     def _retry_dead_letters(self) -> None:
         self._dlx_timer = None
-        letters, self.dlx_pending = self.dlx_pending, []
         if self.deleted:
             return
-        if self._at_least_once():
-            self._settle_dead_letters(letters)
-            return
-        for reason in {reason for _, reason in letters}:  # the strategy changed (a policy): at most once now
-            super()._dead_letter([entry for entry, why in letters if why == reason], reason)
+        waiting = self.state.dead
+        for reason in machine.REASONS:
+            entries = [self.held[seq] for seq, why in sorted(waiting.items()) if why == reason]
+            if entries:
+                self._send_dead_letters(entries, reason)
 
     def drop_all(self) -> None:
-        """Deleted: the dead letters still waiting go too, and the entries on disk now, each removal replicated."""
+        """Deleted: the dead letters still waiting go too."""
         self._stop_dead_letters()
-        if self.paged:
-            self._drop_paged(self.next_seq)
         super().drop_all()
 
     def detach(self) -> None:
         super().detach()
+        self.detached = True
+        self.replicator = None
         self._stop_dead_letters()
 
     def _stop_dead_letters(self) -> None:
-        for entry, _ in self.dlx_pending:
-            self._forget(entry)
-        self.dlx_pending = []
+        for seq in list(self.state.dead):
+            entry = self.held.get(seq)
+            if entry is not None:
+                self._forget(entry)
         if self._dlx_timer is not None:
             self._dlx_timer.cancel()
             self._dlx_timer = None
 
+    # -- storage ----------------------------------------------------------------------------------
+
     def _forget(self, entry: Entry) -> None:
-        self.returns.pop(entry.seq, None)
-        self.taken.pop(entry.seq, None)
+        self.held.pop(entry.seq, None)
         if self.replicator is not None:
             self.replicator.removed(entry.seq)
         super()._forget(entry)
 
     def _paged_entry(self, row: IndexEntry) -> Entry:
-        if row.returns:  # counted before a restart (or by the copy this node leads from)
-            self.returns[row.seq] = row.returns
-        return super()._paged_entry(row)
+        entry = super()._paged_entry(row)
+        entry.redelivered = entry.redelivered or self.state.count(row.seq) > 0
+        return entry
 
-    def _release_rows(self, seqs: np.ndarray, rows: np.ndarray) -> None:
-        for seq in seqs.tolist():
-            self.returns.pop(seq, None)
-            if self.replicator is not None:
+    def _release_rows(self, seqs: Any, rows: Any) -> None:
+        if self.replicator is not None:
+            for seq in seqs.tolist():
                 self.replicator.removed(seq)
         super()._release_rows(seqs, rows)

@@ -89,7 +89,6 @@ class Settling(Expiry):
         leader was deposed): it takes nothing more, forgets what it held in memory and touches no storage;
         what its clients still settle is dropped."""
         self.deleted = True
-        self.replicator = None
         self.persistence = None
         self.window = None
         self._clear_ready()

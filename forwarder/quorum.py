@@ -526,6 +526,7 @@ class QuorumGroups:
         queue.members = [self.name] + [name for name in group.members if name != self.name]
         self.broker.persistence.recover_queue(queue)
         group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
+        queue.start(self.broker.persistence.copy_state(group.index_id))
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
 

@@ -204,18 +204,18 @@ class Replicator:
         queue = self.queue
         start = self.index
         log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
-                 queue.message_count + len(queue.taken))
-        returns = queue.returns
+                 queue.message_count + len(queue.held))
+        returns = queue.state.counts
         ops = [OP.pack(RESET_OP, 0)]
         for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
-            ops.extend(_encode_put(entry, entry.redelivered, returns.get(entry.seq, 0)) for entry in batch)
+            ops.extend(_encode_put(entry, False, returns.get(entry.seq, 0)) for entry in batch)
             if len(ops) >= SNAPSHOT_CHUNK:
                 if not self._send(follower, self._frame(start, ops)):
                     return
                 ops = [OP.pack(MORE_OP, 0)]
                 await asyncio.sleep(0)
         ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
-                   for entry in sorted(queue.taken.values(), key=lambda e: e.seq))
+                   for entry in sorted(queue.held.values(), key=lambda e: e.seq))
         if not self._send(follower, self._frame(start, ops)):
             return
         self.flush()

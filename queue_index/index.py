@@ -149,11 +149,12 @@ class QueueIndex:
             self.commit()
 
     def delivered(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int,
-                  transient: bool = False) -> None:
+                  transient: bool = False, returns: int = 0) -> None:
         """Remember a delivery so that after a restart the message comes back redelivered (the arguments
-        are the entry's, as published)."""
+        are the entry's, as published, and the times it came back)."""
         key = KEY.pack(queue_id, seq)
-        value = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0))
+        value = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0)
+                           | (min(returns, MAX_RETURNS) << RETURNS_SHIFT if returns else 0))
         if key in self._puts:
             self._puts[key] = value
         else:
@@ -187,14 +188,23 @@ class QueueIndex:
 
     def mark_delivered(self, queue_id: int, seq: int) -> None:
         """Flag one entry, staged or committed, as delivered (a replica's copy of ``delivered``)."""
+        self._reflag(queue_id, seq, FLAG_DELIVERED, FLAG_DELIVERED)
+
+    def mark_returned(self, queue_id: int, seq: int, returns: int) -> None:
+        """One entry, staged or committed, is no longer delivered and came back ``returns`` times (a quorum
+        queue's entry a consumer held when its leader changed: back in its place)."""
+        self._reflag(queue_id, seq, 0xFF & ~FLAG_TRANSIENT, min(returns, MAX_RETURNS) << RETURNS_SHIFT)
+
+    def _reflag(self, queue_id: int, seq: int, mask: int, flags: int) -> None:
+        """The entry's flags become ``flags`` where ``mask`` has bits, as they were elsewhere."""
         key = KEY.pack(queue_id, seq)
         if key in self._deletes:
             return
         value = self._puts.get(key) or self._updates.get(key) or self._committed(key)
         if value is None:
             return
-        msg_id, expiry, size, flags = VALUE.unpack(value)
-        value = VALUE.pack(msg_id, expiry, size, flags | FLAG_DELIVERED)
+        msg_id, expiry, size, old = VALUE.unpack(value)
+        value = VALUE.pack(msg_id, expiry, size, old & ~mask | flags)
         if key in self._puts:
             self._puts[key] = value
         else:

@@ -446,6 +446,33 @@ def test_the_delivery_count_survives_a_restart(start_broker, uid):
         assert channel.basic_get(uid)[0] is None
 
 
+@pytest.mark.warren_only("restarts the node")
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_counted(start_broker, uid, how):
+    """Its consumer went with the node: as when a consumer goes (RabbitMQ's quorum queues return what a consumer
+    that went down held, counting it), it is redelivered with one more in x-delivery-count.  A node that stops
+    closes its connections first, which returns it to the back; one killed finds it on disk as it was, held,
+    and puts it back in its place."""
+    node = start_broker()
+    connection = connect(node)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    declare(channel, uid)
+    for body in (b"a", b"b"):
+        channel.basic_publish("", uid, body, pika.BasicProperties(delivery_mode=2))
+    method, _, body = _get(channel, uid)
+    assert body == b"a"
+    channel.basic_publish("", uid, b"c", pika.BasicProperties(delivery_mode=2))  # (its fsync covers the delivery)
+    node.stop() if how == "stop" else node.kill()
+    node.start()
+    with connect(node) as other:
+        channel = other.channel()
+        got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
+        held, others = (b"a", True, {"x-delivery-count": 1}), [(body, False, {"x-delivery-count": 0}) for body in (b"b", b"c")]
+        assert [(body, m.redelivered, p.headers) for m, p, body in got] == (
+            [*others, held] if how == "stop" else [held, *others])
+
+
 def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()

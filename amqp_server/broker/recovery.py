@@ -62,6 +62,7 @@ class Recovery(BrokerCore):
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])
                 queue.committed = min(saved["committed"], queue.next_seq)  # one saved past the tail: at the tail
+            queue.restarted()
         # in the order they were made: a consistent-hash ring is laid out in binding order
         for binding in sorted(self._stored(BindingRecord), key=lambda r: r.created):
             vhost = self.vhosts.get(binding.vhost)

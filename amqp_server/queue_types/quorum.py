@@ -36,8 +36,8 @@ class Quorum(QueueType):
                     online=[name for name in members if view.node_running(name)])
         info.update(single_active_consumer_ctag=info["single_active_consumer_tag"], open_files={info["node"]: 0})
         if owner:
-            info.update(messages_dlx=len(queue.dlx_pending), message_bytes_dlx=queue.dlx_bytes)
-            info["messages"] += len(queue.dlx_pending)
+            info.update(messages_dlx=queue.dlx_count, message_bytes_dlx=queue.dlx_bytes)
+            info["messages"] += queue.dlx_count
             info.update(memory_fields(queue))
 
 

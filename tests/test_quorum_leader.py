@@ -1,0 +1,186 @@
+"""A quorum queue's leader (amqp_server.quorum_queue) carries out its state machine's effects: whatever clients
+do — publish, get, ack, nack, reject, purge, commit an offset, let messages expire, restart the node — the
+queue's ready list (in memory and on disk, a small window making it page), the entries it holds, its rows in
+the queue index and its messages' references in the store all stand for the same state, ``queue.state``.
+
+In-process (no sockets): hypothesis drives a Broker with a fake clock; the state machine itself is tested
+against a model in test_quorum_machine.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from pamqp import commands
+
+from amqp_server import expiry, offsets, properties
+from amqp_server import queue as queue_module
+from amqp_server.broker import Broker
+from amqp_server.message import make_message
+from amqp_server.quorum_queue import QuorumQueue
+
+WINDOW = 8  # entries in memory before the tail pages out
+CLOCKED = (queue_module, expiry, offsets)  # the queue's parts that read the time
+
+
+class Leader(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.data = tempfile.mkdtemp(prefix="quorum-leader-")
+        self.clock = 1_000_000
+        self._real_now = queue_module.now_ms
+        for module in CLOCKED:
+            module.now_ms = lambda: self.clock  # type: ignore[attr-defined]
+        self.broker: Broker | None = None
+        self.held: list = []  # entries a client holds unacked
+        self.sent = 0
+        self.dead_seen: list[bytes] = []
+
+    def teardown(self) -> None:
+        for module in CLOCKED:
+            module.now_ms = self._real_now  # type: ignore[attr-defined]
+        if self.broker is not None:
+            self.loop.run_until_complete(self._close())
+        self.loop.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+    async def _close(self) -> None:
+        self.broker.close()
+
+    def run(self, function, *args):
+        async def call():
+            return function(*args)
+        return self.loop.run_until_complete(call())
+
+    def open(self) -> None:
+        self.broker = self.run(lambda: Broker(self.data, queue_window=WINDOW))
+        self.vhost = self.broker.vhost("/")
+        self.queue: QuorumQueue = self.vhost.queues.get("q")
+
+    @initialize(limit=st.one_of(st.none(), st.integers(0, 2)), at_least_once=st.booleans(),
+                max_length=st.one_of(st.none(), st.integers(1, 12)))
+    def declare(self, limit, at_least_once, max_length) -> None:
+        self.open()
+        arguments = {"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+        if limit is not None:
+            arguments["x-delivery-limit"] = limit
+        if at_least_once:
+            arguments.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+        if max_length is not None:
+            arguments["x-max-length"] = max_length
+        self.run(self.broker.declare_queue, self.vhost, "dead", False, True)
+        self.queue = self.run(self.broker.declare_queue, self.vhost, "q", False, True, False, False, arguments)
+
+    # -- what clients do ---------------------------------------------------------------------------
+
+    @rule(count=st.integers(1, 12), ttl=st.sampled_from([None, None, None, 0, 20, 50]))
+    def publish(self, count, ttl) -> None:
+        properties = commands.Basic.Properties(delivery_mode=2, expiration=None if ttl is None else str(ttl))
+        for _ in range(count):
+            body = b"m%d" % self.sent
+            self.sent += 1
+            self.run(self.broker.publish, self.vhost, self.vhost.exchange(""), make_message("", "q", properties, body))
+
+    @rule(no_ack=st.booleans(), count=st.integers(1, 4))
+    def get(self, no_ack, count) -> None:
+        """The head, with its delivery count in x-delivery-count (unless it expired on the way: dead-lettered)."""
+        for _ in range(count):
+            state = self.queue.state
+            head = state.ready.first()
+            returns = state.count(head) if head is not None else 0
+            entry = self.run(self.queue.get, no_ack)
+            if entry is None:
+                assert not state.ready
+                return
+            assert entry.seq >= head
+            if entry.seq == head:
+                headers = properties.decode(self.queue.delivery_header(entry, get=True)).headers
+                assert headers["x-delivery-count"] == returns
+            if not no_ack:
+                self.held.append(entry)
+
+    def _some_held(self, data) -> list:
+        chosen = data.draw(st.lists(st.sampled_from(range(len(self.held))), min_size=1, unique=True))
+        entries = [self.held[i] for i in chosen]
+        self.held = [entry for i, entry in enumerate(self.held) if i not in chosen]
+        return entries
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), how=st.sampled_from(["ack", "requeue", "reject"]))
+    def settle(self, data, how) -> None:
+        entries = self._some_held(data)
+        self.run(self.broker.settle, self.queue, entries, how == "requeue", how == "reject")
+
+    @rule()
+    def purge(self) -> None:
+        self.run(self.queue.purge)
+
+    @rule(data=st.data())
+    def commit(self, data) -> None:
+        """The Spark bridge's commit: every ready entry below an offset leaves."""
+        ready = list(self.queue.state.ready)
+        count = data.draw(st.integers(0, len(ready)))
+        self.run(self.queue.remove_upto, ready[count] if count < len(ready) else self.queue.next_seq)
+
+    @rule(ms=st.integers(1, 60))
+    def time_passes(self, ms) -> None:
+        self.clock += ms
+        self.run(self.queue._expire_due)
+
+    @rule()
+    def retry_dead_letters(self) -> None:
+        if self.queue._dlx_timer is not None:
+            self.queue._dlx_timer.cancel()
+            self.run(self.queue._retry_dead_letters)
+
+    @rule()
+    def drain_dead_letters(self) -> None:
+        """The dead-letter queue is emptied (so at-least-once dead letters find room... or not: it has none)."""
+        dead = self.vhost.queue("dead")
+        while (entry := self.run(dead.get, True)) is not None:
+            self.dead_seen.append(entry.message.body)
+
+    @rule()
+    def restart(self) -> None:
+        """What clients held is back in its place, counted as returned."""
+        self.run(self.broker.close)
+        self.held = []
+        self.open()
+
+    # -- what must hold ----------------------------------------------------------------------------
+
+    @invariant()
+    def the_queue_stands_for_its_state(self) -> None:
+        queue, state = self.queue, self.queue.state
+        assert [entry.seq for entry in self.run(queue.browse, 0, queue.next_seq)] == list(state.ready)
+        assert queue.message_count == len(state.ready)
+        assert set(queue.held) == state.checked_out | state.dead.keys()
+        assert {entry.seq for entry in self.held} == state.checked_out
+        assert queue.unacked == len(state.checked_out)
+        assert queue.next_seq >= state.next_seq
+
+    @invariant()
+    def its_rows_stand_for_its_state(self) -> None:
+        queue, state = self.queue, self.queue.state
+        persistence = self.broker.persistence
+        rows = self.run(persistence.copy_state, queue.index_id)
+        assert rows.ready == state.ready
+        assert rows.checked_out == state.checked_out | state.dead.keys()
+        assert rows.counts == state.counts
+        store = persistence.store
+        msg_ids = [row.msg_id for row in persistence.index.entries(queue.index_id)]
+        assert all(store.refs(msg_id) == 1 for msg_id in msg_ids)
+        dead = self.vhost.queue("dead")
+        stored = len(msg_ids) + dead.message_count
+        assert sum(segment.live for segment in store.segments.values()) == stored  # nothing left behind
+
+
+Leader.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
+                                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+test_a_leader_carries_out_its_state_machine = pytest.mark.timeout(600)(Leader.TestCase)
