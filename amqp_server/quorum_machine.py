@@ -357,7 +357,12 @@ def _enqueue(op: Enqueue, state: State) -> list[Effect]:
     seq = op.seq
     if seq < state.next_seq:  # a replay of what a snapshot brought
         return NONE
-    state.ready.add(seq)
+    ready = state.ready
+    if ready.ends and seq == ready.ends[-1]:  # (SeqSet.add's common case, inline: the hot path)
+        ready.ends[-1] += 1
+        ready.count += 1
+    else:
+        ready.add(seq)
     state.next_seq = seq + 1
     return [Store(seq, op.expiry, op.message)]
 

@@ -59,62 +59,71 @@ class QuorumQueue(Queue):
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
         self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
         self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
-        self._context: dict[int, Entry] = {}  # the entries an op being carried out names, by seq
-        self._confirm: "ConfirmSink | None" = None  # the publish an Enqueue being carried out confirms
+        self._context: dict[int, Entry] = {}  # the ready entries an op being carried out names, by seq
         self._dlx_timer: asyncio.TimerHandle | None = None
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
         self._configure(apply=False)
 
     # -- ops --------------------------------------------------------------------------------------
 
-    def run(self, op: machine.Op, entries: Iterable[Entry] = ()) -> None:
+    def run(self, op: machine.Op, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
         """Apply ``op`` to the replicated state, then carry out its effects here; ``entries``: those it names
         that are not held (ready ones)."""
         if self.detached:
             return
-        _, effects = machine.apply(op, self.state)
+        effects = machine.apply(op, self.state)[1]
         if not effects:
             return
-        outer, self._context = self._context, {entry.seq: entry for entry in entries}
+        outer = self._context
+        if entries:
+            self._context = {entries[0].seq: entries[0]} if len(entries) == 1 else {e.seq: e for e in entries}
         try:  # (an effect may run ops of its own: a dead letter a queue took leaves)
+            carry_out = self._CARRY_OUT
             for effect in effects:
-                self._carry_out(effect)
+                carry_out[type(effect)](self, effect)
         finally:
             self._context = outer
 
     def _entry(self, seq: int) -> Entry:
-        entry = self._context.get(seq)
-        return entry if entry is not None else self.held[seq]
+        entry = self.held.get(seq)
+        return entry if entry is not None else self._context[seq]
 
-    def _carry_out(self, effect: machine.Effect) -> None:
-        kind = type(effect)
-        persistence, replicator = self.persistence, self.replicator
-        if kind is machine.Store:
-            entry = self._context[effect.seq]
-            persistence.write(self, entry)
-            if replicator is not None:
-                replicator.enqueued(entry, self._confirm)
-        elif kind is machine.Held:
-            entry = self.held[effect.seq] = self._entry(effect.seq)
-            persistence.delivered(self, entry, self.state.count(entry.seq))
-            if replicator is not None:
-                replicator.delivered(entry.seq)
-        elif kind is machine.Remove:
-            for seq in effect.seqs:
-                self._forget(self._entry(seq))
-        elif kind is machine.Move:
-            self._move(self.held.pop(effect.old), effect.new, effect.returns)
-        elif kind is machine.Drop:
-            Queue._remove_below(self, effect.below)
-        elif kind is machine.Unhold:
-            for seq, returns in effect.rows:
-                persistence.unhold(self.index_id, seq, returns)
-                if replicator is not None:
-                    replicator.moved(seq, seq, returns)
-        elif kind is machine.DeadLetters:
-            self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
-        else:
-            raise AssertionError(f"{effect} on a leader")
+    def _carry_out_held(self, effect: machine.Held) -> None:
+        entry = self.held[effect.seq] = self._context[effect.seq]
+        self.persistence.delivered(self, entry, self.state.count(entry.seq))
+        if self.replicator is not None:
+            self.replicator.delivered(entry.seq)
+
+    def _carry_out_remove(self, effect: machine.Remove) -> None:
+        for seq in effect.seqs:
+            self._forget(self._entry(seq))
+
+    def _carry_out_move(self, effect: machine.Move) -> None:
+        """A returned entry goes to the back as ``new``."""
+        entry = self.held.pop(effect.old)
+        old, entry.seq = entry.seq, effect.new
+        entry.redelivered = True
+        self.next_seq = max(self.next_seq, effect.new + 1)
+        self.persistence.moved(self, old, entry, effect.returns)
+        if self.replicator is not None:
+            self.replicator.moved(old, effect.new, effect.returns)
+        self._append(entry)
+
+    def _carry_out_drop(self, effect: machine.Drop) -> None:
+        Queue._remove_below(self, effect.below)
+
+    def _carry_out_unhold(self, effect: machine.Unhold) -> None:
+        for seq, returns in effect.rows:
+            self.persistence.unhold(self.index_id, seq, returns)
+            if self.replicator is not None:
+                self.replicator.moved(seq, seq, returns)
+
+    def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
+        self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
+
+    _CARRY_OUT = {machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
+                  machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
+                  machine.DeadLetters: _carry_out_dead_letters}  # (Store: see _store; Clear: followers only)
 
     def _configure(self, apply: bool = True) -> None:
         """The state's arguments follow the queue's (declared, or a policy's)."""
@@ -148,11 +157,13 @@ class QuorumQueue(Queue):
         return super().enqueue(self._stored_copy(message), confirm)
 
     def _store(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
-        self._confirm = confirm
-        try:
-            self.run(machine.Enqueue(entry.seq, entry.expiry, entry.message), (entry,))
-        finally:
-            self._confirm = None
+        """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
+        if self.detached:
+            return
+        if machine.apply(machine.Enqueue(entry.seq, entry.expiry, entry.message), self.state)[1]:
+            self.persistence.write(self, entry)
+            if self.replicator is not None:
+                self.replicator.enqueued(entry, confirm)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
@@ -205,17 +216,6 @@ class QuorumQueue(Queue):
         self.deliver_ready()
         if self._expiring:
             self._expire_due()
-
-    def _move(self, entry: Entry, new: int, returns: int) -> None:
-        """A returned entry goes to the back as ``new`` (``machine.Move``)."""
-        old = entry.seq
-        entry.seq = new
-        entry.redelivered = True
-        self.next_seq = max(self.next_seq, new + 1)
-        self.persistence.moved(self, old, entry, returns)
-        if self.replicator is not None:
-            self.replicator.moved(old, new, returns)
-        self._append(entry)
 
     def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)
