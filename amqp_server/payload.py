@@ -28,6 +28,12 @@ def decode(payload: bytes, pos: int = 0) -> tuple[bytes, bytes, bytes]:
     return payload[route_at:header_at], payload[header_at:body_at], payload[body_at:]
 
 
+def body_size(payload: bytes | memoryview) -> int:
+    """The size of the body of ``payload`` (a whole one: its body runs to its end)."""
+    route_len, header_len = HEAD.unpack_from(payload)
+    return len(payload) - HEAD.size - route_len - header_len
+
+
 def route_names(route: bytes) -> tuple[str, str]:
     """(exchange, routing key) of a route; bytes that are not UTF-8 are replaced, never refused."""
     ex_len = route[0]

@@ -21,6 +21,7 @@ from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, QueueIndex, Totals
 from queue_index.index import RETURNS_SHIFT
 
+from . import payload
 from .message import Message
 from .quorum_machine import State
 from .stream.log import StreamLogs
@@ -149,9 +150,7 @@ class Persistence:
     def remove_range(self, queue: StoredQueue, start: int, end: int) -> None:
         """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
         retention, a batch at a time)."""
-        for _seqs, rows in self._take(queue.index_id, start, end):
-            self.store.remove_many(rows["msg_id"])
-        self._touch()
+        self.replica_drop(queue.index_id, [(start, end)])
 
     def _take(self, queue_id: int, start: int, end: int) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
         """Delete the queue's entries with ``start <= key < end``, yielding them a batch at a time."""
@@ -166,11 +165,12 @@ class Persistence:
 
     # -- a replica's copy of a queue of another node (forwarder.quorum) ---------------------------
 
-    def replica_put(self, index_id: int, seq: int, message: Message, expiry: int, delivered: bool,
-                    returns: int) -> None:
+    def put_record(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, held: bool = False,
+                   returns: int = 0) -> None:
+        """An entry of a replica, its message as the leader's store keeps it (``Message.payload``)."""
         msg_id = self.store.new_id()
-        self.store.write(msg_id, message.payload(), 1)
-        self.index.publish(index_id, seq, msg_id, expiry, len(message.body), delivered, returns=returns)
+        self.store.write(msg_id, (record,), 1)
+        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record), held, returns=returns)
         self._touch()
 
     def replica_delivered(self, index_id: int, seq: int) -> None:
@@ -182,6 +182,13 @@ class Persistence:
         if entry is not None:
             self.store.remove(entry.msg_id)
             self._touch()
+
+    def replica_drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
+        """The entries of the replica with seqs in ``runs`` (``[start, end)``) go, with their store references."""
+        for start, end in runs:
+            for _seqs, rows in self._take(index_id, start, end):
+                self.store.remove_many(rows["msg_id"])
+        self._touch()
 
     def replica_clear(self, index_id: int) -> None:
         """Every entry of the replica goes (a snapshot replaces them), with its store reference."""

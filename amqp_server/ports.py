@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
 MessageT = TypeVar("MessageT", contravariant=True)  # a message (message.Message)
+OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_machine.Op)
 QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 
@@ -68,22 +69,12 @@ class ConfirmSink(Protocol):
     def remote_confirmed(self, seq: int, rejected: bool) -> None: ...
 
 
-class Replicator(Protocol[EntryT]):
-    """Where the leader of a replicated queue sends its changes (``forwarder.quorum``): the core only reports
-    them, in the order they happen."""
+class Replicator(Protocol[OpT]):
+    """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum_log``): the
+    core only hands them over, in the order it applied them."""
 
-    def enqueued(self, entry: EntryT, confirm: ConfirmSink | None) -> None:
-        """A new entry; ``confirm`` (if any) is told once the queue's group has it."""
-
-    def delivered(self, seq: int) -> None:
-        """The entry went to a consumer that must ack it: after a failover it comes back redelivered."""
-
-    def moved(self, old_seq: int, new_seq: int, returns: int) -> None:
-        """The entry came back to the queue for the ``returns``-th time (its x-delivery-count) and went to
-        the back, as ``new_seq``."""
-
-    def removed(self, seq: int) -> None:
-        """The entry left the queue for good (acked, dropped, expired, dead-lettered, purged)."""
+    def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
+        """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""
 
     def flush(self) -> None:
         """Send what was reported so far now (else it goes at the end of the loop turn)."""

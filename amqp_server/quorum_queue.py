@@ -55,7 +55,7 @@ class QuorumQueue(Queue):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = machine.State()
-        self.replicator: "Replicator | None" = None  # a leader in cluster mode: ships the ops to the followers
+        self.replicator: "Replicator[machine.Op] | None" = None  # a leader in cluster mode: ships the ops
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
         self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
         self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
@@ -72,6 +72,8 @@ class QuorumQueue(Queue):
         if self.detached:
             return
         effects = machine.apply(op, self.state)[1]
+        if self.replicator is not None:
+            self.replicator.append(op)
         if not effects:
             return
         outer = self._context
@@ -91,8 +93,6 @@ class QuorumQueue(Queue):
     def _carry_out_held(self, effect: machine.Held) -> None:
         entry = self.held[effect.seq] = self._context[effect.seq]
         self.persistence.delivered(self, entry, self.state.count(entry.seq))
-        if self.replicator is not None:
-            self.replicator.delivered(entry.seq)
 
     def _carry_out_remove(self, effect: machine.Remove) -> None:
         for seq in effect.seqs:
@@ -105,8 +105,6 @@ class QuorumQueue(Queue):
         entry.redelivered = True
         self.next_seq = max(self.next_seq, effect.new + 1)
         self.persistence.moved(self, old, entry, effect.returns)
-        if self.replicator is not None:
-            self.replicator.moved(old, effect.new, effect.returns)
         self._append(entry)
 
     def _carry_out_drop(self, effect: machine.Drop) -> None:
@@ -115,8 +113,6 @@ class QuorumQueue(Queue):
     def _carry_out_unhold(self, effect: machine.Unhold) -> None:
         for seq, returns in effect.rows:
             self.persistence.unhold(self.index_id, seq, returns)
-            if self.replicator is not None:
-                self.replicator.moved(seq, seq, returns)
 
     def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
@@ -149,7 +145,8 @@ class QuorumQueue(Queue):
         self.state = state
         self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
         self._configure()
-        self.run(machine.Recover())
+        if state.checked_out or state.dead:
+            self.run(machine.Recover())
 
     # -- what clients do --------------------------------------------------------------------------
 
@@ -160,10 +157,11 @@ class QuorumQueue(Queue):
         """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
         if self.detached:
             return
-        if machine.apply(machine.Enqueue(entry.seq, entry.expiry, entry.message), self.state)[1]:
+        op = machine.Enqueue(entry.seq, entry.expiry, entry.message)
+        if machine.apply(op, self.state)[1]:
             self.persistence.write(self, entry)
             if self.replicator is not None:
-                self.replicator.enqueued(entry, confirm)
+                self.replicator.append(op, confirm)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
@@ -302,17 +300,9 @@ class QuorumQueue(Queue):
 
     def _forget(self, entry: Entry) -> None:
         self.held.pop(entry.seq, None)
-        if self.replicator is not None:
-            self.replicator.removed(entry.seq)
         super()._forget(entry)
 
     def _paged_entry(self, row: IndexEntry) -> Entry:
         entry = super()._paged_entry(row)
         entry.redelivered = entry.redelivered or self.state.count(row.seq) > 0
         return entry
-
-    def _release_rows(self, seqs: Any, rows: Any) -> None:
-        if self.replicator is not None:
-            for seq in seqs.tolist():
-                self.replicator.removed(seq)
-        super()._release_rows(seqs, rows)

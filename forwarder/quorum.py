@@ -34,11 +34,12 @@ from aetcd import rtypes
 
 from amqp_server import patterns, queue_args, queue_types
 from amqp_server.logs import untrusted
+from amqp_server.quorum_machine import State
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
-from .quorum_log import ACKED, ADOPT_OP, HEAD, MORE_OP, OP, RESET_OP, Replicator
+from .quorum_log import ACKED, ADOPT_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator
 from .quorum_log import apply as apply_ops
 from .remote_queue import Held, RemoteQueue, proxy_of
 
@@ -97,6 +98,7 @@ class Group:
     members: list[str]
     record: QueueRecord
     index_id: int = 0  # this node's copy, if a member
+    state: State = field(default_factory=State)  # that copy's state (the leader's queue applies ops to it)
     leader: str = ""
     term: int = 0  # the term this node follows (0: none, during an election)
     applied_term: int = 0  # the term of the last op this node's copy has
@@ -230,6 +232,7 @@ class QuorumGroups:
             self.broker.store.put(REPLICA, group.key, saved)
         group.index_id = saved["index_id"]
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
+        group.state = self.broker.persistence.copy_state(group.index_id)
 
     def _drop_copy(self, group: Group) -> None:
         if not group.index_id:
@@ -240,6 +243,7 @@ class QuorumGroups:
         self.broker.store.delete(REPLICA, group.key)
         group.index_id = group.applied = group.applied_term = 0
         group.partial = False
+        group.state = State()
 
     # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
 
@@ -526,7 +530,7 @@ class QuorumGroups:
         queue.members = [self.name] + [name for name in group.members if name != self.name]
         self.broker.persistence.recover_queue(queue)
         group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
-        queue.start(self.broker.persistence.copy_state(group.index_id))
+        queue.start(group.state)
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
 
@@ -609,7 +613,7 @@ class QuorumGroups:
         if more and group.applied_term == term and first == group.applied:
             reset = True
         elif (pos < end and payload[pos] == ADOPT_OP and first == group.applied + 1
-              and group.position[0] == OP.unpack_from(payload, pos)[1]):  # our copy is where this term started
+              and group.position[0] == MARK.unpack_from(payload, pos)[1]):  # our copy is where this term started
             group.applied_term = term
         if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
             # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
@@ -618,7 +622,7 @@ class QuorumGroups:
                 log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
             return
-        count = apply_ops(persistence, index_id, payload, pos)
+        count = apply_ops(group.state, persistence, index_id, payload, pos)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = term, reset
         persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another

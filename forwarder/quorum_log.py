@@ -1,15 +1,16 @@
-"""A quorum queue's log: its changes as ops on the wire, the leader's side that ships them, and how a
+"""A quorum queue's log: its state machine's ops on the wire, the leader's side that ships them, and how a
 follower applies them to its copy.
 
-The ops are the queue's changes — an entry put (with its message), marked delivered, moved to the back when
-it comes back (with its delivery count), removed — numbered by an index within the leader's term.  The
-leader (:class:`Replicator`) stages a turn's ops and ships them in one ``REPLICATE`` frame per follower; it
-keeps its term's latest ops (``LOG_BYTES``) to catch up a follower that missed a few, and sends a snapshot
-(a reset, then every entry, ready or unacked) to one that missed more or whose copy is of another term —
-unless that copy is where the leader's own stood when it took over (a failover's usual case: the members
-left were in step), which the leader's term then adopts as it is.
-A follower applies ops with :func:`apply` to its own message store and queue index.  Who leads, and which
-follower takes what, is :mod:`quorum`'s business.
+The ops are :mod:`amqp_server.quorum_machine`'s, numbered by an index within the leader's term.  The leader's
+queue applies each to its state and hands it to its :class:`Replicator`, which encodes it, stages a turn's ops
+and ships them in one ``REPLICATE`` frame per follower; it keeps its term's latest ops (``LOG_BYTES``) to
+catch up a follower that missed a few, and sends a snapshot to one that missed more or whose copy is of
+another term — unless that copy is where the leader's own stood when it took over (a failover's usual case:
+the members left were in step), which the leader's term then adopts as it is.  A snapshot is the state as it
+stood at an index (small: it does not grow with the queue's depth), the rows of the queue's entries as they
+are when each chunk is read, then the ops since that index.  A follower applies the ops to its own copy of
+the state with :func:`apply`, and carries out their storage effects on its message store and queue index.
+Who leads, and which follower takes what, is :mod:`quorum`'s business.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import logging
 import struct
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from amqp_server.message import Message
+from amqp_server import quorum_machine as machine
 from amqp_server.quorum_queue import QuorumQueue
 
 from . import link
@@ -36,26 +37,110 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.forwarder.quorum_log")
 
 HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
-OP = struct.Struct(">BQ")  # kind, seq
-PUT = struct.Struct(">QBBHII")  # expiry, delivered, returns, route, header and body lengths; then those bytes
-MOVE = struct.Struct(">QI")  # after a MOVED op (seq: the old one): the new seq, how often the entry came back
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
-# MORE: the snapshot goes on; REPLAY: the ops since the snapshot began, applied idempotently as it was (the
-# snapshot is whole once one comes); ADOPT (seq: a term): a copy at that term and the frame's index before
-# ``first`` is the new leader's own at the start of its term, so it follows on with no snapshot
-PUT_OP, DELIVERED_OP, REMOVE_OP, RESET_OP, MORE_OP, MOVED_OP, REPLAY_OP, ADOPT_OP = 1, 2, 3, 4, 5, 6, 7, 8
+
+# ops, each a kind byte first
+ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
+SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
+SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered: a count, then that many seqs
+RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
+DEAD_LETTER = struct.Struct(">BBI")  # a reason (machine.REASONS), a count, then the seqs
+CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
+(ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP) = range(1, 12)
+# a snapshot's row, not an op: seq, expiry, held, times returned, record length; then the record
+ENTRY = struct.Struct(">BQQBBI")
+ENTRY_OP = 20
+# a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
+# a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
+# the snapshot's index, their storage effects carried out idempotently (the rows are of later states); the
+# snapshot is whole once one comes.  ADOPT (argument: a term): a copy at that term and at the frame's index
+# before ``first`` is the new leader's own at the start of its term, so it follows on with no snapshot
+MARK = struct.Struct(">BQ")
+RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
 
+def _seqs(seqs: list[int]) -> bytes:
+    return struct.pack(f">{len(seqs)}Q", *seqs)
 
-def _encode_put(entry: "Entry", delivered: bool, returns: int = 0) -> bytes:
-    message = entry.message
-    return b"".join((OP.pack(PUT_OP, entry.seq), PUT.pack(entry.expiry, delivered, min(returns, 255),
-                                                           len(message.route), len(message.header),
-                                                           len(message.body)),
-                     message.route, message.header, message.body))
+
+def encode(op: machine.Op) -> bytes:
+    """An op as it goes on the wire."""
+    kind = type(op)
+    if kind is machine.Enqueue:
+        head, route, header, body = op.message.payload()
+        size = len(head) + len(route) + len(header) + len(body)
+        return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
+    if kind is machine.Checkout:
+        return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
+    if kind is machine.Settle:
+        return SEQS.pack(SETTLE_OP, len(op.seqs)) + _seqs(op.seqs)
+    if kind is machine.Return:
+        return RETURN.pack(RETURN_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
+    if kind is machine.Expire:
+        return SEQS.pack(EXPIRE_OP, len(op.seqs)) + _seqs(op.seqs)
+    if kind is machine.DeadLetter:
+        return DEAD_LETTER.pack(DEAD_LETTER_OP, machine.REASONS.index(op.reason), len(op.seqs)) + _seqs(op.seqs)
+    if kind is machine.DeadLettered:
+        return SEQS.pack(DEAD_LETTERED_OP, len(op.seqs)) + _seqs(op.seqs)
+    if kind is machine.Purge:
+        return SEQ.pack(PURGE_OP, op.below)
+    if kind is machine.Recover:
+        return bytes((RECOVER_OP,))
+    if kind is machine.Configure:
+        limit = -1 if op.delivery_limit is None else op.delivery_limit
+        return CONFIGURE.pack(CONFIGURE_OP, limit, op.at_least_once)
+    raise TypeError(f"{op} is not shipped")
+
+
+def _read_seqs(data: memoryview, pos: int, count: int) -> tuple[list[int], int]:
+    end = pos + 8 * count
+    return list(struct.unpack_from(f">{count}Q", data, pos)), end
+
+
+def decode(data: memoryview, pos: int) -> tuple[machine.Op, int]:
+    """The op encoded at ``pos`` (an Enqueue's message: its store record, a slice of ``data``), and where it
+    ends."""
+    kind = data[pos]
+    if kind == ENQUEUE_OP:
+        _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
+        pos += ENQUEUE.size
+        return machine.Enqueue(seq, expiry, data[pos:pos + size]), pos + size
+    if kind == CHECKOUT_OP or kind == CHECKOUT_SETTLED_OP:
+        return machine.Checkout(SEQ.unpack_from(data, pos)[1], kind == CHECKOUT_SETTLED_OP), pos + SEQ.size
+    if kind == PURGE_OP:
+        return machine.Purge(SEQ.unpack_from(data, pos)[1]), pos + SEQ.size
+    if kind == RETURN_OP:
+        _, first, count = RETURN.unpack_from(data, pos)
+        seqs, pos = _read_seqs(data, pos + RETURN.size, count)
+        return machine.Return(seqs, first), pos
+    if kind == DEAD_LETTER_OP:
+        _, reason, count = DEAD_LETTER.unpack_from(data, pos)
+        seqs, pos = _read_seqs(data, pos + DEAD_LETTER.size, count)
+        return machine.DeadLetter(seqs, machine.REASONS[reason]), pos
+    if kind in _LISTS:
+        seqs, end = _read_seqs(data, pos + SEQS.size, SEQS.unpack_from(data, pos)[1])
+        return _LISTS[kind](seqs), end
+    if kind == RECOVER_OP:
+        return machine.Recover(), pos + 1
+    if kind == CONFIGURE_OP:
+        _, limit, at_least_once = CONFIGURE.unpack_from(data, pos)
+        return machine.Configure(None if limit < 0 else limit, bool(at_least_once)), pos + CONFIGURE.size
+    raise ValueError(f"unknown op {kind}")
+
+
+_LISTS: dict[int, Any] = {SETTLE_OP: machine.Settle, EXPIRE_OP: machine.Expire, DEAD_LETTERED_OP: machine.DeadLettered}
+
+
+def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
+    """A snapshot's row for ``entry``."""
+    head, route, header, body = entry.message.payload()
+    size = len(head) + len(route) + len(header) + len(body)
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), size), head, route,
+                     header, body))
 
 
 @dataclass
@@ -127,19 +212,12 @@ class Replicator:
 
     # -- what the queue does -------------------------------------------------------------------
 
-    def enqueued(self, entry: "Entry", confirm: "ConfirmSink | None") -> None:
-        self._op(_encode_put(entry, False))
+    def append(self, op: machine.Op, confirm: "ConfirmSink | None" = None) -> None:
+        """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
+        majority has it."""
+        self._op(encode(op))
         if confirm is not None and self.followers:
             self.pending.append((self.index, confirm, confirm.forwarded()))
-
-    def delivered(self, seq: int) -> None:
-        self._op(OP.pack(DELIVERED_OP, seq))
-
-    def moved(self, old_seq: int, new_seq: int, returns: int) -> None:
-        self._op(OP.pack(MOVED_OP, old_seq) + MOVE.pack(new_seq, returns))
-
-    def removed(self, seq: int) -> None:
-        self._op(OP.pack(REMOVE_OP, seq))
 
     def _op(self, op: bytes) -> None:
         self.index += 1
@@ -197,24 +275,26 @@ class Replicator:
             follower.snapshot = None
 
     async def _snapshot(self, follower: Follower) -> None:
-        """The queue, a chunk per frame and per loop turn (so that nobody waits on a deep queue's): a reset,
-        every ready entry as it is when its chunk is read, every unacked one at the end; then the ops
-        since the start again.  As the queue changes meanwhile, the follower applies all this idempotently
-        (an entry it has is kept), which brings it where replaying those ops on the start's state would."""
+        """The state as it stands now, then the queue's entries as rows, a chunk per frame and per loop turn (so
+        that nobody waits on a deep queue's), each as it is when its chunk is read, the held ones at the end;
+        then the ops since the state's index.  The follower applies those ops to the state as they were applied
+        here, and carries out their storage effects idempotently (a row may be of a later state already),
+        which brings its rows where the state is."""
         queue = self.queue
         start = self.index
         log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
                  queue.message_count + len(queue.held))
-        returns = queue.state.counts
-        ops = [OP.pack(RESET_OP, 0)]
+        state = machine.encode_state(queue.state)
+        counts = queue.state.counts
+        ops = [MARK.pack(RESET_OP, len(state)), state]
         for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
-            ops.extend(_encode_put(entry, False, returns.get(entry.seq, 0)) for entry in batch)
+            ops.extend(_entry(entry, False, counts.get(entry.seq, 0)) for entry in batch)
             if len(ops) >= SNAPSHOT_CHUNK:
                 if not self._send(follower, self._frame(start, ops)):
                     return
-                ops = [OP.pack(MORE_OP, 0)]
+                ops = [MARK.pack(MORE_OP, 0)]
                 await asyncio.sleep(0)
-        ops.extend(_encode_put(entry, True, returns.get(entry.seq, 0))
+        ops.extend(_entry(entry, True, counts.get(entry.seq, 0))
                    for entry in sorted(queue.held.values(), key=lambda e: e.seq))
         if not self._send(follower, self._frame(start, ops)):
             return
@@ -225,7 +305,7 @@ class Replicator:
             return
         missed = [op for index, op in log_ if index > start]
         for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
-            chunk = [OP.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
+            chunk = [MARK.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
             if not self._send(follower, self._frame(start + 1 + first, chunk)):
                 return
         follower.joined = True
@@ -276,7 +356,7 @@ class Replicator:
                  f" (its copy of term {applied_term} adopted)" if adopt else "")
         follower.joined = True
         if adopt:  # its copy as it stands becomes this term's
-            follower.joined = self._send(follower, self._frame(applied + 1, [OP.pack(ADOPT_OP, applied_term)]))
+            follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
         for start in range(0, len(missed), SNAPSHOT_CHUNK):
             frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
             follower.joined = follower.joined and self._send(follower, frame)
@@ -318,39 +398,57 @@ class Replicator:
             sink.remote_confirmed(seq, True)
 
 
-def apply(persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
-    """A follower applies the ops of ``payload`` from ``pos`` to its copy (``index_id``); returns how many
-    log ops that was (a frame's leading marker is not one).  A snapshot's frames after its first, and a
-    replay, are applied idempotently: an entry the copy has is kept as it is."""
+def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
+    """A follower applies the ops of ``payload`` from ``pos`` to its copy: to its ``state``, their storage
+    effects to its rows (``index_id``).  Returns how many log ops that was (a frame's leading marker, and a
+    snapshot's rows, are none).  A snapshot's state replaces the copy's; its rows, and the storage effects
+    of the ops that follow it, are carried out idempotently (a row the copy has is kept as it is)."""
+    data = memoryview(payload)
+    end = len(data)
+    marker = data[pos] if pos < end else 0
+    idempotent = marker in (RESET_OP, MORE_OP, REPLAY_OP)
+    if marker == RESET_OP:
+        size = MARK.unpack_from(data, pos)[1]
+        snapshot, _ = machine.decode_state(data, pos + MARK.size)
+        pos += MARK.size + size
+        _carry_out(persistence, index_id, machine.apply(machine.Restore(snapshot), state)[1], False)
+    elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
+        pos += MARK.size
     count = 0
-    end = len(payload)
-    idempotent = pos < end and payload[pos] in (MORE_OP, REPLAY_OP)
-    if idempotent or (pos < end and payload[pos] == ADOPT_OP):
-        pos += OP.size
     while pos < end:
-        kind, seq = OP.unpack_from(payload, pos)
-        pos += OP.size
-        if kind == PUT_OP:
-            expiry, delivered, returns, route_len, header_len, body_len = PUT.unpack_from(payload, pos)
-            pos += PUT.size
-            route = payload[pos:pos + route_len]
-            pos += route_len
-            header = payload[pos:pos + header_len]
-            pos += header_len
-            body = payload[pos:pos + body_len]
-            pos += body_len
-            if not (idempotent and persistence.index.has(index_id, seq)):
-                persistence.replica_put(index_id, seq, Message("", "", route, header, body), expiry,
-                                        bool(delivered), returns)
-        elif kind == DELIVERED_OP:
-            persistence.replica_delivered(index_id, seq)
-        elif kind == MOVED_OP:
-            new_seq, returns = MOVE.unpack_from(payload, pos)
-            pos += MOVE.size
-            persistence.replica_move(index_id, seq, new_seq, returns)
-        elif kind == REMOVE_OP:
-            persistence.replica_remove(index_id, seq)
-        elif kind == RESET_OP:
-            persistence.replica_clear(index_id)
+        if data[pos] == ENTRY_OP:
+            _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
+            pos += ENTRY.size
+            if not persistence.index.has(index_id, seq):
+                persistence.put_record(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
+            pos += size
+            continue
+        op, pos = decode(data, pos)
+        _carry_out(persistence, index_id, machine.apply(op, state)[1], idempotent)
         count += 1
     return count
+
+
+def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.Effect], idempotent: bool) -> None:
+    """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
+    index = persistence.index
+    for effect in effects:
+        kind = type(effect)
+        if kind is machine.Store:
+            if not (idempotent and index.has(index_id, effect.seq)):
+                persistence.put_record(index_id, effect.seq, effect.message, effect.expiry)
+        elif kind is machine.Held:
+            persistence.replica_delivered(index_id, effect.seq)
+        elif kind is machine.Remove:
+            for seq in effect.seqs:
+                persistence.replica_remove(index_id, seq)
+        elif kind is machine.Move:
+            persistence.replica_move(index_id, effect.old, effect.new, effect.returns)
+        elif kind is machine.Drop:
+            persistence.replica_drop(index_id, effect.runs)
+        elif kind is machine.Unhold:
+            for seq, returns in effect.rows:
+                persistence.unhold(index_id, seq, returns)
+        elif kind is machine.Clear:
+            persistence.replica_clear(index_id)
+        # (DeadLetters: the leader's)

@@ -506,7 +506,8 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
     from amqp_server.broker import Broker
     from amqp_server.records import QueueRecord
     from forwarder.quorum import Group, QuorumGroups
-    from forwarder.quorum_log import ADOPT_OP, HEAD, OP, REPLAY_OP, RESET_OP
+    from amqp_server.quorum_machine import State, encode_state
+    from forwarder.quorum_log import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
 
     broker = Broker(str(tmp_path / "data"))
     try:
@@ -520,19 +521,20 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
         def frame(term: int, first: int, *ops: bytes) -> bytes:
             return HEAD.pack(term, first, len(group.key.encode())) + group.key.encode() + b"".join(ops)
 
-        groups.replicate(session, frame(3, 10, OP.pack(RESET_OP, 0)))
+        state = encode_state(State())
+        groups.replicate(session, frame(3, 10, MARK.pack(RESET_OP, len(state)), state))
         assert group.position == (0, 10) and broker.persistence.index.position(group.index_id) == (0, 10)
-        groups.replicate(session, frame(3, 11, OP.pack(REPLAY_OP, 0)))  # the snapshot's end
+        groups.replicate(session, frame(3, 11, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
         assert group.position == (3, 10) and broker.persistence.index.position(group.index_id) == (3, 10)
 
         group.leader, group.term = "new", 4
         session.link.peer_name = "new"
-        groups.replicate(session, frame(4, 11, OP.pack(ADOPT_OP, 3)))
+        groups.replicate(session, frame(4, 11, MARK.pack(ADOPT_OP, 3)))
         assert group.position == (4, 10) and not asked
 
         group.leader, group.term, group.partial = "newer", 5, True
         session.link.peer_name = "newer"
-        groups.replicate(session, frame(5, 11, OP.pack(ADOPT_OP, 4)))
+        groups.replicate(session, frame(5, 11, MARK.pack(ADOPT_OP, 4)))
         assert group.position == (0, 10) and len(asked) == 1  # it asks (a snapshot is the answer)
     finally:
         broker.close()
