@@ -164,7 +164,7 @@ class Queue(Consumers):
         entry = self.entry_type(self.next_seq, message, False, expiry)
         self.next_seq += 1
         self.stats.publish += 1
-        if self.persistence is not None and (message.persistent or self.persists_all):
+        if self.persistence is not None and (self.persists_all or message.persistent):
             self._store(entry, confirm)  # before anything else can remove the entry
         if self.tail.count or expiry:
             self._append(entry)

@@ -83,19 +83,35 @@ def acked(port: int, queue: str) -> bool:
         return False
 
 
-def rates(ports: list[int], messages: int, runs: int, in_flight: int) -> None:
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time the processes ``pids`` have used so far, summed (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (the stat file's 14th and 15th fields)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def rates(ports: list[int], messages: int, runs: int, in_flight: int, pids: list[int] | None = None) -> None:
+    """Publish rates; with ``pids`` (the brokers' processes), also the CPU time they spend per message, which
+    other work on the machine changes much less than the rate."""
     for quorum in (False, True):
         kind = "quorum" if quorum else "classic"
         queue = f"bench-{kind}-{os.urandom(3).hex()}"
         declare(ports[0], queue, quorum)
         time.sleep(1.0)  # the queue and its leader are known on every node
         for via, port in (("leader", ports[0]), ("follower", ports[1])):
-            figures = []
+            figures, costs = [], []
             for _ in range(runs):
+                used = cpu_seconds(pids) if pids else 0.0
                 figures.append(publish_rate(port, queue, messages, in_flight))
+                if pids:
+                    costs.append((cpu_seconds(pids) - used) / messages * 1e6)
                 purge(ports[0], queue)
+            cost = f"   brokers' CPU {statistics.median(costs):.1f} us/msg ({', '.join(f'{c:.1f}' for c in costs)})"
             print(f"{kind:<8} publish+confirm via {via:<8} {statistics.median(figures):>9.0f} msg/s   "
-                  f"runs: {', '.join(f'{r:.0f}' for r in figures)}", flush=True)
+                  f"runs: {', '.join(f'{r:.0f}' for r in figures)}{cost if pids else ''}", flush=True)
 
 
 def failover(kill: Callable[[], None], ports: list[int], messages: int) -> None:
@@ -139,7 +155,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="warren-quorum-bench-")
     procs, ports = start_cluster(tmp)
     try:
-        rates(ports, args.messages, args.runs, args.in_flight)
+        rates(ports, args.messages, args.runs, args.in_flight, [proc.pid for proc in procs[1:]])
         failover(lambda: procs[1].send_signal(signal.SIGKILL), ports, args.messages)  # procs[0] is etcd
     finally:
         for proc in reversed(procs):
