@@ -626,6 +626,8 @@ class QuorumGroups:
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = term, reset
         persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
+        if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
+            return
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 

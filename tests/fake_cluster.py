@@ -1,0 +1,417 @@
+"""In-process stand-ins for what forwarder.quorum drives: etcd (keys, leases, watches, transactions) and the
+node-to-node links, so that elections, replication and catch-up run in one event loop, with real brokers and
+storage but no etcd, no processes and no sockets.
+
+``FakeEtcd`` keeps keys with revisions, leases that lapse unless refreshed, watches and the one transaction
+``quorum`` makes; it can be frozen (calls wait, as a stopped etcd's do) or made unreachable (calls fail).
+``Network`` holds the nodes (``Node``: a Broker and its ``QuorumGroups``), delivers frames between them in
+order, a loop turn later, and cuts, heals, kills and restarts them.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aetcd
+from aetcd import rtypes
+
+from amqp_server.broker import Broker
+from amqp_server.records import QueueRecord
+from forwarder import link, quorum
+
+
+@dataclass
+class KV:
+    key: bytes
+    value: bytes
+    create_revision: int
+    lease: int = 0
+
+
+@dataclass
+class Event:
+    kind: Any
+    kv: KV
+    revision: int
+
+
+@dataclass
+class LeaseState:
+    ttl: float
+    expires: float
+    keys: set[bytes] = field(default_factory=set)
+
+
+class FakeEtcd:
+    """One etcd member, as far as forwarder.quorum uses it."""
+
+    def __init__(self) -> None:
+        self.revision = 1
+        self.kvs: dict[bytes, KV] = {}
+        self.leases: dict[int, LeaseState] = {}
+        self.history: list[Event] = []
+        self.watchers: list[tuple[bytes, asyncio.Queue]] = []
+        self.frozen = asyncio.Event()
+        self.frozen.set()  # (set: running)
+        self.unreachable = False
+        self._ids = itertools.count(0x1000)
+        self._expiry = asyncio.get_running_loop().create_task(self._expire())
+
+    def client(self) -> "FakeClient":
+        return FakeClient(self)
+
+    def close(self) -> None:
+        self._expiry.cancel()
+
+    def freeze(self) -> None:
+        self.frozen.clear()
+
+    def thaw(self) -> None:
+        self.frozen.set()
+
+    async def gate(self) -> None:
+        """Every call: failed while unreachable, held while frozen."""
+        if self.unreachable:
+            raise aetcd.ConnectionFailedError("etcd unreachable")
+        await self.frozen.wait()
+        if self.unreachable:
+            raise aetcd.ConnectionFailedError("etcd unreachable")
+
+    async def _expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.02)
+            await self.frozen.wait()
+            for lease_id, state in list(self.leases.items()):
+                if state.expires <= loop.time():
+                    self.revoke(lease_id)
+
+    def _notify(self, kind: Any, kv: KV) -> None:
+        self.revision += 1
+        event = Event(kind, kv, self.revision)
+        self.history.append(event)
+        for prefix, queue in self.watchers:
+            if kv.key.startswith(prefix):
+                queue.put_nowait(event)
+
+    def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        if lease and lease not in self.leases:
+            raise aetcd.ClientError("etcdserver: requested lease not found")
+        old = self.kvs.get(key)
+        if old is not None and old.lease in self.leases:
+            self.leases[old.lease].keys.discard(key)
+        kv = KV(key, value, old.create_revision if old is not None else self.revision + 1, lease)
+        self.kvs[key] = kv
+        if lease:
+            self.leases[lease].keys.add(key)
+        self._notify(rtypes.EventKind.PUT, kv)
+        return self.revision
+
+    def delete(self, key: bytes) -> None:
+        kv = self.kvs.pop(key, None)
+        if kv is not None:
+            if kv.lease in self.leases:
+                self.leases[kv.lease].keys.discard(key)
+            self._notify(rtypes.EventKind.DELETE, kv)
+
+    def revoke(self, lease_id: int) -> None:
+        state = self.leases.pop(lease_id, None)
+        if state is None:
+            raise aetcd.ClientError("etcdserver: requested lease not found")
+        for key in sorted(state.keys):
+            self.delete(key)
+
+
+class FakeLease:
+    def __init__(self, client: "FakeClient", lease_id: int) -> None:
+        self.client = client
+        self.id = lease_id
+
+    async def refresh(self) -> SimpleNamespace:
+        etcd = self.client.etcd
+        await self.client.gate()
+        state = etcd.leases.get(self.id)
+        if state is None:
+            return SimpleNamespace(TTL=-1)
+        state.expires = asyncio.get_running_loop().time() + state.ttl
+        return SimpleNamespace(TTL=state.ttl)
+
+    async def revoke(self) -> None:
+        await self.client.gate()
+        self.client.etcd.revoke(self.id)
+
+
+class FakeClient:
+    """The calls forwarder.quorum makes of an aetcd.Client."""
+
+    def __init__(self, etcd: FakeEtcd) -> None:
+        self.etcd = etcd
+        self.unreachable = False  # this node cut off from etcd (the others reach it)
+        self.transactions = SimpleNamespace(create=lambda key: _Created(key),
+                                            put=lambda key, value, lease: ("put", key, value, lease))
+
+    async def gate(self) -> None:
+        if self.unreachable:
+            raise aetcd.ConnectionFailedError("etcd unreachable from here")
+        await self.etcd.gate()
+
+    async def lease(self, ttl: float) -> FakeLease:
+        etcd = self.etcd
+        await self.gate()
+        lease_id = next(etcd._ids)
+        etcd.leases[lease_id] = LeaseState(ttl, asyncio.get_running_loop().time() + ttl)
+        return FakeLease(self, lease_id)
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        await self.gate()
+        self.etcd.revoke(lease_id)
+
+    async def get(self, key: bytes) -> KV | None:
+        await self.gate()
+        return self.etcd.kvs.get(key)
+
+    async def get_prefix(self, prefix: bytes) -> "Reply":
+        await self.gate()
+        etcd = self.etcd
+        return Reply([kv for key, kv in sorted(etcd.kvs.items()) if key.startswith(prefix)], etcd.revision)
+
+    async def put(self, key: bytes, value: bytes, lease: FakeLease | None = None) -> None:
+        await self.gate()
+        self.etcd.put(key, value, lease.id if lease is not None else 0)
+
+    async def delete(self, key: bytes) -> None:
+        await self.gate()
+        self.etcd.delete(key)
+
+    async def transaction(self, compare: list, success: list, failure: list) -> tuple[bool, list]:
+        await self.gate()
+        etcd = self.etcd
+        won = all((etcd.kvs.get(key).create_revision if key in etcd.kvs else 0) == value
+                  for key, value in compare)
+        responses = []
+        for _, key, value, lease in (success if won else failure):
+            revision = etcd.put(key, value, lease.id if lease is not None else 0)
+            responses.append(SimpleNamespace(response_put=SimpleNamespace(header=SimpleNamespace(revision=revision))))
+        return won, responses
+
+    async def watch_prefix(self, prefix: bytes, start_revision: int) -> "Watch":
+        await self.gate()
+        queue: asyncio.Queue = asyncio.Queue()
+        for event in self.etcd.history:
+            if event.revision >= start_revision and event.kv.key.startswith(prefix):
+                queue.put_nowait(event)
+        self.etcd.watchers.append((prefix, queue))
+        return Watch(self, prefix, queue)
+
+
+class _Created:
+    """``transactions.create(key) == 0``: the key's create revision, compared."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def __eq__(self, value: object) -> Any:  # type: ignore[override]
+        return (self.key, value)
+
+
+class Reply(list):
+    def __init__(self, kvs: list[KV], revision: int) -> None:
+        super().__init__(kvs)
+        self.header = SimpleNamespace(revision=revision)
+
+
+class Watch:
+    """Events as they happen; broken (an error) once the client cannot reach etcd."""
+
+    def __init__(self, client: FakeClient, prefix: bytes, queue: asyncio.Queue) -> None:
+        self.client, self.prefix, self.queue = client, prefix, queue
+
+    def __aiter__(self) -> "Watch":
+        return self
+
+    async def __anext__(self) -> Event:
+        etcd = self.client.etcd
+        try:
+            while self.queue.empty() or not etcd.frozen.is_set():
+                if self.client.unreachable:
+                    raise aetcd.ConnectionFailedError("watch broken")
+                await asyncio.sleep(0.01)
+            return self.queue.get_nowait()
+        except BaseException:
+            etcd.watchers = [w for w in etcd.watchers if w[1] is not self.queue]
+            raise
+
+
+# -- nodes and links ------------------------------------------------------------------------------
+
+
+class FakeLink:
+    """One node's link to another: frames arrive in order, a loop turn later, unless the two are cut apart."""
+
+    def __init__(self, network: "Network", source: str, peer_name: str) -> None:
+        self.network, self.source, self.peer_name = network, source, peer_name
+
+    def send(self, ftype: int, *parts: bytes) -> None:
+        network = self.network
+        if network.connected(self.source, self.peer_name):
+            frame = (self.source, self.peer_name, ftype, b"".join(parts))
+            held = network.held.get((self.source, self.peer_name))
+            if held is not None:
+                held.append(frame)
+            else:
+                asyncio.get_running_loop().call_soon(network.deliver, *frame)
+
+    def flush(self) -> None:
+        pass
+
+
+@dataclass
+class FakePeer:
+    """Another node as this one sees it (``peer.Peer``): no publish goes through it here."""
+
+    name: str
+    link: FakeLink
+    up: bool = True
+
+    def abandon(self, queue: Any) -> None:
+        pass
+
+
+class Node:
+    """What QuorumGroups asks of its cluster: a broker, a name, etcd, the other nodes."""
+
+    def __init__(self, network: "Network", name: str, data_dir: Path) -> None:
+        self.network, self.name, self.data_dir = network, name, data_dir
+        self.broker = Broker(str(data_dir))
+        self.client = network.etcd.client()
+        self.peers = {other: FakePeer(other, FakeLink(network, name, other), network.connected(name, other))
+                      for other in network.names if other != name}
+        self.metadata = SimpleNamespace(put=lambda *args: None)
+        self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]
+
+    def nodes(self) -> list[tuple[str, bool]]:
+        return [(name, peer.up) for name, peer in sorted(self.peers.items())]
+
+    def peer(self, name: str) -> FakePeer:
+        return self.peers[name]
+
+
+class Network:
+    """Nodes on one event loop, linked two by two (``cut``/``heal``), and one etcd."""
+
+    def __init__(self, root: Path, names: list[str]) -> None:
+        self.root = root
+        self.names = names
+        self.etcd = FakeEtcd()
+        self.cuts: set[frozenset[str]] = set()
+        self.held: dict[tuple[str, str], list[tuple[str, str, int, bytes]]] = {}  # slow links: frames waiting
+        self.down: set[str] = set()
+        self.nodes: dict[str, Node] = {}
+        self.records: list[QueueRecord] = []
+
+    async def start(self) -> "Network":
+        """Every node's broker first (opening one holds the loop a while), then their leases and watches."""
+        for name in self.names:
+            self.nodes[name] = Node(self, name, self.root / name)
+        for name in self.names:
+            await self.start_node(name, self.nodes[name])
+        while len(self.etcd.watchers) < len(self.names):  # (a watch's first look elects where none leads)
+            await asyncio.sleep(0.01)
+        return self
+
+    async def start_node(self, name: str, node: Node | None = None) -> Node:
+        self.down.discard(name)
+        node = self.nodes[name] = node or Node(self, name, self.root / name)
+        await node.quorum.start()
+        for record in self.records:
+            node.quorum.put_queue(node.broker.vhosts["/"], record)
+        for other in self.names:
+            if other != name and other not in self.down:
+                self._link(name, other, True)
+        return node
+
+    def connected(self, a: str, b: str) -> bool:
+        return a not in self.down and b not in self.down and frozenset((a, b)) not in self.cuts
+
+    def deliver(self, source: str, destination: str, ftype: int, payload: bytes) -> None:
+        if not self.connected(source, destination):
+            return  # (cut while it was on its way)
+        node = self.nodes[destination]
+        if ftype == link.REPLICATE:
+            node.quorum.replicate(SimpleNamespace(link=node.peers[source].link), payload)  # type: ignore[arg-type]
+        elif ftype == link.REPLICATED:
+            node.quorum.replicated(source, payload)
+
+    def _link(self, a: str, b: str, up: bool) -> None:
+        """Each side sees the other come or go, as a node does when its link opens or drops."""
+        for here, there in ((a, b), (b, a)):
+            node = self.nodes.get(here)
+            if node is None or here in self.down or node.peers[there].up == up:
+                continue
+            node.peers[there].up = up
+            if up:
+                node.quorum.peer_up(there)
+            else:
+                node.quorum.peer_down(there)
+
+    def hold(self, a: str, b: str) -> None:
+        """The link from ``a`` to ``b`` goes on, but its frames wait (a slow link, a stalled reader)."""
+        self.held.setdefault((a, b), [])
+
+    def release(self, a: str, b: str) -> None:
+        for frame in self.held.pop((a, b), []):
+            asyncio.get_running_loop().call_soon(self.deliver, *frame)
+
+    def cut(self, a: str, b: str) -> None:
+        self.cuts.add(frozenset((a, b)))
+        self._link(a, b, False)
+
+    def heal(self, a: str, b: str) -> None:
+        self.cuts.discard(frozenset((a, b)))
+        if self.connected(a, b):
+            self._link(a, b, True)
+
+    async def kill(self, name: str) -> None:
+        """The node stops at once: its links drop, its lease lapses (or is revoked by the others), its broker
+        closes as it stood."""
+        node = self.nodes[name]
+        self.down.add(name)  # (first: a dead node sees nothing go)
+        for other in self.names:
+            if other != name:
+                self._link(name, other, False)
+        groups = node.quorum
+        tasks = [*groups._tasks, *(group.electing for group in groups.groups.values() if group.electing)]
+        for group in groups.groups.values():
+            if group.replicator is not None:
+                for follower in group.replicator.followers.values():
+                    group.replicator._stop_snapshot(follower)
+        while not all(task.done() for task in tasks):  # (Python 3.11's wait_for may swallow a cancel)
+            for task in tasks:
+                task.cancel()
+            await asyncio.sleep(0.01)
+        node.broker.close()
+
+    async def close(self) -> None:
+        for name in list(self.nodes):
+            if name not in self.down:
+                await self.kill(name)
+        self.etcd.close()
+
+    # -- queues ---------------------------------------------------------------------------------
+
+    async def declare(self, name: str, first: str, **arguments: Any) -> None:
+        """A quorum queue placed on ``first``, which claims its lead at once (as its declaring node does)."""
+        members = [first, *sorted(other for other in self.names if other != first)]
+        members = members[:arguments.pop("x-quorum-initial-group-size", len(members))]
+        record = QueueRecord("/", name, True, False, {"x-queue-type": "quorum", **arguments}, node=first,
+                             members=members)
+        self.records.append(record)
+        for node in self.nodes.values():
+            node.quorum.put_queue(node.broker.vhosts["/"], replace(record))
+        claimed = await self.nodes[first].quorum.claim_first("/", name)
+        assert claimed is not None
+        self.nodes[first].quorum.lead("/", name, *claimed)

@@ -1,0 +1,378 @@
+"""Quorum queues' elections, replication and catch-up (forwarder.quorum, forwarder.quorum_log) in-process:
+three real brokers in one event loop, linked by a fake transport and agreeing through a fake etcd
+(tests/fake_cluster.py), so that each rule is tested in a second or two, with no etcd and no processes.
+test_quorum_cluster.py drives the same rules with real processes, a real etcd and kill -9.
+
+After every scenario the followers' copies must be the leader's: the same state (quorum_machine.State) and
+the same rows (seq, held, delivery count, expiry, message) in their queue indexes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+from pamqp import commands
+
+from amqp_server.message import Message, make_message
+from amqp_server.quorum_queue import QuorumQueue
+from fake_cluster import Network, Node
+from forwarder import quorum, quorum_log
+from forwarder.quorum import queue_key
+
+NAMES = ["n1", "n2", "n3"]
+KEY = queue_key("/", "q")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def fast_leases(monkeypatch) -> None:
+    """Polls and retries a few times faster than in production (leases as long: a loop held a while by
+    three brokers must not lose one)."""
+    monkeypatch.setattr(quorum, "ELECTION_GRACE", 1.0)
+    monkeypatch.setattr(quorum, "ELECTION_POLL", 0.02)
+    monkeypatch.setattr(quorum, "RETRY_INTERVAL", 0.1)
+
+
+@pytest.fixture
+async def network(tmp_path) -> AsyncIterator[Network]:
+    network = await Network(tmp_path, NAMES).start()
+    yield network
+    await network.close()
+
+
+class Confirms:
+    """The confirm-mode channel a publish came through (amqp_server.ports.ConfirmSink)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.outcomes: dict[int, str] = {}
+
+    def forwarded(self) -> int:
+        self.sent += 1
+        return self.sent
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.outcomes[seq] = "nack" if rejected else "ack"
+
+    def acked(self) -> list[int]:
+        return sorted(seq for seq, outcome in self.outcomes.items() if outcome == "ack")
+
+
+async def wait_for(check, what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def leader(network: Network) -> Node | None:
+    leaders = [node for name, node in network.nodes.items()
+               if name not in network.down and node.quorum.groups[KEY].replicator is not None]
+    assert len(leaders) <= 1
+    return leaders[0] if leaders else None
+
+
+def queue_of(node: Node) -> QuorumQueue:
+    queue = node.broker.vhosts["/"].queues["q"]
+    assert isinstance(queue, QuorumQueue)
+    return queue
+
+
+def publish(node: Node, bodies: list[bytes], confirms: Confirms | None = None) -> None:
+    vhost = node.broker.vhosts["/"]
+    properties = commands.Basic.Properties(delivery_mode=2)
+    for body in bodies:
+        node.broker.publish(vhost, vhost.exchange(""), make_message("", "q", properties, body), confirm=confirms)
+
+
+def in_step(network: Network) -> bool:
+    """The leader's live followers have all it shipped."""
+    node = leader(network)
+    return node is not None and all(lag == 0 for name, lag in node.quorum.lag()[KEY].items()
+                                    if name not in network.down)
+
+
+def copy_of(node: Node) -> tuple:
+    """A node's copy: its state, and its rows as (seq, held, returns, expiry, message)."""
+    group = node.quorum.groups[KEY]
+    persistence = node.broker.persistence
+    persistence.index.commit()
+    rows = [(row.seq, row.delivered, row.returns, row.expiry, persistence.store.read(row.msg_id))
+            for row in persistence.index.entries(group.index_id)]
+    return group.state, rows
+
+
+async def copies_agree(network: Network) -> list[bytes]:
+    """Once the followers are in step, every copy is the leader's; the bodies of the ready messages, in order."""
+    await wait_for(lambda: in_step(network), "the followers in step")
+    node = leader(network)
+    state, rows = copy_of(node)
+    assert state == queue_of(node).state
+    for name, other in network.nodes.items():
+        if other is not node and name not in network.down:
+            other_state, other_rows = copy_of(other)
+            assert other_state == state, name
+            diff = set(other_rows) ^ set(rows)
+            if diff:
+                seq = min(diff)[0]
+                print("DIFF", name, len(rows), len(other_rows), [r for r in rows if r[0] == seq], [r for r in other_rows if r[0] == seq])
+            assert set(other_rows) ^ set(rows) == set(), name  # (the rows that differ)
+            assert other_rows == rows, name
+    return [body_of(record) for seq, record in sorted((row[0], row[4]) for row in rows if row[0] in state.ready)]
+
+
+def body_of(record: bytes) -> bytes:
+    message = Message.stored(0, 0)
+    message.fill_from(record)
+    return message.body
+
+
+async def declared(network: Network, **arguments) -> Node:
+    await network.declare("q", "n1", **arguments)
+    await wait_for(lambda: all(node.quorum.groups[KEY].leader == "n1" for node in network.nodes.values()),
+                   "n1 leading everywhere")
+    return network.nodes["n1"]
+
+
+def bodies(count: int, prefix: str = "m") -> list[bytes]:
+    return [f"{prefix}{i:05d}".encode() for i in range(count)]
+
+
+# -- replication --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_followers_apply_the_leaders_ops_and_their_copies_are_the_leaders(network, seed):
+    """Whatever clients do at the leader — publish, get, ack, nack, reject, purge, commit, a policy's delivery
+    limit — each follower's state and rows end where the leader's are."""
+    node = await declared(network, **{"x-delivery-limit": 2})
+    queue = queue_of(node)
+    rng = random.Random(seed)
+    held: list = []
+    sent = 0
+    for _ in range(200):
+        action = rng.choice(["publish"] * 4 + ["get", "get", "ack", "nack", "reject", "purge", "commit"])
+        if action == "publish":
+            count = rng.randint(1, 20)
+            publish(node, [b"s%d" % i for i in range(sent, sent + count)])
+            sent += count
+        elif action == "get":
+            entry = queue.get(no_ack=rng.random() < 0.3)
+            if entry is not None and entry.seq in queue.held:
+                held.append(entry)
+        elif action in ("ack", "nack", "reject") and held:
+            chosen = rng.sample(held, rng.randint(1, len(held)))
+            held = [entry for entry in held if entry not in chosen]
+            node.broker.settle(queue, chosen, action == "nack", action == "reject")
+        elif action == "purge" and rng.random() < 0.2:
+            queue.purge()
+        elif action == "commit":
+            queue.remove_upto((queue.state.ready.first() or 0) + rng.randint(0, 5))
+        if rng.random() < 0.2:
+            await asyncio.sleep(0)  # a loop turn: what was staged is shipped
+    await copies_agree(network)
+
+
+async def test_a_publish_is_confirmed_once_a_majority_has_it(network):
+    node = await declared(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await asyncio.sleep(0.3)
+    assert confirms.outcomes == {}  # the leader alone is no majority
+    network.release("n1", "n3")
+    await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
+    network.release("n1", "n2")
+    await copies_agree(network)
+
+
+# -- catch-up -----------------------------------------------------------------------------------
+
+
+async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog):
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    publish(node, bodies(500))
+    queue = queue_of(node)
+    entries = [queue.get(no_ack=False) for _ in range(50)]
+    node.broker.settle(queue, entries[:20], False)
+    node.broker.settle(queue, entries[20:30], True)  # back, counted
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    await network.start_node("n3")  # from its rows: its state is read back from them
+    assert await copies_agree(network) == [*bodies(500)[49:], *[e.message.body for e in entries[20:30]]]
+    assert any("n3 catches up on" in record.message and "from the log" in record.message
+               for record in caplog.records)
+    assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_the_queue_changes(
+        network, monkeypatch, caplog):
+    """The snapshot is the state at an index, then the rows a chunk per loop turn while consumers take, ack
+    and return messages and publishers publish, then the ops since that index: the copy ends as the
+    leader's."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 20_000)
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 64)
+    node = await declared(network, **{"x-delivery-limit": 3})
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    publish(node, bodies(2000))
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    await network.start_node("n3")
+    queue = queue_of(node)
+    follower = node.quorum.groups[KEY].replicator.followers["n3"]
+    copy = network.nodes["n3"].quorum.groups[KEY]
+    rng = random.Random(7)
+    held: list = []
+    sent = 0
+    started = False
+    deadline = asyncio.get_running_loop().time() + 30
+    while not (started and follower.snapshot is None and follower.joined and not copy.partial):
+        assert asyncio.get_running_loop().time() < deadline
+        started = started or follower.snapshot is not None
+        for _ in range(5):
+            entry = queue.get(no_ack=False)
+            if entry is not None:
+                held.append(entry)
+        if held:
+            chosen = rng.sample(held, rng.randint(1, len(held)))
+            held = [entry for entry in held if entry not in chosen]
+            node.broker.settle(queue, chosen, rng.random() < 0.5)
+        publish(node, bodies(5, f"later{sent}-"))
+        sent += 1
+        await asyncio.sleep(0)
+    assert sent > 10  # the queue changed all along the snapshot
+    assert any("n3 takes a snapshot" in record.message for record in caplog.records)
+    await copies_agree(network)
+
+
+async def n3_far_behind(network: Network, monkeypatch, confirms: Confirms | None = None) -> Node:
+    """n3 went down, then the leader (n1) took 1,000 messages, more than its log keeps: n3 will need a snapshot
+    (of 32 rows a frame, so that it takes many loop turns)."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    publish(node, bodies(1000), confirms)
+    return node
+
+
+async def test_a_copy_a_snapshot_is_coming_into_counts_toward_no_majority(network, monkeypatch):
+    """n2 hears nothing for a while and n3 comes back to a snapshot: a publish meanwhile is on n1 alone until
+    n3's snapshot is whole, however far the snapshot's first frame says n3's copy reaches (it may not have that
+    message's row yet: confirmed then, it would be lost with n1 should n2 lead next)."""
+    node = await n3_far_behind(network, monkeypatch)
+    await wait_for(lambda: node.quorum.lag()[KEY]["n2"] == 0, "n2 in step")
+    network.hold("n1", "n2")
+    confirms = Confirms()
+    publish(node, [b"x"], confirms)
+    await network.start_node("n3")
+    n3 = network.nodes["n3"].quorum.groups[KEY]
+    await wait_for(lambda: n3.partial, "n3's snapshot under way")
+    network.hold("n1", "n3")  # the rest of it waits
+    await asyncio.sleep(0.3)
+    assert confirms.outcomes == {}
+    network.release("n1", "n3")
+    await wait_for(lambda: confirms.acked() == [1], "x confirmed once n3's copy is whole")
+    assert not n3.partial
+    network.release("n1", "n2")
+    assert (await copies_agree(network))[-1] == b"x"
+
+
+# -- elections ----------------------------------------------------------------------------------
+
+
+async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_message(network):
+    """n3 missed the last publishes (its link was slow): n2's copy is ahead, so n2 leads although the tie-break
+    favours n3; whatever was confirmed is there."""
+    node = await declared(network)
+    publish(node, bodies(100))
+    await copies_agree(network)
+    network.hold("n1", "n3")
+    confirms = Confirms()
+    publish(node, bodies(50, "late"), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 50, "the late ones confirmed by n1 and n2")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert leader(network).name == "n2"
+    assert await copies_agree(network) == [*bodies(100), *bodies(50, "late")]
+
+
+async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adopted(network, caplog):
+    node = await declared(network)
+    publish(node, bodies(300))
+    queue = queue_of(node)
+    taken = queue.get(no_ack=False)  # held when the leader goes: back in its place, counted
+    await copies_agree(network)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = leader(network)
+    assert new.name == "n3"
+    assert await copies_agree(network) == bodies(300)
+    assert queue_of(new).state.count(taken.seq) == 1
+    assert any("n2 catches up on" in record.message and "adopted" in record.message for record in caplog.records)
+    assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+async def test_no_leader_without_a_majority_of_positions(network):
+    node = await declared(network)
+    publish(node, bodies(10))
+    await copies_agree(network)
+    await network.kill("n3")
+    await network.kill("n1")
+    await asyncio.sleep(1.0)  # two leases' time
+    assert leader(network) is None  # n2 alone is no majority
+    await network.start_node("n3")
+    await wait_for(lambda: leader(network) is not None, "a leader once n3 is back")
+    assert await copies_agree(network) == bodies(10)
+
+
+async def test_a_copy_a_snapshot_is_coming_into_never_leads(network, monkeypatch):
+    """n3 is mid-snapshot when the leader dies: its index may be ahead of n2's, but its copy is not whole, so
+    n2 leads, with every confirmed message."""
+    confirms = Confirms()
+    node = await n3_far_behind(network, monkeypatch, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 1000, "confirmed by n1 and n2")
+    await network.start_node("n3")
+    n3 = network.nodes["n3"].quorum.groups[KEY]
+    await wait_for(lambda: n3.partial, "n3's snapshot under way")
+    network.hold("n1", "n3")  # the rest of it never comes
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert leader(network).name == "n2"
+    network.release("n1", "n3")
+    assert await copies_agree(network) == [b"first", *bodies(1000)]
+
+
+# -- fencing ------------------------------------------------------------------------------------
+
+
+async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
+    """n1 cannot reach etcd (the others can, and still hear from it): its lease lapses, n2 or n3 leads, and
+    what n1 took meanwhile is nacked, never confirmed; its later ops are not the followers' any more."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(20), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 20, "the first confirms")
+    network.nodes["n1"].client.unreachable = True
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    publish(node, bodies(5, "cut"), confirms)
+    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "another leader")
+    await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
+    assert [confirms.outcomes[seq] for seq in range(21, 26)] == ["nack"] * 5
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    network.nodes["n1"].client.unreachable = False
+    await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == leader(network).name, "n1 follows")
+    assert await copies_agree(network) == bodies(20)
