@@ -366,6 +366,14 @@ class Network:
         for frame in self.held.pop((a, b), []):
             asyncio.get_running_loop().call_soon(self.deliver, *frame)
 
+    def release_one(self, a: str, b: str) -> bool:
+        """The oldest frame held from ``a`` to ``b`` goes on, the others still wait; False if none waits."""
+        held = self.held.get((a, b))
+        if not held:
+            return False
+        asyncio.get_running_loop().call_soon(self.deliver, *held.pop(0))
+        return True
+
     def cut(self, a: str, b: str) -> None:
         self.cuts.add(frozenset((a, b)))
         self._link(a, b, False)
