@@ -586,6 +586,34 @@ def test_publish_frames_are_cut_into_chunks_as_rabbitmqs_writer_cuts_them(node, 
         assert key == 0x8005 and struct.unpack_from(">IHQ", rest) == (9, 1, publishing_id - 1)
 
 
+def test_chunks_sent_to_a_subscriber_that_does_not_read_for_a_while_all_arrive_whole_and_in_order(node):
+    """A large credit: runs of chunks are written at once while the socket takes them, and what it does not
+    take waits in the transport; nothing is lost, cut or sent twice."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    records = []
+    for n in range(50):  # chunks of 2,048 and 2,952 entries, each below RUN_BELOW: sent in runs
+        batch = [b"%02d-%05d" % (n, i) + b"x" * (10 + i % 20) for i in range(5000)]
+        raw.send(frame(0x02, b"\x01" + struct.pack(">i", len(batch)) + b"".join(
+            struct.pack(">QI", len(records) + i, len(record)) + record for i, record in enumerate(batch))))
+        records += batch
+    confirmed = 0
+    while confirmed < len(records):
+        key, rest = raw.receive()
+        assert key == 0x03
+        confirmed += struct.unpack_from(">I", rest, 1)[0]
+    assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 1000, 0)) == 1
+    time.sleep(1)  # the broker writes until the socket is full
+    chunks = []
+    while sum(entries for _first, entries, _records, _data in chunks) < len(records):
+        chunks += read_chunks(raw, 1)
+    assert [first for first, *_ in chunks] == [sum(c[1] for c in chunks[:i]) for i in range(len(chunks))]
+    assert b"".join(data for *_, data in chunks) == b"".join(struct.pack(">I", len(r)) + r for r in records)
+
+
 def test_last_after_a_large_frame_starts_at_its_last_chunk_as_on_rabbitmq(node):
     """rstream's own test_offset_type_last: 4,999 messages sent in one frame, then a subscription at ``last``
     gets fewer than all of them (on RabbitMQ 3.10 the last 935: its writer cut the frame into chunks of 32, 64,
