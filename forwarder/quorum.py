@@ -104,6 +104,7 @@ class Group:
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
     partial: bool = False  # a snapshot is coming in: the copy is not whole yet
+    vouched: tuple[int, int] = (0, 0)  # where the copy stood whole when a snapshot began to replace it
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int] = (0, 0)  # (term, index) we last asked to catch up from, on a gap
     replicator: Replicator | None = None
@@ -121,6 +122,19 @@ class Group:
         asks a leader from; (0, index) while a snapshot is coming in, so a partial copy never wins, nor is
         taken for whole by a new leader."""
         return (0 if self.partial else self.applied_term), self.applied
+
+    @property
+    def whole(self) -> bool:
+        """The copy holds every op up to its position: it is not one a snapshot is coming into, nor was when
+        the node stopped (its position's term is 0 then, past index 0)."""
+        return not self.partial and (self.applied_term > 0 or self.applied == 0)
+
+    @property
+    def ballot(self) -> list[int]:
+        """What this copy stands for in an election: its position and 1 if whole; else where it stood whole
+        before a snapshot began to replace its rows, and 0 — it cannot lead, but it may have had (and
+        acknowledged) ops up to there, which whoever leads must have too."""
+        return [*self.position, 1] if self.whole else [*self.vouched, 0]
 
 
 class QuorumGroups:
@@ -231,6 +245,8 @@ class QuorumGroups:
             saved = {"index_id": self.broker.next_index_id()}
             self.broker.store.put(REPLICA, group.key, saved)
         group.index_id = saved["index_id"]
+        term, index = saved.get("vouched", (0, 0))
+        group.vouched = (term, index)
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
         group.state = self.broker.persistence.copy_state(group.index_id)
 
@@ -243,6 +259,7 @@ class QuorumGroups:
         self.broker.store.delete(REPLICA, group.key)
         group.index_id = group.applied = group.applied_term = 0
         group.partial = False
+        group.vouched = (0, 0)
         group.state = State()
 
     # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
@@ -415,21 +432,23 @@ class QuorumGroups:
         key = group.key.encode()
         mine = POSITIONS + key + b"/" + self.name.encode()
         loop = asyncio.get_running_loop()
-        written: tuple[int, tuple[int, int]] | None = None  # (lease, position) of our latest write
+        written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
         deadline = 0.0
         try:
             while not group.leader and self.groups.get(group.key) is group and self.name in group.members:
                 lease = self.lease
                 try:
-                    if lease is not None and (written != (lease.id, group.position) or loop.time() > deadline):
-                        await self.client.put(mine, json.dumps(group.position).encode(), lease=lease)
-                        written, deadline = (lease.id, group.position), loop.time() + ELECTION_TIMEOUT
-                    positions = {kv.key.rsplit(b"/", 1)[1].decode(): tuple(json.loads(kv.value))
-                                 for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
-                    positions = {name: p for name, p in positions.items() if name in group.members}
-                    if written is not None and len(positions) > len(group.members) // 2:
-                        best = max(positions, key=lambda name: (positions[name], name))
-                        if best == self.name:
+                    ballot = group.ballot
+                    if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
+                        await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
+                        written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
+                    ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
+                               for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
+                    ballots = {name: b for name, b in ballots.items() if name in group.members}
+                    if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
+                        best = max((name for name, b in ballots.items() if b[2]),
+                                   key=lambda name: (ballots[name][:2], name))
+                        if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
                             await self._claim_or_follow(group)
                 except aetcd.ClientError as exc:
                     log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
@@ -609,6 +628,8 @@ class QuorumGroups:
         index_id = group.index_id
         end = len(payload)
         reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
+        if reset and group.whole:  # it replaces our rows as it comes: what we had, we vouch for until it is whole
+            self._vouch(group)
         more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
         if more and group.applied_term == term and first == group.applied:
             reset = True
@@ -630,6 +651,14 @@ class QuorumGroups:
             return
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
+
+    def _vouch(self, group: Group) -> None:
+        """Keep where the copy stands whole, before a snapshot replaces its rows: in an election while it is
+        partial (a restart too), no member behind it may lead (``Group.ballot``)."""
+        group.vouched = group.position
+        saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
+        # (LMDB syncs it now: before the group commit that takes the rows away)
+        self.broker.store.put(REPLICA, group.key, {**saved, "vouched": list(group.vouched)})
 
     def synced(self, batch: int) -> None:
         """A group commit is on disk: tell each leader how far our copies are durable."""

@@ -262,15 +262,15 @@ async def n3_far_behind(network: Network, monkeypatch, confirms: Confirms | None
     return node
 
 
-async def snapshot_under_way(network: Network) -> None:
-    """n1's frames to n3 (held since before n3 started) go on one at a time until n3's copy is partial: the
-    snapshot has begun at n3, and the rest of it waits.  (Polled instead, a snapshot of a thousand rows can be
+async def snapshot_under_way(network: Network, name: str = "n3") -> None:
+    """n1's frames to ``name`` (held since before it started) go on one at a time until its copy is partial: the
+    snapshot has begun there, and the rest of it waits.  (Polled instead, a snapshot of a thousand rows can be
     whole a few milliseconds after it began, between two looks.)"""
-    copy = network.nodes["n3"].quorum.groups[KEY]
+    copy = network.nodes[name].quorum.groups[KEY]
     deadline = asyncio.get_running_loop().time() + 10
     while not copy.partial:
-        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for n3's snapshot under way"
-        if network.release_one("n1", "n3"):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {name}'s snapshot under way"
+        if network.release_one("n1", name):
             await asyncio.sleep(0)  # (delivered: it was scheduled before this task's next step)
         else:
             await asyncio.sleep(0.01)  # n1 has not sent it yet
@@ -361,6 +361,35 @@ async def test_a_copy_a_snapshot_is_coming_into_never_leads(network, monkeypatch
     assert leader(network).name == "n2"
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(1000)]
+
+
+async def test_a_copy_a_snapshot_is_coming_into_takes_no_part_in_an_election(network, monkeypatch):
+    """n2's copy had every confirmed message until a snapshot began to replace it: with n1, the only other copy
+    that has them, down, n2 and a stale n3 are no majority that may elect (n3 would lead without them, and
+    its snapshots would then wipe them from the others).  Once n1 is back, it leads, with all of them."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")  # stale from here
+    confirms = Confirms()
+    publish(node, bodies(100), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 100, "confirmed by n1 and n2")
+    await network.kill("n2")
+    publish(node, bodies(1000, "more"))  # more than n1's log keeps: n2 will need a snapshot
+    network.hold("n1", "n2")
+    await network.start_node("n2")
+    await snapshot_under_way(network, "n2")
+    await network.kill("n1")
+    await network.start_node("n3")
+    await asyncio.sleep(1.0)  # two leases' time
+    assert leader(network) is None, leader(network).name  # (n3 would lead)
+    network.release("n1", "n2")  # (what was held of the snapshot is of n1's earlier term: ignored)
+    await network.start_node("n1")
+    await wait_for(lambda: leader(network) is not None, "a leader once n1 is back")
+    assert leader(network).name == "n1"
+    assert await copies_agree(network) == [b"first", *bodies(100), *bodies(1000, "more")]
 
 
 # -- fencing ------------------------------------------------------------------------------------
