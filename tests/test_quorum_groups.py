@@ -392,6 +392,42 @@ async def test_a_copy_a_snapshot_is_coming_into_takes_no_part_in_an_election(net
     assert await copies_agree(network) == [b"first", *bodies(100), *bodies(1000, "more")]
 
 
+async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(network, monkeypatch):
+    """n1 took 1,000 messages while n2 and n3 were down, and is sending both snapshots when it loses etcd: n2
+    and n3 are a majority of positions, but neither copy is whole (each holds a few rows of n1's queue), so
+    neither leads; n1 leads again once it reaches etcd, and every message is there."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, [b"first"], confirms)
+    await wait_for(lambda: confirms.acked() == [1], "first confirmed")
+    await network.kill("n2")
+    await network.kill("n3")
+    publish(node, bodies(1000))
+    for name in ("n2", "n3"):
+        network.hold("n1", name)
+        await network.start_node(name)
+        copy = network.nodes[name].quorum.groups[KEY]
+        deadline = asyncio.get_running_loop().time() + 10
+        while not copy.partial:
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {name}'s snapshot"
+            if network.release_one("n1", name):
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(0.01)
+    node.client.unreachable = True
+    await wait_for(lambda: leader(network) is None, "n1 no longer leading")
+    await asyncio.sleep(1.0)  # two leases' time
+    assert leader(network) is None, "a copy that is not whole leads"
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None, "n1 leading again", 15)
+    assert leader(network).name == "n1"
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    assert await copies_agree(network) == [b"first", *bodies(1000)]
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 
