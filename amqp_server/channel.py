@@ -738,7 +738,8 @@ class Channel:
         self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.connection.principal))
 
     async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
-        queue, entry = await self.broker.get_anywhere(self.vhost, name, m.no_ack, self.connection, self.connection.principal)
+        queue, entry = await self.broker.get_anywhere(self.vhost, name, m.no_ack, self.connection,
+                                                      self.connection.principal)
         if not self.open:
             if entry is not None and not m.no_ack:
                 self.broker.settle(queue, [entry], requeue=True)

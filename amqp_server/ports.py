@@ -1,8 +1,8 @@
 """What the broker core asks of its front ends, as Protocols: the core imports no front end.
 
 The AMQP channel and connection (``channel.py``, ``connection.py``), the forwarder's session for
-consumers on other nodes (``forwarder/session.py``) and its replication (``forwarder/quorum.py``) implement these; queues and the broker hold them
-without knowing which one they have.
+consumers on other nodes (``forwarder/session.py``) and its replication (``forwarder/quorum.py``) implement these;
+queues and the broker hold them without knowing which one they have.
 
 This module imports nothing of the project, so that the core and the front ends both import it and no import
 cycle runs through it: where a protocol names an object of the core (a queue, a consumer, an entry, a message),

@@ -4,8 +4,8 @@ A message is routed with its routing key plus every string in its ``CC`` and ``B
 element types are ignored, as RabbitMQ does); ``BCC`` is removed from the message before it is stored,
 delivered or returned, so consumers do not see it (its keys stay on the message in memory, for
 dead-lettering). Each key is checked as the routing key is: at most 255 bytes, and against the publisher's topic
-permission on a topic exchange (``Broker.check_message``). Only messages whose raw header mentions ``CC`` pay for decoding their properties;
-the publish path asks only when the headers flag is set.
+permission on a topic exchange (``Broker.check_message``). Only messages whose raw header mentions ``CC`` pay for
+decoding their properties; the publish path asks only when the headers flag is set.
 """
 from __future__ import annotations
 

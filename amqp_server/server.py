@@ -98,7 +98,8 @@ class Node:
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
         context = tls.amqp_context(self.config)
         if context is not None:  # before plain AMQP, so that a node answering on one answers on both
-            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow, self.clients),
+            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow,
+                                                                          self.clients),
                                                        self.config.bind, self.config.tls_port, ssl=context,
                                                        ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
                                                        reuse_address=True, backlog=1024)

@@ -50,7 +50,8 @@ class DelayedExchange(Exchange):
     __slots__ = ("inner",)
 
     type_name = "x-delayed-message"
-    types: ClassVar[Mapping[str, type[Exchange]]] = {}  # the underlying types by name: the registry's (``exchanges/__init__``)
+    # the underlying types by name: the registry's (``exchanges/__init__``)
+    types: ClassVar[Mapping[str, type[Exchange]]] = {}
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)

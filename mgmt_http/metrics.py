@@ -72,8 +72,8 @@ def render(request: web.Request) -> str:
                [({}, sum(len(c.channels) for c in connections))])
     out.family("rabbitmq_consumers", "gauge", "Consumers", [({}, sum(len(q.consumers) for q in queues))])
     out.family("rabbitmq_queues", "gauge", "Queues", [({}, len(queues))])
-    out.family("rabbitmq_process_resident_memory_bytes", "gauge", "Resident memory the node process holds (its own pages, not the page cache's)",
-               [({}, memory_used())])
+    out.family("rabbitmq_process_resident_memory_bytes", "gauge",
+               "Resident memory the node process holds (its own pages, not the page cache's)", [({}, memory_used())])
     out.family("rabbitmq_resident_memory_limit_bytes", "gauge", "Memory high watermark",
                [({}, context.config.memory_limit)])
     out.family("rabbitmq_alarms_memory_used_watermark", "gauge", "1 while the memory alarm blocks publishers",

@@ -65,7 +65,9 @@ def error_reason(body: bytes) -> str:
     if isinstance(data, dict):
         reason = data.get("reason") or data.get("error") or ""
         # one line: RabbitMQ's validation reasons span several ("Validation failed\n\n..."), some escaped for HTML
-        return " ".join(html.unescape(str(reason)).split()) if not isinstance(reason, (dict, list)) else json.dumps(reason)
+        if isinstance(reason, (dict, list)):
+            return json.dumps(reason)
+        return " ".join(html.unescape(str(reason)).split())
     return str(data)
 
 

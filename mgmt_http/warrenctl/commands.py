@@ -58,7 +58,7 @@ def status(api: ApiClient, args: argparse.Namespace, out: Output) -> int:
         ("messages", queue_totals.get("messages")),
         ("ready", queue_totals.get("messages_ready")),
         ("unacked", queue_totals.get("messages_unacknowledged")),
-        ("listeners", ", ".join(f"{l.get('protocol')}:{l.get('port')}" for l in overview.get("listeners") or [])),
+        ("listeners", ", ".join(f"{x.get('protocol')}:{x.get('port')}" for x in overview.get("listeners") or [])),
     ])
     for node in _rows(nodes):
         out.pairs(f"Node {node.get('name')}", [
