@@ -64,6 +64,7 @@ class Metadata:
         self._queued = self._done = 0  # writes put on _writes, and those etcd has taken
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # (writes to be done, its waiter)
         self._tasks: list[asyncio.Task] = []
+        self._cancels: set[asyncio.Task] = set()  # watches being cancelled: held, or the loop may drop them midway
         self.caught_up = asyncio.Event()
         self.reloads = 0  # full reads of etcd's state (the first included)
         # etcd key -> revision of every mirrored definition, as the mirror has it (for the checks)
@@ -191,7 +192,9 @@ class Metadata:
                 done, _ = await asyncio.wait((follow, check), return_when=asyncio.FIRST_COMPLETED)
                 if follow in done:
                     follow.result()  # its error, if it has one
-                loop.create_task(self._cancel(watch))
+                cancel = loop.create_task(self._cancel(watch))
+                self._cancels.add(cancel)
+                cancel.add_done_callback(self._cancels.discard)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # etcd unreachable: keep serving from the mirror, retry
