@@ -4,8 +4,8 @@
 For one broker (``--broker warren`` or ``--broker rabbitmq``) this starts a
 throwaway node on a loopback port with its state in a fresh temp dir, then
 
-1. declares ``--queues`` (1) durable queues (of ``--queue-type``: classic, quorum or stream), reads the broker's RSS (the empty
-   node), and publishes ``--messages`` (1,000,000) persistent ``--size`` (100)
+1. declares ``--queues`` (1) durable queues (of ``--queue-type``: classic, quorum or stream), reads the broker's
+   RSS (the empty node), and publishes ``--messages`` (1,000,000) persistent ``--size`` (100)
    byte messages spread evenly over them, with publisher confirms, pipelined with
    at most ``--max-unconfirmed`` (10,000) unconfirmed; reports the publish rate
    (messages / time until the last confirm);
@@ -548,7 +548,8 @@ def print_table(r: dict) -> None:
         ("RSS empty / after publish", f"{fmt_bytes(r.get('rss_empty_bytes'))} / {fmt_bytes(r.get('rss_bytes'))}"
                                       + (f" = {r['rss_per_message']:.1f} B per queued message"
                                          if r.get("rss_per_message") is not None else "")),
-        ("data dir after publish", f"{fmt_bytes(r.get('disk_bytes'))} (apparent {fmt_bytes(r.get('disk_apparent_bytes'))})"),
+        ("data dir after publish",
+         f"{fmt_bytes(r.get('disk_bytes'))} (apparent {fmt_bytes(r.get('disk_apparent_bytes'))})"),
         ("restart after SIGTERM", f"{s(r.get('clean_restart_s'))} until the counts sum to {r['messages']:,}"
                                   + (f"  ({r['clean_restart_log']})" if r.get("clean_restart_log") else "")),
         ("restart after kill -9", f"{s(r.get('recovery_s'))} until the counts sum to {r['messages']:,}"),

@@ -103,7 +103,7 @@ def measure(ports: list[int], pairs: list[tuple[int, int, int]], seconds: float,
     counters = []
     procs = []
     try:
-        for (owner, pub, con), (exchange, queues) in zip(pairs, targets):
+        for (_, pub, con), (exchange, queues) in zip(pairs, targets):
             mine = [ctx.RawValue("q", 0) for _ in queues]
             counters += mine
             for queue, counter in zip(queues, mine):

@@ -56,7 +56,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amqp_load  # noqa: E402
@@ -72,7 +72,8 @@ GAP = (5.0, 9.0)  # quiet seconds between two faults
 AMQP_PORT, MGMT_PORT, LINK_PORT, ETCD_PORT = 5701, 15701, 25701, 2379
 SUBNET = "10.77.0"
 ETCD_ADDRESS, CLIENT_ADDRESS = f"{SUBNET}.2", f"{SUBNET}.100"
-RABBIT_TOOL = os.environ.get("RABBITMQ_CLUSTER_TOOL", "/work/shared/tools/rabbitmq-cluster.sh")  # start/kill/restart/stop
+# start/kill/restart/stop
+RABBIT_TOOL = os.environ.get("RABBITMQ_CLUSTER_TOOL", "/work/shared/tools/rabbitmq-cluster.sh")
 CLONE_NEWNET = 0x40000000
 
 KINDS = ["pause-leader-short", "pause-leader-long", "pause-follower-short", "pause-follower-long",
@@ -322,8 +323,8 @@ class Warren(Cluster):
              "--bind", self.hosts[index], "--amqp-port", str(AMQP_PORT), "--mgmt-port", str(MGMT_PORT),
              "--data-dir", os.path.join(self.data, f"node{index + 1}"), "--node-name", self.names[index],
              "--cluster-etcd", f"{ETCD_ADDRESS}:{ETCD_PORT}", "--cluster-secret", "nemesis",
-             "--cluster-port", str(LINK_PORT), "--loopback-users-only", "false"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, COLUMNS="200"))
+             "--cluster-port", str(LINK_PORT), "--loopback-users-only", "false"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="200"))
         log.close()
 
     def running(self) -> list[int]:
@@ -443,7 +444,7 @@ class Rabbit(Cluster):
 
     def stop(self) -> None:
         self.heal()
-        for index, pid in enumerate(self.pids):
+        for pid in self.pids:
             if pid is not None:
                 try:
                     os.kill(pid, signal.SIGCONT)

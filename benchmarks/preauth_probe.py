@@ -206,7 +206,7 @@ def main() -> None:
                 times: list[float] = []
                 halt = threading.Event()
 
-                def sample() -> None:
+                def sample(halt: threading.Event, times: list[float]) -> None:
                     while not halt.is_set():
                         started = time.monotonic()
                         try:
@@ -216,7 +216,7 @@ def main() -> None:
                         times.append(time.monotonic() - started)
                         time.sleep(0.05)
 
-                sampler = threading.Thread(target=sample, daemon=True)
+                sampler = threading.Thread(target=sample, args=(halt, times), daemon=True)
                 sampler.start()
                 outcome = attack(node, args.connections)
                 grown = node.rss() - before

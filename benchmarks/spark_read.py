@@ -180,7 +180,8 @@ def time_pandas(load) -> dict:
     started = time.perf_counter()
     frame = df.toPandas()
     done = time.perf_counter()
-    return {"rows": len(frame), "to_pandas_s": round(done - started, 3), "rows_per_s": round(len(frame) / (done - started))}
+    return {"rows": len(frame), "to_pandas_s": round(done - started, 3),
+            "rows_per_s": round(len(frame) / (done - started))}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.messages:,} x {args.size} B, publish {result['publish_per_s']:,} msg/s, local[{args.cores}]")
     print(f"  warren count after the first: median {result['warren_median_rows_per_s']:,} rows/s = "
-          f"{result['warren_mb_per_s']} MB/s of bodies; first action (load + count) {result['warren_first_action_s']} s")
+          f"{result['warren_mb_per_s']} MB/s of bodies; "
+          f"first action (load + count) {result['warren_first_action_s']} s")
     if "pyspark_first_action_s" in result:
         print(f"  PySpark's own first action (a Python data source reading nothing, fresh session): "
               f"{result['pyspark_first_action_s']} s")

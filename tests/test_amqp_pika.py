@@ -116,7 +116,7 @@ def test_passive_declare_existing_reports_counts(conn, ch, uid):
 def test_declare_ok_message_count(ch, uid):
     ch.confirm_delivery()  # RabbitMQ may answer the declare before it has queued unconfirmed publishes
     ch.queue_declare(uid)
-    for i in range(5):
+    for _ in range(5):
         ch.basic_publish("", uid, b"x")
     ok = ch.queue_declare(uid)
     assert (ok.method.message_count, ok.method.consumer_count) == (5, 0)
@@ -655,7 +655,7 @@ def test_global_qos_shared_across_consumers(conn, ch, uid):
     q1, q2 = uid + "-1", uid + "-2"
     ch.queue_declare(q1)
     ch.queue_declare(q2)
-    for i in range(5):
+    for _ in range(5):
         ch.basic_publish("", q1, b"a")
         ch.basic_publish("", q2, b"b")
     ch.basic_qos(prefetch_count=3, global_qos=True)

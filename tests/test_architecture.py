@@ -1,4 +1,5 @@
-"""The package layout the README promises (its contributors section), read off the source: import cycles and who may import whom."""
+"""The package layout the README promises (its contributors section), read off the source: import cycles and who
+may import whom."""
 from __future__ import annotations
 
 import ast

@@ -394,7 +394,8 @@ def test_a_stream_through_another_node(cluster, uid):
     with connect(n2) as connection:
         with pytest.raises(ChannelClosedByBroker) as caught:
             connection.channel().basic_consume(uid, lambda *_: None)
-    assert caught.value.reply_text == f"PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{uid}' in vhost '/''"
+    assert caught.value.reply_text == \
+        f"PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{uid}' in vhost '/''"
 
 
 def test_http_purge_through_another_node(cluster, uid):
@@ -493,7 +494,7 @@ def test_users_vhosts_and_permissions_are_the_clusters(cluster, uid):
     wait_for(lambda: any(x["name"] == "x-" + vhost for x in api(n1, f"/exchanges/{vhost}")), "exchange on node 1")
     api_put(n1, f"/vhosts/{vhost}", None, method="DELETE")
     for node in (n2, n3):
-        wait_for(lambda: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
+        wait_for(lambda node=node: all(v["name"] != vhost for v in api(node, "/vhosts")), "vhost deleted everywhere")
 
 
 def publish_confirmed(node: BrokerProcess, queue: str, count: int) -> None:
@@ -513,15 +514,15 @@ def test_policies_are_the_clusters(cluster, uid):
         connection.channel().queue_declare(uid, durable=True)
     effective = {"max-length": 2, "message-ttl": 60000}
     for node in (n1, n2, n3):
-        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == effective,
+        wait_for(lambda node=node: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == effective,
                  f"policies applied on {node.port}")
     assert api(n3, f"/queues/%2F/{uid}")["policy"] == uid
     publish_confirmed(n3, uid, 5)
     assert passive(n2, uid) == 2  # the owner kept max-length 2
     api_put(n3, f"/policies/%2F/{uid}", None, method="DELETE")
     for node in (n1, n2):
-        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"] == {"message-ttl": 60000},
-                 f"policy cleared on {node.port}")
+        wait_for(lambda node=node: api(node, f"/queues/%2F/{uid}")["effective_policy_definition"]
+                 == {"message-ttl": 60000}, f"policy cleared on {node.port}")
         assert all(p["name"] != uid for p in api(node, "/policies"))
     publish_confirmed(n1, uid, 3)
     assert passive(n2, uid) == 5  # no max-length once cleared
@@ -550,12 +551,12 @@ def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid)
     winner = race([(n1, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 1000}), 1000),
                    (n2, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 2000}), 2000)])
     for node in (n1, n2, n3):
-        wait_for(lambda: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
+        wait_for(lambda node=node: api(node, f"/queues/%2F/{uid}")["arguments"] == {"x-message-ttl": winner},
                  f"one definition on {node.port}")
     kind = race([(n2, lambda ch: ch.exchange_declare(uid, "topic", durable=True), "topic"),
                  (n3, lambda ch: ch.exchange_declare(uid, "fanout", durable=True), "fanout")])
     for node in (n1, n2, n3):
-        wait_for(lambda: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
+        wait_for(lambda node=node: api(node, f"/exchanges/%2F/{uid}")["type"] == kind, f"one exchange on {node.port}")
 
 
 def race(declarations: list[tuple[BrokerProcess, Callable, object]]) -> object:
@@ -695,8 +696,9 @@ def test_forget_node_removes_a_stopped_node_and_its_queues(cluster, uid):
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
     for node in (n2, n3):
-        wait_for(lambda: all(n["name"] != "warren4@localhost" for n in api(node, "/nodes")), "node 4 forgotten")
-        wait_for(lambda: gone(node, uid), "node 4's queue deleted")
+        wait_for(lambda node=node: all(n["name"] != "warren4@localhost" for n in api(node, "/nodes")),
+                 "node 4 forgotten")
+        wait_for(lambda node=node: gone(node, uid), "node 4's queue deleted")
 
 
 @pytest.mark.cluster
@@ -769,8 +771,10 @@ def test_link_down_and_back_releases_held_publishers_and_holds_new_ones(cluster,
         n2.proc.send_signal(signal.SIGSTOP)
         flooder = Flooder(n1, uid)
         try:
-            wait_for(lambda: connection_state(n1, flooder.port) == "flow", f"publisher held by the full link ({round_})")
-            wait_for(lambda: connection_state(n1, flooder.port) == "running", "publisher released when the link went down")
+            wait_for(lambda port=flooder.port: connection_state(n1, port) == "flow",
+                     f"publisher held by the full link ({round_})")
+            wait_for(lambda port=flooder.port: connection_state(n1, port) == "running",
+                     "publisher released when the link went down")
         finally:
             n2.proc.send_signal(signal.SIGCONT)
             flooder.stop()

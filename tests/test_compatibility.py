@@ -31,7 +31,8 @@ def test_close_ok_then_the_client_closes_the_socket(broker, uid):
     raw.handshake()
     raw.open_channel(1)
     frames = [raw_publish(uid) for _ in range(2000)]
-    raw.send(frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)) + b"".join(frames))
+    close = commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+    raw.send(frame(0, close) + b"".join(frames))
     raw.expect(commands.Connection.CloseOk)
     raw.sock.settimeout(0.5)
     with pytest.raises(socket.timeout):
@@ -526,7 +527,8 @@ def test_topic_permissions_check_routing_keys_published_and_bound(broker, uid):
                                                            f"'{exchange}' in vhost '/' refused for user '{user}'")
         # another topic exchange, and the binding's destination side, are not restricted
         _allowed_topic(broker, user, lambda ch: (ch.confirm_delivery(), ch.basic_publish("amq.topic", "b.x", b"x")))
-        _allowed_topic(broker, user, lambda ch: (declare(ch), ch.exchange_declare(f"{uid}.f", "fanout", auto_delete=True),
+        _allowed_topic(broker, user, lambda ch: (declare(ch),
+                                                 ch.exchange_declare(f"{uid}.f", "fanout", auto_delete=True),
                                                  ch.exchange_bind(exchange, f"{uid}.f", "r.x"),
                                                  ch.exchange_delete(f"{uid}.f")))
     finally:

@@ -221,7 +221,8 @@ async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(br
     ("guest", "127.0.0.1", True, False), ("guest", "127.8.9.10", True, False), ("guest", "::1", True, False),
     ("guest", "::1%lo", True, False),
     ("guest", "192.0.2.7", True, True), ("guest", "2001:db8::7%eth0", True, True),
-    ("guest", "not an address", True, True), ("guest", None, True, True), ("guest", "192.0.2.7", False, False), ("alice", "192.0.2.7", True, False),
+    ("guest", "not an address", True, True), ("guest", None, True, True), ("guest", "192.0.2.7", False, False),
+    ("alice", "192.0.2.7", True, False),
 ])
 def test_guest_logs_in_from_loopback_only(name, host, loopback_only, refused):
     """One rule for every front end (AMQP, the stream protocol, HTTP): RabbitMQ's loopback_users."""

@@ -252,7 +252,7 @@ def test_disk_space_reclaimed_after_consuming(start_broker):
     with connect(node) as conn:
         ch = conn.channel()
         ch.queue_declare("big", durable=True)
-        for i in range(n):
+        for _ in range(n):
             ch.basic_publish("", "big", body, PERSISTENT)
         assert ch.queue_declare("big", passive=True).method.message_count == n
         assert dir_size(store) > 10 * segment

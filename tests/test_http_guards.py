@@ -98,7 +98,8 @@ def test_a_request_from_another_origin_is_refused(broker, uid):
         assert send(broker, "DELETE", "/api/users/guest", Origin=origin)[0] == 403
     assert not user_exists(broker, uid)
     assert send(broker, "GET", "/api/overview", Origin="http://evil.example")[0] == 200  # reading changes nothing
-    assert send(broker, "PUT", f"/api/users/{q(uid)}", body, Origin=own, **{"Content-Type": "application/json"})[0] == 201
+    json_type = {"Content-Type": "application/json"}
+    assert send(broker, "PUT", f"/api/users/{q(uid)}", body, Origin=own, **json_type)[0] == 201
     assert send(broker, "PUT", f"/api/vhosts/{q(uid)}")[0] == 201  # curl -X PUT: no type, no Origin, as RabbitMQ
     assert send(broker, "DELETE", f"/api/vhosts/{q(uid)}", Origin=own)[0] == 204
     assert call(broker, "DELETE", f"/api/users/{q(uid)}").status == 204

@@ -662,7 +662,7 @@ def test_message_stats_counters_per_object(broker, uid):
     connection = amqp(broker, vhost)
     channel = connection.channel()
     channel.queue_declare(uid)
-    for i in range(5):
+    for _ in range(5):
         channel.basic_publish("", uid, b"s")
     channel.basic_qos(prefetch_count=10)
     seen = []

@@ -16,7 +16,8 @@ from conftest import ROOT, unavailable
 
 PHP = shutil.which("php")
 if PHP is None or not Path("/usr/share/php/PhpAmqpLib/autoload.php").exists():
-    unavailable("php-cli and php-amqplib are not installed (apt-get install php-cli php-amqplib); test.sh installs them")
+    unavailable("php-cli and php-amqplib are not installed (apt-get install php-cli php-amqplib); "
+                "test.sh installs them")
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.client]
 

@@ -752,8 +752,6 @@ def test_strangers_on_every_port_cost_the_node_less_than_32_mib(cluster_node):
     """The issue's probe: peers that never log in, each sending as much as a port takes before login on
     AMQP, HTTP and the cluster port, more of them than each port lets wait; HTTP meanwhile answers within a
     second."""
-    from pamqp import commands, frame as pframe
-
     http_get(cluster_node)
     time.sleep(0.5)
     before = rss(cluster_node)

@@ -139,7 +139,8 @@ def test_invalid_max_priority_406(conn, uid, value, detail):
     with pytest.raises(ChannelClosedByBroker) as exc:
         ch.queue_declare(uid, arguments={"x-max-priority": value})
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{uid}' in {V}: {detail}"
+    assert exc.value.reply_text == \
+        f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{uid}' in {V}: {detail}"
 
 
 @pytest.mark.parametrize("maximum", [0, 1, 255])
@@ -196,7 +197,7 @@ def test_reject_dead_letters_keeping_priority(conn, uid):
     ch.queue_declare(dlq, arguments=PRIORITY)
     ch.queue_declare(uid, arguments={**PRIORITY, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
     publish(ch, uid, [("a", 2), ("b", 8), ("c", 5)])
-    for body, _, tag in get_all(ch, uid, auto_ack=False):
+    for _, _, tag in get_all(ch, uid, auto_ack=False):
         ch.basic_reject(tag, requeue=False)
     deadline = time.monotonic() + 5  # RabbitMQ dead-letters asynchronously
     while ch.queue_declare(dlq, passive=True).method.message_count < 3 and time.monotonic() < deadline:

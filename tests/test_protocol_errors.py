@@ -183,7 +183,8 @@ def test_connection_start_server_properties_as_rabbitmq(broker):
 # -- protocol header ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", [b"AMQP\x00\x00\x08\x00", b"HTTP/1.1", b"AMQP\x01\x01\x00\x0a", b"GET / HTTP/1.1\r\n\r\n"])
+@pytest.mark.parametrize("header", [b"AMQP\x00\x00\x08\x00", b"HTTP/1.1", b"AMQP\x01\x01\x00\x0a",
+                                    b"GET / HTTP/1.1\r\n\r\n"])
 def test_bad_protocol_header_gets_supported_header_and_close(broker, header):
     client = Raw(broker)
     try:

@@ -94,7 +94,8 @@ def test_cc_that_is_not_an_array_is_refused(ch, uid):
         publish(ch, uid, "to", {"CC": "to"})
         ch.queue_declare(q["to"], passive=True)  # a round trip to see the close
     assert excinfo.value.reply_code == 406
-    assert excinfo.value.reply_text == 'PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,"CC",longstr}'
+    assert excinfo.value.reply_text == \
+        'PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,"CC",longstr}'
 
 
 def test_mandatory_routed_by_cc_alone_is_not_returned(ch, uid):

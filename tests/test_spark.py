@@ -360,7 +360,8 @@ def test_records_limit_and_batches_through_gone_entries(node):
 @pytest.mark.timeout(300)
 def test_streaming_100k_row_batches_exactly_once_across_a_broker_kill(spark, start_broker, tmp_path):
     """Drain mode, micro-batches of 100,000 rows; the broker is killed (SIGKILL) once the first batch is
-    committed by the sink, then restarted: the query, restarted from its checkpoint, ends with every offset exactly once."""
+    committed by the sink, then restarted: the query, restarted from its checkpoint, ends with every offset exactly
+    once."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from amqp_load import Connection, publish_confirmed  # a raw-socket publisher: 250,000 in seconds
 

@@ -151,7 +151,7 @@ def test_segments_roll_by_body_bytes_and_retention_removes_whole_ones(tmp_path):
     log = logs.open(1)
     log.segment_bytes = 100
     log.max_bytes = 250
-    for i in range(20):  # 30 body bytes a chunk: a segment fills at its 4th chunk
+    for _ in range(20):  # 30 body bytes a chunk: a segment fills at its 4th chunk
         log.append(entries(b"x" * 30), 1, 1, 30)
     committed(logs)
     # each new segment found 270 bytes (two full segments and its first chunk): the oldest went
@@ -171,7 +171,7 @@ def test_max_age_removes_a_segment_once_the_next_began_long_enough_ago(tmp_path,
     log = StreamLogs(str(tmp_path), lambda: None).open(1)
     log.segment_bytes = 50
     log.max_age_ms = 1000
-    for i in range(4):  # two segments of two chunks, at 0 s and 0.1 s
+    for _ in range(4):  # two segments of two chunks, at 0 s and 0.1 s
         log.append(entries(b"y" * 30), 1, 1, 30)
         clock[0] += 50
     clock[0] += 5000
@@ -184,7 +184,7 @@ def test_a_time_finds_the_first_chunk_published_then_or_later(tmp_path, monkeypa
     monkeypatch.setattr(stream_log, "now_ms", lambda: clock[0])
     log = StreamLogs(str(tmp_path), lambda: None).open(1)
     log.segment_bytes = 20
-    for i in range(6):
+    for _ in range(6):
         log.append(entries(b"t" * 10, b"u" * 10), 2, 2, 20)
         clock[0] += 1000
     start = 1_700_000_000_000

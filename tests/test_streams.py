@@ -70,7 +70,8 @@ def refused(broker, name: str, **kwargs) -> tuple[int, str]:
     (dict(durable=True, exclusive=True), "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
     (dict(durable=False), "invalid property 'non-durable' for queue '{q}' in vhost '/'"),
     (dict(durable=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
-    (dict(durable=False, exclusive=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+    (dict(durable=False, exclusive=True, auto_delete=True),
+     "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
     *[(dict(durable=True, arguments={name: value}),
        f"invalid arg '{name}' for queue '{{q}}' in vhost '/' of queue type rabbit_stream_queue")
       for name, value in [("x-max-length", 10), ("x-message-ttl", 1000), ("x-max-priority", 5),
@@ -86,7 +87,8 @@ def refused(broker, name: str, **kwargs) -> tuple[int, str]:
      "invalid arg 'x-stream-max-segment-size-bytes' for queue '{q}' in vhost '/': {{value_negative,-5}}"),
     (dict(durable=True, arguments={"x-max-age": 5}),
      "invalid arg 'x-max-age' for queue '{q}' in vhost '/': {{unacceptable_type,signedint}}"),
-    (dict(durable=True, arguments={"x-max-age": "0s"}), "invalid arg 'x-max-age' for queue '{q}' in vhost '/': invalid_max_age"),
+    (dict(durable=True, arguments={"x-max-age": "0s"}),
+     "invalid arg 'x-max-age' for queue '{q}' in vhost '/': invalid_max_age"),
 ])
 def test_what_a_stream_refuses(broker, uid, kwargs, text):
     assert refused(broker, uid, **kwargs) == (406, "PRECONDITION_FAILED - " + text.format(q=uid))
@@ -116,7 +118,8 @@ def test_basic_get_is_not_implemented(broker, uid):
     (None, True, (406, "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{q}' in vhost '/''")),
     ((10, False), True,
      (540, "NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues queue '{q}' in vhost '/'")),
-    ((10, True), False, (406, "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{q}' in vhost '/''")),
+    ((10, True), False,
+     (406, "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue '{q}' in vhost '/''")),
 ])
 def test_a_consumer_needs_a_prefetch_and_manual_acks(broker, uid, qos, no_ack, error):
     with connect(broker) as connection:

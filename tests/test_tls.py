@@ -89,7 +89,8 @@ class PKI:
         usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.ca_cert.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+                   .not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca_key.public_key()),
                                   critical=False))
@@ -117,8 +118,9 @@ class TLSNode:
     mgmt_tls_port: int
 
     def api(self, path: str, pki: PKI) -> object:
+        basic = "Basic " + base64.b64encode(b"guest:guest").decode()
         request = urllib.request.Request(f"https://localhost:{self.mgmt_tls_port}{path}",
-                                         headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+                                         headers={"Authorization": basic})
         with urllib.request.urlopen(request, context=pki.client_context(), timeout=10) as response:
             return json.load(response)
 
@@ -161,7 +163,7 @@ def _read_method(sock: socket.socket, data: bytes = b"") -> tuple[object, bytes]
         except Exception:  # partial frame
             chunk = sock.recv(65536)
             if not chunk:
-                raise ConnectionError("closed by the broker")
+                raise ConnectionError("closed by the broker") from None
             data += chunk
 
 
@@ -363,7 +365,8 @@ def test_fail_if_no_peer_cert_refuses_clients_without_certificate(pki: PKI, tmp_
             pika.BlockingConnection(strict.params(pki.client_context()))
         # with a certificate the handshake passes; only EXTERNAL is offered
         with pki.client_context("someone").wrap_socket(
-                socket.create_connection(("127.0.0.1", strict.tls_port), timeout=5), server_hostname="localhost") as sock:
+                socket.create_connection(("127.0.0.1", strict.tls_port), timeout=5),
+                server_hostname="localhost") as sock:
             assert _start_mechanisms(sock) == ["EXTERNAL"]
         # plain AMQP offers nothing then; a known mechanism not offered is 503, as RabbitMQ's auth_mechanism_to_module
         # says (RabbitMQ then drops the socket; --explain-handshake-errors sends it as connection.close)

@@ -560,4 +560,5 @@ def test_dead_letter_exchange_of_wrong_type_406(conn, uid):
         conn.channel().queue_declare(uid, arguments={"x-dead-letter-exchange": 1})
     assert closed.value.reply_code == 406
     assert closed.value.reply_text == (
-        f"PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue '{uid}' in vhost '/'")
+        "PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' "
+        f"in queue '{uid}' in vhost '/'")
