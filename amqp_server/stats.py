@@ -9,6 +9,17 @@ from __future__ import annotations
 class MessageStats:
     __slots__ = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "ack", "redeliver",
                  "confirm", "return_unroutable", "drop_unroutable")
+    publish: int
+    deliver: int
+    deliver_no_ack: int
+    get: int
+    get_no_ack: int
+    get_empty: int
+    ack: int
+    redeliver: int
+    confirm: int
+    return_unroutable: int
+    drop_unroutable: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -29,6 +40,13 @@ class ChurnStats:
 
     __slots__ = ("connection_created", "connection_closed", "channel_created", "channel_closed", "queue_declared",
                  "queue_created", "queue_deleted")
+    connection_created: int
+    connection_closed: int
+    channel_created: int
+    channel_closed: int
+    queue_declared: int
+    queue_created: int
+    queue_deleted: int
 
     def __init__(self) -> None:
         for name in self.__slots__:

@@ -16,7 +16,7 @@ import hashlib
 import re
 from bisect import bisect_right
 from datetime import datetime
-from typing import Any
+from typing import Any, Collection
 
 from .base import NO_DESTINATIONS, Binding, Exchange
 
@@ -73,7 +73,7 @@ class ConsistentHashExchange(Exchange):
         self._ring: list[object] = []
         self._ends: list[int] = []  # cumulative bucket counts, parallel to _ring
 
-    def route(self, routing_key: str, message: Any) -> tuple:
+    def route(self, routing_key: str, message: Any) -> Collection[object]:
         if not self._ends:
             return NO_DESTINATIONS
         digest = hashlib.blake2b(_hash_bytes(self._value(routing_key, message)), digest_size=8).digest()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 from array import array
-from typing import Iterator, NamedTuple, Union
+from typing import Iterator, Literal, NamedTuple, Union, overload
 
 import numpy as np
 
@@ -166,7 +166,7 @@ class Locations:
 
     def unclaimed(self) -> list[int]:
         """Recovery: the ids no holder claimed (refs 0)."""
-        found = []
+        found: list[int] = []
         for number, chunk in self._chunks.items():
             if chunk.refs.count(0):
                 base = number * CHUNK
@@ -274,7 +274,15 @@ class Locations:
         return len(self._chunks) * 16 * CHUNK
 
 
-def _by_chunk(ids: "np.ndarray", runs: bool = False) -> Iterator[tuple[int, "_Part", "_Part"]]:
+@overload
+def _by_chunk(ids: np.ndarray, runs: Literal[False] = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]: ...
+
+
+@overload
+def _by_chunk(ids: np.ndarray, runs: bool) -> Iterator[tuple[int, _Part, _Part]]: ...
+
+
+def _by_chunk(ids: np.ndarray, runs: bool = False) -> Iterator[tuple[int, _Part, _Part]]:
     """(chunk number, positions in ``ids``, slots in the chunk) for each chunk the ids fall in: one sort
     (unless they are in order), then a part per chunk.  With ``runs``, slices instead of arrays where the ids
     are consecutive and in order (a backlog's), so the caller copies blocks rather than element by element."""

@@ -140,7 +140,9 @@ class MessageStore:
         """Records no queue claimed are dead; returns how many."""
         unclaimed = [] if self.clean else self.index.unclaimed()
         for msg_id in unclaimed:
-            self._kill(*self.index.release(msg_id, 0))
+            freed = self.index.release(msg_id, 0)
+            if freed is not None:  # (an unclaimed id is there, with no reference: always)
+                self._kill(*freed)
         self._open_new_segment()
         for number in list(self.segments):
             self._reclaim(number)
@@ -230,6 +232,7 @@ class MessageStore:
         head = encode_head(msg_id, parts)
         self.writes += 1
         current = self.current
+        assert current is not None  # opened by finish_recovery, before any write
         tail = self._tail
         record_at = current.size + len(tail)
         tail += head
@@ -259,6 +262,7 @@ class MessageStore:
         if not self._tail:
             return
         current = self.current
+        assert current is not None  # a tail was written to it
         os.pwrite(current.fd, self._tail, current.size)
         current.size += len(self._tail)
         self._dirty.add(current.number)
@@ -397,6 +401,7 @@ class MessageStore:
 
     def _retire_if_dead(self) -> None:
         current = self.current
+        assert current is not None  # open since finish_recovery
         if current.live == 0 and current.size + len(self._tail) >= self.segment_size // 4:
             self._retire_current()
 

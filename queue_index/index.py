@@ -83,7 +83,7 @@ def _row(seq: int, msg_id: int, expiry: int, size: int, flags: int) -> IndexEntr
 class Totals(NamedTuple):
     """A queue's entries as the index holds them."""
 
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # shadows tuple.count, which no caller wants
     bytes: int = 0
     expiring: int = 0
     transient: int = 0
@@ -368,8 +368,8 @@ class QueueIndex:
                     return
         log.warning("queue index %d: its totals do not match its entries; walking them", queue_id)
         start = KEY.unpack(last_good)[1] + 1 if last_good is not None else 0
-        for _seqs, values in self.columns(queue_id, batch, start):
-            yield values
+        for _seqs, walked in self.columns(queue_id, batch, start):
+            yield walked
 
     def read(self, queue_id: int, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` entries from ``seq >= start`` on, staged changes included (they are committed
@@ -441,6 +441,7 @@ class QueueIndex:
         """The highest committed seq of the queue (under ``below``), None if it has no entry."""
         with self._env.begin() as txn:
             cursor = txn.cursor()
+            upper: bytes | None
             if below is not None:
                 upper = KEY.pack(queue_id, below)
             else:
@@ -594,7 +595,8 @@ def _account(changes: dict[bytes, list[int]], keys: Sequence[bytes], values: Seq
             return
         ids, which = np.unique(queues, return_inverse=True)
         columns = (np.bincount(which), np.bincount(which, entries["size"]),
-                   np.bincount(which, entries["expiry"] != 0), np.bincount(which, (entries["flags"] & FLAG_TRANSIENT) != 0))
+                   np.bincount(which, entries["expiry"] != 0),
+                   np.bincount(which, (entries["flags"] & FLAG_TRANSIENT) != 0))
         for i, queue_id in enumerate(ids.tolist()):
             change = changes.setdefault(queue_id.to_bytes(4, "big"), [0, 0, 0, 0])
             for field, column in enumerate(columns):
@@ -602,9 +604,10 @@ def _account(changes: dict[bytes, list[int]], keys: Sequence[bytes], values: Seq
         return
     unpack = VALUE.unpack
     for key, value in zip(keys, values):
-        change = changes.get(key[:4])
-        if change is None:
-            change = changes[key[:4]] = [0, 0, 0, 0]
+        found = changes.get(key[:4])
+        if found is None:
+            found = changes[key[:4]] = [0, 0, 0, 0]
+        change = found
         _msg_id, expiry, size, flags = unpack(value)
         change[0] += sign
         change[1] += sign * size

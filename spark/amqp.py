@@ -156,7 +156,7 @@ class AmqpBatchReader(DataSourceReader):
     def partitions(self) -> list[QueuePartition]:
         return [QueuePartition(queue) for queue in self.queues]
 
-    def read(self, partition: QueuePartition) -> Iterator[tuple]:
+    def read(self, partition: QueuePartition) -> Iterator[tuple]:  # type: ignore[override]  # Spark passes what partitions() made
         options = {k: v for k, v in self.options.items() if v is not None}
         connection = connect(options)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, overload
 
 from pyspark.sql.types import (BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField,
                                StructType, TimestampType)
@@ -65,6 +65,14 @@ def option(options: Any, key: str, default: Any = None) -> Any:
     if value is None:
         value = options.get(key.lower())
     return default if value is None else value
+
+
+@overload
+def int_option(options: Any, key: str, default: int) -> int: ...
+
+
+@overload
+def int_option(options: Any, key: str, default: None) -> int | None: ...
 
 
 def int_option(options: Any, key: str, default: int | None) -> int | None:

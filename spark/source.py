@@ -332,7 +332,7 @@ class WarrenBatchReader(DataSourceReader):
     def partitions(self) -> list[OffsetRange]:
         return plan(self.ranges, self.sizes, self.settings) or [OffsetRange("", 0, 0)]
 
-    def read(self, partition: OffsetRange) -> Iterator[Any]:
+    def read(self, partition: OffsetRange) -> Iterator[Any]:  # type: ignore[override]  # Spark passes what partitions() made
         if partition.start >= partition.end:
             return iter(())
         return read_range(self.settings, self.schema, partition)
@@ -340,7 +340,7 @@ class WarrenBatchReader(DataSourceReader):
 
 # -- streaming ---------------------------------------------------------------------------------
 
-class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, settings: Settings, schema: StructType) -> None:
         self.settings = settings
         self.schema = schema
@@ -395,7 +395,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
         return plan({queue: [int(start.get(queue, 0)), int(end[queue])] for queue in end}, {}, self.settings)
 
-    def read(self, partition: OffsetRange) -> Iterator[Any]:
+    def read(self, partition: OffsetRange) -> Iterator[Any]:  # type: ignore[override]  # Spark passes what partitions() made
         if partition.start >= partition.end:
             return iter(())
         return read_range(self.settings, self.schema, partition)
