@@ -87,7 +87,11 @@ class Channel:
         self.number = number
         self.broker = connection.broker
         self.broker.churn.channel_created += 1
-        self.vhost = connection.vhost
+        vhost, user, principal = connection.vhost, connection.user, connection.principal
+        assert vhost is not None and user is not None and principal is not None  # the connection is open
+        self.vhost: VHost = vhost
+        self.user: User = user
+        self.principal: Principal = principal  # what broker operations check
         self.out = connection.out
         self.open = True
         self.flow_active = True
@@ -120,7 +124,7 @@ class Channel:
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
-        self.tx: list[Callable[[], None]] | None = None
+        self.tx: list[Callable[[], object]] | None = None
         self.tx_held: dict[int, tuple[Entry, Queue, Consumer | None]] = {}  # settled in the open transaction
         self.last_queue = ""
         self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
@@ -138,7 +142,7 @@ class Channel:
         if flags & 2:
             raise ConnectionError(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         self._route = route
-        self._mandatory = flags & 1
+        self._mandatory = (flags & 1) == 1
         self.expect = EXPECT_HEADER
         if not self.connection.publishing:
             self.connection.started_publishing()
@@ -217,7 +221,7 @@ class Channel:
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
-        principal = self.connection.principal
+        principal = self.principal
         try:
             if self._write_checked.get(exchange_name) is not exchange:  # once per exchange: the hot path stays lean
                 self.broker.check_publish(vhost, exchange, principal, routing_key)
@@ -230,7 +234,7 @@ class Channel:
             raise _publish_error(exc) from None
         if message.needs_checks:
             try:
-                self.broker.check_message(vhost, exchange, principal, message, self.connection.user.name)
+                self.broker.check_message(vhost, exchange, principal, message, self.user.name)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:
@@ -254,7 +258,7 @@ class Channel:
     def _topic_allowed(self, exchange: Exchange, routing_key: str) -> None:
         """Remember a routing key a topic permission allowed (the latest ``TOPIC_CHECKS_KEPT``, as RabbitMQ's
         channel does: a permission changed meanwhile does not refuse them)."""
-        if self.connection.principal.topics and exchange.type_name == "topic":
+        if self.principal.topics and exchange.type_name == "topic":
             checked = self._topic_checked
             checked[(exchange.name, routing_key)] = None
             if len(checked) > TOPIC_CHECKS_KEPT:
@@ -448,7 +452,8 @@ class Channel:
         self._settle(taken, False)
 
     def _nack(self, method: commands.Basic.Nack | commands.Basic.Reject) -> None:
-        taken = self._take_unacked(method.delivery_tag, getattr(method, "multiple", False))
+        tag = method.delivery_tag or 0  # (a frame read has one)
+        taken = self._take_unacked(tag, getattr(method, "multiple", False))
         requeue = method.requeue
         if self.tx is not None:
             self.tx.append(lambda: self._settle(taken, requeue, nack=True))
@@ -504,7 +509,7 @@ class Channel:
         node's ``channel_flow`` option it pauses deliveries to this channel, as the AMQP spec defines it."""
         if not method.active and not self.connection.config.channel_flow:
             raise ConnectionError(errors.NOT_IMPLEMENTED, "active=false", 20, 20)
-        self.flow_active = method.active
+        self.flow_active = bool(method.active)
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
             self.resume_deliveries()
@@ -525,18 +530,18 @@ class Channel:
 
     async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
         await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
-                                         m.arguments, self.connection.principal)
+                                         m.arguments, self.principal)
         if self.open:
             self._declare_exchange(m)
 
     def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,
-                                     m.auto_delete, m.internal, m.arguments, self.connection.principal)
+                                     m.auto_delete, m.internal, m.arguments, self.principal)
         if not m.nowait:
             self.reply(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused, self.connection.principal)
+        self.broker.delete_exchange(self.vhost, m.exchange, m.if_unused, self.principal)
         self._write_checked.pop(m.exchange, None)
         if not m.nowait:
             self._answer_agreed(m, commands.Exchange.DeleteOk())
@@ -545,7 +550,7 @@ class Channel:
         bind = isinstance(m, commands.Exchange.Bind)
         operation = self.broker.bind if bind else self.broker.unbind
         operation(self.vhost, m.source, "exchange", m.destination, m.routing_key, m.arguments,
-                  who=self.connection.principal)
+                  who=self.principal)
         if not m.nowait:
             self._answer_agreed(m, commands.Exchange.BindOk() if bind else commands.Exchange.UnbindOk())
 
@@ -582,14 +587,14 @@ class Channel:
             await self.broker.find_queue(self.vhost, name)
         else:
             await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
-                                          self.connection.principal)
+                                          self.principal)
         if self.open:
             self._declare(m, name)
 
     def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                           m.arguments, self.connection, server_named=not m.queue,
-                                          who=self.connection.principal)
+                                          who=self.principal)
         self.last_queue = queue.name
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
@@ -611,12 +616,12 @@ class Channel:
         routing_key = m.routing_key if (m.queue or m.routing_key) else name
         if isinstance(m, commands.Queue.Bind):
             self.broker.bind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
-                             self.connection.principal)
+                             self.principal)
             if not m.nowait:
                 self._answer_agreed(m, commands.Queue.BindOk())
             return
         self.broker.unbind(self.vhost, m.exchange, "queue", name, routing_key, m.arguments, self.connection,
-                           self.connection.principal)
+                           self.principal)
         self._answer_agreed(m, commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
@@ -624,10 +629,10 @@ class Channel:
         if self._remote(name):
             self.connection.suspend(self, m, self._remote_purge(m, name))
             return
-        self._purged(m, self.broker.purge_local(self.vhost, name, self.connection, self.connection.principal))
+        self._purged(m, self.broker.purge_local(self.vhost, name, self.connection, self.principal))
 
     async def _remote_purge(self, m: commands.Queue.Purge, name: str) -> None:
-        count = await self.broker.purge_anywhere(self.vhost, name, self.connection, self.connection.principal)
+        count = await self.broker.purge_anywhere(self.vhost, name, self.connection, self.principal)
         if self.open:
             self._purged(m, count)
 
@@ -638,7 +643,7 @@ class Channel:
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
         count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection,
-                                         self.connection.principal)
+                                         self.principal)
         if not m.nowait:
             self._answer_agreed(m, commands.Queue.DeleteOk(message_count=count))
 
@@ -662,7 +667,7 @@ class Channel:
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        queue = self.broker.consumable(self.vhost, name, self.connection, self.connection.principal)
+        queue = self.broker.consumable(self.vhost, name, self.connection, self.principal)
         consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
                                        self.global_prefetch)
         self.consumers[tag] = consumer
@@ -710,7 +715,7 @@ class Channel:
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer.tag:
             self._cancel_replies()
-        consumer = self.consumers.pop(m.consumer_tag, None)
+        consumer = self.consumers.pop(m.consumer_tag or "", None)  # (a frame read has a tag)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
@@ -735,11 +740,11 @@ class Channel:
         if self._remote(name):
             self.connection.suspend(self, m, self._remote_get(m, name))
             return
-        self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.connection.principal))
+        self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.principal))
 
     async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
         queue, entry = await self.broker.get_anywhere(self.vhost, name, m.no_ack, self.connection,
-                                                      self.connection.principal)
+                                                      self.principal)
         if not self.open:
             if entry is not None and not m.no_ack:
                 self.broker.settle(queue, [entry], requeue=True)

@@ -13,7 +13,7 @@ import select
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Coroutine, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -21,6 +21,7 @@ from pamqp.base import Frame
 from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal, loopback_refused
 from .memory import MEMORY_CHECK_BYTES
+from .preauth import Unauthenticated
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
 from .logs import untrusted
@@ -62,6 +63,8 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING
 
 class Registry(Protocol):
     """The node's client connections (``clients.Clients``), which a connection joins, leaves and flushes through."""
+
+    handshakes: Unauthenticated  # the connections not logged in yet
 
     def add(self, connection: Connection) -> None: ...
 
@@ -239,6 +242,7 @@ class Connection(asyncio.Protocol):
             if len(buf) < 8:
                 return
             if bytes(buf[:8]) != codec.PROTOCOL_HEADER:
+                assert self.transport is not None  # data came through it
                 self.transport.write(codec.PROTOCOL_HEADER)
                 self.transport.close()
                 self.state = CLOSED
@@ -411,7 +415,7 @@ class Connection(asyncio.Protocol):
     def _open_channel(self, ch: int) -> None:
         from .channel import Channel
 
-        if self.state != OPEN:
+        if self.state != OPEN or self.user is None:  # (open: a user logged in)
             raise ConnectionError(errors.CHANNEL_ERROR, "channel.open before connection.open")
         if self.channel_max and len(self.channels) >= self.channel_max:  # any number 1-65535, as RabbitMQ
             raise ConnectionError(errors.NOT_ALLOWED,
@@ -427,14 +431,15 @@ class Connection(asyncio.Protocol):
             self.closing_channels.add(ch)
 
     def _connection_method(self, method: Frame) -> None:
-        handler = {
+        handlers: dict[type, Callable[[Any], None]] = {
             commands.Connection.StartOk: self._start_ok,
             commands.Connection.TuneOk: self._tune_ok,
             commands.Connection.Open: self._open,
             commands.Connection.Close: self._close,
             commands.Connection.CloseOk: lambda _m: self._drop(),
             commands.Connection.UpdateSecret: self._update_secret,
-        }.get(type(method))
+        }
+        handler = handlers.get(type(method))
         if self.state == OPEN and not isinstance(method, (commands.Connection.Close, commands.Connection.UpdateSecret)):
             raise ConnectionError(errors.CHANNEL_ERROR, "unexpected method in connection state running",
                                   *divmod(method.index, 0x10000))
@@ -443,7 +448,7 @@ class Connection(asyncio.Protocol):
         handler(method)
 
     def _start(self) -> None:
-        properties = {
+        properties: dict[str, Any] = {
             "product": "Warren",
             "version": __version__,
             "platform": f"Python {sys.version.split()[0]}",
@@ -461,7 +466,8 @@ class Connection(asyncio.Protocol):
         if self.state != AWAIT_START_OK:
             raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.start-ok")
         self.client_properties = method.client_properties or {}
-        self.client_capabilities = self.client_properties.get("capabilities") or {}
+        capabilities = self.client_properties.get("capabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}  # a table, or none
         username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
                                                       method.mechanism, method.response)
         if loopback_refused(user, self.peer[0], self.config.loopback_users_only):
@@ -502,7 +508,7 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: commands.Connection.Open) -> None:
-        if self.state != AWAIT_OPEN:
+        if self.state != AWAIT_OPEN or self.user is None:  # (awaiting open: a user logged in)
             raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.open")
         name = method.virtual_host
         if not self.broker.access.vhost_exists(name):
@@ -653,14 +659,15 @@ class Connection(asyncio.Protocol):
     def drop_if_peer_gone(self) -> None:
         """A connection we stopped reading cannot see its peer hang up: ask the socket (POLLRDHUP), and let
         go of what it holds (partial messages) at once instead of when the alarm clears."""
-        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
-        if sock is None or self.state == CLOSED:
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if transport is None or sock is None or self.state == CLOSED:
             return
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLRDHUP | select.POLLHUP | select.POLLERR)
         if poller.poll(0):
             log.info("client of blocked connection %s went away", self.name)
-            self.transport.abort()
+            transport.abort()
 
 
 _ERLANG_ESCAPES = {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v", 0x08: "\\b", 0x0C: "\\f", 0x1B: "\\e",

@@ -559,6 +559,26 @@ def test_bad_credentials_without_capability_just_close(broker):
     assert_serves(broker)
 
 
+def test_capabilities_that_are_not_a_table_count_as_none(broker, uid):
+    """A client's ``capabilities`` property of another type is no table (RabbitMQ's reader takes it as none): its
+    consumer of a queue deleted is not told with basic.cancel (no ``consumer_cancel_notify``), the rest goes on."""
+    client = Raw(broker)
+    try:
+        client.handshake(capabilities="consumer_cancel_notify")
+        client.open_channel()
+        client.send_method(1, commands.Queue.Declare(queue=uid))
+        client.expect(commands.Queue.DeclareOk)
+        client.send_method(1, commands.Basic.Consume(queue=uid, consumer_tag="c"))
+        client.expect(commands.Basic.ConsumeOk)
+        client.send_method(1, commands.Queue.Delete(queue=uid))
+        client.expect(commands.Queue.DeleteOk)
+        client.send_method(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+        client.expect(commands.Channel.CloseOk)
+    finally:
+        client.close()
+    assert_serves(broker)
+
+
 @pytest.mark.parametrize("frame_max, channel_max, detail", [
     (1024, None, "frame_max = 1024 is lower than the minimum allowed value (4096)"),
     (0, None, "frame_max = 0 is higher than the maximum allowed value ({frame_max})"),  # 0 = "no limit"
