@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from amqp_server.logs import Throttle, untrusted
 from amqp_server.message import Message
@@ -139,8 +139,8 @@ class FrameLink(asyncio.Protocol):
         self._refused = False  # a broken handshake: nothing more is read
         self.closed = asyncio.get_running_loop().create_future()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
 
@@ -307,7 +307,7 @@ class ServerLink(FrameLink):
         self.handshake_log = handshakes.log
         self.session: Any = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.handshakes.enter(self, self.address)
         self.send(CHALLENGE, self._nonce)

@@ -114,7 +114,8 @@ def encode(queue_name: str, snap: Snapshot, layout: Layout) -> pa.RecordBatch:
 Binaries = Union[list[bytes], pa.Array]
 
 
-def encode_columns(queue_name: str, seqs: Sequence[int], redelivered: Sequence[bool], routes: Binaries | None,
+def encode_columns(queue_name: str, seqs: Sequence[int] | np.ndarray, redelivered: Sequence[bool] | np.ndarray,
+                   routes: Binaries | None,
                    props: Binaries | None, bodies: Binaries | None, layout: Layout) -> pa.RecordBatch:
     """A record batch of ``layout`` from its rows' offsets, redelivered flags, routes, properties (a content
     header from ``PROPERTIES_AT`` on: flags and property list, so that headers differing only in body size are

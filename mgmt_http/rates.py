@@ -155,8 +155,8 @@ class Sampler:
         exchanges: dict[tuple[str, str], _Series] = {}
         for vhost in list(broker.vhosts.values()):
             for exchange in list(vhost.exchanges.values()):
-                key = (vhost.name, exchange.name)
-                series = exchanges[key] = self._exchanges.get(key) or _Series()
+                named = (vhost.name, exchange.name)
+                series = exchanges[named] = self._exchanges.get(named) or _Series()
                 series.add(now, {"publish_in": exchange.publish_in, "publish_out": exchange.publish_out}, tick)
         self._exchanges = exchanges
         for channel in self._channels():

@@ -272,7 +272,7 @@ class _Reader:
         """Send a request (``fds`` passed with its first bytes) and read its reply."""
         loop = asyncio.get_running_loop()
         encoded = json.dumps(header).encode()
-        columns = [memoryview(np.ascontiguousarray(column)).cast("B") for column in payload]  # sent as they are
+        columns = [np.ascontiguousarray(column).data.cast("B") for column in payload]  # sent as they are
         size = sum(map(len, columns))
         # few bytes, into an empty buffer: sent at once
         socket.send_fds(self.sock, [REQUEST.pack(len(encoded), size) + encoded], list(fds))
@@ -290,7 +290,7 @@ class _Reader:
     async def _exactly(self, size: int) -> memoryview:
         """``size`` bytes from the reader, into memory not zeroed first (a batch is tens of MiB)."""
         loop = asyncio.get_running_loop()
-        view = memoryview(np.empty(size, np.uint8))
+        view = np.empty(size, np.uint8).data
         got = 0
         while got < size:
             count = await loop.sock_recv_into(self.sock, view[got:])
@@ -334,7 +334,7 @@ def _payloads(fds: list[int], files: np.ndarray, offsets: np.ndarray,
     run_at, run_end = first[starts], end[stops - 1]
     base = np.concatenate(([0], np.cumsum(run_end - run_at)))
     buffer = np.empty(int(base[-1]), np.uint8)
-    view = memoryview(buffer)
+    view = buffer.data
     position = np.empty(len(order), np.int64)
     for run, (i, j) in enumerate(zip(starts.tolist(), stops.tolist())):
         at, into, upto = int(run_at[run]), int(base[run]), int(base[run + 1])
@@ -401,7 +401,7 @@ def _batch(queue_name: str, layout: Layout, rows: IndexRows, files: np.ndarray, 
 def _write_out(fd: int, batch: memoryview, chunked: bool) -> bytes:
     """Write ``batch`` to a client's socket (non-blocking: the loop's own), as an HTTP chunk if ``chunked``;
     what it did not take within ``WRITE_WAIT``, framed, is returned for the loop to write."""
-    parts = [f"{len(batch):x}\r\n".encode(), batch, b"\r\n"] if chunked else [batch]
+    parts: list[bytes | memoryview] = [f"{len(batch):x}\r\n".encode(), batch, b"\r\n"] if chunked else [batch]
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     waited = 0.0

@@ -38,7 +38,8 @@ def vhost_info(context: Context, name: str) -> dict[str, Any]:
 def vhost_metadata(body: dict[str, Any]) -> dict[str, Any]:
     """``description``, ``tags`` and ``default_queue_type`` from a vhost's JSON (RabbitMQ 3.10's HTTP API names
     the last ``defaultqueuetype``; its definitions, ``metadata.default_queue_type``), as given."""
-    nested = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    metadata = body.get("metadata")
+    nested = metadata if isinstance(metadata, dict) else {}
     found: dict[str, Any] = {}
     for key in ("description", "tags", "default_queue_type"):
         value = body.get(key, nested.get(key))

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 Row = dict[str, Any]
@@ -16,10 +16,10 @@ Row = dict[str, Any]
 class Column:
     title: str
     get: Callable[[Row], Any]
-    justify: str = "left"
+    justify: JustifyMethod = "left"
 
 
-def field(key: str, title: str | None = None, justify: str = "left") -> Column:
+def field(key: str, title: str | None = None, justify: JustifyMethod = "left") -> Column:
     """A column showing ``row[key]``; dotted keys reach into nested objects."""
     def get(row: Row) -> Any:
         value: Any = row
