@@ -25,7 +25,7 @@ from .logs import untrusted
 from .memory import MEMORY_CHECK_BYTES
 from .message import Message
 from .payload import route_names
-from .ports import ExclusiveOwner
+from .ports import ClientChannel, ExclusiveOwner
 from .queue import Consumer, Entry, Queue
 from .stats import MessageStats
 
@@ -724,6 +724,10 @@ class Channel:
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         self.broker.remove_consumer(consumer)
+
+    def client(self) -> ClientChannel:
+        connection = self.connection
+        return ClientChannel(connection.name, self.number, connection.peer, self.user.name, self.broker.node_name)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""

@@ -10,7 +10,7 @@ it takes that object's class as a type parameter, which the core fills in (``Del
 """
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
@@ -20,8 +20,21 @@ QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 
 
+class ClientChannel(NamedTuple):
+    """The client's channel a consumer belongs to, wherever it is: what the HTTP API lists with the consumer."""
+
+    connection: str  # the connection's name
+    number: int
+    peer: tuple[str, int]  # the client's address
+    user: str
+    node: str  # the node the client is connected to
+
+
 class DeliveryTarget(Protocol[ConsumerT, EntryT]):
     """Where a consumer's messages go: an AMQP channel, or the link to the node its client is on."""
+
+    def client(self) -> ClientChannel:
+        """The client's channel (the link: as the client's node described it)."""
 
     def can_deliver(self) -> bool:
         """Room for another delivery now (prefetch aside: the queue counts that per consumer)."""

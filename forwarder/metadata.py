@@ -265,10 +265,10 @@ class Metadata:
         present = {}
         for kv in reply:
             present[kv.key.decode()] = json.loads(kv.value)
-        for key, saved in self._items():
+        for key, mirrored in self._items():
             if key not in present:
                 self._mirror(key.encode(), None, revision)
-                self.apply(_kind(key.encode()), _name(key.encode()), None, saved["record"])
+                self.apply(_kind(key.encode()), _name(key.encode()), None, mirrored["record"])
         for key, record in sorted(present.items(), key=lambda kv: ORDER.get(_kind(kv[0].encode()), 9)):
             saved = self.store.get(MIRROR, key)
             self._mirror(key.encode(), record, revision)

@@ -72,6 +72,7 @@ class Peer:
     async def _dial(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            assert self.address is not None  # connect() set it before dialling
             host, port = self.address
             try:
                 _, client = await loop.create_connection(
@@ -93,13 +94,17 @@ class Peer:
     def _went_up(self) -> None:
         log.info("link to node %s up", self.name)
         self.up = True
-        self.broker.cluster.quorum.peer_up(self.name)
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a peer is the cluster's)
+        cluster.quorum.peer_up(self.name)
 
     def _went_down(self) -> None:
         log.warning("link to node %s down", self.name)
         self.up = False
         self.link = None
-        self.broker.cluster.quorum.peer_down(self.name)
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a peer is the cluster's)
+        cluster.quorum.peer_down(self.name)
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}
@@ -165,10 +170,12 @@ class Peer:
         self.consumers[remote.id] = (queue, remote)
         if self.link is not None:
             arguments, timestamps = link.portable_arguments(consumer.arguments)
+            client = consumer.channel.client()
             self.link.send(link.CONSUME, link.encode_json({
                 "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
                 "exclusive": consumer.exclusive, "arguments": arguments, "timestamps": timestamps,
-                "prefetch": 0 if consumer.no_ack else consumer.prefetch}))
+                "prefetch": 0 if consumer.no_ack else consumer.prefetch,
+                "client": [client.connection, client.number, *client.peer, client.user]}))
         return remote
 
     def cancel(self, remote: RemoteConsumer) -> None:
@@ -244,7 +251,9 @@ class Peer:
         elif ftype == link.STATS:
             self.stats = json.loads(payload)
         elif ftype == link.REPLICATED:
-            self.broker.cluster.quorum.replicated(self.name, payload)
+            cluster = self.broker.cluster
+            assert cluster is not None  # (a peer is the cluster's)
+            cluster.quorum.replicated(self.name, payload)
         elif ftype == link.REPLY:
             self._reply(payload)
 

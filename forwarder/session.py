@@ -13,10 +13,11 @@ import json
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
+from amqp_server.ports import ClientChannel
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 from amqp_server.queue_type import REPLICATED
@@ -37,12 +38,16 @@ _tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack n
 class RemoteConsumerChannel:
     """Stands in for the AMQP channel of a consumer on another node."""
 
-    __slots__ = ("session", "id", "in_flight")
+    __slots__ = ("session", "id", "in_flight", "_client")
 
-    def __init__(self, session: "Session", consumer_id: int) -> None:
+    def __init__(self, session: "Session", consumer_id: int, client: ClientChannel) -> None:
         self.session = session
         self.id = consumer_id
         self.in_flight = 0
+        self._client = client
+
+    def client(self) -> ClientChannel:
+        return self._client
 
     def can_deliver(self) -> bool:
         return self.in_flight < CREDIT_WINDOW and not self.session.link.paused
@@ -177,8 +182,11 @@ class Session:
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
-            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id), request["tag"], False,
-                                           request["exclusive"],
+            # the client's channel, as its node tells it (not told by a node of an earlier version)
+            connection, number, host, port, user = request.get("client") or ("", 0, "?", 0, "")
+            client = ClientChannel(connection, number, (host, port), user, self.link.peer_name)
+            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id, client), request["tag"],
+                                           False, request["exclusive"],
                                            link.arguments_from(request["arguments"], request["timestamps"]),
                                            request["prefetch"])
         except AMQPError as exc:
@@ -207,7 +215,7 @@ class Session:
         consumer_id, count = link.CREDIT_BODY.unpack(payload)
         consumer = self.consumers.get(consumer_id)
         if consumer is not None:
-            consumer.channel.in_flight -= count
+            cast(RemoteConsumerChannel, consumer.channel).in_flight -= count  # (a session's consumers deliver to it)
             consumer.queue.deliver_ready()
 
     def _settle(self, payload: bytes) -> None:
@@ -221,10 +229,14 @@ class Session:
         self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
     def _replicate(self, payload: bytes) -> None:
-        self.broker.cluster.quorum.replicate(self, payload)
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a session is the cluster's)
+        cluster.quorum.replicate(self, payload)
 
     def _replicated(self, payload: bytes) -> None:
-        self.broker.cluster.quorum.replicated(self.link.peer_name, payload)
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a session is the cluster's)
+        cluster.quorum.replicated(self.link.peer_name, payload)
 
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)

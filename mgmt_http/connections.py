@@ -24,11 +24,16 @@ def _opened(context: Context) -> list[Connection]:
     return [c for c in list(context.clients.connections) if c.user is not None and c.vhost is not None]
 
 
+def _user(connection: Connection) -> str:
+    """The name of the user of a connection ``_opened`` lists (it has one)."""
+    return connection.user.name if connection.user is not None else ""
+
+
 def visible_connections(request: web.Request, vhost: str | None = None) -> list[Connection]:
     """Monitoring users see every connection; others see their own."""
     user = auth.login(request)
     return [c for c in _opened(ctx(request))
-            if (user.is_monitor or c.user.name == user.name) and (vhost is None or c.vhost_name == vhost)]
+            if (user.is_monitor or _user(c) == user.name) and (vhost is None or c.vhost_name == vhost)]
 
 
 def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
@@ -38,7 +43,7 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": connection.name, "node": context.node, "type": "network",
         "state": connection.flow_state, "protocol": getattr(connection, "protocol", "AMQP 0-9-1"),
-        "user": connection.user.name, "user_who_performed_action": connection.user.name,
+        "user": _user(connection), "user_who_performed_action": _user(connection),
         "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
         **tls.connection_info(connection.ssl_object),
         "host": host, "port": port, "peer_host": connection.peer[0], "peer_port": connection.peer[1],
@@ -67,7 +72,11 @@ def octets(context: Context, connections: list[Connection]) -> dict[str, Any]:
 
 
 def channel_name(channel: Channel) -> str:
-    return f"{channel.connection.name} ({channel.number})"
+    return _channel_name(channel.connection.name, channel.number)
+
+
+def _channel_name(connection: str, number: int) -> str:
+    return f"{connection} ({number})"
 
 
 def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
@@ -76,7 +85,7 @@ def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
         "name": channel_name(channel), "number": channel.number, "node": context.node,
         "connection_details": {"name": connection.name, "peer_host": connection.peer[0],
                                "peer_port": connection.peer[1]},
-        "vhost": connection.vhost_name, "user": connection.user.name, "user_who_performed_action": connection.user.name,
+        "vhost": connection.vhost_name, "user": channel.user.name, "user_who_performed_action": channel.user.name,
         "state": "running" if channel.flow_active else "flow",
         "consumer_count": len(channel.consumers), "messages_unacknowledged": len(channel.unacked),
         "messages_unconfirmed": channel.publish_seq - channel.confirmed if channel.confirm_mode else 0,
@@ -100,18 +109,18 @@ def activity(consumer: Consumer) -> tuple[bool, str]:
     return (True, "single_active") if consumer is queue.active_consumer else (False, "waiting")
 
 
-def consumer_info(context: Context, consumer: Consumer) -> dict[str, Any]:
-    channel = consumer.channel
-    connection = channel.connection
+def consumer_info(consumer: Consumer) -> dict[str, Any]:
+    """A consumer, its client's channel wherever it is (on another node, as that node describes it)."""
+    client = consumer.channel.client()
     active, status = activity(consumer)
     return {
         "consumer_tag": consumer.tag, "ack_required": not consumer.no_ack, "exclusive": consumer.exclusive,
         "prefetch_count": consumer.prefetch, "arguments": jsonable(consumer.arguments), "active": active,
         "activity_status": status, "consumer_timeout": None,
         "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
-        "channel_details": {"name": channel_name(channel), "number": channel.number,
-                            "connection_name": connection.name, "peer_host": connection.peer[0],
-                            "peer_port": connection.peer[1], "node": context.node, "user": connection.user.name},
+        "channel_details": {"name": _channel_name(client.connection, client.number), "number": client.number,
+                            "connection_name": client.connection, "peer_host": client.peer[0],
+                            "peer_port": client.peer[1], "node": client.node, "user": client.user},
     }
 
 
@@ -151,7 +160,7 @@ async def close_connection(request: web.Request) -> web.Response:
     """Closes the connection with 320 CONNECTION_FORCED; the reason may come in an X-Reason header."""
     connection = find_connection(request)
     user = auth.login(request)
-    if not user.is_admin and connection.user.name != user.name:
+    if not user.is_admin and _user(connection) != user.name:
         raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
@@ -192,7 +201,7 @@ async def show_channel(request: web.Request) -> web.Response:
 def _consumers(request: web.Request, vhost: str | None) -> list[dict[str, Any]]:
     context = ctx(request)
     names = [vhost] if vhost is not None else auth.visible_vhosts(request)
-    return [consumer_info(context, consumer) for name in names
+    return [consumer_info(consumer) for name in names
             for queue in list(context.vhost(name).queues.values()) for consumer in list(queue.consumers)]
 
 

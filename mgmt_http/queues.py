@@ -96,7 +96,7 @@ async def show(request: web.Request) -> web.Response:
     in its (and Warren's) ``basic`` rates mode."""
     context, queue = find_queue(request)
     info = queue_info(context, queue)
-    info.update(consumer_details=[consumer_info(context, c) for c in list(queue.consumers)], incoming=[],
+    info.update(consumer_details=[consumer_info(c) for c in list(queue.consumers)], incoming=[],
                 deliveries=[])
     return respond_one(request, info)
 

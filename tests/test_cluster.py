@@ -269,6 +269,26 @@ def test_fanout_to_several_queues_of_one_owner(cluster, uid):
         assert ch.basic_get(queues[0])[0] is None
 
 
+def test_a_consumer_on_another_node_is_listed_by_the_queues_node(cluster, uid):
+    """The owner's HTTP API lists a consumer whose client is on another node, with that client's channel as
+    the other node describes it (RabbitMQ's channel_details name the channel's own node)."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n2, uid) == 0, "queue on node 2")
+    with connect(n2) as connection:
+        connection.channel().basic_consume(uid, lambda *_: None, consumer_tag="far")
+        wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["consumers"] == 1, "consumer at the owner")
+        listed = api(n1, f"/queues/%2F/{uid}")["consumer_details"]
+        channel = next(c for c in api(n2, "/channels") if c["consumer_count"] == 1)
+        assert [(c["consumer_tag"], c["channel_details"]) for c in listed] == [("far", {
+            "name": channel["name"], "number": channel["number"],
+            "connection_name": channel["connection_details"]["name"],
+            "peer_host": channel["connection_details"]["peer_host"],
+            "peer_port": channel["connection_details"]["peer_port"], "node": "warren2@localhost", "user": "guest"})]
+        assert [c["consumer_tag"] for c in api(n1, "/consumers") if c["queue"]["name"] == uid] == ["far"]
+
+
 def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     _, (n1, n2, _) = cluster
     with connect(n1) as connection:
