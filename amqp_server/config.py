@@ -7,7 +7,7 @@ import os
 import socket
 import tomllib
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 def _total_memory() -> int:
@@ -156,7 +156,7 @@ def _convert(kind: type, value: Any) -> Any:
     return kind(value)
 
 
-def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="warren-server", description="Warren AMQP 0-9-1 broker")
     parser.add_argument("--config", metavar="FILE", default=environ.get("WARREN_CONFIG"),
@@ -179,9 +179,9 @@ def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
             parser.error(f"unknown option(s) in {args.config}: {', '.join(sorted(unknown))}")
         values.update(table)
     for field in fields(Config):
-        env = environ.get("WARREN_" + field.name.upper())
-        if env is not None:
-            values[field.name] = env
+        from_env = environ.get("WARREN_" + field.name.upper())
+        if from_env is not None:
+            values[field.name] = from_env
         cli = getattr(args, field.name)
         if cli is not None:
             values[field.name] = cli
@@ -200,9 +200,9 @@ def load(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     for name, choices in _CHOICES.items():
         if getattr(config, name) not in choices:
             parser.error(f"{name} must be one of {', '.join(choices)}, not {getattr(config, name)!r}")
-    unknown = [m for m in config.mechanisms if m not in MECHANISMS]
-    if unknown:
-        parser.error(f"unknown auth_mechanisms: {', '.join(unknown)} (known: {', '.join(MECHANISMS)})")
+    strangers = [m for m in config.mechanisms if m not in MECHANISMS]
+    if strangers:
+        parser.error(f"unknown auth_mechanisms: {', '.join(strangers)} (known: {', '.join(MECHANISMS)})")
     if config.mgmt_tls and not (config.mgmt_tls_certfile or config.tls_certfile):
         parser.error("mgmt_tls needs mgmt_tls_certfile or tls_certfile")
     return config

@@ -92,6 +92,8 @@ class AckTimeout:
     def watch(self, queue: "Queue", consumer: "Consumer | None") -> None:
         """Manual-ack deliveries may follow (basic.consume or basic.get): tick often enough for their timeout."""
         channel = self._channel()
+        if channel is None:  # (its channel calls it: never)
+            return
         timeout = timeout_for(queue, consumer, channel.connection.config.consumer_timeout)
         if not timeout:
             return

@@ -97,7 +97,7 @@ class DelayedMessages:
         self._horizon = (0, 0)  # every stored entry with a (due, seq) up to this is in the heap
         self._beyond = 0  # stored entries due after the horizon (on disk only)
         self._returns: dict[int, Publisher] = {}  # seq of a stored mandatory message -> its publisher
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None  # call_later's, or call_soon's when overdue
         self._timer_due = 0
 
     # -- the persistence journal: committed, synced and recovered with the queue index --------
@@ -227,7 +227,7 @@ class DelayedMessages:
             routed += 1
         if heap and heap[0][0] <= now:
             self._timer_due = now
-            self._timer = self.loop.call_soon(self._fire)  # type: ignore[assignment]
+            self._timer = self.loop.call_soon(self._fire)
             return
         self._rearm()
 
@@ -235,7 +235,7 @@ class DelayedMessages:
 
     def _route(self, due: int, seq: int, msg_id: int, size: int, item: bytes | _Held) -> None:
         held = isinstance(item, _Held)
-        if held:
+        if isinstance(item, _Held):
             key, message, publisher = item.target, item.message, item.publisher
         else:
             key = _untag(item)

@@ -70,7 +70,7 @@ def install() -> None:
 
 TAG = "$amqp:"  # a one-key object {"$amqp:TYPE": value} in JSON is a value of that type
 MAX_DEPTH = 100  # nested tables and arrays, as for content headers (properties.MAX_TABLE_DEPTH)
-_TYPED = {cls.field_type: cls for cls in _WIRE.values()}
+_TYPED: dict[str, type] = {vars(cls)["field_type"]: cls for cls in _WIRE.values()}  # (classes made by type())
 
 
 def to_json(value: Any, depth: int = 0) -> Any:
@@ -123,22 +123,23 @@ def _tagged(kind: str, item: Any) -> Any:
     expected = dict if kind == "table" else int if kind in _TYPED and not issubclass(_TYPED[kind], float) else str
     if type(item) is not expected:
         raise ValueError(f"{kind} field written as {type(item).__name__}")
+    value: Any = item  # of the type ``kind`` expects, which the checks below take on trust
     try:
         if kind == "table":
-            return {key: from_json(value) for key, value in item.items()}
+            return {key: from_json(field) for key, field in value.items()}
         if kind == "double":
-            return float(item)
+            return float(value)
         if kind in _TYPED:
             cls = _TYPED[kind]
-            return cls(float(item) if issubclass(cls, float) else item)
+            return cls(float(value) if issubclass(cls, float) else value)
         if kind == "timestamp":
-            return datetime.datetime.fromisoformat(item)
+            return datetime.datetime.fromisoformat(value)
         if kind == "decimal":
-            return decimal.Decimal(item)
+            return decimal.Decimal(value)
         if kind == "binary":
-            return bytearray(base64.b64decode(item, validate=True))
+            return bytearray(base64.b64decode(value, validate=True))
         if kind == "longstr":
-            return base64.b64decode(item, validate=True)
+            return base64.b64decode(value, validate=True)
     except (ArithmeticError, ValueError) as exc:  # decimal.InvalidOperation is an ArithmeticError
         raise ValueError(f"{kind} field {item!r}: {exc}") from None
     raise ValueError(f"unknown field type {kind!r}")

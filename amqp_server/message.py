@@ -46,6 +46,7 @@ class Message:
     # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
                  "logged", "_properties", "_flags", "bcc_keys", "__weakref__")
+    bcc_keys: tuple[str, ...]
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -69,7 +70,7 @@ class Message:
         message.transient_id = transient_id
         message.logged = False
         message.body_size = body_size
-        message.body = None
+        message.body = None  # type: ignore[assignment]  # until load_body: typed bytes for the hot path's readers
         message._properties = None
         return message
 
@@ -152,9 +153,9 @@ class Message:
     @property
     def expiration_ms(self) -> int | None:
         """The per-message TTL; ValueError if it is not a non-negative integer, as RabbitMQ requires."""
-        if not self._flags & codec.FLAG_EXPIRATION:
-            return None
         value = properties.read_str(self.header, codec.FLAG_EXPIRATION)
+        if value is None:
+            return None
         ttl = int(value)
         if ttl < 0:
             raise ValueError(value)

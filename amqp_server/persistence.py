@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
@@ -328,7 +328,7 @@ class Persistence:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, queues: Sequence[StoredQueue], copies: set[int] = frozenset()) -> None:
+    def recover(self, queues: Sequence[StoredQueue], copies: AbstractSet[int] = frozenset()) -> None:
         """Give each durable queue its totals from the index; its entries stay on disk until they near the
         head.  Entries are walked only where they must be: after a crash (to count the store's references),
         for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the
@@ -403,11 +403,12 @@ class _Walk:
         self.store = store
         self.expiries: dict[int, list[tuple[int, int]]] = {}
         self.lost = 0
-        self._pending: list[tuple[int, "np.ndarray", "np.ndarray", "np.ndarray"]] = []
+        self._pending: list[tuple[int, "np.ndarray | None", "np.ndarray", "np.ndarray"]] = []
         self._pending_ids = 0
 
     def queue(self, queue_id: int, totals: Totals) -> None:
         self.expiries[queue_id] = []
+        batches: Iterable[tuple[np.ndarray | None, np.ndarray]]
         if totals.transient or totals.expiring:  # seqs are wanted: to drop entries, or for the expiry heap
             batches = self.index.columns(queue_id, min(totals.count + 1, self.READ_BATCH))
         else:  # only a lost message would need its seq: found again below if one is

@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from . import __version__, config as config_module, logs, tls
 from .broker import Broker
@@ -20,6 +20,13 @@ from .connection import Connection
 from .memory import memory_used
 from .persistence import Persistence
 from .publisher_flow import MEMORY, PublisherFlow
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    import forwarder
+
+    from .stream.manager import StreamManager
 
 log = logging.getLogger("warren")
 MEMORY_CHECK_INTERVAL = 1.0
@@ -76,10 +83,10 @@ class Node:
                              config.queue_window)
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
-        self.mgmt = None  # the management plugin's aiohttp runner, when enabled
-        self.cluster = None  # forwarder.Cluster in cluster mode
-        self.stream_server: asyncio.base_events.Server | None = None  # the stream protocol, when enabled
-        self.streams = None  # its stream.manager.StreamManager
+        self.mgmt: web.AppRunner | None = None  # the management plugin's aiohttp runner, when enabled
+        self.cluster: forwarder.Cluster | None = None  # in cluster mode
+        self.stream_server: asyncio.AbstractServer | None = None  # the stream protocol, when enabled
+        self.streams: StreamManager | None = None  # its streams
         self.flow = PublisherFlow()
         self.flow.recheck = self.check_memory
         self._stopped = asyncio.Event()
@@ -155,7 +162,8 @@ class Node:
         await self._stopped.wait()
         log.info("shutting down")
         self._memory_task.cancel()
-        self.server.close()
+        if self.server is not None:
+            self.server.close()
         if self.stream_server is not None:
             self.stream_server.close()
         if self.tls_server is not None:

@@ -120,7 +120,9 @@ def connection_info(ssl_object: ssl.SSLObject | None) -> dict[str, Any]:
     """The TLS fields of a connection in the HTTP API: null on plain TCP, as RabbitMQ shows them."""
     if ssl_object is None:
         return {"ssl": False, **dict.fromkeys(SSL_FIELDS)}
-    suite, protocol, _bits = ssl_object.cipher()
+    negotiated = ssl_object.cipher()
+    assert negotiated is not None  # a connection's: its handshake is done
+    suite, protocol, _bits = negotiated
     exchange, cipher, mac = _cipher_suite(suite)
     cert = peer_certificate(ssl_object)
     return {

@@ -177,7 +177,7 @@ class StreamConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         for stream in {p.stream for p in self.publishers.values()} | {s.stream for s in self.subscriptions.values()}:
-            stream.listeners.pop(self, None)  # type: ignore[call-overload]
+            stream.listeners.pop(self, None)
         self.publishers.clear()
         self.subscriptions.clear()
         self._pending.clear()
@@ -187,7 +187,7 @@ class StreamConnection(asyncio.Protocol):
         self.flow.gone(self)
         self.clients.remove(self)  # type: ignore[arg-type]
         if self.user is not None and self.vhost is not None:
-            self.broker.limits.close_connection(self, self.vhost_name, self.user.name)  # type: ignore[arg-type]
+            self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -413,7 +413,7 @@ class StreamConnection(asyncio.Protocol):
             self._drop()
             return
         try:
-            self.broker.limits.open_connection(self, name, self.user.name)  # type: ignore[arg-type]
+            self.broker.limits.open_connection(self, name, self.user.name)
         except AMQPError:
             self.send(core.response(core.OPEN, correlation, core.VHOST_ACCESS_FAILURE))
             self.flush()
@@ -577,7 +577,7 @@ class StreamConnection(asyncio.Protocol):
             return
         sequence = self.manager.writers(stream).get(reference, 0) if reference else 0
         self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, sequence)
-        stream.listeners[self] = None  # type: ignore[index]
+        stream.listeners[self] = None
         self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
 
     def _delete_publisher(self, fields: Fields) -> None:
@@ -785,7 +785,7 @@ class StreamConnection(asyncio.Protocol):
         else:
             start = stream.attach_at(datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc))
         subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
-        stream.listeners[self] = None  # type: ignore[index]
+        stream.listeners[self] = None
         self.send(core.response(core.SUBSCRIBE, correlation, core.OK))
         self._pending[subscription] = None
 
@@ -956,7 +956,7 @@ class StreamConnection(asyncio.Protocol):
         """Stop listening to a stream nothing here uses any more."""
         if not any(p.stream is stream for p in self.publishers.values()) and \
                 not any(s.stream is stream for s in self.subscriptions.values()):
-            stream.listeners.pop(self, None)  # type: ignore[call-overload]
+            stream.listeners.pop(self, None)
 
     # -- closing ------------------------------------------------------------------------------
 
