@@ -15,9 +15,6 @@ from amqp_server.publisher_flow import PublisherFlow
 from .http import not_found
 from .rates import Sampler
 
-KEY = web.AppKey("warren", object)
-
-
 @dataclass
 class Context:
     broker: Broker
@@ -46,5 +43,8 @@ class Context:
         return self.broker.vhost(name)
 
 
+KEY = web.AppKey("warren", Context)
+
+
 def ctx(request: web.Request) -> Context:
-    return request.app[KEY]  # type: ignore[return-value]
+    return request.app[KEY]

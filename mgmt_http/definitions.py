@@ -134,7 +134,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if request.content_type == "multipart/form-data":
         form = await request.post()
         field = form.get("file")
-        raw = field.file.read() if hasattr(field, "file") else (field or "")
+        raw = field.file.read() if isinstance(field, web.FileField) else (field or "")
     else:
         raw = await request.read()
     try:

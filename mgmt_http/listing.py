@@ -79,7 +79,7 @@ def select_columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 
 def _pagination(request: web.Request) -> tuple[int, int]:
     """(page, page_size), refused with RabbitMQ's errors: not integers, page < 1, size outside 1..500."""
-    raw_page, raw_size = request.query.get("page"), request.query.get("page_size")
+    raw_page, raw_size = request.query["page"], request.query.get("page_size")  # (asked only with a page)
     try:
         page = int(raw_page)
         page_size = int(raw_size) if raw_size is not None else DEFAULT_PAGE_SIZE
@@ -136,7 +136,7 @@ def _listing(request: web.Request, items: list[Any], default_sort: tuple[str, ..
     columns = [c.strip() for c in query.get("columns", "").split(",") if c.strip()]
 
     def finish(chosen: list[Row]) -> list[dict[str, Any]]:
-        rendered = [fields if item is None else render(item) for fields, item in chosen]
+        rendered = [fields if item is None or render is None else render(item) for fields, item in chosen]
         return [select_columns(item, columns) for item in rendered] if columns else rendered
 
     if "page" not in query:

@@ -296,6 +296,7 @@ async def _write_rest(request: web.Request, response: web.StreamResponse, read: 
     take (framed by the reader already)."""
     if client is not None:
         if read.rest:
+            assert request.transport is not None  # the client's socket was taken from it
             request.transport.write(read.rest)
             await request.writer.drain()
     else:

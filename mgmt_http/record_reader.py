@@ -225,7 +225,9 @@ class RecordReaders:
         self.start()
         if not self._all:
             raise ReaderUnavailable("no reader processes")
-        reader = await self._idle.get()
+        idle = self._idle
+        assert idle is not None  # start() made it
+        reader = await idle.get()
         try:
             if reader.proc.poll() is not None:
                 reader = self._replace(reader, f"exited with {reader.proc.returncode}")
@@ -239,7 +241,7 @@ class RecordReaders:
             reader = self._replace(reader, "a request was cancelled")
             raise
         finally:
-            self._idle.put_nowait(reader)
+            idle.put_nowait(reader)
 
     def _replace(self, reader: "_Reader", why: str) -> "_Reader":
         log.warning("record reader %d failed (%s); starting another", reader.proc.pid, why)
@@ -442,8 +444,8 @@ def _walk(envs: dict[str, Any], index_path: str, queue_id: int, start: int, limi
     return (rows if keep.all() else rows[keep]), following
 
 
-def _build(pending: IndexRows, queue_name: str, columns: list[str], body_text: bool, skip: int, payload: bytes,
-           fds: list[int]) -> memoryview:
+def _build(payload: bytes, fds: list[int], pending: IndexRows, queue_name: str, columns: list[str], body_text: bool,
+           skip: int) -> memoryview:
     """The batch of the walked rows from ``skip`` on, located by the broker (``LOCATIONS``)."""
     rows = pending[skip:]
     found, files, offsets, sizes = _columns(payload, len(rows), [kind for _name, kind in LOCATIONS])
@@ -454,8 +456,8 @@ def _build(pending: IndexRows, queue_name: str, columns: list[str], body_text: b
     return _batch(queue_name, arrow_records.Layout(tuple(columns), body_text), rows, files, offsets, sizes, fds)
 
 
-def _chunks(queue_name: str, columns: list[str], body_text: bool, start: int, end: int, limit: int, payload: bytes,
-            fds: list[int]) -> bytes:
+def _chunks(payload: bytes, fds: list[int], queue_name: str, columns: list[str], body_text: bool, start: int,
+            end: int, limit: int) -> bytes:
     """``CHUNKS_READ`` and the batch of the records from ``start`` (below ``end``, ``limit`` at most) in the chunks
     the payload places: each read whole, its records converted as an AMQP 0-9-1 consumer of the stream gets them
     (a record this node cannot read keeps its offset and is left out)."""
@@ -516,9 +518,9 @@ def serve(sock: socket.socket) -> None:
                     reply = (WALKED.pack(len(pending), following) + pending.seqs.tobytes() + pending.msg_ids.tobytes()
                              + ((pending.flags & FLAG_TRANSIENT) != 0).tobytes())
                 elif "chunks" in header:
-                    reply = _chunks(*header["chunks"], payload, fds[:-1] if "out" in header else fds)
+                    reply = _chunks(payload, fds[:-1] if "out" in header else fds, *header["chunks"])
                 else:
-                    reply = _build(pending, *header["build"], payload, fds[:-1] if "out" in header else fds)
+                    reply = _build(payload, fds[:-1] if "out" in header else fds, pending, *header["build"])
                 status = 0
             except Exception as exc:  # noqa: BLE001 - told to the broker, which builds the batch itself
                 reply, status = repr(exc).encode(), 1

@@ -100,7 +100,9 @@ def _export_all(spark: Any, api: ApiClient, args: argparse.Namespace, out: Outpu
         for i, (name, dest) in enumerate(dests.items()):
             try:
                 df = spark.read.format("warren").options(queue=name, **options).load()
-                start, end = pinned(df.schema)["ranges"][name]
+                pin = pinned(df.schema)
+                assert pin is not None  # load() pins the ranges it reads
+                start, end = pin["ranges"][name]
                 task = progress.add_task(f"'{name}'", total=end - start)
                 group = f"warrenctl-export-{i}"
                 with _Tracker(spark, group, progress, task, end - start):
