@@ -37,7 +37,8 @@ def refused(broker, name: str, **kwargs) -> tuple[int, str]:
     (dict(durable=True, exclusive=True), "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
     (dict(durable=False), "invalid property 'non-durable' for queue '{q}' in vhost '/'"),
     (dict(durable=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
-    (dict(durable=False, exclusive=True, auto_delete=True), "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+    (dict(durable=False, exclusive=True, auto_delete=True),
+     "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
     (dict(durable=False, exclusive=True), "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
     (dict(durable=True, exclusive=True, arguments={"x-max-priority": 5}),
      "invalid arg 'x-max-priority' for queue '{q}' in vhost '/' of queue type rabbit_quorum_queue"),
@@ -361,7 +362,8 @@ def test_a_vhosts_default_queue_type_makes_durable_queues_quorum(broker, uid):
         with connect(broker, vhost=vhost) as connection:
             channel = connection.channel()
             for name, kwargs in (("durable", dict(durable=True)), ("transient", dict(durable=False)),
-                                 ("exclusive", dict(exclusive=True)), ("auto-delete", dict(durable=True, auto_delete=True)),
+                                 ("exclusive", dict(exclusive=True)),
+                                 ("auto-delete", dict(durable=True, auto_delete=True)),
                                  ("classic", dict(durable=True, arguments={"x-queue-type": "classic"}))):
                 channel.queue_declare(name, **kwargs)
             channel.queue_declare("durable", durable=True)  # the same declaration again: equivalent
