@@ -33,7 +33,9 @@ class VHost:
         # destination -> the exchanges with a binding to it: deleting a queue costs O(its bindings)
         self.sources: dict[Queue | Exchange, dict[Exchange, None]] = {}
         for ex_name, type_name in DEFAULT_EXCHANGES:
-            self.exchanges[ex_name] = exchange_class(type_name)(ex_name, durable=True)
+            kind = exchange_class(type_name)
+            assert kind is not None  # a built-in type
+            self.exchanges[ex_name] = kind(ex_name, durable=True)
 
     def exchange(self, name: str) -> Exchange:
         try:
