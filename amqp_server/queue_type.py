@@ -76,7 +76,8 @@ class QueueType:
         order."""
         if TRANSIENT in self.capabilities:
             return
-        for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+        for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"),
+                              (not durable, "non-durable")):
             if refused:
                 raise errors.precondition_failed(f"invalid property '{name}' {queue_args.where(queue, vhost)}")
 
@@ -91,7 +92,8 @@ class QueueType:
         priority = queue_args.checked_integer(arguments, "x-priority", at) or 0
         if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
             kind = field_types.name(arguments["x-cancel-on-ha-failover"])
-            raise errors.precondition_failed(f"invalid arg 'x-cancel-on-ha-failover' {at}: {{unacceptable_type,{kind}}}")
+            raise errors.precondition_failed(
+                f"invalid arg 'x-cancel-on-ha-failover' {at}: {{unacceptable_type,{kind}}}")
         what = errors.resource_name("queue", queue, vhost)
         if global_prefetch and GLOBAL_QOS not in self.capabilities:
             raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"{what} does not support global qos")

@@ -161,7 +161,8 @@ def type_branches(tree: ast.AST) -> list[int]:
     comparison with a type's name, ``queue_type`` or ``x-queue-type``, or a read of ``x-queue-type``."""
     def names(node: ast.expr) -> set[str]:
         elements = node.elts if isinstance(node, ast.Tuple) else [node]
-        return {e.id if isinstance(e, ast.Name) else e.attr for e in elements if isinstance(e, (ast.Name, ast.Attribute))}
+        return {e.id if isinstance(e, ast.Name) else e.attr for e in elements
+                if isinstance(e, (ast.Name, ast.Attribute))}
 
     def typed(node: ast.expr, names: set[str] = TYPE_NAMES) -> bool:
         return ((isinstance(node, ast.Constant) and node.value in names)
@@ -172,7 +173,8 @@ def type_branches(tree: ast.AST) -> list[int]:
 
     lines = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass")
                 and len(node.args) == 2 and names(node.args[1]) & QUEUE_CLASSES):
             lines.append(node.lineno)
         elif (isinstance(node, ast.Attribute) and node.attr == "remote"
