@@ -16,7 +16,7 @@ from queue_index import FLAG_TRANSIENT, IndexEntry, QueueIndex
 
 from .logs import untrusted
 from .message import Message
-from .queue_base import QueueBase
+from .queue_base import QueueBase, TransientPages
 from .queue_type import PAGING
 from .ready import Entry
 
@@ -72,7 +72,7 @@ class DiskTail(QueueBase):
         """The rows of entries on disk in ``ranges`` (keys), which left the queue, go in the background with their
         store references; then the drop marks naming them are forgotten."""
         index, queue_id = self._page_index()
-        self.pager.drop_later(index, queue_id, ranges, self._release, partial(index.forget_dropped, queue_id, marks))
+        self._pages.drop_later(index, queue_id, ranges, self._release, partial(index.forget_dropped, queue_id, marks))
 
     def _finish_count(self) -> None:
         """A commit's count of entries on disk ends now: before anything moves entries between memory and disk."""
@@ -93,13 +93,19 @@ class DiskTail(QueueBase):
         for expiry, seq in expiries:
             self._schedule_expiry(expiry, seq)
 
+    @property
+    def _pages(self) -> TransientPages:
+        """The node's pager, which every queue of the node has (``Queues.attach``) before its tail is on disk."""
+        assert self.pager is not None
+        return self.pager
+
     def _page_index(self) -> tuple[QueueIndex, int]:
         """The index this queue's tail goes to, and its id there."""
         if self.persistence is not None:
             return self.persistence.index, self.index_id
         if not self.page_id:
-            self.page_id = self.pager.new_page_id()
-        return self.pager.index, self.page_id
+            self.page_id = self._pages.new_page_id()
+        return self._pages.index, self.page_id
 
     def row_key(self, entry: Entry) -> int:
         """Where ``entry`` is in the queue index: its seq (a priority queue ranks it by level first)."""
@@ -162,7 +168,7 @@ class DiskTail(QueueBase):
             return
         if message.msg_id and self.persistence is not None:
             return  # a persistent message of a durable queue: indexed when it came
-        pager = self.pager
+        pager = self._pages
         known = written.get(id(message)) if written is not None else None
         if known is not None and known[1] in pager.store:
             transient_id = known[1]
@@ -200,7 +206,7 @@ class DiskTail(QueueBase):
         payloads = {}  # the batch's contents, a read or two per store rather than one per message
         routes: dict[bytes, tuple[bytes, str, str]] = {}
         headers: dict[bytes, bytes] = {}
-        for store, transient in ((self.pager.store, True), (persistent, False)):
+        for store, transient in ((self._pages.store, True), (persistent, False)):
             ids = [row.msg_id for row in rows if row.transient == transient]
             if ids and store is not None:
                 payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
@@ -232,7 +238,7 @@ class DiskTail(QueueBase):
         it (they should not wait on the disk for what they are about to get), within its share of the memory
         budget of deep queues (smaller when many are deep)."""
         window = self.window or PAGED_WINDOW
-        return min(max(window, CONSUMED_WINDOW) if self.consumers else window, self.pager.share)
+        return min(max(window, CONSUMED_WINDOW) if self.consumers else window, self._pages.share)
 
     def _admit(self, entry: Entry) -> None:
         """An entry paged in joins the ready list's end (its seq is above every seq in memory)."""
@@ -288,7 +294,7 @@ class DiskTail(QueueBase):
         """The store references of index rows taken from the queue's index (transient ones in the pager's store)."""
         transient = (rows["flags"] & FLAG_TRANSIENT) != 0
         if transient.any():
-            self.pager.store.remove_many(rows["msg_id"][transient])
+            self._pages.store.remove_many(rows["msg_id"][transient])
         if self.persistence is not None and not transient.all():
             self.persistence.store.remove_many(rows["msg_id"][~transient])
 
@@ -303,6 +309,6 @@ class DiskTail(QueueBase):
         if entry.transient:
             index, queue_id = self._page_index()
             index.ack(queue_id, self.row_key(entry))
-            self.pager.store.remove(entry.transient)
+            self._pages.store.remove(entry.transient)
         elif message.msg_id and self.persistence is not None:
             self.persistence.remove(self, entry)

@@ -33,14 +33,14 @@ def _segment_files(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         starts = np.flatnonzero(np.concatenate(([True], segments[1:] != segments[:-1])))[:len(segments)]
         files = np.repeat(np.arange(len(starts), dtype=np.uint32), np.diff(np.append(starts, len(segments))))
         return segments[starts], files
-    numbers, files = np.unique(segments, return_inverse=True)
-    return numbers, files.astype(np.uint32)
+    numbers, inverse = np.unique(segments, return_inverse=True)
+    return numbers, inverse.astype(np.uint32)
 
 
 def _store_span(store: "MessageStore | None", msg_ids: np.ndarray) -> "DiskSpan":
     """``Queue.disk_span`` of messages all in ``store`` (None: none found)."""
     if store is None:
-        return DiskSpan(np.zeros(len(msg_ids), bool), *(np.zeros(len(msg_ids), np.uint32) for _ in range(3)), [])
+        return DiskSpan.none(len(msg_ids))
     found, segments, offsets, sizes = store.locate(msg_ids)
     if found.all():
         numbers, files = _segment_files(segments)
@@ -63,6 +63,12 @@ class DiskSpan:
     offsets: np.ndarray
     sizes: np.ndarray
     fds: list[int]
+
+    @classmethod
+    def none(cls, count: int) -> DiskSpan:
+        """``count`` rows, none found yet."""
+        return cls(np.zeros(count, bool), np.zeros(count, np.uint32), np.zeros(count, np.uint32),
+                   np.zeros(count, np.uint32), [])
 
     def close(self) -> None:
         for fd in self.fds:
@@ -146,10 +152,10 @@ class Offsets(Settling):
         ``msg_ids`` of the transient store where ``transient``, of the persistent one elsewhere."""
         persistent = self.persistence.store if self.persistence is not None else None
         if not transient.any() or transient.all():  # one store holds them all (a backlog's): its arrays as they are
-            return _store_span(self.pager.store if len(transient) and transient[0] else persistent, msg_ids)
+            return _store_span(self._pages.store if len(transient) and transient[0] else persistent, msg_ids)
         count = len(msg_ids)
-        span = DiskSpan(np.zeros(count, bool), *(np.zeros(count, np.uint32) for _ in range(3)), [])
-        for store, which in ((self.pager.store, transient), (persistent, ~transient)):
+        span = DiskSpan.none(count)
+        for store, which in ((self._pages.store, transient), (persistent, ~transient)):
             part = _store_span(store, msg_ids[which])
             span.found[which], span.offsets[which], span.sizes[which] = part.found, part.offsets, part.sizes
             span.files[which] = part.files + np.uint32(len(span.fds))

@@ -75,7 +75,7 @@ class PriorityReady:
     def index_of(self, entry: LeveledEntry) -> int:
         return min(entry.level, len(self.levels) - 1)
 
-    def level(self, entry: Entry) -> deque[Entry]:
+    def level(self, entry: LeveledEntry) -> deque[Entry]:
         """The deque ``entry`` belongs in; a level above ``top`` raises ``top``."""
         return self.at(self.index_of(entry))
 
@@ -99,7 +99,7 @@ class PriorityReady:
     def __iter__(self) -> Iterator[Entry]:
         return chain.from_iterable(reversed(self.levels[:self.top + 1]))
 
-    def append(self, entry: Entry) -> None:
+    def append(self, entry: LeveledEntry) -> None:
         index = min(entry.level, len(self.levels) - 1)  # level(), inline: the publish path
         if index > self.top:
             self.top = index
@@ -135,7 +135,7 @@ class PriorityQueue(Queue):
     clears it); ``paged`` counts them all.  A level pages out only above ``ready.taken[n]``, so every unacked
     entry is in front of the level's part on disk and a requeue puts it back in memory."""
 
-    ready: PriorityReady  # type: ignore[assignment]
+    ready: PriorityReady  # type: ignore[assignment]  # its levels stand in for the deque
     ranked = True
     entry_type = LeveledEntry
     DROPS_COMMITTED_LATER = False  # its levels' parts on disk interleave: a commit drops them at once
@@ -149,7 +149,7 @@ class PriorityQueue(Queue):
         self.level_from = [0] * levels
         self.disk_top = -1  # the highest level on disk
 
-    def row_key(self, entry: LeveledEntry) -> int:
+    def row_key(self, entry: LeveledEntry) -> int:  # type: ignore[override]  # a priority queue's entries are LeveledEntry (entry_type)
         """index_key, inline: asked for each store, delivery and ack of a persistent message."""
         return (256 - min(entry.level, self.max_level)) << RANK_SHIFT | entry.seq
 
@@ -166,7 +166,7 @@ class PriorityQueue(Queue):
     # -- in and out of memory -------------------------------------------------------------------
 
     def _tail_on_disk(self, entry: Entry) -> bool:
-        return self.on_disk[self.ready.index_of(entry)]
+        return self.on_disk[self.ready.index_of(entry)]  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
 
     def _page_due(self) -> bool:
         """The highest level on disk is above every level in memory, or is the highest and runs short."""
@@ -227,7 +227,7 @@ class PriorityQueue(Queue):
         return freed
 
     def _put_back(self, entry: Entry) -> None:
-        put_back(self.ready.level(entry), entry)
+        put_back(self.ready.level(entry), entry)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
         self.ready.count += 1
 
     # -- what is on disk ------------------------------------------------------------------------
@@ -274,7 +274,7 @@ class PriorityQueue(Queue):
     def _peek_after(self, after: Entry, count: int) -> list[Entry]:
         """The ``count`` entries that follow ``after`` in delivery order: the rest of its level, then lower ones."""
         entries: list[Entry] = []
-        top = self.ready.index_of(after)  # type: ignore[arg-type]
+        top = self.ready.index_of(after)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
         for level in range(top, -1, -1):
             start = after.seq + 1 if level == top else 0
             memory = (e for e in from_seq(self.ready.levels[level], start) if not e.gone)
@@ -359,6 +359,7 @@ class PriorityQueue(Queue):
         """Index rows keyed by seq alone (before levels were keyed) move to their level's range (a restart has
         dropped a durable queue's transient entries; a message the store lost is the page-in's to drop)."""
         moved: dict[int, int] = {}
+        assert self.persistence is not None and self.host is not None  # a durable queue's rows, at its recovery
         store = self.persistence.store
         while rows := [row for row in index.read(queue_id, 0, PAGE_IN_BATCH) if row.seq <= SEQ_MASK]:
             for row in rows:

@@ -177,14 +177,14 @@ class Queue(Consumers):
             self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
             self._fresh = -1
-        depth = len(self.ready)
+        depth, pager = len(self.ready), self.pager
         # a cheap test first (the hot path): could the window, whatever it is now, be exceeded?
-        if self.window is not None and depth > MIN_WINDOW and (
-                depth > self.pager.share or depth > (CONSUMED_WINDOW if self.consumers else self.window)):
+        if self.window is not None and depth > MIN_WINDOW and pager is not None and (
+                depth > pager.share or depth > (CONSUMED_WINDOW if self.consumers else self.window)):
             window = self._window()
             if depth > window:
                 self.page_out(window // 2)
-        if expiry and self._expiry.next_deadline() <= now_ms():
+        if expiry and self._expiry.due(now_ms()):
             self._expire_due()  # TTL 0: delivered above or expired now
         return True
 
@@ -358,10 +358,11 @@ class Queue(Consumers):
         ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
         without walking the queue from its head again)."""
         if after is not None:
-            entries = list(islice((e for e in self._from_seq(after.seq + 1) if not e.gone), count))
-            if len(entries) < count and self.paged:
-                entries.extend(self._paged_entry(row) for row in self._paged_rows(after.seq + 1, count - len(entries)))
-            return self._with_bodies(entries)
+            following = list(islice((e for e in self._from_seq(after.seq + 1) if not e.gone), count))
+            if len(following) < count and self.paged:
+                following.extend(self._paged_entry(row)
+                                 for row in self._paged_rows(after.seq + 1, count - len(following)))
+            return self._with_bodies(following)
         entries: list[Entry] = []
         skipped = 0
         for entry in self.ready:

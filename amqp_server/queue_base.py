@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from queue_index import ExpiryHeap, QueueIndex
 
@@ -23,6 +23,8 @@ from .ready import Entry, from_seq, pop_below, put_back
 from .stats import MessageStats
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from msg_store import MessageStore
 
     from .persistence import Persistence
@@ -84,6 +86,9 @@ class TransientPages(Protocol):
     def new_page_id(self) -> int: ...
 
     def write(self, message: Message) -> int: ...
+
+    def drop_later(self, index: QueueIndex, queue_id: int, ready: list[tuple[int, int]],
+                   release: Callable[[np.ndarray], None], then: Callable[[], None]) -> None: ...
 
 
 class QueueBase:

@@ -78,7 +78,7 @@ class StreamQueue(Queue):
         """The lowest offset still in the stream."""
         return self.log.first
 
-    @property  # type: ignore[override]
+    @property
     def next_seq(self) -> int:
         """The offset the next message gets: the log's next, after this turn's publishes."""
         return (self._log.next if self._log is not None else 0) + len(self._open)

@@ -28,6 +28,11 @@ class ExpiryHeap:
     def next_deadline(self) -> int | None:
         return self._heap[0] >> _SEQ_BITS if self._heap else None
 
+    def due(self, now: int) -> bool:
+        """An expiry at or before ``now`` is waiting."""
+        heap = self._heap
+        return bool(heap) and heap[0] < (now + 1) << _SEQ_BITS
+
     def pop_due(self, now: int) -> list[int]:
         """Sequence numbers whose expiry is at or before ``now`` (some may be gone already)."""
         heap = self._heap
