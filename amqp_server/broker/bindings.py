@@ -4,7 +4,7 @@ the bindings a queue or exchange that is gone leaves behind.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from exchanges import Exchange
 
@@ -41,9 +41,10 @@ class Bindings(BrokerCore):
         order)."""
         self._check_binding(vhost, source, kind, destination, routing_key, who)
         vhost.exchange(source)  # a missing source is told first, as in RabbitMQ
+        target: Queue | Exchange
         if kind == "queue":
-            target: Queue | Exchange = vhost.queue(destination)
-            self.check_exclusive(target, owner)
+            target = queue = vhost.queue(destination)
+            self.check_exclusive(queue, owner)
         else:
             target = vhost.exchange(destination)
         self.add_binding(vhost, source, target, routing_key, arguments)
@@ -54,12 +55,15 @@ class Bindings(BrokerCore):
         """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
         destination) unbinds without error, as in RabbitMQ."""
         self._check_binding(vhost, source, kind, destination, routing_key, who)
-        target = (vhost.queues if kind == "queue" else vhost.exchanges).get(destination)
-        if target is None:
-            return
+        target: Queue | Exchange | None
         if kind == "queue":
-            self.check_exclusive(target, owner)
-        self.remove_binding(vhost, source, target, routing_key, arguments)
+            target = queue = vhost.queues.get(destination)
+            if queue is not None:
+                self.check_exclusive(queue, owner)
+        else:
+            target = vhost.exchanges.get(destination)
+        if target is not None:
+            self.remove_binding(vhost, source, target, routing_key, arguments)
 
     @staticmethod
     def _check_binding(vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
@@ -132,4 +136,5 @@ class Bindings(BrokerCore):
             yield "", queue, queue.name, {}
         for exchange in vhost.exchanges.values():
             for binding in exchange.bindings():
-                yield exchange.name, binding.destination, binding.routing_key, binding.args_dict()
+                yield (exchange.name, cast("Queue | Exchange", binding.destination),  # (what the broker binds)
+                       binding.routing_key, binding.args_dict())

@@ -25,7 +25,7 @@ from ..stats import ChurnStats, MessageStats
 from ..vhost import VHost
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry, ExclusiveOwner
+    from ..ports import ClientRegistry, ConfirmSink, ExclusiveOwner
 
 
 class QuorumHooks(Protocol):
@@ -85,6 +85,14 @@ class ClusterHooks(Protocol):
 
     def stream_address(self, node: str) -> tuple[str, int] | None:
         """Where another node serves the stream protocol (host, port), if it does and is up."""
+
+
+class Destination(Protocol):
+    """What a message is routed to: a queue, or a direct reply-to consumer (``direct_reply.ReplyConsumer``)."""
+
+    name: str
+
+    def enqueue(self, message: Message, confirm: ConfirmSink | None = None) -> bool | None: ...
 
 
 def _flag(value: bool) -> str:
@@ -200,7 +208,7 @@ class BrokerCore:
         raise NotImplementedError
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message,
-              publisher: Publisher | None = None) -> Collection[Queue]:
+              publisher: Publisher | None = None) -> Collection[Destination]:
         """The queues a message goes to (``routing.py``)."""
         raise NotImplementedError
 

@@ -22,9 +22,9 @@ class DeadLetters(BrokerCore):
         """Republish entries that left ``queue`` for good to its dead-letter exchange; returns those no queue
         took (no such exchange, routed nowhere, refused), which at-most-once dead-lettering drops as
         RabbitMQ does and at-least-once keeps for a retry."""
-        vhost = self.vhosts.get(queue.vhost)
-        exchange = vhost.exchanges.get(queue.args.dead_letter_exchange) if vhost else None
-        if exchange is None:
+        vhost, name = self.vhosts.get(queue.vhost), queue.args.dead_letter_exchange
+        exchange = vhost.exchanges.get(name) if vhost is not None and name is not None else None
+        if vhost is None or exchange is None:
             return entries
         untaken = []
         for entry in entries:

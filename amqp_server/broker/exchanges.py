@@ -3,7 +3,7 @@ bindings it had; and an auto-delete exchange's going with its last binding.  Rou
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from exchanges import Exchange, exchange_class
 
@@ -13,6 +13,9 @@ from ..errors import ConnectionError, resource_name
 from ..records import ExchangeRecord
 from ..vhost import VHost
 from .core import BrokerCore, shown, storable
+
+if TYPE_CHECKING:
+    from ..queue import Queue
 
 
 class Exchanges(BrokerCore):
@@ -110,7 +113,7 @@ class Exchanges(BrokerCore):
 
     def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
         del vhost.exchanges[exchange.name]
-        for destination in exchange.destinations():
+        for destination in cast("list[Queue | Exchange]", exchange.destinations()):  # (what the broker binds)
             removed = exchange.remove_destination(destination)
             vhost.unbound(exchange, destination, len(removed))
             for binding in removed:

@@ -72,11 +72,11 @@ class Queues(BrokerCore):
             if exclusive != existing.exclusive:
                 raise exclusive_locked(existing)
             what = resource_name("queue", name, vhost.name)
-            for arg, new, old in (("durable", durable, existing.durable),
-                                  ("auto_delete", auto_delete, existing.auto_delete)):
-                if new != old:
+            for arg, asked, was in (("durable", durable, existing.durable),
+                                    ("auto_delete", auto_delete, existing.auto_delete)):
+                if asked != was:
                     raise errors.precondition_failed(
-                        f"inequivalent arg '{arg}' for {what}: received '{shown(new)}' but current is '{shown(old)}'")
+                        f"inequivalent arg '{arg}' for {what}: received '{shown(asked)}' but current is '{shown(was)}'")
             for arg in EQUIVALENT_QUEUE_ARGS:
                 new, old = arguments.get(arg), existing.arguments.get(arg)
                 if new != old:

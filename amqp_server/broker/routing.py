@@ -3,7 +3,7 @@ alternate exchanges, sender-selected keys (CC, BCC), direct reply-to and delayed
 """
 from __future__ import annotations
 
-from typing import Collection
+from typing import Collection, cast
 
 from exchanges import DEFERRED, Exchange
 
@@ -12,14 +12,14 @@ from ..delayed import Publisher
 from ..message import Message
 from ..queue import Queue
 from ..vhost import VHost
-from .core import BrokerCore
+from .core import BrokerCore, Destination
 
 
 class Router(BrokerCore):
     """Routing, for publish, dead letters and delayed messages."""
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message,
-              publisher: Publisher | None = None) -> Collection[Queue]:
+              publisher: Publisher | None = None) -> Collection[Destination]:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
 
         A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
@@ -36,14 +36,14 @@ class Router(BrokerCore):
         if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             if destinations is DEFERRED:
                 self.delayed.defer(vhost, exchange, message, publisher)
-            return destinations
+            return cast("Collection[Destination]", destinations)  # (no exchange-to-exchange binding: queues)
         return self._route_keys(vhost, exchange, message, (message.routing_key,), publisher)
 
     def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
-                    keys: tuple[str, ...], publisher: Publisher | None = None) -> Collection[Queue]:
+                    keys: tuple[str, ...], publisher: Publisher | None = None) -> Collection[Destination]:
         """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
         exchange none of the keys routes through."""
-        queues: dict[Queue, None] = {}
+        queues: dict[Destination, None] = {}
         if exchange.name == "":
             for key in keys:
                 queue = vhost.queues.get(key)
@@ -68,7 +68,7 @@ class Router(BrokerCore):
                 if isinstance(destination, Queue):
                     queues[destination] = None
                 else:
-                    pending.append(destination)
+                    pending.append(cast(Exchange, destination))  # (a queue's, or an exchange's binding)
             if not routed:
                 alternate = vhost.exchanges.get(current.alternate or "")
                 if alternate is not None and alternate.name:
