@@ -59,7 +59,6 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     user: User | None
     principal: Principal | None
     client_capabilities: dict[str, Any]
-    peer: tuple[str, int]  # the client's address (the HTTP API lists it with the channel)
     out: list[bytes]
     frame_max: int
     deliver_budget: int

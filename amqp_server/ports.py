@@ -60,6 +60,7 @@ class ExclusiveOwner(Protocol[QueueT]):
 
     name: str
     vhost_name: str
+    peer: tuple[str, int]  # the client's address (the HTTP API shows it)
     exclusive_queues: set[QueueT]
 
     def force_close(self, reason: str) -> None:

@@ -113,7 +113,7 @@ class RemoteQueue(Queue):
     remote = True
 
     @property
-    def message_count(self) -> int:  # type: ignore[override]
+    def message_count(self) -> int:
         """As the owner last reported it (every second, and with every basic.get)."""
         return self.peer.stats.get(self.key, (0, 0))[0]
 
