@@ -246,11 +246,12 @@ class Cluster:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
         claimed = None
-        if isinstance(record, QueueRecord) and current.get("members") and current.get("node") == self.name:
-            claimed = await self.quorum.claim_first(record.vhost, record.name)
+        queue = record if isinstance(record, QueueRecord) else None
+        if queue is not None and current.get("members") and current.get("node") == self.name:
+            claimed = await self.quorum.claim_first(queue.vhost, queue.name)
         self.apply(kind, key, current, None)
-        if claimed is not None:  # leads it before declare-ok
-            self.quorum.lead(record.vhost, record.name, *claimed)
+        if queue is not None and claimed is not None:  # leads it before declare-ok
+            self.quorum.lead(queue.vhost, queue.name, *claimed)
 
     async def look_up(self, kind: str, key: str) -> None:
         """Not known here (yet): if the cluster has it, apply it now rather than when the watch brings it."""
@@ -265,13 +266,16 @@ class Cluster:
 
     def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         """A definition changed in etcd (``new`` None: deleted): make this node's the same."""
+        latest = new if new is not None else old
+        if latest is None:  # (a change has one side at least)
+            return
         self.applying = True
         try:
             if kind in ACCESS_KINDS:
-                self._apply_access(kind, key, new, old)
+                self._apply_access(kind, key, new, latest)
             else:
                 parse, put, delete = self._appliers[kind]
-                record = parse(new if new is not None else old)
+                record = parse(latest)
                 vhost = self.broker.vhosts.get(record.vhost)
                 if vhost is None:
                     return  # its vhost is gone (or not yet here): nothing to apply to
@@ -281,7 +285,8 @@ class Cluster:
         finally:
             self.applying = False
 
-    def _apply_access(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _apply_access(self, kind: str, key: str, new: dict[str, Any] | None, latest: dict[str, Any]) -> None:
+        """``latest``: ``new``, or the definition deleted."""
         access = self.broker.access
         if kind == "user":
             if new is None:
@@ -290,26 +295,25 @@ class Cluster:
                 access.put_user(User(key, new["password_hash"], list(new.get("tags", []))))
         elif kind == "vhost":
             if new is None:
-                self.broker.delete_vhost(old["name"])
+                self.broker.delete_vhost(latest["name"])
             else:
                 self.broker.add_vhost(new["name"], **{k: v for k, v in new.items() if k != "name"})
         elif kind == "global_parameter":
             if new is None:
-                access.clear_global_parameter(old["name"])
+                access.clear_global_parameter(latest["name"])
             else:
                 access.set_global_parameter(new["name"], new["value"])
         elif kind in ("vhost_limits", "user_limits"):
-            record = new if new is not None else old
-            access.set_limits(kind, record["vhost" if kind == "vhost_limits" else "user"],
+            access.set_limits(kind, latest["vhost" if kind == "vhost_limits" else "user"],
                               new["value"] if new is not None else {})
         elif kind == "topic_permission":
             if new is None:
-                access.clear_topic_permission(old["vhost"], old["user"], old["exchange"])
+                access.clear_topic_permission(latest["vhost"], latest["user"], latest["exchange"])
             else:
                 access.set_topic_permission(new["vhost"], new["user"],
                                             TopicPermission(new["exchange"], new["write"], new["read"]))
         elif new is None:
-            access.clear_permissions(old["vhost"], old["user"])
+            access.clear_permissions(latest["vhost"], latest["user"])
         else:
             access.set_permissions(new["vhost"], new["user"], Permissions(new["configure"], new["write"], new["read"]))
 
