@@ -77,7 +77,7 @@ class Consumers(Offsets):
 
     def _join_group(self, consumer: Any) -> None:
         groups = self._groups
-        for position, group in enumerate(groups):
+        for position, group in enumerate(groups):  # noqa: B007 (the insertion point, read after the loop)
             if group.priority == consumer.priority:
                 group.consumers.append(consumer)
                 return

@@ -423,7 +423,8 @@ class Rabbit(Cluster):
 
     def cut(self, index: int, other: int | None) -> None:
         owners = {}  # (local port, peer port) -> the owner's pid, of every established TCP connection on loopback
-        for line in sh("ss", "-tnpH", "state", "established", "src", "127.0.0.1", "dst", "127.0.0.1").stdout.splitlines():
+        listed = sh("ss", "-tnpH", "state", "established", "src", "127.0.0.1", "dst", "127.0.0.1")
+        for line in listed.stdout.splitlines():
             fields = line.split()
             if len(fields) >= 5 and "pid=" in fields[-1]:
                 ends = int(fields[2].rsplit(":", 1)[1]), int(fields[3].rsplit(":", 1)[1])

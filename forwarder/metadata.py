@@ -13,8 +13,9 @@ event in flight explains, reads the whole state again.
 
 Writes made by this node go through one ordered writer, so a binding never reaches etcd before
 its queue; :meth:`written` waits until etcd has those asked for so far, so that a change is answered only
-once a crash of this node can no longer lose it.  A new queue is different: :meth:`create` is a transaction that only succeeds if the
-key does not exist yet, so of two concurrent declarations exactly one wins and both nodes see it.
+once a crash of this node can no longer lose it.  A new queue is different: :meth:`create` is a transaction that
+only succeeds if the key does not exist yet, so of two concurrent declarations exactly one wins and both nodes see
+it.
 """
 from __future__ import annotations
 

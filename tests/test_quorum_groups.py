@@ -351,7 +351,7 @@ async def test_a_copy_a_snapshot_is_coming_into_never_leads(network, monkeypatch
     """n3 is mid-snapshot when the leader dies: its index may be ahead of n2's, but its copy is not whole, so
     n2 leads, with every confirmed message."""
     confirms = Confirms()
-    node = await n3_far_behind(network, monkeypatch, confirms)
+    await n3_far_behind(network, monkeypatch, confirms)
     await wait_for(lambda: len(confirms.acked()) == 1000, "confirmed by n1 and n2")
     network.hold("n1", "n3")
     await network.start_node("n3")

@@ -470,7 +470,8 @@ def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_co
     with connect(node) as other:
         channel = other.channel()
         got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
-        held, others = (b"a", True, {"x-delivery-count": 1}), [(body, False, {"x-delivery-count": 0}) for body in (b"b", b"c")]
+        held = (b"a", True, {"x-delivery-count": 1})
+        others = [(body, False, {"x-delivery-count": 0}) for body in (b"b", b"c")]
         assert [(body, m.redelivered, p.headers) for m, p, body in got] == (
             [*others, held] if how == "stop" else [held, *others])
 
