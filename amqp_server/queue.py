@@ -194,6 +194,7 @@ class Queue(Consumers):
 
     def _store(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
         """A durable queue's persistent entry goes to storage (a replicated queue's to its group too)."""
+        assert self.persistence is not None  # (durable: attach gave it the node's)
         self.persistence.write(self, entry)
 
     def _stored_copy(self, message: Message) -> Message:

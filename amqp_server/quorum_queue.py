@@ -30,7 +30,7 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from queue_index import IndexEntry
 
@@ -40,6 +40,7 @@ from .message import Message
 from .queue import Entry, Queue
 
 if TYPE_CHECKING:
+    from .persistence import Persistence
     from .ports import ConfirmSink, Replicator
 
 DELIVERY_COUNT = "x-delivery-count"
@@ -51,6 +52,7 @@ class QuorumQueue(Queue):
     persists_all = True  # as RabbitMQ's: every message is on disk, whatever its delivery mode
     DROPS_COMMITTED_LATER = False  # a commit's drops are the Purge op's effect, carried out as it is applied
     PURGES_LATER = False  # and so are a purge's
+    persistence: Persistence  # durable: the node's, from attach on (before any op)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -117,9 +119,10 @@ class QuorumQueue(Queue):
     def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
 
-    _CARRY_OUT = {machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
-                  machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
-                  machine.DeadLetters: _carry_out_dead_letters}  # (Store: see _store; Clear: followers only)
+    _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
+        machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
+        machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
+        machine.DeadLetters: _carry_out_dead_letters}  # (Store: see _store; Clear: followers only)
 
     def _configure(self, apply: bool = True) -> None:
         """The state's arguments follow the queue's (declared, or a policy's)."""

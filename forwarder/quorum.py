@@ -149,6 +149,7 @@ class QuorumGroups:
         self.lease: aetcd.Lease | None = None
         self.ready = asyncio.Event()  # the lease is granted and the watch runs
         self._tasks: list[asyncio.Task] = []
+        self._revokes: set[asyncio.Task] = set()  # held, or the loop may drop them midway
 
     async def start(self) -> None:
         self.lease = await self.client.lease(LEASE_TTL)
@@ -176,6 +177,7 @@ class QuorumGroups:
         renewed = loop.time()
         while True:
             await asyncio.sleep(LEASE_TTL / 8)
+            assert self.lease is not None  # (start got one; _new_lease, awaited below, leaves one)
             try:
                 reply = await asyncio.wait_for(self.lease.refresh(), LEASE_TTL / 4)
                 lapsed = reply.TTL <= 0
@@ -202,7 +204,9 @@ class QuorumGroups:
             except (aetcd.ClientError, asyncio.TimeoutError):
                 await asyncio.sleep(LEASE_TTL / 8)
         if old is not None:
-            asyncio.get_running_loop().create_task(self._revoke(old.id))
+            revoke = asyncio.get_running_loop().create_task(self._revoke(old.id))
+            self._revokes.add(revoke)
+            revoke.add_done_callback(self._revokes.discard)
         for group in self.groups.values():
             if not group.leader and self.name in group.members:
                 self._elect(group)
@@ -405,15 +409,15 @@ class QuorumGroups:
                         self._elect(group)
                 watch = await self.client.watch_prefix(LEADERS, start_revision=reply.header.revision + 1)
                 async for event in watch:
-                    group = self.groups.get(event.kv.key[len(LEADERS):].decode())
-                    if group is None:
+                    changed = self.groups.get(event.kv.key[len(LEADERS):].decode())
+                    if changed is None:
                         continue
                     if event.kind == rtypes.EventKind.PUT:
-                        self._follow(group, event.kv.value.decode(), event.kv.create_revision, event.kv.lease)
+                        self._follow(changed, event.kv.value.decode(), event.kv.create_revision, event.kv.lease)
                     else:
-                        self._follow(group, "", 0)
-                        if self.name in group.members:
-                            self._elect(group)
+                        self._follow(changed, "", 0)
+                        if self.name in changed.members:
+                            self._elect(changed)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -557,6 +561,8 @@ class QuorumGroups:
         """Deposed: the queue object here takes nothing more (its storage is the copy's now); the proxy that
         replaces it (``_proxy``) takes its bindings and cancels its consumers."""
         replicator, group.replicator = group.replicator, None
+        if replicator is None:  # (it led: it has one)
+            return
         replicator.stop()
         replicator.queue.detach()
         log.info("%s no longer leads %s", self.name, group.key)

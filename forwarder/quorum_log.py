@@ -69,28 +69,27 @@ def _seqs(seqs: list[int]) -> bytes:
 
 def encode(op: machine.Op) -> bytes:
     """An op as it goes on the wire."""
-    kind = type(op)
-    if kind is machine.Enqueue:
+    if isinstance(op, machine.Enqueue):
         head, route, header, body = op.message.payload()
         size = len(head) + len(route) + len(header) + len(body)
         return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
-    if kind is machine.Checkout:
+    if isinstance(op, machine.Checkout):
         return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
-    if kind is machine.Settle:
+    if isinstance(op, machine.Settle):
         return SEQS.pack(SETTLE_OP, len(op.seqs)) + _seqs(op.seqs)
-    if kind is machine.Return:
+    if isinstance(op, machine.Return):
         return RETURN.pack(RETURN_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
-    if kind is machine.Expire:
+    if isinstance(op, machine.Expire):
         return SEQS.pack(EXPIRE_OP, len(op.seqs)) + _seqs(op.seqs)
-    if kind is machine.DeadLetter:
+    if isinstance(op, machine.DeadLetter):
         return DEAD_LETTER.pack(DEAD_LETTER_OP, machine.REASONS.index(op.reason), len(op.seqs)) + _seqs(op.seqs)
-    if kind is machine.DeadLettered:
+    if isinstance(op, machine.DeadLettered):
         return SEQS.pack(DEAD_LETTERED_OP, len(op.seqs)) + _seqs(op.seqs)
-    if kind is machine.Purge:
+    if isinstance(op, machine.Purge):
         return SEQ.pack(PURGE_OP, op.below)
-    if kind is machine.Recover:
+    if isinstance(op, machine.Recover):
         return bytes((RECOVER_OP,))
-    if kind is machine.Configure:
+    if isinstance(op, machine.Configure):
         limit = -1 if op.delivery_limit is None else op.delivery_limit
         return CONFIGURE.pack(CONFIGURE_OP, limit, op.at_least_once)
     raise TypeError(f"{op} is not shipped")
@@ -433,22 +432,21 @@ def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.
     """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
     index = persistence.index
     for effect in effects:
-        kind = type(effect)
-        if kind is machine.Store:
+        if isinstance(effect, machine.Store):
             if not (idempotent and index.has(index_id, effect.seq)):
                 persistence.put_record(index_id, effect.seq, effect.message, effect.expiry)
-        elif kind is machine.Held:
+        elif isinstance(effect, machine.Held):
             persistence.replica_delivered(index_id, effect.seq)
-        elif kind is machine.Remove:
+        elif isinstance(effect, machine.Remove):
             for seq in effect.seqs:
                 persistence.replica_remove(index_id, seq)
-        elif kind is machine.Move:
+        elif isinstance(effect, machine.Move):
             persistence.replica_move(index_id, effect.old, effect.new, effect.returns)
-        elif kind is machine.Drop:
+        elif isinstance(effect, machine.Drop):
             persistence.replica_drop(index_id, effect.runs)
-        elif kind is machine.Unhold:
+        elif isinstance(effect, machine.Unhold):
             for seq, returns in effect.rows:
                 persistence.unhold(index_id, seq, returns)
-        elif kind is machine.Clear:
+        elif isinstance(effect, machine.Clear):
             persistence.replica_clear(index_id)
         # (DeadLetters: the leader's)

@@ -89,6 +89,9 @@ class Owner(Protocol):
 
     async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
 
+    def abandon(self, queue: RemoteQueue) -> None:
+        """The queue is no longer the owner's (a quorum queue's leader moved): its publishes are nacked now."""
+
 
 class RemoteQueue(Queue):
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],

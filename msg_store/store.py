@@ -227,7 +227,7 @@ class MessageStore:
         except (FileNotFoundError, ValueError):
             pass
 
-    def write(self, msg_id: int, parts: tuple[bytes, ...], refs: int) -> None:
+    def write(self, msg_id: int, parts: tuple[bytes | memoryview, ...], refs: int) -> None:
         """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``."""
         head = encode_head(msg_id, parts)
         self.writes += 1
