@@ -32,8 +32,8 @@ if [ $FAST_ONLY = 0 ] && [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/nu
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
 fi
-if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hypothesis, playwright" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.installed-test ]; then
+if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hypothesis, playwright, mypy" 2>/dev/null \
+   || [ ! -x .venv/bin/ruff ] || [ pyproject.toml -nt .venv/.installed-test ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
   touch .venv/.installed-test
@@ -43,5 +43,10 @@ if [ $FAST_ONLY = 0 ] && command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/n
      || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; }; then
   npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null \
     || echo "test.sh: npm ci --prefix tests/node failed; tests/test_node_amqplib.py will skip (fail under .ci/run)" >&2
+fi
+# The static checks pyproject.toml configures (ruff over everything, mypy over the packages); .ci/run asks for them
+if [ "${WARREN_CHECKS:-0}" = 1 ]; then
+  echo "ruff:" && .venv/bin/ruff check .
+  echo "mypy:" && .venv/bin/mypy
 fi
 exec .venv/bin/python -m pytest -q "$@"
