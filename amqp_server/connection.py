@@ -122,7 +122,7 @@ class Connection(asyncio.Protocol):
 
     # -- transport callbacks ------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # a TCP server's
         self.transport = transport
         self.peer = transport.get_extra_info("peername") or ("?", 0)
         self.ssl_object = transport.get_extra_info("ssl_object")

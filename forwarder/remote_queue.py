@@ -110,7 +110,7 @@ class RemoteQueue(Queue):
         return self.peer.name
 
     @property
-    def available(self) -> bool:  # type: ignore[override]
+    def available(self) -> bool:  # type: ignore[override]  # Queue's is a plain attribute (always True)
         return self.peer.up
 
     remote = True
@@ -128,7 +128,8 @@ class RemoteQueue(Queue):
 
     # -- in -----------------------------------------------------------------------------------
 
-    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool | None:  # type: ignore[override]
+    def enqueue(self, message: Message,  # type: ignore[override]  # None: its node is down (unroutable)
+                confirm: "ConfirmSink | None" = None) -> bool | None:
         """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable); a quorum
         queue's publish waits for a leader instead (``Held``), since its group elects another one."""
         held = self.held

@@ -226,7 +226,8 @@ class Locations:
                 del self._chunks[number]
         if not freed:
             return np.zeros(0, np.int64), np.zeros(0, np.uint32), np.zeros(0, np.uint32)
-        return tuple(np.concatenate(column) for column in zip(*freed))  # type: ignore[return-value]
+        ids, segments, sizes = (np.concatenate(column) for column in zip(*freed))
+        return ids, segments, sizes
 
     def items(self) -> Iterator[tuple[int, Location]]:
         """Every (msg_id, location), in id order; safe to ``pop`` what was returned while iterating."""

@@ -70,8 +70,8 @@ try:
     from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                                   SupportsTriggerAvailableNow)
 except ImportError:  # PySpark before 4.2: no admission control, AvailableNow reads everything
-    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
-    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]  # stand-ins, never called
+    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]  # a base that adds nothing
 
 from .common import WarrenError, base_schema, int_option, option, parse_body_schema
 

@@ -161,7 +161,7 @@ class StreamConnection(asyncio.Protocol):
 
     # -- transport ----------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # a TCP server's
         self.transport = transport
         sock = transport.get_extra_info("socket")
         self._socket = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
@@ -169,7 +169,7 @@ class StreamConnection(asyncio.Protocol):
         sock = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
-        self.clients.add(self)  # type: ignore[arg-type]
+        self.clients.add(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -185,7 +185,7 @@ class StreamConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.out.clear()
         self.flow.gone(self)
-        self.clients.remove(self)  # type: ignore[arg-type]
+        self.clients.remove(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
         if self.user is not None and self.vhost is not None:
             self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
 
@@ -240,7 +240,7 @@ class StreamConnection(asyncio.Protocol):
     def schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.clients.schedule_flush(self)  # type: ignore[arg-type]
+            self.clients.schedule_flush(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
 
     def flush(self) -> None:
         self._flush_scheduled = False
