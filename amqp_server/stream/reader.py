@@ -844,8 +844,8 @@ class StreamConnection(asyncio.Protocol):
     def _pump(self, subscription: Subscription) -> None:
         """Send chunks while the subscription has credit, its stream has more and the socket takes them: from the
         segment file, a run of chunks side by side there (each below ``RUN_BELOW``) read at once and written with
-        one ``writev``, a chunk alone with ``sendfile`` where the transport has nothing waiting.  At most ``TURN_CHUNKS`` chunks or
-        ``TURN_BYTES`` per loop turn: a large credit does not read a stream at once."""
+        one ``writev``, a chunk alone with ``sendfile`` where the transport has nothing waiting.  At most
+        ``TURN_CHUNKS`` chunks or ``TURN_BYTES`` per loop turn: a large credit does not read a stream at once."""
         stream_log = subscription.stream.log
         sent = chunks = 0
         while chunks < TURN_CHUNKS and sent < TURN_BYTES:
