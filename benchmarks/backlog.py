@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from amqp_load import AMQPError, Connection, consume_count, publish_confirmed  # noqa: E402
+from amqp_load import AMQPError, Connection, consume_count, publish_confirmed  # noqa: E402 (after sys.path takes this folder)
 
 QUEUE = "warren-bench.backlog"
 

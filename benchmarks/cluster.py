@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import amqp_load  # noqa: E402
+import amqp_load  # noqa: E402 (after sys.path takes this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from amqp_load import parse_workload  # noqa: E402
-from cluster import free_port  # noqa: E402
+from amqp_load import parse_workload  # noqa: E402 (after sys.path takes this folder)
+from cluster import free_port  # noqa: E402 (after sys.path takes this folder)
 
 # The README's performance table: its rows' words, and the amqp_load.py workload behind each.
 ROWS = {

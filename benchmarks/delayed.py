@@ -54,8 +54,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from amqp_load import _CM, _HDR, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, Connection, method_frame, \
-    shortstr, table  # noqa: E402
-from backlog import Warren, log, port_open, rss_bytes  # noqa: E402
+    shortstr, table  # noqa: E402 (after sys.path takes this folder)
+from backlog import Warren, log, port_open, rss_bytes  # noqa: E402 (after sys.path takes this folder)
 
 EXCHANGE = "warren-bench.delayed"
 QUEUE = "warren-bench.delayed-q"

@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from amqp_load import Connection, publish_frames  # noqa: E402
+from amqp_load import Connection, publish_frames  # noqa: E402 (after sys.path takes this folder)
 
 PREFIX = "warren-bench.mgmt."
 

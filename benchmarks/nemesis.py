@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import amqp_load  # noqa: E402
-from amqp_load import method_frame, publish_frames, shortstr, table  # noqa: E402
+import amqp_load  # noqa: E402 (after sys.path takes this folder)
+from amqp_load import method_frame, publish_frames, shortstr, table  # noqa: E402 (after sys.path takes this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = "nemesis"
@@ -922,7 +922,7 @@ async def workload(cluster: Cluster, faults: list[Fault], args: argparse.Namespa
     confirms = sorted(at for p in publishers for at in p.confirmed.values())
     for fault in faults:  # the longest time without any confirm that overlapped it (or the quiet after it)
         gaps = [b - a for a, b in zip(confirms, confirms[1:]) if fault.started < b and a < fault.ended + fault.gap]
-        fault.longest_gap = round(max(gaps, default=0.0), 2)  # type: ignore[attr-defined]
+        fault.longest_gap = round(max(gaps, default=0.0), 2)  # type: ignore[attr-defined]  # a field added to each fault for the report
     report["faults"] = [vars(fault) for fault in faults]
 
 

@@ -29,8 +29,8 @@ import time
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import amqp_load  # noqa: E402
-from cluster import start_cluster  # noqa: E402
+import amqp_load  # noqa: E402 (after sys.path takes this folder)
+from cluster import start_cluster  # noqa: E402 (after sys.path takes this folder)
 
 BODY = b"x" * 100
 

@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from amqp_load import Connection, publish_confirmed  # noqa: E402
+from amqp_load import Connection, publish_confirmed  # noqa: E402 (after sys.path takes this folder)
 
 QUEUE = "warren-bench.spark"
 NARROW = {"offset+body": "offset long, body binary", "offset": "offset long"}  # counted with these schemas too

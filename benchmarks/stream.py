@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import amqp_load  # noqa: E402
+import amqp_load  # noqa: E402 (after sys.path takes this folder)
 
 BODY = b"x" * 100
 

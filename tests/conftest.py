@@ -146,7 +146,7 @@ class ExternalBroker:
 
     def admin(self, command: str, *args: str) -> subprocess.CompletedProcess:
         """The few ``warren-admin`` commands tests use, done through the broker's HTTP API instead."""
-        quote = lambda name: urllib.parse.quote(name, safe="")  # noqa: E731
+        quote = lambda name: urllib.parse.quote(name, safe="")  # noqa: E731 (a one-line helper)
         if command == "add-user":
             path, body = f"/api/users/{quote(args[0])}", {"password": args[1], "tags": ""}
         elif command == "add-vhost":
@@ -191,7 +191,7 @@ Fixture = TypeVar("Fixture", bound=Callable)
 def starts(tier: str) -> Callable[[Fixture], Fixture]:
     """Under @pytest.fixture: what this fixture starts puts every test that uses it in ``tier`` (or a heavier one)."""
     def declare(fixture: Fixture) -> Fixture:
-        fixture.tier = tier  # type: ignore[attr-defined]
+        fixture.tier = tier  # type: ignore[attr-defined]  # a mark read back by the tiers
         return fixture
     return declare
 
@@ -217,7 +217,7 @@ def _forbidden_in_fast(argv: list[str]) -> str | None:
 
 
 _running: list[pytest.Item] = []  # the test being set up, run or torn down
-_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]  # private: the hook the fast tier wraps
 
 
 def _execute_child_unless_fast(popen: subprocess.Popen, args, executable, *rest, **kwargs):
@@ -234,11 +234,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "warren_only(reason): Warren-specific behaviour; skipped in parity mode")
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (conftest.py says which test is in which)")
-    subprocess.Popen._execute_child = _execute_child_unless_fast  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = _execute_child_unless_fast  # type: ignore[attr-defined]  # private: the hook the fast tier wraps
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]  # private: the hook the fast tier wraps
 
 
 @pytest.hookimpl(wrapper=True)

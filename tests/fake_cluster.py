@@ -214,7 +214,7 @@ class _Created:
     def __init__(self, key: bytes) -> None:
         self.key = key
 
-    def __eq__(self, value: object) -> Any:  # type: ignore[override]
+    def __eq__(self, value: object) -> Any:
         return (self.key, value)
 
 
@@ -291,7 +291,7 @@ class Node:
         self.peers = {other: FakePeer(other, FakeLink(network, name, other), network.connected(name, other))
                       for other in network.names if other != name}
         self.metadata = SimpleNamespace(put=lambda *args: None)
-        self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]
+        self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]  # the fake cluster stands in for Cluster
 
     def nodes(self) -> list[tuple[str, bool]]:
         return [(name, peer.up) for name, peer in sorted(self.peers.items())]
@@ -342,7 +342,7 @@ class Network:
             return  # (cut while it was on its way)
         node = self.nodes[destination]
         if ftype == link.REPLICATE:
-            node.quorum.replicate(SimpleNamespace(link=node.peers[source].link), payload)  # type: ignore[arg-type]
+            node.quorum.replicate(SimpleNamespace(link=node.peers[source].link), payload)  # type: ignore[arg-type]  # a stand-in session: its link is all replicate reads
         elif ftype == link.REPLICATED:
             node.quorum.replicated(source, payload)
 

@@ -282,7 +282,7 @@ def test_amqp_tools(broker, uid):
     if shutil.which("amqp-publish") is None:
         unavailable("amqp-tools (rabbitmq-c) is not installed (test.sh installs it)")
     common = ["--server", broker.host, "--port", str(broker.port), "--username", "guest", "--password", "guest"]
-    run = lambda *args: subprocess.run(list(args), capture_output=True, text=True, timeout=20)  # noqa: E731
+    run = lambda *args: subprocess.run(list(args), capture_output=True, text=True, timeout=20)  # noqa: E731 (a one-line helper)
     declared = run("amqp-declare-queue", *common, "-q", uid)
     assert declared.returncode == 0, declared.stderr
     assert declared.stdout.strip() == uid

@@ -77,7 +77,7 @@ def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int 
         node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
             *extra, "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
             "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
-        node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]
+        node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]  # a test-only attribute
         try:
             return node.start()
         except RuntimeError as exc:
@@ -726,7 +726,7 @@ def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
     """etcd down at start: the node serves from its mirror, then registers and links once etcd answers."""
     etcd_port = free_port()
     late = type("LateEtcd", (), {"port": etcd_port})
-    n1 = start_node(tmp_path, late, 1)  # type: ignore[arg-type]
+    n1 = start_node(tmp_path, late, 1)  # type: ignore[arg-type]  # an etcd stand-in that only names a port
     n2 = etcd = None
     try:
         with connect(n1) as connection:

@@ -99,7 +99,7 @@ async def put(client: aetcd.Client, kind: str, key: str, record: dict[str, Any])
 async def held(client: aetcd.Client) -> dict[tuple[str, str], dict[str, Any]]:
     """The definitions etcd holds, as a broker would have them."""
     prefix = len(metadata.DEF_PREFIX)
-    return {tuple(kv.key[prefix:].decode().split("/", 1)): json.loads(kv.value)  # type: ignore[misc]
+    return {tuple(kv.key[prefix:].decode().split("/", 1)): json.loads(kv.value)
             for kv in await client.get_prefix(metadata.DEF_PREFIX)}
 
 

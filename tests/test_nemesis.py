@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, unavailable
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import nemesis  # noqa: E402
+import nemesis  # noqa: E402 (after sys.path takes benchmarks/)
 
 if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("etcd") is None:
     unavailable("the nemesis needs root, iproute2 (ip netns) and etcd")

@@ -44,7 +44,7 @@ def node_log() -> Iterator[io.StringIO]:
     logs.setup("INFO")
     out = io.StringIO()
     handler = root.handlers[0]
-    handler.console.file = out  # type: ignore[attr-defined]
+    handler.console.file = out  # type: ignore[attr-defined]  # rich handler
     yield out
     root.handlers[:], root.level = saved
 
@@ -83,8 +83,8 @@ def test_untrusted_quotes_as_repr_and_says_how_long_it_was():
 def test_a_record_with_untrusted_text_is_not_highlighted(node_log):
     handler = logging.getLogger().handlers[0]
     seen = []
-    real = handler.highlighter  # type: ignore[attr-defined]
-    handler.highlighter = lambda text: seen.append(text.plain) or real(text)  # type: ignore[attr-defined]
+    real = handler.highlighter  # type: ignore[attr-defined]  # rich handler
+    handler.highlighter = lambda text: seen.append(text.plain) or real(text)  # type: ignore[attr-defined]  # rich handler
     log = logging.getLogger("warren.test")
     log.warning("queue %s declared", logs.untrusted("0x1234"))
     log.warning("node %s up", "warren@host")
@@ -186,9 +186,9 @@ def server_link(recorder: Recorder, handshakes: Unauthenticated | None = None) -
 
     if handshakes is None:
         handshakes = Unauthenticated("cluster link", 16, 5.0, logging.getLogger("warren.test"))
-    handshakes.log = recorder  # type: ignore[assignment]
+    handshakes.log = recorder  # type: ignore[assignment]  # a recording stand-in
     server = link.ServerLink(SECRET, "warren1@host", open_session, handshakes)
-    server.handshake_log = recorder  # type: ignore[assignment]
+    server.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
     transport = FakeTransport(server)
     server.connection_made(transport)
     return server, transport
@@ -304,7 +304,7 @@ def test_fuzz_the_dialers_handshake(sent, cuts):
     async def scenario() -> None:
         recorder = Recorder()
         client = link.ClientLink(SECRET, "warren2@host", "warren1@host", recorder)
-        client.handshake_log = recorder  # type: ignore[assignment]
+        client.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
         transport = FakeTransport(client)
         client.connection_made(transport)
         wire = b""

@@ -61,6 +61,6 @@ def test_each_type_refuses_what_its_capabilities_lack():
 def test_a_proxy_holds_the_type_of_the_queue_it_stands_for():
     arguments = {"x-queue-type": "quorum"}
     kind, args = queue_types.declared(arguments, "q", "/")
-    proxy = RemoteQueue("q", "/", True, False, arguments, kind, args, peer=None)  # type: ignore[arg-type]
+    proxy = RemoteQueue("q", "/", True, False, arguments, kind, args, peer=None)  # type: ignore[arg-type]  # a proxy never asked of its peer here
     assert proxy.type is queue_types.of(arguments) and REPLICATED in proxy.type.capabilities
     assert proxy.remote

@@ -36,7 +36,7 @@ class Leader(RuleBasedStateMachine):
         self.clock = 1_000_000
         self._real_now = queue_module.now_ms
         for module in CLOCKED:
-            module.now_ms = lambda: self.clock  # type: ignore[attr-defined]
+            module.now_ms = lambda: self.clock  # type: ignore[attr-defined]  # a fake clock
         self.broker: Broker | None = None
         self.held: list = []  # entries a client holds unacked
         self.sent = 0
@@ -44,7 +44,7 @@ class Leader(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         for module in CLOCKED:
-            module.now_ms = self._real_now  # type: ignore[attr-defined]
+            module.now_ms = self._real_now  # type: ignore[attr-defined]  # the real clock back
         if self.broker is not None:
             self.loop.run_until_complete(self._close())
         self.loop.close()

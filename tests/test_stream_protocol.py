@@ -20,7 +20,7 @@ import pytest
 from conftest import INTEGRATION, BrokerProcess, free_port, starts
 
 rstream = pytest.importorskip("rstream")
-from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402
+from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402 (after importorskip)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +41,7 @@ def node(tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     broker = BrokerProcess(tmp_path_factory.mktemp("stream") / "data",
                            extra=["--stream-enabled", "true", "--stream-port", str(port)])
-    broker.stream_port = port  # type: ignore[attr-defined]
+    broker.stream_port = port  # type: ignore[attr-defined]  # a test-only attribute
     broker.start()
     wait_for_stream_port(port)
     yield broker

@@ -22,7 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     unavailable(f"{CHROMIUM} is not installed (apt-get install chromium); test.sh installs it")
 
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright  # noqa: E402 (after the check that Chromium is there)
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
