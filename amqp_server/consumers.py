@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .offsets import Offsets
+from .spark_bridge.queue_reads import Offsets
 
 
 class ConsumerGroup:

@@ -18,7 +18,7 @@ credit, round-robin within it (:mod:`consumers`).
 
 :class:`Queue` is enqueue and delivery; its other concerns are its parts, each in a module of its own
 (:mod:`queue_base` lists them): consumers and x-expires in :mod:`consumers`, settling in :mod:`settle`, the
-Spark bridge's offsets in :mod:`offsets`.
+Spark bridge's reads and commits in :mod:`spark_bridge.queue_reads`.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from .clock import now_ms
 from .disk_tail import CONSUMED_WINDOW, MIN_WINDOW
 from .message import Message
 from .consumers import ConsumerGroup, Consumers
-from .offsets import DiskSpan
 from .queue_args import QueueArgs
 from .queue_base import QueueHost, TailCount, TransientPages
 from .ready import Entry
+from .spark_bridge.queue_reads import DiskSpan
 from .stats import MessageStats
 
 if TYPE_CHECKING:

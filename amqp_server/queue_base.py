@@ -4,9 +4,9 @@ a priority queue (:mod:`priority_queue`) keeps one per level.
 
 A queue's parts, each a class on the one before and a module named for its concern: ``disk_tail`` (its tail on
 disk: paging out and in, the entries there leaving), ``expiry`` (TTL, and dead-lettering what leaves for good),
-``settle`` (ack, reject, requeue, purge, delete), ``offsets`` (the Spark bridge's reads by seq and its commits),
-``consumers`` (consumers, their priority groups, the single active one, and x-expires), and ``queue`` itself
-(enqueue and delivery).
+``settle`` (ack, reject, requeue, purge, delete), ``spark_bridge.queue_reads`` (the Spark bridge's reads by seq and
+its commits), ``consumers`` (consumers, their priority groups, the single active one, and x-expires), and ``queue``
+itself (enqueue and delivery).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """``spark.read.format("warren")`` / ``spark.readStream.format("warren")``: queues as DataFrames.
 
-Reads go through the management port (``mgmt_http/offsets.py``): each ready message of a queue
-has an *offset* (its per-queue sequence number, stable across broker restarts for durable
-queues), ``/records`` returns offset ranges as Arrow IPC without changing the queue, and
-``/commit`` removes everything below an offset (idempotent, monotonic).
+Reads go through the management port (``mgmt_http/offsets.py``, the broker side in ``amqp_server/spark_bridge/``):
+each ready message of a queue has an *offset* (its per-queue sequence number, stable across broker restarts for
+durable queues), ``/records`` returns offset ranges as Arrow IPC without changing the queue, and ``/commit``
+removes everything below an offset (idempotent, monotonic).
 
 Batch
     ``load()`` runs :meth:`WarrenDataSource.schema` (in a Python worker), which checks the broker,

@@ -141,8 +141,9 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
 # queue, and does not branch on either.
 INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.queue_base", "amqp_server.disk_tail",
-                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.offsets", "amqp_server.priority_queue",
-                    "amqp_server.quorum_queue", "amqp_server.stream_queue", "forwarder.remote_queue"}
+                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.spark_bridge.queue_reads",
+                    "amqp_server.priority_queue", "amqp_server.quorum_queue", "amqp_server.stream_queue",
+                    "forwarder.remote_queue"}
 # (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
 QUEUE_CLASSES = {"PriorityQueue", "QuorumQueue", "StreamQueue", "RemoteQueue"}
 TYPE_NAMES = {"classic", "quorum", "stream", "x-queue-type"}
@@ -218,3 +219,16 @@ if "stream" != kind: pass
 ok = isinstance(q, Exchange) and "x-queue-type" in NAMES and REPLICATED in q.type.capabilities
 '''
     assert type_branches(ast.parse(source)) == [2, 3, 4, 5, 6, 7]  # (7: "x-queue-type" in NAMES)
+
+
+def test_the_spark_bridge_reads_a_queue_through_its_record_source():
+    """The bridge's read and its HTTP front end ask a queue only what ``RecordSource`` offers (each queue type
+    provides it), never the state of its ready list or its tail on disk."""
+    source = ast.parse((ROOT / "amqp_server" / "spark_bridge" / "queue_reads.py").read_text())
+    protocol = next(node for node in source.body if isinstance(node, ast.ClassDef) and node.name == "RecordSource")
+    offered = {node.name for node in protocol.body if isinstance(node, ast.FunctionDef)}
+    assert {"offsets", "read_range", "chunk_span", "disk_part", "disk_index", "locate"} <= offered
+    for path in (ROOT / "amqp_server" / "spark_bridge" / "records.py", ROOT / "mgmt_http" / "offsets.py"):
+        asked = {node.attr for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "queue"}
+        assert asked and asked <= offered, (path, sorted(asked - offered))

@@ -1,6 +1,6 @@
 """The Spark bridge's side in the broker: the record reader processes that build /records' Arrow batches from a
-queue's part on disk (mgmt_http.record_reader), how they write to the client, and how they follow the queue
-index while the queue moves.  The SparkSession's side is tests/test_spark.py."""
+queue's part on disk (amqp_server.spark_bridge.record_reader), how they write to the client, and how they follow the
+queue index while the queue moves.  The SparkSession's side is tests/test_spark.py."""
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +18,9 @@ import pytest
 
 from amqp_server.broker import Broker
 from amqp_server.clock import now_ms
-from mgmt_http import arrow_records
-from mgmt_http.offsets import _locator
-from mgmt_http.record_reader import RecordReaders, _gather
+from amqp_server.spark_bridge import arrow_records
+from amqp_server.spark_bridge.record_reader import RecordReaders, _gather
+from amqp_server.spark_bridge.records import _locator
 from queue_index import QueueIndex
 
 from test_mgmt_api import call
@@ -28,14 +28,14 @@ from test_paging import WINDOW, bodies, send, settle
 
 
 def _reader_pids(node) -> list[int]:
-    """The node's record reader processes (children running mgmt_http.record_reader)."""
+    """The node's record reader processes (children running amqp_server.spark_bridge.record_reader)."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                     parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                    if parent == node.proc.pid and b"mgmt_http.record_reader" in cmdline.read():
+                    if parent == node.proc.pid and b"spark_bridge.record_reader" in cmdline.read():
                         found.append(int(pid))
             except (OSError, ValueError, IndexError):
                 continue
@@ -211,7 +211,7 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(tmp_pa
     send(broker, vhost, "q", bodies(3000))  # more than a page-in batch (PAGE_IN_BATCH)
     await settle()
     queue = vhost.queue("q")
-    head_on_disk = queue.paged_from
+    head_on_disk = queue.disk_part().first
     where = queue.disk_index(head_on_disk)
     locate = _locator(queue, head_on_disk)
     readers = RecordReaders(1)
@@ -221,7 +221,7 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(tmp_pa
     def consumer_meanwhile(walked):
         for _ in range(20):  # a consumer takes 20: the window refills from the disk's head
             broker.get_local(vhost, "q", no_ack=True)
-        paged_from.append(queue.paged_from)
+        paged_from.append(queue.disk_part().first)
         return locate(walked)
 
     try:

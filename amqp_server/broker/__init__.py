@@ -7,8 +7,8 @@ operations; none keeps its own copy.  Operations raise :class:`ChannelError`
 :class:`Broker` is the one object they call; each concern's operations are in a module of this package named for
 it, as RabbitMQ splits them: ``vhosts`` (rabbit_vhost), ``exchanges`` (rabbit_exchange), ``bindings``
 (rabbit_binding), ``queues`` (rabbit_amqqueue), ``routing`` (rabbit_router), ``dead_letters`` (rabbit_dead_letter),
-``messages`` (publish, get, settle, move), ``offsets`` (the Spark bridge's commit) and ``recovery`` (start-up);
-``core`` holds the state they share and what they call on one another.
+``messages`` (publish, get, settle, move) and ``recovery`` (start-up); ``core`` holds the state they share and what
+they call on one another.  The Spark bridge's commit is in the bridge's package (``spark_bridge.commit``).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ..limits import Limits
 from ..paging import Pager
 from ..persistence import Persistence
 from ..policy import Policies
+from ..spark_bridge.commit import Offsets
 from ..stats import ChurnStats, MessageStats
 from ..vhost import VHost
 from .bindings import Bindings
@@ -33,7 +34,6 @@ from .core import ClusterHooks
 from .dead_letters import DeadLetters
 from .exchanges import Exchanges
 from .messages import Messages
-from .offsets import Offsets
 from .queues import Queues
 from .recovery import Recovery
 from .routing import Router

@@ -231,5 +231,5 @@ class BrokerCore:
         raise NotImplementedError
 
     def _save_offsets(self, queue: Queue) -> None:
-        """A durable queue's offsets, kept across restarts (``offsets.py``)."""
+        """A durable queue's offsets, kept across restarts (``spark_bridge/commit.py``)."""
         raise NotImplementedError

@@ -1,11 +1,11 @@
-"""Offsets (the Spark bridge's broker side): a queue's commit, which removes its ready entries below an offset,
-and the offsets a durable queue keeps across restarts.
+"""The Spark bridge's commit, a broker operation (a part of :class:`~amqp_server.broker.Broker`): it removes a
+queue's ready entries below an offset, and saves the offsets a durable queue keeps across restarts.
 """
 from __future__ import annotations
 
+from ..broker.core import BrokerCore
 from ..paging import paced
 from ..queue import Queue
-from .core import BrokerCore
 
 
 class Offsets(BrokerCore):

@@ -3,7 +3,7 @@ other processes, so that a large read does not take the event loop's GIL from AM
 
 A batch takes one reader two steps (``RecordReaders.read``).  The reader walks the queue index (LMDB lets
 another process read it while the broker writes), keeps the entries below the range's end and unexpired, and
-sends the loop their seqs and message ids.  The loop finds where their payloads lie (``Queue.disk_span``: the
+sends the loop their seqs and message ids.  The loop finds where their payloads lie (``RecordSource.locate``: the
 stores' locations, as arrays) and sends that back, with the descriptors of the segment files.  The reader reads
 the records (one ``preadv`` per run of neighbours), builds the record batch column by column
 (``arrow_records.encode_columns``) and sends back its serialised IPC message, which the loop writes to the
@@ -11,9 +11,9 @@ response as it is.  A descriptor stays readable after a compaction or a deletion
 records a span names are there however the store moves on meanwhile.  The loop's share is a few array
 operations per batch, whatever its rows.
 
-A stream's chunks take one step: the loop finds where they lie in its log (``Queue.chunk_span``: arrays from the
-segments' indexes) and sends that, with the segment files' descriptors; the reader reads the chunks, converts
-their records as an AMQP 0-9-1 consumer gets them (``amqp_server.stream.amqp10``) and builds the batch.
+A stream's chunks take one step: the loop finds where they lie in its log (``RecordSource.chunk_span``: arrays
+from the segments' indexes) and sends that, with the segment files' descriptors; the reader reads the chunks,
+converts their records as an AMQP 0-9-1 consumer gets them (``amqp_server.stream.amqp10``) and builds the batch.
 
 When the client's connection is plain TCP, the loop passes its socket along too and the reader writes the
 batch to the client itself (an HTTP chunk, as aiohttp would frame it): the loop never touches the batch's
@@ -50,12 +50,13 @@ import lmdb
 import numpy as np
 import pyarrow as pa
 
-from amqp_server import payload as payload_codec
-from amqp_server.offsets import DiskSpan
 from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, IndexRows, as_rows, open_reader, walk
 
+from .. import payload as payload_codec
+from .queue_reads import DiskSpan
+
 if TYPE_CHECKING:
-    from amqp_server.stream.log import ChunkSpan
+    from ..stream.log import ChunkSpan
 
     from .arrow_records import Layout
 
@@ -70,8 +71,9 @@ MAX_FDS = 4096
 WRITE_WAIT = 0.05  # seconds a reader waits, in all, for a client's socket to take a batch, before handing back the rest
 # a reader process's program: imported, not run as ``-m`` (the package imports this module first, and runpy
 # would warn that it runs a second copy of it)
-MAIN = "import socket, sys; from mgmt_http.record_reader import serve; serve(socket.socket(fileno=int(sys.argv[1])))"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = ("import socket, sys; from amqp_server.spark_bridge.record_reader import serve; "
+        "serve(socket.socket(fileno=int(sys.argv[1])))")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCATIONS = (("found", np.bool_), ("files", np.uint32), ("offsets", np.uint32), ("sizes", np.uint32))
 CHUNK_LOCATIONS = (("files", np.uint32), ("positions", np.uint64), ("sizes", np.uint32), ("ids", np.uint64))
 CHUNKS_READ = struct.Struct(">Iq")  # a chunks request's reply: its rows, the offset after what it read
@@ -158,7 +160,7 @@ class RecordReaders:
     async def read(self, where: tuple[str, int, int], limit: int, max_bytes: int, end: int, now: int,
                    locate: Callable[[Walked], Located], queue_name: str, layout: Layout,
                    client: ClientSocket | None = None) -> Read:
-        """A record batch of the queue's part on disk from ``where`` (``Queue.disk_index``), as ``walk`` chooses
+        """A record batch of the queue's part on disk from ``where`` (``RecordSource.disk_index``), as ``walk`` chooses
         its entries, their payloads where ``locate`` finds them; with ``client``, written to it."""
 
         async def walk_and_build(reader: _Reader) -> Read:
@@ -461,7 +463,7 @@ def _chunks(payload: bytes, fds: list[int], queue_name: str, columns: list[str],
     """``CHUNKS_READ`` and the batch of the records from ``start`` (below ``end``, ``limit`` at most) in the chunks
     the payload places: each read whole, its records converted as an AMQP 0-9-1 consumer of the stream gets them
     (a record this node cannot read keeps its offset and is left out)."""
-    from amqp_server.stream import amqp10, chunk
+    from ..stream import amqp10, chunk
 
     from . import arrow_records
 

@@ -1,9 +1,11 @@
-"""Offsets (the Spark bridge: read by sequence number, remove once the reader committed).
+"""A queue's side of the Spark bridge: read by sequence number, remove once the reader committed.
 
 An offset is an entry's ``seq``: per queue, increasing, and for durable queues kept by the queue index across
 restarts.  Only *ready* entries are visible here: entries a consumer holds unacked are neither browsed nor removed
 (if requeued they come back at their seq).  A reader in another process walks the part on disk itself
-(``disk_index``, ``disk_span``: mgmt_http/record_reader.py), or a stream's chunks (``chunk_span``).
+(``disk_part``, ``disk_index``, ``locate``: ``record_reader``), or a stream's chunks (``chunk_span``).
+:class:`RecordSource` is all the bridge reads a queue through; every queue type provides it (:class:`Offsets`
+here, for the types whose entries sit in a ready list and the queue index; a stream's own methods for its log).
 """
 from __future__ import annotations
 
@@ -11,18 +13,18 @@ import os
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
-from .clock import now_ms
-from .ready import Entry, _seq
-from .settle import Settling
+from ..clock import now_ms
+from ..ready import Entry, _seq
+from ..settle import Settling
 
 if TYPE_CHECKING:
     from msg_store import MessageStore
 
-    from .stream.log import ChunkSpan
+    from ..stream.log import ChunkSpan
 
 
 def _segment_files(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,6 +76,37 @@ class DiskSpan:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+
+
+class DiskPart(NamedTuple):
+    """A queue's ready entries on disk: every one from ``first`` on, ``messages`` of them with ``size`` body bytes;
+    those below ``first`` are in memory."""
+
+    first: int
+    messages: int
+    size: int
+
+
+class RecordSource(Protocol):
+    """What the Spark bridge reads a queue through (``records``, ``commit``), whatever its type: a stream names its
+    chunks (``chunk_span``); the others give their entries in memory (``read_range``) and name those on disk, for a
+    reader process to walk in the queue index (``disk_part``, ``disk_index``, ``locate``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def committed(self) -> int: ...
+    @property
+    def message_count(self) -> int: ...
+    @property
+    def ready_bytes(self) -> int: ...
+    def offsets(self) -> tuple[int, int]: ...
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]: ...
+    def chunk_span(self, start: int, end: int, rows: int, max_bytes: int) -> "ChunkSpan | None": ...
+    def disk_part(self) -> DiskPart | None: ...
+    def disk_index(self, start: int) -> tuple[str, int, int] | None: ...
+    def locate(self, walked_from: int, seqs: np.ndarray, msg_ids: np.ndarray,
+               transient: np.ndarray) -> tuple[int, DiskSpan]: ...
 
 
 class Offsets(Settling):
@@ -146,6 +179,20 @@ class Offsets(Settling):
         """Where a reader in another process reads the chunks holding offsets ``start`` to ``end`` (``rows`` of
         them, about ``max_bytes``); None for a queue whose messages are not kept in chunks (a stream's are)."""
         return None
+
+    def disk_part(self) -> DiskPart | None:
+        """The ready entries on disk (None: none are)."""
+        return DiskPart(self.paged_from, self.paged, self.paged_bytes) if self.paged else None
+
+    def locate(self, walked_from: int, seqs: np.ndarray, msg_ids: np.ndarray,
+               transient: np.ndarray) -> tuple[int, DiskSpan]:
+        """Where the payloads of entries a reader walked from ``walked_from`` (``disk_index``; ``seqs``, ``msg_ids``
+        and ``transient`` as ``disk_span`` takes them) lie, of those still on disk: how many of the first rows are
+        not (consumers took the disk's head into memory meanwhile), and the others' ``disk_span``."""
+        skip = 0
+        if not self.paged or self.paged_from > walked_from:
+            skip = int(np.searchsorted(seqs, self.paged_from))
+        return skip, self.disk_span(msg_ids[skip:], transient[skip:])
 
     def disk_span(self, msg_ids: np.ndarray, transient: np.ndarray) -> DiskSpan:
         """Where the payloads of entries walked from ``disk_index`` lie in the stores' segment files:
