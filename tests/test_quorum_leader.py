@@ -18,14 +18,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pamqp import commands
 
-from amqp_server import expiry, offsets, properties
+from amqp_server import expiry, properties
 from amqp_server import queue as queue_module
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
 from amqp_server.quorum_queue import QuorumQueue
+from amqp_server.spark_bridge import queue_reads
 
 WINDOW = 8  # entries in memory before the tail pages out
-CLOCKED = (queue_module, expiry, offsets)  # the queue's parts that read the time
+CLOCKED = (queue_module, expiry, queue_reads)  # the queue's parts that read the time
 
 
 class Leader(RuleBasedStateMachine):
