@@ -255,8 +255,11 @@ class Purge:
 
 @dataclass(slots=True)
 class Recover:
-    """A new term (or a restart): what consumers held, and waiting dead letters, are back in their places,
-    those that consumers held counted as returned, as when a consumer goes."""
+    """A restart: what consumers held, and waiting dead letters, are back in their places, those that
+    consumers held counted as returned, as when a consumer goes.  ``seqs``: only those of them (a new
+    leader's: the waiting dead letters at once, and what no consumer took back within its grace period)."""
+
+    seqs: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -473,15 +476,20 @@ def _purge(op: Purge, state: State) -> list[Effect]:
 
 
 def _recover(op: Recover, state: State) -> list[Effect]:
-    counts, ready = state.counts, state.ready
+    counts, ready, checked_out, dead = state.counts, state.ready, state.checked_out, state.dead
+    if op.seqs is None:
+        out, waiting = set(checked_out), set(dead)
+    else:
+        out, waiting = checked_out.intersection(op.seqs), dead.keys() & set(op.seqs)
     rows = []
-    for seq in state.checked_out:
+    for seq in out:
         counts[seq] = counts.get(seq, 0) + 1
-    for seq in sorted(state.checked_out | state.dead.keys()):
+    for seq in sorted(out | waiting):
         ready.add_run(seq, seq + 1)
         rows.append((seq, counts.get(seq, 0)))
-    state.checked_out = set()
-    state.dead = {}
+    checked_out -= out
+    for seq in waiting:
+        del dead[seq]
     return [Unhold(rows)] if rows else NONE
 
 

@@ -48,7 +48,7 @@ RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
 DEAD_LETTER = struct.Struct(">BBI")  # a reason (machine.REASONS), a count, then the seqs
 CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
- PURGE_OP, RECOVER_OP, CONFIGURE_OP) = range(1, 12)
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP) = range(1, 13)
 # a snapshot's row, not an op: seq, expiry, held, times returned, record length; then the record
 ENTRY = struct.Struct(">BQQBBI")
 ENTRY_OP = 20
@@ -88,7 +88,7 @@ def encode(op: machine.Op) -> bytes:
     if isinstance(op, machine.Purge):
         return SEQ.pack(PURGE_OP, op.below)
     if isinstance(op, machine.Recover):
-        return bytes((RECOVER_OP,))
+        return bytes((RECOVER_OP,)) if op.seqs is None else SEQS.pack(RECOVER_SOME_OP, len(op.seqs)) + _seqs(op.seqs)
     if isinstance(op, machine.Configure):
         limit = -1 if op.delivery_limit is None else op.delivery_limit
         return CONFIGURE.pack(CONFIGURE_OP, limit, op.at_least_once)
@@ -131,7 +131,8 @@ def decode(data: memoryview, pos: int) -> tuple[machine.Op, int]:
     raise ValueError(f"unknown op {kind}")
 
 
-_LISTS: dict[int, Any] = {SETTLE_OP: machine.Settle, EXPIRE_OP: machine.Expire, DEAD_LETTERED_OP: machine.DeadLettered}
+_LISTS: dict[int, Any] = {SETTLE_OP: machine.Settle, EXPIRE_OP: machine.Expire, DEAD_LETTERED_OP: machine.DeadLettered,
+                         RECOVER_SOME_OP: machine.Recover}
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
