@@ -738,6 +738,18 @@ class Channel:
         else:
             self.reply(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
+    def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
+        """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
+        which takes back what it holds, under the same delivery tags (RabbitMQ's consumers outlive a change of
+        leader unaware).  What it does not take back stays with the old one, where a settle does nothing."""
+        unacked = self.unacked
+        tags = [tag for tag, (_, queue, held_by) in unacked.items() if held_by is consumer and queue is old]
+        entries = [unacked[tag][0] for tag in tags]
+        taken = new.take_consumer(consumer, list(zip(entries, old.release(consumer, entries))))
+        for tag, entry in zip(tags, taken):
+            if entry is not None:
+                unacked[tag] = (entry, new, consumer)
+
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         if self._remote(name):

@@ -10,7 +10,7 @@ it takes that object's class as a type parameter, which the core fills in (``Del
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
@@ -47,6 +47,10 @@ class DeliveryTarget(Protocol[ConsumerT, EntryT]):
 
     def cancelled_by_broker(self, consumer: ConsumerT) -> None:
         """The queue went away (deleted, or its node went down): tell the client."""
+
+    def handed_over(self, consumer: ConsumerT, old: Any, new: Any) -> None:
+        """Another object stands for the consumer's queue (a quorum queue's leader moved): the consumer goes on
+        with it (``Queue.take_consumer``), its client unaware."""
 
 
 class ReplyTarget(Protocol[ConsumerT, MessageT]):

@@ -333,6 +333,24 @@ class Queue(Consumers):
         where ``counts_deliveries``)."""
         return entry.message.header
 
+    def adopt(self, seqs: list[int]) -> list[Entry | None]:
+        """A consumer that outlived a change of leader takes back what it held (a quorum queue's); here, none."""
+        return [None] * len(seqs)
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
+        """A consumer of the object that stood for this queue before (a quorum queue's leader moved) goes on
+        with this one, taking back what it holds (``held``: its entries there, and their seqs in the queue):
+        the entries that stand for them here (None: not taken back)."""
+        consumer.queue = self
+        consumer.counted = self.counts_deliveries
+        self.add_consumer(consumer)
+        return self.adopt([seq for _, seq in held])
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> list[int]:
+        """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's
+        seqs of the entries it holds."""
+        return [entry.seq for entry in entries]
+
     def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""
         self.touch()

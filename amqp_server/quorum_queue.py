@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
+HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them to take back (``adopt``)
 
 
 class QuorumQueue(Queue):
@@ -64,6 +65,8 @@ class QuorumQueue(Queue):
         self._context: dict[int, Entry] = {}  # the ready entries an op being carried out names, by seq
         self._dlx_timer: asyncio.TimerHandle | None = None
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
+        self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
+        self._grace_timer: asyncio.TimerHandle | None = None
         self._configure(apply=False)
 
     # -- ops --------------------------------------------------------------------------------------
@@ -142,14 +145,81 @@ class QuorumQueue(Queue):
     def restarted(self) -> None:
         self.start(self.persistence.copy_state(self.index_id))
 
-    def start(self, state: machine.State) -> None:
+    def start(self, state: machine.State, handover: bool = False) -> None:
         """The queue comes back from its storage (a restart, or a new leader's copy), whose state is ``state``:
-        what consumers held before is returned, in place (``machine.Recover``)."""
+        after a restart, what consumers held before is returned, in place (``machine.Recover``).  A new leader
+        (``handover``) returns only the waiting dead letters: as RabbitMQ's, consumers outlive a change of
+        leader, and take back what they held (``adopt``); what none took back within ``HANDOVER_GRACE``
+        seconds is returned then."""
         self.state = state
         self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
         self._configure()
-        if state.checked_out or state.dead:
-            self.run(machine.Recover())
+        if not handover:
+            if state.checked_out or state.dead:
+                self.run(machine.Recover())
+            return
+        if state.dead:
+            self.run(machine.Recover(sorted(state.dead)))
+        if not state.checked_out:
+            return
+        self._awaiting = awaiting = set(state.checked_out)
+        while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
+            before = self.paged_from
+            self._page_in()
+            if self.paged_from == before:
+                break
+        for seq in awaiting:
+            self._expiring.pop(seq, None)
+        self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
+
+    def _admit(self, entry: Entry) -> None:
+        """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
+        seq = entry.seq
+        if seq not in self._awaiting or seq in self.held:
+            super()._admit(entry)
+            return
+        self.held[seq] = entry
+        size = entry.message.body_size
+        self.ready_bytes -= size
+        self.unacked += 1
+        self.unacked_bytes += size
+
+    def adopt(self, seqs: list[int]) -> list[Entry | None]:
+        """A consumer that outlived the change of leader takes back what it held under ``seqs``: the entries
+        still waiting for it (None for the others: settled before, or returned after the grace period).  The
+        caller counts them against the consumer's prefetch, and settles them as any it delivered."""
+        awaiting, held = self._awaiting, self.held
+        found: list[Entry | None] = []
+        for seq in seqs:
+            if seq in awaiting and seq in held:
+                awaiting.discard(seq)
+                found.append(held[seq])
+            else:
+                found.append(None)
+        return found
+
+    def _grace_over(self) -> None:
+        """What no consumer took back goes back in its place, counted as returned."""
+        self._grace_timer = None
+        awaiting, self._awaiting = self._awaiting, set()
+        if self.detached or self.deleted:
+            return
+        entries = [self.held.pop(seq) for seq in sorted(awaiting) if seq in self.held]
+        if not entries:
+            return
+        self.run(machine.Recover([entry.seq for entry in entries]))
+        for entry in entries:
+            size = entry.message.body_size
+            self.ready_bytes += size
+            self.unacked -= 1
+            self.unacked_bytes -= size
+            entry.redelivered = True
+            if entry.expiry:
+                self._track_expiry(entry)
+            self._put_back(entry)
+        self.deliver_ready()
+        if self._expiring:
+            self._expire_due()
 
     # -- what clients do --------------------------------------------------------------------------
 
@@ -280,8 +350,13 @@ class QuorumQueue(Queue):
                 self._send_dead_letters(entries, reason)
 
     def drop_all(self) -> None:
-        """Deleted: the dead letters still waiting go too."""
+        """Deleted: the dead letters still waiting go too, and what no consumer took back."""
         self._stop_dead_letters()
+        for seq in self._awaiting:
+            entry = self.held.get(seq)
+            if entry is not None:
+                self._forget(entry)
+        self._stop_grace()
         super().drop_all()
 
     def detach(self) -> None:
@@ -289,6 +364,13 @@ class QuorumQueue(Queue):
         self.detached = True
         self.replicator = None
         self._stop_dead_letters()
+        self._stop_grace()
+
+    def _stop_grace(self) -> None:
+        self._awaiting = set()
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
 
     def _stop_dead_letters(self) -> None:
         for seq in list(self.state.dead):

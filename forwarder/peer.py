@@ -116,7 +116,9 @@ class Peer:
                 future.set_exception(home_node_down(queue))
         consumers, self.consumers = self.consumers, {}
         for queue, remote in consumers.values():
-            if remote.accepted.done():
+            if remote.accepted.done() and queue.replicated:  # it waits for the queue's (new) leader: ``follow``
+                remote.attached = False
+            elif remote.accepted.done():
                 queue.cancelled(remote.consumer)
             else:  # its basic.consume is still waiting: it fails as for a queue whose node is down
                 queue.refused(remote.consumer)
@@ -165,18 +167,33 @@ class Peer:
             channel, channel_seq, _ = self._pending.pop(seq)
             channel.remote_confirmed(channel_seq, rejected=True)
 
-    def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer:
-        remote = RemoteConsumer(next(self._ids), consumer)
+    def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
+                adopt: list[int] | None = None) -> RemoteConsumer:
+        """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
+        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``)."""
+        if remote is None:
+            remote = RemoteConsumer(next(self._ids), consumer)
+        else:
+            remote.id = next(self._ids)
         self.consumers[remote.id] = (queue, remote)
         if self.link is not None:
             arguments, timestamps = link.portable_arguments(consumer.arguments)
             client = consumer.channel.client()
-            self.link.send(link.CONSUME, link.encode_json({
+            request = {
                 "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
                 "exclusive": consumer.exclusive, "arguments": arguments, "timestamps": timestamps,
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch,
-                "client": [client.connection, client.number, *client.peer, client.user]}))
+                "client": [client.connection, client.number, *client.peer, client.user]}
+            if adopt is not None:
+                request.update(adopt=adopt, buffered=len(remote.buffer))
+            self.link.send(link.CONSUME, link.encode_json(request))
         return remote
+
+    def forget(self, remote: RemoteConsumer) -> None:
+        """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
+        self.consumers.pop(remote.id, None)
+        if self.link is not None:
+            self.link.send(link.CANCEL, link.ID.pack(remote.id))
 
     def cancel(self, remote: RemoteConsumer) -> None:
         self.consumers.pop(remote.id, None)
@@ -269,20 +286,25 @@ class Peer:
             future.set_result((reply, message))
 
     def _deliver(self, payload: bytes) -> None:
-        consumer_id, tag, redelivered = link.DELIVER_HEAD.unpack_from(payload)
+        consumer_id, tag, seq, redelivered = link.DELIVER_HEAD.unpack_from(payload)
         found = self.consumers.get(consumer_id)
         if found is None:  # cancelled meanwhile: back to the queue
             self.settle_tags(link.SETTLE_REQUEUE, [tag])
             return
         queue, remote = found
         message = link.read_message(payload, link.DELIVER_HEAD.size)
-        queue.delivered(remote, Entry(tag, message, bool(redelivered)))
+        queue.delivered(remote, Entry(tag, message, bool(redelivered)), seq)
 
     def _consumed(self, reply: dict[str, Any]) -> None:
         found = self.consumers.get(reply["id"])
         if found is None:
             return
         queue, remote = found
+        if remote.accepted.done():  # consuming again at a quorum queue's new leader
+            if reply["error"] is not None:
+                del self.consumers[remote.id]
+            queue.reattached(remote, reply["error"] is None, reply.get("tags") or [])
+            return
         if reply["error"] is None:
             remote.accepted.set_result(None)
             return

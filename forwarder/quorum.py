@@ -16,10 +16,13 @@ up), applies them to its own message store and queue index (under its own index 
 position in the same transaction, and answers ``REPLICATED`` once the group commit that holds them is
 fsynced.  A publish is confirmed once a majority (the leader counting itself) has it durably.
 
-A new leader recovers the queue from its copy as a restart would (unacked entries come back
-redelivered), and its clients' consumers elsewhere were cancelled when the old leader's link dropped, as
-RabbitMQ does.  A leader that sees a later term, or whose lease lapsed, stops: its consumers are cancelled
-and its unconfirmed publishes nacked.
+A new leader recovers the queue from its copy as a restart would, but for what consumers held: as RabbitMQ's,
+a quorum queue's consumers outlive a change of leader, their clients unaware.  Each node's consumers consume
+again at the new leader (``RemoteQueue.follow``; those of a leader deposed, or of a node that now leads, move
+to the queue's new object here, ``Broker.replace_queue``) with the queue's seqs of what they hold, which the
+leader kept for them (``QuorumQueue.adopt``) and gives back under new delivery tags; what none took back
+within ``HANDOVER_GRACE`` comes back redelivered.  A leader that sees a later term, or whose lease lapsed,
+stops: its consumers are dropped there, uncancelled, and its unconfirmed publishes nacked.
 """
 from __future__ import annotations
 
@@ -530,11 +533,7 @@ class QuorumGroups:
         current = vhost.queues.get(group.name)
         proxy = proxy_of(vhost.queues, group.name)
         if proxy is not None:
-            if proxy.peer.name != leader:
-                for consumer in list(proxy.consumers):
-                    proxy.cancelled(consumer)
-                proxy.peer.abandon(proxy)
-                proxy.peer = self.cluster.peer(leader)
+            proxy.follow(self.cluster.peer(leader))
             return
         record = group.record
         queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
@@ -553,13 +552,13 @@ class QuorumGroups:
         queue.members = [self.name] + [name for name in group.members if name != self.name]
         self.broker.persistence.recover_queue(queue)
         group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
-        queue.start(group.state)
+        queue.start(group.state, handover=True)
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
 
     def _demote(self, group: Group) -> None:
         """Deposed: the queue object here takes nothing more (its storage is the copy's now); the proxy that
-        replaces it (``_proxy``) takes its bindings and cancels its consumers."""
+        replaces it (``_proxy``) takes its bindings and its consumers, which the new leader takes back."""
         replicator, group.replicator = group.replicator, None
         if replicator is None:  # (it led: it has one)
             return
@@ -583,6 +582,10 @@ class QuorumGroups:
                 group.replicator.peer_up(name)
             elif group.leader == name:
                 group.held.release()  # nacked now: sent again, they reach the leader
+                vhost = self.broker.vhosts.get(group.vhost)
+                proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
+                if proxy is not None and proxy.peer.name == name:
+                    proxy.attach_waiting()
                 if group.index_id:
                     self._ask_to_catch_up(group)
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it is nacked
 HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
+REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
+REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
 
 
 class Held:
@@ -61,13 +63,20 @@ class Held:
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
-    __slots__ = ("id", "consumer", "buffer", "accepted")
+    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
         self.consumer = consumer
         self.buffer: deque[Entry] = deque()
         self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
+        # a quorum queue's consumer outlives a change of leader: while it is not attached to one (none known, or
+        # its answer to consuming again is on its way), its settles are parked; ``adopting``: the entries
+        # whose seqs it asked the new leader to take back
+        self.attached = True
+        self.adopting: list[Entry] = []
+        self.parked: list[tuple[int, Entry]] = []
+        self.tries = 0
 
 
 class Owner(Protocol):
@@ -79,7 +88,8 @@ class Owner(Protocol):
 
     def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None) -> bool | None: ...
 
-    def consume(self, queue: RemoteQueue, consumer: Consumer) -> RemoteConsumer: ...
+    def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
+                adopt: list[int] | None = None) -> RemoteConsumer: ...
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
@@ -91,6 +101,9 @@ class Owner(Protocol):
 
     def abandon(self, queue: RemoteQueue) -> None:
         """The queue is no longer the owner's (a quorum queue's leader moved): its publishes are nacked now."""
+
+    def forget(self, remote: RemoteConsumer) -> None:
+        """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
 
 
 class RemoteQueue(Queue):
@@ -104,6 +117,10 @@ class RemoteQueue(Queue):
         self.by_consumer: dict[Consumer, RemoteConsumer] = {}
         self.members: list[str] = []  # a quorum queue's group (forwarder.quorum)
         self.held: Held | None = None  # a quorum queue's publishes waiting for a leader (forwarder.quorum)
+        self.replicated = REPLICATED in queue_type.capabilities
+        # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
+        # new leader takes back for it)
+        self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
 
     @property
     def node(self) -> str:
@@ -162,8 +179,11 @@ class RemoteQueue(Queue):
         Queue.remove_consumer(self, consumer)
         self.by_consumer.pop(consumer, None)
 
-    def delivered(self, remote: RemoteConsumer, entry: Entry) -> None:
-        """A delivery from the owner: straight to the client if it has credit, else in the buffer."""
+    def delivered(self, remote: RemoteConsumer, entry: Entry, seq: int) -> None:
+        """A delivery from the owner (``seq``: the entry's in the queue): straight to the client if it has
+        credit, else in the buffer."""
+        if self.replicated:
+            self.taken[entry] = (remote, seq)
         remote.buffer.append(entry)
         self._drain(remote)
 
@@ -177,6 +197,8 @@ class RemoteQueue(Queue):
             entry = buffer.popleft()
             if not consumer.no_ack:
                 consumer.unacked += 1
+            elif self.replicated:
+                self.taken.pop(entry, None)
             consumer.channel.deliver(consumer, entry)
             peer.passed_on(remote, entry, consumer.no_ack)
 
@@ -191,16 +213,119 @@ class RemoteQueue(Queue):
         self.refused(consumer)
         consumer.channel.cancelled_by_broker(consumer)
 
+    # -- a quorum queue's consumers outlive a change of leader ------------------------------------
+
+    def follow(self, peer: Owner) -> None:
+        """The quorum queue has a new leader (or the same one in a new term): its consumers here consume there,
+        and it takes back what they hold; their clients notice nothing (RabbitMQ's do not either)."""
+        old, self.peer = self.peer, peer
+        if old is not peer:
+            old.abandon(self)
+        for remote in list(self.by_consumer.values()):
+            old.forget(remote)
+            self._attach(remote)
+
+    def attach_waiting(self) -> None:
+        """The leader's link is back: the consumers that lost it consume again."""
+        for remote in list(self.by_consumer.values()):
+            if not remote.attached:
+                self._attach(remote)
+
+    def _attach(self, remote: RemoteConsumer) -> None:
+        remote.attached = False
+        remote.adopting = []
+        if (self.held is not None and self.held.leaderless) or not self.peer.up:
+            return  # it waits for a leader (``follow``), or for its link (``attach_waiting``)
+        taken = self.taken
+        remote.adopting = [entry for entry, (holder, _) in taken.items() if holder is remote]
+        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting])
+
+    def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
+        """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
+        returned: the client's settle of it goes nowhere), or a refusal, tried again for a while (a leader
+        just elected may not have its queue yet) before the consumer is cancelled."""
+        adopting, remote.adopting = remote.adopting, []
+        if not ok:
+            remote.tries += 1
+            if self.by_consumer.get(remote.consumer) is not remote:
+                return
+            if remote.tries > REATTACH_TRIES:
+                self.cancelled(remote.consumer)
+                return
+            asyncio.get_running_loop().call_later(REATTACH_RETRY, self._try_again, remote, remote.id)
+            return
+        remote.tries = 0
+        tags = tags + [0] * (len(adopting) - len(tags))
+        for entry, tag in zip(adopting, tags):
+            entry.seq = tag
+            if not tag:
+                self.taken.pop(entry, None)
+        if any(not entry.seq for entry in remote.buffer):
+            remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
+        remote.attached = True
+        parked, remote.parked = remote.parked, []
+        for mode, entry in parked:
+            self._settle(mode, [entry])
+        self._drain(remote)
+
+    def _try_again(self, remote: RemoteConsumer, refused_id: int) -> None:
+        if remote.id == refused_id and not remote.attached and self.by_consumer.get(remote.consumer) is remote:
+            self._attach(remote)
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
+        """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
+        leader takes back what it holds, under the same entries."""
+        consumer.queue = self
+        consumer.counted = False
+        Queue.add_consumer(self, consumer)
+        remote = self.by_consumer[consumer] = RemoteConsumer(0, consumer)
+        remote.accepted.set_result(None)
+        for entry, seq in held:
+            if seq >= 0:
+                self.taken[entry] = (remote, seq)
+        self._attach(remote)
+        return [entry if seq >= 0 else None for entry, seq in held]
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> list[int]:
+        """The consumer goes on with the queue's new object (this node leads it now): gone from the old
+        leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown)."""
+        Queue.remove_consumer(self, consumer)
+        remote = self.by_consumer.pop(consumer, None)
+        if remote is not None:
+            self.peer.forget(remote)
+        seqs = []
+        for entry in entries:
+            found = self.taken.pop(entry, None)
+            seqs.append(found[1] if found is not None else -1)
+        return seqs
+
     # -- settling -----------------------------------------------------------------------------
 
     def settle(self, entries: list[Entry]) -> None:
-        self.peer.settle(link.SETTLE_ACK, entries)
+        self._settle(link.SETTLE_ACK, entries)
 
     def requeue(self, entries: Iterable[Entry]) -> None:
-        self.peer.settle(link.SETTLE_REQUEUE, list(entries))
+        self._settle(link.SETTLE_REQUEUE, list(entries))
 
     def reject(self, entries: list[Entry]) -> None:
-        self.peer.settle(link.SETTLE_REJECT, entries)
+        self._settle(link.SETTLE_REJECT, entries)
+
+    def _settle(self, mode: int, entries: list[Entry]) -> None:
+        """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader parks them."""
+        taken = self.taken
+        if taken:
+            send = []
+            for entry in entries:
+                found = taken.get(entry)
+                if found is not None:
+                    if not found[0].attached:
+                        found[0].parked.append((mode, entry))
+                        continue
+                    del taken[entry]
+                if entry.seq:
+                    send.append(entry)
+            entries = send
+        self.peer.settle(mode, entries)
 
     async def fetch(self, no_ack: bool) -> Entry | None:
         """basic.get at the owner: the entry stays unacked there until settled from here."""

@@ -57,12 +57,20 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
-        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.redelivered),
+        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, entry.redelivered),
                                   entry.message, consumer.queue.delivery_header(entry) if consumer.counted else None)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
         self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
+
+    def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
+        """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
+        takes it, and what it holds, to the new leader (``RemoteQueue.follow``)."""
+        session = self.session
+        session.consumers.pop(self.id, None)
+        for tag in [tag for tag, (_, _, held_by) in session.unacked.items() if held_by is consumer]:
+            del session.unacked[tag]
 
 
 class Session:
@@ -193,8 +201,29 @@ class Session:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return
         self.consumers[consumer_id] = consumer
-        self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": None}))
+        reply: dict[str, Any] = {"id": consumer_id, "error": None}
+        if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
+            reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
+        self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
+
+    def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
+        """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
+        unacked, under new tags (0: not taken back; its client's settle of it is a no-op); ``buffered`` of
+        them are not yet passed to the client (the link's credit counts them)."""
+        found = consumer.queue.adopt(seqs)
+        unacked = self.unacked
+        tags = []
+        for entry in found:
+            if entry is None:
+                tags.append(0)
+                continue
+            tag = next(_tags)
+            unacked[tag] = (entry, consumer.queue, consumer)
+            consumer.unacked += 1
+            tags.append(tag)
+        cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
+        return tags
 
     def _local_queue(self, vhost_name: str, name: str) -> Queue:
         vhost = self.broker.vhosts.get(vhost_name)

@@ -11,14 +11,14 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pika
 import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
 from conftest import CLUSTER, BrokerProcess, free_port, starts
-from test_cluster import Etcd, api, connect, passive, running_nodes, start_node, wait_for
+from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
 
 pytestmark = pytest.mark.timeout(180)
@@ -662,3 +662,81 @@ def test_node_is_quorum_critical_lists_the_queues_its_shutdown_would_leave_witho
     wait_for(lambda: quorum_critical(n3)[0] == 503, "node 2 seen gone")
     assert quorum_critical(n3) == (503, {**failed, "queues": [
         {"readable_name": f"queue '{uid}' in vhost '/'", "name": uid, "virtual_host": "/", "type": "quorum"}]})
+
+
+# -- consumers outlive a change of leader, as RabbitMQ's do: no basic.cancel, acks after it count, what is never
+# acked comes back once the consumer closes ----------------------------------------------------------------------
+
+HANDOVER_PREFETCH = 10
+KEPT = 2  # of the deliveries held at the change, never acked: they come back once the consumer closes
+
+
+def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: int,
+                                      change: Callable[[], None]) -> None:
+    """30 messages; a consumer on node ``at`` (prefetch 10) holds 10 when ``change`` moves the leader from node 1
+    (to node 3: of two copies as long, the name that sorts last leads); then it acks all but ``KEPT`` of them
+    and every later delivery."""
+    n1 = nodes[0]
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: all(leader_of(node, uid) == NAMES[0] for node in nodes), "the leader everywhere")
+    bodies = [b"m%d" % i for i in range(30)]
+    publish(n1, uid, bodies)
+    wait_for(lambda: all(api(node, f"/queues/%2F/{uid}")["messages"] == 30 for node in nodes[1:]), "copies")
+    node = nodes[at]
+    connection = connect(node)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=HANDOVER_PREFETCH)
+    got: list[tuple[int, bytes, bool, object]] = []
+    cancels: list[object] = []
+    held: set[int] = set()
+
+    def on_message(_channel, method, properties, body) -> None:
+        got.append((method.delivery_tag, body, method.redelivered, (properties.headers or {}).get("x-delivery-count")))
+        if held:  # after the change: each new delivery acked at once
+            channel.basic_ack(method.delivery_tag)
+
+    channel.add_on_cancel_callback(cancels.append)
+    channel.basic_consume(uid, on_message)
+    pump(connection, lambda: len(got) == HANDOVER_PREFETCH, 10)
+    assert [body for _, body, _, _ in got] == bodies[:HANDOVER_PREFETCH]
+    held.update(tag for tag, _, _, _ in got)
+    change()
+    survivors = [other for other in nodes if other.proc is not None and other.proc.poll() is None]
+    wait_for(lambda: all(leader_of(other, uid) == NAMES[2] for other in survivors), "node 3 leads", timeout=20)
+    pump(connection, lambda: False, 1.0)
+    assert len(got) == HANDOVER_PREFETCH  # the new leader counts what it took back against the prefetch
+    for tag, _, _, _ in got[:HANDOVER_PREFETCH - KEPT]:
+        channel.basic_ack(tag)
+    pump(connection, lambda: len(got) == 30, 15)
+    pump(connection, lambda: False, 6.0)  # past the new leader's grace period: nothing comes again
+    assert not cancels
+    delivered = [body for _, body, _, _ in got]
+    assert sorted(delivered) == sorted(bodies), delivered  # each once
+    assert not any(redelivered or count for _, _, redelivered, count in got)
+    connection.close()
+    kept = [body for _, body, _, _ in got[HANDOVER_PREFETCH - KEPT:HANDOVER_PREFETCH]]
+    assert sorted(drain(survivors[0], uid)) == sorted(kept)  # nothing confirmed lost
+
+
+def test_a_consumer_on_another_node_outlives_the_leaders_death(nodes, uid):
+    _, started = nodes
+    consume_across_a_change_of_leader(started, uid, 1, started[0].kill)
+
+
+def test_a_consumer_on_the_node_that_then_leads_outlives_the_leaders_death(nodes, uid):
+    _, started = nodes
+    consume_across_a_change_of_leader(started, uid, 2, started[0].kill)
+
+
+def test_a_consumer_on_a_deposed_leader_outlives_its_deposition(nodes, uid):
+    _, started = nodes
+    n1 = started[0]
+
+    def pause() -> None:
+        assert n1.proc is not None
+        n1.proc.send_signal(signal.SIGSTOP)
+        time.sleep(4)  # twice the lease: the others elect another leader
+        n1.proc.send_signal(signal.SIGCONT)
+
+    consume_across_a_change_of_leader(started, uid, 0, pause)

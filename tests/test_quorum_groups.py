@@ -17,6 +17,7 @@ import pytest
 from pamqp import commands
 
 from amqp_server.message import Message, make_message
+from amqp_server import quorum_queue
 from amqp_server.quorum_queue import QuorumQueue
 from fake_cluster import Network, Node
 from forwarder import quorum, quorum_log
@@ -35,6 +36,7 @@ def fast_leases(monkeypatch) -> None:
     monkeypatch.setattr(quorum, "ELECTION_GRACE", 1.0)
     monkeypatch.setattr(quorum, "ELECTION_POLL", 0.02)
     monkeypatch.setattr(quorum, "RETRY_INTERVAL", 0.1)
+    monkeypatch.setattr(quorum_queue, "HANDOVER_GRACE", 0.3)
 
 
 @pytest.fixture
@@ -321,13 +323,15 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     node = await declared(network)
     publish(node, bodies(300))
     queue = queue_of(node)
-    taken = queue.get(no_ack=False)  # held when the leader goes: back in its place, counted
+    taken = queue.get(no_ack=False)  # held when the leader goes: back in its place after the grace, counted
     await copies_agree(network)
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
     new = leader(network)
     assert new.name == "n3"
+    assert taken.seq in queue_of(new).state.checked_out  # kept for a consumer that would take it back
+    await wait_for(lambda: not queue_of(new).state.checked_out, "the grace period over")
     assert await copies_agree(network) == bodies(300)
     assert queue_of(new).state.count(taken.seq) == 1
     assert any("n2 catches up on" in record.message and "adopted" in record.message for record in caplog.records)

@@ -250,13 +250,15 @@ class Queues(BrokerCore):
 
     def replace_queue(self, vhost: VHost, old: Queue, new: Queue) -> None:
         """Another object stands for the same queue from now on (a replicated queue's leader moved): its
-        bindings move to it, and the consumers of the old one are cancelled, as RabbitMQ's are."""
+        bindings move to it, and so do the consumers of the old one, with what they hold, as RabbitMQ's quorum
+        queues' consumers outlive a change of leader."""
         for exchange in list(vhost.sources.pop(old, ())):
             for binding in exchange.remove_destination(old):
                 exchange.bind(new, binding.routing_key, binding.args_dict())
             vhost.bound(exchange, new)
         vhost.queues[new.name] = new
         for consumer in list(old.consumers):
-            consumer.channel.cancelled_by_broker(consumer)
+            consumer.channel.handed_over(consumer, old, new)
         old.consumers.clear()
         self.policies.apply_to_queue(new)
+        new.deliver_ready()
