@@ -338,6 +338,28 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     assert not any("takes a snapshot" in record.message for record in caplog.records)
 
 
+async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
+    """A consumer that outlived the change of leader takes back, by seq, what it held: it stays checked out, as
+    the consumer's; what no consumer took back within the grace period is returned, counted; an unknown seq
+    is refused."""
+    node = await declared(network)
+    publish(node, bodies(20))
+    queue = queue_of(node)
+    kept, left = queue.get(no_ack=False), queue.get(no_ack=False)
+    await copies_agree(network)
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = queue_of(leader(network))
+    assert new.state.checked_out == {kept.seq, left.seq} and new.message_count == 18
+    taken, unknown = new.adopt([kept.seq, new.next_seq + 7])
+    assert taken is not None and taken.message.body == kept.message.body and unknown is None
+    await wait_for(lambda: new.state.checked_out == {kept.seq}, "the grace period over")
+    assert new.state.count(left.seq) == 1 and new.message_count == 19 and new.adopt([left.seq]) == [None]
+    new.settle([taken])  # its ack, after the change, counts
+    assert await copies_agree(network) == bodies(20)[1:]
+    assert new.state.messages == 19 and new.unacked == 0
+
+
 async def test_no_leader_without_a_majority_of_positions(network):
     node = await declared(network)
     publish(node, bodies(10))
