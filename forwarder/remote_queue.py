@@ -311,14 +311,16 @@ class RemoteQueue(Queue):
         self._settle(link.SETTLE_REJECT, entries)
 
     def _settle(self, mode: int, entries: list[Entry]) -> None:
-        """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader parks them."""
+        """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader (or while none is
+        known: the old one takes settles it no longer replicates) parks them."""
         taken = self.taken
         if taken:
+            leaderless = self.held is not None and self.held.leaderless
             send = []
             for entry in entries:
                 found = taken.get(entry)
                 if found is not None:
-                    if not found[0].attached:
+                    if leaderless or not found[0].attached:
                         found[0].parked.append((mode, entry))
                         continue
                     del taken[entry]
