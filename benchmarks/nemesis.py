@@ -877,6 +877,7 @@ class Nemesis:
 async def workload(cluster: Cluster, faults: list[Fault], args: argparse.Namespace,
                    report: dict[str, Any]) -> None:
     started = time.monotonic()
+    report["started_at"] = time.strftime("%H:%M:%S", time.gmtime())  # the nodes' logs' clock at time 0
     hosts = [(host, port) for host, port, _ in cluster.addresses]
     connection = await Connection.open(*hosts[0])
     connection.writer.write(method_frame(1, 50, 10, struct.pack("!H", 0) + shortstr(QUEUE) + b"\x02"
@@ -961,6 +962,8 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, clu
         "minority_confirms": len(minority), "queue_missing_on": missing_on,
         "consumer_connections": consumer.connections, "consumer_sessions_ended": dict(consumer.ended),
         "duplicates_by_second": dict(Counter(int(t) for t in consumer.again)),
+        "confirms_by_second": dict(Counter(int(t) for t in confirms)),
+        "nacks_by_second": dict(Counter(int(t) for p in publishers for t in p.nacked)),
         "publishers": per_publisher, "nemesis": nemesis.log}
 
 
