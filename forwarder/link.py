@@ -47,6 +47,7 @@ HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing 
 # frame types
 CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
+RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PUBLISH, but never passed on again
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)

@@ -52,7 +52,8 @@ class Peer:
         self._flush_scheduled = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
-        self._open: tuple[Message, "ConfirmSink | None", int, list[bytes]] | None = None  # publish gathering queues
+        # publish gathering queues: message, channel, link seq, queue ids, frame type (PUBLISH or RELAY)
+        self._open: tuple[Message, "ConfirmSink | None", int, list[bytes], int] | None = None
         self._send_open_cb = self._send_open
         self._dialer: asyncio.Task | None = None
 
@@ -128,9 +129,11 @@ class Peer:
 
     # -- to the owner -------------------------------------------------------------------------
 
-    def publish(self, queue: RemoteQueue, message: Message, channel: "ConfirmSink | None") -> bool | None:
+    def publish(self, queue: RemoteQueue, message: Message, channel: "ConfirmSink | None",
+                relay: bool = False) -> bool | None:
         """Forward to the owner.  A message routed to several of its queues crosses the link once:
-        the frame stays open while routing adds queues, and is sent before anything else."""
+        the frame stays open while routing adds queues, and is sent before anything else.  ``relay``: a
+        publish another node sent here, passed on (``session.Session``), which the owner passes on no further."""
         client = self.link
         if not self.up or client is None:
             return None
@@ -145,7 +148,7 @@ class Peer:
             seq = self._seq
             self._pending[seq] = (channel, channel.forwarded(), qids)
         client.hold(self._send_open_cb)
-        self._open = (message, channel, seq, qids)
+        self._open = (message, channel, seq, qids, link.RELAY if relay else link.PUBLISH)
         if client.paused:  # the link's buffer is full: publishers wait until it drains
             self.flow.block(self._held_for)
         return True
@@ -154,9 +157,9 @@ class Peer:
         open_, self._open = self._open, None
         if open_ is None or self.link is None:
             return
-        message, _, seq, qids = open_
+        message, _, seq, qids, ftype = open_
         qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
-        self.link.send_message(link.PUBLISH, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
+        self.link.send_message(ftype, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
     def abandon(self, queue: RemoteQueue) -> None:
         """The queue is no longer this node's (a quorum queue's leader moved): the publishes to it still

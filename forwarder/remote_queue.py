@@ -86,7 +86,8 @@ class Owner(Protocol):
     up: bool
     stats: dict[str, list[int]]  # the owner's last report on its queues
 
-    def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None) -> bool | None: ...
+    def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None,
+                relay: bool = False) -> bool | None: ...
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
                 adopt: list[int] | None = None) -> RemoteConsumer: ...
@@ -146,13 +147,14 @@ class RemoteQueue(Queue):
     # -- in -----------------------------------------------------------------------------------
 
     def enqueue(self, message: Message,  # type: ignore[override]  # None: its node is down (unroutable)
-                confirm: "ConfirmSink | None" = None) -> bool | None:
+                confirm: "ConfirmSink | None" = None, relay: bool = False) -> bool | None:
         """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable); a quorum
-        queue's publish waits for a leader instead (``Held``), since its group elects another one."""
+        queue's publish waits for a leader instead (``Held``), since its group elects another one.  ``relay``: a
+        publish another node sent here, which the owner passes on no further."""
         held = self.held
         if held is not None and (held.leaderless or not self.peer.up):
             return held.hold(confirm)
-        accepted = self.peer.publish(self, message, confirm)
+        accepted = self.peer.publish(self, message, confirm, relay)
         if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
             return False  # publisher sends it again
         return accepted

@@ -85,16 +85,20 @@ class Session:
         self.replicating: dict[int, list] = {}
         self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
-        self._handlers = {link.PUBLISH: self._publish, link.CONSUME: self._consume, link.CANCEL: self._cancel,
-                          link.SETTLE: self._settle, link.CREDIT: self._credit, link.REQUEST: self._request,
-                          link.REPLICATE: self._replicate, link.REPLICATED: self._replicated}
+        self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.CONSUME: self._consume,
+                          link.CANCEL: self._cancel, link.SETTLE: self._settle, link.CREDIT: self._credit,
+                          link.REQUEST: self._request, link.REPLICATE: self._replicate,
+                          link.REPLICATED: self._replicated}
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self._handlers[ftype](payload)
 
     # -- publishes ----------------------------------------------------------------------------
 
-    def _publish(self, payload: bytes) -> None:
+    def _relayed(self, payload: bytes) -> None:
+        self._publish(payload, relayed=True)
+
+    def _publish(self, payload: bytes, relayed: bool = False) -> None:
         """One message for one or more queues here: stored once, confirmed once (refused if any refused)."""
         seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
         pos = link.PUBLISH_HEAD.size
@@ -107,12 +111,10 @@ class Session:
             if queue is not None:
                 found = True
                 rejected = not queue.enqueue(message, sink) or rejected
-            elif (proxy := self._elsewhere(qid)) is not None:  # a quorum queue whose leader moved: refused, so
-                # the publisher retries; while no leader is known here either, once one is (Held)
-                held = proxy.held
-                waits = held is not None and held.leaderless and held.hold(sink)
-                found = found or waits
-                rejected = rejected or not waits
+            elif (proxy := self._elsewhere(qid)) is not None:  # a quorum queue whose leader moved
+                taken = self._pass_on(proxy, message, sink, relayed)
+                found = found or taken
+                rejected = rejected or not taken
         status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
         if not seq:
             return
@@ -155,6 +157,19 @@ class Session:
             del self.replicating[seq]
             if not waiting[2]:
                 self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
+
+    @staticmethod
+    def _pass_on(proxy: RemoteQueue, message: Message, sink: "Session | None", relayed: bool) -> bool:
+        """A publish for a quorum queue this node no longer leads (the sending node has not learned of the new
+        leader yet, its etcd watch broken or cut off): passed on to the leader known here, which confirms it
+        once its group has it — rather than refused, which its publisher would answer by sending it again at
+        once, a flood of nacks until its node learns.  Held while no leader is known here either (``Held``).
+        Refused (False) only if it was passed on once already: a publish crosses at most two links, never
+        loops between nodes that disagree on the leader."""
+        held = proxy.held
+        if held is not None and held.leaderless:
+            return held.hold(sink)
+        return not relayed and bool(proxy.enqueue(message, sink, relay=True))
 
     def _elsewhere(self, qid: bytes) -> RemoteQueue | None:
         """The proxy of a quorum queue led by another node (or by none known), if that is what ``qid`` is here."""

@@ -233,6 +233,43 @@ def test_a_leader_cut_off_from_etcd_confirms_nothing_the_group_loses(tmp_path, u
         etcd.stop()
 
 
+@pytest.mark.cluster
+def test_a_publish_through_a_node_that_missed_a_change_of_leader_is_passed_on_and_confirmed(tmp_path, uid):
+    """Node 4 (no member of the queue's group) is cut off from etcd: it never learns that node 1 was deposed
+    and forwards its publishes to node 1 still, which knows the new leader and passes them on to it; each is
+    confirmed once the new leader's group has it, not nacked (a nack per publish, at full speed, until node 4
+    learned)."""
+    etcd = Etcd(tmp_path / "etcd")
+    proxy = Cuttable(etcd.port)
+    n1, n2, n3 = (start_node(tmp_path, etcd, i) for i in (1, 2, 3))
+    n4 = start_node(tmp_path, Proxied(proxy.port), 4)
+    try:
+        wait_for(lambda: all(len(running_nodes(n)) == 4 for n in (n1, n2, n3, n4)), "nodes see each other")
+        with connect(n1) as connection:
+            connection.channel().queue_declare(uid, durable=True, arguments={
+                **QUORUM, "x-quorum-initial-group-size": 3})
+        wait_for(lambda: leader_of(n4, uid) == NAMES[0], "leader known on node 4")
+        publish(n4, uid, [b"before"])
+        proxy.cut()
+        n1.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a leader elected without node 1", timeout=20)
+        finally:
+            n1.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: leader_of(n1, uid) == leader_of(n2, uid), "node 1 follows", timeout=20)
+        assert leader_of(n4, uid) == NAMES[0]  # node 4 has not learned
+        during = [b"during%d" % i for i in range(50)]
+        publish(n4, uid, during)  # (pika raises NackError on a nack)
+        assert leader_of(n4, uid) == NAMES[0]
+        leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
+        assert drain(leader, uid) == [b"before", *during]
+    finally:
+        for node in (n1, n2, n3, n4):
+            node.stop()
+        proxy.close()
+        etcd.stop()
+
+
 def lag(node: BrokerProcess, queue: str, follower: str) -> float | None:
     """A follower's lag as the leader's /metrics reports it (None: not a follower there)."""
     request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/metrics")
