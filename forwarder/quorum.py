@@ -413,8 +413,8 @@ class QuorumGroups:
                 watch = await self.client.watch_prefix(LEADERS, start_revision=reply.header.revision + 1)
                 async for event in watch:
                     changed = self.groups.get(event.kv.key[len(LEADERS):].decode())
-                    if changed is None:
-                        continue
+                    if changed is None or event.kv.mod_revision < changed.term:
+                        continue  # (older than the term followed, which a later term's ops told: ``replicate``)
                     if event.kind == rtypes.EventKind.PUT:
                         self._follow(changed, event.kv.value.decode(), event.kv.create_revision, event.kv.lease)
                     else:
@@ -629,7 +629,14 @@ class QuorumGroups:
         group = self.groups.get(key)
         if group is None or not group.index_id:
             return
-        if term != group.term or group.leader != session.link.peer_name:  # fenced: not the leader we follow
+        sender = session.link.peer_name
+        if term > group.term and group.replicator is not None:  # we lead, and a later term's leader ships ops
+            # (only the member that won its claim does): deposed while etcd was out of our reach, we step down
+            # now rather than once etcd answers
+            log.info("%s leads %s in term %d, as its ops say: no longer leading", sender, key, term)
+            self._follow(group, "", 0)
+            return
+        if term != group.term or group.leader != sender:  # fenced: not the leader we follow
             log.debug("ops for %s from %s in term %d ignored (following term %d)", key, session.link.peer_name,
                       term, group.term)
             return

@@ -30,6 +30,7 @@ class KV:
     value: bytes
     create_revision: int
     lease: int = 0
+    mod_revision: int = 0
 
 
 @dataclass
@@ -104,7 +105,7 @@ class FakeEtcd:
         old = self.kvs.get(key)
         if old is not None and old.lease in self.leases:
             self.leases[old.lease].keys.discard(key)
-        kv = KV(key, value, old.create_revision if old is not None else self.revision + 1, lease)
+        kv = KV(key, value, old.create_revision if old is not None else self.revision + 1, lease, self.revision + 1)
         self.kvs[key] = kv
         if lease:
             self.leases[lease].keys.add(key)
@@ -116,7 +117,7 @@ class FakeEtcd:
         if kv is not None:
             if kv.lease in self.leases:
                 self.leases[kv.lease].keys.discard(key)
-            self._notify(rtypes.EventKind.DELETE, kv)
+            self._notify(rtypes.EventKind.DELETE, replace(kv, mod_revision=self.revision + 1))
 
     def revoke(self, lease_id: int) -> None:
         state = self.leases.pop(lease_id, None)
