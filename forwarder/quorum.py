@@ -150,13 +150,14 @@ class QuorumGroups:
         self.client: aetcd.Client = cluster.client
         self.groups: dict[str, Group] = {}
         self.lease: aetcd.Lease | None = None
+        self._renewed = 0.0  # (loop time) when the last refresh etcd took was sent
         self.ready = asyncio.Event()  # the lease is granted and the watch runs
         self._tasks: list[asyncio.Task] = []
-        self._revokes: set[asyncio.Task] = set()  # held, or the loop may drop them midway
 
     async def start(self) -> None:
-        self.lease = await self.client.lease(LEASE_TTL)
         loop = asyncio.get_running_loop()
+        self._renewed = loop.time()
+        self.lease = await self.client.lease(LEASE_TTL)
         self._tasks = [loop.create_task(self._keep_lease()), loop.create_task(self._watch())]
         self.ready.set()
 
@@ -173,43 +174,53 @@ class QuorumGroups:
             except (aetcd.ClientError, asyncio.TimeoutError):
                 pass
 
+    @property
+    def lease_sure(self) -> bool:
+        """The lease is alive for sure: a refresh etcd took was sent less than half its TTL ago (etcd counts the
+        TTL from when it took it, later).  Queues led here confirm only while it is (``Replicator``): once it
+        may have lapsed, etcd may have let another member claim them."""
+        return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
+
     async def _keep_lease(self) -> None:
-        """Refresh the lease; once it may have lapsed (half its TTL without a refresh), lead nothing: etcd may
-        let another member claim our queues from then on."""
+        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues confirm nothing
+        once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
+        queues meanwhile (a key lives as long as its lease), so they confirm again with no change of leader —
+        after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
+        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
         loop = asyncio.get_running_loop()
-        renewed = loop.time()
         while True:
             await asyncio.sleep(LEASE_TTL / 8)
             assert self.lease is not None  # (start got one; _new_lease, awaited below, leaves one)
+            sent = loop.time()
             try:
                 reply = await asyncio.wait_for(self.lease.refresh(), LEASE_TTL / 4)
-                lapsed = reply.TTL <= 0
-                if not lapsed:
-                    renewed = loop.time()
             except (aetcd.ClientError, asyncio.TimeoutError):
-                lapsed = loop.time() - renewed > LEASE_TTL / 2
-            if lapsed:
+                continue
+            if reply.TTL <= 0:
                 await self._new_lease()
-                renewed = loop.time()
+                continue
+            unsure = not self.lease_sure
+            self._renewed = sent
+            if unsure:
+                for group in self.groups.values():
+                    if group.replicator is not None:
+                        group.replicator.confirm_committed()
 
     async def _new_lease(self) -> None:
-        """The lease may have lapsed: lead nothing, and never refresh that lease again (were it refreshed once
-        etcd answers, the keys it holds would name a leader that no longer leads, and no member would elect
-        another); then a new lease, asked for until etcd grants one.  The old one is revoked, so that its keys
-        go now rather than when it lapses, and every queue left without a leader elects one."""
+        """The lease lapsed (etcd says so, and dropped its keys): lead nothing; then a new lease, asked for until
+        etcd grants one, and every queue left without a leader elects one."""
         if any(group.replicator is not None for group in self.groups.values()):
-            log.warning("etcd lease lapsed: leading no queue until etcd answers again")
+            log.warning("etcd lease lapsed: leading no queue")
         self._step_down_everywhere()
-        old, self.lease = self.lease, None
+        self.lease = None
+        loop = asyncio.get_running_loop()
         while self.lease is None:
+            sent = loop.time()
             try:
                 self.lease = await asyncio.wait_for(self.client.lease(LEASE_TTL), LEASE_TTL)
+                self._renewed = sent
             except (aetcd.ClientError, asyncio.TimeoutError):
                 await asyncio.sleep(LEASE_TTL / 8)
-        if old is not None:
-            revoke = asyncio.get_running_loop().create_task(self._revoke(old.id))
-            self._revokes.add(revoke)
-            revoke.add_done_callback(self._revokes.discard)
         for group in self.groups.values():
             if not group.leader and self.name in group.members:
                 self._elect(group)

@@ -183,6 +183,9 @@ class Groups(Protocol):
     def name(self) -> str: ...
 
     @property
+    def lease_sure(self) -> bool: ...
+
+    @property
     def broker(self) -> Broker: ...
 
     @property
@@ -377,6 +380,15 @@ class Replicator:
         if committed <= self.committed:
             return
         self.committed = committed
+        self.confirm_committed()
+
+    def confirm_committed(self) -> None:
+        """Confirm what a majority has — while this node's lease is alive for sure (``Groups.lease_sure``): one
+        that may have lost it confirms nothing, as another member may lead by now.  Called again once etcd
+        finds it alive; deposed instead, what waits is nacked (``stop``)."""
+        if not self.groups.lease_sure:
+            return
+        committed = self.committed
         pending = self.pending
         done = 0
         while done < len(pending) and pending[done][0] <= committed:

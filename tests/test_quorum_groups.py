@@ -420,8 +420,9 @@ async def test_a_copy_a_snapshot_is_coming_into_takes_no_part_in_an_election(net
 
 async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(network, monkeypatch):
     """n1 took 1,000 messages while n2 and n3 were down, and is sending both snapshots when it loses etcd: n2
-    and n3 are a majority of positions, but neither copy is whole (each holds a few rows of n1's queue), so
-    neither leads; n1 leads again once it reaches etcd, and every message is there."""
+    and n3 are a majority of positions once its lease lapses, but neither copy is whole (each holds a few rows
+    of n1's queue), so neither leads; n1 (which believes it leads until etcd answers, confirming nothing) leads
+    again in a new term once it reaches etcd, and every message is there."""
     monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
     monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
     node = await declared(network)
@@ -442,12 +443,14 @@ async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(netwo
                 await asyncio.sleep(0)
             else:
                 await asyncio.sleep(0.01)
+    term = node.quorum.groups[KEY].term
     node.client.unreachable = True
-    await wait_for(lambda: leader(network) is None, "n1 no longer leading")
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
     await asyncio.sleep(1.0)  # two leases' time
-    assert leader(network) is None, "a copy that is not whole leads"
+    assert leader(network) is node, "a copy that is not whole leads"
     node.client.unreachable = False
-    await wait_for(lambda: leader(network) is not None, "n1 leading again", 15)
+    await wait_for(lambda: node.quorum.groups[KEY].term > term and leader(network) is not None,
+                   "a new term's leader", 15)
     assert leader(network).name == "n1"
     network.release("n1", "n2")
     network.release("n1", "n3")
@@ -476,3 +479,24 @@ async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     network.nodes["n1"].client.unreachable = False
     await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == leader(network).name, "n1 follows")
     assert await copies_agree(network) == bodies(20)
+
+
+async def test_etcd_out_of_reach_for_less_than_the_lease_holds_confirms_and_keeps_the_leader(network):
+    """etcd stops answering for less than the lease (frozen; restarted, which keeps leases, is alike): from half
+    the lease on the leader confirms nothing, its lease may have lapsed; once etcd finds it alive it confirms
+    what its group has — the same leader, in the same term, no election."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    confirms = Confirms()
+    network.etcd.freeze()
+    await asyncio.sleep(quorum.LEASE_TTL * 0.55)  # past half the lease since the last refresh
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: in_step(network), "the followers have them")
+    await asyncio.sleep(0.2)
+    assert confirms.outcomes == {}
+    network.etcd.thaw()
+    await wait_for(lambda: len(confirms.acked()) == 10, "confirmed once etcd answers")
+    assert leader(network) is node
+    assert all(other.quorum.groups[KEY].term == term for other in network.nodes.values())
+    assert await copies_agree(network) == bodies(10)
+
