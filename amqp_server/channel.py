@@ -745,10 +745,15 @@ class Channel:
         unacked = self.unacked
         tags = [tag for tag, (_, queue, held_by) in unacked.items() if held_by is consumer and queue is old]
         entries = [unacked[tag][0] for tag in tags]
-        taken = new.take_consumer(consumer, list(zip(entries, old.release(consumer, entries))))
+        seqs, parked = old.release(consumer, entries)
+        held = [*zip(entries, seqs), *((entry, seq) for _, entry, seq in parked)]
+        taken = new.take_consumer(consumer, held)
         for tag, entry in zip(tags, taken):
             if entry is not None:
                 unacked[tag] = (entry, new, consumer)
+        for (mode, _, _), entry in zip(parked, taken[len(tags):]):  # settled while no leader took them
+            if entry is not None:  # (counted off the consumer's prefetch then)
+                self.broker.settle_taken([(entry, new, None)], mode == "requeue", mode == "reject")
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)

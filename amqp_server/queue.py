@@ -346,10 +346,11 @@ class Queue(Consumers):
         self.add_consumer(consumer)
         return self.adopt([seq for _, seq in held])
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> list[int]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
         """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's
-        seqs of the entries it holds."""
-        return [entry.seq for entry in entries]
+        seqs of the entries it holds, and the settles (ack, requeue or reject; entry, seq) it made that
+        this object kept for the queue's next leader (a proxy's)."""
+        return [entry.seq for entry in entries], []
 
     def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""

@@ -288,18 +288,23 @@ class RemoteQueue(Queue):
         self._attach(remote)
         return [entry if seq >= 0 else None for entry, seq in held]
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> list[int]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
         """The consumer goes on with the queue's new object (this node leads it now): gone from the old
-        leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown)."""
+        leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown), and its parked settles."""
         Queue.remove_consumer(self, consumer)
         remote = self.by_consumer.pop(consumer, None)
+        parked = []
         if remote is not None:
             self.peer.forget(remote)
+            for mode, entry in remote.parked:
+                found = self.taken.pop(entry, None)
+                if found is not None:
+                    parked.append((_MODES[mode], entry, found[1]))
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
             seqs.append(found[1] if found is not None else -1)
-        return seqs
+        return seqs, parked
 
     # -- settling -----------------------------------------------------------------------------
 
@@ -317,12 +322,12 @@ class RemoteQueue(Queue):
         known: the old one takes settles it no longer replicates) parks them."""
         taken = self.taken
         if taken:
-            leaderless = self.held is not None and self.held.leaderless
+            waiting = (self.held is not None and self.held.leaderless) or not self.peer.up
             send = []
             for entry in entries:
                 found = taken.get(entry)
                 if found is not None:
-                    if leaderless or not found[0].attached:
+                    if waiting or not found[0].attached:
                         found[0].parked.append((mode, entry))
                         continue
                     del taken[entry]
@@ -350,6 +355,9 @@ class RemoteQueue(Queue):
         for remote in self.by_consumer.values():
             self.peer.cancel(remote)
         self.by_consumer.clear()
+
+
+_MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
 
 
 def proxy_of(queues: Mapping[str, Queue], name: str) -> RemoteQueue | None:

@@ -710,11 +710,11 @@ HANDOVER_PREFETCH = 10
 KEPT = 2  # of the deliveries held at the change, never acked: they come back once the consumer closes
 
 
-def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: int,
-                                      change: Callable[[], None]) -> None:
+def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: int, change: Callable[[], None],
+                                      early: int = 0) -> None:
     """30 messages; a consumer on node ``at`` (prefetch 10) holds 10 when ``change`` moves the leader from node 1
-    (to node 3: of two copies as long, the name that sorts last leads); then it acks all but ``KEPT`` of them
-    and every later delivery."""
+    (to node 3: of two copies as long, the name that sorts last leads); it acks ``early`` of them at once, the
+    rest but ``KEPT`` once the new leader is known, then every later delivery."""
     n1 = nodes[0]
     with connect(n1) as connection:
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
@@ -728,24 +728,27 @@ def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: 
     channel.basic_qos(prefetch_count=HANDOVER_PREFETCH)
     got: list[tuple[int, bytes, bool, object]] = []
     cancels: list[object] = []
-    held: set[int] = set()
+    acking: list[bool] = []
 
     def on_message(_channel, method, properties, body) -> None:
         got.append((method.delivery_tag, body, method.redelivered, (properties.headers or {}).get("x-delivery-count")))
-        if held:  # after the change: each new delivery acked at once
+        if acking:
             channel.basic_ack(method.delivery_tag)
 
     channel.add_on_cancel_callback(cancels.append)
     channel.basic_consume(uid, on_message)
     pump(connection, lambda: len(got) == HANDOVER_PREFETCH, 10)
     assert [body for _, body, _, _ in got] == bodies[:HANDOVER_PREFETCH]
-    held.update(tag for tag, _, _, _ in got)
     change()
+    for tag, _, _, _ in got[:early]:  # acked before a new leader is known: they wait for it
+        channel.basic_ack(tag)
     survivors = [other for other in nodes if other.proc is not None and other.proc.poll() is None]
     wait_for(lambda: all(leader_of(other, uid) == NAMES[2] for other in survivors), "node 3 leads", timeout=20)
+    pump(connection, lambda: len(got) == HANDOVER_PREFETCH + early, 5)
     pump(connection, lambda: False, 1.0)
-    assert len(got) == HANDOVER_PREFETCH  # the new leader counts what it took back against the prefetch
-    for tag, _, _, _ in got[:HANDOVER_PREFETCH - KEPT]:
+    assert len(got) == HANDOVER_PREFETCH + early  # the new leader counts what it took back against the prefetch
+    acking.append(True)
+    for tag, _, _, _ in got[early:HANDOVER_PREFETCH - KEPT] + got[HANDOVER_PREFETCH:]:
         channel.basic_ack(tag)
     pump(connection, lambda: len(got) == 30, 15)
     pump(connection, lambda: False, 6.0)  # past the new leader's grace period: nothing comes again
@@ -760,12 +763,12 @@ def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: 
 
 def test_a_consumer_on_another_node_outlives_the_leaders_death(nodes, uid):
     _, started = nodes
-    consume_across_a_change_of_leader(started, uid, 1, started[0].kill)
+    consume_across_a_change_of_leader(started, uid, 1, started[0].kill, early=3)
 
 
 def test_a_consumer_on_the_node_that_then_leads_outlives_the_leaders_death(nodes, uid):
     _, started = nodes
-    consume_across_a_change_of_leader(started, uid, 2, started[0].kill)
+    consume_across_a_change_of_leader(started, uid, 2, started[0].kill, early=3)
 
 
 def test_a_consumer_on_a_deposed_leader_outlives_its_deposition(nodes, uid):
