@@ -5,9 +5,9 @@ What a client sees differs from a classic queue:
 - a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
   offset, as RabbitMQ 3.10's quorum queues put it (a classic queue puts it back in its place);
 - a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
-  reject with requeue, a consumer or channel gone with it unacked, a new leader or a restart while a
-  consumer held it); RabbitMQ 3.10 sets it on every basic.get-ok, and on a basic.deliver only from the
-  first return on;
+  reject with requeue, a consumer or channel gone with it unacked, a restart while a consumer held it,
+  or a new leader that no consumer took it back from, ``adopt``); RabbitMQ 3.10 sets it on every
+  basic.get-ok, and on a basic.deliver only from the first return on;
 - ``x-delivery-limit``: a message returned more often than that is dead-lettered (reason
   ``delivery_limit``) or dropped;
 - ``x-overflow: reject-publish`` refuses only once the queue is over its limit (RabbitMQ 3.10 takes the

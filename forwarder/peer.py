@@ -3,7 +3,8 @@ and this node's consumers of its queues.
 
 The link is dialed and redialed for as long as the node is a member.  While it is down the
 node's queues are unavailable: publishes to them are unroutable, declares and consumes answer
-RabbitMQ's "home node ... is down" error, and their consumers here were sent basic.cancel.
+RabbitMQ's "home node ... is down" error, and their consumers here were sent basic.cancel (a quorum
+queue's wait for its next leader instead: ``RemoteQueue.follow``).
 """
 from __future__ import annotations
 
