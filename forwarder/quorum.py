@@ -62,6 +62,7 @@ ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
 RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
+ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
 
@@ -471,7 +472,7 @@ class QuorumGroups:
                 except aetcd.ClientError as exc:
                     log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
                     written = None
-                    await asyncio.sleep(RETRY_INTERVAL)
+                    await asyncio.sleep(ELECTION_RETRY)
                 await asyncio.sleep(ELECTION_POLL)
         finally:
             try:
