@@ -42,7 +42,7 @@ from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
-from .quorum_log import ACKED, ADOPT_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator
+from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, skip
 from .quorum_log import apply as apply_ops
 from .remote_queue import Held, RemoteQueue, proxy_of
 
@@ -664,6 +664,13 @@ class QuorumGroups:
         elif (pos < end and payload[pos] == ADOPT_OP and first == group.applied + 1
               and group.position[0] == MARK.unpack_from(payload, pos)[1]):  # our copy is where this term started
             group.applied_term = term
+        elif (pos < end and payload[pos] < ENTRY_OP and first <= group.applied and group.applied_term == term
+              and not group.partial):  # ops of our term, the first of which we have: a catch-up's log overlapping
+            # what was shipped meanwhile (a term's op at an index is the same wherever it comes from)
+            rest = skip(payload, pos, group.applied + 1 - first)
+            if rest is None:  # all of them: nothing to do (asking to catch up again would only overlap again)
+                return
+            pos, first = rest, group.applied + 1
         if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
             # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
             if group.asked != (term, group.applied):  # once: the answer is on its way behind these

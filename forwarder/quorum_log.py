@@ -410,6 +410,17 @@ class Replicator:
             sink.remote_confirmed(seq, True)
 
 
+def skip(payload: bytes, pos: int, count: int) -> int | None:
+    """Where the ops of ``payload`` from ``pos`` go on past the first ``count`` of them; None if none is left."""
+    data = memoryview(payload)
+    end = len(data)
+    for _ in range(count):
+        if pos >= end:
+            return None
+        pos = decode(data, pos)[1]
+    return pos if pos < end else None
+
+
 def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
     """A follower applies the ops of ``payload`` from ``pos`` to its copy: to its ``state``, their storage
     effects to its rows (``index_id``).  Returns how many log ops that was (a frame's leading marker, and a
