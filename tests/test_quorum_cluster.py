@@ -645,7 +645,9 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     leader = {NAMES[0]: n1, NAMES[1]: n2, NAMES[2]: n3}[leader_of(n3, uid)]
     wait_for(lambda: all(leader_of(n, uid) == leader_of(leader, uid) for n in (n1, n2, n3)), "one leader everywhere")
     got = [body for body in drain(n1, uid) if body != b"during"]
-    assert got == before + after
+    # a publish nacked by the leader that found its lease gone may be in the queue too (a majority may have had
+    # it), besides its copy sent again: every confirmed one once, in order
+    assert [body for i, body in enumerate(got) if body not in got[:i]] == before + after
 
 
 def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_node_at_once(nodes, uid):
