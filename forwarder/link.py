@@ -12,8 +12,10 @@ knows the secret the same way.  Nothing else is read before that, and little: fr
 ``HANDSHAKE_FRAME_MAX`` bytes, one proof per connection, ``HANDSHAKE_TIMEOUT`` seconds, and at most
 ``HANDSHAKES_MAX`` connections at once in their handshake on the listener (``amqp_server.preauth``).
 A peer that breaks these is closed with one line in the log (a few a second at most), its name
-quoted and cut.  Heartbeats every second notice a peer that vanished without closing its socket (a
-dead host) within five seconds.
+quoted and cut.  The challenge carries the listener's ``LINK_VERSION``, the layout of the frames below:
+a dialer of another version refuses it, so that nodes of two releases whose frames differ never misread
+each other in a rolling upgrade (they refuse each other, in the log).  Heartbeats every second notice a
+peer that vanished without closing its socket (a dead host) within five seconds.
 """
 from __future__ import annotations
 
@@ -43,6 +45,10 @@ HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one
 
 HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
+
+LINK_VERSION = 2  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY)
+VERSION = struct.Struct(">H")
+NONCE_SIZE = 16
 
 # frame types
 CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
@@ -302,7 +308,7 @@ class ServerLink(FrameLink):
     def __init__(self, secret: bytes, node_name: str, open_session: Callable[["ServerLink"], Any],
                  handshakes: Unauthenticated) -> None:
         super().__init__(secret, node_name)
-        self._nonce = os.urandom(16)
+        self._nonce = os.urandom(NONCE_SIZE)
         self._open_session = open_session
         self.handshakes = handshakes
         self.handshake_log = handshakes.log
@@ -311,7 +317,7 @@ class ServerLink(FrameLink):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.handshakes.enter(self, self.address)
-        self.send(CHALLENGE, self._nonce)
+        self.send(CHALLENGE, self._nonce, VERSION.pack(LINK_VERSION))
 
     def handshake(self, ftype: int, payload: bytes) -> None:
         if ftype != AUTH or len(payload) < 48:
@@ -356,14 +362,19 @@ class ClientLink(FrameLink):
         super().__init__(secret, node_name)
         self.expected_peer = expected_peer
         self.handler = handler
-        self._nonce = os.urandom(16)
+        self._nonce = os.urandom(NONCE_SIZE)
         self._challenged = False
         self.ready = asyncio.get_running_loop().create_future()
 
     def handshake(self, ftype: int, payload: bytes) -> None:
-        if ftype == CHALLENGE and not self._challenged and len(payload) == len(self._nonce):
+        if ftype == CHALLENGE and not self._challenged and len(payload) in (NONCE_SIZE, NONCE_SIZE + VERSION.size):
+            version = VERSION.unpack_from(payload, NONCE_SIZE)[0] if len(payload) > NONCE_SIZE else 1
+            if version != LINK_VERSION:
+                self.refuse(f"node {untrusted(self.expected_peer)} speaks link version {version}, this node "
+                            f"{LINK_VERSION}: the nodes of a cluster must run releases whose links agree")
+                return
             self._challenged = True  # one proof per connection
-            self.send(AUTH, self._nonce, _proof(self.secret, payload, self.node_name, b"dialer"),
+            self.send(AUTH, self._nonce, _proof(self.secret, payload[:NONCE_SIZE], self.node_name, b"dialer"),
                       self.node_name.encode())
             return
         if ftype != AUTH_OK or not self._challenged:

@@ -291,8 +291,8 @@ def _utf8(data: bytes) -> bool:
 def listener_frames(draw: st.DrawFn) -> list[tuple[str, Any]]:
     frames: list[tuple[str, Any]] = []
     for _ in range(draw(st.integers(0, 5))):
-        kind = draw(st.sampled_from(["challenge", "short challenge", "right", "wrong", "impostor", "raw",
-                                     "heartbeat"]))
+        kind = draw(st.sampled_from(["challenge", "short challenge", "old challenge", "newer challenge", "right",
+                                     "wrong", "impostor", "raw", "heartbeat"]))
         frames.append((kind, (draw(FRAME_TYPES), draw(st.binary(max_size=600))) if kind == "raw" else None))
     return frames
 
@@ -312,15 +312,19 @@ def test_fuzz_the_dialers_handshake(sent, cuts):
         verdict = None
         for kind, value in sent:
             ok: bool | None
-            if kind in ("challenge", "short challenge", "raw", "heartbeat"):
-                ftype, payload = {"challenge": (link.CHALLENGE, os.urandom(16)),
+            if kind in ("challenge", "short challenge", "old challenge", "newer challenge", "raw", "heartbeat"):
+                ftype, payload = {"challenge": (link.CHALLENGE, os.urandom(16) + link.VERSION.pack(link.LINK_VERSION)),
                                   "short challenge": (link.CHALLENGE, b"x"),
+                                  "old challenge": (link.CHALLENGE, os.urandom(16)),  # version 1 sent no version
+                                  "newer challenge": (link.CHALLENGE,
+                                                      os.urandom(16) + link.VERSION.pack(link.LINK_VERSION + 1)),
                                   "heartbeat": (link.HEARTBEAT, b"")}.get(kind) or value
                 if len(payload) > link.HANDSHAKE_FRAME_MAX:
                     ok = False
                 elif ftype == link.HEARTBEAT:
                     ok = None
-                elif ftype == link.CHALLENGE and len(payload) == 16 and not challenged:
+                elif ftype == link.CHALLENGE and len(payload) == 18 and not challenged and \
+                        payload[16:] == link.VERSION.pack(link.LINK_VERSION):
                     ok, challenged = None, True
                 else:
                     ok = False
@@ -345,6 +349,35 @@ def test_fuzz_the_dialers_handshake(sent, cuts):
             assert client.ready.done() and isinstance(client.ready.exception(), ConnectionError)
         else:
             assert not client.authenticated and not transport.aborted
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("challenge, version", [(16, 1), (18, link.LINK_VERSION + 1), (18, link.LINK_VERSION - 1)])
+def test_a_dialer_refuses_a_node_of_another_link_version(challenge, version):
+    """A rolling upgrade across a change of the links' frames: the dialer refuses the other release's node
+    before anything is sent, in one line naming both versions, rather than misreading its frames."""
+    async def scenario() -> None:
+        recorder = Recorder()
+        client = link.ClientLink(SECRET, "warren2@host", "warren1@host", recorder)
+        client.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
+        transport = FakeTransport(client)
+        client.connection_made(transport)
+        client.data_received(frame(link.CHALLENGE, os.urandom(16) + link.VERSION.pack(version)[:challenge - 16]))
+        await asyncio.sleep(0)
+        assert transport.aborted and not client.authenticated and not transport.written
+        assert len(recorder.lines) == 1
+        assert f"speaks link version {version}, this node {link.LINK_VERSION}" in recorder.lines[0]
+
+    run(scenario)
+
+
+def test_a_listener_challenges_with_its_link_version():
+    async def scenario() -> None:
+        server, transport = server_link(Recorder())
+        await asyncio.sleep(0)
+        assert bytes(transport.written) == frame(link.CHALLENGE,
+                                                 server._nonce + link.VERSION.pack(link.LINK_VERSION))
 
     run(scenario)
 
