@@ -194,6 +194,15 @@ def server_link(recorder: Recorder, handshakes: Unauthenticated | None = None) -
     return server, transport
 
 
+def client_link(recorder: Recorder) -> tuple[link.ClientLink, FakeTransport]:
+    """A dialer (warren2) of warren1, connected, its refusals said to ``recorder``."""
+    client = link.ClientLink(SECRET, "warren2@host", "warren1@host", recorder)
+    client.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
+    transport = FakeTransport(client)
+    client.connection_made(transport)
+    return client, transport
+
+
 FRAME_TYPES = st.sampled_from([link.CHALLENGE, link.AUTH, link.AUTH_OK, link.HEARTBEAT, link.PUBLISH,
                                link.REQUEST, 0, 255])
 
@@ -303,10 +312,7 @@ def test_fuzz_the_dialers_handshake(sent, cuts):
     """The dialer answers one challenge only, and trusts only the node it dialed proving the secret."""
     async def scenario() -> None:
         recorder = Recorder()
-        client = link.ClientLink(SECRET, "warren2@host", "warren1@host", recorder)
-        client.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
-        transport = FakeTransport(client)
-        client.connection_made(transport)
+        client, transport = client_link(recorder)
         wire = b""
         challenged = False
         verdict = None
@@ -359,10 +365,7 @@ def test_a_dialer_refuses_a_node_of_another_link_version(challenge, version):
     before anything is sent, in one line naming both versions, rather than misreading its frames."""
     async def scenario() -> None:
         recorder = Recorder()
-        client = link.ClientLink(SECRET, "warren2@host", "warren1@host", recorder)
-        client.handshake_log = recorder  # type: ignore[assignment]  # a recording stand-in
-        transport = FakeTransport(client)
-        client.connection_made(transport)
+        client, transport = client_link(recorder)
         client.data_received(frame(link.CHALLENGE, os.urandom(16) + link.VERSION.pack(version)[:challenge - 16]))
         await asyncio.sleep(0)
         assert transport.aborted and not client.authenticated and not transport.written
