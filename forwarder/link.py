@@ -320,10 +320,11 @@ class ServerLink(FrameLink):
         self.send(CHALLENGE, self._nonce, VERSION.pack(LINK_VERSION))
 
     def handshake(self, ftype: int, payload: bytes) -> None:
-        if ftype != AUTH or len(payload) < 48:
+        proof_end = NONCE_SIZE + 32  # the dialer's nonce, then its HMAC-SHA256
+        if ftype != AUTH or len(payload) < proof_end:
             self.refuse(f"its first frame (type {ftype}, {len(payload)} bytes) is no proof")
             return
-        nonce, proof, name = payload[:16], payload[16:48], payload[48:].decode()
+        nonce, proof, name = payload[:NONCE_SIZE], payload[NONCE_SIZE:proof_end], payload[proof_end:].decode()
         if not hmac.compare_digest(proof, _proof(self.secret, self._nonce, name, b"dialer")):
             self.refuse(f"wrong cluster secret (it says it is {untrusted(name)})")
             return
