@@ -100,7 +100,7 @@ class Channel:
         self._mandatory = False
         self._header = b""
         self._size = 0
-        self._chunks: list[bytes] = []
+        self._body: bytearray | None = None  # a body that spans frames (or reads): filled in place
         self._received = 0
         # a backlog of messages shares one copy of each distinct route and content header
         self._routes: dict[bytes, tuple[bytes, str, str]] = {}
@@ -181,31 +181,49 @@ class Channel:
         self._received = 0
         self.expect = EXPECT_BODY
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """A body frame, whose payload is ``buf[start:end]``."""
         if self.expect != EXPECT_BODY:
             raise _unexpected_content(self.expect)
-        received = self._received + len(data)
-        if received == self._size and not self._chunks:
-            self.expect = EXPECT_METHOD
-            self._publish(data)
+        if self._body is None and self._received + end - start == self._size:
+            self.expect = EXPECT_METHOD  # the whole body in one frame: one copy, no buffer
+            self._publish(bytes(buf[start:end]))
             return
+        self.body_part(buf, start, end)
+        if self._received == self._size:
+            body, self._body = self._body, None
+            self.expect = EXPECT_METHOD
+            self._publish(body)  # type: ignore[arg-type]  # (a bytearray: the buffer the body arrived in)
+
+    def body_part(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """Part of a body frame (the connection hands over a large frame's bytes as they are read): copied into
+        the message's buffer, allocated at the declared size with its first bytes.  During a memory alarm the
+        buffer only grows with what arrives, and the connection is held."""
+        if self.expect != EXPECT_BODY:
+            return  # (the channel failed meanwhile: the rest of the frame is dropped)
+        received = self._received + end - start
         if received > self._size:
             # rabbit_command_assembler never completes such a message: later body frames are taken
             # and dropped (nothing kept here), and the next method or header is a 505
-            self._chunks.clear()
+            self._body = None
             self._received = self._size + 1
             return
-        if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
-            self.connection.flow.recheck()  # a large message can outrun the once-a-second memory check
-        if self.connection.flow.blocked:  # a large message arriving during an alarm waits with the rest
-            self.connection.hold(self.connection.flow.alarm())
-        self._chunks.append(data)
+        flow = self.connection.flow
+        body = self._body
+        if body is None:
+            body = self._body = bytearray() if flow.blocked else bytearray(self._size)
+            if body:
+                flow.allocated(self._size)
+        if len(body) < self._size and received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
+            flow.recheck()  # a growing message can outrun the once-a-second memory check
+        if flow.blocked:  # a large message arriving during an alarm waits with the rest
+            self.connection.hold(flow.alarm())
+        with memoryview(buf) as view:
+            if len(body) >= received:
+                body[self._received:received] = view[start:end]
+            else:
+                body += view[start:end]
         self._received = received
-        if received == self._size:
-            body = b"".join(self._chunks)
-            self._chunks.clear()
-            self.expect = EXPECT_METHOD
-            self._publish(body)
 
     def _publish(self, body: bytes) -> None:
         shared = self._routes.get(self._route)
@@ -852,7 +870,8 @@ class Channel:
         if not self.open:
             return
         self.open = False
-        self._chunks = []  # a partial message's body frames go now, not with the channel object
+        self._body = None  # a partial message's body goes now, not with the channel object
+        self.expect = EXPECT_METHOD
         self._header = self._route = b""
         self._headers.clear()
         self._routes.clear()
