@@ -43,6 +43,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+PREALLOCATE_MAX = 32 * 1024 * 1024  # larger: the buffer grows (by mremap, uncopied, at that size on Linux)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -60,6 +61,7 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     principal: Principal | None
     client_capabilities: dict[str, Any]
     out: list[bytes]
+    large_out: bool
     frame_max: int
     deliver_budget: int
     write_paused: bool
@@ -198,7 +200,8 @@ class Channel:
     def body_part(self, buf: bytes | bytearray, start: int, end: int) -> None:
         """Part of a body frame (the connection hands over a large frame's bytes as they are read): copied into
         the message's buffer, allocated at the declared size with its first bytes.  During a memory alarm the
-        buffer only grows with what arrives, and the connection is held."""
+        buffer only grows with what arrives, and the connection is held; so does one above ``PREALLOCATE_MAX`` (a
+        client cannot make the node set aside more than that per channel with a header and one body byte)."""
         if self.expect != EXPECT_BODY:
             return  # (the channel failed meanwhile: the rest of the frame is dropped)
         received = self._received + end - start
@@ -211,7 +214,7 @@ class Channel:
         flow = self.connection.flow
         body = self._body
         if body is None:
-            body = self._body = bytearray() if flow.blocked else bytearray(self._size)
+            body = self._body = bytearray() if flow.blocked or self._size > PREALLOCATE_MAX else bytearray(self._size)
             if body:
                 flow.allocated(self._size)
         if len(body) < self._size and received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
@@ -298,8 +301,9 @@ class Channel:
         """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""
         self.stats.return_unroutable += 1
         self.vhost_stats.return_unroutable += 1
-        codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
-                            message.header, message.body, self.connection.frame_max)
+        self.connection.large_out |= codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT,
+                                                         message.route, message.header, message.body,
+                                                         self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(message.header) + message.body_size)
 
@@ -395,9 +399,10 @@ class Channel:
             stats.redeliver += 1
         message = entry.message
         connection = self.connection
-        codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
-                             consumer.queue.delivery_header(entry) if consumer.counted else message.header,
-                             message.body, connection.frame_max)
+        connection.large_out |= codec.append_deliver(
+            self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
+            consumer.queue.delivery_header(entry) if consumer.counted else message.header, message.body,
+            connection.frame_max)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
 
@@ -406,8 +411,8 @@ class Channel:
         self.delivery_tag += 1
         self.stats.deliver_no_ack += 1
         connection = self.connection
-        codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False, message.route,
-                             message.header, message.body, connection.frame_max)
+        connection.large_out |= codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False,
+                                                     message.route, message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
     def resume_deliveries(self) -> None:
@@ -804,8 +809,9 @@ class Channel:
             self.ack_timeout.watch(queue, None)
         message = entry.message
         header = queue.delivery_header(entry, get=True)
-        codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
-                            queue.message_count, header, message.body, self.connection.frame_max)
+        self.connection.large_out |= codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered,
+                                                         message.route, queue.message_count, header, message.body,
+                                                         self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(header) + message.body_size)
 

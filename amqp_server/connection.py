@@ -90,6 +90,7 @@ class Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self.out: list[bytes] = []
+        self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self._flush_scheduled = False
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
@@ -196,14 +197,20 @@ class Connection(asyncio.Protocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            data = b"".join(self.out)
-            self.transport.write(data)
-            self.send_oct += len(data)
+            if self.large_out:
+                parts, size = codec.gather(self.out)
+                self.transport.writelines(parts)
+            else:
+                data = b"".join(self.out)
+                size = len(data)
+                self.transport.write(data)
+            self.send_oct += size
             self.send_cnt += 1
             self._sent = True
             if self.write_paused:
-                self._unsent(len(data))
+                self._unsent(size)
         self.out.clear()
+        self.large_out = False
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
