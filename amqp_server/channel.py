@@ -43,7 +43,6 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
-PREALLOCATE_MAX = 32 * 1024 * 1024  # larger: the buffer grows (by mremap, uncopied, at that size on Linux)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -188,20 +187,20 @@ class Channel:
         if self.expect != EXPECT_BODY:
             raise _unexpected_content(self.expect)
         if self._body is None and self._received + end - start == self._size:
-            self.expect = EXPECT_METHOD  # the whole body in one frame: one copy, no buffer
-            self._publish(bytes(buf[start:end]))
+            self.expect = EXPECT_METHOD  # the whole body in one frame; a large one is copied once (a bytearray)
+            self._publish(buf[start:end] if end - start >= codec.ZERO_COPY_FROM else bytes(buf[start:end]))
             return
         self.body_part(buf, start, end)
         if self._received == self._size:
             body, self._body = self._body, None
             self.expect = EXPECT_METHOD
-            self._publish(body)  # type: ignore[arg-type]  # (a bytearray: the buffer the body arrived in)
+            self._publish(body)  # type: ignore[arg-type]  # (set: the size was reached)
 
     def body_part(self, buf: bytes | bytearray, start: int, end: int) -> None:
-        """Part of a body frame (the connection hands over a large frame's bytes as they are read): copied into
-        the message's buffer, allocated at the declared size with its first bytes.  During a memory alarm the
-        buffer only grows with what arrives, and the connection is held; so does one above ``PREALLOCATE_MAX`` (a
-        client cannot make the node set aside more than that per channel with a header and one body byte)."""
+        """Part of a body frame (the connection hands over a large frame's bytes as they are read), appended to
+        the message's buffer.  The buffer grows with what arrives rather than being set aside at the declared
+        size: zeroing pages only to overwrite them costs more than the reallocations (the large ones are
+        remapped, not copied), and a header alone makes the node set aside nothing."""
         if self.expect != EXPECT_BODY:
             return  # (the channel failed meanwhile: the rest of the frame is dropped)
         received = self._received + end - start
@@ -211,24 +210,17 @@ class Channel:
             self._body = None
             self._received = self._size + 1
             return
-        flow = self.connection.flow
-        body = self._body
-        if body is None:
-            body = self._body = bytearray() if flow.blocked or self._size > PREALLOCATE_MAX else bytearray(self._size)
-            if body:
-                flow.allocated(self._size)
-        if len(body) < self._size and received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
-            flow.recheck()  # a growing message can outrun the once-a-second memory check
-        if flow.blocked:  # a large message arriving during an alarm waits with the rest
-            self.connection.hold(flow.alarm())
+        if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
+            self.connection.flow.recheck()  # a large message can outrun the once-a-second memory check
+        if self.connection.flow.blocked:  # a large message arriving during an alarm waits with the rest
+            self.connection.hold(self.connection.flow.alarm())
+        if self._body is None:
+            self._body = bytearray()
         with memoryview(buf) as view:
-            if len(body) >= received:
-                body[self._received:received] = view[start:end]
-            else:
-                body += view[start:end]
+            self._body += view[start:end]
         self._received = received
 
-    def _publish(self, body: bytes) -> None:
+    def _publish(self, body: bytes | bytearray) -> None:
         shared = self._routes.get(self._route)
         if shared is None:
             if len(self._routes) >= SHARED_MAX:
@@ -236,7 +228,8 @@ class Channel:
             route = self._route
             shared = self._routes[route] = (route, *route_names(route))
         route, exchange_name, routing_key = shared
-        message = Message(exchange_name, routing_key, route, self._header, body)
+        # a bytearray body (the buffer it arrived in) is read as bytes everywhere, and never changed
+        message = Message(exchange_name, routing_key, route, self._header, body)  # type: ignore[arg-type]
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from .memory import MEMORY_CHECK_BYTES
-
 MEMORY = "memory"
 DISK = "disk"
 ALARM_TEXTS = {MEMORY: "low on memory", DISK: "low on disk space"}
@@ -37,7 +35,6 @@ class PublisherFlow:
         self._reasons: dict[str, None] = {}  # insertion-ordered set: the first alarm names connection.blocked
         self._publishers: set[Publisher] = set()
         self.recheck: Callable[[], object] = lambda: None  # the node's alarm check, for a large message
-        self._allocated = 0  # bytes of message buffers set aside since the alarm was last checked for them
 
     @property
     def blocked(self) -> bool:
@@ -57,15 +54,6 @@ class PublisherFlow:
             if text is not None:
                 return text
         return None
-
-    def allocated(self, size: int) -> None:
-        """A buffer of ``size`` bytes was set aside for a message being received: buffers made faster than the
-        once-a-second check (many channels each starting a large message) check the alarm every
-        ``MEMORY_CHECK_BYTES``, so that it stops the publishers in time."""
-        self._allocated += size
-        if self._allocated >= MEMORY_CHECK_BYTES:
-            self._allocated = 0
-            self.recheck()
 
     def publishing(self, publisher: Publisher) -> None:
         """``publisher`` has sent a publish: from now on it is held whenever a reason stands (at once if one does)."""
