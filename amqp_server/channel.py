@@ -43,6 +43,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -398,6 +399,8 @@ class Channel:
             connection.frame_max)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
+        if message.body_size >= RELEASE_FROM and not consumer.no_ack:
+            _release_body(entry, consumer.queue)
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
         """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
@@ -807,6 +810,8 @@ class Channel:
                                                          self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(header) + message.body_size)
+        if message.body_size >= RELEASE_FROM and not m.no_ack:
+            _release_body(entry, queue)
 
     def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:
@@ -889,6 +894,16 @@ class Channel:
         self._settle(taken, True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
             queue.deliver_ready()
+
+
+def _release_body(entry: Entry, queue: Queue) -> None:
+    """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
+    requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry
+    (a classic durable queue's persistent message), so that a consumer's prefetch of large messages does not
+    keep as many bodies in memory."""
+    message = entry.message
+    if message.msg_id and queue.persistence is not None and not queue.persists_all and message.persistent:
+        entry.message = message.without_body()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

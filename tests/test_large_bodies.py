@@ -185,3 +185,34 @@ def rss(broker) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
+    """A consumer with prefetch 100 holding 20 unacked 16 MiB messages (320 MiB) does not make the node hold
+    them; requeued (its channel closes), they come back byte-exact from the store."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    count, size = 20, 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        consumer = connection.channel()
+        consumer.basic_qos(prefetch_count=100)
+        got: list[int] = []
+        consumer.basic_consume(uid, lambda _ch, method, _properties, data: got.append(len(data)))
+        channel.confirm_delivery()
+        before = peak = rss(broker)
+        for number in range(count):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+            connection.process_data_events(0)
+            peak = max(peak, rss(broker))
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+            peak = max(peak, rss(broker))
+        assert got == [size + number for number in range(count)]
+        assert peak - before < 160 * 1024 * 1024, f"{(peak - before) >> 20} MiB more held"
+        consumer.close()  # the 20 unacked go back to the queue
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
+        assert [len(data) for data in again] == [size + number for number in range(count)]
+        assert all(data == body(size + number) for number, data in enumerate(again))
