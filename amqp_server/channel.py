@@ -43,6 +43,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
 RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
@@ -133,7 +134,7 @@ class Channel:
         self._topic_checked: dict[tuple[str, str], None] = {}  # the latest TOPIC_CHECKS_KEPT, oldest first
         self.stats = MessageStats()
         self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
-        self.max_message_size = connection.config.max_message_size
+        self.max_message_size = min(connection.config.max_message_size, MAX_MESSAGE_SIZE)
 
     # -- hot path: publish --------------------------------------------------------------------
 
@@ -177,8 +178,9 @@ class Channel:
         if size > self.max_message_size:
             self.expect = EXPECT_BODY
             self._size = size
-            raise errors.precondition_failed(
-                f"message size {size} is larger than configured max size {self.max_message_size}")
+            limit = "max size" if self.max_message_size == MAX_MESSAGE_SIZE else "configured max size"
+            raise _publish_error(errors.precondition_failed(
+                f"message size {size} is larger than {limit} {self.max_message_size}"))
         self._size = size
         self._received = 0
         self.expect = EXPECT_BODY

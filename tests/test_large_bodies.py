@@ -216,3 +216,30 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
         again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
         assert [len(data) for data in again] == [size + number for number in range(count)]
         assert all(data == body(size + number) for number, data in enumerate(again))
+
+
+def refusal_of(node, declared: int) -> commands.Channel.Close:
+    """What the node answers a header declaring ``declared`` body octets, no body octet sent."""
+    raw = Raw(node, timeout=10)
+    try:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(publish_frames(1, "", "anywhere", b"", declared=declared))
+        return raw.expect(commands.Channel.Close)
+    finally:
+        raw.close()
+
+
+def test_a_message_over_the_max_size_is_refused_at_its_header(broker):
+    limit = 128 * 1024 * 1024  # the default, as RabbitMQ 3.10's
+    close = refusal_of(broker, limit + 1)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        406, f"PRECONDITION_FAILED - message size {limit + 1} is larger than configured max size {limit}", 60, 40)
+
+
+@pytest.mark.warren_only("starts a node with its own max message size")
+def test_a_max_message_size_above_rabbitmq_s_ceiling_is_its_ceiling(start_broker):
+    node = start_broker("--max-message-size", str(1 << 30))
+    close = refusal_of(node, (512 << 20) + 1)
+    assert (close.reply_code, close.reply_text) == (
+        406, f"PRECONDITION_FAILED - message size {(512 << 20) + 1} is larger than max size {512 << 20}")
