@@ -42,7 +42,7 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
 READ_GAP = 64 * 1024  # dead bytes between two wanted records that read_many reads through rather than seek
-WRITE_THROUGH = 64 * 1024  # a payload at least this large goes to its file from its own buffers, not via the tail
+WRITE_THROUGH = 64 * 1024  # a record whose body is this large goes to its file from its own buffers, not via the tail
 ID_FILE = "next_id"
 ID_BLOCK = 1 << 20
 SNAPSHOT = "clean_shutdown"  # the index as a clean close left it; removed as soon as it is read
@@ -240,14 +240,15 @@ class MessageStore:
         assert current is not None  # opened by finish_recovery, before any write
         tail = self._tail
         record_at = current.size + len(tail)
-        size = sum(map(len, parts))
-        if size >= WRITE_THROUGH:
+        if len(parts[-1]) >= WRITE_THROUGH:  # (the body, last)
+            size = sum(map(len, parts))
             self._write_through(current, [tail, head, *parts])
         else:
             tail += head
             payload_at = len(tail)
             for part in parts:
                 tail += part
+            size = len(tail) - payload_at
             self._tail_ids[msg_id] = (payload_at, size)
         self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
         if self._records is not None:
