@@ -9,7 +9,7 @@ import pika
 import pytest
 
 from tests.conftest import connect
-from tests.test_mgmt_api import assert_error, call, q
+from tests.test_mgmt_api import assert_error, call
 
 SHOVEL = "/api/parameters/shovel/%2F/"
 N = 3000
@@ -131,9 +131,9 @@ def test_src_delete_after_queue_length_and_a_number(start_broker):
     assert depth(node, "da-dest") == 100 and depth(node, "da-src") == 0
     assert shovel_status(node, "once") is None
     publish(node, "da-src", 50)
-    assert call(node, "PUT", SHOVEL + "thirty", {"value": {"src-uri": "amqp://", "src-queue": "da-src",
-                                                           "src-delete-after": 30, "src-prefetch-count": 7,
-                                                           "dest-uri": "amqp://", "dest-queue": "da-dest"}}).status == 201
+    value = {"src-uri": "amqp://", "src-queue": "da-src", "src-delete-after": 30, "src-prefetch-count": 7,
+             "dest-uri": "amqp://", "dest-queue": "da-dest"}
+    assert call(node, "PUT", SHOVEL + "thirty", {"value": value}).status == 201
     wait_for(lambda: call(node, "GET", SHOVEL + "thirty").status == 404, what="the parameter to be cleared")
     wait_for(lambda: depth(node, "da-src") == 20, what="20 left (the unacked ones requeued)")
     assert depth(node, "da-dest") == 130
@@ -168,8 +168,8 @@ def test_components_and_policy_keys_warren_does_not_serve_are_refused(start_brok
                                  {"value": {"uri": "amqp://remote"}}), 400)
         assert body["reason"] == f"Validation failed\n\ncomponent {component} not found\n"
     assert call(node, "GET", "/api/parameters").json == []
-    body = assert_error(call(node, "PUT", "/api/policies/%2F/fed", {"pattern": ".*",
-                                                                   "definition": {"federation-upstream-set": "all"}}), 400)
+    policy = {"pattern": ".*", "definition": {"federation-upstream-set": "all"}}
+    body = assert_error(call(node, "PUT", "/api/policies/%2F/fed", policy), 400)
     assert "are not recognised policy settings" in body["reason"]
     # a definitions file exported from RabbitMQ with shovels, upstreams and federation policies
     definitions = {
