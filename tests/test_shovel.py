@@ -8,8 +8,8 @@ from typing import Any
 import pika
 import pytest
 
-from tests.conftest import connect
-from tests.test_mgmt_api import assert_error, call
+from conftest import connect
+from test_mgmt_api import assert_error, call
 
 SHOVEL = "/api/parameters/shovel/%2F/"
 N = 3000
