@@ -88,7 +88,8 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         """RabbitMQ's fields (rabbit_shovel_mgmt:format/2), with this node's name added by the caller."""
-        fields: dict[str, Any] = {"timestamp": self.timestamp.strftime("%Y-%m-%d %H:%M:%S"), "name": self.name,
+        t = self.timestamp  # as rabbit_shovel_mgmt prints it: the hour not padded
+        fields: dict[str, Any] = {"timestamp": f"{t:%Y-%m-%d} {t.hour}:{t:%M:%S}", "name": self.name,
                                   "vhost": self.vhost, "type": "dynamic", "state": self.state}
         if self.state == "running":
             fields.update(src_uri=self.src_uri, src_protocol="amqp091", dest_protocol="amqp091",
