@@ -262,6 +262,9 @@ class AccessControl:
             if record["vhost"] == name:
                 self.clear_topic_permission(name, record["user"], record["exchange"])
         self.set_limits("vhost_limits", name, {})
+        for record in self.parameters():
+            if record["vhost"] == name:
+                self.clear_parameter(name, record["component"], record["name"])
         return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:

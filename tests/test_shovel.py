@@ -158,7 +158,19 @@ def test_validation_in_rabbitmqs_words(start_broker):
     assert "Cannot specify 'no-ack' and numerical 'delete-after'" in body["reason"]
     assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {"src-uri": "amqp://", "src-queue": "a",
                                                              "dest-uri": "amqp://", "src-protocol": "amqp10"}}), 400)
+    body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
+        "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "src-prefetch-count": 70000,
+        "dest-publish-properties": {"priority": 300}}}), 400)
+    assert "src-prefetch-count should be from 0 to 65535" in body["reason"]
+    assert "priority should be an integer from 0 to 255" in body["reason"]
     assert call(node, "GET", SHOVEL + "bad").status == 404  # nothing kept
+    # a vhost's shovels go with it
+    assert call(node, "PUT", "/api/vhosts/gone", {}).status == 201
+    value = {"src-uri": "amqp:///gone", "src-queue": "a", "dest-uri": "amqp:///gone"}
+    assert call(node, "PUT", "/api/parameters/shovel/gone/s", {"value": value}).status == 201
+    assert call(node, "DELETE", "/api/vhosts/gone").status == 204
+    assert call(node, "PUT", "/api/vhosts/gone", {}).status == 201
+    assert call(node, "GET", "/api/parameters/shovel/gone/s").status == 404
 
 
 def test_components_and_policy_keys_warren_does_not_serve_are_refused(start_broker):

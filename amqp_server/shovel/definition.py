@@ -28,6 +28,7 @@ PUBLISH_PROPERTIES: dict[str, tuple[str, type]] = {
     "timestamp": ("timestamp", int), "type": ("message_type", str), "user_id": ("user_id", str),
     "app_id": ("app_id", str), "cluster_id": ("cluster_id", str)}
 
+PROPERTY_RANGES = {"delivery_mode": (1, 2), "priority": (0, 255), "timestamp": (0, 2**63 - 1)}
 Check = Callable[[str, Any], "str | None"]
 
 
@@ -74,6 +75,14 @@ def _uri(key: str, value: Any) -> str | None:
     return None
 
 
+def _count(key: str, value: Any) -> str | None:
+    """A prefetch count: a number (RabbitMQ's check), and one basic.qos can carry."""
+    problem = _number(key, value)
+    if problem is None and not 0 <= value <= 65535:
+        return f"{key} should be from 0 to 65535, actually was {erlang_term(value)}"
+    return problem
+
+
 def _queue_args(key: str, value: Any) -> str | None:
     return None if isinstance(value, dict) else f"{key} not a list {erlang_term(value)}"
 
@@ -88,6 +97,11 @@ def _properties(key: str, value: Any) -> str | None:
         problem = (_number if PUBLISH_PROPERTIES[name][1] is int else _binary)(name, item)
         if problem:
             return problem
+        low, high = PROPERTY_RANGES.get(name, (0, 0))
+        if high and not (isinstance(item, int) and low <= item <= high):  # (what a content header can carry)
+            return f"{name} should be an integer from {low} to {high}, actually was {erlang_term(item)}"
+        if isinstance(item, str) and len(item.encode()) > 255:
+            return f"{name} should be at most 255 bytes"
     return None
 
 
@@ -102,8 +116,8 @@ VALIDATION: tuple[tuple[str, Check, bool], ...] = (
     ("src-exchange-key", _binary, False),
     ("src-queue", _binary, False),
     ("src-queue-args", _queue_args, False),
-    ("prefetch-count", _number, False),
-    ("src-prefetch-count", _number, False),
+    ("prefetch-count", _count, False),
+    ("src-prefetch-count", _count, False),
     ("delete-after", _delete_after, False),
     ("src-delete-after", _delete_after, False),
     ("dest-uri", _uri, True),

@@ -119,7 +119,7 @@ class Worker:
             log.warning("shovel %s in vhost %s terminated: %s", untrusted(self.name), untrusted(self.vhost),
                         untrusted(reason))
             delay = self.definition.reconnect_delay
-            if not delay:
+            if delay <= 0:  # (RabbitMQ: 0 leaves it terminated; so does a negative delay here, not a busy loop)
                 return
             await asyncio.sleep(delay)
 
