@@ -30,6 +30,7 @@ FRAME_END = b"\xce"
 DELIVER = struct.Struct(">HH")
 BASIC_ACK = struct.Struct(">HHQB")  # class, method, delivery tag, flags (also basic.nack's layout)
 FRAME_MAX = 131072
+PUBLISH_FRAMES_KEPT = 1024  # basic.publish frames kept by destination (see publish)
 HEARTBEAT_FRAME = pframe.marshal(pheartbeat.Heartbeat(), 0)
 
 Delivered = Callable[[int, str, str, bytes, bytes], None]  # tag, exchange, routing key, header payload, body
@@ -70,6 +71,7 @@ class Client(asyncio.Protocol):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._handshake: asyncio.Queue[Any] = asyncio.Queue()
         self.blocked = False
+        self._publish_frames: dict[tuple[int, str, str], bytes] = {}
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -298,8 +300,14 @@ class Client(asyncio.Protocol):
 
     def publish(self, channel: int, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         """basic.publish with a content header's payload as it is (its body size must be ``len(body)``)."""
-        out = [pframe.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel),
-               FRAME_HEADER.pack(2, channel, len(header)), header, FRAME_END]
+        key = (channel, exchange, routing_key)
+        method = self._publish_frames.get(key)
+        if method is None:  # the same few destinations, message after message: marshal each once
+            if len(self._publish_frames) >= PUBLISH_FRAMES_KEPT:
+                self._publish_frames.clear()
+            method = self._publish_frames[key] = pframe.marshal(
+                commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel)
+        out = [method, FRAME_HEADER.pack(2, channel, len(header)), header, FRAME_END]
         step = self.frame_max - 8
         for start in range(0, len(body), step):
             chunk = body[start:start + step]
