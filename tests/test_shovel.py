@@ -9,6 +9,7 @@ import pika
 import pytest
 
 from conftest import connect
+from test_tls import PKI, start_tls_node
 from test_mgmt_api import assert_error, call
 
 SHOVEL = "/api/parameters/shovel/%2F/"
@@ -238,6 +239,29 @@ def test_permissions(start_broker):
     assert_error(call(node, "GET", "/api/shovels", auth=("maker", "pw")), 401)  # monitoring, as RabbitMQ
     assert_error(call(node, "DELETE", SHOVEL + "p", auth=("plain", "pw")), 401)
     assert call(node, "DELETE", SHOVEL + "p", auth=("maker", "pw")).status == 204
+
+
+@pytest.mark.integration
+def test_amqps_uris_are_verified(tmp_path):
+    pki = PKI.create(tmp_path)
+    tls = start_tls_node(tmp_path / "data", pki)
+    node = tls.broker
+    try:
+        publish(node, "tls-src", 20)
+        base = f"amqps://guest:guest@localhost:{tls.tls_port}"
+        unverified = {"src-uri": base, "src-queue": "tls-src", "dest-uri": "amqp://", "dest-queue": "tls-dest",
+                      "reconnect-delay": 1}
+        assert call(node, "PUT", SHOVEL + "tls", {"value": unverified}).status == 201
+        status = wait_for(lambda: (shovel_status(node, "tls") or {}).get("state") == "terminated"
+                          and shovel_status(node, "tls"), what="refused")
+        assert "CERTIFICATE_VERIFY_FAILED" in status["reason"], status
+        assert depth(node, "tls-dest") in (0, -1)
+        verified = dict(unverified, **{"src-uri": f"{base}?cacertfile={pki.cafile}"})
+        assert call(node, "PUT", SHOVEL + "tls", {"value": verified}).status == 204
+        wait_for(lambda: depth(node, "tls-dest") == 20, what="20 moved over TLS")
+        assert shovel_status(node, "tls")["src_uri"] == f"amqps://localhost:{tls.tls_port}"
+    finally:
+        node.stop()
 
 
 def test_restart_endpoint(start_broker):
