@@ -15,7 +15,7 @@ from aiohttp import web
 
 from . import auth
 from .context import Context, ctx
-from .forward import KEY as FORWARDER
+from .forward import KEY as FORWARDER, forward
 from .http import no_content, not_found
 from .listing import respond
 
@@ -69,11 +69,18 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 
 @routes.delete("/api/shovels/vhost/{vhost}/{name}/restart")
-async def restart(request: web.Request) -> web.Response:
+async def restart(request: web.Request) -> web.StreamResponse:
+    """Restart a shovel here, or (cluster) ask the node running it, as RabbitMQ does by RPC."""
     auth.require_monitor(request)
     vhost = auth.require_vhost(request)
+    name = request.match_info["name"]
     context = ctx(request)
     shovels = context.broker.shovels
-    if shovels is None or not await shovels.restart(vhost, request.match_info["name"]):
-        raise not_found()
-    return no_content()
+    if shovels is not None and await shovels.restart(vhost, name):
+        return no_content()
+    if context.broker.cluster is not None and LOCAL not in request.query:
+        for item in await _status(request):
+            if item.get("vhost") == vhost and item.get("name") == name and item.get("node") != context.node:
+                request = request.clone(rel_url=request.rel_url.update_query({LOCAL: "true"}))
+                return await forward(request, item["node"])
+    raise not_found()

@@ -53,6 +53,9 @@ def test_a_shovel_runs_on_one_node_and_moves_when_it_dies(three):
     for node in nodes:  # every node's answer lists it once, on its node
         wait_for(lambda node=node: [s["node"] for s in listed(node)] == [home], f"{name} listed on {home}")
     victim = nodes[names.index(home)]
+    other = next(n for n in nodes if n is not victim)  # restarted through a node that does not run it
+    assert call(other, "DELETE", f"/api/shovels/vhost/%2F/{name}/restart").status == 204
+    assert call(other, "DELETE", "/api/shovels/vhost/%2F/nosuch/restart").status == 404
     wait_for(lambda: depth(nodes[0], "cs-dest") > N // 10, "the transfer under way")
     assert depth(nodes[0], "cs-dest") < N, "the transfer ended before the kill"
     victim.kill()
