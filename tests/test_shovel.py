@@ -8,7 +8,7 @@ from typing import Any
 import pika
 import pytest
 
-from conftest import connect
+from conftest import connect, free_port
 from test_tls import PKI, start_tls_node
 from test_mgmt_api import assert_error, call
 
@@ -264,12 +264,14 @@ def test_amqps_uris_are_verified(tmp_path):
         node.stop()
 
 
-def test_restart_endpoint(start_broker):
+def test_uris_tried_in_turn_and_the_restart_endpoint(start_broker):
     node = start_broker()
-    assert call(node, "PUT", SHOVEL + "r", {"value": {"src-uri": "amqp://", "src-queue": "r-src",
+    dead = f"amqp://guest:guest@127.0.0.1:{free_port()}"  # nothing listens there: the next URI is tried
+    assert call(node, "PUT", SHOVEL + "r", {"value": {"src-uri": [dead, "amqp://"], "src-queue": "r-src",
                                                       "dest-uri": "amqp://", "dest-queue": "r-dest"}}).status == 201
     first = wait_for(lambda: (shovel_status(node, "r") or {}).get("state") == "running" and shovel_status(node, "r"),
                      what="running")
+    assert first["src_uri"] == "amqp://"
     assert call(node, "DELETE", "/api/shovels/vhost/%2F/r/restart").status == 204
     assert call(node, "DELETE", "/api/shovels/vhost/%2F/nosuch/restart").status == 404
     wait_for(lambda: (shovel_status(node, "r") or {}).get("state") == "running", what="running again")

@@ -360,10 +360,13 @@
         const text = await f.text();
         let body;
         try { body = JSON.parse(text); } catch (err) { throw new W.InputError(`${f.name} is not valid JSON: ${err.message}`); }
-        await api("POST", "definitions", body);
+        const answer = await api("POST", "definitions", body);
         file.value = "";
         await refresh();
-      }, `Definitions imported from ${f ? f.name : "file"}.`, "Import definitions");
+        return answer;
+      }, (answer) => `Definitions imported from ${f ? f.name : "file"}.` + (answer && answer.skipped ? " Skipped, as Warren does not serve them: "
+        + answer.skipped.map((s) => `${s.policy ? `policy ${s.policy}` : `${s.component} ${s.parameter}`} in ${s.vhost} (${s.reason})`).join("; ") : ""),
+      "Import definitions");
     } } }, h("label", "Definitions file (JSON)", file), importBtn);
     async function refresh() {
       const d = await api("GET", "definitions");
