@@ -122,6 +122,17 @@ def test_forward_headers_timestamp_and_publish_properties(start_broker):
     connection.close()
 
 
+@pytest.mark.parametrize("mode", ["on-publish", "no-ack"])
+def test_other_ack_modes_move_everything_too(start_broker, mode):
+    node = start_broker()
+    publish(node, "m-src", 300)
+    assert call(node, "PUT", SHOVEL + "m", {"value": {"src-uri": "amqp://", "src-queue": "m-src", "ack-mode": mode,
+                                                      "dest-uri": "amqp://", "dest-queue": "m-dest"}}).status == 201
+    wait_for(lambda: depth(node, "m-dest") == 300, what="300 moved")
+    assert depth(node, "m-src") == 0
+    assert [body for body, _ in drain(node, "m-dest")] == [str(i).encode() for i in range(300)]
+
+
 def test_src_delete_after_queue_length_and_a_number(start_broker):
     node = start_broker()
     publish(node, "da-src", 100)
