@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .config import Config
-from .preauth import Unauthenticated
+from .frontend import Unauthenticated
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 class Clients:
     def __init__(self, config: Config | None = None) -> None:
         self.connections: set[Connection] = set()
-        # AMQP and AMQPS connections until connection.open: a deadline, and a place among at most handshakes_max
+        # connections to the client ports (AMQP, AMQPS, stream, HTTP, HTTPS) until they log in: a deadline, and a
+        # place among at most handshakes_max, one pool for every port (file descriptors are the process's)
         config = config or Config()
-        self.handshakes = Unauthenticated("AMQP", config.handshakes_max, config.handshake_timeout / 1000,
+        self.handshakes = Unauthenticated("client", config.handshakes_max, config.handshake_timeout / 1000,
                                           logging.getLogger("warren.connection"))
         self._dirty: list[Connection] = []  # connections with output to write
 

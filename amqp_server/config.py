@@ -26,7 +26,7 @@ class Config:
     frame_max: int = 131072
     initial_frame_max: int = 4096  # before tune-ok, as RabbitMQ's initial_frame_max
     handshake_timeout: int = 10_000  # ms from connect to connection.open (RabbitMQ's), or to an HTTP login
-    handshakes_max: int = 256  # AMQP, and HTTP, connections not logged in yet; one more closes the oldest
+    handshakes_max: int = 256  # the client ports' connections not logged in yet; one more closes the oldest
     channel_max: int = 2047
     max_message_size: int = 128 * 1024 * 1024
     consumer_timeout: int = 30 * 60 * 1000  # ms a delivery may stay unacknowledged; 0 (or false) disables
@@ -94,8 +94,8 @@ _HELP = {
     "frame_max": "largest frame size offered to clients",
     "initial_frame_max": "largest frame accepted before connection.tune-ok (start-ok with its credentials)",
     "handshake_timeout": "ms a client has from connecting to connection.open (HTTP: to a request that logs in)",
-    "handshakes_max": "AMQP (and AMQPS) connections in their handshake at once, and as many HTTP (and HTTPS) "
-                      "ones not logged in; one more closes the one that waited longest",
+    "handshakes_max": "connections not logged in at once across the client ports (AMQP, AMQPS, stream, HTTP, "
+                      "HTTPS; a TLS one from accept); one more closes the one that waited longest",
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes",
     "consumer_timeout": "delivery acknowledgement timeout, ms (0 or false disables)",

@@ -20,8 +20,8 @@ from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal, loopback_refused
+from .frontend import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Unauthenticated
 from .memory import MEMORY_CHECK_BYTES
-from .preauth import Unauthenticated
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
 from .logs import untrusted
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .auth import User
 
 log = logging.getLogger("warren.connection")
+complaints = Complaints(log)
 
 _HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
@@ -76,16 +77,18 @@ class Registry(Protocol):
     def flush(self) -> None: ...
 
 
-class Connection(asyncio.Protocol):
+class Connection(FrontEnd):
     """Protocol instance per TCP connection."""
 
+    kind = "AMQP"
+
     def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: Registry) -> None:
+        super().__init__(clients.handshakes, complaints, config.write_buffer_high)
         self.broker = broker
         self.config = config
         self.flow = flow
         self.clients = clients
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
         self.buf = bytearray()
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
@@ -103,12 +106,9 @@ class Connection(asyncio.Protocol):
         self.principal: "Principal | None" = None  # user + permissions: what broker operations check
         self.client_properties: dict[str, Any] = {}
         self.client_capabilities: dict[str, Any] = {}
-        self.peer = ("?", 0)
         self.ssl_object = None  # the ssl.SSLObject of an AMQPS connection
         self.auth_mechanism = ""
         self.exclusive_queues: set = set()
-        self.write_paused = False  # the client does not read what we write: frames already read wait too
-        self.reading_paused = False
         self.suspended = False  # a channel method awaits the cluster: later frames wait behind it
         self.stalled = False  # write_paused or suspended: the one flag the frame loop tests per frame
         self.paused_output = 0  # bytes added to the output while writes are paused, since memory was checked
@@ -121,24 +121,18 @@ class Connection(asyncio.Protocol):
         self._silent_ticks = 0
         self._timer: asyncio.TimerHandle | None = None
         self.connected_at = time.time()
-        self.name = ""
 
     # -- transport callbacks ------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # a TCP server's
-        self.transport = transport
-        self.peer = transport.get_extra_info("peername") or ("?", 0)
-        self.ssl_object = transport.get_extra_info("ssl_object")
-        sock = transport.get_extra_info("sockname") or ("?", 0)
-        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
-        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+    def opened(self) -> None:
+        assert self.transport is not None
+        self.ssl_object = self.transport.get_extra_info("ssl_object")
         self.clients.add(self)
         self.broker.churn.connection_created += 1
-        self.clients.handshakes.enter(self, self.name)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
-        self.clients.handshakes.leave(self)
+        super().connection_lost(exc)
         if self._timer is not None:
             self._timer.cancel()
         for channel in list(self.channels.values()):
@@ -156,27 +150,15 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         """The client reads slower than we write: read no more, and leave the frames already read until it
         catches up (a get answered now would copy another body into an output nobody takes)."""
-        self.write_paused = self.stalled = True
-        self._pause_reading()
+        super().pause_writing()
+        self.stalled = True
 
-    def resume_writing(self) -> None:
-        self.write_paused = False
+    def writable(self) -> None:
         self.stalled = self.suspended
-        if not self.held:
-            self._resume_reading()
         self.resume_deliveries()
-        if self.buf and not self.stalled:
-            self.loop.call_soon(self._frames)  # not from inside a write that resumed us
 
-    def _pause_reading(self) -> None:
-        if not self.reading_paused and self.transport is not None:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def _resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.transport.is_closing():
-            self.reading_paused = False
-            self.transport.resume_reading()
+    def read_on(self) -> None:
+        self._frames()
 
     def resume_deliveries(self) -> None:
         """Credit came back (writes drained, flow on): let this connection's queues deliver again."""
@@ -270,8 +252,13 @@ class Connection(asyncio.Protocol):
         n = len(buf)
         channels = self.channels
         limit = self.frame_max
+        budget = FRAMES_PER_TURN
         try:
             while n - pos >= 8 and self.state < DRAINING and not self.stalled:
+                budget -= 1
+                if budget < 0:
+                    self.next_turn()
+                    break
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
@@ -324,7 +311,7 @@ class Connection(asyncio.Protocol):
             self.close_with(exc)
             pos = len(buf)
         except Exception:  # a bug must not take the server down; the reply quotes nothing (credentials)
-            log.exception("internal error on connection %s", self.name)
+            complaints.internal("connection", self.name)
             self.close_with(ConnectionError(errors.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
             pos = len(buf)
         del buf[:pos]
@@ -363,7 +350,7 @@ class Connection(asyncio.Protocol):
         Its errors close the channel or connection as a synchronous method's would.
         """
         self.suspended = self.stalled = True
-        self._pause_reading()
+        self.hold_reading(WAITING)
         self.loop.create_task(work).add_done_callback(lambda task: self._resume(channel, method, task))
 
     def _resume(self, channel: "Channel", method: Frame, task: asyncio.Task) -> None:
@@ -382,8 +369,7 @@ class Connection(asyncio.Protocol):
             self.close_with(ConnectionError(errors.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
         if self.state in (CLOSING, DRAINING, CLOSED):
             return
-        if not self.write_paused and not self.held:
-            self._resume_reading()
+        self.release_reading(WAITING)
         self._frames()
 
     def _publish(self, channel: "Channel", buf: bytearray, start: int, end: int) -> None:
@@ -560,7 +546,7 @@ class Connection(asyncio.Protocol):
         self.vhost_name = name
         self.principal = principal
         self.state = OPEN
-        self.clients.handshakes.leave(self)
+        self.logged_in()
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
         self.send_method(0, commands.Connection.OpenOk())
@@ -580,7 +566,7 @@ class Connection(asyncio.Protocol):
         self.flush()
         self.state = DRAINING
         self.buf.clear()
-        self._resume_reading()
+        self.release_reading(EVERY_REASON)  # read (and drop) until the client closes
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(CLOSE_TIMEOUT, self._drop)
@@ -601,7 +587,7 @@ class Connection(asyncio.Protocol):
             self.clients.handshakes.log.warning("closing connection %s in its handshake: %s", self.name,
                                                 untrusted(error.text))
             self.state = CLOSING
-            self._pause_reading()
+            self.hold_reading(STOPPED)
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self.loop.call_later(SILENT_CLOSE_DELAY, self._drop)
@@ -630,8 +616,7 @@ class Connection(asyncio.Protocol):
 
     def abandon(self) -> None:
         """Not open within the handshake timeout, or closed to make room for a newer handshake."""
-        if self.transport is not None:
-            self.transport.abort()
+        super().abandon()
         self.state = CLOSED
 
     def _heartbeat_tick(self) -> None:
@@ -678,12 +663,11 @@ class Connection(asyncio.Protocol):
             self.notify_blocked(alarm)
         else:
             self._notify_unblocked()  # the alarm cleared, while flow still holds: reading stays paused
-        self._pause_reading()
+        self.hold_reading(FLOW)
 
     def release(self) -> None:
         self._notify_unblocked()
-        if not self.write_paused:
-            self._resume_reading()
+        self.release_reading(FLOW)
 
     def notify_blocked(self, alarm: str) -> None:
         if self.client_capabilities.get("connection.blocked") and not self.blocked_notified:

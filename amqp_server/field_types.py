@@ -69,6 +69,7 @@ def install() -> None:
 
 
 TAG = "$amqp:"  # a one-key object {"$amqp:TYPE": value} in JSON is a value of that type
+LONG_MIN, LONG_MAX = -2**63, 2**63 - 1  # AMQP's signed 64-bit integer (a long-long): the widest a table carries
 MAX_DEPTH = 100  # nested tables and arrays, as for content headers (properties.MAX_TABLE_DEPTH)
 _TYPED: dict[str, type] = {vars(cls)["field_type"]: cls for cls in _WIRE.values()}  # (classes made by type())
 
@@ -76,9 +77,12 @@ _TYPED: dict[str, type] = {vars(cls)["field_type"]: cls for cls in _WIRE.values(
 def to_json(value: Any, depth: int = 0) -> Any:
     """``value`` (a decoded field value or table) as JSON that :func:`from_json` turns back into an equal value of
     the same types.  ValueError for tables and arrays nested deeper than ``MAX_DEPTH`` (an export or a listing could
-    not be read back), TypeError for a value no table holds."""
+    not be read back) and for an integer outside AMQP's signed 64 bits (no client could be sent it, nor the HTTP API
+    list it), TypeError for a value no table holds."""
     kind = type(value)
-    if kind is str or kind is bool or kind is int or value is None:
+    if kind is int:
+        return value if LONG_MIN <= value <= LONG_MAX else _out_of_range(value)
+    if kind is str or kind is bool or value is None:
         return value
     if kind is float:
         return value if math.isfinite(value) else {TAG + "double": repr(value)}
@@ -93,7 +97,7 @@ def to_json(value: Any, depth: int = 0) -> Any:
         return table
     if kind in _WIRE.values():
         base = float if isinstance(value, float) else int
-        return {TAG + value.field_type: repr(base(value)) if base is float else base(value)}
+        return {TAG + value.field_type: repr(base(value)) if base is float else to_json(base(value))}
     if kind is datetime.datetime:
         return {TAG + "timestamp": value.isoformat()}
     if kind is decimal.Decimal:
@@ -103,6 +107,20 @@ def to_json(value: Any, depth: int = 0) -> Any:
     if kind is bytes:  # a long string that is not UTF-8
         return {TAG + "longstr": base64.b64encode(value).decode()}
     raise TypeError(f"{kind.__name__} is not an AMQP field value")
+
+
+def _out_of_range(value: int) -> Any:
+    shown = str(value) if abs(value) < 10**40 else f"{str(value)[:40]}… ({len(str(value))} digits)"
+    raise ValueError(f"{shown} is outside the signed 64-bit range")
+
+
+def in_range(value: Any) -> bool:
+    """Whether every integer in ``value`` (a field value or table) fits AMQP's signed 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, (int, dict, list)):
+        return True
+    if isinstance(value, int):
+        return LONG_MIN <= value <= LONG_MAX
+    return all(in_range(item) for item in (value.values() if isinstance(value, dict) else value))
 
 
 def from_json(value: Any) -> Any:

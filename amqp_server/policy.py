@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
-from . import patterns, queue_args
+from . import field_types, patterns, queue_args
 from .auth import DefinitionListener, vhost_key
 from .definitions import DefinitionStore
 from .queue_args import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, QueueArgs
@@ -92,9 +92,9 @@ def _erl(value: Any) -> str:
 erlang_term = _erl  # (the shovel's validation prints values so too)
 
 
-def _integer(minimum: int, what: str):
+def _integer(minimum: int, what: str, maximum: int = field_types.LONG_MAX):
     def check(value: Any) -> str | None:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        ok = isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= maximum
         return None if ok else f"{_erl(value)} is not a valid {what}"
     return check
 
@@ -129,7 +129,8 @@ VALIDATORS = {
     "consumer-timeout": _integer(0, "consumer timeout"),
     "max-age": lambda value: None if isinstance(value, str) and queue_args.interval_ms(value)
     else f"{_erl(value)} is not a valid max age",
-    "stream-max-segment-size-bytes": _integer(0, "segment size"),
+    "stream-max-segment-size-bytes": _integer(queue_args.MIN_SEGMENT_BYTES, "segment size",
+                                              queue_args.MAX_SEGMENT_BYTES),
 }
 
 

@@ -18,6 +18,11 @@ OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pressure either way
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 MAX_SUPPORTED_PRIORITY = 255
+# RabbitMQ's cap on a stream's segments (rabbit_stream_queue's ?MAX_STREAM_MAX_SEGMENT_SIZE, refused as
+# "Exceeded max value for ..."), and Warren's floor: a stream keeps at most one segment file per MB of its data
+# however it is published (RabbitMQ takes any size, and a size of 1 opens a file per chunk)
+MIN_SEGMENT_BYTES = 1_000_000
+MAX_SEGMENT_BYTES = 3_000_000_000
 INTERVAL = re.compile(r"^(\d+)([YMDhms])$")
 UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
 
@@ -60,6 +65,18 @@ class Refusals(Protocol):
 
     @property
     def refused_arguments(self) -> Collection[str]: ...
+
+
+def check_caps(arguments: dict[str, Any]) -> None:
+    """406 for a stream's segment size beyond RabbitMQ's cap or below Warren's floor (a negative or non-integer
+    one is :func:`parse`'s to refuse, in RabbitMQ's words)."""
+    value = arguments.get("x-stream-max-segment-size-bytes")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return
+    if value > MAX_SEGMENT_BYTES:
+        raise errors.precondition_failed("Exceeded max value for x-stream-max-segment-size-bytes")
+    if value < MIN_SEGMENT_BYTES:
+        raise errors.precondition_failed(f"Below min value for x-stream-max-segment-size-bytes ({MIN_SEGMENT_BYTES})")
 
 
 def where(queue: str, vhost: str) -> str:

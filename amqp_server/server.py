@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from . import __version__, config as config_module, logs, tls
+from . import __version__, config as config_module, frontend, logs, tls
 from .broker import Broker
 from .clients import Clients
 from .config import Config
@@ -83,7 +83,7 @@ class Node:
                                          config.compaction_threshold), config.segment_size, self.clients,
                              config.queue_window)
         self.server: asyncio.base_events.Server | None = None
-        self.tls_server: asyncio.base_events.Server | None = None  # AMQPS, when a certificate is configured
+        self.tls_server: frontend.TlsListener | None = None  # AMQPS, when a certificate is configured
         self.mgmt: web.AppRunner | None = None  # the management plugin's aiohttp runner, when enabled
         self.cluster: forwarder.Cluster | None = None  # in cluster mode
         self.stream_server: asyncio.AbstractServer | None = None  # the stream protocol, when enabled
@@ -107,11 +107,10 @@ class Node:
             log.info("management HTTP API on %s:%d", self.config.bind, self.config.mgmt_port)
         context = tls.amqp_context(self.config)
         if context is not None:  # before plain AMQP, so that a node answering on one answers on both
-            self.tls_server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow,
-                                                                          self.clients),
-                                                       self.config.bind, self.config.tls_port, ssl=context,
-                                                       ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
-                                                       reuse_address=True, backlog=1024)
+            self.tls_server = await frontend.listen_tls(lambda: Connection(self.broker, self.config, self.flow,
+                                                                           self.clients),
+                                                        self.config.bind, self.config.tls_port, context,
+                                                        self.clients.handshakes)
             log.info("AMQPS on %s:%d (verify: %s)", self.config.bind, self.config.tls_port, self.config.tls_verify)
         self.server = await loop.create_server(lambda: Connection(self.broker, self.config, self.flow, self.clients),
                                                self.config.bind, self.config.amqp_port, reuse_address=True,

@@ -17,7 +17,8 @@ import aetcd
 
 from amqp_server import errors, queue_types
 from amqp_server.auth import Permissions, TopicPermission, User
-from amqp_server.errors import AMQPError
+from amqp_server.broker.core import storable
+from amqp_server.errors import AMQPError, resource_name
 from amqp_server.logs import untrusted
 from amqp_server.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
@@ -328,6 +329,7 @@ class Cluster:
             self.quorum.put_queue(vhost, record)
             return
         existing = vhost.queues.get(record.name)
+        storable(record.arguments, resource_name("queue", record.name, vhost.name), queue=True)  # as a declaration
         if record.node == self.name:
             if existing is None:
                 self.broker.declare_queue(vhost, record.name, durable=record.durable, auto_delete=record.auto_delete,

@@ -4,18 +4,21 @@ Every node dials every other node; the dialing side (:class:`ClientLink`) sends 
 publishes for queues the other node owns, consumer registrations, acks — and the listening
 side (:class:`ServerLink`) answers with confirms and deliveries.  Frames written during one
 event-loop turn go out in one write (batched), nothing waits for a reply before the next frame
-(pipelined), and a full socket buffer pauses the producers (flow control).
+(pipelined), and a full socket buffer pauses the producers (flow control).  Each end is a front end
+(``amqp_server.frontend``): a read handles a bounded number of frames, and the listening end reads no more while
+its dialer does not read what it is sent (the dialing end always reads: were both ends to stop, neither would
+drain the other).
 
 A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
 random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
 knows the secret the same way.  Nothing else is read before that, and little: frames of at most
 ``HANDSHAKE_FRAME_MAX`` bytes, one proof per connection, ``HANDSHAKE_TIMEOUT`` seconds, and at most
-``HANDSHAKES_MAX`` connections at once in their handshake on the listener (``amqp_server.preauth``).
-A peer that breaks these is closed with one line in the log (a few a second at most), its name
-quoted and cut.  The challenge carries the listener's ``LINK_VERSION``, the layout of the frames below:
-a dialer of another version refuses it, so that nodes of two releases whose frames differ never misread
-each other in a rolling upgrade (they refuse each other, in the log).  Heartbeats every second notice a
-peer that vanished without closing its socket (a dead host) within five seconds.
+``HANDSHAKES_MAX`` connections at once in their handshake on the listener (``amqp_server.frontend``), whose
+output may buffer ``PRELOGIN_WRITE_HIGH`` meanwhile.  A peer that breaks these is closed with one line in the log
+(a few a second at most), its name quoted and cut.  The challenge carries the listener's ``LINK_VERSION``, the
+layout of the frames below: a dialer of another version refuses it, so that nodes of two releases whose frames
+differ never misread each other in a rolling upgrade (they refuse each other, in the log).  Heartbeats every
+second notice a peer that vanished without closing its socket (a dead host) within five seconds.
 """
 from __future__ import annotations
 
@@ -27,14 +30,15 @@ import json
 import logging
 import os
 import struct
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
-from amqp_server.logs import Throttle, untrusted
+from amqp_server.frontend import FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
+from amqp_server.logs import untrusted
 from amqp_server.message import Message
 from amqp_server.payload import HEAD, decode, encode, route_names
-from amqp_server.preauth import Unauthenticated
 
 log = logging.getLogger("warren.forwarder.link")
+complaints = Complaints(log)
 
 FRAME = struct.Struct(">IB")  # payload length, frame type
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
@@ -123,19 +127,19 @@ def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:
     return hmac.new(secret, role + nonce + name.encode(), hashlib.sha256).digest()
 
 
-class FrameLink(asyncio.Protocol):
+class FrameLink(FrontEnd):
     """Framing, batched output and write flow control shared by both ends of a link."""
 
+    kind = "cluster link"
     direction = "with"  # "from" a dialer, "to" a listener: for the log
-    handshake_log: Throttle  # where a broken handshake is told
+    handshake_log: Complaints  # where a broken handshake is told
 
-    def __init__(self, secret: bytes, node_name: str) -> None:
+    def __init__(self, secret: bytes, node_name: str, handshakes: Unauthenticated | None = None) -> None:
+        super().__init__(handshakes, complaints, WRITE_BUFFER_HIGH)
         self.secret = secret
         self.node_name = node_name
         self.peer_name = ""
-        self.transport: asyncio.Transport | None = None
         self.authenticated = False
-        self.paused = False  # the socket buffer is full: producers hold off
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
@@ -146,9 +150,7 @@ class FrameLink(asyncio.Protocol):
         self._refused = False  # a broken handshake: nothing more is read
         self.closed = asyncio.get_running_loop().create_future()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's
-        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+    def opened(self) -> None:
         asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
 
     def _heartbeat(self) -> None:
@@ -167,19 +169,10 @@ class FrameLink(asyncio.Protocol):
         asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         self.transport = None
         if not self.closed.done():
             self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self.writable()
-
-    def writable(self) -> None:
-        """The socket drained: whoever held off may produce again."""
 
     def close(self) -> None:
         if self.transport is not None:
@@ -239,12 +232,21 @@ class FrameLink(asyncio.Protocol):
         if self._refused:
             return
         self._heard = True
+        self._buf += data
+        self.read_on()
+
+    def read_on(self) -> None:
+        """The frames read, ``FRAMES_PER_TURN`` at most, while the peer reads what they answer (a listener)."""
         buf = self._buf
-        buf += data
         pos = 0
         n = len(buf)
+        budget = FRAMES_PER_TURN
         try:
-            while n - pos >= FRAME.size:
+            while n - pos >= FRAME.size and not self.reading_paused:
+                budget -= 1
+                if budget < 0:
+                    self.next_turn()
+                    break
                 size, ftype = FRAME.unpack_from(buf, pos)
                 if size > (MAX_FRAME if self.authenticated else HANDSHAKE_FRAME_MAX):
                     raise ValueError(f"frame of {size} bytes")
@@ -265,7 +267,7 @@ class FrameLink(asyncio.Protocol):
             if not self.authenticated:  # a stranger's garbage: a line, no traceback
                 self.refuse(f"broken handshake ({untrusted(exc)})")
                 return
-            log.exception("link with %s failed", self.peer_name or "?")
+            complaints.internal("link with", self.peer_name or "?")
             self.close()
             return
         del buf[:pos]
@@ -279,10 +281,6 @@ class FrameLink(asyncio.Protocol):
         self._buf.clear()
         self.handshake_log.warning("link %s %s refused: %s", self.direction, self.address, why)
         self.abandon()
-
-    def abandon(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
 
     @property
     def address(self) -> str:
@@ -307,16 +305,15 @@ class ServerLink(FrameLink):
 
     def __init__(self, secret: bytes, node_name: str, open_session: Callable[["ServerLink"], Any],
                  handshakes: Unauthenticated) -> None:
-        super().__init__(secret, node_name)
+        super().__init__(secret, node_name, handshakes)
         self._nonce = os.urandom(NONCE_SIZE)
         self._open_session = open_session
         self.handshakes = handshakes
         self.handshake_log = handshakes.log
         self.session: Any = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.handshakes.enter(self, self.address)
+    def opened(self) -> None:
+        super().opened()
         self.send(CHALLENGE, self._nonce, VERSION.pack(LINK_VERSION))
 
     def handshake(self, ftype: int, payload: bytes) -> None:
@@ -328,7 +325,7 @@ class ServerLink(FrameLink):
         if not hmac.compare_digest(proof, _proof(self.secret, self._nonce, name, b"dialer")):
             self.refuse(f"wrong cluster secret (it says it is {untrusted(name)})")
             return
-        self.handshakes.leave(self)
+        self.logged_in()
         self.peer_name = name
         self.authenticated = True
         self.send(AUTH_OK, _proof(self.secret, nonce, self.node_name, b"listener"), self.node_name.encode())
@@ -344,12 +341,11 @@ class ServerLink(FrameLink):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.handshakes.leave(self)
         if self.session is not None:
             self.session.closed()
 
 
-_dialed = Throttle(log)  # the dialing ends' refusals
+_dialed = Complaints(log)  # the dialing ends' refusals
 
 
 class ClientLink(FrameLink):
@@ -358,6 +354,7 @@ class ClientLink(FrameLink):
 
     direction = "to"
     handshake_log = _dialed
+    pause_reads_on_full_writes = False  # (see the module's docstring)
 
     def __init__(self, secret: bytes, node_name: str, expected_peer: str, handler: Any) -> None:
         super().__init__(secret, node_name)

@@ -150,7 +150,7 @@ class Peer:
             self._pending[seq] = (channel, channel.forwarded(), qids)
         client.hold(self._send_open_cb)
         self._open = (message, channel, seq, qids, link.RELAY if relay else link.PUBLISH)
-        if client.paused:  # the link's buffer is full: publishers wait until it drains
+        if client.write_paused:  # the link's buffer is full: publishers wait until it drains
             self.flow.block(self._held_for)
         return True
 

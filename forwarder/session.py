@@ -50,7 +50,7 @@ class RemoteConsumerChannel:
         return self._client
 
     def can_deliver(self) -> bool:
-        return self.in_flight < CREDIT_WINDOW and not self.session.link.paused
+        return self.in_flight < CREDIT_WINDOW and not self.session.link.write_paused
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         tag = next(_tags)

@@ -13,7 +13,7 @@ from amqp_server.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 from amqp_server.logs import untrusted
-from amqp_server.preauth import Unauthenticated
+from amqp_server.frontend import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import parameters, permissions, policies, queues, quorum_members, shovels, users, vhosts
@@ -128,7 +128,8 @@ async def start(broker: Broker, config: Any, flow: PublisherFlow | None = None, 
                 sample_interval: float = DEFAULT_INTERVAL) -> web.AppRunner:
     """Serve the API on ``config.bind:config.mgmt_port`` (and HTTPS on ``mgmt_tls_port`` with ``mgmt_tls``)
     on the running loop; ``await runner.cleanup()`` stops it."""
-    handshakes = Unauthenticated("HTTP", config.handshakes_max, config.handshake_timeout / 1000, log)
+    handshakes = clients.handshakes if clients is not None else Unauthenticated(  # the node's: its client ports'
+        "HTTP", config.handshakes_max, config.handshake_timeout / 1000, log)
     # a connection idle, or trickling a request's head, that long is closed (aiohttp's keep-alive timer)
     runner = web.AppRunner(create_app(broker, config, sample_interval, flow=flow, clients=clients), access_log=None,
                            keepalive_timeout=config.mgmt_idle_timeout, logger=ServerLog(handshakes))

@@ -5,7 +5,7 @@ Until one of its requests has logged in, a connection sends one request head at 
 request's credentials are checked.  The auth middleware then opens the gate for good, or, after an answer
 given without a login (the UI's files, a 401), lets the next head through.  Such a connection has
 ``handshake_timeout`` from connecting to log in, and at most ``handshakes_max`` wait at once
-(``amqp_server.preauth``).  Once open, the gate only passes bytes on, and aiohttp's limits hold: a request
+(``amqp_server.frontend``).  Once open, the gate only passes bytes on, and aiohttp's limits hold: a request
 line and each header of at most 8190 bytes, 128 headers, ``--mgmt-idle-timeout`` to send a request's head.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from amqp_server.logs import untrusted
-from amqp_server.preauth import Unauthenticated
+from amqp_server.frontend import Unauthenticated, listen_tls
 
 HEAD_END = b"\r\n\r\n"
 HEAD_MAX = 32 * 1024  # bytes of a request head before its connection has logged in
@@ -169,6 +169,9 @@ class GatedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         protocol: Any = self._runner.server
+        if self.ssl_context is not None:  # its TLS handshakes counted with the connections not logged in
+            self._server = await listen_tls(lambda: Gate(protocol(), self.handshakes), self.host, self.port,  # type: ignore[assignment]  # closes as a server does
+                                            self.ssl_context, self.handshakes)
+            return
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Gate(protocol(), self.handshakes), self.host, self.port, ssl=self.ssl_context,
-            reuse_address=True, backlog=1024, ssl_handshake_timeout=5.0 if self.ssl_context else None)
+            lambda: Gate(protocol(), self.handshakes), self.host, self.port, reuse_address=True, backlog=1024)

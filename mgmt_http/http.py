@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import json
 from typing import Any
 
 import orjson
@@ -46,7 +47,10 @@ _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS  # datetime
 
 def encode(data: Any) -> bytes:
     """orjson: a listing of 1,000 queues encodes several times faster than with json (benchmarks/mgmt_latency.py)."""
-    return orjson.dumps(data, default=_default, option=_OPTIONS)
+    try:
+        return orjson.dumps(data, default=_default, option=_OPTIONS)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits (stored by an older version): json writes it
+        return json.dumps(data, default=_default).encode()
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

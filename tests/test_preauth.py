@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amqp_server import logs
-from amqp_server.preauth import Unauthenticated
+from amqp_server.frontend import Unauthenticated
 from conftest import CLUSTER, EXTERNAL, INTEGRATION, BrokerProcess, connect, starts
 from forwarder import link
 

@@ -290,8 +290,8 @@ async def test_a_reader_process_reads_a_streams_chunks_from_its_segment_files(tm
     segment files' descriptors are the loop's to close, the records there whatever retention does meanwhile."""
     broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
     vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream",
-                                                              "x-stream-max-segment-size-bytes": 30})
+    broker.declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream"})
+    vhost.queue("s").log.segment_bytes = 30  # (below what a declaration may ask: segments of two chunks)
     for turn in range(10):  # ten chunks of five AMQP publishes (20 bytes of bodies), in segments of two
         send(broker, vhost, "s", [b"a%d-%d" % (turn, i) for i in range(5)], message_id=f"t{turn}", headers={"h": 1})
         await settle()

@@ -98,7 +98,7 @@ def test_what_a_stream_takes(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()
         for i, arguments in enumerate([{"x-max-age": "1h"}, {"x-max-age": "10Y"}, {"x-max-length-bytes": 1000},
-                                       {"x-stream-max-segment-size-bytes": 1000}, {"x-initial-cluster-size": 3},
+                                       {"x-stream-max-segment-size-bytes": 1_000_000}, {"x-initial-cluster-size": 3},
                                        {"x-queue-leader-locator": "balanced"}, {"x-unknown": 1}]):
             assert declare(channel, f"{uid}-{i}", **arguments) == 0
             channel.queue_delete(f"{uid}-{i}")
@@ -266,11 +266,12 @@ def test_the_http_api_shows_a_stream(broker, uid):
 @pytest.mark.warren_only("retention runs as a segment fills; RabbitMQ's is asynchronous")
 def test_retention_drops_whole_segments_by_bytes(broker, uid):
     with connect(broker) as connection:
-        declare(connection.channel(), uid, **{"x-max-length-bytes": 3000, "x-stream-max-segment-size-bytes": 1000})
-    publish(broker, uid, [b"%099d" % i for i in range(100)])  # a segment fills at its 11th message
+        declare(connection.channel(), uid, **{"x-max-length-bytes": 3_000_000,
+                                              "x-stream-max-segment-size-bytes": 1_000_000})
+    publish(broker, uid, [b"%099000d" % i for i in range(100)])  # a segment fills at its 11th message
     got = consume_from(broker, uid, "first", 100, timeout=1.0)
     count = len(got)
-    assert 3000 - 2 * 11 * 99 < count * 99 <= 3000  # whole segments go (never the one being written)
+    assert 3_000_000 - 2 * 11 * 99_000 < count * 99_000 <= 3_000_000  # whole segments go (never the one written)
     assert [o for o, _, _ in got] == list(range(100 - count, 100)) and got[0][0] % 11 == 0
     assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json["messages"] == count
     assert consume_from(broker, uid, 0, 1)[0][0] == 100 - count  # an offset gone: the first there is
@@ -279,10 +280,10 @@ def test_retention_drops_whole_segments_by_bytes(broker, uid):
 @pytest.mark.warren_only("retention runs as a segment fills; RabbitMQ's is asynchronous")
 def test_retention_drops_segments_older_than_max_age(broker, uid):
     with connect(broker) as connection:
-        declare(connection.channel(), uid, **{"x-max-age": "1s", "x-stream-max-segment-size-bytes": 500})
-    publish(broker, uid, [b"%099d" % i for i in range(10)])  # a segment of 6, and 4 in the next
+        declare(connection.channel(), uid, **{"x-max-age": "1s", "x-stream-max-segment-size-bytes": 1_000_000})
+    publish(broker, uid, [b"%0198000d" % i for i in range(10)])  # a segment of 6, and 4 in the next
     time.sleep(2.1)
-    publish(broker, uid, [b"%099d" % i for i in range(10, 16)])  # the second fills: retention runs
+    publish(broker, uid, [b"%0198000d" % i for i in range(10, 16)])  # the second fills: retention runs
     got = consume_from(broker, uid, "first", 16, timeout=1.0)
     assert [o for o, _, _ in got] == list(range(6, 16))  # the first is old; the second has new messages
 
@@ -292,8 +293,9 @@ def test_retention_drops_segments_older_than_max_age(broker, uid):
 def test_a_stream_survives_a_restart(start_broker, how):
     node = start_broker()
     with connect(node) as connection:
-        declare(connection.channel(), "s", **{"x-max-length-bytes": 2000, "x-stream-max-segment-size-bytes": 1000})
-    publish(node, "s", [b"%099d" % i for i in range(50)], delivery_mode=1)
+        declare(connection.channel(), "s", **{"x-max-length-bytes": 2_000_000,
+                                              "x-stream-max-segment-size-bytes": 1_000_000})
+    publish(node, "s", [b"%099000d" % i for i in range(50)], delivery_mode=1)
     time.sleep(1.1)
     before = datetime.datetime.now()
     publish(node, "s", [b"late"])
@@ -307,7 +309,7 @@ def test_a_stream_survives_a_restart(start_broker, how):
     node.start()
     assert consume_from(node, "s", "first", 100, quiet=0.3) == first
     assert consume_from(node, "s", before, 1, quiet=0.3) == [(50, b"late", False)]
-    publish(node, "s", [b"%099d" % i for i in range(30)])  # retention goes on from where it was
+    publish(node, "s", [b"%099000d" % i for i in range(30)])  # retention goes on from where it was
     got = consume_from(node, "s", "first", 100, quiet=0.3)
     assert got[-1][0] == 80 and got[0][0] > first[0][0]
 
@@ -327,14 +329,14 @@ def test_a_policy_sets_a_streams_retention(broker, uid):
         pytest.skip("needs the HTTP API")
     response = call(broker, "PUT", f"/api/policies/%2F/{q(uid)}", {
         "pattern": f"^{uid}$", "apply-to": "streams",
-        "definition": {"max-length-bytes": 2000, "stream-max-segment-size-bytes": 1000, "message-ttl": 5}})
+        "definition": {"max-length-bytes": 2_000_000, "stream-max-segment-size-bytes": 1_000_000, "message-ttl": 5}})
     assert response.status == 201, response.raw
     try:
         with connect(broker) as connection:
             declare(connection.channel(), uid)
-        publish(broker, uid, [b"%099d" % i for i in range(100)])  # message-ttl: not a stream's, so without effect
+        publish(broker, uid, [b"%099000d" % i for i in range(100)])  # message-ttl: not a stream's, so no effect
         got = consume_from(broker, uid, "first", 100, timeout=1.0)
-        assert 0 < len(got) * 99 <= 2000 and got[-1][0] == 99
+        assert 0 < len(got) * 99_000 <= 2_000_000 and got[-1][0] == 99
         info = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json
         assert info["policy"] == uid
     finally:

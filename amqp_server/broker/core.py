@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Protocol
 
 from exchanges import Exchange
 
-from .. import errors, field_types
+from .. import errors, field_types, queue_args
 from ..auth import AccessControl, AuthAttempts
 from ..definitions import DefinitionStore
 from ..delayed import DelayedMessages, Publisher
@@ -99,9 +99,14 @@ def _flag(value: bool) -> str:
     return "true" if value else "false"
 
 
-def storable(arguments: dict[str, Any] | None, what: str) -> None:
-    """Arguments Warren could not keep (in LMDB, etcd, an export) are refused before anything is made: tables nested
-    deeper than ``field_types.MAX_DEPTH`` (406, RabbitMQ's code for arguments it refuses)."""
+def storable(arguments: dict[str, Any] | None, what: str, queue: bool = False) -> None:
+    """Arguments Warren could not keep (in LMDB, etcd, an export) or list are refused before anything is made, on
+    every path that makes a definition (a client's declaration over AMQP, the stream protocol or HTTP, an import, a
+    definition another node agreed): tables nested deeper than ``field_types.MAX_DEPTH``, integers outside AMQP's
+    signed 64 bits, and a ``queue``'s values beyond RabbitMQ's caps (``queue_args.check_caps``): 406, RabbitMQ's
+    code for arguments it refuses."""
+    if queue and arguments:
+        queue_args.check_caps(arguments)
     try:
         field_types.to_json(arguments or {})
     except (TypeError, ValueError) as exc:

@@ -90,7 +90,7 @@ class Queues(BrokerCore):
             return existing
         if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
-        storable(arguments, resource_name("queue", name, vhost.name))
+        storable(arguments, resource_name("queue", name, vhost.name), queue=True)
         kind, args = queue_types.declared(arguments, name, vhost.name)
         kind.check_properties(name, vhost.name, durable, exclusive, auto_delete)
         queue = kind.new(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
@@ -133,7 +133,7 @@ class Queues(BrokerCore):
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            storable(arguments, resource_name("queue", name, vhost.name))
+            storable(arguments, resource_name("queue", name, vhost.name), queue=True)
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 

@@ -8,7 +8,7 @@ from typing import Iterator, TypeVar
 
 from exchanges import exchange_class
 
-from .. import queue_types
+from .. import field_types, queue_types
 from ..errors import ChannelError
 from ..logs import untrusted
 from ..queue import Queue
@@ -43,6 +43,11 @@ class Recovery(BrokerCore):
             if vhost is None:
                 continue
             arguments = record.arguments
+            unlisted = [name for name, value in arguments.items() if not field_types.in_range(value)]
+            if unlisted:  # kept by a version that did not check: no client or listing could be given them
+                log.error("queue %s in vhost %s: stored arguments %s outside the signed 64-bit range; recovered "
+                          "without them", untrusted(record.name), untrusted(vhost.name), untrusted(unlisted))
+                arguments = {name: value for name, value in arguments.items() if name not in unlisted}
             try:
                 kind, args = queue_types.declared(arguments, record.name, vhost.name)
             except ChannelError as exc:  # stored before today's checks: recover, without its arguments

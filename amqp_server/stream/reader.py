@@ -1,8 +1,10 @@
 """One stream-protocol connection (RabbitMQ's rabbit_stream_reader): handshake, publishers, subscriptions.
 
-Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and must have opened a vhost within
-``HANDSHAKE_TIMEOUT``; afterwards frames up to ``FRAME_LIMIT`` (RabbitMQ 3.10 takes frames above the frame max
-tune agreed, and rstream 1.0.1 sends them: it publishes what it buffered in one frame).  A frame that does not
+Before login a peer may send only small frames (``PRE_LOGIN_FRAME_MAX``) and must have opened a vhost within the
+node's ``handshake_timeout``, counted among the connections of every client port not logged in (``frontend``: the
+connection is one of its front ends, read only while its client reads what it is sent); afterwards frames up to
+``FRAME_LIMIT`` (RabbitMQ 3.10 takes frames above the frame max tune agreed, and rstream 1.0.1 sends them: it
+publishes what it buffered in one frame).  A frame that does not
 parse, or an unknown command, closes the connection with UNKNOWN_FRAME as RabbitMQ 3.10 does; every refused
 request gets its response code.  Streams are the node's stream queues, reached through :class:`StreamManager`'s
 operations.
@@ -28,6 +30,8 @@ import numpy as np
 from .. import __version__
 from ..auth import loopback_refused
 from ..errors import AMQPError
+from ..frontend import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
+from ..logs import untrusted
 from ..stream_queue import StreamQueue
 from . import chunk, core
 from .core import Fields, Malformed
@@ -43,10 +47,10 @@ if TYPE_CHECKING:
     from ..vhost import VHost
 
 log = logging.getLogger("warren.stream")
+complaints = Complaints(log)
 
 PRE_LOGIN_FRAME_MAX = 4096  # peer properties, SASL: a login needs no more
 FRAME_LIMIT = 64 << 20  # the largest frame taken once open
-HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 3.0
 TURN_CHUNKS = 64  # chunks a subscription sends per loop turn at most
 TURN_BYTES = 4 << 20  # and bytes
@@ -106,10 +110,11 @@ class Subscription:
         self.credit = credit  # chunks it may still be sent
 
 
-class StreamConnection(asyncio.Protocol):
+class StreamConnection(FrontEnd):
     """Also what the management API lists as a connection (the attributes it reads), and a ``StreamListener`` of
     every stream it writes to or reads from."""
 
+    kind = "stream"
     protocol = "RabbitMQ Stream"
     auth_mechanism = "PLAIN"
     ssl_object = None
@@ -118,13 +123,13 @@ class StreamConnection(asyncio.Protocol):
 
     def __init__(self, broker: "Broker", manager: StreamManager, config: "Config", flow: "PublisherFlow",
                  clients: "Clients") -> None:
+        super().__init__(clients.handshakes, complaints, config.write_buffer_high)
         self.broker = broker
         self.manager = manager
         self.config = config
         self.flow = flow
         self.clients = clients
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self._socket = -1  # the client's socket, written directly while the transport has nothing waiting
         self.state = AWAIT_LOGIN
         self.buf = bytearray()
@@ -135,8 +140,6 @@ class StreamConnection(asyncio.Protocol):
         self.vhost_name = ""
         self.principal: "Principal | None" = None
         self.client_properties: dict[str, str] = {}
-        self.peer: tuple[str, int] = ("?", 0)
-        self.name = ""
         self.frame_max = PRE_LOGIN_FRAME_MAX  # the largest frame taken now
         self._unframed = False  # a frame was refused: what follows cannot be told apart, and is not read
         self.heartbeat = 0
@@ -147,8 +150,6 @@ class StreamConnection(asyncio.Protocol):
         self._pending: dict[Subscription, None] = {}  # subscriptions with something to send at the flush
         self._unsynced: deque[tuple[int, Publisher, bytes]] = deque()  # (group commit, publisher, packed ids)
         self._confirms: dict[Publisher, list[bytes]] = {}  # packed ids to confirm at the next flush
-        self.write_paused = False
-        self.reading_paused = False
         self.publishing = False
         self.held = False
         self._correlation = 0
@@ -161,19 +162,16 @@ class StreamConnection(asyncio.Protocol):
 
     # -- transport ----------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # a TCP server's
-        self.transport = transport
+    def opened(self) -> None:
+        transport = self.transport
+        assert transport is not None
         sock = transport.get_extra_info("socket")
         self._socket = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
-        self.peer = transport.get_extra_info("peername") or ("?", 0)
-        sock = transport.get_extra_info("sockname") or ("?", 0)
-        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
-        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         self.clients.add(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
-        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        super().connection_lost(exc)
         if self._timer is not None:
             self._timer.cancel()
         for stream in {p.stream for p in self.publishers.values()} | {s.stream for s in self.subscriptions.values()}:
@@ -189,24 +187,14 @@ class StreamConnection(asyncio.Protocol):
         if self.user is not None and self.vhost is not None:
             self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
 
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
+    def writable(self) -> None:
         for subscription in self.subscriptions.values():
             self._pending[subscription] = None
         self.schedule_flush()
 
-    def _pause_reading(self) -> None:
-        if not self.reading_paused and self.transport is not None:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def _resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.transport.is_closing():
-            self.reading_paused = False
-            self.transport.resume_reading()
+    def read_on(self) -> None:
+        if self._waiting is None:
+            self._read_frames()
 
     # -- what the management API and the node ask --------------------------------------------
 
@@ -225,11 +213,11 @@ class StreamConnection(asyncio.Protocol):
     def hold(self, alarm: str | None) -> None:
         """A publisher while the node holds publishers (memory alarm, flow): not read."""
         self.held = True
-        self._pause_reading()
+        self.hold_reading(FLOW)
 
     def release(self) -> None:
         self.held = False
-        self._resume_reading()
+        self.release_reading(FLOW)
 
     # -- output -------------------------------------------------------------------------------
 
@@ -278,16 +266,22 @@ class StreamConnection(asyncio.Protocol):
             self._read_frames()
 
     def _read_frames(self) -> None:
-        """The frames in ``buf``, in order; a command that waits for the cluster holds the ones after it."""
+        """The frames in ``buf``, in order, while the client reads what they answer, ``FRAMES_PER_TURN`` at most;
+        a command that waits for the cluster holds the ones after it."""
         buf = self.buf
         pos = 0
         size_of = core.SIZE.unpack_from
+        budget = FRAMES_PER_TURN
         try:
-            while len(buf) - pos >= 4 and self.state < CLOSED and self._waiting is None:
+            while len(buf) - pos >= 4 and self.state < CLOSED and self._waiting is None and not self.write_paused:
+                budget -= 1
+                if budget < 0:
+                    self.next_turn()
+                    break
                 size = size_of(buf, pos)[0]
                 if size > self.frame_max:
-                    log.warning("stream connection %s: frame of %d bytes, above the %d taken", self.name,
-                                size, self.frame_max)
+                    complaints.warning("stream connection %s: frame of %d bytes, above the %d taken", self.name,
+                                       size, self.frame_max)
                     self._close(core.FRAME_TOO_LARGE, "frame too large")
                     self._unframed = True
                     pos = len(buf)
@@ -301,12 +295,12 @@ class StreamConnection(asyncio.Protocol):
                 key, version = core.HEAD.unpack_from(buf, start)
                 self._frame(key, version, Fields(buf, start + 4, end))
         except Malformed as exc:
-            log.warning("stream connection %s: malformed frame (%s)", self.name, exc)
+            complaints.warning("stream connection %s: malformed frame (%s)", self.name, untrusted(exc))
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             self._unframed = True
             pos = len(buf)
-        except Exception:
-            log.exception("internal error on stream connection %s", self.name)
+        except Exception:  # a bug must not take the node down
+            complaints.internal("stream connection", self.name)
             self._close(core.INTERNAL_ERROR, "internal error")
             self._unframed = True
             pos = len(buf)
@@ -334,7 +328,7 @@ class StreamConnection(asyncio.Protocol):
         if handler is None or (state != OPEN and key not in _BEFORE_OPEN) or (state == OPEN and key in _LOGIN):
             if key & core.RESPONSE and state == OPEN:
                 return  # a response to something we asked (a close racing its own): nothing to do
-            log.warning("stream connection %s: unknown or unexpected command %#06x", self.name, key)
+            complaints.warning("stream connection %s: unknown or unexpected command %#06x", self.name, key)
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             return
         handler(self, fields)
@@ -375,7 +369,8 @@ class StreamConnection(asyncio.Protocol):
         refused = loopback_refused(user, self.peer[0], self.config.loopback_users_only)
         self.broker.auth_attempts.record("stream", user is not None and not refused)
         if user is None or refused:
-            log.warning("stream login refused for user %r from %s", username[:64], self.peer[0])
+            self.clients.handshakes.log.warning("stream login refused for user %s from %s", untrusted(username),
+                                                self.peer[0])
             code = core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if refused else core.AUTHENTICATION_FAILURE
             self.send(core.response(core.SASL_AUTHENTICATE, correlation, code))
             self.flush()
@@ -406,8 +401,8 @@ class StreamConnection(asyncio.Protocol):
         access = self.broker.access
         principal = access.principal(name, self.user.name) if access.vhost_exists(name) else None
         if principal is None or principal.permissions is None:
-            log.warning("stream connection %s: access to vhost %r refused for user %r", self.name, name[:64],
-                        self.user.name)
+            complaints.warning("stream connection %s: access to vhost %s refused for user %s", self.name,
+                               untrusted(name), untrusted(self.user.name))
             self.send(core.response(core.OPEN, correlation, core.VHOST_ACCESS_FAILURE))
             self.flush()
             self._drop()
@@ -424,9 +419,7 @@ class StreamConnection(asyncio.Protocol):
         self.principal = principal
         self.frame_max = FRAME_LIMIT
         self.state = OPEN
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.logged_in()
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat, self._heartbeat_tick)
         advertised = {"advertised_host": self._advertised_host(),
@@ -480,16 +473,15 @@ class StreamConnection(asyncio.Protocol):
     def _wait_for(self, operation: Any) -> None:
         """Run ``operation`` (a coroutine); frames after this one wait until it is done, unread meanwhile."""
         self._waiting = self.loop.create_task(operation)
-        self._pause_reading()
+        self.hold_reading(WAITING)
 
         def done(task: asyncio.Task) -> None:
             self._waiting = None
             if not task.cancelled() and task.exception() is not None:
-                log.error("stream connection %s: %s", self.name, task.exception())
+                complaints.warning("stream connection %s: %s", self.name, untrusted(task.exception()))
                 self._close(core.INTERNAL_ERROR, "internal error")
             if self.state < CLOSED:
-                if not self.held:
-                    self._resume_reading()
+                self.release_reading(WAITING)
                 self._read_frames()
 
         self._waiting.add_done_callback(done)
@@ -976,11 +968,6 @@ class StreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
         self.state = CLOSED
-
-    def _handshake_timeout(self) -> None:
-        if self.state != OPEN:
-            log.warning("stream connection %s: no open within %.0f s", self.name, HANDSHAKE_TIMEOUT)
-            self._drop()
 
     def _heartbeat_tick(self) -> None:
         if self.state != OPEN:
