@@ -19,7 +19,7 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server import quorum_queue
 from amqp_server.quorum_queue import QuorumQueue
-from fake_cluster import Network, Node
+from fake_cluster import Client, Network, Node
 from forwarder import link, quorum, quorum_log
 from forwarder.quorum import queue_key
 
@@ -527,3 +527,81 @@ async def test_ops_a_follower_has_already_are_skipped_and_it_asks_for_nothing(ne
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(5, "a"), *bodies(5, "b")]
     assert "asking to catch up" not in caplog.text
+
+
+# -- consumers across nodes ---------------------------------------------------------------------
+
+
+async def drained(network: Network, client: Client, expected: list[bytes], timeout: float = 20.0) -> None:
+    """``client`` acks what it holds as it comes until it has had every one of ``expected``; then the leader
+    holds nothing (ready or unacked) and its state agrees."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    missing = set(expected)
+    while missing - set(client.received):
+        now = asyncio.get_running_loop().time()
+        if now > deadline:
+            node = leader(network)
+            state = queue_of(node).state if node is not None else None
+            raise AssertionError(f"{len(missing - set(client.received))} never delivered, leader "
+                                 f"{node and node.name}, state {state}")
+        client.ack()
+        await asyncio.sleep(0.02)
+    client.ack()
+    await wait_for(lambda: leader(network) is not None and queue_of(leader(network)).state.messages == 0,
+                   "the queue empty", 10)
+
+
+async def consumer_holding(network: Network, on: str, count: int = 200) -> tuple[Node, Client, list[bytes]]:
+    node = await declared(network)
+    client = Client(network.nodes[on], prefetch=50).consume()
+    sent = bodies(count)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == count, "the publishes confirmed")
+    await wait_for(lambda: len(client.unacked) == 50, "a prefetch window held")
+    return node, client, sent
+
+
+@pytest.mark.parametrize("on", ["n2", "n3"])
+async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_of_leader(network, on):
+    _, client, sent = await consumer_holding(network, on)
+    await network.kill("n1")
+    await drained(network, client, sent)
+
+
+async def test_a_consumer_that_goes_during_a_change_of_leader_leaves_nothing_stranded(network):
+    _, client, sent = await consumer_holding(network, "n2")
+    await network.kill("n1")
+    client.close()
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    other = Client(network.nodes["n3"]).consume()
+    await drained(network, other, sent)
+
+
+async def test_a_consumer_held_across_two_changes_of_leader_gets_every_message(network):
+    _, client, sent = await consumer_holding(network, "n2")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    first = leader(network).name
+    assert first == "n3"  # (a tie: the name that sorts last)
+    await network.start_node("n1")
+    await wait_for(lambda: in_step(network), "n1 in step")
+    await network.kill(first)
+    await wait_for(lambda: leader(network) is not None, "another leader")
+    await drained(network, client, sent)
+
+
+async def test_a_consumer_whose_node_lost_etcd_while_the_leader_changed_term_gets_every_message(network):
+    """n3 hears nothing from etcd while n1 loses its lease and leads again in a new term: n1 dropped n3's
+    consumer when it stepped down; n3 must consume again at n1 (n1 still leads in n3's view)."""
+    node, client, sent = await consumer_holding(network, "n3")
+    term = node.quorum.groups[KEY].term
+    network.nodes["n3"].client.unreachable = True
+    node.client.unreachable = True
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None and node.quorum.groups[KEY].term > term, "a new term")
+    client.ack()
+    await asyncio.sleep(0.5)
+    network.nodes["n3"].client.unreachable = False
+    await drained(network, client, sent)
