@@ -37,12 +37,12 @@ from aetcd import rtypes
 
 from amqp_server import patterns, queue_args, queue_types
 from amqp_server.logs import untrusted
-from amqp_server.quorum_machine import State
+from amqp_server.quorum_machine import CHECKS, State
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
-from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, skip
+from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
 from .remote_queue import Held, RemoteQueue, proxy_of
 
@@ -114,6 +114,8 @@ class Group:
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
+    ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
+    unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
     held: Held = field(default_factory=Held)  # publishes through this node waiting for a leader
 
     @property
@@ -447,38 +449,61 @@ class QuorumGroups:
         """Write our position; once a majority has, the highest claims the key; until a leader is known (the
         watch tells, or a claim lost finds it), the queue is gone, or this node is no member of it.  An etcd
         error is tried again, and the position is written again under each new lease (those under a lapsed
-        one are gone)."""
+        one are gone).  Then our position is withdrawn (``_withdraw``), and if the leader went meanwhile, this
+        node stands again."""
         key = group.key.encode()
         mine = POSITIONS + key + b"/" + self.name.encode()
+        while self._standing(group):
+            try:
+                await self._stand(group, mine)
+            finally:
+                await self._withdraw(group, mine)
+
+    def _standing(self, group: Group) -> bool:
+        return not group.leader and self.groups.get(group.key) is group and self.name in group.members
+
+    async def _stand(self, group: Group, mine: bytes) -> None:
         loop = asyncio.get_running_loop()
         written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
         deadline = 0.0
-        try:
-            while not group.leader and self.groups.get(group.key) is group and self.name in group.members:
-                lease = self.lease
-                try:
-                    ballot = group.ballot
-                    if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
-                        await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
-                        written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
-                    ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
-                               for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
-                    ballots = {name: b for name, b in ballots.items() if name in group.members}
-                    if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
-                        best = max((name for name, b in ballots.items() if b[2]),
-                                   key=lambda name: (ballots[name][:2], name))
-                        if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
-                            await self._claim_or_follow(group)
-                except aetcd.ClientError as exc:
-                    log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
-                    written = None
-                    await asyncio.sleep(ELECTION_RETRY)
-                await asyncio.sleep(ELECTION_POLL)
-        finally:
+        while self._standing(group):
+            lease = self.lease
+            try:
+                ballot = group.ballot
+                if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
+                    group.ballot_out = True  # (before: a write that fails may be in etcd all the same)
+                    await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
+                    written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
+                ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
+                           for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
+                ballots = {name: b for name, b in ballots.items() if name in group.members}
+                if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
+                    best = max((name for name, b in ballots.items() if b[2]),
+                               key=lambda name: (ballots[name][:2], name))
+                    if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
+                        await self._claim_or_follow(group)
+            except aetcd.ClientError as exc:
+                log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
+                written = None
+                await asyncio.sleep(ELECTION_RETRY)
+            await asyncio.sleep(ELECTION_POLL)
+
+    async def _withdraw(self, group: Group, mine: bytes) -> None:
+        """Delete our position, trying again while etcd fails (it lapses with our lease otherwise, which may be
+        never).  Until it is gone our copy acknowledges no op (``synced``): a later election could count the
+        position as ours, lower than what we would have acknowledged since, and elect a member that lacks
+        what a majority was confirmed with.  Then the leader hears how far we are."""
+        while True:
             try:
                 await self.client.delete(mine)
-            except aetcd.ClientError:
-                pass
+                break
+            except aetcd.ClientError as exc:
+                if self.groups.get(group.key) is not group:
+                    return
+                log.info("withdrawing our position for %s: %s; trying again", untrusted(group.key), exc)
+                await asyncio.sleep(ELECTION_RETRY)
+        group.ballot_out = False
+        self._acknowledge(group)
 
     async def _claim_or_follow(self, group: Group) -> None:
         """Claim the lead; lost, follow the winner at once (its watch event may be late, or lost with a
@@ -684,6 +709,8 @@ class QuorumGroups:
         persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
             return
+        if CHECKS:
+            check_copy(group.state, persistence, index_id, payload, pos)
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 
@@ -704,11 +731,20 @@ class QuorumGroups:
             while acks and acks[0][0] <= batch:
                 sent = acks.pop(0)
             if sent is not None:
-                key = group.key.encode()
-                sent[1].link.send(link.REPLICATED, ACKED.pack(group.term, sent[2], group.term, 0, len(key)), key)
+                group.unsent = (group.term, sent[1], sent[2])
+                if not group.ballot_out:
+                    self._acknowledge(group)
             waiting = waiting or bool(acks)
         if not waiting:
             self.broker.persistence.waiters.discard(self)
+
+    @staticmethod
+    def _acknowledge(group: Group) -> None:
+        """Tell the leader how far our copy is durable (``unsent``), if it still leads the term of that."""
+        unsent, group.unsent = group.unsent, None
+        if unsent is not None and unsent[0] == group.term:
+            key = group.key.encode()
+            unsent[1].link.send(link.REPLICATED, ACKED.pack(unsent[0], unsent[2], unsent[0], 0, len(key)), key)
 
     def replicated(self, peer_name: str, payload: bytes) -> None:
         """A follower's answer: how far its copy is durable, or that it wants a snapshot."""

@@ -158,6 +158,7 @@ class FakeClient:
     def __init__(self, etcd: FakeEtcd) -> None:
         self.etcd = etcd
         self.unreachable = False  # this node cut off from etcd (the others reach it)
+        self.failing_deletes = 0  # so many deletes fail next (etcd went away just then)
         self.transactions = SimpleNamespace(create=lambda key: _Created(key),
                                             put=lambda key, value, lease: ("put", key, value, lease))
 
@@ -192,6 +193,9 @@ class FakeClient:
 
     async def delete(self, key: bytes) -> None:
         await self.gate()
+        if self.failing_deletes:
+            self.failing_deletes -= 1
+            raise aetcd.ConnectionFailedError("etcd went away")
         self.etcd.delete(key)
 
     async def transaction(self, compare: list, success: list, failure: list) -> tuple[bool, list]:

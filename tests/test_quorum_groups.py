@@ -605,3 +605,31 @@ async def test_a_consumer_whose_node_lost_etcd_while_the_leader_changed_term_get
     await asyncio.sleep(0.5)
     network.nodes["n3"].client.unreachable = False
     await drained(network, client, sent)
+
+
+async def test_a_ballot_left_in_etcd_never_elects_a_copy_behind_what_its_member_confirmed_since(network):
+    """n1's ballot of an election n2 won stays in etcd (its delete failed: etcd went away just then), at the
+    position n1 had then.  n1 then confirms 50 messages with n2; n2 dies, n3 (which missed them) comes back:
+    n1's stale ballot and n3's are a majority in which n3 is the highest, but n3 must not lead without them."""
+    node = await declared(network)
+    publish(node, bodies(10))
+    await copies_agree(network)
+    await network.kill("n3")
+    node.client.unreachable = True
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
+    node.client.failing_deletes = 1  # its ballot's, once the election is over
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None and leader(network).name == "n2", "n2 leads")
+    await wait_for(lambda: node.quorum.groups[KEY].electing.done(), "n1's election over")
+    confirms = Confirms()
+    publish(network.nodes["n2"], bodies(50, "later"), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 50, "confirmed by n2 and n1")
+    network.hold("n2", "n3")
+    await network.start_node("n3")
+    node.client.unreachable = True  # (n1's ballot is the stale one while n3 counts)
+    await network.kill("n2")
+    await asyncio.sleep(1.5)
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert leader(network).name == "n1"
+    assert await copies_agree(network) == [*bodies(10), *bodies(50, "later")]
