@@ -490,6 +490,6 @@ def check_copy(state: machine.State, persistence: "Persistence", index_id: int, 
     while pos < end and data[pos] != ENTRY_OP:
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
-    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out {sorted(rows.checked_out)[:10]};"
-                         f" state ready {state.ready}, out {sorted(out)[:10]}")
+    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out "
+                         f"{sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
 
