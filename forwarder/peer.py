@@ -102,11 +102,12 @@ class Peer:
 
     def _went_down(self) -> None:
         log.warning("link to node %s down", self.name)
+        silent = self.link is not None and self.link.silent
         self.up = False
         self.link = None
         cluster = self.broker.cluster
         assert cluster is not None  # (a peer is the cluster's)
-        cluster.quorum.peer_down(self.name)
+        cluster.quorum.peer_down(self.name, silent)
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}

@@ -626,15 +626,17 @@ class QuorumGroups:
                 if group.index_id:
                     self._ask_to_catch_up(group)
 
-    def peer_down(self, name: str) -> None:
-        """A link dropped: a leader stops shipping to that follower; the followers of that leader revoke its
-        lease, so that its queues elect a leader now rather than when the lease lapses (a leader that is in
-        fact alive is deposed as if its lease had lapsed: fencing and the election work the same)."""
+    def peer_down(self, name: str, silent: bool = False) -> None:
+        """A link dropped: a leader stops shipping to that follower; if the other end closed it (its node or
+        host went down), the followers of that leader revoke its lease, so that its queues elect a leader now
+        rather than when the lease lapses.  A link closed here because it fell ``silent`` revokes nothing: the
+        leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
+        heartbeats' silence, has lapsed by now if it is not."""
         leases = set()
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_down(name)
-            elif group.leader == name and group.index_id and group.leader_lease:
+            elif group.leader == name and group.index_id and group.leader_lease and not silent:
                 leases.add(group.leader_lease)
         for lease in leases:
             asyncio.get_running_loop().create_task(self._revoke(lease))

@@ -266,6 +266,7 @@ class FakeLink:
     a real link (``deliver`` tells them apart by frame type)."""
 
     paused = False
+    silent = False  # closed after its heartbeats went unheard (``Network.fall_silent``)
 
     def __init__(self, network: "Network", source: str, peer_name: str) -> None:
         self.network, self.source, self.peer_name = network, source, peer_name
@@ -419,6 +420,17 @@ class Network:
             return False
         asyncio.get_running_loop().call_soon(self.deliver, *held.pop(0))
         return True
+
+    def fall_silent(self, dialer: str, listener: str) -> None:
+        """An asymmetric cut: ``dialer``'s link to ``listener`` falls silent and both ends close it (heartbeats);
+        ``listener``'s own link to ``dialer`` goes on.  ``heal`` brings it back."""
+        peer = self.nodes[dialer].peers[listener]
+        assert peer.link is not None
+        peer.link.silent = True  # type: ignore[misc]  # (the fake link's)
+        peer._went_down()
+        session = self.sessions.pop((listener, dialer), None)
+        if session is not None:
+            session.closed()
 
     def cut(self, a: str, b: str) -> None:
         self.cuts.add(frozenset((a, b)))

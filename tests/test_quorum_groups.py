@@ -633,3 +633,22 @@ async def test_a_ballot_left_in_etcd_never_elects_a_copy_behind_what_its_member_
     await wait_for(lambda: leader(network) is not None, "a new leader")
     assert leader(network).name == "n1"
     assert await copies_agree(network) == [*bodies(10), *bodies(50, "later")]
+
+
+async def test_a_followers_link_to_the_leader_falling_silent_deposes_no_healthy_leader(network):
+    """An asymmetric cut: n2's link to n1 falls silent (heartbeats), n1's link to n2 goes on.  n1 keeps its lease
+    and leads on in the same term, confirming with n2's copy; a link the other end closes (its node died) still
+    revokes the lease at once."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    network.fall_silent("n2", "n1")
+    network.fall_silent("n3", "n1")
+    await asyncio.sleep(2 * quorum.LEASE_TTL)
+    assert leader(network) is node and node.quorum.groups[KEY].term == term
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "confirmed by the followers")
+    network.heal("n2", "n1")
+    network.heal("n3", "n1")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader at once", quorum.LEASE_TTL / 2)
