@@ -173,9 +173,11 @@ class Peer:
             channel.remote_confirmed(channel_seq, rejected=True)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None) -> RemoteConsumer:
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer:
         """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
-        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``)."""
+        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``) and
+        applies the settles it sent lately (``settled``: (mode, seq)) that the previous leader had not
+        replicated."""
         if remote is None:
             remote = RemoteConsumer(next(self._ids), consumer)
         else:
@@ -190,7 +192,7 @@ class Peer:
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch,
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
-                request.update(adopt=adopt, buffered=len(remote.buffer))
+                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [])
             self.link.send(link.CONSUME, link.encode_json(request))
         return remote
 

@@ -26,6 +26,8 @@ HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it i
 HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
+RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
+RESETTLE_MAX = 10_000  # of them at most
 
 
 class Held:
@@ -63,7 +65,7 @@ class Held:
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
-    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries")
+    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries", "settled")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
@@ -77,6 +79,17 @@ class RemoteConsumer:
         self.adopting: list[Entry] = []
         self.parked: list[tuple[int, Entry]] = []
         self.tries = 0
+        # its latest settles sent to the leader (loop time, mode, the queue's seq): sent again to the next one,
+        # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
+        self.settled: deque[tuple[float, int, int]] = deque(maxlen=RESETTLE_MAX)
+
+    def resettles(self) -> list[list[int]]:
+        """(mode, seq) of the settles sent in the last ``RESETTLE_AGE`` seconds."""
+        settled = self.settled
+        oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
+        while settled and settled[0][0] < oldest:
+            settled.popleft()
+        return [[mode, seq] for _, mode, seq in settled]
 
 
 class Owner(Protocol):
@@ -90,7 +103,7 @@ class Owner(Protocol):
                 relay: bool = False) -> bool | None: ...
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None) -> RemoteConsumer: ...
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer: ...
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
@@ -240,7 +253,8 @@ class RemoteQueue(Queue):
             return  # it waits for a leader (``follow``), or for its link (``attach_waiting``)
         taken = self.taken
         remote.adopting = [entry for entry, (holder, _) in taken.items() if holder is remote]
-        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting])
+        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting],
+                          remote.resettles())
 
     def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
         """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
@@ -300,6 +314,8 @@ class RemoteQueue(Queue):
                 found = self.taken.pop(entry, None)
                 if found is not None:
                     parked.append((_MODES[mode], entry, found[1]))
+            # (and, sent again, its latest settles: no entry here stands for them any more)
+            parked.extend((_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
@@ -324,6 +340,7 @@ class RemoteQueue(Queue):
         if taken:
             waiting = (self.held is not None and self.held.leaderless) or not self.peer.up
             send = []
+            now = asyncio.get_running_loop().time()
             for entry in entries:
                 found = taken.get(entry)
                 if found is not None:
@@ -331,6 +348,7 @@ class RemoteQueue(Queue):
                         found[0].parked.append((mode, entry))
                         continue
                     del taken[entry]
+                    found[0].settled.append((now, mode, found[1]))
                 if entry.seq:
                     send.append(entry)
             entries = send
@@ -358,6 +376,7 @@ class RemoteQueue(Queue):
 
 
 _MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
+_GONE = Message.stored(0, 0)  # the message of an entry settled already
 
 
 def proxy_of(queues: Mapping[str, Queue], name: str) -> RemoteQueue | None:

@@ -24,7 +24,7 @@ from amqp_server.queue_type import REPLICATED
 from amqp_server.vhost import home_node_down
 
 from . import link
-from .remote_queue import RemoteQueue, proxy_of
+from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -218,9 +218,23 @@ class Session:
         self.consumers[consumer_id] = consumer
         reply: dict[str, Any] = {"id": consumer_id, "error": None}
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
+            self._resettle(queue, request.get("settled") or [])
             reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
+
+    def _resettle(self, queue: Queue, settled: list[list[int]]) -> None:
+        """Settles a consumer sent the previous leader (mode, the queue's seq), sent again: those of entries
+        still kept for a consumer to take back (``QuorumQueue.adopt``; the previous leader had not replicated
+        them) are carried out; the others were, or the entry is no longer the consumer's: nothing to do."""
+        by_mode: dict[int, list[int]] = {}
+        for mode, seq in settled[:RESETTLE_MAX]:
+            if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
+                by_mode.setdefault(mode, []).append(seq)
+        for mode, seqs in by_mode.items():
+            taken = [(entry, queue, None) for entry in queue.adopt(seqs) if entry is not None]
+            if taken:
+                self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
     def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
         """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's

@@ -546,8 +546,8 @@ async def drained(network: Network, client: Client, expected: list[bytes], timeo
                                  f"{node and node.name}, state {state}")
         client.ack()
         await asyncio.sleep(0.02)
-    client.ack()
-    await wait_for(lambda: leader(network) is not None and queue_of(leader(network)).state.messages == 0,
+    await wait_for(lambda: client.ack() < 0 or (leader(network) is not None
+                                                 and queue_of(leader(network)).state.messages == 0),
                    "the queue empty", 10)
 
 
@@ -652,3 +652,17 @@ async def test_a_followers_link_to_the_leader_falling_silent_deposes_no_healthy_
     network.heal("n3", "n1")
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader at once", quorum.LEASE_TTL / 2)
+
+
+async def test_settles_sent_to_a_dying_leader_are_sent_again_to_the_next(network):
+    """n2's consumer acks its 50 just as n1 dies (the acks never reach it): n2 sends them again to the new
+    leader, which applies them rather than delivering the 50 again (RabbitMQ's channel resends its settles)."""
+    _, client, sent = await consumer_holding(network, "n2")
+    network.hold("n2", "n1")
+    first = list(client.received)
+    assert client.ack() == 50
+    await asyncio.sleep(0.05)
+    await network.kill("n1")
+    await drained(network, client, sent)
+    again = [body for body in client.received[len(first):] if body in first]
+    assert again == []
