@@ -114,6 +114,7 @@ class Group:
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
+    rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
     ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
     unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
     held: Held = field(default_factory=Held)  # publishes through this node waiting for a leader
@@ -411,6 +412,19 @@ class QuorumGroups:
                 graced = True
                 await asyncio.sleep(ELECTION_GRACE)
 
+    def _recheck(self, group: Group) -> None:
+        """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
+        if group.rechecking is None or group.rechecking.done():
+            group.rechecking = asyncio.get_running_loop().create_task(self._ask_leader(group))
+
+    async def _ask_leader(self, group: Group) -> None:
+        try:
+            current = await self.client.get(LEADERS + group.key.encode())
+        except aetcd.ClientError:
+            return  # (tried again at the next refusal)
+        if current is not None and current.create_revision >= group.term and self.groups.get(group.key) is group:
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
+
     async def _watch(self) -> None:
         """Follow every queue's leader key; after a broken watch, start again from etcd's current state."""
         while True:
@@ -577,6 +591,7 @@ class QuorumGroups:
                             *queue_types.declared(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
         queue.members = group.members
         queue.held = group.held
+        queue.recheck = lambda: self._recheck(group)
         self._swap(vhost, current, queue)
 
     def _promote(self, vhost: VHost, group: Group) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
@@ -135,6 +135,8 @@ class RemoteQueue(Queue):
         # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
         # new leader takes back for it)
         self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
+        # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
+        self.recheck: Callable[[], None] | None = None
 
     @property
     def node(self) -> str:
@@ -259,12 +261,16 @@ class RemoteQueue(Queue):
     def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
         """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
         returned: the client's settle of it goes nowhere), or a refusal, tried again for a while (a leader
-        just elected may not have its queue yet) before the consumer is cancelled."""
+        just elected may not have its queue yet; this node may not have heard of the next one, ``recheck``)
+        before the consumer is cancelled."""
         adopting, remote.adopting = remote.adopting, []
         if not ok:
+            remote.attached = False  # (a deposed leader's word that the consumer is not there any more)
             remote.tries += 1
             if self.by_consumer.get(remote.consumer) is not remote:
                 return
+            if self.recheck is not None:
+                self.recheck()
             if remote.tries > REATTACH_TRIES:
                 self.cancelled(remote.consumer)
                 return

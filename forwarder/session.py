@@ -66,11 +66,15 @@ class RemoteConsumerChannel:
 
     def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
         """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
-        takes it, and what it holds, to the new leader (``RemoteQueue.follow``)."""
+        takes it, and what it holds, to the new leader (``RemoteQueue.follow``).  Its node is told (as a
+        refusal to consume again), lest it wait here for deliveries should it not have heard of the new leader
+        (its etcd watch stalled): it asks etcd, and tries again meanwhile."""
         session = self.session
         session.consumers.pop(self.id, None)
         for tag in [tag for tag, (_, _, held_by) in session.unacked.items() if held_by is consumer]:
             del session.unacked[tag]
+        error = home_node_down(new)
+        session.link.send(link.CONSUMED, link.encode_json({"id": self.id, "error": [error.code, error.text]}))
 
 
 class Session:

@@ -159,6 +159,7 @@ class FakeClient:
         self.etcd = etcd
         self.unreachable = False  # this node cut off from etcd (the others reach it)
         self.failing_deletes = 0  # so many deletes fail next (etcd went away just then)
+        self.deaf = False  # its watches hear nothing, and fail not (a stream stalled on a cut): events wait
         self.transactions = SimpleNamespace(create=lambda key: _Created(key),
                                             put=lambda key, value, lease: ("put", key, value, lease))
 
@@ -247,7 +248,7 @@ class Watch:
     async def __anext__(self) -> Event:
         etcd = self.client.etcd
         try:
-            while self.queue.empty() or not etcd.frozen.is_set():
+            while self.queue.empty() or not etcd.frozen.is_set() or self.client.deaf:
                 if self.client.unreachable:
                     raise aetcd.ConnectionFailedError("watch broken")
                 await asyncio.sleep(0.01)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from typing import Any
 
 import pytest
 from pamqp import commands
 
 from amqp_server import quorum_queue
-from amqp_server.message import make_message
+from amqp_server.message import Message, make_message
 from fake_cluster import Client, Network
 from forwarder import quorum
 from forwarder.quorum import queue_key
@@ -38,6 +39,27 @@ class Sink:
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         if not self.outcome:
             self.outcome = "nack" if rejected else "ack"
+
+
+def where(network: Network, missing: list[bytes]) -> dict[str, Any]:
+    """Where the first of the missing messages are: each node's rows of them (seq, held), and its state."""
+    found: dict[str, Any] = {"missing": missing[:5]}
+    wanted = set(missing)
+    for name, node in network.nodes.items():
+        group = node.quorum.groups[KEY]
+        persistence = node.broker.persistence
+        persistence.index.commit()
+        rows = []
+        for row in persistence.index.entries(group.index_id):
+            message = Message.stored(0, 0)
+            message.fill_from(persistence.store.read(row.msg_id))
+            if message.body in wanted:
+                rows.append((row.seq, row.delivered))
+        queue = node.broker.vhosts["/"].queues["q"]
+        found[name] = {"rows": len(rows), "first": rows[:3], "term": group.term, "leader": group.leader,
+                       "state": getattr(queue, "state", None) or group.state,
+                       "awaiting": sorted(getattr(queue, "_awaiting", ()))[:5]}
+    return found
 
 
 def leader_name(network: Network) -> str | None:
@@ -147,7 +169,7 @@ async def test_every_confirmed_message_reaches_a_consumer_through_overlapping_fa
         while confirmed - work.received():
             assert loop.time() < deadline, (
                 f"seed {seed}: {len(confirmed - work.received())} of {len(confirmed)} confirmed never delivered "
-                f"(leader {leader_name(network)}; {sorted(confirmed - work.received())[:5]})")
+                f"(leader {leader_name(network)}; {where(network, sorted(confirmed - work.received()))})")
             work.consume()
             await asyncio.sleep(0.02)
         lead = leader_name(network)
