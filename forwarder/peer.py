@@ -163,15 +163,6 @@ class Peer:
         qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
         self.link.send_message(ftype, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
-    def abandon(self, queue: RemoteQueue) -> None:
-        """The queue is no longer this node's (a quorum queue's leader moved): the publishes to it still
-        unconfirmed are nacked now (the deposed leader confirms none of them), not when the link goes, so
-        that their publishers go on with the new leader."""
-        gone = [seq for seq, (_, _, qids) in self._pending.items() if queue.link_id in qids]
-        for seq in gone:
-            channel, channel_seq, _ = self._pending.pop(seq)
-            channel.remote_confirmed(channel_seq, rejected=True)
-
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
                 adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer:
         """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,

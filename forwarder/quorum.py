@@ -37,6 +37,7 @@ from aetcd import rtypes
 
 from amqp_server import patterns, queue_args, queue_types
 from amqp_server.logs import untrusted
+from amqp_server.message import Message
 from amqp_server.quorum_machine import CHECKS, State
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
@@ -44,7 +45,7 @@ from amqp_server.vhost import VHost
 from . import link
 from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
-from .remote_queue import Held, RemoteQueue, proxy_of
+from .remote_queue import Held, Relayed, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -251,6 +252,7 @@ class QuorumGroups:
             self._regroup(vhost, group, record)
             return
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
+        group.held.forward = lambda message, confirm: self._forward(group, message, confirm)
         if self.name in group.members:
             self._open_copy(group)
         # until the leader is known, clients here reach another member (which refuses what needs a leader), so
@@ -362,7 +364,8 @@ class QuorumGroups:
         if group.electing is not None:
             group.electing.cancel()
         if group.replicator is not None:  # the followers drop their copies themselves: nothing more to ship
-            group.replicator.stop()
+            for confirm, seq, _ in group.replicator.stop():
+                confirm.remote_confirmed(seq, True)
             group.replicator.queue.replicator = None
             group.replicator = None
         self.broker.delete_queue(vhost, record.name)
@@ -411,6 +414,17 @@ class QuorumGroups:
             else:
                 graced = True
                 await asyncio.sleep(ELECTION_GRACE)
+
+    def _forward(self, group: Group, message: Message, confirm: Relayed) -> bool | None:
+        """A publish held for a leader (``Held``), now known, goes to it: through the proxy (never passed on
+        again from there), or into the queue if this node leads."""
+        vhost = self.broker.vhosts.get(group.vhost)
+        queue = vhost.queues.get(group.name) if vhost is not None else None
+        if isinstance(queue, RemoteQueue):
+            return queue.enqueue(message, confirm, relay=True)
+        if group.replicator is not None and queue is group.replicator.queue:
+            return queue.enqueue(message.copy(), confirm)  # (its own record: the old one is the copy's)
+        return False
 
     def _recheck(self, group: Group) -> None:
         """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
@@ -555,8 +569,6 @@ class QuorumGroups:
             return  # the only member keeps leading while it claims the key again
         group.leader, group.term = leader, term
         group.held.leaderless = not leader
-        if leader:
-            group.held.release()  # nacked now: sent again, they reach the leader
         vhost = self.broker.vhosts.get(group.vhost)
         if vhost is None:
             return
@@ -574,6 +586,8 @@ class QuorumGroups:
             others = [name for name in group.members if name != self.name]
             if others:
                 self._proxy(vhost, group, others[0])
+        if leader:
+            group.held.release()  # what waited for a leader goes to this one
 
     # -- this node's queue object ---------------------------------------------------------------
 
@@ -614,7 +628,11 @@ class QuorumGroups:
         replicator, group.replicator = group.replicator, None
         if replicator is None:  # (it led: it has one)
             return
-        replicator.stop()
+        for confirm, seq, message in replicator.stop():  # passed on to the next leader, as held publishes are
+            if message.body is None:
+                self.broker.load_body(message)
+            if not group.held.hold(Relayed(confirm, seq), message):
+                confirm.remote_confirmed(seq, True)
         replicator.queue.detach()
         log.info("%s no longer leads %s", self.name, group.key)
 

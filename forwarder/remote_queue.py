@@ -30,36 +30,57 @@ RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent agai
 RESETTLE_MAX = 10_000  # of them at most
 
 
+class Relayed:
+    """The confirm of a publish passed on (a held one, or one a deposed leader had not confirmed) stands for
+    the confirm its publisher is waiting for, under the seq that was given it then."""
+
+    __slots__ = ("confirm", "seq")
+
+    def __init__(self, confirm: "ConfirmSink", seq: int) -> None:
+        self.confirm, self.seq = confirm, seq
+
+    def forwarded(self) -> int:
+        return self.seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.confirm.remote_confirmed(self.seq, rejected)
+
+
 class Held:
     """Publishes to a quorum queue while no leader of it is known here, or its node is unreachable: each one's
-    confirm waits, and all are nacked together once a leader is known (the publisher sends them again at
-    once) or after ``HOLD`` seconds.  A publisher is so slowed by its own window of unconfirmed messages
-    rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes until a
-    leader takes them.  Nothing is stored: a nacked message was never confirmed."""
+    confirm waits, and once a leader is known all are passed on to it (``forward``), which confirms them; after
+    ``HOLD`` seconds without one they are nacked.  A publisher is so slowed by its own window of unconfirmed
+    messages rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes
+    until a leader takes them.  Nothing is stored here: a nacked message was never confirmed."""
 
     def __init__(self) -> None:
         self.leaderless = False
-        self._waiting: list[tuple["ConfirmSink", int]] = []
+        # passes a publish on to the leader known now; False or None: it did not take it (nacked)
+        self.forward: Callable[[Message, Relayed], bool | None] | None = None
+        self._waiting: list[tuple["ConfirmSink", int, Message]] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    def hold(self, confirm: "ConfirmSink | None") -> bool:
+    def hold(self, confirm: "ConfirmSink | None", message: Message) -> bool:
         """True if the publish's confirm now waits here; False (refused, nacked at once) without confirms or
         with too many held."""
         if confirm is None or len(self._waiting) >= HOLD_MAX:
             return False
-        self._waiting.append((confirm, confirm.forwarded()))
+        self._waiting.append((confirm, confirm.forwarded(), message))
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release)
+            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release, True)
         return True
 
-    def release(self) -> None:
-        """Nack what waits (a leader is known, or it waited long enough)."""
+    def release(self, give_up: bool = False) -> None:
+        """A leader is known: what waits is passed on to it; nacked if it waited long enough (``give_up``), or
+        no leader takes it."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         waiting, self._waiting = self._waiting, []
-        for confirm, seq in waiting:
-            confirm.remote_confirmed(seq, True)
+        forward = None if give_up or self.leaderless else self.forward
+        for confirm, seq, message in waiting:
+            if forward is None or not forward(message, Relayed(confirm, seq)):
+                confirm.remote_confirmed(seq, True)
 
 
 class RemoteConsumer:
@@ -113,9 +134,6 @@ class Owner(Protocol):
 
     async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
 
-    def abandon(self, queue: RemoteQueue) -> None:
-        """The queue is no longer the owner's (a quorum queue's leader moved): its publishes are nacked now."""
-
     def forget(self, remote: RemoteConsumer) -> None:
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
 
@@ -168,7 +186,7 @@ class RemoteQueue(Queue):
         publish another node sent here, which the owner passes on no further."""
         held = self.held
         if held is not None and (held.leaderless or not self.peer.up):
-            return held.hold(confirm)
+            return held.hold(confirm, message)
         accepted = self.peer.publish(self, message, confirm, relay)
         if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
             return False  # publisher sends it again
@@ -235,9 +253,7 @@ class RemoteQueue(Queue):
     def follow(self, peer: Owner) -> None:
         """The quorum queue has a new leader (or the same one in a new term): its consumers here consume there,
         and it takes back what they hold; their clients notice nothing (RabbitMQ's do not either)."""
-        old, self.peer = self.peer, peer
-        if old is not peer:
-            old.abandon(self)
+        old, self.peer = self.peer, peer  # (its publishes still unconfirmed there: it passes them on to the leader)
         for remote in list(self.by_consumer.values()):
             old.forget(remote)
             self._attach(remote)

@@ -172,7 +172,7 @@ class Session:
         loops between nodes that disagree on the leader."""
         held = proxy.held
         if held is not None and held.leaderless:
-            return held.hold(sink)
+            return held.hold(sink, message)
         return not relayed and bool(proxy.enqueue(message, sink, relay=True))
 
     def _elsewhere(self, qid: bytes) -> RemoteQueue | None:

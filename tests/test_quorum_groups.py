@@ -682,3 +682,25 @@ async def test_a_consumer_whose_node_missed_the_change_of_leader_is_moved_by_the
     await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "another leader")
     assert network.nodes["n3"].quorum.groups[KEY].leader == "n1"  # (n3 heard nothing)
     await drained(network, client, sent)
+
+
+async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(network):
+    """n1 took 10 publishes its followers have, but their answers have not reached it when its lease is revoked:
+    rather than nack them, it passes them on to the leader elected next, which confirms them (RabbitMQ's
+    publishers see no nack at a change of leader either; a message may be in the queue twice)."""
+    node = await declared(network)
+    network.hold("n2", "n1")
+    network.hold("n3", "n1")
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: all(network.nodes[name].quorum.groups[KEY].applied >= 10 for name in ("n2", "n3")),
+                   "the followers have them")
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == leader(network).name, "n1 follows it")
+    network.release("n2", "n1")
+    network.release("n3", "n1")
+    await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each")
+    assert confirms.acked() == list(range(1, 11))
+    ready = await copies_agree(network)
+    assert set(ready) == set(bodies(10))
