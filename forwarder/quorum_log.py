@@ -477,3 +477,22 @@ def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.
         elif isinstance(effect, machine.Clear):
             persistence.replica_clear(index_id)
         # (DeadLetters: the leader's)
+
+
+def check_copy(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> None:
+    """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``:
+    a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
+    :class:`machine.Broken` names the frame's ops."""
+    rows = persistence.copy_state(index_id)
+    out = state.checked_out | state.dead.keys()
+    if rows.ready == state.ready and rows.checked_out == out:
+        return
+    data, end, ops = memoryview(payload), len(payload), []
+    if pos < end and data[pos] >= RESET_OP:
+        pos = end if data[pos] == RESET_OP else pos + MARK.size
+    while pos < end and data[pos] != ENTRY_OP:
+        op, pos = decode(data, pos)
+        ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
+    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out "
+                         f"{sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
+

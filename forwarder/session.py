@@ -243,16 +243,25 @@ class Session:
     def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
         """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
         unacked, under new tags (0: not taken back; its client's settle of it is a no-op); ``buffered`` of
-        them are not yet passed to the client (the link's credit counts them)."""
-        found = consumer.queue.adopt(seqs)
+        them are not yet passed to the client (the link's credit counts them).  So do those of them that this
+        link's consumers consuming here before held (the consumer's node told it to consume again here, as if
+        the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
+        consumers that are gone, they would stay unacked for good."""
+        queue = consumer.queue
+        found = queue.adopt(seqs)
         unacked = self.unacked
+        if None in found:
+            gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
+                    if held_in is queue and holder is not None and holder not in queue.consumers}
+            found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
+                     for entry, seq in zip(found, seqs)]
         tags = []
         for entry in found:
             if entry is None:
                 tags.append(0)
                 continue
             tag = next(_tags)
-            unacked[tag] = (entry, consumer.queue, consumer)
+            unacked[tag] = (entry, queue, consumer)
             consumer.unacked += 1
             tags.append(tag)
         cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered

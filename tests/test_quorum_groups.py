@@ -704,3 +704,14 @@ async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(
     assert confirms.acked() == list(range(1, 11))
     ready = await copies_agree(network)
     assert set(ready) == set(bodies(10))
+
+
+async def test_a_consumer_consuming_again_at_the_same_leader_takes_back_what_it_held_there(network):
+    """n3 tells its consumer to consume again at n1, twice in a row (two changes of term heard late, or a
+    refusal's retry crossing a change of leader): n1 takes what the consumer held under its earlier ids back
+    for it, rather than keep it for consumers that are gone."""
+    _, client, sent = await consumer_holding(network, "n3")
+    proxy = network.nodes["n3"].broker.vhosts["/"].queues["q"]
+    proxy.follow(network.nodes["n3"].peers["n1"])
+    proxy.follow(network.nodes["n3"].peers["n1"])
+    await drained(network, client, sent)

@@ -41,6 +41,33 @@ class Sink:
             self.outcome = "nack" if rejected else "ack"
 
 
+def holders(network: Network, clients: list[Client]) -> dict[str, Any]:
+    """Who holds the leader's checked-out entries, and what the consumers see."""
+    lead = leader_name(network)
+    found: dict[str, Any] = {}
+    if lead is None:
+        return found
+    queue = network.nodes[lead].broker.vhosts["/"].queues["q"]
+    out = queue.state.checked_out  # type: ignore[attr-defined]
+    for (here, there), session in network.sessions.items():
+        if here == lead:
+            held = [entry.seq for entry, q, _ in session.unacked.values() if q is queue]
+            found[f"session {here}<-{there}"] = {"held": len(held), "out": len(set(held) & out),
+                                                 "consumers": {i: c.unacked for i, c in session.consumers.items()}}
+    found["local consumers"] = [(c.tag, c.unacked, type(c.channel).__name__) for c in queue.consumers]
+    for client in clients[-2:]:
+        consumer = client.consumer
+        proxy = consumer.queue
+        remote = getattr(proxy, "by_consumer", {}).get(consumer)
+        found[f"client on {client.node.name}"] = {
+            "cancelled": client.cancelled, "unacked": len(client.unacked), "queue": repr(proxy),
+            "consumer unacked": consumer.unacked,
+            "remote": remote and (remote.id, remote.attached, len(remote.buffer), len(remote.parked)),
+            "taken": len(getattr(proxy, "taken", ())),
+            "peer consumers": list(getattr(getattr(proxy, "peer", None), "consumers", {}))}
+    return found
+
+
 def where(network: Network, missing: list[bytes]) -> dict[str, Any]:
     """Where the first of the missing messages are: each node's rows of them (seq, held), and its state."""
     found: dict[str, Any] = {"missing": missing[:5]}
@@ -169,7 +196,8 @@ async def test_every_confirmed_message_reaches_a_consumer_through_overlapping_fa
         while confirmed - work.received():
             assert loop.time() < deadline, (
                 f"seed {seed}: {len(confirmed - work.received())} of {len(confirmed)} confirmed never delivered "
-                f"(leader {leader_name(network)}; {where(network, sorted(confirmed - work.received()))})")
+                f"(leader {leader_name(network)}; {holders(network, work.clients)}; "
+                f"{where(network, sorted(confirmed - work.received()))})")
             work.consume()
             await asyncio.sleep(0.02)
         lead = leader_name(network)
