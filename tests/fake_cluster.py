@@ -517,8 +517,15 @@ class Client:
     def consume(self) -> "Client":
         queue = self.node.broker.vhosts["/"].queues[self.queue_name]
         self.consumer = self.broker.consume(queue, self, "ctag", False, False, {}, self.prefetch)
+        accepted = queue.accepted(self.consumer)
+        if accepted is not None:  # (another node's queue: refused, the channel would fail)
+            accepted.add_done_callback(self._refused)
         queue.deliver_ready()
         return self
+
+    def _refused(self, accepted: Any) -> None:
+        if accepted.cancelled() or accepted.exception() is not None:
+            self.cancelled = True
 
     def ack(self, count: int | None = None, requeue: bool = False) -> int:
         """Acks (or requeues) the oldest ``count`` deliveries held (all by default); how many."""

@@ -120,7 +120,8 @@ class Workload:
 
     def consume(self) -> None:
         client = self.client
-        if client is None or client.node.name in self.network.down or client.cancelled:
+        if (client is None or client.node.name in self.network.down or client.cancelled
+                or self.network.nodes[client.node.name] is not client.node):  # (its node died, and came back)
             up = [name for name in NAMES if name not in self.network.down]
             if not up:
                 return
