@@ -274,6 +274,11 @@ class QuorumQueue(Queue):
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
     def deliver_ready(self) -> None:
+        """Deliver, unless this leader may have been deposed (``Replicator.live``): it would go on feeding its
+        consumers what no majority will ever have, all of it delivered again by the next leader."""
+        replicator = self.replicator
+        if replicator is not None and not replicator.live:
+            return
         super().deliver_ready()
         self._ship()
 

@@ -191,7 +191,7 @@ class QuorumGroups:
         once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
         queues meanwhile (a key lives as long as its lease), so they confirm again with no change of leader —
         after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
-        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
+        its leases); they deliver again too.  Etcd answers that it is gone: lead nothing, and a new lease."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(LEASE_TTL / 8)
@@ -210,6 +210,7 @@ class QuorumGroups:
                 for group in self.groups.values():
                     if group.replicator is not None:
                         group.replicator.confirm_committed()
+                        group.replicator.queue.deliver_ready()
 
     async def _new_lease(self) -> None:
         """The lease lapsed (etcd says so, and dropped its keys): lead nothing; then a new lease, asked for until

@@ -401,6 +401,10 @@ class Replicator:
         del pending[:done]
 
     @property
+    def live(self) -> bool:
+        return self.groups.lease_sure
+
+    @property
     def lag(self) -> dict[str, int]:
         return {f.name: self.index - f.match for f in self.followers.values()}
 

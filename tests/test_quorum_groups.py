@@ -715,3 +715,26 @@ async def test_a_consumer_consuming_again_at_the_same_leader_takes_back_what_it_
     proxy.follow(network.nodes["n3"].peers["n1"])
     proxy.follow(network.nodes["n3"].peers["n1"])
     await drained(network, client, sent)
+
+
+async def test_a_leader_that_may_have_been_deposed_delivers_nothing(network):
+    """n1 is cut off from etcd and its followers while its consumer takes 50 a turn: once its lease may have
+    lapsed it delivers no more (all it delivered would come again from the next leader); afterwards the
+    consumer gets every message, from whichever node leads."""
+    node = await declared(network)
+    publish(node, bodies(3000))
+    await copies_agree(network)
+    client = Client(node).consume()
+    node.client.unreachable = True
+    for other in ("n2", "n3"):
+        network.hold("n1", other)
+    await asyncio.sleep(quorum.LEASE_TTL / 2)
+    start = len(client.received)
+    for _ in range(40):
+        client.ack()
+        await asyncio.sleep(0.05)
+    assert len(client.received) - start <= 50
+    node.client.unreachable = False
+    for other in ("n2", "n3"):
+        network.release("n1", other)
+    await drained(network, client, bodies(3000))
