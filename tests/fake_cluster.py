@@ -390,8 +390,11 @@ class Network:
             self.nodes[destination].peers[source].frame(ftype, payload)
 
     def _link(self, a: str, b: str, up: bool) -> None:
-        """Each side sees the other come or go, as a node does when its link opens or drops."""
+        """Each side sees the other come or go, as a node does when its link opens or drops (with it, what a
+        slow link still held)."""
         for here, there in ((a, b), (b, a)):
+            if not up and (here, there) in self.held:
+                self.held[(here, there)] = []
             node = self.nodes.get(here)
             if node is None or here in self.down or node.peers[there].up == up:
                 continue
