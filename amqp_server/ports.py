@@ -97,6 +97,10 @@ class Replicator(Protocol[OpT]):
     def flush(self) -> None:
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
 
+    @property
+    def live(self) -> bool:
+        """This node surely still leads (its lease is alive): the queue may deliver."""
+
 
 class ShovelRunner(Protocol):
     """The node's dynamic shovels (``shovel.Shovels``), as the HTTP API reaches them through the broker."""

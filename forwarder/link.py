@@ -148,6 +148,7 @@ class FrameLink(FrontEnd):
         self._quiet_ticks = 0
         self._sent = False
         self._refused = False  # a broken handshake: nothing more is read
+        self.silent = False  # closed here after heartbeats went unheard (not by the peer, nor its host)
         self.closed = asyncio.get_running_loop().create_future()
 
     def opened(self) -> None:
@@ -161,6 +162,7 @@ class FrameLink(FrontEnd):
         if self._quiet_ticks >= HEARTBEAT_MISSES:
             log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
                         HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
+            self.silent = True
             self.transport.abort()
             return
         if not self._sent:
