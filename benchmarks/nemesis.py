@@ -1194,9 +1194,10 @@ async def workload(cluster: Cluster, faults: list[Fault], args: argparse.Namespa
     deadline = loop.time() + args.drain
     while loop.time() < deadline:
         await asyncio.sleep(1)
-        if time.monotonic() - consumer.last_delivery > 5:
+        idle = time.monotonic() - consumer.last_delivery
+        if idle > 5:
             left = await loop.run_in_executor(None, cluster.depth)
-            if left == 0:
+            if left == 0 or idle > 3 * STUCK:  # (what is left and not delivered for so long: the drains next)
                 break
     stop_consuming.set()
     await consuming
