@@ -858,15 +858,19 @@ class Consumer:
 @dataclass
 class Watcher:
     """Asks every node's HTTP API for the queue every ``WATCH`` seconds: a node that answers without it (404)
-    is a queue missing from that node's view; the leader's counts tell when ready messages sit while the
-    consumer is attached and gets nothing (``STUCK`` seconds)."""
+    is a queue missing from that node's view.  Keeps the episodes in which the consumer is attached and gets
+    nothing for ``STUCK`` seconds while confirmed messages wait undelivered (more confirmed than delivered, or
+    the leader says some are ready), and every 5 s a line of the leader's counts."""
 
     cluster: Cluster
     consumer: Consumer
+    publishers: list[Publisher]
     started: float
     missing: list[tuple[float, str]] = field(default_factory=list)  # (when, node) it answered without the queue
-    stuck: list[dict[str, Any]] = field(default_factory=list)  # episodes: from, to, most ready, node attached
+    stuck: list[dict[str, Any]] = field(default_factory=list)  # episodes: from, to, most waiting, node attached
     ready: int = 0  # messages_ready in the last answer of a node that said it leads the queue
+    leader: dict[str, Any] = field(default_factory=dict)  # that answer
+    timeline: list[list[Any]] = field(default_factory=list)
     views: int = 0
     _episode: dict[str, Any] | None = None
 
@@ -881,6 +885,8 @@ class Watcher:
                         asking[node] = loop.run_in_executor(pool, self.look, node)
                 await asyncio.sleep(WATCH)
                 self._check_stuck()
+                if len(self.timeline) * 5 < time.monotonic() - self.started:
+                    self._line()
             await asyncio.gather(*asking.values())
         finally:
             pool.shutdown(wait=False)
@@ -900,18 +906,33 @@ class Watcher:
         self.views += 1
         if info.get("leader") == name:
             self.ready = info.get("messages_ready", 0)
+            self.leader = info
         return info
 
     def _check_stuck(self) -> None:
-        now, ready, attached = time.monotonic(), self.ready, self.consumer.attached
-        stuck = ready > 0 and attached is not None and now - self.consumer.last_delivery > STUCK
+        now, attached = time.monotonic(), self.consumer.attached
+        waiting = max(self.ready, self._undelivered())
+        stuck = waiting > 0 and attached is not None and now - self.consumer.last_delivery > STUCK
         if stuck and self._episode is None and attached is not None:
-            self._episode = {"from": round(now - self.started - STUCK, 1), "ready": ready,
+            self._episode = {"from": round(self.consumer.last_delivery - self.started, 1), "waiting": waiting,
                              "attached": self.cluster.names[attached]}
         elif stuck and self._episode is not None:
-            self._episode["ready"] = max(self._episode["ready"], ready)
+            self._episode["waiting"] = max(self._episode["waiting"], waiting)
         elif not stuck:
             self._close_episode()
+
+    def _undelivered(self) -> int:
+        """At least this many confirmed messages are not delivered yet (whatever was delivered unconfirmed)."""
+        return sum(len(p.confirmed) for p in self.publishers) - len(self.consumer.deliveries)
+
+    def _line(self) -> None:
+        """[seconds, leader, ready, unacked, consumers (as the leader said last), consumer attached through,
+        confirmed minus delivered]."""
+        info, attached = self.leader, self.consumer.attached
+        self.timeline.append([round(time.monotonic() - self.started), info.get("leader"),
+                              info.get("messages_ready"), info.get("messages_unacknowledged"),
+                              info.get("consumers"), None if attached is None else self.cluster.names[attached],
+                              self._undelivered()])
 
     def _close_episode(self) -> None:
         if self._episode is not None:
@@ -1169,7 +1190,7 @@ async def workload(cluster: Cluster, faults: list[Fault], args: argparse.Namespa
     publishers = [Publisher(i, host, port, args.rate, args.in_flight, args.mandatory)
                   for i, (host, port) in enumerate(hosts)]
     consumer = Consumer(hosts, started=started)
-    watcher = Watcher(cluster, consumer, started)
+    watcher = Watcher(cluster, consumer, publishers, started)
     definitions = Definitions(hosts)
     stop_publishing, stop_consuming, stop_watching = asyncio.Event(), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -1288,6 +1309,7 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, wat
         "no_majority_seconds": round(sum(b - a for a, b in nemesis.no_majority), 1),
         "queue_missing_on": missing_on, "queue_missing_seen": len(watcher.missing),
         "queue_missing_sample": watcher.missing[:20], "views": watcher.views, "stuck_while_attached": watcher.stuck,
+        "timeline": watcher.timeline,
         "consumer_connections": consumer.connections, "consumer_sessions_ended": dict(consumer.ended),
         "duplicates_by_second": dict(Counter(int(t) for t in consumer.again)),
         "confirms_by_second": dict(Counter(int(t) for t in confirms)),
@@ -1515,7 +1537,8 @@ def main(argv: list[str] | None = None) -> int:
             Network.remove(args.prefix)
         report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         if args.data is None:
-            if report.get("lost") == 0 and report.get("stranded") == 0 and not report.get("queue_missing_seen"):
+            if not any(report.get(key, 1) for key in ("lost", "stranded", "queue_missing_seen", "minority_confirms",
+                                                       "left_in_queue", "stuck_while_attached")):
                 shutil.rmtree(data, ignore_errors=True)
             else:
                 report["data"] = data  # kept, to look into
