@@ -1538,7 +1538,8 @@ def main(argv: list[str] | None = None) -> int:
         report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         if args.data is None:
             if not any(report.get(key, 1) for key in ("lost", "stranded", "queue_missing_seen", "minority_confirms",
-                                                       "left_in_queue", "stuck_while_attached")):
+                                                       "left_in_queue", "stuck_while_attached")) \
+                    and report.get("longest_confirm_gap", 0) < 30:
                 shutil.rmtree(data, ignore_errors=True)
             else:
                 report["data"] = data  # kept, to look into
