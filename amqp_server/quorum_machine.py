@@ -18,15 +18,25 @@ expired, which a full queue drops) come from the leader, in the op.
 An op names the seqs it touches and those it creates, so that a copy that missed nothing applies it exactly
 as the leader did; ops on seqs the state does not hold change nothing (a copy replaying what a snapshot
 already had).  ``apply`` changes ``state`` in place and returns it (a copy per op would cost the hot path).
+
+With ``WARREN_CHECK_INVARIANTS=1`` in the environment (the tests set it), every op is followed by ``check``:
+a seq is in at most one place (ready, checked out, a waiting dead letter), below ``next_seq``, and counted
+only while the queue has it; a broken rule raises :class:`Broken`, naming the op.
 """
 from __future__ import annotations
 
+import os
 import struct
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
+CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
+
+
+class Broken(AssertionError):
+    """An invariant of a quorum queue's state (or of a copy's storage against it) no longer holds."""
 
 
 class SeqSet:
@@ -353,7 +363,30 @@ NONE: list[Effect] = []  # (never appended to)
 
 def apply(op: Op, state: State) -> tuple[State, list[Effect]]:
     """Apply ``op`` to ``state`` (in place); the state and what must be done about it."""
-    return state, _APPLY[type(op)](op, state)
+    effects = _APPLY[type(op)](op, state)
+    if CHECKS:
+        check(state, op)
+    return state, effects
+
+
+def check(state: State, op: object = None) -> None:
+    """The state's own rules (see the module's docstring); :class:`Broken` names ``op``, the op just applied."""
+    ready, out, dead = state.ready, state.checked_out, state.dead
+    problems = []
+    twice = sorted(seq for seq in out if seq in ready or seq in dead)
+    twice += sorted(seq for seq in dead if seq in ready)
+    if twice:
+        problems.append(f"seqs in two places: {twice[:10]}")
+    high = max([ready.ends[-1] - 1 if ready.ends else -1, *out, *dead])
+    if high >= state.next_seq:
+        problems.append(f"seq {high} at or above next_seq {state.next_seq}")
+    stray = sorted(seq for seq in state.counts if seq not in ready and seq not in out and seq not in dead)
+    if stray:
+        problems.append(f"counts for seqs the queue does not hold: {stray[:10]}")
+    if len(ready) != sum(end - start for start, end in ready.runs()):
+        problems.append(f"ready count {len(ready)} is not its runs' {list(ready.runs())[:10]}")
+    if problems:
+        raise Broken(f"after {op!r}: {'; '.join(problems)}")
 
 
 def _enqueue(op: Enqueue, state: State) -> list[Effect]:

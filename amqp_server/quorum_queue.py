@@ -63,6 +63,7 @@ class QuorumQueue(Queue):
         self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
         self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
         self._context: dict[int, Entry] = {}  # the ready entries an op being carried out names, by seq
+        self._running = 0  # ops being carried out (an effect may run one of its own)
         self._dlx_timer: asyncio.TimerHandle | None = None
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
@@ -84,12 +85,29 @@ class QuorumQueue(Queue):
         outer = self._context
         if entries:
             self._context = {entries[0].seq: entries[0]} if len(entries) == 1 else {e.seq: e for e in entries}
+        self._running += 1
         try:  # (an effect may run ops of its own: a dead letter a queue took leaves)
             carry_out = self._CARRY_OUT
             for effect in effects:
                 carry_out[type(effect)](self, effect)
         finally:
             self._context = outer
+            self._running -= 1
+        if machine.CHECKS and not self._running:
+            self.check(op)
+
+    def check(self, op: object = None) -> None:
+        """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
+        and waiting dead letters, and its ready ones as many as the state's."""
+        state = self.state
+        problems = []
+        held, out = self.held.keys(), state.checked_out | state.dead.keys()
+        if held != out:
+            problems.append(f"held but not out: {sorted(held - out)[:10]}, out but not held: {sorted(out - held)[:10]}")
+        if self.message_count != len(state.ready):
+            problems.append(f"{self.message_count} ready, the state has {len(state.ready)}")
+        if problems:
+            raise machine.Broken(f"{self.name}: after {op!r}: {'; '.join(problems)}")
 
     def _entry(self, seq: int) -> Entry:
         entry = self.held.get(seq)
@@ -116,8 +134,21 @@ class QuorumQueue(Queue):
         Queue._remove_below(self, effect.below)
 
     def _carry_out_unhold(self, effect: machine.Unhold) -> None:
+        """Entries back in their places: in memory too, those held here (a restart's are on disk)."""
+        held = self.held
         for seq, returns in effect.rows:
             self.persistence.unhold(self.index_id, seq, returns)
+            entry = held.pop(seq, None)
+            if entry is None:
+                continue
+            size = entry.message.body_size
+            self.ready_bytes += size
+            self.unacked -= 1
+            self.unacked_bytes -= size
+            entry.redelivered = True
+            if entry.expiry:
+                self._track_expiry(entry)
+            self._put_back(entry)
 
     def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
@@ -204,19 +235,10 @@ class QuorumQueue(Queue):
         awaiting, self._awaiting = self._awaiting, set()
         if self.detached or self.deleted:
             return
-        entries = [self.held.pop(seq) for seq in sorted(awaiting) if seq in self.held]
-        if not entries:
+        seqs = [seq for seq in sorted(awaiting) if seq in self.held]
+        if not seqs:
             return
-        self.run(machine.Recover([entry.seq for entry in entries]))
-        for entry in entries:
-            size = entry.message.body_size
-            self.ready_bytes += size
-            self.unacked -= 1
-            self.unacked_bytes -= size
-            entry.redelivered = True
-            if entry.expiry:
-                self._track_expiry(entry)
-            self._put_back(entry)
+        self.run(machine.Recover(seqs))
         self.deliver_ready()
         if self._expiring:
             self._expire_due()

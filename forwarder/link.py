@@ -144,6 +144,7 @@ class FrameLink(asyncio.Protocol):
         self._quiet_ticks = 0
         self._sent = False
         self._refused = False  # a broken handshake: nothing more is read
+        self.silent = False  # closed here after heartbeats went unheard (not by the peer, nor its host)
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,6 +160,7 @@ class FrameLink(asyncio.Protocol):
         if self._quiet_ticks >= HEARTBEAT_MISSES:
             log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
                         HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
+            self.silent = True
             self.transport.abort()
             return
         if not self._sent:

@@ -102,11 +102,12 @@ class Peer:
 
     def _went_down(self) -> None:
         log.warning("link to node %s down", self.name)
+        silent = self.link is not None and self.link.silent
         self.up = False
         self.link = None
         cluster = self.broker.cluster
         assert cluster is not None  # (a peer is the cluster's)
-        cluster.quorum.peer_down(self.name)
+        cluster.quorum.peer_down(self.name, silent)
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
         pending, self._pending = self._pending, {}
@@ -162,19 +163,12 @@ class Peer:
         qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
         self.link.send_message(ftype, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
-    def abandon(self, queue: RemoteQueue) -> None:
-        """The queue is no longer this node's (a quorum queue's leader moved): the publishes to it still
-        unconfirmed are nacked now (the deposed leader confirms none of them), not when the link goes, so
-        that their publishers go on with the new leader."""
-        gone = [seq for seq, (_, _, qids) in self._pending.items() if queue.link_id in qids]
-        for seq in gone:
-            channel, channel_seq, _ = self._pending.pop(seq)
-            channel.remote_confirmed(channel_seq, rejected=True)
-
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None) -> RemoteConsumer:
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer:
         """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
-        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``)."""
+        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``) and
+        applies the settles it sent lately (``settled``: (mode, seq)) that the previous leader had not
+        replicated."""
         if remote is None:
             remote = RemoteConsumer(next(self._ids), consumer)
         else:
@@ -189,7 +183,7 @@ class Peer:
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch,
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
-                request.update(adopt=adopt, buffered=len(remote.buffer))
+                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [])
             self.link.send(link.CONSUME, link.encode_json(request))
         return remote
 

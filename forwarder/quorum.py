@@ -37,14 +37,15 @@ from aetcd import rtypes
 
 from amqp_server import patterns, queue_args, queue_types
 from amqp_server.logs import untrusted
-from amqp_server.quorum_machine import State
+from amqp_server.message import Message
+from amqp_server.quorum_machine import CHECKS, State
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
 
 from . import link
-from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, skip
+from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
-from .remote_queue import Held, RemoteQueue, proxy_of
+from .remote_queue import Held, Relayed, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -114,6 +115,9 @@ class Group:
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
+    rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
+    ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
+    unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
     held: Held = field(default_factory=Held)  # publishes through this node waiting for a leader
 
     @property
@@ -248,6 +252,7 @@ class QuorumGroups:
             self._regroup(vhost, group, record)
             return
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
+        group.held.forward = lambda message, confirm: self._forward(group, message, confirm)
         if self.name in group.members:
             self._open_copy(group)
         # until the leader is known, clients here reach another member (which refuses what needs a leader), so
@@ -359,7 +364,8 @@ class QuorumGroups:
         if group.electing is not None:
             group.electing.cancel()
         if group.replicator is not None:  # the followers drop their copies themselves: nothing more to ship
-            group.replicator.stop()
+            for confirm, seq, _ in group.replicator.stop():
+                confirm.remote_confirmed(seq, True)
             group.replicator.queue.replicator = None
             group.replicator = None
         self.broker.delete_queue(vhost, record.name)
@@ -409,6 +415,30 @@ class QuorumGroups:
                 graced = True
                 await asyncio.sleep(ELECTION_GRACE)
 
+    def _forward(self, group: Group, message: Message, confirm: Relayed) -> bool | None:
+        """A publish held for a leader (``Held``), now known, goes to it: through the proxy (never passed on
+        again from there), or into the queue if this node leads."""
+        vhost = self.broker.vhosts.get(group.vhost)
+        queue = vhost.queues.get(group.name) if vhost is not None else None
+        if isinstance(queue, RemoteQueue):
+            return queue.enqueue(message, confirm, relay=True)
+        if group.replicator is not None and queue is group.replicator.queue:
+            return queue.enqueue(message.copy(), confirm)  # (its own record: the old one is the copy's)
+        return False
+
+    def _recheck(self, group: Group) -> None:
+        """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
+        if group.rechecking is None or group.rechecking.done():
+            group.rechecking = asyncio.get_running_loop().create_task(self._ask_leader(group))
+
+    async def _ask_leader(self, group: Group) -> None:
+        try:
+            current = await self.client.get(LEADERS + group.key.encode())
+        except aetcd.ClientError:
+            return  # (tried again at the next refusal)
+        if current is not None and current.create_revision >= group.term and self.groups.get(group.key) is group:
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
+
     async def _watch(self) -> None:
         """Follow every queue's leader key; after a broken watch, start again from etcd's current state."""
         while True:
@@ -447,38 +477,61 @@ class QuorumGroups:
         """Write our position; once a majority has, the highest claims the key; until a leader is known (the
         watch tells, or a claim lost finds it), the queue is gone, or this node is no member of it.  An etcd
         error is tried again, and the position is written again under each new lease (those under a lapsed
-        one are gone)."""
+        one are gone).  Then our position is withdrawn (``_withdraw``), and if the leader went meanwhile, this
+        node stands again."""
         key = group.key.encode()
         mine = POSITIONS + key + b"/" + self.name.encode()
+        while self._standing(group):
+            try:
+                await self._stand(group, mine)
+            finally:
+                await self._withdraw(group, mine)
+
+    def _standing(self, group: Group) -> bool:
+        return not group.leader and self.groups.get(group.key) is group and self.name in group.members
+
+    async def _stand(self, group: Group, mine: bytes) -> None:
         loop = asyncio.get_running_loop()
         written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
         deadline = 0.0
-        try:
-            while not group.leader and self.groups.get(group.key) is group and self.name in group.members:
-                lease = self.lease
-                try:
-                    ballot = group.ballot
-                    if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
-                        await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
-                        written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
-                    ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
-                               for kv in await self.client.get_prefix(POSITIONS + key + b"/")}
-                    ballots = {name: b for name, b in ballots.items() if name in group.members}
-                    if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
-                        best = max((name for name, b in ballots.items() if b[2]),
-                                   key=lambda name: (ballots[name][:2], name))
-                        if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
-                            await self._claim_or_follow(group)
-                except aetcd.ClientError as exc:
-                    log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
-                    written = None
-                    await asyncio.sleep(ELECTION_RETRY)
-                await asyncio.sleep(ELECTION_POLL)
-        finally:
+        while self._standing(group):
+            lease = self.lease
+            try:
+                ballot = group.ballot
+                if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
+                    group.ballot_out = True  # (before: a write that fails may be in etcd all the same)
+                    await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
+                    written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
+                ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
+                           for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
+                ballots = {name: b for name, b in ballots.items() if name in group.members}
+                if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
+                    best = max((name for name, b in ballots.items() if b[2]),
+                               key=lambda name: (ballots[name][:2], name))
+                    if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
+                        await self._claim_or_follow(group)
+            except aetcd.ClientError as exc:
+                log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
+                written = None
+                await asyncio.sleep(ELECTION_RETRY)
+            await asyncio.sleep(ELECTION_POLL)
+
+    async def _withdraw(self, group: Group, mine: bytes) -> None:
+        """Delete our position, trying again while etcd fails (it lapses with our lease otherwise, which may be
+        never).  Until it is gone our copy acknowledges no op (``synced``): a later election could count the
+        position as ours, lower than what we would have acknowledged since, and elect a member that lacks
+        what a majority was confirmed with.  Then the leader hears how far we are."""
+        while True:
             try:
                 await self.client.delete(mine)
-            except aetcd.ClientError:
-                pass
+                break
+            except aetcd.ClientError as exc:
+                if self.groups.get(group.key) is not group:
+                    return
+                log.info("withdrawing our position for %s: %s; trying again", untrusted(group.key), exc)
+                await asyncio.sleep(ELECTION_RETRY)
+        group.ballot_out = False
+        self._acknowledge(group)
 
     async def _claim_or_follow(self, group: Group) -> None:
         """Claim the lead; lost, follow the winner at once (its watch event may be late, or lost with a
@@ -516,8 +569,6 @@ class QuorumGroups:
             return  # the only member keeps leading while it claims the key again
         group.leader, group.term = leader, term
         group.held.leaderless = not leader
-        if leader:
-            group.held.release()  # nacked now: sent again, they reach the leader
         vhost = self.broker.vhosts.get(group.vhost)
         if vhost is None:
             return
@@ -535,6 +586,8 @@ class QuorumGroups:
             others = [name for name in group.members if name != self.name]
             if others:
                 self._proxy(vhost, group, others[0])
+        if leader:
+            group.held.release()  # what waited for a leader goes to this one
 
     # -- this node's queue object ---------------------------------------------------------------
 
@@ -552,6 +605,7 @@ class QuorumGroups:
                             *queue_types.declared(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
         queue.members = group.members
         queue.held = group.held
+        queue.recheck = lambda: self._recheck(group)
         self._swap(vhost, current, queue)
 
     def _promote(self, vhost: VHost, group: Group) -> None:
@@ -574,7 +628,11 @@ class QuorumGroups:
         replicator, group.replicator = group.replicator, None
         if replicator is None:  # (it led: it has one)
             return
-        replicator.stop()
+        for confirm, seq, message in replicator.stop():  # passed on to the next leader, as held publishes are
+            if message.body is None:
+                self.broker.load_body(message)
+            if not group.held.hold(Relayed(confirm, seq), message):
+                confirm.remote_confirmed(seq, True)
         replicator.queue.detach()
         log.info("%s no longer leads %s", self.name, group.key)
 
@@ -601,15 +659,17 @@ class QuorumGroups:
                 if group.index_id:
                     self._ask_to_catch_up(group)
 
-    def peer_down(self, name: str) -> None:
-        """A link dropped: a leader stops shipping to that follower; the followers of that leader revoke its
-        lease, so that its queues elect a leader now rather than when the lease lapses (a leader that is in
-        fact alive is deposed as if its lease had lapsed: fencing and the election work the same)."""
+    def peer_down(self, name: str, silent: bool = False) -> None:
+        """A link dropped: a leader stops shipping to that follower; if the other end closed it (its node or
+        host went down), the followers of that leader revoke its lease, so that its queues elect a leader now
+        rather than when the lease lapses.  A link closed here because it fell ``silent`` revokes nothing: the
+        leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
+        heartbeats' silence, has lapsed by now if it is not."""
         leases = set()
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_down(name)
-            elif group.leader == name and group.index_id and group.leader_lease:
+            elif group.leader == name and group.index_id and group.leader_lease and not silent:
                 leases.add(group.leader_lease)
         for lease in leases:
             asyncio.get_running_loop().create_task(self._revoke(lease))
@@ -684,6 +744,8 @@ class QuorumGroups:
         persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
             return
+        if CHECKS:
+            check_copy(group.state, persistence, index_id, payload, pos)
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 
@@ -704,11 +766,20 @@ class QuorumGroups:
             while acks and acks[0][0] <= batch:
                 sent = acks.pop(0)
             if sent is not None:
-                key = group.key.encode()
-                sent[1].link.send(link.REPLICATED, ACKED.pack(group.term, sent[2], group.term, 0, len(key)), key)
+                group.unsent = (group.term, sent[1], sent[2])
+                if not group.ballot_out:
+                    self._acknowledge(group)
             waiting = waiting or bool(acks)
         if not waiting:
             self.broker.persistence.waiters.discard(self)
+
+    @staticmethod
+    def _acknowledge(group: Group) -> None:
+        """Tell the leader how far our copy is durable (``unsent``), if it still leads the term of that."""
+        unsent, group.unsent = group.unsent, None
+        if unsent is not None and unsent[0] == group.term:
+            key = group.key.encode()
+            unsent[1].link.send(link.REPLICATED, ACKED.pack(unsent[0], unsent[2], unsent[0], 0, len(key)), key)
 
     def replicated(self, peer_name: str, payload: bytes) -> None:
         """A follower's answer: how far its copy is durable, or that it wants a snapshot."""

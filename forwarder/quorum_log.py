@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from amqp_server import quorum_machine as machine
+from amqp_server.message import Message
 from amqp_server.quorum_queue import QuorumQueue
 
 from . import link
@@ -207,7 +208,8 @@ class Replicator:
         self.first = index + 1  # index of ops[0]
         self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
         self.log_bytes = 0
-        self.pending: list[tuple[int, "ConfirmSink", int]] = []  # (index, sink, its seq), oldest first
+        # (index, sink, its seq, the message), oldest first
+        self.pending: list[tuple[int, "ConfirmSink", int, Message]] = []
         self.committed = index
         self._scheduled = False
         for follower in self.followers.values():
@@ -220,7 +222,8 @@ class Replicator:
         majority has it."""
         self._op(encode(op))
         if confirm is not None and self.followers:
-            self.pending.append((self.index, confirm, confirm.forwarded()))
+            assert isinstance(op, machine.Enqueue)  # (only a publish is confirmed)
+            self.pending.append((self.index, confirm, confirm.forwarded(), op.message))
 
     def _op(self, op: bytes) -> None:
         self.index += 1
@@ -392,7 +395,7 @@ class Replicator:
         pending = self.pending
         done = 0
         while done < len(pending) and pending[done][0] <= committed:
-            _, sink, seq = pending[done]
+            _, sink, seq, _ = pending[done]
             sink.remote_confirmed(seq, False)
             done += 1
         del pending[:done]
@@ -401,13 +404,13 @@ class Replicator:
     def lag(self) -> dict[str, int]:
         return {f.name: self.index - f.match for f in self.followers.values()}
 
-    def stop(self) -> None:
-        """Deposed: what waits for the group is refused (nack), never confirmed later."""
+    def stop(self) -> list[tuple["ConfirmSink", int, Message]]:
+        """Deposed: nothing more is shipped or confirmed here; the publishes that wait for the group, with
+        their confirms (the caller passes them on to the next leader, or refuses them)."""
         for follower in self.followers.values():
             self._stop_snapshot(follower)
         pending, self.pending = self.pending, []
-        for _, sink, seq in pending:
-            sink.remote_confirmed(seq, True)
+        return [(sink, seq, message) for _, sink, seq, message in pending]
 
 
 def skip(payload: bytes, pos: int, count: int) -> int | None:
@@ -474,3 +477,22 @@ def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.
         elif isinstance(effect, machine.Clear):
             persistence.replica_clear(index_id)
         # (DeadLetters: the leader's)
+
+
+def check_copy(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> None:
+    """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``:
+    a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
+    :class:`machine.Broken` names the frame's ops."""
+    rows = persistence.copy_state(index_id)
+    out = state.checked_out | state.dead.keys()
+    if rows.ready == state.ready and rows.checked_out == out:
+        return
+    data, end, ops = memoryview(payload), len(payload), []
+    if pos < end and data[pos] >= RESET_OP:
+        pos = end if data[pos] == RESET_OP else pos + MARK.size
+    while pos < end and data[pos] != ENTRY_OP:
+        op, pos = decode(data, pos)
+        ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
+    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out "
+                         f"{sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
@@ -26,44 +26,67 @@ HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it i
 HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
+RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
+RESETTLE_MAX = 10_000  # of them at most
+
+
+class Relayed:
+    """The confirm of a publish passed on (a held one, or one a deposed leader had not confirmed) stands for
+    the confirm its publisher is waiting for, under the seq that was given it then."""
+
+    __slots__ = ("confirm", "seq")
+
+    def __init__(self, confirm: "ConfirmSink", seq: int) -> None:
+        self.confirm, self.seq = confirm, seq
+
+    def forwarded(self) -> int:
+        return self.seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.confirm.remote_confirmed(self.seq, rejected)
 
 
 class Held:
     """Publishes to a quorum queue while no leader of it is known here, or its node is unreachable: each one's
-    confirm waits, and all are nacked together once a leader is known (the publisher sends them again at
-    once) or after ``HOLD`` seconds.  A publisher is so slowed by its own window of unconfirmed messages
-    rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes until a
-    leader takes them.  Nothing is stored: a nacked message was never confirmed."""
+    confirm waits, and once a leader is known all are passed on to it (``forward``), which confirms them; after
+    ``HOLD`` seconds without one they are nacked.  A publisher is so slowed by its own window of unconfirmed
+    messages rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes
+    until a leader takes them.  Nothing is stored here: a nacked message was never confirmed."""
 
     def __init__(self) -> None:
         self.leaderless = False
-        self._waiting: list[tuple["ConfirmSink", int]] = []
+        # passes a publish on to the leader known now; False or None: it did not take it (nacked)
+        self.forward: Callable[[Message, Relayed], bool | None] | None = None
+        self._waiting: list[tuple["ConfirmSink", int, Message]] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    def hold(self, confirm: "ConfirmSink | None") -> bool:
+    def hold(self, confirm: "ConfirmSink | None", message: Message) -> bool:
         """True if the publish's confirm now waits here; False (refused, nacked at once) without confirms or
         with too many held."""
         if confirm is None or len(self._waiting) >= HOLD_MAX:
             return False
-        self._waiting.append((confirm, confirm.forwarded()))
+        self._waiting.append((confirm, confirm.forwarded(), message))
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release)
+            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release, True)
         return True
 
-    def release(self) -> None:
-        """Nack what waits (a leader is known, or it waited long enough)."""
+    def release(self, give_up: bool = False) -> None:
+        """A leader is known: what waits is passed on to it; nacked if it waited long enough (``give_up``), or
+        no leader takes it."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         waiting, self._waiting = self._waiting, []
-        for confirm, seq in waiting:
-            confirm.remote_confirmed(seq, True)
+        forward = None if give_up or self.leaderless else self.forward
+        for confirm, seq, message in waiting:
+            if forward is None or not forward(message, Relayed(confirm, seq)):
+                confirm.remote_confirmed(seq, True)
 
 
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
-    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries")
+    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries", "settled")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
@@ -77,6 +100,17 @@ class RemoteConsumer:
         self.adopting: list[Entry] = []
         self.parked: list[tuple[int, Entry]] = []
         self.tries = 0
+        # its latest settles sent to the leader (loop time, mode, the queue's seq): sent again to the next one,
+        # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
+        self.settled: deque[tuple[float, int, int]] = deque(maxlen=RESETTLE_MAX)
+
+    def resettles(self) -> list[list[int]]:
+        """(mode, seq) of the settles sent in the last ``RESETTLE_AGE`` seconds."""
+        settled = self.settled
+        oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
+        while settled and settled[0][0] < oldest:
+            settled.popleft()
+        return [[mode, seq] for _, mode, seq in settled]
 
 
 class Owner(Protocol):
@@ -90,7 +124,7 @@ class Owner(Protocol):
                 relay: bool = False) -> bool | None: ...
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None) -> RemoteConsumer: ...
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer: ...
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
@@ -99,9 +133,6 @@ class Owner(Protocol):
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
 
     async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
-
-    def abandon(self, queue: RemoteQueue) -> None:
-        """The queue is no longer the owner's (a quorum queue's leader moved): its publishes are nacked now."""
 
     def forget(self, remote: RemoteConsumer) -> None:
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
@@ -122,6 +153,8 @@ class RemoteQueue(Queue):
         # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
         # new leader takes back for it)
         self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
+        # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
+        self.recheck: Callable[[], None] | None = None
 
     @property
     def node(self) -> str:
@@ -153,7 +186,7 @@ class RemoteQueue(Queue):
         publish another node sent here, which the owner passes on no further."""
         held = self.held
         if held is not None and (held.leaderless or not self.peer.up):
-            return held.hold(confirm)
+            return held.hold(confirm, message)
         accepted = self.peer.publish(self, message, confirm, relay)
         if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
             return False  # publisher sends it again
@@ -220,9 +253,7 @@ class RemoteQueue(Queue):
     def follow(self, peer: Owner) -> None:
         """The quorum queue has a new leader (or the same one in a new term): its consumers here consume there,
         and it takes back what they hold; their clients notice nothing (RabbitMQ's do not either)."""
-        old, self.peer = self.peer, peer
-        if old is not peer:
-            old.abandon(self)
+        old, self.peer = self.peer, peer  # (its publishes still unconfirmed there: it passes them on to the leader)
         for remote in list(self.by_consumer.values()):
             old.forget(remote)
             self._attach(remote)
@@ -240,17 +271,22 @@ class RemoteQueue(Queue):
             return  # it waits for a leader (``follow``), or for its link (``attach_waiting``)
         taken = self.taken
         remote.adopting = [entry for entry, (holder, _) in taken.items() if holder is remote]
-        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting])
+        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting],
+                          remote.resettles())
 
     def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
         """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
         returned: the client's settle of it goes nowhere), or a refusal, tried again for a while (a leader
-        just elected may not have its queue yet) before the consumer is cancelled."""
+        just elected may not have its queue yet; this node may not have heard of the next one, ``recheck``)
+        before the consumer is cancelled."""
         adopting, remote.adopting = remote.adopting, []
         if not ok:
+            remote.attached = False  # (a deposed leader's word that the consumer is not there any more)
             remote.tries += 1
             if self.by_consumer.get(remote.consumer) is not remote:
                 return
+            if self.recheck is not None:
+                self.recheck()
             if remote.tries > REATTACH_TRIES:
                 self.cancelled(remote.consumer)
                 return
@@ -300,6 +336,8 @@ class RemoteQueue(Queue):
                 found = self.taken.pop(entry, None)
                 if found is not None:
                     parked.append((_MODES[mode], entry, found[1]))
+            # (and, sent again, its latest settles: no entry here stands for them any more)
+            parked.extend((_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
@@ -324,6 +362,7 @@ class RemoteQueue(Queue):
         if taken:
             waiting = (self.held is not None and self.held.leaderless) or not self.peer.up
             send = []
+            now = asyncio.get_running_loop().time()
             for entry in entries:
                 found = taken.get(entry)
                 if found is not None:
@@ -331,6 +370,7 @@ class RemoteQueue(Queue):
                         found[0].parked.append((mode, entry))
                         continue
                     del taken[entry]
+                    found[0].settled.append((now, mode, found[1]))
                 if entry.seq:
                     send.append(entry)
             entries = send
@@ -358,6 +398,7 @@ class RemoteQueue(Queue):
 
 
 _MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
+_GONE = Message.stored(0, 0)  # the message of an entry settled already
 
 
 def proxy_of(queues: Mapping[str, Queue], name: str) -> RemoteQueue | None:

@@ -24,7 +24,7 @@ from amqp_server.queue_type import REPLICATED
 from amqp_server.vhost import home_node_down
 
 from . import link
-from .remote_queue import RemoteQueue, proxy_of
+from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -66,11 +66,15 @@ class RemoteConsumerChannel:
 
     def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
         """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
-        takes it, and what it holds, to the new leader (``RemoteQueue.follow``)."""
+        takes it, and what it holds, to the new leader (``RemoteQueue.follow``).  Its node is told (as a
+        refusal to consume again), lest it wait here for deliveries should it not have heard of the new leader
+        (its etcd watch stalled): it asks etcd, and tries again meanwhile."""
         session = self.session
         session.consumers.pop(self.id, None)
         for tag in [tag for tag, (_, _, held_by) in session.unacked.items() if held_by is consumer]:
             del session.unacked[tag]
+        error = home_node_down(new)
+        session.link.send(link.CONSUMED, link.encode_json({"id": self.id, "error": [error.code, error.text]}))
 
 
 class Session:
@@ -168,7 +172,7 @@ class Session:
         loops between nodes that disagree on the leader."""
         held = proxy.held
         if held is not None and held.leaderless:
-            return held.hold(sink)
+            return held.hold(sink, message)
         return not relayed and bool(proxy.enqueue(message, sink, relay=True))
 
     def _elsewhere(self, qid: bytes) -> RemoteQueue | None:
@@ -218,23 +222,46 @@ class Session:
         self.consumers[consumer_id] = consumer
         reply: dict[str, Any] = {"id": consumer_id, "error": None}
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
+            self._resettle(queue, request.get("settled") or [])
             reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
 
+    def _resettle(self, queue: Queue, settled: list[list[int]]) -> None:
+        """Settles a consumer sent the previous leader (mode, the queue's seq), sent again: those of entries
+        still kept for a consumer to take back (``QuorumQueue.adopt``; the previous leader had not replicated
+        them) are carried out; the others were, or the entry is no longer the consumer's: nothing to do."""
+        by_mode: dict[int, list[int]] = {}
+        for mode, seq in settled[:RESETTLE_MAX]:
+            if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
+                by_mode.setdefault(mode, []).append(seq)
+        for mode, seqs in by_mode.items():
+            taken = [(entry, queue, None) for entry in queue.adopt(seqs) if entry is not None]
+            if taken:
+                self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+
     def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
         """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
         unacked, under new tags (0: not taken back; its client's settle of it is a no-op); ``buffered`` of
-        them are not yet passed to the client (the link's credit counts them)."""
-        found = consumer.queue.adopt(seqs)
+        them are not yet passed to the client (the link's credit counts them).  So do those of them that this
+        link's consumers consuming here before held (the consumer's node told it to consume again here, as if
+        the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
+        consumers that are gone, they would stay unacked for good."""
+        queue = consumer.queue
+        found = queue.adopt(seqs)
         unacked = self.unacked
+        if None in found:
+            gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
+                    if held_in is queue and holder is not None and holder not in queue.consumers}
+            found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
+                     for entry, seq in zip(found, seqs)]
         tags = []
         for entry in found:
             if entry is None:
                 tags.append(0)
                 continue
             tag = next(_tags)
-            unacked[tag] = (entry, consumer.queue, consumer)
+            unacked[tag] = (entry, queue, consumer)
             consumer.unacked += 1
             tags.append(tag)
         cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered

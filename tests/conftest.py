@@ -30,6 +30,8 @@ import pika
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("WARREN_CHECK_INVARIANTS", "1")  # quorum queues check their state after every op, in-process
+# and in the nodes the tests start (amqp_server.quorum_machine.CHECKS)
 
 
 def unavailable(reason: str) -> None:

@@ -20,8 +20,14 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server.broker import Broker
+from amqp_server.channel import Channel
+from amqp_server.payload import encode
+from amqp_server.ports import ClientChannel
+from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.records import QueueRecord
 from forwarder import link, quorum
+from forwarder.peer import Peer
+from forwarder.session import Session
 
 
 @dataclass
@@ -152,6 +158,8 @@ class FakeClient:
     def __init__(self, etcd: FakeEtcd) -> None:
         self.etcd = etcd
         self.unreachable = False  # this node cut off from etcd (the others reach it)
+        self.failing_deletes = 0  # so many deletes fail next (etcd went away just then)
+        self.deaf = False  # its watches hear nothing, and fail not (a stream stalled on a cut): events wait
         self.transactions = SimpleNamespace(create=lambda key: _Created(key),
                                             put=lambda key, value, lease: ("put", key, value, lease))
 
@@ -186,6 +194,9 @@ class FakeClient:
 
     async def delete(self, key: bytes) -> None:
         await self.gate()
+        if self.failing_deletes:
+            self.failing_deletes -= 1
+            raise aetcd.ConnectionFailedError("etcd went away")
         self.etcd.delete(key)
 
     async def transaction(self, compare: list, success: list, failure: list) -> tuple[bool, list]:
@@ -237,7 +248,7 @@ class Watch:
     async def __anext__(self) -> Event:
         etcd = self.client.etcd
         try:
-            while self.queue.empty() or not etcd.frozen.is_set():
+            while self.queue.empty() or not etcd.frozen.is_set() or self.client.deaf:
                 if self.client.unreachable:
                     raise aetcd.ConnectionFailedError("watch broken")
                 await asyncio.sleep(0.01)
@@ -251,12 +262,19 @@ class Watch:
 
 
 class FakeLink:
-    """One node's link to another: frames arrive in order, a loop turn later, unless the two are cut apart."""
+    """One node's link to another, one way: frames arrive in order, a loop turn later, unless the two are cut
+    apart.  What a node's ``Peer`` sends reaches the other's ``Session`` for it, and the other way round, as on
+    a real link (``deliver`` tells them apart by frame type)."""
+
+    paused = False
+    silent = False  # closed after its heartbeats went unheard (``Network.fall_silent``)
 
     def __init__(self, network: "Network", source: str, peer_name: str) -> None:
         self.network, self.source, self.peer_name = network, source, peer_name
+        self._held: Any = None
 
     def send(self, ftype: int, *parts: bytes) -> None:
+        self._complete_held()
         network = self.network
         if network.connected(self.source, self.peer_name):
             frame = (self.source, self.peer_name, ftype, b"".join(parts))
@@ -266,39 +284,59 @@ class FakeLink:
             else:
                 asyncio.get_running_loop().call_soon(network.deliver, *frame)
 
+    def send_message(self, ftype: int, head: bytes, message: Any, header: bytes | None = None) -> None:
+        if message is None:
+            self.send(ftype, head)
+            return
+        self.send(ftype, head, *encode(message.route, message.header if header is None else header, message.body))
+
+    def hold(self, complete: Any) -> None:
+        """A publish gathering its queues: sent before any other frame, at the latest at the end of the turn."""
+        self._complete_held()
+        self._held = complete
+        asyncio.get_running_loop().call_soon(self._complete_held)
+
+    def _complete_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held()
+
     def flush(self) -> None:
+        self._complete_held()
+
+    def close(self) -> None:
         pass
 
 
-@dataclass
-class FakePeer:
-    """Another node as this one sees it (``peer.Peer``): no publish goes through it here."""
-
-    name: str
-    link: FakeLink
-    up: bool = True
-
-    def abandon(self, queue: Any) -> None:
-        pass
+_TO_OWNER = {link.PUBLISH, link.RELAY, link.CONSUME, link.CANCEL, link.SETTLE, link.CREDIT, link.REQUEST,
+             link.REPLICATE}  # what a dialer's Peer sends; the owner's Session answers with the others
 
 
 class Node:
-    """What QuorumGroups asks of its cluster: a broker, a name, etcd, the other nodes."""
+    """What QuorumGroups asks of its cluster: a broker, a name, etcd, the other nodes (real ``Peer``s, their
+    links fake)."""
 
     def __init__(self, network: "Network", name: str, data_dir: Path) -> None:
         self.network, self.name, self.data_dir = network, name, data_dir
         self.broker = Broker(str(data_dir))
+        self.broker.cluster = self  # type: ignore[assignment]  # what the forwarder's parts reach through it
         self.client = network.etcd.client()
-        self.peers = {other: FakePeer(other, FakeLink(network, name, other), network.connected(name, other))
-                      for other in network.names if other != name}
+        self.flow = PublisherFlow()
+        self.peers = {other: Peer(other, self.broker, b"secret", self.flow) for other in network.names if other != name}
         self.metadata = SimpleNamespace(put=lambda *args: None)
         self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]  # the fake cluster stands in for Cluster
 
     def nodes(self) -> list[tuple[str, bool]]:
         return [(name, peer.up) for name, peer in sorted(self.peers.items())]
 
-    def peer(self, name: str) -> FakePeer:
+    def peer(self, name: str) -> Peer:
         return self.peers[name]
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        pass
+
+    def undefined(self, kind: str, key: str) -> None:
+        pass
 
 
 class Network:
@@ -312,6 +350,7 @@ class Network:
         self.held: dict[tuple[str, str], list[tuple[str, str, int, bytes]]] = {}  # slow links: frames waiting
         self.down: set[str] = set()
         self.nodes: dict[str, Node] = {}
+        self.sessions: dict[tuple[str, str], Session] = {}  # (node, the node whose link it serves): its session
         self.records: list[QueueRecord] = []
 
     async def start(self) -> "Network":
@@ -341,11 +380,14 @@ class Network:
     def deliver(self, source: str, destination: str, ftype: int, payload: bytes) -> None:
         if not self.connected(source, destination):
             return  # (cut while it was on its way)
-        node = self.nodes[destination]
-        if ftype == link.REPLICATE:
-            node.quorum.replicate(SimpleNamespace(link=node.peers[source].link), payload)  # type: ignore[arg-type]  # a stand-in session: its link is all replicate reads
-        elif ftype == link.REPLICATED:
-            node.quorum.replicated(source, payload)
+        if ftype in _TO_OWNER:
+            session = self.sessions.get((destination, source))
+            if session is not None:
+                session.frame(ftype, payload)
+        elif ftype == link.REPLICATED:  # (either way: a follower's answer, or its request to catch up)
+            self.nodes[destination].quorum.replicated(source, payload)
+        elif ftype != link.STATS:
+            self.nodes[destination].peers[source].frame(ftype, payload)
 
     def _link(self, a: str, b: str, up: bool) -> None:
         """Each side sees the other come or go, as a node does when its link opens or drops."""
@@ -353,11 +395,16 @@ class Network:
             node = self.nodes.get(here)
             if node is None or here in self.down or node.peers[there].up == up:
                 continue
-            node.peers[there].up = up
-            if up:
-                node.quorum.peer_up(there)
+            peer = node.peers[there]
+            if up:  # (its link to there, and its session for there's link to it)
+                self.sessions[(here, there)] = Session(node.broker, FakeLink(self, here, there))  # type: ignore[arg-type]  # a fake link stands in for the listener's
+                peer.link = FakeLink(self, here, there)  # type: ignore[assignment]  # and for the dialer's
+                peer._went_up()
             else:
-                node.quorum.peer_down(there)
+                peer._went_down()
+                session = self.sessions.pop((here, there), None)
+                if session is not None:
+                    session.closed()
 
     def hold(self, a: str, b: str) -> None:
         """The link from ``a`` to ``b`` goes on, but its frames wait (a slow link, a stalled reader)."""
@@ -375,6 +422,17 @@ class Network:
         asyncio.get_running_loop().call_soon(self.deliver, *held.pop(0))
         return True
 
+    def fall_silent(self, dialer: str, listener: str) -> None:
+        """An asymmetric cut: ``dialer``'s link to ``listener`` falls silent and both ends close it (heartbeats);
+        ``listener``'s own link to ``dialer`` goes on.  ``heal`` brings it back."""
+        peer = self.nodes[dialer].peers[listener]
+        assert peer.link is not None
+        peer.link.silent = True  # type: ignore[misc]  # (the fake link's)
+        peer._went_down()
+        session = self.sessions.pop((listener, dialer), None)
+        if session is not None:
+            session.closed()
+
     def cut(self, a: str, b: str) -> None:
         self.cuts.add(frozenset((a, b)))
         self._link(a, b, False)
@@ -389,6 +447,8 @@ class Network:
         closes as it stood."""
         node = self.nodes[name]
         self.down.add(name)  # (first: a dead node sees nothing go)
+        for key in [key for key in self.sessions if key[0] == name]:
+            del self.sessions[key]
         for other in self.names:
             if other != name:
                 self._link(name, other, False)
@@ -424,3 +484,51 @@ class Network:
         claimed = await self.nodes[first].quorum.claim_first("/", name)
         assert claimed is not None
         self.nodes[first].quorum.lead("/", name, *claimed)
+
+
+class Client:
+    """A consuming client's AMQP channel on a node (``ports.DeliveryTarget``), as ``amqp_server.channel.Channel``
+    keeps its unacked deliveries and hands its consumers over to a quorum queue's new object."""
+
+    handed_over = Channel.handed_over
+
+    def __init__(self, node: Node, prefetch: int = 50, queue: str = "q") -> None:
+        self.node, self.broker, self.prefetch, self.queue_name = node, node.broker, prefetch, queue
+        self.unacked: dict[int, tuple[Any, Any, Any]] = {}
+        self.tag = 0
+        self.received: list[bytes] = []
+        self.consumer: Any = None
+        self.cancelled = False
+
+    def client(self) -> ClientChannel:
+        return ClientChannel("test", 1, ("127.0.0.1", 1), "guest", self.node.name)
+
+    def can_deliver(self) -> bool:
+        return True
+
+    def deliver(self, consumer: Any, entry: Any) -> None:
+        self.tag += 1
+        self.unacked[self.tag] = (entry, consumer.queue, consumer)
+        self.received.append(entry.message.body)
+
+    def cancelled_by_broker(self, consumer: Any) -> None:
+        self.cancelled = True
+
+    def consume(self) -> "Client":
+        queue = self.node.broker.vhosts["/"].queues[self.queue_name]
+        self.consumer = self.broker.consume(queue, self, "ctag", False, False, {}, self.prefetch)
+        queue.deliver_ready()
+        return self
+
+    def ack(self, count: int | None = None, requeue: bool = False) -> int:
+        """Acks (or requeues) the oldest ``count`` deliveries held (all by default); how many."""
+        tags = sorted(self.unacked)[:count]
+        taken = [self.unacked.pop(tag) for tag in tags]
+        self.broker.settle_taken(taken, requeue)
+        return len(taken)
+
+    def close(self) -> None:
+        """The channel closes: its consumer goes, what it held goes back."""
+        if self.consumer is not None and not self.cancelled:
+            self.broker.remove_consumer(self.consumer)
+        self.ack(requeue=True)

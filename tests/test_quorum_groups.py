@@ -19,7 +19,7 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server import quorum_queue
 from amqp_server.quorum_queue import QuorumQueue
-from fake_cluster import Network, Node
+from fake_cluster import Client, Network, Node
 from forwarder import link, quorum, quorum_log
 from forwarder.quorum import queue_key
 
@@ -72,10 +72,13 @@ async def wait_for(check, what: str, timeout: float = 10.0) -> None:
 
 
 def leader(network: Network) -> Node | None:
+    """The node that leads the latest term (a deposed one may not know yet, for a loop turn or while cut off:
+    fencing makes it harmless); never two of the same term."""
     leaders = [node for name, node in network.nodes.items()
                if name not in network.down and node.quorum.groups[KEY].replicator is not None]
-    assert len(leaders) <= 1
-    return leaders[0] if leaders else None
+    terms = [node.quorum.groups[KEY].replicator.term for node in leaders]
+    assert len(set(terms)) == len(terms), "two leaders of one term"
+    return max(leaders, key=lambda node: node.quorum.groups[KEY].replicator.term) if leaders else None
 
 
 def queue_of(node: Node) -> QuorumQueue:
@@ -527,3 +530,188 @@ async def test_ops_a_follower_has_already_are_skipped_and_it_asks_for_nothing(ne
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(5, "a"), *bodies(5, "b")]
     assert "asking to catch up" not in caplog.text
+
+
+# -- consumers across nodes ---------------------------------------------------------------------
+
+
+async def drained(network: Network, client: Client, expected: list[bytes], timeout: float = 20.0) -> None:
+    """``client`` acks what it holds as it comes until it has had every one of ``expected``; then the leader
+    holds nothing (ready or unacked) and its state agrees."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    missing = set(expected)
+    while missing - set(client.received):
+        now = asyncio.get_running_loop().time()
+        if now > deadline:
+            node = leader(network)
+            state = queue_of(node).state if node is not None else None
+            raise AssertionError(f"{len(missing - set(client.received))} never delivered, leader "
+                                 f"{node and node.name}, state {state}")
+        client.ack()
+        await asyncio.sleep(0.02)
+    await wait_for(lambda: client.ack() < 0 or (leader(network) is not None
+                                                 and queue_of(leader(network)).state.messages == 0),
+                   "the queue empty", 10)
+
+
+async def consumer_holding(network: Network, on: str, count: int = 200) -> tuple[Node, Client, list[bytes]]:
+    node = await declared(network)
+    client = Client(network.nodes[on], prefetch=50).consume()
+    sent = bodies(count)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == count, "the publishes confirmed")
+    await wait_for(lambda: len(client.unacked) == 50, "a prefetch window held")
+    return node, client, sent
+
+
+@pytest.mark.parametrize("on", ["n2", "n3"])
+async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_of_leader(network, on):
+    _, client, sent = await consumer_holding(network, on)
+    await network.kill("n1")
+    await drained(network, client, sent)
+
+
+async def test_a_consumer_that_goes_during_a_change_of_leader_leaves_nothing_stranded(network):
+    _, client, sent = await consumer_holding(network, "n2")
+    await network.kill("n1")
+    client.close()
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    other = Client(network.nodes["n3"]).consume()
+    await drained(network, other, sent)
+
+
+async def test_a_consumer_held_across_two_changes_of_leader_gets_every_message(network):
+    _, client, sent = await consumer_holding(network, "n2")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    first = leader(network).name
+    assert first == "n3"  # (a tie: the name that sorts last)
+    await network.start_node("n1")
+    await wait_for(lambda: in_step(network), "n1 in step")
+    await network.kill(first)
+    await wait_for(lambda: leader(network) is not None, "another leader")
+    await drained(network, client, sent)
+
+
+async def test_a_consumer_whose_node_lost_etcd_while_the_leader_changed_term_gets_every_message(network):
+    """n3 hears nothing from etcd while n1 loses its lease and leads again in a new term: n1 dropped n3's
+    consumer when it stepped down; n3 must consume again at n1 (n1 still leads in n3's view)."""
+    node, client, sent = await consumer_holding(network, "n3")
+    term = node.quorum.groups[KEY].term
+    network.nodes["n3"].client.unreachable = True
+    node.client.unreachable = True
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None and node.quorum.groups[KEY].term > term, "a new term")
+    client.ack()
+    await asyncio.sleep(0.5)
+    network.nodes["n3"].client.unreachable = False
+    await drained(network, client, sent)
+
+
+async def test_a_ballot_left_in_etcd_never_elects_a_copy_behind_what_its_member_confirmed_since(network):
+    """n1's ballot of an election n2 won stays in etcd (its delete failed: etcd went away just then), at the
+    position n1 had then.  n1 then confirms 50 messages with n2; n2 dies, n3 (which missed them) comes back:
+    n1's stale ballot and n3's are a majority in which n3 is the highest, but n3 must not lead without them."""
+    node = await declared(network)
+    publish(node, bodies(10))
+    await copies_agree(network)
+    await network.kill("n3")
+    node.client.unreachable = True
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
+    node.client.failing_deletes = 1  # its ballot's, once the election is over
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None and leader(network).name == "n2", "n2 leads")
+    await wait_for(lambda: node.quorum.groups[KEY].electing.done(), "n1's election over")
+    confirms = Confirms()
+    publish(network.nodes["n2"], bodies(50, "later"), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 50, "confirmed by n2 and n1")
+    network.hold("n2", "n3")
+    await network.start_node("n3")
+    node.client.unreachable = True  # (n1's ballot is the stale one while n3 counts)
+    await network.kill("n2")
+    await asyncio.sleep(1.5)
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert leader(network).name == "n1"
+    assert await copies_agree(network) == [*bodies(10), *bodies(50, "later")]
+
+
+async def test_a_followers_link_to_the_leader_falling_silent_deposes_no_healthy_leader(network):
+    """An asymmetric cut: n2's link to n1 falls silent (heartbeats), n1's link to n2 goes on.  n1 keeps its lease
+    and leads on in the same term, confirming with n2's copy; a link the other end closes (its node died) still
+    revokes the lease at once."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    network.fall_silent("n2", "n1")
+    network.fall_silent("n3", "n1")
+    await asyncio.sleep(2 * quorum.LEASE_TTL)
+    assert leader(network) is node and node.quorum.groups[KEY].term == term
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "confirmed by the followers")
+    network.heal("n2", "n1")
+    network.heal("n3", "n1")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader at once", quorum.LEASE_TTL / 2)
+
+
+async def test_settles_sent_to_a_dying_leader_are_sent_again_to_the_next(network):
+    """n2's consumer acks its 50 just as n1 dies (the acks never reach it): n2 sends them again to the new
+    leader, which applies them rather than delivering the 50 again (RabbitMQ's channel resends its settles)."""
+    _, client, sent = await consumer_holding(network, "n2")
+    network.hold("n2", "n1")
+    first = list(client.received)
+    assert client.ack() == 50
+    await asyncio.sleep(0.05)
+    await network.kill("n1")
+    await drained(network, client, sent)
+    again = [body for body in client.received[len(first):] if body in first]
+    assert again == []
+
+
+async def test_a_consumer_whose_node_missed_the_change_of_leader_is_moved_by_the_deposed_leader(network):
+    """n3's watch stalls (no event, no error) while n1 is deposed and n2 leads: n3 still sees n1 as the leader.
+    n1, deposed, tells n3 that its consumer is no longer there; n3 asks etcd who leads and consumes there."""
+    node, client, sent = await consumer_holding(network, "n3")
+    network.nodes["n3"].client.deaf = True
+    node.client.unreachable = True
+    await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
+    node.client.unreachable = False
+    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "another leader")
+    assert network.nodes["n3"].quorum.groups[KEY].leader == "n1"  # (n3 heard nothing)
+    await drained(network, client, sent)
+
+
+async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(network):
+    """n1 took 10 publishes its followers have, but their answers have not reached it when its lease is revoked:
+    rather than nack them, it passes them on to the leader elected next, which confirms them (RabbitMQ's
+    publishers see no nack at a change of leader either; a message may be in the queue twice)."""
+    node = await declared(network)
+    network.hold("n2", "n1")
+    network.hold("n3", "n1")
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: all(network.nodes[name].quorum.groups[KEY].applied >= 10 for name in ("n2", "n3")),
+                   "the followers have them")
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == leader(network).name, "n1 follows it")
+    network.release("n2", "n1")
+    network.release("n3", "n1")
+    await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each")
+    assert confirms.acked() == list(range(1, 11))
+    ready = await copies_agree(network)
+    assert set(ready) == set(bodies(10))
+
+
+async def test_a_consumer_consuming_again_at_the_same_leader_takes_back_what_it_held_there(network):
+    """n3 tells its consumer to consume again at n1, twice in a row (two changes of term heard late, or a
+    refusal's retry crossing a change of leader): n1 takes what the consumer held under its earlier ids back
+    for it, rather than keep it for consumers that are gone."""
+    _, client, sent = await consumer_holding(network, "n3")
+    proxy = network.nodes["n3"].broker.vhosts["/"].queues["q"]
+    proxy.follow(network.nodes["n3"].peers["n1"])
+    proxy.follow(network.nodes["n3"].peers["n1"])
+    await drained(network, client, sent)
