@@ -1236,7 +1236,12 @@ async def workload(cluster: Cluster, faults: list[Fault], args: argparse.Namespa
         if not args.recover or not confirmed - set(consumer.deliveries):
             break
         nemesis.note(f"{len(confirmed - set(consumer.deliveries))} confirmed not delivered: draining {phase}")
-        await loop.run_in_executor(None, recover, cluster, restart)
+        try:
+            await loop.run_in_executor(None, recover, cluster, restart)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # what was found so far still counts
+            nemesis.note(f"restarting failed: {exc}")
+            report["recovery_failed"] = str(exc)
+            break
         consumer.phase = phase
         for node in range(3):
             got = await consumer.drain(node, 60)
