@@ -65,7 +65,7 @@ def test_a_short_nemesis_loses_and_strands_no_confirmed_message(tmp_path: Path) 
     assert report["queue_missing_seen"] == 0 and report["queue_missing_on"] == [], summary
     assert report["views"] > 100, summary  # the watcher did ask
     definitions = report["definitions"]  # queues declared, bound and deleted meanwhile: as answered, on every node
-    assert definitions["made"] > 20 and not definitions["nodes_disagree"], definitions
+    assert definitions["made"] > 10 and not definitions["nodes_disagree"], definitions
     assert definitions["missing"] == [] and definitions["resurrected"] == [], definitions
     assert report["minority_confirms"] == 0, summary
     # while no leader is known a publish waits for one: nacks come a window at a time, not at the publish rate
