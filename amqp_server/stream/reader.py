@@ -81,6 +81,7 @@ def _uniform(buf: bytes | bytearray | memoryview, pos: int, end: int, count: int
 
 
 _SPECS = {core.OFFSET_FIRST: "first", core.OFFSET_LAST: "last", core.OFFSET_NEXT: "next"}
+_LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
 
 # states
 AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
@@ -783,7 +784,8 @@ class StreamConnection(asyncio.Protocol):
         elif offset_type == core.OFFSET_OFFSET:
             start = stream.attach_at(value)
         else:
-            start = stream.attach_at(datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc))
+            ms = min(max(value, 0), _LAST_MS)  # (any i64 is taken, as RabbitMQ takes it)
+            start = stream.attach_at(datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc))
         subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
         stream.listeners[self] = None
         self.send(core.response(core.SUBSCRIBE, correlation, core.OK))
