@@ -130,6 +130,8 @@ class StreamQueue(Queue):
         """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
         commit that makes the chunk durable (``message.logged``)."""
         opened = self._open
+        if not opened and not self.writable():
+            return False
         opened.append(amqp10.entry(message))
         size = message.body_size
         self._open_body += size
@@ -159,6 +161,11 @@ class StreamQueue(Queue):
         self._open_body = 0
         self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
+
+    def writable(self) -> bool:
+        """Whether the log takes chunks now (it has a segment open, or can open one): a publish is refused if
+        not."""
+        return self.log.writable()
 
     def append_chunks(self, chunks: list[tuple[bytes | memoryview, int, int, int, bytes]]) -> int:
         """A stream-protocol publish frame's chunks, each (data, entries, records, body bytes, trailer), after this

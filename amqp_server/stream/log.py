@@ -26,6 +26,7 @@ and the chunk's CRC), scans the segment for chunks past the last good row, and c
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -39,9 +40,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ..clock import now_ms
+from ..logs import Throttle
 from . import chunk
 
 log = logging.getLogger("warren.stream")
+_throttled = Throttle(log, burst=1, interval=10.0)  # the node out of descriptors: said once in a while
 
 SEGMENT_HEADER = b"OSIL\x00\x00\x00\x01"  # osiris's log magic and version
 INDEX_HEADER = struct.Struct("<4sIQ")  # magic, version, rows known durable
@@ -55,6 +58,7 @@ WRITERS_EVERY = 1.0  # seconds between two saves of the writers' snapshot
 WRITERS = "writers"
 MIN_BATCH, MAX_BATCH = 32, 8192  # gen_batch_server's batch sizes, which osiris's writer keeps (``batches``)
 IOV_MAX = 1024  # buffers one pwritev takes at most
+READ_FDS = 64  # sealed segments' files open for readers at once, across all streams (``ReadFds``)
 
 
 def _name(first: int) -> str:
@@ -70,7 +74,7 @@ class Segment:
     def __init__(self, first: int, path: str) -> None:
         self.first = first
         self.path = path  # without its suffix
-        self.fd = -1  # the segment file, open while needed
+        self.fd = -1  # the segment file, open while the segment is written (readers of a sealed one: ``ReadFds``)
         self.index_fd = -1  # the index file, open while the segment is written
         self.rows: np.ndarray | None = None
         self.count = 0  # chunks
@@ -98,7 +102,8 @@ class StreamLog:
         self.max_bytes: int | None = None  # max-length-bytes
         self.max_age_ms: int | None = None  # max-age
         self._loaded: OrderedDict[Segment, None] = OrderedDict()  # sealed segments with rows in memory
-        self._unsynced: list[Segment] = []  # segments written since the last commit
+        self._unsynced: list[Segment] = []  # segments written since the last commit, still written
+        self._sealed: list[tuple[str, int]] = []  # segments sealed since the last commit: (path, chunks)
         self._dir_dirty = False  # files were created or renamed here since the last commit
         self._writers_saved = 0.0  # when the writers were last saved (monotonic)
         self._writers_dirty = False
@@ -139,7 +144,14 @@ class StreamLog:
         segment = self.segments[-1] if self.segments else None
         rolled = segment is None or segment.body >= self.segment_bytes or segment.count >= MAX_SEGMENT_CHUNKS
         if rolled:
-            segment = self._new_segment(self.next)
+            try:
+                segment = self._new_segment(self.next)
+            except OSError as exc:  # (out of descriptors, say): the segment being written grows meanwhile
+                if segment is None or segment.count + len(chunks) > MAX_SEGMENT_CHUNKS:
+                    raise
+                _throttled.warning("stream %s: no new segment (%s): the current one grows past its size",
+                                   self.directory, exc)
+                rolled = False
         assert segment is not None
         first_id = chunk_id = self.next
         timestamp = timestamp or now_ms()
@@ -182,22 +194,43 @@ class StreamLog:
             self.retain()
         return first_id
 
+    def writable(self) -> bool:
+        """Whether chunks can be written: a segment is open (one is opened now if there is none; False if that
+        fails, the node out of descriptors, say, which is logged once in a while)."""
+        if self.segments:
+            return True
+        try:
+            self._new_segment(self.next)
+        except OSError as exc:
+            _throttled.warning("stream %s: cannot open a segment: %s", self.directory, exc)
+            return False
+        self.logs.changed(self)
+        return True
+
     def wrote(self, reference: str, publishing_id: int) -> None:
         """A named publisher's last publishing id (its chunk's trailer holds it too)."""
         self.writers[reference] = publishing_id
         self._writers_dirty = True
 
     def _new_segment(self, first: int) -> Segment:
-        if self.segments:
-            self._seal(self.segments[-1])
-        elif not os.path.isdir(self.directory):
+        """A new segment's files, then the one before sealed (OSError, the node out of descriptors or disk:
+        nothing changed)."""
+        if not self.segments and not os.path.isdir(self.directory):
             os.makedirs(self.directory)
             self.logs.dir_changed()
         segment = Segment(first, os.path.join(self.directory, _name(first)))
-        segment.fd = os.open(segment.path + ".segment", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        segment.index_fd = os.open(segment.path + ".index", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(segment.fd, SEGMENT_HEADER)
-        os.write(segment.index_fd, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, 0))
+        try:
+            segment.fd = os.open(segment.path + ".segment", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            segment.index_fd = os.open(segment.path + ".index", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(segment.fd, SEGMENT_HEADER)
+            os.write(segment.index_fd, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, 0))
+        except OSError:
+            self._close(segment)
+            for suffix in (".segment", ".index"):
+                _unlink(segment.path + suffix)
+            raise
+        if self.segments:
+            self._seal(self.segments[-1])
         segment.rows = np.zeros(64, ROW)
         self.segments.append(segment)
         self._firsts.append(first)
@@ -207,14 +240,16 @@ class StreamLog:
         return segment
 
     def _seal(self, segment: Segment) -> None:
-        """The segment is full: its rows trimmed, its index fsynced with it at the next commit."""
+        """The segment is full: its rows trimmed, its files closed (one write descriptor a stream, however small
+        its segments); the next commit opens them again to make them durable, its index marked whole."""
         segment.sealed = True
         if segment.rows is not None:
             segment.rows = segment.rows[:segment.count].copy()
             self._loaded[segment] = None
             self._trim_loaded()
-        if not self._unsynced or self._unsynced[-1] is not segment:
-            self._unsynced.append(segment)
+        self._close(segment)
+        self._sealed.append((segment.path, segment.count))
+        self._dir_dirty = True
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -250,6 +285,7 @@ class StreamLog:
             if fd >= 0:
                 os.close(fd)
         segment.fd = segment.index_fd = -1
+        self.logs.read_fds.drop(segment)
         if segment in self._unsynced:
             self._unsynced.remove(segment)
 
@@ -297,10 +333,8 @@ class StreamLog:
             segment.rows = None
 
     def fd(self, segment: Segment) -> int:
-        """The segment file, open for reading."""
-        if segment.fd < 0:
-            segment.fd = os.open(segment.path + ".segment", os.O_RDONLY)
-        return segment.fd
+        """The segment file, open for reading until another is opened (the one being written: while it is)."""
+        return segment.fd if segment.fd >= 0 else self.logs.read_fds.get(segment)
 
     def chunk_bytes(self, segment: Segment, i: int) -> bytes:
         """Row ``i``'s chunk as readers get it: header and data (never the trailer)."""
@@ -368,16 +402,10 @@ class StreamLog:
         """What the next group commit makes durable here (taken on the loop: the descriptors are duplicates, the
         job's own)."""
         job = SyncJob()
+        job.sealed, self._sealed = self._sealed, []
         for segment in self._unsynced:
-            if segment.fd >= 0:
-                job.data.append(os.dup(segment.fd))
-            if segment.index_fd >= 0:
-                marked = _Marked(os.dup(segment.index_fd), segment.count)
-                job.marks.append(marked)
-                if segment.sealed:  # its index is made durable with the mark, once: nothing more is written to it
-                    job.sealed.append(os.dup(marked.fd))
-                    os.close(segment.index_fd)
-                    segment.index_fd = -1
+            job.data.append(os.dup(segment.fd))
+            job.marks.append(_Marked(os.dup(segment.index_fd), segment.count))
         self._unsynced = []
         if self._dir_dirty:
             job.dirs.append(self.directory)
@@ -520,18 +548,18 @@ class SyncJob:
     def __init__(self) -> None:
         self.data: list[int] = []  # segment files written
         self.marks: list[_Marked] = []
-        self.sealed: list[int] = []  # index files of segments now full
+        self.sealed: list[tuple[str, int]] = []  # segments now full (closed): (path, chunks)
         self.dirs: list[str] = []  # directories where files came or went
         self.writers: tuple[str, bytes] | None = None
 
     def run(self) -> None:
         try:
+            for path, rows in self.sealed:
+                _sync_sealed(path, rows)
             for fd in self.data:
                 os.fdatasync(fd)
             for marked in self.marks:  # only now: the rows it marks name chunks on disk
                 os.pwrite(marked.fd, struct.pack("<Q", marked.rows), 8)
-            for fd in self.sealed:
-                os.fdatasync(fd)
             if self.writers is not None:
                 path, data = self.writers
                 _replace(path, data)
@@ -539,10 +567,50 @@ class SyncJob:
             for directory in dict.fromkeys(self.dirs):
                 _sync_dir(directory)
         finally:
-            for fd in self.data + self.sealed:
+            for fd in self.data:
                 os.close(fd)
             for marked in self.marks:
                 os.close(marked.fd)
+
+
+class ReadFds:
+    """Sealed segments' files open for readers, shared by every stream: at most ``size``, the least recently
+    read closed first, so that descriptors stay few however many segments readers touch.  A file that cannot be
+    opened for want of descriptors is opened again once the others are closed."""
+
+    def __init__(self, size: int = READ_FDS) -> None:
+        self.size = size
+        self._open: OrderedDict[Segment, int] = OrderedDict()
+
+    def get(self, segment: Segment) -> int:
+        fd = self._open.get(segment)
+        if fd is not None:
+            self._open.move_to_end(segment)
+            return fd
+        while len(self._open) >= self.size:
+            self._close_oldest()
+        try:
+            fd = os.open(segment.path + ".segment", os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._open:
+                raise
+            while self._open:
+                self._close_oldest()
+            fd = os.open(segment.path + ".segment", os.O_RDONLY)
+        self._open[segment] = fd
+        return fd
+
+    def _close_oldest(self) -> None:
+        _, fd = self._open.popitem(last=False)
+        os.close(fd)
+
+    def drop(self, segment: Segment) -> None:
+        fd = self._open.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+
+    def __len__(self) -> int:
+        return len(self._open)
 
 
 class StreamLogs:
@@ -559,6 +627,7 @@ class StreamLogs:
         self.closing = False
         self._committing = False  # (what ``commit`` writes is in the commit under way: no other is asked for)
         self._buffered: dict[Callable[[], None], None] = {}  # what writes a buffered chunk (a stream queue's turn)
+        self.read_fds = ReadFds()
 
     def open(self, index_id: int) -> StreamLog:
         """The log of the stream whose queue has ``index_id``: recovered from disk if it is there."""
@@ -768,6 +837,27 @@ def _replace(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(temporary, path)
+
+
+def _sync_sealed(path: str, rows: int) -> None:
+    """A full segment made durable, then its index marked whole and made durable (gone meanwhile: nothing)."""
+    try:
+        fd = os.open(path + ".segment", os.O_RDONLY)
+    except FileNotFoundError:  # (retention removed it)
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    try:
+        fd = os.open(path + ".index", os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.pwrite(fd, struct.pack("<Q", rows), 8)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _sync_dir(path: str) -> None:

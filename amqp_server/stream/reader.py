@@ -620,7 +620,7 @@ class StreamConnection(asyncio.Protocol):
         dedup = publisher is not None and bool(publisher.reference)
         last = publisher.sequence if publisher is not None else 0
         stream = publisher.stream if publisher is not None else None
-        if version == 1 and stream is not None and not stream.deleted:
+        if version == 1 and stream is not None and not stream.deleted and stream.writable():
             uniform = _uniform(buf, pos, end, count, last if dedup else None)
             if uniform is not None:
                 assert publisher is not None
@@ -665,8 +665,9 @@ class StreamConnection(asyncio.Protocol):
             last = publishing_id
         if pos != end:
             raise Malformed("bytes left over in the publish frame")
-        if publisher is None or stream is None or stream.deleted:
-            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
+        if publisher is None or stream is None or stream.deleted or not stream.writable():
+            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST \
+                if stream is None or stream.deleted else core.INTERNAL_ERROR
             self._publish_errors(publisher_id, [(pid, code) for pid in ids + duplicates])
             return
         if spans:
