@@ -60,7 +60,7 @@ def test_out_of_descriptors_a_stream_writes_on_in_its_segment_and_a_new_one_is_r
     monkeypatch.setattr(stream_log.os, "open", emfile)
     stream_log._throttled._window = 0.0  # (a fresh window: the first line of it is logged)
     with caplog.at_level(logging.WARNING, "warren.stream"):
-        for k in range(50):
+        for _ in range(50):
             written.append(entry(b"more"), 1, 1, 4)  # the segment was full: it grows instead
         fresh = logs.open(2)
         assert not fresh.writable()
@@ -111,7 +111,7 @@ def test_the_shared_read_descriptors_are_bounded_across_streams(tmp_path, size):
     streams = [logs.open(k) for k in range(1, 4)]
     for log in streams:
         log.segment_bytes = 1
-        for k in range(10):
+        for _ in range(10):
             log.append(entry(b"x"), 1, 1, 1)
     logs.commit()
     logs.sync()
