@@ -166,3 +166,62 @@ def test_subscribe_at_a_timestamp_at_either_end_of_i64_answers_ok(node, timestam
     assert raw.request(0x07, subscribe) == 1
     assert raw.request(0x0C, b"\x01") == 1  # still open
     assert "Traceback" not in node.log()
+
+
+def store_offset(reference: str, stream: str, offset: int) -> bytes:
+    return frame(0x0A, string(reference) + string(stream) + struct.pack(">Q", offset))
+
+
+def query_offset(raw: Raw, reference: str, stream: str) -> tuple[int, int]:
+    raw.send(frame(0x0B, struct.pack(">I", 9) + string(reference) + string(stream)))
+    key, rest = raw.receive()
+    assert key == 0x800B
+    _, code, offset = struct.unpack_from(">IHQ", rest)
+    return code, offset
+
+
+def test_a_burst_of_new_stored_offsets_keeps_the_latest_and_stalls_no_one(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = new_stream(raw)
+    references = [f"{k:0255d}" for k in range(10_000)]
+    with Watch(node) as watch:
+        for start in range(0, len(references), 2000):
+            raw.send(b"".join(store_offset(reference, stream, k) for k, reference in
+                              enumerate(references[start:start + 2000], start)))
+        assert query_offset(raw, references[-1], stream) == (1, 9_999)
+    assert query_offset(raw, references[0], stream)[0] == 0x13  # the least recently stored: forgotten
+    assert watch.longest < 0.5
+
+
+def test_a_stored_offset_of_a_reference_longer_than_255_bytes_closes_the_connection(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = new_stream(raw)
+    raw.send(store_offset("r" * 255, stream, 3))
+    assert query_offset(raw, "r" * 255, stream) == (1, 3)
+    raw.send(store_offset("r" * 256, stream, 4))
+    assert raw.closed_with() == 0x11  # PRECONDITION_FAILED
+    other = Raw(node)
+    assert other.login() == 1
+    assert other.request(0x01, b"\x01" + string("p" * 256) + string(stream)) == 0x11
+    assert other.request(0x01, b"\x01" + string("p" * 255) + string(stream)) == 1
+
+
+def test_named_publishers_are_bounded_per_stream_and_stall_no_one(node):
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = new_stream(raw)
+    with Watch(node) as watch:
+        for k in range(400):
+            assert raw.request(0x01, b"\x01" + string(f"w{k}") + string(stream)) == 1
+            publish(raw, 1, [simple(b"\x00\x53\x75\xa0\x01x")], first_id=k + 1)
+            assert raw.request(0x06, b"\x01") == 1
+    sequence = frame(0x05, struct.pack(">I", 9) + string("w0") + string(stream))
+    raw.send(sequence)
+    key, rest = raw.receive()
+    assert key == 0x8005 and struct.unpack_from(">IHQ", rest)[1:] == (1, 0)  # forgotten, as osiris forgets it
+    raw.send(frame(0x05, struct.pack(">I", 9) + string("w399") + string(stream)))
+    key, rest = raw.receive()
+    assert struct.unpack_from(">IHQ", rest)[1:] == (1, 400)
+    assert watch.longest < 0.5

@@ -16,9 +16,11 @@ Files, in ``<data>/streams/<the queue's index id>/``:
   ``ROW`` per chunk, written beside the chunk: chunk id, timestamp, position, records, the bytes a reader is sent
   (header and data), the chunk's size with its trailer, and its messages' body bytes (what retention and the
   HTTP API count).  The index is a cache of the segment: it is fsynced once, when its segment is sealed.
-- ``writers``: named publishers' last publishing ids as of an offset, rewritten (atomically) at most once a
-  second; each chunk a named publisher wrote carries that publisher's id in its trailer, as osiris's does, so
-  deduplication survives ``kill -9`` exactly as far as the messages it confirmed.
+- ``writers``: named publishers' last publishing ids as of an offset (``MAX_WRITERS`` at most, the least recent
+  forgotten first), rewritten (atomically, off the loop) at most once a second; each chunk a named publisher wrote
+  carries that publisher's id in its trailer, as osiris's does, so deduplication survives ``kill -9`` exactly as
+  far as the messages it confirmed.
+- ``offsets``: consumers' stored offsets, appended at each commit (``tracking``).
 
 Recovery trusts the index rows the header marks durable, checks those after them (contiguous ids and positions,
 and the chunk's CRC), scans the segment for chunks past the last good row, and cuts what follows a torn chunk
@@ -42,6 +44,7 @@ import numpy as np
 from ..clock import now_ms
 from ..logs import Throttle
 from . import chunk
+from .tracking import Offsets, OffsetsWrite
 
 log = logging.getLogger("warren.stream")
 _throttled = Throttle(log, burst=1, interval=10.0)  # the node out of descriptors: said once in a while
@@ -56,6 +59,7 @@ DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-byte
 LOADED_SEGMENTS = 4  # sealed segments whose rows stay in memory (the rest are read again when a reader needs them)
 WRITERS_EVERY = 1.0  # seconds between two saves of the writers' snapshot
 WRITERS = "writers"
+MAX_WRITERS = 255  # named publishers a stream remembers (osiris's tracking keeps as many): the least recent go
 MIN_BATCH, MAX_BATCH = 32, 8192  # gen_batch_server's batch sizes, which osiris's writer keeps (``batches``)
 IOV_MAX = 1024  # buffers one pwritev takes at most
 READ_FDS = 64  # sealed segments' files open for readers at once, across all streams (``ReadFds``)
@@ -97,7 +101,8 @@ class StreamLog:
         self.next = 0
         self.body = 0
         self.last_chunk = 0  # the id of the newest chunk (``next`` when there is none)
-        self.writers: dict[str, int] = {}
+        self.writers: dict[str, int] = {}  # least recently written first
+        self.offsets = Offsets(directory)  # consumers' stored offsets
         self.segment_bytes = DEFAULT_SEGMENT_BYTES  # stream-max-segment-size-bytes, and the retention limits:
         self.max_bytes: int | None = None  # max-length-bytes
         self.max_age_ms: int | None = None  # max-age
@@ -208,9 +213,21 @@ class StreamLog:
         return True
 
     def wrote(self, reference: str, publishing_id: int) -> None:
-        """A named publisher's last publishing id (its chunk's trailer holds it too)."""
-        self.writers[reference] = publishing_id
+        """A named publisher's last publishing id (its chunk's trailer holds it too); beyond ``MAX_WRITERS``
+        the one that wrote least recently is forgotten, as osiris forgets it."""
+        writers = self.writers
+        if writers.pop(reference, None) is None and len(writers) >= MAX_WRITERS:
+            del writers[next(iter(writers))]
+        writers[reference] = publishing_id
         self._writers_dirty = True
+
+    def store_offset(self, reference: str, offset: int) -> None:
+        """A consumer's offset, by reference: durable at the next commit (``tracking``)."""
+        if not self.segments and not os.path.isdir(self.directory):
+            os.makedirs(self.directory)
+            self.logs.dir_changed()
+        self.offsets.store(reference, offset)
+        self.logs.changed(self)
 
     def _new_segment(self, first: int) -> Segment:
         """A new segment's files, then the one before sealed (OSError, the node out of descriptors or disk:
@@ -410,9 +427,9 @@ class StreamLog:
         if self._dir_dirty:
             job.dirs.append(self.directory)
             self._dir_dirty = False
+        job.offsets = self.offsets.take()
         if self._writers_dirty and (time.monotonic() - self._writers_saved >= WRITERS_EVERY or self.logs.closing):
-            job.writers = (os.path.join(self.directory, WRITERS),
-                           json.dumps({"upto": self.next, "writers": self.writers}).encode())
+            job.writers = (os.path.join(self.directory, WRITERS), self.next, dict(self.writers))
             self._writers_dirty = False
             self._writers_saved = time.monotonic()
         return job
@@ -465,13 +482,15 @@ class StreamLog:
         if not self.segments or self.segments[-1].count == 0:
             self.last_chunk = self.next
         self._recover_writers()
+        self.offsets.recover()
 
     def _recover_writers(self) -> None:
         upto = 0
         try:
             with open(os.path.join(self.directory, WRITERS), "rb") as file:
                 saved = json.loads(file.read())
-            self.writers = {str(k): int(v) for k, v in saved["writers"].items()}
+            for reference, value in saved["writers"].items():
+                self.wrote(str(reference), int(value))
             upto = int(saved["upto"])
         except FileNotFoundError:
             pass
@@ -486,7 +505,7 @@ class StreamLog:
             trailer = os.pread(self.fd(segment), int(row["size"] - row["sent"]), int(row["pos"] + row["sent"]))
             for reference, value in chunk.read_trailer(trailer):
                 if reference:
-                    self.writers[reference] = value
+                    self.wrote(reference, value)
 
     def close(self) -> None:
         for segment in self.segments:
@@ -543,14 +562,15 @@ class _Marked:
 class SyncJob:
     """What one group commit makes durable (``StreamLogs.sync`` runs it off the loop)."""
 
-    __slots__ = ("data", "marks", "sealed", "dirs", "writers")
+    __slots__ = ("data", "marks", "sealed", "dirs", "writers", "offsets")
 
     def __init__(self) -> None:
         self.data: list[int] = []  # segment files written
         self.marks: list[_Marked] = []
         self.sealed: list[tuple[str, int]] = []  # segments now full (closed): (path, chunks)
         self.dirs: list[str] = []  # directories where files came or went
-        self.writers: tuple[str, bytes] | None = None
+        self.writers: tuple[str, int, dict[str, int]] | None = None  # the snapshot's path, upto, writers
+        self.offsets: OffsetsWrite | None = None
 
     def run(self) -> None:
         try:
@@ -560,9 +580,11 @@ class SyncJob:
                 os.fdatasync(fd)
             for marked in self.marks:  # only now: the rows it marks name chunks on disk
                 os.pwrite(marked.fd, struct.pack("<Q", marked.rows), 8)
+            if self.offsets is not None and self.offsets.run():
+                self.dirs.append(os.path.dirname(self.offsets.path))
             if self.writers is not None:
-                path, data = self.writers
-                _replace(path, data)
+                path, upto, writers = self.writers
+                _replace(path, json.dumps({"upto": upto, "writers": writers}).encode())
                 self.dirs.append(os.path.dirname(path))
             for directory in dict.fromkeys(self.dirs):
                 _sync_dir(directory)

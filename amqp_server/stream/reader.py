@@ -821,7 +821,10 @@ class StreamConnection(asyncio.Protocol):
         name = fields.string()
         offset = fields.u64()
         fields.done()
-        if not reference or len(reference.encode()) > core.MAX_REFERENCE:
+        if len(reference.encode()) > core.MAX_REFERENCE:  # RabbitMQ 3.10.8's osiris fails it, and the connection
+            self._close(core.PRECONDITION_FAILED, f"reference longer than {core.MAX_REFERENCE} bytes")
+            return
+        if not reference:
             return
         try:
             stream = self.manager.for_("write", self.vhost_name, name, self._who())
@@ -836,7 +839,7 @@ class StreamConnection(asyncio.Protocol):
         fields.done()
         try:
             stream = self.manager.for_("read", self.vhost_name, name, self._who())
-            offset = self.manager.tracking(stream).offsets.get(reference)
+            offset = self.manager.offset(stream, reference)
             if offset is None:
                 raise StreamError(core.NO_OFFSET)
         except StreamError as exc:
