@@ -277,8 +277,10 @@ def probe_writers(node: Node, args: argparse.Namespace) -> str:
         raw.send(b"".join(frame(0x01, struct.pack(">IB", 9, 1) + string(f"w{k}") + string(stream))
                           + publish_frame(1, [entry], 1) + frame(0x06, struct.pack(">IB", 9, 1))
                           for k in range(begin, min(begin + 1000, args.writers))))
-        for _ in range(3 * (min(begin + 1000, args.writers) - begin)):
-            raw.receive()
+        answers = 2 * (min(begin + 1000, args.writers) - begin)  # declared, deleted (a deleted one is not confirmed)
+        while answers:
+            key, _ = raw.receive()
+            answers -= key in (0x8001, 0x8006)
     raw.request(0x01, b"\x01" + string("last") + string(stream))
     ends = time.monotonic() + 3
     k = 1

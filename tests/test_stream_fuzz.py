@@ -1,6 +1,7 @@
 """A fuzzer of the stream protocol's frames after login (hypothesis): whatever a logged-in client sends, each
 connection gets its answers or a clean close (a close frame, then the socket), other clients are served within
 0.5 s meanwhile, and the node stays up."""
+# ruff: noqa: F811 (test functions take the fixture `node`, imported from test_stream_protocol)
 from __future__ import annotations
 
 import socket
@@ -12,9 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import INTEGRATION, BrokerProcess, free_port, starts
 from test_stream_hostile import Watch
-from test_stream_protocol import Raw, frame, string, wait_for_stream_port
+from test_stream_protocol import Raw, frame, node, string  # noqa: F401 (node: the fixture)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.warren_only("a fuzzer of Warren's node")]
 
@@ -23,19 +23,11 @@ KEYS = list(range(0x01, 0x1A)) + [0x7F, 0x8001, 0x8016]
 
 
 @pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
-    broker = BrokerProcess(tmp_path_factory.mktemp("fuzz-stream") / "data",
-                           extra=["--stream-enabled", "true", "--stream-port", str(port)])
-    broker.stream_port = port  # type: ignore[attr-defined]  # a test-only attribute
-    broker.start()
-    wait_for_stream_port(port)
-    raw = Raw(broker)
+def stream(node) -> str:
+    raw = Raw(node)
     assert raw.login() == 1
     assert raw.request(0x0D, string(STREAM) + struct.pack(">i", 0)) == 1
-    yield broker
-    broker.stop()
+    return STREAM
 
 
 def i64s() -> st.SearchStrategy[int]:
@@ -94,7 +86,7 @@ def answered_or_closed_cleanly(raw: Raw) -> str:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(st.lists(frames(), min_size=1, max_size=8))
-def test_fuzz_frames_after_login_get_answers_or_a_clean_close(node, sent):
+def test_fuzz_frames_after_login_get_answers_or_a_clean_close(node, stream, sent):
     raw = Raw(node)
     raw.sock.settimeout(10)
     assert raw.login() == 1

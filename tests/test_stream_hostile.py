@@ -2,6 +2,7 @@
 to millions of values, gzip bombs, timestamps at the ends of i64, floods of stored offsets and named publishers,
 segments of one byte.  Each gets a clear refusal or bounded work; other clients keep being served; the node stays
 up.  (RabbitMQ's figures for the same inputs are in docs/operations.md, Stream limits.)"""
+# ruff: noqa: F811 (test functions take the fixture `node`, imported from test_stream_protocol)
 from __future__ import annotations
 
 import base64
@@ -17,23 +18,9 @@ import uuid
 import pika
 import pytest
 
-from conftest import INTEGRATION, BrokerProcess, free_port, starts
-from test_stream_protocol import Raw, frame, string, wait_for_stream_port
+from test_stream_protocol import Raw, frame, node, string  # noqa: F401 (node: the fixture)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.warren_only("Warren's limits")]
-
-
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
-    broker = BrokerProcess(tmp_path_factory.mktemp("hostile-stream") / "data",
-                           extra=["--stream-enabled", "true", "--stream-port", str(port)])
-    broker.stream_port = port  # type: ignore[attr-defined]  # a test-only attribute
-    broker.start()
-    wait_for_stream_port(port)
-    yield broker
-    broker.stop()
 
 
 class Watch:

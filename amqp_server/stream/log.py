@@ -113,6 +113,7 @@ class StreamLog:
         self._writers_saved = 0.0  # when the writers were last saved (monotonic)
         self._writers_dirty = False
         self.deleted = False
+        self._dir_made = False  # (the directory is known to be there)
         self._batch = MIN_BATCH  # the entries the next chunk of a frame takes at most (``batches``)
 
     # -- writing ------------------------------------------------------------------------------
@@ -223,18 +224,22 @@ class StreamLog:
 
     def store_offset(self, reference: str, offset: int) -> None:
         """A consumer's offset, by reference: durable at the next commit (``tracking``)."""
-        if not self.segments and not os.path.isdir(self.directory):
-            os.makedirs(self.directory)
-            self.logs.dir_changed()
+        self._made()
         self.offsets.store(reference, offset)
         self.logs.changed(self)
+
+    def _made(self) -> None:
+        """The stream's directory is there (made now if it was not)."""
+        if not self._dir_made:
+            if not os.path.isdir(self.directory):
+                os.makedirs(self.directory)
+                self.logs.dir_changed()
+            self._dir_made = True
 
     def _new_segment(self, first: int) -> Segment:
         """A new segment's files, then the one before sealed (OSError, the node out of descriptors or disk:
         nothing changed)."""
-        if not self.segments and not os.path.isdir(self.directory):
-            os.makedirs(self.directory)
-            self.logs.dir_changed()
+        self._made()
         segment = Segment(first, os.path.join(self.directory, _name(first)))
         try:
             segment.fd = os.open(segment.path + ".segment", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -514,6 +519,7 @@ class StreamLog:
     def delete(self) -> None:
         """The stream is gone: its files too."""
         self.deleted = True
+        self._dir_made = False
         self.close()
         self.segments.clear()
         self._firsts.clear()
