@@ -30,7 +30,7 @@ def test_one_byte_segments_hold_no_descriptor_each_written_or_read(tmp_path):
     before = open_fds()
     for k in range(2000):
         log.append(entry(b"m%d" % k), 1, 1, 2)
-        if k % 100 == 0:
+        if k % 10 == 0:
             logs.commit()
             logs.sync()
     logs.commit()
@@ -119,4 +119,19 @@ def test_the_shared_read_descriptors_are_bounded_across_streams(tmp_path, size):
         for segment, i in log.chunks(0):
             log.chunk_bytes(segment, i)
             assert len(logs.read_fds) <= size
+    logs.close()
+
+
+def test_segments_begun_between_two_commits_are_bounded_the_segment_grows_meanwhile(tmp_path):
+    logs = StreamLogs(str(tmp_path), lambda: None)
+    log = logs.open(1)
+    log.segment_bytes = 1
+    for _ in range(100):
+        log.append(entry(b"x"), 1, 1, 1)
+    assert len(log.segments) == stream_log.ROLLS_PER_COMMIT
+    assert log.segments[-1].count == 100 - stream_log.ROLLS_PER_COMMIT + 1
+    logs.commit()
+    logs.sync()
+    log.append(entry(b"y"), 1, 1, 1)
+    assert len(log.segments) == stream_log.ROLLS_PER_COMMIT + 1
     logs.close()

@@ -10,7 +10,8 @@ by ``sendfile``.
 Files, in ``<data>/streams/<the queue's index id>/``:
 
 - ``<first chunk id, 20 digits>.segment``: ``SEGMENT_HEADER`` (osiris's), then chunks.  A new segment begins when
-  the bodies of the current one reach the stream's ``stream-max-segment-size-bytes`` (or ``MAX_SEGMENT_CHUNKS``);
+  the bodies of the current one reach the stream's ``stream-max-segment-size-bytes`` (or ``MAX_SEGMENT_CHUNKS``),
+  at most ``ROLLS_PER_COMMIT`` times between two group commits (each costs files made on the loop, synced off it);
   retention removes whole segments, never the one being written.
 - ``<same>.index``: ``INDEX_HEADER`` with the number of rows known to name durable chunks (``_Marked``), then a
   ``ROW`` per chunk, written beside the chunk: chunk id, timestamp, position, records, the bytes a reader is sent
@@ -63,6 +64,7 @@ MAX_WRITERS = 255  # named publishers a stream remembers (osiris's tracking keep
 MIN_BATCH, MAX_BATCH = 32, 8192  # gen_batch_server's batch sizes, which osiris's writer keeps (``batches``)
 IOV_MAX = 1024  # buffers one pwritev takes at most
 READ_FDS = 64  # sealed segments' files open for readers at once, across all streams (``ReadFds``)
+ROLLS_PER_COMMIT = 16  # new segments begun between two group commits, all streams together (then they grow)
 
 
 def _name(first: int) -> str:
@@ -148,7 +150,8 @@ class StreamLog:
         with one write to the segment and one of their index rows; the first one's id.  When they begin a
         segment, retention runs (as osiris's does when a segment rolls); they all go to that segment."""
         segment = self.segments[-1] if self.segments else None
-        rolled = segment is None or segment.body >= self.segment_bytes or segment.count >= MAX_SEGMENT_CHUNKS
+        rolled = segment is None or segment.count >= MAX_SEGMENT_CHUNKS or (
+            segment.body >= self.segment_bytes and self.logs.rolls < ROLLS_PER_COMMIT)
         if rolled:
             try:
                 segment = self._new_segment(self.next)
@@ -158,6 +161,8 @@ class StreamLog:
                 _throttled.warning("stream %s: no new segment (%s): the current one grows past its size",
                                    self.directory, exc)
                 rolled = False
+            else:
+                self.logs.rolls += 1
         assert segment is not None
         first_id = chunk_id = self.next
         timestamp = timestamp or now_ms()
@@ -656,6 +661,7 @@ class StreamLogs:
         self._committing = False  # (what ``commit`` writes is in the commit under way: no other is asked for)
         self._buffered: dict[Callable[[], None], None] = {}  # what writes a buffered chunk (a stream queue's turn)
         self.read_fds = ReadFds()
+        self.rolls = 0  # segments begun since the last commit (``ROLLS_PER_COMMIT``)
 
     def open(self, index_id: int) -> StreamLog:
         """The log of the stream whose queue has ``index_id``: recovered from disk if it is there."""
@@ -707,6 +713,7 @@ class StreamLogs:
         """On the loop, at the start of a group commit: buffered chunks are written, and what the commit is to make
         durable is taken."""
         buffered, self._buffered = self._buffered, {}
+        self.rolls = 0
         self._committing = True
         try:
             for flush in buffered:
