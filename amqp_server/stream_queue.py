@@ -310,32 +310,38 @@ class StreamQueue(Queue):
     def _decode(self, decoded: _Decoded, chunk_id: int, upto: int, budget: float) -> int:
         """Records of a chunk decoded until it has ``upto`` entries (or all), or ``_work`` reaches ``budget``:
         the memory they take."""
-        message = self._decoder.message
+        decoder = self._decoder
+        message = decoder.message
         entries = decoded.entries
-        size = 0
+        append = entries.append
         records = decoded.records
         assert records is not None
+        size = taken = 0
+        offset = chunk_id + len(entries)
+        end = chunk_id + upto
+        values = decoder.values + (budget - self._work()) / VALUE_COST  # (where the budget is spent on values)
         for record in records:
-            offset = chunk_id + len(entries)
             if record is None:
-                entries.append(None)
+                append(None)
                 if decoded.refused:
                     log.warning("%s: records from offset %d passed over: %s",
                                 errors.resource_name("queue", self.name, self.vhost), offset, decoded.refused[0])
                     decoded.refused.clear()
             else:
-                self._decoded_work += len(record)
+                taken += len(record)
                 try:
                     converted = message(record)
                 except amqp10.TooLarge as exc:
-                    entries.append(Unreadable(offset, str(exc)))
+                    append(Unreadable(offset, str(exc)))
                 else:
                     size += converted.body_size + ENTRY_OVERHEAD
-                    entries.append(Entry(offset, converted))
-            if len(entries) >= upto or self._work() >= budget:
+                    append(Entry(offset, converted))
+            offset += 1
+            if offset >= end or decoder.values + taken / VALUE_COST >= values:
                 break
         else:
             decoded.records = None
+        self._decoded_work += taken
         decoded.size += size
         return size
 
