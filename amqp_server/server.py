@@ -183,11 +183,11 @@ class StartFailed(Exception):
 
 
 async def serve(config: Config) -> None:
-    node = Node(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.stop)
     try:
+        node = Node(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node.stop)
         await node.start()
     except OSError as exc:
         raise StartFailed(str(exc)) from exc
