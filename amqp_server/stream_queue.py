@@ -20,6 +20,7 @@ import asyncio
 import datetime
 import logging
 from collections import OrderedDict
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 from . import errors, header_table
@@ -38,7 +39,8 @@ CHUNK_BYTES = 1 << 20  # records of AMQP publishes buffered before they are writ
 DECODED_BYTES = 16 << 20  # chunks decoded for AMQP consumers, kept while they take no more memory than this
 ENTRY_OVERHEAD = 400  # bytes of memory a decoded message takes beside its body (its objects)
 DECODE_SLICE = 256  # records of a chunk decoded at a time for AMQP consumers
-TURN_WORK = 4 << 20  # what consumers' decoding may cost per loop turn: bytes of records, ``VALUE_COST`` a value
+DECODE_BATCH = 8  # records decoded between two looks at ``TURN_WORK``
+TURN_WORK = 4 << 20  # what consumers' decoding may cost per loop turn: memory of entries, ``VALUE_COST`` a value
 VALUE_COST = 64  # (an AMQP 1.0 value decoded the slow way costs about as much as this many bytes copied)
 
 log = logging.getLogger("warren.stream")
@@ -81,7 +83,7 @@ class StreamQueue(Queue):
         self._decoder = amqp10.Decoder(self.name)
         self._decoded: OrderedDict[int, _Decoded] = OrderedDict()  # chunk id -> its entries, by offset
         self._decoded_bytes = 0
-        self._decoded_work = 0  # bytes of records decoded (``_work``)
+        self._decoded_work = 0  # memory of the entries decoded (``_work``)
         self._later = False  # a delivery is due at the next loop turn (``TURN_WORK`` was reached)
         self._failed: set[Consumer] = set()  # consumers that reached an unreadable record, being failed
 
@@ -316,19 +318,19 @@ class StreamQueue(Queue):
         append = entries.append
         records = decoded.records
         assert records is not None
-        size = taken = 0
-        offset = chunk_id + len(entries)
-        end = chunk_id + upto
-        values = decoder.values + (budget - self._work()) / VALUE_COST  # (where the budget is spent on values)
-        for record in records:
-            if record is None:
-                append(None)
-                if decoded.refused:
-                    log.warning("%s: records from offset %d passed over: %s",
-                                errors.resource_name("queue", self.name, self.vhost), offset, decoded.refused[0])
-                    decoded.refused.clear()
-            else:
-                taken += len(record)
+        size = 0
+        left = budget - self._work()
+        while len(entries) < upto and left > 0:
+            before, values, had = size, decoder.values, len(entries)
+            for offset, record in enumerate(islice(records, min(DECODE_BATCH, upto - had)), chunk_id + had):
+                if record is None:
+                    append(None)
+                    if decoded.refused:
+                        log.warning("%s: records from offset %d passed over: %s",
+                                    errors.resource_name("queue", self.name, self.vhost), offset,
+                                    decoded.refused[0])
+                        decoded.refused.clear()
+                    continue
                 try:
                     converted = message(record)
                 except amqp10.TooLarge as exc:
@@ -336,12 +338,11 @@ class StreamQueue(Queue):
                 else:
                     size += converted.body_size + ENTRY_OVERHEAD
                     append(Entry(offset, converted))
-            offset += 1
-            if offset >= end or decoder.values + taken / VALUE_COST >= values:
+            if len(entries) == had:
+                decoded.records = None
                 break
-        else:
-            decoded.records = None
-        self._decoded_work += taken
+            left -= size - before + (decoder.values - values) * VALUE_COST
+        self._decoded_work += size
         decoded.size += size
         return size
 
