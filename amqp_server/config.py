@@ -39,6 +39,7 @@ class Config:
     segment_size: int = 16 * 1024 * 1024
     compaction_threshold: float = 0.5
     message_cache_bytes: int = 64 * 1024 * 1024
+    definitions_max_size: int = 1 << 30  # bytes of definitions before clients' new ones are refused (the map grows)
     log_level: str = "INFO"
     cluster_etcd: str = ""  # etcd endpoint (host:port): cluster mode; empty for a single node
     cluster_secret: str = ""
@@ -108,6 +109,9 @@ _HELP = {
     "segment_size": "message store segment file size, bytes",
     "compaction_threshold": "dead fraction of a segment that triggers its compaction",
     "message_cache_bytes": "message store read cache, bytes",
+    "definitions_max_size": "bytes the definition store may hold before clients' new durable queues, exchanges, "
+                            "bindings and policies are refused (406); users, permissions, vhosts, imports and "
+                            "deletes always go through",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "cluster_etcd": "etcd endpoint (host:port) shared by the cluster's nodes; empty runs a single node",
     "cluster_secret": "shared secret authenticating node-to-node links (required in cluster mode)",

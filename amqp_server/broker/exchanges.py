@@ -78,10 +78,12 @@ class Exchanges(BrokerCore):
             raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{exc.args[0]}'") from None
         except ValueError as exc:
             raise errors.precondition_failed(str(exc)) from None
+        if durable:
+            self.check_room(what, arguments, who)
+        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
+                     durable)  # kept first: a write that fails leaves nothing behind
         vhost.exchanges[name] = exchange
         self.policies.apply_to_exchange(vhost.name, exchange)
-        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
-                     durable)
         return exchange
 
     async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
