@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import aetcd
@@ -44,20 +44,69 @@ def _read(path: str, what: str) -> bytes:
         raise EtcdRefused(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
+class _Token(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
+             grpc.aio.StreamStreamClientInterceptor):
+    """etcd's auth token on every call, and a new one when etcd no longer takes it: etcd forgets its simple
+    tokens when it restarts (and refuses those older than a change of its users).  A unary call is made again
+    with the new token; a stream (a watch, a lease's keep-alive) fails, and its caller's next call, which is
+    unary, logs in again."""
+
+    def __init__(self, name: str, password: str, timeout: int) -> None:
+        self.name, self.password, self.timeout = name, password, timeout
+        self.channel: grpc.aio.Channel | None = None
+        self.token: str | None = None
+
+    async def login(self) -> None:
+        reply = await rpc.AuthStub(self.channel).Authenticate(
+            rpc.AuthenticateRequest(name=self.name, password=self.password), timeout=self.timeout)
+        self.token = reply.token
+
+    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if self.token is None or details.method.endswith(b"/Authenticate"):
+            return details
+        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), ("token", self.token)))
+
+    async def intercept_unary_unary(self, continuation: Any, details: grpc.aio.ClientCallDetails,
+                                    request: Any) -> Any:
+        call = await continuation(self._with_token(details), request)
+        try:
+            await call
+        except rpc.AioRpcError as exc:
+            if not _stale_token(exc) or details.method.endswith(b"/Authenticate"):
+                raise
+            log.info("etcd no longer takes this node's auth token (%s): logging in again", exc.details())
+            await self.login()
+            return await continuation(self._with_token(details), request)
+        return call
+
+    async def intercept_unary_stream(self, continuation: Any, details: grpc.aio.ClientCallDetails,
+                                     request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_stream_stream(self, continuation: Any, details: grpc.aio.ClientCallDetails,
+                                      request_iterator: Any) -> Any:
+        return await continuation(self._with_token(details), request_iterator)
+
+
+def _stale_token(exc: rpc.AioRpcError) -> bool:
+    details = (exc.details() or "").lower()
+    return (exc.code() == grpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in details
+            or "auth store is old" in details)
+
+
 class EtcdClient(aetcd.Client):
-    """aetcd's client over TLS when ``credentials`` are given (aetcd itself dials in plain text only)."""
+    """aetcd's client over TLS when ``credentials`` are given (aetcd itself dials in plain text only), its login
+    kept by a :class:`_Token` (aetcd's would hold the first token until the node restarts)."""
 
     _is_connecting: bool
 
     def __init__(self, host: str, port: int, username: str | None, password: str | None,
                  credentials: grpc.ChannelCredentials | None, timeout: int) -> None:
-        super().__init__(host=host, port=port, username=username, password=password, timeout=timeout)
+        super().__init__(host=host, port=port, timeout=timeout)
         self._credentials = credentials
+        self._token = None if username is None else _Token(username, password or "", timeout)
 
     async def connect(self) -> None:
-        if self._credentials is None:
-            await super().connect()
-            return
         if self._connected.is_set():
             return
         if self._is_connecting:
@@ -65,22 +114,24 @@ class EtcdClient(aetcd.Client):
             return
         try:
             self._is_connecting = True
-            self.channel = rpc.secure_channel(f"{self._host}:{self._port}", self._credentials,
-                                              options=list(self._options.items()))
-            if self._username is not None:
-                self.auth_stub = rpc.AuthStub(self.channel)
+            target, options = f"{self._host}:{self._port}", list(self._options.items())
+            interceptors = [] if self._token is None else [self._token]
+            if self._credentials is None:
+                self.channel = rpc.insecure_channel(target, options=options, interceptors=interceptors)
+            else:
+                self.channel = rpc.secure_channel(target, self._credentials, options=options,
+                                                  interceptors=interceptors)
+            if self._token is not None:
+                self._token.channel = self.channel
                 try:
-                    reply = await self.auth_stub.Authenticate(
-                        rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout)
+                    await self._token.login()
                 except rpc.AioRpcError as exc:
                     aetcd.exceptions._handle_exception(exc)
-                self.metadata = (("token", reply.token),)
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
             self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
-                                            metadata=self.metadata)
+            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=None)
             self._connected.set()
         finally:
             self._is_connecting = False

@@ -100,6 +100,11 @@ def test_a_node_logs_in_to_etcd_and_one_with_a_wrong_password_does_not_start(tmp
         with connect(node) as connection:
             connection.channel().queue_declare("with-auth", durable=True)
         assert asyncio.run(_queues_in(port, "root", ROOT_PASSWORD)) == ["with-auth"]
+        etcd_with_auth.kill()  # a restarted etcd has forgotten the node's token: the node logs in again
+        etcd_with_auth.start()
+        with connect(node) as connection:
+            connection.channel().queue_declare("after-restart", durable=True)
+        assert sorted(asyncio.run(_queues_in(port, "root", ROOT_PASSWORD))) == ["after-restart", "with-auth"]
     finally:
         node.stop()
     line = refused_start(tmp_path, port, "--cluster-etcd-user", NODE_USER,
