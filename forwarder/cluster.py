@@ -32,6 +32,7 @@ from .peer import Peer
 from .quorum import QuorumGroups
 from .remote_queue import RemoteQueue
 from .session import Session
+from .signing import Signer
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -54,7 +55,7 @@ class Cluster:
         self.name = config.node_name
         self.secret = config.cluster_secret.encode()
         self.client = etcd.client(config)
-        self.metadata = Metadata(self.client, broker.store, self.apply)
+        self.metadata = Metadata(self.client, broker.store, self.apply, Signer(self.secret))
         self.link_port = config.cluster_port or config.amqp_port + 20000
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
         self.membership = Membership(self.client, self.name, {
