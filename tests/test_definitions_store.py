@@ -3,6 +3,7 @@ always go through, and what clients declare stops at ``--definitions-max-size`` 
 leaves nothing behind, before and after a restart."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import urllib.error
@@ -10,11 +11,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+import aetcd
 import pika
 import pytest
 
 from amqp_server.definitions import DefinitionStore
 from conftest import BrokerProcess, connect
+from test_cluster import Etcd, start_node
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,3 +103,39 @@ def test_a_full_store_refuses_clients_and_still_deletes_and_adds_users(
     assert "amqp-filler" not in names
     assert http(node, "GET", "/api/users/after-full")[0] == 200
     assert http(node, "DELETE", f"/api/queues/%2F/{refused}")[0] == 204
+
+
+@pytest.mark.cluster
+def test_in_a_cluster_a_full_store_refuses_before_etcd_has_it(tmp_path: Path) -> None:
+    """A cluster node checks its store's room before the cluster agrees on a new queue: the refused queue is in
+    no node's memory and not in etcd."""
+    etcd = Etcd(tmp_path / "etcd")
+    node = None
+    try:
+        node = start_node(tmp_path, etcd, 1, extra=("--definitions-max-size", str(MAX_SIZE)))
+        with connect(node) as connection:
+            refused = None
+            for i in range(20):
+                try:
+                    connection.channel().queue_declare(f"c-filler-{i}", durable=True,
+                                                       arguments={"x-filler": "z" * 120_000})
+                except pika.exceptions.ChannelClosedByBroker as exc:
+                    assert exc.reply_code == 406 and "definitions store full" in exc.reply_text
+                    refused = f"c-filler-{i}"
+                    break
+            assert refused is not None and i >= 3
+        names = {queue["name"] for queue in http(node, "GET", "/api/queues/%2F")[1]}
+        assert refused not in names and f"c-filler-{i - 1}" in names
+        async def in_etcd() -> list[bytes]:
+            client = aetcd.Client(port=etcd.port, timeout=5)
+            try:
+                return [kv.key for kv in await client.get_prefix(b"/warren/def/queue/")]
+            finally:
+                await client.close()
+
+        keys = asyncio.run(in_etcd())
+        assert not any(refused.encode() in key for key in keys) and len(keys) == i
+    finally:
+        if node is not None:
+            node.stop()
+        etcd.stop()

@@ -93,7 +93,10 @@ class Exchanges(BrokerCore):
         self.check_exchange_declare(vhost, name, arguments, who)
         if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
                 and exchange_class(type_name) is not None):
-            storable(arguments, resource_name("exchange", name, vhost.name))
+            what = resource_name("exchange", name, vhost.name)
+            storable(arguments, what)
+            if durable:
+                self.check_room(what, arguments, who)
             await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
                                                     dict(arguments or {})))
 

@@ -136,7 +136,10 @@ class Queues(BrokerCore):
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            storable(arguments, resource_name("queue", name, vhost.name))
+            what = resource_name("queue", name, vhost.name)
+            storable(arguments, what)
+            if durable:
+                self.check_room(what, arguments, who)
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 
