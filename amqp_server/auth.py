@@ -15,7 +15,9 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import json
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
@@ -28,6 +30,7 @@ DEFAULT_HASHING = "rabbit_password_hashing_sha256"
 HASHING_ALGORITHMS = {DEFAULT_HASHING: hashlib.sha256, "rabbit_password_hashing_sha512": hashlib.sha512,
                       "rabbit_password_hashing_md5": hashlib.md5}
 # Tags the management plugin knows, as RabbitMQ defines them.
+DIRECT_PREFIX = "\x01warren-direct\x01"  # a password that begins so is checked by direct_login only
 MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
 
 
@@ -170,6 +173,7 @@ class AccessControl:
     def __init__(self, store: DefinitionStore) -> None:
         self.store = store
         self.listener: DefinitionListener | None = None
+        self.direct_secret = DIRECT_PREFIX + secrets.token_urlsafe(32)  # see direct_login
         # (vhost, user) -> its topic permissions by exchange: one dict per pair, shared by its principals and
         # changed in place, so that a change applies to connections already open
         self._topics: dict[tuple[str, str], dict[str, TopicPermission]] = {}
@@ -222,6 +226,8 @@ class AccessControl:
         """The user, if the password is right; an empty password never logs in (RabbitMQ: "empty password")."""
         if not password:
             return None
+        if password.startswith(DIRECT_PREFIX):
+            return self.direct_login(name, password)
         user = self.user(name)
         if user is None or not check_password(password, user.password_hash, user.hashing_algorithm):
             return None
@@ -256,6 +262,9 @@ class AccessControl:
             if record["vhost"] == name:
                 self.clear_topic_permission(name, record["user"], record["exchange"])
         self.set_limits("vhost_limits", name, {})
+        for record in self.parameters():
+            if record["vhost"] == name:
+                self.clear_parameter(name, record["component"], record["name"])
         return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
@@ -312,6 +321,29 @@ class AccessControl:
     def clear_global_parameter(self, name: str) -> bool:
         return self._delete("global_parameter", vhost_key(name))
 
+    # -- runtime parameters (RabbitMQ's per-vhost ones by component: shovels) -------------------
+
+    def parameters(self) -> list[dict[str, Any]]:
+        """Each as {vhost, component, name, value, user}: ``user`` set it (what a shovel's ``amqp://`` acts as)."""
+        return self.store.records("parameter")
+
+    def parameter(self, vhost: str, component: str, name: str) -> dict[str, Any] | None:
+        return self.store.get("parameter", _parameter_key(vhost, component, name))
+
+    def set_parameter(self, vhost: str, component: str, name: str, value: Any, user: str) -> None:
+        self._put("parameter", _parameter_key(vhost, component, name),
+                  {"vhost": vhost, "component": component, "name": name, "value": value, "user": user})
+
+    def clear_parameter(self, vhost: str, component: str, name: str) -> bool:
+        return self._delete("parameter", _parameter_key(vhost, component, name))
+
+    def direct_login(self, name: str, secret: str) -> User | None:
+        """A connection this node made to itself for a user (a shovel's ``amqp://``, RabbitMQ's direct connection,
+        which checks no password): it proves itself with this process's secret, which never leaves it."""
+        if not hmac.compare_digest(secret.encode(), self.direct_secret.encode()):
+            return None
+        return self.user(name)
+
     def cluster_name(self, default: str) -> str:
         """The ``cluster_name`` global parameter (what RabbitMQ's UI and connection.start show), else ``default``."""
         record = self.global_parameter("cluster_name")
@@ -354,6 +386,10 @@ class AccessControl:
 
 
 VHOST_METADATA = ("description", "tags", "default_queue_type")
+
+
+def _parameter_key(vhost: str, component: str, name: str) -> str:
+    return json.dumps([vhost, component, name])
 
 
 def vhost_key(name: str) -> str:

@@ -43,6 +43,8 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
+RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -60,6 +62,7 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     principal: Principal | None
     client_capabilities: dict[str, Any]
     out: list[bytes]
+    large_out: bool
     frame_max: int
     deliver_budget: int
     write_paused: bool
@@ -100,7 +103,7 @@ class Channel:
         self._mandatory = False
         self._header = b""
         self._size = 0
-        self._chunks: list[bytes] = []
+        self._body: bytearray | None = None  # a body that spans frames (or reads): filled in place
         self._received = 0
         # a backlog of messages shares one copy of each distinct route and content header
         self._routes: dict[bytes, tuple[bytes, str, str]] = {}
@@ -131,7 +134,7 @@ class Channel:
         self._topic_checked: dict[tuple[str, str], None] = {}  # the latest TOPIC_CHECKS_KEPT, oldest first
         self.stats = MessageStats()
         self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
-        self.max_message_size = connection.config.max_message_size
+        self.max_message_size = min(connection.config.max_message_size, MAX_MESSAGE_SIZE)
 
     # -- hot path: publish --------------------------------------------------------------------
 
@@ -175,39 +178,52 @@ class Channel:
         if size > self.max_message_size:
             self.expect = EXPECT_BODY
             self._size = size
-            raise errors.precondition_failed(
-                f"message size {size} is larger than configured max size {self.max_message_size}")
+            limit = "max size" if self.max_message_size == MAX_MESSAGE_SIZE else "configured max size"
+            raise _publish_error(errors.precondition_failed(
+                f"message size {size} is larger than {limit} {self.max_message_size}"))
         self._size = size
         self._received = 0
         self.expect = EXPECT_BODY
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """A body frame, whose payload is ``buf[start:end]``."""
         if self.expect != EXPECT_BODY:
             raise _unexpected_content(self.expect)
-        received = self._received + len(data)
-        if received == self._size and not self._chunks:
-            self.expect = EXPECT_METHOD
-            self._publish(data)
+        if self._body is None and self._received + end - start == self._size:
+            self.expect = EXPECT_METHOD  # the whole body in one frame; a large one is copied once (a bytearray)
+            self._publish(buf[start:end] if end - start >= codec.ZERO_COPY_FROM else bytes(buf[start:end]))
             return
+        self.body_part(buf, start, end)
+        if self._received == self._size:
+            body, self._body = self._body, None
+            self.expect = EXPECT_METHOD
+            self._publish(body)  # type: ignore[arg-type]  # (set: the size was reached)
+
+    def body_part(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """Part of a body frame (the connection hands over a large frame's bytes as they are read), appended to
+        the message's buffer.  The buffer grows with what arrives rather than being set aside at the declared
+        size: zeroing pages only to overwrite them costs more than the reallocations (the large ones are
+        remapped, not copied), and a header alone makes the node set aside nothing."""
+        if self.expect != EXPECT_BODY:
+            return  # (the channel failed meanwhile: the rest of the frame is dropped)
+        received = self._received + end - start
         if received > self._size:
             # rabbit_command_assembler never completes such a message: later body frames are taken
             # and dropped (nothing kept here), and the next method or header is a 505
-            self._chunks.clear()
+            self._body = None
             self._received = self._size + 1
             return
         if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
             self.connection.flow.recheck()  # a large message can outrun the once-a-second memory check
         if self.connection.flow.blocked:  # a large message arriving during an alarm waits with the rest
             self.connection.hold(self.connection.flow.alarm())
-        self._chunks.append(data)
+        if self._body is None:
+            self._body = bytearray()
+        with memoryview(buf) as view:
+            self._body += view[start:end]
         self._received = received
-        if received == self._size:
-            body = b"".join(self._chunks)
-            self._chunks.clear()
-            self.expect = EXPECT_METHOD
-            self._publish(body)
 
-    def _publish(self, body: bytes) -> None:
+    def _publish(self, body: bytes | bytearray) -> None:
         shared = self._routes.get(self._route)
         if shared is None:
             if len(self._routes) >= SHARED_MAX:
@@ -215,7 +231,8 @@ class Channel:
             route = self._route
             shared = self._routes[route] = (route, *route_names(route))
         route, exchange_name, routing_key = shared
-        message = Message(exchange_name, routing_key, route, self._header, body)
+        # a bytearray body (the buffer it arrived in) is read as bytes everywhere, and never changed
+        message = Message(exchange_name, routing_key, route, self._header, body)  # type: ignore[arg-type]
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
@@ -280,8 +297,9 @@ class Channel:
         """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""
         self.stats.return_unroutable += 1
         self.vhost_stats.return_unroutable += 1
-        codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT, message.route,
-                            message.header, message.body, self.connection.frame_max)
+        self.connection.large_out |= codec.append_return(self.out, self.number, errors.NO_ROUTE, NO_ROUTE_TEXT,
+                                                         message.route, message.header, message.body,
+                                                         self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(message.header) + message.body_size)
 
@@ -377,19 +395,22 @@ class Channel:
             stats.redeliver += 1
         message = entry.message
         connection = self.connection
-        codec.append_deliver(self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
-                             consumer.queue.delivery_header(entry) if consumer.counted else message.header,
-                             message.body, connection.frame_max)
+        connection.large_out |= codec.append_deliver(
+            self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
+            consumer.queue.delivery_header(entry) if consumer.counted else message.header, message.body,
+            connection.frame_max)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
+        if message.body_size >= RELEASE_FROM and not consumer.no_ack:
+            _release_body(entry, consumer.queue)
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
         """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
         self.delivery_tag += 1
         self.stats.deliver_no_ack += 1
         connection = self.connection
-        codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False, message.route,
-                             message.header, message.body, connection.frame_max)
+        connection.large_out |= codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False,
+                                                     message.route, message.header, message.body, connection.frame_max)
         connection.schedule_flush()
 
     def resume_deliveries(self) -> None:
@@ -786,10 +807,13 @@ class Channel:
             self.ack_timeout.watch(queue, None)
         message = entry.message
         header = queue.delivery_header(entry, get=True)
-        codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered, message.route,
-                            queue.message_count, header, message.body, self.connection.frame_max)
+        self.connection.large_out |= codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered,
+                                                         message.route, queue.message_count, header, message.body,
+                                                         self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(header) + message.body_size)
+        if message.body_size >= RELEASE_FROM and not m.no_ack:
+            _release_body(entry, queue)
 
     def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:
@@ -852,7 +876,8 @@ class Channel:
         if not self.open:
             return
         self.open = False
-        self._chunks = []  # a partial message's body frames go now, not with the channel object
+        self._body = None  # a partial message's body goes now, not with the channel object
+        self.expect = EXPECT_METHOD
         self._header = self._route = b""
         self._headers.clear()
         self._routes.clear()
@@ -871,6 +896,16 @@ class Channel:
         self._settle(taken, True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
             queue.deliver_ready()
+
+
+def _release_body(entry: Entry, queue: Queue) -> None:
+    """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
+    requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry
+    (a classic durable queue's persistent message), so that a consumer's prefetch of large messages does not
+    keep as many bodies in memory."""
+    message = entry.message
+    if message.msg_id and queue.persistence is not None and not queue.persists_all and message.persistent:
+        entry.message = message.without_body()
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

@@ -88,8 +88,34 @@ def content_cost(size: int) -> int:
     return 1 + (size >> CONTENT_UNIT_BITS)
 
 
-def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_max: int) -> None:
-    """Append the content header frame and body frames of a message to ``out``."""
+# A body at least this large is written from its own buffer (see ``gather``), not copied into the output.
+ZERO_COPY_FROM = 32 * 1024
+
+
+def gather(parts: list) -> tuple[list, int]:
+    """What one ``writelines`` takes of the output ``parts``, and its size: each run of small parts joined into
+    one, and the large ones (bodies) left as they are, so that the transport sends them uncopied."""
+    gathered: list = []
+    run: list = []
+    size = 0
+    for part in parts:
+        length = len(part)
+        size += length
+        if length >= ZERO_COPY_FROM:
+            if run:
+                gathered.append(b"".join(run))
+                run = []
+            gathered.append(part)
+        else:
+            run.append(part)
+    if run:
+        gathered.append(b"".join(run))
+    return gathered, size
+
+
+def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_max: int) -> bool:
+    """Append the content header frame and body frames of a message to ``out``; True if the body is large
+    enough for the output to be ``gather``ed."""
     out.append(FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)))
     out.append(header)
     size = len(body)
@@ -99,7 +125,7 @@ def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_ma
             out.append(FRAME_END + FRAME_HEAD.pack(FRAME_BODY, channel, size))
             out.append(body)
         out.append(FRAME_END)
-        return
+        return size >= ZERO_COPY_FROM
     out.append(FRAME_END)
     view = memoryview(body)
     for start in range(0, size, limit):
@@ -107,6 +133,7 @@ def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_ma
         out.append(FRAME_HEAD.pack(FRAME_BODY, channel, len(chunk)))
         out.append(chunk)
         out.append(FRAME_END)
+    return limit >= ZERO_COPY_FROM
 
 
 def deliver_prefix(consumer_tag: str) -> bytes:
@@ -115,35 +142,35 @@ def deliver_prefix(consumer_tag: str) -> bytes:
 
 
 def append_deliver(out: list, channel: int, prefix: bytes, delivery_tag: int, redelivered: bool,
-                   route: bytes, header: bytes, body: bytes, frame_max: int) -> None:
+                   route: bytes, header: bytes, body: bytes, frame_max: int) -> bool:
     """Basic.Deliver + content, reusing the publish's encoded exchange and routing key."""
     out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, len(prefix) + 9 + len(route)))
     out.append(prefix)
     out.append(DELIVERY_TAG.pack(delivery_tag, redelivered))
     out.append(route)
     out.append(FRAME_END)
-    content_frames(out, channel, header, body, frame_max)
+    return content_frames(out, channel, header, body, frame_max)
 
 
 def append_get_ok(out: list, channel: int, delivery_tag: int, redelivered: bool, route: bytes,
-                  message_count: int, header: bytes, body: bytes, frame_max: int) -> None:
+                  message_count: int, header: bytes, body: bytes, frame_max: int) -> bool:
     out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, 4 + 9 + len(route) + 4))
     out.append(b"\x00\x3c\x00\x47")
     out.append(DELIVERY_TAG.pack(delivery_tag, redelivered))
     out.append(route)
     out.append(struct.pack(">I", message_count))
     out.append(FRAME_END)
-    content_frames(out, channel, header, body, frame_max)
+    return content_frames(out, channel, header, body, frame_max)
 
 
 def append_return(out: list, channel: int, reply_code: int, reply_text: str, route: bytes,
-                  header: bytes, body: bytes, frame_max: int) -> None:
+                  header: bytes, body: bytes, frame_max: int) -> bool:
     text = shortstr(reply_text)
     out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, 6 + len(text) + len(route)))
     out.append(b"\x00\x3c\x00\x32" + SHORT.pack(reply_code) + text)
     out.append(route)
     out.append(FRAME_END)
-    content_frames(out, channel, header, body, frame_max)
+    return content_frames(out, channel, header, body, frame_max)
 
 
 _ACK = struct.Struct(">BHIHHQB")

@@ -39,6 +39,7 @@ _HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
+DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
@@ -87,7 +88,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
         self.buf = bytearray()
+        self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self.out: list[bytes] = []
+        self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self._flush_scheduled = False
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
@@ -142,6 +145,7 @@ class Connection(asyncio.Protocol):
             channel.closed()
         self.channels.clear()
         self.buf = bytearray()  # a half-sent frame goes with the socket
+        self.direct = None
         self.out.clear()
         self.flow.gone(self)
         self.clients.remove(self)
@@ -193,14 +197,20 @@ class Connection(asyncio.Protocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            data = b"".join(self.out)
-            self.transport.write(data)
-            self.send_oct += len(data)
+            if self.large_out:
+                parts, size = codec.gather(self.out)
+                self.transport.writelines(parts)
+            else:
+                data = b"".join(self.out)
+                size = len(data)
+                self.transport.write(data)
+            self.send_oct += size
             self.send_cnt += 1
             self._sent = True
             if self.write_paused:
-                self._unsent(len(data))
+                self._unsent(size)
         self.out.clear()
+        self.large_out = False
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
@@ -237,6 +247,8 @@ class Connection(asyncio.Protocol):
         if self.state == DRAINING:
             return
         buf = self.buf
+        if self.direct is not None:
+            data = self._into_body(data)
         buf += data
         if self.state == AWAIT_HEADER:
             if len(buf) < 8:
@@ -266,6 +278,8 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, all octets = <<>>: "
                                           f"{{frame_too_large,{size},{limit - 8}}}")
                 if end >= n:
+                    if ftype == 3 and size >= DIRECT_FROM:
+                        pos = self._body_direct(ch, buf, pos, n, end)
                     break
                 if buf[end] != codec.FRAME_END_BYTE:
                     raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, channel {ch}: no frame-end octet")
@@ -280,7 +294,7 @@ class Connection(asyncio.Protocol):
                 try:
                     if ftype == 3:
                         if channel is not None:
-                            channel.on_body(bytes(buf[start:end]))
+                            channel.on_body(buf, start, end)
                         else:
                             self._no_channel(ch, ftype, buf[start:end])
                     elif ftype == 1:
@@ -317,6 +331,31 @@ class Connection(asyncio.Protocol):
         if self.out:
             self.schedule_flush()
         self.clients.flush()
+
+    def _body_direct(self, ch: int, buf: bytearray, pos: int, n: int, end: int) -> int:
+        """A large body frame read in part: what has come goes into its message's buffer now, and what follows
+        as it is read (``_into_body``), rather than through ``buf``; where the frame loop goes on."""
+        channel = self.channels.get(ch)
+        if channel is None or self.state != OPEN:
+            return pos
+        channel.body_part(buf, pos + 7, n)
+        self.direct = (ch, end - n)
+        return n
+
+    def _into_body(self, data: bytes) -> bytes:
+        """Bytes read inside a large body frame go into its message's buffer; the frame's last bytes come back
+        behind a frame head of their own, for the frame loop to check and complete the message as any frame."""
+        assert self.direct is not None  # (the caller tests it)
+        ch, left = self.direct
+        if len(data) < left:
+            channel = self.channels.get(ch)
+            if channel is not None:  # (else the channel closed meanwhile: the frame's bytes are dropped)
+                channel.body_part(data, 0, len(data))
+            self.direct = (ch, left - len(data))
+            return b""
+        self.direct = None
+        self.buf += _HEAD.pack(3, ch, left)
+        return data
 
     def suspend(self, channel: "Channel", method: Frame, work: Coroutine[Any, Any, None]) -> None:
         """A channel method that must await (cluster agreement): frames after it are read once it is done.

@@ -82,6 +82,14 @@ class Message:
             other.bcc_keys = self.bcc_keys
         return other
 
+    def without_body(self) -> "Message":
+        """The message as a consumer's unacked delivery keeps it once sent: everything but the body, which the
+        store gives back if it is needed again (a requeue, a dead-lettering); other holders keep theirs."""
+        other = self.copy()
+        other.body = None  # type: ignore[assignment]  # as Message.stored's: load_body fills it
+        other.msg_id = self.msg_id
+        return other
+
     def payload(self) -> tuple[bytes, ...]:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
         return payload_codec.encode(self.route, self.header, self.body)

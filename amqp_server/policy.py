@@ -36,13 +36,13 @@ APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "st
 # policy_argument_wins): a key a type does not list it refuses as an argument and ignores here.
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
-# Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings, federation):
-# accepted so that definitions exported from RabbitMQ import unchanged.
+# Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings): accepted so that
+# definitions exported from RabbitMQ import unchanged.  A plugin's keys that Warren does not serve (federation's)
+# are refused, as RabbitMQ refuses them without the plugin.
 WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-segment-size",
                             "max-segment-size-bytes", "initial-cluster-size", "max-in-memory-length",
                             "max-in-memory-bytes", "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
-                            "ha-promote-on-shutdown", "ha-promote-on-failure", "federation-upstream",
-                            "federation-upstream-set", "federation-upstream-pattern"})
+                            "ha-promote-on-shutdown", "ha-promote-on-failure"})
 LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
 
 
@@ -87,6 +87,9 @@ def _erl(value: Any) -> str:
     if value is None:
         return "null"
     return str(value)
+
+
+erlang_term = _erl  # (the shovel's validation prints values so too)
 
 
 def _integer(minimum: int, what: str):
@@ -201,6 +204,12 @@ def parse(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -
         if problem:
             raise _failed(problem)
     return Policy(vhost, name, pattern, dict(definition), int(priority), apply_to)
+
+
+def unserved_keys(definition: Any, operator: bool = False) -> list[str]:
+    """The keys of a policy's definition that Warren refuses (a definitions import drops them, and says so)."""
+    allowed = OPERATOR_KEYS if operator else VALIDATORS.keys() | WITHOUT_EFFECT
+    return [key for key in definition if key not in allowed] if isinstance(definition, dict) else []
 
 
 def _failed(reason: str) -> PolicyError:

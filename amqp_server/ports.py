@@ -98,6 +98,19 @@ class Replicator(Protocol[OpT]):
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
 
 
+class ShovelRunner(Protocol):
+    """The node's dynamic shovels (``shovel.Shovels``), as the HTTP API reaches them through the broker."""
+
+    def changed(self) -> None:
+        """A shovel parameter was set or cleared here: look again now."""
+
+    def status(self) -> list[dict[str, Any]]:
+        """The shovels this node runs, as RabbitMQ's /api/shovels lists them."""
+
+    async def restart(self, vhost: str, name: str) -> bool:
+        """Restart a shovel this node runs (False: it runs none such)."""
+
+
 class StreamListener(Protocol[StreamT]):
     """A stream-protocol connection reading or writing a stream (``stream.reader``): told of what the stream
     does, so that it reads on or lets go."""

@@ -20,6 +20,7 @@ from .connection import Connection
 from .memory import memory_used
 from .persistence import Persistence
 from .publisher_flow import MEMORY, PublisherFlow
+from .shovel import Shovels
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -87,6 +88,7 @@ class Node:
         self.cluster: forwarder.Cluster | None = None  # in cluster mode
         self.stream_server: asyncio.AbstractServer | None = None  # the stream protocol, when enabled
         self.streams: StreamManager | None = None  # its streams
+        self.shovels: Shovels | None = None  # its dynamic shovels, once it listens
         self.flow = PublisherFlow()
         self.flow.recheck = self.check_memory
         self._stopped = asyncio.Event()
@@ -119,6 +121,8 @@ class Node:
 
             self.stream_server, self.streams = await reader.start(self.broker, self.config, self.flow, self.clients)
             log.info("stream protocol on %s:%d", self.config.bind, self.config.stream_port)
+        self.shovels = self.broker.shovels = Shovels(self.broker, self.config.bind, self.config.amqp_port)
+        self.shovels.start()
         self._memory_task = asyncio.create_task(self._watch_memory())
         log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
                  self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
@@ -170,6 +174,8 @@ class Node:
             self.tls_server.close()
         if self.mgmt is not None:
             await self.mgmt.cleanup()
+        if self.shovels is not None:
+            await self.shovels.stop()
         self.clients.close_all("broker shutdown")
         await asyncio.sleep(0.1)
         if self.cluster is not None:

@@ -28,7 +28,9 @@ Workloads
 ``persistent-confirm``
     Persistent (delivery_mode 2) messages to a durable queue; the publisher
     uses publisher confirms with at most 1000 unconfirmed messages in flight;
-    the consumer acks manually (prefetch 200).  Reports consumed msg/s.
+    the consumer acks manually (prefetch 200).  Reports consumed msg/s.  With large bodies, what is in flight
+    is bounded in bytes as well: a send batch and the deliveries between two acks to 4 MiB, the unconfirmed
+    and the outstanding messages to 64 MiB.
 ``latency``
     One message at a time: publish on one connection, wait for the delivery on
     a second connection (both in the same process, ``no_ack``), measure the
@@ -94,6 +96,12 @@ MAX_UNCONFIRMED = 1000
 MAX_PRIORITY = 10
 PRIORITY_BATCHES = 16  # distinct pre-encoded batches of random priorities, sent in turn
 BATCH = 50
+# Large bodies: what is in flight is bounded in bytes too (else 1,000 unconfirmed 16 MiB messages are 16 GB), with
+# the counts above as they are for bodies up to 64 KiB: a send batch, the publisher's unconfirmed and outstanding
+# messages, and the consumer's deliveries between two acks.
+BATCH_BYTES = 4 << 20
+IN_FLIGHT_BYTES = 64 << 20
+ACK_BYTES = 4 << 20
 LATENCY_SAMPLES = 5000
 LATENCY_WARMUP = 200
 # a non-blocking read or write that has to wait (TLS sockets raise their own kinds)
@@ -551,13 +559,19 @@ def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=
 # worker processes
 # --------------------------------------------------------------------------
 
+def scaled(count, size, budget):
+    """``count`` messages, or as many ``size``-byte ones as ``budget`` bytes hold (at least one)."""
+    return max(1, min(count, budget // max(1, size)))
+
+
 def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
     conn = None
     try:
         conn = connect(cfg)
         conn.channel_open(1)
+        ack_every = scaled(ACK_EVERY, cfg["size"], ACK_BYTES)
         if not no_ack:
-            conn.basic_qos(1, PREFETCH)
+            conn.basic_qos(1, cfg.get("prefetch", PREFETCH))
         conn.basic_consume(1, queue, no_ack)
         ready.value = 1
         sock = conn.sock
@@ -583,7 +597,7 @@ def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
                         count += 1
                         if not no_ack:
                             unacked += 1
-                            if unacked >= ACK_EVERY:
+                            if unacked >= ack_every:
                                 tl = buf[start + 11]
                                 (tag,) = unpack_q(buf, start + 12 + tl)
                                 sock.sendall(ack_frame(1, tag, True))
@@ -628,16 +642,18 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
         if confirm:
             conn.confirm_select(1)
         body = os.urandom(cfg["size"] // 2 + 1).hex()[: cfg["size"]].encode()
+        batch_of = scaled(BATCH, cfg["size"], BATCH_BYTES)
         if prioritised:
             rng = random.Random(1)
             batches = [memoryview(b"".join(
                 publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max,
-                               rng.randint(0, MAX_PRIORITY)) for _ in range(BATCH)))
+                               rng.randint(0, MAX_PRIORITY)) for _ in range(batch_of)))
                 for _ in range(PRIORITY_BATCHES)]
         else:
             batches = [memoryview(publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
-                                  * BATCH)]
-        window = cfg["window"]
+                                  * batch_of)]
+        window = scaled(cfg["window"], cfg["size"], IN_FLIGHT_BYTES)
+        unconfirmed = scaled(MAX_UNCONFIRMED, cfg["size"], IN_FLIGHT_BYTES)
         ready.value = 1
         while not go.value:
             if stop.value:
@@ -705,9 +721,9 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                     select.select([sock], [sock], [], 0.05)
                     continue
             consumed = counters[0].value if nconsumers == 1 else min(c.value for c in counters)
-            if pub - consumed + BATCH > window:
+            if pub - consumed + batch_of > window:
                 want_read = True
-            elif confirm and pub - confirmed_hw - len(singles) + BATCH > MAX_UNCONFIRMED:
+            elif confirm and pub - confirmed_hw - len(singles) + batch_of > unconfirmed:
                 want_read = True
             if want_read:
                 if confirm:
@@ -715,12 +731,12 @@ def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
                 else:
                     time.sleep(0.001)
                 continue
-            batch = batches[(pub // BATCH) % len(batches)]
+            batch = batches[(pub // batch_of) % len(batches)]
             try:
                 n = sock.send(batch)
             except WOULD_BLOCK:
                 n = 0
-            pub += BATCH
+            pub += batch_of
             published.value = pub
             if n < len(batch):
                 pending, poff = batch, n
@@ -825,8 +841,11 @@ def run_throughput(cfg, workload):
         c0, p0, t0 = sum(c.value for c in counters), published.value, time.perf_counter()
         cpu0 = _cpu_seconds(cfg["broker_pid"]) if cfg["broker_pid"] else 0.0
         deadline = t0 + cfg["seconds"]
+        peak_rss = _rss(cfg["broker_pid"]) if cfg["broker_pid"] else 0
         while time.perf_counter() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.perf_counter())))
+            if cfg["broker_pid"]:
+                peak_rss = max(peak_rss, _rss(cfg["broker_pid"]))
             if not errq.empty() or not all(p.is_alive() for p in procs):
                 break
         c1, p1, t1 = sum(c.value for c in counters), published.value, time.perf_counter()
@@ -839,6 +858,8 @@ def run_throughput(cfg, workload):
                   "unit": "deliveries/s" if workload == "fanout4" else "msg/s"}
         if cfg["broker_pid"]:  # broker CPU per delivery: comparable however busy the machine is
             result["broker_cpu_us"] = (cpu1 - cpu0) / max(1, c1 - c0) * 1e6
+            result["broker_cpu_us_per_mib"] = result["broker_cpu_us"] * (1 << 20) / max(1, cfg["size"])
+            result["broker_peak_rss_mib"] = peak_rss / (1 << 20)
     finally:
         stop.value = 1
         for p in procs:
@@ -915,6 +936,15 @@ def run_latency(cfg):
         pubc.close()
 
 
+def _rss(pid):
+    """Resident bytes of process ``pid`` now (sampled every 0.1 s over a run: its peak is reported)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 def run_workload(cfg, workload):
     if workload == "latency":
         return run_latency(cfg)
@@ -948,6 +978,7 @@ def main(argv=None):
                     "runs NAME with SIZE-byte bodies, e.g. persistent-confirm@4096)" % ", ".join(WORKLOADS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=int, default=20000, help="max messages outstanding (published - consumed)")
+    ap.add_argument("--prefetch", type=int, default=PREFETCH, help="the consumers' prefetch, with manual acks (200)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tls-ca", metavar="PEM", help="connect with TLS (AMQPS), verifying the broker against this CA")
     ap.add_argument("--broker-pid", type=int, help="also report this (local) broker process's CPU time per delivery")
@@ -964,6 +995,7 @@ def main(argv=None):
             ap.error(f"unknown workload(s): {', '.join(bad)}")
     cfg = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
            "vhost": args.vhost, "seconds": args.seconds, "size": args.size, "window": args.window,
+           "prefetch": args.prefetch,
            "tls_ca": args.tls_ca, "broker_pid": args.broker_pid, "latency_samples": args.latency_samples}
 
     server = {}
@@ -1037,7 +1069,8 @@ def _fmt_run(w, r):
     if w == "latency":
         return (f"p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us, p99.9 {r['p999_us']:.0f} us, "
                 f"max {r['max_us']:.0f} us ({r['samples']} samples)")
-    cpu = f", broker CPU {r['broker_cpu_us']:.1f} us/delivery" if "broker_cpu_us" in r else ""
+    cpu = (f", broker CPU {r['broker_cpu_us']:.1f} us/delivery ({r['broker_cpu_us_per_mib']:,.0f} us/MiB), "
+           f"peak RSS {r['broker_peak_rss_mib']:.0f} MiB" if "broker_cpu_us" in r else "")
     return f"{r['rate']:,.0f} {r['unit']} consumed (published {r['publish_rate']:,.0f}/s){cpu}"
 
 

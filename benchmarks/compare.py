@@ -12,7 +12,9 @@ publish:
     .venv/bin/python benchmarks/compare.py --rounds 3 --seconds 5
 
 A round takes about 2 minutes with ``--seconds 5``; ``--workload`` picks rows (amqp_load.py's names, NAME@SIZE
-for another body size) for a quick check, e.g. ``--workload transient-noack,latency --rounds 1 --seconds 1``.
+for another body size) for a quick check, e.g. ``--workload transient-noack,latency --rounds 1 --seconds 1``;
+``--workload large`` runs the large bodies' rows (64 KiB, 1 MiB and 16 MiB), with each broker's CPU per MiB and
+peak resident memory.
 """
 from __future__ import annotations
 
@@ -44,6 +46,12 @@ ROWS = {
     "persistent-confirm@65536": "the same, 64 KiB bodies",
     "latency": "round trip, one message at a time",
 }
+# Large bodies (``--workload large``): persistent with confirms and transient with manual acks, at 64 KiB, 1 MiB
+# and 16 MiB; their table gives the broker's CPU per MiB moved and its peak resident memory as well.
+LARGE = {f"{name}@{size}": f"{words}, {label} bodies"
+         for size, label in ((65536, "64 KiB"), (1 << 20, "1 MiB"), (16 << 20, "16 MiB"))
+         for name, words in (("persistent-confirm", "persistent, durable queue, confirms, manual ack"),
+                             ("transient-ack", "transient, manual ack"))}
 
 
 @dataclass
@@ -116,6 +124,18 @@ def cpu(warren: Broker, rabbitmq: Broker, workload: str) -> str:
     return f"{ours:.1f} / {theirs:.1f} µs ({ours / theirs:.2f}×)"
 
 
+def per_mib(warren: Broker, rabbitmq: Broker, workload: str) -> str:
+    ours, theirs = warren.median(workload, "broker_cpu_us_per_mib"), rabbitmq.median(workload, "broker_cpu_us_per_mib")
+    if ours is None or theirs is None:
+        return "n/a"
+    return f"{ours / 1000:.2f} / {theirs / 1000:.2f} ms ({ours / theirs:.2f}×)"
+
+
+def peak_rss(warren: Broker, rabbitmq: Broker, workload: str) -> str:
+    ours, theirs = warren.median(workload, "broker_peak_rss_mib"), rabbitmq.median(workload, "broker_peak_rss_mib")
+    return "n/a" if ours is None or theirs is None else f"{ours:,.0f} / {theirs:,.0f} MiB"
+
+
 def per_round(broker: Broker, workload: str) -> str:
     runs = broker.runs.get(workload, [])
     if workload.startswith("latency"):
@@ -128,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each broker; medians over them (3)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per workload and run (5)")
     parser.add_argument("--workload", default=",".join(ROWS),
-                        help="amqp_load.py workloads, comma separated (default: the README table's rows)")
+                        help="amqp_load.py workloads, comma separated (default: the README table's rows; 'large': "
+                        "the large bodies' rows)")
     args = parser.parse_args(argv)
-    workloads = [w.strip() for w in args.workload.split(",") if w.strip()]
+    workloads = [w.strip() for w in args.workload.replace("large", ",".join(LARGE)).split(",") if w.strip()]
     bad = [w for w in workloads if parse_workload(w, 100) is None]
     if bad:
         parser.error(f"unknown workload(s): {', '.join(bad)}")
@@ -148,12 +169,23 @@ def main(argv: list[str] | None = None) -> int:
           f"round{'s' if args.rounds > 1 else ''} of {args.seconds:g} s per workload, brokers one after the other "
           "(order alternating); "
           f"{minutes:.1f} min, load average {load_before[0]:.2f} before and {load_after[0]:.2f} after\n")
-    print(f"| workload | Warren | {rabbitmq.version or 'RabbitMQ'} | Warren ÷ RabbitMQ "
-          "| broker CPU per delivery, Warren / RabbitMQ |")
-    print("|---|---|---|---|---|")
-    for workload in workloads:
+    large = [workload for workload in workloads if workload in LARGE]
+    small = [workload for workload in workloads if workload not in LARGE]
+    if small:
+        print(f"| workload | Warren | {rabbitmq.version or 'RabbitMQ'} | Warren ÷ RabbitMQ "
+              "| broker CPU per delivery, Warren / RabbitMQ |")
+        print("|---|---|---|---|---|")
+    for workload in small:
         print(f"| {ROWS.get(workload, workload)} | {figure(warren, workload)} | {figure(rabbitmq, workload)} "
               f"| {ratios(warren, rabbitmq, workload)} | {cpu(warren, rabbitmq, workload)} |")
+    if large:
+        print(f"\n| workload | Warren | {rabbitmq.version or 'RabbitMQ'} | Warren ÷ RabbitMQ "
+              "| broker CPU per MiB, Warren / RabbitMQ | broker peak RSS, Warren / RabbitMQ |")
+        print("|---|---|---|---|---|---|")
+    for workload in large:
+        print(f"| {LARGE[workload]} | {figure(warren, workload)} | {figure(rabbitmq, workload)} "
+              f"| {ratios(warren, rabbitmq, workload)} | {per_mib(warren, rabbitmq, workload)} "
+              f"| {peak_rss(warren, rabbitmq, workload)} |")
     print("\nper round (throughput, or latency p50/p99):")
     for workload in workloads:
         print(f"  {workload:<26} Warren {per_round(warren, workload)}; RabbitMQ {per_round(rabbitmq, workload)}")

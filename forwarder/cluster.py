@@ -44,7 +44,8 @@ AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 BALANCED = ("balanced", "least-leaders", "random")
-ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter")
+ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter",
+                "parameter")
 
 
 class Cluster:
@@ -305,6 +306,11 @@ class Cluster:
                 access.clear_global_parameter(latest["name"])
             else:
                 access.set_global_parameter(new["name"], new["value"])
+        elif kind == "parameter":
+            if new is None:
+                access.clear_parameter(latest["vhost"], latest["component"], latest["name"])
+            else:
+                access.set_parameter(new["vhost"], new["component"], new["name"], new["value"], new.get("user", ""))
         elif kind in ("vhost_limits", "user_limits"):
             access.set_limits(kind, latest["vhost" if kind == "vhost_limits" else "user"],
                               new["value"] if new is not None else {})

@@ -39,7 +39,7 @@ MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"key" (the etcd key), "record"
 RETRY_INTERVAL = 1.0
 CHECK_INTERVAL = 10.0  # seconds between comparisons of etcd's keys with the mirror's
 ORDER = {"vhost": 0, "global_parameter": 0, "user": 1, "permission": 2, "topic_permission": 2, "vhost_limits": 2,
-         "user_limits": 2, "exchange": 3, "queue": 4, "binding": 5,
+         "user_limits": 2, "parameter": 2, "exchange": 3, "queue": 4, "binding": 5,
          "policy": 6, "operator_policy": 6}  # dependencies first
 
 Apply = Callable[[str, str, dict[str, Any] | None, dict[str, Any] | None], None]  # kind, key, new (None: gone), old

@@ -7,12 +7,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from amqp_server import __version__, field_types
+from amqp_server import __version__, field_types, runtime_parameters
 from amqp_server.auth import AccessControl
 from amqp_server.errors import AMQPError
 from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
 from amqp_server.logs import untrusted
-from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
+from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse, unserved_keys
 
 from . import auth
 from .bindings import vhost_bindings
@@ -50,6 +50,7 @@ def _vhost_objects(context: Context, name: str, with_vhost: bool) -> dict[str, l
     limits = context.broker.access.vhost_limits(name)
     if limits:  # stored by RabbitMQ as a runtime parameter too
         parameters.append(limits_parameter(name, limits))
+    parameters += [runtime_parameters.shown(r, True) for r in context.broker.access.parameters() if r["vhost"] == name]
     return {"parameters": parameters, "policies": [p.to_json() for p in policies.list(POLICY, name)],
             "queues": queues, "exchanges": exchanges, "bindings": bindings}
 
@@ -154,13 +155,17 @@ def _items(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return items
 
 
-def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None) -> None:
-    """Users, vhosts, permissions (whole-node import only), then policies, exchanges, queues, bindings — through
-    the same broker operations as AMQP declares, so conflicts are errors as they would be there.
+def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None,
+                       user: str = "") -> list[dict[str, Any]]:
+    """Users, vhosts, permissions (whole-node import only), then policies, runtime parameters, exchanges, queues,
+    bindings — through the same broker operations as AMQP declares, so conflicts are errors as they would be there.
 
-    As RabbitMQ does, unknown fields are ignored.  Runtime parameters other than operator policies and vhost
-    limits (federation, shovels) are accepted and ignored: Warren has no such features.
+    As RabbitMQ does, unknown fields are ignored.  What Warren does not serve — a runtime parameter of another
+    component than ``shovel`` (``federation-upstream``...) or an invalid one, a policy key of a plugin it lacks —
+    is skipped rather than kept without effect: the list returned (and the log) says what and why.  Shovels act,
+    for an ``amqp://`` URI without a user, as ``user`` (the importing administrator).
     """
+    skipped: list[dict[str, Any]] = []
     broker = context.broker
     access = broker.access
     if only_vhost is None:
@@ -187,15 +192,36 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             raise bad_request(["no_such_vhost", name])
         return broker.vhost(name)
 
-    if any(item.get("component") not in (OPERATOR_POLICY, LIMITS) for item in _items(body, "parameters")):
-        log.warning("definitions import: ignored parameters other than operator policies and vhost limits "
-                    "(federation, shovels: not supported by Warren)")
+    def skip(what: dict[str, Any], reason: str) -> None:
+        skipped.append({**what, "reason": reason})
+        log.warning("definitions import: skipped %s: %s", untrusted(orjson.dumps(what).decode()), untrusted(reason))
+
     policies = broker.policies
     for item in _items(body, "policies"):
         vhost = vhost_of(item)
+        definition = item.get("definition")
+        unserved = unserved_keys(definition)  # (a definition that is no dict has none: parse refuses it)
+        if unserved and isinstance(definition, dict):
+            skip({"policy": get_str(item, "name"), "vhost": vhost.name, "keys": unserved},
+                 "policy keys of a plugin Warren does not serve" +
+                 ("" if len(unserved) < len(definition) else "; nothing else left, policy not imported"))
+            if len(unserved) == len(definition):
+                continue
+            item = {**item, "definition": {k: v for k, v in definition.items() if k not in unserved}}
         policies.put(POLICY, _policy(vhost.name, item, item, False), vhost)
     for item in _items(body, "parameters"):
-        if item.get("component") == LIMITS:
+        component = item.get("component")
+        if component not in (LIMITS, OPERATOR_POLICY):
+            vhost = vhost_of(item)
+            name = get_str(item, "name")
+            try:
+                runtime_parameters.validate(access, str(component), name, item.get("value"), None)
+            except runtime_parameters.ParameterError as exc:
+                skip({"parameter": name, "component": component, "vhost": vhost.name},
+                     str(exc).replace("Validation failed\n\n", "").strip())
+                continue
+            access.set_parameter(vhost.name, str(component), name, item.get("value"), user)
+        if component == LIMITS:
             access.set_limits("vhost_limits", vhost_of(item).name,
                               _limits(item.get("value"), VHOST_LIMITS, "limits"))
         if item.get("component") == OPERATOR_POLICY:
@@ -228,6 +254,9 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
     except AMQPError as exc:
         raise from_amqp(exc) from None
+    if broker.shovels is not None:
+        broker.shovels.changed()
+    return skipped
 
 
 def _known(access: AccessControl, item: dict[str, Any]) -> tuple[str, str]:
@@ -256,18 +285,22 @@ def _policy(vhost: str, item: dict[str, Any], body: dict[str, Any], operator: bo
         raise bad_request(str(exc)) from None
 
 
+def _imported(skipped: list[dict[str, Any]]) -> web.Response:
+    """204 as RabbitMQ answers, unless something was skipped: then 200 with ``skipped`` (what, and why)."""
+    return json_response({"skipped": skipped}) if skipped else no_content()
+
+
 @routes.post("/api/definitions")
 async def import_all(request: web.Request) -> web.Response:
-    auth.require_admin(request)
-    import_definitions(ctx(request), await _body(request))
-    return no_content()
+    login = auth.require_admin(request)
+    return _imported(import_definitions(ctx(request), await _body(request), user=login.name))
 
 
 @routes.post("/api/definitions/{vhost}")
 async def import_vhost(request: web.Request) -> web.Response:
-    auth.require_admin(request)
-    import_definitions(ctx(request), await _body(request), auth.require_vhost(request, creating=True))
-    return no_content()
+    login = auth.require_admin(request)
+    return _imported(import_definitions(ctx(request), await _body(request),
+                                        auth.require_vhost(request, creating=True), login.name))
 
 
 __all__ = ["routes", "export_all", "import_definitions"]

@@ -60,15 +60,6 @@ async def list_vhost_limits(request: web.Request) -> web.Response:
     return respond(request, records, ("vhost",))
 
 
-@routes.get("/api/parameters")
-async def list_parameters(request: web.Request) -> web.Response:
-    """Runtime parameters: of RabbitMQ's, Warren has the vhost limits (federation and shovels it has not)."""
-    visible = set(auth.visible_vhosts(request))
-    records = [limits_parameter(r["vhost"], r["value"])
-               for r in ctx(request).broker.access.all_limits("vhost_limits") if r["vhost"] in visible]
-    return respond(request, records, ("vhost", "component", "name"))
-
-
 @routes.get("/api/vhost-limits/{vhost}")
 async def show_vhost_limits(request: web.Request) -> web.Response:
     vhost = auth.require_vhost(request)

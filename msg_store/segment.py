@@ -42,7 +42,7 @@ def list_segments(directory: str) -> list[int]:
                   if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit())
 
 
-def encode_head(msg_id: int, payload_parts: tuple[bytes | memoryview, ...]) -> bytes:
+def encode_head(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...]) -> bytes:
     """Record head for a payload given in parts (so a body is never concatenated just to be hashed)."""
     id_bytes = msg_id.to_bytes(8, "big")
     crc = zlib.crc32(id_bytes)

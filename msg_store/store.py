@@ -42,6 +42,7 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
 READ_GAP = 64 * 1024  # dead bytes between two wanted records that read_many reads through rather than seek
+WRITE_THROUGH = 64 * 1024  # a record whose body is this large goes to its file from its own buffers, not via the tail
 ID_FILE = "next_id"
 ID_BLOCK = 1 << 20
 SNAPSHOT = "clean_shutdown"  # the index as a clean close left it; removed as soon as it is read
@@ -227,25 +228,33 @@ class MessageStore:
         except (FileNotFoundError, ValueError):
             pass
 
-    def write(self, msg_id: int, parts: tuple[bytes | memoryview, ...], refs: int) -> None:
-        """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``."""
+    def write(self, msg_id: int, parts: tuple[bytes | bytearray | memoryview, ...], refs: int) -> None:
+        """Append a record for ``msg_id`` whose payload is the concatenation of ``parts``.
+
+        A small record joins the tail (many go to the file in one write at the next ``flush``); a large one
+        is written at once, with the tail before it, by one ``pwritev`` from the parts themselves, so that its
+        body is never copied in this process."""
         head = encode_head(msg_id, parts)
         self.writes += 1
         current = self.current
         assert current is not None  # opened by finish_recovery, before any write
         tail = self._tail
         record_at = current.size + len(tail)
-        tail += head
-        payload_at = len(tail)
-        for part in parts:
-            tail += part
-        size = len(tail) - payload_at
-        self._tail_ids[msg_id] = (payload_at, size)
+        if len(parts[-1]) >= WRITE_THROUGH:  # (the body, last)
+            size = sum(map(len, parts))
+            self._write_through(current, [tail, head, *parts])
+        else:
+            tail += head
+            payload_at = len(tail)
+            for part in parts:
+                tail += part
+            size = len(tail) - payload_at
+            self._tail_ids[msg_id] = (payload_at, size)
         self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
         if self._records is not None:
             self._records.extend((msg_id, record_at + HEAD_SIZE, size))
         current.live += 1
-        if current.size + len(tail) >= self.segment_size:
+        if current.size + len(self._tail) >= self.segment_size:
             self.flush()
             self._open_new_segment()
 
@@ -256,6 +265,20 @@ class MessageStore:
         """How many holders ``msg_id`` has (0 if it is gone)."""
         location = self.index.get(msg_id)
         return location.refs if location is not None else 0
+
+    def _write_through(self, segment: Segment, buffers: list) -> None:
+        """The tail and a large record after it, handed to the operating system in one call (short writes,
+        which a full disk can make, go on from where they stopped)."""
+        total = sum(map(len, buffers))
+        written = os.pwritev(segment.fd, buffers, segment.size)
+        if written < total:  # (rare)
+            rest = memoryview(b"".join(buffers))
+            while written < total:
+                written += os.pwrite(segment.fd, rest[written:], segment.size + written)
+        segment.size += total
+        self._dirty.add(segment.number)
+        self._tail = bytearray()
+        self._tail_ids.clear()
 
     def flush(self) -> None:
         """Hand the tail to the operating system (no fsync)."""

@@ -209,6 +209,34 @@ def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_thi
     publisher.close()
 
 
+def test_bodies_of_every_size_cross_nodes_byte_exact(cluster, uid):
+    """Bodies at the edges of framing and of 16 MiB, published on one node to a queue of another and consumed
+    on a third, arrive byte-exact."""
+    from test_large_bodies import SIZES, body
+
+    _, (n1, n2, n3) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    wait_for(lambda: passive(n2, uid) == 0 and passive(n3, uid) == 0, "queue everywhere")
+    with connect(n2) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for size in SIZES:
+            pch.basic_publish("", uid, body(size), pika.BasicProperties(delivery_mode=2))
+    with connect(n3) as consumer:
+        cch = consumer.channel()
+        received = []
+        for method, _, data in cch.consume(uid, inactivity_timeout=30):
+            assert method is not None, f"only {len(received)} messages arrived"
+            received.append(data)
+            cch.basic_ack(method.delivery_tag)
+            if len(received) == len(SIZES):
+                break
+        cch.cancel()
+    assert [len(data) for data in received] == SIZES
+    assert all(data == body(size) for data, size in zip(received, SIZES))
+
+
 def test_balanced_locator_places_on_the_node_owning_fewest_queues(cluster, uid):
     _, (n1, _, _) = cluster
     owners = []

@@ -178,7 +178,7 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
         for _ in range(50):
             await asyncio.sleep(0.02)
             connections = list(clients.connections)
-            if connections and len(connections[0].channels) == 4 and connections[0].channels[4]._chunks:
+            if connections and len(connections[0].channels) == 4 and connections[0].channels[4]._body:
                 break
         connection = connections[0]
         refs = [weakref.ref(connection)] + [weakref.ref(c) for c in connection.channels.values()]

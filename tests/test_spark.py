@@ -103,6 +103,15 @@ def test_batch_browse_reads_every_message_and_leaves_queue(spark, node):
     assert reader(spark, node, "orders").count() == 50  # browse is repeatable
 
 
+def test_bodies_of_every_size_are_read_byte_exact(spark, node):
+    from test_large_bodies import SIZES, body
+
+    publish(node, "sizes", [body(size) for size in SIZES], delivery_mode=2)
+    rows = reader(spark, node, "sizes").orderBy("offset").collect()
+    assert [len(r.body) for r in rows] == SIZES
+    assert all(bytes(r.body) == body(size) for r, size in zip(rows, SIZES))
+
+
 def test_multiple_partitions_and_text_and_json(spark, node):
     publish(node, "p", [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(100)])
     publish(node, "p2", [b"x"] * 10)

@@ -40,7 +40,7 @@ from .routing import Router
 from .vhosts import VHosts
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry
+    from ..ports import ClientRegistry, ShovelRunner
 
 
 def server_name(prefix: str) -> str:
@@ -70,6 +70,7 @@ class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages,
         self.churn = ChurnStats()
         self._vhost_stats: dict[str, MessageStats] = {}
         self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
+        self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
         self.delayed.start()

@@ -1,4 +1,4 @@
-/* Admin: users, virtual hosts, permissions, policies, definitions export/import. */
+/* Admin: users, virtual hosts, permissions, policies, definitions export/import, shovel status. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, enc } = W;
@@ -6,7 +6,8 @@
   // [key, label, who may open it]: as in RabbitMQ, policymakers see the Admin tab with Policies only.
   const admin = () => W.isAdmin();
   const SECTIONS = [["users", "Users", admin], ["vhosts", "Virtual hosts", admin], ["permissions", "Permissions", admin],
-    ["policies", "Policies", () => W.isPolicymaker()], ["definitions", "Definitions", admin]];
+    ["policies", "Policies", () => W.isPolicymaker()], ["definitions", "Definitions", admin],
+    ["shovels", "Shovel Status", () => W.isMonitor()]];
 
   W.pages.admin = function (section = "users") {
     const allowed = SECTIONS.filter(([, , may]) => may());
@@ -307,6 +308,31 @@
     };
   };
 
+  /* ---------- shovel status (RabbitMQ's rabbitmq_shovel_management page) ---------- */
+  sections.shovels = function () {
+    const count = W.countLabel();
+    const endpoint = (s, side) => [s[`${side}_uri`] || "", h("br"), h("span.muted",
+      s[`${side}_queue`] !== undefined ? `queue ${s[`${side}_queue`]}` : s[`${side}_exchange`] !== undefined
+        ? `exchange ${s[`${side}_exchange`]}${s[`${side}_exchange_key`] ? ` (${s[`${side}_exchange_key`]})` : ""}` : "")];
+    const table = W.dataTable("shovels", [
+      { key: "name", label: "Name", render: (s) => h("b", s.name) },
+      { key: "vhost", label: "Virtual host" },
+      { key: "state", label: "State", render: (s) => h("span.tag" + (s.state === "running" ? ".ok" : ".warn"), { "data-shovel-state": s.state }, s.state) },
+      { key: "src_uri", label: "Source", render: (s) => endpoint(s, "src") },
+      { key: "dest_uri", label: "Destination", render: (s) => endpoint(s, "dest") },
+      { key: "node", label: "Node" },
+      { key: "timestamp", label: "Last changed" },
+      { key: "reason", label: "Reason", render: (s) => s.reason ? h("code", s.reason) : "" },
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (s) => h("button.btn.btn-sm", { type: "button", "data-action": "restart-shovel",
+        on: { click: (e) => act(e.target, async () => { await api("DELETE", `shovels/vhost/${enc(s.vhost)}/${enc(s.name)}/restart`); await refresh(); }, `Shovel ${s.name} restarted.`, "Restart shovel") } }, "Restart") },
+    ], { empty: "No shovels. Define one with a shovel runtime parameter (PUT /api/parameters/shovel/{vhost}/{name}).", onRender: (s, t) => count.set(s, t) });
+    async function refresh() { table.update(await api("GET", "shovels")); }
+    return {
+      el: h("section.panel", h("div.panel-head", h("h2", "Shovel status"), count.el, h("span.spacer"), h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
+      refresh,
+    };
+  };
+
   /* ---------- definitions ---------- */
   sections.definitions = function () {
     const summary = h("div");
@@ -334,10 +360,13 @@
         const text = await f.text();
         let body;
         try { body = JSON.parse(text); } catch (err) { throw new W.InputError(`${f.name} is not valid JSON: ${err.message}`); }
-        await api("POST", "definitions", body);
+        const answer = await api("POST", "definitions", body);
         file.value = "";
         await refresh();
-      }, `Definitions imported from ${f ? f.name : "file"}.`, "Import definitions");
+        return answer;
+      }, (answer) => `Definitions imported from ${f ? f.name : "file"}.` + (answer && answer.skipped ? " Skipped, as Warren does not serve them: "
+        + answer.skipped.map((s) => `${s.policy ? `policy ${s.policy}` : `${s.component} ${s.parameter}`} in ${s.vhost} (${s.reason})`).join("; ") : ""),
+      "Import definitions");
     } } }, h("label", "Definitions file (JSON)", file), importBtn);
     async function refresh() {
       const d = await api("GET", "definitions");

@@ -8,6 +8,7 @@
   const tagged = (tag) => ((W.state.me || {}).tags || []).includes(tag);
   W.isAdmin = () => tagged("administrator");
   W.isPolicymaker = () => W.isAdmin() || tagged("policymaker");
+  W.isMonitor = () => W.isAdmin() || tagged("monitoring");
   W.history = [];
 
   const $ = (id) => document.getElementById(id);
@@ -52,7 +53,7 @@
   async function enter(me) {
     me = me || await api("GET", "whoami");
     W.state.me = me;
-    document.querySelector('#nav a[data-tab="admin"]').hidden = !W.isPolicymaker();
+    document.querySelector('#nav a[data-tab="admin"]').hidden = !(W.isPolicymaker() || W.isMonitor());
     $("current-user").textContent = me.name;
     $("current-user").title = (me.tags || []).join(", ");
     $("login-view").hidden = true;

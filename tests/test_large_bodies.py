@@ -1,0 +1,245 @@
+"""Large bodies: every size arrives byte-exact through every kind of queue, in frames of the client's frame-max,
+and a client that goes in the middle of a body leaves nothing behind.
+
+The sizes are the edges of framing (empty, one octet, a body that just fills one frame of the default
+frame-max and one that just does not) and a 16 MiB body of 128 frames.  Each body is a counter, so a frame
+dropped, repeated or out of place shows.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import numpy as np
+import pika
+import pytest
+from pamqp import commands
+
+from conftest import connect
+from test_protocol_errors import Raw, publish_frames
+
+pytestmark = pytest.mark.timeout(180)
+
+FRAME_MAX = 131072  # the node's default, which pika takes
+SIZES = [0, 1, FRAME_MAX - 8, FRAME_MAX - 7, 16 * 1024 * 1024]
+
+
+def body(size: int) -> bytes:
+    """``size`` octets of a counter that starts at ``size`` (no two bodies alike, no two places alike)."""
+    return np.arange(size, size + size // 8 + 1, dtype=">u8").tobytes()[:size]
+
+
+def publish_all(connection, routing_key: str, **properties) -> None:
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for size in SIZES:
+        channel.basic_publish("", routing_key, body(size), pika.BasicProperties(**properties))
+
+
+def consume(connection, queue: str, arguments: dict | None = None, reject: bool = False) -> list[bytes]:
+    """Every body delivered from ``queue`` (acked, or rejected without requeue), in order."""
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    got: list[bytes] = []
+
+    def on_message(ch, method, _properties, data):
+        got.append(data)
+        if reject:
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        else:
+            ch.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(queue, on_message, arguments=arguments)
+    deadline = time.monotonic() + 60
+    while len(got) < len(SIZES) and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    return got
+
+
+def assert_bodies(got: list[bytes]) -> None:
+    assert [len(data) for data in got] == SIZES
+    assert all(data == body(size) for data, size in zip(got, SIZES))
+
+
+@pytest.mark.parametrize("arguments, persistent", [
+    ({}, True),
+    ({}, False),
+    ({"x-max-priority": 10}, True),
+    ({"x-queue-type": "quorum"}, True),
+], ids=["classic", "classic-transient", "priority", "quorum"])
+def test_bodies_arrive_byte_exact(broker, uid, arguments, persistent):
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=arguments)
+        publish_all(connection, uid, delivery_mode=2 if persistent else 1)
+        assert_bodies(consume(connection, uid))
+
+
+def test_bodies_arrive_byte_exact_from_a_stream(broker, uid):
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={"x-queue-type": "stream"})
+        publish_all(connection, uid, delivery_mode=2)
+        assert_bodies(consume(connection, uid, arguments={"x-stream-offset": "first"}))
+
+
+def test_dead_lettered_bodies_arrive_byte_exact(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(f"{uid}-dead", durable=True)
+        channel.queue_declare(uid, durable=True, arguments={"x-dead-letter-exchange": "",
+                                                            "x-dead-letter-routing-key": f"{uid}-dead"})
+        publish_all(connection, uid, delivery_mode=2)
+        assert_bodies(consume(connection, uid, reject=True))
+        assert_bodies(consume(connection, f"{uid}-dead"))
+
+
+def test_basic_get_of_bodies_is_byte_exact(broker, uid):
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        publish_all(connection, uid, delivery_mode=2)
+        got = []
+        for _ in SIZES:
+            method, _properties, data = channel.basic_get(uid, auto_ack=True)
+            assert method is not None
+            got.append(data)
+        assert_bodies(got)
+
+
+def read_frames(raw: Raw, until: int) -> list[tuple[int, int, bytes]]:
+    """(type, channel, payload) of raw frames off the socket, until ``until`` body octets have come."""
+    frames: list[tuple[int, int, bytes]] = []
+    buf = raw.buf  # (what came with the frames read before)
+    octets = 0
+    while octets < until:
+        while len(buf) < 7 or len(buf) < 8 + struct.unpack_from(">I", buf, 3)[0]:
+            data = raw.recv(1 << 20)
+            assert data, "the node closed the connection"
+            buf += data
+        ftype, channel, size = struct.unpack_from(">BHI", buf)
+        assert buf[7 + size] == 0xCE
+        frames.append((ftype, channel, buf[7:7 + size]))
+        octets += size if ftype == 3 else 0
+        buf = buf[8 + size:]
+    return frames
+
+
+def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid):
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid)
+        publish_all(connection, uid)
+    raw = Raw(broker, timeout=30)
+    raw.handshake(frame_max=4096)
+    raw.open_channel(1)
+    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=True))
+    raw.expect(commands.Basic.ConsumeOk)
+    frames = read_frames(raw, sum(SIZES))
+    raw.close()
+    assert max(len(payload) + 8 for _type, _channel, payload in frames) <= 4096
+    bodies: list[bytes] = []
+    for ftype, _channel, payload in frames:
+        if ftype == 2:
+            bodies.append(b"")
+        elif ftype == 3:
+            bodies[-1] += payload
+    assert_bodies(bodies)
+
+
+def test_a_client_gone_mid_body_leaves_nothing_behind(broker, uid):
+    """Half of a 16 MiB body, sent in reads the node hands straight to the message's buffer, then a reset: no
+    message, nothing kept in the node's memory, and the channel number is free for the next client."""
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+    before = rss(broker)
+    for _ in range(3):
+        raw = Raw(broker, timeout=30)
+        raw.handshake()
+        raw.open_channel(1)
+        data = publish_frames(1, "", uid, b"", declared=16 * 1024 * 1024)
+        raw.send(data)
+        chunk = b"z" * (FRAME_MAX - 8)
+        for _ in range(64):  # 8 MiB
+            raw.send(struct.pack(">BHI", 3, 1, len(chunk)) + chunk + b"\xce")
+        time.sleep(0.3)
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raw.close()
+    time.sleep(0.5)
+    with connect(broker) as connection:
+        channel = connection.channel()
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0
+        channel.confirm_delivery()
+        channel.basic_publish("", uid, body(1000), pika.BasicProperties(delivery_mode=2))
+        method, _properties, data = channel.basic_get(uid, auto_ack=True)
+        assert data == body(1000)
+    if before:
+        assert rss(broker) - before < 24 * 1024 * 1024
+
+
+def rss(broker) -> int:
+    """The node's resident memory, where the test can read it (0 for a node elsewhere)."""
+    proc = getattr(broker, "proc", None)
+    if proc is None:
+        return 0
+    with open(f"/proc/{proc.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
+    """A consumer with prefetch 100 holding 20 unacked 16 MiB messages (320 MiB) does not make the node hold
+    them; requeued (its channel closes), they come back byte-exact from the store."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    count, size = 20, 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        consumer = connection.channel()
+        consumer.basic_qos(prefetch_count=100)
+        got: list[int] = []
+        consumer.basic_consume(uid, lambda _ch, method, _properties, data: got.append(len(data)))
+        channel.confirm_delivery()
+        before = peak = rss(broker)
+        for number in range(count):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+            connection.process_data_events(0)
+            peak = max(peak, rss(broker))
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+            peak = max(peak, rss(broker))
+        assert got == [size + number for number in range(count)]
+        assert peak - before < 160 * 1024 * 1024, f"{(peak - before) >> 20} MiB more held"
+        consumer.close()  # the 20 unacked go back to the queue
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
+        assert [len(data) for data in again] == [size + number for number in range(count)]
+        assert all(data == body(size + number) for number, data in enumerate(again))
+
+
+def refusal_of(node, declared: int) -> commands.Channel.Close:
+    """What the node answers a header declaring ``declared`` body octets, no body octet sent."""
+    raw = Raw(node, timeout=10)
+    try:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(publish_frames(1, "", "anywhere", b"", declared=declared))
+        return raw.expect(commands.Channel.Close)
+    finally:
+        raw.close()
+
+
+def test_a_message_over_the_max_size_is_refused_at_its_header(broker):
+    limit = 128 * 1024 * 1024  # the default, as RabbitMQ 3.10's
+    close = refusal_of(broker, limit + 1)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        406, f"PRECONDITION_FAILED - message size {limit + 1} is larger than configured max size {limit}", 60, 40)
+
+
+@pytest.mark.warren_only("starts a node with its own max message size")
+def test_a_max_message_size_above_rabbitmq_s_ceiling_is_its_ceiling(start_broker):
+    node = start_broker("--max-message-size", str(1 << 30))
+    close = refusal_of(node, (512 << 20) + 1)
+    assert (close.reply_code, close.reply_text) == (
+        406, f"PRECONDITION_FAILED - message size {(512 << 20) + 1} is larger than max size {512 << 20}")

@@ -1,0 +1,327 @@
+"""Dynamic shovels between Warren nodes, driven as users drive RabbitMQ's: runtime parameters over HTTP, pika
+clients on both sides, nodes killed with SIGKILL mid-transfer under ack-mode on-confirm (nothing lost)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pika
+import pytest
+
+from conftest import connect, free_port
+from test_tls import PKI, start_tls_node
+from test_mgmt_api import assert_error, call
+
+SHOVEL = "/api/parameters/shovel/%2F/"
+N = 3000
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def publish(node, queue: str, count: int, start: int = 0) -> None:
+    connection = connect(node)
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.confirm_delivery()
+    for i in range(start, start + count):
+        channel.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2, headers={"n": i},
+                                                                              content_type="text/plain"))
+    connection.close()
+
+
+def depth(node, queue: str) -> int:
+    try:
+        connection = connect(node)
+    except pika.exceptions.AMQPError:
+        return -1
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return -1
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def drain(node, queue: str) -> list[tuple[bytes, Any]]:
+    connection = connect(node)
+    channel = connection.channel()
+    got: list[tuple[bytes, Any]] = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append((body, properties))
+    connection.close()
+    return got
+
+
+def shovel_status(node, name: str) -> dict[str, Any] | None:
+    found = [s for s in call(node, "GET", "/api/shovels").json or [] if s["name"] == name]
+    return found[0] if found else None
+
+
+def test_a_shovel_moves_a_queue_keeping_each_message_whole(start_broker):
+    node = start_broker()
+    publish(node, "src", 200)
+    response = call(node, "PUT", SHOVEL + "move", {"value": {"src-uri": "amqp://", "src-queue": "src",
+                                                             "dest-uri": ["amqp://"], "dest-queue": "dest"}})
+    assert response.status == 201, response.raw
+    wait_for(lambda: depth(node, "dest") == 200, what="200 messages in dest")
+    assert depth(node, "src") == 0
+    status = wait_for(lambda: shovel_status(node, "move"), what="status")
+    assert status["state"] == "running" and status["type"] == "dynamic" and status["vhost"] == "/"
+    assert status["src_uri"] == status["dest_uri"] == "amqp://"
+    assert status["src_queue"] == "src" and status["dest_queue"] == "dest" and status["node"]
+    got = drain(node, "dest")
+    assert [body for body, _ in got] == [str(i).encode() for i in range(200)]  # in order
+    _, properties = got[7]
+    assert properties.headers == {"n": 7} and properties.content_type == "text/plain"
+    assert properties.delivery_mode == 2 and properties.message_id is None  # nothing added
+    assert call(node, "GET", SHOVEL + "move").json["value"]["dest-queue"] == "dest"
+    assert call(node, "DELETE", SHOVEL + "move").status == 204
+    wait_for(lambda: shovel_status(node, "move") is None, what="the shovel to stop")
+    publish(node, "src", 5)
+    time.sleep(1)
+    assert depth(node, "src") == 5 and depth(node, "dest") == 0
+
+
+def test_forward_headers_timestamp_and_publish_properties(start_broker):
+    node = start_broker()
+    connection = connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("fwd-x", "topic")
+    channel.queue_declare("fwd-dest", durable=True)
+    channel.queue_bind("fwd-dest", "amq.topic", "moved.#")
+    response = call(node, "PUT", SHOVEL + "fwd", {"value": {
+        "src-uri": "amqp://", "src-exchange": "fwd-x", "src-exchange-key": "a.*",
+        "dest-uri": "amqp://", "dest-exchange": "amq.topic", "dest-exchange-key": "moved.here",
+        "add-forward-headers": True, "dest-add-timestamp-header": True,
+        "dest-publish-properties": {"app_id": "shovelled", "delivery_mode": 2}}})
+    assert response.status == 201, response.raw
+    wait_for(lambda: (shovel_status(node, "fwd") or {}).get("state") == "running", what="running")
+    channel.basic_publish("fwd-x", "a.b", b"hello", pika.BasicProperties(headers={"k": "v"}))
+    channel.basic_publish("fwd-x", "z.b", b"not bound", pika.BasicProperties())
+    wait_for(lambda: depth(node, "fwd-dest") == 1, what="one message moved")
+    (body, properties), = drain(node, "fwd-dest")
+    assert body == b"hello" and properties.app_id == "shovelled" and properties.delivery_mode == 2
+    headers = properties.headers
+    assert headers["k"] == "v" and isinstance(headers["x-shovelled-timestamp"], int)
+    shovelled, = headers["x-shovelled"]
+    assert shovelled["shovel-name"] == "fwd" and shovelled["shovel-vhost"] == "/"
+    assert shovelled["shovel-type"] == "dynamic" and shovelled["src-exchange"] == "fwd-x"
+    assert shovelled["src-exchange-key"] == "a.*" and shovelled["dest-exchange"] == "amq.topic"
+    connection.close()
+
+
+@pytest.mark.parametrize("mode", ["on-publish", "no-ack"])
+def test_other_ack_modes_move_everything_too(start_broker, mode):
+    node = start_broker()
+    publish(node, "m-src", 300)
+    assert call(node, "PUT", SHOVEL + "m", {"value": {"src-uri": "amqp://", "src-queue": "m-src", "ack-mode": mode,
+                                                      "dest-uri": "amqp://", "dest-queue": "m-dest"}}).status == 201
+    wait_for(lambda: depth(node, "m-dest") == 300, what="300 moved")
+    assert depth(node, "m-src") == 0
+    assert [body for body, _ in drain(node, "m-dest")] == [str(i).encode() for i in range(300)]
+
+
+def test_src_delete_after_queue_length_and_a_number(start_broker):
+    node = start_broker()
+    publish(node, "da-src", 100)
+    assert call(node, "PUT", SHOVEL + "once", {"value": {"src-uri": "amqp://", "src-queue": "da-src",
+                                                         "src-delete-after": "queue-length", "dest-uri": "amqp://",
+                                                         "dest-queue": "da-dest"}}).status == 201
+    wait_for(lambda: call(node, "GET", SHOVEL + "once").status == 404, what="the parameter to be cleared")
+    assert depth(node, "da-dest") == 100 and depth(node, "da-src") == 0
+    assert shovel_status(node, "once") is None
+    publish(node, "da-src", 50)
+    value = {"src-uri": "amqp://", "src-queue": "da-src", "src-delete-after": 30, "src-prefetch-count": 7,
+             "dest-uri": "amqp://", "dest-queue": "da-dest"}
+    assert call(node, "PUT", SHOVEL + "thirty", {"value": value}).status == 201
+    wait_for(lambda: call(node, "GET", SHOVEL + "thirty").status == 404, what="the parameter to be cleared")
+    wait_for(lambda: depth(node, "da-src") == 20, what="20 left (the unacked ones requeued)")
+    assert depth(node, "da-dest") == 130
+
+
+def test_validation_in_rabbitmqs_words(start_broker):
+    node = start_broker()
+    body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
+        "src-uri": "amqp://", "src-queue": "a", "src-exchange": "x", "dest-uri": "http://x",
+        "ack-mode": "sometimes", "src-delete-after": 5, "extra": 1}}), 400)
+    reason = body["reason"]
+    assert reason.startswith("Validation failed\n\n") and reason.endswith("\n")
+    assert "Cannot specify 'src-exchange' and 'src-queue'" in reason
+    assert 'Unrecognised terms [{<<"extra">>,1}] in bad' in reason
+    assert 'ack-mode should be one of [no-ack,on-publish,on-confirm], actually was <<"sometimes">>' in reason
+    assert '"http://x" not a valid URI' in reason
+    body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {"src-uri": "amqp://", "src-queue": "a"}}), 400)
+    assert 'Key "dest-uri" not found in bad' in body["reason"]
+    body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
+        "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "no-ack",
+        "src-delete-after": 3}}), 400)
+    assert "Cannot specify 'no-ack' and numerical 'delete-after'" in body["reason"]
+    assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {"src-uri": "amqp://", "src-queue": "a",
+                                                             "dest-uri": "amqp://", "src-protocol": "amqp10"}}), 400)
+    body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
+        "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "src-prefetch-count": 70000,
+        "dest-publish-properties": {"priority": 300}}}), 400)
+    assert "src-prefetch-count should be from 0 to 65535" in body["reason"]
+    assert "priority should be an integer from 0 to 255" in body["reason"]
+    assert call(node, "GET", SHOVEL + "bad").status == 404  # nothing kept
+    # a vhost's shovels go with it
+    assert call(node, "PUT", "/api/vhosts/gone", {}).status == 201
+    value = {"src-uri": "amqp:///gone", "src-queue": "a", "dest-uri": "amqp:///gone"}
+    assert call(node, "PUT", "/api/parameters/shovel/gone/s", {"value": value}).status == 201
+    assert call(node, "DELETE", "/api/vhosts/gone").status == 204
+    assert call(node, "PUT", "/api/vhosts/gone", {}).status == 201
+    assert call(node, "GET", "/api/parameters/shovel/gone/s").status == 404
+
+
+def test_components_and_policy_keys_warren_does_not_serve_are_refused(start_broker):
+    node = start_broker()
+    for component in ("federation-upstream", "federation-upstream-set", "mqtt-port-to-vhost-mapping"):
+        body = assert_error(call(node, "PUT", f"/api/parameters/{component}/%2F/x",
+                                 {"value": {"uri": "amqp://remote"}}), 400)
+        assert body["reason"] == f"Validation failed\n\ncomponent {component} not found\n"
+    assert call(node, "GET", "/api/parameters").json == []
+    policy = {"pattern": ".*", "definition": {"federation-upstream-set": "all"}}
+    body = assert_error(call(node, "PUT", "/api/policies/%2F/fed", policy), 400)
+    assert "are not recognised policy settings" in body["reason"]
+    # a definitions file exported from RabbitMQ with shovels, upstreams and federation policies
+    definitions = {
+        "parameters": [
+            {"vhost": "/", "component": "federation-upstream", "name": "up", "value": {"uri": "amqp://a"}},
+            {"vhost": "/", "component": "shovel", "name": "sh", "value": {
+                "src-uri": "amqp://", "src-queue": "imp-src", "dest-uri": "amqp://", "dest-queue": "imp-dest"}}],
+        "policies": [
+            {"vhost": "/", "name": "fed", "pattern": "^fed", "apply-to": "exchanges", "priority": 0,
+             "definition": {"federation-upstream-set": "all"}},
+            {"vhost": "/", "name": "mixed", "pattern": "^m", "apply-to": "queues", "priority": 0,
+             "definition": {"federation-upstream": "up", "message-ttl": 1000}}]}
+    response = call(node, "POST", "/api/definitions", definitions)
+    assert response.status == 200, response.raw
+    skipped = response.json["skipped"]
+    assert {"parameter": "up", "component": "federation-upstream", "vhost": "/",
+            "reason": "component federation-upstream not found"} in skipped
+    assert any(s.get("policy") == "fed" for s in skipped) and any(s.get("policy") == "mixed" for s in skipped)
+    assert "skipped" in node.log()
+    assert call(node, "GET", "/api/policies/%2F/fed").status == 404
+    assert call(node, "GET", "/api/policies/%2F/mixed").json["definition"] == {"message-ttl": 1000}
+    assert call(node, "GET", SHOVEL + "sh").status == 200
+    exported = call(node, "GET", "/api/definitions").json
+    assert [p["name"] for p in exported["parameters"] if p["component"] == "shovel"] == ["sh"]
+    publish(node, "imp-src", 10)
+    wait_for(lambda: depth(node, "imp-dest") == 10, what="the imported shovel to run")
+
+
+def test_permissions(start_broker):
+    node = start_broker()
+    for user, tags, read in (("plain", "management", ".*"), ("maker", "policymaker", ".*"), ("reader", "", "^$")):
+        assert call(node, "PUT", f"/api/users/{user}", {"password": "pw", "tags": tags}).status == 201
+        assert call(node, "PUT", f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*",
+                                                                  "read": read}).status == 201
+    value = {"src-uri": f"amqp://reader:pw@127.0.0.1:{node.port}/%2F", "src-queue": "perm-src",
+             "dest-uri": "amqp://", "dest-queue": "perm-dest"}
+    assert_error(call(node, "PUT", SHOVEL + "p", {"value": value}, auth=("plain", "pw")), 401)
+    assert call(node, "PUT", SHOVEL + "p", {"value": value}, auth=("maker", "pw")).status == 201
+    shown = call(node, "GET", SHOVEL + "p", auth=("maker", "pw")).json["value"]
+    assert shown["src-uri"] == f"amqp://127.0.0.1:{node.port}/%2F"  # no credentials for a non-administrator
+    assert "reader:pw" in call(node, "GET", SHOVEL + "p").json["value"]["src-uri"]  # guest: administrator
+    assert "pw" not in call(node, "GET", "/api/parameters", auth=("maker", "pw")).raw.decode()
+    # the shovel acts as its URI's user, who may not read the queue
+    publish(node, "perm-src", 3)
+    status = wait_for(lambda: (shovel_status(node, "p") or {}).get("state") == "terminated"
+                      and shovel_status(node, "p"), what="terminated")
+    assert "403" in status["reason"] and "ACCESS_REFUSED" in status["reason"]
+    assert "pw" not in str(status)
+    assert depth(node, "perm-src") == 3
+    # amqp:// naming another user: only an administrator may
+    body = assert_error(call(node, "PUT", SHOVEL + "q", {"value": {
+        "src-uri": "amqp://guest@/%2F", "src-queue": "a", "dest-uri": "amqp://"}}, auth=("maker", "pw")), 400)
+    assert 'user "maker" may not act as user "guest"' in body["reason"]
+    assert_error(call(node, "GET", "/api/shovels", auth=("maker", "pw")), 401)  # monitoring, as RabbitMQ
+    assert_error(call(node, "DELETE", SHOVEL + "p", auth=("plain", "pw")), 401)
+    assert call(node, "DELETE", SHOVEL + "p", auth=("maker", "pw")).status == 204
+
+
+@pytest.mark.integration
+def test_amqps_uris_are_verified(tmp_path):
+    pki = PKI.create(tmp_path)
+    tls = start_tls_node(tmp_path / "data", pki)
+    node = tls.broker
+    try:
+        publish(node, "tls-src", 20)
+        base = f"amqps://guest:guest@localhost:{tls.tls_port}"
+        unverified = {"src-uri": base, "src-queue": "tls-src", "dest-uri": "amqp://", "dest-queue": "tls-dest",
+                      "reconnect-delay": 1}
+        assert call(node, "PUT", SHOVEL + "tls", {"value": unverified}).status == 201
+        status = wait_for(lambda: (shovel_status(node, "tls") or {}).get("state") == "terminated"
+                          and shovel_status(node, "tls"), what="refused")
+        assert "CERTIFICATE_VERIFY_FAILED" in status["reason"], status
+        assert depth(node, "tls-dest") in (0, -1)
+        verified = dict(unverified, **{"src-uri": f"{base}?cacertfile={pki.cafile}"})
+        assert call(node, "PUT", SHOVEL + "tls", {"value": verified}).status == 204
+        wait_for(lambda: depth(node, "tls-dest") == 20, what="20 moved over TLS")
+        assert shovel_status(node, "tls")["src_uri"] == f"amqps://localhost:{tls.tls_port}"
+    finally:
+        node.stop()
+
+
+def test_uris_tried_in_turn_and_the_restart_endpoint(start_broker):
+    node = start_broker()
+    dead = f"amqp://guest:guest@127.0.0.1:{free_port()}"  # nothing listens there: the next URI is tried
+    assert call(node, "PUT", SHOVEL + "r", {"value": {"src-uri": [dead, "amqp://"], "src-queue": "r-src",
+                                                      "dest-uri": "amqp://", "dest-queue": "r-dest"}}).status == 201
+    first = wait_for(lambda: (shovel_status(node, "r") or {}).get("state") == "running" and shovel_status(node, "r"),
+                     what="running")
+    assert first["src_uri"] == "amqp://"
+    assert call(node, "DELETE", "/api/shovels/vhost/%2F/r/restart").status == 204
+    assert call(node, "DELETE", "/api/shovels/vhost/%2F/nosuch/restart").status == 404
+    wait_for(lambda: (shovel_status(node, "r") or {}).get("state") == "running", what="running again")
+    assert first["name"] == "r"
+
+
+def _three_nodes(start_broker, reconnect_delay: float = 0.5):
+    source, destination, host = start_broker(), start_broker(), start_broker()
+    publish(source, "k-src", N)
+    value = {"src-uri": [f"amqp://guest:guest@127.0.0.1:{source.port}"], "src-queue": "k-src",
+             "src-prefetch-count": 20, "dest-uri": f"amqp://guest:guest@127.0.0.1:{destination.port}",
+             "dest-queue": "k-dest", "ack-mode": "on-confirm", "reconnect-delay": reconnect_delay}
+    assert call(host, "PUT", SHOVEL + "k", {"value": value}).status == 201
+    return source, destination, host
+
+
+def _all_there(destination, source) -> None:
+    """Every message reached the destination at least once, and none is left at the source."""
+    wait_for(lambda: depth(source, "k-src") == 0, timeout=90, what="the source drained")
+    time.sleep(1)
+    bodies = {int(body) for body, _ in drain(destination, "k-dest")}
+    assert bodies == set(range(N)), f"lost: {sorted(set(range(N)) - bodies)[:20]}"
+
+
+@pytest.mark.parametrize("victim", ["shovel", "source", "destination"])
+def test_kill_9_mid_transfer_loses_nothing_under_on_confirm(start_broker, victim):
+    source, destination, host = _three_nodes(start_broker)
+    node = {"shovel": host, "source": source, "destination": destination}[victim]
+    wait_for(lambda: depth(destination, "k-dest") > N // 10, what="the transfer under way")
+    moved = depth(destination, "k-dest")
+    assert moved < N, "the transfer ended before the kill"
+    node.kill()
+    restarted = start_broker(data_dir=node.data_dir, port=node.port)
+    if victim == "shovel":
+        host = restarted
+    elif victim == "source":
+        source = restarted
+    else:
+        destination = restarted
+    _all_there(destination, source)
+    status = wait_for(lambda: shovel_status(host, "k"), what="status")
+    assert status["state"] == "running", status
