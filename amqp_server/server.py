@@ -81,7 +81,7 @@ class Node:
         self.broker = Broker(config.data_dir, config.node_name,
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size, self.clients,
-                             config.queue_window)
+                             config.queue_window, config.definitions_max_size)
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: frontend.TlsListener | None = None  # AMQPS, when a certificate is configured
         self.mgmt: web.AppRunner | None = None  # the management plugin's aiohttp runner, when enabled
