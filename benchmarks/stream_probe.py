@@ -165,8 +165,13 @@ def new_stream(raw: Raw, *arguments: tuple[str, str]) -> str:
     stream = f"p-{uuid.uuid4().hex[:8]}"
     body = struct.pack(">i", len(arguments)) + b"".join(string(k) + string(v) for k, v in arguments)
     code = raw.request(0x0D, string(stream) + body)
-    assert code == 1, code
+    if code != 1:
+        raise Refused(f"create refused with response code {code:#x}")
     return stream
+
+
+class Refused(Exception):
+    """The node refused the probe's input at once: the protection a newer node has in place of bounded work."""
 
 
 def simple(record: bytes) -> bytes:
@@ -232,8 +237,11 @@ def probe_fds_amqp(node: Node, args: argparse.Namespace) -> str:
     connection = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.amqp}/"))
     channel = connection.channel()
     stream = f"p-{uuid.uuid4().hex[:8]}"
-    channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream",
-                                                           "x-stream-max-segment-size-bytes": 1})
+    try:
+        channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream",
+                                                               "x-stream-max-segment-size-bytes": 1})
+    except pika.exceptions.ChannelClosedByBroker as refused:
+        raise Refused(f"declare refused: {refused.reply_code} {refused.reply_text}") from None
     channel.confirm_delivery()
     for k in range(500):
         channel.basic_publish("", stream, b"m%d" % k)
@@ -338,6 +346,8 @@ def main() -> None:
                 with Watch(node) as watch:
                     try:
                         outcome = PROBES[name](node, args)
+                    except Refused as refused:
+                        outcome = f"refused: {refused}"
                     except (OSError, AssertionError, pika.exceptions.AMQPError) as exc:
                         outcome = f"probe failed: {type(exc).__name__} {exc}"[:160]
                 up = node.up
