@@ -420,9 +420,12 @@ class QuorumGroups:
         """A publish held for a leader (``Held``), now known, goes to it: through the proxy (never passed on
         again from there), or into the queue if this node leads."""
         vhost = self.broker.vhosts.get(group.vhost)
-        queue = vhost.queues.get(group.name) if vhost is not None else None
-        if isinstance(queue, RemoteQueue):
-            return queue.enqueue(message, confirm, relay=True)
+        if vhost is None:
+            return False
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:
+            return proxy.enqueue(message, confirm, relay=True)
+        queue = vhost.queues.get(group.name)
         if group.replicator is not None and queue is group.replicator.queue:
             return queue.enqueue(message.copy(), confirm)  # (its own record: the old one is the copy's)
         return False
