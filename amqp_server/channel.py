@@ -79,6 +79,8 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
 
     def channel_closed(self, ch: int, awaiting_close_ok: bool) -> None: ...
 
+    def close_with(self, error: errors.AMQPError) -> None: ...
+
     def started_publishing(self) -> None: ...
 
     def hold(self, alarm: str | None) -> None: ...
@@ -812,6 +814,12 @@ class Channel:
             self._cancels.append(consumer.tag)
         else:
             self.reply(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        """A message the consumer was to get cannot be read: the connection closes with 541, as RabbitMQ's does
+        when its channel fails."""
+        if self.open and self.consumers.get(consumer.tag) is consumer:
+            self.connection.close_with(errors.ConnectionError(errors.INTERNAL_ERROR, reason))
 
     def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
         """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,

@@ -39,9 +39,15 @@ class Config:
     segment_size: int = 16 * 1024 * 1024
     compaction_threshold: float = 0.5
     message_cache_bytes: int = 64 * 1024 * 1024
+    definitions_max_size: int = 1 << 30  # bytes of definitions before clients' new ones are refused (the map grows)
     log_level: str = "INFO"
     cluster_etcd: str = ""  # etcd endpoint (host:port): cluster mode; empty for a single node
     cluster_secret: str = ""
+    cluster_etcd_user: str = ""  # etcd's own login (with cluster_etcd_password_file)
+    cluster_etcd_password_file: str = ""
+    cluster_etcd_cacert: str = ""  # TLS to etcd: the CA its certificate is verified against
+    cluster_etcd_cert: str = ""  # and this node's client certificate and key (etcd's --client-cert-auth)
+    cluster_etcd_key: str = ""
     cluster_port: int = 0  # node-to-node links; 0 means amqp_port + 20000
     cluster_advertise: str = ""  # address other nodes dial; default the bind address or 127.0.0.1
     tls_port: int = 5671  # AMQPS; listens only when tls_certfile is set
@@ -108,9 +114,17 @@ _HELP = {
     "segment_size": "message store segment file size, bytes",
     "compaction_threshold": "dead fraction of a segment that triggers its compaction",
     "message_cache_bytes": "message store read cache, bytes",
+    "definitions_max_size": "bytes the definition store may hold before clients' new durable queues, exchanges, "
+                            "bindings and policies are refused (406); users, permissions, vhosts, imports and "
+                            "deletes always go through",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "cluster_etcd": "etcd endpoint (host:port) shared by the cluster's nodes; empty runs a single node",
     "cluster_secret": "shared secret authenticating node-to-node links (required in cluster mode)",
+    "cluster_etcd_user": "etcd user this node logs in as (etcd's auth enabled)",
+    "cluster_etcd_password_file": "file holding that user's etcd password (its first line)",
+    "cluster_etcd_cacert": "PEM CA bundle etcd's certificate is verified against: TLS to etcd",
+    "cluster_etcd_cert": "PEM client certificate this node shows etcd (etcd's --client-cert-auth)",
+    "cluster_etcd_key": "PEM private key of --cluster-etcd-cert",
     "cluster_port": "port for node-to-node links (default AMQP port + 20000)",
     "cluster_advertise": "address the other nodes dial for links (default the bind address, or 127.0.0.1)",
     "tls_port": "AMQPS listener port, served when --tls-certfile is set",

@@ -10,6 +10,7 @@ untrusted text, or long text of any kind, without it, and cuts the exception tex
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -77,12 +78,27 @@ class Handler(RichHandler):
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
             record.exc_info = (type(exc), _cut(exc), exc.__traceback__)
-        super().emit(record)
+        try:
+            super().emit(record)
+        except Exception:  # noqa: BLE001 - rendering failed (out of descriptors: a traceback opens sources)
+            _plain(record)
 
     def render_message(self, record: logging.LogRecord, message: str) -> ConsoleRenderable:
         if len(message) > MAX_HIGHLIGHTED or _carries_untrusted(record):
             record.highlighter = None
         return super().render_message(record, message)
+
+
+def _plain(record: logging.LogRecord) -> None:
+    """A record as one plain line, its exception as its type and text: what logging falls back to, which may
+    not raise (a log call must never take the node down)."""
+    try:
+        line = f"{record.levelname} {record.name}: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            line += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        sys.stderr.write(line[:MAX_EXCEPTION_TEXT] + "\n")
+    except Exception:  # noqa: BLE001, S110 - nowhere left to say it
+        pass
 
 
 def setup(level: str) -> None:

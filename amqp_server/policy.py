@@ -272,9 +272,9 @@ class Policies:
 
     def put(self, kind: str, policy: Policy, vhost: "Resources") -> None:
         """Set (create or replace) a policy of ``vhost``; it applies to its queues and exchanges at once."""
-        self._policies.setdefault((kind, policy.vhost), {})[policy.name] = policy
         key, record = _record_key(policy.vhost, policy.name), policy.to_json()
-        self.store.put(kind, key, record)
+        self.store.put(kind, key, record)  # first: a write that fails leaves nothing behind
+        self._policies.setdefault((kind, policy.vhost), {})[policy.name] = policy
         if self.listener is not None:
             self.listener.defined(kind, key, record)
         self.apply_to_vhost(vhost)

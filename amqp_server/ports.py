@@ -48,6 +48,10 @@ class DeliveryTarget(Protocol[ConsumerT, EntryT]):
     def cancelled_by_broker(self, consumer: ConsumerT) -> None:
         """The queue went away (deleted, or its node went down): tell the client."""
 
+    def failed(self, consumer: ConsumerT, reason: str) -> None:
+        """The consumer's next message cannot be read (a stream record too large to decode): its client is
+        failed as RabbitMQ fails it, with 541 INTERNAL_ERROR."""
+
     def handed_over(self, consumer: ConsumerT, old: Any, new: Any) -> None:
         """Another object stands for the consumer's queue (a quorum queue's leader moved): the consumer goes on
         with it (``Queue.take_consumer``), its client unaware."""

@@ -81,7 +81,7 @@ class Node:
         self.broker = Broker(config.data_dir, config.node_name,
                              Persistence(config.data_dir, config.segment_size, config.message_cache_bytes,
                                          config.compaction_threshold), config.segment_size, self.clients,
-                             config.queue_window)
+                             config.queue_window, config.definitions_max_size)
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: frontend.TlsListener | None = None  # AMQPS, when a certificate is configured
         self.mgmt: web.AppRunner | None = None  # the management plugin's aiohttp runner, when enabled
@@ -182,12 +182,20 @@ class Node:
         self.broker.close()
 
 
+class StartFailed(Exception):
+    """The node could not start (a port taken, the data directory unreadable): what ``main`` reports as such; an
+    error once it runs is not one."""
+
+
 async def serve(config: Config) -> None:
-    node = Node(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.stop)
-    await node.start()
+    try:
+        node = Node(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node.stop)
+        await node.start()
+    except OSError as exc:
+        raise StartFailed(str(exc)) from exc
     await node.run_until_stopped()
 
 
@@ -212,8 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = uvloop.run
     try:
         runner(serve(config))
-    except OSError as exc:
+    except StartFailed as exc:
         log.error("cannot start: %s", exc)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the running node is said as that, not as a start
+        log.critical("the node stopped on an error: %s: %s", type(exc).__name__, exc)
         return 1
     finally:
         os.close(lock)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 from . import errors, header_table
 from .clock import now_ms
@@ -27,7 +29,7 @@ from .message import Message
 from .queue import Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
 from .stream import amqp10, chunk
-from .stream.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, Segment, StreamLog
+from .stream.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog
 
 if TYPE_CHECKING:
     from .ports import ConfirmSink, StreamListener
@@ -36,6 +38,33 @@ OFFSET_HEADER = "x-stream-offset"
 CHUNK_BYTES = 1 << 20  # records of AMQP publishes buffered before they are written as a chunk (else: the turn's end)
 DECODED_BYTES = 16 << 20  # chunks decoded for AMQP consumers, kept while they take no more memory than this
 ENTRY_OVERHEAD = 400  # bytes of memory a decoded message takes beside its body (its objects)
+DECODE_SLICE = 256  # records of a chunk decoded at a time for AMQP consumers
+DECODE_BATCH = 8  # records decoded between two looks at ``TURN_WORK``
+TURN_WORK = 4 << 20  # what consumers' decoding may cost per loop turn: memory of entries, ``VALUE_COST`` a value
+VALUE_COST = 64  # (an AMQP 1.0 value decoded the slow way costs about as much as this many bytes copied)
+
+log = logging.getLogger("warren.stream")
+
+
+class Unreadable(NamedTuple):
+    """A record at offset ``seq`` too large to decode (``amqp10.TooLarge``): a consumer reaching it fails."""
+
+    seq: int
+    reason: str
+
+
+class _Decoded:
+    """A chunk's records decoded for AMQP consumers so far (``records``: the rest, None once all are)."""
+
+    __slots__ = ("entries", "records", "size", "refused")
+
+    def __init__(self, raw: bytes) -> None:
+        entries_count, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
+        self.entries: list[Entry | Unreadable | None] = []
+        self.refused: list[str] = []  # why sub-batches were passed over (``chunk.records``)
+        self.records: Iterator[bytes | None] | None = chunk.records(
+            memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len], entries_count, self.refused)
+        self.size = 0  # the memory its entries take
 
 
 class StreamQueue(Queue):
@@ -52,8 +81,11 @@ class StreamQueue(Queue):
         # stream-protocol readers and writers (stream.reader)
         self.listeners: dict["StreamListener[StreamQueue]", None] = {}
         self._decoder = amqp10.Decoder(self.name)
-        self._decoded: OrderedDict[int, list[Entry | None]] = OrderedDict()  # chunk id -> its entries, by offset
+        self._decoded: OrderedDict[int, _Decoded] = OrderedDict()  # chunk id -> its entries, by offset
         self._decoded_bytes = 0
+        self._decoded_work = 0  # memory of the entries decoded (``_work``)
+        self._later = False  # a delivery is due at the next loop turn (``TURN_WORK`` was reached)
+        self._failed: set[Consumer] = set()  # consumers that reached an unreadable record, being failed
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -100,6 +132,8 @@ class StreamQueue(Queue):
         """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
         commit that makes the chunk durable (``message.logged``)."""
         opened = self._open
+        if not opened and not self.writable():
+            return False
         opened.append(amqp10.entry(message))
         size = message.body_size
         self._open_body += size
@@ -129,6 +163,11 @@ class StreamQueue(Queue):
         self._open_body = 0
         self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
+
+    def writable(self) -> bool:
+        """Whether the log takes chunks now (it has a segment open, or can open one): a publish is refused if
+        not."""
+        return self.log.writable()
 
     def append_chunks(self, chunks: list[tuple[bytes | memoryview, int, int, int, bytes]]) -> int:
         """A stream-protocol publish frame's chunks, each (data, entries, records, body bytes, trailer), after this
@@ -160,6 +199,7 @@ class StreamQueue(Queue):
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self.cursors.pop(consumer, None)
+        self._failed.discard(consumer)
         super().remove_consumer(consumer)
 
     def attach_at(self, spec: Any) -> int:
@@ -184,19 +224,31 @@ class StreamQueue(Queue):
         return stream_log.next
 
     def deliver_ready(self) -> None:
-        """Each consumer reads on from its own offset while it has credit."""
+        """Each consumer reads on from its own offset while it has credit.  Decoding counts against
+        ``TURN_WORK``: past it, the rest waits for the next loop turn, after other clients had theirs.  A
+        consumer that reaches a record too large to decode is failed as RabbitMQ fails it (541)."""
         stream_log = self.log
         end = stream_log.next
         stats = self.stats
+        budget = self._work() + TURN_WORK
         for consumer in self.consumers:
+            if consumer in self._failed:
+                continue
             cursor = max(self.cursors[consumer], stream_log.first)
             while cursor < end and consumer.has_credit():
-                entries, cursor_end = self._entries(cursor)
+                if self._work() >= budget:
+                    self.cursors[consumer] = cursor
+                    self._deliver_later()
+                    return
+                entries, cursor_end = self._entries(cursor, budget)
                 channel = consumer.channel
                 for entry in entries:
                     if entry is None:  # a record this node cannot read: its offset is passed over
                         cursor += 1
                         continue
+                    if isinstance(entry, Unreadable):
+                        self._fail(consumer, entry)
+                        break
                     if not consumer.has_credit():
                         break
                     consumer.unacked += 1
@@ -206,55 +258,110 @@ class StreamQueue(Queue):
                     channel.deliver(consumer, entry)
                 else:
                     cursor = cursor_end
+                    continue
+                break
             self.cursors[consumer] = cursor
 
-    def _entries(self, offset: int) -> tuple[list[Entry | None], int]:
-        """The entries of the chunk holding ``offset``, from ``offset`` on, and where the chunk ends."""
+    def _deliver_later(self) -> None:
+        if not self._later:
+            self._later = True
+            asyncio.get_running_loop().call_soon(self._deliver_now)
+
+    def _deliver_now(self) -> None:
+        self._later = False
+        if not self.deleted:
+            self.deliver_ready()
+
+    def _fail(self, consumer: Consumer, unreadable: "Unreadable") -> None:
+        """The consumer reached a record that is not decoded: its client is failed (after this turn: the
+        consumers are being iterated)."""
+        self._failed.add(consumer)
+        reason = (f"message at offset {unreadable.seq} of "
+                  f"{errors.resource_name('queue', self.name, self.vhost)} cannot be read: {unreadable.reason}")
+        log.warning("%s", reason)
+        asyncio.get_running_loop().call_soon(consumer.channel.failed, consumer, reason)
+
+    def _work(self) -> int:
+        """What decoding for consumers has cost so far (``TURN_WORK``'s unit)."""
+        return self._decoded_work + self._decoder.values * VALUE_COST
+
+    def _entries(self, offset: int, budget: float = float("inf")) -> tuple[list[Entry | Unreadable | None], int]:
+        """The entries of the chunk holding ``offset``, from ``offset`` on (one at least, and more while
+        ``_work`` is below ``budget``), and the offset after the last one given."""
         stream_log = self.log
         found = stream_log.find(offset)
         if found is None:
             return [], offset
         segment, i = found
         row = stream_log.rows(segment)[i]
-        chunk_id, records = int(row["id"]), int(row["records"])
-        entries = self._decoded.get(chunk_id)
-        if entries is None:
-            entries = self._decode(segment, i, chunk_id)
+        chunk_id = int(row["id"])
+        decoded = self._decoded.get(chunk_id)
+        if decoded is None:
+            decoded = self._decoded[chunk_id] = _Decoded(stream_log.chunk_bytes(segment, i))
         else:
             self._decoded.move_to_end(chunk_id)
-        return entries[max(offset - chunk_id, 0):], chunk_id + records
+        entries = decoded.entries
+        at = max(offset - chunk_id, 0)
+        if at >= len(entries) and decoded.records is not None:
+            self._decoded_bytes += self._decode(decoded, chunk_id, at + DECODE_SLICE, budget)
+            while self._decoded_bytes > DECODED_BYTES and len(self._decoded) > 1:
+                _, dropped = self._decoded.popitem(last=False)
+                self._decoded_bytes -= dropped.size
+        return entries[at:], chunk_id + len(entries)
 
-    def _decode(self, segment: Segment, i: int, chunk_id: int) -> list[Entry | None]:
-        raw = self.log.chunk_bytes(segment, i)
-        entries_count, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
-        message = self._decoder.message
-        entries: list[Entry | None] = []
+    def _decode(self, decoded: _Decoded, chunk_id: int, upto: int, budget: float) -> int:
+        """Records of a chunk decoded until it has ``upto`` entries (or all), or ``_work`` reaches ``budget``:
+        the memory they take."""
+        decoder = self._decoder
+        message = decoder.message
+        entries = decoded.entries
+        append = entries.append
+        records = decoded.records
+        assert records is not None
         size = 0
-        for offset, record in enumerate(chunk.records(memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len],
-                                                      entries_count), chunk_id):
-            if record is None:
-                entries.append(None)
-                continue
-            converted = message(record)
-            size += converted.body_size + ENTRY_OVERHEAD
-            entries.append(Entry(offset, converted))
-        self._decoded[chunk_id] = entries
-        self._decoded_bytes += size
-        while self._decoded_bytes > DECODED_BYTES and len(self._decoded) > 1:
-            _, dropped = self._decoded.popitem(last=False)
-            self._decoded_bytes -= sum(entry.message.body_size + ENTRY_OVERHEAD for entry in dropped
-                                       if entry is not None)
-        return entries
+        left = budget - self._work()
+        while len(entries) < upto and left > 0:
+            before, values, had = size, decoder.values, len(entries)
+            for offset, record in enumerate(islice(records, min(DECODE_BATCH, upto - had)), chunk_id + had):
+                if record is None:
+                    append(None)
+                    if decoded.refused:
+                        log.warning("%s: records from offset %d passed over: %s",
+                                    errors.resource_name("queue", self.name, self.vhost), offset,
+                                    decoded.refused[0])
+                        decoded.refused.clear()
+                    continue
+                try:
+                    converted = message(record)
+                except amqp10.TooLarge as exc:
+                    append(Unreadable(offset, str(exc)))
+                else:
+                    size += converted.body_size + ENTRY_OVERHEAD
+                    append(Entry(offset, converted))
+            if len(entries) == had:
+                decoded.records = None
+                break
+            left -= size - before + (decoder.values - values) * VALUE_COST
+        self._decoded_work += size
+        decoded.size += size
+        return size
 
     def read(self, start: int, count: int) -> list[Entry]:
-        """Up to ``count`` entries from offset ``start`` (within the stream) with their contents."""
+        """Up to ``count`` entries from offset ``start`` (within the stream) with their contents; a record too
+        large to decode is an error (541), as it is to a consumer."""
         self.flush()
         found: list[Entry] = []
         cursor = max(start, self.first)
         end = self.log.next
         while cursor < end and len(found) < count:
             entries, cursor = self._entries(cursor)
-            found.extend(entry for entry in entries[:count - len(found)] if entry is not None)
+            for entry in entries[:count - len(found)]:
+                if isinstance(entry, Unreadable):
+                    raise errors.ChannelError(errors.INTERNAL_ERROR, f"message at offset {entry.seq} of "
+                                              f"{errors.resource_name('queue', self.name, self.vhost)} cannot "
+                                              f"be read: {entry.reason}")
+                if entry is not None:
+                    found.append(entry)
         return found
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
@@ -291,6 +398,7 @@ class StreamQueue(Queue):
         self.cursors.clear()
         self._open = []
         self._decoded.clear()
+        self._failed.clear()
         if self.persistence is not None:
             self.persistence.streams.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)
 

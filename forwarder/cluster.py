@@ -11,7 +11,6 @@ import logging
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
-from urllib.parse import urlparse
 
 import aetcd
 
@@ -26,13 +25,15 @@ from amqp_server.queue_type import REPLICATED
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from amqp_server.vhost import VHost
 
+from . import etcd
 from .link import STATS, ServerLink, encode_json, listener
 from .membership import Membership
-from .metadata import Metadata
+from .metadata import DEF_PREFIX, Metadata
 from .peer import Peer
 from .quorum import QuorumGroups
 from .remote_queue import RemoteQueue
 from .session import Session
+from .signing import Signer
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -56,9 +57,8 @@ class Cluster:
         self.flow = flow
         self.name = config.node_name
         self.secret = config.cluster_secret.encode()
-        url = urlparse(config.cluster_etcd if "//" in config.cluster_etcd else f"http://{config.cluster_etcd}")
-        self.client = aetcd.Client(host=url.hostname or "127.0.0.1", port=url.port or 2379, timeout=5)
-        self.metadata = Metadata(self.client, broker.store, self.apply)
+        self.client = etcd.client(config)
+        self.metadata = Metadata(self.client, broker.store, self.apply, Signer(self.secret))
         self.link_port = config.cluster_port or config.amqp_port + 20000
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
         self.membership = Membership(self.client, self.name, {
@@ -86,7 +86,9 @@ class Cluster:
         }
 
     async def start(self) -> None:
-        """Definitions from the mirror first (no etcd needed), then links, then etcd's current state."""
+        """etcd's check of our credentials (a refusal stops the node), definitions from the mirror (no etcd
+        needed), then links, then etcd's current state."""
+        await etcd.check(self.client, self.config.cluster_etcd, DEF_PREFIX)
         self.broker.cluster = self
         self.broker.access.listener = self
         self.broker.policies.listener = self

@@ -30,6 +30,8 @@ from aetcd import rtypes
 from amqp_server.definitions import DefinitionStore
 from amqp_server.logs import untrusted
 
+from .signing import Signer
+
 log = logging.getLogger("warren.forwarder.metadata")
 
 DEF_PREFIX = b"/warren/def/"
@@ -57,8 +59,10 @@ def _name(etcd_key_: bytes) -> str:
 
 
 class Metadata:
-    def __init__(self, client: aetcd.Client, store: DefinitionStore, apply: Apply) -> None:
+    def __init__(self, client: aetcd.Client, store: DefinitionStore, apply: Apply,
+                 signer: Signer | None = None) -> None:
         self.client = client
+        self.signer = signer  # None: records are taken as they are (no cluster secret to check them with)
         self.store = store
         self.apply = apply
         self._writes: asyncio.Queue[tuple[bytes, dict[str, Any] | None]] = asyncio.Queue()
@@ -104,6 +108,32 @@ class Metadata:
             self.store.put(MIRROR, name, {"key": name, "record": record, "revision": revision})
             self._revisions[name] = revision
 
+    def _content(self, key: bytes, value: bytes) -> dict[str, Any]:
+        """The record a value holds, signed or not (what a delete removed)."""
+        return json.loads(value) if self.signer is None else self.signer.open(key, value)[0]
+
+    def _seal(self, key: bytes, record: dict[str, Any]) -> bytes:
+        return json.dumps(record).encode() if self.signer is None else self.signer.seal(key, record)
+
+    def _open(self, key: bytes, value: bytes, revision: int, upgrade: bool = False) -> dict[str, Any] | None:
+        """The record a value holds; None (logged, and its revision noted so that the checks do not read
+        everything again for it) if it is not signed with the cluster secret.  With ``upgrade`` (a full read), such
+        a record that this node applied already (its mirror has it as it is: written before definitions were
+        signed, or under another cluster secret) is taken, and signed again."""
+        if self.signer is None:
+            return json.loads(value)
+        record, signed = self.signer.open(key, value)
+        if signed:
+            return record
+        if upgrade:
+            saved = self.store.get(MIRROR, key.decode())
+            if saved is not None and saved["record"] == record:
+                self._write(key, record)
+                return record
+        self.signer.refused(key, revision)
+        self._revisions[key.decode()] = revision
+        return None
+
     # -- writes -------------------------------------------------------------------------------
 
     async def create(self, kind: str, key: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -111,20 +141,23 @@ class Metadata:
         full = etcd_key(kind, key)
         ops = self.client.transactions
         won, responses = await self.client.transaction(
-            compare=[ops.create(full) == 0], success=[ops.put(full, json.dumps(record).encode())],
+            compare=[ops.create(full) == 0], success=[ops.put(full, self._seal(full, record))],
             failure=[ops.get(full)])
         if won:
             self._mirror(full, record, responses[0].response_put.header.revision)
             return record
         value, meta = responses[0][0]
-        current = json.loads(value)
+        current = self._open(full, value, meta.mod_revision)
+        if current is None:
+            raise aetcd.exceptions.ClientError(f"{kind} {key} in etcd is not signed with the cluster secret")
         self._mirror(full, current, meta.mod_revision)
         return current
 
     async def fetch(self, kind: str, key: str) -> dict[str, Any] | None:
         """The record etcd has now (it reaches the mirror through the watch)."""
-        reply = await self.client.get(etcd_key(kind, key))
-        return None if reply is None else json.loads(reply.value)
+        full = etcd_key(kind, key)
+        reply = await self.client.get(full)
+        return None if reply is None else self._open(full, reply.value, reply.mod_revision)
 
     def put(self, kind: str, key: str, record: dict[str, Any]) -> None:
         self._write(etcd_key(kind, key), record)
@@ -164,7 +197,7 @@ class Metadata:
                         await self.client.delete(key)
                         self._mirror(key, None, 0)
                     else:
-                        reply = await self.client.put(key, json.dumps(record).encode())
+                        reply = await self.client.put(key, self._seal(key, record))
                         self._mirror(key, record, reply.header.revision)
                     self._wrote()
                     break
@@ -255,14 +288,16 @@ class Metadata:
         if event.kind == rtypes.EventKind.PUT:
             if saved is not None and saved["revision"] >= revision:
                 return  # our own write, or seen already
-            record = json.loads(event.kv.value)
+            record = self._open(key, event.kv.value, revision)
+            if record is None:
+                return
             self._mirror(key, record, revision)
             self.apply(_kind(key), _name(key), record, saved["record"] if saved else None)
         else:
             if saved is not None and saved["revision"] > revision:
                 return  # re-created since
             self._mirror(key, None, revision)
-            old = saved["record"] if saved else (json.loads(event.prev_kv.value) if event.prev_kv else None)
+            old = saved["record"] if saved else (self._content(key, event.prev_kv.value) if event.prev_kv else None)
             if old is not None:
                 self.apply(_kind(key), _name(key), None, old)
 
@@ -271,11 +306,15 @@ class Metadata:
         reply = await self.client.get_prefix(DEF_PREFIX)
         revision = reply.header.revision
         self.reloads += 1
-        present = {}
+        present, refused = {}, set()
         for kv in reply:
-            present[kv.key.decode()] = json.loads(kv.value)
+            record = self._open(kv.key, kv.value, kv.mod_revision, upgrade=True)
+            if record is None:
+                refused.add(kv.key.decode())  # what the mirror has of it stays
+            else:
+                present[kv.key.decode()] = record
         for key, mirrored in self._items():
-            if key not in present:
+            if key not in present and key not in refused:
                 self._mirror(key.encode(), None, revision)
                 self.apply(_kind(key.encode()), _name(key.encode()), None, mirrored["record"])
         for key, record in sorted(present.items(), key=lambda kv: ORDER.get(_kind(kv[0].encode()), 9)):

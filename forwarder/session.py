@@ -64,6 +64,11 @@ class RemoteConsumerChannel:
         self.session.consumers.pop(self.id, None)
         self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
 
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        """(A message it was to get cannot be read: its node is told the consumer is gone.)"""
+        consumer.queue.remove_consumer(consumer)
+        self.cancelled_by_broker(consumer)
+
     def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
         """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
         takes it, and what it holds, to the new leader (``RemoteQueue.follow``).  Its node is told (as a

@@ -17,7 +17,7 @@ from amqp_server.frontend import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import parameters, permissions, policies, queues, quorum_members, shovels, users, vhosts
-from . import forward, offsets
+from . import expect, forward, offsets
 from .auth import auth_middleware
 from .csrf import csrf_middleware
 from .context import KEY, Context
@@ -101,17 +101,21 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     app[KEY] = Context(broker, config, sampler, clients, flow or PublisherFlow())
     app["broker"] = broker  # plain key for add-on modules (offsets.py)
     for module in RESOURCES:
-        app.add_routes(module.routes)
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
-            if isinstance(route, web.RouteDef) and route.path.startswith("/api/") and not route.path.endswith("/"):
-                app.router.add_route(route.method, route.path + "/", route.handler, **route.kwargs)
+            if not isinstance(route, web.RouteDef):
+                continue
+            app.router.add_route(route.method, route.path, route.handler, expect_handler=expect.defer,
+                                 **route.kwargs)
+            if route.path.startswith("/api/") and not route.path.endswith("/"):
+                app.router.add_route(route.method, route.path + "/", route.handler, expect_handler=expect.defer,
+                                     **route.kwargs)
     forward.setup(app)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
     if static_dir and os.path.isdir(static_dir):
         app["static_dir"] = static_dir
         if os.path.exists(os.path.join(static_dir, "index.html")):
-            app.router.add_get("/", _index)
-        app.router.add_static("/", static_dir)
+            app.router.add_get("/", _index, expect_handler=expect.defer)
+        app.router.add_static("/", static_dir, expect_handler=expect.defer)
 
     async def on_startup(_app: web.Application) -> None:
         sampler.start()

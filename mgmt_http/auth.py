@@ -19,6 +19,7 @@ from aiohttp import web
 from amqp_server.auth import MANAGEMENT_TAGS, Principal, User, loopback_refused
 from amqp_server.broker import Broker
 
+from . import expect
 from .context import ctx
 from .gate import gate_of
 from .http import HTTPError, not_authorised, not_found
@@ -108,8 +109,10 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
             elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
                 request["login"] = authenticate(request, broker, loopback_only_guest)
                 require_monitor(request)
-            if gate is not None and "login" in request:
-                gate.logged_in()
+            if "login" in request:
+                if gate is not None:
+                    gate.logged_in()
+                await expect.proceed(request, ctx(request).config.mgmt_max_body_size)
             return await handler(request)
         finally:
             if gate is not None and not gate.open:  # the answer is written within this loop turn, then read on

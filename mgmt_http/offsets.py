@@ -36,7 +36,7 @@ from amqp_server.errors import AMQPError
 from amqp_server.queue import Queue
 from amqp_server.spark_bridge import arrow_records, record_reader, records
 
-from . import auth
+from . import auth, expect
 from .forward import by_owner
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
@@ -211,6 +211,6 @@ def add_routes(app: web.Application) -> None:
         readers.close()
 
     app.on_cleanup.append(stop_readers)
-    app.router.add_get("/api/queues/{vhost}/{name}/offsets", offsets)
-    app.router.add_get("/api/queues/{vhost}/{name}/records", read_records)
-    app.router.add_post("/api/queues/{vhost}/{name}/commit", commit)
+    app.router.add_get("/api/queues/{vhost}/{name}/offsets", offsets, expect_handler=expect.defer)
+    app.router.add_get("/api/queues/{vhost}/{name}/records", read_records, expect_handler=expect.defer)
+    app.router.add_post("/api/queues/{vhost}/{name}/commit", commit, expect_handler=expect.defer)

@@ -266,7 +266,7 @@ class FakeLink:
     apart.  What a node's ``Peer`` sends reaches the other's ``Session`` for it, and the other way round, as on
     a real link (``deliver`` tells them apart by frame type)."""
 
-    paused = False
+    write_paused = False
     silent = False  # closed after its heartbeats went unheard (``Network.fall_silent``)
 
     def __init__(self, network: "Network", source: str, peer_name: str) -> None:

@@ -6,6 +6,7 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -29,29 +30,34 @@ SECRET = "test-cluster-secret"
 
 
 class Etcd:
-    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1", netns: str = "") -> None:
-        """etcd on ``host`` (in the network namespace ``netns``, if given), data in ``data_dir``."""
+    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1", netns: str = "",
+                 tls: tuple[list[str], ssl.SSLContext] | None = None) -> None:
+        """etcd on ``host`` (in the network namespace ``netns``, if given), data in ``data_dir``; with ``tls``
+        (etcd's TLS options, and a context its health check connects with), on https."""
         self.port, self.peer = port or free_port(), free_port()
         self.host = host
         self.data_dir = data_dir
         self.netns = netns
+        self.tls = tls
         self.log = open(data_dir.parent / "etcd.log", "ab")
         self.start()
 
     def start(self) -> None:
         """Start (again: the same ports and data, as a restarted etcd) and wait until healthy."""
-        url, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer}"
+        scheme = "https" if self.tls else "http"
+        url, peer = f"{scheme}://{self.host}:{self.port}", f"http://{self.host}:{self.peer}"
         command = [ETCD, "--name", "warren-test", "--data-dir", str(self.data_dir),
                    "--listen-client-urls", url, "--advertise-client-urls", url,
                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                   "--initial-cluster", f"warren-test={peer}"]
+                   "--initial-cluster", f"warren-test={peer}", *(self.tls[0] if self.tls else ())]
         if self.netns:
             command = ["ip", "netns", "exec", self.netns, *command]
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
+                with urllib.request.urlopen(f"{url}/health", timeout=1,
+                                            context=self.tls[1] if self.tls else None) as reply:
                     if json.load(reply).get("health") == "true":
                         return
             except OSError:

@@ -16,6 +16,7 @@ from amqp_server.definitions import DefinitionStore
 from forwarder import membership, metadata
 from forwarder.membership import MEMBERS_PREFIX, Membership
 from forwarder.metadata import Metadata, etcd_key
+from forwarder.signing import MAC_FIELD, Signer
 from conftest import CLUSTER, starts
 from test_cluster import Etcd
 
@@ -52,11 +53,11 @@ async def admin_of(etcd: Etcd) -> AsyncIterator[aetcd.Client]:
 class Node:
     """A node's metadata: its mirror in its own store, and the definitions its broker has (what ``apply`` made)."""
 
-    def __init__(self, tmp: Path, etcd: Etcd) -> None:
-        self.store = DefinitionStore(str(tmp / "node"))
+    def __init__(self, tmp: Path, etcd: Etcd, signer: Signer | None = None, name: str = "node") -> None:
+        self.store = DefinitionStore(str(tmp / name))
         self.client = aetcd.Client(port=etcd.port, timeout=5)
         self.broker: dict[tuple[str, str], dict[str, Any]] = {}
-        self.metadata = Metadata(self.client, self.store, self.apply)
+        self.metadata = Metadata(self.client, self.store, self.apply, signer)
 
     def apply(self, kind: str, key: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         if new is None:
@@ -134,6 +135,68 @@ def test_on_start_the_mirror_becomes_etcd_s_state(tmp_path, etcd, run):
             await node.start()
             assert node.broker == await held(admin)
             assert sorted(key for _, key, _ in node.metadata.mirrored()) == sorted([changed[1], new[1]])
+
+    run(scenario())
+
+
+def test_only_definitions_signed_with_the_cluster_secret_are_applied(tmp_path, etcd, run, caplog):
+    """A node signs what it writes; a record put without the cluster secret (unsigned, or signed with another) is
+    logged and not applied, neither while watching nor on a full read, and does not replace the one the node had.
+    A record this node applied before definitions were signed is taken on its next start, and signed."""
+
+    async def scenario() -> None:
+        secret = Signer(b"the cluster secret")
+        writer, reader = Node(tmp_path, etcd, secret, "writer"), Node(tmp_path, etcd, secret, "reader")
+        old = Node(tmp_path, etcd, None, "old")  # (a node from before signing: its mirror holds what it applied)
+        try:
+            async with admin_of(etcd) as admin:
+                before = queue("from-before")
+                await put(admin, *before)
+                await old.start()
+                await old.stop()
+                upgraded = Node(tmp_path, etcd, secret, "old")  # the same node, upgraded
+                await upgraded.start()
+                assert before[:2] in upgraded.broker
+                await reader.start()
+                await writer.start()
+                signed = queue("signed")
+                writer.metadata.put(*signed)
+                await writer.metadata.written()
+                value = json.loads((await admin.get(etcd_key(*signed[:2]))).value)
+                assert MAC_FIELD in value
+
+                async def signed_everywhere() -> bool:
+                    stored = await admin.get(etcd_key(*before[:2]))
+                    return signed[:2] in reader.broker and MAC_FIELD in json.loads(stored.value)
+
+                await until(signed_everywhere, "a signed record is applied and the old one signed again")
+                assert before[:2] in reader.broker
+                planted, forged = queue("planted"), queue("forged")
+                await put(admin, *planted)
+                await admin.put(etcd_key(*forged[:2]), Signer(b"another secret").seal(etcd_key(*forged[:2]), forged[2]))
+                await put(admin, *signed[:2], {**signed[2], "arguments": {"x-max-length": 1}})
+                probe = queue("probe-signed")  # once it is applied, the watch has passed what came before
+                writer.metadata.put(*probe)
+
+                async def probed() -> bool:
+                    return probe[:2] in reader.broker
+
+                await until(probed, "the watch passes the planted records")
+                assert planted[:2] not in reader.broker and forged[:2] not in reader.broker
+                assert reader.broker[signed[:2]] == signed[2]
+                restarted = Node(tmp_path, etcd, secret, "late")
+                try:
+                    await restarted.start()  # a full read refuses them too
+                    assert planted[:2] not in restarted.broker and forged[:2] not in restarted.broker
+                    assert signed[:2] not in restarted.broker  # (overwritten unsigned: none to keep)
+                finally:
+                    await restarted.stop()
+                await upgraded.stop()
+        finally:
+            await writer.stop()
+            await reader.stop()
+        refusals = [r.getMessage() for r in caplog.records if "not signed with the cluster secret" in r.getMessage()]
+        assert any("planted" in line for line in refusals) and any("forged" in line for line in refusals)
 
     run(scenario())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -235,3 +236,53 @@ def test_http_publish_waits_for_the_memory_alarm_with_its_body_unread(start_brok
     for thread in publishers:
         thread.join(60)
     assert answers == [(200, b'{"routed":true}')] * 20
+
+
+# -- Expect: 100-continue ----------------------------------------------------------------------------------------
+
+def _head(sock: socket.socket, buffered: bytes = b"") -> tuple[str, dict[str, str], bytes]:
+    """The next response head on ``sock``: its status line, headers, and what was read past it."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {buffered!r}"
+        buffered += chunk
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    return status, {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}, rest
+
+
+def _response(sock: socket.socket) -> tuple[str, bytes]:
+    status, headers, rest = _head(sock)
+    while len(rest) < int(headers.get("content-length", 0)):
+        rest += sock.recv(65536)
+    return status, rest
+
+
+def _put_head(path: str, authorization: str, length: int) -> bytes:
+    return (f"PUT {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: {authorization}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
+
+
+def test_expect_100_continue_is_answered_only_to_a_request_that_may_send_its_body(broker, uid):
+    """On a connection that has logged in, a request with wrong credentials, or a body over the limit, was told
+    100 Continue by aiohttp before either was checked: its body was invited and buffered.  Now it is refused at
+    once (401, 413); a request that logged in with a body it may send gets its 100 Continue."""
+    bad = "Basic " + base64.b64encode(b"guest:wrong").decode()
+    with socket.create_connection(("127.0.0.1", broker.mgmt_port), timeout=10) as sock:
+        sock.sendall(b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: " + GUEST.encode() + b"\r\n\r\n")
+        assert _response(sock)[0] == "HTTP/1.1 200 OK"  # logged in: the connection's gate is open
+        sock.sendall(_put_head(f"/api/queues/%2F/{uid}", bad, 10 * MiB))
+        status, _, _ = _head(sock)
+        assert status == "HTTP/1.1 401 Unauthorized"
+    with socket.create_connection(("127.0.0.1", broker.mgmt_port), timeout=10) as sock:
+        sock.sendall(_put_head(f"/api/queues/%2F/{uid}", GUEST, 20 * MiB))
+        status, _, _ = _head(sock)
+        assert status == "HTTP/1.1 413 Request Entity Too Large"
+    body = json.dumps({"durable": False}).encode()
+    with socket.create_connection(("127.0.0.1", broker.mgmt_port), timeout=10) as sock:
+        sock.sendall(_put_head(f"/api/queues/%2F/{uid}", GUEST, len(body)))
+        status, _, rest = _head(sock)
+        assert status == "HTTP/1.1 100 Continue" and rest == b""
+        sock.sendall(body)
+        assert _response(sock)[0] == "HTTP/1.1 201 Created"
+    assert call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}").status == 204

@@ -88,6 +88,22 @@ def test_case_sensitive_and_absent_headers_change_nothing(ch, uid):
     assert drain(ch, q["cc"]) == []
 
 
+def test_more_distinct_keys_than_the_cap_are_refused(ch, uid):
+    """1,024 distinct keys route (named again and again, each once); one more is a 406, whose message went nowhere."""
+    q = bound_queues(ch, uid, "topic", {"first": "k.0", "last": "k.1023", "all": "k.#"})
+    keys = [f"k.{i}" for i in range(1024)]
+    publish(ch, uid, "k.0", {"CC": keys[:600] * 2, "BCC": keys[500:]})
+    assert [body for body, _ in drain(ch, q["all"])] == [b"m"]
+    assert len(drain(ch, q["first"])) == len(drain(ch, q["last"])) == 1
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        publish(ch, uid, "k.0", {"CC": keys[:600], "BCC": [*keys[500:], "k.1024"]}, body=b"too many")
+        ch.queue_declare(q["all"], passive=True)  # a round trip to see the close
+    assert excinfo.value.reply_code == 406
+    assert excinfo.value.reply_text == \
+        "PRECONDITION_FAILED - invalid message: more than 1024 distinct routing keys in its CC and BCC headers"
+    assert drain(ch.connection.channel(), q["all"]) == []
+
+
 def test_cc_that_is_not_an_array_is_refused(ch, uid):
     q = bound_queues(ch, uid, "direct", {"to": "to"})
     with pytest.raises(ChannelClosedByBroker) as excinfo:

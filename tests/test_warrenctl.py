@@ -1,6 +1,7 @@
 """``warrenctl`` as a user runs it: a subprocess against a real node's management HTTP API."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -105,6 +106,46 @@ def test_host_and_port_options_beat_the_environment(broker: BrokerProcess) -> No
     assert result.returncode == 0, result.stderr
     line = fails(broker, "--port", str(dead), "list", "vhosts", code=3)
     assert str(dead) in line
+
+
+async def test_a_redirect_is_not_followed(broker: BrokerProcess) -> None:
+    """A server that redirects to another port learns nothing: warrenctl reports the redirect and follows none,
+    as rabbitmqadmin (urllib would have sent the Authorization header to wherever it pointed)."""
+    from aiohttp import web
+
+    seen: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response([])
+
+    elsewhere_port, redirecting_port = free_port(), free_port()
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"http://127.0.0.1:{elsewhere_port}{request.path_qs}")
+
+    runners = []
+    for port, handler in ((elsewhere_port, record), (redirecting_port, redirect)):
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command(), "--user", "guest", "--password", "guest", "list", "queues", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("WARREN_")},
+                 "WARREN_MGMT_URL": f"http://127.0.0.1:{redirecting_port}"})
+        _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert proc.returncode == 1
+    assert err.decode().strip() == (f"warrenctl: 302 Found: redirected to "
+                                    f"'http://127.0.0.1:{elsewhere_port}/api/queues', not followed")
+    assert seen == []
 
 
 def test_wrong_password_is_401(broker: BrokerProcess) -> None:

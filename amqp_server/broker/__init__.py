@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from msg_store import DEFAULT_SEGMENT_SIZE
 
 from ..auth import AccessControl, AuthAttempts
-from ..definitions import DefinitionStore
+from ..definitions import DEFAULT_MAX_SIZE, DefinitionStore
 from ..delayed import DelayedMessages
 from ..direct_reply import ReplyConsumers
 from ..limits import Limits
@@ -51,13 +51,14 @@ def server_name(prefix: str) -> str:
 class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages, Offsets, Recovery):
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
-                 clients: "ClientRegistry | None" = None, queue_window: int = 2048) -> None:
+                 clients: "ClientRegistry | None" = None, queue_window: int = 2048,
+                 definitions_max_size: int = DEFAULT_MAX_SIZE) -> None:
         self.data_dir = data_dir
         self.node_name = node_name
         self.queue_window = queue_window
         self.persistence = persistence or Persistence(data_dir)
         self.pager = Pager(data_dir, segment_size, self.persistence)
-        self.store = DefinitionStore(data_dir)
+        self.store = DefinitionStore(data_dir, definitions_max_size)
         self.access = AccessControl(self.store)
         self.access.bootstrap()
         self.limits = Limits(self.access)

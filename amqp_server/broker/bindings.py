@@ -47,7 +47,7 @@ class Bindings(BrokerCore):
             self.check_exclusive(queue, owner)
         else:
             target = vhost.exchange(destination)
-        self.add_binding(vhost, source, target, routing_key, arguments)
+        self.add_binding(vhost, source, target, routing_key, arguments, who)
 
     def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
                arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
@@ -83,8 +83,9 @@ class Bindings(BrokerCore):
             who.check_topic("read", vhost.name, source, routing_key)
 
     def add_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
-                    arguments: dict[str, Any] | None = None) -> None:
-        """Bind (no permission check): bind, definitions import and the cluster's definitions come here."""
+                    arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
+        """Bind (no permission check; ``who`` for the store's room): bind, definitions import and the cluster's
+        definitions come here.  A binding whose definition cannot be kept is undone."""
         exchange = self._bindable(vhost, source)
         storable(arguments, "binding")
         try:
@@ -93,10 +94,16 @@ class Bindings(BrokerCore):
             raise errors.precondition_failed(str(exc)) from None
         if not added:
             return
-        vhost.bound(exchange, destination)
         if not _exclusive(destination):
-            self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()),
-                         exchange.durable and destination.durable)
+            durable = exchange.durable and destination.durable
+            try:
+                if durable:
+                    self.check_room("binding", arguments, who)
+                self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()), durable)
+            except Exception:
+                exchange.unbind(destination, routing_key, arguments or {})
+                raise
+        vhost.bound(exchange, destination)
 
     def remove_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                        arguments: dict[str, Any] | None = None) -> None:

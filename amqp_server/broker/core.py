@@ -4,13 +4,14 @@ the operations the parts call on one another.
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Protocol
 
 from exchanges import Exchange
 
 from .. import errors, field_types, queue_args
-from ..auth import AccessControl, AuthAttempts
-from ..definitions import DefinitionStore
+from ..auth import AccessControl, AuthAttempts, Principal
+from ..definitions import DefinitionStore, StoreFull
 from ..delayed import DelayedMessages, Publisher
 from ..direct_reply import ReplyConsumers
 from ..errors import ChannelError, resource_name
@@ -170,6 +171,17 @@ class BrokerCore:
             self.store.put(record.kind, record.key, raw)
         if self.cluster is not None:
             self.cluster.defined(record.kind, record.key, raw)
+
+    def check_room(self, what: str, arguments: Any, who: Principal | None) -> None:
+        """A client's new durable definition is refused (406) before anything is made when it would take the
+        definition store past ``--definitions-max-size``; administrators' imports and the cluster's definitions
+        (``who`` None) are not limited, as they are not by vhost limits."""
+        if who is None:
+            return
+        try:
+            self.store.room(len(json.dumps(field_types.to_json(arguments or {}))))
+        except StoreFull as exc:
+            raise errors.precondition_failed(f"cannot declare {what}: {exc}") from None
 
     def _undefine(self, record: Record, durable: bool) -> None:
         if durable:

@@ -78,10 +78,12 @@ class Exchanges(BrokerCore):
             raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{exc.args[0]}'") from None
         except ValueError as exc:
             raise errors.precondition_failed(str(exc)) from None
+        if durable:
+            self.check_room(what, arguments, who)
+        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
+                     durable)  # kept first: a write that fails leaves nothing behind
         vhost.exchanges[name] = exchange
         self.policies.apply_to_exchange(vhost.name, exchange)
-        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
-                     durable)
         return exchange
 
     async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
@@ -91,7 +93,10 @@ class Exchanges(BrokerCore):
         self.check_exchange_declare(vhost, name, arguments, who)
         if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
                 and exchange_class(type_name) is not None):
-            storable(arguments, resource_name("exchange", name, vhost.name))
+            what = resource_name("exchange", name, vhost.name)
+            storable(arguments, what)
+            if durable:
+                self.check_room(what, arguments, who)
             await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
                                                     dict(arguments or {})))
 

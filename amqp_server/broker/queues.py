@@ -90,20 +90,23 @@ class Queues(BrokerCore):
             return existing
         if who is not None:  # (rabbit_channel's check: imported and cluster definitions are not limited)
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
-        storable(arguments, resource_name("queue", name, vhost.name), queue=True)
+        what = resource_name("queue", name, vhost.name)
+        storable(arguments, what, queue=True)
+        if durable and not exclusive:
+            self.check_room(what, arguments, who)
         kind, args = queue_types.declared(arguments, name, vhost.name)
         kind.check_properties(name, vhost.name, durable, exclusive, auto_delete)
         queue = kind.new(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
+        if durable and not exclusive:
+            queue.index_id = self.next_index_id()
+        if not exclusive:  # kept first: a write that fails leaves nothing behind
+            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
         vhost.queues[name] = queue
         self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
-        if durable and not exclusive:
-            queue.index_id = self.next_index_id()
         self.attach(queue, durable and not exclusive)
-        if not exclusive:
-            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
         return queue
 
     def attach(self, queue: Queue, durable: bool) -> None:
@@ -133,7 +136,10 @@ class Queues(BrokerCore):
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         if self.cluster is not None and not exclusive and name not in vhost.queues:
-            storable(arguments, resource_name("queue", name, vhost.name), queue=True)
+            what = resource_name("queue", name, vhost.name)
+            storable(arguments, what, queue=True)
+            if durable:
+                self.check_room(what, arguments, who)
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 

@@ -42,6 +42,7 @@ class VHosts(BrokerCore):
                 target = policy.definition.get(key)
                 if isinstance(target, str):
                     who.check("write", "exchange", policy.vhost, target)
+        self.check_room(f"policy '{policy.name}' in vhost '{policy.vhost}'", policy.definition, who)
         self.policies.put(kind, policy, self.vhost(policy.vhost))
 
     def add_vhost(self, name: str, **metadata: Any) -> VHost:

@@ -13,7 +13,9 @@ and arrays left out); the body as one data section.  Back: exchange and routing 
 
 Where RabbitMQ 3.10 fails the consumer's connection (541) Warren delivers something: a record that is not AMQP
 1.0 arrives as the body with no properties; an amqp-value or amqp-sequence body as its encoded section; several
-data sections joined; a decimal header is left out on the way in.
+data sections joined; a decimal header is left out on the way in.  A record with more values than ``MAX_ITEMS``
+(or an array of more nulls than its bytes) is refused (``TooLarge``) as RabbitMQ refuses what it cannot read:
+decoding is bounded by the bytes left, every count checked before any loop.
 """
 from __future__ import annotations
 
@@ -36,10 +38,15 @@ _PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correl
                    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
                    "reply_to_group_id")
 MAX_DEPTH = 32
+MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
 
 
 class Invalid(ValueError):
     """Not an AMQP 1.0 message."""
+
+
+class TooLarge(Exception):
+    """An AMQP 1.0 message with more values than a node decodes (``MAX_ITEMS``): refused, never delivered."""
 
 
 @dataclass(frozen=True)
@@ -67,80 +74,110 @@ _VARIABLE = {0xA0: ("binary", 1), 0xA1: ("string", 1), 0xA3: ("symbol", 1),
 _U8, _U32 = struct.Struct(">B"), struct.Struct(">I")
 
 
-def _decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Value, int]:
-    return _decode_as(_byte(buf, pos), buf, pos + 1, depth)
+class _Reading:
+    """One record's decoding, bounded by its bytes: every count is checked against the bytes left before any loop
+    (an array of elements with no data, such as nulls, against the record's size), and at most
+    ``MAX_ITEMS`` values are made, so time and memory stay linear in the record's size."""
 
+    __slots__ = ("buf", "left")
 
-def _decode_as(code: int, buf: bytes, pos: int, depth: int) -> tuple[Value, int]:
-    """The value of type ``code`` at ``pos`` (its constructor read already)."""
-    if depth > MAX_DEPTH:
-        raise Invalid("nested too deep")
-    if code == 0x00:  # described: descriptor, then value
-        descriptor, pos = _decode(buf, pos, depth + 1)
-        value, pos = _decode(buf, pos, depth + 1)
-        return Value("described", (descriptor.value, value)), pos
-    constant = _CONSTANTS.get(code)
-    if constant is not None:
-        return constant, pos
-    fixed = _FIXED.get(code)
-    if fixed is not None:
-        kind, unpacker = fixed
-        if pos + unpacker.size > len(buf):
-            raise Invalid("truncated")
-        return Value(kind, unpacker.unpack_from(buf, pos)[0]), pos + unpacker.size
-    if code == 0x56:
-        return Value("bool", _byte(buf, pos) != 0), pos + 1
-    if code == 0x98:
-        return Value("uuid", uuid.UUID(bytes=_slice(buf, pos, 16))), pos + 16
-    if code in (0x74, 0x84, 0x94):
-        width = {0x74: 4, 0x84: 8, 0x94: 16}[code]
-        return Value("decimal", _slice(buf, pos, width)), pos + width
-    variable = _VARIABLE.get(code)
-    if variable is not None:
-        kind, width = variable
-        size, pos = _size(buf, pos, width)
-        raw = _slice(buf, pos, size)
-        if kind == "binary":
-            return Value(kind, raw), pos + size
-        try:
-            return Value(kind, raw.decode()), pos + size
-        except UnicodeDecodeError:
-            raise Invalid("string is not UTF-8") from None
-    if code in (0xC0, 0xC1, 0xD0, 0xD1):
-        width = 1 if code in (0xC0, 0xC1) else 4
-        size, pos = _size(buf, pos, width)
-        end = pos + size
-        if end > len(buf):
-            raise Invalid("truncated")
-        count, pos = _size(buf, pos, width)
-        items = []
-        for _ in range(count):
-            item, pos = _decode(buf, pos, depth + 1)
-            items.append(item)
-        if pos > end:
-            raise Invalid("compound runs past its size")
-        if code in (0xC1, 0xD1):
-            if count % 2:
-                raise Invalid("map with an odd count")
-            return Value("map", list(zip(items[::2], items[1::2]))), end
-        return Value("list", items), end
-    if code in (0xE0, 0xF0):
-        width = 1 if code == 0xE0 else 4
-        size, pos = _size(buf, pos, width)
-        end = pos + size
-        count, pos = _size(buf, pos, width)
-        element = _byte(buf, pos)
-        if element == 0x00:
-            raise Invalid("arrays of described values are not read")
-        pos += 1
-        items = []
-        for _ in range(count):
-            item, pos = _decode_as(element, buf, pos, depth + 1)
-            items.append(item)
-        if pos > end:
-            raise Invalid("array runs past its size")
-        return Value("array", items), end
-    raise Invalid(f"unknown type code 0x{code:02x}")
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.left = MAX_ITEMS
+
+    def take(self, count: int, room: int) -> None:
+        """``count`` values are about to be read from ``room`` bytes."""
+        if count > room:
+            raise Invalid(f"{count} values in {room} bytes")
+        self.left -= count
+        if self.left < 0:
+            raise TooLarge(f"more than {MAX_ITEMS} values in one message")
+
+    def value(self, pos: int, depth: int = 0) -> tuple[Value, int]:
+        return self.value_as(_byte(self.buf, pos), pos + 1, depth)
+
+    def value_as(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """The value of type ``code`` at ``pos`` (its constructor read already)."""
+        buf = self.buf
+        if depth > MAX_DEPTH:
+            raise Invalid("nested too deep")
+        if code == 0x00:  # described: descriptor, then value
+            self.take(2, len(buf) - pos)
+            descriptor, pos = self.value(pos, depth + 1)
+            value, pos = self.value(pos, depth + 1)
+            return Value("described", (descriptor.value, value)), pos
+        constant = _CONSTANTS.get(code)
+        if constant is not None:
+            return constant, pos
+        fixed = _FIXED.get(code)
+        if fixed is not None:
+            kind, unpacker = fixed
+            if pos + unpacker.size > len(buf):
+                raise Invalid("truncated")
+            return Value(kind, unpacker.unpack_from(buf, pos)[0]), pos + unpacker.size
+        if code == 0x56:
+            return Value("bool", _byte(buf, pos) != 0), pos + 1
+        if code == 0x98:
+            return Value("uuid", uuid.UUID(bytes=_slice(buf, pos, 16))), pos + 16
+        if code in (0x74, 0x84, 0x94):
+            width = {0x74: 4, 0x84: 8, 0x94: 16}[code]
+            return Value("decimal", _slice(buf, pos, width)), pos + width
+        variable = _VARIABLE.get(code)
+        if variable is not None:
+            kind, width = variable
+            size, pos = _size(buf, pos, width)
+            raw = _slice(buf, pos, size)
+            if kind == "binary":
+                return Value(kind, raw), pos + size
+            try:
+                return Value(kind, raw.decode()), pos + size
+            except UnicodeDecodeError:
+                raise Invalid("string is not UTF-8") from None
+        if code in (0xC0, 0xC1, 0xD0, 0xD1):
+            width = 1 if code in (0xC0, 0xC1) else 4
+            size, pos = _size(buf, pos, width)
+            end = pos + size
+            if end > len(buf):
+                raise Invalid("truncated")
+            count, pos = _size(buf, pos, width)
+            self.take(count, end - pos)  # each item takes a byte at least
+            items = []
+            for _ in range(count):
+                item, pos = self.value(pos, depth + 1)
+                items.append(item)
+            if pos > end:
+                raise Invalid("compound runs past its size")
+            if code in (0xC1, 0xD1):
+                if count % 2:
+                    raise Invalid("map with an odd count")
+                return Value("map", list(zip(items[::2], items[1::2]))), end
+            return Value("list", items), end
+        if code in (0xE0, 0xF0):
+            width = 1 if code == 0xE0 else 4
+            size, pos = _size(buf, pos, width)
+            end = pos + size
+            if end > len(buf):
+                raise Invalid("truncated")
+            count, pos = _size(buf, pos, width)
+            element = _byte(buf, pos)
+            if element == 0x00:
+                raise Invalid("arrays of described values are not read")
+            pos += 1
+            constant = _CONSTANTS.get(element)
+            if constant is not None:  # no data per element: counted against the record's size, made at once
+                if count > len(buf):
+                    raise TooLarge(f"an array of {count} values with no data in {len(buf)} bytes")
+                self.take(count, len(buf))
+                return Value("array", [constant] * count), end
+            self.take(count, end - pos)
+            items = []
+            for _ in range(count):
+                item, pos = self.value_as(element, pos, depth + 1)
+                items.append(item)
+            if pos > end:
+                raise Invalid("array runs past its size")
+            return Value("array", items), end
+        raise Invalid(f"unknown type code 0x{code:02x}")
 
 
 def _byte(buf: bytes, pos: int) -> int:
@@ -163,12 +200,18 @@ def _size(buf: bytes, pos: int, width: int) -> tuple[int, int]:
 
 
 def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
-    """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one."""
+    """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one,
+    TooLarge if it holds more values than ``MAX_ITEMS``."""
+    return _sections(_Reading(record))
+
+
+def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
+    record = reading.buf
     found = []
     pos = 0
     while pos < len(record):
         start = pos
-        value, pos = _decode(record, pos)
+        value, pos = reading.value(pos)
         if value.kind != "described" or not isinstance(value.value[0], int):
             raise Invalid("not a message section")
         descriptor, content = value.value
@@ -327,10 +370,13 @@ _DATA_SECTION = b"\x00\x53\x75"
 
 class Decoder:
     """A stream's records as AMQP 0-9-1 messages: the conversion of what precedes a record's body is remembered
-    (records from one publisher share it), so reading one costs a few slices."""
+    (records from one publisher share it), so reading one costs a few slices.  ``message`` raises TooLarge for
+    a record with more values than ``MAX_ITEMS``; ``values`` counts those decoded the slow way (what a caller
+    bounds its work by)."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
+        self.values = 0
         self.route = encode_route("", stream)
         self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
         self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
@@ -371,9 +417,16 @@ class Decoder:
             self._last, self._last_conversion = prefix, cached
         return cached, body_at
 
+    def _sections(self, record: bytes) -> list[tuple[int, Value, bytes]]:
+        reading = _Reading(record)
+        try:
+            return _sections(reading)
+        finally:
+            self.values += MAX_ITEMS - reading.left
+
     def _remember(self, prefix: bytes) -> tuple[str, str, bytes, bytes] | None:
         try:
-            found = sections(prefix) if prefix else []
+            found = self._sections(prefix) if prefix else []
         except Invalid:
             return None
         if any(descriptor in (DATA, AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
@@ -388,7 +441,7 @@ class Decoder:
     def _convert(self, record: bytes) -> Message:
         """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
         try:
-            exchange, routing_key, header, body = _convert(sections(record), self.stream)
+            exchange, routing_key, header, body = _convert(self._sections(record), self.stream)
         except Invalid:
             return Message("", self.stream, self.route, build_header(commands.Basic.Properties(), len(record)),
                            record)

@@ -13,7 +13,6 @@ a chunk of AMQP 0-9-1 publishes the bytes of its messages' bodies (``TRK_BODY``,
 """
 from __future__ import annotations
 
-import gzip
 import struct
 import zlib
 from typing import Iterator
@@ -29,6 +28,9 @@ COMPRESSION_NONE, COMPRESSION_GZIP = 0, 1
 TRK_SEQUENCE, TRK_BODY = 0, 0x80
 _TRACKED = struct.Struct(">BB")
 _VALUE = struct.Struct(">Q")
+
+
+MAX_INFLATED = 32 << 20  # bytes a chunk's gzip sub-batches may inflate to, together
 
 
 class Unsupported(Exception):
@@ -80,17 +82,23 @@ def body_bytes(data: bytes, entries: int, trailer: bytes) -> int:
     return total
 
 
-def records(data: bytes | memoryview, entries: int) -> Iterator[bytes | None]:
+def records(data: bytes | memoryview, entries: int, refused: list[str] | None = None) -> Iterator[bytes | None]:
     """A chunk's records in offset order (its data: what follows the header, up to the trailer).  A sub-batch
-    this node cannot read yields None for each of its records (they keep their offsets)."""
+    this node cannot read, or one that would inflate the chunk's records past ``MAX_INFLATED``, yields None for
+    each of its records (they keep their offsets); why is added to ``refused``."""
     pos = 0
+    room = MAX_INFLATED
     for _ in range(entries):
         if data[pos] & 0x80:
             type_byte, count, uncompressed, size = SUB_BATCH.unpack_from(data, pos)
             pos += SUB_BATCH.size
             try:
-                yield from sub_batch_records(type_byte, count, uncompressed, bytes(data[pos:pos + size]))
-            except (ValueError, Unsupported):
+                found = sub_batch_records(type_byte, count, uncompressed, bytes(data[pos:pos + size]), room)
+                room -= uncompressed
+                yield from found
+            except (ValueError, Unsupported) as exc:
+                if refused is not None:
+                    refused.append(str(exc))
                 yield from (None for _ in range(count))
             pos += size
         else:
@@ -100,16 +108,16 @@ def records(data: bytes | memoryview, entries: int) -> Iterator[bytes | None]:
             pos += size
 
 
-def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes) -> list[bytes]:
-    """The records of a sub-batch entry."""
+def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes,
+                      room: int = MAX_INFLATED) -> list[bytes]:
+    """The records of a sub-batch entry; ValueError for one that does not inflate to the size it says, or
+    whose size is above ``room``: inflating stops there, never past it."""
     compression = (type_byte & 0x70) >> 4
     if compression == COMPRESSION_GZIP:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ValueError(f"bad gzip sub-batch: {exc}") from None
-        if len(data) != uncompressed:
-            raise ValueError("sub-batch size does not match")
+        if uncompressed > room:
+            raise ValueError(f"gzip sub-batch of {uncompressed} bytes inflated, above the {room} left of the "
+                             f"{MAX_INFLATED} a chunk may inflate to")
+        data = _gunzip(data, uncompressed)
     elif compression != COMPRESSION_NONE:
         raise Unsupported(f"sub-batch compression {compression}")
     found = []
@@ -124,3 +132,15 @@ def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes
         found.append(data[pos:pos + size])
         pos += size
     return found
+
+
+def _gunzip(data: bytes, uncompressed: int) -> bytes:
+    """One gzip member inflated to exactly ``uncompressed`` bytes (never more are made)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, uncompressed + 1)
+    except zlib.error as exc:
+        raise ValueError(f"bad gzip sub-batch: {exc}") from None
+    if len(out) != uncompressed or not inflater.eof:
+        raise ValueError("gzip sub-batch does not inflate to the size it says")
+    return out

@@ -72,7 +72,7 @@ _I32 = struct.Struct(">i")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _RESPONSE = struct.Struct(">HHIH")  # key, version, correlation id, response code
-MAX_REFERENCE = 256  # publisher and consumer references (rabbit_stream_reader)
+MAX_REFERENCE = 255  # bytes of publisher and consumer references (osiris's writer takes no longer one)
 
 
 class Malformed(Exception):

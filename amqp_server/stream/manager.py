@@ -1,12 +1,12 @@
 """The broker operations the stream protocol needs (RabbitMQ's rabbit_stream_manager): create and delete a stream,
 find one to publish to or read from, super-stream routes and partitions, and each stream's tracking (consumer
-offsets stored by reference, publishers' last publishing ids).  Permission checks are inside each operation, as in
-every broker operation; a refusal is a :class:`StreamError` with the protocol's response code.
+offsets stored by reference, publishers' last publishing ids: both in the stream's log).  Permission checks are
+inside each operation, as in every broker operation; a refusal is a :class:`StreamError` with the protocol's
+response code.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .. import errors
@@ -32,7 +32,7 @@ _INTEGER_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
 _STRING_ARGUMENTS = {"max-age": "x-max-age", "queue-leader-locator": "x-queue-leader-locator"}
 _CODES = {errors.ACCESS_REFUSED: core.ACCESS_REFUSED, errors.NOT_FOUND: core.STREAM_DOES_NOT_EXIST,
           errors.PRECONDITION_FAILED: core.PRECONDITION_FAILED, errors.RESOURCE_LOCKED: core.PRECONDITION_FAILED}
-TRACKING = "stream_tracking"  # the definition store's kind for a stream's tracking, keyed by its index id
+TRACKING = "stream_tracking"  # where an earlier version kept a stream's tracking (definitions, by index id)
 
 
 class StreamError(Exception):
@@ -45,14 +45,6 @@ def code_of(error: AMQPError) -> int:
     return _CODES.get(error.code, core.INTERNAL_ERROR)
 
 
-@dataclass
-class Tracking:
-    """The offsets a stream keeps for its consumers, by reference (its publishers' last publishing ids are in its
-    log: ``StreamLog.writers``)."""
-
-    offsets: dict[str, int] = field(default_factory=dict)
-
-
 def served_here(queue: Queue | Any) -> TypeGuard[StreamQueue]:
     """Whether ``queue`` is a stream of this node, which the stream protocol serves here (a client finds another
     node's by ``metadata``; a super stream's partitions are those of this node)."""
@@ -61,7 +53,7 @@ def served_here(queue: Queue | Any) -> TypeGuard[StreamQueue]:
 class StreamManager:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
-        self._tracking: dict[int, Tracking] = {}
+        self._migrated: set[int] = set()  # streams whose tracking an earlier version kept in the definitions
 
     # -- streams ------------------------------------------------------------------------------
 
@@ -112,7 +104,7 @@ class StreamManager:
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
         if index_id:
-            self._tracking.pop(index_id, None)
+            self._migrated.discard(index_id)
             self.broker.store.delete(TRACKING, str(index_id))
 
     def stream(self, vhost_name: str, name: str) -> StreamQueue | None:
@@ -180,26 +172,37 @@ class StreamManager:
 
     # -- tracking -----------------------------------------------------------------------------
 
-    def tracking(self, queue: StreamQueue) -> Tracking:
-        tracking = self._tracking.get(queue.index_id)
-        if tracking is None:
-            saved = self.broker.store.get(TRACKING, str(queue.index_id)) or {}
-            tracking = self._tracking[queue.index_id] = Tracking(dict(saved.get("offsets", {})))
-            stream_log = queue.log
-            if saved.get("writers") and not stream_log.writers:  # kept here by an earlier version: the log's now
-                for reference, sequence in saved["writers"].items():
-                    stream_log.wrote(reference, sequence)
-        return tracking
+    def _migrate(self, queue: StreamQueue) -> None:
+        """Tracking an earlier version kept in the definitions store goes to the stream's log, once."""
+        if queue.index_id in self._migrated:
+            return
+        self._migrated.add(queue.index_id)
+        saved = self.broker.store.get(TRACKING, str(queue.index_id))
+        if not saved:
+            return
+        stream_log = queue.log
+        for reference, offset in saved.get("offsets", {}).items():
+            if stream_log.offsets.get(reference) is None:
+                stream_log.store_offset(reference, offset)
+        if saved.get("writers") and not stream_log.writers:
+            for reference, sequence in saved["writers"].items():
+                stream_log.wrote(reference, sequence)
+        self.broker.store.delete(TRACKING, str(queue.index_id))
 
     def writers(self, queue: StreamQueue) -> dict[str, int]:
         """The stream's named publishers' last publishing ids."""
-        self.tracking(queue)
+        self._migrate(queue)
         return queue.log.writers
 
+    def offset(self, queue: StreamQueue, reference: str) -> int | None:
+        """The offset stored for ``reference``, if any."""
+        self._migrate(queue)
+        return queue.log.offsets.get(reference)
+
     def store_offset(self, queue: StreamQueue, reference: str, offset: int) -> None:
-        tracking = self.tracking(queue)
-        tracking.offsets[reference] = offset
-        self.broker.store.put(TRACKING, str(queue.index_id), {"offsets": tracking.offsets})
+        """Kept per reference, durable at the next group commit (no write of its own)."""
+        self._migrate(queue)
+        queue.log.store_offset(reference, offset)
 
 
 def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:

@@ -85,6 +85,7 @@ def _uniform(buf: bytes | bytearray | memoryview, pos: int, end: int, count: int
 
 
 _SPECS = {core.OFFSET_FIRST: "first", core.OFFSET_LAST: "last", core.OFFSET_NEXT: "next"}
+_LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
 
 # states
 AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
@@ -611,7 +612,7 @@ class StreamConnection(FrontEnd):
         dedup = publisher is not None and bool(publisher.reference)
         last = publisher.sequence if publisher is not None else 0
         stream = publisher.stream if publisher is not None else None
-        if version == 1 and stream is not None and not stream.deleted:
+        if version == 1 and stream is not None and not stream.deleted and stream.writable():
             uniform = _uniform(buf, pos, end, count, last if dedup else None)
             if uniform is not None:
                 assert publisher is not None
@@ -656,8 +657,9 @@ class StreamConnection(FrontEnd):
             last = publishing_id
         if pos != end:
             raise Malformed("bytes left over in the publish frame")
-        if publisher is None or stream is None or stream.deleted:
-            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST
+        if publisher is None or stream is None or stream.deleted or not stream.writable():
+            code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST \
+                if stream is None or stream.deleted else core.INTERNAL_ERROR
             self._publish_errors(publisher_id, [(pid, code) for pid in ids + duplicates])
             return
         if spans:
@@ -775,7 +777,8 @@ class StreamConnection(FrontEnd):
         elif offset_type == core.OFFSET_OFFSET:
             start = stream.attach_at(value)
         else:
-            start = stream.attach_at(datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc))
+            ms = min(max(value, 0), _LAST_MS)  # (any i64 is taken, as RabbitMQ takes it)
+            start = stream.attach_at(datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc))
         subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
         stream.listeners[self] = None
         self.send(core.response(core.SUBSCRIBE, correlation, core.OK))
@@ -810,7 +813,10 @@ class StreamConnection(FrontEnd):
         name = fields.string()
         offset = fields.u64()
         fields.done()
-        if not reference or len(reference.encode()) > core.MAX_REFERENCE:
+        if len(reference.encode()) > core.MAX_REFERENCE:  # RabbitMQ 3.10.8's osiris fails it, and the connection
+            self._close(core.PRECONDITION_FAILED, f"reference longer than {core.MAX_REFERENCE} bytes")
+            return
+        if not reference:
             return
         try:
             stream = self.manager.for_("write", self.vhost_name, name, self._who())
@@ -825,7 +831,7 @@ class StreamConnection(FrontEnd):
         fields.done()
         try:
             stream = self.manager.for_("read", self.vhost_name, name, self._who())
-            offset = self.manager.tracking(stream).offsets.get(reference)
+            offset = self.manager.offset(stream, reference)
             if offset is None:
                 raise StreamError(core.NO_OFFSET)
         except StreamError as exc:

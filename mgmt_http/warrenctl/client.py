@@ -38,6 +38,18 @@ class Unreachable(CtlError):
     exit_code = 3
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error, never followed: urllib would send our Authorization header to wherever it
+    points, another host included (rabbitmqadmin follows none either)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -98,9 +110,12 @@ class ApiClient:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                location = exc.headers.get("Location", "")
+                raise ApiError(exc.code, f"redirected to {location!r}, not followed") from None
             raise self._api_error(exc.code, exc.read(), not_found) from None
         except (urllib.error.URLError, OSError) as exc:
             raise Unreachable(f"cannot reach {self.base_url.rstrip('/')}: {_os_reason(exc)}") from None

@@ -1,0 +1,109 @@
+"""The AMQP 1.0 codec of stream records (``stream.amqp10``) under hostile input: every input decodes or is
+refused, in time and memory linear in its bytes; counts read from the input are checked before any loop."""
+from __future__ import annotations
+
+import struct
+import time
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pamqp import commands
+
+from amqp_server.message import make_message
+from amqp_server.stream import amqp10
+
+
+def app_properties(value: bytes) -> bytes:
+    """An application-properties section {"k": value}, then a data section."""
+    pair = b"\xa1\x01k" + value
+    return b"\x00\x53\x74\xc1" + bytes([len(pair) + 1, 2]) + pair + b"\x00\x53\x75\xa0\x01x"
+
+
+def null_array(count: int) -> bytes:
+    """array32 of ``count`` elements whose constructor, null, has no data: five bytes say it all."""
+    return b"\xf0" + struct.pack(">II", 5, count) + b"\x40"
+
+
+@pytest.mark.parametrize("count", [20_000_000, 2**32 - 1])
+def test_an_array_of_millions_of_nulls_in_a_few_bytes_is_refused_at_once(count):
+    record = app_properties(null_array(count))
+    started = time.perf_counter()
+    with pytest.raises(amqp10.TooLarge):
+        amqp10.Decoder("s").message(record)
+    assert time.perf_counter() - started < 0.05
+
+
+def test_a_count_above_the_bytes_left_is_refused_before_any_loop():
+    items = b"\xa1\x01k\x43"
+    lying = b"\xd1" + struct.pack(">II", len(items) + 4, 2**32 - 1) + items  # a map32 "of 4 billion" items
+    with pytest.raises(amqp10.Invalid):
+        amqp10.sections(b"\x00\x53\x74" + lying)
+    started = time.perf_counter()
+    message = amqp10.Decoder("s").message(b"\x00\x53\x74" + lying + b"\x00\x53\x75\xa0\x01x")
+    assert time.perf_counter() - started < 0.05
+    assert message.properties.headers is None  # not AMQP 1.0: delivered as its bytes, as before
+
+
+def test_values_per_record_are_capped():
+    pairs = amqp10.MAX_ITEMS // 2 + 1
+    items = b"\xa1\x01k\x43" * pairs
+    record = b"\x00\x53\x74\xd1" + struct.pack(">II", len(items) + 4, 2 * pairs) + items + b"\x00\x53\x75\xa0\x01x"
+    with pytest.raises(amqp10.TooLarge):
+        amqp10.Decoder("s").message(record)
+
+
+def test_small_arrays_of_nulls_and_an_ordinary_record_still_decode():
+    [(_, value, _)] = amqp10.sections(app_properties(null_array(3)))[:1]
+    assert [item.kind for item in value.value[0][1].value] == ["null"] * 3
+    record = amqp10.from_amqp091(make_message("", "s", commands.Basic.Properties(
+        headers={"a": 1, "b": "x"}, message_id="m"), b"body"))
+    message = amqp10.Decoder("s").message(record)
+    assert message.body == b"body" and message.properties.headers == {"a": 1, "b": "x"}
+
+
+CODES = sorted({0x00, 0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56, 0x60, 0x61,
+                0x70, 0x71, 0x72, 0x73, 0x74, 0x80, 0x81, 0x82, 0x83, 0x84, 0x94, 0x98, 0xA0, 0xA1, 0xA3, 0xB0,
+                0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0})
+
+
+@st.composite
+def hostile_records(draw: st.DrawFn) -> bytes:
+    """Sections built of constructors the codec knows, with sizes and counts that may lie (large ones often)."""
+    parts = []
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.integers(0, 4))
+        if kind == 0:
+            parts.append(b"\x00\x53" + bytes([draw(st.integers(0x70, 0x78))]))
+        elif kind == 1:
+            parts.append(bytes([draw(st.sampled_from(CODES))]))
+        elif kind == 2:
+            parts.append(bytes([draw(st.sampled_from([0xC0, 0xC1, 0xE0]))])
+                         + bytes([draw(st.integers(0, 255)), draw(st.integers(0, 255))]))
+        elif kind == 3:
+            parts.append(bytes([draw(st.sampled_from([0xD0, 0xD1, 0xF0, 0xB0, 0xB1]))]) + struct.pack(
+                ">II", draw(st.sampled_from([0, 1, 5, 9, 2**31, 2**32 - 1])),
+                draw(st.sampled_from([0, 1, 2, 1000, 2**24, 2**32 - 1]))))
+        else:
+            parts.append(draw(st.binary(max_size=16)))
+    return b"".join(parts)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(hostile_records(), st.binary(max_size=200)))
+def test_fuzz_every_input_decodes_or_is_refused_in_time_and_memory_linear_in_its_bytes(record):
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        for decode in (amqp10.sections, amqp10.Decoder("s").message):
+            try:
+                decode(record)
+            except (amqp10.Invalid, amqp10.TooLarge):
+                pass
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 0.05 + 20e-6 * len(record)
+    assert peak < 200_000 + 400 * len(record)
