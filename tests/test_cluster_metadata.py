@@ -241,6 +241,14 @@ def test_the_mirror_is_current_only_from_a_full_read_with_its_watch_on(tmp_path,
             await node.start()
             await asyncio.wait_for(current.wait(), 10)
             await watched(node, admin)
+            read = asyncio.Event()  # the node's next full read waits for it
+            get_prefix = node.client.get_prefix
+
+            async def held_read(*args: Any, **kwargs: Any) -> Any:
+                await read.wait()
+                return await get_prefix(*args, **kwargs)
+
+            node.client.get_prefix = held_read
             etcd.kill()
 
             async def stale() -> bool:
@@ -250,6 +258,9 @@ def test_the_mirror_is_current_only_from_a_full_read_with_its_watch_on(tmp_path,
             etcd.start()
             made = queue("made while the watch was broken")
             await put(admin, *made)
+            await asyncio.sleep(2 * metadata.RETRY_INTERVAL)
+            assert not current.is_set()  # etcd answers again, but the node has not read it yet
+            read.set()
             await asyncio.wait_for(current.wait(), 15)
             assert made[:2] in node.broker
 
