@@ -43,6 +43,7 @@ log = logging.getLogger("warren.channel")
 
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
+_PUBLISH = commands.Basic.Publish()  # the method a publish that waits for the cluster's definitions names in errors
 MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
 RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
@@ -225,7 +226,8 @@ class Channel:
             self._body += view[start:end]
         self._received = received
 
-    def _publish(self, body: bytes | bytearray) -> None:
+    def _publish(self, body: bytes | bytearray, waited: bool = False) -> None:
+        """``waited``: again, once the cluster's definitions were awaited (``_when_current``)."""
         shared = self._routes.get(self._route)
         if shared is None:
             if len(self._routes) >= SHARED_MAX:
@@ -238,6 +240,10 @@ class Channel:
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
+            cluster = self.broker.cluster
+            if cluster is not None and not waited and not cluster.current:  # declared elsewhere a moment ago?
+                self.connection.suspend(self, _PUBLISH, self._when_current(body))
+                return
             raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
         principal = self.principal
         try:
@@ -267,11 +273,56 @@ class Channel:
             mandatory = self._mandatory
             self.tx.append(lambda: self._route_message(exchange, message, mandatory))
             return
-        rejected = self._route_message(exchange, message, self._mandatory, self if self.confirm_mode else None)
+        mandatory = self._mandatory
+        routed, rejected = self.broker.publish(vhost, exchange, message, self if mandatory else None,
+                                               self if self.confirm_mode else None)
+        if not routed:
+            cluster = self.broker.cluster
+            current = cluster is None or cluster.current
+            if not current and not waited:  # a queue or binding made elsewhere may be missing here
+                self.connection.suspend(self, _PUBLISH, self._routed_when_current(exchange, message, mandatory))
+                return
+            rejected = self._nowhere(message, mandatory, current)
+        self._published(message, rejected)
+
+    def _published(self, message: Message, rejected: bool) -> None:
         self.stats.publish += 1
         self.vhost_stats.publish += 1
         if self.confirm_mode:
             self._to_confirm(message, rejected)
+
+    async def _when_current(self, body: bytes | bytearray) -> None:
+        """Cluster mode, a publish to an exchange unknown here while this node's definitions may be behind etcd's:
+        published again once they are current, or the wait is over (the frames after it wait meanwhile)."""
+        assert self.broker.cluster is not None  # (only called in cluster mode)
+        await self.broker.cluster.caught_up()
+        if self.open:
+            self._publish(body, waited=True)
+
+    async def _routed_when_current(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+        """Cluster mode, a publish routed nowhere while this node's definitions may be behind etcd's: routed again
+        once they are current; if they are not within the wait, nacked (confirm mode) rather than confirmed as
+        unroutable.  The frames after it wait meanwhile, so that the channel's order holds."""
+        assert self.broker.cluster is not None  # (only called in cluster mode)
+        current = await self.broker.cluster.caught_up()
+        if not self.open:
+            return
+        routed = rejected = False
+        again = self.vhost.exchanges.get(exchange.name)
+        if again is not None:
+            routed, rejected = self.broker.publish(self.vhost, again, message, self if mandatory else None,
+                                                   self if self.confirm_mode else None)
+        if not routed:
+            rejected = self._nowhere(message, mandatory, current)
+        self._published(message, rejected)
+
+    def _nowhere(self, message: Message, mandatory: bool, current: bool) -> bool:
+        """Routed to no queue by definitions known ``current`` (or, waited for, still not): whether it is nacked,
+        not confirmed as unroutable, because the definitions were not current (confirm mode)."""
+        if not current and self.confirm_mode:
+            return True
+        self._unroutable(message, mandatory)
+        return False
 
     def _topic_allowed(self, exchange: Exchange, routing_key: str) -> None:
         """Remember a routing key a topic permission allowed (the latest ``TOPIC_CHECKS_KEPT``, as RabbitMQ's
@@ -286,14 +337,17 @@ class Channel:
                        confirm: ConfirmSink | None = None) -> bool:
         """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
         routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None, confirm)
-        if routed:
-            return rejected
+        if not routed:
+            self._unroutable(message, mandatory)
+        return rejected
+
+    def _unroutable(self, message: Message, mandatory: bool) -> None:
+        """Routed to no queue: returned if mandatory, else dropped."""
         if mandatory:
             self.basic_return(message)
         else:
             self.stats.drop_unroutable += 1
             self.vhost_stats.drop_unroutable += 1
-        return rejected
 
     def basic_return(self, message: Message) -> None:
         """basic.return NO_ROUTE for a mandatory message that reached no queue (now, or when it fell due)."""

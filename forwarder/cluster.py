@@ -44,6 +44,7 @@ log = logging.getLogger("warren.forwarder")
 AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
+CURRENT_TIMEOUT = 5.0  # how long a publish routed nowhere waits for this node's definitions to be current
 BALANCED = ("balanced", "least-leaders", "random")
 ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter",
                 "parameter")
@@ -265,6 +266,18 @@ class Cluster:
             return  # etcd unreachable: the local view answers
         if record is not None:
             self.apply(kind, key, record, None)
+
+    @property
+    def current(self) -> bool:
+        return self.metadata.current.is_set()
+
+    async def caught_up(self) -> bool:
+        """Waits up to CURRENT_TIMEOUT for the definitions here to be etcd's (a full read, and its watch on)."""
+        try:
+            await asyncio.wait_for(self.metadata.current.wait(), CURRENT_TIMEOUT)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     # -- definitions agreed elsewhere ---------------------------------------------------------
 

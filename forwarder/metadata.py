@@ -70,7 +70,10 @@ class Metadata:
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # (writes to be done, its waiter)
         self._tasks: list[asyncio.Task] = []
         self._cancels: set[asyncio.Task] = set()  # watches being cancelled: held, or the loop may drop them midway
-        self.caught_up = asyncio.Event()
+        self.caught_up = asyncio.Event()  # the first full read is done
+        # set while the mirror is known to be etcd's state: a full read done and its watch following, with no error
+        # since (clear before the first read, and from a watch's failure until the next full read)
+        self.current = asyncio.Event()
         self.reloads = 0  # full reads of etcd's state (the first included)
         # etcd key -> revision of every mirrored definition, as the mirror has it (for the checks)
         self._revisions = {key: saved["revision"] for key, saved in self._items()}
@@ -222,6 +225,7 @@ class Metadata:
             try:
                 revision = await self._reload()
                 watch = await self.client.watch_prefix(DEF_PREFIX, start_revision=revision + 1, prev_kv=True)
+                self.current.set()
                 follow, check = loop.create_task(self._follow(watch)), loop.create_task(self._check())
                 done, _ = await asyncio.wait((follow, check), return_when=asyncio.FIRST_COMPLETED)
                 if follow in done:
@@ -231,10 +235,12 @@ class Metadata:
                 cancel.add_done_callback(self._cancels.discard)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # etcd unreachable: keep serving from the mirror, retry
+            except Exception as exc:  # etcd unreachable: keep serving from the mirror (known stale), retry
+                self.current.clear()
                 log.warning("etcd watch of definitions failed (%s); reading them all again", exc)
                 await asyncio.sleep(RETRY_INTERVAL)
             finally:
+                self.current.clear()
                 for task in (follow, check):
                     if task is not None:
                         task.cancel()
@@ -253,14 +259,16 @@ class Metadata:
 
     async def _check(self) -> None:
         """Every ``CHECK_INTERVAL``, the keys etcd holds (and their revisions) against the mirror's; returns once
-        a difference is found again at the next check (the first time it may be an event on its way)."""
+        a difference is found again at the next check (the first time it may be an event on its way), or etcd
+        does not answer."""
         suspect: set[tuple[str, int]] = set()
         while True:
             await asyncio.sleep(CHECK_INTERVAL)
             try:
                 reply = await self.client.get_prefix(DEF_PREFIX, keys_only=True)
             except aetcd.exceptions.ClientError:
-                continue  # the watch fails too, or etcd answers again before long
+                log.warning("etcd unreachable for a check of definitions; reading them all again once it answers")
+                return  # a watch cut off from etcd may not fail for long: the mirror is no longer known current
             held = {kv.key.decode(): kv.mod_revision for kv in reply}
             mirrored = self._revisions
             differ = {(key, revision) for key, revision in held.items() if mirrored.get(key, 0) < revision}

@@ -229,6 +229,44 @@ def test_a_broken_watch_reads_everything_again_whatever_etcd_compacted(tmp_path,
     run(scenario())
 
 
+def test_the_mirror_is_current_only_from_a_full_read_with_its_watch_on(tmp_path, etcd, monkeypatch, run):
+    """Not before the first full read; no longer once the watch breaks (etcd restarts), until etcd is read again:
+    current again, the mirror has what etcd took meanwhile (a publish routed nowhere may trust it then)."""
+
+    async def scenario() -> None:
+        async with node_and_admin(tmp_path, etcd) as (node, admin):
+            monkeypatch.setattr(metadata, "RETRY_INTERVAL", 0.5)
+            current = node.metadata.current
+            assert not current.is_set()
+            await node.start()
+            await asyncio.wait_for(current.wait(), 10)
+            await watched(node, admin)
+            read = asyncio.Event()  # the node's next full read waits for it
+            get_prefix = node.client.get_prefix
+
+            async def held_read(*args: Any, **kwargs: Any) -> Any:
+                await read.wait()
+                return await get_prefix(*args, **kwargs)
+
+            node.client.get_prefix = held_read
+            etcd.kill()
+
+            async def stale() -> bool:
+                return not current.is_set()
+
+            await until(stale, "the broken watch makes the mirror stale", timeout=10)
+            etcd.start()
+            made = queue("made while the watch was broken")
+            await put(admin, *made)
+            await asyncio.sleep(2 * metadata.RETRY_INTERVAL)
+            assert not current.is_set()  # etcd answers again, but the node has not read it yet
+            read.set()
+            await asyncio.wait_for(current.wait(), 15)
+            assert made[:2] in node.broker
+
+    run(scenario())
+
+
 def test_a_watch_quiet_while_etcd_changes_is_found_and_everything_read_again(tmp_path, etcd, monkeypatch, run):
     """A watch whose stream ended without an error (aetcd then delivers nothing more): the periodic comparison of
     etcd's keys with the mirror's finds a change that stays unapplied, and reads everything again."""

@@ -84,6 +84,14 @@ class ClusterHooks(Protocol):
 
     async def look_up(self, kind: str, key: str) -> None: ...
 
+    @property
+    def current(self) -> bool:
+        """This node's definitions are known to be the cluster's (not before its first full read of etcd, nor
+        while its watch of them is broken): routing nowhere by them may be trusted."""
+
+    async def caught_up(self) -> bool:
+        """Waits (bounded) until ``current``; whether it is."""
+
     def stream_address(self, node: str) -> tuple[str, int] | None:
         """Where another node serves the stream protocol (host, port), if it does and is up."""
 
