@@ -30,7 +30,7 @@ from ..spark_bridge.commit import Offsets
 from ..stats import ChurnStats, MessageStats
 from ..vhost import VHost
 from .bindings import Bindings
-from .core import ClusterHooks
+from .core import ClusterHooks, Definitions
 from .dead_letters import DeadLetters
 from .exchanges import Exchanges
 from .messages import Messages
@@ -48,7 +48,7 @@ def server_name(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages, Offsets, Recovery):
+class Broker(VHosts, Queues, Router, DeadLetters, Messages, Offsets, Recovery):
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  clients: "ClientRegistry | None" = None, queue_window: int = 2048,
@@ -59,21 +59,39 @@ class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages,
         self.persistence = persistence or Persistence(data_dir)
         self.pager = Pager(data_dir, segment_size, self.persistence)
         self.store = DefinitionStore(data_dir, definitions_max_size)
+        self.definitions = Definitions(self.store)
+        self.agreed = self.definitions.agreed
+        self.policies = Policies(self.store)
+        self.bindings = Bindings(self.definitions)
+        self.bind, self.unbind = self.bindings.bind, self.bindings.unbind
+        self.add_binding, self.remove_binding = self.bindings.add_binding, self.bindings.remove_binding
+        self.all_bindings = self.bindings.all
+        self.exchanges = Exchanges(self.bindings, self.definitions, self.policies)
+        self.declare_exchange = self.exchanges.declare_exchange
+        self.agree_exchange = self.exchanges.agree_exchange
+        self.delete_exchange = self.exchanges.delete_exchange
         self.access = AccessControl(self.store)
         self.access.bootstrap()
         self.limits = Limits(self.access)
         self.auth_attempts = AuthAttempts()
-        self.policies = Policies(self.store)
         self.replies = ReplyConsumers()  # amq.rabbitmq.reply-to consumers
         self.vhosts: dict[str, VHost] = {}
         self.clients = clients  # the node's connections (none in a broker used in-process)
         self.churn = ChurnStats()
         self._vhost_stats: dict[str, MessageStats] = {}
-        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
         self.delayed.start()
+
+    @property
+    def cluster(self) -> ClusterHooks | None:
+        """What the cluster (the forwarder) is to this node in cluster mode, which sets it; None otherwise."""
+        return self.definitions.cluster
+
+    @cluster.setter
+    def cluster(self, cluster: ClusterHooks | None) -> None:
+        self.definitions.cluster = cluster
 
     def close(self) -> None:
         for queue in self.all_queues():

@@ -1,6 +1,5 @@
-"""What the parts of the broker share, which :class:`broker.Broker` puts together: its state, the definitions it
-makes durable and the cluster's, what the cluster is to it (``ClusterHooks``), the checks every part makes, and
-the operations the parts call on one another.
+"""What the broker's services share: the definitions they make durable and the cluster's (``Definitions``), what
+the cluster is to them (``ClusterHooks``), and the checks every service makes.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from ..stats import ChurnStats, MessageStats
 from ..vhost import VHost
 
 if TYPE_CHECKING:
+    from .bindings import Bindings
     from ..ports import ClientRegistry, ConfirmSink, ExclusiveOwner
 
 
@@ -142,6 +142,53 @@ def shown_arg(value: Any) -> str:
     return f"the value '{shown(value)}' of type '{field_types.name(value)}'"
 
 
+def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
+    """Another connection's exclusive queue is locked (405) to every operation on it."""
+    if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+        raise exclusive_locked(queue)
+
+
+class Definitions:
+    """Definitions made here (exchanges, queues, bindings): kept in LMDB if durable and, in cluster mode, made the
+    cluster's.  The cluster (the forwarder) joins after the broker is built, so the services that make
+    definitions reach it here (``cluster``) rather than being handed it."""
+
+    def __init__(self, store: DefinitionStore) -> None:
+        self.store = store
+        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
+
+    def define(self, record: Record, durable: bool) -> None:
+        """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
+        raw = record.to_json()
+        if durable:
+            self.store.put(record.kind, record.key, raw)
+        if self.cluster is not None:
+            self.cluster.defined(record.kind, record.key, raw)
+
+    def undefine(self, record: Record, durable: bool) -> None:
+        if durable:
+            self.store.delete(record.kind, record.key)
+        if self.cluster is not None:
+            self.cluster.undefined(record.kind, record.key)
+
+    def check_room(self, what: str, arguments: Any, who: Principal | None) -> None:
+        """A client's new durable definition is refused (406) before anything is made when it would take the
+        definition store past ``--definitions-max-size``; administrators' imports and the cluster's definitions
+        (``who`` None) are not limited, as they are not by vhost limits."""
+        if who is None:
+            return
+        try:
+            self.store.room(len(json.dumps(field_types.to_json(arguments or {}))))
+        except StoreFull as exc:
+            raise errors.precondition_failed(f"cannot declare {what}: {exc}") from None
+
+    async def agreed(self) -> None:
+        """Cluster mode: the definition changes made on this node so far are the cluster's (in etcd), so that a
+        change answered to a client survives this node's crash, as RabbitMQ answers once Mnesia has it."""
+        if self.cluster is not None:
+            await self.cluster.written()
+
+
 class BrokerCore:
     """The broker's state, which :class:`Broker` sets up, and what every part of it uses: definitions kept durable
     and (cluster mode) made the cluster's, and the exclusive-queue lock every operation on a queue checks."""
@@ -162,44 +209,9 @@ class BrokerCore:
     churn: ChurnStats
     _vhost_stats: dict[str, MessageStats]
     cluster: ClusterHooks | None  # set by the forwarder in cluster mode
+    definitions: Definitions
+    bindings: Bindings
     delayed: DelayedMessages
-
-    def _define(self, record: Record, durable: bool) -> None:
-        """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
-        raw = record.to_json()
-        if durable:
-            self.store.put(record.kind, record.key, raw)
-        if self.cluster is not None:
-            self.cluster.defined(record.kind, record.key, raw)
-
-    def check_room(self, what: str, arguments: Any, who: Principal | None) -> None:
-        """A client's new durable definition is refused (406) before anything is made when it would take the
-        definition store past ``--definitions-max-size``; administrators' imports and the cluster's definitions
-        (``who`` None) are not limited, as they are not by vhost limits."""
-        if who is None:
-            return
-        try:
-            self.store.room(len(json.dumps(field_types.to_json(arguments or {}))))
-        except StoreFull as exc:
-            raise errors.precondition_failed(f"cannot declare {what}: {exc}") from None
-
-    def _undefine(self, record: Record, durable: bool) -> None:
-        if durable:
-            self.store.delete(record.kind, record.key)
-        if self.cluster is not None:
-            self.cluster.undefined(record.kind, record.key)
-
-    async def agreed(self) -> None:
-        """Cluster mode: the definition changes made on this node so far are the cluster's (in etcd), so that a
-        change answered to a client survives this node's crash, as RabbitMQ answers once Mnesia has it."""
-        if self.cluster is not None:
-            await self.cluster.written()
-
-    @staticmethod
-    def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise exclusive_locked(queue)
-
 
     # -- what the parts call on one another (each defined by its part) -------------------------
 
@@ -213,23 +225,6 @@ class BrokerCore:
 
     def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
         """A queue goes, with its bindings and definition (``queues.py``)."""
-        raise NotImplementedError
-
-    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        """An exchange goes, with its bindings and definition (``exchanges.py``)."""
-        raise NotImplementedError
-
-    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        """An auto-delete exchange goes once it has no binding left (``exchanges.py``)."""
-        raise NotImplementedError
-
-    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
-                        arguments: dict[str, Any] | None) -> None:
-        """A binding's definition goes (``bindings.py``)."""
-        raise NotImplementedError
-
-    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
-        """Every binding to a queue or exchange that is gone goes (``bindings.py``)."""
         raise NotImplementedError
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message,

@@ -15,7 +15,7 @@ from ..queue import Consumer, Entry, Queue
 from ..queue_type import PAGING
 from ..records import QueueRecord, name_key
 from ..vhost import VHost, home_node_down
-from .core import BrokerCore, exclusive_locked, shown, shown_arg, storable
+from .core import BrokerCore, check_exclusive, exclusive_locked, shown, shown_arg, storable
 
 if TYPE_CHECKING:
     from ..ports import DeliveryTarget, ExclusiveOwner
@@ -61,14 +61,14 @@ class Queues(BrokerCore):
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
-            self.check_exclusive(existing, owner)
+            check_exclusive(existing, owner)
             existing.touch()  # any redeclare, passive too, renews the x-expires lease (rabbit_amqqueue_process stat)
             return existing
         if name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         arguments = self._typed(vhost, arguments, durable, exclusive, auto_delete)
         if existing is not None:
-            self.check_exclusive(existing, owner)
+            check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
                 raise exclusive_locked(existing)
             what = resource_name("queue", name, vhost.name)
@@ -93,14 +93,15 @@ class Queues(BrokerCore):
         what = resource_name("queue", name, vhost.name)
         storable(arguments, what, queue=True)
         if durable and not exclusive:
-            self.check_room(what, arguments, who)
+            self.definitions.check_room(what, arguments, who)
         kind, args = queue_types.declared(arguments, name, vhost.name)
         kind.check_properties(name, vhost.name, durable, exclusive, auto_delete)
         queue = kind.new(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
         if durable and not exclusive:
             queue.index_id = self.next_index_id()
         if not exclusive:  # kept first: a write that fails leaves nothing behind
-            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
+            record = QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id)
+            self.definitions.define(record, durable)
         vhost.queues[name] = queue
         self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
@@ -139,7 +140,7 @@ class Queues(BrokerCore):
             what = resource_name("queue", name, vhost.name)
             storable(arguments, what, queue=True)
             if durable:
-                self.check_room(what, arguments, who)
+                self.definitions.check_room(what, arguments, who)
             await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 
@@ -170,7 +171,7 @@ class Queues(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return queue
 
     def consume(self, queue: Queue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool, exclusive: bool,
@@ -201,7 +202,7 @@ class Queues(BrokerCore):
         queue = vhost.queues.get(name)
         if queue is None:
             return 0  # idempotent, as RabbitMQ
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         what = resource_name("queue", name, vhost.name)
         if if_unused and queue.consumers:
             raise errors.precondition_failed(f"{what} in use")
@@ -217,7 +218,7 @@ class Queues(BrokerCore):
         del vhost.queues[queue.name]
         self.churn.queue_deleted += 1
         queue.deleted = True
-        self._drop_destination(vhost, queue)
+        self.bindings.drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
             consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
@@ -225,7 +226,7 @@ class Queues(BrokerCore):
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         else:
-            self._undefine(QueueRecord(vhost.name, queue.name), queue.durable)
+            self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
         if queue.durable:
             self.store.delete("queue_offsets", str(queue.index_id))
 

@@ -42,7 +42,7 @@ class VHosts(BrokerCore):
                 target = policy.definition.get(key)
                 if isinstance(target, str):
                     who.check("write", "exchange", policy.vhost, target)
-        self.check_room(f"policy '{policy.name}' in vhost '{policy.vhost}'", policy.definition, who)
+        self.definitions.check_room(f"policy '{policy.name}' in vhost '{policy.vhost}'", policy.definition, who)
         self.policies.put(kind, policy, self.vhost(policy.vhost))
 
     def add_vhost(self, name: str, **metadata: Any) -> VHost:
@@ -57,7 +57,7 @@ class VHosts(BrokerCore):
                 self._remove_queue(vhost, queue)
             for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
                 if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
-                    self._remove_exchange(vhost, exchange)
+                    self.bindings.remove_exchange(vhost, exchange)
             if self.clients is not None:
                 self.clients.close_vhost(name, f"vhost '{name}' is deleted")
         for kind in ("exchange", "queue", "binding"):
