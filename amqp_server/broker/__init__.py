@@ -48,7 +48,7 @@ def server_name(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Broker(VHosts, Queues, Router, DeadLetters, Messages, Offsets, Recovery):
+class Broker(VHosts, Queues, Offsets, Recovery):
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  clients: "ClientRegistry | None" = None, queue_window: int = 2048,
@@ -81,6 +81,18 @@ class Broker(VHosts, Queues, Router, DeadLetters, Messages, Offsets, Recovery):
         self._vhost_stats: dict[str, MessageStats] = {}
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
+        self.router = Router(self.replies, self.delayed)
+        self.route = self.router.route
+        self.dead_letters = DeadLetters(self.vhosts, self.router)
+        self.dead_letter = self.dead_letters.dead_letter
+        self.messages = messages = Messages(self.router)
+        self.publish, self.settle_taken, self.settle = messages.publish, messages.settle_taken, messages.settle
+        self.nack_taken, self.move_messages = messages.nack_taken, messages.move_messages
+        self.check_publish, self.check_message = messages.check_publish, messages.check_message
+        self.check_topic_write = messages.check_topic_write
+        self.get_local, self.get_anywhere, self.peek = messages.get_local, messages.get_anywhere, messages.peek
+        self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere
+        self.load_body = self.pager.load_body
         self._recover_definitions()
         self.delayed.start()
 

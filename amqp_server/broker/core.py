@@ -4,14 +4,13 @@ the cluster is to them (``ClusterHooks``), and the checks every service makes.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
-from exchanges import Exchange
 
 from .. import errors, field_types, queue_args
 from ..auth import AccessControl, AuthAttempts, Principal
 from ..definitions import DefinitionStore, StoreFull
-from ..delayed import DelayedMessages, Publisher
+from ..delayed import DelayedMessages
 from ..direct_reply import ReplyConsumers
 from ..errors import ChannelError, resource_name
 from ..limits import Limits
@@ -225,11 +224,6 @@ class BrokerCore:
 
     def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
         """A queue goes, with its bindings and definition (``queues.py``)."""
-        raise NotImplementedError
-
-    def route(self, vhost: VHost, exchange: Exchange, message: Message,
-              publisher: Publisher | None = None) -> Collection[Destination]:
-        """The queues a message goes to (``routing.py``)."""
         raise NotImplementedError
 
     # a queue's host (queue.QueueHost): the parts that make queues hand them the broker

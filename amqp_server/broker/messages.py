@@ -14,18 +14,18 @@ from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
 from ..queue import Consumer, Entry, Queue
 from ..vhost import VHost
-from .core import BrokerCore, check_exclusive
+from .core import check_exclusive
+from .routing import Router
 
 if TYPE_CHECKING:
     from ..ports import ConfirmSink, ExclusiveOwner
 
 
-class Messages(BrokerCore):
+class Messages:
     """The broker's operations on messages."""
 
-    def load_body(self, message: Message) -> None:
-        """Bring back the body of a message that was recovered or paged out."""
-        self.pager.load_body(message)
+    def __init__(self, router: Router) -> None:
+        self._route = router.route  # (once: publish's hot path)
 
     def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> int:
@@ -45,7 +45,7 @@ class Messages(BrokerCore):
         A queue whose home node is down takes nothing (enqueue answers None): routed only to such
         queues, the message is unroutable.
         """
-        queues = self.route(vhost, exchange, message, publisher)
+        queues = self._route(vhost, exchange, message, publisher)
         exchange.publish_in += 1
         if queues:
             exchange.publish_out += 1
