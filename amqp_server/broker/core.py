@@ -4,28 +4,18 @@ the cluster is to them (``ClusterHooks``), and the checks every service makes.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
-
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from .. import errors, field_types, queue_args
-from ..auth import AccessControl, AuthAttempts, Principal
+from ..auth import Principal
 from ..definitions import DefinitionStore, StoreFull
-from ..delayed import DelayedMessages
-from ..direct_reply import ReplyConsumers
 from ..errors import ChannelError, resource_name
-from ..limits import Limits
 from ..message import Message
-from ..paging import Pager
-from ..persistence import Persistence
-from ..policy import Policies
-from ..queue import Entry, Queue
+from ..queue import Queue
 from ..records import Record
-from ..stats import ChurnStats, MessageStats
-from ..vhost import VHost
 
 if TYPE_CHECKING:
-    from .bindings import Bindings
-    from ..ports import ClientRegistry, ConfirmSink, ExclusiveOwner
+    from ..ports import ConfirmSink, ExclusiveOwner
 
 
 class QuorumHooks(Protocol):
@@ -186,64 +176,3 @@ class Definitions:
         change answered to a client survives this node's crash, as RabbitMQ answers once Mnesia has it."""
         if self.cluster is not None:
             await self.cluster.written()
-
-
-class BrokerCore:
-    """The broker's state, which :class:`Broker` sets up, and what every part of it uses: definitions kept durable
-    and (cluster mode) made the cluster's, and the exclusive-queue lock every operation on a queue checks."""
-
-    data_dir: str
-    node_name: str
-    queue_window: int
-    persistence: Persistence
-    pager: Pager
-    store: DefinitionStore
-    access: AccessControl
-    limits: Limits
-    auth_attempts: AuthAttempts
-    policies: Policies
-    replies: ReplyConsumers  # amq.rabbitmq.reply-to consumers
-    vhosts: dict[str, VHost]
-    clients: ClientRegistry | None  # the node's connections (none in a broker used in-process)
-    churn: ChurnStats
-    _vhost_stats: dict[str, MessageStats]
-    cluster: ClusterHooks | None  # set by the forwarder in cluster mode
-    definitions: Definitions
-    bindings: Bindings
-    delayed: DelayedMessages
-
-    # -- what the parts call on one another (each defined by its part) -------------------------
-
-    def vhost(self, name: str) -> VHost:
-        """The vhost (``vhosts.py``)."""
-        raise NotImplementedError
-
-    def attach(self, queue: Queue, durable: bool) -> None:
-        """A queue of this node gets its storage (``queues.py``)."""
-        raise NotImplementedError
-
-    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
-        """A queue goes, with its bindings and definition (``queues.py``)."""
-        raise NotImplementedError
-
-    # a queue's host (queue.QueueHost): the parts that make queues hand them the broker
-
-    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
-        """Entries that left ``queue`` for good go to its dead-letter exchange (``dead_letters.py``)."""
-        raise NotImplementedError
-
-    def expire_queue(self, queue: Queue) -> None:
-        """x-expires: the queue went unused for its whole lifetime setting (``queues.py``)."""
-        raise NotImplementedError
-
-    def load_body(self, message: Message) -> None:
-        """Bring back the body of a message that was recovered or paged out (``messages.py``)."""
-        raise NotImplementedError
-
-    def all_queues(self) -> Iterable[Queue]:
-        """Every queue of every vhost (``queues.py``)."""
-        raise NotImplementedError
-
-    def _save_offsets(self, queue: Queue) -> None:
-        """A durable queue's offsets, kept across restarts (``spark_bridge/commit.py``)."""
-        raise NotImplementedError
