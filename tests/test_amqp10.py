@@ -1,0 +1,398 @@
+"""AMQP 1.0 on the AMQP port, as RabbitMQ 4.x serves it: Qpid Proton's blocking API and pika against one node
+(in this process, its loop in a thread), raw frames for protocol violations and the pre-login limits.
+
+What the node answers is checked against RabbitMQ 4.2's texts (rabbit_amqp_reader, rabbit_amqp_session)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pika
+import pytest
+
+from amqp_server.config import Config
+from amqp_server.server import Node
+from amqp_server.stream import amqp10
+from amqp_server.stream.amqp10 import described, encode_list, symbol, uint, utf8
+from conftest import free_port
+
+proton = pytest.importorskip("proton")
+from proton import Message  # noqa: E402
+from proton.reactor import AtMostOnce  # noqa: E402
+from proton.utils import BlockingConnection  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+
+
+class Running:
+    """A node serving in a thread of its own, with its own event loop."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.port = config.amqp_port
+        self.loop = asyncio.new_event_loop()
+        self.node: Node | None = None
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def serve() -> None:
+                self.node = Node(config)
+                await self.node.start()
+                started.set()
+                await self.node.run_until_stopped()
+
+            self.loop.run_until_complete(serve())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(15), "the node did not start"
+
+    def call(self, fn: Any) -> Any:
+        """``fn()`` on the node's loop, its answer back."""
+        return asyncio.run_coroutine_threadsafe(_call(fn), self.loop).result(10)
+
+    def stop(self) -> None:
+        assert self.node is not None
+        self.loop.call_soon_threadsafe(self.node.stop)
+        self.thread.join(15)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
+
+
+def start(tmp_path: Path, **options: Any) -> Running:
+    return Running(Config(amqp_port=free_port(), mgmt_enabled=False, bind="127.0.0.1", data_dir=str(tmp_path),
+                          **options))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Running]:
+    running = start(tmp_path)
+    yield running
+    running.stop()
+
+
+def url(node: Running, user: str = "guest", password: str = "guest") -> str:
+    return f"amqp://{user}:{password}@127.0.0.1:{node.port}"
+
+
+def connect(node: Running) -> BlockingConnection:
+    return BlockingConnection(url(node), timeout=10, allowed_mechs="PLAIN")
+
+
+def declare(node: Running, name: str, **arguments: Any) -> pika.BlockingConnection:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    connection.channel().queue_declare(name, durable=True, arguments=arguments or None)
+    return connection
+
+
+# -- Qpid Proton -----------------------------------------------------------------------------------------------
+
+
+def test_proton_sends_to_a_queue_and_receives_what_it_sent(node):
+    declare(node, "q").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/q")
+        for i in range(5):
+            sender.send(Message(body=f"message {i}".encode(), durable=True))  # waits for the accepted outcome
+        receiver = connection.create_receiver("/queues/q", credit=3)
+        got = []
+        for _ in range(5):
+            message = receiver.receive(timeout=5)
+            got.append(bytes(message.body))
+            receiver.accept()
+        assert got == [f"message {i}".encode() for i in range(5)]
+    finally:
+        connection.close()
+    pika_connection = declare(node, "q")
+    assert pika_connection.channel().queue_declare("q", passive=True).method.message_count == 0
+    pika_connection.close()
+
+
+def test_a_message_larger_than_a_frame_goes_both_ways_in_several_transfers(node):
+    declare(node, "big").close()
+    body = bytes(range(256)) * 2048  # 512 KiB: four 128 KiB frames at least
+    connection = connect(node)
+    try:
+        connection.create_sender("/queues/big").send(Message(body=body))
+        message = connection.create_receiver("/queues/big").receive(timeout=10)
+        assert bytes(message.body) == body
+    finally:
+        connection.close()
+
+
+def test_pre_settled_both_ways(node):
+    declare(node, "settled").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/settled", options=AtMostOnce())
+        for i in range(3):
+            sender.send(Message(body=f"m{i}"))
+        receiver = connection.create_receiver("/queues/settled", options=AtMostOnce())
+        assert [receiver.receive(timeout=5).body for _ in range(3)] == ["m0", "m1", "m2"]
+    finally:
+        connection.close()
+    pika_connection = declare(node, "settled")
+    assert pika_connection.channel().queue_declare("settled", passive=True).method.message_count == 0
+    pika_connection.close()
+
+
+def test_a_release_requeues_and_a_reject_dead_letters(node):
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("dlq")
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/work").send(Message(body="once"))
+        receiver = amqp.create_receiver("/queues/work", credit=1)
+        assert receiver.receive(timeout=5).body == "once"
+        receiver.release()
+        assert receiver.receive(timeout=5).body == "once"  # requeued, delivered again
+        receiver.reject()
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=0.3)  # (Proton sends the disposition as it next works)
+        deadline = time.monotonic() + 5
+        body = None
+        while body is None and time.monotonic() < deadline:  # (the disposition is not waited for)
+            _, _, body = channel.basic_get("dlq", auto_ack=True)
+        assert channel.queue_declare("work", passive=True).method.message_count == 0
+        assert body.endswith(b"once")  # an amqp-value body: its encoded section
+    finally:
+        amqp.close()
+        connection.close()
+
+
+def test_credit_bounds_what_the_node_sends(node):
+    declare(node, "credit").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/credit")
+        for i in range(10):
+            sender.send(Message(body=i))
+        receiver = connection.create_receiver("/queues/credit", credit=0)
+        time.sleep(0.3)
+        assert receiver.fetcher.incoming.__len__() == 0  # no credit, nothing sent
+        receiver.flow(2)
+        got = [receiver.receive(timeout=5).body for _ in range(2)]
+        time.sleep(0.3)
+        assert got == [0, 1] and len(receiver.fetcher.incoming) == 0
+    finally:
+        connection.close()
+
+
+def test_unknown_queue_is_refused_as_rabbitmq_refuses_it(node):
+    connection = connect(node)
+    try:
+        with pytest.raises(proton.utils.LinkDetached) as refused:
+            connection.create_receiver("/queues/missing")
+        assert "amqp:not-found" in str(refused.value)
+        assert "no queue 'missing' in vhost '/'" in str(refused.value)
+    finally:
+        connection.close()
+
+
+def test_open_says_rabbitmq_4_and_warren(node):
+    connection = connect(node)
+    try:
+        properties = connection.conn.remote_properties
+        assert properties["product"] == "RabbitMQ" and properties["version"].startswith("4.2")
+        assert "Warren" in properties["platform"]
+    finally:
+        connection.close()
+
+
+def test_wrong_password_is_refused(node):
+    with pytest.raises(proton.ConnectionException):
+        BlockingConnection(url(node, password="wrong"), timeout=10, allowed_mechs="PLAIN")
+
+
+# -- across protocols --------------------------------------------------------------------------------------------
+
+
+def test_an_amqp10_publish_is_consumed_by_pika_with_its_properties(node):
+    pika_connection = declare(node, "across")
+    amqp = connect(node)
+    try:
+        pika_connection.channel().queue_bind("across", "amq.direct", "across-key")
+        message = Message(body=b"payload", id="m-1", correlation_id="c-1", content_type="text/plain",
+                          reply_to="replies", properties={"k": "v", "n": 7}, durable=True, priority=3,
+                          inferred=True)  # a data section, as RabbitMQ's clients send
+        amqp.create_sender("/exchanges/amq.direct/across-key").send(message)
+    finally:
+        amqp.close()
+    method, props, body = pika_connection.channel().basic_get("across", auto_ack=True)
+    pika_connection.close()
+    assert body == b"payload"
+    assert method.exchange == "amq.direct" and method.routing_key == "across-key"
+    assert props.message_id == "m-1" and props.correlation_id == "c-1" and props.content_type == "text/plain"
+    assert props.reply_to == "replies" and props.delivery_mode == 2 and props.priority == 3
+    assert props.headers == {"k": "v", "n": 7}
+
+
+def test_a_pika_publish_is_received_over_amqp10_with_its_properties(node):
+    pika_connection = declare(node, "back")
+    pika_connection.channel().basic_publish("", "back", b"from pika", pika.BasicProperties(
+        message_id="p-1", content_type="application/octet-stream", delivery_mode=2, headers={"h": "x", "i": 5}))
+    pika_connection.close()
+    amqp = connect(node)
+    try:
+        message = amqp.create_receiver("/queues/back").receive(timeout=5)
+    finally:
+        amqp.close()
+    assert bytes(message.body) == b"from pika"
+    assert message.id == "p-1" and message.content_type == "application/octet-stream" and message.durable
+    assert message.properties == {"h": "x", "i": 5}
+    assert message.annotations["x-routing-key"] == "back"
+
+
+def test_unroutable_is_released(node):
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/exchanges/amq.direct/nowhere")
+        with pytest.raises(proton.utils.SendException) as released:
+            sender.send(Message(body="lost"))
+        assert released.value.state == proton.Delivery.RELEASED
+    finally:
+        amqp.close()
+
+
+# -- raw frames ------------------------------------------------------------------------------------------------
+
+
+def _frame(body: bytes, channel: int = 0, kind: int = 0) -> bytes:
+    return struct.pack(">IBBH", 8 + len(body), 2, kind, channel) + body
+
+
+def _performative(code: int, *fields: bytes) -> bytes:
+    return described(code, encode_list(list(fields)))
+
+
+def _read_frames(sock: socket.socket, until: int, timeout: float = 5.0) -> list[tuple[int, list[amqp10.Value]]]:
+    """The performatives read until one with code ``until`` (or the socket closes)."""
+    sock.settimeout(timeout)
+    data = b""
+    found: list[tuple[int, list[amqp10.Value]]] = []
+    while True:
+        while len(data) >= 8 and data.startswith(b"AMQP"):
+            data = data[8:]
+        while len(data) >= 8 and len(data) >= struct.unpack_from(">I", data)[0]:
+            size, doff = struct.unpack_from(">IB", data)
+            if size > doff * 4:
+                value, _ = amqp10.value_at(data[doff * 4:size])
+                found.append((value.value[0], value.value[1].value))
+                if value.value[0] == until:
+                    return found
+            data = data[size:]
+        chunk = sock.recv(65536)
+        if not chunk:
+            return found
+        data += chunk
+
+
+def _logged_in(node: Running) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", node.port))
+    sock.sendall(SASL_HEADER + _frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")),
+                                      kind=1))
+    outcome = _read_frames(sock, 0x44)
+    assert outcome[-1][0] == 0x44 and outcome[-1][1][0].value == 0
+    sock.sendall(AMQP_HEADER + _frame(_performative(0x10, utf8("raw"))))
+    assert _read_frames(sock, 0x10)[-1][0] == 0x10
+    return sock
+
+
+def _close_error(found: list[tuple[int, list[amqp10.Value]]], code: int = 0x18) -> tuple[str, str]:
+    fields = found[-1][1]
+    assert found[-1][0] == code, found
+    error = fields[-1].value[1].value
+    return error[0].value, error[1].value
+
+
+def test_amqp10_without_sasl_is_refused_with_the_sasl_header(node):
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.settimeout(5)
+        sock.sendall(AMQP_HEADER)
+        data = b""
+        while chunk := sock.recv(64):
+            data += chunk
+        assert data == SASL_HEADER
+
+
+def test_a_frame_above_max_frame_size_closes_with_a_framing_error(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(struct.pack(">IBBH", 131073, 2, 0, 0))
+        assert _close_error(_read_frames(sock, 0x18)) == (
+            "amqp:connection:framing-error", "frame size (131073 bytes) > maximum frame size (131072 bytes)")
+
+
+def test_a_transfer_on_an_unattached_handle_ends_the_session(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100)), channel=1))
+        assert _read_frames(sock, 0x11)[-1][0] == 0x11
+        sock.sendall(_frame(_performative(0x14, uint(7), uint(0), amqp10.binary(b"t")), channel=1))
+        assert _close_error(_read_frames(sock, 0x17), 0x17) == ("amqp:session:unattached-handle",
+                                                                "link handle 7 is not attached")
+
+
+def test_a_channel_above_channel_max_closes_with_a_framing_error(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100)), channel=64))
+        assert _close_error(_read_frames(sock, 0x18)) == (
+            "amqp:connection:framing-error", "channel number (64) exceeds maximum channel number (63)")
+
+
+def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(node):
+    declare(node, "nocredit").close()
+    node.call(lambda: node.node.flow.block("memory"))  # type: ignore[union-attr]
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+        _read_frames(sock, 0x11)
+        target = described(0x29, encode_list([utf8("/queues/nocredit")]))
+        sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                          amqp10.NULL, amqp10.NULL, target)))
+        assert [code for code, _ in _read_frames(sock, 0x12)] == [0x12]
+        with pytest.raises(socket.timeout):
+            _read_frames(sock, 0x13, timeout=0.3)  # no flow: no credit while the alarm stands
+        record = described(0x75, amqp10.binary(b"x"))
+        sock.sendall(_frame(_performative(0x14, uint(0), uint(0), amqp10.binary(b"t"), uint(0),
+                                          amqp10.boolean(True)) + record))
+        assert _close_error(_read_frames(sock, 0x16), 0x16) == (
+            "amqp:link:transfer-limit-exceeded", "insufficient credit (0) for delivery 0 on link 'l'")
+
+
+def test_a_client_stalled_in_sasl_counts_among_the_handshakes(tmp_path):
+    running = start(tmp_path, handshakes_max=2)
+    try:
+        socks = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(3)]
+        for sock in socks:
+            sock.sendall(SASL_HEADER)
+            time.sleep(0.1)
+        socks[0].settimeout(5)
+        while True:  # the oldest is closed to make room: its header and mechanisms, then the end of the stream
+            try:
+                chunk = socks[0].recv(4096)
+            except ConnectionResetError:  # (aborted, as every handshake made to make room is)
+                break
+            if not chunk:
+                break
+        assert running.call(lambda: running.node.clients.handshakes.waiting) == 2  # type: ignore[union-attr]
+        for sock in socks:
+            sock.close()
+    finally:
+        running.stop()
