@@ -396,3 +396,60 @@ def test_a_client_stalled_in_sasl_counts_among_the_handshakes(tmp_path):
             sock.close()
     finally:
         running.stop()
+
+
+# -- RabbitMQ's own AMQP 1.0 client ------------------------------------------------------------------------------
+
+
+def test_the_rabbitmq_client_declares_publishes_and_consumes_with_every_outcome(node):
+    """Its README's first example: a quorum queue declared through /management, bound to an exchange, published
+    to with outcomes, consumed with accept, requeue and discard, then the topology taken down."""
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+
+    class Done(Exception):
+        pass
+
+    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+        def __init__(self, actions: list[str]) -> None:
+            super().__init__()
+            self.actions = actions
+            self.seen: list[str] = []
+
+        def on_amqp_message(self, event: Any) -> None:
+            self.seen.append(client.Converter.bytes_to_string(event.message.body))
+            getattr(self.delivery_context, self.actions.pop(0))(event)
+            if not self.actions:
+                raise Done
+
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    management.declare_exchange(client.ExchangeSpecification(name="orders"))
+    management.declare_queue(client.QuorumQueueSpecification(name="orders-q"))
+    info = management.queue_info("orders-q")
+    assert info.name == "orders-q" and info.queue_type == client.QueueType.quorum and info.is_durable
+    binding = management.bind(client.ExchangeToQueueBindingSpecification(
+        source_exchange="orders", destination_queue="orders-q", binding_key="new"))
+    publisher = connection.publisher(client.AddressHelper.exchange_address("orders", "new"))
+    for i in range(3):
+        status = publisher.publish(client.Message(body=client.Converter.string_to_bytes(f"order {i}")))
+        assert status.remote_state == client.Delivery.ACCEPTED
+    publisher.close()
+    assert management.queue_info("orders-q").message_count == 3
+    handler = Handler(["requeue", "accept", "discard", "accept"])
+    consumer = connection.consumer(client.AddressHelper.queue_address("orders-q"), message_handler=handler)
+    with pytest.raises(Done):
+        consumer.run()
+    consumer.close()
+    assert handler.seen == ["order 0", "order 1", "order 2", "order 0"]  # (credit 10: all three were out)
+    assert management.queue_info("orders-q").message_count == 0
+    management.unbind(binding)
+    management.delete_exchange("orders")
+    assert management.purge_queue("orders-q") == 0
+    management.delete_queue("orders-q")
+    with pytest.raises(client.ValidationCodeException):
+        management.queue_info("orders-q")  # 404
+    management.close()
+    connection.close()
+    environment.close()
