@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pika
 import pytest
 
+from amqp_server.auth import Permissions
 from amqp_server.config import Config
 from amqp_server.server import Node
 from amqp_server.stream import amqp10
@@ -453,3 +454,80 @@ def test_the_rabbitmq_client_declares_publishes_and_consumes_with_every_outcome(
     management.close()
     connection.close()
     environment.close()
+
+
+def test_the_rabbitmq_client_reads_a_stream_from_an_offset(node):
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+
+    class Done(Exception):
+        pass
+
+    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+        def __init__(self, wanted: int) -> None:
+            super().__init__()
+            self.wanted = wanted
+            self.seen: list[str] = []
+
+        def on_amqp_message(self, event: Any) -> None:
+            self.seen.append(client.Converter.bytes_to_string(event.message.body))
+            self.delivery_context.accept(event)
+            if len(self.seen) == self.wanted:
+                raise Done
+
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    management.declare_queue(client.StreamSpecification(name="events", max_len_bytes=10_000_000))
+    assert management.queue_info("events").queue_type == client.QueueType.stream
+    publisher = connection.publisher(client.AddressHelper.queue_address("events"))
+    for i in range(4):
+        publisher.publish(client.Message(body=client.Converter.string_to_bytes(f"event {i}")))
+    publisher.close()
+    for offset, expected in ((client.OffsetSpecification.first, 4), (2, 2)):
+        handler = Handler(expected)
+        consumer = connection.consumer(client.AddressHelper.queue_address("events"), message_handler=handler,
+                                       consumer_options=client.StreamConsumerOptions(offset_specification=offset))
+        with pytest.raises(Done):
+            consumer.run()
+        consumer.close()
+        assert handler.seen == [f"event {i}" for i in range(4 - expected, 4)]
+    management.close()
+    connection.close()
+    environment.close()
+
+
+def test_management_answers_with_rabbitmqs_codes_and_checks_permissions(node):
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+    admin = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    admin.channel().queue_declare("taken", durable=True, arguments={"x-max-length": 5})
+    admin.close()
+    node.call(lambda: node.node.broker.access.add_user("reader", "secret"))  # type: ignore[union-attr]
+    node.call(lambda: node.node.broker.access.set_permissions(  # type: ignore[union-attr]
+        "/", "reader", Permissions(configure="^$")))
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    try:
+        with pytest.raises(client.ValidationCodeException, match="ErrPreconditionFailed"):  # 409: inequivalent
+            management.declare_queue(client.ClassicQueueSpecification(name="taken", max_len=6))
+        with pytest.raises(client.ValidationCodeException, match="404"):
+            management.queue_info("missing")
+    finally:
+        management.close()
+        connection.close()
+        environment.close()
+    restricted = client.Environment(uri=url(node, "reader", "secret"))
+    connection = restricted.connection()
+    connection.dial()
+    management = connection.management()
+    try:
+        with pytest.raises(client.ValidationCodeException, match="403"):
+            management.declare_queue(client.ClassicQueueSpecification(name="not-mine"))
+        message = management.request(None, "/queues/not-mine", "PUT", [403])
+        assert message.body == "access to queue 'not-mine' in vhost '/' refused for user 'reader'"
+    finally:
+        management.close()
+        connection.close()
+        restricted.close()

@@ -10,6 +10,7 @@ detaches the link.
 """
 from __future__ import annotations
 
+import datetime
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -561,6 +562,28 @@ def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
+STREAM_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+
+
+def _consumer_arguments(source: list[Value] | None) -> dict[str, Any]:
+    """The consumer arguments a source's filters say: ``rabbitmq:stream-offset-spec`` as ``x-stream-offset``
+    (first, last, next, an offset or a timestamp).  Other filters are not applied, and so not echoed."""
+    filters = source[7] if source is not None and len(source) > 7 else None
+    if filters is None or filters.kind != "map":
+        return {}
+    for _, value in filters.value:
+        if value.kind == "described" and value.value[0] == STREAM_OFFSET_SPEC:
+            spec = value.value[1]
+            if spec.kind in ("string", "symbol"):
+                return {"x-stream-offset": spec.value}
+            if spec.kind == "timestamp":
+                return {"x-stream-offset": datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)}
+            if isinstance(spec.value, int) and not isinstance(spec.value, bool):
+                return {"x-stream-offset": spec.value}
+            raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
+    return {}
+
+
 class Outgoing(Link):
     """A link the client receives on: a consumer of a queue whose credit is the link's."""
 
@@ -587,7 +610,7 @@ class Outgoing(Link):
         connection = self.connection
         vhost = connection.vhost
         assert vhost is not None
-        arguments: dict[str, Any] = {}
+        arguments = _consumer_arguments(self.source)
         self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
