@@ -377,6 +377,45 @@ def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(no
             "amqp:link:transfer-limit-exceeded", "insufficient credit (0) for delivery 0 on link 'l'")
 
 
+def _until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(5)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_before_login_a_huge_frame_is_refused_unread_and_a_wrong_password_gets_sasl_auth(node, monkeypatch):
+    from amqp_server.amqp1 import connection as amqp10_connection
+
+    monkeypatch.setattr(amqp10_connection, "SILENT_CLOSE_DELAY", 0.1)
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        started = time.monotonic()
+        sock.sendall(SASL_HEADER + struct.pack(">IBBH", 2**31, 2, 1, 0) + b"x" * 65536)
+        data = _until_closed(sock)
+        assert time.monotonic() - started < 3
+        assert [code for code, _ in _parse(data)] == [0x40]  # the mechanisms, then nothing: closed unread
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.sendall(SASL_HEADER + _frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0nope")),
+                                          kind=1))
+        found = _parse(_until_closed(sock))
+        assert [code for code, _ in found] == [0x40, 0x44] and found[-1][1][0].value == 1  # sasl-outcome auth
+
+
+def _parse(data: bytes) -> list[tuple[int, list[amqp10.Value]]]:
+    found = []
+    data = data[8:] if data.startswith(b"AMQP") else data
+    while len(data) >= 8:
+        size, doff = struct.unpack_from(">IB", data)
+        value, _ = amqp10.value_at(data[doff * 4:size])
+        found.append((value.value[0], value.value[1].value))
+        data = data[size:]
+    return found
+
+
 def test_a_client_stalled_in_sasl_counts_among_the_handshakes(tmp_path):
     running = start(tmp_path, handshakes_max=2)
     try:
@@ -531,3 +570,36 @@ def test_management_answers_with_rabbitmqs_codes_and_checks_permissions(node):
         management.close()
         connection.close()
         restricted.close()
+
+
+def test_the_http_api_lists_and_closes_an_amqp10_connection(tmp_path):
+    import base64
+    import json
+    import urllib.parse
+    import urllib.request
+
+    running = Running(Config(amqp_port=free_port(), mgmt_port=free_port(), bind="127.0.0.1",
+                             data_dir=str(tmp_path)))
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+
+    def api(path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(f"http://127.0.0.1:{running.config.mgmt_port}{path}", method=method,
+                                         headers=auth)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    try:
+        amqp = connect(running)
+        listed = api("/api/connections")
+        assert [c["protocol"] for c in listed] == ["AMQP 1.0"]
+        assert listed[0]["user"] == "guest" and listed[0]["vhost"] == "/" and listed[0]["auth_mechanism"] == "PLAIN"
+        api("/api/connections/" + urllib.parse.quote(listed[0]["name"], safe=""), "DELETE")
+        with pytest.raises(proton.ConnectionException, match="amqp:connection:forced"):
+            amqp.create_sender("/queues/anything")
+        deadline = time.monotonic() + 5  # (gone once the client answers, or CLOSE_TIMEOUT is over)
+        while api("/api/connections") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert api("/api/connections") == []
+    finally:
+        running.stop()
