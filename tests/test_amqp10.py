@@ -215,8 +215,11 @@ def test_open_says_rabbitmq_4_and_warren(node):
         connection.close()
 
 
-def test_wrong_password_is_refused(node):
-    with pytest.raises(proton.ConnectionException):
+def test_wrong_password_is_refused(node, monkeypatch):
+    from amqp_server.amqp1 import connection as amqp10_connection
+
+    monkeypatch.setattr(amqp10_connection, "SILENT_CLOSE_DELAY", 0.1)
+    with pytest.raises(proton.ConnectionException, match="amqp:unauthorized-access.*Authentication failed"):
         BlockingConnection(url(node, password="wrong"), timeout=10, allowed_mechs="PLAIN")
 
 
