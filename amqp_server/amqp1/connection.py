@@ -63,6 +63,7 @@ class Amqp10Connection(FrontEnd):
         self.state = SASL
         self.buf = bytearray()
         self.out: list[bytes] = []
+        self.large_out = False  # the output holds a large body: written from where it is, not joined
         self._flush_scheduled = False
         self.sessions: dict[int, Session] = {}
         self.channels: dict[int, Any] = {}  # (0-9-1 channels: none; the HTTP API counts and lists them)
@@ -141,12 +142,18 @@ class Amqp10Connection(FrontEnd):
             session.emit_confirms()
         transport = self.transport
         if self.out and transport is not None and not transport.is_closing():
-            size = sum(map(len, self.out))
-            transport.writelines(self.out)
+            if self.large_out:  # a large body goes from where it is
+                size = sum(map(len, self.out))
+                transport.writelines(self.out)
+            else:
+                data = b"".join(self.out)
+                size = len(data)
+                transport.write(data)
             self.send_oct += size
             self.send_cnt += 1
             self._sent = True
         self.out.clear()
+        self.large_out = False
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
@@ -232,6 +239,13 @@ class Amqp10Connection(FrontEnd):
                               f"unexpected frame type {kind} in {mode} mode (expected {expected})")
 
     def _frame(self, kind: int, channel: int, buf: bytearray, start: int, end: int) -> None:
+        if self.state == OPEN and channel <= self.channel_max:
+            fast = frames.transfer_at(buf, start, end)
+            if fast is not None:  # the publish path: read in place
+                session = self.sessions.get(channel)
+                if session is not None:
+                    self._in_session(session, frames.TRANSFER, [], bytes(buf[fast[1]:end]), fast[0])
+                return
         try:
             value, at = amqp10.value_at(buf, start)  # type: ignore[arg-type]  # (read in place)
         except (amqp10.Invalid, amqp10.TooLarge) as exc:
@@ -265,8 +279,17 @@ class Amqp10Connection(FrontEnd):
             if code == frames.BEGIN:
                 self.sessions[channel] = Session(self, channel, fields)
             return  # a frame for no session: ignored, as RabbitMQ does
+        self._in_session(session, code, fields, payload,
+                         frames.transfer_of(fields) if code == frames.TRANSFER else None)
+
+    def _in_session(self, session: Session, code: int, fields: list[amqp10.Value], payload: bytes,
+                    transfer: frames.Transfer | None) -> None:
+        channel = session.channel
         try:
-            session.on_frame(code, fields, payload)
+            if transfer is not None:
+                session.on_transfer(transfer, payload)
+            else:
+                session.on_frame(code, fields, payload)
         except LinkError as exc:
             session.detach_with(exc.handle, exc)
         except SessionError as exc:

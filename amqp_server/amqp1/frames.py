@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, boolean, described, encode_list, symbol, uint, utf8
@@ -165,3 +165,78 @@ _CONDITIONS = {404: NOT_FOUND, 403: UNAUTHORIZED_ACCESS, 406: PRECONDITION_FAILE
 def condition_of(code: int) -> str:
     """The AMQP 1.0 condition for an AMQP 0-9-1 reply code that a broker operation raised."""
     return _CONDITIONS.get(code, INTERNAL_ERROR)
+
+
+class Transfer(NamedTuple):
+    """What the node reads of a transfer."""
+
+    handle: int | None
+    delivery_id: int | None
+    settled: bool
+    more: bool
+    aborted: bool
+
+
+_U32 = struct.Struct(">I")
+_BOOLS = {0x41: True, 0x42: False, 0x40: False}
+
+
+def transfer_at(buf: bytearray, pos: int, end: int) -> tuple[Transfer, int] | None:
+    """A transfer performative at ``pos`` read in place, and where its payload starts, when it has the encodings
+    clients send (small uints, a short binary tag, booleans as constants, six fields at most); else None, for the
+    general decoder.  The publish path reads one of these per message: no value objects are made for it."""
+    if end - pos < 5 or buf[pos] != 0 or buf[pos + 1] != 0x53 or buf[pos + 2] != TRANSFER:
+        return None
+    code = buf[pos + 3]
+    if code == 0xC0:
+        size, count = buf[pos + 4], buf[pos + 5]
+        at = pos + 6
+        stop = pos + 5 + size
+    else:
+        return None
+    if count > 6 or stop > end:
+        return None
+    values: list[Any] = []
+    for index in range(count):
+        if at >= stop:
+            return None
+        kind = buf[at]
+        if index < 2 or index == 3:  # handle, delivery-id, message-format: uints
+            if kind == 0x43:
+                values.append(0)
+                at += 1
+            elif kind == 0x52:
+                values.append(buf[at + 1])
+                at += 2
+            elif kind == 0x70:
+                values.append(_U32.unpack_from(buf, at + 1)[0])
+                at += 5
+            elif kind == 0x40:
+                values.append(None)
+                at += 1
+            else:
+                return None
+        elif index == 2:  # delivery-tag
+            if kind == 0xA0:
+                at += 2 + buf[at + 1]
+            elif kind == 0x40:
+                at += 1
+            else:
+                return None
+            values.append(None)
+        else:  # settled, more
+            value = _BOOLS.get(kind)
+            if value is None:
+                return None
+            values.append(value)
+            at += 1
+    if at != stop:
+        return None
+    values += [None] * (6 - count)
+    return Transfer(values[0], values[1], values[4] is True, values[5] is True, False), stop
+
+
+def transfer_of(fields: list[Value]) -> Transfer:
+    """A transfer decoded the general way."""
+    return Transfer(typed(fields, 0, ("uint",), "handle"), typed(fields, 1, ("uint",), "delivery-id"),
+                    field(fields, 4) is True, field(fields, 5) is True, field(fields, 9) is True)

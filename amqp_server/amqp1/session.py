@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..errors import AMQPError, ChannelError
-from ..message import Message, encode_route
+from ..message import encode_route
 from ..ports import ClientChannel
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
@@ -36,6 +36,7 @@ LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is gran
 MAX_UINT = 0xFFFFFFFF
 DURABLE_HEADER = described(amqp10.HEADER, encode_list([boolean(True)]))
 _TAG = struct.Struct(">I")
+LARGE_BODY = 64 * 1024  # a body at least this large is written from where it is, not copied into the output
 MAX_RESPONSES = 256  # management responses kept for a client that gives their link no credit
 _TRANSFER_OVERHEAD = 64  # frame header and transfer performative, at most (a 4-byte tag)
 
@@ -76,9 +77,7 @@ class Session:
     # -- frames ------------------------------------------------------------------------------
 
     def on_frame(self, code: int, fields: list[Value], payload: bytes) -> None:
-        if code == frames.TRANSFER:
-            self._transfer(fields, payload)
-        elif code == frames.DISPOSITION:
+        if code == frames.DISPOSITION:
             self._disposition(fields)
         elif code == frames.FLOW:
             self._flow(fields)
@@ -174,15 +173,17 @@ class Session:
         if window:
             self.resume_deliveries()
 
-    def _transfer(self, fields: list[Value], payload: bytes) -> None:
+    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
         if self.incoming_window <= 0:
             raise SessionError(frames.WINDOW_VIOLATION, "incoming window is exhausted")
         self.incoming_window -= 1
         self.next_incoming_id = (self.next_incoming_id + 1) & MAX_UINT
-        link = self._link(fields)
+        link = self.links.get(transfer.handle) if transfer.handle is not None else None
+        if link is None:
+            raise SessionError(frames.UNATTACHED_HANDLE, f"link handle {transfer.handle} is not attached")
         if not isinstance(link, Incoming):
             raise SessionError(frames.NOT_ALLOWED, f"transfer on link {link.handle}, which sends to the client")
-        link.on_transfer(fields, payload)
+        link.on_transfer(transfer, payload)
         if self.incoming_window <= INCOMING_WINDOW // 2:
             self.incoming_window = INCOMING_WINDOW
             self.send(frames.performative(frames.FLOW, *self.session_fields()))
@@ -332,6 +333,8 @@ class Incoming(Link):
         self.remote_rejected: set[int] = set()
         self.current = 0  # the delivery being published (what a forwarded copy confirms)
         self.management = False  # the /management node's requests: answered on the paired link
+        self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
+        self.route = encode_route("", "")
 
     def attach(self) -> None:
         target = _address(self.target)
@@ -373,13 +376,13 @@ class Incoming(Link):
             frames.FLOW, *self.session.session_fields(), uint(self.handle), uint(self.delivery_count),
             uint(self.credit)))
 
-    def on_transfer(self, fields: list[Value], payload: bytes) -> None:
-        more = frames.field(fields, 5, False) is True
-        if frames.field(fields, 9, False) is True:  # aborted: what came of it is dropped
+    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
+        more = transfer.more
+        if transfer.aborted:  # what came of it is dropped
             self.partial = None
             return
         if self.partial is None:
-            delivery_id = frames.typed(fields, 1, ("uint",), "delivery-id")
+            delivery_id = transfer.delivery_id
             if delivery_id is None:
                 raise SessionError(frames.DECODE_ERROR, "first transfer of a delivery without delivery-id")
             if self.credit <= 0:
@@ -388,7 +391,7 @@ class Incoming(Link):
                                 self.handle)
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
-            settled = frames.field(fields, 4, False) is True or self.settled
+            settled = transfer.settled or self.settled
             if more:
                 self.partial = bytearray(payload)
                 self.partial_id, self.partial_settled = delivery_id, settled
@@ -430,8 +433,11 @@ class Incoming(Link):
         except AMQPError as exc:
             self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
             return
-        message = Message(exchange.name, routing_key, encode_route(exchange.name, routing_key), decoded.header,
-                          decoded.body)
+        message = decoded  # (a message of its own: it takes the route)
+        if (exchange.name, routing_key) != self.routed:
+            self.routed = (exchange.name, routing_key)
+            self.route = encode_route(exchange.name, routing_key)
+        message.exchange, message.routing_key, message.route = exchange.name, routing_key, self.route
         vhost = connection.vhost
         assert vhost is not None
         if message.needs_checks:
@@ -687,11 +693,16 @@ class Outgoing(Link):
         size = len(head) + len(body)
         if size <= room:
             first = frames.performative(frames.TRANSFER, *fields)
-            connection.out.append(frames.FRAME_HEAD.pack(8 + len(first) + size, 2, 0, session.channel) + first + head)
-            connection.out.append(body)
+            head = frames.FRAME_HEAD.pack(8 + len(first) + size, 2, 0, session.channel) + first + head
+            if len(body) < LARGE_BODY:
+                connection.out.append(head + body)
+            else:
+                connection.out += (head, body)
+                connection.large_out = True
             session.sent_transfers(1)
         else:
             self._deliver_frames(fields, head + body, room)
+            connection.large_out = True
         connection.deliver_budget -= 1 + (size >> 16)
         connection.schedule_flush()
 
