@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import pika
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from amqp_server.auth import Permissions
 from amqp_server.config import Config
@@ -607,3 +609,131 @@ def test_the_http_api_lists_and_closes_an_amqp10_connection(tmp_path):
         assert api("/api/connections") == []
     finally:
         running.stop()
+
+
+# -- hostile frames, in-process ------------------------------------------------------------------------------------
+
+_ADDRESSES = ["/queues/q", "/queues/missing", "/exchanges/amq.direct/k", "/exchanges/amq.fanout", "/management",
+              "/queues/%ZZ", "", "/exchanges/amq.default/x", "/queues/" + "x" * 300]
+_VALUES = st.one_of(
+    st.just(amqp10.NULL), st.integers(0, 2**32 - 1).map(uint), st.booleans().map(amqp10.boolean),
+    st.text(max_size=20).map(utf8), st.binary(max_size=20).map(amqp10.binary),
+    st.sampled_from(_ADDRESSES).map(lambda a: described(0x29, encode_list([utf8(a)]))),
+    st.sampled_from(_ADDRESSES).map(lambda a: described(0x28, encode_list([utf8(a)]))),
+    st.sampled_from([0x24, 0x25, 0x26, 0x27, 0x23, 0x99]).map(lambda c: described(c, b"\x45")),
+    st.integers(0, 2**64 - 1).map(amqp10.ulong), st.binary(max_size=24))
+_PERFORMATIVES = st.builds(
+    lambda code, fields, payload, channel: _frame(_performative(code, *fields) + payload, channel),
+    st.sampled_from([0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x10, 0x40, 0x00]),
+    st.lists(_VALUES, max_size=12), st.binary(max_size=32), st.sampled_from([0, 0, 1, 63, 64, 65535]))
+_HANDLES = st.integers(0, 3).map(uint)
+_RECORDS = st.one_of(st.binary(max_size=24), st.just(described(0x75, amqp10.binary(b"body"))),
+                     st.just(described(0x73, encode_list([amqp10.NULL, amqp10.NULL, utf8("/queues/q"), utf8("GET")]))
+                             + described(0x77, amqp10.NULL)))
+_SHAPED = st.one_of(  # performatives of the right shape, values drawn: they reach links and deliveries
+    st.builds(lambda h, role, src, tgt: _performative(0x12, utf8("l"), h, role, amqp10.NULL, amqp10.NULL, src, tgt),
+              _HANDLES, st.booleans().map(amqp10.boolean), _VALUES, _VALUES),
+    st.builds(lambda h, credit, drain, echo: _performative(0x13, uint(0), uint(100), uint(0), uint(100), h, uint(0),
+                                                          credit, amqp10.NULL, drain, echo),
+              _HANDLES, st.integers(0, 2**32 - 1).map(uint), st.booleans().map(amqp10.boolean),
+              st.booleans().map(amqp10.boolean)),
+    st.builds(lambda h, i, settled, more, record: _performative(0x14, h, i, amqp10.binary(b"t"), uint(0), settled,
+                                                                more) + record,
+              _HANDLES, st.integers(0, 5).map(uint), st.booleans().map(amqp10.boolean),
+              st.booleans().map(amqp10.boolean), _RECORDS),
+    st.builds(lambda first, last, settled, state: _performative(0x15, amqp10.boolean(True), first, last, settled,
+                                                                state),
+              st.integers(0, 5).map(uint), st.one_of(st.just(amqp10.NULL), st.integers(0, 2**32 - 1).map(uint)),
+              st.booleans().map(amqp10.boolean), _VALUES),
+    st.builds(lambda h, closed: _performative(0x16, h, closed), _HANDLES, st.booleans().map(amqp10.boolean)),
+).map(_frame)
+_FRAMES = st.one_of(_SHAPED, _SHAPED, _PERFORMATIVES, st.binary(max_size=40),
+                    st.builds(lambda size, doff, kind, body: struct.pack(">IBBH", size, doff, kind, 0) + body,
+                              st.integers(0, 2**32 - 1), st.integers(0, 255), st.integers(0, 3),
+                              st.binary(max_size=16)))
+
+
+class Transport(asyncio.Transport):
+    """A loopback client's socket that keeps what is written."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.written = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 4242) if name in ("peername", "sockname") else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_FRAMES, max_size=16), st.integers(1, 64))
+def test_fuzz_frames_after_login_get_an_answer_or_a_close_never_an_internal_error(tmp_path, sent, cut):
+    """Whatever a logged-in client sends, the node answers or closes with a protocol error, never an internal
+    error, and what it writes stays small."""
+    from amqp_server.amqp1 import connection as amqp10_connection
+    from amqp_server.amqp1.connection import Amqp10Connection
+    from amqp_server.broker import Broker
+    from amqp_server.clients import Clients
+    from amqp_server.publisher_flow import PublisherFlow
+
+    internal: list[str] = []
+
+    async def run() -> int:
+        broker = Broker(str(tmp_path / f"data-{time.monotonic_ns()}"))
+        try:
+            broker.declare_queue(broker.vhost("/"), "q", durable=True)
+            config = Config()
+            connection = Amqp10Connection(broker, config, PublisherFlow(), Clients(config))
+            transport = Transport(connection)
+            connection.connection_made(transport)
+            login = (_frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")), kind=1)
+                     + AMQP_HEADER + _frame(_performative(0x10, utf8("fuzz")))
+                     + _frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+            connection.data_received(login)  # (the 0-9-1 front end took the SASL header)
+            assert connection.state == amqp10_connection.OPEN and 0 in connection.sessions
+            data = b"".join(sent)
+            original = amqp10_connection.complaints.internal
+            amqp10_connection.complaints.internal = lambda what, name: internal.append(what)  # type: ignore
+            try:
+                for at in range(0, len(data), cut):
+                    if connection.state != amqp10_connection.CLOSED:
+                        connection.data_received(data[at:at + cut])
+                connection.flush()
+                for _ in range(3):
+                    await asyncio.sleep(0)
+            finally:
+                amqp10_connection.complaints.internal = original  # type: ignore[method-assign]
+            return len(transport.written)
+        finally:
+            broker.close()
+
+    written = asyncio.run(run())
+    assert not internal
+    assert written < 64 * 1024
