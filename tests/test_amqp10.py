@@ -737,3 +737,55 @@ def test_fuzz_frames_after_login_get_an_answer_or_a_close_never_an_internal_erro
     written = asyncio.run(run())
     assert not internal
     assert written < 64 * 1024
+
+
+def _in_process(broker: Any) -> tuple[Any, Transport]:
+    """An AMQP 1.0 connection on a fake socket, logged in, session 0 begun (in a running loop)."""
+    from amqp_server.amqp1.connection import OPEN, Amqp10Connection
+    from amqp_server.clients import Clients
+    from amqp_server.publisher_flow import PublisherFlow
+
+    config = Config()
+    connection = Amqp10Connection(broker, config, PublisherFlow(), Clients(config))
+    transport = Transport(connection)
+    connection.connection_made(transport)
+    connection.data_received(_frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")), kind=1)
+                             + AMQP_HEADER + _frame(_performative(0x10, utf8("in-process")))
+                             + _frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+    assert connection.state == OPEN and 0 in connection.sessions
+    connection.flush()
+    transport.written.clear()
+    return connection, transport
+
+
+def _written(connection: Any, transport: Transport) -> list[tuple[int, list[amqp10.Value]]]:
+    connection.flush()
+    found = _parse(bytes(transport.written))
+    transport.written.clear()
+    return found
+
+
+async def test_drain_with_nothing_to_send_gives_the_credit_back_and_a_deleted_queue_detaches_its_link(tmp_path):
+    from amqp_server.broker import Broker
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        vhost = broker.vhost("/")
+        broker.declare_queue(vhost, "q", durable=True)
+        connection, transport = _in_process(broker)
+        source = described(0x28, encode_list([utf8("/queues/q")]))
+        connection.data_received(_frame(_performative(0x12, utf8("r"), uint(0), amqp10.boolean(True), amqp10.NULL,
+                                                      amqp10.NULL, source)))
+        assert [code for code, _ in _written(connection, transport)] == [0x12]
+        connection.data_received(_frame(_performative(0x13, uint(0), uint(100), uint(0), uint(100), uint(0), uint(0),
+                                                      uint(5), amqp10.NULL, amqp10.boolean(True))))
+        [(code, fields)] = _written(connection, transport)
+        assert code == 0x13  # drained: delivery-count advanced by the credit, none left, drain echoed
+        assert (fields[5].value, fields[6].value, fields[8].value) == (5, 0, True)
+        broker.delete_queue(vhost, "q")
+        [(code, fields)] = _written(connection, transport)
+        assert code == 0x16 and fields[0].value == 0 and fields[1].value is True
+        error = fields[2].value[1].value
+        assert (error[0].value, error[1].value) == ("amqp:resource-deleted", "queue 'q' in vhost '/' was deleted")
+    finally:
+        broker.close()
