@@ -264,6 +264,22 @@ def test_a_pika_publish_is_received_over_amqp10_with_its_properties(node):
     assert message.annotations["x-routing-key"] == "back"
 
 
+def test_rabbitmq_3_v1_addresses_are_still_taken(node):
+    pika_connection = declare(node, "v1")
+    pika_connection.channel().queue_bind("v1", "amq.topic", "a.b")
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/topic/a.b").send(Message(body="by topic"))
+        amqp.create_sender("/exchange/amq.topic/a.b").send(Message(body="by exchange"))
+        amqp.create_sender("/amq/queue/v1").send(Message(body="by queue"))
+        receiver = amqp.create_receiver("/amq/queue/v1")
+        assert [receiver.receive(timeout=5).body for _ in range(3)] == ["by topic", "by exchange", "by queue"]
+        receiver.accept()
+    finally:
+        amqp.close()
+        pika_connection.close()
+
+
 def test_unroutable_is_released(node):
     amqp = connect(node)
     try:

@@ -346,8 +346,8 @@ class Incoming(Link):
         self.destination = destination = address.target(target)
         vhost = self.connection.vhost
         assert vhost is not None and self.connection.principal is not None
-        if destination.exchange == "":
-            vhost.queue(destination.routing_key or "")  # (not-found if it is not there)
+        if destination.exchange == "" and destination.routing_key is not None:
+            vhost.queue(destination.routing_key)  # (not-found if it is not there)
         self.exchange = self._exchange(destination.exchange)
 
     def _exchange(self, name: str) -> Exchange:
@@ -488,8 +488,8 @@ class Incoming(Link):
             if to is None:
                 raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
             destination = address.target(to)
-            if destination.exchange == "" and self.connection.vhost is not None:
-                self.connection.vhost.queue(destination.routing_key or "")  # (not-found if it is not there)
+            if destination.exchange == "" and destination.routing_key is not None and self.connection.vhost:
+                self.connection.vhost.queue(destination.routing_key)  # (not-found if it is not there)
         exchange = self._exchange(destination.exchange)
         routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
         if self.connection.principal is not None and self.connection.principal.topics:
