@@ -225,6 +225,23 @@ def test_wrong_password_is_refused(node, monkeypatch):
         BlockingConnection(url(node, password="wrong"), timeout=10, allowed_mechs="PLAIN")
 
 
+def test_anonymous_is_offered_only_when_configured(node, tmp_path):
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.sendall(SASL_HEADER)
+        mechanisms = _read_frames(sock, 0x40)[-1][1][0].value
+        assert [m.value for m in mechanisms] == ["PLAIN", "AMQPLAIN"]  # no ANONYMOUS by default
+    with pytest.raises(proton.ConnectionException):
+        BlockingConnection(f"amqp://127.0.0.1:{node.port}", timeout=10, allowed_mechs="ANONYMOUS")
+    running = start(tmp_path / "anonymous", auth_mechanisms="PLAIN ANONYMOUS")
+    try:
+        connection = BlockingConnection(f"amqp://127.0.0.1:{running.port}", timeout=10, allowed_mechs="ANONYMOUS")
+        declare(running, "anon").close()
+        connection.create_sender("/queues/anon").send(Message(body="as guest"))
+        connection.close()
+    finally:
+        running.stop()
+
+
 # -- across protocols --------------------------------------------------------------------------------------------
 
 
