@@ -822,3 +822,37 @@ async def test_drain_with_nothing_to_send_gives_the_credit_back_and_a_deleted_qu
         assert (error[0].value, error[1].value) == ("amqp:resource-deleted", "queue 'q' in vhost '/' was deleted")
     finally:
         broker.close()
+
+
+async def test_a_large_message_arriving_during_an_alarm_stops_the_reading(tmp_path):
+    """A multi-transfer message grows past the memory check's step while an alarm stands: the socket is read no
+    more until it clears (credit alone would not stop a message already granted)."""
+    from amqp_server.broker import Broker
+    from amqp_server.memory import MEMORY_CHECK_BYTES
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        broker.declare_queue(broker.vhost("/"), "q", durable=True)
+        connection, transport = _in_process(broker)
+        paused: list[bool] = []
+        transport.pause_reading = lambda: paused.append(True)  # type: ignore[method-assign]
+        transport.resume_reading = lambda: paused.append(False)  # type: ignore[method-assign]
+        target = described(0x29, encode_list([utf8("/queues/q")]))
+        connection.data_received(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                                      amqp10.NULL, amqp10.NULL, target)))
+        chunk = b"\0" * 60_000
+        first = _frame(_performative(0x14, uint(0), uint(0), amqp10.binary(b"t"), uint(0), amqp10.boolean(False),
+                                     amqp10.boolean(True)) + described(0x75, b"\xb0" + struct.pack(">I", 10**8)))
+        more = _frame(_performative(0x14, uint(0), amqp10.NULL, amqp10.NULL, amqp10.NULL, amqp10.NULL,
+                                    amqp10.boolean(True)) + chunk)
+        connection.data_received(first)
+        connection.flow.block("memory")
+        fed = 0
+        while not paused and fed < 2 * MEMORY_CHECK_BYTES:
+            connection.data_received(more)
+            fed += len(chunk)
+        assert paused == [True] and fed <= MEMORY_CHECK_BYTES + len(chunk)
+        connection.flow.unblock("memory")
+        assert paused == [True, False]
+    finally:
+        broker.close()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
-from ..frontend import FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd
+from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd
 from ..logs import untrusted
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -501,7 +501,17 @@ class Amqp10Connection(FrontEnd):
         """An alarm or flow: publishing links get no more credit (RabbitMQ 4.x's answer to alarms on AMQP 1.0)."""
         self.credit_held = True
 
+    def growing(self) -> None:
+        """A message arriving in many transfers grew by ``MEMORY_CHECK_BYTES``: memory is checked, and during an
+        alarm the socket is read no more (what is already read waits), as 0-9-1's large bodies wait."""
+        self.flow.recheck()
+        if self.flow.blocked:
+            self.hold_reading(FLOW)
+
     def release(self) -> None:
+        self.release_reading(FLOW)
+        if self.buf:  # frames read before the hold: handled at the next turn
+            self.next_turn()
         self.credit_held = False
         for session in list(self.sessions.values()):
             session.grant_credit()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from ..errors import AMQPError, ChannelError
+from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
 from ..ports import ClientChannel
 from ..stream import amqp10
@@ -400,8 +401,11 @@ class Incoming(Link):
             self._check_size(len(payload))
             self._publish(payload, delivery_id, settled)
         else:
+            before = len(self.partial)
             self.partial += payload
             self._check_size(len(self.partial))
+            if len(self.partial) // MEMORY_CHECK_BYTES != before // MEMORY_CHECK_BYTES:
+                self.connection.growing()  # a large message can outrun the once-a-second memory check
             if more:
                 return
             record, self.partial = self.partial, None
