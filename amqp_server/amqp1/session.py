@@ -35,7 +35,6 @@ INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
 HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
 LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is granted, topped up at half
 MAX_UINT = 0xFFFFFFFF
-DURABLE_HEADER = described(amqp10.HEADER, encode_list([boolean(True)]))
 _TAG = struct.Struct(">I")
 LARGE_BODY = 64 * 1024  # a body at least this large is written from where it is, not copied into the output
 MAX_RESPONSES = 256  # management responses kept for a client that gives their link no credit
@@ -608,7 +607,11 @@ class Outgoing(Link):
         self.drain = False
         self.management = False  # the /management node's responses
         self.responses: deque[bytes] = deque()
-
+        # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
+        # delivery-tag, message-format 0, settled
+        handle = uint(self.handle)
+        self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
+        self._transfer_tail = b"\x43" + boolean(self.settled)
     def attach(self) -> None:
         source = _address(self.source)
         if source == management.ADDRESS:
@@ -688,15 +691,12 @@ class Outgoing(Link):
         if not consumer.no_ack:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
         head = amqp10.record_head(message, native=True)
-        if message.persistent:
-            head = DURABLE_HEADER + head
         body = message.body
-        fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
-                  boolean(consumer.no_ack)]
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
         size = len(head) + len(body)
         if size <= room:
-            first = frames.performative(frames.TRANSFER, *fields)
+            tag = _TAG.pack(delivery_id)
+            first = self._transfer_head + tag + b"\xa0\x04" + tag + self._transfer_tail
             head = frames.FRAME_HEAD.pack(8 + len(first) + size, 2, 0, session.channel) + first + head
             if len(body) < LARGE_BODY:
                 connection.out.append(head + body)
@@ -705,6 +705,8 @@ class Outgoing(Link):
                 connection.large_out = True
             session.sent_transfers(1)
         else:
+            fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
+                      boolean(consumer.no_ack)]
             self._deliver_frames(fields, head + body, room)
             connection.large_out = True
         connection.deliver_budget -= 1 + (size >> 16)

@@ -597,6 +597,7 @@ def symbols(names: list[str]) -> bytes:
 
 
 _ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
+DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # a header section: durable = true
 
 
 def from_amqp091(message: Message) -> bytes:
@@ -613,12 +614,16 @@ def entry(message: Message) -> bytes:
 def record_head(message: Message, native: bool = False) -> bytes:
     """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
     writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts,
-    a body of AMQP 1.0 sections (type ``amqp-1.0``) goes out as those sections, and the type is not told."""
+    a header section says ``durable`` for a persistent message, and a body of AMQP 1.0 sections (type
+    ``amqp-1.0``) goes out as those sections, the type not told."""
     key = (message.route, message.header[12:], native)
     cached = _ENVELOPES.get(key)
     if cached is None:
         sections_body = native and message.properties.message_type == AMQP10_TYPE
-        cached = (_envelope(message, sections_body), sections_body)
+        envelope = _envelope(message, sections_body)
+        if native and message.persistent:  # a header section saying so, as RabbitMQ 4.x tells an AMQP 1.0 reader
+            envelope = DURABLE_HEADER + envelope
+        cached = (envelope, sections_body)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
         _ENVELOPES[key] = cached
