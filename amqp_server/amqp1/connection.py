@@ -16,11 +16,11 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
-from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd
+from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, Unauthenticated
 from ..logs import untrusted
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ..auth import Principal, User
     from ..broker import Broker
     from ..config import Config
-    from ..connection import Registry
     from ..publisher_flow import PublisherFlow
     from ..vhost import VHost
 
@@ -45,6 +44,20 @@ CLOSE_TIMEOUT = 3.0  # after our close, how long the client has to answer with i
 SESSION_MAX = 64  # RabbitMQ's session_max_per_connection: channel-max is one less
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"
 SASL_OK, SASL_AUTH = 0, 1
+
+
+class Registry(Protocol):
+    """The node's client connections (``clients.Clients``), as ``connection.Registry`` for AMQP 0-9-1."""
+
+    handshakes: Unauthenticated
+
+    def add(self, connection: Any) -> None: ...
+
+    def remove(self, connection: Any) -> None: ...
+
+    def schedule_flush(self, connection: Any) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class Amqp10Connection(FrontEnd):
@@ -95,7 +108,7 @@ class Amqp10Connection(FrontEnd):
     def opened(self) -> None:
         assert self.transport is not None
         self.ssl_object = self.transport.get_extra_info("ssl_object")
-        self.clients.add(self)  # type: ignore[arg-type]  # listed beside the 0-9-1 connections
+        self.clients.add(self)  # listed beside the 0-9-1 connections
         mechanisms = auth_mechanisms.offered(self.config, self.ssl_object)
         self.out.append(frames.SASL_HEADER)
         self.out.append(frames.frame(0, frames.performative(frames.SASL_MECHANISMS, symbols(mechanisms)),
@@ -111,7 +124,7 @@ class Amqp10Connection(FrontEnd):
         self.buf = bytearray()
         self.out.clear()
         self.flow.gone(self)
-        self.clients.remove(self)  # type: ignore[arg-type]
+        self.clients.remove(self)
         if self.user is not None and self.vhost is not None:
             self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
         self.broker.connection_closed(self)
@@ -125,6 +138,9 @@ class Amqp10Connection(FrontEnd):
         super().abandon()
         self.state = CLOSED
 
+    def ended(self, channel: int) -> None:
+        self.sessions.pop(channel, None)
+
     # -- output ------------------------------------------------------------------------------
 
     def send(self, channel: int, body: bytes) -> None:
@@ -134,7 +150,7 @@ class Amqp10Connection(FrontEnd):
     def schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.clients.schedule_flush(self)  # type: ignore[arg-type]
+            self.clients.schedule_flush(self)
 
     def flush(self) -> None:
         self._flush_scheduled = False

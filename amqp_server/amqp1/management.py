@@ -22,7 +22,8 @@ from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, described, encode_list, encode_map, utf8
 
 if TYPE_CHECKING:
-    from .connection import Amqp10Connection
+    from ..queue import Queue
+    from .host import SessionHost
 
 ADDRESS = "/management"
 MAX_VALUE_DEPTH = 16
@@ -41,7 +42,7 @@ def _status_of(exc: AMQPError) -> str:
     return {404: "404", 403: "403", 406: "409", 405: "409"}.get(exc.code, "400")
 
 
-def handle(connection: Amqp10Connection, record: bytes) -> bytes:
+def handle(connection: SessionHost, record: bytes) -> bytes:
     """The response to one request (a message's bytes), as a message's bytes."""
     message_id: Value | None = None
     try:
@@ -103,7 +104,7 @@ def _name(quoted: str) -> str:
     return name
 
 
-def _request(connection: Amqp10Connection, method: str, path: str, body: Value) -> tuple[str, bytes]:
+def _request(connection: SessionHost, method: str, path: str, body: Value) -> tuple[str, bytes]:
     segments, query = _segments(path)
     vhost = connection.vhost
     assert vhost is not None
@@ -184,7 +185,7 @@ def _arguments(fields: dict[str, Value]) -> dict[str, Any]:
     return arguments
 
 
-def _declare_queue(connection: Amqp10Connection, name: str, body: Value) -> tuple[str, bytes]:
+def _declare_queue(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
     fields = _map(body, "queue")
     if name == "":
         raise Refused("400", "declare queue with empty name not allowed")
@@ -201,7 +202,7 @@ def _declare_queue(connection: Amqp10Connection, name: str, body: Value) -> tupl
     return ("200" if existed else "201"), _queue_info(connection, queue)
 
 
-def _declare_exchange(connection: Amqp10Connection, name: str, body: Value) -> tuple[str, bytes]:
+def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
     fields = _map(body, "exchange")
     vhost = connection.vhost
     assert vhost is not None
@@ -216,7 +217,7 @@ def _declare_exchange(connection: Amqp10Connection, name: str, body: Value) -> t
     return "204", NULL
 
 
-def _bind(connection: Amqp10Connection, body: Value) -> tuple[str, bytes]:
+def _bind(connection: SessionHost, body: Value) -> tuple[str, bytes]:
     fields = _map(body, "binding")
     source = fields.get("source")
     key = fields.get("binding_key")
@@ -239,7 +240,7 @@ _BINDING_SEGMENT = re.compile(r"^src=([0-9A-Za-z\-._~%]+);dst([eq])=([0-9A-Za-z\
                               r"key=([0-9A-Za-z\-._~%]*);args=([0-9A-Za-z\-_]*)$")
 
 
-def _unbind(connection: Amqp10Connection, segment: str) -> tuple[str, bytes]:
+def _unbind(connection: SessionHost, segment: str) -> tuple[str, bytes]:
     match = _BINDING_SEGMENT.match(segment)
     if match is None:
         raise Refused("400", f"bad binding path segment '{segment[:300]}'")
@@ -255,12 +256,12 @@ def _unbind(connection: Amqp10Connection, segment: str) -> tuple[str, bytes]:
     return "204", NULL
 
 
-def _matching(connection: Amqp10Connection, source: str, kind: str, destination: str,
+def _matching(connection: SessionHost, source: str, kind: str, destination: str,
               key: str) -> list[tuple[str, dict[str, Any]]]:
     vhost = connection.vhost
     assert vhost is not None
     found = []
-    for src, target, routing_key, arguments in connection.broker.bindings(vhost):
+    for src, target, routing_key, arguments in connection.broker.all_bindings(vhost):
         target_kind = "e" if isinstance(target, Exchange) else "q"
         if src == source and target.name == destination and target_kind == kind and routing_key == key:
             found.append((routing_key, arguments or {}))
@@ -275,7 +276,7 @@ def _args_hash(arguments: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def _bindings(connection: Amqp10Connection, query: dict[str, str]) -> tuple[str, bytes]:
+def _bindings(connection: SessionHost, query: dict[str, str]) -> tuple[str, bytes]:
     source, key = query.get("src"), query.get("key")
     if "dste" in query:
         kind, destination = "e", query["dste"]
@@ -316,9 +317,9 @@ def _value(value: Any) -> bytes:
     return utf8(str(value))
 
 
-def _queue_info(connection: Amqp10Connection, queue: Any) -> bytes:
+def _queue_info(connection: SessionHost, queue: Queue) -> bytes:
     node = connection.broker.node_name
-    kind = getattr(getattr(queue, "type", None), "name", "classic")
+    kind = queue.type.name
     return encode_map([
         (utf8("leader"), utf8(node)),
         (utf8("replicas"), b"\xe0" + bytes((len(node.encode()) + 3, 1, 0xA1, len(node.encode()))) + node.encode()
@@ -328,7 +329,7 @@ def _queue_info(connection: Amqp10Connection, queue: Any) -> bytes:
         (utf8("name"), utf8(queue.name)),
         (utf8("vhost"), utf8(queue.vhost)),
         (utf8("durable"), amqp10.boolean(queue.durable)),
-        (utf8("auto_delete"), amqp10.boolean(bool(getattr(queue, "auto_delete", False)))),
+        (utf8("auto_delete"), amqp10.boolean(queue.auto_delete)),
         (utf8("exclusive"), amqp10.boolean(queue.exclusive_owner is not None)),
         (utf8("type"), utf8(kind)),
         (utf8("arguments"), _value(dict(queue.arguments or {}))),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from exchanges import Exchange
 
     from ..queue import Consumer, Entry, Queue
-    from .connection import Amqp10Connection
+    from .host import SessionHost
 
 INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
 HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
@@ -48,7 +48,7 @@ def _error_of(exc: AMQPError) -> tuple[str, str]:
 class Session:
     """One ``begin``..``end`` on a channel: its windows, links and unsettled deliveries."""
 
-    def __init__(self, connection: Amqp10Connection, channel: int, fields: list[Value]) -> None:
+    def __init__(self, connection: SessionHost, channel: int, fields: list[Value]) -> None:
         self.connection = connection
         self.channel = channel
         self.broker = connection.broker
@@ -87,7 +87,7 @@ class Session:
             self._detach(fields)
         elif code == frames.END:
             self.closed()
-            self.connection.sessions.pop(self.channel, None)
+            self.connection.ended(self.channel)
             self.send(frames.performative(frames.END))
         elif code == frames.BEGIN:
             raise Amqp10Error(frames.NOT_ALLOWED, f"begin on channel {self.channel}, which has a session")
@@ -329,8 +329,8 @@ class Incoming(Link):
         self.checked: dict[str, Exchange] = {}  # exchanges the user may publish to (checked once each)
         self.outcomes: list[tuple[int, bytes]] = []  # (delivery id, outcome) to send
         self.unsynced: deque[tuple[int, int]] = deque()  # (delivery id, group commit batch) awaiting fsync
-        self.remote: dict[int, int] = {}  # delivery id -> copies other nodes have yet to accept
-        self.remote_rejected: set[int] = set()
+        self.forwarded_copies: dict[int, int] = {}  # delivery id -> copies other nodes have yet to accept
+        self.forwarded_rejected: set[int] = set()
         self.current = 0  # the delivery being published (what a forwarded copy confirms)
         self.management = False  # the /management node's requests: answered on the paired link
         self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
@@ -464,7 +464,7 @@ class Incoming(Link):
             persistence = self.broker.persistence
             self.unsynced.append((delivery_id, persistence.batch))
             persistence.waiters.add(self)
-        elif delivery_id not in self.remote:
+        elif delivery_id not in self.forwarded_copies:
             self._outcome(delivery_id, False, frames.ACCEPTED_STATE)
 
     def _request(self, record: bytes, delivery_id: int, settled: bool) -> None:
@@ -513,26 +513,26 @@ class Incoming(Link):
         unsynced = self.unsynced
         while unsynced and unsynced[0][1] <= batch:
             delivery_id = unsynced.popleft()[0]
-            if delivery_id not in self.remote:
+            if delivery_id not in self.forwarded_copies:
                 self._outcome(delivery_id, False, frames.ACCEPTED_STATE)
         if not unsynced:
             self.broker.persistence.waiters.discard(self)
 
     def forwarded(self) -> int:
-        self.remote[self.current] = self.remote.get(self.current, 0) + 1
+        self.forwarded_copies[self.current] = self.forwarded_copies.get(self.current, 0) + 1
         return self.current
 
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         if rejected:
-            self.remote_rejected.add(seq)
-        left = self.remote.pop(seq, 1) - 1
+            self.forwarded_rejected.add(seq)
+        left = self.forwarded_copies.pop(seq, 1) - 1
         if left:
-            self.remote[seq] = left
+            self.forwarded_copies[seq] = left
             return
         if any(delivery_id == seq for delivery_id, _ in self.unsynced):
             return
-        self._outcome(seq, False, frames.REJECTED_STATE if seq in self.remote_rejected else frames.ACCEPTED_STATE)
-        self.remote_rejected.discard(seq)
+        self._outcome(seq, False, frames.REJECTED_STATE if seq in self.forwarded_rejected else frames.ACCEPTED_STATE)
+        self.forwarded_rejected.discard(seq)
 
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
