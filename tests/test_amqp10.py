@@ -856,3 +856,18 @@ async def test_a_large_message_arriving_during_an_alarm_stops_the_reading(tmp_pa
         assert paused == [True, False]
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("list32", [False, True])
+def test_the_transfer_read_in_place_agrees_with_the_general_decoder(list32):
+    from amqp_server.amqp1 import frames
+
+    fields = [uint(3), uint(70000), amqp10.binary(b"tag1"), uint(0), amqp10.boolean(True), amqp10.boolean(False)]
+    data = b"".join(fields)
+    body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, len(fields)) if list32
+                               else bytes((0xC0, len(data) + 1, len(fields)))) + data + b"payload")
+    fast = frames.transfer_at(bytearray(body), 0, len(body))
+    assert fast is not None
+    value, end = amqp10.value_at(body)
+    assert fast == (frames.transfer_of(value.value[1].value), end)
+    assert body[fast[1]:] == b"payload"

@@ -178,13 +178,14 @@ class Transfer(NamedTuple):
 
 
 _U32 = struct.Struct(">I")
+_LIST32 = struct.Struct(">II")
 _BOOLS = {0x41: True, 0x42: False, 0x40: False}
 
 
 def transfer_at(buf: bytearray, pos: int, end: int) -> tuple[Transfer, int] | None:
     """A transfer performative at ``pos`` read in place, and where its payload starts, when it has the encodings
-    clients send (small uints, a short binary tag, booleans as constants, six fields at most); else None, for the
-    general decoder.  The publish path reads one of these per message: no value objects are made for it."""
+    clients send (a list8 or list32 of uints, a short binary tag, booleans as constants, six fields at most); else
+    None, for the general decoder.  The publish path reads one of these per message: no value objects are made."""
     if end - pos < 5 or buf[pos] != 0 or buf[pos + 1] != 0x53 or buf[pos + 2] != TRANSFER:
         return None
     code = buf[pos + 3]
@@ -192,6 +193,10 @@ def transfer_at(buf: bytearray, pos: int, end: int) -> tuple[Transfer, int] | No
         size, count = buf[pos + 4], buf[pos + 5]
         at = pos + 6
         stop = pos + 5 + size
+    elif code == 0xD0 and end - pos >= 12:
+        size, count = _LIST32.unpack_from(buf, pos + 4)
+        at = pos + 12
+        stop = pos + 8 + size
     else:
         return None
     if count > 6 or stop > end:
