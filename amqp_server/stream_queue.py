@@ -68,8 +68,6 @@ class _Decoded:
 
 
 class StreamQueue(Queue):
-    counts_deliveries = True  # each delivery carries x-stream-offset (delivery_header)
-    persists_all = True  # every message is on disk, whatever its delivery mode
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._log: StreamLog | None = None
@@ -137,7 +135,7 @@ class StreamQueue(Queue):
         opened.append(amqp10.entry(message))
         size = message.body_size
         self._open_body += size
-        self.ready_bytes += size
+        self.ready.bytes += size
         self.stats.publish += 1
         message.logged = True
         if len(opened) >= chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
@@ -179,7 +177,7 @@ class StreamQueue(Queue):
         return chunk_id
 
     def _appended(self) -> None:
-        self.ready_bytes = self.log.body + self._open_body  # (retention may have removed segments)
+        self.ready.bytes = self.log.body + self._open_body  # (retention may have removed segments)
         if self.cursors:
             self.deliver_ready()
         for listener in self.listeners:
@@ -393,8 +391,7 @@ class StreamQueue(Queue):
         for listener in list(self.listeners):
             listener.deleted(self)
         self.listeners.clear()
-        self._groups = []
-        self.active_consumer = None
+        self.consumers.reset()
         self.cursors.clear()
         self._open = []
         self._decoded.clear()
@@ -409,7 +406,7 @@ class StreamQueue(Queue):
 
             assert self.persistence is not None
             migrate.legacy_stream(self.persistence, self, f"'{self.name}' in vhost '{self.vhost}'")
-        self.ready_bytes = self.log.body
+        self.ready.bytes = self.log.body
 
     def offsets(self) -> tuple[int, int]:
         self.flush()

@@ -140,8 +140,8 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
 # (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
 # queue, and does not branch on either.
-INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.queue_base", "amqp_server.disk_tail",
-                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.spark_bridge.queue_reads",
+INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.ready_list", "amqp_server.consumers",
+                    "amqp_server.expiry", "amqp_server.spark_bridge.queue_reads",
                     "amqp_server.priority_queue", "amqp_server.quorum_queue", "amqp_server.stream_queue",
                     "forwarder.remote_queue"}
 # (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
