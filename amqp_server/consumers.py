@@ -35,7 +35,7 @@ class Consumers(list[Any]):
     priority groups (``groups``, highest first), of which with single active consumer the one active consumer
     is the only member; and the x-expires countdown, which they keep from running."""
 
-    __slots__ = ("groups", "active", "had_consumer", "_args", "_unused", "_timer")
+    __slots__ = ("groups", "active", "had_consumer", "_args", "_on_unused", "_expires_timer")
 
     def __init__(self, args: QueueArgs, unused: Callable[[], None]) -> None:
         super().__init__()
@@ -43,8 +43,8 @@ class Consumers(list[Any]):
         self.active: Any = None  # x-single-active-consumer: the one that receives
         self.had_consumer = False
         self._args = args
-        self._unused = unused  # x-expires ran out with no consumer
-        self._timer: asyncio.TimerHandle | None = None
+        self._on_unused = unused  # x-expires ran out with no consumer
+        self._expires_timer: asyncio.TimerHandle | None = None
 
     def set_args(self, args: QueueArgs) -> None:
         """The queue's effective arguments changed: x-expires cleared stops the countdown."""
@@ -57,20 +57,20 @@ class Consumers(list[Any]):
         expires = self._args.expires
         if expires is None:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(expires / 1000, self._expired)
+        if self._expires_timer is not None:
+            self._expires_timer.cancel()
+        self._expires_timer = asyncio.get_running_loop().call_later(expires / 1000, self._expired)
 
     def _expired(self) -> None:
-        self._timer = None
+        self._expires_timer = None
         if not self:  # consumers keep it alive; the countdown restarts when the last one leaves
-            self._unused()
+            self._on_unused()
 
     def stop(self) -> None:
         """No countdown any more (the queue is deleted, or x-expires cleared)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._expires_timer is not None:
+            self._expires_timer.cancel()
+            self._expires_timer = None
 
     def join(self, consumer: Any) -> None:
         self.append(consumer)

@@ -179,7 +179,7 @@ class PriorityReadyList(ReadyList):
         """The next batch of the highest level on disk comes in."""
         level = self.disk_top
         if level < 0:
-            self._trust_index()
+            self.trust_index()
             return
         rows = self._level_rows(level, self.level_from[level], PAGE_IN_BATCH)
         ready = self.entries
@@ -189,13 +189,13 @@ class PriorityReadyList(ReadyList):
             entries.append(entry)
             ready.count += 1
 
-        self._bring_in(rows, admit)
+        self.bring_in(rows, admit)
         if rows:
             self.level_from[level] = (rows[-1].seq & SEQ_MASK) + 1
         if len(rows) < PAGE_IN_BATCH:
             self._set_on_disk(level, False)
             if self.disk_top < 0 and self.paged:
-                self._trust_index()
+                self.trust_index()
 
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
         """Entries after the first ``keep`` (in delivery order) go to disk, lowest level first, each level from
@@ -218,7 +218,7 @@ class PriorityReadyList(ReadyList):
                     continue
                 if entry.expiry:
                     self.expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
-                self._page_write(entry, written)
+                self.page_write(entry, written)
                 self.tail.add(1, entry.message.body_size)
                 if entry.message.body is not None:
                     freed += entry.message.body_size
@@ -300,7 +300,7 @@ class PriorityReadyList(ReadyList):
             start, end = index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK))
             while len((taken := index.take(queue_id, start, end, PAGE_IN_BATCH))[0]):
                 seqs, rows = taken
-                self._release_rows(rows)
+                self.release_rows(rows)
                 removed += len(seqs)
                 start = int(seqs[-1]) + 1
             self.level_from[level] = max(self.level_from[level], below)

@@ -198,7 +198,7 @@ class ReadyList:
         size = entry.message.body_size
         self.bytes += size
         if self._tail_on_disk(entry):
-            self._page_write(entry)
+            self.page_write(entry)
             self.tail.add(1, size)
             return True
         self.entries.append(entry)
@@ -257,7 +257,7 @@ class ReadyList:
                 continue
             if entry.expiry:
                 self.expiring.pop(self.row_key(entry), None)  # its (expiry, key) stays in the heap
-            self._page_write(entry, written)
+            self.page_write(entry, written)
             self.tail.add(1, entry.message.body_size)
             if entry.message.body is not None:
                 freed += entry.message.body_size
@@ -271,13 +271,13 @@ class ReadyList:
         index, queue_id = self.page_index()
         room = self.window() - (len(self.entries) - self.gone)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
-        self._bring_in(rows, self.entries.append)
+        self.bring_in(rows, self.entries.append)
         if rows:
             self.paged_from = rows[-1].seq + 1
         if not rows or self.paged <= 0:
-            self._trust_index()
+            self.trust_index()
 
-    def _bring_in(self, rows: list[IndexEntry], admit: Callable[[Entry], None]) -> None:
+    def bring_in(self, rows: list[IndexEntry], admit: Callable[[Entry], None]) -> None:
         """Index rows of the part on disk become ready entries in memory (``admit``; those the queue keeps apart
         aside), their contents read a batch at a time; an entry whose message the store lost is dropped."""
         owner = self.owner
@@ -308,14 +308,14 @@ class ReadyList:
             if row.expiry:
                 self.expiring[self.row_key(entry)] = entry
 
-    def _trust_index(self) -> None:
+    def trust_index(self) -> None:
         """The counts said more was on disk than the index held: the index is right."""
         if self.paged:
             log.error("queue %s in vhost %s: %d entries counted on disk were not found", untrusted(self.owner.name),
                       untrusted(self.owner.vhost), self.paged)
         self.bytes -= self.tail.clear()
 
-    def _page_write(self, entry: Entry, written: dict[int, tuple[Message, int]] | None = None) -> None:
+    def page_write(self, entry: Entry, written: dict[int, tuple[Message, int]] | None = None) -> None:
         """Make sure the entry is in the index, so it can leave memory."""
         message = entry.message
         index, queue_id = self.page_index()
@@ -443,14 +443,14 @@ class ReadyList:
             seqs, rows = index.take(queue_id, self.paged_from, below, limit)
             taken = len(seqs)
             if taken:
-                self._release_rows(rows)
+                self.release_rows(rows)
                 self.paged_from = int(seqs[-1]) + 1
             if taken == limit and self.paged:
                 return taken, False
         self.paged_from = max(self.paged_from, below)
         return taken, True
 
-    def _release_rows(self, rows: np.ndarray) -> None:
+    def release_rows(self, rows: np.ndarray) -> None:
         """Entries on disk left the queue without coming into memory (``QueueIndex.take`` deleted them): the
         store references they held go, and their weight."""
         self._release(rows)
