@@ -71,7 +71,7 @@ class StreamQueue(Queue):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._log: StreamLog | None = None
-        self._open: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
+        self._turn: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
         self._open_body = 0
         self._flush_scheduled = False
         super().__init__(*args, **kwargs)
@@ -111,7 +111,7 @@ class StreamQueue(Queue):
     @property
     def next_seq(self) -> int:
         """The offset the next message gets: the log's next, after this turn's publishes."""
-        return (self._log.next if self._log is not None else 0) + len(self._open)
+        return (self._log.next if self._log is not None else 0) + len(self._turn)
 
     @next_seq.setter
     def next_seq(self, value: int) -> None:
@@ -129,7 +129,7 @@ class StreamQueue(Queue):
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
         commit that makes the chunk durable (``message.logged``)."""
-        opened = self._open
+        opened = self._turn
         if not opened and not self.writable():
             return False
         opened.append(amqp10.entry(message))
@@ -152,12 +152,12 @@ class StreamQueue(Queue):
     def flush(self) -> None:
         """This turn's AMQP publishes become a chunk; consumers and stream-protocol readers read on."""
         self._flush_scheduled = False
-        if not self._open or self.deleted:
+        if not self._turn or self.deleted:
             return
-        data = b"".join(self._open)
-        count = len(self._open)
+        data = b"".join(self._turn)
+        count = len(self._turn)
         body = self._open_body
-        self._open = []
+        self._turn = []
         self._open_body = 0
         self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
@@ -393,7 +393,7 @@ class StreamQueue(Queue):
         self.listeners.clear()
         self.consumers.reset()
         self.cursors.clear()
-        self._open = []
+        self._turn = []
         self._decoded.clear()
         self._failed.clear()
         if self.persistence is not None:

@@ -232,3 +232,74 @@ def test_the_spark_bridge_reads_a_queue_through_its_record_source():
         asked = {node.attr for node in ast.walk(ast.parse(path.read_text()))
                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "queue"}
         assert asked and asked <= offered, (path, sorted(asked - offered))
+
+
+def class_bases() -> dict[str, set[str]]:
+    """Every class of the packages -> the names of its bases that are classes of the packages too (by name: two
+    classes of one name count as one, the deeper)."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(node)
+
+    def name(base: ast.expr) -> str | None:
+        base = base.value if isinstance(base, ast.Subscript) else base  # Generic[T], list[Any]
+        return base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else None
+
+    return {cls: {base for node in nodes for base in map(name, node.bases) if base in classes and base != cls}
+            for cls, nodes in classes.items()}
+
+
+def chain_depth(bases: dict[str, set[str]], cls: str) -> int:
+    """How many of the project's classes the longest chain from ``cls`` up through its bases holds."""
+    return 1 + max((chain_depth(bases, base) for base in bases[cls]), default=0)
+
+
+def test_no_class_chain_of_the_projects_own_classes_is_deeper_than_three():
+    """A class reads with its base and that one's at most: deeper, a change reaches across files (a queue was a
+    chain of eight mixins)."""
+    bases = class_bases()
+    assert bases["Queue"] == set()  # a queue holds its parts
+    deep = {cls: chain_depth(bases, cls) for cls in bases if chain_depth(bases, cls) > 3}
+    assert deep == {}
+
+
+# The queue's classes and its components: their private attributes are theirs alone.
+QUEUE_PARTS = {"Queue", "QuorumQueue", "StreamQueue", "RemoteQueue", "ReadyList", "PriorityReadyList",
+               "PriorityReady", "Consumers", "Expiry", "RecordSource"}
+
+
+def private_attributes_shared_across_files(parts: set[str] = QUEUE_PARTS) -> dict[str, list[str]]:
+    """The private attributes (``_name``) that the queue's classes define, each with the files that use it, where
+    used in more than one: read on another object (``queue._x``) anywhere, or on ``self`` in one of those
+    classes (a subclass in another file reaching into its base's state)."""
+    trees = {path: ast.parse(path.read_text()) for package in PACKAGES
+             for path in (ROOT / package.replace(".", "/")).rglob("*.py")}
+    defining = [(path, node) for path, tree in trees.items() for node in ast.walk(tree)
+                if isinstance(node, ast.ClassDef) and node.name in parts]
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    names = set()
+    for _, cls in defining:
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and private(node.name):
+                names.add(node.name)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                names.add(node.attr)
+    inside = {id(node) for _, cls in defining for node in ast.walk(cls)}
+    used: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in names and (
+                    not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) or id(node) in inside):
+                used.setdefault(node.attr, set()).add(str(path.relative_to(ROOT)))
+    return {name: sorted(files) for name, files in used.items() if len(files) > 1}
+
+
+def test_no_private_attribute_of_the_queue_is_used_in_more_than_one_file():
+    assert private_attributes_shared_across_files() == {}
