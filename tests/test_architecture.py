@@ -140,8 +140,8 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
 # (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
 # queue, and does not branch on either.
-INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.queue_base", "amqp_server.disk_tail",
-                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.spark_bridge.queue_reads",
+INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.ready_list", "amqp_server.consumers",
+                    "amqp_server.expiry", "amqp_server.spark_bridge.queue_reads",
                     "amqp_server.priority_queue", "amqp_server.quorum_queue", "amqp_server.stream_queue",
                     "forwarder.remote_queue"}
 # (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
@@ -249,9 +249,6 @@ KNOWN_PACKAGE_CYCLES = {
                           "the core's flat package: it moves above them with the AMQP 0-9-1 front end",
     "amqp_server.connection": "the AMQP 0-9-1 front end sits in the core's flat package: it moves apart from the core",
     "amqp_server.channel": "as amqp_server.connection",
-    "amqp_server.queue": "a queue inherits the Spark bridge's reads (spark_bridge.queue_reads): they become an "
-                         "adapter outside the queue (RecordSource(queue))",
-    "amqp_server.consumers": "as amqp_server.queue",
     "amqp_server.stream_queue": "the stream log's storage is in the stream protocol's package: it moves beside "
                                 "msg_store/ and queue_index/",
     "amqp_server.persistence": "as amqp_server.stream_queue",
@@ -289,15 +286,12 @@ def test_the_package_graph_sees_cycles_through_packages():
 CORE_PACKAGES = ("amqp_server.broker", "amqp_server.queues", "amqp_server.queue_types", "msg_store", "queue_index",
                  "exchanges")
 CORE_MODULES = {f"amqp_server.{name}" for name in (
-    "queue", "queue_base", "queue_type", "queue_args", "ready", "paging", "disk_tail", "expiry", "consumers", "settle",
-    "priority_queue", "quorum_queue", "stream_queue", "persistence")}
+    "queue", "queue_type", "queue_args", "ready", "ready_list", "paging", "expiry", "consumers", "priority_queue",
+    "quorum_queue", "stream_queue", "persistence")}
 NOT_FOR_THE_CORE = ("amqp_server.connection", "amqp_server.channel", "amqp_server.stream", "mgmt_http",
                     "amqp_server.spark_bridge")
 # What the core still imports of them, each for a reason that names what removes it (checked to be still there).
 KNOWN_CORE_IMPORTS = {
-    ("amqp_server.queue", "amqp_server.spark_bridge.queue_reads"): "a queue inherits the bridge's reads: they "
-                                                                   "become an adapter outside it (RecordSource)",
-    ("amqp_server.consumers", "amqp_server.spark_bridge.queue_reads"): "as amqp_server.queue",
     ("amqp_server.stream_queue", "amqp_server.stream.log"): "the stream log's storage is in the stream protocol's "
                                                             "package: it moves beside msg_store/",
     ("amqp_server.stream_queue", "amqp_server.stream.chunk"): "as its import of amqp_server.stream.log",
@@ -400,3 +394,74 @@ def test_the_broker_is_a_facade_over_services_that_do_not_stack():
     assert services <= set(classes)
     assert {name: [ast.unparse(base) for base in node.bases] for name, node in classes.items()
             if any(ast.unparse(base) in classes for base in node.bases)} == {}
+
+
+def class_bases() -> dict[str, set[str]]:
+    """Every class of the packages -> the names of its bases that are classes of the packages too (by name: two
+    classes of one name count as one, the deeper)."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(node)
+
+    def name(base: ast.expr) -> str | None:
+        base = base.value if isinstance(base, ast.Subscript) else base  # Generic[T], list[Any]
+        return base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else None
+
+    return {cls: {base for node in nodes for base in map(name, node.bases) if base in classes and base != cls}
+            for cls, nodes in classes.items()}
+
+
+def chain_depth(bases: dict[str, set[str]], cls: str) -> int:
+    """How many of the project's classes the longest chain from ``cls`` up through its bases holds."""
+    return 1 + max((chain_depth(bases, base) for base in bases[cls]), default=0)
+
+
+def test_no_class_chain_of_the_projects_own_classes_is_deeper_than_three():
+    """A class reads with its base and that one's at most: deeper, a change reaches across files (a queue was a
+    chain of eight mixins)."""
+    bases = class_bases()
+    assert bases["Queue"] == set()  # a queue holds its parts
+    deep = {cls: chain_depth(bases, cls) for cls in bases if chain_depth(bases, cls) > 3}
+    assert deep == {}
+
+
+# The queue's classes and its components: their private attributes are theirs alone.
+QUEUE_PARTS = {"Queue", "QuorumQueue", "StreamQueue", "RemoteQueue", "ReadyList", "PriorityReadyList",
+               "PriorityReady", "Consumers", "Expiry", "RecordSource"}
+
+
+def private_attributes_shared_across_files(parts: set[str] = QUEUE_PARTS) -> dict[str, list[str]]:
+    """The private attributes (``_name``) that the queue's classes define, each with the files that use it, where
+    used in more than one: read on another object (``queue._x``) anywhere, or on ``self`` in one of those
+    classes (a subclass in another file reaching into its base's state)."""
+    trees = {path: ast.parse(path.read_text()) for package in PACKAGES
+             for path in (ROOT / package.replace(".", "/")).rglob("*.py")}
+    defining = [(path, node) for path, tree in trees.items() for node in ast.walk(tree)
+                if isinstance(node, ast.ClassDef) and node.name in parts]
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    names = set()
+    for _, cls in defining:
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and private(node.name):
+                names.add(node.name)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                names.add(node.attr)
+    inside = {id(node) for _, cls in defining for node in ast.walk(cls)}
+    used: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in names and (
+                    not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) or id(node) in inside):
+                used.setdefault(node.attr, set()).add(str(path.relative_to(ROOT)))
+    return {name: sorted(files) for name, files in used.items() if len(files) > 1}
+
+
+def test_no_private_attribute_of_the_queue_is_used_in_more_than_one_file():
+    assert private_attributes_shared_across_files() == {}

@@ -202,14 +202,14 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
     go afterwards, in the background."""
     COUNT_BATCH = 1024
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", COUNT_BATCH)
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", COUNT_BATCH)
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     count = 4 * COUNT_BATCH
     send(broker, vhost, "q", bodies(count - 10))
     send(broker, vhost, "q", bodies(10, "x"), expiration="1000")
     await settle()
-    on_disk_from = queue.paged_from
+    on_disk_from = queue.ready.paged_from
     commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, 2 * COUNT_BATCH))
     await asyncio.sleep(0)
     assert not commit.done() and queue.committed_drops == 0  # under way: a batch counted
@@ -241,7 +241,7 @@ async def test_a_commit_of_the_whole_disk_answers_at_once(broker, vhost, monkeyp
     it answers in the loop turn it came in, and their rows and records go in the background."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     send(broker, vhost, "q", bodies(3 * DROP_BATCH))
@@ -411,7 +411,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     the mark's range: they come back."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     vhost = broker.vhost("/")
@@ -833,10 +833,10 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
     """A node upgraded from when a priority queue's index entries were keyed by seq alone (and the queue
     kept them all in memory) finds them, in priority order, and keys them by level once."""
-    from amqp_server.priority_queue import PriorityQueue
+    from amqp_server.priority_queue import PriorityReadyList
 
     data = str(tmp_path / "data")
-    monkeypatch.setattr(PriorityQueue, "ranked", False)  # writes as before: seq-keyed
+    monkeypatch.setattr(PriorityReadyList, "ranked", False)  # writes as before: seq-keyed
     broker = Broker(data, queue_window=10_000)
     vhost = broker.vhost("/")
     broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
