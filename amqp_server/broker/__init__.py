@@ -40,7 +40,7 @@ from .routing import Router
 from .vhosts import VHosts
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry, ShovelRunner
+    from ..ports import ClientRegistry, FederationRunner, ShovelRunner
 
 
 def server_name(prefix: str) -> str:
@@ -71,9 +71,16 @@ class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages,
         self._vhost_stats: dict[str, MessageStats] = {}
         self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
+        self.federation: FederationRunner | None = None  # and its federation links
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
         self._recover_definitions()
         self.delayed.start()
+
+    def links_changed(self) -> None:
+        """A runtime parameter was set or cleared here: the shovels and federation links look again now."""
+        for runner in (self.shovels, self.federation):
+            if runner is not None:
+                runner.changed()
 
     def close(self) -> None:
         for queue in self.all_queues():

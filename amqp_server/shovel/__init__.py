@@ -6,6 +6,6 @@ from __future__ import annotations
 
 from .definition import validate
 from .manager import COMPONENT, Shovels
-from .uri import redacted
+from ..links.uri import redacted
 
 __all__ = ["COMPONENT", "Shovels", "redacted", "validate"]
