@@ -30,8 +30,9 @@ def offered(config: "Config", ssl_object: ssl.SSLObject | None) -> list[str]:
 
 
 def authenticate(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObject | None, mechanism: str,
-                 response: str | bytes) -> tuple[str, "User | None"]:
-    """(username, user or None if refused); a mechanism not offered is 503 COMMAND_INVALID, as in RabbitMQ."""
+                 response: str | bytes, peer_host: str) -> tuple[str, "User | None"]:
+    """(username, user or None if refused); a mechanism not offered is 503 COMMAND_INVALID, as in RabbitMQ.
+    ``peer_host``: the client's address (this node's own links log in from loopback, without TLS)."""
     if mechanism not in MECHANISMS:
         raise ConnectionError(errors.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
     if mechanism not in offered(config, ssl_object):
@@ -39,7 +40,7 @@ def authenticate(access: "AccessControl", config: "Config", ssl_object: ssl.SSLO
     if mechanism == "EXTERNAL":
         return _external(access, config, ssl_object)
     username, password = _credentials(mechanism, response)
-    return username, access.authenticate(username, password)
+    return username, access.authenticate(username, password, peer_host if ssl_object is None else None)
 
 
 def _external(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObject | None) -> tuple[str, "User | None"]:

@@ -10,6 +10,8 @@ import pika
 import pytest
 from aiohttp import web
 
+from amqp_server.auth import AccessControl
+from amqp_server.definitions import DefinitionStore
 from conftest import connect, free_port
 from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node
@@ -328,6 +330,20 @@ def test_kill_9_mid_transfer_loses_nothing_under_on_confirm(start_broker, victim
     _all_there(destination, source)
     status = wait_for(lambda: shovel_status(host, "k"), what="status")
     assert status["state"] == "running", status
+
+
+def test_the_direct_secret_logs_in_on_amqp_from_loopback_only(tmp_path):
+    """A node's links log in to itself with its direct secret over AMQP 0-9-1 from loopback; the stream protocol
+    and HTTP (which pass no peer) and any other address do not take it as a password."""
+    access = AccessControl(DefinitionStore(str(tmp_path)))
+    access.bootstrap()
+    secret = access.direct_secret
+    user = access.authenticate("guest", secret, direct_from="127.0.0.1")
+    assert user is not None and user.name == "guest"
+    assert access.authenticate("guest", secret, direct_from="::1") is not None
+    assert access.authenticate("guest", secret) is None
+    assert access.authenticate("guest", secret, direct_from="10.1.2.3") is None
+    access.store.close()
 
 
 def test_requests_to_other_nodes_follow_no_redirect():
