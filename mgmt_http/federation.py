@@ -12,9 +12,8 @@ from aiohttp import web
 
 from . import auth
 from .context import ctx
-from .forward import forward
 from .http import no_content, not_found
-from .link_status import LOCAL, gather
+from .link_status import LOCAL, gather, on_node
 from .listing import respond
 
 routes = web.RouteTableDef()
@@ -66,6 +65,5 @@ async def restart(request: web.Request) -> web.StreamResponse:
             return no_content()
         raise not_found()
     if context.broker.cluster is not None and LOCAL not in request.query and node in context.broker.cluster.peers:
-        request = request.clone(rel_url=request.rel_url.update_query({LOCAL: "true"}))
-        return await forward(request, node)
+        return await on_node(request, node)
     raise not_found()

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from . import auth
 from .context import ctx
-from .forward import KEY as FORWARDER
+from .forward import KEY as FORWARDER, forward
 
 LOCAL = "warren_local"  # query flag: this node's links only (what a node asks the others)
 PEER_TIMEOUT = 5.0
@@ -41,3 +41,8 @@ async def gather(request: web.Request, local: list[dict[str, Any]], path: str) -
             items += found
     visible = set(auth.visible_vhosts(request))
     return [item for item in items if item.get("vhost") in visible]
+
+
+async def on_node(request: web.Request, node: str) -> web.StreamResponse:
+    """``node``'s answer to this request (a link's restart), asked for its own links only."""
+    return await forward(request.clone(rel_url=request.rel_url.update_query({LOCAL: "true"})), node)

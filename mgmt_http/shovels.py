@@ -13,9 +13,8 @@ from aiohttp import web
 
 from . import auth
 from .context import Context, ctx
-from .forward import forward
 from .http import no_content, not_found
-from .link_status import LOCAL, gather
+from .link_status import LOCAL, gather, on_node
 from .listing import respond
 
 routes = web.RouteTableDef()
@@ -56,6 +55,5 @@ async def restart(request: web.Request) -> web.StreamResponse:
     if context.broker.cluster is not None and LOCAL not in request.query:
         for item in await _status(request):
             if item.get("vhost") == vhost and item.get("name") == name and item.get("node") != context.node:
-                request = request.clone(rel_url=request.rel_url.update_query({LOCAL: "true"}))
-                return await forward(request, item["node"])
+                return await on_node(request, item["node"])
     raise not_found()

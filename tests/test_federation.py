@@ -12,7 +12,7 @@ import pytest
 
 from conftest import connect
 from test_mgmt_api import assert_error, call
-from test_shovel import depth, wait_for
+from test_shovel import depth, drain, wait_for
 
 UPSTREAM = "/api/parameters/federation-upstream/%2F/"
 N = 1000
@@ -61,19 +61,6 @@ def publish(node, exchange: str, keys: list[str], persistent: bool = False) -> N
         channel.basic_publish(exchange, key, str(i).encode(),
                               pika.BasicProperties(delivery_mode=2 if persistent else None, user_id="guest"))
     connection.close()
-
-
-def drain(node, queue: str) -> list[tuple[bytes, Any]]:
-    connection = connect(node)
-    channel = connection.channel()
-    got = []
-    while True:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        got.append((body, properties))
-    connection.close()
-    return got
 
 
 def settled(node, queue: str, count: int, what: str) -> None:

@@ -748,15 +748,7 @@ def test_federation_status_page_lists_a_link_and_restarts_it(ui: UI, node: Broke
     assert call(node, "PUT", "/api/parameters/federation-upstream/%2F/ui-up", upstream).status == 201
     assert call(node, "PUT", "/api/policies/%2F/ui-fed", policy).status == 201
     try:
-        ui.go("#/admin/federation")
-        row = ui.page.locator("[data-table=federation-links] tbody tr", has_text="ui-up")
-        for _ in range(50):  # the link starts within a second or so: refresh until it runs
-            if row.locator("[data-federation-state=running]").count():
-                break
-            ui.page.wait_for_timeout(200)
-            ui.go("#/admin")
-            ui.go("#/admin/federation")
-        expect(row.locator("[data-federation-state=running]")).to_be_visible()
+        row = running_row(ui, "federation", "federation-links", "ui-up", "[data-federation-state=running]")
         expect(row).to_contain_text("exchange ui-fed-x")
         expect(row).to_contain_text("ui-fed-upstream")
         row.locator("[data-action=restart-federation-link]").click()
@@ -835,19 +827,25 @@ def test_a_page_on_another_origin_cannot_act_with_cached_credentials(browser: Br
         assert call(node, "GET", f"/api/users/{q(name)}").status == 404, f"the {kind} page added an administrator"
 
 
+def running_row(ui: UI, section: str, table: str, name: str, running: str) -> Locator:
+    """The row of ``name`` on an Admin status page once it shows ``running`` (a link starts within a second or so:
+    the page is refreshed until it does)."""
+    row = ui.page.locator(f"[data-table={table}] tbody tr", has_text=name)
+    for _ in range(50):
+        ui.go(f"#/admin/{section}")
+        if row.locator(running).count():
+            break
+        ui.page.wait_for_timeout(200)
+        ui.go("#/admin")
+    expect(row.locator(running)).to_be_visible()
+    return row
+
+
 def test_shovel_status_page_lists_a_shovel_and_restarts_it(ui: UI, node: BrokerProcess):
     value = {"src-uri": "amqp://", "src-queue": "ui-shovel-src", "dest-uri": "amqp://", "dest-queue": "ui-shovel-dest"}
     assert call(node, "PUT", "/api/parameters/shovel/%2F/ui-shovel", {"value": value}).status == 201
     try:
-        ui.go("#/admin/shovels")
-        row = ui.page.locator("[data-table=shovels] tbody tr", has_text="ui-shovel")
-        for _ in range(50):  # the shovel starts within a second or so: refresh until it runs
-            if row.locator("[data-shovel-state=running]").count():
-                break
-            ui.page.wait_for_timeout(200)
-            ui.go("#/admin")
-            ui.go("#/admin/shovels")
-        expect(row.locator("[data-shovel-state=running]")).to_be_visible()
+        row = running_row(ui, "shovels", "shovels", "ui-shovel", "[data-shovel-state=running]")
         expect(row).to_contain_text("queue ui-shovel-src")
         row.locator("[data-action=restart-shovel]").click()
         ui.success("Shovel ui-shovel restarted.")

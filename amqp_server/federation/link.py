@@ -14,7 +14,7 @@ import hashlib
 import logging
 import struct
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pamqp import commands
 
@@ -135,6 +135,16 @@ class FederationLink(Link):
             await up.call(CHANNEL, commands.Basic.Qos(prefetch_count=self.upstream.prefetch))
         return up, down
 
+    @staticmethod
+    async def _ensure(up: Client, passive: Any, declaration: Callable[[], Any]) -> None:
+        """What ``passive`` declares exists upstream, else is declared as ``declaration()`` says."""
+        try:
+            await up.disposable_call(passive)
+        except ChannelClosed as exc:
+            if exc.code != 404:
+                raise ClientError(f"{{shutdown,{exc}}}", exc.code) from None
+            await up.call(CHANNEL, declaration())
+
     def _entry(self, redelivered: bool) -> dict[str, Field]:
         """This hop's ``x-received-from`` entry (rabbit_federation_upstream's params_table, and the link's)."""
         return {"uri": _text(self.uri), self.kind: _text(self.resource), "redelivered": Field("t", int(redelivered))}
@@ -224,17 +234,15 @@ class ExchangeLink(FederationLink):
 
     async def _ensure_upstream_exchange(self, up: Client) -> None:
         """The upstream exchange, declared like the federated one if it is missing."""
-        try:
-            await up.disposable_call(commands.Exchange.Declare(exchange=self.upstream_resource, passive=True))
-        except ChannelClosed as exc:
-            if exc.code != 404:
-                raise ClientError(f"{{shutdown,{exc}}}", exc.code) from None
+        def declaration() -> commands.Exchange.Declare:
             local = self._local_exchange()
             if local is None:
-                raise ClientError("{exchange_gone}") from None
-            await up.call(CHANNEL, commands.Exchange.Declare(
+                raise ClientError("{exchange_gone}")
+            return commands.Exchange.Declare(
                 exchange=self.upstream_resource, exchange_type=local.type_name, durable=local.durable,
-                auto_delete=local.auto_delete, internal=local.internal, arguments=dict(local.arguments)))
+                auto_delete=local.auto_delete, internal=local.internal, arguments=dict(local.arguments))
+
+        await self._ensure(up, commands.Exchange.Declare(exchange=self.upstream_resource, passive=True), declaration)
 
     async def _ensure_internal_exchange(self, up: Client) -> None:
         """An ``x-federation-upstream`` exchange, declared on a connection of its own (an upstream without the
@@ -381,17 +389,14 @@ class QueueLink(FederationLink):
         return any(consumer.priority >= 0 and consumer.has_credit() for consumer in queue.consumers)
 
     async def _ensure_upstream_queue(self, up: Client) -> None:
-        try:
-            await up.disposable_call(commands.Queue.Declare(queue=self.upstream_resource, passive=True))
-        except ChannelClosed as exc:
-            if exc.code != 404:
-                raise ClientError(f"{{shutdown,{exc}}}", exc.code) from None
+        def declaration() -> commands.Queue.Declare:
             local = self._local_queue()
             if local is None:
-                raise ClientError("{queue_gone}") from None
-            await up.call(CHANNEL, commands.Queue.Declare(queue=self.upstream_resource, durable=local.durable,
-                                                          auto_delete=local.auto_delete,
-                                                          arguments=dict(local.arguments)))
+                raise ClientError("{queue_gone}")
+            return commands.Queue.Declare(queue=self.upstream_resource, durable=local.durable,
+                                          auto_delete=local.auto_delete, arguments=dict(local.arguments))
+
+        await self._ensure(up, commands.Queue.Declare(queue=self.upstream_resource, passive=True), declaration)
 
     def _forward(self, redelivered: bool, exchange: str, routing_key: str, header: bytes,
                  size: int) -> tuple[str, str, bytes] | None:
