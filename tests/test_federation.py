@@ -278,6 +278,13 @@ def test_setting_upstreams_takes_policymaker_and_passwords_are_shown_to_administ
     exported = call(node, "GET", "/api/definitions").json
     assert {"vhost": "/", "component": "federation-upstream", "name": "u", "value": value["value"]} \
         in exported["parameters"]
+    assert call(node, "DELETE", UPSTREAM + "u").status == 204
+    policy = {"vhost": "/", "name": "p", "pattern": "^f", "apply-to": "all", "priority": 0,
+              "definition": {"federation-upstream-set": "all"}}
+    response = call(node, "POST", "/api/definitions", {"parameters": exported["parameters"], "policies": [policy]})
+    assert response.status == 204, response.raw  # nothing skipped
+    assert call(node, "GET", UPSTREAM + "u").json["value"] == value["value"]
+    assert call(node, "GET", "/api/policies/%2F/p").json["definition"] == {"federation-upstream-set": "all"}
     assert call(node, "GET", "/api/federation-links", auth=("watcher", "pw")).status == 200
 
 
