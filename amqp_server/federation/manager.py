@@ -34,7 +34,7 @@ class Federation(Runner):
             resources: list[tuple[type[FederationLink], str, Any]] = []
             resources += [(ExchangeLink, name, x.policy) for name, x in vhost.exchanges.items()]
             resources += [(QueueLink, name, q.policy) for name, q in vhost.queues.items()
-                          if not q.remote and not q.exclusive and q.type.name != "stream"]
+                          if q.node == self.node and not q.exclusive]  # (a queue's link runs on its node)
             for cls, name, policy in resources:
                 if policy is None or not any(key in policy.definition for key in FEDERATION_KEYS):
                     continue
