@@ -170,6 +170,21 @@ def test_an_upstream_killed_mid_transfer_loses_nothing_under_on_confirm(start_br
     running(down)
 
 
+def test_a_link_whose_upstream_exchange_was_deleted_makes_it_anew(start_broker):
+    up, down = node_named(start_broker, "up"), node_named(start_broker, "down")
+    declare(down, "fed.d", "here", "#")
+    federate(down, up, r"^fed\.")
+    running(down)
+    exchange = "federation%3A%20fed.d%20-%3E%20down%40localhost%20"
+    wait_for(lambda: call(up, "GET", f"/api/exchanges/%2F/{exchange}B").status == 200, what="the upstream exchange")
+    assert call(up, "DELETE", f"/api/exchanges/%2F/{exchange}B").status == 204
+    wait_for(lambda: call(up, "GET", f"/api/exchanges/%2F/{exchange}A").status == 200, timeout=30,
+             what="the link to find it gone and start again")
+    running(down)
+    publish(up, "fed.d", ["k"] * 10)
+    settled(down, "here", 10, "messages through the new upstream exchange")
+
+
 def test_removing_the_policy_stops_the_link_and_cleans_up_upstream(start_broker):
     up, down = node_named(start_broker, "up"), node_named(start_broker, "down")
     declare(down, "fed.c", "here", "#")

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.federation")
 COMMAND_CHANNEL = 2  # exchange links: binds and unbinds (a 404 there restarts the link, as in RabbitMQ)
 FOLLOW_INTERVAL = 0.1  # seconds between looks at local bindings (exchange links) or consumers (queue links)
+CHECK_INTERVAL = 10.0  # seconds between checks that the upstream exchange is there (RabbitMQ: 90 by default)
 BINDING_HEADER = "x-bound-from"
 INTERNAL_PURPOSE: dict[str, Any] = {"x-internal-purpose": "federation"}
 
@@ -210,9 +211,23 @@ class ExchangeLink(FederationLink):
         Transfer(self, up, down, upstream.ack_mode, self._forward)  # (it runs from the connections' callbacks)
         await up.call(CHANNEL, commands.Basic.Consume(queue=self.queue, no_ack=upstream.ack_mode == "no-ack"))
         self._running(f"{self.uri} (queue {self.queue})")
+        check = asyncio.get_running_loop().time() + CHECK_INTERVAL
         while True:
             await self._until_closed(asyncio.ensure_future(asyncio.sleep(FOLLOW_INTERVAL)))
             await self._follow_bindings(up)
+            if asyncio.get_running_loop().time() >= check:
+                await self._check_internal_exchange(up)
+                check += CHECK_INTERVAL
+
+    async def _check_internal_exchange(self, up: Client) -> None:
+        """The link's upstream exchange is still there, else the link starts again and makes it anew
+        (rabbit_federation_exchange_link's check_internal_exchange)."""
+        try:
+            await up.disposable_call(commands.Exchange.Declare(exchange=self.internal_exchange, passive=True))
+        except ChannelClosed as exc:
+            if exc.code == 404:
+                raise ClientError(f"{{upstream_exchange_gone,<<\"{self.internal_exchange}\">>}}") from None
+            log.warning("%s: checking the upstream exchange failed: %s", self.what, untrusted(str(exc)))
 
     def _local_exchange(self) -> Any:
         vhost = self.broker.vhosts.get(self.vhost)
