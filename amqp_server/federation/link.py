@@ -160,8 +160,10 @@ class FederationLink(Link):
             log.warning("%s: dropped a message whose headers cannot be read", self.what)
             return None
 
-    def _finish_header(self, header: bytes, flags: int, fields: dict[str, Field]) -> bytes:
-        header = header_table.with_headers(header, flags, fields)
+    def _finish_header(self, header: bytes, flags: int, fields: dict[str, Field] | None) -> bytes:
+        """The header with ``fields`` as its table (None: as it is), and user_id cleared unless trusted."""
+        if fields is not None:
+            header = header_table.with_headers(header, flags, fields)
         if not self.upstream.trust_user_id and (header[12] << 8 | header[13]) & codec.FLAG_USER_ID:
             header = properties.replace(header, codec.FLAG_USER_ID, None)  # (RabbitMQ: maybe_clear_user_id)
         return header
@@ -191,11 +193,14 @@ class ExchangeLink(FederationLink):
         super().__init__(*args, **kwargs)
         self.queue = ""
         self.internal_exchange = ""
+        self._first_hop: dict[bool, bytes] = {}  # x-received-from of a message that has none yet, by redelivered
         self._bound: dict[tuple[str, tuple], tuple[str, dict[str, Any]]] = {}
         self._serial = -1
 
     async def _session(self) -> None:
         up, down = await self._connect_both()
+        self._first_hop = {redelivered: header_table.encode_value(Field("A", [Field("F", self._hop(redelivered))]))
+                           for redelivered in (False, True)}
         await up.open_channel(COMMAND_CHANNEL)
         upstream = self.upstream
         self.queue = upstream_queue_name(self.upstream_resource, self.upstream_vhost, self.vhost, self.resource,
@@ -331,8 +336,22 @@ class ExchangeLink(FederationLink):
                     arguments=arguments))
                 self._bound[key] = (routing_key, arguments)
 
+    def _hop(self, redelivered: bool) -> dict[str, Field]:
+        entry = self._entry(redelivered)
+        if self.upstream_name is not None:
+            entry["cluster-name"] = _text(self.upstream_name)
+        entry["vhost"] = _text(self.upstream_vhost)
+        return entry
+
     def _forward(self, redelivered: bool, exchange: str, routing_key: str, header: bytes,
                  size: int) -> tuple[str, str, bytes] | None:
+        try:
+            first = not header_table.has(header, ROUTING_HEADER)
+        except header_table.Unsupported:
+            first = False
+        if first:  # the usual case: the entry's bytes added to the table's, nothing decoded
+            header = header_table.with_field(header, ROUTING_HEADER, self._first_hop[redelivered])
+            return self.resource, routing_key, self._finish_header(header, 0, None)
         read = self._headers(header)
         if read is None:
             return None
@@ -341,13 +360,10 @@ class ExchangeLink(FederationLink):
         if isinstance(hops, list) and (len(hops) >= self.upstream.max_hops
                                        or already_seen(self.cluster_name, self.vhost, hops)):
             return None  # (an upstream without the x-federation-upstream type does not drop it: this link does)
-        entry = self._entry(redelivered)
-        if self.upstream_name is not None:
-            entry["cluster-name"] = _text(self.upstream_name)
-        entry["vhost"] = _text(self.upstream_vhost)
         previous = fields.get(ROUTING_HEADER)
-        fields[ROUTING_HEADER] = Field("A", [Field("F", entry), *(previous.value if previous is not None
-                                                                  and previous.kind == "A" else [])])
+        fields[ROUTING_HEADER] = Field("A", [Field("F", self._hop(redelivered)),
+                                             *(previous.value if previous is not None and previous.kind == "A"
+                                               else [])])
         return self.resource, routing_key, self._finish_header(header, flags, fields)
 
     async def _stopped(self) -> None:
