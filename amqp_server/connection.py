@@ -81,6 +81,7 @@ class Connection(FrontEnd):
     """Protocol instance per TCP connection."""
 
     kind = "AMQP"
+    protocol = "AMQP 0-9-1"  # as the management API names it
 
     def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: Registry) -> None:
         super().__init__(clients.handshakes, complaints, config.write_buffer_high)

@@ -35,6 +35,7 @@ from aiohttp import web
 from amqp_server.errors import AMQPError
 from amqp_server.queue import Queue
 from amqp_server.spark_bridge import arrow_records, record_reader, records
+from amqp_server.spark_bridge.commit import Commit
 
 from . import auth, expect
 from .forward import by_owner
@@ -200,7 +201,7 @@ async def commit(request: web.Request, queue: Queue) -> web.Response:
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise bad_request("offset must be a non-negative integer")
-    removed = await _broker(request).commit_offset(queue, offset)
+    removed = await Commit(_broker(request)).commit_offset(queue, offset)
     return json_response({"removed": removed, "committed": queue.committed})
 
 
