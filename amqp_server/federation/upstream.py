@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .. import patterns
-from ..parameter_validation import Check, binary, boolean, enum, number, prefetch_count, proplist, uri
+from ..links.validation import Check, binary, boolean, enum, number, prefetch_count, proplist, uri
 from ..policy import FEDERATION_KEYS, erlang_term
 
 UPSTREAM = "federation-upstream"

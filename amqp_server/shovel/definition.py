@@ -13,7 +13,7 @@ from typing import Any
 
 from pamqp import commands
 
-from ..parameter_validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
+from ..links.validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
                                     number as _number, prefetch_count, proplist, terms as _terms,
                                     uri as _uri)
 from ..policy import erlang_term

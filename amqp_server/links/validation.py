@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .links import uri as uri_module
-from .policy import erlang_term
+from ..policy import erlang_term
+from . import uri as uri_module
 
 Check = Callable[[str, Any], "str | None"]
 
