@@ -1,6 +1,7 @@
 """SASL mechanisms of connection.start / start-ok (RabbitMQ's rabbit_auth_mechanism_plain, _amqplain and _ssl).
 
-PLAIN and AMQPLAIN carry a username and password.  EXTERNAL carries nothing:
+PLAIN and AMQPLAIN carry a username and password.  ANONYMOUS (not offered unless configured, as in RabbitMQ)
+logs in as ``anonymous_login_user``.  EXTERNAL carries nothing:
 the TLS layer authenticated the client, its verified certificate names the
 user (``tls_cert_login_from``), and that user only has to exist.
 """
@@ -39,6 +40,9 @@ def authenticate(access: "AccessControl", config: "Config", ssl_object: ssl.SSLO
         raise ConnectionError(errors.COMMAND_INVALID, f"invalid authentication mechanism '{mechanism}'")
     if mechanism == "EXTERNAL":
         return _external(access, config, ssl_object)
+    if mechanism == "ANONYMOUS":  # rabbit_auth_mechanism_anonymous: a configured user, off unless offered
+        return config.anonymous_login_user, access.authenticate(config.anonymous_login_user,
+                                                                config.anonymous_login_pass)
     username, password = _credentials(mechanism, response)
     return username, access.authenticate(username, password, peer_host if ssl_object is None else None)
 
