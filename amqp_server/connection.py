@@ -519,7 +519,7 @@ class Connection(FrontEnd):
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}  # a table, or none
         username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
-                                                      method.mechanism, method.response)
+                                                      method.mechanism, method.response, self.peer[0])
         if loopback_refused(user, self.peer[0], self.config.loopback_users_only):
             self.clients.handshakes.log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None

@@ -252,8 +252,8 @@ KNOWN_PACKAGE_CYCLES = {
     "amqp_server.stream_queue": "the stream log's storage is in the stream protocol's package: it moves beside "
                                 "msg_store/ and queue_index/",
     "amqp_server.persistence": "as amqp_server.stream_queue",
-    "amqp_server.runtime_parameters": "validating a vhost's parameters names the shovel's component: components "
-                                      "register their validation instead",
+    "amqp_server.runtime_parameters": "validating a vhost's parameters names the shovel's and federation's "
+                                      "components: components register their validation instead",
 }
 
 

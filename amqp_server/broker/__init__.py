@@ -40,7 +40,7 @@ from .routing import Router
 from .vhosts import VHosts
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry, ShovelRunner
+    from ..ports import ClientRegistry, FederationRunner, ShovelRunner
 
 
 def server_name(prefix: str) -> str:
@@ -73,6 +73,7 @@ class Broker:
         self.clients = clients  # the node's connections (none in a broker used in-process)
         self.churn = ChurnStats()
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
+        self.federation: FederationRunner | None = None  # and its federation links
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
 
         self.definitions = definitions = Definitions(self.store)
@@ -118,6 +119,12 @@ class Broker:
 
         Recovery(self.store, self.access, virtual_hosts, queues, self.persistence, self.policies).run()
         self.delayed.start()
+
+    def links_changed(self) -> None:
+        """A runtime parameter was set or cleared here: the shovels and federation links look again now."""
+        for runner in (self.shovels, self.federation):
+            if runner is not None:
+                runner.changed()
 
     @property
     def cluster(self) -> ClusterHooks | None:
