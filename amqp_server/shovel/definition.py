@@ -3,7 +3,8 @@
 :class:`Definition` the worker runs.
 
 Only ``amqp091`` is served on either side: ``amqp10`` (RabbitMQ's other protocol) is refused as a value
-``src-protocol``/``dest-protocol`` may not take here, since Warren does not speak AMQP 1.0.
+``src-protocol``/``dest-protocol`` may not take here: the node serves AMQP 1.0 to clients, but the shovel has no
+AMQP 1.0 client of its own yet.
 """
 from __future__ import annotations
 
