@@ -276,10 +276,14 @@ class Peer:
         if ftype == link.DELIVER:
             self._deliver(payload)
         elif ftype == link.CONFIRM:
-            seq, status = link.CONFIRM_BODY.unpack(payload)
+            seq, status = link.CONFIRM_BODY.unpack_from(payload)
             publish = self._enqueued.pop(seq, None)
             if publish is not None:
-                publish.window.answered(publish, status)
+                hint = None
+                if status == link.CONFIRM_MOVED and len(payload) > link.CONFIRM_BODY.size:
+                    term = link.MOVED_HINT.unpack_from(payload, link.CONFIRM_BODY.size)[0]
+                    hint = (payload[link.CONFIRM_BODY.size + link.MOVED_HINT.size:].decode(errors="replace"), term)
+                publish.window.answered(publish, status, hint)
                 return
             pending = self._pending.pop(seq, None)
             if pending is not None:

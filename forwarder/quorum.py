@@ -258,6 +258,7 @@ class QuorumGroups:
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
         group.window.send = lambda publish: self._send(group, publish)
         group.window.recheck = lambda: self._recheck(group)
+        group.window.hinted = lambda leader, term: self._hinted(group, leader, term)
         if self.name in group.members:
             self._open_copy(group)
         # until the leader is known, clients here reach another member (which refuses what needs a leader), so
@@ -441,6 +442,19 @@ class QuorumGroups:
         if proxy is None or group.leader != proxy.peer.name:
             return False
         return proxy.peer.enqueue(proxy, publish)
+
+    def leader_of(self, key: str) -> tuple[str, int]:
+        """The leader of a queue as known here, and its term (("", 0): none)."""
+        group = self.groups.get(key)
+        return (group.leader, group.term) if group is not None else ("", 0)
+
+    def _hinted(self, group: Group, leader: str, term: int) -> None:
+        """Another node named the leader of a later term than ours (our etcd watch may be stalled or cut): we
+        follow it."""
+        if (term > group.term and leader != self.name and leader in self.cluster.peers
+                and self.groups.get(group.key) is group):
+            log.info("%s leads %s in term %d, as another node says", leader, group.key, term)
+            self._follow(group, leader, term)
 
     def _recheck(self, group: Group) -> None:
         """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
@@ -650,7 +664,7 @@ class QuorumGroups:
             if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
                 continue
             if moved is not None:
-                moved(seq)
+                moved(seq, group.leader, group.term)
             elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
                 confirm.remote_confirmed(seq, True)
             else:

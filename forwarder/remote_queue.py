@@ -82,6 +82,7 @@ class Window:
         # sends a publish to the leader known now (a proxy's node, or this one's queue); False: it cannot now
         self.send: Callable[[Publish], bool] | None = None
         self.recheck: Callable[[], None] | None = None  # asks etcd who leads (a node said it does not)
+        self.hinted: Callable[[str, int], None] | None = None  # follows the leader (and term) a node named
         self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
         self._next = 1
         self._round = 0
@@ -142,11 +143,12 @@ class Window:
                     self.stalled()
                     return
 
-    def answered(self, publish: Publish, status: int) -> None:
+    def answered(self, publish: Publish, status: int, hint: tuple[str, int] | None = None) -> None:
         """A node's answer to a copy: confirmed or refused (the publisher is told), or not taken — the node does
-        not lead (``CONFIRM_MOVED``: we ask etcd, and send again a while later unless a leader is known first), or
-        an earlier publish never reached it (``CONFIRM_RESEND``: sent again now).  Only the answer to a copy of
-        the latest round sends again."""
+        not lead (``CONFIRM_MOVED``: we follow the leader it names, ``hint``, if of a later term than ours, as
+        ``rabbit_fifo_client`` follows a ``not_leader`` reply; else ask etcd, and send again a while later unless a
+        leader is known first), or an earlier publish never reached it (``CONFIRM_RESEND``: sent again now).
+        Only the answer to a copy of the latest round sends again."""
         if self.publishes.get(publish.seq) is not publish:
             return  # answered before
         if status in (link.CONFIRM_MOVED, link.CONFIRM_RESEND):
@@ -157,10 +159,12 @@ class Window:
                 asyncio.get_running_loop().call_soon(self.resend)
                 return
             self.stalled()
-            if self.recheck is not None:
-                self.recheck()
             if self._retry is None:
                 self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
+            if hint is not None and hint[0] and self.hinted is not None:
+                self.hinted(*hint)
+            elif self.recheck is not None:
+                self.recheck()
             return
         del self.publishes[publish.seq]
         if status == link.CONFIRM_OK and self._timer is not None:

@@ -142,8 +142,12 @@ class Session:
         enqueuer, publish, floor = link.ENQUEUER_HEAD.unpack_from(payload, pos)
         queue = self._queue(qids[0]) if len(qids) == 1 else None
         if not isinstance(queue, QuorumQueue):
-            moved = len(qids) == 1 and self._elsewhere(qids[0]) is not None
-            self._answer(seq, link.CONFIRM_MOVED if moved else link.CONFIRM_NO_QUEUE)
+            if len(qids) == 1 and self._elsewhere(qids[0]) is not None:
+                cluster = self.broker.cluster
+                assert cluster is not None  # (a session is the cluster's)
+                self.moved(seq, *cluster.quorum.leader_of(qids[0].decode()))
+            else:
+                self._answer(seq, link.CONFIRM_NO_QUEUE)
             return
         message = link.read_message(payload, pos + link.ENQUEUER_HEAD.size)
         self._publishing = seq
@@ -155,10 +159,12 @@ class Session:
         else:
             self._answer(seq, link.CONFIRM_REJECTED if verdict == "refused" else link.CONFIRM_OK, message)
 
-    def moved(self, seq: int) -> None:
-        """Deposed before its group had the publish: the node that sent it sends it to the next leader."""
-        if self.replicating.pop(seq, None) is not None:
-            self._answer(seq, link.CONFIRM_MOVED)
+    def moved(self, seq: int, leader: str, term: int) -> None:
+        """A publish of another node's window this node does not take (it does not lead the queue, or was
+        deposed before its group had it): the window sends it to the leader, which we name if we know it."""
+        self.replicating.pop(seq, None)
+        self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_MOVED), link.MOVED_HINT.pack(term),
+                       leader.encode())
 
     def _answer(self, seq: int, status: int, message: Message | None = None) -> None:
         """Confirm (or refuse) the publish ``seq``: once on disk here if it was stored, and taken by its group."""
