@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from amqp_server import errors, publisher_flow
 from amqp_server.vhost import home_node_down
 from amqp_server.message import Message
+from amqp_server.quorum_machine import CHECKS, Broken
 from amqp_server.queue import Consumer, Entry
 
 from . import link
@@ -327,15 +328,23 @@ class Peer:
         if found is None:
             return
         queue, remote = found
-        if remote.accepted.done():  # consuming again at a quorum queue's new leader
-            if reply["error"] is not None:
-                del self.consumers[remote.id]
-            queue.reattached(remote, reply["error"] is None, reply.get("tags") or [])
-            return
-        if reply["error"] is None:
-            remote.accepted.set_result(None)
+        error = reply["error"]
+        # consuming again at a quorum queue's new leader, maybe before the answer to its first consume came (lost
+        # with its link, or never sent: its link was down then)
+        again = remote.accepted.done() or "tags" in reply
+        if error is None:
+            if not remote.accepted.done():
+                remote.accepted.set_result(None)
+            if again:
+                queue.reattached(remote, True, reply.get("tags") or [])
+            if CHECKS and not remote.attached:
+                raise Broken(f"{queue!r}: consumer {remote.id} accepted by {self.name} but not attached (its "
+                             "settles would wait for good)")
             return
         del self.consumers[remote.id]
+        if remote.accepted.done():
+            queue.reattached(remote, False, [])
+            return
         queue.refused(remote.consumer)
         code, text = reply["error"]
         remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))

@@ -311,7 +311,9 @@ class RemoteQueue(Queue):
 
     def add_consumer(self, consumer: Consumer) -> None:
         super().add_consumer(consumer)
-        self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        remote = self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        if self.publishes is not None and (self.publishes.leaderless or not self.peer.up):
+            remote.attached = False  # (not sent: it consumes once a leader is known, ``follow``, or reached)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         super().remove_consumer(consumer)

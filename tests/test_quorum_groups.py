@@ -737,6 +737,22 @@ async def test_publishes_through_a_follower_whose_leader_paused_are_confirmed_by
     assert await copies_agree(network) == bodies(10)
 
 
+async def test_a_consumer_made_while_its_node_cannot_reach_the_leader_consumes_once_it_can(network):
+    """A consumer through n2 while n2's link to the leader is down: its consume is sent once the link is back
+    (as a consume again, with nothing to take back), and the answer to it attaches the consumer, so that its
+    acks reach the leader (they were parked for good: the 50 it held stayed out at the leader)."""
+    node = await declared(network)
+    sent = bodies(200)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 200, "the publishes confirmed")
+    network.cut("n2", "n1")
+    client = Client(network.nodes["n2"], prefetch=50).consume()
+    await asyncio.sleep(0.1)
+    network.heal("n2", "n1")
+    await drained(network, client, sent)
+
+
 async def test_a_consumer_consuming_again_at_the_same_leader_takes_back_what_it_held_there(network):
     """n3 tells its consumer to consume again at n1, twice in a row (two changes of term heard late, or a
     refusal's retry crossing a change of leader): n1 takes what the consumer held under its earlier ids back
