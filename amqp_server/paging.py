@@ -193,6 +193,7 @@ class Pager:
         self._deep = {queue for queue in self._deep if queue.paged and not queue.deleted}
         self._reshare()
         self.store.flush()
+        self.store.unlink(self.store.take_doomed())  # (files of segments emptied since: nothing is synced here)
         self.index.commit()
         if self.store.needs_compaction:
             self.store.compact_step()

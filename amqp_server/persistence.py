@@ -267,22 +267,24 @@ class Persistence:
             journal.commit()
         self.streams.commit()
         sealed = self.store.take_sealed()
+        doomed = self.store.take_doomed()
         fds = self.store.dirty_fds()
         batch = self.batch
         self.batch += 1
         self._syncing = True
-        self._fsyncing = self._fsyncer.submit(self._fsync, fds, sealed)
+        self._fsyncing = self._fsyncer.submit(self._fsync, fds, sealed, doomed)
         asyncio.wrap_future(self._fsyncing, loop=self.loop).add_done_callback(lambda f: self._committed(batch, f))
         if self.store.needs_compaction and self._compactor is None:
             self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
 
-    def _fsync(self, fds: list[int], sealed: list) -> None:
+    def _fsync(self, fds: list[int], sealed: list, doomed: list[tuple[int, int]]) -> None:
         for fd in fds:
             try:
                 os.fsync(fd)
-            except OSError as exc:  # a segment deleted meanwhile: nothing left to make durable there
+            except OSError as exc:  # a segment deleted meanwhile (by a compaction's own sync): nothing to keep
                 log.debug("fsync skipped: %s", exc)
         self.store.write_sidecars(sealed)  # full segments, synced just now
+        self.store.unlink(doomed)  # segments deleted before the commit began: their fds are not among ``fds``
         self.index.sync()
         for journal in self.journals:
             journal.sync()

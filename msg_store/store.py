@@ -94,6 +94,7 @@ class MessageStore:
         self.current: Segment | None = None
         self._records: array | None = new_records() if sidecars else None  # the current segment's
         self._sealed: list[tuple[int, int, array]] = []  # full segments whose sidecar is not written
+        self._doomed: list[tuple[int, int]] = []  # deleted segments (number, fd): files gone at the next sync
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -312,9 +313,11 @@ class MessageStore:
     def sync(self) -> None:
         self.flush()
         sealed = self.take_sealed()
+        doomed = self.take_doomed()
         for fd in self.dirty_fds():
             os.fsync(fd)
         self.write_sidecars(sealed)
+        self.unlink(doomed)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -460,13 +463,24 @@ class MessageStore:
         self._dirty.discard(segment.number)
         if segment.number in self._to_compact:
             self._to_compact.remove(segment.number)
-        os.close(segment.fd)
-        os.unlink(segment_path(self.directory, segment.number))
         self._sealed = [sealed for sealed in self._sealed if sealed[0] != segment.number]
-        try:
-            os.unlink(sidecar_path(self.directory, segment.number))
-        except FileNotFoundError:
-            pass
+        self._doomed.append((segment.number, segment.fd))
+
+    def take_doomed(self) -> list[tuple[int, int]]:
+        """Deleted segments whose files ``unlink`` removes, off the event loop if need be: freeing a large
+        file's blocks takes milliseconds.  (No number is reused meanwhile: the newest segment is never deleted,
+        and a new one is numbered after it.)"""
+        doomed, self._doomed = self._doomed, []
+        return doomed
+
+    def unlink(self, doomed: list[tuple[int, int]]) -> None:
+        for number, fd in doomed:
+            os.close(fd)
+            for path in (segment_path(self.directory, number), sidecar_path(self.directory, number)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
     @property
     def needs_compaction(self) -> bool:
