@@ -22,7 +22,6 @@ from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
 from amqp_server import quorum_machine as machine
 from amqp_server.queue_type import REPLICATED
-from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.vhost import home_node_down
 
 from . import link
@@ -141,7 +140,8 @@ class Session:
         pos += qids_len
         enqueuer, publish, floor = link.ENQUEUER_HEAD.unpack_from(payload, pos)
         queue = self._queue(qids[0]) if len(qids) == 1 else None
-        if not isinstance(queue, QuorumQueue):
+        enqueue_from = getattr(queue, "enqueue_from", None)  # (a replicated queue led here)
+        if enqueue_from is None:
             if len(qids) == 1 and self._elsewhere(qids[0]) is not None:
                 cluster = self.broker.cluster
                 assert cluster is not None  # (a session is the cluster's)
@@ -151,7 +151,7 @@ class Session:
             return
         message = link.read_message(payload, pos + link.ENQUEUER_HEAD.size)
         self._publishing = seq
-        verdict = queue.enqueue_from(message, self, enqueuer, publish, floor)
+        verdict = enqueue_from(message, self, enqueuer, publish, floor)
         if verdict == machine.AHEAD:
             self._answer(seq, link.CONFIRM_RESEND)
         elif verdict == machine.SEEN:
