@@ -222,12 +222,15 @@ class AccessControl:
         self.set_limits("user_limits", name, {})
         return self._delete("user", name)
 
-    def authenticate(self, name: str, password: str) -> User | None:
-        """The user, if the password is right; an empty password never logs in (RabbitMQ: "empty password")."""
+    def authenticate(self, name: str, password: str, direct_from: str | None = None) -> User | None:
+        """The user, if the password is right; an empty password never logs in (RabbitMQ: "empty password").
+        ``direct_from``: the peer's address on an AMQP 0-9-1 login without TLS, the one way this node's own links
+        come in; only there, from loopback, is the node's direct secret a password (see direct_login)."""
         if not password:
             return None
         if password.startswith(DIRECT_PREFIX):
-            return self.direct_login(name, password)
+            return self.direct_login(name, password) if direct_from is not None and _is_loopback(direct_from) \
+                else None
         user = self.user(name)
         if user is None or not check_password(password, user.password_hash, user.hashing_algorithm):
             return None

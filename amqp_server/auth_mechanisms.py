@@ -1,6 +1,7 @@
 """SASL mechanisms of connection.start / start-ok (RabbitMQ's rabbit_auth_mechanism_plain, _amqplain and _ssl).
 
-PLAIN and AMQPLAIN carry a username and password.  EXTERNAL carries nothing:
+PLAIN and AMQPLAIN carry a username and password.  ANONYMOUS (not offered unless configured, as in RabbitMQ)
+logs in as ``anonymous_login_user``.  EXTERNAL carries nothing:
 the TLS layer authenticated the client, its verified certificate names the
 user (``tls_cert_login_from``), and that user only has to exist.
 """
@@ -30,16 +31,21 @@ def offered(config: "Config", ssl_object: ssl.SSLObject | None) -> list[str]:
 
 
 def authenticate(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObject | None, mechanism: str,
-                 response: str | bytes) -> tuple[str, "User | None"]:
-    """(username, user or None if refused); a mechanism not offered is 503 COMMAND_INVALID, as in RabbitMQ."""
+                 response: str | bytes, peer_host: str | None = None) -> tuple[str, "User | None"]:
+    """(username, user or None if refused); a mechanism not offered is 503 COMMAND_INVALID, as in RabbitMQ.
+    ``peer_host``: the client's address on an AMQP 0-9-1 connection, where this node's own links log in (from
+    loopback, without TLS); None on others (AMQP 1.0), which never take the node's direct secret."""
     if mechanism not in MECHANISMS:
         raise ConnectionError(errors.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
     if mechanism not in offered(config, ssl_object):
         raise ConnectionError(errors.COMMAND_INVALID, f"invalid authentication mechanism '{mechanism}'")
     if mechanism == "EXTERNAL":
         return _external(access, config, ssl_object)
+    if mechanism == "ANONYMOUS":  # rabbit_auth_mechanism_anonymous: a configured user, off unless offered
+        return config.anonymous_login_user, access.authenticate(config.anonymous_login_user,
+                                                                config.anonymous_login_pass)
     username, password = _credentials(mechanism, response)
-    return username, access.authenticate(username, password)
+    return username, access.authenticate(username, password, peer_host if ssl_object is None else None)
 
 
 def _external(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObject | None) -> tuple[str, "User | None"]:

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .config import Config
-from .frontend import Unauthenticated
+from .frontend import ClientConnection, Unauthenticated
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class Clients:
     def __init__(self, config: Config | None = None) -> None:
-        self.connections: set[Connection] = set()
+        self.connections: set[ClientConnection] = set()  # AMQP's and the stream protocol's
         # connections to the client ports (AMQP, AMQPS, stream, HTTP, HTTPS) until they log in: a deadline, and a
         # place among at most handshakes_max, one pool for every port (file descriptors are the process's)
         config = config or Config()
@@ -27,10 +27,10 @@ class Clients:
                                           logging.getLogger("warren.connection"))
         self._dirty: list[Connection] = []  # connections with output to write
 
-    def add(self, connection: Connection) -> None:
+    def add(self, connection: ClientConnection) -> None:
         self.connections.add(connection)
 
-    def remove(self, connection: Connection) -> None:
+    def remove(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
 
     def schedule_flush(self, connection: Connection) -> None:

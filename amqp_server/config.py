@@ -58,6 +58,8 @@ class Config:
     tls_fail_if_no_peer_cert: bool = False
     tls_cert_login_from: str = "distinguished_name"
     auth_mechanisms: str = "PLAIN AMQPLAIN"
+    anonymous_login_user: str = "guest"  # whom SASL ANONYMOUS logs in as, when offered (RabbitMQ's setting)
+    anonymous_login_pass: str = "guest"
     mgmt_tls: bool = False
     mgmt_tls_port: int = 15671
     mgmt_tls_certfile: str = ""  # empty: tls_certfile
@@ -134,7 +136,9 @@ _HELP = {
     "tls_verify": "verify_none or verify_peer: whether clients are asked for a certificate",
     "tls_fail_if_no_peer_cert": "with verify_peer: refuse the TLS handshake of a client without a certificate",
     "tls_cert_login_from": "EXTERNAL login name: distinguished_name (RFC 4514 subject) or common_name",
-    "auth_mechanisms": "SASL mechanisms offered, of PLAIN, AMQPLAIN, EXTERNAL (EXTERNAL on TLS only)",
+    "auth_mechanisms": "SASL mechanisms offered, of PLAIN, AMQPLAIN, EXTERNAL (EXTERNAL on TLS only), ANONYMOUS",
+    "anonymous_login_user": "the user SASL ANONYMOUS logs in as (when auth_mechanisms offers it)",
+    "anonymous_login_pass": "that user's password",
     "mgmt_tls": "also serve the management API over HTTPS on --mgmt-tls-port",
     "mgmt_tls_port": "management HTTPS port",
     "mgmt_tls_certfile": "PEM certificate for HTTPS (empty: --tls-certfile)",
@@ -157,7 +161,7 @@ _CHOICES = {
     "tls_verify": ("verify_none", "verify_peer"),
     "tls_cert_login_from": ("distinguished_name", "common_name"),
 }
-MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL", "ANONYMOUS")
 
 
 def _convert(kind: type, value: Any) -> Any:

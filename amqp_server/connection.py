@@ -44,6 +44,8 @@ DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goe
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
+AMQP10_SASL_HEADER = b"AMQP\x03\x01\x00\x00"  # an AMQP 1.0 client: served by amqp1.connection
+AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"  # AMQP 1.0 without SASL, which RabbitMQ refuses
 LOGIN_REFUSED = "Login was refused using authentication mechanism {}. For details see the broker logfile."
 
 CAPABILITIES = {
@@ -81,6 +83,7 @@ class Connection(FrontEnd):
     """Protocol instance per TCP connection."""
 
     kind = "AMQP"
+    protocol = "AMQP 0-9-1"  # as the management API names it
 
     def __init__(self, broker: "Broker", config: "Config", flow: PublisherFlow, clients: Registry) -> None:
         super().__init__(clients.handshakes, complaints, config.write_buffer_high)
@@ -235,15 +238,37 @@ class Connection(FrontEnd):
         if self.state == AWAIT_HEADER:
             if len(buf) < 8:
                 return
+            if bytes(buf[:8]) == AMQP10_SASL_HEADER:
+                self._hand_over()
+                return
             if bytes(buf[:8]) != codec.PROTOCOL_HEADER:
                 assert self.transport is not None  # data came through it
-                self.transport.write(codec.PROTOCOL_HEADER)
+                # AMQP 1.0 without SASL is refused with the 1.0 header RabbitMQ takes; anything else with 0-9-1's
+                self.transport.write(AMQP10_SASL_HEADER if bytes(buf[:8]) == AMQP10_HEADER else codec.PROTOCOL_HEADER)
                 self.transport.close()
                 self.state = CLOSED
                 return
             del buf[:8]
             self._start()
         self._frames()
+
+    def _hand_over(self) -> None:
+        """An AMQP 1.0 client (the SASL header): its transport goes to the AMQP 1.0 front end, which takes this
+        connection's place in the pre-login pool and the node's connections."""
+        from .amqp1.connection import Amqp10Connection
+
+        transport = self.transport
+        assert transport is not None  # data came through it
+        self.state = CLOSED
+        FrontEnd.connection_lost(self, None)  # out of the pre-login pool
+        self.clients.remove(self)
+        successor = Amqp10Connection(self.broker, self.config, self.flow, self.clients)
+        transport.set_protocol(successor)
+        successor.connection_made(transport)
+        rest = bytes(self.buf[8:])
+        successor.recv_oct, successor.recv_cnt = self.recv_oct - len(rest), self.recv_cnt - 1  # (counted again)
+        successor.data_received(rest)
+        self.buf = bytearray()
 
     def _frames(self) -> None:
         """Handle the complete frames read, until one makes the rest wait (``stalled``) or the state ends it."""
@@ -494,7 +519,7 @@ class Connection(FrontEnd):
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}  # a table, or none
         username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
-                                                      method.mechanism, method.response)
+                                                      method.mechanism, method.response, self.peer[0])
         if loopback_refused(user, self.peer[0], self.config.loopback_users_only):
             self.clients.handshakes.log.warning("user 'guest' can only connect via localhost (from %s)", self.peer[0])
             user = None

@@ -10,9 +10,9 @@ auto-delete queue goes once its last consumer has gone.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
-from .spark_bridge.queue_reads import Offsets
+from .queue_args import QueueArgs
 
 
 class ConsumerGroup:
@@ -30,53 +30,76 @@ def _priority(consumer: Any) -> int:
     return consumer.priority
 
 
-class Consumers(Offsets):
-    """Consumers and x-expires: a part of :class:`queue.Queue` (consumers are ``queue.Consumer``)."""
+class Consumers(list[Any]):
+    """A queue's consumers (``queue.Consumer``), in registration order: the list itself; those that receive, in
+    priority groups (``groups``, highest first), of which with single active consumer the one active consumer
+    is the only member; and the x-expires countdown, which they keep from running."""
+
+    __slots__ = ("groups", "active", "had_consumer", "_args", "_on_unused", "_expires_timer")
+
+    def __init__(self, args: QueueArgs, unused: Callable[[], None]) -> None:
+        super().__init__()
+        self.groups: list[ConsumerGroup] = []  # consumers that receive, by descending priority
+        self.active: Any = None  # x-single-active-consumer: the one that receives
+        self.had_consumer = False
+        self._args = args
+        self._on_unused = unused  # x-expires ran out with no consumer
+        self._expires_timer: asyncio.TimerHandle | None = None
+
+    def set_args(self, args: QueueArgs) -> None:
+        """The queue's effective arguments changed: x-expires cleared stops the countdown."""
+        self._args = args
+        if args.expires is None:
+            self.stop()
 
     def touch(self) -> None:
         """Used (declared, consumed, got from): restart the x-expires countdown."""
-        expires = self.args.expires
-        if expires is None or self.deleted:
+        expires = self._args.expires
+        if expires is None:
             return
         if self._expires_timer is not None:
             self._expires_timer.cancel()
-        self._expires_timer = asyncio.get_running_loop().call_later(expires / 1000, self._unused)
+        self._expires_timer = asyncio.get_running_loop().call_later(expires / 1000, self._expired)
 
-    def _unused(self) -> None:
+    def _expired(self) -> None:
         self._expires_timer = None
-        if self.consumers:
-            return  # consumers keep it alive; the countdown restarts when the last one leaves
-        if self.host is not None and not self.deleted:
-            self.host.expire_queue(self)
+        if not self:  # consumers keep it alive; the countdown restarts when the last one leaves
+            self._on_unused()
 
-    def accepted(self, consumer: Any) -> asyncio.Future[None] | None:
-        """What basic.consume-ok waits for: nothing here (a proxy waits for its node to accept the consumer)."""
-        return None
+    def stop(self) -> None:
+        """No countdown any more (the queue is deleted, or x-expires cleared)."""
+        if self._expires_timer is not None:
+            self._expires_timer.cancel()
+            self._expires_timer = None
 
-    def add_consumer(self, consumer: Any) -> None:
-        self.consumers.append(consumer)
+    def join(self, consumer: Any) -> None:
+        self.append(consumer)
         self.had_consumer = True
-        if not self.args.single_active_consumer:
+        if not self._args.single_active_consumer:
             self._join_group(consumer)
-        elif self.active_consumer is None:
+        elif self.active is None:
             self._activate(consumer)
-        self.touch()
 
-    def remove_consumer(self, consumer: Any) -> None:
-        """The consumer is cancelled or its channel closed; a single active one hands over (run the queue after)."""
+    def leave(self, consumer: Any) -> bool:
+        """The consumer is cancelled or its channel closed; a single active one hands over.  False if it was not
+        one of them."""
         try:
-            self.consumers.remove(consumer)
+            super().remove(consumer)
         except ValueError:
-            return
-        if not self.args.single_active_consumer:
+            return False
+        if not self._args.single_active_consumer:
             self._leave_group(consumer)
-        elif consumer is self.active_consumer:
-            self._activate(max(self.consumers, key=_priority, default=None))
-        if not self.consumers:
-            self.touch()
+        elif consumer is self.active:
+            self._activate(max(self, key=_priority, default=None))
+        return True
+
+    def reset(self) -> None:
+        """Nobody receives any more (the queue is deleted)."""
+        self.groups = []
+        self.active = None
 
     def _join_group(self, consumer: Any) -> None:
-        groups = self._groups
+        groups = self.groups
         for position, group in enumerate(groups):  # noqa: B007 (the insertion point, read after the loop)
             if group.priority == consumer.priority:
                 group.consumers.append(consumer)
@@ -90,23 +113,18 @@ class Consumers(Offsets):
         groups.insert(position, group)
 
     def _leave_group(self, consumer: Any) -> None:
-        for group in self._groups:
+        for group in self.groups:
             if group.priority == consumer.priority:
                 index = group.consumers.index(consumer)
                 del group.consumers[index]
                 if index < group.rr:
                     group.rr -= 1
                 if not group.consumers:
-                    self._groups.remove(group)
+                    self.groups.remove(group)
                 return
 
     def _activate(self, consumer: Any) -> None:
-        self.active_consumer = consumer
-        self._groups = []
+        self.active = consumer
+        self.groups = []
         if consumer is not None:
             self._join_group(consumer)
-
-    @property
-    def unused_auto_delete(self) -> bool:
-        """An auto-delete queue goes once its last consumer has gone."""
-        return self.auto_delete and self.had_consumer and not self.consumers

@@ -54,7 +54,7 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], fields)
     key = routing_key if routing_key is not None else message.routing_key
     dead = Message(exchange, key, encode_route(exchange, key), header, message.body)
-    if routing_key is None and hasattr(message, "bcc_keys"):
+    if routing_key is None:
         dead.bcc_keys = message.bcc_keys
     return dead
 

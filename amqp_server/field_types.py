@@ -62,7 +62,12 @@ def _keeping(decoder: Callable[[bytes], tuple[int, Any]], cls: type) -> Callable
 
 
 def install() -> None:
-    """Make pamqp's table decoding keep the types above (idempotent)."""
+    """Make pamqp's table decoding keep the types above (idempotent).
+
+    A patch of pamqp's table, not a wrapper: pamqp decodes a table's values, nested ones included, by looking each
+    type up in ``decode.TABLE_MAPPING`` as it goes, so a wrapper around its decoder sees only plain ints, their wire
+    types lost; keeping them without the patch takes a table decoder of Warren's own for every method that carries
+    one.  It costs a call per value of those types decoded; routing and delivery decode no property (``message``)."""
     for code, cls in _WIRE.items():
         if getattr(decode.TABLE_MAPPING[code], "__name__", "") != "decode_typed":
             decode.TABLE_MAPPING[code] = _keeping(decode.TABLE_MAPPING[code], cls)

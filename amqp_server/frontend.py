@@ -13,6 +13,9 @@ port's gate (``mgmt_http/gate.py``) shares the pre-login pool and the TLS accept
   command awaits the cluster, or a read's work was spent.  Frames already read wait with the socket.
 - **Bounded work per read.**  A frame loop handles at most ``FRAMES_PER_TURN`` frames, then yields the loop
   (:meth:`FrontEnd.next_turn`) with reading held until it is back.
+- **What the management API lists.**  A client connection (AMQP 0-9-1's, the stream protocol's) is a
+  :class:`ClientConnection`, its channels :class:`ListedChannel`: the node and the HTTP API reach them through these,
+  and the API imports neither front end.  The cluster link is not one: RabbitMQ's API lists no inter-node connection.
 - **An error path that never raises.**  :class:`Complaints` logs refusals a few lines a second and internal
   errors with a traceback once a second, untrusted text quoted and cut, and swallows whatever logging raises
   (with no file descriptor left, rendering a traceback does).
@@ -24,10 +27,15 @@ import logging
 import socket
 import ssl
 import time
-from typing import Any, Callable, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sized, cast
 
 from . import tls
 from .logs import Throttle, untrusted
+
+if TYPE_CHECKING:
+    from .auth import User
+    from .stats import MessageStats
+    from .vhost import VHost
 
 FRAMES_PER_TURN = 1024  # frames one read handles before the loop turns: others' work waits at most that long
 PRELOGIN_WRITE_HIGH = 64 * 1024  # output buffered for a peer not logged in before it is read no more
@@ -201,6 +209,138 @@ async def listen_tls(factory: Callable[[], asyncio.Protocol], host: str, port: i
         sock.close()
         raise
     return TlsListener(factory, sock, context, pool)
+
+
+class ChannelConnection(Protocol):
+    """A channel's connection as the channel's listing names it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def peer(self) -> tuple[str, int]: ...
+
+    @property
+    def vhost_name(self) -> str: ...
+
+
+class ListedChannel(Protocol):
+    """A client's channel as the management API lists it (``channel.Channel``)."""
+
+    @property
+    def connection(self) -> ChannelConnection: ...
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def user(self) -> User: ...
+
+    @property
+    def flow_active(self) -> bool: ...
+
+    @property
+    def consumers(self) -> Sized: ...
+
+    @property
+    def unacked(self) -> Sized: ...
+
+    @property
+    def confirm_mode(self) -> bool: ...
+
+    @property
+    def publish_seq(self) -> int: ...
+
+    @property
+    def confirmed(self) -> int: ...
+
+    @property
+    def tx(self) -> Sized | None: ...
+
+    @property
+    def prefetch(self) -> int: ...
+
+    @property
+    def global_prefetch(self) -> int: ...
+
+    @property
+    def stats(self) -> MessageStats: ...
+
+
+class ClientConnection(Protocol):
+    """A client connection, AMQP 0-9-1's (``connection.py``) or the stream protocol's (``stream/reader.py``, whose
+    channels are none), as the node's registry (``clients.Clients``) holds it and the management API lists it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def protocol(self) -> str:
+        """As RabbitMQ's API names it: "AMQP 0-9-1", "RabbitMQ Stream"."""
+
+    @property
+    def peer(self) -> tuple[str, int]: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    @property
+    def ssl_object(self) -> Any: ...
+
+    @property
+    def flow_state(self) -> str: ...
+
+    @property
+    def user(self) -> User | None: ...
+
+    @property
+    def vhost(self) -> VHost | None: ...
+
+    @property
+    def vhost_name(self) -> str: ...
+
+    @property
+    def auth_mechanism(self) -> str: ...
+
+    @property
+    def client_properties(self) -> dict[str, Any]: ...
+
+    @property
+    def channels(self) -> Mapping[int, ListedChannel]: ...
+
+    @property
+    def channel_max(self) -> int: ...
+
+    @property
+    def frame_max(self) -> int: ...
+
+    @property
+    def heartbeat(self) -> int: ...
+
+    @property
+    def connected_at(self) -> float: ...
+
+    @property
+    def recv_oct(self) -> int: ...
+
+    @property
+    def recv_cnt(self) -> int: ...
+
+    @property
+    def send_oct(self) -> int: ...
+
+    @property
+    def send_cnt(self) -> int: ...
+
+    @property
+    def reading_paused(self) -> bool: ...
+
+    def drop_if_peer_gone(self) -> None:
+        """Under a memory alarm: a connection read no more asks its socket whether its peer hung up, and lets go of
+        what it holds if so."""
+
+    def force_close(self, reason: str) -> None:
+        """Close with 320 CONNECTION_FORCED and ``reason``."""
 
 
 class FrontEnd(asyncio.Protocol):

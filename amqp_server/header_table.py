@@ -85,20 +85,32 @@ def with_int(header: bytes, flags: int, name: str, value: int) -> bytes:
     return header[:pos] + bytes((kind,)) + packed + header[pos + 1 + len(packed):]
 
 
+def has(header: bytes, name: str) -> bool:
+    """Whether the headers table has a field ``name`` (Unsupported if a field before it cannot be read)."""
+    return _find(header, _FLAGS.unpack_from(header, 12)[0], name.encode()) is not None
+
+
+def with_field(header: bytes, name: str, value: bytes) -> bytes:
+    """The header bytes with field ``name``, which it does not have (:func:`has`), added with ``value`` (its type
+    byte and bytes, as :func:`encode_value` writes them) at the end of the table, every other byte kept."""
+    flags = _FLAGS.unpack_from(header, 12)[0]
+    key = name.encode()
+    field = bytes((len(key),)) + key + value
+    pos = codec.table_pos(header, flags)
+    if not flags & codec.FLAG_HEADERS:  # a table of this one field, where the headers go
+        return header[:12] + _FLAGS.pack(flags | codec.FLAG_HEADERS) + header[14:pos] + _LONG.pack(len(field)) + field \
+            + header[pos:]
+    end = pos + 4 + _LONG.unpack_from(header, pos)[0]
+    return header[:pos] + _LONG.pack(end - pos - 4 + len(field)) + header[pos + 4:end] + field + header[end:]
+
+
 def with_int_set(header: bytes, name: str, value: int) -> bytes:
     """The header bytes with integer header ``name`` set to ``value``: in place where it is an integer that
     fits, else added (or replaced) as a long-long, as RabbitMQ writes its own counters."""
     flags = _FLAGS.unpack_from(header, 12)[0]
-    key = name.encode()
     try:
-        if _find(header, flags, key) is None:  # the usual case: appended to the table's bytes
-            field = bytes((len(key),)) + key + b"l" + _INTS[ord("l")].pack(value)
-            pos = codec.table_pos(header, flags)
-            if not flags & codec.FLAG_HEADERS:  # a table of this one field, where the headers go
-                return (header[:12] + _FLAGS.pack(flags | codec.FLAG_HEADERS) + header[14:pos] + _LONG.pack(len(field))
-                        + field + header[pos:])
-            end = pos + 4 + _LONG.unpack_from(header, pos)[0]
-            return header[:pos] + _LONG.pack(end - pos - 4 + len(field)) + header[pos + 4:end] + field + header[end:]
+        if _find(header, flags, name.encode()) is None:  # the usual case: appended to the table's bytes
+            return with_field(header, name, b"l" + _INTS[ord("l")].pack(value))
         return with_int(header, flags, name, value)
     except Unsupported:
         fields = headers(header, flags)
@@ -167,7 +179,8 @@ def decode(table: bytes) -> dict[str, Field]:
     return fields
 
 
-def _encode_value(field: Field) -> bytes:
+def encode_value(field: Field) -> bytes:
+    """A typed value's bytes in a table: its type byte, then the value."""
     kind, value = field.kind, field.value
     code = kind.encode()
     if ord(kind) in _INTS:
@@ -189,7 +202,7 @@ def _encode_value(field: Field) -> bytes:
     elif kind == "F":
         data = encode(value)
     elif kind == "A":
-        data = b"".join(_encode_value(item) for item in value)
+        data = b"".join(encode_value(item) for item in value)
     else:
         raise ValueError(f"unknown field type {kind!r}")
     return code + _LONG.pack(len(data)) + data
@@ -200,7 +213,7 @@ def encode(fields: dict[str, Field]) -> bytes:
     out = []
     for name, field in fields.items():
         key = name.encode("utf-8", "surrogateescape")
-        out.append(bytes((len(key),)) + key + _encode_value(field))
+        out.append(bytes((len(key),)) + key + encode_value(field))
     return b"".join(out)
 
 

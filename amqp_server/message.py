@@ -43,10 +43,9 @@ def expiration_error(value: str) -> str | None:
 class Message:
     """One message, shared by every queue it was routed to."""
 
-    # bcc_keys is set only on a message published with BCC (see sender_selected), left unset otherwise
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
                  "logged", "_properties", "_flags", "bcc_keys", "__weakref__")
-    bcc_keys: tuple[str, ...]
+    bcc_keys: tuple[str, ...]  # a message published with BCC: its BCC keys, stripped from its headers (sender_selected)
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -58,6 +57,7 @@ class Message:
         self.msg_id = 0  # set once written to the persistent store
         self.transient_id = 0  # a message paged in from the transient store: its record there (to load it)
         self.logged = False  # written to a stream's log: durable with the group commit being staged
+        self.bcc_keys = ()
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
@@ -69,6 +69,7 @@ class Message:
         message.msg_id = msg_id
         message.transient_id = transient_id
         message.logged = False
+        message.bcc_keys = ()
         message.body_size = body_size
         message.body = None  # type: ignore[assignment]  # until load_body: typed bytes for the hot path's readers
         message._properties = None
@@ -78,8 +79,7 @@ class Message:
         """The same content in an object of its own (references, no bytes copied): a queue that stores a
         transient message, which the other queues it went to keep in memory only, holds its own."""
         other = Message(self.exchange, self.routing_key, self.route, self.header, self.body)
-        if hasattr(self, "bcc_keys"):
-            other.bcc_keys = self.bcc_keys
+        other.bcc_keys = self.bcc_keys
         return other
 
     def without_body(self) -> "Message":

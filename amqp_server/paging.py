@@ -2,7 +2,7 @@
 
 A queue keeps in memory only the head of its ready list (a durable queue its first
 ``--queue-window`` entries; any queue once memory runs short); the rest is on disk as
-queue index entries (:meth:`Queue.page_out`, :meth:`Queue._page_in`).  A persistent
+queue index entries (:meth:`ReadyList.page_out`, :meth:`ReadyList.page_in`).  A persistent
 message of a durable queue is on disk already.  Any other message is written here:
 its payload to the transient store (wiped at every start), and, for a non-durable
 queue, its entry to the transient queue index (wiped too).  A durable queue's entry
@@ -39,7 +39,7 @@ import numpy as np
 from msg_store import MessageStore
 from queue_index import QueueIndex
 
-from .disk_tail import DROP_BATCH, MIN_WINDOW, PAGED_WINDOW
+from .ready_list import DROP_BATCH, MIN_WINDOW, PAGED_WINDOW
 from .message import Message
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "st
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
 # Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings): accepted so that
-# definitions exported from RabbitMQ import unchanged.  A plugin's keys that Warren does not serve (federation's)
-# are refused, as RabbitMQ refuses them without the plugin.
+# definitions exported from RabbitMQ import unchanged.  A plugin's keys that Warren does not serve are refused,
+# as RabbitMQ refuses them without the plugin.
 WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-segment-size",
                             "max-segment-size-bytes", "initial-cluster-size", "max-in-memory-length",
                             "max-in-memory-bytes", "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
@@ -107,6 +107,16 @@ def _string(what: str):
     return check
 
 
+def _pattern(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"{_erl(value)} is not a valid federation upstream pattern name"
+    try:
+        patterns.compile(value)
+    except patterns.Error as exc:
+        return f"could not compile pattern {value} to a regular expression. Error: {exc}"
+    return None
+
+
 def _one_of(choices: Iterable[str], what: str):
     choices = tuple(choices)
     return lambda value: None if value in choices else f"{_erl(value)} is not a valid {what}"
@@ -131,7 +141,12 @@ VALIDATORS = {
     else f"{_erl(value)} is not a valid max age",
     "stream-max-segment-size-bytes": _integer(queue_args.MIN_SEGMENT_BYTES, "segment size",
                                               queue_args.MAX_SEGMENT_BYTES),
+    # exchange and queue federation (rabbit_federation_parameters:validate_policy); one of them at most
+    "federation-upstream": _string("federation upstream name"),
+    "federation-upstream-set": _string("federation upstream set name"),
+    "federation-upstream-pattern": _pattern,
 }
+FEDERATION_KEYS = ("federation-upstream", "federation-upstream-set", "federation-upstream-pattern")
 
 
 @dataclass(frozen=True)
@@ -204,6 +219,9 @@ def parse(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -
         problem = check(value) if check is not None else None
         if problem:
             raise _failed(problem)
+    if sum(key in definition for key in FEDERATION_KEYS) > 1:
+        raise _failed("cannot specify federation-upstream, federation-upstream-set or federation-upstream-pattern "
+                      "together")
     return Policy(vhost, name, pattern, dict(definition), int(priority), apply_to)
 
 

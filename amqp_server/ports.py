@@ -125,6 +125,19 @@ class ShovelRunner(Protocol):
         """Restart a shovel this node runs (False: it runs none such)."""
 
 
+class FederationRunner(Protocol):
+    """The node's federation links (``federation.Federation``), as the HTTP API reaches them through the broker."""
+
+    def changed(self) -> None:
+        """A federation parameter was set or cleared here: look again now."""
+
+    def status(self) -> list[dict[str, Any]]:
+        """The links this node runs, as RabbitMQ's /api/federation-links lists them."""
+
+    async def restart(self, vhost: str, link_id: str) -> bool:
+        """Restart a link this node runs (False: it runs none such)."""
+
+
 class StreamListener(Protocol[StreamT]):
     """A stream-protocol connection reading or writing a stream (``stream.reader``): told of what the stream
     does, so that it reads on or lets go."""

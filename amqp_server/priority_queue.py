@@ -10,10 +10,11 @@ per level): the head of a level is in memory, the rest of it on disk.  The queue
 entry by its level first (:func:`index_key`), so a level's entries on disk are one ordered range
 of the index, read without walking the others'.
 
-A separate class so that a plain queue's ready list stays a bare deque: publish and deliver
-pay nothing for priorities.  Everything else (TTL, limits, dead-lettering, persistence) is
-:class:`~amqp_server.queue.Queue`'s, working through the ready list's deque-like surface and the
-paging hooks overridden here.
+A priority queue is a :class:`~amqp_server.queue.Queue` whose ready list is a :class:`PriorityReadyList`: it swaps
+the store of ready entries (as LavinMQ's priority queue swaps its message store), so that a plain queue's ready
+list stays a bare deque and publish and deliver pay nothing for priorities.  Everything else (TTL, limits,
+dead-lettering, persistence) is the queue's, working through the ready list's deque-like ``entries`` and the
+paging it overrides here.
 """
 from __future__ import annotations
 
@@ -25,11 +26,10 @@ from typing import Any, Iterable, Iterator
 
 from queue_index import IndexEntry
 
-from .disk_tail import PAGE_IN_BATCH, PAGE_IN_BELOW, stored_message
 from .logs import untrusted
 from .message import Message
-from .queue import Entry, Queue
-from .ready import from_seq, pop_below, put_back
+from .ready import Entry, from_seq, pop_below, put_back
+from .ready_list import PAGE_IN_BATCH, PAGE_IN_BELOW, ReadyList, ReadyOwner, stored_message
 
 log = logging.getLogger("warren.queue")
 
@@ -127,23 +127,22 @@ class PriorityReady:
         self.count = 0
 
 
-class PriorityQueue(Queue):
-    """A queue whose ready list is a :class:`PriorityReady`, each level paging on its own.
+class PriorityReadyList(ReadyList):
+    """A ready list whose entries in memory are a :class:`PriorityReady`, each level paging on its own.
 
     Level ``n``'s entries with ``seq >= level_from[n]`` are on disk while ``on_disk[n]`` (which may stay set
     once the level's last entry on disk left otherwise than by paging in: the next page-in finds none and
-    clears it); ``paged`` counts them all.  A level pages out only above ``ready.taken[n]``, so every unacked
+    clears it); ``paged`` counts them all.  A level pages out only above ``entries.taken[n]``, so every unacked
     entry is in front of the level's part on disk and a requeue puts it back in memory."""
 
-    ready: PriorityReady  # type: ignore[assignment]  # its levels stand in for the deque
     ranked = True
     entry_type = LeveledEntry
-    DROPS_COMMITTED_LATER = False  # its levels' parts on disk interleave: a commit drops them at once
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ready = PriorityReady(self.args.max_priority or 0)
-        levels = len(self.ready.levels)
+    def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry], max_priority: int) -> None:
+        # its levels' parts on disk interleave: a commit drops them at once
+        super().__init__(owner, expiring, drops_later=False)
+        self.entries: PriorityReady = PriorityReady(max_priority)
+        levels = len(self.entries.levels)
         self.max_level = levels - 1
         self.on_disk = [False] * levels
         self.level_from = [0] * levels
@@ -166,45 +165,46 @@ class PriorityQueue(Queue):
     # -- in and out of memory -------------------------------------------------------------------
 
     def _tail_on_disk(self, entry: Entry) -> bool:
-        return self.on_disk[self.ready.index_of(entry)]  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
+        return self.on_disk[self.entries.index_of(entry)]  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
 
-    def _page_due(self) -> bool:
+    def page_due(self) -> bool:
         """The highest level on disk is above every level in memory, or is the highest and runs short."""
         level = self.disk_top
         if level < 0:
-            return True  # counted on disk, yet no level is: _page_in puts the count right
-        top = self.ready.highest()
-        return level > top or (level == top and len(self.ready.levels[level]) < PAGE_IN_BELOW)
+            return True  # counted on disk, yet no level is: page_in puts the count right
+        top = self.entries.highest()
+        return level > top or (level == top and len(self.entries.levels[level]) < PAGE_IN_BELOW)
 
-    def _page_in(self) -> None:
+    def page_in(self) -> None:
         """The next batch of the highest level on disk comes in."""
         level = self.disk_top
         if level < 0:
-            self._trust_index()
+            self.trust_index()
             return
         rows = self._level_rows(level, self.level_from[level], PAGE_IN_BATCH)
-        ready = self.ready
+        ready = self.entries
         entries = ready.at(level)
 
         def admit(entry: Entry) -> None:
             entries.append(entry)
             ready.count += 1
 
-        self._bring_in(rows, admit)
+        self.bring_in(rows, admit)
         if rows:
             self.level_from[level] = (rows[-1].seq & SEQ_MASK) + 1
         if len(rows) < PAGE_IN_BATCH:
             self._set_on_disk(level, False)
             if self.disk_top < 0 and self.paged:
-                self._trust_index()
+                self.trust_index()
 
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
         """Entries after the first ``keep`` (in delivery order) go to disk, lowest level first, each level from
         its tail (those above every seq of it a consumer took)."""
-        ready = self.ready
-        if self.pager is None or len(ready) <= keep:
+        ready = self.entries
+        pager = self.owner.pager
+        if pager is None or len(ready) <= keep:
             return 0
-        self.pager.deep(self)
+        pager.deep(self.owner)
         freed = 0
         for level, entries in enumerate(ready.levels):
             taken = ready.taken[level]
@@ -214,11 +214,11 @@ class PriorityQueue(Queue):
                 self.level_from[level] = entry.seq
                 self._set_on_disk(level, True)
                 if entry.gone:
-                    self.gone_in_ready -= 1
+                    self.gone -= 1
                     continue
                 if entry.expiry:
-                    self._expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
-                self._page_write(entry, written)
+                    self.expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
+                self.page_write(entry, written)
                 self.tail.add(1, entry.message.body_size)
                 if entry.message.body is not None:
                     freed += entry.message.body_size
@@ -226,26 +226,26 @@ class PriorityQueue(Queue):
                 break
         return freed
 
-    def _put_back(self, entry: Entry) -> None:
-        put_back(self.ready.level(entry), entry)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
-        self.ready.count += 1
+    def put_back(self, entry: Entry) -> None:
+        put_back(self.entries.level(entry), entry)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
+        self.entries.count += 1
 
     # -- what is on disk ------------------------------------------------------------------------
 
     def _level_rows(self, level: int, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` index rows of ``level`` from ``seq >= start`` (keys as stored)."""
-        index, queue_id = self._page_index()
+        index, queue_id = self.page_index()
         end = index_key(level - 1, 0)  # where the level below begins (level 0: past every level)
         return [row for row in index.read(queue_id, index_key(level, start), limit) if row.seq < end]
 
-    def _paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
+    def paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
         """Every level's rows on disk from ``seq >= start``, merged in seq order, with their seqs."""
         found = [row._replace(seq=row.seq & SEQ_MASK) for level, on_disk in enumerate(self.on_disk) if on_disk
                  for row in self._level_rows(level, max(start, self.level_from[level]), limit)]
         found.sort(key=lambda row: row.seq)
         return found[:limit]
 
-    def _paged_entry(self, row: IndexEntry) -> LeveledEntry:
+    def _entry_of(self, row: IndexEntry) -> LeveledEntry:
         return LeveledEntry(row.seq & SEQ_MASK, stored_message(row), row.delivered, row.expiry,
                             row.msg_id if row.transient else 0, key_level(row.seq))
 
@@ -255,10 +255,10 @@ class PriorityQueue(Queue):
             return self._peek_after(after, count)
         entries: list[Entry] = []
         skip = offset
-        for level in range(len(self.ready.levels) - 1, -1, -1):
-            for entry in self.ready.levels[level]:
+        for level in range(len(self.entries.levels) - 1, -1, -1):
+            for entry in self.entries.levels[level]:
                 if len(entries) >= count:
-                    return self._with_bodies(entries)
+                    return entries
                 if entry.gone:
                     continue
                 if skip:
@@ -267,32 +267,32 @@ class PriorityQueue(Queue):
                 entries.append(entry)
             if self.on_disk[level] and len(entries) < count:
                 rows = self._level_rows(level, self.level_from[level], skip + count - len(entries))
-                entries.extend(self._paged_entry(row) for row in rows[skip:])
+                entries.extend(self.paged_entry(row) for row in rows[skip:])
                 skip = max(0, skip - len(rows))
-        return self._with_bodies(entries[:count])
+        return entries[:count]
 
     def _peek_after(self, after: Entry, count: int) -> list[Entry]:
         """The ``count`` entries that follow ``after`` in delivery order: the rest of its level, then lower ones."""
         entries: list[Entry] = []
-        top = self.ready.index_of(after)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
+        top = self.entries.index_of(after)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
         for level in range(top, -1, -1):
             start = after.seq + 1 if level == top else 0
-            memory = (e for e in from_seq(self.ready.levels[level], start) if not e.gone)
+            memory = (e for e in from_seq(self.entries.levels[level], start) if not e.gone)
             entries.extend(islice(memory, count - len(entries)))
             if self.on_disk[level] and len(entries) < count:
                 rows = self._level_rows(level, max(start, self.level_from[level]), count - len(entries))
-                entries.extend(self._paged_entry(row) for row in rows)
+                entries.extend(self.paged_entry(row) for row in rows)
             if len(entries) >= count:
                 break
-        return self._with_bodies(entries)
+        return entries
 
-    def _paged_ranges(self, below: int = SEQ_MASK) -> list[tuple[int, int]]:
+    def paged_ranges(self, below: int = SEQ_MASK) -> list[tuple[int, int]]:
         return [(index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK)))
                 for level, on_disk in enumerate(self.on_disk) if on_disk]
 
-    def _drop_paged(self, below: int) -> int:
+    def drop_paged(self, below: int) -> int:
         """Every level's entries on disk with seq < ``below`` leave the queue, as acked."""
-        index, queue_id = self._page_index()
+        index, queue_id = self.page_index()
         removed = 0
         for level, on_disk in enumerate(self.on_disk):
             if not on_disk:
@@ -300,79 +300,82 @@ class PriorityQueue(Queue):
             start, end = index_key(level, self.level_from[level]), index_key(level, min(below, SEQ_MASK))
             while len((taken := index.take(queue_id, start, end, PAGE_IN_BATCH))[0]):
                 seqs, rows = taken
-                self._release_rows(seqs, rows)
+                self.release_rows(rows)
                 removed += len(seqs)
                 start = int(seqs[-1]) + 1
             self.level_from[level] = max(self.level_from[level], below)
         return removed
 
-    def _expire_paged(self, key: int) -> Entry | None:
+    def expire_paged(self, key: int) -> Entry | None:
         level, seq = key_level(key), key & SEQ_MASK
         if not self.on_disk[level] or seq < self.level_from[level]:
             return None
-        return super()._expire_paged(key)
+        return super().expire_paged(key)
 
-    def _clear_ready(self) -> None:
-        super()._clear_ready()
+    def clear(self) -> None:
+        super().clear()
         for level, on_disk in enumerate(self.on_disk):
             if on_disk:
                 self._set_on_disk(level, False)
 
     # -- memory only ----------------------------------------------------------------------------
 
-    def _from_seq(self, start: int) -> Iterable[Entry]:
-        return heapq.merge(*(from_seq(level, start) for level in self.ready.levels if level))
+    def from_seq(self, start: int) -> Iterable[Entry]:
+        return heapq.merge(*(from_seq(level, start) for level in self.entries.levels if level))
 
     def span(self, start: int, end: int) -> list[Entry]:
         """The levels' entries in ``[start, end)``, merged into seq order."""
-        return list(takewhile(lambda entry: entry.seq < end, self._from_seq(start))) if end > start else []
+        return list(takewhile(lambda entry: entry.seq < end, self.from_seq(start))) if end > start else []
 
-    def _pop_below(self, offset: int) -> Iterator[Entry]:
-        ready = self.ready
+    def pop_below(self, offset: int) -> Iterator[Entry]:
+        ready = self.entries
         for level in ready.levels:
             for entry in pop_below(level, offset):
                 ready.count -= 1
                 yield entry
 
-    def _compact_ready(self) -> None:
-        ready = self.ready
+    def compact(self) -> None:
+        ready = self.entries
         ready.levels = [deque(e for e in level if not e.gone) for level in ready.levels]
         ready.count = sum(map(len, ready.levels))
+        self.gone = 0
 
     # -- a restart ------------------------------------------------------------------------------
 
-    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+    def recover(self, count: int, size: int, last_seq: int | None,
+                expiries: Iterable[tuple[int, int]]) -> tuple[int | None, Iterable[tuple[int, int]]]:
         """The levels found on disk (one index lookup each); entries written before levels were keyed are
         keyed now (once), reading their messages' priorities."""
-        index, queue_id = self._page_index()
+        index, queue_id = self.page_index()
         rekeyed = self._rekey(index, queue_id)
         last = -1
-        for level in range(len(self.ready.levels)):
+        for level in range(len(self.entries.levels)):
             rows = self._level_rows(level, 0, 1)
             if rows:
                 self._set_on_disk(level, True)
                 last = max(last, (index.last_seq(queue_id, below=index_key(level - 1, 0)) or 0) & SEQ_MASK)
-        super().recover(count, size, last if last >= 0 else None,
-                        ((expiry, rekeyed.get(seq, seq)) for expiry, seq in expiries))
+        return super().recover(count, size, last if last >= 0 else None,
+                               [(expiry, rekeyed.get(seq, seq)) for expiry, seq in expiries])
 
     def _rekey(self, index: Any, queue_id: int) -> dict[int, int]:
         """Index rows keyed by seq alone (before levels were keyed) move to their level's range (a restart has
         dropped a durable queue's transient entries; a message the store lost is the page-in's to drop)."""
         moved: dict[int, int] = {}
-        assert self.persistence is not None and self.host is not None  # a durable queue's rows, at its recovery
-        store = self.persistence.store
+        owner = self.owner
+        assert owner.persistence is not None and owner.host is not None  # a durable queue's rows, at its recovery
+        store = owner.persistence.store
         while rows := [row for row in index.read(queue_id, 0, PAGE_IN_BATCH) if row.seq <= SEQ_MASK]:
             for row in rows:
                 level = 0
                 if row.msg_id in store:
                     message = Message.stored(row.msg_id, row.size)
-                    self.host.load_body(message)
-                    level = min(message.priority, len(self.ready.levels) - 1)
+                    owner.host.load_body(message)
+                    level = min(message.priority, len(self.entries.levels) - 1)
                 moved[row.seq] = key = index_key(level, row.seq)
                 index.publish(queue_id, key, row.msg_id, row.expiry, row.size, row.delivered, row.transient)
                 index.ack(queue_id, row.seq)
         if moved:
             index.commit()
-            log.info("queue %s in vhost %s: %d entries keyed by level", untrusted(self.name), untrusted(self.vhost),
-                     len(moved))
+            log.info("queue %s in vhost %s: %d entries keyed by level", untrusted(owner.name),
+                     untrusted(owner.vhost), len(moved))
         return moved

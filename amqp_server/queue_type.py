@@ -15,6 +15,8 @@ from typing import Any, Callable, ClassVar, Collection, Protocol
 
 from . import errors, field_types, queue_args
 from .queue_args import QueueArgs
+from .ready import Entry
+from .ready_list import ReadyList, ReadyOwner
 
 # What a type can do, as code outside the types asks it (RabbitMQ's capabilities, and what its types refuse):
 TRANSIENT = "transient"  # declared non-durable, exclusive or auto-delete
@@ -23,6 +25,8 @@ NACK = "nack"  # basic.nack and basic.reject
 PAGING = "paging"  # a durable queue keeps a window in memory, its tail on disk
 REPLICATED = "replicated"  # a group of nodes holds it (cluster mode: placed with members)
 LOG = "log"  # an append-only log read from offsets: what RabbitMQ's stream protocol serves
+DELIVERY_HEADER = "delivery_header"  # each delivery carries a header of the queue's (x-delivery-count, x-stream-offset)
+STORES_ALL = "stores_all"  # every message is on disk, whatever its delivery mode (a durable queue's transient ones too)
 # Policy keys whose value and the queue's own argument both count: the lower applies (every type that takes them)
 LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")
 # Policy keys where the queue's own argument, when set, overrides the policy
@@ -70,6 +74,11 @@ class QueueType:
         """A queue of this type on this node."""
         return self.queue_class(name, vhost, durable, exclusive_owner, auto_delete, arguments, args, host,
                                 queue_type=self)
+
+    def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
+        """The store of a queue's ready entries (``expiring``: its expiry's map of those that may expire), as the
+        type keeps them: one deque, whose tail pages out if the type pages (a priority queue's: one per level)."""
+        return ReadyList(queue, expiring, PAGING in self.capabilities)
 
     def check_properties(self, queue: str, vhost: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
         """A type without TRANSIENT is durable, shared and kept: RabbitMQ refuses the other properties, in this

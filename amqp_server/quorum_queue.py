@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
-from queue_index import IndexEntry
-
 from . import header_table
 from . import quorum_machine as machine
 from .message import Message
@@ -50,10 +48,6 @@ HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them 
 
 
 class QuorumQueue(Queue):
-    counts_deliveries = True
-    persists_all = True  # as RabbitMQ's: every message is on disk, whatever its delivery mode
-    DROPS_COMMITTED_LATER = False  # a commit's drops are the Purge op's effect, carried out as it is applied
-    PURGES_LATER = False  # and so are a purge's
     persistence: Persistence  # durable: the node's, from attach on (before any op)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,6 +66,8 @@ class QuorumQueue(Queue):
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
         self._configure(apply=False)
+        self.ready.keep_apart = self._keep_apart
+        self.ready.returned = self._returned
 
     # -- ops --------------------------------------------------------------------------------------
 
@@ -122,7 +118,7 @@ class QuorumQueue(Queue):
 
     def _carry_out_remove(self, effect: machine.Remove) -> None:
         for seq in effect.seqs:
-            self._forget(self._entry(seq))
+            self.forget(self._entry(seq))
 
     def _carry_out_move(self, effect: machine.Move) -> None:
         """A returned entry goes to the back as ``new``."""
@@ -131,10 +127,10 @@ class QuorumQueue(Queue):
         entry.redelivered = True
         self.next_seq = max(self.next_seq, effect.new + 1)
         self.persistence.moved(self, old, entry, effect.returns)
-        self._append(entry)
+        self.append_entry(entry)
 
     def _carry_out_drop(self, effect: machine.Drop) -> None:
-        Queue._remove_below(self, effect.below)
+        Queue.remove_below(self, effect.below)
 
     def _carry_out_unhold(self, effect: machine.Unhold) -> None:
         """Entries back in their places: in memory too, those held here (a restart's are on disk)."""
@@ -145,13 +141,13 @@ class QuorumQueue(Queue):
             if entry is None:
                 continue
             size = entry.message.body_size
-            self.ready_bytes += size
+            self.ready.bytes += size
             self.unacked -= 1
             self.unacked_bytes -= size
             entry.redelivered = True
             if entry.expiry:
-                self._track_expiry(entry)
-            self._put_back(entry)
+                self.expiry.track(entry, entry.seq)
+            self.ready.put_back(entry)
 
     def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
@@ -159,7 +155,7 @@ class QuorumQueue(Queue):
     _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
         machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
         machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
-        machine.DeadLetters: _carry_out_dead_letters}  # (Store: see _store; Clear: followers only)
+        machine.DeadLetters: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
 
     def _configure(self, apply: bool = True) -> None:
         """The state's arguments follow the queue's (declared, or a policy's)."""
@@ -197,26 +193,27 @@ class QuorumQueue(Queue):
         if not state.checked_out:
             return
         self._awaiting = awaiting = set(state.checked_out)
+        ready = self.ready
         while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
-            before = self.paged_from
-            self._page_in()
-            if self.paged_from == before:
+            before = ready.paged_from
+            ready.page_in()
+            if ready.paged_from == before:
                 break
         for seq in awaiting:
-            self._expiring.pop(seq, None)
+            self.expiry.expiring.pop(seq, None)
         self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
 
-    def _admit(self, entry: Entry) -> None:
+    def _keep_apart(self, entry: Entry) -> bool:
         """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
         seq = entry.seq
         if seq not in self._awaiting or seq in self.held:
-            super()._admit(entry)
-            return
+            return False
         self.held[seq] = entry
         size = entry.message.body_size
-        self.ready_bytes -= size
+        self.ready.bytes -= size
         self.unacked += 1
         self.unacked_bytes += size
+        return True
 
     def adopt(self, seqs: list[int]) -> list[Entry | None]:
         """A consumer that outlived the change of leader takes back what it held under ``seqs``: the entries
@@ -243,22 +240,22 @@ class QuorumQueue(Queue):
             return
         self.run(machine.Recover(seqs))
         self.deliver_ready()
-        if self._expiring:
-            self._expire_due()
+        if self.expiry.expiring:
+            self.expire_due()
 
     # -- what clients do --------------------------------------------------------------------------
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        return super().enqueue(self._stored_copy(message), confirm)
+        return super().enqueue(self.stored_copy(message), confirm)
 
     def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
                      floor: int) -> str:
         """A publish of another node's window (``enqueuer``; its seq there ``publish``, its oldest unanswered
         ``floor``), which it sends again to each new leader until one confirms it: taken once whatever the
-        number of copies, as ``rabbit_fifo`` takes its enqueuers' commands.  ``machine.NEXT``: taken (or
-        refused: ``machine.SEEN`` is returned as NEXT is, and False below); ``machine.SEEN``: taken before,
-        confirmed once what this leader has is on a majority; ``machine.AHEAD``: one before it never came (lost
-        with a link or a leader), the window must send again from its oldest.  "refused": reject-publish."""
+        number of copies, as ``rabbit_fifo`` takes its enqueuers' commands.  ``machine.NEXT``: taken now;
+        ``machine.SEEN``: taken before, confirmed once what this leader has is on a majority; ``machine.AHEAD``:
+        one before it never came (lost with a link or a leader), the window must send again from its oldest;
+        "refused": the queue refused it (reject-publish)."""
         verdict = machine.admit(self.state, enqueuer, publish, max(floor, self._refused.get(enqueuer, 0)))
         if verdict == machine.SEEN:
             if self.replicator is not None and confirm is not None:
@@ -275,7 +272,7 @@ class QuorumQueue(Queue):
                 self._from = (0, 0)
         return verdict
 
-    def _store(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
+    def store_entry(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
         """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
         if self.detached:
             return
@@ -295,7 +292,7 @@ class QuorumQueue(Queue):
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
 
-    def _full(self, incoming: int) -> bool:
+    def full(self, incoming: int) -> bool:
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
         one that reaches it is taken."""
         args = self.args
@@ -322,15 +319,15 @@ class QuorumQueue(Queue):
         if self.replicator is not None:
             self.replicator.flush()
 
-    def _take(self, entry: Entry, no_ack: bool) -> Entry:
+    def take(self, entry: Entry, no_ack: bool) -> Entry:
         seq = entry.seq
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
-        self._took(entry, no_ack)
+        self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
         return entry
 
     def settle(self, entries: list[Entry]) -> None:
-        self._settled(entries)
+        self.settled(entries)
         self.stats.ack += len(entries)
         self.run(machine.Settle([entry.seq for entry in entries]))
 
@@ -338,20 +335,20 @@ class QuorumQueue(Queue):
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
         limit leave for good."""
         entries = list(entries)
-        self._settled(entries)
+        self.settled(entries)
         self.run(machine.Return([entry.seq for entry in entries], self.next_seq))
         self.deliver_ready()
-        if self._expiring:
-            self._expire_due()
+        if self.expiry.expiring:
+            self.expire_due()
 
-    def _dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
+    def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)
-            super()._dead_letter(entries, reason, persisted)
+            super().dead_letter(entries, reason, persisted)
             return
         seqs = [entry.seq for entry in entries]
         self.run(machine.Expire(seqs) if reason == "expired" else machine.DeadLetter(seqs, reason), entries)
 
-    def _remove_below(self, offset: int) -> int:
+    def remove_below(self, offset: int) -> int:
         before = self.message_count
         self.run(machine.Purge(offset))
         return before - self.message_count
@@ -359,7 +356,7 @@ class QuorumQueue(Queue):
     def purge(self) -> int:
         count = self.message_count
         self.run(machine.Purge(self.next_seq))
-        self._clear_ready()
+        self.clear_ready()
         return count
 
     def set_args(self, args: Any) -> None:
@@ -411,7 +408,7 @@ class QuorumQueue(Queue):
         for seq in self._awaiting:
             entry = self.held.get(seq)
             if entry is not None:
-                self._forget(entry)
+                self.forget(entry)
         self._stop_grace()
         super().drop_all()
 
@@ -432,18 +429,17 @@ class QuorumQueue(Queue):
         for seq in list(self.state.dead):
             entry = self.held.get(seq)
             if entry is not None:
-                self._forget(entry)
+                self.forget(entry)
         if self._dlx_timer is not None:
             self._dlx_timer.cancel()
             self._dlx_timer = None
 
     # -- storage ----------------------------------------------------------------------------------
 
-    def _forget(self, entry: Entry) -> None:
+    def forget(self, entry: Entry) -> None:
         self.held.pop(entry.seq, None)
-        super()._forget(entry)
+        super().forget(entry)
 
-    def _paged_entry(self, row: IndexEntry) -> Entry:
-        entry = super()._paged_entry(row)
-        entry.redelivered = entry.redelivered or self.state.count(row.seq) > 0
-        return entry
+    def _returned(self, seq: int) -> bool:
+        """An entry read back from disk that came back before is redelivered (its count is the state's)."""
+        return self.state.count(seq) > 0

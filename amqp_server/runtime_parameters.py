@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import shovel
+from . import federation, shovel
 from .auth import AccessControl, User
-from .shovel import uri as shovel_uri
+from .links import uri as uri_module
+
+URI_KEYS = ("src-uri", "dest-uri", "uri")  # a shovel's, an upstream's
 
 
 class ParameterError(ValueError):
@@ -23,9 +25,11 @@ def _direct_users(access: AccessControl, value: dict[str, Any], user: User) -> l
     """RabbitMQ's validate_params_user: an ``amqp://`` URI (this node) is for a vhost the setter may use; and, as
     RabbitMQ's direct connection checks no password, only an administrator may name another user in one."""
     errors: list[str] = []
-    for key in ("src-uri", "dest-uri"):
-        for text in shovel.definition.uris(value.get(key)):
-            parsed = shovel_uri.parse(text)
+    for key in URI_KEYS:
+        if key not in value:
+            continue
+        for text in shovel.definition.uris(value[key]):
+            parsed = uri_module.parse(text)
             if not parsed.direct:
                 continue
             if not access.vhost_exists(parsed.vhost) or (access.permissions(parsed.vhost, user.name) is None
@@ -39,20 +43,29 @@ def _direct_users(access: AccessControl, value: dict[str, Any], user: User) -> l
 def validate(access: AccessControl, component: str, name: str, value: Any, user: User | None) -> None:
     """Raise :class:`ParameterError` unless Warren serves ``component`` and ``value`` is valid for it; ``user`` is
     who sets it (None: a definitions import by an administrator)."""
-    if component != shovel.COMPONENT:
+    if component == shovel.COMPONENT:
+        errors = shovel.validate(name, value)
+    elif component in federation.COMPONENTS:
+        errors = federation.validate(component, name, value)
+    else:
         raise _failed([f"component {component} not found"])
-    errors = shovel.validate(name, value)
-    if not errors and user is not None:
+    if not errors and user is not None and isinstance(value, dict):
         errors = _direct_users(access, value, user)
     if errors:
         raise _failed(errors)
 
 
+def _redacted(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    return {key: ([uri_module.redacted(u) if isinstance(u, str) else u for u in item] if isinstance(item, list)
+                  else uri_module.redacted(item))
+            if key in URI_KEYS and isinstance(item, (str, list)) else item for key, item in value.items()}
+
+
 def shown(record: dict[str, Any], full: bool) -> dict[str, Any]:
     """A parameter as the HTTP API lists it: without its URIs' credentials unless ``full`` (an administrator)."""
     value = record["value"]
-    if not full and isinstance(value, dict):
-        value = {key: ([shovel.redacted(u) for u in item] if isinstance(item, list) else shovel.redacted(item))
-                 if key in ("src-uri", "dest-uri") and isinstance(item, (str, list)) else item
-                 for key, item in value.items()}
+    if not full:
+        value = [_redacted(item) for item in value] if isinstance(value, list) else _redacted(value)
     return {"value": value, "vhost": record["vhost"], "component": record["component"], "name": record["name"]}

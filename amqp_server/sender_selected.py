@@ -62,7 +62,7 @@ def header_keys(headers: dict, name: str) -> list[str]:
 def routing_keys(message: Message) -> list[str]:
     """The extra routing keys from CC and BCC; strips BCC from the message (the other headers
     keep their wire types) and keeps its keys in ``bcc_keys``, which a dead letter is routed by again."""
-    kept = list(getattr(message, "bcc_keys", ()))
+    kept = list(message.bcc_keys)
     headers = _headers(message)
     if not headers:
         return kept

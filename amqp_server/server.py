@@ -20,6 +20,7 @@ from .connection import Connection
 from .memory import memory_used
 from .persistence import Persistence
 from .publisher_flow import MEMORY, PublisherFlow
+from .federation import Federation
 from .shovel import Shovels
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Node:
         self.stream_server: asyncio.AbstractServer | None = None  # the stream protocol, when enabled
         self.streams: StreamManager | None = None  # its streams
         self.shovels: Shovels | None = None  # its dynamic shovels, once it listens
+        self.federation: Federation | None = None  # its federation links, once it listens
         self.flow = PublisherFlow()
         self.flow.recheck = self.check_memory
         self._stopped = asyncio.Event()
@@ -122,6 +124,8 @@ class Node:
             log.info("stream protocol on %s:%d", self.config.bind, self.config.stream_port)
         self.shovels = self.broker.shovels = Shovels(self.broker, self.config.bind, self.config.amqp_port)
         self.shovels.start()
+        self.federation = self.broker.federation = Federation(self.broker, self.config.bind, self.config.amqp_port)
+        self.federation.start()
         self._memory_task = asyncio.create_task(self._watch_memory())
         log.info("Warren %s node %s: AMQP on %s:%d, data in %s", __version__, self.config.node_name,
                  self.config.bind, self.config.amqp_port, os.path.abspath(self.config.data_dir))
@@ -175,6 +179,8 @@ class Node:
             await self.mgmt.cleanup()
         if self.shovels is not None:
             await self.shovels.stop()
+        if self.federation is not None:
+            await self.federation.stop()
         self.clients.close_all("broker shutdown")
         await asyncio.sleep(0.1)
         if self.cluster is not None:

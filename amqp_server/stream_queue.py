@@ -68,12 +68,10 @@ class _Decoded:
 
 
 class StreamQueue(Queue):
-    counts_deliveries = True  # each delivery carries x-stream-offset (delivery_header)
-    persists_all = True  # every message is on disk, whatever its delivery mode
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._log: StreamLog | None = None
-        self._open: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
+        self._turn: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
         self._open_body = 0
         self._flush_scheduled = False
         super().__init__(*args, **kwargs)
@@ -113,7 +111,7 @@ class StreamQueue(Queue):
     @property
     def next_seq(self) -> int:
         """The offset the next message gets: the log's next, after this turn's publishes."""
-        return (self._log.next if self._log is not None else 0) + len(self._open)
+        return (self._log.next if self._log is not None else 0) + len(self._turn)
 
     @next_seq.setter
     def next_seq(self, value: int) -> None:
@@ -131,13 +129,13 @@ class StreamQueue(Queue):
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         """The message joins this turn's chunk as RabbitMQ's AMQP 1.0 record; its confirm waits for the group
         commit that makes the chunk durable (``message.logged``)."""
-        opened = self._open
+        opened = self._turn
         if not opened and not self.writable():
             return False
         opened.append(amqp10.entry(message))
         size = message.body_size
         self._open_body += size
-        self.ready_bytes += size
+        self.ready.bytes += size
         self.stats.publish += 1
         message.logged = True
         if len(opened) >= chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
@@ -154,12 +152,12 @@ class StreamQueue(Queue):
     def flush(self) -> None:
         """This turn's AMQP publishes become a chunk; consumers and stream-protocol readers read on."""
         self._flush_scheduled = False
-        if not self._open or self.deleted:
+        if not self._turn or self.deleted:
             return
-        data = b"".join(self._open)
-        count = len(self._open)
+        data = b"".join(self._turn)
+        count = len(self._turn)
         body = self._open_body
-        self._open = []
+        self._turn = []
         self._open_body = 0
         self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
@@ -179,7 +177,7 @@ class StreamQueue(Queue):
         return chunk_id
 
     def _appended(self) -> None:
-        self.ready_bytes = self.log.body + self._open_body  # (retention may have removed segments)
+        self.ready.bytes = self.log.body + self._open_body  # (retention may have removed segments)
         if self.cursors:
             self.deliver_ready()
         for listener in self.listeners:
@@ -393,10 +391,9 @@ class StreamQueue(Queue):
         for listener in list(self.listeners):
             listener.deleted(self)
         self.listeners.clear()
-        self._groups = []
-        self.active_consumer = None
+        self.consumers.reset()
         self.cursors.clear()
-        self._open = []
+        self._turn = []
         self._decoded.clear()
         self._failed.clear()
         if self.persistence is not None:
@@ -409,7 +406,7 @@ class StreamQueue(Queue):
 
             assert self.persistence is not None
             migrate.legacy_stream(self.persistence, self, f"'{self.name}' in vhost '{self.vhost}'")
-        self.ready_bytes = self.log.body
+        self.ready.bytes = self.log.body
 
     def offsets(self) -> tuple[int, int]:
         self.flush()

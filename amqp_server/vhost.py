@@ -30,6 +30,7 @@ class VHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
+        self.binding_serial = 0  # counts binding changes: federation links follow their exchange's by it
         # destination -> the exchanges with a binding to it: deleting a queue costs O(its bindings)
         self.sources: dict[Queue | Exchange, dict[Exchange, None]] = {}
         for ex_name, type_name in DEFAULT_EXCHANGES:
@@ -53,6 +54,7 @@ class VHost:
 
     def bound(self, exchange: Exchange, destination: Queue | Exchange) -> None:
         """``exchange`` got a binding to ``destination``."""
+        self.binding_serial += 1
         if isinstance(destination, Exchange):
             self.e2e_bindings += 1
         sources = self.sources.get(destination)
@@ -62,6 +64,7 @@ class VHost:
 
     def unbound(self, exchange: Exchange, destination: Queue | Exchange, count: int = 1) -> None:
         """``count`` of ``exchange``'s bindings to ``destination`` went."""
+        self.binding_serial += 1
         if isinstance(destination, Exchange):
             self.e2e_bindings -= count
         if not exchange.binds_to(destination):

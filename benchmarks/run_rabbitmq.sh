@@ -6,7 +6,9 @@
 #   e.g. benchmarks/run_rabbitmq.sh --workload all --seconds 5 --runs 1
 #
 # Environment overrides: BENCH_PORT (5699), BENCH_DIST_PORT (25699),
-# BENCH_NODENAME (bench@localhost), PYTHON (.venv/bin/python if present).
+# BENCH_NODENAME (bench@localhost), PYTHON (.venv/bin/python if present),
+# BENCH_LOAD (amqp_load.py; amqp10_load.py measures AMQP 1.0, with the
+# rabbitmq_amqp1_0 plugin enabled and 3.x's v1 addresses).
 # Needs Debian/Ubuntu's rabbitmq-server package; run as root or as the
 # rabbitmq user (the Debian wrappers refuse anybody else).
 set -euo pipefail
@@ -36,7 +38,14 @@ export RABBITMQ_LOG_BASE="$TMP/log"
 export RABBITMQ_ENABLED_PLUGINS_FILE="$TMP/enabled_plugins"
 # keep Erlang distribution on loopback too
 export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-echo "[]." > "$TMP/enabled_plugins"
+LOAD="${BENCH_LOAD:-amqp_load.py}"
+LOAD_ARGS=()
+if [ "$LOAD" = amqp10_load.py ]; then
+    echo "[rabbitmq_amqp1_0]." > "$TMP/enabled_plugins"
+    LOAD_ARGS=(--addresses v1)
+else
+    echo "[]." > "$TMP/enabled_plugins"
+fi
 [ "$(id -u)" = 0 ] && chown rabbitmq:rabbitmq "$TMP/enabled_plugins" 2>/dev/null || true
 
 stop_broker() {
@@ -63,4 +72,4 @@ fi
 PID="$(timeout 30 rabbitmqctl -n "$NODE" eval 'list_to_integer(os:getpid()).' 2>/dev/null || true)"
 BROKER_PID=()
 [[ "$PID" =~ ^[0-9]+$ ]] && BROKER_PID=(--broker-pid "$PID")
-"$PYTHON" "$HERE/amqp_load.py" --host 127.0.0.1 --port "$PORT" "${BROKER_PID[@]}" "$@"
+"$PYTHON" "$HERE/$LOAD" --host 127.0.0.1 --port "$PORT" "${BROKER_PID[@]}" "${LOAD_ARGS[@]}" "$@"

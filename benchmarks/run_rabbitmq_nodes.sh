@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Standalone (unclustered) throwaway RabbitMQ 3.10 nodes with the shovel and management plugins, for the shovel
-# benchmark (benchmarks/shovel.py) and the migration guide's rehearsal (docs/operations.md, "Moving from RabbitMQ").
+# Standalone (unclustered) throwaway RabbitMQ 3.10 nodes with the shovel, federation and management plugins, for the
+# shovel benchmark (benchmarks/shovel.py) and the migration guide's rehearsal (docs/operations.md, "Moving from
+# RabbitMQ", "Federation").
 #   benchmarks/run_rabbitmq_nodes.sh start [COUNT]  shovelrmq{1..COUNT}@localhost: AMQP 127.0.0.1:5790+n,
 #                                                   management 15790+n (guest/guest), state under $RMQ_NODES_DIR
 #   benchmarks/run_rabbitmq_nodes.sh kill N         kill -9 node N's VM
@@ -25,7 +26,8 @@ case "${1:-}" in
       mkdir -p "$C/n$n/mnesia" "$C/n$n/log"
       printf 'listeners.tcp.default = 127.0.0.1:%s\nmanagement.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %s\n' \
         $((5790 + n)) $((15790 + n)) > "$C/n$n/rabbitmq.conf"
-      echo '[rabbitmq_management,rabbitmq_shovel,rabbitmq_shovel_management].' > "$C/n$n/enabled_plugins"
+      echo '[rabbitmq_management,rabbitmq_shovel,rabbitmq_shovel_management,rabbitmq_federation,rabbitmq_federation_management].' \
+        > "$C/n$n/enabled_plugins"
     done
     chown -R rabbitmq:rabbitmq "$C"
     for n in $(seq 1 "$count"); do

@@ -1,8 +1,8 @@
 """Exchange types for Warren: binding bookkeeping and message routing only.
 
 Offers `Exchange` (abstract base), `Binding`, one class per AMQP exchange type
-(direct, fanout, topic, headers, and the plugins' x-consistent-hash and
-x-delayed-message; one module each, as in RabbitMQ) and a registry
+(direct, fanout, topic, headers, and the plugins' x-consistent-hash,
+x-delayed-message and x-federation-upstream; one module each, as in RabbitMQ) and a registry
 `EXCHANGE_TYPES` / `exchange_class()` mapping a declared type name to its class.
 Knows nothing of sockets or storage; destinations are opaque hashable objects.
 """
@@ -14,13 +14,14 @@ from .consistent_hash import ConsistentHashExchange
 from .delayed import DEFERRED, DelayedExchange, delay_of
 from .direct import DirectExchange
 from .fanout import FanoutExchange
+from .federation_upstream import FederationUpstreamExchange
 from .headers import HeadersExchange
 from .topic import TopicExchange
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     cls.type_name: cls
     for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange, ConsistentHashExchange,
-                DelayedExchange)
+                DelayedExchange, FederationUpstreamExchange)
 }
 DelayedExchange.types = EXCHANGE_TYPES  # (it cannot import the registry, which imports it)
 
@@ -37,5 +38,5 @@ def exchange_class(type_name: str) -> type[Exchange] | None:
 __all__ = [
     "Binding", "Exchange", "EXCHANGE_TYPES", "exchange_class",
     "DirectExchange", "FanoutExchange", "TopicExchange", "HeadersExchange", "ConsistentHashExchange",
-    "DelayedExchange", "DEFERRED", "delay_of",
+    "DelayedExchange", "DEFERRED", "delay_of", "FederationUpstreamExchange",
 ]

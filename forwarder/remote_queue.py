@@ -255,6 +255,7 @@ class RemoteQueue(Queue):
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
                  queue_type: QueueType, args: QueueArgs, peer: Owner) -> None:
         super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None, queue_type=queue_type)
+        self.counts_deliveries = self.persists_all = False  # (the owner's: it stores, and adds the headers)
         self.peer = peer
         self.key = f"{vhost}\0{name}"
         qid = self.key.encode()

@@ -52,7 +52,7 @@ def _binding(vhost: str, source: str, destination: str, kind: str, routing_key: 
 
 
 def vhost_bindings(context: Context, vhost: VHost) -> list[dict[str, Any]]:
-    return [binding_info(vhost.name, *binding) for binding in context.broker.bindings(vhost)]
+    return [binding_info(vhost.name, *binding) for binding in context.broker.all_bindings(vhost)]
 
 
 def _matching(items: Iterable[dict[str, Any]], **fields: str) -> list[dict[str, Any]]:
@@ -146,7 +146,7 @@ async def create(request: web.Request) -> web.Response:
 def _find(request: web.Request) -> tuple[Context, VHost, Exchange, Queue | Exchange, dict[str, Any]]:
     context, vhost, source, destination = _endpoints(request)
     props = request.match_info["props"]
-    for binding in context.broker.bindings(vhost):
+    for binding in context.broker.all_bindings(vhost):
         info = binding_info(vhost.name, *binding)
         key = info["properties_key"]
         if binding[0] == source.name and binding[1] is destination and props in (key, unquote_plus(key)):

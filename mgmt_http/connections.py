@@ -6,8 +6,7 @@ from typing import Any, Iterator
 from aiohttp import web
 
 from amqp_server import tls
-from amqp_server.channel import Channel
-from amqp_server.connection import Connection
+from amqp_server.frontend import ListedChannel, ClientConnection
 from amqp_server.queue import Consumer
 
 from . import auth
@@ -20,29 +19,29 @@ routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
 
 
-def _opened(context: Context) -> list[Connection]:
+def _opened(context: Context) -> list[ClientConnection]:
     return [c for c in list(context.clients.connections) if c.user is not None and c.vhost is not None]
 
 
-def _user(connection: Connection) -> str:
+def _user(connection: ClientConnection) -> str:
     """The name of the user of a connection ``_opened`` lists (it has one)."""
     return connection.user.name if connection.user is not None else ""
 
 
-def visible_connections(request: web.Request, vhost: str | None = None) -> list[Connection]:
+def visible_connections(request: web.Request, vhost: str | None = None) -> list[ClientConnection]:
     """Monitoring users see every connection; others see their own."""
     user = auth.login(request)
     return [c for c in _opened(ctx(request))
             if (user.is_monitor or _user(c) == user.name) and (vhost is None or c.vhost_name == vhost)]
 
 
-def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
+def connection_info(context: Context, connection: ClientConnection) -> dict[str, Any]:
     sock = connection.transport.get_extra_info("sockname") if connection.transport else None
     host, port = (sock[0], sock[1]) if sock else ("?", 0)
     props = jsonable(connection.client_properties)
     info: dict[str, Any] = {
         "name": connection.name, "node": context.node, "type": "network",
-        "state": connection.flow_state, "protocol": getattr(connection, "protocol", "AMQP 0-9-1"),
+        "state": connection.flow_state, "protocol": connection.protocol,
         "user": _user(connection), "user_who_performed_action": _user(connection),
         "vhost": connection.vhost_name, "auth_mechanism": connection.auth_mechanism,
         **tls.connection_info(connection.ssl_object),
@@ -60,7 +59,7 @@ def connection_info(context: Context, connection: Connection) -> dict[str, Any]:
     return info
 
 
-def octets(context: Context, connections: list[Connection]) -> dict[str, Any]:
+def octets(context: Context, connections: list[ClientConnection]) -> dict[str, Any]:
     """Bytes read and written by connections (counted per socket read and write) with their rates, as RabbitMQ
     shows them for a connection, or a vhost's."""
     totals: dict[str, Any] = {}
@@ -71,7 +70,7 @@ def octets(context: Context, connections: list[Connection]) -> dict[str, Any]:
     return totals
 
 
-def channel_name(channel: Channel) -> str:
+def channel_name(channel: ListedChannel) -> str:
     return _channel_name(channel.connection.name, channel.number)
 
 
@@ -79,7 +78,7 @@ def _channel_name(connection: str, number: int) -> str:
     return f"{connection} ({number})"
 
 
-def channel_info(context: Context, channel: Channel) -> dict[str, Any]:
+def channel_info(context: Context, channel: ListedChannel) -> dict[str, Any]:
     connection = channel.connection
     info: dict[str, Any] = {
         "name": channel_name(channel), "number": channel.number, "node": context.node,
@@ -124,12 +123,12 @@ def consumer_info(consumer: Consumer) -> dict[str, Any]:
     }
 
 
-def _channels(connections: list[Connection]) -> Iterator[Channel]:
+def _channels(connections: list[ClientConnection]) -> Iterator[ListedChannel]:
     for connection in connections:
         yield from list(connection.channels.values())
 
 
-def find_connection(request: web.Request) -> Connection:
+def find_connection(request: web.Request) -> ClientConnection:
     name = request.match_info["name"]
     for connection in visible_connections(request):
         if connection.name == name:

@@ -160,10 +160,10 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
     """Users, vhosts, permissions (whole-node import only), then policies, runtime parameters, exchanges, queues,
     bindings — through the same broker operations as AMQP declares, so conflicts are errors as they would be there.
 
-    As RabbitMQ does, unknown fields are ignored.  What Warren does not serve — a runtime parameter of another
-    component than ``shovel`` (``federation-upstream``...) or an invalid one, a policy key of a plugin it lacks —
-    is skipped rather than kept without effect: the list returned (and the log) says what and why.  Shovels act,
-    for an ``amqp://`` URI without a user, as ``user`` (the importing administrator).
+    As RabbitMQ does, unknown fields are ignored.  What Warren does not serve — a runtime parameter of a component
+    it does not serve (``mqtt-port-to-vhost-mapping``...) or an invalid one, a policy key of a plugin it lacks —
+    is skipped rather than kept without effect: the list returned (and the log) says what and why.  Shovels and
+    federation links act on this node (``amqp://``) as ``user`` (the importing administrator).
     """
     skipped: list[dict[str, Any]] = []
     broker = context.broker
@@ -254,8 +254,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
     except AMQPError as exc:
         raise from_amqp(exc) from None
-    if broker.shovels is not None:
-        broker.shovels.changed()
+    broker.links_changed()
     return skipped
 
 

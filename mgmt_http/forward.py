@@ -6,6 +6,8 @@ reads (``offsets``) and peek work through any node, as AMQP does.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 from aiohttp import web
 
@@ -22,10 +24,12 @@ class Forwarder:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
-    def session(self) -> aiohttp.ClientSession:
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        """A request to another node (``async with``) that follows no redirect: the caller's credentials go to
+        that node only, never where an answer would send them."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_connect=5))
-        return self._session
+        return self._session.request(method, url, allow_redirects=False, **kwargs)
 
     async def close(self, _app: web.Application) -> None:
         if self._session is not None:
@@ -56,8 +60,8 @@ async def forward(request: web.Request, node: str) -> web.StreamResponse:
     headers = {key: request.headers[key] for key in ("Authorization", "Content-Type") if key in request.headers}
     data = await request.read() if request.can_read_body else None
     try:
-        async with request.app[KEY].session().request(request.method, f"http://{host}:{port}{request.path_qs}",
-                                                      headers=headers, data=data) as upstream:
+        async with request.app[KEY].request(request.method, f"http://{host}:{port}{request.path_qs}",
+                                            headers=headers, data=data) as upstream:
             response = web.StreamResponse(status=upstream.status, headers={
                 key: upstream.headers[key] for key in FORWARDED_HEADERS if key in upstream.headers})
             await response.prepare(request)

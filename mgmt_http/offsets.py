@@ -35,6 +35,8 @@ from aiohttp import web
 from amqp_server.errors import AMQPError
 from amqp_server.queue import Queue
 from amqp_server.spark_bridge import arrow_records, record_reader, records
+from amqp_server.spark_bridge.commit import Commit
+from amqp_server.spark_bridge.queue_reads import RecordSource
 
 from . import auth, expect
 from .forward import by_owner
@@ -126,14 +128,15 @@ def _owned(handler: Any) -> Any:
 @_owned
 async def offsets(request: web.Request, queue: Queue) -> web.Response:
     request.app[READERS].start()  # the reads that follow find the reader processes up
-    return json_response(records.describe(queue))
+    return json_response(records.describe(RecordSource(queue)))
 
 
 @_guarded
 @_owned
 async def read_records(request: web.Request, queue: Queue) -> web.StreamResponse:
     """The range as an Arrow stream (``spark_bridge.records``)."""
-    head, tail = queue.offsets()
+    source = RecordSource(queue)
+    head, tail = source.offsets()
     start = _int_query(request, "start", head)
     end = _int_query(request, "end", tail)
     limit = min(_int_query(request, "limit", records.MAX_LIMIT, 1), records.MAX_LIMIT)
@@ -151,7 +154,7 @@ async def read_records(request: web.Request, queue: Queue) -> web.StreamResponse
         response.enable_chunked_encoding()  # as aiohttp would: said here so that a reader knows how to frame
     await response.prepare(request)
     try:
-        await records.write_records(queue, request.app[READERS], _Output(request, response), start, end, limit,
+        await records.write_records(source, request.app[READERS], _Output(request, response), start, end, limit,
                                     batch_rows, layout)
         await response.write_eof()
     except (ConnectionError, record_reader.ClientGone):  # the client went away mid-stream: nothing to log
@@ -200,7 +203,7 @@ async def commit(request: web.Request, queue: Queue) -> web.Response:
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise bad_request("offset must be a non-negative integer")
-    removed = await _broker(request).commit_offset(queue, offset)
+    removed = await Commit(_broker(request)).commit_offset(queue, offset)
     return json_response({"removed": removed, "committed": queue.committed})
 
 

@@ -1,6 +1,7 @@
 """/api/parameters: RabbitMQ's per-vhost runtime parameters (rabbit_mgmt_wm_parameter(s)).
 
-Of RabbitMQ's components Warren serves ``shovel`` (dynamic shovels) and lists ``vhost-limits`` (set through
+Of RabbitMQ's components Warren serves ``shovel`` (dynamic shovels), ``federation-upstream`` and
+``federation-upstream-set`` (federation), and lists ``vhost-limits`` (set through
 /api/vhost-limits); any other is refused in RabbitMQ's words for a component no enabled plugin registers.
 Managing them takes the policymaker tag (or administrator), as in RabbitMQ; URIs are shown with their
 credentials to administrators only.
@@ -88,8 +89,7 @@ async def put(request: web.Request) -> web.Response:
     existed = access.parameter(vhost, component, name) is not None
     access.set_parameter(vhost, component, name, body["value"], login.name)
     await context.broker.agreed()
-    if context.broker.shovels is not None:
-        context.broker.shovels.changed()
+    context.broker.links_changed()
     return created_or_updated(not existed)
 
 
@@ -101,8 +101,7 @@ async def delete(request: web.Request) -> web.Response:
     if not context.broker.access.clear_parameter(vhost, request.match_info["component"], request.match_info["name"]):
         raise not_found()
     await context.broker.agreed()
-    if context.broker.shovels is not None:
-        context.broker.shovels.changed()
+    context.broker.links_changed()
     return no_content()
 
 

@@ -38,7 +38,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     consumers = queue.consumers
     info: dict[str, Any] = {
         "name": queue.name, "vhost": queue.vhost, "durable": queue.durable, "auto_delete": queue.auto_delete,
-        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": getattr(queue, "node", context.node),
+        "exclusive": queue.exclusive, "arguments": dict(queue.arguments), "node": queue.node,
         "type": queue.type.name, "state": "running" if queue.available else "down",
         "policy": queue.policy.name if queue.policy else None,
         "operator_policy": queue.operator_policy.name if queue.operator_policy else None,

@@ -7,21 +7,17 @@ APIs, with the caller's credentials) as RabbitMQ gathers every node's by RPC.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from . import auth
 from .context import Context, ctx
-from .forward import KEY as FORWARDER, forward
 from .http import no_content, not_found
+from .link_status import LOCAL, gather, on_node
 from .listing import respond
 
 routes = web.RouteTableDef()
-LOCAL = "warren_local"  # query flag: this node's shovels only (what a node asks the others)
-PEER_TIMEOUT = 5.0
 
 
 def _local(context: Context) -> list[dict[str, Any]]:
@@ -29,30 +25,8 @@ def _local(context: Context) -> list[dict[str, Any]]:
     return shovels.status() if shovels is not None else []
 
 
-async def _peer(request: web.Request, address: tuple[str, int]) -> list[dict[str, Any]]:
-    session = request.app[FORWARDER].session()
-    headers = {"Authorization": request.headers.get("Authorization", "")}
-    url = f"http://{address[0]}:{address[1]}/api/shovels?{LOCAL}=true"
-    try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT)) as answer:
-            if answer.status != 200:
-                return []
-            items = await answer.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return []  # a node that does not answer shows none (RabbitMQ: a badrpc shows none)
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
-
-
 async def _status(request: web.Request) -> list[dict[str, Any]]:
-    context = ctx(request)
-    items = _local(context)
-    cluster = context.broker.cluster
-    if cluster is not None and LOCAL not in request.query:
-        addresses = [peer.http for name, peer in cluster.peers.items() if dict(cluster.nodes()).get(name)]
-        for found in await asyncio.gather(*(_peer(request, a) for a in addresses if a is not None)):
-            items += found
-    visible = set(auth.visible_vhosts(request))
-    return [item for item in items if item.get("vhost") in visible]
+    return await gather(request, _local(ctx(request)), "/api/shovels")
 
 
 @routes.get("/api/shovels")
@@ -81,6 +55,5 @@ async def restart(request: web.Request) -> web.StreamResponse:
     if context.broker.cluster is not None and LOCAL not in request.query:
         for item in await _status(request):
             if item.get("vhost") == vhost and item.get("name") == name and item.get("node") != context.node:
-                request = request.clone(rel_url=request.rel_url.update_query({LOCAL: "true"}))
-                return await forward(request, item["node"])
+                return await on_node(request, item["node"])
     raise not_found()

@@ -140,8 +140,8 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
 # (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
 # queue, and does not branch on either.
-INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.queue_base", "amqp_server.disk_tail",
-                    "amqp_server.expiry", "amqp_server.settle", "amqp_server.spark_bridge.queue_reads",
+INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.ready_list", "amqp_server.consumers",
+                    "amqp_server.expiry", "amqp_server.spark_bridge.queue_reads",
                     "amqp_server.priority_queue", "amqp_server.quorum_queue", "amqp_server.stream_queue",
                     "forwarder.remote_queue"}
 # (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
@@ -232,3 +232,236 @@ def test_the_spark_bridge_reads_a_queue_through_its_record_source():
         asked = {node.attr for node in ast.walk(ast.parse(path.read_text()))
                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "queue"}
         assert asked and asked <= offered, (path, sorted(asked - offered))
+
+
+# -- packages as the architecture draws them ---------------------------------------------------------------------
+
+def package_of(module: str) -> str:
+    """The package a module is in (a package's ``__init__`` is the package itself)."""
+    path = ROOT / module.replace(".", "/")
+    return module if (path / "__init__.py").exists() else module.rpartition(".")[0]
+
+
+# Modules whose imports are left out of the package graph, each for a reason that names what removes it; the list
+# must shrink to nothing (every entry is checked to still be needed).
+KNOWN_PACKAGE_CYCLES = {
+    "amqp_server.server": "the node wires every package (broker, stream, forwarder, mgmt_http, shovel) but sits in "
+                          "the core's flat package: it moves above them with the AMQP 0-9-1 front end",
+    "amqp_server.connection": "the AMQP 0-9-1 front end sits in the core's flat package: it moves apart from the core",
+    "amqp_server.channel": "as amqp_server.connection",
+    "amqp_server.stream_queue": "the stream log's storage is in the stream protocol's package: it moves beside "
+                                "msg_store/ and queue_index/",
+    "amqp_server.persistence": "as amqp_server.stream_queue",
+    "amqp_server.runtime_parameters": "validating a vhost's parameters names the shovel's and federation's "
+                                      "components: components register their validation instead",
+}
+
+
+def package_graph(graph: dict[str, set[str]], left_out: dict[str, str] = KNOWN_PACKAGE_CYCLES) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        edges = packages.setdefault(package_of(module), set())
+        if module not in left_out:
+            edges.update(package_of(other) for other in imported)
+    return {package: edges - {package} for package, edges in packages.items()}
+
+
+def test_no_package_level_import_cycle():
+    """A package reads, tests and changes alone only if no package it imports imports it back, however far round."""
+    graph = module_graph()
+    assert cycles(package_graph(graph)) == []
+    still_needed = {module for module in KNOWN_PACKAGE_CYCLES
+                    if cycles(package_graph(graph, {m: r for m, r in KNOWN_PACKAGE_CYCLES.items() if m != module}))}
+    assert set(KNOWN_PACKAGE_CYCLES) - still_needed == set(), "no longer in a cycle: take them off the list"
+
+
+def test_the_package_graph_sees_cycles_through_packages():
+    graph = {"a.x": {"b.y"}, "b.y": {"a.z"}, "a.z": set()}
+    assert cycles(package_graph(graph, {})) == [["a", "b"]]
+    assert cycles(package_graph(graph, {"b.y": "left out"})) == []
+
+
+# The core (the broker's services, the queues and their types, storage and routing) and what it may not import:
+# the front ends (AMQP 0-9-1's connection and channel, the stream protocol, the HTTP API) and the Spark bridge.
+CORE_PACKAGES = ("amqp_server.broker", "amqp_server.queues", "amqp_server.queue_types", "msg_store", "queue_index",
+                 "exchanges")
+CORE_MODULES = {f"amqp_server.{name}" for name in (
+    "queue", "queue_type", "queue_args", "ready", "ready_list", "paging", "expiry", "consumers", "priority_queue",
+    "quorum_queue", "stream_queue", "persistence")}
+NOT_FOR_THE_CORE = ("amqp_server.connection", "amqp_server.channel", "amqp_server.stream", "mgmt_http",
+                    "amqp_server.spark_bridge")
+# What the core still imports of them, each for a reason that names what removes it (checked to be still there).
+KNOWN_CORE_IMPORTS = {
+    ("amqp_server.stream_queue", "amqp_server.stream.log"): "the stream log's storage is in the stream protocol's "
+                                                            "package: it moves beside msg_store/",
+    ("amqp_server.stream_queue", "amqp_server.stream.chunk"): "as its import of amqp_server.stream.log",
+    ("amqp_server.stream_queue", "amqp_server.stream.migrate"): "as its import of amqp_server.stream.log",
+    ("amqp_server.stream_queue", "amqp_server.stream.amqp10"): "a stream keeps messages in AMQP 1.0's encoding, whose "
+                                                               "codec is the stream protocol's: it moves with the log",
+    ("amqp_server.persistence", "amqp_server.stream.log"): "as amqp_server.stream_queue",
+}
+
+
+def in_core(module: str) -> bool:
+    return module in CORE_MODULES or any(module == p or module.startswith(p + ".") for p in CORE_PACKAGES)
+
+
+def core_imports_of_front_ends(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(module, other) for module, imported in graph.items() if in_core(module) for other in imported
+            if any(other == p or other.startswith(p + ".") for p in NOT_FOR_THE_CORE)}
+
+
+def test_the_core_imports_no_front_end_and_not_the_spark_bridge():
+    graph = module_graph()
+    assert in_core("amqp_server.broker.queues") and in_core("msg_store.store") and not in_core("amqp_server.channel")
+    assert core_imports_of_front_ends(graph) == set(KNOWN_CORE_IMPORTS)
+
+
+def test_the_http_api_reads_connections_through_the_front_end_interface():
+    """mgmt_http lists connections and channels as ``frontend.ListedConnection`` and ``ListedChannel``."""
+    graph = module_graph()
+    front_end = {"amqp_server.connection", "amqp_server.channel", "amqp_server.stream.reader"}
+    assert {module: graph[module] & front_end for module in graph
+            if module.startswith("mgmt_http") and graph[module] & front_end} == {}
+
+
+# -- interfaces, not probes --------------------------------------------------------------------------------------
+
+PROBED = ("queue", "connection", "consumer", "message")
+
+
+def probes(tree: ast.AST) -> list[int]:
+    """The lines that ask whether a queue, connection, consumer or message has an attribute (``hasattr``, or
+    ``getattr`` with a default) instead of its interface saying so: the object is named for what it is (``queue``,
+    ``self.consumer``, ``entry.message``) or is ``self`` in a class named so."""
+    lines = []
+
+    def visit(node: ast.AST, classes: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            visit(child, (*classes, child.name) if isinstance(child, ast.ClassDef) else classes)
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2
+                and (node.func.id == "hasattr" or node.func.id == "getattr" and len(node.args) == 3)):
+            return
+        target = node.args[0]
+        name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else ""
+        if name == "self" and classes:
+            name = classes[-1]
+        if any(kind in name.lower() for kind in PROBED):
+            lines.append(node.lineno)
+
+    visit(tree, ())
+    return sorted(lines)
+
+
+def test_no_probe_on_a_queue_connection_consumer_or_message():
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
+            lines = probes(ast.parse(path.read_text()))
+            if lines:
+                found[str(path.relative_to(ROOT))] = lines
+    assert found == {}
+
+
+def test_the_probe_finder_finds_probes():
+    source = '''
+getattr(queue, "node", None)
+hasattr(entry.message, "bcc_keys")
+getattr(self.connection, "protocol", "AMQP 0-9-1")
+class StreamConnection:
+    def f(self): return hasattr(self, "channels")
+getattr(method, "multiple", False)
+getattr(queue, name)
+class Other:
+    def f(self): return hasattr(self, "x")
+'''
+    assert probes(ast.parse(source)) == [2, 3, 4, 6]
+
+
+def test_the_broker_is_a_facade_over_services_that_do_not_stack():
+    """``Broker`` has no base; no service of the broker inherits another (each is handed what it depends on), and
+    none declares what another provides (no ``NotImplementedError`` stub)."""
+    classes = {}
+    for path in sorted((ROOT / "amqp_server" / "broker").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        classes.update({node.name: node for node in tree.body if isinstance(node, ast.ClassDef)})
+        stubs = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Raise) and node.exc is not None
+                 and "NotImplementedError" in ast.unparse(node.exc)]
+        assert stubs == [], (path, stubs)
+    assert classes["Broker"].bases == []
+    services = {"Definitions", "Bindings", "Exchanges", "Router", "DeadLetters", "Messages", "Queues", "VHosts",
+                "Recovery"}
+    assert services <= set(classes)
+    assert {name: [ast.unparse(base) for base in node.bases] for name, node in classes.items()
+            if any(ast.unparse(base) in classes for base in node.bases)} == {}
+
+
+def class_bases() -> dict[str, set[str]]:
+    """Every class of the packages -> the names of its bases that are classes of the packages too (by name: two
+    classes of one name count as one, the deeper)."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(node)
+
+    def name(base: ast.expr) -> str | None:
+        base = base.value if isinstance(base, ast.Subscript) else base  # Generic[T], list[Any]
+        return base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else None
+
+    return {cls: {base for node in nodes for base in map(name, node.bases) if base in classes and base != cls}
+            for cls, nodes in classes.items()}
+
+
+def chain_depth(bases: dict[str, set[str]], cls: str) -> int:
+    """How many of the project's classes the longest chain from ``cls`` up through its bases holds."""
+    return 1 + max((chain_depth(bases, base) for base in bases[cls]), default=0)
+
+
+def test_no_class_chain_of_the_projects_own_classes_is_deeper_than_three():
+    """A class reads with its base and that one's at most: deeper, a change reaches across files (a queue was a
+    chain of eight mixins)."""
+    bases = class_bases()
+    assert bases["Queue"] == set()  # a queue holds its parts
+    deep = {cls: chain_depth(bases, cls) for cls in bases if chain_depth(bases, cls) > 3}
+    assert deep == {}
+
+
+# The queue's classes and its components: their private attributes are theirs alone.
+QUEUE_PARTS = {"Queue", "QuorumQueue", "StreamQueue", "RemoteQueue", "ReadyList", "PriorityReadyList",
+               "PriorityReady", "Consumers", "Expiry", "RecordSource"}
+
+
+def private_attributes_shared_across_files(parts: set[str] = QUEUE_PARTS) -> dict[str, list[str]]:
+    """The private attributes (``_name``) that the queue's classes define, each with the files that use it, where
+    used in more than one: read on another object (``queue._x``) anywhere, or on ``self`` in one of those
+    classes (a subclass in another file reaching into its base's state)."""
+    trees = {path: ast.parse(path.read_text()) for package in PACKAGES
+             for path in (ROOT / package.replace(".", "/")).rglob("*.py")}
+    defining = [(path, node) for path, tree in trees.items() for node in ast.walk(tree)
+                if isinstance(node, ast.ClassDef) and node.name in parts]
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    names = set()
+    for _, cls in defining:
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and private(node.name):
+                names.add(node.name)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                names.add(node.attr)
+    inside = {id(node) for _, cls in defining for node in ast.walk(cls)}
+    used: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in names and (
+                    not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) or id(node) in inside):
+                used.setdefault(node.attr, set()).add(str(path.relative_to(ROOT)))
+    return {name: sorted(files) for name, files in used.items() if len(files) > 1}
+
+
+def test_no_private_attribute_of_the_queue_is_used_in_more_than_one_file():
+    assert private_attributes_shared_across_files() == {}

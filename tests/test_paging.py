@@ -20,6 +20,7 @@ from pamqp import commands
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
 from amqp_server.persistence import Persistence
+from amqp_server.spark_bridge.commit import Commit
 from amqp_server.vhost import VHost
 
 from test_core import Target, consume
@@ -167,13 +168,13 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker
     assert [e.message.body for e in queue.browse(5, 95)] == bodies(100)[5:95]
     batches = list(queue.read_range(0, 100, 7, limit=60))
     assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
-    assert await broker.commit_offset(queue, 80) == 80
+    assert await Commit(broker).commit_offset(queue, 80) == 80
     assert queue.message_count == 20 and queue.offsets() == (80, 100)
     assert drain(broker, vhost, "q") == bodies(100)[80:]
     send(broker, vhost, "q", bodies(3, "late"))
-    assert await broker.commit_offset(queue, 2 ** 64 - 1) == 3 and queue.committed == 103  # past the tail: to it
+    assert await Commit(broker).commit_offset(queue, 2 ** 64 - 1) == 3 and queue.committed == 103  # past the tail
     send(broker, vhost, "q", bodies(2, "later"))
-    assert await broker.commit_offset(queue, 104) == 1 and drain(broker, vhost, "q") == [b"later1"]
+    assert await Commit(broker).commit_offset(queue, 104) == 1 and drain(broker, vhost, "q") == [b"later1"]
 
 
 @pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}])
@@ -201,15 +202,15 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
     go afterwards, in the background."""
     COUNT_BATCH = 1024
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", COUNT_BATCH)
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", COUNT_BATCH)
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     count = 4 * COUNT_BATCH
     send(broker, vhost, "q", bodies(count - 10))
     send(broker, vhost, "q", bodies(10, "x"), expiration="1000")
     await settle()
-    on_disk_from = queue.paged_from
-    commit = asyncio.ensure_future(broker.commit_offset(queue, 2 * COUNT_BATCH))
+    on_disk_from = queue.ready.paged_from
+    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, 2 * COUNT_BATCH))
     await asyncio.sleep(0)
     assert not commit.done() and queue.committed_drops == 0  # under way: a batch counted
     assert queue.offsets() == (2 * COUNT_BATCH, count)
@@ -218,7 +219,7 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     assert queue.message_count == 2 * COUNT_BATCH and queue.committed_drops == 2 * COUNT_BATCH - on_disk_from
     assert queue.ready_bytes == sum(map(len, bodies(count - 10)[2 * COUNT_BATCH:] + bodies(10, "x")))
 
-    commit = asyncio.ensure_future(broker.commit_offset(queue, count - 10))  # again, and a consumer meanwhile
+    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, count - 10))  # again, and a consumer meanwhile
     await asyncio.sleep(0)
     assert not commit.done()
     assert broker.get_local(vhost, "q", no_ack=True)[1].message.body == b"x0"
@@ -240,12 +241,12 @@ async def test_a_commit_of_the_whole_disk_answers_at_once(broker, vhost, monkeyp
     it answers in the loop turn it came in, and their rows and records go in the background."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
     broker.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     send(broker, vhost, "q", bodies(3 * DROP_BATCH))
     await settle()
-    commit = asyncio.ensure_future(broker.commit_offset(queue, 3 * DROP_BATCH))
+    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, 3 * DROP_BATCH))
     await asyncio.sleep(0)
     assert commit.done() and commit.result() == 3 * DROP_BATCH
     assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.offsets() == (3 * DROP_BATCH,) * 2
@@ -410,7 +411,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     the mark's range: they come back."""
     from amqp_server.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.disk_tail.COUNT_BATCH", DROP_BATCH)
+    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
     broker = Broker(data, queue_window=WINDOW)
     vhost = broker.vhost("/")
@@ -418,7 +419,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     send(broker, vhost, "q", bodies(4 * DROP_BATCH))
     await settle()
     held = [broker.get_local(vhost, "q", no_ack=False)[1].message.body for _ in range(3)]
-    commit = asyncio.ensure_future(broker.commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
+    commit = asyncio.ensure_future(Commit(broker).commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
     await asyncio.sleep(0)
     assert not commit.done() and vhost.queue("q").committed_drops == 0
     if stage == "dropping":
@@ -434,7 +435,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
         vhost = broker.vhost("/")
         queue = vhost.queue("q")
         assert queue.message_count == DROP_BATCH + 3
-        assert await broker.commit_offset(queue, 3 * DROP_BATCH) == 0
+        assert await Commit(broker).commit_offset(queue, 3 * DROP_BATCH) == 0
         assert drain(broker, vhost, "q") == held + bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
         broker.persistence.commit_now()
         assert broker.persistence.store.stats().messages == 0
@@ -453,7 +454,7 @@ async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restar
     await settle()
     held = [broker.get_local(vhost, "q", no_ack=False)[1] for _ in range(5)]
     assert [entry.seq for entry in held] == list(range(5))
-    assert await broker.commit_offset(vhost.queue("q"), 2000) == 1995
+    assert await Commit(broker).commit_offset(vhost.queue("q"), 2000) == 1995
     broker.close()
     broker = Broker(data, queue_window=WINDOW)
     try:
@@ -481,7 +482,7 @@ async def test_a_cursor_saved_past_the_tail_comes_back_at_the_tail(tmp_path):
         queue = vhost.queue("q")
         assert queue.committed == 3 and queue.offsets() == (0, 3)
         send(broker, vhost, "q", bodies(2, "late"))
-        assert await broker.commit_offset(queue, 4) == 4 and drain(broker, vhost, "q") == [b"late1"]
+        assert await Commit(broker).commit_offset(queue, 4) == 4 and drain(broker, vhost, "q") == [b"late1"]
     finally:
         broker.close()
 
@@ -832,10 +833,10 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
     """A node upgraded from when a priority queue's index entries were keyed by seq alone (and the queue
     kept them all in memory) finds them, in priority order, and keys them by level once."""
-    from amqp_server.priority_queue import PriorityQueue
+    from amqp_server.priority_queue import PriorityReadyList
 
     data = str(tmp_path / "data")
-    monkeypatch.setattr(PriorityQueue, "ranked", False)  # writes as before: seq-keyed
+    monkeypatch.setattr(PriorityReadyList, "ranked", False)  # writes as before: seq-keyed
     broker = Broker(data, queue_window=10_000)
     vhost = broker.vhost("/")
     broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)

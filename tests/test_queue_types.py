@@ -10,7 +10,6 @@ import pytest
 
 from amqp_server import policy, queue_types
 from amqp_server.errors import AMQPError
-from amqp_server.priority_queue import PriorityQueue
 from amqp_server.queue import Queue
 from amqp_server.queue_type import GLOBAL_QOS, NACK, REPLICATED, TRANSIENT
 from amqp_server.quorum_queue import QuorumQueue
@@ -21,7 +20,7 @@ from forwarder.remote_queue import RemoteQueue
 @pytest.mark.parametrize("arguments, name, cls", [
     ({}, "classic", Queue),
     ({"x-queue-type": "classic"}, "classic", Queue),
-    ({"x-max-priority": 5}, "classic", PriorityQueue),
+    ({"x-max-priority": 5}, "classic", Queue),  # (its ready list is the priority one)
     ({"x-queue-type": "quorum"}, "quorum", QuorumQueue),
     ({"x-queue-type": b"stream"}, "stream", StreamQueue),
 ])

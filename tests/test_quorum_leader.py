@@ -132,7 +132,7 @@ class Leader(RuleBasedStateMachine):
     @rule(ms=st.integers(1, 60))
     def time_passes(self, ms) -> None:
         self.clock += ms
-        self.run(self.queue._expire_due)
+        self.run(self.queue.expire_due)
 
     @rule()
     def retry_dead_letters(self) -> None:

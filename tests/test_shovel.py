@@ -2,13 +2,18 @@
 clients on both sides, nodes killed with SIGKILL mid-transfer under ack-mode on-confirm (nothing lost)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pika
 import pytest
+from aiohttp import web
 
+from amqp_server.auth import AccessControl
+from amqp_server.definitions import DefinitionStore
 from conftest import connect, free_port
+from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node
 from test_mgmt_api import assert_error, call
 
@@ -187,30 +192,30 @@ def test_validation_in_rabbitmqs_words(start_broker):
 
 def test_components_and_policy_keys_warren_does_not_serve_are_refused(start_broker):
     node = start_broker()
-    for component in ("federation-upstream", "federation-upstream-set", "mqtt-port-to-vhost-mapping"):
+    for component in ("mqtt-port-to-vhost-mapping", "made-up-component"):
         body = assert_error(call(node, "PUT", f"/api/parameters/{component}/%2F/x",
                                  {"value": {"uri": "amqp://remote"}}), 400)
         assert body["reason"] == f"Validation failed\n\ncomponent {component} not found\n"
     assert call(node, "GET", "/api/parameters").json == []
-    policy = {"pattern": ".*", "definition": {"federation-upstream-set": "all"}}
+    policy = {"pattern": ".*", "definition": {"made-up-plugin-key": "all"}}
     body = assert_error(call(node, "PUT", "/api/policies/%2F/fed", policy), 400)
     assert "are not recognised policy settings" in body["reason"]
-    # a definitions file exported from RabbitMQ with shovels, upstreams and federation policies
+    # a definitions file exported from RabbitMQ with shovels, and parameters and policy keys of other plugins
     definitions = {
         "parameters": [
-            {"vhost": "/", "component": "federation-upstream", "name": "up", "value": {"uri": "amqp://a"}},
+            {"vhost": "/", "component": "made-up-component", "name": "up", "value": {"uri": "amqp://a"}},
             {"vhost": "/", "component": "shovel", "name": "sh", "value": {
                 "src-uri": "amqp://", "src-queue": "imp-src", "dest-uri": "amqp://", "dest-queue": "imp-dest"}}],
         "policies": [
             {"vhost": "/", "name": "fed", "pattern": "^fed", "apply-to": "exchanges", "priority": 0,
-             "definition": {"federation-upstream-set": "all"}},
+             "definition": {"made-up-plugin-key": "all"}},
             {"vhost": "/", "name": "mixed", "pattern": "^m", "apply-to": "queues", "priority": 0,
-             "definition": {"federation-upstream": "up", "message-ttl": 1000}}]}
+             "definition": {"made-up-plugin-key": "up", "message-ttl": 1000}}]}
     response = call(node, "POST", "/api/definitions", definitions)
     assert response.status == 200, response.raw
     skipped = response.json["skipped"]
-    assert {"parameter": "up", "component": "federation-upstream", "vhost": "/",
-            "reason": "component federation-upstream not found"} in skipped
+    assert {"parameter": "up", "component": "made-up-component", "vhost": "/",
+            "reason": "component made-up-component not found"} in skipped
     assert any(s.get("policy") == "fed" for s in skipped) and any(s.get("policy") == "mixed" for s in skipped)
     assert "skipped" in node.log()
     assert call(node, "GET", "/api/policies/%2F/fed").status == 404
@@ -325,3 +330,52 @@ def test_kill_9_mid_transfer_loses_nothing_under_on_confirm(start_broker, victim
     _all_there(destination, source)
     status = wait_for(lambda: shovel_status(host, "k"), what="status")
     assert status["state"] == "running", status
+
+
+def test_the_direct_secret_logs_in_on_amqp_from_loopback_only(tmp_path):
+    """A node's links log in to itself with its direct secret over AMQP 0-9-1 from loopback; the stream protocol
+    and HTTP (which pass no peer) and any other address do not take it as a password."""
+    access = AccessControl(DefinitionStore(str(tmp_path)))
+    access.bootstrap()
+    secret = access.direct_secret
+    user = access.authenticate("guest", secret, direct_from="127.0.0.1")
+    assert user is not None and user.name == "guest"
+    assert access.authenticate("guest", secret, direct_from="::1") is not None
+    assert access.authenticate("guest", secret) is None
+    assert access.authenticate("guest", secret, direct_from="10.1.2.3") is None
+    access.store.close()
+
+
+def test_requests_to_other_nodes_follow_no_redirect():
+    """The management API asks other nodes with the caller's credentials: a redirect must not carry them on."""
+    seen: list[str | None] = []
+
+    async def main() -> int:
+        async def elsewhere(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Authorization"))
+            return web.Response(text="here")
+
+        async def redirect(request: web.Request) -> web.Response:
+            raise web.HTTPFound(f"http://127.0.0.1:{ports[1]}/steal")
+
+        ports = [free_port(), free_port()]
+        runners = []
+        for port, handler in zip(ports, (redirect, elsewhere)):
+            app = web.Application()
+            app.router.add_get("/{tail:.*}", handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            runners.append(runner)
+        forwarder = Forwarder()
+        try:
+            async with forwarder.request("GET", f"http://127.0.0.1:{ports[0]}/api/x",
+                                         headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}) as answer:
+                return answer.status
+        finally:
+            await forwarder.close(web.Application())
+            for runner in runners:
+                await runner.cleanup()
+
+    assert asyncio.run(main()) == 302
+    assert seen == []

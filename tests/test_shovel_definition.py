@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from amqp_server.shovel.definition import Definition, validate
-from amqp_server.shovel.uri import URIError, parse, redacted
+from amqp_server.links.uri import URIError, parse, redacted
 
 
 def test_uris_as_amqp_uri_reads_them():

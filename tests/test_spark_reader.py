@@ -20,6 +20,7 @@ from amqp_server.broker import Broker
 from amqp_server.clock import now_ms
 from amqp_server.spark_bridge import arrow_records
 from amqp_server.spark_bridge.record_reader import RecordReaders, _gather
+from amqp_server.spark_bridge.queue_reads import RecordSource
 from amqp_server.spark_bridge.records import _locator
 from queue_index import QueueIndex
 
@@ -210,7 +211,7 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(tmp_pa
     broker.declare_queue(vhost, "q", durable=True)
     send(broker, vhost, "q", bodies(3000))  # more than a page-in batch (PAGE_IN_BATCH)
     await settle()
-    queue = vhost.queue("q")
+    queue = RecordSource(vhost.queue("q"))
     head_on_disk = queue.disk_part().first
     where = queue.disk_index(head_on_disk)
     locate = _locator(queue, head_on_disk)

@@ -14,7 +14,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import CLIENT, INTEGRATION, BrokerProcess, free_port, starts, unavailable
+from conftest import CLIENT, INTEGRATION, BrokerProcess, connect, free_port, starts, unavailable
 from test_mgmt_api import call, q
 from test_tls import PKI
 
@@ -726,17 +726,37 @@ def test_definitions_export_and_import(ui: UI, node: BrokerProcess, uid: str, tm
 
     exported["queues"].append({"name": imported, "vhost": "/", "durable": True, "auto_delete": False,
                                "arguments": {"x-max-length": 5}})
-    exported["parameters"].append({"vhost": "/", "component": "federation-upstream", "name": f"up-{uid}",
-                                   "value": {"uri": "amqp://elsewhere"}})
+    exported["parameters"].append({"vhost": "/", "component": "mqtt-port-to-vhost-mapping", "name": f"up-{uid}",
+                                   "value": {"1883": "/"}})
     upload = tmp_path / "definitions.json"
     upload.write_text(json.dumps(exported))
     page.set_input_files("#definitions-file", str(upload))
     page.click("#definitions-import")
     ui.success("Definitions imported from definitions.json. Skipped, as Warren does not serve them: "
-               f"federation-upstream up-{uid} in / (component federation-upstream not found)")
+               f"mqtt-port-to-vhost-mapping up-{uid} in / (component mqtt-port-to-vhost-mapping not found)")
     assert api_get(node, f"/api/queues/%2F/{q(imported)}")["arguments"] == {"x-max-length": 5}
     for name in (kept, imported):
         assert call(node, "DELETE", f"/api/queues/%2F/{q(name)}").status == 204
+
+
+def test_federation_status_page_lists_a_link_and_restarts_it(ui: UI, node: BrokerProcess):
+    upstream = {"value": {"uri": "amqp://", "exchange": "ui-fed-upstream"}}
+    policy = {"pattern": "^ui-fed-x$", "apply-to": "exchanges", "definition": {"federation-upstream": "ui-up"}}
+    connection = connect(node)
+    connection.channel().exchange_declare("ui-fed-x", "fanout")
+    connection.close()
+    assert call(node, "PUT", "/api/parameters/federation-upstream/%2F/ui-up", upstream).status == 201
+    assert call(node, "PUT", "/api/policies/%2F/ui-fed", policy).status == 201
+    try:
+        row = running_row(ui, "federation", "federation-links", "ui-up", "[data-federation-state=running]")
+        expect(row).to_contain_text("exchange ui-fed-x")
+        expect(row).to_contain_text("ui-fed-upstream")
+        row.locator("[data-action=restart-federation-link]").click()
+        ui.success("Federation link ui-up restarted.")
+    finally:
+        call(node, "DELETE", "/api/policies/%2F/ui-fed")
+        call(node, "DELETE", "/api/parameters/federation-upstream/%2F/ui-up")
+        call(node, "DELETE", "/api/exchanges/%2F/ui-fed-x")
 
 
 def test_a_page_on_another_origin_cannot_act_with_cached_credentials(browser: Browser, node: BrokerProcess, uid: str):
@@ -807,19 +827,25 @@ def test_a_page_on_another_origin_cannot_act_with_cached_credentials(browser: Br
         assert call(node, "GET", f"/api/users/{q(name)}").status == 404, f"the {kind} page added an administrator"
 
 
+def running_row(ui: UI, section: str, table: str, name: str, running: str) -> Locator:
+    """The row of ``name`` on an Admin status page once it shows ``running`` (a link starts within a second or so:
+    the page is refreshed until it does)."""
+    row = ui.page.locator(f"[data-table={table}] tbody tr", has_text=name)
+    for _ in range(50):
+        ui.go(f"#/admin/{section}")
+        if row.locator(running).count():
+            break
+        ui.page.wait_for_timeout(200)
+        ui.go("#/admin")
+    expect(row.locator(running)).to_be_visible()
+    return row
+
+
 def test_shovel_status_page_lists_a_shovel_and_restarts_it(ui: UI, node: BrokerProcess):
     value = {"src-uri": "amqp://", "src-queue": "ui-shovel-src", "dest-uri": "amqp://", "dest-queue": "ui-shovel-dest"}
     assert call(node, "PUT", "/api/parameters/shovel/%2F/ui-shovel", {"value": value}).status == 201
     try:
-        ui.go("#/admin/shovels")
-        row = ui.page.locator("[data-table=shovels] tbody tr", has_text="ui-shovel")
-        for _ in range(50):  # the shovel starts within a second or so: refresh until it runs
-            if row.locator("[data-shovel-state=running]").count():
-                break
-            ui.page.wait_for_timeout(200)
-            ui.go("#/admin")
-            ui.go("#/admin/shovels")
-        expect(row.locator("[data-shovel-state=running]")).to_be_visible()
+        row = running_row(ui, "shovels", "shovels", "ui-shovel", "[data-shovel-state=running]")
         expect(row).to_contain_text("queue ui-shovel-src")
         row.locator("[data-action=restart-shovel]").click()
         ui.success("Shovel ui-shovel restarted.")

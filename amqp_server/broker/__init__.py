@@ -4,11 +4,12 @@ Every front end — AMQP channels, the HTTP plugin, the forwarder — calls thes
 operations; none keeps its own copy.  Operations raise :class:`ChannelError`
 (or :class:`ConnectionError`) with RabbitMQ's reply code and text.
 
-:class:`Broker` is the one object they call; each concern's operations are in a module of this package named for
-it, as RabbitMQ splits them: ``vhosts`` (rabbit_vhost), ``exchanges`` (rabbit_exchange), ``bindings``
-(rabbit_binding), ``queues`` (rabbit_amqqueue), ``routing`` (rabbit_router), ``dead_letters`` (rabbit_dead_letter),
-``messages`` (publish, get, settle, move) and ``recovery`` (start-up); ``core`` holds the state they share and what
-they call on one another.  The Spark bridge's commit is in the bridge's package (``spark_bridge.commit``).
+:class:`Broker` is the one object they call, a facade over services built in one place, each handed what it depends
+on: ``Definitions`` (kept in LMDB and made the cluster's, ``core``), ``Bindings`` (rabbit_binding), ``Exchanges``
+(rabbit_exchange), ``Router`` (rabbit_router), ``DeadLetters`` (rabbit_dead_letter), ``Messages`` (publish, get,
+settle, move), ``Queues`` (rabbit_amqqueue), ``VHosts`` (rabbit_vhost) and ``Recovery`` (start-up), each in the module
+of this package named for it.  The Spark bridge's commit is a service of the bridge on the broker
+(``spark_bridge.commit``).
 """
 from __future__ import annotations
 
@@ -26,21 +27,20 @@ from ..limits import Limits
 from ..paging import Pager
 from ..persistence import Persistence
 from ..policy import Policies
-from ..spark_bridge.commit import Offsets
-from ..stats import ChurnStats, MessageStats
+from ..stats import ChurnStats
 from ..vhost import VHost
 from .bindings import Bindings
-from .core import ClusterHooks
+from .core import ClusterHooks, Definitions
 from .dead_letters import DeadLetters
 from .exchanges import Exchanges
 from .messages import Messages
-from .queues import Queues
+from .queues import Queues, Storage
 from .recovery import Recovery
 from .routing import Router
 from .vhosts import VHosts
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry, ShovelRunner
+    from ..ports import ClientRegistry, FederationRunner, ShovelRunner
 
 
 def server_name(prefix: str) -> str:
@@ -48,7 +48,11 @@ def server_name(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages, Offsets, Recovery):
+class Broker:
+    """The one object the front ends call: a facade over the services, which are built here, each handed what
+    it depends on.  Its operations are the services' own methods, bound once (no call in between on the hot
+    path)."""
+
     def __init__(self, data_dir: str, node_name: str = "warren@localhost",
                  persistence: Persistence | None = None, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  clients: "ClientRegistry | None" = None, queue_window: int = 2048,
@@ -68,17 +72,71 @@ class Broker(VHosts, Exchanges, Queues, Bindings, Router, DeadLetters, Messages,
         self.vhosts: dict[str, VHost] = {}
         self.clients = clients  # the node's connections (none in a broker used in-process)
         self.churn = ChurnStats()
-        self._vhost_stats: dict[str, MessageStats] = {}
-        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
+        self.federation: FederationRunner | None = None  # and its federation links
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
-        self._recover_definitions()
+
+        self.definitions = definitions = Definitions(self.store)
+        self.bindings = bindings = Bindings(definitions)
+        self.exchanges = exchanges = Exchanges(bindings, definitions, self.policies)
+        self.router = router = Router(self.replies, self.delayed)
+        self.dead_letters = DeadLetters(self.vhosts, router)
+        self.messages = messages = Messages(router)
+        storage = Storage(node_name, self.pager, self.persistence, queue_window)
+        self.queues = queues = Queues(self.vhosts, storage, definitions, bindings, self.dead_letters, self.policies,
+                                      self.access, self.limits, self.churn)
+        self.virtual_hosts = virtual_hosts = VHosts(self.vhosts, self.access, self.policies, definitions, bindings,
+                                                    queues, clients)
+
+        self.agreed = definitions.agreed
+        self.vhost, self.vhost_stats = virtual_hosts.vhost, virtual_hosts.vhost_stats
+        self.add_vhost, self.delete_vhost = virtual_hosts.add_vhost, virtual_hosts.delete_vhost
+        self.set_policy = virtual_hosts.set_policy
+        self.check_exchange_declare = exchanges.check_exchange_declare
+        self.declare_exchange, self.agree_exchange = exchanges.declare_exchange, exchanges.agree_exchange
+        self.delete_exchange = exchanges.delete_exchange
+        self.bind, self.unbind = bindings.bind, bindings.unbind
+        self.add_binding, self.remove_binding = bindings.add_binding, bindings.remove_binding
+        self.all_bindings = bindings.all
+        self.check_queue_declare = queues.check_queue_declare
+        self.declare_queue, self.agree_queue = queues.declare_queue, queues.agree_queue
+        self.find_queue, self.add_remote_queue = queues.find_queue, queues.add_remote_queue
+        self.attach, self.next_index_id = storage.attach, queues.next_index_id
+        self.consumable, self.consume = queues.consumable, queues.consume
+        self.check_consumer_exclusivity = queues.check_consumer_exclusivity
+        self.remove_consumer, self.connection_closed = queues.remove_consumer, queues.connection_closed
+        self.delete_queue, self.replace_queue = queues.delete_queue, queues.replace_queue
+        self.all_queues = queues.all_queues
+        self.route = router.route
+        self.publish, self.check_publish = messages.publish, messages.check_publish
+        self.check_message, self.check_topic_write = messages.check_message, messages.check_topic_write
+        self.get_local, self.get_anywhere, self.peek = messages.get_local, messages.get_anywhere, messages.peek
+        self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere
+        self.settle, self.settle_taken, self.nack_taken = messages.settle, messages.settle_taken, messages.nack_taken
+        self.move_messages = messages.move_messages
+        # what a queue asks of its host (queue.QueueHost), for the queues made outside ``Queues`` (forwarder.quorum)
+        self.dead_letter, self.expire_queue, self.load_body = queues.dead_letter, queues.expire_queue, queues.load_body
+
+        Recovery(self.store, self.access, virtual_hosts, queues, self.persistence, self.policies).run()
         self.delayed.start()
 
+    def links_changed(self) -> None:
+        """A runtime parameter was set or cleared here: the shovels and federation links look again now."""
+        for runner in (self.shovels, self.federation):
+            if runner is not None:
+                runner.changed()
+
+    @property
+    def cluster(self) -> ClusterHooks | None:
+        """What the cluster (the forwarder) is to this node in cluster mode, which sets it; None otherwise."""
+        return self.definitions.cluster
+
+    @cluster.setter
+    def cluster(self, cluster: ClusterHooks | None) -> None:
+        self.definitions.cluster = cluster
+
     def close(self) -> None:
-        for queue in self.all_queues():
-            if queue.persistence is not None:
-                self._save_offsets(queue)
+        self.queues.close()
         self.pager.close()
         self.persistence.close()
         self.delayed.close()

@@ -1,5 +1,8 @@
 """Bindings (RabbitMQ's rabbit_binding): bind and unbind with their permission checks, their definitions, and
 the bindings a queue or exchange that is gone leaves behind.
+
+An auto-delete exchange goes with its last binding, and an exchange that goes takes its bindings with it: both
+ends of that are here (``remove_exchange``), so that exchanges depend on bindings and not the other way too.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from ..auth import Principal
 from ..queue import Queue
 from ..records import BindingRecord
 from ..vhost import VHost
-from .core import BrokerCore, storable
+from ..records import ExchangeRecord
+from .core import Definitions, check_exclusive, storable
 
 if TYPE_CHECKING:
     from ..ports import ExclusiveOwner
@@ -30,8 +34,11 @@ def _exclusive(destination: Queue | Exchange) -> bool:
     return isinstance(destination, Queue) and destination.exclusive
 
 
-class Bindings(BrokerCore):
-    """The broker's binding operations."""
+class Bindings:
+    """The broker's binding operations, and the bindings' side of an exchange's or queue's going."""
+
+    def __init__(self, definitions: Definitions) -> None:
+        self.definitions = definitions
 
     def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str,
              arguments: dict[str, Any] | None = None, owner: "ExclusiveOwner[Queue] | None" = None,
@@ -44,7 +51,7 @@ class Bindings(BrokerCore):
         target: Queue | Exchange
         if kind == "queue":
             target = queue = vhost.queue(destination)
-            self.check_exclusive(queue, owner)
+            check_exclusive(queue, owner)
         else:
             target = vhost.exchange(destination)
         self.add_binding(vhost, source, target, routing_key, arguments, who)
@@ -59,7 +66,7 @@ class Bindings(BrokerCore):
         if kind == "queue":
             target = queue = vhost.queues.get(destination)
             if queue is not None:
-                self.check_exclusive(queue, owner)
+                check_exclusive(queue, owner)
         else:
             target = vhost.exchanges.get(destination)
         if target is not None:
@@ -98,8 +105,9 @@ class Bindings(BrokerCore):
             durable = exchange.durable and destination.durable
             try:
                 if durable:
-                    self.check_room("binding", arguments, who)
-                self._define(_binding(vhost, source, destination, routing_key, arguments, time.time_ns()), durable)
+                    self.definitions.check_room("binding", arguments, who)
+                record = _binding(vhost, source, destination, routing_key, arguments, time.time_ns())
+                self.definitions.define(record, durable)
             except Exception:
                 exchange.unbind(destination, routing_key, arguments or {})
                 raise
@@ -115,7 +123,7 @@ class Bindings(BrokerCore):
             return  # nothing to unbind is no error, as in RabbitMQ
         vhost.unbound(exchange, destination)
         self._forget_binding(vhost, source, destination, routing_key, arguments)
-        self._auto_delete_exchange(vhost, exchange)
+        self._auto_delete(vhost, exchange)
 
     @staticmethod
     def _bindable(vhost: VHost, source: str) -> Exchange:
@@ -126,18 +134,35 @@ class Bindings(BrokerCore):
     def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
         if not _exclusive(destination):
-            self._undefine(_binding(vhost, source, destination, routing_key, arguments), destination.durable)
+            record = _binding(vhost, source, destination, routing_key, arguments)
+            self.definitions.undefine(record, destination.durable)
 
-    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
+    def drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""
         for exchange in list(vhost.sources.get(destination, ())):
-            removed = exchange.remove_destination(destination)
-            vhost.unbound(exchange, destination, len(removed))
-            for binding in removed:
-                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
-            self._auto_delete_exchange(vhost, exchange)
+            self._unbind_all(vhost, exchange, destination)
+            self._auto_delete(vhost, exchange)
 
-    def bindings(self, vhost: VHost) -> Iterable[tuple[str, Queue | Exchange, str, dict]]:
+    def remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
+        """An exchange goes (deleted, auto-deleted, its vhost deleted), with its bindings and its definition."""
+        del vhost.exchanges[exchange.name]
+        for destination in cast("list[Queue | Exchange]", exchange.destinations()):  # (what the broker binds)
+            self._unbind_all(vhost, exchange, destination)
+        self.drop_destination(vhost, exchange)
+        self.definitions.undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
+
+    def _unbind_all(self, vhost: VHost, exchange: Exchange, destination: Queue | Exchange) -> None:
+        removed = exchange.remove_destination(destination)
+        vhost.unbound(exchange, destination, len(removed))
+        for binding in removed:
+            self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
+
+    def _auto_delete(self, vhost: VHost, exchange: Exchange) -> None:
+        """An auto-delete exchange goes once it has no binding left."""
+        if exchange.auto_delete and not exchange.has_bindings and vhost.exchanges.get(exchange.name) is exchange:
+            self.remove_exchange(vhost, exchange)
+
+    def all(self, vhost: VHost) -> Iterable[tuple[str, Queue | Exchange, str, dict]]:
         """(source, destination, routing key, arguments) of every binding, the default exchange's included."""
         for queue in vhost.queues.values():
             yield "", queue, queue.name, {}

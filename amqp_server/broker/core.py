@@ -1,32 +1,21 @@
-"""What the parts of the broker share, which :class:`broker.Broker` puts together: its state, the definitions it
-makes durable and the cluster's, what the cluster is to it (``ClusterHooks``), the checks every part makes, and
-the operations the parts call on one another.
+"""What the broker's services share: the definitions they make durable and the cluster's (``Definitions``), what
+the cluster is to them (``ClusterHooks``), and the checks every service makes.
 """
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Protocol
-
-from exchanges import Exchange
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from .. import errors, field_types, queue_args
-from ..auth import AccessControl, AuthAttempts, Principal
+from ..auth import Principal
 from ..definitions import DefinitionStore, StoreFull
-from ..delayed import DelayedMessages, Publisher
-from ..direct_reply import ReplyConsumers
 from ..errors import ChannelError, resource_name
-from ..limits import Limits
 from ..message import Message
-from ..paging import Pager
-from ..persistence import Persistence
-from ..policy import Policies
-from ..queue import Entry, Queue
+from ..queue import Queue
 from ..records import Record
-from ..stats import ChurnStats, MessageStats
-from ..vhost import VHost
 
 if TYPE_CHECKING:
-    from ..ports import ClientRegistry, ConfirmSink, ExclusiveOwner
+    from ..ports import ConfirmSink, ExclusiveOwner
 
 
 class QuorumHooks(Protocol):
@@ -145,35 +134,34 @@ def shown_arg(value: Any) -> str:
     return f"the value '{shown(value)}' of type '{field_types.name(value)}'"
 
 
-class BrokerCore:
-    """The broker's state, which :class:`Broker` sets up, and what every part of it uses: definitions kept durable
-    and (cluster mode) made the cluster's, and the exclusive-queue lock every operation on a queue checks."""
+def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
+    """Another connection's exclusive queue is locked (405) to every operation on it."""
+    if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+        raise exclusive_locked(queue)
 
-    data_dir: str
-    node_name: str
-    queue_window: int
-    persistence: Persistence
-    pager: Pager
-    store: DefinitionStore
-    access: AccessControl
-    limits: Limits
-    auth_attempts: AuthAttempts
-    policies: Policies
-    replies: ReplyConsumers  # amq.rabbitmq.reply-to consumers
-    vhosts: dict[str, VHost]
-    clients: ClientRegistry | None  # the node's connections (none in a broker used in-process)
-    churn: ChurnStats
-    _vhost_stats: dict[str, MessageStats]
-    cluster: ClusterHooks | None  # set by the forwarder in cluster mode
-    delayed: DelayedMessages
 
-    def _define(self, record: Record, durable: bool) -> None:
+class Definitions:
+    """Definitions made here (exchanges, queues, bindings): kept in LMDB if durable and, in cluster mode, made the
+    cluster's.  The cluster (the forwarder) joins after the broker is built, so the services that make
+    definitions reach it here (``cluster``) rather than being handed it."""
+
+    def __init__(self, store: DefinitionStore) -> None:
+        self.store = store
+        self.cluster: ClusterHooks | None = None  # set by the forwarder in cluster mode
+
+    def define(self, record: Record, durable: bool) -> None:
         """A definition made here: kept in LMDB if durable, and (cluster mode) made the cluster's."""
         raw = record.to_json()
         if durable:
             self.store.put(record.kind, record.key, raw)
         if self.cluster is not None:
             self.cluster.defined(record.kind, record.key, raw)
+
+    def undefine(self, record: Record, durable: bool) -> None:
+        if durable:
+            self.store.delete(record.kind, record.key)
+        if self.cluster is not None:
+            self.cluster.undefined(record.kind, record.key)
 
     def check_room(self, what: str, arguments: Any, who: Principal | None) -> None:
         """A client's new durable definition is refused (406) before anything is made when it would take the
@@ -186,78 +174,8 @@ class BrokerCore:
         except StoreFull as exc:
             raise errors.precondition_failed(f"cannot declare {what}: {exc}") from None
 
-    def _undefine(self, record: Record, durable: bool) -> None:
-        if durable:
-            self.store.delete(record.kind, record.key)
-        if self.cluster is not None:
-            self.cluster.undefined(record.kind, record.key)
-
     async def agreed(self) -> None:
         """Cluster mode: the definition changes made on this node so far are the cluster's (in etcd), so that a
         change answered to a client survives this node's crash, as RabbitMQ answers once Mnesia has it."""
         if self.cluster is not None:
             await self.cluster.written()
-
-    @staticmethod
-    def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise exclusive_locked(queue)
-
-
-    # -- what the parts call on one another (each defined by its part) -------------------------
-
-    def vhost(self, name: str) -> VHost:
-        """The vhost (``vhosts.py``)."""
-        raise NotImplementedError
-
-    def attach(self, queue: Queue, durable: bool) -> None:
-        """A queue of this node gets its storage (``queues.py``)."""
-        raise NotImplementedError
-
-    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
-        """A queue goes, with its bindings and definition (``queues.py``)."""
-        raise NotImplementedError
-
-    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        """An exchange goes, with its bindings and definition (``exchanges.py``)."""
-        raise NotImplementedError
-
-    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        """An auto-delete exchange goes once it has no binding left (``exchanges.py``)."""
-        raise NotImplementedError
-
-    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
-                        arguments: dict[str, Any] | None) -> None:
-        """A binding's definition goes (``bindings.py``)."""
-        raise NotImplementedError
-
-    def _drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
-        """Every binding to a queue or exchange that is gone goes (``bindings.py``)."""
-        raise NotImplementedError
-
-    def route(self, vhost: VHost, exchange: Exchange, message: Message,
-              publisher: Publisher | None = None) -> Collection[Destination]:
-        """The queues a message goes to (``routing.py``)."""
-        raise NotImplementedError
-
-    # a queue's host (queue.QueueHost): the parts that make queues hand them the broker
-
-    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
-        """Entries that left ``queue`` for good go to its dead-letter exchange (``dead_letters.py``)."""
-        raise NotImplementedError
-
-    def expire_queue(self, queue: Queue) -> None:
-        """x-expires: the queue went unused for its whole lifetime setting (``queues.py``)."""
-        raise NotImplementedError
-
-    def load_body(self, message: Message) -> None:
-        """Bring back the body of a message that was recovered or paged out (``messages.py``)."""
-        raise NotImplementedError
-
-    def all_queues(self) -> Iterable[Queue]:
-        """Every queue of every vhost (``queues.py``)."""
-        raise NotImplementedError
-
-    def _save_offsets(self, queue: Queue) -> None:
-        """A durable queue's offsets, kept across restarts (``spark_bridge/commit.py``)."""
-        raise NotImplementedError

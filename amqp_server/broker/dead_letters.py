@@ -10,13 +10,18 @@ from exchanges import DEFERRED
 from ..dead_letter import cycle_detected, dead_letter_message
 from ..logs import untrusted
 from ..queue import Entry, Queue
-from .core import BrokerCore
+from ..vhost import VHost
+from .routing import Router
 
 log = logging.getLogger("warren.broker")
 
 
-class DeadLetters(BrokerCore):
+class DeadLetters:
     """Dead-lettering, for the queues (``queue.QueueHost``)."""
+
+    def __init__(self, vhosts: dict[str, VHost], router: Router) -> None:
+        self.vhosts = vhosts
+        self.router = router
 
     def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
         """Republish entries that left ``queue`` for good to its dead-letter exchange; returns those no queue
@@ -35,7 +40,7 @@ class DeadLetters(BrokerCore):
                 log.error("dead letter from queue %s in vhost %s dropped: %s", untrusted(queue.name),
                           untrusted(queue.vhost), untrusted(exc))
                 continue
-            routed = self.route(vhost, exchange, message)
+            routed = self.router.route(vhost, exchange, message)
             if routed is DEFERRED:  # a delayed exchange holds it
                 continue
             targets = [target for target in routed if not cycle_detected(message, target.name)]

@@ -1,9 +1,10 @@
-"""Exchanges (RabbitMQ's rabbit_exchange): declare, with its permission checks and equivalence; delete, with the
-bindings it had; and an auto-delete exchange's going with its last binding.  Routing is ``routing.py``'s.
+"""Exchanges (RabbitMQ's rabbit_exchange): declare, with its permission checks and equivalence, and delete; the
+bindings an exchange takes with it are ``bindings.py``'s, as is an auto-delete exchange's going with its last
+binding.  Routing is ``routing.py``'s.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from exchanges import Exchange, exchange_class
 
@@ -12,14 +13,18 @@ from ..auth import Principal
 from ..errors import ConnectionError, resource_name
 from ..records import ExchangeRecord
 from ..vhost import VHost
-from .core import BrokerCore, shown, storable
+from ..policy import Policies
+from .bindings import Bindings
+from .core import Definitions, shown, storable
 
-if TYPE_CHECKING:
-    from ..queue import Queue
 
-
-class Exchanges(BrokerCore):
+class Exchanges:
     """The broker's exchange operations."""
+
+    def __init__(self, bindings: Bindings, definitions: Definitions, policies: Policies) -> None:
+        self.bindings = bindings
+        self.definitions = definitions
+        self.policies = policies
 
     @staticmethod
     def check_exchange_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
@@ -79,9 +84,9 @@ class Exchanges(BrokerCore):
         except ValueError as exc:
             raise errors.precondition_failed(str(exc)) from None
         if durable:
-            self.check_room(what, arguments, who)
-        self._define(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {}),
-                     durable)  # kept first: a write that fails leaves nothing behind
+            self.definitions.check_room(what, arguments, who)
+        record = ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal, arguments or {})
+        self.definitions.define(record, durable)  # kept first: a write that fails leaves nothing behind
         vhost.exchanges[name] = exchange
         self.policies.apply_to_exchange(vhost.name, exchange)
         return exchange
@@ -91,14 +96,15 @@ class Exchanges(BrokerCore):
                              arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
         """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
         self.check_exchange_declare(vhost, name, arguments, who)
-        if (self.cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
+        cluster = self.definitions.cluster
+        if (cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
                 and exchange_class(type_name) is not None):
             what = resource_name("exchange", name, vhost.name)
             storable(arguments, what)
             if durable:
-                self.check_room(what, arguments, who)
-            await self.cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
-                                                    dict(arguments or {})))
+                self.definitions.check_room(what, arguments, who)
+            await cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
+                                               dict(arguments or {})))
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False, who: Principal | None = None) -> None:
         """exchange.delete for ``who``: the default and amq.* exchanges are refused first, then permission
@@ -114,18 +120,4 @@ class Exchanges(BrokerCore):
             return  # idempotent, as RabbitMQ
         if if_unused and exchange.has_bindings:
             raise errors.precondition_failed(f"{resource_name('exchange', name, vhost.name)} in use")
-        self._remove_exchange(vhost, exchange)
-
-    def _remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        del vhost.exchanges[exchange.name]
-        for destination in cast("list[Queue | Exchange]", exchange.destinations()):  # (what the broker binds)
-            removed = exchange.remove_destination(destination)
-            vhost.unbound(exchange, destination, len(removed))
-            for binding in removed:
-                self._forget_binding(vhost, exchange.name, destination, binding.routing_key, binding.args_dict())
-        self._drop_destination(vhost, exchange)
-        self._undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
-
-    def _auto_delete_exchange(self, vhost: VHost, exchange: Exchange) -> None:
-        if exchange.auto_delete and not exchange.has_bindings and vhost.exchanges.get(exchange.name) is exchange:
-            self._remove_exchange(vhost, exchange)
+        self.bindings.remove_exchange(vhost, exchange)

@@ -14,18 +14,18 @@ from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
 from ..queue import Consumer, Entry, Queue
 from ..vhost import VHost
-from .core import BrokerCore
+from .core import check_exclusive
+from .routing import Router
 
 if TYPE_CHECKING:
     from ..ports import ConfirmSink, ExclusiveOwner
 
 
-class Messages(BrokerCore):
+class Messages:
     """The broker's operations on messages."""
 
-    def load_body(self, message: Message) -> None:
-        """Bring back the body of a message that was recovered or paged out."""
-        self.pager.load_body(message)
+    def __init__(self, router: Router) -> None:
+        self._route = router.route  # (once: publish's hot path)
 
     def purge_local(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> int:
@@ -33,7 +33,7 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return queue.purge()
 
     def publish(self, vhost: VHost, exchange: Exchange, message: Message,
@@ -45,7 +45,7 @@ class Messages(BrokerCore):
         A queue whose home node is down takes nothing (enqueue answers None): routed only to such
         queues, the message is unroutable.
         """
-        queues = self.route(vhost, exchange, message, publisher)
+        queues = self._route(vhost, exchange, message, publisher)
         exchange.publish_in += 1
         if queues:
             exchange.publish_out += 1
@@ -104,7 +104,7 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return queue, queue.get(no_ack)
 
     async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
@@ -113,7 +113,7 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
     def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None,
@@ -122,7 +122,7 @@ class Messages(BrokerCore):
         ``who`` (read); another connection's exclusive queue is locked, as it is to basic.get."""
         if who is not None:
             who.check("read", "queue", queue.vhost, queue.name)
-        self.check_exclusive(queue, None)
+        check_exclusive(queue, None)
         return queue.peek(offset, count, after)
 
     async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
@@ -131,7 +131,7 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return await queue.purged()
 
     @staticmethod
@@ -189,8 +189,8 @@ class Messages(BrokerCore):
         if who is not None:
             who.check("read", "queue", source.vhost, source.name)
             who.check("write", "queue", destination.vhost, destination.name)
-        self.check_exclusive(source, None)
-        self.check_exclusive(destination, None)
+        check_exclusive(source, None)
+        check_exclusive(destination, None)
         if source is destination:
             raise errors.precondition_failed("source and destination are the same queue")
         moved = 0

@@ -1,21 +1,31 @@
 """Queues as the broker holds them (RabbitMQ's rabbit_amqqueue): declare, with its permission checks and
 equivalence, find, consume from, delete; exclusive and auto-delete queues going with their owner or last
-consumer.  One queue's messages are ``queue.py``'s.
+consumer; and what a queue asks of the broker that holds it (``queue.QueueHost``).  One queue's messages are
+``queue.py``'s.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .. import codec, errors, queue_types
-from ..auth import Principal
+from ..auth import AccessControl, Principal
+from ..definitions import DefinitionStore
 from ..errors import resource_name
+from ..limits import Limits
 from ..logs import untrusted
+from ..message import Message
+from ..paging import Pager
+from ..persistence import Persistence
+from ..policy import Policies
 from ..queue import Consumer, Entry, Queue
 from ..queue_type import PAGING
 from ..records import QueueRecord, name_key
+from ..stats import ChurnStats
 from ..vhost import VHost, home_node_down
-from .core import BrokerCore, exclusive_locked, shown, shown_arg, storable
+from .bindings import Bindings
+from .core import Definitions, check_exclusive, exclusive_locked, shown, shown_arg, storable
+from .dead_letters import DeadLetters
 
 if TYPE_CHECKING:
     from ..ports import DeliveryTarget, ExclusiveOwner
@@ -30,8 +40,46 @@ EQUIVALENT_QUEUE_ARGS = (
 )
 
 
-class Queues(BrokerCore):
-    """The broker's queue operations."""
+class Storage:
+    """Where this node's queues keep their messages: the pager, the persistent store for durable queues, and
+    how much of a durable queue stays in memory."""
+
+    def __init__(self, node_name: str, pager: Pager, persistence: Persistence, queue_window: int) -> None:
+        self.node_name = node_name
+        self.pager = pager
+        self.persistence = persistence
+        self.queue_window = queue_window
+
+    def attach(self, queue: Queue, durable: bool) -> None:
+        """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
+        bounded window in memory (a transient queue pages only when memory runs short)."""
+        queue.pager = self.pager
+        queue.type.attached(queue, self.node_name)
+        if durable:
+            queue.persistence = self.persistence
+            if PAGING in queue.type.capabilities:
+                queue.window = self.queue_window
+
+
+class Queues:
+    """The broker's queue operations, and the host of the queues it makes (``queue.QueueHost``): their dead
+    letters, their expiry, the bodies they page back in."""
+
+    def __init__(self, vhosts: dict[str, VHost], storage: Storage, definitions: Definitions, bindings: Bindings,
+                 dead_letters: DeadLetters, policies: Policies, access: AccessControl, limits: Limits,
+                 churn: ChurnStats) -> None:
+        self.vhosts = vhosts
+        self.storage = storage
+        self.definitions = definitions
+        self.store: DefinitionStore = definitions.store
+        self.bindings = bindings
+        self.policies = policies
+        self.access = access
+        self.limits = limits
+        self.churn = churn
+        self.node_name = storage.node_name
+        self.dead_letter = dead_letters.dead_letter
+        self.load_body: Callable[[Message], None] = storage.pager.load_body
 
     @staticmethod
     def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
@@ -61,14 +109,14 @@ class Queues(BrokerCore):
         if passive:
             if existing is None:
                 raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
-            self.check_exclusive(existing, owner)
+            check_exclusive(existing, owner)
             existing.touch()  # any redeclare, passive too, renews the x-expires lease (rabbit_amqqueue_process stat)
             return existing
         if name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         arguments = self._typed(vhost, arguments, durable, exclusive, auto_delete)
         if existing is not None:
-            self.check_exclusive(existing, owner)
+            check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
                 raise exclusive_locked(existing)
             what = resource_name("queue", name, vhost.name)
@@ -93,31 +141,22 @@ class Queues(BrokerCore):
         what = resource_name("queue", name, vhost.name)
         storable(arguments, what, queue=True)
         if durable and not exclusive:
-            self.check_room(what, arguments, who)
+            self.definitions.check_room(what, arguments, who)
         kind, args = queue_types.declared(arguments, name, vhost.name)
         kind.check_properties(name, vhost.name, durable, exclusive, auto_delete)
         queue = kind.new(name, vhost.name, durable, owner if exclusive else None, auto_delete, arguments, args, self)
         if durable and not exclusive:
             queue.index_id = self.next_index_id()
         if not exclusive:  # kept first: a write that fails leaves nothing behind
-            self._define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id), durable)
+            record = QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id)
+            self.definitions.define(record, durable)
         vhost.queues[name] = queue
         self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
         if owner is not None and exclusive:
             owner.exclusive_queues.add(queue)
-        self.attach(queue, durable and not exclusive)
+        self.storage.attach(queue, durable and not exclusive)
         return queue
-
-    def attach(self, queue: Queue, durable: bool) -> None:
-        """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
-        bounded window in memory (a transient queue pages only when memory runs short)."""
-        queue.pager = self.pager
-        queue.type.attached(queue, self.node_name)
-        if durable:
-            queue.persistence = self.persistence
-            if PAGING in queue.type.capabilities:
-                queue.window = self.queue_window
 
     def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
         """A queue of another node joins the vhost as its proxy; the policies shown here are this vhost's
@@ -135,12 +174,13 @@ class Queues(BrokerCore):
         self.check_queue_declare(vhost, name, arguments, who)
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
-        if self.cluster is not None and not exclusive and name not in vhost.queues:
+        cluster = self.definitions.cluster
+        if cluster is not None and not exclusive and name not in vhost.queues:
             what = resource_name("queue", name, vhost.name)
             storable(arguments, what, queue=True)
             if durable:
-                self.check_room(what, arguments, who)
-            await self.cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
+                self.definitions.check_room(what, arguments, who)
+            await cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
                                                  self._typed(vhost, arguments, durable, exclusive, auto_delete)))
 
     def _typed(self, vhost: VHost, arguments: dict[str, Any] | None, durable: bool, exclusive: bool,
@@ -154,8 +194,9 @@ class Queues(BrokerCore):
 
     async def find_queue(self, vhost: VHost, name: str) -> None:
         """Cluster mode: a queue unknown here may have just been declared elsewhere; if so, it is here after."""
-        if self.cluster is not None and name not in vhost.queues:
-            await self.cluster.look_up(QueueRecord.kind, name_key(vhost.name, name))
+        cluster = self.definitions.cluster
+        if cluster is not None and name not in vhost.queues:
+            await cluster.look_up(QueueRecord.kind, name_key(vhost.name, name))
 
     def next_index_id(self) -> int:
         """Queue index ids are never reused, so a deleted queue's leftovers can't join a new one."""
@@ -170,7 +211,7 @@ class Queues(BrokerCore):
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         return queue
 
     def consume(self, queue: Queue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool, exclusive: bool,
@@ -201,23 +242,25 @@ class Queues(BrokerCore):
         queue = vhost.queues.get(name)
         if queue is None:
             return 0  # idempotent, as RabbitMQ
-        self.check_exclusive(queue, owner)
+        check_exclusive(queue, owner)
         what = resource_name("queue", name, vhost.name)
         if if_unused and queue.consumers:
             raise errors.precondition_failed(f"{what} in use")
         if if_empty and queue.message_count:
             raise errors.precondition_failed(f"{what} not empty")
         count = queue.message_count
-        self._remove_queue(vhost, queue)
+        self.remove(vhost, queue)
         return count
 
-    def _remove_queue(self, vhost: VHost, queue: Queue) -> None:
+    def remove(self, vhost: VHost, queue: Queue) -> None:
+        """A queue goes (deleted, expired, its owner or last consumer gone, its vhost deleted), with its bindings
+        and its definition."""
         if vhost.queues.get(queue.name) is not queue:
             return
         del vhost.queues[queue.name]
         self.churn.queue_deleted += 1
         queue.deleted = True
-        self._drop_destination(vhost, queue)
+        self.bindings.drop_destination(vhost, queue)
         for consumer in list(queue.consumers):
             consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
@@ -225,9 +268,19 @@ class Queues(BrokerCore):
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         else:
-            self._undefine(QueueRecord(vhost.name, queue.name), queue.durable)
+            self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
         if queue.durable:
             self.store.delete("queue_offsets", str(queue.index_id))
+
+    def save_offsets(self, queue: Queue) -> None:
+        """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""
+        self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
+
+    def close(self) -> None:
+        """The node stops: every durable queue's offsets are saved."""
+        for queue in self.all_queues():
+            if queue.persistence is not None:
+                self.save_offsets(queue)
 
     def all_queues(self) -> Iterable[Queue]:
         for vhost in self.vhosts.values():
@@ -239,20 +292,20 @@ class Queues(BrokerCore):
         if vhost is not None:
             log.info("queue %s in vhost %s expired (unused for %d ms)", untrusted(queue.name), untrusted(vhost.name),
                      queue.args.expires)
-            self._remove_queue(vhost, queue)
+            self.remove(vhost, queue)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         """A consumer leaves its queue (cancelled, channel or link closed); auto-delete queues go with the last."""
         queue = consumer.queue
         queue.remove_consumer(consumer)
         if queue.unused_auto_delete and not queue.deleted:
-            self._remove_queue(self.vhosts[queue.vhost], queue)
+            self.remove(self.vhosts[queue.vhost], queue)
 
     def connection_closed(self, connection: "ExclusiveOwner[Queue]") -> None:
         """Its exclusive queues go with it."""
         self.churn.connection_closed += 1
         for queue in list(connection.exclusive_queues):
-            self._remove_queue(self.vhosts[queue.vhost], queue)
+            self.remove(self.vhosts[queue.vhost], queue)
 
     def replace_queue(self, vhost: VHost, old: Queue, new: Queue) -> None:
         """Another object stands for the same queue from now on (a replicated queue's leader moved): its

@@ -9,26 +9,41 @@ from typing import Iterator, TypeVar
 from exchanges import exchange_class
 
 from .. import field_types, queue_types
+from ..auth import AccessControl
+from ..definitions import DefinitionStore
 from ..errors import ChannelError
 from ..logs import untrusted
+from ..persistence import Persistence
+from ..policy import Policies
 from ..queue import Queue
 from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record
-from .core import BrokerCore
+from .queues import Queues
+from .vhosts import VHosts
 
 log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
 
 
-class Recovery(BrokerCore):
+class Recovery:
     """The start-up of a broker on its data directory."""
+
+    def __init__(self, store: DefinitionStore, access: AccessControl, virtual_hosts: VHosts, queues: Queues,
+                 persistence: Persistence, policies: Policies) -> None:
+        self.store = store
+        self.access = access
+        self.virtual_hosts = virtual_hosts
+        self.vhosts = virtual_hosts.vhosts
+        self.queues = queues
+        self.persistence = persistence
+        self.policies = policies
 
     def _stored(self, cls: type[R]) -> Iterator[R]:
         for _, raw in self.store.items(cls.kind):
             yield cls.from_json(raw)
 
-    def _recover_definitions(self) -> None:
+    def run(self) -> None:
         for name in self.access.vhosts():
-            self.vhost(name)
+            self.virtual_hosts.vhost(name)
         for exchange_record in self._stored(ExchangeRecord):
             vhost = self.vhosts.get(exchange_record.vhost)
             cls = exchange_class(exchange_record.type)
@@ -56,13 +71,13 @@ class Recovery(BrokerCore):
                 arguments = {}
                 kind, args = queue_types.declared(arguments, record.name, vhost.name)
             queue = vhost.queues[record.name] = kind.new(record.name, vhost.name, True, None, record.auto_delete,
-                                                         arguments, args, self)
+                                                         arguments, args, self.queues)
             queue.index_id = record.index_id
-            self.attach(queue, True)
+            self.queues.storage.attach(queue, True)
             durable.append(queue)
         # a cluster's replicated queues keep copies here too (forwarder.quorum): not orphans
         self.persistence.recover(durable, {saved["index_id"] for _, saved in self.store.items("replica")})
-        for queue in durable:  # offsets never go back across restarts (see commit_offset)
+        for queue in durable:  # offsets never go back across restarts (see Queues.save_offsets)
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])

@@ -8,15 +8,21 @@ from typing import Collection, cast
 from exchanges import DEFERRED, Exchange
 
 from .. import sender_selected
-from ..delayed import Publisher
+from ..delayed import DelayedMessages, Publisher
+from ..direct_reply import ReplyConsumers
 from ..message import Message
 from ..queue import Queue
 from ..vhost import VHost
-from .core import BrokerCore, Destination
+from .core import Destination
 
 
-class Router(BrokerCore):
-    """Routing, for publish, dead letters and delayed messages."""
+class Router:
+    """Routing, for publish, dead letters and delayed messages: to queues, direct reply-to consumers
+    (``replies``) and delayed exchanges (``delayed``)."""
+
+    def __init__(self, replies: ReplyConsumers, delayed: DelayedMessages) -> None:
+        self.replies = replies
+        self.delayed = delayed
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message,
               publisher: Publisher | None = None) -> Collection[Destination]:

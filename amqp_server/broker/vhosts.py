@@ -3,25 +3,44 @@ policies set on them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ..auth import Principal
+from ..auth import AccessControl, Principal
+from ..definitions import DefinitionStore
 from ..errors import ConnectionError
-from ..policy import Policy
+from ..policy import Policies, Policy
 from ..stats import MessageStats
 from ..vhost import VHost
-from .core import BrokerCore
+from .bindings import Bindings
+from .core import Definitions
+from .queues import Queues
+
+if TYPE_CHECKING:
+    from ..ports import ClientRegistry
 
 
-class VHosts(BrokerCore):
-    """The broker's vhost operations."""
+class VHosts:
+    """The broker's vhost operations, on the vhosts in memory (``vhosts``, which every service shares)."""
+
+    def __init__(self, vhosts: dict[str, VHost], access: AccessControl, policies: Policies,
+                 definitions: Definitions, bindings: Bindings, queues: Queues,
+                 clients: ClientRegistry | None) -> None:
+        self.vhosts = vhosts
+        self.access = access
+        self.policies = policies
+        self.definitions = definitions
+        self.store: DefinitionStore = definitions.store
+        self.bindings = bindings
+        self.queues = queues
+        self.clients = clients  # the node's connections (none in a broker used in-process)
+        self._stats: dict[str, MessageStats] = {}
 
     def vhost_stats(self, name: str) -> MessageStats:
         """Counters of one vhost (kept across vhost objects being recreated)."""
-        stats = self._vhost_stats.get(name)
+        stats = self._stats.get(name)
         if stats is None:
-            stats = self._vhost_stats[name] = MessageStats()
+            stats = self._stats[name] = MessageStats()
         return stats
 
     def vhost(self, name: str) -> VHost:
@@ -42,7 +61,7 @@ class VHosts(BrokerCore):
                 target = policy.definition.get(key)
                 if isinstance(target, str):
                     who.check("write", "exchange", policy.vhost, target)
-        self.check_room(f"policy '{policy.name}' in vhost '{policy.vhost}'", policy.definition, who)
+        self.definitions.check_room(f"policy '{policy.name}' in vhost '{policy.vhost}'", policy.definition, who)
         self.policies.put(kind, policy, self.vhost(policy.vhost))
 
     def add_vhost(self, name: str, **metadata: Any) -> VHost:
@@ -54,10 +73,10 @@ class VHosts(BrokerCore):
         vhost = self.vhosts.pop(name, None)
         if vhost is not None:
             for queue in list(vhost.queues.values()):
-                self._remove_queue(vhost, queue)
+                self.queues.remove(vhost, queue)
             for exchange in list(vhost.exchanges.values()):  # one by one: a cluster forgets them too
                 if exchange.name and not exchange.name.startswith("amq.") and exchange.name in vhost.exchanges:
-                    self._remove_exchange(vhost, exchange)
+                    self.bindings.remove_exchange(vhost, exchange)
             if self.clients is not None:
                 self.clients.close_vhost(name, f"vhost '{name}' is deleted")
         for kind in ("exchange", "queue", "binding"):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..queue_type import ARGUMENT_WINS, LOWER_WINS, NACK, PAGING, REPLICATED, HttpView, QueueType
+from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
+                          QueueType)
 from ..quorum_queue import QuorumQueue
+from ..ready import Entry
+from ..ready_list import ReadyList, ReadyOwner
 from .classic import byte_fields, memory_fields
 
 
@@ -18,8 +21,13 @@ class Quorum(QueueType):
     consumer_arguments = ("x-priority",)
     policy_lower_wins = LOWER_WINS + ("delivery-limit",)
     policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
-    capabilities = frozenset({NACK, PAGING, REPLICATED})  # not GLOBAL_QOS, as RabbitMQ 3.10
+    # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
+    capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
     queue_class = QuorumQueue
+
+    def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
+        """A commit's entries on disk leave at once: the op that drops them is carried out as it is applied."""
+        return ReadyList(queue, expiring, drops_later=False)
 
     def attached(self, queue: Any, node: str) -> None:
         queue.members = [node]  # a group of one until the cluster replicates it

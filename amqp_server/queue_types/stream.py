@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import errors
 from ..queue_args import interval_ms
-from ..queue_type import GLOBAL_QOS, LOG, HttpView, QueueType
+from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, QueueType
 from ..stream_queue import StreamQueue
 
 
@@ -24,7 +24,7 @@ class Stream(QueueType):
     # What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
-    capabilities = frozenset({GLOBAL_QOS, LOG})
+    capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
     queue_class = StreamQueue
 
     def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pamqp import commands
 
+from ..links.validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
+                                    number as _number, prefetch_count, proplist, terms as _terms,
+                                    uri as _uri)
 from ..policy import erlang_term
-from . import uri as uri_module
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
 PROTOCOLS = ("amqp091",)
@@ -29,58 +31,12 @@ PUBLISH_PROPERTIES: dict[str, tuple[str, type]] = {
     "app_id": ("app_id", str), "cluster_id": ("cluster_id", str)}
 
 PROPERTY_RANGES = {"delivery_mode": (1, 2), "priority": (0, 255), "timestamp": (0, 2**63 - 1)}
-Check = Callable[[str, Any], "str | None"]
-
-
-def _binary(key: str, value: Any) -> str | None:
-    return None if isinstance(value, str) else f"{key} should be binary, actually was {erlang_term(value)}"
-
-
-def _number(key: str, value: Any) -> str | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return None if ok else f"{key} should be a number, actually was {erlang_term(value)}"
-
-
-def _boolean(key: str, value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"{key} should be boolean, actually was {erlang_term(value)}"
-
-
-def _enum(options: tuple[str, ...]) -> Check:
-    def check(key: str, value: Any) -> str | None:
-        if not isinstance(value, str):
-            return _binary(key, value)
-        if value in options:
-            return None
-        return f"{key} should be one of [{','.join(options)}], actually was {erlang_term(value)}"
-    return check
 
 
 def _delete_after(key: str, value: Any) -> str | None:
     if value in ("never", "queue-length") or (isinstance(value, int) and not isinstance(value, bool)):
         return None
     return f"{key} should be number, \"never\" or \"queue-length\", actually was {erlang_term(value)}"
-
-
-def _uri(key: str, value: Any) -> str | None:
-    values = value if isinstance(value, list) else [value]
-    if isinstance(value, list) and not value:
-        return f"{key} should be list, actually was []"  # (amqp_uri needs one at least)
-    for item in values:
-        if not isinstance(item, str):
-            return _binary(key, item)
-        try:
-            uri_module.parse(item)
-        except uri_module.URIError as exc:
-            return f"\"{item}\" not a valid URI: {exc}"
-    return None
-
-
-def _count(key: str, value: Any) -> str | None:
-    """A prefetch count: a number (RabbitMQ's check), and one basic.qos can carry."""
-    problem = _number(key, value)
-    if problem is None and not 0 <= value <= 65535:
-        return f"{key} should be from 0 to 65535, actually was {erlang_term(value)}"
-    return problem
 
 
 def _queue_args(key: str, value: Any) -> str | None:
@@ -116,8 +72,8 @@ VALIDATION: tuple[tuple[str, Check, bool], ...] = (
     ("src-exchange-key", _binary, False),
     ("src-queue", _binary, False),
     ("src-queue-args", _queue_args, False),
-    ("prefetch-count", _count, False),
-    ("src-prefetch-count", _count, False),
+    ("prefetch-count", prefetch_count, False),
+    ("src-prefetch-count", prefetch_count, False),
     ("delete-after", _delete_after, False),
     ("src-delete-after", _delete_after, False),
     ("dest-uri", _uri, True),
@@ -132,12 +88,6 @@ VALIDATION: tuple[tuple[str, Check, bool], ...] = (
     ("publish-properties", _properties, False),
     ("dest-publish-properties", _properties, False),
 )
-KEYS = frozenset(key for key, _, _ in VALIDATION)
-
-
-def _terms(items: list[tuple[str, Any]]) -> str:
-    return "[" + ",".join(f"{{{erlang_term(k)},{erlang_term(v)}}}" for k, v in items) + "]"
-
 
 def validate(name: str, value: Any) -> list[str]:
     """RabbitMQ's validation errors for a shovel named ``name`` (none: valid)."""
@@ -152,17 +102,7 @@ def validate(name: str, value: Any) -> list[str]:
         errors.append("Cannot specify 'no-ack' and numerical 'delete-after'")
     if "dest-exchange" in value and "dest-queue" in value:
         errors.append("Cannot specify 'dest-exchange' and 'dest-queue'")
-    unknown = [(k, v) for k, v in value.items() if k not in KEYS]
-    if unknown:
-        errors.append(f"Unrecognised terms {_terms(unknown)} in {name}")
-    for key, check, mandatory in VALIDATION:
-        if key in value:
-            problem = check(key, value[key])
-            if problem:
-                errors.append(problem)
-        elif mandatory:
-            errors.append(f"Key \"{key}\" not found in {name}")
-    return errors
+    return errors + proplist(name, VALIDATION, value)
 
 
 def uris(value: Any) -> list[str]:

@@ -1,15 +1,22 @@
-"""The Spark bridge's commit, a broker operation (a part of :class:`~amqp_server.broker.Broker`): it removes a
-queue's ready entries below an offset, and saves the offsets a durable queue keeps across restarts.
+"""The Spark bridge's commit, a service on the broker: it removes a queue's ready entries below an offset.  The
+offsets a durable queue keeps across restarts are the broker's (``Queues.save_offsets``).
 """
 from __future__ import annotations
 
-from ..broker.core import BrokerCore
+from typing import TYPE_CHECKING
+
 from ..paging import paced
 from ..queue import Queue
 
+if TYPE_CHECKING:
+    from ..broker import Broker
 
-class Offsets(BrokerCore):
-    """The Spark bridge's commit and the offsets durable queues keep."""
+
+class Commit:
+    """The Spark bridge's commit on ``broker``'s queues."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.queues = broker.queues
 
     async def commit_offset(self, queue: Queue, offset: int) -> int:
         """Remove the queue's ready entries below ``offset`` (idempotent, monotonic): the Spark bridge's commit.
@@ -24,9 +31,6 @@ class Offsets(BrokerCore):
         counted = queue.committed_drops
         removed = queue.remove_upto(offset)
         if queue.persistence is not None:
-            self._save_offsets(queue)
+            self.queues.save_offsets(queue)
         await paced(queue.count_committed)
         return removed + queue.committed_drops - counted
-
-    def _save_offsets(self, queue: Queue) -> None:
-        self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})

@@ -199,6 +199,12 @@ def _size(buf: bytes, pos: int, width: int) -> tuple[int, int]:
     return unpacker.unpack_from(buf, pos)[0], pos + width
 
 
+def value_at(buf: bytes, pos: int = 0) -> tuple[Value, int]:
+    """The value at ``pos`` of ``buf`` and where it ends, decoded under the same bounds as a record (a frame's
+    performative: ``Invalid`` or ``TooLarge`` for what is not one)."""
+    return _Reading(buf).value(pos)
+
+
 def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
     """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one,
     TooLarge if it holds more values than ``MAX_ITEMS``."""
@@ -225,6 +231,7 @@ def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
 
 # -- AMQP 1.0 -> AMQP 0-9-1 ---------------------------------------------------------------------------------------
 
+AMQP10_TYPE = "amqp-1.0"  # the 0-9-1 type of a message whose body is AMQP 1.0 sections (amqp-value, amqp-sequence)
 CACHED = 4096  # conversions remembered, by the bytes of a record's sections before its body
 
 
@@ -304,9 +311,13 @@ def _timestamp(value: Value | None) -> datetime.datetime | None:
     return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
 
 
-def _convert(found: list[tuple[int, Value, bytes]], stream: str) -> tuple[str, str, bytes, list[bytes]]:
-    """(exchange, routing key, content header, body parts) of a record's sections."""
+def _convert(found: list[tuple[int, Value, bytes]], stream: str,
+             native: bool = False) -> tuple[str, str, bytes, list[bytes]]:
+    """(exchange, routing key, content header, body parts) of a record's sections.  ``native``: a message an
+    AMQP 1.0 client published, converted as RabbitMQ 4.x converts it (mc_amqpl): its header section's durable,
+    priority and ttl become delivery-mode, priority and expiration, and its ``x-`` message annotations headers."""
     props: dict[str, Value] = {}
+    header_fields: list[Value] = []
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
     body: list[bytes] = []
@@ -321,8 +332,25 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str) -> tuple[str, s
             body.append(content.value)
         elif descriptor in (AMQP_VALUE, AMQP_SEQUENCE):
             body.append(encoded)
+        elif descriptor == HEADER and content.kind == "list":
+            header_fields = content.value
     headers: dict[str, header_table.Field] = {}
+    delivery_mode = _int(annotations.get("x-basic-delivery-mode"))
+    priority = _int(annotations.get("x-basic-priority"))
+    expiration = _text(annotations.get("x-basic-expiration"))
+    if native:
+        durable, priority_field, ttl = (header_fields + [Value("null", None)] * 3)[:3]
+        delivery_mode = 2 if durable.value is True else 1
+        priority = _int(priority_field)
+        expiration = str(ttl.value) if ttl.kind == "uint" else None
+        for name, value in annotations.items():
+            converted = _field(value) if name.startswith("x-") and name not in ("x-exchange", "x-routing-key") \
+                else None
+            if converted is not None:
+                headers[name] = converted
     basic_type = application.pop("x-basic-type", None)
+    if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+        basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
     app_id = application.pop("x-basic-app-id", None)
     for name, value in application.items():
         converted = _field(value)
@@ -333,9 +361,8 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str) -> tuple[str, s
     user_id = props.get("user_id")
     basic = commands.Basic.Properties(
         content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
-        delivery_mode=_int(annotations.get("x-basic-delivery-mode")),
-        priority=_int(annotations.get("x-basic-priority")), correlation_id=correlation_id,
-        reply_to=_text(props.get("reply_to")), expiration=_text(annotations.get("x-basic-expiration")),
+        delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
+        reply_to=_text(props.get("reply_to")), expiration=expiration,
         message_id=message_id, timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
         app_id=_text(app_id), user_id=user_id.value.decode("utf-8", "replace")[:255]
         if user_id is not None and user_id.kind == "binary" else _text(user_id))
@@ -374,8 +401,9 @@ class Decoder:
     a record with more values than ``MAX_ITEMS``; ``values`` counts those decoded the slow way (what a caller
     bounds its work by)."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, native: bool = False) -> None:
         self.stream = stream
+        self.native = native  # an AMQP 1.0 client's messages (see _convert)
         self.values = 0
         self.route = encode_route("", stream)
         self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
@@ -431,7 +459,7 @@ class Decoder:
             return None
         if any(descriptor in (DATA, AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
             return None
-        exchange, routing_key, header, _ = _convert(found, self.stream)
+        exchange, routing_key, header, _ = _convert(found, self.stream, self.native)
         if len(self._cache) >= CACHED:
             self._cache.clear()
         route = self.route if (exchange, routing_key) == ("", self.stream) else encode_route(exchange, routing_key)
@@ -441,8 +469,10 @@ class Decoder:
     def _convert(self, record: bytes) -> Message:
         """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
         try:
-            exchange, routing_key, header, body = _convert(self._sections(record), self.stream)
+            exchange, routing_key, header, body = _convert(self._sections(record), self.stream, self.native)
         except Invalid:
+            if self.native:  # an AMQP 1.0 client's transfer is refused, not taken as opaque bytes
+                raise
             return Message("", self.stream, self.route, build_header(commands.Basic.Properties(), len(record)),
                            record)
         data = b"".join(body)
@@ -475,11 +505,13 @@ def _compound(small: int, large: int, items: list[bytes]) -> bytes:
     return bytes((small, len(data) + 1, len(items))) + data
 
 
-def _list(items: list[bytes]) -> bytes:
+def encode_list(items: list[bytes]) -> bytes:
+    """A list of encoded values (the fields of a performative or section)."""
     return _compound(0xC0, 0xD0, items) if items else b"\x45"
 
 
-def _map_of(pairs: list[tuple[bytes, bytes]]) -> bytes:
+def encode_map(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A map of encoded keys and values."""
     return _compound(0xC1, 0xD1, [part for pair in pairs for part in pair])
 
 
@@ -528,11 +560,44 @@ def _header_value(field: header_table.Field) -> bytes | None:
     return None  # tables and arrays (RabbitMQ 3.10 leaves them out), decimals (it fails the publish)
 
 
-def _section(descriptor: int, value: bytes) -> bytes:
+def described(descriptor: int, value: bytes) -> bytes:
+    """``value`` under a small-ulong descriptor: a section, a performative, an outcome."""
     return b"\x00\x53" + bytes((descriptor,)) + value
 
 
-_ENVELOPES: dict[tuple[bytes, bytes], bytes] = {}
+NULL = b"\x40"
+
+
+def boolean(value: bool) -> bytes:
+    return b"\x41" if value else b"\x42"
+
+
+def uint(value: int) -> bytes:
+    return _unsigned(0x43, 0x52, 0x70, ">I", value)
+
+
+def ulong(value: int) -> bytes:
+    return _unsigned(0x44, 0x53, 0x80, ">Q", value)
+
+
+def ubyte(value: int) -> bytes:
+    return b"\x50" + _BYTES[value]
+
+
+def ushort(value: int) -> bytes:
+    return b"\x60" + struct.pack(">H", value)
+
+
+def symbols(names: list[str]) -> bytes:
+    """An array of symbols (capabilities, SASL mechanisms)."""
+    data = b"".join(_variable(0xA3, 0xB3, name.encode())[1:] for name in names)
+    if any(len(name.encode()) > 255 for name in names) or len(data) + 2 > 255:
+        raise ValueError("symbol array too large")  # (only the node's own short names are sent)
+    return bytes((0xE0, len(data) + 2, len(names), 0xA3)) + data
+
+
+_ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
+DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # a header section: durable = true
 
 
 def from_amqp091(message: Message) -> bytes:
@@ -542,25 +607,41 @@ def from_amqp091(message: Message) -> bytes:
 
 def entry(message: Message) -> bytes:
     """``from_amqp091`` as a chunk's simple entry: its size, then the record (one join, the envelope remembered)."""
-    key = (message.route, message.header[12:])
-    envelope = _ENVELOPES.get(key)
-    if envelope is None:
-        envelope = _envelope(message)
+    head = record_head(message)
+    return b"".join((_U32.pack(len(head) + len(message.body)), head, message.body))
+
+
+def record_head(message: Message, native: bool = False) -> bytes:
+    """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
+    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts,
+    a header section says ``durable`` for a persistent message, and a body of AMQP 1.0 sections (type
+    ``amqp-1.0``) goes out as those sections, the type not told."""
+    key = (message.route, message.header[12:], native)
+    cached = _ENVELOPES.get(key)
+    if cached is None:
+        sections_body = native and message.properties.message_type == AMQP10_TYPE
+        envelope = _envelope(message, sections_body)
+        if native and message.persistent:  # a header section saying so, as RabbitMQ 4.x tells an AMQP 1.0 reader
+            envelope = DURABLE_HEADER + envelope
+        cached = (envelope, sections_body)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
-        _ENVELOPES[key] = envelope
-    body = message.body
-    size = len(body)
+        _ENVELOPES[key] = cached
+    envelope, sections_body = cached
+    if sections_body:
+        return envelope
+    size = len(message.body)
     if size < 256:
-        return b"".join((_U32.pack(len(envelope) + 5 + size), envelope, b"\x00\x53\x75\xa0", _BYTES[size], body))
-    return b"".join((_U32.pack(len(envelope) + 8 + size), envelope, b"\x00\x53\x75\xb0", _U32.pack(size), body))
+        return b"".join((envelope, b"\x00\x53\x75\xa0", _BYTES[size]))
+    return b"".join((envelope, b"\x00\x53\x75\xb0", _U32.pack(size)))
 
 
 _BYTES = [bytes((i,)) for i in range(256)]
 
 
-def _envelope(message: Message) -> bytes:
-    """Everything of the record before its body: the same for every message with this route and these properties."""
+def _envelope(message: Message, sections_body: bool = False) -> bytes:
+    """Everything of the record before its body: the same for every message with this route and these properties
+    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told)."""
     props = message.properties
     annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
     if props.priority is not None:
@@ -569,11 +650,11 @@ def _envelope(message: Message) -> bytes:
         annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
     if props.expiration is not None:
         annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
-    out = [_section(MESSAGE_ANNOTATIONS, _map_of(annotations))]
+    out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
               props.content_encoding, props.timestamp]
     if any(value is not None for value in values):
-        out.append(_section(PROPERTIES, _list([
+        out.append(described(PROPERTIES, encode_list([
             utf8(props.message_id) if props.message_id is not None else b"\x40",
             binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
             b"\x40", b"\x40",
@@ -585,7 +666,7 @@ def _envelope(message: Message) -> bytes:
             b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
             b"\x40", b"\x40", b"\x40"])))
     application: list[tuple[bytes, bytes]] = []
-    if props.message_type is not None:
+    if props.message_type is not None and not sections_body:
         application.append((utf8("x-basic-type"), utf8(props.message_type)))
     if props.app_id is not None:
         application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
@@ -595,5 +676,5 @@ def _envelope(message: Message) -> bytes:
             if value is not None:
                 application.append((utf8(name), value))
     if application:
-        out.append(_section(APPLICATION_PROPERTIES, _map_of(application)))
+        out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)

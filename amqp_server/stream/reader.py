@@ -168,7 +168,7 @@ class StreamConnection(FrontEnd):
         assert transport is not None
         sock = transport.get_extra_info("socket")
         self._socket = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
-        self.clients.add(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
+        self.clients.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -184,7 +184,7 @@ class StreamConnection(FrontEnd):
         self.buf = bytearray()
         self.out.clear()
         self.flow.gone(self)
-        self.clients.remove(self)  # type: ignore[arg-type]  # Clients holds stream connections too (they answer what it asks)
+        self.clients.remove(self)
         if self.user is not None and self.vhost is not None:
             self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
 

@@ -1,4 +1,4 @@
-/* Admin: users, virtual hosts, permissions, policies, definitions export/import, shovel status. */
+/* Admin: users, virtual hosts, permissions, policies, definitions export/import, shovel and federation status. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, enc } = W;
@@ -7,7 +7,7 @@
   const admin = () => W.isAdmin();
   const SECTIONS = [["users", "Users", admin], ["vhosts", "Virtual hosts", admin], ["permissions", "Permissions", admin],
     ["policies", "Policies", () => W.isPolicymaker()], ["definitions", "Definitions", admin],
-    ["shovels", "Shovel Status", () => W.isMonitor()]];
+    ["shovels", "Shovel Status", () => W.isMonitor()], ["federation", "Federation Status", () => W.isMonitor()]];
 
   W.pages.admin = function (section = "users") {
     const allowed = SECTIONS.filter(([, , may]) => may());
@@ -329,6 +329,29 @@
     async function refresh() { table.update(await api("GET", "shovels")); }
     return {
       el: h("section.panel", h("div.panel-head", h("h2", "Shovel status"), count.el, h("span.spacer"), h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
+      refresh,
+    };
+  };
+
+  /* ---------- federation status (RabbitMQ's rabbitmq_federation_management page) ---------- */
+  sections.federation = function () {
+    const count = W.countLabel();
+    const table = W.dataTable("federation-links", [
+      { key: "upstream", label: "Upstream", render: (l) => h("b", l.upstream) },
+      { key: "uri", label: "URI" },
+      { key: "vhost", label: "Virtual host" },
+      { key: "exchange", label: "Exchange / Queue", render: (l) => l.type === "queue" ? `queue ${l.queue}` : `exchange ${l.exchange}` },
+      { key: "upstream_exchange", label: "Upstream", render: (l) => l.type === "queue" ? l.upstream_queue : l.upstream_exchange },
+      { key: "status", label: "State", render: (l) => h("span.tag" + (l.status === "running" ? ".ok" : ".warn"), { "data-federation-state": l.status }, l.status) },
+      { key: "node", label: "Node" },
+      { key: "timestamp", label: "Last changed" },
+      { key: "error", label: "Error", render: (l) => l.error ? h("code", l.error) : "" },
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (l) => h("button.btn.btn-sm", { type: "button", "data-action": "restart-federation-link",
+        on: { click: (e) => act(e.target, async () => { await api("DELETE", `federation-links/vhost/${enc(l.vhost)}/${enc(l.id)}/${enc(l.node)}/restart`); await refresh(); }, `Federation link ${l.upstream} restarted.`, "Restart link") } }, "Restart") },
+    ], { empty: "No federation links. Define an upstream (PUT /api/parameters/federation-upstream/{vhost}/{name}) and a policy with federation-upstream or federation-upstream-set.", onRender: (s, t) => count.set(s, t) });
+    async function refresh() { table.update(await api("GET", "federation-links")); }
+    return {
+      el: h("section.panel", h("div.panel-head", h("h2", "Federation status"), count.el, h("span.spacer"), h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
       refresh,
     };
   };

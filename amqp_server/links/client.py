@@ -1,13 +1,14 @@
-"""A small asyncio AMQP 0-9-1 client for the shovel: what moving messages needs, and no more.
+"""A small asyncio AMQP 0-9-1 client for the node's links (shovels, federation): what moving messages needs, and
+no more.
 
 Frames are parsed here rather than by a client library, for two reasons: a delivery's content header is passed
 on as the bytes it came in (a message keeps every property exactly, and nothing is decoded or encoded per
-message unless the shovel changes a property), and a client library would add its own properties (aiormq sets a
+message unless the link changes a property), and a client library would add its own properties (aiormq sets a
 ``message_id`` on any publish without one).  Methods other than the per-message ones (deliver, ack, nack) go
 through pamqp, which the broker uses too.
 
 Any failure — the socket, missed heartbeats, the server closing the connection or a working channel — ends the
-connection: :attr:`Client.closed` then holds the reason, and the shovel reconnects.
+connection: :attr:`Client.closed` then holds the reason, and the link reconnects.
 """
 from __future__ import annotations
 
@@ -21,30 +22,36 @@ from pamqp import commands, frame as pframe, heartbeat as pheartbeat, header as 
 from pamqp.base import Frame
 
 from .. import __version__
+from ..header_table import Field, encode as encode_table
 from .uri import AMQPURI
 
-log = logging.getLogger("warren.shovel")
+log = logging.getLogger("warren.link")
 
 FRAME_HEADER = struct.Struct(">BHI")
 FRAME_END = b"\xce"
 DELIVER = struct.Struct(">HH")
 BASIC_ACK = struct.Struct(">HHQB")  # class, method, delivery tag, flags (also basic.nack's layout)
 FRAME_MAX = 131072
+DISPOSABLE_CHANNEL = 100  # one-off calls (see disposable_call)
 PUBLISH_FRAMES_KEPT = 1024  # basic.publish frames kept by destination (see publish)
 HEARTBEAT_FRAME = pframe.marshal(pheartbeat.Heartbeat(), 0)
 
-Delivered = Callable[[int, str, str, bytes, bytes], None]  # tag, exchange, routing key, header payload, body
+# tag, redelivered, exchange, routing key, header payload, body
+Delivered = Callable[[int, bool, str, str, bytes, bytes], None]
 Confirmed = Callable[[int, bool, bool], None]  # publish seq, multiple, nack
 
 
 class ClientError(Exception):
     """Why a connection ended: the server's close (code and text), the socket's error, a timeout."""
 
+    def __init__(self, text: str, code: int = 0) -> None:
+        super().__init__(text)
+        self.code = code  # the server's reply code, when it closed the connection
+
 
 class ChannelClosed(ClientError):
     def __init__(self, code: int, text: str) -> None:
-        super().__init__(f"{{server_initiated_close,{code},<<\"{text}\">>}}")
-        self.code = code
+        super().__init__(f"{{server_initiated_close,{code},<<\"{text}\">>}}", code)
 
 
 def _shortstr(data: bytes, pos: int) -> tuple[str, int]:
@@ -57,6 +64,7 @@ class Client(asyncio.Protocol):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.server_properties: dict[str, Any] = {}
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[ClientError] = asyncio.get_running_loop().create_future()
         self.frame_max = FRAME_MAX
@@ -76,13 +84,14 @@ class Client(asyncio.Protocol):
     # -- connection ---------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, uri: AMQPURI, host: str, port: int, user: str, password: str, name: str) -> "Client":
+    async def connect(cls, uri: AMQPURI, host: str, port: int, user: str, password: str, name: str,
+                      product: str) -> "Client":
         loop = asyncio.get_running_loop()
         client = cls(name)
         try:
             await asyncio.wait_for(loop.create_connection(lambda: client, host, port, ssl=uri.ssl_context(),
                                                           server_hostname=uri.server_hostname()), uri.timeout())
-            await asyncio.wait_for(client._open(uri, user, password), uri.timeout())
+            await asyncio.wait_for(client._open(uri, user, password, product), uri.timeout())
         except (OSError, asyncio.TimeoutError) as exc:
             client.close()
             raise ClientError(f"{{error,{type(exc).__name__}: {exc or 'timeout'}}}") from None
@@ -91,13 +100,14 @@ class Client(asyncio.Protocol):
             raise
         return client
 
-    async def _open(self, uri: AMQPURI, user: str, password: str) -> None:
+    async def _open(self, uri: AMQPURI, user: str, password: str, product: str) -> None:
         assert self.transport is not None
         self.transport.write(b"AMQP\x00\x00\x09\x01")
         start = await self._next_handshake()
         if not isinstance(start, commands.Connection.Start):
             raise ClientError(f"unexpected {start.name} before connection.start")
-        properties: dict[str, Any] = {"product": "Warren shovel", "version": __version__, "connection_name": self.name,
+        self.server_properties = start.server_properties or {}
+        properties: dict[str, Any] = {"product": product, "version": __version__, "connection_name": self.name,
                       "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
                                        "connection.blocked": True, "basic.nack": True}}
         self.send(0, commands.Connection.StartOk(client_properties=properties, mechanism="PLAIN",
@@ -204,9 +214,10 @@ class Client(asyncio.Protocol):
         if class_id == 60 and method_id == 60:  # basic.deliver: parsed here, per message
             _tag, pos = _shortstr(payload, 4)
             delivery_tag = struct.unpack_from(">Q", payload, pos)[0]
+            redelivered = bool(payload[pos + 8] & 1)
             exchange, pos = _shortstr(payload, pos + 9)
             routing_key, _ = _shortstr(payload, pos)
-            self._content[channel] = [delivery_tag, exchange, routing_key, b"", 0, []]
+            self._content[channel] = [delivery_tag, exchange, routing_key, b"", 0, [], redelivered]
             return
         if class_id == 60 and method_id in (80, 120):  # basic.ack / basic.nack from the server: confirms
             _, _, seq, flags = BASIC_ACK.unpack_from(payload, 0)
@@ -221,12 +232,12 @@ class Client(asyncio.Protocol):
         if isinstance(method, commands.Connection.Close):
             self.send(0, commands.Connection.CloseOk())
             raise ClientError(f"{{shutdown,{{server_initiated_close,{method.reply_code},"
-                              f"<<\"{method.reply_text}\">>}}}}")
+                              f"<<\"{method.reply_text}\">>}}}}", method.reply_code or 0)
         if isinstance(method, commands.Channel.Close):
             self.send(channel, commands.Channel.CloseOk())
             closed = ChannelClosed(method.reply_code or 0, method.reply_text or "")
             if channel in self._working:
-                raise ClientError(f"{{shutdown,{closed}}}")
+                raise ClientError(f"{{shutdown,{closed}}}", closed.code)
             waiter = self._waiters.pop(channel, None)
             if waiter is not None and not waiter.done():
                 waiter.set_exception(closed)
@@ -269,7 +280,8 @@ class Client(asyncio.Protocol):
         callback = self.on_deliver.get(channel)
         if callback is not None:
             parts = content[5]
-            callback(content[0], content[1], content[2], content[3], parts[0] if len(parts) == 1 else b"".join(parts))
+            callback(content[0], content[6], content[1], content[2], content[3],
+                     parts[0] if len(parts) == 1 else b"".join(parts))
 
     # -- frames out ---------------------------------------------------------------------------
 
@@ -280,19 +292,31 @@ class Client(asyncio.Protocol):
     def send(self, channel: int, method: Frame) -> None:
         self.write(pframe.marshal(method, channel))
 
-    async def call(self, channel: int, method: Frame) -> Any:
-        """Send a synchronous method and wait for its reply (ChannelClosed if the server closes the channel)."""
+    async def call(self, channel: int, method: Frame | bytes) -> Any:
+        """Send a synchronous method (or its frame, see :func:`typed_arguments`) and wait for its reply
+        (ChannelClosed if the server closes the channel)."""
         if self.closed.done():
             raise self.closed.result()
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[channel] = waiter
-        self.send(channel, method)
+        if isinstance(method, bytes):
+            self.write(method)
+        else:
+            self.send(channel, method)
         return await waiter
 
     async def open_channel(self, channel: int, working: bool = True) -> None:
         await self.call(channel, commands.Channel.Open())
         if working:
             self._working.add(channel)
+
+    async def disposable_call(self, method: Frame) -> Any:
+        """A synchronous method on a channel of its own, closed after: an error (ChannelClosed) closes only that
+        channel (RabbitMQ's disposable_channel_call)."""
+        await self.open_channel(DISPOSABLE_CHANNEL, working=False)
+        reply = await self.call(DISPOSABLE_CHANNEL, method)
+        await self.close_channel(DISPOSABLE_CHANNEL)
+        return reply
 
     async def close_channel(self, channel: int) -> None:
         self._working.discard(channel)
@@ -318,6 +342,16 @@ class Client(asyncio.Protocol):
         method = 120 if nack else 80
         flags = (1 if multiple else 0) | (2 if nack else 0)  # basic.nack: requeue, as RabbitMQ's shovel does
         self.write(FRAME_HEADER.pack(1, channel, BASIC_ACK.size) + BASIC_ACK.pack(60, method, tag, flags) + FRAME_END)
+
+
+def typed_arguments(method: Frame, channel: int, arguments: dict[str, Field]) -> bytes:
+    """The frame of ``method`` (whose last field is its arguments table, left empty) with ``arguments`` written
+    with their AMQP types: pamqp picks an integer's width by its value, and RabbitMQ wants some arguments of one
+    type (an ``x-federation-upstream`` exchange's ``x-max-hops`` a long)."""
+    payload = struct.pack(">I", method.index) + method.marshal()
+    table = encode_table(arguments)
+    payload = payload[:-4] + struct.pack(">I", len(table)) + table
+    return FRAME_HEADER.pack(1, channel, len(payload)) + payload + FRAME_END
 
 
 def header_payload(properties: commands.Basic.Properties, body_size: int) -> bytes:

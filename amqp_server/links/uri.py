@@ -1,4 +1,5 @@
-"""AMQP URIs as RabbitMQ's ``amqp_uri`` reads them, for the shovel's ``src-uri`` and ``dest-uri``.
+"""AMQP URIs as RabbitMQ's ``amqp_uri`` reads them, for a shovel's ``src-uri`` and ``dest-uri`` and a federation
+upstream's ``uri``.
 
 ``amqp://host:port/vhost`` with optional ``user:password@`` (guest/guest when absent), ``amqps://`` for TLS, and
 ``amqp://`` with no host: this node (RabbitMQ's direct connection), acting as the URI's user or, without one, as

@@ -1,0 +1,247 @@
+"""AMQP 1.0 frames and performatives (OASIS AMQP 1.0, part 2), read and written with the one AMQP 1.0 type codec
+(``stream.amqp10``), and the error conditions RabbitMQ 4.x answers with."""
+from __future__ import annotations
+
+import struct
+from typing import Any, NamedTuple
+
+from ..stream import amqp10
+from ..stream.amqp10 import NULL, Value, boolean, described, encode_list, symbol, uint, utf8
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+FRAME_HEAD = struct.Struct(">IBBH")
+AMQP_FRAME, SASL_FRAME = 0, 1
+MIN_MAX_FRAME = 512  # the spec's MIN-MAX-FRAME-SIZE
+EMPTY_FRAME = FRAME_HEAD.pack(8, 2, AMQP_FRAME, 0)  # a heartbeat
+
+# performatives
+OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x10, 0x19)
+ERROR = 0x1D
+RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED = range(0x23, 0x28)
+SOURCE, TARGET = 0x28, 0x29
+SASL_MECHANISMS, SASL_INIT, SASL_CHALLENGE, SASL_RESPONSE, SASL_OUTCOME = range(0x40, 0x45)
+NAMES = {OPEN: "open", BEGIN: "begin", ATTACH: "attach", FLOW: "flow", TRANSFER: "transfer",
+         DISPOSITION: "disposition", DETACH: "detach", END: "end", CLOSE: "close"}
+
+# settle modes
+SETTLED = 1  # sender-settle-mode settled: pre-settled (at most once)
+
+# error conditions
+DECODE_ERROR = "amqp:decode-error"
+FRAMING_ERROR = "amqp:connection:framing-error"
+CONNECTION_FORCED = "amqp:connection:forced"
+FRAME_SIZE_TOO_SMALL = "amqp:frame-size-too-small"
+INTERNAL_ERROR = "amqp:internal-error"
+INVALID_FIELD = "amqp:invalid-field"
+NOT_ALLOWED = "amqp:not-allowed"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+PRECONDITION_FAILED = "amqp:precondition-failed"
+RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
+UNATTACHED_HANDLE = "amqp:session:unattached-handle"
+HANDLE_IN_USE = "amqp:session:handle-in-use"
+WINDOW_VIOLATION = "amqp:session:window-violation"
+TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+DETACH_FORCED = "amqp:link:detach-forced"
+
+
+class Amqp10Error(Exception):
+    """A protocol error: the connection closes (or, raised as ``SessionError``/``LinkError``, the session ends or
+    the link detaches) with ``condition`` and ``description``."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(f"{condition}: {description}")
+        self.condition = condition
+        self.description = description
+
+
+class SessionError(Amqp10Error):
+    """The session ends with this error; the connection goes on."""
+
+
+class LinkError(Amqp10Error):
+    """The link detaches (closed) with this error; the session goes on."""
+
+    def __init__(self, condition: str, description: str, handle: int) -> None:
+        super().__init__(condition, description)
+        self.handle = handle
+
+
+def frame(channel: int, body: bytes, kind: int = AMQP_FRAME) -> bytes:
+    return FRAME_HEAD.pack(8 + len(body), 2, kind, channel) + body
+
+
+def performative(code: int, *fields: bytes) -> bytes:
+    """A performative's bytes: its fields as a described list, trailing nulls left out."""
+    items = list(fields)
+    while items and items[-1] == NULL:
+        items.pop()
+    return described(code, encode_list(items))
+
+
+def error(condition: str, description: str) -> bytes:
+    return described(ERROR, encode_list([symbol(condition), utf8(description[:4096])]))
+
+
+def optional(encoder: Any, value: Any) -> bytes:
+    return NULL if value is None else encoder(value)
+
+
+def parse(body: bytes | bytearray | memoryview) -> tuple[int, list[Value], int]:
+    """(performative code, fields, where its payload starts) of a frame body; ``Amqp10Error`` (decode-error) if it
+    is not one."""
+    data = bytes(body) if not isinstance(body, bytes) else body
+    try:
+        value, end = amqp10.value_at(data, 0)
+    except (amqp10.Invalid, amqp10.TooLarge) as exc:
+        raise Amqp10Error(DECODE_ERROR, f"cannot decode frame body: {exc}") from None
+    if value.kind != "described" or not isinstance(value.value[0], int):
+        raise Amqp10Error(DECODE_ERROR, "frame body is not a performative")
+    code, fields = value.value
+    if fields.kind != "list":
+        raise Amqp10Error(DECODE_ERROR, f"performative 0x{code:02x} is not a list")
+    return code, fields.value, end
+
+
+def field(fields: list[Value], index: int, default: Any = None) -> Any:
+    """A field's plain value (None or ``default`` when absent or null)."""
+    if index >= len(fields) or fields[index].kind == "null":
+        return default
+    return fields[index].value
+
+
+def typed(fields: list[Value], index: int, kinds: tuple[str, ...], name: str, default: Any = None) -> Any:
+    """A field of one of ``kinds``, or ``default`` when absent; any other type is a decode error."""
+    if index >= len(fields) or fields[index].kind == "null":
+        return default
+    value = fields[index]
+    if value.kind not in kinds:
+        raise Amqp10Error(DECODE_ERROR, f"field {name} of type {value.kind}, expected {'/'.join(kinds)}")
+    return value.value
+
+
+def composite(fields: list[Value], index: int, code: int) -> list[Value] | None:
+    """A source, target or outcome field: its fields, or None when absent (another descriptor: decode error)."""
+    if index >= len(fields) or fields[index].kind == "null":
+        return None
+    value = fields[index]
+    if value.kind != "described" or value.value[0] != code or value.value[1].kind != "list":
+        raise Amqp10Error(DECODE_ERROR, f"expected described type 0x{code:02x}")
+    return list(value.value[1].value)
+
+
+def outcome(fields: list[Value], index: int) -> tuple[int, list[Value]] | None:
+    """A delivery state field: (its descriptor, its fields), or None."""
+    if index >= len(fields) or fields[index].kind == "null":
+        return None
+    value = fields[index]
+    if value.kind != "described" or not isinstance(value.value[0], int) or value.value[1].kind != "list":
+        raise Amqp10Error(DECODE_ERROR, "delivery state is not a described list")
+    return value.value[0], list(value.value[1].value)
+
+
+ACCEPTED_STATE = described(ACCEPTED, b"\x45")
+RELEASED_STATE = described(RELEASED, b"\x45")
+REJECTED_STATE = described(REJECTED, b"\x45")
+
+
+def rejected(condition: str, description: str) -> bytes:
+    return described(REJECTED, encode_list([error(condition, description)]))
+
+
+def disposition(first: int, last: int, state: bytes) -> bytes:
+    """The node, as receiver, settles deliveries ``first``..``last`` with ``state``."""
+    return performative(DISPOSITION, boolean(True), uint(first), uint(last) if last != first else NULL,
+                        boolean(True), state)
+
+
+_CONDITIONS = {404: NOT_FOUND, 403: UNAUTHORIZED_ACCESS, 406: PRECONDITION_FAILED, 405: "amqp:resource-locked",
+               540: NOT_IMPLEMENTED, 530: NOT_ALLOWED, 506: RESOURCE_LIMIT_EXCEEDED}
+
+
+def condition_of(code: int) -> str:
+    """The AMQP 1.0 condition for an AMQP 0-9-1 reply code that a broker operation raised."""
+    return _CONDITIONS.get(code, INTERNAL_ERROR)
+
+
+class Transfer(NamedTuple):
+    """What the node reads of a transfer."""
+
+    handle: int | None
+    delivery_id: int | None
+    settled: bool
+    more: bool
+    aborted: bool
+
+
+_U32 = struct.Struct(">I")
+_LIST32 = struct.Struct(">II")
+_BOOLS = {0x41: True, 0x42: False, 0x40: False}
+
+
+def transfer_at(buf: bytearray, pos: int, end: int) -> tuple[Transfer, int] | None:
+    """A transfer performative at ``pos`` read in place, and where its payload starts, when it has the encodings
+    clients send (a list8 or list32 of uints, a short binary tag, booleans as constants, six fields at most); else
+    None, for the general decoder.  The publish path reads one of these per message: no value objects are made."""
+    if end - pos < 5 or buf[pos] != 0 or buf[pos + 1] != 0x53 or buf[pos + 2] != TRANSFER:
+        return None
+    code = buf[pos + 3]
+    if code == 0xC0:
+        size, count = buf[pos + 4], buf[pos + 5]
+        at = pos + 6
+        stop = pos + 5 + size
+    elif code == 0xD0 and end - pos >= 12:
+        size, count = _LIST32.unpack_from(buf, pos + 4)
+        at = pos + 12
+        stop = pos + 8 + size
+    else:
+        return None
+    if count > 6 or stop > end:
+        return None
+    values: list[Any] = []
+    for index in range(count):
+        if at >= stop:
+            return None
+        kind = buf[at]
+        if index < 2 or index == 3:  # handle, delivery-id, message-format: uints
+            if kind == 0x43:
+                values.append(0)
+                at += 1
+            elif kind == 0x52:
+                values.append(buf[at + 1])
+                at += 2
+            elif kind == 0x70:
+                values.append(_U32.unpack_from(buf, at + 1)[0])
+                at += 5
+            elif kind == 0x40:
+                values.append(None)
+                at += 1
+            else:
+                return None
+        elif index == 2:  # delivery-tag
+            if kind == 0xA0:
+                at += 2 + buf[at + 1]
+            elif kind == 0x40:
+                at += 1
+            else:
+                return None
+            values.append(None)
+        else:  # settled, more
+            value = _BOOLS.get(kind)
+            if value is None:
+                return None
+            values.append(value)
+            at += 1
+    if at != stop:
+        return None
+    values += [None] * (6 - count)
+    return Transfer(values[0], values[1], values[4] is True, values[5] is True, False), stop
+
+
+def transfer_of(fields: list[Value]) -> Transfer:
+    """A transfer decoded the general way."""
+    return Transfer(typed(fields, 0, ("uint",), "handle"), typed(fields, 1, ("uint",), "delivery-id"),
+                    field(fields, 4) is True, field(fields, 5) is True, field(fields, 9) is True)

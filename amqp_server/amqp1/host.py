@@ -1,0 +1,44 @@
+"""What a session, its links and the ``/management`` node ask of their AMQP 1.0 connection
+(``amqp1.connection.Amqp10Connection``), as a Protocol: they import no connection, as a channel imports none
+(``channel.ChannelHost``)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ..ports import ExclusiveOwner
+from ..queue import Queue
+
+if TYPE_CHECKING:
+    from ..auth import Principal, User
+    from ..broker import Broker
+    from ..config import Config
+    from ..vhost import VHost
+    from .frames import Amqp10Error
+
+
+class SessionHost(ExclusiveOwner[Queue], Protocol):
+    broker: Broker
+    config: Config
+    vhost: VHost | None
+    user: User | None
+    principal: Principal | None
+    out: list[bytes]
+    large_out: bool
+    deliver_budget: int
+    peer_frame_max: int
+    write_paused: bool
+    publishing: bool
+    credit_held: bool
+
+    def send(self, channel: int, body: bytes) -> None: ...
+
+    def schedule_flush(self) -> None: ...
+
+    def started_publishing(self) -> None: ...
+
+    def growing(self) -> None: ...
+
+    def ended(self, channel: int) -> None:
+        """The session on ``channel`` ended."""
+
+    def close_with(self, error: Amqp10Error) -> None: ...

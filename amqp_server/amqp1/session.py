@@ -1,0 +1,757 @@
+"""An AMQP 1.0 session and its links (RabbitMQ 4.x's rabbit_amqp_session), on the broker operations the AMQP
+0-9-1 channel uses: a link from the client publishes (``broker.publish``, with the confirm path's outcomes), a link
+to the client consumes (``broker.consume``, link credit as the consumer's credit), and dispositions settle as
+``basic.ack``/``reject``/``nack`` do.
+
+Session windows: the node's incoming window is ``INCOMING_WINDOW`` transfer frames, opened again by a flow once
+half is used; deliveries stop while the client's incoming window is spent.  Link credit: a publishing link gets
+``LINK_CREDIT`` and more once half is used, none while an alarm holds publishers; a transfer beyond its credit
+detaches the link.
+"""
+from __future__ import annotations
+
+import datetime
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .. import errors
+from ..errors import AMQPError, ChannelError
+from ..memory import MEMORY_CHECK_BYTES
+from ..message import encode_route
+from ..ports import ClientChannel
+from ..stream import amqp10
+from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
+from . import address, frames, management
+from .frames import Amqp10Error, LinkError, SessionError
+
+if TYPE_CHECKING:
+    from exchanges import Exchange
+
+    from ..queue import Consumer, Entry, Queue
+    from .host import SessionHost
+
+INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
+HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
+LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is granted, topped up at half
+MAX_UINT = 0xFFFFFFFF
+_TAG = struct.Struct(">I")
+LARGE_BODY = 64 * 1024  # a body at least this large is written from where it is, not copied into the output
+MAX_RESPONSES = 256  # management responses kept for a client that gives their link no credit
+_TRANSFER_OVERHEAD = 64  # frame header and transfer performative, at most (a 4-byte tag)
+
+
+def _error_of(exc: AMQPError) -> tuple[str, str]:
+    return frames.condition_of(exc.code), exc.detail
+
+
+class Session:
+    """One ``begin``..``end`` on a channel: its windows, links and unsettled deliveries."""
+
+    def __init__(self, connection: SessionHost, channel: int, fields: list[Value]) -> None:
+        self.connection = connection
+        self.channel = channel
+        self.broker = connection.broker
+        self.next_incoming_id = frames.typed(fields, 1, ("uint",), "next-outgoing-id", 0)
+        self.incoming_window = INCOMING_WINDOW
+        self.remote_incoming_window = frames.typed(fields, 2, ("uint",), "incoming-window", 0)
+        self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
+        self.next_delivery_id = 0
+        self.links: dict[int, Link] = {}
+        self.unsettled: dict[int, tuple[Entry, Queue, Consumer | None, Outgoing]] = {}
+        self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
+        connection.send(channel, frames.performative(
+            frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT), uint(HANDLE_MAX)))
+
+    def send(self, body: bytes) -> None:
+        self.connection.send(self.channel, body)
+
+    def sent_transfers(self, count: int) -> None:
+        self.next_outgoing_id = (self.next_outgoing_id + count) & MAX_UINT
+        self.remote_incoming_window -= count
+
+    def session_fields(self) -> list[bytes]:
+        """The session's part of a flow: next-incoming-id, incoming-window, next-outgoing-id, outgoing-window."""
+        return [uint(self.next_incoming_id), uint(self.incoming_window), uint(self.next_outgoing_id), uint(MAX_UINT)]
+
+    # -- frames ------------------------------------------------------------------------------
+
+    def on_frame(self, code: int, fields: list[Value], payload: bytes) -> None:
+        if code == frames.DISPOSITION:
+            self._disposition(fields)
+        elif code == frames.FLOW:
+            self._flow(fields)
+        elif code == frames.ATTACH:
+            self._attach(fields)
+        elif code == frames.DETACH:
+            self._detach(fields)
+        elif code == frames.END:
+            self.closed()
+            self.connection.ended(self.channel)
+            self.send(frames.performative(frames.END))
+        elif code == frames.BEGIN:
+            raise Amqp10Error(frames.NOT_ALLOWED, f"begin on channel {self.channel}, which has a session")
+        else:
+            raise Amqp10Error(frames.DECODE_ERROR, f"unknown performative 0x{code:02x}")
+
+    def _link(self, fields: list[Value], index: int = 0) -> Link:
+        handle = frames.typed(fields, index, ("uint",), "handle")
+        link = self.links.get(handle) if handle is not None else None
+        if link is None:
+            raise SessionError(frames.UNATTACHED_HANDLE, f"link handle {handle} is not attached")
+        return link
+
+    def _attach(self, fields: list[Value]) -> None:
+        name = frames.typed(fields, 0, ("string",), "name", "")
+        handle = frames.typed(fields, 1, ("uint",), "handle")
+        role = frames.typed(fields, 2, ("bool",), "role")
+        if handle is None or role is None:
+            raise SessionError(frames.DECODE_ERROR, "attach without handle or role")
+        if handle > HANDLE_MAX:
+            raise SessionError(frames.RESOURCE_LIMIT_EXCEEDED,
+                               f"link handle value ({handle}) exceeds maximum link handle value ({HANDLE_MAX})")
+        if handle in self.links:
+            raise SessionError(frames.HANDLE_IN_USE, f"link handle {handle} in use")
+        settle_mode = frames.typed(fields, 3, ("ubyte",), "snd-settle-mode", 2)
+        source = frames.composite(fields, 5, frames.SOURCE)
+        target = frames.composite(fields, 6, frames.TARGET)
+        if role:  # the client receives: the node sends from a queue
+            link: Link = Outgoing(self, name, handle, settle_mode, source, target)
+        else:
+            link = Incoming(self, name, handle, settle_mode, source, target)
+        try:
+            link.attach()
+        except (Amqp10Error, AMQPError) as exc:
+            condition, description = (exc.condition, exc.description) if isinstance(exc, Amqp10Error) \
+                else _error_of(exc)
+            link.refuse(condition, description)
+            return
+        self.links[handle] = link
+        link.attached()
+
+    def _detach(self, fields: list[Value]) -> None:
+        link = self._link(fields)
+        del self.links[link.handle]
+        link.closed()
+        self.send(frames.performative(frames.DETACH, uint(link.handle), boolean(frames.field(fields, 1) is True)))
+
+    def detach_with(self, handle: int, error: Amqp10Error) -> None:
+        link = self.links.pop(handle, None)
+        if link is not None:
+            link.closed()
+            self.send(frames.performative(frames.DETACH, uint(handle), boolean(True),
+                                          frames.error(error.condition, error.description)))
+
+    def end_with(self, error: Amqp10Error) -> None:
+        self.closed()
+        self.send(frames.performative(frames.END, frames.error(error.condition, error.description)))
+
+    def closed(self) -> None:
+        """The session ended (or its connection closed): its links go, what its client held is requeued."""
+        for link in list(self.links.values()):
+            link.closed()
+        self.links.clear()
+        if self.unsettled:
+            taken = [(entry, queue, consumer) for entry, queue, consumer, _ in self.unsettled.values()]
+            self.unsettled.clear()
+            self.broker.settle_taken(taken, True)
+        for link in list(self.confirming):
+            link.dropped()
+        self.confirming.clear()
+
+    def _flow(self, fields: list[Value]) -> None:
+        next_incoming = frames.typed(fields, 0, ("uint",), "next-incoming-id", 0)
+        window = frames.typed(fields, 1, ("uint",), "incoming-window", 0)
+        self.remote_incoming_window = max(0, next_incoming + window - self.next_outgoing_id)
+        handle = frames.typed(fields, 4, ("uint",), "handle")
+        if handle is None:
+            if frames.field(fields, 9, False):  # echo
+                self.send(frames.performative(frames.FLOW, *self.session_fields()))
+            self.resume_deliveries()
+            return
+        self._link(fields, 4).on_flow(fields)
+        if window:
+            self.resume_deliveries()
+
+    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
+        if self.incoming_window <= 0:
+            raise SessionError(frames.WINDOW_VIOLATION, "incoming window is exhausted")
+        self.incoming_window -= 1
+        self.next_incoming_id = (self.next_incoming_id + 1) & MAX_UINT
+        link = self.links.get(transfer.handle) if transfer.handle is not None else None
+        if link is None:
+            raise SessionError(frames.UNATTACHED_HANDLE, f"link handle {transfer.handle} is not attached")
+        if not isinstance(link, Incoming):
+            raise SessionError(frames.NOT_ALLOWED, f"transfer on link {link.handle}, which sends to the client")
+        link.on_transfer(transfer, payload)
+        if self.incoming_window <= INCOMING_WINDOW // 2:
+            self.incoming_window = INCOMING_WINDOW
+            self.send(frames.performative(frames.FLOW, *self.session_fields()))
+
+    def _disposition(self, fields: list[Value]) -> None:
+        role = frames.typed(fields, 0, ("bool",), "role")
+        first = frames.typed(fields, 1, ("uint",), "first")
+        if not role or first is None:  # (the node settles what it receives itself: a sender's disposition says
+            return  # nothing it waits for)
+        last = frames.typed(fields, 2, ("uint",), "last", first)
+        settled = frames.field(fields, 3, False)
+        state = frames.outcome(fields, 4)
+        unsettled = self.unsettled
+        if last < first:
+            raise SessionError(frames.INVALID_FIELD, f"disposition last ({last}) < first ({first})")
+        if last - first + 1 <= len(unsettled):
+            ids = [i for i in range(first, last + 1) if i in unsettled]
+        else:
+            ids = [i for i in unsettled if first <= i <= last]
+        if not ids:
+            return
+        taken = [unsettled.pop(i)[:3] for i in ids]
+        code = state[0] if state is not None else frames.ACCEPTED
+        try:
+            if code == frames.ACCEPTED:
+                self.broker.settle_taken(taken, False)
+            elif code == frames.RELEASED:
+                self.broker.settle_taken(taken, True)
+            elif code == frames.REJECTED:
+                self.broker.nack_taken(taken, False)
+            elif code == frames.MODIFIED:
+                assert state is not None
+                undeliverable = frames.field(state[1], 1, False) is True
+                self.broker.nack_taken(taken, not undeliverable)
+            else:
+                self.broker.settle_taken(taken, True)
+                raise SessionError(frames.NOT_IMPLEMENTED, f"delivery state 0x{code:02x} is not supported")
+        except AMQPError as exc:  # a stream refuses reject and release
+            raise SessionError(*_error_of(exc)) from None
+        if not settled:  # the client awaits the node's settlement
+            self.send(frames.performative(frames.DISPOSITION, boolean(False), uint(first), uint(last),
+                                          boolean(True), described(code, b"\x45")))
+
+    # -- deliveries --------------------------------------------------------------------------
+
+    def resume_deliveries(self) -> None:
+        for link in list(self.links.values()):
+            if isinstance(link, Outgoing) and not link.management:
+                link.queue.deliver_ready()
+
+    def grant_credit(self) -> None:
+        for link in list(self.links.values()):
+            if isinstance(link, Incoming):
+                link.top_up()
+
+    def emit_confirms(self) -> None:
+        if self.confirming:
+            links, self.confirming = self.confirming, set()
+            for link in links:
+                link.emit_outcomes()
+
+
+class Link:
+    """What both directions share: the attach exchange and detach."""
+
+    role = False  # the node's role: False sender, True receiver
+
+    def __init__(self, session: Session, name: str, handle: int, settle_mode: int, source: list[Value] | None,
+                 target: list[Value] | None) -> None:
+        self.session = session
+        self.connection = session.connection
+        self.broker = session.broker
+        self.name = name
+        self.handle = handle
+        self.settled = settle_mode == frames.SETTLED
+        self.settle_mode = settle_mode
+        self.source = source
+        self.target = target
+
+    def attach(self) -> None:
+        """Resolve the link's address and check what the user may do there; raises what refuses it."""
+
+    def attached(self) -> None:
+        """Accepted: the node's attach goes out."""
+        self.session.send(self._attach_frame(self._terminus(frames.SOURCE, self.source),
+                                             self._terminus(frames.TARGET, self.target)))
+
+    def refuse(self, condition: str, description: str) -> None:
+        """RabbitMQ's refusal: an attach with no terminus on the node's side, then a detach with the error."""
+        null_source = self.role is False
+        self.session.send(self._attach_frame(NULL if null_source else self._terminus(frames.SOURCE, self.source),
+                                             self._terminus(frames.TARGET, self.target) if null_source else NULL))
+        self.session.send(frames.performative(frames.DETACH, uint(self.handle), boolean(True),
+                                              frames.error(condition, description)))
+
+    def _attach_frame(self, source: bytes, target: bytes) -> bytes:
+        return frames.performative(
+            frames.ATTACH, utf8(self.name), uint(self.handle), boolean(self.role), amqp10.ubyte(self.settle_mode),
+            amqp10.ubyte(0), source, target, NULL, NULL, uint(0) if not self.role else NULL,
+            amqp10.ulong(self.connection.config.max_message_size) if self.role else NULL)
+
+    @staticmethod
+    def _terminus(code: int, fields: list[Value] | None) -> bytes:
+        if fields is None:
+            return NULL
+        address_value = fields[0].value if fields and fields[0].kind == "string" else None
+        return described(code, encode_list([utf8(address_value) if address_value is not None else NULL]))
+
+    def on_flow(self, fields: list[Value]) -> None:
+        """A flow naming this link."""
+
+    def closed(self) -> None:
+        """Detached, or its session ended."""
+
+    def dropped(self) -> None:
+        """Its session ended with outcomes still to send."""
+
+
+def _address(fields: list[Value] | None) -> str | None:
+    if fields is None or not fields or fields[0].kind == "null":
+        return None
+    if fields[0].kind != "string":
+        raise Amqp10Error(frames.INVALID_FIELD, "address is not a string")
+    return str(fields[0].value)
+
+
+class Incoming(Link):
+    """A link the client sends on: every message is published, and (unsettled) answered with its outcome once
+    the 0-9-1 confirm path would confirm it: at once, or after the fsync (or the owner nodes) that covers it."""
+
+    role = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.destination: address.Destination | None = None  # None: each message's ``to``
+        self.exchange: Exchange | None = None
+        self.credit = 0
+        self.delivery_count = 0
+        self.partial: bytearray | None = None  # a message arriving in several transfers
+        self.partial_id = 0
+        self.partial_settled = False
+        self.decoder = amqp10.Decoder("", native=True)
+        self.checked: dict[str, Exchange] = {}  # exchanges the user may publish to (checked once each)
+        self.outcomes: list[tuple[int, bytes]] = []  # (delivery id, outcome) to send
+        self.unsynced: deque[tuple[int, int]] = deque()  # (delivery id, group commit batch) awaiting fsync
+        self.forwarded_copies: dict[int, int] = {}  # delivery id -> copies other nodes have yet to accept
+        self.forwarded_rejected: set[int] = set()
+        self.current = 0  # the delivery being published (what a forwarded copy confirms)
+        self.management = False  # the /management node's requests: answered on the paired link
+        self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
+        self.route = encode_route("", "")
+
+    def attach(self) -> None:
+        target = _address(self.target)
+        if target is None:
+            return  # the anonymous terminus: each message's ``to`` names where it goes
+        if target == management.ADDRESS:
+            self.management = True
+            return
+        self.destination = destination = address.target(target)
+        vhost = self.connection.vhost
+        assert vhost is not None and self.connection.principal is not None
+        if destination.exchange == "" and destination.routing_key is not None:
+            vhost.queue(destination.routing_key)  # (not-found if it is not there)
+        self.exchange = self._exchange(destination.exchange)
+
+    def _exchange(self, name: str) -> Exchange:
+        vhost = self.connection.vhost
+        assert vhost is not None
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
+        if self.checked.get(name) is not exchange:
+            self.broker.check_publish(vhost, exchange, self.connection.principal, "")
+            self.checked[name] = exchange
+        return exchange
+
+    def attached(self) -> None:
+        super().attached()
+        if not self.connection.publishing:  # held by alarms from now on: no credit while one stands
+            self.connection.started_publishing()
+        self.top_up()
+
+    def top_up(self) -> None:
+        """Link credit, unless an alarm holds publishers: topped up once half is used, as RabbitMQ does."""
+        if self.connection.credit_held or self.credit > LINK_CREDIT // 2:
+            return
+        self.credit = LINK_CREDIT
+        self.session.send(frames.performative(
+            frames.FLOW, *self.session.session_fields(), uint(self.handle), uint(self.delivery_count),
+            uint(self.credit)))
+
+    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
+        more = transfer.more
+        if transfer.aborted:  # what came of it is dropped
+            self.partial = None
+            return
+        if self.partial is None:
+            delivery_id = transfer.delivery_id
+            if delivery_id is None:
+                raise SessionError(frames.DECODE_ERROR, "first transfer of a delivery without delivery-id")
+            if self.credit <= 0:
+                raise LinkError(frames.TRANSFER_LIMIT_EXCEEDED,
+                                f"insufficient credit (0) for delivery {delivery_id} on link '{self.name}'",
+                                self.handle)
+            self.credit -= 1
+            self.delivery_count = (self.delivery_count + 1) & MAX_UINT
+            settled = transfer.settled or self.settled
+            if more:
+                self.partial = bytearray(payload)
+                self.partial_id, self.partial_settled = delivery_id, settled
+                self._check_size(len(self.partial))
+                return
+            self._check_size(len(payload))
+            self._publish(payload, delivery_id, settled)
+        else:
+            before = len(self.partial)
+            self.partial += payload
+            self._check_size(len(self.partial))
+            if len(self.partial) // MEMORY_CHECK_BYTES != before // MEMORY_CHECK_BYTES:
+                self.connection.growing()  # a large message can outrun the once-a-second memory check
+            if more:
+                return
+            record, self.partial = self.partial, None
+            self._publish(bytes(record), self.partial_id, self.partial_settled)
+        if self.credit <= LINK_CREDIT // 2:
+            self.top_up()
+
+    def _check_size(self, size: int) -> None:
+        limit = self.connection.config.max_message_size
+        if size > limit:
+            self.partial = None
+            raise LinkError(frames.MESSAGE_SIZE_EXCEEDED,
+                            f"message size ({size} bytes) > maximum message size ({limit} bytes)", self.handle)
+
+    def _publish(self, record: bytes, delivery_id: int, settled: bool) -> None:
+        connection = self.connection
+        if self.management:
+            self._request(record, delivery_id, settled)
+            return
+        try:
+            decoded = self.decoder.message(record)
+        except (amqp10.Invalid, amqp10.TooLarge) as exc:
+            raise LinkError(frames.DECODE_ERROR, f"cannot decode message: {exc}", self.handle) from None
+        try:
+            exchange, routing_key = self._route(record)
+        except Amqp10Error as exc:
+            self._outcome(delivery_id, settled, frames.rejected(exc.condition, exc.description))
+            return
+        except AMQPError as exc:
+            self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
+            return
+        message = decoded  # (a message of its own: it takes the route)
+        if (exchange.name, routing_key) != self.routed:
+            self.routed = (exchange.name, routing_key)
+            self.route = encode_route(exchange.name, routing_key)
+        message.exchange, message.routing_key, message.route = exchange.name, routing_key, self.route
+        vhost = connection.vhost
+        assert vhost is not None
+        if message.needs_checks:
+            try:
+                self.broker.check_message(vhost, exchange, connection.principal, message,
+                                          connection.user.name if connection.user else "")
+            except ChannelError as exc:
+                self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
+                return
+        self.current = delivery_id
+        routed, rejected = self.broker.publish(vhost, exchange, message, None, None if settled else self)
+        stats = self.broker.vhost_stats(vhost.name)
+        stats.publish += 1
+        if settled:
+            return
+        if not routed:
+            self._outcome(delivery_id, False, frames.RELEASED_STATE)
+        elif rejected:
+            self._outcome(delivery_id, False, frames.REJECTED_STATE)
+        elif message.msg_id or message.logged:
+            persistence = self.broker.persistence
+            self.unsynced.append((delivery_id, persistence.batch))
+            persistence.waiters.add(self)
+        elif delivery_id not in self.forwarded_copies:
+            self._outcome(delivery_id, False, frames.ACCEPTED_STATE)
+
+    def _request(self, record: bytes, delivery_id: int, settled: bool) -> None:
+        """A request to the /management node: its response goes on the outgoing link of the same name."""
+        paired = next((link for link in self.session.links.values()
+                       if isinstance(link, Outgoing) and link.management and link.name == self.name), None)
+        if paired is None:
+            raise LinkError(frames.PRECONDITION_FAILED, "management request before the paired link attached",
+                            self.handle)
+        paired.respond(management.handle(self.connection, record))
+        self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
+
+    def _route(self, record: bytes) -> tuple[Exchange, str]:
+        """The exchange and routing key of a message: the link's target's, else its ``to`` (and ``subject``)."""
+        destination = self.destination
+        if destination is not None and destination.routing_key is not None:
+            assert self.exchange is not None
+            if self.connection.principal is not None and self.connection.principal.topics:
+                self.broker.check_topic_write(self.connection.vhost, self.exchange,  # type: ignore[arg-type]
+                                              self.connection.principal, destination.routing_key)
+            return self.exchange, destination.routing_key
+        to, subject = _to_and_subject(record)
+        if destination is None:
+            if to is None:
+                raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
+            destination = address.target(to)
+            if destination.exchange == "" and destination.routing_key is not None and self.connection.vhost:
+                self.connection.vhost.queue(destination.routing_key)  # (not-found if it is not there)
+        exchange = self._exchange(destination.exchange)
+        routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
+        if self.connection.principal is not None and self.connection.principal.topics:
+            self.broker.check_topic_write(self.connection.vhost, exchange,  # type: ignore[arg-type]
+                                          self.connection.principal, routing_key)
+        return exchange, routing_key
+
+    def _outcome(self, delivery_id: int, settled: bool, state: bytes) -> None:
+        if settled:
+            return
+        self.outcomes.append((delivery_id, state))
+        self.session.confirming.add(self)
+        self.connection.schedule_flush()
+
+    # -- the confirm path (persistence.SyncWaiter, ports.ConfirmSink) -------------------------
+
+    def synced(self, batch: int) -> None:
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][1] <= batch:
+            delivery_id = unsynced.popleft()[0]
+            if delivery_id not in self.forwarded_copies:
+                self._outcome(delivery_id, False, frames.ACCEPTED_STATE)
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
+    def forwarded(self) -> int:
+        self.forwarded_copies[self.current] = self.forwarded_copies.get(self.current, 0) + 1
+        return self.current
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        if rejected:
+            self.forwarded_rejected.add(seq)
+        left = self.forwarded_copies.pop(seq, 1) - 1
+        if left:
+            self.forwarded_copies[seq] = left
+            return
+        if any(delivery_id == seq for delivery_id, _ in self.unsynced):
+            return
+        self._outcome(seq, False, frames.REJECTED_STATE if seq in self.forwarded_rejected else frames.ACCEPTED_STATE)
+        self.forwarded_rejected.discard(seq)
+
+    def emit_outcomes(self) -> None:
+        """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
+        outcomes, self.outcomes = self.outcomes, []
+        outcomes.sort()
+        i = 0
+        while i < len(outcomes):
+            first, state = outcomes[i]
+            last = first
+            while i + 1 < len(outcomes) and outcomes[i + 1] == (last + 1, state):
+                i += 1
+                last += 1
+            self.session.send(frames.disposition(first, last, state))
+            i += 1
+
+    def closed(self) -> None:
+        self.partial = None
+        self.broker.persistence.waiters.discard(self)
+
+    def dropped(self) -> None:
+        self.outcomes.clear()
+
+
+def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
+    """The ``to`` and ``subject`` properties of a message (the slow way: only links that need them read them)."""
+    try:
+        found = amqp10.sections(record)
+    except (amqp10.Invalid, amqp10.TooLarge):
+        return None, None
+    for descriptor, content, _ in found:
+        if descriptor == amqp10.PROPERTIES and content.kind == "list":
+            values = content.value
+            to = values[2].value if len(values) > 2 and values[2].kind == "string" else None
+            subject = values[3].value if len(values) > 3 and values[3].kind == "string" else None
+            return to, subject
+    return None, None
+
+
+STREAM_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+
+
+def _consumer_arguments(source: list[Value] | None) -> dict[str, Any]:
+    """The consumer arguments a source's filters say: ``rabbitmq:stream-offset-spec`` as ``x-stream-offset``
+    (first, last, next, an offset or a timestamp).  Other filters are not applied, and so not echoed."""
+    filters = source[7] if source is not None and len(source) > 7 else None
+    if filters is None or filters.kind != "map":
+        return {}
+    for _, value in filters.value:
+        if value.kind == "described" and value.value[0] == STREAM_OFFSET_SPEC:
+            spec = value.value[1]
+            if spec.kind in ("string", "symbol"):
+                return {"x-stream-offset": spec.value}
+            if spec.kind == "timestamp":
+                return {"x-stream-offset": datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)}
+            if isinstance(spec.value, int) and not isinstance(spec.value, bool):
+                return {"x-stream-offset": spec.value}
+            raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
+    return {}
+
+
+class Outgoing(Link):
+    """A link the client receives on: a consumer of a queue whose credit is the link's."""
+
+    role = False
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.queue: Queue = None  # type: ignore[assignment]  # set by attach
+        self.consumer: Consumer | None = None
+        self.credit = 0
+        self.delivery_count = 0
+        self.drain = False
+        self.management = False  # the /management node's responses
+        self.responses: deque[bytes] = deque()
+        # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
+        # delivery-tag, message-format 0, settled
+        handle = uint(self.handle)
+        self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
+        self._transfer_tail = b"\x43" + boolean(self.settled)
+    def attach(self) -> None:
+        source = _address(self.source)
+        if source == management.ADDRESS:
+            self.management = True
+            return
+        if source is None:
+            raise Amqp10Error(frames.INVALID_FIELD, "source address required")
+        name = address.source(source)
+        connection = self.connection
+        vhost = connection.vhost
+        assert vhost is not None
+        arguments = _consumer_arguments(self.source)
+        self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        tag = f"ctag-{self.session.channel}-{self.handle}"
+        # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
+        self.consumer = self.broker.consume(self.queue, self, tag, self.settled, False, arguments, 0xFFFF)
+
+    def on_flow(self, fields: list[Value]) -> None:
+        delivery_count = frames.typed(fields, 5, ("uint",), "delivery-count", self.delivery_count)
+        credit = frames.typed(fields, 6, ("uint",), "link-credit", 0)
+        self.drain = frames.field(fields, 8, False) is True
+        self.credit = max(0, (delivery_count + credit - self.delivery_count) & MAX_UINT)
+        if self.management:
+            self._send_responses()
+        elif self.credit > 0:
+            self.queue.deliver_ready()
+        if self.drain and self.credit:
+            self.delivery_count = (self.delivery_count + self.credit) & MAX_UINT
+            self.credit = 0
+            self._send_flow(True)
+        elif frames.field(fields, 9, False) is True:
+            self._send_flow(self.drain)
+
+    def _send_flow(self, drain: bool) -> None:
+        self.session.send(frames.performative(
+            frames.FLOW, *self.session.session_fields(), uint(self.handle), uint(self.delivery_count),
+            uint(self.credit), uint(0), boolean(drain)))
+
+    def respond(self, response: bytes) -> None:
+        if len(self.responses) >= MAX_RESPONSES:
+            raise LinkError(frames.RESOURCE_LIMIT_EXCEEDED, f"more than {MAX_RESPONSES} management responses "
+                            "wait for link credit", self.handle)
+        self.responses.append(response)
+        self._send_responses()
+
+    def _send_responses(self) -> None:
+        while self.responses and self.credit > 0:
+            record = self.responses.popleft()
+            delivery_id = self.session.next_delivery_id
+            self.session.next_delivery_id = (delivery_id + 1) & MAX_UINT
+            self.credit -= 1
+            self.delivery_count = (self.delivery_count + 1) & MAX_UINT
+            fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0), boolean(True)]
+            self._deliver_frames(fields, record, self.connection.peer_frame_max - _TRANSFER_OVERHEAD)
+        self.connection.schedule_flush()
+
+    # -- ports.DeliveryTarget ----------------------------------------------------------------
+
+    def client(self) -> ClientChannel:
+        connection = self.connection
+        return ClientChannel(connection.name, self.session.channel, connection.peer,
+                             connection.user.name if connection.user else "", self.broker.node_name)
+
+    def can_deliver(self) -> bool:
+        connection = self.connection
+        return (self.credit > 0 and self.session.remote_incoming_window > 0 and not connection.write_paused
+                and connection.deliver_budget > 0)
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        session = self.session
+        connection = self.connection
+        message = entry.message
+        delivery_id = session.next_delivery_id
+        session.next_delivery_id = (delivery_id + 1) & MAX_UINT
+        self.credit -= 1
+        self.delivery_count = (self.delivery_count + 1) & MAX_UINT
+        if not consumer.no_ack:
+            session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
+        head = amqp10.record_head(message, native=True)
+        body = message.body
+        room = connection.peer_frame_max - _TRANSFER_OVERHEAD
+        size = len(head) + len(body)
+        if size <= room:
+            tag = _TAG.pack(delivery_id)
+            first = self._transfer_head + tag + b"\xa0\x04" + tag + self._transfer_tail
+            head = frames.FRAME_HEAD.pack(8 + len(first) + size, 2, 0, session.channel) + first + head
+            if len(body) < LARGE_BODY:
+                connection.out.append(head + body)
+            else:
+                connection.out += (head, body)
+                connection.large_out = True
+            session.sent_transfers(1)
+        else:
+            fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
+                      boolean(consumer.no_ack)]
+            self._deliver_frames(fields, head + body, room)
+            connection.large_out = True
+        connection.deliver_budget -= 1 + (size >> 16)
+        connection.schedule_flush()
+
+    def _deliver_frames(self, fields: list[bytes], record: bytes, room: int) -> None:
+        """A message larger than the client's frames, in transfers that say ``more`` but the last."""
+        session = self.session
+        out = self.connection.out
+        pos = 0
+        while pos < len(record):
+            chunk = record[pos:pos + room]
+            more = boolean(pos + len(chunk) < len(record))
+            perf = frames.performative(frames.TRANSFER, *fields, more) if pos == 0 else \
+                frames.performative(frames.TRANSFER, uint(self.handle), NULL, NULL, NULL, NULL, more)
+            pos += len(chunk)
+            out.append(frames.FRAME_HEAD.pack(8 + len(perf) + len(chunk), 2, 0, session.channel) + perf)
+            out.append(chunk)
+            session.sent_transfers(1)
+
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue was deleted: the link detaches as RabbitMQ 4.x detaches it."""
+        self.consumer = None
+        vhost = self.connection.vhost_name
+        self.session.detach_with(self.handle, Amqp10Error(
+            "amqp:resource-deleted", f"queue '{consumer.queue.name}' in vhost '{vhost}' was deleted"))
+
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        self.connection.close_with(Amqp10Error(frames.INTERNAL_ERROR, reason))
+
+    def handed_over(self, consumer: Consumer, old: Any, new: Any) -> None:
+        self.queue = new
+        for delivery_id, (entry, queue, held_by, link) in list(self.session.unsettled.items()):
+            if held_by is consumer and queue is old:
+                self.session.unsettled[delivery_id] = (entry, new, held_by, link)
+
+    def closed(self) -> None:
+        """Detached: the consumer goes, and what the link's client held is requeued."""
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            self.broker.remove_consumer(consumer)
+        unsettled = self.session.unsettled
+        ids = [i for i, held in unsettled.items() if held[3] is self]
+        if ids:
+            self.broker.settle_taken([unsettled.pop(i)[:3] for i in ids], True)
+        if consumer is not None:
+            consumer.queue.deliver_ready()
+

@@ -1,0 +1,873 @@
+"""AMQP 1.0 on the AMQP port, as RabbitMQ 4.x serves it: Qpid Proton's blocking API and pika against one node
+(in this process, its loop in a thread), raw frames for protocol violations and the pre-login limits.
+
+What the node answers is checked against RabbitMQ 4.2's texts (rabbit_amqp_reader, rabbit_amqp_session)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pika
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amqp_server.auth import Permissions
+from amqp_server.config import Config
+from amqp_server.server import Node
+from amqp_server.stream import amqp10
+from amqp_server.stream.amqp10 import described, encode_list, symbol, uint, utf8
+from conftest import free_port
+
+proton = pytest.importorskip("proton")
+from proton import Message  # noqa: E402
+from proton.reactor import AtMostOnce  # noqa: E402
+from proton.utils import BlockingConnection  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+
+
+class Running:
+    """A node serving in a thread of its own, with its own event loop."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.port = config.amqp_port
+        self.loop = asyncio.new_event_loop()
+        self.node: Node | None = None
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def serve() -> None:
+                self.node = Node(config)
+                await self.node.start()
+                started.set()
+                await self.node.run_until_stopped()
+
+            self.loop.run_until_complete(serve())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(15), "the node did not start"
+
+    def call(self, fn: Any) -> Any:
+        """``fn()`` on the node's loop, its answer back."""
+        return asyncio.run_coroutine_threadsafe(_call(fn), self.loop).result(10)
+
+    def stop(self) -> None:
+        assert self.node is not None
+        self.loop.call_soon_threadsafe(self.node.stop)
+        self.thread.join(15)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
+
+
+def start(tmp_path: Path, **options: Any) -> Running:
+    return Running(Config(amqp_port=free_port(), mgmt_enabled=False, bind="127.0.0.1", data_dir=str(tmp_path),
+                          **options))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Running]:
+    running = start(tmp_path)
+    yield running
+    running.stop()
+
+
+def url(node: Running, user: str = "guest", password: str = "guest") -> str:
+    return f"amqp://{user}:{password}@127.0.0.1:{node.port}"
+
+
+def connect(node: Running) -> BlockingConnection:
+    return BlockingConnection(url(node), timeout=10, allowed_mechs="PLAIN")
+
+
+def declare(node: Running, name: str, **arguments: Any) -> pika.BlockingConnection:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    connection.channel().queue_declare(name, durable=True, arguments=arguments or None)
+    return connection
+
+
+# -- Qpid Proton -----------------------------------------------------------------------------------------------
+
+
+def test_proton_sends_to_a_queue_and_receives_what_it_sent(node):
+    declare(node, "q").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/q")
+        for i in range(5):
+            sender.send(Message(body=f"message {i}".encode(), durable=True))  # waits for the accepted outcome
+        receiver = connection.create_receiver("/queues/q", credit=3)
+        got = []
+        for _ in range(5):
+            message = receiver.receive(timeout=5)
+            got.append(bytes(message.body))
+            receiver.accept()
+        assert got == [f"message {i}".encode() for i in range(5)]
+    finally:
+        connection.close()
+    pika_connection = declare(node, "q")
+    assert pika_connection.channel().queue_declare("q", passive=True).method.message_count == 0
+    pika_connection.close()
+
+
+def test_a_message_larger_than_a_frame_goes_both_ways_in_several_transfers(node):
+    declare(node, "big").close()
+    body = bytes(range(256)) * 2048  # 512 KiB: four 128 KiB frames at least
+    connection = connect(node)
+    try:
+        connection.create_sender("/queues/big").send(Message(body=body))
+        message = connection.create_receiver("/queues/big").receive(timeout=10)
+        assert bytes(message.body) == body
+    finally:
+        connection.close()
+
+
+def test_pre_settled_both_ways(node):
+    declare(node, "settled").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/settled", options=AtMostOnce())
+        for i in range(3):
+            sender.send(Message(body=f"m{i}"))
+        receiver = connection.create_receiver("/queues/settled", options=AtMostOnce())
+        assert [receiver.receive(timeout=5).body for _ in range(3)] == ["m0", "m1", "m2"]
+    finally:
+        connection.close()
+    pika_connection = declare(node, "settled")
+    assert pika_connection.channel().queue_declare("settled", passive=True).method.message_count == 0
+    pika_connection.close()
+
+
+def test_a_release_requeues_and_a_reject_dead_letters(node):
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("dlq")
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/work").send(Message(body="once"))
+        receiver = amqp.create_receiver("/queues/work", credit=1)
+        assert receiver.receive(timeout=5).body == "once"
+        receiver.release()
+        assert receiver.receive(timeout=5).body == "once"  # requeued, delivered again
+        receiver.reject()
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=0.3)  # (Proton sends the disposition as it next works)
+        deadline = time.monotonic() + 5
+        body = None
+        while body is None and time.monotonic() < deadline:  # (the disposition is not waited for)
+            _, _, body = channel.basic_get("dlq", auto_ack=True)
+        assert channel.queue_declare("work", passive=True).method.message_count == 0
+        assert body.endswith(b"once")  # an amqp-value body: its encoded section
+    finally:
+        amqp.close()
+        connection.close()
+
+
+def test_credit_bounds_what_the_node_sends(node):
+    declare(node, "credit").close()
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/credit")
+        for i in range(10):
+            sender.send(Message(body=i))
+        receiver = connection.create_receiver("/queues/credit", credit=0)
+        time.sleep(0.3)
+        assert receiver.fetcher.incoming.__len__() == 0  # no credit, nothing sent
+        receiver.flow(2)
+        got = [receiver.receive(timeout=5).body for _ in range(2)]
+        time.sleep(0.3)
+        assert got == [0, 1] and len(receiver.fetcher.incoming) == 0
+    finally:
+        connection.close()
+
+
+def test_unknown_queue_is_refused_as_rabbitmq_refuses_it(node):
+    connection = connect(node)
+    try:
+        with pytest.raises(proton.utils.LinkDetached) as refused:
+            connection.create_receiver("/queues/missing")
+        assert "amqp:not-found" in str(refused.value)
+        assert "no queue 'missing' in vhost '/'" in str(refused.value)
+    finally:
+        connection.close()
+
+
+def test_open_says_rabbitmq_4_and_warren(node):
+    connection = connect(node)
+    try:
+        properties = connection.conn.remote_properties
+        assert properties["product"] == "RabbitMQ" and properties["version"].startswith("4.2")
+        assert "Warren" in properties["platform"]
+    finally:
+        connection.close()
+
+
+def test_wrong_password_is_refused(node, monkeypatch):
+    from amqp_server.amqp1 import connection as amqp10_connection
+
+    monkeypatch.setattr(amqp10_connection, "SILENT_CLOSE_DELAY", 0.1)
+    with pytest.raises(proton.ConnectionException, match="amqp:unauthorized-access.*Authentication failed"):
+        BlockingConnection(url(node, password="wrong"), timeout=10, allowed_mechs="PLAIN")
+
+
+def test_anonymous_is_offered_only_when_configured(node, tmp_path):
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.sendall(SASL_HEADER)
+        mechanisms = _read_frames(sock, 0x40)[-1][1][0].value
+        assert [m.value for m in mechanisms] == ["PLAIN", "AMQPLAIN"]  # no ANONYMOUS by default
+    with pytest.raises(proton.ConnectionException):
+        BlockingConnection(f"amqp://127.0.0.1:{node.port}", timeout=10, allowed_mechs="ANONYMOUS")
+    running = start(tmp_path / "anonymous", auth_mechanisms="PLAIN ANONYMOUS")
+    try:
+        connection = BlockingConnection(f"amqp://127.0.0.1:{running.port}", timeout=10, allowed_mechs="ANONYMOUS")
+        declare(running, "anon").close()
+        connection.create_sender("/queues/anon").send(Message(body="as guest"))
+        connection.close()
+    finally:
+        running.stop()
+
+
+# -- across protocols --------------------------------------------------------------------------------------------
+
+
+def test_an_amqp10_publish_is_consumed_by_pika_with_its_properties(node):
+    pika_connection = declare(node, "across")
+    amqp = connect(node)
+    try:
+        pika_connection.channel().queue_bind("across", "amq.direct", "across-key")
+        message = Message(body=b"payload", id="m-1", correlation_id="c-1", content_type="text/plain",
+                          reply_to="replies", properties={"k": "v", "n": 7}, durable=True, priority=3,
+                          inferred=True)  # a data section, as RabbitMQ's clients send
+        amqp.create_sender("/exchanges/amq.direct/across-key").send(message)
+    finally:
+        amqp.close()
+    method, props, body = pika_connection.channel().basic_get("across", auto_ack=True)
+    pika_connection.close()
+    assert body == b"payload"
+    assert method.exchange == "amq.direct" and method.routing_key == "across-key"
+    assert props.message_id == "m-1" and props.correlation_id == "c-1" and props.content_type == "text/plain"
+    assert props.reply_to == "replies" and props.delivery_mode == 2 and props.priority == 3
+    assert props.headers == {"k": "v", "n": 7}
+
+
+def test_a_pika_publish_is_received_over_amqp10_with_its_properties(node):
+    pika_connection = declare(node, "back")
+    pika_connection.channel().basic_publish("", "back", b"from pika", pika.BasicProperties(
+        message_id="p-1", content_type="application/octet-stream", delivery_mode=2, headers={"h": "x", "i": 5}))
+    pika_connection.close()
+    amqp = connect(node)
+    try:
+        message = amqp.create_receiver("/queues/back").receive(timeout=5)
+    finally:
+        amqp.close()
+    assert bytes(message.body) == b"from pika"
+    assert message.id == "p-1" and message.content_type == "application/octet-stream" and message.durable
+    assert message.properties == {"h": "x", "i": 5}
+    assert message.annotations["x-routing-key"] == "back"
+
+
+def test_rabbitmq_3_v1_addresses_are_still_taken(node):
+    pika_connection = declare(node, "v1")
+    pika_connection.channel().queue_bind("v1", "amq.topic", "a.b")
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/topic/a.b").send(Message(body="by topic"))
+        amqp.create_sender("/exchange/amq.topic/a.b").send(Message(body="by exchange"))
+        amqp.create_sender("/amq/queue/v1").send(Message(body="by queue"))
+        receiver = amqp.create_receiver("/amq/queue/v1")
+        assert [receiver.receive(timeout=5).body for _ in range(3)] == ["by topic", "by exchange", "by queue"]
+        receiver.accept()
+    finally:
+        amqp.close()
+        pika_connection.close()
+
+
+def test_unroutable_is_released(node):
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/exchanges/amq.direct/nowhere")
+        with pytest.raises(proton.utils.SendException) as released:
+            sender.send(Message(body="lost"))
+        assert released.value.state == proton.Delivery.RELEASED
+    finally:
+        amqp.close()
+
+
+# -- raw frames ------------------------------------------------------------------------------------------------
+
+
+def _frame(body: bytes, channel: int = 0, kind: int = 0) -> bytes:
+    return struct.pack(">IBBH", 8 + len(body), 2, kind, channel) + body
+
+
+def _performative(code: int, *fields: bytes) -> bytes:
+    return described(code, encode_list(list(fields)))
+
+
+def _read_frames(sock: socket.socket, until: int, timeout: float = 5.0) -> list[tuple[int, list[amqp10.Value]]]:
+    """The performatives read until one with code ``until`` (or the socket closes)."""
+    sock.settimeout(timeout)
+    data = b""
+    found: list[tuple[int, list[amqp10.Value]]] = []
+    while True:
+        while len(data) >= 8 and data.startswith(b"AMQP"):
+            data = data[8:]
+        while len(data) >= 8 and len(data) >= struct.unpack_from(">I", data)[0]:
+            size, doff = struct.unpack_from(">IB", data)
+            if size > doff * 4:
+                value, _ = amqp10.value_at(data[doff * 4:size])
+                found.append((value.value[0], value.value[1].value))
+                if value.value[0] == until:
+                    return found
+            data = data[size:]
+        chunk = sock.recv(65536)
+        if not chunk:
+            return found
+        data += chunk
+
+
+def _logged_in(node: Running) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", node.port))
+    sock.sendall(SASL_HEADER + _frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")),
+                                      kind=1))
+    outcome = _read_frames(sock, 0x44)
+    assert outcome[-1][0] == 0x44 and outcome[-1][1][0].value == 0
+    sock.sendall(AMQP_HEADER + _frame(_performative(0x10, utf8("raw"))))
+    assert _read_frames(sock, 0x10)[-1][0] == 0x10
+    return sock
+
+
+def _close_error(found: list[tuple[int, list[amqp10.Value]]], code: int = 0x18) -> tuple[str, str]:
+    fields = found[-1][1]
+    assert found[-1][0] == code, found
+    error = fields[-1].value[1].value
+    return error[0].value, error[1].value
+
+
+def test_amqp10_without_sasl_is_refused_with_the_sasl_header(node):
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.settimeout(5)
+        sock.sendall(AMQP_HEADER)
+        data = b""
+        while chunk := sock.recv(64):
+            data += chunk
+        assert data == SASL_HEADER
+
+
+def test_a_frame_above_max_frame_size_closes_with_a_framing_error(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(struct.pack(">IBBH", 131073, 2, 0, 0))
+        assert _close_error(_read_frames(sock, 0x18)) == (
+            "amqp:connection:framing-error", "frame size (131073 bytes) > maximum frame size (131072 bytes)")
+
+
+def test_a_transfer_on_an_unattached_handle_ends_the_session(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100)), channel=1))
+        assert _read_frames(sock, 0x11)[-1][0] == 0x11
+        sock.sendall(_frame(_performative(0x14, uint(7), uint(0), amqp10.binary(b"t")), channel=1))
+        assert _close_error(_read_frames(sock, 0x17), 0x17) == ("amqp:session:unattached-handle",
+                                                                "link handle 7 is not attached")
+
+
+def test_a_channel_above_channel_max_closes_with_a_framing_error(node):
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100)), channel=64))
+        assert _close_error(_read_frames(sock, 0x18)) == (
+            "amqp:connection:framing-error", "channel number (64) exceeds maximum channel number (63)")
+
+
+def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(node):
+    declare(node, "nocredit").close()
+    node.call(lambda: node.node.flow.block("memory"))  # type: ignore[union-attr]
+    sock = _logged_in(node)
+    with sock:
+        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+        _read_frames(sock, 0x11)
+        target = described(0x29, encode_list([utf8("/queues/nocredit")]))
+        sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                          amqp10.NULL, amqp10.NULL, target)))
+        assert [code for code, _ in _read_frames(sock, 0x12)] == [0x12]
+        with pytest.raises(socket.timeout):
+            _read_frames(sock, 0x13, timeout=0.3)  # no flow: no credit while the alarm stands
+        record = described(0x75, amqp10.binary(b"x"))
+        sock.sendall(_frame(_performative(0x14, uint(0), uint(0), amqp10.binary(b"t"), uint(0),
+                                          amqp10.boolean(True)) + record))
+        assert _close_error(_read_frames(sock, 0x16), 0x16) == (
+            "amqp:link:transfer-limit-exceeded", "insufficient credit (0) for delivery 0 on link 'l'")
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(5)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_before_login_a_huge_frame_is_refused_unread_and_a_wrong_password_gets_sasl_auth(node, monkeypatch):
+    from amqp_server.amqp1 import connection as amqp10_connection
+
+    monkeypatch.setattr(amqp10_connection, "SILENT_CLOSE_DELAY", 0.1)
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        started = time.monotonic()
+        sock.sendall(SASL_HEADER + struct.pack(">IBBH", 2**31, 2, 1, 0) + b"x" * 65536)
+        data = _until_closed(sock)
+        assert time.monotonic() - started < 3
+        assert [code for code, _ in _parse(data)] == [0x40]  # the mechanisms, then nothing: closed unread
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.sendall(SASL_HEADER + _frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0nope")),
+                                          kind=1))
+        found = _parse(_until_closed(sock))
+        assert [code for code, _ in found] == [0x40, 0x44] and found[-1][1][0].value == 1  # sasl-outcome auth
+
+
+def _parse(data: bytes) -> list[tuple[int, list[amqp10.Value]]]:
+    found = []
+    data = data[8:] if data.startswith(b"AMQP") else data
+    while len(data) >= 8:
+        size, doff = struct.unpack_from(">IB", data)
+        value, _ = amqp10.value_at(data[doff * 4:size])
+        found.append((value.value[0], value.value[1].value))
+        data = data[size:]
+    return found
+
+
+def test_a_client_stalled_in_sasl_counts_among_the_handshakes(tmp_path):
+    """Three AMQP 1.0 clients that send the SASL header and stall, with room for two handshakes: the oldest is
+    closed to make room (the 0-9-1 front end's pool, entered again by the AMQP 1.0 one)."""
+    running = start(tmp_path, handshakes_max=2)
+    socks = []
+    try:
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", running.port))
+            sock.sendall(SASL_HEADER)
+            socks.append(sock)
+            time.sleep(0.2)
+        waiting = lambda: running.node.clients.handshakes.waiting  # type: ignore[union-attr]  # noqa: E731
+        deadline = time.monotonic() + 5
+        while running.call(waiting) != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.call(waiting) == 2
+        _until_closed(socks[0])  # closed to make room (a reset may drop what it was sent): else a timeout
+    finally:
+        for sock in socks:
+            sock.close()
+        running.stop()
+
+
+# -- RabbitMQ's own AMQP 1.0 client ------------------------------------------------------------------------------
+
+
+def test_the_rabbitmq_client_declares_publishes_and_consumes_with_every_outcome(node):
+    """Its README's first example: a quorum queue declared through /management, bound to an exchange, published
+    to with outcomes, consumed with accept, requeue and discard, then the topology taken down."""
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+
+    class Done(Exception):
+        pass
+
+    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+        def __init__(self, actions: list[str]) -> None:
+            super().__init__()
+            self.actions = actions
+            self.seen: list[str] = []
+
+        def on_amqp_message(self, event: Any) -> None:
+            self.seen.append(client.Converter.bytes_to_string(event.message.body))
+            getattr(self.delivery_context, self.actions.pop(0))(event)
+            if not self.actions:
+                raise Done
+
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    management.declare_exchange(client.ExchangeSpecification(name="orders"))
+    management.declare_queue(client.QuorumQueueSpecification(name="orders-q"))
+    info = management.queue_info("orders-q")
+    assert info.name == "orders-q" and info.queue_type == client.QueueType.quorum and info.is_durable
+    binding = management.bind(client.ExchangeToQueueBindingSpecification(
+        source_exchange="orders", destination_queue="orders-q", binding_key="new"))
+    publisher = connection.publisher(client.AddressHelper.exchange_address("orders", "new"))
+    for i in range(3):
+        status = publisher.publish(client.Message(body=client.Converter.string_to_bytes(f"order {i}")))
+        assert status.remote_state == client.Delivery.ACCEPTED
+    publisher.close()
+    assert management.queue_info("orders-q").message_count == 3
+    handler = Handler(["requeue", "accept", "discard", "accept"])
+    consumer = connection.consumer(client.AddressHelper.queue_address("orders-q"), message_handler=handler)
+    with pytest.raises(Done):
+        consumer.run()
+    consumer.close()
+    assert handler.seen == ["order 0", "order 1", "order 2", "order 0"]  # (credit 10: all three were out)
+    assert management.queue_info("orders-q").message_count == 0
+    management.unbind(binding)
+    management.delete_exchange("orders")
+    assert management.purge_queue("orders-q") == 0
+    management.delete_queue("orders-q")
+    with pytest.raises(client.ValidationCodeException):
+        management.queue_info("orders-q")  # 404
+    management.close()
+    connection.close()
+    environment.close()
+
+
+def test_the_rabbitmq_client_reads_a_stream_from_an_offset(node):
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+
+    class Done(Exception):
+        pass
+
+    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+        def __init__(self, wanted: int) -> None:
+            super().__init__()
+            self.wanted = wanted
+            self.seen: list[str] = []
+
+        def on_amqp_message(self, event: Any) -> None:
+            self.seen.append(client.Converter.bytes_to_string(event.message.body))
+            self.delivery_context.accept(event)
+            if len(self.seen) == self.wanted:
+                raise Done
+
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    management.declare_queue(client.StreamSpecification(name="events", max_len_bytes=10_000_000))
+    assert management.queue_info("events").queue_type == client.QueueType.stream
+    publisher = connection.publisher(client.AddressHelper.queue_address("events"))
+    for i in range(4):
+        publisher.publish(client.Message(body=client.Converter.string_to_bytes(f"event {i}")))
+    publisher.close()
+    for offset, expected in ((client.OffsetSpecification.first, 4), (2, 2)):
+        handler = Handler(expected)
+        consumer = connection.consumer(client.AddressHelper.queue_address("events"), message_handler=handler,
+                                       consumer_options=client.StreamConsumerOptions(offset_specification=offset))
+        with pytest.raises(Done):
+            consumer.run()
+        consumer.close()
+        assert handler.seen == [f"event {i}" for i in range(4 - expected, 4)]
+    management.close()
+    connection.close()
+    environment.close()
+
+
+def test_management_answers_with_rabbitmqs_codes_and_checks_permissions(node):
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+    admin = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    admin.channel().queue_declare("taken", durable=True, arguments={"x-max-length": 5})
+    admin.close()
+    node.call(lambda: node.node.broker.access.add_user("reader", "secret"))  # type: ignore[union-attr]
+    node.call(lambda: node.node.broker.access.set_permissions(  # type: ignore[union-attr]
+        "/", "reader", Permissions(configure="^$")))
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    try:
+        with pytest.raises(client.ValidationCodeException, match="ErrPreconditionFailed"):  # 409: inequivalent
+            management.declare_queue(client.ClassicQueueSpecification(name="taken", max_len=6))
+        with pytest.raises(client.ValidationCodeException, match="404"):
+            management.queue_info("missing")
+    finally:
+        management.close()
+        connection.close()
+        environment.close()
+    restricted = client.Environment(uri=url(node, "reader", "secret"))
+    connection = restricted.connection()
+    connection.dial()
+    management = connection.management()
+    try:
+        with pytest.raises(client.ValidationCodeException, match="403"):
+            management.declare_queue(client.ClassicQueueSpecification(name="not-mine"))
+        message = management.request(None, "/queues/not-mine", "PUT", [403])
+        assert message.body == "access to queue 'not-mine' in vhost '/' refused for user 'reader'"
+    finally:
+        management.close()
+        connection.close()
+        restricted.close()
+
+
+def test_the_http_api_lists_and_closes_an_amqp10_connection(tmp_path):
+    import base64
+    import json
+    import urllib.parse
+    import urllib.request
+
+    running = Running(Config(amqp_port=free_port(), mgmt_port=free_port(), bind="127.0.0.1",
+                             data_dir=str(tmp_path)))
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+
+    def api(path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(f"http://127.0.0.1:{running.config.mgmt_port}{path}", method=method,
+                                         headers=auth)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    try:
+        amqp = connect(running)
+        listed = api("/api/connections")
+        assert [c["protocol"] for c in listed] == ["AMQP 1.0"]
+        assert listed[0]["user"] == "guest" and listed[0]["vhost"] == "/" and listed[0]["auth_mechanism"] == "PLAIN"
+        api("/api/connections/" + urllib.parse.quote(listed[0]["name"], safe=""), "DELETE")
+        with pytest.raises(proton.ConnectionException, match="amqp:connection:forced"):
+            amqp.create_sender("/queues/anything")
+        deadline = time.monotonic() + 5  # (gone once the client answers, or CLOSE_TIMEOUT is over)
+        while api("/api/connections") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert api("/api/connections") == []
+    finally:
+        running.stop()
+
+
+# -- hostile frames, in-process ------------------------------------------------------------------------------------
+
+_ADDRESSES = ["/queues/q", "/queues/missing", "/exchanges/amq.direct/k", "/exchanges/amq.fanout", "/management",
+              "/queues/%ZZ", "", "/exchanges/amq.default/x", "/queues/" + "x" * 300]
+_VALUES = st.one_of(
+    st.just(amqp10.NULL), st.integers(0, 2**32 - 1).map(uint), st.booleans().map(amqp10.boolean),
+    st.text(max_size=20).map(utf8), st.binary(max_size=20).map(amqp10.binary),
+    st.sampled_from(_ADDRESSES).map(lambda a: described(0x29, encode_list([utf8(a)]))),
+    st.sampled_from(_ADDRESSES).map(lambda a: described(0x28, encode_list([utf8(a)]))),
+    st.sampled_from([0x24, 0x25, 0x26, 0x27, 0x23, 0x99]).map(lambda c: described(c, b"\x45")),
+    st.integers(0, 2**64 - 1).map(amqp10.ulong), st.binary(max_size=24))
+_PERFORMATIVES = st.builds(
+    lambda code, fields, payload, channel: _frame(_performative(code, *fields) + payload, channel),
+    st.sampled_from([0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x10, 0x40, 0x00]),
+    st.lists(_VALUES, max_size=12), st.binary(max_size=32), st.sampled_from([0, 0, 1, 63, 64, 65535]))
+_HANDLES = st.integers(0, 3).map(uint)
+_RECORDS = st.one_of(st.binary(max_size=24), st.just(described(0x75, amqp10.binary(b"body"))),
+                     st.just(described(0x73, encode_list([amqp10.NULL, amqp10.NULL, utf8("/queues/q"), utf8("GET")]))
+                             + described(0x77, amqp10.NULL)))
+_SHAPED = st.one_of(  # performatives of the right shape, values drawn: they reach links and deliveries
+    st.builds(lambda h, role, src, tgt: _performative(0x12, utf8("l"), h, role, amqp10.NULL, amqp10.NULL, src, tgt),
+              _HANDLES, st.booleans().map(amqp10.boolean), _VALUES, _VALUES),
+    st.builds(lambda h, credit, drain, echo: _performative(0x13, uint(0), uint(100), uint(0), uint(100), h, uint(0),
+                                                          credit, amqp10.NULL, drain, echo),
+              _HANDLES, st.integers(0, 2**32 - 1).map(uint), st.booleans().map(amqp10.boolean),
+              st.booleans().map(amqp10.boolean)),
+    st.builds(lambda h, i, settled, more, record: _performative(0x14, h, i, amqp10.binary(b"t"), uint(0), settled,
+                                                                more) + record,
+              _HANDLES, st.integers(0, 5).map(uint), st.booleans().map(amqp10.boolean),
+              st.booleans().map(amqp10.boolean), _RECORDS),
+    st.builds(lambda first, last, settled, state: _performative(0x15, amqp10.boolean(True), first, last, settled,
+                                                                state),
+              st.integers(0, 5).map(uint), st.one_of(st.just(amqp10.NULL), st.integers(0, 2**32 - 1).map(uint)),
+              st.booleans().map(amqp10.boolean), _VALUES),
+    st.builds(lambda h, closed: _performative(0x16, h, closed), _HANDLES, st.booleans().map(amqp10.boolean)),
+).map(_frame)
+_FRAMES = st.one_of(_SHAPED, _SHAPED, _PERFORMATIVES, st.binary(max_size=40),
+                    st.builds(lambda size, doff, kind, body: struct.pack(">IBBH", size, doff, kind, 0) + body,
+                              st.integers(0, 2**32 - 1), st.integers(0, 255), st.integers(0, 3),
+                              st.binary(max_size=16)))
+
+
+class Transport(asyncio.Transport):
+    """A loopback client's socket that keeps what is written."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.written = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 4242) if name in ("peername", "sockname") else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_FRAMES, max_size=16), st.integers(1, 64))
+def test_fuzz_frames_after_login_get_an_answer_or_a_close_never_an_internal_error(tmp_path, sent, cut):
+    """Whatever a logged-in client sends, the node answers or closes with a protocol error, never an internal
+    error, and what it writes stays small."""
+    from amqp_server.amqp1 import connection as amqp10_connection
+    from amqp_server.amqp1.connection import Amqp10Connection
+    from amqp_server.broker import Broker
+    from amqp_server.clients import Clients
+    from amqp_server.publisher_flow import PublisherFlow
+
+    internal: list[str] = []
+
+    async def run() -> int:
+        broker = Broker(str(tmp_path / f"data-{time.monotonic_ns()}"))
+        try:
+            broker.declare_queue(broker.vhost("/"), "q", durable=True)
+            config = Config()
+            connection = Amqp10Connection(broker, config, PublisherFlow(), Clients(config))
+            transport = Transport(connection)
+            connection.connection_made(transport)
+            login = (_frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")), kind=1)
+                     + AMQP_HEADER + _frame(_performative(0x10, utf8("fuzz")))
+                     + _frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+            connection.data_received(login)  # (the 0-9-1 front end took the SASL header)
+            assert connection.state == amqp10_connection.OPEN and 0 in connection.sessions
+            data = b"".join(sent)
+            original = amqp10_connection.complaints.internal
+            amqp10_connection.complaints.internal = lambda what, name: internal.append(what)  # type: ignore
+            try:
+                for at in range(0, len(data), cut):
+                    if connection.state != amqp10_connection.CLOSED:
+                        connection.data_received(data[at:at + cut])
+                connection.flush()
+                for _ in range(3):
+                    await asyncio.sleep(0)
+            finally:
+                amqp10_connection.complaints.internal = original  # type: ignore[method-assign]
+            return len(transport.written)
+        finally:
+            broker.close()
+
+    written = asyncio.run(run())
+    assert not internal
+    assert written < 64 * 1024
+
+
+def _in_process(broker: Any) -> tuple[Any, Transport]:
+    """An AMQP 1.0 connection on a fake socket, logged in, session 0 begun (in a running loop)."""
+    from amqp_server.amqp1.connection import OPEN, Amqp10Connection
+    from amqp_server.clients import Clients
+    from amqp_server.publisher_flow import PublisherFlow
+
+    config = Config()
+    connection = Amqp10Connection(broker, config, PublisherFlow(), Clients(config))
+    transport = Transport(connection)
+    connection.connection_made(transport)
+    connection.data_received(_frame(_performative(0x41, symbol("PLAIN"), amqp10.binary(b"\0guest\0guest")), kind=1)
+                             + AMQP_HEADER + _frame(_performative(0x10, utf8("in-process")))
+                             + _frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+    assert connection.state == OPEN and 0 in connection.sessions
+    connection.flush()
+    transport.written.clear()
+    return connection, transport
+
+
+def _written(connection: Any, transport: Transport) -> list[tuple[int, list[amqp10.Value]]]:
+    connection.flush()
+    found = _parse(bytes(transport.written))
+    transport.written.clear()
+    return found
+
+
+async def test_drain_with_nothing_to_send_gives_the_credit_back_and_a_deleted_queue_detaches_its_link(tmp_path):
+    from amqp_server.broker import Broker
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        vhost = broker.vhost("/")
+        broker.declare_queue(vhost, "q", durable=True)
+        connection, transport = _in_process(broker)
+        source = described(0x28, encode_list([utf8("/queues/q")]))
+        connection.data_received(_frame(_performative(0x12, utf8("r"), uint(0), amqp10.boolean(True), amqp10.NULL,
+                                                      amqp10.NULL, source)))
+        assert [code for code, _ in _written(connection, transport)] == [0x12]
+        connection.data_received(_frame(_performative(0x13, uint(0), uint(100), uint(0), uint(100), uint(0), uint(0),
+                                                      uint(5), amqp10.NULL, amqp10.boolean(True))))
+        [(code, fields)] = _written(connection, transport)
+        assert code == 0x13  # drained: delivery-count advanced by the credit, none left, drain echoed
+        assert (fields[5].value, fields[6].value, fields[8].value) == (5, 0, True)
+        broker.delete_queue(vhost, "q")
+        [(code, fields)] = _written(connection, transport)
+        assert code == 0x16 and fields[0].value == 0 and fields[1].value is True
+        error = fields[2].value[1].value
+        assert (error[0].value, error[1].value) == ("amqp:resource-deleted", "queue 'q' in vhost '/' was deleted")
+    finally:
+        broker.close()
+
+
+async def test_a_large_message_arriving_during_an_alarm_stops_the_reading(tmp_path):
+    """A multi-transfer message grows past the memory check's step while an alarm stands: the socket is read no
+    more until it clears (credit alone would not stop a message already granted)."""
+    from amqp_server.broker import Broker
+    from amqp_server.memory import MEMORY_CHECK_BYTES
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        broker.declare_queue(broker.vhost("/"), "q", durable=True)
+        connection, transport = _in_process(broker)
+        paused: list[bool] = []
+        transport.pause_reading = lambda: paused.append(True)  # type: ignore[method-assign]
+        transport.resume_reading = lambda: paused.append(False)  # type: ignore[method-assign]
+        target = described(0x29, encode_list([utf8("/queues/q")]))
+        connection.data_received(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                                      amqp10.NULL, amqp10.NULL, target)))
+        chunk = b"\0" * 60_000
+        first = _frame(_performative(0x14, uint(0), uint(0), amqp10.binary(b"t"), uint(0), amqp10.boolean(False),
+                                     amqp10.boolean(True)) + described(0x75, b"\xb0" + struct.pack(">I", 10**8)))
+        more = _frame(_performative(0x14, uint(0), amqp10.NULL, amqp10.NULL, amqp10.NULL, amqp10.NULL,
+                                    amqp10.boolean(True)) + chunk)
+        connection.data_received(first)
+        connection.flow.block("memory")
+        fed = 0
+        while not paused and fed < 2 * MEMORY_CHECK_BYTES:
+            connection.data_received(more)
+            fed += len(chunk)
+        assert paused == [True] and fed <= MEMORY_CHECK_BYTES + len(chunk)
+        connection.flow.unblock("memory")
+        assert paused == [True, False]
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("list32", [False, True])
+def test_the_transfer_read_in_place_agrees_with_the_general_decoder(list32):
+    from amqp_server.amqp1 import frames
+
+    fields = [uint(3), uint(70000), amqp10.binary(b"tag1"), uint(0), amqp10.boolean(True), amqp10.boolean(False)]
+    data = b"".join(fields)
+    body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, len(fields)) if list32
+                               else bytes((0xC0, len(data) + 1, len(fields)))) + data + b"payload")
+    fast = frames.transfer_at(bytearray(body), 0, len(body))
+    assert fast is not None
+    value, end = amqp10.value_at(body)
+    assert fast == (frames.transfer_of(value.value[1].value), end)
+    assert body[fast[1]:] == b"payload"

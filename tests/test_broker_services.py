@@ -1,0 +1,403 @@
+"""Each of the broker's services in-process (amqp_server/broker/): built alone with what it depends on where that
+is little (definitions, bindings, exchanges, routing), else through the broker that builds them all.  No sockets,
+no frames: the rules every front end relies on, in milliseconds.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from pamqp import commands
+
+from amqp_server import errors
+from amqp_server.auth import Principal
+from amqp_server.broker import Broker
+from amqp_server.broker.bindings import Bindings
+from amqp_server.broker.core import Definitions
+from amqp_server.broker.exchanges import Exchanges
+from amqp_server.broker.routing import Router
+from amqp_server.definitions import DefinitionStore
+from amqp_server.direct_reply import ReplyConsumers
+from amqp_server.errors import ChannelError, ConnectionError
+from amqp_server.message import Message, make_message
+from amqp_server.policy import Policies
+from amqp_server.records import Record, name_key
+from amqp_server.spark_bridge.commit import Commit
+from amqp_server.vhost import VHost
+
+from test_core import Target, consume, publish
+
+NOBODY = Principal("nobody", None)
+
+
+class Cluster:
+    """What the definitions service tells the cluster, recorded."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, str]] = []  # (defined/undefined, kind, key)
+        self.agreed: list[Record] = []
+        self.writes = 0
+
+    def defined(self, kind: str, key: str, record: dict[str, Any]) -> None:
+        self.told.append(("defined", kind, key))
+
+    def undefined(self, kind: str, key: str) -> None:
+        self.told.append(("undefined", kind, key))
+
+    async def written(self) -> None:
+        self.writes += 1
+
+    async def agree(self, record: Record) -> None:
+        self.agreed.append(record)
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[DefinitionStore]:
+    store = DefinitionStore(str(tmp_path / "definitions"))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def definitions(store: DefinitionStore) -> Definitions:
+    return Definitions(store)
+
+
+@pytest.fixture
+def exchanges(definitions: Definitions, store: DefinitionStore) -> Exchanges:
+    return Exchanges(Bindings(definitions), definitions, Policies(store))
+
+
+@pytest.fixture
+async def broker(tmp_path) -> AsyncIterator[Broker]:
+    broker = Broker(str(tmp_path / "data"))
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def vhost(broker: Broker) -> VHost:
+    return broker.vhost("/")
+
+
+def message(exchange: str, routing_key: str, body: bytes = b"m", **properties: Any) -> Message:
+    return make_message(exchange, routing_key, commands.Basic.Properties(**properties), body)
+
+
+def drain(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
+    bodies = []
+    while True:
+        _, entry = broker.get_local(vhost, queue, no_ack=True)
+        if entry is None:
+            return bodies
+        bodies.append(entry.message.body)
+
+
+# -- definitions ---------------------------------------------------------------------------------------------
+
+async def test_definitions_keep_durable_ones_and_tell_the_cluster_of_every_one(definitions, store):
+    from amqp_server.records import ExchangeRecord
+    durable, transient = ExchangeRecord("/", "d", "direct", True), ExchangeRecord("/", "t", "direct", False)
+    definitions.define(durable, True)
+    definitions.define(transient, False)  # not kept: no cluster to tell either
+    assert store.get("exchange", durable.key) is not None and store.get("exchange", transient.key) is None
+    cluster = definitions.cluster = Cluster()
+    await definitions.agreed()
+    definitions.undefine(durable, True)
+    definitions.define(transient, False)
+    assert store.get("exchange", durable.key) is None
+    assert cluster.told == [("undefined", "exchange", durable.key), ("defined", "exchange", transient.key)]
+    assert cluster.writes == 1
+
+
+def test_definitions_refuse_a_clients_definition_past_the_store_size_not_an_imports(tmp_path):
+    store = DefinitionStore(str(tmp_path / "small"), max_size=2000)
+    try:
+        definitions = Definitions(store)
+        with pytest.raises(ChannelError) as full:
+            definitions.check_room("queue 'q'", {"x-big": "y" * 4000}, NOBODY)
+        assert full.value.code == errors.PRECONDITION_FAILED and "cannot declare queue 'q'" in full.value.detail
+        definitions.check_room("queue 'q'", {"x-big": "y" * 4000}, None)  # an administrator's import
+    finally:
+        store.close()
+
+
+# -- bindings and exchanges: built with a definition store and nothing else ------------------------------------
+
+def test_exchanges_declare_with_rabbitmqs_equivalence_and_keep_the_durable_ones(exchanges, store):
+    vhost = VHost("/")
+    exchange = exchanges.declare_exchange(vhost, "x", "topic", durable=True)
+    assert exchanges.declare_exchange(vhost, "x", "topic", durable=True) is exchange
+    assert store.get("exchange", name_key("/", "x")) is not None
+    with pytest.raises(ChannelError) as inequivalent:
+        exchanges.declare_exchange(vhost, "x", "fanout", durable=True)
+    assert inequivalent.value.detail == ("inequivalent arg 'type' for exchange 'x' in vhost '/': received 'fanout' "
+                                       "but current is 'topic'")
+    with pytest.raises(ChannelError) as reserved:
+        exchanges.declare_exchange(vhost, "amq.new", "direct")
+    assert reserved.value.code == errors.ACCESS_REFUSED
+    with pytest.raises(ConnectionError) as unknown:
+        exchanges.declare_exchange(vhost, "y", "no-such-type")
+    assert unknown.value.code == errors.COMMAND_INVALID
+    with pytest.raises(ChannelError) as missing:
+        exchanges.declare_exchange(vhost, "absent", "direct", passive=True)
+    assert missing.value.code == errors.NOT_FOUND
+
+
+def test_deleting_an_exchange_takes_its_bindings_both_ways_and_its_definition(exchanges, store):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    exchanges.declare_exchange(vhost, "up", "fanout", durable=True)
+    exchanges.declare_exchange(vhost, "mid", "fanout", durable=True)
+    exchanges.declare_exchange(vhost, "down", "fanout", durable=True)
+    bindings.add_binding(vhost, "up", vhost.exchanges["mid"], "")
+    bindings.add_binding(vhost, "mid", vhost.exchanges["down"], "")
+    assert vhost.e2e_bindings == 2 and len(list(store.items("binding"))) == 2
+    with pytest.raises(ChannelError) as in_use:
+        exchanges.delete_exchange(vhost, "mid", if_unused=True)
+    assert in_use.value.code == errors.PRECONDITION_FAILED
+    exchanges.delete_exchange(vhost, "mid")
+    assert "mid" not in vhost.exchanges and vhost.e2e_bindings == 0 and vhost.sources == {}
+    assert list(store.items("binding")) == [] and {r["name"] for _, r in store.items("exchange")} == {"up", "down"}
+    exchanges.delete_exchange(vhost, "mid")  # idempotent, as RabbitMQ
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_binding_and_its_own_bindings_with_it(exchanges):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    exchanges.declare_exchange(vhost, "src", "direct")
+    exchanges.declare_exchange(vhost, "auto", "direct", auto_delete=True)
+    exchanges.declare_exchange(vhost, "sink", "fanout")
+    bindings.add_binding(vhost, "src", vhost.exchanges["auto"], "a")
+    bindings.add_binding(vhost, "auto", vhost.exchanges["sink"], "k")
+    bindings.add_binding(vhost, "auto", vhost.exchanges["sink"], "l")
+    bindings.remove_binding(vhost, "auto", vhost.exchanges["sink"], "k")
+    assert "auto" in vhost.exchanges  # one binding left
+    bindings.remove_binding(vhost, "auto", vhost.exchanges["sink"], "l")
+    assert "auto" not in vhost.exchanges  # and the binding to it from src went with it
+    assert not vhost.exchanges["src"].has_bindings and vhost.e2e_bindings == 0 and vhost.sources == {}
+    bindings.remove_binding(vhost, "auto", vhost.exchanges["sink"], "l")  # nothing to unbind is no error
+
+
+def test_binding_checks_permissions_the_default_exchange_and_the_ends_in_rabbitmqs_order(exchanges):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    with pytest.raises(ChannelError) as refused:
+        bindings.bind(vhost, "amq.direct", "exchange", "nowhere", "", who=NOBODY)
+    assert refused.value.code == errors.ACCESS_REFUSED  # write on the destination, before it is looked for
+    with pytest.raises(ChannelError) as default:
+        bindings.bind(vhost, "", "exchange", "amq.fanout", "")
+    assert default.value.detail == "operation not permitted on the default exchange"
+    with pytest.raises(ChannelError) as source:
+        bindings.bind(vhost, "missing", "exchange", "also-missing", "")
+    assert source.value.detail == "no exchange 'missing' in vhost '/'"  # the source is told first
+    bindings.bind(vhost, "amq.direct", "exchange", "amq.fanout", "k")
+    listed = [(source, destination.name, key) for source, destination, key, _ in bindings.all(vhost)]
+    assert listed == [("amq.direct", "amq.fanout", "k")]  # (no queue: no default-exchange binding)
+
+
+async def test_agreeing_an_exchange_asks_the_cluster_only_in_cluster_mode_and_only_for_a_new_one(exchanges):
+    vhost = VHost("/")
+    await exchanges.agree_exchange(vhost, "x", "direct")  # no cluster: nothing to agree
+    cluster = exchanges.definitions.cluster = Cluster()
+    await exchanges.agree_exchange(vhost, "x", "direct", durable=True)
+    await exchanges.agree_exchange(vhost, "amq.direct", "direct")
+    await exchanges.agree_exchange(vhost, "y", "no-such-type")  # declare's error, not the cluster's
+    assert [record.key for record in cluster.agreed] == [name_key("/", "x")]
+
+
+# -- routing: built with the reply-to consumers and a stand-in for the delayed exchange ---------------------------
+
+class NoDelays:
+    def defer(self, *args: Any) -> None:
+        raise AssertionError("no delayed exchange here")
+
+
+def test_routing_by_cc_and_bcc_reaches_each_queue_once_and_strips_bcc(broker, vhost):
+    for name in ("a", "b", "c"):
+        broker.declare_queue(vhost, name)
+    router = Router(ReplyConsumers(), NoDelays())  # type: ignore[arg-type]  # (never deferred here)
+    sent = message("", "a", headers={"CC": ["b", "a"], "BCC": ["c"]})
+    assert sorted(queue.name for queue in router.route(vhost, vhost.exchange(""), sent)) == ["a", "b", "c"]
+    assert "BCC" not in (sent.headers or {}) and sent.bcc_keys == ("c",)
+
+
+def test_routing_follows_exchange_to_exchange_bindings_and_alternate_exchanges(broker, vhost):
+    broker.declare_exchange(vhost, "alt", "fanout")
+    broker.declare_exchange(vhost, "main", "direct", arguments={"alternate-exchange": "alt"})
+    broker.declare_exchange(vhost, "e2e", "fanout")
+    for name in ("caught", "direct", "via-e2e"):
+        broker.declare_queue(vhost, name)
+    broker.bind(vhost, "alt", "queue", "caught", "")
+    broker.bind(vhost, "main", "queue", "direct", "k")
+    broker.bind(vhost, "main", "exchange", "e2e", "k")
+    broker.bind(vhost, "e2e", "queue", "via-e2e", "")
+    main = vhost.exchange("main")
+    assert sorted(q.name for q in broker.router.route(vhost, main, message("main", "k"))) == ["direct", "via-e2e"]
+    assert [q.name for q in broker.router.route(vhost, main, message("main", "other"))] == ["caught"]
+
+
+# -- messages ------------------------------------------------------------------------------------------------
+
+async def test_publish_answers_routed_and_rejected_as_the_queues_took_it(broker, vhost):
+    broker.declare_queue(vhost, "one", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    default = vhost.exchange("")
+    assert broker.messages.publish(vhost, default, message("", "one")) == (True, False)
+    assert broker.messages.publish(vhost, default, message("", "one")) == (True, True)  # full: rejected
+    assert broker.messages.publish(vhost, default, message("", "nowhere")) == (False, False)
+    assert default.publish_in == 3 and default.publish_out == 2
+
+
+async def test_messages_check_user_id_and_expiration_as_rabbitmq(broker, vhost):
+    default = vhost.exchange("")
+    with pytest.raises(ChannelError) as user_id:
+        broker.messages.check_message(vhost, default, None, message("", "q", user_id="mallory"), "guest")
+    assert user_id.value.detail == "user_id property set to 'mallory' but authenticated user was 'guest'"
+    with pytest.raises(ChannelError) as expiration:
+        broker.messages.check_message(vhost, default, None, message("", "q", expiration="-1"), "guest")
+    assert expiration.value.detail == "invalid expiration '-1': {value_negative,-1}"
+
+
+async def test_moving_messages_keeps_their_order_and_stops_at_a_full_destination(broker, vhost):
+    broker.declare_queue(vhost, "from")
+    broker.declare_queue(vhost, "to", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    publish(broker, vhost, "from", b"1", b"2", b"3")
+    source, destination = vhost.queues["from"], vhost.queues["to"]
+    assert broker.messages.move_messages(source, destination) == 2
+    assert drain(broker, vhost, "to") == [b"1", b"2"] and drain(broker, vhost, "from") == [b"3"]
+    with pytest.raises(ChannelError):
+        broker.messages.move_messages(source, source)
+
+
+# -- dead letters --------------------------------------------------------------------------------------------
+
+async def test_a_rejected_message_goes_to_the_dead_letter_exchange_with_its_death_recorded(broker, vhost):
+    broker.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.fanout"})
+    broker.declare_queue(vhost, "dead")
+    broker.bind(vhost, "amq.fanout", "queue", "dead", "")
+    publish(broker, vhost, "work", b"poison")
+    queue, entry = broker.get_local(vhost, "work", no_ack=False)
+    assert entry is not None
+    broker.nack_taken([(entry, queue, None)], requeue=False)
+    _, dead = broker.get_local(vhost, "dead", no_ack=True)
+    assert dead is not None and dead.message.body == b"poison"
+    death = dead.message.headers["x-death"][0]
+    assert (death["queue"], death["reason"], death["count"]) == ("work", "rejected", 1)
+
+
+async def test_dead_letters_no_queue_takes_are_handed_back(broker, vhost):
+    broker.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.direct"})
+    publish(broker, vhost, "work", b"lost")
+    queue, entry = broker.get_local(vhost, "work", no_ack=False)
+    assert entry is not None
+    assert broker.dead_letters.dead_letter(queue, [entry], "rejected") == [entry]  # routed nowhere
+    broker.declare_queue(vhost, "plain")
+    assert broker.dead_letters.dead_letter(vhost.queues["plain"], [entry], "expired") == [entry]  # no DLX
+
+
+# -- queues --------------------------------------------------------------------------------------------------
+
+class Owner:
+    """A connection that owns exclusive queues (ports.ExclusiveOwner)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.vhost_name, self.peer = name, "/", ("127.0.0.1", 1)
+        self.exclusive_queues: set = set()
+
+    def force_close(self, reason: str) -> None:
+        pass
+
+
+async def test_an_exclusive_queue_is_locked_to_others_and_goes_with_its_connection(broker, vhost):
+    owner, other = Owner("mine"), Owner("theirs")
+    broker.queues.declare_queue(vhost, "x", exclusive=True, owner=owner)
+    with pytest.raises(ChannelError) as locked:
+        broker.queues.consumable(vhost, "x", owner=other)
+    assert locked.value.code == errors.RESOURCE_LOCKED
+    with pytest.raises(ChannelError):
+        broker.queues.declare_queue(vhost, "x", passive=True, owner=other)
+    broker.queues.connection_closed(owner)
+    assert "x" not in vhost.queues and owner.exclusive_queues == set()
+
+
+async def test_queue_redeclaration_checks_equivalence_in_rabbitmqs_words(broker, vhost):
+    broker.queues.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 5})
+    with pytest.raises(ChannelError) as durable:
+        broker.queues.declare_queue(vhost, "q", durable=False, arguments={"x-max-length": 5})
+    assert durable.value.detail == ("inequivalent arg 'durable' for queue 'q' in vhost '/': received 'false' but "
+                                  "current is 'true'")
+    with pytest.raises(ChannelError) as argument:
+        broker.queues.declare_queue(vhost, "q", durable=True)
+    assert argument.value.detail == ("inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received none but "
+                                   "current is the value '5' of type 'signedint'")
+
+
+async def test_an_auto_delete_queue_goes_with_its_last_consumer_and_its_bindings_with_it(broker, vhost):
+    broker.queues.declare_queue(vhost, "auto", auto_delete=True)
+    broker.bind(vhost, "amq.direct", "queue", "auto", "k")
+    target = Target()
+    first, second = consume(broker, vhost, "auto", target, "a"), consume(broker, vhost, "auto", target, "b")
+    broker.queues.remove_consumer(first)
+    assert "auto" in vhost.queues
+    broker.queues.remove_consumer(second)
+    assert "auto" not in vhost.queues and not vhost.exchanges["amq.direct"].has_bindings
+
+
+async def test_queue_index_ids_are_never_reused(broker, vhost):
+    first = broker.queues.declare_queue(vhost, "a", durable=True).index_id
+    broker.queues.delete_queue(vhost, "a")
+    assert broker.queues.declare_queue(vhost, "a", durable=True).index_id > first
+
+
+# -- vhosts --------------------------------------------------------------------------------------------------
+
+async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(broker):
+    vhost = broker.add_vhost("v")
+    broker.declare_exchange(vhost, "x", "direct", durable=True)
+    broker.declare_queue(vhost, "q", durable=True)
+    broker.bind(vhost, "x", "queue", "q", "k")
+    broker.virtual_hosts.delete_vhost("v")
+    assert "v" not in broker.vhosts
+    assert all(record["vhost"] != "v" for kind in ("exchange", "queue", "binding")
+               for _, record in broker.store.items(kind))
+    with pytest.raises(ConnectionError) as gone:
+        broker.virtual_hosts.vhost("v")
+    assert gone.value.code == errors.NOT_ALLOWED
+
+
+async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(broker):
+    from amqp_server.policy import Policy
+    policy = Policy("/", "p", ".*", {"dead-letter-exchange": "dlx"}, 0, "queues")
+    with pytest.raises(ChannelError) as refused:
+        broker.virtual_hosts.set_policy("policy", policy, who=NOBODY)
+    assert refused.value.code == errors.ACCESS_REFUSED
+
+
+# -- recovery and the Spark bridge's commit ---------------------------------------------------------------------
+
+async def test_a_restart_recovers_durable_definitions_and_the_offsets_committed(tmp_path):
+    data = str(tmp_path / "data")
+    broker = Broker(data)
+    vhost = broker.vhost("/")
+    broker.declare_exchange(vhost, "x", "direct", durable=True)
+    broker.declare_queue(vhost, "q", durable=True)
+    broker.declare_queue(vhost, "transient")
+    broker.bind(vhost, "x", "queue", "q", "k")
+    for body in (b"1", b"2", b"3"):
+        broker.publish(vhost, vhost.exchange("x"), message("x", "k", body, delivery_mode=2))
+    queue = vhost.queues["q"]
+    assert await Commit(broker).commit_offset(queue, 2) == 2
+    tail = queue.next_seq
+    await asyncio.sleep(0)
+    broker.close()
+    broker = Broker(data)
+    try:
+        vhost = broker.vhost("/")
+        assert "transient" not in vhost.queues and vhost.queues["q"].committed == 2
+        assert vhost.queues["q"].next_seq >= tail
+        assert [q.name for q in broker.route(vhost, vhost.exchange("x"), message("x", "k"))] == ["q"]
+        assert drain(broker, vhost, "q") == [b"3"]
+    finally:
+        broker.close()
