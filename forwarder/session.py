@@ -29,6 +29,7 @@ from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
+    from amqp_server.quorum_queue import QuorumQueue
 
 log = logging.getLogger("warren.forwarder.session")
 
@@ -140,8 +141,7 @@ class Session:
         pos += qids_len
         enqueuer, publish, floor = link.ENQUEUER_HEAD.unpack_from(payload, pos)
         queue = self._queue(qids[0]) if len(qids) == 1 else None
-        enqueue_from = getattr(queue, "enqueue_from", None)  # (a replicated queue led here)
-        if enqueue_from is None:
+        if queue is None or REPLICATED not in queue.type.capabilities:  # (not a replicated queue led here)
             if len(qids) == 1 and self._elsewhere(qids[0]) is not None:
                 cluster = self.broker.cluster
                 assert cluster is not None  # (a session is the cluster's)
@@ -151,7 +151,7 @@ class Session:
             return
         message = link.read_message(payload, pos + link.ENQUEUER_HEAD.size)
         self._publishing = seq
-        verdict = enqueue_from(message, self, enqueuer, publish, floor)
+        verdict = cast("QuorumQueue", queue).enqueue_from(message, self, enqueuer, publish, floor)
         if verdict == machine.AHEAD:
             self._answer(seq, link.CONFIRM_RESEND)
         elif verdict == machine.SEEN:
