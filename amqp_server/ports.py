@@ -98,6 +98,12 @@ class Replicator(Protocol[OpT]):
     def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
         """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""
 
+    def tag(self) -> tuple[int, int]:
+        """(enqueuer, seq) of a confirmed publish made on this node: what the state takes once."""
+
+    def confirm_later(self, confirm: ConfirmSink) -> None:
+        """``confirm`` (a publish the queue took before) is told once every op so far is on the group's majority."""
+
     def flush(self) -> None:
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
 

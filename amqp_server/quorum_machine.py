@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator
 
 REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
 CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
+ENQUEUERS_MAX = 1024  # enqueuers whose next publish seq the state keeps; the least lately heard of goes first
 
 
 class Broken(AssertionError):
@@ -164,6 +165,10 @@ class State:
     counts: dict[int, int] = field(default_factory=dict)  # times an entry came back (its x-delivery-count), if any
     delivery_limit: int | None = None  # returned more often than this: dead-lettered (delivery_limit)
     at_least_once: bool = False  # dead letters stay until a queue took them (x-dead-letter-strategy)
+    # the next publish seq of each enqueuer (another node's window of publishes, ``Enqueue.enqueuer``), so that a
+    # publish sent again to a new leader is taken once; least lately heard of first.  Not the queue's content
+    # (a copy read back from its rows after a restart has none: a window's publish may then be taken twice)
+    enqueuers: dict[int, int] = field(default_factory=dict, compare=False)
 
     @property
     def messages(self) -> int:
@@ -175,7 +180,7 @@ class State:
 
     def copy(self) -> "State":
         return State(self.next_seq, self.ready.copy(), set(self.checked_out), dict(self.dead), dict(self.counts),
-                     self.delivery_limit, self.at_least_once)
+                     self.delivery_limit, self.at_least_once, dict(self.enqueuers))
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[int, bool, int]], delivery_limit: int | None = None,
@@ -201,11 +206,15 @@ class State:
 
 @dataclass(slots=True)
 class Enqueue:
-    """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes)."""
+    """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes).
+    ``enqueuer`` (0: none) and ``publish``: the window it came from and its seq there; one that state has seen
+    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs."""
 
     seq: int
     expiry: int
     message: Any
+    enqueuer: int = 0
+    publish: int = 0
 
 
 @dataclass(slots=True)
@@ -389,10 +398,30 @@ def check(state: State, op: object = None) -> None:
         raise Broken(f"after {op!r}: {'; '.join(problems)}")
 
 
+SEEN, NEXT, AHEAD = "seen", "next", "ahead"
+
+
+def admit(state: State, enqueuer: int, publish: int, floor: int) -> str:
+    """Where ``publish``, of the window ``enqueuer`` whose unanswered publishes start at ``floor``, stands:
+    ``SEEN`` (taken before: a publish sent again), ``NEXT`` (to take) or ``AHEAD`` (one before it has not come;
+    the window must send them again, in order)."""
+    expected = max(state.enqueuers.get(enqueuer, floor), floor)
+    return SEEN if publish < expected else NEXT if publish == expected else AHEAD
+
+
 def _enqueue(op: Enqueue, state: State) -> list[Effect]:
     seq = op.seq
     if seq < state.next_seq:  # a replay of what a snapshot brought
         return NONE
+    if op.enqueuer:
+        enqueuers = state.enqueuers
+        expected = enqueuers.pop(op.enqueuer, 0)  # (put back last: the least lately heard of comes first)
+        if op.publish < expected:
+            enqueuers[op.enqueuer] = expected
+            return NONE
+        enqueuers[op.enqueuer] = op.publish + 1
+        if len(enqueuers) > ENQUEUERS_MAX:
+            del enqueuers[next(iter(enqueuers))]
     ready = state.ready
     if ready.ends and seq == ready.ends[-1]:  # (SeqSet.add's common case, inline: the hot path)
         ready.ends[-1] += 1
@@ -557,8 +586,8 @@ _APPLY: dict[type, Any] = {
 
 # -- the state as bytes (a snapshot's first frame; a clean shutdown's saved state) -----------------
 
-_HEAD = struct.Struct(">QqBIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
-# runs (start, end), checked out (seq), dead (seq, reason), counts (seq, count)
+_HEAD = struct.Struct(">QqBIIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
+# runs (start, end), checked out (seq), dead (seq, reason), counts (seq, count), enqueuers (id, next seq)
 _PAIR = struct.Struct(">QQ")
 _SEQ = struct.Struct(">Q")
 _DEAD = struct.Struct(">QB")
@@ -567,17 +596,18 @@ _DEAD = struct.Struct(">QB")
 def encode_state(state: State) -> bytes:
     limit = -1 if state.delivery_limit is None else state.delivery_limit
     parts = [_HEAD.pack(state.next_seq, limit, state.at_least_once, len(state.ready.starts),
-                        len(state.checked_out), len(state.dead), len(state.counts))]
+                        len(state.checked_out), len(state.dead), len(state.counts), len(state.enqueuers))]
     parts.extend(_PAIR.pack(start, end) for start, end in state.ready.runs())
     parts.extend(_SEQ.pack(seq) for seq in sorted(state.checked_out))
     parts.extend(_DEAD.pack(seq, REASONS.index(reason)) for seq, reason in sorted(state.dead.items()))
     parts.extend(_PAIR.pack(seq, count) for seq, count in sorted(state.counts.items()))
+    parts.extend(_PAIR.pack(enqueuer, publish) for enqueuer, publish in state.enqueuers.items())
     return b"".join(parts)
 
 
 def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
     """The state encoded at ``pos``, and where its encoding ends."""
-    next_seq, limit, at_least_once, runs, out, dead, counts = _HEAD.unpack_from(data, pos)
+    next_seq, limit, at_least_once, runs, out, dead, counts, enqueuers = _HEAD.unpack_from(data, pos)
     pos += _HEAD.size
     state = State(next_seq, delivery_limit=None if limit < 0 else limit, at_least_once=bool(at_least_once))
     for _ in range(runs):
@@ -593,5 +623,9 @@ def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
     for _ in range(counts):
         seq, count = _PAIR.unpack_from(data, pos)
         state.counts[seq] = count
+        pos += _PAIR.size
+    for _ in range(enqueuers):
+        enqueuer, publish = _PAIR.unpack_from(data, pos)
+        state.enqueuers[enqueuer] = publish
         pos += _PAIR.size
     return state, pos

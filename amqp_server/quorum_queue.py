@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
+REFUSED_MAX = 1024  # enqueuers whose latest refused publish the leader keeps in mind
 HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them to take back (``adopt``)
 
 
@@ -62,6 +63,8 @@ class QuorumQueue(Queue):
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._grace_timer: asyncio.TimerHandle | None = None
+        self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
+        self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
         self._configure(apply=False)
         self.ready.keep_apart = self._keep_apart
         self.ready.returned = self._returned
@@ -245,15 +248,41 @@ class QuorumQueue(Queue):
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         return super().enqueue(self.stored_copy(message), confirm)
 
+    def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
+                     floor: int) -> str:
+        """A publish of another node's window (``enqueuer``; its seq there ``publish``, its oldest unanswered
+        ``floor``), which it sends again to each new leader until one confirms it: taken once whatever the
+        number of copies, as ``rabbit_fifo`` takes its enqueuers' commands.  ``machine.NEXT``: taken now;
+        ``machine.SEEN``: taken before, confirmed once what this leader has is on a majority; ``machine.AHEAD``:
+        one before it never came (lost with a link or a leader), the window must send again from its oldest;
+        "refused": the queue refused it (reject-publish)."""
+        verdict = machine.admit(self.state, enqueuer, publish, max(floor, self._refused.get(enqueuer, 0)))
+        if verdict == machine.SEEN:
+            if self.replicator is not None and confirm is not None:
+                self.replicator.confirm_later(confirm)
+        elif verdict == machine.NEXT:
+            self._from = (enqueuer, publish)
+            try:
+                if not self.enqueue(message, confirm):  # (the window's next publishes need not wait for it)
+                    if len(self._refused) >= REFUSED_MAX:
+                        self._refused.clear()
+                    self._refused[enqueuer] = publish + 1
+                    return "refused"
+            finally:
+                self._from = (0, 0)
+        return verdict
+
     def store_entry(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
         """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
         if self.detached:
             return
-        op = machine.Enqueue(entry.seq, entry.expiry, entry.message)
+        replicator = self.replicator
+        tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
+        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
         if machine.apply(op, self.state)[1]:
             self.persistence.write(self, entry)
-            if self.replicator is not None:
-                self.replicator.append(op, confirm)
+            if replicator is not None:
+                replicator.append(op, confirm)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""

@@ -50,7 +50,7 @@ HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one
 HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 
-LINK_VERSION = 2  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY)
+LINK_VERSION = 3  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -58,6 +58,7 @@ NONCE_SIZE = 16
 CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PUBLISH, but never passed on again
+ENQUEUE = 13  # a publish of a quorum queue's window (``remote_queue.Window``) to its leader: never passed on
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
@@ -67,7 +68,9 @@ REPLICATE, REPLICATED = 60, 61  # a quorum queue's leader -> follower: its log (
 
 PUBLISH_HEAD = struct.Struct(">QI")  # link seq (0: no confirm wanted), length of the queue ids that follow
 QID = struct.Struct(">H")  # each queue id ("vhost\0name") is prefixed by its length
-CONFIRM_BODY = struct.Struct(">QB")  # link seq, status
+ENQUEUER_HEAD = struct.Struct(">QQQ")  # ENQUEUE, after its queue id: the window's id, the seq, its oldest unanswered
+CONFIRM_BODY = struct.Struct(">QB")  # link seq, status; CONFIRM_MOVED's then the leader known there (MOVED_HINT)
+MOVED_HINT = struct.Struct(">Q")  # its term (0: none known), then its name
 DELIVER_HEAD = struct.Struct(">IQQB")  # consumer id, delivery tag, the entry's seq in its queue, redelivered
 SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
 TAG = struct.Struct(">Q")
@@ -75,6 +78,8 @@ ID = struct.Struct(">I")
 CREDIT_BODY = struct.Struct(">II")  # consumer id, deliveries made to the client
 
 CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
+# an ENQUEUE not taken: the node does not lead the queue; an earlier publish of the window never came
+CONFIRM_MOVED, CONFIRM_RESEND = 3, 4
 SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT = 0, 1, 2
 
 

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from amqp_server import errors, publisher_flow
 from amqp_server.vhost import home_node_down
 from amqp_server.message import Message
+from amqp_server.quorum_machine import CHECKS, Broken
 from amqp_server.queue import Consumer, Entry
 
 from . import link
-from .remote_queue import RemoteConsumer, RemoteQueue
+from .remote_queue import Publish, RemoteConsumer, RemoteQueue
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -46,6 +47,7 @@ class Peer:
         self._seq = 0
         # link seq -> (channel, its publish seq, the ids of the queues it went to)
         self._pending: dict[int, tuple["ConfirmSink", int, list[bytes]]] = {}
+        self._enqueued: dict[int, Publish] = {}  # link seq -> a quorum queue's window's publish sent (ENQUEUE)
         self._ids = itertools.count(1)
         self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
         self._credit: dict[int, int] = {}
@@ -113,6 +115,9 @@ class Peer:
         pending, self._pending = self._pending, {}
         for channel, seq, _ in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
+        enqueued, self._enqueued = self._enqueued, {}
+        for publish in enqueued.values():  # its window sends it again, to this node or the next leader
+            publish.window.lost(publish)
         requests, self._requests = self._requests, {}
         for future, queue in requests.values():
             if not future.done():
@@ -152,6 +157,23 @@ class Peer:
         client.hold(self._send_open_cb)
         self._open = (message, channel, seq, qids, link.RELAY if relay else link.PUBLISH)
         if client.write_paused:  # the link's buffer is full: publishers wait until it drains
+            self.flow.block(self._held_for)
+        return True
+
+    def enqueue(self, queue: RemoteQueue, publish: Publish) -> bool:
+        """Send a publish of a quorum queue's window (``remote_queue.Window``) to the leader; False if the link
+        is down.  Its answer goes to the window, which sends it again to a next leader if need be."""
+        client = self.link
+        if not self.up or client is None:
+            return False
+        self._seq += 1
+        self._enqueued[self._seq] = publish
+        window = publish.window
+        qid = queue.link_id
+        head = link.PUBLISH_HEAD.pack(self._seq, len(qid)) + qid + link.ENQUEUER_HEAD.pack(window.id, publish.seq,
+                                                                                          window.floor)
+        client.send_message(link.ENQUEUE, head, publish.message)
+        if client.write_paused:
             self.flow.block(self._held_for)
         return True
 
@@ -255,10 +277,18 @@ class Peer:
         if ftype == link.DELIVER:
             self._deliver(payload)
         elif ftype == link.CONFIRM:
-            seq, status = link.CONFIRM_BODY.unpack(payload)
+            seq, status = link.CONFIRM_BODY.unpack_from(payload)
+            publish = self._enqueued.pop(seq, None)
+            if publish is not None:
+                hint = None
+                if status == link.CONFIRM_MOVED and len(payload) > link.CONFIRM_BODY.size:
+                    term = link.MOVED_HINT.unpack_from(payload, link.CONFIRM_BODY.size)[0]
+                    hint = (payload[link.CONFIRM_BODY.size + link.MOVED_HINT.size:].decode(errors="replace"), term)
+                publish.window.answered(publish, status, hint)
+                return
             pending = self._pending.pop(seq, None)
             if pending is not None:
-                pending[0].remote_confirmed(pending[1], status == link.CONFIRM_REJECTED)
+                pending[0].remote_confirmed(pending[1], status not in (link.CONFIRM_OK, link.CONFIRM_NO_QUEUE))
         elif ftype == link.CONSUMED:
             self._consumed(json.loads(payload))
         elif ftype == link.CANCELLED:
@@ -298,15 +328,23 @@ class Peer:
         if found is None:
             return
         queue, remote = found
-        if remote.accepted.done():  # consuming again at a quorum queue's new leader
-            if reply["error"] is not None:
-                del self.consumers[remote.id]
-            queue.reattached(remote, reply["error"] is None, reply.get("tags") or [])
-            return
-        if reply["error"] is None:
-            remote.accepted.set_result(None)
+        error = reply["error"]
+        # consuming again at a quorum queue's new leader, maybe before the answer to its first consume came (lost
+        # with its link, or never sent: its link was down then)
+        again = remote.accepted.done() or "tags" in reply
+        if error is None:
+            if not remote.accepted.done():
+                remote.accepted.set_result(None)
+            if again:
+                queue.reattached(remote, True, reply.get("tags") or [])
+            if CHECKS and not remote.attached:
+                raise Broken(f"{queue!r}: consumer {remote.id} accepted by {self.name} but not attached (its "
+                             "settles would wait for good)")
             return
         del self.consumers[remote.id]
+        if remote.accepted.done():
+            queue.reattached(remote, False, [])
+            return
         queue.refused(remote.consumer)
         code, text = reply["error"]
         remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))

@@ -22,7 +22,10 @@ again at the new leader (``RemoteQueue.follow``; those of a leader deposed, or o
 to the queue's new object here, ``Broker.replace_queue``) with the queue's seqs of what they hold, which the
 leader kept for them (``QuorumQueue.adopt``) and gives back under new delivery tags; what none took back
 within ``HANDOVER_GRACE`` comes back redelivered.  A leader that sees a later term, or whose lease lapsed,
-stops: its consumers are dropped there, uncancelled, and its unconfirmed publishes nacked.
+stops: its consumers are dropped there, uncancelled.  A confirmed publish through a node goes through that
+node's window of the queue (``remote_queue.Window``, an enqueuer of the queue's state as ``rabbit_fifo``'s
+are): what the leader has not confirmed, the window sends again to the next leader as soon as it is known,
+which takes each publish once; a deposed leader's own unconfirmed publishes join its node's window.
 """
 from __future__ import annotations
 
@@ -36,8 +39,8 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server import patterns, queue_args, queue_types
+from amqp_server import quorum_machine as machine
 from amqp_server.logs import untrusted
-from amqp_server.message import Message
 from amqp_server.quorum_machine import CHECKS, State
 from amqp_server.records import QueueRecord
 from amqp_server.vhost import VHost
@@ -45,7 +48,7 @@ from amqp_server.vhost import VHost
 from . import link
 from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
-from .remote_queue import Held, Relayed, RemoteQueue, proxy_of
+from .remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -118,7 +121,7 @@ class Group:
     rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
     ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
     unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
-    held: Held = field(default_factory=Held)  # publishes through this node waiting for a leader
+    window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
 
     @property
     def key(self) -> str:
@@ -253,7 +256,9 @@ class QuorumGroups:
             self._regroup(vhost, group, record)
             return
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
-        group.held.forward = lambda message, confirm: self._forward(group, message, confirm)
+        group.window.send = lambda publish: self._send(group, publish)
+        group.window.recheck = lambda: self._recheck(group)
+        group.window.hinted = lambda leader, term: self._hinted(group, leader, term)
         if self.name in group.members:
             self._open_copy(group)
         # until the leader is known, clients here reach another member (which refuses what needs a leader), so
@@ -364,6 +369,7 @@ class QuorumGroups:
             return
         if group.electing is not None:
             group.electing.cancel()
+        group.window.close()
         if group.replicator is not None:  # the followers drop their copies themselves: nothing more to ship
             for confirm, seq, _ in group.replicator.stop():
                 confirm.remote_confirmed(seq, True)
@@ -416,19 +422,39 @@ class QuorumGroups:
                 graced = True
                 await asyncio.sleep(ELECTION_GRACE)
 
-    def _forward(self, group: Group, message: Message, confirm: Relayed) -> bool | None:
-        """A publish held for a leader (``Held``), now known, goes to it: through the proxy (never passed on
-        again from there), or into the queue if this node leads."""
+    def _send(self, group: Group, publish: Publish) -> bool:
+        """A publish of the group's window goes to the leader: over its link, or into the queue if this node
+        leads (which takes it once: the previous leader may have had it).  False: the leader cannot be reached."""
+        if group.replicator is not None:
+            replicator = group.replicator
+            window = publish.window
+            verdict = replicator.queue.enqueue_from(publish.message.copy(), publish, window.id, publish.seq,
+                                                    window.floor)  # (its own record: the old one is the copy's)
+            if verdict == machine.AHEAD:
+                asyncio.get_running_loop().call_soon(window.answered, publish, link.CONFIRM_RESEND)
+            elif verdict == "refused":
+                window.answered(publish, link.CONFIRM_REJECTED)
+            elif not replicator.followers:
+                window.answered(publish, link.CONFIRM_OK)
+            return True
         vhost = self.broker.vhosts.get(group.vhost)
-        if vhost is None:
+        proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
+        if proxy is None or group.leader != proxy.peer.name:
             return False
-        proxy = proxy_of(vhost.queues, group.name)
-        if proxy is not None:
-            return proxy.enqueue(message, confirm, relay=True)
-        queue = vhost.queues.get(group.name)
-        if group.replicator is not None and queue is group.replicator.queue:
-            return queue.enqueue(message.copy(), confirm)  # (its own record: the old one is the copy's)
-        return False
+        return proxy.peer.enqueue(proxy, publish)
+
+    def leader_of(self, key: str) -> tuple[str, int]:
+        """The leader of a queue as known here, and its term (("", 0): none)."""
+        group = self.groups.get(key)
+        return (group.leader, group.term) if group is not None else ("", 0)
+
+    def _hinted(self, group: Group, leader: str, term: int) -> None:
+        """Another node named the leader of a later term than ours (our etcd watch may be stalled or cut): we
+        follow it."""
+        if (term > group.term and leader != self.name and leader in self.cluster.peers
+                and self.groups.get(group.key) is group):
+            log.info("%s leads %s in term %d, as another node says", leader, group.key, term)
+            self._follow(group, leader, term)
 
     def _recheck(self, group: Group) -> None:
         """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
@@ -572,7 +598,7 @@ class QuorumGroups:
         if not leader and group.members == [self.name] and group.replicator is not None:
             return  # the only member keeps leading while it claims the key again
         group.leader, group.term = leader, term
-        group.held.leaderless = not leader
+        group.window.leaderless = not leader
         vhost = self.broker.vhosts.get(group.vhost)
         if vhost is None:
             return
@@ -591,7 +617,7 @@ class QuorumGroups:
             if others:
                 self._proxy(vhost, group, others[0])
         if leader:
-            group.held.release()  # what waited for a leader goes to this one
+            group.window.resend()  # what a leader has not confirmed goes to this one
 
     # -- this node's queue object ---------------------------------------------------------------
 
@@ -608,7 +634,7 @@ class QuorumGroups:
         queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
                             *queue_types.declared(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
         queue.members = group.members
-        queue.held = group.held
+        queue.publishes = group.window
         queue.recheck = lambda: self._recheck(group)
         self._swap(vhost, current, queue)
 
@@ -632,11 +658,19 @@ class QuorumGroups:
         replicator, group.replicator = group.replicator, None
         if replicator is None:  # (it led: it has one)
             return
-        for confirm, seq, message in replicator.stop():  # passed on to the next leader, as held publishes are
-            if message.body is None:
-                self.broker.load_body(message)
-            if not group.held.hold(Relayed(confirm, seq), message):
+        window = group.window
+        for confirm, seq, op in replicator.stop():  # sent again to the next leader by the node they came from
+            moved = getattr(confirm, "moved", None)  # (another node's: a ``Session``)
+            if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
+                continue
+            if moved is not None:
+                moved(seq, group.leader, group.term)
+            elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
                 confirm.remote_confirmed(seq, True)
+            else:
+                if op.message.body is None:
+                    self.broker.load_body(op.message)
+                window.adopt(op.publish, Relayed(confirm, seq), op.message)
         replicator.queue.detach()
         log.info("%s no longer leads %s", self.name, group.key)
 
@@ -655,7 +689,7 @@ class QuorumGroups:
             if group.replicator is not None:
                 group.replicator.peer_up(name)
             elif group.leader == name:
-                group.held.release()  # nacked now: sent again, they reach the leader
+                group.window.resend()  # what the leader has not answered, over the new link
                 vhost = self.broker.vhosts.get(group.vhost)
                 proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
                 if proxy is not None and proxy.peer.name == name:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from amqp_server import quorum_machine as machine
-from amqp_server.message import Message
 from amqp_server.quorum_queue import QuorumQueue
 
 from . import link
+from .remote_queue import Window
 
 if TYPE_CHECKING:
     from amqp_server.persistence import Persistence
@@ -43,13 +43,14 @@ ACKED = struct.Struct(">QQQBH")
 
 # ops, each a kind byte first
 ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
+ENQUEUER = struct.Struct(">QQ")  # an enqueue from a window of publishes: after ENQUEUE, its enqueuer and seq there
 SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
 SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered: a count, then that many seqs
 RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
 DEAD_LETTER = struct.Struct(">BBI")  # a reason (machine.REASONS), a count, then the seqs
 CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
- PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP) = range(1, 13)
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP) = range(1, 14)
 # a snapshot's row, not an op: seq, expiry, held, times returned, record length; then the record
 ENTRY = struct.Struct(">BQQBBI")
 ENTRY_OP = 20
@@ -73,6 +74,9 @@ def encode(op: machine.Op) -> bytes:
     if isinstance(op, machine.Enqueue):
         head, route, header, body = op.message.payload()
         size = len(head) + len(route) + len(header) + len(body)
+        if op.enqueuer:
+            return b"".join((ENQUEUE.pack(ENQUEUE_FROM_OP, op.seq, op.expiry, size),
+                             ENQUEUER.pack(op.enqueuer, op.publish), head, route, header, body))
         return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
     if isinstance(op, machine.Checkout):
         return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
@@ -109,6 +113,11 @@ def decode(data: memoryview, pos: int) -> tuple[machine.Op, int]:
         _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
         pos += ENQUEUE.size
         return machine.Enqueue(seq, expiry, data[pos:pos + size]), pos + size
+    if kind == ENQUEUE_FROM_OP:
+        _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
+        enqueuer, publish = ENQUEUER.unpack_from(data, pos + ENQUEUE.size)
+        pos += ENQUEUE.size + ENQUEUER.size
+        return machine.Enqueue(seq, expiry, data[pos:pos + size], enqueuer, publish), pos + size
     if kind == CHECKOUT_OP or kind == CHECKOUT_SETTLED_OP:
         return machine.Checkout(SEQ.unpack_from(data, pos)[1], kind == CHECKOUT_SETTLED_OP), pos + SEQ.size
     if kind == PURGE_OP:
@@ -162,6 +171,7 @@ class Group(Protocol):
     index_id: int
     applied_term: int
     applied: int
+    window: Window
 
     @property
     def key(self) -> str: ...
@@ -208,9 +218,9 @@ class Replicator:
         self.first = index + 1  # index of ops[0]
         self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
         self.log_bytes = 0
-        # (index, sink, its seq, the message), oldest first
-        self.pending: list[tuple[int, "ConfirmSink", int, Message]] = []
-        self.committed = index
+        # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
+        self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
+        self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
         self._scheduled = False
         for follower in self.followers.values():
             self.probe(follower)
@@ -223,7 +233,18 @@ class Replicator:
         self._op(encode(op))
         if confirm is not None and self.followers:
             assert isinstance(op, machine.Enqueue)  # (only a publish is confirmed)
-            self.pending.append((self.index, confirm, confirm.forwarded(), op.message))
+            self.pending.append((self.index, confirm, confirm.forwarded(), op))
+
+    def tag(self) -> tuple[int, int]:
+        """(enqueuer, seq) for a confirmed publish made here: this node's window's, so that the next leader takes
+        it once when the window sends it again there (``Window.adopt``)."""
+        return self.group.window.take()
+
+    def confirm_later(self, confirm: "ConfirmSink") -> None:
+        """A publish this queue has already (sent again by its window): confirmed once every op so far is on a
+        majority, which the one that took it is among."""
+        if self.followers:
+            self.pending.append((self.index, confirm, confirm.forwarded(), None))
 
     def _op(self, op: bytes) -> None:
         self.index += 1
@@ -408,13 +429,13 @@ class Replicator:
     def lag(self) -> dict[str, int]:
         return {f.name: self.index - f.match for f in self.followers.values()}
 
-    def stop(self) -> list[tuple["ConfirmSink", int, Message]]:
+    def stop(self) -> list[tuple["ConfirmSink", int, machine.Enqueue | None]]:
         """Deposed: nothing more is shipped or confirmed here; the publishes that wait for the group, with
         their confirms (the caller passes them on to the next leader, or refuses them)."""
         for follower in self.followers.values():
             self._stop_snapshot(follower)
         pending, self.pending = self.pending, []
-        return [(sink, seq, message) for _, sink, seq, message in pending]
+        return [(sink, seq, op) for _, sink, seq, op in pending]
 
 
 def skip(payload: bytes, pos: int, count: int) -> int | None:

@@ -9,6 +9,7 @@ leave in order.  Acks, rejects and requeues go back to the owner by delivery tag
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
@@ -22,8 +23,9 @@ from . import link
 if TYPE_CHECKING:
     from amqp_server.ports import ConfirmSink
 
-HOLD = 5.0  # seconds a publish to a quorum queue waits for a leader before it is nacked
-HOLD_MAX = 100_000  # publishes held at most per queue (beyond: nacked at once)
+HOLD = 5.0  # seconds a quorum queue's window of publishes waits without a confirm (no leader) before nacking them
+HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once)
+RESEND_RETRY = 0.5  # seconds before a window sends again to the node that said it does not lead
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
 RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
@@ -31,8 +33,8 @@ RESETTLE_MAX = 10_000  # of them at most
 
 
 class Relayed:
-    """The confirm of a publish passed on (a held one, or one a deposed leader had not confirmed) stands for
-    the confirm its publisher is waiting for, under the seq that was given it then."""
+    """The confirm of a publish passed on (one a deposed leader had not confirmed) stands for the confirm its
+    publisher is waiting for, under the seq that was given it then."""
 
     __slots__ = ("confirm", "seq")
 
@@ -46,41 +48,150 @@ class Relayed:
         self.confirm.remote_confirmed(self.seq, rejected)
 
 
-class Held:
-    """Publishes to a quorum queue while no leader of it is known here, or its node is unreachable: each one's
-    confirm waits, and once a leader is known all are passed on to it (``forward``), which confirms them; after
-    ``HOLD`` seconds without one they are nacked.  A publisher is so slowed by its own window of unconfirmed
-    messages rather than answered with a nack per message at full speed; RabbitMQ, too, holds such publishes
-    until a leader takes them.  Nothing is stored here: a nacked message was never confirmed."""
+class Publish:
+    """One publish of a :class:`Window`; the confirm sink of each copy sent (``forwarded``: its seq there)."""
+
+    __slots__ = ("window", "seq", "confirm", "confirm_seq", "message", "round")
+
+    def __init__(self, window: "Window", seq: int, confirm: "ConfirmSink", message: Message) -> None:
+        self.window, self.seq, self.confirm, self.message = window, seq, confirm, message
+        self.confirm_seq = confirm.forwarded()
+        self.round = 0  # the window's round it was last sent in
+
+    def forwarded(self) -> int:
+        return self.seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.window.answered(self, link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK)
+
+
+class Window:
+    """This node's confirmed publishes to a quorum queue led by another node (or by none known), until a leader
+    confirms or refuses each.  As ``rabbit_fifo_client``'s pending commands, each has a seq in the window,
+    which is an enqueuer of its own (``id``, new with each run of the node); the window sends what is
+    unanswered again, in order, to each new leader as soon as it is known (and to the same one over a new
+    link), and the queue's state takes each publish once whatever the number of copies
+    (``QuorumQueue.enqueue_from``).  A publisher whose leader paused so gets its confirms at the election,
+    neither a nack after the link falls silent nor a duplicate.  While no leader can be reached, or one answers
+    that it does not lead, the window waits: after ``HOLD`` seconds without a confirm, what it holds is nacked
+    (nothing is stored here: a nacked publish was never confirmed; it may be in the queue all the same)."""
 
     def __init__(self) -> None:
-        self.leaderless = False
-        # passes a publish on to the leader known now; False or None: it did not take it (nacked)
-        self.forward: Callable[[Message, Relayed], bool | None] | None = None
-        self._waiting: list[tuple["ConfirmSink", int, Message]] = []
+        self.id = random.getrandbits(63) | 1
+        self.leaderless = False  # no leader known: nothing is sent until one is (``resend``)
+        # sends a publish to the leader known now (a proxy's node, or this one's queue); False: it cannot now
+        self.send: Callable[[Publish], bool] | None = None
+        self.recheck: Callable[[], None] | None = None  # asks etcd who leads (a node said it does not)
+        self.hinted: Callable[[str, int], None] | None = None  # follows the leader (and term) a node named
+        self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
+        self._next = 1
+        self._round = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._retry: asyncio.TimerHandle | None = None
 
-    def hold(self, confirm: "ConfirmSink | None", message: Message) -> bool:
-        """True if the publish's confirm now waits here; False (refused, nacked at once) without confirms or
-        with too many held."""
-        if confirm is None or len(self._waiting) >= HOLD_MAX:
+    @property
+    def floor(self) -> int:
+        """The oldest unanswered seq: what is below it the leader need not wait for."""
+        return next(iter(self.publishes), self._next)
+
+    def publish(self, confirm: "ConfirmSink | None", message: Message) -> bool:
+        """Send a publish to the leader, and again to each next one until one answers; False (nacked at once)
+        without confirms or with too many waiting."""
+        if confirm is None or len(self.publishes) >= HOLD_MAX:
             return False
-        self._waiting.append((confirm, confirm.forwarded(), message))
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(HOLD, self.release, True)
+        publish = self.publishes[self._next] = Publish(self, self._next, confirm, message)
+        self._next += 1
+        publish.round = self._round
+        if self.leaderless or self.send is None or not self.send(publish):
+            self.stalled()
         return True
 
-    def release(self, give_up: bool = False) -> None:
-        """A leader is known: what waits is passed on to it; nacked if it waited long enough (``give_up``), or
-        no leader takes it."""
-        if self._timer is not None:
+    def take(self) -> tuple[int, int]:
+        """(window id, seq) for a publish this node's queue takes while it leads (``adopt``)."""
+        self._next += 1
+        return self.id, self._next - 1
+
+    def adopt(self, seq: int, confirm: "ConfirmSink", message: Message) -> None:
+        """A publish taken under ``take``'s seq by this node's queue, which was deposed before its group had
+        it: sent to the next leader as the window's own (which takes it once)."""
+        publishes = self.publishes
+        publish = Publish(self, seq, confirm, message)
+        publish.round = -1  # (not sent yet: ``resend`` sends it)
+        later = [p for p in publishes.values() if p.seq > seq]
+        for p in later:
+            del publishes[p.seq]
+        publishes[seq] = publish
+        for p in later:
+            publishes[p.seq] = p
+        self.stalled()
+
+    def resend(self) -> None:
+        """A leader is known (a new one, or the same over a new link): what is unanswered goes to it, in order."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._round += 1
+        if not self.publishes:
+            return
+        if self.leaderless or self.send is None:
+            self.stalled()
+            return
+        for publish in list(self.publishes.values()):
+            if self.publishes.get(publish.seq) is publish:  # (a leader here may answer at once)
+                publish.round = self._round
+                if not self.send(publish):
+                    self.stalled()
+                    return
+
+    def answered(self, publish: Publish, status: int, hint: tuple[str, int] | None = None) -> None:
+        """A node's answer to a copy: confirmed or refused (the publisher is told), or not taken — the node does
+        not lead (``CONFIRM_MOVED``: we follow the leader it names, ``hint``, if of a later term than ours, as
+        ``rabbit_fifo_client`` follows a ``not_leader`` reply; else ask etcd, and send again a while later unless a
+        leader is known first), or an earlier publish never reached it (``CONFIRM_RESEND``: sent again now).
+        Only the answer to a copy of the latest round sends again."""
+        if self.publishes.get(publish.seq) is not publish:
+            return  # answered before
+        if status in (link.CONFIRM_MOVED, link.CONFIRM_RESEND):
+            if publish.round != self._round:
+                return
+            self._round += 1  # (the others' answers in that round do nothing more)
+            if status == link.CONFIRM_RESEND:
+                asyncio.get_running_loop().call_soon(self.resend)
+                return
+            self.stalled()
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
+            if hint is not None and hint[0] and self.hinted is not None:
+                self.hinted(*hint)
+            elif self.recheck is not None:
+                self.recheck()
+            return
+        del self.publishes[publish.seq]
+        if status == link.CONFIRM_OK and self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        waiting, self._waiting = self._waiting, []
-        forward = None if give_up or self.leaderless else self.forward
-        for confirm, seq, message in waiting:
-            if forward is None or not forward(message, Relayed(confirm, seq)):
-                confirm.remote_confirmed(seq, True)
+        publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
+
+    def lost(self, publish: Publish) -> None:
+        """The link a copy went over dropped: the window waits for it to come back, or for a new leader."""
+        if self.publishes.get(publish.seq) is publish:
+            self.stalled()
+
+    def stalled(self) -> None:
+        """What waits is nacked after ``HOLD`` seconds unless a confirm comes first."""
+        if self._timer is None and self.publishes:
+            self._timer = asyncio.get_running_loop().call_later(HOLD, self.close)
+
+    def close(self) -> None:
+        """Gave up (or the queue is gone): every publish waiting is nacked."""
+        for handle in (self._timer, self._retry):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._retry = None
+        self._round += 1
+        publishes, self.publishes = self.publishes, {}
+        for publish in publishes.values():
+            publish.confirm.remote_confirmed(publish.confirm_seq, True)
 
 
 class RemoteConsumer:
@@ -123,6 +234,8 @@ class Owner(Protocol):
     def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None,
                 relay: bool = False) -> bool | None: ...
 
+    def enqueue(self, queue: RemoteQueue, publish: Publish) -> bool: ...
+
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
                 adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer: ...
 
@@ -149,7 +262,7 @@ class RemoteQueue(Queue):
         self.link_id = link.QID.pack(len(qid)) + qid  # as a publish frame lists it
         self.by_consumer: dict[Consumer, RemoteConsumer] = {}
         self.members: list[str] = []  # a quorum queue's group (forwarder.quorum)
-        self.held: Held | None = None  # a quorum queue's publishes waiting for a leader (forwarder.quorum)
+        self.publishes: Window | None = None  # a quorum queue's unconfirmed publishes through here (forwarder.quorum)
         self.replicated = REPLICATED in queue_type.capabilities
         # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
         # new leader takes back for it)
@@ -182,12 +295,14 @@ class RemoteQueue(Queue):
 
     def enqueue(self, message: Message,  # type: ignore[override]  # None: its node is down (unroutable)
                 confirm: "ConfirmSink | None" = None, relay: bool = False) -> bool | None:
-        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable); a quorum
-        queue's publish waits for a leader instead (``Held``), since its group elects another one.  ``relay``: a
-        publish another node sent here, which the owner passes on no further."""
-        held = self.held
-        if held is not None and (held.leaderless or not self.peer.up):
-            return held.hold(confirm, message)
+        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable).  A quorum
+        queue's confirmed publish goes through its window (``Window``), which sends it to each leader until one
+        confirms it.  ``relay``: a publish another node sent here, which the owner passes on no further."""
+        publishes = self.publishes
+        if publishes is not None and confirm is not None:
+            return publishes.publish(confirm, message)
+        if publishes is not None and (publishes.leaderless or not self.peer.up):
+            return False
         accepted = self.peer.publish(self, message, confirm, relay)
         if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
             return False  # publisher sends it again
@@ -197,7 +312,9 @@ class RemoteQueue(Queue):
 
     def add_consumer(self, consumer: Consumer) -> None:
         super().add_consumer(consumer)
-        self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        remote = self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        if self.publishes is not None and (self.publishes.leaderless or not self.peer.up):
+            remote.attached = False  # (not sent: it consumes once a leader is known, ``follow``, or reached)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         super().remove_consumer(consumer)
@@ -268,7 +385,7 @@ class RemoteQueue(Queue):
     def _attach(self, remote: RemoteConsumer) -> None:
         remote.attached = False
         remote.adopting = []
-        if (self.held is not None and self.held.leaderless) or not self.peer.up:
+        if (self.publishes is not None and self.publishes.leaderless) or not self.peer.up:
             return  # it waits for a leader (``follow``), or for its link (``attach_waiting``)
         taken = self.taken
         remote.adopting = [entry for entry, (holder, _) in taken.items() if holder is remote]
@@ -361,7 +478,7 @@ class RemoteQueue(Queue):
         known: the old one takes settles it no longer replicates) parks them."""
         taken = self.taken
         if taken:
-            waiting = (self.held is not None and self.held.leaderless) or not self.peer.up
+            waiting = (self.publishes is not None and self.publishes.leaderless) or not self.peer.up
             send = []
             now = asyncio.get_running_loop().time()
             for entry in entries:

@@ -20,6 +20,7 @@ from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
 from amqp_server.message import Message
 from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server import quorum_machine as machine
 from amqp_server.queue_type import REPLICATED
 from amqp_server.vhost import home_node_down
 
@@ -28,6 +29,7 @@ from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
+    from amqp_server.quorum_queue import QuorumQueue
 
 log = logging.getLogger("warren.forwarder.session")
 
@@ -94,7 +96,8 @@ class Session:
         self.replicating: dict[int, list] = {}
         self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
-        self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.CONSUME: self._consume,
+        self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
+                          link.CONSUME: self._consume,
                           link.CANCEL: self._cancel, link.SETTLE: self._settle, link.CREDIT: self._credit,
                           link.REQUEST: self._request, link.REPLICATE: self._replicate,
                           link.REPLICATED: self._replicated}
@@ -125,9 +128,47 @@ class Session:
                 found = found or taken
                 rejected = rejected or not taken
         status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
-        if not seq:
+        if seq:
+            self._answer(seq, status, message)
+
+    def _enqueue(self, payload: bytes) -> None:
+        """A publish of another node's window for a quorum queue (``remote_queue.Window``): taken by the queue if
+        it leads here and has not taken it before, confirmed once its group has it.  Not passed on: the window
+        sends it to the leader itself, once its node knows it (told ``CONFIRM_MOVED``, it asks etcd)."""
+        seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
+        pos = link.PUBLISH_HEAD.size
+        qids = link.read_queue_ids(payload, pos, pos + qids_len)
+        pos += qids_len
+        enqueuer, publish, floor = link.ENQUEUER_HEAD.unpack_from(payload, pos)
+        queue = self._queue(qids[0]) if len(qids) == 1 else None
+        if queue is None or REPLICATED not in queue.type.capabilities:  # (not a replicated queue led here)
+            if len(qids) == 1 and self._elsewhere(qids[0]) is not None:
+                cluster = self.broker.cluster
+                assert cluster is not None  # (a session is the cluster's)
+                self.moved(seq, *cluster.quorum.leader_of(qids[0].decode()))
+            else:
+                self._answer(seq, link.CONFIRM_NO_QUEUE)
             return
-        if message.msg_id or message.logged:
+        message = link.read_message(payload, pos + link.ENQUEUER_HEAD.size)
+        self._publishing = seq
+        verdict = cast("QuorumQueue", queue).enqueue_from(message, self, enqueuer, publish, floor)
+        if verdict == machine.AHEAD:
+            self._answer(seq, link.CONFIRM_RESEND)
+        elif verdict == machine.SEEN:
+            self._confirm(seq, link.CONFIRM_OK)  # (on a majority's disks: once what the leader has is)
+        else:
+            self._answer(seq, link.CONFIRM_REJECTED if verdict == "refused" else link.CONFIRM_OK, message)
+
+    def moved(self, seq: int, leader: str, term: int) -> None:
+        """A publish of another node's window this node does not take (it does not lead the queue, or was
+        deposed before its group had it): the window sends it to the leader, which we name if we know it."""
+        self.replicating.pop(seq, None)
+        self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_MOVED), link.MOVED_HINT.pack(term),
+                       leader.encode())
+
+    def _answer(self, seq: int, status: int, message: Message | None = None) -> None:
+        """Confirm (or refuse) the publish ``seq``: once on disk here if it was stored, and taken by its group."""
+        if message is not None and (message.msg_id or message.logged):
             persistence = self.broker.persistence
             self.unsynced.append((seq, status, persistence.batch))
             persistence.waiters.add(self)
@@ -175,9 +216,8 @@ class Session:
         once, a flood of nacks until its node learns.  Held while no leader is known here either (``Held``).
         Refused (False) only if it was passed on once already: a publish crosses at most two links, never
         loops between nodes that disagree on the leader."""
-        held = proxy.held
-        if held is not None and held.leaderless:
-            return held.hold(sink, message)
+        if sink is not None and proxy.publishes is not None:
+            return proxy.publishes.publish(sink, message)
         return not relayed and bool(proxy.enqueue(message, sink, relay=True))
 
     def _elsewhere(self, qid: bytes) -> RemoteQueue | None:

@@ -308,7 +308,7 @@ class FakeLink:
         pass
 
 
-_TO_OWNER = {link.PUBLISH, link.RELAY, link.CONSUME, link.CANCEL, link.SETTLE, link.CREDIT, link.REQUEST,
+_TO_OWNER = {link.PUBLISH, link.RELAY, link.ENQUEUE, link.CONSUME, link.CANCEL, link.SETTLE, link.CREDIT, link.REQUEST,
              link.REPLICATE}  # what a dialer's Peer sends; the owner's Session answers with the others
 
 
@@ -489,6 +489,9 @@ class Network:
         self.nodes[first].quorum.lead("/", name, *claimed)
 
 
+CLOCK = itertools.count()  # orders the events of every client
+
+
 class Client:
     """A consuming client's AMQP channel on a node (``ports.DeliveryTarget``), as ``amqp_server.channel.Channel``
     keeps its unacked deliveries and hands its consumers over to a quorum queue's new object."""
@@ -500,6 +503,8 @@ class Client:
         self.unacked: dict[int, tuple[Any, Any, Any]] = {}
         self.tag = 0
         self.received: list[bytes] = []
+        # (when, "deliver"/"redeliver"/"ack", body, the entry's seq in the queue), on ``CLOCK``
+        self.events: list[tuple[int, str, bytes, int]] = []
         self.consumer: Any = None
         self.cancelled = False
 
@@ -513,6 +518,8 @@ class Client:
         self.tag += 1
         self.unacked[self.tag] = (entry, consumer.queue, consumer)
         self.received.append(entry.message.body)
+        seq = getattr(consumer.queue, "taken", {}).get(entry, (None, entry.seq))[1]
+        self.events.append((next(CLOCK), "redeliver" if entry.redelivered else "deliver", entry.message.body, seq))
 
     def cancelled_by_broker(self, consumer: Any) -> None:
         self.cancelled = True
@@ -534,6 +541,8 @@ class Client:
         """Acks (or requeues) the oldest ``count`` deliveries held (all by default); how many."""
         tags = sorted(self.unacked)[:count]
         taken = [self.unacked.pop(tag) for tag in tags]
+        if not requeue:
+            self.events.extend((next(CLOCK), "ack", entry.message.body, 0) for entry, _, _ in taken)
         self.broker.settle_taken(taken, requeue)
         return len(taken)
 

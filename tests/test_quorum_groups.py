@@ -687,7 +687,7 @@ async def test_a_consumer_whose_node_missed_the_change_of_leader_is_moved_by_the
 async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(network):
     """n1 took 10 publishes its followers have, but their answers have not reached it when its lease is revoked:
     rather than nack them, it passes them on to the leader elected next, which confirms them (RabbitMQ's
-    publishers see no nack at a change of leader either; a message may be in the queue twice)."""
+    publishers see no nack at a change of leader either) and takes none of them twice: each was n1's window's."""
     node = await declared(network)
     network.hold("n2", "n1")
     network.hold("n3", "n1")
@@ -702,8 +702,55 @@ async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(
     network.release("n3", "n1")
     await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each")
     assert confirms.acked() == list(range(1, 11))
-    ready = await copies_agree(network)
-    assert set(ready) == set(bodies(10))
+    assert await copies_agree(network) == bodies(10)
+
+
+async def test_publishes_through_a_follower_whose_leader_paused_are_confirmed_by_the_next_leader_once(network):
+    """n2 publishes through n1, which has them replicated to n2 and n3 but has not heard their acks when it
+    pauses (it hears and says nothing, and loses etcd).  n2's window sends its unconfirmed publishes again to
+    the leader elected next, which confirms them — at the election, not once n1's link is found silent — and
+    takes none of them twice: its state knows n2's window's seqs (as ``rabbit_fifo`` knows its enqueuers')."""
+    node = await declared(network)
+    network.hold("n2", "n1")  # (n2's publishes go on below, one by one; the followers' acks wait)
+    network.hold("n3", "n1")
+    confirms = Confirms()
+    publish(network.nodes["n2"], bodies(10), confirms)
+    await asyncio.sleep(0.05)
+    held = network.held[("n2", "n1")]
+    publishes = [frame for frame in held if frame[2] == link.ENQUEUE]
+    held[:] = [frame for frame in held if frame[2] != link.ENQUEUE]
+    assert len(publishes) == 10
+    for frame in publishes:
+        network.deliver(*frame)
+    await wait_for(lambda: all(network.nodes[name].quorum.groups[KEY].state.next_seq == 10 for name in NAMES),
+                   "the followers have them")
+    node.client.unreachable = True  # n1 pauses: it says nothing more, and its lease lapses
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each", 1.0)
+    assert confirms.acked() == list(range(1, 11))
+    node.client.unreachable = False
+    for pair in (("n2", "n1"), ("n3", "n1"), ("n1", "n2"), ("n1", "n3")):
+        network.release(*pair)
+    await wait_for(lambda: node.quorum.groups[KEY].leader == leader(network).name, "n1 follows")
+    assert await copies_agree(network) == bodies(10)
+
+
+async def test_a_consumer_made_while_its_node_cannot_reach_the_leader_consumes_once_it_can(network):
+    """A consumer through n2 while n2's link to the leader is down: its consume is sent once the link is back
+    (as a consume again, with nothing to take back), and the answer to it attaches the consumer, so that its
+    acks reach the leader (they were parked for good: the 50 it held stayed out at the leader)."""
+    node = await declared(network)
+    sent = bodies(200)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 200, "the publishes confirmed")
+    network.cut("n2", "n1")
+    client = Client(network.nodes["n2"], prefetch=50).consume()
+    await asyncio.sleep(0.1)
+    network.heal("n2", "n1")
+    await drained(network, client, sent)
 
 
 async def test_a_consumer_consuming_again_at_the_same_leader_takes_back_what_it_held_there(network):

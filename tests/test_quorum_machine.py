@@ -372,3 +372,29 @@ def test_seq_sets_keep_runs_sorted_and_disjoint():
     assert seqs.pop_below(5) == [(0, 3), (4, 5)]
     assert list(seqs.runs()) == [(5, 7), (9, 10)] and len(seqs) == 3 and seqs.first() == 5
     assert 6 in seqs and 7 not in seqs and 4 not in seqs
+
+
+def test_a_publish_sent_again_by_its_enqueuer_is_taken_once_and_in_order():
+    """As ``rabbit_fifo``'s enqueuers: a window's seqs are taken once each, in order; one sent again (to a new
+    leader) is seen, one whose predecessor never came is ahead (the window sends again from its oldest), and
+    the oldest unanswered (``floor``) lets the state skip what the window gave up on."""
+    state = State()
+    assert m.admit(state, 7, 1, 1) == m.NEXT
+    m.apply(m.Enqueue(0, 0, b"a", 7, 1), state)
+    assert m.admit(state, 7, 1, 1) == m.SEEN
+    assert m.admit(state, 7, 3, 2) == m.AHEAD
+    assert m.admit(state, 7, 3, 3) == m.NEXT  # (2 was answered: the window no longer waits for it)
+    assert m.admit(state, 8, 5, 5) == m.NEXT  # (a window never heard of starts where it says)
+    assert m.apply(m.Enqueue(1, 0, b"a again", 7, 1), state)[1] == []  # (the state too takes it once)
+    m.apply(m.Enqueue(1, 0, b"b", 7, 3), state)
+    assert (state.next_seq, state.enqueuers, len(state.ready)) == (2, {7: 4}, 2)
+    restored, _ = m.decode_state(m.encode_state(state))
+    assert restored.enqueuers == {7: 4}
+
+
+def test_the_state_keeps_the_enqueuers_lately_heard_of(monkeypatch):
+    monkeypatch.setattr(m, "ENQUEUERS_MAX", 3)
+    state = State()
+    for seq, enqueuer in enumerate([1, 2, 3, 1, 4]):
+        m.apply(m.Enqueue(seq, 0, b"x", enqueuer, seq + 1), state)
+    assert list(state.enqueuers) == [3, 1, 4]

@@ -31,6 +31,9 @@ class QuorumHooks(Protocol):
 
     def replicated(self, peer_name: str, payload: bytes) -> None: ...
 
+    def leader_of(self, key: str) -> tuple[str, int]:
+        """The leader of a queue (its key: vhost, NUL, name) as known here, and its term (("", 0): none)."""
+
     def lag(self) -> dict[str, dict[str, int]]: ...
 
     def critical(self) -> list[tuple[str, str]]:
