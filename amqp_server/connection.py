@@ -13,14 +13,14 @@ import select
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from pamqp import commands
 from pamqp.base import Frame
 
 from . import __version__, auth_mechanisms, codec, errors
 from .auth import Principal, loopback_refused
-from .frontend import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Unauthenticated
+from .frontend import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Registry
 from .memory import MEMORY_CHECK_BYTES
 from .publisher_flow import PublisherFlow
 from .errors import AMQPError, ConnectionError
@@ -63,20 +63,6 @@ CAPABILITIES = {
 # Handshake states; DRAINING: close-ok sent, frames still arriving are read and dropped until the client
 # closes the socket (closing it with unread data would reset it under a client still writing)
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
-
-
-class Registry(Protocol):
-    """The node's client connections (``clients.Clients``), which a connection joins, leaves and flushes through."""
-
-    handshakes: Unauthenticated  # the connections not logged in yet
-
-    def add(self, connection: Connection) -> None: ...
-
-    def remove(self, connection: Connection) -> None: ...
-
-    def schedule_flush(self, connection: Connection) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 class Connection(FrontEnd):

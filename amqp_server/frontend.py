@@ -343,6 +343,21 @@ class ClientConnection(Protocol):
         """Close with 320 CONNECTION_FORCED and ``reason``."""
 
 
+class Registry(Protocol):
+    """The node's client connections (``clients.Clients``), which every front end's connection joins, leaves and
+    flushes its output through."""
+
+    handshakes: Unauthenticated  # the connections not logged in yet, on every port
+
+    def add(self, connection: Any) -> None: ...
+
+    def remove(self, connection: Any) -> None: ...
+
+    def schedule_flush(self, connection: Any) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 class FrontEnd(asyncio.Protocol):
     """One connection of a front end.  A subclass sets ``kind`` and the pre-login frame size it reads
     (``frame_max``, raised at login), implements :meth:`opened` (the connection is made, its TLS handshake done)

@@ -16,11 +16,11 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
-from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, Unauthenticated
+from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, Registry
 from ..logs import untrusted
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -44,20 +44,6 @@ CLOSE_TIMEOUT = 3.0  # after our close, how long the client has to answer with i
 SESSION_MAX = 64  # RabbitMQ's session_max_per_connection: channel-max is one less
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"
 SASL_OK, SASL_AUTH = 0, 1
-
-
-class Registry(Protocol):
-    """The node's client connections (``clients.Clients``), as ``connection.Registry`` for AMQP 0-9-1."""
-
-    handshakes: Unauthenticated
-
-    def add(self, connection: Any) -> None: ...
-
-    def remove(self, connection: Any) -> None: ...
-
-    def schedule_flush(self, connection: Any) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 class Amqp10Connection(FrontEnd):
