@@ -28,7 +28,7 @@ from .frames import Amqp10Error, LinkError, SessionError
 if TYPE_CHECKING:
     from exchanges import Exchange
 
-    from ..queue import Consumer, Entry, Queue
+    from ..queue import AnyQueue, Consumer, Entry
     from .host import SessionHost
 
 INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
@@ -58,7 +58,7 @@ class Session:
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, Link] = {}
-        self.unsettled: dict[int, tuple[Entry, Queue, Consumer | None, Outgoing]] = {}
+        self.unsettled: dict[int, tuple[Entry, AnyQueue, Consumer | None, Outgoing]] = {}
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
         connection.send(channel, frames.performative(
             frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT), uint(HANDLE_MAX)))
@@ -600,7 +600,7 @@ class Outgoing(Link):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.queue: Queue = None  # type: ignore[assignment]  # set by attach
+        self.queue: AnyQueue = None  # type: ignore[assignment]  # set by attach
         self.consumer: Consumer | None = None
         self.credit = 0
         self.delivery_count = 0

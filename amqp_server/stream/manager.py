@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from exchanges import Exchange
+
 from .. import errors
 from ..auth import Principal
 from ..errors import AMQPError
 from ..message import Message, make_message
-from ..queue import Queue
+from ..queue import AnyQueue
 from ..queue_type import LOG
 from ..stream_queue import StreamQueue
 from . import core
@@ -45,10 +47,11 @@ def code_of(error: AMQPError) -> int:
     return _CODES.get(error.code, core.INTERNAL_ERROR)
 
 
-def served_here(queue: Queue | Any) -> TypeGuard[StreamQueue]:
+def served_here(queue: AnyQueue | Any) -> TypeGuard[StreamQueue]:
     """Whether ``queue`` is a stream of this node, which the stream protocol serves here (a client finds another
     node's by ``metadata``; a super stream's partitions are those of this node)."""
-    return isinstance(queue, Queue) and LOG in queue.type.capabilities and not queue.remote
+    return (queue is not None and not isinstance(queue, Exchange)  # (a binding's destination may be an exchange)
+            and LOG in queue.type.capabilities and not queue.remote)
 
 class StreamManager:
     def __init__(self, broker: "Broker") -> None:
