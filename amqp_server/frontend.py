@@ -27,7 +27,7 @@ import logging
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sized, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sized, cast
 
 from . import tls
 from .logs import Throttle, untrusted
@@ -335,6 +335,10 @@ class ClientConnection(Protocol):
     @property
     def reading_paused(self) -> bool: ...
 
+    def message_stats(self) -> Iterable[MessageStats]:
+        """The message counters of its live channels or sessions (or its own): what ``Registry.fold`` is given of
+        each when it goes."""
+
     def drop_if_peer_gone(self) -> None:
         """Under a memory alarm: a connection read no more asks its socket whether its peer hung up, and lets go of
         what it holds if so."""
@@ -356,6 +360,9 @@ class Registry(Protocol):
     def schedule_flush(self, connection: Any) -> None: ...
 
     def flush(self) -> None: ...
+
+    def fold(self, protocol: str, stats: MessageStats) -> None:
+        """Keep the counters of a channel, session or connection of ``protocol`` that is gone."""
 
 
 class FrontEnd(asyncio.Protocol):

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..publisher_flow import PublisherFlow
     from ..vhost import VHost
+    from ..stats import MessageStats
 
 log = logging.getLogger("warren.amqp10")
 complaints = Complaints(log)
@@ -518,6 +519,9 @@ class Amqp10Connection(FrontEnd):
         for session in list(self.sessions.values()):
             session.grant_credit()
         self.schedule_flush()
+
+    def message_stats(self) -> Iterable[MessageStats]:
+        return [session.stats for session in self.sessions.values()]
 
     def drop_if_peer_gone(self) -> None:
         """(The memory alarm asks of connections not read; this one is read through alarms.)"""

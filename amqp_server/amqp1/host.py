@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..auth import Principal, User
     from ..broker import Broker
     from ..config import Config
+    from ..frontend import Registry
     from ..vhost import VHost
     from .frames import Amqp10Error
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 class SessionHost(ExclusiveOwner[Queue], Protocol):
     broker: Broker
     config: Config
+    clients: Registry
+    protocol: str
     vhost: VHost | None
     user: User | None
     principal: Principal | None

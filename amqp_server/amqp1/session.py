@@ -20,6 +20,7 @@ from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
 from ..ports import ClientChannel
+from ..stats import MessageStats
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
 from . import address, frames, management
@@ -60,6 +61,10 @@ class Session:
         self.links: dict[int, Link] = {}
         self.unsettled: dict[int, tuple[Entry, Queue, Consumer | None, Outgoing]] = {}
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
+        self.stats = MessageStats()
+        vhost = connection.vhost
+        assert vhost is not None  # begin comes after open
+        self.vhost_stats = self.broker.vhost_stats(vhost.name)
         connection.send(channel, frames.performative(
             frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT), uint(HANDLE_MAX)))
 
@@ -158,6 +163,7 @@ class Session:
         for link in list(self.confirming):
             link.dropped()
         self.confirming.clear()
+        self.connection.clients.fold(self.connection.protocol, self.stats)
 
     def _flow(self, fields: list[Value]) -> None:
         next_incoming = frames.typed(fields, 0, ("uint",), "next-incoming-id", 0)
@@ -210,6 +216,7 @@ class Session:
         try:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
+                self.stats.ack += len(taken)
             elif code == frames.RELEASED:
                 self.broker.settle_taken(taken, True)
             elif code == frames.REJECTED:
@@ -452,8 +459,12 @@ class Incoming(Link):
                 return
         self.current = delivery_id
         routed, rejected = self.broker.publish(vhost, exchange, message, None, None if settled else self)
-        stats = self.broker.vhost_stats(vhost.name)
-        stats.publish += 1
+        session = self.session
+        session.stats.publish += 1
+        session.vhost_stats.publish += 1
+        if not routed:
+            session.stats.drop_unroutable += 1
+            session.vhost_stats.drop_unroutable += 1
         if settled:
             return
         if not routed:
@@ -503,6 +514,9 @@ class Incoming(Link):
     def _outcome(self, delivery_id: int, settled: bool, state: bytes) -> None:
         if settled:
             return
+        if state is frames.ACCEPTED_STATE:
+            self.session.stats.confirm += 1
+            self.session.vhost_stats.confirm += 1
         self.outcomes.append((delivery_id, state))
         self.session.confirming.add(self)
         self.connection.schedule_flush()
@@ -688,8 +702,14 @@ class Outgoing(Link):
         session.next_delivery_id = (delivery_id + 1) & MAX_UINT
         self.credit -= 1
         self.delivery_count = (self.delivery_count + 1) & MAX_UINT
-        if not consumer.no_ack:
+        stats = session.stats
+        if consumer.no_ack:
+            stats.deliver_no_ack += 1
+        else:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
+            stats.deliver += 1
+        if entry.redelivered:
+            stats.redeliver += 1
         head = amqp10.record_head(message, native=True)
         body = message.body
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
