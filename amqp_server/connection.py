@@ -691,6 +691,9 @@ class Connection(FrontEnd):
             self.blocked_notified = False
             self.send_method(0, commands.Connection.Unblocked())
 
+    def listed_sessions(self) -> None:
+        return None
+
     def message_stats(self) -> Iterable[MessageStats]:
         return [channel.stats for channel in self.channels.values()]
 

@@ -863,6 +863,50 @@ def test_global_counters_by_protocol_never_go_down(start_broker):
     assert all(after[key] >= value for key, value in live.items())  # what closed connections counted stays
 
 
+def test_an_amqp10_connection_lists_its_sessions_and_links(start_broker):
+    """GET /api/connections/{name}/sessions as RabbitMQ 4.x answers it; 400 for an AMQP 0-9-1 connection."""
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    node = start_broker()
+    setup = amqp(node)
+    setup.channel().queue_declare("orders")
+    proton = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10, allowed_mechs="PLAIN")
+    sender = proton.create_sender("/queues/orders", name="my sender")
+    sender.send(Message(body="m"))
+    proton.create_receiver("/queues/orders", name="my receiver", credit=5)
+    deadline = time.monotonic() + 10
+    while len(call(node, "GET", "/api/connections").json) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    listed = {c["protocol"]: c["name"] for c in call(node, "GET", "/api/connections").json}
+    path = f"/api/connections/{q(listed['AMQP 1.0'])}/sessions"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        [session] = call(node, "GET", path).json
+        if session["outgoing_links"] and session["outgoing_links"][0]["delivery_count"] == 1:
+            break  # the receiver got the message
+        time.sleep(0.1)
+    assert session["channel_number"] == 0 and session["handle_max"] == 255
+    for key in ("next_incoming_id", "incoming_window", "next_outgoing_id", "remote_incoming_window",
+                "remote_outgoing_window"):
+        assert isinstance(session[key], int), key
+    assert session["outgoing_unsettled_deliveries"] == 1  # the receiver has not settled it
+    [incoming] = session["incoming_links"]
+    assert {k: incoming[k] for k in ("handle", "link_name", "target_address", "snd_settle_mode",
+                                     "unconfirmed_messages", "delivery_count")} == {
+        "handle": 0, "link_name": "my sender", "target_address": "/queues/orders", "snd_settle_mode": "mixed",
+        "unconfirmed_messages": 0, "delivery_count": 1}
+    assert isinstance(incoming["max_message_size"], int) and isinstance(incoming["credit"], int)
+    [outgoing] = session["outgoing_links"]
+    assert outgoing == {"handle": 1, "link_name": "my receiver", "source_address": "/queues/orders",
+                        "queue_name": "orders", "delivery_count": 1, "credit": 4, "max_message_size": "unlimited",
+                        "send_settled": False}
+    response = call(node, "GET", f"/api/connections/{q(listed['AMQP 0-9-1'])}/sessions")
+    assert response.status == 400 and response.json["reason"] == "connection does not use AMQP 1.0"
+    proton.close()
+    setup.close()
+
+
 # Top-level fields RabbitMQ 3.10.8 answers with, recorded from a running node (Erlang-process fields and counts
 # Warren does not keep are left out: see docs/http-api.md).
 RABBITMQ_FIELDS = {

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
-from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, Registry
+from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, ListedSession, Registry
 from ..logs import untrusted
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -519,6 +519,9 @@ class Amqp10Connection(FrontEnd):
         for session in list(self.sessions.values()):
             session.grant_credit()
         self.schedule_flush()
+
+    def listed_sessions(self) -> list[ListedSession]:
+        return [session.listed() for session in self.sessions.values()]
 
     def message_stats(self) -> Iterable[MessageStats]:
         return [session.stats for session in self.sessions.values()]

@@ -19,6 +19,7 @@ from .. import errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
+from ..frontend import ListedLink, ListedSession
 from ..ports import ClientChannel
 from ..stats import MessageStats
 from ..stream import amqp10
@@ -56,6 +57,7 @@ class Session:
         self.next_incoming_id = frames.typed(fields, 1, ("uint",), "next-outgoing-id", 0)
         self.incoming_window = INCOMING_WINDOW
         self.remote_incoming_window = frames.typed(fields, 2, ("uint",), "incoming-window", 0)
+        self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, Link] = {}
@@ -165,10 +167,21 @@ class Session:
         self.confirming.clear()
         self.connection.clients.fold(self.connection.protocol, self.stats)
 
+    def listed(self) -> ListedSession:
+        """As the HTTP API lists it."""
+        listed = ListedSession(self.channel, HANDLE_MAX, self.next_incoming_id, self.incoming_window,
+                               self.next_outgoing_id, self.remote_incoming_window, self.remote_outgoing_window,
+                               len(self.unsettled))
+        for handle in sorted(self.links):
+            link = self.links[handle]
+            (listed.incoming if isinstance(link, Incoming) else listed.outgoing).append(link.listed())
+        return listed
+
     def _flow(self, fields: list[Value]) -> None:
         next_incoming = frames.typed(fields, 0, ("uint",), "next-incoming-id", 0)
         window = frames.typed(fields, 1, ("uint",), "incoming-window", 0)
         self.remote_incoming_window = max(0, next_incoming + window - self.next_outgoing_id)
+        self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
         handle = frames.typed(fields, 4, ("uint",), "handle")
         if handle is None:
             if frames.field(fields, 9, False):  # echo
@@ -269,6 +282,8 @@ class Link:
         self.settle_mode = settle_mode
         self.source = source
         self.target = target
+        self.credit = 0
+        self.delivery_count = 0
 
     def attach(self) -> None:
         """Resolve the link's address and check what the user may do there; raises what refuses it."""
@@ -302,6 +317,12 @@ class Link:
     def on_flow(self, fields: list[Value]) -> None:
         """A flow naming this link."""
 
+    def listed(self) -> ListedLink:
+        """As the HTTP API lists it."""
+        terminus = self.target if self.role else self.source
+        address_value = terminus[0].value if terminus and terminus[0].kind == "string" else None
+        return ListedLink(self.handle, self.name, address_value, self.delivery_count, self.credit, self.settle_mode)
+
     def closed(self) -> None:
         """Detached, or its session ended."""
 
@@ -327,8 +348,6 @@ class Incoming(Link):
         super().__init__(*args)
         self.destination: address.Destination | None = None  # None: each message's ``to``
         self.exchange: Exchange | None = None
-        self.credit = 0
-        self.delivery_count = 0
         self.partial: bytearray | None = None  # a message arriving in several transfers
         self.partial_id = 0
         self.partial_settled = False
@@ -342,6 +361,11 @@ class Incoming(Link):
         self.management = False  # the /management node's requests: answered on the paired link
         self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
         self.route = encode_route("", "")
+
+    def listed(self) -> ListedLink:
+        listed = super().listed()
+        listed.unconfirmed = len(self.unsynced) + len(self.forwarded_copies)
+        return listed
 
     def attach(self) -> None:
         target = _address(self.target)
@@ -616,8 +640,6 @@ class Outgoing(Link):
         super().__init__(*args)
         self.queue: Queue = None  # type: ignore[assignment]  # set by attach
         self.consumer: Consumer | None = None
-        self.credit = 0
-        self.delivery_count = 0
         self.drain = False
         self.management = False  # the /management node's responses
         self.responses: deque[bytes] = deque()
@@ -626,6 +648,11 @@ class Outgoing(Link):
         handle = uint(self.handle)
         self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
         self._transfer_tail = b"\x43" + boolean(self.settled)
+    def listed(self) -> ListedLink:
+        listed = super().listed()
+        listed.queue = self.queue.name if self.consumer is not None else ""
+        return listed
+
     def attach(self) -> None:
         source = _address(self.source)
         if source == management.ADDRESS:

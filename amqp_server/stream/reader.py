@@ -211,6 +211,9 @@ class StreamConnection(FrontEnd):
     def force_close(self, reason: str) -> None:
         self._close(core.OK, reason)
 
+    def listed_sessions(self) -> None:
+        return None
+
     def message_stats(self) -> Iterable[MessageStats]:
         return (self.stats,)
 
