@@ -3,7 +3,7 @@
 (``channel.ChannelHost``)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from ..ports import ExclusiveOwner
 from ..queue import Queue
@@ -40,6 +40,10 @@ class SessionHost(ExclusiveOwner[Queue], Protocol):
     def started_publishing(self) -> None: ...
 
     def growing(self) -> None: ...
+
+    def await_request(self, work: Coroutine[Any, Any, bytes], answer: Callable[[bytes], None]) -> None:
+        """A /management request that may await the cluster: the frames after it wait until ``answer`` has its
+        response."""
 
     def ended(self, channel: int) -> None:
         """The session on ``channel`` ended."""

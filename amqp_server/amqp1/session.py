@@ -509,8 +509,14 @@ class Incoming(Link):
         if paired is None:
             raise LinkError(frames.PRECONDITION_FAILED, "management request before the paired link attached",
                             self.handle)
-        paired.respond(management.handle(self.connection, record))
-        self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
+        self.connection.await_request(management.handle(self.connection, record),
+                                      lambda response: self._answered(paired, response, delivery_id, settled))
+
+    def _answered(self, paired: Outgoing, response: bytes, delivery_id: int, settled: bool) -> None:
+        if self.session.links.get(paired.handle) is paired:
+            paired.respond(response)
+        if self.session.links.get(self.handle) is self:
+            self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
 
     def _route(self, record: bytes) -> tuple[Exchange, str]:
         """The exchange and routing key of a message: the link's target's, else its ``to`` (and ``subject``)."""
