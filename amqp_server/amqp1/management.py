@@ -127,12 +127,7 @@ async def _request(connection: SessionHost, method: str, path: str, body: Value)
             await broker.agreed()
             return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["queues"] and len(segments) == 3 and segments[2] == "messages" and method == "DELETE":
-        name = _name(segments[1])
-        queue = vhost.queues.get(name)
-        if queue is not None and queue.remote:
-            count = await broker.purge_anywhere(vhost, name, connection, who)
-        else:
-            count = broker.purge_local(vhost, name, connection, who)
+        count = await broker.purge_anywhere(vhost, _name(segments[1]), connection, who)
         return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["exchanges"] and len(segments) == 2:
         name = _name(segments[1])
