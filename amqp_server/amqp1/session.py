@@ -10,7 +10,6 @@ detaches the link.
 """
 from __future__ import annotations
 
-import datetime
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,8 @@ from ..message import encode_route
 from ..ports import ClientChannel
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
-from . import address, frames, management
+from ..stream_queue import StreamQueue
+from . import address, filters, frames, management
 from .frames import Amqp10Error, LinkError, SessionError
 
 if TYPE_CHECKING:
@@ -571,26 +571,28 @@ def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
-STREAM_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+_OFFSET_ANNOTATION = amqp10.symbol("x-stream-offset")
+_LONG = struct.Struct(">q")
+_U32 = struct.Struct(">I")
 
 
-def _consumer_arguments(source: list[Value] | None) -> dict[str, Any]:
-    """The consumer arguments a source's filters say: ``rabbitmq:stream-offset-spec`` as ``x-stream-offset``
-    (first, last, next, an offset or a timestamp).  Other filters are not applied, and so not echoed."""
-    filters = source[7] if source is not None and len(source) > 7 else None
-    if filters is None or filters.kind != "map":
-        return {}
-    for _, value in filters.value:
-        if value.kind == "described" and value.value[0] == STREAM_OFFSET_SPEC:
-            spec = value.value[1]
-            if spec.kind in ("string", "symbol"):
-                return {"x-stream-offset": spec.value}
-            if spec.kind == "timestamp":
-                return {"x-stream-offset": datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)}
-            if isinstance(spec.value, int) and not isinstance(spec.value, bool):
-                return {"x-stream-offset": spec.value}
-            raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
-    return {}
+def _with_offset(head: bytes, seq: int) -> bytes:
+    """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
+    the end of the message-annotations section ``record_head`` always writes (after a header section, if any)."""
+    at = 0 if head.startswith(b"\x00\x53\x72") else len(amqp10.DURABLE_HEADER)
+    if head[at + 3] == 0xC1:
+        size, count, data_at = head[at + 4], head[at + 5], at + 6
+        end = at + 5 + size
+    else:
+        size, count, data_at = _U32.unpack_from(head, at + 4)[0], _U32.unpack_from(head, at + 8)[0], at + 12
+        end = at + 8 + size
+    data = head[data_at:end] + _OFFSET_ANNOTATION + b"\x81" + _LONG.pack(seq)
+    count += 2
+    if count < 255 and len(data) < 255:
+        annotations = bytes((0xC1, len(data) + 1, count)) + data
+    else:
+        annotations = b"\xd1" + _U32.pack(len(data) + 4) + _U32.pack(count) + data
+    return head[:at + 3] + annotations + head[end:]
 
 
 class Outgoing(Link):
@@ -606,6 +608,7 @@ class Outgoing(Link):
         self.delivery_count = 0
         self.drain = False
         self.management = False  # the /management node's responses
+        self.offsets = False  # a stream's consumer: each message says its offset
         self.responses: deque[bytes] = deque()
         # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
         # delivery-tag, message-format 0, settled
@@ -623,11 +626,16 @@ class Outgoing(Link):
         connection = self.connection
         vhost = connection.vhost
         assert vhost is not None
-        arguments = _consumer_arguments(self.source)
-        self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        wanted = filters.read(self.source)
+        queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        if wanted.accepts is not None and queue.type.name == "stream" and not isinstance(queue, StreamQueue):
+            raise Amqp10Error(frames.NOT_IMPLEMENTED, f"filters on {queue.name!r}, a stream on another node")
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
-        self.consumer = self.broker.consume(self.queue, self, tag, self.settled, False, arguments, 0xFFFF)
+        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF)
+        self.offsets = isinstance(queue, StreamQueue)
+        if wanted.accepts is not None and isinstance(queue, StreamQueue):
+            queue.filter_consumer(self.consumer, wanted.accepts)
 
     def on_flow(self, fields: list[Value]) -> None:
         delivery_count = frames.typed(fields, 5, ("uint",), "delivery-count", self.delivery_count)
@@ -691,6 +699,8 @@ class Outgoing(Link):
         if not consumer.no_ack:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
         head = amqp10.record_head(message, native=True)
+        if self.offsets:
+            head = _with_offset(head, entry.seq)
         body = message.body
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
         size = len(head) + len(body)

@@ -1,0 +1,125 @@
+"""Stream consumers over AMQP 1.0 with RabbitMQ 4.1's filters, driven by rabbitmq-amqp-python-client as its own
+suite drives RabbitMQ: stream filter values (``rabbitmq:stream-filter``, ``rabbitmq:stream-match-unfiltered``,
+the ``x-stream-filter-value`` annotation) and property filter expressions (``amqp:properties-filter``,
+``amqp:application-properties-filter``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proton import Described, symbol
+from proton.reactor import Filter
+from proton.utils import LinkDetached
+from test_amqp10 import connect, declare, node, url  # noqa: F401  (the node fixture)
+
+client = pytest.importorskip("rabbitmq_amqp_python_client")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Done(Exception):
+    pass
+
+
+class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
+    """Accepts and keeps (offset, body, application properties) of each message until it has ``wanted``."""
+
+    def __init__(self, wanted: int) -> None:
+        super().__init__()
+        self.wanted = wanted
+        self.seen: list[tuple[int, str, Any]] = []
+
+    def on_amqp_message(self, event: Any) -> None:
+        message = event.message
+        self.seen.append((message.annotations["x-stream-offset"], client.Converter.bytes_to_string(message.body),
+                          message.application_properties))
+        self.delivery_context.accept(event)
+        if len(self.seen) == self.wanted:
+            raise Done
+
+
+@pytest.fixture
+def stream(node):  # noqa: F811
+    environment = client.Environment(uri=url(node))
+    connection = environment.connection()
+    connection.dial()
+    management = connection.management()
+    management.declare_queue(client.StreamSpecification(name="s"))
+    yield connection
+    management.close()
+    environment.close()
+
+
+def publish(connection: Any, messages: list[dict[str, Any]]) -> None:
+    publisher = connection.publisher(client.AddressHelper.queue_address("s"))
+    for i, fields in enumerate(messages):
+        status = publisher.publish(client.Message(body=client.Converter.string_to_bytes(f"m{i}"), **fields))
+        assert status.remote_state == client.Delivery.ACCEPTED
+    publisher.close()
+
+
+def consume(connection: Any, wanted: int, **filters: Any) -> list[tuple[int, str, Any]]:
+    handler = Collect(wanted)
+    options = client.StreamConsumerOptions(client.OffsetSpecification.first, client.StreamFilterOptions(**filters))
+    consumer = connection.consumer(client.AddressHelper.queue_address("s"), message_handler=handler,
+                                   consumer_options=options)
+    with pytest.raises(Done):
+        consumer.run()
+    consumer.close()
+    return handler.seen
+
+
+def nothing_before(connection: Any, published: int, sentinel: dict[str, Any], **filters: Any) -> None:
+    """None of the ``published`` messages matches: one that does, published now, is the first delivered."""
+    publish(connection, [sentinel])
+    assert consume(connection, 1, **filters)[0][0] == published
+
+
+def test_filter_values_deliver_only_the_messages_annotated_with_one_of_them(stream):
+    publish(stream, [{"annotations": {"x-stream-filter-value": "apple"}}] * 5
+            + [{"annotations": {"x-stream-filter-value": "banana"}}] * 5 + [{}] * 2)
+    seen = consume(stream, 5, values=["banana"])
+    assert [(offset, body) for offset, body, _ in seen] == [(i, f"m{i}") for i in range(5, 10)]
+    seen = consume(stream, 7, values=["banana"], match_unfiltered=True)  # and those without a value
+    assert [offset for offset, _, _ in seen] == [5, 6, 7, 8, 9, 10, 11]
+    seen = consume(stream, 10, values=["apple", "banana"])
+    assert [offset for offset, _, _ in seen] == list(range(10))
+    nothing_before(stream, 12, {"annotations": {"x-stream-filter-value": "cherry"}}, values=["cherry"])
+
+
+def test_application_properties_filter_matches_values_prefixes_and_suffixes(stream):
+    publish(stream, [{"application_properties": {"key": f"value_{i}", "n": i, "region": "emea" if i % 2 else "us"}}
+                     for i in range(20)])
+    seen = consume(stream, 1, application_properties={"key": "value_17"})
+    assert seen == [(17, "m17", {"key": "value_17", "n": 17, "region": "emea"})]
+    seen = consume(stream, 2, application_properties={"key": "&p:value_1", "region": "&s:ea"})
+    assert [offset for offset, _, _ in seen] == [1, 11]
+    seen = consume(stream, 1, application_properties={"n": 4})
+    assert [offset for offset, _, _ in seen] == [4]
+    nothing_before(stream, 20, {"application_properties": {"absent": "x"}}, application_properties={"absent": "x"})
+
+
+def test_properties_filter_matches_the_properties_a_message_keeps(stream):
+    publish(stream, [{"id": f"id-{i}", "correlation_id": f"c{i % 3}", "content_type": "text/plain"}
+                     for i in range(9)])
+    seen = consume(stream, 3, message_properties=client.MessageProperties(correlation_id="c1"))
+    assert [offset for offset, _, _ in seen] == [1, 4, 7]
+    seen = consume(stream, 1, message_properties=client.MessageProperties(message_id="id-5",
+                                                                          content_type="text/plain"))
+    assert [offset for offset, _, _ in seen] == [5]
+    seen = consume(stream, 1, message_properties=client.MessageProperties(message_id="&s:-8"))
+    assert [offset for offset, _, _ in seen] == [8]
+    nothing_before(stream, 9, {"correlation_id": "c1", "content_type": "text/html"},
+                   message_properties=client.MessageProperties(correlation_id="c1", content_type="text/html"))
+
+
+def test_a_properties_filter_on_a_property_not_kept_is_refused(node):  # noqa: F811
+    declare(node, "s", **{"x-queue-type": "stream"}).close()
+    connection = connect(node)
+    try:
+        wanted = Filter({symbol("f"): Described(symbol("amqp:properties-filter"), {symbol("subject"): "s"})})
+        with pytest.raises(LinkDetached, match="amqp:not-implemented.*'subject' is not supported"):
+            connection.create_receiver("/queues/s", options=wanted)
+    finally:
+        connection.close()
