@@ -14,7 +14,9 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .. import errors
+from urllib.parse import quote
+
+from .. import direct_reply, errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
@@ -28,6 +30,8 @@ from .frames import Amqp10Error, LinkError, SessionError
 if TYPE_CHECKING:
     from exchanges import Exchange
 
+    from ..direct_reply import ReplyConsumer
+    from ..message import Message
     from ..queue import Consumer, Entry, Queue
     from .host import SessionHost
 
@@ -231,7 +235,7 @@ class Session:
 
     def resume_deliveries(self) -> None:
         for link in list(self.links.values()):
-            if isinstance(link, Outgoing) and not link.management:
+            if isinstance(link, Outgoing) and link.consumer is not None:
                 link.queue.deliver_ready()
 
     def grant_credit(self) -> None:
@@ -347,8 +351,15 @@ class Incoming(Link):
         vhost = self.connection.vhost
         assert vhost is not None and self.connection.principal is not None
         if destination.exchange == "" and destination.routing_key is not None:
-            vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            self._check_queue(destination.routing_key)
         self.exchange = self._exchange(destination.exchange)
+
+    def _check_queue(self, name: str) -> None:
+        """A queue, or a direct reply-to name, is there: else ``not-found``."""
+        vhost = self.connection.vhost
+        assert vhost is not None
+        if not (name.startswith(direct_reply.PREFIX) and self.broker.replies.get(name) is not None):
+            vhost.queue(name)  # (not-found if it is not there)
 
     def _exchange(self, name: str) -> Exchange:
         vhost = self.connection.vhost
@@ -491,8 +502,8 @@ class Incoming(Link):
             if to is None:
                 raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
             destination = address.target(to)
-            if destination.exchange == "" and destination.routing_key is not None and self.connection.vhost:
-                self.connection.vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            if destination.exchange == "" and destination.routing_key is not None:
+                self._check_queue(destination.routing_key)
         exchange = self._exchange(destination.exchange)
         routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
         if self.connection.principal is not None and self.connection.principal.topics:
@@ -595,6 +606,18 @@ def _with_offset(head: bytes, seq: int) -> bytes:
     return head[:at + 3] + annotations + head[end:]
 
 
+VOLATILE_QUEUE = "rabbitmq:volatile-queue"
+
+
+def _volatile(fields: list[Value] | None) -> bool:
+    """A dynamic source asking for RabbitMQ 4.2's volatile queue: a direct reply-to link."""
+    if fields is None or len(fields) < 11 or fields[4].value is not True:
+        return False
+    capabilities = fields[10]
+    items = capabilities.value if capabilities.kind in ("array", "list") else [capabilities]
+    return any(isinstance(item, Value) and item.value == VOLATILE_QUEUE for item in items)
+
+
 class Outgoing(Link):
     """A link the client receives on: a consumer of a queue whose credit is the link's."""
 
@@ -609,6 +632,7 @@ class Outgoing(Link):
         self.drain = False
         self.management = False  # the /management node's responses
         self.offsets = False  # a stream's consumer: each message says its offset
+        self.reply: ReplyConsumer | None = None  # a direct reply-to link: replies go out as they come
         self.responses: deque[bytes] = deque()
         # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
         # delivery-tag, message-format 0, settled
@@ -619,6 +643,11 @@ class Outgoing(Link):
         source = _address(self.source)
         if source == management.ADDRESS:
             self.management = True
+            return
+        if source is None and _volatile(self.source):
+            self.reply = self.broker.replies.add(self, f"ctag-{self.session.channel}-{self.handle}", b"")
+            assert self.source is not None
+            self.source = [Value("string", "/queues/" + quote(self.reply.name, safe=""))] + self.source[1:]
             return
         if source is None:
             raise Amqp10Error(frames.INVALID_FIELD, "source address required")
@@ -642,7 +671,7 @@ class Outgoing(Link):
         credit = frames.typed(fields, 6, ("uint",), "link-credit", 0)
         self.drain = frames.field(fields, 8, False) is True
         self.credit = max(0, (delivery_count + credit - self.delivery_count) & MAX_UINT)
-        if self.management:
+        if self.management or self.reply is not None:
             self._send_responses()
         elif self.credit > 0:
             self.queue.deliver_ready()
@@ -675,6 +704,13 @@ class Outgoing(Link):
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0), boolean(True)]
             self._deliver_frames(fields, record, self.connection.peer_frame_max - _TRANSFER_OVERHEAD)
         self.connection.schedule_flush()
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this link's address (``ports.ReplyTarget``): sent settled as credit allows, as RabbitMQ
+        4.2's volatile queue sends; past ``MAX_RESPONSES`` waiting for credit, dropped (never stored)."""
+        if len(self.responses) < MAX_RESPONSES:
+            self.responses.append(amqp10.record_head(message, native=True) + message.body)
+            self._send_responses()
 
     # -- ports.DeliveryTarget ----------------------------------------------------------------
 
@@ -755,6 +791,9 @@ class Outgoing(Link):
 
     def closed(self) -> None:
         """Detached: the consumer goes, and what the link's client held is requeued."""
+        if self.reply is not None:
+            self.broker.replies.remove(self.reply)
+            self.reply = None
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             self.broker.remove_consumer(consumer)
