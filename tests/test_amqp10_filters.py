@@ -29,9 +29,11 @@ class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
         super().__init__()
         self.wanted = wanted
         self.seen: list[tuple[int, str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
 
     def on_amqp_message(self, event: Any) -> None:
         message = event.message
+        self.annotations.append(dict(message.annotations))
         self.seen.append((message.annotations["x-stream-offset"], client.Converter.bytes_to_string(message.body),
                           message.application_properties))
         self.delivery_context.accept(event)
@@ -59,8 +61,8 @@ def publish(connection: Any, messages: list[dict[str, Any]]) -> None:
     publisher.close()
 
 
-def consume(connection: Any, wanted: int, **filters: Any) -> list[tuple[int, str, Any]]:
-    handler = Collect(wanted)
+def consume(connection: Any, wanted: int, handler: Collect | None = None, **filters: Any) -> list[tuple[int, str, Any]]:
+    handler = handler or Collect(wanted)
     options = client.StreamConsumerOptions(client.OffsetSpecification.first, client.StreamFilterOptions(**filters))
     consumer = connection.consumer(client.AddressHelper.queue_address("s"), message_handler=handler,
                                    consumer_options=options)
@@ -123,3 +125,13 @@ def test_a_properties_filter_on_a_property_not_kept_is_refused(node):  # noqa: F
             connection.create_receiver("/queues/s", options=wanted)
     finally:
         connection.close()
+
+
+def test_annotations_come_back_as_annotations_with_the_offset(stream):
+    """x- message annotations stay annotations (RabbitMQ 4.x's conversion), and a stream adds x-stream-offset."""
+    publish(stream, [{"annotations": {"x-stream-filter-value": "v", "x-opt-n": 5},
+                      "application_properties": {"k": "v"}}])
+    handler = Collect(1)
+    assert consume(stream, 1, handler, values=["v"]) == [(0, "m0", {"k": "v"})]
+    annotations = handler.annotations[0]
+    assert (annotations["x-stream-filter-value"], annotations["x-opt-n"], annotations["x-stream-offset"]) == ("v", 5, 0)

@@ -620,7 +620,7 @@ def record_head(message: Message, native: bool = False) -> bytes:
     cached = _ENVELOPES.get(key)
     if cached is None:
         sections_body = native and message.properties.message_type == AMQP10_TYPE
-        envelope = _envelope(message, sections_body)
+        envelope = _envelope(message, sections_body, native)
         if native and message.persistent:  # a header section saying so, as RabbitMQ 4.x tells an AMQP 1.0 reader
             envelope = DURABLE_HEADER + envelope
         cached = (envelope, sections_body)
@@ -639,9 +639,10 @@ def record_head(message: Message, native: bool = False) -> bytes:
 _BYTES = [bytes((i,)) for i in range(256)]
 
 
-def _envelope(message: Message, sections_body: bool = False) -> bytes:
+def _envelope(message: Message, sections_body: bool = False, native: bool = False) -> bytes:
     """Everything of the record before its body: the same for every message with this route and these properties
-    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told)."""
+    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told).  ``native``: for an
+    AMQP 1.0 reader, ``x-`` headers are message annotations, as RabbitMQ 4.x converts them (mc_amqpl)."""
     props = message.properties
     annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
     if props.priority is not None:
@@ -650,6 +651,20 @@ def _envelope(message: Message, sections_body: bool = False) -> bytes:
         annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
     if props.expiration is not None:
         annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
+    application: list[tuple[bytes, bytes]] = []
+    if props.message_type is not None and not sections_body:
+        application.append((utf8("x-basic-type"), utf8(props.message_type)))
+    if props.app_id is not None:
+        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
+    if message.has_headers:
+        for name, field in message.typed_headers().items():
+            value = _header_value(field)
+            if value is None:
+                continue
+            if native and name.startswith("x-"):
+                annotations.append((symbol(name), value))
+            else:
+                application.append((utf8(name), value))
     out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
               props.content_encoding, props.timestamp]
@@ -665,16 +680,6 @@ def _envelope(message: Message, sections_body: bool = False) -> bytes:
             b"\x40",
             b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
             b"\x40", b"\x40", b"\x40"])))
-    application: list[tuple[bytes, bytes]] = []
-    if props.message_type is not None and not sections_body:
-        application.append((utf8("x-basic-type"), utf8(props.message_type)))
-    if props.app_id is not None:
-        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
-    if message.has_headers:
-        for name, field in message.typed_headers().items():
-            value = _header_value(field)
-            if value is not None:
-                application.append((utf8(name), value))
     if application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
