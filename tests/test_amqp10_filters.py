@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proton import Described, symbol
+from proton import Described, Message, symbol
 from proton.reactor import Filter
 from proton.utils import LinkDetached
 from test_amqp10 import connect, declare, node, url  # noqa: F401  (the node fixture)
@@ -30,10 +30,12 @@ class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
         self.wanted = wanted
         self.seen: list[tuple[int, str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
+        self.messages: list[tuple[Any, Any]] = []  # (subject, group-id)
 
     def on_amqp_message(self, event: Any) -> None:
         message = event.message
         self.annotations.append(dict(message.annotations))
+        self.messages.append((message.subject, message.group_id))
         self.seen.append((message.annotations["x-stream-offset"], client.Converter.bytes_to_string(message.body),
                           message.application_properties))
         self.delivery_context.accept(event)
@@ -116,13 +118,37 @@ def test_properties_filter_matches_the_properties_a_message_keeps(stream):
                    message_properties=client.MessageProperties(correlation_id="c1", content_type="text/html"))
 
 
-def test_a_properties_filter_on_a_property_not_kept_is_refused(node):  # noqa: F811
+def test_properties_filter_reads_every_property_the_publish_had(stream):
+    publish(stream, [{"subject": f"important_{i}", "group_id": f"group_{i}"} for i in range(30)])
+    handler = Collect(1)
+    seen = consume(stream, 1, handler, message_properties=client.MessageProperties(subject="important_15",
+                                                                                   group_id="group_15"))
+    assert seen[0][:2] == (15, "m15")
+    assert handler.messages[0] == ("important_15", "group_15")  # the properties section goes out as it came
+    seen = consume(stream, 3, message_properties=client.MessageProperties(subject="&s:5", group_id="&p:group_"))
+    assert [offset for offset, _, _ in seen] == [5, 15, 25]
+
+
+def test_a_properties_filter_on_no_property_is_refused(node):  # noqa: F811
     declare(node, "s", **{"x-queue-type": "stream"}).close()
     connection = connect(node)
     try:
-        wanted = Filter({symbol("f"): Described(symbol("amqp:properties-filter"), {symbol("subject"): "s"})})
-        with pytest.raises(LinkDetached, match="amqp:not-implemented.*'subject' is not supported"):
+        wanted = Filter({symbol("f"): Described(symbol("amqp:properties-filter"), {symbol("colour"): "red"})})
+        with pytest.raises(LinkDetached, match="amqp:invalid-field.*'colour', not a field of properties"):
             connection.create_receiver("/queues/s", options=wanted)
+    finally:
+        connection.close()
+
+
+def test_the_properties_amqp_091_has_no_room_for_survive_a_classic_queue(node):  # noqa: F811
+    declare(node, "q").close()
+    connection = connect(node)
+    try:
+        connection.create_sender("/queues/q").send(Message(body=b"x", subject="s", group_id="g", id="m-1",
+                                                           reply_to_group_id="r", group_sequence=7))
+        got = connection.create_receiver("/queues/q").receive(timeout=5)
+        assert (got.subject, got.group_id, got.id, got.reply_to_group_id, got.group_sequence) == \
+            ("s", "g", "m-1", "r", 7)
     finally:
         connection.close()
 

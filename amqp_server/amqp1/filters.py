@@ -9,17 +9,17 @@
   ``x``, ``&s:x`` any ending with it, ``&&x`` the string ``&x``.
 
 RabbitMQ reads stream-filter values through a chunk's Bloom filter and may deliver a message whose value is not
-asked for; Warren reads each message's value, so delivers exactly those.  Messages here keep the AMQP 0-9-1
-properties of a message (message-id, user-id, reply-to, correlation-id, content-type, content-encoding): a
-properties filter on another field (to, subject, group-id…) refuses the attach, rather than match nothing.
-Filters a queue other than a stream is given are ignored, as RabbitMQ ignores them.
+asked for; Warren reads each message's value, so delivers exactly those.  A properties filter reads the properties
+section an AMQP 1.0 publish had (``amqp10.PROPERTIES_HEADER``), else those an AMQP 0-9-1 message has
+(message-id, user-id, reply-to, correlation-id, content-type, content-encoding); it may name any of the 13
+fields.  Filters a queue other than a stream is given are ignored, as RabbitMQ ignores them.
 """
 from __future__ import annotations
 
 import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from ..stream.amqp10 import Value
+from ..stream.amqp10 import PROPERTIES_HEADER, Value, kept_properties
 from . import frames
 from .frames import Amqp10Error
 
@@ -33,8 +33,11 @@ PROPERTIES_FILTER = ("amqp:properties-filter", 0x173)
 APPLICATION_PROPERTIES_FILTER = ("amqp:application-properties-filter", 0x174)
 FILTER_VALUE = "x-stream-filter-value"  # the message annotation (a header once stored) stream filters read
 MAX_FIELDS = 64  # fields one property filter may name
-# the properties a message keeps, and how a properties filter reads each
-_KEPT_PROPERTIES: dict[str, Callable[[Any], Any]] = {
+PROPERTY_FIELDS = ("message-id", "user-id", "to", "subject", "reply-to", "correlation-id", "content-type",
+                   "content-encoding", "absolute-expiry-time", "creation-time", "group-id", "group-sequence",
+                   "reply-to-group-id")
+# the properties an AMQP 0-9-1 message has, and how a properties filter reads each
+_091_PROPERTIES: dict[str, Callable[[Any], Any]] = {
     "message-id": lambda props: props.message_id,
     "user-id": lambda props: props.user_id.encode() if props.user_id is not None else None,
     "reply-to": lambda props: props.reply_to,
@@ -119,18 +122,20 @@ def _fields(value: Value, name: str) -> list[tuple[Value, Value]]:
 
 def _properties(value: Value) -> Accepts:
     name = PROPERTIES_FILTER[0]
-    checks: list[tuple[Callable[[Any], Any], Callable[[Any], bool]]] = []
+    checks: list[tuple[int, Callable[[Any], Any] | None, Callable[[Any], bool]]] = []
     for key, expected in _fields(value, name):
         field = key.value if key.kind == "symbol" else None
-        read_field = _KEPT_PROPERTIES.get(field) if isinstance(field, str) else None
-        if read_field is None:
-            raise Amqp10Error(frames.NOT_IMPLEMENTED, f"{name} on field {field!r} is not supported: messages keep "
-                              f"{', '.join(_KEPT_PROPERTIES)}")
-        checks.append((read_field, _matcher(expected)))
+        if field not in PROPERTY_FIELDS:
+            raise Amqp10Error(frames.INVALID_FIELD, f"{name} names {field!r}, not a field of properties")
+        checks.append((PROPERTY_FIELDS.index(field), _091_PROPERTIES.get(field), _matcher(expected)))
 
     def accepts(message: Message) -> bool:
+        kept = message.header_value(PROPERTIES_HEADER)
+        fields = kept_properties(kept) if isinstance(kept, (bytes, bytearray)) else None
+        if fields is not None:
+            return all(matches(fields[i].value if i < len(fields) else None) for i, _, matches in checks)
         props = message.properties
-        return all(matches(read_field(props)) for read_field, matches in checks)
+        return all(read is not None and matches(read(props)) for _, read, matches in checks)
     return accepts
 
 

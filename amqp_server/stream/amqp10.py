@@ -37,6 +37,10 @@ APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x
 _PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
                    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
                    "reply_to_group_id")
+# An AMQP 1.0 publish's properties section as it came, kept as this header when it says what AMQP 0-9-1 properties
+# cannot (``_UNMAPPED``), so an AMQP 1.0 reader gets it back whole (RabbitMQ's name for the same, mc.hrl)
+PROPERTIES_HEADER = "x-amqp-1.0-properties"
+_UNMAPPED = ("to", "subject", "absolute_expiry_time", "group_id", "group_sequence", "reply_to_group_id")
 MAX_DEPTH = 32
 MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
 
@@ -321,9 +325,11 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
     body: list[bytes] = []
+    props_section = b""
     for descriptor, content, encoded in found:
         if descriptor == PROPERTIES and content.kind == "list":
             props = {name: item for name, item in zip(_PROPERTY_NAMES, content.value)}
+            props_section = encoded
         elif descriptor == APPLICATION_PROPERTIES:
             application = _map(content)
         elif descriptor == MESSAGE_ANNOTATIONS:
@@ -348,6 +354,8 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
                 else None
             if converted is not None:
                 headers[name] = converted
+        if any(name in props and props[name].kind != "null" for name in _UNMAPPED):
+            headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
     basic_type = application.pop("x-basic-type", None)
     if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
         basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
@@ -639,6 +647,19 @@ def record_head(message: Message, native: bool = False) -> bytes:
 _BYTES = [bytes((i,)) for i in range(256)]
 
 
+def kept_properties(section: bytes | bytearray) -> list[Value] | None:
+    """The fields of a properties section kept in ``PROPERTIES_HEADER``; None if it is not one (a header any
+    publisher may set: only a well-formed section goes out as one)."""
+    try:
+        value, end = value_at(bytes(section))
+    except (Invalid, TooLarge):
+        return None
+    if end != len(section) or value.kind != "described" or value.value[0] != PROPERTIES \
+            or value.value[1].kind != "list":
+        return None
+    return value.value[1].value
+
+
 def _envelope(message: Message, sections_body: bool = False, native: bool = False) -> bytes:
     """Everything of the record before its body: the same for every message with this route and these properties
     (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told).  ``native``: for an
@@ -656,8 +677,13 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
         application.append((utf8("x-basic-type"), utf8(props.message_type)))
     if props.app_id is not None:
         application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
+    kept: bytes | None = None  # (native) the properties section the publish had, if kept whole
     if message.has_headers:
         for name, field in message.typed_headers().items():
+            if native and name == PROPERTIES_HEADER:
+                if field.kind == "x" and kept_properties(field.value) is not None:
+                    kept = bytes(field.value)
+                continue
             value = _header_value(field)
             if value is None:
                 continue
@@ -668,7 +694,9 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
               props.content_encoding, props.timestamp]
-    if any(value is not None for value in values):
+    if kept is not None:
+        out.append(kept)
+    elif any(value is not None for value in values):
         out.append(described(PROPERTIES, encode_list([
             utf8(props.message_id) if props.message_id is not None else b"\x40",
             binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
