@@ -6,29 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from proton import Message
 from proton.utils import LinkDetached
 
 from test_amqp10 import connect, node, url  # noqa: F401  (the node fixture)
+from test_amqp10_filters import Collect, Done
 
 client = pytest.importorskip("rabbitmq_amqp_python_client")
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Done(Exception):
-    pass
-
-
-class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
-    def __init__(self, wanted: int) -> None:
-        super().__init__()
-        self.wanted = wanted
-        self.seen: list[tuple[str, Any]] = []
-
-    def on_amqp_message(self, event: Any) -> None:
-        self.seen.append((client.Converter.bytes_to_string(event.message.body), event.message.correlation_id))
-        if len(self.seen) == self.wanted:
-            raise Done
 
 
 def reply_consumer(connection: Any, handler: Any) -> Any:
@@ -40,7 +26,7 @@ def test_replies_published_to_the_reply_address_reach_its_link(node):  # noqa: F
     environment = client.Environment(uri=url(node))
     connection = environment.connection()
     connection.dial()
-    handler = Collect(10)
+    handler = Collect(10, accept=False)
     consumer = reply_consumer(connection, handler)
     address = consumer.address
     assert address.startswith("/queues/amq.rabbitmq.reply-to.")
@@ -52,7 +38,8 @@ def test_replies_published_to_the_reply_address_reach_its_link(node):  # noqa: F
         assert publisher.publish(message).remote_state == client.Delivery.ACCEPTED
     with pytest.raises(Done):
         consumer.run()
-    assert handler.seen == [(f"reply {i}", f"c{i}") for i in range(10)]
+    assert [body for _, body, _ in handler.seen] == [f"reply {i}" for i in range(10)]
+    assert [correlation for _, _, correlation in handler.messages] == [f"c{i}" for i in range(10)]
     publisher.close()
     consumer.close()
     with pytest.raises(Exception, match="amq.rabbitmq.reply-to"):  # its name is gone with its link
@@ -67,7 +54,7 @@ def test_an_rpc_server_answers_through_the_anonymous_terminus(node):  # noqa: F8
     connection.dial()
     management = connection.management()
     management.declare_queue(client.ClassicQueueSpecification(name="requests"))
-    handler = Collect(1)
+    handler = Collect(1, accept=False)
     consumer = reply_consumer(connection, handler)
     requests = connection.publisher(client.AddressHelper.queue_address("requests"))
     request = client.Message(body=client.Converter.string_to_bytes("ping"), reply_to=consumer.address,
@@ -77,11 +64,10 @@ def test_an_rpc_server_answers_through_the_anonymous_terminus(node):  # noqa: F8
     received = server.create_receiver("/queues/requests").receive(timeout=5)
     assert received.reply_to == consumer.address
     sender = server.create_sender(None)
-    from proton import Message
     sender.send(Message(address=received.reply_to, body=b"pong", correlation_id=received.correlation_id))
     with pytest.raises(Done):
         consumer.run()
-    assert handler.seen == [("pong", "r1")]
+    assert (handler.seen[0][1], handler.messages[0][2]) == ("pong", "r1")
     server.close()
     management.close()
     environment.close()

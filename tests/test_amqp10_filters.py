@@ -23,22 +23,25 @@ class Done(Exception):
 
 
 class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
-    """Accepts and keeps (offset, body, application properties) of each message until it has ``wanted``."""
+    """Keeps (offset, body, application properties) of each message, and accepts it unless it came settled,
+    until it has ``wanted``."""
 
-    def __init__(self, wanted: int) -> None:
+    def __init__(self, wanted: int, accept: bool = True) -> None:
         super().__init__()
         self.wanted = wanted
+        self.accept = accept
         self.seen: list[tuple[int, str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
-        self.messages: list[tuple[Any, Any]] = []  # (subject, group-id)
+        self.messages: list[tuple[Any, Any, Any]] = []  # (subject, group-id, correlation-id)
 
     def on_amqp_message(self, event: Any) -> None:
         message = event.message
         self.annotations.append(dict(message.annotations))
-        self.messages.append((message.subject, message.group_id))
-        self.seen.append((message.annotations["x-stream-offset"], client.Converter.bytes_to_string(message.body),
-                          message.application_properties))
-        self.delivery_context.accept(event)
+        self.messages.append((message.subject, message.group_id, message.correlation_id))
+        self.seen.append(((message.annotations or {}).get("x-stream-offset"),
+                          client.Converter.bytes_to_string(message.body), message.application_properties))
+        if self.accept:
+            self.delivery_context.accept(event)
         if len(self.seen) == self.wanted:
             raise Done
 
@@ -124,7 +127,7 @@ def test_properties_filter_reads_every_property_the_publish_had(stream):
     seen = consume(stream, 1, handler, message_properties=client.MessageProperties(subject="important_15",
                                                                                    group_id="group_15"))
     assert seen[0][:2] == (15, "m15")
-    assert handler.messages[0] == ("important_15", "group_15")  # the properties section goes out as it came
+    assert handler.messages[0][:2] == ("important_15", "group_15")  # the properties section goes out as it came
     seen = consume(stream, 3, message_properties=client.MessageProperties(subject="&s:5", group_id="&p:group_"))
     assert [offset for offset, _, _ in seen] == [5, 15, 25]
 
