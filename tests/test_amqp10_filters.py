@@ -132,12 +132,19 @@ def test_properties_filter_reads_every_property_the_publish_had(stream):
     assert [offset for offset, _, _ in seen] == [5, 15, 25]
 
 
-def test_a_properties_filter_on_no_property_is_refused(node):  # noqa: F811
+@pytest.mark.parametrize("descriptor, value, refusal", [
+    ("amqp:properties-filter", {symbol("colour"): "red"}, "'colour', not a field of properties"),
+    ("amqp:properties-filter", "subject", "amqp:properties-filter must be a map"),
+    ("amqp:application-properties-filter", {1: "x"}, "keys must be strings"),
+    ("rabbitmq:stream-filter", 7, "must be a string or a list of strings"),
+    ("rabbitmq:stream-offset-spec", 1.5, "bad rabbitmq:stream-offset-spec of type double"),
+])
+def test_a_filter_that_is_not_one_refuses_the_attach(node, descriptor, value, refusal):  # noqa: F811
     declare(node, "s", **{"x-queue-type": "stream"}).close()
     connection = connect(node)
     try:
-        wanted = Filter({symbol("f"): Described(symbol("amqp:properties-filter"), {symbol("colour"): "red"})})
-        with pytest.raises(LinkDetached, match="amqp:invalid-field.*'colour', not a field of properties"):
+        wanted = Filter({symbol("f"): Described(symbol(descriptor), value)})
+        with pytest.raises(LinkDetached, match=f"amqp:invalid-field.*{refusal}"):
             connection.create_receiver("/queues/s", options=wanted)
     finally:
         connection.close()
@@ -159,8 +166,10 @@ def test_the_properties_amqp_091_has_no_room_for_survive_a_classic_queue(node): 
 def test_annotations_come_back_as_annotations_with_the_offset(stream):
     """x- message annotations stay annotations (RabbitMQ 4.x's conversion), and a stream adds x-stream-offset."""
     publish(stream, [{"annotations": {"x-stream-filter-value": "v", "x-opt-n": 5},
-                      "application_properties": {"k": "v"}}])
-    handler = Collect(1)
-    assert consume(stream, 1, handler, values=["v"]) == [(0, "m0", {"k": "v"})]
-    annotations = handler.annotations[0]
-    assert (annotations["x-stream-filter-value"], annotations["x-opt-n"], annotations["x-stream-offset"]) == ("v", 5, 0)
+                      "application_properties": {"k": "v"}},
+                     {"annotations": {"x-stream-filter-value": "v", "x-opt-n": 6, "x-opt-long": "y" * 300}}])
+    handler = Collect(2)
+    assert consume(stream, 2, handler, values=["v"]) == [(0, "m0", {"k": "v"}), (1, "m1", None)]
+    first, second = handler.annotations
+    assert (first["x-stream-filter-value"], first["x-opt-n"], first["x-stream-offset"]) == ("v", 5, 0)
+    assert (second["x-opt-n"], second["x-opt-long"], second["x-stream-offset"]) == (6, "y" * 300, 1)  # (a map32)
