@@ -589,8 +589,9 @@ _U32 = struct.Struct(">I")
 
 def _with_offset(head: bytes, seq: int) -> bytes:
     """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
-    the end of the message-annotations section ``record_head`` always writes (after a header section, if any)."""
-    at = 0 if head.startswith(b"\x00\x53\x72") else len(amqp10.DURABLE_HEADER)
+    the end of the message-annotations section ``record_head`` always writes (after a header section, if any: a
+    list8 of at most three fields)."""
+    at = 0 if head.startswith(b"\x00\x53\x72") else 5 + head[4]
     if head[at + 3] == 0xC1:
         size, count, data_at = head[at + 4], head[at + 5], at + 6
         end = at + 5 + size

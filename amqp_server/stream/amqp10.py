@@ -360,6 +360,8 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
     if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
         basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
     app_id = application.pop("x-basic-app-id", None)
+    if native and props.get("group_id") is not None:
+        app_id = props["group_id"]  # (RabbitMQ 4.x: group-id is app-id)
     for name, value in application.items():
         converted = _field(value)
         if converted is not None:
@@ -605,7 +607,20 @@ def symbols(names: list[str]) -> bytes:
 
 
 _ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
-DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # a header section: durable = true
+_UINT_MAX = 0xFFFFFFFF
+
+
+def _header_section(message: Message) -> bytes:
+    """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
+    props = message.properties
+    expiration = props.expiration
+    ttl = int(expiration) if expiration is not None and expiration.isdigit() and int(expiration) <= _UINT_MAX \
+        else None
+    fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
+              uint(ttl) if ttl is not None else NULL]
+    while fields and fields[-1] in (NULL, b"\x42"):
+        fields.pop()
+    return described(HEADER, encode_list(fields)) if fields else b""
 
 
 def from_amqp091(message: Message) -> bytes:
@@ -621,16 +636,16 @@ def entry(message: Message) -> bytes:
 
 def record_head(message: Message, native: bool = False) -> bytes:
     """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
-    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts,
-    a header section says ``durable`` for a persistent message, and a body of AMQP 1.0 sections (type
-    ``amqp-1.0``) goes out as those sections, the type not told."""
+    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
+    (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
+    (type ``amqp-1.0``) goes out as those sections, the type not told."""
     key = (message.route, message.header[12:], native)
     cached = _ENVELOPES.get(key)
     if cached is None:
         sections_body = native and message.properties.message_type == AMQP10_TYPE
         envelope = _envelope(message, sections_body, native)
-        if native and message.persistent:  # a header section saying so, as RabbitMQ 4.x tells an AMQP 1.0 reader
-            envelope = DURABLE_HEADER + envelope
+        if native:
+            envelope = _header_section(message) + envelope
         cached = (envelope, sections_body)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
@@ -666,16 +681,20 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     AMQP 1.0 reader, ``x-`` headers are message annotations, as RabbitMQ 4.x converts them (mc_amqpl)."""
     props = message.properties
     annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
-    if props.priority is not None:
+    if native:  # (the header section says priority, durable and ttl)
+        if props.message_type is not None and not sections_body:
+            annotations.append((symbol("x-basic-type"), utf8(props.message_type)))
+    elif props.priority is not None:
         annotations.append((symbol("x-basic-priority"), b"\x50" + bytes((props.priority,))))
-    if props.delivery_mode is not None:
+    if props.delivery_mode is not None and not native:
         annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
-    if props.expiration is not None:
+    if props.expiration is not None and not native:
         annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
     application: list[tuple[bytes, bytes]] = []
-    if props.message_type is not None and not sections_body:
+    if props.message_type is not None and not native:
         application.append((utf8("x-basic-type"), utf8(props.message_type)))
-    if props.app_id is not None:
+    group_id = props.app_id if native else None
+    if props.app_id is not None and not native:
         application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
     kept: bytes | None = None  # (native) the properties section the publish had, if kept whole
     if message.has_headers:
@@ -693,7 +712,7 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
                 application.append((utf8(name), value))
     out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
-              props.content_encoding, props.timestamp]
+              props.content_encoding, props.timestamp, group_id]
     if kept is not None:
         out.append(kept)
     elif any(value is not None for value in values):
@@ -707,7 +726,7 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
             symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
             b"\x40",
             b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
-            b"\x40", b"\x40", b"\x40"])))
+            utf8(group_id) if group_id is not None else b"\x40", b"\x40", b"\x40"])))
     if application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
