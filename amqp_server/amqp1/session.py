@@ -10,12 +10,13 @@ detaches the link.
 """
 from __future__ import annotations
 
-import datetime
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .. import errors
+from urllib.parse import quote
+
+from .. import direct_reply, errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
@@ -24,12 +25,15 @@ from ..ports import ClientChannel
 from ..stats import MessageStats
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
-from . import address, frames, management
+from ..stream_queue import StreamQueue
+from . import address, filters, frames, management
 from .frames import Amqp10Error, LinkError, SessionError
 
 if TYPE_CHECKING:
     from exchanges import Exchange
 
+    from ..direct_reply import ReplyConsumer
+    from ..message import Message
     from ..queue import Consumer, Entry, Queue
     from .host import SessionHost
 
@@ -251,7 +255,7 @@ class Session:
 
     def resume_deliveries(self) -> None:
         for link in list(self.links.values()):
-            if isinstance(link, Outgoing) and not link.management:
+            if isinstance(link, Outgoing) and link.consumer is not None:
                 link.queue.deliver_ready()
 
     def grant_credit(self) -> None:
@@ -378,8 +382,15 @@ class Incoming(Link):
         vhost = self.connection.vhost
         assert vhost is not None and self.connection.principal is not None
         if destination.exchange == "" and destination.routing_key is not None:
-            vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            self._check_queue(destination.routing_key)
         self.exchange = self._exchange(destination.exchange)
+
+    def _check_queue(self, name: str) -> None:
+        """A queue, or a direct reply-to name, is there: else ``not-found``."""
+        vhost = self.connection.vhost
+        assert vhost is not None
+        if not (name.startswith(direct_reply.PREFIX) and self.broker.replies.get(name) is not None):
+            vhost.queue(name)  # (not-found if it is not there)
 
     def _exchange(self, name: str) -> Exchange:
         vhost = self.connection.vhost
@@ -532,8 +543,8 @@ class Incoming(Link):
             if to is None:
                 raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
             destination = address.target(to)
-            if destination.exchange == "" and destination.routing_key is not None and self.connection.vhost:
-                self.connection.vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            if destination.exchange == "" and destination.routing_key is not None:
+                self._check_queue(destination.routing_key)
         exchange = self._exchange(destination.exchange)
         routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
         if self.connection.principal is not None and self.connection.principal.topics:
@@ -615,26 +626,41 @@ def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
-STREAM_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+_OFFSET_ANNOTATION = amqp10.symbol("x-stream-offset")
+_LONG = struct.Struct(">q")
+_U32 = struct.Struct(">I")
 
 
-def _consumer_arguments(source: list[Value] | None) -> dict[str, Any]:
-    """The consumer arguments a source's filters say: ``rabbitmq:stream-offset-spec`` as ``x-stream-offset``
-    (first, last, next, an offset or a timestamp).  Other filters are not applied, and so not echoed."""
-    filters = source[7] if source is not None and len(source) > 7 else None
-    if filters is None or filters.kind != "map":
-        return {}
-    for _, value in filters.value:
-        if value.kind == "described" and value.value[0] == STREAM_OFFSET_SPEC:
-            spec = value.value[1]
-            if spec.kind in ("string", "symbol"):
-                return {"x-stream-offset": spec.value}
-            if spec.kind == "timestamp":
-                return {"x-stream-offset": datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)}
-            if isinstance(spec.value, int) and not isinstance(spec.value, bool):
-                return {"x-stream-offset": spec.value}
-            raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
-    return {}
+def _with_offset(head: bytes, seq: int) -> bytes:
+    """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
+    the end of the message-annotations section ``record_head`` always writes (after a header section, if any: a
+    list8 of at most three fields)."""
+    at = 0 if head.startswith(b"\x00\x53\x72") else 5 + head[4]
+    if head[at + 3] == 0xC1:
+        size, count, data_at = head[at + 4], head[at + 5], at + 6
+        end = at + 5 + size
+    else:
+        size, count, data_at = _U32.unpack_from(head, at + 4)[0], _U32.unpack_from(head, at + 8)[0], at + 12
+        end = at + 8 + size
+    data = head[data_at:end] + _OFFSET_ANNOTATION + b"\x81" + _LONG.pack(seq)
+    count += 2
+    if count < 255 and len(data) < 255:
+        annotations = bytes((0xC1, len(data) + 1, count)) + data
+    else:
+        annotations = b"\xd1" + _U32.pack(len(data) + 4) + _U32.pack(count) + data
+    return head[:at + 3] + annotations + head[end:]
+
+
+VOLATILE_QUEUE = "rabbitmq:volatile-queue"
+
+
+def _volatile(fields: list[Value] | None) -> bool:
+    """A dynamic source asking for RabbitMQ 4.2's volatile queue: a direct reply-to link."""
+    if fields is None or len(fields) < 11 or fields[4].value is not True:
+        return False
+    capabilities = fields[10]
+    items = capabilities.value if capabilities.kind in ("array", "list") else [capabilities]
+    return any(isinstance(item, Value) and item.value == VOLATILE_QUEUE for item in items)
 
 
 class Outgoing(Link):
@@ -648,6 +674,8 @@ class Outgoing(Link):
         self.consumer: Consumer | None = None
         self.drain = False
         self.management = False  # the /management node's responses
+        self.offsets = False  # a stream's consumer: each message says its offset
+        self.reply: ReplyConsumer | None = None  # a direct reply-to link: replies go out as they come
         self.responses: deque[bytes] = deque()
         # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
         # delivery-tag, message-format 0, settled
@@ -664,24 +692,34 @@ class Outgoing(Link):
         if source == management.ADDRESS:
             self.management = True
             return
+        if source is None and _volatile(self.source):
+            self.reply = self.broker.replies.add(self, f"ctag-{self.session.channel}-{self.handle}", b"")
+            assert self.source is not None
+            self.source = [Value("string", "/queues/" + quote(self.reply.name, safe=""))] + self.source[1:]
+            return
         if source is None:
             raise Amqp10Error(frames.INVALID_FIELD, "source address required")
         name = address.source(source)
         connection = self.connection
         vhost = connection.vhost
         assert vhost is not None
-        arguments = _consumer_arguments(self.source)
-        self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        wanted = filters.read(self.source)
+        queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        if wanted.accepts is not None and queue.type.name == "stream" and not isinstance(queue, StreamQueue):
+            raise Amqp10Error(frames.NOT_IMPLEMENTED, f"filters on {queue.name!r}, a stream on another node")
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
-        self.consumer = self.broker.consume(self.queue, self, tag, self.settled, False, arguments, 0xFFFF)
+        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF)
+        self.offsets = isinstance(queue, StreamQueue)
+        if wanted.accepts is not None and isinstance(queue, StreamQueue):
+            queue.filter_consumer(self.consumer, wanted.accepts)
 
     def on_flow(self, fields: list[Value]) -> None:
         delivery_count = frames.typed(fields, 5, ("uint",), "delivery-count", self.delivery_count)
         credit = frames.typed(fields, 6, ("uint",), "link-credit", 0)
         self.drain = frames.field(fields, 8, False) is True
         self.credit = max(0, (delivery_count + credit - self.delivery_count) & MAX_UINT)
-        if self.management:
+        if self.management or self.reply is not None:
             self._send_responses()
         elif self.credit > 0:
             self.queue.deliver_ready()
@@ -715,6 +753,13 @@ class Outgoing(Link):
             self._deliver_frames(fields, record, self.connection.peer_frame_max - _TRANSFER_OVERHEAD)
         self.connection.schedule_flush()
 
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this link's address (``ports.ReplyTarget``): sent settled as credit allows, as RabbitMQ
+        4.2's volatile queue sends; past ``MAX_RESPONSES`` waiting for credit, dropped (never stored)."""
+        if len(self.responses) < MAX_RESPONSES:
+            self.responses.append(amqp10.record_head(message, native=True) + message.body)
+            self._send_responses()
+
     # -- ports.DeliveryTarget ----------------------------------------------------------------
 
     def client(self) -> ClientChannel:
@@ -744,6 +789,8 @@ class Outgoing(Link):
         if entry.redelivered:
             stats.redeliver += 1
         head = amqp10.record_head(message, native=True)
+        if self.offsets:
+            head = _with_offset(head, entry.seq)
         body = message.body
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
         size = len(head) + len(body)
@@ -798,6 +845,9 @@ class Outgoing(Link):
 
     def closed(self) -> None:
         """Detached: the consumer goes, and what the link's client held is requeued."""
+        if self.reply is not None:
+            self.broker.replies.remove(self.reply)
+            self.reply = None
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             self.broker.remove_consumer(consumer)
