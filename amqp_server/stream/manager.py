@@ -22,6 +22,7 @@ from . import core
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..vhost import VHost
 
 from pamqp import commands
 
@@ -83,7 +84,7 @@ class StreamManager:
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
 
-    def _check_new(self, vhost: Any, name: str, arguments: dict[str, Any], who: Principal) -> None:
+    def _check_new(self, vhost: VHost, name: str, arguments: dict[str, Any], who: Principal) -> None:
         self.broker.check_queue_declare(vhost, name, arguments, who)
         if name in vhost.queues:
             raise StreamError(core.STREAM_ALREADY_EXISTS)
@@ -101,7 +102,8 @@ class StreamManager:
         queue = vhost.queues.get(name)
         if queue is None or LOG not in queue.type.capabilities:
             raise StreamError(core.STREAM_DOES_NOT_EXIST)
-        index_id = queue.index_id
+        local = queue.local()
+        index_id = local.index_id if local is not None else 0  # (another node's tracks its own)
         try:
             self.broker.delete_queue(vhost, name, who=who)
         except AMQPError as exc:
@@ -138,7 +140,7 @@ class StreamManager:
             raise StreamError(core.STREAM_DOES_NOT_EXIST if where is None else core.STREAM_NOT_AVAILABLE)
         return queue
 
-    def _vhost(self, name: str) -> Any:
+    def _vhost(self, name: str) -> VHost:
         try:
             return self.broker.vhost(name)
         except AMQPError:
