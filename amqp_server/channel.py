@@ -26,7 +26,7 @@ from .memory import MEMORY_CHECK_BYTES
 from .message import Message
 from .payload import route_names
 from .ports import ClientChannel, ExclusiveOwner
-from .queue import Consumer, Entry, Queue
+from .queue import AnyQueue, Consumer, Entry, Queue
 from .stats import MessageStats
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class Channel:
         # consuming
         self.consumers: dict[str, Consumer] = {}
         self.reply_consumer: ReplyConsumer | None = None  # consuming amq.rabbitmq.reply-to
-        self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
+        self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.delivery_tag = 0
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
         self.global_prefetch = 0  # basic.qos global=true: shared by the channel's consumers
@@ -133,7 +133,7 @@ class Channel:
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.confirm_pending = False
         self.tx: list[Callable[[], object]] | None = None
-        self.tx_held: dict[int, tuple[Entry, Queue, Consumer | None]] = {}  # settled in the open transaction
+        self.tx_held: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}  # settled in the open transaction
         self.last_queue = ""
         self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
         self._write_checked: dict[str, Exchange] = {}  # (an exchange deleted and made again is checked again)
@@ -478,7 +478,7 @@ class Channel:
 
     # -- acks ---------------------------------------------------------------------------------
 
-    def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[Entry, Queue, Consumer | None]]:
+    def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[Entry, AnyQueue, Consumer | None]]:
         """The entries a basic.ack, nack or reject settles, out of the unacked map (rabbit_channel's collect_acks):
         the tag itself must be outstanding, else 406 ``unknown delivery tag N`` and nothing is taken; with
         ``multiple`` every outstanding tag up to it too, and tag 0 means every outstanding one (none is no error).
@@ -500,7 +500,7 @@ class Channel:
             return [self._hold(tag, unacked.pop(tag)) for tag in tags]
         return [unacked.pop(tag) for tag in tags]
 
-    def _hold(self, tag: int, item: tuple[Entry, Queue, Consumer | None]) -> tuple[Entry, Queue, Consumer | None]:
+    def _hold(self, tag: int, item: tuple[Entry, AnyQueue, Consumer | None]) -> tuple[Entry, AnyQueue, Consumer | None]:
         self.tx_held[tag] = item
         return item
 
@@ -511,7 +511,7 @@ class Channel:
             self.unacked = {tag: merged[tag] for tag in sorted(merged)}
             self.tx_held = {}
 
-    def _settle(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
+    def _settle(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
         """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again."""
         self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None)  # before queues run
         if nack:
@@ -526,7 +526,7 @@ class Channel:
             return
         self._acked(taken)
 
-    def _acked(self, taken: list[tuple[Entry, Queue, Consumer | None]]) -> None:
+    def _acked(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]]) -> None:
         self.stats.ack += len(taken)  # once per basic.ack frame, not per message
         self._settle(taken, False)
 
@@ -824,7 +824,7 @@ class Channel:
         if self.open and self.consumers.get(consumer.tag) is consumer:
             self.connection.close_with(errors.ConnectionError(errors.INTERNAL_ERROR, reason))
 
-    def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
+    def handed_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue) -> None:
         """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
         which takes back what it holds, under the same delivery tags (RabbitMQ's consumers outlive a change of
         leader unaware).  What it does not take back stays with the old one, where a settle does nothing."""
@@ -857,7 +857,7 @@ class Channel:
             return
         self._got(m, queue, entry)
 
-    def _got(self, m: commands.Basic.Get, queue: Queue, entry: Entry | None) -> None:
+    def _got(self, m: commands.Basic.Get, queue: AnyQueue, entry: Entry | None) -> None:
         if entry is None:
             self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
@@ -964,13 +964,15 @@ class Channel:
             queue.deliver_ready()
 
 
-def _release_body(entry: Entry, queue: Queue) -> None:
+def _release_body(entry: Entry, queue: AnyQueue) -> None:
     """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
     requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry
     (a classic durable queue's persistent message), so that a consumer's prefetch of large messages does not
     keep as many bodies in memory."""
     message = entry.message
-    if message.msg_id and queue.persistence is not None and not queue.persists_all and message.persistent:
+    local = queue.local()  # (another node's delivered it without its body's reference here)
+    if (message.msg_id and local is not None and local.persistence is not None and not local.persists_all
+            and message.persistent):
         entry.message = message.without_body()
 
 

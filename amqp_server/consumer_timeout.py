@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from .config import Config
     from .errors import ChannelError
-    from .queue import Consumer, Entry, Queue
+    from .queue import AnyQueue, Consumer, Entry
 
 MAX_TICK = 5.0  # seconds between checks, whatever the timeout
 TICKS_PER_TIMEOUT = 4  # a shorter timeout is checked this many times within it
@@ -58,12 +58,12 @@ class Watched(Protocol):
     def delivery_tag(self) -> int: ...
 
     @property
-    def unacked(self) -> Mapping[int, tuple[Entry, Queue, Consumer | None]]: ...
+    def unacked(self) -> Mapping[int, tuple[Entry, AnyQueue, Consumer | None]]: ...
 
     def fail(self, error: ChannelError) -> None: ...
 
 
-def timeout_for(queue: "Queue", consumer: "Consumer | None", default: int) -> int:
+def timeout_for(queue: "AnyQueue", consumer: "Consumer | None", default: int) -> int:
     """The timeout (ms, 0 for none) of a delivery from ``queue`` to ``consumer`` (None: basic.get)."""
     if consumer is not None:
         value = consumer.arguments.get("x-consumer-timeout")
@@ -89,7 +89,7 @@ class AckTimeout:
         self._ticks: deque[tuple[int, float]] = deque()  # (latest delivery tag, monotonic time) per tick
         self._timer: TimerHandle | None = None
 
-    def watch(self, queue: "Queue", consumer: "Consumer | None") -> None:
+    def watch(self, queue: "AnyQueue", consumer: "Consumer | None") -> None:
         """Manual-ack deliveries may follow (basic.consume or basic.get): tick often enough for their timeout."""
         channel = self._channel()
         if channel is None:  # (its channel calls it: never)

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
     from .queue_type import QueueType
 
-__all__ = ["Consumer", "ConsumerGroup", "Entry", "Queue", "QueueHost"]  # what the rest of the node takes from a queue
+# what the rest of the node takes from a queue
+__all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "QueueHost"]
 
 
 class QueueHost(Protocol):
@@ -60,7 +61,7 @@ class Consumer:
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
                  "unacked", "prefix", "priority", "counted")
 
-    def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "Queue", no_ack: bool,
+    def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
         self.tag = tag
         self.channel = channel
@@ -80,11 +81,111 @@ class Consumer:
         return self.channel.can_deliver()
 
 
+class AnyQueue(Protocol):
+    """A queue as the rest of the node uses it, wherever it lives and whatever its type (RabbitMQ's
+    rabbit_queue_type): what the broker's services, the channel, AMQP 1.0's sessions, the stream protocol and the
+    HTTP API call on a queue.  A queue of this node is a :class:`Queue` (its type's ``queue_class``); a queue of
+    another node is a proxy of it (``forwarder.remote_queue.RemoteQueue``), which is not a :class:`Queue`.  What
+    a queue can do is asked of its ``type``; where it lives, of ``node``, ``available`` and ``remote``.  Code that
+    needs what only a queue of this node holds (its entries, its storage, a commit of the Spark bridge) asks
+    ``local()`` for it and takes None for an answer."""
+
+    type: "QueueType"
+    name: str
+    vhost: str
+    durable: bool
+    auto_delete: bool
+    arguments: dict[str, Any]
+    args: QueueArgs  # the effective arguments (its own and its policies')
+    policy: "Policy | None"  # the user / operator policy applied (see policy.py)
+    operator_policy: "Policy | None"
+    consumers: Consumers  # its consumers on this node, and who receives
+    stats: MessageStats  # what this node did with it
+    deleted: bool
+    unacked: int  # entries taken from it through this node, not settled yet
+    counts_deliveries: bool  # its deliveries' content header is the queue's (``delivery_header``), made here
+
+    @property
+    def exclusive_owner(self) -> "ExclusiveOwner[Queue] | None":
+        """The connection whose exclusive queue it is (such a queue is always of this node)."""
+
+    @property
+    def exclusive(self) -> bool: ...
+
+    @property
+    def node(self) -> str:
+        """The node it lives on."""
+
+    @property
+    def available(self) -> bool:
+        """Whether it can be used now (a proxy's is not while its node is down)."""
+
+    @property
+    def remote(self) -> bool:
+        """Another node's: basic.get and queue.purge are awaited there (``fetch``, ``purged``)."""
+
+    def local(self) -> Queue | None:
+        """The queue of this node (itself), or None for a proxy of another node's."""
+
+    @property
+    def message_count(self) -> int:
+        """Its ready messages (a proxy's: as its node last said)."""
+
+    @property
+    def ready_bytes(self) -> int:
+        """Bytes of its ready messages' bodies (a proxy knows none: 0)."""
+
+    @property
+    def active_consumer(self) -> Consumer | None: ...
+
+    @property
+    def unused_auto_delete(self) -> bool: ...
+
+    # enqueue
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool | None:
+        """A published message: False if refused (a length limit), None if it cannot be taken now (unroutable)."""
+
+    def set_args(self, args: QueueArgs) -> None: ...
+
+    def touch(self) -> None: ...
+
+    # consume
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    def accepted(self, consumer: Consumer) -> asyncio.Future[None] | None: ...
+
+    def remove_consumer(self, consumer: Consumer) -> None: ...
+
+    def deliver_ready(self) -> None:
+        """Credit came back: what is ready goes to the consumers that have credit."""
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes: ...
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]: ...
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
+        ...
+
+    # settle
+    def settle(self, entries: list[Entry]) -> None: ...
+
+    def reject(self, entries: list[Entry]) -> None: ...
+
+    def requeue(self, entries: Iterable[Entry]) -> None: ...
+
+    # get, purge, delete
+    async def fetch(self, no_ack: bool) -> Entry | None: ...
+
+    async def purged(self) -> int: ...
+
+    def drop_all(self) -> None: ...
+
+
 class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
-    available = True  # a cluster proxy (forwarder.RemoteQueue) is not while its home node is down
-    remote = False  # a cluster proxy: basic.get and purge are awaited (fetch, purged)
+    available = True  # (as AnyQueue says: this node's queue is)
+    remote = False
 
     def __init__(self, name: str, vhost: str, durable: bool = False,
                  exclusive_owner: "ExclusiveOwner[Queue] | None" = None, auto_delete: bool = False,
@@ -127,6 +228,9 @@ class Queue:
     @property
     def exclusive(self) -> bool:
         return self.exclusive_owner is not None
+
+    def local(self) -> Queue:
+        return self
 
     @property
     def node(self) -> str:

@@ -137,7 +137,7 @@ class Node:
             try:
                 rss = self.check_memory()
                 if rss > self.config.memory_limit * self.config.paging_ratio:
-                    broker.pager.page_out(broker.all_queues())
+                    broker.pager.page_out(broker.local_queues())
                 broker.pager.housekeeping()
             except Exception:  # the alarm must keep being checked whatever one pass met
                 log.exception("memory check failed")

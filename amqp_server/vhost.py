@@ -9,7 +9,7 @@ from . import errors
 from .errors import ChannelError
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue import AnyQueue
     from .records import BindingRecord
 
 DEFAULT_EXCHANGES = (
@@ -28,11 +28,11 @@ class VHost:
     def __init__(self, name: str) -> None:
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, Queue] = {}
+        self.queues: dict[str, AnyQueue] = {}
         self.e2e_bindings = 0  # exchange-to-exchange bindings: routing takes the slow path while > 0
         self.binding_serial = 0  # counts binding changes: federation links follow their exchange's by it
         # destination -> the exchanges with a binding to it: deleting a queue costs O(its bindings)
-        self.sources: dict[Queue | Exchange, dict[Exchange, None]] = {}
+        self.sources: dict[AnyQueue | Exchange, dict[Exchange, None]] = {}
         for ex_name, type_name in DEFAULT_EXCHANGES:
             kind = exchange_class(type_name)
             assert kind is not None  # a built-in type
@@ -44,7 +44,7 @@ class VHost:
         except KeyError:
             raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str) -> AnyQueue:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
@@ -52,7 +52,7 @@ class VHost:
             raise home_node_down(queue)
         return queue
 
-    def bound(self, exchange: Exchange, destination: Queue | Exchange) -> None:
+    def bound(self, exchange: Exchange, destination: AnyQueue | Exchange) -> None:
         """``exchange`` got a binding to ``destination``."""
         self.binding_serial += 1
         if isinstance(destination, Exchange):
@@ -62,7 +62,7 @@ class VHost:
             sources = self.sources[destination] = {}
         sources[exchange] = None
 
-    def unbound(self, exchange: Exchange, destination: Queue | Exchange, count: int = 1) -> None:
+    def unbound(self, exchange: Exchange, destination: AnyQueue | Exchange, count: int = 1) -> None:
         """``count`` of ``exchange``'s bindings to ``destination`` went."""
         self.binding_serial += 1
         if isinstance(destination, Exchange):
@@ -74,13 +74,13 @@ class VHost:
                 if not sources:
                     del self.sources[destination]
 
-    def binding_ends(self, binding: BindingRecord) -> tuple[Exchange | None, Queue | Exchange | None]:
+    def binding_ends(self, binding: BindingRecord) -> tuple[Exchange | None, AnyQueue | Exchange | None]:
         """A stored binding's source and destination, None for one that is not (or no longer) here."""
         table = self.queues if binding.destination_type == "queue" else self.exchanges
         return self.exchanges.get(binding.source), table.get(binding.destination)
 
 
-def home_node_down(queue: Queue) -> ChannelError:
+def home_node_down(queue: AnyQueue) -> ChannelError:
     """A queue whose owner node is unreachable, in RabbitMQ's words."""
     return errors.not_found(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost '{queue.vhost}' "
                             "is down or inaccessible")

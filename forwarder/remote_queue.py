@@ -1,10 +1,10 @@
 """A queue owned by another node, as routing and consumers on this node see it.
 
-It is a :class:`Queue` to everything here — exchanges bind it, ``Broker.route`` returns it,
-channels consume from it and settle its entries — but it holds no messages: an enqueue goes
-over the link to the owner, and deliveries arrive from the owner for the local consumers,
-wait in a small per-consumer buffer while those have no credit (QoS, a slow client) and
-leave in order.  Acks, rejects and requeues go back to the owner by delivery tag.
+It is a queue to everything here (an ``AnyQueue``: a proxy, not a :class:`Queue` of this node) — exchanges bind
+it, ``Broker.route`` returns it, channels consume from it and settle its entries — but it holds no messages: an
+enqueue goes over the link to the owner, and deliveries arrive from the owner for the local consumers, wait in a
+small per-consumer buffer while those have no credit (QoS, a slow client) and leave in order.  Acks, rejects and
+requeues go back to the owner by delivery tag.
 """
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
+from amqp_server.consumers import Consumers
 from amqp_server.message import Message
-from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.queue import AnyQueue, Consumer, Entry
 from amqp_server.queue_args import QueueArgs
 from amqp_server.queue_type import REPLICATED, QueueType
+from amqp_server.stats import MessageStats
 
 from . import link
 
 if TYPE_CHECKING:
+    from amqp_server.policy import Policy
     from amqp_server.ports import ConfirmSink
 
 HOLD = 5.0  # seconds a quorum queue's window of publishes waits without a confirm (no leader) before nacking them
@@ -251,11 +254,29 @@ class Owner(Protocol):
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
 
 
-class RemoteQueue(Queue):
+class RemoteQueue:
+    """The proxy of another node's queue (an ``AnyQueue``): what is done to it here goes to its owner."""
+
+    remote = True
+    exclusive_owner = None  # (an exclusive queue lives on its connection's node only)
+    exclusive = False
+    counts_deliveries = False  # the owner adds its deliveries' headers (and stores what it must)
+
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
                  queue_type: QueueType, args: QueueArgs, peer: Owner) -> None:
-        super().__init__(name, vhost, durable, None, auto_delete, arguments, args, None, queue_type=queue_type)
-        self.counts_deliveries = self.persists_all = False  # (the owner's: it stores, and adds the headers)
+        self.type = queue_type
+        self.name = name
+        self.vhost = vhost
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.args = args
+        self.policy: "Policy | None" = None
+        self.operator_policy: "Policy | None" = None
+        self.consumers = Consumers(args, _unused)  # who receives here (x-expires is the owner's business)
+        self.stats = MessageStats()  # (what this node did with it; the owner's figures are its own)
+        self.deleted = False
+        self.unacked = 0
         self.peer = peer
         self.key = f"{vhost}\0{name}"
         qid = self.key.encode()
@@ -275,26 +296,48 @@ class RemoteQueue(Queue):
         return self.peer.name
 
     @property
-    def available(self) -> bool:  # type: ignore[override]  # Queue's is a plain attribute (always True)
+    def available(self) -> bool:
         return self.peer.up
 
-    remote = True
+    def local(self) -> None:
+        """(Not a queue of this node.)"""
+        return None
 
     @property
     def message_count(self) -> int:
         """As the owner last reported it (every second, and with every basic.get)."""
         return self.peer.stats.get(self.key, (0, 0))[0]
 
+    ready_bytes = 0  # (the owner's figure: not reported)
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        """x-single-active-consumer: the one of this node's that receives."""
+        return self.consumers.active
+
+    @property
+    def unused_auto_delete(self) -> bool:
+        """An auto-delete queue goes once its last consumer has gone."""
+        return self.auto_delete and self.consumers.had_consumer and not self.consumers
+
     def __repr__(self) -> str:
         return f"<RemoteQueue {self.vhost}/{self.name} on {self.peer.name}>"
+
+    def set_args(self, args: QueueArgs) -> None:
+        """A policy changed the effective arguments: the owner applies them; here, who receives."""
+        self.args = args
+        self.consumers.set_args(args)
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
+        """The owner made its deliveries' headers (``counts_deliveries`` is False): as they came."""
+        return entry.message.header
 
     def touch(self) -> None:
         """x-expires is the owner's business."""
 
     # -- in -----------------------------------------------------------------------------------
 
-    def enqueue(self, message: Message,  # type: ignore[override]  # None: its node is down (unroutable)
-                confirm: "ConfirmSink | None" = None, relay: bool = False) -> bool | None:
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None, relay: bool = False) -> bool | None:
         """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable).  A quorum
         queue's confirmed publish goes through its window (``Window``), which sends it to each leader until one
         confirms it.  ``relay``: a publish another node sent here, which the owner passes on no further."""
@@ -311,13 +354,13 @@ class RemoteQueue(Queue):
     # -- consumers ----------------------------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer) -> None:
-        super().add_consumer(consumer)
+        self.consumers.join(consumer)
         remote = self.by_consumer[consumer] = self.peer.consume(self, consumer)
         if self.publishes is not None and (self.publishes.leaderless or not self.peer.up):
             remote.attached = False  # (not sent: it consumes once a leader is known, ``follow``, or reached)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        super().remove_consumer(consumer)
+        self.consumers.leave(consumer)
         remote = self.by_consumer.pop(consumer, None)
         if remote is not None:
             self.peer.cancel(remote)
@@ -329,7 +372,7 @@ class RemoteQueue(Queue):
         return remote.accepted if remote is not None else None
 
     def refused(self, consumer: Consumer) -> None:
-        Queue.remove_consumer(self, consumer)
+        self.consumers.leave(consumer)
         self.by_consumer.pop(consumer, None)
 
     def delivered(self, remote: RemoteConsumer, entry: Entry, seq: int) -> None:
@@ -433,7 +476,7 @@ class RemoteQueue(Queue):
         leader takes back what it holds, under the same entries."""
         consumer.queue = self
         consumer.counted = False
-        Queue.add_consumer(self, consumer)
+        self.consumers.join(consumer)
         remote = self.by_consumer[consumer] = RemoteConsumer(0, consumer)
         remote.accepted.set_result(None)
         for entry, seq in held:
@@ -445,7 +488,7 @@ class RemoteQueue(Queue):
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
         """The consumer goes on with the queue's new object (this node leads it now): gone from the old
         leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown), and its parked settles."""
-        Queue.remove_consumer(self, consumer)
+        self.consumers.leave(consumer)
         remote = self.by_consumer.pop(consumer, None)
         parked = []
         if remote is not None:
@@ -515,12 +558,19 @@ class RemoteQueue(Queue):
         self.by_consumer.clear()
 
 
+def _unused() -> None:
+    """(A proxy's x-expires never runs out here: the owner's does.)"""
+
+
 _MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
 _GONE = Message.stored(0, 0)  # the message of an entry settled already
 
 
-def proxy_of(queues: Mapping[str, Queue], name: str) -> RemoteQueue | None:
+def proxy_of(queues: Mapping[str, AnyQueue], name: str) -> RemoteQueue | None:
     """The proxy through which this node reaches the queue of that name, if another node holds it (or, for a
     quorum queue between leaders, none is known to yet); None for a queue of this node, or none."""
     queue = queues.get(name)
     return queue if isinstance(queue, RemoteQueue) else None
+
+
+_: type[AnyQueue] = RemoteQueue  # (mypy checks that the proxy is a queue as the rest of the node uses one)

@@ -19,7 +19,7 @@ from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
 from amqp_server.message import Message
-from amqp_server.queue import Consumer, Entry, Queue
+from amqp_server.queue import AnyQueue, Consumer, Entry, Queue
 from amqp_server import quorum_machine as machine
 from amqp_server.queue_type import REPLICATED
 from amqp_server.vhost import home_node_down
@@ -71,7 +71,7 @@ class RemoteConsumerChannel:
         consumer.queue.remove_consumer(consumer)
         self.cancelled_by_broker(consumer)
 
-    def handed_over(self, consumer: Consumer, old: Queue, new: Queue) -> None:
+    def handed_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue) -> None:
         """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
         takes it, and what it holds, to the new leader (``RemoteQueue.follow``).  Its node is told (as a
         refusal to consume again), lest it wait here for deliveries should it not have heard of the new leader
@@ -88,7 +88,7 @@ class Session:
     def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
         self.broker = broker
         self.link = server_link
-        self.unacked: dict[int, tuple[Entry, Queue, Consumer | None]] = {}
+        self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
         # link seq -> [copies a replicated queue's group has yet to take, status once fsynced (or None),
@@ -293,7 +293,8 @@ class Session:
         the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
         consumers that are gone, they would stay unacked for good."""
         queue = consumer.queue
-        found = queue.adopt(seqs)
+        local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
+        found = local.adopt(seqs) if local is not None else [None] * len(seqs)
         unacked = self.unacked
         if None in found:
             gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
@@ -316,10 +317,10 @@ class Session:
         vhost = self.broker.vhosts.get(vhost_name)
         if vhost is None or (queue := vhost.queues.get(name)) is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
-        proxy = proxy_of(vhost.queues, name)  # (a quorum queue's leader moved, or is being elected): it exists
-        if proxy is not None:
-            raise home_node_down(proxy)
-        return queue
+        local = queue.local()
+        if local is None:  # (a quorum queue's leader moved, or is being elected): it exists
+            raise home_node_down(queue)
+        return local
 
     def _cancel(self, payload: bytes) -> None:
         consumer = self.consumers.pop(link.ID.unpack(payload)[0], None)

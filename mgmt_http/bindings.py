@@ -15,7 +15,7 @@ from urllib.parse import quote, quote_plus, unquote_plus
 from aiohttp import web
 
 from amqp_server.vhost import VHost
-from amqp_server.queue import Queue
+from amqp_server.queue import AnyQueue
 from exchanges import Exchange
 
 from . import auth
@@ -38,9 +38,9 @@ def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
     return _quote(routing_key) + "~" + _quote(base64.urlsafe_b64encode(digest).decode().rstrip("="))
 
 
-def binding_info(vhost: str, source: str, destination: Queue | Exchange, routing_key: str,
+def binding_info(vhost: str, source: str, destination: AnyQueue | Exchange, routing_key: str,
                  arguments: dict[str, Any]) -> dict[str, Any]:
-    return _binding(vhost, source, destination.name, "queue" if isinstance(destination, Queue) else "exchange",
+    return _binding(vhost, source, destination.name, "exchange" if isinstance(destination, Exchange) else "queue",
                     routing_key, arguments)
 
 
@@ -98,7 +98,7 @@ async def queue_bindings(request: web.Request) -> web.Response:
     return respond(request, items, ("source", "destination", "routing_key"))
 
 
-def _endpoints(request: web.Request) -> tuple[Context, VHost, Exchange, Queue | Exchange]:
+def _endpoints(request: web.Request) -> tuple[Context, VHost, Exchange, AnyQueue | Exchange]:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     source = vhost.exchanges.get(exchange_param(request.match_info["source"]))
@@ -123,8 +123,8 @@ async def list_between(request: web.Request) -> web.Response:
     return respond(request, items, ("routing_key",))
 
 
-def _kind(destination: Queue | Exchange) -> str:
-    return "queue" if isinstance(destination, Queue) else "exchange"
+def _kind(destination: AnyQueue | Exchange) -> str:
+    return "exchange" if isinstance(destination, Exchange) else "queue"
 
 
 @routes.post(BETWEEN)
@@ -143,7 +143,7 @@ async def create(request: web.Request) -> web.Response:
     return web.Response(status=201, headers={"Location": location})
 
 
-def _find(request: web.Request) -> tuple[Context, VHost, Exchange, Queue | Exchange, dict[str, Any]]:
+def _find(request: web.Request) -> tuple[Context, VHost, Exchange, AnyQueue | Exchange, dict[str, Any]]:
     context, vhost, source, destination = _endpoints(request)
     props = request.match_info["props"]
     for binding in context.broker.all_bindings(vhost):

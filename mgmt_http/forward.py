@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from amqp_server.queue import Queue
+from amqp_server.queue import AnyQueue
 
 from .http import error_response
 
@@ -44,7 +44,7 @@ def setup(app: web.Application) -> None:
     app.on_cleanup.append(forwarder.close)
 
 
-async def by_owner(request: web.Request, queue: Queue) -> web.StreamResponse | None:
+async def by_owner(request: web.Request, queue: AnyQueue) -> web.StreamResponse | None:
     """The answer of the node ``queue`` lives on, if that is another (the caller checked the request here);
     None for a queue of this node, which the caller answers."""
     return await forward(request, queue.node) if queue.remote else None

@@ -33,13 +33,13 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.errors import AMQPError
-from amqp_server.queue import Queue
+from amqp_server.queue import AnyQueue, Queue
 from amqp_server.spark_bridge import arrow_records, record_reader, records
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.spark_bridge.queue_reads import RecordSource
 
 from . import auth, expect
-from .forward import by_owner
+from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -58,7 +58,7 @@ def _broker(request: web.Request) -> Any:
     return request.app["broker"]
 
 
-def authorize_queue_read(request: web.Request) -> Queue:
+def authorize_queue_read(request: web.Request) -> AnyQueue:
     """The path's queue, once the caller is authenticated and may read it (401/404 otherwise).
 
     The management API's login (set by its middleware, or authenticated here when the route is
@@ -115,9 +115,9 @@ def _int_query(request: web.Request, name: str, default: int, minimum: int = 0) 
 def _owned(handler: Any) -> Any:
     """Answer here for a queue of this node, forward for one of another node."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        queue = authorize_queue_read(request)
-        answer = await by_owner(request, queue)
-        return answer if answer is not None else await handler(request, queue)
+        named = authorize_queue_read(request)  # (of any node)
+        local = named.local()
+        return await handler(request, local) if local is not None else await forward(request, named.node)
 
     wrapper.__name__ = handler.__name__
     wrapper.__doc__ = handler.__doc__

@@ -8,7 +8,7 @@ from aiohttp import web
 from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.policy import effective_definition
-from amqp_server.queue import Entry, Queue
+from amqp_server.queue import AnyQueue, Entry
 
 from . import auth, bulk
 from .connections import consumer_info
@@ -31,7 +31,7 @@ ACK_MODES = {  # ackmode -> (requeue, reject)
 ENCODINGS = ("auto", "base64")
 
 
-def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
+def queue_info(context: Context, queue: AnyQueue) -> dict[str, Any]:
     """A queue as RabbitMQ's API shows it, from counters the queue keeps (nothing is scanned: listing
     1,000 queues must stay cheap, see benchmarks/mgmt_latency.py)."""
     rates = context.sampler.rates(queue)
@@ -59,7 +59,7 @@ def queue_info(context: Context, queue: Queue) -> dict[str, Any]:
     return info
 
 
-def find_queue(request: web.Request) -> tuple[Context, Queue]:
+def find_queue(request: web.Request) -> tuple[Context, AnyQueue]:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     queue = vhost.queues.get(request.match_info["name"])
@@ -68,11 +68,11 @@ def find_queue(request: web.Request) -> tuple[Context, Queue]:
     return context, queue
 
 
-def _stub(queue: Queue) -> dict[str, Any]:
+def _stub(queue: AnyQueue) -> dict[str, Any]:
     return {"name": queue.name, "vhost": queue.vhost}
 
 
-def _listing(request: web.Request, context: Context, queues: list[Queue]) -> web.Response:
+def _listing(request: web.Request, context: Context, queues: list[AnyQueue]) -> web.Response:
     """Sorted by name or paged, only the queues answered are rendered."""
     return respond(request, queues, render=lambda queue: queue_info(context, queue), stub=_stub)
 

@@ -465,3 +465,27 @@ def private_attributes_shared_across_files(parts: set[str] = QUEUE_PARTS) -> dic
 
 def test_no_private_attribute_of_the_queue_is_used_in_more_than_one_file():
     assert private_attributes_shared_across_files() == {}
+
+
+# -- the queue as the one runtime seam ---------------------------------------------------------------------------
+
+def ancestors(bases: dict[str, set[str]], cls: str) -> set[str]:
+    return set().union(*({base} | ancestors(bases, base) for base in bases[cls]))
+
+
+def test_a_queue_of_another_node_is_a_proxy_not_a_queue_of_this_node():
+    """``RemoteQueue`` implements ``queue.AnyQueue`` and inherits nothing of the local queue, overriding nothing
+    against its grain (no ``type: ignore[override]``)."""
+    assert "Queue" not in ancestors(class_bases(), "RemoteQueue")
+    assert "ignore[override]" not in (ROOT / "forwarder" / "remote_queue.py").read_text()
+
+
+def test_mypy_checks_every_kind_of_queue_against_the_protocol():
+    """What makes mypy check it: the proxy assigned to ``type[AnyQueue]``, and each type's ``queue_class``
+    declared as one (a type whose queue lacks an operation fails mypy)."""
+    declared = set()
+    for path in [ROOT / "forwarder" / "remote_queue.py", *sorted((ROOT / "amqp_server" / "queue_types").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and "type[AnyQueue]" in ast.unparse(node.annotation) and node.value:
+                declared.add(ast.unparse(node.value))
+    assert declared == {"RemoteQueue", "Queue", "QuorumQueue", "StreamQueue"}

@@ -10,7 +10,7 @@ import pytest
 
 from amqp_server import policy, queue_types
 from amqp_server.errors import AMQPError
-from amqp_server.queue import Queue
+from amqp_server.queue import AnyQueue, Queue
 from amqp_server.queue_type import GLOBAL_QOS, NACK, REPLICATED, TRANSIENT
 from amqp_server.quorum_queue import QuorumQueue
 from amqp_server.stream_queue import StreamQueue
@@ -63,3 +63,27 @@ def test_a_proxy_holds_the_type_of_the_queue_it_stands_for():
     proxy = RemoteQueue("q", "/", True, False, arguments, kind, args, peer=None)  # type: ignore[arg-type]  # a proxy never asked of its peer here
     assert proxy.type is queue_types.of(arguments) and REPLICATED in proxy.type.capabilities
     assert proxy.remote
+
+
+def members(protocol: type) -> set[str]:
+    """What a protocol says its implementers have: its attributes, properties and methods."""
+    return {name for name in vars(protocol) if not name.startswith("_")} | set(protocol.__annotations__)
+
+
+def test_a_proxy_is_a_queue_as_the_node_uses_one_but_not_a_queue_of_this_node():
+    """The rest of the node calls only ``AnyQueue`` (mypy checks both kinds against it; this checks it at run
+    time too); what only a queue of this node holds is asked through ``local()``, which a proxy answers None."""
+    arguments = {"x-queue-type": "quorum"}
+    kind, args = queue_types.declared(arguments, "q", "/")
+    proxy = RemoteQueue("q", "/", True, False, arguments, kind, args, peer=None)  # type: ignore[arg-type]  # (as above)
+    assert not isinstance(proxy, Queue) and Queue not in type(proxy).__mro__
+    assert proxy.local() is None and proxy.remote and not proxy.exclusive and proxy.exclusive_owner is None
+    assert not proxy.counts_deliveries  # its owner adds the deliveries' headers
+    kind, args = queue_types.declared({}, "q", "/")
+    local = kind.new("q", "/", False, None, False, {}, args, None)
+    assert local.local() is local and not local.remote and local.available
+    for queue in (proxy, local):
+        assert {name for name in members(AnyQueue) if not hasattr(type(queue), name) and name not in vars(queue)} \
+            == set(), queue
+    assert members(AnyQueue) >= {"enqueue", "add_consumer", "remove_consumer", "settle", "reject", "requeue",
+                                 "fetch", "purged", "drop_all", "local", "type", "message_count"}

@@ -24,7 +24,7 @@ from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, described, encode_list, encode_map, utf8
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..queue import AnyQueue
     from .host import SessionHost
 
 ADDRESS = "/management"
@@ -328,7 +328,7 @@ def _value(value: Any) -> bytes:
     return utf8(str(value))
 
 
-def _queue_info(connection: SessionHost, queue: Queue) -> bytes:
+def _queue_info(connection: SessionHost, queue: AnyQueue) -> bytes:
     node = connection.broker.node_name
     kind = queue.type.name
     return encode_map([

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..direct_reply import ReplyConsumer
     from ..message import Message
-    from ..queue import Consumer, Entry, Queue
+    from ..queue import AnyQueue, Consumer, Entry
     from .host import SessionHost
 
 INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
@@ -65,7 +65,7 @@ class Session:
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, Link] = {}
-        self.unsettled: dict[int, tuple[Entry, Queue, Consumer | None, Outgoing]] = {}
+        self.unsettled: dict[int, tuple[Entry, AnyQueue, Consumer | None, Outgoing]] = {}
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
         self.stats = MessageStats()
         vhost = connection.vhost
@@ -670,7 +670,7 @@ class Outgoing(Link):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.queue: Queue = None  # type: ignore[assignment]  # set by attach
+        self.queue: AnyQueue = None  # type: ignore[assignment]  # set by attach
         self.consumer: Consumer | None = None
         self.drain = False
         self.management = False  # the /management node's responses

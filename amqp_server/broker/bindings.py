@@ -13,7 +13,7 @@ from exchanges import Exchange
 
 from .. import errors
 from ..auth import Principal
-from ..queue import Queue
+from ..queue import AnyQueue, Queue
 from ..records import BindingRecord
 from ..vhost import VHost
 from ..records import ExchangeRecord
@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from ..ports import ExclusiveOwner
 
 
-def _binding(vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+def _binding(vhost: VHost, source: str, destination: AnyQueue | Exchange, routing_key: str,
              arguments: dict[str, Any] | None, created: int = 0) -> BindingRecord:
-    kind = "queue" if isinstance(destination, Queue) else "exchange"
+    kind = "exchange" if isinstance(destination, Exchange) else "queue"
     return BindingRecord(vhost.name, source, destination.name, kind, routing_key, dict(arguments or {}), created)
 
 
-def _exclusive(destination: Queue | Exchange) -> bool:
+def _exclusive(destination: AnyQueue | Exchange) -> bool:
     """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
-    return isinstance(destination, Queue) and destination.exclusive
+    return not isinstance(destination, Exchange) and destination.exclusive
 
 
 class Bindings:
@@ -48,7 +48,7 @@ class Bindings:
         order)."""
         self._check_binding(vhost, source, kind, destination, routing_key, who)
         vhost.exchange(source)  # a missing source is told first, as in RabbitMQ
-        target: Queue | Exchange
+        target: AnyQueue | Exchange
         if kind == "queue":
             target = queue = vhost.queue(destination)
             check_exclusive(queue, owner)
@@ -62,7 +62,7 @@ class Bindings:
         """queue.unbind / exchange.unbind for ``who``: what is gone (an auto-deleted queue, a missing source or
         destination) unbinds without error, as in RabbitMQ."""
         self._check_binding(vhost, source, kind, destination, routing_key, who)
-        target: Queue | Exchange | None
+        target: AnyQueue | Exchange | None
         if kind == "queue":
             target = queue = vhost.queues.get(destination)
             if queue is not None:
@@ -89,7 +89,7 @@ class Bindings:
         if exchange is not None and exchange.type_name == "topic":
             who.check_topic("read", vhost.name, source, routing_key)
 
-    def add_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+    def add_binding(self, vhost: VHost, source: str, destination: AnyQueue | Exchange, routing_key: str,
                     arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
         """Bind (no permission check; ``who`` for the store's room): bind, definitions import and the cluster's
         definitions come here.  A binding whose definition cannot be kept is undone."""
@@ -113,7 +113,7 @@ class Bindings:
                 raise
         vhost.bound(exchange, destination)
 
-    def remove_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+    def remove_binding(self, vhost: VHost, source: str, destination: AnyQueue | Exchange, routing_key: str,
                        arguments: dict[str, Any] | None = None) -> None:
         """Unbind (no permission check); an exchange or binding that is not there is no error."""
         if source == "":
@@ -131,13 +131,13 @@ class Bindings:
             raise errors.access_refused("operation not permitted on the default exchange")
         return vhost.exchange(source)
 
-    def _forget_binding(self, vhost: VHost, source: str, destination: Queue | Exchange, routing_key: str,
+    def _forget_binding(self, vhost: VHost, source: str, destination: AnyQueue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
         if not _exclusive(destination):
             record = _binding(vhost, source, destination, routing_key, arguments)
             self.definitions.undefine(record, destination.durable)
 
-    def drop_destination(self, vhost: VHost, destination: Queue | Exchange) -> None:
+    def drop_destination(self, vhost: VHost, destination: AnyQueue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""
         for exchange in list(vhost.sources.get(destination, ())):
             self._unbind_all(vhost, exchange, destination)
@@ -146,12 +146,12 @@ class Bindings:
     def remove_exchange(self, vhost: VHost, exchange: Exchange) -> None:
         """An exchange goes (deleted, auto-deleted, its vhost deleted), with its bindings and its definition."""
         del vhost.exchanges[exchange.name]
-        for destination in cast("list[Queue | Exchange]", exchange.destinations()):  # (what the broker binds)
+        for destination in cast("list[AnyQueue | Exchange]", exchange.destinations()):  # (what the broker binds)
             self._unbind_all(vhost, exchange, destination)
         self.drop_destination(vhost, exchange)
         self.definitions.undefine(ExchangeRecord(vhost.name, exchange.name, exchange.type_name), exchange.durable)
 
-    def _unbind_all(self, vhost: VHost, exchange: Exchange, destination: Queue | Exchange) -> None:
+    def _unbind_all(self, vhost: VHost, exchange: Exchange, destination: AnyQueue | Exchange) -> None:
         removed = exchange.remove_destination(destination)
         vhost.unbound(exchange, destination, len(removed))
         for binding in removed:
@@ -162,11 +162,11 @@ class Bindings:
         if exchange.auto_delete and not exchange.has_bindings and vhost.exchanges.get(exchange.name) is exchange:
             self.remove_exchange(vhost, exchange)
 
-    def all(self, vhost: VHost) -> Iterable[tuple[str, Queue | Exchange, str, dict]]:
+    def all(self, vhost: VHost) -> Iterable[tuple[str, AnyQueue | Exchange, str, dict]]:
         """(source, destination, routing key, arguments) of every binding, the default exchange's included."""
         for queue in vhost.queues.values():
             yield "", queue, queue.name, {}
         for exchange in vhost.exchanges.values():
             for binding in exchange.bindings():
-                yield (exchange.name, cast("Queue | Exchange", binding.destination),  # (what the broker binds)
+                yield (exchange.name, cast("AnyQueue | Exchange", binding.destination),  # (what the broker binds)
                        binding.routing_key, binding.args_dict())

@@ -11,7 +11,7 @@ from ..auth import Principal
 from ..definitions import DefinitionStore, StoreFull
 from ..errors import ChannelError, resource_name
 from ..message import Message
-from ..queue import Queue
+from ..queue import AnyQueue, Queue
 from ..records import Record
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def storable(arguments: dict[str, Any] | None, what: str, queue: bool = False) -
         raise errors.precondition_failed(f"invalid arguments for {what}: {exc}") from None
 
 
-def exclusive_locked(queue: Queue) -> ChannelError:
+def exclusive_locked(queue: AnyQueue) -> ChannelError:
     """405 for another connection's exclusive queue, in RabbitMQ's words."""
     return errors.resource_locked(
         f"cannot obtain exclusive access to locked {resource_name('queue', queue.name, queue.vhost)}. "
@@ -134,7 +134,7 @@ def shown_arg(value: Any) -> str:
     return f"the value '{shown(value)}' of type '{field_types.name(value)}'"
 
 
-def check_exclusive(queue: Queue, connection: "ExclusiveOwner[Queue] | None") -> None:
+def check_exclusive(queue: AnyQueue, connection: "ExclusiveOwner[Queue] | None") -> None:
     """Another connection's exclusive queue is locked (405) to every operation on it."""
     if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
         raise exclusive_locked(queue)

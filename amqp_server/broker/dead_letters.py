@@ -9,7 +9,7 @@ from exchanges import DEFERRED
 
 from ..dead_letter import cycle_detected, dead_letter_message
 from ..logs import untrusted
-from ..queue import Entry, Queue
+from ..queue import AnyQueue, Entry
 from ..vhost import VHost
 from .routing import Router
 
@@ -23,7 +23,7 @@ class DeadLetters:
         self.vhosts = vhosts
         self.router = router
 
-    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> list[Entry]:
+    def dead_letter(self, queue: AnyQueue, entries: list[Entry], reason: str) -> list[Entry]:
         """Republish entries that left ``queue`` for good to its dead-letter exchange; returns those no queue
         took (no such exchange, routed nowhere, refused), which at-most-once dead-lettering drops as
         RabbitMQ does and at-least-once keeps for a retry."""

@@ -12,7 +12,7 @@ from ..auth import Principal
 from ..delayed import Publisher
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
-from ..queue import Consumer, Entry, Queue
+from ..queue import AnyQueue, Consumer, Entry, Queue
 from ..vhost import VHost
 from .core import check_exclusive
 from .routing import Router
@@ -34,7 +34,8 @@ class Messages:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         check_exclusive(queue, owner)
-        return queue.purge()
+        local = queue.local()
+        return local.purge() if local is not None else queue.message_count  # (another node's: see purge_anywhere)
 
     def publish(self, vhost: VHost, exchange: Exchange, message: Message,
                 publisher: Publisher | None = None, confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
@@ -98,17 +99,18 @@ class Messages:
                 Messages.check_topic_write(vhost, exchange, who, key)
 
     def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
-                  who: Principal | None = None) -> tuple[Queue, Entry | None]:
+                  who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:
         """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
         with no_ack=False the caller settles it.  See get_anywhere for any node's queue."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         check_exclusive(queue, owner)
-        return queue, queue.get(no_ack)
+        local = queue.local()
+        return queue, local.get(no_ack) if local is not None else None  # (another node's: see get_anywhere)
 
     async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
-                    who: Principal | None = None) -> tuple[Queue, Entry | None]:
+                    who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
@@ -116,14 +118,15 @@ class Messages:
         check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)
 
-    def peek(self, queue: Queue, offset: int, count: int, who: Principal | None = None,
+    def peek(self, queue: AnyQueue, offset: int, count: int, who: Principal | None = None,
              after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` (or following ``after``) without taking them (management API) for
         ``who`` (read); another connection's exclusive queue is locked, as it is to basic.get."""
         if who is not None:
             who.check("read", "queue", queue.vhost, queue.name)
         check_exclusive(queue, None)
-        return queue.peek(offset, count, after)
+        local = queue.local()
+        return local.peek(offset, count, after) if local is not None else []  # (another node's: its node answers)
 
     async def purge_anywhere(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
                              who: Principal | None = None) -> int:
@@ -135,7 +138,7 @@ class Messages:
         return await queue.purged()
 
     @staticmethod
-    def settle(queue: Queue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
+    def settle(queue: AnyQueue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
         """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued."""
         if queue.deleted:
             queue.settle(entries)
@@ -148,7 +151,7 @@ class Messages:
                 queue.settle(entries)
             queue.deliver_ready()
 
-    def nack_taken(self, taken: list[tuple[Entry, Queue, Consumer | None]], requeue: bool) -> None:
+    def nack_taken(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool) -> None:
         """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
         refuses them (a stream: the connection closes, and what the frame named is requeued first, as the rest
         of what the connection held is as it closes)."""
@@ -160,11 +163,11 @@ class Messages:
             raise
         self.settle_taken(taken, requeue, reject=not requeue)
 
-    def settle_taken(self, taken: Iterable[tuple[Entry, Queue, Consumer | None]], requeue: bool,
+    def settle_taken(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
                      reject: bool = False) -> None:
         """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
         the consumers get their credit back."""
-        by_queue: dict[Queue, list[Entry]] = {}
+        by_queue: dict[AnyQueue, list[Entry]] = {}
         for entry, queue, consumer in taken:
             if consumer is not None:
                 consumer.unacked -= 1
@@ -177,7 +180,7 @@ class Messages:
         for queue, entries in by_queue.items():
             settle(queue, entries, requeue, reject)
 
-    def move_messages(self, source: Queue, destination: Queue, count: int | None = None,
+    def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,
                       who: Principal | None = None) -> int:
         """Move up to ``count`` (default all) ready messages from one queue to the tail of another, in order,
         for ``who`` (read on the source, write on the destination); neither may be another connection's
@@ -193,9 +196,10 @@ class Messages:
         check_exclusive(destination, None)
         if source is destination:
             raise errors.precondition_failed("source and destination are the same queue")
+        local = source.local()  # (another node's: its node moves them)
         moved = 0
-        while count is None or moved < count:
-            entry = source.get(no_ack=False)
+        while local is not None and (count is None or moved < count):
+            entry = local.get(no_ack=False)
             if entry is None:
                 break
             message = entry.message

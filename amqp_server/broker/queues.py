@@ -18,7 +18,7 @@ from ..message import Message
 from ..paging import Pager
 from ..persistence import Persistence
 from ..policy import Policies
-from ..queue import Consumer, Entry, Queue
+from ..queue import AnyQueue, Consumer, Entry, Queue
 from ..queue_type import PAGING
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
@@ -98,7 +98,7 @@ class Queues:
                       exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict[str, Any] | None = None,
                       owner: "ExclusiveOwner[Queue] | None" = None, server_named: bool = False,
-                      who: Principal | None = None) -> Queue:
+                      who: Principal | None = None) -> AnyQueue:
         """queue.declare for ``who`` (None: the node itself); ``owner`` is the connection of an exclusive queue."""
         if not passive:
             self.check_queue_declare(vhost, name, arguments, who)
@@ -158,7 +158,7 @@ class Queues:
         self.storage.attach(queue, durable and not exclusive)
         return queue
 
-    def add_remote_queue(self, vhost: VHost, queue: Queue) -> None:
+    def add_remote_queue(self, vhost: VHost, queue: AnyQueue) -> None:
         """A queue of another node joins the vhost as its proxy; the policies shown here are this vhost's
         (the owner enforces its own)."""
         vhost.queues[queue.name] = queue
@@ -205,7 +205,7 @@ class Queues:
         return record["next"]
 
     def consumable(self, vhost: VHost, name: str, owner: "ExclusiveOwner[Queue] | None" = None,
-                   who: Principal | None = None) -> Queue:
+                   who: Principal | None = None) -> AnyQueue:
         """basic.consume for ``who`` (read): the queue, unless it is another connection's exclusive queue.
         The consumer's own exclusivity is checked by check_consumer_exclusivity once its arguments are read."""
         if who is not None:
@@ -214,8 +214,8 @@ class Queues:
         check_exclusive(queue, owner)
         return queue
 
-    def consume(self, queue: Queue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool, exclusive: bool,
-                arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0) -> Consumer:
+    def consume(self, queue: AnyQueue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool,
+                exclusive: bool, arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0) -> Consumer:
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
         answers, then lets the queue deliver (``deliver_ready``)."""
@@ -227,7 +227,7 @@ class Queues:
         return consumer
 
     @staticmethod
-    def check_consumer_exclusivity(queue: Queue, exclusive: bool) -> None:
+    def check_consumer_exclusivity(queue: AnyQueue, exclusive: bool) -> None:
         """An exclusive consumer wants the queue alone (none there, no single active consumer); nobody joins
         an exclusive consumer.  AMQP channels and remote consumers (cluster mode) both ask here."""
         if (exclusive and (queue.consumers or queue.args.single_active_consumer)
@@ -252,7 +252,7 @@ class Queues:
         self.remove(vhost, queue)
         return count
 
-    def remove(self, vhost: VHost, queue: Queue) -> None:
+    def remove(self, vhost: VHost, queue: AnyQueue) -> None:
         """A queue goes (deleted, expired, its owner or last consumer gone, its vhost deleted), with its bindings
         and its definition."""
         if vhost.queues.get(queue.name) is not queue:
@@ -265,12 +265,13 @@ class Queues:
             consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
         queue.drop_all()
-        if queue.exclusive_owner is not None:
-            queue.exclusive_owner.exclusive_queues.discard(queue)
+        local = queue.local()
+        if local is not None and local.exclusive_owner is not None:
+            local.exclusive_owner.exclusive_queues.discard(local)
         else:
             self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
-        if queue.durable:
-            self.store.delete("queue_offsets", str(queue.index_id))
+        if local is not None and local.durable:  # (another node's keeps its offsets there)
+            self.store.delete("queue_offsets", str(local.index_id))
 
     def save_offsets(self, queue: Queue) -> None:
         """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""
@@ -278,15 +279,22 @@ class Queues:
 
     def close(self) -> None:
         """The node stops: every durable queue's offsets are saved."""
-        for queue in self.all_queues():
+        for queue in self.local_queues():
             if queue.persistence is not None:
                 self.save_offsets(queue)
 
-    def all_queues(self) -> Iterable[Queue]:
+    def all_queues(self) -> Iterable[AnyQueue]:
         for vhost in self.vhosts.values():
             yield from vhost.queues.values()
 
-    def expire_queue(self, queue: Queue) -> None:
+    def local_queues(self) -> Iterable[Queue]:
+        """The queues of this node (no proxy of another node's)."""
+        for queue in self.all_queues():
+            local = queue.local()
+            if local is not None:
+                yield local
+
+    def expire_queue(self, queue: AnyQueue) -> None:
         """x-expires: the queue went unused for its whole lifetime setting."""
         vhost = self.vhosts.get(queue.vhost)
         if vhost is not None:
@@ -307,7 +315,7 @@ class Queues:
         for queue in list(connection.exclusive_queues):
             self.remove(self.vhosts[queue.vhost], queue)
 
-    def replace_queue(self, vhost: VHost, old: Queue, new: Queue) -> None:
+    def replace_queue(self, vhost: VHost, old: AnyQueue, new: AnyQueue) -> None:
         """Another object stands for the same queue from now on (a replicated queue's leader moved): its
         bindings move to it, and so do the consumers of the old one, with what they hold, as RabbitMQ's quorum
         queues' consumers outlive a change of leader."""

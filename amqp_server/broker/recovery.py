@@ -70,8 +70,9 @@ class Recovery:
                           untrusted(record.name), untrusted(vhost.name), untrusted(exc.text))
                 arguments = {}
                 kind, args = queue_types.declared(arguments, record.name, vhost.name)
-            queue = vhost.queues[record.name] = kind.new(record.name, vhost.name, True, None, record.auto_delete,
-                                                         arguments, args, self.queues)
+            queue: Queue = kind.new(record.name, vhost.name, True, None, record.auto_delete, arguments, args,
+                                    self.queues)
+            vhost.queues[record.name] = queue
             queue.index_id = record.index_id
             self.queues.storage.attach(queue, True)
             durable.append(queue)

@@ -11,7 +11,6 @@ from .. import sender_selected
 from ..delayed import DelayedMessages, Publisher
 from ..direct_reply import ReplyConsumers
 from ..message import Message
-from ..queue import Queue
 from ..vhost import VHost
 from .core import Destination
 
@@ -71,10 +70,10 @@ class Router:
             if len(keys) > 1:
                 routed = [destination for key in keys for destination in current.route(key, message)]
             for destination in routed:
-                if isinstance(destination, Queue):
-                    queues[destination] = None
+                if isinstance(destination, Exchange):  # (an exchange's binding)
+                    pending.append(destination)
                 else:
-                    pending.append(cast(Exchange, destination))  # (a queue's, or an exchange's binding)
+                    queues[cast("Destination", destination)] = None
             if not routed:
                 alternate = vhost.exchanges.get(current.alternate or "")
                 if alternate is not None and alternate.name:

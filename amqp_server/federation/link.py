@@ -32,6 +32,7 @@ from .upstream import Upstream
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..queue import AnyQueue
 
 log = logging.getLogger("warren.federation")
 COMMAND_CHANNEL = 2  # exchange links: binds and unbinds (a 404 there restarts the link, as in RabbitMQ)
@@ -407,7 +408,7 @@ class QueueLink(FederationLink):
                 await up.call(CHANNEL, commands.Basic.Cancel(consumer_tag=self.upstream.consumer_tag))
             self.consuming = wanted
 
-    def _local_queue(self) -> Any:
+    def _local_queue(self) -> AnyQueue | None:
         vhost = self.broker.vhosts.get(self.vhost)
         return vhost.queues.get(self.resource) if vhost is not None else None
 

@@ -1,10 +1,10 @@
 """The classic queue (RabbitMQ's rabbit_classic_queue): a FIFO on this node (``queue.Queue``), durable or not."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import properties
-from ..queue import Queue
+from ..queue import AnyQueue, Queue
 from ..queue_type import GLOBAL_QOS, NACK, PAGING, TRANSIENT, HttpView, QueueType
 
 
@@ -19,7 +19,7 @@ class Classic(QueueType):
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority", "x-cancel-on-ha-failover")
     capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING})
-    queue_class = Queue
+    queue_class: ClassVar[type[AnyQueue]] = Queue  # (mypy checks it is a queue as the node uses one)
 
     def chosen_by(self, arguments: dict[str, Any]) -> bool:
         return "x-max-priority" not in arguments

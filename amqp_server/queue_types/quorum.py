@@ -2,10 +2,11 @@
 (``forwarder.quorum``), its messages in ``quorum_queue.QuorumQueue`` on the node that leads it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
                           QueueType)
+from ..queue import AnyQueue
 from ..quorum_queue import QuorumQueue
 from ..ready import Entry
 from ..ready_list import ReadyList, ReadyOwner
@@ -23,7 +24,7 @@ class Quorum(QueueType):
     policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
     # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
     capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
-    queue_class = QuorumQueue
+    queue_class: ClassVar[type[AnyQueue]] = QuorumQueue  # (mypy checks it is a queue as the node uses one)
 
     def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
         """A commit's entries on disk leave at once: the op that drops them is carried out as it is applied."""

@@ -4,11 +4,12 @@ by AMQP 0-9-1 consumers from an offset of their choosing, and served by RabbitMQ
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import errors
 from ..queue_args import interval_ms
 from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, QueueType
+from ..queue import AnyQueue
 from ..stream_queue import StreamQueue
 
 
@@ -25,7 +26,7 @@ class Stream(QueueType):
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
     capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
-    queue_class = StreamQueue
+    queue_class: ClassVar[type[AnyQueue]] = StreamQueue  # (mypy checks it is a queue as the node uses one)
 
     def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
         """A per-consumer prefetch, and manual acks (RabbitMQ would fail on no prefetch with 541)."""

@@ -9,17 +9,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from exchanges import Exchange
+
 from .. import errors
 from ..auth import Principal
 from ..errors import AMQPError
 from ..message import Message, make_message
-from ..queue import Queue
+from ..queue import AnyQueue
 from ..queue_type import LOG
 from ..stream_queue import StreamQueue
 from . import core
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..vhost import VHost
 
 from pamqp import commands
 
@@ -45,10 +48,11 @@ def code_of(error: AMQPError) -> int:
     return _CODES.get(error.code, core.INTERNAL_ERROR)
 
 
-def served_here(queue: Queue | Any) -> TypeGuard[StreamQueue]:
+def served_here(queue: AnyQueue | Any) -> TypeGuard[StreamQueue]:
     """Whether ``queue`` is a stream of this node, which the stream protocol serves here (a client finds another
     node's by ``metadata``; a super stream's partitions are those of this node)."""
-    return isinstance(queue, Queue) and LOG in queue.type.capabilities and not queue.remote
+    return (queue is not None and not isinstance(queue, Exchange)  # (a binding's destination may be an exchange)
+            and LOG in queue.type.capabilities and not queue.remote)
 
 class StreamManager:
     def __init__(self, broker: "Broker") -> None:
@@ -80,7 +84,7 @@ class StreamManager:
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
 
-    def _check_new(self, vhost: Any, name: str, arguments: dict[str, Any], who: Principal) -> None:
+    def _check_new(self, vhost: VHost, name: str, arguments: dict[str, Any], who: Principal) -> None:
         self.broker.check_queue_declare(vhost, name, arguments, who)
         if name in vhost.queues:
             raise StreamError(core.STREAM_ALREADY_EXISTS)
@@ -98,7 +102,8 @@ class StreamManager:
         queue = vhost.queues.get(name)
         if queue is None or LOG not in queue.type.capabilities:
             raise StreamError(core.STREAM_DOES_NOT_EXIST)
-        index_id = queue.index_id
+        local = queue.local()
+        index_id = local.index_id if local is not None else 0  # (another node's tracks its own)
         try:
             self.broker.delete_queue(vhost, name, who=who)
         except AMQPError as exc:
@@ -135,7 +140,7 @@ class StreamManager:
             raise StreamError(core.STREAM_DOES_NOT_EXIST if where is None else core.STREAM_NOT_AVAILABLE)
         return queue
 
-    def _vhost(self, name: str) -> Any:
+    def _vhost(self, name: str) -> VHost:
         try:
             return self.broker.vhost(name)
         except AMQPError:
