@@ -20,7 +20,7 @@ and the reads by seq the Spark bridge makes through its adapter (``spark_bridge.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .clock import now_ms
 from .consumers import ConsumerGroup, Consumers
@@ -231,6 +231,10 @@ class Queue:
 
     def local(self) -> Queue:
         return self
+
+    def filter_consumer(self, consumer: Consumer, accepts: Callable[[Message], bool]) -> None:
+        """The consumer takes only the messages ``accepts`` says (an AMQP 1.0 source's filters): a stream reads past
+        the others (``StreamQueue``); other types take no filters, as RabbitMQ's ignore them."""
 
     @property
     def node(self) -> str:

@@ -26,6 +26,7 @@ PAGING = "paging"  # a durable queue keeps a window in memory, its tail on disk
 REPLICATED = "replicated"  # a group of nodes holds it (cluster mode: placed with members)
 LOG = "log"  # an append-only log read from offsets: what RabbitMQ's stream protocol serves
 DELIVERY_HEADER = "delivery_header"  # each delivery carries a header of the queue's (x-delivery-count, x-stream-offset)
+UNREPLICATED = "unreplicated"  # held by one node alone (RabbitMQ's classic queues): what x-local-random picks from
 STORES_ALL = "stores_all"  # every message is on disk, whatever its delivery mode (a durable queue's transient ones too)
 # Policy keys whose value and the queue's own argument both count: the lower applies (every type that takes them)
 LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")

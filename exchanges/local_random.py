@@ -1,9 +1,9 @@
 """Local random exchange (RabbitMQ 4.0's ``x-local-random``), for request-reply: each message goes to one queue
 picked at random among the bound queues that live on the publisher's node (the node routing it), or to none.
 
-As RabbitMQ (rabbit_exchange_type_local_random) it takes only bindings with an empty key to classic queues;
-others are refused with its texts (a 406).  A queue is local unless it is a cluster proxy of a queue another node
-holds (``remote``)."""
+As RabbitMQ (rabbit_exchange_type_local_random) it takes only bindings with an empty key to classic queues (a
+type whose capabilities say ``unreplicated``); others are refused with its texts (a 406).  A queue is local when it
+is the node's own (``local()``), not a cluster proxy of a queue another node holds."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import random
 from typing import Any, Collection
 
 from .base import NO_DESTINATIONS, Binding, DestinationSet, Exchange
+
+UNREPLICATED = "unreplicated"  # the queue type capability of the queues this exchange takes (queue_type's)
 
 
 class LocalRandomExchange(Exchange):
@@ -29,7 +31,7 @@ class LocalRandomExchange(Exchange):
     def route(self, routing_key: str, message: Any) -> Collection[object]:
         members = self._dests.members
         if members is not self._local_of:
-            self._local = tuple(dest for dest in members if not getattr(dest, "remote", False))
+            self._local = tuple(dest for dest in members if dest.local() is not None)
             self._local_of = members
         local = self._local
         if not local:
@@ -39,11 +41,11 @@ class LocalRandomExchange(Exchange):
     def _add(self, binding: Binding) -> None:
         if binding.routing_key:
             raise ValueError(f"Non empty binding '{binding.routing_key}' key not permitted")
-        queue_type = getattr(getattr(binding.destination, "type", None), "name", None)
-        if queue_type is None or isinstance(binding.destination, Exchange):
+        destination: Any = binding.destination  # a queue (a queue type's object) or an exchange
+        if isinstance(destination, Exchange):
             raise ValueError("Destination not found")
-        if queue_type != "classic":
-            raise ValueError(f"Queue type rabbit_{queue_type}_queue not valid for this exchange type")
+        if UNREPLICATED not in destination.type.capabilities:
+            raise ValueError(f"Queue type rabbit_{destination.type.name}_queue not valid for this exchange type")
         self._dests.add(binding.destination)
 
     def _remove(self, binding: Binding) -> None:

@@ -70,16 +70,19 @@ def test_bindings_it_cannot_take_are_refused_as_rabbitmq_refuses_them(node, bind
 
 
 class Proxy:
-    """A classic queue as the exchange sees it: its type and whether another node holds it."""
+    """A classic queue as the exchange sees it: its type and whether it is this node's (``local()``)."""
 
-    type = SimpleNamespace(name="classic")
+    type = SimpleNamespace(name="classic", capabilities=frozenset({"unreplicated"}))
 
     def __init__(self, remote: bool) -> None:
         self.remote = remote
 
+    def local(self) -> "Proxy | None":
+        return None if self.remote else self
+
 
 def test_queues_another_node_holds_are_never_picked():
-    """In a cluster a queue whose home is another node is a proxy here (``remote``): never picked."""
+    """In a cluster a queue whose home is another node is a proxy here (its ``local()`` is None): never picked."""
     assert exchange_class("x-local-random") is LocalRandomExchange
     exchange = LocalRandomExchange("rpc")
     local = Proxy(remote=False)

@@ -25,7 +25,7 @@ from ..ports import ClientChannel
 from ..stats import MessageStats
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
-from ..stream_queue import StreamQueue
+from ..queue_type import LOG
 from . import address, filters, frames, management
 from .frames import Amqp10Error, LinkError, SessionError
 
@@ -705,14 +705,15 @@ class Outgoing(Link):
         assert vhost is not None
         wanted = filters.read(self.source)
         queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
-        if wanted.accepts is not None and queue.type.name == "stream" and not isinstance(queue, StreamQueue):
+        local, log = queue.local(), LOG in queue.type.capabilities
+        if wanted.accepts is not None and log and local is None:
             raise Amqp10Error(frames.NOT_IMPLEMENTED, f"filters on {queue.name!r}, a stream on another node")
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
         self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF)
-        self.offsets = isinstance(queue, StreamQueue)
-        if wanted.accepts is not None and isinstance(queue, StreamQueue):
-            queue.filter_consumer(self.consumer, wanted.accepts)
+        self.offsets = log
+        if wanted.accepts is not None and local is not None:
+            local.filter_consumer(self.consumer, wanted.accepts)
 
     def on_flow(self, fields: list[Value]) -> None:
         delivery_count = frames.typed(fields, 5, ("uint",), "delivery-count", self.delivery_count)

@@ -5,7 +5,7 @@ from typing import Any, ClassVar
 
 from .. import properties
 from ..queue import AnyQueue, Queue
-from ..queue_type import GLOBAL_QOS, NACK, PAGING, TRANSIENT, HttpView, QueueType
+from ..queue_type import GLOBAL_QOS, NACK, PAGING, TRANSIENT, UNREPLICATED, HttpView, QueueType
 
 
 class Classic(QueueType):
@@ -18,7 +18,7 @@ class Classic(QueueType):
                          "x-max-in-memory-bytes", "x-quorum-initial-group-size", "x-max-age", "x-initial-cluster-size",
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority", "x-cancel-on-ha-failover")
-    capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING})
+    capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING, UNREPLICATED})
     queue_class: ClassVar[type[AnyQueue]] = Queue  # (mypy checks it is a queue as the node uses one)
 
     def chosen_by(self, arguments: dict[str, Any]) -> bool:
