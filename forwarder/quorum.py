@@ -779,7 +779,8 @@ class QuorumGroups:
         count = apply_ops(group.state, persistence, index_id, payload, pos)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = term, reset
-        persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
+        # (a restart mid-snapshot asks for another)
+        persistence.replica_position(index_id, *group.position, group.state.enqueuers)
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
             return
         if CHECKS:
