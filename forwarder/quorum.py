@@ -49,13 +49,13 @@ from . import link
 from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
 from .remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
+from .session import Session
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
 
     from .metadata import Metadata
     from .peer import Peer
-    from .session import Session
 
 log = logging.getLogger("warren.forwarder.quorum")
 
@@ -660,11 +660,10 @@ class QuorumGroups:
             return
         window = group.window
         for confirm, seq, op in replicator.stop():  # sent again to the next leader by the node they came from
-            moved = getattr(confirm, "moved", None)  # (another node's: a ``Session``)
             if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
                 continue
-            if moved is not None:
-                moved(seq, group.leader, group.term)
+            if isinstance(confirm, Session):  # (another node's: its window sends them to the leader we name)
+                confirm.moved(seq, group.leader, group.term)
             elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
                 confirm.remote_confirmed(seq, True)
             else:
