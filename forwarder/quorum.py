@@ -185,16 +185,17 @@ class QuorumGroups:
     @property
     def lease_sure(self) -> bool:
         """The lease is alive for sure: a refresh etcd took was sent less than half its TTL ago (etcd counts the
-        TTL from when it took it, later).  Queues led here confirm only while it is (``Replicator``): once it
-        may have lapsed, etcd may have let another member claim them."""
+        TTL from when it took it, later).  Queues led here deliver only while it is (``Replicator.live``): once
+        it may have lapsed, etcd may have let another member claim them, which would deliver again what they
+        deliver meanwhile (they confirm on: a majority's answers are enough)."""
         return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
 
     async def _keep_lease(self) -> None:
-        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues confirm nothing
+        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues deliver nothing
         once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
-        queues meanwhile (a key lives as long as its lease), so they confirm again with no change of leader —
+        queues meanwhile (a key lives as long as its lease), so they deliver again with no change of leader —
         after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
-        its leases); they deliver again too.  Etcd answers that it is gone: lead nothing, and a new lease."""
+        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(LEASE_TTL / 8)
@@ -212,7 +213,6 @@ class QuorumGroups:
             if unsure:
                 for group in self.groups.values():
                     if group.replicator is not None:
-                        group.replicator.confirm_committed()
                         group.replicator.queue.deliver_ready()
 
     async def _new_lease(self) -> None:
