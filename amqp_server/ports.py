@@ -95,6 +95,8 @@ class Replicator(Protocol[OpT]):
     """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum_log``): the
     core only hands them over, in the order it applied them."""
 
+    index: int  # the index in its term's log of the latest op appended
+
     def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
         """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""
 

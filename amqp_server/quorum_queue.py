@@ -30,6 +30,7 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from . import header_table
@@ -76,7 +77,7 @@ class QuorumQueue(Queue):
         that are not held (ready ones)."""
         if self.detached:
             return
-        effects = machine.apply(op, self.state)[1]
+        self.state, effects = machine.apply(self.meta(), op, self.state)
         if self.replicator is not None:
             self.replicator.append(op)
         if not effects:
@@ -94,6 +95,11 @@ class QuorumQueue(Queue):
             self._running -= 1
         if machine.CHECKS and not self._running:
             self.check(op)
+
+    def meta(self) -> machine.Meta:
+        """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
+        replicator = self.replicator
+        return machine.Meta(0 if replicator is None else replicator.index + 1, time.time_ns() // 1_000_000)
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -170,7 +176,7 @@ class QuorumQueue(Queue):
         if apply:
             self.run(op)
         else:
-            machine.apply(op, state)
+            self.state = machine.apply(self.meta(), op, state)[0]
 
     def restarted(self) -> None:
         self.start(self.persistence.copy_state(self.index_id))
@@ -279,7 +285,8 @@ class QuorumQueue(Queue):
         replicator = self.replicator
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
         op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
-        if machine.apply(op, self.state)[1]:
+        self.state, effects = machine.apply(self.meta(), op, self.state)
+        if effects:
             self.persistence.write(self, entry)
             if replicator is not None:
                 replicator.append(op, confirm)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
@@ -449,11 +450,14 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
     return pos if pos < end else None
 
 
-def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
-    """A follower applies the ops of ``payload`` from ``pos`` to its copy: to its ``state``, their storage
-    effects to its rows (``index_id``).  Returns how many log ops that was (a frame's leading marker, and a
-    snapshot's rows, are none).  A snapshot's state replaces the copy's; its rows, and the storage effects
-    of the ops that follow it, are carried out idempotently (a row the copy has is kept as it is)."""
+def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int,
+          first: int) -> tuple[machine.State, int]:
+    """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
+    copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
+    log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
+    the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
+    row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
+    (no op's outcome depends on it)."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -462,10 +466,12 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
         size = MARK.unpack_from(data, pos)[1]
         snapshot, _ = machine.decode_state(data, pos + MARK.size)
         pos += MARK.size + size
-        _carry_out(persistence, index_id, machine.apply(machine.Restore(snapshot), state)[1], False)
+        state, effects = machine.apply(machine.Meta(first, _now()), machine.Restore(snapshot), state)
+        _carry_out(persistence, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
         pos += MARK.size
     count = 0
+    now = _now()
     while pos < end:
         if data[pos] == ENTRY_OP:
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
@@ -475,12 +481,17 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
             pos += size
             continue
         op, pos = decode(data, pos)
-        _carry_out(persistence, index_id, machine.apply(op, state)[1], idempotent)
+        state, effects = machine.apply(machine.Meta(first + count, now), op, state)
+        _carry_out(persistence, index_id, effects, idempotent)
         count += 1
-    return count
+    return state, count
 
 
-def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.Effect], idempotent: bool) -> None:
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _carry_out(persistence: "Persistence", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
     """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
     index = persistence.index
     for effect in effects:

@@ -18,6 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from amqp_server import quorum_machine as m
 from amqp_server.quorum_machine import SeqSet, State
 
+META = m.Meta(1, 1_700_000_000_000)
+
 
 @dataclass
 class Row:
@@ -108,10 +110,12 @@ class QuorumMachine(RuleBasedStateMachine):
         self.followers: list[tuple[State, Rows, int]] = []  # (state, rows, ops applied)
         self.sent: list[tuple[list[int], str]] = []
         self._gone: dict[int, int] = {}
+        self.index = 0  # the latest op's, in the log
 
-    def run(self, op) -> list:
-        state, effects = m.apply(op, self.state)
-        assert state is self.state
+    def run(self, op) -> tuple:
+        self.index += 1
+        self.state, effects = m.apply(m.Meta(self.index, self.index), op, self.state)
+        assert isinstance(effects, tuple)
         self.log.append(op)
         self.sent.extend((list(map(self.message_at_or_gone, seqs)), reason)
                          for seqs, reason in self.rows.carry_out(effects))
@@ -155,7 +159,7 @@ class QuorumMachine(RuleBasedStateMachine):
         model = self.model
         waiting = dict(model.dead) if model.at_least_once and not at_least_once else {}
         self.remember(self.state.dead)
-        assert self.run(m.Configure(limit, at_least_once)) == [] or waiting
+        assert self.run(m.Configure(limit, at_least_once)) == () or waiting
         model.delivery_limit, model.at_least_once = limit, at_least_once
         for message, reason in waiting.items():  # one more try each, at most once now
             del model.dead[message]
@@ -171,7 +175,7 @@ class QuorumMachine(RuleBasedStateMachine):
             message = self.messages
             self.messages += 1
             seq = self.state.next_seq
-            assert self.run(m.Enqueue(seq, 0, message)) == [m.Store(seq, 0, message)]
+            assert self.run(m.Enqueue(seq, 0, message)) == (m.Store(seq, 0, message),)
             self.model.ready.append(message)
             self.model.place(message)
 
@@ -306,7 +310,8 @@ class QuorumMachine(RuleBasedStateMachine):
         """A follower from a snapshot: the state as bytes, then the rows (a leader sends them a chunk at a time)."""
         state, rows = State(next_seq=7, checked_out={1}), Rows({1: Row(-1)})  # whatever it had goes
         snapshot, _ = m.decode_state(m.encode_state(self.state))
-        rows.carry_out(m.apply(m.Restore(snapshot), state)[1])
+        state, effects = m.apply(m.Meta(self.index), m.Restore(snapshot), state)
+        rows.carry_out(effects)
         assert rows == {} and state == self.state
         rows.update(self.rows.copy())
         self.followers.append((state, rows, len(self.log)))
@@ -343,8 +348,9 @@ class QuorumMachine(RuleBasedStateMachine):
     @invariant()
     def followers_end_where_the_leader_is(self) -> None:
         for i, (state, rows, applied) in enumerate(self.followers):
-            for op in self.log[applied:]:
-                rows.carry_out(m.apply(op, state)[1], lenient=True)
+            for index, op in enumerate(self.log[applied:], applied + 1):
+                state, effects = m.apply(m.Meta(index), op, state)
+                rows.carry_out(effects, lenient=True)
             self.followers[i] = (state, rows, len(self.log))
             assert state == self.state
             assert rows == self.rows
@@ -380,13 +386,13 @@ def test_a_publish_sent_again_by_its_enqueuer_is_taken_once_and_in_order():
     the oldest unanswered (``floor``) lets the state skip what the window gave up on."""
     state = State()
     assert m.admit(state, 7, 1, 1) == m.NEXT
-    m.apply(m.Enqueue(0, 0, b"a", 7, 1), state)
+    state = m.apply(META, m.Enqueue(0, 0, b"a", 7, 1), state)[0]
     assert m.admit(state, 7, 1, 1) == m.SEEN
     assert m.admit(state, 7, 3, 2) == m.AHEAD
     assert m.admit(state, 7, 3, 3) == m.NEXT  # (2 was answered: the window no longer waits for it)
     assert m.admit(state, 8, 5, 5) == m.NEXT  # (a window never heard of starts where it says)
-    assert m.apply(m.Enqueue(1, 0, b"a again", 7, 1), state)[1] == []  # (the state too takes it once)
-    m.apply(m.Enqueue(1, 0, b"b", 7, 3), state)
+    assert m.apply(META, m.Enqueue(1, 0, b"a again", 7, 1), state)[1] == ()  # (the state too takes it once)
+    state = m.apply(META, m.Enqueue(1, 0, b"b", 7, 3), state)[0]
     assert (state.next_seq, state.enqueuers, len(state.ready)) == (2, {7: 4}, 2)
     restored, _ = m.decode_state(m.encode_state(state))
     assert restored.enqueuers == {7: 4}
@@ -396,5 +402,20 @@ def test_the_state_keeps_the_enqueuers_lately_heard_of(monkeypatch):
     monkeypatch.setattr(m, "ENQUEUERS_MAX", 3)
     state = State()
     for seq, enqueuer in enumerate([1, 2, 3, 1, 4]):
-        m.apply(m.Enqueue(seq, 0, b"x", enqueuer, seq + 1), state)
+        state = m.apply(META, m.Enqueue(seq, 0, b"x", enqueuer, seq + 1), state)[0]
     assert list(state.enqueuers) == [3, 1, 4]
+
+
+def test_apply_is_a_value_with_its_effects_as_a_tuple():
+    """As ``rabbit_fifo:apply/3``: the caller goes on with the state returned; effects are an immutable tuple,
+    empty for none, and the module keeps nothing mutable that an op could leave something in."""
+    state = State()
+    state, effects = m.apply(META, m.Enqueue(0, 0, b"a"), state)
+    assert effects == (m.Store(0, 0, b"a"),)
+    state, effects = m.apply(m.Meta(2, 1_700_000_000_001), m.Settle([0]), state)
+    assert effects == ()  # (not checked out: nothing to settle)
+    state, effects = m.apply(m.Meta(3, 1_700_000_000_002), m.Checkout(0), state)
+    assert effects == (m.Held(0),) and state.checked_out == {0} and not state.ready
+    mutable = {name: type(value).__name__ for name, value in vars(m).items()
+               if isinstance(value, (list, dict, set, bytearray)) and not name.startswith("__")}
+    assert mutable == {}
