@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
 MessageT = TypeVar("MessageT", contravariant=True)  # a message (message.Message)
-OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_machine.Op)
+OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_ops.LogOp)
 QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 

@@ -5,7 +5,8 @@ dead-letter, purge, ...) changes the state and says, as effects, what storage an
 it.  Nothing here does I/O, reads a clock or knows who leads: the leader (``quorum_queue.QuorumQueue``)
 makes the ops, applies them and carries out their effects on its queue; ``forwarder.quorum_log`` ships the
 same ops to the followers, which apply them and carry out the storage effects on their copies.  The copies
-agree because they apply the same ops in the same order to the same state.
+agree because they apply the same ops in the same order to the same state.  The ops a leader makes, and their
+codec, are :mod:`quorum_ops`'s (as ``rabbit_fifo``'s command records); ``Restore`` (a snapshot) is here.
 
 The state is what a copy must agree on, kept small whatever the queue's depth: the ready entries as runs of
 seqs (``SeqSet``: a queue's order is its seqs' order, a returned entry going to the back under a new seq),
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Final, Iterable, Iterator, Mapping
 
-REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
+from .quorum_ops import (REASONS, Checkout, Configure, DeadLetter, DeadLettered, Enqueue, Expire, LogOp, Purge,
+                         Recover, Return, Settle)
+
 CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
 ENQUEUERS_MAX = 1024  # enqueuers whose next publish seq the state keeps; the least lately heard of goes first
 
@@ -205,92 +208,7 @@ class State:
         return state
 
 
-# -- ops ------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Enqueue:
-    """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes).
-    ``enqueuer`` (0: none) and ``publish``: the window it came from and its seq there; one that state has seen
-    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs."""
-
-    seq: int
-    expiry: int
-    message: Any
-    enqueuer: int = 0
-    publish: int = 0
-
-
-@dataclass(slots=True)
-class Checkout:
-    """The ready entry ``seq`` goes to a consumer (or basic.get); ``settled``: no-ack, it leaves at once."""
-
-    seq: int
-    settled: bool = False
-
-
-@dataclass(slots=True)
-class Settle:
-    """Checked-out entries were acked."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class Return:
-    """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
-    return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
-    the delivery limit (then it is dead-lettered)."""
-
-    seqs: list[int]
-    first: int
-
-
-@dataclass(slots=True)
-class Expire:
-    """Ready entries whose time ran out: dead-lettered (expired)."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class DeadLetter:
-    """Entries leave for the dead-letter exchange: ready ones a full queue drops (maxlen), checked-out ones a
-    consumer rejected (rejected)."""
-
-    seqs: list[int]
-    reason: str
-
-
-@dataclass(slots=True)
-class DeadLettered:
-    """At least once: queues took these dead letters; they leave."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class Purge:
-    """Every ready entry with a seq below ``below`` leaves (queue.purge; the Spark bridge's commit)."""
-
-    below: int
-
-
-@dataclass(slots=True)
-class Recover:
-    """A restart: what consumers held, and waiting dead letters, are back in their places, those that
-    consumers held counted as returned, as when a consumer goes.  ``seqs``: only those of them (a new
-    leader's: the waiting dead letters at once, and what no consumer took back within its grace period)."""
-
-    seqs: list[int] | None = None
-
-
-@dataclass(slots=True)
-class Configure:
-    """The arguments ops depend on (set when the leader's change: a policy)."""
-
-    delivery_limit: int | None
-    at_least_once: bool
+# -- ops (those the leader ships, and their codec, are :mod:`quorum_ops`'s) -------------------------
 
 
 @dataclass(slots=True)
@@ -300,7 +218,7 @@ class Restore:
     state: State
 
 
-Op = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettered | Purge | Recover | Configure | Restore
+Op = LogOp | Restore
 
 
 # -- effects --------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from . import header_table
 from . import quorum_machine as machine
 from .message import Message
 from .queue import Entry, Queue
+from .quorum_ops import LogOp
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -54,7 +55,7 @@ class QuorumQueue(Queue):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = machine.State()
-        self.replicator: "Replicator[machine.Op] | None" = None  # a leader in cluster mode: ships the ops
+        self.replicator: "Replicator[LogOp] | None" = None  # a leader in cluster mode: ships the ops
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
         self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
         self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
@@ -72,7 +73,7 @@ class QuorumQueue(Queue):
 
     # -- ops --------------------------------------------------------------------------------------
 
-    def run(self, op: machine.Op, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
+    def run(self, op: LogOp, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
         """Apply ``op`` to the replicated state, then carry out its effects here; ``entries``: those it names
         that are not held (ready ones)."""
         if self.detached:
