@@ -336,6 +336,17 @@ def check(state: State, op: object = None) -> None:
         raise Broken(f"after {op!r}: {'; '.join(problems)}")
 
 
+def over_limit(state: State, max_length: int | None) -> bool:
+    """``rabbit_fifo``'s ``is_over_limit`` by count: more ready entries than ``max_length`` (RabbitMQ 3.10 takes
+    the publish that reaches it).  A byte limit is the leader's: sizes are the entries', in storage."""
+    return max_length is not None and len(state.ready) > max_length
+
+
+def next_ready(state: State) -> int | None:
+    """The seq a consumer gets next (the head of the ready entries), if any."""
+    return state.ready.first()
+
+
 SEEN, NEXT, AHEAD = "seen", "next", "ahead"
 
 

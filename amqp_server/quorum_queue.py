@@ -21,7 +21,11 @@ What a client sees differs from a classic queue:
 
 Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
 what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
-then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).  A
+then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).
+The state is also what the leader asks: whether the queue is over its length (``over_limit``), what a purge
+counts, the seq a return starts from; the entries themselves, their expiry and which one is delivered are
+still the inherited queue's ready list's, checked against the state's head (``next_ready``) under
+``machine.CHECKS``.  A
 queue's replicas are the cluster's business (``forwarder.quorum``, told of every change through
 ``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
 survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
@@ -304,7 +308,7 @@ class QuorumQueue(Queue):
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
         one that reaches it is taken."""
         args = self.args
-        return ((args.max_length is not None and self.message_count > args.max_length)
+        return (machine.over_limit(self.state, args.max_length)
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
     def deliver_ready(self) -> None:
@@ -329,6 +333,8 @@ class QuorumQueue(Queue):
 
     def take(self, entry: Entry, no_ack: bool) -> Entry:
         seq = entry.seq
+        if machine.CHECKS and seq != machine.next_ready(self.state):
+            raise machine.Broken(f"{self.name}: delivers {seq}, the state's next is {machine.next_ready(self.state)}")
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
@@ -344,7 +350,7 @@ class QuorumQueue(Queue):
         limit leave for good."""
         entries = list(entries)
         self.settled(entries)
-        self.run(machine.Return([entry.seq for entry in entries], self.next_seq))
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq))
         self.deliver_ready()
         if self.expiry.expiring:
             self.expire_due()
@@ -357,13 +363,13 @@ class QuorumQueue(Queue):
         self.run(machine.Expire(seqs) if reason == "expired" else machine.DeadLetter(seqs, reason), entries)
 
     def remove_below(self, offset: int) -> int:
-        before = self.message_count
+        before = len(self.state.ready)
         self.run(machine.Purge(offset))
-        return before - self.message_count
+        return before - len(self.state.ready)
 
     def purge(self) -> int:
-        count = self.message_count
-        self.run(machine.Purge(self.next_seq))
+        count = len(self.state.ready)
+        self.run(machine.Purge(self.state.next_seq))
         self.clear_ready()
         return count
 

@@ -325,6 +325,10 @@ class QuorumMachine(RuleBasedStateMachine):
     def the_state_is_the_models(self) -> None:
         state, model = self.state, self.model
         assert [self.message_at(seq) for seq in state.ready] == model.ready
+        head = m.next_ready(state)
+        assert (self.message_at(head) if head is not None else None) == (model.ready[0] if model.ready else None)
+        assert all(m.over_limit(state, limit) == (len(model.ready) > limit) for limit in (0, 1, 5))
+        assert not m.over_limit(state, None)
         assert len(state.ready) == len(model.ready) and state.messages == len(model.ready) + len(model.out)
         assert {self.message_at(seq) for seq in state.checked_out} == model.out
         assert {self.message_at(seq): reason for seq, reason in state.dead.items()} == model.dead
