@@ -196,8 +196,12 @@ class Persistence:
             self.store.remove_many(rows["msg_id"])
         self._touch()
 
-    def replica_position(self, index_id: int, term: int, index: int) -> None:
+    def replica_position(self, index_id: int, term: int, index: int, enqueuers: dict[int, int]) -> None:
+        """A replica's position in its group's log, and its state's enqueuers, committed with the rows staged
+        before them: a copy restarted from its rows knows which publishes of each window it took (a window
+        sends again what no leader confirmed)."""
         self.index.set_position(index_id, term, index)
+        self.index.set_enqueuers(index_id, enqueuers)
         self._touch()
 
     def recover_queue(self, queue: StoredQueue) -> None:
@@ -214,7 +218,8 @@ class Persistence:
         queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
 
     def copy_state(self, index_id: int) -> State:
-        """The replicated state a quorum queue's rows stand for (``State.from_rows``), read as arrays."""
+        """The replicated state a quorum queue's rows stand for (``State.from_rows``), read as arrays, with the
+        enqueuers kept beside them (``replica_position``)."""
         self.index.commit()
         state = State()
         for seqs, values in self.index.columns(index_id):
@@ -233,6 +238,7 @@ class Persistence:
             counted = returns != 0
             state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
             state.next_seq = int(seqs[-1]) + 1
+        state.enqueuers = self.index.enqueuers(index_id)
         return state
 
     def load_body(self, message: Message) -> None:

@@ -49,6 +49,7 @@ HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one
 
 HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
+STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
 LINK_VERSION = 3  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE)
 VERSION = struct.Struct(">H")
@@ -153,15 +154,24 @@ class FrameLink(FrontEnd):
         self._quiet_ticks = 0
         self._sent = False
         self._refused = False  # a broken handshake: nothing more is read
-        self.silent = False  # closed here after heartbeats went unheard (not by the peer, nor its host)
+        # the link fell silent, not its peer's node or host: closed here after heartbeats went unheard, or by the
+        # other end after this node was stalled (paused, its loop held) long enough for it to hear nothing
+        self.silent = False
         self.closed = asyncio.get_running_loop().create_future()
+        self._beat = asyncio.get_running_loop().time()  # when the heartbeat timer last ran
+        self._woke = float("-inf")  # when it last ran after a stall of ``STALL`` or more
 
     def opened(self) -> None:
+        self._beat = asyncio.get_running_loop().time()
         asyncio.get_running_loop().call_later(HEARTBEAT_INTERVAL, self._heartbeat)
 
     def _heartbeat(self) -> None:
         if self.transport is None:
             return
+        now = asyncio.get_running_loop().time()
+        if now - self._beat >= STALL:
+            self._woke = now
+        self._beat = now
         self._quiet_ticks = 0 if self._heard else self._quiet_ticks + 1
         self._heard = False
         if self._quiet_ticks >= HEARTBEAT_MISSES:
@@ -177,6 +187,9 @@ class FrameLink(FrontEnd):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        now = asyncio.get_running_loop().time()
+        if now - self._beat >= STALL or now - self._woke <= 2 * HEARTBEAT_INTERVAL:
+            self.silent = True  # (this node stalled: the other end may have closed it for hearing nothing)
         self.transport = None
         if not self.closed.done():
             self.closed.set_result(None)

@@ -49,13 +49,13 @@ from . import link
 from .quorum_log import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
 from .quorum_log import apply as apply_ops
 from .remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
+from .session import Session
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
 
     from .metadata import Metadata
     from .peer import Peer
-    from .session import Session
 
 log = logging.getLogger("warren.forwarder.quorum")
 
@@ -660,11 +660,10 @@ class QuorumGroups:
             return
         window = group.window
         for confirm, seq, op in replicator.stop():  # sent again to the next leader by the node they came from
-            moved = getattr(confirm, "moved", None)  # (another node's: a ``Session``)
             if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
                 continue
-            if moved is not None:
-                moved(seq, group.leader, group.term)
+            if isinstance(confirm, Session):  # (another node's: its window sends them to the leader we name)
+                confirm.moved(seq, group.leader, group.term)
             elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
                 confirm.remote_confirmed(seq, True)
             else:
@@ -779,7 +778,8 @@ class QuorumGroups:
         group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = term, reset
-        persistence.replica_position(index_id, *group.position)  # a restart mid-snapshot asks for another
+        # (a restart mid-snapshot asks for another)
+        persistence.replica_position(index_id, *group.position, group.state.enqueuers)
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
             return
         if CHECKS:

@@ -181,7 +181,8 @@ class Replicator:
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
         group.applied_term, group.applied = self.term, self.index
-        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index)
+        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index,
+                                                        self.queue.state.enqueuers)
         for follower in self.followers.values():
             if follower.joined:
                 self._send(follower, frame)

@@ -13,6 +13,11 @@ A replicated queue's replica also keeps its position in its group's log (term, i
 the reserved queue id ``POSITIONS`` with the queue's id as seq: it commits with the entries it
 describes, so a replica never claims more than it has.
 
+Its state's enqueuers (``quorum_machine.State.enqueuers``: each window of publishes and its next publish seq)
+are under the reserved queue id ``ENQUEUERS``, with ``queue id << 32 | slot`` as seq, the enqueuer as msg_id and
+its next seq as expiry: staged with the position, they commit with the entries they describe, so a replica
+restarted from its entries takes no window's publish twice when it leads.
+
 A stream kept by an earlier version (an entry per message) has its runs (first offset, publish time, bytes)
 under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq: ``amqp_server.stream.migrate``
 reads them once, when it moves the stream into a log of its own.
@@ -60,7 +65,9 @@ POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queu
 MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | number, msg_id = first offset,
 # expiry = publish ms, size = bytes, flags = the stream's)
 DROPS = 0xFFFFFFFD  # reserved queue id: drop marks (seq = queue id << 32 | number, msg_id = start, expiry = end)
-RESERVED = (POSITIONS, MARKS, DROPS)
+ENQUEUERS = 0xFFFFFFFC  # reserved queue id: replicas' enqueuers (seq = queue id << 32 | slot, msg_id = enqueuer,
+# expiry = its next publish seq)
+RESERVED = (POSITIONS, MARKS, DROPS, ENQUEUERS)
 
 
 class IndexEntry(NamedTuple):
@@ -133,6 +140,7 @@ class QueueIndex:
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
         self._deletes: dict[bytes, None] = {}  # a dict: ordered, and a replica asks what is staged
         self._auto_commit = auto_commit
+        self._enqueuers: dict[int, dict[int, tuple[int, int]]] = {}  # queue id -> enqueuer -> (slot, seq) as staged
         self._drop_marks = itertools.count(1 + max((number for _queue, number, _s, _e in self._drop_marks_of(None)),
                                                    default=0))
 
@@ -224,7 +232,44 @@ class QueueIndex:
         return (entry.msg_id, entry.expiry) if entry is not None else (0, 0)
 
     def forget_position(self, queue_id: int) -> None:
+        """A replica's position, and its enqueuers, go (its copy is dropped)."""
         self.ack(POSITIONS, queue_id)
+        self.set_enqueuers(queue_id, {})
+
+    def enqueuers(self, queue_id: int) -> dict[int, int]:
+        """A replica's enqueuers as last staged: enqueuer -> its next publish seq."""
+        return {enqueuer: seq for enqueuer, (_slot, seq) in self._slots(queue_id).items()}
+
+    def set_enqueuers(self, queue_id: int, enqueuers: dict[int, int]) -> None:
+        """A replica's enqueuers become ``enqueuers``, committed with the entries staged before: only those that
+        changed are written (a few per commit), each in a slot of its own while it is kept."""
+        slots = self._slots(queue_id)
+        for enqueuer in [enqueuer for enqueuer in slots if enqueuer not in enqueuers]:
+            key = KEY.pack(ENQUEUERS, queue_id << 32 | slots.pop(enqueuer)[0])
+            self._updates.pop(key, None)
+            self._deletes[key] = None
+        used: set[int] | None = None
+        for enqueuer, seq in enqueuers.items():
+            known = slots.get(enqueuer)
+            if known is not None and known[1] == seq:
+                continue
+            if known is not None:
+                slot = known[0]
+            else:
+                used = used if used is not None else {slot for slot, _seq in slots.values()}
+                slot = next(slot for slot in itertools.count() if slot not in used)
+                used.add(slot)
+            slots[enqueuer] = (slot, seq)
+            # (an update: written over in place, after the deletes, counted in no totals)
+            self._updates[KEY.pack(ENQUEUERS, queue_id << 32 | slot)] = VALUE.pack(enqueuer, seq, 0, 0)
+
+    def _slots(self, queue_id: int) -> dict[int, tuple[int, int]]:
+        slots = self._enqueuers.get(queue_id)
+        if slots is None:  # (none staged: they are staged only once read here)
+            slots = self._enqueuers[queue_id] = {
+                enqueuer: (seq & 0xFFFFFFFF, publish)
+                for seq, (enqueuer, publish, _size, _flags) in self._numbered(ENQUEUERS, queue_id)}
+        return slots
 
     def put_mark(self, queue_id: int, number: int, first: int, ms: int, size: int, flags: int) -> None:
         """A stream's run, committed with the entries staged with it (as an earlier version kept streams)."""
@@ -462,8 +507,10 @@ class QueueIndex:
         self._updates = {k: v for k, v in self._updates.items() if k[:4] != prefix}
         self._deletes = {k: None for k in self._deletes if k[:4] != prefix}
         described = [(KEY.pack(reserved, queue_id << 32), KEY.pack(reserved, (queue_id + 1) << 32))
-                     for reserved in (MARKS, DROPS)]  # a stream's runs, drop marks
+                     for reserved in (MARKS, DROPS, ENQUEUERS)]  # a stream's runs, drop marks, enqueuers
+        self._enqueuers.pop(queue_id, None)
         self._puts = {k: v for k, v in self._puts.items() if not any(lo <= k < hi for lo, hi in described)}
+        self._updates = {k: v for k, v in self._updates.items() if not any(lo <= k < hi for lo, hi in described)}
         with self._env.begin(write=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):

@@ -189,14 +189,15 @@ def test_drop_marks_name_ranges_until_forgotten_and_go_with_their_queue(tmp_path
 
 def test_queue_ids(index):
     assert index.queue_ids() == set()
-    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFC):
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFB):
         index.publish(queue_id, 1, 1, 0, 1)
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
     index.set_position(2, 7, 9)  # kept under the reserved ids, which name no queue
     index.put_mark(2, 0, 1, 1000, 2, 1)
+    index.set_enqueuers(2, {1 << 62: 5})
     index.commit()
-    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFC}
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFB}
     index.ack(3, 1)
     index.commit()
     assert 3 not in index.queue_ids()
@@ -217,6 +218,33 @@ def test_a_replicas_position_commits_with_its_entries(tmp_path):
     assert index.position(5) == (2, 41) and index.totals(5).count == 1
     index.forget_position(5)
     assert index.position(5) == (0, 0)
+    index.close()
+
+
+def test_a_replicas_enqueuers_commit_with_its_entries_and_only_changes_are_written(tmp_path):
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.enqueuers(5) == {}
+    index.publish(5, 1, 11, 0, 3)
+    index.set_enqueuers(5, {7: 1, (1 << 63) - 1: 4, 9: 2})
+    index.set_enqueuers(6, {7: 10})  # (another queue's, apart)
+    index.commit()
+    index.set_enqueuers(5, {(1 << 63) - 1: 4, 9: 3, 8: 1})  # 7 goes, 9 moves on, 8 takes 7's slot
+    assert len(index._updates) == 2 and len(index._deletes) == 1
+    index.publish(5, 2, 12, 0, 3)
+    index.commit()
+    index.sync()
+    index.set_enqueuers(5, {9: 4})  # staged, never committed: a restart reads the committed ones
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.enqueuers(5) == {(1 << 63) - 1: 4, 9: 3, 8: 1} and index.enqueuers(6) == {7: 10}
+    assert index.totals(5).count == 2
+    index.forget_position(5)
+    index.commit()
+    index.delete_queue(6)
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert index.enqueuers(5) == {} and index.enqueuers(6) == {}
     index.close()
 
 

@@ -432,6 +432,31 @@ def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, u
     wait_for(lambda: leader_of(n1, uid) == leader_of(n2, uid), "node 1 follows", timeout=20)
 
 
+def test_a_follower_paused_past_the_heartbeats_deposes_no_healthy_leader(nodes, uid):
+    """SIGSTOP on a follower for longer than the links' heartbeats: the leader closes their links for silence.
+    The follower, running again, finds its link to the leader closed by the other end, yet revokes no lease (it
+    was the silent one, not the leader): node 1 leads on, and the follower follows it again."""
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    publish(n1, uid, [b"first"])
+    assert n3.proc is not None
+    n3.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "link with warren3@localhost silent" in n1.log(), "node 1 closes the links", timeout=20)
+        time.sleep(1.0)
+    finally:
+        n3.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: n3.log().count("link to node warren1@localhost up") >= 2, "node 3 links again", timeout=30)
+    time.sleep(2.0)  # the lease's time: revoked, node 1 would have been deposed by now
+    assert "no longer leads" not in n1.log()
+    assert leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0]
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 back in step", timeout=30)
+    publish(n3, uid, [b"second"])
+    assert drain(n1, uid) == [b"first", b"second"]
+
+
 def test_the_declaring_node_leads_before_declare_ok_and_keeps_no_queue_of_its_own(nodes, uid):
     """What is published right after declare-ok is in the replicated queue; after a restart the node has no
     classic copy of the queue (the declaration is the cluster's quorum queue, members and all)."""

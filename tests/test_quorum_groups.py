@@ -785,3 +785,25 @@ async def test_a_leader_that_may_have_been_deposed_delivers_nothing(network):
     for other in ("n2", "n3"):
         network.release("n1", other)
     await drained(network, client, bodies(3000))
+
+
+async def test_a_copy_restarted_from_its_rows_takes_no_window_publish_twice_when_it_leads(network):
+    """n2 publishes through n1; n3 has them, but n1's confirms never reach n2 (its link to n2 is slow), nor do
+    its ops.  n3 restarts, reading its copy back from its rows, then leads once n1 dies: n2's window sends its
+    unconfirmed publishes again, and n3 takes none of them twice — its state's enqueuers were kept with its
+    rows (as the rest of ``rabbit_fifo``'s state is in Ra's snapshots)."""
+    await declared(network)
+    network.hold("n1", "n2")
+    confirms = Confirms()
+    publish(network.nodes["n2"], bodies(10), confirms)
+    await wait_for(lambda: network.nodes["n3"].quorum.groups[KEY].state.next_seq == 10, "n3 has them")
+    await network.kill("n3")
+    n3 = await network.start_node("n3")
+    assert n3.quorum.groups[KEY].state.next_seq == 10
+    await wait_for(lambda: n3.quorum.groups[KEY].leader == "n1", "n3 follows n1")
+    assert confirms.outcomes == {}
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is n3, "n3 leads")
+    await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each")
+    assert confirms.acked() == list(range(1, 11))
+    assert await copies_agree(network) == bodies(10)
