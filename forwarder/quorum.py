@@ -66,6 +66,7 @@ ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
 RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
+CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
 ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
@@ -114,7 +115,7 @@ class Group:
     partial: bool = False  # a snapshot is coming in: the copy is not whole yet
     vouched: tuple[int, int] = (0, 0)  # where the copy stood whole when a snapshot began to replace it
     leader_lease: int = 0  # the etcd lease the leader holds its key under
-    asked: tuple[int, int] = (0, 0)  # (term, index) we last asked to catch up from, on a gap
+    asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
     replicator: Replicator | None = None
     acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
@@ -185,16 +186,17 @@ class QuorumGroups:
     @property
     def lease_sure(self) -> bool:
         """The lease is alive for sure: a refresh etcd took was sent less than half its TTL ago (etcd counts the
-        TTL from when it took it, later).  Queues led here confirm only while it is (``Replicator``): once it
-        may have lapsed, etcd may have let another member claim them."""
+        TTL from when it took it, later).  Queues led here deliver only while it is (``Replicator.live``): once
+        it may have lapsed, etcd may have let another member claim them, which would deliver again what they
+        deliver meanwhile (they confirm on: a majority's answers are enough)."""
         return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
 
     async def _keep_lease(self) -> None:
-        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues confirm nothing
+        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues deliver nothing
         once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
-        queues meanwhile (a key lives as long as its lease), so they confirm again with no change of leader —
+        queues meanwhile (a key lives as long as its lease), so they deliver again with no change of leader —
         after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
-        its leases); they deliver again too.  Etcd answers that it is gone: lead nothing, and a new lease."""
+        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(LEASE_TTL / 8)
@@ -212,7 +214,6 @@ class QuorumGroups:
             if unsure:
                 for group in self.groups.values():
                     if group.replicator is not None:
-                        group.replicator.confirm_committed()
                         group.replicator.queue.deliver_ready()
 
     async def _new_lease(self) -> None:
@@ -770,8 +771,11 @@ class QuorumGroups:
             pos, first = rest, group.applied + 1
         if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
             # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
-            if group.asked != (term, group.applied):  # once: the answer is on its way behind these
-                group.asked = (term, group.applied)
+            now = asyncio.get_running_loop().time()
+            # once, the answer being on its way behind these; again after a while (the leader was not leading
+            # yet when the request came, or it was lost)
+            if group.asked[:2] != (term, group.applied) or now - group.asked[2] > CATCH_UP_RETRY:
+                group.asked = (term, group.applied, now)
                 log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
             return

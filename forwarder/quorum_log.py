@@ -322,11 +322,10 @@ class Replicator:
         self.confirm_committed()
 
     def confirm_committed(self) -> None:
-        """Confirm what a majority has — while this node's lease is alive for sure (``Groups.lease_sure``): one
-        that may have lost it confirms nothing, as another member may lead by now.  Called again once etcd
-        finds it alive; deposed instead, what waits is nacked (``stop``)."""
-        if not self.groups.lease_sure:
-            return
+        """Confirm what a majority has, whether or not etcd has answered lately (as Raft commits, by the log
+        alone): a follower answers only the term it follows, and never once its position may be in an
+        election (``QuorumGroups._withdraw``), so any member elected later, by a majority of positions at or
+        past what each of them answered, has it.  Deposed, what waits goes to the next leader (``stop``)."""
         committed = self.committed
         pending = self.pending
         done = 0

