@@ -367,7 +367,7 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
     bodies = [b"m%05d" % i for i in range(5000)]  # two snapshot frames
     publish_all_then_confirm(n2, uid, bodies)
     n3.start()
-    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
+    wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=60)
     assert f"{NAMES[2]} catches up on / {uid} from the log: 5000 ops" in n1.log().replace("\0", " ")
     n1.kill()  # nodes 2 and 3 have the same position: the tie goes to the name that sorts last, node 3
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
