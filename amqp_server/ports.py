@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
 MessageT = TypeVar("MessageT", contravariant=True)  # a message (message.Message)
-OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_machine.Op)
+OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_ops.LogOp)
 QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 
@@ -94,6 +94,8 @@ class ConfirmSink(Protocol):
 class Replicator(Protocol[OpT]):
     """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum_log``): the
     core only hands them over, in the order it applied them."""
+
+    index: int  # the index in its term's log of the latest op appended
 
     def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
         """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""

@@ -1,11 +1,12 @@
 """A quorum queue's replicated state as a pure state machine, as RabbitMQ's ``rabbit_fifo`` is on Ra.
 
-``apply(op, state) -> (state, effects)``: an op (enqueue, checkout to a consumer, settle, return, expire,
+``apply(meta, op, state) -> (state, effects)``: an op (enqueue, checkout to a consumer, settle, return, expire,
 dead-letter, purge, ...) changes the state and says, as effects, what storage and the leader must do about
 it.  Nothing here does I/O, reads a clock or knows who leads: the leader (``quorum_queue.QuorumQueue``)
 makes the ops, applies them and carries out their effects on its queue; ``forwarder.quorum_log`` ships the
 same ops to the followers, which apply them and carry out the storage effects on their copies.  The copies
-agree because they apply the same ops in the same order to the same state.
+agree because they apply the same ops in the same order to the same state.  The ops a leader makes, and their
+codec, are :mod:`quorum_ops`'s (as ``rabbit_fifo``'s command records); ``Restore`` (a snapshot) is here.
 
 The state is what a copy must agree on, kept small whatever the queue's depth: the ready entries as runs of
 seqs (``SeqSet``: a queue's order is its seqs' order, a returned entry going to the back under a new seq),
@@ -17,7 +18,10 @@ expired, which a full queue drops) come from the leader, in the op.
 
 An op names the seqs it touches and those it creates, so that a copy that missed nothing applies it exactly
 as the leader did; ops on seqs the state does not hold change nothing (a copy replaying what a snapshot
-already had).  ``apply`` changes ``state`` in place and returns it (a copy per op would cost the hot path).
+already had).  ``meta`` is what Ra gives ``rabbit_fifo`` beside the op: its index in the log and the time
+the leader made it; the machine reads no clock.  The state is the caller's: ``apply`` changes it in place and
+returns it, and the caller goes on with what it returns (a copy per op would cost the hot path time that
+grows with the entries checked out).  The effects are a tuple, empty for none.
 
 With ``WARREN_CHECK_INVARIANTS=1`` in the environment (the tests set it), every op is followed by ``check``:
 a seq is in at most one place (ready, checked out, a waiting dead letter), below ``next_seq``, and counted
@@ -29,9 +33,12 @@ import os
 import struct
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from types import MappingProxyType
+from typing import Any, Callable, Final, Iterable, Iterator, Mapping
 
-REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
+from .quorum_ops import (REASONS, Checkout, Configure, DeadLetter, DeadLettered, Enqueue, Expire, LogOp, Purge,
+                         Recover, Return, Settle)
+
 CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
 ENQUEUERS_MAX = 1024  # enqueuers whose next publish seq the state keeps; the least lately heard of goes first
 
@@ -201,92 +208,7 @@ class State:
         return state
 
 
-# -- ops ------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Enqueue:
-    """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes).
-    ``enqueuer`` (0: none) and ``publish``: the window it came from and its seq there; one that state has seen
-    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs."""
-
-    seq: int
-    expiry: int
-    message: Any
-    enqueuer: int = 0
-    publish: int = 0
-
-
-@dataclass(slots=True)
-class Checkout:
-    """The ready entry ``seq`` goes to a consumer (or basic.get); ``settled``: no-ack, it leaves at once."""
-
-    seq: int
-    settled: bool = False
-
-
-@dataclass(slots=True)
-class Settle:
-    """Checked-out entries were acked."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class Return:
-    """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
-    return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
-    the delivery limit (then it is dead-lettered)."""
-
-    seqs: list[int]
-    first: int
-
-
-@dataclass(slots=True)
-class Expire:
-    """Ready entries whose time ran out: dead-lettered (expired)."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class DeadLetter:
-    """Entries leave for the dead-letter exchange: ready ones a full queue drops (maxlen), checked-out ones a
-    consumer rejected (rejected)."""
-
-    seqs: list[int]
-    reason: str
-
-
-@dataclass(slots=True)
-class DeadLettered:
-    """At least once: queues took these dead letters; they leave."""
-
-    seqs: list[int]
-
-
-@dataclass(slots=True)
-class Purge:
-    """Every ready entry with a seq below ``below`` leaves (queue.purge; the Spark bridge's commit)."""
-
-    below: int
-
-
-@dataclass(slots=True)
-class Recover:
-    """A restart: what consumers held, and waiting dead letters, are back in their places, those that
-    consumers held counted as returned, as when a consumer goes.  ``seqs``: only those of them (a new
-    leader's: the waiting dead letters at once, and what no consumer took back within its grace period)."""
-
-    seqs: list[int] | None = None
-
-
-@dataclass(slots=True)
-class Configure:
-    """The arguments ops depend on (set when the leader's change: a policy)."""
-
-    delivery_limit: int | None
-    at_least_once: bool
+# -- ops (those the leader ships, and their codec, are :mod:`quorum_ops`'s) -------------------------
 
 
 @dataclass(slots=True)
@@ -296,7 +218,7 @@ class Restore:
     state: State
 
 
-Op = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettered | Purge | Recover | Configure | Restore
+Op = LogOp | Restore
 
 
 # -- effects --------------------------------------------------------------------------------------
@@ -364,14 +286,30 @@ class DeadLetters:
 
 
 Effect = Store | Held | Move | Unhold | Remove | Drop | Clear | DeadLetters
-NONE: list[Effect] = []  # (never appended to)
+Effects = tuple[Effect, ...]
 
 
 # -- apply ----------------------------------------------------------------------------------------
 
 
-def apply(op: Op, state: State) -> tuple[State, list[Effect]]:
-    """Apply ``op`` to ``state`` (in place); the state and what must be done about it."""
+class Meta:
+    """What comes with an op besides itself, as Ra's command metadata: ``index``, its place in its term's
+    log (0: not replicated); ``system_time``, the leader's clock when it made the op, in ms.  No op's
+    outcome depends on the time yet: one that comes to must carry the leader's on the wire.  (A class with
+    slots: a frozen dataclass takes twice as long to make, once per op.)"""
+
+    __slots__ = ("index", "system_time")
+
+    def __init__(self, index: int = 0, system_time: int = 0) -> None:
+        self.index: Final = index
+        self.system_time: Final = system_time
+
+    def __repr__(self) -> str:
+        return f"Meta({self.index}, {self.system_time})"
+
+
+def apply(meta: Meta, op: Op, state: State) -> tuple[State, Effects]:
+    """Apply ``op`` to ``state`` (the caller's: changed in place); the state and what must be done about it."""
     effects = _APPLY[type(op)](op, state)
     if CHECKS:
         check(state, op)
@@ -398,6 +336,17 @@ def check(state: State, op: object = None) -> None:
         raise Broken(f"after {op!r}: {'; '.join(problems)}")
 
 
+def over_limit(state: State, max_length: int | None) -> bool:
+    """``rabbit_fifo``'s ``is_over_limit`` by count: more ready entries than ``max_length`` (RabbitMQ 3.10 takes
+    the publish that reaches it).  A byte limit is the leader's: sizes are the entries', in storage."""
+    return max_length is not None and len(state.ready) > max_length
+
+
+def next_ready(state: State) -> int | None:
+    """The seq a consumer gets next (the head of the ready entries), if any."""
+    return state.ready.first()
+
+
 SEEN, NEXT, AHEAD = "seen", "next", "ahead"
 
 
@@ -409,16 +358,16 @@ def admit(state: State, enqueuer: int, publish: int, floor: int) -> str:
     return SEEN if publish < expected else NEXT if publish == expected else AHEAD
 
 
-def _enqueue(op: Enqueue, state: State) -> list[Effect]:
+def _enqueue(op: Enqueue, state: State) -> Effects:
     seq = op.seq
     if seq < state.next_seq:  # a replay of what a snapshot brought
-        return NONE
+        return ()
     if op.enqueuer:
         enqueuers = state.enqueuers
         expected = enqueuers.pop(op.enqueuer, 0)  # (put back last: the least lately heard of comes first)
         if op.publish < expected:
             enqueuers[op.enqueuer] = expected
-            return NONE
+            return ()
         enqueuers[op.enqueuer] = op.publish + 1
         if len(enqueuers) > ENQUEUERS_MAX:
             del enqueuers[next(iter(enqueuers))]
@@ -429,21 +378,21 @@ def _enqueue(op: Enqueue, state: State) -> list[Effect]:
     else:
         ready.add(seq)
     state.next_seq = seq + 1
-    return [Store(seq, op.expiry, op.message)]
+    return (Store(seq, op.expiry, op.message),)
 
 
-def _checkout(op: Checkout, state: State) -> list[Effect]:
+def _checkout(op: Checkout, state: State) -> Effects:
     seq = op.seq
     if not state.ready.discard(seq):
-        return NONE
+        return ()
     if op.settled:
         state.counts.pop(seq, None)
-        return [Remove([seq])]
+        return (Remove([seq]),)
     state.checked_out.add(seq)
-    return [Held(seq)]
+    return (Held(seq),)
 
 
-def _settle(op: Settle, state: State) -> list[Effect]:
+def _settle(op: Settle, state: State) -> Effects:
     checked_out, counts = state.checked_out, state.counts
     gone = []
     for seq in op.seqs:
@@ -451,10 +400,10 @@ def _settle(op: Settle, state: State) -> list[Effect]:
             checked_out.remove(seq)
             counts.pop(seq, None)
             gone.append(seq)
-    return [Remove(gone)] if gone else NONE
+    return (Remove(gone),) if gone else ()
 
 
-def _return(op: Return, state: State) -> list[Effect]:
+def _return(op: Return, state: State) -> Effects:
     checked_out, counts, limit = state.checked_out, state.counts, state.delivery_limit
     effects: list[Effect] = []
     over = []
@@ -475,16 +424,16 @@ def _return(op: Return, state: State) -> list[Effect]:
     state.next_seq = max(state.next_seq, new)
     if over:
         effects.extend(_dead_letter(state, over, "delivery_limit", False))
-    return effects
+    return tuple(effects)
 
 
-def _expire(op: Expire, state: State) -> list[Effect]:
+def _expire(op: Expire, state: State) -> Effects:
     ready = state.ready
     gone = [seq for seq in op.seqs if ready.discard(seq)]
-    return _dead_letter(state, gone, "expired", True) if gone else NONE
+    return _dead_letter(state, gone, "expired", True) if gone else ()
 
 
-def _dead_letter_op(op: DeadLetter, state: State) -> list[Effect]:
+def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
     ready, checked_out = state.ready, state.checked_out
     from_ready, from_out = [], []
     for seq in op.seqs:
@@ -493,40 +442,37 @@ def _dead_letter_op(op: DeadLetter, state: State) -> list[Effect]:
         elif seq in checked_out:
             checked_out.remove(seq)
             from_out.append(seq)
-    effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else []
-    if from_out:
-        effects.extend(_dead_letter(state, from_out, op.reason, False))
-    return effects
+    effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
+    return effects + _dead_letter(state, from_out, op.reason, False) if from_out else effects
 
 
-def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> list[Effect]:
+def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Effects:
     """Entries that left the queue go to the dead-letter exchange: gone at once (at most once), or waiting,
     flagged out of the ready list, until a queue takes them (at least once)."""
     if state.at_least_once:
         dead = state.dead
         for seq in seqs:
             dead[seq] = reason
-        effects: list[Effect] = [Held(seq) for seq in seqs] if ready else []
-        effects.append(DeadLetters(seqs, reason))  # (after: a queue may take them at once, and they go)
-        return effects
+        held: Effects = tuple(Held(seq) for seq in seqs) if ready else ()
+        return (*held, DeadLetters(seqs, reason))  # (after: a queue may take them at once, and they go)
     counts = state.counts
     for seq in seqs:
         counts.pop(seq, None)
-    return [DeadLetters(seqs, reason), Remove(seqs)]
+    return (DeadLetters(seqs, reason), Remove(seqs))
 
 
-def _dead_lettered(op: DeadLettered, state: State) -> list[Effect]:
+def _dead_lettered(op: DeadLettered, state: State) -> Effects:
     dead, counts = state.dead, state.counts
     gone = [seq for seq in op.seqs if dead.pop(seq, None) is not None]
     for seq in gone:
         counts.pop(seq, None)
-    return [Remove(gone)] if gone else NONE
+    return (Remove(gone),) if gone else ()
 
 
-def _purge(op: Purge, state: State) -> list[Effect]:
+def _purge(op: Purge, state: State) -> Effects:
     runs = state.ready.pop_below(op.below)
     if not runs:
-        return NONE
+        return ()
     counts = state.counts
     if counts:
         starts = [start for start, _ in runs]
@@ -534,10 +480,10 @@ def _purge(op: Purge, state: State) -> list[Effect]:
             i = bisect_right(starts, seq) - 1
             if i >= 0 and seq < runs[i][1]:
                 del counts[seq]
-    return [Drop(runs, op.below)]
+    return (Drop(runs, op.below),)
 
 
-def _recover(op: Recover, state: State) -> list[Effect]:
+def _recover(op: Recover, state: State) -> Effects:
     counts, ready, checked_out, dead = state.counts, state.ready, state.checked_out, state.dead
     if op.seqs is None:
         out, waiting = set(checked_out), set(dead)
@@ -552,10 +498,10 @@ def _recover(op: Recover, state: State) -> list[Effect]:
     checked_out -= out
     for seq in waiting:
         del dead[seq]
-    return [Unhold(rows)] if rows else NONE
+    return (Unhold(rows),) if rows else ()
 
 
-def _configure(op: Configure, state: State) -> list[Effect]:
+def _configure(op: Configure, state: State) -> Effects:
     state.delivery_limit = op.delivery_limit
     if state.at_least_once and not op.at_least_once and state.dead:  # at most once now: one more try each
         state.at_least_once = False
@@ -565,23 +511,23 @@ def _configure(op: Configure, state: State) -> list[Effect]:
             seqs = sorted(seq for seq, why in waiting.items() if why == reason)
             if seqs:
                 effects.extend(_dead_letter(state, seqs, reason, False))
-        return effects
+        return tuple(effects)
     state.at_least_once = op.at_least_once
-    return NONE
+    return ()
 
 
-def _restore(op: Restore, state: State) -> list[Effect]:
+def _restore(op: Restore, state: State) -> Effects:
     new = op.state.copy()
     for name in State.__dataclass_fields__:
         setattr(state, name, getattr(new, name))
-    return [Clear()]
+    return (Clear(),)
 
 
-_APPLY: dict[type, Any] = {
+_APPLY: Final[Mapping[type, Callable[[Any, State], Effects]]] = MappingProxyType({
     Enqueue: _enqueue, Checkout: _checkout, Settle: _settle, Return: _return, Expire: _expire,
     DeadLetter: _dead_letter_op, DeadLettered: _dead_lettered, Purge: _purge, Recover: _recover,
     Configure: _configure, Restore: _restore,
-}
+})
 
 
 # -- the state as bytes (a snapshot's first frame; a clean shutdown's saved state) -----------------

@@ -21,7 +21,11 @@ What a client sees differs from a classic queue:
 
 Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
 what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
-then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).  A
+then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).
+The state is also what the leader asks: whether the queue is over its length (``over_limit``), what a purge
+counts, the seq a return starts from; the entries themselves, their expiry and which one is delivered are
+still the inherited queue's ready list's, checked against the state's head (``next_ready``) under
+``machine.CHECKS``.  A
 queue's replicas are the cluster's business (``forwarder.quorum``, told of every change through
 ``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
 survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
@@ -30,12 +34,14 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from . import header_table
 from . import quorum_machine as machine
 from .message import Message
 from .queue import Entry, Queue
+from .quorum_ops import LogOp
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -53,7 +59,7 @@ class QuorumQueue(Queue):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = machine.State()
-        self.replicator: "Replicator[machine.Op] | None" = None  # a leader in cluster mode: ships the ops
+        self.replicator: "Replicator[LogOp] | None" = None  # a leader in cluster mode: ships the ops
         self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
         self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
         self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
@@ -71,12 +77,12 @@ class QuorumQueue(Queue):
 
     # -- ops --------------------------------------------------------------------------------------
 
-    def run(self, op: machine.Op, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
+    def run(self, op: LogOp, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
         """Apply ``op`` to the replicated state, then carry out its effects here; ``entries``: those it names
         that are not held (ready ones)."""
         if self.detached:
             return
-        effects = machine.apply(op, self.state)[1]
+        self.state, effects = machine.apply(self.meta(), op, self.state)
         if self.replicator is not None:
             self.replicator.append(op)
         if not effects:
@@ -94,6 +100,11 @@ class QuorumQueue(Queue):
             self._running -= 1
         if machine.CHECKS and not self._running:
             self.check(op)
+
+    def meta(self) -> machine.Meta:
+        """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
+        replicator = self.replicator
+        return machine.Meta(0 if replicator is None else replicator.index + 1, time.time_ns() // 1_000_000)
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -170,7 +181,7 @@ class QuorumQueue(Queue):
         if apply:
             self.run(op)
         else:
-            machine.apply(op, state)
+            self.state = machine.apply(self.meta(), op, state)[0]
 
     def restarted(self) -> None:
         self.start(self.persistence.copy_state(self.index_id))
@@ -279,7 +290,8 @@ class QuorumQueue(Queue):
         replicator = self.replicator
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
         op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
-        if machine.apply(op, self.state)[1]:
+        self.state, effects = machine.apply(self.meta(), op, self.state)
+        if effects:
             self.persistence.write(self, entry)
             if replicator is not None:
                 replicator.append(op, confirm)
@@ -296,7 +308,7 @@ class QuorumQueue(Queue):
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
         one that reaches it is taken."""
         args = self.args
-        return ((args.max_length is not None and self.message_count > args.max_length)
+        return (machine.over_limit(self.state, args.max_length)
                 or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
 
     def deliver_ready(self) -> None:
@@ -321,6 +333,8 @@ class QuorumQueue(Queue):
 
     def take(self, entry: Entry, no_ack: bool) -> Entry:
         seq = entry.seq
+        if machine.CHECKS and seq != machine.next_ready(self.state):
+            raise machine.Broken(f"{self.name}: delivers {seq}, the state's next is {machine.next_ready(self.state)}")
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
@@ -336,7 +350,7 @@ class QuorumQueue(Queue):
         limit leave for good."""
         entries = list(entries)
         self.settled(entries)
-        self.run(machine.Return([entry.seq for entry in entries], self.next_seq))
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq))
         self.deliver_ready()
         if self.expiry.expiring:
             self.expire_due()
@@ -349,13 +363,13 @@ class QuorumQueue(Queue):
         self.run(machine.Expire(seqs) if reason == "expired" else machine.DeadLetter(seqs, reason), entries)
 
     def remove_below(self, offset: int) -> int:
-        before = self.message_count
+        before = len(self.state.ready)
         self.run(machine.Purge(offset))
-        return before - self.message_count
+        return before - len(self.state.ready)
 
     def purge(self) -> int:
-        count = self.message_count
-        self.run(machine.Purge(self.next_seq))
+        count = len(self.state.ready)
+        self.run(machine.Purge(self.state.next_seq))
         self.clear_ready()
         return count
 

@@ -779,7 +779,7 @@ class QuorumGroups:
                 log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
             return
-        count = apply_ops(group.state, persistence, index_id, payload, pos)
+        group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = term, reset
         # (a restart mid-snapshot asks for another)

@@ -1,8 +1,9 @@
 """A quorum queue's log: its state machine's ops on the wire, the leader's side that ships them, and how a
 follower applies them to its copy.
 
-The ops are :mod:`amqp_server.quorum_machine`'s, numbered by an index within the leader's term.  The leader's
-queue applies each to its state and hands it to its :class:`Replicator`, which encodes it, stages a turn's ops
+The ops are :mod:`amqp_server.quorum_machine`'s, numbered by an index within the leader's term, and go on the
+wire as :mod:`amqp_server.quorum_ops` encodes them.  The leader's queue applies each to its state and hands it
+to its :class:`Replicator`, which encodes it, stages a turn's ops
 and ships them in one ``REPLICATE`` frame per follower; it keeps its term's latest ops (``LOG_BYTES``) to
 catch up a follower that missed a few, and sends a snapshot to one that missed more or whose copy is of
 another term — unless that copy is where the leader's own stood when it took over (a failover's usual case:
@@ -17,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from amqp_server import quorum_machine as machine
+from amqp_server.quorum_ops import LogOp, decode, encode
 from amqp_server.quorum_queue import QuorumQueue
 
 from . import link
@@ -41,17 +44,8 @@ HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; t
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
 
-# ops, each a kind byte first
-ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
-ENQUEUER = struct.Struct(">QQ")  # an enqueue from a window of publishes: after ENQUEUE, its enqueuer and seq there
-SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
-SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered: a count, then that many seqs
-RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
-DEAD_LETTER = struct.Struct(">BBI")  # a reason (machine.REASONS), a count, then the seqs
-CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
-(ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
- PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP) = range(1, 14)
-# a snapshot's row, not an op: seq, expiry, held, times returned, record length; then the record
+# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned,
+# record length; then the record
 ENTRY = struct.Struct(">BQQBBI")
 ENTRY_OP = 20
 # a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
@@ -63,86 +57,6 @@ MARK = struct.Struct(">BQ")
 RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
-
-
-def _seqs(seqs: list[int]) -> bytes:
-    return struct.pack(f">{len(seqs)}Q", *seqs)
-
-
-def encode(op: machine.Op) -> bytes:
-    """An op as it goes on the wire."""
-    if isinstance(op, machine.Enqueue):
-        head, route, header, body = op.message.payload()
-        size = len(head) + len(route) + len(header) + len(body)
-        if op.enqueuer:
-            return b"".join((ENQUEUE.pack(ENQUEUE_FROM_OP, op.seq, op.expiry, size),
-                             ENQUEUER.pack(op.enqueuer, op.publish), head, route, header, body))
-        return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
-    if isinstance(op, machine.Checkout):
-        return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
-    if isinstance(op, machine.Settle):
-        return SEQS.pack(SETTLE_OP, len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.Return):
-        return RETURN.pack(RETURN_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.Expire):
-        return SEQS.pack(EXPIRE_OP, len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.DeadLetter):
-        return DEAD_LETTER.pack(DEAD_LETTER_OP, machine.REASONS.index(op.reason), len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.DeadLettered):
-        return SEQS.pack(DEAD_LETTERED_OP, len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.Purge):
-        return SEQ.pack(PURGE_OP, op.below)
-    if isinstance(op, machine.Recover):
-        return bytes((RECOVER_OP,)) if op.seqs is None else SEQS.pack(RECOVER_SOME_OP, len(op.seqs)) + _seqs(op.seqs)
-    if isinstance(op, machine.Configure):
-        limit = -1 if op.delivery_limit is None else op.delivery_limit
-        return CONFIGURE.pack(CONFIGURE_OP, limit, op.at_least_once)
-    raise TypeError(f"{op} is not shipped")
-
-
-def _read_seqs(data: memoryview, pos: int, count: int) -> tuple[list[int], int]:
-    end = pos + 8 * count
-    return list(struct.unpack_from(f">{count}Q", data, pos)), end
-
-
-def decode(data: memoryview, pos: int) -> tuple[machine.Op, int]:
-    """The op encoded at ``pos`` (an Enqueue's message: its store record, a slice of ``data``), and where it
-    ends."""
-    kind = data[pos]
-    if kind == ENQUEUE_OP:
-        _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
-        pos += ENQUEUE.size
-        return machine.Enqueue(seq, expiry, data[pos:pos + size]), pos + size
-    if kind == ENQUEUE_FROM_OP:
-        _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
-        enqueuer, publish = ENQUEUER.unpack_from(data, pos + ENQUEUE.size)
-        pos += ENQUEUE.size + ENQUEUER.size
-        return machine.Enqueue(seq, expiry, data[pos:pos + size], enqueuer, publish), pos + size
-    if kind == CHECKOUT_OP or kind == CHECKOUT_SETTLED_OP:
-        return machine.Checkout(SEQ.unpack_from(data, pos)[1], kind == CHECKOUT_SETTLED_OP), pos + SEQ.size
-    if kind == PURGE_OP:
-        return machine.Purge(SEQ.unpack_from(data, pos)[1]), pos + SEQ.size
-    if kind == RETURN_OP:
-        _, first, count = RETURN.unpack_from(data, pos)
-        seqs, pos = _read_seqs(data, pos + RETURN.size, count)
-        return machine.Return(seqs, first), pos
-    if kind == DEAD_LETTER_OP:
-        _, reason, count = DEAD_LETTER.unpack_from(data, pos)
-        seqs, pos = _read_seqs(data, pos + DEAD_LETTER.size, count)
-        return machine.DeadLetter(seqs, machine.REASONS[reason]), pos
-    if kind in _LISTS:
-        seqs, end = _read_seqs(data, pos + SEQS.size, SEQS.unpack_from(data, pos)[1])
-        return _LISTS[kind](seqs), end
-    if kind == RECOVER_OP:
-        return machine.Recover(), pos + 1
-    if kind == CONFIGURE_OP:
-        _, limit, at_least_once = CONFIGURE.unpack_from(data, pos)
-        return machine.Configure(None if limit < 0 else limit, bool(at_least_once)), pos + CONFIGURE.size
-    raise ValueError(f"unknown op {kind}")
-
-
-_LISTS: dict[int, Any] = {SETTLE_OP: machine.Settle, EXPIRE_OP: machine.Expire, DEAD_LETTERED_OP: machine.DeadLettered,
-                         RECOVER_SOME_OP: machine.Recover}
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
@@ -227,7 +141,7 @@ class Replicator:
 
     # -- what the queue does -------------------------------------------------------------------
 
-    def append(self, op: machine.Op, confirm: "ConfirmSink | None" = None) -> None:
+    def append(self, op: LogOp, confirm: "ConfirmSink | None" = None) -> None:
         """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
         majority has it."""
         self._op(encode(op))
@@ -449,11 +363,14 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
     return pos if pos < end else None
 
 
-def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> int:
-    """A follower applies the ops of ``payload`` from ``pos`` to its copy: to its ``state``, their storage
-    effects to its rows (``index_id``).  Returns how many log ops that was (a frame's leading marker, and a
-    snapshot's rows, are none).  A snapshot's state replaces the copy's; its rows, and the storage effects
-    of the ops that follow it, are carried out idempotently (a row the copy has is kept as it is)."""
+def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int,
+          first: int) -> tuple[machine.State, int]:
+    """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
+    copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
+    log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
+    the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
+    row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
+    (no op's outcome depends on it)."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -462,10 +379,12 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
         size = MARK.unpack_from(data, pos)[1]
         snapshot, _ = machine.decode_state(data, pos + MARK.size)
         pos += MARK.size + size
-        _carry_out(persistence, index_id, machine.apply(machine.Restore(snapshot), state)[1], False)
+        state, effects = machine.apply(machine.Meta(first, _now()), machine.Restore(snapshot), state)
+        _carry_out(persistence, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
         pos += MARK.size
     count = 0
+    now = _now()
     while pos < end:
         if data[pos] == ENTRY_OP:
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
@@ -475,12 +394,17 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
             pos += size
             continue
         op, pos = decode(data, pos)
-        _carry_out(persistence, index_id, machine.apply(op, state)[1], idempotent)
+        state, effects = machine.apply(machine.Meta(first + count, now), op, state)
+        _carry_out(persistence, index_id, effects, idempotent)
         count += 1
-    return count
+    return state, count
 
 
-def _carry_out(persistence: "Persistence", index_id: int, effects: list[machine.Effect], idempotent: bool) -> None:
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _carry_out(persistence: "Persistence", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
     """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
     index = persistence.index
     for effect in effects:

@@ -10,13 +10,18 @@ or joins later from a snapshot of the state and the rows, must end where the lea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from amqp_server import quorum_machine as m
+from amqp_server import quorum_ops as ops
 from amqp_server.quorum_machine import SeqSet, State
+
+META = m.Meta(1, 1_700_000_000_000)
 
 
 @dataclass
@@ -108,10 +113,12 @@ class QuorumMachine(RuleBasedStateMachine):
         self.followers: list[tuple[State, Rows, int]] = []  # (state, rows, ops applied)
         self.sent: list[tuple[list[int], str]] = []
         self._gone: dict[int, int] = {}
+        self.index = 0  # the latest op's, in the log
 
-    def run(self, op) -> list:
-        state, effects = m.apply(op, self.state)
-        assert state is self.state
+    def run(self, op) -> tuple:
+        self.index += 1
+        self.state, effects = m.apply(m.Meta(self.index, self.index), op, self.state)
+        assert isinstance(effects, tuple)
         self.log.append(op)
         self.sent.extend((list(map(self.message_at_or_gone, seqs)), reason)
                          for seqs, reason in self.rows.carry_out(effects))
@@ -155,7 +162,7 @@ class QuorumMachine(RuleBasedStateMachine):
         model = self.model
         waiting = dict(model.dead) if model.at_least_once and not at_least_once else {}
         self.remember(self.state.dead)
-        assert self.run(m.Configure(limit, at_least_once)) == [] or waiting
+        assert self.run(m.Configure(limit, at_least_once)) == () or waiting
         model.delivery_limit, model.at_least_once = limit, at_least_once
         for message, reason in waiting.items():  # one more try each, at most once now
             del model.dead[message]
@@ -171,7 +178,7 @@ class QuorumMachine(RuleBasedStateMachine):
             message = self.messages
             self.messages += 1
             seq = self.state.next_seq
-            assert self.run(m.Enqueue(seq, 0, message)) == [m.Store(seq, 0, message)]
+            assert self.run(m.Enqueue(seq, 0, message)) == (m.Store(seq, 0, message),)
             self.model.ready.append(message)
             self.model.place(message)
 
@@ -306,7 +313,8 @@ class QuorumMachine(RuleBasedStateMachine):
         """A follower from a snapshot: the state as bytes, then the rows (a leader sends them a chunk at a time)."""
         state, rows = State(next_seq=7, checked_out={1}), Rows({1: Row(-1)})  # whatever it had goes
         snapshot, _ = m.decode_state(m.encode_state(self.state))
-        rows.carry_out(m.apply(m.Restore(snapshot), state)[1])
+        state, effects = m.apply(m.Meta(self.index), m.Restore(snapshot), state)
+        rows.carry_out(effects)
         assert rows == {} and state == self.state
         rows.update(self.rows.copy())
         self.followers.append((state, rows, len(self.log)))
@@ -317,6 +325,10 @@ class QuorumMachine(RuleBasedStateMachine):
     def the_state_is_the_models(self) -> None:
         state, model = self.state, self.model
         assert [self.message_at(seq) for seq in state.ready] == model.ready
+        head = m.next_ready(state)
+        assert (self.message_at(head) if head is not None else None) == (model.ready[0] if model.ready else None)
+        assert all(m.over_limit(state, limit) == (len(model.ready) > limit) for limit in (0, 1, 5))
+        assert not m.over_limit(state, None)
         assert len(state.ready) == len(model.ready) and state.messages == len(model.ready) + len(model.out)
         assert {self.message_at(seq) for seq in state.checked_out} == model.out
         assert {self.message_at(seq): reason for seq, reason in state.dead.items()} == model.dead
@@ -343,8 +355,9 @@ class QuorumMachine(RuleBasedStateMachine):
     @invariant()
     def followers_end_where_the_leader_is(self) -> None:
         for i, (state, rows, applied) in enumerate(self.followers):
-            for op in self.log[applied:]:
-                rows.carry_out(m.apply(op, state)[1], lenient=True)
+            for index, op in enumerate(self.log[applied:], applied + 1):
+                state, effects = m.apply(m.Meta(index), op, state)
+                rows.carry_out(effects, lenient=True)
             self.followers[i] = (state, rows, len(self.log))
             assert state == self.state
             assert rows == self.rows
@@ -380,13 +393,13 @@ def test_a_publish_sent_again_by_its_enqueuer_is_taken_once_and_in_order():
     the oldest unanswered (``floor``) lets the state skip what the window gave up on."""
     state = State()
     assert m.admit(state, 7, 1, 1) == m.NEXT
-    m.apply(m.Enqueue(0, 0, b"a", 7, 1), state)
+    state = m.apply(META, m.Enqueue(0, 0, b"a", 7, 1), state)[0]
     assert m.admit(state, 7, 1, 1) == m.SEEN
     assert m.admit(state, 7, 3, 2) == m.AHEAD
     assert m.admit(state, 7, 3, 3) == m.NEXT  # (2 was answered: the window no longer waits for it)
     assert m.admit(state, 8, 5, 5) == m.NEXT  # (a window never heard of starts where it says)
-    assert m.apply(m.Enqueue(1, 0, b"a again", 7, 1), state)[1] == []  # (the state too takes it once)
-    m.apply(m.Enqueue(1, 0, b"b", 7, 3), state)
+    assert m.apply(META, m.Enqueue(1, 0, b"a again", 7, 1), state)[1] == ()  # (the state too takes it once)
+    state = m.apply(META, m.Enqueue(1, 0, b"b", 7, 3), state)[0]
     assert (state.next_seq, state.enqueuers, len(state.ready)) == (2, {7: 4}, 2)
     restored, _ = m.decode_state(m.encode_state(state))
     assert restored.enqueuers == {7: 4}
@@ -396,5 +409,97 @@ def test_the_state_keeps_the_enqueuers_lately_heard_of(monkeypatch):
     monkeypatch.setattr(m, "ENQUEUERS_MAX", 3)
     state = State()
     for seq, enqueuer in enumerate([1, 2, 3, 1, 4]):
-        m.apply(m.Enqueue(seq, 0, b"x", enqueuer, seq + 1), state)
+        state = m.apply(META, m.Enqueue(seq, 0, b"x", enqueuer, seq + 1), state)[0]
     assert list(state.enqueuers) == [3, 1, 4]
+
+
+def test_apply_is_a_value_with_its_effects_as_a_tuple():
+    """As ``rabbit_fifo:apply/3``: the caller goes on with the state returned; effects are an immutable tuple,
+    empty for none, and the module keeps nothing mutable that an op could leave something in."""
+    state = State()
+    state, effects = m.apply(META, m.Enqueue(0, 0, b"a"), state)
+    assert effects == (m.Store(0, 0, b"a"),)
+    state, effects = m.apply(m.Meta(2, 1_700_000_000_001), m.Settle([0]), state)
+    assert effects == ()  # (not checked out: nothing to settle)
+    state, effects = m.apply(m.Meta(3, 1_700_000_000_002), m.Checkout(0), state)
+    assert effects == (m.Held(0),) and state.checked_out == {0} and not state.ready
+    mutable = {name: type(value).__name__ for name, value in vars(m).items()
+               if isinstance(value, (list, dict, set, bytearray)) and not name.startswith("__")}
+    assert mutable == {}
+
+
+class Payload:
+    """A leader's message as the codec reads it: the parts of its store record."""
+
+    def payload(self) -> tuple[bytes, bytes, bytes, bytes]:
+        return b"H", b"r", b"hdr", b"body"
+
+
+# every op the leader ships, with its bytes as the wire has carried them (link version 3)
+WIRE = [
+    (m.Enqueue(7, 0, Payload()), "0100000000000000070000000000000000000000094872686472626f6479"),
+    (m.Enqueue(2**40, 1_700_000_000_000, Payload(), 3, 99),
+     "0d00000100000000000000018bcfe5680000000009000000000000000300000000000000634872686472626f6479"),
+    (m.Checkout(5), "020000000000000005"),
+    (m.Checkout(5, True), "030000000000000005"),
+    (m.Settle([1, 2, 3]), "0400000003000000000000000100000000000000020000000000000003"),
+    (m.Settle([]), "0400000000"),
+    (m.Return([4, 9], 12), "05000000000000000c0000000200000000000000040000000000000009"),
+    (m.Expire([8]), "06000000010000000000000008"),
+    (m.DeadLetter([1, 2], "rejected"), "07020000000200000000000000010000000000000002"),
+    (m.DeadLetter([3], "delivery_limit"), "0703000000010000000000000003"),
+    (m.DeadLettered([6, 7]), "080000000200000000000000060000000000000007"),
+    (m.Purge(100), "090000000000000064"),
+    (m.Recover(), "0a"),
+    (m.Recover([3, 4]), "0c0000000200000000000000030000000000000004"),
+    (m.Configure(None, False), "0bffffffffffffffff00"),
+    (m.Configure(20, True), "0b000000000000001401"),
+]
+
+
+def test_every_shipped_op_keeps_its_wire_bytes_and_comes_back_the_same():
+    """The codec is a table in quorum_ops; the bytes are those the wire has always carried, and each op
+    decodes to itself (an Enqueue's message as its store record, a slice of the frame), from where it starts
+    in a frame of several, up to where the next begins."""
+    assert {type(op) for op, _ in WIRE} == set(get_args(ops.LogOp))
+    frame = b"".join(bytes.fromhex(wire) for _, wire in WIRE)
+    pos = 0
+    for op, wire in WIRE:
+        assert ops.encode(op).hex() == wire
+        decoded, end = ops.decode(memoryview(frame), pos)
+        if isinstance(op, m.Enqueue):
+            assert isinstance(decoded, m.Enqueue) and bytes(decoded.message) == b"Hrhdrbody"
+            decoded.message = op.message
+        assert (decoded, end) == (op, pos + len(bytes.fromhex(wire)))
+        pos = end
+    assert pos == len(frame)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.integers(0, 2**64 - 1), st.sampled_from(m.REASONS))
+def test_ops_of_seqs_round_trip(seqs, seq, reason):
+    for op in (m.Settle(seqs), m.Expire(seqs), m.DeadLettered(seqs), m.Recover(seqs), m.Return(seqs, seq),
+               m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq)):
+        data = ops.encode(op)
+        assert ops.decode(memoryview(data), 0) == (op, len(data))
+
+
+def test_the_codec_refuses_what_it_does_not_know():
+    with pytest.raises(TypeError):
+        ops.encode(m.Restore(State()))  # type: ignore[arg-type]  # (a snapshot goes as rows, not as an op)
+    for kind in (0, *range(14, 256)):  # (13 ops; a frame's rows and markers take 20 on)
+        with pytest.raises(ValueError):
+            ops.decode(memoryview(bytes((kind,)) + bytes(40)), 0)
+
+
+def test_check_names_each_broken_rule():
+    """``check`` (run after every op under WARREN_CHECK_INVARIANTS) says which of the state's rules broke."""
+    m.check(State(next_seq=3, ready=SeqSet([(0, 1)]), checked_out={1}, dead={2: "expired"}, counts={1: 1}))
+    broken = [
+        (State(next_seq=3, ready=SeqSet([(0, 2)]), checked_out={1}), "two places"),
+        (State(next_seq=2, ready=SeqSet([(0, 1)]), dead={0: "maxlen"}), "two places"),
+        (State(next_seq=1, checked_out={5}), "at or above next_seq"),
+        (State(next_seq=2, ready=SeqSet([(0, 1)]), counts={1: 2}), "counts for seqs the queue does not hold"),
+    ]
+    for state, problem in broken:
+        with pytest.raises(m.Broken, match=problem):
+            m.check(state, m.Settle([]))
