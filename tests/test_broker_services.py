@@ -377,3 +377,202 @@ async def test_a_restart_recovers_durable_definitions_and_the_offsets_committed(
     finally:
         core.close()
 
+
+# -- more of each service: what a front end relies on and no client test pins alone ------------------------------
+
+def test_a_binding_is_kept_only_when_both_ends_are_durable_and_never_to_an_exclusive_queue(exchanges, store):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    exchanges.declare_exchange(vhost, "durable", "fanout", durable=True)
+    exchanges.declare_exchange(vhost, "transient", "fanout")
+    exchanges.declare_exchange(vhost, "sink", "fanout", durable=True)
+    bindings.add_binding(vhost, "durable", vhost.exchanges["sink"], "kept")
+    bindings.add_binding(vhost, "transient", vhost.exchanges["sink"], "not kept")
+    assert [record["routing_key"] for _, record in store.items("binding")] == ["kept"]
+    bindings.add_binding(vhost, "durable", vhost.exchanges["sink"], "kept")  # again: one binding, one record
+    assert len(list(store.items("binding"))) == 1 and vhost.e2e_bindings == 2
+
+
+def test_unbinding_what_is_not_there_is_no_error_but_the_default_exchange_is_refused(exchanges):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    bindings.unbind(vhost, "amq.direct", "queue", "no-such-queue", "k")
+    bindings.unbind(vhost, "no-such-exchange", "exchange", "amq.fanout", "k")
+    with pytest.raises(ChannelError) as default:
+        bindings.remove_binding(vhost, "", vhost.exchanges["amq.fanout"], "k")
+    assert default.value.code == errors.ACCESS_REFUSED
+
+
+def test_bindings_list_the_default_exchanges_implicit_binding_of_every_queue(core, vhost):
+    core.declare_queue(vhost, "q")
+    core.bind(vhost, "amq.topic", "queue", "q", "a.#", {"x-k": 1})
+    listed = [(source, destination.name, key, arguments) for source, destination, key, arguments
+              in core.bindings.all(vhost)]
+    assert listed == [("", "q", "q", {}), ("amq.topic", "q", "a.#", {"x-k": 1})]
+
+
+def test_routing_through_an_exchange_cycle_reaches_each_queue_once_and_ends(core, vhost):
+    core.declare_exchange(vhost, "a", "fanout")
+    core.declare_exchange(vhost, "b", "fanout")
+    core.bind(vhost, "a", "exchange", "b", "")
+    core.bind(vhost, "b", "exchange", "a", "")
+    core.declare_queue(vhost, "q")
+    core.bind(vhost, "a", "queue", "q", "")
+    core.bind(vhost, "b", "queue", "q", "")
+    assert [queue.name for queue in core.router.route(vhost, vhost.exchange("a"), message())] == ["q"]
+
+
+def test_an_alternate_exchange_that_does_not_exist_leaves_the_message_unroutable(core, vhost):
+    core.declare_exchange(vhost, "x", "direct", arguments={"alternate-exchange": "missing"})
+    core.declare_exchange(vhost, "e2e", "fanout")
+    core.bind(vhost, "x", "exchange", "e2e", "k")  # exchange-to-exchange bindings: the router's own walk
+    assert list(core.router.route(vhost, vhost.exchange("x"), message(routing_key="other", exchange="x"))) == []
+    assert core.publish(vhost, vhost.exchange("x"), message(routing_key="other", exchange="x")) == (False, False)
+
+
+def test_the_default_exchange_routes_cc_keys_only_to_queues_that_exist(core, vhost):
+    core.declare_queue(vhost, "a")
+    routed = core.router.route(vhost, vhost.exchange(""), message(routing_key="a", headers={"CC": ["gone"]}))
+    assert [queue.name for queue in routed] == ["a"]
+
+
+async def test_publishing_to_an_internal_exchange_is_refused_in_rabbitmqs_words(core, vhost):
+    core.declare_exchange(vhost, "inside", "fanout", internal=True)
+    with pytest.raises(ChannelError) as refused:
+        core.messages.check_publish(vhost, vhost.exchange("inside"), NOBODY, "")
+    assert refused.value.code == errors.ACCESS_REFUSED  # write permission first: nobody has none
+    with pytest.raises(ChannelError) as internal:
+        core.messages.check_publish(vhost, vhost.exchange("inside"), None, "")
+    assert internal.value.detail == "cannot publish to internal exchange 'inside' in vhost '/'"
+
+
+async def test_get_purge_and_peek_answer_for_the_queue_and_only_get_takes(core, vhost):
+    core.declare_queue(vhost, "q")
+    assert core.get_local(vhost, "q", no_ack=True)[1] is None
+    publish_local(core, vhost, "q", b"1", b"2", b"3")
+    queue = vhost.queues["q"]
+    assert [entry.message.body for entry in core.messages.peek(queue, 1, 5)] == [b"2", b"3"]
+    assert queue.message_count == 3
+    _, entry = core.get_local(vhost, "q", no_ack=True)
+    assert entry is not None and entry.message.body == b"1"
+    assert core.messages.purge_local(vhost, "q") == 2 and queue.message_count == 0
+    with pytest.raises(ChannelError) as missing:
+        core.messages.purge_local(vhost, "absent")
+    assert missing.value.code == errors.NOT_FOUND
+
+
+async def test_moving_a_count_moves_only_that_many_from_the_head(core, vhost):
+    core.declare_queue(vhost, "from")
+    core.declare_queue(vhost, "to")
+    publish_local(core, vhost, "from", b"1", b"2", b"3", b"4")
+    assert core.messages.move_messages(vhost.queues["from"], vhost.queues["to"], count=3) == 3
+    assert drain_local(core, vhost, "to") == [b"1", b"2", b"3"] and drain_local(core, vhost, "from") == [b"4"]
+
+
+async def test_settling_requeues_in_place_rejects_to_the_dead_letter_exchange_and_acks_drop(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.fanout"})
+    core.declare_queue(vhost, "dead")
+    core.bind(vhost, "amq.fanout", "queue", "dead", "")
+    publish_local(core, vhost, "work", b"a", b"b", b"c")
+    taken = [(core.get_local(vhost, "work", no_ack=False)[1], vhost.queues["work"], None) for _ in range(3)]
+    core.settle_taken([taken[0]], requeue=True)
+    core.settle_taken([taken[1]], requeue=False, reject=True)
+    core.settle_taken([taken[2]], requeue=False)
+    assert drain_local(core, vhost, "work") == [b"a"] and drain_local(core, vhost, "dead") == [b"b"]
+
+
+async def test_a_dead_letter_routing_key_replaces_the_messages_and_the_death_counts_per_queue_and_reason(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.direct",
+                                                  "x-dead-letter-routing-key": "dlq"})
+    core.declare_queue(vhost, "dlq")
+    core.bind(vhost, "amq.direct", "queue", "dlq", "dlq")
+    publish_local(core, vhost, "work", b"m")
+    queue, entry = core.get_local(vhost, "work", no_ack=False)
+    assert entry is not None and core.dead_letters.dead_letter(queue, [entry], "rejected") == []
+    _, dead = core.get_local(vhost, "dlq", no_ack=False)
+    assert dead is not None and dead.message.routing_key == "dlq"
+    assert core.dead_letters.dead_letter(queue, [dead], "rejected") == []  # from work again: its count goes up
+    _, twice = core.get_local(vhost, "dlq", no_ack=True)
+    assert twice is not None
+    (death,) = twice.message.headers["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == ("work", "rejected", 2)
+    assert death["routing-keys"] == ["work"]  # the key it was first published with
+
+
+async def test_deleting_a_queue_if_unused_or_if_empty_refuses_as_rabbitmq_and_else_counts_what_it_had(core, vhost):
+    core.declare_queue(vhost, "q")
+    publish_local(core, vhost, "q", b"1", b"2")
+    consumer = consume(core, vhost, "q", Target(), "c", prefetch=1)
+    with pytest.raises(ChannelError) as in_use:
+        core.queues.delete_queue(vhost, "q", if_unused=True)
+    assert (in_use.value.code, in_use.value.detail) == (errors.PRECONDITION_FAILED, "queue 'q' in vhost '/' in use")
+    core.queues.remove_consumer(consumer)
+    with pytest.raises(ChannelError) as not_empty:
+        core.queues.delete_queue(vhost, "q", if_empty=True)
+    assert not_empty.value.detail == "queue 'q' in vhost '/' not empty"
+    assert core.queues.delete_queue(vhost, "q") == 1 and "q" not in vhost.queues  # the ready: one is held
+    assert core.queues.delete_queue(vhost, "q") == 0  # idempotent
+
+
+async def test_a_queue_name_with_the_reserved_prefix_is_refused_unless_the_server_named_it(core, vhost):
+    with pytest.raises(ChannelError) as reserved:
+        core.queues.declare_queue(vhost, "amq.mine")
+    assert reserved.value.detail == "queue name 'amq.mine' contains reserved prefix 'amq.*'"
+    assert core.queues.declare_queue(vhost, "amq.gen-1", server_named=True).name == "amq.gen-1"
+
+
+async def test_an_exclusive_consumer_wants_the_queue_alone_and_nobody_joins_it(core, vhost):
+    core.declare_queue(vhost, "q")
+    target = Target()
+    first = consume(core, vhost, "q", target, "first", exclusive=True)
+    with pytest.raises(ChannelError) as joined:
+        consume(core, vhost, "q", target, "second")
+    assert joined.value.code == errors.ACCESS_REFUSED
+    assert joined.value.detail == "queue 'q' in vhost '/' in exclusive use"
+    core.queues.remove_consumer(first)
+    consume(core, vhost, "q", target, "plain")
+    with pytest.raises(ChannelError):
+        consume(core, vhost, "q", target, "exclusive", exclusive=True)
+
+
+async def test_a_policy_applies_to_the_queues_it_matches_and_no_others(core, vhost):
+    from amqp_server.policy import Policy
+    core.virtual_hosts.set_policy("policy", Policy("/", "cap", "^capped", {"max-length": 1}, 0, "queues"))
+    core.declare_queue(vhost, "capped")
+    core.declare_queue(vhost, "free")
+    publish_local(core, vhost, "capped", b"1", b"2")
+    publish_local(core, vhost, "free", b"1", b"2")
+    assert drain_local(core, vhost, "capped") == [b"2"]  # drop-head: the newest kept
+    assert drain_local(core, vhost, "free") == [b"1", b"2"]
+
+
+async def test_a_new_vhost_has_the_standard_exchanges_and_an_unknown_one_is_not_allowed(core):
+    vhost = core.add_vhost("fresh")
+    assert {"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"} <= set(vhost.exchanges)
+    assert core.virtual_hosts.vhost("fresh") is vhost
+    with pytest.raises(ConnectionError) as unknown:
+        core.virtual_hosts.vhost("never-made")
+    assert (unknown.value.code, unknown.value.detail) == (errors.NOT_ALLOWED, "vhost never-made not found")
+
+
+async def test_a_restart_keeps_persistent_messages_of_durable_queues_and_exchange_to_exchange_bindings(tmp_path):
+    data = str(tmp_path / "data")
+    first = Broker(data)
+    vhost = first.vhost("/")
+    first.declare_exchange(vhost, "up", "fanout", durable=True)
+    first.declare_exchange(vhost, "down", "direct", durable=True)
+    first.declare_queue(vhost, "q", durable=True)
+    first.bind(vhost, "up", "exchange", "down", "")
+    first.bind(vhost, "down", "queue", "q", "")
+    first.publish(vhost, vhost.exchange("up"), message(b"kept", "", "up", delivery_mode=2))
+    first.publish(vhost, vhost.exchange("up"), message(b"lost", "", "up"))
+    await asyncio.sleep(0)
+    first.close()
+    again = Broker(data)
+    try:
+        vhost = again.vhost("/")
+        assert drain_local(again, vhost, "q") == [b"kept"]
+        routed = again.route(vhost, vhost.exchange("up"), message(routing_key="", exchange="up"))
+        assert [queue.name for queue in routed] == ["q"]
+    finally:
+        again.close()
