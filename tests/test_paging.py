@@ -874,7 +874,9 @@ def test_a_purged_deep_queue_stays_purged_after_kill_9(start_broker):
     background): after the restart none of them is back, and the messages confirmed after the purge are."""
     import pika
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from amqp_load import Connection, publish_confirmed  # a raw-socket publisher: 100,000 in a second or two
 
     node = start_broker("--queue-window", "16")
@@ -882,7 +884,7 @@ def test_a_purged_deep_queue_stays_purged_after_kill_9(start_broker):
     conn.channel_open(1)
     conn.queue_declare(1, "deep", durable=True)
     conn.confirm_select(1)
-    publish_confirmed(conn, 1, "", "deep", b"m" * 16, 100_000, persistent=True, timeout=60)
+    publish_confirmed(conn, "deep", b"m" * 16, 100_000, persistent=True, timeout=60)
     conn.close()
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
     channel = connection.channel()

@@ -375,7 +375,7 @@ def test_streaming_100k_row_batches_exactly_once_across_a_broker_kill(spark, sta
     conn.channel_open(1)
     conn.queue_declare(1, "events", durable=True)
     conn.confirm_select(1)
-    publish_confirmed(conn, 1, "", "events", b"e" * 16, total, persistent=True, timeout=60)
+    publish_confirmed(conn, "events", b"e" * 16, total, persistent=True, timeout=60)
     conn.close()
     checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
 
