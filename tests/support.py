@@ -26,6 +26,7 @@ from pika.exceptions import ChannelClosedByBroker
 
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
+from amqp_server.ports import ClientChannel
 from amqp_server.queue import Consumer, Entry, Queue
 from amqp_server.vhost import VHost
 from conftest import connect
@@ -85,11 +86,12 @@ def drain(channel: BlockingChannel, queue: str, settle: Literal["auto", "ack", "
           keep: Callable[[Got], Any] = body_of) -> list[Any]:
     """What basic.get returns until the queue is empty, ``auto``-acked, acked one by one (``ack``) or left unacked
     (``hold``); of each message, what ``keep`` takes (its body unless told)."""
-    got = []
+    got: list[Any] = []
     while True:
         method, properties, body = channel.basic_get(queue, auto_ack=settle == "auto")
         if method is None:
             return got
+        assert properties is not None and body is not None and method.delivery_tag is not None  # (with a method)
         got.append(keep(Got(body, properties, bool(method.redelivered))))
         if settle == "ack":
             channel.basic_ack(method.delivery_tag)
@@ -114,7 +116,8 @@ class AsyncClose:
     def __init__(self, ch: BlockingChannel) -> None:
         self.ch = ch
         self.reason: Exception | None = None
-        ch._impl.add_on_close_callback(self._closed)
+        impl: Any = ch._impl  # type: ignore[attr-defined]  # (pika's channel under the blocking one)
+        impl.add_on_close_callback(self._closed)
 
     def _closed(self, _channel: Any, reason: Exception) -> None:
         self.reason = reason
@@ -338,6 +341,16 @@ class Target:
         self.delivered: list[tuple[str, bytes, bool]] = []  # (consumer tag, body, redelivered)
         self.held: list[tuple[Entry, Queue, Consumer | None]] = []  # what a client would have unacked
         self.cancelled: list[str] = []
+        self.failures: list[tuple[str, str]] = []  # (consumer tag, reason)
+
+    def client(self) -> ClientChannel:
+        return ClientChannel("in-process", 1, ("127.0.0.1", 1), "guest", "")
+
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        self.failures.append((consumer.tag, reason))
+
+    def handed_over(self, consumer: Consumer, old: Any, new: Any) -> None:
+        """(a quorum queue's leader moved: nothing to change here)"""
 
     def can_deliver(self) -> bool:
         return self.room

@@ -3,6 +3,7 @@ RabbitMQ 3.10 does.  Reply codes and reply texts follow rabbit_channel."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pika
 import pytest
@@ -40,7 +41,7 @@ def test_prefetch_per_consumer(conn, ch, uid):
     ch.basic_qos(prefetch_count=1)
     pending: dict[str, list[int]] = {"a": [], "b": []}
     max_seen = {"a": 0, "b": 0}
-    done = []
+    done: list[int] = []
 
     def on(tag):
         def cb(c, m, p, b):
@@ -405,20 +406,21 @@ def test_channel_flow_pauses_and_resumes_deliveries(start_broker, uid):
     ch.queue_declare(uid, exclusive=True)
     got = []
     ch.basic_consume(uid, lambda c, m, p, body: got.append(body), auto_ack=True)
-    replies = []
+    replies: list[bool] = []
+    impl: Any = ch._impl  # type: ignore[attr-defined]  # (pika's channel: channel.flow from the client)
 
     def wait(predicate, seconds=2.0):
         deadline = time.monotonic() + seconds
         while not predicate() and time.monotonic() < deadline:
             conn.process_data_events(0.05)
 
-    ch._impl.flow(False, replies.append)
+    impl.flow(False, replies.append)
     wait(lambda: replies)
     assert replies == [False]
     ch.basic_publish("", uid, b"held")
     wait(lambda: got, 0.5)
     assert got == []
-    ch._impl.flow(True, replies.append)
+    impl.flow(True, replies.append)
     wait(lambda: got)
     assert replies == [False, True]
     assert got == [b"held"]

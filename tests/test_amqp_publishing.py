@@ -68,7 +68,7 @@ def test_confirms_ack_every_publish(conn, uid):
     deadline = time.monotonic() + 3
     while (not acks or max(a.delivery_tag for a in acks) < 21) and time.monotonic() < deadline:
         conn.process_data_events(0.05)
-    confirmed = set()
+    confirmed: set[int] = set()
     for ack in acks:
         assert isinstance(ack, pika.spec.Basic.Ack)
         if ack.multiple:
@@ -187,10 +187,10 @@ def test_properties_round_trip(ch, uid):
     for name in ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
                  "expiration", "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id"):
         assert getattr(got, name) == getattr(props, name), name
-    headers = dict(got.headers)
+    headers = dict(got.headers or {})
     assert headers["bytes"] in (b"\x00\x01", "\x00\x01")
     headers.pop("bytes")
-    expected = dict(props.headers)
+    expected = dict(props.headers or {})
     expected.pop("bytes")
     assert headers == expected
     ch.queue_delete(uid)

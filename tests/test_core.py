@@ -6,6 +6,7 @@ is driven through real clients in test_amqp_consuming.py, test_consumers.py and 
 """
 from __future__ import annotations
 
+from typing import Any
 
 import pytest
 from pamqp import commands
@@ -140,9 +141,14 @@ async def test_deleting_a_queue_visits_only_the_exchanges_bound_to_it(core, vhos
     core.add_binding(vhost, "x7", vhost.queues["q"], "a")
     core.add_binding(vhost, "x7", vhost.queues["q"], "b")
     core.add_binding(vhost, "x9", vhost.queues["q"], "a")
-    visited = []
+    visited: list[str] = []
     remove = Exchange.remove_destination
-    monkeypatch.setattr(Exchange, "remove_destination", lambda self, d: visited.append(self.name) or remove(self, d))
+
+    def counted(self: Exchange, destination: Any) -> list:
+        visited.append(self.name)
+        return remove(self, destination)
+
+    monkeypatch.setattr(Exchange, "remove_destination", counted)
     core.delete_queue(vhost, "q")
     assert sorted(visited) == ["x7", "x9"]
     assert not vhost.exchanges["x7"].has_bindings and not vhost.exchanges["x9"].has_bindings
