@@ -1,4 +1,6 @@
-"""Shared fixtures: a real Warren node in a subprocess on a free loopback port.
+"""Shared fixtures: a real Warren node in a subprocess on a free loopback port (``broker``, shared; ``start_broker``,
+a test's own; ``node_fixture``, a module's own), and the core in-process (``core``, ``vhost``).  The helpers tests
+share beside these are in support.py.
 
 Parity mode (for humans comparing Warren with RabbitMQ, never CI): ``WARREN_TEST_BROKER=host:port`` makes
 the ``broker`` fixture point at that already running broker (user guest/guest, vhost ``/``) instead of
@@ -301,6 +303,8 @@ def node_fixture(*extra: str, streams: bool = False, name: str = "node") -> Any:
     @pytest.fixture(scope="module", name=name)
     @starts(INTEGRATION)
     def own_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+        if EXTERNAL:
+            pytest.skip("starts a Warren node of its own (parity mode)")
         node = BrokerProcess(tmp_path_factory.mktemp(name) / "data", extra=list(extra), streams=streams).start()
         yield node
         node.stop()
