@@ -108,6 +108,9 @@ class BrokerProcess:
                 if self.streams:
                     wait_for_port(self.stream_port, self.proc)
                 return self
+            except TimeoutError as exc:  # a node that never listened is not left running
+                self.kill()
+                raise TimeoutError(f"{exc}; its log ends with:\n{self.log()[-3000:]}") from None
             except RuntimeError as exc:
                 tail = self.log()[-3000:]
                 if not (tries and any(chosen) and "address already in use" in tail.lower()):
