@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .config import Config
     from .ports import ConfirmSink
     from .publisher_flow import PublisherFlow
+    from .frontend import Registry
     from .vhost import VHost
 
 log = logging.getLogger("warren.channel")
@@ -57,6 +58,8 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     broker: Broker
     config: Config
     flow: PublisherFlow
+    clients: Registry
+    protocol: str
     loop: asyncio.AbstractEventLoop
     vhost: VHost | None
     user: User | None
@@ -946,6 +949,7 @@ class Channel:
         self.tx = None
         self._release_held()
         self.broker.churn.channel_closed += 1
+        self.connection.clients.fold(self.connection.protocol, self.stats)
         self.broker.persistence.waiters.discard(self)
         self.ack_timeout.stop()
         self._cancel_replies()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .config import Config
 from .frontend import ClientConnection, Unauthenticated
+from .stats import MessageStats
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -26,6 +27,23 @@ class Clients:
         self.handshakes = Unauthenticated("client", config.handshakes_max, config.handshake_timeout / 1000,
                                           logging.getLogger("warren.connection"))
         self._dirty: list[Connection] = []  # connections with output to write
+        self._gone: dict[str, MessageStats] = {}  # by protocol: the counters of channels and sessions gone
+
+    def fold(self, protocol: str, stats: MessageStats) -> None:
+        """The counters of a channel, session or connection of ``protocol`` that is gone, kept in its protocol's
+        totals (RabbitMQ's global counters, which never go down)."""
+        _add(self._gone, protocol, stats)
+
+    def stats_by_protocol(self) -> dict[str, MessageStats]:
+        """Each protocol's message counters: those folded in plus every live connection's.  Nothing more is
+        counted per message than what a channel or session counts for itself."""
+        totals: dict[str, MessageStats] = {}
+        for protocol, stats in self._gone.items():
+            _add(totals, protocol, stats)
+        for connection in list(self.connections):
+            for stats in connection.message_stats():
+                _add(totals, connection.protocol, stats)
+        return totals
 
     def add(self, connection: ClientConnection) -> None:
         self.connections.add(connection)
@@ -57,3 +75,10 @@ class Clients:
     def close_all(self, reason: str) -> None:
         for connection in list(self.connections):
             connection.force_close(reason)
+
+
+def _add(totals: dict[str, MessageStats], protocol: str, stats: MessageStats) -> None:
+    total = totals.get(protocol)
+    if total is None:
+        total = totals[protocol] = MessageStats()
+    total.add(stats)

@@ -13,7 +13,7 @@ import select
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .config import Config
     from .auth import User
+    from .stats import MessageStats
 
 log = logging.getLogger("warren.connection")
 complaints = Complaints(log)
@@ -691,6 +692,12 @@ class Connection(FrontEnd):
         if self.blocked_notified:
             self.blocked_notified = False
             self.send_method(0, commands.Connection.Unblocked())
+
+    def listed_sessions(self) -> None:
+        return None
+
+    def message_stats(self) -> Iterable[MessageStats]:
+        return [channel.stats for channel in self.channels.values()]
 
     def drop_if_peer_gone(self) -> None:
         """A connection we stopped reading cannot see its peer hang up: ask the socket (POLLRDHUP), and let

@@ -27,7 +27,8 @@ import logging
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sized, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sized, cast
 
 from . import tls
 from .logs import Throttle, untrusted
@@ -224,6 +225,36 @@ class ChannelConnection(Protocol):
     def vhost_name(self) -> str: ...
 
 
+@dataclass
+class ListedLink:
+    """An AMQP 1.0 link as the HTTP API lists it (RabbitMQ 4.x's ``/api/connections/{name}/sessions``)."""
+
+    handle: int
+    name: str
+    address: str | None  # its target (the client sends) or source (the node sends)
+    delivery_count: int
+    credit: int
+    settle_mode: int  # snd-settle-mode: 0 unsettled, 1 settled, 2 mixed
+    queue: str = ""  # what a link the node sends on consumes
+    unconfirmed: int = 0  # messages the client sent that have no outcome yet
+
+
+@dataclass
+class ListedSession:
+    """An AMQP 1.0 session as the HTTP API lists it."""
+
+    channel: int
+    handle_max: int
+    next_incoming_id: int
+    incoming_window: int
+    next_outgoing_id: int
+    remote_incoming_window: int
+    remote_outgoing_window: int
+    outgoing_unsettled: int
+    incoming: list[ListedLink] = field(default_factory=list)  # links the client sends on
+    outgoing: list[ListedLink] = field(default_factory=list)  # links the node sends on
+
+
 class ListedChannel(Protocol):
     """A client's channel as the management API lists it (``channel.Channel``)."""
 
@@ -335,6 +366,13 @@ class ClientConnection(Protocol):
     @property
     def reading_paused(self) -> bool: ...
 
+    def listed_sessions(self) -> list[ListedSession] | None:
+        """Its AMQP 1.0 sessions; None for a protocol without them (the API's 400)."""
+
+    def message_stats(self) -> Iterable[MessageStats]:
+        """The message counters of its live channels or sessions (or its own): what ``Registry.fold`` is given of
+        each when it goes."""
+
     def drop_if_peer_gone(self) -> None:
         """Under a memory alarm: a connection read no more asks its socket whether its peer hung up, and lets go of
         what it holds if so."""
@@ -356,6 +394,9 @@ class Registry(Protocol):
     def schedule_flush(self, connection: Any) -> None: ...
 
     def flush(self) -> None: ...
+
+    def fold(self, protocol: str, stats: MessageStats) -> None:
+        """Keep the counters of a channel, session or connection of ``protocol`` that is gone."""
 
 
 class FrontEnd(asyncio.Protocol):

@@ -34,6 +34,10 @@ class MessageStats:
         values["deliver_get"] = self.deliver_get
         return values
 
+    def add(self, other: MessageStats) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 class ChurnStats:
     """How many connections, channels and queues came and went: RabbitMQ's ``churn_rates`` counters."""

@@ -2,7 +2,7 @@
 
 Offers `Exchange` (abstract base), `Binding`, one class per AMQP exchange type
 (direct, fanout, topic, headers, and the plugins' x-consistent-hash,
-x-delayed-message and x-federation-upstream; one module each, as in RabbitMQ) and a registry
+x-delayed-message and x-federation-upstream, and x-local-random; one module each, as in RabbitMQ) and a registry
 `EXCHANGE_TYPES` / `exchange_class()` mapping a declared type name to its class.
 Knows nothing of sockets or storage; destinations are opaque hashable objects.
 """
@@ -16,12 +16,13 @@ from .direct import DirectExchange
 from .fanout import FanoutExchange
 from .federation_upstream import FederationUpstreamExchange
 from .headers import HeadersExchange
+from .local_random import LocalRandomExchange
 from .topic import TopicExchange
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     cls.type_name: cls
     for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange, ConsistentHashExchange,
-                DelayedExchange, FederationUpstreamExchange)
+                DelayedExchange, FederationUpstreamExchange, LocalRandomExchange)
 }
 DelayedExchange.types = EXCHANGE_TYPES  # (it cannot import the registry, which imports it)
 
@@ -38,5 +39,5 @@ def exchange_class(type_name: str) -> type[Exchange] | None:
 __all__ = [
     "Binding", "Exchange", "EXCHANGE_TYPES", "exchange_class",
     "DirectExchange", "FanoutExchange", "TopicExchange", "HeadersExchange", "ConsistentHashExchange",
-    "DelayedExchange", "DEFERRED", "delay_of", "FederationUpstreamExchange",
+    "DelayedExchange", "DEFERRED", "delay_of", "FederationUpstreamExchange", "LocalRandomExchange",
 ]

@@ -6,12 +6,12 @@ from typing import Any, Iterator
 from aiohttp import web
 
 from amqp_server import tls
-from amqp_server.frontend import ListedChannel, ClientConnection
+from amqp_server.frontend import ClientConnection, ListedChannel, ListedLink, ListedSession
 from amqp_server.queue import Consumer
 
 from . import auth
 from .context import Context, ctx
-from .http import not_authorised, jsonable, no_content, not_found
+from .http import bad_request, not_authorised, jsonable, no_content, not_found
 from .listing import respond, respond_one
 from .rates import CHANNEL_STATS, message_stats
 
@@ -170,6 +170,42 @@ async def list_connection_channels(request: web.Request) -> web.Response:
     context = ctx(request)
     items = [channel_info(context, ch) for ch in _channels([find_connection(request)])]
     return respond(request, items, ("name",))
+
+
+@routes.get("/api/connections/{name}/sessions")
+async def list_connection_sessions(request: web.Request) -> web.Response:
+    """An AMQP 1.0 connection's sessions and their links, as RabbitMQ 4.x lists them; 400 for another protocol."""
+    sessions = find_connection(request).listed_sessions()
+    if sessions is None:
+        raise bad_request("connection does not use AMQP 1.0")
+    max_size = ctx(request).config.max_message_size
+    return respond(request, [session_info(session, max_size) for session in sessions], ("channel_number",))
+
+
+SETTLE_MODES = ("unsettled", "settled", "mixed")  # snd-settle-mode's values, as RabbitMQ names them
+
+
+def session_info(session: ListedSession, max_message_size: int) -> dict[str, Any]:
+    def incoming(link: ListedLink) -> dict[str, Any]:
+        return {"handle": link.handle, "link_name": link.name, "target_address": link.address,
+                "delivery_count": link.delivery_count, "credit": link.credit,
+                "snd_settle_mode": SETTLE_MODES[min(link.settle_mode, 2)],
+                "max_message_size": max_message_size, "unconfirmed_messages": link.unconfirmed}
+
+    def outgoing(link: ListedLink) -> dict[str, Any]:
+        return {"handle": link.handle, "link_name": link.name, "source_address": link.address,
+                "queue_name": link.queue, "delivery_count": link.delivery_count, "credit": link.credit,
+                "max_message_size": "unlimited", "send_settled": link.settle_mode == 1}
+
+    return {
+        "channel_number": session.channel, "handle_max": session.handle_max,
+        "next_incoming_id": session.next_incoming_id, "incoming_window": session.incoming_window,
+        "next_outgoing_id": session.next_outgoing_id, "remote_incoming_window": session.remote_incoming_window,
+        "remote_outgoing_window": session.remote_outgoing_window,
+        "outgoing_unsettled_deliveries": session.outgoing_unsettled,
+        "incoming_links": [incoming(link) for link in session.incoming],
+        "outgoing_links": [outgoing(link) for link in session.outgoing],
+    }
 
 
 @routes.get("/api/channels")

@@ -1,13 +1,15 @@
 """/metrics in Prometheus text format (no auth, as RabbitMQ's prometheus plugin): queue depths and rates,
 connections, channels, consumers, process memory, the message store's disk use, dead fraction and
-compactions."""
+compactions, and RabbitMQ's global message counters by protocol (amqp091, amqp10, stream), which never go down
+as connections close."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from aiohttp import web
 
 from amqp_server.publisher_flow import MEMORY
+from amqp_server.stats import MessageStats
 
 from .context import ctx
 from .node_info import fd_used, memory_used
@@ -15,6 +17,31 @@ from .node_info import fd_used, memory_used
 routes = web.RouteTableDef()
 CONTENT_TYPE = "text/plain"  # ; version=0.0.4 is added as a charset-free parameter below
 RATE_KEYS = ("publish", "deliver_get", "ack", "redeliver")
+# RabbitMQ's protocol label of each front end (the HTTP API's protocol name), every one listed even before use
+PROTOCOL_LABELS = {"AMQP 0-9-1": "amqp091", "AMQP 1.0": "amqp10", "RabbitMQ Stream": "stream"}
+# rabbitmq_global_messages_*_total: what each counts, from MessageStats
+GLOBAL_COUNTERS: tuple[tuple[str, str, Callable[[MessageStats], int]], ...] = (
+    ("received", "Total number of messages received from publishers", lambda s: s.publish),
+    ("routed", "Total number of messages routed to queues or streams",
+     lambda s: s.publish - s.drop_unroutable - s.return_unroutable),
+    ("unroutable_dropped", "Total number of messages published as non-mandatory into an exchange and dropped as "
+     "unroutable", lambda s: s.drop_unroutable),
+    ("unroutable_returned", "Total number of messages published as mandatory into an exchange and returned to the "
+     "publisher as unroutable", lambda s: s.return_unroutable),
+    ("confirmed", "Total number of messages confirmed to publishers", lambda s: s.confirm),
+    ("delivered", "Total number of messages delivered to consumers", lambda s: s.deliver_get),
+    ("delivered_consume_auto_ack", "Total number of messages delivered to consumers using basic.consume with "
+     "automatic acknowledgment", lambda s: s.deliver_no_ack),
+    ("delivered_consume_manual_ack", "Total number of messages delivered to consumers using basic.consume with "
+     "manual acknowledgment", lambda s: s.deliver),
+    ("delivered_get_auto_ack", "Total number of messages delivered to consumers using basic.get with automatic "
+     "acknowledgment", lambda s: s.get_no_ack),
+    ("delivered_get_manual_ack", "Total number of messages delivered to consumers using basic.get with manual "
+     "acknowledgment", lambda s: s.get),
+    ("get_empty", "Total number of times basic.get operations fetched no message", lambda s: s.get_empty),
+    ("redelivered", "Total number of messages redelivered to consumers", lambda s: s.redeliver),
+    ("acknowledged", "Total number of messages acknowledged by consumers", lambda s: s.ack),
+)
 
 
 def _escape(value: str) -> str:
@@ -96,6 +123,11 @@ def render(request: web.Request) -> str:
                [({}, stats.writes)])
     out.family("warren_message_store_reads_total", "counter", "Message records read back from segment files",
                [({}, stats.reads)])
+    by_protocol = context.clients.stats_by_protocol()
+    counted = [(label, by_protocol.get(protocol) or MessageStats()) for protocol, label in PROTOCOL_LABELS.items()]
+    for key, help_text, value in GLOBAL_COUNTERS:
+        out.family(f"rabbitmq_global_messages_{key}_total", "counter", help_text,
+                   (({"protocol": label}, value(stats)) for label, stats in counted))
     if broker.cluster is not None:
         lag = broker.cluster.quorum.lag()
         out.family("warren_quorum_follower_lag", "gauge",

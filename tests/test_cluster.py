@@ -162,6 +162,44 @@ def test_declared_queue_is_visible_on_every_node(cluster, uid):
         assert info["node"] == "warren1@localhost" and info["state"] == "running"
 
 
+def test_amqp10_management_declares_purges_and_deletes_as_the_cluster_agrees(cluster, uid):
+    """RabbitMQ's AMQP 1.0 client's /management requests, each to another node: what one node declares another
+    finds at once, a purge through a node that does not hold the queue empties it, a delete is the cluster's."""
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+    _, (n1, n2, n3) = cluster
+    managers = []
+
+    def management(node: BrokerProcess):
+        environment = client.Environment(uri=f"amqp://guest:guest@127.0.0.1:{node.port}/")
+        connection = environment.connection()
+        connection.dial()
+        managers.append((environment, connection))
+        return connection.management()
+
+    try:
+        m1, m2, m3 = management(n1), management(n2), management(n3)
+        m1.declare_exchange(client.ExchangeSpecification(name=f"x-{uid}"))
+        m1.declare_queue(client.ClassicQueueSpecification(name=uid))
+        assert m2.queue_info(uid).name == uid  # at once, through another node
+        m3.bind(client.ExchangeToQueueBindingSpecification(source_exchange=f"x-{uid}", destination_queue=uid,
+                                                           binding_key="k"))
+        with connect(n2) as connection:  # the binding is the cluster's as soon as it was answered
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for _ in range(3):
+                channel.basic_publish(f"x-{uid}", "k", b"m", mandatory=True)
+        assert m1.queue_info(uid).message_count == 3
+        assert m2.purge_queue(uid) == 3  # the queue is n1's
+        assert passive(n1, uid) == 0
+        m3.delete_queue(uid)
+        assert gone(n1, uid) and gone(n2, uid)
+        m2.delete_exchange(f"x-{uid}")
+    finally:
+        for environment, connection in managers:
+            connection.close()
+            environment.close()
+
+
 def test_arguments_of_every_field_type_are_the_clusters(cluster, uid):
     """etcd keeps a definition's arguments with every field type: another node, and that node after a kill -9
     (reading its LMDB mirror and etcd again), holds exactly what was declared."""

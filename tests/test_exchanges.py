@@ -34,7 +34,7 @@ NOMSG = Untouchable()
 
 def test_registry():
     assert set(EXCHANGE_TYPES) == {"direct", "fanout", "topic", "headers", "x-consistent-hash",
-                                   "x-delayed-message", "x-federation-upstream"}
+                                   "x-delayed-message", "x-federation-upstream", "x-local-random"}
     assert exchange_class("topic") is TopicExchange
     assert exchange_class("x-nope") is None
     for name, cls in EXCHANGE_TYPES.items():

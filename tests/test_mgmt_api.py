@@ -13,7 +13,9 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import free_port, wait_for_port
 from support import GUEST, assert_error, call, q
+
 
 def amqp(broker, vhost: str = "/", user: tuple[str, str] = GUEST) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters(
@@ -743,6 +745,126 @@ def test_metrics_follow_the_message_store(start_broker):
     assert 0 <= after["warren_message_store_dead_fraction"] <= 1
     assert after["warren_message_store_disk_bytes"] < before["warren_message_store_disk_bytes"]
     connection.close()
+
+
+def test_global_counters_by_protocol_never_go_down(start_broker):
+    """rabbitmq_global_messages_*_total{protocol}: each front end's messages, kept when its connections close."""
+    import asyncio
+
+    import rstream
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    stream_port = free_port()
+    node = start_broker("--stream-enabled", "true", "--stream-port", str(stream_port))
+    assert node.proc is not None
+    wait_for_port(stream_port, node.proc)
+
+    def counters() -> dict[tuple[str, str], float]:
+        text = call(node, "GET", "/metrics", auth=None).raw.decode()
+        return {(s.name, s.labels["protocol"]): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("rabbitmq_global_messages_")}
+
+    assert {protocol for _, protocol in counters()} == {"amqp091", "amqp10", "stream"}
+    connection = amqp(node)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("q091")
+    for _ in range(3):
+        channel.basic_publish("", "q091", b"m")
+    channel.basic_publish("", "nowhere", b"m")  # dropped: not mandatory
+    got = channel.basic_get("q091")
+    assert got[0] is not None
+    channel.basic_ack(got[0].delivery_tag)
+    assert channel.basic_get("q091", auto_ack=True)[0] is not None
+    channel.queue_declare("q10")
+    proton = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10, allowed_mechs="PLAIN")
+    sender = proton.create_sender("/queues/q10")
+    for _ in range(2):
+        sender.send(Message(body="m"))
+    receiver = proton.create_receiver("/queues/q10", credit=2)
+    for _ in range(2):
+        receiver.receive(timeout=10)
+        receiver.accept()
+
+    async def stream() -> None:
+        async with rstream.Producer("127.0.0.1", port=stream_port, username="guest", password="guest") as producer:
+            await producer.create_stream("s")
+            for body in (b"a", b"b", b"c", b"d"):
+                await producer.send_wait("s", body)
+
+    asyncio.run(asyncio.wait_for(stream(), 30))
+    expected = {
+        ("rabbitmq_global_messages_received_total", "amqp091"): 4,
+        ("rabbitmq_global_messages_routed_total", "amqp091"): 3,
+        ("rabbitmq_global_messages_unroutable_dropped_total", "amqp091"): 1,
+        ("rabbitmq_global_messages_confirmed_total", "amqp091"): 4,
+        ("rabbitmq_global_messages_delivered_get_manual_ack_total", "amqp091"): 1,
+        ("rabbitmq_global_messages_delivered_get_auto_ack_total", "amqp091"): 1,
+        ("rabbitmq_global_messages_acknowledged_total", "amqp091"): 1,
+        ("rabbitmq_global_messages_received_total", "amqp10"): 2,
+        ("rabbitmq_global_messages_confirmed_total", "amqp10"): 2,
+        ("rabbitmq_global_messages_delivered_consume_manual_ack_total", "amqp10"): 2,
+        ("rabbitmq_global_messages_received_total", "stream"): 4,
+        ("rabbitmq_global_messages_confirmed_total", "stream"): 4,
+    }
+    deadline = time.monotonic() + 10
+    while {key: counters().get(key) for key in expected} != expected and time.monotonic() < deadline:
+        time.sleep(0.1)  # the last acknowledgement may still be on its way
+    live = counters()
+    assert {key: live[key] for key in expected} == expected
+    proton.close()  # (its accepts go out as it closes)
+    connection.close()
+    deadline = time.monotonic() + 10
+    while counters()[("rabbitmq_global_messages_acknowledged_total", "amqp10")] != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = counters()
+    assert after[("rabbitmq_global_messages_acknowledged_total", "amqp10")] == 2
+    assert all(after[key] >= value for key, value in live.items())  # what closed connections counted stays
+
+
+def test_an_amqp10_connection_lists_its_sessions_and_links(start_broker):
+    """GET /api/connections/{name}/sessions as RabbitMQ 4.x answers it; 400 for an AMQP 0-9-1 connection."""
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    node = start_broker()
+    setup = amqp(node)
+    setup.channel().queue_declare("orders")
+    proton = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10, allowed_mechs="PLAIN")
+    sender = proton.create_sender("/queues/orders", name="my sender")
+    sender.send(Message(body="m"))
+    proton.create_receiver("/queues/orders", name="my receiver", credit=5)
+    deadline = time.monotonic() + 10
+    while len(call(node, "GET", "/api/connections").json) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    listed = {c["protocol"]: c["name"] for c in call(node, "GET", "/api/connections").json}
+    path = f"/api/connections/{q(listed['AMQP 1.0'])}/sessions"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        [session] = call(node, "GET", path).json
+        if session["outgoing_links"] and session["outgoing_links"][0]["delivery_count"] == 1:
+            break  # the receiver got the message
+        time.sleep(0.1)
+    assert session["channel_number"] == 0 and session["handle_max"] == 255
+    for key in ("next_incoming_id", "incoming_window", "next_outgoing_id", "remote_incoming_window",
+                "remote_outgoing_window"):
+        assert isinstance(session[key], int), key
+    assert session["outgoing_unsettled_deliveries"] == 1  # the receiver has not settled it
+    [incoming] = session["incoming_links"]
+    assert {k: incoming[k] for k in ("handle", "link_name", "target_address", "snd_settle_mode",
+                                     "unconfirmed_messages", "delivery_count")} == {
+        "handle": 0, "link_name": "my sender", "target_address": "/queues/orders", "snd_settle_mode": "mixed",
+        "unconfirmed_messages": 0, "delivery_count": 1}
+    assert isinstance(incoming["max_message_size"], int) and isinstance(incoming["credit"], int)
+    [outgoing] = session["outgoing_links"]
+    assert outgoing == {"handle": 1, "link_name": "my receiver", "source_address": "/queues/orders",
+                        "queue_name": "orders", "delivery_count": 1, "credit": 4, "max_message_size": "unlimited",
+                        "send_settled": False}
+    response = call(node, "GET", f"/api/connections/{q(listed['AMQP 0-9-1'])}/sessions")
+    assert response.status == 400 and response.json["reason"] == "connection does not use AMQP 1.0"
+    proton.close()
+    setup.close()
 
 
 # Top-level fields RabbitMQ 3.10.8 answers with, recorded from a running node (Erlang-process fields and counts

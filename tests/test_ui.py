@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import pika
 import pika.exceptions
@@ -404,6 +404,27 @@ def test_connections_and_channels_pages_and_close(ui: UI, node: BrokerProcess, u
     finally:
         if connection.is_open:
             connection.close()
+
+
+def test_an_amqp10_connection_page_shows_its_sessions_and_links(ui: UI, node: BrokerProcess, uid: str):
+    from proton.utils import BlockingConnection
+
+    page = ui.page
+    with amqp(node, f"setup-{uid}") as setup:
+        setup.channel().queue_declare(f"q-{uid}")
+    proton = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10, allowed_mechs="PLAIN")
+    try:
+        proton.create_sender(f"/queues/q-{uid}", name=f"sender-{uid}")
+        proton.create_receiver(f"/queues/q-{uid}", name=f"receiver-{uid}", credit=3)
+        name = next(c["name"] for c in api_get(node, "/api/connections") if c["protocol"] == "AMQP 1.0")
+        ui.go(f"#/connections/{quote(name, safe='')}")
+        sessions = page.locator("#connection-sessions")
+        expect(sessions.locator("[data-session='0']")).to_contain_text("Session on channel 0")
+        expect(sessions.locator("table[data-table=incoming-links] tbody")).to_contain_text(f"sender-{uid}")
+        expect(sessions.locator("table[data-table=outgoing-links] tbody")).to_contain_text(f"receiver-{uid}")
+        expect(page.locator("table[data-table=connection-channels]")).to_be_hidden()
+    finally:
+        proton.close()
 
 
 def test_tls_connection_shows_protocol_cipher_and_certificate(ui: UI, node: BrokerProcess, pki: PKI, uid: str):

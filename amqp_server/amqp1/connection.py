@@ -16,11 +16,11 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
 from .. import __version__, auth_mechanisms, errors
 from ..auth import loopback_refused
-from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, Complaints, FrontEnd, Registry
+from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
 from ..logs import untrusted
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..publisher_flow import PublisherFlow
     from ..vhost import VHost
+    from ..stats import MessageStats
 
 log = logging.getLogger("warren.amqp10")
 complaints = Complaints(log)
@@ -518,6 +519,32 @@ class Amqp10Connection(FrontEnd):
         for session in list(self.sessions.values()):
             session.grant_credit()
         self.schedule_flush()
+
+    def await_request(self, work: Coroutine[Any, Any, bytes], answer: Callable[[bytes], None]) -> None:
+        self.hold_reading(WAITING)
+        asyncio.get_running_loop().create_task(work).add_done_callback(
+            lambda task: self._request_done(task, answer))
+
+    def _request_done(self, task: asyncio.Task[bytes], answer: Callable[[bytes], None]) -> None:
+        if task.cancelled() or self.state != OPEN:
+            return
+        try:
+            response = task.result()
+        except Exception:  # a bug: the connection goes, the node carries on
+            complaints.internal("AMQP 1.0 connection", self.name)
+            self.close_with(Amqp10Error(frames.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
+            return
+        answer(response)
+        self.release_reading(WAITING)
+        if self.buf:  # frames read after the request: handled at the next turn
+            self.next_turn()
+        self.schedule_flush()
+
+    def listed_sessions(self) -> list[ListedSession]:
+        return [session.listed() for session in self.sessions.values()]
+
+    def message_stats(self) -> Iterable[MessageStats]:
+        return [session.stats for session in self.sessions.values()]
 
     def drop_if_peer_gone(self) -> None:
         """(The memory alarm asks of connections not read; this one is read through alarms.)"""

@@ -3,7 +3,7 @@
 (``channel.ChannelHost``)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from ..ports import ExclusiveOwner
 from ..queue import Queue
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..auth import Principal, User
     from ..broker import Broker
     from ..config import Config
+    from ..frontend import Registry
     from ..vhost import VHost
     from .frames import Amqp10Error
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 class SessionHost(ExclusiveOwner[Queue], Protocol):
     broker: Broker
     config: Config
+    clients: Registry
+    protocol: str
     vhost: VHost | None
     user: User | None
     principal: Principal | None
@@ -37,6 +40,10 @@ class SessionHost(ExclusiveOwner[Queue], Protocol):
     def started_publishing(self) -> None: ...
 
     def growing(self) -> None: ...
+
+    def await_request(self, work: Coroutine[Any, Any, bytes], answer: Callable[[bytes], None]) -> None:
+        """A /management request that may await the cluster: the frames after it wait until ``answer`` has its
+        response."""
 
     def ended(self, channel: int) -> None:
         """The session on ``channel`` ended."""

@@ -3,8 +3,10 @@ clients declare their topology.  A request is a message on the link pair's incom
 ``subject`` the method, ``message-id``, an amqp-value body; the response goes on the paired outgoing link with
 ``subject`` the status code, ``correlation-id`` the request's message-id, and an amqp-value body.
 
-Each request goes through the broker operation the AMQP 0-9-1 channel uses, with its permission checks; the
-status codes and texts are RabbitMQ's.  Single node: a cluster's definitions are not agreed here (yet).
+Each request goes through the broker operations the AMQP 0-9-1 channel uses, with its permission checks, in
+cluster mode as the channel does: a new queue or exchange is agreed on in the cluster before it is declared, a
+queue unknown here is looked up, another node's queue is purged there, and a change is answered once the cluster
+has it (``Broker.agreed``).  The status codes and texts are RabbitMQ's.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def _status_of(exc: AMQPError) -> str:
     return {404: "404", 403: "403", 406: "409", 405: "409"}.get(exc.code, "400")
 
 
-def handle(connection: SessionHost, record: bytes) -> bytes:
+async def handle(connection: SessionHost, record: bytes) -> bytes:
     """The response to one request (a message's bytes), as a message's bytes."""
     message_id: Value | None = None
     try:
@@ -62,7 +64,7 @@ def handle(connection: SessionHost, record: bytes) -> bytes:
     if path is None or method is None:
         return _response(message_id, "400", utf8("request without 'to' or 'subject'"))
     try:
-        status, answer = _request(connection, method, path, body)
+        status, answer = await _request(connection, method, path, body)
     except Refused as exc:
         status, answer = exc.status, utf8(exc.text)
     except AMQPError as exc:
@@ -104,7 +106,7 @@ def _name(quoted: str) -> str:
     return name
 
 
-def _request(connection: SessionHost, method: str, path: str, body: Value) -> tuple[str, bytes]:
+async def _request(connection: SessionHost, method: str, path: str, body: Value) -> tuple[str, bytes]:
     segments, query = _segments(path)
     vhost = connection.vhost
     assert vhost is not None
@@ -113,33 +115,40 @@ def _request(connection: SessionHost, method: str, path: str, body: Value) -> tu
     if segments[:1] == ["queues"] and len(segments) == 2:
         name = _name(segments[1])
         if method == "GET":
+            await broker.find_queue(vhost, name)
             queue = vhost.queues.get(name)
             if queue is None:
                 raise Refused("404", f"queue '{name}' in vhost '{vhost.name}' not found")
             return "200", _queue_info(connection, queue)
         if method == "PUT":
-            return _declare_queue(connection, name, body)
+            return await _declare_queue(connection, name, body)
         if method == "DELETE":
             count = broker.delete_queue(vhost, name, owner=connection, who=who)
+            await broker.agreed()
             return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["queues"] and len(segments) == 3 and segments[2] == "messages" and method == "DELETE":
-        count = broker.purge_local(vhost, _name(segments[1]), connection, who)
+        count = await broker.purge_anywhere(vhost, _name(segments[1]), connection, who)
         return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["exchanges"] and len(segments) == 2:
         name = _name(segments[1])
         if name == "":
             raise Refused("403", "operation not permitted on the default exchange")
         if method == "PUT":
-            return _declare_exchange(connection, name, body)
+            return await _declare_exchange(connection, name, body)
         if method == "DELETE":
             if name.startswith("amq."):
                 raise Refused("403", f"exchange '{name}' in vhost '{vhost.name}' starts with reserved prefix 'amq.'")
             broker.delete_exchange(vhost, name, False, who)
+            await broker.agreed()
             return "204", NULL
     if segments == ["bindings"] and method == "POST":
-        return _bind(connection, body)
+        _bind(connection, body)
+        await broker.agreed()
+        return "204", NULL
     if segments[:1] == ["bindings"] and len(segments) == 2 and method == "DELETE":
-        return _unbind(connection, segments[1])
+        _unbind(connection, segments[1])
+        await broker.agreed()
+        return "204", NULL
     if segments == ["bindings"] and method == "GET":
         return _bindings(connection, query)
     raise Refused("400", f"unsupported request {method} {path[:300]}")
@@ -185,7 +194,7 @@ def _arguments(fields: dict[str, Value]) -> dict[str, Any]:
     return arguments
 
 
-def _declare_queue(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
+async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
     fields = _map(body, "queue")
     if name == "":
         raise Refused("400", "declare queue with empty name not allowed")
@@ -196,13 +205,15 @@ def _declare_queue(connection: SessionHost, name: str, body: Value) -> tuple[str
     durable = _flag(fields, "durable", True, "queue")
     exclusive = _flag(fields, "exclusive", False, "queue")
     auto_delete = _flag(fields, "auto_delete", False, "queue")
+    arguments = _arguments(fields)
+    await connection.broker.agree_queue(vhost, name, durable, exclusive, auto_delete, arguments, connection.principal)
     existed = name in vhost.queues
-    queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, _arguments(fields),
+    queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, arguments,
                                             connection, who=connection.principal)
     return ("200" if existed else "201"), _queue_info(connection, queue)
 
 
-def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
+async def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
     fields = _map(body, "exchange")
     vhost = connection.vhost
     assert vhost is not None
@@ -210,14 +221,16 @@ def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[
     type_name = str(kind.value) if kind is not None and kind.kind == "string" else "direct"
     if name not in vhost.exchanges and name.startswith("amq."):
         raise Refused("403", f"exchange '{name}' in vhost '{vhost.name}' starts with reserved prefix 'amq.'")
-    connection.broker.declare_exchange(vhost, name, type_name, False, _flag(fields, "durable", True, "exchange"),
-                                       _flag(fields, "auto_delete", False, "exchange"),
-                                       _flag(fields, "internal", False, "exchange"), _arguments(fields),
+    durable, auto_delete = _flag(fields, "durable", True, "exchange"), _flag(fields, "auto_delete", False, "exchange")
+    internal, arguments = _flag(fields, "internal", False, "exchange"), _arguments(fields)
+    await connection.broker.agree_exchange(vhost, name, type_name, durable, auto_delete, internal, arguments,
+                                           connection.principal)
+    connection.broker.declare_exchange(vhost, name, type_name, False, durable, auto_delete, internal, arguments,
                                        connection.principal)
     return "204", NULL
 
 
-def _bind(connection: SessionHost, body: Value) -> tuple[str, bytes]:
+def _bind(connection: SessionHost, body: Value) -> None:
     fields = _map(body, "binding")
     source = fields.get("source")
     key = fields.get("binding_key")
@@ -233,14 +246,13 @@ def _bind(connection: SessionHost, body: Value) -> tuple[str, bytes]:
     assert vhost is not None
     connection.broker.bind(vhost, names[0], kind, names[1], str(key.value), _arguments(fields), connection,
                            connection.principal)
-    return "204", NULL
 
 
 _BINDING_SEGMENT = re.compile(r"^src=([0-9A-Za-z\-._~%]+);dst([eq])=([0-9A-Za-z\-._~%]+);"
                               r"key=([0-9A-Za-z\-._~%]*);args=([0-9A-Za-z\-_]*)$")
 
 
-def _unbind(connection: SessionHost, segment: str) -> tuple[str, bytes]:
+def _unbind(connection: SessionHost, segment: str) -> None:
     match = _BINDING_SEGMENT.match(segment)
     if match is None:
         raise Refused("400", f"bad binding path segment '{segment[:300]}'")
@@ -253,7 +265,6 @@ def _unbind(connection: SessionHost, segment: str) -> tuple[str, bytes]:
     if arguments is not None:
         connection.broker.unbind(vhost, unquote(source), "queue" if kind == "q" else "exchange", unquote(destination),
                                  unquote(key), arguments, connection, connection.principal)
-    return "204", NULL
 
 
 def _matching(connection: SessionHost, source: str, kind: str, destination: str,

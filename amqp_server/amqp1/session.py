@@ -10,24 +10,30 @@ detaches the link.
 """
 from __future__ import annotations
 
-import datetime
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .. import errors
+from urllib.parse import quote
+
+from .. import direct_reply, errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
+from ..frontend import ListedLink, ListedSession
 from ..ports import ClientChannel
+from ..stats import MessageStats
 from ..stream import amqp10
 from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
-from . import address, frames, management
+from ..stream_queue import StreamQueue
+from . import address, filters, frames, management
 from .frames import Amqp10Error, LinkError, SessionError
 
 if TYPE_CHECKING:
     from exchanges import Exchange
 
+    from ..direct_reply import ReplyConsumer
+    from ..message import Message
     from ..queue import Consumer, Entry, Queue
     from .host import SessionHost
 
@@ -55,11 +61,16 @@ class Session:
         self.next_incoming_id = frames.typed(fields, 1, ("uint",), "next-outgoing-id", 0)
         self.incoming_window = INCOMING_WINDOW
         self.remote_incoming_window = frames.typed(fields, 2, ("uint",), "incoming-window", 0)
+        self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, Link] = {}
         self.unsettled: dict[int, tuple[Entry, Queue, Consumer | None, Outgoing]] = {}
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
+        self.stats = MessageStats()
+        vhost = connection.vhost
+        assert vhost is not None  # begin comes after open
+        self.vhost_stats = self.broker.vhost_stats(vhost.name)
         connection.send(channel, frames.performative(
             frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT), uint(HANDLE_MAX)))
 
@@ -158,11 +169,23 @@ class Session:
         for link in list(self.confirming):
             link.dropped()
         self.confirming.clear()
+        self.connection.clients.fold(self.connection.protocol, self.stats)
+
+    def listed(self) -> ListedSession:
+        """As the HTTP API lists it."""
+        listed = ListedSession(self.channel, HANDLE_MAX, self.next_incoming_id, self.incoming_window,
+                               self.next_outgoing_id, self.remote_incoming_window, self.remote_outgoing_window,
+                               len(self.unsettled))
+        for handle in sorted(self.links):
+            link = self.links[handle]
+            (listed.incoming if isinstance(link, Incoming) else listed.outgoing).append(link.listed())
+        return listed
 
     def _flow(self, fields: list[Value]) -> None:
         next_incoming = frames.typed(fields, 0, ("uint",), "next-incoming-id", 0)
         window = frames.typed(fields, 1, ("uint",), "incoming-window", 0)
         self.remote_incoming_window = max(0, next_incoming + window - self.next_outgoing_id)
+        self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
         handle = frames.typed(fields, 4, ("uint",), "handle")
         if handle is None:
             if frames.field(fields, 9, False):  # echo
@@ -210,6 +233,7 @@ class Session:
         try:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
+                self.stats.ack += len(taken)
             elif code == frames.RELEASED:
                 self.broker.settle_taken(taken, True)
             elif code == frames.REJECTED:
@@ -231,7 +255,7 @@ class Session:
 
     def resume_deliveries(self) -> None:
         for link in list(self.links.values()):
-            if isinstance(link, Outgoing) and not link.management:
+            if isinstance(link, Outgoing) and link.consumer is not None:
                 link.queue.deliver_ready()
 
     def grant_credit(self) -> None:
@@ -262,6 +286,8 @@ class Link:
         self.settle_mode = settle_mode
         self.source = source
         self.target = target
+        self.credit = 0
+        self.delivery_count = 0
 
     def attach(self) -> None:
         """Resolve the link's address and check what the user may do there; raises what refuses it."""
@@ -295,6 +321,12 @@ class Link:
     def on_flow(self, fields: list[Value]) -> None:
         """A flow naming this link."""
 
+    def listed(self) -> ListedLink:
+        """As the HTTP API lists it."""
+        terminus = self.target if self.role else self.source
+        address_value = terminus[0].value if terminus and terminus[0].kind == "string" else None
+        return ListedLink(self.handle, self.name, address_value, self.delivery_count, self.credit, self.settle_mode)
+
     def closed(self) -> None:
         """Detached, or its session ended."""
 
@@ -320,8 +352,6 @@ class Incoming(Link):
         super().__init__(*args)
         self.destination: address.Destination | None = None  # None: each message's ``to``
         self.exchange: Exchange | None = None
-        self.credit = 0
-        self.delivery_count = 0
         self.partial: bytearray | None = None  # a message arriving in several transfers
         self.partial_id = 0
         self.partial_settled = False
@@ -336,6 +366,11 @@ class Incoming(Link):
         self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
         self.route = encode_route("", "")
 
+    def listed(self) -> ListedLink:
+        listed = super().listed()
+        listed.unconfirmed = len(self.unsynced) + len(self.forwarded_copies)
+        return listed
+
     def attach(self) -> None:
         target = _address(self.target)
         if target is None:
@@ -347,8 +382,15 @@ class Incoming(Link):
         vhost = self.connection.vhost
         assert vhost is not None and self.connection.principal is not None
         if destination.exchange == "" and destination.routing_key is not None:
-            vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            self._check_queue(destination.routing_key)
         self.exchange = self._exchange(destination.exchange)
+
+    def _check_queue(self, name: str) -> None:
+        """A queue, or a direct reply-to name, is there: else ``not-found``."""
+        vhost = self.connection.vhost
+        assert vhost is not None
+        if not (name.startswith(direct_reply.PREFIX) and self.broker.replies.get(name) is not None):
+            vhost.queue(name)  # (not-found if it is not there)
 
     def _exchange(self, name: str) -> Exchange:
         vhost = self.connection.vhost
@@ -452,8 +494,12 @@ class Incoming(Link):
                 return
         self.current = delivery_id
         routed, rejected = self.broker.publish(vhost, exchange, message, None, None if settled else self)
-        stats = self.broker.vhost_stats(vhost.name)
-        stats.publish += 1
+        session = self.session
+        session.stats.publish += 1
+        session.vhost_stats.publish += 1
+        if not routed:
+            session.stats.drop_unroutable += 1
+            session.vhost_stats.drop_unroutable += 1
         if settled:
             return
         if not routed:
@@ -474,8 +520,14 @@ class Incoming(Link):
         if paired is None:
             raise LinkError(frames.PRECONDITION_FAILED, "management request before the paired link attached",
                             self.handle)
-        paired.respond(management.handle(self.connection, record))
-        self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
+        self.connection.await_request(management.handle(self.connection, record),
+                                      lambda response: self._answered(paired, response, delivery_id, settled))
+
+    def _answered(self, paired: Outgoing, response: bytes, delivery_id: int, settled: bool) -> None:
+        if self.session.links.get(paired.handle) is paired:
+            paired.respond(response)
+        if self.session.links.get(self.handle) is self:
+            self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
 
     def _route(self, record: bytes) -> tuple[Exchange, str]:
         """The exchange and routing key of a message: the link's target's, else its ``to`` (and ``subject``)."""
@@ -491,8 +543,8 @@ class Incoming(Link):
             if to is None:
                 raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
             destination = address.target(to)
-            if destination.exchange == "" and destination.routing_key is not None and self.connection.vhost:
-                self.connection.vhost.queue(destination.routing_key)  # (not-found if it is not there)
+            if destination.exchange == "" and destination.routing_key is not None:
+                self._check_queue(destination.routing_key)
         exchange = self._exchange(destination.exchange)
         routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
         if self.connection.principal is not None and self.connection.principal.topics:
@@ -503,6 +555,9 @@ class Incoming(Link):
     def _outcome(self, delivery_id: int, settled: bool, state: bytes) -> None:
         if settled:
             return
+        if state is frames.ACCEPTED_STATE:
+            self.session.stats.confirm += 1
+            self.session.vhost_stats.confirm += 1
         self.outcomes.append((delivery_id, state))
         self.session.confirming.add(self)
         self.connection.schedule_flush()
@@ -571,26 +626,41 @@ def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
-STREAM_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+_OFFSET_ANNOTATION = amqp10.symbol("x-stream-offset")
+_LONG = struct.Struct(">q")
+_U32 = struct.Struct(">I")
 
 
-def _consumer_arguments(source: list[Value] | None) -> dict[str, Any]:
-    """The consumer arguments a source's filters say: ``rabbitmq:stream-offset-spec`` as ``x-stream-offset``
-    (first, last, next, an offset or a timestamp).  Other filters are not applied, and so not echoed."""
-    filters = source[7] if source is not None and len(source) > 7 else None
-    if filters is None or filters.kind != "map":
-        return {}
-    for _, value in filters.value:
-        if value.kind == "described" and value.value[0] == STREAM_OFFSET_SPEC:
-            spec = value.value[1]
-            if spec.kind in ("string", "symbol"):
-                return {"x-stream-offset": spec.value}
-            if spec.kind == "timestamp":
-                return {"x-stream-offset": datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)}
-            if isinstance(spec.value, int) and not isinstance(spec.value, bool):
-                return {"x-stream-offset": spec.value}
-            raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
-    return {}
+def _with_offset(head: bytes, seq: int) -> bytes:
+    """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
+    the end of the message-annotations section ``record_head`` always writes (after a header section, if any: a
+    list8 of at most three fields)."""
+    at = 0 if head.startswith(b"\x00\x53\x72") else 5 + head[4]
+    if head[at + 3] == 0xC1:
+        size, count, data_at = head[at + 4], head[at + 5], at + 6
+        end = at + 5 + size
+    else:
+        size, count, data_at = _U32.unpack_from(head, at + 4)[0], _U32.unpack_from(head, at + 8)[0], at + 12
+        end = at + 8 + size
+    data = head[data_at:end] + _OFFSET_ANNOTATION + b"\x81" + _LONG.pack(seq)
+    count += 2
+    if count < 255 and len(data) < 255:
+        annotations = bytes((0xC1, len(data) + 1, count)) + data
+    else:
+        annotations = b"\xd1" + _U32.pack(len(data) + 4) + _U32.pack(count) + data
+    return head[:at + 3] + annotations + head[end:]
+
+
+VOLATILE_QUEUE = "rabbitmq:volatile-queue"
+
+
+def _volatile(fields: list[Value] | None) -> bool:
+    """A dynamic source asking for RabbitMQ 4.2's volatile queue: a direct reply-to link."""
+    if fields is None or len(fields) < 11 or fields[4].value is not True:
+        return False
+    capabilities = fields[10]
+    items = capabilities.value if capabilities.kind in ("array", "list") else [capabilities]
+    return any(isinstance(item, Value) and item.value == VOLATILE_QUEUE for item in items)
 
 
 class Outgoing(Link):
@@ -602,20 +672,30 @@ class Outgoing(Link):
         super().__init__(*args)
         self.queue: Queue = None  # type: ignore[assignment]  # set by attach
         self.consumer: Consumer | None = None
-        self.credit = 0
-        self.delivery_count = 0
         self.drain = False
         self.management = False  # the /management node's responses
+        self.offsets = False  # a stream's consumer: each message says its offset
+        self.reply: ReplyConsumer | None = None  # a direct reply-to link: replies go out as they come
         self.responses: deque[bytes] = deque()
         # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
         # delivery-tag, message-format 0, settled
         handle = uint(self.handle)
         self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
         self._transfer_tail = b"\x43" + boolean(self.settled)
+    def listed(self) -> ListedLink:
+        listed = super().listed()
+        listed.queue = self.queue.name if self.consumer is not None else ""
+        return listed
+
     def attach(self) -> None:
         source = _address(self.source)
         if source == management.ADDRESS:
             self.management = True
+            return
+        if source is None and _volatile(self.source):
+            self.reply = self.broker.replies.add(self, f"ctag-{self.session.channel}-{self.handle}", b"")
+            assert self.source is not None
+            self.source = [Value("string", "/queues/" + quote(self.reply.name, safe=""))] + self.source[1:]
             return
         if source is None:
             raise Amqp10Error(frames.INVALID_FIELD, "source address required")
@@ -623,18 +703,23 @@ class Outgoing(Link):
         connection = self.connection
         vhost = connection.vhost
         assert vhost is not None
-        arguments = _consumer_arguments(self.source)
-        self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        wanted = filters.read(self.source)
+        queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        if wanted.accepts is not None and queue.type.name == "stream" and not isinstance(queue, StreamQueue):
+            raise Amqp10Error(frames.NOT_IMPLEMENTED, f"filters on {queue.name!r}, a stream on another node")
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
-        self.consumer = self.broker.consume(self.queue, self, tag, self.settled, False, arguments, 0xFFFF)
+        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF)
+        self.offsets = isinstance(queue, StreamQueue)
+        if wanted.accepts is not None and isinstance(queue, StreamQueue):
+            queue.filter_consumer(self.consumer, wanted.accepts)
 
     def on_flow(self, fields: list[Value]) -> None:
         delivery_count = frames.typed(fields, 5, ("uint",), "delivery-count", self.delivery_count)
         credit = frames.typed(fields, 6, ("uint",), "link-credit", 0)
         self.drain = frames.field(fields, 8, False) is True
         self.credit = max(0, (delivery_count + credit - self.delivery_count) & MAX_UINT)
-        if self.management:
+        if self.management or self.reply is not None:
             self._send_responses()
         elif self.credit > 0:
             self.queue.deliver_ready()
@@ -668,6 +753,13 @@ class Outgoing(Link):
             self._deliver_frames(fields, record, self.connection.peer_frame_max - _TRANSFER_OVERHEAD)
         self.connection.schedule_flush()
 
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """A reply to this link's address (``ports.ReplyTarget``): sent settled as credit allows, as RabbitMQ
+        4.2's volatile queue sends; past ``MAX_RESPONSES`` waiting for credit, dropped (never stored)."""
+        if len(self.responses) < MAX_RESPONSES:
+            self.responses.append(amqp10.record_head(message, native=True) + message.body)
+            self._send_responses()
+
     # -- ports.DeliveryTarget ----------------------------------------------------------------
 
     def client(self) -> ClientChannel:
@@ -688,9 +780,17 @@ class Outgoing(Link):
         session.next_delivery_id = (delivery_id + 1) & MAX_UINT
         self.credit -= 1
         self.delivery_count = (self.delivery_count + 1) & MAX_UINT
-        if not consumer.no_ack:
+        stats = session.stats
+        if consumer.no_ack:
+            stats.deliver_no_ack += 1
+        else:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
+            stats.deliver += 1
+        if entry.redelivered:
+            stats.redeliver += 1
         head = amqp10.record_head(message, native=True)
+        if self.offsets:
+            head = _with_offset(head, entry.seq)
         body = message.body
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
         size = len(head) + len(body)
@@ -745,6 +845,9 @@ class Outgoing(Link):
 
     def closed(self) -> None:
         """Detached: the consumer goes, and what the link's client held is requeued."""
+        if self.reply is not None:
+            self.broker.replies.remove(self.reply)
+            self.reply = None
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             self.broker.remove_consumer(consumer)

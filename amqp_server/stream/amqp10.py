@@ -37,6 +37,10 @@ APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x
 _PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
                    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
                    "reply_to_group_id")
+# An AMQP 1.0 publish's properties section as it came, kept as this header when it says what AMQP 0-9-1 properties
+# cannot (``_UNMAPPED``), so an AMQP 1.0 reader gets it back whole (RabbitMQ's name for the same, mc.hrl)
+PROPERTIES_HEADER = "x-amqp-1.0-properties"
+_UNMAPPED = ("to", "subject", "absolute_expiry_time", "group_id", "group_sequence", "reply_to_group_id")
 MAX_DEPTH = 32
 MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
 
@@ -333,9 +337,11 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
     body: list[bytes] = []
+    props_section = b""
     for descriptor, content, encoded in found:
         if descriptor == PROPERTIES and content.kind == "list":
             props = {name: item for name, item in zip(_PROPERTY_NAMES, content.value)}
+            props_section = encoded
         elif descriptor == APPLICATION_PROPERTIES:
             application = _map(content)
         elif descriptor == MESSAGE_ANNOTATIONS:
@@ -360,10 +366,14 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
                 else None
             if converted is not None:
                 headers[name] = converted
+        if any(name in props and props[name].kind != "null" for name in _UNMAPPED):
+            headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
     basic_type = application.pop("x-basic-type", None)
     if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
         basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
     app_id = application.pop("x-basic-app-id", None)
+    if native and props.get("group_id") is not None:
+        app_id = props["group_id"]  # (RabbitMQ 4.x: group-id is app-id)
     for name, value in application.items():
         converted = _field(value)
         if converted is not None:
@@ -609,7 +619,20 @@ def symbols(names: list[str]) -> bytes:
 
 
 _ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
-DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # a header section: durable = true
+_UINT_MAX = 0xFFFFFFFF
+
+
+def _header_section(message: Message) -> bytes:
+    """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
+    props = message.properties
+    expiration = props.expiration
+    ttl = int(expiration) if expiration is not None and expiration.isdigit() and int(expiration) <= _UINT_MAX \
+        else None
+    fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
+              uint(ttl) if ttl is not None else NULL]
+    while fields and fields[-1] in (NULL, b"\x42"):
+        fields.pop()
+    return described(HEADER, encode_list(fields)) if fields else b""
 
 
 def from_amqp091(message: Message) -> bytes:
@@ -625,16 +648,16 @@ def entry(message: Message) -> bytes:
 
 def record_head(message: Message, native: bool = False) -> bytes:
     """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
-    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts,
-    a header section says ``durable`` for a persistent message, and a body of AMQP 1.0 sections (type
-    ``amqp-1.0``) goes out as those sections, the type not told."""
+    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
+    (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
+    (type ``amqp-1.0``) goes out as those sections, the type not told."""
     key = (message.route, message.header[12:], native)
     cached = _ENVELOPES.get(key)
     if cached is None:
         sections_body = native and message.properties.message_type == AMQP10_TYPE
-        envelope = _envelope(message, sections_body)
-        if native and message.persistent:  # a header section saying so, as RabbitMQ 4.x tells an AMQP 1.0 reader
-            envelope = DURABLE_HEADER + envelope
+        envelope = _envelope(message, sections_body, native)
+        if native:
+            envelope = _header_section(message) + envelope
         cached = (envelope, sections_body)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
@@ -651,21 +674,60 @@ def record_head(message: Message, native: bool = False) -> bytes:
 _BYTES = [bytes((i,)) for i in range(256)]
 
 
-def _envelope(message: Message, sections_body: bool = False) -> bytes:
+def kept_properties(section: bytes | bytearray) -> list[Value] | None:
+    """The fields of a properties section kept in ``PROPERTIES_HEADER``; None if it is not one (a header any
+    publisher may set: only a well-formed section goes out as one)."""
+    try:
+        value, end = value_at(bytes(section))
+    except (Invalid, TooLarge):
+        return None
+    if end != len(section) or value.kind != "described" or value.value[0] != PROPERTIES \
+            or value.value[1].kind != "list":
+        return None
+    return value.value[1].value
+
+
+def _envelope(message: Message, sections_body: bool = False, native: bool = False) -> bytes:
     """Everything of the record before its body: the same for every message with this route and these properties
-    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told)."""
+    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told).  ``native``: for an
+    AMQP 1.0 reader, ``x-`` headers are message annotations, as RabbitMQ 4.x converts them (mc_amqpl)."""
     props = message.properties
     annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
-    if props.priority is not None:
+    if native:  # (the header section says priority, durable and ttl)
+        if props.message_type is not None and not sections_body:
+            annotations.append((symbol("x-basic-type"), utf8(props.message_type)))
+    elif props.priority is not None:
         annotations.append((symbol("x-basic-priority"), b"\x50" + bytes((props.priority,))))
-    if props.delivery_mode is not None:
+    if props.delivery_mode is not None and not native:
         annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
-    if props.expiration is not None:
+    if props.expiration is not None and not native:
         annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
+    application: list[tuple[bytes, bytes]] = []
+    if props.message_type is not None and not native:
+        application.append((utf8("x-basic-type"), utf8(props.message_type)))
+    group_id = props.app_id if native else None
+    if props.app_id is not None and not native:
+        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
+    kept: bytes | None = None  # (native) the properties section the publish had, if kept whole
+    if message.has_headers:
+        for name, field in message.typed_headers().items():
+            if native and name == PROPERTIES_HEADER:
+                if field.kind == "x" and kept_properties(field.value) is not None:
+                    kept = bytes(field.value)
+                continue
+            value = _header_value(field)
+            if value is None:
+                continue
+            if native and name.startswith("x-"):
+                annotations.append((symbol(name), value))
+            else:
+                application.append((utf8(name), value))
     out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
-              props.content_encoding, props.timestamp]
-    if any(value is not None for value in values):
+              props.content_encoding, props.timestamp, group_id]
+    if kept is not None:
+        out.append(kept)
+    elif any(value is not None for value in values):
         out.append(described(PROPERTIES, encode_list([
             utf8(props.message_id) if props.message_id is not None else b"\x40",
             binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
@@ -676,17 +738,7 @@ def _envelope(message: Message, sections_body: bool = False) -> bytes:
             symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
             b"\x40",
             b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
-            b"\x40", b"\x40", b"\x40"])))
-    application: list[tuple[bytes, bytes]] = []
-    if props.message_type is not None and not sections_body:
-        application.append((utf8("x-basic-type"), utf8(props.message_type)))
-    if props.app_id is not None:
-        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
-    if message.has_headers:
-        for name, field in message.typed_headers().items():
-            value = _header_value(field)
-            if value is not None:
-                application.append((utf8(name), value))
+            utf8(group_id) if group_id is not None else b"\x40", b"\x40", b"\x40"])))
     if application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)

@@ -23,7 +23,7 @@ import os
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..auth import loopback_refused
 from ..errors import AMQPError
 from ..frontend import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
+from ..stats import MessageStats
 from ..stream_queue import StreamQueue
 from . import chunk, core
 from .core import Fields, Malformed
@@ -160,6 +161,7 @@ class StreamConnection(FrontEnd):
         self._timer: asyncio.TimerHandle | None = None
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.connected_at = time.time()
+        self.stats = MessageStats()  # counted per frame and per chunk, not per message
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class StreamConnection(FrontEnd):
         self.out.clear()
         self.flow.gone(self)
         self.clients.remove(self)
+        self.clients.fold(self.protocol, self.stats)
         if self.user is not None and self.vhost is not None:
             self.broker.limits.close_connection(self, self.vhost_name, self.user.name)
 
@@ -207,6 +210,12 @@ class StreamConnection(FrontEnd):
 
     def force_close(self, reason: str) -> None:
         self._close(core.OK, reason)
+
+    def listed_sessions(self) -> None:
+        return None
+
+    def message_stats(self) -> Iterable[MessageStats]:
+        return (self.stats,)
 
     def drop_if_peer_gone(self) -> None:
         """(The memory alarm's sweep of paused connections: a stream connection it holds is dropped on close.)"""
@@ -604,6 +613,7 @@ class StreamConnection(FrontEnd):
         not above its last are confirmed, not written; each chunk's trailer holds its last id there."""
         publisher_id = fields.u8()
         count = fields.count(12)
+        self.stats.publish += count
         publisher = self.publishers.get(publisher_id)
         if not self.publishing:
             self.publishing = True
@@ -747,6 +757,7 @@ class StreamConnection(FrontEnd):
             ids = b"".join(blocks)
             self.out.append(_CONFIRM_HEAD.pack(9 + len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids) // 8))
             self.out.append(ids)
+            self.stats.confirm += len(ids) // 8
         self._confirms.clear()
 
     # -- consuming ----------------------------------------------------------------------------
@@ -866,10 +877,12 @@ class StreamConnection(FrontEnd):
             if len(run) == 1:
                 chunk_id, _ts, pos, records, size, _whole, _body = run[0].item()
                 self._send_chunk(_DELIVER_HEAD.pack(size + 5, core.DELIVER, 1, subscription.id), fd, pos, size)
+                self.stats.deliver_no_ack += records
             else:
                 self._send_run(subscription.id, fd, run)
                 chunk_id, records = int(run[-1]["id"]), int(run[-1]["records"])
                 size = int(sizes[:len(run)].sum())
+                self.stats.deliver_no_ack += int(run["records"].sum())
             subscription.offset = chunk_id + records
             subscription.credit -= len(run)
             chunks += len(run)

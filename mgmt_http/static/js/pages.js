@@ -202,6 +202,9 @@
       { key: "messages_unacknowledged", label: "Unacked", num: true },
       { key: "mode", label: "Mode", value: (c) => (c.confirm ? "C" : "") + (c.transactional ? "T" : "") },
     ], { sortKey: "number", sortDir: 1, empty: "No open channels." });
+    const channelsPanel = h("section.panel", h("div.panel-head", h("h2", "Channels")), h("div.panel-body.flush", channels.el));
+    const sessions = h("div", { id: "connection-sessions" });
+    const sessionsPanel = h("section.panel", { hidden: true }, h("div.panel-head", h("h2", "Sessions")), h("div.panel-body", sessions));
     const close = h("button.btn.btn-danger", { type: "button", id: "connection-close", on: { click: async () => {
       if (await closeConnection(close, name)) W.navigate("#/connections", `Connection ${name} closed.`);
     } } }, "Force close");
@@ -211,7 +214,7 @@
         h("div.grid-2",
           h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
           h("section.panel", h("div.panel-head", h("h2", "TLS")), h("div.panel-body", tlsInfo))),
-        h("section.panel", h("div.panel-head", h("h2", "Channels")), h("div.panel-body.flush", channels.el)),
+        channelsPanel, sessionsPanel,
         h("section.panel", h("div.panel-head", h("h2", "Client properties")), h("div.panel-body", props)),
         h("section.panel", h("div.panel-head", h("h2", "Close this connection")), h("div.panel-body.danger-zone", close))),
       async refresh() {
@@ -232,10 +235,31 @@
         ]) : h("span.muted", "This connection does not use TLS."));
         const p = c.client_properties || {};
         replace(props, W.kvTable(Object.entries(p).map(([k, v]) => [k, h("span.mono", typeof v === "object" ? JSON.stringify(v) : String(v))])));
-        channels.update(await api("GET", `connections/${enc(name)}/channels`));
+        const amqp10 = c.protocol === "AMQP 1.0";
+        channelsPanel.hidden = amqp10;
+        sessionsPanel.hidden = !amqp10;
+        if (amqp10) replace(sessions, sessionList(await api("GET", `connections/${enc(name)}/sessions`)));
+        else channels.update(await api("GET", `connections/${enc(name)}/channels`));
       },
     };
   };
+
+  // An AMQP 1.0 connection's sessions, each with its windows and its links both ways.
+  function sessionList(list) {
+    if (!list.length) return h("span.muted", "No sessions on this connection.");
+    const links = (title, rows, incoming) => rows.length ? [h("h3", `${title} (${rows.length})`), h("table.list", { "data-table": incoming ? "incoming-links" : "outgoing-links" },
+      h("thead", h("tr", ["Handle", "Name", incoming ? "Target address" : "Source address", incoming ? "snd-settle-mode" : "Queue",
+        "Delivery count", "Credit", incoming ? "Unconfirmed" : "Settled"].map((t) => h("th", t)))),
+      h("tbody", rows.map((l) => h("tr", [l.handle, l.link_name, l[incoming ? "target_address" : "source_address"] ?? "",
+        incoming ? l.snd_settle_mode : l.queue_name, l.delivery_count, l.credit,
+        incoming ? l.unconfirmed_messages : (l.send_settled ? "yes" : "no")].map((v) => h("td", String(v)))))))] : [];
+    return h("div", list.map((s) => h("div.session", { "data-session": String(s.channel_number) },
+      h("h3", `Session on channel ${s.channel_number}`),
+      W.kvTable([["Incoming window", fmtNum(s.incoming_window)], ["Remote incoming window", fmtNum(s.remote_incoming_window)],
+        ["Remote outgoing window", fmtNum(s.remote_outgoing_window)], ["Next incoming id", fmtNum(s.next_incoming_id)],
+        ["Next outgoing id", fmtNum(s.next_outgoing_id)], ["Unsettled deliveries", fmtNum(s.outgoing_unsettled_deliveries)]]),
+      ...links("Incoming links", s.incoming_links, true), ...links("Outgoing links", s.outgoing_links, false))));
+  }
 
   /* ====================== Channels ====================== */
   pages.channels = function () {

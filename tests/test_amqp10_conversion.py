@@ -1,0 +1,44 @@
+"""AMQP 0-9-1 and AMQP 1.0 messages across protocols as RabbitMQ 4.x converts them (mc_amqpl): a 0-9-1 message
+reaches an AMQP 1.0 reader with a header section (durable, priority, ttl), ``x-`` headers and the type as message
+annotations, app-id as group-id; a 1.0 publish's group-id is a 0-9-1 reader's app-id."""
+from __future__ import annotations
+
+import pika
+import pytest
+from proton import Message
+
+from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):  # noqa: F811
+    connection = declare(node, "q")
+    channel = connection.channel()
+    channel.basic_publish("", "q", b"full", pika.BasicProperties(
+        delivery_mode=2, priority=4, expiration="60000", type="t", app_id="a", headers={"x-h": "1", "h": 2}))
+    channel.basic_publish("", "q", b"plain", pika.BasicProperties())
+    connection.close()
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/q")
+        full, plain = receiver.receive(timeout=5), receiver.receive(timeout=5)
+    finally:
+        amqp.close()
+    assert (full.durable, full.priority, full.ttl) == (True, 4, 60.0)
+    assert (full.annotations["x-basic-type"], full.annotations["x-h"], full.group_id) == ("t", "1", "a")
+    assert full.properties == {"h": 2}
+    assert not {"x-basic-priority", "x-basic-delivery-mode", "x-basic-expiration"} & set(full.annotations)
+    assert (plain.durable, plain.priority, plain.ttl, plain.group_id) == (False, 4, 0.0, None)  # (proton's defaults)
+
+
+def test_an_amqp10_group_id_is_the_app_id_an_091_reader_gets(node):  # noqa: F811
+    connection = declare(node, "q")
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/q").send(Message(body=b"x", group_id="g", priority=7, ttl=30.0))
+    finally:
+        amqp.close()
+    _, props, _ = connection.channel().basic_get("q", auto_ack=True)
+    connection.close()
+    assert (props.app_id, props.priority, props.expiration) == ("g", 7, "30000")
