@@ -304,7 +304,7 @@ def test_deep_queue_paged_to_disk_survives_sigkill_and_clean_restarts(start_brok
 
     node = start_broker(*window, data_dir=node.data_dir)
     with connect(node) as conn:
-        got = [body for body, _ in drain(conn.channel(), "deep", "hold")]
+        got = [body for body, _ in drain(conn.channel(), "deep", settle="hold")]
     numbers = [int(body[:8]) for body in got[:-1]]
     assert got[-1] == b"marker"
     assert numbers[:len(confirmed) - taken] == confirmed[taken:]  # in order, none lost, none twice
