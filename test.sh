@@ -44,7 +44,8 @@ if [ $FAST_ONLY = 0 ] && command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/n
   npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null \
     || echo "test.sh: npm ci --prefix tests/node failed; tests/test_node_amqplib.py will skip (fail under .ci/run)" >&2
 fi
-# The static checks pyproject.toml configures (ruff over everything, mypy over the packages); .ci/run asks for them
+# The static checks pyproject.toml configures (ruff over everything, mypy over the packages and the tests); .ci/run
+# asks for them
 if [ "${WARREN_CHECKS:-0}" = 1 ]; then
   echo "ruff:" && .venv/bin/ruff check .
   echo "mypy:" && .venv/bin/mypy

@@ -290,30 +290,17 @@ class Connection(FrontEnd):
                 channel = channels.get(ch)
                 if channel is None and ch and self.state != OPEN:  # rabbit_reader: no channel frame before open
                     raise unexpected_frame(ftype, buf[start:end])
-                try:
-                    if ftype == 3:
-                        if channel is not None:
-                            channel.on_body(buf, start, end)
-                        else:
-                            self._no_channel(ch, ftype, buf[start:end])
-                    elif ftype == 1:
-                        if size < 4:
-                            raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
-                        if _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH and channel is not None:
-                            self._publish(channel, buf, start, end)
-                        else:
-                            self._method(ch, channel, self._unmarshal(buf, start, end))
+                try:  # a publish's frames here, the rest in _frame
+                    if channel is None:
+                        self._frame(ftype, ch, None, buf, start, end)
+                    elif ftype == 3:
+                        channel.on_body(buf, start, end)
                     elif ftype == 2:
-                        if channel is not None:
-                            channel.on_header(bytes(buf[start:end]))
-                        else:
-                            self._no_channel(ch, ftype, buf[start:end])
-                    elif ftype == 8:
-                        if ch != 0:
-                            raise unexpected_frame(ftype, buf[start:end])
+                        channel.on_header(bytes(buf[start:end]))
+                    elif ftype == 1 and size >= 4 and _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH:
+                        self._publish(channel, buf, start, end)
                     else:
-                        raise ConnectionError(errors.FRAME_ERROR,
-                                              f"type {ftype}, {octets(buf[start:end])}: unknown_frame")
+                        self._frame(ftype, ch, channel, buf, start, end)
                 except errors.ChannelError as exc:
                     if channel is None or ch == 0:
                         raise ConnectionError(exc.code, exc.text.partition(" - ")[2], exc.class_id,
@@ -330,6 +317,21 @@ class Connection(FrontEnd):
         if self.out:
             self.schedule_flush()
         self.clients.flush()
+
+    def _frame(self, ftype: int, ch: int, channel: "Channel | None", buf: bytearray, start: int, end: int) -> None:
+        """A frame other than a publish's on an open channel: a method, a heartbeat, content on a channel that is
+        not open, or a frame of no known type."""
+        if ftype == 1:
+            if end - start < 4:
+                raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
+            self._method(ch, channel, self._unmarshal(buf, start, end))
+        elif ftype == 8:
+            if ch != 0:
+                raise unexpected_frame(ftype, buf[start:end])
+        elif ftype in (2, 3):  # (a channel's are _frames')
+            self._no_channel(ch, ftype, buf[start:end])
+        else:
+            raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, {octets(buf[start:end])}: unknown_frame")
 
     def _body_direct(self, ch: int, buf: bytearray, pos: int, n: int, end: int) -> int:
         """A large body frame read in part: what has come goes into its message's buffer now, and what follows

@@ -77,6 +77,8 @@ import struct
 import sys
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
@@ -417,10 +419,38 @@ class Connection:
 # bulk helpers (single connection, used by backlog.py)
 # --------------------------------------------------------------------------
 
-def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=True,
+class Confirms:
+    """Publisher confirms as they arrive: every tag up to ``hw`` is confirmed (multiple acks), and those in
+    ``singles`` above it one by one."""
+
+    __slots__ = ("hw", "singles", "nacks")
+
+    def __init__(self):
+        self.hw = 0
+        self.singles = set()
+        self.nacks = 0
+
+    @property
+    def count(self):
+        return self.hw + len(self.singles)
+
+    def confirmed(self, tag, multiple, nack=False):
+        """basic.ack (or basic.nack) of ``tag``, ``multiple`` or not."""
+        if nack:
+            self.nacks += max(1, tag - self.hw) if multiple else 1
+        if multiple:
+            if tag > self.hw:
+                self.hw = tag
+                if self.singles:
+                    self.singles = {t for t in self.singles if t > tag}
+        elif tag > self.hw:
+            self.singles.add(tag)
+
+
+def publish_confirmed(conn, queue, body, count, persistent=True,
                       max_unconfirmed=10000, batch=100, timeout=None, progress=None, max_priority=None):
-    """Publish ``count`` copies of ``body`` on channel ``ch`` (already in confirm
-    mode) and wait until the broker has confirmed all of them.
+    """Publish ``count`` copies of ``body`` to ``queue`` through the default exchange on channel 1 (already in
+    confirm mode) and wait until the broker has confirmed all of them.
 
     Pipelined: batches of ``batch`` messages are written whenever fewer than
     ``max_unconfirmed`` are outstanding; the socket is non-blocking, so broker
@@ -431,8 +461,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
     close or when ``timeout`` seconds pass.  ``max_priority``: the messages'
     ``priority`` goes round 0..max_priority."""
     levels = [None] if max_priority is None else range(max_priority + 1)
-    frames = [publish_frames(ch, exchange, routing_key, body, persistent, conn.frame_max, priority=level)
-              for level in levels]
+    frames = [publish_frames(1, "", queue, body, persistent, conn.frame_max, priority=level) for level in levels]
     one = frames[0]
     full = memoryview(b"".join(frames[i % len(frames)] for i in range(batch)))
     sock = conn.sock
@@ -442,23 +471,20 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
     deadline = None if timeout is None else time.monotonic() + timeout
     next_report = time.monotonic() + 1.0
     sent = 0          # messages fully or partially handed to the socket
-    hw = 0            # every tag <= hw is confirmed (multiple acks)
-    singles = set()   # individually confirmed tags > hw
-    nacks = 0
+    confirms = Confirms()
     pending = None    # unsent remainder of the current batch
     poff = 0
     sent_s = None
     unpack_q = struct.Struct("!QB").unpack_from
     try:
-        while hw + len(singles) < count:
+        while confirms.count < count:
             now = time.monotonic()
             if deadline is not None and now > deadline:
-                raise AMQPError(f"publish timeout: {sent} sent, {hw + len(singles)} confirmed")
+                raise AMQPError(f"publish timeout: {sent} sent, {confirms.count} confirmed")
             if progress is not None and now >= next_report:
-                progress(sent, hw + len(singles))
+                progress(sent, confirms.count)
                 next_report = now + 1.0
-            can_send = pending is not None or (
-                sent < count and sent - hw - len(singles) + batch <= max_unconfirmed)
+            can_send = pending is not None or (sent < count and sent - confirms.count + batch <= max_unconfirmed)
             r, w, _ = select.select([sock], [sock] if can_send else [], [], 0.5)
             if r:
                 try:
@@ -475,15 +501,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
                     cls, meth = _CM.unpack_from(conn.buf, p0)
                     if cls == 60 and meth in (80, 120):  # basic.ack / basic.nack
                         tag, bits = unpack_q(conn.buf, p0 + 4)
-                        if meth == 120:
-                            nacks += max(1, tag - hw) if bits & 1 else 1
-                        if bits & 1:
-                            if tag > hw:
-                                hw = tag
-                                if singles:
-                                    singles = {t for t in singles if t > tag}
-                        elif tag > hw:
-                            singles.add(tag)
+                        confirms.confirmed(tag, bits & 1, meth == 120)
                     else:
                         conn._check_close(fch, cls, meth, p0)
             if w and can_send:
@@ -503,7 +521,7 @@ def publish_confirmed(conn, ch, exchange, routing_key, body, count, persistent=T
     finally:
         sock.settimeout(old_timeout)
     return {"sent_s": sent_s if sent_s is not None else time.perf_counter() - t0,
-            "confirmed_s": time.perf_counter() - t0, "nacks": nacks}
+            "confirmed_s": time.perf_counter() - t0, "nacks": confirms.nacks}
 
 
 def consume_count(conn, ch, queue, count, prefetch=1000, ack_every=100, timeout=None,
@@ -633,119 +651,132 @@ def consumer_proc(cfg, queue, no_ack, counter, ready, stop, errq):
             conn.close()
 
 
-def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters,
-                   published, ready, go, stop, errq, prioritised=False):
+@dataclass
+class Signals:
+    """What a worker process shares with its parent: ``ready`` (1 once set up, -1 on failure), ``go``, ``stop``,
+    and the queue its errors go to."""
+
+    ready: Any
+    go: Any
+    stop: Any
+    errq: Any
+
+
+def _publisher_batches(conn, exchange, routing_key, persistent, prioritised, size, batch_of):
+    """The batches a publisher sends in turn: one of ``batch_of`` messages, or with ``prioritised`` several whose
+    messages have random priorities."""
+    body = os.urandom(size // 2 + 1).hex()[:size].encode()
+    if not prioritised:
+        return [memoryview(publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max) * batch_of)]
+    rng = random.Random(1)
+    return [memoryview(b"".join(
+        publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max, rng.randint(0, MAX_PRIORITY))
+        for _ in range(batch_of)))
+        for _ in range(PRIORITY_BATCHES)]
+
+
+def _read_confirms(conn, sock, mv, start, end, confirms):
+    """Read what the broker sent (confirms, or a close, which raises) without blocking; the buffer's new (start,
+    end)."""
+    buf = conn.buf
+    unpack_hdr = _HDR.unpack_from
+    unpack_cm = _CM.unpack_from
+    while True:
+        try:
+            n = sock.recv_into(mv[end:])
+        except WOULD_BLOCK:
+            return start, end
+        if n == 0:
+            raise AMQPError("connection closed by broker")
+        end += n
+        while end - start >= 7:
+            ftype, ch, size = unpack_hdr(buf, start)
+            fend = start + size + 8
+            if fend > end:
+                break
+            if ftype == 1:
+                cls, meth = unpack_cm(buf, start + 7)
+                if cls == 60 and (meth == 80 or meth == 120):  # ack / nack
+                    tag, bits = struct.unpack_from("!QB", buf, start + 11)
+                    confirms.confirmed(tag, bits & 1)
+                else:
+                    conn._check_close(ch, cls, meth, start + 7)
+            start = fend
+        if start == end:
+            start = end = 0
+        elif len(buf) - end < 65536:
+            rem = end - start
+            buf[0:rem] = buf[start:end]
+            start, end = 0, rem
+
+
+def publisher_proc(cfg, exchange, routing_key, persistent, confirm, counters, published, signals, prioritised=False):
+    """Publish batches as fast as the consumers (``counters``) keep up with, within the window (and, with
+    ``confirm``, the unconfirmed limit), counting into ``published`` until ``signals.stop``."""
     conn = None
     try:
         conn = connect(cfg)
         conn.channel_open(1)
         if confirm:
             conn.confirm_select(1)
-        body = os.urandom(cfg["size"] // 2 + 1).hex()[: cfg["size"]].encode()
         batch_of = scaled(BATCH, cfg["size"], BATCH_BYTES)
-        if prioritised:
-            rng = random.Random(1)
-            batches = [memoryview(b"".join(
-                publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max,
-                               rng.randint(0, MAX_PRIORITY)) for _ in range(batch_of)))
-                for _ in range(PRIORITY_BATCHES)]
-        else:
-            batches = [memoryview(publish_frames(1, exchange, routing_key, body, persistent, conn.frame_max)
-                                  * batch_of)]
+        batches = _publisher_batches(conn, exchange, routing_key, persistent, prioritised, cfg["size"], batch_of)
         window = scaled(cfg["window"], cfg["size"], IN_FLIGHT_BYTES)
-        unconfirmed = scaled(MAX_UNCONFIRMED, cfg["size"], IN_FLIGHT_BYTES)
-        ready.value = 1
-        while not go.value:
-            if stop.value:
+        unconfirmed = scaled(MAX_UNCONFIRMED, cfg["size"], IN_FLIGHT_BYTES) if confirm else None
+        signals.ready.value = 1
+        while not signals.go.value:
+            if signals.stop.value:
                 return
             time.sleep(0.005)
-        sock = conn.sock
-        sock.setblocking(False)
-        buf = conn.buf
-        mv = memoryview(buf)
-        start = end = 0
-        unpack_hdr = _HDR.unpack_from
-        unpack_cm = _CM.unpack_from
-        pub = 0
-        pending = None       # partially sent batch
-        poff = 0
-        confirmed_hw = 0     # all tags <= hw are confirmed
-        singles = set()      # individually confirmed tags > hw
-        nconsumers = len(counters)
-        while not stop.value:
-            # ---- read anything the broker sent (confirms, close) ----
-            want_read = False
-            while True:
-                try:
-                    n = sock.recv_into(mv[end:])
-                except WOULD_BLOCK:
-                    break
-                if n == 0:
-                    raise AMQPError("connection closed by broker")
-                end += n
-                while end - start >= 7:
-                    ftype, ch, size = unpack_hdr(buf, start)
-                    fend = start + size + 8
-                    if fend > end:
-                        break
-                    if ftype == 1:
-                        cls, meth = unpack_cm(buf, start + 7)
-                        if cls == 60 and (meth == 80 or meth == 120):  # ack / nack
-                            tag, bits = struct.unpack_from("!QB", buf, start + 11)
-                            if bits & 1:
-                                if tag > confirmed_hw:
-                                    confirmed_hw = tag
-                                    if singles:
-                                        singles = {t for t in singles if t > tag}
-                            elif tag > confirmed_hw:
-                                singles.add(tag)
-                        else:
-                            conn.buf = buf
-                            conn._check_close(ch, cls, meth, start + 7)
-                    start = fend
-                if start == end:
-                    start = end = 0
-                elif len(buf) - end < 65536:
-                    rem = end - start
-                    buf[0:rem] = buf[start:end]
-                    start, end = 0, rem
-            # ---- send ----
-            if pending is not None:
-                try:
-                    poff += sock.send(pending[poff:])
-                except WOULD_BLOCK:
-                    pass
-                if poff >= len(pending):
-                    pending = None
-                else:
-                    select.select([sock], [sock], [], 0.05)
-                    continue
-            consumed = counters[0].value if nconsumers == 1 else min(c.value for c in counters)
-            if pub - consumed + batch_of > window:
-                want_read = True
-            elif confirm and pub - confirmed_hw - len(singles) + batch_of > unconfirmed:
-                want_read = True
-            if want_read:
-                if confirm:
-                    select.select([sock], [], [], 0.002)
-                else:
-                    time.sleep(0.001)
-                continue
-            batch = batches[(pub // batch_of) % len(batches)]
-            try:
-                n = sock.send(batch)
-            except WOULD_BLOCK:
-                n = 0
-            pub += batch_of
-            published.value = pub
-            if n < len(batch):
-                pending, poff = batch, n
+        _publish_until_stopped(conn, batches, batch_of, window, unconfirmed, counters, published, signals.stop)
     except Exception as e:
-        errq.put(f"publisher: {type(e).__name__}: {e}")
-        ready.value = -1
+        signals.errq.put(f"publisher: {type(e).__name__}: {e}")
+        signals.ready.value = -1
     finally:
         if conn is not None:
             conn.close()
+
+
+def _publish_until_stopped(conn, batches, batch_of, window, unconfirmed, counters, published, stop):
+    """publisher_proc's loop: ``unconfirmed`` None for a publisher without confirms."""
+    sock = conn.sock
+    sock.setblocking(False)
+    mv = memoryview(conn.buf)
+    start = end = 0
+    pub = 0
+    pending = None       # partially sent batch
+    poff = 0
+    confirms = Confirms()
+    nconsumers = len(counters)
+    while not stop.value:
+        start, end = _read_confirms(conn, sock, mv, start, end, confirms)
+        if pending is not None:
+            try:
+                poff += sock.send(pending[poff:])
+            except WOULD_BLOCK:
+                pass
+            if poff >= len(pending):
+                pending = None
+            else:
+                select.select([sock], [sock], [], 0.05)
+                continue
+        consumed = counters[0].value if nconsumers == 1 else min(c.value for c in counters)
+        if pub - consumed + batch_of > window or (
+                unconfirmed is not None and pub - confirms.count + batch_of > unconfirmed):
+            if unconfirmed is None:
+                time.sleep(0.001)
+            else:
+                select.select([sock], [], [], 0.002)  # confirms may come meanwhile
+            continue
+        batch = batches[(pub // batch_of) % len(batches)]
+        try:
+            n = sock.send(batch)
+        except WOULD_BLOCK:
+            n = 0
+        pub += batch_of
+        published.value = pub
+        if n < len(batch):
+            pending, poff = batch, n
 
 
 # --------------------------------------------------------------------------
@@ -831,8 +862,8 @@ def run_throughput(cfg, workload):
             procs.append(p)
         _wait_ready(cready, procs, errq)
         pp = ctx.Process(target=publisher_proc,
-                         args=(cfg, exchange, routing_key, persistent, confirm, counters,
-                               published, pready, go, stop, errq, workload == "priority"), daemon=True)
+                         args=(cfg, exchange, routing_key, persistent, confirm, counters, published,
+                               Signals(pready, go, stop, errq), workload == "priority"), daemon=True)
         pp.start()
         procs.append(pp)
         _wait_ready([pready], procs, errq)

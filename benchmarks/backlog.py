@@ -425,7 +425,7 @@ def run(args) -> dict:
         nacks = 0
         for i, queue in enumerate(queues):
             share = args.messages // len(queues) + (1 if i < args.messages % len(queues) else 0)
-            p = publish_confirmed(conn, 1, "", queue, body, share, persistent=True,
+            p = publish_confirmed(conn, queue, body, share, persistent=True,
                                   max_unconfirmed=args.max_unconfirmed, timeout=args.publish_timeout,
                                   progress=pub_progress, max_priority=args.max_priority)
             confirmed_s += p["confirmed_s"]

@@ -116,7 +116,7 @@ def measure(ports: list[int], pairs: list[tuple[int, int, int]], seconds: float,
             ready = ctx.RawValue("b", 0)
             proc = ctx.Process(target=amqp_load.publisher_proc, daemon=True,
                                args=(dict(base, port=ports[pub]), exchange, queues[0], False, False, mine,
-                                     ctx.RawValue("q", 0), ready, go, stop, errq))
+                                     ctx.RawValue("q", 0), amqp_load.Signals(ready, go, stop, errq)))
             proc.start()
             procs.append(proc)
             amqp_load._wait_ready([ready], procs, errq)

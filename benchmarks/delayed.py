@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -84,15 +85,27 @@ def delayed_frames(ch: int, delay_ms: int, body: bytes, mode: bytes) -> bytes:
             + _HDR.pack(FRAME_BODY, ch, len(body)) + body + FRAME_END)
 
 
+@dataclass
+class Timeline:
+    """Per message, by seq: when it was written, when it was confirmed, and the x-delay it was given (ms)."""
+
+    written: list[float]
+    confirmed_at: list[float]
+    delays: list[int]
+
+    @classmethod
+    def of(cls, count: int) -> Timeline:
+        return cls([0.0] * count, [0.0] * count, [0] * count)
+
+
 def publish(conn: Connection, count: int, size: int, first_due: float, spread: float,
-            max_unconfirmed: int, written: list[float], confirmed_at: list[float], delays: list[int],
-            mode: bytes, batch: int = 50) -> float:
-    """Publish with confirms, pipelined, filling in per message (by seq) when it was written, when it was
-    confirmed and its delay; returns seconds until the last confirm.
+            max_unconfirmed: int, timeline: Timeline, mode: bytes, batch: int = 50) -> float:
+    """Publish with confirms, pipelined, filling in ``timeline``; returns seconds until the last confirm.
 
     A batch's x-delay values are computed just before it is written, and the socket's send buffer is
     small, so a message reaches the broker soon after its delay was reckoned.
     """
+    written, confirmed_at, delays = timeline.written, timeline.confirmed_at, timeline.delays
     sock = conn.sock
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
     sock.setblocking(False)
@@ -222,10 +235,9 @@ def main(argv: list[str] | None = None) -> int:
 
         start = time.time()
         log(f"publishing {args.messages} delayed messages, due in [{args.lead:.0f}, {args.lead + args.spread:.0f}] s")
-        written, confirmed_at = [0.0] * args.messages, [0.0] * args.messages
-        delays = [0] * args.messages
+        timeline = Timeline.of(args.messages)
         elapsed = publish(conn, args.messages, args.size, start + args.lead, args.spread, args.max_unconfirmed,
-                          written, confirmed_at, delays, b"\x01" if args.transient else b"\x02")
+                          timeline, b"\x01" if args.transient else b"\x02")
         result["publish_rate"] = args.messages / elapsed
         result["published_before_first_due"] = time.time() < start + args.lead
         result["rss_all_pending"] = rss_bytes(node.pid() or 0) or 0
@@ -242,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         conn.close()
         got = [seq for seq, at in enumerate(arrived) if at]
         result["delivered"] = len(got)
-        for name, base in (("late", written), ("late_c", confirmed_at)):
-            late = sorted((arrived[s] - base[s]) * 1000 - delays[s] for s in got)
+        for name, base in (("late", timeline.written), ("late_c", timeline.confirmed_at)):
+            late = sorted((arrived[s] - base[s]) * 1000 - timeline.delays[s] for s in got)
             n = len(late)
             for label, p in (("p50", 50), ("p99", 99), ("p999", 99.9)):
                 result[f"{name}_{label}_ms"] = late[min(n - 1, int(p / 100 * n))] if n else float("nan")

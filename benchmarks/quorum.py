@@ -50,7 +50,7 @@ def declare(port: int, name: str, quorum: bool) -> None:
 def publish_rate(port: int, queue: str, count: int, in_flight: int) -> float:
     conn = connect(port)
     conn.confirm_select(1)
-    result = amqp_load.publish_confirmed(conn, 1, "", queue, BODY, count, max_unconfirmed=in_flight, timeout=300)
+    result = amqp_load.publish_confirmed(conn, queue, BODY, count, max_unconfirmed=in_flight, timeout=300)
     conn.close()
     if result["nacks"]:
         raise RuntimeError(f"{result['nacks']} nacks")
@@ -76,7 +76,7 @@ def acked(port: int, queue: str) -> bool:
         conn = amqp_load.Connection("127.0.0.1", port, "guest", "guest", timeout=2)
         conn.channel_open(1)
         conn.confirm_select(1)
-        result = amqp_load.publish_confirmed(conn, 1, "", queue, BODY, 1, timeout=2)
+        result = amqp_load.publish_confirmed(conn, queue, BODY, 1, timeout=2)
         conn.close()
         return result["nacks"] == 0
     except (amqp_load.AMQPError, OSError):

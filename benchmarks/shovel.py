@@ -107,7 +107,7 @@ def prepare(source: Node, destination: Node, messages: int, size: int) -> None:
     conn = Connection("127.0.0.1", source.port, "guest", "guest")
     conn.channel_open(1)
     conn.confirm_select(1)
-    publish_confirmed(conn, 1, "", "bench-src", b"x" * size, messages, persistent=True)
+    publish_confirmed(conn, "bench-src", b"x" * size, messages, persistent=True)
     conn.close()
 
 

@@ -56,7 +56,7 @@ def fill(args: argparse.Namespace) -> float:
     conn.queue_delete(1, QUEUE)
     conn.queue_declare(1, QUEUE, durable=args.persistent)
     conn.confirm_select(1)
-    result = publish_confirmed(conn, 1, "", QUEUE, b"x" * args.size, args.messages, persistent=args.persistent,
+    result = publish_confirmed(conn, QUEUE, b"x" * args.size, args.messages, persistent=args.persistent,
                                timeout=args.timeout)
     conn.close()
     return args.messages / result["confirmed_s"]

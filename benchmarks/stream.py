@@ -45,7 +45,7 @@ def run(port: int, messages: int, in_flight: int, prefetch: int, pid: int) -> tu
     conn.queue_declare(1, name, durable=True, arguments={"x-queue-type": "stream"})
     conn.confirm_select(1)
     cpu = _cpu(pid)
-    result = amqp_load.publish_confirmed(conn, 1, "", name, BODY, messages, max_unconfirmed=in_flight, timeout=600)
+    result = amqp_load.publish_confirmed(conn, name, BODY, messages, max_unconfirmed=in_flight, timeout=600)
     publish_cpu = _cpu(pid) - cpu
     conn.close()
     if result["nacks"]:

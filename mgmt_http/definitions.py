@@ -9,10 +9,12 @@ from aiohttp import web
 
 from amqp_server import __version__, field_types, runtime_parameters
 from amqp_server.auth import AccessControl
+from amqp_server.broker import Broker
 from amqp_server.errors import AMQPError
 from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
 from amqp_server.logs import untrusted
 from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse, unserved_keys
+from amqp_server.vhost import VHost
 
 from . import auth
 from .bindings import vhost_bindings
@@ -165,10 +167,30 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
     is skipped rather than kept without effect: the list returned (and the log) says what and why.  Shovels and
     federation links act on this node (``amqp://``) as ``user`` (the importing administrator).
     """
-    skipped: list[dict[str, Any]] = []
-    broker = context.broker
-    access = broker.access
+    run = _Import(context.broker, body, only_vhost, user)
     if only_vhost is None:
+        run.node_wide()
+    run.policies()
+    run.parameters()
+    try:
+        run.topology()
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+    context.broker.links_changed()
+    return run.skipped
+
+
+class _Import:
+    """One import, part by part in the order above: what it reads, where, as whom, and what it skipped."""
+
+    def __init__(self, broker: Broker, body: dict[str, Any], only_vhost: str | None, user: str) -> None:
+        self.broker, self.access, self.body = broker, broker.access, body
+        self.only_vhost, self.user = only_vhost, user
+        self.skipped: list[dict[str, Any]] = []
+
+    def node_wide(self) -> None:
+        """Global parameters, users, vhosts, permissions and topic permissions."""
+        access, body = self.access, self.body
         for item in _items(body, "global_parameters"):
             access.set_global_parameter(get_str(item, "name"), item.get("value"))
         for item in _items(body, "users"):
@@ -178,7 +200,7 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             if "limits" in item:
                 access.set_limits("user_limits", name, _limits(item["limits"], USER_LIMITS, "user-limits"))
         for item in _items(body, "vhosts"):
-            broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
+            self.broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
         for item in _items(body, "permissions"):
             vhost, user = _known(access, item)
             access.set_permissions(vhost, user, permissions_from_json(item))
@@ -186,50 +208,60 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
             vhost, user = _known(access, item)
             access.set_topic_permission(vhost, user, topic_permission_from_json(item))
 
-    def vhost_of(item: dict[str, Any]):
-        name = only_vhost if only_vhost is not None else get_str(item, "vhost")
-        if not access.vhost_exists(name):
+    def vhost_of(self, item: dict[str, Any]) -> VHost:
+        name = self.only_vhost if self.only_vhost is not None else get_str(item, "vhost")
+        if not self.access.vhost_exists(name):
             raise bad_request(["no_such_vhost", name])
-        return broker.vhost(name)
+        return self.broker.vhost(name)
 
-    def skip(what: dict[str, Any], reason: str) -> None:
-        skipped.append({**what, "reason": reason})
+    def skip(self, what: dict[str, Any], reason: str) -> None:
+        self.skipped.append({**what, "reason": reason})
         log.warning("definitions import: skipped %s: %s", untrusted(orjson.dumps(what).decode()), untrusted(reason))
 
-    policies = broker.policies
-    for item in _items(body, "policies"):
-        vhost = vhost_of(item)
-        definition = item.get("definition")
-        unserved = unserved_keys(definition)  # (a definition that is no dict has none: parse refuses it)
-        if unserved and isinstance(definition, dict):
-            skip({"policy": get_str(item, "name"), "vhost": vhost.name, "keys": unserved},
-                 "policy keys of a plugin Warren does not serve" +
-                 ("" if len(unserved) < len(definition) else "; nothing else left, policy not imported"))
-            if len(unserved) == len(definition):
-                continue
-            item = {**item, "definition": {k: v for k, v in definition.items() if k not in unserved}}
-        policies.put(POLICY, _policy(vhost.name, item, item, False), vhost)
-    for item in _items(body, "parameters"):
-        component = item.get("component")
-        if component not in (LIMITS, OPERATOR_POLICY):
-            vhost = vhost_of(item)
-            name = get_str(item, "name")
-            try:
-                runtime_parameters.validate(access, str(component), name, item.get("value"), None)
-            except runtime_parameters.ParameterError as exc:
-                skip({"parameter": name, "component": component, "vhost": vhost.name},
-                     str(exc).replace("Validation failed\n\n", "").strip())
-                continue
-            access.set_parameter(vhost.name, str(component), name, item.get("value"), user)
-        if component == LIMITS:
-            access.set_limits("vhost_limits", vhost_of(item).name,
-                              _limits(item.get("value"), VHOST_LIMITS, "limits"))
-        if item.get("component") == OPERATOR_POLICY:
-            vhost = vhost_of(item)
-            value = item.get("value")
-            policies.put(OPERATOR_POLICY, _policy(vhost.name, item, value if isinstance(value, dict) else {}, True),
-                         vhost)
-    try:
+    def policies(self) -> None:
+        """Policies, less the keys of plugins Warren does not serve."""
+        for item in _items(self.body, "policies"):
+            vhost = self.vhost_of(item)
+            definition = item.get("definition")
+            unserved = unserved_keys(definition)  # (a definition that is no dict has none: parse refuses it)
+            if unserved and isinstance(definition, dict):
+                self.skip({"policy": get_str(item, "name"), "vhost": vhost.name, "keys": unserved},
+                          "policy keys of a plugin Warren does not serve" +
+                          ("" if len(unserved) < len(definition) else "; nothing else left, policy not imported"))
+                if len(unserved) == len(definition):
+                    continue
+                item = {**item, "definition": {k: v for k, v in definition.items() if k not in unserved}}
+            self.broker.policies.put(POLICY, _policy(vhost.name, item, item, False), vhost)
+
+    def parameters(self) -> None:
+        """Runtime parameters: vhost limits, operator policies, and the components' (shovels, federation...),
+        those Warren does not serve or finds invalid skipped."""
+        access = self.access
+        for item in _items(self.body, "parameters"):
+            component = item.get("component")
+            if component not in (LIMITS, OPERATOR_POLICY):
+                vhost = self.vhost_of(item)
+                name = get_str(item, "name")
+                try:
+                    runtime_parameters.validate(access, str(component), name, item.get("value"), None)
+                except runtime_parameters.ParameterError as exc:
+                    self.skip({"parameter": name, "component": component, "vhost": vhost.name},
+                              str(exc).replace("Validation failed\n\n", "").strip())
+                    continue
+                access.set_parameter(vhost.name, str(component), name, item.get("value"), self.user)
+            if component == LIMITS:
+                access.set_limits("vhost_limits", self.vhost_of(item).name,
+                                  _limits(item.get("value"), VHOST_LIMITS, "limits"))
+            if item.get("component") == OPERATOR_POLICY:
+                vhost = self.vhost_of(item)
+                value = item.get("value")
+                self.broker.policies.put(
+                    OPERATOR_POLICY, _policy(vhost.name, item, value if isinstance(value, dict) else {}, True), vhost)
+
+    def topology(self) -> None:
+        """Exchanges, queues, then bindings (one whose ends are not both there skipped, as RabbitMQ's import
+        does)."""
+        broker, body, vhost_of = self.broker, self.body, self.vhost_of
         for item in _items(body, "exchanges"):
             broker.declare_exchange(vhost_of(item), get_str(item, "name"), get_str(item, "type"),
                                     durable=get_bool(item, "durable", True),
@@ -247,15 +279,11 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
                 raise bad_request("destination_type must be 'queue' or 'exchange'")
             source, name = get_str(item, "source"), get_str(item, "destination")
             destination = (vhost.queues if kind == "queue" else vhost.exchanges).get(name)
-            if destination is None or source not in vhost.exchanges:  # skipped, as RabbitMQ's import does
+            if destination is None or source not in vhost.exchanges:
                 log.warning("definitions import: binding of %s %s to %s skipped: not both there", kind,
                             untrusted(name), untrusted(source))
                 continue
             broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
-    broker.links_changed()
-    return skipped
 
 
 def _known(access: AccessControl, item: dict[str, Any]) -> tuple[str, str]:

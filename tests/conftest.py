@@ -1,4 +1,6 @@
-"""Shared fixtures: a real Warren node in a subprocess on a free loopback port.
+"""Shared fixtures: a real Warren node in a subprocess on a free loopback port (``broker``, shared; ``start_broker``,
+a test's own; ``node_fixture``, a module's own), and the core in-process (``core``, ``vhost``).  The helpers tests
+share beside these are in support.py.
 
 Parity mode (for humans comparing Warren with RabbitMQ, never CI): ``WARREN_TEST_BROKER=host:port`` makes
 the ``broker`` fixture point at that already running broker (user guest/guest, vhost ``/``) instead of
@@ -6,7 +8,7 @@ starting Warren; ``WARREN_TEST_BROKER_MGMT=port`` adds its HTTP API. Tests marke
 check a deliberate Warren improvement or need warren-admin, the data directory, the node's log) and tests
 using ``start_broker`` are skipped then. E.g. against a throwaway RabbitMQ on port 5733:
 
-    WARREN_TEST_BROKER=127.0.0.1:5733 python -m pytest -p no:cacheprovider tests/test_amqp_pika.py
+    WARREN_TEST_BROKER=127.0.0.1:5733 python -m pytest -p no:cacheprovider tests/test_amqp_queues.py
 """
 from __future__ import annotations
 
@@ -21,13 +23,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pika
 import pytest
+
+if TYPE_CHECKING:  # imported by the fixture: the environment below is set before the node's modules read it
+    from amqp_server.broker import Broker
+    from amqp_server.vhost import VHost
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WARREN_CHECK_INVARIANTS", "1")  # quorum queues check their state after every op, in-process
@@ -72,6 +78,8 @@ class BrokerProcess:
     port: int = 0
     mgmt_port: int = 0
     extra: list[str] = field(default_factory=list)
+    streams: bool = False  # serve the stream protocol too, on ``stream_port``
+    stream_port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
@@ -81,7 +89,7 @@ class BrokerProcess:
         """Start the node.  Ports left 0 are chosen free, and chosen again should another process take one before
         the node binds it (a port free a moment ago may go to any outgoing connection); a node that exits
         anyway fails the test with the end of its log."""
-        chosen = (not self.port, not self.mgmt_port)
+        chosen = (not self.port, not self.mgmt_port, self.streams and not self.stream_port)
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
         env = dict(os.environ, COLUMNS="200")
         tries = 3
@@ -89,14 +97,23 @@ class BrokerProcess:
             tries -= 1
             self.port = self.port or free_port()
             self.mgmt_port = self.mgmt_port or free_port()
+            streams = []
+            if self.streams:
+                self.stream_port = self.stream_port or free_port()
+                streams = ["--stream-enabled", "true", "--stream-port", str(self.stream_port)]
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
-                     "--mgmt-port", str(self.mgmt_port), "--data-dir", str(self.data_dir), *self.extra],
+                     "--mgmt-port", str(self.mgmt_port), "--data-dir", str(self.data_dir), *streams, *self.extra],
                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
                 wait_for_port(self.port, self.proc)
+                if self.streams:
+                    wait_for_port(self.stream_port, self.proc)
                 return self
+            except TimeoutError as exc:  # a node that never listened is not left running
+                self.kill()
+                raise TimeoutError(f"{exc}; its log ends with:\n{self.log()[-3000:]}") from None
             except RuntimeError as exc:
                 tail = self.log()[-3000:]
                 if not (tries and any(chosen) and "address already in use" in tail.lower()):
@@ -105,6 +122,8 @@ class BrokerProcess:
                 self.port = 0
             if chosen[1]:
                 self.mgmt_port = 0
+            if chosen[2]:
+                self.stream_port = 0
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc is None:
@@ -237,6 +256,7 @@ def _execute_child_unless_fast(popen: subprocess.Popen, args, executable, *rest,
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "warren_only(reason): Warren-specific behaviour; skipped in parity mode")
+    config.addinivalue_line("markers", "core(**options): the Broker options of the in-process ``core`` fixture")
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (conftest.py says which test is in which)")
     subprocess.Popen._execute_child = _execute_child_unless_fast  # type: ignore[attr-defined]  # private: the hook the fast tier wraps
@@ -282,6 +302,21 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess |
     node.stop()
 
 
+def node_fixture(*extra: str, streams: bool = False, name: str = "node") -> Any:
+    """A fixture ``name``: a node of the module's own, started once for it with ``extra`` arguments, for tests that
+    need the node configured otherwise than the shared ``broker``.  In a test module:
+    ``node = node_fixture("--consumer-timeout", "500")``; a second one needs its name: ``name="untimed"``."""
+    @pytest.fixture(scope="module", name=name)
+    @starts(INTEGRATION)
+    def own_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+        if EXTERNAL:
+            pytest.skip("starts a Warren node of its own (parity mode)")
+        node = BrokerProcess(tmp_path_factory.mktemp(name) / "data", extra=list(extra), streams=streams).start()
+        yield node
+        node.stop()
+    return own_node
+
+
 @pytest.fixture
 @starts(INTEGRATION)
 def start_broker(tmp_path: Path) -> Iterator:
@@ -298,6 +333,25 @@ def start_broker(tmp_path: Path) -> Iterator:
     yield start
     for node in nodes:
         node.stop()
+
+
+@pytest.fixture
+async def core(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
+    """The broker's core in this process (no sockets, no frames), on a data directory of the test's own: the fast
+    tier's counterpart to the node ``broker``.  Broker's options come from a ``core`` mark, e.g.
+    ``pytestmark = pytest.mark.core(queue_window=16)``."""
+    from amqp_server.broker import Broker
+
+    mark = request.node.get_closest_marker("core")
+    core = Broker(str(tmp_path / "data"), **(mark.kwargs if mark else {}))
+    yield core
+    core.close()
+
+
+@pytest.fixture
+def vhost(core: Broker) -> VHost:
+    """The in-process core's default vhost."""
+    return core.vhost("/")
 
 
 @pytest.fixture
@@ -323,3 +377,9 @@ def conn(broker):
     yield connection
     if connection.is_open:
         connection.close()
+
+
+@pytest.fixture
+def ch(conn):
+    """A channel on ``conn``."""
+    return conn.channel()

@@ -202,7 +202,7 @@ class FakeClient:
     async def transaction(self, compare: list, success: list, failure: list) -> tuple[bool, list]:
         await self.gate()
         etcd = self.etcd
-        won = all((etcd.kvs.get(key).create_revision if key in etcd.kvs else 0) == value
+        won = all((etcd.kvs[key].create_revision if key in etcd.kvs else 0) == value
                   for key, value in compare)
         responses = []
         for _, key, value, lease in (success if won else failure):
@@ -430,7 +430,7 @@ class Network:
         ``listener``'s own link to ``dialer`` goes on.  ``heal`` brings it back."""
         peer = self.nodes[dialer].peers[listener]
         assert peer.link is not None
-        peer.link.silent = True  # type: ignore[misc]  # (the fake link's)
+        peer.link.silent = True
         peer._went_down()
         session = self.sessions.pop((listener, dialer), None)
         if session is not None:
@@ -523,6 +523,9 @@ class Client:
 
     def cancelled_by_broker(self, consumer: Any) -> None:
         self.cancelled = True
+
+    def failed(self, consumer: Any, reason: str) -> None:
+        raise AssertionError(f"a quorum queue's consumer failed: {reason}")  # (only a stream's can)
 
     def consume(self) -> "Client":
         queue = self.node.broker.vhosts["/"].queues[self.queue_name]

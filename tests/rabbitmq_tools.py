@@ -49,13 +49,20 @@ def _data_tar(deb: Path) -> tarfile.TarFile:
     raise Unavailable("no data.tar in the package")
 
 
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """A regular file's bytes."""
+    file = tar.extractfile(member)
+    assert file is not None  # (asked of regular files only)
+    return file.read()
+
+
 def _script_from(tar: tarfile.TarFile) -> bytes:
     for member in tar.getmembers():
         if member.isfile() and member.name.endswith(SCRIPT_SUFFIX) and "rabbitmq_management-" in member.name:
-            return tar.extractfile(member).read()
+            return _read(tar, member)
     for member in tar.getmembers():
         if member.isfile() and "/rabbitmq_management-" in member.name and member.name.endswith(".ez"):
-            with zipfile.ZipFile(io.BytesIO(tar.extractfile(member).read())) as ez:
+            with zipfile.ZipFile(io.BytesIO(_read(tar, member))) as ez:
                 for name in ez.namelist():
                     if name.endswith(SCRIPT_SUFFIX):
                         return ez.read(name)

@@ -12,7 +12,7 @@ import struct
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pika
 import pytest
@@ -22,8 +22,8 @@ from amqp_server import field_types, queue_args
 from amqp_server.broker import Broker
 from amqp_server.config import Config
 from amqp_server.records import QueueRecord
-from conftest import INTEGRATION, BrokerProcess, free_port, starts
-from test_mgmt_api import call, q
+from conftest import node_fixture
+from support import call, local, q
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,15 +31,7 @@ EXCEEDED = "Exceeded max value for x-stream-max-segment-size-bytes"  # rabbit_st
 BELOW = f"Below min value for x-stream-max-segment-size-bytes ({queue_args.MIN_SEGMENT_BYTES})"
 
 
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    stream_port = free_port()
-    broker = BrokerProcess(tmp_path_factory.mktemp("ranges") / "data",
-                           extra=["--stream-enabled", "true", "--stream-port", str(stream_port)]).start()
-    broker.stream_port = stream_port  # type: ignore[attr-defined]  # a test-only attribute
-    yield broker
-    broker.stop()
+node = node_fixture(streams=True)
 
 
 def declared(node, name: str, arguments: dict[str, Any]) -> tuple[int, str]:
@@ -184,7 +176,7 @@ async def test_arguments_an_older_version_stored_out_of_range_are_recovered_with
     broker.declare_queue(broker.vhost("/"), "c", durable=True, arguments={"x-max-length": 5})
     for name, arguments in (("s", {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": 10**30}),
                             ("c", {"x-max-length": 5, "x-unknown": [2**64]})):
-        record = QueueRecord("/", name, True, False, arguments, index_id=broker.vhost("/").queues[name].index_id)
+        record = QueueRecord("/", name, True, False, arguments, index_id=local(broker.vhost("/").queues[name]).index_id)
         broker.store.put(record.kind, record.key, asdict(record))
     broker.close()
     broker = Broker(data)

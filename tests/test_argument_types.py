@@ -26,8 +26,7 @@ from amqp_server.definitions import DefinitionStore
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord
 from mgmt_http.definitions import TYPED_ARGUMENTS, _arguments_in, _arguments_out
 from mgmt_http.http import encode as http_encode
-from test_mgmt_api import call, q
-from test_protocol_errors import Raw
+from support import Raw, call, q
 
 pytestmark = pytest.mark.timeout(120)
 field_types.install()

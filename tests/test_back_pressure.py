@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import frame as pframe
 
-from conftest import INTEGRATION, BrokerProcess, connect, starts
+from conftest import connect, node_fixture
 from test_hostile_input import rss
-from test_protocol_errors import Raw, raw_frame
+from support import Raw, raw_frame
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.warren_only("measures the node's own memory")]
 
@@ -113,12 +113,7 @@ def abort(raw: Raw) -> None:
     raw.close()
 
 
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory):
-    node = BrokerProcess(tmp_path_factory.mktemp("back-pressure") / "data").start()
-    yield node
-    node.stop()
+node = node_fixture()  # of its own: these tests fill its memory
 
 
 def ready(node, queue: str) -> int:

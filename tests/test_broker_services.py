@@ -1,15 +1,14 @@
-"""Each of the broker's services in-process (amqp_server/broker/): built alone with what it depends on where that
-is little (definitions, bindings, exchanges, routing), else through the broker that builds them all.  No sockets,
+"""Each of the core's services in-process (amqp_server/broker/): built alone with what it depends on where that
+is little (definitions, bindings, exchanges, routing), else through the core that builds them all.  No sockets,
 no frames: the rules every front end relies on, in milliseconds.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pamqp import commands
 
 from amqp_server import errors
 from amqp_server.auth import Principal
@@ -21,13 +20,12 @@ from amqp_server.broker.routing import Router
 from amqp_server.definitions import DefinitionStore
 from amqp_server.direct_reply import ReplyConsumers
 from amqp_server.errors import ChannelError, ConnectionError
-from amqp_server.message import Message, make_message
 from amqp_server.policy import Policies
 from amqp_server.records import Record, name_key
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.vhost import VHost
 
-from test_core import Target, consume, publish
+from support import Target, consume, drain_local, local, message, publish_local
 
 NOBODY = Principal("nobody", None)
 
@@ -68,31 +66,6 @@ def definitions(store: DefinitionStore) -> Definitions:
 @pytest.fixture
 def exchanges(definitions: Definitions, store: DefinitionStore) -> Exchanges:
     return Exchanges(Bindings(definitions), definitions, Policies(store))
-
-
-@pytest.fixture
-async def broker(tmp_path) -> AsyncIterator[Broker]:
-    broker = Broker(str(tmp_path / "data"))
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def vhost(broker: Broker) -> VHost:
-    return broker.vhost("/")
-
-
-def message(exchange: str, routing_key: str, body: bytes = b"m", **properties: Any) -> Message:
-    return make_message(exchange, routing_key, commands.Basic.Properties(**properties), body)
-
-
-def drain(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
-    bodies = []
-    while True:
-        _, entry = broker.get_local(vhost, queue, no_ack=True)
-        if entry is None:
-            return bodies
-        bodies.append(entry.message.body)
 
 
 # -- definitions ---------------------------------------------------------------------------------------------
@@ -215,86 +188,88 @@ class NoDelays:
         raise AssertionError("no delayed exchange here")
 
 
-def test_routing_by_cc_and_bcc_reaches_each_queue_once_and_strips_bcc(broker, vhost):
+def test_routing_by_cc_and_bcc_reaches_each_queue_once_and_strips_bcc(core, vhost):
     for name in ("a", "b", "c"):
-        broker.declare_queue(vhost, name)
+        core.declare_queue(vhost, name)
     router = Router(ReplyConsumers(), NoDelays())  # type: ignore[arg-type]  # (never deferred here)
-    sent = message("", "a", headers={"CC": ["b", "a"], "BCC": ["c"]})
+    sent = message(routing_key="a", headers={"CC": ["b", "a"], "BCC": ["c"]})
     assert sorted(queue.name for queue in router.route(vhost, vhost.exchange(""), sent)) == ["a", "b", "c"]
     assert "BCC" not in (sent.headers or {}) and sent.bcc_keys == ("c",)
 
 
-def test_routing_follows_exchange_to_exchange_bindings_and_alternate_exchanges(broker, vhost):
-    broker.declare_exchange(vhost, "alt", "fanout")
-    broker.declare_exchange(vhost, "main", "direct", arguments={"alternate-exchange": "alt"})
-    broker.declare_exchange(vhost, "e2e", "fanout")
+def test_routing_follows_exchange_to_exchange_bindings_and_alternate_exchanges(core, vhost):
+    core.declare_exchange(vhost, "alt", "fanout")
+    core.declare_exchange(vhost, "main", "direct", arguments={"alternate-exchange": "alt"})
+    core.declare_exchange(vhost, "e2e", "fanout")
     for name in ("caught", "direct", "via-e2e"):
-        broker.declare_queue(vhost, name)
-    broker.bind(vhost, "alt", "queue", "caught", "")
-    broker.bind(vhost, "main", "queue", "direct", "k")
-    broker.bind(vhost, "main", "exchange", "e2e", "k")
-    broker.bind(vhost, "e2e", "queue", "via-e2e", "")
+        core.declare_queue(vhost, name)
+    core.bind(vhost, "alt", "queue", "caught", "")
+    core.bind(vhost, "main", "queue", "direct", "k")
+    core.bind(vhost, "main", "exchange", "e2e", "k")
+    core.bind(vhost, "e2e", "queue", "via-e2e", "")
     main = vhost.exchange("main")
-    assert sorted(q.name for q in broker.router.route(vhost, main, message("main", "k"))) == ["direct", "via-e2e"]
-    assert [q.name for q in broker.router.route(vhost, main, message("main", "other"))] == ["caught"]
+
+    def routed(key: str) -> list[str]:
+        return sorted(q.name for q in core.router.route(vhost, main, message(routing_key=key, exchange="main")))
+    assert routed("k") == ["direct", "via-e2e"] and routed("other") == ["caught"]
 
 
 # -- messages ------------------------------------------------------------------------------------------------
 
-async def test_publish_answers_routed_and_rejected_as_the_queues_took_it(broker, vhost):
-    broker.declare_queue(vhost, "one", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+async def test_publish_answers_routed_and_rejected_as_the_queues_took_it(core, vhost):
+    core.declare_queue(vhost, "one", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
     default = vhost.exchange("")
-    assert broker.messages.publish(vhost, default, message("", "one")) == (True, False)
-    assert broker.messages.publish(vhost, default, message("", "one")) == (True, True)  # full: rejected
-    assert broker.messages.publish(vhost, default, message("", "nowhere")) == (False, False)
+    assert core.messages.publish(vhost, default, message(routing_key="one")) == (True, False)
+    assert core.messages.publish(vhost, default, message(routing_key="one")) == (True, True)  # full: rejected
+    assert core.messages.publish(vhost, default, message(routing_key="nowhere")) == (False, False)
     assert default.publish_in == 3 and default.publish_out == 2
 
 
-async def test_messages_check_user_id_and_expiration_as_rabbitmq(broker, vhost):
+async def test_messages_check_user_id_and_expiration_as_rabbitmq(core, vhost):
     default = vhost.exchange("")
     with pytest.raises(ChannelError) as user_id:
-        broker.messages.check_message(vhost, default, None, message("", "q", user_id="mallory"), "guest")
+        core.messages.check_message(vhost, default, None, message(routing_key="q", user_id="mallory"), "guest")
     assert user_id.value.detail == "user_id property set to 'mallory' but authenticated user was 'guest'"
     with pytest.raises(ChannelError) as expiration:
-        broker.messages.check_message(vhost, default, None, message("", "q", expiration="-1"), "guest")
+        core.messages.check_message(vhost, default, None, message(routing_key="q", expiration="-1"), "guest")
     assert expiration.value.detail == "invalid expiration '-1': {value_negative,-1}"
 
 
-async def test_moving_messages_keeps_their_order_and_stops_at_a_full_destination(broker, vhost):
-    broker.declare_queue(vhost, "from")
-    broker.declare_queue(vhost, "to", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
-    publish(broker, vhost, "from", b"1", b"2", b"3")
+async def test_moving_messages_keeps_their_order_and_stops_at_a_full_destination(core, vhost):
+    core.declare_queue(vhost, "from")
+    core.declare_queue(vhost, "to", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    publish_local(core, vhost, "from", b"1", b"2", b"3")
     source, destination = vhost.queues["from"], vhost.queues["to"]
-    assert broker.messages.move_messages(source, destination) == 2
-    assert drain(broker, vhost, "to") == [b"1", b"2"] and drain(broker, vhost, "from") == [b"3"]
+    assert core.messages.move_messages(source, destination) == 2
+    assert drain_local(core, vhost, "to") == [b"1", b"2"] and drain_local(core, vhost, "from") == [b"3"]
     with pytest.raises(ChannelError):
-        broker.messages.move_messages(source, source)
+        core.messages.move_messages(source, source)
 
 
 # -- dead letters --------------------------------------------------------------------------------------------
 
-async def test_a_rejected_message_goes_to_the_dead_letter_exchange_with_its_death_recorded(broker, vhost):
-    broker.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.fanout"})
-    broker.declare_queue(vhost, "dead")
-    broker.bind(vhost, "amq.fanout", "queue", "dead", "")
-    publish(broker, vhost, "work", b"poison")
-    queue, entry = broker.get_local(vhost, "work", no_ack=False)
+async def test_a_rejected_message_goes_to_the_dead_letter_exchange_with_its_death_recorded(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.fanout"})
+    core.declare_queue(vhost, "dead")
+    core.bind(vhost, "amq.fanout", "queue", "dead", "")
+    publish_local(core, vhost, "work", b"poison")
+    queue, entry = core.get_local(vhost, "work", no_ack=False)
     assert entry is not None
-    broker.nack_taken([(entry, queue, None)], requeue=False)
-    _, dead = broker.get_local(vhost, "dead", no_ack=True)
+    core.nack_taken([(entry, queue, None)], requeue=False)
+    _, dead = core.get_local(vhost, "dead", no_ack=True)
     assert dead is not None and dead.message.body == b"poison"
     death = dead.message.headers["x-death"][0]
     assert (death["queue"], death["reason"], death["count"]) == ("work", "rejected", 1)
 
 
-async def test_dead_letters_no_queue_takes_are_handed_back(broker, vhost):
-    broker.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.direct"})
-    publish(broker, vhost, "work", b"lost")
-    queue, entry = broker.get_local(vhost, "work", no_ack=False)
+async def test_dead_letters_no_queue_takes_are_handed_back(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.direct"})
+    publish_local(core, vhost, "work", b"lost")
+    queue, entry = core.get_local(vhost, "work", no_ack=False)
     assert entry is not None
-    assert broker.dead_letters.dead_letter(queue, [entry], "rejected") == [entry]  # routed nowhere
-    broker.declare_queue(vhost, "plain")
-    assert broker.dead_letters.dead_letter(vhost.queues["plain"], [entry], "expired") == [entry]  # no DLX
+    assert core.dead_letters.dead_letter(queue, [entry], "rejected") == [entry]  # routed nowhere
+    core.declare_queue(vhost, "plain")
+    assert core.dead_letters.dead_letter(vhost.queues["plain"], [entry], "expired") == [entry]  # no DLX
 
 
 # -- queues --------------------------------------------------------------------------------------------------
@@ -310,68 +285,68 @@ class Owner:
         pass
 
 
-async def test_an_exclusive_queue_is_locked_to_others_and_goes_with_its_connection(broker, vhost):
+async def test_an_exclusive_queue_is_locked_to_others_and_goes_with_its_connection(core, vhost):
     owner, other = Owner("mine"), Owner("theirs")
-    broker.queues.declare_queue(vhost, "x", exclusive=True, owner=owner)
+    core.queues.declare_queue(vhost, "x", exclusive=True, owner=owner)
     with pytest.raises(ChannelError) as locked:
-        broker.queues.consumable(vhost, "x", owner=other)
+        core.queues.consumable(vhost, "x", owner=other)
     assert locked.value.code == errors.RESOURCE_LOCKED
     with pytest.raises(ChannelError):
-        broker.queues.declare_queue(vhost, "x", passive=True, owner=other)
-    broker.queues.connection_closed(owner)
+        core.queues.declare_queue(vhost, "x", passive=True, owner=other)
+    core.queues.connection_closed(owner)
     assert "x" not in vhost.queues and owner.exclusive_queues == set()
 
 
-async def test_queue_redeclaration_checks_equivalence_in_rabbitmqs_words(broker, vhost):
-    broker.queues.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 5})
+async def test_queue_redeclaration_checks_equivalence_in_rabbitmqs_words(core, vhost):
+    core.queues.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 5})
     with pytest.raises(ChannelError) as durable:
-        broker.queues.declare_queue(vhost, "q", durable=False, arguments={"x-max-length": 5})
+        core.queues.declare_queue(vhost, "q", durable=False, arguments={"x-max-length": 5})
     assert durable.value.detail == ("inequivalent arg 'durable' for queue 'q' in vhost '/': received 'false' but "
                                   "current is 'true'")
     with pytest.raises(ChannelError) as argument:
-        broker.queues.declare_queue(vhost, "q", durable=True)
+        core.queues.declare_queue(vhost, "q", durable=True)
     assert argument.value.detail == ("inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received none but "
                                    "current is the value '5' of type 'signedint'")
 
 
-async def test_an_auto_delete_queue_goes_with_its_last_consumer_and_its_bindings_with_it(broker, vhost):
-    broker.queues.declare_queue(vhost, "auto", auto_delete=True)
-    broker.bind(vhost, "amq.direct", "queue", "auto", "k")
+async def test_an_auto_delete_queue_goes_with_its_last_consumer_and_its_bindings_with_it(core, vhost):
+    core.queues.declare_queue(vhost, "auto", auto_delete=True)
+    core.bind(vhost, "amq.direct", "queue", "auto", "k")
     target = Target()
-    first, second = consume(broker, vhost, "auto", target, "a"), consume(broker, vhost, "auto", target, "b")
-    broker.queues.remove_consumer(first)
+    first, second = consume(core, vhost, "auto", target, "a"), consume(core, vhost, "auto", target, "b")
+    core.queues.remove_consumer(first)
     assert "auto" in vhost.queues
-    broker.queues.remove_consumer(second)
+    core.queues.remove_consumer(second)
     assert "auto" not in vhost.queues and not vhost.exchanges["amq.direct"].has_bindings
 
 
-async def test_queue_index_ids_are_never_reused(broker, vhost):
-    first = broker.queues.declare_queue(vhost, "a", durable=True).index_id
-    broker.queues.delete_queue(vhost, "a")
-    assert broker.queues.declare_queue(vhost, "a", durable=True).index_id > first
+async def test_queue_index_ids_are_never_reused(core, vhost):
+    first = core.queues.declare_queue(vhost, "a", durable=True).index_id
+    core.queues.delete_queue(vhost, "a")
+    assert core.queues.declare_queue(vhost, "a", durable=True).index_id > first
 
 
 # -- vhosts --------------------------------------------------------------------------------------------------
 
-async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(broker):
-    vhost = broker.add_vhost("v")
-    broker.declare_exchange(vhost, "x", "direct", durable=True)
-    broker.declare_queue(vhost, "q", durable=True)
-    broker.bind(vhost, "x", "queue", "q", "k")
-    broker.virtual_hosts.delete_vhost("v")
-    assert "v" not in broker.vhosts
+async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(core):
+    vhost = core.add_vhost("v")
+    core.declare_exchange(vhost, "x", "direct", durable=True)
+    core.declare_queue(vhost, "q", durable=True)
+    core.bind(vhost, "x", "queue", "q", "k")
+    core.virtual_hosts.delete_vhost("v")
+    assert "v" not in core.vhosts
     assert all(record["vhost"] != "v" for kind in ("exchange", "queue", "binding")
-               for _, record in broker.store.items(kind))
+               for _, record in core.store.items(kind))
     with pytest.raises(ConnectionError) as gone:
-        broker.virtual_hosts.vhost("v")
+        core.virtual_hosts.vhost("v")
     assert gone.value.code == errors.NOT_ALLOWED
 
 
-async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(broker):
+async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(core):
     from amqp_server.policy import Policy
     policy = Policy("/", "p", ".*", {"dead-letter-exchange": "dlx"}, 0, "queues")
     with pytest.raises(ChannelError) as refused:
-        broker.virtual_hosts.set_policy("policy", policy, who=NOBODY)
+        core.virtual_hosts.set_policy("policy", policy, who=NOBODY)
     assert refused.value.code == errors.ACCESS_REFUSED
 
 
@@ -379,25 +354,225 @@ async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(broker
 
 async def test_a_restart_recovers_durable_definitions_and_the_offsets_committed(tmp_path):
     data = str(tmp_path / "data")
-    broker = Broker(data)
-    vhost = broker.vhost("/")
-    broker.declare_exchange(vhost, "x", "direct", durable=True)
-    broker.declare_queue(vhost, "q", durable=True)
-    broker.declare_queue(vhost, "transient")
-    broker.bind(vhost, "x", "queue", "q", "k")
+    core = Broker(data)
+    vhost = core.vhost("/")
+    core.declare_exchange(vhost, "x", "direct", durable=True)
+    core.declare_queue(vhost, "q", durable=True)
+    core.declare_queue(vhost, "transient")
+    core.bind(vhost, "x", "queue", "q", "k")
     for body in (b"1", b"2", b"3"):
-        broker.publish(vhost, vhost.exchange("x"), message("x", "k", body, delivery_mode=2))
-    queue = vhost.queues["q"]
-    assert await Commit(broker).commit_offset(queue, 2) == 2
+        core.publish(vhost, vhost.exchange("x"), message(body, "k", "x", delivery_mode=2))
+    queue = local(vhost.queues["q"])
+    assert await Commit(core).commit_offset(queue, 2) == 2
     tail = queue.next_seq
     await asyncio.sleep(0)
-    broker.close()
-    broker = Broker(data)
+    core.close()
+    core = Broker(data)
     try:
-        vhost = broker.vhost("/")
-        assert "transient" not in vhost.queues and vhost.queues["q"].committed == 2
-        assert vhost.queues["q"].next_seq >= tail
-        assert [q.name for q in broker.route(vhost, vhost.exchange("x"), message("x", "k"))] == ["q"]
-        assert drain(broker, vhost, "q") == [b"3"]
+        vhost = core.vhost("/")
+        assert "transient" not in vhost.queues and local(vhost.queues["q"]).committed == 2
+        assert local(vhost.queues["q"]).next_seq >= tail
+        assert [q.name for q in core.route(vhost, vhost.exchange("x"), message(routing_key="k", exchange="x"))] == ["q"]
+        assert drain_local(core, vhost, "q") == [b"3"]
     finally:
-        broker.close()
+        core.close()
+
+
+# -- more of each service: what a front end relies on and no client test pins alone ------------------------------
+
+def test_a_binding_is_kept_only_when_both_ends_are_durable_and_never_to_an_exclusive_queue(exchanges, store):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    exchanges.declare_exchange(vhost, "durable", "fanout", durable=True)
+    exchanges.declare_exchange(vhost, "transient", "fanout")
+    exchanges.declare_exchange(vhost, "sink", "fanout", durable=True)
+    bindings.add_binding(vhost, "durable", vhost.exchanges["sink"], "kept")
+    bindings.add_binding(vhost, "transient", vhost.exchanges["sink"], "not kept")
+    assert [record["routing_key"] for _, record in store.items("binding")] == ["kept"]
+    bindings.add_binding(vhost, "durable", vhost.exchanges["sink"], "kept")  # again: one binding, one record
+    assert len(list(store.items("binding"))) == 1 and vhost.e2e_bindings == 2
+
+
+def test_unbinding_what_is_not_there_is_no_error_but_the_default_exchange_is_refused(exchanges):
+    vhost = VHost("/")
+    bindings = exchanges.bindings
+    bindings.unbind(vhost, "amq.direct", "queue", "no-such-queue", "k")
+    bindings.unbind(vhost, "no-such-exchange", "exchange", "amq.fanout", "k")
+    with pytest.raises(ChannelError) as default:
+        bindings.remove_binding(vhost, "", vhost.exchanges["amq.fanout"], "k")
+    assert default.value.code == errors.ACCESS_REFUSED
+
+
+def test_bindings_list_the_default_exchanges_implicit_binding_of_every_queue(core, vhost):
+    core.declare_queue(vhost, "q")
+    core.bind(vhost, "amq.topic", "queue", "q", "a.#", {"x-k": 1})
+    listed = [(source, destination.name, key, arguments) for source, destination, key, arguments
+              in core.bindings.all(vhost)]
+    assert listed == [("", "q", "q", {}), ("amq.topic", "q", "a.#", {"x-k": 1})]
+
+
+def test_routing_through_an_exchange_cycle_reaches_each_queue_once_and_ends(core, vhost):
+    core.declare_exchange(vhost, "a", "fanout")
+    core.declare_exchange(vhost, "b", "fanout")
+    core.bind(vhost, "a", "exchange", "b", "")
+    core.bind(vhost, "b", "exchange", "a", "")
+    core.declare_queue(vhost, "q")
+    core.bind(vhost, "a", "queue", "q", "")
+    core.bind(vhost, "b", "queue", "q", "")
+    assert [queue.name for queue in core.router.route(vhost, vhost.exchange("a"), message())] == ["q"]
+
+
+def test_an_alternate_exchange_that_does_not_exist_leaves_the_message_unroutable(core, vhost):
+    core.declare_exchange(vhost, "x", "direct", arguments={"alternate-exchange": "missing"})
+    core.declare_exchange(vhost, "e2e", "fanout")
+    core.bind(vhost, "x", "exchange", "e2e", "k")  # exchange-to-exchange bindings: the router's own walk
+    assert list(core.router.route(vhost, vhost.exchange("x"), message(routing_key="other", exchange="x"))) == []
+    assert core.publish(vhost, vhost.exchange("x"), message(routing_key="other", exchange="x")) == (False, False)
+
+
+def test_the_default_exchange_routes_cc_keys_only_to_queues_that_exist(core, vhost):
+    core.declare_queue(vhost, "a")
+    routed = core.router.route(vhost, vhost.exchange(""), message(routing_key="a", headers={"CC": ["gone"]}))
+    assert [queue.name for queue in routed] == ["a"]
+
+
+async def test_publishing_to_an_internal_exchange_is_refused_in_rabbitmqs_words(core, vhost):
+    core.declare_exchange(vhost, "inside", "fanout", internal=True)
+    with pytest.raises(ChannelError) as refused:
+        core.messages.check_publish(vhost, vhost.exchange("inside"), NOBODY, "")
+    assert refused.value.code == errors.ACCESS_REFUSED  # write permission first: nobody has none
+    with pytest.raises(ChannelError) as internal:
+        core.messages.check_publish(vhost, vhost.exchange("inside"), None, "")
+    assert internal.value.detail == "cannot publish to internal exchange 'inside' in vhost '/'"
+
+
+async def test_get_purge_and_peek_answer_for_the_queue_and_only_get_takes(core, vhost):
+    core.declare_queue(vhost, "q")
+    assert core.get_local(vhost, "q", no_ack=True)[1] is None
+    publish_local(core, vhost, "q", b"1", b"2", b"3")
+    queue = vhost.queues["q"]
+    assert [entry.message.body for entry in core.messages.peek(queue, 1, 5)] == [b"2", b"3"]
+    assert queue.message_count == 3
+    _, entry = core.get_local(vhost, "q", no_ack=True)
+    assert entry is not None and entry.message.body == b"1"
+    assert core.messages.purge_local(vhost, "q") == 2 and queue.message_count == 0
+    with pytest.raises(ChannelError) as missing:
+        core.messages.purge_local(vhost, "absent")
+    assert missing.value.code == errors.NOT_FOUND
+
+
+async def test_moving_a_count_moves_only_that_many_from_the_head(core, vhost):
+    core.declare_queue(vhost, "from")
+    core.declare_queue(vhost, "to")
+    publish_local(core, vhost, "from", b"1", b"2", b"3", b"4")
+    assert core.messages.move_messages(vhost.queues["from"], vhost.queues["to"], count=3) == 3
+    assert drain_local(core, vhost, "to") == [b"1", b"2", b"3"] and drain_local(core, vhost, "from") == [b"4"]
+
+
+async def test_settling_requeues_in_place_rejects_to_the_dead_letter_exchange_and_acks_drop(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.fanout"})
+    core.declare_queue(vhost, "dead")
+    core.bind(vhost, "amq.fanout", "queue", "dead", "")
+    publish_local(core, vhost, "work", b"a", b"b", b"c")
+    taken = [(core.get_local(vhost, "work", no_ack=False)[1], vhost.queues["work"], None) for _ in range(3)]
+    core.settle_taken([taken[0]], requeue=True)
+    core.settle_taken([taken[1]], requeue=False, reject=True)
+    core.settle_taken([taken[2]], requeue=False)
+    assert drain_local(core, vhost, "work") == [b"a"] and drain_local(core, vhost, "dead") == [b"b"]
+
+
+async def test_a_dead_letter_routing_key_replaces_the_messages_and_the_death_counts_per_queue_and_reason(core, vhost):
+    core.declare_queue(vhost, "work", arguments={"x-dead-letter-exchange": "amq.direct",
+                                                  "x-dead-letter-routing-key": "dlq"})
+    core.declare_queue(vhost, "dlq")
+    core.bind(vhost, "amq.direct", "queue", "dlq", "dlq")
+    publish_local(core, vhost, "work", b"m")
+    queue, entry = core.get_local(vhost, "work", no_ack=False)
+    assert entry is not None and core.dead_letters.dead_letter(queue, [entry], "rejected") == []
+    _, dead = core.get_local(vhost, "dlq", no_ack=False)
+    assert dead is not None and dead.message.routing_key == "dlq"
+    assert core.dead_letters.dead_letter(queue, [dead], "rejected") == []  # from work again: its count goes up
+    _, twice = core.get_local(vhost, "dlq", no_ack=True)
+    assert twice is not None
+    (death,) = twice.message.headers["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == ("work", "rejected", 2)
+    assert death["routing-keys"] == ["work"]  # the key it was first published with
+
+
+async def test_deleting_a_queue_if_unused_or_if_empty_refuses_as_rabbitmq_and_else_counts_what_it_had(core, vhost):
+    core.declare_queue(vhost, "q")
+    publish_local(core, vhost, "q", b"1", b"2")
+    consumer = consume(core, vhost, "q", Target(), "c", prefetch=1)
+    with pytest.raises(ChannelError) as in_use:
+        core.queues.delete_queue(vhost, "q", if_unused=True)
+    assert (in_use.value.code, in_use.value.detail) == (errors.PRECONDITION_FAILED, "queue 'q' in vhost '/' in use")
+    core.queues.remove_consumer(consumer)
+    with pytest.raises(ChannelError) as not_empty:
+        core.queues.delete_queue(vhost, "q", if_empty=True)
+    assert not_empty.value.detail == "queue 'q' in vhost '/' not empty"
+    assert core.queues.delete_queue(vhost, "q") == 1 and "q" not in vhost.queues  # the ready: one is held
+    assert core.queues.delete_queue(vhost, "q") == 0  # idempotent
+
+
+async def test_a_queue_name_with_the_reserved_prefix_is_refused_unless_the_server_named_it(core, vhost):
+    with pytest.raises(ChannelError) as reserved:
+        core.queues.declare_queue(vhost, "amq.mine")
+    assert reserved.value.detail == "queue name 'amq.mine' contains reserved prefix 'amq.*'"
+    assert core.queues.declare_queue(vhost, "amq.gen-1", server_named=True).name == "amq.gen-1"
+
+
+async def test_an_exclusive_consumer_wants_the_queue_alone_and_nobody_joins_it(core, vhost):
+    core.declare_queue(vhost, "q")
+    target = Target()
+    first = consume(core, vhost, "q", target, "first", exclusive=True)
+    with pytest.raises(ChannelError) as joined:
+        consume(core, vhost, "q", target, "second")
+    assert joined.value.code == errors.ACCESS_REFUSED
+    assert joined.value.detail == "queue 'q' in vhost '/' in exclusive use"
+    core.queues.remove_consumer(first)
+    consume(core, vhost, "q", target, "plain")
+    with pytest.raises(ChannelError):
+        consume(core, vhost, "q", target, "exclusive", exclusive=True)
+
+
+async def test_a_policy_applies_to_the_queues_it_matches_and_no_others(core, vhost):
+    from amqp_server.policy import Policy
+    core.virtual_hosts.set_policy("policy", Policy("/", "cap", "^capped", {"max-length": 1}, 0, "queues"))
+    core.declare_queue(vhost, "capped")
+    core.declare_queue(vhost, "free")
+    publish_local(core, vhost, "capped", b"1", b"2")
+    publish_local(core, vhost, "free", b"1", b"2")
+    assert drain_local(core, vhost, "capped") == [b"2"]  # drop-head: the newest kept
+    assert drain_local(core, vhost, "free") == [b"1", b"2"]
+
+
+async def test_a_new_vhost_has_the_standard_exchanges_and_an_unknown_one_is_not_allowed(core):
+    vhost = core.add_vhost("fresh")
+    assert {"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"} <= set(vhost.exchanges)
+    assert core.virtual_hosts.vhost("fresh") is vhost
+    with pytest.raises(ConnectionError) as unknown:
+        core.virtual_hosts.vhost("never-made")
+    assert (unknown.value.code, unknown.value.detail) == (errors.NOT_ALLOWED, "vhost never-made not found")
+
+
+async def test_a_restart_keeps_persistent_messages_of_durable_queues_and_exchange_to_exchange_bindings(tmp_path):
+    data = str(tmp_path / "data")
+    first = Broker(data)
+    vhost = first.vhost("/")
+    first.declare_exchange(vhost, "up", "fanout", durable=True)
+    first.declare_exchange(vhost, "down", "direct", durable=True)
+    first.declare_queue(vhost, "q", durable=True)
+    first.bind(vhost, "up", "exchange", "down", "")
+    first.bind(vhost, "down", "queue", "q", "")
+    first.publish(vhost, vhost.exchange("up"), message(b"kept", "", "up", delivery_mode=2))
+    first.publish(vhost, vhost.exchange("up"), message(b"lost", "", "up"))
+    await asyncio.sleep(0)
+    first.close()
+    again = Broker(data)
+    try:
+        vhost = again.vhost("/")
+        assert drain_local(again, vhost, "q") == [b"kept"]
+        routed = again.route(vhost, vhost.exchange("up"), message(routing_key="", exchange="up"))
+        assert [queue.name for queue in routed] == ["q"]
+    finally:
+        again.close()

@@ -16,8 +16,7 @@ from aio_pika.patterns import RPC
 from pamqp import body as pbody, commands, frame as pframe, header as pheader
 
 from conftest import connect
-from test_mgmt_api import call, q
-from test_protocol_errors import Raw, method_payload, raw_frame
+from support import Raw, call, method_payload, q, raw_frame
 
 pytestmark = pytest.mark.timeout(60)
 

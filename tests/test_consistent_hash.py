@@ -12,6 +12,7 @@ from pika.exceptions import ChannelClosedByBroker
 
 from exchanges import ConsistentHashExchange
 from exchanges.consistent_hash import jump_hash
+from support import drain
 
 
 
@@ -28,15 +29,6 @@ def setup(ch, uid: str, weights: dict[str, int], **arguments) -> dict[str, str]:
 
 def counts(ch, queues: dict[str, str]) -> dict[str, int]:
     return {name: ch.queue_declare(queue, passive=True).method.message_count for name, queue in queues.items()}
-
-
-def drain(ch, queue: str) -> list[bytes]:
-    bodies = []
-    while True:
-        method, _, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return bodies
-        bodies.append(body)
 
 
 def test_distribution_follows_weights(broker, uid):

@@ -7,15 +7,14 @@ argument ``x-consumer-timeout`` override the node's setting.
 from __future__ import annotations
 
 import time
-from typing import Iterator
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from amqp_server import config
-from conftest import EXTERNAL, INTEGRATION, BrokerProcess, connect, starts
-from test_mgmt_api import call, q
+from conftest import EXTERNAL, BrokerProcess, connect, node_fixture
+from support import call, q
 
 pytestmark = pytest.mark.skipif(bool(EXTERNAL), reason="starts Warren nodes with a tiny consumer_timeout")
 
@@ -23,24 +22,8 @@ TIMED_OUT = ("PRECONDITION_FAILED - delivery acknowledgement on channel {channel
              "{timeout} ms. This timeout value can be configured, see consumers doc guide to learn more")
 
 
-def _node(tmp_path_factory: pytest.TempPathFactory, timeout: str) -> Iterator[BrokerProcess]:
-    node = BrokerProcess(tmp_path_factory.mktemp("ctimeout") / "data", extra=["--consumer-timeout", timeout]).start()
-    yield node
-    node.stop()
-
-
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """consumer_timeout = 500 ms."""
-    yield from _node(tmp_path_factory, "500")
-
-
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def untimed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """consumer_timeout = false: no timeout."""
-    yield from _node(tmp_path_factory, "false")
+node = node_fixture("--consumer-timeout", "500")
+untimed = node_fixture("--consumer-timeout", "false", name="untimed")  # no timeout
 
 
 def held_until_closed(connection: pika.BlockingConnection, channel, limit: float = 5.0) -> ChannelClosedByBroker | None:

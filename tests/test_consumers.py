@@ -13,6 +13,7 @@ import pytest
 
 from conftest import connect
 from pika.exceptions import ChannelClosedByBroker
+from support import numbered, publish
 
 # RabbitMQ's HTTP API shows consumers only after its next stats emission (collect_statistics_interval, 5 s);
 # Warren's at once. The fields themselves match RabbitMQ's (checked by hand).
@@ -74,11 +75,6 @@ def pump(*conns, seconds: float = 0.3) -> None:
             conn.process_data_events(0.02)
 
 
-def publish(ch, queue: str, bodies) -> None:
-    for body in bodies:
-        ch.basic_publish("", queue, body.encode())
-
-
 # -- consumer priorities --------------------------------------------------------------------------
 
 def test_higher_priority_consumer_served_while_it_has_credit(conn, uid):
@@ -87,7 +83,7 @@ def test_higher_priority_consumer_served_while_it_has_credit(conn, uid):
     low = Consumer(conn, uid, prefetch=10, priority=-5)
     high = Consumer(conn, uid, prefetch=2, priority=10)
     default = Consumer(conn, uid, prefetch=3)  # x-priority 0: between the two
-    publish(ch, uid, [f"m{i}" for i in range(8)])
+    publish(ch, uid, numbered(8))
     pump(conn)
     assert high.bodies == ["m0", "m1"]
     assert default.bodies == ["m2", "m3", "m4"]
@@ -105,7 +101,7 @@ def test_round_robin_among_equal_priorities(conn, uid):
     a = Consumer(conn, uid, priority=3)
     b = Consumer(conn, uid, priority=3)
     low = Consumer(conn, uid)
-    publish(ch, uid, [f"m{i}" for i in range(6)])
+    publish(ch, uid, numbered(6))
     pump(conn)
     assert a.bodies == ["m0", "m2", "m4"] and b.bodies == ["m1", "m3", "m5"] and low.bodies == []
     ch.queue_delete(uid)
@@ -164,7 +160,7 @@ def test_single_active_consumer_fails_over_with_unacked_redelivered(broker, uid)
     ch.queue_declare(uid, arguments=SAC)
     conns = [connect(broker, name=f"{uid}-{i}") for i in range(3)]
     first, second, third = (Consumer(c, uid, prefetch=3, tag=f"c{i}") for i, c in enumerate(conns))
-    publish(ch, uid, [f"m{i}" for i in range(5)])
+    publish(ch, uid, numbered(5))
     pump(*conns)
     assert first.bodies == ["m0", "m1", "m2"] and second.got == [] and third.got == []
     queue = api(broker, f"/api/queues/%2F/{uid}")

@@ -2,124 +2,71 @@
 
 These pin the queue and broker rules that every front end relies on (round-robin, priorities, prefetch,
 requeue order, single active consumer, exclusivity, cancellation) in milliseconds; the same behaviour
-is driven through real clients in test_amqp_pika.py, test_consumers.py and test_priorities.py.
+is driven through real clients in test_amqp_consuming.py, test_consumers.py and test_priorities.py.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from pamqp import commands
 
 from amqp_server import errors
 from amqp_server.auth import Principal
-from amqp_server.broker import Broker
 from amqp_server.errors import ChannelError
 from amqp_server.message import make_message
-from amqp_server.queue import Consumer, Entry, Queue
-from amqp_server.vhost import VHost
 from exchanges import Exchange
+from support import Target, consume, publish_local
 
 
-class Target:
-    """A DeliveryTarget that records what the core hands it; ``room`` stands for the socket's write buffer."""
-
-    def __init__(self) -> None:
-        self.room = True
-        self.delivered: list[tuple[str, bytes, bool]] = []  # (consumer tag, body, redelivered)
-        self.held: list[tuple[Entry, Queue, Consumer | None]] = []  # what a client would have unacked
-        self.cancelled: list[str] = []
-
-    def can_deliver(self) -> bool:
-        return self.room
-
-    def deliver(self, consumer: Consumer, entry: Entry) -> None:
-        self.delivered.append((consumer.tag, entry.message.body, entry.redelivered))
-        if not consumer.no_ack:
-            self.held.append((entry, consumer.queue, consumer))
-
-    def cancelled_by_broker(self, consumer: Consumer) -> None:
-        self.cancelled.append(consumer.tag)
-
-    def bodies(self, tag: str | None = None) -> list[bytes]:
-        return [body for t, body, _ in self.delivered if tag is None or t == tag]
-
-
-@pytest.fixture
-async def broker(tmp_path) -> AsyncIterator[Broker]:
-    broker = Broker(str(tmp_path / "data"))
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def vhost(broker: Broker) -> VHost:
-    return broker.vhost("/")
-
-
-def publish(broker: Broker, vhost: VHost, queue: str, *bodies: bytes) -> None:
-    for body in bodies:
-        routed, rejected = broker.publish(vhost, vhost.exchange(""),
-                                          make_message("", queue, commands.Basic.Properties(), body))
-        assert routed and not rejected
-
-
-def consume(broker: Broker, vhost: VHost, queue: str, target: Target, tag: str, prefetch: int = 0,
-            no_ack: bool = False, exclusive: bool = False, priority: int | None = None) -> Consumer:
-    arguments = {} if priority is None else {"x-priority": priority}
-    consumer = broker.consume(broker.consumable(vhost, queue), target, tag, no_ack, exclusive, arguments, prefetch)
-    consumer.queue.deliver_ready()
-    return consumer
-
-
-async def test_round_robin_within_prefetch(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_round_robin_within_prefetch(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
-    consume(broker, vhost, "q", target, "a", prefetch=2)
-    consume(broker, vhost, "q", target, "b", prefetch=2)
-    publish(broker, vhost, "q", b"1", b"2", b"3", b"4", b"5")
+    consume(core, vhost, "q", target, "a", prefetch=2)
+    consume(core, vhost, "q", target, "b", prefetch=2)
+    publish_local(core, vhost, "q", b"1", b"2", b"3", b"4", b"5")
     assert target.delivered == [("a", b"1", False), ("b", b"2", False), ("a", b"3", False), ("b", b"4", False)]
-    broker.settle_taken([target.held[0]], requeue=False)  # a acks 1: credit for one more
+    core.settle_taken([target.held[0]], requeue=False)  # a acks 1: credit for one more
     assert target.bodies("a") == [b"1", b"3", b"5"]
     assert vhost.queues["q"].message_count == 0
 
 
-async def test_higher_priority_consumers_first_while_they_have_credit(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_higher_priority_consumers_first_while_they_have_credit(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
-    consume(broker, vhost, "q", target, "low")
-    consume(broker, vhost, "q", target, "high", prefetch=2, priority=5)
-    publish(broker, vhost, "q", b"1", b"2", b"3")
+    consume(core, vhost, "q", target, "low")
+    consume(core, vhost, "q", target, "high", prefetch=2, priority=5)
+    publish_local(core, vhost, "q", b"1", b"2", b"3")
     assert target.bodies("high") == [b"1", b"2"] and target.bodies("low") == [b"3"]
 
 
-async def test_requeue_returns_to_the_original_place_redelivered(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_requeue_returns_to_the_original_place_redelivered(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
-    consumer = consume(broker, vhost, "q", target, "a", prefetch=2)
-    publish(broker, vhost, "q", b"1", b"2", b"3")
-    broker.settle_taken(target.held[:2], requeue=True)
+    consumer = consume(core, vhost, "q", target, "a", prefetch=2)
+    publish_local(core, vhost, "q", b"1", b"2", b"3")
+    core.settle_taken(target.held[:2], requeue=True)
     assert consumer.unacked == 2  # the requeued two were delivered again at once
     assert target.delivered[2:] == [("a", b"1", True), ("a", b"2", True)]
     assert [e.message.body for e in vhost.queues["q"].peek(0, 10)] == [b"3"]
 
 
-async def test_requeueing_many_in_front_of_a_deep_queue_takes_linear_time(broker, vhost):
+async def test_requeueing_many_in_front_of_a_deep_queue_takes_linear_time(core, vhost):
     """50,000 held messages requeued (a channel closing, basic.recover, an HTTP get) in front of 150,000
     ready ones: oldest first, each after the first went into the middle of the deque (3-9 s); newest first,
     each goes in front of the head."""
     import gc
     import time
 
-    broker.declare_queue(vhost, "q")
+    core.declare_queue(vhost, "q")
     queue = vhost.queues["q"]
     for n in range(200_000):
-        broker.publish(vhost, vhost.exchange(""), make_message("", "q", commands.Basic.Properties(), b"%d" % n))
+        core.publish(vhost, vhost.exchange(""), make_message("", "q", commands.Basic.Properties(), b"%d" % n))
     taken = [queue.get(no_ack=False) for _ in range(50_000)]
     gc.disable()  # the algorithm's time, not the collector's
     try:
         started = time.perf_counter()
-        broker.settle(queue, taken, requeue=True)
+        core.settle(queue, taken, requeue=True)
         took = time.perf_counter() - started
     finally:
         gc.enable()
@@ -128,91 +75,96 @@ async def test_requeueing_many_in_front_of_a_deep_queue_takes_linear_time(broker
     assert [entry.message.body for entry in queue.peek(49_999, 2)] == [b"49999", b"50000"]
 
 
-async def test_a_full_delivery_target_gets_nothing_until_it_has_room(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_a_full_delivery_target_gets_nothing_until_it_has_room(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
     target.room = False
-    consume(broker, vhost, "q", target, "a", no_ack=True)
-    publish(broker, vhost, "q", b"1", b"2")
+    consume(core, vhost, "q", target, "a", no_ack=True)
+    publish_local(core, vhost, "q", b"1", b"2")
     assert target.delivered == []
     target.room = True
     vhost.queues["q"].deliver_ready()
     assert target.bodies() == [b"1", b"2"]
 
 
-async def test_single_active_consumer_hands_over_when_it_leaves(broker, vhost):
-    broker.declare_queue(vhost, "q", arguments={"x-single-active-consumer": True})
+async def test_single_active_consumer_hands_over_when_it_leaves(core, vhost):
+    core.declare_queue(vhost, "q", arguments={"x-single-active-consumer": True})
     target = Target()
-    first = consume(broker, vhost, "q", target, "first", no_ack=True)
-    consume(broker, vhost, "q", target, "second", no_ack=True)
-    publish(broker, vhost, "q", b"1")
-    broker.remove_consumer(first)
+    first = consume(core, vhost, "q", target, "first", no_ack=True)
+    consume(core, vhost, "q", target, "second", no_ack=True)
+    publish_local(core, vhost, "q", b"1")
+    core.remove_consumer(first)
     vhost.queues["q"].deliver_ready()
-    publish(broker, vhost, "q", b"2")
+    publish_local(core, vhost, "q", b"2")
     assert target.delivered == [("first", b"1", False), ("second", b"2", False)]
 
 
-async def test_exclusive_consumer_rules(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_exclusive_consumer_rules(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
-    consume(broker, vhost, "q", target, "a")
+    consume(core, vhost, "q", target, "a")
     with pytest.raises(ChannelError) as refused:
-        consume(broker, vhost, "q", target, "b", exclusive=True)
+        consume(core, vhost, "q", target, "b", exclusive=True)
     assert refused.value.code == errors.ACCESS_REFUSED
-    broker.declare_queue(vhost, "solo")
-    consume(broker, vhost, "solo", target, "alone", exclusive=True)
+    core.declare_queue(vhost, "solo")
+    consume(core, vhost, "solo", target, "alone", exclusive=True)
     with pytest.raises(ChannelError) as refused:
-        consume(broker, vhost, "solo", target, "joiner")
+        consume(core, vhost, "solo", target, "joiner")
     assert refused.value.code == errors.ACCESS_REFUSED
     assert len(vhost.queues["solo"].consumers) == 1
 
 
-async def test_deleting_a_queue_cancels_its_consumers_and_drops_what_they_held(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_deleting_a_queue_cancels_its_consumers_and_drops_what_they_held(core, vhost):
+    core.declare_queue(vhost, "q")
     target = Target()
-    consume(broker, vhost, "q", target, "a", prefetch=1)
-    publish(broker, vhost, "q", b"1", b"2")
-    broker.delete_queue(vhost, "q")
+    consume(core, vhost, "q", target, "a", prefetch=1)
+    publish_local(core, vhost, "q", b"1", b"2")
+    core.delete_queue(vhost, "q")
     assert target.cancelled == ["a"] and "q" not in vhost.queues
-    broker.settle_taken(target.held, requeue=True)  # the client's late nack of a deleted queue's message
+    core.settle_taken(target.held, requeue=True)  # the client's late nack of a deleted queue's message
     assert target.bodies() == [b"1"]
 
 
-async def test_consume_checks_the_callers_permission_first(broker, vhost):
-    broker.declare_queue(vhost, "q")
+async def test_consume_checks_the_callers_permission_first(core, vhost):
+    core.declare_queue(vhost, "q")
     nobody = Principal("nobody", None)
     with pytest.raises(ChannelError) as refused:
-        broker.consumable(vhost, "q", who=nobody)
+        core.consumable(vhost, "q", who=nobody)
     assert refused.value.code == errors.ACCESS_REFUSED
     assert vhost.queues["q"].consumers == []
 
 
-async def test_deleting_a_queue_visits_only_the_exchanges_bound_to_it(broker, vhost, monkeypatch):
+async def test_deleting_a_queue_visits_only_the_exchanges_bound_to_it(core, vhost, monkeypatch):
     for i in range(200):
-        broker.declare_exchange(vhost, f"x{i}", "direct")
-    broker.declare_queue(vhost, "q")
-    broker.add_binding(vhost, "x7", vhost.queues["q"], "a")
-    broker.add_binding(vhost, "x7", vhost.queues["q"], "b")
-    broker.add_binding(vhost, "x9", vhost.queues["q"], "a")
-    visited = []
+        core.declare_exchange(vhost, f"x{i}", "direct")
+    core.declare_queue(vhost, "q")
+    core.add_binding(vhost, "x7", vhost.queues["q"], "a")
+    core.add_binding(vhost, "x7", vhost.queues["q"], "b")
+    core.add_binding(vhost, "x9", vhost.queues["q"], "a")
+    visited: list[str] = []
     remove = Exchange.remove_destination
-    monkeypatch.setattr(Exchange, "remove_destination", lambda self, d: visited.append(self.name) or remove(self, d))
-    broker.delete_queue(vhost, "q")
+
+    def counted(self: Exchange, destination: Any) -> list:
+        visited.append(self.name)
+        return remove(self, destination)
+
+    monkeypatch.setattr(Exchange, "remove_destination", counted)
+    core.delete_queue(vhost, "q")
     assert sorted(visited) == ["x7", "x9"]
     assert not vhost.exchanges["x7"].has_bindings and not vhost.exchanges["x9"].has_bindings
     assert vhost.sources == {}
 
 
-async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(broker, vhost):
-    broker.declare_exchange(vhost, "upstream", "fanout")
-    broker.declare_exchange(vhost, "downstream", "fanout", auto_delete=True)
-    broker.declare_queue(vhost, "q")
-    broker.add_binding(vhost, "upstream", vhost.exchanges["downstream"], "")
-    broker.add_binding(vhost, "downstream", vhost.queues["q"], "")
+async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(core, vhost):
+    core.declare_exchange(vhost, "upstream", "fanout")
+    core.declare_exchange(vhost, "downstream", "fanout", auto_delete=True)
+    core.declare_queue(vhost, "q")
+    core.add_binding(vhost, "upstream", vhost.exchanges["downstream"], "")
+    core.add_binding(vhost, "downstream", vhost.queues["q"], "")
     assert vhost.e2e_bindings == 1
     publish_to = vhost.exchange("upstream")
-    assert broker.publish(vhost, publish_to, make_message("upstream", "", commands.Basic.Properties(), b"m"))[0]
-    broker.delete_queue(vhost, "q")  # downstream's last binding went: it is auto-deleted, and its source binding
+    assert core.publish(vhost, publish_to, make_message("upstream", "", commands.Basic.Properties(), b"m"))[0]
+    core.delete_queue(vhost, "q")  # downstream's last binding went: it is auto-deleted, and its source binding
     assert "downstream" not in vhost.exchanges
     assert vhost.e2e_bindings == 0 and not vhost.exchanges["upstream"].has_bindings and vhost.sources == {}
 

@@ -15,7 +15,7 @@ import json
 import pika
 import pytest
 
-from test_mgmt_api import call, q
+from support import call, q
 
 pytestmark = pytest.mark.timeout(90)
 

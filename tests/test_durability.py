@@ -6,6 +6,7 @@ import random
 import struct
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pika
@@ -13,6 +14,9 @@ import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
 from conftest import connect
+import support
+
+drain = partial(support.drain, settle="ack", keep=lambda got: (got.body, got.redelivered))
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,17 +26,6 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 def restart(start_broker, node, *extra: str):
     node.stop()
     return start_broker(*extra, data_dir=node.data_dir)
-
-
-def drain(ch, queue: str, ack: bool = True) -> list[tuple[bytes, bool]]:
-    out = []
-    while True:
-        method, _, body = ch.basic_get(queue, auto_ack=False)
-        if method is None:
-            return out
-        out.append((body, method.redelivered))
-        if ack:
-            ch.basic_ack(method.delivery_tag)
 
 
 def exists(conn, kind: str, name: str) -> bool:
@@ -311,7 +304,7 @@ def test_deep_queue_paged_to_disk_survives_sigkill_and_clean_restarts(start_brok
 
     node = start_broker(*window, data_dir=node.data_dir)
     with connect(node) as conn:
-        got = [body for body, _ in drain(conn.channel(), "deep", ack=False)]
+        got = [body for body, _ in drain(conn.channel(), "deep", settle="hold")]
     numbers = [int(body[:8]) for body in got[:-1]]
     assert got[-1] == b"marker"
     assert numbers[:len(confirmed) - taken] == confirmed[taken:]  # in order, none lost, none twice

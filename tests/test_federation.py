@@ -11,8 +11,9 @@ import pika
 import pytest
 
 from conftest import connect
-from test_mgmt_api import assert_error, call
+from support import assert_error, call, channel_on
 from test_shovel import depth, drain, wait_for
+import support
 
 UPSTREAM = "/api/parameters/federation-upstream/%2F/"
 N = 1000
@@ -54,13 +55,10 @@ def declare(node, exchange: str, queue: str, key: str, kind: str = "topic") -> N
 
 
 def publish(node, exchange: str, keys: list[str], persistent: bool = False) -> None:
-    connection = connect(node)
-    channel = connection.channel()
-    channel.confirm_delivery()
-    for i, key in enumerate(keys):
-        channel.basic_publish(exchange, key, str(i).encode(),
-                              pika.BasicProperties(delivery_mode=2 if persistent else None, user_id="guest"))
-    connection.close()
+    """Message i to ``exchange`` with routing key keys[i], confirmed."""
+    with channel_on(node, confirm=True) as channel:
+        for i, key in enumerate(keys):
+            support.publish(channel, key, [str(i)], exchange, delivery_mode=2 if persistent else None, user_id="guest")
 
 
 def settled(node, queue: str, count: int, what: str) -> None:

@@ -244,12 +244,10 @@ def capped_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from test_tls import PKI
 
     pki = PKI.create(tmp_path_factory.mktemp("pki"))
-    stream_port, tls_port = free_port(), free_port()
-    node = BrokerProcess(tmp_path_factory.mktemp("frontend") / "data", extra=[
-        "--stream-enabled", "true", "--stream-port", str(stream_port), "--handshakes-max", "12",
-        "--tls-port", str(tls_port), "--tls-certfile", pki.server_cert, "--tls-keyfile", pki.server_key,
-        "--tls-cacertfile", pki.cafile]).start()
-    node.stream_port = stream_port  # type: ignore[attr-defined]  # test-only attributes
+    tls_port = free_port()
+    node = BrokerProcess(tmp_path_factory.mktemp("frontend") / "data", streams=True, extra=[
+        "--handshakes-max", "12", "--tls-port", str(tls_port), "--tls-certfile", pki.server_cert,
+        "--tls-keyfile", pki.server_key, "--tls-cacertfile", pki.cafile]).start()
     node.tls_port = tls_port  # type: ignore[attr-defined]
     node.pki = pki  # type: ignore[attr-defined]
     yield node

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from conftest import connect
-from test_mgmt_api import assert_error, call, q
-from test_protocol_errors import Closed, Raw, raw_frame
+from support import Closed, Raw, assert_error, call, q, raw_frame
 
 pytestmark = pytest.mark.timeout(120)
 

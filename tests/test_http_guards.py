@@ -17,8 +17,7 @@ from pamqp import frame as pframe
 
 from conftest import INTEGRATION, BrokerProcess, connect, starts
 from test_back_pressure import Watch, abort, anonymous, content, send_until_refused
-from test_mgmt_api import call, q
-from test_protocol_errors import Raw
+from support import Raw, call, q
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,7 @@ import pytest
 from pamqp import commands
 
 from conftest import connect
-from test_protocol_errors import Raw, publish_frames
+from support import Raw, publish_frames
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,53 +8,13 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import quote
 
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_for_port
-
-GUEST = ("guest", "guest")
-
-
-class Response:
-    def __init__(self, status: int, headers: Any, raw: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.raw = raw
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.raw) if self.raw else None
-
-
-def call(broker, method: str, path: str, body: Any = None, auth: tuple[str, str] | None = GUEST,
-         raw: bytes | None = None) -> Response:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(f"http://127.0.0.1:{broker.mgmt_port}{path}", data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if auth is not None:
-        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return Response(response.status, response.headers, response.read())
-    except urllib.error.HTTPError as exc:
-        return Response(exc.code, exc.headers, exc.read())
-
-
-def q(name: str) -> str:
-    return quote(name, safe="")
-
-
-def assert_error(response: Response, status: int) -> dict:
-    assert response.status == status, (response.status, response.raw)
-    body = response.json
-    assert set(body) == {"error", "reason"} and body["reason"], body
-    return body
+from support import GUEST, assert_error, call, q
 
 
 def amqp(broker, vhost: str = "/", user: tuple[str, str] = GUEST) -> pika.BlockingConnection:

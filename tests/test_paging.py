@@ -11,7 +11,6 @@ import asyncio
 import logging
 import re
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,28 +22,17 @@ from amqp_server.persistence import Persistence
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.vhost import VHost
 
-from test_core import Target, consume
+from support import Target, consume, drain_local as drain
 
 WINDOW = 16
+pytestmark = pytest.mark.core(queue_window=WINDOW)
 
 
-@pytest.fixture
-async def broker(tmp_path) -> AsyncIterator[Broker]:
-    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def vhost(broker: Broker) -> VHost:
-    return broker.vhost("/")
-
-
-def send(broker: Broker, vhost: VHost, queue: str, bodies, persistent: bool = True, **props) -> None:
+def send(core: Broker, vhost: VHost, queue: str, bodies, persistent: bool = True, **props) -> None:
     for body in bodies:
         message = make_message("", queue, commands.Basic.Properties(delivery_mode=2 if persistent else 1, **props),
                                body)
-        routed, _rejected = broker.publish(vhost, vhost.exchange(""), message)
+        routed, _rejected = core.publish(vhost, vhost.exchange(""), message)
         assert routed
 
 
@@ -64,153 +52,146 @@ def as_after_a_crash(data: Path) -> None:
     (data / "msg_store_persistent" / "clean_shutdown").unlink()
 
 
-def drain(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
-    got = []
-    while (entry := broker.get_local(vhost, queue, no_ack=True)[1]) is not None:
-        got.append(entry.message.body)
-    return got
-
-
 @pytest.mark.parametrize("persistent", [True, False])
-async def test_durable_queue_keeps_a_window_in_memory_and_delivers_in_order(broker, vhost, persistent):
-    broker.declare_queue(vhost, "q", durable=True)
+async def test_durable_queue_keeps_a_window_in_memory_and_delivers_in_order(core, vhost, persistent):
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
-    send(broker, vhost, "q", bodies(500), persistent)
+    send(core, vhost, "q", bodies(500), persistent)
     assert len(queue.ready) <= WINDOW and queue.paged == 500 - len(queue.ready)
     assert queue.message_count == 500
     assert queue.ready_bytes == sum(map(len, bodies(500)))
     await settle()
     target = Target()
-    consume(broker, vhost, "q", target, "c", no_ack=True)
+    consume(core, vhost, "q", target, "c", no_ack=True)
     assert target.bodies() == bodies(500)
     assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.paged == 0
 
 
-async def test_consumer_acks_leave_no_entry_or_record_behind(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(300))
-    send(broker, vhost, "q", bodies(300, "t"), persistent=False)
+async def test_consumer_acks_leave_no_entry_or_record_behind(core, vhost):
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(300))
+    send(core, vhost, "q", bodies(300, "t"), persistent=False)
     await settle()
-    assert drain(broker, vhost, "q") == bodies(300) + bodies(300, "t")
-    broker.persistence.commit_now()
-    broker.pager.index.commit()
-    assert broker.persistence.index.queue_ids() == set()
-    assert broker.persistence.store.stats().messages == 0
-    assert broker.pager.store.stats().messages == 0
+    assert drain(core, vhost, "q") == bodies(300) + bodies(300, "t")
+    core.persistence.commit_now()
+    core.pager.index.commit()
+    assert core.persistence.index.queue_ids() == set()
+    assert core.persistence.store.stats().messages == 0
+    assert core.pager.store.stats().messages == 0
 
 
-async def test_requeue_below_the_tail_on_disk_is_not_delivered_twice(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True)
+async def test_requeue_below_the_tail_on_disk_is_not_delivered_twice(core, vhost):
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
-    send(broker, vhost, "q", bodies(40))
+    send(core, vhost, "q", bodies(40))
     target = Target()
-    consumer = consume(broker, vhost, "q", target, "c", prefetch=5)
-    broker.remove_consumer(consumer)
-    broker.settle_taken(target.held, requeue=True)  # five come back at the head
-    send(broker, vhost, "q", bodies(40, "late"))
+    consumer = consume(core, vhost, "q", target, "c", prefetch=5)
+    core.remove_consumer(consumer)
+    core.settle_taken(target.held, requeue=True)  # five come back at the head
+    send(core, vhost, "q", bodies(40, "late"))
     queue.page_out(1)  # as memory pressure would: all but the head to disk
     assert queue.paged > 0
-    got = drain(broker, vhost, "q")
+    got = drain(core, vhost, "q")
     assert got == bodies(40) + bodies(40, "late")
 
 
-async def test_transient_queue_pages_under_memory_pressure_and_back(broker, vhost):
-    broker.declare_queue(vhost, "t")
+async def test_transient_queue_pages_under_memory_pressure_and_back(core, vhost):
+    core.declare_queue(vhost, "t")
     queue = vhost.queue("t")
     shared = bodies(200)
-    broker.declare_queue(vhost, "t2")
+    core.declare_queue(vhost, "t2")
     for body in shared:  # one message in two queues: written to the transient store once
         message = make_message("amq.fanout", "", commands.Basic.Properties(), body)
         for name in ("t", "t2"):
             vhost.queue(name).enqueue(message)
     assert queue.paged == 0 and len(queue.ready) == 200  # no window for a transient queue
-    freed = broker.pager.page_out(broker.all_queues(), keep=10)
+    freed = core.pager.page_out(core.all_queues(), keep=10)
     assert freed == 2 * sum(map(len, shared)) - 2 * sum(map(len, shared[:10]))
     assert len(queue.ready) == 10 and queue.paged == 190 and queue.message_count == 200
-    assert broker.pager.store.stats().messages == 190  # one record per message, two references each
-    send(broker, vhost, "t", [b"after"], persistent=False)  # joins the tail on disk, in order
+    assert core.pager.store.stats().messages == 190  # one record per message, two references each
+    send(core, vhost, "t", [b"after"], persistent=False)  # joins the tail on disk, in order
     assert queue.paged == 191
-    assert drain(broker, vhost, "t") == shared + [b"after"]
-    assert drain(broker, vhost, "t2") == shared
-    assert broker.pager.store.stats().messages == 0
+    assert drain(core, vhost, "t") == shared + [b"after"]
+    assert drain(core, vhost, "t2") == shared
+    assert core.pager.store.stats().messages == 0
 
 
-async def test_ttl_expires_entries_on_disk_and_dead_letters_them(broker, vhost):
-    broker.declare_queue(vhost, "dlq", durable=True)
-    broker.declare_queue(vhost, "q", durable=True, arguments={"x-dead-letter-exchange": ""
+async def test_ttl_expires_entries_on_disk_and_dead_letters_them(core, vhost):
+    core.declare_queue(vhost, "dlq", durable=True)
+    core.declare_queue(vhost, "q", durable=True, arguments={"x-dead-letter-exchange": ""
                                                               , "x-dead-letter-routing-key": "dlq"})
     queue = vhost.queue("q")
-    send(broker, vhost, "q", bodies(20, "keep"))
-    send(broker, vhost, "q", bodies(30, "short"), expiration="50")  # deep in the queue: on disk
-    send(broker, vhost, "q", bodies(20, "tail"))
+    send(core, vhost, "q", bodies(20, "keep"))
+    send(core, vhost, "q", bodies(30, "short"), expiration="50")  # deep in the queue: on disk
+    send(core, vhost, "q", bodies(20, "tail"))
     assert queue.paged > 30
     await asyncio.sleep(0.3)
     assert queue.message_count == 40  # expired where they sat, without reaching the head
     assert vhost.queue("dlq").message_count == 30
-    assert drain(broker, vhost, "q") == bodies(20, "keep") + bodies(20, "tail")
-    assert drain(broker, vhost, "dlq") == bodies(30, "short")
+    assert drain(core, vhost, "q") == bodies(20, "keep") + bodies(20, "tail")
+    assert drain(core, vhost, "dlq") == bodies(30, "short")
 
 
-async def test_max_length_drop_head_reaches_into_the_disk(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 50})
-    send(broker, vhost, "q", bodies(200))
+async def test_max_length_drop_head_reaches_into_the_disk(core, vhost):
+    core.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 50})
+    send(core, vhost, "q", bodies(200))
     queue = vhost.queue("q")
     assert queue.message_count == 50
-    assert drain(broker, vhost, "q") == bodies(200)[150:]
+    assert drain(core, vhost, "q") == bodies(200)[150:]
 
 
-async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True)
+async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(core, vhost):
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
-    send(broker, vhost, "q", bodies(100))
-    assert [e.message.body for e in broker.peek(queue, 90, 20)] == bodies(100)[90:]
+    send(core, vhost, "q", bodies(100))
+    assert [e.message.body for e in core.peek(queue, 90, 20)] == bodies(100)[90:]
     assert queue.offsets() == (0, 100)
     assert [e.message.body for e in queue.browse(5, 95)] == bodies(100)[5:95]
     batches = list(queue.read_range(0, 100, 7, limit=60))
     assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
-    assert await Commit(broker).commit_offset(queue, 80) == 80
+    assert await Commit(core).commit_offset(queue, 80) == 80
     assert queue.message_count == 20 and queue.offsets() == (80, 100)
-    assert drain(broker, vhost, "q") == bodies(100)[80:]
-    send(broker, vhost, "q", bodies(3, "late"))
-    assert await Commit(broker).commit_offset(queue, 2 ** 64 - 1) == 3 and queue.committed == 103  # past the tail
-    send(broker, vhost, "q", bodies(2, "later"))
-    assert await Commit(broker).commit_offset(queue, 104) == 1 and drain(broker, vhost, "q") == [b"later1"]
+    assert drain(core, vhost, "q") == bodies(100)[80:]
+    send(core, vhost, "q", bodies(3, "late"))
+    assert await Commit(core).commit_offset(queue, 2 ** 64 - 1) == 3 and queue.committed == 103  # past the tail
+    send(core, vhost, "q", bodies(2, "later"))
+    assert await Commit(core).commit_offset(queue, 104) == 1 and drain(core, vhost, "q") == [b"later1"]
 
 
 @pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}])
-async def test_a_peek_in_steps_reads_as_one_peek_across_memory_and_disk(broker, vhost, arguments):
+async def test_a_peek_in_steps_reads_as_one_peek_across_memory_and_disk(core, vhost, arguments):
     """The HTTP peek reads a slice per loop turn, each going on after the last entry of the one before (no walk
     from the head again): the same entries, in delivery order, as one peek."""
-    broker.declare_queue(vhost, "q", durable=True, arguments=arguments)
+    core.declare_queue(vhost, "q", durable=True, arguments=arguments)
     queue = vhost.queue("q")
     for n in range(300):
-        send(broker, vhost, "q", [f"m{n}".encode()], priority=n % 3 * 4)
+        send(core, vhost, "q", [f"m{n}".encode()], priority=n % 3 * 4)
     assert queue.paged
-    whole = broker.peek(queue, 5, 1000)
-    stepped = broker.peek(queue, 5, 7)
+    whole = core.peek(queue, 5, 1000)
+    stepped = core.peek(queue, 5, 7)
     while True:
-        more = broker.peek(queue, 0, 7, after=stepped[-1])
+        more = core.peek(queue, 0, 7, after=stepped[-1])
         if not more:
             break
         stepped.extend(more)
     assert [e.message.body for e in stepped] == [e.message.body for e in whole] and len(whole) == 295
 
 
-async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_turn(broker, vhost, monkeypatch):
+async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_turn(core, vhost, monkeypatch):
     """Committing part of a deep queue's part on disk answers once its entries there are counted, ``COUNT_BATCH``
     per loop turn (a million of them held every client for seconds); meanwhile reads, offsets and expiry see
     none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
     go afterwards, in the background."""
     COUNT_BATCH = 1024
     monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", COUNT_BATCH)
-    broker.declare_queue(vhost, "q", durable=True)
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     count = 4 * COUNT_BATCH
-    send(broker, vhost, "q", bodies(count - 10))
-    send(broker, vhost, "q", bodies(10, "x"), expiration="1000")
+    send(core, vhost, "q", bodies(count - 10))
+    send(core, vhost, "q", bodies(10, "x"), expiration="1000")
     await settle()
     on_disk_from = queue.ready.paged_from
-    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, 2 * COUNT_BATCH))
+    commit = asyncio.ensure_future(Commit(core).commit_offset(queue, 2 * COUNT_BATCH))
     await asyncio.sleep(0)
     assert not commit.done() and queue.committed_drops == 0  # under way: a batch counted
     assert queue.offsets() == (2 * COUNT_BATCH, count)
@@ -219,84 +200,84 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     assert queue.message_count == 2 * COUNT_BATCH and queue.committed_drops == 2 * COUNT_BATCH - on_disk_from
     assert queue.ready_bytes == sum(map(len, bodies(count - 10)[2 * COUNT_BATCH:] + bodies(10, "x")))
 
-    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, count - 10))  # again, and a consumer meanwhile
+    commit = asyncio.ensure_future(Commit(core).commit_offset(queue, count - 10))  # again, and a consumer meanwhile
     await asyncio.sleep(0)
     assert not commit.done()
-    assert broker.get_local(vhost, "q", no_ack=True)[1].message.body == b"x0"
+    assert core.get_local(vhost, "q", no_ack=True)[1].message.body == b"x0"
     assert await commit == 2 * COUNT_BATCH - 10
     assert queue.message_count == 9
     for _ in range(300):  # the rest expire, none of the committed ones dead-lettered or counted again
         if not queue.message_count:
             break
         await asyncio.sleep(0.01)
-    assert queue.message_count == 0 and drain(broker, vhost, "q") == []
-    while broker.pager.dropping:
+    assert queue.message_count == 0 and drain(core, vhost, "q") == []
+    while core.pager.dropping:
         await asyncio.sleep(0.01)
-    broker.persistence.commit_now()
-    assert broker.persistence.index.queue_ids() == set() and broker.persistence.store.stats().messages == 0
+    core.persistence.commit_now()
+    assert core.persistence.index.queue_ids() == set() and core.persistence.store.stats().messages == 0
 
 
-async def test_a_commit_of_the_whole_disk_answers_at_once(broker, vhost, monkeypatch):
+async def test_a_commit_of_the_whole_disk_answers_at_once(core, vhost, monkeypatch):
     """A commit at or past the last entry on disk (a drain of the whole queue) knows their count without a walk:
     it answers in the loop turn it came in, and their rows and records go in the background."""
     from amqp_server.paging import DROP_BATCH
 
     monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
-    broker.declare_queue(vhost, "q", durable=True)
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
-    send(broker, vhost, "q", bodies(3 * DROP_BATCH))
+    send(core, vhost, "q", bodies(3 * DROP_BATCH))
     await settle()
-    commit = asyncio.ensure_future(Commit(broker).commit_offset(queue, 3 * DROP_BATCH))
+    commit = asyncio.ensure_future(Commit(core).commit_offset(queue, 3 * DROP_BATCH))
     await asyncio.sleep(0)
     assert commit.done() and commit.result() == 3 * DROP_BATCH
     assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.offsets() == (3 * DROP_BATCH,) * 2
-    assert broker.pager.dropping and broker.persistence.index.queue_ids()  # the rows, still going
-    send(broker, vhost, "q", bodies(5, "new"))
-    assert drain(broker, vhost, "q") == bodies(5, "new")
-    while broker.pager.dropping:
+    assert core.pager.dropping and core.persistence.index.queue_ids()  # the rows, still going
+    send(core, vhost, "q", bodies(5, "new"))
+    assert drain(core, vhost, "q") == bodies(5, "new")
+    while core.pager.dropping:
         await asyncio.sleep(0.01)
-    broker.persistence.commit_now()
-    assert broker.persistence.index.queue_ids() == set() and broker.persistence.store.stats().messages == 0
+    core.persistence.commit_now()
+    assert core.persistence.index.queue_ids() == set() and core.persistence.store.stats().messages == 0
 
 
-async def test_purge_and_delete_release_everything_on_disk(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(100))
-    send(broker, vhost, "q", bodies(100, "t"), persistent=False)
+async def test_purge_and_delete_release_everything_on_disk(core, vhost):
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(100))
+    send(core, vhost, "q", bodies(100, "t"), persistent=False)
     await settle()
-    assert broker.purge_local(vhost, "q") == 200
+    assert core.purge_local(vhost, "q") == 200
     assert vhost.queue("q").message_count == 0
-    send(broker, vhost, "q", bodies(100))
-    broker.delete_queue(vhost, "q")
-    await dropped(broker)
-    broker.persistence.commit_now()
-    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
-    assert broker.persistence.index.queue_ids() == set()
+    send(core, vhost, "q", bodies(100))
+    core.delete_queue(vhost, "q")
+    await dropped(core)
+    core.persistence.commit_now()
+    assert core.persistence.store.stats().messages == 0 and core.pager.store.stats().messages == 0
+    assert core.persistence.index.queue_ids() == set()
 
 
-async def dropped(broker: Broker) -> int:
+async def dropped(core: Broker) -> int:
     """Wait for deleted queues' entries on disk to be dropped; the loop turns it took."""
     turns = 0
-    while broker.pager.dropping:
+    while core.pager.dropping:
         await asyncio.sleep(0)
         turns += 1
     return turns
 
 
 @pytest.mark.parametrize("durable", [True, False])
-async def test_a_deleted_deep_queue_is_dropped_in_the_background(broker, vhost, durable):
+async def test_a_deleted_deep_queue_is_dropped_in_the_background(core, vhost, durable):
     """Deleting a deep queue drops its entries on disk a batch per loop turn, not all at once (a million held
     every client for seconds): the messages it shared with another queue stay there, those a consumer holds
     are the consumer's to settle, and at the end the stores hold nothing of it."""
     from amqp_server.paging import DROP_BATCH
 
     for name in ("q", "other"):
-        broker.declare_queue(vhost, name, durable=durable)
-        broker.bind(vhost, "amq.fanout", "queue", name, "")
+        core.declare_queue(vhost, name, durable=durable)
+        core.bind(vhost, "amq.fanout", "queue", name, "")
     count = 3 * DROP_BATCH
     for i in range(count):
         message = make_message("amq.fanout", "", commands.Basic.Properties(delivery_mode=2), b"m%d" % i)
-        broker.publish(vhost, vhost.exchange("amq.fanout"), message)
+        core.publish(vhost, vhost.exchange("amq.fanout"), message)
         if i % 4096 == 0:
             await asyncio.sleep(0)
     await settle()
@@ -304,66 +285,66 @@ async def test_a_deleted_deep_queue_is_dropped_in_the_background(broker, vhost, 
     if not durable:  # a transient queue pages when memory runs short
         queue.page_out(WINDOW)
     assert queue.paged > 2 * DROP_BATCH
-    held = broker.get_local(vhost, "q", no_ack=False)[1]  # a consumer's, unacked
-    assert broker.delete_queue(vhost, "q") == count - 1
-    assert broker.pager.dropping  # not done at once
-    assert await dropped(broker) >= 3
+    held = core.get_local(vhost, "q", no_ack=False)[1]  # a consumer's, unacked
+    assert core.delete_queue(vhost, "q") == count - 1
+    assert core.pager.dropping  # not done at once
+    assert await dropped(core) >= 3
     if durable:  # the held message: its reference from "q" is the consumer's to release, "other" has its own
-        assert broker.persistence.store.index[held.message.msg_id].refs == 2
+        assert core.persistence.store.index[held.message.msg_id].refs == 2
     queue.settle([held])
-    assert drain(broker, vhost, "other") == [b"m%d" % i for i in range(count)]
-    broker.persistence.commit_now()
-    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
-    assert broker.persistence.index.queue_ids() == set()
+    assert drain(core, vhost, "other") == [b"m%d" % i for i in range(count)]
+    core.persistence.commit_now()
+    assert core.persistence.store.stats().messages == 0 and core.pager.store.stats().messages == 0
+    assert core.persistence.index.queue_ids() == set()
 
 
 async def test_a_drop_left_at_shutdown_is_finished_before_the_store_is_closed(tmp_path):
     """A clean shutdown finishes deleted queues' drops first: its store snapshot counts references no index
     row holds any more, so nothing of the deleted queue is left on disk after a restart."""
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(40_000))
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(40_000))
     await settle()
-    broker.delete_queue(vhost, "q")
-    assert broker.pager.dropping
-    broker.close()
-    broker = Broker(data, queue_window=WINDOW)
+    core.delete_queue(vhost, "q")
+    assert core.pager.dropping
+    core.close()
+    core = Broker(data, queue_window=WINDOW)
     try:
-        assert broker.persistence.store.stats().messages == 0
-        assert broker.persistence.index.queue_ids() == set()
+        assert core.persistence.store.stats().messages == 0
+        assert core.persistence.index.queue_ids() == set()
     finally:
-        broker.close()
+        core.close()
 
 
 @pytest.mark.parametrize("max_priority", [None, 5])
-async def test_a_purged_deep_queue_is_dropped_in_the_background(broker, vhost, max_priority):
+async def test_a_purged_deep_queue_is_dropped_in_the_background(core, vhost, max_priority):
     """A purge answers with the count at once and every reader sees an empty queue at once; its entries on disk
     leave the index a batch per loop turn (a million held every client for seconds), marked dropped until
     they have.  What is published meanwhile, and pages out, is all a consumer gets."""
     from amqp_server.paging import DROP_BATCH
 
     arguments = {"x-max-priority": max_priority} if max_priority else None
-    broker.declare_queue(vhost, "q", durable=True, arguments=arguments)
+    core.declare_queue(vhost, "q", durable=True, arguments=arguments)
     queue = vhost.queue("q")
     count = 3 * DROP_BATCH
-    send(broker, vhost, "q", bodies(count))
+    send(core, vhost, "q", bodies(count))
     await settle()
     assert queue.paged > 2 * DROP_BATCH
-    held = broker.get_local(vhost, "q", no_ack=False)[1]
-    index = broker.persistence.index
-    assert broker.purge_local(vhost, "q") == count - 1
-    assert queue.message_count == 0 and queue.peek(0, 5) == [] and broker.get_local(vhost, "q", no_ack=True)[1] is None
-    assert broker.pager.dropping and len(index.dropped(queue.index_id)) == 1
-    send(broker, vhost, "q", bodies(100, "new"))
+    held = core.get_local(vhost, "q", no_ack=False)[1]
+    index = core.persistence.index
+    assert core.purge_local(vhost, "q") == count - 1
+    assert queue.message_count == 0 and queue.peek(0, 5) == [] and core.get_local(vhost, "q", no_ack=True)[1] is None
+    assert core.pager.dropping and len(index.dropped(queue.index_id)) == 1
+    send(core, vhost, "q", bodies(100, "new"))
     queue.page_out(WINDOW)
-    assert await dropped(broker) >= 3
+    assert await dropped(core) >= 3
     assert index.dropped(queue.index_id) == []
     queue.settle([held])
-    assert drain(broker, vhost, "q") == bodies(100, "new")
-    broker.persistence.commit_now()
-    assert broker.persistence.store.stats().messages == 0 and index.queue_ids() == set()
+    assert drain(core, vhost, "q") == bodies(100, "new")
+    core.persistence.commit_now()
+    assert core.persistence.store.stats().messages == 0 and index.queue_ids() == set()
 
 
 @pytest.mark.parametrize("crashed", [False, True])
@@ -375,30 +356,30 @@ async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pat
     from amqp_server.paging import DROP_BATCH
 
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(4 * DROP_BATCH))
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(4 * DROP_BATCH))
     await settle()
-    held = [broker.get_local(vhost, "q", no_ack=False)[1] for _ in range(3)]
-    assert broker.purge_local(vhost, "q") == 4 * DROP_BATCH - 3
-    send(broker, vhost, "q", bodies(10, "new"))
+    held = [core.get_local(vhost, "q", no_ack=False)[1] for _ in range(3)]
+    assert core.purge_local(vhost, "q") == 4 * DROP_BATCH - 3
+    send(core, vhost, "q", bodies(10, "new"))
     await asyncio.sleep(0)
-    assert broker.pager.dropping
-    broker.pager.finish_drops = broker.pager._dropping.cancel  # the stop comes before the drop is done
-    broker.close()
+    assert core.pager.dropping
+    core.pager.finish_drops = core.pager._dropping.cancel  # the stop comes before the drop is done
+    core.close()
     if crashed:
         as_after_a_crash(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
+    core = Broker(data, queue_window=WINDOW)
     try:
-        vhost = broker.vhost("/")
+        vhost = core.vhost("/")
         assert vhost.queue("q").message_count == 13
-        assert drain(broker, vhost, "q") == [entry.message.body for entry in held] + bodies(10, "new")
-        broker.persistence.commit_now()
-        assert broker.persistence.store.stats().messages == 0
-        assert broker.persistence.index.queue_ids() == set()
+        assert drain(core, vhost, "q") == [entry.message.body for entry in held] + bodies(10, "new")
+        core.persistence.commit_now()
+        assert core.persistence.store.stats().messages == 0
+        assert core.persistence.index.queue_ids() == set()
     finally:
-        broker.close()
+        core.close()
 
 
 @pytest.mark.parametrize("crashed", [False, True])
@@ -413,78 +394,78 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
 
     monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(4 * DROP_BATCH))
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(4 * DROP_BATCH))
     await settle()
-    held = [broker.get_local(vhost, "q", no_ack=False)[1].message.body for _ in range(3)]
-    commit = asyncio.ensure_future(Commit(broker).commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
+    held = [core.get_local(vhost, "q", no_ack=False)[1].message.body for _ in range(3)]
+    commit = asyncio.ensure_future(Commit(core).commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
     await asyncio.sleep(0)
     assert not commit.done() and vhost.queue("q").committed_drops == 0
     if stage == "dropping":
         assert await commit == 3 * DROP_BATCH - 3
-        assert broker.pager.dropping
-        broker.pager.finish_drops = broker.pager._dropping.cancel  # the stop comes before the drop is done
+        assert core.pager.dropping
+        core.pager.finish_drops = core.pager._dropping.cancel  # the stop comes before the drop is done
     commit.cancel()
-    broker.close()
+    core.close()
     if crashed:  # the store counts references from the index
         as_after_a_crash(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
+    core = Broker(data, queue_window=WINDOW)
     try:
-        vhost = broker.vhost("/")
+        vhost = core.vhost("/")
         queue = vhost.queue("q")
         assert queue.message_count == DROP_BATCH + 3
-        assert await Commit(broker).commit_offset(queue, 3 * DROP_BATCH) == 0
-        assert drain(broker, vhost, "q") == held + bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
-        broker.persistence.commit_now()
-        assert broker.persistence.store.stats().messages == 0
+        assert await Commit(core).commit_offset(queue, 3 * DROP_BATCH) == 0
+        assert drain(core, vhost, "q") == held + bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
+        core.persistence.commit_now()
+        assert core.persistence.store.stats().messages == 0
     finally:
-        broker.close()
+        core.close()
 
 
 async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restart(tmp_path):
     """A restart drops what a commit left on disk only if one was under way: messages a consumer held unacked
     below the cursor come back, as a requeue would bring them (left for the next commit covering them)."""
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(3000))
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(3000))
     await settle()
-    held = [broker.get_local(vhost, "q", no_ack=False)[1] for _ in range(5)]
+    held = [core.get_local(vhost, "q", no_ack=False)[1] for _ in range(5)]
     assert [entry.seq for entry in held] == list(range(5))
-    assert await Commit(broker).commit_offset(vhost.queue("q"), 2000) == 1995
-    broker.close()
-    broker = Broker(data, queue_window=WINDOW)
+    assert await Commit(core).commit_offset(vhost.queue("q"), 2000) == 1995
+    core.close()
+    core = Broker(data, queue_window=WINDOW)
     try:
-        vhost = broker.vhost("/")
+        vhost = core.vhost("/")
         assert vhost.queue("q").message_count == 1005
-        assert drain(broker, vhost, "q") == bodies(5) + bodies(3000)[2000:]
+        assert drain(core, vhost, "q") == bodies(5) + bodies(3000)[2000:]
     finally:
-        broker.close()
+        core.close()
 
 
 async def test_a_cursor_saved_past_the_tail_comes_back_at_the_tail(tmp_path):
     """A commit cursor an older node saved past the tail (it took any offset) is read back at the tail, so later
     messages can be committed."""
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(3))
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(3))
     await settle()
     vhost.queue("q").committed = 2 ** 64 - 1  # as an older node left it: saved at the stop
-    broker.close()
-    broker = Broker(data, queue_window=WINDOW)
+    core.close()
+    core = Broker(data, queue_window=WINDOW)
     try:
-        vhost = broker.vhost("/")
+        vhost = core.vhost("/")
         queue = vhost.queue("q")
         assert queue.committed == 3 and queue.offsets() == (0, 3)
-        send(broker, vhost, "q", bodies(2, "late"))
-        assert await Commit(broker).commit_offset(queue, 4) == 4 and drain(broker, vhost, "q") == [b"late1"]
+        send(core, vhost, "q", bodies(2, "late"))
+        assert await Commit(core).commit_offset(queue, 4) == 4 and drain(core, vhost, "q") == [b"late1"]
     finally:
-        broker.close()
+        core.close()
 
 
 @pytest.mark.parametrize("fsyncing", [False, True])
@@ -492,59 +473,59 @@ async def test_a_stop_leaves_no_group_commit_behind(tmp_path, caplog, fsyncing):
     """The node stops with a group commit due (its changes are made durable by the stop itself) or with one's
     fsync under way in its thread (the files stay open until it is done): neither runs on closed files,
     which failed and logged the disk untrustworthy at every stop."""
-    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
+    core = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
     with caplog.at_level(logging.CRITICAL):
-        send(broker, vhost, "q", bodies(20_000))
+        send(core, vhost, "q", bodies(20_000))
         if fsyncing:
             await asyncio.sleep(0)  # the group commit starts its fsync
-            assert broker.persistence.synced < broker.persistence.batch - 1  # under way
-        broker.close()
+            assert core.persistence.synced < core.persistence.batch - 1  # under way
+        core.close()
         await asyncio.sleep(0.1)  # what was due, or the fsync's answer, comes after the stop
     assert "group commit" not in caplog.text
-    broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
-    assert broker.vhost("/").queue("q").message_count == 20_000
-    broker.close()
+    core = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    assert core.vhost("/").queue("q").message_count == 20_000
+    core.close()
 
 
 async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    broker.declare_queue(vhost, "p", durable=True, arguments={"x-max-priority": 5})
-    send(broker, vhost, "q", bodies(300))
-    send(broker, vhost, "q", bodies(10, "gone"), persistent=False)  # a durable queue's transient entries
-    send(broker, vhost, "p", [b"low"], priority=1)
-    send(broker, vhost, "p", [b"high"], priority=4)
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    core.declare_queue(vhost, "p", durable=True, arguments={"x-max-priority": 5})
+    send(core, vhost, "q", bodies(300))
+    send(core, vhost, "q", bodies(10, "gone"), persistent=False)  # a durable queue's transient entries
+    send(core, vhost, "p", [b"low"], priority=1)
+    send(core, vhost, "p", [b"high"], priority=4)
     await settle()
-    broker.close()
+    core.close()
 
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
     queue = vhost.queue("q")
     assert queue.message_count == 300 and len(queue.ready) == 0  # counted from the index's totals
     assert queue.next_seq == 310
-    assert drain(broker, vhost, "q") == bodies(300)
-    assert drain(broker, vhost, "p") == [b"high", b"low"]  # in priority order, paged in level by level
-    broker.close()
+    assert drain(core, vhost, "q") == bodies(300)
+    assert drain(core, vhost, "p") == [b"high", b"low"]  # in priority order, paged in level by level
+    core.close()
 
 
-async def test_move_from_a_deep_transient_tail_into_a_queue_that_pages_it_again(broker, vhost):
+async def test_move_from_a_deep_transient_tail_into_a_queue_that_pages_it_again(core, vhost):
     """A message paged in from the transient store and moved to another queue is that queue's own: when the
     first queue releases its record, the second still has the message, and pages it out with a record of
     its own."""
-    broker.declare_queue(vhost, "src")
-    broker.declare_queue(vhost, "dst", durable=True)
-    send(broker, vhost, "src", bodies(100), persistent=False)
-    broker.pager.page_out([vhost.queue("src")], keep=5)
-    assert broker.move_messages(vhost.queue("src"), vhost.queue("dst")) == 100
+    core.declare_queue(vhost, "src")
+    core.declare_queue(vhost, "dst", durable=True)
+    send(core, vhost, "src", bodies(100), persistent=False)
+    core.pager.page_out([vhost.queue("src")], keep=5)
+    assert core.move_messages(vhost.queue("src"), vhost.queue("dst")) == 100
     dst = vhost.queue("dst")
     assert dst.paged > 0 and dst.message_count == 100
-    assert drain(broker, vhost, "dst") == bodies(100)
-    broker.pager.index.commit()
-    assert broker.pager.store.stats().messages == 0
+    assert drain(core, vhost, "dst") == bodies(100)
+    core.pager.index.commit()
+    assert core.pager.store.stats().messages == 0
 
 
 @pytest.mark.timeout(60)
@@ -591,27 +572,27 @@ def test_a_deep_queue_through_amqp_and_http(start_broker):
 
 async def test_restart_after_a_crash_drops_entries_whose_message_the_store_lost(tmp_path, caplog):
     data = tmp_path / "data"
-    broker = Broker(str(data), persistence=Persistence(str(data), segment_size=4096), queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "q", durable=True)
-    send(broker, vhost, "q", bodies(200))
+    core = Broker(str(data), persistence=Persistence(str(data), segment_size=4096), queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    send(core, vhost, "q", bodies(200))
     await settle()
-    broker.close()
+    core.close()
     as_after_a_crash(data)
     store = data / "msg_store_persistent"
     (store / "00000002.seg").unlink()  # and one segment is gone (a damaged disk)
     (store / "00000002.idx").unlink()
 
     with caplog.at_level(logging.INFO):
-        broker = Broker(str(data), persistence=Persistence(str(data), segment_size=4096), queue_window=WINDOW)
-    vhost = broker.vhost("/")
+        core = Broker(str(data), persistence=Persistence(str(data), segment_size=4096), queue_window=WINDOW)
+    vhost = core.vhost("/")
     lost = int(re.search(r"(\d+) missing", caplog.text).group(1))
     assert vhost.queue("q").message_count == 200 - lost and lost > 0  # dropped at the walk, counted out
-    got = drain(broker, vhost, "q")
+    got = drain(core, vhost, "q")
     assert "is missing from the store" not in caplog.text  # none was left for paging in to meet
     assert 0 < len(got) < 200 and got == [b for b in bodies(200) if b in set(got)]  # in order, gaps only
     assert vhost.queue("q").message_count == 0
-    broker.close()
+    core.close()
 
 
 async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
@@ -619,37 +600,37 @@ async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
     import amqp_server.paging as paging
 
     monkeypatch.setattr(paging, "MEMORY_BUDGET", 1024)
-    broker = Broker(str(tmp_path / "data"), queue_window=512)
-    broker.pager.share = paging.MEMORY_BUDGET
-    vhost = broker.vhost("/")
+    core = Broker(str(tmp_path / "data"), queue_window=512)
+    core.pager.share = paging.MEMORY_BUDGET
+    vhost = core.vhost("/")
     names = [f"q{i}" for i in range(8)]
     for name in names:
-        broker.declare_queue(vhost, name, durable=True)
-        send(broker, vhost, name, bodies(1000, name))
+        core.declare_queue(vhost, name, durable=True)
+        send(core, vhost, name, bodies(1000, name))
     assert len(vhost.queue("q0").ready) > 128  # paged while it was the only deep queue
     for name in names:
-        send(broker, vhost, name, [b"last"])  # each enqueue trims to the share
-    assert broker.pager.share == 128
+        send(core, vhost, name, [b"last"])  # each enqueue trims to the share
+    assert core.pager.share == 128
     assert all(len(vhost.queue(name).ready) <= 128 for name in names)
     for name in names:
-        assert drain(broker, vhost, name) == bodies(1000, name) + [b"last"]
-    broker.pager.housekeeping()
-    assert broker.pager.share == 1024  # none is deep now
-    broker.close()
+        assert drain(core, vhost, name) == bodies(1000, name) + [b"last"]
+    core.pager.housekeeping()
+    assert core.pager.share == 1024  # none is deep now
+    core.close()
 
 
-async def test_a_consumed_queue_keeps_more_in_memory_until_its_consumers_leave(broker, vhost):
-    broker.declare_queue(vhost, "q", durable=True)
+async def test_a_consumed_queue_keeps_more_in_memory_until_its_consumers_leave(core, vhost):
+    core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     target = Target()
-    consumer = consume(broker, vhost, "q", target, "c", prefetch=1)  # takes one, the rest stays ready
-    send(broker, vhost, "q", bodies(500))
+    consumer = consume(core, vhost, "q", target, "c", prefetch=1)  # takes one, the rest stays ready
+    send(core, vhost, "q", bodies(500))
     assert queue.paged == 0 and len(queue.ready) == 499  # consumers must not wait on the disk
-    broker.remove_consumer(consumer)
-    broker.settle_taken(target.held, requeue=True)
-    send(broker, vhost, "q", [b"last"])  # no consumer: back to the window
+    core.remove_consumer(consumer)
+    core.settle_taken(target.held, requeue=True)
+    send(core, vhost, "q", [b"last"])  # no consumer: back to the window
     assert len(queue.ready) <= WINDOW and queue.paged > 0
-    assert drain(broker, vhost, "q") == bodies(500) + [b"last"]
+    assert drain(core, vhost, "q") == bodies(500) + [b"last"]
 
 
 def test_queue_window_option_is_checked(capsys):
@@ -665,13 +646,13 @@ def test_queue_window_option_is_checked(capsys):
 
 # -- priority queues: each level pages as a plain queue does ----------------------------------------
 
-def send_levels(broker: Broker, vhost: VHost, queue: str, levels: list[int], persistent: bool = True,
+def send_levels(core: Broker, vhost: VHost, queue: str, levels: list[int], persistent: bool = True,
                 prefix: str = "m", **props) -> list[tuple[int, bytes]]:
     """One message per level in ``levels``, bodies ``{prefix}{i}``; returns (level, body) in publish order."""
     sent = []
     for i, level in enumerate(levels):
         body = f"{prefix}{i}".encode()
-        send(broker, vhost, queue, [body], persistent, priority=level, **props)
+        send(core, vhost, queue, [body], persistent, priority=level, **props)
         sent.append((level, body))
     return sent
 
@@ -687,147 +668,147 @@ MIXED_LEVELS = [(i * 7) % 12 for i in range(600)]  # 0..11: 10 and 11 count as 9
 
 
 @pytest.mark.parametrize("persistent", [True, False])
-async def test_a_deep_priority_queue_keeps_a_window_and_delivers_in_priority_order(broker, vhost, persistent):
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+async def test_a_deep_priority_queue_keeps_a_window_and_delivers_in_priority_order(core, vhost, persistent):
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS, persistent)
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS, persistent)
     assert len(queue.ready) <= WINDOW and queue.paged == 600 - len(queue.ready)
     assert queue.message_count == 600
     await settle()
     got = []
-    while (entry := broker.get_local(vhost, "p", no_ack=True)[1]) is not None:
+    while (entry := core.get_local(vhost, "p", no_ack=True)[1]) is not None:
         got.append(entry.message.body)
         assert len(queue.ready) <= 2048  # a level pages in a batch at a time, never the whole queue
     assert got == by_priority(sent, 9)
     assert queue.message_count == 0 and queue.ready_bytes == 0 and queue.paged == 0
-    broker.persistence.commit_now()
-    broker.pager.index.commit()
-    assert broker.persistence.index.queue_ids() == set()
-    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
+    core.persistence.commit_now()
+    core.pager.index.commit()
+    assert core.persistence.index.queue_ids() == set()
+    assert core.persistence.store.stats().messages == 0 and core.pager.store.stats().messages == 0
 
 
-async def test_a_high_priority_message_deep_in_the_tail_comes_first_without_the_rest(broker, vhost):
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+async def test_a_high_priority_message_deep_in_the_tail_comes_first_without_the_rest(core, vhost):
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
-    send(broker, vhost, "p", bodies(3000), priority=1)
-    send(broker, vhost, "p", [b"urgent"], priority=8)
-    send(broker, vhost, "p", bodies(10, "after"), priority=1)
+    send(core, vhost, "p", bodies(3000), priority=1)
+    send(core, vhost, "p", [b"urgent"], priority=8)
+    send(core, vhost, "p", bodies(10, "after"), priority=1)
     assert queue.paged > 2900
-    assert broker.get_local(vhost, "p", no_ack=True)[1].message.body == b"urgent"
+    assert core.get_local(vhost, "p", no_ack=True)[1].message.body == b"urgent"
     assert len(queue.ready) <= 2 * WINDOW  # the level below stayed on disk
-    assert drain(broker, vhost, "p") == bodies(3000) + bodies(10, "after")
+    assert drain(core, vhost, "p") == bodies(3000) + bodies(10, "after")
 
 
-async def test_priority_requeues_consumers_and_pages_interleave(broker, vhost):
+async def test_priority_requeues_consumers_and_pages_interleave(core, vhost):
     """Consumers take some, give some back, the queue pages out and in meanwhile: every message once, each
     level in order, redelivered ones back in their place."""
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:300])
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS[:300])
     target = Target()
-    consumer = consume(broker, vhost, "p", target, "c", prefetch=40)
+    consumer = consume(core, vhost, "p", target, "c", prefetch=40)
     taken = list(target.held)
-    broker.remove_consumer(consumer)
-    sent += send_levels(broker, vhost, "p", MIXED_LEVELS[300:], prefix="n")
+    core.remove_consumer(consumer)
+    sent += send_levels(core, vhost, "p", MIXED_LEVELS[300:], prefix="n")
     queue.page_out(3)
-    broker.settle_taken(taken, requeue=True)  # back in place, in memory, ahead of their levels' disk part
+    core.settle_taken(taken, requeue=True)  # back in place, in memory, ahead of their levels' disk part
     queue.page_out(3)
-    got = drain(broker, vhost, "p")
+    got = drain(core, vhost, "p")
     assert got == by_priority(sent, 9)
 
 
-async def test_priority_ttl_on_disk_expires_and_dead_letters(broker, vhost):
-    broker.declare_queue(vhost, "dlq", durable=True)
-    broker.declare_queue(vhost, "p", durable=True, arguments={
+async def test_priority_ttl_on_disk_expires_and_dead_letters(core, vhost):
+    core.declare_queue(vhost, "dlq", durable=True)
+    core.declare_queue(vhost, "p", durable=True, arguments={
         **PRIORITIES, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
     queue = vhost.queue("p")
-    send(broker, vhost, "p", bodies(40, "keep"), priority=2)
-    send(broker, vhost, "p", bodies(30, "short"), priority=5, expiration="50")
-    send(broker, vhost, "p", bodies(40, "tail"), priority=0)
+    send(core, vhost, "p", bodies(40, "keep"), priority=2)
+    send(core, vhost, "p", bodies(30, "short"), priority=5, expiration="50")
+    send(core, vhost, "p", bodies(40, "tail"), priority=0)
     assert queue.paged > 60
     await asyncio.sleep(0.3)
     assert queue.message_count == 80
     assert vhost.queue("dlq").message_count == 30
-    assert drain(broker, vhost, "p") == bodies(40, "keep") + bodies(40, "tail")
-    assert sorted(drain(broker, vhost, "dlq")) == sorted(bodies(30, "short"))
+    assert drain(core, vhost, "p") == bodies(40, "keep") + bodies(40, "tail")
+    assert sorted(drain(core, vhost, "dlq")) == sorted(bodies(30, "short"))
 
 
-async def test_priority_ttl_of_entries_paged_in_and_out_again(broker, vhost):
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+async def test_priority_ttl_of_entries_paged_in_and_out_again(core, vhost):
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
-    send(broker, vhost, "p", bodies(100, "x"), priority=3, expiration="100")
-    send(broker, vhost, "p", bodies(100, "k"), priority=1)
-    assert broker.get_local(vhost, "p", no_ack=True)[1].message.body == b"x0"  # level 3 pages in
+    send(core, vhost, "p", bodies(100, "x"), priority=3, expiration="100")
+    send(core, vhost, "p", bodies(100, "k"), priority=1)
+    assert core.get_local(vhost, "p", no_ack=True)[1].message.body == b"x0"  # level 3 pages in
     queue.page_out(2)
     await asyncio.sleep(0.3)
     assert queue.message_count == 100
-    assert drain(broker, vhost, "p") == bodies(100, "k")
+    assert drain(core, vhost, "p") == bodies(100, "k")
 
 
-async def test_priority_peek_offsets_range_reads_and_commit_across_memory_and_disk(broker, vhost):
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+async def test_priority_peek_offsets_range_reads_and_commit_across_memory_and_disk(core, vhost):
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:200])
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS[:200])
     order = by_priority(sent, 9)
-    assert [e.message.body for e in broker.peek(queue, 0, 200)] == order
-    assert [e.message.body for e in broker.peek(queue, 150, 30)] == order[150:180]
+    assert [e.message.body for e in core.peek(queue, 0, 200)] == order
+    assert [e.message.body for e in core.peek(queue, 150, 30)] == order[150:180]
     assert queue.offsets() == (0, 200)
     assert [e.message.body for e in queue.browse(5, 195)] == [body for _, body in sent[5:195]]
     batches = list(queue.read_range(0, 200, 7, limit=60))
     assert all(len(b) <= 7 for b in batches) and [e.seq for b in batches for e in b] == list(range(60))
     assert queue.remove_upto(120) == 120
     assert queue.message_count == 80 and queue.offsets() == (120, 200)
-    assert drain(broker, vhost, "p") == by_priority(sent[120:], 9)
+    assert drain(core, vhost, "p") == by_priority(sent[120:], 9)
 
 
-async def test_priority_purge_and_delete_release_everything_on_disk(broker, vhost):
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
-    send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
-    send_levels(broker, vhost, "p", MIXED_LEVELS[:100], persistent=False, prefix="t")
+async def test_priority_purge_and_delete_release_everything_on_disk(core, vhost):
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    send_levels(core, vhost, "p", MIXED_LEVELS[:100])
+    send_levels(core, vhost, "p", MIXED_LEVELS[:100], persistent=False, prefix="t")
     await settle()
-    assert broker.purge_local(vhost, "p") == 200
+    assert core.purge_local(vhost, "p") == 200
     assert vhost.queue("p").message_count == 0 and vhost.queue("p").paged == 0
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
-    assert drain(broker, vhost, "p")[:3] == by_priority(sent, 9)[:3]
-    send_levels(broker, vhost, "p", MIXED_LEVELS[:100])
-    broker.delete_queue(vhost, "p")
-    await dropped(broker)
-    broker.persistence.commit_now()
-    assert broker.persistence.store.stats().messages == 0 and broker.pager.store.stats().messages == 0
-    assert broker.persistence.index.queue_ids() == set()
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS[:100])
+    assert drain(core, vhost, "p")[:3] == by_priority(sent, 9)[:3]
+    send_levels(core, vhost, "p", MIXED_LEVELS[:100])
+    core.delete_queue(vhost, "p")
+    await dropped(core)
+    core.persistence.commit_now()
+    assert core.persistence.store.stats().messages == 0 and core.pager.store.stats().messages == 0
+    assert core.persistence.index.queue_ids() == set()
 
 
-async def test_a_transient_priority_queue_pages_under_memory_pressure(broker, vhost):
-    broker.declare_queue(vhost, "t", arguments=PRIORITIES)
+async def test_a_transient_priority_queue_pages_under_memory_pressure(core, vhost):
+    core.declare_queue(vhost, "t", arguments=PRIORITIES)
     queue = vhost.queue("t")
-    sent = send_levels(broker, vhost, "t", MIXED_LEVELS, persistent=False)
+    sent = send_levels(core, vhost, "t", MIXED_LEVELS, persistent=False)
     assert queue.paged == 0
-    broker.pager.page_out(broker.all_queues(), keep=10)
+    core.pager.page_out(core.all_queues(), keep=10)
     assert len(queue.ready) == 10 and queue.paged == 590
-    sent += send_levels(broker, vhost, "t", [9, 0], persistent=False, prefix="late")
-    assert drain(broker, vhost, "t") == by_priority(sent, 9)
-    broker.pager.index.commit()
-    assert broker.pager.store.stats().messages == 0
+    sent += send_levels(core, vhost, "t", [9, 0], persistent=False, prefix="late")
+    assert drain(core, vhost, "t") == by_priority(sent, 9)
+    core.pager.index.commit()
+    assert core.pager.store.stats().messages == 0
 
 
 async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path):
     data = str(tmp_path / "data")
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS)
-    send(broker, vhost, "p", [b"gone"], persistent=False, priority=9)
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS)
+    send(core, vhost, "p", [b"gone"], persistent=False, priority=9)
     await settle()
-    broker.close()
+    core.close()
 
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
     queue = vhost.queue("p")
     assert queue.message_count == 600 and len(queue.ready) == 0
     assert queue.next_seq == 601
-    sent += send_levels(broker, vhost, "p", [9, 0], prefix="new")
-    assert drain(broker, vhost, "p") == by_priority(sent, 9)
-    broker.close()
+    sent += send_levels(core, vhost, "p", [9, 0], prefix="new")
+    assert drain(core, vhost, "p") == by_priority(sent, 9)
+    core.close()
 
 
 async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
@@ -837,22 +818,22 @@ async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp
 
     data = str(tmp_path / "data")
     monkeypatch.setattr(PriorityReadyList, "ranked", False)  # writes as before: seq-keyed
-    broker = Broker(data, queue_window=10_000)
-    vhost = broker.vhost("/")
-    broker.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
-    sent = send_levels(broker, vhost, "p", MIXED_LEVELS[:300], expiration="600000")
+    core = Broker(data, queue_window=10_000)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    sent = send_levels(core, vhost, "p", MIXED_LEVELS[:300], expiration="600000")
     await settle()
-    broker.close()
+    core.close()
     monkeypatch.undo()
 
-    broker = Broker(data, queue_window=WINDOW)
-    vhost = broker.vhost("/")
+    core = Broker(data, queue_window=WINDOW)
+    vhost = core.vhost("/")
     queue = vhost.queue("p")
     assert queue.message_count == 300
-    assert drain(broker, vhost, "p") == by_priority(sent, 9)
-    broker.persistence.commit_now()
-    assert broker.persistence.index.queue_ids() == set()
-    broker.close()
+    assert drain(core, vhost, "p") == by_priority(sent, 9)
+    core.persistence.commit_now()
+    assert core.persistence.index.queue_ids() == set()
+    core.close()
 
 
 @pytest.mark.timeout(90)
@@ -893,7 +874,9 @@ def test_a_purged_deep_queue_stays_purged_after_kill_9(start_broker):
     background): after the restart none of them is back, and the messages confirmed after the purge are."""
     import pika
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from amqp_load import Connection, publish_confirmed  # a raw-socket publisher: 100,000 in a second or two
 
     node = start_broker("--queue-window", "16")
@@ -901,7 +884,7 @@ def test_a_purged_deep_queue_stays_purged_after_kill_9(start_broker):
     conn.channel_open(1)
     conn.queue_declare(1, "deep", durable=True)
     conn.confirm_select(1)
-    publish_confirmed(conn, 1, "", "deep", b"m" * 16, 100_000, persistent=True, timeout=60)
+    publish_confirmed(conn, "deep", b"m" * 16, 100_000, persistent=True, timeout=60)
     conn.close()
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
     channel = connection.channel()

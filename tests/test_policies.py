@@ -9,7 +9,8 @@ import time
 import pika
 import pytest
 
-from test_mgmt_api import amqp, assert_error, call, q
+from support import assert_error, call, numbered, publish, q
+from test_mgmt_api import amqp
 
 
 @pytest.fixture
@@ -36,11 +37,6 @@ def queue_json(broker, vhost: str, name: str) -> dict:
 
 def depth(channel, name: str) -> int:
     return channel.queue_declare(name, passive=True).method.message_count
-
-
-def publish(channel, queue: str, count: int, **properties) -> None:
-    for i in range(count):
-        channel.basic_publish("", queue, f"m{i}".encode(), pika.BasicProperties(**properties))
 
 
 def fanout_to(channel, exchange: str, queue: str) -> None:
@@ -108,13 +104,13 @@ def test_applies_to_existing_and_new_queues_and_is_cleared(broker, vhost: str) -
         channel = connection.channel()
         channel.queue_declare("orders.old")
         channel.queue_declare("other")
-        publish(channel, "orders.old", 5)
+        publish(channel, "orders.old", numbered(5))
         set_policy(broker, vhost, "limit", "^orders\\.", {"max-length": 2}, apply_to="queues")
         assert depth(channel, "orders.old") == 2  # drop-head applies at once
         assert channel.basic_get("orders.old", auto_ack=True)[2] == b"m3"
         channel.queue_declare("orders.new")
-        publish(channel, "orders.new", 4)
-        publish(channel, "other", 4)
+        publish(channel, "orders.new", numbered(4))
+        publish(channel, "other", numbered(4))
         assert (depth(channel, "orders.new"), depth(channel, "other")) == (2, 4)
         info = queue_json(broker, vhost, "orders.new")
         assert (info["policy"], info["operator_policy"]) == ("limit", None)
@@ -122,7 +118,7 @@ def test_applies_to_existing_and_new_queues_and_is_cleared(broker, vhost: str) -
         assert info["arguments"] == {}
         assert queue_json(broker, vhost, "other")["policy"] is None
         assert call(broker, "DELETE", f"/api/policies/{q(vhost)}/limit").status == 204
-        publish(channel, "orders.new", 4)
+        publish(channel, "orders.new", numbered(4))
         assert depth(channel, "orders.new") == 6
         info = queue_json(broker, vhost, "orders.new")
         assert (info["policy"], info["effective_policy_definition"]) == (None, {})
@@ -134,7 +130,7 @@ def test_highest_priority_wins_alone(broker, vhost: str) -> None:
         channel.queue_declare("jobs")
         set_policy(broker, vhost, "low", ".*", {"max-length": 1, "message-ttl": 60000}, priority=1)
         set_policy(broker, vhost, "high", "^jobs$", {"max-length": 3}, priority=5)
-        publish(channel, "jobs", 5)
+        publish(channel, "jobs", numbered(5))
         assert depth(channel, "jobs") == 3
         info = queue_json(broker, vhost, "jobs")
         assert (info["policy"], info["effective_policy_definition"]) == ("high", {"max-length": 3})
@@ -156,12 +152,12 @@ def test_operator_policy_lower_limit_wins(broker, vhost: str) -> None:
         assert info["effective_policy_definition"] == {"max-length": 2, "message-ttl": 60000,
                                                        "overflow": "reject-publish"}
         channel.confirm_delivery()
-        publish(channel, "capped", 2)
+        publish(channel, "capped", numbered(2))
         with pytest.raises(pika.exceptions.NackError):  # reject-publish from the user policy, limit 2 from the cap
-            publish(channel, "capped", 1)
+            publish(channel, "capped", numbered(1))
         assert depth(channel, "capped") == 2
         set_policy(broker, vhost, "cap", ".*", {"max-length": 10}, kind="operator-policies")
-        publish(channel, "capped", 2)
+        publish(channel, "capped", numbered(2))
         assert depth(channel, "capped") == 4
 
 
@@ -176,8 +172,8 @@ def test_queue_arguments_against_policy(broker, vhost: str) -> None:
         channel.queue_declare("work-a", arguments={"x-max-length": 10, "x-dead-letter-exchange": "dlx-arg",
                                                    "x-overflow": "drop-head"})
         channel.queue_declare("work-b", arguments={"x-max-length": 1})
-        publish(channel, "work-a", 5)  # limit 3 (policy lower), drop-head (argument) to dlx-arg (argument)
-        publish(channel, "work-b", 5)  # limit 1 (argument lower), reject-publish (policy)
+        publish(channel, "work-a", numbered(5))  # limit 3 (policy lower), drop-head (argument) to dlx-arg (argument)
+        publish(channel, "work-b", numbered(5))  # limit 1 (argument lower), reject-publish (policy)
         assert (depth(channel, "work-a"), depth(channel, "work-b")) == (3, 1)
         assert (depth(channel, "dlx-arg-q"), depth(channel, "dlx-policy-q")) == (2, 0)
         assert channel.basic_get("work-b", auto_ack=True)[2] == b"m0"
@@ -189,7 +185,7 @@ def test_message_ttl_and_dead_letter_by_policy(broker, vhost: str) -> None:
         fanout_to(channel, "dlx", "dead")
         channel.queue_declare("short")
         set_policy(broker, vhost, "ttl", "^short$", {"message-ttl": 50, "dead-letter-exchange": "dlx"})
-        publish(channel, "short", 3)
+        publish(channel, "short", numbered(3))
         deadline = time.time() + 5
         while depth(channel, "dead") < 3 and time.time() < deadline:
             connection.sleep(0.05)
@@ -241,7 +237,7 @@ def test_policies_survive_restart(start_broker) -> None:
     assert [p["name"] for p in call(node, "GET", "/api/policies/%2F").json] == ["limit"]
     with amqp(node) as connection:
         channel = connection.channel()
-        publish(channel, "kept", 3)
+        publish(channel, "kept", numbered(3))
         assert depth(channel, "kept") == 1
     info = queue_json(node, "/", "kept")
     assert (info["policy"], info["operator_policy"]) == ("limit", "cap")

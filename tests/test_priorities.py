@@ -14,6 +14,7 @@ import pytest
 
 from conftest import connect
 from pika.exceptions import ChannelClosedByBroker
+from support import publish
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,9 +24,10 @@ PRIORITY = {"x-max-priority": 10}
 
 
 
-def publish(ch, queue: str, items: list[tuple[str, int | None]], **props) -> None:
+def publish_prioritised(ch, queue: str, items: list[tuple[str, int | None]], **props) -> None:
+    """Each (body, priority) in turn."""
     for body, priority in items:
-        ch.basic_publish("", queue, body.encode(), pika.BasicProperties(priority=priority, **props))
+        publish(ch, queue, [body], priority=priority, **props)
 
 
 def get_all(ch, queue: str, auto_ack: bool = True) -> list[tuple[str, bool, int]]:
@@ -60,7 +62,7 @@ def test_basic_get_highest_priority_first_fifo_within(conn, uid):
     ch = conn.channel()
     ch.confirm_delivery()  # RabbitMQ may answer the passive declare before it has queued unconfirmed publishes
     ch.queue_declare(uid, arguments=PRIORITY)
-    publish(ch, uid, MIXED)
+    publish_prioritised(ch, uid, MIXED)
     assert ch.queue_declare(uid, passive=True).method.message_count == len(MIXED)
     assert bodies(get_all(ch, uid)) == MIXED_ORDER
     ch.queue_delete(uid)
@@ -69,7 +71,7 @@ def test_basic_get_highest_priority_first_fifo_within(conn, uid):
 def test_consumer_gets_priority_order(conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid, arguments=PRIORITY)
-    publish(ch, uid, MIXED)
+    publish_prioritised(ch, uid, MIXED)
     got: list[str] = []
     ch.basic_qos(prefetch_count=1)
 
@@ -77,7 +79,7 @@ def test_consumer_gets_priority_order(conn, uid):
         got.append(body.decode())
         channel.basic_ack(method.delivery_tag)
         if body == b"d10":  # published while the consumer works: overtakes everything of lower priority
-            publish(channel, uid, [("late7", 7)])
+            publish_prioritised(channel, uid, [("late7", 7)])
 
     ch.basic_consume(uid, on_message)
     deadline = time.monotonic() + 5
@@ -90,7 +92,7 @@ def test_consumer_gets_priority_order(conn, uid):
 def test_plain_queue_ignores_priority(conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid)
-    publish(ch, uid, MIXED)
+    publish_prioritised(ch, uid, MIXED)
     assert bodies(get_all(ch, uid)) == [body for body, _ in MIXED]
     ch.queue_delete(uid)
 
@@ -98,7 +100,7 @@ def test_plain_queue_ignores_priority(conn, uid):
 def test_requeued_messages_keep_priority_and_place(conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid, arguments=PRIORITY)
-    publish(ch, uid, MIXED)
+    publish_prioritised(ch, uid, MIXED)
     taken = get_all(ch, uid, auto_ack=False)
     assert bodies(taken) == MIXED_ORDER
     for body, _, tag in taken:
@@ -106,7 +108,7 @@ def test_requeued_messages_keep_priority_and_place(conn, uid):
             ch.basic_nack(tag, requeue=True)
         else:
             ch.basic_ack(tag)
-    publish(ch, uid, [("i5", 5), ("j0", None)])
+    publish_prioritised(ch, uid, [("i5", 5), ("j0", None)])
     again = get_all(ch, uid)
     assert [(body, redelivered) for body, redelivered, _ in again] == [
         ("f200", True), ("e5", True), ("i5", False), ("c0", True), ("j0", False)]
@@ -116,11 +118,11 @@ def test_requeued_messages_keep_priority_and_place(conn, uid):
 def test_channel_close_requeues_into_priority_order(broker, conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid, arguments=PRIORITY)
-    publish(ch, uid, [("low", 1), ("high", 9)])
+    publish_prioritised(ch, uid, [("low", 1), ("high", 9)])
     other = connect(broker)
     taker = other.channel()
     assert taker.basic_get(uid)[2] == b"high"
-    publish(ch, uid, [("mid", 5)])
+    publish_prioritised(ch, uid, [("mid", 5)])
     other.close()
     assert [(body, redelivered) for body, redelivered, _ in get_all(ch, uid)] == [
         ("high", True), ("mid", False), ("low", False)]
@@ -147,7 +149,7 @@ def test_invalid_max_priority_406(conn, uid, value, detail):
 def test_max_priority_bounds_accepted(conn, uid, maximum):
     ch = conn.channel()
     ch.queue_declare(uid, arguments={"x-max-priority": maximum})
-    publish(ch, uid, [("a", None), ("b", 255), ("c", 1), ("d", 0)])
+    publish_prioritised(ch, uid, [("a", None), ("b", 255), ("c", 1), ("d", 0)])
     expected = {0: ["a", "b", "c", "d"], 1: ["b", "c", "a", "d"], 255: ["b", "c", "a", "d"]}[maximum]
     assert bodies(get_all(ch, uid)) == expected
     with pytest.raises(ChannelClosedByBroker) as exc:
@@ -164,9 +166,9 @@ def test_per_message_ttl_expires_behind_higher_priorities(conn, uid):
     dlq = f"{uid}-dlq"
     ch.queue_declare(dlq)
     ch.queue_declare(uid, arguments={**PRIORITY, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
-    publish(ch, uid, [("h1", 9), ("h2", 9)])
+    publish_prioritised(ch, uid, [("h1", 9), ("h2", 9)])
     ch.basic_publish("", uid, b"short", pika.BasicProperties(priority=1, expiration="50"))
-    publish(ch, uid, [("low", 0)])
+    publish_prioritised(ch, uid, [("low", 0)])
     deadline = time.monotonic() + 5
     while ch.queue_declare(dlq, passive=True).method.message_count < 1 and time.monotonic() < deadline:
         conn.process_data_events(0.05)
@@ -183,7 +185,7 @@ def test_queue_ttl_with_priorities(conn, uid):
     ch = conn.channel()
     ch.confirm_delivery()  # RabbitMQ may answer the passive declare before it has queued unconfirmed publishes
     ch.queue_declare(uid, arguments={**PRIORITY, "x-message-ttl": 100})
-    publish(ch, uid, [("a", 1), ("b", 7)])
+    publish_prioritised(ch, uid, [("a", 1), ("b", 7)])
     assert ch.queue_declare(uid, passive=True).method.message_count == 2
     time.sleep(0.3)
     assert ch.queue_declare(uid, passive=True).method.message_count == 0
@@ -196,7 +198,7 @@ def test_reject_dead_letters_keeping_priority(conn, uid):
     dlq = f"{uid}-dlq"
     ch.queue_declare(dlq, arguments=PRIORITY)
     ch.queue_declare(uid, arguments={**PRIORITY, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
-    publish(ch, uid, [("a", 2), ("b", 8), ("c", 5)])
+    publish_prioritised(ch, uid, [("a", 2), ("b", 8), ("c", 5)])
     for _, _, tag in get_all(ch, uid, auto_ack=False):
         ch.basic_reject(tag, requeue=False)
     deadline = time.monotonic() + 5  # RabbitMQ dead-letters asynchronously
@@ -215,7 +217,7 @@ def test_max_length_drops_from_the_head(conn, uid):
     ch.queue_declare(dlq)
     ch.queue_declare(uid, arguments={**PRIORITY, "x-max-length": 3, "x-dead-letter-exchange": "",
                                      "x-dead-letter-routing-key": dlq})
-    publish(ch, uid, [("a1", 1), ("b9", 9), ("c5", 5), ("d0", 0), ("e9", 9)])
+    publish_prioritised(ch, uid, [("a1", 1), ("b9", 9), ("c5", 5), ("d0", 0), ("e9", 9)])
     assert bodies(get_all(ch, uid)) == ["c5", "a1", "d0"]
     dropped = []
     while True:
@@ -231,7 +233,7 @@ def test_max_length_drops_from_the_head(conn, uid):
 def test_reject_publish_overflow_on_priority_queue(conn, uid):
     ch = conn.channel()
     ch.queue_declare(uid, arguments={**PRIORITY, "x-max-length": 2, "x-overflow": "reject-publish"})
-    publish(ch, uid, [("a", 1), ("b", 9), ("c", 9)])
+    publish_prioritised(ch, uid, [("a", 1), ("b", 9), ("c", 9)])
     assert bodies(get_all(ch, uid)) == ["b", "a"]
     ch.queue_delete(uid)
 
@@ -242,7 +244,7 @@ def test_peek_in_delivery_order_offsets_in_publish_order(broker, conn, uid):
 
     ch = conn.channel()
     ch.queue_declare(uid, arguments=PRIORITY)
-    publish(ch, uid, MIXED)
+    publish_prioritised(ch, uid, MIXED)
     peeked = api(broker, f"/api/queues/%2F/{uid}/peek?count=100")
     assert [m["payload"] for m in peeked] == MIXED_ORDER
     assert [m["position"] for m in peeked] == list(range(len(MIXED)))
@@ -263,8 +265,8 @@ def test_restart_keeps_priority_order(start_broker):
     conn = connect(node)
     ch = conn.channel()
     ch.queue_declare("pq", durable=True, arguments=PRIORITY)
-    publish(ch, "pq", MIXED, delivery_mode=2)
-    publish(ch, "pq", [("transient9", 9)])  # not persistent: gone after the restart
+    publish_prioritised(ch, "pq", MIXED, delivery_mode=2)
+    publish_prioritised(ch, "pq", [("transient9", 9)])  # not persistent: gone after the restart
     method, _, body = ch.basic_get("pq")
     assert body == b"d10"  # delivered, never acked: back after the restart, redelivered
     conn.close()
@@ -273,7 +275,7 @@ def test_restart_keeps_priority_order(start_broker):
     conn = connect(node)
     ch = conn.channel()
     assert ch.queue_declare("pq", durable=True, arguments=PRIORITY).method.message_count == len(MIXED)
-    publish(ch, "pq", [("new5", 5), ("new10", 10)], delivery_mode=2)
+    publish_prioritised(ch, "pq", [("new5", 5), ("new10", 10)], delivery_mode=2)
     got = get_all(ch, "pq")
     assert [(body, redelivered) for body, redelivered, _ in got] == [
         ("d10", True), ("f200", False), ("h10", False), ("new10", False), ("b5", False), ("e5", False),
@@ -287,7 +289,7 @@ def test_restart_after_kill_keeps_priority_order(start_broker):
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("pq", durable=True, arguments={"x-max-priority": 3})
-    publish(ch, "pq", [(f"m{i}", i % 5) for i in range(200)], delivery_mode=2)
+    publish_prioritised(ch, "pq", [(f"m{i}", i % 5) for i in range(200)], delivery_mode=2)
     conn.close()
     node.kill()
     node.start()
@@ -306,12 +308,12 @@ def test_many_expired_entries_compacted_out_of_every_level(conn, uid):
     ch.queue_declare(uid, arguments=PRIORITY)
     for i in range(1500):
         ch.basic_publish("", uid, b"x", pika.BasicProperties(priority=i % 11, expiration="20"))
-    publish(ch, uid, [("keep3", 3), ("keep9", 9), ("keep0", None)])
+    publish_prioritised(ch, uid, [("keep3", 3), ("keep9", 9), ("keep0", None)])
     deadline = time.monotonic() + 10
     while ch.queue_declare(uid, passive=True).method.message_count > 3 and time.monotonic() < deadline:
         conn.process_data_events(0.05)
     assert ch.queue_declare(uid, passive=True).method.message_count == 3
-    publish(ch, uid, [("late9", 9)])
+    publish_prioritised(ch, uid, [("late9", 9)])
     assert bodies(get_all(ch, uid)) == ["keep9", "late9", "keep3", "keep0"]
     ch.queue_delete(uid)
 

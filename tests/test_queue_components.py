@@ -286,3 +286,61 @@ async def test_an_expiry_calls_its_queue_when_a_deadline_passes_and_not_once_sto
     expiry.schedule(now_ms(), 9)
     await asyncio.sleep(0.03)
     assert sum(map(len, fired)) == 2  # stopped: no timer any more
+
+
+def test_consumer_groups_are_kept_in_descending_priority_whatever_the_order_they_came_in():
+    consumers = Consumers(QueueArgs(), lambda: None)
+    joined = [FakeConsumer("one", 1), FakeConsumer("ten", 10), FakeConsumer("five", 5), FakeConsumer("neg", -3),
+              FakeConsumer("ten-b", 10)]
+    for consumer in joined:
+        consumers.join(consumer)
+    assert [(group.priority, [x.tag for x in group.consumers]) for group in consumers.groups] == [
+        (10, ["ten", "ten-b"]), (5, ["five"]), (1, ["one"]), (-3, ["neg"])]
+    consumers.groups[0].rr = 1
+    consumers.leave(joined[4])  # after where round-robin resumes: it stays
+    assert consumers.groups[0].rr == 1
+
+
+async def test_a_stopped_x_expires_countdown_never_fires():
+    unused: list[int] = []
+    consumers = Consumers(QueueArgs(expires=20), lambda: unused.append(1))
+    consumers.touch()
+    consumers.stop()
+    await asyncio.sleep(0.05)
+    assert unused == []
+    consumers.touch()  # used again: the countdown runs anew
+    await asyncio.sleep(0.05)
+    assert unused == [1]
+
+
+async def test_an_expiry_hands_back_only_the_deadlines_passed_earliest_first():
+    expiry = Expiry(lambda: None)
+    try:
+        for deadline, key in ((300, 3), (100, 1), (200, 2), (10_000, 4)):
+            expiry.schedule(deadline, key)
+        assert expiry.is_due(150) and not expiry.is_due(50)
+        assert list(expiry.pop_due(250)) == [1, 2]
+        assert list(expiry.pop_due(250)) == [] and expiry.is_due(300)
+    finally:
+        expiry.stop()
+
+
+def test_a_ready_list_counts_what_it_holds_in_memory_and_on_disk_and_a_clear_forgets_all(pager):
+    ready = ReadyList(owner(pager), {})
+    fill(ready, [b"a", b"bb", b"ccc", b"dddd"])
+    assert (ready.message_count, ready.bytes, len(ready)) == (4, 10, 4)
+    assert ready.page_out(1) == 9  # the bytes that left memory
+    assert (ready.message_count, len(ready), ready.paged, ready.paged_bytes) == (4, 1, 3, 9)
+    ready.clear()
+    assert (ready.message_count, ready.bytes, len(ready), ready.paged, ready.paged_bytes) == (0, 0, 0, 0, 0)
+
+
+def test_a_priority_ready_list_puts_a_requeued_entry_back_in_front_of_its_own_level(pager):
+    ready = PriorityReadyList(owner(pager, max_priority=5), {}, 5)
+    for seq, level in enumerate([1, 5, 1, 5]):
+        ready.push(leveled(seq, level))
+    taken = pop_all(ready)
+    assert [entry.seq for entry in taken] == [1, 3, 0, 2]
+    for entry in reversed(taken[:3]):  # newest first, as a channel closing requeues
+        ready.put_back(entry)
+    assert [entry.seq for entry in ready] == [1, 3, 0]

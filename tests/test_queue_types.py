@@ -77,7 +77,8 @@ def test_a_proxy_is_a_queue_as_the_node_uses_one_but_not_a_queue_of_this_node():
     kind, args = queue_types.declared(arguments, "q", "/")
     proxy = RemoteQueue("q", "/", True, False, arguments, kind, args, peer=None)  # type: ignore[arg-type]  # (as above)
     assert not isinstance(proxy, Queue) and Queue not in type(proxy).__mro__
-    assert proxy.local() is None and proxy.remote and not proxy.exclusive and proxy.exclusive_owner is None
+    as_any: AnyQueue = proxy
+    assert as_any.local() is None and proxy.remote and not proxy.exclusive and proxy.exclusive_owner is None
     assert not proxy.counts_deliveries  # its owner adds the deliveries' headers
     kind, args = queue_types.declared({}, "q", "/")
     local = kind.new("q", "/", False, None, False, {}, args, None)

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 import pika
@@ -20,6 +21,9 @@ from pika.exceptions import AMQPError
 from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
+from support import drain_from as drain, publish_to
+
+publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,15 +48,6 @@ def leader_of(node: BrokerProcess, queue: str) -> str:
     return api(node, f"/queues/%2F/{queue}")["leader"]
 
 
-def publish(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
-    """Publish persistent messages with confirms (each publish waits for its confirm: pika raises on a nack)."""
-    with connect(node) as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for body in bodies:
-            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
-
-
 def publish_all_then_confirm(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
     """Publish persistent messages, the last one in confirm mode: once it is confirmed the others are on a majority
     too (they are before it in the queue's log), with no round trip each (a loaded machine took minutes)."""
@@ -62,17 +57,6 @@ def publish_all_then_confirm(node: BrokerProcess, queue: str, bodies: list[bytes
             channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
         channel.confirm_delivery()
         channel.basic_publish("", queue, bodies[-1], pika.BasicProperties(delivery_mode=2), mandatory=True)
-
-
-def drain(node: BrokerProcess, queue: str) -> list[bytes]:
-    bodies = []
-    with connect(node) as connection:
-        channel = connection.channel()
-        while True:
-            method, _, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return bodies
-            bodies.append(body)
 
 
 def test_a_quorum_queue_has_three_members_and_one_leader(nodes, uid):

@@ -12,7 +12,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from conftest import ExternalBroker, connect
-from test_mgmt_api import call, q
+from support import call, q
 
 pytestmark = pytest.mark.timeout(60)
 

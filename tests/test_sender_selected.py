@@ -3,23 +3,18 @@ extension, docs "Sender-selected Distribution"); BCC never reaches a consumer.""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
-from test_mgmt_api import assert_error, call, q
+from support import assert_error, call, q
+import support
+
+drain = partial(support.drain, keep=lambda got: (got.body, got.properties.headers))
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def ch(broker):
-    connection = pika.BlockingConnection(pika.ConnectionParameters(broker.host, broker.port, socket_timeout=5,
-                                                                   connection_attempts=1))
-    yield connection.channel()
-    if connection.is_open:
-        connection.close()
 
 
 def bound_queues(ch, exchange: str, kind: str, bindings: dict[str, str]) -> dict[str, str]:
@@ -32,17 +27,9 @@ def bound_queues(ch, exchange: str, kind: str, bindings: dict[str, str]) -> dict
     return names
 
 
-def drain(ch, queue: str) -> list[tuple[bytes, dict | None]]:
-    got = []
-    while True:
-        method, properties, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return got
-        got.append((body, properties.headers))
-
-
 def publish(ch, exchange: str, key: str, headers: dict, body: bytes = b"m", **kwargs) -> None:
-    ch.basic_publish(exchange, key, body, pika.BasicProperties(headers=headers, **kwargs))
+    """One message with these headers (the CC and BCC lists)."""
+    support.publish(ch, key, [body], exchange, headers=headers, **kwargs)
 
 
 def test_direct_cc_and_bcc_route_and_bcc_is_stripped(ch, uid):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 import pika
@@ -15,7 +16,9 @@ from amqp_server.definitions import DefinitionStore
 from conftest import connect, free_port
 from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node
-from test_mgmt_api import assert_error, call
+from support import assert_error, call, drain_from, publish_to
+
+drain = partial(drain_from, keep=lambda got: (got.body, got.properties))
 
 SHOVEL = "/api/parameters/shovel/%2F/"
 N = 3000
@@ -32,14 +35,9 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> Any:
 
 
 def publish(node, queue: str, count: int, start: int = 0) -> None:
-    connection = connect(node)
-    channel = connection.channel()
-    channel.queue_declare(queue, durable=True)
-    channel.confirm_delivery()
-    for i in range(start, start + count):
-        channel.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2, headers={"n": i},
-                                                                              content_type="text/plain"))
-    connection.close()
+    """``count`` persistent messages, numbered from ``start``, to a durable ``queue``."""
+    publish_to(node, queue, [str(i) for i in range(start, start + count)], declare=True, delivery_mode=2,
+               headers={"kept": True}, content_type="text/plain")
 
 
 def depth(node, queue: str) -> int:
@@ -54,19 +52,6 @@ def depth(node, queue: str) -> int:
     finally:
         if connection.is_open:
             connection.close()
-
-
-def drain(node, queue: str) -> list[tuple[bytes, Any]]:
-    connection = connect(node)
-    channel = connection.channel()
-    got: list[tuple[bytes, Any]] = []
-    while True:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        got.append((body, properties))
-    connection.close()
-    return got
 
 
 def shovel_status(node, name: str) -> dict[str, Any] | None:
@@ -89,7 +74,7 @@ def test_a_shovel_moves_a_queue_keeping_each_message_whole(start_broker):
     got = drain(node, "dest")
     assert [body for body, _ in got] == [str(i).encode() for i in range(200)]  # in order
     _, properties = got[7]
-    assert properties.headers == {"n": 7} and properties.content_type == "text/plain"
+    assert properties.headers == {"kept": True} and properties.content_type == "text/plain"
     assert properties.delivery_mode == 2 and properties.message_id is None  # nothing added
     assert call(node, "GET", SHOVEL + "move").json["value"]["dest-queue"] == "dest"
     assert call(node, "DELETE", SHOVEL + "move").status == 204

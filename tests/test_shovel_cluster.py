@@ -10,7 +10,7 @@ import pytest
 
 from conftest import CLUSTER, BrokerProcess, connect, starts
 from test_cluster import Etcd, running_nodes, start_node, wait_for
-from test_mgmt_api import call
+from support import call
 from test_shovel import depth, drain, publish
 
 N = 2000

@@ -10,11 +10,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from conftest import CLIENT, ROOT, starts, unavailable
+from support import publish_to
+
+publish = partial(publish_to, declare=True)
 
 if shutil.which("java") is None:
     unavailable("java is not installed: no SparkSession (test.sh installs default-jre-headless)")
@@ -52,15 +56,6 @@ def node(start_broker):
 
 def mgmt(node) -> str:
     return f"http://127.0.0.1:{node.mgmt_port}"
-
-
-def publish(node, queue: str, bodies, durable: bool = True, **props) -> None:
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, socket_timeout=10))
-    channel = connection.channel()
-    channel.queue_declare(queue, durable=durable)
-    for body in bodies:
-        channel.basic_publish("", queue, body, pika.BasicProperties(**props))
-    connection.close()
 
 
 def api(node, path: str, body: dict | None = None, user: str = "guest", password: str = "guest"):
@@ -380,7 +375,7 @@ def test_streaming_100k_row_batches_exactly_once_across_a_broker_kill(spark, sta
     conn.channel_open(1)
     conn.queue_declare(1, "events", durable=True)
     conn.confirm_select(1)
-    publish_confirmed(conn, 1, "", "events", b"e" * 16, total, persistent=True, timeout=60)
+    publish_confirmed(conn, "events", b"e" * 16, total, persistent=True, timeout=60)
     conn.close()
     checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
 

@@ -24,7 +24,7 @@ from amqp_server.spark_bridge.queue_reads import RecordSource
 from amqp_server.spark_bridge.records import _locator
 from queue_index import QueueIndex
 
-from test_mgmt_api import call
+from support import call
 from test_paging import WINDOW, bodies, send, settle
 
 

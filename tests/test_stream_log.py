@@ -12,16 +12,20 @@ import os
 import shutil
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from pamqp import commands
 
 from amqp_server.broker import Broker
-from amqp_server.message import make_message
+from amqp_server.message import Message, make_message
 from amqp_server.persistence import Persistence
 from amqp_server.stream import amqp10, chunk, log as stream_log
 from amqp_server.stream.log import INDEX_HEADER, ROW, SEGMENT_HEADER, StreamLogs
+from amqp_server.stream_queue import StreamQueue
+
+from support import local
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -250,7 +254,7 @@ async def test_a_stream_finds_its_times_and_offsets_across_a_restart(tmp_path, m
         send(broker, "s", [b"m%d" % i])
         await turn()
         clock[0] += 1000
-    stream = broker.vhost("/").queue("s")
+    stream = stream_of(broker)
 
     def starts(stream) -> list[int]:
         return [stream.attach_at(datetime.datetime.fromtimestamp(t / 1000, datetime.timezone.utc)) for t in published]
@@ -259,7 +263,7 @@ async def test_a_stream_finds_its_times_and_offsets_across_a_restart(tmp_path, m
     assert stream.attach_at(datetime.datetime.fromtimestamp(clock[0] / 1000 + 60, datetime.timezone.utc)) == 100
     broker.close()
     broker = Broker(data)
-    stream = broker.vhost("/").queue("s")
+    stream = stream_of(broker)
     assert starts(stream) == list(range(100))
     assert (stream.first, stream.next_seq, stream.message_count, stream.ready_bytes) == (
         0, 100, 100, sum(len(b"m%d" % i) for i in range(100)))
@@ -267,13 +271,20 @@ async def test_a_stream_finds_its_times_and_offsets_across_a_restart(tmp_path, m
     broker.close()
 
 
-def legacy_stream(data: str, messages: list, first: int = 0, runs: list[tuple[int, int]] = ()) -> int:
+def stream_of(broker: Broker) -> StreamQueue:
+    """Stream "s" of the default vhost."""
+    stream = broker.vhost("/").queue("s")
+    assert isinstance(stream, StreamQueue)
+    return stream
+
+
+def legacy_stream(data: str, messages: list, first: int = 0, runs: Sequence[tuple[int, int]] = ()) -> int:
     """A node's data with stream "s" kept as an earlier version kept it: ``messages`` (a message, or bytes: a
     record published over the stream protocol) from offset ``first``, with ``runs`` (first offset, publish ms).
     Its queue's index id."""
     broker = Broker(data)
     broker.declare_queue(broker.vhost("/"), "s", durable=True, arguments=STREAM)
-    index_id = broker.vhost("/").queue("s").index_id
+    index_id = local(broker.vhost("/").queue("s")).index_id
     broker.close()
     persistence = Persistence(data)
     persistence.recover([])
@@ -296,13 +307,14 @@ async def test_a_stream_of_an_earlier_version_is_moved_into_a_log(tmp_path):
     bodies, properties (as RabbitMQ converts them) and publish times stay; the entries and bodies go."""
     data = str(tmp_path / "data")
     record = bytes.fromhex("005375a00572656f7264")  # an AMQP 1.0 record published over the stream protocol
-    messages = [make_message("", "s", commands.Basic.Properties(content_type="text/plain", headers={"h": 1}),
-                             b"m%d" % i) for i in range(5)]
+    messages: list[Message | bytes] = [
+        make_message("", "s", commands.Basic.Properties(content_type="text/plain", headers={"h": 1}), b"m%d" % i)
+        for i in range(5)]
     messages[2] = record
     index_id = legacy_stream(data, messages, first=7,  # offsets 0-6 were removed by retention once
                              runs=[(7, 1_600_000_000_000), (10, 1_600_000_005_000)])
     broker = Broker(data)
-    stream = broker.vhost("/").queue("s")
+    stream = stream_of(broker)
     assert (stream.first, stream.next_seq) == (7, 12)
     got = stream.read(0, 10)
     assert [(entry.seq, entry.message.body) for entry in got] == [
@@ -313,7 +325,7 @@ async def test_a_stream_of_an_earlier_version_is_moved_into_a_log(tmp_path):
     assert broker.persistence.index.read(index_id, 0, 10) == [] and broker.persistence.index.marks(index_id) == []
     broker.close()
     broker = Broker(data)  # and once only
-    assert [entry.seq for entry in broker.vhost("/").queue("s").read(0, 10)] == [7, 8, 9, 10, 11]
+    assert [entry.seq for entry in stream_of(broker).read(0, 10)] == [7, 8, 9, 10, 11]
     broker.close()
 
 
@@ -337,7 +349,7 @@ async def test_a_move_cut_short_is_built_again_or_finished(tmp_path):
             legacy_stream(str(data), messages)
             shutil.copytree(done / "streams" / str(index_id), data / "streams" / str(index_id))
         broker = Broker(str(data))
-        assert [entry.message.body for entry in broker.vhost("/").queue("s").read(0, 10)] == bodies
+        assert [entry.message.body for entry in stream_of(broker).read(0, 10)] == bodies
         assert broker.persistence.index.read(index_id, 0, 10) == []
         assert os.listdir(data / "streams") == [str(index_id)]
         broker.close()

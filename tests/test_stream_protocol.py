@@ -17,7 +17,7 @@ import zlib
 import pika
 import pytest
 
-from conftest import INTEGRATION, BrokerProcess, free_port, starts
+from conftest import free_port, node_fixture
 
 rstream = pytest.importorskip("rstream")
 from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402 (after importorskip)
@@ -35,17 +35,7 @@ def wait_for_stream_port(port: int) -> None:
             time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-@starts(INTEGRATION)
-def node(tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
-    broker = BrokerProcess(tmp_path_factory.mktemp("stream") / "data",
-                           extra=["--stream-enabled", "true", "--stream-port", str(port)])
-    broker.stream_port = port  # type: ignore[attr-defined]  # a test-only attribute
-    broker.start()
-    wait_for_stream_port(port)
-    yield broker
-    broker.stop()
+node = node_fixture(streams=True)
 
 
 def run(coro):

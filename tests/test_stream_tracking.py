@@ -96,7 +96,11 @@ def test_the_writers_snapshot_is_made_off_the_loop(tmp_path, monkeypatch):
         log.wrote(f"p{k}", k)
     dumped: list[int] = []
     real = stream_log.json.dumps
-    monkeypatch.setattr(stream_log.json, "dumps", lambda value: dumped.append(1) or real(value))
+    def counted(value):
+        dumped.append(1)
+        return real(value)
+
+    monkeypatch.setattr(stream_log.json, "dumps", counted)
     logs.closing = True  # (a snapshot is due)
     logs.commit()
     assert not dumped  # nothing serialised on the loop

@@ -7,12 +7,11 @@ from __future__ import annotations
 import datetime
 import time
 
-import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from conftest import connect
-from test_mgmt_api import call, q
+from support import call, publish_to as publish, q
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,14 +20,6 @@ STREAM = {"x-queue-type": "stream"}
 
 def declare(channel, name: str, **arguments) -> int:
     return channel.queue_declare(name, durable=True, arguments={**STREAM, **arguments}).method.message_count
-
-
-def publish(broker, name: str, bodies: list[bytes], **properties) -> None:
-    with connect(broker) as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for body in bodies:
-            channel.basic_publish("", name, body, pika.BasicProperties(**properties))
 
 
 def read(connection, channel, name: str, count: int, offset=None, prefetch: int = 100, ack: bool = True,

@@ -15,7 +15,7 @@ import pika.exceptions
 import pytest
 
 from conftest import CLIENT, INTEGRATION, BrokerProcess, connect, free_port, starts, unavailable
-from test_mgmt_api import call, q
+from support import call, q
 from test_tls import PKI
 
 CHROMIUM = "/usr/bin/chromium"

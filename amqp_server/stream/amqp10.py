@@ -128,60 +128,72 @@ class _Reading:
             return Value("decimal", _slice(buf, pos, width)), pos + width
         variable = _VARIABLE.get(code)
         if variable is not None:
-            kind, width = variable
-            size, pos = _size(buf, pos, width)
-            raw = _slice(buf, pos, size)
-            if kind == "binary":
-                return Value(kind, raw), pos + size
-            try:
-                return Value(kind, raw.decode()), pos + size
-            except UnicodeDecodeError:
-                raise Invalid("string is not UTF-8") from None
+            return self._variable(*variable, pos)
         if code in (0xC0, 0xC1, 0xD0, 0xD1):
-            width = 1 if code in (0xC0, 0xC1) else 4
-            size, pos = _size(buf, pos, width)
-            end = pos + size
-            if end > len(buf):
-                raise Invalid("truncated")
-            count, pos = _size(buf, pos, width)
-            self.take(count, end - pos)  # each item takes a byte at least
-            items = []
-            for _ in range(count):
-                item, pos = self.value(pos, depth + 1)
-                items.append(item)
-            if pos > end:
-                raise Invalid("compound runs past its size")
-            if code in (0xC1, 0xD1):
-                if count % 2:
-                    raise Invalid("map with an odd count")
-                return Value("map", list(zip(items[::2], items[1::2]))), end
-            return Value("list", items), end
+            return self._compound(code, pos, depth)
         if code in (0xE0, 0xF0):
-            width = 1 if code == 0xE0 else 4
-            size, pos = _size(buf, pos, width)
-            end = pos + size
-            if end > len(buf):
-                raise Invalid("truncated")
-            count, pos = _size(buf, pos, width)
-            element = _byte(buf, pos)
-            if element == 0x00:
-                raise Invalid("arrays of described values are not read")
-            pos += 1
-            constant = _CONSTANTS.get(element)
-            if constant is not None:  # no data per element: counted against the record's size, made at once
-                if count > len(buf):
-                    raise TooLarge(f"an array of {count} values with no data in {len(buf)} bytes")
-                self.take(count, len(buf))
-                return Value("array", [constant] * count), end
-            self.take(count, end - pos)
-            items = []
-            for _ in range(count):
-                item, pos = self.value_as(element, pos, depth + 1)
-                items.append(item)
-            if pos > end:
-                raise Invalid("array runs past its size")
-            return Value("array", items), end
+            return self._array(code, pos, depth)
         raise Invalid(f"unknown type code 0x{code:02x}")
+
+    def _variable(self, kind: str, width: int, pos: int) -> tuple[Value, int]:
+        """binary, string or symbol: a size of ``width`` bytes, then that many bytes."""
+        size, pos = _size(self.buf, pos, width)
+        raw = _slice(self.buf, pos, size)
+        if kind == "binary":
+            return Value(kind, raw), pos + size
+        try:
+            return Value(kind, raw.decode()), pos + size
+        except UnicodeDecodeError:
+            raise Invalid("string is not UTF-8") from None
+
+    def _sized(self, width: int, pos: int) -> tuple[int, int, int]:
+        """A compound's or array's size and count, each ``width`` bytes: (where it ends, count, where its items
+        start)."""
+        size, pos = _size(self.buf, pos, width)
+        end = pos + size
+        if end > len(self.buf):
+            raise Invalid("truncated")
+        count, pos = _size(self.buf, pos, width)
+        return end, count, pos
+
+    def _compound(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """list8/32 or map8/32: size, count, then each item with its own constructor."""
+        end, count, pos = self._sized(1 if code in (0xC0, 0xC1) else 4, pos)
+        self.take(count, end - pos)  # each item takes a byte at least
+        items = []
+        for _ in range(count):
+            item, pos = self.value(pos, depth + 1)
+            items.append(item)
+        if pos > end:
+            raise Invalid("compound runs past its size")
+        if code in (0xC1, 0xD1):
+            if count % 2:
+                raise Invalid("map with an odd count")
+            return Value("map", list(zip(items[::2], items[1::2]))), end
+        return Value("list", items), end
+
+    def _array(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """array8/32: size, count, one element constructor, then each element's data."""
+        end, count, pos = self._sized(1 if code == 0xE0 else 4, pos)
+        buf = self.buf
+        element = _byte(buf, pos)
+        if element == 0x00:
+            raise Invalid("arrays of described values are not read")
+        pos += 1
+        constant = _CONSTANTS.get(element)
+        if constant is not None:  # no data per element: counted against the record's size, made at once
+            if count > len(buf):
+                raise TooLarge(f"an array of {count} values with no data in {len(buf)} bytes")
+            self.take(count, len(buf))
+            return Value("array", [constant] * count), end
+        self.take(count, end - pos)
+        items = []
+        for _ in range(count):
+            item, pos = self.value_as(element, pos, depth + 1)
+            items.append(item)
+        if pos > end:
+            raise Invalid("array runs past its size")
+        return Value("array", items), end
 
 
 def _byte(buf: bytes, pos: int) -> int:

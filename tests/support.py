@@ -1,0 +1,383 @@
+"""What the tests share beside conftest's fixtures: publishing and draining through pika, the HTTP API, a
+hand-driven AMQP socket, and the core in-process.  A helper lives here once, its variations as parameters; a test
+file keeps a helper of its own only where no other file needs it."""
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import struct
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, NamedTuple
+from urllib.parse import quote
+
+import pika
+from pamqp import body as pbody
+from pamqp import commands
+from pamqp import frame as pframe
+from pamqp import header as pheader
+from pamqp.heartbeat import Heartbeat
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.exceptions import ChannelClosedByBroker
+
+from amqp_server.broker import Broker
+from amqp_server.message import Message, make_message
+from amqp_server.ports import ClientChannel
+from amqp_server.queue import AnyQueue, Consumer, Entry, Queue
+from amqp_server.vhost import VHost
+from conftest import connect
+
+# -- AMQP through pika ---------------------------------------------------------------------------------------------
+
+Body = bytes | str
+
+
+def publish(channel: BlockingChannel, routing_key: str, bodies: Iterable[Body], exchange: str = "",
+            mandatory: bool = False, **properties: Any) -> None:
+    """Publish each body (a str is sent UTF-8) with the same properties; on a confirming channel each waits."""
+    sent = pika.BasicProperties(**properties)
+    for body in bodies:
+        channel.basic_publish(exchange, routing_key, body.encode() if isinstance(body, str) else body, sent,
+                              mandatory=mandatory)
+
+
+def numbered(count: int, prefix: str = "m", start: int = 0) -> list[str]:
+    """Bodies m0, m1, ... to publish, told apart."""
+    return [f"{prefix}{i}" for i in range(start, start + count)]
+
+
+def publish_to(node: Any, routing_key: str, bodies: Iterable[Body], exchange: str = "", confirm: bool = True,
+               declare: bool = False, mandatory: bool = False, **properties: Any) -> None:
+    """``publish`` on a connection of its own to ``node``, confirmed unless ``confirm`` is false; ``declare``: the
+    queue ``routing_key`` is declared durable first."""
+    with channel_on(node, confirm) as channel:
+        if declare:
+            channel.queue_declare(routing_key, durable=True)
+        publish(channel, routing_key, bodies, exchange, mandatory, **properties)
+
+
+@contextmanager
+def channel_on(node: Any, confirm: bool = False) -> Iterator[BlockingChannel]:
+    """A channel on a connection of its own to ``node``, closed after; ``confirm``: in confirm mode."""
+    with connect(node) as connection:
+        channel = connection.channel()
+        if confirm:
+            channel.confirm_delivery()
+        yield channel
+
+
+class Got(NamedTuple):
+    """A message basic.get returned."""
+
+    body: bytes
+    properties: pika.BasicProperties
+    redelivered: bool
+
+
+def body_of(got: Got) -> bytes:
+    return got.body
+
+
+def drain(channel: BlockingChannel, queue: str, settle: Literal["auto", "ack", "hold"] = "auto",
+          keep: Callable[[Got], Any] = body_of) -> list[Any]:
+    """What basic.get returns until the queue is empty, ``auto``-acked, acked one by one (``ack``) or left unacked
+    (``hold``); of each message, what ``keep`` takes (its body unless told)."""
+    got: list[Any] = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=settle == "auto")
+        if method is None:
+            return got
+        assert properties is not None and body is not None and method.delivery_tag is not None  # (with a method)
+        got.append(keep(Got(body, properties, bool(method.redelivered))))
+        if settle == "ack":
+            channel.basic_ack(method.delivery_tag)
+
+
+def drain_from(node: Any, queue: str, keep: Callable[[Got], Any] = body_of) -> list[Any]:
+    """``drain`` (auto-acked) on a connection of its own to ``node``."""
+    with channel_on(node) as channel:
+        return drain(channel, queue, keep=keep)
+
+
+def channel_closed(excinfo: Any, code: int, text: str | None = None) -> None:
+    """The channel (or connection) was closed with ``code`` and, if given, exactly ``text``."""
+    assert excinfo.value.reply_code == code, excinfo.value
+    if text is not None:
+        assert excinfo.value.reply_text == text
+
+
+class AsyncClose:
+    """The broker closes a channel after an asynchronous method (publish, ack): catch the reason."""
+
+    def __init__(self, ch: BlockingChannel) -> None:
+        self.ch = ch
+        self.reason: Exception | None = None
+        impl: Any = ch._impl  # type: ignore[attr-defined]  # (pika's channel under the blocking one)
+        impl.add_on_close_callback(self._closed)
+
+    def _closed(self, _channel: Any, reason: Exception) -> None:
+        self.reason = reason
+
+    def wait(self, code: int, text: str | None = None, timeout: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.reason is None and time.monotonic() < deadline:
+            self.ch.connection.process_data_events(0.05)
+        assert isinstance(self.reason, ChannelClosedByBroker), self.reason
+        assert self.reason.reply_code == code, self.reason
+        if text is not None:
+            assert self.reason.reply_text == text
+
+
+def consume_n(conn: pika.BlockingConnection, ch: BlockingChannel, queue: str, n: int, auto_ack: bool = True,
+              timeout: float = 3.0) -> list:
+    """Collect n deliveries (method, props, body) with a consumer, then cancel it."""
+    got: list = []
+    tag = ch.basic_consume(queue, lambda c, m, p, b: got.append((m, p, b)), auto_ack=auto_ack)
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    ch.basic_cancel(tag)
+    return got
+
+
+def bodies(gets: list) -> list[bytes]:
+    """The bodies of what ``consume_n`` collected."""
+    return [b for _, _, b in gets]
+
+
+# -- the HTTP API ---------------------------------------------------------------------------------------------------
+
+GUEST = ("guest", "guest")
+
+
+class Response:
+    def __init__(self, status: int, headers: Any, raw: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.raw = raw
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw) if self.raw else None
+
+
+def call(broker: Any, method: str, path: str, body: Any = None, auth: tuple[str, str] | None = GUEST,
+         raw: bytes | None = None) -> Response:
+    """One request to the node's HTTP API (JSON ``body`` or ``raw`` bytes), answered whatever its status."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.mgmt_port}{path}", data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return Response(response.status, response.headers, response.read())
+    except urllib.error.HTTPError as exc:
+        return Response(exc.code, exc.headers, exc.read())
+
+
+def q(name: str) -> str:
+    """A name as one segment of a path."""
+    return quote(name, safe="")
+
+
+def assert_error(response: Response, status: int) -> dict:
+    """The status, and RabbitMQ's error body: exactly ``error`` and a ``reason``."""
+    assert response.status == status, (response.status, response.raw)
+    body = response.json
+    assert set(body) == {"error", "reason"} and body["reason"], body
+    return body
+
+
+# -- AMQP by hand, for what no client sends ------------------------------------------------------------------------
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_END = b"\xce"
+
+
+class Closed(Exception):
+    """The peer closed the socket."""
+
+
+class Raw:
+    """A hand-driven AMQP client on a plain socket."""
+
+    def __init__(self, broker: Any, timeout: float = 5.0) -> None:
+        self.sock = socket.create_connection((broker.host, broker.port), timeout=timeout)
+        self.buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.send(pframe.marshal(method, channel))
+
+    def recv(self, size: int = 65536) -> bytes:
+        """b"" at end of stream: RabbitMQ often ends a connection with a reset where Warren sends a FIN."""
+        try:
+            return self.sock.recv(size)
+        except ConnectionResetError:
+            return b""
+
+    def _fill(self) -> None:
+        data = self.recv()
+        if not data:
+            raise Closed()
+        self.buf += data
+
+    def read_frame(self) -> tuple[int, Any]:
+        """Next (channel, frame) off the wire, heartbeats skipped."""
+        while True:
+            while True:
+                try:
+                    consumed, channel, value = pframe.unmarshal(self.buf)
+                except Exception:  # pamqp raises UnmarshalingException on partial input
+                    self._fill()
+                    continue
+                self.buf = self.buf[consumed:]
+                break
+            if not isinstance(value, Heartbeat):
+                return channel, value
+
+    def expect(self, kind: Any) -> Any:
+        channel, value = self.read_frame()
+        assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
+        return value
+
+    def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | None = None,
+                  password: str = "guest", open_vhost: bool = True) -> commands.Connection.Tune:
+        self.send(PROTOCOL_HEADER)
+        self.expect(commands.Connection.Start)
+        caps = {"authentication_failure_close": True} if capabilities is None else capabilities
+        self.send_method(0, commands.Connection.StartOk(
+            client_properties={"product": "raw-test", "capabilities": caps},
+            mechanism="PLAIN", response=f"\x00guest\x00{password}", locale="en_US"))
+        tune = self.expect(commands.Connection.Tune)
+        self.send_method(0, commands.Connection.TuneOk(channel_max=tune.channel_max,
+                                                        frame_max=frame_max or tune.frame_max,
+                                                        heartbeat=heartbeat))
+        if open_vhost:
+            self.send_method(0, commands.Connection.Open(virtual_host="/"))
+            self.expect(commands.Connection.OpenOk)
+        return tune
+
+    def open_channel(self, channel: int = 1) -> None:
+        self.send_method(channel, commands.Channel.Open())
+        self.expect(commands.Channel.OpenOk)
+
+    def expect_connection_close(self) -> commands.Connection.Close:
+        """Read until Connection.Close (skipping other frames), answer close-ok, expect EOF."""
+        while True:
+            channel, value = self.read_frame()
+            if isinstance(value, commands.Connection.Close):
+                assert channel == 0
+                try:
+                    self.send_method(0, commands.Connection.CloseOk())
+                except OSError:
+                    pass
+                return value
+
+    def assert_eof(self, timeout: float = 5.0) -> None:
+        self.sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.recv():
+                return
+        raise AssertionError("server did not close the socket")
+
+
+def raw_frame(ftype: int, channel: int, payload: bytes, end: bytes = FRAME_END) -> bytes:
+    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + end
+
+
+def method_payload(class_id: int, method_id: int, args: bytes = b"") -> bytes:
+    return struct.pack(">HH", class_id, method_id) + args
+
+
+def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes, declared: int | None = None) -> bytes:
+    """basic.publish, its content header (``declared``: the body size it claims) and the body, as frames."""
+    size = len(body) if declared is None else declared
+    return (pframe.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel)
+            + pframe.marshal(pheader.ContentHeader(0, size, commands.Basic.Properties()), channel)
+            + (pframe.marshal(pbody.ContentBody(body), channel) if body else b""))
+
+
+# -- the core in-process: no sockets, no frames --------------------------------------------------------------------
+
+def message(body: bytes = b"m", routing_key: str = "q", exchange: str = "", **properties: Any) -> Message:
+    """A message as a front end hands it to the core."""
+    return make_message(exchange, routing_key, commands.Basic.Properties(**properties), body)
+
+
+def publish_local(broker: Broker, vhost: VHost, queue: str, *bodies: bytes, **properties: Any) -> None:
+    """Publish each body to ``queue`` through the default exchange; each must be routed and taken."""
+    for body in bodies:
+        routed, rejected = broker.publish(vhost, vhost.exchange(""), message(body, queue, **properties))
+        assert routed and not rejected
+
+
+def drain_local(broker: Broker, vhost: VHost, queue: str) -> list[bytes]:
+    """The bodies a get without ack takes until ``queue`` is empty."""
+    got = []
+    while (entry := broker.get_local(vhost, queue, no_ack=True)[1]) is not None:
+        got.append(entry.message.body)
+    return got
+
+
+class Target:
+    """A DeliveryTarget that records what the core hands it; ``room`` stands for the socket's write buffer."""
+
+    def __init__(self) -> None:
+        self.room = True
+        self.delivered: list[tuple[str, bytes, bool]] = []  # (consumer tag, body, redelivered)
+        self.held: list[tuple[Entry, AnyQueue, Consumer | None]] = []  # what a client would have unacked
+        self.cancelled: list[str] = []
+        self.failures: list[tuple[str, str]] = []  # (consumer tag, reason)
+
+    def client(self) -> ClientChannel:
+        return ClientChannel("in-process", 1, ("127.0.0.1", 1), "guest", "")
+
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        self.failures.append((consumer.tag, reason))
+
+    def handed_over(self, consumer: Consumer, old: Any, new: Any) -> None:
+        """(a quorum queue's leader moved: nothing to change here)"""
+
+    def can_deliver(self) -> bool:
+        return self.room
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        self.delivered.append((consumer.tag, entry.message.body, entry.redelivered))
+        if not consumer.no_ack:
+            self.held.append((entry, consumer.queue, consumer))
+
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.cancelled.append(consumer.tag)
+
+    def bodies(self, tag: str | None = None) -> list[bytes]:
+        return [body for t, body, _ in self.delivered if tag is None or t == tag]
+
+
+def consume(broker: Broker, vhost: VHost, queue: str, target: Target, tag: str, prefetch: int = 0,
+            no_ack: bool = False, exclusive: bool = False, priority: int | None = None) -> Consumer:
+    """A consumer on ``queue`` delivering to ``target``, handed what is ready at once."""
+    arguments = {} if priority is None else {"x-priority": priority}
+    consumer = broker.consume(broker.consumable(vhost, queue), target, tag, no_ack, exclusive, arguments, prefetch)
+    consumer.queue.deliver_ready()
+    return consumer
+
+
+def local(queue: AnyQueue) -> Queue:
+    """The queue of this node that ``queue`` is (tests of one node's own queues)."""
+    found = queue.local()
+    assert found is not None, f"{queue.name} is another node's"
+    return found
