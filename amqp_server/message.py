@@ -3,7 +3,7 @@
 The content header arrives as bytes and goes out again as the same bytes, so
 routing and delivery never decode properties.  One is read or replaced on the
 bytes when something needs it (user-id validation, TTL, direct reply-to,
-dead-lettering); all are decoded (:mod:`properties`) only for the headers
+dead-lettering); all are decoded (:mod:`framing.properties`) only for the headers
 exchange and the management API.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from . import codec, header_table, payload as payload_codec, properties
-from .properties import Properties
+from .framing import codec, header_table, properties
+from . import payload as payload_codec
+from .framing.properties import Properties
 
 _LONG = struct.Struct(">I")
 _FLAGS = struct.Struct(">H")

@@ -1,6 +1,6 @@
 """A message's content as it is stored and shipped: the one layout of the message store's records (``message.py``),
-the cluster links' message frames (``forwarder/link.py``) and what the Spark bridge's record readers read off the
-segment files a column at a time (``amqp_server/spark_bridge/record_reader.py``).
+the cluster links' message frames (``forwarder/peers/node_link.py``) and what the Spark bridge's record readers read off
+the segment files a column at a time (``amqp_server/spark_bridge/record_reader.py``).
 
 The layout: the route's length (uint16) and the content header's (uint32), then the route (exchange and routing key
 as AMQP short strings, as published), the content header payload, and the body.

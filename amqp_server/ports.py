@@ -1,8 +1,8 @@
 """What the broker core asks of its front ends, as Protocols: the core imports no front end.
 
-The AMQP channel and connection (``channel.py``, ``connection.py``), the forwarder's session for
-consumers on other nodes (``forwarder/session.py``) and its replication (``forwarder/quorum.py``) implement these;
-queues and the broker hold them without knowing which one they have.
+The AMQP channel and connection (``amqp091/channel.py``, ``amqp091/connection.py``), the forwarder's session for
+consumers on other nodes (``forwarder/peers/owner_side.py``) and its replication (``forwarder/quorum/groups.py``)
+implement these; queues and the broker hold them without knowing which one they have.
 
 This module imports nothing of the project, so that the core and the front ends both import it and no import
 cycle runs through it: where a protocol names an object of the core (a queue, a consumer, an entry, a message),
@@ -92,7 +92,7 @@ class ConfirmSink(Protocol):
 
 
 class Replicator(Protocol[OpT]):
-    """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum_log``): the
+    """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum.oplog``): the
     core only hands them over, in the order it applied them."""
 
     index: int  # the index in its term's log of the latest op appended

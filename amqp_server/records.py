@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from . import field_types
+from .framing import field_types
 
 R = TypeVar("R", bound="Record")
 

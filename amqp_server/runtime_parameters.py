@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import federation, shovel
-from .auth import AccessControl, User
+from .access_control import AccessControl, User
 from .links import uri as uri_module
 
 URI_KEYS = ("src-uri", "dest-uri", "uri")  # a shovel's, an upstream's

@@ -123,7 +123,7 @@ def register_memory_source(spark, url: str, user: str, password: str, rows: int,
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-    from amqp_server.spark_bridge.records import BATCH_BYTES, DEFAULT_BATCH_ROWS
+    from amqp_server.spark_bridge.record_stream import BATCH_BYTES, DEFAULT_BATCH_ROWS
     from spark.source import Client, Settings, read_range, OffsetRange
 
     settings = Settings.from_options({"url": url, "user": user, "password": password, "queue": QUEUE})

@@ -1,7 +1,7 @@
 """This node in a cluster: applies agreed definitions to its broker, places queues, runs the links.
 
 The broker calls back (``Broker.cluster``) when a definition is made here; definitions made
-elsewhere arrive from :mod:`metadata` and are applied through the same Broker operations a
+elsewhere arrive from :mod:`metadata.mirror` and are applied through the same Broker operations a
 channel uses, with ``applying`` set so they are not echoed back to etcd.
 """
 from __future__ import annotations
@@ -14,26 +14,27 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import aetcd
 
-from amqp_server import errors, queue_types
-from amqp_server.auth import Permissions, TopicPermission, User
-from amqp_server.broker.core import storable
+from amqp_server import errors
+from amqp_server.queues import types as queue_types
+from amqp_server.access_control import Permissions, TopicPermission, User
+from amqp_server.broker.definitions import storable
 from amqp_server.errors import AMQPError, resource_name
 from amqp_server.logs import untrusted
-from amqp_server.policy import Policy
+from amqp_server.queues.policy import Policy
 from amqp_server.publisher_flow import PublisherFlow
-from amqp_server.queue_type import REPLICATED
+from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
-from amqp_server.vhost import VHost
+from amqp_server.broker.vhost import VHost
 
-from . import etcd
-from .link import STATS, ServerLink, encode_json, listener
-from .membership import Membership
-from .metadata import DEF_PREFIX, Metadata
-from .peer import Peer
-from .quorum import QuorumGroups
-from .remote_queue import RemoteQueue
-from .session import Session
-from .signing import Signer
+from .metadata import etcd
+from .peers.node_link import STATS, ServerLink, encode_json, listener
+from .metadata.membership import Membership
+from .metadata.mirror import DEF_PREFIX, Metadata
+from .peers.peer import Peer
+from .quorum.groups import QuorumGroups
+from .peers.remote_queue import RemoteQueue
+from .peers.owner_side import Session
+from .metadata.signing import Signer
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker

@@ -9,11 +9,11 @@ from aiohttp import web
 
 from amqp_server import tls
 from amqp_server.broker import Broker
-from amqp_server.clients import Clients
+from amqp_server.frontend.clients import Clients
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.errors import AMQPError
 from amqp_server.logs import untrusted
-from amqp_server.frontend import Unauthenticated
+from amqp_server.frontend.front_end import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import federation, parameters, permissions, policies, queues, quorum_members, shovels, users, vhosts

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from amqp_server.auth import MANAGEMENT_TAGS, Principal, User, loopback_refused
+from amqp_server.access_control import MANAGEMENT_TAGS, Principal, User, loopback_refused
 from amqp_server.broker import Broker
 
 from . import expect

@@ -14,8 +14,8 @@ from urllib.parse import quote, quote_plus, unquote_plus
 
 from aiohttp import web
 
-from amqp_server.vhost import VHost
-from amqp_server.queue import AnyQueue
+from amqp_server.broker.vhost import VHost
+from amqp_server.queues.queue import AnyQueue
 from exchanges import Exchange
 
 from . import auth

@@ -6,8 +6,8 @@ from typing import Any, Iterator
 from aiohttp import web
 
 from amqp_server import tls
-from amqp_server.frontend import ClientConnection, ListedChannel, ListedLink, ListedSession
-from amqp_server.queue import Consumer
+from amqp_server.frontend.front_end import ClientConnection, ListedChannel, ListedLink, ListedSession
+from amqp_server.queues.queue import Consumer
 
 from . import auth
 from .context import Context, ctx

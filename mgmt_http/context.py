@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.broker import Broker
-from amqp_server.clients import Clients
-from amqp_server.vhost import VHost
+from amqp_server.frontend.clients import Clients
+from amqp_server.broker.vhost import VHost
 from amqp_server.publisher_flow import PublisherFlow
 
 from .http import not_found

@@ -7,14 +7,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from amqp_server import __version__, field_types, runtime_parameters
-from amqp_server.auth import AccessControl
+from amqp_server import __version__, runtime_parameters
+from amqp_server.framing import field_types
+from amqp_server.access_control import AccessControl
 from amqp_server.broker import Broker
 from amqp_server.errors import AMQPError
-from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
+from amqp_server.broker.limits import USER_LIMITS, VHOST_LIMITS
 from amqp_server.logs import untrusted
-from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse, unserved_keys
-from amqp_server.vhost import VHost
+from amqp_server.queues.policy import OPERATOR_POLICY, POLICY, PolicyError, parse, unserved_keys
+from amqp_server.broker.vhost import VHost
 
 from . import auth
 from .bindings import vhost_bindings

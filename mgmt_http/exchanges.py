@@ -8,7 +8,7 @@ from aiohttp import web
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
-from amqp_server.policy import effective_definition
+from amqp_server.queues.policy import effective_definition
 from amqp_server.publisher_flow import PublisherFlow
 from exchanges import DelayedExchange, Exchange
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from amqp_server.queue import AnyQueue
+from amqp_server.queues.queue import AnyQueue
 
 from .http import error_response
 

@@ -5,7 +5,7 @@ Until one of its requests has logged in, a connection sends one request head at 
 request's credentials are checked.  The auth middleware then opens the gate for good, or, after an answer
 given without a login (the UI's files, a 401), lets the next head through.  Such a connection has
 ``handshake_timeout`` from connecting to log in, and at most ``handshakes_max`` wait at once
-(``amqp_server.frontend``).  Once open, the gate only passes bytes on, and aiohttp's limits hold: a request
+(``amqp_server.frontend.front_end``).  Once open, the gate only passes bytes on, and aiohttp's limits hold: a request
 line and each header of at most 8190 bytes, 128 headers, ``--mgmt-idle-timeout`` to send a request's head.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from amqp_server.logs import untrusted
-from amqp_server.frontend import Unauthenticated, listen_tls
+from amqp_server.frontend.front_end import Unauthenticated, listen_tls
 
 HEAD_END = b"\r\n\r\n"
 HEAD_MAX = 32 * 1024  # bytes of a request head before its connection has logged in

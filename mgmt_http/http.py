@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from amqp_server import errors, field_types
+from amqp_server import errors
+from amqp_server.framing import field_types
 from amqp_server.errors import AMQPError
 
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # how RabbitMQ's API names the default exchange in paths

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.limits import USER_LIMITS, VHOST_LIMITS
+from amqp_server.broker.limits import USER_LIMITS, VHOST_LIMITS
 
 from . import auth
 from .context import ctx

@@ -9,7 +9,7 @@ from typing import Any
 from pamqp import commands
 
 from amqp_server.message import Message, make_message
-from amqp_server.queue import Entry
+from amqp_server.queues.queue import Entry
 
 from .http import bad_request, get_str, get_table, jsonable, key_missing
 

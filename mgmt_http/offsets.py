@@ -33,8 +33,8 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.errors import AMQPError
-from amqp_server.queue import AnyQueue, Queue
-from amqp_server.spark_bridge import arrow_records, record_reader, records
+from amqp_server.queues.queue import AnyQueue, Queue
+from amqp_server.spark_bridge import arrow_records, record_reader, record_stream as records
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.spark_bridge.queue_reads import RecordSource
 

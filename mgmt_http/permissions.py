@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server import patterns
-from amqp_server.auth import Permissions, TopicPermission
+from amqp_server.access_control import Permissions, TopicPermission
 
 from . import auth
 from .context import ctx

@@ -5,7 +5,7 @@ import html
 
 from aiohttp import web
 
-from amqp_server.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
+from amqp_server.queues.policy import OPERATOR_POLICY, POLICY, PolicyError, parse
 
 from . import auth
 from .context import ctx

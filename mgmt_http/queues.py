@@ -7,8 +7,8 @@ from aiohttp import web
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
-from amqp_server.policy import effective_definition
-from amqp_server.queue import AnyQueue, Entry
+from amqp_server.queues.policy import effective_definition
+from amqp_server.queues.queue import AnyQueue, Entry
 
 from . import auth, bulk
 from .connections import consumer_info

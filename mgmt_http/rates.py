@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from amqp_server.broker import Broker
-from amqp_server.clients import Clients
+from amqp_server.frontend.clients import Clients
 
 from .node_info import disk_free, fd_used, memory_used
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_password
+from amqp_server.access_control import DEFAULT_HASHING, HASHING_ALGORITHMS, User, hash_password
 
 from . import auth
 from .context import ctx

@@ -5,8 +5,8 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.auth import Permissions
-from amqp_server.queue_types import NAMES as QUEUE_TYPES
+from amqp_server.access_control import Permissions
+from amqp_server.queues.types import NAMES as QUEUE_TYPES
 
 from . import auth
 from .connections import octets

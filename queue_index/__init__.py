@@ -6,7 +6,7 @@ message bodies or AMQP.
 Offers :class:`QueueIndex`, :class:`IndexEntry`, :class:`IndexRows`, :class:`Totals`, :class:`ExpiryHeap`,
 :class:`Schedule` and :class:`ScheduledEntry`.
 """
-from .expiry import ExpiryHeap
+from .expiry_heap import ExpiryHeap
 from .index import (FLAG_DELIVERED, FLAG_TRANSIENT, IndexEntry, IndexRows, QueueIndex, Totals, as_columns, as_rows,
                     open_reader, walk)
 from .schedule import Schedule, ScheduledEntry

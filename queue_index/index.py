@@ -19,8 +19,8 @@ its next seq as expiry: staged with the position, they commit with the entries t
 restarted from its entries takes no window's publish twice when it leads.
 
 A stream kept by an earlier version (an entry per message) has its runs (first offset, publish time, bytes)
-under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq: ``amqp_server.stream.migrate``
-reads them once, when it moves the stream into a log of its own.
+under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq:
+``amqp_server.queues.stream_migrate`` reads them once, when it moves the stream into a log of its own.
 
 A queue's entries that left it all at once (a purge) but are deleted a batch at a time in the background
 are named by a drop mark, ``[start, end)`` of keys, under the reserved queue id ``DROPS`` with

@@ -33,11 +33,11 @@ import pytest
 
 if TYPE_CHECKING:  # imported by the fixture: the environment below is set before the node's modules read it
     from amqp_server.broker import Broker
-    from amqp_server.vhost import VHost
+    from amqp_server.broker.vhost import VHost
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WARREN_CHECK_INVARIANTS", "1")  # quorum queues check their state after every op, in-process
-# and in the nodes the tests start (amqp_server.quorum_machine.CHECKS)
+# and in the nodes the tests start (amqp_server.queues.quorum_machine.CHECKS)
 
 
 def unavailable(reason: str) -> None:
@@ -143,7 +143,7 @@ class BrokerProcess:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
 
     def admin(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "amqp_server.admin", "--data-dir", str(self.data_dir), *args],
+        return subprocess.run([sys.executable, "-m", "amqp_server.node.admin", "--data-dir", str(self.data_dir), *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=30)
 
     @property

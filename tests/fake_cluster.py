@@ -1,4 +1,4 @@
-"""In-process stand-ins for what forwarder.quorum drives: etcd (keys, leases, watches, transactions) and the
+"""In-process stand-ins for what forwarder.quorum.groups drives: etcd (keys, leases, watches, transactions) and the
 node-to-node links, so that elections, replication and catch-up run in one event loop, with real brokers and
 storage but no etcd, no processes and no sockets.
 
@@ -20,14 +20,15 @@ import aetcd
 from aetcd import rtypes
 
 from amqp_server.broker import Broker
-from amqp_server.channel import Channel
+from amqp_server.amqp091.channel import Channel
 from amqp_server.payload import encode
 from amqp_server.ports import ClientChannel
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.records import QueueRecord
-from forwarder import link, quorum
-from forwarder.peer import Peer
-from forwarder.session import Session
+from forwarder.peers import node_link as link
+from forwarder.quorum import groups as quorum
+from forwarder.peers.peer import Peer
+from forwarder.peers.owner_side import Session
 
 
 @dataclass
@@ -54,7 +55,7 @@ class LeaseState:
 
 
 class FakeEtcd:
-    """One etcd member, as far as forwarder.quorum uses it."""
+    """One etcd member, as far as forwarder.quorum.groups uses it."""
 
     def __init__(self) -> None:
         self.revision = 1
@@ -153,7 +154,7 @@ class FakeLease:
 
 
 class FakeClient:
-    """The calls forwarder.quorum makes of an aetcd.Client."""
+    """The calls forwarder.quorum.groups makes of an aetcd.Client."""
 
     def __init__(self, etcd: FakeEtcd) -> None:
         self.etcd = etcd
@@ -493,8 +494,9 @@ CLOCK = itertools.count()  # orders the events of every client
 
 
 class Client:
-    """A consuming client's AMQP channel on a node (``ports.DeliveryTarget``), as ``amqp_server.channel.Channel``
-    keeps its unacked deliveries and hands its consumers over to a quorum queue's new object."""
+    """A consuming client's AMQP channel on a node (``ports.DeliveryTarget``), as
+    ``amqp_server.amqp091.channel.Channel`` keeps its unacked deliveries and hands its consumers over to a quorum
+    queue's new object."""
 
     handed_over = Channel.handed_over
 

@@ -27,8 +27,8 @@ from pika.exceptions import ChannelClosedByBroker
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
 from amqp_server.ports import ClientChannel
-from amqp_server.queue import AnyQueue, Consumer, Entry, Queue
-from amqp_server.vhost import VHost
+from amqp_server.queues.queue import AnyQueue, Consumer, Entry, Queue
+from amqp_server.broker.vhost import VHost
 from conftest import connect
 
 # -- AMQP through pika ---------------------------------------------------------------------------------------------

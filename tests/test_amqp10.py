@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amqp_server.auth import Permissions
+from amqp_server.access_control import Permissions
 from amqp_server.config import Config
-from amqp_server.server import Node
-from amqp_server.stream import amqp10
-from amqp_server.stream.amqp10 import described, encode_list, symbol, uint, utf8
+from amqp_server.node.server import Node
+from stream_log import amqp10
+from stream_log.amqp10 import described, encode_list, symbol, uint, utf8
 from conftest import free_port
 
 proton = pytest.importorskip("proton")
@@ -733,7 +733,7 @@ def test_fuzz_frames_after_login_get_an_answer_or_a_close_never_an_internal_erro
     from amqp_server.amqp1 import connection as amqp10_connection
     from amqp_server.amqp1.connection import Amqp10Connection
     from amqp_server.broker import Broker
-    from amqp_server.clients import Clients
+    from amqp_server.frontend.clients import Clients
     from amqp_server.publisher_flow import PublisherFlow
 
     internal: list[str] = []
@@ -775,7 +775,7 @@ def test_fuzz_frames_after_login_get_an_answer_or_a_close_never_an_internal_erro
 def _in_process(broker: Any) -> tuple[Any, Transport]:
     """An AMQP 1.0 connection on a fake socket, logged in, session 0 begun (in a running loop)."""
     from amqp_server.amqp1.connection import OPEN, Amqp10Connection
-    from amqp_server.clients import Clients
+    from amqp_server.frontend.clients import Clients
     from amqp_server.publisher_flow import PublisherFlow
 
     config = Config()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from amqp_server.message import make_message
-from amqp_server.stream import amqp10
+from stream_log import amqp10
 
 
 def app_properties(value: bytes) -> bytes:

@@ -8,11 +8,11 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGES = ("amqp_server", "exchanges", "msg_store", "queue_index", "mgmt_http", "mgmt_http.warrenctl", "forwarder",
-            "spark")
+            "spark", "stream_log")
 # The front ends in amqp_server (AMQP, the stream protocol): the broker core (every other amqp_server module, the
 # broker/ package's included) reaches them through amqp_server/ports.py.
-FRONT_END = {f"amqp_server.{name}" for name in ("channel", "clients", "connection", "consumer_timeout", "server",
-                                                "__main__", "stream.reader")}
+FRONT_END = {f"amqp_server.{name}" for name in ("amqp091.channel", "frontend.clients", "amqp091.connection",
+                                                "amqp091.consumer_timeout", "node.server", "__main__", "stream.reader")}
 
 
 def module_graph() -> dict[str, set[str]]:
@@ -129,28 +129,28 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_the_module_graph_sees_annotations_functions_and_other_packages():
     graph = module_graph()
-    assert "amqp_server.ready" in graph["amqp_server.persistence"]  # under TYPE_CHECKING
-    assert "amqp_server.channel" in graph["amqp_server.connection"]  # in a function
+    assert "amqp_server.queues.ready" in graph["amqp_server.queues.persistence"]  # under TYPE_CHECKING
+    assert "amqp_server.amqp091.channel" in graph["amqp_server.amqp091.connection"]  # in a function
     assert "amqp_server.broker" in graph["forwarder.cluster"]  # across packages
-    assert "amqp_server.stream_queue" in graph["amqp_server.stream.reader"]  # from a sub-package
+    assert "amqp_server.queues.stream_queue" in graph["amqp_server.stream.reader"]  # from a sub-package
     assert "exchanges.delayed" in graph["exchanges"]  # a package's own modules
 
 
-# The queue types (amqp_server/queue_types/, the interface in queue_type.py), the classes that hold a queue's messages
+# The queue types (amqp_server/queues/types/, the interface in queue_type.py), the classes that hold a queue's messages
 # (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the
 # queue, and does not branch on either.
-INSIDE_THE_TYPES = {"amqp_server.queue_type", "amqp_server.queue", "amqp_server.ready_list", "amqp_server.consumers",
-                    "amqp_server.expiry", "amqp_server.spark_bridge.queue_reads",
-                    "amqp_server.priority_queue", "amqp_server.quorum_queue", "amqp_server.stream_queue",
-                    "forwarder.remote_queue"}
+INSIDE_THE_TYPES = {"amqp_server.queues.queue_type", "amqp_server.queues.queue", "amqp_server.queues.ready_list",
+                    "amqp_server.queues.consumers", "amqp_server.queues.expiry", "amqp_server.spark_bridge.queue_reads",
+                    "amqp_server.queues.priority_queue", "amqp_server.queues.quorum_queue",
+                    "amqp_server.queues.stream_queue", "forwarder.peers.remote_queue"}
 # (isinstance against Queue itself tells a queue from an exchange, a binding's destination: neither type nor place)
 QUEUE_CLASSES = {"PriorityQueue", "QuorumQueue", "StreamQueue", "RemoteQueue"}
 TYPE_NAMES = {"classic", "quorum", "stream", "x-queue-type"}
 # The branches that remain (at most five), each asking where a queue lives, for a reason:
 KNOWN_BRANCHES = {
-    "amqp_server/channel.py": 1,  # basic.get and queue.purge of this node's queue answer within the frame's turn,
-    # in order with the frames after it; another node's suspend the channel until its node answers
+    "amqp_server/amqp091/channel.py": 1,  # basic.get and queue.purge of this node's queue answer within the frame's
+    # turn, in order with the frames after it; another node's suspend the channel until its node answers
     "amqp_server/stream/manager.py": 1,  # the stream protocol serves the streams of this node (served_here); a
     # client finds another node's through metadata
     "mgmt_http/forward.py": 1,  # another node's management API answers for its queues (by_owner)
@@ -195,7 +195,7 @@ def branches_outside_the_types() -> dict[str, list[int]]:
         for path in sorted((ROOT / package.replace(".", "/")).glob("*.py")) + sorted(
                 (ROOT / package.replace(".", "/")).glob("*/*.py")):
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            if module in INSIDE_THE_TYPES or module.startswith("amqp_server.queue_types"):
+            if module in INSIDE_THE_TYPES or module.startswith("amqp_server.queues.types"):
                 continue
             lines = type_branches(ast.parse(path.read_text()))
             if lines:
@@ -228,7 +228,7 @@ def test_the_spark_bridge_reads_a_queue_through_its_record_source():
     protocol = next(node for node in source.body if isinstance(node, ast.ClassDef) and node.name == "RecordSource")
     offered = {node.name for node in protocol.body if isinstance(node, ast.FunctionDef)}
     assert {"offsets", "read_range", "chunk_span", "disk_part", "disk_index", "locate"} <= offered
-    for path in (ROOT / "amqp_server" / "spark_bridge" / "records.py", ROOT / "mgmt_http" / "offsets.py"):
+    for path in (ROOT / "amqp_server" / "spark_bridge" / "record_stream.py", ROOT / "mgmt_http" / "offsets.py"):
         asked = {node.attr for node in ast.walk(ast.parse(path.read_text()))
                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "queue"}
         assert asked and asked <= offered, (path, sorted(asked - offered))
@@ -245,15 +245,12 @@ def package_of(module: str) -> str:
 # Modules whose imports are left out of the package graph, each for a reason that names what removes it; the list
 # must shrink to nothing (every entry is checked to still be needed).
 KNOWN_PACKAGE_CYCLES = {
-    "amqp_server.server": "the node wires every package (broker, stream, forwarder, mgmt_http, shovel) but sits in "
-                          "the core's flat package: it moves above them with the AMQP 0-9-1 front end",
-    "amqp_server.connection": "the AMQP 0-9-1 front end sits in the core's flat package: it moves apart from the core",
-    "amqp_server.channel": "as amqp_server.connection",
-    "amqp_server.stream_queue": "the stream log's storage is in the stream protocol's package: it moves beside "
-                                "msg_store/ and queue_index/",
-    "amqp_server.persistence": "as amqp_server.stream_queue",
     "amqp_server.runtime_parameters": "validating a vhost's parameters names the shovel's and federation's "
                                       "components: components register their validation instead",
+    "amqp_server.__main__": "python -m amqp_server runs the node (node.server), which sits above the package whose "
+                            "modules it starts: the one module of the package that imports upward",
+    "amqp_server.frontend.clients": "the node's registry types its flush list as AMQP 0-9-1 connections: a flushable "
+                                    "connection protocol in front_end removes it",
 }
 
 
@@ -282,24 +279,18 @@ def test_the_package_graph_sees_cycles_through_packages():
 
 
 # The core (the broker's services, the queues and their types, storage and routing) and what it may not import:
-# the front ends (AMQP 0-9-1's connection and channel, the stream protocol, the HTTP API) and the Spark bridge.
-CORE_PACKAGES = ("amqp_server.broker", "amqp_server.queues", "amqp_server.queue_types", "msg_store", "queue_index",
+# the front ends (AMQP 0-9-1, AMQP 1.0, the stream protocol, what they share, the HTTP API, the node's programs) and the
+# Spark bridge.
+CORE_PACKAGES = ("amqp_server.broker", "amqp_server.queues", "amqp_server.queues.types", "msg_store", "queue_index",
                  "exchanges")
 CORE_MODULES = {f"amqp_server.{name}" for name in (
-    "queue", "queue_type", "queue_args", "ready", "ready_list", "paging", "expiry", "consumers", "priority_queue",
-    "quorum_queue", "stream_queue", "persistence")}
-NOT_FOR_THE_CORE = ("amqp_server.connection", "amqp_server.channel", "amqp_server.stream", "mgmt_http",
-                    "amqp_server.spark_bridge")
+    "queues.queue", "queues.queue_type", "queues.queue_args", "queues.ready", "queues.ready_list", "queues.paging",
+    "queues.expiry", "queues.consumers", "queues.priority_queue", "queues.quorum_queue", "queues.stream_queue",
+    "queues.persistence")}
+NOT_FOR_THE_CORE = ("amqp_server.amqp091", "amqp_server.amqp1", "amqp_server.stream", "amqp_server.frontend",
+                    "amqp_server.node", "mgmt_http", "amqp_server.spark_bridge")
 # What the core still imports of them, each for a reason that names what removes it (checked to be still there).
-KNOWN_CORE_IMPORTS = {
-    ("amqp_server.stream_queue", "amqp_server.stream.log"): "the stream log's storage is in the stream protocol's "
-                                                            "package: it moves beside msg_store/",
-    ("amqp_server.stream_queue", "amqp_server.stream.chunk"): "as its import of amqp_server.stream.log",
-    ("amqp_server.stream_queue", "amqp_server.stream.migrate"): "as its import of amqp_server.stream.log",
-    ("amqp_server.stream_queue", "amqp_server.stream.amqp10"): "a stream keeps messages in AMQP 1.0's encoding, whose "
-                                                               "codec is the stream protocol's: it moves with the log",
-    ("amqp_server.persistence", "amqp_server.stream.log"): "as amqp_server.stream_queue",
-}
+KNOWN_CORE_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 def in_core(module: str) -> bool:
@@ -313,14 +304,15 @@ def core_imports_of_front_ends(graph: dict[str, set[str]]) -> set[tuple[str, str
 
 def test_the_core_imports_no_front_end_and_not_the_spark_bridge():
     graph = module_graph()
-    assert in_core("amqp_server.broker.queues") and in_core("msg_store.store") and not in_core("amqp_server.channel")
+    assert in_core("amqp_server.broker.queues") and in_core("msg_store.store")
+    assert not in_core("amqp_server.amqp091.channel") and not in_core("amqp_server.frontend.front_end")
     assert core_imports_of_front_ends(graph) == set(KNOWN_CORE_IMPORTS)
 
 
 def test_the_http_api_reads_connections_through_the_front_end_interface():
     """mgmt_http lists connections and channels as ``frontend.ListedConnection`` and ``ListedChannel``."""
     graph = module_graph()
-    front_end = {"amqp_server.connection", "amqp_server.channel", "amqp_server.stream.reader"}
+    front_end = {"amqp_server.amqp091.connection", "amqp_server.amqp091.channel", "amqp_server.stream.reader"}
     assert {module: graph[module] & front_end for module in graph
             if module.startswith("mgmt_http") and graph[module] & front_end} == {}
 
@@ -478,15 +470,50 @@ def test_a_queue_of_another_node_is_a_proxy_not_a_queue_of_this_node():
     """``RemoteQueue`` implements ``queue.AnyQueue`` and inherits nothing of the local queue, overriding nothing
     against its grain (no ``type: ignore[override]``)."""
     assert "Queue" not in ancestors(class_bases(), "RemoteQueue")
-    assert "ignore[override]" not in (ROOT / "forwarder" / "remote_queue.py").read_text()
+    assert "ignore[override]" not in (ROOT / "forwarder" / "peers" / "remote_queue.py").read_text()
 
 
 def test_mypy_checks_every_kind_of_queue_against_the_protocol():
     """What makes mypy check it: the proxy assigned to ``type[AnyQueue]``, and each type's ``queue_class``
     declared as one (a type whose queue lacks an operation fails mypy)."""
     declared = set()
-    for path in [ROOT / "forwarder" / "remote_queue.py", *sorted((ROOT / "amqp_server" / "queue_types").glob("*.py"))]:
+    for path in [ROOT / "forwarder" / "peers" / "remote_queue.py",
+                 *sorted((ROOT / "amqp_server" / "queues" / "types").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.AnnAssign) and "type[AnyQueue]" in ast.unparse(node.annotation) and node.value:
                 declared.add(ast.unparse(node.value))
     assert declared == {"RemoteQueue", "Queue", "QuorumQueue", "StreamQueue"}
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+
+def modules_by_name() -> dict[str, list[str]]:
+    """Every module name (a file's, without .py) -> the packages holding a module of that name."""
+    found: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+            found.setdefault(path.stem, []).append(".".join(path.relative_to(ROOT).parent.parts))
+    return {name: sorted(set(packages)) for name, packages in found.items()}
+
+
+# Names more than one package uses on purpose, each for one meaning.  mgmt_http/NAME.py is the HTTP API of the
+# broker's service broker/NAME.py: that pair is allowed without a line here.
+SHARED_NAMES = {
+    "__init__": "a package", "__main__": "a package's program (python -m)",
+    "connection": "a protocol's client connection (AMQP 0-9-1, AMQP 1.0)",
+    "link": "a link of the shovel and federation kind (links/, federation/)",
+    "manager": "what runs a component's objects on this node (shovels, federation links, streams)",
+}
+
+
+def test_amqp_server_holds_at_most_twenty_modules_directly():
+    """The rest of the node is in packages named for their job (docs/architecture.md draws them)."""
+    assert len(list((ROOT / "amqp_server").glob("*.py"))) <= 20
+
+
+def test_no_module_name_is_reused_for_another_meaning():
+    reused = {name: packages for name, packages in modules_by_name().items()
+              if len(packages) > 1 and name not in SHARED_NAMES
+              and set(packages) != {"amqp_server.broker", "mgmt_http"}}
+    assert reused == {}
+    assert set(SHARED_NAMES) <= {name for name, packages in modules_by_name().items() if len(packages) > 1}

@@ -18,7 +18,8 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from amqp_server import field_types, queue_args
+from amqp_server.framing import field_types
+from amqp_server.queues import queue_args
 from amqp_server.broker import Broker
 from amqp_server.config import Config
 from amqp_server.records import QueueRecord

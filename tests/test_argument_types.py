@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands, decode
 
-from amqp_server import field_types
-from amqp_server.definitions import DefinitionStore
+from amqp_server.framing import field_types
+from amqp_server.definition_store import DefinitionStore
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord
 from mgmt_http.definitions import TYPED_ARGUMENTS, _arguments_in, _arguments_out
 from mgmt_http.http import encode as http_encode

@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 
 from amqp_server import errors
-from amqp_server.auth import Principal
+from amqp_server.access_control import Principal
 from amqp_server.broker import Broker
 from amqp_server.broker.bindings import Bindings
-from amqp_server.broker.core import Definitions
+from amqp_server.broker.definitions import Definitions
 from amqp_server.broker.exchanges import Exchanges
 from amqp_server.broker.routing import Router
-from amqp_server.definitions import DefinitionStore
-from amqp_server.direct_reply import ReplyConsumers
+from amqp_server.definition_store import DefinitionStore
+from amqp_server.broker.direct_reply import ReplyConsumers
 from amqp_server.errors import ChannelError, ConnectionError
-from amqp_server.policy import Policies
+from amqp_server.queues.policy import Policies
 from amqp_server.records import Record, name_key
 from amqp_server.spark_bridge.commit import Commit
-from amqp_server.vhost import VHost
+from amqp_server.broker.vhost import VHost
 
 from support import Target, consume, drain_local, local, message, publish_local
 
@@ -343,7 +343,7 @@ async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(co
 
 
 async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(core):
-    from amqp_server.policy import Policy
+    from amqp_server.queues.policy import Policy
     policy = Policy("/", "p", ".*", {"dead-letter-exchange": "dlx"}, 0, "queues")
     with pytest.raises(ChannelError) as refused:
         core.virtual_hosts.set_policy("policy", policy, who=NOBODY)
@@ -536,7 +536,7 @@ async def test_an_exclusive_consumer_wants_the_queue_alone_and_nobody_joins_it(c
 
 
 async def test_a_policy_applies_to_the_queues_it_matches_and_no_others(core, vhost):
-    from amqp_server.policy import Policy
+    from amqp_server.queues.policy import Policy
     core.virtual_hosts.set_policy("policy", Policy("/", "cap", "^capped", {"max-length": 1}, 0, "queues"))
     core.declare_queue(vhost, "capped")
     core.declare_queue(vhost, "free")

@@ -12,11 +12,11 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Iterator
 import aetcd
 import pytest
 
-from amqp_server.definitions import DefinitionStore
-from forwarder import membership, metadata
-from forwarder.membership import MEMBERS_PREFIX, Membership
-from forwarder.metadata import Metadata, etcd_key
-from forwarder.signing import MAC_FIELD, Signer
+from amqp_server.definition_store import DefinitionStore
+from forwarder.metadata import membership, mirror as metadata
+from forwarder.metadata.membership import MEMBERS_PREFIX, Membership
+from forwarder.metadata.mirror import Metadata, etcd_key
+from forwarder.metadata.signing import MAC_FIELD, Signer
 from conftest import CLUSTER, starts
 from test_cluster import Etcd
 

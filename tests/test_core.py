@@ -12,7 +12,7 @@ import pytest
 from pamqp import commands
 
 from amqp_server import errors
-from amqp_server.auth import Principal
+from amqp_server.access_control import Principal
 from amqp_server.errors import ChannelError
 from amqp_server.message import make_message
 from exchanges import Exchange
@@ -178,6 +178,6 @@ async def test_exchange_to_exchange_bindings_and_auto_delete_follow_deletions(co
 ])
 def test_guest_logs_in_from_loopback_only(name, host, loopback_only, refused):
     """One rule for every front end (AMQP, the stream protocol, HTTP): RabbitMQ's loopback_users."""
-    from amqp_server.auth import User, loopback_refused
+    from amqp_server.access_control import User, loopback_refused
     assert loopback_refused(User(name, ""), host, loopback_only) is refused
     assert loopback_refused(None, host, loopback_only) is False  # not logged in: refused for that reason instead

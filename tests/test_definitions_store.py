@@ -15,7 +15,7 @@ import aetcd
 import pika
 import pytest
 
-from amqp_server.definitions import DefinitionStore
+from amqp_server.definition_store import DefinitionStore
 from conftest import BrokerProcess, connect
 from test_cluster import Etcd, start_node
 

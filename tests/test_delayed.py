@@ -233,7 +233,7 @@ def test_header_bytes_read_and_negated_in_place(encoded, value, in_place):
     """x-delay is read from (and negated in) the header bytes; what pamqp decodes afterwards agrees."""
     from pamqp.header import ContentHeader
 
-    from amqp_server import header_table
+    from amqp_server.framing import header_table
     from amqp_server.message import Message
 
     table = b"\x01aS\x00\x00\x00\x01x" + b"\x07x-delay" + encoded + b"\x01zb\x01"

@@ -18,7 +18,7 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from conftest import CLUSTER, ROOT, free_port, starts
-from forwarder.etcd import EtcdClient
+from forwarder.metadata.etcd import EtcdClient
 from conftest import connect
 from test_cluster import SECRET, Etcd, start_node
 from test_tls import PKI

@@ -1,7 +1,7 @@
-"""The protections every front end shares (``amqp_server.frontend``), tried on the stream protocol and the cluster link
-as on AMQP: reading stops while the peer does not read what it is sent, before and after login; a read handles a
-bounded number of frames; the client ports (AMQP, AMQPS, stream) count their connections not logged in together,
-TLS handshakes among them; an internal error's log line never raises.
+"""The protections every front end shares (``amqp_server.frontend.front_end``), tried on the stream protocol and the
+cluster link as on AMQP: reading stops while the peer does not read what it is sent, before and after login; a read
+handles a bounded number of frames; the client ports (AMQP, AMQPS, stream) count their connections not logged in
+together, TLS handshakes among them; an internal error's log line never raises.
 
 In-process where a fake transport suffices (what the node writes and whether it reads are exact there); live for
 the ports' shared cap and what an idle TLS handshake costs.
@@ -19,15 +19,15 @@ from typing import Any, AsyncIterator, Iterator
 import pika
 import pytest
 
-from amqp_server import frontend
+from amqp_server.frontend import front_end as frontend
 from amqp_server.broker import Broker
-from amqp_server.clients import Clients
+from amqp_server.frontend.clients import Clients
 from amqp_server.config import Config
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.stream.manager import StreamManager
 from amqp_server.stream.reader import StreamConnection
 from conftest import INTEGRATION, BrokerProcess, connect, free_port, starts
-from forwarder import link
+from forwarder.peers import node_link as link
 from test_preauth import SECRET, FakeTransport, Recorder, frame, proof, server_link
 
 pytestmark = pytest.mark.timeout(120)

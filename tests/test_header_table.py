@@ -8,8 +8,8 @@ import pytest
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from amqp_server import header_table
-from amqp_server.header_table import Field
+from amqp_server.framing import header_table
+from amqp_server.framing.header_table import Field
 
 # One entry of each type, written by hand as RabbitMQ's rabbit_binary_generator writes it.
 ENTRIES = {

@@ -146,9 +146,9 @@ def test_closed_channel_with_partial_content_is_freed_without_the_cycle_collecto
     import weakref
 
     from amqp_server.broker import Broker
-    from amqp_server.clients import Clients
+    from amqp_server.frontend.clients import Clients
     from amqp_server.config import Config
-    from amqp_server.connection import Connection
+    from amqp_server.amqp091.connection import Connection
     from amqp_server.publisher_flow import PublisherFlow
 
     async def scenario() -> list[weakref.ref]:

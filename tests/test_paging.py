@@ -18,9 +18,9 @@ from pamqp import commands
 
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
-from amqp_server.persistence import Persistence
+from amqp_server.queues.persistence import Persistence
 from amqp_server.spark_bridge.commit import Commit
-from amqp_server.vhost import VHost
+from amqp_server.broker.vhost import VHost
 
 from support import Target, consume, drain_local as drain
 
@@ -183,7 +183,7 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
     none of them, and a consumer that needs the disk finishes the count first.  Their index rows and records
     go afterwards, in the background."""
     COUNT_BATCH = 1024
-    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", COUNT_BATCH)
+    monkeypatch.setattr("amqp_server.queues.ready_list.COUNT_BATCH", COUNT_BATCH)
     core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     count = 4 * COUNT_BATCH
@@ -220,9 +220,9 @@ async def test_a_commit_of_part_of_the_disk_counts_its_entries_a_batch_per_loop_
 async def test_a_commit_of_the_whole_disk_answers_at_once(core, vhost, monkeypatch):
     """A commit at or past the last entry on disk (a drain of the whole queue) knows their count without a walk:
     it answers in the loop turn it came in, and their rows and records go in the background."""
-    from amqp_server.paging import DROP_BATCH
+    from amqp_server.queues.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
+    monkeypatch.setattr("amqp_server.queues.ready_list.COUNT_BATCH", DROP_BATCH)  # a count would take three turns
     core.declare_queue(vhost, "q", durable=True)
     queue = vhost.queue("q")
     send(core, vhost, "q", bodies(3 * DROP_BATCH))
@@ -269,7 +269,7 @@ async def test_a_deleted_deep_queue_is_dropped_in_the_background(core, vhost, du
     """Deleting a deep queue drops its entries on disk a batch per loop turn, not all at once (a million held
     every client for seconds): the messages it shared with another queue stay there, those a consumer holds
     are the consumer's to settle, and at the end the stores hold nothing of it."""
-    from amqp_server.paging import DROP_BATCH
+    from amqp_server.queues.paging import DROP_BATCH
 
     for name in ("q", "other"):
         core.declare_queue(vhost, name, durable=durable)
@@ -323,7 +323,7 @@ async def test_a_purged_deep_queue_is_dropped_in_the_background(core, vhost, max
     """A purge answers with the count at once and every reader sees an empty queue at once; its entries on disk
     leave the index a batch per loop turn (a million held every client for seconds), marked dropped until
     they have.  What is published meanwhile, and pages out, is all a consumer gets."""
-    from amqp_server.paging import DROP_BATCH
+    from amqp_server.queues.paging import DROP_BATCH
 
     arguments = {"x-max-priority": max_priority} if max_priority else None
     core.declare_queue(vhost, "q", durable=True, arguments=arguments)
@@ -353,7 +353,7 @@ async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pat
     anything (the drop marks name them): no purged message comes back.  Whether it stopped cleanly (its store
     snapshot counted their references, released then) or crashed (the store counts references from the
     index).  The messages a consumer held unacked when the queue was purged come back, as after any restart."""
-    from amqp_server.paging import DROP_BATCH
+    from amqp_server.queues.paging import DROP_BATCH
 
     data = str(tmp_path / "data")
     core = Broker(data, queue_window=WINDOW)
@@ -390,9 +390,9 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     again, so what was committed is never delivered, read or counted, and a retried commit (a no-op: the cursor
     is there already) finds it done.  Messages a consumer held unacked below the cursor were in memory, not in
     the mark's range: they come back."""
-    from amqp_server.paging import DROP_BATCH
+    from amqp_server.queues.paging import DROP_BATCH
 
-    monkeypatch.setattr("amqp_server.ready_list.COUNT_BATCH", DROP_BATCH)
+    monkeypatch.setattr("amqp_server.queues.ready_list.COUNT_BATCH", DROP_BATCH)
     data = str(tmp_path / "data")
     core = Broker(data, queue_window=WINDOW)
     vhost = core.vhost("/")
@@ -597,7 +597,7 @@ async def test_restart_after_a_crash_drops_entries_whose_message_the_store_lost(
 
 async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
     """One deep queue keeps its whole window; many share MEMORY_BUDGET entries."""
-    import amqp_server.paging as paging
+    import amqp_server.queues.paging as paging
 
     monkeypatch.setattr(paging, "MEMORY_BUDGET", 1024)
     core = Broker(str(tmp_path / "data"), queue_window=512)
@@ -814,7 +814,7 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
     """A node upgraded from when a priority queue's index entries were keyed by seq alone (and the queue
     kept them all in memory) finds them, in priority order, and keys them by level once."""
-    from amqp_server.priority_queue import PriorityReadyList
+    from amqp_server.queues.priority_queue import PriorityReadyList
 
     data = str(tmp_path / "data")
     monkeypatch.setattr(PriorityReadyList, "ranked", False)  # writes as before: seq-keyed

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amqp_server import logs
-from amqp_server.frontend import Unauthenticated
+from amqp_server.frontend.front_end import Unauthenticated
 from conftest import CLUSTER, EXTERNAL, INTEGRATION, BrokerProcess, connect, starts
-from forwarder import link
+from forwarder.peers import node_link as link
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The property block on the bytes (amqp_server/properties.py) agrees with pamqp's codec, and refuses what
+"""The property block on the bytes (amqp_server/framing/properties.py) agrees with pamqp's codec, and refuses what
 RabbitMQ cannot decode."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from amqp_server import codec, properties
+from amqp_server.framing import codec, properties
 
 short = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20).filter(
     lambda s: len(s.encode()) < 256)

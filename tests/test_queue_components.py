@@ -8,14 +8,14 @@ import pytest
 from pamqp import commands
 
 from amqp_server.clock import now_ms
-from amqp_server.consumers import Consumers
-from amqp_server.expiry import Expiry
+from amqp_server.queues.consumers import Consumers
+from amqp_server.queues.expiry import Expiry
 from amqp_server.message import Message, make_message
-from amqp_server.paging import Pager
-from amqp_server.priority_queue import LeveledEntry, PriorityReadyList
-from amqp_server.queue_args import QueueArgs
-from amqp_server.ready import Entry
-from amqp_server.ready_list import ReadyList
+from amqp_server.queues.paging import Pager
+from amqp_server.queues.priority_queue import LeveledEntry, PriorityReadyList
+from amqp_server.queues.queue_args import QueueArgs
+from amqp_server.queues.ready import Entry
+from amqp_server.queues.ready_list import ReadyList
 from amqp_server.stats import MessageStats
 
 

@@ -1,4 +1,4 @@
-"""The queue types (amqp_server/queue_types/) in-process: each declares what the rest of the node asks of it, and a
+"""The queue types (amqp_server/queues/types/) in-process: each declares what the rest of the node asks of it, and a
 proxy of another node's queue answers with the same type as the queue it stands for.
 
 What the types refuse and accept is driven through real clients in test_quorum_queues.py, test_streams.py,
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_server import policy, queue_types
+from amqp_server.queues import policy, types as queue_types
 from amqp_server.errors import AMQPError
-from amqp_server.queue import AnyQueue, Queue
-from amqp_server.queue_type import GLOBAL_QOS, NACK, REPLICATED, TRANSIENT
-from amqp_server.quorum_queue import QuorumQueue
-from amqp_server.stream_queue import StreamQueue
-from forwarder.remote_queue import RemoteQueue
+from amqp_server.queues.queue import AnyQueue, Queue
+from amqp_server.queues.queue_type import GLOBAL_QOS, NACK, REPLICATED, TRANSIENT
+from amqp_server.queues.quorum_queue import QuorumQueue
+from amqp_server.queues.stream_queue import StreamQueue
+from forwarder.peers.remote_queue import RemoteQueue
 
 
 @pytest.mark.parametrize("arguments, name, cls", [

@@ -560,9 +560,9 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
 
     from amqp_server.broker import Broker
     from amqp_server.records import QueueRecord
-    from forwarder.quorum import Group, QuorumGroups
-    from amqp_server.quorum_machine import State, encode_state
-    from forwarder.quorum_log import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
+    from forwarder.quorum.groups import Group, QuorumGroups
+    from amqp_server.queues.quorum_machine import State, encode_state
+    from forwarder.quorum.oplog import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
 
     broker = Broker(str(tmp_path / "data"))
     try:

@@ -1,4 +1,4 @@
-"""Quorum queues' elections, replication and catch-up (forwarder.quorum, forwarder.quorum_log) in-process:
+"""Quorum queues' elections, replication and catch-up (forwarder.quorum.groups, forwarder.quorum.oplog) in-process:
 three real brokers in one event loop, linked by a fake transport and agreeing through a fake etcd
 (tests/fake_cluster.py), so that each rule is tested in a second or two, with no etcd and no processes.
 test_quorum_cluster.py drives the same rules with real processes, a real etcd and kill -9.
@@ -17,11 +17,12 @@ import pytest
 from pamqp import commands
 
 from amqp_server.message import Message, make_message
-from amqp_server import quorum_queue
-from amqp_server.quorum_queue import QuorumQueue
+from amqp_server.queues import quorum_queue
+from amqp_server.queues.quorum_queue import QuorumQueue
 from fake_cluster import Client, Network, Node
-from forwarder import link, quorum, quorum_log
-from forwarder.quorum import queue_key
+from forwarder.peers import node_link as link
+from forwarder.quorum import groups as quorum, oplog as quorum_log
+from forwarder.quorum.groups import queue_key
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")

@@ -1,4 +1,4 @@
-"""A quorum queue's leader (amqp_server.quorum_queue) carries out its state machine's effects: whatever clients
+"""A quorum queue's leader (amqp_server.queues.quorum_queue) carries out its state machine's effects: whatever clients
 do — publish, get, ack, nack, reject, purge, commit an offset, let messages expire, restart the node — the
 queue's ready list (in memory and on disk, a small window making it page), the entries it holds, its rows in
 the queue index and its messages' references in the store all stand for the same state, ``queue.state``.
@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pamqp import commands
 
-from amqp_server import expiry, properties
-from amqp_server import queue as queue_module
+from amqp_server.queues import expiry
+from amqp_server.framing import properties
+from amqp_server.queues import queue as queue_module
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
-from amqp_server.quorum_queue import QuorumQueue
+from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.spark_bridge import queue_reads
 
 WINDOW = 8  # entries in memory before the tail pages out

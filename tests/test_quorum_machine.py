@@ -1,4 +1,4 @@
-"""The quorum queue's state machine (amqp_server.quorum_machine) against a simple model: a FIFO with
+"""The quorum queue's state machine (amqp_server.queues.quorum_machine) against a simple model: a FIFO with
 at-least-once delivery and a delivery count per message.
 
 A driver plays the leader: it makes the ops a leader makes (the head goes to a consumer, the seqs it names
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from amqp_server import quorum_machine as m
-from amqp_server import quorum_ops as ops
-from amqp_server.quorum_machine import SeqSet, State
+from amqp_server.queues import quorum_machine as m
+from amqp_server.queues import quorum_ops as ops
+from amqp_server.queues.quorum_machine import SeqSet, State
 
 META = m.Meta(1, 1_700_000_000_000)
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from pamqp import commands
 
-from amqp_server import quorum_queue
+from amqp_server.queues import quorum_queue
 from amqp_server.message import Message, make_message
 from fake_cluster import Client, Network
-from forwarder import quorum
-from forwarder.quorum import queue_key
+from forwarder.quorum import groups as quorum
+from forwarder.quorum.groups import queue_key
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")

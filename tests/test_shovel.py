@@ -11,8 +11,8 @@ import pika
 import pytest
 from aiohttp import web
 
-from amqp_server.auth import AccessControl
-from amqp_server.definitions import DefinitionStore
+from amqp_server.access_control import AccessControl
+from amqp_server.definition_store import DefinitionStore
 from conftest import connect, free_port
 from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node

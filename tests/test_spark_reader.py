@@ -21,7 +21,7 @@ from amqp_server.clock import now_ms
 from amqp_server.spark_bridge import arrow_records
 from amqp_server.spark_bridge.record_reader import RecordReaders, _gather
 from amqp_server.spark_bridge.queue_reads import RecordSource
-from amqp_server.spark_bridge.records import _locator
+from amqp_server.spark_bridge.record_stream import _locator
 from queue_index import QueueIndex
 
 from support import call

@@ -14,7 +14,7 @@ import pytest
 from pamqp import commands
 
 from amqp_server.config import Config
-from amqp_server.server import Node as Server
+from amqp_server.node.server import Node as Server
 from conftest import free_port
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,9 +10,10 @@ import struct
 
 import pytest
 
-from amqp_server import logs as node_logs, server
-from amqp_server.stream import log as stream_log
-from amqp_server.stream.log import READ_FDS, StreamLogs
+from amqp_server import logs as node_logs
+from amqp_server.node import server
+from stream_log import log as stream_log
+from stream_log.log import READ_FDS, StreamLogs
 
 
 def open_fds() -> int:

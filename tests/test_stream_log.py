@@ -1,4 +1,4 @@
-"""A stream's log on disk (``amqp_server.stream.log``), in-process: osiris's chunk layout, the index beside each
+"""A stream's log on disk (``stream_log.log``), in-process: osiris's chunk layout, the index beside each
 segment, retention by whole segments, times, and recovery after a crash (a torn tail cut, an index lost or behind
 rebuilt, named publishers' last ids from the chunks' trailers); and a stream stored by an earlier version (an entry
 per message in the queue index) moved into a log when the node starts.
@@ -20,10 +20,10 @@ from pamqp import commands
 
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
-from amqp_server.persistence import Persistence
-from amqp_server.stream import amqp10, chunk, log as stream_log
-from amqp_server.stream.log import INDEX_HEADER, ROW, SEGMENT_HEADER, StreamLogs
-from amqp_server.stream_queue import StreamQueue
+from amqp_server.queues.persistence import Persistence
+from stream_log import amqp10, chunk, log as stream_log
+from stream_log.log import INDEX_HEADER, ROW, SEGMENT_HEADER, StreamLogs
+from amqp_server.queues.stream_queue import StreamQueue
 
 from support import local
 
@@ -240,7 +240,7 @@ async def turn() -> None:
 async def test_a_stream_finds_its_times_and_offsets_across_a_restart(tmp_path, monkeypatch):
     """A turn's publishes are a chunk, stamped when it is written: a time finds the first chunk written then or
     later, before and after a restart; offsets, counts and bytes come back from the log."""
-    from amqp_server import stream_queue
+    from amqp_server.queues import stream_queue
 
     clock = [1_700_000_000_000]
     monkeypatch.setattr(stream_log, "now_ms", lambda: clock[0])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from amqp_server.stream import log as stream_log, tracking
-from amqp_server.stream.log import MAX_WRITERS, StreamLogs
+from stream_log import log as stream_log, tracking
+from stream_log.log import MAX_WRITERS, StreamLogs
 
 
 def committed(logs: StreamLogs) -> None:

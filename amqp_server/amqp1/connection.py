@@ -18,22 +18,23 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
-from .. import __version__, auth_mechanisms, errors
-from ..auth import loopback_refused
-from ..frontend import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
+from .. import __version__, errors
+from ..frontend import auth_mechanisms
+from ..access_control import loopback_refused
+from ..frontend.front_end import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
 from ..logs import untrusted
-from ..stream import amqp10
-from ..stream.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
+from stream_log import amqp10
+from stream_log.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
 from . import frames
 from .frames import Amqp10Error, LinkError, SessionError
 from .session import Session
 
 if TYPE_CHECKING:
-    from ..auth import Principal, User
+    from ..access_control import Principal, User
     from ..broker import Broker
     from ..config import Config
     from ..publisher_flow import PublisherFlow
-    from ..vhost import VHost
+    from ..broker.vhost import VHost
     from ..stats import MessageStats
 
 log = logging.getLogger("warren.amqp10")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from ..stream.amqp10 import PROPERTIES_HEADER, Value, kept_properties
+from stream_log.amqp10 import PROPERTIES_HEADER, Value, kept_properties
 from . import frames
 from .frames import Amqp10Error
 

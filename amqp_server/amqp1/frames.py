@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
-from ..stream import amqp10
-from ..stream.amqp10 import NULL, Value, boolean, described, encode_list, symbol, uint, utf8
+from stream_log import amqp10
+from stream_log.amqp10 import NULL, Value, boolean, described, encode_list, symbol, uint, utf8
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from ..ports import ExclusiveOwner
-from ..queue import Queue
+from ..queues.queue import Queue
 
 if TYPE_CHECKING:
-    from ..auth import Principal, User
+    from ..access_control import Principal, User
     from ..broker import Broker
     from ..config import Config
-    from ..frontend import Registry
-    from ..vhost import VHost
+    from ..frontend.front_end import Registry
+    from ..broker.vhost import VHost
     from .frames import Amqp10Error
 
 

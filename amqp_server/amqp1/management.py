@@ -20,11 +20,11 @@ from urllib.parse import parse_qs, quote, unquote
 from exchanges import Exchange
 
 from ..errors import AMQPError
-from ..stream import amqp10
-from ..stream.amqp10 import NULL, Value, described, encode_list, encode_map, utf8
+from stream_log import amqp10
+from stream_log.amqp10 import NULL, Value, described, encode_list, encode_map, utf8
 
 if TYPE_CHECKING:
-    from ..queue import AnyQueue
+    from ..queues.queue import AnyQueue
     from .host import SessionHost
 
 ADDRESS = "/management"

@@ -16,25 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 from urllib.parse import quote
 
-from .. import direct_reply, errors
+from ..broker import direct_reply
+from .. import errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
-from ..frontend import ListedLink, ListedSession
+from ..frontend.front_end import ListedLink, ListedSession
 from ..ports import ClientChannel
 from ..stats import MessageStats
-from ..stream import amqp10
-from ..stream.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
-from ..queue_type import LOG
+from stream_log import amqp10
+from stream_log.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
+from ..queues.queue_type import LOG
 from . import address, filters, frames, management
 from .frames import Amqp10Error, LinkError, SessionError
 
 if TYPE_CHECKING:
     from exchanges import Exchange
 
-    from ..direct_reply import ReplyConsumer
+    from ..broker.direct_reply import ReplyConsumer
     from ..message import Message
-    from ..queue import AnyQueue, Consumer, Entry
+    from ..queues.queue import AnyQueue, Consumer, Entry
     from .host import SessionHost
 
 INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW

@@ -5,7 +5,7 @@ operations; none keeps its own copy.  Operations raise :class:`ChannelError`
 (or :class:`ConnectionError`) with RabbitMQ's reply code and text.
 
 :class:`Broker` is the one object they call, a facade over services built in one place, each handed what it depends
-on: ``Definitions`` (kept in LMDB and made the cluster's, ``core``), ``Bindings`` (rabbit_binding), ``Exchanges``
+on: ``Definitions`` (kept in LMDB and made the cluster's), ``Bindings`` (rabbit_binding), ``Exchanges``
 (rabbit_exchange), ``Router`` (rabbit_router), ``DeadLetters`` (rabbit_dead_letter), ``Messages`` (publish, get,
 settle, move), ``Queues`` (rabbit_amqqueue), ``VHosts`` (rabbit_vhost) and ``Recovery`` (start-up), each in the module
 of this package named for it.  The Spark bridge's commit is a service of the bridge on the broker
@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING
 
 from msg_store import DEFAULT_SEGMENT_SIZE
 
-from ..auth import AccessControl, AuthAttempts
-from ..definitions import DEFAULT_MAX_SIZE, DefinitionStore
-from ..delayed import DelayedMessages
-from ..direct_reply import ReplyConsumers
-from ..limits import Limits
-from ..paging import Pager
-from ..persistence import Persistence
-from ..policy import Policies
+from ..access_control import AccessControl, AuthAttempts
+from ..definition_store import DEFAULT_MAX_SIZE, DefinitionStore
+from .delayed_messages import DelayedMessages
+from .direct_reply import ReplyConsumers
+from .limits import Limits
+from ..queues.paging import Pager
+from ..queues.persistence import Persistence
+from ..queues.policy import Policies
 from ..stats import ChurnStats
-from ..vhost import VHost
+from .vhost import VHost
 from .bindings import Bindings
-from .core import ClusterHooks, Definitions
+from .definitions import ClusterHooks, Definitions
 from .dead_letters import DeadLetters
 from .exchanges import Exchanges
 from .messages import Messages
@@ -114,7 +114,8 @@ class Broker:
         self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere
         self.settle, self.settle_taken, self.nack_taken = messages.settle, messages.settle_taken, messages.nack_taken
         self.move_messages = messages.move_messages
-        # what a queue asks of its host (queue.QueueHost), for the queues made outside ``Queues`` (forwarder.quorum)
+        # what a queue asks of its host (queue.QueueHost), for the queues made outside ``Queues``
+        # (forwarder.quorum.groups)
         self.dead_letter, self.expire_queue, self.load_body = queues.dead_letter, queues.expire_queue, queues.load_body
 
         Recovery(self.store, self.access, virtual_hosts, queues, self.persistence, self.policies).run()

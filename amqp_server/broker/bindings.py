@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 from exchanges import Exchange
 
 from .. import errors
-from ..auth import Principal
-from ..queue import AnyQueue, Queue
+from ..access_control import Principal
+from ..queues.queue import AnyQueue, Queue
 from ..records import BindingRecord
-from ..vhost import VHost
+from .vhost import VHost
 from ..records import ExchangeRecord
-from .core import Definitions, check_exclusive, storable
+from .definitions import Definitions, check_exclusive, storable
 
 if TYPE_CHECKING:
     from ..ports import ExclusiveOwner

@@ -1,5 +1,5 @@
 """Dead-lettering (RabbitMQ's rabbit_dead_letter): entries that left a queue for good are republished to its
-dead-letter exchange.  How a dead letter's message is made is ``dead_letter.py``'s.
+dead-letter exchange.  How a dead letter's message is made is ``dlx_message.py``'s.
 """
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import logging
 
 from exchanges import DEFERRED
 
-from ..dead_letter import cycle_detected, dead_letter_message
+from .dlx_message import cycle_detected, dead_letter_message
 from ..logs import untrusted
-from ..queue import AnyQueue, Entry
-from ..vhost import VHost
+from ..queues.queue import AnyQueue, Entry
+from .vhost import VHost
 from .routing import Router
 
 log = logging.getLogger("warren.broker")

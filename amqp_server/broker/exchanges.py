@@ -8,14 +8,15 @@ from typing import Any
 
 from exchanges import Exchange, exchange_class
 
-from .. import codec, errors, field_types
-from ..auth import Principal
+from ..framing import codec, field_types
+from .. import errors
+from ..access_control import Principal
 from ..errors import ConnectionError, resource_name
 from ..records import ExchangeRecord
-from ..vhost import VHost
-from ..policy import Policies
+from .vhost import VHost
+from ..queues.policy import Policies
 from .bindings import Bindings
-from .core import Definitions, shown, storable
+from .definitions import Definitions, shown, storable
 
 
 class Exchanges:

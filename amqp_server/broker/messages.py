@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Iterable
 
 from exchanges import DEFERRED, Exchange
 
-from .. import codec, errors, sender_selected
-from ..auth import Principal
-from ..delayed import Publisher
+from ..framing import codec
+from .. import errors
+from . import sender_selected
+from ..access_control import Principal
+from .delayed_messages import Publisher
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
-from ..queue import AnyQueue, Consumer, Entry, Queue
-from ..vhost import VHost
-from .core import check_exclusive
+from ..queues.queue import AnyQueue, Consumer, Entry, Queue
+from .vhost import VHost
+from .definitions import check_exclusive
 from .routing import Router
 
 if TYPE_CHECKING:

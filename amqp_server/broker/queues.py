@@ -1,30 +1,32 @@
 """Queues as the broker holds them (RabbitMQ's rabbit_amqqueue): declare, with its permission checks and
 equivalence, find, consume from, delete; exclusive and auto-delete queues going with their owner or last
 consumer; and what a queue asks of the broker that holds it (``queue.QueueHost``).  One queue's messages are
-``queue.py``'s.
+``queues/queue.py``'s.
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .. import codec, errors, queue_types
-from ..auth import AccessControl, Principal
-from ..definitions import DefinitionStore
+from ..framing import codec
+from .. import errors
+from ..queues import types as queue_types
+from ..access_control import AccessControl, Principal
+from ..definition_store import DefinitionStore
 from ..errors import resource_name
-from ..limits import Limits
+from .limits import Limits
 from ..logs import untrusted
 from ..message import Message
-from ..paging import Pager
-from ..persistence import Persistence
-from ..policy import Policies
-from ..queue import AnyQueue, Consumer, Entry, Queue
-from ..queue_type import PAGING
+from ..queues.paging import Pager
+from ..queues.persistence import Persistence
+from ..queues.policy import Policies
+from ..queues.queue import AnyQueue, Consumer, Entry, Queue
+from ..queues.queue_type import PAGING
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
-from ..vhost import VHost, home_node_down
+from .vhost import VHost, home_node_down
 from .bindings import Bindings
-from .core import Definitions, check_exclusive, exclusive_locked, shown, shown_arg, storable
+from .definitions import Definitions, check_exclusive, exclusive_locked, shown, shown_arg, storable
 from .dead_letters import DeadLetters
 
 if TYPE_CHECKING:

@@ -8,14 +8,15 @@ from typing import Iterator, TypeVar
 
 from exchanges import exchange_class
 
-from .. import field_types, queue_types
-from ..auth import AccessControl
-from ..definitions import DefinitionStore
+from ..framing import field_types
+from ..queues import types as queue_types
+from ..access_control import AccessControl
+from ..definition_store import DefinitionStore
 from ..errors import ChannelError
 from ..logs import untrusted
-from ..persistence import Persistence
-from ..policy import Policies
-from ..queue import Queue
+from ..queues.persistence import Persistence
+from ..queues.policy import Policies
+from ..queues.queue import Queue
 from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from .queues import Queues
 from .vhosts import VHosts
@@ -76,7 +77,7 @@ class Recovery:
             queue.index_id = record.index_id
             self.queues.storage.attach(queue, True)
             durable.append(queue)
-        # a cluster's replicated queues keep copies here too (forwarder.quorum): not orphans
+        # a cluster's replicated queues keep copies here too (forwarder.quorum.groups): not orphans
         self.persistence.recover(durable, {saved["index_id"] for _, saved in self.store.items("replica")})
         for queue in durable:  # offsets never go back across restarts (see Queues.save_offsets)
             saved = self.store.get("queue_offsets", str(queue.index_id))

@@ -7,12 +7,12 @@ from typing import Collection, cast
 
 from exchanges import DEFERRED, Exchange
 
-from .. import sender_selected
-from ..delayed import DelayedMessages, Publisher
-from ..direct_reply import ReplyConsumers
+from . import sender_selected
+from .delayed_messages import DelayedMessages, Publisher
+from .direct_reply import ReplyConsumers
 from ..message import Message
-from ..vhost import VHost
-from .core import Destination
+from .vhost import VHost
+from .definitions import Destination
 
 
 class Router:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ..auth import AccessControl, Principal
-from ..definitions import DefinitionStore
+from ..access_control import AccessControl, Principal
+from ..definition_store import DefinitionStore
 from ..errors import ConnectionError
-from ..policy import Policies, Policy
+from ..queues.policy import Policies, Policy
 from ..stats import MessageStats
-from ..vhost import VHost
+from .vhost import VHost
 from .bindings import Bindings
-from .core import Definitions
+from .definitions import Definitions
 from .queues import Queues
 
 if TYPE_CHECKING:

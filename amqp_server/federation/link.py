@@ -22,17 +22,17 @@ from exchanges.base import freeze_arguments
 from exchanges.federation_upstream import (DOWNSTREAM_NAME, DOWNSTREAM_VHOST, MAX_HOPS, ROUTING_HEADER,
                                            already_seen)
 
-from .. import codec, header_table, properties
-from ..header_table import Field
+from ..framing import codec, header_table, properties
+from ..framing.header_table import Field
 from ..links import uri as uri_module
-from ..links.client import ChannelClosed, Client, ClientError, typed_arguments
+from ..links.amqp_client import ChannelClosed, Client, ClientError, typed_arguments
 from ..links.link import CHANNEL, Link, Resolve, Transfer, status_time
 from ..logs import untrusted
 from .upstream import Upstream
 
 if TYPE_CHECKING:
     from ..broker import Broker
-    from ..queue import AnyQueue
+    from ..queues.queue import AnyQueue
 
 log = logging.getLogger("warren.federation")
 COMMAND_CHANNEL = 2  # exchange links: binds and unbinds (a 404 there restarts the link, as in RabbitMQ)

@@ -10,7 +10,7 @@ import logging
 from typing import Any, cast
 
 from ..links.runner import Runner
-from ..policy import FEDERATION_KEYS
+from ..queues.policy import FEDERATION_KEYS
 from .link import ExchangeLink, FederationLink, QueueLink
 from .upstream import COMPONENTS, upstreams
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from .. import patterns
 from ..links.validation import Check, binary, boolean, enum, number, prefetch_count, proplist, uri
-from ..policy import FEDERATION_KEYS, erlang_term
+from ..queues.policy import FEDERATION_KEYS, erlang_term
 
 UPSTREAM = "federation-upstream"
 UPSTREAM_SET = "federation-upstream-set"

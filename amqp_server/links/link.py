@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..logs import untrusted
 from . import uri as uri_module
-from .client import Client, ClientError
+from .amqp_client import Client, ClientError
 
 if TYPE_CHECKING:
-    from ..auth import AccessControl
+    from ..access_control import AccessControl
 
 log = logging.getLogger("warren.link")
 CHANNEL = 1  # the working channel on each side

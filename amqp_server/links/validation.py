@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..policy import erlang_term
+from ..queues.policy import erlang_term
 from . import uri as uri_module
 
 Check = Callable[[str, Any], "str | None"]

@@ -17,7 +17,7 @@ from pamqp import commands
 from ..links.validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
                                     number as _number, prefetch_count, proplist, terms as _terms,
                                     uri as _uri)
-from ..policy import erlang_term
+from ..queues.policy import erlang_term
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
 PROTOCOLS = ("amqp091",)

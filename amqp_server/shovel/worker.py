@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from pamqp import commands
 
-from ..links.client import ChannelClosed, Client, ClientError, header_payload, read_properties
+from ..links.amqp_client import ChannelClosed, Client, ClientError, header_payload, read_properties
 from ..links.link import CHANNEL, Finished, Link, Resolve, Transfer, status_time
 from ..logs import untrusted
 from .definition import Definition

@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import properties
+from ..framing import properties
 from ..payload import route_names
-from ..ready import Entry
+from ..queues.ready import Entry
 
 MAX_TIMESTAMP_S = (2 ** 63 - 1) // 1_000_000
 PROPERTIES_AT = 12  # a content header's class, weight and body size come first; its property flags here

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..paging import paced
-from ..queue import Queue
+from ..queues.paging import paced
+from ..queues.queue import Queue
 
 if TYPE_CHECKING:
     from ..broker import Broker

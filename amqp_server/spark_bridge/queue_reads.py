@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 
-from ..queue_type import LOG
-from ..ready import Entry
+from ..queues.queue_type import LOG
+from ..queues.ready import Entry
 
 if TYPE_CHECKING:
     from msg_store import MessageStore
 
-    from ..queue import Queue
+    from ..queues.queue import Queue
 
-    from ..stream.log import ChunkSpan
+    from stream_log.log import ChunkSpan
 
 
 def _segment_files(segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

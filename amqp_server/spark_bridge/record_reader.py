@@ -13,7 +13,7 @@ operations per batch, whatever its rows.
 
 A stream's chunks take one step: the loop finds where they lie in its log (``RecordSource.chunk_span``: arrays
 from the segments' indexes) and sends that, with the segment files' descriptors; the reader reads the chunks,
-converts their records as an AMQP 0-9-1 consumer gets them (``amqp_server.stream.amqp10``) and builds the batch.
+converts their records as an AMQP 0-9-1 consumer gets them (``stream_log.amqp10``) and builds the batch.
 
 When the client's connection is plain TCP, the loop passes its socket along too and the reader writes the
 batch to the client itself (an HTTP chunk, as aiohttp would frame it): the loop never touches the batch's
@@ -56,7 +56,7 @@ from .. import payload as payload_codec
 from .queue_reads import DiskSpan
 
 if TYPE_CHECKING:
-    from ..stream.log import ChunkSpan
+    from stream_log.log import ChunkSpan
 
     from .arrow_records import Layout
 
@@ -463,7 +463,7 @@ def _chunks(payload: bytes, fds: list[int], queue_name: str, columns: list[str],
     """``CHUNKS_READ`` and the batch of the records from ``start`` (below ``end``, ``limit`` at most) in the chunks
     the payload places: each read whole, its records converted as an AMQP 0-9-1 consumer of the stream gets them
     (a record this node cannot read keeps its offset and is left out)."""
-    from ..stream import amqp10, chunk
+    from stream_log import amqp10, chunk
 
     from . import arrow_records
 

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from exchanges import Exchange
 
 from .. import errors
-from ..auth import Principal
+from ..access_control import Principal
 from ..errors import AMQPError
 from ..message import Message, make_message
-from ..queue import AnyQueue
-from ..queue_type import LOG
-from ..stream_queue import StreamQueue
-from . import core
+from ..queues.queue import AnyQueue
+from ..queues.queue_type import LOG
+from ..queues.stream_queue import StreamQueue
+from . import wire as core
 
 if TYPE_CHECKING:
     from ..broker import Broker
-    from ..vhost import VHost
+    from ..broker.vhost import VHost
 
 from pamqp import commands
 

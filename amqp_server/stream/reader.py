@@ -28,24 +28,25 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 
 from .. import __version__
-from ..auth import loopback_refused
+from ..access_control import loopback_refused
 from ..errors import AMQPError
-from ..frontend import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
+from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
 from ..stats import MessageStats
-from ..stream_queue import StreamQueue
-from . import chunk, core
-from .core import Fields, Malformed
+from ..queues.stream_queue import StreamQueue
+from stream_log import chunk
+from . import wire as core
+from .wire import Fields, Malformed
 from .manager import StreamError, StreamManager
 
 if TYPE_CHECKING:
-    from ..auth import Principal, User
+    from ..access_control import Principal, User
     from ..broker import Broker
-    from ..clients import Clients
+    from ..frontend.clients import Clients
     from ..config import Config
     from ..publisher_flow import PublisherFlow
-    from ..queue import Queue
-    from ..vhost import VHost
+    from ..queues.queue import Queue
+    from ..broker.vhost import VHost
 
 log = logging.getLogger("warren.stream")
 complaints = Complaints(log)

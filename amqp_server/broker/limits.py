@@ -1,0 +1,69 @@
+"""Vhost limits (``max-connections``, ``max-queues``) and user limits (``max-connections``, ``max-channels``), as
+RabbitMQ's: the values are definitions (``AccessControl`` stores them); this module checks them, against the
+node's open connections it counts here.  A negative value means no limit, 0 allows none."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from .. import errors
+from ..errors import ConnectionError
+
+if TYPE_CHECKING:
+    from ..access_control import AccessControl
+
+VHOST_LIMITS = ("max-connections", "max-queues")
+USER_LIMITS = ("max-connections", "max-channels")
+
+
+class LimitedConnection(Protocol):
+    """An open client connection, as limits count it."""
+
+    channels: dict
+
+
+def reached(limit: int | None, count: int) -> bool:
+    return limit is not None and 0 <= limit <= count
+
+
+class Limits:
+    """The node's open connections by vhost and by user, and the checks a new connection, channel or queue passes."""
+
+    def __init__(self, access: "AccessControl") -> None:
+        self.access = access
+        self._by_vhost: dict[str, set[LimitedConnection]] = {}
+        self._by_user: dict[str, set[LimitedConnection]] = {}
+
+    def open_connection(self, connection: LimitedConnection, vhost: str, user: str) -> None:
+        """connection.open: refused (530) over the vhost's, then the user's ``max-connections``; else counted."""
+        limit = self.access.vhost_limits(vhost).get("max-connections")
+        if reached(limit, len(self._by_vhost.get(vhost, ()))):
+            raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}': "
+                                                      f"connection limit ({limit}) is reached")
+        limit = self.access.user_limits(user).get("max-connections")
+        if reached(limit, len(self._by_user.get(user, ()))):
+            raise ConnectionError(errors.NOT_ALLOWED, f"connection refused for user '{user}': "
+                                                      f"user connection limit ({limit}) is reached")
+        self._by_vhost.setdefault(vhost, set()).add(connection)
+        self._by_user.setdefault(user, set()).add(connection)
+
+    def close_connection(self, connection: LimitedConnection, vhost: str, user: str) -> None:
+        for counted, key in ((self._by_vhost, vhost), (self._by_user, user)):
+            connections = counted.get(key)
+            if connections is not None:
+                connections.discard(connection)
+                if not connections:
+                    del counted[key]
+
+    def open_channel(self, user: str) -> None:
+        """channel.open: refused (530) once the user's connections hold ``max-channels`` channels."""
+        limit = self.access.user_limits(user).get("max-channels")
+        if limit is not None and reached(limit, sum(len(c.channels) for c in self._by_user.get(user, ()))):
+            raise ConnectionError(errors.NOT_ALLOWED, f"number of channels opened for user '{user}' has reached "
+                                                      f"the maximum allowed user limit of ({limit})")
+
+    def new_queue(self, vhost: str, queues: int, name: str) -> None:
+        """A queue not yet there is declared (by a client): refused (406) once the vhost has ``max-queues``."""
+        limit = self.access.vhost_limits(vhost).get("max-queues")
+        if reached(limit, queues):
+            raise errors.precondition_failed(f"cannot declare queue '{name}': queue limit in vhost '{vhost}' "
+                                             f"({limit}) is reached")

@@ -1,0 +1,461 @@
+"""Durable messages: the persistent message store, the queue index, and group commit.
+
+A persistent message routed to a durable queue is written to the store once
+(reference counted per queue) and gets one index entry per queue.  Writes
+staged during one event-loop turn are flushed together, and a single fsync of
+the touched segment files plus one LMDB sync — run in a worker thread so the
+loop keeps serving — makes the whole batch durable.  Channels waiting to
+confirm publishes are told which batch became durable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
+
+import numpy as np
+from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
+from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, QueueIndex, Totals
+from queue_index.index import RETURNS_SHIFT
+
+from .. import payload
+from ..message import Message
+from .quorum_machine import State
+from stream_log.log import StreamLogs
+
+if TYPE_CHECKING:
+    from .ready import Entry
+
+log = logging.getLogger("warren.persistence")
+
+COMPACTION_INTERVAL = 0.05
+COMPACTION_QUIET = 1.0  # a segment consumers are emptying is left to die whole rather than copied
+
+
+class SyncWaiter(Protocol):
+    def synced(self, batch: int) -> None: ...
+
+
+class StoredQueue(Protocol):
+    """A durable queue as its storage sees it: its id in the queue index, where its entries are keyed there, and
+    the totals it takes back at recovery."""
+
+    index_id: int
+    ranked: bool
+
+    def row_key(self, entry: Entry) -> int: ...
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None: ...
+
+
+class Journal(Protocol):
+    """Another index over the persistent store (the delayed-message schedule): it commits and syncs
+    in the same group commit as the queue index, and claims its messages at recovery."""
+
+    def commit(self) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def claim(self, store: MessageStore) -> None: ...
+
+
+class Persistence:
+    def __init__(self, data_dir: str, segment_size: int = DEFAULT_SEGMENT_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 compaction_threshold: float = 0.5) -> None:
+        self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
+                                  compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
+        self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
+        self.streams = StreamLogs(os.path.join(data_dir, "streams"), self.stage)  # streams' logs: their own files
+        self.batch = 1  # the commit that will cover what is staged now
+        self.synced = 0  # the last commit known durable
+        self._scheduled = False
+        self._syncing = False
+        self._dirty = False
+        self.waiters: set[SyncWaiter] = set()
+        self.journals: list[Journal] = []
+        self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
+        self._compactor: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+        self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
+        self._fsyncing: Future | None = None  # the one under way: close waits for it before closing the files
+        self._closed = False
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def write(self, queue: StoredQueue, entry: Entry) -> None:
+        """Store a persistent message for a durable queue (once per message) and index the entry."""
+        message = entry.message
+        self.keep(message)
+        self.index.publish(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
+                           entry.expiry, len(message.body))
+
+    def keep(self, message: Message) -> None:
+        """Take a reference to the message in the store, writing it there the first time."""
+        store = self.store
+        if not message.msg_id:
+            message.msg_id = store.new_id()
+            store.write(message.msg_id, message.payload(), 1)
+        else:
+            store.add_ref(message.msg_id)
+        self._touch()
+
+    def release(self, message: Message) -> None:
+        """Drop a reference taken with ``keep``.  If it was the last, the message lives on in memory only
+        (held by transient queues), so it forgets its msg_id: nothing may load it from the store again."""
+        msg_id = message.msg_id
+        if self.store.refs(msg_id) <= 1:
+            message.msg_id = 0
+        self.store.remove(msg_id)
+        self._touch()
+
+    def delivered(self, queue: StoredQueue, entry: Entry, returns: int = 0) -> None:
+        """The entry went to a consumer that must ack it (``returns``: the times it came back before)."""
+        message = entry.message
+        self.index.delivered(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
+                             entry.expiry, message.body_size, returns=returns)
+        self._touch()
+
+    def moved(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
+        """A quorum queue's entry came back to it for the ``returns``-th time (its x-delivery-count) and went
+        to the back, under a new seq: its index entry moves there, ready (the store keeps its message)."""
+        message = entry.message
+        self.index.ack(queue.index_id, old_seq)
+        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
+                           returns=returns)
+        self._touch()
+
+    def unhold(self, index_id: int, seq: int, returns: int) -> None:
+        """A quorum queue's entry a consumer held is ready again in its place, counting ``returns``."""
+        self.index.mark_returned(index_id, seq, returns)
+        self._touch()
+
+    def replica_move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
+        row = self.index.remove(index_id, old_seq)
+        if row is None:
+            return
+        if old_seq != new_seq and self.index.has(index_id, new_seq):  # (a snapshot read it there already)
+            self.store.remove(row.msg_id)
+        else:
+            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
+        self._touch()
+
+    def remove(self, queue: StoredQueue, entry: Entry) -> None:
+        self.index.ack(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq)
+        self.store.remove(entry.message.msg_id)
+        self._touch()
+
+    def remove_range(self, queue: StoredQueue, start: int, end: int) -> None:
+        """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
+        retention, a batch at a time)."""
+        self.replica_drop(queue.index_id, [(start, end)])
+
+    def _take(self, queue_id: int, start: int, end: int) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
+        """Delete the queue's entries with ``start <= key < end``, yielding them a batch at a time."""
+        while len((taken := self.index.take(queue_id, start, end, 65536))[0]):
+            yield taken
+            start = int(taken[0][-1]) + 1
+
+    def delete_queue(self, queue: StoredQueue) -> None:
+        """The queue's index entries go (its ready entries' references were released as it purged)."""
+        self.index.delete_queue(queue.index_id)
+        self._touch()
+
+    # -- a replica's copy of a queue of another node (forwarder.quorum.groups) ---------------------------
+
+    def put_record(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, held: bool = False,
+                   returns: int = 0) -> None:
+        """An entry of a replica, its message as the leader's store keeps it (``Message.payload``)."""
+        msg_id = self.store.new_id()
+        self.store.write(msg_id, (record,), 1)
+        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record), held, returns=returns)
+        self._touch()
+
+    def replica_delivered(self, index_id: int, seq: int) -> None:
+        self.index.mark_delivered(index_id, seq)
+        self._touch()
+
+    def replica_remove(self, index_id: int, seq: int) -> None:
+        entry = self.index.remove(index_id, seq)
+        if entry is not None:
+            self.store.remove(entry.msg_id)
+            self._touch()
+
+    def replica_drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
+        """The entries of the replica with seqs in ``runs`` (``[start, end)``) go, with their store references."""
+        for start, end in runs:
+            for _seqs, rows in self._take(index_id, start, end):
+                self.store.remove_many(rows["msg_id"])
+        self._touch()
+
+    def replica_clear(self, index_id: int) -> None:
+        """Every entry of the replica goes (a snapshot replaces them), with its store reference."""
+        while len((rows := self.index.take(index_id, 0, 1 << 63, 65536)[1])):
+            self.store.remove_many(rows["msg_id"])
+        self._touch()
+
+    def replica_position(self, index_id: int, term: int, index: int, enqueuers: dict[int, int]) -> None:
+        """A replica's position in its group's log, and its state's enqueuers, committed with the rows staged
+        before them: a copy restarted from its rows knows which publishes of each window it took (a window
+        sends again what no leader confirmed)."""
+        self.index.set_position(index_id, term, index)
+        self.index.set_enqueuers(index_id, enqueuers)
+        self._touch()
+
+    def recover_queue(self, queue: StoredQueue) -> None:
+        """A queue made from a copy kept here while the node runs (a replicated queue's new leader): its
+        totals and expiries from the index, as at a restart; the store's references are claimed already."""
+        index, queue_id = self.index, queue.index_id
+        index.commit()
+        totals = index.totals(queue_id) or Totals()
+        expiries: list[tuple[int, int]] = []
+        if totals.expiring:
+            for seqs, values in index.columns(queue_id):
+                expiring = values["expiry"] != 0
+                expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
+        queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
+
+    def copy_state(self, index_id: int) -> State:
+        """The replicated state a quorum queue's rows stand for (``State.from_rows``), read as arrays, with the
+        enqueuers kept beside them (``replica_position``)."""
+        self.index.commit()
+        state = State()
+        for seqs, values in self.index.columns(index_id):
+            seqs = seqs.astype(np.int64)
+            flags = values["flags"]
+            held = (flags & FLAG_DELIVERED) != 0
+            ready = seqs[~held]
+            if len(ready):
+                cuts = np.flatnonzero(np.diff(ready) != 1)
+                starts = np.concatenate((ready[:1], ready[cuts + 1]))
+                ends = np.concatenate((ready[cuts] + 1, ready[-1:] + 1))
+                for start, end in zip(starts.tolist(), ends.tolist()):
+                    state.ready.add_run(start, end)
+            state.checked_out.update(seqs[held].tolist())
+            returns = flags >> RETURNS_SHIFT
+            counted = returns != 0
+            state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
+            state.next_seq = int(seqs[-1]) + 1
+        state.enqueuers = self.index.enqueuers(index_id)
+        return state
+
+    def load_body(self, message: Message) -> None:
+        """Fill a recovered message's route, header and body from the store."""
+        message.fill_from(self.store.read(message.msg_id))
+
+    # -- group commit -------------------------------------------------------------------------
+
+    @property
+    def staged(self) -> bool:
+        """Changes wait for a group commit: batch number ``batch`` will make them durable."""
+        return self._dirty
+
+    def stage(self) -> None:
+        """Something written outside the store and the index (a stream's log) waits for the next group commit."""
+        self._touch()
+
+    def _touch(self) -> None:
+        self._dirty = True
+        if not self._scheduled and not self._syncing:
+            self._scheduled = True
+            self.loop.call_soon(self._commit)
+
+    def _commit(self) -> None:
+        self._scheduled = False
+        if not self._dirty or self._closed:
+            return
+        self._dirty = False
+        self.store.flush()
+        self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
+        for journal in self.journals:
+            journal.commit()
+        self.streams.commit()
+        sealed = self.store.take_sealed()
+        doomed = self.store.take_doomed()
+        fds = self.store.dirty_fds()
+        batch = self.batch
+        self.batch += 1
+        self._syncing = True
+        self._fsyncing = self._fsyncer.submit(self._fsync, fds, sealed, doomed)
+        asyncio.wrap_future(self._fsyncing, loop=self.loop).add_done_callback(lambda f: self._committed(batch, f))
+        if self.store.needs_compaction and self._compactor is None:
+            self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
+
+    def _fsync(self, fds: list[int], sealed: list, doomed: list[tuple[int, int]]) -> None:
+        for fd in fds:
+            try:
+                os.fsync(fd)
+            except OSError as exc:  # a segment deleted meanwhile (by a compaction's own sync): nothing to keep
+                log.debug("fsync skipped: %s", exc)
+        self.store.write_sidecars(sealed)  # full segments, synced just now
+        self.store.unlink(doomed)  # segments deleted before the commit began: their fds are not among ``fds``
+        self.index.sync()
+        for journal in self.journals:
+            journal.sync()
+        self.streams.sync()
+
+    def _committed(self, batch: int, future: asyncio.Future) -> None:
+        self._syncing = False
+        if future.exception() is not None:  # nothing more is confirmed: the disk is not trustworthy
+            log.critical("group commit %d failed: %s", batch, future.exception())
+            return
+        self.synced = batch
+        for waiter in list(self.waiters):
+            waiter.synced(batch)
+        if self._dirty:
+            self._scheduled = True
+            self.loop.call_soon(self._commit)
+
+    def _compact(self) -> None:
+        self._compactor = None
+        if self.store.compact_step():
+            self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
+
+    def commit_now(self) -> None:
+        """Synchronous commit, for shutdown."""
+        self.store.sync()
+        self.index.commit()
+        self.index.sync()
+        for journal in self.journals:
+            journal.commit()
+            journal.sync()
+
+    def close(self) -> None:
+        if self._compactor is not None:
+            self._compactor.cancel()
+        self._closed = True
+        if self._fsyncing is not None:  # its files must stay open until it is done
+            wait([self._fsyncing])
+        self._fsyncer.shutdown()
+        self.streams.close()
+        self.commit_now()
+        self.store.close()
+        self.index.close()
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self, queues: Sequence[StoredQueue], copies: AbstractSet[int] = frozenset()) -> None:
+        """Give each durable queue its totals from the index; its entries stay on disk until they near the
+        head.  Entries are walked only where they must be: after a crash (to count the store's references),
+        for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the
+        expiry heap must know them)."""
+        started = time.monotonic()
+        self.store.recover()
+        clean = self.store.clean
+        known = {queue.index_id for queue in queues} | copies
+        for orphan in self.index.queue_ids() - known:
+            self.index.delete_queue(orphan)
+        self.streams.drop_orphans(known)
+        held = self._drop_marked([queue.index_id for queue in queues], clean)
+        walk = _Walk(self.index, self.store)
+        totals_of: dict[int, Totals] = {}
+        for queue in queues:
+            queue_id = queue.index_id
+            totals = totals_of[queue_id] = self.index.totals(queue_id) or self.index.recount(queue_id)
+            if totals.count and (not clean or totals.transient or totals.expiring):
+                walk.queue(queue_id, totals)
+        for queue_id in copies:  # their references count too (their expiries are their leader's business)
+            totals = self.index.totals(queue_id) or self.index.recount(queue_id)
+            if totals.count and not clean:
+                walk.queue(queue_id, totals)
+        walk.finish()
+        count = 0
+        for queue in queues:
+            totals = totals_of[queue.index_id]
+            if queue.index_id in walk.expiries:
+                totals = self.index.totals(queue.index_id) or Totals()
+            queue.recover(totals.count, totals.bytes, self.index.last_seq(queue.index_id),
+                          walk.expiries.get(queue.index_id, ()))
+            count += totals.count
+        walked, lost = len(walk.expiries), walk.lost
+        for journal in self.journals:
+            journal.claim(self.store)
+        dead = self.store.finish_recovery()
+        if len(held):
+            self.store.remove_many(held)
+        for release in self.recovered:
+            release()
+        self.recovered.clear()
+        self.index.commit()
+        log.info("recovered %d messages in %d durable queues in %.3fs (%s; %d queues walked, %d dead records, "
+                 "%d missing)", count, len(queues), time.monotonic() - started,
+                 "clean shutdown" if clean else "segments scanned", walked, dead, lost)
+
+    def _drop_marked(self, queue_ids: list[int], clean: bool) -> "np.ndarray":
+        """The entries drop marks still name (the node stopped during a purge's deletions) go before anything
+        is counted.  Returns the persistent store references they held where a clean shutdown's snapshot
+        counted them (after a crash the walk counts references, and finds none of these), for release once
+        the store has recovered."""
+        held = [np.zeros(0, np.uint64)]
+        for queue_id in queue_ids:
+            for number, start, end in self.index.dropped(queue_id):
+                for _seqs, rows in self._take(queue_id, start, end):
+                    if clean:
+                        held.append(rows["msg_id"][(rows["flags"] & FLAG_TRANSIENT) == 0])
+                self.index.forget_dropped(queue_id, [number])
+        return np.concatenate(held)
+
+
+class _Walk:
+    """Recovery's walk over queues' index entries, as arrays: the store's references are claimed a million
+    ids at a time across queues (ids of neighbouring queues share the store's chunks), transient entries
+    and entries whose message the store lost are dropped, and each queue's (expiry, seq) pairs collected."""
+
+    CLAIM_BATCH = 1 << 20
+    READ_BATCH = 1 << 16  # entries read from the index at a time (the +1 that ends a short queue included)
+
+    def __init__(self, index: QueueIndex, store: MessageStore) -> None:
+        self.index = index
+        self.store = store
+        self.expiries: dict[int, list[tuple[int, int]]] = {}
+        self.lost = 0
+        self._pending: list[tuple[int, "np.ndarray | None", "np.ndarray", "np.ndarray"]] = []
+        self._pending_ids = 0
+
+    def queue(self, queue_id: int, totals: Totals) -> None:
+        self.expiries[queue_id] = []
+        batches: Iterable[tuple[np.ndarray | None, np.ndarray]]
+        if totals.transient or totals.expiring:  # seqs are wanted: to drop entries, or for the expiry heap
+            batches = self.index.columns(queue_id, min(totals.count + 1, self.READ_BATCH))
+        else:  # only a lost message would need its seq: found again below if one is
+            batches = ((None, values) for values in self.index.values(queue_id, totals.count, self.READ_BATCH))
+        for seqs, values in batches:
+            kept = (values["flags"] & FLAG_TRANSIENT) == 0
+            self._pending.append((queue_id, seqs, values, kept))
+            self._pending_ids += len(values)
+            if self._pending_ids >= self.CLAIM_BATCH:
+                self._claim()
+
+    def finish(self) -> None:
+        self._claim()
+        self.index.commit()
+
+    def _claim(self) -> None:
+        if not self._pending:
+            return
+        found_all = self.store.claim_many(np.concatenate([values["msg_id"][kept]
+                                                          for _q, _s, values, kept in self._pending]))
+        start = 0
+        for queue_id, seqs, values, kept in self._pending:
+            found = np.zeros(len(values), dtype=bool)
+            found[kept] = found_all[start:start + int(kept.sum())]
+            start += int(kept.sum())
+            self.lost += int((kept & ~found).sum())
+            if seqs is None:
+                if not found.all():
+                    self._drop_lost(queue_id, values["msg_id"][~found])
+                continue
+            for seq in seqs[~found].tolist():  # transient (their store is gone) or lost
+                self.index.ack(queue_id, seq)
+            expiring = found & (values["expiry"] != 0)
+            self.expiries[queue_id].extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
+        self._pending = []
+        self._pending_ids = 0
+
+    def _drop_lost(self, queue_id: int, msg_ids: "np.ndarray") -> None:
+        """Entries whose message the store lost, found by id (a values-only walk has no seqs)."""
+        for seqs, values in self.index.columns(queue_id, self.READ_BATCH):
+            for seq in seqs[np.isin(values["msg_id"], msg_ids)].tolist():
+                self.index.ack(queue_id, seq)

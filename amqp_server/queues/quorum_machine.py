@@ -1,0 +1,577 @@
+"""A quorum queue's replicated state as a pure state machine, as RabbitMQ's ``rabbit_fifo`` is on Ra.
+
+``apply(meta, op, state) -> (state, effects)``: an op (enqueue, checkout to a consumer, settle, return, expire,
+dead-letter, purge, ...) changes the state and says, as effects, what storage and the leader must do about
+it.  Nothing here does I/O, reads a clock or knows who leads: the leader (``quorum_queue.QuorumQueue``)
+makes the ops, applies them and carries out their effects on its queue; ``forwarder.quorum.oplog`` ships the
+same ops to the followers, which apply them and carry out the storage effects on their copies.  The copies
+agree because they apply the same ops in the same order to the same state.  The ops a leader makes, and their
+codec, are :mod:`quorum_ops`'s (as ``rabbit_fifo``'s command records); ``Restore`` (a snapshot) is here.
+
+The state is what a copy must agree on, kept small whatever the queue's depth: the ready entries as runs of
+seqs (``SeqSet``: a queue's order is its seqs' order, a returned entry going to the back under a new seq),
+the entries out of the ready list (checked out by a consumer, or dead letters waiting for a queue to take
+them), the delivery counts of entries that came back, and the configuration ops depend on.  Messages,
+expiries and sizes are the entries' own, in storage; an op that brings a message carries it for the
+effect that stores it, and decisions that need more than the state (which entry a consumer gets, which
+expired, which a full queue drops) come from the leader, in the op.
+
+An op names the seqs it touches and those it creates, so that a copy that missed nothing applies it exactly
+as the leader did; ops on seqs the state does not hold change nothing (a copy replaying what a snapshot
+already had).  ``meta`` is what Ra gives ``rabbit_fifo`` beside the op: its index in the log and the time
+the leader made it; the machine reads no clock.  The state is the caller's: ``apply`` changes it in place and
+returns it, and the caller goes on with what it returns (a copy per op would cost the hot path time that
+grows with the entries checked out).  The effects are a tuple, empty for none.
+
+With ``WARREN_CHECK_INVARIANTS=1`` in the environment (the tests set it), every op is followed by ``check``:
+a seq is in at most one place (ready, checked out, a waiting dead letter), below ``next_seq``, and counted
+only while the queue has it; a broken rule raises :class:`Broken`, naming the op.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Final, Iterable, Iterator, Mapping
+
+from .quorum_ops import (REASONS, Checkout, Configure, DeadLetter, DeadLettered, Enqueue, Expire, LogOp, Purge,
+                         Recover, Return, Settle)
+
+CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
+ENQUEUERS_MAX = 1024  # enqueuers whose next publish seq the state keeps; the least lately heard of goes first
+
+
+class Broken(AssertionError):
+    """An invariant of a quorum queue's state (or of a copy's storage against it) no longer holds."""
+
+
+class SeqSet:
+    """Seqs as sorted, disjoint ``[start, end)`` runs: a FIFO's ready entries take one run, or a few where
+    entries in the middle left (expired, or checked out when a new term returned them in place)."""
+
+    __slots__ = ("starts", "ends", "count")
+
+    def __init__(self, runs: Iterable[tuple[int, int]] = ()) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.count = 0
+        for start, end in runs:
+            self.add_run(start, end)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SeqSet) and self.starts == other.starts and self.ends == other.ends
+
+    def __repr__(self) -> str:
+        return f"SeqSet({list(self.runs())})"
+
+    def __contains__(self, seq: int) -> bool:
+        i = bisect_right(self.starts, seq) - 1
+        return i >= 0 and seq < self.ends[i]
+
+    def __iter__(self) -> Iterator[int]:
+        for start, end in zip(self.starts, self.ends):
+            yield from range(start, end)
+
+    def runs(self) -> Iterator[tuple[int, int]]:
+        return zip(self.starts, self.ends)
+
+    def first(self) -> int | None:
+        return self.starts[0] if self.starts else None
+
+    def copy(self) -> "SeqSet":
+        other = SeqSet()
+        other.starts, other.ends, other.count = list(self.starts), list(self.ends), self.count
+        return other
+
+    def add(self, seq: int) -> None:
+        """Add ``seq`` (not in the set): at the end, the common case, in O(1)."""
+        ends = self.ends
+        if ends and seq == ends[-1]:
+            ends[-1] += 1
+            self.count += 1
+        elif not ends or seq > ends[-1]:
+            self.starts.append(seq)
+            ends.append(seq + 1)
+            self.count += 1
+        else:
+            self.add_run(seq, seq + 1)
+
+    def add_run(self, start: int, end: int) -> None:
+        """Add ``[start, end)``, none of which is in the set."""
+        if end <= start:
+            return
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, start)
+        self.count += end - start
+        if i > 0 and ends[i - 1] == start:  # joins the run before
+            ends[i - 1] = end
+            if i < len(starts) and starts[i] == end:  # and the one after
+                ends[i - 1] = ends[i]
+                del starts[i], ends[i]
+        elif i < len(starts) and starts[i] == end:  # joins the run after
+            starts[i] = start
+        else:
+            starts.insert(i, start)
+            ends.insert(i, end)
+
+    def discard(self, seq: int) -> bool:
+        """Remove ``seq``; whether it was there.  The head's removal (a checkout) is O(1)."""
+        starts, ends = self.starts, self.ends
+        if starts and seq == starts[0]:
+            i = 0
+        else:
+            i = bisect_right(starts, seq) - 1
+            if i < 0 or seq >= ends[i]:
+                return False
+        self.count -= 1
+        if seq == starts[i]:
+            if seq + 1 == ends[i]:
+                del starts[i], ends[i]
+            else:
+                starts[i] = seq + 1
+        elif seq + 1 == ends[i]:
+            ends[i] = seq
+        else:
+            starts.insert(i + 1, seq + 1)
+            ends.insert(i + 1, ends[i])
+            ends[i] = seq
+        return True
+
+    def pop_below(self, bound: int) -> list[tuple[int, int]]:
+        """Remove every seq below ``bound``; the runs removed."""
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, bound - 1)  # runs starting below bound
+        if not i:
+            return []
+        runs = list(zip(starts[:i], ends[:i]))
+        if ends[i - 1] > bound:  # the last one is cut
+            runs[-1] = (runs[-1][0], bound)
+            starts[i - 1] = bound
+            i -= 1
+        del starts[:i], ends[:i]
+        self.count -= sum(end - start for start, end in runs)
+        return runs
+
+
+@dataclass(eq=True)
+class State:
+    """A quorum queue's replicated state (see the module's docstring)."""
+
+    next_seq: int = 0  # above every seq the queue has given out
+    ready: SeqSet = field(default_factory=SeqSet)  # ready entries, in order
+    checked_out: set[int] = field(default_factory=set)  # held by consumers until settled or returned
+    dead: dict[int, str] = field(default_factory=dict)  # at-least-once dead letters no queue took yet: reason
+    counts: dict[int, int] = field(default_factory=dict)  # times an entry came back (its x-delivery-count), if any
+    delivery_limit: int | None = None  # returned more often than this: dead-lettered (delivery_limit)
+    at_least_once: bool = False  # dead letters stay until a queue took them (x-dead-letter-strategy)
+    # the next publish seq of each enqueuer (another node's window of publishes, ``Enqueue.enqueuer``), so that a
+    # publish sent again to a new leader is taken once; least lately heard of first.  Not the queue's content:
+    # a copy keeps them beside its rows (``Persistence.replica_position``), and reads them back at a restart
+    enqueuers: dict[int, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def messages(self) -> int:
+        """Entries in the queue: ready or checked out (waiting dead letters are no longer the queue's)."""
+        return len(self.ready) + len(self.checked_out)
+
+    def count(self, seq: int) -> int:
+        return self.counts.get(seq, 0)
+
+    def copy(self) -> "State":
+        return State(self.next_seq, self.ready.copy(), set(self.checked_out), dict(self.dead), dict(self.counts),
+                     self.delivery_limit, self.at_least_once, dict(self.enqueuers))
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[int, bool, int]], delivery_limit: int | None = None,
+                  at_least_once: bool = False) -> "State":
+        """The state a copy's storage stands for: ``(seq, out, returns)`` rows in seq order, ``out`` the flag
+        (``Held``) of an entry out of the ready list.  (A waiting dead letter reads as checked out: both are
+        flagged, and a new term returns both.)"""
+        state = cls(delivery_limit=delivery_limit, at_least_once=at_least_once)
+        ready = state.ready
+        for seq, out, returns in rows:
+            if out:
+                state.checked_out.add(seq)
+            else:
+                ready.add(seq)
+            if returns:
+                state.counts[seq] = returns
+            state.next_seq = seq + 1
+        return state
+
+
+# -- ops (those the leader ships, and their codec, are :mod:`quorum_ops`'s) -------------------------
+
+
+@dataclass(slots=True)
+class Restore:
+    """A snapshot: the leader's state replaces this copy's (its entries come apart, see ``quorum_log``)."""
+
+    state: State
+
+
+Op = LogOp | Restore
+
+
+# -- effects --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Store:
+    """Storage: an entry's row, with its message."""
+
+    seq: int
+    expiry: int
+    message: Any
+
+
+@dataclass(slots=True)
+class Held:
+    """Storage: the entry's row is flagged out of the ready list (checked out, or a waiting dead letter), so
+    that a new term returns it."""
+
+    seq: int
+
+
+@dataclass(slots=True)
+class Move:
+    """Storage: a returned entry's row goes to ``new`` (the back), unflagged, counting ``returns``."""
+
+    old: int
+    new: int
+    returns: int
+
+
+@dataclass(slots=True)
+class Unhold:
+    """Storage: the rows of ``(seq, returns)`` are ready again in their places, counting those returns."""
+
+    rows: list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class Remove:
+    """Storage: the entries' rows go, with their messages' references."""
+
+    seqs: list[int]
+
+
+@dataclass(slots=True)
+class Drop:
+    """Storage: the rows of the ready entries in ``runs`` go (the purge of every ready seq below ``below``)."""
+
+    runs: list[tuple[int, int]]
+    below: int
+
+
+@dataclass(slots=True)
+class Clear:
+    """Storage: every row goes (a snapshot's state replaces the copy's)."""
+
+
+@dataclass(slots=True)
+class DeadLetters:
+    """The leader: republish these entries to the dead-letter exchange (before any ``Remove`` of them)."""
+
+    seqs: list[int]
+    reason: str
+
+
+Effect = Store | Held | Move | Unhold | Remove | Drop | Clear | DeadLetters
+Effects = tuple[Effect, ...]
+
+
+# -- apply ----------------------------------------------------------------------------------------
+
+
+class Meta:
+    """What comes with an op besides itself, as Ra's command metadata: ``index``, its place in its term's
+    log (0: not replicated); ``system_time``, the leader's clock when it made the op, in ms.  No op's
+    outcome depends on the time yet: one that comes to must carry the leader's on the wire.  (A class with
+    slots: a frozen dataclass takes twice as long to make, once per op.)"""
+
+    __slots__ = ("index", "system_time")
+
+    def __init__(self, index: int = 0, system_time: int = 0) -> None:
+        self.index: Final = index
+        self.system_time: Final = system_time
+
+    def __repr__(self) -> str:
+        return f"Meta({self.index}, {self.system_time})"
+
+
+def apply(meta: Meta, op: Op, state: State) -> tuple[State, Effects]:
+    """Apply ``op`` to ``state`` (the caller's: changed in place); the state and what must be done about it."""
+    effects = _APPLY[type(op)](op, state)
+    if CHECKS:
+        check(state, op)
+    return state, effects
+
+
+def check(state: State, op: object = None) -> None:
+    """The state's own rules (see the module's docstring); :class:`Broken` names ``op``, the op just applied."""
+    ready, out, dead = state.ready, state.checked_out, state.dead
+    problems = []
+    twice = sorted(seq for seq in out if seq in ready or seq in dead)
+    twice += sorted(seq for seq in dead if seq in ready)
+    if twice:
+        problems.append(f"seqs in two places: {twice[:10]}")
+    high = max([ready.ends[-1] - 1 if ready.ends else -1, *out, *dead])
+    if high >= state.next_seq:
+        problems.append(f"seq {high} at or above next_seq {state.next_seq}")
+    stray = sorted(seq for seq in state.counts if seq not in ready and seq not in out and seq not in dead)
+    if stray:
+        problems.append(f"counts for seqs the queue does not hold: {stray[:10]}")
+    if len(ready) != sum(end - start for start, end in ready.runs()):
+        problems.append(f"ready count {len(ready)} is not its runs' {list(ready.runs())[:10]}")
+    if problems:
+        raise Broken(f"after {op!r}: {'; '.join(problems)}")
+
+
+def over_limit(state: State, max_length: int | None) -> bool:
+    """``rabbit_fifo``'s ``is_over_limit`` by count: more ready entries than ``max_length`` (RabbitMQ 3.10 takes
+    the publish that reaches it).  A byte limit is the leader's: sizes are the entries', in storage."""
+    return max_length is not None and len(state.ready) > max_length
+
+
+def next_ready(state: State) -> int | None:
+    """The seq a consumer gets next (the head of the ready entries), if any."""
+    return state.ready.first()
+
+
+SEEN, NEXT, AHEAD = "seen", "next", "ahead"
+
+
+def admit(state: State, enqueuer: int, publish: int, floor: int) -> str:
+    """Where ``publish``, of the window ``enqueuer`` whose unanswered publishes start at ``floor``, stands:
+    ``SEEN`` (taken before: a publish sent again), ``NEXT`` (to take) or ``AHEAD`` (one before it has not come;
+    the window must send them again, in order)."""
+    expected = max(state.enqueuers.get(enqueuer, floor), floor)
+    return SEEN if publish < expected else NEXT if publish == expected else AHEAD
+
+
+def _enqueue(op: Enqueue, state: State) -> Effects:
+    seq = op.seq
+    if seq < state.next_seq:  # a replay of what a snapshot brought
+        return ()
+    if op.enqueuer:
+        enqueuers = state.enqueuers
+        expected = enqueuers.pop(op.enqueuer, 0)  # (put back last: the least lately heard of comes first)
+        if op.publish < expected:
+            enqueuers[op.enqueuer] = expected
+            return ()
+        enqueuers[op.enqueuer] = op.publish + 1
+        if len(enqueuers) > ENQUEUERS_MAX:
+            del enqueuers[next(iter(enqueuers))]
+    ready = state.ready
+    if ready.ends and seq == ready.ends[-1]:  # (SeqSet.add's common case, inline: the hot path)
+        ready.ends[-1] += 1
+        ready.count += 1
+    else:
+        ready.add(seq)
+    state.next_seq = seq + 1
+    return (Store(seq, op.expiry, op.message),)
+
+
+def _checkout(op: Checkout, state: State) -> Effects:
+    seq = op.seq
+    if not state.ready.discard(seq):
+        return ()
+    if op.settled:
+        state.counts.pop(seq, None)
+        return (Remove([seq]),)
+    state.checked_out.add(seq)
+    return (Held(seq),)
+
+
+def _settle(op: Settle, state: State) -> Effects:
+    checked_out, counts = state.checked_out, state.counts
+    gone = []
+    for seq in op.seqs:
+        if seq in checked_out:
+            checked_out.remove(seq)
+            counts.pop(seq, None)
+            gone.append(seq)
+    return (Remove(gone),) if gone else ()
+
+
+def _return(op: Return, state: State) -> Effects:
+    checked_out, counts, limit = state.checked_out, state.counts, state.delivery_limit
+    effects: list[Effect] = []
+    over = []
+    new = op.first
+    for seq in sorted(op.seqs):
+        if seq not in checked_out:
+            continue
+        checked_out.remove(seq)
+        returns = counts.get(seq, 0) + 1
+        if limit is not None and returns > limit:  # (its count stays: it did not go back)
+            over.append(seq)
+            continue
+        counts.pop(seq, None)
+        state.ready.add(new)
+        counts[new] = returns
+        effects.append(Move(seq, new, returns))
+        new += 1
+    state.next_seq = max(state.next_seq, new)
+    if over:
+        effects.extend(_dead_letter(state, over, "delivery_limit", False))
+    return tuple(effects)
+
+
+def _expire(op: Expire, state: State) -> Effects:
+    ready = state.ready
+    gone = [seq for seq in op.seqs if ready.discard(seq)]
+    return _dead_letter(state, gone, "expired", True) if gone else ()
+
+
+def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
+    ready, checked_out = state.ready, state.checked_out
+    from_ready, from_out = [], []
+    for seq in op.seqs:
+        if ready.discard(seq):
+            from_ready.append(seq)
+        elif seq in checked_out:
+            checked_out.remove(seq)
+            from_out.append(seq)
+    effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
+    return effects + _dead_letter(state, from_out, op.reason, False) if from_out else effects
+
+
+def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Effects:
+    """Entries that left the queue go to the dead-letter exchange: gone at once (at most once), or waiting,
+    flagged out of the ready list, until a queue takes them (at least once)."""
+    if state.at_least_once:
+        dead = state.dead
+        for seq in seqs:
+            dead[seq] = reason
+        held: Effects = tuple(Held(seq) for seq in seqs) if ready else ()
+        return (*held, DeadLetters(seqs, reason))  # (after: a queue may take them at once, and they go)
+    counts = state.counts
+    for seq in seqs:
+        counts.pop(seq, None)
+    return (DeadLetters(seqs, reason), Remove(seqs))
+
+
+def _dead_lettered(op: DeadLettered, state: State) -> Effects:
+    dead, counts = state.dead, state.counts
+    gone = [seq for seq in op.seqs if dead.pop(seq, None) is not None]
+    for seq in gone:
+        counts.pop(seq, None)
+    return (Remove(gone),) if gone else ()
+
+
+def _purge(op: Purge, state: State) -> Effects:
+    runs = state.ready.pop_below(op.below)
+    if not runs:
+        return ()
+    counts = state.counts
+    if counts:
+        starts = [start for start, _ in runs]
+        for seq in [seq for seq in counts if seq < op.below]:
+            i = bisect_right(starts, seq) - 1
+            if i >= 0 and seq < runs[i][1]:
+                del counts[seq]
+    return (Drop(runs, op.below),)
+
+
+def _recover(op: Recover, state: State) -> Effects:
+    counts, ready, checked_out, dead = state.counts, state.ready, state.checked_out, state.dead
+    if op.seqs is None:
+        out, waiting = set(checked_out), set(dead)
+    else:
+        out, waiting = checked_out.intersection(op.seqs), dead.keys() & set(op.seqs)
+    rows = []
+    for seq in out:
+        counts[seq] = counts.get(seq, 0) + 1
+    for seq in sorted(out | waiting):
+        ready.add_run(seq, seq + 1)
+        rows.append((seq, counts.get(seq, 0)))
+    checked_out -= out
+    for seq in waiting:
+        del dead[seq]
+    return (Unhold(rows),) if rows else ()
+
+
+def _configure(op: Configure, state: State) -> Effects:
+    state.delivery_limit = op.delivery_limit
+    if state.at_least_once and not op.at_least_once and state.dead:  # at most once now: one more try each
+        state.at_least_once = False
+        effects: list[Effect] = []
+        waiting, state.dead = state.dead, {}
+        for reason in REASONS:
+            seqs = sorted(seq for seq, why in waiting.items() if why == reason)
+            if seqs:
+                effects.extend(_dead_letter(state, seqs, reason, False))
+        return tuple(effects)
+    state.at_least_once = op.at_least_once
+    return ()
+
+
+def _restore(op: Restore, state: State) -> Effects:
+    new = op.state.copy()
+    for name in State.__dataclass_fields__:
+        setattr(state, name, getattr(new, name))
+    return (Clear(),)
+
+
+_APPLY: Final[Mapping[type, Callable[[Any, State], Effects]]] = MappingProxyType({
+    Enqueue: _enqueue, Checkout: _checkout, Settle: _settle, Return: _return, Expire: _expire,
+    DeadLetter: _dead_letter_op, DeadLettered: _dead_lettered, Purge: _purge, Recover: _recover,
+    Configure: _configure, Restore: _restore,
+})
+
+
+# -- the state as bytes (a snapshot's first frame; a clean shutdown's saved state) -----------------
+
+_HEAD = struct.Struct(">QqBIIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
+# runs (start, end), checked out (seq), dead (seq, reason), counts (seq, count), enqueuers (id, next seq)
+_PAIR = struct.Struct(">QQ")
+_SEQ = struct.Struct(">Q")
+_DEAD = struct.Struct(">QB")
+
+
+def encode_state(state: State) -> bytes:
+    limit = -1 if state.delivery_limit is None else state.delivery_limit
+    parts = [_HEAD.pack(state.next_seq, limit, state.at_least_once, len(state.ready.starts),
+                        len(state.checked_out), len(state.dead), len(state.counts), len(state.enqueuers))]
+    parts.extend(_PAIR.pack(start, end) for start, end in state.ready.runs())
+    parts.extend(_SEQ.pack(seq) for seq in sorted(state.checked_out))
+    parts.extend(_DEAD.pack(seq, REASONS.index(reason)) for seq, reason in sorted(state.dead.items()))
+    parts.extend(_PAIR.pack(seq, count) for seq, count in sorted(state.counts.items()))
+    parts.extend(_PAIR.pack(enqueuer, publish) for enqueuer, publish in state.enqueuers.items())
+    return b"".join(parts)
+
+
+def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
+    """The state encoded at ``pos``, and where its encoding ends."""
+    next_seq, limit, at_least_once, runs, out, dead, counts, enqueuers = _HEAD.unpack_from(data, pos)
+    pos += _HEAD.size
+    state = State(next_seq, delivery_limit=None if limit < 0 else limit, at_least_once=bool(at_least_once))
+    for _ in range(runs):
+        state.ready.add_run(*_PAIR.unpack_from(data, pos))
+        pos += _PAIR.size
+    for _ in range(out):
+        state.checked_out.add(_SEQ.unpack_from(data, pos)[0])
+        pos += _SEQ.size
+    for _ in range(dead):
+        seq, reason = _DEAD.unpack_from(data, pos)
+        state.dead[seq] = REASONS[reason]
+        pos += _DEAD.size
+    for _ in range(counts):
+        seq, count = _PAIR.unpack_from(data, pos)
+        state.counts[seq] = count
+        pos += _PAIR.size
+    for _ in range(enqueuers):
+        enqueuer, publish = _PAIR.unpack_from(data, pos)
+        state.enqueuers[enqueuer] = publish
+        pos += _PAIR.size
+    return state, pos

@@ -1,0 +1,246 @@
+"""A quorum queue's log ops, as ``rabbit_fifo``'s command records, and their codec: what the leader ships to
+its followers (``forwarder.quorum.oplog``) and each copy applies to its state (:mod:`quorum_machine`).
+
+On the wire an op is a kind byte, then its fields in network order; an Enqueue's message goes as the record a
+message store keeps (the leader's ``Message.payload()``), and comes back as a slice of the frame.  Kinds are
+below 20: a frame's snapshot rows and markers (``quorum_log``) take the bytes from there.  Encoding and decoding
+are tables, by op type and by kind byte: a new op is a dataclass, a kind and one row in each.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Final, Mapping
+
+REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
+
+
+@dataclass(slots=True)
+class Enqueue:
+    """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes).
+    ``enqueuer`` (0: none) and ``publish``: the window it came from and its seq there; one that state has seen
+    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs."""
+
+    seq: int
+    expiry: int
+    message: Any
+    enqueuer: int = 0
+    publish: int = 0
+
+
+@dataclass(slots=True)
+class Checkout:
+    """The ready entry ``seq`` goes to a consumer (or basic.get); ``settled``: no-ack, it leaves at once."""
+
+    seq: int
+    settled: bool = False
+
+
+@dataclass(slots=True)
+class Settle:
+    """Checked-out entries were acked."""
+
+    seqs: list[int]
+
+
+@dataclass(slots=True)
+class Return:
+    """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
+    return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
+    the delivery limit (then it is dead-lettered)."""
+
+    seqs: list[int]
+    first: int
+
+
+@dataclass(slots=True)
+class Expire:
+    """Ready entries whose time ran out: dead-lettered (expired)."""
+
+    seqs: list[int]
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    """Entries leave for the dead-letter exchange: ready ones a full queue drops (maxlen), checked-out ones a
+    consumer rejected (rejected)."""
+
+    seqs: list[int]
+    reason: str
+
+
+@dataclass(slots=True)
+class DeadLettered:
+    """At least once: queues took these dead letters; they leave."""
+
+    seqs: list[int]
+
+
+@dataclass(slots=True)
+class Purge:
+    """Every ready entry with a seq below ``below`` leaves (queue.purge; the Spark bridge's commit)."""
+
+    below: int
+
+
+@dataclass(slots=True)
+class Recover:
+    """A restart: what consumers held, and waiting dead letters, are back in their places, those that
+    consumers held counted as returned, as when a consumer goes.  ``seqs``: only those of them (a new
+    leader's: the waiting dead letters at once, and what no consumer took back within its grace period)."""
+
+    seqs: list[int] | None = None
+
+
+@dataclass(slots=True)
+class Configure:
+    """The arguments ops depend on (set when the leader's change: a policy)."""
+
+    delivery_limit: int | None
+    at_least_once: bool
+
+
+LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettered | Purge | Recover | Configure
+
+
+# -- the codec ------------------------------------------------------------------------------------
+
+(ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP) = range(1, 14)
+ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
+ENQUEUER = struct.Struct(">QQ")  # an enqueue from a window of publishes: after ENQUEUE, its enqueuer and seq there
+SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
+SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered, recover some: a count, then that many seqs
+RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
+DEAD_LETTER = struct.Struct(">BBI")  # a reason (REASONS), a count, then the seqs
+CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
+
+
+def encode(op: LogOp) -> bytes:
+    """An op as it goes on the wire."""
+    encoder = _ENCODERS.get(type(op))
+    if encoder is None:
+        raise TypeError(f"{op} is not shipped")
+    return encoder(op)
+
+
+def decode(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    """The op encoded at ``pos`` (an Enqueue's message: its store record, a slice of ``data``), and where it
+    ends."""
+    decoder = _DECODERS.get(data[pos])
+    if decoder is None:
+        raise ValueError(f"unknown op {data[pos]}")
+    return decoder(data, pos)
+
+
+def _seqs(seqs: list[int]) -> bytes:
+    return struct.pack(f">{len(seqs)}Q", *seqs)
+
+
+def _read_seqs(data: memoryview, pos: int, count: int) -> tuple[list[int], int]:
+    return list(struct.unpack_from(f">{count}Q", data, pos)), pos + 8 * count
+
+
+def _encode_enqueue(op: Enqueue) -> bytes:
+    head, route, header, body = op.message.payload()
+    size = len(head) + len(route) + len(header) + len(body)
+    if op.enqueuer:
+        return b"".join((ENQUEUE.pack(ENQUEUE_FROM_OP, op.seq, op.expiry, size),
+                         ENQUEUER.pack(op.enqueuer, op.publish), head, route, header, body))
+    return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
+
+
+def _decode_enqueue(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
+    pos += ENQUEUE.size
+    return Enqueue(seq, expiry, data[pos:pos + size]), pos + size
+
+
+def _decode_enqueue_from(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
+    enqueuer, publish = ENQUEUER.unpack_from(data, pos + ENQUEUE.size)
+    pos += ENQUEUE.size + ENQUEUER.size
+    return Enqueue(seq, expiry, data[pos:pos + size], enqueuer, publish), pos + size
+
+
+def _encode_checkout(op: Checkout) -> bytes:
+    return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
+
+
+def _decode_checkout(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    kind, seq = SEQ.unpack_from(data, pos)
+    return Checkout(seq, kind == CHECKOUT_SETTLED_OP), pos + SEQ.size
+
+
+def _list_codec(kind: int, make: Callable[[list[int]], LogOp]) -> tuple[Callable[[Any], bytes], Callable[
+        [memoryview, int], tuple[LogOp, int]]]:
+    """The codec of an op that is a list of seqs (``op.seqs``), ``kind`` on the wire."""
+    def encode_seqs(op: Any) -> bytes:
+        return SEQS.pack(kind, len(op.seqs)) + _seqs(op.seqs)
+
+    def decode_seqs(data: memoryview, pos: int) -> tuple[LogOp, int]:
+        seqs, end = _read_seqs(data, pos + SEQS.size, SEQS.unpack_from(data, pos)[1])
+        return make(seqs), end
+    return encode_seqs, decode_seqs
+
+
+def _encode_return(op: Return) -> bytes:
+    return RETURN.pack(RETURN_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
+
+
+def _decode_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, first, count = RETURN.unpack_from(data, pos)
+    seqs, pos = _read_seqs(data, pos + RETURN.size, count)
+    return Return(seqs, first), pos
+
+
+def _encode_dead_letter(op: DeadLetter) -> bytes:
+    return DEAD_LETTER.pack(DEAD_LETTER_OP, REASONS.index(op.reason), len(op.seqs)) + _seqs(op.seqs)
+
+
+def _decode_dead_letter(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, reason, count = DEAD_LETTER.unpack_from(data, pos)
+    seqs, pos = _read_seqs(data, pos + DEAD_LETTER.size, count)
+    return DeadLetter(seqs, REASONS[reason]), pos
+
+
+def _encode_purge(op: Purge) -> bytes:
+    return SEQ.pack(PURGE_OP, op.below)
+
+
+def _decode_purge(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    return Purge(SEQ.unpack_from(data, pos)[1]), pos + SEQ.size
+
+
+_SETTLE, _EXPIRE, _DEAD_LETTERED, _RECOVER_SOME = (
+    _list_codec(SETTLE_OP, Settle), _list_codec(EXPIRE_OP, Expire), _list_codec(DEAD_LETTERED_OP, DeadLettered),
+    _list_codec(RECOVER_SOME_OP, Recover))
+
+
+def _encode_recover(op: Recover) -> bytes:
+    return bytes((RECOVER_OP,)) if op.seqs is None else _RECOVER_SOME[0](op)
+
+
+def _decode_recover(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    return Recover(), pos + 1
+
+
+def _encode_configure(op: Configure) -> bytes:
+    return CONFIGURE.pack(CONFIGURE_OP, -1 if op.delivery_limit is None else op.delivery_limit, op.at_least_once)
+
+
+def _decode_configure(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, limit, at_least_once = CONFIGURE.unpack_from(data, pos)
+    return Configure(None if limit < 0 else limit, bool(at_least_once)), pos + CONFIGURE.size
+
+
+_ENCODERS: Final[Mapping[type, Callable[[Any], bytes]]] = MappingProxyType({
+    Enqueue: _encode_enqueue, Checkout: _encode_checkout, Settle: _SETTLE[0], Return: _encode_return,
+    Expire: _EXPIRE[0], DeadLetter: _encode_dead_letter, DeadLettered: _DEAD_LETTERED[0], Purge: _encode_purge,
+    Recover: _encode_recover, Configure: _encode_configure})
+_DECODERS: Final[Mapping[int, Callable[[memoryview, int], tuple[LogOp, int]]]] = MappingProxyType({
+    ENQUEUE_OP: _decode_enqueue, ENQUEUE_FROM_OP: _decode_enqueue_from, CHECKOUT_OP: _decode_checkout,
+    CHECKOUT_SETTLED_OP: _decode_checkout, SETTLE_OP: _SETTLE[1], RETURN_OP: _decode_return, EXPIRE_OP: _EXPIRE[1],
+    DEAD_LETTER_OP: _decode_dead_letter, DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
+    RECOVER_OP: _decode_recover, RECOVER_SOME_OP: _RECOVER_SOME[1], CONFIGURE_OP: _decode_configure})

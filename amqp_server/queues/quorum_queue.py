@@ -1,0 +1,459 @@
+"""Quorum queues (``x-queue-type: quorum``) as RabbitMQ 3.10 has them, on top of the classic queue.
+
+What a client sees differs from a classic queue:
+
+- a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
+  offset, as RabbitMQ 3.10's quorum queues put it (a classic queue puts it back in its place);
+- a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
+  reject with requeue, a consumer or channel gone with it unacked, a restart while a consumer held it,
+  or a new leader that no consumer took it back from, ``adopt``); RabbitMQ 3.10 sets it on every
+  basic.get-ok, and on a basic.deliver only from the first return on;
+- ``x-delivery-limit``: a message returned more often than that is dead-lettered (reason
+  ``delivery_limit``) or dropped;
+- ``x-overflow: reject-publish`` refuses only once the queue is over its limit (RabbitMQ 3.10 takes the
+  publish that goes over it);
+- the queue is durable, shared and kept (the declaration's properties are checked in
+  its type, :mod:`types.quorum`), and global QoS is refused at basic.consume;
+- ``x-dead-letter-strategy: at-least-once`` (with ``x-overflow: reject-publish``, as RabbitMQ requires;
+  otherwise at-most-once): a dead letter no queue takes stays with the queue, counted apart
+  (``messages_dlx``), and is tried again every ``DLX_RETRY`` seconds until one does;
+- the HTTP API shows its leader and members.
+
+Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
+what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
+then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).
+The state is also what the leader asks: whether the queue is over its length (``over_limit``), what a purge
+counts, the seq a return starts from; the entries themselves, their expiry and which one is delivered are
+still the inherited queue's ready list's, checked against the state's head (``next_ready``) under
+``machine.CHECKS``.  A
+queue's replicas are the cluster's business (``forwarder.quorum.groups``, told of every change through
+``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
+survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
+a restart and, replicated, a failover.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+
+from ..framing import header_table
+from . import quorum_machine as machine
+from ..message import Message
+from .queue import Entry, Queue
+from .quorum_ops import LogOp
+
+if TYPE_CHECKING:
+    from .persistence import Persistence
+    from ..ports import ConfirmSink, Replicator
+
+DELIVERY_COUNT = "x-delivery-count"
+DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
+REFUSED_MAX = 1024  # enqueuers whose latest refused publish the leader keeps in mind
+HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them to take back (``adopt``)
+
+
+class QuorumQueue(Queue):
+    persistence: Persistence  # durable: the node's, from attach on (before any op)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = machine.State()
+        self.replicator: "Replicator[LogOp] | None" = None  # a leader in cluster mode: ships the ops
+        self.members: list[str] = []  # the nodes holding a replica, leader first (set by the broker)
+        self.held: dict[int, Entry] = {}  # entries out of the ready list: unacked, or waiting dead letters
+        self.detached = False  # deposed (``detach``): its state and storage are no longer this object's
+        self._context: dict[int, Entry] = {}  # the ready entries an op being carried out names, by seq
+        self._running = 0  # ops being carried out (an effect may run one of its own)
+        self._dlx_timer: asyncio.TimerHandle | None = None
+        self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
+        self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
+        self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
+        self._configure(apply=False)
+        self.ready.keep_apart = self._keep_apart
+        self.ready.returned = self._returned
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    def run(self, op: LogOp, entries: "list[Entry] | tuple[Entry, ...]" = ()) -> None:
+        """Apply ``op`` to the replicated state, then carry out its effects here; ``entries``: those it names
+        that are not held (ready ones)."""
+        if self.detached:
+            return
+        self.state, effects = machine.apply(self.meta(), op, self.state)
+        if self.replicator is not None:
+            self.replicator.append(op)
+        if not effects:
+            return
+        outer = self._context
+        if entries:
+            self._context = {entries[0].seq: entries[0]} if len(entries) == 1 else {e.seq: e for e in entries}
+        self._running += 1
+        try:  # (an effect may run ops of its own: a dead letter a queue took leaves)
+            carry_out = self._CARRY_OUT
+            for effect in effects:
+                carry_out[type(effect)](self, effect)
+        finally:
+            self._context = outer
+            self._running -= 1
+        if machine.CHECKS and not self._running:
+            self.check(op)
+
+    def meta(self) -> machine.Meta:
+        """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
+        replicator = self.replicator
+        return machine.Meta(0 if replicator is None else replicator.index + 1, time.time_ns() // 1_000_000)
+
+    def check(self, op: object = None) -> None:
+        """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
+        and waiting dead letters, and its ready ones as many as the state's."""
+        state = self.state
+        problems = []
+        held, out = self.held.keys(), state.checked_out | state.dead.keys()
+        if held != out:
+            problems.append(f"held but not out: {sorted(held - out)[:10]}, out but not held: {sorted(out - held)[:10]}")
+        if self.message_count != len(state.ready):
+            problems.append(f"{self.message_count} ready, the state has {len(state.ready)}")
+        if problems:
+            raise machine.Broken(f"{self.name}: after {op!r}: {'; '.join(problems)}")
+
+    def _entry(self, seq: int) -> Entry:
+        entry = self.held.get(seq)
+        return entry if entry is not None else self._context[seq]
+
+    def _carry_out_held(self, effect: machine.Held) -> None:
+        entry = self.held[effect.seq] = self._context[effect.seq]
+        self.persistence.delivered(self, entry, self.state.count(entry.seq))
+
+    def _carry_out_remove(self, effect: machine.Remove) -> None:
+        for seq in effect.seqs:
+            self.forget(self._entry(seq))
+
+    def _carry_out_move(self, effect: machine.Move) -> None:
+        """A returned entry goes to the back as ``new``."""
+        entry = self.held.pop(effect.old)
+        old, entry.seq = entry.seq, effect.new
+        entry.redelivered = True
+        self.next_seq = max(self.next_seq, effect.new + 1)
+        self.persistence.moved(self, old, entry, effect.returns)
+        self.append_entry(entry)
+
+    def _carry_out_drop(self, effect: machine.Drop) -> None:
+        Queue.remove_below(self, effect.below)
+
+    def _carry_out_unhold(self, effect: machine.Unhold) -> None:
+        """Entries back in their places: in memory too, those held here (a restart's are on disk)."""
+        held = self.held
+        for seq, returns in effect.rows:
+            self.persistence.unhold(self.index_id, seq, returns)
+            entry = held.pop(seq, None)
+            if entry is None:
+                continue
+            size = entry.message.body_size
+            self.ready.bytes += size
+            self.unacked -= 1
+            self.unacked_bytes -= size
+            entry.redelivered = True
+            if entry.expiry:
+                self.expiry.track(entry, entry.seq)
+            self.ready.put_back(entry)
+
+    def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
+        self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
+
+    _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
+        machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
+        machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
+        machine.DeadLetters: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
+
+    def _configure(self, apply: bool = True) -> None:
+        """The state's arguments follow the queue's (declared, or a policy's)."""
+        args = self.args
+        at_least_once = (args.dead_letter_strategy == "at-least-once" and args.overflow == "reject-publish"
+                         and args.dead_letter_exchange is not None and self.host is not None)
+        limit = args.delivery_limit
+        state = self.state
+        if (state.delivery_limit, state.at_least_once) == (limit, at_least_once) and apply:
+            return
+        op = machine.Configure(limit, at_least_once)
+        if apply:
+            self.run(op)
+        else:
+            self.state = machine.apply(self.meta(), op, state)[0]
+
+    def restarted(self) -> None:
+        self.start(self.persistence.copy_state(self.index_id))
+
+    def start(self, state: machine.State, handover: bool = False) -> None:
+        """The queue comes back from its storage (a restart, or a new leader's copy), whose state is ``state``:
+        after a restart, what consumers held before is returned, in place (``machine.Recover``).  A new leader
+        (``handover``) returns only the waiting dead letters: as RabbitMQ's, consumers outlive a change of
+        leader, and take back what they held (``adopt``); what none took back within ``HANDOVER_GRACE``
+        seconds is returned then."""
+        self.state = state
+        self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
+        self._configure()
+        if not handover:
+            if state.checked_out or state.dead:
+                self.run(machine.Recover())
+            return
+        if state.dead:
+            self.run(machine.Recover(sorted(state.dead)))
+        if not state.checked_out:
+            return
+        self._awaiting = awaiting = set(state.checked_out)
+        ready = self.ready
+        while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
+            before = ready.paged_from
+            ready.page_in()
+            if ready.paged_from == before:
+                break
+        for seq in awaiting:
+            self.expiry.expiring.pop(seq, None)
+        self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
+
+    def _keep_apart(self, entry: Entry) -> bool:
+        """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
+        seq = entry.seq
+        if seq not in self._awaiting or seq in self.held:
+            return False
+        self.held[seq] = entry
+        size = entry.message.body_size
+        self.ready.bytes -= size
+        self.unacked += 1
+        self.unacked_bytes += size
+        return True
+
+    def adopt(self, seqs: list[int]) -> list[Entry | None]:
+        """A consumer that outlived the change of leader takes back what it held under ``seqs``: the entries
+        still waiting for it (None for the others: settled before, or returned after the grace period).  The
+        caller counts them against the consumer's prefetch, and settles them as any it delivered."""
+        awaiting, held = self._awaiting, self.held
+        found: list[Entry | None] = []
+        for seq in seqs:
+            if seq in awaiting and seq in held:
+                awaiting.discard(seq)
+                found.append(held[seq])
+            else:
+                found.append(None)
+        return found
+
+    def _grace_over(self) -> None:
+        """What no consumer took back goes back in its place, counted as returned."""
+        self._grace_timer = None
+        awaiting, self._awaiting = self._awaiting, set()
+        if self.detached or self.deleted:
+            return
+        seqs = [seq for seq in sorted(awaiting) if seq in self.held]
+        if not seqs:
+            return
+        self.run(machine.Recover(seqs))
+        self.deliver_ready()
+        if self.expiry.expiring:
+            self.expire_due()
+
+    # -- what clients do --------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
+        return super().enqueue(self.stored_copy(message), confirm)
+
+    def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
+                     floor: int) -> str:
+        """A publish of another node's window (``enqueuer``; its seq there ``publish``, its oldest unanswered
+        ``floor``), which it sends again to each new leader until one confirms it: taken once whatever the
+        number of copies, as ``rabbit_fifo`` takes its enqueuers' commands.  ``machine.NEXT``: taken now;
+        ``machine.SEEN``: taken before, confirmed once what this leader has is on a majority; ``machine.AHEAD``:
+        one before it never came (lost with a link or a leader), the window must send again from its oldest;
+        "refused": the queue refused it (reject-publish)."""
+        verdict = machine.admit(self.state, enqueuer, publish, max(floor, self._refused.get(enqueuer, 0)))
+        if verdict == machine.SEEN:
+            if self.replicator is not None and confirm is not None:
+                self.replicator.confirm_later(confirm)
+        elif verdict == machine.NEXT:
+            self._from = (enqueuer, publish)
+            try:
+                if not self.enqueue(message, confirm):  # (the window's next publishes need not wait for it)
+                    if len(self._refused) >= REFUSED_MAX:
+                        self._refused.clear()
+                    self._refused[enqueuer] = publish + 1
+                    return "refused"
+            finally:
+                self._from = (0, 0)
+        return verdict
+
+    def store_entry(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
+        """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
+        if self.detached:
+            return
+        replicator = self.replicator
+        tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
+        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
+        self.state, effects = machine.apply(self.meta(), op, self.state)
+        if effects:
+            self.persistence.write(self, entry)
+            if replicator is not None:
+                replicator.append(op, confirm)
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
+        """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
+        seq = entry.seq
+        count = self.state.counts.get(seq) or (self._taken_count[1] if self._taken_count[0] == seq else 0)
+        if not count and not get:
+            return entry.message.header
+        return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
+
+    def full(self, incoming: int) -> bool:
+        """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
+        one that reaches it is taken."""
+        args = self.args
+        return (machine.over_limit(self.state, args.max_length)
+                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
+
+    def deliver_ready(self) -> None:
+        """Deliver, unless this leader may have been deposed (``Replicator.live``): it would go on feeding its
+        consumers what no majority will ever have, all of it delivered again by the next leader."""
+        replicator = self.replicator
+        if replicator is not None and not replicator.live:
+            return
+        super().deliver_ready()
+        self._ship()
+
+    def get(self, no_ack: bool) -> Entry | None:
+        entry = super().get(no_ack)
+        self._ship()
+        return entry
+
+    def _ship(self) -> None:
+        """The deliveries just made go to the followers before any reaches a client (connections write at
+        the end of the loop turn), so that a new leader redelivers whatever a client may have seen."""
+        if self.replicator is not None:
+            self.replicator.flush()
+
+    def take(self, entry: Entry, no_ack: bool) -> Entry:
+        seq = entry.seq
+        if machine.CHECKS and seq != machine.next_ready(self.state):
+            raise machine.Broken(f"{self.name}: delivers {seq}, the state's next is {machine.next_ready(self.state)}")
+        self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
+        self.took(entry, no_ack)
+        self.run(machine.Checkout(seq, no_ack), (entry,))
+        return entry
+
+    def settle(self, entries: list[Entry]) -> None:
+        self.settled(entries)
+        self.stats.ack += len(entries)
+        self.run(machine.Settle([entry.seq for entry in entries]))
+
+    def requeue(self, entries: Iterable[Entry]) -> None:
+        """Returned entries count one more return and go to the back, under new seqs; those past the delivery
+        limit leave for good."""
+        entries = list(entries)
+        self.settled(entries)
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq))
+        self.deliver_ready()
+        if self.expiry.expiring:
+            self.expire_due()
+
+    def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
+        if not persisted:  # (refused at the door: never the queue's)
+            super().dead_letter(entries, reason, persisted)
+            return
+        seqs = [entry.seq for entry in entries]
+        self.run(machine.Expire(seqs) if reason == "expired" else machine.DeadLetter(seqs, reason), entries)
+
+    def remove_below(self, offset: int) -> int:
+        before = len(self.state.ready)
+        self.run(machine.Purge(offset))
+        return before - len(self.state.ready)
+
+    def purge(self) -> int:
+        count = len(self.state.ready)
+        self.run(machine.Purge(self.state.next_seq))
+        self.clear_ready()
+        return count
+
+    def set_args(self, args: Any) -> None:
+        super().set_args(args)
+        self._configure()
+
+    # -- dead letters ------------------------------------------------------------------------------
+
+    @property
+    def dlx_count(self) -> int:
+        return len(self.state.dead)
+
+    @property
+    def dlx_bytes(self) -> int:
+        return sum(self.held[seq].message.body_size for seq in self.state.dead if seq in self.held)
+
+    def _send_dead_letters(self, entries: list[Entry], reason: str) -> None:
+        """``machine.DeadLetters``: at most once, the entries leave whatever becomes of their dead letters; at
+        least once, they stay until a queue took them (``machine.DeadLettered``), tried again meanwhile."""
+        host = self.host
+        if self.args.dead_letter_exchange is None or host is None:
+            return
+        for entry in entries:
+            if entry.message.body is None:
+                host.load_body(entry.message)
+        left = host.dead_letter(self, entries, reason)
+        if not self.state.at_least_once:
+            return
+        untaken = {id(entry) for entry in left}
+        taken = [entry.seq for entry in entries if id(entry) not in untaken]
+        if taken:
+            self.run(machine.DeadLettered(taken))
+        if self.state.dead and self._dlx_timer is None and not self.deleted:
+            self._dlx_timer = asyncio.get_running_loop().call_later(DLX_RETRY, self._retry_dead_letters)
+
+    def _retry_dead_letters(self) -> None:
+        self._dlx_timer = None
+        if self.deleted:
+            return
+        waiting = self.state.dead
+        for reason in machine.REASONS:
+            entries = [self.held[seq] for seq, why in sorted(waiting.items()) if why == reason]
+            if entries:
+                self._send_dead_letters(entries, reason)
+
+    def drop_all(self) -> None:
+        """Deleted: the dead letters still waiting go too, and what no consumer took back."""
+        self._stop_dead_letters()
+        for seq in self._awaiting:
+            entry = self.held.get(seq)
+            if entry is not None:
+                self.forget(entry)
+        self._stop_grace()
+        super().drop_all()
+
+    def detach(self) -> None:
+        super().detach()
+        self.detached = True
+        self.replicator = None
+        self._stop_dead_letters()
+        self._stop_grace()
+
+    def _stop_grace(self) -> None:
+        self._awaiting = set()
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+
+    def _stop_dead_letters(self) -> None:
+        for seq in list(self.state.dead):
+            entry = self.held.get(seq)
+            if entry is not None:
+                self.forget(entry)
+        if self._dlx_timer is not None:
+            self._dlx_timer.cancel()
+            self._dlx_timer = None
+
+    # -- storage ----------------------------------------------------------------------------------
+
+    def forget(self, entry: Entry) -> None:
+        self.held.pop(entry.seq, None)
+        super().forget(entry)
+
+    def _returned(self, seq: int) -> bool:
+        """An entry read back from disk that came back before is redelivered (its count is the state's)."""
+        return self.state.count(seq) > 0

@@ -1,0 +1,53 @@
+"""The quorum queue (RabbitMQ's rabbit_quorum_queue): replicated on a group of nodes in cluster mode
+(``forwarder.quorum.groups``), its messages in ``quorum_queue.QuorumQueue`` on the node that leads it."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
+                          QueueType)
+from ..queue import AnyQueue
+from ..quorum_queue import QuorumQueue
+from ..ready import Entry
+from ..ready_list import ReadyList, ReadyOwner
+from .classic import byte_fields, memory_fields
+
+
+class Quorum(QueueType):
+    name = "quorum"
+    apply_to = "quorum_queues"
+    # Arguments RabbitMQ 3.10 refuses on a quorum queue (rabbit_quorum_queue's capabilities lack them).
+    refused_arguments = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",
+                         "x-stream-max-segment-size-bytes")
+    consumer_arguments = ("x-priority",)
+    policy_lower_wins = LOWER_WINS + ("delivery-limit",)
+    policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
+    # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
+    capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
+    queue_class: ClassVar[type[AnyQueue]] = QuorumQueue  # (mypy checks it is a queue as the node uses one)
+
+    def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
+        """A commit's entries on disk leave at once: the op that drops them is carried out as it is applied."""
+        return ReadyList(queue, expiring, drops_later=False)
+
+    def attached(self, queue: Any, node: str) -> None:
+        queue.members = [node]  # a group of one until the cluster replicates it
+
+    def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
+        """Its group as RabbitMQ shows it: its leader (also ``node``), members and those running; an owner's
+        figures too, its at-least-once dead letters waiting for a queue to take them among them."""
+        owner = not queue.remote
+        if owner:
+            info.update(byte_fields(queue))
+        leader = queue.node if not owner else view.node
+        members = list(queue.members or [leader])
+        info.update(leader=leader, node=leader, members=members,
+                    online=[name for name in members if view.node_running(name)])
+        info.update(single_active_consumer_ctag=info["single_active_consumer_tag"], open_files={info["node"]: 0})
+        if owner:
+            info.update(messages_dlx=queue.dlx_count, message_bytes_dlx=queue.dlx_bytes)
+            info["messages"] += queue.dlx_count
+            info.update(memory_fields(queue))
+
+
+TYPE = Quorum()

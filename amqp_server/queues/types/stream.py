@@ -1,0 +1,60 @@
+"""The stream (RabbitMQ's rabbit_stream_queue): an append-only log on one node (``stream_queue.StreamQueue``), read
+by AMQP 0-9-1 consumers from an offset of their choosing, and served by RabbitMQ's stream protocol
+(``amqp_server.stream``)."""
+from __future__ import annotations
+
+import datetime
+from typing import Any, ClassVar
+
+from ... import errors
+from ..queue_args import interval_ms
+from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, QueueType
+from ..queue import AnyQueue
+from ..stream_queue import StreamQueue
+
+
+class Stream(QueueType):
+    name = "stream"
+    apply_to = "streams"
+    # Arguments RabbitMQ 3.10 refuses on a stream (rabbit_stream_queue's capabilities lack them).
+    refused_arguments = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+                         "x-dead-letter-strategy", "x-max-length", "x-max-in-memory-length", "x-max-in-memory-bytes",
+                         "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
+                         "x-quorum-initial-group-size", "x-delivery-limit")
+    consumer_arguments = ("x-stream-offset",)
+    # What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
+    policy_lower_wins = ("max-length-bytes",)
+    policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
+    capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
+    queue_class: ClassVar[type[AnyQueue]] = StreamQueue  # (mypy checks it is a queue as the node uses one)
+
+    def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
+        """A per-consumer prefetch, and manual acks (RabbitMQ would fail on no prefetch with 541)."""
+        if not prefetch:
+            raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
+        if no_ack:
+            raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
+                                         f"automatic acknowledgement not supported by stream queues {what}")
+
+    def check_consumer_arguments(self, what: str, arguments: dict[str, Any]) -> None:
+        """An x-stream-offset that is one (RabbitMQ fails on others with 541)."""
+        offset = arguments.get("x-stream-offset")
+        if "x-stream-offset" in arguments and not stream_offset(offset):
+            raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {what}: {offset!r}")
+
+    def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
+        """One replica, where it lives (RabbitMQ's JSON has no RAM figures for streams)."""
+        node = info["node"]
+        info.update(members=[node], online=[node] if view.node_running(node) else [])
+
+
+TYPE = Stream()
+
+
+def stream_offset(value: Any) -> bool:
+    """Whether ``value`` is an ``x-stream-offset``: first, last, next, an offset, a timestamp or an interval."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if isinstance(value, str):
+        return value in ("first", "last", "next") or interval_ms(value) is not None
+    return isinstance(value, (int, datetime.datetime)) and not isinstance(value, bool)

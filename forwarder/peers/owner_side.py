@@ -1,0 +1,393 @@
+"""The owner's side of a link: publishes into local queues, consumers on behalf of another node.
+
+A remote consumer is an ordinary :class:`Consumer` on the local queue whose "channel" is a
+:class:`RemoteConsumerChannel`: the queue's round-robin, prefetch and requeue logic stay the
+queue's own.  Deliveries are always taken with manual ack here; the consuming node acks at once
+for its no-ack consumers, so a message in flight when a link drops is requeued, not lost.  Each
+consumer has a credit window: deliveries the consuming node has not yet passed to its client.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+
+from amqp_server import errors
+from amqp_server.errors import AMQPError
+from amqp_server.ports import ClientChannel
+from amqp_server.message import Message
+from amqp_server.queues.queue import AnyQueue, Consumer, Entry, Queue
+from amqp_server.queues import quorum_machine as machine
+from amqp_server.queues.queue_type import REPLICATED
+from amqp_server.broker.vhost import home_node_down
+
+from . import node_link as link
+from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+    from amqp_server.queues.quorum_queue import QuorumQueue
+
+log = logging.getLogger("warren.forwarder.session")
+
+CREDIT_WINDOW = 2000
+_tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
+
+
+class RemoteConsumerChannel:
+    """Stands in for the AMQP channel of a consumer on another node."""
+
+    __slots__ = ("session", "id", "in_flight", "_client")
+
+    def __init__(self, session: "Session", consumer_id: int, client: ClientChannel) -> None:
+        self.session = session
+        self.id = consumer_id
+        self.in_flight = 0
+        self._client = client
+
+    def client(self) -> ClientChannel:
+        return self._client
+
+    def can_deliver(self) -> bool:
+        return self.in_flight < CREDIT_WINDOW and not self.session.link.write_paused
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        tag = next(_tags)
+        self.in_flight += 1
+        session = self.session
+        session.unacked[tag] = (entry, consumer.queue, consumer)
+        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, entry.redelivered),
+                                  entry.message, consumer.queue.delivery_header(entry) if consumer.counted else None)
+
+    def cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.session.consumers.pop(self.id, None)
+        self.session.link.send(link.CANCELLED, link.ID.pack(self.id))
+
+    def failed(self, consumer: Consumer, reason: str) -> None:
+        """(A message it was to get cannot be read: its node is told the consumer is gone.)"""
+        consumer.queue.remove_consumer(consumer)
+        self.cancelled_by_broker(consumer)
+
+    def handed_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue) -> None:
+        """This node no longer leads the quorum queue: the consumer is dropped here, uncancelled; its node
+        takes it, and what it holds, to the new leader (``RemoteQueue.follow``).  Its node is told (as a
+        refusal to consume again), lest it wait here for deliveries should it not have heard of the new leader
+        (its etcd watch stalled): it asks etcd, and tries again meanwhile."""
+        session = self.session
+        session.consumers.pop(self.id, None)
+        for tag in [tag for tag, (_, _, held_by) in session.unacked.items() if held_by is consumer]:
+            del session.unacked[tag]
+        error = home_node_down(new)
+        session.link.send(link.CONSUMED, link.encode_json({"id": self.id, "error": [error.code, error.text]}))
+
+
+class Session:
+    def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
+        self.broker = broker
+        self.link = server_link
+        self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
+        # link seq -> [copies a replicated queue's group has yet to take, status once fsynced (or None),
+        # answered already (a group refused it: nacked at once)]
+        self.replicating: dict[int, list] = {}
+        self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
+        self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
+        self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
+                          link.CONSUME: self._consume,
+                          link.CANCEL: self._cancel, link.SETTLE: self._settle, link.CREDIT: self._credit,
+                          link.REQUEST: self._request, link.REPLICATE: self._replicate,
+                          link.REPLICATED: self._replicated}
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        self._handlers[ftype](payload)
+
+    # -- publishes ----------------------------------------------------------------------------
+
+    def _relayed(self, payload: bytes) -> None:
+        self._publish(payload, relayed=True)
+
+    def _publish(self, payload: bytes, relayed: bool = False) -> None:
+        """One message for one or more queues here: stored once, confirmed once (refused if any refused)."""
+        seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
+        pos = link.PUBLISH_HEAD.size
+        message = link.read_message(payload, pos + qids_len)
+        found = rejected = False
+        self._publishing = seq
+        sink = self if seq else None
+        for qid in link.read_queue_ids(payload, pos, pos + qids_len):
+            queue = self._queue(qid)
+            if queue is not None:
+                found = True
+                rejected = not queue.enqueue(message, sink) or rejected
+            elif (proxy := self._elsewhere(qid)) is not None:  # a quorum queue whose leader moved
+                taken = self._pass_on(proxy, message, sink, relayed)
+                found = found or taken
+                rejected = rejected or not taken
+        status = link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK if found else link.CONFIRM_NO_QUEUE
+        if seq:
+            self._answer(seq, status, message)
+
+    def _enqueue(self, payload: bytes) -> None:
+        """A publish of another node's window for a quorum queue (``remote_queue.Window``): taken by the queue if
+        it leads here and has not taken it before, confirmed once its group has it.  Not passed on: the window
+        sends it to the leader itself, once its node knows it (told ``CONFIRM_MOVED``, it asks etcd)."""
+        seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
+        pos = link.PUBLISH_HEAD.size
+        qids = link.read_queue_ids(payload, pos, pos + qids_len)
+        pos += qids_len
+        enqueuer, publish, floor = link.ENQUEUER_HEAD.unpack_from(payload, pos)
+        queue = self._queue(qids[0]) if len(qids) == 1 else None
+        if queue is None or REPLICATED not in queue.type.capabilities:  # (not a replicated queue led here)
+            if len(qids) == 1 and self._elsewhere(qids[0]) is not None:
+                cluster = self.broker.cluster
+                assert cluster is not None  # (a session is the cluster's)
+                self.moved(seq, *cluster.quorum.leader_of(qids[0].decode()))
+            else:
+                self._answer(seq, link.CONFIRM_NO_QUEUE)
+            return
+        message = link.read_message(payload, pos + link.ENQUEUER_HEAD.size)
+        self._publishing = seq
+        verdict = cast("QuorumQueue", queue).enqueue_from(message, self, enqueuer, publish, floor)
+        if verdict == machine.AHEAD:
+            self._answer(seq, link.CONFIRM_RESEND)
+        elif verdict == machine.SEEN:
+            self._confirm(seq, link.CONFIRM_OK)  # (on a majority's disks: once what the leader has is)
+        else:
+            self._answer(seq, link.CONFIRM_REJECTED if verdict == "refused" else link.CONFIRM_OK, message)
+
+    def moved(self, seq: int, leader: str, term: int) -> None:
+        """A publish of another node's window this node does not take (it does not lead the queue, or was
+        deposed before its group had it): the window sends it to the leader, which we name if we know it."""
+        self.replicating.pop(seq, None)
+        self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_MOVED), link.MOVED_HINT.pack(term),
+                       leader.encode())
+
+    def _answer(self, seq: int, status: int, message: Message | None = None) -> None:
+        """Confirm (or refuse) the publish ``seq``: once on disk here if it was stored, and taken by its group."""
+        if message is not None and (message.msg_id or message.logged):
+            persistence = self.broker.persistence
+            self.unsynced.append((seq, status, persistence.batch))
+            persistence.waiters.add(self)
+        else:
+            self._confirm(seq, status)
+
+    def _confirm(self, seq: int, status: int) -> None:
+        """The publish is on disk here: confirmed now, or once the groups of its replicated queues have it."""
+        waiting = self.replicating.get(seq)
+        if waiting is None:
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+            return
+        waiting[1] = status
+        self._settled(seq, waiting)
+
+    def forwarded(self) -> int:
+        """A replicated queue led here took the publish: its confirm also waits for the queue's group."""
+        seq = self._publishing
+        waiting = self.replicating.setdefault(seq, [0, None, False])
+        waiting[0] += 1
+        return seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        waiting = self.replicating.get(seq)
+        if waiting is None:
+            return
+        waiting[0] -= 1
+        if rejected and not waiting[2]:
+            waiting[2] = True
+            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_REJECTED))
+        self._settled(seq, waiting)
+
+    def _settled(self, seq: int, waiting: list) -> None:
+        """Both on disk here and taken by every group: confirmed, unless nacked already."""
+        if waiting[0] == 0 and waiting[1] is not None:
+            del self.replicating[seq]
+            if not waiting[2]:
+                self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
+
+    @staticmethod
+    def _pass_on(proxy: RemoteQueue, message: Message, sink: "Session | None", relayed: bool) -> bool:
+        """A publish for a quorum queue this node no longer leads (the sending node has not learned of the new
+        leader yet, its etcd watch broken or cut off): passed on to the leader known here, which confirms it
+        once its group has it — rather than refused, which its publisher would answer by sending it again at
+        once, a flood of nacks until its node learns.  Held while no leader is known here either (``Held``).
+        Refused (False) only if it was passed on once already: a publish crosses at most two links, never
+        loops between nodes that disagree on the leader."""
+        if sink is not None and proxy.publishes is not None:
+            return proxy.publishes.publish(sink, message)
+        return not relayed and bool(proxy.enqueue(message, sink, relay=True))
+
+    def _elsewhere(self, qid: bytes) -> RemoteQueue | None:
+        """The proxy of a quorum queue led by another node (or by none known), if that is what ``qid`` is here."""
+        vhost_name, _, name = qid.decode().partition("\0")
+        vhost = self.broker.vhosts.get(vhost_name)
+        proxy = proxy_of(vhost.queues, name) if vhost is not None else None
+        return proxy if proxy is not None and REPLICATED in proxy.type.capabilities else None
+
+    def _queue(self, qid: bytes) -> Queue | None:
+        """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
+        queue = self._queues.get(qid)
+        if queue is None or queue.deleted:
+            vhost_name, _, name = qid.decode().partition("\0")
+            try:
+                queue = self._queues[qid] = self._local_queue(vhost_name, name)
+            except AMQPError:
+                return None
+        return queue
+
+    def synced(self, batch: int) -> None:
+        """Group commit ``batch`` is on disk: confirm the publishes that waited for it."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][2] <= batch:
+            seq, status, _ = unsynced.popleft()
+            self._confirm(seq, status)
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def _consume(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        consumer_id = request["id"]
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            # the client's channel, as its node tells it (not told by a node of an earlier version)
+            connection, number, host, port, user = request.get("client") or ("", 0, "?", 0, "")
+            client = ClientChannel(connection, number, (host, port), user, self.link.peer_name)
+            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id, client), request["tag"],
+                                           False, request["exclusive"],
+                                           link.arguments_from(request["arguments"], request["timestamps"]),
+                                           request["prefetch"])
+        except AMQPError as exc:
+            self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
+            return
+        self.consumers[consumer_id] = consumer
+        reply: dict[str, Any] = {"id": consumer_id, "error": None}
+        if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
+            self._resettle(queue, request.get("settled") or [])
+            reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
+        self.link.send(link.CONSUMED, link.encode_json(reply))
+        queue.deliver_ready()
+
+    def _resettle(self, queue: Queue, settled: list[list[int]]) -> None:
+        """Settles a consumer sent the previous leader (mode, the queue's seq), sent again: those of entries
+        still kept for a consumer to take back (``QuorumQueue.adopt``; the previous leader had not replicated
+        them) are carried out; the others were, or the entry is no longer the consumer's: nothing to do."""
+        by_mode: dict[int, list[int]] = {}
+        for mode, seq in settled[:RESETTLE_MAX]:
+            if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
+                by_mode.setdefault(mode, []).append(seq)
+        for mode, seqs in by_mode.items():
+            taken = [(entry, queue, None) for entry in queue.adopt(seqs) if entry is not None]
+            if taken:
+                self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+
+    def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
+        """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
+        unacked, under new tags (0: not taken back; its client's settle of it is a no-op); ``buffered`` of
+        them are not yet passed to the client (the link's credit counts them).  So do those of them that this
+        link's consumers consuming here before held (the consumer's node told it to consume again here, as if
+        the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
+        consumers that are gone, they would stay unacked for good."""
+        queue = consumer.queue
+        local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
+        found = local.adopt(seqs) if local is not None else [None] * len(seqs)
+        unacked = self.unacked
+        if None in found:
+            gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
+                    if held_in is queue and holder is not None and holder not in queue.consumers}
+            found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
+                     for entry, seq in zip(found, seqs)]
+        tags = []
+        for entry in found:
+            if entry is None:
+                tags.append(0)
+                continue
+            tag = next(_tags)
+            unacked[tag] = (entry, queue, consumer)
+            consumer.unacked += 1
+            tags.append(tag)
+        cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
+        return tags
+
+    def _local_queue(self, vhost_name: str, name: str) -> Queue:
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None or (queue := vhost.queues.get(name)) is None:
+            raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")
+        local = queue.local()
+        if local is None:  # (a quorum queue's leader moved, or is being elected): it exists
+            raise home_node_down(queue)
+        return local
+
+    def _cancel(self, payload: bytes) -> None:
+        consumer = self.consumers.pop(link.ID.unpack(payload)[0], None)
+        if consumer is not None:
+            self.broker.remove_consumer(consumer)
+
+
+    def _credit(self, payload: bytes) -> None:
+        consumer_id, count = link.CREDIT_BODY.unpack(payload)
+        consumer = self.consumers.get(consumer_id)
+        if consumer is not None:
+            cast(RemoteConsumerChannel, consumer.channel).in_flight -= count  # (a session's consumers deliver to it)
+            consumer.queue.deliver_ready()
+
+    def _settle(self, payload: bytes) -> None:
+        mode = payload[0]
+        pop = self.unacked.pop
+        taken = []
+        for (tag,) in link.TAG.iter_unpack(payload[1:]):
+            item = pop(tag, None)
+            if item is not None:  # unknown: from before a reconnect, already requeued
+                taken.append(item)
+        self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+
+    def _replicate(self, payload: bytes) -> None:
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a session is the cluster's)
+        cluster.quorum.replicate(self, payload)
+
+    def _replicated(self, payload: bytes) -> None:
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a session is the cluster's)
+        cluster.quorum.replicated(self.link.peer_name, payload)
+
+    def _request(self, payload: bytes) -> None:
+        request = json.loads(payload)
+        reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
+        message: Message | None = None
+        header: bytes | None = None
+        try:
+            queue = self._local_queue(request["vhost"], request["queue"])
+            if request["op"] == "get":
+                entry = queue.get(no_ack=False)
+                if entry is not None:
+                    tag = next(_tags)
+                    self.unacked[tag] = (entry, queue, None)
+                    reply.update(tag=tag, redelivered=entry.redelivered)
+                    message, header = entry.message, queue.delivery_header(entry, get=True)
+                reply["count"] = queue.message_count
+            else:  # the broker's operation, as for a purge on this node (the asking node checked permissions)
+                reply["count"] = self.broker.purge_local(self.broker.vhosts[request["vhost"]], queue.name)
+        except AMQPError as exc:
+            reply["error"] = [exc.code, exc.text]
+        raw = link.encode_json(reply)
+        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message, header)
+
+    def writable(self) -> None:
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.deliver_ready()
+
+    def closed(self) -> None:
+        """The other node went away: what it held unacked goes back to the queues, its consumers leave."""
+        log.info("link from node %s closed", self.link.peer_name)
+        self.broker.persistence.waiters.discard(self)
+        for consumer in list(self.consumers.values()):
+            self.broker.remove_consumer(consumer)
+        self.consumers.clear()
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        self.broker.settle_taken(taken, True)

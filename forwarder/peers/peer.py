@@ -1,0 +1,363 @@
+"""Another node as this one sees it: the link to it, forwarded publishes awaiting its confirm,
+and this node's consumers of its queues.
+
+The link is dialed and redialed for as long as the node is a member.  While it is down the
+node's queues are unavailable: publishes to them are unroutable, declares and consumes answer
+RabbitMQ's "home node ... is down" error, and their consumers here were sent basic.cancel (a quorum
+queue's wait for its next leader instead: ``RemoteQueue.follow``).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+from amqp_server import errors, publisher_flow
+from amqp_server.broker.vhost import home_node_down
+from amqp_server.message import Message
+from amqp_server.queues.quorum_machine import CHECKS, Broken
+from amqp_server.queues.queue import Consumer, Entry
+
+from . import node_link as link
+from .remote_queue import Publish, RemoteConsumer, RemoteQueue
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+    from amqp_server.ports import ConfirmSink
+
+log = logging.getLogger("warren.forwarder.peer")
+
+REDIAL_INTERVAL = 0.5
+
+
+class Peer:
+    def __init__(self, name: str, broker: "Broker", secret: bytes, flow: publisher_flow.PublisherFlow) -> None:
+        self.name = name
+        self.broker = broker
+        self.flow = flow
+        self._held_for = publisher_flow.link(name)  # the flow's reason while this link's buffer is full
+        self.secret = secret
+        self.address: tuple[str, int] | None = None
+        self.http: tuple[str, int] | None = None  # its management API (offset reads go there), if it serves one
+        self.link: link.ClientLink | None = None
+        self.up = False
+        self._seq = 0
+        # link seq -> (channel, its publish seq, the ids of the queues it went to)
+        self._pending: dict[int, tuple["ConfirmSink", int, list[bytes]]] = {}
+        self._enqueued: dict[int, Publish] = {}  # link seq -> a quorum queue's window's publish sent (ENQUEUE)
+        self._ids = itertools.count(1)
+        self.consumers: dict[int, tuple[RemoteQueue, RemoteConsumer]] = {}
+        self._credit: dict[int, int] = {}
+        self._acks: list[int] = []
+        self._flush_scheduled = False
+        self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
+        self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
+        # publish gathering queues: message, channel, link seq, queue ids, frame type (PUBLISH or RELAY)
+        self._open: tuple[Message, "ConfirmSink | None", int, list[bytes], int] | None = None
+        self._send_open_cb = self._send_open
+        self._dialer: asyncio.Task | None = None
+
+    # -- the link -----------------------------------------------------------------------------
+
+    def connect(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        if self._dialer is None:
+            self._dialer = asyncio.get_running_loop().create_task(self._dial())
+
+    def close(self) -> None:
+        if self._dialer is not None:
+            self._dialer.cancel()
+        if self.link is not None:
+            self.link.close()
+
+    async def _dial(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            assert self.address is not None  # connect() set it before dialling
+            host, port = self.address
+            try:
+                _, client = await loop.create_connection(
+                    lambda: link.ClientLink(self.secret, self.broker.node_name, self.name, self), host, port)
+                self.link = client
+                await asyncio.wait_for(client.ready, 5)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                log.debug("link to %s at %s:%d: %s", self.name, host, port, exc)
+                if self.link is not None:
+                    self.link.close()
+                self.link = None
+                await asyncio.sleep(REDIAL_INTERVAL)
+                continue
+            self._went_up()
+            await client.closed
+            self._went_down()
+            await asyncio.sleep(REDIAL_INTERVAL)
+
+    def _went_up(self) -> None:
+        log.info("link to node %s up", self.name)
+        self.up = True
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a peer is the cluster's)
+        cluster.quorum.peer_up(self.name)
+
+    def _went_down(self) -> None:
+        log.warning("link to node %s down", self.name)
+        silent = self.link is not None and self.link.silent
+        self.up = False
+        self.link = None
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a peer is the cluster's)
+        cluster.quorum.peer_down(self.name, silent)
+        self._open = None
+        self.flow.unblock(self._held_for)  # what was buffered is gone with the link
+        pending, self._pending = self._pending, {}
+        for channel, seq, _ in pending.values():  # their fate is unknown: nack, as for a crashed queue
+            channel.remote_confirmed(seq, rejected=True)
+        enqueued, self._enqueued = self._enqueued, {}
+        for publish in enqueued.values():  # its window sends it again, to this node or the next leader
+            publish.window.lost(publish)
+        requests, self._requests = self._requests, {}
+        for future, queue in requests.values():
+            if not future.done():
+                future.set_exception(home_node_down(queue))
+        consumers, self.consumers = self.consumers, {}
+        for queue, remote in consumers.values():
+            if remote.accepted.done() and queue.replicated:  # it waits for the queue's (new) leader: ``follow``
+                remote.attached = False
+            elif remote.accepted.done():
+                queue.cancelled(remote.consumer)
+            else:  # its basic.consume is still waiting: it fails as for a queue whose node is down
+                queue.refused(remote.consumer)
+                remote.accepted.set_exception(home_node_down(queue))
+        self._credit.clear()
+        self._acks.clear()
+
+    # -- to the owner -------------------------------------------------------------------------
+
+    def publish(self, queue: RemoteQueue, message: Message, channel: "ConfirmSink | None",
+                relay: bool = False) -> bool | None:
+        """Forward to the owner.  A message routed to several of its queues crosses the link once:
+        the frame stays open while routing adds queues, and is sent before anything else.  ``relay``: a
+        publish another node sent here, passed on (``session.Session``), which the owner passes on no further."""
+        client = self.link
+        if not self.up or client is None:
+            return None
+        open_ = self._open
+        if open_ is not None and open_[0] is message and open_[1] is channel:
+            open_[3].append(queue.link_id)
+            return True
+        seq = 0
+        qids = [queue.link_id]
+        if channel is not None:
+            self._seq += 1
+            seq = self._seq
+            self._pending[seq] = (channel, channel.forwarded(), qids)
+        client.hold(self._send_open_cb)
+        self._open = (message, channel, seq, qids, link.RELAY if relay else link.PUBLISH)
+        if client.write_paused:  # the link's buffer is full: publishers wait until it drains
+            self.flow.block(self._held_for)
+        return True
+
+    def enqueue(self, queue: RemoteQueue, publish: Publish) -> bool:
+        """Send a publish of a quorum queue's window (``remote_queue.Window``) to the leader; False if the link
+        is down.  Its answer goes to the window, which sends it again to a next leader if need be."""
+        client = self.link
+        if not self.up or client is None:
+            return False
+        self._seq += 1
+        self._enqueued[self._seq] = publish
+        window = publish.window
+        qid = queue.link_id
+        head = link.PUBLISH_HEAD.pack(self._seq, len(qid)) + qid + link.ENQUEUER_HEAD.pack(window.id, publish.seq,
+                                                                                          window.floor)
+        client.send_message(link.ENQUEUE, head, publish.message)
+        if client.write_paused:
+            self.flow.block(self._held_for)
+        return True
+
+    def _send_open(self) -> None:
+        open_, self._open = self._open, None
+        if open_ is None or self.link is None:
+            return
+        message, _, seq, qids, ftype = open_
+        qid_block = qids[0] if len(qids) == 1 else b"".join(qids)
+        self.link.send_message(ftype, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer:
+        """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
+        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``) and
+        applies the settles it sent lately (``settled``: (mode, seq)) that the previous leader had not
+        replicated."""
+        if remote is None:
+            remote = RemoteConsumer(next(self._ids), consumer)
+        else:
+            remote.id = next(self._ids)
+        self.consumers[remote.id] = (queue, remote)
+        if self.link is not None:
+            arguments, timestamps = link.portable_arguments(consumer.arguments)
+            client = consumer.channel.client()
+            request = {
+                "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
+                "exclusive": consumer.exclusive, "arguments": arguments, "timestamps": timestamps,
+                "prefetch": 0 if consumer.no_ack else consumer.prefetch,
+                "client": [client.connection, client.number, *client.peer, client.user]}
+            if adopt is not None:
+                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [])
+            self.link.send(link.CONSUME, link.encode_json(request))
+        return remote
+
+    def forget(self, remote: RemoteConsumer) -> None:
+        """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
+        self.consumers.pop(remote.id, None)
+        if self.link is not None:
+            self.link.send(link.CANCEL, link.ID.pack(remote.id))
+
+    def cancel(self, remote: RemoteConsumer) -> None:
+        self.consumers.pop(remote.id, None)
+        if not remote.accepted.done():
+            remote.accepted.cancel()  # its basic.consume waits no more
+        if self.link is None:
+            return
+        self.link.send(link.CANCEL, link.ID.pack(remote.id))
+        if remote.buffer:  # never reached the client: back to the queue, in place
+            self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+            remote.buffer.clear()
+
+    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]:
+        """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
+        if self.link is None or not self.up:
+            raise home_node_down(queue)
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, queue)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": op, "vhost": queue.vhost,
+                                                       "queue": queue.name}))
+        reply, message = await future
+        if reply.get("error"):
+            code, text = reply["error"]
+            raise errors.ChannelError(code, text.split(" - ", 1)[-1])
+        if "count" in reply and "key" in reply:
+            self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
+        return reply, message
+
+    def settle(self, mode: int, entries: list[Entry]) -> None:
+        self.settle_tags(mode, [e.seq for e in entries])
+
+    def settle_tags(self, mode: int, tags: list[int]) -> None:
+        if self.link is not None and tags:
+            self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
+
+    def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
+        """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""
+        self._credit[remote.id] = self._credit.get(remote.id, 0) + 1
+        if no_ack:
+            self._acks.append(entry.seq)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        client = self.link
+        if client is None:
+            return
+        if self._acks:
+            self.settle_tags(link.SETTLE_ACK, self._acks)
+            self._acks.clear()
+        for consumer_id, count in self._credit.items():
+            client.send(link.CREDIT, link.CREDIT_BODY.pack(consumer_id, count))
+        self._credit.clear()
+
+    # -- from the owner -----------------------------------------------------------------------
+
+    def frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == link.DELIVER:
+            self._deliver(payload)
+        elif ftype == link.CONFIRM:
+            seq, status = link.CONFIRM_BODY.unpack_from(payload)
+            publish = self._enqueued.pop(seq, None)
+            if publish is not None:
+                hint = None
+                if status == link.CONFIRM_MOVED and len(payload) > link.CONFIRM_BODY.size:
+                    term = link.MOVED_HINT.unpack_from(payload, link.CONFIRM_BODY.size)[0]
+                    hint = (payload[link.CONFIRM_BODY.size + link.MOVED_HINT.size:].decode(errors="replace"), term)
+                publish.window.answered(publish, status, hint)
+                return
+            pending = self._pending.pop(seq, None)
+            if pending is not None:
+                pending[0].remote_confirmed(pending[1], status not in (link.CONFIRM_OK, link.CONFIRM_NO_QUEUE))
+        elif ftype == link.CONSUMED:
+            self._consumed(json.loads(payload))
+        elif ftype == link.CANCELLED:
+            self._cancelled(link.ID.unpack(payload)[0])
+        elif ftype == link.STATS:
+            self.stats = json.loads(payload)
+        elif ftype == link.REPLICATED:
+            cluster = self.broker.cluster
+            assert cluster is not None  # (a peer is the cluster's)
+            cluster.quorum.replicated(self.name, payload)
+        elif ftype == link.REPLY:
+            self._reply(payload)
+
+    def _reply(self, payload: bytes) -> None:
+        size = link.REPLY_HEAD.unpack_from(payload)[0]
+        start = link.REPLY_HEAD.size
+        reply = json.loads(payload[start:start + size])
+        message = None
+        if len(payload) > start + size:
+            message = link.read_message(payload, start + size)
+        future, _ = self._requests.pop(reply["rid"], (None, None))
+        if future is not None and not future.done():
+            future.set_result((reply, message))
+
+    def _deliver(self, payload: bytes) -> None:
+        consumer_id, tag, seq, redelivered = link.DELIVER_HEAD.unpack_from(payload)
+        found = self.consumers.get(consumer_id)
+        if found is None:  # cancelled meanwhile: back to the queue
+            self.settle_tags(link.SETTLE_REQUEUE, [tag])
+            return
+        queue, remote = found
+        message = link.read_message(payload, link.DELIVER_HEAD.size)
+        queue.delivered(remote, Entry(tag, message, bool(redelivered)), seq)
+
+    def _consumed(self, reply: dict[str, Any]) -> None:
+        found = self.consumers.get(reply["id"])
+        if found is None:
+            return
+        queue, remote = found
+        error = reply["error"]
+        # consuming again at a quorum queue's new leader, maybe before the answer to its first consume came (lost
+        # with its link, or never sent: its link was down then)
+        again = remote.accepted.done() or "tags" in reply
+        if error is None:
+            if not remote.accepted.done():
+                remote.accepted.set_result(None)
+            if again:
+                queue.reattached(remote, True, reply.get("tags") or [])
+            if CHECKS and not remote.attached:
+                raise Broken(f"{queue!r}: consumer {remote.id} accepted by {self.name} but not attached (its "
+                             "settles would wait for good)")
+            return
+        del self.consumers[remote.id]
+        if remote.accepted.done():
+            queue.reattached(remote, False, [])
+            return
+        queue.refused(remote.consumer)
+        code, text = reply["error"]
+        remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))
+
+    def _cancelled(self, consumer_id: int) -> None:
+        found = self.consumers.pop(consumer_id, None)
+        if found is not None:
+            queue, remote = found
+            if remote.buffer:
+                self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
+                remote.buffer.clear()
+            queue.cancelled(remote.consumer)
+
+    def writable(self) -> None:
+        """The link drained: publishers held for it may go on (unless another reason holds them)."""
+        self.flow.unblock(self._held_for)

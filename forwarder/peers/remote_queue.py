@@ -1,0 +1,577 @@
+"""A queue owned by another node, as routing and consumers on this node see it.
+
+It is a queue to everything here (an ``AnyQueue``: a proxy, not a :class:`Queue` of this node) — exchanges bind
+it, ``Broker.route`` returns it, channels consume from it and settle its entries — but it holds no messages: an
+enqueue goes over the link to the owner, and deliveries arrive from the owner for the local consumers, wait in a
+small per-consumer buffer while those have no credit (QoS, a slow client) and leave in order.  Acks, rejects and
+requeues go back to the owner by delivery tag.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+
+from amqp_server.queues.consumers import Consumers
+from amqp_server.message import Message
+from amqp_server.queues.queue import AnyQueue, Consumer, Entry
+from amqp_server.queues.queue_args import QueueArgs
+from amqp_server.queues.queue_type import REPLICATED, QueueType
+from amqp_server.stats import MessageStats
+
+from . import node_link as link
+
+if TYPE_CHECKING:
+    from amqp_server.queues.policy import Policy
+    from amqp_server.ports import ConfirmSink
+
+HOLD = 5.0  # seconds a quorum queue's window of publishes waits without a confirm (no leader) before nacking them
+HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once)
+RESEND_RETRY = 0.5  # seconds before a window sends again to the node that said it does not lead
+REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
+REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
+RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
+RESETTLE_MAX = 10_000  # of them at most
+
+
+class Relayed:
+    """The confirm of a publish passed on (one a deposed leader had not confirmed) stands for the confirm its
+    publisher is waiting for, under the seq that was given it then."""
+
+    __slots__ = ("confirm", "seq")
+
+    def __init__(self, confirm: "ConfirmSink", seq: int) -> None:
+        self.confirm, self.seq = confirm, seq
+
+    def forwarded(self) -> int:
+        return self.seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.confirm.remote_confirmed(self.seq, rejected)
+
+
+class Publish:
+    """One publish of a :class:`Window`; the confirm sink of each copy sent (``forwarded``: its seq there)."""
+
+    __slots__ = ("window", "seq", "confirm", "confirm_seq", "message", "round")
+
+    def __init__(self, window: "Window", seq: int, confirm: "ConfirmSink", message: Message) -> None:
+        self.window, self.seq, self.confirm, self.message = window, seq, confirm, message
+        self.confirm_seq = confirm.forwarded()
+        self.round = 0  # the window's round it was last sent in
+
+    def forwarded(self) -> int:
+        return self.seq
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.window.answered(self, link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK)
+
+
+class Window:
+    """This node's confirmed publishes to a quorum queue led by another node (or by none known), until a leader
+    confirms or refuses each.  As ``rabbit_fifo_client``'s pending commands, each has a seq in the window,
+    which is an enqueuer of its own (``id``, new with each run of the node); the window sends what is
+    unanswered again, in order, to each new leader as soon as it is known (and to the same one over a new
+    link), and the queue's state takes each publish once whatever the number of copies
+    (``QuorumQueue.enqueue_from``).  A publisher whose leader paused so gets its confirms at the election,
+    neither a nack after the link falls silent nor a duplicate.  While no leader can be reached, or one answers
+    that it does not lead, the window waits: after ``HOLD`` seconds without a confirm, what it holds is nacked
+    (nothing is stored here: a nacked publish was never confirmed; it may be in the queue all the same)."""
+
+    def __init__(self) -> None:
+        self.id = random.getrandbits(63) | 1
+        self.leaderless = False  # no leader known: nothing is sent until one is (``resend``)
+        # sends a publish to the leader known now (a proxy's node, or this one's queue); False: it cannot now
+        self.send: Callable[[Publish], bool] | None = None
+        self.recheck: Callable[[], None] | None = None  # asks etcd who leads (a node said it does not)
+        self.hinted: Callable[[str, int], None] | None = None  # follows the leader (and term) a node named
+        self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
+        self._next = 1
+        self._round = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._retry: asyncio.TimerHandle | None = None
+
+    @property
+    def floor(self) -> int:
+        """The oldest unanswered seq: what is below it the leader need not wait for."""
+        return next(iter(self.publishes), self._next)
+
+    def publish(self, confirm: "ConfirmSink | None", message: Message) -> bool:
+        """Send a publish to the leader, and again to each next one until one answers; False (nacked at once)
+        without confirms or with too many waiting."""
+        if confirm is None or len(self.publishes) >= HOLD_MAX:
+            return False
+        publish = self.publishes[self._next] = Publish(self, self._next, confirm, message)
+        self._next += 1
+        publish.round = self._round
+        if self.leaderless or self.send is None or not self.send(publish):
+            self.stalled()
+        return True
+
+    def take(self) -> tuple[int, int]:
+        """(window id, seq) for a publish this node's queue takes while it leads (``adopt``)."""
+        self._next += 1
+        return self.id, self._next - 1
+
+    def adopt(self, seq: int, confirm: "ConfirmSink", message: Message) -> None:
+        """A publish taken under ``take``'s seq by this node's queue, which was deposed before its group had
+        it: sent to the next leader as the window's own (which takes it once)."""
+        publishes = self.publishes
+        publish = Publish(self, seq, confirm, message)
+        publish.round = -1  # (not sent yet: ``resend`` sends it)
+        later = [p for p in publishes.values() if p.seq > seq]
+        for p in later:
+            del publishes[p.seq]
+        publishes[seq] = publish
+        for p in later:
+            publishes[p.seq] = p
+        self.stalled()
+
+    def resend(self) -> None:
+        """A leader is known (a new one, or the same over a new link): what is unanswered goes to it, in order."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._round += 1
+        if not self.publishes:
+            return
+        if self.leaderless or self.send is None:
+            self.stalled()
+            return
+        for publish in list(self.publishes.values()):
+            if self.publishes.get(publish.seq) is publish:  # (a leader here may answer at once)
+                publish.round = self._round
+                if not self.send(publish):
+                    self.stalled()
+                    return
+
+    def answered(self, publish: Publish, status: int, hint: tuple[str, int] | None = None) -> None:
+        """A node's answer to a copy: confirmed or refused (the publisher is told), or not taken — the node does
+        not lead (``CONFIRM_MOVED``: we follow the leader it names, ``hint``, if of a later term than ours, as
+        ``rabbit_fifo_client`` follows a ``not_leader`` reply; else ask etcd, and send again a while later unless a
+        leader is known first), or an earlier publish never reached it (``CONFIRM_RESEND``: sent again now).
+        Only the answer to a copy of the latest round sends again."""
+        if self.publishes.get(publish.seq) is not publish:
+            return  # answered before
+        if status in (link.CONFIRM_MOVED, link.CONFIRM_RESEND):
+            if publish.round != self._round:
+                return
+            self._round += 1  # (the others' answers in that round do nothing more)
+            if status == link.CONFIRM_RESEND:
+                asyncio.get_running_loop().call_soon(self.resend)
+                return
+            self.stalled()
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
+            if hint is not None and hint[0] and self.hinted is not None:
+                self.hinted(*hint)
+            elif self.recheck is not None:
+                self.recheck()
+            return
+        del self.publishes[publish.seq]
+        if status == link.CONFIRM_OK and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
+
+    def lost(self, publish: Publish) -> None:
+        """The link a copy went over dropped: the window waits for it to come back, or for a new leader."""
+        if self.publishes.get(publish.seq) is publish:
+            self.stalled()
+
+    def stalled(self) -> None:
+        """What waits is nacked after ``HOLD`` seconds unless a confirm comes first."""
+        if self._timer is None and self.publishes:
+            self._timer = asyncio.get_running_loop().call_later(HOLD, self.close)
+
+    def close(self) -> None:
+        """Gave up (or the queue is gone): every publish waiting is nacked."""
+        for handle in (self._timer, self._retry):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._retry = None
+        self._round += 1
+        publishes, self.publishes = self.publishes, {}
+        for publish in publishes.values():
+            publish.confirm.remote_confirmed(publish.confirm_seq, True)
+
+
+class RemoteConsumer:
+    """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
+
+    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries", "settled")
+
+    def __init__(self, consumer_id: int, consumer: Consumer) -> None:
+        self.id = consumer_id
+        self.consumer = consumer
+        self.buffer: deque[Entry] = deque()
+        self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
+        # a quorum queue's consumer outlives a change of leader: while it is not attached to one (none known, or
+        # its answer to consuming again is on its way), its settles are parked; ``adopting``: the entries
+        # whose seqs it asked the new leader to take back
+        self.attached = True
+        self.adopting: list[Entry] = []
+        self.parked: list[tuple[int, Entry]] = []
+        self.tries = 0
+        # its latest settles sent to the leader (loop time, mode, the queue's seq): sent again to the next one,
+        # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
+        self.settled: deque[tuple[float, int, int]] = deque(maxlen=RESETTLE_MAX)
+
+    def resettles(self) -> list[list[int]]:
+        """(mode, seq) of the settles sent in the last ``RESETTLE_AGE`` seconds."""
+        settled = self.settled
+        oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
+        while settled and settled[0][0] < oldest:
+            settled.popleft()
+        return [[mode, seq] for _, mode, seq in settled]
+
+
+class Owner(Protocol):
+    """The link to the node that owns a remote queue (``peer.Peer``), as the queue's proxy uses it."""
+
+    name: str
+    up: bool
+    stats: dict[str, list[int]]  # the owner's last report on its queues
+
+    def publish(self, queue: RemoteQueue, message: Message, channel: ConfirmSink | None,
+                relay: bool = False) -> bool | None: ...
+
+    def enqueue(self, queue: RemoteQueue, publish: Publish) -> bool: ...
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
+                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer: ...
+
+    def cancel(self, remote: RemoteConsumer) -> None: ...
+
+    def settle(self, mode: int, entries: list[Entry]) -> None: ...
+
+    def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
+
+    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
+
+    def forget(self, remote: RemoteConsumer) -> None:
+        """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
+
+
+class RemoteQueue:
+    """The proxy of another node's queue (an ``AnyQueue``): what is done to it here goes to its owner."""
+
+    remote = True
+    exclusive_owner = None  # (an exclusive queue lives on its connection's node only)
+    exclusive = False
+    counts_deliveries = False  # the owner adds its deliveries' headers (and stores what it must)
+
+    def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
+                 queue_type: QueueType, args: QueueArgs, peer: Owner) -> None:
+        self.type = queue_type
+        self.name = name
+        self.vhost = vhost
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.args = args
+        self.policy: "Policy | None" = None
+        self.operator_policy: "Policy | None" = None
+        self.consumers = Consumers(args, _unused)  # who receives here (x-expires is the owner's business)
+        self.stats = MessageStats()  # (what this node did with it; the owner's figures are its own)
+        self.deleted = False
+        self.unacked = 0
+        self.peer = peer
+        self.key = f"{vhost}\0{name}"
+        qid = self.key.encode()
+        self.link_id = link.QID.pack(len(qid)) + qid  # as a publish frame lists it
+        self.by_consumer: dict[Consumer, RemoteConsumer] = {}
+        self.members: list[str] = []  # a quorum queue's group (forwarder.quorum.groups)
+        self.publishes: Window | None = None  # a quorum queue's unconfirmed publishes through here
+        # (forwarder.quorum.groups)
+        self.replicated = REPLICATED in queue_type.capabilities
+        # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
+        # new leader takes back for it)
+        self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
+        # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
+        self.recheck: Callable[[], None] | None = None
+
+    @property
+    def node(self) -> str:
+        return self.peer.name
+
+    @property
+    def available(self) -> bool:
+        return self.peer.up
+
+    def local(self) -> None:
+        """(Not a queue of this node.)"""
+        return None
+
+    @property
+    def message_count(self) -> int:
+        """As the owner last reported it (every second, and with every basic.get)."""
+        return self.peer.stats.get(self.key, (0, 0))[0]
+
+    ready_bytes = 0  # (the owner's figure: not reported)
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        """x-single-active-consumer: the one of this node's that receives."""
+        return self.consumers.active
+
+    @property
+    def unused_auto_delete(self) -> bool:
+        """An auto-delete queue goes once its last consumer has gone."""
+        return self.auto_delete and self.consumers.had_consumer and not self.consumers
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.vhost}/{self.name} on {self.peer.name}>"
+
+    def set_args(self, args: QueueArgs) -> None:
+        """A policy changed the effective arguments: the owner applies them; here, who receives."""
+        self.args = args
+        self.consumers.set_args(args)
+
+    def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
+        """The owner made its deliveries' headers (``counts_deliveries`` is False): as they came."""
+        return entry.message.header
+
+    def touch(self) -> None:
+        """x-expires is the owner's business."""
+
+    # -- in -----------------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None, relay: bool = False) -> bool | None:
+        """Forward to the owner, which confirms to ``confirm``.  While it is down: None (unroutable).  A quorum
+        queue's confirmed publish goes through its window (``Window``), which sends it to each leader until one
+        confirms it.  ``relay``: a publish another node sent here, which the owner passes on no further."""
+        publishes = self.publishes
+        if publishes is not None and confirm is not None:
+            return publishes.publish(confirm, message)
+        if publishes is not None and (publishes.leaderless or not self.peer.up):
+            return False
+        accepted = self.peer.publish(self, message, confirm, relay)
+        if accepted is None and REPLICATED in self.type.capabilities:  # its group elects another leader: the
+            return False  # publisher sends it again
+        return accepted
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.join(consumer)
+        remote = self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        if self.publishes is not None and (self.publishes.leaderless or not self.peer.up):
+            remote.attached = False  # (not sent: it consumes once a leader is known, ``follow``, or reached)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.consumers.leave(consumer)
+        remote = self.by_consumer.pop(consumer, None)
+        if remote is not None:
+            self.peer.cancel(remote)
+
+    def accepted(self, consumer: Consumer) -> asyncio.Future[None] | None:
+        """Done once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised by it.  None if the
+        consumer is gone already (channel closed)."""
+        remote = self.by_consumer.get(consumer)
+        return remote.accepted if remote is not None else None
+
+    def refused(self, consumer: Consumer) -> None:
+        self.consumers.leave(consumer)
+        self.by_consumer.pop(consumer, None)
+
+    def delivered(self, remote: RemoteConsumer, entry: Entry, seq: int) -> None:
+        """A delivery from the owner (``seq``: the entry's in the queue): straight to the client if it has
+        credit, else in the buffer."""
+        if self.replicated:
+            self.taken[entry] = (remote, seq)
+        remote.buffer.append(entry)
+        self._drain(remote)
+
+    def _drain(self, remote: RemoteConsumer) -> None:
+        if not remote.accepted.done():
+            return  # deliveries wait for consume-ok to reach the client first
+        buffer = remote.buffer
+        consumer = remote.consumer
+        peer = self.peer
+        while buffer and consumer.has_credit():
+            entry = buffer.popleft()
+            if not consumer.no_ack:
+                consumer.unacked += 1
+            elif self.replicated:
+                self.taken.pop(entry, None)
+            consumer.channel.deliver(consumer, entry)
+            peer.passed_on(remote, entry, consumer.no_ack)
+
+    def deliver_ready(self) -> None:
+        """Credit came back (ack, QoS, writes drained): pass buffered deliveries on."""
+        for remote in list(self.by_consumer.values()):
+            if remote.buffer:
+                self._drain(remote)
+
+    def cancelled(self, consumer: Consumer) -> None:
+        """The owner cancelled the consumer (queue deleted) or went down."""
+        self.refused(consumer)
+        consumer.channel.cancelled_by_broker(consumer)
+
+    # -- a quorum queue's consumers outlive a change of leader ------------------------------------
+
+    def follow(self, peer: Owner) -> None:
+        """The quorum queue has a new leader (or the same one in a new term): its consumers here consume there,
+        and it takes back what they hold; their clients notice nothing (RabbitMQ's do not either)."""
+        old, self.peer = self.peer, peer  # (its publishes still unconfirmed there: it passes them on to the leader)
+        for remote in list(self.by_consumer.values()):
+            old.forget(remote)
+            self._attach(remote)
+
+    def attach_waiting(self) -> None:
+        """The leader's link is back: the consumers that lost it consume again."""
+        for remote in list(self.by_consumer.values()):
+            if not remote.attached:
+                self._attach(remote)
+
+    def _attach(self, remote: RemoteConsumer) -> None:
+        remote.attached = False
+        remote.adopting = []
+        if (self.publishes is not None and self.publishes.leaderless) or not self.peer.up:
+            return  # it waits for a leader (``follow``), or for its link (``attach_waiting``)
+        taken = self.taken
+        remote.adopting = [entry for entry, (holder, _) in taken.items() if holder is remote]
+        self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting],
+                          remote.resettles())
+
+    def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
+        """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
+        returned: the client's settle of it goes nowhere), or a refusal, tried again for a while (a leader
+        just elected may not have its queue yet; this node may not have heard of the next one, ``recheck``)
+        before the consumer is cancelled."""
+        adopting, remote.adopting = remote.adopting, []
+        if not ok:
+            remote.attached = False  # (a deposed leader's word that the consumer is not there any more)
+            remote.tries += 1
+            if self.by_consumer.get(remote.consumer) is not remote:
+                return
+            if self.recheck is not None:
+                self.recheck()
+            if remote.tries > REATTACH_TRIES:
+                self.cancelled(remote.consumer)
+                return
+            asyncio.get_running_loop().call_later(REATTACH_RETRY, self._try_again, remote, remote.id)
+            return
+        remote.tries = 0
+        tags = tags + [0] * (len(adopting) - len(tags))
+        for entry, tag in zip(adopting, tags):
+            entry.seq = tag
+            if not tag:
+                self.taken.pop(entry, None)
+        if any(not entry.seq for entry in remote.buffer):
+            remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
+        remote.attached = True
+        parked, remote.parked = remote.parked, []
+        for mode, entry in parked:
+            self._settle(mode, [entry])
+        self._drain(remote)
+
+    def _try_again(self, remote: RemoteConsumer, refused_id: int) -> None:
+        if remote.id == refused_id and not remote.attached and self.by_consumer.get(remote.consumer) is remote:
+            self._attach(remote)
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
+        """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
+        leader takes back what it holds, under the same entries."""
+        consumer.queue = self
+        consumer.counted = False
+        self.consumers.join(consumer)
+        remote = self.by_consumer[consumer] = RemoteConsumer(0, consumer)
+        remote.accepted.set_result(None)
+        for entry, seq in held:
+            if seq >= 0:
+                self.taken[entry] = (remote, seq)
+        self._attach(remote)
+        return [entry if seq >= 0 else None for entry, seq in held]
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
+        """The consumer goes on with the queue's new object (this node leads it now): gone from the old
+        leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown), and its parked settles."""
+        self.consumers.leave(consumer)
+        remote = self.by_consumer.pop(consumer, None)
+        parked = []
+        if remote is not None:
+            self.peer.forget(remote)
+            for mode, entry in remote.parked:
+                found = self.taken.pop(entry, None)
+                if found is not None:
+                    parked.append((_MODES[mode], entry, found[1]))
+            # (and, sent again, its latest settles: no entry here stands for them any more)
+            parked.extend((_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
+        seqs = []
+        for entry in entries:
+            found = self.taken.pop(entry, None)
+            seqs.append(found[1] if found is not None else -1)
+        return seqs, parked
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def settle(self, entries: list[Entry]) -> None:
+        self._settle(link.SETTLE_ACK, entries)
+
+    def requeue(self, entries: Iterable[Entry]) -> None:
+        self._settle(link.SETTLE_REQUEUE, list(entries))
+
+    def reject(self, entries: list[Entry]) -> None:
+        self._settle(link.SETTLE_REJECT, entries)
+
+    def _settle(self, mode: int, entries: list[Entry]) -> None:
+        """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader (or while none is
+        known: the old one takes settles it no longer replicates) parks them."""
+        taken = self.taken
+        if taken:
+            waiting = (self.publishes is not None and self.publishes.leaderless) or not self.peer.up
+            send = []
+            now = asyncio.get_running_loop().time()
+            for entry in entries:
+                found = taken.get(entry)
+                if found is not None:
+                    if waiting or not found[0].attached:
+                        found[0].parked.append((mode, entry))
+                        continue
+                    del taken[entry]
+                    found[0].settled.append((now, mode, found[1]))
+                if entry.seq:
+                    send.append(entry)
+            entries = send
+        self.peer.settle(mode, entries)
+
+    async def fetch(self, no_ack: bool) -> Entry | None:
+        """basic.get at the owner: the entry stays unacked there until settled from here."""
+        reply, message = await self.peer.request(self, "get")
+        if message is None:
+            return None
+        entry = Entry(reply["tag"], message, reply["redelivered"])
+        if no_ack:
+            self.peer.settle(link.SETTLE_ACK, [entry])
+        return entry
+
+    async def purged(self) -> int:
+        """queue.purge at the owner."""
+        reply, _ = await self.peer.request(self, "purge")
+        return reply["count"]
+
+    def drop_all(self) -> None:
+        for remote in self.by_consumer.values():
+            self.peer.cancel(remote)
+        self.by_consumer.clear()
+
+
+def _unused() -> None:
+    """(A proxy's x-expires never runs out here: the owner's does.)"""
+
+
+_MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
+_GONE = Message.stored(0, 0)  # the message of an entry settled already
+
+
+def proxy_of(queues: Mapping[str, AnyQueue], name: str) -> RemoteQueue | None:
+    """The proxy through which this node reaches the queue of that name, if another node holds it (or, for a
+    quorum queue between leaders, none is known to yet); None for a queue of this node, or none."""
+    queue = queues.get(name)
+    return queue if isinstance(queue, RemoteQueue) else None
+
+
+_: type[AnyQueue] = RemoteQueue  # (mypy checks that the proxy is a queue as the rest of the node uses one)

@@ -1,0 +1,853 @@
+"""Replicated (quorum) queues: a leader that serves clients, followers that keep a copy on their disks.
+
+Leadership comes from etcd: the leader of a queue holds ``/warren/leaders/<queue>`` under its node's
+lease, and the key's create revision is its *term*.  A node whose lease lapses (it died, or lost etcd)
+loses every key it held; the members left elect a new leader among themselves:
+
+1. each stops taking the old leader's log, and writes its position (term, index) under
+   ``/warren/positions/<queue>/<node>``;
+2. once a majority of the members have written one, the member with the highest position among them
+   claims the key (an etcd transaction that only one can win).  A committed entry is on a majority, so
+   any majority holds a member that has it, and the highest position of a majority has them all.
+
+The log (:mod:`oplog`) is the queue's changes, shipped by the leader over the node-to-node links.  A
+follower takes ops only from the leader of the term it follows and only in order (else it asks to catch
+up), applies them to its own message store and queue index (under its own index id for the queue) with its
+position in the same transaction, and answers ``REPLICATED`` once the group commit that holds them is
+fsynced.  A publish is confirmed once a majority (the leader counting itself) has it durably.
+
+A new leader recovers the queue from its copy as a restart would, but for what consumers held: as RabbitMQ's,
+a quorum queue's consumers outlive a change of leader, their clients unaware.  Each node's consumers consume
+again at the new leader (``RemoteQueue.follow``; those of a leader deposed, or of a node that now leads, move
+to the queue's new object here, ``Broker.replace_queue``) with the queue's seqs of what they hold, which the
+leader kept for them (``QuorumQueue.adopt``) and gives back under new delivery tags; what none took back
+within ``HANDOVER_GRACE`` comes back redelivered.  A leader that sees a later term, or whose lease lapsed,
+stops: its consumers are dropped there, uncancelled.  A confirmed publish through a node goes through that
+node's window of the queue (``remote_queue.Window``, an enqueuer of the queue's state as ``rabbit_fifo``'s
+are): what the leader has not confirmed, the window sends again to the next leader as soon as it is known,
+which takes each publish once; a deposed leader's own unconfirmed publishes join its node's window.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+import aetcd
+from aetcd import rtypes
+
+from amqp_server import patterns
+from amqp_server.queues import queue_args, types as queue_types
+from amqp_server.queues import quorum_machine as machine
+from amqp_server.logs import untrusted
+from amqp_server.queues.quorum_machine import CHECKS, State
+from amqp_server.records import QueueRecord
+from amqp_server.broker.vhost import VHost
+
+from ..peers import node_link as link
+from .oplog import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
+from .oplog import apply as apply_ops
+from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
+from ..peers.owner_side import Session
+
+if TYPE_CHECKING:
+    from amqp_server.broker import Broker
+
+    from ..metadata.mirror import Metadata
+    from ..peers.peer import Peer
+
+log = logging.getLogger("warren.forwarder.quorum")
+
+LEADERS = b"/warren/leaders/"
+POSITIONS = b"/warren/positions/"
+LEASE_TTL = 2  # seconds: a dead leader's keys go this long after its last refresh
+ELECTION_POLL = 0.1
+ELECTION_TIMEOUT = 10.0
+ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
+RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
+CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
+ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
+REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
+DEFAULT_GROUP_SIZE = 3
+
+def queue_key(vhost: str, name: str) -> str:
+    return f"{vhost}\0{name}"
+
+class Cluster(Protocol):
+    """The cluster as the replicated queues use it (``cluster.Cluster``): this node and its broker, the other
+    nodes, etcd and the definitions there."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def client(self) -> aetcd.Client: ...
+
+    @property
+    def metadata(self) -> Metadata: ...
+
+    @property
+    def peers(self) -> Mapping[str, Peer]: ...
+
+    def nodes(self) -> list[tuple[str, bool]]: ...
+
+    def peer(self, name: str) -> Peer: ...
+
+
+@dataclass
+class Group:
+    """One quorum queue as this node knows it: its members, its leader, and this node's copy."""
+
+    vhost: str
+    name: str
+    members: list[str]
+    record: QueueRecord
+    index_id: int = 0  # this node's copy, if a member
+    state: State = field(default_factory=State)  # that copy's state (the leader's queue applies ops to it)
+    leader: str = ""
+    term: int = 0  # the term this node follows (0: none, during an election)
+    applied_term: int = 0  # the term of the last op this node's copy has
+    applied: int = 0  # the index of that op
+    partial: bool = False  # a snapshot is coming in: the copy is not whole yet
+    vouched: tuple[int, int] = (0, 0)  # where the copy stood whole when a snapshot began to replace it
+    leader_lease: int = 0  # the etcd lease the leader holds its key under
+    asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
+    replicator: Replicator | None = None
+    acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
+    electing: asyncio.Task | None = None
+    rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
+    ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
+    unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
+    window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
+
+    @property
+    def key(self) -> str:
+        return queue_key(self.vhost, self.name)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(term, index) of the last op this node's copy holds whole: what it stands for in an election and
+        asks a leader from; (0, index) while a snapshot is coming in, so a partial copy never wins, nor is
+        taken for whole by a new leader."""
+        return (0 if self.partial else self.applied_term), self.applied
+
+    @property
+    def whole(self) -> bool:
+        """The copy holds every op up to its position: it is not one a snapshot is coming into, nor was when
+        the node stopped (its position's term is 0 then, past index 0)."""
+        return not self.partial and (self.applied_term > 0 or self.applied == 0)
+
+    @property
+    def ballot(self) -> list[int]:
+        """What this copy stands for in an election: its position and 1 if whole; else where it stood whole
+        before a snapshot began to replace its rows, and 0 — it cannot lead, but it may have had (and
+        acknowledged) ops up to there, which whoever leads must have too."""
+        return [*self.position, 1] if self.whole else [*self.vouched, 0]
+
+
+class QuorumGroups:
+    """Every quorum queue of the cluster, as this node takes part in them."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.broker = cluster.broker
+        self.name = cluster.name
+        self.client: aetcd.Client = cluster.client
+        self.groups: dict[str, Group] = {}
+        self.lease: aetcd.Lease | None = None
+        self._renewed = 0.0  # (loop time) when the last refresh etcd took was sent
+        self.ready = asyncio.Event()  # the lease is granted and the watch runs
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._renewed = loop.time()
+        self.lease = await self.client.lease(LEASE_TTL)
+        self._tasks = [loop.create_task(self._keep_lease()), loop.create_task(self._watch())]
+        self.ready.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for group in self.groups.values():
+            if group.electing is not None:
+                group.electing.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.lease is not None:
+            try:
+                await asyncio.wait_for(self.lease.revoke(), 2)  # the others need not wait for it to lapse
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                pass
+
+    @property
+    def lease_sure(self) -> bool:
+        """The lease is alive for sure: a refresh etcd took was sent less than half its TTL ago (etcd counts the
+        TTL from when it took it, later).  Queues led here deliver only while it is (``Replicator.live``): once
+        it may have lapsed, etcd may have let another member claim them, which would deliver again what they
+        deliver meanwhile (they confirm on: a majority's answers are enough)."""
+        return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
+
+    async def _keep_lease(self) -> None:
+        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues deliver nothing
+        once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
+        queues meanwhile (a key lives as long as its lease), so they deliver again with no change of leader —
+        after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
+        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LEASE_TTL / 8)
+            assert self.lease is not None  # (start got one; _new_lease, awaited below, leaves one)
+            sent = loop.time()
+            try:
+                reply = await asyncio.wait_for(self.lease.refresh(), LEASE_TTL / 4)
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                continue
+            if reply.TTL <= 0:
+                await self._new_lease()
+                continue
+            unsure = not self.lease_sure
+            self._renewed = sent
+            if unsure:
+                for group in self.groups.values():
+                    if group.replicator is not None:
+                        group.replicator.queue.deliver_ready()
+
+    async def _new_lease(self) -> None:
+        """The lease lapsed (etcd says so, and dropped its keys): lead nothing; then a new lease, asked for until
+        etcd grants one, and every queue left without a leader elects one."""
+        if any(group.replicator is not None for group in self.groups.values()):
+            log.warning("etcd lease lapsed: leading no queue")
+        self._step_down_everywhere()
+        self.lease = None
+        loop = asyncio.get_running_loop()
+        while self.lease is None:
+            sent = loop.time()
+            try:
+                self.lease = await asyncio.wait_for(self.client.lease(LEASE_TTL), LEASE_TTL)
+                self._renewed = sent
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                await asyncio.sleep(LEASE_TTL / 8)
+        for group in self.groups.values():
+            if not group.leader and self.name in group.members:
+                self._elect(group)
+
+    def _step_down_everywhere(self) -> None:
+        for group in self.groups.values():
+            if group.leader == self.name:
+                self._follow(group, "", 0)  # (the only member of a group keeps leading it)
+
+    # -- definitions ---------------------------------------------------------------------------
+
+    def members_for(self, arguments: dict[str, Any], first: str) -> list[str]:
+        """The group of a new queue: its placed node, then running nodes by name, up to the group size."""
+        size = queue_args.parse(arguments, "", "").group_size or DEFAULT_GROUP_SIZE
+        others = sorted(name for name, up in self.cluster.nodes() if up and name != first)
+        if first != self.name:
+            others = sorted(set(others) | {self.name} - {first})
+        return [first, *others][:size]
+
+    def put_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        key = queue_key(vhost.name, record.name)
+        group = self.groups.get(key)
+        if group is not None:
+            self._regroup(vhost, group, record)
+            return
+        group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
+        group.window.send = lambda publish: self._send(group, publish)
+        group.window.recheck = lambda: self._recheck(group)
+        group.window.hinted = lambda leader, term: self._hinted(group, leader, term)
+        if self.name in group.members:
+            self._open_copy(group)
+        # until the leader is known, clients here reach another member (which refuses what needs a leader), so
+        # that the queue exists here at once and is never declared anew
+        others = [record.node] if record.node != self.name else [m for m in group.members if m != self.name]
+        if others:
+            self._proxy(vhost, group, others[0])
+        asyncio.get_running_loop().create_task(self._learn_leader(group))
+
+    def _open_copy(self, group: Group) -> None:
+        """This node's copy of the queue: the index id it has (or a new one), and where its log stands."""
+        saved = self.broker.store.get(REPLICA, group.key)
+        if saved is None:
+            saved = {"index_id": self.broker.next_index_id()}
+            self.broker.store.put(REPLICA, group.key, saved)
+        group.index_id = saved["index_id"]
+        term, index = saved.get("vouched", (0, 0))
+        group.vouched = (term, index)
+        group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
+        group.state = self.broker.persistence.copy_state(group.index_id)
+
+    def _drop_copy(self, group: Group) -> None:
+        if not group.index_id:
+            return
+        persistence = self.broker.persistence
+        persistence.replica_clear(group.index_id)
+        persistence.index.forget_position(group.index_id)
+        self.broker.store.delete(REPLICA, group.key)
+        group.index_id = group.applied = group.applied_term = 0
+        group.partial = False
+        group.vouched = (0, 0)
+        group.state = State()
+
+    # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
+
+    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
+        """A node joins (``add``) or leaves (``remove``) a queue's group; the cluster agrees through etcd.
+        LookupError: no such quorum queue; ValueError: a change that cannot be made."""
+        group = self.groups.get(queue_key(vhost, name))
+        if group is None:
+            raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+        members = list(group.members)
+        if add:
+            if add != self.name and add not in dict(self.cluster.nodes()):
+                raise ValueError(f"no node '{add}' in the cluster")
+            if add in members:
+                raise ValueError(f"node '{add}' is a member of queue '{name}' already")
+            members.append(add)
+        if remove:
+            if remove not in members:
+                raise ValueError(f"node '{remove}' is not a member of queue '{name}'")
+            if len(members) == 1:
+                raise ValueError(f"queue '{name}' has only one member")
+            members.remove(remove)
+        record = replace(group.record, members=members)
+        self.cluster.metadata.put(QueueRecord.kind, record.key, {k: v for k, v in record.to_json().items()
+                                                                 if k != "index_id"})
+        vhost_object = self.broker.vhosts.get(vhost)
+        if vhost_object is not None:
+            self._regroup(vhost_object, group, record)
+
+    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int:
+        """Add ``node`` to every matching quorum queue (``strategy`` all) or those with an even number of
+        members (even), as rabbitmq-queues grow; returns how many queues it joined."""
+        if node != self.name and node not in dict(self.cluster.nodes()):
+            raise ValueError(f"no node '{node}' in the cluster")
+        try:
+            vhosts, queues = patterns.compile(vhost_pattern), patterns.compile(queue_pattern)
+        except patterns.Error as exc:
+            raise ValueError(f"invalid pattern: {exc}") from None
+        joined = 0
+        for group in list(self.groups.values()):
+            if node in group.members or (strategy == "even" and len(group.members) % 2):
+                continue
+            if patterns.search(vhosts, group.vhost) and patterns.search(queues, group.name):
+                self.change_members(group.vhost, group.name, add=node)
+                joined += 1
+        return joined
+
+    def _regroup(self, vhost: VHost, group: Group, record: QueueRecord) -> None:
+        """The group changed: a new member takes a copy, a member that left drops it, the leader ships to
+        the new set, and a leader that left steps down for the others to elect one."""
+        members = list(record.members)
+        group.record = record
+        if members == group.members:
+            return
+        group.members = members
+        if self.name in members and not group.index_id:
+            self._open_copy(group)
+            if group.leader and group.leader != self.name:
+                self._ask_to_catch_up(group)
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:
+            proxy.members = members
+        if group.replicator is not None:
+            if self.name in members:
+                group.replicator.queue.members = [self.name] + [m for m in members if m != self.name]
+                group.replicator.regroup(members)
+            else:
+                self._follow(group, "", 0)
+                asyncio.get_running_loop().create_task(self._release(group))
+        if self.name not in members:
+            self._drop_copy(group)
+
+    def delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
+        group = self.groups.pop(queue_key(vhost.name, record.name), None)
+        if group is None:
+            return
+        if group.electing is not None:
+            group.electing.cancel()
+        group.window.close()
+        if group.replicator is not None:  # the followers drop their copies themselves: nothing more to ship
+            for confirm, seq, _ in group.replicator.stop():
+                confirm.remote_confirmed(seq, True)
+            group.replicator.queue.replicator = None
+            group.replicator = None
+        self.broker.delete_queue(vhost, record.name)
+        self._drop_copy(group)
+        if group.leader == self.name:
+            asyncio.get_running_loop().create_task(self._release(group))
+
+    async def _release(self, group: Group) -> None:
+        try:
+            await self.client.delete(LEADERS + group.key.encode())
+        except aetcd.ClientError:
+            pass
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    async def claim_first(self, vhost: str, name: str) -> tuple[int, int] | None:
+        """A queue declared here and placed here: claim its lead from the start; (term, lease) if won."""
+        await asyncio.wait_for(self.ready.wait(), LEASE_TTL * 5)
+        return await self._claim(queue_key(vhost, name))
+
+    def lead(self, vhost: str, name: str, term: int, lease: int) -> None:
+        """Lead a queue just claimed (``claim_first``), before its declare-ok."""
+        group = self.groups.get(queue_key(vhost, name))
+        if group is not None:
+            self._follow(group, self.name, term, lease)
+
+    async def _learn_leader(self, group: Group) -> None:
+        """A queue just known here: follow its leader, or elect one if it has none — after a grace period,
+        in which the node that declared a new queue claims it (``claim_first``).  Asked again while etcd
+        does not answer."""
+        await self.ready.wait()
+        graced = False
+        while not group.leader and self.groups.get(group.key) is group:
+            try:
+                current = await self.client.get(LEADERS + group.key.encode())
+            except aetcd.ClientError as exc:
+                log.warning("etcd: leader of %s unknown (%s); asking again", untrusted(group.key), exc)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            if current is not None:
+                self._follow(group, current.value.decode(), current.create_revision, current.lease)
+            elif graced:
+                if self.name in group.members:
+                    self._elect(group)
+                return
+            else:
+                graced = True
+                await asyncio.sleep(ELECTION_GRACE)
+
+    def _send(self, group: Group, publish: Publish) -> bool:
+        """A publish of the group's window goes to the leader: over its link, or into the queue if this node
+        leads (which takes it once: the previous leader may have had it).  False: the leader cannot be reached."""
+        if group.replicator is not None:
+            replicator = group.replicator
+            window = publish.window
+            verdict = replicator.queue.enqueue_from(publish.message.copy(), publish, window.id, publish.seq,
+                                                    window.floor)  # (its own record: the old one is the copy's)
+            if verdict == machine.AHEAD:
+                asyncio.get_running_loop().call_soon(window.answered, publish, link.CONFIRM_RESEND)
+            elif verdict == "refused":
+                window.answered(publish, link.CONFIRM_REJECTED)
+            elif not replicator.followers:
+                window.answered(publish, link.CONFIRM_OK)
+            return True
+        vhost = self.broker.vhosts.get(group.vhost)
+        proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
+        if proxy is None or group.leader != proxy.peer.name:
+            return False
+        return proxy.peer.enqueue(proxy, publish)
+
+    def leader_of(self, key: str) -> tuple[str, int]:
+        """The leader of a queue as known here, and its term (("", 0): none)."""
+        group = self.groups.get(key)
+        return (group.leader, group.term) if group is not None else ("", 0)
+
+    def _hinted(self, group: Group, leader: str, term: int) -> None:
+        """Another node named the leader of a later term than ours (our etcd watch may be stalled or cut): we
+        follow it."""
+        if (term > group.term and leader != self.name and leader in self.cluster.peers
+                and self.groups.get(group.key) is group):
+            log.info("%s leads %s in term %d, as another node says", leader, group.key, term)
+            self._follow(group, leader, term)
+
+    def _recheck(self, group: Group) -> None:
+        """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
+        if group.rechecking is None or group.rechecking.done():
+            group.rechecking = asyncio.get_running_loop().create_task(self._ask_leader(group))
+
+    async def _ask_leader(self, group: Group) -> None:
+        try:
+            current = await self.client.get(LEADERS + group.key.encode())
+        except aetcd.ClientError:
+            return  # (tried again at the next refusal)
+        if current is not None and current.create_revision >= group.term and self.groups.get(group.key) is group:
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
+
+    async def _watch(self) -> None:
+        """Follow every queue's leader key; after a broken watch, start again from etcd's current state."""
+        while True:
+            try:
+                reply = await self.client.get_prefix(LEADERS)
+                current = {kv.key[len(LEADERS):].decode(): (kv.value.decode(), kv.create_revision, kv.lease)
+                           for kv in reply}
+                for key, group in list(self.groups.items()):
+                    if key in current:
+                        self._follow(group, *current[key])
+                    elif self.name in group.members:
+                        self._follow(group, "", 0)
+                        self._elect(group)
+                watch = await self.client.watch_prefix(LEADERS, start_revision=reply.header.revision + 1)
+                async for event in watch:
+                    changed = self.groups.get(event.kv.key[len(LEADERS):].decode())
+                    if changed is None or event.kv.mod_revision < changed.term:
+                        continue  # (older than the term followed, which a later term's ops told: ``replicate``)
+                    if event.kind == rtypes.EventKind.PUT:
+                        self._follow(changed, event.kv.value.decode(), event.kv.create_revision, event.kv.lease)
+                    else:
+                        self._follow(changed, "", 0)
+                        if self.name in changed.members:
+                            self._elect(changed)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("etcd leader watch failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    def _elect(self, group: Group) -> None:
+        if group.electing is None or group.electing.done():
+            group.electing = asyncio.get_running_loop().create_task(self._election(group))
+
+    async def _election(self, group: Group) -> None:
+        """Write our position; once a majority has, the highest claims the key; until a leader is known (the
+        watch tells, or a claim lost finds it), the queue is gone, or this node is no member of it.  An etcd
+        error is tried again, and the position is written again under each new lease (those under a lapsed
+        one are gone).  Then our position is withdrawn (``_withdraw``), and if the leader went meanwhile, this
+        node stands again."""
+        key = group.key.encode()
+        mine = POSITIONS + key + b"/" + self.name.encode()
+        while self._standing(group):
+            try:
+                await self._stand(group, mine)
+            finally:
+                await self._withdraw(group, mine)
+
+    def _standing(self, group: Group) -> bool:
+        return not group.leader and self.groups.get(group.key) is group and self.name in group.members
+
+    async def _stand(self, group: Group, mine: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
+        deadline = 0.0
+        while self._standing(group):
+            lease = self.lease
+            try:
+                ballot = group.ballot
+                if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
+                    group.ballot_out = True  # (before: a write that fails may be in etcd all the same)
+                    await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
+                    written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
+                ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
+                           for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
+                ballots = {name: b for name, b in ballots.items() if name in group.members}
+                if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
+                    best = max((name for name, b in ballots.items() if b[2]),
+                               key=lambda name: (ballots[name][:2], name))
+                    if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
+                        await self._claim_or_follow(group)
+            except aetcd.ClientError as exc:
+                log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
+                written = None
+                await asyncio.sleep(ELECTION_RETRY)
+            await asyncio.sleep(ELECTION_POLL)
+
+    async def _withdraw(self, group: Group, mine: bytes) -> None:
+        """Delete our position, trying again while etcd fails (it lapses with our lease otherwise, which may be
+        never).  Until it is gone our copy acknowledges no op (``synced``): a later election could count the
+        position as ours, lower than what we would have acknowledged since, and elect a member that lacks
+        what a majority was confirmed with.  Then the leader hears how far we are."""
+        while True:
+            try:
+                await self.client.delete(mine)
+                break
+            except aetcd.ClientError as exc:
+                if self.groups.get(group.key) is not group:
+                    return
+                log.info("withdrawing our position for %s: %s; trying again", untrusted(group.key), exc)
+                await asyncio.sleep(ELECTION_RETRY)
+        group.ballot_out = False
+        self._acknowledge(group)
+
+    async def _claim_or_follow(self, group: Group) -> None:
+        """Claim the lead; lost, follow the winner at once (its watch event may be late, or lost with a
+        broken watch)."""
+        claimed = await self._claim(group.key)
+        if claimed is not None:
+            self._follow(group, self.name, *claimed)
+            return
+        current = await self.client.get(LEADERS + group.key.encode())
+        if current is not None:
+            self._follow(group, current.value.decode(), current.create_revision, current.lease)
+
+    async def _claim(self, key: str) -> tuple[int, int] | None:
+        """Lead the queue unless it has a leader; (term, lease) if this node won.  The watch tells every node
+        (this one too) who leads."""
+        full = LEADERS + key.encode()
+        ops = self.client.transactions
+        lease = self.lease
+        if lease is None:  # a new one is being asked for: none to claim under
+            return None
+        won, responses = await self.client.transaction(
+            compare=[ops.create(full) == 0], success=[ops.put(full, self.name.encode(), lease)], failure=[])
+        if not won:
+            return None
+        log.info("%s claimed the lead of %s", self.name, key)
+        return responses[0].response_put.header.revision, lease.id
+
+    def _follow(self, group: Group, leader: str, term: int, lease: int = 0) -> None:
+        """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``, holding the key
+        under ``lease``."""
+        group.leader_lease = lease
+        if leader == group.leader and term == group.term:
+            return
+        if not leader and group.members == [self.name] and group.replicator is not None:
+            return  # the only member keeps leading while it claims the key again
+        group.leader, group.term = leader, term
+        group.window.leaderless = not leader
+        vhost = self.broker.vhosts.get(group.vhost)
+        if vhost is None:
+            return
+        if group.replicator is not None and leader != self.name:
+            self._demote(group)
+        if leader == self.name:
+            if group.replicator is None:
+                self._promote(vhost, group)
+        elif leader:
+            self._proxy(vhost, group, leader)
+            if group.index_id and group.applied_term != term:
+                self._ask_to_catch_up(group)
+        elif proxy_of(vhost.queues, group.name) is None:
+            # deposed, none elected yet: publishes through here are refused by another member until one is
+            others = [name for name in group.members if name != self.name]
+            if others:
+                self._proxy(vhost, group, others[0])
+        if leader:
+            group.window.resend()  # what a leader has not confirmed goes to this one
+
+    # -- this node's queue object ---------------------------------------------------------------
+
+    def _proxy(self, vhost: VHost, group: Group, leader: str) -> None:
+        """Clients here reach the queue through the leader's node."""
+        if leader == self.name:
+            return
+        current = vhost.queues.get(group.name)
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:
+            proxy.follow(self.cluster.peer(leader))
+            return
+        record = group.record
+        queue = RemoteQueue(record.name, vhost.name, True, False, record.arguments,
+                            *queue_types.declared(record.arguments, record.name, vhost.name), self.cluster.peer(leader))
+        queue.members = group.members
+        queue.publishes = group.window
+        queue.recheck = lambda: self._recheck(group)
+        self._swap(vhost, current, queue)
+
+    def _promote(self, vhost: VHost, group: Group) -> None:
+        """This node leads: its copy becomes the queue clients use, and the followers are sent snapshots."""
+        record = group.record
+        kind, args = queue_types.declared(record.arguments, record.name, vhost.name)
+        queue = kind.new(record.name, vhost.name, True, None, False, record.arguments, args, self.broker)
+        queue.index_id = group.index_id
+        self.broker.attach(queue, True)
+        queue.members = [self.name] + [name for name in group.members if name != self.name]
+        self.broker.persistence.recover_queue(queue)
+        group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
+        queue.start(group.state, handover=True)
+        self._swap(vhost, vhost.queues.get(group.name), queue)
+        log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
+
+    def _demote(self, group: Group) -> None:
+        """Deposed: the queue object here takes nothing more (its storage is the copy's now); the proxy that
+        replaces it (``_proxy``) takes its bindings and its consumers, which the new leader takes back."""
+        replicator, group.replicator = group.replicator, None
+        if replicator is None:  # (it led: it has one)
+            return
+        window = group.window
+        for confirm, seq, op in replicator.stop():  # sent again to the next leader by the node they came from
+            if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
+                continue
+            if isinstance(confirm, Session):  # (another node's: its window sends them to the leader we name)
+                confirm.moved(seq, group.leader, group.term)
+            elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
+                confirm.remote_confirmed(seq, True)
+            else:
+                if op.message.body is None:
+                    self.broker.load_body(op.message)
+                window.adopt(op.publish, Relayed(confirm, seq), op.message)
+        replicator.queue.detach()
+        log.info("%s no longer leads %s", self.name, group.key)
+
+    def _swap(self, vhost: VHost, old: Any, new: Any) -> None:
+        if old is not None:
+            self.broker.replace_queue(vhost, old, new)
+        else:
+            self.broker.add_remote_queue(vhost, new)
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def peer_up(self, name: str) -> None:
+        """A link came up: a leader sends that follower a snapshot; a follower of that leader without this
+        term's snapshot asks for one (what either sent before the other knew the term was ignored)."""
+        for group in self.groups.values():
+            if group.replicator is not None:
+                group.replicator.peer_up(name)
+            elif group.leader == name:
+                group.window.resend()  # what the leader has not answered, over the new link
+                vhost = self.broker.vhosts.get(group.vhost)
+                proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
+                if proxy is not None and proxy.peer.name == name:
+                    proxy.attach_waiting()
+                if group.index_id:
+                    self._ask_to_catch_up(group)
+
+    def peer_down(self, name: str, silent: bool = False) -> None:
+        """A link dropped: a leader stops shipping to that follower; if the other end closed it (its node or
+        host went down), the followers of that leader revoke its lease, so that its queues elect a leader now
+        rather than when the lease lapses.  A link closed here because it fell ``silent`` revokes nothing: the
+        leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
+        heartbeats' silence, has lapsed by now if it is not."""
+        leases = set()
+        for group in self.groups.values():
+            if group.replicator is not None:
+                group.replicator.peer_down(name)
+            elif group.leader == name and group.index_id and group.leader_lease and not silent:
+                leases.add(group.leader_lease)
+        for lease in leases:
+            asyncio.get_running_loop().create_task(self._revoke(lease))
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self.client.revoke_lease(lease)
+        except aetcd.ClientError as exc:  # gone already, or etcd unreachable: the lease lapses by itself
+            log.debug("revoking lease %x: %s", lease, exc)
+
+    def _ask_to_catch_up(self, group: Group) -> None:
+        """Following a leader (new, or newly heard of): it sends what we miss of its log, or its queue whole."""
+        peer = self.cluster.peers.get(group.leader)
+        if peer is not None and peer.up and peer.link is not None:
+            peer.link.send(link.REPLICATED, *self._catch_up_request(group, group.term))
+
+    @staticmethod
+    def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
+        key = group.key.encode()
+        applied_term, applied = group.position
+        return ACKED.pack(term, applied, applied_term, 1, len(key)), key
+
+    def replicate(self, session: "Session", payload: bytes) -> None:
+        """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
+        term, first, size = HEAD.unpack_from(payload)
+        pos = HEAD.size
+        key = payload[pos:pos + size].decode()
+        pos += size
+        group = self.groups.get(key)
+        if group is None or not group.index_id:
+            return
+        sender = session.link.peer_name
+        if term > group.term and group.replicator is not None:  # we lead, and a later term's leader ships ops
+            # (only the member that won its claim does): deposed while etcd was out of our reach, we step down
+            # now rather than once etcd answers
+            log.info("%s leads %s in term %d, as its ops say: no longer leading", sender, key, term)
+            self._follow(group, "", 0)
+            return
+        if term != group.term or group.leader != sender:  # fenced: not the leader we follow
+            log.debug("ops for %s from %s in term %d ignored (following term %d)", key, session.link.peer_name,
+                      term, group.term)
+            return
+        persistence = self.broker.persistence
+        index_id = group.index_id
+        end = len(payload)
+        reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
+        if reset and group.whole:  # it replaces our rows as it comes: what we had, we vouch for until it is whole
+            self._vouch(group)
+        more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
+        if more and group.applied_term == term and first == group.applied:
+            reset = True
+        elif (pos < end and payload[pos] == ADOPT_OP and first == group.applied + 1
+              and group.position[0] == MARK.unpack_from(payload, pos)[1]):  # our copy is where this term started
+            group.applied_term = term
+        elif (pos < end and payload[pos] < ENTRY_OP and first <= group.applied and group.applied_term == term
+              and not group.partial):  # ops of our term, the first of which we have: a catch-up's log overlapping
+            # what was shipped meanwhile (a term's op at an index is the same wherever it comes from)
+            rest = skip(payload, pos, group.applied + 1 - first)
+            if rest is None:  # all of them: nothing to do (asking to catch up again would only overlap again)
+                return
+            pos, first = rest, group.applied + 1
+        if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
+            # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
+            now = asyncio.get_running_loop().time()
+            # once, the answer being on its way behind these; again after a while (the leader was not leading
+            # yet when the request came, or it was lost)
+            if group.asked[:2] != (term, group.applied) or now - group.asked[2] > CATCH_UP_RETRY:
+                group.asked = (term, group.applied, now)
+                log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
+                session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
+            return
+        group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first)
+        group.applied = first if reset else first + count - 1
+        group.applied_term, group.partial = term, reset
+        # (a restart mid-snapshot asks for another)
+        persistence.replica_position(index_id, *group.position, group.state.enqueuers)
+        if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
+            return
+        if CHECKS:
+            check_copy(group.state, persistence, index_id, payload, pos)
+        group.acks.append((persistence.batch, session, group.applied))
+        persistence.waiters.add(self)
+
+    def _vouch(self, group: Group) -> None:
+        """Keep where the copy stands whole, before a snapshot replaces its rows: in an election while it is
+        partial (a restart too), no member behind it may lead (``Group.ballot``)."""
+        group.vouched = group.position
+        saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
+        # (LMDB syncs it now: before the group commit that takes the rows away)
+        self.broker.store.put(REPLICA, group.key, {**saved, "vouched": list(group.vouched)})
+
+    def synced(self, batch: int) -> None:
+        """A group commit is on disk: tell each leader how far our copies are durable."""
+        waiting = False
+        for group in self.groups.values():
+            acks = group.acks
+            sent = None
+            while acks and acks[0][0] <= batch:
+                sent = acks.pop(0)
+            if sent is not None:
+                group.unsent = (group.term, sent[1], sent[2])
+                if not group.ballot_out:
+                    self._acknowledge(group)
+            waiting = waiting or bool(acks)
+        if not waiting:
+            self.broker.persistence.waiters.discard(self)
+
+    @staticmethod
+    def _acknowledge(group: Group) -> None:
+        """Tell the leader how far our copy is durable (``unsent``), if it still leads the term of that."""
+        unsent, group.unsent = group.unsent, None
+        if unsent is not None and unsent[0] == group.term:
+            key = group.key.encode()
+            unsent[1].link.send(link.REPLICATED, ACKED.pack(unsent[0], unsent[2], unsent[0], 0, len(key)), key)
+
+    def replicated(self, peer_name: str, payload: bytes) -> None:
+        """A follower's answer: how far its copy is durable, or that it wants a snapshot."""
+        term, index, applied_term, catch_up, size = ACKED.unpack_from(payload)
+        group = self.groups.get(payload[ACKED.size:ACKED.size + size].decode())
+        if group is None or group.replicator is None:
+            return
+        replicator = group.replicator
+        if term > replicator.term:  # a later leader exists: we were deposed
+            self._follow(group, "", 0)
+        elif catch_up:
+            replicator.catch_up(peer_name, applied_term, index)
+        elif term == replicator.term:
+            replicator.acked(peer_name, index)
+
+    # -- what the API shows --------------------------------------------------------------------
+
+    def critical(self) -> list[tuple[str, str]]:
+        """(vhost, name) of each queue this node is a member of that would be left without a majority of running
+        members if it stopped: no more than a bare majority runs now (RabbitMQ's list_with_minimum_quorum)."""
+        running = {name for name, up in self.cluster.nodes() if up} | {self.name}
+        return [(group.vhost, group.name) for group in self.groups.values() if self.name in group.members
+                and sum(1 for m in group.members if m in running) <= len(group.members) // 2 + 1]
+
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Per queue led here: how many ops each follower has yet to make durable."""
+        return {group.key: group.replicator.lag for group in self.groups.values() if group.replicator is not None}
+

@@ -1,0 +1,447 @@
+"""A quorum queue's log: its state machine's ops on the wire, the leader's side that ships them, and how a
+follower applies them to its copy.
+
+The ops are :mod:`amqp_server.queues.quorum_machine`'s, numbered by an index within the leader's term, and go on the
+wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands it
+to its :class:`Replicator`, which encodes it, stages a turn's ops
+and ships them in one ``REPLICATE`` frame per follower; it keeps its term's latest ops (``LOG_BYTES``) to
+catch up a follower that missed a few, and sends a snapshot to one that missed more or whose copy is of
+another term — unless that copy is where the leader's own stood when it took over (a failover's usual case:
+the members left were in step), which the leader's term then adopts as it is.  A snapshot is the state as it
+stood at an index (small: it does not grow with the queue's depth), the rows of the queue's entries as they
+are when each chunk is read, then the ops since that index.  A follower applies the ops to its own copy of
+the state with :func:`apply`, and carries out their storage effects on its message store and queue index.
+Who leads, and which follower takes what, is :mod:`groups`'s business.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Protocol
+
+from amqp_server.queues import quorum_machine as machine
+from amqp_server.queues.quorum_ops import LogOp, decode, encode
+from amqp_server.queues.quorum_queue import QuorumQueue
+
+from ..peers import node_link as link
+from ..peers.remote_queue import Window
+
+if TYPE_CHECKING:
+    from amqp_server.queues.persistence import Persistence
+    from amqp_server.ports import ConfirmSink
+    from amqp_server.queues.queue import Entry
+    from amqp_server.broker import Broker
+
+    from ..peers.peer import Peer
+
+log = logging.getLogger("warren.forwarder.quorum_log")
+
+HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; then the key, then ops
+# term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
+ACKED = struct.Struct(">QQQBH")
+
+# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned,
+# record length; then the record
+ENTRY = struct.Struct(">BQQBBI")
+ENTRY_OP = 20
+# a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
+# a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
+# the snapshot's index, their storage effects carried out idempotently (the rows are of later states); the
+# snapshot is whole once one comes.  ADOPT (argument: a term): a copy at that term and at the frame's index
+# before ``first`` is the new leader's own at the start of its term, so it follows on with no snapshot
+MARK = struct.Struct(">BQ")
+RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
+SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
+LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
+
+
+def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
+    """A snapshot's row for ``entry``."""
+    head, route, header, body = entry.message.payload()
+    size = len(head) + len(route) + len(header) + len(body)
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), size), head, route,
+                     header, body))
+
+
+@dataclass
+class Follower:
+    """A follower as its leader sees it."""
+
+    name: str
+    joined: bool = False  # in step: it gets every op as it is shipped
+    match: int = 0  # the highest index it has durably
+    snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
+
+
+class Group(Protocol):
+    """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, and where the leader's
+    own copy stands."""
+
+    members: list[str]
+    index_id: int
+    applied_term: int
+    applied: int
+    window: Window
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def position(self) -> tuple[int, int]: ...
+
+
+class Cluster(Protocol):
+    """The other nodes, by name (``cluster.Cluster``)."""
+
+    @property
+    def peers(self) -> Mapping[str, Peer]: ...
+
+
+class Groups(Protocol):
+    """This node's part in the replicated queues (``quorum.QuorumGroups``), as a replicator reaches the node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lease_sure(self) -> bool: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+
+class Replicator:
+    """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
+
+    def __init__(self, groups: Groups, group: Group, queue: QuorumQueue, term: int, index: int) -> None:
+        self.groups = groups
+        self.group = group
+        self.queue = queue
+        self.term = term
+        self.index = index  # the last op's index
+        self.followers = {name: Follower(name) for name in group.members if name != groups.name}
+        self.base = group.position  # where the copy this term starts from stood: a follower's there too adopts it
+        self.ops: list[bytes] = []
+        self.first = index + 1  # index of ops[0]
+        self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
+        self.log_bytes = 0
+        # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
+        self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
+        self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
+        self._scheduled = False
+        for follower in self.followers.values():
+            self.probe(follower)
+
+    # -- what the queue does -------------------------------------------------------------------
+
+    def append(self, op: LogOp, confirm: "ConfirmSink | None" = None) -> None:
+        """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
+        majority has it."""
+        self._op(encode(op))
+        if confirm is not None and self.followers:
+            assert isinstance(op, machine.Enqueue)  # (only a publish is confirmed)
+            self.pending.append((self.index, confirm, confirm.forwarded(), op))
+
+    def tag(self) -> tuple[int, int]:
+        """(enqueuer, seq) for a confirmed publish made here: this node's window's, so that the next leader takes
+        it once when the window sends it again there (``Window.adopt``)."""
+        return self.group.window.take()
+
+    def confirm_later(self, confirm: "ConfirmSink") -> None:
+        """A publish this queue has already (sent again by its window): confirmed once every op so far is on a
+        majority, which the one that took it is among."""
+        if self.followers:
+            self.pending.append((self.index, confirm, confirm.forwarded(), None))
+
+    def _op(self, op: bytes) -> None:
+        self.index += 1
+        self.ops.append(op)
+        log_ = self.log
+        log_.append((self.index, op))
+        self.log_bytes += len(op)
+        while self.log_bytes > LOG_BYTES:
+            self.log_bytes -= len(log_.popleft()[1])
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self.ops:
+            return
+        frame = self._frame(self.first, self.ops)
+        self.ops = []
+        self.first = self.index + 1
+        group = self.group  # the leader's own copy is where it stands too, should it run an election later
+        group.applied_term, group.applied = self.term, self.index
+        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index,
+                                                        self.queue.state.enqueuers)
+        for follower in self.followers.values():
+            if follower.joined:
+                self._send(follower, frame)
+
+    def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
+        key = self.group.key.encode()
+        return [HEAD.pack(self.term, first, len(key)), key, *ops]
+
+    def _send(self, follower: Follower, parts: list[bytes]) -> bool:
+        peer = self.groups.cluster.peers.get(follower.name)
+        if peer is None or not peer.up or peer.link is None:
+            follower.joined = False
+            return False
+        peer.link.send(link.REPLICATE, *parts)
+        peer.link.flush()  # now: what an op records (a delivery) must not reach a client before the op leaves
+        return True
+
+    # -- followers -----------------------------------------------------------------------------
+
+    def join(self, follower: Follower) -> None:
+        """Send the follower a snapshot in the background (see ``_snapshot``); it is out of step until then."""
+        self._stop_snapshot(follower)
+        follower.joined = False
+        self.flush()  # what is staged goes to the others; the snapshot covers it for this one
+        follower.snapshot = task = asyncio.get_running_loop().create_task(self._snapshot(follower))
+        task.add_done_callback(lambda _: self._snapshot_ended(follower, task))
+
+    @staticmethod
+    def _snapshot_ended(follower: Follower, task: asyncio.Task) -> None:
+        """Sent, or given up (its link dropped: it asks again, or is probed, when the link is back)."""
+        if follower.snapshot is task:
+            follower.snapshot = None
+
+    async def _snapshot(self, follower: Follower) -> None:
+        """The state as it stands now, then the queue's entries as rows, a chunk per frame and per loop turn (so
+        that nobody waits on a deep queue's), each as it is when its chunk is read, the held ones at the end;
+        then the ops since the state's index.  The follower applies those ops to the state as they were applied
+        here, and carries out their storage effects idempotently (a row may be of a later state already),
+        which brings its rows where the state is."""
+        queue = self.queue
+        start = self.index
+        log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
+                 queue.message_count + len(queue.held))
+        state = machine.encode_state(queue.state)
+        counts = queue.state.counts
+        ops = [MARK.pack(RESET_OP, len(state)), state]
+        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
+            ops.extend(_entry(entry, False, counts.get(entry.seq, 0)) for entry in batch)
+            if len(ops) >= SNAPSHOT_CHUNK:
+                if not self._send(follower, self._frame(start, ops)):
+                    return
+                ops = [MARK.pack(MORE_OP, 0)]
+                await asyncio.sleep(0)
+        ops.extend(_entry(entry, True, counts.get(entry.seq, 0))
+                   for entry in sorted(queue.held.values(), key=lambda e: e.seq))
+        if not self._send(follower, self._frame(start, ops)):
+            return
+        self.flush()
+        log_ = self.log
+        if self.index > start and (not log_ or log_[0][0] > start + 1):  # the log lost ops meanwhile: again
+            asyncio.get_running_loop().call_soon(self.join, follower)
+            return
+        missed = [op for index, op in log_ if index > start]
+        for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
+            chunk = [MARK.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
+            if not self._send(follower, self._frame(start + 1 + first, chunk)):
+                return
+        follower.joined = True
+
+    def _stop_snapshot(self, follower: Follower) -> None:
+        if follower.snapshot is not None:
+            follower.snapshot.cancel()
+            follower.snapshot = None
+
+    def probe(self, follower: Follower) -> None:
+        """An empty frame at the next index: a follower in step takes it, one that is not asks to catch up
+        (with its position, so that it gets the log it missed or, failing that, a snapshot)."""
+        if follower.snapshot is not None:
+            return  # it is brought into step by the snapshot
+        self.flush()
+        follower.joined = self._send(follower, self._frame(self.index + 1, []))
+
+    def peer_up(self, name: str) -> None:
+        follower = self.followers.get(name)
+        if follower is not None and not follower.joined:
+            self.probe(follower)
+
+    def regroup(self, members: list[str]) -> None:
+        """The group changed: followers that joined get a snapshot, those that left nothing more."""
+        for name in list(self.followers):
+            if name not in members:
+                self._stop_snapshot(self.followers.pop(name))
+        for name in members:
+            if name != self.groups.name and name not in self.followers:
+                self.probe(self.followers.setdefault(name, Follower(name)))
+
+    def catch_up(self, name: str, applied_term: int, applied: int) -> None:
+        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it (a
+        copy where this term started from adopted first), else a snapshot."""
+        follower = self.followers.get(name)
+        if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
+            return
+        log_ = self.log
+        adopt = applied_term > 0 and (applied_term, applied) == self.base
+        if (applied_term != self.term and not adopt) or applied > self.index or (applied < self.index and (
+                not log_ or log_[0][0] > applied + 1)):
+            self.join(follower)
+            return
+        follower.joined = False  # what is staged goes to the others now, to this one with the rest below
+        self.flush()
+        missed = [op for index, op in log_ if index > applied]
+        log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(missed),
+                 f" (its copy of term {applied_term} adopted)" if adopt else "")
+        follower.joined = True
+        if adopt:  # its copy as it stands becomes this term's
+            follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
+        for start in range(0, len(missed), SNAPSHOT_CHUNK):
+            frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
+            follower.joined = follower.joined and self._send(follower, frame)
+
+    def peer_down(self, name: str) -> None:
+        follower = self.followers.get(name)
+        if follower is not None:
+            follower.joined = False
+            self._stop_snapshot(follower)
+
+    def acked(self, name: str, index: int) -> None:
+        follower = self.followers.get(name)
+        if follower is None:
+            return
+        follower.match = max(follower.match, index)
+        matches = sorted([self.index] + [f.match for f in self.followers.values()], reverse=True)
+        committed = matches[len(self.group.members) // 2]  # the highest index a majority has
+        if committed <= self.committed:
+            return
+        self.committed = committed
+        self.confirm_committed()
+
+    def confirm_committed(self) -> None:
+        """Confirm what a majority has, whether or not etcd has answered lately (as Raft commits, by the log
+        alone): a follower answers only the term it follows, and never once its position may be in an
+        election (``QuorumGroups._withdraw``), so any member elected later, by a majority of positions at or
+        past what each of them answered, has it.  Deposed, what waits goes to the next leader (``stop``)."""
+        committed = self.committed
+        pending = self.pending
+        done = 0
+        while done < len(pending) and pending[done][0] <= committed:
+            _, sink, seq, _ = pending[done]
+            sink.remote_confirmed(seq, False)
+            done += 1
+        del pending[:done]
+
+    @property
+    def live(self) -> bool:
+        return self.groups.lease_sure
+
+    @property
+    def lag(self) -> dict[str, int]:
+        return {f.name: self.index - f.match for f in self.followers.values()}
+
+    def stop(self) -> list[tuple["ConfirmSink", int, machine.Enqueue | None]]:
+        """Deposed: nothing more is shipped or confirmed here; the publishes that wait for the group, with
+        their confirms (the caller passes them on to the next leader, or refuses them)."""
+        for follower in self.followers.values():
+            self._stop_snapshot(follower)
+        pending, self.pending = self.pending, []
+        return [(sink, seq, op) for _, sink, seq, op in pending]
+
+
+def skip(payload: bytes, pos: int, count: int) -> int | None:
+    """Where the ops of ``payload`` from ``pos`` go on past the first ``count`` of them; None if none is left."""
+    data = memoryview(payload)
+    end = len(data)
+    for _ in range(count):
+        if pos >= end:
+            return None
+        pos = decode(data, pos)[1]
+    return pos if pos < end else None
+
+
+def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int,
+          first: int) -> tuple[machine.State, int]:
+    """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
+    copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
+    log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
+    the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
+    row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
+    (no op's outcome depends on it)."""
+    data = memoryview(payload)
+    end = len(data)
+    marker = data[pos] if pos < end else 0
+    idempotent = marker in (RESET_OP, MORE_OP, REPLAY_OP)
+    if marker == RESET_OP:
+        size = MARK.unpack_from(data, pos)[1]
+        snapshot, _ = machine.decode_state(data, pos + MARK.size)
+        pos += MARK.size + size
+        state, effects = machine.apply(machine.Meta(first, _now()), machine.Restore(snapshot), state)
+        _carry_out(persistence, index_id, effects, False)
+    elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
+        pos += MARK.size
+    count = 0
+    now = _now()
+    while pos < end:
+        if data[pos] == ENTRY_OP:
+            _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
+            pos += ENTRY.size
+            if not persistence.index.has(index_id, seq):
+                persistence.put_record(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
+            pos += size
+            continue
+        op, pos = decode(data, pos)
+        state, effects = machine.apply(machine.Meta(first + count, now), op, state)
+        _carry_out(persistence, index_id, effects, idempotent)
+        count += 1
+    return state, count
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _carry_out(persistence: "Persistence", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
+    """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
+    index = persistence.index
+    for effect in effects:
+        if isinstance(effect, machine.Store):
+            if not (idempotent and index.has(index_id, effect.seq)):
+                persistence.put_record(index_id, effect.seq, effect.message, effect.expiry)
+        elif isinstance(effect, machine.Held):
+            persistence.replica_delivered(index_id, effect.seq)
+        elif isinstance(effect, machine.Remove):
+            for seq in effect.seqs:
+                persistence.replica_remove(index_id, seq)
+        elif isinstance(effect, machine.Move):
+            persistence.replica_move(index_id, effect.old, effect.new, effect.returns)
+        elif isinstance(effect, machine.Drop):
+            persistence.replica_drop(index_id, effect.runs)
+        elif isinstance(effect, machine.Unhold):
+            for seq, returns in effect.rows:
+                persistence.unhold(index_id, seq, returns)
+        elif isinstance(effect, machine.Clear):
+            persistence.replica_clear(index_id)
+        # (DeadLetters: the leader's)
+
+
+def check_copy(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> None:
+    """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``:
+    a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
+    :class:`machine.Broken` names the frame's ops."""
+    rows = persistence.copy_state(index_id)
+    out = state.checked_out | state.dead.keys()
+    if rows.ready == state.ready and rows.checked_out == out:
+        return
+    data, end, ops = memoryview(payload), len(payload), []
+    if pos < end and data[pos] >= RESET_OP:
+        pos = end if data[pos] == RESET_OP else pos + MARK.size
+    while pos < end and data[pos] != ENTRY_OP:
+        op, pos = decode(data, pos)
+        ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
+    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out "
+                         f"{sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
+

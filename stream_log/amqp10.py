@@ -1,0 +1,744 @@
+"""AMQP 1.0 messages inside streams, converted to and from AMQP 0-9-1 as RabbitMQ 3.10.8 converts them
+(rabbit_msg_record): an AMQP 0-9-1 publish is stored as the AMQP 1.0 record RabbitMQ writes (``from_amqp091``,
+byte for byte), and a record is read by an AMQP 0-9-1 consumer as RabbitMQ delivers it (``Decoder``).
+
+Mapping (3.10.8, as observed): message-annotations ``x-routing-key`` and ``x-exchange`` (the publish's), then
+``x-basic-priority``, ``x-basic-delivery-mode`` and ``x-basic-expiration``; properties message-id, user-id,
+reply-to, correlation-id, content-type, content-encoding and creation-time (ms; 0-9-1 timestamps are seconds), all
+13 fields once any is set; application-properties ``x-basic-type``, ``x-basic-app-id``, then the headers (tables
+and arrays left out); the body as one data section.  Back: exchange and routing key from those annotations (else
+"" and the stream's name), a message or correlation id that is not a string as a string with its type in
+``x-message-id-type`` / ``x-correlation-id-type`` (binary in base64; one longer than 256 bytes in the header
+``x-message-id`` / ``x-correlation-id`` instead), other properties and annotations ignored.
+
+Where RabbitMQ 3.10 fails the consumer's connection (541) Warren delivers something: a record that is not AMQP
+1.0 arrives as the body with no properties; an amqp-value or amqp-sequence body as its encoded section; several
+data sections joined; a decimal header is left out on the way in.  A record with more values than ``MAX_ITEMS``
+(or an array of more nulls than its bytes) is refused (``TooLarge``) as RabbitMQ refuses what it cannot read:
+decoding is bounded by the bytes left, every count checked before any loop.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pamqp import commands
+
+from amqp_server.framing import header_table
+from amqp_server.message import Message, build_header, encode_route
+
+# section descriptors
+HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
+APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78
+_PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+                   "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+                   "reply_to_group_id")
+# An AMQP 1.0 publish's properties section as it came, kept as this header when it says what AMQP 0-9-1 properties
+# cannot (``_UNMAPPED``), so an AMQP 1.0 reader gets it back whole (RabbitMQ's name for the same, mc.hrl)
+PROPERTIES_HEADER = "x-amqp-1.0-properties"
+_UNMAPPED = ("to", "subject", "absolute_expiry_time", "group_id", "group_sequence", "reply_to_group_id")
+MAX_DEPTH = 32
+MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
+
+
+class Invalid(ValueError):
+    """Not an AMQP 1.0 message."""
+
+
+class TooLarge(Exception):
+    """An AMQP 1.0 message with more values than a node decodes (``MAX_ITEMS``): refused, never delivered."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """A decoded AMQP 1.0 value with its type (``kind``): the conversion needs to know a symbol from a string."""
+
+    kind: str
+    value: Any
+
+
+_FIXED: dict[int, tuple[str, struct.Struct]] = {
+    0x50: ("ubyte", struct.Struct(">B")), 0x51: ("byte", struct.Struct(">b")),
+    0x52: ("uint", struct.Struct(">B")), 0x53: ("ulong", struct.Struct(">B")),
+    0x54: ("int", struct.Struct(">b")), 0x55: ("long", struct.Struct(">b")),
+    0x60: ("ushort", struct.Struct(">H")), 0x61: ("short", struct.Struct(">h")),
+    0x70: ("uint", struct.Struct(">I")), 0x71: ("int", struct.Struct(">i")),
+    0x72: ("float", struct.Struct(">f")), 0x73: ("char", struct.Struct(">I")),
+    0x80: ("ulong", struct.Struct(">Q")), 0x81: ("long", struct.Struct(">q")),
+    0x82: ("double", struct.Struct(">d")), 0x83: ("timestamp", struct.Struct(">q")),
+}
+_CONSTANTS = {0x40: Value("null", None), 0x41: Value("bool", True), 0x42: Value("bool", False),
+              0x43: Value("uint", 0), 0x44: Value("ulong", 0), 0x45: Value("list", [])}
+_VARIABLE = {0xA0: ("binary", 1), 0xA1: ("string", 1), 0xA3: ("symbol", 1),
+             0xB0: ("binary", 4), 0xB1: ("string", 4), 0xB3: ("symbol", 4)}
+_U8, _U32 = struct.Struct(">B"), struct.Struct(">I")
+
+
+class _Reading:
+    """One record's decoding, bounded by its bytes: every count is checked against the bytes left before any loop
+    (an array of elements with no data, such as nulls, against the record's size), and at most
+    ``MAX_ITEMS`` values are made, so time and memory stay linear in the record's size."""
+
+    __slots__ = ("buf", "left")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.left = MAX_ITEMS
+
+    def take(self, count: int, room: int) -> None:
+        """``count`` values are about to be read from ``room`` bytes."""
+        if count > room:
+            raise Invalid(f"{count} values in {room} bytes")
+        self.left -= count
+        if self.left < 0:
+            raise TooLarge(f"more than {MAX_ITEMS} values in one message")
+
+    def value(self, pos: int, depth: int = 0) -> tuple[Value, int]:
+        return self.value_as(_byte(self.buf, pos), pos + 1, depth)
+
+    def value_as(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """The value of type ``code`` at ``pos`` (its constructor read already)."""
+        buf = self.buf
+        if depth > MAX_DEPTH:
+            raise Invalid("nested too deep")
+        if code == 0x00:  # described: descriptor, then value
+            self.take(2, len(buf) - pos)
+            descriptor, pos = self.value(pos, depth + 1)
+            value, pos = self.value(pos, depth + 1)
+            return Value("described", (descriptor.value, value)), pos
+        constant = _CONSTANTS.get(code)
+        if constant is not None:
+            return constant, pos
+        fixed = _FIXED.get(code)
+        if fixed is not None:
+            kind, unpacker = fixed
+            if pos + unpacker.size > len(buf):
+                raise Invalid("truncated")
+            return Value(kind, unpacker.unpack_from(buf, pos)[0]), pos + unpacker.size
+        if code == 0x56:
+            return Value("bool", _byte(buf, pos) != 0), pos + 1
+        if code == 0x98:
+            return Value("uuid", uuid.UUID(bytes=_slice(buf, pos, 16))), pos + 16
+        if code in (0x74, 0x84, 0x94):
+            width = {0x74: 4, 0x84: 8, 0x94: 16}[code]
+            return Value("decimal", _slice(buf, pos, width)), pos + width
+        variable = _VARIABLE.get(code)
+        if variable is not None:
+            return self._variable(*variable, pos)
+        if code in (0xC0, 0xC1, 0xD0, 0xD1):
+            return self._compound(code, pos, depth)
+        if code in (0xE0, 0xF0):
+            return self._array(code, pos, depth)
+        raise Invalid(f"unknown type code 0x{code:02x}")
+
+    def _variable(self, kind: str, width: int, pos: int) -> tuple[Value, int]:
+        """binary, string or symbol: a size of ``width`` bytes, then that many bytes."""
+        size, pos = _size(self.buf, pos, width)
+        raw = _slice(self.buf, pos, size)
+        if kind == "binary":
+            return Value(kind, raw), pos + size
+        try:
+            return Value(kind, raw.decode()), pos + size
+        except UnicodeDecodeError:
+            raise Invalid("string is not UTF-8") from None
+
+    def _sized(self, width: int, pos: int) -> tuple[int, int, int]:
+        """A compound's or array's size and count, each ``width`` bytes: (where it ends, count, where its items
+        start)."""
+        size, pos = _size(self.buf, pos, width)
+        end = pos + size
+        if end > len(self.buf):
+            raise Invalid("truncated")
+        count, pos = _size(self.buf, pos, width)
+        return end, count, pos
+
+    def _compound(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """list8/32 or map8/32: size, count, then each item with its own constructor."""
+        end, count, pos = self._sized(1 if code in (0xC0, 0xC1) else 4, pos)
+        self.take(count, end - pos)  # each item takes a byte at least
+        items = []
+        for _ in range(count):
+            item, pos = self.value(pos, depth + 1)
+            items.append(item)
+        if pos > end:
+            raise Invalid("compound runs past its size")
+        if code in (0xC1, 0xD1):
+            if count % 2:
+                raise Invalid("map with an odd count")
+            return Value("map", list(zip(items[::2], items[1::2]))), end
+        return Value("list", items), end
+
+    def _array(self, code: int, pos: int, depth: int) -> tuple[Value, int]:
+        """array8/32: size, count, one element constructor, then each element's data."""
+        end, count, pos = self._sized(1 if code == 0xE0 else 4, pos)
+        buf = self.buf
+        element = _byte(buf, pos)
+        if element == 0x00:
+            raise Invalid("arrays of described values are not read")
+        pos += 1
+        constant = _CONSTANTS.get(element)
+        if constant is not None:  # no data per element: counted against the record's size, made at once
+            if count > len(buf):
+                raise TooLarge(f"an array of {count} values with no data in {len(buf)} bytes")
+            self.take(count, len(buf))
+            return Value("array", [constant] * count), end
+        self.take(count, end - pos)
+        items = []
+        for _ in range(count):
+            item, pos = self.value_as(element, pos, depth + 1)
+            items.append(item)
+        if pos > end:
+            raise Invalid("array runs past its size")
+        return Value("array", items), end
+
+
+def _byte(buf: bytes, pos: int) -> int:
+    if pos >= len(buf):
+        raise Invalid("truncated")
+    return buf[pos]
+
+
+def _slice(buf: bytes, pos: int, size: int) -> bytes:
+    if pos + size > len(buf):
+        raise Invalid("truncated")
+    return bytes(buf[pos:pos + size])
+
+
+def _size(buf: bytes, pos: int, width: int) -> tuple[int, int]:
+    unpacker = _U8 if width == 1 else _U32
+    if pos + width > len(buf):
+        raise Invalid("truncated")
+    return unpacker.unpack_from(buf, pos)[0], pos + width
+
+
+def value_at(buf: bytes, pos: int = 0) -> tuple[Value, int]:
+    """The value at ``pos`` of ``buf`` and where it ends, decoded under the same bounds as a record (a frame's
+    performative: ``Invalid`` or ``TooLarge`` for what is not one)."""
+    return _Reading(buf).value(pos)
+
+
+def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
+    """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one,
+    TooLarge if it holds more values than ``MAX_ITEMS``."""
+    return _sections(_Reading(record))
+
+
+def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
+    record = reading.buf
+    found = []
+    pos = 0
+    while pos < len(record):
+        start = pos
+        value, pos = reading.value(pos)
+        if value.kind != "described" or not isinstance(value.value[0], int):
+            raise Invalid("not a message section")
+        descriptor, content = value.value
+        if not HEADER <= descriptor <= FOOTER:
+            raise Invalid("unknown section")
+        found.append((descriptor, content, record[start:pos]))
+    if not found:
+        raise Invalid("empty")
+    return found
+
+
+# -- AMQP 1.0 -> AMQP 0-9-1 ---------------------------------------------------------------------------------------
+
+AMQP10_TYPE = "amqp-1.0"  # the 0-9-1 type of a message whose body is AMQP 1.0 sections (amqp-value, amqp-sequence)
+CACHED = 4096  # conversions remembered, by the bytes of a record's sections before its body
+
+
+def _plain(value: Value) -> Any:
+    return None if value.kind == "null" else value.value
+
+
+def _field(value: Value) -> header_table.Field | None:
+    """An application property as an AMQP 0-9-1 header value (rabbit_msg_record:to_091); None: left out."""
+    kind, raw = value.kind, value.value
+    if kind in ("string", "symbol"):
+        return header_table.Field("S", raw)
+    if kind == "binary":
+        return header_table.Field("x", raw)
+    if kind == "bool":
+        return header_table.Field("t", int(raw))
+    if kind == "long":
+        return header_table.Field("l", raw)
+    if kind == "ulong":
+        return header_table.Field("l", min(raw, (1 << 63) - 1))
+    if kind in ("int", "uint", "short", "ushort", "byte", "ubyte"):
+        return header_table.Field({"int": "I", "uint": "i", "short": "s", "ushort": "u", "byte": "b",
+                                   "ubyte": "B"}[kind], raw)
+    if kind == "double":
+        return header_table.Field("d", raw)
+    if kind == "float":
+        return header_table.Field("f", raw)
+    if kind == "timestamp":
+        return header_table.Field("T", raw // 1000)
+    if kind == "null":
+        return header_table.Field("V", None)
+    if kind == "uuid":
+        return header_table.Field("S", str(raw))
+    return None
+
+
+def _message_id(value: Value | None, name: str, headers: dict[str, header_table.Field]) -> str | None:
+    """A message or correlation id (``name``: its header's) as rabbit_msg_record:message_id gives it."""
+    if value is None or value.kind == "null":
+        return None
+    if value.kind in ("string", "binary"):
+        text = value.value if value.kind == "string" else base64.b64encode(value.value).decode()
+        if len(text.encode()) > 256:  # too long for a shortstr: the header instead
+            headers[name[:-len("-type")]] = header_table.Field("S", value.value) if value.kind == "string" \
+                else header_table.Field("x", value.value)
+            return None
+        if value.kind == "binary":
+            headers[name] = header_table.Field("S", "binary")
+        return text
+    if value.kind in ("ulong", "uuid"):
+        headers[name] = header_table.Field("S", value.kind)
+        return str(value.value)
+    return None
+
+
+def _map(value: Value) -> dict[str, Value]:
+    if value.kind != "map":
+        return {}
+    return {str(key.value): item for key, item in value.value if key.kind in ("string", "symbol")}
+
+
+def _text(value: Value | None) -> str | None:
+    if value is None or value.kind not in ("string", "symbol"):
+        return None
+    return value.value[:255]
+
+
+def _int(value: Value | None) -> int | None:
+    if value is None or not isinstance(value.value, int) or isinstance(value.value, bool):
+        return None
+    return value.value if 0 <= value.value <= 255 else None
+
+
+def _timestamp(value: Value | None) -> datetime.datetime | None:
+    if value is None or value.kind != "timestamp":
+        return None
+    return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
+
+
+def _convert(found: list[tuple[int, Value, bytes]], stream: str,
+             native: bool = False) -> tuple[str, str, bytes, list[bytes]]:
+    """(exchange, routing key, content header, body parts) of a record's sections.  ``native``: a message an
+    AMQP 1.0 client published, converted as RabbitMQ 4.x converts it (mc_amqpl): its header section's durable,
+    priority and ttl become delivery-mode, priority and expiration, and its ``x-`` message annotations headers."""
+    props: dict[str, Value] = {}
+    header_fields: list[Value] = []
+    application: dict[str, Value] = {}
+    annotations: dict[str, Value] = {}
+    body: list[bytes] = []
+    props_section = b""
+    for descriptor, content, encoded in found:
+        if descriptor == PROPERTIES and content.kind == "list":
+            props = {name: item for name, item in zip(_PROPERTY_NAMES, content.value)}
+            props_section = encoded
+        elif descriptor == APPLICATION_PROPERTIES:
+            application = _map(content)
+        elif descriptor == MESSAGE_ANNOTATIONS:
+            annotations = _map(content)
+        elif descriptor == DATA and content.kind == "binary":
+            body.append(content.value)
+        elif descriptor in (AMQP_VALUE, AMQP_SEQUENCE):
+            body.append(encoded)
+        elif descriptor == HEADER and content.kind == "list":
+            header_fields = content.value
+    headers: dict[str, header_table.Field] = {}
+    delivery_mode = _int(annotations.get("x-basic-delivery-mode"))
+    priority = _int(annotations.get("x-basic-priority"))
+    expiration = _text(annotations.get("x-basic-expiration"))
+    if native:
+        durable, priority_field, ttl = (header_fields + [Value("null", None)] * 3)[:3]
+        delivery_mode = 2 if durable.value is True else 1
+        priority = _int(priority_field)
+        expiration = str(ttl.value) if ttl.kind == "uint" else None
+        for name, value in annotations.items():
+            converted = _field(value) if name.startswith("x-") and name not in ("x-exchange", "x-routing-key") \
+                else None
+            if converted is not None:
+                headers[name] = converted
+        if any(name in props and props[name].kind != "null" for name in _UNMAPPED):
+            headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
+    basic_type = application.pop("x-basic-type", None)
+    if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+        basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
+    app_id = application.pop("x-basic-app-id", None)
+    if native and props.get("group_id") is not None:
+        app_id = props["group_id"]  # (RabbitMQ 4.x: group-id is app-id)
+    for name, value in application.items():
+        converted = _field(value)
+        if converted is not None:
+            headers[name] = converted
+    message_id = _message_id(props.get("message_id"), "x-message-id-type", headers)
+    correlation_id = _message_id(props.get("correlation_id"), "x-correlation-id-type", headers)
+    user_id = props.get("user_id")
+    basic = commands.Basic.Properties(
+        content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
+        delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
+        reply_to=_text(props.get("reply_to")), expiration=expiration,
+        message_id=message_id, timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
+        app_id=_text(app_id), user_id=user_id.value.decode("utf-8", "replace")[:255]
+        if user_id is not None and user_id.kind == "binary" else _text(user_id))
+    header = build_header(basic, 0)
+    if headers:
+        header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], headers)
+    exchange = annotations.get("x-exchange")
+    routing_key = annotations.get("x-routing-key")
+    if exchange is not None and routing_key is not None and exchange.kind == routing_key.kind == "string":
+        return exchange.value[:255], routing_key.value[:255], header, body
+    return "", stream, header, body
+
+
+def _skip(record: bytes, pos: int) -> int:
+    """Where the section at ``pos`` ends, for the encodings a record's sections use; -1 for others."""
+    if len(record) < pos + 4 or record[pos] != 0 or record[pos + 1] != 0x53:
+        return -1
+    code = record[pos + 3]
+    at = pos + 4
+    if code in (0x40, 0x45):
+        return at
+    if code in (0xC0, 0xC1, 0xA0, 0xA1, 0xA3):
+        return at + 1 + record[at] if at < len(record) else -1
+    if code in (0xD0, 0xD1, 0xB0, 0xB1, 0xB3):
+        return at + 4 + _U32.unpack_from(record, at)[0] if at + 4 <= len(record) else -1
+    return -1
+
+
+_SIZE = struct.Struct(">Q")
+_DATA_SECTION = b"\x00\x53\x75"
+
+
+class Decoder:
+    """A stream's records as AMQP 0-9-1 messages: the conversion of what precedes a record's body is remembered
+    (records from one publisher share it), so reading one costs a few slices.  ``message`` raises TooLarge for
+    a record with more values than ``MAX_ITEMS``; ``values`` counts those decoded the slow way (what a caller
+    bounds its work by)."""
+
+    def __init__(self, stream: str, native: bool = False) -> None:
+        self.stream = stream
+        self.native = native  # an AMQP 1.0 client's messages (see _convert)
+        self.values = 0
+        self.route = encode_route("", stream)
+        self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
+        self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
+        self._last_conversion: tuple[str, str, bytes, bytes] | None = None
+
+    def message(self, record: bytes) -> Message:
+        last = self._last
+        body_at = len(last)
+        if record.startswith(last) and record[body_at:body_at + 3] == _DATA_SECTION:
+            cached = self._last_conversion
+        else:
+            cached, body_at = self._prefix(record)
+        if cached is not None:
+            kind = record[body_at + 3]
+            body = record[body_at + 5:] if kind == 0xA0 else record[body_at + 8:]
+            if len(body) == (record[body_at + 4] if kind == 0xA0 else _U32.unpack_from(record, body_at + 4)[0]):
+                exchange, routing_key, route, header = cached
+                return Message(exchange, routing_key, route, header[:4] + _SIZE.pack(len(body)) + header[12:], body)
+        return self._convert(record)
+
+    def _prefix(self, record: bytes) -> tuple[tuple[str, str, bytes, bytes] | None, int]:
+        """The conversion of the sections before a record's body, where its body is one binary data section that
+        ends it; and where that section starts."""
+        body_at = pos = 0
+        end = len(record)
+        while pos < end:
+            body_at = pos
+            pos = _skip(record, pos)
+            if pos < 0:
+                return None, 0
+        if end - body_at < 5 or record[body_at + 2] != DATA or record[body_at + 3] not in (0xA0, 0xB0):
+            return None, 0
+        prefix = record[:body_at]
+        cached = self._cache.get(prefix)
+        if cached is None:
+            cached = self._remember(prefix)
+        if cached is not None:
+            self._last, self._last_conversion = prefix, cached
+        return cached, body_at
+
+    def _sections(self, record: bytes) -> list[tuple[int, Value, bytes]]:
+        reading = _Reading(record)
+        try:
+            return _sections(reading)
+        finally:
+            self.values += MAX_ITEMS - reading.left
+
+    def _remember(self, prefix: bytes) -> tuple[str, str, bytes, bytes] | None:
+        try:
+            found = self._sections(prefix) if prefix else []
+        except Invalid:
+            return None
+        if any(descriptor in (DATA, AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+            return None
+        exchange, routing_key, header, _ = _convert(found, self.stream, self.native)
+        if len(self._cache) >= CACHED:
+            self._cache.clear()
+        route = self.route if (exchange, routing_key) == ("", self.stream) else encode_route(exchange, routing_key)
+        cached = self._cache[prefix] = (exchange, routing_key, route, header)
+        return cached
+
+    def _convert(self, record: bytes) -> Message:
+        """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
+        try:
+            exchange, routing_key, header, body = _convert(self._sections(record), self.stream, self.native)
+        except Invalid:
+            if self.native:  # an AMQP 1.0 client's transfer is refused, not taken as opaque bytes
+                raise
+            return Message("", self.stream, self.route, build_header(commands.Basic.Properties(), len(record)),
+                           record)
+        data = b"".join(body)
+        header = header[:4] + _SIZE.pack(len(data)) + header[12:]
+        return Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
+
+
+# -- AMQP 0-9-1 -> AMQP 1.0, as amqp10_binary_generator encodes it ------------------------------------------------
+
+def _variable(small: int, large: int, data: bytes) -> bytes:
+    return (bytes((small, len(data))) if len(data) < 256 else bytes((large,)) + _U32.pack(len(data))) + data
+
+
+def utf8(value: str) -> bytes:
+    return _variable(0xA1, 0xB1, value.encode("utf-8", "surrogateescape"))
+
+
+def symbol(value: str) -> bytes:
+    return _variable(0xA3, 0xB3, value.encode("utf-8", "surrogateescape"))
+
+
+def binary(value: bytes) -> bytes:
+    return _variable(0xA0, 0xB0, value)
+
+
+def _compound(small: int, large: int, items: list[bytes]) -> bytes:
+    data = b"".join(items)
+    if len(items) >= 255 or len(data) + 1 >= 256:
+        return bytes((large,)) + _U32.pack(len(data) + 4) + _U32.pack(len(items)) + data
+    return bytes((small, len(data) + 1, len(items))) + data
+
+
+def encode_list(items: list[bytes]) -> bytes:
+    """A list of encoded values (the fields of a performative or section)."""
+    return _compound(0xC0, 0xD0, items) if items else b"\x45"
+
+
+def encode_map(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A map of encoded keys and values."""
+    return _compound(0xC1, 0xD1, [part for pair in pairs for part in pair])
+
+
+def _int_value(small: int, large: str, code: int, value: int) -> bytes:
+    return bytes((small,)) + struct.pack(">b", value) if -128 <= value <= 127 else bytes((code,)) + struct.pack(
+        large, value)
+
+
+def _unsigned(zero: int, small: int, code: int, large: str, value: int) -> bytes:
+    if value == 0:
+        return bytes((zero,))
+    return bytes((small, value)) if value < 256 else bytes((code,)) + struct.pack(large, value)
+
+
+def _header_value(field: header_table.Field) -> bytes | None:
+    """A header as an application property (rabbit_msg_record:from_091); None: left out."""
+    kind, value = field.kind, field.value
+    if kind == "S":
+        return utf8(value)
+    if kind in ("l", "L"):
+        return _int_value(0x55, ">q", 0x81, value)
+    if kind == "I":
+        return _int_value(0x54, ">i", 0x71, value)
+    if kind == "i":
+        return _unsigned(0x43, 0x52, 0x70, ">I", value)
+    if kind == "t":
+        return b"\x56\x01" if value else b"\x56\x00"
+    if kind == "T":
+        return b"\x83" + struct.pack(">q", value * 1000)
+    if kind == "b":
+        return b"\x51" + struct.pack(">b", value)
+    if kind == "B":
+        return b"\x50" + bytes((value,))
+    if kind == "s":
+        return b"\x61" + struct.pack(">h", value)
+    if kind == "u":
+        return b"\x60" + struct.pack(">H", value)
+    if kind == "f":
+        return b"\x72" + struct.pack(">f", value)
+    if kind == "d":
+        return b"\x82" + struct.pack(">d", value)
+    if kind == "x":
+        return binary(value)
+    if kind == "V":
+        return b"\x40"
+    return None  # tables and arrays (RabbitMQ 3.10 leaves them out), decimals (it fails the publish)
+
+
+def described(descriptor: int, value: bytes) -> bytes:
+    """``value`` under a small-ulong descriptor: a section, a performative, an outcome."""
+    return b"\x00\x53" + bytes((descriptor,)) + value
+
+
+NULL = b"\x40"
+
+
+def boolean(value: bool) -> bytes:
+    return b"\x41" if value else b"\x42"
+
+
+def uint(value: int) -> bytes:
+    return _unsigned(0x43, 0x52, 0x70, ">I", value)
+
+
+def ulong(value: int) -> bytes:
+    return _unsigned(0x44, 0x53, 0x80, ">Q", value)
+
+
+def ubyte(value: int) -> bytes:
+    return b"\x50" + _BYTES[value]
+
+
+def ushort(value: int) -> bytes:
+    return b"\x60" + struct.pack(">H", value)
+
+
+def symbols(names: list[str]) -> bytes:
+    """An array of symbols (capabilities, SASL mechanisms)."""
+    data = b"".join(_variable(0xA3, 0xB3, name.encode())[1:] for name in names)
+    if any(len(name.encode()) > 255 for name in names) or len(data) + 2 > 255:
+        raise ValueError("symbol array too large")  # (only the node's own short names are sent)
+    return bytes((0xE0, len(data) + 2, len(names), 0xA3)) + data
+
+
+_ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
+_UINT_MAX = 0xFFFFFFFF
+
+
+def _header_section(message: Message) -> bytes:
+    """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
+    props = message.properties
+    expiration = props.expiration
+    ttl = int(expiration) if expiration is not None and expiration.isdigit() and int(expiration) <= _UINT_MAX \
+        else None
+    fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
+              uint(ttl) if ttl is not None else NULL]
+    while fields and fields[-1] in (NULL, b"\x42"):
+        fields.pop()
+    return described(HEADER, encode_list(fields)) if fields else b""
+
+
+def from_amqp091(message: Message) -> bytes:
+    """An AMQP 0-9-1 message as the record RabbitMQ 3.10.8 stores (what a stream-protocol consumer reads)."""
+    return entry(message)[4:]
+
+
+def entry(message: Message) -> bytes:
+    """``from_amqp091`` as a chunk's simple entry: its size, then the record (one join, the envelope remembered)."""
+    head = record_head(message)
+    return b"".join((_U32.pack(len(head) + len(message.body)), head, message.body))
+
+
+def record_head(message: Message, native: bool = False) -> bytes:
+    """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
+    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
+    (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
+    (type ``amqp-1.0``) goes out as those sections, the type not told."""
+    key = (message.route, message.header[12:], native)
+    cached = _ENVELOPES.get(key)
+    if cached is None:
+        sections_body = native and message.properties.message_type == AMQP10_TYPE
+        envelope = _envelope(message, sections_body, native)
+        if native:
+            envelope = _header_section(message) + envelope
+        cached = (envelope, sections_body)
+        if len(_ENVELOPES) >= CACHED:
+            _ENVELOPES.clear()
+        _ENVELOPES[key] = cached
+    envelope, sections_body = cached
+    if sections_body:
+        return envelope
+    size = len(message.body)
+    if size < 256:
+        return b"".join((envelope, b"\x00\x53\x75\xa0", _BYTES[size]))
+    return b"".join((envelope, b"\x00\x53\x75\xb0", _U32.pack(size)))
+
+
+_BYTES = [bytes((i,)) for i in range(256)]
+
+
+def kept_properties(section: bytes | bytearray) -> list[Value] | None:
+    """The fields of a properties section kept in ``PROPERTIES_HEADER``; None if it is not one (a header any
+    publisher may set: only a well-formed section goes out as one)."""
+    try:
+        value, end = value_at(bytes(section))
+    except (Invalid, TooLarge):
+        return None
+    if end != len(section) or value.kind != "described" or value.value[0] != PROPERTIES \
+            or value.value[1].kind != "list":
+        return None
+    return value.value[1].value
+
+
+def _envelope(message: Message, sections_body: bool = False, native: bool = False) -> bytes:
+    """Everything of the record before its body: the same for every message with this route and these properties
+    (``sections_body``: a body of AMQP 1.0 sections, whose type ``amqp-1.0`` is not told).  ``native``: for an
+    AMQP 1.0 reader, ``x-`` headers are message annotations, as RabbitMQ 4.x converts them (mc_amqpl)."""
+    props = message.properties
+    annotations = [(symbol("x-routing-key"), utf8(message.routing_key)), (symbol("x-exchange"), utf8(message.exchange))]
+    if native:  # (the header section says priority, durable and ttl)
+        if props.message_type is not None and not sections_body:
+            annotations.append((symbol("x-basic-type"), utf8(props.message_type)))
+    elif props.priority is not None:
+        annotations.append((symbol("x-basic-priority"), b"\x50" + bytes((props.priority,))))
+    if props.delivery_mode is not None and not native:
+        annotations.append((symbol("x-basic-delivery-mode"), b"\x50" + bytes((props.delivery_mode,))))
+    if props.expiration is not None and not native:
+        annotations.append((symbol("x-basic-expiration"), utf8(props.expiration)))
+    application: list[tuple[bytes, bytes]] = []
+    if props.message_type is not None and not native:
+        application.append((utf8("x-basic-type"), utf8(props.message_type)))
+    group_id = props.app_id if native else None
+    if props.app_id is not None and not native:
+        application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
+    kept: bytes | None = None  # (native) the properties section the publish had, if kept whole
+    if message.has_headers:
+        for name, field in message.typed_headers().items():
+            if native and name == PROPERTIES_HEADER:
+                if field.kind == "x" and kept_properties(field.value) is not None:
+                    kept = bytes(field.value)
+                continue
+            value = _header_value(field)
+            if value is None:
+                continue
+            if native and name.startswith("x-"):
+                annotations.append((symbol(name), value))
+            else:
+                application.append((utf8(name), value))
+    out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
+    values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
+              props.content_encoding, props.timestamp, group_id]
+    if kept is not None:
+        out.append(kept)
+    elif any(value is not None for value in values):
+        out.append(described(PROPERTIES, encode_list([
+            utf8(props.message_id) if props.message_id is not None else b"\x40",
+            binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
+            b"\x40", b"\x40",
+            utf8(props.reply_to) if props.reply_to is not None else b"\x40",
+            utf8(props.correlation_id) if props.correlation_id is not None else b"\x40",
+            symbol(props.content_type) if props.content_type is not None else b"\x40",
+            symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
+            b"\x40",
+            b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
+            utf8(group_id) if group_id is not None else b"\x40", b"\x40", b"\x40"])))
+    if application:
+        out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
+    return b"".join(out)
