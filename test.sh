@@ -13,10 +13,10 @@ for arg in "$@"; do
   [ "$previous" = -m ] && [ "$arg" = fast ] && FAST_ONLY=1
   previous=$arg
 done
-# Debian packages some tests drive: Chromium (tests/test_ui.py), a JRE (the Spark bridge's SparkSession),
-# etcd (tests/test_cluster.py starts its own), Node.js with npm (tests/test_node_amqplib.py), PHP with
-# php-amqplib (tests/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/test_clients.py), Ruby with
-# Bunny (tests/test_ruby_bunny.py), iproute2 (tests/test_nemesis.py puts each node in a network namespace of its
+# Debian packages some tests drive: Chromium (tests/mgmt/test_ui.py), a JRE (the Spark bridge's SparkSession),
+# etcd (tests/cluster/test_cluster.py starts its own), Node.js with npm (tests/clients/test_node_amqplib.py), PHP with
+# php-amqplib (tests/clients/test_php_amqplib.py), amqp-tools (rabbitmq-c's command-line client, tests/clients/test_clients.py), Ruby with
+# Bunny (tests/clients/test_ruby_bunny.py), iproute2 (tests/cluster/test_nemesis.py puts each node in a network namespace of its
 # own). CI runs as root on Debian, so they are installed once when missing.
 MISSING=()
 [ -x /usr/bin/chromium ] || MISSING+=(chromium)
@@ -42,7 +42,7 @@ fi
 if [ $FAST_ONLY = 0 ] && command -v npm >/dev/null 2>&1 && { [ ! -d tests/node/node_modules ] \
      || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; }; then
   npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null \
-    || echo "test.sh: npm ci --prefix tests/node failed; tests/test_node_amqplib.py will skip (fail under .ci/run)" >&2
+    || echo "test.sh: npm ci --prefix tests/node failed; tests/clients/test_node_amqplib.py will skip (fail under .ci/run)" >&2
 fi
 # The static checks pyproject.toml configures (ruff over everything, mypy over the packages and the tests); .ci/run
 # asks for them

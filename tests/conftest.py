@@ -8,7 +8,7 @@ starting Warren; ``WARREN_TEST_BROKER_MGMT=port`` adds its HTTP API. Tests marke
 check a deliberate Warren improvement or need warren-admin, the data directory, the node's log) and tests
 using ``start_broker`` are skipped then. E.g. against a throwaway RabbitMQ on port 5733:
 
-    WARREN_TEST_BROKER=127.0.0.1:5733 python -m pytest -p no:cacheprovider tests/test_amqp_queues.py
+    WARREN_TEST_BROKER=127.0.0.1:5733 python -m pytest -p no:cacheprovider tests/amqp091/test_amqp_queues.py
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Spark bridge's side in the broker: the record reader processes that build /records' Arrow batches from a
 queue's part on disk (amqp_server.spark_bridge.record_reader), how they write to the client, and how they follow the
-queue index while the queue moves.  The SparkSession's side is tests/test_spark.py."""
+queue index while the queue moves.  The SparkSession's side is tests/spark_bridge/test_spark.py."""
 from __future__ import annotations
 
 import asyncio

@@ -21,7 +21,7 @@ from conftest import CLUSTER, starts
 
 
 @pytest.fixture
-def broker():  # an in-process stand-in overrides the node of the same name, as tests/test_core.py's does
+def broker():  # an in-process stand-in overrides the node of the same name, as tests/core/test_core.py's does
     return "in-process"
 
 

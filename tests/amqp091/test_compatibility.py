@@ -225,7 +225,7 @@ def test_health_checks(broker):
 
 
 def test_http_purge(broker, conn, uid):
-    """DELETE .../contents empties the queue (across nodes: tests/test_cluster.py)."""
+    """DELETE .../contents empties the queue (across nodes: tests/cluster/test_cluster.py)."""
     _mgmt(broker)
     ch = conn.channel()
     ch.queue_declare(uid)
