@@ -68,6 +68,7 @@ ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
 RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
 CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
+CATCH_UP_TRIES = 5  # how many times at most, while its copy does not move
 ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
 DEFAULT_GROUP_SIZE = 3
@@ -719,11 +720,27 @@ class QuorumGroups:
         except aetcd.ClientError as exc:  # gone already, or etcd unreachable: the lease lapses by itself
             log.debug("revoking lease %x: %s", lease, exc)
 
-    def _ask_to_catch_up(self, group: Group) -> None:
-        """Following a leader (new, or newly heard of): it sends what we miss of its log, or its queue whole."""
+    def _ask_to_catch_up(self, group: Group, tries: int = CATCH_UP_TRIES) -> None:
+        """Following a leader (new, or newly heard of): it sends what we miss of its log, or its queue whole.  Asked
+        again while our copy has not moved (``tries`` times, ``CATCH_UP_RETRY`` apart): the request, or its answer,
+        may have been lost (a link just up), and an idle queue ships no ops that would show us the gap."""
         peer = self.cluster.peers.get(group.leader)
         if peer is not None and peer.up and peer.link is not None:
             peer.link.send(link.REPLICATED, *self._catch_up_request(group, group.term))
+        self._catch_up_again(group, tries)
+
+    def _catch_up_again(self, group: Group, tries: int = CATCH_UP_TRIES) -> None:
+        """Ask to catch up again in ``CATCH_UP_RETRY`` if our copy has not moved by then (see _ask_to_catch_up)."""
+        if tries <= 0:
+            return
+        asked = (group.leader, group.term, group.position)
+
+        def again() -> None:
+            if (self.groups.get(group.key) is group and group.replicator is None
+                    and (group.leader, group.term, group.position) == asked):
+                self._ask_to_catch_up(group, tries - 1)
+
+        asyncio.get_running_loop().call_later(CATCH_UP_RETRY, again)
 
     @staticmethod
     def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
@@ -779,6 +796,7 @@ class QuorumGroups:
                 group.asked = (term, group.applied, now)
                 log.info("ops for %s from %d, ours end at %d: asking to catch up", key, first, group.applied)
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
+                self._catch_up_again(group)
             return
         group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first)
         group.applied = first if reset else first + count - 1
