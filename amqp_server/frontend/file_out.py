@@ -22,7 +22,7 @@ from collections import deque
 from typing import Iterable, Iterator, Union
 
 WRITEV_MAX = 512  # parts one writev takes at most (the system's IOV_MAX is 1024)
-READ_SLICE = 1 << 20  # what the outbox reads of a file range at once for a transport
+MAP_WINDOW = 16 << 20  # how much of a file the outbox maps at once, for the transport to write from
 
 
 class FileRange:
@@ -47,14 +47,6 @@ class FileRange:
         for start in range(self.pos, end, limit):
             stop = min(start + limit, end)
             yield FileRange(self.fd, start, stop - start, self.owns and stop == end)
-
-    def mapped(self, size: int) -> memoryview:
-        """The range's first ``size`` bytes as a view of the file mapped into memory (read from the page cache as
-        they are written: no copy here); the mapping goes with the view's last reference."""
-        size = min(size, self.size)
-        start = self.pos - self.pos % mmap.ALLOCATIONGRANULARITY
-        mapping = mmap.mmap(self.fd, self.pos + size - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
-        return memoryview(mapping)[self.pos - start:]
 
     def read(self, size: int | None = None) -> bytes:
         """The range's first ``size`` bytes (all of it by default) read into memory."""
@@ -140,6 +132,7 @@ class Outbox:
 
     def __init__(self) -> None:
         self.parts: deque[Part] = deque()
+        self._window: tuple[int, int, memoryview] | None = None  # (fd, position, view) of a file mapped last
 
     def __bool__(self) -> bool:
         return bool(self.parts)
@@ -161,11 +154,11 @@ class Outbox:
                 if run:
                     transport.write(b"".join(run))
                     run = []
-                data = part.mapped(READ_SLICE)
+                data = self._mapped(part)
                 if len(data) < part.size:
                     parts.appendleft(FileRange(part.fd, part.pos + len(data), part.size - len(data), part.owns))
                 else:
-                    part.close()
+                    self._done(part)
                 transport.write(data)
             else:
                 run.append(part)  # type: ignore[arg-type]  # (not a FileRange)
@@ -188,9 +181,30 @@ class Outbox:
             written -= size
             parts.popleft()
             if type(part) is FileRange:
-                part.close()
+                self._done(part)
+
+    def _mapped(self, part: FileRange) -> memoryview:
+        """As much of ``part`` as lies in the window of its file mapped into memory (mapped anew where it does
+        not lie in the last): the transport writes it from the page cache, not from a copy read here.  One
+        mapping serves a body's frames, and goes with the last view of it the transport holds."""
+        window = self._window
+        if window is None or window[0] != part.fd or not window[1] <= part.pos < window[1] + len(window[2]):
+            start = part.pos - part.pos % mmap.ALLOCATIONGRANULARITY
+            end = min(os.fstat(part.fd).st_size, part.pos + max(part.size, MAP_WINDOW))
+            mapping = mmap.mmap(part.fd, end - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+            window = self._window = (part.fd, start, memoryview(mapping))
+        at = part.pos - window[1]
+        return window[2][at:at + part.size]
+
+    def _done(self, part: FileRange) -> None:
+        """A range is sent: the descriptor it owns is closed, and a window of it forgotten (its number may
+        name another file next)."""
+        if part.owns and self._window is not None and self._window[0] == part.fd:
+            self._window = None
+        part.close()
 
     def clear(self) -> None:
+        self._window = None
         discard(self.parts)
         self.parts.clear()
 
