@@ -8,10 +8,12 @@ consumer has a credit window: deliveries the consuming node has not yet passed t
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.forwarder.session")
 
 CREDIT_WINDOW = 2000
+# seconds a quorum queue keeps what a node's consumers hold when their link falls silent (heartbeats unheard):
+# the node may only be paused or cut off a while, as RabbitMQ does not notice a node gone silent before its
+# net_ticktime (60 s) has passed
+SILENT_GRACE = 60.0
+RECONCILE = 5.0  # seconds, once that node's link is back, for its consumers to take back what they held
 _tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
 
 
@@ -84,10 +91,73 @@ class RemoteConsumerChannel:
         session.link.send(link.CONSUMED, link.encode_json({"id": self.id, "error": [error.code, error.text]}))
 
 
+class Orphans:
+    """What the consumers of a node whose link fell silent held of the quorum queues led here: neither
+    redelivered nor returned while the node may still come back (a pause, a cut shorter than ``SILENT_GRACE``).
+    Its consumers take it back when they consume again over its next link (``Session._adopt``), and the settles
+    they resend apply to it; what none took back within ``RECONCILE`` seconds of that link, or within
+    ``SILENT_GRACE`` if the node never comes back, is returned then.  A queue deposed meanwhile is the next
+    leader's business (``QuorumQueue.adopt``): its entries here are dropped, not returned."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.held: dict[str, dict[tuple[AnyQueue, int], Entry]] = {}  # node -> (queue, its seq) -> entry
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+
+    def keep(self, node: str, taken: list[tuple[Entry, AnyQueue]]) -> None:
+        held = self.held.setdefault(node, {})
+        for entry, queue in taken:
+            held[(queue, entry.seq)] = entry
+        self._release_in(node, SILENT_GRACE)
+
+    def back(self, node: str) -> None:
+        """The node's link is back: its consumers have ``RECONCILE`` seconds to take back what they held."""
+        if node in self.held:
+            self._release_in(node, RECONCILE)
+
+    def take(self, node: str, queue: AnyQueue, seq: int) -> Entry | None:
+        held = self.held.get(node)
+        return held.pop((queue, seq), None) if held else None
+
+    def _release_in(self, node: str, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        current = self._timers.get(node)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        self._timers[node] = (due, loop.call_at(due, self.release, node))
+
+    def release(self, node: str) -> None:
+        """Return what the node's consumers did not take back (to the queues that are still led here)."""
+        timer = self._timers.pop(node, None)
+        if timer is not None:
+            timer[1].cancel()
+        held = self.held.pop(node, {})
+        taken = [(entry, queue, None) for (queue, _), entry in held.items() if not queue.deleted]
+        if taken:
+            log.info("%d messages held for node %s's consumers returned", len(taken), node)
+            self.broker.settle_taken(taken, True)
+
+
+_orphans: "weakref.WeakKeyDictionary[Broker, Orphans]" = weakref.WeakKeyDictionary()
+
+
+def orphans(broker: "Broker") -> Orphans:
+    """The broker's ``Orphans`` (one per node, outliving its sessions)."""
+    found = _orphans.get(broker)
+    if found is None:
+        found = _orphans[broker] = Orphans(broker)
+    return found
+
+
 class Session:
     def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
         self.broker = broker
         self.link = server_link
+        self.orphans = orphans(broker)
+        self.orphans.back(server_link.peer_name)
         self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
@@ -280,8 +350,10 @@ class Session:
         for mode, seq in settled[:RESETTLE_MAX]:
             if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
                 by_mode.setdefault(mode, []).append(seq)
+        node, orphans = self.link.peer_name, self.orphans
         for mode, seqs in by_mode.items():
-            taken = [(entry, queue, None) for entry in queue.adopt(seqs) if entry is not None]
+            found = [kept or orphans.take(node, queue, seq) for kept, seq in zip(queue.adopt(seqs), seqs)]
+            taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
                 self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
@@ -301,6 +373,9 @@ class Session:
                     if held_in is queue and holder is not None and holder not in queue.consumers}
             found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
                      for entry, seq in zip(found, seqs)]
+        if None in found and local is not None:  # (and what it held when its node's link fell silent)
+            node = self.link.peer_name
+            found = [entry or self.orphans.take(node, local, seq) for entry, seq in zip(found, seqs)]
         tags = []
         for entry in found:
             if entry is None:
@@ -382,12 +457,26 @@ class Session:
             queue.deliver_ready()
 
     def closed(self) -> None:
-        """The other node went away: what it held unacked goes back to the queues, its consumers leave."""
+        """The other node went away: its consumers leave, and what it held unacked goes back to the queues —
+        but what its consumers held of quorum queues if the link fell ``silent``: that is kept for them
+        (``Orphans``), as their node may only have paused; RabbitMQ's quorum queues return it only once the
+        node is found down, after its net_ticktime."""
         log.info("link from node %s closed", self.link.peer_name)
         self.broker.persistence.waiters.discard(self)
+        queues = set()
         for consumer in list(self.consumers.values()):
             self.broker.remove_consumer(consumer)
+            queues.add(consumer.queue)
         self.consumers.clear()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        if self.link.silent:
+            kept = [(entry, queue) for entry, queue, consumer in taken
+                    if consumer is not None and REPLICATED in queue.type.capabilities]
+            if kept:
+                self.orphans.keep(self.link.peer_name, kept)
+                taken = [item for item in taken if item[2] is None or REPLICATED not in item[1].type.capabilities]
         self.broker.settle_taken(taken, True)
+        for queue in queues:
+            if not queue.deleted:
+                queue.deliver_ready()

@@ -20,7 +20,7 @@ from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
 from fake_cluster import Client, Network, Node
-from forwarder.peers import node_link as link
+from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 
@@ -833,3 +833,69 @@ async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network,
         publish(node, [b"more%d" % i])
     assert await copies_agree(network) == [*bodies(5), *bodies(10, "missed"), *bodies(5, "later"),
                                            *[b"more%d" % i for i in range(5)]]
+
+
+# -- a node gone silent -------------------------------------------------------------------------
+
+
+def pause(network: Network, name: str) -> None:
+    """``name`` hears and says nothing until ``resume``: the others close their links to it once the heartbeats
+    went unheard (as a node paused longer than they wait)."""
+    for other in NAMES:
+        if other != name:
+            network.cut(name, other, silent=True)
+
+
+def resume(network: Network, name: str) -> None:
+    for other in NAMES:
+        if other != name:
+            network.heal(name, other)
+
+
+async def test_a_consumer_whose_node_paused_past_the_heartbeats_gets_nothing_twice(network):
+    """n2 pauses while its consumer holds 50 of n1's queue: n1 keeps them for it rather than return them; n2
+    resumes, its consumer takes them back and acks them, and no message reaches it twice (RabbitMQ does not
+    notice a pause shorter than its net_ticktime either)."""
+    node, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    await asyncio.sleep(0.2)
+    assert queue_of(node).state.messages == 200 and len(queue_of(node).state.checked_out) == 50
+    resume(network, "n2")
+    await drained(network, client, sent)
+    assert len(client.received) == len(set(client.received)) == 200
+
+
+async def test_what_a_silent_nodes_consumer_held_comes_back_once_its_link_is_back_without_it(network,
+                                                                                            monkeypatch):
+    """n2's consumer is gone by the time n2's link is back (its channel closed meanwhile): what it held comes
+    back ``RECONCILE`` seconds after the link, and a consumer on n3 gets every message."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 0.3)
+    _, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    client.close()
+    resume(network, "n2")
+    other = Client(network.nodes["n3"], prefetch=50).consume()
+    await drained(network, other, sent)
+
+
+async def test_what_a_node_that_never_comes_back_held_comes_back_after_the_grace(network, monkeypatch):
+    """n2 stays silent: what its consumer held is kept ``SILENT_GRACE`` seconds, then a consumer on n3 gets it."""
+    monkeypatch.setattr(owner_side, "SILENT_GRACE", 3.0)
+    node, client, sent = await consumer_holding(network, "n2")
+    held = set(client.received)
+    pause(network, "n2")
+    other = Client(network.nodes["n3"], prefetch=50).consume()
+    await wait_for(lambda: other.ack() >= 0 and len(other.received) == 150, "the others")
+    assert not held & set(other.received) and len(queue_of(node).state.checked_out) == 50
+    await drained(network, other, sent)
+
+
+async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_the_leader_dies(network):
+    """n2 pauses, n1 (which kept what n2's consumer held) dies: the next leader returns it after its handover
+    grace, and n2's consumer, back, gets every message."""
+    _, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    resume(network, "n2")
+    await drained(network, client, sent)
