@@ -94,20 +94,22 @@ class RemoteConsumerChannel:
 class Orphans:
     """What the consumers of a node whose link fell silent held of the quorum queues led here: neither
     redelivered nor returned while the node may still come back (a pause, a cut shorter than ``SILENT_GRACE``).
-    Its consumers take it back when they consume again over its next link (``Session._adopt``), and the settles
-    they resend apply to it; what none took back within ``RECONCILE`` seconds of that link, or within
-    ``SILENT_GRACE`` if the node never comes back, is returned then.  A queue deposed meanwhile is the next
-    leader's business (``QuorumQueue.adopt``): its entries here are dropped, not returned."""
+    Each of its consumers takes its own back when it consumes again over the node's next link (``Session._adopt``;
+    the rest of what it held, lost on the way to it, is returned then), and the settles it resends apply to it;
+    what none took back within ``RECONCILE`` seconds of that link, or within ``SILENT_GRACE`` if the node never
+    comes back, is returned then.  A queue deposed meanwhile is the next leader's business
+    (``QuorumQueue.adopt``): its entries here are dropped, not returned."""
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
-        self.held: dict[str, dict[tuple[AnyQueue, int], Entry]] = {}  # node -> (queue, its seq) -> entry
+        # node -> (queue, its seq) -> (entry, the id on the node's link of the consumer that held it)
+        self.held: dict[str, dict[tuple[AnyQueue, int], tuple[Entry, int]]] = {}
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
 
-    def keep(self, node: str, taken: list[tuple[Entry, AnyQueue]]) -> None:
+    def keep(self, node: str, taken: list[tuple[Entry, AnyQueue, int]]) -> None:
         held = self.held.setdefault(node, {})
-        for entry, queue in taken:
-            held[(queue, entry.seq)] = entry
+        for entry, queue, consumer_id in taken:
+            held[(queue, entry.seq)] = (entry, consumer_id)
         self._release_in(node, SILENT_GRACE)
 
     def back(self, node: str) -> None:
@@ -117,7 +119,14 @@ class Orphans:
 
     def take(self, node: str, queue: AnyQueue, seq: int) -> Entry | None:
         held = self.held.get(node)
-        return held.pop((queue, seq), None) if held else None
+        found = held.pop((queue, seq), None) if held else None
+        return found[0] if found is not None else None
+
+    def taken_back(self, node: str, consumer_id: int) -> None:
+        """The node's consumer once ``consumer_id`` took back what it holds: what else it held goes back now."""
+        held = self.held.get(node)
+        if held:
+            self._return(node, [key for key, (_, holder) in held.items() if holder == consumer_id])
 
     def _release_in(self, node: str, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -130,12 +139,19 @@ class Orphans:
         self._timers[node] = (due, loop.call_at(due, self.release, node))
 
     def release(self, node: str) -> None:
-        """Return what the node's consumers did not take back (to the queues that are still led here)."""
+        """Return what the node's consumers did not take back."""
         timer = self._timers.pop(node, None)
         if timer is not None:
             timer[1].cancel()
-        held = self.held.pop(node, {})
-        taken = [(entry, queue, None) for (queue, _), entry in held.items() if not queue.deleted]
+        self._return(node, list(self.held.get(node, ())))
+
+    def _return(self, node: str, keys: list[tuple[AnyQueue, int]]) -> None:
+        """Those entries go back to their queues (those still led here)."""
+        held = self.held.get(node, {})
+        taken = [(held.pop(key)[0], key[0], None) for key in keys]
+        if not held:
+            self.held.pop(node, None)
+        taken = [item for item in taken if not item[1].deleted]
         if taken:
             log.info("%d messages held for node %s's consumers returned", len(taken), node)
             self.broker.settle_taken(taken, True)
@@ -339,6 +355,8 @@ class Session:
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
             self._resettle(queue, request.get("settled") or [])
             reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
+            if isinstance(request.get("was"), int):
+                self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
 
@@ -471,7 +489,7 @@ class Session:
         taken = list(self.unacked.values())
         self.unacked.clear()
         if self.link.silent:
-            kept = [(entry, queue) for entry, queue, consumer in taken
+            kept = [(entry, queue, cast(RemoteConsumerChannel, consumer.channel).id) for entry, queue, consumer in taken
                     if consumer is not None and REPLICATED in queue.type.capabilities]
             if kept:
                 self.orphans.keep(self.link.peer_name, kept)
