@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -899,3 +900,34 @@ async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_th
     await wait_for(lambda: leader(network) is not None, "a new leader")
     resume(network, "n2")
     await drained(network, client, sent)
+
+
+async def test_a_machine_stalled_for_two_and_a_half_seconds_keeps_its_leaders(network):
+    """The whole machine stalls (a loaded host: every node's loop and etcd's clock): no lease lapses, the leader
+    leads on in the same term and confirms at once."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    await asyncio.sleep(0.3)
+    time.sleep(2.5)  # (blocks the loop: every node, and the fake etcd's clock runs on)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "confirmed", 2.0)
+    await asyncio.sleep(0.5)
+    assert leader(network) is node and node.quorum.groups[KEY].term == term
+
+
+async def test_what_never_reached_a_paused_nodes_consumer_comes_back_as_soon_as_it_consumes_again(network,
+                                                                                                   monkeypatch):
+    """n1's deliveries of 10 more are lost with n2's link as n2 pauses: once n2's consumer consumes again (what it
+    holds taken back), n1 returns those 10 at once, not after ``RECONCILE``, and the consumer gets each once."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 30.0)
+    _, client, sent = await consumer_holding(network, "n2")
+    network.hold("n1", "n2")
+    client.ack(10)
+    await wait_for(lambda: sum(frame[2] == link.DELIVER for frame in network.held[("n1", "n2")]) == 10,
+                   "10 deliveries on their way")
+    pause(network, "n2")
+    network.release("n1", "n2")  # (nothing: they went with the link)
+    resume(network, "n2")
+    await drained(network, client, sent, timeout=10)
+    assert len(client.received) == len(set(client.received)) == 200
