@@ -931,3 +931,32 @@ async def test_what_never_reached_a_paused_nodes_consumer_comes_back_as_soon_as_
     resume(network, "n2")
     await drained(network, client, sent, timeout=10)
     assert len(client.received) == len(set(client.received)) == 200
+
+
+async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
+    """n1's followers hear nothing from it (etcd still does) while its own consumer acks as it goes: n1 delivers
+    no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be committed);
+    deposed then, the next leader delivers again only what n1 delivered until then, not all that n1's
+    consumer would have gone through for as long as n1 kept its lease."""
+    node = await declared(network)
+    publish(node, bodies(3000))
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    client = Client(node).consume()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + quorum_log.PROGRESS + 0.3
+    while loop.time() < until:
+        client.ack()
+        await asyncio.sleep(0.05)
+    stalled = len(client.received)
+    for _ in range(30):
+        client.ack()
+        await asyncio.sleep(0.05)
+    assert len(client.received) - stalled <= 50  # (at most a prefetch window taken as it stopped)
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await drained(network, client, bodies(3000))
+    assert len(client.received) - len(set(client.received)) <= stalled
