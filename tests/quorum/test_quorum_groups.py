@@ -902,13 +902,13 @@ async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_th
     await drained(network, client, sent)
 
 
-async def test_a_machine_stalled_for_two_and_a_half_seconds_keeps_its_leaders(network):
+async def test_a_machine_stalled_for_more_than_two_seconds_keeps_its_leaders(network):
     """The whole machine stalls (a loaded host: every node's loop and etcd's clock): no lease lapses, the leader
     leads on in the same term and confirms at once."""
     node = await declared(network)
     term = node.quorum.groups[KEY].term
     await asyncio.sleep(0.3)
-    time.sleep(2.5)  # (blocks the loop: every node, and the fake etcd's clock runs on)
+    time.sleep(2.2)  # (blocks the loop: every node, and the fake etcd's clock runs on)
     confirms = Confirms()
     publish(node, bodies(10), confirms)
     await wait_for(lambda: len(confirms.acked()) == 10, "confirmed", 2.0)
