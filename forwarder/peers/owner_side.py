@@ -105,17 +105,26 @@ class Orphans:
         # node -> (queue, its seq) -> (entry, the id on the node's link of the consumer that held it)
         self.held: dict[str, dict[tuple[AnyQueue, int], tuple[Entry, int]]] = {}
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self._links: dict[str, int] = {}  # node -> its links open here
 
     def keep(self, node: str, taken: list[tuple[Entry, AnyQueue, int]]) -> None:
         held = self.held.setdefault(node, {})
         for entry, queue, consumer_id in taken:
             held[(queue, entry.seq)] = (entry, consumer_id)
-        self._release_in(node, SILENT_GRACE)
+        self._release_in(node, RECONCILE if self._links.get(node) else SILENT_GRACE)  # (back already, or not)
 
-    def back(self, node: str) -> None:
-        """The node's link is back: its consumers have ``RECONCILE`` seconds to take back what they held."""
+    def opened(self, node: str) -> None:
+        """A link of the node: its consumers have ``RECONCILE`` seconds to take back what they held."""
+        self._links[node] = self._links.get(node, 0) + 1
         if node in self.held:
             self._release_in(node, RECONCILE)
+
+    def closed(self, node: str) -> None:
+        left = self._links.get(node, 0) - 1
+        if left > 0:
+            self._links[node] = left
+        else:
+            self._links.pop(node, None)
 
     def take(self, node: str, queue: AnyQueue, seq: int) -> Entry | None:
         held = self.held.get(node)
@@ -173,7 +182,7 @@ class Session:
         self.broker = broker
         self.link = server_link
         self.orphans = orphans(broker)
-        self.orphans.back(server_link.peer_name)
+        self.orphans.opened(server_link.peer_name)
         self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
@@ -488,6 +497,7 @@ class Session:
         self.consumers.clear()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        self.orphans.closed(self.link.peer_name)
         if self.link.silent:
             kept = [(entry, queue, cast(RemoteConsumerChannel, consumer.channel).id) for entry, queue, consumer in taken
                     if consumer is not None and REPLICATED in queue.type.capabilities]

@@ -20,7 +20,7 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
-from fake_cluster import Client, Network, Node
+from fake_cluster import Client, FakeLink, Network, Node
 from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
@@ -960,3 +960,24 @@ async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would
     network.release("n1", "n3")
     await drained(network, client, bodies(3000))
     assert len(client.received) - len(set(client.received)) <= stalled
+
+
+async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_up_waits_no_grace(network,
+                                                                                               monkeypatch):
+    """n2 dials n1 again before n1 finds n2's old link silent (it was half-open): n2's consumer has consumed again
+    over the new link by then, with nothing to take back there.  What n1 keeps from the old link comes back
+    ``RECONCILE`` seconds later, not after ``SILENT_GRACE``."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 0.5)
+    _, client, sent = await consumer_holding(network, "n2")
+    old = network.sessions[("n1", "n2")]
+    peer = network.nodes["n2"].peers["n1"]
+    peer.link.silent = True  # (n2 found it silent: it revokes no lease)
+    peer._went_down()
+    network.sessions[("n1", "n2")] = owner_side.Session(network.nodes["n1"].broker,  # type: ignore[arg-type]
+                                                        FakeLink(network, "n1", "n2"))  # (a fake link)
+    peer.link = FakeLink(network, "n2", "n1")  # type: ignore[assignment]  # (a fake link)
+    peer._went_up()
+    await asyncio.sleep(0.1)
+    old.link.silent = True
+    old.closed()
+    await drained(network, client, sent, timeout=5)
