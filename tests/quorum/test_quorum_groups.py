@@ -308,16 +308,22 @@ async def test_a_copy_a_snapshot_is_coming_into_counts_toward_no_majority(networ
 # -- elections ----------------------------------------------------------------------------------
 
 
-async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_message(network):
-    """n3 missed the last publishes (its link was slow): n2's copy is ahead, so n2 leads although the tie-break
-    favours n3; whatever was confirmed is there."""
+async def n3_behind(network: Network, count: int) -> None:
+    """n1 leads ``count`` messages all have, then 50 "late" ones confirmed by n1 and n2 only (n3's link is slow:
+    what n1 sends it waits)."""
     node = await declared(network)
-    publish(node, bodies(100))
+    publish(node, bodies(count))
     await copies_agree(network)
     network.hold("n1", "n3")
     confirms = Confirms()
     publish(node, bodies(50, "late"), confirms)
-    await wait_for(lambda: len(confirms.acked()) == 50, "the late ones confirmed by n1 and n2")
+    await wait_for(lambda: confirms.acked() == list(range(1, 51)), "the late ones confirmed by n1 and n2")
+
+
+async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_message(network):
+    """n3 missed the last publishes (its link was slow): n2's copy is ahead, so n2 leads although the tie-break
+    favours n3; whatever was confirmed is there."""
+    await n3_behind(network, 100)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
     assert leader(network).name == "n2"
@@ -348,13 +354,7 @@ async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(n
     the ops it took from n1 (and its own since), not with a snapshot of the whole queue — at every change of
     leader, a snapshot of a deep queue stalled the nodes past their leases, and the next term's leader sent
     another."""
-    node = await declared(network)
-    publish(node, bodies(300))
-    await copies_agree(network)
-    network.hold("n1", "n3")
-    confirms = Confirms()
-    publish(node, bodies(50, "late"), confirms)
-    await wait_for(lambda: confirms.acked() == list(range(1, 51)), "the late ones confirmed by n1 and n2")
+    await n3_behind(network, 300)
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
     caplog.clear()
     await network.kill("n1")  # (what it held for n3 is lost with it)
