@@ -2,16 +2,16 @@
 follower applies them to its copy.
 
 The ops are :mod:`amqp_server.queues.quorum_machine`'s, numbered by an index within the leader's term, and go on the
-wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands it
-to its :class:`Replicator`, which encodes it, stages a turn's ops
-and ships them in one ``REPLICATE`` frame per follower; it keeps its term's latest ops (``LOG_BYTES``) to
-catch up a follower that missed a few, and sends a snapshot to one that missed more or whose copy is of
-another term — unless that copy is where the leader's own stood when it took over (a failover's usual case:
-the members left were in step), which the leader's term then adopts as it is.  A snapshot is the state as it
-stood at an index (small: it does not grow with the queue's depth), the rows of the queue's entries as they
-are when each chunk is read, then the ops since that index.  A follower applies the ops to its own copy of
-the state with :func:`apply`, and carries out their storage effects on its message store and queue index.
-Who leads, and which follower takes what, is :mod:`groups`'s business.
+wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands
+it to its :class:`Replicator`, which encodes it, stages a turn's ops and ships them in one ``REPLICATE`` frame per
+follower; it keeps the latest ops its copy applied, of its term and of earlier ones (``History``, ``LOG_BYTES``), to
+catch up a follower that missed a few (a copy of an earlier term these ops pass through too; one where the leader's
+own stood when it took over, a failover's usual case, its term adopts as it is), and sends a snapshot to one that
+missed more or whose copy holds ops it never had.  A snapshot is the state as it stood at an index (small: it does
+not grow with the queue's depth), the rows of the queue's entries as they are when each chunk is read, then the ops
+since that index.  A follower applies the ops to its own copy of the state with :func:`apply`, and carries out their
+storage effects on its message store and queue index. Who leads, and which follower takes what, is :mod:`groups`'s
+business.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
-LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
+LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
