@@ -254,14 +254,15 @@ class Session:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
                 self.stats.ack += len(taken)
-            elif code == frames.RELEASED:
-                self.broker.settle_taken(taken, True)
+            elif code == frames.RELEASED:  # requeued, no delivery counted (RabbitMQ 4.x)
+                self.broker.settle_taken(taken, True, counted=False)
             elif code == frames.REJECTED:
                 self.broker.nack_taken(taken, False)
-            elif code == frames.MODIFIED:
+            elif code == frames.MODIFIED:  # dead-lettered if undeliverable here, else requeued, counted if failed
                 assert state is not None
+                failed = frames.field(state[1], 0, False) is True
                 undeliverable = frames.field(state[1], 1, False) is True
-                self.broker.nack_taken(taken, not undeliverable)
+                self.broker.nack_taken(taken, not undeliverable, counted=failed)
             else:
                 self.broker.settle_taken(taken, True)
                 raise SessionError(frames.NOT_IMPLEMENTED, f"delivery state 0x{code:02x} is not supported")

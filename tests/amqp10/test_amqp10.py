@@ -178,6 +178,48 @@ def test_a_release_requeues_and_a_reject_dead_letters(node):
         connection.close()
 
 
+def test_released_requeues_a_quorum_queues_message_without_counting_a_delivery_and_a_failed_one_counts(node):
+    """RabbitMQ 4.x: ``released`` returns a message uncounted (no x-delivery-count, no step to the delivery
+    limit); ``modified`` with delivery-failed counts one, and past the limit the message goes."""
+    from proton import Delivery
+
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 2})
+    channel.basic_publish("", "qq", b"poison")
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        for _ in range(5):  # more releases than the limit allows returns
+            assert receiver.receive(timeout=5).body == b"poison"
+            receiver.release(delivered=False)
+        assert receiver.receive(timeout=5).body == b"poison"
+        receiver.close()  # (with the message unsettled: a consumer gone counts one return)
+    finally:
+        amqp.close()
+    deadline = time.monotonic() + 5
+    method = None
+    while method is None and time.monotonic() < deadline:
+        method, properties, body = channel.basic_get("qq")
+    assert method is not None and body == b"poison"
+    assert properties.headers["x-delivery-count"] == 1  # the consumer gone, not the five releases
+    channel.basic_nack(method.delivery_tag, requeue=False)  # (dead-lettered nowhere: gone)
+    channel.basic_publish("", "qq", b"failing")
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        for _ in range(3):  # delivery-failed twice is the limit; the third time it goes
+            assert receiver.receive(timeout=5).body == b"failing"
+            receiver.fetcher.unsettled[0].local.failed = True
+            receiver.settle(Delivery.MODIFIED)
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=0.5)
+    finally:
+        amqp.close()
+    assert channel.queue_declare("qq", passive=True).method.message_count == 0
+    connection.close()
+
+
 def test_credit_bounds_what_the_node_sends(node):
     declare(node, "credit").close()
     connection = connect(node)
