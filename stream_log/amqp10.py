@@ -430,6 +430,7 @@ class Decoder:
         self.route = encode_route("", stream)
         self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
         self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
+        self._last_data = self._last + _DATA_SECTION  # and the data section's descriptor after them
         self._last_conversion: tuple[str, str, bytes, bytes] | None = None
         self._sized: tuple[int, bytes, bytes] = (-1, b"", b"")  # a body size, a conversion's header, and with the size
 
@@ -438,9 +439,8 @@ class Decoder:
         is its only copy, and messages of one size share their header."""
         if end is None:
             end = len(record)
-        last = self._last
-        body_at = start + len(last)
-        if record.startswith(last, start, end) and record.startswith(_DATA_SECTION, body_at, end):
+        body_at = start + len(self._last)
+        if record.startswith(self._last_data, start, end):  # the last record's sections, then a data section
             cached = self._last_conversion
         else:
             if start or end != len(record) or not isinstance(record, bytes):
@@ -481,6 +481,7 @@ class Decoder:
             cached = self._remember(prefix)
         if cached is not None:
             self._last, self._last_conversion = prefix, cached
+            self._last_data = prefix + _DATA_SECTION
         return cached, body_at
 
     def _sections(self, record: bytes) -> list[tuple[int, Value, bytes]]:

@@ -623,16 +623,19 @@ class Incoming(Link):
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
         outcomes, self.outcomes = self.outcomes, []
-        outcomes.sort()
-        i = 0
-        while i < len(outcomes):
+        outcomes.sort()  # (mostly in order already: one pass)
+        i, count = 0, len(outcomes)
+        while i < count:
             first, state = outcomes[i]
             last = first
-            while i + 1 < len(outcomes) and outcomes[i + 1] == (last + 1, state):
-                i += 1
-                last += 1
-            self.session.send(frames.disposition(first, last, state))
             i += 1
+            while i < count:
+                following, following_state = outcomes[i]
+                if following != last + 1 or following_state != state:
+                    break
+                last = following
+                i += 1
+            self.session.send(frames.disposition(first, last, state))
 
     def closed(self) -> None:
         self.partial = None
