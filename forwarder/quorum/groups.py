@@ -47,7 +47,8 @@ from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
 
 from ..peers import node_link as link
-from .oplog import ACKED, ADOPT_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, Replicator, check_copy, skip
+from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, History, Replicator,
+                    check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import Session
@@ -127,6 +128,7 @@ class Group:
     ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
     unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
     window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
+    history: History = field(default_factory=History)  # the ops the copy applied last (a leader's log)
 
     @property
     def key(self) -> str:
@@ -293,6 +295,7 @@ class QuorumGroups:
         persistence.index.forget_position(group.index_id)
         self.broker.store.delete(REPLICA, group.key)
         group.index_id = group.applied = group.applied_term = 0
+        group.history.clear()
         group.partial = False
         group.vouched = (0, 0)
         group.state = State()
@@ -774,8 +777,18 @@ class QuorumGroups:
         index_id = group.index_id
         end = len(payload)
         reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
-        if reset and group.whole:  # it replaces our rows as it comes: what we had, we vouch for until it is whole
-            self._vouch(group)
+        if reset:
+            group.history.clear()
+            if group.whole:  # it replaces our rows as it comes: what we had, we vouch for until it is whole
+                self._vouch(group)
+        # an earlier term's ops the leader applied, which continue our copy if it is whole and stands where they
+        # start, at an op of the term they follow (else we ask to catch up, as for ops we miss)
+        continued = pos < end and payload[pos] == CONTINUE_OP
+        ops_term = follows = term  # the term of the frame's ops, and that of the op they follow
+        if continued:
+            _, follows, ops_term = CONT.unpack_from(payload, pos)
+            if first <= group.applied and not group.partial:  # an answer to an earlier request of ours: moved on
+                return
         more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
         if more and group.applied_term == term and first == group.applied:
             reset = True
@@ -789,7 +802,8 @@ class QuorumGroups:
             if rest is None:  # all of them: nothing to do (asking to catch up again would only overlap again)
                 return
             pos, first = rest, group.applied + 1
-        if not reset and (first != group.applied + 1 or group.applied_term != term):  # not in step: we missed
+        if not reset and (first != group.applied + 1 or (group.position[0] if continued else group.applied_term)
+                          != follows):  # not in step: we missed
             # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
             now = asyncio.get_running_loop().time()
             # once, the answer being on its way behind these; again after a while (the leader was not leading
@@ -800,9 +814,12 @@ class QuorumGroups:
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
                 self._catch_up_again(group)
             return
-        group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first)
+        spans: list[memoryview] = []
+        group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first, spans)
         group.applied = first if reset else first + count - 1
-        group.applied_term, group.partial = term, reset
+        group.applied_term, group.partial = ops_term, reset
+        for at, op in enumerate(spans, first):
+            group.history.append(ops_term, at, op)
         # (a restart mid-snapshot asks for another)
         persistence.replica_position(index_id, *group.position, group.state.enqueuers)
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority

@@ -2,20 +2,21 @@
 follower applies them to its copy.
 
 The ops are :mod:`amqp_server.queues.quorum_machine`'s, numbered by an index within the leader's term, and go on the
-wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands it
-to its :class:`Replicator`, which encodes it, stages a turn's ops
-and ships them in one ``REPLICATE`` frame per follower; it keeps its term's latest ops (``LOG_BYTES``) to
-catch up a follower that missed a few, and sends a snapshot to one that missed more or whose copy is of
-another term — unless that copy is where the leader's own stood when it took over (a failover's usual case:
-the members left were in step), which the leader's term then adopts as it is.  A snapshot is the state as it
-stood at an index (small: it does not grow with the queue's depth), the rows of the queue's entries as they
-are when each chunk is read, then the ops since that index.  A follower applies the ops to its own copy of
-the state with :func:`apply`, and carries out their storage effects on its message store and queue index.
-Who leads, and which follower takes what, is :mod:`groups`'s business.
+wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands
+it to its :class:`Replicator`, which encodes it, stages a turn's ops and ships them in one ``REPLICATE`` frame per
+follower; it keeps the latest ops its copy applied, of its term and of earlier ones (``History``, ``LOG_BYTES``), to
+catch up a follower that missed a few (a copy of an earlier term these ops pass through too; one where the leader's
+own stood when it took over, a failover's usual case, its term adopts as it is), and sends a snapshot to one that
+missed more or whose copy holds ops it never had.  A snapshot is the state as it stood at an index (small: it does
+not grow with the queue's depth), the rows of the queue's entries as they are when each chunk is read, then the ops
+since that index.  A follower applies the ops to its own copy of the state with :func:`apply`, and carries out their
+storage effects on its message store and queue index. Who leads, and which follower takes what, is :mod:`groups`'s
+business.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import struct
 import time
@@ -55,9 +56,13 @@ ENTRY_OP = 20
 # before ``first`` is the new leader's own at the start of its term, so it follows on with no snapshot
 MARK = struct.Struct(">BQ")
 RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
+# CONTINUE (kind, the term of the copy's last op, the term of the frame's ops): ops of an earlier term the leader
+# applied itself, which continue a copy that stands at ``first - 1`` in the first term
+CONT = struct.Struct(">BQQ")
+CONTINUE_OP = 34
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
-LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
+LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
@@ -78,15 +83,58 @@ class Follower:
     snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
 
 
+class History:
+    """The latest ops a copy applied, whoever led their terms (up to ``LOG_BYTES``), each with its term and index:
+    a term's op at an index is the same wherever it was applied, so a copy that stands where these pass (an op
+    of the term at its index, or at the next index the first op of a term that began there) is brought to this
+    copy's state by the ops after it — after a change of leader too, with no snapshot."""
+
+    def __init__(self) -> None:
+        self.ops: deque[tuple[int, int, bytes | memoryview]] = deque()  # (term, index, op), the indexes in a row
+        self.size = 0
+
+    def append(self, term: int, index: int, op: bytes | memoryview) -> None:
+        ops = self.ops
+        if ops and ops[-1][1] + 1 != index:  # (the copy moved by other means: a snapshot)
+            self.clear()
+        ops.append((term, index, op))
+        self.size += len(op)
+        while self.size > LOG_BYTES:
+            self.size -= len(ops.popleft()[2])
+
+    def clear(self) -> None:
+        self.ops.clear()
+        self.size = 0
+
+    def after(self, index: int) -> list[tuple[int, int, bytes | memoryview]] | None:
+        """The ops after ``index``, up to the latest; None if the first of them is gone (or was never here)."""
+        ops = self.ops
+        if not ops or ops[-1][1] < index or ops[0][1] > index + 1:
+            return None
+        first = ops[0][1]
+        return list(itertools.islice(ops, index + 1 - first, None))
+
+    def passes(self, term: int, index: int) -> bool:
+        """A copy that stands at (term, index) is at a state these ops pass through."""
+        ops = self.ops
+        if term <= 0 or not ops:
+            return False
+        first = ops[0][1]
+        at = index - first
+        return ((0 <= at < len(ops) and ops[at][0] == term)
+                or (-1 <= at < len(ops) - 1 and ops[at + 1][0] == term))
+
+
 class Group(Protocol):
-    """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, and where the leader's
-    own copy stands."""
+    """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, where the leader's
+    own copy stands, and the ops it applied last."""
 
     members: list[str]
     index_id: int
     applied_term: int
     applied: int
     window: Window
+    history: History
 
     @property
     def key(self) -> str: ...
@@ -131,8 +179,7 @@ class Replicator:
         self.base = group.position  # where the copy this term starts from stood: a follower's there too adopts it
         self.ops: list[bytes] = []
         self.first = index + 1  # index of ops[0]
-        self.log: deque[tuple[int, bytes]] = deque()  # (index, op): this term's latest ops, LOG_BYTES at most
-        self.log_bytes = 0
+        self.log = group.history  # this term's latest ops, after those the copy applied before
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
         self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
@@ -169,11 +216,7 @@ class Replicator:
             self._progress = asyncio.get_running_loop().time()
         self.index += 1
         self.ops.append(op)
-        log_ = self.log
-        log_.append((self.index, op))
-        self.log_bytes += len(op)
-        while self.log_bytes > LOG_BYTES:
-            self.log_bytes -= len(log_.popleft()[1])
+        self.log.append(self.term, self.index, op)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -247,11 +290,11 @@ class Replicator:
         if not self._send(follower, self._frame(start, ops)):
             return
         self.flush()
-        log_ = self.log
-        if self.index > start and (not log_ or log_[0][0] > start + 1):  # the log lost ops meanwhile: again
+        since = self.log.after(start) if self.index > start else []
+        if since is None:  # the log lost ops meanwhile: again
             asyncio.get_running_loop().call_soon(self.join, follower)
             return
-        missed = [op for index, op in log_ if index > start]
+        missed = [bytes(op) for _, _, op in since]  # (a follower's log keeps slices of the frames it took)
         for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
             chunk = [MARK.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
             if not self._send(follower, self._frame(start + 1 + first, chunk)):
@@ -286,27 +329,46 @@ class Replicator:
                 self.probe(self.followers.setdefault(name, Follower(name)))
 
     def catch_up(self, name: str, applied_term: int, applied: int) -> None:
-        """A follower asks to catch up from ``applied``: the log from there if this term's log still has it (a
-        copy where this term started from adopted first), else a snapshot."""
+        """A follower asks to catch up from ``applied``: the log from there if it still has it — this term's (a
+        copy where this term started from adopted first), or earlier terms' for a copy they pass through
+        (``History``: a copy of the previous leader's, after a change of leader) — else a snapshot."""
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
-        log_ = self.log
         adopt = applied_term > 0 and (applied_term, applied) == self.base
-        if (applied_term != self.term and not adopt) or applied > self.index or (applied < self.index and (
-                not log_ or log_[0][0] > applied + 1)):
+        ours = applied_term == self.term or adopt
+        since: list[tuple[int, int, bytes | memoryview]] | None = None
+        if applied == self.index and ours:
+            since = []
+        elif applied <= self.index and (ours or self.log.passes(applied_term, applied)):
+            since = self.log.after(applied)
+        if since is None:
             self.join(follower)
             return
         follower.joined = False  # what is staged goes to the others now, to this one with the rest below
         self.flush()
-        missed = [op for index, op in log_ if index > applied]
-        log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(missed),
-                 f" (its copy of term {applied_term} adopted)" if adopt else "")
+        log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(since),
+                 f" (its copy of term {applied_term} adopted)" if adopt
+                 else "" if ours else f" (its copy of term {applied_term} continued)")
         follower.joined = True
-        if adopt:  # its copy as it stands becomes this term's
-            follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
-        for start in range(0, len(missed), SNAPSHOT_CHUNK):
-            frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
+        if ours:
+            if adopt:  # its copy as it stands becomes this term's
+                follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
+            missed = [bytes(op) for _, _, op in since]
+            for start in range(0, len(missed), SNAPSHOT_CHUNK):
+                frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
+                follower.joined = follower.joined and self._send(follower, frame)
+            return
+        last = applied_term  # the term of the copy's last op, as the ops below move it
+        for term, run in itertools.groupby(since, key=lambda entry: entry[0]):
+            ops = list(run)
+            for start in range(0, len(ops), SNAPSHOT_CHUNK):
+                chunk = ops[start:start + SNAPSHOT_CHUNK]
+                ops_ = [CONT.pack(CONTINUE_OP, last, term), *(bytes(op) for _, _, op in chunk)]
+                follower.joined = follower.joined and self._send(follower, self._frame(chunk[0][1], ops_))
+                last = term
+        if last != self.term:  # no op of this term yet: its copy is where this term started
+            frame = self._frame(self.index + 1, [MARK.pack(ADOPT_OP, last)])
             follower.joined = follower.joined and self._send(follower, frame)
 
     def peer_down(self, name: str) -> None:
@@ -384,13 +446,13 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
 
 
 def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int,
-          first: int) -> tuple[machine.State, int]:
+          first: int, spans: list[memoryview] | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
-    (no op's outcome depends on it)."""
+    (no op's outcome depends on it).  ``spans``: each log op's bytes are added to it."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -403,6 +465,8 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
         _carry_out(persistence, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
         pos += MARK.size
+    elif marker == CONTINUE_OP:
+        pos += CONT.size
     count = 0
     now = _now()
     while pos < end:
@@ -413,9 +477,12 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
                 persistence.put_record(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
             pos += size
             continue
+        start = pos
         op, pos = decode(data, pos)
         state, effects = machine.apply(machine.Meta(first + count, now), op, state)
         _carry_out(persistence, index_id, effects, idempotent)
+        if spans is not None:
+            spans.append(data[start:pos])
         count += 1
     return state, count
 
@@ -458,7 +525,7 @@ def check_copy(state: machine.State, persistence: "Persistence", index_id: int, 
         return
     data, end, ops = memoryview(payload), len(payload), []
     if pos < end and data[pos] >= RESET_OP:
-        pos = end if data[pos] == RESET_OP else pos + MARK.size
+        pos = end if data[pos] == RESET_OP else pos + (CONT.size if data[pos] == CONTINUE_OP else MARK.size)
     while pos < end and data[pos] != ENTRY_OP:
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))

@@ -308,16 +308,22 @@ async def test_a_copy_a_snapshot_is_coming_into_counts_toward_no_majority(networ
 # -- elections ----------------------------------------------------------------------------------
 
 
-async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_message(network):
-    """n3 missed the last publishes (its link was slow): n2's copy is ahead, so n2 leads although the tie-break
-    favours n3; whatever was confirmed is there."""
+async def n3_behind(network: Network, count: int) -> None:
+    """n1 leads ``count`` messages all have, then 50 "late" ones confirmed by n1 and n2 only (n3's link is slow:
+    what n1 sends it waits)."""
     node = await declared(network)
-    publish(node, bodies(100))
+    publish(node, bodies(count))
     await copies_agree(network)
     network.hold("n1", "n3")
     confirms = Confirms()
     publish(node, bodies(50, "late"), confirms)
-    await wait_for(lambda: len(confirms.acked()) == 50, "the late ones confirmed by n1 and n2")
+    await wait_for(lambda: confirms.acked() == list(range(1, 51)), "the late ones confirmed by n1 and n2")
+
+
+async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_message(network):
+    """n3 missed the last publishes (its link was slow): n2's copy is ahead, so n2 leads although the tie-break
+    favours n3; whatever was confirmed is there."""
+    await n3_behind(network, 100)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
     assert leader(network).name == "n2"
@@ -341,6 +347,54 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     assert queue_of(new).state.count(taken.seq) == 1
     assert any("n2 catches up on" in record.message and "adopted" in record.message for record in caplog.records)
     assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(network, caplog):
+    """n3 missed the last ops of n1's term when n1 died: n2, elected with them, brings n3's copy to its own with
+    the ops it took from n1 (and its own since), not with a snapshot of the whole queue — at every change of
+    leader, a snapshot of a deep queue stalled the nodes past their leases, and the next term's leader sent
+    another."""
+    await n3_behind(network, 300)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    caplog.clear()
+    await network.kill("n1")  # (what it held for n3 is lost with it)
+    network.release("n1", "n3")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = leader(network)
+    assert new.name == "n2"
+    publish(new, bodies(20, "new"))
+    assert await copies_agree(network) == [*bodies(300), *bodies(50, "late"), *bodies(20, "new")]
+    assert any("n3 catches up on" in record.message and "continued" in record.message for record in caplog.records)
+    assert not any("takes a snapshot" in record.message for record in caplog.records)
+    await network.kill("n2")  # n3's copy is whole and of n2's term: with n1 back, the two elect one of them
+    await network.start_node("n1")
+    await wait_for(lambda: leader(network) is not None, "a leader of n1 and n3")
+    assert await copies_agree(network) == [*bodies(300), *bodies(50, "late"), *bodies(20, "new")]
+
+
+async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapshot(network, caplog):
+    """n1, cut off from n2 and n3, took publishes no majority has; n2 leads the next term, and its log passes
+    where n1's copy stood before them, not where it stands: n1's copy of those ops is replaced."""
+    node = await declared(network)
+    publish(node, bodies(100))
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    publish(node, bodies(30, "lone"))  # (no confirm: on n1 alone)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.cut("n1", "n2")
+    network.cut("n1", "n3")
+    network.release("n1", "n2")  # (nothing: the cuts dropped what was held)
+    network.release("n1", "n3")
+    network.etcd.revoke(node.quorum.lease.id)
+    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "a new leader")
+    new = leader(network)
+    publish(new, bodies(40, "new"))  # past the index n1's copy reached
+    await wait_for(lambda: new.quorum.lag()[KEY][({"n2", "n3"} - {new.name}).pop()] == 0, "n2 and n3 in step")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    assert await copies_agree(network) == [*bodies(100), *bodies(40, "new")]
+    assert any("n1 takes a snapshot" in record.message for record in caplog.records)
 
 
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
