@@ -12,10 +12,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 from urllib.parse import quote
 
 import pika
+import pika.channel
+import pika.connection
 from pamqp import body as pbody
 from pamqp import commands
 from pamqp import frame as pframe
@@ -110,14 +112,23 @@ def channel_closed(excinfo: Any, code: int, text: str | None = None) -> None:
         assert excinfo.value.reply_text == text
 
 
+@overload
+def beneath(blocking: pika.BlockingConnection) -> pika.connection.Connection: ...
+@overload
+def beneath(blocking: BlockingChannel) -> pika.channel.Channel: ...
+def beneath(blocking):
+    """pika's asynchronous connection or channel under a blocking one, for what only it offers (the server's
+    properties, callbacks on close or cancel); pika's stubs leave the blocking one's ``_impl`` out."""
+    return blocking._impl
+
+
 class AsyncClose:
     """The broker closes a channel after an asynchronous method (publish, ack): catch the reason."""
 
     def __init__(self, ch: BlockingChannel) -> None:
         self.ch = ch
         self.reason: Exception | None = None
-        impl: Any = ch._impl  # type: ignore[attr-defined]  # (pika's channel under the blocking one)
-        impl.add_on_close_callback(self._closed)
+        beneath(ch).add_on_close_callback(self._closed)
 
     def _closed(self, _channel: Any, reason: Exception) -> None:
         self.reason = reason
@@ -253,8 +264,9 @@ class Raw:
         assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
         return value
 
-    def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | None = None,
+    def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | str | None = None,
                   password: str = "guest", open_vhost: bool = True) -> commands.Connection.Tune:
+        """Open the connection; ``capabilities`` is the client's property as sent (a str: one that is no table)."""
         self.send(PROTOCOL_HEADER)
         self.expect(commands.Connection.Start)
         caps = {"authentication_failure_close": True} if capabilities is None else capabilities
