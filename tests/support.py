@@ -25,6 +25,7 @@ from pamqp import header as pheader
 from pamqp.heartbeat import Heartbeat
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
+from pika.spec import Basic
 
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
@@ -82,6 +83,20 @@ class Got(NamedTuple):
 
 def body_of(got: Got) -> bytes:
     return got.body
+
+
+def delivery_tag(method: Basic.Deliver | Basic.GetOk | None) -> int:
+    """The tag of a delivery or a basic.get's message, which the test knows it got (pika's types leave it
+    Optional)."""
+    assert method is not None and method.delivery_tag is not None
+    return method.delivery_tag
+
+
+def headers_of(properties: pika.BasicProperties | None) -> dict[str, Any]:
+    """A message's headers, which the test knows it has, to read as it knows them (pika types each value as any
+    field value a table may hold)."""
+    assert properties is not None and properties.headers is not None
+    return dict(properties.headers)
 
 
 def drain(channel: BlockingChannel, queue: str, settle: Literal["auto", "ack", "hold"] = "auto",
