@@ -90,6 +90,12 @@ def url(node: Running, user: str = "guest", password: str = "guest") -> str:
     return f"amqp://{user}:{password}@127.0.0.1:{node.port}"
 
 
+def binary(message: Message) -> bytes:
+    """The body of a message sent as data, which Proton types as any AMQP value."""
+    assert isinstance(message.body, bytes), message.body
+    return message.body
+
+
 def connect(node: Running) -> BlockingConnection:
     return BlockingConnection(url(node), timeout=10, allowed_mechs="PLAIN")
 
@@ -114,7 +120,7 @@ def test_proton_sends_to_a_queue_and_receives_what_it_sent(node):
         got = []
         for _ in range(5):
             message = receiver.receive(timeout=5)
-            got.append(bytes(message.body))
+            got.append(binary(message))
             receiver.accept()
         assert got == [f"message {i}".encode() for i in range(5)]
     finally:
@@ -131,7 +137,7 @@ def test_a_message_larger_than_a_frame_goes_both_ways_in_several_transfers(node)
     try:
         connection.create_sender("/queues/big").send(Message(body=body))
         message = connection.create_receiver("/queues/big").receive(timeout=10)
-        assert bytes(message.body) == body
+        assert binary(message) == body
     finally:
         connection.close()
 
@@ -172,7 +178,7 @@ def test_a_release_requeues_and_a_reject_dead_letters(node):
         while body is None and time.monotonic() < deadline:  # (the disposition is not waited for)
             _, _, body = channel.basic_get("dlq", auto_ack=True)
         assert channel.queue_declare("work", passive=True).method.message_count == 0
-        assert body.endswith(b"once")  # an amqp-value body: its encoded section
+        assert body is not None and body.endswith(b"once")  # an amqp-value body: its encoded section
     finally:
         amqp.close()
         connection.close()
@@ -187,11 +193,13 @@ def test_credit_bounds_what_the_node_sends(node):
             sender.send(Message(body=i))
         receiver = connection.create_receiver("/queues/credit", credit=0)
         time.sleep(0.3)
-        assert receiver.fetcher.incoming.__len__() == 0  # no credit, nothing sent
+        fetcher = receiver.fetcher
+        assert fetcher is not None  # (a blocking receiver's)
+        assert fetcher.incoming.__len__() == 0  # no credit, nothing sent
         receiver.flow(2)
         got = [receiver.receive(timeout=5).body for _ in range(2)]
         time.sleep(0.3)
-        assert got == [0, 1] and len(receiver.fetcher.incoming) == 0
+        assert got == [0, 1] and len(fetcher.incoming) == 0
     finally:
         connection.close()
 
@@ -210,6 +218,7 @@ def test_unknown_queue_is_refused_as_rabbitmq_refuses_it(node):
 def test_open_says_rabbitmq_4_and_warren(node):
     connection = connect(node)
     try:
+        assert connection.conn is not None  # (open)
         properties = connection.conn.remote_properties
         assert properties["product"] == "RabbitMQ" and properties["version"].startswith("4.2")
         assert "Warren" in properties["platform"]
@@ -258,7 +267,7 @@ def test_an_amqp10_publish_is_consumed_by_pika_with_its_properties(node):
         amqp.close()
     method, props, body = pika_connection.channel().basic_get("across", auto_ack=True)
     pika_connection.close()
-    assert body == b"payload"
+    assert body == b"payload" and method is not None and props is not None
     assert method.exchange == "amq.direct" and method.routing_key == "across-key"
     assert props.message_id == "m-1" and props.correlation_id == "c-1" and props.content_type == "text/plain"
     assert props.reply_to == "replies" and props.delivery_mode == 2 and props.priority == 3
@@ -275,10 +284,10 @@ def test_a_pika_publish_is_received_over_amqp10_with_its_properties(node):
         message = amqp.create_receiver("/queues/back").receive(timeout=5)
     finally:
         amqp.close()
-    assert bytes(message.body) == b"from pika"
+    assert binary(message) == b"from pika"
     assert message.id == "p-1" and message.content_type == "application/octet-stream" and message.durable
     assert message.properties == {"h": "x", "i": 5}
-    assert message.annotations["x-routing-key"] == "back"
+    assert message.annotations is not None and message.annotations["x-routing-key"] == "back"
 
 
 def test_rabbitmq_3_v1_addresses_are_still_taken(node):
@@ -397,7 +406,7 @@ def test_a_channel_above_channel_max_closes_with_a_framing_error(node):
 
 def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(node):
     declare(node, "nocredit").close()
-    node.call(lambda: node.node.flow.block("memory"))  # type: ignore[union-attr]
+    node.call(lambda: node.node.flow.block("memory"))
     sock = _logged_in(node)
     with sock:
         sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
@@ -484,11 +493,12 @@ def test_the_rabbitmq_client_declares_publishes_and_consumes_with_every_outcome(
     """Its README's first example: a quorum queue declared through /management, bound to an exchange, published
     to with outcomes, consumed with accept, requeue and discard, then the topology taken down."""
     client = pytest.importorskip("rabbitmq_amqp_python_client")
+    from rabbitmq_amqp_python_client import AMQPMessagingHandler
 
     class Done(Exception):
         pass
 
-    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+    class Handler(AMQPMessagingHandler):
         def __init__(self, actions: list[str]) -> None:
             super().__init__()
             self.actions = actions
@@ -536,11 +546,12 @@ def test_the_rabbitmq_client_declares_publishes_and_consumes_with_every_outcome(
 
 def test_the_rabbitmq_client_reads_a_stream_from_an_offset(node):
     client = pytest.importorskip("rabbitmq_amqp_python_client")
+    from rabbitmq_amqp_python_client import AMQPMessagingHandler
 
     class Done(Exception):
         pass
 
-    class Handler(client.AMQPMessagingHandler):  # type: ignore[misc]
+    class Handler(AMQPMessagingHandler):
         def __init__(self, wanted: int) -> None:
             super().__init__()
             self.wanted = wanted
@@ -580,8 +591,8 @@ def test_management_answers_with_rabbitmqs_codes_and_checks_permissions(node):
     admin = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
     admin.channel().queue_declare("taken", durable=True, arguments={"x-max-length": 5})
     admin.close()
-    node.call(lambda: node.node.broker.access.add_user("reader", "secret"))  # type: ignore[union-attr]
-    node.call(lambda: node.node.broker.access.set_permissions(  # type: ignore[union-attr]
+    node.call(lambda: node.node.broker.access.add_user("reader", "secret"))
+    node.call(lambda: node.node.broker.access.set_permissions(
         "/", "reader", Permissions(configure="^$")))
     environment = client.Environment(uri=url(node))
     connection = environment.connection()
