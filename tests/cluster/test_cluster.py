@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import pika
 import pytest
@@ -73,7 +73,13 @@ class Etcd:
         self.log.close()
 
 
-def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0,
+class EtcdAddress(Protocol):
+    """Where a node finds etcd: ``Etcd`` itself, or a proxy in front of it."""
+
+    port: int
+
+
+def start_node(tmp: Path, etcd: EtcdAddress, index: int, port: int = 0, link_port: int = 0,
                extra: tuple[str, ...] = ()) -> BrokerProcess:
     """A cluster node (``extra``: more options); a link port chosen free here is chosen again should another
     process take it first (as ``BrokerProcess.start`` does its own ports)."""
@@ -116,7 +122,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> Non
     raise AssertionError(f"timed out waiting until {what}")
 
 
-def api(node: BrokerProcess, path: str) -> object:
+def api(node: BrokerProcess, path: str) -> Any:
     request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}")
     request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
     with urllib.request.urlopen(request, timeout=5) as reply:
