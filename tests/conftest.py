@@ -80,6 +80,7 @@ class BrokerProcess:
     extra: list[str] = field(default_factory=list)
     streams: bool = False  # serve the stream protocol too, on ``stream_port``
     stream_port: int = 0
+    link_port: int = 0  # a cluster node's (tests/cluster/test_cluster.py's start_node)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 

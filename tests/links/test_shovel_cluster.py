@@ -51,10 +51,7 @@ def test_a_shovel_runs_on_one_node_and_moves_when_it_dies(three):
              "dest-queue": "cs-dest", "reconnect-delay": 0.5}
     assert call(nodes[0], "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": value}).status == 201
     for node in nodes:  # every node's answer lists it once, on its node
-        def listed_on_home(node: BrokerProcess = node) -> bool:
-            return [s["node"] for s in listed(node)] == [home]
-
-        wait_for(listed_on_home, f"{name} listed on {home}")
+        wait_for(lambda node=node: [s["node"] for s in listed(node)] == [home], f"{name} listed on {home}")
     victim = nodes[names.index(home)]
     other = next(n for n in nodes if n is not victim)  # restarted through a node that does not run it
     assert call(other, "DELETE", f"/api/shovels/vhost/%2F/{name}/restart").status == 204

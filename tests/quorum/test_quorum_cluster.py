@@ -64,10 +64,7 @@ def test_a_quorum_queue_has_three_members_and_one_leader(nodes, uid):
     with connect(n1) as connection:
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
     for node in (n1, n2, n3):
-        def led_by_node_1(node: BrokerProcess = node) -> bool:
-            return api(node, f"/queues/%2F/{uid}").get("leader") == NAMES[0]
-
-        wait_for(led_by_node_1, "the leader everywhere")
+        wait_for(lambda node=node: api(node, f"/queues/%2F/{uid}").get("leader") == NAMES[0], "the leader everywhere")
         info = api(node, f"/queues/%2F/{uid}")
         assert info["type"] == "quorum" and sorted(info["members"]) == NAMES and sorted(info["online"]) == NAMES
     bodies = [b"m%d" % i for i in range(200)]
