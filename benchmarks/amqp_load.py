@@ -19,6 +19,9 @@ Workloads
 ``transient-ack``
     Same, but the consumer uses manual acks (prefetch 200) and acks with
     ``multiple=true`` every 50 deliveries.
+``transient-confirm``
+    As ``transient-ack``, the publisher in confirm mode (at most 1000 unconfirmed): what ``amqp10_load.py``'s
+    ``transient-ack`` does with outcomes.  Not part of ``all``.
 ``fanout4``
     Publish to a fanout exchange bound to 4 queues; 4 consumer processes (one
     per queue), ``no_ack``.  Reports deliveries/s (sum over the 4 queues).
@@ -87,6 +90,7 @@ FRAME_HEARTBEAT = 8
 FRAME_END = b"\xce"
 
 WORKLOADS = ["transient-noack", "transient-ack", "priority", "fanout4", "persistent-confirm", "latency"]
+NAMED = WORKLOADS + ["transient-confirm"]  # (not in 'all': AMQP 1.0's transient-ack, for amqp10_load.py)
 
 _HDR = struct.Struct("!BHI")
 _CM = struct.Struct("!HH")
@@ -845,6 +849,7 @@ def run_throughput(cfg, workload):
         ctl.queue_declare(1, name, auto_delete=True, arguments=arguments)
         routing_key = name
         no_ack = workload == "transient-noack"
+        confirm = workload == "transient-confirm"
 
     stop = ctx.RawValue("b", 0)
     go = ctx.RawValue("b", 0)
@@ -986,7 +991,7 @@ def parse_workload(spec, size):
     """``NAME`` or ``NAME@SIZE``: the workload and its body size in bytes (``size``, i.e. --size, unless given);
     None if ``spec`` names no workload."""
     name, _, at = spec.partition("@")
-    if name not in WORKLOADS or (at and not (at.isdigit() and int(at) > 0)):
+    if name not in NAMED or (at and not (at.isdigit() and int(at) > 0)):
         return None
     return name, int(at) if at else size
 

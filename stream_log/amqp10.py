@@ -430,22 +430,38 @@ class Decoder:
         self.route = encode_route("", stream)
         self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
         self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
+        self._last_data = self._last + _DATA_SECTION  # and the data section's descriptor after them
         self._last_conversion: tuple[str, str, bytes, bytes] | None = None
+        self._sized: tuple[int, bytes, bytes] = (-1, b"", b"")  # a body size, a conversion's header, and with the size
 
-    def message(self, record: bytes) -> Message:
-        last = self._last
-        body_at = len(last)
-        if record.startswith(last) and record[body_at:body_at + 3] == _DATA_SECTION:
+    def message(self, record: bytes | bytearray, start: int = 0, end: int | None = None) -> Message:
+        """The message of ``record[start:end]``, read where it lies: a body after sections like the last record's
+        is its only copy, and messages of one size share their header."""
+        if end is None:
+            end = len(record)
+        body_at = start + len(self._last)
+        if record.startswith(self._last_data, start, end):  # the last record's sections, then a data section
             cached = self._last_conversion
         else:
+            if start or end != len(record) or not isinstance(record, bytes):
+                record, start, end = bytes(record[start:end]), 0, end - start
             cached, body_at = self._prefix(record)
-        if cached is not None:
+        if cached is not None and end - body_at >= 5:
             kind = record[body_at + 3]
-            body = record[body_at + 5:] if kind == 0xA0 else record[body_at + 8:]
-            if len(body) == (record[body_at + 4] if kind == 0xA0 else _U32.unpack_from(record, body_at + 4)[0]):
+            if kind == 0xA0:
+                size, body_start = record[body_at + 4], body_at + 5
+            elif kind == 0xB0 and end - body_at >= 8:
+                size, body_start = _U32.unpack_from(record, body_at + 4)[0], body_at + 8
+            else:
+                size, body_start = -1, end
+            if body_start + size == end:
                 exchange, routing_key, route, header = cached
-                return Message(exchange, routing_key, route, header[:4] + _SIZE.pack(len(body)) + header[12:], body)
-        return self._convert(record)
+                if self._sized[0] != size or self._sized[1] is not header:
+                    self._sized = (size, header, header[:4] + _SIZE.pack(size) + header[12:])
+                body = record[body_start:end]
+                return Message(exchange, routing_key, route, self._sized[2],
+                               body if isinstance(body, bytes) else bytes(body))
+        return self._convert(bytes(record[start:end]))
 
     def _prefix(self, record: bytes) -> tuple[tuple[str, str, bytes, bytes] | None, int]:
         """The conversion of the sections before a record's body, where its body is one binary data section that
@@ -465,6 +481,7 @@ class Decoder:
             cached = self._remember(prefix)
         if cached is not None:
             self._last, self._last_conversion = prefix, cached
+            self._last_data = prefix + _DATA_SECTION
         return cached, body_at
 
     def _sections(self, record: bytes) -> list[tuple[int, Value, bytes]]:
@@ -651,7 +668,20 @@ def record_head(message: Message, native: bool = False) -> bytes:
     writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
     (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
     (type ``amqp-1.0``) goes out as those sections, the type not told."""
-    key = (message.route, message.header[12:], native)
+    envelope, data_head = record_parts(message, native)
+    return envelope + data_head
+
+
+def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
+    """``record_head`` in its two parts: the sections before the body, and the body's data section constructor
+    (empty for a body of AMQP 1.0 sections already).  The last message's route and header objects are
+    remembered with its parts, so a run of messages alike (their header shared by their publisher) costs no
+    lookup."""
+    global _last_parts
+    route, header, size, last = message.route, message.header, len(message.body), _last_parts
+    if last[0] is route and last[1] is header and last[2] is native and last[3] == size:
+        return last[4]
+    key = (route, header[12:], native)
     cached = _ENVELOPES.get(key)
     if cached is None:
         sections_body = native and message.properties.message_type == AMQP10_TYPE
@@ -664,13 +694,15 @@ def record_head(message: Message, native: bool = False) -> bytes:
         _ENVELOPES[key] = cached
     envelope, sections_body = cached
     if sections_body:
-        return envelope
-    size = len(message.body)
-    if size < 256:
-        return b"".join((envelope, b"\x00\x53\x75\xa0", _BYTES[size]))
-    return b"".join((envelope, b"\x00\x53\x75\xb0", _U32.pack(size)))
+        parts = (envelope, b"")
+    else:
+        parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size))
+    _last_parts = (route, header, native, size, parts)
+    return parts
 
 
+_DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
+_last_parts: tuple[bytes, bytes, bool, int, tuple[bytes, bytes]] = (b"", b"", False, -1, (b"", b""))
 _BYTES = [bytes((i,)) for i in range(256)]
 
 

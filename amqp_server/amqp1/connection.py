@@ -26,7 +26,7 @@ from ..logs import untrusted
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
 from . import frames
-from .frames import Amqp10Error, LinkError, SessionError
+from .frames import Amqp10Error
 from .session import Session
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class Amqp10Connection(FrontEnd):
         self.clients = clients
         self.loop = asyncio.get_running_loop()
         self.state = SASL
+        self.frame_kind = frames.SASL_FRAME  # the frame type expected: SASL until its outcome, AMQP after
         self.buf = bytearray()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: written from where it is, not joined
@@ -205,14 +206,22 @@ class Amqp10Connection(FrontEnd):
                     self.next_turn()
                     break
                 size, doff, kind, channel = frames.FRAME_HEAD.unpack_from(buf, pos)
-                self._check_head(size, doff, kind, channel)
+                if doff != 2 or kind != self.frame_kind or not 8 <= size <= self.frame_max:
+                    self._check_head(size, doff, kind)
                 if n - pos < size:
                     break
                 start, end = pos + doff * 4, pos + size
                 pos = end
                 if start == end:
                     continue  # an empty frame: the client's heartbeat
-                self._frame(kind, channel, buf, start, end)
+                fast = frames.transfer_at(buf, start, end) if self.state == OPEN else None
+                if fast is not None and channel <= self.channel_max:  # the publish path: read in place
+                    session = self.sessions.get(channel)
+                    if session is not None:
+                        handle, delivery_id, settled, more, at = fast
+                        session.on_transfer(handle, delivery_id, settled, more, False, buf, at, end)
+                    continue
+                self._frame(channel, buf, start, end)
         except Amqp10Error as exc:
             self.close_with(exc)
             pos = len(buf)
@@ -225,7 +234,7 @@ class Amqp10Connection(FrontEnd):
             self.schedule_flush()
         self.clients.flush()
 
-    def _check_head(self, size: int, doff: int, kind: int, channel: int) -> None:
+    def _check_head(self, size: int, doff: int, kind: int) -> None:
         """rabbit_amqp_reader's checks of a frame header, in its order and words."""
         if size < 8:
             raise Amqp10Error(frames.FRAMING_ERROR, f"frame size ({size} bytes) < minimum frame size (8 bytes)")
@@ -236,20 +245,14 @@ class Amqp10Connection(FrontEnd):
             raise Amqp10Error(frames.FRAMING_ERROR, f"data offset ({doff}) < minimum data offset (2)")
         if doff * 4 > size:
             raise Amqp10Error(frames.FRAMING_ERROR, f"data offset ({doff * 4} bytes) > frame size ({size} bytes)")
-        expected = frames.SASL_FRAME if self.state == SASL else frames.AMQP_FRAME
+        expected = self.frame_kind
         if kind != expected:
             mode = "sasl" if self.state == SASL else "amqp"
             raise Amqp10Error(frames.FRAMING_ERROR,
                               f"unexpected frame type {kind} in {mode} mode (expected {expected})")
 
-    def _frame(self, kind: int, channel: int, buf: bytearray, start: int, end: int) -> None:
-        if self.state == OPEN and channel <= self.channel_max:
-            fast = frames.transfer_at(buf, start, end)
-            if fast is not None:  # the publish path: read in place
-                session = self.sessions.get(channel)
-                if session is not None:
-                    self._in_session(session, frames.TRANSFER, [], bytes(buf[fast[1]:end]), fast[0])
-                return
+    def _frame(self, channel: int, buf: bytearray, start: int, end: int) -> None:
+        """A frame the publish path does not read in place: decoded the general way."""
         try:
             value, at = amqp10.value_at(buf, start)  # type: ignore[arg-type]  # (read in place)
         except (amqp10.Invalid, amqp10.TooLarge) as exc:
@@ -274,31 +277,15 @@ class Amqp10Connection(FrontEnd):
         if channel > self.channel_max:
             raise Amqp10Error(frames.FRAMING_ERROR, f"channel number ({channel}) exceeds maximum channel number "
                               f"({self.channel_max})")
-        payload = bytes(buf[at:end]) if code == frames.TRANSFER else b""
-        self._session_frame(channel, code, fields, payload)
-
-    def _session_frame(self, channel: int, code: int, fields: list[amqp10.Value], payload: bytes) -> None:
         session = self.sessions.get(channel)
         if session is None:
             if code == frames.BEGIN:
                 self.sessions[channel] = Session(self, channel, fields)
             return  # a frame for no session: ignored, as RabbitMQ does
-        self._in_session(session, code, fields, payload,
-                         frames.transfer_of(fields) if code == frames.TRANSFER else None)
-
-    def _in_session(self, session: Session, code: int, fields: list[amqp10.Value], payload: bytes,
-                    transfer: frames.Transfer | None) -> None:
-        channel = session.channel
-        try:
-            if transfer is not None:
-                session.on_transfer(transfer, payload)
-            else:
-                session.on_frame(code, fields, payload)
-        except LinkError as exc:
-            session.detach_with(exc.handle, exc)
-        except SessionError as exc:
-            session.end_with(exc)
-            self.sessions.pop(channel, None)
+        if code == frames.TRANSFER:
+            session.on_transfer(*frames.transfer_of(fields), buf, at, end)
+        else:
+            session.on_frame(code, fields)
 
     # -- SASL --------------------------------------------------------------------------------
 
@@ -324,6 +311,7 @@ class Amqp10Connection(FrontEnd):
         self.out.append(frames.frame(0, frames.performative(frames.SASL_OUTCOME, amqp10.ubyte(SASL_OK)),
                                      frames.SASL_FRAME))
         self.state = AWAIT_HEADER
+        self.frame_kind = frames.AMQP_FRAME
 
     def _refuse_login(self, username: str, error: Amqp10Error) -> None:
         """As RabbitMQ: the client waits SILENT_CLOSE_DELAY for a sasl-outcome ``auth``, then the socket closes."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple
+from typing import Any
 
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, Value, boolean, described, encode_list, symbol, uint, utf8
@@ -167,81 +167,92 @@ def condition_of(code: int) -> str:
     return _CONDITIONS.get(code, INTERNAL_ERROR)
 
 
-class Transfer(NamedTuple):
-    """What the node reads of a transfer."""
-
-    handle: int | None
-    delivery_id: int | None
-    settled: bool
-    more: bool
-    aborted: bool
-
+TransferHead = tuple[int, int | None, bool, bool, int]
+"""What the node reads of a transfer on the publish path: handle, delivery-id, settled, more, where the payload
+starts."""
 
 _U32 = struct.Struct(">I")
 _LIST32 = struct.Struct(">II")
-_BOOLS = {0x41: True, 0x42: False, 0x40: False}
 
 
-def transfer_at(buf: bytearray, pos: int, end: int) -> tuple[Transfer, int] | None:
-    """A transfer performative at ``pos`` read in place, and where its payload starts, when it has the encodings
-    clients send (a list8 or list32 of uints, a short binary tag, booleans as constants, six fields at most); else
-    None, for the general decoder.  The publish path reads one of these per message: no value objects are made."""
-    if end - pos < 5 or buf[pos] != 0 or buf[pos + 1] != 0x53 or buf[pos + 2] != TRANSFER:
-        return None
-    code = buf[pos + 3]
-    if code == 0xC0:
-        size, count = buf[pos + 4], buf[pos + 5]
-        at = pos + 6
-        stop = pos + 5 + size
-    elif code == 0xD0 and end - pos >= 12:
-        size, count = _LIST32.unpack_from(buf, pos + 4)
-        at = pos + 12
-        stop = pos + 8 + size
-    else:
-        return None
-    if count > 6 or stop > end:
-        return None
-    values: list[Any] = []
-    for index in range(count):
-        if at >= stop:
+def transfer_at(buf: bytearray, pos: int, end: int) -> TransferHead | None:
+    """A transfer performative at ``pos`` read in place, when it has the encodings clients send: a list8 or
+    list32 of at most six fields, uints in any of their three encodings, a short binary tag, booleans as
+    constants; else None, for the general decoder (``transfer_of``).  The publish path reads one of these per
+    message, so the fields are read in line, with no value objects and no loop."""
+    try:
+        if buf[pos + 2] != TRANSFER or buf[pos + 1] != 0x53 or buf[pos]:
             return None
-        kind = buf[at]
-        if index < 2 or index == 3:  # handle, delivery-id, message-format: uints
-            if kind == 0x43:
-                values.append(0)
-                at += 1
-            elif kind == 0x52:
-                values.append(buf[at + 1])
-                at += 2
-            elif kind == 0x70:
-                values.append(_U32.unpack_from(buf, at + 1)[0])
-                at += 5
-            elif kind == 0x40:
-                values.append(None)
-                at += 1
-            else:
-                return None
-        elif index == 2:  # delivery-tag
+        code = buf[pos + 3]
+        if code == 0xC0:
+            stop = pos + 5 + buf[pos + 4]
+            count = buf[pos + 5]
+            at = pos + 6
+        elif code == 0xD0:
+            size, count = _LIST32.unpack_from(buf, pos + 4)
+            stop = pos + 8 + size
+            at = pos + 12
+        else:
+            return None
+        if count < 2 or count > 6 or stop > end:
+            return None
+        kind = buf[at]  # handle
+        if kind == 0x52:
+            handle = buf[at + 1]
+            at += 2
+        elif kind == 0x43:
+            handle = 0
+            at += 1
+        elif kind == 0x70:
+            handle = _U32.unpack_from(buf, at + 1)[0]
+            at += 5
+        else:
+            return None
+        kind = buf[at]  # delivery-id
+        delivery_id: int | None
+        if kind == 0x70:
+            delivery_id = _U32.unpack_from(buf, at + 1)[0]
+            at += 5
+        elif kind == 0x52:
+            delivery_id = buf[at + 1]
+            at += 2
+        elif kind == 0x43:
+            delivery_id = 0
+            at += 1
+        elif kind == 0x40:
+            delivery_id = None
+            at += 1
+        else:
+            return None
+        settled = more = False
+        if count > 2:
+            kind = buf[at]  # delivery-tag
             if kind == 0xA0:
                 at += 2 + buf[at + 1]
             elif kind == 0x40:
                 at += 1
             else:
                 return None
-            values.append(None)
-        else:  # settled, more
-            value = _BOOLS.get(kind)
-            if value is None:
-                return None
-            values.append(value)
+        if count > 3:
+            at += _UINT_SIZES[buf[at]]  # message-format (KeyError: another type)
+        if count > 4:
+            settled = _BOOLS[buf[at]]
             at += 1
+        if count > 5:
+            more = _BOOLS[buf[at]]
+            at += 1
+    except (IndexError, KeyError, struct.error):
+        return None
     if at != stop:
         return None
-    values += [None] * (6 - count)
-    return Transfer(values[0], values[1], values[4] is True, values[5] is True, False), stop
+    return handle, delivery_id, settled, more, stop
 
 
-def transfer_of(fields: list[Value]) -> Transfer:
-    """A transfer decoded the general way."""
-    return Transfer(typed(fields, 0, ("uint",), "handle"), typed(fields, 1, ("uint",), "delivery-id"),
-                    field(fields, 4) is True, field(fields, 5) is True, field(fields, 9) is True)
+_UINT_SIZES = {0x43: 1, 0x52: 2, 0x70: 5, 0x40: 1}
+_BOOLS = {0x41: True, 0x42: False, 0x40: False}
+
+
+def transfer_of(fields: list[Value]) -> tuple[int | None, int | None, bool, bool, bool]:
+    """A transfer decoded the general way: handle, delivery-id, settled, more, aborted."""
+    return (typed(fields, 0, ("uint",), "handle"), typed(fields, 1, ("uint",), "delivery-id"),
+            field(fields, 4) is True, field(fields, 5) is True, field(fields, 9) is True)

@@ -43,6 +43,7 @@ HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
 LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is granted, topped up at half
 MAX_UINT = 0xFFFFFFFF
 _TAG = struct.Struct(">I")
+_TAG_BIN4 = 0xA004  # a delivery tag's constructor: a binary of 4 bytes
 LARGE_BODY = 64 * 1024  # a body at least this large is written from where it is, not copied into the output
 MAX_RESPONSES = 256  # management responses kept for a client that gives their link no credit
 _TRANSFER_OVERHEAD = 64  # frame header and transfer performative, at most (a 4-byte tag)
@@ -88,7 +89,16 @@ class Session:
 
     # -- frames ------------------------------------------------------------------------------
 
-    def on_frame(self, code: int, fields: list[Value], payload: bytes) -> None:
+    def on_frame(self, code: int, fields: list[Value]) -> None:
+        """A frame of this session but a transfer; its error detaches a link or ends the session."""
+        try:
+            self._on_frame(code, fields)
+        except LinkError as exc:
+            self.detach_with(exc.handle, exc)
+        except SessionError as exc:
+            self.end_with(exc)
+
+    def _on_frame(self, code: int, fields: list[Value]) -> None:
         if code == frames.DISPOSITION:
             self._disposition(fields)
         elif code == frames.FLOW:
@@ -180,6 +190,7 @@ class Session:
 
     def end_with(self, error: Amqp10Error) -> None:
         self.closed()
+        self.connection.ended(self.channel)
         self.send(frames.performative(frames.END, frames.error(error.condition, error.description)))
 
     def closed(self) -> None:
@@ -221,20 +232,28 @@ class Session:
         if window:
             self.resume_deliveries()
 
-    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
-        if self.incoming_window <= 0:
-            raise SessionError(frames.WINDOW_VIOLATION, "incoming window is exhausted")
-        self.incoming_window -= 1
-        self.next_incoming_id = (self.next_incoming_id + 1) & MAX_UINT
-        link = self.links.get(transfer.handle) if transfer.handle is not None else None
-        if link is None:
-            raise SessionError(frames.UNATTACHED_HANDLE, f"link handle {transfer.handle} is not attached")
-        if not isinstance(link, Incoming):
-            raise SessionError(frames.NOT_ALLOWED, f"transfer on link {link.handle}, which sends to the client")
-        link.on_transfer(transfer, payload)
-        if self.incoming_window <= INCOMING_WINDOW // 2:
-            self.incoming_window = INCOMING_WINDOW
-            self.send(frames.performative(frames.FLOW, *self.session_fields()))
+    def on_transfer(self, handle: int | None, delivery_id: int | None, settled: bool, more: bool, aborted: bool,
+                    buf: bytes | bytearray, at: int, end: int) -> None:
+        """A transfer whose payload is ``buf[at:end]`` (the connection's read buffer: copied only as needed); its
+        error detaches the link or ends the session."""
+        try:
+            if self.incoming_window <= 0:
+                raise SessionError(frames.WINDOW_VIOLATION, "incoming window is exhausted")
+            self.incoming_window -= 1
+            self.next_incoming_id = (self.next_incoming_id + 1) & MAX_UINT
+            link = self.links.get(handle) if handle is not None else None
+            if link is None:
+                raise SessionError(frames.UNATTACHED_HANDLE, f"link handle {handle} is not attached")
+            if not isinstance(link, Incoming):
+                raise SessionError(frames.NOT_ALLOWED, f"transfer on link {link.handle}, which sends to the client")
+            link.on_transfer(delivery_id, settled, more, aborted, buf, at, end)
+            if self.incoming_window <= INCOMING_WINDOW // 2:
+                self.incoming_window = INCOMING_WINDOW
+                self.send(frames.performative(frames.FLOW, *self.session_fields()))
+        except LinkError as exc:
+            self.detach_with(exc.handle, exc)
+        except SessionError as exc:
+            self.end_with(exc)
 
     def _disposition(self, fields: list[Value]) -> None:
         role = frames.typed(fields, 0, ("bool",), "role")
@@ -259,14 +278,15 @@ class Session:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
                 self.stats.ack += len(taken)
-            elif code == frames.RELEASED:
-                self.broker.settle_taken(taken, True)
+            elif code == frames.RELEASED:  # requeued, no delivery counted (RabbitMQ 4.x)
+                self.broker.settle_taken(taken, True, counted=False)
             elif code == frames.REJECTED:
                 self.broker.nack_taken(taken, False)
-            elif code == frames.MODIFIED:
+            elif code == frames.MODIFIED:  # dead-lettered if undeliverable here, else requeued, counted if failed
                 assert state is not None
+                failed = frames.field(state[1], 0, False) is True
                 undeliverable = frames.field(state[1], 1, False) is True
-                self.broker.nack_taken(taken, not undeliverable)
+                self.broker.nack_taken(taken, not undeliverable, counted=failed)
             else:
                 self.broker.settle_taken(taken, True)
                 raise SessionError(frames.NOT_IMPLEMENTED, f"delivery state 0x{code:02x} is not supported")
@@ -400,6 +420,8 @@ class Incoming(Link):
         self.management = False  # the /management node's requests: answered on the paired link
         self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
         self.route = encode_route("", "")
+        self.fixed = False  # the target names the exchange and routing key: every message goes there
+        self.max_size = self.connection.config.max_message_size
 
     def listed(self) -> ListedLink:
         listed = super().listed()
@@ -428,6 +450,10 @@ class Incoming(Link):
         if destination.exchange == "" and destination.routing_key is not None:
             self._check_queue(destination.routing_key)
         self.exchange = self._exchange(destination.exchange)
+        if destination.routing_key is not None:
+            self.fixed = True
+            self.routed = (self.exchange.name, destination.routing_key)
+            self.route = encode_route(*self.routed)
 
     def _check_queue(self, name: str) -> None:
         """A queue, or a direct reply-to name, is there: else ``not-found``."""
@@ -462,13 +488,12 @@ class Incoming(Link):
             frames.FLOW, *self.session.session_fields(), uint(self.handle), uint(self.delivery_count),
             uint(self.credit)))
 
-    def on_transfer(self, transfer: frames.Transfer, payload: bytes) -> None:
-        more = transfer.more
-        if transfer.aborted:  # what came of it is dropped
+    def on_transfer(self, delivery_id: int | None, settled: bool, more: bool, aborted: bool,
+                    buf: bytes | bytearray, at: int, end: int) -> None:
+        if aborted:  # what came of it is dropped
             self.partial = None
             return
         if self.partial is None:
-            delivery_id = transfer.delivery_id
             if delivery_id is None:
                 raise SessionError(frames.DECODE_ERROR, "first transfer of a delivery without delivery-id")
             if self.credit <= 0:
@@ -477,61 +502,66 @@ class Incoming(Link):
                                 self.handle)
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
-            settled = transfer.settled or self.settled
+            settled = settled or self.settled
+            if end - at > self.max_size:
+                self._too_large(end - at)
             if more:
-                self.partial = bytearray(payload)
+                self.partial = bytearray(buf[at:end])
                 self.partial_id, self.partial_settled = delivery_id, settled
-                self._check_size(len(self.partial))
                 return
-            self._check_size(len(payload))
-            self._publish(payload, delivery_id, settled)
+            self._publish(buf, at, end, delivery_id, settled)
         else:
             before = len(self.partial)
-            self.partial += payload
-            self._check_size(len(self.partial))
+            with memoryview(buf) as view:
+                self.partial += view[at:end]
+            if len(self.partial) > self.max_size:
+                self._too_large(len(self.partial))
             if len(self.partial) // MEMORY_CHECK_BYTES != before // MEMORY_CHECK_BYTES:
                 self.connection.growing()  # a large message can outrun the once-a-second memory check
             if more:
                 return
             record, self.partial = self.partial, None
-            self._publish(bytes(record), self.partial_id, self.partial_settled)
+            self._publish(record, 0, len(record), self.partial_id, self.partial_settled)
         if self.credit <= LINK_CREDIT // 2:
             self.top_up()
 
-    def _check_size(self, size: int) -> None:
-        limit = self.connection.config.max_message_size
-        if size > limit:
-            self.partial = None
-            raise LinkError(frames.MESSAGE_SIZE_EXCEEDED,
-                            f"message size ({size} bytes) > maximum message size ({limit} bytes)", self.handle)
+    def _too_large(self, size: int) -> None:
+        self.partial = None
+        raise LinkError(frames.MESSAGE_SIZE_EXCEEDED,
+                        f"message size ({size} bytes) > maximum message size ({self.max_size} bytes)", self.handle)
 
-    def _publish(self, record: bytes, delivery_id: int, settled: bool) -> None:
+    def _publish(self, buf: bytes | bytearray, at: int, end: int, delivery_id: int, settled: bool) -> None:
+        """The message ``buf[at:end]``: decoded where it lies, its body alone copied out."""
         connection = self.connection
         if self.management:
-            self._request(record, delivery_id, settled)
+            self._request(bytes(buf[at:end]), delivery_id, settled)
             return
         try:
-            decoded = self.decoder.message(record)
+            message = self.decoder.message(buf, at, end)
         except (amqp10.Invalid, amqp10.TooLarge) as exc:
             raise LinkError(frames.DECODE_ERROR, f"cannot decode message: {exc}", self.handle) from None
-        try:
-            exchange, routing_key = self._route(record)
-        except Amqp10Error as exc:
-            self._outcome(delivery_id, settled, frames.rejected(exc.condition, exc.description))
-            return
-        except AMQPError as exc:
-            self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
-            return
-        message = decoded  # (a message of its own: it takes the route)
-        if (exchange.name, routing_key) != self.routed:
-            self.routed = (exchange.name, routing_key)
-            self.route = encode_route(exchange.name, routing_key)
-        message.exchange, message.routing_key, message.route = exchange.name, routing_key, self.route
+        exchange = self.exchange
+        principal = connection.principal
+        if not self.fixed or (principal is not None and principal.topics):
+            try:
+                exchange, routing_key = self._route(buf, at, end)
+            except Amqp10Error as exc:
+                self._outcome(delivery_id, settled, frames.rejected(exc.condition, exc.description))
+                return
+            except AMQPError as exc:
+                self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
+                return
+            if (exchange.name, routing_key) != self.routed:
+                self.routed = (exchange.name, routing_key)
+                self.route = encode_route(exchange.name, routing_key)
+        assert exchange is not None  # (a fixed target's)
+        message.exchange, message.routing_key = self.routed
+        message.route = self.route
         vhost = connection.vhost
         assert vhost is not None
         if message.needs_checks:
             try:
-                self.broker.check_message(vhost, exchange, connection.principal, message,
+                self.broker.check_message(vhost, exchange, principal, message,
                                           connection.user.name if connection.user else "")
             except ChannelError as exc:
                 self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
@@ -573,7 +603,7 @@ class Incoming(Link):
         if self.session.links.get(self.handle) is self:
             self._outcome(delivery_id, settled, frames.ACCEPTED_STATE)
 
-    def _route(self, record: bytes) -> tuple[Exchange, str]:
+    def _route(self, buf: bytes | bytearray, at: int, end: int) -> tuple[Exchange, str]:
         """The exchange and routing key of a message: the link's target's, else its ``to`` (and ``subject``)."""
         destination = self.destination
         if destination is not None and destination.routing_key is not None:
@@ -582,7 +612,7 @@ class Incoming(Link):
                 self.broker.check_topic_write(self.connection.vhost, self.exchange,  # type: ignore[arg-type]
                                               self.connection.principal, destination.routing_key)
             return self.exchange, destination.routing_key
-        to, subject = _to_and_subject(record)
+        to, subject = _to_and_subject(bytes(buf[at:end]))
         if destination is None:
             if to is None:
                 raise Amqp10Error(frames.PRECONDITION_FAILED, "anonymous terminus requires 'to' address to be set")
@@ -636,16 +666,19 @@ class Incoming(Link):
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
         outcomes, self.outcomes = self.outcomes, []
-        outcomes.sort()
-        i = 0
-        while i < len(outcomes):
+        outcomes.sort()  # (mostly in order already: one pass)
+        i, count = 0, len(outcomes)
+        while i < count:
             first, state = outcomes[i]
             last = first
-            while i + 1 < len(outcomes) and outcomes[i + 1] == (last + 1, state):
-                i += 1
-                last += 1
-            self.session.send(frames.disposition(first, last, state))
             i += 1
+            while i < count:
+                following, following_state = outcomes[i]
+                if following != last + 1 or following_state != state:
+                    break
+                last = following
+                i += 1
+            self.session.send(frames.disposition(first, last, state))
 
     def closed(self) -> None:
         self.partial = None
@@ -722,11 +755,13 @@ class Outgoing(Link):
         self.reply: ReplyConsumer | None = None  # a direct reply-to link: replies go out as they come
         self.responses: deque[bytes] = deque()
         self.queue_name: str | None = None  # what a v1 source declared (``declaration``)
-        # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
-        # delivery-tag, message-format 0, settled
+        # a one-frame transfer's frame header and performative, packed at once around its size and delivery id
+        # (the id is the tag too): handle, delivery-id, delivery-tag, message-format 0, settled
         handle = uint(self.handle)
-        self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
+        self._transfer_head = (bytes((2, frames.AMQP_FRAME)) + struct.pack(">H", self.session.channel)
+                               + b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70")
         self._transfer_tail = b"\x43" + boolean(self.settled)
+        self._transfer = struct.Struct(f">I{len(self._transfer_head)}sIHI{len(self._transfer_tail)}s")
 
     def listed(self) -> ListedLink:
         listed = super().listed()
@@ -849,26 +884,28 @@ class Outgoing(Link):
             stats.deliver += 1
         if entry.redelivered:
             stats.redeliver += 1
-        head = amqp10.record_head(message, native=True)
-        if self.offsets:
-            head = _with_offset(head, entry.seq)
         body = message.body
+        envelope, data_head = amqp10.record_parts(message, True)
+        if self.offsets:
+            envelope, data_head = _with_offset(envelope + data_head, entry.seq), b""
         room = connection.peer_frame_max - _TRANSFER_OVERHEAD
-        size = len(head) + len(body)
+        size = len(envelope) + len(data_head) + len(body)
         if size <= room:
-            tag = _TAG.pack(delivery_id)
-            first = self._transfer_head + tag + b"\xa0\x04" + tag + self._transfer_tail
-            head = frames.FRAME_HEAD.pack(8 + len(first) + size, 2, 0, session.channel) + first + head
-            if len(body) < LARGE_BODY:
-                connection.out.append(head + body)
-            else:
-                connection.out += (head, body)
+            transfer = self._transfer
+            out = connection.out
+            out.append(transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4, delivery_id,
+                                     self._transfer_tail))
+            out.append(envelope)
+            out.append(data_head)
+            out.append(body)
+            if len(body) >= LARGE_BODY:
                 connection.large_out = True
-            session.sent_transfers(1)
+            session.next_outgoing_id = (session.next_outgoing_id + 1) & MAX_UINT
+            session.remote_incoming_window -= 1
         else:
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
                       boolean(consumer.no_ack)]
-            self._deliver_frames(fields, head + body, room)
+            self._deliver_frames(fields, envelope + data_head + body, room)
             connection.large_out = True
         connection.deliver_budget -= 1 + (size >> 16)
         connection.schedule_flush()

@@ -140,12 +140,17 @@ class Messages:
         return await queue.purged()
 
     @staticmethod
-    def settle(queue: AnyQueue, entries: list[Entry], requeue: bool, reject: bool = False) -> None:
-        """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued."""
+    def settle(queue: AnyQueue, entries: list[Entry], requeue: bool, reject: bool = False,
+               counted: bool = True) -> None:
+        """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued (not
+        ``counted``: released, no delivery counted against them)."""
         if queue.deleted:
             queue.settle(entries)
         elif requeue:
-            queue.requeue(entries)
+            if counted:
+                queue.requeue(entries)
+            else:
+                queue.requeue_released(entries)
         else:
             if reject:
                 queue.reject(entries)
@@ -153,7 +158,8 @@ class Messages:
                 queue.settle(entries)
             queue.deliver_ready()
 
-    def nack_taken(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool) -> None:
+    def nack_taken(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
+                   counted: bool = True) -> None:
         """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
         refuses them (a stream: the connection closes, and what the frame named is requeued first, as the rest
         of what the connection held is as it closes)."""
@@ -163,12 +169,12 @@ class Messages:
         except AMQPError:
             self.settle_taken(taken, True)
             raise
-        self.settle_taken(taken, requeue, reject=not requeue)
+        self.settle_taken(taken, requeue, reject=not requeue, counted=counted)
 
     def settle_taken(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
-                     reject: bool = False) -> None:
+                     reject: bool = False, counted: bool = True) -> None:
         """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
-        the consumers get their credit back."""
+        the consumers get their credit back.  A requeue not ``counted`` counts no delivery (``requeue_released``)."""
         by_queue: dict[AnyQueue, list[Entry]] = {}
         for entry, queue, consumer in taken:
             if consumer is not None:
@@ -180,7 +186,7 @@ class Messages:
                 entries.append(entry)
         settle = self.settle
         for queue, entries in by_queue.items():
-            settle(queue, entries, requeue, reject)
+            settle(queue, entries, requeue, reject, counted)
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,
                       who: Principal | None = None) -> int:

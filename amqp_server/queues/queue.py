@@ -173,6 +173,10 @@ class AnyQueue(Protocol):
 
     def requeue(self, entries: Iterable[Entry]) -> None: ...
 
+    def requeue_released(self, entries: Iterable[Entry]) -> None:
+        """Requeued as ``requeue`` does, but counting no delivery (AMQP 1.0's ``released``): only a queue that
+        counts deliveries (a quorum queue's x-delivery-count) tells the two apart."""
+
     # get, purge, delete
     async def fetch(self, no_ack: bool) -> Entry | None: ...
 
@@ -594,6 +598,9 @@ class Queue:
             self.deliver_ready()
             if self.expiry.expiring:
                 self.expire_due()
+
+    def requeue_released(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries)
 
     def forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""

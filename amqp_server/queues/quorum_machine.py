@@ -412,13 +412,14 @@ def _return(op: Return, state: State) -> Effects:
         if seq not in checked_out:
             continue
         checked_out.remove(seq)
-        returns = counts.get(seq, 0) + 1
+        returns = counts.get(seq, 0) + op.counted
         if limit is not None and returns > limit:  # (its count stays: it did not go back)
             over.append(seq)
             continue
         counts.pop(seq, None)
         state.ready.add(new)
-        counts[new] = returns
+        if returns:
+            counts[new] = returns
         effects.append(Move(seq, new, returns))
         new += 1
     state.next_seq = max(state.next_seq, new)

@@ -48,10 +48,12 @@ class Settle:
 class Return:
     """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
     return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
-    the delivery limit (then it is dead-lettered)."""
+    the delivery limit (then it is dead-lettered).  Not ``counted`` (AMQP 1.0's ``released``, RabbitMQ 4.x's
+    return without a delivery failure): each goes to the back with the count it had."""
 
     seqs: list[int]
     first: int
+    counted: bool = True
 
 
 @dataclass(slots=True)
@@ -107,7 +109,7 @@ LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettere
 # -- the codec ------------------------------------------------------------------------------------
 
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
- PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP) = range(1, 14)
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP) = range(1, 15)
 ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
 ENQUEUER = struct.Struct(">QQ")  # an enqueue from a window of publishes: after ENQUEUE, its enqueuer and seq there
 SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
@@ -186,13 +188,13 @@ def _list_codec(kind: int, make: Callable[[list[int]], LogOp]) -> tuple[Callable
 
 
 def _encode_return(op: Return) -> bytes:
-    return RETURN.pack(RETURN_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
+    return RETURN.pack(RETURN_OP if op.counted else RELEASE_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
 
 
 def _decode_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
-    _, first, count = RETURN.unpack_from(data, pos)
+    kind, first, count = RETURN.unpack_from(data, pos)
     seqs, pos = _read_seqs(data, pos + RETURN.size, count)
-    return Return(seqs, first), pos
+    return Return(seqs, first, kind == RETURN_OP), pos
 
 
 def _encode_dead_letter(op: DeadLetter) -> bytes:
@@ -241,6 +243,7 @@ _ENCODERS: Final[Mapping[type, Callable[[Any], bytes]]] = MappingProxyType({
     Recover: _encode_recover, Configure: _encode_configure})
 _DECODERS: Final[Mapping[int, Callable[[memoryview, int], tuple[LogOp, int]]]] = MappingProxyType({
     ENQUEUE_OP: _decode_enqueue, ENQUEUE_FROM_OP: _decode_enqueue_from, CHECKOUT_OP: _decode_checkout,
-    CHECKOUT_SETTLED_OP: _decode_checkout, SETTLE_OP: _SETTLE[1], RETURN_OP: _decode_return, EXPIRE_OP: _EXPIRE[1],
-    DEAD_LETTER_OP: _decode_dead_letter, DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
+    CHECKOUT_SETTLED_OP: _decode_checkout, SETTLE_OP: _SETTLE[1], RETURN_OP: _decode_return,
+    RELEASE_OP: _decode_return, EXPIRE_OP: _EXPIRE[1], DEAD_LETTER_OP: _decode_dead_letter,
+    DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
     RECOVER_OP: _decode_recover, RECOVER_SOME_OP: _RECOVER_SOME[1], CONFIGURE_OP: _decode_configure})

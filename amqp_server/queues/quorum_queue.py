@@ -345,15 +345,18 @@ class QuorumQueue(Queue):
         self.stats.ack += len(entries)
         self.run(machine.Settle([entry.seq for entry in entries]))
 
-    def requeue(self, entries: Iterable[Entry]) -> None:
+    def requeue(self, entries: Iterable[Entry], counted: bool = True) -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
-        limit leave for good."""
+        limit leave for good.  Not ``counted`` (``requeue_released``), they keep the count they had."""
         entries = list(entries)
         self.settled(entries)
-        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq))
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted))
         self.deliver_ready()
         if self.expiry.expiring:
             self.expire_due()
+
+    def requeue_released(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries, counted=False)
 
     def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)

@@ -514,6 +514,10 @@ class RemoteQueue:
     def requeue(self, entries: Iterable[Entry]) -> None:
         self._settle(link.SETTLE_REQUEUE, list(entries))
 
+    def requeue_released(self, entries: Iterable[Entry]) -> None:
+        """(The owner is told of a requeue: a release of another node's quorum queue counts a delivery.)"""
+        self.requeue(entries)
+
     def reject(self, entries: list[Entry]) -> None:
         self._settle(link.SETTLE_REJECT, entries)
 

@@ -23,6 +23,7 @@ from amqp_server.node.server import Node
 from stream_log import amqp10
 from stream_log.amqp10 import described, encode_list, symbol, uint, utf8
 from conftest import free_port
+from support import delivery_tag, headers_of
 
 proton = pytest.importorskip("proton")
 from proton import Message  # noqa: E402
@@ -183,6 +184,49 @@ def test_a_release_requeues_and_a_reject_dead_letters(node):
     finally:
         amqp.close()
         connection.close()
+
+
+def test_released_requeues_a_quorum_queues_message_without_counting_a_delivery_and_a_failed_one_counts(node):
+    """RabbitMQ 4.x: ``released`` returns a message uncounted (no x-delivery-count, no step to the delivery
+    limit); ``modified`` with delivery-failed counts one, and past the limit the message goes."""
+    from proton import Delivery
+
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 2})
+    channel.basic_publish("", "qq", b"poison")
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        for _ in range(5):  # more releases than the limit allows returns
+            assert receiver.receive(timeout=5).body == b"poison"
+            receiver.release(delivered=False)
+        assert receiver.receive(timeout=5).body == b"poison"
+        receiver.close()  # (with the message unsettled: a consumer gone counts one return)
+    finally:
+        amqp.close()
+    deadline = time.monotonic() + 5
+    method = None
+    while method is None and time.monotonic() < deadline:
+        method, properties, body = channel.basic_get("qq")
+    assert method is not None and body == b"poison"
+    assert headers_of(properties)["x-delivery-count"] == 1  # the consumer gone, not the five releases
+    channel.basic_nack(delivery_tag(method), requeue=False)  # (dead-lettered nowhere: gone)
+    channel.basic_publish("", "qq", b"failing")
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        for _ in range(3):  # delivery-failed twice is the limit; the third time it goes
+            assert receiver.receive(timeout=5).body == b"failing"
+            assert receiver.fetcher is not None  # (a blocking receiver's)
+            receiver.fetcher.unsettled[0].local.failed = True
+            receiver.settle(Delivery.MODIFIED)
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=0.5)
+    finally:
+        amqp.close()
+    assert channel.queue_declare("qq", passive=True).method.message_count == 0
+    connection.close()
 
 
 def test_credit_bounds_what_the_node_sends(node):
@@ -881,5 +925,37 @@ def test_the_transfer_read_in_place_agrees_with_the_general_decoder(list32):
     fast = frames.transfer_at(bytearray(body), 0, len(body))
     assert fast is not None
     value, end = amqp10.value_at(body)
-    assert fast == (frames.transfer_of(value.value[1].value), end)
-    assert body[fast[1]:] == b"payload"
+    assert fast == (*frames.transfer_of(value.value[1].value)[:4], end)
+    assert body[fast[4]:] == b"payload"
+
+
+_UINTS = st.one_of(st.just(b"\x43"), st.integers(0, 255).map(lambda v: b"\x52" + bytes((v,))),
+                   st.integers(0, 2**32 - 1).map(lambda v: b"\x70" + struct.pack(">I", v)))
+_TRANSFER_FIELDS = st.tuples(
+    _UINTS, st.one_of(_UINTS, st.just(b"\x40")),
+    st.one_of(st.binary(max_size=32).map(amqp10.binary), st.just(b"\x40"), st.just(b"\xb0\x00\x00\x00\x01t")),
+    st.one_of(_UINTS, st.just(b"\x40")), st.sampled_from([b"\x41", b"\x42", b"\x40", b"\x56\x01"]),
+    st.sampled_from([b"\x41", b"\x42", b"\x40"]), st.sampled_from([b"\x41", b"\x40", b"\x42"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TRANSFER_FIELDS, st.integers(2, 7), st.booleans(), st.binary(max_size=8), st.integers(0, 3))
+def test_fuzz_the_transfer_read_in_place_agrees_with_the_general_decoder_or_leaves_it_the_frame(
+        fields, count, list32, payload, cut):
+    """Any encoding of a transfer's fields: the in-place read gives what the general decoder gives, or None (the
+    general decoder then reads it); a frame cut short is never read past its end."""
+    from amqp_server.amqp1 import frames
+
+    data = b"".join(fields[:count])
+    body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, count) if list32
+                               else bytes((0xC0, len(data) + 1, count))) + data + payload)
+    end = len(body) - cut
+    fast = frames.transfer_at(bytearray(body + b"\x40" * cut), 0, end)
+    try:
+        value, at = amqp10.value_at(body[:end])
+    except (amqp10.Invalid, amqp10.TooLarge):
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == (*frames.transfer_of(value.value[1].value)[:4], at)
+        assert frames.transfer_of(value.value[1].value)[4] is False

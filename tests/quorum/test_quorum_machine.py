@@ -209,20 +209,23 @@ class QuorumMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.out)
     @rule(data=st.data())
     def return_(self, data) -> None:
-        """Back to the queue, each counted once more, behind everything else; past the limit, dead-lettered."""
+        """Back to the queue, each counted once more (unless released: not counted), behind everything else;
+        past the limit, dead-lettered."""
         model = self.model
         messages = data.draw(st.lists(st.sampled_from(sorted(model.out)), min_size=1, unique=True))
+        counted = data.draw(st.booleans())
         seqs = [self.seq_of(message) for message in messages]
         self.remember(seqs)
-        self.run(m.Return(seqs, self.state.next_seq))
+        self.run(m.Return(seqs, self.state.next_seq, counted))
         over = []
         for message in sorted(messages, key=model.position.__getitem__):
             model.out.remove(message)
-            returns = model.counts.get(message, 0) + 1
+            returns = model.counts.get(message, 0) + counted
             if model.delivery_limit is not None and returns > model.delivery_limit:
                 over.append(message)
                 continue
-            model.counts[message] = returns
+            if returns:
+                model.counts[message] = returns
             model.ready.append(message)
             model.place(message)
         model.dead_letter(over, "delivery_limit")
@@ -447,6 +450,7 @@ WIRE: list[tuple[ops.LogOp, str]] = [
     (m.Settle([1, 2, 3]), "0400000003000000000000000100000000000000020000000000000003"),
     (m.Settle([]), "0400000000"),
     (m.Return([4, 9], 12), "05000000000000000c0000000200000000000000040000000000000009"),
+    (m.Return([4], 12, False), "0e000000000000000c000000010000000000000004"),
     (m.Expire([8]), "06000000010000000000000008"),
     (m.DeadLetter([1, 2], "rejected"), "07020000000200000000000000010000000000000002"),
     (m.DeadLetter([3], "delivery_limit"), "0703000000010000000000000003"),
@@ -480,7 +484,7 @@ def test_every_shipped_op_keeps_its_wire_bytes_and_comes_back_the_same():
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.integers(0, 2**64 - 1), st.sampled_from(m.REASONS))
 def test_ops_of_seqs_round_trip(seqs, seq, reason):
     for op in (m.Settle(seqs), m.Expire(seqs), m.DeadLettered(seqs), m.Recover(seqs), m.Return(seqs, seq),
-               m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq)):
+               m.Return(seqs, seq, False), m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq)):
         data = ops.encode(op)
         assert ops.decode(memoryview(data), 0) == (op, len(data))
 
@@ -488,7 +492,7 @@ def test_ops_of_seqs_round_trip(seqs, seq, reason):
 def test_the_codec_refuses_what_it_does_not_know():
     with pytest.raises(TypeError):
         ops.encode(m.Restore(State()))  # type: ignore[arg-type]  # (a snapshot goes as rows, not as an op)
-    for kind in (0, *range(14, 256)):  # (13 ops; a frame's rows and markers take 20 on)
+    for kind in (0, *range(15, 256)):  # (14 ops; a frame's rows and markers take 20 on)
         with pytest.raises(ValueError):
             ops.decode(memoryview(bytes((kind,)) + bytes(40)), 0)
 
