@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pika
 import pytest
@@ -40,7 +40,7 @@ os.environ.setdefault("WARREN_CHECK_INVARIANTS", "1")  # quorum queues check the
 # and in the nodes the tests start (amqp_server.queues.quorum_machine.CHECKS)
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """A tool a test needs (Chromium, Java, RabbitMQ's rabbitmqadmin) is missing: skip here, but fail
     under CI (``WARREN_TEST_ALL=1``, set by .ci/run), where test.sh installs them and nothing may skip."""
     if os.environ.get("WARREN_TEST_ALL") == "1":
@@ -80,6 +80,7 @@ class BrokerProcess:
     extra: list[str] = field(default_factory=list)
     streams: bool = False  # serve the stream protocol too, on ``stream_port``
     stream_port: int = 0
+    link_port: int = 0  # a cluster node's (tests/cluster/test_cluster.py's start_node)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 

@@ -12,10 +12,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 from urllib.parse import quote
 
 import pika
+import pika.channel
+import pika.connection
 from pamqp import body as pbody
 from pamqp import commands
 from pamqp import frame as pframe
@@ -23,6 +25,7 @@ from pamqp import header as pheader
 from pamqp.heartbeat import Heartbeat
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
+from pika.spec import Basic
 
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
@@ -82,6 +85,20 @@ def body_of(got: Got) -> bytes:
     return got.body
 
 
+def delivery_tag(method: Basic.Deliver | Basic.GetOk | None) -> int:
+    """The tag of a delivery or a basic.get's message, which the test knows it got (pika's types leave it
+    Optional)."""
+    assert method is not None and method.delivery_tag is not None
+    return method.delivery_tag
+
+
+def headers_of(properties: pika.BasicProperties | None) -> dict[str, Any]:
+    """A message's headers, which the test knows it has, to read as it knows them (pika types each value as any
+    field value a table may hold)."""
+    assert properties is not None and properties.headers is not None
+    return dict(properties.headers)
+
+
 def drain(channel: BlockingChannel, queue: str, settle: Literal["auto", "ack", "hold"] = "auto",
           keep: Callable[[Got], Any] = body_of) -> list[Any]:
     """What basic.get returns until the queue is empty, ``auto``-acked, acked one by one (``ack``) or left unacked
@@ -110,14 +127,23 @@ def channel_closed(excinfo: Any, code: int, text: str | None = None) -> None:
         assert excinfo.value.reply_text == text
 
 
+@overload
+def beneath(blocking: pika.BlockingConnection) -> pika.connection.Connection: ...
+@overload
+def beneath(blocking: BlockingChannel) -> pika.channel.Channel: ...
+def beneath(blocking):
+    """pika's asynchronous connection or channel under a blocking one, for what only it offers (the server's
+    properties, callbacks on close or cancel); pika's stubs leave the blocking one's ``_impl`` out."""
+    return blocking._impl
+
+
 class AsyncClose:
     """The broker closes a channel after an asynchronous method (publish, ack): catch the reason."""
 
     def __init__(self, ch: BlockingChannel) -> None:
         self.ch = ch
         self.reason: Exception | None = None
-        impl: Any = ch._impl  # type: ignore[attr-defined]  # (pika's channel under the blocking one)
-        impl.add_on_close_callback(self._closed)
+        beneath(ch).add_on_close_callback(self._closed)
 
     def _closed(self, _channel: Any, reason: Exception) -> None:
         self.reason = reason
@@ -253,8 +279,9 @@ class Raw:
         assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
         return value
 
-    def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | None = None,
+    def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | str | None = None,
                   password: str = "guest", open_vhost: bool = True) -> commands.Connection.Tune:
+        """Open the connection; ``capabilities`` is the client's property as sent (a str: one that is no table)."""
         self.send(PROTOCOL_HEADER)
         self.expect(commands.Connection.Start)
         caps = {"authentication_failure_close": True} if capabilities is None else capabilities

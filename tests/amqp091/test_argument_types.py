@@ -136,13 +136,16 @@ def test_arguments_come_back_equal_from_every_store(tmp_path_factory, value):
     """LMDB (the definition store), etcd (the record's JSON, as the cluster's metadata writes it) and a definitions
     export read back by an import: the arguments a client declared, every field type kept."""
     arguments = decoded(value)
-    records = [QueueRecord("/", "q", arguments=arguments), ExchangeRecord("/", "x", "topic", arguments=arguments),
-               BindingRecord("/", "x", "q", "queue", "k", arguments=arguments)]
+    records: list[QueueRecord | ExchangeRecord | BindingRecord] = [
+        QueueRecord("/", "q", arguments=arguments), ExchangeRecord("/", "x", "topic", arguments=arguments),
+        BindingRecord("/", "x", "q", "queue", "k", arguments=arguments)]
     store = DefinitionStore(str(tmp_path_factory.mktemp("lmdb")))
     try:
         for record in records:
             store.put(record.kind, record.key, record.to_json())
-            from_lmdb = type(record).from_json(store.get(record.kind, record.key))
+            stored = store.get(record.kind, record.key)
+            assert stored is not None  # (just put)
+            from_lmdb = type(record).from_json(stored)
             from_etcd = type(record).from_json(json.loads(json.dumps(record.to_json()).encode()))
             assert same(from_lmdb.arguments, arguments) and same(from_etcd.arguments, arguments)
             assert from_lmdb.key == record.key

@@ -16,7 +16,7 @@ from aio_pika.patterns import RPC
 from pamqp import body as pbody, commands, frame as pframe, header as pheader
 
 from conftest import connect
-from support import Raw, call, method_payload, q, raw_frame
+from support import Raw, beneath, call, method_payload, q, raw_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -675,9 +675,9 @@ def test_vhost_limits(broker, limited_vhost):
     channel.queue_declare("q1")
     channel.queue_declare("q2", exclusive=True)
     channel.queue_declare("q1")  # a queue that is there is no new one
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
         channel.queue_declare("q3")
-    assert (refused.value.reply_code, refused.value.reply_text) == \
+    assert (closed.value.reply_code, closed.value.reply_text) == \
         (406, f"PRECONDITION_FAILED - cannot declare queue 'q3': queue limit in vhost '{vhost}' (2) is reached")
     assert call(broker, "PUT", f"/api/queues/{q(vhost)}/q4", {}).status == 400  # HTTP declares are limited too
     first.close()
@@ -967,7 +967,8 @@ def test_global_parameters_and_the_cluster_name(broker, uid):
         assert call(broker, "GET", "/api/cluster-name").json == {"name": f"{uid}-cluster"}
         assert call(broker, "GET", "/api/overview").json["cluster_name"] == f"{uid}-cluster"
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
-        assert connection._impl.server_properties["cluster_name"] == f"{uid}-cluster"  # connection.start's
+        properties = beneath(connection).server_properties  # connection.start's
+        assert properties is not None and properties["cluster_name"] == f"{uid}-cluster"
         connection.close()
     finally:
         call(broker, "PUT", "/api/cluster-name", {"name": before})

@@ -52,7 +52,7 @@ def test_same_key_same_queue_and_adding_a_queue_moves_keys_only_to_it(broker, ui
         keys = [f"user-{i}" for i in range(300)]
 
         def placement() -> dict[str, str]:
-            where = {}
+            where: dict[str, str] = {}
             for key in keys:
                 for _ in range(3):
                     ch.basic_publish(f"{uid}-chx", key, key.encode())

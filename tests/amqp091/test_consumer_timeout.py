@@ -101,6 +101,7 @@ def test_acking_in_time_keeps_the_channel(node: BrokerProcess, uid: str) -> None
         for _ in range(4):  # 1.2 s of basic.get, each held 0.3 s
             channel.basic_publish("", uid, b"x")
             method, _, _ = channel.basic_get(uid)
+            assert method is not None and method.delivery_tag is not None  # (the one just published)
             connection.sleep(0.3)
             channel.basic_ack(method.delivery_tag)
         connection.process_data_events(0.3)

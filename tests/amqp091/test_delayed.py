@@ -48,9 +48,9 @@ def test_declare_needs_an_existing_delayed_type(broker, uid):
             with pytest.raises(ChannelClosedByBroker) as exc:
                 ch.exchange_declare(uid, "x-delayed-message", arguments=arguments)
             assert (exc.value.reply_code, exc.value.reply_text) == (406, f"PRECONDITION_FAILED - {text}")
-    with connect(broker) as conn, pytest.raises(ConnectionClosedByBroker) as exc:
+    with connect(broker) as conn, pytest.raises(ConnectionClosedByBroker) as closed:
         conn.channel().exchange_declare(uid, "x-delayed-message", arguments={"x-delayed-type": "nope"})
-    assert exc.value.reply_code == 503 and "unknown exchange type 'nope'" in exc.value.reply_text
+    assert closed.value.reply_code == 503 and "unknown exchange type 'nope'" in closed.value.reply_text
 
 
 def test_delays_are_honoured_in_due_order(broker, uid):

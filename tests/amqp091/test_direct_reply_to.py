@@ -5,9 +5,11 @@ import asyncio
 
 import aio_pika
 import pika
+import pika.exceptions
 import pytest
 
 from conftest import connect
+from support import beneath
 
 pytestmark = pytest.mark.timeout(60)
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -15,7 +17,8 @@ REPLY_TO = "amq.rabbitmq.reply-to"
 
 def test_capability_advertised(broker) -> None:
     with connect(broker) as connection:
-        capabilities = connection._impl.server_capabilities
+        capabilities = beneath(connection).server_capabilities
+        assert capabilities is not None  # known once the connection is open
         assert capabilities["direct_reply_to"] is True
 
 
@@ -78,7 +81,7 @@ def test_publish_with_reply_to_without_consumer_is_refused(broker, uid: str) -> 
     closed: list = []
     with connect(broker) as connection:
         channel = connection.channel()
-        channel._impl.add_on_close_callback(lambda ch, reason: closed.append(reason))
+        beneath(channel).add_on_close_callback(lambda ch, reason: closed.append(reason))
         channel.basic_publish("", uid, b"x", pika.BasicProperties(reply_to=REPLY_TO))
         while not closed:
             connection.process_data_events(0.1)
@@ -87,7 +90,7 @@ def test_publish_with_reply_to_without_consumer_is_refused(broker, uid: str) -> 
         other = connection.channel()  # a reply consumer on another channel does not count
         other.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
         third = connection.channel()
-        third._impl.add_on_close_callback(lambda ch, reason: closed.append(reason))
+        beneath(third).add_on_close_callback(lambda ch, reason: closed.append(reason))
         third.basic_publish("", uid, b"x", pika.BasicProperties(reply_to=REPLY_TO))
         while len(closed) < 2:
             connection.process_data_events(0.1)
@@ -131,6 +134,7 @@ async def test_aio_pika_rpc(broker, uid: str) -> None:
         requests = await server_channel.declare_queue(uid, auto_delete=True)
 
         async def serve(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            assert message.reply_to is not None  # every request here names its reply queue
             async with message.process():
                 await server_channel.default_exchange.publish(
                     aio_pika.Message(message.body.upper(), correlation_id=message.correlation_id),

@@ -99,10 +99,10 @@ def test_basic_get_of_bodies_is_byte_exact(broker, uid):
         channel = connection.channel()
         channel.queue_declare(uid, durable=True)
         publish_all(connection, uid, delivery_mode=2)
-        got = []
+        got: list[bytes] = []
         for _ in SIZES:
             method, _properties, data = channel.basic_get(uid, auto_ack=True)
-            assert method is not None
+            assert method is not None and data is not None
             got.append(data)
         assert_bodies(got)
 
@@ -158,8 +158,8 @@ def test_a_client_gone_mid_body_leaves_nothing_behind(broker, uid):
         raw = Raw(broker, timeout=30)
         raw.handshake()
         raw.open_channel(1)
-        data = publish_frames(1, "", uid, b"", declared=16 * 1024 * 1024)
-        raw.send(data)
+        head = publish_frames(1, "", uid, b"", declared=16 * 1024 * 1024)
+        raw.send(head)
         chunk = b"z" * (FRAME_MAX - 8)
         for _ in range(64):  # 8 MiB
             raw.send(struct.pack(">BHI", 3, 1, len(chunk)) + chunk + b"\xce")
@@ -216,7 +216,11 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
         assert got == [size + number for number in range(count)]
         assert peak - before < 160 * 1024 * 1024, f"{(peak - before) >> 20} MiB more held"
         consumer.close()  # the 20 unacked go back to the queue
-        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
+        again: list[bytes] = []
+        for _ in range(count):
+            data = channel.basic_get(uid, auto_ack=True)[2]
+            assert data is not None  # (all back in the queue)
+            again.append(data)
         assert [len(data) for data in again] == [size + number for number in range(count)]
         assert all(data == body(size + number) for number, data in enumerate(again))
 
@@ -297,7 +301,11 @@ def test_a_consumer_gone_mid_delivery_from_the_store_leaves_no_descriptor_and_ge
     assert len(open_fds(broker)) <= before
     with connect(broker) as connection:
         channel = connection.channel()
-        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)]
+        again: list[bytes] = []
+        for _ in range(3):
+            data = channel.basic_get(uid, auto_ack=True)[2]
+            assert data is not None  # (all three back in the queue)
+            again.append(data)
     assert [len(data) for data in again] == [size + number for number in range(3)]
     assert all(data == body(size + number) for number, data in enumerate(again))
 

@@ -9,7 +9,7 @@ import time
 import pika
 import pytest
 
-from support import assert_error, call, numbered, publish, q
+from support import assert_error, call, headers_of, numbered, publish, q
 from test_mgmt_api import amqp
 
 
@@ -191,7 +191,7 @@ def test_message_ttl_and_dead_letter_by_policy(broker, vhost: str) -> None:
             connection.sleep(0.05)
         assert (depth(channel, "short"), depth(channel, "dead")) == (0, 3)
         _, properties, _ = channel.basic_get("dead", auto_ack=True)
-        assert properties.headers["x-death"][0]["reason"] == "expired"
+        assert headers_of(properties)["x-death"][0]["reason"] == "expired"
 
 
 def test_expires_by_policy(broker, vhost: str) -> None:

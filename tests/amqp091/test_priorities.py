@@ -32,7 +32,7 @@ def publish_prioritised(ch, queue: str, items: list[tuple[str, int | None]], **p
 
 def get_all(ch, queue: str, auto_ack: bool = True) -> list[tuple[str, bool, int]]:
     """(body, redelivered, delivery tag) of every message basic.get returns."""
-    got = []
+    got: list[tuple[str, bool, int]] = []
     while True:
         method, _, body = ch.basic_get(queue, auto_ack=auto_ack)
         if method is None:

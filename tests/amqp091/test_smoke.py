@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pika
+import pika.exceptions
 import pytest
 
 from conftest import ROOT
@@ -17,7 +18,7 @@ def test_publish_consume_roundtrip(broker, uid):
         ch.queue_declare(uid)
         ch.basic_publish("", uid, b"hello", pika.BasicProperties(content_type="text/plain", headers={"k": "v"}))
         method, props, body = ch.basic_get(uid, auto_ack=True)
-        assert body == b"hello"
+        assert body == b"hello" and method is not None and props is not None
         assert props.content_type == "text/plain" and props.headers == {"k": "v"}
         assert method.routing_key == uid and method.exchange == ""
         ch.queue_delete(uid)

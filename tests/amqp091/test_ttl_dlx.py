@@ -453,7 +453,7 @@ def test_dead_letter_to_missing_exchange_drops(conn, uid):
 
 
 def _bodies(ch, queue: str) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while True:
         method, _, body = ch.basic_get(queue, auto_ack=True)
         if method is None:

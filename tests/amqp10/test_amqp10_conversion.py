@@ -25,7 +25,7 @@ def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):
         full, plain = receiver.receive(timeout=5), receiver.receive(timeout=5)
     finally:
         amqp.close()
-    assert (full.durable, full.priority, full.ttl) == (True, 4, 60.0)
+    assert (full.durable, full.priority, full.ttl) == (True, 4, 60.0) and full.annotations is not None
     assert (full.annotations["x-basic-type"], full.annotations["x-h"], full.group_id) == ("t", "1", "a")
     assert full.properties == {"h": 2}
     assert not {"x-basic-priority", "x-basic-delivery-mode", "x-basic-expiration"} & set(full.annotations)
@@ -41,4 +41,5 @@ def test_an_amqp10_group_id_is_the_app_id_an_091_reader_gets(node):  # noqa: F81
         amqp.close()
     _, props, _ = connection.channel().basic_get("q", auto_ack=True)
     connection.close()
+    assert props is not None
     assert (props.app_id, props.priority, props.expiration) == ("g", 7, "30000")

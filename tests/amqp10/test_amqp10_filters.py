@@ -14,6 +14,7 @@ from proton.utils import LinkDetached
 from test_amqp10 import connect, declare, node, url  # noqa: F401  (the node fixture)
 
 client = pytest.importorskip("rabbitmq_amqp_python_client")
+from rabbitmq_amqp_python_client import AMQPMessagingHandler  # noqa: E402 (after importorskip)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,15 +23,15 @@ class Done(Exception):
     pass
 
 
-class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
+class Collect(AMQPMessagingHandler):
     """Keeps (offset, body, application properties) of each message, and accepts it unless it came settled,
     until it has ``wanted``."""
 
     def __init__(self, wanted: int, accept: bool = True) -> None:
         super().__init__()
         self.wanted = wanted
-        self.accept = accept
-        self.seen: list[tuple[int, str, Any]] = []
+        self.accepts = accept  # (not ``accept``: that is the handler's method)
+        self.seen: list[tuple[int | None, str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
         self.messages: list[tuple[Any, Any, Any]] = []  # (subject, group-id, correlation-id)
 
@@ -40,7 +41,7 @@ class Collect(client.AMQPMessagingHandler):  # type: ignore[misc]
         self.messages.append((message.subject, message.group_id, message.correlation_id))
         self.seen.append(((message.annotations or {}).get("x-stream-offset"),
                           client.Converter.bytes_to_string(message.body), message.application_properties))
-        if self.accept:
+        if self.accepts:
             self.delivery_context.accept(event)
         if len(self.seen) == self.wanted:
             raise Done
@@ -66,7 +67,8 @@ def publish(connection: Any, messages: list[dict[str, Any]]) -> None:
     publisher.close()
 
 
-def consume(connection: Any, wanted: int, handler: Collect | None = None, **filters: Any) -> list[tuple[int, str, Any]]:
+def consume(connection: Any, wanted: int, handler: Collect | None = None,
+            **filters: Any) -> list[tuple[int | None, str, Any]]:
     handler = handler or Collect(wanted)
     options = client.StreamConsumerOptions(client.OffsetSpecification.first, client.StreamFilterOptions(**filters))
     consumer = connection.consumer(client.AddressHelper.queue_address("s"), message_handler=handler,

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+from typing import Any
 
 import aio_pika
 import amqp
@@ -19,6 +20,7 @@ import pytest
 from pamqp import commands, frame as pframe
 
 from conftest import unavailable
+from support import beneath
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,7 +118,7 @@ async def test_aio_pika_channel_error_is_reported(broker, uid):
 
 def test_pika_select_connection_publish_consume(broker, uid):
     params = pika.ConnectionParameters(broker.host, broker.port, connection_attempts=1, socket_timeout=5)
-    state = {"received": [], "confirms": 0, "error": None}
+    state: dict[str, Any] = {"received": [], "confirms": 0, "error": None}
     count = 20
 
     def on_open(connection):
@@ -256,8 +258,13 @@ def test_py_amqp_direct(broker, uid):
         assert message.body == b"body0" or message.body == "body0"
         assert message.properties["application_headers"] == {"i": 0}
         channel.basic_ack(message.delivery_tag)
-        got = []
-        channel.basic_consume(uid, callback=lambda m: (got.append(m.body), channel.basic_ack(m.delivery_tag)))
+        got: list[bytes | str] = []
+
+        def on_message(message: amqp.Message) -> None:
+            got.append(message.body)
+            channel.basic_ack(message.delivery_tag)
+
+        channel.basic_consume(uid, callback=on_message)
         deadline = time.monotonic() + 10
         while len(got) < 2 and time.monotonic() < deadline:
             try:
@@ -350,7 +357,7 @@ def test_pika_heartbeat_client_stays_connected(broker, uid):
     params = pika.ConnectionParameters(broker.host, broker.port, heartbeat=1)
     connection = pika.BlockingConnection(params)
     try:
-        assert connection._impl.params.heartbeat == 1
+        assert beneath(connection).params.heartbeat == 1
         channel = connection.channel()
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:

@@ -14,14 +14,17 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import pika
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
+from pika.spec import Basic
 
 from conftest import CLUSTER, ROOT, BrokerProcess, free_port, starts, unavailable
 from conftest import connect as conftest_connect
+from support import delivery_tag, headers_of
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 if ETCD is None:
@@ -73,7 +76,13 @@ class Etcd:
         self.log.close()
 
 
-def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int = 0,
+class EtcdAddress(Protocol):
+    """Where a node finds etcd: ``Etcd`` itself, or a proxy in front of it."""
+
+    port: int
+
+
+def start_node(tmp: Path, etcd: EtcdAddress, index: int, port: int = 0, link_port: int = 0,
                extra: tuple[str, ...] = ()) -> BrokerProcess:
     """A cluster node (``extra``: more options); a link port chosen free here is chosen again should another
     process take it first (as ``BrokerProcess.start`` does its own ports)."""
@@ -83,7 +92,7 @@ def start_node(tmp: Path, etcd: Etcd, index: int, port: int = 0, link_port: int 
         node = BrokerProcess(tmp / f"node{index}", port=port, extra=[
             *extra, "--node-name", f"warren{index}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
             "--cluster-secret", SECRET, "--cluster-port", str(link_port or free_port())])
-        node.link_port = int(node.extra[-1])  # type: ignore[attr-defined]  # a test-only attribute
+        node.link_port = int(node.extra[-1])
         try:
             return node.start()
         except RuntimeError as exc:
@@ -104,7 +113,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Etcd, li
     etcd.stop()
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+def wait_for(check: Callable[..., object], what: str, timeout: float = 15.0) -> None:
+    """Until ``check()`` holds (``...``: a lambda that binds a loop variable as its default takes it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -116,7 +126,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> Non
     raise AssertionError(f"timed out waiting until {what}")
 
 
-def api(node: BrokerProcess, path: str) -> object:
+def api(node: BrokerProcess, path: str) -> Any:
     request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}/api{path}")
     request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
     with urllib.request.urlopen(request, timeout=5) as reply:
@@ -233,11 +243,11 @@ def test_publish_on_one_node_reaches_consumer_on_another_of_queue_owned_by_a_thi
     pch.confirm_delivery()
     for i in range(50):
         pch.basic_publish("amq.direct", uid, f"m{i}".encode(), mandatory=True)  # confirmed, else raises
-    received = []
+    received: list[str] = []
     for method, _, body in cch.consume(uid, inactivity_timeout=10):
-        assert method is not None, f"only {len(received)} messages arrived"
+        assert method is not None and body is not None, f"only {len(received)} messages arrived"
         received.append(body.decode())
-        cch.basic_ack(method.delivery_tag)
+        cch.basic_ack(delivery_tag(method))
         if len(received) == 50:
             break
     assert received == [f"m{i}" for i in range(50)]  # order kept across three nodes
@@ -263,11 +273,11 @@ def test_bodies_of_every_size_cross_nodes_byte_exact(cluster, uid):
             pch.basic_publish("", uid, body(size), pika.BasicProperties(delivery_mode=2))
     with connect(n3) as consumer:
         cch = consumer.channel()
-        received = []
+        received: list[bytes] = []
         for method, _, data in cch.consume(uid, inactivity_timeout=30):
-            assert method is not None, f"only {len(received)} messages arrived"
+            assert method is not None and data is not None, f"only {len(received)} messages arrived"
             received.append(data)
-            cch.basic_ack(method.delivery_tag)
+            cch.basic_ack(delivery_tag(method))
             if len(received) == len(SIZES):
                 break
         cch.cancel()
@@ -380,8 +390,8 @@ def test_prefetch_reject_and_requeue_end_to_end(cluster, uid):
     connection.process_data_events(time_limit=0.5)
     assert len(deliveries) == 3  # prefetch honoured across the link
     first, second, third = deliveries
-    ch.basic_reject(first[0].delivery_tag, requeue=False)  # dead-lettered at the owner
-    ch.basic_nack(second[0].delivery_tag, requeue=True)  # back to its place, redelivered
+    ch.basic_reject(delivery_tag(first[0]), requeue=False)  # dead-lettered at the owner
+    ch.basic_nack(delivery_tag(second[0]), requeue=True)  # back to its place, redelivered
     pump(connection, lambda: len(deliveries) >= 5)
     connection.process_data_events(time_limit=0.5)
     assert len(deliveries) == 5
@@ -432,12 +442,12 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
     with connect(n2) as connection:
         ch = connection.channel()
         method, _, body = ch.basic_get(uid)
-        assert body == b"m0" and method.message_count == 2 and not method.redelivered
+        assert body == b"m0" and method is not None and method.message_count == 2 and not method.redelivered
         _, _, body = ch.basic_get(uid, auto_ack=True)
         assert body == b"m1"
-        ch.basic_nack(method.delivery_tag, requeue=True)
+        ch.basic_nack(delivery_tag(method), requeue=True)
         again, _, body = ch.basic_get(uid, auto_ack=True)
-        assert body == b"m0" and again.redelivered
+        assert body == b"m0" and again is not None and again.redelivered
         assert ch.queue_purge(uid).method.message_count == 1
         assert ch.basic_get(uid) == (None, None, None)
     assert passive(n1, uid) == 0
@@ -466,9 +476,13 @@ def test_a_stream_through_another_node(cluster, uid):
         with connect(n2) as connection:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=10)
-            channel.basic_consume(uid, lambda ch, method, properties, body: (
-                got.append((properties.headers["x-stream-offset"], body)), ch.basic_ack(method.delivery_tag)),
-                arguments={"x-stream-offset": offset})
+
+            def on_message(ch: BlockingChannel, method: Basic.Deliver, properties: pika.BasicProperties,
+                           body: bytes) -> None:
+                got.append((headers_of(properties)["x-stream-offset"], body))
+                ch.basic_ack(delivery_tag(method))
+
+            channel.basic_consume(uid, on_message, arguments={"x-stream-offset": offset})
             pump(connection, lambda: len(got) >= 3 - min(offset if isinstance(offset, int) else 0, 3))
         return got
 
@@ -713,9 +727,9 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
         ch = connection.channel()
         bodies = []
         for method, _, body in ch.consume(uid, inactivity_timeout=10):
-            assert method is not None
+            assert method is not None and body is not None
             bodies.append(body.decode())
-            ch.basic_ack(method.delivery_tag)
+            ch.basic_ack(delivery_tag(method))
             if len(bodies) == 20:
                 break
         assert bodies == [f"p{i}" for i in range(20)]

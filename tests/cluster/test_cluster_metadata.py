@@ -34,7 +34,7 @@ def run() -> Iterator[Callable[[Coroutine[Any, Any, None]], None]]:
 
 @pytest.fixture
 @starts(CLUSTER)
-def etcd(tmp_path: Path) -> Etcd:
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
     server = Etcd(tmp_path / "etcd")
     yield server
     server.stop()
@@ -334,8 +334,11 @@ def test_members_are_read_again_after_a_broken_watch_whatever_etcd_compacted(tmp
                 joined[name] = address
                 seen.append(name)
 
+            def leave(name: str) -> None:
+                joined.pop(name, None)
+
             client = aetcd.Client(port=etcd.port, timeout=5)
-            members = Membership(client, "a", {"name": "a"}, join, lambda name: joined.pop(name, None))
+            members = Membership(client, "a", {"name": "a"}, join, leave)
             await admin.put(MEMBERS_PREFIX + b"b", json.dumps({"name": "b"}).encode())
             try:
                 await members.start()

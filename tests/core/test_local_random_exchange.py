@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from exchanges import LocalRandomExchange, exchange_class

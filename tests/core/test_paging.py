@@ -18,11 +18,12 @@ from pamqp import commands
 
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
+from amqp_server.queues.queue import Entry
 from amqp_server.queues.persistence import Persistence
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.broker.vhost import VHost
 
-from support import Target, consume, drain_local as drain
+from support import Target, consume, delivery_tag, drain_local as drain, local
 
 WINDOW = 16
 pytestmark = pytest.mark.core(queue_window=WINDOW)
@@ -34,6 +35,24 @@ def send(core: Broker, vhost: VHost, queue: str, bodies, persistent: bool = True
                                body)
         routed, _rejected = core.publish(vhost, vhost.exchange(""), message)
         assert routed
+
+
+def taken(core: Broker, vhost: VHost, queue: str) -> Entry:
+    """basic.get of the head of a queue the test filled, left unsettled."""
+    entry = core.get_local(vhost, queue, no_ack=False)[1]
+    assert entry is not None
+    return entry
+
+
+def stop_before_the_drop_is_done(core: Broker) -> None:
+    """The node's stop only cancels the pager's drop in progress, as if it came before the drop was done."""
+    dropping = core.pager._dropping
+    assert dropping is not None
+
+    def cancel() -> None:
+        dropping.cancel()
+
+    core.pager.finish_drops = cancel  # type: ignore[method-assign]  # (a stand-in for the one call of the stop)
 
 
 def bodies(n: int, prefix: str = "m") -> list[bytes]:
@@ -361,12 +380,12 @@ async def test_a_purge_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pat
     core.declare_queue(vhost, "q", durable=True)
     send(core, vhost, "q", bodies(4 * DROP_BATCH))
     await settle()
-    held = [core.get_local(vhost, "q", no_ack=False)[1] for _ in range(3)]
+    held = [taken(core, vhost, "q") for _ in range(3)]
     assert core.purge_local(vhost, "q") == 4 * DROP_BATCH - 3
     send(core, vhost, "q", bodies(10, "new"))
     await asyncio.sleep(0)
     assert core.pager.dropping
-    core.pager.finish_drops = core.pager._dropping.cancel  # the stop comes before the drop is done
+    stop_before_the_drop_is_done(core)
     core.close()
     if crashed:
         as_after_a_crash(tmp_path / "data")
@@ -399,14 +418,14 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     core.declare_queue(vhost, "q", durable=True)
     send(core, vhost, "q", bodies(4 * DROP_BATCH))
     await settle()
-    held = [core.get_local(vhost, "q", no_ack=False)[1].message.body for _ in range(3)]
-    commit = asyncio.ensure_future(Commit(core).commit_offset(vhost.queue("q"), 3 * DROP_BATCH))
+    held = [taken(core, vhost, "q").message.body for _ in range(3)]
+    commit = asyncio.ensure_future(Commit(core).commit_offset(local(vhost.queue("q")), 3 * DROP_BATCH))
     await asyncio.sleep(0)
-    assert not commit.done() and vhost.queue("q").committed_drops == 0
+    assert not commit.done() and local(vhost.queue("q")).committed_drops == 0
     if stage == "dropping":
         assert await commit == 3 * DROP_BATCH - 3
         assert core.pager.dropping
-        core.pager.finish_drops = core.pager._dropping.cancel  # the stop comes before the drop is done
+        stop_before_the_drop_is_done(core)
     commit.cancel()
     core.close()
     if crashed:  # the store counts references from the index
@@ -414,7 +433,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     core = Broker(data, queue_window=WINDOW)
     try:
         vhost = core.vhost("/")
-        queue = vhost.queue("q")
+        queue = local(vhost.queue("q"))
         assert queue.message_count == DROP_BATCH + 3
         assert await Commit(core).commit_offset(queue, 3 * DROP_BATCH) == 0
         assert drain(core, vhost, "q") == held + bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
@@ -433,9 +452,9 @@ async def test_messages_unacked_below_a_finished_commit_come_back_after_a_restar
     core.declare_queue(vhost, "q", durable=True)
     send(core, vhost, "q", bodies(3000))
     await settle()
-    held = [core.get_local(vhost, "q", no_ack=False)[1] for _ in range(5)]
+    held = [taken(core, vhost, "q") for _ in range(5)]
     assert [entry.seq for entry in held] == list(range(5))
-    assert await Commit(core).commit_offset(vhost.queue("q"), 2000) == 1995
+    assert await Commit(core).commit_offset(local(vhost.queue("q")), 2000) == 1995
     core.close()
     core = Broker(data, queue_window=WINDOW)
     try:
@@ -455,12 +474,12 @@ async def test_a_cursor_saved_past_the_tail_comes_back_at_the_tail(tmp_path):
     core.declare_queue(vhost, "q", durable=True)
     send(core, vhost, "q", bodies(3))
     await settle()
-    vhost.queue("q").committed = 2 ** 64 - 1  # as an older node left it: saved at the stop
+    local(vhost.queue("q")).committed = 2 ** 64 - 1  # as an older node left it: saved at the stop
     core.close()
     core = Broker(data, queue_window=WINDOW)
     try:
         vhost = core.vhost("/")
-        queue = vhost.queue("q")
+        queue = local(vhost.queue("q"))
         assert queue.committed == 3 and queue.offsets() == (0, 3)
         send(core, vhost, "q", bodies(2, "late"))
         assert await Commit(core).commit_offset(queue, 4) == 4 and drain(core, vhost, "q") == [b"late1"]
@@ -504,7 +523,7 @@ async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
 
     core = Broker(data, queue_window=WINDOW)
     vhost = core.vhost("/")
-    queue = vhost.queue("q")
+    queue = local(vhost.queue("q"))
     assert queue.message_count == 300 and len(queue.ready) == 0  # counted from the index's totals
     assert queue.next_seq == 310
     assert drain(core, vhost, "q") == bodies(300)
@@ -564,7 +583,7 @@ def test_a_deep_queue_through_amqp_and_http(start_broker):
         if method is None:
             break
         bodies.append(body)
-        channel.basic_ack(method.delivery_tag)
+        channel.basic_ack(delivery_tag(method))
     assert bodies == [b"m%d" % i for i in range(200, 300)]
     assert call(node, "GET", "/api/queues/%2F/deep").json["messages"] == 0
     connection.close()
@@ -586,7 +605,9 @@ async def test_restart_after_a_crash_drops_entries_whose_message_the_store_lost(
     with caplog.at_level(logging.INFO):
         core = Broker(str(data), persistence=Persistence(str(data), segment_size=4096), queue_window=WINDOW)
     vhost = core.vhost("/")
-    lost = int(re.search(r"(\d+) missing", caplog.text).group(1))
+    found = re.search(r"(\d+) missing", caplog.text)
+    assert found is not None
+    lost = int(found.group(1))
     assert vhost.queue("q").message_count == 200 - lost and lost > 0  # dropped at the walk, counted out
     got = drain(core, vhost, "q")
     assert "is missing from the store" not in caplog.text  # none was left for paging in to meet
@@ -607,11 +628,11 @@ async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
     for name in names:
         core.declare_queue(vhost, name, durable=True)
         send(core, vhost, name, bodies(1000, name))
-    assert len(vhost.queue("q0").ready) > 128  # paged while it was the only deep queue
+    assert len(local(vhost.queue("q0")).ready) > 128  # paged while it was the only deep queue
     for name in names:
         send(core, vhost, name, [b"last"])  # each enqueue trims to the share
     assert core.pager.share == 128
-    assert all(len(vhost.queue(name).ready) <= 128 for name in names)
+    assert all(len(local(vhost.queue(name)).ready) <= 128 for name in names)
     for name in names:
         assert drain(core, vhost, name) == bodies(1000, name) + [b"last"]
     core.pager.housekeeping()
@@ -803,7 +824,7 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 
     core = Broker(data, queue_window=WINDOW)
     vhost = core.vhost("/")
-    queue = vhost.queue("p")
+    queue = local(vhost.queue("p"))
     assert queue.message_count == 600 and len(queue.ready) == 0
     assert queue.next_seq == 601
     sent += send_levels(core, vhost, "p", [9, 0], prefix="new")

@@ -13,7 +13,7 @@ from pamqp.header import ContentHeader
 
 from amqp_server.framing import codec, properties
 
-short = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20).filter(
+short = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20).filter(
     lambda s: len(s.encode()) < 256)
 PROPERTY_VALUES = {
     "content_type": short, "content_encoding": short, "correlation_id": short, "reply_to": short,

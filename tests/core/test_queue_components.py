@@ -3,6 +3,8 @@ pager's transient store and index), a priority queue's ready list, its consumers
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from pamqp import commands
@@ -12,10 +14,11 @@ from amqp_server.queues.consumers import Consumers
 from amqp_server.queues.expiry import Expiry
 from amqp_server.message import Message, make_message
 from amqp_server.queues.paging import Pager
+from amqp_server.queues.persistence import Persistence
 from amqp_server.queues.priority_queue import LeveledEntry, PriorityReadyList
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.ready import Entry
-from amqp_server.queues.ready_list import ReadyList
+from amqp_server.queues.ready_list import ReadyList, TransientPages
 from amqp_server.stats import MessageStats
 
 
@@ -31,16 +34,27 @@ def pager(tmp_path):
 
 
 class Owner:
-    """What a ready list reads of its queue, without the queue."""
+    """What a ready list reads of its queue (``ReadyOwner``), without the queue: transient, no window."""
 
     def __init__(self, pager: Pager, **args) -> None:
         self.name, self.vhost, self.args, self.index_id = "q", "/", QueueArgs(**args), 0
-        self.persistence, self.pager, self.window, self.deleted = None, pager, None, False
-        self.stats, self.host, self.consumers, self.ranked = MessageStats(), None, [], False
+        self.persistence: Persistence | None = None
+        self.pager: TransientPages | None = pager
+        self.window: int | None = None
+        self.deleted = False
+        self.stats, self.ranked = MessageStats(), False
+        self.consumers: list[object] = []
+        self.host: Any = None
         self.touched = 0
 
     def touch(self) -> None:
         self.touched += 1
+
+    def row_key(self, entry: Entry) -> int:
+        raise AssertionError("asked by the persistent store only, and this queue has none")
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        raise AssertionError("a queue recovers from the persistent store only, and this one has none")
 
 
 def owner(pager: Pager, **args) -> Owner:
@@ -63,7 +77,7 @@ def loaded(pager: Pager, entries) -> list[bytes]:
 
 def pop_all(ready: ReadyList) -> list[Entry]:
     """Entries in delivery order, as the queue takes them (paging the tail in as the head drains)."""
-    taken = []
+    taken: list[Entry] = []
     while True:
         if ready.tail.count and ready.page_due():
             ready.page_in()
@@ -150,7 +164,14 @@ def test_the_queue_keeps_apart_what_it_asks_and_marks_returned_entries_redeliver
     fill(ready, BODIES[:20])
     ready.page_out(5)
     apart: list[Entry] = []
-    ready.keep_apart = lambda entry: entry.seq in (6, 7) and not apart.append(entry)
+
+    def keep_apart(entry: Entry) -> bool:
+        if entry.seq in (6, 7):
+            apart.append(entry)
+            return True
+        return False
+
+    ready.keep_apart = keep_apart
     ready.returned = lambda seq: seq == 9
     ready.page_in()
     assert [entry.seq for entry in apart] == [6, 7]
@@ -170,7 +191,9 @@ def test_a_priority_ready_list_delivers_the_highest_level_first_and_reads_in_seq
     assert [entry.seq for entry in ready] == [2, 5, 1, 3, 6, 0, 4]
     assert [entry.seq for entry in ready.from_seq(2)] == [2, 3, 4, 5, 6]
     assert [entry.seq for entry in ready.span(1, 5)] == [1, 2, 3, 4]
-    assert ready.row_key(ready.entries.levels[5][0]) < ready.row_key(ready.entries.levels[0][0])  # level first
+    high, low = ready.entries.levels[5][0], ready.entries.levels[0][0]
+    assert isinstance(high, LeveledEntry) and isinstance(low, LeveledEntry)  # (pushed so)
+    assert ready.row_key(high) < ready.row_key(low)  # level first
     assert [entry.seq for entry in pop_all(ready)] == [2, 5, 1, 3, 6, 0, 4]
 
 

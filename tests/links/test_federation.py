@@ -27,9 +27,10 @@ def uri(node) -> str:
     return f"amqp://guest:guest@127.0.0.1:{node.port}"
 
 
-def federate(down, up, pattern: str, apply_to: str = "exchanges", name: str = "up", **keys: Any) -> None:
-    """``down`` federates what ``pattern`` matches from ``up``."""
-    response = call(down, "PUT", UPSTREAM + name, {"value": {"uri": uri(up), **keys}})
+def federate(down, up, pattern: str, apply_to: str = "exchanges", name: str = "up",
+             keys: dict[str, Any] | None = None) -> None:
+    """``down`` federates what ``pattern`` matches from ``up``, with the upstream's other ``keys``."""
+    response = call(down, "PUT", UPSTREAM + name, {"value": {"uri": uri(up), **(keys or {})}})
     assert response.status in (201, 204), response.raw
     response = call(down, "PUT", "/api/policies/%2F/fed", {"pattern": pattern, "apply-to": apply_to,
                                                            "definition": {"federation-upstream": name}})
@@ -71,7 +72,7 @@ def settled(node, queue: str, count: int, what: str) -> None:
 def test_an_exchange_federated_from_another_node_gets_every_message_bound_here(start_broker):
     up, down = node_named(start_broker, "up"), node_named(start_broker, "down")
     declare(down, "fed.x", "here", "a.#")
-    federate(down, up, r"^fed\.", expires=60000, **{"message-ttl": 30000})
+    federate(down, up, r"^fed\.", keys={"expires": 60000, "message-ttl": 30000})
     link, = running(down)
     assert link["exchange"] == link["upstream_exchange"] == "fed.x" and link["type"] == "exchange"
     assert link["vhost"] == "/" and link["upstream"] == "up" and link["node"] == "down@localhost"
@@ -128,8 +129,8 @@ def test_a_loop_of_two_nodes_delivers_each_message_once_per_node(start_broker, m
     a, b = node_named(start_broker, "a"), node_named(start_broker, "b")
     for node in (a, b):
         declare(node, "loop.x", "all", "#")
-    federate(a, b, r"^loop\.", **{"max-hops": max_hops})
-    federate(b, a, r"^loop\.", **{"max-hops": max_hops})
+    federate(a, b, r"^loop\.", keys={"max-hops": max_hops})
+    federate(b, a, r"^loop\.", keys={"max-hops": max_hops})
     running(a)
     running(b)
     wait_for(lambda: all(len(call(n, "GET", "/api/exchanges/%2F/loop.x/bindings/source").json) == 2
@@ -156,7 +157,7 @@ def test_an_upstream_killed_mid_transfer_loses_nothing_under_on_confirm(start_br
     channel.basic_publish("", queue, str(count - 1).encode(), pika.BasicProperties(delivery_mode=2))
     connection.close()
     wait_for(lambda: depth(up, queue) == count, what="the backlog upstream")
-    federate(down, up, r"^fed\.", **{"reconnect-delay": 1, "prefetch-count": 50})
+    federate(down, up, r"^fed\.", keys={"reconnect-delay": 1, "prefetch-count": 50})
     wait_for(lambda: depth(down, "here") > 0, what="the transfer under way")
     assert depth(down, "here") < count, "the transfer ended before the kill"
     up.kill()
@@ -315,12 +316,13 @@ def test_warren_is_an_upstream_rabbitmq_federation_can_use(broker):
     channel.exchange_bind("xfu-int", "xfu-src")
     seen = {"uri": "amqp://elsewhere", "exchange": "xfu-src", "cluster-name": "elsewhere", "vhost": "/"}
     other = {"uri": "amqp://third", "exchange": "xfu-src", "cluster-name": "third", "vhost": "/"}
-    for body, headers in ((b"new", None), (b"looped", {"x-received-from": [seen]}),
-                          (b"one hop", {"x-received-from": [other]})):
+    sent: list[tuple[bytes, dict[str, Any] | None]] = [
+        (b"new", None), (b"looped", {"x-received-from": [seen]}), (b"one hop", {"x-received-from": [other]})]
+    for body, headers in sent:
         channel.basic_publish("xfu-src", "", body, pika.BasicProperties(headers=headers))
     time.sleep(0.3)
-    method, _, body = channel.basic_get(result.method.queue, auto_ack=True)
-    assert body == b"new"
+    method, _, got = channel.basic_get(result.method.queue, auto_ack=True)
+    assert got == b"new"
     assert channel.basic_get(result.method.queue, auto_ack=True)[0] is None  # max-hops 1 and a loop: dropped
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
         channel.exchange_declare("xfu-bad", "x-federation-upstream")

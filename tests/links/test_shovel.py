@@ -260,7 +260,8 @@ def test_amqps_uris_are_verified(tmp_path):
         verified = dict(unverified, **{"src-uri": f"{base}?cacertfile={pki.cafile}"})
         assert call(node, "PUT", SHOVEL + "tls", {"value": verified}).status == 204
         wait_for(lambda: depth(node, "tls-dest") == 20, what="20 moved over TLS")
-        assert shovel_status(node, "tls")["src_uri"] == f"amqps://localhost:{tls.tls_port}"
+        status = shovel_status(node, "tls")
+        assert status is not None and status["src_uri"] == f"amqps://localhost:{tls.tls_port}"
     finally:
         node.stop()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from typing import Any
 
 import pika
 import pytest
@@ -367,7 +368,8 @@ def test_limits_are_imported_and_exported(start_broker) -> None:
     """User limits in ``users``, vhost limits as RabbitMQ keeps them: runtime parameters of component
     ``vhost-limits``; both survive a restart and are refused as the limits API refuses them."""
     node = start_broker()
-    body = {"users": [{"name": "erin", "password_hash": "", "tags": [], "limits": {"max-channels": 3}}],
+    body: dict[str, Any] = {
+            "users": [{"name": "erin", "password_hash": "", "tags": [], "limits": {"max-channels": 3}}],
             "vhosts": [{"name": "limited"}],
             "parameters": [{"value": {"max-queues": 7}, "vhost": "limited", "component": "vhost-limits",
                             "name": "limits"}]}

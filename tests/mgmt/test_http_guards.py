@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pika
 import pytest
@@ -133,7 +134,7 @@ def deep(tmp_path_factory):
     node.stop()
 
 
-def while_running(node, method: str, path: str, body: dict | None = None) -> tuple[object, Watch, float]:
+def while_running(node, method: str, path: str, body: dict | None = None) -> tuple[Any, Watch, float]:
     """The request's JSON answer, what another request's latency and the node's RSS were meanwhile, and how
     long the request took."""
     watch = Watch(node)

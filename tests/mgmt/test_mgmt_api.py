@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_for_port
-from support import GUEST, assert_error, call, q
+from support import GUEST, assert_error, call, delivery_tag, headers_of, q
 
 
 def amqp(broker, vhost: str = "/", user: tuple[str, str] = GUEST) -> pika.BlockingConnection:
@@ -259,14 +259,14 @@ def test_publish_routes_like_amqp(broker, uid):
                              {"routing_key": uid, "payload": "x", "payload_encoding": "string",
                               "properties": {"user_id": "mallory"}}), 400)["reason"] == (
         "406 PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user was 'guest'")
-    missing = call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}-missing/publish",
-                   {"routing_key": uid, "payload": "x", "payload_encoding": "string", "properties": {}})
-    assert assert_error(missing, 400)["reason"] == f"404 NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
+    no_exchange = call(broker, "POST", f"/api/exchanges/%2F/{q(uid)}-missing/publish",
+                       {"routing_key": uid, "payload": "x", "payload_encoding": "string", "properties": {}})
+    assert assert_error(no_exchange, 400)["reason"] == f"404 NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
     # and AMQP consumers see what HTTP published
     connection = amqp(broker)
     channel = connection.channel()
-    method, props, body = channel.basic_get(uid, auto_ack=True)
-    assert body == b"hello" and props.headers == {"k": "v"} and props.delivery_mode == 2
+    method, props, got = channel.basic_get(uid, auto_ack=True)
+    assert got == b"hello" and props is not None and props.headers == {"k": "v"} and props.delivery_mode == 2
     assert channel.basic_get(uid, auto_ack=True)[2] == b"\x00\xffbin"
     connection.close()
     call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
@@ -362,7 +362,7 @@ def test_peek_changes_nothing(broker, uid):
     assert after["message_stats"] == before["message_stats"]
     for i in range(5):
         method, _, body = channel.basic_get(uid, auto_ack=True)
-        assert body == f"p{i}".encode() and not method.redelivered
+        assert body == f"p{i}".encode() and method is not None and not method.redelivered
     assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?offset=-1"), 400)
     assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}/peek?count=x"), 400)
     assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}-none/peek"), 404)
@@ -381,13 +381,13 @@ def test_move_replays_a_dead_letter_queue(broker, uid):
         channel.basic_publish("", work, f"job{i}".encode(), pika.BasicProperties(delivery_mode=2, headers={"i": i}))
     for _ in range(4):
         method, _, _ = channel.basic_get(work)
-        channel.basic_reject(method.delivery_tag, requeue=False)
+        channel.basic_reject(delivery_tag(method), requeue=False)
     assert call(broker, "GET", f"/api/queues/%2F/{q(dlq)}").json["messages"] == 4
     moved = call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": work, "count": 3})
     assert moved.status == 200 and moved.json["moved"] == 3
     assert call(broker, "GET", f"/api/queues/%2F/{q(dlq)}").json["messages"] == 1
     method, props, body = channel.basic_get(work, auto_ack=True)
-    assert body == b"job0" and props.headers["i"] == 0 and props.headers["x-death"][0]["reason"] == "rejected"
+    assert body == b"job0" and headers_of(props)["i"] == 0 and headers_of(props)["x-death"][0]["reason"] == "rejected"
     assert call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": work}).json["moved"] == 1
     assert [channel.basic_get(work, auto_ack=True)[2] for _ in range(3)] == [b"job1", b"job2", b"job3"]
     assert_error(call(broker, "POST", f"/api/queues/%2F/{q(dlq)}/move", {"destination": f"{uid}-none"}), 404)
@@ -627,8 +627,8 @@ def test_message_stats_counters_per_object(broker, uid):
     for _ in range(5):
         channel.basic_publish("", uid, b"s")
     channel.basic_qos(prefetch_count=10)
-    seen = []
-    channel.basic_consume(uid, lambda ch, method, props, body: seen.append(method.delivery_tag))
+    seen: list[int] = []
+    channel.basic_consume(uid, lambda ch, method, props, body: seen.append(delivery_tag(method)))
     while len(seen) < 5:
         connection.process_data_events(0.1)
     channel.basic_ack(seen[-1], multiple=True)
@@ -775,7 +775,7 @@ def test_global_counters_by_protocol_never_go_down(start_broker):
     channel.basic_publish("", "nowhere", b"m")  # dropped: not mandatory
     got = channel.basic_get("q091")
     assert got[0] is not None
-    channel.basic_ack(got[0].delivery_tag)
+    channel.basic_ack(delivery_tag(got[0]))
     assert channel.basic_get("q091", auto_ack=True)[0] is not None
     channel.queue_declare("q10")
     proton = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10, allowed_mechs="PLAIN")

@@ -22,7 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     unavailable(f"{CHROMIUM} is not installed (apt-get install chromium); test.sh installs it")
 
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright  # noqa: E402 (after the check that Chromium is there)
+from playwright.sync_api import Browser, FilePayload, Locator, Page, expect, sync_playwright  # noqa: E402 (after the check that Chromium is there)
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -740,8 +740,8 @@ def test_definitions_export_and_import(ui: UI, node: BrokerProcess, uid: str, tm
     assert kept in [queue["name"] for queue in exported["queues"]]
     assert {"users", "vhosts", "permissions", "exchanges", "bindings"} <= set(exported)
 
-    page.set_input_files("#definitions-file", files=[{"name": "broken.json", "mimeType": "application/json",
-                                                       "buffer": b'{"queues": ['}])
+    page.set_input_files("#definitions-file", files=[FilePayload(name="broken.json", mimeType="application/json",
+                                                                 buffer=b'{"queues": [')])
     page.click("#definitions-import")
     expect(page.locator("#banners .banner-error")).to_contain_text("broken.json is not valid JSON")
 

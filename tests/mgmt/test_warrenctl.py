@@ -29,8 +29,10 @@ def run(broker: BrokerProcess | None, *args: str, input: str | None = None, port
         env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
     base["COLUMNS"] = "250"
-    if broker is not None or port is not None:
-        base["WARREN_MGMT_URL"] = f"http://127.0.0.1:{port or broker.mgmt_port}"
+    if port is not None:
+        base["WARREN_MGMT_URL"] = f"http://127.0.0.1:{port}"
+    elif broker is not None:
+        base["WARREN_MGMT_URL"] = f"http://127.0.0.1:{broker.mgmt_port}"
     base.update(env or {})
     return subprocess.run([*command(), *args], cwd=ROOT, capture_output=True, text=True, input=input,
                           timeout=timeout, env=base)
@@ -69,9 +71,17 @@ def by_name(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     return next((row for row in rows if row.get("name") == name), None)
 
 
+def named(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The row of ``name``, which the test has just made."""
+    row = by_name(rows, name)
+    assert row is not None, f"{name} is not listed"
+    return row
+
+
 @pytest.fixture(scope="module", autouse=True)
 def mgmt_api(broker: BrokerProcess) -> None:
     """The fixture waits for AMQP only; wait for the HTTP listener too (skip on a node without one)."""
+    assert broker.proc is not None  # (started)
     try:
         wait_for_port(broker.mgmt_port, broker.proc, timeout=10)
     except TimeoutError:
@@ -202,7 +212,7 @@ def test_queue_declare_list_delete(broker: BrokerProcess, uid: str) -> None:
 
 def test_queue_not_durable_by_default_and_auto_delete(broker: BrokerProcess, uid: str) -> None:
     ok(broker, "declare", "queue", uid, "--auto-delete")
-    queue = by_name(as_json(broker, "list", "queues"), uid)
+    queue = named(as_json(broker, "list", "queues"), uid)
     assert queue["durable"] is False and queue["auto_delete"] is True
     ok(broker, "delete", "queue", uid)
 
@@ -226,9 +236,9 @@ def test_exchange_and_bindings(broker: BrokerProcess, uid: str) -> None:
     ok(broker, "declare", "exchange", exchange, "--type", "topic", "--durable")
     ok(broker, "declare", "exchange", other, "--type", "fanout", "--internal")
     ok(broker, "declare", "queue", queue)
-    found = by_name(as_json(broker, "list", "exchanges"), exchange)
+    found = named(as_json(broker, "list", "exchanges"), exchange)
     assert found["type"] == "topic" and found["durable"] is True
-    assert by_name(as_json(broker, "list", "exchanges"), other)["internal"] is True
+    assert named(as_json(broker, "list", "exchanges"), other)["internal"] is True
     assert exchange in ok(broker, "list", "exchanges")
 
     ok(broker, "declare", "binding", "--source", exchange, "--destination", queue, "--routing-key", "a.*")
@@ -258,7 +268,7 @@ def test_exchange_and_bindings(broker: BrokerProcess, uid: str) -> None:
 
 def test_exchange_arguments(broker: BrokerProcess, uid: str) -> None:
     ok(broker, "declare", "exchange", uid, "--type", "direct", "--arg", "alternate-exchange=amq.fanout")
-    assert by_name(as_json(broker, "list", "exchanges"), uid)["arguments"] == {"alternate-exchange": "amq.fanout"}
+    assert named(as_json(broker, "list", "exchanges"), uid)["arguments"] == {"alternate-exchange": "amq.fanout"}
     ok(broker, "delete", "exchange", uid)
 
 
@@ -303,7 +313,7 @@ def test_publish_peek_get_move_purge(broker: BrokerProcess, uid: str) -> None:
     assert [m["payload"] for m in taken] == ["one"]
     ok(broker, "purge", "--queue", target)
     assert as_json(broker, "get", "--queue", target, "--count", "10") == []
-    queue = by_name(as_json(broker, "list", "queues"), target)
+    queue = named(as_json(broker, "list", "queues"), target)
     assert queue["messages"] == 0
 
     line = fails(broker, "purge", "--queue", f"{uid}-missing")
@@ -346,7 +356,7 @@ def test_users_vhosts_permissions(broker: BrokerProcess, uid: str) -> None:
        "--read", "^r")
 
     assert by_name(as_json(broker, "list", "vhosts"), vhost)
-    tags = by_name(as_json(broker, "list", "users"), user)["tags"]
+    tags = named(as_json(broker, "list", "users"), user)["tags"]
     assert sorted(tags if isinstance(tags, list) else tags.split(",")) == ["management", "monitoring"]
     assert user in ok(broker, "list", "users") and vhost in ok(broker, "list", "vhosts")
     # (the creator of a vhost may also get full permissions on it, as in RabbitMQ)
@@ -446,7 +456,7 @@ def test_export_queues_to_parquet_browse_then_drain(broker: BrokerProcess, uid: 
     assert json.loads(result.stdout) == [{"queue": "a", "path": str(tmp_path / "d" / "a"), "rows": 31,
                                           "removed": 31}]
     assert pq.read_table(tmp_path / "d" / "a").num_rows == 31
-    assert eventually(lambda: by_name(as_json(broker, "list", "queues", "--vhost", vhost), "a")["messages"] == 0)
+    assert eventually(lambda: named(as_json(broker, "list", "queues", "--vhost", vhost), "a")["messages"] == 0)
     ok(broker, "delete", "vhost", vhost)
 
 
@@ -515,9 +525,9 @@ def test_policies_set_list_clear(broker: BrokerProcess, uid: str) -> None:
     ok(broker, "declare", "queue", uid)
     ok(broker, "publish", "--routing-key", uid, "--body", "a")
     ok(broker, "publish", "--routing-key", uid, "--body", "b")
-    assert eventually(lambda: by_name(as_json(broker, "list", "queues"), uid)["messages"] == 1)
+    assert eventually(lambda: named(as_json(broker, "list", "queues"), uid)["messages"] == 1)
     ok(broker, "declare", "operator-policy", uid, "--pattern", f"^{uid}$", "--definition", '{"expires": 60000}')
-    assert by_name(as_json(broker, "list", "operator-policies"), uid)["definition"] == {"expires": 60000}
+    assert named(as_json(broker, "list", "operator-policies"), uid)["definition"] == {"expires": 60000}
     line = fails(broker, "set", "policy", "bad", "--pattern", ".*", "--definition", '{"max-priority": 1}')
     assert line == ('warrenctl: 400 Bad Request: Validation failed [{<<"max-priority">>,1}] are not recognised '
                     'policy settings')

@@ -201,6 +201,7 @@ def test_replies_piling_up_for_a_client_that_does_not_read_set_the_memory_alarm(
             assert time.monotonic() < deadline
             time.sleep(0.05)
         reply_to = request[1].reply_to
+        assert reply_to is not None  # (the request named its reply queue)
     replier = Raw(node, timeout=10)
     replier.handshake()
     replier.open_channel(1)

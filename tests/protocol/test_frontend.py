@@ -51,7 +51,7 @@ class Transport(FakeTransport):
     def get_write_buffer_size(self) -> int:
         return len(self.written)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         super().write(data)
         if not self.full and len(self.written) > self.high:
             self.full = True

@@ -82,9 +82,14 @@ def test_untrusted_quotes_as_repr_and_says_how_long_it_was():
 
 def test_a_record_with_untrusted_text_is_not_highlighted(node_log):
     handler = logging.getLogger().handlers[0]
-    seen = []
+    seen: list[str] = []
     real = handler.highlighter  # type: ignore[attr-defined]  # rich handler
-    handler.highlighter = lambda text: seen.append(text.plain) or real(text)  # type: ignore[attr-defined]  # rich handler
+
+    def highlighter(text):
+        seen.append(text.plain)
+        return real(text)
+
+    handler.highlighter = highlighter  # type: ignore[attr-defined]  # rich handler
     log = logging.getLogger("warren.test")
     log.warning("queue %s declared", logs.untrusted("0x1234"))
     log.warning("node %s up", "warren@host")
@@ -119,7 +124,7 @@ class FakeTransport(asyncio.Transport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
 
     def is_closing(self) -> bool:
@@ -165,7 +170,7 @@ def frame(ftype: int, payload: bytes, size: int | None = None) -> bytes:
     return link.FRAME.pack(len(payload) if size is None else size, ftype) + payload
 
 
-def proof(nonce: bytes, name: str, role: bytes, secret: bytes = SECRET) -> bytes:
+def proof(nonce: bytes | bytearray, name: str, role: bytes, secret: bytes = SECRET) -> bytes:
     return hmac.new(secret, role + nonce + name.encode(), hashlib.sha256).digest()
 
 

@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import aio_pika
 import pika
@@ -117,7 +117,7 @@ class TLSNode:
     tls_port: int
     mgmt_tls_port: int
 
-    def api(self, path: str, pki: PKI) -> object:
+    def api(self, path: str, pki: PKI) -> Any:
         basic = "Basic " + base64.b64encode(b"guest:guest").decode()
         request = urllib.request.Request(f"https://localhost:{self.mgmt_tls_port}{path}",
                                          headers={"Authorization": basic})

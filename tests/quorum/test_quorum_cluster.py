@@ -22,7 +22,7 @@ from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
 from forwarder.quorum import groups as quorum
-from support import drain_from as drain, publish_to
+from support import delivery_tag, drain_from as drain, publish_to
 
 publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
 
@@ -247,6 +247,7 @@ def test_a_publish_through_a_node_that_missed_a_change_of_leader_goes_to_the_lea
         wait_for(lambda: leader_of(n4, uid) == NAMES[0], "leader known on node 4")
         publish(n4, uid, [b"before"])
         proxy.cut()
+        assert n1.proc is not None  # (started)
         n1.proc.send_signal(signal.SIGSTOP)
         try:
             wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a leader elected without node 1", timeout=20)
@@ -311,10 +312,11 @@ def test_consumers_go_on_through_failover_with_bindings_kept(nodes, uid):
     connection = connect(n2)
     try:
         channel = connection.channel()
-        cancelled, got = [], []
+        cancelled: list[str | None] = []
+        got: list[tuple[int, bytes]] = []
         channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
         channel.basic_qos(prefetch_count=1)
-        channel.basic_consume(uid, lambda ch, method, props, body: got.append((method.delivery_tag, body)))
+        channel.basic_consume(uid, lambda ch, method, props, body: got.append((delivery_tag(method), body)))
         wait_for_events(connection, lambda: len(got) == 1)  # one unacked when the leader dies
         n1.kill()
         wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
@@ -399,9 +401,14 @@ def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, u
     channel = connection.channel()
     channel.confirm_delivery()
     n1.proc.send_signal(signal.SIGSTOP)
+
+    def thaw() -> None:
+        time.sleep(1.0)
+        n1.proc.send_signal(signal.SIGCONT)
+
     try:
         wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a leader elected without node 1", timeout=20)
-        stopped = threading.Thread(target=lambda: time.sleep(1.0) or n1.proc.send_signal(signal.SIGCONT))
+        stopped = threading.Thread(target=thaw)
         stopped.start()
         for i in range(20):  # written while node 1 is frozen; it reads them when it runs again
             body = b"during%d" % i
@@ -482,12 +489,13 @@ def test_the_delivery_count_is_replicated(nodes, uid):
         channel = connection.channel()
         for _ in range(2):
             method, _, _ = channel.basic_get(uid)
-            channel.basic_nack(method.delivery_tag, requeue=True)
+            channel.basic_nack(delivery_tag(method), requeue=True)
     time.sleep(0.5)  # the returns reach the followers
     n1.kill()
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
     with connect(n3) as connection:
         method, properties, body = connection.channel().basic_get(uid, auto_ack=True)
+        assert method is not None and properties is not None
         assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})
 
 
@@ -512,6 +520,7 @@ def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
                 method, _, body = channel.basic_get(uid)
                 if method is None:
                     continue
+                assert method.delivery_tag is not None and body is not None  # (with a method)
                 got += 1
                 if got % 10 == 0:
                     channel.basic_nack(method.delivery_tag, requeue=True)
@@ -558,12 +567,14 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
     frame that ends the snapshot makes it whole.  A new leader's ADOPT frame carries on a whole copy standing
     where the new term began; a partial one asks to catch up instead."""
     from types import SimpleNamespace
+    from typing import cast
 
     from amqp_server.broker import Broker
     from amqp_server.records import QueueRecord
     from forwarder.quorum.groups import Group, QuorumGroups
     from amqp_server.queues.quorum_machine import State, encode_state
     from forwarder.quorum.oplog import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
+    from forwarder.peers.owner_side import Session
 
     broker = Broker(str(tmp_path / "data"))
     try:
@@ -572,7 +583,9 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
                       leader="leader", term=3, applied_term=3, applied=10)
         groups.groups[group.key] = group
         asked: list[tuple] = []
-        session = SimpleNamespace(link=SimpleNamespace(peer_name="leader", send=lambda *parts: asked.append(parts)))
+        # a stand-in for the leader's link session: replicate reads only its link's peer name and sends on it
+        session = cast(Session, SimpleNamespace(link=SimpleNamespace(peer_name="leader",
+                                                                     send=lambda *parts: asked.append(parts))))
 
         def frame(term: int, first: int, *ops: bytes) -> bytes:
             return HEAD.pack(term, first, len(group.key.encode())) + group.key.encode() + b"".join(ops)

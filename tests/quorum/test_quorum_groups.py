@@ -20,10 +20,12 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
+from amqp_server.queues.ready import Entry
 from fake_cluster import Client, FakeLink, Network, Node
 from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
+from forwarder.quorum.oplog import Replicator
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -76,11 +78,38 @@ async def wait_for(check, what: str, timeout: float = 10.0) -> None:
 def leader(network: Network) -> Node | None:
     """The node that leads the latest term (a deposed one may not know yet, for a loop turn or while cut off:
     fencing makes it harmless); never two of the same term."""
-    leaders = [node for name, node in network.nodes.items()
-               if name not in network.down and node.quorum.groups[KEY].replicator is not None]
-    terms = [node.quorum.groups[KEY].replicator.term for node in leaders]
+    leaders = [(node, replicator) for name, node in network.nodes.items()
+               if name not in network.down and (replicator := node.quorum.groups[KEY].replicator) is not None]
+    terms = [replicator.term for _, replicator in leaders]
     assert len(set(terms)) == len(terms), "two leaders of one term"
-    return max(leaders, key=lambda node: node.quorum.groups[KEY].replicator.term) if leaders else None
+    return max(leaders, key=lambda pair: pair[1].term)[0] if leaders else None
+
+
+def the_leader(network: Network) -> Node:
+    """The leader, where the test knows there is one."""
+    node = leader(network)
+    assert node is not None, "no leader"
+    return node
+
+
+def replicator_of(node: Node) -> Replicator:
+    """The replicator of the group on ``node``, which leads it."""
+    replicator = node.quorum.groups[KEY].replicator
+    assert replicator is not None, f"{node.name} does not lead"
+    return replicator
+
+
+def election_over(node: Node) -> bool:
+    electing = node.quorum.groups[KEY].electing
+    assert electing is not None  # (one has started)
+    return electing.done()
+
+
+def take(queue: QuorumQueue) -> Entry:
+    """basic.get, unsettled, of a message the test knows is ready."""
+    entry = queue.get(no_ack=False)
+    assert entry is not None
+    return entry
 
 
 def queue_of(node: Node) -> QuorumQueue:
@@ -116,7 +145,7 @@ def copy_of(node: Node) -> tuple:
 async def copies_agree(network: Network) -> list[bytes]:
     """Once the followers are in step, every copy is the leader's; the bodies of the ready messages, in order."""
     await wait_for(lambda: in_step(network), "the followers in step")
-    node = leader(network)
+    node = the_leader(network)
     state, rows = copy_of(node)
     assert state == queue_of(node).state
     for name, other in network.nodes.items():
@@ -204,7 +233,7 @@ async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog)
     await network.kill("n3")
     publish(node, bodies(500))
     queue = queue_of(node)
-    entries = [queue.get(no_ack=False) for _ in range(50)]
+    entries = [take(queue) for _ in range(50)]
     node.broker.settle(queue, entries[:20], False)
     node.broker.settle(queue, entries[20:30], True)  # back, counted
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
@@ -230,7 +259,7 @@ async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_th
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
     await network.start_node("n3")
     queue = queue_of(node)
-    follower = node.quorum.groups[KEY].replicator.followers["n3"]
+    follower = replicator_of(node).followers["n3"]
     copy = network.nodes["n3"].quorum.groups[KEY]
     rng = random.Random(7)
     held: list = []
@@ -326,7 +355,7 @@ async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_mes
     await n3_behind(network, 100)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    assert leader(network).name == "n2"
+    assert the_leader(network).name == "n2"
     assert await copies_agree(network) == [*bodies(100), *bodies(50, "late")]
 
 
@@ -334,12 +363,12 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     node = await declared(network)
     publish(node, bodies(300))
     queue = queue_of(node)
-    taken = queue.get(no_ack=False)  # held when the leader goes: back in its place after the grace, counted
+    taken = take(queue)  # held when the leader goes: back in its place after the grace, counted
     await copies_agree(network)
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    new = leader(network)
+    new = the_leader(network)
     assert new.name == "n3"
     assert taken.seq in queue_of(new).state.checked_out  # kept for a consumer that would take it back
     await wait_for(lambda: not queue_of(new).state.checked_out, "the grace period over")
@@ -404,11 +433,11 @@ async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(netw
     node = await declared(network)
     publish(node, bodies(20))
     queue = queue_of(node)
-    kept, left = queue.get(no_ack=False), queue.get(no_ack=False)
+    kept, left = take(queue), take(queue)
     await copies_agree(network)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    new = queue_of(leader(network))
+    new = queue_of(the_leader(network))
     assert new.state.checked_out == {kept.seq, left.seq} and new.message_count == 18
     taken, unknown = new.adopt([kept.seq, new.next_seq + 7])
     assert taken is not None and taken.message.body == kept.message.body and unknown is None
@@ -443,7 +472,7 @@ async def test_a_copy_a_snapshot_is_coming_into_never_leads(network, monkeypatch
     await snapshot_under_way(network)  # the rest of it never comes
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    assert leader(network).name == "n2"
+    assert the_leader(network).name == "n2"
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(1000)]
 
@@ -469,11 +498,11 @@ async def test_a_copy_a_snapshot_is_coming_into_takes_no_part_in_an_election(net
     await network.kill("n1")
     await network.start_node("n3")
     await asyncio.sleep(1.0)  # two leases' time
-    assert leader(network) is None, leader(network).name  # (n3 would lead)
+    assert leader(network) is None, the_leader(network).name  # (n3 would lead)
     network.release("n1", "n2")  # (what was held of the snapshot is of n1's earlier term: ignored)
     await network.start_node("n1")
     await wait_for(lambda: leader(network) is not None, "a leader once n1 is back")
-    assert leader(network).name == "n1"
+    assert the_leader(network).name == "n1"
     assert await copies_agree(network) == [b"first", *bodies(100), *bodies(1000, "more")]
 
 
@@ -510,7 +539,7 @@ async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(netwo
     node.client.unreachable = False
     await wait_for(lambda: node.quorum.groups[KEY].term > term and leader(network) is not None,
                    "a new term's leader", 15)
-    assert leader(network).name == "n1"
+    assert the_leader(network).name == "n1"
     network.release("n1", "n2")
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(1000)]
@@ -530,13 +559,13 @@ async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     network.hold("n1", "n2")
     network.hold("n1", "n3")
     publish(node, bodies(5, "cut"), confirms)
-    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "another leader")
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "another leader")
     await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
     assert [confirms.outcomes[seq] for seq in range(21, 26)] == ["nack"] * 5
     network.release("n1", "n2")
     network.release("n1", "n3")
     network.nodes["n1"].client.unreachable = False
-    await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == leader(network).name, "n1 follows")
+    await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
     assert await copies_agree(network) == bodies(20)
 
 
@@ -606,7 +635,7 @@ async def drained(network: Network, client: Client, expected: list[bytes], timeo
         client.ack()
         await asyncio.sleep(0.02)
     await wait_for(lambda: client.ack() < 0 or (leader(network) is not None
-                                                 and queue_of(leader(network)).state.messages == 0),
+                                                 and queue_of(the_leader(network)).state.messages == 0),
                    "the queue empty", 10)
 
 
@@ -641,7 +670,7 @@ async def test_a_consumer_held_across_two_changes_of_leader_gets_every_message(n
     _, client, sent = await consumer_holding(network, "n2")
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    first = leader(network).name
+    first = the_leader(network).name
     assert first == "n3"  # (a tie: the name that sorts last)
     await network.start_node("n1")
     await wait_for(lambda: in_step(network), "n1 in step")
@@ -678,8 +707,8 @@ async def test_a_ballot_left_in_etcd_never_elects_a_copy_behind_what_its_member_
     await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
     node.client.failing_deletes = 1  # its ballot's, once the election is over
     node.client.unreachable = False
-    await wait_for(lambda: leader(network) is not None and leader(network).name == "n2", "n2 leads")
-    await wait_for(lambda: node.quorum.groups[KEY].electing.done(), "n1's election over")
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name == "n2", "n2 leads")
+    await wait_for(lambda: election_over(node), "n1's election over")
     confirms = Confirms()
     publish(network.nodes["n2"], bodies(50, "later"), confirms)
     await wait_for(lambda: len(confirms.acked()) == 50, "confirmed by n2 and n1")
@@ -690,7 +719,7 @@ async def test_a_ballot_left_in_etcd_never_elects_a_copy_behind_what_its_member_
     await asyncio.sleep(1.5)
     node.client.unreachable = False
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    assert leader(network).name == "n1"
+    assert the_leader(network).name == "n1"
     assert await copies_agree(network) == [*bodies(10), *bodies(50, "later")]
 
 
@@ -735,7 +764,7 @@ async def test_a_consumer_whose_node_missed_the_change_of_leader_is_moved_by_the
     node.client.unreachable = True
     await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
     node.client.unreachable = False
-    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "another leader")
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "another leader")
     assert network.nodes["n3"].quorum.groups[KEY].leader == "n1"  # (n3 heard nothing)
     await drained(network, client, sent)
 
@@ -753,7 +782,7 @@ async def test_a_deposed_leader_passes_its_unconfirmed_publishes_on_to_the_next(
                    "the followers have them")
     network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
     await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
-    await wait_for(lambda: node.quorum.groups[KEY].leader == leader(network).name, "n1 follows it")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == the_leader(network).name, "n1 follows it")
     network.release("n2", "n1")
     network.release("n3", "n1")
     await wait_for(lambda: len(confirms.outcomes) == 10, "an answer to each")
@@ -789,7 +818,7 @@ async def test_publishes_through_a_follower_whose_leader_paused_are_confirmed_by
     node.client.unreachable = False
     for pair in (("n2", "n1"), ("n3", "n1"), ("n1", "n2"), ("n1", "n3")):
         network.release(*pair)
-    await wait_for(lambda: node.quorum.groups[KEY].leader == leader(network).name, "n1 follows")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
     assert await copies_agree(network) == bodies(10)
 
 
@@ -1027,9 +1056,9 @@ async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_
     peer = network.nodes["n2"].peers["n1"]
     peer.link.silent = True  # (n2 found it silent: it revokes no lease)
     peer._went_down()
-    network.sessions[("n1", "n2")] = owner_side.Session(network.nodes["n1"].broker,  # type: ignore[arg-type]
-                                                        FakeLink(network, "n1", "n2"))  # (a fake link)
-    peer.link = FakeLink(network, "n2", "n1")  # type: ignore[assignment]  # (a fake link)
+    network.sessions[("n1", "n2")] = owner_side.Session(network.nodes["n1"].broker,
+                                                        FakeLink(network, "n1", "n2"))  # type: ignore[arg-type]  # (a fake link)
+    peer.link = FakeLink(network, "n2", "n1")
     peer._went_up()
     await asyncio.sleep(0.1)
     old.link.silent = True

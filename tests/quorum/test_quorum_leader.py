@@ -25,6 +25,7 @@ from amqp_server.broker import Broker
 from amqp_server.message import make_message
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.spark_bridge import queue_reads
+from support import local
 
 WINDOW = 8  # entries in memory before the tail pages out
 CLOCKED = (queue_module, expiry, queue_reads)  # the queue's parts that read the time
@@ -52,8 +53,14 @@ class Leader(RuleBasedStateMachine):
         self.loop.close()
         shutil.rmtree(self.data, ignore_errors=True)
 
+    @property
+    def node(self) -> Broker:
+        """The broker, open from the first step on."""
+        assert self.broker is not None
+        return self.broker
+
     async def _close(self) -> None:
-        self.broker.close()
+        self.node.close()
 
     def run(self, function, *args):
         async def call():
@@ -62,8 +69,7 @@ class Leader(RuleBasedStateMachine):
 
     def open(self) -> None:
         self.broker = self.run(lambda: Broker(self.data, queue_window=WINDOW))
-        self.vhost = self.broker.vhost("/")
-        self.queue: QuorumQueue = self.vhost.queues.get("q")
+        self.vhost = self.node.vhost("/")
 
     @initialize(limit=st.one_of(st.none(), st.integers(0, 2)), at_least_once=st.booleans(),
                 max_length=st.one_of(st.none(), st.integers(1, 12)))
@@ -76,8 +82,9 @@ class Leader(RuleBasedStateMachine):
             arguments.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
         if max_length is not None:
             arguments["x-max-length"] = max_length
-        self.run(self.broker.declare_queue, self.vhost, "dead", False, True)
-        self.queue = self.run(self.broker.declare_queue, self.vhost, "q", False, True, False, False, arguments)
+        self.run(self.node.declare_queue, self.vhost, "dead", False, True)
+        self.queue: QuorumQueue = self.run(self.node.declare_queue, self.vhost, "q", False, True, False, False,
+                                           arguments)
 
     # -- what clients do ---------------------------------------------------------------------------
 
@@ -87,7 +94,7 @@ class Leader(RuleBasedStateMachine):
         for _ in range(count):
             body = b"m%d" % self.sent
             self.sent += 1
-            self.run(self.broker.publish, self.vhost, self.vhost.exchange(""), make_message("", "q", properties, body))
+            self.run(self.node.publish, self.vhost, self.vhost.exchange(""), make_message("", "q", properties, body))
 
     @rule(no_ack=st.booleans(), count=st.integers(1, 4))
     def get(self, no_ack, count) -> None:
@@ -103,7 +110,7 @@ class Leader(RuleBasedStateMachine):
             assert entry.seq >= head
             if entry.seq == head:
                 headers = properties.decode(self.queue.delivery_header(entry, get=True)).headers
-                assert headers["x-delivery-count"] == returns
+                assert headers is not None and headers["x-delivery-count"] == returns
             if not no_ack:
                 self.held.append(entry)
 
@@ -117,7 +124,7 @@ class Leader(RuleBasedStateMachine):
     @rule(data=st.data(), how=st.sampled_from(["ack", "requeue", "reject"]))
     def settle(self, data, how) -> None:
         entries = self._some_held(data)
-        self.run(self.broker.settle, self.queue, entries, how == "requeue", how == "reject")
+        self.run(self.node.settle, self.queue, entries, how == "requeue", how == "reject")
 
     @rule()
     def purge(self) -> None:
@@ -144,16 +151,19 @@ class Leader(RuleBasedStateMachine):
     @rule()
     def drain_dead_letters(self) -> None:
         """The dead-letter queue is emptied (so at-least-once dead letters find room... or not: it has none)."""
-        dead = self.vhost.queue("dead")
+        dead = local(self.vhost.queue("dead"))
         while (entry := self.run(dead.get, True)) is not None:
             self.dead_seen.append(entry.message.body)
 
     @rule()
     def restart(self) -> None:
         """What clients held is back in its place, counted as returned."""
-        self.run(self.broker.close)
+        self.run(self.node.close)
         self.held = []
         self.open()
+        queue = self.vhost.queues.get("q")
+        assert isinstance(queue, QuorumQueue)  # recovered
+        self.queue = queue
 
     # -- what must hold ----------------------------------------------------------------------------
 
@@ -170,7 +180,7 @@ class Leader(RuleBasedStateMachine):
     @invariant()
     def its_rows_stand_for_its_state(self) -> None:
         queue, state = self.queue, self.queue.state
-        persistence = self.broker.persistence
+        persistence = self.node.persistence
         rows = self.run(persistence.copy_state, queue.index_id)
         assert rows.ready == state.ready
         assert rows.checked_out == state.checked_out | state.dead.keys()

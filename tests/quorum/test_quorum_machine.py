@@ -31,36 +31,35 @@ class Row:
     returns: int = 0
 
 
-class Rows(dict):
+class Rows(dict[int, Row]):
     """A copy's storage: seq -> Row, changed only by effects."""
 
-    def carry_out(self, effects: list, lenient: bool = False) -> list[tuple[list[int], str]]:
+    def carry_out(self, effects: m.Effects, lenient: bool = False) -> list[tuple[list[int], str]]:
         """The storage effects done; the dead letters sent, as (seqs, reason)."""
-        sent = []
+        sent: list[tuple[list[int], str]] = []
         for effect in effects:
-            kind = type(effect)
-            if kind is m.Store:
+            if isinstance(effect, m.Store):
                 assert lenient or effect.seq not in self
                 self.setdefault(effect.seq, Row(effect.message))
-            elif kind is m.Held:
+            elif isinstance(effect, m.Held):
                 self[effect.seq].held = True
-            elif kind is m.Move:
+            elif isinstance(effect, m.Move):
                 row = self.pop(effect.old)
                 self[effect.new] = Row(row.message, False, effect.returns)
-            elif kind is m.Unhold:
+            elif isinstance(effect, m.Unhold):
                 for seq, returns in effect.rows:
                     self[seq].held, self[seq].returns = False, returns
-            elif kind is m.Remove:
+            elif isinstance(effect, m.Remove):
                 for seq in effect.seqs:
                     del self[seq]
-            elif kind is m.Drop:
+            elif isinstance(effect, m.Drop):
                 for start, end in effect.runs:
                     for seq in range(start, end):
                         del self[seq]
-            elif kind is m.Clear:
+            elif isinstance(effect, m.Clear):
                 self.clear()
             else:
-                assert kind is m.DeadLetters
+                assert isinstance(effect, m.DeadLetters)
                 sent.append((list(effect.seqs), effect.reason))
         return sent
 
@@ -188,6 +187,7 @@ class QuorumMachine(RuleBasedStateMachine):
         """The head goes to a consumer: the model's oldest ready message, with the model's delivery count."""
         model = self.model
         seq = self.state.ready.first()
+        assert seq is not None  # the precondition: there is a ready message
         message = self.message_at(seq)
         assert message == model.ready[0]
         assert self.state.count(seq) == model.counts.get(message, 0)  # its x-delivery-count
@@ -308,7 +308,9 @@ class QuorumMachine(RuleBasedStateMachine):
         seqs = [self.seq_of(message) for message in back]
         seqs.append(self.state.next_seq + 5)  # no such seq, and a ready one: ignored
         if len(self.state.ready):
-            seqs.append(self.state.ready.first())
+            first = self.state.ready.first()
+            assert first is not None
+            seqs.append(first)
         self.run(m.Recover(data.draw(st.permutations(seqs))))
 
     @rule()
@@ -439,7 +441,7 @@ class Payload:
 
 
 # every op the leader ships, with its bytes as the wire has carried them (link version 3)
-WIRE = [
+WIRE: list[tuple[ops.LogOp, str]] = [
     (m.Enqueue(7, 0, Payload()), "0100000000000000070000000000000000000000094872686472626f6479"),
     (m.Enqueue(2**40, 1_700_000_000_000, Payload(), 3, 99),
      "0d00000100000000000000018bcfe5680000000009000000000000000300000000000000634872686472626f6479"),

@@ -117,7 +117,7 @@ class Workload:
                 self.sent += 1
                 sink = self.sinks[body] = Sink()
                 network.nodes[name].broker.publish(vhost, vhost.exchange(""), make_message("", "q", properties, body),
-                                                   confirm=sink)  # type: ignore[arg-type]  # a stand-in sink
+                                                   confirm=sink)
 
     def consume(self) -> None:
         client = self.client

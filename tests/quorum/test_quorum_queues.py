@@ -6,20 +6,22 @@ The replicated group across nodes is tested in test_quorum_cluster.py.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from conftest import ExternalBroker, connect
-from support import call, q
+from support import call, headers_of, q
 
 pytestmark = pytest.mark.timeout(60)
 
 QUORUM = {"x-queue-type": "quorum"}
 
 
-def declare(channel, name: str, durable: bool = True, **arguments):
+def declare(channel, name: str, durable: bool = True, /, **arguments):
+    """Declare a quorum queue with ``arguments`` (x- names: the first three are positional, apart from them)."""
     return channel.queue_declare(name, durable=durable, arguments={**QUORUM, **arguments})
 
 
@@ -70,10 +72,11 @@ def test_quorum_arguments_are_refused_on_a_classic_queue(broker, uid, argument):
 def test_what_a_quorum_queue_takes(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()
-        for i, arguments in enumerate([{"x-message-ttl": 1000}, {"x-expires": 100000},
-                                       {"x-overflow": "reject-publish"}, {"x-delivery-limit": "any"},
-                                       {"x-dead-letter-strategy": "at-least-once"}, {"x-quorum-initial-group-size": 5},
-                                       {"x-max-in-memory-length": 5}, {"x-queue-leader-locator": "balanced"}]):
+        taken: list[dict[str, Any]] = [
+            {"x-message-ttl": 1000}, {"x-expires": 100000}, {"x-overflow": "reject-publish"},
+            {"x-delivery-limit": "any"}, {"x-dead-letter-strategy": "at-least-once"},
+            {"x-quorum-initial-group-size": 5}, {"x-max-in-memory-length": 5}, {"x-queue-leader-locator": "balanced"}]
+        for i, arguments in enumerate(taken):
             declare(channel, f"{uid}-{i}", **arguments)
             channel.queue_delete(f"{uid}-{i}")
 
@@ -109,6 +112,15 @@ def _get(channel, queue: str):
             return method, properties, body
         time.sleep(0.05)
     return None, None, None
+
+
+def described(got: list) -> list[tuple[bytes | None, bool | None, Any]]:
+    """(body, redelivered, headers) of each message basic.get returned."""
+    out = []
+    for method, properties, body in got:
+        assert method is not None and properties is not None
+        out.append((body, method.redelivered, properties.headers))
+    return out
 
 
 def test_each_delivery_says_how_often_the_message_came_back(broker, uid):
@@ -255,7 +267,7 @@ def test_a_quorum_queue_and_its_messages_survive_a_restart(start_broker, uid):
         for _ in range(10):
             method, properties, body = channel.basic_get(uid, auto_ack=True)
             bodies.append(body)
-            assert properties.headers == {"x-delivery-count": 0}
+            assert properties is not None and properties.headers == {"x-delivery-count": 0}
         assert bodies == [str(i).encode() for i in range(10)]
     assert call(node, "GET", f"/api/queues/%2F/{q(uid)}").json["type"] == "quorum"
 
@@ -322,7 +334,7 @@ def test_at_least_once_dead_letters_wait_until_a_queue_takes_them(broker, uid):
             if method is not None:
                 break
             time.sleep(0.1)
-        assert body == b"m" and properties.headers["x-death"][0]["reason"] == "rejected"
+        assert body == b"m" and headers_of(properties)["x-death"][0]["reason"] == "rejected"
         assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json["messages_dlx"] == 0
         for name in (uid, f"{uid}-dead"):
             channel.queue_delete(name)
@@ -472,7 +484,7 @@ def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_co
         got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
         held = (b"a", True, {"x-delivery-count": 1})
         others = [(body, False, {"x-delivery-count": 0}) for body in (b"b", b"c")]
-        assert [(body, m.redelivered, p.headers) for m, p, body in got] == (
+        assert described(got) == (
             [*others, held] if how == "stop" else [held, *others])
 
 
@@ -480,8 +492,8 @@ def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()
         declare(channel, uid)
-        for body in (b"a", b"b"):
-            channel.basic_publish("", uid, body)
+        for sent in (b"a", b"b"):
+            channel.basic_publish("", uid, sent)
         for _ in range(2):  # each comes back once
             method, _, _ = _get(channel, uid)
             channel.basic_nack(method.delivery_tag, requeue=True)
@@ -490,7 +502,7 @@ def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
             if method is not None:
                 break
             time.sleep(0.05)
-        assert (body, properties.headers) == (b"a", {"x-delivery-count": 1})
+        assert properties is not None and (body, properties.headers) == (b"a", {"x-delivery-count": 1})
         got = []
         channel.basic_consume(uid, lambda ch, m, p, b: got.append((b, p.headers)), auto_ack=True)
         deadline = time.monotonic() + 5
@@ -513,7 +525,7 @@ def test_a_returned_message_goes_to_the_back(broker, uid):
         channel.basic_nack(method.delivery_tag, requeue=True)
         time.sleep(0.3)
         got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
-        assert [(body, m.redelivered, p.headers) for m, p, body in got] == [
+        assert described(got) == [
             (b"b", False, {"x-delivery-count": 0}), (b"c", False, {"x-delivery-count": 0}),
             (b"a", True, {"x-delivery-count": 1})]
         channel.queue_delete(uid)

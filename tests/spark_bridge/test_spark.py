@@ -58,7 +58,7 @@ def mgmt(node) -> str:
     return f"http://127.0.0.1:{node.mgmt_port}"
 
 
-def api(node, path: str, body: dict | None = None, user: str = "guest", password: str = "guest"):
+def api(node, path: str, body: dict | None = None, user: str | None = "guest", password: str = "guest"):
     headers = {"Content-Type": "application/json"}
     if user is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()

@@ -17,14 +17,16 @@ import pyarrow as pa
 import pytest
 
 from amqp_server.broker import Broker
+from amqp_server.broker.vhost import VHost
 from amqp_server.clock import now_ms
 from amqp_server.spark_bridge import arrow_records
 from amqp_server.spark_bridge.record_reader import RecordReaders, _gather
 from amqp_server.spark_bridge.queue_reads import RecordSource
 from amqp_server.spark_bridge.record_stream import _locator
+from amqp_server.queues.stream_queue import StreamQueue
 from queue_index import QueueIndex
 
-from support import call
+from support import call, local
 from test_paging import WINDOW, bodies, send, settle
 
 
@@ -202,6 +204,19 @@ async def test_a_reader_whose_request_is_cancelled_is_replaced(tmp_path):
         index.close()
 
 
+def disk_head(queue: RecordSource) -> int:
+    """The first seq on disk of a queue the test has paged out."""
+    part = queue.disk_part()
+    assert part is not None
+    return part.first
+
+
+def stream_of(vhost: VHost, name: str) -> StreamQueue:
+    queue = vhost.queue(name)
+    assert isinstance(queue, StreamQueue)
+    return queue
+
+
 async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(tmp_path):
     """A consumer that takes the head of the disk into memory while a reader walks it: the walked entries now
     in memory are left out of the batch, and the read goes on from where the walk stopped (it used to stop at
@@ -211,18 +226,19 @@ async def test_a_range_read_goes_on_past_entries_paged_in_during_its_walk(tmp_pa
     broker.declare_queue(vhost, "q", durable=True)
     send(broker, vhost, "q", bodies(3000))  # more than a page-in batch (PAGE_IN_BATCH)
     await settle()
-    queue = RecordSource(vhost.queue("q"))
-    head_on_disk = queue.disk_part().first
+    queue = RecordSource(local(vhost.queue("q")))
+    head_on_disk = disk_head(queue)
     where = queue.disk_index(head_on_disk)
+    assert where is not None
     locate = _locator(queue, head_on_disk)
     readers = RecordReaders(1)
 
-    paged_from = []
+    paged_from: list[int] = []
 
     def consumer_meanwhile(walked):
         for _ in range(20):  # a consumer takes 20: the window refills from the disk's head
             broker.get_local(vhost, "q", no_ack=True)
-        paged_from.append(queue.disk_part().first)
+        paged_from.append(disk_head(queue))
         return locate(walked)
 
     try:
@@ -292,11 +308,11 @@ async def test_a_reader_process_reads_a_streams_chunks_from_its_segment_files(tm
     broker = Broker(str(tmp_path / "data"), queue_window=WINDOW)
     vhost = broker.vhost("/")
     broker.declare_queue(vhost, "s", durable=True, arguments={"x-queue-type": "stream"})
-    vhost.queue("s").log.segment_bytes = 30  # (below what a declaration may ask: segments of two chunks)
+    stream_of(vhost, "s").log.segment_bytes = 30  # (below what a declaration may ask: segments of two chunks)
     for turn in range(10):  # ten chunks of five AMQP publishes (20 bytes of bodies), in segments of two
         send(broker, vhost, "s", [b"a%d-%d" % (turn, i) for i in range(5)], message_id=f"t{turn}", headers={"h": 1})
         await settle()
-    stream = vhost.queue("s")
+    stream = stream_of(vhost, "s")
     record = bytes.fromhex("005373c00501a1026964") + bytes.fromhex("005375a003726177")  # over the stream protocol
     stream.append_chunks([(struct.pack(">I", len(record)) + record, 1, 1, len(record), b"")])
     readers = RecordReaders(1)

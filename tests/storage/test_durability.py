@@ -121,7 +121,7 @@ def test_unacked_messages_come_back_redelivered(start_broker):
         ch.basic_publish("", "dq", b"m%d" % i, PERSISTENT)
     for _ in range(2):
         method, _, _ = ch.basic_get("dq", auto_ack=False)  # taken, never acked
-    assert method.delivery_tag == 2
+    assert method is not None and method.delivery_tag == 2
     conn.channel().queue_declare("dq", passive=True)  # round trip: the gets are processed
     node.stop()
     try:
@@ -296,6 +296,7 @@ def test_deep_queue_paged_to_disk_survives_sigkill_and_clean_restarts(start_brok
         taken = 0
         while taken < 250:  # acked from the head while the tail stays on disk
             method, _, body = ch.basic_get("deep", auto_ack=False)
+            assert method is not None and method.delivery_tag is not None and body is not None  # (not empty yet)
             assert int(body[:8]) == confirmed[taken]
             ch.basic_ack(method.delivery_tag)
             taken += 1

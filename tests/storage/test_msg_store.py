@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from msg_store import MessageStore
-from msg_store.segment import CRC32C, HEAD_SIZE, RECORD_HEAD, list_segments, segment_path
+from msg_store.segment import CRC32C, HEAD_SIZE, RECORD_HEAD, Segment, list_segments, segment_path
 
 
 def new_store(path, **kw) -> MessageStore:
@@ -33,6 +33,13 @@ def reopen(path, claims: dict[int, int] | None = None, **kw) -> tuple[MessageSto
             assert store.claim(msg_id)
     dead = store.finish_recovery()
     return store, dead
+
+
+def writing(store: MessageStore) -> Segment:
+    """The segment being written, which a started or recovered store always has."""
+    segment = store.current
+    assert segment is not None
+    return segment
 
 
 def put(store: MessageStore, payload: bytes, refs: int = 1) -> int:
@@ -140,7 +147,7 @@ def test_segment_all_removed_is_deleted_but_never_current(tmp_path):
     ids = [put(store, bytes([i]) * 100) for i in range(25)]
     store.sync()
     first = [m for m in ids if store.index[m].segment == 1]
-    assert store.current.number != 1
+    assert writing(store).number != 1
     for msg_id in first:
         assert os.path.exists(segment_path(str(tmp_path), 1))
         store.remove(msg_id)
@@ -151,13 +158,13 @@ def test_segment_all_removed_is_deleted_but_never_current(tmp_path):
     assert not os.path.exists(segment_path(str(tmp_path), 1))
     # the segment being written is never deleted under the writer: once it is large and holds
     # nothing live, writing moves on to a fresh segment and the old one goes
-    current = store.current.number
+    current = writing(store).number
     for msg_id in [m for m in ids if m in store and store.index[m].segment == current]:
         store.remove(msg_id)
     store.sync()
-    assert store.current.number != current
+    assert writing(store).number != current
     assert not os.path.exists(segment_path(str(tmp_path), current))
-    assert os.path.exists(segment_path(str(tmp_path), store.current.number))
+    assert os.path.exists(segment_path(str(tmp_path), writing(store).number))
     # the others are still readable
     store.cache.clear()
     for msg_id in ids:
@@ -425,9 +432,14 @@ def test_after_a_crash_full_segments_are_read_from_their_sidecars(tmp_path, monk
 
     import msg_store.store as store_module
 
-    scanned = []
+    scanned: list[str] = []
     real_scan = store_module.scan
-    monkeypatch.setattr(store_module, "scan", lambda path, **kw: scanned.append(path) or real_scan(path, **kw))
+
+    def scan(path, **kw):
+        scanned.append(path)
+        return real_scan(path, **kw)
+
+    monkeypatch.setattr(store_module, "scan", scan)
     store, dead = reopen(tmp_path, {m: 1 for m in payloads}, segment_size=1000, sidecars=True)
     assert scanned == [segment_path(str(tmp_path), last)]  # only the segment that was not full
     store.cache.clear()
@@ -713,7 +725,7 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         doomed = {number for number, _fd in store._doomed}  # deleted, their files gone at the next sync
         assert set(list_segments(self.dir)) == set(store.segments) | doomed and not doomed & set(store.segments)
-        assert store.current.number in store.segments
+        assert writing(store).number in store.segments
         for number, segment in store.segments.items():
             assert segment.live >= 0
             assert 0 <= segment.dead_bytes <= segment.size + (len(store._tail) if segment is store.current else 0)

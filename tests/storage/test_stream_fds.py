@@ -85,10 +85,9 @@ def test_a_log_line_whose_rendering_fails_is_written_plainly_and_raises_nothing(
     try:
         raise OSError(errno.EMFILE, "Too many open files")
     except OSError:
-        record = logging.LogRecord("warren", logging.ERROR, __file__, 1, "internal error on %s", ("c1",),
-                                   exc_info=True)
         import sys
-        record.exc_info = sys.exc_info()
+        record = logging.LogRecord("warren", logging.ERROR, __file__, 1, "internal error on %s", ("c1",),
+                                   exc_info=sys.exc_info())
     handler.handle(record)  # raises nothing
     assert "internal error on c1" in capsys.readouterr().err
 

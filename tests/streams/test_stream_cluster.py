@@ -28,7 +28,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProce
     for index in (1, 2):
         port = free_port()
         node = start_node(tmp, etcd, index, extra=("--stream-enabled", "true", "--stream-port", str(port)))
-        node.stream_port = port  # type: ignore[attr-defined]  # a test-only attribute
+        node.stream_port = port
         wait_for_stream_port(port)
         started.append(node)
     wait_for(lambda: all(leader(node, "nothing") == (0x02, None) for node in started), "the nodes up")

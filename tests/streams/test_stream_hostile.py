@@ -14,11 +14,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
-from test_stream_protocol import Raw, frame, node, string  # noqa: F401 (node: the fixture)
+from test_stream_protocol import Raw, frame, node, offset_of, string  # noqa: F401 (node: the fixture)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.warren_only("Warren's limits")]
 
@@ -82,7 +84,7 @@ def consume(node, stream: str, wanted: int, within: float = 10) -> tuple[list[tu
     deadline = time.monotonic() + within
     try:
         channel.basic_consume(stream, lambda ch, method, props, body: got.append(
-            (props.headers["x-stream-offset"], body)), arguments={"x-stream-offset": "first"})
+            (offset_of(props), body)), arguments={"x-stream-offset": "first"})
         while len(got) < wanted and time.monotonic() < deadline:
             connection.process_data_events(0.1)
     except pika.exceptions.AMQPConnectionError as exc:
@@ -92,7 +94,7 @@ def consume(node, stream: str, wanted: int, within: float = 10) -> tuple[list[tu
     return got, ended
 
 
-def http(node, path: str) -> tuple[int, dict | list]:
+def http(node, path: str) -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{node.mgmt_port}{path}", headers={
         "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
     try:

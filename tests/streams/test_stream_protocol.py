@@ -13,6 +13,7 @@ import struct
 import time
 import uuid
 import zlib
+from typing import Any
 
 import pika
 import pytest
@@ -20,7 +21,8 @@ import pytest
 from conftest import free_port, node_fixture
 
 rstream = pytest.importorskip("rstream")
-from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Properties, amqp_decoder  # noqa: E402 (after importorskip)
+from rstream import (  # noqa: E402 (after importorskip)
+    AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer, Properties, amqp_decoder)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,11 +44,18 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-def producer(node) -> "rstream.Producer":
+def offset_of(properties: pika.BasicProperties) -> int:
+    """The offset a delivery from a stream carries in its ``x-stream-offset`` header, as on RabbitMQ."""
+    offset = (properties.headers or {}).get("x-stream-offset")
+    assert isinstance(offset, int), properties.headers
+    return offset
+
+
+def producer(node) -> Producer:
     return rstream.Producer("127.0.0.1", port=node.stream_port, username="guest", password="guest")
 
 
-def consumer(node) -> "rstream.Consumer":
+def consumer(node) -> Consumer:
     return rstream.Consumer("127.0.0.1", port=node.stream_port, username="guest", password="guest")
 
 
@@ -215,8 +224,8 @@ def test_an_amqp_091_publish_is_stored_as_the_record_rabbitmq_writes(node):
     channel = connection.channel()
     channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
     channel.confirm_delivery()
-    headers = {"s": "str", "i": 5, "neg": -3, "big": 1 << 40, "b": True, "t": {"x": 1}, "a": [1, "two"], "n": None,
-               "ts": datetime.datetime(2020, 1, 1)}
+    headers: dict[str, Any] = {"s": "str", "i": 5, "neg": -3, "big": 1 << 40, "b": True, "t": {"x": 1},
+                               "a": [1, "two"], "n": None, "ts": datetime.datetime(2020, 1, 1)}
     properties = pika.BasicProperties(
         content_type="text/plain", content_encoding="gzip", headers=headers, delivery_mode=2, priority=3,
         correlation_id="corr", reply_to="rep", expiration="60000", message_id="mid", timestamp=1600000000,
@@ -482,7 +491,7 @@ def test_a_named_publishers_sequence_and_its_confirmed_messages_survive_kill_9(s
 
 def read_chunks(raw: "Raw", count: int) -> list[tuple[int, int, int, bytes]]:
     """(first offset, entries, records, data) of the next ``count`` deliver frames."""
-    chunks = []
+    chunks: list[tuple[int, int, int, bytes]] = []
     while len(chunks) < count:
         key, rest = raw.receive()
         if key != 0x08:
@@ -518,8 +527,8 @@ def test_a_sub_batch_is_stored_as_it_came_and_read_over_amqp_091_as_its_records(
     connection = pika.BlockingConnection(pika.URLParameters(node.url))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=10)
-    got = []
-    channel.basic_consume(stream, lambda ch, method, props, body: got.append((props.headers["x-stream-offset"], body)),
+    got: list[tuple[int, bytes]] = []
+    channel.basic_consume(stream, lambda ch, method, props, body: got.append((offset_of(props), body)),
                           arguments={"x-stream-offset": "first"})
     deadline = time.monotonic() + 5
     while len(got) < 4 and time.monotonic() < deadline:
@@ -584,7 +593,7 @@ def test_chunks_sent_to_a_subscriber_that_does_not_read_for_a_while_all_arrive_w
     assert raw.login() == 1
     assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
     assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
-    records = []
+    records: list[bytes] = []
     for n in range(50):  # chunks of 2,048 and 2,952 entries, each below RUN_BELOW: sent in runs
         batch = [b"%02d-%05d" % (n, i) + b"x" * (10 + i % 20) for i in range(5000)]
         raw.send(frame(0x02, b"\x01" + struct.pack(">i", len(batch)) + b"".join(
@@ -597,7 +606,7 @@ def test_chunks_sent_to_a_subscriber_that_does_not_read_for_a_while_all_arrive_w
         confirmed += struct.unpack_from(">I", rest, 1)[0]
     assert raw.request(0x07, b"\x01" + string(stream) + struct.pack(">HHi", 1, 1000, 0)) == 1
     time.sleep(1)  # the broker writes until the socket is full
-    chunks = []
+    chunks: list[tuple[int, int, int, bytes]] = []
     while sum(entries for _first, entries, _records, _data in chunks) < len(records):
         chunks += read_chunks(raw, 1)
     assert [first for first, *_ in chunks] == [sum(c[1] for c in chunks[:i]) for i in range(len(chunks))]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import Any
 
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+from pika.spec import Basic
 
 from conftest import connect
 from support import call, publish_to as publish, q
@@ -88,9 +90,11 @@ def test_what_a_stream_refuses(broker, uid, kwargs, text):
 def test_what_a_stream_takes(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()
-        for i, arguments in enumerate([{"x-max-age": "1h"}, {"x-max-age": "10Y"}, {"x-max-length-bytes": 1000},
-                                       {"x-stream-max-segment-size-bytes": 1_000_000}, {"x-initial-cluster-size": 3},
-                                       {"x-queue-leader-locator": "balanced"}, {"x-unknown": 1}]):
+        taken: list[dict[str, Any]] = [
+            {"x-max-age": "1h"}, {"x-max-age": "10Y"}, {"x-max-length-bytes": 1000},
+            {"x-stream-max-segment-size-bytes": 1_000_000}, {"x-initial-cluster-size": 3},
+            {"x-queue-leader-locator": "balanced"}, {"x-unknown": 1}]
+        for i, arguments in enumerate(taken):
             assert declare(channel, f"{uid}-{i}", **arguments) == 0
             channel.queue_delete(f"{uid}-{i}")
 
@@ -121,7 +125,9 @@ def test_a_consumer_needs_a_prefetch_and_manual_acks(broker, uid, qos, no_ack, e
         with pytest.raises((ChannelClosedByBroker, ConnectionClosedByBroker)) as caught:
             channel.basic_consume(uid, lambda *_: None, auto_ack=no_ack)
             connection.process_data_events(1)
-    assert (caught.value.reply_code, caught.value.reply_text) == (error[0], error[1].format(q=uid))
+    closed = caught.value
+    assert isinstance(closed, (ChannelClosedByBroker, ConnectionClosedByBroker))  # (what pytest.raises took)
+    assert (closed.reply_code, closed.reply_text) == (error[0], error[1].format(q=uid))
 
 
 def test_offsets_first_a_number_next_and_last(broker, uid):
@@ -363,10 +369,14 @@ def test_a_nack_that_names_a_stream_message_loses_nothing_of_a_classic_queue(bro
     connection = connect(broker)
     channel = connection.channel()
     channel.basic_qos(prefetch_count=10)
-    tags = []
-    channel.basic_consume(f"{uid}-classic", lambda ch, method, properties, body: tags.append(method.delivery_tag))
-    channel.basic_consume(uid, lambda ch, method, properties, body: tags.append(method.delivery_tag),
-                          arguments={"x-stream-offset": "first"})
+    tags: list[int] = []
+
+    def keep_tag(_channel, method: Basic.Deliver, _properties, _body) -> None:
+        assert method.delivery_tag is not None  # (a delivery always has one)
+        tags.append(method.delivery_tag)
+
+    channel.basic_consume(f"{uid}-classic", keep_tag)
+    channel.basic_consume(uid, keep_tag, arguments={"x-stream-offset": "first"})
     while len(tags) < 2:
         connection.process_data_events(0.05)
     channel.basic_nack(max(tags), multiple=True, requeue=False)
