@@ -389,7 +389,7 @@ async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(n
     await network.kill("n1")  # (what it held for n3 is lost with it)
     network.release("n1", "n3")
     await wait_for(lambda: leader(network) is not None, "a new leader")
-    new = leader(network)
+    new = the_leader(network)
     assert new.name == "n2"
     publish(new, bodies(20, "new"))
     assert await copies_agree(network) == [*bodies(300), *bodies(50, "late"), *bodies(20, "new")]
@@ -415,9 +415,10 @@ async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapsho
     network.cut("n1", "n3")
     network.release("n1", "n2")  # (nothing: the cuts dropped what was held)
     network.release("n1", "n3")
+    assert node.quorum.lease is not None
     network.etcd.revoke(node.quorum.lease.id)
-    await wait_for(lambda: leader(network) is not None and leader(network).name != "n1", "a new leader")
-    new = leader(network)
+    await wait_for(lambda: (found := leader(network)) is not None and found.name != "n1", "a new leader")
+    new = the_leader(network)
     publish(new, bodies(40, "new"))  # past the index n1's copy reached
     await wait_for(lambda: new.quorum.lag()[KEY][({"n2", "n3"} - {new.name}).pop()] == 0, "n2 and n3 in step")
     network.heal("n1", "n2")
