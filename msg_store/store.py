@@ -387,6 +387,20 @@ class MessageStore:
         self.flush()
         return self.index.find_many(msg_ids)
 
+    def open_payload(self, msg_id: int) -> tuple[int, int, int] | None:
+        """Where ``msg_id``'s payload lies, for a reader that sends it from the file (``sendfile``): a descriptor
+        of the caller's own on its segment file (the caller closes it), the payload's offset and size; None if
+        the record still waits in the tail or is gone.  Until closed, the descriptor reads those bytes whatever
+        the store does meanwhile: records are never rewritten in place, and a compacted or deleted segment's
+        file, unlinked, lives on while a descriptor is open."""
+        if msg_id in self._tail_ids:
+            return None
+        found_at = self.index.find(msg_id)
+        if found_at is None:
+            return None
+        number, offset, size = found_at
+        return os.dup(self.segments[number].fd), offset, size
+
     def segment_fd(self, number: int) -> int:
         return self.segments[number].fd
 

@@ -390,9 +390,9 @@ class Network:
         elif ftype != link.STATS:
             self.nodes[destination].peers[source].frame(ftype, payload)
 
-    def _link(self, a: str, b: str, up: bool) -> None:
+    def _link(self, a: str, b: str, up: bool, silent: bool = False) -> None:
         """Each side sees the other come or go, as a node does when its link opens or drops (with it, what a
-        slow link still held)."""
+        slow link still held); ``silent``: closed for its heartbeats went unheard."""
         for here, there in ((a, b), (b, a)):
             if not up and (here, there) in self.held:
                 self.held[(here, there)] = []
@@ -405,8 +405,12 @@ class Network:
                 peer.link = FakeLink(self, here, there)  # type: ignore[assignment]  # and for the dialer's
                 peer._went_up()
             else:
-                peer._went_down()
                 session = self.sessions.pop((here, there), None)
+                if silent:
+                    for side in (peer.link, session.link if session is not None else None):
+                        if side is not None:
+                            side.silent = True
+                peer._went_down()
                 if session is not None:
                     session.closed()
 
@@ -437,9 +441,11 @@ class Network:
         if session is not None:
             session.closed()
 
-    def cut(self, a: str, b: str) -> None:
+    def cut(self, a: str, b: str, silent: bool = False) -> None:
+        """``a`` and ``b`` hear each other no more: their links drop at once (a node's host said so), or, ``silent``,
+        once their heartbeats went unheard (a node paused, its traffic dropped)."""
         self.cuts.add(frozenset((a, b)))
-        self._link(a, b, False)
+        self._link(a, b, False, silent)
 
     def heal(self, a: str, b: str) -> None:
         self.cuts.discard(frozenset((a, b)))

@@ -20,6 +20,7 @@ from ..broker import direct_reply
 from .. import errors
 from ..broker import server_name
 from ..framing.codec import CONTENT_UNIT_BITS
+from ..frontend.file_out import FileRange
 from .consumer_timeout import AckTimeout
 from ..broker.direct_reply import ReplyConsumer
 from ..errors import AMQPError, ChannelError, ConnectionError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ..broker import Broker
     from ..config import Config
     from ..ports import ConfirmSink
+    from ..queues.persistence import Persistence
     from ..publisher_flow import PublisherFlow
     from ..frontend.front_end import Registry
     from ..broker.vhost import VHost
@@ -49,6 +51,7 @@ NO_ROUTE_TEXT = "NO_ROUTE"
 _PUBLISH = commands.Basic.Publish()  # the method a publish that waits for the cluster's definitions names in errors
 MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
 RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
+SEND_FROM_FILE = 64 * 1024  # a stored body at least this large is sent from the store's file (_body_out)
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -69,6 +72,7 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     client_capabilities: dict[str, Any]
     out: list[bytes]
     large_out: bool
+    file_out: bool
     frame_max: int
     deliver_budget: int
     write_paused: bool
@@ -458,7 +462,8 @@ class Channel:
         connection = self.connection
         connection.large_out |= codec.append_deliver(
             self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
-            consumer.queue.delivery_header(entry) if consumer.counted else message.header, message.body,
+            consumer.queue.delivery_header(entry) if consumer.counted else message.header,
+            _body_out(connection, message, consumer.queue) if message.body_size >= SEND_FROM_FILE else message.body,
             connection.frame_max)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
@@ -874,8 +879,9 @@ class Channel:
             self.ack_timeout.watch(queue, None)
         message = entry.message
         header = queue.delivery_header(entry, get=True)
+        body = _body_out(self.connection, message, queue) if message.body_size >= SEND_FROM_FILE else message.body
         self.connection.large_out |= codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered,
-                                                         message.route, queue.message_count, header, message.body,
+                                                         message.route, queue.message_count, header, body,
                                                          self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(header) + message.body_size)
@@ -966,16 +972,33 @@ class Channel:
             queue.deliver_ready()
 
 
-def _release_body(entry: Entry, queue: AnyQueue) -> None:
-    """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
-    requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry
-    (a classic durable queue's persistent message), so that a consumer's prefetch of large messages does not
-    keep as many bodies in memory."""
-    message = entry.message
+def _store_of(message: Message, queue: AnyQueue) -> Persistence | None:
+    """The store that holds ``message``'s body for ``queue`` (a classic durable queue's persistent message, whose
+    record the queue holds a reference to while it holds the entry); None if no store does."""
     local = queue.local()  # (another node's delivered it without its body's reference here)
     if (message.msg_id and local is not None and local.persistence is not None and not local.persists_all
             and message.persistent):
-        entry.message = message.without_body()
+        return local.persistence
+    return None
+
+
+def _release_body(entry: Entry, queue: AnyQueue) -> None:
+    """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
+    requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry,
+    so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
+    if _store_of(entry.message, queue) is not None:
+        entry.message = entry.message.without_body()
+
+
+def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> bytes | FileRange:
+    """A large body as a delivery sends it: from the store's file where it is stored (``sendfile``: the output
+    does not hold the body, so neither does a delivery waiting for its ack), else from memory."""
+    store = _store_of(message, queue)
+    found = store.body_file(message) if store is not None else None
+    if found is None:
+        return message.body
+    connection.file_out = True
+    return FileRange(found[0], found[1], message.body_size, owns=True)
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

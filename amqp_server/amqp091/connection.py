@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
+import socket
 import struct
 import sys
 import time
@@ -19,7 +20,8 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from .. import __version__, errors
-from ..frontend import auth_mechanisms
+from ..frontend import auth_mechanisms, file_out
+from ..frontend.file_out import Outbox, direct_socket
 from ..framing import codec
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Registry
@@ -86,6 +88,10 @@ class Connection(FrontEnd):
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
+        self.file_out = False  # the output holds a body in a file: it goes through the outbox
+        self.outbox = Outbox()  # output behind a body in a file the socket did not take at once
+        self._socket: socket.socket | None = None  # the client's, written directly while the transport has nothing
+        self._socket_taken = False  # (made at the first body sent from a file: a descriptor more)
         self._flush_scheduled = False
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
@@ -132,7 +138,11 @@ class Connection(FrontEnd):
         self.channels.clear()
         self.buf = bytearray()  # a half-sent frame goes with the socket
         self.direct = None
-        self.out.clear()
+        self._discard_out()
+        self.outbox.clear()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
         self.flow.gone(self)
         self.clients.remove(self)
         if self.user is not None:
@@ -147,6 +157,10 @@ class Connection(FrontEnd):
 
     def writable(self) -> None:
         self.stalled = self.suspended
+        if self.outbox:
+            self._pump()
+            if self.write_paused:
+                return
         self.resume_deliveries()
 
     def read_on(self) -> None:
@@ -171,7 +185,13 @@ class Connection(FrontEnd):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            if self.large_out:
+            if self.file_out or self.outbox:
+                size = sum(map(len, self.out))
+                self.outbox.extend(self.out)
+                self.out.clear()  # (the outbox's now)
+                self.file_out = False
+                self._pump()
+            elif self.large_out:
                 parts, size = codec.gather(self.out)
                 self.transport.writelines(parts)
             else:
@@ -183,12 +203,28 @@ class Connection(FrontEnd):
             self._sent = True
             if self.write_paused:
                 self._unsent(size)
-        self.out.clear()
+        self._discard_out()
         self.large_out = False
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
                 self.resume_deliveries()
+
+    def _pump(self) -> None:
+        """The outbox to the socket, and to the transport while it has room."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if not self._socket_taken:
+                self._socket_taken = True
+                self._socket = direct_socket(transport)
+            self.outbox.pump(transport, self._socket, self.write_high)
+
+    def _discard_out(self) -> None:
+        """The output is done with (written, or dropped): the descriptors of bodies in files not sent are closed."""
+        if self.file_out:
+            file_out.discard(self.out)
+            self.file_out = False
+        self.out.clear()
 
     def _unsent(self, size: int) -> None:
         """Output that waits for a client not reading is memory like a publisher's partial body: each
@@ -613,7 +649,7 @@ class Connection(FrontEnd):
             channel.closed()
         self.channels.clear()
         self.state = CLOSING
-        self.out.clear()
+        self._discard_out()
         self.send_method(0, commands.Connection.Close(reply_code=error.code, reply_text=error.text[:255],
                                                       class_id=error.class_id, method_id=error.method_id))
         self.flush()

@@ -1,7 +1,8 @@
 """RabbitMQ 4.x's v2 addresses: ``/exchanges/:exchange/:routing-key``, ``/exchanges/:exchange`` and
 ``/queues/:queue`` for targets (or a null target and each message's ``to``), ``/queues/:queue`` for sources;
-names percent-encoded (RFC 3986) as the RabbitMQ clients write them.  RabbitMQ 3.x's v1 addresses too, as far as
-they name an exchange or an existing queue."""
+names percent-encoded (RFC 3986) as the RabbitMQ clients write them.  RabbitMQ 3.x's v1 addresses too, which 4.x
+still takes: those that name a queue by ``/queue/:queue`` declare it, and the sources ``/exchange/:exchange/:key``
+and ``/topic/:key`` consume from a new server-named queue bound there (rabbit_amqp_session's ``ensure_terminus``)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -14,6 +15,16 @@ from .frames import Amqp10Error
 class Destination(NamedTuple):
     exchange: str  # "" for the default exchange
     routing_key: str | None  # None: the message's subject (``/exchanges/:exchange``)
+    declare: bool = False  # v1 ``/queue/:queue``: the queue named by the routing key is declared first
+
+
+class Source(NamedTuple):
+    """What a link to the client consumes: ``queue``, declared first if ``declare``; or, ``exchange`` set, a new
+    server-named queue bound to that exchange with ``binding_key``."""
+    queue: str | None
+    declare: bool = False
+    exchange: str | None = None
+    binding_key: str = ""
 
 
 def _name(part: str, address: str) -> str:
@@ -21,6 +32,12 @@ def _name(part: str, address: str) -> str:
     if len(name.encode()) > 255:
         raise Amqp10Error(frames.INVALID_FIELD, f"bad address '{address[:300]}': name longer than 255 bytes")
     return name
+
+
+def _v1_name(part: str, address: str) -> str:
+    if len(part.encode()) > 255:
+        raise Amqp10Error(frames.INVALID_FIELD, f"bad address '{address[:300]}': name longer than 255 bytes")
+    return part
 
 
 def target(address: str) -> Destination:
@@ -55,23 +72,29 @@ def _v1_target(parts: list[str]) -> Destination | None:
     if kind == "topic" and len(rest) == 1:
         return Destination("amq.topic", rest[0])
     if kind == "queue" and len(rest) <= 1:
-        return Destination("", rest[0] if rest and rest[0] else None)
+        return Destination("", rest[0], True) if rest and rest[0] else Destination("", None)
     if kind == "amq" and len(rest) == 2 and rest[0] == "queue" and rest[1]:
         return Destination("", rest[1])
     return None
 
 
-def source(address: str) -> str:
-    """The queue a link from ``address`` consumes: ``/queues/:queue``, or the v1 ``/amq/queue/:queue`` and
-    ``/queue/:queue`` (an existing queue: the v1 sources that declare or bind a queue are not served)."""
+def source(address: str) -> Source:
+    """What a link from ``address`` consumes: ``/queues/:queue``, or the v1 ``/amq/queue/:queue`` (an existing
+    queue), ``/queue/:queue`` (declared), ``/exchange/:exchange[/:key]`` and ``/topic/:key`` (a new queue bound
+    there).  v1 names are not percent-encoded."""
     parts = address.split("/")
     if len(parts) == 4 and parts[:3] == ["", "amq", "queue"] and parts[3]:
-        return parts[3]
+        return Source(_v1_name(parts[3], address))
     if len(parts) == 3 and parts[:2] == ["", "queue"] and parts[2]:
-        return parts[2]
+        return Source(_v1_name(parts[2], address), declare=True)
+    if len(parts) in (3, 4) and parts[:2] == ["", "exchange"] and parts[2]:
+        return Source(None, exchange=_v1_name(parts[2], address),
+                      binding_key=_v1_name(parts[3], address) if len(parts) == 4 else "")
+    if len(parts) == 3 and parts[:2] == ["", "topic"]:
+        return Source(None, exchange="amq.topic", binding_key=_v1_name(parts[2], address))
     if len(parts) == 3 and parts[0] == "" and parts[1] == "queues" and parts[2]:
         try:
-            return _name(parts[2], address)
+            return Source(_name(parts[2], address))
         except UnicodeDecodeError:
             pass
     raise Amqp10Error(frames.INVALID_FIELD, f"bad address '{address[:300]}'")

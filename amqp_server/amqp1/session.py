@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from urllib.parse import quote
 
-from ..broker import direct_reply
+from ..broker import direct_reply, server_name
 from .. import errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
@@ -27,7 +27,7 @@ from ..stats import MessageStats
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
 from ..queues.queue_type import LOG
-from . import address, filters, frames, management
+from . import address, filters, frames, management, terminus
 from .frames import Amqp10Error, LinkError, SessionError
 
 if TYPE_CHECKING:
@@ -132,14 +132,38 @@ class Session:
         else:
             link = Incoming(self, name, handle, settle_mode, source, target)
         try:
+            declaration = link.declaration()
+        except (Amqp10Error, AMQPError) as exc:
+            self._refuse(link, exc)
+            return
+        if declaration is None:
+            self._attach_link(link)
+        else:  # the frames after this attach wait until it is answered, so the handle stays free meanwhile
+            self.connection.await_request(self._declare(link, declaration), lambda _: self._attach_link(link))
+
+    async def _declare(self, link: Link, declaration: Coroutine[Any, Any, None]) -> bytes:
+        try:
+            await declaration
+        except (Amqp10Error, AMQPError) as exc:
+            link.refusal = exc
+        return b""
+
+    def _attach_link(self, link: Link) -> None:
+        try:
+            if link.refusal is not None:
+                raise link.refusal
             link.attach()
         except (Amqp10Error, AMQPError) as exc:
-            condition, description = (exc.condition, exc.description) if isinstance(exc, Amqp10Error) \
-                else _error_of(exc)
-            link.refuse(condition, description)
+            self._refuse(link, exc)
             return
-        self.links[handle] = link
+        self.links[link.handle] = link
         link.attached()
+
+    @staticmethod
+    def _refuse(link: Link, exc: Amqp10Error | AMQPError) -> None:
+        condition, description = (exc.condition, exc.description) if isinstance(exc, Amqp10Error) \
+            else _error_of(exc)
+        link.refuse(condition, description)
 
     def _detach(self, fields: list[Value]) -> None:
         link = self._link(fields)
@@ -289,6 +313,11 @@ class Link:
         self.target = target
         self.credit = 0
         self.delivery_count = 0
+        self.refusal: Amqp10Error | AMQPError | None = None  # what a declaration before the attach raised
+
+    def declaration(self) -> Coroutine[Any, Any, None] | None:
+        """What a v1 address declares before the link attaches (``terminus.declare``), if anything."""
+        return None
 
     def attach(self) -> None:
         """Resolve the link's address and check what the user may do there; raises what refuses it."""
@@ -335,6 +364,11 @@ class Link:
         """Its session ended with outcomes still to send."""
 
 
+def _durable(fields: list[Value] | None) -> bool:
+    """A terminus asking for configuration (1) or unsettled-state (2) durability: a queue it declares is durable."""
+    return fields is not None and frames.typed(fields, 1, ("uint",), "durable", 0) in (1, 2)
+
+
 def _address(fields: list[Value] | None) -> str | None:
     if fields is None or not fields or fields[0].kind == "null":
         return None
@@ -371,6 +405,15 @@ class Incoming(Link):
         listed = super().listed()
         listed.unconfirmed = len(self.unsynced) + len(self.forwarded_copies)
         return listed
+
+    def declaration(self) -> Coroutine[Any, Any, None] | None:
+        target = _address(self.target)
+        if target is None or target == management.ADDRESS:
+            return None
+        destination = address.target(target)
+        if not destination.declare or destination.routing_key is None:
+            return None
+        return terminus.declare(self.connection, destination.routing_key, _durable(self.target))
 
     def attach(self) -> None:
         target = _address(self.target)
@@ -678,15 +721,30 @@ class Outgoing(Link):
         self.offsets = False  # a stream's consumer: each message says its offset
         self.reply: ReplyConsumer | None = None  # a direct reply-to link: replies go out as they come
         self.responses: deque[bytes] = deque()
+        self.queue_name: str | None = None  # what a v1 source declared (``declaration``)
         # a one-frame transfer's performative around its delivery id and tag (both 4 bytes): handle, delivery-id,
         # delivery-tag, message-format 0, settled
         handle = uint(self.handle)
         self._transfer_head = b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70"
         self._transfer_tail = b"\x43" + boolean(self.settled)
+
     def listed(self) -> ListedLink:
         listed = super().listed()
         listed.queue = self.queue.name if self.consumer is not None else ""
         return listed
+
+    def declaration(self) -> Coroutine[Any, Any, None] | None:
+        source = _address(self.source)
+        if source is None or source == management.ADDRESS:
+            return None
+        wanted = address.source(source)
+        if wanted.exchange is not None:
+            self.queue_name = server_name("amq.gen-")
+            return terminus.declare(self.connection, self.queue_name, _durable(self.source), wanted.exchange,
+                                    wanted.binding_key)
+        if wanted.declare and wanted.queue is not None:
+            return terminus.declare(self.connection, wanted.queue, _durable(self.source))
+        return None
 
     def attach(self) -> None:
         source = _address(self.source)
@@ -700,7 +758,8 @@ class Outgoing(Link):
             return
         if source is None:
             raise Amqp10Error(frames.INVALID_FIELD, "source address required")
-        name = address.source(source)
+        name = self.queue_name if self.queue_name is not None else address.source(source).queue
+        assert name is not None
         connection = self.connection
         vhost = connection.vhost
         assert vhost is not None

@@ -15,6 +15,7 @@ from pamqp import frame as pamqp_frame
 from pamqp.base import Frame
 
 from . import field_types
+from ..frontend.file_out import FileRange
 
 # RabbitMQ takes any UTF-8 queue / exchange name (up to 255 bytes); pamqp's stricter name pattern
 # would make marshalling a reply that names one (queue.declare-ok for 'a[1]') fail.
@@ -113,11 +114,19 @@ def gather(parts: list) -> tuple[list, int]:
     return gathered, size
 
 
-def content_frames(out: list, channel: int, header: bytes, body: bytes, frame_max: int) -> bool:
+def content_frames(out: list, channel: int, header: bytes, body: bytes | FileRange, frame_max: int) -> bool:
     """Append the content header frame and body frames of a message to ``out``; True if the body is large
-    enough for the output to be ``gather``ed."""
+    enough for the output to be ``gather``ed.  A body in a file (a ``FileRange``) is appended as ranges of it
+    between the body frames' heads and ends, for the connection to send from the file (``frontend.file_out``)."""
     out.append(FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)))
     out.append(header)
+    if isinstance(body, FileRange):
+        end = FRAME_END
+        for piece in body.pieces(frame_max - 8):
+            out.append(end + FRAME_HEAD.pack(FRAME_BODY, channel, piece.size))
+            out.append(piece)
+        out.append(FRAME_END)
+        return False
     size = len(body)
     limit = frame_max - 8
     if size <= limit:
@@ -142,7 +151,7 @@ def deliver_prefix(consumer_tag: str) -> bytes:
 
 
 def append_deliver(out: list, channel: int, prefix: bytes, delivery_tag: int, redelivered: bool,
-                   route: bytes, header: bytes, body: bytes, frame_max: int) -> bool:
+                   route: bytes, header: bytes, body: bytes | FileRange, frame_max: int) -> bool:
     """Basic.Deliver + content, reusing the publish's encoded exchange and routing key."""
     out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, len(prefix) + 9 + len(route)))
     out.append(prefix)
@@ -153,7 +162,7 @@ def append_deliver(out: list, channel: int, prefix: bytes, delivery_tag: int, re
 
 
 def append_get_ok(out: list, channel: int, delivery_tag: int, redelivered: bool, route: bytes,
-                  message_count: int, header: bytes, body: bytes, frame_max: int) -> bool:
+                  message_count: int, header: bytes, body: bytes | FileRange, frame_max: int) -> bool:
     out.append(FRAME_HEAD.pack(FRAME_METHOD, channel, 4 + 9 + len(route) + 4))
     out.append(b"\x00\x3c\x00\x47")
     out.append(DELIVERY_TAG.pack(delivery_tag, redelivered))

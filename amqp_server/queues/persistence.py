@@ -245,6 +245,16 @@ class Persistence:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
 
+    def body_file(self, message: Message) -> tuple[int, int] | None:
+        """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own
+        (``MessageStore.open_payload``: the caller closes it) and the body's offset there (the body ends the
+        record); None if it is not in a file."""
+        found = self.store.open_payload(message.msg_id)
+        if found is None:
+            return None
+        fd, offset, size = found
+        return fd, offset + size - message.body_size
+
     # -- group commit -------------------------------------------------------------------------
 
     @property

@@ -20,6 +20,7 @@ import asyncio
 import datetime
 import logging
 import os
+import socket
 import struct
 import time
 from collections import deque
@@ -30,6 +31,7 @@ import numpy as np
 from .. import __version__
 from ..access_control import loopback_refused
 from ..errors import AMQPError
+from ..frontend.file_out import FileRange, Part, direct_socket, read_rest, write_direct
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
 from ..stats import MessageStats
@@ -133,7 +135,7 @@ class StreamConnection(FrontEnd):
         self.flow = flow
         self.clients = clients
         self.loop = asyncio.get_running_loop()
-        self._socket = -1  # the client's socket, written directly while the transport has nothing waiting
+        self._socket: socket.socket | None = None  # the client's, written directly while the transport has nothing
         self.state = AWAIT_LOGIN
         self.buf = bytearray()
         self.out: list[bytes] = []
@@ -169,8 +171,7 @@ class StreamConnection(FrontEnd):
     def opened(self) -> None:
         transport = self.transport
         assert transport is not None
-        sock = transport.get_extra_info("socket")
-        self._socket = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
+        self._socket = direct_socket(transport)
         self.clients.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -186,6 +187,9 @@ class StreamConnection(FrontEnd):
         self.broker.persistence.waiters.discard(self)
         self.buf = bytearray()
         self.out.clear()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
         self.flow.gone(self)
         self.clients.remove(self)
         self.clients.fold(self.protocol, self.stats)
@@ -896,55 +900,35 @@ class StreamConnection(FrontEnd):
         positions, sizes = run["pos"].tolist(), run["sent"].tolist()
         start = positions[0]
         data = memoryview(os.pread(fd, positions[-1] + sizes[-1] - start, start))
-        parts: list[bytes | memoryview] = []
+        parts: list[Part] = []
         pack = _DELIVER_HEAD.pack
         for pos, size in zip(positions, sizes):
             parts.append(pack(size + 5, core.DELIVER, 1, subscription_id))
             parts.append(data[pos - start:pos - start + size])
-        transport = self.transport
         self.send_oct += sum(sizes) + _DELIVER_HEAD.size * len(sizes)
         self.send_cnt += len(sizes)
         self._sent = True
-        if transport is None or transport.is_closing():
-            return
-        written = 0
-        if self._socket >= 0 and not transport.get_write_buffer_size():
-            try:
-                written = os.writev(self._socket, parts)
-            except OSError:  # the socket is full (or the peer went: the transport finds out and closes)
-                pass
-        for k, part in enumerate(parts):  # what the socket did not take goes through the transport
-            if written < len(part):
-                transport.write(b"".join([part[written:], *parts[k + 1:]]))
-                return
-            written -= len(part)
+        self._send(parts)
 
     def _send_chunk(self, head: bytes, fd: int, pos: int, size: int) -> None:
-        """A deliver frame: ``head``, then ``size`` bytes of the segment file ``fd`` at ``pos``."""
-        transport = self.transport
+        """A deliver frame: ``head``, then ``size`` bytes of the segment file ``fd`` at ``pos`` (by ``sendfile``
+        where it is large)."""
         self.send_oct += len(head) + size
         self.send_cnt += 1
         self._sent = True
-        if self._socket < 0 or transport is None or transport.get_write_buffer_size() or transport.is_closing():
-            if transport is not None and not transport.is_closing():
-                transport.write(head + os.pread(fd, size, pos))
+        self._send([head, FileRange(fd, pos, size) if size >= SENDFILE_FROM else os.pread(fd, size, pos)])
+
+    def _send(self, parts: list[Part]) -> None:
+        """Straight to the socket while the transport has nothing waiting; what the socket does not take (all of
+        it otherwise) read and written through the transport."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
-        written = 0  # of the head and the chunk
-        try:
-            if size < SENDFILE_FROM:
-                written = os.writev(self._socket, [head, os.pread(fd, size, pos)])
-            else:
-                written = os.write(self._socket, head)
-                while len(head) <= written < len(head) + size:
-                    at = written - len(head)
-                    written += os.sendfile(self._socket, fd, pos + at, size - at)
-        except OSError:  # the socket is full (or the peer went: the transport finds out and closes)
-            pass
-        if written < len(head):
-            transport.write(head[written:] + os.pread(fd, size, pos))
-        elif written < len(head) + size:
-            at = written - len(head)
-            transport.write(os.pread(fd, size - at, pos + at))
+        written = 0
+        if self._socket is not None and not transport.get_write_buffer_size():
+            written = write_direct(self._socket, parts)
+        if written < sum(map(len, parts)):
+            transport.write(read_rest(parts, written))
 
     # -- what the streams tell ----------------------------------------------------------------
 

@@ -51,12 +51,16 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 3  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE)
+LINK_VERSION = 4  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+# 4: SILENT)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
 # frame types
 CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
+# the last frame of a link its end closes for it heard nothing for ``HEARTBEAT_MISSES`` intervals: the other end,
+# which may still hear this one (an asymmetric cut), takes the link for silent, not for its node gone
+SILENT = 5
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PUBLISH, but never passed on again
 ENQUEUE = 13  # a publish of a quorum queue's window (``remote_queue.Window``) to its leader: never passed on
@@ -155,7 +159,8 @@ class FrameLink(FrontEnd):
         self._sent = False
         self._refused = False  # a broken handshake: nothing more is read
         # the link fell silent, not its peer's node or host: closed here after heartbeats went unheard, or by the
-        # other end after this node was stalled (paused, its loop held) long enough for it to hear nothing
+        # other end after this node was stalled (paused, its loop held) long enough for it to hear nothing, or
+        # for it heard nothing of what this one sent (it said so: ``SILENT``)
         self.silent = False
         self.closed = asyncio.get_running_loop().create_future()
         self._beat = asyncio.get_running_loop().time()  # when the heartbeat timer last ran
@@ -178,6 +183,8 @@ class FrameLink(FrontEnd):
             log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
                         HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
             self.silent = True
+            if self.authenticated:
+                self.transport.write(FRAME.pack(0, SILENT))  # (what waits in ``_out`` goes with the link)
             self.transport.abort()
             return
         if not self._sent:
@@ -276,6 +283,9 @@ class FrameLink(FrontEnd):
                 payload = bytes(buf[pos + FRAME.size:end])
                 pos = end
                 if ftype == HEARTBEAT:
+                    continue
+                if ftype == SILENT and self.authenticated:
+                    self.silent = True
                     continue
                 if self.authenticated:
                     self.frame(ftype, payload)

@@ -8,10 +8,12 @@ consumer has a credit window: deliveries the consuming node has not yet passed t
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.forwarder.session")
 
 CREDIT_WINDOW = 2000
+# seconds a quorum queue keeps what a node's consumers hold when their link falls silent (heartbeats unheard):
+# the node may only be paused or cut off a while, as RabbitMQ does not notice a node gone silent before its
+# net_ticktime (60 s) has passed
+SILENT_GRACE = 60.0
+RECONCILE = 5.0  # seconds, once that node's link is back, for its consumers to take back what they held
 _tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
 
 
@@ -84,10 +91,98 @@ class RemoteConsumerChannel:
         session.link.send(link.CONSUMED, link.encode_json({"id": self.id, "error": [error.code, error.text]}))
 
 
+class Orphans:
+    """What the consumers of a node whose link fell silent held of the quorum queues led here: neither
+    redelivered nor returned while the node may still come back (a pause, a cut shorter than ``SILENT_GRACE``).
+    Each of its consumers takes its own back when it consumes again over the node's next link (``Session._adopt``;
+    the rest of what it held, lost on the way to it, is returned then), and the settles it resends apply to it;
+    what none took back within ``RECONCILE`` seconds of that link, or within ``SILENT_GRACE`` if the node never
+    comes back, is returned then.  A queue deposed meanwhile is the next leader's business
+    (``QuorumQueue.adopt``): its entries here are dropped, not returned."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        # node -> (queue, its seq) -> (entry, the id on the node's link of the consumer that held it)
+        self.held: dict[str, dict[tuple[AnyQueue, int], tuple[Entry, int]]] = {}
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self._links: dict[str, int] = {}  # node -> its links open here
+
+    def keep(self, node: str, taken: list[tuple[Entry, AnyQueue, int]]) -> None:
+        held = self.held.setdefault(node, {})
+        for entry, queue, consumer_id in taken:
+            held[(queue, entry.seq)] = (entry, consumer_id)
+        self._release_in(node, RECONCILE if self._links.get(node) else SILENT_GRACE)  # (back already, or not)
+
+    def opened(self, node: str) -> None:
+        """A link of the node: its consumers have ``RECONCILE`` seconds to take back what they held."""
+        self._links[node] = self._links.get(node, 0) + 1
+        if node in self.held:
+            self._release_in(node, RECONCILE)
+
+    def closed(self, node: str) -> None:
+        left = self._links.get(node, 0) - 1
+        if left > 0:
+            self._links[node] = left
+        else:
+            self._links.pop(node, None)
+
+    def take(self, node: str, queue: AnyQueue, seq: int) -> Entry | None:
+        held = self.held.get(node)
+        found = held.pop((queue, seq), None) if held else None
+        return found[0] if found is not None else None
+
+    def taken_back(self, node: str, consumer_id: int) -> None:
+        """The node's consumer once ``consumer_id`` took back what it holds: what else it held goes back now."""
+        held = self.held.get(node)
+        if held:
+            self._return(node, [key for key, (_, holder) in held.items() if holder == consumer_id])
+
+    def _release_in(self, node: str, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        current = self._timers.get(node)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        self._timers[node] = (due, loop.call_at(due, self.release, node))
+
+    def release(self, node: str) -> None:
+        """Return what the node's consumers did not take back."""
+        timer = self._timers.pop(node, None)
+        if timer is not None:
+            timer[1].cancel()
+        self._return(node, list(self.held.get(node, ())))
+
+    def _return(self, node: str, keys: list[tuple[AnyQueue, int]]) -> None:
+        """Those entries go back to their queues (those still led here)."""
+        held = self.held.get(node, {})
+        taken = [(held.pop(key)[0], key[0], None) for key in keys]
+        if not held:
+            self.held.pop(node, None)
+        taken = [item for item in taken if not item[1].deleted]
+        if taken:
+            log.info("%d messages held for node %s's consumers returned", len(taken), node)
+            self.broker.settle_taken(taken, True)
+
+
+_orphans: "weakref.WeakKeyDictionary[Broker, Orphans]" = weakref.WeakKeyDictionary()
+
+
+def orphans(broker: "Broker") -> Orphans:
+    """The broker's ``Orphans`` (one per node, outliving its sessions)."""
+    found = _orphans.get(broker)
+    if found is None:
+        found = _orphans[broker] = Orphans(broker)
+    return found
+
+
 class Session:
     def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
         self.broker = broker
         self.link = server_link
+        self.orphans = orphans(broker)
+        self.orphans.opened(server_link.peer_name)
         self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}
         self.unsynced: deque[tuple[int, int, int]] = deque()  # (link seq, status, group commit batch)
@@ -269,6 +364,8 @@ class Session:
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
             self._resettle(queue, request.get("settled") or [])
             reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
+            if isinstance(request.get("was"), int):
+                self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
 
@@ -280,8 +377,10 @@ class Session:
         for mode, seq in settled[:RESETTLE_MAX]:
             if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
                 by_mode.setdefault(mode, []).append(seq)
+        node, orphans = self.link.peer_name, self.orphans
         for mode, seqs in by_mode.items():
-            taken = [(entry, queue, None) for entry in queue.adopt(seqs) if entry is not None]
+            found = [kept or orphans.take(node, queue, seq) for kept, seq in zip(queue.adopt(seqs), seqs)]
+            taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
                 self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
 
@@ -301,6 +400,9 @@ class Session:
                     if held_in is queue and holder is not None and holder not in queue.consumers}
             found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
                      for entry, seq in zip(found, seqs)]
+        if None in found and local is not None:  # (and what it held when its node's link fell silent)
+            node = self.link.peer_name
+            found = [entry or self.orphans.take(node, local, seq) for entry, seq in zip(found, seqs)]
         tags = []
         for entry in found:
             if entry is None:
@@ -382,12 +484,27 @@ class Session:
             queue.deliver_ready()
 
     def closed(self) -> None:
-        """The other node went away: what it held unacked goes back to the queues, its consumers leave."""
+        """The other node went away: its consumers leave, and what it held unacked goes back to the queues —
+        but what its consumers held of quorum queues if the link fell ``silent``: that is kept for them
+        (``Orphans``), as their node may only have paused; RabbitMQ's quorum queues return it only once the
+        node is found down, after its net_ticktime."""
         log.info("link from node %s closed", self.link.peer_name)
         self.broker.persistence.waiters.discard(self)
+        queues = set()
         for consumer in list(self.consumers.values()):
             self.broker.remove_consumer(consumer)
+            queues.add(consumer.queue)
         self.consumers.clear()
         taken = list(self.unacked.values())
         self.unacked.clear()
+        self.orphans.closed(self.link.peer_name)
+        if self.link.silent:
+            kept = [(entry, queue, cast(RemoteConsumerChannel, consumer.channel).id) for entry, queue, consumer in taken
+                    if consumer is not None and REPLICATED in queue.type.capabilities]
+            if kept:
+                self.orphans.keep(self.link.peer_name, kept)
+                taken = [item for item in taken if item[2] is None or REPLICATED not in item[1].type.capabilities]
         self.broker.settle_taken(taken, True)
+        for queue in queues:
+            if not queue.deleted:
+                queue.deliver_ready()

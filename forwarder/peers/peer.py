@@ -190,11 +190,12 @@ class Peer:
         """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
         consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``) and
         applies the settles it sent lately (``settled``: (mode, seq)) that the previous leader had not
-        replicated."""
+        replicated; ``was``, its id before: what else it held under that id is not coming back to it."""
+        was = None
         if remote is None:
             remote = RemoteConsumer(next(self._ids), consumer)
         else:
-            remote.id = next(self._ids)
+            was, remote.id = remote.id, next(self._ids)
         self.consumers[remote.id] = (queue, remote)
         if self.link is not None:
             arguments, timestamps = link.portable_arguments(consumer.arguments)
@@ -205,7 +206,7 @@ class Peer:
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch,
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
-                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [])
+                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [], was=was)
             self.link.send(link.CONSUME, link.encode_json(request))
         return remote
 

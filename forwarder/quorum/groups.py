@@ -62,7 +62,9 @@ log = logging.getLogger("warren.forwarder.quorum")
 
 LEADERS = b"/warren/leaders/"
 POSITIONS = b"/warren/positions/"
-LEASE_TTL = 2  # seconds: a dead leader's keys go this long after its last refresh
+LEASE_TTL = 3  # seconds: a dead leader's keys go this long after its last refresh (a loaded machine stalls its
+# nodes and etcd for seconds: 2 s lapsed then, and the queues elected leader after leader); shorter than the
+# links' heartbeat timeout (a silent link revokes no lease: the lease lapses first)
 ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first

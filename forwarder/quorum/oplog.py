@@ -56,6 +56,7 @@ ENTRY_OP = 20
 MARK = struct.Struct(">BQ")
 RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
+PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
 LOG_BYTES = 64 << 20  # a leader keeps its latest ops up to this size, to catch up a follower that missed few
 
 
@@ -135,6 +136,9 @@ class Replicator:
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
         self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
+        # when a majority last answered, or ops began to wait for one; deliveries stopped since (``live``)
+        self._progress = asyncio.get_running_loop().time()
+        self._stalled = False
         self._scheduled = False
         for follower in self.followers.values():
             self.probe(follower)
@@ -161,6 +165,8 @@ class Replicator:
             self.pending.append((self.index, confirm, confirm.forwarded(), None))
 
     def _op(self, op: bytes) -> None:
+        if self.committed >= self.index:  # (the first op to wait for a majority)
+            self._progress = asyncio.get_running_loop().time()
         self.index += 1
         self.ops.append(op)
         log_ = self.log
@@ -319,7 +325,11 @@ class Replicator:
         if committed <= self.committed:
             return
         self.committed = committed
+        self._progress = asyncio.get_running_loop().time()
         self.confirm_committed()
+        if self._stalled:
+            self._stalled = False
+            self.queue.deliver_ready()
 
     def confirm_committed(self) -> None:
         """Confirm what a majority has, whether or not etcd has answered lately (as Raft commits, by the log
@@ -337,7 +347,17 @@ class Replicator:
 
     @property
     def live(self) -> bool:
-        return self.groups.lease_sure
+        """Deliveries go on while the lease is sure, and a majority answers: ops wait for one no longer than
+        ``PROGRESS`` seconds.  A leader cut off from its followers would otherwise deliver (and take acks) on
+        for as long as etcd keeps it, none of which it can commit: the next leader would deliver all of it
+        again.  (A ``rabbit_fifo`` leader delivers only what committed commands check out.)"""
+        if not self.groups.lease_sure:
+            return False
+        if (self.committed >= self.index or not self.followers
+                or asyncio.get_running_loop().time() - self._progress <= PROGRESS):
+            return True
+        self._stalled = True
+        return False
 
     @property
     def lag(self) -> dict[str, int]:

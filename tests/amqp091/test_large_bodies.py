@@ -7,6 +7,7 @@ dropped, repeated or out of place shows.
 """
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -124,14 +125,16 @@ def read_frames(raw: Raw, until: int) -> list[tuple[int, int, bytes]]:
     return frames
 
 
-def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid):
+@pytest.mark.parametrize("stored", [False, True], ids=["in-memory", "from-the-store"])
+def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid, stored):
+    """Bodies framed from memory (transient, no ack) and from the store's file (persistent, for manual ack)."""
     with connect(broker) as connection:
-        connection.channel().queue_declare(uid)
-        publish_all(connection, uid)
+        connection.channel().queue_declare(uid, durable=stored)
+        publish_all(connection, uid, delivery_mode=2 if stored else 1)
     raw = Raw(broker, timeout=30)
     raw.handshake(frame_max=4096)
     raw.open_channel(1)
-    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=True))
+    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=not stored))
     raw.expect(commands.Basic.ConsumeOk)
     frames = read_frames(raw, sum(SIZES))
     raw.close()
@@ -243,3 +246,117 @@ def test_a_max_message_size_above_rabbitmq_s_ceiling_is_its_ceiling(start_broker
     close = refusal_of(node, (512 << 20) + 1)
     assert (close.reply_code, close.reply_text) == (
         406, f"PRECONDITION_FAILED - message size {(512 << 20) + 1} is larger than max size {512 << 20}")
+
+
+def open_fds(broker) -> list[str]:
+    """What the node's file descriptors name."""
+    fds = f"/proc/{broker.proc.pid}/fd"
+    names = []
+    for fd in os.listdir(fds):
+        try:
+            names.append(os.readlink(f"{fds}/{fd}"))
+        except OSError:  # closed meanwhile
+            pass
+    return names
+
+
+def stalled_consumer(broker, queue: str) -> Raw:
+    """A raw client consuming ``queue`` for manual ack, reading nothing yet."""
+    raw = Raw(broker, timeout=60)
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    raw.handshake()
+    raw.open_channel(1)
+    raw.send_method(1, commands.Basic.Consume(queue=queue))
+    raw.expect(commands.Basic.ConsumeOk)
+    return raw
+
+
+def test_a_consumer_gone_mid_delivery_from_the_store_leaves_no_descriptor_and_gets_its_messages_back(broker, uid):
+    """A body sent from the store's file holds a descriptor of its own until sent: a client reset in the middle
+    of it leaves none open, and the messages it held come back byte-exact."""
+    if not rss(broker):
+        pytest.skip("reads the node's descriptors")
+    size = 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        channel.confirm_delivery()
+        for number in range(3):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+    time.sleep(0.5)
+    before = len(open_fds(broker))
+    raw = stalled_consumer(broker, uid)
+    time.sleep(0.5)
+    assert len(open_fds(broker)) > before + 1  # the socket, and the body's descriptor at least
+    assert len(raw.recv(1 << 20)) > 0
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    raw.close()
+    deadline = time.monotonic() + 10
+    while len(open_fds(broker)) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(open_fds(broker)) <= before
+    with connect(broker) as connection:
+        channel = connection.channel()
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)]
+    assert [len(data) for data in again] == [size + number for number in range(3)]
+    assert all(data == body(size + number) for number, data in enumerate(again))
+
+
+def test_a_body_sent_from_the_store_arrives_whole_though_its_segment_is_compacted_away_meanwhile(start_broker, uid):
+    """A consumer has not read a 16 MiB body sent from the store when the segment holding it is compacted: its
+    record moves to a new segment and the old file goes (unlinked, the store's descriptor of it closed, new
+    segments opened after it).  The delivery already begun still arrives byte-exact, read through the descriptor
+    it holds."""
+    node = start_broker("--segment-size", str(64 << 20), "--compaction-threshold", "0.3")
+    size, filler = 16 * 1024 * 1024, 1024 * 1024
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        channel.queue_declare(f"{uid}-filler", durable=True)
+        raw = stalled_consumer(node, uid)
+        channel.confirm_delivery()
+        for number in range(40):
+            channel.basic_publish("", f"{uid}-filler", body(filler + number), pika.BasicProperties(delivery_mode=2))
+        channel.basic_publish("", uid, body(size), pika.BasicProperties(delivery_mode=2))
+        for number in range(10):  # the segment fills: the next one is written
+            channel.basic_publish("", f"{uid}-filler", body(filler + number), pika.BasicProperties(delivery_mode=2))
+        for _ in range(50):  # 50 of the first segment's 66 MiB dead: it is compacted once quiet
+            channel.basic_get(f"{uid}-filler", auto_ack=True)
+        deadline = time.monotonic() + 20
+        while not any("msg_store" in name and name.endswith("(deleted)") for name in open_fds(node)):
+            assert time.monotonic() < deadline, "the body's segment was not compacted away"
+            time.sleep(0.2)  # a commit unlinks the file that compaction emptied
+            channel.basic_publish("", f"{uid}-filler", b"", pika.BasicProperties(delivery_mode=2))
+        for number in range(20):  # new segment files, which may take the closed descriptor's number
+            channel.basic_publish("", f"{uid}-filler", body(filler + number), pika.BasicProperties(delivery_mode=2))
+        frames = read_frames(raw, size)
+        raw.close()
+    assert [ftype for ftype, _channel, _payload in frames[:2]] == [1, 2]
+    assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
+
+
+def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
+    """Eight consumers that read nothing are each sent a 16 MiB persistent body: what waits for them is a
+    window of frames each (the transport's buffer), not their bodies (128 MiB)."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    size, count = 16 * 1024 * 1024, 8
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        stalled = [stalled_consumer(broker, uid) for _ in range(count)]
+        for raw in stalled:
+            raw.send_method(1, commands.Basic.Qos(prefetch_count=1))
+            raw.expect(commands.Basic.QosOk)
+        channel.confirm_delivery()
+        before = peak = rss(broker)
+        for number in range(count):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+            peak = max(peak, rss(broker))
+        time.sleep(1)
+        held = rss(broker) - before
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0  # all sent
+        for raw in stalled:
+            raw.close()
+        channel.queue_delete(uid)
+    assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"

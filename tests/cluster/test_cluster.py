@@ -922,3 +922,28 @@ def test_a_change_is_answered_once_etcd_has_it_and_a_crash_right_after_keeps_it(
     finally:
         node.stop()
         etcd.stop()
+
+
+def test_amqp10_v1_addresses_declare_as_the_cluster_agrees(cluster, uid):
+    """RabbitMQ 3.x's v1 addresses through AMQP 1.0: a ``/queue/:q`` link declares the queue as the cluster agrees,
+    so another node has it once the link is attached; an ``/exchange/:x/:key`` source's new queue is bound in
+    the cluster, so a message published through a third node reaches the link."""
+    proton = pytest.importorskip("proton")
+    from proton.utils import BlockingConnection
+    _, (n1, n2, n3) = cluster
+    first = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n1.port}", timeout=10, allowed_mechs="PLAIN")
+    second = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10, allowed_mechs="PLAIN")
+    try:
+        first.create_sender(f"/queue/{uid}").send(proton.Message(body="declared through n1"))
+        passive(n2, uid)  # there at once: the link was answered once etcd had the queue
+        assert passive(n1, uid) == 1
+        receiver = second.create_receiver(f"/exchange/amq.direct/{uid}-key")
+        with connect(n3) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("amq.direct", f"{uid}-key", b"through n3", mandatory=True)
+        assert receiver.receive(timeout=10).body == b"through n3"
+        receiver.accept()
+    finally:
+        first.close()
+        second.close()

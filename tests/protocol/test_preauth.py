@@ -810,3 +810,34 @@ def test_strangers_on_every_port_cost_the_node_less_than_32_mib(cluster_node):
         sock.close()
     assert grown < 32 * 1024 * 1024, grown
     assert latency.worst < 1.0, latency.times
+
+
+def test_a_link_closed_for_silence_says_so_and_its_other_end_takes_it_for_silent():
+    """An asymmetric cut: the listener hears nothing of the dialer, which still hears it.  The listener closes
+    the link after its heartbeats and says why (``SILENT``); the dialer takes the link for silent, not for the
+    listener's node gone (it would revoke a healthy leader's lease), as it does for a close without that word."""
+
+    async def scenario() -> None:
+        recorder = Recorder()
+        server, server_transport = server_link(recorder)
+        client, client_transport = client_link(Recorder())
+        for _ in range(4):  # the handshake, both ways
+            await asyncio.sleep(0)  # (frames are written at the end of the loop's turn)
+            server.data_received(bytes(client_transport.written))
+            client_transport.written.clear()
+            client.data_received(bytes(server_transport.written))
+            server_transport.written.clear()
+        assert server.authenticated and client.authenticated
+        for _ in range(link.HEARTBEAT_MISSES + 1):
+            server._heartbeat()
+        assert server.silent and server_transport.aborted
+        client.data_received(bytes(server_transport.written))
+        assert client.silent
+        other, other_transport = client_link(Recorder())
+        other.authenticated = True
+        other.data_received(frame(link.HEARTBEAT, b""))
+        other_transport.abort()
+        await asyncio.sleep(0)
+        assert not other.silent
+
+    run(scenario)

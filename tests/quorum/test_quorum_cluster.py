@@ -21,6 +21,7 @@ from pika.exceptions import AMQPError
 from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
+from forwarder.quorum import groups as quorum
 from support import drain_from as drain, publish_to
 
 publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
@@ -444,7 +445,7 @@ def test_a_follower_paused_past_the_heartbeats_deposes_no_healthy_leader(nodes, 
     finally:
         n3.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: n3.log().count("link to node warren1@localhost up") >= 2, "node 3 links again", timeout=30)
-    time.sleep(2.0)  # the lease's time: revoked, node 1 would have been deposed by now
+    time.sleep(quorum.LEASE_TTL)  # the lease's time: revoked, node 1 would have been deposed by now
     assert "no longer leads" not in n1.log()
     assert leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0]
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 back in step", timeout=30)
@@ -652,13 +653,13 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     frozen = time.monotonic()
     etcd.proc.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(4)
+        time.sleep(2 * quorum.LEASE_TTL)
     finally:
         thawed = time.monotonic()
         etcd.proc.send_signal(signal.SIGCONT)
     assert confirms and confirms[0] < frozen
-    # the lease may have lapsed from half its TTL after the last refresh (every quarter of a second) on
-    assert [at - frozen for at in confirms if frozen + 1.5 < at < thawed]
+    # the lease may have lapsed from half its TTL after the last refresh (every eighth of it) on
+    assert [at - frozen for at in confirms if frozen + 0.75 * quorum.LEASE_TTL < at < thawed]
     after = [b"after%d" % i for i in range(100)]
     publish_until_confirmed(n3, uid, after)
     stop.set()
@@ -677,7 +678,7 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
 def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_node_within_the_link_timeout(nodes, uid):
     """The leader is paused (SIGSTOP) with a publish through node 2 waiting on it: the paused leader can neither
     confirm it nor pass it on, so node 2's window of the queue sends it again to the leader elected next, which
-    confirms it — at the election (the lease lapses 2 s after its last refresh), with no nack, rather than
+    confirms it — at the election (the lease lapses 3 s after its last refresh), with no nack, rather than
     once the link to the paused node is found silent (5 s)."""
     _, (n1, n2, n3) = nodes
     with connect(n1) as connection:

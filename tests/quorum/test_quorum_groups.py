@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,8 +20,8 @@ from pamqp import commands
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
-from fake_cluster import Client, Network, Node
-from forwarder.peers import node_link as link
+from fake_cluster import Client, FakeLink, Network, Node
+from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 
@@ -833,3 +834,150 @@ async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network,
         publish(node, [b"more%d" % i])
     assert await copies_agree(network) == [*bodies(5), *bodies(10, "missed"), *bodies(5, "later"),
                                            *[b"more%d" % i for i in range(5)]]
+
+
+# -- a node gone silent -------------------------------------------------------------------------
+
+
+def pause(network: Network, name: str) -> None:
+    """``name`` hears and says nothing until ``resume``: the others close their links to it once the heartbeats
+    went unheard (as a node paused longer than they wait)."""
+    for other in NAMES:
+        if other != name:
+            network.cut(name, other, silent=True)
+
+
+def resume(network: Network, name: str) -> None:
+    for other in NAMES:
+        if other != name:
+            network.heal(name, other)
+
+
+async def test_a_consumer_whose_node_paused_past_the_heartbeats_gets_nothing_twice(network):
+    """n2 pauses while its consumer holds 50 of n1's queue: n1 keeps them for it rather than return them; n2
+    resumes, its consumer takes them back and acks them, and no message reaches it twice (RabbitMQ does not
+    notice a pause shorter than its net_ticktime either)."""
+    node, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    await asyncio.sleep(0.2)
+    assert queue_of(node).state.messages == 200 and len(queue_of(node).state.checked_out) == 50
+    resume(network, "n2")
+    await drained(network, client, sent)
+    assert len(client.received) == len(set(client.received)) == 200
+
+
+async def test_what_a_silent_nodes_consumer_held_comes_back_once_its_link_is_back_without_it(network,
+                                                                                            monkeypatch):
+    """n2's consumer is gone by the time n2's link is back (its channel closed meanwhile): what it held comes
+    back ``RECONCILE`` seconds after the link, and a consumer on n3 gets every message."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 0.3)
+    _, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    client.close()
+    resume(network, "n2")
+    other = Client(network.nodes["n3"], prefetch=50).consume()
+    await drained(network, other, sent)
+
+
+async def test_what_a_node_that_never_comes_back_held_comes_back_after_the_grace(network, monkeypatch):
+    """n2 stays silent: what its consumer held is kept ``SILENT_GRACE`` seconds, then a consumer on n3 gets it."""
+    monkeypatch.setattr(owner_side, "SILENT_GRACE", 3.0)
+    node, client, sent = await consumer_holding(network, "n2")
+    held = set(queue_of(node).state.checked_out)
+    pause(network, "n2")
+    other = Client(network.nodes["n3"], prefetch=50).consume()
+    await wait_for(lambda: other.ack() >= 0 and len(other.received) == 150, "the others")
+    assert held <= queue_of(node).state.checked_out and not set(client.received) & set(other.received)
+    await drained(network, other, sent)
+
+
+async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_the_leader_dies(network):
+    """n2 pauses, n1 (which kept what n2's consumer held) dies: the next leader returns it after its handover
+    grace, and n2's consumer, back, gets every message."""
+    _, client, sent = await consumer_holding(network, "n2")
+    pause(network, "n2")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    resume(network, "n2")
+    await drained(network, client, sent)
+
+
+async def test_a_machine_stalled_for_more_than_two_seconds_keeps_its_leaders(network):
+    """The whole machine stalls (a loaded host: every node's loop and etcd's clock): no lease lapses, the leader
+    leads on in the same term and confirms at once."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    await asyncio.sleep(0.3)
+    time.sleep(2.2)  # (blocks the loop: every node, and the fake etcd's clock runs on)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "confirmed", 2.0)
+    await asyncio.sleep(0.5)
+    assert leader(network) is node and node.quorum.groups[KEY].term == term
+
+
+async def test_what_never_reached_a_paused_nodes_consumer_comes_back_as_soon_as_it_consumes_again(network,
+                                                                                                   monkeypatch):
+    """n1's deliveries of 10 more are lost with n2's link as n2 pauses: once n2's consumer consumes again (what it
+    holds taken back), n1 returns those 10 at once, not after ``RECONCILE``, and the consumer gets each once."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 30.0)
+    _, client, sent = await consumer_holding(network, "n2")
+    network.hold("n1", "n2")
+    client.ack(10)
+    await wait_for(lambda: sum(frame[2] == link.DELIVER for frame in network.held[("n1", "n2")]) == 10,
+                   "10 deliveries on their way")
+    pause(network, "n2")
+    network.release("n1", "n2")  # (nothing: they went with the link)
+    resume(network, "n2")
+    await drained(network, client, sent, timeout=10)
+    assert len(client.received) == len(set(client.received)) == 200
+
+
+async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
+    """n1's followers hear nothing from it (etcd still does) while its own consumer acks as it goes: n1 delivers
+    no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be committed);
+    deposed then, the next leader delivers again only what n1 delivered until then, not all that n1's
+    consumer would have gone through for as long as n1 kept its lease."""
+    node = await declared(network)
+    publish(node, bodies(3000))
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    client = Client(node).consume()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + quorum_log.PROGRESS + 0.3
+    while loop.time() < until:
+        client.ack()
+        await asyncio.sleep(0.05)
+    stalled = len(client.received)
+    for _ in range(30):
+        client.ack()
+        await asyncio.sleep(0.05)
+    assert len(client.received) - stalled <= 50  # (at most a prefetch window taken as it stopped)
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await drained(network, client, bodies(3000))
+    assert len(client.received) - len(set(client.received)) <= stalled
+
+
+async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_up_waits_no_grace(network,
+                                                                                               monkeypatch):
+    """n2 dials n1 again before n1 finds n2's old link silent (it was half-open): n2's consumer has consumed again
+    over the new link by then, with nothing to take back there.  What n1 keeps from the old link comes back
+    ``RECONCILE`` seconds later, not after ``SILENT_GRACE``."""
+    monkeypatch.setattr(owner_side, "RECONCILE", 0.5)
+    _, client, sent = await consumer_holding(network, "n2")
+    old = network.sessions[("n1", "n2")]
+    peer = network.nodes["n2"].peers["n1"]
+    peer.link.silent = True  # (n2 found it silent: it revokes no lease)
+    peer._went_down()
+    network.sessions[("n1", "n2")] = owner_side.Session(network.nodes["n1"].broker,  # type: ignore[arg-type]
+                                                        FakeLink(network, "n1", "n2"))  # (a fake link)
+    peer.link = FakeLink(network, "n2", "n1")  # type: ignore[assignment]  # (a fake link)
+    peer._went_up()
+    await asyncio.sleep(0.1)
+    old.link.silent = True
+    old.closed()
+    await drained(network, client, sent, timeout=5)

@@ -222,6 +222,37 @@ def test_compaction_moves_live_records_and_deletes_old_file(tmp_path):
     store.close()
 
 
+def test_a_payload_opened_for_sending_reads_the_same_bytes_after_its_segment_is_compacted_and_deleted(tmp_path):
+    """``open_payload``'s descriptor is the reader's own: the segment compacted away (its file unlinked and the
+    store's descriptor closed) and new segments opened meanwhile (which may take the closed descriptor's number),
+    it still reads the payload's bytes."""
+    store = new_store(tmp_path, segment_size=2000, compaction_threshold=0.5)
+    payloads = _fill(store, 60)
+    in_first = sorted((m for m in payloads if store.index[m].segment == 1), key=lambda m: store.index[m].offset)
+    kept = in_first[-1]
+    opened = store.open_payload(kept)
+    assert opened is not None
+    fd, offset, size = opened
+    assert os.pread(fd, size, offset) == payloads[kept]
+    for msg_id in in_first[:-1]:
+        store.remove(msg_id)
+    while store.compact_step():
+        pass
+    store.sync()  # the old segment's file unlinked, the store's descriptor of it closed
+    assert not os.path.exists(segment_path(str(tmp_path), 1))
+    _fill(store, 60)
+    try:
+        assert os.pread(fd, size, offset) == payloads[kept]
+    finally:
+        os.close(fd)
+    pending = store.new_id()
+    store.write(pending, (b"not yet in its file",), 1)
+    assert store.open_payload(pending) is None  # (in the tail: read it from memory)
+    store.remove(kept)
+    assert store.open_payload(kept) is None
+    store.close()
+
+
 def test_compaction_keeps_refcounts(tmp_path):
     store = new_store(tmp_path, segment_size=1000)
     shared = put(store, b"s" * 100, refs=2)

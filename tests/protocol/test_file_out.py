@@ -1,0 +1,100 @@
+"""frontend.file_out in-process: output with ranges of a file reaches a slow reader byte-exact through a real
+socket and transport, the socket taken directly while it takes bytes and the transport given the rest as the reader
+catches up; a range's descriptor is closed once it is sent, or dropped."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+
+from amqp_server.frontend.file_out import FileRange, Outbox, direct_socket
+
+pytestmark = pytest.mark.timeout(60)
+
+HIGH = 256 * 1024
+
+
+class Sender(asyncio.Protocol):
+    """A protocol as the AMQP connection uses the outbox: pump on flush and when writing may resume."""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox()
+        self.transport: asyncio.Transport | None = None
+        self.sock: socket.socket | None = None
+        self.pauses = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=HIGH)  # type: ignore[attr-defined]
+        self.sock = direct_socket(transport)
+
+    def pump(self) -> None:
+        assert self.transport is not None
+        self.outbox.pump(self.transport, self.sock, HIGH)
+
+    def pause_writing(self) -> None:
+        self.pauses += 1
+
+    def resume_writing(self) -> None:
+        self.pump()
+
+
+def fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+async def send_slowly(tmp_path, parts_of) -> tuple[bytes, Sender, bytes]:
+    """Write a 4 MiB file, hand the outbox ``parts_of(fd)`` and read what arrives in small sips."""
+    data = os.urandom(4 << 20)
+    path = tmp_path / "segment"
+    path.write_bytes(data)
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    _, sender = await loop.connect_accepted_socket(Sender, ours)
+    theirs.setblocking(False)
+    fd = os.open(path, os.O_RDONLY)
+    parts = parts_of(fd)
+    expected = b"".join(bytes(p) if not isinstance(p, FileRange) else data[p.pos:p.pos + p.size] for p in parts)
+    sender.outbox.extend(parts)
+    sender.pump()
+    got = bytearray()
+    while len(got) < len(expected):
+        got += await loop.sock_recv(theirs, 256 * 1024)
+        await asyncio.sleep(0)
+    assert sender.transport is not None
+    sender.transport.close()
+    theirs.close()
+    return bytes(got), sender, expected
+
+
+async def test_frames_of_a_file_reach_a_slow_reader_byte_exact_and_its_descriptor_is_closed(tmp_path):
+    owned: list[int] = []
+
+    def parts_of(fd: int) -> list:
+        owned.append(fd)
+        parts: list = []
+        for piece in FileRange(fd, 1000, 3 << 20, owns=True).pieces(131064):
+            parts += [b"head%d" % piece.pos, piece, b"\xce"]
+        return parts
+
+    got, sender, expected = await send_slowly(tmp_path, parts_of)
+    assert got == expected
+    assert sender.pauses  # (the transport was given the rest: the socket did not take it all at once)
+    assert not sender.outbox
+    assert not fd_open(owned[0])
+
+
+async def test_output_dropped_closes_the_descriptors_its_ranges_own(tmp_path):
+    path = tmp_path / "segment"
+    path.write_bytes(b"x" * 1000)
+    fd = os.open(path, os.O_RDONLY)
+    outbox = Outbox()
+    outbox.extend([b"head", *FileRange(fd, 0, 1000, owns=True).pieces(300), b"end"])
+    outbox.clear()
+    assert not fd_open(fd)
