@@ -50,8 +50,8 @@ if [ "${WARREN_CHECKS:-0}" = 1 ]; then
   echo "ruff:" && .venv/bin/ruff check .
   echo "mypy:" && .venv/bin/mypy
 fi
-# Parallel workers (pytest-xdist): much of the suite waits (timers, elections, fsyncs, other programs), so two
-# workers per core; WARREN_TEST_WORKERS=0 runs in this process (pdb, -s). tests/conftest.py keeps the cluster tier
-# on one worker and starts the long tests first.
-WORKERS=${WARREN_TEST_WORKERS:-$(( 2 * $(nproc) ))}
+# Parallel workers (pytest-xdist): much of the fast tier waits (timers, elections, fsyncs), so two workers per core
+# for it; the whole suite in one process unless WARREN_TEST_WORKERS says how many (0: this process, for pdb, -s).
+# tests/conftest.py keeps the cluster tier on one worker and starts the long tests first.
+WORKERS=${WARREN_TEST_WORKERS:-$(( FAST_ONLY ? 2 * $(nproc) : 0 ))}
 exec .venv/bin/python -m pytest -q -n "$WORKERS" --dist loadgroup "$@"
