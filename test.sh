@@ -32,7 +32,7 @@ if [ $FAST_ONLY = 0 ] && [ ${#MISSING[@]} -gt 0 ] && command -v apt-get >/dev/nu
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${MISSING[@]}"; } >/dev/null \
     || echo "test.sh: could not install ${MISSING[*]}; the tests that need them will skip (fail under .ci/run)" >&2
 fi
-if ! .venv/bin/python -c "import amqp_server, pytest, pika, aio_pika, kombu, hypothesis, playwright, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import amqp_server, pytest, xdist, pika, aio_pika, kombu, hypothesis, playwright, mypy" 2>/dev/null \
    || [ ! -x .venv/bin/ruff ] || [ pyproject.toml -nt .venv/.installed-test ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
@@ -50,4 +50,8 @@ if [ "${WARREN_CHECKS:-0}" = 1 ]; then
   echo "ruff:" && .venv/bin/ruff check .
   echo "mypy:" && .venv/bin/mypy
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# Parallel workers (pytest-xdist): much of the fast tier waits (timers, elections, fsyncs), so two workers per core
+# for it; the whole suite in one process unless WARREN_TEST_WORKERS says how many (0: this process, for pdb, -s).
+# tests/conftest.py keeps the cluster tier on one worker and starts the long tests first.
+WORKERS=${WARREN_TEST_WORKERS:-$(( FAST_ONLY ? 2 * $(nproc) : 0 ))}
+exec .venv/bin/python -m pytest -q -n "$WORKERS" --dist loadgroup "$@"

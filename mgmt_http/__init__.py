@@ -11,6 +11,20 @@ Paths, methods, status codes and JSON shapes follow RabbitMQ's API (see README);
 call the broker's own operations (the ones AMQP channels call); the static UI in ``static/``
 is served at ``/`` when present.
 """
-from .app import create_app, start
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import create_app, start
 
 __all__ = ["create_app", "start"]
+
+
+def __getattr__(name: str) -> Any:
+    """``create_app`` and ``start``, imported at first use: ``warrenctl``, an HTTP client in this package, does
+    not import the broker and the server (over a second of every command's start)."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .app import create_app, start
+    return {"create_app": create_app, "start": start}[name]

@@ -207,6 +207,9 @@ EXTERNAL = os.environ.get("WARREN_TEST_BROKER", "")
 # A fixture says what it starts under its @pytest.fixture: @starts(INTEGRATION).  A fast test that starts a
 # program other than this interpreter (or this interpreter running a node) fails, naming it.  `./test.sh -m fast`
 # runs one tier; the whole suite runs them in this order, so a break in the fast tier shows first.
+# test.sh runs them on parallel workers (pytest-xdist, --dist loadgroup): within a tier, tests marked ``long`` (tens
+# of seconds of work) go first, so that the workers end together; the cluster tier's tests (etcd and nodes each,
+# timed failovers) run one at a time, on one worker.
 TIERS = ("fast", "integration", "client", "cluster")
 FAST, INTEGRATION, CLIENT, CLUSTER = TIERS
 TIER = pytest.StashKey[str]()
@@ -258,6 +261,7 @@ def _execute_child_unless_fast(popen: subprocess.Popen, args, executable, *rest,
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "warren_only(reason): Warren-specific behaviour; skipped in parity mode")
     config.addinivalue_line("markers", "core(**options): the Broker options of the in-process ``core`` fixture")
+    config.addinivalue_line("markers", "long: tens of seconds of work, started first among its tier's tests")
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (conftest.py says which test is in which)")
     subprocess.Popen._execute_child = _execute_child_unless_fast  # type: ignore[attr-defined]  # private: the hook the fast tier wraps
@@ -272,12 +276,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]):
     for item in items:
         item.stash[TIER] = tier_of(item)
         item.add_marker(item.stash[TIER])
+        if item.stash[TIER] == CLUSTER:
+            item.add_marker(pytest.mark.xdist_group(CLUSTER))  # (under --dist loadgroup: one worker, in turn)
         marker = item.get_closest_marker("warren_only")
         if EXTERNAL and marker is not None:
             reason = marker.args[0] if marker.args else "Warren-only"
             item.add_marker(pytest.mark.skip(reason=f"warren_only: {reason}"))
     result = yield  # -m selects by the tier marks just added
-    items.sort(key=lambda item: TIERS.index(item.stash[TIER]))
+    items.sort(key=lambda item: (TIERS.index(item.stash[TIER]), item.get_closest_marker("long") is None))
     return result
 
 

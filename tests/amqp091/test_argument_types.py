@@ -130,6 +130,7 @@ def _utf8(data: bytes) -> bool:
     return True
 
 
+@pytest.mark.long
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(TABLES)
 def test_arguments_come_back_equal_from_every_store(tmp_path_factory, value):

@@ -1,5 +1,7 @@
 """The AMQP 1.0 codec of stream records (``stream.amqp10``) under hostile input: every input decodes or is
-refused, in time and memory linear in its bytes; counts read from the input are checked before any loop."""
+refused, in time and memory linear in its bytes; counts read from the input are checked before any loop.
+
+Times are this thread's CPU time: the decoder's work, not the pauses a loaded machine adds to it."""
 from __future__ import annotations
 
 import struct
@@ -29,10 +31,10 @@ def null_array(count: int) -> bytes:
 @pytest.mark.parametrize("count", [20_000_000, 2**32 - 1])
 def test_an_array_of_millions_of_nulls_in_a_few_bytes_is_refused_at_once(count):
     record = app_properties(null_array(count))
-    started = time.perf_counter()
+    started = time.thread_time()
     with pytest.raises(amqp10.TooLarge):
         amqp10.Decoder("s").message(record)
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
 
 
 def test_a_count_above_the_bytes_left_is_refused_before_any_loop():
@@ -40,9 +42,9 @@ def test_a_count_above_the_bytes_left_is_refused_before_any_loop():
     lying = b"\xd1" + struct.pack(">II", len(items) + 4, 2**32 - 1) + items  # a map32 "of 4 billion" items
     with pytest.raises(amqp10.Invalid):
         amqp10.sections(b"\x00\x53\x74" + lying)
-    started = time.perf_counter()
+    started = time.thread_time()
     message = amqp10.Decoder("s").message(b"\x00\x53\x74" + lying + b"\x00\x53\x75\xa0\x01x")
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
     assert message.properties.headers is None  # not AMQP 1.0: delivered as its bytes, as before
 
 
@@ -94,14 +96,14 @@ def hostile_records(draw: st.DrawFn) -> bytes:
 @given(st.one_of(hostile_records(), st.binary(max_size=200)))
 def test_fuzz_every_input_decodes_or_is_refused_in_time_and_memory_linear_in_its_bytes(record):
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.thread_time()
     try:
         for decode in (amqp10.sections, amqp10.Decoder("s").message):
             try:
                 decode(record)
             except (amqp10.Invalid, amqp10.TooLarge):
                 pass
-        elapsed = time.perf_counter() - started
+        elapsed = time.thread_time() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

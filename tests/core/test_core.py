@@ -65,9 +65,9 @@ async def test_requeueing_many_in_front_of_a_deep_queue_takes_linear_time(core, 
     taken = [queue.get(no_ack=False) for _ in range(50_000)]
     gc.disable()  # the algorithm's time, not the collector's
     try:
-        started = time.perf_counter()
+        started = time.thread_time()  # CPU time: a loaded machine's pauses are not the algorithm's
         core.settle(queue, taken, requeue=True)
-        took = time.perf_counter() - started
+        took = time.thread_time() - started
     finally:
         gc.enable()
     assert took < 1.0

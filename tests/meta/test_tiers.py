@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 SUITE = '''
@@ -72,6 +74,8 @@ def run_pytest(where: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.long
+@pytest.mark.timeout(600)  # pytest started many times over, each bounded below
 def test_tiers_come_from_fixtures_and_marks_and_fast_tests_start_no_program(tmp_path):
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_suite.py").write_text(SUITE)

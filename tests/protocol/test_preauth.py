@@ -56,14 +56,14 @@ def test_a_hostile_mebibyte_is_logged_in_milliseconds_quoted_and_cut(node_log):
         raise KeyError("warm-up")
     except KeyError:
         log.exception("login refused for %s", logs.untrusted(hostile))
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time: a loaded machine's pauses are not the logger's
     log.warning("link from %s refused: wrong cluster secret", logs.untrusted(hostile))
     log.warning("bytes: %s", logs.untrusted(hostile.encode()))
     try:
         raise KeyError(hostile)
     except KeyError:
         log.exception("internal error")
-    elapsed = time.perf_counter() - started
+    elapsed = time.thread_time() - started
     text = node_log.getvalue()
     assert elapsed < 0.25, elapsed  # about 15 ms here; the highlighter took 67 s over 64 KiB of it
     assert "forged line" not in text

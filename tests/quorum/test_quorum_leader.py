@@ -195,4 +195,4 @@ class Leader(RuleBasedStateMachine):
 
 Leader.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-test_a_leader_carries_out_its_state_machine = pytest.mark.timeout(600)(Leader.TestCase)
+test_a_leader_carries_out_its_state_machine = pytest.mark.long(pytest.mark.timeout(600)(Leader.TestCase))

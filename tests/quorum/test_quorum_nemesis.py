@@ -23,7 +23,7 @@ from forwarder.quorum.groups import queue_key
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.long]  # 12 s of faults each
 
 
 class Sink:

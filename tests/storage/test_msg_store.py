@@ -735,7 +735,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert 0.0 <= stats.dead_fraction <= 1.0
 
 
-TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine = pytest.mark.long(pytest.mark.timeout(600)(StoreMachine.TestCase))  # (minutes when loaded)
 TestStoreMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
 
