@@ -120,7 +120,7 @@ class Message:
         """One header's value; an integer or string one is read from the header bytes, without pamqp."""
         try:
             return header_table.read(self.header, self._flags, name)
-        except header_table.Unsupported:
+        except header_table.NotInTable:
             return (self.headers or {}).get(name)
 
     def set_int_header(self, name: str, value: int) -> None:

@@ -124,10 +124,10 @@ def register_memory_source(spark, url: str, user: str, password: str, rows: int,
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     from amqp_server.spark_bridge.record_stream import BATCH_BYTES, DEFAULT_BATCH_ROWS
-    from spark.source import Client, Settings, read_range, OffsetRange
+    from spark.source import RecordsApi, Settings, read_range, OffsetRange
 
     settings = Settings.from_options({"url": url, "user": user, "password": password, "queue": QUEUE})
-    offsets = Client(settings).offsets(QUEUE)
+    offsets = RecordsApi(settings).offsets(QUEUE)
     first = offsets["head"]
     schema = settings.schema()
     size = min(DEFAULT_BATCH_ROWS, max(1, BATCH_BYTES * offsets["messages"] // max(1, offsets["bytes"])))

@@ -33,7 +33,7 @@ from .metadata.mirror import DEF_PREFIX, Metadata
 from .peers.peer import Peer
 from .quorum.groups import QuorumGroups
 from .peers.remote_queue import RemoteQueue
-from .peers.owner_side import Session
+from .peers.owner_side import PeerSession
 from .metadata.signing import Signer
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class Cluster:
         self._streams: dict[str, tuple[str, int]] = {}  # where the other nodes serve the stream protocol
         self.peers: dict[str, Peer] = {}
         self.quorum = QuorumGroups(self)
-        self.sessions: set[Session] = set()
+        self.sessions: set[PeerSession] = set()
         self.applying = False
         self._lost: list[tuple[VHost, str]] = []  # transient queues of ours that did not survive a restart
         self._server: asyncio.base_events.Server | None = None
@@ -182,8 +182,8 @@ class Cluster:
                     self.broker.delete_queue(vhost, queue.name)
         await self.membership.forget(name)
 
-    def _session(self, server_link: ServerLink) -> Session:
-        session = Session(self.broker, server_link)
+    def _session(self, server_link: ServerLink) -> PeerSession:
+        session = PeerSession(self.broker, server_link)
         self.sessions.add(session)
         server_link.closed.add_done_callback(lambda _: self.sessions.discard(session))
         return session

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .common import WarrenError, pinned
-from .source import Client, Settings, WarrenDataSource
+from .source import RecordsApi, Settings, WarrenDataSource
 
 
 def commit(df: Any, password: str = "guest") -> dict[str, int]:
@@ -34,7 +34,7 @@ def commit(df: Any, password: str = "guest") -> dict[str, int]:
         return {}
     settings = Settings.from_options({"url": pin["url"], "vhost": pin["vhost"], "user": pin["user"],
                                       "password": password, "queue": ",".join(ranges), "mode": "drain"})
-    client = Client(settings)
+    client = RecordsApi(settings)
     return {queue: client.commit(queue, end)["removed"] for queue, (_, end) in ranges.items()}
 
 

@@ -137,7 +137,7 @@ class Settings:
         return base_schema(StringType(), pin)
 
 
-class Client:
+class RecordsApi:
     """The management API's offsets, records and commit endpoints (stdlib HTTP, basic auth)."""
 
     def __init__(self, settings: Settings) -> None:
@@ -282,7 +282,7 @@ def read_range(settings: Settings, schema: StructType, part: OffsetRange) -> Ite
     parse_json = (settings.body_format == "json" and "body" in names
                   and isinstance(schema["body"].dataType, StructType))
     narrow = None if set(names) >= set(base_schema().fieldNames()) else names  # a .schema(...) of a few columns
-    for batch in Client(settings).records(part.queue, part.start, part.end, narrow):
+    for batch in RecordsApi(settings).records(part.queue, part.start, part.end, narrow):
         if parse_json:
             batch = _parse_bodies(batch, target.field("body").type)
         batch = batch.select(names)
@@ -344,11 +344,11 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, settings: Settings, schema: StructType) -> None:
         self.settings = settings
         self.schema = schema
-        self.queues = Client(settings).queue_names()  # fixed for the life of the query
+        self.queues = RecordsApi(settings).queue_names()  # fixed for the life of the query
         self.target: dict[str, int] | None = None  # AvailableNow: nothing beyond this
 
     def initialOffset(self) -> dict[str, int]:
-        client = Client(self.settings)
+        client = RecordsApi(self.settings)
         return {queue: client.offsets(queue)["head"] for queue in self.queues}
 
     def getDefaultReadLimit(self) -> Any:
@@ -357,13 +357,13 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        client = Client(self.settings)
+        client = RecordsApi(self.settings)
         self.target = {queue: client.offsets(queue)["tail"] for queue in self.queues}
 
     def _tails(self) -> dict[str, int]:
         if self.target is not None:
             return dict(self.target)
-        client = Client(self.settings)
+        client = RecordsApi(self.settings)
         return {queue: client.offsets(queue)["tail"] for queue in self.queues}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, int]:
@@ -404,7 +404,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark has processed everything below ``end``: drain mode removes it (idempotent on the broker)."""
         if self.settings.mode != "drain":
             return
-        client = Client(self.settings)
+        client = RecordsApi(self.settings)
         for queue, offset in end.items():
             client.commit(queue, int(offset))
 
@@ -431,7 +431,7 @@ class WarrenDataSource(DataSource):
             return amqp_schema(self.options)
         settings = Settings.from_options(self.options)
         try:
-            self.ranges, self.sizes = Client(settings).pin()
+            self.ranges, self.sizes = RecordsApi(settings).pin()
         except WarrenError as exc:
             raise exc.with_traceback(None) from None  # Spark shows this text: keep it to the reason
         return settings.schema(self.ranges)
@@ -446,7 +446,7 @@ class WarrenDataSource(DataSource):
         # with a user-given .schema(...) schema() never ran: pin now, at planning.
         ranges, sizes = getattr(self, "ranges", None), getattr(self, "sizes", {})
         if ranges is None:
-            ranges, sizes = Client(settings).pin()
+            ranges, sizes = RecordsApi(settings).pin()
         return WarrenBatchReader(settings, schema, ranges, sizes)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

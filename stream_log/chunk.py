@@ -33,7 +33,7 @@ _VALUE = struct.Struct(">Q")
 MAX_INFLATED = 32 << 20  # bytes a chunk's gzip sub-batches may inflate to, together
 
 
-class Unsupported(Exception):
+class UnsupportedCompression(Exception):
     """A sub-batch this node cannot split into records (a compression other than none or gzip)."""
 
 
@@ -96,7 +96,7 @@ def records(data: bytes | memoryview, entries: int, refused: list[str] | None = 
                 found = sub_batch_records(type_byte, count, uncompressed, bytes(data[pos:pos + size]), room)
                 room -= uncompressed
                 yield from found
-            except (ValueError, Unsupported) as exc:
+            except (ValueError, UnsupportedCompression) as exc:
                 if refused is not None:
                     refused.append(str(exc))
                 yield from (None for _ in range(count))
@@ -119,7 +119,7 @@ def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes
                              f"{MAX_INFLATED} a chunk may inflate to")
         data = _gunzip(data, uncompressed)
     elif compression != COMPRESSION_NONE:
-        raise Unsupported(f"sub-batch compression {compression}")
+        raise UnsupportedCompression(f"sub-batch compression {compression}")
     found = []
     pos = 0
     for _ in range(count):

@@ -71,7 +71,7 @@ def _name(first: int) -> str:
     return f"{first:020d}"
 
 
-class Segment:
+class StreamSegment:
     """One segment file and its index.  ``rows`` holds its index rows while it is written or was read lately
     (None otherwise: ``StreamLog.rows`` reads them again)."""
 
@@ -97,7 +97,7 @@ class StreamLog:
     def __init__(self, directory: str, logs: "StreamLogs") -> None:
         self.directory = directory
         self.logs = logs
-        self.segments: list[Segment] = []
+        self.segments: list[StreamSegment] = []
         self._firsts: list[int] = []  # each segment's first chunk id, for bisect
         self.first = 0
         self.next = 0
@@ -108,8 +108,8 @@ class StreamLog:
         self.segment_bytes = DEFAULT_SEGMENT_BYTES  # stream-max-segment-size-bytes, and the retention limits:
         self.max_bytes: int | None = None  # max-length-bytes
         self.max_age_ms: int | None = None  # max-age
-        self._loaded: OrderedDict[Segment, None] = OrderedDict()  # sealed segments with rows in memory
-        self._unsynced: list[Segment] = []  # segments written since the last commit, still written
+        self._loaded: OrderedDict[StreamSegment, None] = OrderedDict()  # sealed segments with rows in memory
+        self._unsynced: list[StreamSegment] = []  # segments written since the last commit, still written
         self._sealed: list[tuple[str, int]] = []  # segments sealed since the last commit: (path, chunks)
         self._dir_dirty = False  # files were created or renamed here since the last commit
         self._writers_saved = 0.0  # when the writers were last saved (monotonic)
@@ -241,11 +241,11 @@ class StreamLog:
                 self.logs.dir_changed()
             self._dir_made = True
 
-    def _new_segment(self, first: int) -> Segment:
+    def _new_segment(self, first: int) -> StreamSegment:
         """A new segment's files, then the one before sealed (OSError, the node out of descriptors or disk:
         nothing changed)."""
         self._made()
-        segment = Segment(first, os.path.join(self.directory, _name(first)))
+        segment = StreamSegment(first, os.path.join(self.directory, _name(first)))
         try:
             segment.fd = os.open(segment.path + ".segment", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             segment.index_fd = os.open(segment.path + ".index", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -266,7 +266,7 @@ class StreamLog:
         self._dir_dirty = True
         return segment
 
-    def _seal(self, segment: Segment) -> None:
+    def _seal(self, segment: StreamSegment) -> None:
         """The segment is full: its rows trimmed, its files closed (one write descriptor a stream, however small
         its segments); the next commit opens them again to make them durable, its index marked whole."""
         segment.sealed = True
@@ -295,7 +295,7 @@ class StreamLog:
                 break
             self._remove_segment(self.segments[0])
 
-    def _remove_segment(self, segment: Segment) -> None:
+    def _remove_segment(self, segment: StreamSegment) -> None:
         self.segments.pop(0)
         self._firsts.pop(0)
         self._loaded.pop(segment, None)
@@ -307,7 +307,7 @@ class StreamLog:
         self._dir_dirty = True
         self.logs.changed(self)
 
-    def _close(self, segment: Segment) -> None:
+    def _close(self, segment: StreamSegment) -> None:
         for fd in (segment.fd, segment.index_fd):
             if fd >= 0:
                 os.close(fd)
@@ -318,7 +318,7 @@ class StreamLog:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def find(self, offset: int) -> tuple[Segment, int] | None:
+    def find(self, offset: int) -> tuple[StreamSegment, int] | None:
         """The chunk holding ``offset`` (the first chunk for an offset below the stream): its segment and row;
         None at or past ``next``."""
         if offset >= self.next or not self.segments:
@@ -331,7 +331,7 @@ class StreamLog:
         i = int(np.searchsorted(rows["id"][:segment.count], offset, "right")) - 1
         return segment, max(i, 0)
 
-    def after(self, segment: Segment, i: int) -> tuple[Segment, int] | None:
+    def after(self, segment: StreamSegment, i: int) -> tuple[StreamSegment, int] | None:
         """The chunk after row ``i`` of ``segment``, if there is one."""
         if i + 1 < segment.count:
             return segment, i + 1
@@ -341,7 +341,7 @@ class StreamLog:
             return (following, 0) if following.count else None
         return None
 
-    def rows(self, segment: Segment) -> np.ndarray:
+    def rows(self, segment: StreamSegment) -> np.ndarray:
         """The segment's index rows (read from its index file if they are not in memory)."""
         rows = segment.rows
         if rows is None:
@@ -359,16 +359,16 @@ class StreamLog:
             segment, _ = self._loaded.popitem(last=False)
             segment.rows = None
 
-    def fd(self, segment: Segment) -> int:
+    def fd(self, segment: StreamSegment) -> int:
         """The segment file, open for reading until another is opened (the one being written: while it is)."""
         return segment.fd if segment.fd >= 0 else self.logs.read_fds.get(segment)
 
-    def chunk_bytes(self, segment: Segment, i: int) -> bytes:
+    def chunk_bytes(self, segment: StreamSegment, i: int) -> bytes:
         """Row ``i``'s chunk as readers get it: header and data (never the trailer)."""
         row = self.rows(segment)[i]
         return os.pread(self.fd(segment), int(row["sent"]), int(row["pos"]))
 
-    def chunks(self, start: int) -> Iterator[tuple[Segment, int]]:
+    def chunks(self, start: int) -> Iterator[tuple[StreamSegment, int]]:
         """Every chunk from the one holding ``start`` on, as (segment, row)."""
         at = self.find(start)
         while at is not None:
@@ -457,7 +457,7 @@ class StreamLog:
         names = sorted(name[:-len(".segment")] for name in os.listdir(self.directory) if name.endswith(".segment"))
         expected: int | None = None
         for position, name in enumerate(names):
-            segment = Segment(int(name), os.path.join(self.directory, name))
+            segment = StreamSegment(int(name), os.path.join(self.directory, name))
             if expected is not None and segment.first != expected:  # after a cut, or a gap: nothing here counts
                 log.warning("stream %s: segment %s dropped (expected one at %d)", self.directory, name, expected)
                 for suffix in (".segment", ".index"):
@@ -613,9 +613,9 @@ class ReadFds:
 
     def __init__(self, size: int = READ_FDS) -> None:
         self.size = size
-        self._open: OrderedDict[Segment, int] = OrderedDict()
+        self._open: OrderedDict[StreamSegment, int] = OrderedDict()
 
-    def get(self, segment: Segment) -> int:
+    def get(self, segment: StreamSegment) -> int:
         fd = self._open.get(segment)
         if fd is not None:
             self._open.move_to_end(segment)
@@ -637,7 +637,7 @@ class ReadFds:
         _, fd = self._open.popitem(last=False)
         os.close(fd)
 
-    def drop(self, segment: Segment) -> None:
+    def drop(self, segment: StreamSegment) -> None:
         fd = self._open.pop(segment, None)
         if fd is not None:
             os.close(fd)
@@ -745,7 +745,7 @@ class StreamLogs:
             stream_log.close()
 
 
-def _recover_segment(segment: Segment, last: bool) -> bool:
+def _recover_segment(segment: StreamSegment, last: bool) -> bool:
     """Read a segment's index; check the rows past its durable mark and scan for chunks past its last good row.
     The segment ends at its last sound chunk; False if something after it was cut off (what followed is lost)."""
     path = segment.path

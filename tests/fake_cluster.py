@@ -28,7 +28,7 @@ from amqp_server.records import QueueRecord
 from forwarder.peers import node_link as link
 from forwarder.quorum import groups as quorum
 from forwarder.peers.peer import Peer
-from forwarder.peers.owner_side import Session
+from forwarder.peers.owner_side import PeerSession
 
 
 @dataclass
@@ -351,7 +351,7 @@ class Network:
         self.held: dict[tuple[str, str], list[tuple[str, str, int, bytes]]] = {}  # slow links: frames waiting
         self.down: set[str] = set()
         self.nodes: dict[str, Node] = {}
-        self.sessions: dict[tuple[str, str], Session] = {}  # (node, the node whose link it serves): its session
+        self.sessions: dict[tuple[str, str], PeerSession] = {}  # (node, the node whose link it serves): its session
         self.records: list[QueueRecord] = []
 
     async def start(self) -> "Network":
@@ -401,7 +401,7 @@ class Network:
                 continue
             peer = node.peers[there]
             if up:  # (its link to there, and its session for there's link to it)
-                self.sessions[(here, there)] = Session(node.broker, FakeLink(self, here, there))  # type: ignore[arg-type]  # a fake link stands in for the listener's
+                self.sessions[(here, there)] = PeerSession(node.broker, FakeLink(self, here, there))  # type: ignore[arg-type]  # a fake link stands in for the listener's
                 peer.link = FakeLink(self, here, there)  # type: ignore[assignment]  # and for the dialer's
                 peer._went_up()
             else:

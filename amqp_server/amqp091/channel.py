@@ -20,7 +20,7 @@ from ..broker import direct_reply
 from .. import errors
 from ..broker import server_name
 from ..framing.codec import CONTENT_UNIT_BITS
-from ..frontend.file_out import FileRange
+from ..framing.file_out import FileRange
 from .consumer_timeout import AckTimeout
 from ..broker.direct_reply import ReplyConsumer
 from ..errors import AMQPError, ChannelError, ConnectionError
@@ -174,7 +174,7 @@ class Channel:
         if shared is None:
             try:
                 properties.check(header)
-            except properties.Malformed as exc:
+            except properties.MalformedProperties as exc:
                 # RabbitMQ cannot decode such properties either: its channel crashes, the client gets a bare 541
                 log.warning("malformed content header on channel %d of %s: %s", self.number,
                             self.connection.name, untrusted(exc))

@@ -20,9 +20,9 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from .. import __version__, errors
-from ..frontend import auth_mechanisms, file_out
-from ..frontend.file_out import Outbox, direct_socket
-from ..framing import codec
+from ..frontend import auth_mechanisms
+from ..framing.file_out import Outbox, direct_socket
+from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Registry
 from ..memory import MEMORY_CHECK_BYTES

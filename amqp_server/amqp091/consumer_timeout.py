@@ -32,7 +32,7 @@ TICKS_PER_TIMEOUT = 4  # a shorter timeout is checked this many times within it
 MIN_TICK = 0.05
 
 
-class Connection(Protocol):
+class WatchedConnection(Protocol):
     """The connection of a watched channel: the node's settings and its loop."""
 
     @property
@@ -46,7 +46,7 @@ class Watched(Protocol):
     """A channel as its timeout sees it (``channel.Channel``): the deliveries it holds unacknowledged, by tag."""
 
     @property
-    def connection(self) -> Connection: ...
+    def connection(self) -> WatchedConnection: ...
 
     @property
     def number(self) -> int: ...

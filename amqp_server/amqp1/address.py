@@ -12,7 +12,7 @@ from . import frames
 from .frames import Amqp10Error
 
 
-class Destination(NamedTuple):
+class TargetAddress(NamedTuple):
     exchange: str  # "" for the default exchange
     routing_key: str | None  # None: the message's subject (``/exchanges/:exchange``)
     declare: bool = False  # v1 ``/queue/:queue``: the queue named by the routing key is declared first
@@ -40,7 +40,7 @@ def _v1_name(part: str, address: str) -> str:
     return part
 
 
-def target(address: str) -> Destination:
+def target(address: str) -> TargetAddress:
     """Where a message sent to ``address`` goes; ``Amqp10Error`` (invalid-field) for what is not a target."""
     try:
         parts = address.split("/")
@@ -48,19 +48,19 @@ def target(address: str) -> Destination:
         if v1 is not None:
             return v1
         if len(parts) == 3 and parts[0] == "" and parts[1] == "queues" and parts[2]:
-            return Destination("", _name(parts[2], address))
+            return TargetAddress("", _name(parts[2], address))
         if len(parts) in (3, 4) and parts[0] == "" and parts[1] == "exchanges" and parts[2]:
             exchange = _name(parts[2], address)
             if exchange == "amq.default":
                 raise Amqp10Error(frames.INVALID_FIELD, "publishing to the default exchange via the 'amq.default' "
                                   "name is not allowed; use /queues/:queue instead")
-            return Destination(exchange, _name(parts[3], address) if len(parts) == 4 else None)
+            return TargetAddress(exchange, _name(parts[3], address) if len(parts) == 4 else None)
     except UnicodeDecodeError:
         pass
     raise Amqp10Error(frames.INVALID_FIELD, f"bad address '{address[:300]}'")
 
 
-def _v1_target(parts: list[str]) -> Destination | None:
+def _v1_target(parts: list[str]) -> TargetAddress | None:
     """The v1 targets of RabbitMQ 3.x's plugin, which 4.x still takes: ``/exchange/:x/:key``, ``/exchange/:x``
     (the subject as routing key), ``/topic/:key`` (amq.topic), ``/queue/:q`` and ``/amq/queue/:q`` (the default
     exchange), ``/queue`` (the default exchange, the subject as routing key).  Names are not percent-encoded."""
@@ -68,13 +68,13 @@ def _v1_target(parts: list[str]) -> Destination | None:
         return None
     kind, rest = parts[1], parts[2:]
     if kind == "exchange" and len(rest) in (1, 2) and rest[0]:
-        return Destination(rest[0], rest[1] if len(rest) == 2 else None)
+        return TargetAddress(rest[0], rest[1] if len(rest) == 2 else None)
     if kind == "topic" and len(rest) == 1:
-        return Destination("amq.topic", rest[0])
+        return TargetAddress("amq.topic", rest[0])
     if kind == "queue" and len(rest) <= 1:
-        return Destination("", rest[0], True) if rest and rest[0] else Destination("", None)
+        return TargetAddress("", rest[0], True) if rest and rest[0] else TargetAddress("", None)
     if kind == "amq" and len(rest) == 2 and rest[0] == "queue" and rest[1]:
-        return Destination("", rest[1])
+        return TargetAddress("", rest[1])
     return None
 
 

@@ -66,7 +66,7 @@ class Session:
         self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
-        self.links: dict[int, Link] = {}
+        self.links: dict[int, LinkEndpoint] = {}
         self.unsettled: dict[int, tuple[Entry, AnyQueue, Consumer | None, Outgoing]] = {}
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
         self.stats = MessageStats()
@@ -116,7 +116,7 @@ class Session:
         else:
             raise Amqp10Error(frames.DECODE_ERROR, f"unknown performative 0x{code:02x}")
 
-    def _link(self, fields: list[Value], index: int = 0) -> Link:
+    def _link(self, fields: list[Value], index: int = 0) -> LinkEndpoint:
         handle = frames.typed(fields, index, ("uint",), "handle")
         link = self.links.get(handle) if handle is not None else None
         if link is None:
@@ -138,7 +138,7 @@ class Session:
         source = frames.composite(fields, 5, frames.SOURCE)
         target = frames.composite(fields, 6, frames.TARGET)
         if role:  # the client receives: the node sends from a queue
-            link: Link = Outgoing(self, name, handle, settle_mode, source, target)
+            link: LinkEndpoint = Outgoing(self, name, handle, settle_mode, source, target)
         else:
             link = Incoming(self, name, handle, settle_mode, source, target)
         try:
@@ -151,14 +151,14 @@ class Session:
         else:  # the frames after this attach wait until it is answered, so the handle stays free meanwhile
             self.connection.await_request(self._declare(link, declaration), lambda _: self._attach_link(link))
 
-    async def _declare(self, link: Link, declaration: Coroutine[Any, Any, None]) -> bytes:
+    async def _declare(self, link: LinkEndpoint, declaration: Coroutine[Any, Any, None]) -> bytes:
         try:
             await declaration
         except (Amqp10Error, AMQPError) as exc:
             link.refusal = exc
         return b""
 
-    def _attach_link(self, link: Link) -> None:
+    def _attach_link(self, link: LinkEndpoint) -> None:
         try:
             if link.refusal is not None:
                 raise link.refusal
@@ -170,7 +170,7 @@ class Session:
         link.attached()
 
     @staticmethod
-    def _refuse(link: Link, exc: Amqp10Error | AMQPError) -> None:
+    def _refuse(link: LinkEndpoint, exc: Amqp10Error | AMQPError) -> None:
         condition, description = (exc.condition, exc.description) if isinstance(exc, Amqp10Error) \
             else _error_of(exc)
         link.refuse(condition, description)
@@ -315,7 +315,7 @@ class Session:
                 link.emit_outcomes()
 
 
-class Link:
+class LinkEndpoint:
     """What both directions share: the attach exchange and detach."""
 
     role = False  # the node's role: False sender, True receiver
@@ -397,7 +397,7 @@ def _address(fields: list[Value] | None) -> str | None:
     return str(fields[0].value)
 
 
-class Incoming(Link):
+class Incoming(LinkEndpoint):
     """A link the client sends on: every message is published, and (unsettled) answered with its outcome once
     the 0-9-1 confirm path would confirm it: at once, or after the fsync (or the owner nodes) that covers it."""
 
@@ -405,7 +405,7 @@ class Incoming(Link):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.destination: address.Destination | None = None  # None: each message's ``to``
+        self.destination: address.TargetAddress | None = None  # None: each message's ``to``
         self.exchange: Exchange | None = None
         self.partial: bytearray | None = None  # a message arriving in several transfers
         self.partial_id = 0
@@ -740,7 +740,7 @@ def _volatile(fields: list[Value] | None) -> bool:
     return any(isinstance(item, Value) and item.value == VOLATILE_QUEUE for item in items)
 
 
-class Outgoing(Link):
+class Outgoing(LinkEndpoint):
     """A link the client receives on: a consumer of a queue whose credit is the link's."""
 
     role = False

@@ -29,7 +29,7 @@ class QuorumHooks(Protocol):
     def peer_down(self, name: str, silent: bool = False) -> None: ...
 
     def replicate(self, session: Any, payload: bytes) -> None:
-        """A leader's ops arrived on ``session`` (a ``forwarder.peers.owner_side.Session``, which the core cannot
+        """A leader's ops arrived on ``session`` (a ``forwarder.peers.owner_side.PeerSession``, which the core cannot
         name)."""
 
     def replicated(self, peer_name: str, payload: bytes) -> None: ...

@@ -51,7 +51,7 @@ MAX_SEQ = (1 << 64) - 1
 LATENESS_BUCKETS = 10_000  # ms; later ones count in the last bucket
 
 
-class Publisher(Protocol):
+class MandatoryPublisher(Protocol):
     """The channel that published a mandatory delayed message."""
 
     open: bool
@@ -73,7 +73,7 @@ class _Held:
 
     __slots__ = ("target", "message", "publisher")
 
-    def __init__(self, target: tuple[str, str], message: Message, publisher: Publisher | None) -> None:
+    def __init__(self, target: tuple[str, str], message: Message, publisher: MandatoryPublisher | None) -> None:
         self.target = target  # (vhost, exchange)
         self.message = message
         self.publisher = publisher
@@ -96,7 +96,7 @@ class DelayedMessages:
         self._seq = 0
         self._horizon = (0, 0)  # every stored entry with a (due, seq) up to this is in the heap
         self._beyond = 0  # stored entries due after the horizon (on disk only)
-        self._returns: dict[int, Publisher] = {}  # seq of a stored mandatory message -> its publisher
+        self._returns: dict[int, MandatoryPublisher] = {}  # seq of a stored mandatory message -> its publisher
         self._timer: asyncio.Handle | None = None  # call_later's, or call_soon's when overdue
         self._timer_due = 0
 
@@ -149,7 +149,7 @@ class DelayedMessages:
 
     # -- in ------------------------------------------------------------------------------------
 
-    def defer(self, vhost: "VHost", exchange: Exchange, message: Message, publisher: Publisher | None) -> None:
+    def defer(self, vhost: "VHost", exchange: Exchange, message: Message, publisher: MandatoryPublisher | None) -> None:
         """Hold a message its delayed exchange deferred; ``publisher`` is set if it was published mandatory."""
         delay = delay_of(message)
         message.set_int_header("x-delay", -delay)  # as the plugin: routed once, not again

@@ -11,7 +11,7 @@ from ..framing import codec
 from .. import errors
 from . import sender_selected
 from ..access_control import Principal
-from .delayed_messages import Publisher
+from .delayed_messages import MandatoryPublisher
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue
@@ -40,7 +40,7 @@ class Messages:
         return local.purge() if local is not None else queue.message_count  # (another node's: see purge_anywhere)
 
     def publish(self, vhost: VHost, exchange: Exchange, message: Message,
-                publisher: Publisher | None = None, confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
+                publisher: MandatoryPublisher | None = None, confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
         """Route and enqueue: (routed to some queue or held by a delayed exchange, a queue's length limit
         rejected it).  ``publisher`` is the channel of a mandatory publish, for a delayed message's return;
         ``confirm`` the confirm-mode channel that copies forwarded to other nodes confirm to.

@@ -8,7 +8,7 @@ from typing import Collection, cast
 from exchanges import DEFERRED, Exchange
 
 from . import sender_selected
-from .delayed_messages import DelayedMessages, Publisher
+from .delayed_messages import DelayedMessages, MandatoryPublisher
 from .direct_reply import ReplyConsumers
 from ..message import Message
 from .vhost import VHost
@@ -24,7 +24,7 @@ class Router:
         self.delayed = delayed
 
     def route(self, vhost: VHost, exchange: Exchange, message: Message,
-              publisher: Publisher | None = None) -> Collection[Destination]:
+              publisher: MandatoryPublisher | None = None) -> Collection[Destination]:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
 
         A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
@@ -45,7 +45,7 @@ class Router:
         return self._route_keys(vhost, exchange, message, (message.routing_key,), publisher)
 
     def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
-                    keys: tuple[str, ...], publisher: Publisher | None = None) -> Collection[Destination]:
+                    keys: tuple[str, ...], publisher: MandatoryPublisher | None = None) -> Collection[Destination]:
         """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
         exchange none of the keys routes through."""
         queues: dict[Destination, None] = {}

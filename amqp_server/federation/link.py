@@ -157,7 +157,7 @@ class FederationLink(Link):
         flags = header[12] << 8 | header[13]
         try:
             return flags, header_table.headers(header, flags)
-        except (header_table.Unsupported, ValueError, IndexError, struct.error):
+        except (header_table.NotInTable, ValueError, IndexError, struct.error):
             log.warning("%s: dropped a message whose headers cannot be read", self.what)
             return None
 
@@ -348,7 +348,7 @@ class ExchangeLink(FederationLink):
                  size: int) -> tuple[str, str, bytes] | None:
         try:
             first = not header_table.has(header, ROUTING_HEADER)
-        except header_table.Unsupported:
+        except header_table.NotInTable:
             first = False
         if first:  # the usual case: the entry's bytes added to the table's, nothing decoded
             header = header_table.with_field(header, ROUTING_HEADER, self._first_hop[redelivered])

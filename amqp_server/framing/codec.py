@@ -15,7 +15,7 @@ from pamqp import frame as pamqp_frame
 from pamqp.base import Frame
 
 from . import field_types
-from ..frontend.file_out import FileRange
+from .file_out import FileRange
 
 # RabbitMQ takes any UTF-8 queue / exchange name (up to 255 bytes); pamqp's stricter name pattern
 # would make marshalling a reply that names one (queue.declare-ok for 'a[1]') fail.
@@ -117,7 +117,7 @@ def gather(parts: list) -> tuple[list, int]:
 def content_frames(out: list, channel: int, header: bytes, body: bytes | FileRange, frame_max: int) -> bool:
     """Append the content header frame and body frames of a message to ``out``; True if the body is large
     enough for the output to be ``gather``ed.  A body in a file (a ``FileRange``) is appended as ranges of it
-    between the body frames' heads and ends, for the connection to send from the file (``frontend.file_out``)."""
+    between the body frames' heads and ends, for the connection to send from the file (``framing.file_out``)."""
     out.append(FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)))
     out.append(header)
     if isinstance(body, FileRange):

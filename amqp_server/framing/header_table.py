@@ -29,7 +29,7 @@ _FIXED = {ord("t"): 1, ord("f"): 4, ord("d"): 8, ord("D"): 5, ord("T"): 8, ord("
 _SIZED = {ord("S"), ord("x"), ord("A"), ord("F")}  # a 4-byte length, then that many bytes
 
 
-class Unsupported(Exception):
+class NotInTable(Exception):
     """The bytes cannot be read here; decode the properties instead."""
 
 
@@ -53,7 +53,7 @@ def _find(header: bytes, flags: int, name: bytes) -> int | None:
         elif kind in _FIXED:
             pos += _FIXED[kind]
         else:
-            raise Unsupported
+            raise NotInTable
     return None
 
 
@@ -68,7 +68,7 @@ def read(header: bytes, flags: int, name: str) -> Any:
     if kind == ord("S"):
         length = _LONG.unpack_from(header, pos + 1)[0]
         return header[pos + 5:pos + 5 + length].decode(errors="replace")
-    raise Unsupported
+    raise NotInTable
 
 
 def with_int(header: bytes, flags: int, name: str, value: int) -> bytes:
@@ -76,12 +76,12 @@ def with_int(header: bytes, flags: int, name: str, value: int) -> bytes:
     the signed one for a negative value); Unsupported if it is absent, not an integer, or ``value`` won't fit."""
     pos = _find(header, flags, name.encode())
     if pos is None or header[pos] not in _INTS:
-        raise Unsupported
+        raise NotInTable
     kind = header[pos] if value >= 0 else _SIGNED.get(header[pos], header[pos])
     try:
         packed = _INTS[kind].pack(value)
     except struct.error:
-        raise Unsupported from None
+        raise NotInTable from None
     return header[:pos] + bytes((kind,)) + packed + header[pos + 1 + len(packed):]
 
 
@@ -112,7 +112,7 @@ def with_int_set(header: bytes, name: str, value: int) -> bytes:
         if _find(header, flags, name.encode()) is None:  # the usual case: appended to the table's bytes
             return with_field(header, name, b"l" + _INTS[ord("l")].pack(value))
         return with_int(header, flags, name, value)
-    except Unsupported:
+    except NotInTable:
         fields = headers(header, flags)
         fields[name] = Field("l", value)
         return with_headers(header, flags, fields)
@@ -152,7 +152,7 @@ def _decode_value(buf: bytes, pos: int) -> tuple[Field, int]:
     if kind == "V":
         return Field(kind, None), pos
     if ord(kind) not in _SIZED:
-        raise Unsupported
+        raise NotInTable
     end = pos + 4 + _LONG.unpack_from(buf, pos)[0]
     data = buf[pos + 4:end]
     if kind == "S":

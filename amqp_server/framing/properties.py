@@ -51,17 +51,17 @@ _TABLE, _ARRAY = ord("F"), ord("A")
 _SIZED = {ord("S"), ord("x"), _TABLE, _ARRAY}
 
 
-class Malformed(ValueError):
+class MalformedProperties(ValueError):
     """A property block RabbitMQ could not decode either."""
 
 
 def check(header: bytes | bytearray) -> None:
     """Malformed unless the content header's property block decodes exactly to its end."""
     if len(header) < 14:
-        raise Malformed("content header shorter than 14 octets")
+        raise MalformedProperties("content header shorter than 14 octets")
     flags = header[12] << 8 | header[13]
     if flags & FLAG_CONTINUATION:
-        raise Malformed("property flags continuation is not used by the basic class")
+        raise MalformedProperties("property flags continuation is not used by the basic class")
     pos = 14
     end = len(header)
     for flag, name, kind in FIELDS:
@@ -69,15 +69,15 @@ def check(header: bytes | bytearray) -> None:
             continue
         if kind == "s":
             if pos >= end:
-                raise Malformed(f"{name} truncated")
+                raise MalformedProperties(f"{name} truncated")
             pos += 1 + header[pos]
         elif kind == "F":
             if pos + 4 > end:
-                raise Malformed("headers truncated")
+                raise MalformedProperties("headers truncated")
             size = _LONG.unpack_from(header, pos)[0]
             pos += 4
             if pos + size > end:
-                raise Malformed(f"headers table of {size} octets exceeds the frame")
+                raise MalformedProperties(f"headers table of {size} octets exceeds the frame")
             _check_table(header, pos, pos + size)
             pos += size
         elif kind == "o":
@@ -85,9 +85,9 @@ def check(header: bytes | bytearray) -> None:
         else:
             pos += 8
         if pos > end:
-            raise Malformed(f"{name} truncated")
+            raise MalformedProperties(f"{name} truncated")
     if pos != end:
-        raise Malformed(f"{end - pos} octets after the last property")
+        raise MalformedProperties(f"{end - pos} octets after the last property")
 
 
 def _check_table(buf: bytes | bytearray, pos: int, end: int) -> None:
@@ -103,29 +103,29 @@ def _check_table(buf: bytes | bytearray, pos: int, end: int) -> None:
         if not is_array:
             pos += 1 + buf[pos]  # field name
             if pos >= end:
-                raise Malformed("field table entry truncated")
+                raise MalformedProperties("field table entry truncated")
         kind = buf[pos]
         pos += 1
         if kind in _FIXED:
             pos += _FIXED[kind]
         elif kind in _SIZED:
             if pos + 4 > end:
-                raise Malformed("field value truncated")
+                raise MalformedProperties("field value truncated")
             size = _LONG.unpack_from(buf, pos)[0]
             pos += 4
             if pos + size > end:
-                raise Malformed("field value exceeds its table")
+                raise MalformedProperties("field value exceeds its table")
             if kind == _TABLE or kind == _ARRAY:
                 if len(stack) >= MAX_TABLE_DEPTH:
-                    raise Malformed(f"tables nested deeper than {MAX_TABLE_DEPTH}")
+                    raise MalformedProperties(f"tables nested deeper than {MAX_TABLE_DEPTH}")
                 stack.append((end, is_array))
                 end, is_array = pos + size, kind == _ARRAY
                 continue
             pos += size
         else:
-            raise Malformed(f"unknown field type {chr(kind)!r}")
+            raise MalformedProperties(f"unknown field type {chr(kind)!r}")
         if pos > end:
-            raise Malformed("field value exceeds its table")
+            raise MalformedProperties("field value exceeds its table")
 
 
 def locate(header: bytes, flag: int) -> tuple[int, int]:

@@ -278,14 +278,14 @@ class Clear:
 
 
 @dataclass(slots=True)
-class DeadLetters:
+class DeadLetterEntries:
     """The leader: republish these entries to the dead-letter exchange (before any ``Remove`` of them)."""
 
     seqs: list[int]
     reason: str
 
 
-Effect = Store | Held | Move | Unhold | Remove | Drop | Clear | DeadLetters
+Effect = Store | Held | Move | Unhold | Remove | Drop | Clear | DeadLetterEntries
 Effects = tuple[Effect, ...]
 
 
@@ -455,11 +455,11 @@ def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Eff
         for seq in seqs:
             dead[seq] = reason
         held: Effects = tuple(Held(seq) for seq in seqs) if ready else ()
-        return (*held, DeadLetters(seqs, reason))  # (after: a queue may take them at once, and they go)
+        return (*held, DeadLetterEntries(seqs, reason))  # (after: a queue may take them at once, and they go)
     counts = state.counts
     for seq in seqs:
         counts.pop(seq, None)
-    return (DeadLetters(seqs, reason), Remove(seqs))
+    return (DeadLetterEntries(seqs, reason), Remove(seqs))
 
 
 def _dead_lettered(op: DeadLettered, state: State) -> Effects:

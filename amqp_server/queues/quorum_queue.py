@@ -160,13 +160,13 @@ class QuorumQueue(Queue):
                 self.expiry.track(entry, entry.seq)
             self.ready.put_back(entry)
 
-    def _carry_out_dead_letters(self, effect: machine.DeadLetters) -> None:
+    def _carry_out_dead_letters(self, effect: machine.DeadLetterEntries) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
 
     _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
         machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
         machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
-        machine.DeadLetters: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
+        machine.DeadLetterEntries: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
 
     def _configure(self, apply: bool = True) -> None:
         """The state's arguments follow the queue's (declared, or a policy's)."""

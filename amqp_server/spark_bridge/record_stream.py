@@ -29,7 +29,7 @@ BATCH_BYTES = 8 << 20  # bodies per record batch, about: a batch of big messages
 MAX_LIMIT = 1_000_000
 
 
-class Output(Protocol):
+class ReadOutput(Protocol):
     """Where a read's stream goes (the HTTP response): its bytes as the loop writes them, or a client's socket a
     reader process may write a batch to itself, then the rest of that batch."""
 
@@ -46,8 +46,8 @@ def describe(queue: RecordSource) -> dict[str, int]:
             "messages": queue.message_count, "bytes": queue.ready_bytes}
 
 
-async def write_records(queue: RecordSource, readers: record_reader.RecordReaders, out: Output, start: int, end: int,
-                        limit: int, batch_rows: int, layout: Layout) -> None:
+async def write_records(queue: RecordSource, readers: record_reader.RecordReaders, out: ReadOutput, start: int,
+                        end: int, limit: int, batch_rows: int, layout: Layout) -> None:
     """Ready entries with ``start <= seq < end``, at most ``limit``, to ``out`` as an Arrow stream of record batches
     of about ``batch_rows`` rows of ``layout``, its end marker included."""
     name = queue.name
@@ -120,7 +120,7 @@ def _rows_for_bytes(count: int, size: int) -> int:
     return max(1, BATCH_BYTES * count // size) if size > 0 else MAX_LIMIT
 
 
-async def _disk_batch(out: Output, readers: record_reader.RecordReaders, queue: RecordSource, start: int, end: int,
+async def _disk_batch(out: ReadOutput, readers: record_reader.RecordReaders, queue: RecordSource, start: int, end: int,
                       rows: int, layout: Layout) -> record_reader.Read | None:
     """A record batch of up to ``rows`` ready entries on disk from ``start``, about ``BATCH_BYTES`` of bodies at
     most, written to ``out``: a reader walks the queue index, the loop finds where their payloads lie, the reader
@@ -138,7 +138,7 @@ async def _disk_batch(out: Output, readers: record_reader.RecordReaders, queue: 
     return read
 
 
-async def _chunk_batch(out: Output, readers: record_reader.RecordReaders, queue: RecordSource, span: ChunkSpan,
+async def _chunk_batch(out: ReadOutput, readers: record_reader.RecordReaders, queue: RecordSource, span: ChunkSpan,
                        rows: int, layout: Layout) -> record_reader.Read | None:
     """A record batch of a stream's chunks where ``span`` says, up to ``rows`` records: a reader reads the chunks
     from the segment files and decodes their records, nothing of them on the loop; written as ``_disk_batch``

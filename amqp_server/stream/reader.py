@@ -31,14 +31,14 @@ import numpy as np
 from .. import __version__
 from ..access_control import loopback_refused
 from ..errors import AMQPError
-from ..frontend.file_out import FileRange, Part, direct_socket, read_rest, write_direct
+from ..framing.file_out import FileRange, Part, direct_socket, read_rest, write_direct
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
 from ..stats import MessageStats
 from ..queues.stream_queue import StreamQueue
 from stream_log import chunk
 from . import wire as core
-from .wire import Fields, Malformed
+from .wire import Fields, MalformedFrame
 from .manager import StreamError, StreamManager
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ _LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime
 AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
 
 
-class Publisher:
+class StreamPublisher:
     __slots__ = ("id", "reference", "stream", "sequence")
 
     def __init__(self, publisher_id: int, reference: str, stream: StreamQueue, sequence: int) -> None:
@@ -150,11 +150,11 @@ class StreamConnection(FrontEnd):
         self.heartbeat = 0
         self.exclusive_queues: set = set()
         self._waiting: asyncio.Task | None = None  # a command waiting for the cluster: what follows waits for it
-        self.publishers: dict[int, Publisher] = {}
+        self.publishers: dict[int, StreamPublisher] = {}
         self.subscriptions: dict[int, Subscription] = {}
         self._pending: dict[Subscription, None] = {}  # subscriptions with something to send at the flush
-        self._unsynced: deque[tuple[int, Publisher, bytes]] = deque()  # (group commit, publisher, packed ids)
-        self._confirms: dict[Publisher, list[bytes]] = {}  # packed ids to confirm at the next flush
+        self._unsynced: deque[tuple[int, StreamPublisher, bytes]] = deque()  # (group commit, publisher, packed ids)
+        self._confirms: dict[StreamPublisher, list[bytes]] = {}  # packed ids to confirm at the next flush
         self.publishing = False
         self.held = False
         self._correlation = 0
@@ -306,10 +306,10 @@ class StreamConnection(FrontEnd):
                 start, end = pos + 4, pos + 4 + size
                 pos = end
                 if size < 4:
-                    raise Malformed("frame shorter than its key and version")
+                    raise MalformedFrame("frame shorter than its key and version")
                 key, version = core.HEAD.unpack_from(buf, start)
                 self._frame(key, version, Fields(buf, start + 4, end))
-        except Malformed as exc:
+        except MalformedFrame as exc:
             complaints.warning("stream connection %s: malformed frame (%s)", self.name, untrusted(exc))
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             self._unframed = True
@@ -583,7 +583,7 @@ class StreamConnection(FrontEnd):
             self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
             return
         sequence = self.manager.writers(stream).get(reference, 0) if reference else 0
-        self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, sequence)
+        self.publishers[publisher_id] = StreamPublisher(publisher_id, reference, stream, sequence)
         stream.listeners[self] = None
         self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
 
@@ -640,7 +640,7 @@ class StreamConnection(FrontEnd):
         unpack = _ID_SIZE.unpack_from
         for _ in range(count):
             if pos + 12 > end:
-                raise Malformed("publish frame too short")
+                raise MalformedFrame("publish frame too short")
             publishing_id, size = unpack(buf, pos)
             start = pos + 8
             if version >= 2:  # a filter value (RabbitMQ 3.13) before the entry
@@ -648,20 +648,20 @@ class StreamConnection(FrontEnd):
                 fields.string()
                 start = fields.pos
                 if start + 4 > end:
-                    raise Malformed("publish frame too short")
+                    raise MalformedFrame("publish frame too short")
                 size = _ENTRY.unpack_from(buf, start)[0]
             sub_batch = size & 0x80000000
             if sub_batch:
                 if start + chunk.SUB_BATCH.size > end:
-                    raise Malformed("sub-batch too short")
+                    raise MalformedFrame("sub-batch too short")
                 _type, in_batch, _uncompressed, stored = chunk.SUB_BATCH.unpack_from(buf, start)
                 if not in_batch:
-                    raise Malformed("sub-batch of no records")
+                    raise MalformedFrame("sub-batch of no records")
                 pos = start + chunk.SUB_BATCH.size + stored
             else:
                 pos = start + 4 + size
             if pos > end:
-                raise Malformed("message runs past the frame")
+                raise MalformedFrame("message runs past the frame")
             if dedup and publishing_id <= last:
                 duplicates.append(publishing_id)
                 continue
@@ -671,7 +671,7 @@ class StreamConnection(FrontEnd):
                 sub_batches += 1
             last = publishing_id
         if pos != end:
-            raise Malformed("bytes left over in the publish frame")
+            raise MalformedFrame("bytes left over in the publish frame")
         if publisher is None or stream is None or stream.deleted or not stream.writable():
             code = core.PUBLISHER_DOES_NOT_EXIST if publisher is None else core.STREAM_DOES_NOT_EXIST \
                 if stream is None or stream.deleted else core.INTERNAL_ERROR
@@ -684,7 +684,7 @@ class StreamConnection(FrontEnd):
         if ids:
             self._to_confirm(publisher, struct.pack(f">{len(ids)}Q", *ids))
 
-    def _write_uniform(self, publisher: Publisher, stream: StreamQueue, count: int, ids: bytes, data: bytes,
+    def _write_uniform(self, publisher: StreamPublisher, stream: StreamQueue, count: int, ids: bytes, data: bytes,
                        size: int, last: int, dedup: bool) -> None:
         """A frame ``_uniform`` took apart: its ``count`` entries of ``size`` bytes in the chunks osiris's writer
         cuts (slices of ``data``, written with one write), ``ids`` confirmed once they are on disk."""
@@ -705,7 +705,7 @@ class StreamConnection(FrontEnd):
             stream.log.wrote(publisher.reference, last)
         self._to_confirm(publisher, ids)
 
-    def _to_confirm(self, publisher: Publisher, ids: bytes) -> None:
+    def _to_confirm(self, publisher: StreamPublisher, ids: bytes) -> None:
         """Publishing ids (packed) written: confirmed once the group commit that has them is on disk."""
         persistence = self.broker.persistence
         if persistence.staged:
@@ -714,7 +714,7 @@ class StreamConnection(FrontEnd):
         else:
             self._confirms.setdefault(publisher, []).append(ids)
 
-    def _write(self, publisher: Publisher, stream: StreamQueue, buf: bytes | bytearray | memoryview,
+    def _write(self, publisher: StreamPublisher, stream: StreamQueue, buf: bytes | bytearray | memoryview,
                spans: list[tuple[int, int]], ids: list[int], sub_batches: int, last: int | None) -> None:
         """The entries at ``spans`` of the frame in ``buf`` (publishing ids ``ids``) in the chunks osiris's writer
         cuts, written with one write; with ``last`` (a named publisher's), each chunk's trailer holds its last
@@ -777,7 +777,7 @@ class StreamConnection(FrontEnd):
         elif offset_type in (core.OFFSET_FIRST, core.OFFSET_LAST, core.OFFSET_NEXT):
             value = 0
         else:
-            raise Malformed("unknown offset specification")
+            raise MalformedFrame("unknown offset specification")
         credit = fields.u16()
         fields.properties()  # (single-active-consumer, super-stream: RabbitMQ 3.11; 3.10 ignores them)
         fields.done()

@@ -75,7 +75,7 @@ _RESPONSE = struct.Struct(">HHIH")  # key, version, correlation id, response cod
 MAX_REFERENCE = 255  # bytes of publisher and consumer references (osiris's writer takes no longer one)
 
 
-class Malformed(Exception):
+class MalformedFrame(Exception):
     """A frame whose fields do not parse: RabbitMQ answers with close, UNKNOWN_FRAME."""
 
 
@@ -92,7 +92,7 @@ class Fields:
     def _take(self, unpacker: struct.Struct) -> int:
         pos = self.pos
         if pos + unpacker.size > self.end:
-            raise Malformed("frame too short")
+            raise MalformedFrame("frame too short")
         self.pos = pos + unpacker.size
         return unpacker.unpack_from(self.buf, pos)[0]
 
@@ -117,7 +117,7 @@ class Fields:
     def raw(self, size: int) -> bytes:
         pos = self.pos
         if size < 0 or pos + size > self.end:
-            raise Malformed("field runs past the frame")
+            raise MalformedFrame("field runs past the frame")
         self.pos = pos + size
         return bytes(self.buf[pos:pos + size])
 
@@ -128,7 +128,7 @@ class Fields:
         try:
             return self.raw(size).decode()
         except UnicodeDecodeError:
-            raise Malformed("string is not UTF-8") from None
+            raise MalformedFrame("string is not UTF-8") from None
 
     def bytes_(self) -> bytes:
         size = self.i32()
@@ -138,7 +138,7 @@ class Fields:
         """An array's length, refused if the frame cannot hold that many items of ``least_each`` bytes."""
         count = self.i32()
         if count < 0 or count * least_each > self.end - self.pos:
-            raise Malformed("array longer than the frame")
+            raise MalformedFrame("array longer than the frame")
         return count
 
     def strings(self) -> list[str]:
@@ -149,7 +149,7 @@ class Fields:
 
     def done(self) -> None:
         if self.pos != self.end:
-            raise Malformed("bytes left over in the frame")
+            raise MalformedFrame("bytes left over in the frame")
 
 
 def string(value: str) -> bytes:

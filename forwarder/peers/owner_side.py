@@ -49,7 +49,7 @@ class RemoteConsumerChannel:
 
     __slots__ = ("session", "id", "in_flight", "_client")
 
-    def __init__(self, session: "Session", consumer_id: int, client: ClientChannel) -> None:
+    def __init__(self, session: "PeerSession", consumer_id: int, client: ClientChannel) -> None:
         self.session = session
         self.id = consumer_id
         self.in_flight = 0
@@ -177,7 +177,7 @@ def orphans(broker: "Broker") -> Orphans:
     return found
 
 
-class Session:
+class PeerSession:
     def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
         self.broker = broker
         self.link = server_link
@@ -304,7 +304,7 @@ class Session:
                 self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
 
     @staticmethod
-    def _pass_on(proxy: RemoteQueue, message: Message, sink: "Session | None", relayed: bool) -> bool:
+    def _pass_on(proxy: RemoteQueue, message: Message, sink: "PeerSession | None", relayed: bool) -> bool:
         """A publish for a quorum queue this node no longer leads (the sending node has not learned of the new
         leader yet, its etcd watch broken or cut off): passed on to the leader known here, which confirms it
         once its group has it — rather than refused, which its publisher would answer by sending it again at

@@ -140,7 +140,7 @@ class Peer:
                 relay: bool = False) -> bool | None:
         """Forward to the owner.  A message routed to several of its queues crosses the link once:
         the frame stays open while routing adds queues, and is sent before anything else.  ``relay``: a
-        publish another node sent here, passed on (``session.Session``), which the owner passes on no further."""
+        publish another node sent here, passed on (``owner_side.PeerSession``), which the owner passes on no further."""
         client = self.link
         if not self.up or client is None:
             return None

@@ -47,11 +47,11 @@ from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
 
 from ..peers import node_link as link
-from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, History, Replicator,
+from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, History, OpLogShipper,
                     check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
-from ..peers.owner_side import Session
+from ..peers.owner_side import PeerSession
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker
@@ -79,7 +79,7 @@ DEFAULT_GROUP_SIZE = 3
 def queue_key(vhost: str, name: str) -> str:
     return f"{vhost}\0{name}"
 
-class Cluster(Protocol):
+class GroupsHost(Protocol):
     """The cluster as the replicated queues use it (``cluster.Cluster``): this node and its broker, the other
     nodes, etcd and the definitions there."""
 
@@ -121,12 +121,12 @@ class Group:
     vouched: tuple[int, int] = (0, 0)  # where the copy stood whole when a snapshot began to replace it
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
-    replicator: Replicator | None = None
-    acks: list[tuple[int, "Session", int]] = field(default_factory=list)  # (batch, to, index) to answer
+    replicator: OpLogShipper | None = None
+    acks: list[tuple[int, "PeerSession", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
     rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
     ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
-    unsent: tuple[int, "Session", int] | None = None  # (term, to, index) durable, not yet acknowledged
+    unsent: tuple[int, "PeerSession", int] | None = None  # (term, to, index) durable, not yet acknowledged
     window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
     history: History = field(default_factory=History)  # the ops the copy applied last (a leader's log)
 
@@ -158,7 +158,7 @@ class Group:
 class QuorumGroups:
     """Every quorum queue of the cluster, as this node takes part in them."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: GroupsHost) -> None:
         self.cluster = cluster
         self.broker = cluster.broker
         self.name = cluster.name
@@ -655,7 +655,7 @@ class QuorumGroups:
         self.broker.attach(queue, True)
         queue.members = [self.name] + [name for name in group.members if name != self.name]
         self.broker.persistence.recover_queue(queue)
-        group.replicator = queue.replicator = Replicator(self, group, queue, group.term, group.applied)
+        group.replicator = queue.replicator = OpLogShipper(self, group, queue, group.term, group.applied)
         queue.start(group.state, handover=True)
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
@@ -670,7 +670,7 @@ class QuorumGroups:
         for confirm, seq, op in replicator.stop():  # sent again to the next leader by the node they came from
             if isinstance(confirm, Publish):  # (this node's window: it sends them again at ``_follow``)
                 continue
-            if isinstance(confirm, Session):  # (another node's: its window sends them to the leader we name)
+            if isinstance(confirm, PeerSession):  # (another node's: its window sends them to the leader we name)
                 confirm.moved(seq, group.leader, group.term)
             elif op is None or op.enqueuer != window.id:  # (not made here: no window's to send again)
                 confirm.remote_confirmed(seq, True)
@@ -753,7 +753,7 @@ class QuorumGroups:
         applied_term, applied = group.position
         return ACKED.pack(term, applied, applied_term, 1, len(key)), key
 
-    def replicate(self, session: "Session", payload: bytes) -> None:
+    def replicate(self, session: "PeerSession", payload: bytes) -> None:
         """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
         term, first, size = HEAD.unpack_from(payload)
         pos = HEAD.size

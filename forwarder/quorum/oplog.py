@@ -125,7 +125,7 @@ class History:
                 or (-1 <= at < len(ops) - 1 and ops[at + 1][0] == term))
 
 
-class Group(Protocol):
+class ShippedGroup(Protocol):
     """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, where the leader's
     own copy stands, and the ops it applied last."""
 
@@ -143,7 +143,7 @@ class Group(Protocol):
     def position(self) -> tuple[int, int]: ...
 
 
-class Cluster(Protocol):
+class PeerNodes(Protocol):
     """The other nodes, by name (``cluster.Cluster``)."""
 
     @property
@@ -163,13 +163,13 @@ class Groups(Protocol):
     def broker(self) -> Broker: ...
 
     @property
-    def cluster(self) -> Cluster: ...
+    def cluster(self) -> PeerNodes: ...
 
 
-class Replicator:
+class OpLogShipper:
     """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
 
-    def __init__(self, groups: Groups, group: Group, queue: QuorumQueue, term: int, index: int) -> None:
+    def __init__(self, groups: Groups, group: ShippedGroup, queue: QuorumQueue, term: int, index: int) -> None:
         self.groups = groups
         self.group = group
         self.queue = queue

@@ -59,7 +59,7 @@ def test_decode_read_and_replace_agree_with_pamqp(chosen):
     struct.pack(">H", 0x2000) + struct.pack(">I", 3) + b"\x01aL",  # no such field type in RabbitMQ
 ])
 def test_malformed(props):
-    with pytest.raises(properties.Malformed):
+    with pytest.raises(properties.MalformedProperties):
         properties.check(struct.pack(">HHQ", 60, 0, 1) + props)
 
 
@@ -70,5 +70,5 @@ def test_nesting_is_bounded_without_recursion():
         header = struct.pack(">HHQH", 60, 0, 1, 0x2000) + struct.pack(">I", len(inner)) + inner
         if depth < properties.MAX_TABLE_DEPTH:
             properties.check(header)
-    with pytest.raises(properties.Malformed):
+    with pytest.raises(properties.MalformedProperties):
         properties.check(header)

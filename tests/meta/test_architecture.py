@@ -517,3 +517,27 @@ def test_no_module_name_is_reused_for_another_meaning():
               and set(packages) != {"amqp_server.broker", "mgmt_http"}}
     assert reused == {}
     assert set(SHARED_NAMES) <= {name for name, packages in modules_by_name().items() if len(packages) > 1}
+
+
+def classes_by_name() -> dict[str, list[str]]:
+    """Every class the packages define at a module's top level -> the modules defining a class of that name."""
+    found: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef):
+                    found.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    return {name: sorted(set(paths)) for name, paths in found.items()}
+
+
+def test_no_class_name_is_reused_for_another_meaning():
+    """A reader who meets ``Session`` or ``Segment`` knows which one it is; a structural protocol of another
+    module's class takes a name of its own too (what it needs of that class)."""
+    assert {name: paths for name, paths in classes_by_name().items() if len(paths) > 1} == {}
+
+
+def test_the_class_name_finder_sees_every_package():
+    names = classes_by_name()
+    assert names["PeerSession"] == ["forwarder/peers/owner_side.py"]
+    assert names["Session"] == ["amqp_server/amqp1/session.py"]
+    assert "StreamSegment" in names and "Segment" in names

@@ -1,4 +1,4 @@
-"""frontend.file_out in-process: output with ranges of a file reaches a slow reader byte-exact through a real
+"""framing.file_out in-process: output with ranges of a file reaches a slow reader byte-exact through a real
 socket and transport, the socket taken directly while it takes bytes and the transport given the rest as the reader
 catches up; a range's descriptor is closed once it is sent, or dropped."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from amqp_server.frontend.file_out import FileRange, Outbox, direct_socket
+from amqp_server.framing.file_out import FileRange, Outbox, direct_socket
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -574,7 +574,7 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
     from forwarder.quorum.groups import Group, QuorumGroups
     from amqp_server.queues.quorum_machine import State, encode_state
     from forwarder.quorum.oplog import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
-    from forwarder.peers.owner_side import Session
+    from forwarder.peers.owner_side import PeerSession
 
     broker = Broker(str(tmp_path / "data"))
     try:
@@ -584,7 +584,7 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
         groups.groups[group.key] = group
         asked: list[tuple] = []
         # a stand-in for the leader's link session: replicate reads only its link's peer name and sends on it
-        session = cast(Session, SimpleNamespace(link=SimpleNamespace(peer_name="leader",
+        session = cast(PeerSession, SimpleNamespace(link=SimpleNamespace(peer_name="leader",
                                                                      send=lambda *parts: asked.append(parts))))
 
         def frame(term: int, first: int, *ops: bytes) -> bytes:

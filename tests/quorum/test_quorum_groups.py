@@ -25,7 +25,7 @@ from fake_cluster import Client, FakeLink, Network, Node
 from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
-from forwarder.quorum.oplog import Replicator
+from forwarder.quorum.oplog import OpLogShipper
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -92,7 +92,7 @@ def the_leader(network: Network) -> Node:
     return node
 
 
-def replicator_of(node: Node) -> Replicator:
+def replicator_of(node: Node) -> OpLogShipper:
     """The replicator of the group on ``node``, which leads it."""
     replicator = node.quorum.groups[KEY].replicator
     assert replicator is not None, f"{node.name} does not lead"
@@ -1057,7 +1057,7 @@ async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_
     peer = network.nodes["n2"].peers["n1"]
     peer.link.silent = True  # (n2 found it silent: it revokes no lease)
     peer._went_down()
-    network.sessions[("n1", "n2")] = owner_side.Session(network.nodes["n1"].broker,
+    network.sessions[("n1", "n2")] = owner_side.PeerSession(network.nodes["n1"].broker,
                                                         FakeLink(network, "n1", "n2"))  # type: ignore[arg-type]  # (a fake link)
     peer.link = FakeLink(network, "n2", "n1")
     peer._went_up()

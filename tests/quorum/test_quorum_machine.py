@@ -59,7 +59,7 @@ class Rows(dict[int, Row]):
             elif isinstance(effect, m.Clear):
                 self.clear()
             else:
-                assert isinstance(effect, m.DeadLetters)
+                assert isinstance(effect, m.DeadLetterEntries)
                 sent.append((list(effect.seqs), effect.reason))
         return sent
 

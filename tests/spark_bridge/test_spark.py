@@ -341,11 +341,11 @@ def test_a_schema_of_a_few_columns_reads_only_those(spark, node):
           .option("queue", "narrow").load())
     assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"m{i}".encode() for i in range(50))
     assert df.count() == 50 and df.columns == ["body", "redelivered"]
-    from spark.source import Client, Settings
+    from spark.source import RecordsApi, Settings
 
     seen = []
     settings = Settings.from_options({"url": mgmt(node), "queue": "narrow"})
-    for batch in Client(settings).records("narrow", 0, 50, ["body", "redelivered"]):
+    for batch in RecordsApi(settings).records("narrow", 0, 50, ["body", "redelivered"]):
         seen.append(tuple(batch.schema.names))
     assert set(seen) == {("offset", "body", "redelivered")}
 
