@@ -61,13 +61,19 @@ def test_an_exchange_source_consumes_from_a_new_queue_bound_with_its_key(node): 
         connection.close()
 
 
+def round_trip(connection: BlockingConnection, address: str, body: str) -> Any:
+    """Send ``body`` to ``address`` and take it back from the same address: what came."""
+    connection.create_sender(address).send(Message(body=body))
+    receiver = connection.create_receiver(address)
+    got = receiver.receive(timeout=5).body
+    receiver.accept()
+    return got
+
+
 def test_a_queue_address_declares_the_queue_as_a_source_and_as_a_target(node):  # noqa: F811
     connection = connect(node)
     try:
-        connection.create_sender("/queue/made-by-sender").send(Message(body="kept"))
-        receiver = connection.create_receiver("/queue/made-by-sender")
-        assert receiver.receive(timeout=5).body == "kept"
-        receiver.accept()
+        assert round_trip(connection, "/queue/made-by-sender", "kept") == "kept"
         connection.create_receiver("/queue/made-by-receiver", options=Durable())
         made = queues(node)
         assert not made["made-by-sender"].durable and made["made-by-receiver"].durable
@@ -80,10 +86,7 @@ def test_a_queue_that_exists_is_taken_as_it_is(node):  # noqa: F811
     declare(node, "kept", **{"x-queue-type": "quorum", "x-max-length": 10}).close()
     connection = connect(node)
     try:
-        connection.create_sender("/queue/kept").send(Message(body="into the quorum queue"))
-        receiver = connection.create_receiver("/queue/kept")
-        assert receiver.receive(timeout=5).body == "into the quorum queue"
-        receiver.accept()
+        assert round_trip(connection, "/queue/kept", "into the quorum queue") == "into the quorum queue"
         assert queues(node)["kept"].type.name == "quorum"
     finally:
         connection.close()
