@@ -33,7 +33,7 @@ from .metadata.mirror import DEF_PREFIX, Metadata
 from .peers.peer import Peer
 from .quorum.groups import QuorumGroups
 from .peers.remote_queue import RemoteQueue
-from .peers.owner_side import PeerSession
+from .peers.owner_side import PeerSession, orphans
 from .metadata.signing import Signer
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class Cluster:
         self._stats.cancel()
         self._joining.cancel()
         await self.quorum.stop()
+        orphans(self.broker).close()
         await self.membership.stop()
         await self.metadata.stop()
         for peer in self.peers.values():

@@ -25,7 +25,7 @@ from amqp_server.payload import encode
 from amqp_server.ports import ClientChannel
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.records import QueueRecord
-from forwarder.peers import node_link as link
+from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum
 from forwarder.peers.peer import Peer
 from forwarder.peers.owner_side import PeerSession
@@ -472,6 +472,7 @@ class Network:
             for task in tasks:
                 task.cancel()
             await asyncio.sleep(0.01)
+        owner_side.orphans(node.broker).close()
         node.broker.close()
 
     async def close(self) -> None:
