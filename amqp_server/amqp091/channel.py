@@ -846,7 +846,7 @@ class Channel:
                 unacked[tag] = (entry, new, consumer)
         for (mode, _, _), entry in zip(parked, taken[len(tags):]):  # settled while no leader took them
             if entry is not None:  # (counted off the consumer's prefetch then)
-                self.broker.settle_taken([(entry, new, None)], mode == "requeue", mode == "reject")
+                self.broker.settle_as([(entry, new, None)], mode)
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)

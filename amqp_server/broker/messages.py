@@ -14,7 +14,7 @@ from ..access_control import Principal
 from .delayed_messages import MandatoryPublisher
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
-from ..queues.queue import AnyQueue, Consumer, Entry, Queue
+from ..queues.queue import AnyQueue, Consumer, Entry, Queue, SettleMode
 from .vhost import VHost
 from .definitions import check_exclusive
 from .routing import Router
@@ -187,6 +187,10 @@ class Messages:
         settle = self.settle
         for queue, entries in by_queue.items():
             settle(queue, entries, requeue, reject, counted)
+
+    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode) -> None:
+        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it."""
+        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release")
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,
                       who: Principal | None = None) -> int:

@@ -499,6 +499,29 @@ def test_the_delivery_count_is_replicated(nodes, uid):
         assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})
 
 
+def test_an_amqp10_release_through_another_node_counts_no_delivery(nodes, uid):
+    """AMQP 1.0's ``released`` of a quorum queue's message, by a receiver on a node that does not lead the queue,
+    returns it uncounted there too (RabbitMQ 4.x): more releases than the delivery limit allows returns, and the
+    message is still there."""
+    pytest.importorskip("proton")
+    from proton.utils import BlockingConnection
+    _, (n1, n2, _) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={**QUORUM, "x-delivery-limit": 1})
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0], "leader known")
+    publish(n1, uid, [b"m"])
+    amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10, allowed_mechs="PLAIN")
+    try:
+        receiver = amqp.create_receiver(f"/queues/{uid}", credit=1)
+        for _ in range(4):
+            assert receiver.receive(timeout=10).body == b"m"
+            receiver.release(delivered=False)
+        assert receiver.receive(timeout=10).body == b"m"
+        receiver.accept()
+    finally:
+        amqp.close()
+
+
 def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
     """The snapshot is sent a chunk per loop turn while publishes, acks and returns go on; the new member's
     copy ends up the leader's, as shown when it leads."""
