@@ -454,27 +454,34 @@ def _plain(value: Value) -> Any:
 
 _INTEGERS = ("ubyte", "byte", "ushort", "short", "uint", "int", "ulong", "long")
 _VIEWS: dict[bytes, View] = {}
-CACHED = 4096
+CACHED = 4096  # views remembered, by the envelope they were read from
+CACHED_SIZE = 4096  # the largest envelope whose view is remembered
 
 
-def view_of(message: Message) -> View:
+def view_of(message: Message) -> View | None:
     """The message as an AMQP 1.0 consumer would get it (the same conversion), decoded once per distinct
-    envelope (the envelope is itself remembered per route and header)."""
+    envelope (the envelope is itself remembered per route and header); None if it cannot be read."""
     envelope, _ = amqp10.record_parts(message, True)
     view = _VIEWS.get(envelope)
-    if view is None:
-        priority, properties, application = DEFAULT_PRIORITY, (None,) * len(PROPERTY_FIELDS), {}
-        for descriptor, content, _ in amqp10.sections(envelope):
-            if content.kind == "list" and descriptor == amqp10.HEADER:
-                fields = content.value
-                if len(fields) > 1 and fields[1].kind == "ubyte":
-                    priority = fields[1].value
-            elif content.kind == "list" and descriptor == amqp10.PROPERTIES:
-                values = [_plain(field) for field in content.value[:len(PROPERTY_FIELDS)]]
-                properties = tuple(values + [None] * (len(PROPERTY_FIELDS) - len(values)))
-            elif content.kind == "map" and descriptor == amqp10.APPLICATION_PROPERTIES:
-                application = {key.value: _plain(item) for key, item in content.value if key.kind == "string"}
-        view = View(priority, properties, application)
+    if view is not None:
+        return view
+    priority, properties, application = DEFAULT_PRIORITY, (None,) * len(PROPERTY_FIELDS), {}
+    try:
+        found = amqp10.sections(envelope)
+    except (amqp10.Invalid, amqp10.TooLarge):
+        return None
+    for descriptor, content, _ in found:
+        if content.kind == "list" and descriptor == amqp10.HEADER:
+            fields = content.value
+            if len(fields) > 1 and fields[1].kind == "ubyte":
+                priority = fields[1].value
+        elif content.kind == "list" and descriptor == amqp10.PROPERTIES:
+            values = [_plain(field) for field in content.value[:len(PROPERTY_FIELDS)]]
+            properties = tuple(values + [None] * (len(PROPERTY_FIELDS) - len(values)))
+        elif content.kind == "map" and descriptor == amqp10.APPLICATION_PROPERTIES:
+            application = {key.value: _plain(item) for key, item in content.value if key.kind == "string"}
+    view = View(priority, properties, application)
+    if len(envelope) <= CACHED_SIZE:
         if len(_VIEWS) >= CACHED:
             _VIEWS.clear()
         _VIEWS[envelope] = view
@@ -641,7 +648,8 @@ class Expression(NamedTuple):
         return self.evaluate(view) is True
 
     def accepts(self, message: Message) -> bool:
-        return self.evaluate(view_of(message)) is True
+        view = view_of(message)
+        return view is not None and self.evaluate(view) is True
 
 
 def compile_expression(text: str) -> Expression:

@@ -187,7 +187,7 @@ def test_filters_not_applied_are_left_out_of_the_attach_which_goes_on(node, desi
 
 def test_the_filters_applied_are_echoed_as_they_came(node):  # noqa: F811
     declare(node, "s", **{"x-queue-type": "stream"}).close()
-    desired = {**FIRST, symbol("bloom"): described("rabbitmq:stream-filter", ["v", "w"]),
+    desired: dict[symbol, Any] = {**FIRST, symbol("bloom"): described("rabbitmq:stream-filter", ["v", "w"]),
                symbol("unfiltered"): described("rabbitmq:stream-match-unfiltered", True),
                symbol("sql-filter"): described("amqp:sql-filter", "p.subject = 's' AND h.priority > 4"),
                symbol("rabbitmq:stream-filter"): "x"}  # (a value not described: its key is its descriptor)

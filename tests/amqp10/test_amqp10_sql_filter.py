@@ -117,6 +117,7 @@ def test_the_view_of_an_amqp_1_0_message_is_what_a_1_0_consumer_gets():
     record = proton.Message(body="b", priority=7, subject="s", group_id="g",
                             creation_time=1311704463.0, properties={"k": -3, "t": True, "b": b"\x01"}).encode()
     view = sql_filter.view_of(amqp10.Decoder("s", native=True).message(record))
+    assert view is not None
     assert view.priority == 7
     assert view.properties[sql_filter.PROPERTY_FIELDS.index("subject")] == "s"
     assert view.properties[sql_filter.PROPERTY_FIELDS.index("creation_time")] == 1311704463000
