@@ -221,18 +221,24 @@ def value_at(buf: bytes, pos: int = 0) -> tuple[Value, int]:
     return _Reading(buf).value(pos)
 
 
-def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
+def sections(record: bytes, skipped: int | None = None) -> list[tuple[int, Value, bytes]]:
     """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one,
-    TooLarge if it holds more values than ``MAX_ITEMS``."""
-    return _sections(_Reading(record))
+    TooLarge if it holds more values than ``MAX_ITEMS``.  A section ``skipped`` (a descriptor) is passed over
+    undecoded when its encoding allows, and left out."""
+    return _sections(_Reading(record), skipped)
 
 
-def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
+def _sections(reading: _Reading, skipped: int | None = None) -> list[tuple[int, Value, bytes]]:
     record = reading.buf
     found = []
     pos = 0
     while pos < len(record):
         start = pos
+        if skipped is not None and record[pos + 2:pos + 3] == bytes((skipped,)):
+            end = _skip(record, pos)
+            if 0 < end <= len(record):
+                pos = end
+                continue
         value, pos = reading.value(pos)
         if value.kind != "described" or not isinstance(value.value[0], int):
             raise Invalid("not a message section")
@@ -240,7 +246,7 @@ def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
         if not HEADER <= descriptor <= FOOTER:
             raise Invalid("unknown section")
         found.append((descriptor, content, record[start:pos]))
-    if not found:
+    if not record:
         raise Invalid("empty")
     return found
 

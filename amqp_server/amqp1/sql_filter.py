@@ -467,7 +467,7 @@ def view_of(message: Message) -> View | None:
         return view
     priority, properties, application = DEFAULT_PRIORITY, (None,) * len(PROPERTY_FIELDS), {}
     try:
-        found = amqp10.sections(envelope)
+        found = amqp10.sections(envelope, amqp10.MESSAGE_ANNOTATIONS)
     except (amqp10.Invalid, amqp10.TooLarge):
         return None
     for descriptor, content, _ in found:
