@@ -45,7 +45,7 @@ _OPERATORS = ("<>", "!=", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "%", "(
 _HEX = set("0123456789ABCDEF")
 
 
-class Invalid(ValueError):
+class InvalidExpression(ValueError):
     """Not a SQL filter expression RabbitMQ 4.2 takes."""
 
 
@@ -61,9 +61,9 @@ Node = tuple  # ("lit", v) ("field", section, name) ("utc",) ("and"|"or", a, b) 
 # -- tokens --------------------------------------------------------------------------------------------------------
 
 def tokenize(text: str) -> list[Token]:
-    """The tokens of an expression; Invalid past ``MAX_LENGTH`` characters or ``MAX_TOKENS`` tokens."""
+    """The tokens of an expression; InvalidExpression past ``MAX_LENGTH`` characters or ``MAX_TOKENS`` tokens."""
     if len(text) > MAX_LENGTH:
-        raise Invalid(f"longer than {MAX_LENGTH} characters")
+        raise InvalidExpression(f"longer than {MAX_LENGTH} characters")
     tokens: list[Token] = []
     pos, end = 0, len(text)
     while pos < end:
@@ -72,7 +72,7 @@ def tokenize(text: str) -> list[Token]:
             pos += 1
             continue
         if len(tokens) == MAX_TOKENS:
-            raise Invalid(f"more than {MAX_TOKENS} tokens")
+            raise InvalidExpression(f"more than {MAX_TOKENS} tokens")
         if char in "'\"":
             value, pos = _quoted(text, pos, char, char)
             tokens.append(Token("str", value))
@@ -88,7 +88,7 @@ def tokenize(text: str) -> list[Token]:
         else:
             operator = next((op for op in _OPERATORS if text.startswith(op, pos)), None)
             if operator is None:
-                raise Invalid(f"unexpected character {char!r} at {pos}")
+                raise InvalidExpression(f"unexpected character {char!r} at {pos}")
             tokens.append(Token("op", "<>" if operator == "!=" else operator))
             pos += len(operator)
     return tokens
@@ -102,11 +102,11 @@ def _quoted(text: str, pos: int, opening: str, closing: str) -> tuple[str, int]:
     while True:
         stop = text.find(closing, pos)
         if stop < 0:
-            raise Invalid(f"unterminated {opening}")
+            raise InvalidExpression(f"unterminated {opening}")
         chunk = text[pos:stop]
         if opening == "[":
             if any(ord(char) < 32 or ord(char) == 127 for char in chunk):
-                raise Invalid("control character in a delimited identifier")
+                raise InvalidExpression("control character in a delimited identifier")
             chunk = _brackets(chunk)
         out.append(chunk)
         if text.startswith(closing * 2, stop):
@@ -121,7 +121,7 @@ def _brackets(chunk: str) -> str:
     out, pos = [], 0
     while (at := chunk.find("[", pos)) >= 0:
         if not chunk.startswith("[[", at):
-            raise Invalid("'[' in a delimited identifier must be doubled")
+            raise InvalidExpression("'[' in a delimited identifier must be doubled")
         out.append(chunk[pos:at + 1])
         pos = at + 2
     out.append(chunk[pos:])
@@ -141,7 +141,7 @@ def _numeral(text: str, pos: int) -> tuple[Token, int]:
         end = _word_end(text, pos + 2)
         digits = text[pos + 2:end]
         if not digits or len(digits) % 2 or not set(digits) <= _HEX:
-            raise Invalid(f"bad binary constant {text[pos:end]!r}")
+            raise InvalidExpression(f"bad binary constant {text[pos:end]!r}")
         return Token("bin", bytes.fromhex(digits)), end
     end = pos
     while end < len(text) and text[end].isdigit():
@@ -152,7 +152,7 @@ def _numeral(text: str, pos: int) -> tuple[Token, int]:
         while end < len(text) and text[end].isdigit():
             end += 1
         if end == start:
-            raise Invalid("a decimal needs digits after its point")
+            raise InvalidExpression("a decimal needs digits after its point")
         kind = "float"
         if end < len(text) and text[end] in "eE":
             exponent = end + 1 + (end + 1 < len(text) and text[end + 1] in "+-")
@@ -160,14 +160,14 @@ def _numeral(text: str, pos: int) -> tuple[Token, int]:
             while end < len(text) and text[end].isdigit():
                 end += 1
             if end == exponent:
-                raise Invalid("an exponent needs digits")
+                raise InvalidExpression("an exponent needs digits")
     if end < len(text) and (text[end].isalnum() or text[end] in "_."):
-        raise Invalid(f"bad number at {pos}")
+        raise InvalidExpression(f"bad number at {pos}")
     if kind == "int":
         return Token("int", int(text[pos:end])), end
     value = float(text[pos:end])
     if not math.isfinite(value):
-        raise Invalid("number out of range")
+        raise InvalidExpression("number out of range")
     return Token("float", value), end
 
 
@@ -178,14 +178,14 @@ def _word(text: str, pos: int) -> tuple[Token, int]:
     if not text.startswith(".", end):
         if word.upper() in _RESERVED:
             if word not in _KEYWORDS:
-                raise Invalid(f"reserved word {word!r} (reserved words are upper case)")
+                raise InvalidExpression(f"reserved word {word!r} (reserved words are upper case)")
             if word in ("TRUE", "FALSE"):
                 return Token("bool", word == "TRUE"), end
             return Token("kw", word), end
         return Token("field", ("a", word)), end
     section = _SECTIONS.get(word)
     if section is None:
-        raise Invalid(f"unknown section {word!r}")
+        raise InvalidExpression(f"unknown section {word!r}")
     pos = end + 1
     if section == "a" and text.startswith("[", pos):
         name, end = _quoted(text, pos, "[", "]")
@@ -193,11 +193,11 @@ def _word(text: str, pos: int) -> tuple[Token, int]:
         end = _word_end(text, pos)
         name = text[pos:end]
         if not name or not name[0].isalpha():
-            raise Invalid(f"bad field name after {word!r}")
+            raise InvalidExpression(f"bad field name after {word!r}")
     if section == "h" and name != "priority":
-        raise Invalid(f"header field {name!r} (only priority is read)")
+        raise InvalidExpression(f"header field {name!r} (only priority is read)")
     if section == "p" and name not in PROPERTY_FIELDS:
-        raise Invalid(f"{name!r} is not a field of properties")
+        raise InvalidExpression(f"{name!r} is not a field of properties")
     return Token("field", (section, name)), end
 
 
@@ -222,7 +222,7 @@ class _Parser:
     def expect(self, kind: str, value: Any = None) -> Token:
         token = self.accept(kind, value)
         if token is None:
-            raise Invalid(f"expected {value or kind} at token {self.at}")
+            raise InvalidExpression(f"expected {value or kind} at token {self.at}")
         return token
 
     def condition(self) -> Node:
@@ -259,7 +259,7 @@ class _Parser:
             negated = self.accept("kw", "NOT") is not None
             self.expect("kw", "NULL")
             if left[0] != "field":
-                raise Invalid("IS NULL applies to a field")
+                raise InvalidExpression("IS NULL applies to a field")
             return ("not", ("null", left)) if negated else ("null", left)
         negated = self.accept("kw", "NOT") is not None
         if self.accept("kw", "LIKE"):
@@ -272,7 +272,7 @@ class _Parser:
             self.expect("op", ")")
             node = ("in", left, items)
         elif negated:
-            raise Invalid("NOT must be followed by LIKE or IN here")
+            raise InvalidExpression("NOT must be followed by LIKE or IN here")
         else:
             return left
         return ("not", node) if negated else node
@@ -283,7 +283,7 @@ class _Parser:
         if self.accept("kw", "ESCAPE"):
             escape = self.expect("str").value
             if len(escape) != 1:
-                raise Invalid("ESCAPE must be a single character")
+                raise InvalidExpression("ESCAPE must be a single character")
         return ("like", subject, compile_like(pattern, escape))
 
     def additive(self) -> Node:
@@ -310,12 +310,12 @@ class _Parser:
     def primary(self) -> Node:
         token = self.peek()
         if token is None:
-            raise Invalid("unexpected end")
+            raise InvalidExpression("unexpected end")
         self.at += 1
         if token == Token("op", "("):
             self.depth += 1
             if self.depth > MAX_DEPTH:
-                raise Invalid(f"more than {MAX_DEPTH} nested parentheses")
+                raise InvalidExpression(f"more than {MAX_DEPTH} nested parentheses")
             node = self.condition()
             self.expect("op", ")")
             self.depth -= 1
@@ -328,15 +328,15 @@ class _Parser:
             self.expect("op", "(")
             self.expect("op", ")")
             return ("utc",)
-        raise Invalid(f"unexpected {token.value!r}")
+        raise InvalidExpression(f"unexpected {token.value!r}")
 
 
 def parse(text: str) -> Node:
-    """The syntax tree of an expression; Invalid if RabbitMQ 4.2 would not take it."""
+    """The syntax tree of an expression; InvalidExpression if RabbitMQ 4.2 would not take it."""
     parser = _Parser(tokenize(text))
     node = parser.condition()
     if parser.peek() is not None:
-        raise Invalid(f"unexpected {parser.peek().value!r} at token {parser.at}")  # type: ignore[union-attr]
+        raise InvalidExpression(f"unexpected {parser.peek().value!r} at token {parser.at}")  # type: ignore[union-attr]
     return node
 
 
@@ -354,13 +354,13 @@ def compile_like(pattern: str, escape: str | None) -> Callable[[str], bool]:
     chars = iter(pattern)
     for char in chars:
         if ord(char) < 32 or ord(char) == 127:
-            raise Invalid("control character in a LIKE pattern")
+            raise InvalidExpression("control character in a LIKE pattern")
         if char == escape:
             char = next(chars, "")
             if not char:
-                raise Invalid("LIKE pattern ends with its escape character")
+                raise InvalidExpression("LIKE pattern ends with its escape character")
             if ord(char) < 32 or ord(char) == 127:
-                raise Invalid("control character in a LIKE pattern")
+                raise InvalidExpression("control character in a LIKE pattern")
             items.append(char)
         elif char == "%":
             if not items or items[-1] is not _RUN:
@@ -666,5 +666,5 @@ def read(value: Value) -> Expression | None:
         return None
     try:
         return compile_expression(text.value)
-    except Invalid:
+    except InvalidExpression:
         return None

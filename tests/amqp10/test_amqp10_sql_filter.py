@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqp_server.amqp1 import sql_filter
-from amqp_server.amqp1.sql_filter import Invalid, Token, View, compile_expression, compile_like, parse, tokenize
+from amqp_server.amqp1.sql_filter import (InvalidExpression, Token, View, compile_expression, compile_like, parse,
+                                         tokenize)
 from stream_log import amqp10
 
 proton = pytest.importorskip("proton")
@@ -135,19 +136,19 @@ def test_the_view_of_an_amqp_1_0_message_is_what_a_1_0_consumer_gets():
     "id LIKE '!\r' ESCAPE '!'", "id LIKE 'a' ESCAPE 'ab'", "UTC() IS NULL", "a NOT = 1", "1.0E999 > 0", "",
 ])
 def test_what_rabbitmq_refuses(expression):
-    with pytest.raises(Invalid):
+    with pytest.raises(InvalidExpression):
         parse(expression)
 
 
 def test_limits_of_length_tokens_and_nesting():
     parse("x" * (4096 - 8) + " IS NULL")
-    with pytest.raises(Invalid, match="4096 characters"):
+    with pytest.raises(InvalidExpression, match="4096 characters"):
         parse("x" * 4096 + " IS NULL")
     parse("id IN (" + ", ".join(f"'{n}'" for n in range(98)) + ")")  # 199 tokens
-    with pytest.raises(Invalid, match="200 tokens"):
+    with pytest.raises(InvalidExpression, match="200 tokens"):
         parse("id IN (" + ", ".join(f"'{n}'" for n in range(100)) + ")")
     parse("(" * 32 + "TRUE" + ")" * 32)
-    with pytest.raises(Invalid, match="nested"):
+    with pytest.raises(InvalidExpression, match="nested"):
         parse("(" * 33 + "TRUE" + ")" * 33)
     assert compile_expression("NOT " * 199 + "TRUE").matches(View(4, (None,) * 13, {})) is False
 
@@ -181,7 +182,7 @@ def _dangling(pattern: str, escape: str) -> bool:
 @given(st.text("ab%_!", max_size=10), st.text("ab%_", max_size=12))
 def test_like_agrees_with_a_reference(pattern, subject):
     if _dangling(pattern, "!"):
-        with pytest.raises(Invalid):
+        with pytest.raises(InvalidExpression):
             compile_like(pattern, "!")
     else:
         assert compile_like(pattern, "!")(subject) is _reference(pattern, "!", subject)
