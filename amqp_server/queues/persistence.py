@@ -67,7 +67,7 @@ class Persistence:
                  compaction_threshold: float = 0.5) -> None:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
                                   compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
-        self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
+        self.index = QueueIndex(os.path.join(data_dir, "queue_index"), before_commit=self.store.flush)
         self.streams = StreamLogs(os.path.join(data_dir, "streams"), self.stage)  # streams' logs: their own files
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
