@@ -26,6 +26,7 @@ from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
+from queue_index import QueueIndex
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -376,6 +377,46 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     assert queue_of(new).state.count(taken.seq) == 1
     assert any("n2 catches up on" in record.message and "adopted" in record.message for record in caplog.records)
     assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+def lose_messages(node: Node, index_id: int, seqs: range) -> None:
+    """``node`` (stopped) lost the messages of these entries of its copy, as a kill at the wrong moment left them:
+    its rows name records its store does not have, and it was not shut down cleanly."""
+    (node.data_dir / "msg_store_persistent" / "clean_shutdown").unlink()
+    index = QueueIndex(str(node.data_dir / "queue_index"))
+    try:
+        for seq in seqs:
+            row = index.remove(index_id, seq)
+            assert row is not None
+            index.publish(index_id, seq, 1 << 40 | seq, row.expiry, row.size, row.delivered, returns=row.returns)
+        index.commit()
+        index.sync()
+    finally:
+        index.close()
+
+
+async def test_a_copy_that_lost_messages_at_its_restart_never_leads_and_takes_a_snapshot(network, caplog):
+    """n3 comes back from a kill with entries whose message its store lost, its position as it was: its copy
+    holds less than that position says.  Taken for whole (adopted, or elected by a tie-break) it went on without
+    them, and so did every copy later snapshotted from it: confirmed messages no leader ever delivered."""
+    node = await declared(network)
+    publish(node, bodies(100))
+    await copies_agree(network)
+    n3 = network.nodes["n3"]
+    index_id = n3.quorum.groups[KEY].index_id
+    await network.kill("n3")
+    lose_messages(n3, index_id, range(90, 100))
+    caplog.set_level(logging.INFO, "warren.forwarder")
+    n3 = await network.start_node("n3")
+    group = n3.quorum.groups[KEY]
+    assert not group.whole and group.ballot[2] == 0
+    await wait_for(lambda: group.whole, "n3's copy whole again")
+    assert await copies_agree(network) == bodies(100)
+    assert any("n3 takes a snapshot" in record.message for record in caplog.records)
+    await network.kill("n1")  # n3 is whole again: the tie goes to it
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert the_leader(network).name == "n3"
+    assert await copies_agree(network) == bodies(100)
 
 
 async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(network, caplog):
