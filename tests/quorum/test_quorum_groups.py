@@ -1087,6 +1087,32 @@ async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would
     assert len(client.received) - len(set(client.received)) <= stalled
 
 
+async def test_a_leader_no_majority_answers_delivers_no_more_than_a_few_its_consumer_acks_at_once(network):
+    """As above, but n1's consumer acks everything it holds at every loop turn: in ``PROGRESS`` seconds it would
+    go through thousands, all delivered again by the next leader.  n1 stops once ``UNCOMMITTED_DELIVERIES``
+    of its deliveries wait for a majority (as a ``rabbit_fifo`` leader gives a consumer more only for settles
+    that committed)."""
+    node = await declared(network)
+    publish(node, bodies(5000))
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    client = Client(node).consume()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + quorum_log.PROGRESS + 0.3
+    while loop.time() < until:
+        client.ack()
+        await asyncio.sleep(0)
+    uncommitted = len(client.received)
+    assert uncommitted <= 100 + client.prefetch, uncommitted  # (UNCOMMITTED_DELIVERIES, and a window taken then)
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await drained(network, client, bodies(5000))
+    assert len(client.received) - len(set(client.received)) <= uncommitted
+
+
 async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_up_waits_no_grace(network,
                                                                                                monkeypatch):
     """n2 dials n1 again before n1 finds n2's old link silent (it was half-open): n2's consumer has consumed again
