@@ -1124,8 +1124,9 @@ async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_
     peer = network.nodes["n2"].peers["n1"]
     peer.link.silent = True  # (n2 found it silent: it revokes no lease)
     peer._went_down()
-    network.sessions[("n1", "n2")] = owner_side.PeerSession(network.nodes["n1"].broker,
-                                                        FakeLink(network, "n1", "n2"))  # type: ignore[arg-type]  # (a fake link)
+    n1 = network.nodes["n1"]
+    network.sessions[("n1", "n2")] = owner_side.PeerSession(n1.broker, FakeLink(network, "n1", "n2"),  # type: ignore[arg-type]  # (a fake link)
+                                                            n1.orphans)
     peer.link = FakeLink(network, "n2", "n1")
     peer._went_up()
     await asyncio.sleep(0.1)
