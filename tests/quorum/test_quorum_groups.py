@@ -1058,13 +1058,11 @@ async def test_what_never_reached_a_paused_nodes_consumer_comes_back_as_soon_as_
     assert len(client.received) == len(set(client.received)) == 200
 
 
-async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
-    """n1's followers hear nothing from it (etcd still does) while its own consumer acks as it goes: n1 delivers
-    no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be committed);
-    deposed then, the next leader delivers again only what n1 delivered until then, not all that n1's
-    consumer would have gone through for as long as n1 kept its lease."""
+async def consuming_unheard(network: Network, count: int, every: float) -> tuple[Node, Client]:
+    """n1 leads ``count`` messages all have; then its followers hear nothing from it (etcd still does) while its
+    own consumer acks what it holds every ``every`` seconds, for a little longer than ``PROGRESS``."""
     node = await declared(network)
-    publish(node, bodies(3000))
+    publish(node, bodies(count))
     await copies_agree(network)
     network.hold("n1", "n2")
     network.hold("n1", "n3")
@@ -1073,18 +1071,31 @@ async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would
     until = loop.time() + quorum_log.PROGRESS + 0.3
     while loop.time() < until:
         client.ack()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every)
+    return node, client
+
+
+async def deposed_and_drained(network: Network, node: Node, client: Client, count: int) -> int:
+    """n1 is deposed, then heard again; ``client`` gets every message: how many twice."""
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await drained(network, client, bodies(count))
+    return len(client.received) - len(set(client.received))
+
+
+async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
+    """n1 delivers no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be
+    committed); deposed then, the next leader delivers again only what n1 delivered until then, not all that
+    n1's consumer would have gone through for as long as n1 kept its lease."""
+    node, client = await consuming_unheard(network, 3000, 0.05)
     stalled = len(client.received)
     for _ in range(30):
         client.ack()
         await asyncio.sleep(0.05)
     assert len(client.received) - stalled <= 50  # (at most a prefetch window taken as it stopped)
-    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
-    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
-    network.release("n1", "n2")
-    network.release("n1", "n3")
-    await drained(network, client, bodies(3000))
-    assert len(client.received) - len(set(client.received)) <= stalled
+    assert await deposed_and_drained(network, node, client, 3000) <= stalled
 
 
 async def test_a_leader_no_majority_answers_delivers_no_more_than_a_few_its_consumer_acks_at_once(network):
@@ -1092,25 +1103,10 @@ async def test_a_leader_no_majority_answers_delivers_no_more_than_a_few_its_cons
     go through thousands, all delivered again by the next leader.  n1 stops once ``UNCOMMITTED_DELIVERIES``
     of its deliveries wait for a majority (as a ``rabbit_fifo`` leader gives a consumer more only for settles
     that committed)."""
-    node = await declared(network)
-    publish(node, bodies(5000))
-    await copies_agree(network)
-    network.hold("n1", "n2")
-    network.hold("n1", "n3")
-    client = Client(node).consume()
-    loop = asyncio.get_running_loop()
-    until = loop.time() + quorum_log.PROGRESS + 0.3
-    while loop.time() < until:
-        client.ack()
-        await asyncio.sleep(0)
+    node, client = await consuming_unheard(network, 5000, 0)
     uncommitted = len(client.received)
     assert uncommitted <= 100 + client.prefetch, uncommitted  # (UNCOMMITTED_DELIVERIES, and a window taken then)
-    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
-    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
-    network.release("n1", "n2")
-    network.release("n1", "n3")
-    await drained(network, client, bodies(5000))
-    assert len(client.received) - len(set(client.received)) <= uncommitted
+    assert await deposed_and_drained(network, node, client, 5000) <= uncommitted
 
 
 async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_up_waits_no_grace(network,
