@@ -135,6 +135,7 @@ class Cluster:
         self._stats.cancel()
         self._joining.cancel()
         await self.quorum.stop()
+        self.orphans.close()
         await self.membership.stop()
         await self.metadata.stop()
         for peer in self.peers.values():

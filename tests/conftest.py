@@ -333,9 +333,9 @@ def start_broker(tmp_path: Path) -> Iterator:
     nodes: list[BrokerProcess] = []
 
     def start(*extra: str, data_dir: Path | None = None, port: int = 0) -> BrokerProcess:
-        node = BrokerProcess(data_dir or tmp_path / f"data{len(nodes)}", port=port, extra=list(extra)).start()
-        nodes.append(node)
-        return node
+        node = BrokerProcess(data_dir or tmp_path / f"data{len(nodes)}", port=port, extra=list(extra))
+        nodes.append(node)  # (before its start: a start cut short, by the test's timeout too, is stopped after)
+        return node.start()
 
     yield start
     for node in nodes:

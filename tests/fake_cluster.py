@@ -473,6 +473,7 @@ class Network:
             for task in tasks:
                 task.cancel()
             await asyncio.sleep(0.01)
+        node.orphans.close()
         node.broker.close()
 
     async def close(self) -> None:

@@ -645,11 +645,12 @@ class Connection(FrontEnd):
             self._timer = self.loop.call_later(SILENT_CLOSE_DELAY, self._drop)
             return
         log.warning("closing connection %s: %s", self.name, untrusted(error.text))
+        self.flush()  # the answers to the frames handled before this go first, in order
         for channel in list(self.channels.values()):
             channel.closed()
         self.channels.clear()
         self.state = CLOSING
-        self._discard_out()
+        self._discard_out()  # (what closing the channels queued: the close is the connection's last word)
         self.send_method(0, commands.Connection.Close(reply_code=error.code, reply_text=error.text[:255],
                                                       class_id=error.class_id, method_id=error.method_id))
         self.flush()

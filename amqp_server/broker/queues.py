@@ -280,10 +280,12 @@ class Queues:
         self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
 
     def close(self) -> None:
-        """The node stops: every durable queue's offsets are saved."""
+        """The node stops: every durable queue's offsets are saved, and no queue's timer fires on the stores
+        closed next."""
         for queue in self.local_queues():
             if queue.persistence is not None:
                 self.save_offsets(queue)
+            queue.stop_timers()
 
     def all_queues(self) -> Iterable[AnyQueue]:
         for vhost in self.vhosts.values():

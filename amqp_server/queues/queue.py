@@ -660,8 +660,7 @@ class Queue:
         self.ready.drop_all()
         self.expiry.clear()
         self.consumers.reset()
-        self.consumers.stop()
-        self.expiry.stop()
+        self.stop_timers()
 
     def detach(self) -> None:
         """This object stops standing for the queue, whose storage lives on without it (a replicated queue's
@@ -671,10 +670,15 @@ class Queue:
         self.persistence = None
         self.window = None
         self.clear_ready()
-        self.consumers.stop()
-        self.expiry.stop()
+        self.stop_timers()
         if self.pager is not None:
             self.pager.shallow(self)
+
+    def stop_timers(self) -> None:
+        """No x-expires countdown or message expiry fires from now on (the queue is gone, this object no longer
+        stands for it, or the node closes its storage)."""
+        self.consumers.stop()
+        self.expiry.stop()
 
     def clear_ready(self) -> None:
         """Nothing is ready any more (what was is forgotten already, or another's to forget)."""

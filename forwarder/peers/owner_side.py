@@ -153,6 +153,12 @@ class Orphans:
             timer[1].cancel()
         self._return(node, list(self.held.get(node, ())))
 
+    def close(self) -> None:
+        """The node stops: no grace runs out on its closed broker."""
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
     def _return(self, node: str, keys: list[tuple[AnyQueue, int]]) -> None:
         """Those entries go back to their queues (those still led here)."""
         held = self.held.get(node, {})

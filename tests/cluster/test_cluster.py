@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -56,6 +57,13 @@ class Etcd:
         if self.netns:
             command = ["ip", "netns", "exec", self.netns, *command]
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_healthy(url)
+        except BaseException:  # (an etcd that never became healthy is not left running)
+            self.stop()
+            raise
+
+    def _wait_healthy(self, url: str) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -100,21 +108,42 @@ def start_node(tmp: Path, etcd: EtcdAddress, index: int, port: int = 0, link_por
                 raise
 
 
+@contextmanager
+def three_nodes(tmp: Path) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
+    """etcd and three nodes that see each other; every process started is stopped on the way out, a start that
+    failed part way too."""
+    etcd = Etcd(tmp / "etcd")
+    nodes: list[BrokerProcess] = []
+    try:
+        nodes.extend(start_node(tmp, etcd, i) for i in (1, 2, 3))
+        wait_for(lambda: all(len(running_nodes(n)) == 3 for n in nodes), "nodes see each other", timeout=30,
+                 why=lambda: "; ".join(f"node {i} sees {views(n)}" for i, n in enumerate(nodes, 1)))
+        yield etcd, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+
+
+def views(node: BrokerProcess) -> object:
+    """(name, running) of the nodes ``node`` knows, or why it does not answer."""
+    try:
+        return [(n["name"], n["running"]) for n in api(node, "/nodes")]
+    except Exception as exc:
+        return exc
+
+
 @pytest.fixture(scope="module")
 @starts(CLUSTER)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Etcd, list[BrokerProcess]]]:
-    tmp = tmp_path_factory.mktemp("cluster")
-    etcd = Etcd(tmp / "etcd")
-    nodes = [start_node(tmp, etcd, i) for i in (1, 2, 3)]
-    wait_for(lambda: all(len(running_nodes(n)) == 3 for n in nodes), "nodes see each other")
-    yield etcd, nodes
-    for node in nodes:
-        node.stop()
-    etcd.stop()
+    with three_nodes(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
 
 
-def wait_for(check: Callable[..., object], what: str, timeout: float = 15.0) -> None:
-    """Until ``check()`` holds (``...``: a lambda that binds a loop variable as its default takes it)."""
+def wait_for(check: Callable[..., object], what: str, timeout: float = 15.0,
+             why: Callable[[], str] | None = None) -> None:
+    """Until ``check()`` holds (``...``: a lambda that binds a loop variable as its default takes it); ``why``
+    says what stood in the way, in the error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -123,7 +152,7 @@ def wait_for(check: Callable[..., object], what: str, timeout: float = 15.0) -> 
         except Exception:
             pass
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
+    raise AssertionError(f"timed out waiting until {what}" + (f": {why()}" if why is not None else ""))
 
 
 def api(node: BrokerProcess, path: str) -> Any:

@@ -153,6 +153,22 @@ async def test_ttl_expires_entries_on_disk_and_dead_letters_them(core, vhost):
     assert drain(core, vhost, "dlq") == bodies(30, "short")
 
 
+async def test_no_queue_timer_fires_once_the_node_closed(tmp_path):
+    """A message TTL and an x-expires that fall after the node's close find no closed store under them: the close
+    stops every queue's timers."""
+    core = Broker(str(tmp_path / "data"), queue_window=WINDOW)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True, arguments={"x-message-ttl": 300})
+    core.declare_queue(vhost, "unused", durable=True, arguments={"x-expires": 300})
+    send(core, vhost, "q", bodies(40))
+    await settle()
+    failures: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: failures.append(context))
+    core.close()
+    await asyncio.sleep(0.6)
+    assert failures == []
+
+
 async def test_max_length_drop_head_reaches_into_the_disk(core, vhost):
     core.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 50})
     send(core, vhost, "q", bodies(200))

@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from conftest import CLUSTER, BrokerProcess, connect, starts
-from test_cluster import Etcd, running_nodes, start_node, wait_for
+from test_cluster import three_nodes, wait_for
 from support import call
 from test_shovel import depth, drain, publish
 
@@ -19,13 +19,8 @@ N = 2000
 @pytest.fixture
 @starts(CLUSTER)
 def three(tmp_path) -> Iterator[list[BrokerProcess]]:
-    etcd = Etcd(tmp_path / "etcd")
-    nodes = [start_node(tmp_path, etcd, i) for i in (1, 2, 3)]
-    wait_for(lambda: all(len(running_nodes(n)) == 3 for n in nodes), "nodes see each other", timeout=30)
-    yield nodes
-    for node in nodes:
-        node.stop()
-    etcd.stop()
+    with three_nodes(tmp_path) as (_, nodes):
+        yield nodes
 
 
 def rank(name: str, node: str) -> bytes:

@@ -190,6 +190,25 @@ def test_heartbeat_on_nonzero_channel_is_unexpected_frame(broker):
     assert close.reply_text.startswith("UNEXPECTED_FRAME - type 8,")
 
 
+def test_the_answers_to_the_frames_before_a_connection_error_go_out_before_its_close(broker):
+    """The frames read with the one that fails the connection were handled: their answers are sent, in order,
+    before connection.close (as RabbitMQ's channels answer before its reader closes)."""
+    client = Raw(broker)
+    try:
+        client.handshake()
+        client.open_channel(1)
+        qos = pframe.marshal(commands.Basic.Qos(prefetch_count=5), 1)
+        client.send(qos + qos + raw_frame(8, 1, b""))  # (one segment: read at once)
+        answers = [client.read_frame()]
+        while not isinstance(answers[-1][1], commands.Connection.Close):
+            answers.append(client.read_frame())
+        assert [(channel, type(frame)) for channel, frame in answers] == [
+            (1, commands.Basic.QosOk), (1, commands.Basic.QosOk), (0, commands.Connection.Close)]
+        assert answers[-1][1].reply_code == 505
+    finally:
+        client.close()
+
+
 def test_heartbeat_frames_on_channel_zero_are_accepted(broker):
     client = Raw(broker)
     try:

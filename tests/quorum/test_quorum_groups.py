@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 from pamqp import commands
 
+from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
@@ -1025,6 +1026,27 @@ async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_th
     await wait_for(lambda: leader(network) is not None, "a new leader")
     resume(network, "n2")
     await drained(network, client, sent)
+
+
+async def test_a_killed_nodes_keeping_of_a_silent_nodes_messages_ends_with_it(network, monkeypatch):
+    """n1 keeps what paused n2's consumer held, then dies: its grace does not run out later on its closed
+    broker."""
+    monkeypatch.setattr(owner_side, "SILENT_GRACE", 0.5)
+    released: list[Broker] = []
+    release = owner_side.Orphans.release
+
+    def watched(orphans: owner_side.Orphans, node: str) -> None:
+        released.append(orphans.broker)
+        release(orphans, node)
+
+    monkeypatch.setattr(owner_side.Orphans, "release", watched)
+    await consumer_holding(network, "n2")
+    pause(network, "n2")
+    await asyncio.sleep(0.1)
+    dead = network.nodes["n1"].broker
+    await network.kill("n1")
+    await asyncio.sleep(1.0)
+    assert dead not in released
 
 
 async def test_a_machine_stalled_for_more_than_two_seconds_keeps_its_leaders(network):

@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from test_stream_hostile import Watch
@@ -65,10 +65,14 @@ def frames(draw: st.DrawFn) -> bytes:
     return frame(key, body, version)
 
 
-def answered_or_closed_cleanly(raw: Raw) -> str:
-    """"answered": the metadata request sent after the frames got its response; "closed": a close frame came
-    (then the socket closes, or it stays for the client's answer), never one of INTERNAL_ERROR."""
-    raw.send(frame(0x0F, struct.pack(">I", 0xFFFFFFFF) + struct.pack(">i", 1) + string(STREAM)))
+CLOSE_WITH_TRAILING_BYTES = frame(0x16, struct.pack(">IH", 1, 0) + string("") + b"\0" * 4)
+
+
+def answered_or_closed_cleanly(raw: Raw, sent: list[bytes]) -> str:
+    """"answered": the metadata request sent after the frames (in the same segment) got its response; "closed": a
+    close frame came (then the socket closes, or it stays for the client's answer), never one of INTERNAL_ERROR,
+    or the close response to a close request among the frames (then the socket closes)."""
+    raw.send(b"".join(sent) + frame(0x0F, struct.pack(">I", 0xFFFFFFFF) + struct.pack(">i", 1) + string(STREAM)))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         key, rest = raw.receive()
@@ -78,6 +82,10 @@ def answered_or_closed_cleanly(raw: Raw) -> str:
             code = struct.unpack_from(">IH", rest)[1]
             assert code != 0x0F, "closed with INTERNAL_ERROR: an error the node did not expect"
             return "closed"
+        if key == 0x8016:
+            assert any(struct.unpack_from(">H", sent_frame, 4)[0] == 0x16 for sent_frame in sent), \
+                "a close response to no close request"
+            return "closed"
         if key == -1:
             raise AssertionError("the socket closed without a close frame")
     raise AssertionError("no answer within 10 s")
@@ -85,15 +93,15 @@ def answered_or_closed_cleanly(raw: Raw) -> str:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
-@given(st.lists(frames(), min_size=1, max_size=8))
+@given(sent=st.lists(frames(), min_size=1, max_size=8))
+@example(sent=[CLOSE_WITH_TRAILING_BYTES])
 def test_fuzz_frames_after_login_get_answers_or_a_clean_close(node, stream, sent):
     raw = Raw(node)
     raw.sock.settimeout(10)
     assert raw.login() == 1
     with Watch(node) as watch:
         try:
-            raw.send(b"".join(sent))
-            outcome = answered_or_closed_cleanly(raw)
+            outcome = answered_or_closed_cleanly(raw, sent)
         except (ConnectionResetError, BrokenPipeError):
             outcome = "reset"  # (we were still writing when a close frame came and the socket went)
         finally:
