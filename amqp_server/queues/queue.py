@@ -461,17 +461,10 @@ class Queue:
     def _pop_ready(self) -> Entry | None:
         """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
         ready = self.ready
-        entries, tail = ready.entries, ready.tail
         while True:
-            if tail.count and ready.page_due():
-                ready.page_in()
-            if not entries:
+            entry = ready.pop_head()
+            if entry is None:
                 return None
-            entry = entries.popleft()
-            if entry.gone:
-                ready.gone -= 1
-                continue
-            ready.bytes -= entry.message.body_size
             if entry.expiry:
                 self.expiry.expiring.pop(ready.row_key(entry), None)
                 if entry.expiry <= now_ms() and entry.seq != self._fresh:

@@ -21,11 +21,13 @@ What a client sees differs from a classic queue:
 
 Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
 what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
-then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).
-The state is also what the leader asks: whether the queue is over its length (``over_limit``), what a purge
-counts, the seq a return starts from; the entries themselves, their expiry and which one is delivered are
-still the inherited queue's ready list's, checked against the state's head (``next_ready``) under
-``machine.CHECKS``.  A
+then carried out here on the queue (its storage, its dead letters, the messages of its ready entries).  The
+state is also the one source of the leader's decisions: which entry a consumer gets next (``next_ready``),
+which ready entries' time is up at the leader's clock (``expired``, the deadlines its own), which a full
+queue drops or whether it refuses a publish (``overflow``, ``over_limit``: it knows the entries' sizes), and
+what the queue counts (its ready entries and their bytes).  The ready list (``ready_list.ReadyList``) only
+holds the messages of the ready entries, in memory and paged to disk, in the state's order: it hands over
+the entry of the seq the state names.  A
 queue's replicas are the cluster's business (``forwarder.quorum.groups``, told of every change through
 ``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
 survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
@@ -34,10 +36,13 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
+from ..clock import now_ms
 from ..framing import header_table
+from ..logs import untrusted
 from . import quorum_machine as machine
 from ..message import Message
 from .queue import Entry, Queue
@@ -46,6 +51,8 @@ from .quorum_ops import LogOp
 if TYPE_CHECKING:
     from .persistence import Persistence
     from ..ports import ConfirmSink, Replicator
+
+log = logging.getLogger("warren.queue")
 
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
@@ -71,6 +78,8 @@ class QuorumQueue(Queue):
         self._grace_timer: asyncio.TimerHandle | None = None
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
+        self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
+        self._expiry_at = 0
         self._configure(apply=False)
         self.ready.keep_apart = self._keep_apart
         self.ready.returned = self._returned
@@ -114,8 +123,10 @@ class QuorumQueue(Queue):
         held, out = self.held.keys(), state.checked_out | state.dead.keys()
         if held != out:
             problems.append(f"held but not out: {sorted(held - out)[:10]}, out but not held: {sorted(out - held)[:10]}")
-        if self.message_count != len(state.ready):
-            problems.append(f"{self.message_count} ready, the state has {len(state.ready)}")
+        ready = self.ready
+        if ready.message_count != len(state.ready) or (state.has_facts and ready.bytes != state.bytes):
+            problems.append(f"{ready.message_count} ready of {ready.bytes} bytes, the state has {len(state.ready)} "
+                            f"of {state.bytes}")
         if problems:
             raise machine.Broken(f"{self.name}: after {op!r}: {'; '.join(problems)}")
 
@@ -156,8 +167,6 @@ class QuorumQueue(Queue):
             self.unacked -= 1
             self.unacked_bytes -= size
             entry.redelivered = True
-            if entry.expiry:
-                self.expiry.track(entry, entry.seq)
             self.ready.put_back(entry)
 
     def _carry_out_dead_letters(self, effect: machine.DeadLetterEntries) -> None:
@@ -194,10 +203,13 @@ class QuorumQueue(Queue):
         seconds is returned then."""
         self.state = state
         self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
+        if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
+            state.add_facts(self._stored_facts())
         self._configure()
         if not handover:
             if state.checked_out or state.dead:
                 self.run(machine.Recover())
+            self._expire_or_arm()
             return
         if state.dead:
             self.run(machine.Recover(sorted(state.dead)))
@@ -210,8 +222,7 @@ class QuorumQueue(Queue):
             ready.page_in()
             if ready.paged_from == before:
                 break
-        for seq in awaiting:
-            self.expiry.expiring.pop(seq, None)
+        self._expire_or_arm()
         self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
 
     def _keep_apart(self, entry: Entry) -> bool:
@@ -251,13 +262,20 @@ class QuorumQueue(Queue):
             return
         self.run(machine.Recover(seqs))
         self.deliver_ready()
-        if self.expiry.expiring:
-            self.expire_due()
+        self._expire_or_arm()
 
     # -- what clients do --------------------------------------------------------------------------
 
+    def _stored_facts(self) -> Iterable[tuple[int, int, int]]:
+        """``(seq, size, expiry)`` of every entry in this copy's storage."""
+        for seqs, values in self.persistence.index.columns(self.index_id):
+            yield from zip(seqs.tolist(), values["size"].tolist(), values["expiry"].tolist())
+
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        return super().enqueue(self.stored_copy(message), confirm)
+        taken = super().enqueue(self.stored_copy(message), confirm)
+        if self.state.deadlines:
+            self._expire_or_arm()  # (TTL 0: delivered to a waiting consumer, or expired now)
+        return taken
 
     def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
                      floor: int) -> str:
@@ -289,7 +307,7 @@ class QuorumQueue(Queue):
             return
         replicator = self.replicator
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
-        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
+        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag, entry.message.body_size)
         self.state, effects = machine.apply(self.meta(), op, self.state)
         if effects:
             self.persistence.write(self, entry)
@@ -304,12 +322,113 @@ class QuorumQueue(Queue):
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
 
+    @property
+    def message_count(self) -> int:
+        return len(self.state.ready)
+
+    @property
+    def ready_bytes(self) -> int:
+        return self.state.bytes
+
+    def append_entry(self, entry: Entry) -> None:
+        """A ready entry's message joins the ready list (its deadline is the state's)."""
+        self.ready.push(entry)
+
     def full(self, incoming: int) -> bool:
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
         one that reaches it is taken."""
         args = self.args
-        return (machine.over_limit(self.state, args.max_length)
-                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
+        return machine.over_limit(self.state, args.max_length, args.max_length_bytes)
+
+    def _drop_overflow(self) -> None:
+        """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
+        args = self.args
+        ready = self.state.ready
+        entries = []
+        for seq in machine.overflow(self.state, args.max_length, args.max_length_bytes):
+            entry = self._take_head(seq) if seq in ready else None
+            if entry is not None:
+                entries.append(entry)
+        if entries:
+            self.run(machine.DeadLetter([entry.seq for entry in entries], "maxlen"), entries)
+
+    def _pop_ready(self) -> Entry | None:
+        """The entry the state delivers next (``next_ready``): the ready list's head; those whose time is up
+        are expired first."""
+        state = self.state
+        deadline = machine.next_deadline(state)
+        if deadline is not None and deadline <= now_ms():
+            self.expire_due()
+        while (seq := machine.next_ready(state)) is not None:
+            entry = self._take_head(seq)
+            if entry is not None:
+                return entry
+        return None
+
+    def _take_head(self, seq: int) -> Entry | None:
+        """The ready list's head, which holds the message of ``seq``, the state's head.  None if the ready list
+        lost the message on the way (the store no longer had it): the state's entries before the ready list's
+        head leave the state too."""
+        entry = self.ready.pop_head()
+        if entry is not None and entry.seq == seq:
+            return entry
+        if entry is not None and entry.seq < seq:
+            raise machine.Broken(f"{self.name}: the ready list's head is {entry.seq}, the state's {seq}")
+        lost = entry.seq if entry is not None else self.state.next_seq
+        log.warning("quorum queue %s in vhost %s: the messages of entries %d to %d were lost; dropped",
+                    untrusted(self.name), untrusted(self.vhost), seq, lost - 1)
+        if entry is not None:
+            self.ready.put_back(entry)
+            self.ready.bytes += entry.message.body_size
+        self.run(machine.Purge(lost))
+        return None
+
+    def expire_due(self) -> None:
+        """The ready entries the state says are past their deadline at this leader's clock (``machine.expired``)
+        leave, wherever they are in the queue: dead-lettered (expired)."""
+        if self.detached or self.deleted:
+            return
+        seqs = machine.expired(self.state, self.meta().system_time, self._fresh)
+        if seqs:
+            ready = self.ready
+            entries = [ready.take_out(seq) for seq in seqs]
+            found = [entry for entry in entries if entry is not None]
+            self.run(machine.Expire([entry.seq for entry in found]), found)
+            if ready.gone > 1024 and ready.gone * 2 > len(ready.entries):
+                ready.compact()
+        self._arm_expiry()
+
+    def _expire_or_arm(self) -> None:
+        """Expire what is due now, else make sure the timer runs for the state's next deadline."""
+        deadline = machine.next_deadline(self.state)
+        if deadline is not None and deadline <= now_ms():
+            self.expire_due()
+        else:
+            self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        deadline = machine.next_deadline(self.state)
+        timer = self._expiry_timer
+        if deadline is None or self.detached or self.deleted:
+            if timer is not None:
+                timer.cancel()
+                self._expiry_timer = None
+            return
+        if timer is not None:
+            if self._expiry_at <= deadline:
+                return
+            timer.cancel()
+        self._expiry_at = deadline
+        self._expiry_timer = asyncio.get_running_loop().call_later(max(0.0, (deadline - now_ms()) / 1000),
+                                                                   self._expiry_fired)
+
+    def _expiry_fired(self) -> None:
+        self._expiry_timer = None
+        self.expire_due()
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """At start-up: the messages on disk; their deadlines are the state's (``start``)."""
+        super().recover(count, size, last_seq, ())
 
     def deliver_ready(self) -> None:
         """Deliver, unless this leader may have been deposed (``Replicator.live``): it would go on feeding its
@@ -333,8 +452,6 @@ class QuorumQueue(Queue):
 
     def take(self, entry: Entry, no_ack: bool) -> Entry:
         seq = entry.seq
-        if machine.CHECKS and seq != machine.next_ready(self.state):
-            raise machine.Broken(f"{self.name}: delivers {seq}, the state's next is {machine.next_ready(self.state)}")
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
@@ -352,8 +469,7 @@ class QuorumQueue(Queue):
         self.settled(entries)
         self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted))
         self.deliver_ready()
-        if self.expiry.expiring:
-            self.expire_due()
+        self._expire_or_arm()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries, counted=False)
@@ -388,7 +504,8 @@ class QuorumQueue(Queue):
 
     @property
     def dlx_bytes(self) -> int:
-        return sum(self.held[seq].message.body_size for seq in self.state.dead if seq in self.held)
+        sizes = self.state.sizes
+        return sum(sizes.get(seq, 0) for seq in self.state.dead)
 
     def _send_dead_letters(self, entries: list[Entry], reason: str) -> None:
         """``machine.DeadLetters``: at most once, the entries leave whatever becomes of their dead letters; at
@@ -428,6 +545,7 @@ class QuorumQueue(Queue):
                 self.forget(entry)
         self._stop_grace()
         super().drop_all()
+        self._arm_expiry()  # (deleted: stopped)
 
     def detach(self) -> None:
         super().detach()
@@ -435,6 +553,7 @@ class QuorumQueue(Queue):
         self.replicator = None
         self._stop_dead_letters()
         self._stop_grace()
+        self._arm_expiry()  # (detached: stopped)
 
     def _stop_grace(self) -> None:
         self._awaiting = set()

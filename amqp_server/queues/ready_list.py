@@ -131,14 +131,15 @@ class ReadyList:
     both (``bytes``).
 
     ``expiring`` is the queue's expiry's map of the entries in memory that have an expiry, by ``row_key``: an
-    entry leaving memory leaves it.  ``pages``: the queue's type pages (a durable queue keeps a window).
+    entry leaving memory leaves it (None: a quorum queue's deadlines are its state machine's, which names the
+    entries that expire, ``take_out``).  ``pages``: the queue's type pages (a durable queue keeps a window).
     ``drops_later``: a commit's entries on disk are counted a batch per loop turn and dropped in the background
     (else at once: a quorum queue's commit is an op carried out as it is applied)."""
 
     ranked = False  # a priority queue's ready list keys its index rows by level, then seq (row_key)
     entry_type: Callable[..., Entry] = Entry  # a priority queue's entries know their level
 
-    def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry], pages: bool = True,
+    def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry] | None, pages: bool = True,
                  drops_later: bool = True) -> None:
         self.owner = owner
         self.expiring = expiring
@@ -208,6 +209,37 @@ class ReadyList:
         """A requeued entry goes back where its seq puts it (its bytes are the caller's to count)."""
         put_back(self.entries, entry)
 
+    def pop_head(self) -> Entry | None:
+        """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""
+        entries, tail = self.entries, self.tail
+        while True:
+            if tail.count and self.page_due():
+                self.page_in()
+            if not entries:
+                return None
+            entry = entries.popleft()
+            if entry.gone:
+                self.gone -= 1
+                continue
+            self.bytes -= entry.message.body_size
+            return entry
+
+    def take_out(self, seq: int) -> Entry | None:
+        """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
+        over when the head reaches it), on disk its row is read; None if it is in neither."""
+        entries = self.entries
+        if entries and entries[0].seq <= seq <= entries[-1].seq:
+            i = bisect_left(entries, seq, key=_seq)
+            entry = entries[i]
+            if entry.seq == seq and not entry.gone:
+                entry.gone = True
+                self.gone += 1
+                self.bytes -= entry.message.body_size
+                return entry
+        if self.tail.count and seq >= self.disk_floor:
+            return self.expire_paged(seq)
+        return None
+
     def compact(self) -> None:
         """Drop the entries marked gone (in place: whoever holds the deque sees the change)."""
         live = [e for e in self.entries if not e.gone]
@@ -255,7 +287,7 @@ class ReadyList:
             if entry.gone:
                 self.gone -= 1
                 continue
-            if entry.expiry:
+            if entry.expiry and self.expiring is not None:
                 self.expiring.pop(self.row_key(entry), None)  # its (expiry, key) stays in the heap
             self.page_write(entry, written)
             self.tail.add(1, entry.message.body_size)
@@ -305,7 +337,7 @@ class ReadyList:
                 entry.message.fill_from(payload, routes, headers)
             if keep_apart is None or not keep_apart(entry):
                 admit(entry)
-            if row.expiry:
+            if row.expiry and self.expiring is not None:
                 self.expiring[self.row_key(entry)] = entry
 
     def trust_index(self) -> None:
@@ -511,7 +543,7 @@ class ReadyList:
                 self.gone -= 1
                 continue
             self.bytes -= entry.message.body_size
-            if entry.expiry:
+            if entry.expiry and self.expiring is not None:
                 self.expiring.pop(self.row_key(entry), None)
             self.forget(entry)
             removed += 1
