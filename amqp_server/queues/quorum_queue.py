@@ -36,13 +36,10 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from ..clock import now_ms
 from ..framing import header_table
-from ..logs import untrusted
 from . import quorum_machine as machine
 from ..message import Message
 from .queue import Entry, Queue
@@ -51,8 +48,6 @@ from .quorum_ops import LogOp
 if TYPE_CHECKING:
     from .persistence import Persistence
     from ..ports import ConfirmSink, Replicator
-
-log = logging.getLogger("warren.queue")
 
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
@@ -83,6 +78,7 @@ class QuorumQueue(Queue):
         self._configure(apply=False)
         self.ready.keep_apart = self._keep_apart
         self.ready.returned = self._returned
+        self.ready.lost = self._lost
 
     # -- ops --------------------------------------------------------------------------------------
 
@@ -113,7 +109,7 @@ class QuorumQueue(Queue):
     def meta(self) -> machine.Meta:
         """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
         replicator = self.replicator
-        return machine.Meta(0 if replicator is None else replicator.index + 1, time.time_ns() // 1_000_000)
+        return machine.Meta(0 if replicator is None else replicator.index + 1, now_ms())
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -343,14 +339,9 @@ class QuorumQueue(Queue):
     def _drop_overflow(self) -> None:
         """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
         args = self.args
-        ready = self.state.ready
-        entries = []
-        for seq in machine.overflow(self.state, args.max_length, args.max_length_bytes):
-            entry = self._take_head(seq) if seq in ready else None
-            if entry is not None:
-                entries.append(entry)
-        if entries:
-            self.run(machine.DeadLetter([entry.seq for entry in entries], "maxlen"), entries)
+        seqs = machine.overflow(self.state, args.max_length, args.max_length_bytes)
+        if seqs:
+            self.run(machine.DeadLetter(seqs, "maxlen"), [self._take_head(seq) for seq in seqs])
 
     def _pop_ready(self) -> Entry | None:
         """The entry the state delivers next (``next_ready``): the ready list's head; those whose time is up
@@ -359,29 +350,22 @@ class QuorumQueue(Queue):
         deadline = machine.next_deadline(state)
         if deadline is not None and deadline <= now_ms():
             self.expire_due()
-        while (seq := machine.next_ready(state)) is not None:
-            entry = self._take_head(seq)
-            if entry is not None:
-                return entry
-        return None
+        seq = machine.next_ready(state)
+        return None if seq is None else self._take_head(seq)
 
-    def _take_head(self, seq: int) -> Entry | None:
-        """The ready list's head, which holds the message of ``seq``, the state's head.  None if the ready list
-        lost the message on the way (the store no longer had it): the state's entries before the ready list's
-        head leave the state too."""
+    def _take_head(self, seq: int) -> Entry:
+        """The ready list's head, which holds the message of ``seq``, the state's head."""
         entry = self.ready.pop_head()
-        if entry is not None and entry.seq == seq:
-            return entry
-        if entry is not None and entry.seq < seq:
-            raise machine.Broken(f"{self.name}: the ready list's head is {entry.seq}, the state's {seq}")
-        lost = entry.seq if entry is not None else self.state.next_seq
-        log.warning("quorum queue %s in vhost %s: the messages of entries %d to %d were lost; dropped",
-                    untrusted(self.name), untrusted(self.vhost), seq, lost - 1)
-        if entry is not None:
-            self.ready.put_back(entry)
-            self.ready.bytes += entry.message.body_size
-        self.run(machine.Purge(lost))
-        return None
+        if entry is None or entry.seq != seq:
+            raise machine.Broken(f"{self.name}: the ready list's head is {entry and entry.seq}, the state's {seq}")
+        return entry
+
+    def _lost(self, seqs: list[int]) -> None:
+        """The store lost the messages of ready entries (the ready list dropped them as it read them back): they
+        leave the state too, on every copy, as entries taken with no ack would."""
+        for seq in seqs:
+            if seq in self.state.ready:
+                self.run(machine.Checkout(seq, True), (Entry(seq, Message.stored(0, 0)),))  # (its row is gone)
 
     def expire_due(self) -> None:
         """The ready entries the state says are past their deadline at this leader's clock (``machine.expired``)

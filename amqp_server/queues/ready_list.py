@@ -156,10 +156,12 @@ class ReadyList:
         self._counting = (0, 0, 0)  # where that count goes on from, the entries and bytes counted so far
         self._drop_marks: list[int] = []  # the index's drop marks naming them, forgotten once they are gone
         self.committed_drops = 0  # entries on disk removed by commits, in all (what a commit's answer counts)
-        # the queue's say on entries read back from disk: one it keeps apart rather than ready (True), and whether
-        # the entry of a seq came back to the queue before (its redelivered flag)
+        # the queue's say on entries read back from disk: one it keeps apart rather than ready (True), whether
+        # the entry of a seq came back to the queue before (its redelivered flag), and what it does about an entry
+        # whose message the store lost (dropped here)
         self.keep_apart: Callable[[Entry], bool] | None = None
         self.returned: Callable[[int], bool] | None = None
+        self.lost: Callable[[list[int]], None] | None = None
 
     def __len__(self) -> int:
         """Entries in memory, those gone included."""
@@ -324,6 +326,7 @@ class ReadyList:
                 payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
         self.tail.remove(len(rows), sum(row.size for row in rows))
         keep_apart = self.keep_apart
+        lost = []
         for row in rows:
             payload = payloads[row.transient].get(row.msg_id)
             if payload is None and not row.transient and (persistent is None or row.msg_id not in persistent):
@@ -331,6 +334,7 @@ class ReadyList:
                             untrusted(owner.name), untrusted(owner.vhost), row.msg_id, row.seq)
                 index.ack(queue_id, row.seq)
                 self.bytes -= row.size
+                lost.append(row.seq)
                 continue
             entry = self.paged_entry(row)
             if payload is not None:
@@ -339,6 +343,8 @@ class ReadyList:
                 admit(entry)
             if row.expiry and self.expiring is not None:
                 self.expiring[self.row_key(entry)] = entry
+        if lost and self.lost is not None:
+            self.lost(lost)
 
     def trust_index(self) -> None:
         """The counts said more was on disk than the index held: the index is right."""

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pamqp import commands
 
-from amqp_server.queues import expiry
+from amqp_server.queues import expiry, quorum_queue
+from amqp_server.queues import quorum_machine as machine
 from amqp_server.framing import properties
 from amqp_server.queues import queue as queue_module
 from amqp_server.broker import Broker
@@ -28,7 +29,7 @@ from amqp_server.spark_bridge import queue_reads
 from support import local
 
 WINDOW = 8  # entries in memory before the tail pages out
-CLOCKED = (queue_module, expiry, queue_reads)  # the queue's parts that read the time
+CLOCKED = (queue_module, expiry, queue_reads, quorum_queue)  # the queue's parts that read the time
 
 
 class Leader(RuleBasedStateMachine):
@@ -171,7 +172,9 @@ class Leader(RuleBasedStateMachine):
     def the_queue_stands_for_its_state(self) -> None:
         queue, state = self.queue, self.queue.state
         assert [entry.seq for entry in self.run(queue.browse, 0, queue.next_seq)] == list(state.ready)
-        assert queue.message_count == len(state.ready)
+        assert queue.message_count == len(state.ready) == queue.ready.message_count
+        assert queue.ready_bytes == state.bytes == queue.ready.bytes
+        assert not machine.expired(state.copy(), self.clock)  # (what is due went at once, wherever it was)
         assert set(queue.held) == state.checked_out | state.dead.keys()
         assert {entry.seq for entry in self.held} == state.checked_out
         assert queue.unacked == len(state.checked_out)
