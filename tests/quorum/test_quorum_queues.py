@@ -413,11 +413,11 @@ def test_max_length_on_a_quorum_queue(broker, uid, overflow, limit):
                 outcomes.append("nack")
         time.sleep(0.2)
         count = channel.queue_declare(uid, passive=True).method.message_count
-        kept = [channel.basic_get(uid, auto_ack=True)[2][:1] for _ in range(count)]
+        kept = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
         if overflow == "drop-head":
-            assert (outcomes, kept) == (["ack"] * 4, [b"c", b"d"])
+            assert (outcomes, kept) == (["ack"] * 4, [b"c" * 10, b"d" * 10])
         else:  # RabbitMQ 3.10's quorum queues take the publish that goes over the limit, refuse the next
-            assert (outcomes, kept) == (["ack", "ack", "ack", "nack"], [b"a", b"b", b"c"])
+            assert (outcomes, kept) == (["ack", "ack", "ack", "nack"], [b"a" * 10, b"b" * 10, b"c" * 10])
         channel.queue_delete(uid)
 
 
