@@ -382,17 +382,17 @@ def check(state: State, op: object = None) -> None:
 def over_limit(state: State, max_length: int | None, max_bytes: int | None = None) -> bool:
     """``rabbit_fifo``'s ``is_over_limit``: more ready entries than ``max_length``, or more bytes than ``max_bytes``
     (RabbitMQ 3.10 takes the publish that reaches a limit: reject-publish refuses only the next)."""
-    return ((max_length is not None and len(state.ready) > max_length)
+    return ((max_length is not None and state.ready.count > max_length)
             or (max_bytes is not None and state.bytes > max_bytes))
 
 
 def overflow(state: State, max_length: int | None, max_bytes: int | None) -> list[int]:
     """drop-head (``rabbit_fifo``'s ``evict_to_limit``): the ready entries, from the head, that must go for the
     queue to be within its limits; a ``DeadLetter`` (maxlen) names them."""
-    count, size, sizes = len(state.ready), state.bytes, state.sizes
     seqs: list[int] = []
     if not over_limit(state, max_length, max_bytes):
         return seqs
+    count, size, sizes = state.ready.count, state.bytes, state.sizes
     for seq in state.ready:
         seqs.append(seq)
         count -= 1

@@ -270,7 +270,9 @@ class QuorumQueue(Queue):
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         taken = super().enqueue(self.stored_copy(message), confirm)
         if self.state.deadlines:
-            self._expire_or_arm()  # (TTL 0: delivered to a waiting consumer, or expired now)
+            deadline = machine.next_deadline(self.state)
+            if self._expiry_timer is None or deadline is None or deadline < self._expiry_at:
+                self._expire_or_arm()  # (a deadline sooner than the timer's: TTL 0 expires now, unless delivered)
         return taken
 
     def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
@@ -336,22 +338,27 @@ class QuorumQueue(Queue):
         args = self.args
         return machine.over_limit(self.state, args.max_length, args.max_length_bytes)
 
-    def _drop_overflow(self) -> None:
+    def drop_overflow(self) -> None:
         """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
         args = self.args
         seqs = machine.overflow(self.state, args.max_length, args.max_length_bytes)
         if seqs:
             self.run(machine.DeadLetter(seqs, "maxlen"), [self._take_head(seq) for seq in seqs])
 
-    def _pop_ready(self) -> Entry | None:
-        """The entry the state delivers next (``next_ready``): the ready list's head; those whose time is up
-        are expired first."""
+    def pop_ready(self) -> Entry | None:
+        """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
+        what is due is expired first."""
         state = self.state
-        deadline = machine.next_deadline(state)
-        if deadline is not None and deadline <= now_ms():
-            self.expire_due()
         seq = machine.next_ready(state)
-        return None if seq is None else self._take_head(seq)
+        if seq is None:
+            return None
+        expiry = state.expiries.get(seq) if state.expiries else None  # (the timer finds the others)
+        if expiry is not None and expiry <= now_ms() and seq != self.fresh:
+            self.expire_due()
+            seq = machine.next_ready(state)
+            if seq is None:
+                return None
+        return self._take_head(seq)
 
     def _take_head(self, seq: int) -> Entry:
         """The ready list's head, which holds the message of ``seq``, the state's head."""
@@ -372,7 +379,7 @@ class QuorumQueue(Queue):
         leave, wherever they are in the queue: dead-lettered (expired)."""
         if self.detached or self.deleted:
             return
-        seqs = machine.expired(self.state, self.meta().system_time, self._fresh)
+        seqs = machine.expired(self.state, self.meta().system_time, self.fresh)
         if seqs:
             ready = self.ready
             entries = [ready.take_out(seq) for seq in seqs]
