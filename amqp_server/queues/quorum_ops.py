@@ -161,7 +161,7 @@ def _decode_enqueue(data: memoryview, pos: int) -> tuple[LogOp, int]:
     _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
     pos += ENQUEUE.size
     record = data[pos:pos + size]
-    return Enqueue(seq, expiry, record, size=body_size(record)), pos + size
+    return Enqueue(seq, expiry, record, 0, 0, body_size(record)), pos + size
 
 
 def _decode_enqueue_from(data: memoryview, pos: int) -> tuple[LogOp, int]:
