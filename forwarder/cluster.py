@@ -33,7 +33,7 @@ from .metadata.mirror import DEF_PREFIX, Metadata
 from .peers.peer import Peer
 from .quorum.groups import QuorumGroups
 from .peers.remote_queue import RemoteQueue
-from .peers.owner_side import PeerSession
+from .peers.owner_side import Orphans, PeerSession
 from .metadata.signing import Signer
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class Cluster:
         self.peers: dict[str, Peer] = {}
         self.quorum = QuorumGroups(self)
         self.sessions: set[PeerSession] = set()
+        self.orphans = Orphans(broker)  # what consumers of nodes whose link fell silent held: outlives the sessions
         self.applying = False
         self._lost: list[tuple[VHost, str]] = []  # transient queues of ours that did not survive a restart
         self._server: asyncio.base_events.Server | None = None
@@ -183,7 +184,7 @@ class Cluster:
         await self.membership.forget(name)
 
     def _session(self, server_link: ServerLink) -> PeerSession:
-        session = PeerSession(self.broker, server_link)
+        session = PeerSession(self.broker, server_link, self.orphans)
         self.sessions.add(session)
         server_link.closed.add_done_callback(lambda _: self.sessions.discard(session))
         return session

@@ -41,7 +41,7 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 import numpy as np
@@ -128,8 +128,11 @@ def _compact(directory: str, map_size: int) -> None:
 
 class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36, wipe: bool = False,
-                 auto_commit: int | None = None) -> None:
-        """``auto_commit``: commit whenever that many puts are staged (an index no group commit drives)."""
+                 auto_commit: int | None = None, before_commit: Callable[[], None] | None = None) -> None:
+        """``auto_commit``: commit whenever that many puts are staged (an index no group commit drives).
+        ``before_commit``: run before each commit (the message store hands its buffered records to the
+        operating system: an entry must never be on disk before its message, whoever commits — a read commits
+        what is staged; a node killed then would find entries whose message it lost)."""
         if wipe:
             shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
@@ -140,6 +143,7 @@ class QueueIndex:
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)
         self._deletes: dict[bytes, None] = {}  # a dict: ordered, and a replica asks what is staged
         self._auto_commit = auto_commit
+        self._before_commit = before_commit
         self._enqueuers: dict[int, dict[int, tuple[int, int]]] = {}  # queue id -> enqueuer -> (slot, seq) as staged
         self._drop_marks = itertools.count(1 + max((number for _queue, number, _s, _e in self._drop_marks_of(None)),
                                                    default=0))
@@ -329,6 +333,8 @@ class QueueIndex:
         """Apply the staged changes in one transaction (durable after the next ``sync``)."""
         if not (self._puts or self._updates or self._deletes):
             return
+        if self._before_commit is not None:
+            self._before_commit()
         puts, updates, deletes = self._puts, self._updates, list(self._deletes)
         self._puts, self._updates, self._deletes = {}, {}, {}
         changes: dict[bytes, list[int]] = {}

@@ -24,7 +24,7 @@ import datetime
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from pamqp import commands
 
@@ -221,18 +221,24 @@ def value_at(buf: bytes, pos: int = 0) -> tuple[Value, int]:
     return _Reading(buf).value(pos)
 
 
-def sections(record: bytes) -> list[tuple[int, Value, bytes]]:
+def sections(record: bytes, skipped: int | None = None) -> list[tuple[int, Value, bytes]]:
     """(descriptor, value, encoded bytes) of each section of an AMQP 1.0 message; Invalid if it is not one,
-    TooLarge if it holds more values than ``MAX_ITEMS``."""
-    return _sections(_Reading(record))
+    TooLarge if it holds more values than ``MAX_ITEMS``.  A section ``skipped`` (a descriptor) is passed over
+    undecoded when its encoding allows, and left out."""
+    return _sections(_Reading(record), skipped)
 
 
-def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
+def _sections(reading: _Reading, skipped: int | None = None) -> list[tuple[int, Value, bytes]]:
     record = reading.buf
     found = []
     pos = 0
     while pos < len(record):
         start = pos
+        if skipped is not None and record[pos + 2:pos + 3] == bytes((skipped,)):
+            end = _skip(record, pos)
+            if 0 < end <= len(record):
+                pos = end
+                continue
         value, pos = reading.value(pos)
         if value.kind != "described" or not isinstance(value.value[0], int):
             raise Invalid("not a message section")
@@ -240,7 +246,7 @@ def _sections(reading: _Reading) -> list[tuple[int, Value, bytes]]:
         if not HEADER <= descriptor <= FOOTER:
             raise Invalid("unknown section")
         found.append((descriptor, content, record[start:pos]))
-    if not found:
+    if not record:
         raise Invalid("empty")
     return found
 
@@ -633,6 +639,66 @@ def symbols(names: list[str]) -> bytes:
     if any(len(name.encode()) > 255 for name in names) or len(data) + 2 > 255:
         raise ValueError("symbol array too large")  # (only the node's own short names are sent)
     return bytes((0xE0, len(data) + 2, len(names), 0xA3)) + data
+
+
+_WIDE = {kind: (bytes((code,)), packer) for code, (kind, packer) in _FIXED.items() if code >= 0x60 or kind in
+         ("ubyte", "byte")}
+_WIDE_VARIABLE = {"binary": 0xB0, "string": 0xB1, "symbol": 0xB3}
+_COMPACT: dict[str, Callable[[Any], bytes]] = {
+    "null": lambda raw: NULL, "bool": lambda raw: boolean(raw), "uint": lambda raw: uint(raw),
+    "ulong": lambda raw: ulong(raw), "int": lambda raw: _int_value(0x54, ">i", 0x71, raw),
+    "long": lambda raw: _int_value(0x55, ">q", 0x81, raw), "string": lambda raw: utf8(raw),
+    "symbol": lambda raw: symbol(raw), "binary": lambda raw: binary(raw)}
+_DECIMALS = {4: 0x74, 8: 0x84, 16: 0x94}
+
+
+def encode(value: Value) -> bytes:
+    """Any decoded value back to bytes (the same value; a scalar in its widest form): what a node echoes of a
+    peer's terminus, such as the filters it applies."""
+    kind, raw = value.kind, value.value
+    if kind == "described":
+        descriptor, content = raw
+        return b"\x00" + (ulong(descriptor) if isinstance(descriptor, int) else symbol(descriptor)) + encode(content)
+    if kind == "list":
+        return encode_list([encode(item) for item in raw])
+    if kind == "map":
+        return encode_map([(encode(key), encode(item)) for key, item in raw])
+    compact = _COMPACT.get(kind)
+    if compact is not None:
+        return compact(raw)
+    constructor, data = _element(value)
+    return constructor + data
+
+
+def _element(value: Value) -> tuple[bytes, bytes]:
+    """(constructor, data) of a value, the form an array's elements share."""
+    kind, raw = value.kind, value.value
+    if kind == "null":
+        return b"\x40", b""
+    if kind == "bool":
+        return b"\x56", b"\x01" if raw else b"\x00"
+    if kind in _WIDE:
+        constructor, packer = _WIDE[kind]
+        return constructor, packer.pack(raw)
+    if kind in _WIDE_VARIABLE:
+        data = raw if kind == "binary" else raw.encode("utf-8", "surrogateescape")
+        return bytes((_WIDE_VARIABLE[kind],)), _U32.pack(len(data)) + data
+    if kind == "uuid":
+        return b"\x98", raw.bytes
+    if kind == "decimal":
+        return bytes((_DECIMALS[len(raw)],)), raw
+    if kind == "list":
+        items = b"".join(encode(item) for item in raw)
+        return b"\xd0", _U32.pack(len(items) + 4) + _U32.pack(len(raw)) + items
+    if kind == "map":
+        items = b"".join(encode(part) for pair in raw for part in pair)
+        return b"\xd1", _U32.pack(len(items) + 4) + _U32.pack(len(raw) * 2) + items
+    if kind == "array":
+        elements = [_element(item) for item in raw]
+        constructor = elements[0][0] if elements else b"\x40"
+        items = constructor + b"".join(data for _, data in elements)
+        return b"\xf0", _U32.pack(len(items) + 4) + _U32.pack(len(raw)) + items
+    raise Invalid(f"no encoding of {kind}")
 
 
 _ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}

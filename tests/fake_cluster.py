@@ -28,7 +28,7 @@ from amqp_server.records import QueueRecord
 from forwarder.peers import node_link as link
 from forwarder.quorum import groups as quorum
 from forwarder.peers.peer import Peer
-from forwarder.peers.owner_side import PeerSession
+from forwarder.peers.owner_side import Orphans, PeerSession
 
 
 @dataclass
@@ -326,6 +326,7 @@ class Node:
         self.peers = {other: Peer(other, self.broker, b"secret", self.flow) for other in network.names if other != name}
         self.metadata = SimpleNamespace(put=lambda *args: None)
         self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]  # the fake cluster stands in for Cluster
+        self.orphans = Orphans(self.broker)
 
     def nodes(self) -> list[tuple[str, bool]]:
         return [(name, peer.up) for name, peer in sorted(self.peers.items())]
@@ -401,7 +402,7 @@ class Network:
                 continue
             peer = node.peers[there]
             if up:  # (its link to there, and its session for there's link to it)
-                self.sessions[(here, there)] = PeerSession(node.broker, FakeLink(self, here, there))  # type: ignore[arg-type]  # a fake link stands in for the listener's
+                self.sessions[(here, there)] = PeerSession(node.broker, FakeLink(self, here, there), node.orphans)  # type: ignore[arg-type]  # a fake link stands in for the listener's
                 peer.link = FakeLink(self, here, there)  # type: ignore[assignment]  # and for the dialer's
                 peer._went_up()
             else:

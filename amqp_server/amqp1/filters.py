@@ -1,18 +1,25 @@
-"""A stream consumer's filters, read from its source's filter-set as RabbitMQ 4.1+ reads them
-(rabbit_amqp_session, rabbit_amqp_filter_prop):
+"""A stream consumer's filters, read from its source's filter-set as RabbitMQ 4.2 reads them
+(rabbit_amqp_session:parse_filters, rabbit_amqp_filter_prop, rabbit_amqp_filter_sql):
 
-- ``rabbitmq:stream-offset-spec``: where it starts (``x-stream-offset``: first, last, next, an offset, a timestamp);
+- ``rabbitmq:stream-offset-spec``: where it starts (``x-stream-offset``: first, last, next, an interval, a
+  non-negative offset, a timestamp);
 - ``rabbitmq:stream-filter`` (a string or a list of them) with ``rabbitmq:stream-match-unfiltered``: a message
   whose ``x-stream-filter-value`` annotation is one of the values, or (match-unfiltered) that has none;
 - ``amqp:properties-filter`` and ``amqp:application-properties-filter`` (AMQP Filter Expressions, property
   filter expressions): every field named has the value given, a string value ``&p:x`` any string starting with
-  ``x``, ``&s:x`` any ending with it, ``&&x`` the string ``&x``.
+  ``x``, ``&s:x`` any ending with it, ``&&x`` the string ``&x``;
+- the ``sql-filter`` entry, a SQL filter expression (``sql_filter``), exclusive of property filters.
+
+"The sending endpoint sets the filter actually in place": the filters applied are echoed in the attach's source,
+and a filter that is not one (a bad value, an unknown descriptor, an invalid expression, a second one of the same
+section, a property filter beside a SQL one) is left out of it and not applied, the link attaching all the same.
+As RabbitMQ's ``lists:foldr`` does, the later of two exclusive filters wins.
 
 RabbitMQ reads stream-filter values through a chunk's Bloom filter and may deliver a message whose value is not
 asked for; Warren reads each message's value, so delivers exactly those.  A properties filter reads the properties
 section an AMQP 1.0 publish had (``amqp10.PROPERTIES_HEADER``), else those an AMQP 0-9-1 message has
 (message-id, user-id, reply-to, correlation-id, content-type, content-encoding); it may name any of the 13
-fields.  Filters a queue other than a stream is given are ignored, as RabbitMQ ignores them.
+fields.  Filters on a queue other than a stream are echoed and not applied, as RabbitMQ 4.2 echoes them.
 """
 from __future__ import annotations
 
@@ -20,8 +27,7 @@ import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from stream_log.amqp10 import PROPERTIES_HEADER, Value, kept_properties
-from . import frames
-from .frames import Amqp10Error
+from . import sql_filter
 
 if TYPE_CHECKING:
     from ..message import Message
@@ -32,7 +38,7 @@ MATCH_UNFILTERED = "rabbitmq:stream-match-unfiltered"
 PROPERTIES_FILTER = ("amqp:properties-filter", 0x173)
 APPLICATION_PROPERTIES_FILTER = ("amqp:application-properties-filter", 0x174)
 FILTER_VALUE = "x-stream-filter-value"  # the message annotation (a header once stored) stream filters read
-MAX_FIELDS = 64  # fields one property filter may name
+MAX_FIELDS = 16  # fields one property filter may name (RabbitMQ's MAX_FILTER_FIELDS)
 PROPERTY_FIELDS = ("message-id", "user-id", "to", "subject", "reply-to", "correlation-id", "content-type",
                    "content-encoding", "absolute-expiry-time", "creation-time", "group-id", "group-sequence",
                    "reply-to-group-id")
@@ -45,6 +51,7 @@ _091_PROPERTIES: dict[str, Callable[[Any], Any]] = {
     "content-type": lambda props: props.content_type,
     "content-encoding": lambda props: props.content_encoding,
 }
+_INTEGERS = ("ubyte", "byte", "ushort", "short", "uint", "int", "ulong", "long")
 
 Accepts = Callable[["Message"], bool]
 
@@ -52,38 +59,60 @@ Accepts = Callable[["Message"], bool]
 class Filters(NamedTuple):
     arguments: dict[str, Any]  # the consumer's arguments (x-stream-offset)
     accepts: Accepts | None  # the messages it takes; None: all
+    applied: list[tuple[Value, Value]] | None  # the filter-set entries in place (echoed); None: the source had none
 
 
 def read(source: list[Value] | None) -> Filters:
     """The filters of a source (its eighth field, a map of filter names to described values)."""
     filter_set = source[7] if source is not None and len(source) > 7 else None
     if filter_set is None or filter_set.kind != "map":
-        return Filters({}, None)
+        return Filters({}, None, None)
     arguments: dict[str, Any] = {}
-    tests: list[Accepts] = []
+    applied: list[tuple[Value, Value]] = []
+    sections: dict[str, Accepts] = {}  # property filters by the section they read
+    sql: Accepts | None = None
     values: list[str] | None = None
     match_unfiltered = False
-    for _, described in filter_set.value:
-        if described.kind != "described":
+    for key, entry in reversed(filter_set.value):  # (RabbitMQ folds from the right)
+        if key.kind != "symbol":
             continue
-        descriptor, value = described.value
+        if entry.kind != "described" and key.value.startswith("rabbitmq:stream-"):
+            entry = Value("described", (key.value, entry))  # (RabbitMQ's amqp_filter_set_bug, permitted)
+        descriptor, value = entry.value if entry.kind == "described" else (None, entry)
         if descriptor == STREAM_OFFSET_SPEC:
-            arguments["x-stream-offset"] = _offset(value)
+            offset = _offset(value)
+            if offset is None:
+                continue
+            arguments["x-stream-offset"] = offset
         elif descriptor == STREAM_FILTER:
-            values = _filter_values(value)
+            found = _filter_values(value)
+            if found is None:
+                continue
+            values = found
         elif descriptor == MATCH_UNFILTERED:
-            match_unfiltered = value.value is True
-        elif descriptor in PROPERTIES_FILTER:
-            tests.append(_properties(value))
-        elif descriptor in APPLICATION_PROPERTIES_FILTER:
-            tests.append(_application_properties(value))
+            if value.kind != "bool":
+                continue
+            match_unfiltered = value.value
+        elif key.value == sql_filter.FILTER_NAME:
+            expression = sql_filter.read(entry) if sql is None and not sections else None
+            if expression is None:
+                continue
+            sql = expression.accepts
+        else:
+            parsed = _property_filter(descriptor, value) if sql is None else None
+            if parsed is None or parsed[0] in sections:
+                continue
+            sections[parsed[0]] = parsed[1]
+        applied.append((key, entry))
+    applied.reverse()
+    tests = list(sections.values()) + ([sql] if sql is not None else [])
     if values is not None:
         tests.append(_stream_filter(values, match_unfiltered))
     if not tests:
-        return Filters(arguments, None)
+        return Filters(arguments, None, applied)
     if len(tests) == 1:
-        return Filters(arguments, tests[0])
-    return Filters(arguments, lambda message: all(test(message) for test in tests))
+        return Filters(arguments, tests[0], applied)
+    return Filters(arguments, lambda message: all(test(message) for test in tests), applied)
 
 
 def _offset(spec: Value) -> Any:
@@ -91,16 +120,17 @@ def _offset(spec: Value) -> Any:
         return spec.value
     if spec.kind == "timestamp":
         return datetime.datetime.fromtimestamp(spec.value / 1000, datetime.timezone.utc)
-    if isinstance(spec.value, int) and not isinstance(spec.value, bool):
+    if spec.kind in _INTEGERS and spec.value >= 0:
         return spec.value
-    raise Amqp10Error(frames.INVALID_FIELD, f"bad {STREAM_OFFSET_SPEC} of type {spec.kind}")
+    return None  # not an offset RabbitMQ takes: the filter is left out
 
 
-def _filter_values(value: Value) -> list[str]:
-    items = [value] if value.kind in ("string", "symbol") else value.value if value.kind in ("list", "array") else None
-    if items is None or not all(isinstance(item, Value) and item.kind in ("string", "symbol") for item in items):
-        raise Amqp10Error(frames.INVALID_FIELD, f"{STREAM_FILTER} must be a string or a list of strings")
-    return [item.value for item in items]
+def _filter_values(value: Value) -> list[str] | None:
+    if value.kind == "string":
+        return [value.value]
+    if value.kind == "list":  # (its strings; RabbitMQ drops the rest)
+        return [item.value for item in value.value if item.kind == "string"]
+    return None
 
 
 def _stream_filter(values: list[str], match_unfiltered: bool) -> Accepts:
@@ -112,21 +142,26 @@ def _stream_filter(values: list[str], match_unfiltered: bool) -> Accepts:
     return accepts
 
 
-def _fields(value: Value, name: str) -> list[tuple[Value, Value]]:
-    if value.kind != "map":
-        raise Amqp10Error(frames.INVALID_FIELD, f"{name} must be a map")
-    if len(value.value) > MAX_FIELDS:
-        raise Amqp10Error(frames.INVALID_FIELD, f"{name} names more than {MAX_FIELDS} fields")
-    return value.value
+def _property_filter(descriptor: Any, value: Value) -> tuple[str, Accepts] | None:
+    """(the section it reads, its test) of a property filter; None if it is not one."""
+    if value.kind != "map" or not 0 < len(value.value) <= MAX_FIELDS:
+        return None
+    try:
+        if descriptor in PROPERTIES_FILTER:
+            return "properties", _properties(value.value)
+        if descriptor in APPLICATION_PROPERTIES_FILTER:
+            return "application-properties", _application_properties(value.value)
+    except ValueError:
+        return None
+    return None
 
 
-def _properties(value: Value) -> Accepts:
-    name = PROPERTIES_FILTER[0]
+def _properties(fields: list[tuple[Value, Value]]) -> Accepts:
     checks: list[tuple[int, Callable[[Any], Any] | None, Callable[[Any], bool]]] = []
-    for key, expected in _fields(value, name):
+    for key, expected in fields:
         field = key.value if key.kind == "symbol" else None
         if field not in PROPERTY_FIELDS:
-            raise Amqp10Error(frames.INVALID_FIELD, f"{name} names {field!r}, not a field of properties")
+            raise ValueError(f"{field!r} is not a field of properties")
         checks.append((PROPERTY_FIELDS.index(field), _091_PROPERTIES.get(field), _matcher(expected)))
 
     def accepts(message: Message) -> bool:
@@ -139,12 +174,11 @@ def _properties(value: Value) -> Accepts:
     return accepts
 
 
-def _application_properties(value: Value) -> Accepts:
-    name = APPLICATION_PROPERTIES_FILTER[0]
+def _application_properties(fields: list[tuple[Value, Value]]) -> Accepts:
     checks: list[tuple[str, Callable[[Any], bool]]] = []
-    for key, expected in _fields(value, name):
+    for key, expected in fields:
         if key.kind != "string":
-            raise Amqp10Error(frames.INVALID_FIELD, f"{name} keys must be strings")
+            raise ValueError("application-properties filter keys must be strings")
         checks.append((key.value, _matcher(expected)))
 
     def accepts(message: Message) -> bool:
@@ -154,9 +188,12 @@ def _application_properties(value: Value) -> Accepts:
 
 def _matcher(expected: Value) -> Callable[[Any], bool]:
     """How a field's value is tested: a string by its ``&p:``/``&s:``/``&&`` form, another value by equality
-    (numbers across their types, as Erlang's ``==``); a field that is absent matches nothing."""
+    (numbers across their types, as Erlang's ``==``); a field that is absent matches nothing.  A string
+    starting with another ``&`` form is not a value (ValueError)."""
     if expected.kind in ("string", "symbol"):
         text: str = expected.value
+        if text.startswith("&") and not text.startswith(("&p:", "&s:", "&&")):
+            raise ValueError(f"{text!r} is not a value")
         if text.startswith("&p:"):
             prefix = text[3:]
             return lambda actual: isinstance(actual, str) and actual.startswith(prefix)

@@ -334,6 +334,7 @@ class LinkEndpoint:
         self.credit = 0
         self.delivery_count = 0
         self.refusal: Amqp10Error | AMQPError | None = None  # what a declaration before the attach raised
+        self.filter_set = NULL  # the source's filters in place, echoed ("the sending endpoint sets the filter")
 
     def declaration(self) -> Coroutine[Any, Any, None] | None:
         """What a v1 address declares before the link attaches (``terminus.declare``), if anything."""
@@ -344,7 +345,7 @@ class LinkEndpoint:
 
     def attached(self) -> None:
         """Accepted: the node's attach goes out."""
-        self.session.send(self._attach_frame(self._terminus(frames.SOURCE, self.source),
+        self.session.send(self._attach_frame(self._terminus(frames.SOURCE, self.source, self.filter_set),
                                              self._terminus(frames.TARGET, self.target)))
 
     def refuse(self, condition: str, description: str) -> None:
@@ -362,11 +363,14 @@ class LinkEndpoint:
             amqp10.ulong(self.connection.config.max_message_size) if self.role else NULL)
 
     @staticmethod
-    def _terminus(code: int, fields: list[Value] | None) -> bytes:
+    def _terminus(code: int, fields: list[Value] | None, filter_set: bytes = NULL) -> bytes:
         if fields is None:
             return NULL
         address_value = fields[0].value if fields and fields[0].kind == "string" else None
-        return described(code, encode_list([utf8(address_value) if address_value is not None else NULL]))
+        items = [utf8(address_value) if address_value is not None else NULL]
+        if filter_set != NULL:
+            items += [NULL] * 6 + [filter_set]
+        return described(code, encode_list(items))
 
     def on_flow(self, fields: list[Value]) -> None:
         """A flow naming this link."""
@@ -799,6 +803,9 @@ class Outgoing(LinkEndpoint):
         vhost = connection.vhost
         assert vhost is not None
         wanted = filters.read(self.source)
+        if wanted.applied is not None:
+            self.filter_set = amqp10.encode_map([(amqp10.encode(key), amqp10.encode(entry))
+                                                 for key, entry in wanted.applied])
         queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
         local, log = queue.local(), LOG in queue.type.capabilities
         if wanted.accepts is not None and log and local is None:

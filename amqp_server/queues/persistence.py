@@ -67,7 +67,7 @@ class Persistence:
                  compaction_threshold: float = 0.5) -> None:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
                                   compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
-        self.index = QueueIndex(os.path.join(data_dir, "queue_index"))
+        self.index = QueueIndex(os.path.join(data_dir, "queue_index"), before_commit=self.store.flush)
         self.streams = StreamLogs(os.path.join(data_dir, "streams"), self.stage)  # streams' logs: their own files
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
@@ -77,6 +77,7 @@ class Persistence:
         self.waiters: set[SyncWaiter] = set()
         self.journals: list[Journal] = []
         self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
+        self.lost_copies: set[int] = set()  # replicas whose entries lost their message at recovery (``recover``)
         self._compactor: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
         self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
@@ -380,6 +381,7 @@ class Persistence:
                           walk.expiries.get(queue.index_id, ()))
             count += totals.count
         walked, lost = len(walk.expiries), walk.lost
+        self.lost_copies = walk.lost_in & set(copies)  # they hold less than their position says
         for journal in self.journals:
             journal.claim(self.store)
         dead = self.store.finish_recovery()
@@ -421,6 +423,7 @@ class _Walk:
         self.store = store
         self.expiries: dict[int, list[tuple[int, int]]] = {}
         self.lost = 0
+        self.lost_in: set[int] = set()  # queues that lost some
         self._pending: list[tuple[int, "np.ndarray | None", "np.ndarray", "np.ndarray"]] = []
         self._pending_ids = 0
 
@@ -452,7 +455,10 @@ class _Walk:
             found = np.zeros(len(values), dtype=bool)
             found[kept] = found_all[start:start + int(kept.sum())]
             start += int(kept.sum())
-            self.lost += int((kept & ~found).sum())
+            lost = int((kept & ~found).sum())
+            if lost:
+                self.lost += lost
+                self.lost_in.add(queue_id)
             if seqs is None:
                 if not found.all():
                     self._drop_lost(queue_id, values["msg_id"][~found])

@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import time
-import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
@@ -166,22 +165,12 @@ class Orphans:
             self.broker.settle_taken(taken, True)
 
 
-_orphans: "weakref.WeakKeyDictionary[Broker, Orphans]" = weakref.WeakKeyDictionary()
-
-
-def orphans(broker: "Broker") -> Orphans:
-    """The broker's ``Orphans`` (one per node, outliving its sessions)."""
-    found = _orphans.get(broker)
-    if found is None:
-        found = _orphans[broker] = Orphans(broker)
-    return found
-
-
 class PeerSession:
-    def __init__(self, broker: "Broker", server_link: link.ServerLink) -> None:
+    def __init__(self, broker: "Broker", server_link: link.ServerLink, orphans: Orphans) -> None:
+        """``orphans``: the node's (``Cluster.orphans``), which outlives its sessions."""
         self.broker = broker
         self.link = server_link
-        self.orphans = orphans(broker)
+        self.orphans = orphans
         self.orphans.opened(server_link.peer_name)
         self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.consumers: dict[int, Consumer] = {}

@@ -286,6 +286,21 @@ class QuorumGroups:
         group.vouched = (term, index)
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
         group.state = self.broker.persistence.copy_state(group.index_id)
+        if group.index_id in self.broker.persistence.lost_copies:
+            self._lost_rows(group)
+
+    def _lost_rows(self, group: Group) -> None:
+        """The copy's recovery dropped entries whose message was not on disk: it holds less than its position
+        says.  It stands where it stood in elections (it may have acknowledged ops up to there: no member behind
+        may lead) but never leads, nor is taken for whole by a leader, which sends it a snapshot — adopted as it
+        was, it went on without those messages, and a leader elected from it never delivered them."""
+        log.warning("%s's copy of %s lost messages it had at %s: it takes a snapshot", self.name,
+                    untrusted(group.key), group.position)
+        self.broker.persistence.lost_copies.discard(group.index_id)
+        if group.whole:
+            self._vouch(group)
+        group.applied_term = 0  # of no term: as a copy a snapshot was coming into when the node stopped
+        self.broker.persistence.replica_position(group.index_id, *group.position, group.state.enqueuers)
 
     def _drop_copy(self, group: Group) -> None:
         if not group.index_id:

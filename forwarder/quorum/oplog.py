@@ -62,6 +62,7 @@ CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
 PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
+UNCOMMITTED_DELIVERIES = 100  # deliveries a leader makes that no majority has yet, at most (``Replicator.live``)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
 
 
@@ -183,6 +184,7 @@ class OpLogShipper:
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
         self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
+        self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
         # when a majority last answered, or ops began to wait for one; deliveries stopped since (``live``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
@@ -196,6 +198,8 @@ class OpLogShipper:
         """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
         majority has it."""
         self._op(encode(op))
+        if isinstance(op, machine.Checkout) and self.followers:
+            self.checkouts.append(self.index)
         if confirm is not None and self.followers:
             assert isinstance(op, machine.Enqueue)  # (only a publish is confirmed)
             self.pending.append((self.index, confirm, confirm.forwarded(), op))
@@ -388,6 +392,9 @@ class OpLogShipper:
             return
         self.committed = committed
         self._progress = asyncio.get_running_loop().time()
+        checkouts = self.checkouts
+        while checkouts and checkouts[0] <= committed:
+            checkouts.popleft()
         self.confirm_committed()
         if self._stalled:
             self._stalled = False
@@ -410,13 +417,17 @@ class OpLogShipper:
     @property
     def live(self) -> bool:
         """Deliveries go on while the lease is sure, and a majority answers: ops wait for one no longer than
-        ``PROGRESS`` seconds.  A leader cut off from its followers would otherwise deliver (and take acks) on
-        for as long as etcd keeps it, none of which it can commit: the next leader would deliver all of it
-        again.  (A ``rabbit_fifo`` leader delivers only what committed commands check out.)"""
+        ``PROGRESS`` seconds, and no more than ``UNCOMMITTED_DELIVERIES`` deliveries wait for one.  A leader
+        cut off from its followers would otherwise deliver (and take acks) on for as long as etcd keeps it, or
+        as fast as its consumers ack for ``PROGRESS`` seconds (thousands), none of which it can commit: the
+        next leader would deliver all of it again.  (A ``rabbit_fifo`` leader delivers only what committed
+        commands check out: a consumer's settles must commit before it is given more.)"""
         if not self.groups.lease_sure:
             return False
-        if (self.committed >= self.index or not self.followers
-                or asyncio.get_running_loop().time() - self._progress <= PROGRESS):
+        if self.committed >= self.index or not self.followers:
+            return True
+        if (len(self.checkouts) < UNCOMMITTED_DELIVERIES
+                and asyncio.get_running_loop().time() - self._progress <= PROGRESS):
             return True
         self._stalled = True
         return False

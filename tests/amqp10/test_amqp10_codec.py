@@ -109,3 +109,28 @@ def test_fuzz_every_input_decodes_or_is_refused_in_time_and_memory_linear_in_its
         tracemalloc.stop()
     assert elapsed < 0.05 + 20e-6 * len(record)
     assert peak < 200_000 + 400 * len(record)
+
+
+_V = amqp10.Value
+_SCALARS = st.one_of(
+    st.just(_V("null", None)), st.booleans().map(lambda b: _V("bool", b)),
+    st.integers(0, 255).map(lambda n: _V("ubyte", n)), st.integers(-128, 127).map(lambda n: _V("byte", n)),
+    st.integers(0, 2**32 - 1).map(lambda n: _V("uint", n)), st.integers(-2**31, 2**31 - 1).map(lambda n: _V("int", n)),
+    st.integers(0, 2**64 - 1).map(lambda n: _V("ulong", n)),
+    st.integers(-2**63, 2**63 - 1).map(lambda n: _V("long", n)),
+    st.integers(-2**63, 2**63 - 1).map(lambda n: _V("timestamp", n)),
+    st.floats(allow_nan=False).map(lambda f: _V("double", f)), st.binary(max_size=300).map(lambda b: _V("binary", b)),
+    st.text(max_size=300).map(lambda t: _V("string", t)), st.text(max_size=20).map(lambda t: _V("symbol", t)))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=5).map(lambda items: _V("list", items)),
+    st.lists(st.tuples(inner, inner), max_size=4).map(lambda pairs: _V("map", pairs)),
+    st.lists(st.integers(-2**31, 2**31 - 1), max_size=5).map(lambda ns: _V("array", [_V("int", n) for n in ns])),
+    st.tuples(st.one_of(st.text(max_size=10), st.integers(0, 2**64 - 1)), inner).map(
+        lambda pair: _V("described", pair))), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES)
+def test_any_decoded_value_encodes_back_to_itself(value):
+    encoded = amqp10.encode(value)
+    assert amqp10.value_at(encoded) == (value, len(encoded))

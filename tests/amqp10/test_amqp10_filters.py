@@ -1,16 +1,18 @@
-"""Stream consumers over AMQP 1.0 with RabbitMQ 4.1's filters, driven by rabbitmq-amqp-python-client as its own
-suite drives RabbitMQ: stream filter values (``rabbitmq:stream-filter``, ``rabbitmq:stream-match-unfiltered``,
-the ``x-stream-filter-value`` annotation) and property filter expressions (``amqp:properties-filter``,
-``amqp:application-properties-filter``)."""
+"""Stream consumers over AMQP 1.0 with RabbitMQ 4.1's and 4.2's filters, driven by rabbitmq-amqp-python-client as
+its own suite drives RabbitMQ: stream filter values (``rabbitmq:stream-filter``, ``rabbitmq:stream-match-unfiltered``,
+the ``x-stream-filter-value`` annotation), property filter expressions (``amqp:properties-filter``,
+``amqp:application-properties-filter``) and SQL filter expressions (``amqp:sql-filter``, 4.2); and, with Qpid
+Proton, the filters applied echoed in the attach (amqp_filter_sql_SUITE's ``invalid_filter``)."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pika
 import pytest
 
-from proton import Described, Message, symbol
+from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
-from proton.utils import LinkDetached
 from test_amqp10 import connect, declare, node, url  # noqa: F401  (the node fixture)
 
 client = pytest.importorskip("rabbitmq_amqp_python_client")
@@ -134,22 +136,116 @@ def test_properties_filter_reads_every_property_the_publish_had(stream):
     assert [offset for offset, _, _ in seen] == [5, 15, 25]
 
 
-@pytest.mark.parametrize("descriptor, value, refusal", [
-    ("amqp:properties-filter", {symbol("colour"): "red"}, "'colour', not a field of properties"),
-    ("amqp:properties-filter", "subject", "amqp:properties-filter must be a map"),
-    ("amqp:application-properties-filter", {1: "x"}, "keys must be strings"),
-    ("rabbitmq:stream-filter", 7, "must be a string or a list of strings"),
-    ("rabbitmq:stream-offset-spec", 1.5, "bad rabbitmq:stream-offset-spec of type double"),
+def echoed(receiver: Any) -> dict[Any, Any] | None:
+    """The filter-set of the node's attach (the filters it applies)."""
+    data = receiver.link.remote_source.filter
+    data.rewind()
+    return data.get_object() if data.next() is not None else None
+
+
+def described(descriptor: str | int, value: Any) -> Described:
+    return Described(symbol(descriptor) if isinstance(descriptor, str) else ulong(descriptor), value)
+
+
+FIRST = {symbol("from start"): described("rabbitmq:stream-offset-spec", "first")}
+SUBJECT = {symbol("props"): described("amqp:properties-filter", {symbol("subject"): "s"})}
+
+
+@pytest.mark.parametrize("desired, applied", [
+    ({symbol("sql-filter"): described("amqp:sql-filter", "@#$%^&")}, {}),  # a lexer error
+    ({symbol("sql-filter"): described(0x120, "FALSE FALSE")}, {}),  # a parser error
+    ({symbol("sql-filter"): described("apache.org:invalid:string", "TRUE")}, {}),
+    ({symbol("sql-filter"): described("amqp:sql-filter", "x" * 4097)}, {}),
+    ({symbol("sql-filter"): described("amqp:sql-filter", "k LIKE '%\n'")}, {}),
+    ({**SUBJECT, symbol("sql-filter"): described("amqp:sql-filter", "TRUE")},  # exclusive: the later one
+     {symbol("sql-filter"): described("amqp:sql-filter", "TRUE")}),
+    ({symbol("sql-filter"): described("amqp:sql-filter", "TRUE"), **SUBJECT}, SUBJECT),
+    ({**SUBJECT, symbol("props2"): described(0x173, {symbol("subject"): "&p:s"})},  # one per section
+     {symbol("props2"): described(0x173, {symbol("subject"): "&p:s"})}),
+    ({symbol("f"): described("amqp:properties-filter", {symbol("colour"): "red"})}, {}),
+    ({symbol("f"): described("amqp:properties-filter", "subject")}, {}),
+    ({symbol("f"): described("amqp:properties-filter", {symbol("subject"): "&x:s"})}, {}),
+    ({symbol("f"): described("amqp:application-properties-filter", {1: "x"})}, {}),
+    ({symbol("f"): described("rabbitmq:stream-filter", 7)}, {}),
+    ({symbol("f"): described("rabbitmq:stream-offset-spec", 1.5)}, {}),
+    ({symbol("f"): described("rabbitmq:stream-offset-spec", -1)}, {}),
+    ({symbol("f"): described("rabbitmq:stream-match-unfiltered", "yes")}, {}),
+    ({symbol("f"): described("unknown:filter", "x")}, {}),
 ])
-def test_a_filter_that_is_not_one_refuses_the_attach(node, descriptor, value, refusal):  # noqa: F811
+def test_filters_not_applied_are_left_out_of_the_attach_which_goes_on(node, desired, applied):  # noqa: F811
+    """As RabbitMQ 4.2 answers: the link attaches, its source naming only the filters in place."""
     declare(node, "s", **{"x-queue-type": "stream"}).close()
     connection = connect(node)
     try:
-        wanted = Filter({symbol("f"): Described(symbol(descriptor), value)})
-        with pytest.raises(LinkDetached, match=f"amqp:invalid-field.*{refusal}"):
-            connection.create_receiver("/queues/s", options=wanted)
+        connection.create_sender("/queues/s").send(Message(body=b"m", subject="s"))
+        receiver = connection.create_receiver("/queues/s", options=Filter({**FIRST, **desired}))
+        assert echoed(receiver) == {**FIRST, **applied}
+        assert receiver.receive(timeout=5).body == b"m"
     finally:
         connection.close()
+
+
+def test_the_filters_applied_are_echoed_as_they_came(node):  # noqa: F811
+    declare(node, "s", **{"x-queue-type": "stream"}).close()
+    desired: dict[symbol, Any] = {**FIRST, symbol("bloom"): described("rabbitmq:stream-filter", ["v", "w"]),
+               symbol("unfiltered"): described("rabbitmq:stream-match-unfiltered", True),
+               symbol("sql-filter"): described("amqp:sql-filter", "p.subject = 's' AND h.priority > 4"),
+               symbol("rabbitmq:stream-filter"): "x"}  # (a value not described: its key is its descriptor)
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("/queues/s")
+        sender.send(Message(body=b"no", subject="s", priority=9, annotations={"x-stream-filter-value": "z"}))
+        sender.send(Message(body=b"yes", subject="s", priority=9))
+        receiver = connection.create_receiver("/queues/s", options=Filter(desired))
+        assert echoed(receiver) == {**{key: value for key, value in desired.items() if key != "rabbitmq:stream-filter"},
+                                    symbol("rabbitmq:stream-filter"): described("rabbitmq:stream-filter", "x")}
+        assert receiver.receive(timeout=5).body == b"yes"
+        assert echoed(connection.create_receiver("/queues/s", name="plain")) is None  # none asked, none told
+    finally:
+        connection.close()
+
+
+def test_sql_filter_reads_the_header_properties_and_application_properties(stream):
+    """RabbitMQ's amqp_filter_sql_SUITE ``multiple_sections``, through the client's ``sql`` option."""
+    now = time.time()
+    publish(stream, [
+        {},
+        {"priority": 200, "id": "id-999", "user_id": b"guest", "subject": "🐇", "reply_to": "/queues/some%20queue",
+         "correlation_id": "corr-123", "content_type": "text/plain", "content_encoding": "some encoding",
+         "expiry_time": now + 100, "creation_time": now, "group_id": "my group ID", "group_sequence": 0xFFFFFFFF,
+         "reply_to_group_id": "other group ID",
+         "application_properties": {"k1": -3, "k2": False, "k3": True, "k4": "hey👋"}},
+        {"group_id": "my group ID", "application_properties": {"k1": -4}},
+    ])
+    assert [offset for offset, _, _ in consume(stream, 2, sql="k1 <= -3")] == [1, 2]
+    everything = ("header.priority = 200 AND p.message_id = 'id-999' AND p.user_id = 0x6775657374 AND "
+                  "p.to IS NULL AND p.subject = '🐇' AND p.reply_to LIKE '/queues/some=%%' ESCAPE '=' AND "
+                  "p.correlation_id IN ('corr-345', 'corr-123') AND "
+                  "p.content_type = 'text/plain' AND p.content_encoding = 'some encoding' AND "
+                  "p.absolute_expiry_time > UTC() AND p.creation_time > UTC() - 60000 AND "
+                  "p.group_id IS NOT NULL AND p.group_sequence = 4294967295 AND "
+                  "p.reply_to_group_id = 'other group ID' AND k1 < 0 AND NOT k2 AND k3 AND "
+                  "k4 NOT LIKE 'hey' AND k5 IS NULL")
+    assert consume(stream, 1, sql=everything)[0][:2] == (1, "m1")
+    assert [offset for offset, _, _ in consume(stream, 3, sql="absent IS NULL")] == [0, 1, 2]
+    nothing_before(stream, 3, {"application_properties": {"k1": -3}}, sql="k1 = -3 AND h.priority = 4 AND "
+                   "p.group_id IS NULL")
+
+
+def test_sql_filter_with_filter_values_and_on_0_9_1_messages(stream, node):  # noqa: F811
+    """A SQL filter beside a stream filter (both must match); a 0-9-1 publish's headers are its application
+    properties, its priority the header's."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    for i in range(6):
+        channel.basic_publish("", "s", f"m{i}".encode(), pika.BasicProperties(
+            priority=i, headers={"x-stream-filter-value": "even" if i % 2 == 0 else "odd", "n": i,
+                                 "region": "emea" if i < 3 else "us"}))
+    connection.close()
+    seen = consume(stream, 3, values=["even"], sql="region = 'emea' OR h.priority > 3")
+    assert [body for _, body, _ in seen] == ["m0", "m2", "m4"]
+    seen = consume(stream, 2, sql="n % 2 = 1 AND region LIKE 'u_'")
+    assert [body for _, body, _ in seen] == ["m3", "m5"]
 
 
 def test_the_properties_amqp_091_has_no_room_for_survive_a_classic_queue(node):  # noqa: F811

@@ -26,6 +26,7 @@ from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
+from queue_index import QueueIndex
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -376,6 +377,46 @@ async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adop
     assert queue_of(new).state.count(taken.seq) == 1
     assert any("n2 catches up on" in record.message and "adopted" in record.message for record in caplog.records)
     assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+def lose_messages(node: Node, index_id: int, seqs: range) -> None:
+    """``node`` (stopped) lost the messages of these entries of its copy, as a kill at the wrong moment left them:
+    its rows name records its store does not have, and it was not shut down cleanly."""
+    (node.data_dir / "msg_store_persistent" / "clean_shutdown").unlink()
+    index = QueueIndex(str(node.data_dir / "queue_index"))
+    try:
+        for seq in seqs:
+            row = index.remove(index_id, seq)
+            assert row is not None
+            index.publish(index_id, seq, 1 << 40 | seq, row.expiry, row.size, row.delivered, returns=row.returns)
+        index.commit()
+        index.sync()
+    finally:
+        index.close()
+
+
+async def test_a_copy_that_lost_messages_at_its_restart_never_leads_and_takes_a_snapshot(network, caplog):
+    """n3 comes back from a kill with entries whose message its store lost, its position as it was: its copy
+    holds less than that position says.  Taken for whole (adopted, or elected by a tie-break) it went on without
+    them, and so did every copy later snapshotted from it: confirmed messages no leader ever delivered."""
+    node = await declared(network)
+    publish(node, bodies(100))
+    await copies_agree(network)
+    n3 = network.nodes["n3"]
+    index_id = n3.quorum.groups[KEY].index_id
+    await network.kill("n3")
+    lose_messages(n3, index_id, range(90, 100))
+    caplog.set_level(logging.INFO, "warren.forwarder")
+    n3 = await network.start_node("n3")
+    group = n3.quorum.groups[KEY]
+    assert not group.whole and group.ballot[2] == 0
+    await wait_for(lambda: group.whole, "n3's copy whole again")
+    assert await copies_agree(network) == bodies(100)
+    assert any("n3 takes a snapshot" in record.message for record in caplog.records)
+    await network.kill("n1")  # n3 is whole again: the tie goes to it
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert the_leader(network).name == "n3"
+    assert await copies_agree(network) == bodies(100)
 
 
 async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(network, caplog):
@@ -1017,13 +1058,11 @@ async def test_what_never_reached_a_paused_nodes_consumer_comes_back_as_soon_as_
     assert len(client.received) == len(set(client.received)) == 200
 
 
-async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
-    """n1's followers hear nothing from it (etcd still does) while its own consumer acks as it goes: n1 delivers
-    no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be committed);
-    deposed then, the next leader delivers again only what n1 delivered until then, not all that n1's
-    consumer would have gone through for as long as n1 kept its lease."""
+async def consuming_unheard(network: Network, count: int, every: float) -> tuple[Node, Client]:
+    """n1 leads ``count`` messages all have; then its followers hear nothing from it (etcd still does) while its
+    own consumer acks what it holds every ``every`` seconds, for a little longer than ``PROGRESS``."""
     node = await declared(network)
-    publish(node, bodies(3000))
+    publish(node, bodies(count))
     await copies_agree(network)
     network.hold("n1", "n2")
     network.hold("n1", "n3")
@@ -1032,18 +1071,42 @@ async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would
     until = loop.time() + quorum_log.PROGRESS + 0.3
     while loop.time() < until:
         client.ack()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every)
+    return node, client
+
+
+async def deposed_and_drained(network: Network, node: Node, client: Client, count: int) -> int:
+    """n1 is deposed, then heard again; ``client`` gets every message: how many twice."""
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await drained(network, client, bodies(count))
+    return len(client.received) - len(set(client.received))
+
+
+async def test_a_leader_no_majority_answers_stops_delivering_what_the_next_would_deliver_again(network):
+    """n1 delivers no more once no majority has answered for ``PROGRESS`` seconds (nothing it delivers could be
+    committed); deposed then, the next leader delivers again only what n1 delivered until then, not all that
+    n1's consumer would have gone through for as long as n1 kept its lease."""
+    node, client = await consuming_unheard(network, 3000, 0.05)
     stalled = len(client.received)
     for _ in range(30):
         client.ack()
         await asyncio.sleep(0.05)
     assert len(client.received) - stalled <= 50  # (at most a prefetch window taken as it stopped)
-    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
-    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
-    network.release("n1", "n2")
-    network.release("n1", "n3")
-    await drained(network, client, bodies(3000))
-    assert len(client.received) - len(set(client.received)) <= stalled
+    assert await deposed_and_drained(network, node, client, 3000) <= stalled
+
+
+async def test_a_leader_no_majority_answers_delivers_no_more_than_a_few_its_consumer_acks_at_once(network):
+    """As above, but n1's consumer acks everything it holds at every loop turn: in ``PROGRESS`` seconds it would
+    go through thousands, all delivered again by the next leader.  n1 stops once ``UNCOMMITTED_DELIVERIES``
+    of its deliveries wait for a majority (as a ``rabbit_fifo`` leader gives a consumer more only for settles
+    that committed)."""
+    node, client = await consuming_unheard(network, 5000, 0)
+    uncommitted = len(client.received)
+    assert uncommitted <= 100 + client.prefetch, uncommitted  # (UNCOMMITTED_DELIVERIES, and a window taken then)
+    assert await deposed_and_drained(network, node, client, 5000) <= uncommitted
 
 
 async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_up_waits_no_grace(network,
@@ -1057,8 +1120,9 @@ async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_
     peer = network.nodes["n2"].peers["n1"]
     peer.link.silent = True  # (n2 found it silent: it revokes no lease)
     peer._went_down()
-    network.sessions[("n1", "n2")] = owner_side.PeerSession(network.nodes["n1"].broker,
-                                                        FakeLink(network, "n1", "n2"))  # type: ignore[arg-type]  # (a fake link)
+    n1 = network.nodes["n1"]
+    network.sessions[("n1", "n2")] = owner_side.PeerSession(n1.broker, FakeLink(network, "n1", "n2"),  # type: ignore[arg-type]  # (a fake link)
+                                                            n1.orphans)
     peer.link = FakeLink(network, "n2", "n1")
     peer._went_up()
     await asyncio.sleep(0.1)
