@@ -216,7 +216,7 @@ class PriorityReadyList(ReadyList):
                 if entry.gone:
                     self.gone -= 1
                     continue
-                if entry.expiry:
+                if entry.expiry and self.expiring is not None:
                     self.expiring.pop(index_key(level, entry.seq), None)  # its (expiry, key) stays in the heap
                 self.page_write(entry, written)
                 self.tail.add(1, entry.message.body_size)

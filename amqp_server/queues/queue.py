@@ -228,7 +228,7 @@ class Queue:
         self.ready: ReadyList = queue_type.ready_list(self, self.expiry.expiring)  # swapped by the type
         self.ranked = self.ready.ranked  # its index rows are keyed by ``row_key``, not by seq (persistence asks)
         self._new_entry = self.ready.entry_type
-        self._fresh = -1  # seq of the entry being published: not expired on its way to a consumer
+        self.fresh = -1  # seq of the entry being published: not expired on its way to a waiting consumer
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
@@ -358,11 +358,11 @@ class Queue:
             ready.bytes += message.body_size
             ready.entries.append(entry)
         if limited and args.overflow == "drop-head":
-            self._drop_overflow()
+            self.drop_overflow()
         if self.consumers:
-            self._fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
+            self.fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
-            self._fresh = -1
+            self.fresh = -1
         depth, pager = len(ready.entries), self.pager
         # a cheap test first (the hot path): could the window, whatever it is now, be exceeded?
         if self.window is not None and depth > MIN_WINDOW and pager is not None and (
@@ -404,7 +404,7 @@ class Queue:
         self._limited = args.limited
         self._ttl = args.message_ttl is not None
         if self._limited and args.overflow == "drop-head":
-            self._drop_overflow()
+            self.drop_overflow()
         self.consumers.set_args(args)
         self.touch()
 
@@ -414,13 +414,14 @@ class Queue:
         return ((args.max_length is not None and self.message_count >= args.max_length)
                 or (args.max_length_bytes is not None and self.ready_bytes + incoming > args.max_length_bytes))
 
-    def _drop_overflow(self) -> None:
-        """drop-head: the oldest messages go (dead-lettered as maxlen) until the limits hold."""
+    def drop_overflow(self) -> None:
+        """drop-head: the oldest messages go (dead-lettered as maxlen) until the limits hold (a quorum queue's
+        state machine names them)."""
         args = self.args
         dropped = []
         while ((args.max_length is not None and self.message_count > args.max_length)
                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes)):
-            entry = self._pop_ready()
+            entry = self.pop_ready()
             if entry is None:
                 break
             dropped.append(entry)
@@ -451,7 +452,7 @@ class Queue:
                 if not consumer.has_credit():
                     idle += 1
                     continue
-                entry = self._pop_ready()
+                entry = self.pop_ready()
                 if entry is None:
                     break
                 idle = 0
@@ -463,23 +464,17 @@ class Queue:
                 consumer.channel.deliver(consumer, self.take(entry, consumer.no_ack))
             group.rr = i
 
-    def _pop_ready(self) -> Entry | None:
-        """The head live entry, leaving the ready list; expired ones met on the way are expired now."""
+    def pop_ready(self) -> Entry | None:
+        """The head live entry, leaving the ready list; expired ones met on the way are expired now (a quorum
+        queue's state machine names the entry, and the ready list hands over its message)."""
         ready = self.ready
-        entries, tail = ready.entries, ready.tail
         while True:
-            if tail.count and ready.page_due():
-                ready.page_in()
-            if not entries:
+            entry = ready.pop_head()
+            if entry is None:
                 return None
-            entry = entries.popleft()
-            if entry.gone:
-                ready.gone -= 1
-                continue
-            ready.bytes -= entry.message.body_size
             if entry.expiry:
                 self.expiry.expiring.pop(ready.row_key(entry), None)
-                if entry.expiry <= now_ms() and entry.seq != self._fresh:
+                if entry.expiry <= now_ms() and entry.seq != self.fresh:
                     self.dead_letter([entry], "expired")
                     continue
             return entry
@@ -535,7 +530,7 @@ class Queue:
     def get(self, no_ack: bool) -> Entry | None:
         """basic.get: the head entry, or None."""
         self.touch()
-        entry = self._pop_ready()
+        entry = self.pop_ready()
         if entry is None:
             self.stats.get_empty += 1
             return None

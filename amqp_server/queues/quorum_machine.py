@@ -8,13 +8,16 @@ same ops to the followers, which apply them and carry out the storage effects on
 agree because they apply the same ops in the same order to the same state.  The ops a leader makes, and their
 codec, are :mod:`quorum_ops`'s (as ``rabbit_fifo``'s command records); ``Restore`` (a snapshot) is here.
 
-The state is what a copy must agree on, kept small whatever the queue's depth: the ready entries as runs of
-seqs (``SeqSet``: a queue's order is its seqs' order, a returned entry going to the back under a new seq),
-the entries out of the ready list (checked out by a consumer, or dead letters waiting for a queue to take
-them), the delivery counts of entries that came back, and the configuration ops depend on.  Messages,
-expiries and sizes are the entries' own, in storage; an op that brings a message carries it for the
-effect that stores it, and decisions that need more than the state (which entry a consumer gets, which
-expired, which a full queue drops) come from the leader, in the op.
+The state is what a copy must agree on: the ready entries as runs of seqs (``SeqSet``: a queue's order is its
+seqs' order, a returned entry going to the back under a new seq), the entries out of the ready list (checked
+out by a consumer, or dead letters waiting for a queue to take them), the delivery counts of entries that came
+back, and the configuration ops depend on.  Beside them, as ``rabbit_fifo`` keeps each message's header, it
+knows its entries' sizes and expiries (not their messages, which are in storage: an op that brings a message
+carries it for the effect that stores it).  The leader's decisions are the state's: which entry a consumer
+gets (``next_ready``), which ready entries' time is up at the leader's clock (``expired``), which a full queue
+drops (``overflow``) and whether it refuses a publish (``over_limit``).  The leader makes the op that carries
+a decision out (a ``Checkout``, an ``Expire``, a ``DeadLetter``), naming its seqs, so that a copy applies
+exactly what the leader did whatever its own clock.
 
 An op names the seqs it touches and those it creates, so that a copy that missed nothing applies it exactly
 as the leader did; ops on seqs the state does not hold change nothing (a copy replaying what a snapshot
@@ -29,6 +32,7 @@ only while the queue has it; a broken rule raises :class:`Broken`, naming the op
 """
 from __future__ import annotations
 
+import heapq
 import os
 import struct
 from bisect import bisect_right
@@ -41,6 +45,8 @@ from .quorum_ops import (REASONS, Checkout, Configure, DeadLetter, DeadLettered,
 
 CHECKS = os.environ.get("WARREN_CHECK_INVARIANTS") == "1"  # ``check`` after every op (tests)
 ENQUEUERS_MAX = 1024  # enqueuers whose next publish seq the state keeps; the least lately heard of goes first
+_SEQ_BITS = 64  # a deadline is ``expiry << _SEQ_BITS | seq``: one int (a tuple takes three times the memory)
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class Broken(AssertionError):
@@ -176,6 +182,15 @@ class State:
     # publish sent again to a new leader is taken once; least lately heard of first.  Not the queue's content:
     # a copy keeps them beside its rows (``Persistence.replica_position``), and reads them back at a restart
     enqueuers: dict[int, int] = field(default_factory=dict, compare=False)
+    # what the leader decides by (``overflow``, ``expired``), as ``rabbit_fifo`` keeps a message's header: the size
+    # of every entry the queue holds, the expiry of those that have one, the ready ones' bytes, and the deadlines
+    # of ready ones (a heap of ``expiry << 64 | seq``, stale ones passed over when they surface).  A copy applying
+    # the ops keeps them; one made otherwise (its rows, a snapshot) reads them back from its storage
+    # (``add_facts``) before it leads.  Not on the wire, nor compared: they are the entries', as their messages.
+    sizes: dict[int, int] = field(default_factory=dict, compare=False)
+    expiries: dict[int, int] = field(default_factory=dict, compare=False)
+    bytes: int = field(default=0, compare=False)
+    deadlines: list[int] = field(default_factory=list, compare=False)
 
     @property
     def messages(self) -> int:
@@ -187,7 +202,34 @@ class State:
 
     def copy(self) -> "State":
         return State(self.next_seq, self.ready.copy(), set(self.checked_out), dict(self.dead), dict(self.counts),
-                     self.delivery_limit, self.at_least_once, dict(self.enqueuers))
+                     self.delivery_limit, self.at_least_once, dict(self.enqueuers), dict(self.sizes),
+                     dict(self.expiries), self.bytes, list(self.deadlines))
+
+    @property
+    def has_facts(self) -> bool:
+        """Whether it knows the size of every entry it holds (else ``add_facts`` first: it was made from rows or
+        a snapshot)."""
+        return len(self.sizes) == len(self.ready) + len(self.checked_out) + len(self.dead)
+
+    def add_facts(self, rows: Iterable[tuple[int, int, int]]) -> None:
+        """The sizes and expiries of its entries, from storage: ``(seq, size, expiry)`` rows (others ignored)."""
+        ready, held, dead = self.ready, self.checked_out, self.dead
+        sizes, expiries, deadlines = self.sizes, self.expiries, self.deadlines
+        sizes.clear()
+        expiries.clear()
+        deadlines.clear()
+        self.bytes = 0
+        for seq, size, expiry in rows:
+            if seq in ready:
+                self.bytes += size
+                if expiry:
+                    deadlines.append(expiry << _SEQ_BITS | seq)
+            elif seq not in held and seq not in dead:
+                continue
+            sizes[seq] = size
+            if expiry:
+                expiries[seq] = expiry
+        heapq.heapify(deadlines)
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[int, bool, int]], delivery_limit: int | None = None,
@@ -295,7 +337,8 @@ Effects = tuple[Effect, ...]
 class Meta:
     """What comes with an op besides itself, as Ra's command metadata: ``index``, its place in its term's
     log (0: not replicated); ``system_time``, the leader's clock when it made the op, in ms.  No op's
-    outcome depends on the time yet: one that comes to must carry the leader's on the wire.  (A class with
+    outcome depends on the time: a decision that does (``expired``) reads the leader's, and its op names the
+    seqs, so a copy's clock never matters.  (A class with
     slots: a frozen dataclass takes twice as long to make, once per op.)"""
 
     __slots__ = ("index", "system_time")
@@ -336,15 +379,60 @@ def check(state: State, op: object = None) -> None:
         raise Broken(f"after {op!r}: {'; '.join(problems)}")
 
 
-def over_limit(state: State, max_length: int | None) -> bool:
-    """``rabbit_fifo``'s ``is_over_limit`` by count: more ready entries than ``max_length`` (RabbitMQ 3.10 takes
-    the publish that reaches it).  A byte limit is the leader's: sizes are the entries', in storage."""
-    return max_length is not None and len(state.ready) > max_length
+def over_limit(state: State, max_length: int | None, max_bytes: int | None = None) -> bool:
+    """``rabbit_fifo``'s ``is_over_limit``: more ready entries than ``max_length``, or more bytes than ``max_bytes``
+    (RabbitMQ 3.10 takes the publish that reaches a limit: reject-publish refuses only the next)."""
+    return ((max_length is not None and state.ready.count > max_length)
+            or (max_bytes is not None and state.bytes > max_bytes))
+
+
+def overflow(state: State, max_length: int | None, max_bytes: int | None) -> list[int]:
+    """drop-head (``rabbit_fifo``'s ``evict_to_limit``): the ready entries, from the head, that must go for the
+    queue to be within its limits; a ``DeadLetter`` (maxlen) names them."""
+    seqs: list[int] = []
+    if not over_limit(state, max_length, max_bytes):
+        return seqs
+    count, size, sizes = state.ready.count, state.bytes, state.sizes
+    for seq in state.ready:
+        seqs.append(seq)
+        count -= 1
+        size -= sizes.get(seq, 0)
+        if not ((max_length is not None and count > max_length) or (max_bytes is not None and size > max_bytes)):
+            break
+    return seqs
 
 
 def next_ready(state: State) -> int | None:
-    """The seq a consumer gets next (the head of the ready entries), if any."""
+    """The seq a consumer gets next (the head of the ready entries), if any: returned entries went to the back."""
     return state.ready.first()
+
+
+def next_deadline(state: State) -> int | None:
+    """When a ready entry may expire next (epoch ms; a stale deadline passes over nothing), if any."""
+    return state.deadlines[0] >> _SEQ_BITS if state.deadlines else None
+
+
+def expired(state: State, now: int, spare: int = -1) -> list[int]:
+    """The ready entries whose time is up at ``now`` (the leader's ``Meta.system_time``), wherever they are in the
+    queue, which an ``Expire`` is to name; ``spare``: a seq not to expire yet (a publish on its way to a waiting
+    consumer).  The deadlines read leave the heap: those of the seqs found go with the Expire, the others were
+    stale (the entry left, or came back under another seq)."""
+    deadlines, ready, expiries = state.deadlines, state.ready, state.expiries
+    limit = (now + 1) << _SEQ_BITS
+    found: list[int] = []
+    seen: set[int] = set()
+    kept = []
+    while deadlines and deadlines[0] < limit:
+        item = heapq.heappop(deadlines)
+        seq = item & _SEQ_MASK
+        if seq == spare:
+            kept.append(item)
+        elif seq in ready and expiries.get(seq) == item >> _SEQ_BITS and seq not in seen:
+            seen.add(seq)
+            found.append(seq)
+    for item in kept:
+        heapq.heappush(deadlines, item)
+    return found
 
 
 SEEN, NEXT, AHEAD = "seen", "next", "ahead"
@@ -378,15 +466,49 @@ def _enqueue(op: Enqueue, state: State) -> Effects:
     else:
         ready.add(seq)
     state.next_seq = seq + 1
+    size = op.size
+    state.sizes[seq] = size
+    state.bytes += size
+    if op.expiry:
+        _add_deadline(state, seq, op.expiry)
     return (Store(seq, op.expiry, op.message),)
+
+
+def _add_deadline(state: State, seq: int, expiry: int) -> None:
+    """A ready entry that expires (the heap is rebuilt when stale deadlines outnumber live ones: a copy that
+    never expires anything itself, a follower, pops none)."""
+    state.expiries[seq] = expiry
+    deadlines = state.deadlines
+    heapq.heappush(deadlines, expiry << _SEQ_BITS | seq)
+    if len(deadlines) > 2 * len(state.expiries) + 1024:
+        ready = state.ready
+        deadlines[:] = [when << _SEQ_BITS | key for key, when in state.expiries.items() if key in ready]
+        heapq.heapify(deadlines)
+
+
+def _forget(state: State, seqs: Iterable[int]) -> None:
+    """Entries left the queue: their facts go."""
+    sizes, expiries = state.sizes, state.expiries
+    for seq in seqs:
+        sizes.pop(seq, None)
+        if expiries:
+            expiries.pop(seq, None)
+
+
+def _unready(state: State, seqs: Iterable[int]) -> None:
+    """Entries left the ready list: their bytes are no longer ready ones'."""
+    sizes = state.sizes
+    state.bytes -= sum(sizes.get(seq, 0) for seq in seqs)
 
 
 def _checkout(op: Checkout, state: State) -> Effects:
     seq = op.seq
     if not state.ready.discard(seq):
         return ()
+    state.bytes -= state.sizes.get(seq, 0)
     if op.settled:
         state.counts.pop(seq, None)
+        _forget(state, (seq,))
         return (Remove([seq]),)
     state.checked_out.add(seq)
     return (Held(seq),)
@@ -400,11 +522,15 @@ def _settle(op: Settle, state: State) -> Effects:
             checked_out.remove(seq)
             counts.pop(seq, None)
             gone.append(seq)
-    return (Remove(gone),) if gone else ()
+    if not gone:
+        return ()
+    _forget(state, gone)
+    return (Remove(gone),)
 
 
 def _return(op: Return, state: State) -> Effects:
     checked_out, counts, limit = state.checked_out, state.counts, state.delivery_limit
+    sizes, expiries = state.sizes, state.expiries
     effects: list[Effect] = []
     over = []
     new = op.first
@@ -420,6 +546,11 @@ def _return(op: Return, state: State) -> Effects:
         state.ready.add(new)
         if returns:
             counts[new] = returns
+        size = sizes[new] = sizes.pop(seq, 0)
+        state.bytes += size
+        expiry = expiries.pop(seq, 0) if expiries else 0
+        if expiry:
+            _add_deadline(state, new, expiry)
         effects.append(Move(seq, new, returns))
         new += 1
     state.next_seq = max(state.next_seq, new)
@@ -431,7 +562,10 @@ def _return(op: Return, state: State) -> Effects:
 def _expire(op: Expire, state: State) -> Effects:
     ready = state.ready
     gone = [seq for seq in op.seqs if ready.discard(seq)]
-    return _dead_letter(state, gone, "expired", True) if gone else ()
+    if not gone:
+        return ()
+    _unready(state, gone)
+    return _dead_letter(state, gone, "expired", True)
 
 
 def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
@@ -443,6 +577,7 @@ def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
         elif seq in checked_out:
             checked_out.remove(seq)
             from_out.append(seq)
+    _unready(state, from_ready)
     effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
     return effects + _dead_letter(state, from_out, op.reason, False) if from_out else effects
 
@@ -459,6 +594,7 @@ def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Eff
     counts = state.counts
     for seq in seqs:
         counts.pop(seq, None)
+    _forget(state, seqs)
     return (DeadLetterEntries(seqs, reason), Remove(seqs))
 
 
@@ -467,7 +603,10 @@ def _dead_lettered(op: DeadLettered, state: State) -> Effects:
     gone = [seq for seq in op.seqs if dead.pop(seq, None) is not None]
     for seq in gone:
         counts.pop(seq, None)
-    return (Remove(gone),) if gone else ()
+    if not gone:
+        return ()
+    _forget(state, gone)
+    return (Remove(gone),)
 
 
 def _purge(op: Purge, state: State) -> Effects:
@@ -481,6 +620,16 @@ def _purge(op: Purge, state: State) -> Effects:
             i = bisect_right(starts, seq) - 1
             if i >= 0 and seq < runs[i][1]:
                 del counts[seq]
+    if state.ready:  # (part of it: a commit)
+        for start, end in runs:
+            _unready(state, range(start, end))
+            _forget(state, range(start, end))
+    else:  # (what is left is out of the ready list)
+        kept = state.checked_out | state.dead.keys()
+        state.sizes = {seq: size for seq, size in state.sizes.items() if seq in kept}
+        state.expiries = {seq: when for seq, when in state.expiries.items() if seq in kept}
+        state.bytes = 0
+        state.deadlines = []
     return (Drop(runs, op.below),)
 
 
@@ -493,9 +642,14 @@ def _recover(op: Recover, state: State) -> Effects:
     rows = []
     for seq in out:
         counts[seq] = counts.get(seq, 0) + 1
+    sizes, expiries = state.sizes, state.expiries
     for seq in sorted(out | waiting):
         ready.add_run(seq, seq + 1)
         rows.append((seq, counts.get(seq, 0)))
+        state.bytes += sizes.get(seq, 0)
+        expiry = expiries.get(seq)
+        if expiry:
+            _add_deadline(state, seq, expiry)
     checked_out -= out
     for seq in waiting:
         del dead[seq]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Final, Mapping
 
+from ..payload import body_size
+
 REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter reasons, by code on the wire
 
 
@@ -20,13 +22,15 @@ REASONS = ("expired", "maxlen", "rejected", "delivery_limit")  # dead-letter rea
 class Enqueue:
     """A published message joins the back as ``seq``; ``message`` is opaque here (what ``Store`` writes).
     ``enqueuer`` (0: none) and ``publish``: the window it came from and its seq there; one that state has seen
-    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs."""
+    (sent again to a new leader) changes nothing, as ``rabbit_fifo``'s enqueuers' seqs.  ``expiry`` (epoch ms, 0
+    for none) and ``size`` are the entry's, which the state keeps as ``rabbit_fifo`` keeps a message's header."""
 
     seq: int
     expiry: int
     message: Any
     enqueuer: int = 0
     publish: int = 0
+    size: int = 0  # the body's bytes (the byte limit's); on the wire, read from the record
 
 
 @dataclass(slots=True)
@@ -156,14 +160,16 @@ def _encode_enqueue(op: Enqueue) -> bytes:
 def _decode_enqueue(data: memoryview, pos: int) -> tuple[LogOp, int]:
     _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
     pos += ENQUEUE.size
-    return Enqueue(seq, expiry, data[pos:pos + size]), pos + size
+    record = data[pos:pos + size]
+    return Enqueue(seq, expiry, record, 0, 0, body_size(record)), pos + size
 
 
 def _decode_enqueue_from(data: memoryview, pos: int) -> tuple[LogOp, int]:
     _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
     enqueuer, publish = ENQUEUER.unpack_from(data, pos + ENQUEUE.size)
     pos += ENQUEUE.size + ENQUEUER.size
-    return Enqueue(seq, expiry, data[pos:pos + size], enqueuer, publish), pos + size
+    record = data[pos:pos + size]
+    return Enqueue(seq, expiry, record, enqueuer, publish, body_size(record)), pos + size
 
 
 def _encode_checkout(op: Checkout) -> bytes:

@@ -21,11 +21,13 @@ What a client sees differs from a classic queue:
 
 Its replicated state is :mod:`quorum_machine`'s: every change is an op, applied to ``state`` (which decides
 what it means: where a returned entry goes, whether it passed the delivery limit, which rows a purge drops),
-then carried out here on the queue (its ready list in memory and on disk, its storage, its dead letters).
-The state is also what the leader asks: whether the queue is over its length (``over_limit``), what a purge
-counts, the seq a return starts from; the entries themselves, their expiry and which one is delivered are
-still the inherited queue's ready list's, checked against the state's head (``next_ready``) under
-``machine.CHECKS``.  A
+then carried out here on the queue (its storage, its dead letters, the messages of its ready entries).  The
+state is also the one source of the leader's decisions: which entry a consumer gets next (``next_ready``),
+which ready entries' time is up at the leader's clock (``expired``, the deadlines its own), which a full
+queue drops or whether it refuses a publish (``overflow``, ``over_limit``: it knows the entries' sizes), and
+what the queue counts (its ready entries and their bytes).  The ready list (``ready_list.ReadyList``) only
+holds the messages of the ready entries, in memory and paged to disk, in the state's order: it hands over
+the entry of the seq the state names.  A
 queue's replicas are the cluster's business (``forwarder.quorum.groups``, told of every change through
 ``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
 survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
@@ -34,9 +36,9 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
+from ..clock import now_ms
 from ..framing import header_table
 from . import quorum_machine as machine
 from ..message import Message
@@ -71,9 +73,12 @@ class QuorumQueue(Queue):
         self._grace_timer: asyncio.TimerHandle | None = None
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
+        self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
+        self._expiry_at = 0
         self._configure(apply=False)
         self.ready.keep_apart = self._keep_apart
         self.ready.returned = self._returned
+        self.ready.lost = self._lost
 
     # -- ops --------------------------------------------------------------------------------------
 
@@ -104,7 +109,7 @@ class QuorumQueue(Queue):
     def meta(self) -> machine.Meta:
         """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
         replicator = self.replicator
-        return machine.Meta(0 if replicator is None else replicator.index + 1, time.time_ns() // 1_000_000)
+        return machine.Meta(0 if replicator is None else replicator.index + 1, now_ms())
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -114,8 +119,10 @@ class QuorumQueue(Queue):
         held, out = self.held.keys(), state.checked_out | state.dead.keys()
         if held != out:
             problems.append(f"held but not out: {sorted(held - out)[:10]}, out but not held: {sorted(out - held)[:10]}")
-        if self.message_count != len(state.ready):
-            problems.append(f"{self.message_count} ready, the state has {len(state.ready)}")
+        ready = self.ready
+        if ready.message_count != len(state.ready) or (state.has_facts and ready.bytes != state.bytes):
+            problems.append(f"{ready.message_count} ready of {ready.bytes} bytes, the state has {len(state.ready)} "
+                            f"of {state.bytes}")
         if problems:
             raise machine.Broken(f"{self.name}: after {op!r}: {'; '.join(problems)}")
 
@@ -156,8 +163,6 @@ class QuorumQueue(Queue):
             self.unacked -= 1
             self.unacked_bytes -= size
             entry.redelivered = True
-            if entry.expiry:
-                self.expiry.track(entry, entry.seq)
             self.ready.put_back(entry)
 
     def _carry_out_dead_letters(self, effect: machine.DeadLetterEntries) -> None:
@@ -194,10 +199,13 @@ class QuorumQueue(Queue):
         seconds is returned then."""
         self.state = state
         self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
+        if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
+            state.add_facts(self._stored_facts())
         self._configure()
         if not handover:
             if state.checked_out or state.dead:
                 self.run(machine.Recover())
+            self._expire_or_arm()
             return
         if state.dead:
             self.run(machine.Recover(sorted(state.dead)))
@@ -210,8 +218,7 @@ class QuorumQueue(Queue):
             ready.page_in()
             if ready.paged_from == before:
                 break
-        for seq in awaiting:
-            self.expiry.expiring.pop(seq, None)
+        self._expire_or_arm()
         self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
 
     def _keep_apart(self, entry: Entry) -> bool:
@@ -251,13 +258,22 @@ class QuorumQueue(Queue):
             return
         self.run(machine.Recover(seqs))
         self.deliver_ready()
-        if self.expiry.expiring:
-            self.expire_due()
+        self._expire_or_arm()
 
     # -- what clients do --------------------------------------------------------------------------
 
+    def _stored_facts(self) -> Iterable[tuple[int, int, int]]:
+        """``(seq, size, expiry)`` of every entry in this copy's storage."""
+        for seqs, values in self.persistence.index.columns(self.index_id):
+            yield from zip(seqs.tolist(), values["size"].tolist(), values["expiry"].tolist())
+
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        return super().enqueue(self.stored_copy(message), confirm)
+        taken = super().enqueue(self.stored_copy(message), confirm)
+        if self.state.deadlines:
+            deadline = machine.next_deadline(self.state)
+            if self._expiry_timer is None or deadline is None or deadline < self._expiry_at:
+                self._expire_or_arm()  # (a deadline sooner than the timer's: TTL 0 expires now, unless delivered)
+        return taken
 
     def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
                      floor: int) -> str:
@@ -289,7 +305,7 @@ class QuorumQueue(Queue):
             return
         replicator = self.replicator
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
-        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag)
+        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag, entry.message.body_size)
         self.state, effects = machine.apply(self.meta(), op, self.state)
         if effects:
             self.persistence.write(self, entry)
@@ -304,12 +320,106 @@ class QuorumQueue(Queue):
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
 
+    @property
+    def message_count(self) -> int:
+        return len(self.state.ready)
+
+    @property
+    def ready_bytes(self) -> int:
+        return self.state.bytes
+
+    def append_entry(self, entry: Entry) -> None:
+        """A ready entry's message joins the ready list (its deadline is the state's)."""
+        self.ready.push(entry)
+
     def full(self, incoming: int) -> bool:
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
         one that reaches it is taken."""
         args = self.args
-        return (machine.over_limit(self.state, args.max_length)
-                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes))
+        return machine.over_limit(self.state, args.max_length, args.max_length_bytes)
+
+    def drop_overflow(self) -> None:
+        """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
+        args = self.args
+        seqs = machine.overflow(self.state, args.max_length, args.max_length_bytes)
+        if seqs:
+            self.run(machine.DeadLetter(seqs, "maxlen"), [self._take_head(seq) for seq in seqs])
+
+    def pop_ready(self) -> Entry | None:
+        """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
+        what is due is expired first."""
+        state = self.state
+        seq = machine.next_ready(state)
+        if seq is None:
+            return None
+        expiry = state.expiries.get(seq) if state.expiries else None  # (the timer finds the others)
+        if expiry is not None and expiry <= now_ms() and seq != self.fresh:
+            self.expire_due()
+            seq = machine.next_ready(state)
+            if seq is None:
+                return None
+        return self._take_head(seq)
+
+    def _take_head(self, seq: int) -> Entry:
+        """The ready list's head, which holds the message of ``seq``, the state's head."""
+        entry = self.ready.pop_head()
+        if entry is None or entry.seq != seq:
+            raise machine.Broken(f"{self.name}: the ready list's head is {entry and entry.seq}, the state's {seq}")
+        return entry
+
+    def _lost(self, seqs: list[int]) -> None:
+        """The store lost the messages of ready entries (the ready list dropped them as it read them back): they
+        leave the state too, on every copy, as entries taken with no ack would."""
+        for seq in seqs:
+            if seq in self.state.ready:
+                self.run(machine.Checkout(seq, True), (Entry(seq, Message.stored(0, 0)),))  # (its row is gone)
+
+    def expire_due(self) -> None:
+        """The ready entries the state says are past their deadline at this leader's clock (``machine.expired``)
+        leave, wherever they are in the queue: dead-lettered (expired)."""
+        if self.detached or self.deleted:
+            return
+        seqs = machine.expired(self.state, self.meta().system_time, self.fresh)
+        if seqs:
+            ready = self.ready
+            entries = [ready.take_out(seq) for seq in seqs]
+            found = [entry for entry in entries if entry is not None]
+            self.run(machine.Expire([entry.seq for entry in found]), found)
+            if ready.gone > 1024 and ready.gone * 2 > len(ready.entries):
+                ready.compact()
+        self._arm_expiry()
+
+    def _expire_or_arm(self) -> None:
+        """Expire what is due now, else make sure the timer runs for the state's next deadline."""
+        deadline = machine.next_deadline(self.state)
+        if deadline is not None and deadline <= now_ms():
+            self.expire_due()
+        else:
+            self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        deadline = machine.next_deadline(self.state)
+        timer = self._expiry_timer
+        if deadline is None or self.detached or self.deleted:
+            if timer is not None:
+                timer.cancel()
+                self._expiry_timer = None
+            return
+        if timer is not None:
+            if self._expiry_at <= deadline:
+                return
+            timer.cancel()
+        self._expiry_at = deadline
+        self._expiry_timer = asyncio.get_running_loop().call_later(max(0.0, (deadline - now_ms()) / 1000),
+                                                                   self._expiry_fired)
+
+    def _expiry_fired(self) -> None:
+        self._expiry_timer = None
+        self.expire_due()
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
+        """At start-up: the messages on disk; their deadlines are the state's (``start``)."""
+        super().recover(count, size, last_seq, ())
 
     def deliver_ready(self) -> None:
         """Deliver, unless this leader may have been deposed (``Replicator.live``): it would go on feeding its
@@ -333,8 +443,6 @@ class QuorumQueue(Queue):
 
     def take(self, entry: Entry, no_ack: bool) -> Entry:
         seq = entry.seq
-        if machine.CHECKS and seq != machine.next_ready(self.state):
-            raise machine.Broken(f"{self.name}: delivers {seq}, the state's next is {machine.next_ready(self.state)}")
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
@@ -352,8 +460,7 @@ class QuorumQueue(Queue):
         self.settled(entries)
         self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted))
         self.deliver_ready()
-        if self.expiry.expiring:
-            self.expire_due()
+        self._expire_or_arm()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries, counted=False)
@@ -388,7 +495,8 @@ class QuorumQueue(Queue):
 
     @property
     def dlx_bytes(self) -> int:
-        return sum(self.held[seq].message.body_size for seq in self.state.dead if seq in self.held)
+        sizes = self.state.sizes
+        return sum(sizes.get(seq, 0) for seq in self.state.dead)
 
     def _send_dead_letters(self, entries: list[Entry], reason: str) -> None:
         """``machine.DeadLetters``: at most once, the entries leave whatever becomes of their dead letters; at
@@ -428,6 +536,7 @@ class QuorumQueue(Queue):
                 self.forget(entry)
         self._stop_grace()
         super().drop_all()
+        self._arm_expiry()  # (deleted: stopped)
 
     def detach(self) -> None:
         super().detach()
@@ -435,6 +544,7 @@ class QuorumQueue(Queue):
         self.replicator = None
         self._stop_dead_letters()
         self._stop_grace()
+        self._arm_expiry()  # (detached: stopped)
 
     def _stop_grace(self) -> None:
         self._awaiting = set()

@@ -131,14 +131,15 @@ class ReadyList:
     both (``bytes``).
 
     ``expiring`` is the queue's expiry's map of the entries in memory that have an expiry, by ``row_key``: an
-    entry leaving memory leaves it.  ``pages``: the queue's type pages (a durable queue keeps a window).
+    entry leaving memory leaves it (None: a quorum queue's deadlines are its state machine's, which names the
+    entries that expire, ``take_out``).  ``pages``: the queue's type pages (a durable queue keeps a window).
     ``drops_later``: a commit's entries on disk are counted a batch per loop turn and dropped in the background
     (else at once: a quorum queue's commit is an op carried out as it is applied)."""
 
     ranked = False  # a priority queue's ready list keys its index rows by level, then seq (row_key)
     entry_type: Callable[..., Entry] = Entry  # a priority queue's entries know their level
 
-    def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry], pages: bool = True,
+    def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry] | None, pages: bool = True,
                  drops_later: bool = True) -> None:
         self.owner = owner
         self.expiring = expiring
@@ -155,10 +156,12 @@ class ReadyList:
         self._counting = (0, 0, 0)  # where that count goes on from, the entries and bytes counted so far
         self._drop_marks: list[int] = []  # the index's drop marks naming them, forgotten once they are gone
         self.committed_drops = 0  # entries on disk removed by commits, in all (what a commit's answer counts)
-        # the queue's say on entries read back from disk: one it keeps apart rather than ready (True), and whether
-        # the entry of a seq came back to the queue before (its redelivered flag)
+        # the queue's say on entries read back from disk: one it keeps apart rather than ready (True), whether
+        # the entry of a seq came back to the queue before (its redelivered flag), and what it does about an entry
+        # whose message the store lost (dropped here)
         self.keep_apart: Callable[[Entry], bool] | None = None
         self.returned: Callable[[int], bool] | None = None
+        self.lost: Callable[[list[int]], None] | None = None
 
     def __len__(self) -> int:
         """Entries in memory, those gone included."""
@@ -208,6 +211,37 @@ class ReadyList:
         """A requeued entry goes back where its seq puts it (its bytes are the caller's to count)."""
         put_back(self.entries, entry)
 
+    def pop_head(self) -> Entry | None:
+        """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""
+        entries, tail = self.entries, self.tail
+        while True:
+            if tail.count and self.page_due():
+                self.page_in()
+            if not entries:
+                return None
+            entry = entries.popleft()
+            if entry.gone:
+                self.gone -= 1
+                continue
+            self.bytes -= entry.message.body_size
+            return entry
+
+    def take_out(self, seq: int) -> Entry | None:
+        """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
+        over when the head reaches it), on disk its row is read; None if it is in neither."""
+        entries = self.entries
+        if entries and entries[0].seq <= seq <= entries[-1].seq:
+            i = bisect_left(entries, seq, key=_seq)
+            entry = entries[i]
+            if entry.seq == seq and not entry.gone:
+                entry.gone = True
+                self.gone += 1
+                self.bytes -= entry.message.body_size
+                return entry
+        if self.tail.count and seq >= self.disk_floor:
+            return self.expire_paged(seq)
+        return None
+
     def compact(self) -> None:
         """Drop the entries marked gone (in place: whoever holds the deque sees the change)."""
         live = [e for e in self.entries if not e.gone]
@@ -255,7 +289,7 @@ class ReadyList:
             if entry.gone:
                 self.gone -= 1
                 continue
-            if entry.expiry:
+            if entry.expiry and self.expiring is not None:
                 self.expiring.pop(self.row_key(entry), None)  # its (expiry, key) stays in the heap
             self.page_write(entry, written)
             self.tail.add(1, entry.message.body_size)
@@ -292,6 +326,7 @@ class ReadyList:
                 payloads[transient] = dict(zip(ids, store.read_many(ids, PAGE_IN_BYTES)))
         self.tail.remove(len(rows), sum(row.size for row in rows))
         keep_apart = self.keep_apart
+        lost = []
         for row in rows:
             payload = payloads[row.transient].get(row.msg_id)
             if payload is None and not row.transient and (persistent is None or row.msg_id not in persistent):
@@ -299,14 +334,17 @@ class ReadyList:
                             untrusted(owner.name), untrusted(owner.vhost), row.msg_id, row.seq)
                 index.ack(queue_id, row.seq)
                 self.bytes -= row.size
+                lost.append(row.seq)
                 continue
             entry = self.paged_entry(row)
             if payload is not None:
                 entry.message.fill_from(payload, routes, headers)
             if keep_apart is None or not keep_apart(entry):
                 admit(entry)
-            if row.expiry:
+            if row.expiry and self.expiring is not None:
                 self.expiring[self.row_key(entry)] = entry
+        if lost and self.lost is not None:
+            self.lost(lost)
 
     def trust_index(self) -> None:
         """The counts said more was on disk than the index held: the index is right."""
@@ -511,7 +549,7 @@ class ReadyList:
                 self.gone -= 1
                 continue
             self.bytes -= entry.message.body_size
-            if entry.expiry:
+            if entry.expiry and self.expiring is not None:
                 self.expiring.pop(self.row_key(entry), None)
             self.forget(entry)
             removed += 1

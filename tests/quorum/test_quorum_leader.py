@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pamqp import commands
 
-from amqp_server.queues import expiry
+from amqp_server.queues import expiry, quorum_queue
+from amqp_server.queues import quorum_machine as machine
 from amqp_server.framing import properties
 from amqp_server.queues import queue as queue_module
 from amqp_server.broker import Broker
@@ -28,7 +29,7 @@ from amqp_server.spark_bridge import queue_reads
 from support import local
 
 WINDOW = 8  # entries in memory before the tail pages out
-CLOCKED = (queue_module, expiry, queue_reads)  # the queue's parts that read the time
+CLOCKED = (queue_module, expiry, queue_reads, quorum_queue)  # the queue's parts that read the time
 
 
 class Leader(RuleBasedStateMachine):
@@ -171,7 +172,9 @@ class Leader(RuleBasedStateMachine):
     def the_queue_stands_for_its_state(self) -> None:
         queue, state = self.queue, self.queue.state
         assert [entry.seq for entry in self.run(queue.browse, 0, queue.next_seq)] == list(state.ready)
-        assert queue.message_count == len(state.ready)
+        assert queue.message_count == len(state.ready) == queue.ready.message_count
+        assert queue.ready_bytes == state.bytes == queue.ready.bytes
+        assert not machine.expired(state.copy(), self.clock)  # (what is due went at once, wherever it was)
         assert set(queue.held) == state.checked_out | state.dead.keys()
         assert {entry.seq for entry in self.held} == state.checked_out
         assert queue.unacked == len(state.checked_out)
@@ -196,3 +199,27 @@ class Leader(RuleBasedStateMachine):
 Leader.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_a_leader_carries_out_its_state_machine = pytest.mark.long(pytest.mark.timeout(600)(Leader.TestCase))
+
+
+async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_path, caplog):
+    """The ready list drops an entry read back from disk whose message the store no longer has: the state,
+    which decides what is delivered, drops it too (else its head would name a message nobody has)."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = local(broker.declare_queue(vhost, "q", durable=True, arguments={"x-queue-type": "quorum"}))
+    assert isinstance(queue, QuorumQueue)
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    for i in range(100):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    await asyncio.sleep(0.05)  # (the group commit)
+    assert queue.paged
+    index, queue_id = queue.ready.page_index()
+    (row,) = index.read(queue_id, 50, 1)
+    broker.persistence.store.remove(row.msg_id)  # (a damaged store)
+    got = []
+    while (entry := queue.get(True)) is not None:
+        got.append(entry.message.body)
+    assert got == [b"m%d" % i for i in range(100) if i != 50]
+    assert "is missing from the store" in caplog.text
+    assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.sizes
+    broker.close()

@@ -1,11 +1,12 @@
 """The quorum queue's state machine (amqp_server.queues.quorum_machine) against a simple model: a FIFO with
-at-least-once delivery and a delivery count per message.
+at-least-once delivery and a delivery count per message, whose messages have sizes and deadlines.
 
 A driver plays the leader: it makes the ops a leader makes (the head goes to a consumer, the seqs it names
-are those the state holds), applies them, and carries out their storage effects on rows kept in a dict.
-After every step the machine's state, read through the rows, must be the model's; the rows must stand for
-the state (a copy restarting from them gets the same state); and a follower that applies the same ops,
-or joins later from a snapshot of the state and the rows, must end where the leader is.
+are those the state holds; those that expire or that a full queue drops, the machine names), applies them,
+and carries out their storage effects on rows kept in a dict.  After every step the machine's state, read
+through the rows, must be the model's; the rows must stand for the state (a copy restarting from them gets
+the same state); and a follower that applies the same ops, or joins later from a snapshot of the state and
+the rows, must end where the leader is.
 """
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from amqp_server import payload
 from amqp_server.queues import quorum_machine as m
 from amqp_server.queues import quorum_ops as ops
 from amqp_server.queues.quorum_machine import SeqSet, State
 
 META = m.Meta(1, 1_700_000_000_000)
+
+
+def size_of(message: int) -> int:
+    """A test message's body size (some are empty)."""
+    return message % 7
 
 
 @dataclass
@@ -81,6 +88,10 @@ class Model:
         self.places = 0
         self.delivery_limit: int | None = None
         self.at_least_once = False
+        self.expiry: dict[int, int] = {}  # a message's deadline (0: none); it keeps it when it comes back
+
+    def over(self, count: int, size: int, max_length: int | None, max_bytes: int | None) -> bool:
+        return (max_length is not None and count > max_length) or (max_bytes is not None and size > max_bytes)
 
     def place(self, message: int) -> None:
         self.position[message] = self.places
@@ -113,10 +124,11 @@ class QuorumMachine(RuleBasedStateMachine):
         self.sent: list[tuple[list[int], str]] = []
         self._gone: dict[int, int] = {}
         self.index = 0  # the latest op's, in the log
+        self.now = 1_700_000_000_000  # the leader's clock (its ops' Meta.system_time)
 
     def run(self, op) -> tuple:
         self.index += 1
-        self.state, effects = m.apply(m.Meta(self.index, self.index), op, self.state)
+        self.state, effects = m.apply(m.Meta(self.index, self.now), op, self.state)
         assert isinstance(effects, tuple)
         self.log.append(op)
         self.sent.extend((list(map(self.message_at_or_gone, seqs)), reason)
@@ -171,15 +183,62 @@ class QuorumMachine(RuleBasedStateMachine):
             expected.setdefault(reason, []).append(message)
         self.expect_all_sent(expected)
 
-    @rule(count=st.integers(1, 5))
-    def enqueue(self, count) -> None:
+    @rule(count=st.integers(1, 5), ttl=st.one_of(st.none(), st.integers(0, 20)))
+    def enqueue(self, count, ttl) -> None:
+        expiry = 0 if ttl is None else self.now + ttl
         for _ in range(count):
             message = self.messages
             self.messages += 1
             seq = self.state.next_seq
-            assert self.run(m.Enqueue(seq, 0, message)) == (m.Store(seq, 0, message),)
+            assert self.run(m.Enqueue(seq, expiry, message, size=size_of(message))) == (m.Store(seq, expiry, message),)
             self.model.ready.append(message)
             self.model.place(message)
+            self.model.expiry[message] = expiry
+
+    @rule(ms=st.integers(0, 10))
+    def time_passes(self, ms) -> None:
+        self.now += ms
+
+    @rule(spare=st.booleans())
+    def expire_due(self, spare) -> None:
+        """The machine names the ready messages past their deadline, wherever they are (one spared: a publish
+        on its way to a waiting consumer); they are dead-lettered."""
+        model = self.model
+        kept = self.seq_of(model.ready[-1]) if spare and model.ready else -1
+        seqs = m.expired(self.state, self.now, kept)
+        due = [message for message in model.ready if 0 < model.expiry[message] <= self.now
+               and (kept < 0 or message != model.ready[-1])]
+        assert sorted(self.message_at(seq) for seq in seqs) == sorted(due)
+        if kept >= 0 and 0 < model.expiry[model.ready[-1]] <= self.now:  # (spared, not forgotten)
+            assert kept in m.expired(self.state.copy(), self.now)
+        if not seqs:
+            return
+        self.remember(seqs)
+        self.run(m.Expire(seqs))
+        model.ready = [message for message in model.ready if message not in due]
+        model.dead_letter(due, "expired")
+        self.expect_sent(due, "expired")
+
+    @rule(max_length=st.one_of(st.none(), st.integers(0, 6)), max_bytes=st.one_of(st.none(), st.integers(0, 30)))
+    def drop_head(self, max_length, max_bytes) -> None:
+        """drop-head: the machine names the head messages that must go for the queue to be within its limits."""
+        model = self.model
+        seqs = m.overflow(self.state, max_length, max_bytes)
+        count, size = len(model.ready), sum(map(size_of, model.ready))
+        dropped = []
+        for message in model.ready:
+            if not model.over(count, size, max_length, max_bytes):
+                break
+            dropped.append(message)
+            count, size = count - 1, size - size_of(message)
+        assert [self.message_at(seq) for seq in seqs] == dropped
+        if not seqs:
+            return
+        self.remember(seqs)
+        self.run(m.DeadLetter(seqs, "maxlen"))
+        model.ready = model.ready[len(dropped):]
+        model.dead_letter(dropped, "maxlen")
+        self.expect_sent(dropped, "maxlen")
 
     @precondition(lambda self: self.model.ready)
     @rule(settled=st.booleans())
@@ -334,6 +393,9 @@ class QuorumMachine(RuleBasedStateMachine):
         assert (self.message_at(head) if head is not None else None) == (model.ready[0] if model.ready else None)
         assert all(m.over_limit(state, limit) == (len(model.ready) > limit) for limit in (0, 1, 5))
         assert not m.over_limit(state, None)
+        ready_bytes = sum(map(size_of, model.ready))
+        assert state.bytes == ready_bytes
+        assert all(m.over_limit(state, None, limit) == (ready_bytes > limit) for limit in (0, 3, 10))
         assert len(state.ready) == len(model.ready) and state.messages == len(model.ready) + len(model.out)
         assert {self.message_at(seq) for seq in state.checked_out} == model.out
         assert {self.message_at(seq): reason for seq, reason in state.dead.items()} == model.dead
@@ -358,7 +420,24 @@ class QuorumMachine(RuleBasedStateMachine):
         assert restarted.counts == state.counts
 
     @invariant()
+    def the_state_knows_its_entries_sizes_and_deadlines(self) -> None:
+        """What the leader decides by: every held entry's size and expiry (a returned one keeps its expiry)."""
+        state = self.state
+        assert state.has_facts
+        assert state.sizes == {seq: size_of(row.message) for seq, row in self.rows.items()}
+        assert state.expiries == {seq: self.model.expiry[row.message] for seq, row in self.rows.items()
+                                  if self.model.expiry[row.message]}
+        live = {seq for seq in state.ready if seq in state.expiries}
+        assert live <= {item & ((1 << 64) - 1) for item in state.deadlines}  # (expiry << 64 | seq)
+
+    def facts(self, rows: Rows) -> list[tuple[int, int, int]]:
+        """(seq, size, expiry) of a copy's rows, as its storage has them."""
+        return [(seq, size_of(row.message), self.model.expiry[row.message]) for seq, row in sorted(rows.items())]
+
+    @invariant()
     def followers_end_where_the_leader_is(self) -> None:
+        """They apply the leader's ops; one that joined from a snapshot reads its entries' facts from its rows
+        (as a copy does before it leads); then their facts are the leader's too."""
         for i, (state, rows, applied) in enumerate(self.followers):
             for index, op in enumerate(self.log[applied:], applied + 1):
                 state, effects = m.apply(m.Meta(index), op, state)
@@ -366,6 +445,11 @@ class QuorumMachine(RuleBasedStateMachine):
             self.followers[i] = (state, rows, len(self.log))
             assert state == self.state
             assert rows == self.rows
+            if not state.has_facts:
+                state.add_facts(self.facts(rows))
+            assert (state.sizes, state.expiries, state.bytes) == (self.state.sizes, self.state.expiries,
+                                                                  self.state.bytes)
+            assert m.expired(state.copy(), self.now) == m.expired(self.state.copy(), self.now)
 
     @invariant()
     def the_state_survives_its_encoding(self) -> None:
@@ -435,17 +519,17 @@ def test_apply_is_a_value_with_its_effects_as_a_tuple():
 
 
 class Payload:
-    """A leader's message as the codec reads it: the parts of its store record."""
+    """A leader's message as the codec reads it: the parts of its store record (``payload.encode``'s)."""
 
     def payload(self) -> tuple[bytes, bytes, bytes, bytes]:
-        return b"H", b"r", b"hdr", b"body"
+        return payload.encode(b"r", b"hdr", b"body")
 
 
 # every op the leader ships, with its bytes as the wire has carried them (link version 3)
 WIRE: list[tuple[ops.LogOp, str]] = [
-    (m.Enqueue(7, 0, Payload()), "0100000000000000070000000000000000000000094872686472626f6479"),
-    (m.Enqueue(2**40, 1_700_000_000_000, Payload(), 3, 99),
-     "0d00000100000000000000018bcfe5680000000009000000000000000300000000000000634872686472626f6479"),
+    (m.Enqueue(7, 0, Payload(), size=4), "01000000000000000700000000000000000000000e00010000000372686472626f6479"),
+    (m.Enqueue(2**40, 1_700_000_000_000, Payload(), 3, 99, 4),
+     "0d00000100000000000000018bcfe568000000000e0000000000000003000000000000006300010000000372686472626f6479"),
     (m.Checkout(5), "020000000000000005"),
     (m.Checkout(5, True), "030000000000000005"),
     (m.Settle([1, 2, 3]), "0400000003000000000000000100000000000000020000000000000003"),
@@ -475,7 +559,7 @@ def test_every_shipped_op_keeps_its_wire_bytes_and_comes_back_the_same():
         assert ops.encode(op).hex() == wire
         decoded, end = ops.decode(memoryview(frame), pos)
         if isinstance(op, m.Enqueue):
-            assert isinstance(decoded, m.Enqueue) and bytes(decoded.message) == b"Hrhdrbody"
+            assert isinstance(decoded, m.Enqueue) and bytes(decoded.message) == b"".join(op.message.payload())
             decoded.message = op.message
         assert (decoded, end) == (op, pos + len(bytes.fromhex(wire)))
         pos = end
@@ -510,3 +594,26 @@ def test_check_names_each_broken_rule():
     for state, problem in broken:
         with pytest.raises(m.Broken, match=problem):
             m.check(state, m.Settle([]))
+
+
+def test_a_copy_that_never_expires_keeps_its_deadlines_bounded():
+    """A follower applies the leader's ops and never asks ``expired`` itself: the deadlines of entries that left
+    are dropped once they outnumber the live ones, rather than kept for ever."""
+    state = State()
+    for seq in range(20_000):
+        state = m.apply(META, m.Enqueue(seq, 1_800_000_000_000 + seq, b"x", size=3), state)[0]
+        state = m.apply(META, m.Checkout(seq, True), state)[0]
+    assert not state.ready and state.bytes == 0 and not state.sizes and not state.expiries
+    assert len(state.deadlines) <= 1024 + 1
+
+
+def test_a_state_made_from_rows_reads_its_entries_facts_before_it_decides():
+    """A snapshot (or a copy's rows after a restart) carries no sizes nor deadlines: the copy reads them from
+    its storage (``add_facts``); then the byte limit and the deadlines are the entries'."""
+    state = State.from_rows([(0, False, 0), (1, True, 1), (2, False, 0)])
+    assert not state.has_facts
+    state.add_facts([(0, 10, 1_700_000_000_005), (1, 20, 0), (2, 30, 1_700_000_000_001), (9, 99, 0)])
+    assert state.has_facts and state.bytes == 40 and state.sizes == {0: 10, 1: 20, 2: 30}
+    assert m.overflow(state, None, 30) == [0] and m.overflow(state, 1, None) == [0]
+    assert m.expired(state, 1_700_000_000_004) == [2]
+    assert m.next_deadline(state) == 1_700_000_000_005

@@ -396,14 +396,16 @@ def test_a_vhosts_default_queue_type_makes_durable_queues_quorum(broker, uid):
         call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
 
 
+@pytest.mark.parametrize("limit", [{"x-max-length": 2}, {"x-max-length-bytes": 25}], ids=["count", "bytes"])
 @pytest.mark.parametrize("overflow", ["drop-head", "reject-publish"])
-def test_max_length_on_a_quorum_queue(broker, uid, overflow):
+def test_max_length_on_a_quorum_queue(broker, uid, overflow, limit):
+    """Ten-byte messages: two of them are as many as either limit allows (bytes: the ready ones' bodies)."""
     with connect(broker) as connection:
         channel = connection.channel()
-        declare(channel, uid, **{"x-max-length": 2, "x-overflow": overflow})
+        declare(channel, uid, **limit, **{"x-overflow": overflow})
         channel.confirm_delivery()
         outcomes = []
-        for body in (b"a", b"b", b"c", b"d"):
+        for body in (b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 10):
             try:
                 channel.basic_publish("", uid, body)
                 outcomes.append("ack")
@@ -413,9 +415,28 @@ def test_max_length_on_a_quorum_queue(broker, uid, overflow):
         count = channel.queue_declare(uid, passive=True).method.message_count
         kept = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
         if overflow == "drop-head":
-            assert (outcomes, kept) == (["ack"] * 4, [b"c", b"d"])
+            assert (outcomes, kept) == (["ack"] * 4, [b"c" * 10, b"d" * 10])
         else:  # RabbitMQ 3.10's quorum queues take the publish that goes over the limit, refuse the next
-            assert (outcomes, kept) == (["ack", "ack", "ack", "nack"], [b"a", b"b", b"c"])
+            assert (outcomes, kept) == (["ack", "ack", "ack", "nack"], [b"a" * 10, b"b" * 10, b"c" * 10])
+        channel.queue_delete(uid)
+
+
+def test_a_returned_message_keeps_its_deadline_at_the_back_of_a_quorum_queue(broker, uid):
+    """A message nacked back to the queue goes to the back with a new offset, and still expires when its TTL
+    from its publish runs out; the one behind it, published later, outlives it."""
+    with connect(broker) as connection:
+        channel = connection.channel()
+        declare(channel, uid)
+        channel.basic_publish("", uid, b"short", pika.BasicProperties(expiration="400"))
+        channel.basic_publish("", uid, b"long")
+        method, _, body = _get(channel, uid)
+        assert body == b"short"
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        time.sleep(0.1)
+        assert channel.queue_declare(uid, passive=True).method.message_count == 2
+        time.sleep(0.6)
+        assert channel.queue_declare(uid, passive=True).method.message_count == 1
+        assert _get(channel, uid)[2] == b"long"
         channel.queue_delete(uid)
 
 

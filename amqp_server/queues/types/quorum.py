@@ -27,8 +27,10 @@ class Quorum(QueueType):
     queue_class: ClassVar[type[AnyQueue]] = QuorumQueue  # (mypy checks it is a queue as the node uses one)
 
     def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
-        """A commit's entries on disk leave at once: the op that drops them is carried out as it is applied."""
-        return ReadyList(queue, expiring, drops_later=False)
+        """The messages of the entries the state machine holds ready: which leaves, and when, is the machine's
+        (no expiry map of its own); a commit's entries on disk leave at once, as the op that drops them is
+        carried out."""
+        return ReadyList(queue, None, drops_later=False)
 
     def attached(self, queue: Any, node: str) -> None:
         queue.members = [node]  # a group of one until the cluster replicates it
