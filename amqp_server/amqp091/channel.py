@@ -832,21 +832,12 @@ class Channel:
             self.connection.close_with(errors.ConnectionError(errors.INTERNAL_ERROR, reason))
 
     def handed_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue) -> None:
-        """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
-        which takes back what it holds, under the same delivery tags (RabbitMQ's consumers outlive a change of
-        leader unaware).  What it does not take back stays with the old one, where a settle does nothing."""
+        """(What the consumer holds goes on under the same delivery tags: ``Broker.hand_over``.)"""
         unacked = self.unacked
         tags = [tag for tag, (_, queue, held_by) in unacked.items() if held_by is consumer and queue is old]
-        entries = [unacked[tag][0] for tag in tags]
-        seqs, parked = old.release(consumer, entries)
-        held = [*zip(entries, seqs), *((entry, seq) for _, entry, seq in parked)]
-        taken = new.take_consumer(consumer, held)
-        for tag, entry in zip(tags, taken):
+        for tag, entry in zip(tags, self.broker.hand_over(consumer, old, new, [unacked[tag][0] for tag in tags])):
             if entry is not None:
                 unacked[tag] = (entry, new, consumer)
-        for (mode, _, _), entry in zip(parked, taken[len(tags):]):  # settled while no leader took them
-            if entry is not None:  # (counted off the consumer's prefetch then)
-                self.broker.settle_taken([(entry, new, None)], mode == "requeue", mode == "reject")
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)

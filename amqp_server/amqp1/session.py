@@ -936,10 +936,13 @@ class Outgoing(LinkEndpoint):
         self.connection.close_with(Amqp10Error(frames.INTERNAL_ERROR, reason))
 
     def handed_over(self, consumer: Consumer, old: Any, new: Any) -> None:
+        """(What the link's client holds goes on under the same delivery ids: ``Broker.hand_over``.)"""
         self.queue = new
-        for delivery_id, (entry, queue, held_by, link) in list(self.session.unsettled.items()):
-            if held_by is consumer and queue is old:
-                self.session.unsettled[delivery_id] = (entry, new, held_by, link)
+        unsettled = self.session.unsettled
+        ids = [i for i, (_, queue, held_by, _) in unsettled.items() if held_by is consumer and queue is old]
+        for i, entry in zip(ids, self.broker.hand_over(consumer, old, new, [unsettled[i][0] for i in ids])):
+            if entry is not None:
+                unsettled[i] = (entry, new, consumer, self)
 
     def closed(self) -> None:
         """Detached: the consumer goes, and what the link's client held is requeued."""

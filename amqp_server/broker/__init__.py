@@ -121,6 +121,7 @@ class Broker:
         self.get_local, self.get_anywhere, self.peek = messages.get_local, messages.get_anywhere, messages.peek
         self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere
         self.settle, self.settle_taken, self.nack_taken = messages.settle, messages.settle_taken, messages.nack_taken
+        self.settle_as, self.hand_over = messages.settle_as, messages.hand_over
         self.move_messages = messages.move_messages
         # what a queue asks of its host (queue.QueueHost), for the queues made outside ``Queues``
         # (forwarder.quorum.groups)

@@ -14,7 +14,7 @@ from ..access_control import Principal
 from .delayed_messages import MandatoryPublisher
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
-from ..queues.queue import AnyQueue, Consumer, Entry, Queue
+from ..queues.queue import AnyQueue, Consumer, Entry, Queue, SettleMode
 from .vhost import VHost
 from .definitions import check_exclusive
 from .routing import Router
@@ -187,6 +187,23 @@ class Messages:
         settle = self.settle
         for queue, entries in by_queue.items():
             settle(queue, entries, requeue, reject, counted)
+
+    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode) -> None:
+        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it."""
+        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release")
+
+    def hand_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue, held: list[Entry]) -> list[Entry | None]:
+        """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
+        which takes back what it holds (``held``, its entries of the old one), as RabbitMQ's consumers outlive a
+        change of leader unaware.  The settles the old one kept for a leader to come are carried out.  Returns
+        the new object's entry for each held one; None: not taken back (it stays with the old one, where a
+        settle does nothing)."""
+        seqs, parked = old.release(consumer, held)
+        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq in parked)])
+        for (mode, _, _), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
+            if entry is not None:  # (counted off the consumer's prefetch then)
+                self.settle_as([(entry, new, None)], mode)
+        return taken[:len(held)]
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,
                       who: Principal | None = None) -> int:

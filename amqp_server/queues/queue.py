@@ -20,7 +20,7 @@ and the reads by seq the Spark bridge makes through its adapter (``spark_bridge.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Protocol
 
 from ..clock import now_ms
 from .consumers import ConsumerGroup, Consumers
@@ -39,7 +39,12 @@ if TYPE_CHECKING:
     from .queue_type import QueueType
 
 # what the rest of the node takes from a queue
-__all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "QueueHost"]
+__all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSettle", "QueueHost", "SettleMode"]
+
+# how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
+# (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
+SettleMode = Literal["ack", "requeue", "reject", "release"]
+ParkedSettle = tuple[SettleMode, Entry, int]  # a settle kept for the queue's next leader: mode, entry, its seq
 
 
 class QueueHost(Protocol):
@@ -163,7 +168,7 @@ class AnyQueue(Protocol):
 
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]: ...
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
         ...
 
     # settle
@@ -521,9 +526,9 @@ class Queue:
         self.add_consumer(consumer)
         return self.adopt([seq for _, seq in held])
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
         """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's
-        seqs of the entries it holds, and the settles (ack, requeue or reject; entry, seq) it made that
+        seqs of the entries it holds, and the settles (their mode; entry, seq) it made that
         this object kept for the queue's next leader (a proxy's)."""
         return [entry.seq for entry in entries], []
 

@@ -36,6 +36,7 @@ from amqp_server.frontend.front_end import FRAMES_PER_TURN, Complaints, FrontEnd
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
 from amqp_server.payload import HEAD, decode, encode, route_names
+from amqp_server.queues.queue import SettleMode
 
 log = logging.getLogger("warren.forwarder.link")
 complaints = Complaints(log)
@@ -51,8 +52,8 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 4  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
-# 4: SILENT)
+LINK_VERSION = 5  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+# 4: SILENT; 5: SETTLE_RELEASE)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -85,7 +86,8 @@ CREDIT_BODY = struct.Struct(">II")  # consumer id, deliveries made to the client
 CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
 # an ENQUEUE not taken: the node does not lead the queue; an earlier publish of the window never came
 CONFIRM_MOVED, CONFIRM_RESEND = 3, 4
-SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT = 0, 1, 2
+SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT, SETTLE_RELEASE = 0, 1, 2, 3
+SETTLE_MODES: tuple[SettleMode, ...] = ("ack", "requeue", "reject", "release")  # by a SETTLE frame's mode
 
 
 def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:

@@ -375,14 +375,14 @@ class PeerSession:
         them) are carried out; the others were, or the entry is no longer the consumer's: nothing to do."""
         by_mode: dict[int, list[int]] = {}
         for mode, seq in settled[:RESETTLE_MAX]:
-            if mode in (link.SETTLE_ACK, link.SETTLE_REQUEUE, link.SETTLE_REJECT) and isinstance(seq, int):
+            if mode in range(len(link.SETTLE_MODES)) and isinstance(seq, int):
                 by_mode.setdefault(mode, []).append(seq)
         node, orphans = self.link.peer_name, self.orphans
         for mode, seqs in by_mode.items():
             found = [kept or orphans.take(node, queue, seq) for kept, seq in zip(queue.adopt(seqs), seqs)]
             taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
-                self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+                self.broker.settle_as(taken, link.SETTLE_MODES[mode])
 
     def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
         """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
@@ -445,7 +445,7 @@ class PeerSession:
             item = pop(tag, None)
             if item is not None:  # unknown: from before a reconnect, already requeued
                 taken.append(item)
-        self.broker.settle_taken(taken, mode == link.SETTLE_REQUEUE, mode == link.SETTLE_REJECT)
+        self.broker.settle_as(taken, link.SETTLE_MODES[mode])
 
     def _replicate(self, payload: bytes) -> None:
         cluster = self.broker.cluster

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
-from amqp_server.queues.queue import AnyQueue, Consumer, Entry
+from amqp_server.queues.queue import AnyQueue, Consumer, Entry, ParkedSettle
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.queue_type import REPLICATED, QueueType
 from amqp_server.stats import MessageStats
@@ -486,20 +486,20 @@ class RemoteQueue:
         self._attach(remote)
         return [entry if seq >= 0 else None for entry, seq in held]
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[tuple[str, Entry, int]]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
         """The consumer goes on with the queue's new object (this node leads it now): gone from the old
         leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown), and its parked settles."""
         self.consumers.leave(consumer)
         remote = self.by_consumer.pop(consumer, None)
-        parked = []
+        parked: list[ParkedSettle] = []
         if remote is not None:
             self.peer.forget(remote)
             for mode, entry in remote.parked:
                 found = self.taken.pop(entry, None)
                 if found is not None:
-                    parked.append((_MODES[mode], entry, found[1]))
+                    parked.append((link.SETTLE_MODES[mode], entry, found[1]))
             # (and, sent again, its latest settles: no entry here stands for them any more)
-            parked.extend((_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
+            parked.extend((link.SETTLE_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
@@ -515,8 +515,7 @@ class RemoteQueue:
         self._settle(link.SETTLE_REQUEUE, list(entries))
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
-        """(The owner is told of a requeue: a release of another node's quorum queue counts a delivery.)"""
-        self.requeue(entries)
+        self._settle(link.SETTLE_RELEASE, list(entries))
 
     def reject(self, entries: list[Entry]) -> None:
         self._settle(link.SETTLE_REJECT, entries)
@@ -567,7 +566,6 @@ def _unused() -> None:
     """(A proxy's x-expires never runs out here: the owner's does.)"""
 
 
-_MODES = {link.SETTLE_ACK: "ack", link.SETTLE_REQUEUE: "requeue", link.SETTLE_REJECT: "reject"}
 _GONE = Message.stored(0, 0)  # the message of an entry settled already
 
 

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pika
 import pytest
@@ -499,6 +499,29 @@ def test_the_delivery_count_is_replicated(nodes, uid):
         assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})
 
 
+def test_an_amqp10_release_through_another_node_counts_no_delivery(nodes, uid):
+    """AMQP 1.0's ``released`` of a quorum queue's message, by a receiver on a node that does not lead the queue,
+    returns it uncounted there too (RabbitMQ 4.x): more releases than the delivery limit allows returns, and the
+    message is still there."""
+    pytest.importorskip("proton")
+    from proton.utils import BlockingConnection
+    _, (n1, n2, _) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={**QUORUM, "x-delivery-limit": 1})
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0], "leader known")
+    publish(n1, uid, [b"m"])
+    amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10, allowed_mechs="PLAIN")
+    try:
+        receiver = amqp.create_receiver(f"/queues/{uid}", credit=1)
+        for _ in range(4):
+            assert receiver.receive(timeout=10).body == b"m"
+            receiver.release(delivered=False)
+        assert receiver.receive(timeout=10).body == b"m"
+        receiver.accept()
+    finally:
+        amqp.close()
+
+
 def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
     """The snapshot is sent a chunk per loop turn while publishes, acks and returns go on; the new member's
     copy ends up the leader's, as shown when it leads."""
@@ -809,6 +832,46 @@ def test_a_consumer_on_another_node_outlives_the_leaders_death(nodes, uid):
 def test_a_consumer_on_the_node_that_then_leads_outlives_the_leaders_death(nodes, uid):
     _, started = nodes
     consume_across_a_change_of_leader(started, uid, 2, started[0].kill, early=3)
+
+
+def body_of(message: Any) -> bytes:
+    """A copy of a Proton message's body, which is a view of the message's own memory."""
+    return bytes(message.body)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_an_amqp10_receiver_outlives_the_leaders_death(nodes, uid, at):
+    """An AMQP 1.0 receiver of a quorum queue (on another node, or on the node that then leads) holds 10
+    unsettled when the leader dies; it accepts them once node 3 leads, then takes the rest: each message once,
+    and the queue ends empty."""
+    proton = pytest.importorskip("proton")
+    from proton.utils import BlockingConnection
+    _, started = nodes
+    n1 = started[0]
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: all(leader_of(node, uid) == NAMES[0] for node in started), "the leader everywhere")
+    bodies = [b"m%d" % i for i in range(30)]
+    publish(n1, uid, bodies)
+    wait_for(lambda: all(api(node, f"/queues/%2F/{uid}")["messages"] == 30 for node in started[1:]), "copies")
+    amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{started[at].port}", timeout=10, allowed_mechs="PLAIN")
+    try:
+        receiver = amqp.create_receiver(f"/queues/{uid}", credit=HANDOVER_PREFETCH)
+        got = [body_of(receiver.receive(timeout=10)) for _ in range(HANDOVER_PREFETCH)]
+        assert got == bodies[:HANDOVER_PREFETCH]
+        n1.kill()
+        wait_for(lambda: all(leader_of(node, uid) == NAMES[2] for node in started[1:]), "node 3 leads", timeout=20)
+        for _ in got:
+            receiver.accept()
+        while len(got) < len(bodies):
+            got.append(body_of(receiver.receive(timeout=20)))
+            receiver.accept()
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=6)  # past the new leader's grace period: nothing comes again
+    finally:
+        amqp.close()
+    assert sorted(got) == sorted(bodies)  # each once
+    assert drain(started[2], uid) == []
 
 
 def test_a_consumer_on_a_deposed_leader_outlives_its_deposition(nodes, uid):
