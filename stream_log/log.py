@@ -695,8 +695,10 @@ class StreamLogs:
                 StreamLog(path, self).delete()
 
     def buffered(self, flush: Callable[[], None]) -> None:
-        """``flush`` writes a chunk being gathered: the next commit calls it first, if the loop has not yet."""
+        """``flush`` writes a chunk being gathered: the next commit, asked for now, calls it first if the loop has
+        not yet."""
         self._buffered[flush] = None
+        self._changed()
 
     def changed(self, stream_log: StreamLog) -> None:
         if stream_log not in self._dirty:

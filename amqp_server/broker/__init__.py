@@ -27,6 +27,8 @@ from .limits import Limits
 from ..queues.paging import Pager
 from ..queues.persistence import Persistence
 from ..queues.policy import Policies
+from ..queues.priority_queue import RankedRows
+from ..queues.replica_store import ReplicaStore
 from ..stats import ChurnStats
 from .vhost import VHost
 from .bindings import Bindings
@@ -38,6 +40,7 @@ from .queues import Queues, Storage
 from .recovery import Recovery
 from .routing import Router
 from .vhosts import VHosts
+from stream_log.log import StreamLogs
 
 if TYPE_CHECKING:
     from ..ports import ClientRegistry, FederationRunner, ShovelRunner
@@ -75,6 +78,10 @@ class Broker:
         self.shovels: ShovelRunner | None = None  # the node's dynamic shovels, set by the node once it listens
         self.federation: FederationRunner | None = None  # and its federation links
         self.delayed = DelayedMessages(self, data_dir)  # before recovery: it claims its stored messages
+        # what the queue types keep apart, each handed to the queues of its type (Storage.attach)
+        self.stream_logs = StreamLogs(os.path.join(data_dir, "streams"), self.persistence.stage)
+        self.persistence.journals.append(self.stream_logs)  # (made durable with the index, after the schedule)
+        self.replicas = ReplicaStore(self.persistence)  # the quorum queues' copies (forwarder.quorum too)
 
         self.definitions = definitions = Definitions(self.store)
         self.bindings = bindings = Bindings(definitions)
@@ -82,7 +89,8 @@ class Broker:
         self.router = router = Router(self.replies, self.delayed)
         self.dead_letters = DeadLetters(self.vhosts, router)
         self.messages = messages = Messages(router)
-        storage = Storage(node_name, self.pager, self.persistence, queue_window)
+        storage = Storage(node_name, self.pager, self.persistence, queue_window, RankedRows(self.persistence),
+                          self.replicas, self.stream_logs)
         self.queues = queues = Queues(self.vhosts, storage, definitions, bindings, self.dead_letters, self.policies,
                                       self.access, self.limits, self.churn)
         self.virtual_hosts = virtual_hosts = VHosts(self.vhosts, self.access, self.policies, definitions, bindings,
@@ -119,7 +127,8 @@ class Broker:
         # (forwarder.quorum.groups)
         self.dead_letter, self.expire_queue, self.load_body = queues.dead_letter, queues.expire_queue, queues.load_body
 
-        Recovery(self.store, self.access, virtual_hosts, queues, self.persistence, self.policies).run()
+        Recovery(self.store, self.access, virtual_hosts, queues, self.persistence, self.stream_logs,
+                 self.policies).run()
         self.delayed.start()
 
     def links_changed(self) -> None:
@@ -140,6 +149,7 @@ class Broker:
     def close(self) -> None:
         self.queues.close()
         self.pager.close()
-        self.persistence.close()
+        self.persistence.close()  # (its last fsync, which may be syncing the logs, done: they commit once more, close)
+        self.stream_logs.close()
         self.delayed.close()
         self.store.close()

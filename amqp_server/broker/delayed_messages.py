@@ -85,6 +85,7 @@ class DelayedMessages:
         self.persistence = broker.persistence
         self.schedule = Schedule(os.path.join(data_dir, "delayed_index"))
         self.persistence.journals.append(self)
+        self.persistence.claims.append(self.claim)
         self.loop = asyncio.get_running_loop()
         self.pending: Counter[tuple[str, str]] = Counter()  # (vhost, exchange) -> messages waiting
         self.returns_dropped = 0  # mandatory and unroutable when due, but the publisher's channel was gone

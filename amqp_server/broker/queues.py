@@ -20,8 +20,10 @@ from ..message import Message
 from ..queues.paging import Pager
 from ..queues.persistence import Persistence
 from ..queues.policy import Policies
+from ..queues.priority_queue import RankedRows
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue
 from ..queues.queue_type import PAGING
+from ..queues.replica_store import ReplicaStore
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
 from .vhost import VHost, home_node_down
@@ -31,6 +33,7 @@ from .dead_letters import DeadLetters
 
 if TYPE_CHECKING:
     from ..ports import DeliveryTarget, ExclusiveOwner
+    from stream_log.log import StreamLogs
 
 log = logging.getLogger("warren.broker")
 
@@ -43,22 +46,27 @@ EQUIVALENT_QUEUE_ARGS = (
 
 
 class Storage:
-    """Where this node's queues keep their messages: the pager, the persistent store for durable queues, and
-    how much of a durable queue stays in memory."""
+    """Where this node's queues keep their messages: the pager, the persistent store for durable queues and what
+    their types keep apart (``queue_type.NodeStorage``), and how much of a durable queue stays in memory."""
 
-    def __init__(self, node_name: str, pager: Pager, persistence: Persistence, queue_window: int) -> None:
+    def __init__(self, node_name: str, pager: Pager, persistence: Persistence, queue_window: int,
+                 ranked_rows: RankedRows, replicas: ReplicaStore, stream_logs: StreamLogs) -> None:
         self.node_name = node_name
         self.pager = pager
         self.persistence = persistence
         self.queue_window = queue_window
+        self.ranked_rows = ranked_rows
+        self.replicas = replicas
+        self.stream_logs = stream_logs
 
     def attach(self, queue: Queue, durable: bool) -> None:
-        """A queue of this node gets its storage: the pager, and for a durable one the persistent store and a
-        bounded window in memory (a transient queue pages only when memory runs short)."""
+        """A queue of this node gets its storage: the pager, and for a durable one the persistent store, its
+        type's storage and a bounded window in memory (a transient queue pages only when memory runs short)."""
         queue.pager = self.pager
         queue.type.attached(queue, self.node_name)
         if durable:
             queue.persistence = self.persistence
+            queue.type.stored(queue, self)
             if PAGING in queue.type.capabilities:
                 queue.window = self.queue_window
 

@@ -20,6 +20,7 @@ from ..queues.queue import Queue
 from ..records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from .queues import Queues
 from .vhosts import VHosts
+from stream_log.log import StreamLogs
 
 log = logging.getLogger("warren.broker")
 R = TypeVar("R", bound=Record)
@@ -29,13 +30,14 @@ class Recovery:
     """The start-up of a broker on its data directory."""
 
     def __init__(self, store: DefinitionStore, access: AccessControl, virtual_hosts: VHosts, queues: Queues,
-                 persistence: Persistence, policies: Policies) -> None:
+                 persistence: Persistence, stream_logs: StreamLogs, policies: Policies) -> None:
         self.store = store
         self.access = access
         self.virtual_hosts = virtual_hosts
         self.vhosts = virtual_hosts.vhosts
         self.queues = queues
         self.persistence = persistence
+        self.stream_logs = stream_logs
         self.policies = policies
 
     def _stored(self, cls: type[R]) -> Iterator[R]:
@@ -78,7 +80,9 @@ class Recovery:
             self.queues.storage.attach(queue, True)
             durable.append(queue)
         # a cluster's replicated queues keep copies here too (forwarder.quorum.groups): not orphans
-        self.persistence.recover(durable, {saved["index_id"] for _, saved in self.store.items("replica")})
+        copies = {saved["index_id"] for _, saved in self.store.items("replica")}
+        self.stream_logs.drop_orphans({queue.index_id for queue in durable} | copies)
+        self.persistence.recover(durable, copies)
         for queue in durable:  # offsets never go back across restarts (see Queues.save_offsets)
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:

@@ -6,6 +6,11 @@ staged during one event-loop turn are flushed together, and a single fsync of
 the touched segment files plus one LMDB sync — run in a worker thread so the
 loop keeps serving — makes the whole batch durable.  Channels waiting to
 confirm publishes are told which batch became durable.
+
+This is what every durable queue shares.  What one type keeps apart is its type's storage, built with the broker
+and handed to its queues: a priority queue's rows keyed by level (``priority_queue.RankedRows``), the quorum
+queues' copies (``replica_store.ReplicaStore``), the streams' logs (``stream_log.log.StreamLogs``, a journal of the
+group commit here).
 """
 from __future__ import annotations
 
@@ -18,13 +23,9 @@ from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Pro
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
-from queue_index import FLAG_DELIVERED, FLAG_TRANSIENT, QueueIndex, Totals
-from queue_index.index import RETURNS_SHIFT
+from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
-from .. import payload
 from ..message import Message
-from .quorum_machine import State
-from stream_log.log import StreamLogs
 
 if TYPE_CHECKING:
     from .ready import Entry
@@ -40,26 +41,34 @@ class SyncWaiter(Protocol):
 
 
 class StoredQueue(Protocol):
-    """A durable queue as its storage sees it: its id in the queue index, where its entries are keyed there, and
-    the totals it takes back at recovery."""
+    """A durable queue as its storage sees it: its id in the queue index, where an entry is keyed there (its
+    type's storage asks, if it keys otherwise than by seq), and the totals it takes back at recovery."""
 
     index_id: int
-    ranked: bool
 
     def row_key(self, entry: Entry) -> int: ...
 
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None: ...
 
 
+class QueueRows(Protocol):
+    """Where a durable queue's entries are written in the queue index, keyed as its type keys them: by seq
+    (``Persistence`` itself) or by level, then seq (a priority queue's ``priority_queue.RankedRows``)."""
+
+    def write(self, queue: StoredQueue, entry: Entry) -> None: ...
+
+    def delivered(self, queue: StoredQueue, entry: Entry, returns: int = 0) -> None: ...
+
+    def remove(self, queue: StoredQueue, entry: Entry) -> None: ...
+
+
 class Journal(Protocol):
-    """Another index over the persistent store (the delayed-message schedule): it commits and syncs
-    in the same group commit as the queue index, and claims its messages at recovery."""
+    """Another store made durable by the same group commit as the queue index (the delayed-message schedule,
+    the streams' logs): its writes are taken on the loop as a commit begins, and synced off it."""
 
     def commit(self) -> None: ...
 
     def sync(self) -> None: ...
-
-    def claim(self, store: MessageStore) -> None: ...
 
 
 class Persistence:
@@ -68,7 +77,6 @@ class Persistence:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
                                   compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
         self.index = QueueIndex(os.path.join(data_dir, "queue_index"), before_commit=self.store.flush)
-        self.streams = StreamLogs(os.path.join(data_dir, "streams"), self.stage)  # streams' logs: their own files
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
         self._scheduled = False
@@ -76,6 +84,7 @@ class Persistence:
         self._dirty = False
         self.waiters: set[SyncWaiter] = set()
         self.journals: list[Journal] = []
+        self.claims: list[Callable[[MessageStore], None]] = []  # what takes back its store references at recovery
         self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
         self.lost_copies: set[int] = set()  # replicas whose entries lost their message at recovery (``recover``)
         self._compactor: asyncio.TimerHandle | None = None
@@ -87,11 +96,10 @@ class Persistence:
     # -- writes -------------------------------------------------------------------------------
 
     def write(self, queue: StoredQueue, entry: Entry) -> None:
-        """Store a persistent message for a durable queue (once per message) and index the entry."""
+        """Store a persistent message for a durable queue (once per message) and index the entry by its seq."""
         message = entry.message
         self.keep(message)
-        self.index.publish(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
-                           entry.expiry, len(message.body))
+        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, len(message.body))
 
     def keep(self, message: Message) -> None:
         """Take a reference to the message in the store, writing it there the first time."""
@@ -101,7 +109,7 @@ class Persistence:
             store.write(message.msg_id, message.payload(), 1)
         else:
             store.add_ref(message.msg_id)
-        self._touch()
+        self.stage()
 
     def release(self, message: Message) -> None:
         """Drop a reference taken with ``keep``.  If it was the last, the message lives on in memory only
@@ -110,48 +118,27 @@ class Persistence:
         if self.store.refs(msg_id) <= 1:
             message.msg_id = 0
         self.store.remove(msg_id)
-        self._touch()
+        self.stage()
 
     def delivered(self, queue: StoredQueue, entry: Entry, returns: int = 0) -> None:
         """The entry went to a consumer that must ack it (``returns``: the times it came back before)."""
         message = entry.message
-        self.index.delivered(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq, message.msg_id,
-                             entry.expiry, message.body_size, returns=returns)
-        self._touch()
-
-    def moved(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
-        """A quorum queue's entry came back to it for the ``returns``-th time (its x-delivery-count) and went
-        to the back, under a new seq: its index entry moves there, ready (the store keeps its message)."""
-        message = entry.message
-        self.index.ack(queue.index_id, old_seq)
-        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
-                           returns=returns)
-        self._touch()
-
-    def unhold(self, index_id: int, seq: int, returns: int) -> None:
-        """A quorum queue's entry a consumer held is ready again in its place, counting ``returns``."""
-        self.index.mark_returned(index_id, seq, returns)
-        self._touch()
-
-    def replica_move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
-        row = self.index.remove(index_id, old_seq)
-        if row is None:
-            return
-        if old_seq != new_seq and self.index.has(index_id, new_seq):  # (a snapshot read it there already)
-            self.store.remove(row.msg_id)
-        else:
-            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
-        self._touch()
+        self.index.delivered(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
+                             returns=returns)
+        self.stage()
 
     def remove(self, queue: StoredQueue, entry: Entry) -> None:
-        self.index.ack(queue.index_id, queue.row_key(entry) if queue.ranked else entry.seq)
+        self.index.ack(queue.index_id, entry.seq)
         self.store.remove(entry.message.msg_id)
-        self._touch()
+        self.stage()
 
-    def remove_range(self, queue: StoredQueue, start: int, end: int) -> None:
-        """The queue's entries with ``start <= seq < end`` go, with their store references (a stream's
-        retention, a batch at a time)."""
-        self.replica_drop(queue.index_id, [(start, end)])
+    def drop(self, queue_id: int, runs: list[tuple[int, int]]) -> None:
+        """The queue's entries with keys in ``runs`` (``[start, end)``) go, with their store references, a batch
+        at a time."""
+        for start, end in runs:
+            for _seqs, rows in self._take(queue_id, start, end):
+                self.store.remove_many(rows["msg_id"])
+        self.stage()
 
     def _take(self, queue_id: int, start: int, end: int) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
         """Delete the queue's entries with ``start <= key < end``, yielding them a batch at a time."""
@@ -162,85 +149,7 @@ class Persistence:
     def delete_queue(self, queue: StoredQueue) -> None:
         """The queue's index entries go (its ready entries' references were released as it purged)."""
         self.index.delete_queue(queue.index_id)
-        self._touch()
-
-    # -- a replica's copy of a queue of another node (forwarder.quorum.groups) ---------------------------
-
-    def put_record(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, held: bool = False,
-                   returns: int = 0) -> None:
-        """An entry of a replica, its message as the leader's store keeps it (``Message.payload``)."""
-        msg_id = self.store.new_id()
-        self.store.write(msg_id, (record,), 1)
-        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record), held, returns=returns)
-        self._touch()
-
-    def replica_delivered(self, index_id: int, seq: int) -> None:
-        self.index.mark_delivered(index_id, seq)
-        self._touch()
-
-    def replica_remove(self, index_id: int, seq: int) -> None:
-        entry = self.index.remove(index_id, seq)
-        if entry is not None:
-            self.store.remove(entry.msg_id)
-            self._touch()
-
-    def replica_drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
-        """The entries of the replica with seqs in ``runs`` (``[start, end)``) go, with their store references."""
-        for start, end in runs:
-            for _seqs, rows in self._take(index_id, start, end):
-                self.store.remove_many(rows["msg_id"])
-        self._touch()
-
-    def replica_clear(self, index_id: int) -> None:
-        """Every entry of the replica goes (a snapshot replaces them), with its store reference."""
-        while len((rows := self.index.take(index_id, 0, 1 << 63, 65536)[1])):
-            self.store.remove_many(rows["msg_id"])
-        self._touch()
-
-    def replica_position(self, index_id: int, term: int, index: int, enqueuers: dict[int, int]) -> None:
-        """A replica's position in its group's log, and its state's enqueuers, committed with the rows staged
-        before them: a copy restarted from its rows knows which publishes of each window it took (a window
-        sends again what no leader confirmed)."""
-        self.index.set_position(index_id, term, index)
-        self.index.set_enqueuers(index_id, enqueuers)
-        self._touch()
-
-    def recover_queue(self, queue: StoredQueue) -> None:
-        """A queue made from a copy kept here while the node runs (a replicated queue's new leader): its
-        totals and expiries from the index, as at a restart; the store's references are claimed already."""
-        index, queue_id = self.index, queue.index_id
-        index.commit()
-        totals = index.totals(queue_id) or Totals()
-        expiries: list[tuple[int, int]] = []
-        if totals.expiring:
-            for seqs, values in index.columns(queue_id):
-                expiring = values["expiry"] != 0
-                expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
-        queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
-
-    def copy_state(self, index_id: int) -> State:
-        """The replicated state a quorum queue's rows stand for (``State.from_rows``), read as arrays, with the
-        enqueuers kept beside them (``replica_position``)."""
-        self.index.commit()
-        state = State()
-        for seqs, values in self.index.columns(index_id):
-            seqs = seqs.astype(np.int64)
-            flags = values["flags"]
-            held = (flags & FLAG_DELIVERED) != 0
-            ready = seqs[~held]
-            if len(ready):
-                cuts = np.flatnonzero(np.diff(ready) != 1)
-                starts = np.concatenate((ready[:1], ready[cuts + 1]))
-                ends = np.concatenate((ready[cuts] + 1, ready[-1:] + 1))
-                for start, end in zip(starts.tolist(), ends.tolist()):
-                    state.ready.add_run(start, end)
-            state.checked_out.update(seqs[held].tolist())
-            returns = flags >> RETURNS_SHIFT
-            counted = returns != 0
-            state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
-            state.next_seq = int(seqs[-1]) + 1
-        state.enqueuers = self.index.enqueuers(index_id)
-        return state
+        self.stage()
 
     def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""
@@ -264,10 +173,7 @@ class Persistence:
         return self._dirty
 
     def stage(self) -> None:
-        """Something written outside the store and the index (a stream's log) waits for the next group commit."""
-        self._touch()
-
-    def _touch(self) -> None:
+        """Something written waits for the next group commit (what the store and the index hold, a journal's)."""
         self._dirty = True
         if not self._scheduled and not self._syncing:
             self._scheduled = True
@@ -282,7 +188,6 @@ class Persistence:
         self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
         for journal in self.journals:
             journal.commit()
-        self.streams.commit()
         sealed = self.store.take_sealed()
         doomed = self.store.take_doomed()
         fds = self.store.dirty_fds()
@@ -305,7 +210,6 @@ class Persistence:
         self.index.sync()
         for journal in self.journals:
             journal.sync()
-        self.streams.sync()
 
     def _committed(self, batch: int, future: asyncio.Future) -> None:
         self._syncing = False
@@ -340,7 +244,6 @@ class Persistence:
         if self._fsyncing is not None:  # its files must stay open until it is done
             wait([self._fsyncing])
         self._fsyncer.shutdown()
-        self.streams.close()
         self.commit_now()
         self.store.close()
         self.index.close()
@@ -358,7 +261,6 @@ class Persistence:
         known = {queue.index_id for queue in queues} | copies
         for orphan in self.index.queue_ids() - known:
             self.index.delete_queue(orphan)
-        self.streams.drop_orphans(known)
         held = self._drop_marked([queue.index_id for queue in queues], clean)
         walk = _Walk(self.index, self.store)
         totals_of: dict[int, Totals] = {}
@@ -382,8 +284,8 @@ class Persistence:
             count += totals.count
         walked, lost = len(walk.expiries), walk.lost
         self.lost_copies = walk.lost_in & set(copies)  # they hold less than their position says
-        for journal in self.journals:
-            journal.claim(self.store)
+        for claim in self.claims:
+            claim(self.store)
         dead = self.store.finish_recovery()
         if len(held):
             self.store.remove_many(held)

@@ -8,7 +8,8 @@ Spark bridge) stay in ``seq`` order across levels.
 Each level pages as a plain queue's ready list does (RabbitMQ's priority queue is one backing queue
 per level): the head of a level is in memory, the rest of it on disk.  The queue index keys an
 entry by its level first (:func:`index_key`), so a level's entries on disk are one ordered range
-of the index, read without walking the others'.
+of the index, read without walking the others' (a durable queue's rows are written so too: the type's storage,
+:class:`RankedRows`).
 
 A priority queue is a :class:`~amqp_server.queues.queue.Queue` whose ready list is a :class:`PriorityReadyList`: it
 swaps the store of ready entries (as LavinMQ's priority queue swaps its message store), so that a plain queue's ready
@@ -22,7 +23,7 @@ import heapq
 import logging
 from collections import deque
 from itertools import chain, islice, takewhile
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from queue_index import IndexEntry
 
@@ -30,6 +31,9 @@ from ..logs import untrusted
 from ..message import Message
 from .ready import Entry, from_seq, pop_below, put_back
 from .ready_list import PAGE_IN_BATCH, PAGE_IN_BELOW, ReadyList, ReadyOwner, stored_message
+
+if TYPE_CHECKING:
+    from .persistence import Persistence, StoredQueue
 
 log = logging.getLogger("warren.queue")
 
@@ -379,3 +383,29 @@ class PriorityReadyList(ReadyList):
             log.info("queue %s in vhost %s: %d entries keyed by level", untrusted(owner.name),
                      untrusted(owner.vhost), len(moved))
         return moved
+
+
+class RankedRows:
+    """A durable priority queue's rows in the queue index (its type's storage, ``persistence.QueueRows``): keyed
+    by level, then seq (the queue's ``row_key``: its ready list's), so that each level's part on disk is a range
+    of the index of its own; the messages in the node's persistent store, as any durable queue's."""
+
+    def __init__(self, persistence: Persistence) -> None:
+        self.persistence = persistence
+        self.index = persistence.index
+
+    def write(self, queue: StoredQueue, entry: Entry) -> None:
+        message = entry.message
+        self.persistence.keep(message)
+        self.index.publish(queue.index_id, queue.row_key(entry), message.msg_id, entry.expiry, len(message.body))
+
+    def delivered(self, queue: StoredQueue, entry: Entry, returns: int = 0) -> None:
+        message = entry.message
+        self.index.delivered(queue.index_id, queue.row_key(entry), message.msg_id, entry.expiry, message.body_size,
+                             returns=returns)
+        self.persistence.stage()
+
+    def remove(self, queue: StoredQueue, entry: Entry) -> None:
+        self.index.ack(queue.index_id, queue.row_key(entry))
+        self.persistence.store.remove(entry.message.msg_id)
+        self.persistence.stage()

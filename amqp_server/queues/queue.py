@@ -33,7 +33,7 @@ from .ready_list import CONSUMED_WINDOW, MIN_WINDOW, ReadyList, TransientPages
 from ..stats import MessageStats
 
 if TYPE_CHECKING:
-    from .persistence import Persistence
+    from .persistence import Persistence, QueueRows
     from .policy import Policy
     from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
     from .queue_type import QueueType
@@ -222,11 +222,11 @@ class Queue:
         self.stats = MessageStats()
         self.index_id = 0
         self.persistence: "Persistence | None" = None  # set for durable queues
+        self.rows: "QueueRows | None" = None  # and where their entries are indexed, keyed as their type keys them
         self.pager: "TransientPages | None" = None  # set for a queue that may page
         self.window: int | None = None  # entries kept in memory before the tail pages out (durable queues)
         self.expiry = Expiry(self.expire_due)  # per-message TTL
         self.ready: ReadyList = queue_type.ready_list(self, self.expiry.expiring)  # swapped by the type
-        self.ranked = self.ready.ranked  # its index rows are keyed by ``row_key``, not by seq (persistence asks)
         self._new_entry = self.ready.entry_type
         self.fresh = -1  # seq of the entry being published: not expired on its way to a waiting consumer
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
@@ -276,7 +276,7 @@ class Queue:
         return self.ready.tail.bytes
 
     def row_key(self, entry: Entry) -> int:
-        """Where ``entry`` is in the queue index (``ranked``: not its seq)."""
+        """Where ``entry`` is in the queue index (a priority queue's storage asks: its seq for other types)."""
         return self.ready.row_key(entry)
 
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
@@ -376,8 +376,8 @@ class Queue:
 
     def store_entry(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
         """A durable queue's persistent entry goes to storage (a replicated queue's to its group too)."""
-        assert self.persistence is not None  # (durable: attach gave it the node's)
-        self.persistence.write(self, entry)
+        assert self.rows is not None  # (durable: attach gave it its type's)
+        self.rows.write(self, entry)
 
     def stored_copy(self, message: Message) -> Message:
         """The message as a queue that stores every message (``persists_all``) keeps it: a transient one not
@@ -485,8 +485,8 @@ class Queue:
         self.took(entry, no_ack)
         if no_ack:
             self.ready.forget(entry)
-        elif entry.message.msg_id and self.persistence is not None and not entry.redelivered:
-            self.persistence.delivered(self, entry)
+        elif entry.message.msg_id and self.rows is not None and not entry.redelivered:
+            self.rows.delivered(self, entry)
         return entry
 
     def took(self, entry: Entry, no_ack: bool) -> None:

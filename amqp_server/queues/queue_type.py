@@ -11,7 +11,7 @@ is a proxy (``forwarder.peers.remote_queue``) holding a reference to the same ty
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Collection, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Protocol
 
 from .. import errors
 from ..framing import field_types
@@ -19,6 +19,12 @@ from . import queue_args
 from .queue_args import QueueArgs
 from .ready import Entry
 from .ready_list import ReadyList, ReadyOwner
+
+if TYPE_CHECKING:
+    from .persistence import Persistence
+    from .priority_queue import RankedRows
+    from .replica_store import ReplicaStore
+    from stream_log.log import StreamLogs
 
 # What a type can do, as code outside the types asks it (RabbitMQ's capabilities, and what its types refuse):
 TRANSIENT = "transient"  # declared non-durable, exclusive or auto-delete
@@ -45,6 +51,16 @@ class HttpView(Protocol):
     def node_running(self, name: str) -> bool: ...
 
     def idle_since(self, queue: Any) -> str | None: ...
+
+
+class NodeStorage(Protocol):
+    """This node's storage, as the types hand it to their durable queues (``broker.queues.Storage``, built with the
+    broker): the persistence every durable queue shares, and what one type keeps apart."""
+
+    persistence: Persistence
+    ranked_rows: RankedRows  # priority queues' rows, keyed by level
+    replicas: ReplicaStore  # the quorum queues' copies
+    stream_logs: StreamLogs  # the streams' logs
 
 
 class QueueType:
@@ -131,6 +147,11 @@ class QueueType:
 
     def attached(self, queue: Any, node: str) -> None:
         """A queue of this type was given its storage on ``node``."""
+
+    def stored(self, queue: Any, storage: NodeStorage) -> None:
+        """A durable queue of this type is given its type's storage on this node: its entries indexed by seq in
+        the shared persistence (a type that keys or keeps its messages otherwise hands it its own)."""
+        queue.rows = storage.persistence
 
     def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
         """The fields this type adds to the HTTP API's view of ``queue`` (of this node, or a proxy of another

@@ -180,7 +180,7 @@ class State:
     at_least_once: bool = False  # dead letters stay until a queue took them (x-dead-letter-strategy)
     # the next publish seq of each enqueuer (another node's window of publishes, ``Enqueue.enqueuer``), so that a
     # publish sent again to a new leader is taken once; least lately heard of first.  Not the queue's content:
-    # a copy keeps them beside its rows (``Persistence.replica_position``), and reads them back at a restart
+    # a copy keeps them beside its rows (``ReplicaStore.position``), and reads them back at a restart
     enqueuers: dict[int, int] = field(default_factory=dict, compare=False)
     # what the leader decides by (``overflow``, ``expired``), as ``rabbit_fifo`` keeps a message's header: the size
     # of every entry the queue holds, the expiry of those that have one, the ready ones' bytes, and the deadlines

@@ -47,6 +47,7 @@ from .quorum_ops import LogOp
 
 if TYPE_CHECKING:
     from .persistence import Persistence
+    from .replica_store import ReplicaStore
     from ..ports import ConfirmSink, Replicator
 
 DELIVERY_COUNT = "x-delivery-count"
@@ -57,6 +58,7 @@ HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them 
 
 class QuorumQueue(Queue):
     persistence: Persistence  # durable: the node's, from attach on (before any op)
+    replicas: ReplicaStore  # and its type's storage: what its machine decides of its rows, beyond writes
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -144,7 +146,7 @@ class QuorumQueue(Queue):
         old, entry.seq = entry.seq, effect.new
         entry.redelivered = True
         self.next_seq = max(self.next_seq, effect.new + 1)
-        self.persistence.moved(self, old, entry, effect.returns)
+        self.replicas.returned(self, old, entry, effect.returns)
         self.append_entry(entry)
 
     def _carry_out_drop(self, effect: machine.Drop) -> None:
@@ -154,7 +156,7 @@ class QuorumQueue(Queue):
         """Entries back in their places: in memory too, those held here (a restart's are on disk)."""
         held = self.held
         for seq, returns in effect.rows:
-            self.persistence.unhold(self.index_id, seq, returns)
+            self.replicas.unhold(self.index_id, seq, returns)
             entry = held.pop(seq, None)
             if entry is None:
                 continue
@@ -189,7 +191,7 @@ class QuorumQueue(Queue):
             self.state = machine.apply(self.meta(), op, state)[0]
 
     def restarted(self) -> None:
-        self.start(self.persistence.copy_state(self.index_id))
+        self.start(self.replicas.copy_state(self.index_id))
 
     def start(self, state: machine.State, handover: bool = False) -> None:
         """The queue comes back from its storage (a restart, or a new leader's copy), whose state is ``state``:

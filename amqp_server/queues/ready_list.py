@@ -30,7 +30,7 @@ from ..stats import MessageStats
 if TYPE_CHECKING:
     from msg_store import MessageStore
 
-    from .persistence import Persistence
+    from .persistence import Persistence, QueueRows
 
 log = logging.getLogger("warren.queue")
 
@@ -102,13 +102,12 @@ class ReadyOwner(Protocol):
     args: QueueArgs
     index_id: int
     persistence: Persistence | None
+    rows: QueueRows | None  # (with persistence: where its entries are indexed, as its type keys them)
     pager: TransientPages | None
     window: int | None
     deleted: bool
     stats: MessageStats
     host: Any  # queue.QueueHost: a priority queue's recovery reads old messages' priorities through it
-
-    ranked: bool  # (persistence.StoredQueue: the entries it removes are keyed by row_key)
 
     @property
     def consumers(self) -> Sized: ...
@@ -136,7 +135,7 @@ class ReadyList:
     ``drops_later``: a commit's entries on disk are counted a batch per loop turn and dropped in the background
     (else at once: a quorum queue's commit is an op carried out as it is applied)."""
 
-    ranked = False  # a priority queue's ready list keys its index rows by level, then seq (row_key)
+    ranked = False  # a priority queue's keys its rows by level, then seq (row_key): its part on disk is no seq suffix
     entry_type: Callable[..., Entry] = Entry  # a priority queue's entries know their level
 
     def __init__(self, owner: ReadyOwner, expiring: dict[int, Entry] | None, pages: bool = True,
@@ -441,8 +440,8 @@ class ReadyList:
             index, queue_id = self.page_index()
             index.ack(queue_id, self.row_key(entry))
             self._pages.store.remove(entry.transient)
-        elif message.msg_id and self.owner.persistence is not None:
-            self.owner.persistence.remove(self.owner, entry)
+        elif message.msg_id and self.owner.rows is not None:
+            self.owner.rows.remove(self.owner, entry)
 
     def forget_memory(self) -> None:
         """Every ready entry in memory leaves the queue for good (a purge, a deletion)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..message import Message
 from stream_log import amqp10, chunk
-from stream_log.log import StreamLog, _sync_dir
+from stream_log.log import StreamLog, StreamLogs, _sync_dir
 
 if TYPE_CHECKING:
     from .persistence import Persistence, StoredQueue
@@ -31,9 +31,9 @@ CHUNK_RECORDS = 4096  # records per chunk at most (and chunk.MAX_ENTRIES, CHUNK_
 CHUNK_BYTES = 1 << 20
 
 
-def legacy_stream(persistence: "Persistence", queue: "StoredQueue", name: str) -> None:
+def legacy_stream(persistence: "Persistence", streams: StreamLogs, queue: "StoredQueue", name: str) -> None:
     """Move the messages of the stream ``name`` from the queue index and the message store into its log."""
-    streams, index = persistence.streams, persistence.index
+    index = persistence.index
     queue_id = queue.index_id
     final = os.path.join(streams.directory, str(queue_id))
     rows = index.read(queue_id, 0, 1)
@@ -62,7 +62,7 @@ def legacy_stream(persistence: "Persistence", queue: "StoredQueue", name: str) -
 
 def _forget(persistence: "Persistence", queue: "StoredQueue", start: int, end: int) -> None:
     """The old entries, their store references and their runs go (once the store has recovered)."""
-    persistence.remove_range(queue, start, end)
+    persistence.drop(queue.index_id, [(start, end)])
     persistence.index.delete_queue(queue.index_id)
 
 

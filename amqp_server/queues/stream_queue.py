@@ -30,7 +30,7 @@ from ..message import Message
 from .queue import Consumer, Entry, Queue
 from .queue_args import QueueArgs, interval_ms
 from stream_log import amqp10, chunk
-from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog
+from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog, StreamLogs
 
 if TYPE_CHECKING:
     from ..ports import ConfirmSink, StreamListener
@@ -71,6 +71,7 @@ class _Decoded:
 class StreamQueue(Queue):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.logs: StreamLogs | None = None  # its type's storage, the node's streams' logs (set when it is attached)
         self._log: StreamLog | None = None
         self._turn: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
         self._open_body = 0
@@ -94,8 +95,8 @@ class StreamQueue(Queue):
         """The stream's log (opened, and recovered, on first use)."""
         stream_log = self._log
         if stream_log is None:
-            assert self.persistence is not None, "a stream is durable"
-            stream_log = self._log = self.persistence.streams.open(self.index_id)
+            assert self.logs is not None, "a stream is durable"
+            stream_log = self._log = self.logs.open(self.index_id)
             self._limits(stream_log)
         return stream_log
 
@@ -145,10 +146,8 @@ class StreamQueue(Queue):
         elif not self._flush_scheduled:  # the turn's first: the chunk is written at its end, or by the next commit
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
-            persistence = self.persistence
-            assert persistence is not None
-            persistence.streams.buffered(self.flush)
-            persistence.stage()
+            assert self.logs is not None
+            self.logs.buffered(self.flush)
         return True
 
     def flush(self) -> None:
@@ -408,16 +407,16 @@ class StreamQueue(Queue):
         self._turn = []
         self._decoded.clear()
         self._failed.clear()
-        if self.persistence is not None:
-            self.persistence.streams.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)
+        if self.logs is not None:
+            self.logs.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)
 
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
         """The log from disk (a stream kept in the queue index by an earlier version is moved into one first)."""
         if count:
             from . import stream_migrate as migrate
 
-            assert self.persistence is not None
-            migrate.legacy_stream(self.persistence, self, f"'{self.name}' in vhost '{self.vhost}'")
+            assert self.persistence is not None and self.logs is not None
+            migrate.legacy_stream(self.persistence, self.logs, self, f"'{self.name}' in vhost '{self.vhost}'")
         self.ready.bytes = self.log.body
 
     def offsets(self) -> tuple[int, int]:

@@ -126,7 +126,7 @@ class RecordSource:
         finds their payloads): the queue index's directory, the queue's id there and the first seq, the index
         committed so that the reader sees them.  None where the part on disk is not a seq suffix (a priority
         queue's levels interleave)."""
-        if self.log or self.queue.ranked:
+        if self.log or self.queue.ready.ranked:
             return None
         ready = self.queue.ready
         index, queue_id = ready.page_index()

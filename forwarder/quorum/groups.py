@@ -285,7 +285,7 @@ class QuorumGroups:
         term, index = saved.get("vouched", (0, 0))
         group.vouched = (term, index)
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
-        group.state = self.broker.persistence.copy_state(group.index_id)
+        group.state = self.broker.replicas.copy_state(group.index_id)
         if group.index_id in self.broker.persistence.lost_copies:
             self._lost_rows(group)
 
@@ -300,14 +300,13 @@ class QuorumGroups:
         if group.whole:
             self._vouch(group)
         group.applied_term = 0  # of no term: as a copy a snapshot was coming into when the node stopped
-        self.broker.persistence.replica_position(group.index_id, *group.position, group.state.enqueuers)
+        self.broker.replicas.position(group.index_id, *group.position, group.state.enqueuers)
 
     def _drop_copy(self, group: Group) -> None:
         if not group.index_id:
             return
-        persistence = self.broker.persistence
-        persistence.replica_clear(group.index_id)
-        persistence.index.forget_position(group.index_id)
+        self.broker.replicas.clear(group.index_id)
+        self.broker.persistence.index.forget_position(group.index_id)
         self.broker.store.delete(REPLICA, group.key)
         group.index_id = group.applied = group.applied_term = 0
         group.history.clear()
@@ -669,7 +668,7 @@ class QuorumGroups:
         queue.index_id = group.index_id
         self.broker.attach(queue, True)
         queue.members = [self.name] + [name for name in group.members if name != self.name]
-        self.broker.persistence.recover_queue(queue)
+        self.broker.replicas.recover_queue(queue)
         group.replicator = queue.replicator = OpLogShipper(self, group, queue, group.term, group.applied)
         queue.start(group.state, handover=True)
         self._swap(vhost, vhost.queues.get(group.name), queue)
@@ -830,17 +829,17 @@ class QuorumGroups:
                 self._catch_up_again(group)
             return
         spans: list[memoryview] = []
-        group.state, count = apply_ops(group.state, persistence, index_id, payload, pos, first, spans)
+        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, spans)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = ops_term, reset
         for at, op in enumerate(spans, first):
             group.history.append(ops_term, at, op)
         # (a restart mid-snapshot asks for another)
-        persistence.replica_position(index_id, *group.position, group.state.enqueuers)
+        self.broker.replicas.position(index_id, *group.position, group.state.enqueuers)
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
             return
         if CHECKS:
-            check_copy(group.state, persistence, index_id, payload, pos)
+            check_copy(group.state, self.broker.replicas, index_id, payload, pos)
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 

@@ -32,7 +32,7 @@ from ..peers import node_link as link
 from ..peers.remote_queue import Window
 
 if TYPE_CHECKING:
-    from amqp_server.queues.persistence import Persistence
+    from amqp_server.queues.replica_store import ReplicaStore
     from amqp_server.ports import ConfirmSink
     from amqp_server.queues.queue import Entry
     from amqp_server.broker import Broker
@@ -234,8 +234,7 @@ class OpLogShipper:
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
         group.applied_term, group.applied = self.term, self.index
-        self.groups.broker.persistence.replica_position(group.index_id, self.term, self.index,
-                                                        self.queue.state.enqueuers)
+        self.groups.broker.replicas.position(group.index_id, self.term, self.index, self.queue.state.enqueuers)
         for follower in self.followers.values():
             if follower.joined:
                 self._send(follower, frame)
@@ -456,7 +455,7 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
     return pos if pos < end else None
 
 
-def apply(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int,
+def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
           first: int, spans: list[memoryview] | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
@@ -473,7 +472,7 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
         snapshot, _ = machine.decode_state(data, pos + MARK.size)
         pos += MARK.size + size
         state, effects = machine.apply(machine.Meta(first, _now()), machine.Restore(snapshot), state)
-        _carry_out(persistence, index_id, effects, False)
+        _carry_out(replicas, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
         pos += MARK.size
     elif marker == CONTINUE_OP:
@@ -484,14 +483,14 @@ def apply(state: machine.State, persistence: "Persistence", index_id: int, paylo
         if data[pos] == ENTRY_OP:
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
-            if not persistence.index.has(index_id, seq):
-                persistence.put_record(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
+            if not replicas.has(index_id, seq):
+                replicas.put(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
             pos += size
             continue
         start = pos
         op, pos = decode(data, pos)
         state, effects = machine.apply(machine.Meta(first + count, now), op, state)
-        _carry_out(persistence, index_id, effects, idempotent)
+        _carry_out(replicas, index_id, effects, idempotent)
         if spans is not None:
             spans.append(data[start:pos])
         count += 1
@@ -502,35 +501,34 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _carry_out(persistence: "Persistence", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
+def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
     """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
-    index = persistence.index
     for effect in effects:
         if isinstance(effect, machine.Store):
-            if not (idempotent and index.has(index_id, effect.seq)):
-                persistence.put_record(index_id, effect.seq, effect.message, effect.expiry)
+            if not (idempotent and replicas.has(index_id, effect.seq)):
+                replicas.put(index_id, effect.seq, effect.message, effect.expiry)
         elif isinstance(effect, machine.Held):
-            persistence.replica_delivered(index_id, effect.seq)
+            replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):
             for seq in effect.seqs:
-                persistence.replica_remove(index_id, seq)
+                replicas.remove(index_id, seq)
         elif isinstance(effect, machine.Move):
-            persistence.replica_move(index_id, effect.old, effect.new, effect.returns)
+            replicas.move(index_id, effect.old, effect.new, effect.returns)
         elif isinstance(effect, machine.Drop):
-            persistence.replica_drop(index_id, effect.runs)
+            replicas.drop(index_id, effect.runs)
         elif isinstance(effect, machine.Unhold):
             for seq, returns in effect.rows:
-                persistence.unhold(index_id, seq, returns)
+                replicas.unhold(index_id, seq, returns)
         elif isinstance(effect, machine.Clear):
-            persistence.replica_clear(index_id)
+            replicas.clear(index_id)
         # (DeadLetters: the leader's)
 
 
-def check_copy(state: machine.State, persistence: "Persistence", index_id: int, payload: bytes, pos: int) -> None:
+def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int) -> None:
     """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``:
     a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
     :class:`machine.Broken` names the frame's ops."""
-    rows = persistence.copy_state(index_id)
+    rows = replicas.copy_state(index_id)
     out = state.checked_out | state.dead.keys()
     if rows.ready == state.ready and rows.checked_out == out:
         return

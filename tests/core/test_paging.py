@@ -857,10 +857,11 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 async def test_priority_entries_indexed_before_levels_were_keyed_are_rekeyed(tmp_path, monkeypatch):
     """A node upgraded from when a priority queue's index entries were keyed by seq alone (and the queue
     kept them all in memory) finds them, in priority order, and keys them by level once."""
-    from amqp_server.queues.priority_queue import PriorityReadyList
+    from amqp_server.queues.queue_type import QueueType
+    from amqp_server.queues.types.priority import Priority
 
     data = str(tmp_path / "data")
-    monkeypatch.setattr(PriorityReadyList, "ranked", False)  # writes as before: seq-keyed
+    monkeypatch.setattr(Priority, "stored", QueueType.stored)  # writes as before: seq-keyed
     core = Broker(data, queue_window=10_000)
     vhost = core.vhost("/")
     core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)

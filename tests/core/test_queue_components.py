@@ -14,7 +14,7 @@ from amqp_server.queues.consumers import Consumers
 from amqp_server.queues.expiry import Expiry
 from amqp_server.message import Message, make_message
 from amqp_server.queues.paging import Pager
-from amqp_server.queues.persistence import Persistence
+from amqp_server.queues.persistence import Persistence, QueueRows
 from amqp_server.queues.priority_queue import LeveledEntry, PriorityReadyList
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.ready import Entry
@@ -39,10 +39,11 @@ class Owner:
     def __init__(self, pager: Pager, **args) -> None:
         self.name, self.vhost, self.args, self.index_id = "q", "/", QueueArgs(**args), 0
         self.persistence: Persistence | None = None
+        self.rows: QueueRows | None = None
         self.pager: TransientPages | None = pager
         self.window: int | None = None
         self.deleted = False
-        self.stats, self.ranked = MessageStats(), False
+        self.stats = MessageStats()
         self.consumers: list[object] = []
         self.host: Any = None
         self.touched = 0

@@ -136,6 +136,52 @@ def test_the_module_graph_sees_annotations_functions_and_other_packages():
     assert "exchanges.delayed" in graph["exchanges"]  # a package's own modules
 
 
+# The node's persistence (queues/persistence.py) is what every durable queue shares: the message store, the queue
+# index and the group commit.  What one type keeps apart is that type's storage, built with the broker and handed to
+# its queues: a priority queue's rows keyed by level (priority_queue.RankedRows), the quorum queues' copies
+# (replica_store.ReplicaStore), the streams' logs (stream_log).  These words name one type's storage.
+TYPE_STORAGE_WORDS = ("replica", "stream", "ranked", "quorum", "priority", "copy_state")
+
+
+def type_storage_names(source: str) -> list[str]:
+    """The names in ``source`` (imports, definitions, attributes, variables) that name one type's storage."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or "", *(alias.name for alias in node.names)]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.Name):
+            names = [node.id]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if any(word in name.lower() for word in TYPE_STORAGE_WORDS)]
+    return [f"{line}: {name}" for line, name in sorted(found)]
+
+
+def test_persistence_holds_no_type_s_storage():
+    assert type_storage_names((ROOT / "amqp_server" / "queues" / "persistence.py").read_text()) == []
+
+
+def test_the_type_storage_finder_finds_a_type_s_storage():
+    source = '''
+from stream_log.log import StreamLogs
+from .quorum_machine import State
+class Persistence:
+    def replica_move(self, index_id): pass
+    def write(self, queue, entry):
+        key = queue.row_key(entry) if queue.ranked else entry.seq
+        self.streams.commit()
+        return self.copy_state(queue.index_id)
+'''
+    assert type_storage_names(source) == ["2: StreamLogs", "2: stream_log.log", "3: quorum_machine", "5: replica_move",
+                                          "7: ranked", "8: streams", "9: copy_state"]
+
+
 # The queue types (amqp_server/queues/types/, the interface in queue_type.py), the classes that hold a queue's messages
 # (a queue's parts among them) and the proxy of another node's queue: inside them a queue's type and location are
 # known.  Everywhere else code asks the type (queue.type: its capabilities, checks, policy keys, HTTP fields) and the

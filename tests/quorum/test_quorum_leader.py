@@ -184,7 +184,7 @@ class Leader(RuleBasedStateMachine):
     def its_rows_stand_for_its_state(self) -> None:
         queue, state = self.queue, self.queue.state
         persistence = self.node.persistence
-        rows = self.run(persistence.copy_state, queue.index_id)
+        rows = self.run(self.node.replicas.copy_state, queue.index_id)
         assert rows.ready == state.ready
         assert rows.checked_out == state.checked_out | state.dead.keys()
         assert rows.counts == state.counts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
-                          QueueType)
+                          NodeStorage, QueueType)
 from ..queue import AnyQueue
 from ..quorum_queue import QuorumQueue
 from ..ready import Entry
@@ -34,6 +34,12 @@ class Quorum(QueueType):
 
     def attached(self, queue: Any, node: str) -> None:
         queue.members = [node]  # a group of one until the cluster replicates it
+
+    def stored(self, queue: Any, storage: NodeStorage) -> None:
+        """Its entries written as a classic queue's; what its machine decides of its rows beyond that, and its
+        state read back at a restart, by the quorum queues' copies (this node's leader is one)."""
+        super().stored(queue, storage)
+        queue.replicas = storage.replicas
 
     def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
         """Its group as RabbitMQ shows it: its leader (also ``node``), members and those running; an owner's

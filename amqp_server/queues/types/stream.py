@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from ... import errors
 from ..queue_args import interval_ms
-from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, QueueType
+from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, NodeStorage, QueueType
 from ..queue import AnyQueue
 from ..stream_queue import StreamQueue
 
@@ -27,6 +27,11 @@ class Stream(QueueType):
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
     capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
     queue_class: ClassVar[type[AnyQueue]] = StreamQueue  # (mypy checks it is a queue as the node uses one)
+
+    def stored(self, queue: Any, storage: NodeStorage) -> None:
+        """Its messages in its log, among the node's streams' logs."""
+        super().stored(queue, storage)
+        queue.logs = storage.stream_logs
 
     def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
         """A per-consumer prefetch, and manual acks (RabbitMQ would fail on no prefetch with 541)."""

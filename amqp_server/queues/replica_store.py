@@ -1,0 +1,135 @@
+"""The quorum queues' storage: each copy of a quorum queue on this node (its leader's queue, or a follower's copy,
+``forwarder.quorum.groups``) is rows of the queue index under the copy's id, its messages in the persistent store,
+and where it stands in its group's log beside them.
+
+A follower carries out its machine's storage effects (``quorum_machine.Effects``) on its rows by index id and seq,
+with no queue in memory; a leader's queue writes its entries through ``Persistence`` as any durable queue does, and
+the rest of what its machine decides (a return to the back, an entry held no longer) here.  Either reads its
+replicated state back from its rows (``copy_state``) when it starts.  The rows are made durable by the node's group
+commit (``persistence``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from queue_index import FLAG_DELIVERED, Totals
+from queue_index.index import RETURNS_SHIFT
+
+from .. import payload
+from .quorum_machine import State
+
+if TYPE_CHECKING:
+    from .persistence import Persistence, StoredQueue
+    from .ready import Entry
+
+
+class ReplicaStore:
+    """The rows of every copy of a quorum queue on this node, by the copy's index id."""
+
+    def __init__(self, persistence: Persistence) -> None:
+        self.persistence = persistence
+        self.index = persistence.index
+        self.store = persistence.store
+        self.has = self.index.has  # whether a copy has a row at a seq (a snapshot or an op replayed may have put it)
+
+    # -- a follower's copy: its machine's effects -------------------------------------------------------
+
+    def put(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, held: bool = False,
+            returns: int = 0) -> None:
+        """An entry of a copy, its message as the leader's store keeps it (``Message.payload``)."""
+        msg_id = self.store.new_id()
+        self.store.write(msg_id, (record,), 1)
+        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record), held, returns=returns)
+        self.persistence.stage()
+
+    def delivered(self, index_id: int, seq: int) -> None:
+        self.index.mark_delivered(index_id, seq)
+        self.persistence.stage()
+
+    def remove(self, index_id: int, seq: int) -> None:
+        entry = self.index.remove(index_id, seq)
+        if entry is not None:
+            self.store.remove(entry.msg_id)
+            self.persistence.stage()
+
+    def move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
+        row = self.index.remove(index_id, old_seq)
+        if row is None:
+            return
+        if old_seq != new_seq and self.index.has(index_id, new_seq):  # (a snapshot read it there already)
+            self.store.remove(row.msg_id)
+        else:
+            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
+        self.persistence.stage()
+
+    def drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
+        """The entries of the copy with seqs in ``runs`` (``[start, end)``) go, with their store references."""
+        self.persistence.drop(index_id, runs)
+
+    def clear(self, index_id: int) -> None:
+        """Every entry of the copy goes (a snapshot replaces them), with its store reference."""
+        while len((rows := self.index.take(index_id, 0, 1 << 63, 65536)[1])):
+            self.store.remove_many(rows["msg_id"])
+        self.persistence.stage()
+
+    def unhold(self, index_id: int, seq: int, returns: int) -> None:
+        """An entry a consumer held is ready again in its place, counting ``returns`` (a leader's too)."""
+        self.index.mark_returned(index_id, seq, returns)
+        self.persistence.stage()
+
+    def position(self, index_id: int, term: int, index: int, enqueuers: dict[int, int]) -> None:
+        """A copy's position in its group's log, and its state's enqueuers, committed with the rows staged
+        before them: a copy restarted from its rows knows which publishes of each window it took (a window
+        sends again what no leader confirmed)."""
+        self.index.set_position(index_id, term, index)
+        self.index.set_enqueuers(index_id, enqueuers)
+        self.persistence.stage()
+
+    # -- a leader's queue ---------------------------------------------------------------------------------
+
+    def returned(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
+        """A leader's entry came back to it for the ``returns``-th time (its x-delivery-count) and went to the
+        back, under a new seq: its index entry moves there, ready (the store keeps its message)."""
+        message = entry.message
+        self.index.ack(queue.index_id, old_seq)
+        self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
+                           returns=returns)
+        self.persistence.stage()
+
+    def recover_queue(self, queue: StoredQueue) -> None:
+        """A queue made from a copy kept here while the node runs (a new leader's): its totals and expiries from
+        the index, as at a restart; the store's references are claimed already."""
+        index, queue_id = self.index, queue.index_id
+        index.commit()
+        totals = index.totals(queue_id) or Totals()
+        expiries: list[tuple[int, int]] = []
+        if totals.expiring:
+            for seqs, values in index.columns(queue_id):
+                expiring = values["expiry"] != 0
+                expiries.extend(zip(values["expiry"][expiring].tolist(), seqs[expiring].tolist()))
+        queue.recover(totals.count, totals.bytes, index.last_seq(queue_id), expiries)
+
+    def copy_state(self, index_id: int) -> State:
+        """The replicated state a copy's rows stand for (``State.from_rows``), read as arrays, with the enqueuers
+        kept beside them (``position``)."""
+        self.index.commit()
+        state = State()
+        for seqs, values in self.index.columns(index_id):
+            seqs = seqs.astype(np.int64)
+            flags = values["flags"]
+            held = (flags & FLAG_DELIVERED) != 0
+            ready = seqs[~held]
+            if len(ready):
+                cuts = np.flatnonzero(np.diff(ready) != 1)
+                starts = np.concatenate((ready[:1], ready[cuts + 1]))
+                ends = np.concatenate((ready[cuts] + 1, ready[-1:] + 1))
+                for start, end in zip(starts.tolist(), ends.tolist()):
+                    state.ready.add_run(start, end)
+            state.checked_out.update(seqs[held].tolist())
+            returns = flags >> RETURNS_SHIFT
+            counted = returns != 0
+            state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
+            state.next_seq = int(seqs[-1]) + 1
+        state.enqueuers = self.index.enqueuers(index_id)
+        return state
