@@ -773,18 +773,23 @@ HANDOVER_PREFETCH = 10
 KEPT = 2  # of the deliveries held at the change, never acked: they come back once the consumer closes
 
 
+def thirty_led_by_node_one(nodes: list[BrokerProcess], uid: str) -> list[bytes]:
+    """A quorum queue led by node 1 as every node knows, with 30 confirmed messages on every copy."""
+    with connect(nodes[0]) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: all(leader_of(node, uid) == NAMES[0] for node in nodes), "the leader everywhere")
+    bodies = [b"m%d" % i for i in range(30)]
+    publish(nodes[0], uid, bodies)
+    wait_for(lambda: all(api(node, f"/queues/%2F/{uid}")["messages"] == 30 for node in nodes[1:]), "copies")
+    return bodies
+
+
 def consume_across_a_change_of_leader(nodes: list[BrokerProcess], uid: str, at: int, change: Callable[[], None],
                                       early: int = 0) -> None:
     """30 messages; a consumer on node ``at`` (prefetch 10) holds 10 when ``change`` moves the leader from node 1
     (to node 3: of two copies as long, the name that sorts last leads); it acks ``early`` of them at once, the
     rest but ``KEPT`` once the new leader is known, then every later delivery."""
-    n1 = nodes[0]
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: all(leader_of(node, uid) == NAMES[0] for node in nodes), "the leader everywhere")
-    bodies = [b"m%d" % i for i in range(30)]
-    publish(n1, uid, bodies)
-    wait_for(lambda: all(api(node, f"/queues/%2F/{uid}")["messages"] == 30 for node in nodes[1:]), "copies")
+    bodies = thirty_led_by_node_one(nodes, uid)
     node = nodes[at]
     connection = connect(node)
     channel = connection.channel()
@@ -847,19 +852,13 @@ def test_an_amqp10_receiver_outlives_the_leaders_death(nodes, uid, at):
     proton = pytest.importorskip("proton")
     from proton.utils import BlockingConnection
     _, started = nodes
-    n1 = started[0]
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: all(leader_of(node, uid) == NAMES[0] for node in started), "the leader everywhere")
-    bodies = [b"m%d" % i for i in range(30)]
-    publish(n1, uid, bodies)
-    wait_for(lambda: all(api(node, f"/queues/%2F/{uid}")["messages"] == 30 for node in started[1:]), "copies")
+    bodies = thirty_led_by_node_one(started, uid)
     amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{started[at].port}", timeout=10, allowed_mechs="PLAIN")
     try:
         receiver = amqp.create_receiver(f"/queues/{uid}", credit=HANDOVER_PREFETCH)
         got = [body_of(receiver.receive(timeout=10)) for _ in range(HANDOVER_PREFETCH)]
         assert got == bodies[:HANDOVER_PREFETCH]
-        n1.kill()
+        started[0].kill()
         wait_for(lambda: all(leader_of(node, uid) == NAMES[2] for node in started[1:]), "node 3 leads", timeout=20)
         for _ in got:
             receiver.accept()
