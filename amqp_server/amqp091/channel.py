@@ -787,6 +787,7 @@ class Channel:
         queue = self.broker.consumable(self.vhost, name, self.connection, self.principal)
         consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
                                        self.global_prefetch)
+        consumer.sends_from = SEND_FROM_FILE
         self.consumers[tag] = consumer
         if not m.no_ack:
             self.ack_timeout.watch(queue, consumer)
@@ -1008,7 +1009,7 @@ def _release_body(entry: Entry, queue: AnyQueue) -> None:
     """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
     requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry,
     so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
-    if _store_of(entry.message, queue) is not None:
+    if entry.message.body is not None and _store_of(entry.message, queue) is not None:
         entry.message = entry.message.without_body()
 
 
@@ -1018,6 +1019,10 @@ def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> byt
     store = _store_of(message, queue)
     found = store.body_file(message) if store is not None else None
     if found is None:
+        if message.body is None:  # (left in the store for the file by ``Queue.took``, and not there after all)
+            local = queue.local()
+            assert local is not None and local.host is not None  # (a queue of this node took it)
+            local.host.load_body(message)
         return message.body
     connection.file_out = True
     return FileRange(found[0], found[1], message.body_size, owns=True)
