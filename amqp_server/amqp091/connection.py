@@ -49,7 +49,7 @@ MIN_FRAME_MAX = 4096
 DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read
 READ_SIZE = 256 * 1024  # what one read takes (into the thread's read buffer, see get_buffer)
 LARGE_READ_SIZE = 4096  # what it takes while large bodies arrive: their frames are read into the bodies (get_buffer)
-_reads = threading.local()  # the read buffer: each read's bytes are copied out of it before the next
+_reads = threading.local()  # the thread's read buffer (read_buffer)
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
@@ -93,6 +93,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self._into: "Channel | None" = None  # the channel whose body the read under way goes into
         self._peek = False  # a large body frame was read: read its end and the next frame's head alone
         self._large = False  # large bodies arrive: reads are small, so that their frames are read into them
+        self._reads = read_buffer()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self.file_out = False  # the output holds a body in a file: it goes through the outbox
@@ -264,25 +265,24 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         while large bodies arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a
         frame read whole is copied), until a read of that size holds no large body frame."""
         direct = self.direct
+        self._into = None
+        if direct is None and not self._large:  # (the common case, first)
+            return self._reads
         if direct is not None:
             channel = self.channels.get(direct[0])
             view = channel.body_into(direct[1]) if channel is not None and self.state == OPEN else None
             if view is not None:
                 self._into = channel
                 return view
-        self._into = None
-        reads = getattr(_reads, "view", None)
-        if reads is None:
-            reads = _reads.view = memoryview(bytearray(READ_SIZE))
         if self._peek:
             self._peek = False
-            return reads[:8]
-        return reads[:LARGE_READ_SIZE] if self._large else reads
+            return self._reads[:8]
+        return self._reads[:LARGE_READ_SIZE] if self._large else self._reads
 
     def buffer_updated(self, nbytes: int) -> None:
         channel = self._into
         if channel is None:
-            self.data_received(_reads.view[:nbytes])
+            self.data_received(self._reads[:nbytes])
             if self._large and nbytes > 8 and self.direct is None:
                 self._large = False  # (the frames read were of no large body)
             return
@@ -820,3 +820,12 @@ def octets(payload: bytes | bytearray) -> str:
 def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
     """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
     return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
+
+
+def read_buffer() -> memoryview:
+    """The thread's read buffer, which its connections share: each read's bytes are copied out of it before the
+    next read."""
+    view = getattr(_reads, "view", None)
+    if view is None:
+        view = _reads.view = memoryview(bytearray(READ_SIZE))
+    return view
