@@ -43,3 +43,25 @@ def test_an_amqp10_group_id_is_the_app_id_an_091_reader_gets(node):  # noqa: F81
     connection.close()
     assert props is not None
     assert (props.app_id, props.priority, props.expiration) == ("g", 7, "30000")
+
+
+def test_amqp10_application_properties_named_x_come_back_as_application_properties(node):  # noqa: F811
+    """mc_amqpl: a 0-9-1 reader gets application properties and ``x-`` annotations as headers, its type from the
+    ``x-basic-type`` annotation only; an AMQP 1.0 reader gets each section back as it was sent."""
+    connection = declare(node, "q")
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/q")
+        for _ in range(2):
+            sender.send(Message(body=b"x", inferred=True, annotations={"x-ann": "b", "x-basic-type": "t"},
+                                properties={"x-app": "a", "x-basic-type": "not-the-type", "k": 1}))
+        got = amqp.create_receiver("/queues/q").receive(timeout=5)
+    finally:
+        amqp.close()
+    assert got.properties == {"x-app": "a", "x-basic-type": "not-the-type", "k": 1}
+    assert got.annotations is not None and got.annotations["x-ann"] == "b" and "x-app" not in got.annotations
+    _, props, _ = connection.channel().basic_get("q", auto_ack=True)
+    connection.close()
+    assert props is not None and props.headers is not None
+    assert (props.type, props.headers["x-app"], props.headers["x-ann"], props.headers["k"]) == ("t", "a", "b", 1)
+
