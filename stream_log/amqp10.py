@@ -331,10 +331,21 @@ def _int(value: Value | None) -> int | None:
     return value.value if 0 <= value.value <= 255 else None
 
 
+_MAX_TIMESTAMP = 253402300799  # the last second a 0-9-1 timestamp (a datetime) holds here: 9999-12-31T23:59:59
+
+
 def _timestamp(value: Value | None) -> datetime.datetime | None:
-    if value is None or value.kind != "timestamp":
+    """A creation-time (ms) as the 0-9-1 timestamp (s), the milliseconds dropped as mc_amqpl's ``V div 1000``
+    drops them; None for one before 1970 or past year 9999 (no 0-9-1 timestamp here holds it)."""
+    if value is None or value.kind != "timestamp" or not 0 <= value.value // 1000 <= _MAX_TIMESTAMP:
         return None
     return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
+
+
+def _lossy_time(value: Value | None) -> bool:
+    """A creation-time the 0-9-1 timestamp does not hold whole (its milliseconds, or out of its range): the
+    properties section is kept, so an AMQP 1.0 reader gets it as sent."""
+    return value is not None and value.kind == "timestamp" and (value.value % 1000 != 0 or _timestamp(value) is None)
 
 
 def _internal(name: str) -> bool:
@@ -382,7 +393,8 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
             converted = _field(value) if name.startswith("x-") and not _internal(name) else None
             if converted is not None:
                 headers[name] = converted
-        if any(name in props and props[name].kind != "null" for name in _UNMAPPED):
+        if any(name in props and props[name].kind != "null" for name in _UNMAPPED) \
+                or _lossy_time(props.get("creation_time")):
             headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
         if any(name.startswith("x-") for name in application):
             headers[APP_PROPERTIES_HEADER] = header_table.Field("x", app_section)

@@ -3,9 +3,12 @@ reaches an AMQP 1.0 reader with a header section (durable, priority, ttl), ``x-`
 annotations, app-id as group-id; a 1.0 publish's group-id is a 0-9-1 reader's app-id."""
 from __future__ import annotations
 
+from typing import Any
+
 import pika
 import pytest
-from proton import Message
+from proton import Described, Message, symbol
+from proton.reactor import Filter
 
 from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
 
@@ -65,3 +68,31 @@ def test_amqp10_application_properties_named_x_come_back_as_application_properti
     assert props is not None and props.headers is not None
     assert (props.type, props.headers["x-app"], props.headers["x-ann"], props.headers["k"]) == ("t", "a", "b", 1)
 
+
+@pytest.mark.parametrize("queue_type", ["classic", "stream"])
+def test_an_amqp10_creation_time_keeps_its_milliseconds_for_an_amqp10_reader(node, queue_type):  # noqa: F811
+    """mc_amqpl: a 0-9-1 reader's timestamp is the creation-time's seconds (``V div 1000``, no header keeps the
+    rest); an AMQP 1.0 reader gets it as sent.  One out of a 0-9-1 timestamp's range leaves the timestamp unset."""
+    sent = [1700000000.987, 1700000001.0, -1.5, 3e11]
+    connection = declare(node, "q", **{"x-queue-type": queue_type})
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/q")
+        for seconds in sent:
+            sender.send(Message(body=b"x", inferred=True, creation_time=seconds))
+        receiver = amqp.create_receiver("/queues/q", options=Filter({
+            symbol("offset"): Described(symbol("rabbitmq:stream-offset-spec"), "first")})
+            if queue_type == "stream" else None)
+        got = [receiver.receive(timeout=5).creation_time for _ in sent]
+    finally:
+        amqp.close()  # (unsettled: back in the classic queue)
+    assert got == sent
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    stamps: list[Any] = []
+    channel.basic_consume("q", lambda ch, method, props, body: stamps.append(props.timestamp),
+                          arguments={"x-stream-offset": "first"} if queue_type == "stream" else None)
+    while len(stamps) < len(sent):
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    assert stamps == [1700000000, 1700000001, None, None]
