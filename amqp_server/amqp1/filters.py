@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from stream_log import amqp10
 from stream_log.amqp10 import PROPERTIES_HEADER, Value, kept_properties
 from . import sql_filter
 
@@ -67,7 +68,20 @@ class Filters(NamedTuple):
 
 def read(source: list[Value] | None) -> Filters:
     """The filters of a source (its eighth field, a map of filter names to described values)."""
-    filter_set = source[7] if source is not None and len(source) > 7 else None
+    return read_set(source[7] if source is not None and len(source) > 7 else None)
+
+
+def decode(filter_set: bytes) -> Accepts | None:
+    """What an encoded filter-set accepts (``Consumer.filter_set``: the filters a consumer's node tells a stream's
+    owner, which applies them); None if it is not a filter-set, or one that filters nothing."""
+    try:
+        value, end = amqp10.value_at(filter_set)
+    except (amqp10.Invalid, amqp10.TooLarge):
+        return None
+    return read_set(value).accepts if end == len(filter_set) else None
+
+
+def read_set(filter_set: Value | None) -> Filters:
     if filter_set is None or filter_set.kind != "map":
         return Filters({}, None, None)
     arguments: dict[str, Any] = {}

@@ -310,3 +310,17 @@ def test_an_application_properties_filter_reads_values_as_rabbitmq_compares_them
     assert [offset for offset, _, _ in consume(stream, 3, application_properties={"flag": None})] == [0, 1, 2]
     publish(stream, [{"application_properties": {"flag": 1.0}}])
     assert [offset for offset, _, _ in consume(stream, 2, application_properties={"flag": 1})] == [0, 4]
+
+
+def test_an_encoded_filter_set_reads_back_as_the_filters_it_holds():
+    """What a consumer's node tells a stream's owner (``Consumer.filter_set``): the filters, or None for bytes
+    that are no filter-set (the owner refuses the consumer then) and for one that filters nothing."""
+    from amqp_server.amqp1 import filters
+    from stream_log import amqp10
+    sql = amqp10.encode_map([(amqp10.symbol("sql-filter"), amqp10.encode(amqp10.Value("described", (
+        "amqp:sql-filter", amqp10.Value("string", "TRUE")))))])
+    offset_only = amqp10.encode_map([(amqp10.symbol("o"), amqp10.encode(amqp10.Value("described", (
+        "rabbitmq:stream-offset-spec", amqp10.Value("string", "first")))))])
+    assert filters.decode(sql) is not None
+    for wrong in (sql[:-1], sql + b"\x40", b"", b"\xff" * 8, b"\xd1\xff\xff\xff\xff\x00\x00\x00\x10", offset_only):
+        assert filters.decode(wrong) is None
