@@ -96,3 +96,25 @@ def test_an_amqp10_creation_time_keeps_its_milliseconds_for_an_amqp10_reader(nod
         connection.process_data_events(time_limit=1)
     connection.close()
     assert stamps == [1700000000, 1700000001, None, None]
+
+
+def test_a_kept_section_header_a_091_publisher_forges_goes_out_only_if_it_is_one(node):  # noqa: F811
+    """``x-amqp-1.0-app-properties`` is read back as RabbitMQ's amqp10_section_header reads it: a well-formed
+    application-properties section goes out as the section; anything else is left out, the rest converted."""
+    from stream_log import amqp10
+    section = amqp10.described(amqp10.APPLICATION_PROPERTIES, amqp10.encode_map([(amqp10.utf8("x-k"), b"\x54\x07")]))
+    connection = declare(node, "q")
+    channel = connection.channel()
+    for forged in (section, section[:-1], b"\x00\x53\x73\xc0\x01\x00", b"\xff" * 64):
+        channel.basic_publish("", "q", b"x", pika.BasicProperties(headers={"x-amqp-1.0-app-properties": forged,
+                                                                          "h": 1, "x-a": "b"}))
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/q")
+        got = [receiver.receive(timeout=5) for _ in range(4)]
+    finally:
+        amqp.close()
+        connection.close()
+    assert [message.properties for message in got] == [{"x-k": 7}, {"h": 1}, {"h": 1}, {"h": 1}]
+    assert all(message.annotations is not None and message.annotations["x-a"] == "b" and
+               "x-amqp-1.0-app-properties" not in message.annotations for message in got)
