@@ -502,7 +502,7 @@ class Queue:
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
         if message.body is None and (no_ack or not 0 < sends_from <= message.body_size or not message.msg_id
-                                     or getattr(message, "header", None) is None):  # (recovered: none yet)
+                                     or message.header is None):  # (recovered: no header yet either)
             self.host.load_body(message)
         if not no_ack:
             self.unacked += 1
