@@ -183,12 +183,15 @@ class OpLogShipper:
         self.log = group.history  # this term's latest ops, after those the copy applied before
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
-        self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
+        self.committed = 0  # the highest index a majority has durably, as their answers and our group commits tell
+        self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
+        self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
         # when a majority last answered, or ops began to wait for one; deliveries stopped since (``live``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
         self._scheduled = False
+        self._written_at(index)  # (the copy the term starts from may still wait for its group commit)
         for follower in self.followers.values():
             self.probe(follower)
 
@@ -235,9 +238,31 @@ class OpLogShipper:
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
         group.applied_term, group.applied = self.term, self.index
         self.groups.broker.replicas.position(group.index_id, self.term, self.index, self.queue.state.enqueuers)
+        self._written_at(self.index)
         for follower in self.followers.values():
             if follower.joined:
                 self._send(follower, frame)
+
+    def _written_at(self, index: int) -> None:
+        """The leader's copy stands at ``index`` once the group commit staged now is on disk: until then it
+        counts toward no majority, as a Raft leader counts its own log only once written (a confirm must
+        survive a power loss of the members it counts, not only their processes' deaths)."""
+        persistence = self.groups.broker.persistence
+        persistence.stage()
+        self._writing.append((persistence.batch, index))
+        persistence.waiters.add(self)
+
+    def synced(self, batch: int) -> None:
+        """A group commit is on disk (``Persistence.waiters``): the leader's copy is durable as far as it covers."""
+        writing = self._writing
+        written = self.written
+        while writing and writing[0][0] <= batch:
+            written = writing.popleft()[1]
+        if not writing:
+            self.groups.broker.persistence.waiters.discard(self)
+        if written > self.written:
+            self.written = written
+            self._advance()
 
     def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
         key = self.group.key.encode()
@@ -385,7 +410,11 @@ class OpLogShipper:
         if follower is None:
             return
         follower.match = max(follower.match, index)
-        matches = sorted([self.index] + [f.match for f in self.followers.values()], reverse=True)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Commit what a majority of the copies, the leader's own among them, has on disk."""
+        matches = sorted([self.written] + [f.match for f in self.followers.values()], reverse=True)
         committed = matches[len(self.group.members) // 2]  # the highest index a majority has
         if committed <= self.committed:
             return
@@ -440,6 +469,8 @@ class OpLogShipper:
         their confirms (the caller passes them on to the next leader, or refuses them)."""
         for follower in self.followers.values():
             self._stop_snapshot(follower)
+        self._writing.clear()
+        self.groups.broker.persistence.waiters.discard(self)
         pending, self.pending = self.pending, []
         return [(sink, seq, op) for _, sink, seq, op in pending]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -220,6 +221,32 @@ async def test_a_publish_is_confirmed_once_a_majority_has_it(network):
     await asyncio.sleep(0.3)
     assert confirms.outcomes == {}  # the leader alone is no majority
     network.release("n1", "n3")
+    await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
+    network.release("n1", "n2")
+    await copies_agree(network)
+
+
+async def test_a_leader_counts_its_own_copy_toward_a_majority_only_once_it_is_on_disk(network, monkeypatch):
+    """The leader and one follower are a majority only with the leader's group commit done: a confirm counted
+    on the leader's page cache would be lost by a power loss of the leader and of the other follower."""
+    node = await declared(network)
+    await copies_agree(network)
+    persistence = node.broker.persistence
+    disk = threading.Event()
+    fsync = persistence._fsync
+
+    def slow_fsync(*args):
+        disk.wait(10)
+        fsync(*args)
+
+    monkeypatch.setattr(persistence, "_fsync", slow_fsync)
+    network.hold("n1", "n2")
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: replicator_of(node).followers["n3"].match == replicator_of(node).index, "n3's copy")
+    await asyncio.sleep(0.2)
+    assert confirms.outcomes == {}  # n3 and an unwritten copy are no majority
+    disk.set()
     await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
     network.release("n1", "n2")
     await copies_agree(network)
