@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import struct
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -61,8 +62,10 @@ RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
-PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
-UNCOMMITTED_DELIVERIES = 100  # deliveries a leader makes that no majority has yet, at most (``Replicator.live``)
+PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``allowance``)
+UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has yet: at most its consumers' prefetch,
+# or this (``allowance``)
+UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
 
 
@@ -187,7 +190,7 @@ class OpLogShipper:
         self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
         self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
-        # when a majority last answered, or ops began to wait for one; deliveries stopped since (``live``)
+        # when a majority last answered, or ops began to wait for one; deliveries stopped since (``allowance``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
         self._scheduled = False
@@ -442,23 +445,28 @@ class OpLogShipper:
             done += 1
         del pending[:done]
 
-    @property
-    def live(self) -> bool:
-        """Deliveries go on while the lease is sure, and a majority answers: ops wait for one no longer than
-        ``PROGRESS`` seconds, and no more than ``UNCOMMITTED_DELIVERIES`` deliveries wait for one.  A leader
-        cut off from its followers would otherwise deliver (and take acks) on for as long as etcd keeps it, or
-        as fast as its consumers ack for ``PROGRESS`` seconds (thousands), none of which it can commit: the
-        next leader would deliver all of it again.  (A ``rabbit_fifo`` leader delivers only what committed
-        commands check out: a consumer's settles must commit before it is given more.)"""
+    def allowance(self, window: int) -> int:
+        """Deliveries go on while the lease is sure and a majority answers: ops wait for one no longer than
+        ``PROGRESS`` seconds, and no more than the consumers' ``window`` (their prefetch, at least
+        ``UNCOMMITTED_DELIVERIES``) of deliveries wait for one.  A leader cut off from its followers would
+        otherwise deliver (and take acks) on for as long as etcd keeps it, or as fast as its consumers ack for
+        ``PROGRESS`` seconds (thousands), none of which it can commit: the next leader would deliver all of it
+        again.  A ``rabbit_fifo`` leader delivers only what committed commands check out (a consumer's settles
+        commit before it is given more): a deposed leader's consumer is delivered again at most its window
+        there, twice that here, at as many deliveries per commit.  Once none is allowed, the next commit
+        delivers again."""
         if not self.groups.lease_sure:
-            return False
-        if self.committed >= self.index or not self.followers:
-            return True
-        if (len(self.checkouts) < UNCOMMITTED_DELIVERIES
-                and asyncio.get_running_loop().time() - self._progress <= PROGRESS):
-            return True
+            return self._stall()
+        if not self.followers:
+            return UNBOUNDED
+        if self.committed < self.index and asyncio.get_running_loop().time() - self._progress > PROGRESS:
+            return self._stall()
+        room = max(window, UNCOMMITTED_DELIVERIES) - len(self.checkouts)
+        return room if room > 0 else self._stall()
+
+    def _stall(self) -> int:
         self._stalled = True
-        return False
+        return 0
 
     @property
     def lag(self) -> dict[str, int]:
