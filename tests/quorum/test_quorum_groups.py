@@ -531,6 +531,35 @@ async def test_no_leader_without_a_majority_of_positions(network):
     assert await copies_agree(network) == bodies(10)
 
 
+async def test_a_copy_ahead_that_does_not_claim_leaves_the_lead_to_a_majority_s_best(network, monkeypatch):
+    """n1's copy is ahead of the others' (ops they never got) as its term ends, but n1 never claims the lead
+    again (a node that comes back too slow, or is killed again, before it claims): once ``PASSED_OVER`` has
+    passed, n2 or n3 — each at or past a majority's positions — leads, with every confirmed message."""
+    monkeypatch.setattr(quorum, "PASSED_OVER", 0.5)
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    publish(node, bodies(5, "unconfirmed"))  # (n1's alone)
+
+    async def too_slow(group: quorum.Group) -> None:
+        pass
+
+    for other in network.nodes.values():  # (until every member's position is written)
+        other.quorum._claim_or_follow = too_slow
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    positions = quorum.POSITIONS + KEY.encode() + b"/"
+    await wait_for(lambda: sum(key.startswith(positions) for key in network.etcd.kvs) == 3, "three positions")
+    del network.nodes["n2"].quorum._claim_or_follow, network.nodes["n3"].quorum._claim_or_follow
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    del node.quorum._claim_or_follow
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    assert await copies_agree(network) == bodies(10)
+
+
 async def test_a_copy_a_snapshot_is_coming_into_never_leads(network, monkeypatch):
     """n3 is mid-snapshot when the leader dies: its index may be ahead of n2's, but its copy is not whole, so
     n2 leads, with every confirmed message."""
