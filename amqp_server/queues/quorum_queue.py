@@ -440,10 +440,13 @@ class QuorumQueue(Queue):
         if replicator is None:
             super().deliver_ready()
             return
-        self._allowed = replicator.allowance(self._window())
-        if self._allowed:
-            super().deliver_ready()
-            self._allowed = -1
+        allowed = replicator.allowance(self._window())
+        if allowed:
+            self._allowed = allowed
+            try:
+                super().deliver_ready()
+            finally:
+                self._allowed = -1
             self._ship()
 
     def _window(self) -> int:
