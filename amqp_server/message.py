@@ -73,6 +73,7 @@ class Message:
         message.bcc_keys = ()
         message.body_size = body_size
         message.body = None  # type: ignore[assignment]  # until load_body: typed bytes for the hot path's readers
+        message.header = None  # type: ignore[assignment]  # (as the body)
         message._properties = None
         return message
 

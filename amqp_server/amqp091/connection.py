@@ -13,6 +13,7 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
@@ -46,6 +47,9 @@ _METHOD_ID = struct.Struct(">I")
 _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
 DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read
+READ_SIZE = 256 * 1024  # what one read takes (into the thread's read buffer, see get_buffer)
+LARGE_READ_SIZE = 4096  # what it takes while large bodies arrive: their frames are read into the bodies (get_buffer)
+_reads = threading.local()  # the thread's read buffer (read_buffer)
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
@@ -70,7 +74,7 @@ CAPABILITIES = {
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
 
 
-class Connection(FrontEnd):
+class Connection(FrontEnd, asyncio.BufferedProtocol):
     """Protocol instance per TCP connection."""
 
     kind = "AMQP"
@@ -86,6 +90,10 @@ class Connection(FrontEnd):
         self.state = AWAIT_HEADER
         self.buf = bytearray()
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
+        self._into: "Channel | None" = None  # the channel whose body the read under way goes into
+        self._peek = False  # a large body frame was read: read its end and the next frame's head alone
+        self._large = False  # large bodies arrive: reads are small, so that their frames are read into them
+        self._reads = read_buffer()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self.file_out = False  # the output holds a body in a file: it goes through the outbox
@@ -250,7 +258,49 @@ class Connection(FrontEnd):
 
     # -- input --------------------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes.  Inside a large body frame, its message's buffer: the socket's bytes land
+        where they stay, copied by no one.  Else the thread's read buffer, whose bytes ``buffer_updated`` hands
+        to ``data_received``: after a large body frame, its end octet and the next frame's head alone, and
+        while large bodies arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a
+        frame read whole is copied), until a read of that size holds no large body frame."""
+        direct = self.direct
+        self._into = None
+        if direct is None and not self._large:  # (the common case, first)
+            return self._reads
+        if direct is not None:
+            channel = self.channels.get(direct[0])
+            view = channel.body_into(direct[1]) if channel is not None and self.state == OPEN else None
+            if view is not None:
+                self._into = channel
+                return view
+        if self._peek:
+            self._peek = False
+            return self._reads[:8]
+        return self._reads[:LARGE_READ_SIZE] if self._large else self._reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        channel = self._into
+        if channel is None:
+            self.data_received(self._reads[:nbytes])
+            if self._large and nbytes > 8 and self.direct is None:
+                self._large = False  # (the frames read were of no large body)
+            return
+        self._into = None
+        self._received = True
+        self.recv_oct += nbytes
+        self.recv_cnt += 1
+        assert self.direct is not None  # (get_buffer read into the channel's body for it)
+        ch, left = self.direct
+        channel.body_read(nbytes)
+        if nbytes < left:
+            self.direct = (ch, left - nbytes)
+            return
+        self.direct = None  # the frame's end octet is read next, behind a head of its own: the frame loop
+        self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
+        self._peek = self._large = True
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self._received = True
         self.recv_oct += len(data)
         self.recv_cnt += 1
@@ -381,7 +431,7 @@ class Connection(FrontEnd):
         self.direct = (ch, end - n)
         return n
 
-    def _into_body(self, data: bytes) -> bytes:
+    def _into_body(self, data: bytes | memoryview) -> bytes | memoryview:
         """Bytes read inside a large body frame go into its message's buffer; the frame's last bytes come back
         behind a frame head of their own, for the frame loop to check and complete the message as any frame."""
         assert self.direct is not None  # (the caller tests it)
@@ -770,3 +820,12 @@ def octets(payload: bytes | bytearray) -> str:
 def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
     """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
     return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
+
+
+def read_buffer() -> memoryview:
+    """The thread's read buffer, which its connections share: each read's bytes are copied out of it before the
+    next read."""
+    view = getattr(_reads, "view", None)
+    if view is None:
+        view = _reads.view = memoryview(bytearray(READ_SIZE))
+    return view

@@ -153,7 +153,7 @@ class TlsListener:
     accepted socket enters ``pool`` and has its handshake run by ``connect_accepted_socket``, and the protocol
     ``factory`` makes then enters the pool in its turn (``FrontEnd.connection_made``)."""
 
-    def __init__(self, factory: Callable[[], asyncio.Protocol], sock: socket.socket, context: ssl.SSLContext,
+    def __init__(self, factory: Callable[[], asyncio.BaseProtocol], sock: socket.socket, context: ssl.SSLContext,
                  pool: Unauthenticated) -> None:
         self.factory = factory
         self.sock = sock
@@ -194,7 +194,7 @@ class TlsListener:
         """(``asyncio.Server``'s, which aiohttp's sites await)"""
 
 
-async def listen_tls(factory: Callable[[], asyncio.Protocol], host: str, port: int, context: ssl.SSLContext,
+async def listen_tls(factory: Callable[[], asyncio.BaseProtocol], host: str, port: int, context: ssl.SSLContext,
                      pool: Unauthenticated) -> TlsListener:
     """Serve TLS on ``host:port`` (:class:`TlsListener`)."""
     loop = asyncio.get_running_loop()
@@ -399,7 +399,7 @@ class Registry(Protocol):
         """Keep the counters of a channel, session or connection of ``protocol`` that is gone."""
 
 
-class FrontEnd(asyncio.Protocol):
+class FrontEnd(asyncio.BaseProtocol):
     """One connection of a front end.  A subclass sets ``kind`` and the pre-login frame size it reads
     (``frame_max``, raised at login), implements :meth:`opened` (the connection is made, its TLS handshake done)
     and :meth:`read_on` (handle the frames already read), counts the frames it handles against
@@ -421,6 +421,11 @@ class FrontEnd(asyncio.Protocol):
         self._turn: asyncio.Handle | None = None
 
     # -- life cycle ------------------------------------------------------------------------------
+
+    def eof_received(self) -> bool | None:
+        """(``asyncio.Protocol``'s: the transport closes.  A front end is no ``asyncio.Protocol``, so that one
+        may read into buffers of its own, an ``asyncio.BufferedProtocol``.)"""
+        return None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # a TCP connection's

@@ -64,7 +64,7 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority", "counted", "filter_set")
+                 "unacked", "prefix", "priority", "counted", "filter_set", "sends_from")
 
     def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -80,6 +80,7 @@ class Consumer:
         self.priority = priority  # x-priority
         self.counted = queue.counts_deliveries  # its deliveries' header is the queue's (delivery_header)
         self.filter_set: bytes | None = None  # an AMQP 1.0 consumer's filters, encoded, for a stream's owner to apply
+        self.sends_from = 0  # stored bodies this large it sends from the store's file, unread (0: none; ``took``)
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:
@@ -462,7 +463,7 @@ class Queue:
                 else:
                     self.stats.deliver += 1
                     consumer.unacked += 1  # against its prefetch until settled (Broker.settle_taken)
-                consumer.channel.deliver(consumer, self.take(entry, consumer.no_ack))
+                consumer.channel.deliver(consumer, self.take(entry, consumer.no_ack, consumer.sends_from))
             group.rr = i
 
     def pop_ready(self) -> Entry | None:
@@ -480,25 +481,28 @@ class Queue:
                     continue
             return entry
 
-    def take(self, entry: Entry, no_ack: bool) -> Entry:
+    def take(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> Entry:
         """An entry leaves the ready list for a consumer or basic.get (a type that overrides ``forget`` overrides
         this too: its storage goes on the ready list's own, one call less on the delivery path)."""
-        self.took(entry, no_ack)
+        self.took(entry, no_ack, sends_from)
         if no_ack:
             self.ready.forget(entry)
         elif entry.message.msg_id and self.rows is not None and not entry.redelivered:
             self.rows.delivered(self, entry)
         return entry
 
-    def took(self, entry: Entry, no_ack: bool) -> None:
-        """What ``take`` counts, and the body it loads; its storage is the caller's."""
+    def took(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> None:
+        """What ``take`` counts, and the body it loads; its storage is the caller's.  A body the consumer sends
+        from the store's file (``sends_from``: one this large, stored, for manual ack: its store reference
+        outlives the send) is not read back: a redelivery of a large body costs no copy of it."""
         message = entry.message
         if entry.redelivered:
             self.stats.redeliver += 1
         ready = self.ready
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
-        if message.body is None:
+        if message.body is None and (no_ack or not 0 < sends_from <= message.body_size or not message.msg_id
+                                     or message.header is None):  # (recovered: no header yet either)
             self.host.load_body(message)
         if not no_ack:
             self.unacked += 1

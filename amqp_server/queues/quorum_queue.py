@@ -464,7 +464,8 @@ class QuorumQueue(Queue):
         if self.replicator is not None:
             self.replicator.flush()
 
-    def take(self, entry: Entry, no_ack: bool) -> Entry:
+    def take(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> Entry:
+        """(Bodies are read back for every delivery, ``sends_from`` or not: the replicas' store sends none.)"""
         seq = entry.seq
         self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)

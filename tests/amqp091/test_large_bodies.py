@@ -225,6 +225,59 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
         assert all(data == body(size + number) for number, data in enumerate(again))
 
 
+def read_octets(broker) -> int:
+    """What the node's reads took from files and sockets (a ``sendfile`` counts in not)."""
+    with open(f"/proc/{broker.proc.pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+@pytest.mark.parametrize("how, arguments", [("nack", {}), ("close", {}), ("close", {"x-max-priority": 10})],
+                         ids=["nack", "close", "priority"])
+def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, arguments):
+    """Large persistent bodies sent for manual ack and requeued (a nack, the channel closed) come back
+    byte-exact and flagged redelivered, sent from the store's file as their first delivery was, not read back
+    into memory first."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    count, size = 3, 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True, arguments=arguments)
+        channel.confirm_delivery()
+        for number in range(count):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        first = connection.channel()
+        first.basic_qos(prefetch_count=10)
+        held: list[int] = []
+        first.basic_consume(uid, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
+        deadline = time.monotonic() + 60
+        while len(held) < count and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+        assert len(held) == count
+        if how == "nack":
+            first.basic_cancel(first.consumer_tags[0])
+            first.basic_nack(held[-1], multiple=True, requeue=True)
+        first.close()
+        before = read_octets(broker)
+        again = connection.channel()
+        again.basic_qos(prefetch_count=10)
+        got: list[tuple[bool, bytes]] = []
+
+        def on_message(ch, method, _properties, data):
+            got.append((method.redelivered, data))
+            ch.basic_ack(method.delivery_tag)
+
+        again.basic_consume(uid, on_message)
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+        read = read_octets(broker) - before
+    assert [redelivered for redelivered, _data in got] == [True] * count
+    assert [data == body(size + number) for number, (_redelivered, data) in enumerate(got)] == [True] * count
+    sent = sum(size + number for number in range(count))
+    assert read < sent // 2, f"{read} octets read to send {sent}"
+
+
 def refusal_of(node, declared: int) -> commands.Channel.Close:
     """What the node answers a header declaring ``declared`` body octets, no body octet sent."""
     raw = Raw(node, timeout=10)
@@ -368,3 +421,25 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
             raw.close()
         channel.queue_delete(uid)
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
+
+
+def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued(start_broker, uid):
+    """Confirmed large bodies are there after ``kill -9`` (recovered: route, header and body in the store), and
+    requeued once delivered they come back byte-exact again."""
+    node = start_broker()
+    with connect(node) as connection:
+        connection.channel().queue_declare(uid, durable=True)
+        publish_all(connection, uid, delivery_mode=2)
+    node.kill()
+    node = start_broker(data_dir=node.data_dir)
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=100)
+        held: list[int] = []
+        channel.basic_consume(uid, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
+        deadline = time.monotonic() + 60
+        while len(held) < len(SIZES) and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+        assert len(held) == len(SIZES)
+        channel.close()  # all back in the queue
+        assert_bodies(consume(connection, uid))

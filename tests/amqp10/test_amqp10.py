@@ -745,7 +745,7 @@ _FRAMES = st.one_of(_SHAPED, _SHAPED, _PERFORMATIVES, st.binary(max_size=40),
 class Transport(asyncio.Transport):
     """A loopback client's socket that keeps what is written."""
 
-    def __init__(self, protocol: asyncio.Protocol) -> None:
+    def __init__(self, protocol: asyncio.BaseProtocol) -> None:
         super().__init__()
         self.protocol = protocol
         self.written = bytearray()

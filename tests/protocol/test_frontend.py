@@ -37,7 +37,7 @@ class Transport(FakeTransport):
     """A socket whose peer reads nothing: what is written stays, and past the high-water mark the protocol is told
     to pause writing, as asyncio's transports do."""
 
-    def __init__(self, protocol: asyncio.Protocol) -> None:
+    def __init__(self, protocol: asyncio.BaseProtocol) -> None:
         super().__init__(protocol)
         self.high = 64 * 1024
         self.full = False

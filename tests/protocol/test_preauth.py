@@ -111,7 +111,7 @@ def test_throttle_logs_a_burst_then_counts_what_it_left_out(node_log):
 
 
 class FakeTransport(asyncio.Transport):
-    def __init__(self, protocol: asyncio.Protocol) -> None:
+    def __init__(self, protocol: asyncio.BaseProtocol) -> None:
         super().__init__()
         self.protocol = protocol
         self.written = bytearray()
