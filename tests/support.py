@@ -63,11 +63,13 @@ def publish_to(node: Any, routing_key: str, bodies: Iterable[Body], exchange: st
         publish(channel, routing_key, bodies, exchange, mandatory, **properties)
 
 
-def publish_pipelined(node: Any, routing_key: str, bodies: Iterable[Body], exchange: str = "", declare: bool = False,
-                      mandatory: bool = False, timeout: float = 120.0, **properties: Any) -> None:
+def publish_pipelined(node: Any, routing_key: str, bodies: Iterable[Body | tuple[Body, pika.BasicProperties]],
+                      exchange: str = "", declare: bool = False, mandatory: bool = False, timeout: float = 120.0,
+                      **properties: Any) -> None:
     """As ``publish_to``, every message confirmed (a nack or, ``mandatory``, a return fails the test), but all are
     sent before the first confirm is awaited: no round trip and fsync each, which took minutes for thousands
-    on a loaded machine.  For filling a queue; where a test needs each publish to wait, ``publish_to``."""
+    on a loaded machine.  For filling a queue; where a test needs each publish to wait, ``publish_to``.  A
+    (body, properties) pair has properties of its own."""
     sent = pika.BasicProperties(**properties)
     with connect(node) as connection:
         blocking = connection.channel()
@@ -93,9 +95,10 @@ def publish_pipelined(node: Any, routing_key: str, bodies: Iterable[Body], excha
         while not selected:
             assert time.monotonic() < deadline, "no confirm.select-ok"
             connection.process_data_events(time_limit=0.1)
-        for tag, body in enumerate(bodies, 1):
+        for tag, item in enumerate(bodies, 1):
+            body, own = item if isinstance(item, tuple) else (item, sent)
             pending.add(tag)
-            channel.basic_publish(exchange, routing_key, body.encode() if isinstance(body, str) else body, sent,
+            channel.basic_publish(exchange, routing_key, body.encode() if isinstance(body, str) else body, own,
                                   mandatory=mandatory)
         while pending and not failed:
             assert time.monotonic() < deadline, f"{len(pending)} publishes unconfirmed after {timeout} s"

@@ -22,7 +22,7 @@ from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
 from forwarder.quorum import groups as quorum
-from support import delivery_tag, drain_consumed, drain_from as drain, publish_pipelined, publish_to
+from support import delivery_tag, drain_from as drain, publish_to
 
 publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
 
@@ -360,7 +360,7 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
              timeout=20)
     assert leader_of(n3, uid) == NAMES[2]
-    assert drain_consumed(n3, uid) == [b"first", *bodies]
+    assert drain(n3, uid) == [b"first", *bodies]
 
 
 def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(nodes, uid):
@@ -372,7 +372,7 @@ def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(n
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
     wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
     before = [b"m%05d" % i for i in range(3000)]
-    publish_pipelined(n1, uid, before, mandatory=True, delivery_mode=2)
+    publish_all_then_confirm(n1, uid, before)
     wait_for(lambda: lag(n1, uid, NAMES[1]) == 0 and lag(n1, uid, NAMES[2]) == 0, "followers in step")
     n1.kill()  # nodes 2 and 3 have the same position: node 3 leads (the name that sorts last)
     wait_for(lambda: leader_of(n2, uid) == NAMES[2] and leader_of(n3, uid) == NAMES[2], "node 3 leads", timeout=20)
@@ -384,7 +384,7 @@ def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(n
     n3.kill()
     n1.start()  # its copy is of the first term, node 2's of the second: node 2 leads
     wait_for(lambda: leader_of(n1, uid) == NAMES[1] and leader_of(n2, uid) == NAMES[1], "node 2 leads", timeout=30)
-    assert drain_consumed(n2, uid) == before + after
+    assert drain(n2, uid) == before + after
 
 
 def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, uid):
@@ -531,7 +531,7 @@ def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
                                            arguments={**QUORUM, "x-quorum-initial-group-size": 2})
     wait_for(lambda: api(n2, f"/queues/%2F/{uid}")["members"] == NAMES[:2], "a group of two")
     first = [b"a%05d" % i for i in range(10000)]
-    publish_pipelined(n1, uid, first, mandatory=True, delivery_mode=2)
+    publish_all_then_confirm(n1, uid, first)
     later = [b"b%05d" % i for i in range(1000)]
     acked: list[bytes] = []
 
@@ -561,7 +561,7 @@ def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:], "a new leader", timeout=20)
     assert leader_of(n3, uid) == NAMES[2]  # same positions: the tie goes to node 3, whose copy is the snapshot's
     expected = sorted(set(first + later) - set(acked))
-    assert sorted(drain_consumed(n3, uid)) == expected
+    assert sorted(drain(n3, uid)) == expected
 
 
 def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
@@ -570,10 +570,10 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
     wait_for(lambda: leader_of(n3, uid) == NAMES[0], "leader known")
     bodies = [b"m%04d" % i for i in range(3000)]
-    publish_pipelined(n1, uid, bodies[:1000], mandatory=True, delivery_mode=2)
+    publish_all_then_confirm(n1, uid, bodies[:1000])
     n3.kill()
     shutil.rmtree(n3.data_dir)  # its disk is lost
-    publish_pipelined(n2, uid, bodies[1000:], mandatory=True, delivery_mode=2)
+    publish_all_then_confirm(n2, uid, bodies[1000:])
     n3.start()
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
     assert f"{NAMES[2]} takes a snapshot of / {uid}" in n1.log().replace("\0", " ")
@@ -581,7 +581,7 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
              timeout=20)
     assert leader_of(n3, uid) == NAMES[2]
-    assert drain_consumed(n3, uid) == bodies
+    assert drain(n3, uid) == bodies
 
 
 async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_whole(tmp_path):
