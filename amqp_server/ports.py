@@ -109,9 +109,10 @@ class Replicator(Protocol[OpT]):
     def flush(self) -> None:
         """Send what was reported so far now (else it goes at the end of the loop turn)."""
 
-    @property
-    def live(self) -> bool:
-        """This node surely still leads (its lease is alive): the queue may deliver."""
+    def allowance(self, window: int) -> int:
+        """How many deliveries the queue may make now, to consumers whose prefetch adds up to ``window``: none
+        unless this node surely still leads (its lease is alive); the replicator asks the queue to deliver again
+        (``deliver_ready``) once it may make more."""
 
 
 class ShovelRunner(Protocol):

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 DELIVERY_COUNT = "x-delivery-count"
 DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no queue took
 REFUSED_MAX = 1024  # enqueuers whose latest refused publish the leader keeps in mind
+UNLIMITED_WINDOW = 1000  # a consumer with no prefetch, as many deliveries wait for a majority (``_window``)
 HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them to take back (``adopt``)
 
 
@@ -74,6 +75,7 @@ class QuorumQueue(Queue):
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._grace_timer: asyncio.TimerHandle | None = None
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
+        self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
@@ -350,6 +352,13 @@ class QuorumQueue(Queue):
     def pop_ready(self) -> Entry | None:
         """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
         what is due is expired first."""
+        allowed = self._allowed
+        if allowed >= 0:  # (delivering: ``deliver_ready``)
+            if not allowed and self.replicator is not None:  # (what it allowed is used up: any more?)
+                allowed = self.replicator.allowance(self._window())
+                if not allowed:
+                    return None
+            self._allowed = allowed - 1
         state = self.state
         seq = machine.next_ready(state)
         if seq is None:
@@ -424,13 +433,25 @@ class QuorumQueue(Queue):
         super().recover(count, size, last_seq, ())
 
     def deliver_ready(self) -> None:
-        """Deliver, unless this leader may have been deposed (``Replicator.live``): it would go on feeding its
-        consumers what no majority will ever have, all of it delivered again by the next leader."""
+        """Deliver as many as the replicator allows (``Replicator.allowance``): a leader that may have been
+        deposed would go on feeding its consumers what no majority will ever have, all of it delivered again by
+        the next leader."""
         replicator = self.replicator
-        if replicator is not None and not replicator.live:
+        if replicator is None:
+            super().deliver_ready()
             return
-        super().deliver_ready()
-        self._ship()
+        allowed = replicator.allowance(self._window())
+        if allowed:
+            self._allowed = allowed
+            try:
+                super().deliver_ready()
+            finally:
+                self._allowed = -1
+            self._ship()
+
+    def _window(self) -> int:
+        """What the consumers may hold: their prefetch added up (``UNLIMITED_WINDOW`` for one with none)."""
+        return sum(consumer.prefetch or UNLIMITED_WINDOW for consumer in self.consumers)
 
     def get(self, no_ack: bool) -> Entry | None:
         entry = super().get(no_ack)

@@ -69,6 +69,7 @@ LEASE_TTL = 3  # seconds: a dead leader's keys go this long after its last refre
 ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
+PASSED_OVER = 2.0  # a copy ahead of a majority's waits this long for a copy further ahead to claim (``_stand``)
 RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
 CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
 CATCH_UP_TRIES = 5  # how many times at most, while its copy does not move
@@ -526,8 +527,12 @@ class QuorumGroups:
             group.electing = asyncio.get_running_loop().create_task(self._election(group))
 
     async def _election(self, group: Group) -> None:
-        """Write our position; once a majority has, the highest claims the key; until a leader is known (the
-        watch tells, or a claim lost finds it), the queue is gone, or this node is no member of it.  An etcd
+        """Write our position; once a majority has, the highest claims the key — or, should it not within
+        ``PASSED_OVER`` seconds (a node too slow, or killed again, as it comes back), a copy at or past the
+        positions of a majority, ours among them, as a Raft candidate needs the votes of a majority whose logs
+        are no further ahead: whatever a majority has, one of them has, so that copy has it too.  Until a
+        leader is known (the watch tells, or a claim lost finds it), the queue is gone, or this node is no
+        member of it.  An etcd
         error is tried again, and the position is written again under each new lease (those under a lapsed
         one are gone).  Then our position is withdrawn (``_withdraw``), and if the leader went meanwhile, this
         node stands again."""
@@ -546,6 +551,7 @@ class QuorumGroups:
         loop = asyncio.get_running_loop()
         written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
         deadline = 0.0
+        passed_over = 0.0  # (loop time) since when a copy further ahead has not claimed, 0: none is
         while self._standing(group):
             lease = self.lease
             try:
@@ -557,11 +563,19 @@ class QuorumGroups:
                 ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
                            for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
                 ballots = {name: b for name, b in ballots.items() if name in group.members}
-                if written is not None and len(ballots) > len(group.members) // 2 and ballot[2]:
+                half = len(group.members) // 2
+                if written is not None and len(ballots) > half and ballot[2]:
                     best = max((name for name, b in ballots.items() if b[2]),
                                key=lambda name: (ballots[name][:2], name))
-                    if best == self.name and all(ballot[:2] >= b[:2] for b in ballots.values()):
+                    behind = sum(ballot[:2] >= b[:2] for b in ballots.values())  # (ours among them)
+                    if best == self.name and behind == len(ballots):
                         await self._claim_or_follow(group)
+                    elif behind > half:
+                        passed_over = passed_over or loop.time()
+                        if loop.time() - passed_over >= PASSED_OVER:
+                            await self._claim_or_follow(group)
+                    else:
+                        passed_over = 0.0
             except aetcd.ClientError as exc:
                 log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
                 written = None

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import struct
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -61,8 +62,10 @@ RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
-PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``Replicator.live``)
-UNCOMMITTED_DELIVERIES = 100  # deliveries a leader makes that no majority has yet, at most (``Replicator.live``)
+PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``allowance``)
+UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has yet: at most its consumers' prefetch,
+# or this (``allowance``)
+UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
 
 
@@ -183,12 +186,15 @@ class OpLogShipper:
         self.log = group.history  # this term's latest ops, after those the copy applied before
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
-        self.committed = 0  # the highest index a majority has, as their answers tell (the copy's own need not be)
+        self.committed = 0  # the highest index a majority has durably, as their answers and our group commits tell
+        self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
+        self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
-        # when a majority last answered, or ops began to wait for one; deliveries stopped since (``live``)
+        # when a majority last answered, or ops began to wait for one; deliveries stopped since (``allowance``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
         self._scheduled = False
+        self._written_at(index)  # (the copy the term starts from may still wait for its group commit)
         for follower in self.followers.values():
             self.probe(follower)
 
@@ -235,9 +241,31 @@ class OpLogShipper:
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
         group.applied_term, group.applied = self.term, self.index
         self.groups.broker.replicas.position(group.index_id, self.term, self.index, self.queue.state.enqueuers)
+        self._written_at(self.index)
         for follower in self.followers.values():
             if follower.joined:
                 self._send(follower, frame)
+
+    def _written_at(self, index: int) -> None:
+        """The leader's copy stands at ``index`` once the group commit staged now is on disk: until then it
+        counts toward no majority, as a Raft leader counts its own log only once written (a confirm must
+        survive a power loss of the members it counts, not only their processes' deaths)."""
+        persistence = self.groups.broker.persistence
+        persistence.stage()
+        self._writing.append((persistence.batch, index))
+        persistence.waiters.add(self)
+
+    def synced(self, batch: int) -> None:
+        """A group commit is on disk (``Persistence.waiters``): the leader's copy is durable as far as it covers."""
+        writing = self._writing
+        written = self.written
+        while writing and writing[0][0] <= batch:
+            written = writing.popleft()[1]
+        if not writing:
+            self.groups.broker.persistence.waiters.discard(self)
+        if written > self.written:
+            self.written = written
+            self._advance()
 
     def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
         key = self.group.key.encode()
@@ -385,7 +413,11 @@ class OpLogShipper:
         if follower is None:
             return
         follower.match = max(follower.match, index)
-        matches = sorted([self.index] + [f.match for f in self.followers.values()], reverse=True)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Commit what a majority of the copies, the leader's own among them, has on disk."""
+        matches = sorted([self.written] + [f.match for f in self.followers.values()], reverse=True)
         committed = matches[len(self.group.members) // 2]  # the highest index a majority has
         if committed <= self.committed:
             return
@@ -413,23 +445,28 @@ class OpLogShipper:
             done += 1
         del pending[:done]
 
-    @property
-    def live(self) -> bool:
-        """Deliveries go on while the lease is sure, and a majority answers: ops wait for one no longer than
-        ``PROGRESS`` seconds, and no more than ``UNCOMMITTED_DELIVERIES`` deliveries wait for one.  A leader
-        cut off from its followers would otherwise deliver (and take acks) on for as long as etcd keeps it, or
-        as fast as its consumers ack for ``PROGRESS`` seconds (thousands), none of which it can commit: the
-        next leader would deliver all of it again.  (A ``rabbit_fifo`` leader delivers only what committed
-        commands check out: a consumer's settles must commit before it is given more.)"""
+    def allowance(self, window: int) -> int:
+        """Deliveries go on while the lease is sure and a majority answers: ops wait for one no longer than
+        ``PROGRESS`` seconds, and no more than the consumers' ``window`` (their prefetch, at least
+        ``UNCOMMITTED_DELIVERIES``) of deliveries wait for one.  A leader cut off from its followers would
+        otherwise deliver (and take acks) on for as long as etcd keeps it, or as fast as its consumers ack for
+        ``PROGRESS`` seconds (thousands), none of which it can commit: the next leader would deliver all of it
+        again.  A ``rabbit_fifo`` leader delivers only what committed commands check out (a consumer's settles
+        commit before it is given more): a deposed leader's consumer is delivered again at most its window
+        there, twice that here, at as many deliveries per commit.  Once none is allowed, the next commit
+        delivers again."""
         if not self.groups.lease_sure:
-            return False
-        if self.committed >= self.index or not self.followers:
-            return True
-        if (len(self.checkouts) < UNCOMMITTED_DELIVERIES
-                and asyncio.get_running_loop().time() - self._progress <= PROGRESS):
-            return True
+            return self._stall()
+        if not self.followers:
+            return UNBOUNDED
+        if self.committed < self.index and asyncio.get_running_loop().time() - self._progress > PROGRESS:
+            return self._stall()
+        room = max(window, UNCOMMITTED_DELIVERIES) - len(self.checkouts)
+        return room if room > 0 else self._stall()
+
+    def _stall(self) -> int:
         self._stalled = True
-        return False
+        return 0
 
     @property
     def lag(self) -> dict[str, int]:
@@ -440,6 +477,8 @@ class OpLogShipper:
         their confirms (the caller passes them on to the next leader, or refuses them)."""
         for follower in self.followers.values():
             self._stop_snapshot(follower)
+        self._writing.clear()
+        self.groups.broker.persistence.waiters.discard(self)
         pending, self.pending = self.pending, []
         return [(sink, seq, op) for _, sink, seq, op in pending]
 
