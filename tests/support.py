@@ -63,6 +63,50 @@ def publish_to(node: Any, routing_key: str, bodies: Iterable[Body], exchange: st
         publish(channel, routing_key, bodies, exchange, mandatory, **properties)
 
 
+def publish_pipelined(node: Any, routing_key: str, bodies: Iterable[Body | tuple[Body, pika.BasicProperties]],
+                      exchange: str = "", declare: bool = False, mandatory: bool = False, timeout: float = 120.0,
+                      **properties: Any) -> None:
+    """As ``publish_to``, every message confirmed (a nack or, ``mandatory``, a return fails the test), but all are
+    sent before the first confirm is awaited: no round trip and fsync each, which took minutes for thousands
+    on a loaded machine.  For filling a queue; where a test needs each publish to wait, ``publish_to``.  A
+    (body, properties) pair has properties of its own."""
+    sent = pika.BasicProperties(**properties)
+    with connect(node) as connection:
+        blocking = connection.channel()
+        if declare:
+            blocking.queue_declare(routing_key, durable=True)
+        channel = beneath(blocking)  # BlockingChannel waits for each confirm
+        pending: set[int] = set()
+        failed: list[str] = []
+        selected: list[bool] = []
+
+        def on_confirm(frame: Any) -> None:
+            method = frame.method
+            settled = [tag for tag in pending if tag <= method.delivery_tag] if method.multiple \
+                else [method.delivery_tag]
+            pending.difference_update(settled)
+            if isinstance(method, Basic.Nack):
+                failed.append(f"nacked: {sorted(settled)[:10]}")
+
+        channel.add_on_return_callback(lambda _ch, method, _props, body: failed.append(
+            f"returned {body[:40]!r}: {method.reply_code} {method.reply_text}"))
+        channel.confirm_delivery(on_confirm, lambda _frame: selected.append(True))
+        deadline = time.monotonic() + timeout
+        while not selected:
+            assert time.monotonic() < deadline, "no confirm.select-ok"
+            connection.process_data_events(time_limit=0.1)
+        for tag, item in enumerate(bodies, 1):
+            body, own = item if isinstance(item, tuple) else (item, sent)
+            pending.add(tag)
+            channel.basic_publish(exchange, routing_key, body.encode() if isinstance(body, str) else body, own,
+                                  mandatory=mandatory)
+        while pending and not failed:
+            assert time.monotonic() < deadline, f"{len(pending)} publishes unconfirmed after {timeout} s"
+            connection.process_data_events(time_limit=0.1)
+        connection.process_data_events(time_limit=0)  # a return comes before its ack: seen by now
+        assert not failed, failed[:5]
+
+
 @contextmanager
 def channel_on(node: Any, confirm: bool = False) -> Iterator[BlockingChannel]:
     """A channel on a connection of its own to ``node``, closed after; ``confirm``: in confirm mode."""
@@ -118,6 +162,34 @@ def drain_from(node: Any, queue: str, keep: Callable[[Got], Any] = body_of) -> l
     """``drain`` (auto-acked) on a connection of its own to ``node``."""
     with channel_on(node) as channel:
         return drain(channel, queue, keep=keep)
+
+
+def drain_consumed(node: Any, queue: str, keep: Callable[[Got], Any] = body_of, timeout: float = 120.0) -> list[Any]:
+    """``drain_from``, but the messages the first basic.get says are left behind it come through a consumer (a
+    basic.get each, one round trip, took minutes for thousands on a loaded machine), then basic.get until the
+    queue is empty: what the consumer leaves unacked goes back first.  For emptying deep queues; a test of
+    basic.get itself uses ``drain_from``."""
+    with channel_on(node) as channel:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return []
+        assert properties is not None and body is not None  # (with a method)
+        got = [keep(Got(body, properties, bool(method.redelivered)))]
+        count = 1 + (method.message_count or 0)
+        deadline = time.monotonic() + timeout
+        last = 0
+        for deliver, properties, body in channel.consume(queue, inactivity_timeout=1.0) if count > 1 else ():
+            if deliver is not None:
+                assert properties is not None and body is not None and deliver.delivery_tag is not None
+                got.append(keep(Got(body, properties, bool(deliver.redelivered))))
+                last = deliver.delivery_tag
+            if len(got) >= count or time.monotonic() > deadline:
+                break
+        if last:
+            channel.basic_ack(last, multiple=True)
+        if count > 1:
+            channel.cancel()  # (what came after ``count``: requeued, got below)
+        return got + drain(channel, queue, keep=keep)
 
 
 def channel_closed(excinfo: Any, code: int, text: str | None = None) -> None:

@@ -4,6 +4,7 @@ mid-transfer under ack-mode on-confirm (nothing lost), a queue that pulls from i
 consumer."""
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -11,9 +12,8 @@ import pika
 import pytest
 
 from conftest import connect
-from support import assert_error, call, channel_on
+from support import assert_error, call, publish_pipelined
 from test_shovel import depth, drain, wait_for
-import support
 
 UPSTREAM = "/api/parameters/federation-upstream/%2F/"
 N = 1000
@@ -55,11 +55,13 @@ def declare(node, exchange: str, queue: str, key: str, kind: str = "topic") -> N
     connection.close()
 
 
-def publish(node, exchange: str, keys: list[str], persistent: bool = False) -> None:
+def publish(node, exchange: str, keys: list[str]) -> None:
     """Message i to ``exchange`` with routing key keys[i], confirmed."""
-    with channel_on(node, confirm=True) as channel:
-        for i, key in enumerate(keys):
-            support.publish(channel, key, [str(i)], exchange, delivery_mode=2 if persistent else None, user_id="guest")
+    start = 0
+    for key, run in itertools.groupby(keys):
+        count = len(list(run))
+        publish_pipelined(node, key, [str(i) for i in range(start, start + count)], exchange, user_id="guest")
+        start += count
 
 
 def settled(node, queue: str, count: int, what: str) -> None:

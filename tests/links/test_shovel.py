@@ -16,9 +16,9 @@ from amqp_server.definition_store import DefinitionStore
 from conftest import connect, free_port
 from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node
-from support import assert_error, call, drain_from, publish_to
+from support import assert_error, call, drain_consumed, publish_pipelined
 
-drain = partial(drain_from, keep=lambda got: (got.body, got.properties))
+drain = partial(drain_consumed, keep=lambda got: (got.body, got.properties))
 
 SHOVEL = "/api/parameters/shovel/%2F/"
 N = 3000
@@ -36,8 +36,8 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> Any:
 
 def publish(node, queue: str, count: int, start: int = 0) -> None:
     """``count`` persistent messages, numbered from ``start``, to a durable ``queue``."""
-    publish_to(node, queue, [str(i) for i in range(start, start + count)], declare=True, delivery_mode=2,
-               headers={"kept": True}, content_type="text/plain")
+    publish_pipelined(node, queue, [str(i) for i in range(start, start + count)], declare=True, delivery_mode=2,
+                      headers={"kept": True}, content_type="text/plain")
 
 
 def depth(node, queue: str) -> int:

@@ -372,7 +372,7 @@ def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(n
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
     wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
     before = [b"m%05d" % i for i in range(3000)]
-    publish(n1, uid, before)
+    publish_all_then_confirm(n1, uid, before)
     wait_for(lambda: lag(n1, uid, NAMES[1]) == 0 and lag(n1, uid, NAMES[2]) == 0, "followers in step")
     n1.kill()  # nodes 2 and 3 have the same position: node 3 leads (the name that sorts last)
     wait_for(lambda: leader_of(n2, uid) == NAMES[2] and leader_of(n3, uid) == NAMES[2], "node 3 leads", timeout=20)
@@ -531,7 +531,7 @@ def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
                                            arguments={**QUORUM, "x-quorum-initial-group-size": 2})
     wait_for(lambda: api(n2, f"/queues/%2F/{uid}")["members"] == NAMES[:2], "a group of two")
     first = [b"a%05d" % i for i in range(10000)]
-    publish(n1, uid, first)
+    publish_all_then_confirm(n1, uid, first)
     later = [b"b%05d" % i for i in range(1000)]
     acked: list[bytes] = []
 
@@ -570,10 +570,10 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
         connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
     wait_for(lambda: leader_of(n3, uid) == NAMES[0], "leader known")
     bodies = [b"m%04d" % i for i in range(3000)]
-    publish(n1, uid, bodies[:1000])
+    publish_all_then_confirm(n1, uid, bodies[:1000])
     n3.kill()
     shutil.rmtree(n3.data_dir)  # its disk is lost
-    publish(n2, uid, bodies[1000:])
+    publish_all_then_confirm(n2, uid, bodies[1000:])
     n3.start()
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
     assert f"{NAMES[2]} takes a snapshot of / {uid}" in n1.log().replace("\0", " ")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLIENT, ROOT, starts, unavailable
-from support import publish_to
+from support import publish_pipelined, publish_to
 
 publish = partial(publish_to, declare=True)
 
@@ -316,7 +316,8 @@ def test_records_of_the_columns_asked_for_from_memory_and_from_disk(start_broker
     """``columns=``: batches of those columns only, in the schema's order, whether the rows come from memory or
     from a reader process (the queue's window is 16); an unknown column is a 400 naming it."""
     node = start_broker("--queue-window", "16")
-    publish(node, "few", [f"m{i}".encode() for i in range(3000)], delivery_mode=2, content_type="text/plain")
+    publish_pipelined(node, "few", [f"m{i}".encode() for i in range(3000)], declare=True, delivery_mode=2,
+                      content_type="text/plain")
     batches = _records(node, "few", "columns=body,content_type,offset")
     assert {tuple(b.schema.names) for b in batches} == {("offset", "body", "content_type")}
     assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(3000))

@@ -26,7 +26,8 @@ from amqp_server.spark_bridge.record_stream import _locator
 from amqp_server.queues.stream_queue import StreamQueue
 from queue_index import QueueIndex
 
-from support import call, local
+from conftest import connect
+from support import call, local, publish_pipelined
 from test_paging import WINDOW, bodies, send, settle
 
 
@@ -51,17 +52,11 @@ def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
     transient messages alike, expired ones left out, properties as published, a batch's records in many
     segments of both stores; a reader killed mid-way is replaced and the read answered all the same."""
     node = start_broker("--queue-window", "16", "--segment-size", "65536")  # a batch spans segments
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
-    channel = connection.channel()
-    channel.queue_declare("deep", durable=True)
-    channel.confirm_delivery()
-    expected = []
-    for i in range(9000):
-        expiring = i % 100 == 7
-        channel.basic_publish("", "deep", b"m%d" % i, pika.BasicProperties(
-            delivery_mode=2 if i % 3 else 1, expiration="1" if expiring else None, message_id=f"id{i}"))
-        if not expiring:
-            expected.append(i)
+    expiring = {i for i in range(9000) if i % 100 == 7}
+    publish_pipelined(node, "deep", [(b"m%d" % i, pika.BasicProperties(
+        delivery_mode=2 if i % 3 else 1, expiration="1" if i in expiring else None, message_id=f"id{i}"))
+        for i in range(9000)], declare=True)
+    expected = [i for i in range(9000) if i not in expiring]
     time.sleep(0.05)
 
     def read(**query) -> pa.Table:
@@ -84,7 +79,6 @@ def test_records_of_the_part_on_disk_come_from_a_reader_process(start_broker):
     assert table.column("offset").to_pylist() == [i for i in expected if 100 <= i < 2900][:2000]
     assert table.column("body").to_pylist() == [f"m{i}" for i in expected if 100 <= i < 2900][:2000]
     assert _reader_pids(node)  # replaced
-    connection.close()
 
 
 def test_a_readers_gather_copies_every_range_as_sliced():
@@ -150,13 +144,8 @@ def test_readers_write_to_the_client_in_any_framing_at_any_speed(start_broker):
     HTTP/1.0 client; a client too slow to take it gets the rest from the loop, the same bytes; a client
     that goes away mid-read changes nothing for the next."""
     node = start_broker("--queue-window", "16")
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
-    channel = connection.channel()
-    channel.queue_declare("deep", durable=True)
-    channel.confirm_delivery()
     bodies = [bytes([i % 251]) * 2048 + b"%d" % i for i in range(2000)]
-    for body in bodies:
-        channel.basic_publish("", "deep", body, pika.BasicProperties(delivery_mode=2))
+    publish_pipelined(node, "deep", bodies, declare=True, delivery_mode=2)
     path = "/api/queues/%2F/deep/records?batch=700"
 
     def rows(stream: bytes) -> list[bytes]:
@@ -179,7 +168,6 @@ def test_readers_write_to_the_client_in_any_framing_at_any_speed(start_broker):
     for _ in range(3):
         assert rows(_unchunk(_raw_records(node, path)[1])) == bodies
     assert len(_reader_pids(node)) == 2
-    connection.close()
 
 
 async def test_a_reader_whose_request_is_cancelled_is_replaced(tmp_path):
@@ -345,13 +333,10 @@ async def test_a_reader_process_reads_a_streams_chunks_from_its_segment_files(tm
 def test_records_of_a_stream_come_from_a_reader_process(start_broker):
     """/records of a stream: its chunks read by the reader processes, the rows as its AMQP consumers get them."""
     node = start_broker()
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
-    channel = connection.channel()
-    channel.queue_declare("st", durable=True, arguments={"x-queue-type": "stream"})
-    channel.confirm_delivery()
-    for i in range(3000):
-        channel.basic_publish("", "st", b"m%d" % i, pika.BasicProperties(message_id=f"id{i}", delivery_mode=1))
-    connection.close()
+    with connect(node) as connection:
+        connection.channel().queue_declare("st", durable=True, arguments={"x-queue-type": "stream"})
+    publish_pipelined(node, "st", [(b"m%d" % i, pika.BasicProperties(message_id=f"id{i}", delivery_mode=1))
+                                   for i in range(3000)])
 
     def read(**query) -> pa.Table:
         params = "&".join(f"{k}={v}" for k, v in query.items())
