@@ -268,11 +268,12 @@ Op = LogOp | Restore
 
 @dataclass(slots=True)
 class Store:
-    """Storage: an entry's row, with its message."""
+    """Storage: an entry's row, with its message (and its body's size, which a copy's row keeps: the op knows it)."""
 
     seq: int
     expiry: int
     message: Any
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -471,7 +472,7 @@ def _enqueue(op: Enqueue, state: State) -> Effects:
     state.bytes += size
     if op.expiry:
         _add_deadline(state, seq, op.expiry)
-    return (Store(seq, op.expiry, op.message),)
+    return (Store(seq, op.expiry, op.message, size),)
 
 
 def _add_deadline(state: State, seq: int, expiry: int) -> None:

@@ -532,7 +532,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
     for effect in effects:
         if isinstance(effect, machine.Store):
             if not (idempotent and replicas.has(index_id, effect.seq)):
-                replicas.put(index_id, effect.seq, effect.message, effect.expiry)
+                replicas.put(index_id, effect.seq, effect.message, effect.expiry, size=effect.size)
         elif isinstance(effect, machine.Held):
             replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):
