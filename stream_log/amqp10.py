@@ -40,6 +40,10 @@ _PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correl
 # An AMQP 1.0 publish's properties section as it came, kept as this header when it says what AMQP 0-9-1 properties
 # cannot (``_UNMAPPED``), so an AMQP 1.0 reader gets it back whole (RabbitMQ's name for the same, mc.hrl)
 PROPERTIES_HEADER = "x-amqp-1.0-properties"
+# Its application-properties section as it came, kept when it names an ``x-`` key: an AMQP 1.0 reader and a
+# stream consumer's filters read it as application properties, where the ``x-`` headers of the 0-9-1 model are
+# message annotations (RabbitMQ 4.x keeps the section whatever its keys; the name is RabbitMQ's, mc_amqpl)
+APP_PROPERTIES_HEADER = "x-amqp-1.0-app-properties"
 _UNMAPPED = ("to", "subject", "absolute_expiry_time", "group_id", "group_sequence", "reply_to_group_id")
 MAX_DEPTH = 32
 MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
@@ -327,29 +331,47 @@ def _int(value: Value | None) -> int | None:
     return value.value if 0 <= value.value <= 255 else None
 
 
+_MAX_TIMESTAMP = 253402300799  # the last second a 0-9-1 timestamp (a datetime) holds here: 9999-12-31T23:59:59
+
+
 def _timestamp(value: Value | None) -> datetime.datetime | None:
-    if value is None or value.kind != "timestamp":
+    """A creation-time (ms) as the 0-9-1 timestamp (s), the milliseconds dropped as mc_amqpl's ``V div 1000``
+    drops them; None for one before 1970 or past year 9999 (no 0-9-1 timestamp here holds it)."""
+    if value is None or value.kind != "timestamp" or not 0 <= value.value // 1000 <= _MAX_TIMESTAMP:
         return None
     return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
+
+
+def _lossy_time(value: Value | None) -> bool:
+    """A creation-time the 0-9-1 timestamp does not hold whole (its milliseconds, or out of its range): the
+    properties section is kept, so an AMQP 1.0 reader gets it as sent."""
+    return value is not None and value.kind == "timestamp" and (value.value % 1000 != 0 or _timestamp(value) is None)
+
+
+def _internal(name: str) -> bool:
+    """An annotation RabbitMQ 4.x reads itself and does not make a 0-9-1 header (mc_amqpl:is_internal_header)."""
+    return name.startswith("x-basic-") or name in ("x-routing-key", "x-exchange", "x-death")
 
 
 def _convert(found: list[tuple[int, Value, bytes]], stream: str,
              native: bool = False) -> tuple[str, str, bytes, list[bytes]]:
     """(exchange, routing key, content header, body parts) of a record's sections.  ``native``: a message an
     AMQP 1.0 client published, converted as RabbitMQ 4.x converts it (mc_amqpl): its header section's durable,
-    priority and ttl become delivery-mode, priority and expiration, and its ``x-`` message annotations headers."""
+    priority and ttl become delivery-mode, priority and expiration, its ``x-`` message annotations (but those
+    RabbitMQ reads itself) and its application properties headers, the type the ``x-basic-type`` annotation."""
     props: dict[str, Value] = {}
     header_fields: list[Value] = []
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
     body: list[bytes] = []
-    props_section = b""
+    props_section = app_section = b""
     for descriptor, content, encoded in found:
         if descriptor == PROPERTIES and content.kind == "list":
             props = {name: item for name, item in zip(_PROPERTY_NAMES, content.value)}
             props_section = encoded
         elif descriptor == APPLICATION_PROPERTIES:
             application = _map(content)
+            app_section = encoded
         elif descriptor == MESSAGE_ANNOTATIONS:
             annotations = _map(content)
         elif descriptor == DATA and content.kind == "binary":
@@ -368,18 +390,20 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
         priority = _int(priority_field)
         expiration = str(ttl.value) if ttl.kind == "uint" else None
         for name, value in annotations.items():
-            converted = _field(value) if name.startswith("x-") and name not in ("x-exchange", "x-routing-key") \
-                else None
+            converted = _field(value) if name.startswith("x-") and not _internal(name) else None
             if converted is not None:
                 headers[name] = converted
-        if any(name in props and props[name].kind != "null" for name in _UNMAPPED):
+        if any(name in props and props[name].kind != "null" for name in _UNMAPPED) \
+                or _lossy_time(props.get("creation_time")):
             headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
-    basic_type = application.pop("x-basic-type", None)
-    if native and any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
-        basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: an AMQP 1.0 reader takes them
-    app_id = application.pop("x-basic-app-id", None)
-    if native and props.get("group_id") is not None:
-        app_id = props["group_id"]  # (RabbitMQ 4.x: group-id is app-id)
+        if any(name.startswith("x-") for name in application):
+            headers[APP_PROPERTIES_HEADER] = header_table.Field("x", app_section)
+        # (RabbitMQ 4.x: the type is the annotation's, group-id is app-id; application properties stay as named)
+        basic_type, app_id = annotations.get("x-basic-type"), props.get("group_id")
+        if any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+            basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: a 1.0 reader takes them
+    else:
+        basic_type, app_id = application.pop("x-basic-type", None), application.pop("x-basic-app-id", None)
     for name, value in application.items():
         converted = _field(value)
         if converted is not None:
@@ -775,14 +799,8 @@ _BYTES = [bytes((i,)) for i in range(256)]
 def kept_properties(section: bytes | bytearray) -> list[Value] | None:
     """The fields of a properties section kept in ``PROPERTIES_HEADER``; None if it is not one (a header any
     publisher may set: only a well-formed section goes out as one)."""
-    try:
-        value, end = value_at(bytes(section))
-    except (Invalid, TooLarge):
-        return None
-    if end != len(section) or value.kind != "described" or value.value[0] != PROPERTIES \
-            or value.value[1].kind != "list":
-        return None
-    return value.value[1].value
+    content = _section_content(section, PROPERTIES)
+    return content.value if content is not None else None
 
 
 def _envelope(message: Message, sections_body: bool = False, native: bool = False) -> bytes:
@@ -807,18 +825,22 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     if props.app_id is not None and not native:
         application.append((utf8("x-basic-app-id"), utf8(props.app_id)))
     kept: bytes | None = None  # (native) the properties section the publish had, if kept whole
+    kept_application: bytes | None = None  # (native) and its application-properties section
     if message.has_headers:
-        for name, field in message.typed_headers().items():
-            if native and name == PROPERTIES_HEADER:
-                if field.kind == "x" and kept_properties(field.value) is not None:
-                    kept = bytes(field.value)
-                continue
+        headers = message.typed_headers()
+        if native:
+            kept = _kept_section(headers.pop(PROPERTIES_HEADER, None), PROPERTIES)
+            kept_application = _kept_section(headers.pop(APP_PROPERTIES_HEADER, None), APPLICATION_PROPERTIES)
+        named = _application_names(kept_application) if kept_application is not None else ()
+        for name, field in headers.items():
+            if name in named:
+                continue  # (the kept section says it)
             value = _header_value(field)
             if value is None:
                 continue
             if native and name.startswith("x-"):
                 annotations.append((symbol(name), value))
-            else:
+            elif kept_application is None:
                 application.append((utf8(name), value))
     out = [described(MESSAGE_ANNOTATIONS, encode_map(annotations))]
     values = [props.message_id, props.user_id, props.reply_to, props.correlation_id, props.content_type,
@@ -837,6 +859,34 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
             b"\x40",
             b"\x83" + struct.pack(">q", props.timestamp * 1000) if props.timestamp is not None else b"\x40",
             utf8(group_id) if group_id is not None else b"\x40", b"\x40", b"\x40"])))
-    if application:
+    if kept_application is not None:
+        out.append(kept_application)
+    elif application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
+
+
+def _kept_section(field: header_table.Field | None, descriptor: int) -> bytes | None:
+    """A section kept whole in a header (``PROPERTIES_HEADER``, ``APP_PROPERTIES_HEADER``); None if the header
+    is not one (any publisher may set it: only a well-formed section goes out as one)."""
+    if field is None or field.kind != "x":
+        return None
+    content = _section_content(field.value, descriptor)
+    return bytes(field.value) if content is not None else None
+
+
+def _section_content(section: bytes | bytearray, descriptor: int) -> Value | None:
+    try:
+        value, end = value_at(bytes(section))
+    except (Invalid, TooLarge):
+        return None
+    if end != len(section) or value.kind != "described" or value.value[0] != descriptor \
+            or value.value[1].kind != ("list" if descriptor == PROPERTIES else "map"):
+        return None
+    return value.value[1]
+
+
+def _application_names(section: bytes) -> frozenset[str]:
+    content = _section_content(section, APPLICATION_PROPERTIES)
+    return frozenset(key.value for key, _ in content.value if key.kind == "string") if content is not None \
+        else frozenset()

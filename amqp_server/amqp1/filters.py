@@ -19,13 +19,17 @@ RabbitMQ reads stream-filter values through a chunk's Bloom filter and may deliv
 asked for; Warren reads each message's value, so delivers exactly those.  A properties filter reads the properties
 section an AMQP 1.0 publish had (``amqp10.PROPERTIES_HEADER``), else those an AMQP 0-9-1 message has
 (message-id, user-id, reply-to, correlation-id, content-type, content-encoding); it may name any of the 13
-fields.  Filters on a queue other than a stream are echoed and not applied, as RabbitMQ 4.2 echoes them.
+fields.  An application-properties filter, like a SQL filter, reads the application properties an AMQP 1.0
+reader gets (``sql_filter.view_of``): a 1.0 publish's whatever their names (``x-`` ones included, as
+RabbitMQ 4.2's ``mc:routing_headers(Msg, [])``), a 0-9-1 message's headers but its ``x-`` ones.  Filters on a
+queue other than a stream are echoed and not applied, as RabbitMQ 4.2 echoes them.
 """
 from __future__ import annotations
 
 import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from stream_log import amqp10
 from stream_log.amqp10 import PROPERTIES_HEADER, Value, kept_properties
 from . import sql_filter
 
@@ -64,7 +68,20 @@ class Filters(NamedTuple):
 
 def read(source: list[Value] | None) -> Filters:
     """The filters of a source (its eighth field, a map of filter names to described values)."""
-    filter_set = source[7] if source is not None and len(source) > 7 else None
+    return read_set(source[7] if source is not None and len(source) > 7 else None)
+
+
+def decode(filter_set: bytes) -> Accepts | None:
+    """What an encoded filter-set accepts (``Consumer.filter_set``: the filters a consumer's node tells a stream's
+    owner, which applies them); None if it is not a filter-set, or one that filters nothing."""
+    try:
+        value, end = amqp10.value_at(filter_set)
+    except (amqp10.Invalid, amqp10.TooLarge):
+        return None
+    return read_set(value).accepts if end == len(filter_set) else None
+
+
+def read_set(filter_set: Value | None) -> Filters:
     if filter_set is None or filter_set.kind != "map":
         return Filters({}, None, None)
     arguments: dict[str, Any] = {}
@@ -179,31 +196,44 @@ def _application_properties(fields: list[tuple[Value, Value]]) -> Accepts:
     for key, expected in fields:
         if key.kind != "string":
             raise ValueError("application-properties filter keys must be strings")
-        checks.append((key.value, _matcher(expected)))
+        checks.append((key.value, _matcher(expected, null=True)))
 
     def accepts(message: Message) -> bool:
-        return all(matches(message.header_value(key)) for key, matches in checks)
+        view = sql_filter.view_of(message)
+        return view is not None and all(key in view.application and matches(view.application[key])
+                                        for key, matches in checks)
     return accepts
 
 
-def _matcher(expected: Value) -> Callable[[Any], bool]:
-    """How a field's value is tested: a string by its ``&p:``/``&s:``/``&&`` form, another value by equality
-    (numbers across their types, as Erlang's ``==``); a field that is absent matches nothing.  A string
-    starting with another ``&`` form is not a value (ValueError)."""
+def _matcher(expected: Value, null: bool = False) -> Callable[[Any], bool]:
+    """How a field's value is tested: a string by its ``&p:``/``&s:``/``&&`` form (a binary value by its bytes:
+    Erlang's strings and binaries are one type), another value by equality (numbers across their types, a
+    boolean only with a boolean, as Erlang's ``==``); ``null`` (where it is one) matches any value present, as
+    rabbit_amqp_filter_prop's ``match_simple_type(null, _)``.  A string starting with another ``&`` form, or a
+    null where none is taken, is not a value (ValueError)."""
     if expected.kind in ("string", "symbol"):
         text: str = expected.value
         if text.startswith("&") and not text.startswith(("&p:", "&s:", "&&")):
             raise ValueError(f"{text!r} is not a value")
-        if text.startswith("&p:"):
-            prefix = text[3:]
-            return lambda actual: isinstance(actual, str) and actual.startswith(prefix)
-        if text.startswith("&s:"):
-            suffix = text[3:]
-            return lambda actual: isinstance(actual, str) and actual.endswith(suffix)
         if text.startswith("&&"):
             text = text[1:]
-        return lambda actual: isinstance(actual, str) and actual == text
+        affix = text[3:].encode() if text.startswith(("&p:", "&s:")) else None
+        if affix is not None:
+            test = bytes.startswith if text.startswith("&p:") else bytes.endswith
+            return lambda actual: isinstance(actual, (str, bytes)) and test(_bytes(actual), affix)
+        wanted_text = text.encode()
+        return lambda actual: isinstance(actual, (str, bytes)) and _bytes(actual) == wanted_text
     if expected.kind == "null":
-        return lambda actual: False
+        if not null:
+            raise ValueError("null is not a value of properties")
+        return lambda actual: True
     wanted = expected.value
-    return lambda actual: actual is not None and actual == wanted
+    if expected.kind == "binary":
+        return lambda actual: isinstance(actual, (str, bytes)) and _bytes(actual) == wanted
+    if isinstance(wanted, bool):
+        return lambda actual: actual is wanted
+    return lambda actual: actual is not None and not isinstance(actual, bool) and actual == wanted
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value

@@ -808,11 +808,12 @@ class Outgoing(LinkEndpoint):
                                                  for key, entry in wanted.applied])
         queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
         local, log = queue.local(), LOG in queue.type.capabilities
-        if wanted.accepts is not None and log and local is None:
-            raise Amqp10Error(frames.NOT_IMPLEMENTED, f"filters on {queue.name!r}, a stream on another node")
         tag = f"ctag-{self.session.channel}-{self.handle}"
-        # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch
-        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF)
+        # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch;
+        # a stream of another node gets the filters with the consumer, its owner applying them
+        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF,
+                                            filter_set=self.filter_set if wanted.accepts is not None and log
+                                            and local is None else None)
         self.offsets = log
         if wanted.accepts is not None and local is not None:
             local.filter_consumer(self.consumer, wanted.accepts)

@@ -64,7 +64,7 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority", "counted")
+                 "unacked", "prefix", "priority", "counted", "filter_set")
 
     def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -79,6 +79,7 @@ class Consumer:
         self.prefix = prefix  # encoded Basic.Deliver class/method + consumer tag
         self.priority = priority  # x-priority
         self.counted = queue.counts_deliveries  # its deliveries' header is the queue's (delivery_header)
+        self.filter_set: bytes | None = None  # an AMQP 1.0 consumer's filters, encoded, for a stream's owner to apply
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:

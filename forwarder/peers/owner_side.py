@@ -9,12 +9,13 @@ consumer has a credit window: deliveries the consuming node has not yet passed t
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
@@ -24,6 +25,7 @@ from amqp_server.queues.queue import AnyQueue, Consumer, Entry, Queue
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.broker.vhost import home_node_down
+from amqp_server.amqp1 import filters
 
 from . import node_link as link
 from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
@@ -344,6 +346,7 @@ class PeerSession:
         consumer_id = request["id"]
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
+            accepts = _filters(request.get("filter_set"))
             # the client's channel, as its node tells it (not told by a node of an earlier version)
             connection, number, host, port, user = request.get("client") or ("", 0, "?", 0, "")
             client = ClientChannel(connection, number, (host, port), user, self.link.peer_name)
@@ -354,6 +357,8 @@ class PeerSession:
         except AMQPError as exc:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return
+        if accepts is not None:
+            queue.filter_consumer(consumer, accepts)
         self.consumers[consumer_id] = consumer
         reply: dict[str, Any] = {"id": consumer_id, "error": None}
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
@@ -503,3 +508,19 @@ class PeerSession:
         for queue in queues:
             if not queue.deleted:
                 queue.deliver_ready()
+
+
+def _filters(filter_set: Any) -> Callable[[Message], bool] | None:
+    """What the filters a consumer's node told with it accept (base64 of an AMQP 1.0 filter-set, its
+    ``Consumer.filter_set``); None if none were told.  Ones that cannot be read refuse the consumer: delivering
+    what they would leave out is not an answer."""
+    if filter_set is None:
+        return None
+    try:
+        accepts = filters.decode(base64.b64decode(filter_set, validate=True)) if isinstance(filter_set, str) \
+            else None
+    except ValueError:
+        accepts = None
+    if accepts is None:
+        raise errors.precondition_failed("the filters told with the consumer cannot be read")
+    return accepts

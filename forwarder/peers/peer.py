@@ -9,6 +9,7 @@ queue's wait for its next leader instead: ``RemoteQueue.follow``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import logging
@@ -207,6 +208,8 @@ class Peer:
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
                 request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [], was=was)
+            if consumer.filter_set is not None:
+                request["filter_set"] = base64.b64encode(consumer.filter_set).decode()
             self.link.send(link.CONSUME, link.encode_json(request))
         return remote
 

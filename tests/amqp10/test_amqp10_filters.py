@@ -271,3 +271,56 @@ def test_annotations_come_back_as_annotations_with_the_offset(stream):
     first, second = handler.annotations
     assert (first["x-stream-filter-value"], first["x-opt-n"], first["x-stream-offset"]) == ("v", 5, 0)
     assert (second["x-opt-n"], second["x-opt-long"], second["x-stream-offset"]) == (6, "y" * 300, 1)  # (a map32)
+
+
+def test_application_properties_named_x_stay_application_properties_filters_see(stream, node):  # noqa: F811
+    """RabbitMQ 4.2 keeps a 1.0 publish's application properties whatever their names: filters read ``x-`` ones
+    (mc:routing_headers(Msg, [])) and a 1.0 reader gets them back as application properties, while an ``x-``
+    message annotation is no application property; a 0-9-1 reader gets both as headers (mc_amqpl)."""
+    publish(stream, [{"application_properties": {"x-region": "emea", "k": 1}},
+                     {"application_properties": {"x-region": "us", "x-basic-type": "t"}},
+                     {"annotations": {"x-region": "emea"}}])
+    handler = Collect(1)
+    assert consume(stream, 1, handler, application_properties={"x-region": "emea"}) == \
+        [(0, "m0", {"x-region": "emea", "k": 1})]
+    assert "x-region" not in handler.annotations[0]
+    seen = consume(stream, 1, sql="[x-region] = 'us' AND a.[x-basic-type] = 't'")
+    assert seen == [(1, "m1", {"x-region": "us", "x-basic-type": "t"})]
+    assert [offset for offset, _, _ in consume(stream, 2, application_properties={"x-region": None})] == [0, 1]
+    nothing_before(stream, 3, {"application_properties": {"x-region": "apj"}}, sql="[x-region] = 'apj'")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    got: list[Any] = []
+    channel.basic_consume("s", lambda ch, method, props, body: got.append((body, props)),
+                          arguments={"x-stream-offset": "first"})
+    while len(got) < 3:
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    headers = [props.headers or {} for _, props in got]
+    assert (headers[0]["x-region"], headers[0]["k"], headers[1]["x-region"], headers[2]["x-region"]) == \
+        ("emea", 1, "us", "emea")
+
+
+def test_an_application_properties_filter_reads_values_as_rabbitmq_compares_them(stream):
+    """A null reference matches any value present; a boolean only a boolean (Erlang's ``1 == true`` is false)."""
+    publish(stream, [{"application_properties": {"flag": 1}}, {"application_properties": {"flag": True}},
+                     {"application_properties": {"flag": None}}, {}])
+    assert [offset for offset, _, _ in consume(stream, 1, application_properties={"flag": True})] == [1]
+    assert [offset for offset, _, _ in consume(stream, 3, application_properties={"flag": None})] == [0, 1, 2]
+    publish(stream, [{"application_properties": {"flag": 1.0}}])
+    assert [offset for offset, _, _ in consume(stream, 2, application_properties={"flag": 1})] == [0, 4]
+
+
+def test_an_encoded_filter_set_reads_back_as_the_filters_it_holds():
+    """What a consumer's node tells a stream's owner (``Consumer.filter_set``): the filters, or None for bytes
+    that are no filter-set (the owner refuses the consumer then) and for one that filters nothing."""
+    from amqp_server.amqp1 import filters
+    from stream_log import amqp10
+    sql = amqp10.encode_map([(amqp10.symbol("sql-filter"), amqp10.encode(amqp10.Value("described", (
+        "amqp:sql-filter", amqp10.Value("string", "TRUE")))))])
+    offset_only = amqp10.encode_map([(amqp10.symbol("o"), amqp10.encode(amqp10.Value("described", (
+        "rabbitmq:stream-offset-spec", amqp10.Value("string", "first")))))])
+    assert filters.decode(sql) is not None
+    for wrong in (sql[:-1], sql + b"\x40", b"", b"\xff" * 8, b"\xd1\xff\xff\xff\xff\x00\x00\x00\x10", offset_only):
+        assert filters.decode(wrong) is None

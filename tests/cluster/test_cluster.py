@@ -990,3 +990,50 @@ def test_amqp10_v1_addresses_declare_as_the_cluster_agrees(cluster, uid):
     finally:
         first.close()
         second.close()
+
+
+def test_amqp10_filters_on_a_stream_of_another_node_are_applied_by_its_owner(cluster, uid):
+    """An AMQP 1.0 receiver on node 2 of a stream node 1 owns gets exactly the messages its filters take
+    (stream filter values, property filters, SQL), as one on node 1 would: node 2 tells the owner the filters."""
+    proton = pytest.importorskip("proton")
+    from proton.reactor import Filter
+    from proton.utils import BlockingConnection
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={"x-queue-type": "stream"})
+    wait_for(lambda: passive(n2, uid) == 0, "the stream known on node 2")
+    first = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n1.port}", timeout=10, allowed_mechs="PLAIN")
+    second = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10, allowed_mechs="PLAIN")
+
+    def described(descriptor: str, value: Any) -> Any:
+        return proton.Described(proton.symbol(descriptor), value)
+
+    def read(count: int, **wanted: Any) -> list[Any]:
+        options = Filter({proton.symbol("offset"): described("rabbitmq:stream-offset-spec", "first"),
+                          **{proton.symbol(name): filter_ for name, filter_ in wanted.items()}})
+        receiver = second.create_receiver(f"/queues/{uid}", options=options)
+        got: list[Any] = []
+        for _ in range(count):
+            got.append(receiver.receive(timeout=10).body)
+            receiver.accept()
+        receiver.close()
+        return got
+
+    try:
+        sender = first.create_sender(f"/queues/{uid}")
+        for i in range(12):
+            sender.send(proton.Message(body=f"m{i}", subject=f"s{i % 3}",
+                                       properties={"region": "emea" if i % 2 else "us", "x-n": i},
+                                       annotations={"x-stream-filter-value": "even" if i % 4 == 0 else "other"}))
+        sender.send(proton.Message(body="last", subject="s0", annotations={
+            "x-stream-filter-value": "even"}, properties={"region": "emea", "x-n": 0}))
+        # (each read ends with the last message published: one the filters should have left out would come before)
+        assert read(4, bloom=described("rabbitmq:stream-filter", "even")) == ["m0", "m4", "m8", "last"]
+        assert read(5, props=described("amqp:properties-filter", {proton.symbol("subject"): "s0"})) == \
+            ["m0", "m3", "m6", "m9", "last"]
+        assert read(2, apps=described("amqp:application-properties-filter", {"x-n": 0})) == ["m0", "last"]
+        sql = described("amqp:sql-filter", "region = 'emea' AND ([x-n] > 5 OR p.subject = 's0')")
+        assert read(5, **{"sql-filter": sql}) == ["m3", "m7", "m9", "m11", "last"]
+    finally:
+        first.close()
+        second.close()
