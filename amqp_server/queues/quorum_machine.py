@@ -268,11 +268,12 @@ Op = LogOp | Restore
 
 @dataclass(slots=True)
 class Store:
-    """Storage: an entry's row, with its message."""
+    """Storage: an entry's row, with its message (and its body's size, which a copy's row keeps: the op knows it)."""
 
     seq: int
     expiry: int
     message: Any
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -450,18 +451,20 @@ def _enqueue(op: Enqueue, state: State) -> Effects:
     seq = op.seq
     if seq < state.next_seq:  # a replay of what a snapshot brought
         return ()
-    if op.enqueuer:
+    enqueuer = op.enqueuer
+    if enqueuer:
         enqueuers = state.enqueuers
-        expected = enqueuers.pop(op.enqueuer, 0)  # (put back last: the least lately heard of comes first)
+        expected = enqueuers.pop(enqueuer, 0)  # (put back last: the least lately heard of comes first)
         if op.publish < expected:
-            enqueuers[op.enqueuer] = expected
+            enqueuers[enqueuer] = expected
             return ()
-        enqueuers[op.enqueuer] = op.publish + 1
-        if len(enqueuers) > ENQUEUERS_MAX:
+        enqueuers[enqueuer] = op.publish + 1
+        if not expected and len(enqueuers) > ENQUEUERS_MAX:  # (a new one)
             del enqueuers[next(iter(enqueuers))]
     ready = state.ready
-    if ready.ends and seq == ready.ends[-1]:  # (SeqSet.add's common case, inline: the hot path)
-        ready.ends[-1] += 1
+    ends = ready.ends
+    if ends and seq == ends[-1]:  # (SeqSet.add's common case, inline: the hot path)
+        ends[-1] = seq + 1
         ready.count += 1
     else:
         ready.add(seq)
@@ -469,9 +472,10 @@ def _enqueue(op: Enqueue, state: State) -> Effects:
     size = op.size
     state.sizes[seq] = size
     state.bytes += size
-    if op.expiry:
-        _add_deadline(state, seq, op.expiry)
-    return (Store(seq, op.expiry, op.message),)
+    expiry = op.expiry
+    if expiry:
+        _add_deadline(state, seq, expiry)
+    return (Store(seq, expiry, op.message, size),)
 
 
 def _add_deadline(state: State, seq: int, expiry: int) -> None:

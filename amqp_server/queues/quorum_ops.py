@@ -115,7 +115,7 @@ LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettere
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
  PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP) = range(1, 15)
 ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
-ENQUEUER = struct.Struct(">QQ")  # an enqueue from a window of publishes: after ENQUEUE, its enqueuer and seq there
+ENQUEUE_FROM = struct.Struct(">BQQIQQ")  # from a window of publishes: ENQUEUE's fields, its enqueuer, its seq there
 SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
 SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered, recover some: a count, then that many seqs
 RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
@@ -152,8 +152,8 @@ def _encode_enqueue(op: Enqueue) -> bytes:
     head, route, header, body = op.message.payload()
     size = len(head) + len(route) + len(header) + len(body)
     if op.enqueuer:
-        return b"".join((ENQUEUE.pack(ENQUEUE_FROM_OP, op.seq, op.expiry, size),
-                         ENQUEUER.pack(op.enqueuer, op.publish), head, route, header, body))
+        return b"".join((ENQUEUE_FROM.pack(ENQUEUE_FROM_OP, op.seq, op.expiry, size, op.enqueuer, op.publish), head,
+                         route, header, body))
     return b"".join((ENQUEUE.pack(ENQUEUE_OP, op.seq, op.expiry, size), head, route, header, body))
 
 
@@ -165,9 +165,8 @@ def _decode_enqueue(data: memoryview, pos: int) -> tuple[LogOp, int]:
 
 
 def _decode_enqueue_from(data: memoryview, pos: int) -> tuple[LogOp, int]:
-    _, seq, expiry, size = ENQUEUE.unpack_from(data, pos)
-    enqueuer, publish = ENQUEUER.unpack_from(data, pos + ENQUEUE.size)
-    pos += ENQUEUE.size + ENQUEUER.size
+    _, seq, expiry, size, enqueuer, publish = ENQUEUE_FROM.unpack_from(data, pos)
+    pos += ENQUEUE_FROM.size
     record = data[pos:pos + size]
     return Enqueue(seq, expiry, record, enqueuer, publish, body_size(record)), pos + size
 

@@ -36,11 +36,13 @@ class ReplicaStore:
     # -- a follower's copy: its machine's effects -------------------------------------------------------
 
     def put(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, held: bool = False,
-            returns: int = 0) -> None:
-        """An entry of a copy, its message as the leader's store keeps it (``Message.payload``)."""
+            returns: int = 0, size: int | None = None) -> None:
+        """An entry of a copy, its message as the leader's store keeps it (``Message.payload``); ``size``: its body's,
+        if known."""
         msg_id = self.store.new_id()
         self.store.write(msg_id, (record,), 1)
-        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record), held, returns=returns)
+        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record) if size is None else size, held,
+                           returns=returns)
         self.persistence.stage()
 
     def delivered(self, index_id: int, seq: int) -> None:

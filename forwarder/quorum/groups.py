@@ -842,12 +842,11 @@ class QuorumGroups:
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
                 self._catch_up_again(group)
             return
-        spans: list[memoryview] = []
-        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, spans)
+        bounds: list[int] = []
+        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds)
         group.applied = first if reset else first + count - 1
         group.applied_term, group.partial = ops_term, reset
-        for at, op in enumerate(spans, first):
-            group.history.append(ops_term, at, op)
+        group.history.extend(ops_term, first, payload, bounds)
         # (a restart mid-snapshot asks for another)
         self.broker.replicas.position(index_id, *group.position, group.state.enqueuers)
         if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority

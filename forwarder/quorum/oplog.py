@@ -91,32 +91,58 @@ class History:
     """The latest ops a copy applied, whoever led their terms (up to ``LOG_BYTES``), each with its term and index:
     a term's op at an index is the same wherever it was applied, so a copy that stands where these pass (an op
     of the term at its index, or at the next index the first op of a term that began there) is brought to this
-    copy's state by the ops after it — after a change of leader too, with no snapshot."""
+    copy's state by the ops after it — after a change of leader too, with no snapshot.
+
+    An op is kept as where its bytes lie, ``(term, index, source, start, end)``: a leader's op is its own bytes, a
+    follower's a span of the frame it came in, cut out only when a catch-up reads it.  (A slice per op would be
+    an object the garbage collector walks at each full collection, hundreds of thousands of them in
+    ``LOG_BYTES``; a tuple of ints and bytes it stops walking the first time it sees it.)"""
 
     def __init__(self) -> None:
-        self.ops: deque[tuple[int, int, bytes | memoryview]] = deque()  # (term, index, op), the indexes in a row
+        self.ops: deque[tuple[int, int, bytes, int, int]] = deque()  # the indexes in a row
         self.size = 0
 
-    def append(self, term: int, index: int, op: bytes | memoryview) -> None:
+    def append(self, term: int, index: int, op: bytes) -> None:
         ops = self.ops
         if ops and ops[-1][1] + 1 != index:  # (the copy moved by other means: a snapshot)
             self.clear()
-        ops.append((term, index, op))
-        self.size += len(op)
+        size = len(op)
+        ops.append((term, index, op, 0, size))
+        self.size += size
+        if self.size > LOG_BYTES:
+            self._trim()
+
+    def extend(self, term: int, first: int, frame: bytes, bounds: list[int]) -> None:
+        """Ops of one frame, from index ``first`` on: ``bounds`` holds where each starts and ends in ``frame``."""
+        if not bounds:
+            return
+        ops = self.ops
+        if ops and ops[-1][1] + 1 != first:
+            self.clear()
+        starts, ends = bounds[::2], bounds[1::2]
+        ops.extend(zip(itertools.repeat(term), itertools.count(first), itertools.repeat(frame), starts, ends))
+        self.size += sum(ends) - sum(starts)
+        if self.size > LOG_BYTES:
+            self._trim()
+
+    def _trim(self) -> None:
+        ops = self.ops
         while self.size > LOG_BYTES:
-            self.size -= len(ops.popleft()[2])
+            _, _, _, start, end = ops.popleft()
+            self.size -= end - start
 
     def clear(self) -> None:
         self.ops.clear()
         self.size = 0
 
-    def after(self, index: int) -> list[tuple[int, int, bytes | memoryview]] | None:
+    def after(self, index: int) -> list[tuple[int, int, bytes]] | None:
         """The ops after ``index``, up to the latest; None if the first of them is gone (or was never here)."""
         ops = self.ops
         if not ops or ops[-1][1] < index or ops[0][1] > index + 1:
             return None
         first = ops[0][1]
-        return list(itertools.islice(ops, index + 1 - first, None))
+        return [(term, at, source[start:end])  # (a leader's own op: the same bytes)
+                for term, at, source, start, end in itertools.islice(ops, index + 1 - first, None)]
 
     def passes(self, term: int, index: int) -> bool:
         """A copy that stands at (term, index) is at a state these ops pass through."""
@@ -325,7 +351,7 @@ class OpLogShipper:
         if since is None:  # the log lost ops meanwhile: again
             asyncio.get_running_loop().call_soon(self.join, follower)
             return
-        missed = [bytes(op) for _, _, op in since]  # (a follower's log keeps slices of the frames it took)
+        missed = [op for _, _, op in since]
         for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
             chunk = [MARK.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
             if not self._send(follower, self._frame(start + 1 + first, chunk)):
@@ -368,7 +394,7 @@ class OpLogShipper:
             return
         adopt = applied_term > 0 and (applied_term, applied) == self.base
         ours = applied_term == self.term or adopt
-        since: list[tuple[int, int, bytes | memoryview]] | None = None
+        since: list[tuple[int, int, bytes]] | None = None
         if applied == self.index and ours:
             since = []
         elif applied <= self.index and (ours or self.log.passes(applied_term, applied)):
@@ -385,7 +411,7 @@ class OpLogShipper:
         if ours:
             if adopt:  # its copy as it stands becomes this term's
                 follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
-            missed = [bytes(op) for _, _, op in since]
+            missed = [op for _, _, op in since]
             for start in range(0, len(missed), SNAPSHOT_CHUNK):
                 frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
                 follower.joined = follower.joined and self._send(follower, frame)
@@ -395,7 +421,7 @@ class OpLogShipper:
             ops = list(run)
             for start in range(0, len(ops), SNAPSHOT_CHUNK):
                 chunk = ops[start:start + SNAPSHOT_CHUNK]
-                ops_ = [CONT.pack(CONTINUE_OP, last, term), *(bytes(op) for _, _, op in chunk)]
+                ops_ = [CONT.pack(CONTINUE_OP, last, term), *(op for _, _, op in chunk)]
                 follower.joined = follower.joined and self._send(follower, self._frame(chunk[0][1], ops_))
                 last = term
         if last != self.term:  # no op of this term yet: its copy is where this term started
@@ -495,13 +521,13 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
 
 
 def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
-          first: int, spans: list[memoryview] | None = None) -> tuple[machine.State, int]:
+          first: int, bounds: list[int] | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
-    (no op's outcome depends on it).  ``spans``: each log op's bytes are added to it."""
+    (no op's outcome depends on it).  ``bounds``: where each log op starts and ends in ``payload`` is added to it."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -530,8 +556,8 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         op, pos = decode(data, pos)
         state, effects = machine.apply(machine.Meta(first + count, now), op, state)
         _carry_out(replicas, index_id, effects, idempotent)
-        if spans is not None:
-            spans.append(data[start:pos])
+        if bounds is not None:
+            bounds += (start, pos)
         count += 1
     return state, count
 
@@ -545,7 +571,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
     for effect in effects:
         if isinstance(effect, machine.Store):
             if not (idempotent and replicas.has(index_id, effect.seq)):
-                replicas.put(index_id, effect.seq, effect.message, effect.expiry)
+                replicas.put(index_id, effect.seq, effect.message, effect.expiry, size=effect.size)
         elif isinstance(effect, machine.Held):
             replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):

@@ -190,7 +190,8 @@ class QuorumMachine(RuleBasedStateMachine):
             message = self.messages
             self.messages += 1
             seq = self.state.next_seq
-            assert self.run(m.Enqueue(seq, expiry, message, size=size_of(message))) == (m.Store(seq, expiry, message),)
+            size = size_of(message)
+            assert self.run(m.Enqueue(seq, expiry, message, size=size)) == (m.Store(seq, expiry, message, size),)
             self.model.ready.append(message)
             self.model.place(message)
             self.model.expiry[message] = expiry
