@@ -443,3 +443,53 @@ def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued
         assert len(held) == len(SIZES)
         channel.close()  # all back in the queue
         assert_bodies(consume(connection, uid))
+
+
+def requeued_without_bodies(broker, connection, queue: str, sizes: list[int]) -> None:
+    """Persistent bodies of ``sizes`` in ``queue``, delivered once for manual ack and requeued: the node holds
+    them in its store only (an unacked large delivery holds no body)."""
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.confirm_delivery()
+    for size in sizes:
+        channel.basic_publish("", queue, body(size), pika.BasicProperties(delivery_mode=2))
+    first = connection.channel()
+    first.basic_qos(prefetch_count=len(sizes))
+    held: list[int] = []
+    first.basic_consume(queue, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
+    deadline = time.monotonic() + 60
+    while len(held) < len(sizes) and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    assert len(held) == len(sizes)
+    first.close()  # all back in the queue
+
+
+@pytest.mark.parametrize("how", ["consume-no-ack", "get-no-ack", "get-ack"])
+def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_to_basic_get(broker, uid, how):
+    """Large stored bodies that are not in memory (requeued) go from the store's file, not read back into memory
+    first, to a consumer without acks and to basic.get (with or without ack): byte-exact, and gone from the
+    queue once taken without ack."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    sizes = [16 * 1024 * 1024 + number for number in range(3)]
+    with connect(broker) as connection:
+        requeued_without_bodies(broker, connection, uid, sizes)
+        channel = connection.channel()
+        before = read_octets(broker)
+        got: list[bytes] = []
+        if how == "consume-no-ack":
+            channel.basic_consume(uid, lambda _ch, _method, _properties, data: got.append(data), auto_ack=True)
+            deadline = time.monotonic() + 60
+            while len(got) < len(sizes) and time.monotonic() < deadline:
+                connection.process_data_events(0.05)
+        else:
+            for _ in sizes:
+                method, _properties, data = channel.basic_get(uid, auto_ack=how == "get-no-ack")
+                assert data is not None
+                got.append(data)
+                if how == "get-ack":
+                    channel.basic_ack(method.delivery_tag)
+        read = read_octets(broker) - before
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0
+    assert [data == body(size) for size, data in zip(sizes, got)] == [True] * len(sizes)
+    assert read < sum(sizes) // 2, f"{read} octets read to send {sum(sizes)}"
