@@ -482,10 +482,10 @@ def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_t
         else:
             for _ in sizes:
                 method, _properties, data = channel.basic_get(uid, auto_ack=how == "get-no-ack")
-                assert data is not None
+                assert method is not None and data is not None
                 got.append(data)
                 if how == "get-ack":
-                    channel.basic_ack(method.delivery_tag)
+                    channel.basic_ack(method.delivery_tag or 0)
         read = read_octets(broker) - before
         assert channel.queue_declare(uid, passive=True).method.message_count == 0
     assert [data == body(size) for size, data in zip(sizes, got)] == [True] * len(sizes)
