@@ -1011,11 +1011,11 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
         out.append(kept)
     elif any(value is not None for value in values):
         out.append(described(PROPERTIES, encode_list([
-            utf8(props.message_id) if props.message_id is not None else b"\x40",
+            _id_value(props.message_id, native),
             binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
             b"\x40", b"\x40",
             utf8(props.reply_to) if props.reply_to is not None else b"\x40",
-            utf8(props.correlation_id) if props.correlation_id is not None else b"\x40",
+            _id_value(props.correlation_id, native),
             symbol(props.content_type) if props.content_type is not None else b"\x40",
             symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
             b"\x40",
@@ -1026,6 +1026,19 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     elif application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
+
+
+def _id_value(value: str | None, native: bool) -> bytes:
+    """A message or correlation id: (``native``) a URN of a uuid as the uuid, as mc_amqpl:convert_to reads it
+    (the way back of ``_native_id``); else a string."""
+    if value is None:
+        return NULL
+    if native and len(value) == 45 and value.startswith("urn:uuid:"):
+        try:
+            return b"\x98" + uuid.UUID(value[9:]).bytes
+        except ValueError:
+            pass
+    return utf8(value)
 
 
 def _kept_section(field: header_table.Field | None, descriptor: int) -> bytes | None:

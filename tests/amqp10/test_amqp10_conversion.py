@@ -218,3 +218,17 @@ def test_an_amqp10_message_is_durable_unless_it_says_otherwise(header, annotatio
     record = header + (described(MESSAGE_ANNOTATIONS, encode_map([(symbol(name), value) for name, value in
                                                                    annotations])) if annotations else b"")
     assert _publish(record + b"\x00\x53\x75\xa0\x01x").properties.delivery_mode == delivery_mode
+
+
+def test_a_091_message_id_that_is_a_uuid_urn_reaches_an_amqp10_reader_as_the_uuid(node):  # noqa: F811
+    """mc_amqpl:convert_to (urn_string_to_uuid), the way back of what a 0-9-1 reader gets of a uuid id."""
+    connection = declare(node, "q")
+    channel = connection.channel()
+    channel.basic_publish("", "q", b"x", pika.BasicProperties(message_id=SENT_ID.urn, correlation_id="urn:uuid:x"))
+    connection.close()
+    amqp = connect(node)
+    try:
+        got = amqp.create_receiver("/queues/q").receive(timeout=5)
+    finally:
+        amqp.close()
+    assert (got.id, got.correlation_id) == (SENT_ID, "urn:uuid:x")
