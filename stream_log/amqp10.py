@@ -916,7 +916,7 @@ def _kept_envelope(message: Message, kept: bytes) -> bytes:
     annotations left out, its properties and application properties byte for byte."""
     annotations: list[tuple[Value, bytes]] = []
     bare = []
-    for descriptor, content, encoded in sections(kept):
+    for descriptor, content, encoded in sections(kept) if kept else ():
         if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map":
             annotations = [(name, encode(value)) for name, value in content.value]
         elif descriptor in (PROPERTIES, APPLICATION_PROPERTIES):

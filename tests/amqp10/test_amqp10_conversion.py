@@ -232,3 +232,13 @@ def test_a_091_message_id_that_is_a_uuid_urn_reaches_an_amqp10_reader_as_the_uui
     finally:
         amqp.close()
     assert (got.id, got.correlation_id) == (SENT_ID, "urn:uuid:x")
+
+
+def test_an_amqp10_message_of_a_body_alone_goes_out_and_into_a_stream():
+    """No section before the body (what a raw client such as benchmarks/amqp10_load.py sends)."""
+    from stream_log import amqp10
+    published = _publish(b"\x00\x53\x75\xa0\x01x")
+    envelope, data_head = amqp10.record_parts(published, True)
+    assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS]
+    read = amqp10.Decoder("s").message(amqp10.entry(published)[4:])
+    assert (read.body, read.amqp10 is not None, amqp10.record_parts(read, True)) == (b"x", True, (envelope, data_head))
