@@ -281,8 +281,8 @@ def _field(value: Value) -> header_table.Field | None:
         return header_table.Field("d", raw)
     if kind == "float":
         return header_table.Field("f", raw)
-    if kind == "timestamp":
-        return header_table.Field("T", raw // 1000)
+    if kind == "timestamp":  # (one before 1970 has no 0-9-1 timestamp: left out)
+        return header_table.Field("T", raw // 1000) if raw >= 0 else None
     if kind == "null":
         return header_table.Field("V", None)
     if kind == "uuid":
@@ -499,7 +499,7 @@ def _native_field(value: Value) -> header_table.Field | None:
         table = {}
         for key, item in value.value:
             converted = _native_field(item)
-            if key.kind in ("string", "symbol") and converted is not None:
+            if key.kind in ("string", "symbol") and converted is not None and len(key.value.encode()) <= 255:
                 table[str(key.value)] = converted
         return header_table.Field("F", table)
     return _field(value)
