@@ -14,13 +14,15 @@ from proton.reactor import Filter
 from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
 
 pytestmark = pytest.mark.timeout(60)
+SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
 def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):  # noqa: F811
     connection = declare(node, "q")
     channel = connection.channel()
     channel.basic_publish("", "q", b"full", pika.BasicProperties(
-        delivery_mode=2, priority=4, expiration="60000", type="t", app_id="a", headers={"x-h": "1", "h": 2}))
+        delivery_mode=2, priority=4, expiration="60000", type="t", app_id="a", headers={"x-h": "1", "h": 2},
+        message_id=SENT_ID.urn, correlation_id="urn:uuid:x"))
     channel.basic_publish("", "q", b"plain", pika.BasicProperties())
     connection.close()
     amqp = connect(node)
@@ -32,6 +34,7 @@ def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):
     assert (full.durable, full.priority, full.ttl) == (True, 4, 60.0) and full.annotations is not None
     assert (full.annotations["x-basic-type"], full.annotations["x-h"], full.group_id) == ("t", "1", "a")
     assert full.properties == {"h": 2}
+    assert (full.id, full.correlation_id) == (SENT_ID, "urn:uuid:x")  # (mc_amqpl:convert_to's urn_string_to_uuid)
     assert not {"x-basic-priority", "x-basic-delivery-mode", "x-basic-expiration"} & set(full.annotations)
     assert (plain.durable, plain.priority, plain.ttl, plain.group_id) == (False, 4, 0.0, None)  # (proton's defaults)
 
@@ -119,9 +122,6 @@ def test_a_kept_section_header_a_091_publisher_forges_goes_out_only_if_it_is_one
     assert [message.properties for message in got] == [{"x-k": 7}, {"h": 1}, {"h": 1}, {"h": 1}]
     assert all(message.annotations is not None and message.annotations["x-a"] == "b" and
                "x-amqp-1.0-app-properties" not in message.annotations for message in got)
-
-
-SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "stream"])
@@ -218,20 +218,6 @@ def test_an_amqp10_message_is_durable_unless_it_says_otherwise(header, annotatio
     record = header + (described(MESSAGE_ANNOTATIONS, encode_map([(symbol(name), value) for name, value in
                                                                    annotations])) if annotations else b"")
     assert _publish(record + b"\x00\x53\x75\xa0\x01x").properties.delivery_mode == delivery_mode
-
-
-def test_a_091_message_id_that_is_a_uuid_urn_reaches_an_amqp10_reader_as_the_uuid(node):  # noqa: F811
-    """mc_amqpl:convert_to (urn_string_to_uuid), the way back of what a 0-9-1 reader gets of a uuid id."""
-    connection = declare(node, "q")
-    channel = connection.channel()
-    channel.basic_publish("", "q", b"x", pika.BasicProperties(message_id=SENT_ID.urn, correlation_id="urn:uuid:x"))
-    connection.close()
-    amqp = connect(node)
-    try:
-        got = amqp.create_receiver("/queues/q").receive(timeout=5)
-    finally:
-        amqp.close()
-    assert (got.id, got.correlation_id) == (SENT_ID, "urn:uuid:x")
 
 
 def test_an_amqp10_message_of_a_body_alone_goes_out_and_into_a_stream():
