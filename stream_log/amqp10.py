@@ -378,14 +378,12 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
             headers[name] = converted
     message_id = _message_id(props.get("message_id"), "x-message-id-type", headers)
     correlation_id = _message_id(props.get("correlation_id"), "x-correlation-id-type", headers)
-    user_id = props.get("user_id")
     basic = commands.Basic.Properties(
         content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
         delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
         reply_to=_text(props.get("reply_to")), expiration=expiration,
         message_id=message_id, timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
-        app_id=_text(app_id), user_id=user_id.value.decode("utf-8", "replace")[:255]
-        if user_id is not None and user_id.kind == "binary" else _text(user_id))
+        app_id=_text(app_id), user_id=_user_id(props.get("user_id")))
     return _converted(basic, headers, annotations, stream, body)
 
 
@@ -449,26 +447,27 @@ def _convert_native(header_fields: list[Value], annotations: dict[str, Value], p
     basic = commands.Basic.Properties(
         content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
         delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
-        reply_to=_shortstr(props.get("reply_to"), ("string",)), expiration=expiration, message_id=message_id,
+        reply_to=_shortstr(props.get("reply_to")), expiration=expiration, message_id=message_id,
         timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
-        app_id=_shortstr(props.get("group_id"), ("string",)),
-        user_id=_shortstr(props.get("user_id"), ("binary", "string", "symbol")))
+        app_id=_shortstr(props.get("group_id")), user_id=_user_id(props.get("user_id")))
     return _converted(basic, headers, annotations, stream, body)
 
 
-def _shortstr(value: Value | None, kinds: tuple[str, ...]) -> str | None:
-    """A property a 0-9-1 shortstr holds as it is (mc_amqpl's unwrap_shortstr, mc_util:is_valid_shortstr:
-    at most 255 bytes of UTF-8 without a NUL); None for any other."""
-    if value is None or value.kind not in kinds:
+def _user_id(value: Value | None) -> str | None:
+    """The user-id, as the publish's checks compare it with the user's name: one that is no short string is
+    kept mangled, not dropped, so it is refused as RabbitMQ refuses it (whose readers get only names that
+    matched, which mc_amqpl's is_valid_shortstr would keep)."""
+    if value is not None and value.kind == "binary":
+        return value.value.decode("utf-8", "replace")[:255]
+    return _text(value)
+
+
+def _shortstr(value: Value | None) -> str | None:
+    """A string property a 0-9-1 shortstr holds (mc_amqpl's unwrap_shortstr: at most 255 bytes); None for
+    any other."""
+    if value is None or value.kind != "string" or len(value.value.encode()) > 255:
         return None
-    raw = value.value
-    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape")
-    if len(data) > 255 or b"\x00" in data:
-        return None
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return None
+    return str(value.value)
 
 
 def _native_id(value: Value | None, name: str, headers: list[tuple[str, header_table.Field]]) -> str | None:

@@ -228,3 +228,23 @@ def test_an_amqp10_message_of_a_body_alone_goes_out_and_into_a_stream():
     assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS]
     read = amqp10.Decoder("s").message(amqp10.entry(published)[4:])
     assert (read.body, read.amqp10 is not None, amqp10.record_parts(read, True)) == (b"x", True, (envelope, data_head))
+
+
+def test_an_amqp10_user_id_is_checked_even_when_no_0_9_1_reader_could_be_shown_it(node):  # noqa: F811
+    """A user-id that is not the user's name is rejected (rabbit_amqp_session's check), one that is no UTF-8 too:
+    the 0-9-1 view leaving it out must not let it through."""
+    import proton.utils
+    connection = declare(node, "q")
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/q")
+        for forged in (b"\xffguest", b"other"):
+            with pytest.raises(proton.utils.SendException) as rejected:
+                sender.send(Message(body=b"x", user_id=forged))
+            assert rejected.value.state == proton.Delivery.REJECTED
+        sender.send(Message(body=b"x", user_id=b"guest"))
+    finally:
+        amqp.close()
+    _, props, _ = connection.channel().basic_get("q", auto_ack=True)
+    connection.close()
+    assert props is not None and props.user_id == "guest"
