@@ -100,13 +100,13 @@ class Message:
 
     def payload(self) -> tuple[bytes, ...]:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
-        return payload_codec.encode(self.route, self.header, self.body)
+        return payload_codec.encode(self.route, self.header, self.body, self.amqp10)
 
     def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None,
                   headers: dict[bytes, bytes] | None = None) -> None:
         """Route, header and body back from a store's ``payload()`` record.  ``routes`` and ``headers``: what
         the messages of one batch share (a few routes and headers: each is then one object in memory)."""
-        route, header, body = payload_codec.decode(payload)
+        route, header, body, self.amqp10 = payload_codec.decode(payload)
         decoded = routes.get(route) if routes is not None else None
         if decoded is None:
             decoded = (route, *payload_codec.route_names(route))
