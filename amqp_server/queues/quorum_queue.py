@@ -113,7 +113,7 @@ class QuorumQueue(Queue):
     def meta(self) -> machine.Meta:
         """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
         replicator = self.replicator
-        return machine.Meta(0 if replicator is None else replicator.index + 1, now_ms())
+        return 0 if replicator is None else replicator.index + 1, now_ms()
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -308,8 +308,9 @@ class QuorumQueue(Queue):
         if self.detached:
             return
         replicator = self.replicator
+        message = entry.message
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
-        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag, entry.message.body_size)
+        op = machine.Enqueue(entry.seq, entry.expiry, message, *tag, message.body_size)
         self.state, effects = machine.apply(self.meta(), op, self.state)
         if effects:
             self.persistence.write(self, entry)
@@ -390,7 +391,7 @@ class QuorumQueue(Queue):
         leave, wherever they are in the queue: dead-lettered (expired)."""
         if self.detached or self.deleted:
             return
-        seqs = machine.expired(self.state, self.meta().system_time, self.fresh)
+        seqs = machine.expired(self.state, now_ms(), self.fresh)
         if seqs:
             ready = self.ready
             entries = [ready.take_out(seq) for seq in seqs]
