@@ -395,7 +395,8 @@ def overflow(state: State, max_length: int | None, max_bytes: int | None) -> lis
 
 def next_ready(state: State) -> int | None:
     """The seq a consumer gets next (the head of the ready entries), if any: returned entries went to the back."""
-    return state.ready.first()
+    starts = state.ready.starts  # (SeqSet.first, inline: once per delivery)
+    return starts[0] if starts else None
 
 
 def next_deadline(state: State) -> int | None:

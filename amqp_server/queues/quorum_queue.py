@@ -135,8 +135,9 @@ class QuorumQueue(Queue):
         return entry if entry is not None else self._context[seq]
 
     def _carry_out_held(self, effect: machine.Held) -> None:
-        entry = self.held[effect.seq] = self._context[effect.seq]
-        self.persistence.delivered(self, entry, self.state.count(entry.seq))
+        seq = effect.seq
+        entry = self.held[seq] = self._context[seq]
+        self.persistence.delivered(self, entry, self.state.counts.get(seq, 0))
 
     def _carry_out_remove(self, effect: machine.Remove) -> None:
         for seq in effect.seqs:
@@ -468,7 +469,7 @@ class QuorumQueue(Queue):
     def take(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> Entry:
         """(Bodies are read back for every delivery, ``sends_from`` or not: the replicas' store sends none.)"""
         seq = entry.seq
-        self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
+        self._taken_count = (seq, self.state.counts.get(seq, 0))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
         return entry

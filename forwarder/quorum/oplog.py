@@ -572,8 +572,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
         elif isinstance(effect, machine.Held):
             replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):
-            for seq in effect.seqs:
-                replicas.remove(index_id, seq)
+            replicas.remove(index_id, effect.seqs)
         elif isinstance(effect, machine.Move):
             replicas.move(index_id, effect.old, effect.new, effect.returns)
         elif isinstance(effect, machine.Drop):
