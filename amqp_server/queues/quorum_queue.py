@@ -113,7 +113,7 @@ class QuorumQueue(Queue):
     def meta(self) -> machine.Meta:
         """What the next op comes with: its index in the log (0 on a single node) and this leader's clock."""
         replicator = self.replicator
-        return machine.Meta(0 if replicator is None else replicator.index + 1, now_ms())
+        return 0 if replicator is None else replicator.index + 1, now_ms()
 
     def check(self, op: object = None) -> None:
         """The queue holds what its state says (``machine.CHECKS``): its held entries are the checked-out ones
@@ -135,8 +135,9 @@ class QuorumQueue(Queue):
         return entry if entry is not None else self._context[seq]
 
     def _carry_out_held(self, effect: machine.Held) -> None:
-        entry = self.held[effect.seq] = self._context[effect.seq]
-        self.persistence.delivered(self, entry, self.state.count(entry.seq))
+        seq = effect.seq
+        entry = self.held[seq] = self._context[seq]
+        self.persistence.delivered(self, entry, self.state.counts.get(seq, 0))
 
     def _carry_out_remove(self, effect: machine.Remove) -> None:
         for seq in effect.seqs:
@@ -308,8 +309,9 @@ class QuorumQueue(Queue):
         if self.detached:
             return
         replicator = self.replicator
+        message = entry.message
         tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
-        op = machine.Enqueue(entry.seq, entry.expiry, entry.message, *tag, entry.message.body_size)
+        op = machine.Enqueue(entry.seq, entry.expiry, message, *tag, message.body_size)
         self.state, effects = machine.apply(self.meta(), op, self.state)
         if effects:
             self.persistence.write(self, entry)
@@ -390,7 +392,7 @@ class QuorumQueue(Queue):
         leave, wherever they are in the queue: dead-lettered (expired)."""
         if self.detached or self.deleted:
             return
-        seqs = machine.expired(self.state, self.meta().system_time, self.fresh)
+        seqs = machine.expired(self.state, now_ms(), self.fresh)
         if seqs:
             ready = self.ready
             entries = [ready.take_out(seq) for seq in seqs]
@@ -467,7 +469,7 @@ class QuorumQueue(Queue):
     def take(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> Entry:
         """(Bodies are read back for every delivery, ``sends_from`` or not: the replicas' store sends none.)"""
         seq = entry.seq
-        self._taken_count = (seq, self.state.count(seq))  # (no-ack: the state forgets it now)
+        self._taken_count = (seq, self.state.counts.get(seq, 0))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
         self.run(machine.Checkout(seq, no_ack), (entry,))
         return entry

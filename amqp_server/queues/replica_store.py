@@ -49,11 +49,14 @@ class ReplicaStore:
         self.index.mark_delivered(index_id, seq)
         self.persistence.stage()
 
-    def remove(self, index_id: int, seq: int) -> None:
-        entry = self.index.remove(index_id, seq)
-        if entry is not None:
-            self.store.remove(entry.msg_id)
-            self.persistence.stage()
+    def remove(self, index_id: int, seqs: list[int]) -> None:
+        """The entries of these seqs leave the copy (those it has), with their store references."""
+        index, store = self.index, self.store
+        for seq in seqs:
+            entry = index.remove(index_id, seq)
+            if entry is not None:
+                store.remove(entry.msg_id)
+        self.persistence.stage()
 
     def move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
         row = self.index.remove(index_id, old_seq)

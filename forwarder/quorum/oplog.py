@@ -23,7 +23,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.quorum_ops import LogOp, decode, encode
@@ -102,26 +102,25 @@ class History:
         self.ops: deque[tuple[int, int, bytes, int, int]] = deque()  # the indexes in a row
         self.size = 0
 
-    def append(self, term: int, index: int, op: bytes) -> None:
-        ops = self.ops
-        if ops and ops[-1][1] + 1 != index:  # (the copy moved by other means: a snapshot)
-            self.clear()
-        size = len(op)
-        ops.append((term, index, op, 0, size))
-        self.size += size
-        if self.size > LOG_BYTES:
-            self._trim()
+    def add(self, term: int, first: int, ops: list[bytes]) -> None:
+        """A leader's ops, each its own bytes, from index ``first`` on (a turn's, as they are shipped)."""
+        if ops:
+            ends = [len(op) for op in ops]
+            self._add(term, first, ops, itertools.repeat(0), ends, sum(ends))
 
     def extend(self, term: int, first: int, frame: bytes, bounds: list[int]) -> None:
         """Ops of one frame, from index ``first`` on: ``bounds`` holds where each starts and ends in ``frame``."""
-        if not bounds:
-            return
+        if bounds:
+            starts, ends = bounds[::2], bounds[1::2]
+            self._add(term, first, itertools.repeat(frame), starts, ends, sum(ends) - sum(starts))
+
+    def _add(self, term: int, first: int, sources: Iterable[bytes], starts: Iterable[int], ends: list[int],
+             size: int) -> None:
         ops = self.ops
-        if ops and ops[-1][1] + 1 != first:
+        if ops and ops[-1][1] + 1 != first:  # (the copy moved by other means: a snapshot)
             self.clear()
-        starts, ends = bounds[::2], bounds[1::2]
-        ops.extend(zip(itertools.repeat(term), itertools.count(first), itertools.repeat(frame), starts, ends))
-        self.size += sum(ends) - sum(starts)
+        ops.extend(zip(itertools.repeat(term), itertools.count(first), sources, starts, ends))
+        self.size += size
         if self.size > LOG_BYTES:
             self._trim()
 
@@ -210,6 +209,9 @@ class OpLogShipper:
         self.ops: list[bytes] = []
         self.first = index + 1  # index of ops[0]
         self.log = group.history  # this term's latest ops, after those the copy applied before
+        # (enqueuer, seq) for a confirmed publish made here: this node's window's, so that the next leader takes it
+        # once when the window sends it again there (``Window.adopt``)
+        self.tag: Callable[[], tuple[int, int]] = group.window.take
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
         self.committed = 0  # the highest index a majority has durably, as their answers and our group commits tell
@@ -236,11 +238,6 @@ class OpLogShipper:
             assert isinstance(op, machine.Enqueue)  # (only a publish is confirmed)
             self.pending.append((self.index, confirm, confirm.forwarded(), op))
 
-    def tag(self) -> tuple[int, int]:
-        """(enqueuer, seq) for a confirmed publish made here: this node's window's, so that the next leader takes
-        it once when the window sends it again there (``Window.adopt``)."""
-        return self.group.window.take()
-
     def confirm_later(self, confirm: "ConfirmSink") -> None:
         """A publish this queue has already (sent again by its window): confirmed once every op so far is on a
         majority, which the one that took it is among."""
@@ -252,7 +249,6 @@ class OpLogShipper:
             self._progress = asyncio.get_running_loop().time()
         self.index += 1
         self.ops.append(op)
-        self.log.append(self.term, self.index, op)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -262,6 +258,7 @@ class OpLogShipper:
         if not self.ops:
             return
         frame = self._frame(self.first, self.ops)
+        self.log.add(self.term, self.first, self.ops)
         self.ops = []
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
@@ -392,6 +389,8 @@ class OpLogShipper:
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
+        follower.joined = False  # what is staged goes to the others now (and to the log), to this one below
+        self.flush()
         adopt = applied_term > 0 and (applied_term, applied) == self.base
         ours = applied_term == self.term or adopt
         since: list[tuple[int, int, bytes]] | None = None
@@ -402,8 +401,6 @@ class OpLogShipper:
         if since is None:
             self.join(follower)
             return
-        follower.joined = False  # what is staged goes to the others now, to this one with the rest below
-        self.flush()
         log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(since),
                  f" (its copy of term {applied_term} adopted)" if adopt
                  else "" if ours else f" (its copy of term {applied_term} continued)")
@@ -526,7 +523,7 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
-    row the copy has is kept as it is).  The wire has no leader's clock: ``Meta.system_time`` is this node's
+    row the copy has is kept as it is).  The wire has no leader's clock: an op's ``Meta`` has this node's
     (no op's outcome depends on it).  ``bounds``: where each log op starts and ends in ``payload`` is added to it."""
     data = memoryview(payload)
     end = len(data)
@@ -536,7 +533,7 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         size = MARK.unpack_from(data, pos)[1]
         snapshot, _ = machine.decode_state(data, pos + MARK.size)
         pos += MARK.size + size
-        state, effects = machine.apply(machine.Meta(first, _now()), machine.Restore(snapshot), state)
+        state, effects = machine.apply((first, _now()), machine.Restore(snapshot), state)
         _carry_out(replicas, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
         pos += MARK.size
@@ -554,7 +551,7 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
             continue
         start = pos
         op, pos = decode(data, pos)
-        state, effects = machine.apply(machine.Meta(first + count, now), op, state)
+        state, effects = machine.apply((first + count, now), op, state)
         _carry_out(replicas, index_id, effects, idempotent)
         if bounds is not None:
             bounds += (start, pos)
@@ -575,8 +572,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
         elif isinstance(effect, machine.Held):
             replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):
-            for seq in effect.seqs:
-                replicas.remove(index_id, seq)
+            replicas.remove(index_id, effect.seqs)
         elif isinstance(effect, machine.Move):
             replicas.move(index_id, effect.old, effect.new, effect.returns)
         elif isinstance(effect, machine.Drop):

@@ -273,6 +273,23 @@ async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog)
     assert not any("takes a snapshot" in record.message for record in caplog.records)
 
 
+async def test_a_request_to_catch_up_in_the_turn_of_ops_not_yet_shipped_gets_them_too(network, caplog):
+    """The leader's log takes a turn's ops as it ships them: a catch-up asked in that turn ships them first, so
+    that they are in the log the follower is sent (else it would miss them, and wait for the next op to ask
+    again)."""
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    replicator = replicator_of(node)
+    applied = network.nodes["n3"].quorum.groups[KEY].applied
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    publish(node, bodies(5))
+    assert replicator.ops  # (staged: shipped at the end of the turn)
+    replicator.catch_up("n3", replicator.term, applied)
+    assert await copies_agree(network) == [b"first", *bodies(5)]
+    assert sum("n3 catches up on" in record.message for record in caplog.records) == 1
+
+
 async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_the_queue_changes(
         network, monkeypatch, caplog):
     """The snapshot is the state at an index, then the rows a chunk per loop turn while consumers take, ack

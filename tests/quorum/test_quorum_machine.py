@@ -23,7 +23,7 @@ from amqp_server.queues import quorum_machine as m
 from amqp_server.queues import quorum_ops as ops
 from amqp_server.queues.quorum_machine import SeqSet, State
 
-META = m.Meta(1, 1_700_000_000_000)
+META = (1, 1_700_000_000_000)
 
 
 def size_of(message: int) -> int:
@@ -124,11 +124,11 @@ class QuorumMachine(RuleBasedStateMachine):
         self.sent: list[tuple[list[int], str]] = []
         self._gone: dict[int, int] = {}
         self.index = 0  # the latest op's, in the log
-        self.now = 1_700_000_000_000  # the leader's clock (its ops' Meta.system_time)
+        self.now = 1_700_000_000_000  # the leader's clock (its ops' Meta's time)
 
     def run(self, op) -> tuple:
         self.index += 1
-        self.state, effects = m.apply(m.Meta(self.index, self.now), op, self.state)
+        self.state, effects = m.apply((self.index, self.now), op, self.state)
         assert isinstance(effects, tuple)
         self.log.append(op)
         self.sent.extend((list(map(self.message_at_or_gone, seqs)), reason)
@@ -378,7 +378,7 @@ class QuorumMachine(RuleBasedStateMachine):
         """A follower from a snapshot: the state as bytes, then the rows (a leader sends them a chunk at a time)."""
         state, rows = State(next_seq=7, checked_out={1}), Rows({1: Row(-1)})  # whatever it had goes
         snapshot, _ = m.decode_state(m.encode_state(self.state))
-        state, effects = m.apply(m.Meta(self.index), m.Restore(snapshot), state)
+        state, effects = m.apply((self.index, 0), m.Restore(snapshot), state)
         rows.carry_out(effects)
         assert rows == {} and state == self.state
         rows.update(self.rows.copy())
@@ -441,7 +441,7 @@ class QuorumMachine(RuleBasedStateMachine):
         (as a copy does before it leads); then their facts are the leader's too."""
         for i, (state, rows, applied) in enumerate(self.followers):
             for index, op in enumerate(self.log[applied:], applied + 1):
-                state, effects = m.apply(m.Meta(index), op, state)
+                state, effects = m.apply((index, 0), op, state)
                 rows.carry_out(effects, lenient=True)
             self.followers[i] = (state, rows, len(self.log))
             assert state == self.state
@@ -510,9 +510,9 @@ def test_apply_is_a_value_with_its_effects_as_a_tuple():
     state = State()
     state, effects = m.apply(META, m.Enqueue(0, 0, b"a"), state)
     assert effects == (m.Store(0, 0, b"a"),)
-    state, effects = m.apply(m.Meta(2, 1_700_000_000_001), m.Settle([0]), state)
+    state, effects = m.apply((2, 1_700_000_000_001), m.Settle([0]), state)
     assert effects == ()  # (not checked out: nothing to settle)
-    state, effects = m.apply(m.Meta(3, 1_700_000_000_002), m.Checkout(0), state)
+    state, effects = m.apply((3, 1_700_000_000_002), m.Checkout(0), state)
     assert effects == (m.Held(0),) and state.checked_out == {0} and not state.ready
     mutable = {name: type(value).__name__ for name, value in vars(m).items()
                if isinstance(value, (list, dict, set, bytearray)) and not name.startswith("__")}
