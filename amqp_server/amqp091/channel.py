@@ -99,6 +99,8 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
 
     def hold(self, alarm: str | None) -> None: ...
 
+    def leader_waits(self, change: int) -> None: ...
+
 
 class Channel:
     def __init__(self, connection: ChannelHost, number: int) -> None:
@@ -142,6 +144,7 @@ class Channel:
         self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
+        self.leader_waits = 0  # of its publishes, how many wait for a quorum queue's leader (``waiting``)
         self.confirm_pending = False
         self.tx: list[Callable[[], object]] | None = None
         self.tx_held: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}  # settled in the open transaction
@@ -446,6 +449,13 @@ class Channel:
         if self.open:
             self.confirm_pending = True
             self.connection.schedule_flush()
+
+    def waiting(self, change: int) -> None:
+        """``change`` more (or fewer) of its publishes wait for a quorum queue's leader (``remote_queue.Window``):
+        its connection is read no more while too many do, rather than have them nacked."""
+        if self.open:
+            self.leader_waits += change
+            self.connection.leader_waits(change)
 
     def emit_confirms(self) -> None:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
@@ -979,6 +989,9 @@ class Channel:
         self._routes.clear()
         self.tx = None
         self._release_held()
+        if self.leader_waits:  # (its publishes still wait in their windows, for no one now)
+            self.connection.leader_waits(-self.leader_waits)
+            self.leader_waits = 0
         self.broker.churn.channel_closed += 1
         self.connection.clients.fold(self.connection.protocol, self.stats)
         self.broker.persistence.waiters.discard(self)

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from amqp_server.queues.policy import Policy
     from amqp_server.ports import ConfirmSink
 
-HOLD = 5.0  # seconds a quorum queue's window of publishes waits without a confirm (no leader) before nacking them
-HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once)
+HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once; its publishers are held long before)
 RESEND_RETRY = 0.5  # seconds before a window sends again to the node that said it does not lead
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
@@ -49,6 +48,17 @@ class Relayed:
 
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.confirm.remote_confirmed(self.seq, rejected)
+
+    def waiting(self, change: int) -> None:
+        waiting(self.confirm, change)
+
+
+def waiting(confirm: "ConfirmSink", change: int) -> None:
+    """``change`` more (or fewer) publishes of ``confirm``'s wait for a leader: a channel holds its connection back
+    while more than a few do (``Channel.waiting``); other sinks (another node's session) have no such hold."""
+    told = getattr(confirm, "waiting", None)
+    if told is not None:
+        told(change)
 
 
 class Publish:
@@ -76,8 +86,11 @@ class Window:
     link), and the queue's state takes each publish once whatever the number of copies
     (``QuorumQueue.enqueue_from``).  A publisher whose leader paused so gets its confirms at the election,
     neither a nack after the link falls silent nor a duplicate.  While no leader can be reached, or one answers
-    that it does not lead, the window waits: after ``HOLD`` seconds without a confirm, what it holds is nacked
-    (nothing is stored here: a nacked publish was never confirmed; it may be in the queue all the same)."""
+    that it does not lead, the window waits (``waiting``), however long, as ``rabbit_fifo_client`` keeps its
+    pending commands: nothing is nacked but at the queue's deletion.  Meanwhile each publish waiting counts against
+    its channel, whose connection is read no more while more than a few do (``Channel.waiting``, as RabbitMQ's
+    credit flow blocks a channel past ``rabbit_fifo_client``'s soft limit): memory stays bounded, and only
+    publishers to the queue are slowed."""
 
     def __init__(self) -> None:
         self.id = random.getrandbits(63) | 1
@@ -89,7 +102,7 @@ class Window:
         self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
         self._next = 1
         self._round = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self.waiting = False  # no leader to send to: each publish here counts against its channel (``waiting``)
         self._retry: asyncio.TimerHandle | None = None
 
     @property
@@ -105,6 +118,8 @@ class Window:
         publish = self.publishes[self._next] = Publish(self, self._next, confirm, message)
         self._next += 1
         publish.round = self._round
+        if self.waiting:
+            waiting(confirm, 1)
         if self.leaderless or self.send is None or not self.send(publish):
             self.stalled()
         return True
@@ -126,6 +141,8 @@ class Window:
         publishes[seq] = publish
         for p in later:
             publishes[p.seq] = p
+        if self.waiting:
+            waiting(confirm, 1)
         self.stalled()
 
     def resend(self) -> None:
@@ -135,6 +152,7 @@ class Window:
             self._retry = None
         self._round += 1
         if not self.publishes:
+            self.waiting = False
             return
         if self.leaderless or self.send is None:
             self.stalled()
@@ -145,6 +163,7 @@ class Window:
                 if not self.send(publish):
                     self.stalled()
                     return
+        self._sent()
 
     def answered(self, publish: Publish, status: int, hint: tuple[str, int] | None = None) -> None:
         """A node's answer to a copy: confirmed or refused (the publisher is told), or not taken — the node does
@@ -170,9 +189,8 @@ class Window:
                 self.recheck()
             return
         del self.publishes[publish.seq]
-        if status == link.CONFIRM_OK and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.waiting:
+            waiting(publish.confirm, -1)
         publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
 
     def lost(self, publish: Publish) -> None:
@@ -181,16 +199,26 @@ class Window:
             self.stalled()
 
     def stalled(self) -> None:
-        """What waits is nacked after ``HOLD`` seconds unless a confirm comes first."""
-        if self._timer is None and self.publishes:
-            self._timer = asyncio.get_running_loop().call_later(HOLD, self.close)
+        """No leader takes what the window holds for now: it waits, and counts against its publishers' channels."""
+        if not self.waiting:
+            self.waiting = True
+            for publish in self.publishes.values():
+                waiting(publish.confirm, 1)
+
+    def _sent(self) -> None:
+        """Everything went to a leader: its publishers are read again (their own windows of unconfirmed
+        publishes, and the link's flow, bound what follows)."""
+        if self.waiting:
+            self.waiting = False
+            for publish in self.publishes.values():
+                waiting(publish.confirm, -1)
 
     def close(self) -> None:
-        """Gave up (or the queue is gone): every publish waiting is nacked."""
-        for handle in (self._timer, self._retry):
-            if handle is not None:
-                handle.cancel()
-        self._timer = self._retry = None
+        """The queue is gone: every publish waiting is nacked."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._sent()
         self._round += 1
         publishes, self.publishes = self.publishes, {}
         for publish in publishes.values():

@@ -71,6 +71,18 @@ class Confirms:
         return sorted(seq for seq, outcome in self.outcomes.items() if outcome == "ack")
 
 
+class HeldConfirms(Confirms):
+    """A channel that holds its connection back while its publishes wait for a leader (``Channel.waiting``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting_now = self.waiting_most = 0
+
+    def waiting(self, change: int) -> None:
+        self.waiting_now += change
+        self.waiting_most = max(self.waiting_most, self.waiting_now)
+
+
 async def wait_for(check, what: str, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
@@ -644,12 +656,41 @@ async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(netwo
     assert await copies_agree(network) == [b"first", *bodies(1000)]
 
 
+# -- no leader ----------------------------------------------------------------------------------
+
+
+async def test_a_publish_waits_for_a_leader_however_long_and_is_never_nacked(network):
+    """n1, the leader, and n3 die: n2 alone is no majority, and no leader is known for longer than a publish
+    once waited before it was nacked (5 s).  What n2's publisher sent meanwhile waits, counted against its
+    channel (which holds its connection back past a few), and the leader elected once n3 is back confirms it
+    all, as RabbitMQ's quorum queue client keeps its pending commands for the next leader."""
+    node = await declared(network)
+    confirms = HeldConfirms()
+    publish(node, bodies(5), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 5, "the first confirms")
+    await network.kill("n1")
+    await network.kill("n3")
+    n2 = network.nodes["n2"]
+    await wait_for(lambda: n2.quorum.groups[KEY].leader == "", "n2 knows no leader")
+    publish(n2, bodies(40, "wait"), confirms)
+    await asyncio.sleep(6)
+    assert len(confirms.outcomes) == 5, "a publish was answered without a leader"
+    assert confirms.waiting_now == 40
+    await network.start_node("n3")
+    await wait_for(lambda: len(confirms.outcomes) == 45, "an answer to each publish", 30)
+    assert confirms.acked() == list(range(1, 46))
+    assert confirms.waiting_now == 0 and confirms.waiting_most == 40
+    assert await copies_agree(network) == bodies(5) + bodies(40, "wait")
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 
 async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     """n1 cannot reach etcd (the others can, and still hear from it): its lease lapses, n2 or n3 leads, and
-    what n1 took meanwhile is nacked, never confirmed; its later ops are not the followers' any more."""
+    what n1 took meanwhile is not confirmed by it, nor nacked (for longer than a publish once waited for a
+    leader): once n1 reaches the new leader it passes them on, and that leader confirms them.  n1's later ops
+    are not the followers' any more."""
     node = await declared(network)
     confirms = Confirms()
     publish(node, bodies(20), confirms)
@@ -659,13 +700,16 @@ async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     network.hold("n1", "n3")
     publish(node, bodies(5, "cut"), confirms)
     await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "another leader")
-    await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
-    assert [confirms.outcomes[seq] for seq in range(21, 26)] == ["nack"] * 5
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 deposed")
+    await asyncio.sleep(6)  # (longer than a publish waited for a leader before it was nacked)
+    assert len(confirms.outcomes) == 20
     network.release("n1", "n2")
     network.release("n1", "n3")
     network.nodes["n1"].client.unreachable = False
     await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
-    assert await copies_agree(network) == bodies(20)
+    await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
+    assert confirms.acked() == list(range(1, 26))
+    assert await copies_agree(network) == bodies(20) + bodies(5, "cut")
 
 
 async def test_etcd_out_of_reach_for_less_than_the_lease_stops_no_confirm_and_keeps_the_leader(network):
