@@ -319,6 +319,7 @@ class RemoteQueue:
         self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
         # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
         self.recheck: Callable[[], None] | None = None
+        self.leads: Callable[[], bool] | None = None  # a quorum queue's: whether its node is the leader known here
 
     @property
     def node(self) -> str:
@@ -327,6 +328,11 @@ class RemoteQueue:
     @property
     def available(self) -> bool:
         return self.peer.up
+
+    @property
+    def leaderless(self) -> bool:
+        """A quorum queue's whose node is not the leader known here (``leads``), or is down."""
+        return self.leads is not None and not (self.peer.up and self.leads())
 
     def local(self) -> None:
         """(Not a queue of this node.)"""

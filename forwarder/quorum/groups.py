@@ -672,6 +672,7 @@ class QuorumGroups:
         queue.members = group.members
         queue.publishes = group.window
         queue.recheck = lambda: self._recheck(group)
+        queue.leads = lambda: group.leader == queue.peer.name
         self._swap(vhost, current, queue)
 
     def _promote(self, vhost: VHost, group: Group) -> None:

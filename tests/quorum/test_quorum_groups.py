@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 import pytest
 from pamqp import commands
 
-from amqp_server.broker import Broker
+from amqp_server.broker import Broker, vhost as vhost_module
+from amqp_server.errors import ChannelError
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
@@ -681,6 +682,35 @@ async def test_a_publish_waits_for_a_leader_however_long_and_is_never_nacked(net
     assert confirms.acked() == list(range(1, 46))
     assert confirms.waiting_now == 0 and confirms.waiting_most == 40
     assert await copies_agree(network) == bodies(5) + bodies(40, "wait")
+
+
+async def test_a_quorum_queue_is_reached_through_a_deposed_member_once_a_leader_is_elected(network, monkeypatch):
+    """n1, which declared the queue, is dead and n3 leads; then n3's lease is revoked while n2 cannot reach etcd:
+    n3 steps down, its proxy of the queue naming n1 again, and no leader is elected for a while.  A basic.get
+    through n3 waits (a while: ``LEADER_WAIT``) for the next leader and is answered by it, rather than fail at
+    once with 404 "home node 'n1' of durable queue ... is down" (RabbitMQ answers through any member while a
+    majority has a leader)."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    n3 = the_leader(network)
+    assert n3.name == "n3"  # (a tie goes to the name that sorts last)
+    n2 = network.nodes["n2"]
+    n2.client.unreachable = True
+    network.etcd.revoke(n3.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: n3.quorum.groups[KEY].replicator is None, "n3 deposed")
+    vhost = n3.broker.vhosts["/"]
+    assert vhost.queues["q"].node == "n1" and vhost.queues["q"].leaderless
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 0.2)
+    with pytest.raises(ChannelError, match="home node 'n1'"):  # (none came meanwhile: the wait is bounded)
+        await asyncio.wait_for(n3.broker.get_anywhere(vhost, "q", True), 10)
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 30.0)
+    n2.client.unreachable = False
+    _, entry = await asyncio.wait_for(n3.broker.get_anywhere(vhost, "q", True), 30)
+    assert entry is not None and entry.message.body == bodies(10)[0]
 
 
 # -- fencing ------------------------------------------------------------------------------------
