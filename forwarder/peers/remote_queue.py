@@ -13,6 +13,8 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
+from amqp_server.broker.vhost import LEADER_WAIT
+from amqp_server.errors import ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
 from amqp_server.queues.queue import AnyQueue, Consumer, Entry, ParkedSettle
@@ -505,6 +507,24 @@ class RemoteQueue:
     def _try_again(self, remote: RemoteConsumer, refused_id: int) -> None:
         if remote.id == refused_id and not remote.attached and self.by_consumer.get(remote.consumer) is remote:
             self._attach(remote)
+
+    def unanswered(self, remote: RemoteConsumer, error: ChannelError) -> None:
+        """A new consumer of a quorum queue that the node it went to did not take: that node no longer leads
+        (this one had not heard yet), or its link dropped before it answered.  It consumes at the leader as one
+        that outlived a change of leader does, once one is known and reached; if none has taken it within
+        ``LEADER_WAIT``, its basic.consume fails with ``error``."""
+        remote.attached = False
+        loop = asyncio.get_running_loop()
+        loop.call_later(LEADER_WAIT, self._unanswered, remote, error)
+        if self.recheck is not None:
+            self.recheck()
+        loop.call_later(REATTACH_RETRY, self._try_again, remote, remote.id)
+
+    def _unanswered(self, remote: RemoteConsumer, error: ChannelError) -> None:
+        if remote.accepted.done() or self.by_consumer.get(remote.consumer) is not remote:
+            return
+        remote.accepted.set_exception(error)
+        self.remove_consumer(remote.consumer)
 
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
         """A consumer of the queue's object here before (this node led it) goes on through this proxy: the

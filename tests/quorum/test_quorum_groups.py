@@ -830,6 +830,26 @@ async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_
     await drained(network, client, sent)
 
 
+async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_again_not_refused(network):
+    """n2's basic.consume reaches n1, the leader, but n2's link to n1 drops before n1's answer comes back: rather
+    than fail as for a queue whose node is down (a quorum queue stays reachable while a majority leads it), the
+    consumer consumes again at the leader once it is reached, and gets every message."""
+    node = await declared(network)
+    sent = bodies(100)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 100, "the publishes confirmed")
+    network.hold("n1", "n2")  # (n1's answer waits)
+    client = Client(network.nodes["n2"], prefetch=50).consume()
+    await wait_for(lambda: network.held[("n1", "n2")], "the consume answered")
+    network.cut("n1", "n2")
+    await asyncio.sleep(0.2)
+    network.release("n1", "n2")
+    network.heal("n1", "n2")
+    await drained(network, client, sent)
+    assert not client.cancelled
+
+
 async def test_a_consumer_that_goes_during_a_change_of_leader_leaves_nothing_stranded(network):
     _, client, sent = await consumer_holding(network, "n2")
     await network.kill("n1")
