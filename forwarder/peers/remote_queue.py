@@ -14,7 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.broker.vhost import LEADER_WAIT
-from amqp_server.errors import ChannelError
+from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
 from amqp_server.queues.queue import AnyQueue, Consumer, Entry, ParkedSettle
@@ -596,8 +596,23 @@ class RemoteQueue:
         self.peer.settle(mode, entries)
 
     async def fetch(self, no_ack: bool) -> Entry | None:
-        """basic.get at the owner: the entry stays unacked there until settled from here."""
-        reply, message = await self.peer.request(self, "get")
+        """basic.get at the owner: the entry stays unacked there until settled from here.  A quorum queue's node
+        that answers it does not lead (any more: this node had not heard) is asked again once this node knows
+        the leader, for up to ``LEADER_WAIT``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT
+        while True:
+            try:
+                reply, message = await self.peer.request(self, "get")
+                break
+            except ChannelError as exc:
+                if not self.replicated or exc.code != NOT_FOUND or self.deleted or loop.time() >= deadline:
+                    raise
+            if self.recheck is not None:
+                self.recheck()
+            await asyncio.sleep(REATTACH_RETRY)
+            while self.leaderless and loop.time() < deadline:
+                await asyncio.sleep(REATTACH_RETRY / 10)
         if message is None:
             return None
         entry = Entry(reply["tag"], message, reply["redelivered"])

@@ -713,6 +713,25 @@ async def test_a_quorum_queue_is_reached_through_a_deposed_member_once_a_leader_
     assert entry is not None and entry.message.body == bodies(10)[0]
 
 
+async def test_a_get_through_a_node_that_missed_a_change_of_leader_is_answered_by_the_new_leader(network):
+    """n2's watch of etcd stalls, and it misses that n1's lease was revoked and n3 leads: its basic.get goes to
+    n1, which answers that it does not lead; n2 asks etcd who leads and gets the message there, rather than
+    answer 404 "home node ... is down"."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    n2 = network.nodes["n2"]
+    n2.client.deaf = True
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 deposed")
+    assert n2.quorum.groups[KEY].leader == "n1"  # (n2 heard nothing)
+    vhost = n2.broker.vhosts["/"]
+    _, entry = await asyncio.wait_for(n2.broker.get_anywhere(vhost, "q", True), 30)
+    assert entry is not None and entry.message.body == bodies(10)[0]
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 
