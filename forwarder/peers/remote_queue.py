@@ -88,7 +88,7 @@ class Window:
     link), and the queue's state takes each publish once whatever the number of copies
     (``QuorumQueue.enqueue_from``).  A publisher whose leader paused so gets its confirms at the election,
     neither a nack after the link falls silent nor a duplicate.  While no leader can be reached, or one answers
-    that it does not lead, the window waits (``waiting``), however long, as ``rabbit_fifo_client`` keeps its
+    that it does not lead, the window waits (``held``), however long, as ``rabbit_fifo_client`` keeps its
     pending commands: nothing is nacked but at the queue's deletion.  Meanwhile each publish waiting counts against
     its channel, whose connection is read no more while more than a few do (``Channel.waiting``, as RabbitMQ's
     credit flow blocks a channel past ``rabbit_fifo_client``'s soft limit): memory stays bounded, and only
@@ -104,7 +104,7 @@ class Window:
         self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
         self._next = 1
         self._round = 0
-        self.waiting = False  # no leader to send to: each publish here counts against its channel (``waiting``)
+        self.held = False  # no leader to send to: each publish here counts against its channel (``waiting``)
         self._retry: asyncio.TimerHandle | None = None
 
     @property
@@ -120,7 +120,7 @@ class Window:
         publish = self.publishes[self._next] = Publish(self, self._next, confirm, message)
         self._next += 1
         publish.round = self._round
-        if self.waiting:
+        if self.held:
             waiting(confirm, 1)
         if self.leaderless or self.send is None or not self.send(publish):
             self.stalled()
@@ -143,7 +143,7 @@ class Window:
         publishes[seq] = publish
         for p in later:
             publishes[p.seq] = p
-        if self.waiting:
+        if self.held:
             waiting(confirm, 1)
         self.stalled()
 
@@ -154,7 +154,7 @@ class Window:
             self._retry = None
         self._round += 1
         if not self.publishes:
-            self.waiting = False
+            self.held = False
             return
         if self.leaderless or self.send is None:
             self.stalled()
@@ -191,7 +191,7 @@ class Window:
                 self.recheck()
             return
         del self.publishes[publish.seq]
-        if self.waiting:
+        if self.held:
             waiting(publish.confirm, -1)
         publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
 
@@ -202,16 +202,16 @@ class Window:
 
     def stalled(self) -> None:
         """No leader takes what the window holds for now: it waits, and counts against its publishers' channels."""
-        if not self.waiting:
-            self.waiting = True
+        if not self.held:
+            self.held = True
             for publish in self.publishes.values():
                 waiting(publish.confirm, 1)
 
     def _sent(self) -> None:
         """Everything went to a leader: its publishers are read again (their own windows of unconfirmed
         publishes, and the link's flow, bound what follows)."""
-        if self.waiting:
-            self.waiting = False
+        if self.held:
+            self.held = False
             for publish in self.publishes.values():
                 waiting(publish.confirm, -1)
 
