@@ -96,7 +96,7 @@ class Window:
 
     def __init__(self) -> None:
         self.id = random.getrandbits(63) | 1
-        self.leaderless = False  # no leader known: nothing is sent until one is (``resend``)
+        self.leaderless = False  # no leader known: what is sent goes to a member, which names the leader if it knows
         # sends a publish to the leader known now (a proxy's node, or this one's queue); False: it cannot now
         self.send: Callable[[Publish], bool] | None = None
         self.recheck: Callable[[], None] | None = None  # asks etcd who leads (a node said it does not)
@@ -122,7 +122,7 @@ class Window:
         publish.round = self._round
         if self.held:
             waiting(confirm, 1)
-        if self.leaderless or self.send is None or not self.send(publish):
+        if self.send is None or not self.send(publish):
             self.stalled()
         return True
 
@@ -156,7 +156,7 @@ class Window:
         if not self.publishes:
             self.held = False
             return
-        if self.leaderless or self.send is None:
+        if self.send is None:
             self.stalled()
             return
         for publish in list(self.publishes.values()):
@@ -183,8 +183,6 @@ class Window:
                 asyncio.get_running_loop().call_soon(self.resend)
                 return
             self.stalled()
-            if self._retry is None:
-                self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
             if hint is not None and hint[0] and self.hinted is not None:
                 self.hinted(*hint)
             elif self.recheck is not None:
@@ -201,11 +199,14 @@ class Window:
             self.stalled()
 
     def stalled(self) -> None:
-        """No leader takes what the window holds for now: it waits, and counts against its publishers' channels."""
+        """No leader takes what the window holds for now: it waits, counted against its publishers' channels, and
+        is sent again a while later (to the leader known then, or to a member that may name it)."""
         if not self.held:
             self.held = True
             for publish in self.publishes.values():
                 waiting(publish.confirm, 1)
+        if self._retry is None and self.publishes:
+            self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
 
     def _sent(self) -> None:
         """Everything went to a leader: its publishers are read again (their own windows of unconfirmed
