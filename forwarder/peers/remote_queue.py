@@ -52,15 +52,7 @@ class Relayed:
         self.confirm.remote_confirmed(self.seq, rejected)
 
     def waiting(self, change: int) -> None:
-        waiting(self.confirm, change)
-
-
-def waiting(confirm: "ConfirmSink", change: int) -> None:
-    """``change`` more (or fewer) publishes of ``confirm``'s wait for a leader: a channel holds its connection back
-    while more than a few do (``Channel.waiting``); other sinks (another node's session) have no such hold."""
-    told = getattr(confirm, "waiting", None)
-    if told is not None:
-        told(change)
+        self.confirm.waiting(change)
 
 
 class Publish:
@@ -78,6 +70,9 @@ class Publish:
 
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.window.answered(self, link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK)
+
+    def waiting(self, change: int) -> None:
+        """(A queue's sink: what waits for a leader is counted by its window, against its publisher.)"""
 
 
 class Window:
@@ -121,7 +116,7 @@ class Window:
         self._next += 1
         publish.round = self._round
         if self.held:
-            waiting(confirm, 1)
+            confirm.waiting(1)
         if self.send is None or not self.send(publish):
             self.stalled()
         return True
@@ -144,7 +139,7 @@ class Window:
         for p in later:
             publishes[p.seq] = p
         if self.held:
-            waiting(confirm, 1)
+            confirm.waiting(1)
         self.stalled()
 
     def resend(self) -> None:
@@ -190,7 +185,7 @@ class Window:
             return
         del self.publishes[publish.seq]
         if self.held:
-            waiting(publish.confirm, -1)
+            publish.confirm.waiting(-1)
         publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
 
     def lost(self, publish: Publish) -> None:
@@ -204,7 +199,7 @@ class Window:
         if not self.held:
             self.held = True
             for publish in self.publishes.values():
-                waiting(publish.confirm, 1)
+                publish.confirm.waiting(1)
         if self._retry is None and self.publishes:
             self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
 
@@ -214,7 +209,7 @@ class Window:
         if self.held:
             self.held = False
             for publish in self.publishes.values():
-                waiting(publish.confirm, -1)
+                publish.confirm.waiting(-1)
 
     def close(self) -> None:
         """The queue is gone: every publish waiting is nacked."""

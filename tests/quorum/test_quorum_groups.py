@@ -68,6 +68,9 @@ class Confirms:
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.outcomes[seq] = "nack" if rejected else "ack"
 
+    def waiting(self, change: int) -> None:
+        pass
+
     def acked(self) -> list[int]:
         return sorted(seq for seq, outcome in self.outcomes.items() if outcome == "ack")
 
