@@ -45,8 +45,11 @@ class Message:
     """One message, shared by every queue it was routed to."""
 
     __slots__ = ("exchange", "routing_key", "route", "header", "body", "body_size", "msg_id", "transient_id",
-                 "logged", "_properties", "_flags", "bcc_keys", "__weakref__")
+                 "logged", "_properties", "_flags", "bcc_keys", "amqp10", "__weakref__")
     bcc_keys: tuple[str, ...]  # a message published with BCC: its BCC keys, stripped from its headers (sender_selected)
+    # a message published over AMQP 1.0: its sections before the body as they came (``header`` is what a 0-9-1
+    # reader gets), so an AMQP 1.0 reader gets them back (stream_log.amqp10.record_parts); None for others
+    amqp10: bytes | None
 
     def __init__(self, exchange: str, routing_key: str, route: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -59,6 +62,7 @@ class Message:
         self.transient_id = 0  # a message paged in from the transient store: its record there (to load it)
         self.logged = False  # written to a stream's log: durable with the group commit being staged
         self.bcc_keys = ()
+        self.amqp10 = None
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
 
@@ -71,6 +75,7 @@ class Message:
         message.transient_id = transient_id
         message.logged = False
         message.bcc_keys = ()
+        message.amqp10 = None
         message.body_size = body_size
         message.body = None  # type: ignore[assignment]  # until load_body: typed bytes for the hot path's readers
         message.header = None  # type: ignore[assignment]  # (as the body)
@@ -82,6 +87,7 @@ class Message:
         transient message, which the other queues it went to keep in memory only, holds its own."""
         other = Message(self.exchange, self.routing_key, self.route, self.header, self.body)
         other.bcc_keys = self.bcc_keys
+        other.amqp10 = self.amqp10
         return other
 
     def without_body(self) -> "Message":
@@ -94,13 +100,13 @@ class Message:
 
     def payload(self) -> tuple[bytes, ...]:
         """What a store keeps of the message, in parts (never concatenated here): lengths, route, header, body."""
-        return payload_codec.encode(self.route, self.header, self.body)
+        return payload_codec.encode(self.route, self.header, self.body, self.amqp10)
 
     def fill_from(self, payload: bytes, routes: dict[bytes, tuple[bytes, str, str]] | None = None,
                   headers: dict[bytes, bytes] | None = None) -> None:
         """Route, header and body back from a store's ``payload()`` record.  ``routes`` and ``headers``: what
         the messages of one batch share (a few routes and headers: each is then one object in memory)."""
-        route, header, body = payload_codec.decode(payload)
+        route, header, body, self.amqp10 = payload_codec.decode(payload)
         decoded = routes.get(route) if routes is not None else None
         if decoded is None:
             decoded = (route, *payload_codec.route_names(route))

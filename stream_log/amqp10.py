@@ -37,14 +37,10 @@ APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x
 _PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
                    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
                    "reply_to_group_id")
-# An AMQP 1.0 publish's properties section as it came, kept as this header when it says what AMQP 0-9-1 properties
-# cannot (``_UNMAPPED``), so an AMQP 1.0 reader gets it back whole (RabbitMQ's name for the same, mc.hrl)
+# Sections kept whole in these 0-9-1 headers (RabbitMQ's names, mc_amqpl: a 0-9-1 publisher, or a node before
+# message containers stored AMQP 1.0, may set them): an AMQP 1.0 reader gets each back as the section it is
 PROPERTIES_HEADER = "x-amqp-1.0-properties"
-# Its application-properties section as it came, kept when it names an ``x-`` key: an AMQP 1.0 reader and a
-# stream consumer's filters read it as application properties, where the ``x-`` headers of the 0-9-1 model are
-# message annotations (RabbitMQ 4.x keeps the section whatever its keys; the name is RabbitMQ's, mc_amqpl)
 APP_PROPERTIES_HEADER = "x-amqp-1.0-app-properties"
-_UNMAPPED = ("to", "subject", "absolute_expiry_time", "group_id", "group_sequence", "reply_to_group_id")
 MAX_DEPTH = 32
 MAX_ITEMS = 16_384  # values one record may hold (its sections' fields, list and map items, array elements)
 
@@ -285,8 +281,8 @@ def _field(value: Value) -> header_table.Field | None:
         return header_table.Field("d", raw)
     if kind == "float":
         return header_table.Field("f", raw)
-    if kind == "timestamp":
-        return header_table.Field("T", raw // 1000)
+    if kind == "timestamp":  # (one before 1970 has no 0-9-1 timestamp: left out)
+        return header_table.Field("T", raw // 1000) if raw >= 0 else None
     if kind == "null":
         return header_table.Field("V", None)
     if kind == "uuid":
@@ -342,12 +338,6 @@ def _timestamp(value: Value | None) -> datetime.datetime | None:
     return datetime.datetime.fromtimestamp(value.value // 1000, datetime.timezone.utc)
 
 
-def _lossy_time(value: Value | None) -> bool:
-    """A creation-time the 0-9-1 timestamp does not hold whole (its milliseconds, or out of its range): the
-    properties section is kept, so an AMQP 1.0 reader gets it as sent."""
-    return value is not None and value.kind == "timestamp" and (value.value % 1000 != 0 or _timestamp(value) is None)
-
-
 def _internal(name: str) -> bool:
     """An annotation RabbitMQ 4.x reads itself and does not make a 0-9-1 header (mc_amqpl:is_internal_header)."""
     return name.startswith("x-basic-") or name in ("x-routing-key", "x-exchange", "x-death")
@@ -356,22 +346,17 @@ def _internal(name: str) -> bool:
 def _convert(found: list[tuple[int, Value, bytes]], stream: str,
              native: bool = False) -> tuple[str, str, bytes, list[bytes]]:
     """(exchange, routing key, content header, body parts) of a record's sections.  ``native``: a message an
-    AMQP 1.0 client published, converted as RabbitMQ 4.x converts it (mc_amqpl): its header section's durable,
-    priority and ttl become delivery-mode, priority and expiration, its ``x-`` message annotations (but those
-    RabbitMQ reads itself) and its application properties headers, the type the ``x-basic-type`` annotation."""
+    AMQP 1.0 client published, converted as RabbitMQ 4.x converts it (``_convert_native``)."""
     props: dict[str, Value] = {}
     header_fields: list[Value] = []
     application: dict[str, Value] = {}
     annotations: dict[str, Value] = {}
     body: list[bytes] = []
-    props_section = app_section = b""
     for descriptor, content, encoded in found:
         if descriptor == PROPERTIES and content.kind == "list":
             props = {name: item for name, item in zip(_PROPERTY_NAMES, content.value)}
-            props_section = encoded
         elif descriptor == APPLICATION_PROPERTIES:
             application = _map(content)
-            app_section = encoded
         elif descriptor == MESSAGE_ANNOTATIONS:
             annotations = _map(content)
         elif descriptor == DATA and content.kind == "binary":
@@ -380,44 +365,30 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
             body.append(encoded)
         elif descriptor == HEADER and content.kind == "list":
             header_fields = content.value
+    if native:
+        return _convert_native(header_fields, annotations, props, application, body, found, stream)
     headers: dict[str, header_table.Field] = {}
     delivery_mode = _int(annotations.get("x-basic-delivery-mode"))
     priority = _int(annotations.get("x-basic-priority"))
     expiration = _text(annotations.get("x-basic-expiration"))
-    if native:
-        durable, priority_field, ttl = (header_fields + [Value("null", None)] * 3)[:3]
-        delivery_mode = 2 if durable.value is True else 1
-        priority = _int(priority_field)
-        expiration = str(ttl.value) if ttl.kind == "uint" else None
-        for name, value in annotations.items():
-            converted = _field(value) if name.startswith("x-") and not _internal(name) else None
-            if converted is not None:
-                headers[name] = converted
-        if any(name in props and props[name].kind != "null" for name in _UNMAPPED) \
-                or _lossy_time(props.get("creation_time")):
-            headers[PROPERTIES_HEADER] = header_table.Field("x", props_section)
-        if any(name.startswith("x-") for name in application):
-            headers[APP_PROPERTIES_HEADER] = header_table.Field("x", app_section)
-        # (RabbitMQ 4.x: the type is the annotation's, group-id is app-id; application properties stay as named)
-        basic_type, app_id = annotations.get("x-basic-type"), props.get("group_id")
-        if any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
-            basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: a 1.0 reader takes them
-    else:
-        basic_type, app_id = application.pop("x-basic-type", None), application.pop("x-basic-app-id", None)
+    basic_type, app_id = application.pop("x-basic-type", None), application.pop("x-basic-app-id", None)
     for name, value in application.items():
         converted = _field(value)
         if converted is not None:
             headers[name] = converted
     message_id = _message_id(props.get("message_id"), "x-message-id-type", headers)
     correlation_id = _message_id(props.get("correlation_id"), "x-correlation-id-type", headers)
-    user_id = props.get("user_id")
     basic = commands.Basic.Properties(
         content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
         delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
         reply_to=_text(props.get("reply_to")), expiration=expiration,
         message_id=message_id, timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
-        app_id=_text(app_id), user_id=user_id.value.decode("utf-8", "replace")[:255]
-        if user_id is not None and user_id.kind == "binary" else _text(user_id))
+        app_id=_text(app_id), user_id=_user_id(props.get("user_id")))
+    return _converted(basic, headers, annotations, stream, body)
+
+
+def _converted(basic: commands.Basic.Properties, headers: dict[str, header_table.Field],
+               annotations: dict[str, Value], stream: str, body: list[bytes]) -> tuple[str, str, bytes, list[bytes]]:
     header = build_header(basic, 0)
     if headers:
         header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], headers)
@@ -426,6 +397,111 @@ def _convert(found: list[tuple[int, Value, bytes]], stream: str,
     if exchange is not None and routing_key is not None and exchange.kind == routing_key.kind == "string":
         return exchange.value[:255], routing_key.value[:255], header, body
     return "", stream, header, body
+
+
+def _convert_native(header_fields: list[Value], annotations: dict[str, Value], props: dict[str, Value],
+                    application: dict[str, Value], body: list[bytes], found: list[tuple[int, Value, bytes]],
+                    stream: str) -> tuple[str, str, bytes, list[bytes]]:
+    """What RabbitMQ 4.x gives an AMQP 0-9-1 reader of an AMQP 1.0 message (mc_amqpl:convert_from, then its
+    protocol_state): delivery-mode 2 unless the header says ``durable`` false (RabbitMQ's default, unlike the
+    specification's), priority and expiration from the header else the ``x-basic-*`` annotations; headers from
+    the ``x-`` annotations (``x-cc`` as ``CC``, the received time as ``timestamp_in_ms``), a message or
+    correlation id 0-9-1 cannot hold, and the application properties, sorted by name with the first of a name
+    kept; the type from ``x-basic-type``, or ``amqp-1.0`` for a body of AMQP 1.0 sections (and the footer)."""
+    durable, priority_field, ttl = (header_fields + [Value("null", None)] * 3)[:3]
+    if durable.kind == "bool":
+        delivery_mode: int | None = 2 if durable.value else 1
+    else:
+        delivery_mode = _int(annotations.get("x-basic-delivery-mode"))
+        if delivery_mode is None:
+            delivery_mode = 2
+    priority = _int(priority_field) if priority_field.kind != "null" else _int(annotations.get("x-basic-priority"))
+    expiration = str(ttl.value) if ttl.kind == "uint" else _text(annotations.get("x-basic-expiration"))
+    ordered: list[tuple[str, header_table.Field]] = []
+    for name, value in annotations.items():
+        if name == "x-cc":
+            name = "CC"
+        elif name == "x-opt-rabbitmq-received-time":
+            if value.kind == "timestamp":
+                ordered.append(("timestamp_in_ms", header_table.Field("l", value.value)))
+            continue
+        elif not name.startswith("x-") or _internal(name) or name == "x-opt-deaths":
+            continue
+        converted = _native_field(value)
+        if converted is not None and len(name.encode()) <= 255:
+            ordered.append((name, converted))
+    message_id = _native_id(props.get("message_id"), "x-message-id", ordered)
+    correlation_id = _native_id(props.get("correlation_id"), "x-correlation-id", ordered)
+    for name, value in application.items():
+        converted = _native_field(value)
+        if converted is not None and len(name.encode()) <= 255:
+            ordered.append((name, converted))
+    headers: dict[str, header_table.Field] = {}
+    for name, converted in ordered:
+        headers.setdefault(name, converted)
+    headers = {name: headers[name] for name in sorted(headers, key=lambda name: name.encode())}
+    basic_type = annotations.get("x-basic-type")
+    if any(descriptor in (AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
+        basic_type = Value("string", AMQP10_TYPE)  # its body is its encoded sections: a 1.0 reader takes them
+        body = body + [encoded for descriptor, _, encoded in found if descriptor == FOOTER]
+    basic = commands.Basic.Properties(
+        content_type=_text(props.get("content_type")), content_encoding=_text(props.get("content_encoding")),
+        delivery_mode=delivery_mode, priority=priority, correlation_id=correlation_id,
+        reply_to=_shortstr(props.get("reply_to")), expiration=expiration, message_id=message_id,
+        timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
+        app_id=_shortstr(props.get("group_id")), user_id=_user_id(props.get("user_id")))
+    return _converted(basic, headers, annotations, stream, body)
+
+
+def _user_id(value: Value | None) -> str | None:
+    """The user-id, as the publish's checks compare it with the user's name: one that is no short string is
+    kept mangled, not dropped, so it is refused as RabbitMQ refuses it (whose readers get only names that
+    matched, which mc_amqpl's is_valid_shortstr would keep)."""
+    if value is not None and value.kind == "binary":
+        return value.value.decode("utf-8", "replace")[:255]
+    return _text(value)
+
+
+def _shortstr(value: Value | None) -> str | None:
+    """A string property a 0-9-1 shortstr holds (mc_amqpl's unwrap_shortstr: at most 255 bytes); None for
+    any other."""
+    if value is None or value.kind != "string" or len(value.value.encode()) > 255:
+        return None
+    return str(value.value)
+
+
+def _native_id(value: Value | None, name: str, headers: list[tuple[str, header_table.Field]]) -> str | None:
+    """A message or correlation id as mc_amqpl:message_id gives it: a uuid as its URN, a ulong as its digits,
+    a string as it is; a binary one, or a string too long for a shortstr, as the header ``name`` instead."""
+    if value is None:
+        return None
+    if value.kind == "uuid":
+        return value.value.urn
+    if value.kind == "ulong":
+        return str(value.value)
+    if value.kind == "binary":
+        headers.append((name, header_table.Field("x", value.value)))
+    elif value.kind == "string":
+        if len(value.value.encode("utf-8", "surrogateescape")) <= 255:
+            return str(value.value)
+        headers.append((name, header_table.Field("S", value.value)))
+    return None
+
+
+def _native_field(value: Value) -> header_table.Field | None:
+    """An application property or annotation as mc_amqpl:to_091 makes it a header: as ``_field``, and a list
+    an array, a map a table."""
+    if value.kind in ("list", "array"):
+        items = [_native_field(item) for item in value.value]
+        return header_table.Field("A", [item for item in items if item is not None])
+    if value.kind == "map":
+        table = {}
+        for key, item in value.value:
+            converted = _native_field(item)
+            if key.kind in ("string", "symbol") and converted is not None and len(key.value.encode()) <= 255:
+                table[str(key.value)] = converted
+        return header_table.Field("F", table)
+    return _field(value)
 
 
 def _skip(record: bytes, pos: int) -> int:
@@ -445,6 +521,11 @@ def _skip(record: bytes, pos: int) -> int:
 
 _SIZE = struct.Struct(">Q")
 _DATA_SECTION = b"\x00\x53\x75"
+_HEADER_SECTION = b"\x00\x53\x70"  # a record that starts with one is an AMQP 1.0 message as RabbitMQ 4.x keeps it
+_BODIES = (DATA, AMQP_VALUE, AMQP_SEQUENCE)
+# (exchange, routing key, route, 0-9-1 content header, and the sections before the body of a message kept as
+# AMQP 1.0, or None): what the sections before a record's body convert to
+_Conversion = tuple[str, str, bytes, bytes, bytes | None]
 
 
 class Decoder:
@@ -458,10 +539,10 @@ class Decoder:
         self.native = native  # an AMQP 1.0 client's messages (see _convert)
         self.values = 0
         self.route = encode_route("", stream)
-        self._cache: dict[bytes, tuple[str, str, bytes, bytes]] = {}
+        self._cache: dict[bytes, _Conversion] = {}
         self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
         self._last_data = self._last + _DATA_SECTION  # and the data section's descriptor after them
-        self._last_conversion: tuple[str, str, bytes, bytes] | None = None
+        self._last_conversion: _Conversion | None = None
         self._sized: tuple[int, bytes, bytes] = (-1, b"", b"")  # a body size, a conversion's header, and with the size
 
     def message(self, record: bytes | bytearray, start: int = 0, end: int | None = None) -> Message:
@@ -485,15 +566,18 @@ class Decoder:
             else:
                 size, body_start = -1, end
             if body_start + size == end:
-                exchange, routing_key, route, header = cached
+                exchange, routing_key, route, header, kept = cached
                 if self._sized[0] != size or self._sized[1] is not header:
                     self._sized = (size, header, header[:4] + _SIZE.pack(size) + header[12:])
                 body = record[body_start:end]
-                return Message(exchange, routing_key, route, self._sized[2],
-                               body if isinstance(body, bytes) else bytes(body))
+                message = Message(exchange, routing_key, route, self._sized[2],
+                                  body if isinstance(body, bytes) else bytes(body))
+                if kept is not None:
+                    message.amqp10 = kept
+                return message
         return self._convert(bytes(record[start:end]))
 
-    def _prefix(self, record: bytes) -> tuple[tuple[str, str, bytes, bytes] | None, int]:
+    def _prefix(self, record: bytes) -> tuple[_Conversion | None, int]:
         """The conversion of the sections before a record's body, where its body is one binary data section that
         ends it; and where that section starts."""
         body_at = pos = 0
@@ -521,24 +605,27 @@ class Decoder:
         finally:
             self.values += MAX_ITEMS - reading.left
 
-    def _remember(self, prefix: bytes) -> tuple[str, str, bytes, bytes] | None:
+    def _remember(self, prefix: bytes) -> _Conversion | None:
         try:
             found = self._sections(prefix) if prefix else []
         except Invalid:
             return None
         if any(descriptor in (DATA, AMQP_VALUE, AMQP_SEQUENCE) for descriptor, _, _ in found):
             return None
-        exchange, routing_key, header, _ = _convert(found, self.stream, self.native)
+        native = self.native or prefix.startswith(_HEADER_SECTION)
+        exchange, routing_key, header, _ = _convert(found, self.stream, native)
         if len(self._cache) >= CACHED:
             self._cache.clear()
         route = self.route if (exchange, routing_key) == ("", self.stream) else encode_route(exchange, routing_key)
-        cached = self._cache[prefix] = (exchange, routing_key, route, header)
+        cached = self._cache[prefix] = (exchange, routing_key, route, header, prefix if native else None)
         return cached
 
     def _convert(self, record: bytes) -> Message:
         """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
+        native = self.native or record.startswith(_HEADER_SECTION)
         try:
-            exchange, routing_key, header, body = _convert(self._sections(record), self.stream, self.native)
+            found = self._sections(record)
+            exchange, routing_key, header, body = _convert(found, self.stream, native)
         except Invalid:
             if self.native:  # an AMQP 1.0 client's transfer is refused, not taken as opaque bytes
                 raise
@@ -546,7 +633,20 @@ class Decoder:
                            record)
         data = b"".join(body)
         header = header[:4] + _SIZE.pack(len(data)) + header[12:]
-        return Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
+        message = Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
+        if native:
+            message.amqp10 = _before_body(found)
+        return message
+
+
+def _before_body(found: list[tuple[int, Value, bytes]]) -> bytes:
+    """The encoded sections before a message's first body section."""
+    parts = []
+    for descriptor, _, encoded in found:
+        if descriptor in _BODIES:
+            break
+        parts.append(encoded)
+    return b"".join(parts)
 
 
 # -- AMQP 0-9-1 -> AMQP 1.0, as amqp10_binary_generator encodes it ------------------------------------------------
@@ -725,21 +825,24 @@ def _element(value: Value) -> tuple[bytes, bytes]:
     raise Invalid(f"no encoding of {kind}")
 
 
-_ENVELOPES: dict[tuple[bytes, bytes, bool], tuple[bytes, bool]] = {}
+_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool]] = {}
 _UINT_MAX = 0xFFFFFFFF
 
 
 def _header_section(message: Message) -> bytes:
     """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
     props = message.properties
-    expiration = props.expiration
-    ttl = int(expiration) if expiration is not None and expiration.isdigit() and int(expiration) <= _UINT_MAX \
-        else None
+    ttl = _ttl(props.expiration)
     fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
               uint(ttl) if ttl is not None else NULL]
     while fields and fields[-1] in (NULL, b"\x42"):
         fields.pop()
     return described(HEADER, encode_list(fields)) if fields else b""
+
+
+def _ttl(expiration: str | None) -> int | None:
+    return int(expiration) if expiration is not None and expiration.isdigit() and int(expiration) <= _UINT_MAX \
+        else None
 
 
 def from_amqp091(message: Message) -> bytes:
@@ -764,20 +867,26 @@ def record_head(message: Message, native: bool = False) -> bytes:
 
 def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
     """``record_head`` in its two parts: the sections before the body, and the body's data section constructor
-    (empty for a body of AMQP 1.0 sections already).  The last message's route and header objects are
-    remembered with its parts, so a run of messages alike (their header shared by their publisher) costs no
-    lookup."""
+    (empty for a body of AMQP 1.0 sections already).  A message published over AMQP 1.0 (``Message.amqp10``)
+    keeps its sections: an AMQP 1.0 reader gets them as RabbitMQ 4.x sends them (``_kept_envelope``), and a
+    stream stores them as RabbitMQ 4.x does (``native`` false), with a header section.  The last message's route
+    and header objects are remembered with its parts, so a run of messages alike (their header shared by their
+    publisher) costs no lookup."""
     global _last_parts
-    route, header, size, last = message.route, message.header, len(message.body), _last_parts
-    if last[0] is route and last[1] is header and last[2] is native and last[3] == size:
-        return last[4]
-    key = (route, header[12:], native)
+    route, header, size, kept, last = message.route, message.header, len(message.body), message.amqp10, _last_parts
+    if last[0] is route and last[1] is header and last[2] is native and last[3] == size and last[4] is kept:
+        return last[5]
+    key = (route, header[12:], native, kept)
     cached = _ENVELOPES.get(key)
     if cached is None:
-        sections_body = native and message.properties.message_type == AMQP10_TYPE
-        envelope = _envelope(message, sections_body, native)
-        if native:
-            envelope = _header_section(message) + envelope
+        sections_body = (native or kept is not None) and message.properties.message_type == AMQP10_TYPE
+        if kept is not None:
+            envelope = (_header_section(message) if native else _stored_header(message)) + _kept_envelope(
+                message, kept)
+        else:
+            envelope = _envelope(message, sections_body, native)
+            if native:
+                envelope = _header_section(message) + envelope
         cached = (envelope, sections_body)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
@@ -787,12 +896,64 @@ def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
         parts = (envelope, b"")
     else:
         parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size))
-    _last_parts = (route, header, native, size, parts)
+    _last_parts = (route, header, native, size, kept, parts)
     return parts
 
 
+def _stored_header(message: Message) -> bytes:
+    """The header section a stream keeps with an AMQP 1.0 message (rabbit_stream_queue: durable said always,
+    first-acquirer true), which also tells its reader the record is one (``_HEADER_SECTION``)."""
+    props = message.properties
+    ttl = _ttl(props.expiration)
+    return described(HEADER, encode_list([boolean(message.persistent), ubyte(props.priority) if props.priority
+                                          is not None else NULL, uint(ttl) if ttl is not None else NULL, b"\x41"]))
+
+
+def _kept_envelope(message: Message, kept: bytes) -> bytes:
+    """An AMQP 1.0 message's sections after its header as RabbitMQ 4.x sends them (mc_amqp:protocol_state): its
+    message annotations with ``x-exchange`` then ``x-routing-key`` set in place or added, its delivery
+    annotations left out, its properties and application properties byte for byte."""
+    annotations: list[tuple[Value, bytes]] = []
+    bare = []
+    for descriptor, content, encoded in sections(kept) if kept else ():
+        if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map":
+            annotations = [(name, encode(value)) for name, value in content.value]
+        elif descriptor in (PROPERTIES, APPLICATION_PROPERTIES):
+            bare.append(encoded)
+    for name, value in (("x-exchange", message.exchange), ("x-routing-key", message.routing_key)):
+        entry = (Value("symbol", name), utf8(value))
+        at = next((i for i, (key, _) in enumerate(annotations) if key == entry[0]), None)
+        if at is None:
+            annotations.append(entry)
+        else:
+            annotations[at] = entry
+    return described(MESSAGE_ANNOTATIONS, encode_map([(encode(key), value) for key, value in annotations])) \
+        + b"".join(bare)
+
+
+def kept_properties_of(message: Message) -> list[Value] | None:
+    """The fields of the properties section an AMQP 1.0 publish had (kept with it, or in ``PROPERTIES_HEADER``
+    by an older record), None if it had none kept: what a properties filter reads in place of 0-9-1's."""
+    kept = message.amqp10
+    if kept is None:
+        section = message.header_value(PROPERTIES_HEADER) if message.has_headers else None
+        return kept_properties(section) if isinstance(section, (bytes, bytearray)) else None
+    fields = _KEPT_PROPERTIES.get(kept)
+    if fields is None:
+        fields = next((content.value for descriptor, content, _ in sections(kept)
+                       if descriptor == PROPERTIES and content.kind == "list"), []) if kept else []
+        if len(_KEPT_PROPERTIES) >= CACHED:
+            _KEPT_PROPERTIES.clear()
+        _KEPT_PROPERTIES[kept] = fields
+    return fields
+
+
+_KEPT_PROPERTIES: dict[bytes, list[Value]] = {}
+
+
 _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
-_last_parts: tuple[bytes, bytes, bool, int, tuple[bytes, bytes]] = (b"", b"", False, -1, (b"", b""))
+_last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes]] = (b"", b"", False, -1, None,
+                                                                                   (b"", b""))
 _BYTES = [bytes((i,)) for i in range(256)]
 
 
@@ -849,11 +1010,11 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
         out.append(kept)
     elif any(value is not None for value in values):
         out.append(described(PROPERTIES, encode_list([
-            utf8(props.message_id) if props.message_id is not None else b"\x40",
+            _id_value(props.message_id, native),
             binary(props.user_id.encode()) if props.user_id is not None else b"\x40",
             b"\x40", b"\x40",
             utf8(props.reply_to) if props.reply_to is not None else b"\x40",
-            utf8(props.correlation_id) if props.correlation_id is not None else b"\x40",
+            _id_value(props.correlation_id, native),
             symbol(props.content_type) if props.content_type is not None else b"\x40",
             symbol(props.content_encoding) if props.content_encoding is not None else b"\x40",
             b"\x40",
@@ -864,6 +1025,19 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     elif application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
+
+
+def _id_value(value: str | None, native: bool) -> bytes:
+    """A message or correlation id: (``native``) a URN of a uuid as the uuid, as mc_amqpl:convert_to reads it
+    (the way back of ``_native_id``); else a string."""
+    if value is None:
+        return NULL
+    if native and len(value) == 45 and value.startswith("urn:uuid:"):
+        try:
+            return b"\x98" + uuid.UUID(value[9:]).bytes
+        except ValueError:
+            pass
+    return utf8(value)
 
 
 def _kept_section(field: header_table.Field | None, descriptor: int) -> bytes | None:

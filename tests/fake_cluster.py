@@ -289,7 +289,8 @@ class FakeLink:
         if message is None:
             self.send(ftype, head)
             return
-        self.send(ftype, head, *encode(message.route, message.header if header is None else header, message.body))
+        self.send(ftype, head, *encode(message.route, message.header if header is None else header, message.body,
+                                       message.amqp10))
 
     def hold(self, complete: Any) -> None:
         """A publish gathering its queues: sent before any other frame, at the latest at the end of the turn."""

@@ -501,11 +501,14 @@ class Channel:
             stats.redeliver += 1
         message = entry.message
         connection = self.connection
+        left = consumer.no_ack and message.body is None  # in the store for the file (Queue.took): forgotten once sent
         connection.large_out |= codec.append_deliver(
             self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
             consumer.queue.delivery_header(entry) if consumer.counted else message.header,
             _body_out(connection, message, consumer.queue) if message.body_size >= SEND_FROM_FILE else message.body,
             connection.frame_max)
+        if left:
+            _forget_left(consumer.queue, entry)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
         if message.body_size >= RELEASE_FROM and not consumer.no_ack:
@@ -913,7 +916,8 @@ class Channel:
         if self._remote(name):
             self.connection.suspend(self, m, self._remote_get(m, name))
             return
-        self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.principal))
+        self._got(m, *self.broker.get_local(self.vhost, name, m.no_ack, self.connection, self.principal,
+                                            SEND_FROM_FILE))
 
     async def _remote_get(self, m: commands.Basic.Get, name: str) -> None:
         queue, entry = await self.broker.get_anywhere(self.vhost, name, m.no_ack, self.connection,
@@ -939,7 +943,10 @@ class Channel:
             self.ack_timeout.watch(queue, None)
         message = entry.message
         header = queue.delivery_header(entry, get=True)
+        left = m.no_ack and message.body is None  # in the store for the file (Queue.took): forgotten once sent
         body = _body_out(self.connection, message, queue) if message.body_size >= SEND_FROM_FILE else message.body
+        if left:
+            _forget_left(queue, entry)
         self.connection.large_out |= codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered,
                                                          message.route, queue.message_count, header, body,
                                                          self.connection.frame_max)
@@ -1051,6 +1058,14 @@ def _release_body(entry: Entry, queue: AnyQueue) -> None:
     so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
     if entry.message.body is not None and _store_of(entry.message, queue) is not None:
         entry.message = entry.message.without_body()
+
+
+def _forget_left(queue: AnyQueue, entry: Entry) -> None:
+    """An entry taken without ack whose body ``Queue.took`` left in the store leaves its queue for good (and its
+    store reference goes) once its delivery has the body's file."""
+    local = queue.local()
+    assert local is not None  # (a queue of this node took it)
+    local.forget(entry)
 
 
 def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> bytes | FileRange:

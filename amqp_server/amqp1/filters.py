@@ -17,7 +17,7 @@ As RabbitMQ's ``lists:foldr`` does, the later of two exclusive filters wins.
 
 RabbitMQ reads stream-filter values through a chunk's Bloom filter and may deliver a message whose value is not
 asked for; Warren reads each message's value, so delivers exactly those.  A properties filter reads the properties
-section an AMQP 1.0 publish had (``amqp10.PROPERTIES_HEADER``), else those an AMQP 0-9-1 message has
+section an AMQP 1.0 publish had (``amqp10.kept_properties_of``), else those an AMQP 0-9-1 message has
 (message-id, user-id, reply-to, correlation-id, content-type, content-encoding); it may name any of the 13
 fields.  An application-properties filter, like a SQL filter, reads the application properties an AMQP 1.0
 reader gets (``sql_filter.view_of``): a 1.0 publish's whatever their names (``x-`` ones included, as
@@ -30,7 +30,7 @@ import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from stream_log import amqp10
-from stream_log.amqp10 import PROPERTIES_HEADER, Value, kept_properties
+from stream_log.amqp10 import Value, kept_properties_of
 from . import sql_filter
 
 if TYPE_CHECKING:
@@ -182,8 +182,7 @@ def _properties(fields: list[tuple[Value, Value]]) -> Accepts:
         checks.append((PROPERTY_FIELDS.index(field), _091_PROPERTIES.get(field), _matcher(expected)))
 
     def accepts(message: Message) -> bool:
-        kept = message.header_value(PROPERTIES_HEADER)
-        fields = kept_properties(kept) if isinstance(kept, (bytes, bytearray)) else None
+        fields = kept_properties_of(message)
         if fields is not None:
             return all(matches(fields[i].value if i < len(fields) else None) for i, _, matches in checks)
         props = message.properties

@@ -101,15 +101,16 @@ class Messages:
                 Messages.check_topic_write(vhost, exchange, who, key)
 
     def get_local(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
-                  who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:
+                  who: Principal | None = None, sends_from: int = 0) -> tuple[AnyQueue, Entry | None]:
         """basic.get of a queue of this node for ``who`` (read): the queue and its head entry (None if empty);
-        with no_ack=False the caller settles it.  See get_anywhere for any node's queue."""
+        with no_ack=False the caller settles it.  ``sends_from``: ``Queue.took``'s (the caller then forgets an
+        entry taken without ack whose body it left in the store).  See get_anywhere for any node's queue."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         queue = vhost.queue(name)
         check_exclusive(queue, owner)
         local = queue.local()
-        return queue, local.get(no_ack) if local is not None else None  # (another node's: see get_anywhere)
+        return queue, local.get(no_ack, sends_from) if local is not None else None  # (another node's: see get_anywhere)
 
     async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:

@@ -492,6 +492,8 @@ class Queue:
         this too: its storage goes on the ready list's own, one call less on the delivery path)."""
         self.took(entry, no_ack, sends_from)
         if no_ack:
+            if entry.message.body is None:  # left in the store for the file (``took``): forgotten once sent
+                return entry
             self.ready.forget(entry)
         elif entry.message.msg_id and self.rows is not None and not entry.redelivered:
             self.rows.delivered(self, entry)
@@ -499,15 +501,16 @@ class Queue:
 
     def took(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> None:
         """What ``take`` counts, and the body it loads; its storage is the caller's.  A body the consumer sends
-        from the store's file (``sends_from``: one this large, stored, for manual ack: its store reference
-        outlives the send) is not read back: a redelivery of a large body costs no copy of it."""
+        from the store's file (``sends_from``: one this large, stored) is not read back: a redelivery of a large
+        body costs no copy of it.  Taken without ack, such an entry keeps its store reference until the caller
+        has the body's file and forgets the entry."""
         message = entry.message
         if entry.redelivered:
             self.stats.redeliver += 1
         ready = self.ready
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
-        if message.body is None and (no_ack or not 0 < sends_from <= message.body_size or not message.msg_id
+        if message.body is None and (not 0 < sends_from <= message.body_size or not message.msg_id
                                      or message.header is None):  # (recovered: no header yet either)
             self.host.load_body(message)
         if not no_ack:
@@ -538,8 +541,8 @@ class Queue:
         this object kept for the queue's next leader (a proxy's)."""
         return [entry.seq for entry in entries], []
 
-    def get(self, no_ack: bool) -> Entry | None:
-        """basic.get: the head entry, or None."""
+    def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
+        """basic.get: the head entry, or None (``sends_from``: as ``took``'s)."""
         self.touch()
         entry = self.pop_ready()
         if entry is None:
@@ -549,7 +552,7 @@ class Queue:
             self.stats.get_no_ack += 1
         else:
             self.stats.get += 1
-        return self.take(entry, no_ack)
+        return self.take(entry, no_ack, sends_from)
 
     async def fetch(self, no_ack: bool) -> Entry | None:
         """basic.get wherever the queue lives (a proxy asks its node): here, at once."""

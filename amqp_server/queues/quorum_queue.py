@@ -453,7 +453,7 @@ class QuorumQueue(Queue):
         """What the consumers may hold: their prefetch added up (``UNLIMITED_WINDOW`` for one with none)."""
         return sum(consumer.prefetch or UNLIMITED_WINDOW for consumer in self.consumers)
 
-    def get(self, no_ack: bool) -> Entry | None:
+    def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         entry = super().get(no_ack)
         self._ship()
         return entry

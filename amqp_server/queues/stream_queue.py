@@ -385,7 +385,7 @@ class StreamQueue(Queue):
         """What a closed channel or cancelled consumer held: nothing comes back (the offsets are read)."""
         self.unacked -= sum(1 for _ in entries)
 
-    def get(self, no_ack: bool) -> Entry | None:
+    def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         raise errors.ConnectionError(
             errors.NOT_IMPLEMENTED,
             f"basic.get not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")

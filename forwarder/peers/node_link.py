@@ -35,7 +35,7 @@ from typing import Any, Callable
 from amqp_server.frontend.front_end import FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
-from amqp_server.payload import HEAD, decode, encode, route_names
+from amqp_server.payload import decode, encode, route_names
 from amqp_server.queues.queue import SettleMode
 
 log = logging.getLogger("warren.forwarder.link")
@@ -113,9 +113,11 @@ def _route_names(route: bytes) -> tuple[str, str]:
 
 def read_message(payload: bytes, pos: int) -> Message:
     """The message of a frame whose payload from ``pos`` on is a message's (``amqp_server.payload``)."""
-    route, header, body = decode(payload, pos)
+    route, header, body, sections = decode(payload, pos)
     exchange, routing_key = _names.get(route) or _route_names(route)
-    return Message(exchange, routing_key, route, header, body)
+    message = Message(exchange, routing_key, route, header, body)
+    message.amqp10 = sections
+    return message
 
 
 def encode_json(value: Any) -> bytes:
@@ -243,8 +245,9 @@ class FrameLink(FrontEnd):
         route, body = message.route, message.body
         if header is None:
             header = message.header
-        self._out += (FRAME.pack(len(head) + HEAD.size + len(route) + len(header) + len(body), ftype), head,
-                      *encode(route, header, body))
+        lengths, *parts = encode(route, header, body, message.amqp10)
+        self._out += (FRAME.pack(len(head) + len(lengths) + len(route) + len(header) + len(body), ftype), head,
+                      lengths, *parts)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)

@@ -246,14 +246,7 @@ def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, a
         channel.confirm_delivery()
         for number in range(count):
             channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
-        first = connection.channel()
-        first.basic_qos(prefetch_count=10)
-        held: list[int] = []
-        first.basic_consume(uid, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
-        deadline = time.monotonic() + 60
-        while len(held) < count and time.monotonic() < deadline:
-            connection.process_data_events(0.05)
-        assert len(held) == count
+        first, held = holding(connection, uid, count)
         if how == "nack":
             first.basic_cancel(first.consumer_tags[0])
             first.basic_nack(held[-1], multiple=True, requeue=True)
@@ -433,13 +426,67 @@ def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued
     node.kill()
     node = start_broker(data_dir=node.data_dir)
     with connect(node) as connection:
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=100)
-        held: list[int] = []
-        channel.basic_consume(uid, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
-        deadline = time.monotonic() + 60
-        while len(held) < len(SIZES) and time.monotonic() < deadline:
-            connection.process_data_events(0.05)
-        assert len(held) == len(SIZES)
-        channel.close()  # all back in the queue
+        held_and_requeued(connection, uid, len(SIZES))
         assert_bodies(consume(connection, uid))
+
+
+def requeued_without_bodies(connection, queue: str, sizes: list[int]) -> None:
+    """Persistent bodies of ``sizes`` in ``queue``, delivered once for manual ack and requeued: the node holds
+    them in its store only (an unacked large delivery holds no body)."""
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.confirm_delivery()
+    for size in sizes:
+        channel.basic_publish("", queue, body(size), pika.BasicProperties(delivery_mode=2))
+    held_and_requeued(connection, queue, len(sizes))
+
+
+def holding(connection, queue: str, count: int):
+    """A channel of a consumer that has been delivered the ``count`` messages of ``queue`` for manual ack, and
+    their delivery tags."""
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=count)
+    held: list[int] = []
+    channel.basic_consume(queue, lambda _ch, method, _properties, _data: held.append(method.delivery_tag or 0))
+    deadline = time.monotonic() + 60
+    while len(held) < count and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    assert len(held) == count
+    return channel, held
+
+
+def held_and_requeued(connection, queue: str, count: int) -> None:
+    """The ``count`` messages of ``queue`` delivered to a consumer for manual ack, and requeued as its channel
+    closes."""
+    holding(connection, queue, count)[0].close()
+
+
+@pytest.mark.parametrize("how", ["consume-no-ack", "get-no-ack", "get-ack"])
+def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_to_basic_get(broker, uid, how):
+    """Large stored bodies that are not in memory (requeued) go from the store's file, not read back into memory
+    first, to a consumer without acks and to basic.get (with or without ack): byte-exact, and gone from the
+    queue once taken without ack."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    sizes = [16 * 1024 * 1024 + number for number in range(3)]
+    with connect(broker) as connection:
+        requeued_without_bodies(connection, uid, sizes)
+        channel = connection.channel()
+        before = read_octets(broker)
+        got: list[bytes] = []
+        if how == "consume-no-ack":
+            channel.basic_consume(uid, lambda _ch, _method, _properties, data: got.append(data), auto_ack=True)
+            deadline = time.monotonic() + 60
+            while len(got) < len(sizes) and time.monotonic() < deadline:
+                connection.process_data_events(0.05)
+        else:
+            for _ in sizes:
+                method, _properties, data = channel.basic_get(uid, auto_ack=how == "get-no-ack")
+                assert method is not None and data is not None
+                got.append(data)
+                if how == "get-ack":
+                    channel.basic_ack(method.delivery_tag or 0)
+        read = read_octets(broker) - before
+        assert channel.queue_declare(uid, passive=True).method.message_count == 0
+    assert [data == body(size) for size, data in zip(sizes, got)] == [True] * len(sizes)
+    assert read < sum(sizes) // 2, f"{read} octets read to send {sum(sizes)}"

@@ -3,23 +3,26 @@ reaches an AMQP 1.0 reader with a header section (durable, priority, ttl), ``x-`
 annotations, app-id as group-id; a 1.0 publish's group-id is a 0-9-1 reader's app-id."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pika
 import pytest
-from proton import Described, Message, symbol
+from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
 
 from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
 
 pytestmark = pytest.mark.timeout(60)
+SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
 def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):  # noqa: F811
     connection = declare(node, "q")
     channel = connection.channel()
     channel.basic_publish("", "q", b"full", pika.BasicProperties(
-        delivery_mode=2, priority=4, expiration="60000", type="t", app_id="a", headers={"x-h": "1", "h": 2}))
+        delivery_mode=2, priority=4, expiration="60000", type="t", app_id="a", headers={"x-h": "1", "h": 2},
+        message_id=SENT_ID.urn, correlation_id="urn:uuid:x"))
     channel.basic_publish("", "q", b"plain", pika.BasicProperties())
     connection.close()
     amqp = connect(node)
@@ -31,6 +34,7 @@ def test_a_091_message_reaches_an_amqp10_reader_as_rabbitmq_4_converts_it(node):
     assert (full.durable, full.priority, full.ttl) == (True, 4, 60.0) and full.annotations is not None
     assert (full.annotations["x-basic-type"], full.annotations["x-h"], full.group_id) == ("t", "1", "a")
     assert full.properties == {"h": 2}
+    assert (full.id, full.correlation_id) == (SENT_ID, "urn:uuid:x")  # (mc_amqpl:convert_to's urn_string_to_uuid)
     assert not {"x-basic-priority", "x-basic-delivery-mode", "x-basic-expiration"} & set(full.annotations)
     assert (plain.durable, plain.priority, plain.ttl, plain.group_id) == (False, 4, 0.0, None)  # (proton's defaults)
 
@@ -118,3 +122,129 @@ def test_a_kept_section_header_a_091_publisher_forges_goes_out_only_if_it_is_one
     assert [message.properties for message in got] == [{"x-k": 7}, {"h": 1}, {"h": 1}, {"h": 1}]
     assert all(message.annotations is not None and message.annotations["x-a"] == "b" and
                "x-amqp-1.0-app-properties" not in message.annotations for message in got)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "stream"])
+def test_an_091_reader_gets_an_amqp10_message_as_rabbitmq_4_shows_it(node, queue_type):  # noqa: F811
+    """mc_amqpl:convert_from then protocol_state: no section kept in a header; a uuid message id as its URN, a
+    ulong correlation id as its digits, a binary id as the header ``x-message-id``; the ``x-`` annotations and
+    the application properties as headers sorted by name; delivery-mode 2 unless the header says ``durable``
+    false (Proton leaves it out).  An AMQP 1.0 reader gets the sections as they were sent."""
+    connection = declare(node, "q", **{"x-queue-type": queue_type})
+    amqp = connect(node)
+    sent = [Message(body=b"x", inferred=True, id=SENT_ID, correlation_id=ulong(7), subject="s", address="/to",
+                    creation_time=1700000000.987, properties={"x-app": "a", "k": 1, "b": "z"},
+                    annotations={"x-ann": "b", "x-basic-type": "t"}),
+            Message(body=b"y", inferred=True, id=b"\x01\x02", priority=5)]
+    try:
+        sender = amqp.create_sender("/queues/q")
+        for message in sent:
+            sender.send(message)
+        receiver = amqp.create_receiver("/queues/q", options=Filter({
+            symbol("offset"): Described(symbol("rabbitmq:stream-offset-spec"), "first")})
+            if queue_type == "stream" else None)
+        got = [receiver.receive(timeout=5) for _ in sent]
+        receiver.close()
+    finally:
+        amqp.close()  # (unsettled: back in the classic queue)
+    assert [(m.id, m.correlation_id, m.subject, m.address, m.creation_time, m.properties) for m in got] == [
+        (m.id, m.correlation_id, m.subject, m.address, m.creation_time, m.properties) for m in sent]
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    read: list[Any] = []
+    channel.basic_consume("q", lambda ch, method, props, body: read.append(props),
+                          arguments={"x-stream-offset": "first"} if queue_type == "stream" else None)
+    while len(read) < len(sent):
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    first, second = read
+    assert (first.message_id, first.correlation_id, first.type, first.delivery_mode, first.timestamp) == (
+        SENT_ID.urn, "7", "t", 2, 1700000000)
+    offsets = [[("x-stream-offset", i)] if queue_type == "stream" else [] for i in range(2)]
+    assert list(first.headers.items()) == [("b", "z"), ("k", 1), ("x-ann", "b"), ("x-app", "a")] + offsets[0]
+    assert (second.message_id, list(second.headers.items()), second.priority, second.delivery_mode) == (
+        None, [("x-message-id", b"\x01\x02")] + offsets[1], 5, 2)
+
+
+def _publish(record: bytes) -> Any:
+    """A message as an AMQP 1.0 link publishes ``record`` to the queue ``s`` (in process)."""
+    from amqp_server.message import encode_route
+    from stream_log import amqp10
+    message = amqp10.Decoder("", native=True).message(record)
+    message.exchange, message.routing_key, message.route = "", "s", encode_route("", "s")
+    return message
+
+
+def test_a_stream_keeps_an_amqp10_message_as_it_came_and_gives_its_sections_back():
+    """rabbit_stream_queue: a header section first (durable said, first-acquirer), the message annotations with
+    ``x-exchange`` and ``x-routing-key``, delivery annotations left out, then the bare message byte for byte; read
+    back, an AMQP 1.0 reader gets the bare message as it came, a 0-9-1 reader mc_amqpl's headers."""
+    from stream_log import amqp10
+    from stream_log.amqp10 import described, encode_list, encode_map, symbol, utf8
+    bare = (described(amqp10.PROPERTIES, encode_list([utf8("id"), b"\x40", utf8("/to"), utf8("subject")]))
+            + described(amqp10.APPLICATION_PROPERTIES, encode_map([(utf8("x-k"), b"\x54\x07"), (utf8("a"), b"\x41")])))
+    body = b"\x00\x53\x75\xa0\x04body"
+    record = (described(amqp10.HEADER, encode_list([b"\x42", b"\x50\x03"]))
+              + described(amqp10.DELIVERY_ANNOTATIONS, encode_map([(symbol("d"), b"\x40")]))
+              + described(amqp10.MESSAGE_ANNOTATIONS, encode_map([(symbol("x-a"), utf8("b")), (b"\x53\x01", b"\x41")]))
+              + bare + body)
+    published = _publish(record)
+    assert (published.persistent, published.priority, published.properties.message_id) == (False, 3, "id")
+    assert list(published.properties.headers.items()) == [("a", 1), ("x-a", "b"), ("x-k", 7)]
+    stored = amqp10.entry(published)[4:]
+    kept = [(descriptor, amqp10.encode(content)) for descriptor, content, _ in amqp10.sections(stored)]
+    assert kept[:2] == [
+        (amqp10.HEADER, encode_list([b"\x42", b"\x50\x03", b"\x40", b"\x41"])),
+        (amqp10.MESSAGE_ANNOTATIONS, amqp10.encode(amqp10.value_at(encode_map([
+            (symbol("x-a"), utf8("b")), (b"\x53\x01", b"\x41"), (symbol("x-exchange"), utf8("")),
+            (symbol("x-routing-key"), utf8("s"))]))[0]))]
+    assert stored.endswith(bare + body) and len(kept) == 5
+    read = amqp10.Decoder("s").message(stored)
+    assert (read.exchange, read.routing_key, read.body, read.header) == ("", "s", b"body", published.header)
+    envelope, data_head = amqp10.record_parts(read, True)
+    assert envelope.endswith(bare) and data_head + read.body == body
+    assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [
+        amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS, amqp10.PROPERTIES, amqp10.APPLICATION_PROPERTIES]
+    assert amqp10.record_parts(published, True) == (envelope, data_head)
+
+
+@pytest.mark.parametrize("header, annotations, delivery_mode", [
+    (b"", [], 2), (b"\x00\x53\x70\x45", [], 2), (b"\x00\x53\x70\xc0\x02\x01\x41", [], 2),
+    (b"\x00\x53\x70\xc0\x02\x01\x42", [], 1), (b"", [("x-basic-delivery-mode", b"\x50\x01")], 1)])
+def test_an_amqp10_message_is_durable_unless_it_says_otherwise(header, annotations, delivery_mode):
+    """RabbitMQ 4.x: no header, or no ``durable`` in it, is durable (the specification says not); the
+    ``x-basic-delivery-mode`` annotation is read only without ``durable``."""
+    from stream_log.amqp10 import MESSAGE_ANNOTATIONS, described, encode_map, symbol
+    record = header + (described(MESSAGE_ANNOTATIONS, encode_map([(symbol(name), value) for name, value in
+                                                                   annotations])) if annotations else b"")
+    assert _publish(record + b"\x00\x53\x75\xa0\x01x").properties.delivery_mode == delivery_mode
+
+
+def test_an_amqp10_message_of_a_body_alone_goes_out_and_into_a_stream():
+    """No section before the body (what a raw client such as benchmarks/amqp10_load.py sends)."""
+    from stream_log import amqp10
+    published = _publish(b"\x00\x53\x75\xa0\x01x")
+    envelope, data_head = amqp10.record_parts(published, True)
+    assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS]
+    read = amqp10.Decoder("s").message(amqp10.entry(published)[4:])
+    assert (read.body, read.amqp10 is not None, amqp10.record_parts(read, True)) == (b"x", True, (envelope, data_head))
+
+
+def test_an_amqp10_user_id_is_checked_even_when_no_0_9_1_reader_could_be_shown_it(node):  # noqa: F811
+    """A user-id that is not the user's name is rejected (rabbit_amqp_session's check), one that is no UTF-8 too:
+    the 0-9-1 view leaving it out must not let it through."""
+    import proton.utils
+    connection = declare(node, "q")
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/q")
+        for forged in (b"\xffguest", b"other"):
+            with pytest.raises(proton.utils.SendException) as rejected:
+                sender.send(Message(body=b"x", user_id=forged))
+            assert rejected.value.state == proton.Delivery.REJECTED
+        sender.send(Message(body=b"x", user_id=b"guest"))
+    finally:
+        amqp.close()
+    _, props, _ = connection.channel().basic_get("q", auto_ack=True)
+    connection.close()
+    assert props is not None and props.user_id == "guest"

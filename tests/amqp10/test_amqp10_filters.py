@@ -6,6 +6,7 @@ Proton, the filters applied echoed in the attach (amqp_filter_sql_SUITE's ``inva
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import pika
@@ -19,6 +20,7 @@ client = pytest.importorskip("rabbitmq_amqp_python_client")
 from rabbitmq_amqp_python_client import AMQPMessagingHandler  # noqa: E402 (after importorskip)
 
 pytestmark = pytest.mark.timeout(60)
+SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
 class Done(Exception):
@@ -230,6 +232,15 @@ def test_sql_filter_reads_the_header_properties_and_application_properties(strea
     assert [offset for offset, _, _ in consume(stream, 3, sql="absent IS NULL")] == [0, 1, 2]
     nothing_before(stream, 3, {"application_properties": {"k1": -3}}, sql="k1 = -3 AND h.priority = 4 AND "
                    "p.group_id IS NULL")
+
+
+def test_sql_filter_and_properties_filter_read_the_properties_section_as_it_came(stream):
+    """A ulong or uuid message id is a filter's as it was sent (kept with the message), not the string a 0-9-1
+    reader gets."""
+    publish(stream, [{"id": ulong(7)}, {"id": ulong(8)}, {"id": SENT_ID}])
+    assert [offset for offset, _, _ in consume(stream, 1, sql="p.message_id = 8")] == [1]
+    seen = consume(stream, 1, message_properties=client.MessageProperties(message_id=SENT_ID))
+    assert [offset for offset, _, _ in seen] == [2]
 
 
 def test_sql_filter_with_filter_values_and_on_0_9_1_messages(stream, node):  # noqa: F811

@@ -567,6 +567,20 @@ def test_every_shipped_op_keeps_its_wire_bytes_and_comes_back_the_same():
     assert pos == len(frame)
 
 
+def test_an_amqp10_publish_reaches_a_follower_with_its_sections():
+    """A follower's copy of a message published over AMQP 1.0 is the message as sent: its Enqueue carries the
+    sections, and the message the follower makes of the record (as a new leader, or read back) has them."""
+    from amqp_server.message import Message
+    sent = Message("", "q", b"\x00\x01q", b"\x00\x3c\x00\x00" + bytes(10), b"body")
+    sent.amqp10 = b"\x00\x53\x73\x45"  # an empty properties section
+    data = ops.encode(m.Enqueue(1, 0, sent, size=4))
+    decoded, _ = ops.decode(memoryview(data), 0)
+    assert isinstance(decoded, m.Enqueue) and decoded.size == 4
+    copy = Message.stored(0, 4)
+    copy.fill_from(bytes(decoded.message))
+    assert (copy.amqp10, copy.body, copy.routing_key) == (sent.amqp10, b"body", "q")
+
+
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.integers(0, 2**64 - 1), st.sampled_from(m.REASONS))
 def test_ops_of_seqs_round_trip(seqs, seq, reason):
     for op in (m.Settle(seqs), m.Expire(seqs), m.DeadLettered(seqs), m.Recover(seqs), m.Return(seqs, seq),
