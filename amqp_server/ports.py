@@ -90,6 +90,10 @@ class ConfirmSink(Protocol):
 
     def remote_confirmed(self, seq: int, rejected: bool) -> None: ...
 
+    def waiting(self, change: int) -> None:
+        """``change`` more (or fewer) of its publishes wait for a quorum queue's leader: a publisher that can be
+        held back is, while more than a few do (``publisher_flow.LEADER_WAITS``)."""
+
 
 class Replicator(Protocol[OpT]):
     """Where the leader of a replicated queue sends its state machine's ops (``forwarder.quorum.oplog``): the

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+LEADER_WAITS = 32  # publishes a connection may have waiting for a quorum queue's leader before it is read no more
+# (``rabbit_fifo_client``'s soft limit of pending commands, past which RabbitMQ's credit flow blocks the channel)
 MEMORY = "memory"
 DISK = "disk"
 ALARM_TEXTS = {MEMORY: "low on memory", DISK: "low on disk space"}

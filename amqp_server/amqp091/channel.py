@@ -99,6 +99,8 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
 
     def hold(self, alarm: str | None) -> None: ...
 
+    def leader_waits(self, change: int) -> None: ...
+
 
 class Channel:
     def __init__(self, connection: ChannelHost, number: int) -> None:
@@ -142,6 +144,7 @@ class Channel:
         self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
+        self.leader_waits = 0  # of its publishes, how many wait for a quorum queue's leader (``waiting``)
         self.confirm_pending = False
         self.tx: list[Callable[[], object]] | None = None
         self.tx_held: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}  # settled in the open transaction
@@ -447,6 +450,13 @@ class Channel:
             self.confirm_pending = True
             self.connection.schedule_flush()
 
+    def waiting(self, change: int) -> None:
+        """``change`` more (or fewer) of its publishes wait for a quorum queue's leader (``remote_queue.Window``):
+        its connection is read no more while too many do, rather than have them nacked."""
+        if self.open:
+            self.leader_waits += change
+            self.connection.leader_waits(change)
+
     def emit_confirms(self) -> None:
         """One basic.ack(multiple) covers every publish up to the first one still waiting for fsync."""
         self.confirm_pending = False
@@ -696,20 +706,29 @@ class Channel:
         if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
             self._declare_reply_queue(name, m.nowait)
             return
-        if self.broker.cluster is not None and not m.exclusive and name not in self.vhost.queues:
+        if self.broker.cluster is not None and not m.exclusive and (name not in self.vhost.queues
+                                                                     or self._leaderless(name)):
             self.connection.suspend(self, m, self._agreed_declare(m, name))
             return
         self._declare(m, name)
 
     async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
-        """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first."""
-        if m.passive:
+        """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first; one
+        whose leader is not reached from here now: wait a while for one (``VHost.reached``)."""
+        if name in self.vhost.queues:
+            await self.vhost.reached(name)
+        elif m.passive:
             await self.broker.find_queue(self.vhost, name)
         else:
             await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
                                           self.principal)
         if self.open:
             self._declare(m, name)
+
+    def _leaderless(self, name: str) -> bool:
+        """A quorum queue known here whose leader cannot be reached now (``AnyQueue.leaderless``)."""
+        queue = self.vhost.queues.get(name)
+        return queue is not None and queue.leaderless
 
     def _declare(self, m: commands.Queue.Declare, name: str) -> None:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
@@ -787,6 +806,28 @@ class Channel:
         tag = m.consumer_tag or server_name("amq.ctag-")
         if tag in self.consumers:  # before anything else, as rabbit_channel
             raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if self._leaderless(name):
+            self.connection.suspend(self, m, self._consume_when_reached(m, name, tag))
+            return
+        consumer, accepted = self._consumer(m, name, tag)
+        if accepted is not None:
+            self.connection.suspend(self, m, self._accepted(m, consumer, accepted))
+            return
+        self._consuming(m, consumer)
+
+    async def _consume_when_reached(self, m: commands.Basic.Consume, name: str, tag: str) -> None:
+        """A quorum queue whose leader is not reached from here now: consume once one is (``VHost.reached``)."""
+        await self.vhost.reached(name)
+        if not self.open:
+            return
+        consumer, accepted = self._consumer(m, name, tag)
+        if accepted is not None:
+            await self._accepted(m, consumer, accepted)
+        else:
+            self._consuming(m, consumer)
+
+    def _consumer(self, m: commands.Basic.Consume, name: str, tag: str) -> tuple[Consumer, asyncio.Future[None] | None]:
+        """The consumer, made; and what its queue's node answers, if it must accept it first."""
         queue = self.broker.consumable(self.vhost, name, self.connection, self.principal)
         consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
                                        self.global_prefetch)
@@ -794,11 +835,7 @@ class Channel:
         self.consumers[tag] = consumer
         if not m.no_ack:
             self.ack_timeout.watch(queue, consumer)
-        accepted = queue.accepted(consumer)
-        if accepted is not None:
-            self.connection.suspend(self, m, self._accepted(m, consumer, accepted))
-            return
-        self._consuming(m, consumer)
+        return consumer, queue.accepted(consumer)
 
     async def _accepted(self, m: commands.Basic.Consume, consumer: Consumer, accepted: asyncio.Future[None]) -> None:
         """The queue's node must accept the consumer (another node checks exclusivity) before consume-ok."""
@@ -986,6 +1023,9 @@ class Channel:
         self._routes.clear()
         self.tx = None
         self._release_held()
+        if self.leader_waits:  # (its publishes still wait in their windows, for no one now)
+            self.connection.leader_waits(-self.leader_waits)
+            self.leader_waits = 0
         self.broker.churn.channel_closed += 1
         self.connection.clients.fold(self.connection.protocol, self.stats)
         self.broker.persistence.waiters.discard(self)

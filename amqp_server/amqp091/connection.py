@@ -25,9 +25,10 @@ from ..frontend import auth_mechanisms
 from ..framing.file_out import Outbox, direct_socket
 from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
-from ..frontend.front_end import EVERY_REASON, FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, Registry
+from ..frontend.front_end import (EVERY_REASON, FLOW, FRAMES_PER_TURN, LEADERLESS, STOPPED, WAITING, Complaints,
+                                  FrontEnd, Registry)
 from ..memory import MEMORY_CHECK_BYTES
-from ..publisher_flow import PublisherFlow
+from ..publisher_flow import LEADER_WAITS, PublisherFlow
 from ..errors import AMQPError, ConnectionError
 from ..logs import untrusted
 
@@ -120,6 +121,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.paused_output = 0  # bytes added to the output while writes are paused, since memory was checked
         self.blocked_notified = False
         self.publishing = False
+        self._leader_waits = 0  # its channels' publishes waiting for a quorum queue's leader
         self.deliver_budget = config.deliveries_per_flush
         self._received = True
         self._sent = False
@@ -742,8 +744,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     @property
     def held(self) -> bool:
-        """A publisher while the flow has a reason to hold publishers: not read."""
-        return self.publishing and self.flow.blocked
+        """A publisher while the flow has a reason to hold publishers, or while too many of its publishes wait for
+        a quorum queue's leader: not read."""
+        return self.publishing and self.flow.blocked or self._leader_waits > LEADER_WAITS
 
     @property
     def flow_state(self) -> str:
@@ -771,6 +774,16 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
     def release(self) -> None:
         self._notify_unblocked()
         self.release_reading(FLOW)
+
+    def leader_waits(self, change: int) -> None:
+        """Its channels' publishes waiting for a quorum queue's leader: past ``LEADER_WAITS`` of them it is read no
+        more until they go to one (as RabbitMQ's credit flow holds a channel whose quorum commands pend); this
+        connection alone is held, not the node's other publishers."""
+        self._leader_waits += change
+        if self._leader_waits > LEADER_WAITS:
+            self.hold_reading(LEADERLESS)
+        else:
+            self.release_reading(LEADERLESS)
 
     def notify_blocked(self, alarm: str) -> None:
         if self.client_capabilities.get("connection.blocked") and not self.blocked_notified:

@@ -667,6 +667,9 @@ class Incoming(LinkEndpoint):
         self._outcome(seq, False, frames.REJECTED_STATE if seq in self.forwarded_rejected else frames.ACCEPTED_STATE)
         self.forwarded_rejected.discard(seq)
 
+    def waiting(self, change: int) -> None:
+        """(Not held for a quorum queue's leader: the link credit this node grants bounds what its client sends.)"""
+
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
         outcomes, self.outcomes = self.outcomes, []

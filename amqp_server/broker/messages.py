@@ -114,9 +114,11 @@ class Messages:
 
     async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
                     who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:
-        """basic.get on any queue, one owned by another node (cluster mode) included."""
+        """basic.get on any queue, one owned by another node (cluster mode) included (a quorum queue's leader
+        waited for a while if none is reached now: ``reached``)."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
+        await vhost.reached(name)
         queue = vhost.queue(name)
         check_exclusive(queue, owner)
         return queue, await queue.fetch(no_ack)

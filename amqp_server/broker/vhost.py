@@ -1,6 +1,7 @@
 """A virtual host: its exchanges and queues by name, the lookups every operation starts with."""
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from exchanges import Exchange, exchange_class
@@ -11,6 +12,9 @@ from ..errors import ChannelError
 if TYPE_CHECKING:
     from ..queues.queue import AnyQueue
     from ..records import BindingRecord
+
+LEADER_WAIT = 10.0  # seconds what needs a quorum queue's leader waits for one to be known and reached (``reached``)
+REACH_POLL = 0.05  # seconds between looks meanwhile
 
 DEFAULT_EXCHANGES = (
     ("", "direct"),
@@ -51,6 +55,16 @@ class VHost:
         if not queue.available:
             raise home_node_down(queue)
         return queue
+
+    async def reached(self, name: str) -> None:
+        """A quorum queue whose leader cannot be reached from here now (an election, its leader's node just gone,
+        this node's view not yet current): wait up to ``LEADER_WAIT`` for one, as any member of a RabbitMQ
+        quorum queue answers while a majority leads it, rather than fail at once; what follows fails as before if
+        none is reached by then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT
+        while (queue := self.queues.get(name)) is not None and queue.leaderless and loop.time() < deadline:
+            await asyncio.sleep(REACH_POLL)
 
     def bound(self, exchange: Exchange, destination: AnyQueue | Exchange) -> None:
         """``exchange`` got a binding to ``destination``."""

@@ -50,7 +50,8 @@ FLOW = 2  # a publisher while the node holds publishers (memory alarm, flow)
 WAITING = 4  # a command awaits the cluster: what follows waits for it
 TURN = 8  # the read's work is spent: on at the next loop turn
 STOPPED = 16  # closing: nothing more is read
-EVERY_REASON = WRITES_FULL | FLOW | WAITING | TURN | STOPPED
+LEADERLESS = 32  # its publishes wait for a quorum queue's leader (``publisher_flow.LEADER_WAITS``)
+EVERY_REASON = WRITES_FULL | FLOW | WAITING | TURN | STOPPED | LEADERLESS
 
 
 class Complaints:

@@ -128,6 +128,11 @@ class AnyQueue(Protocol):
         """Whether it can be used now (a proxy's is not while its node is down)."""
 
     @property
+    def leaderless(self) -> bool:
+        """A quorum queue's proxy while no leader is known here, or the leader's node is unreachable: what its
+        leader must answer (basic.get, basic.consume, a declare's counts) waits a while for one (``VHost.reached``)."""
+
+    @property
     def remote(self) -> bool:
         """Another node's: basic.get and queue.purge are awaited there (``fetch``, ``purged``)."""
 
@@ -196,6 +201,7 @@ class Queue:
     """A FIFO of entries plus its consumers, as RabbitMQ's classic queue behaves."""
 
     available = True  # (as AnyQueue says: this node's queue is)
+    leaderless = False
     remote = False
 
     def __init__(self, name: str, vhost: str, durable: bool = False,

@@ -293,6 +293,9 @@ class PeerSession:
             self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_REJECTED))
         self._settled(seq, waiting)
 
+    def waiting(self, change: int) -> None:
+        """(Another node's publishes passed on here: that node's own window holds its publishers back.)"""
+
     def _settled(self, seq: int, waiting: list) -> None:
         """Both on disk here and taken by every group: confirmed, unless nacked already."""
         if waiting[0] == 0 and waiting[1] is not None:

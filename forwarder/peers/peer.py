@@ -129,6 +129,8 @@ class Peer:
                 remote.attached = False
             elif remote.accepted.done():
                 queue.cancelled(remote.consumer)
+            elif queue.replicated:  # its basic.consume waits for the leader a while
+                queue.unanswered(remote, home_node_down(queue))
             else:  # its basic.consume is still waiting: it fails as for a queue whose node is down
                 queue.refused(remote.consumer)
                 remote.accepted.set_exception(home_node_down(queue))
@@ -349,9 +351,13 @@ class Peer:
         if remote.accepted.done():
             queue.reattached(remote, False, [])
             return
-        queue.refused(remote.consumer)
         code, text = reply["error"]
-        remote.accepted.set_exception(errors.ChannelError(code, text.split(" - ", 1)[-1]))
+        error = errors.ChannelError(code, text.split(" - ", 1)[-1])
+        if queue.replicated and code == errors.NOT_FOUND:  # (that node does not lead it, or no longer)
+            queue.unanswered(remote, error)
+            return
+        queue.refused(remote.consumer)
+        remote.accepted.set_exception(error)
 
     def _cancelled(self, consumer_id: int) -> None:
         found = self.consumers.pop(consumer_id, None)

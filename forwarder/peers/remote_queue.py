@@ -13,6 +13,8 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
+from amqp_server.broker.vhost import LEADER_WAIT
+from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
 from amqp_server.queues.queue import AnyQueue, Consumer, Entry, ParkedSettle
@@ -26,8 +28,7 @@ if TYPE_CHECKING:
     from amqp_server.queues.policy import Policy
     from amqp_server.ports import ConfirmSink
 
-HOLD = 5.0  # seconds a quorum queue's window of publishes waits without a confirm (no leader) before nacking them
-HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once)
+HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at once; its publishers are held long before)
 RESEND_RETRY = 0.5  # seconds before a window sends again to the node that said it does not lead
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
@@ -50,6 +51,9 @@ class Relayed:
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.confirm.remote_confirmed(self.seq, rejected)
 
+    def waiting(self, change: int) -> None:
+        self.confirm.waiting(change)
+
 
 class Publish:
     """One publish of a :class:`Window`; the confirm sink of each copy sent (``forwarded``: its seq there)."""
@@ -67,6 +71,9 @@ class Publish:
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.window.answered(self, link.CONFIRM_REJECTED if rejected else link.CONFIRM_OK)
 
+    def waiting(self, change: int) -> None:
+        """(A queue's sink: what waits for a leader is counted by its window, against its publisher.)"""
+
 
 class Window:
     """This node's confirmed publishes to a quorum queue led by another node (or by none known), until a leader
@@ -76,12 +83,15 @@ class Window:
     link), and the queue's state takes each publish once whatever the number of copies
     (``QuorumQueue.enqueue_from``).  A publisher whose leader paused so gets its confirms at the election,
     neither a nack after the link falls silent nor a duplicate.  While no leader can be reached, or one answers
-    that it does not lead, the window waits: after ``HOLD`` seconds without a confirm, what it holds is nacked
-    (nothing is stored here: a nacked publish was never confirmed; it may be in the queue all the same)."""
+    that it does not lead, the window waits (``held``), however long, as ``rabbit_fifo_client`` keeps its
+    pending commands: nothing is nacked but at the queue's deletion.  Meanwhile each publish waiting counts against
+    its channel, whose connection is read no more while more than a few do (``Channel.waiting``, as RabbitMQ's
+    credit flow blocks a channel past ``rabbit_fifo_client``'s soft limit): memory stays bounded, and only
+    publishers to the queue are slowed."""
 
     def __init__(self) -> None:
         self.id = random.getrandbits(63) | 1
-        self.leaderless = False  # no leader known: nothing is sent until one is (``resend``)
+        self.leaderless = False  # no leader known: what is sent goes to a member, which names the leader if it knows
         # sends a publish to the leader known now (a proxy's node, or this one's queue); False: it cannot now
         self.send: Callable[[Publish], bool] | None = None
         self.recheck: Callable[[], None] | None = None  # asks etcd who leads (a node said it does not)
@@ -89,7 +99,7 @@ class Window:
         self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
         self._next = 1
         self._round = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self.held = False  # no leader to send to: each publish here counts against its channel (``waiting``)
         self._retry: asyncio.TimerHandle | None = None
 
     @property
@@ -105,7 +115,9 @@ class Window:
         publish = self.publishes[self._next] = Publish(self, self._next, confirm, message)
         self._next += 1
         publish.round = self._round
-        if self.leaderless or self.send is None or not self.send(publish):
+        if self.held:
+            confirm.waiting(1)
+        if self.send is None or not self.send(publish):
             self.stalled()
         return True
 
@@ -126,6 +138,8 @@ class Window:
         publishes[seq] = publish
         for p in later:
             publishes[p.seq] = p
+        if self.held:
+            confirm.waiting(1)
         self.stalled()
 
     def resend(self) -> None:
@@ -135,8 +149,9 @@ class Window:
             self._retry = None
         self._round += 1
         if not self.publishes:
+            self.held = False
             return
-        if self.leaderless or self.send is None:
+        if self.send is None:
             self.stalled()
             return
         for publish in list(self.publishes.values()):
@@ -145,6 +160,7 @@ class Window:
                 if not self.send(publish):
                     self.stalled()
                     return
+        self._sent()
 
     def answered(self, publish: Publish, status: int, hint: tuple[str, int] | None = None) -> None:
         """A node's answer to a copy: confirmed or refused (the publisher is told), or not taken — the node does
@@ -162,17 +178,14 @@ class Window:
                 asyncio.get_running_loop().call_soon(self.resend)
                 return
             self.stalled()
-            if self._retry is None:
-                self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
             if hint is not None and hint[0] and self.hinted is not None:
                 self.hinted(*hint)
             elif self.recheck is not None:
                 self.recheck()
             return
         del self.publishes[publish.seq]
-        if status == link.CONFIRM_OK and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.held:
+            publish.confirm.waiting(-1)
         publish.confirm.remote_confirmed(publish.confirm_seq, status != link.CONFIRM_OK)
 
     def lost(self, publish: Publish) -> None:
@@ -181,16 +194,29 @@ class Window:
             self.stalled()
 
     def stalled(self) -> None:
-        """What waits is nacked after ``HOLD`` seconds unless a confirm comes first."""
-        if self._timer is None and self.publishes:
-            self._timer = asyncio.get_running_loop().call_later(HOLD, self.close)
+        """No leader takes what the window holds for now: it waits, counted against its publishers' channels, and
+        is sent again a while later (to the leader known then, or to a member that may name it)."""
+        if not self.held:
+            self.held = True
+            for publish in self.publishes.values():
+                publish.confirm.waiting(1)
+        if self._retry is None and self.publishes:
+            self._retry = asyncio.get_running_loop().call_later(RESEND_RETRY, self.resend)
+
+    def _sent(self) -> None:
+        """Everything went to a leader: its publishers are read again (their own windows of unconfirmed
+        publishes, and the link's flow, bound what follows)."""
+        if self.held:
+            self.held = False
+            for publish in self.publishes.values():
+                publish.confirm.waiting(-1)
 
     def close(self) -> None:
-        """Gave up (or the queue is gone): every publish waiting is nacked."""
-        for handle in (self._timer, self._retry):
-            if handle is not None:
-                handle.cancel()
-        self._timer = self._retry = None
+        """The queue is gone: every publish waiting is nacked."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._sent()
         self._round += 1
         publishes, self.publishes = self.publishes, {}
         for publish in publishes.values():
@@ -291,6 +317,7 @@ class RemoteQueue:
         self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
         # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
         self.recheck: Callable[[], None] | None = None
+        self.leads: Callable[[], bool] | None = None  # a quorum queue's: whether its node is the leader known here
 
     @property
     def node(self) -> str:
@@ -299,6 +326,11 @@ class RemoteQueue:
     @property
     def available(self) -> bool:
         return self.peer.up
+
+    @property
+    def leaderless(self) -> bool:
+        """A quorum queue's whose node is not the leader known here (``leads``), or is down."""
+        return self.leads is not None and not (self.peer.up and self.leads())
 
     def local(self) -> None:
         """(Not a queue of this node.)"""
@@ -472,6 +504,24 @@ class RemoteQueue:
         if remote.id == refused_id and not remote.attached and self.by_consumer.get(remote.consumer) is remote:
             self._attach(remote)
 
+    def unanswered(self, remote: RemoteConsumer, error: ChannelError) -> None:
+        """A new consumer of a quorum queue that the node it went to did not take: that node no longer leads
+        (this one had not heard yet), or its link dropped before it answered.  It consumes at the leader as one
+        that outlived a change of leader does, once one is known and reached; if none has taken it within
+        ``LEADER_WAIT``, its basic.consume fails with ``error``."""
+        remote.attached = False
+        loop = asyncio.get_running_loop()
+        loop.call_later(LEADER_WAIT, self._unanswered, remote, error)
+        if self.recheck is not None:
+            self.recheck()
+        loop.call_later(REATTACH_RETRY, self._try_again, remote, remote.id)
+
+    def _unanswered(self, remote: RemoteConsumer, error: ChannelError) -> None:
+        if remote.accepted.done() or self.by_consumer.get(remote.consumer) is not remote:
+            return
+        remote.accepted.set_exception(error)
+        self.remove_consumer(remote.consumer)
+
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
         """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
         leader takes back what it holds, under the same entries."""
@@ -542,8 +592,23 @@ class RemoteQueue:
         self.peer.settle(mode, entries)
 
     async def fetch(self, no_ack: bool) -> Entry | None:
-        """basic.get at the owner: the entry stays unacked there until settled from here."""
-        reply, message = await self.peer.request(self, "get")
+        """basic.get at the owner: the entry stays unacked there until settled from here.  A quorum queue's node
+        that answers it does not lead (any more: this node had not heard) is asked again once this node knows
+        the leader, for up to ``LEADER_WAIT``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT
+        while True:
+            try:
+                reply, message = await self.peer.request(self, "get")
+                break
+            except ChannelError as exc:
+                if not self.replicated or exc.code != NOT_FOUND or self.deleted or loop.time() >= deadline:
+                    raise
+            if self.recheck is not None:
+                self.recheck()
+            await asyncio.sleep(REATTACH_RETRY)
+            while self.leaderless and loop.time() < deadline:
+                await asyncio.sleep(REATTACH_RETRY / 10)
         if message is None:
             return None
         entry = Entry(reply["tag"], message, reply["redelivered"])

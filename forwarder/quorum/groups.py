@@ -447,7 +447,9 @@ class QuorumGroups:
 
     def _send(self, group: Group, publish: Publish) -> bool:
         """A publish of the group's window goes to the leader: over its link, or into the queue if this node
-        leads (which takes it once: the previous leader may have had it).  False: the leader cannot be reached."""
+        leads (which takes it once: the previous leader may have had it).  While no leader is known here, to a
+        member reached: it takes it if it leads, else names the leader it knows (this node may be cut off from
+        etcd, as a deposed leader often is), as a Ra member answers ``not_leader``.  False: none can be reached."""
         if group.replicator is not None:
             replicator = group.replicator
             window = publish.window
@@ -462,9 +464,13 @@ class QuorumGroups:
             return True
         vhost = self.broker.vhosts.get(group.vhost)
         proxy = proxy_of(vhost.queues, group.name) if vhost is not None else None
-        if proxy is None or group.leader != proxy.peer.name:
+        if proxy is None:
             return False
-        return proxy.peer.enqueue(proxy, publish)
+        if group.leader:
+            return group.leader == proxy.peer.name and proxy.peer.enqueue(proxy, publish)
+        peers = self.cluster.peers
+        return any(peers[name].enqueue(proxy, publish) for name in [proxy.peer.name, *group.members]
+                   if name in peers and peers[name].up)
 
     def leader_of(self, key: str) -> tuple[str, int]:
         """The leader of a queue as known here, and its term (("", 0): none)."""
@@ -672,6 +678,7 @@ class QuorumGroups:
         queue.members = group.members
         queue.publishes = group.window
         queue.recheck = lambda: self._recheck(group)
+        queue.leads = lambda: group.leader == queue.peer.name
         self._swap(vhost, current, queue)
 
     def _promote(self, vhost: VHost, group: Group) -> None:

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 import pytest
 from pamqp import commands
 
-from amqp_server.broker import Broker
+from amqp_server.broker import Broker, vhost as vhost_module
+from amqp_server.errors import ChannelError
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
@@ -67,8 +68,23 @@ class Confirms:
     def remote_confirmed(self, seq: int, rejected: bool) -> None:
         self.outcomes[seq] = "nack" if rejected else "ack"
 
+    def waiting(self, change: int) -> None:
+        pass
+
     def acked(self) -> list[int]:
         return sorted(seq for seq, outcome in self.outcomes.items() if outcome == "ack")
+
+
+class HeldConfirms(Confirms):
+    """A channel that holds its connection back while its publishes wait for a leader (``Channel.waiting``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting_now = self.waiting_most = 0
+
+    def waiting(self, change: int) -> None:
+        self.waiting_now += change
+        self.waiting_most = max(self.waiting_most, self.waiting_now)
 
 
 async def wait_for(check, what: str, timeout: float = 10.0) -> None:
@@ -661,12 +677,92 @@ async def test_two_copies_snapshots_are_coming_into_never_elect_each_other(netwo
     assert await copies_agree(network) == [b"first", *bodies(1000)]
 
 
+# -- no leader ----------------------------------------------------------------------------------
+
+
+async def test_a_publish_waits_for_a_leader_however_long_and_is_never_nacked(network, monkeypatch):
+    """n1, the leader, and n3 die: n2 alone is no majority, and no leader is known for longer than a publish
+    once waited before it was nacked (5 s).  What n2's publisher sent meanwhile waits, counted against its
+    channel (which holds its connection back past a few), and the leader elected once n3 is back confirms it
+    all, as RabbitMQ's quorum queue client keeps its pending commands for the next leader.  A basic.get
+    meanwhile waits for a leader only a while."""
+    node = await declared(network)
+    confirms = HeldConfirms()
+    publish(node, bodies(5), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 5, "the first confirms")
+    await network.kill("n1")
+    await network.kill("n3")
+    n2 = network.nodes["n2"]
+    await wait_for(lambda: n2.quorum.groups[KEY].leader == "", "n2 knows no leader")
+    publish(n2, bodies(40, "wait"), confirms)
+    await asyncio.sleep(6)
+    assert len(confirms.outcomes) == 5, "a publish was answered without a leader"
+    assert confirms.waiting_now == 40
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 0.2)
+    with pytest.raises(ChannelError, match="home node"):  # (a basic.get waits for a leader a while, not for good)
+        await asyncio.wait_for(n2.broker.get_anywhere(n2.broker.vhosts["/"], "q", True), 10)
+    await network.start_node("n3")
+    await wait_for(lambda: len(confirms.outcomes) == 45, "an answer to each publish", 30)
+    assert confirms.acked() == list(range(1, 46))
+    assert confirms.waiting_now == 0 and confirms.waiting_most == 40
+    assert await copies_agree(network) == bodies(5) + bodies(40, "wait")
+
+
+async def test_a_quorum_queue_is_reached_through_a_deposed_member_once_a_leader_is_elected(network, monkeypatch):
+    """n1, which declared the queue, is dead and n3 leads; then n3's lease is revoked while n2 cannot reach etcd:
+    n3 steps down, its proxy of the queue naming n1 again, and no leader is elected for a while.  A basic.get
+    through n3 waits (a while: ``LEADER_WAIT``) for the next leader and is answered by it, rather than fail at
+    once with 404 "home node 'n1' of durable queue ... is down" (RabbitMQ answers through any member while a
+    majority has a leader)."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    n3 = the_leader(network)
+    assert n3.name == "n3"  # (a tie goes to the name that sorts last)
+    n2 = network.nodes["n2"]
+    n2.client.unreachable = True
+    network.etcd.revoke(n3.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: n3.quorum.groups[KEY].replicator is None, "n3 deposed")
+    vhost = n3.broker.vhosts["/"]
+    assert vhost.queues["q"].node == "n1" and vhost.queues["q"].leaderless
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 30.0)
+    got = asyncio.ensure_future(n3.broker.get_anywhere(vhost, "q", True))
+    await asyncio.sleep(0)
+    n2.client.unreachable = False
+    _, entry = await asyncio.wait_for(got, 30)
+    assert entry is not None and entry.message.body == bodies(10)[0]
+
+
+async def test_a_get_through_a_node_that_missed_a_change_of_leader_is_answered_by_the_new_leader(network):
+    """n2's watch of etcd stalls, and it misses that n1's lease was revoked and n3 leads: its basic.get goes to
+    n1, which answers that it does not lead; n2 asks etcd who leads and gets the message there, rather than
+    answer 404 "home node ... is down"."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    n2 = network.nodes["n2"]
+    n2.client.deaf = True
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) is not None and leader(network) is not node, "another leader")
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 deposed")
+    assert n2.quorum.groups[KEY].leader == "n1"  # (n2 heard nothing)
+    vhost = n2.broker.vhosts["/"]
+    _, entry = await asyncio.wait_for(n2.broker.get_anywhere(vhost, "q", True), 30)
+    assert entry is not None and entry.message.body == bodies(10)[0]
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 
 async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     """n1 cannot reach etcd (the others can, and still hear from it): its lease lapses, n2 or n3 leads, and
-    what n1 took meanwhile is nacked, never confirmed; its later ops are not the followers' any more."""
+    what n1 took meanwhile is not confirmed by it, nor nacked (for longer than a publish once waited for a
+    leader): once n1 reaches the new leader it passes them on, and that leader confirms them.  n1's later ops
+    are not the followers' any more."""
     node = await declared(network)
     confirms = Confirms()
     publish(node, bodies(20), confirms)
@@ -676,13 +772,16 @@ async def test_a_leader_that_lost_etcd_confirms_nothing_more(network):
     network.hold("n1", "n3")
     publish(node, bodies(5, "cut"), confirms)
     await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "another leader")
-    await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
-    assert [confirms.outcomes[seq] for seq in range(21, 26)] == ["nack"] * 5
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 deposed")
+    await asyncio.sleep(6)  # (longer than a publish waited for a leader before it was nacked)
+    assert len(confirms.outcomes) == 20
     network.release("n1", "n2")
     network.release("n1", "n3")
     network.nodes["n1"].client.unreachable = False
     await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
-    assert await copies_agree(network) == bodies(20)
+    await wait_for(lambda: len(confirms.outcomes) == 25, "an answer to each publish")
+    assert confirms.acked() == list(range(1, 26))
+    assert await copies_agree(network) == bodies(20) + bodies(5, "cut")
 
 
 async def test_etcd_out_of_reach_for_less_than_the_lease_stops_no_confirm_and_keeps_the_leader(network):
@@ -771,6 +870,26 @@ async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_
     _, client, sent = await consumer_holding(network, on)
     await network.kill("n1")
     await drained(network, client, sent)
+
+
+async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_again_not_refused(network):
+    """n2's basic.consume reaches n1, the leader, but n2's link to n1 drops before n1's answer comes back: rather
+    than fail as for a queue whose node is down (a quorum queue stays reachable while a majority leads it), the
+    consumer consumes again at the leader once it is reached, and gets every message."""
+    node = await declared(network)
+    sent = bodies(100)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 100, "the publishes confirmed")
+    network.hold("n1", "n2")  # (n1's answer waits)
+    client = Client(network.nodes["n2"], prefetch=50).consume()
+    await wait_for(lambda: network.held[("n1", "n2")], "the consume answered")
+    network.cut("n1", "n2")
+    await asyncio.sleep(0.2)
+    network.release("n1", "n2")
+    network.heal("n1", "n2")
+    await drained(network, client, sent)
+    assert not client.cancelled
 
 
 async def test_a_consumer_that_goes_during_a_change_of_leader_leaves_nothing_stranded(network):

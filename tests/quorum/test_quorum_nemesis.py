@@ -41,6 +41,9 @@ class Sink:
         if not self.outcome:
             self.outcome = "nack" if rejected else "ack"
 
+    def waiting(self, change: int) -> None:
+        pass
+
 
 def holders(network: Network, clients: list[Client]) -> dict[str, Any]:
     """Who holds the leader's checked-out entries, and what the consumers see."""
