@@ -437,6 +437,8 @@ class QuorumGroups:
                 continue
             if current is not None:
                 self._follow(group, current.value.decode(), current.create_revision, current.lease)
+                if not group.leader:  # (this node's earlier run's key, being revoked: its deletion elects)
+                    await asyncio.sleep(RETRY_INTERVAL)
             elif graced:
                 if self.name in group.members:
                     self._elect(group)
@@ -634,6 +636,14 @@ class QuorumGroups:
     def _follow(self, group: Group, leader: str, term: int, lease: int = 0) -> None:
         """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``, holding the key
         under ``lease``."""
+        if leader == self.name and (self.lease is None or lease != self.lease.id):
+            # the key of an earlier run of this node (etcd keeps a lease through its own restart, and a kill
+            # during etcd's absence is revoked by no follower), or of a lease it replaced: that term is over.
+            # Its copy here may lack ops its followers took from it that were not on its disk yet; leading on
+            # would put a second op at their indexes.  As a restarted Ra member comes back a follower, the lease
+            # goes (its keys with it) and the members elect a leader of a later term.
+            asyncio.get_running_loop().create_task(self._revoke(lease))
+            leader, term, lease = "", 0, 0
         group.leader_lease = lease
         if leader == group.leader and term == group.term:
             return

@@ -1129,6 +1129,34 @@ async def test_a_copy_restarted_from_its_rows_takes_no_window_publish_twice_when
     assert await copies_agree(network) == bodies(10)
 
 
+async def test_a_restarted_leader_never_leads_again_under_its_earlier_runs_key(network):
+    """n1 leads and is killed while the others cannot reach etcd (they cannot revoke its lease), and etcd keeps
+    that lease alive (as it gives every lease its TTL anew when it restarts): n1 runs again and finds its key.
+    Its earlier run's term is over (its copy may lack ops its followers took from it, not yet on its disk:
+    leading on would put two ops at one index): it revokes that lease, and the members elect a leader of a
+    later term, which has every confirmed message."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the first confirms")
+    group = node.quorum.groups[KEY]
+    term, lease = group.term, group.leader_lease
+    for name in ("n2", "n3"):
+        network.nodes[name].client.unreachable = True
+    await network.kill("n1")
+    network.etcd.leases[lease].expires = asyncio.get_running_loop().time() + 60
+    for name in ("n2", "n3"):
+        network.nodes[name].client.unreachable = False
+    n1 = await network.start_node("n1")
+    await wait_for(lambda: leader(network) is not None, "a leader")
+    assert replicator_of(the_leader(network)).term > term
+    assert n1.quorum.groups[KEY].replicator is None or n1.quorum.groups[KEY].replicator.term > term
+    publish(n1, bodies(5, "after"), confirms)
+    await wait_for(lambda: len(confirms.outcomes) == 15, "an answer to each")
+    assert confirms.acked() == list(range(1, 16))
+    assert await copies_agree(network) == bodies(10) + bodies(5, "after")
+
+
 async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network, monkeypatch):
     """n3 misses ops, and its request to catch up is lost (the leader was not leading yet when it came, say):
     as ops it cannot take go on coming it asks again a while later, rather than wait for a change of term."""
