@@ -522,7 +522,8 @@ class StreamLog:
             self._close(segment)
 
     def delete(self) -> None:
-        """The stream is gone: its files too."""
+        """The stream is gone: its files go with the next group commit (``StreamLogs.doom``), never on the loop,
+        where a sync may be writing its offsets or its writers' snapshot there meanwhile."""
         self.deleted = True
         self._dir_made = False
         self.close()
@@ -530,11 +531,7 @@ class StreamLog:
         self._firsts.clear()
         self._loaded.clear()
         self._unsynced = []
-        if os.path.isdir(self.directory):
-            for name in os.listdir(self.directory):
-                _unlink(os.path.join(self.directory, name))
-            os.rmdir(self.directory)
-        self.logs.dir_changed()
+        self.logs.doom(self.directory)
 
 
 class ChunkSpan:
@@ -573,7 +570,7 @@ class _Marked:
 class SyncJob:
     """What one group commit makes durable (``StreamLogs.sync`` runs it off the loop)."""
 
-    __slots__ = ("data", "marks", "sealed", "dirs", "writers", "offsets")
+    __slots__ = ("data", "marks", "sealed", "dirs", "writers", "offsets", "removed")
 
     def __init__(self) -> None:
         self.data: list[int] = []  # segment files written
@@ -582,6 +579,7 @@ class SyncJob:
         self.dirs: list[str] = []  # directories where files came or went
         self.writers: tuple[str, int, dict[str, int]] | None = None  # the snapshot's path, upto, writers
         self.offsets: OffsetsWrite | None = None
+        self.removed: list[str] = []  # deleted streams' directories (``StreamLogs.doom``)
 
     def run(self) -> None:
         try:
@@ -597,6 +595,8 @@ class SyncJob:
                 path, upto, writers = self.writers
                 _replace(path, json.dumps({"upto": upto, "writers": writers}).encode())
                 self.dirs.append(os.path.dirname(path))
+            for directory in self.removed:
+                _remove_dir(directory)
             for directory in dict.fromkeys(self.dirs):
                 _sync_dir(directory)
         finally:
@@ -656,6 +656,7 @@ class StreamLogs:
         self.logs: dict[int, StreamLog] = {}
         self._dirty: dict[StreamLog, None] = {}
         self._root_dirty = False
+        self._doomed: list[str] = []  # deleted streams' directories, removed by the next commit's sync
         self._job: list[SyncJob] = []
         self.closing = False
         self._committing = False  # (what ``commit`` writes is in the commit under way: no other is asked for)
@@ -692,7 +693,7 @@ class StreamLogs:
             if name not in keep:
                 path = os.path.join(self.directory, name)
                 log.info("stream log %s: no such stream, removed", name)
-                StreamLog(path, self).delete()
+                _remove_dir(path)
 
     def buffered(self, flush: Callable[[], None]) -> None:
         """``flush`` writes a chunk being gathered: the next commit, asked for now, calls it first if the loop has
@@ -705,6 +706,12 @@ class StreamLogs:
             self._dirty[stream_log] = None
         if not self._committing:
             self._changed()
+
+    def doom(self, directory: str) -> None:
+        """A deleted stream's directory goes in the next commit's sync, after the writes there of the commit being
+        synced (the group commit runs one sync at a time), so nothing writes there while it goes."""
+        self._doomed.append(directory)
+        self.dir_changed()
 
     def dir_changed(self) -> None:
         self._root_dirty = True
@@ -727,6 +734,7 @@ class StreamLogs:
         self._dirty = {stream_log: None for stream_log in self._dirty if stream_log.writers_pending}
         if self._root_dirty:
             root = SyncJob()
+            root.removed, self._doomed = self._doomed, []
             root.dirs.append(self.directory)
             jobs.append(root)
             self._root_dirty = False
@@ -895,6 +903,19 @@ def _sync_sealed(path: str, rows: int) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def _remove_dir(path: str) -> None:
+    """A deleted stream's directory and its files (gone already: nothing).  One that stays is logged, not raised:
+    it holds nothing a client was promised, and the next start removes it (``drop_orphans``)."""
+    try:
+        for name in os.listdir(path):
+            _unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("stream log %s: not removed (%s): removed at the next start", path, exc)
 
 
 def _sync_dir(path: str) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -221,7 +222,56 @@ def test_a_log_deleted_or_orphaned_leaves_no_file(tmp_path):
     committed(logs)
     logs.forget(2)
     logs.drop_orphans([1])  # 3's queue is gone too
+    committed(logs)  # (a deleted stream's files go with the next commit)
     assert os.listdir(tmp_path) == ["1"]
+
+
+def test_a_stream_deleted_between_a_commit_and_its_sync_fails_neither(tmp_path):
+    """The commit takes a stream's stored offsets and writers' snapshot on the loop, its sync writes them off it;
+    the stream deleted in between (delete answers OK, as RabbitMQ's) neither fails the sync (the whole group
+    commit: nothing confirmed) nor leaves a file: its directory goes with the next commit."""
+    logs = StreamLogs(str(tmp_path), lambda: None)
+    log = logs.open(1)
+    log.append(entries(b"m"), 1, 1, 1)
+    log.store_offset("app", 42)
+    log.wrote("writer", 7)
+    logs.commit()
+    logs.forget(1)
+    logs.sync()
+    committed(logs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_stream_deleted_while_its_sync_writes_there_is_deleted(tmp_path, monkeypatch):
+    """The sync (off the loop) creating the offsets file just as the stream is deleted on the loop: the delete
+    does not fail (it did: the directory not empty), and the file goes with the next commit."""
+    logs = StreamLogs(str(tmp_path), lambda: None)
+    log = logs.open(1)
+    log.store_offset("app", 42)
+    logs.commit()
+    directory = str(tmp_path / "1")
+    writing = threading.Event()
+    listdir = os.listdir
+
+    def listed_then_written(path: str = ".") -> list[str]:  # the sync's write lands right after a listing
+        names = listdir(path)
+        if path == directory and not writing.is_set():
+            writing.set()
+            sync.join()
+        return names
+
+    def sync_when_listed() -> None:
+        writing.wait(5)
+        logs.sync()
+
+    sync = threading.Thread(target=sync_when_listed)
+    sync.start()
+    monkeypatch.setattr(os, "listdir", listed_then_written)
+    logs.forget(1)
+    writing.set()
+    sync.join(5)
+    committed(logs)
+    assert os.listdir(tmp_path) == []
 
 
 def send(broker: Broker, name: str, bodies: list[bytes], **props) -> None:
