@@ -15,6 +15,7 @@ group commit here).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -92,6 +93,7 @@ class Persistence:
         self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
         self._fsyncing: Future | None = None  # the one under way: close waits for it before closing the files
         self._closed = False
+        self.failed = False  # a group commit failed: nothing is confirmed again (``_committed``)
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -203,7 +205,9 @@ class Persistence:
         for fd in fds:
             try:
                 os.fsync(fd)
-            except OSError as exc:  # a segment deleted meanwhile (by a compaction's own sync): nothing to keep
+            except OSError as exc:  # a segment closed meanwhile (by a compaction's own sync): nothing to keep
+                if exc.errno != errno.EBADF:  # (an I/O error is the disk's: the commit fails)
+                    raise
                 log.debug("fsync skipped: %s", exc)
         self.store.write_sidecars(sealed)  # full segments, synced just now
         self.store.unlink(doomed)  # segments deleted before the commit began: their fds are not among ``fds``
@@ -212,9 +216,16 @@ class Persistence:
             journal.sync()
 
     def _committed(self, batch: int, future: asyncio.Future) -> None:
+        """A group commit is durable: its waiters are confirmed, and so on for every later one — unless one
+        failed.  Then nothing is confirmed again: a later commit's fsync need not cover the failed one's writes
+        (after an I/O error the kernel may have dropped its dirty pages, and a retried fsync succeeds), and a
+        confirm promises the data is on disk; as RabbitMQ's message store crashes, the node must be restarted."""
         self._syncing = False
-        if future.exception() is not None:  # nothing more is confirmed: the disk is not trustworthy
-            log.critical("group commit %d failed: %s", batch, future.exception())
+        if future.exception() is not None:
+            self.failed = True
+            log.critical("group commit %d failed: %s; nothing more is confirmed until the node restarts", batch,
+                         future.exception())
+        if self.failed:
             return
         self.synced = batch
         for waiter in list(self.waiters):
