@@ -5,7 +5,8 @@ to the client consumes (``broker.consume``, link credit as the consumer's credit
 
 Session windows: the node's incoming window is ``INCOMING_WINDOW`` transfer frames, opened again by a flow once
 half is used; deliveries stop while the client's incoming window is spent.  Link credit: a publishing link gets
-``LINK_CREDIT`` and more once half is used, none while an alarm holds publishers; a transfer beyond its credit
+``LINK_CREDIT`` and more once half is used, none while an alarm holds publishers or while more than a few of its
+transfers wait for a quorum queue's leader; a transfer beyond its credit
 detaches the link.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .. import errors
 from ..errors import AMQPError, ChannelError
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import encode_route
+from ..publisher_flow import LEADER_WAITS
 from ..frontend.front_end import ListedLink, ListedSession
 from ..ports import ClientChannel
 from ..stats import MessageStats
@@ -423,6 +425,7 @@ class Incoming(LinkEndpoint):
         self.current = 0  # the delivery being published (what a forwarded copy confirms)
         self.management = False  # the /management node's requests: answered on the paired link
         self.routed = ("", "")  # the exchange and routing key of the last message, and their encoding
+        self.leader_waits = 0  # its transfers waiting for a quorum queue's leader (``waiting``)
         self.route = encode_route("", "")
         self.fixed = False  # the target names the exchange and routing key: every message goes there
         self.max_size = self.connection.config.max_message_size
@@ -460,11 +463,13 @@ class Incoming(LinkEndpoint):
             self.route = encode_route(*self.routed)
 
     def _check_queue(self, name: str) -> None:
-        """A queue, or a direct reply-to name, is there: else ``not-found``."""
+        """A queue, or a direct reply-to name, is there: else ``not-found``.  Whether it can take a message now
+        is not asked (RabbitMQ 4.x checks that the queue exists): a quorum queue electing a leader is a target."""
         vhost = self.connection.vhost
         assert vhost is not None
-        if not (name.startswith(direct_reply.PREFIX) and self.broker.replies.get(name) is not None):
-            vhost.queue(name)  # (not-found if it is not there)
+        if name not in vhost.queues and not (name.startswith(direct_reply.PREFIX)
+                                             and self.broker.replies.get(name) is not None):
+            raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
 
     def _exchange(self, name: str) -> Exchange:
         vhost = self.connection.vhost
@@ -484,8 +489,9 @@ class Incoming(LinkEndpoint):
         self.top_up()
 
     def top_up(self) -> None:
-        """Link credit, unless an alarm holds publishers: topped up once half is used, as RabbitMQ does."""
-        if self.connection.credit_held or self.credit > LINK_CREDIT // 2:
+        """Link credit, unless an alarm holds publishers or too many of its transfers wait for a quorum queue's
+        leader: topped up once half is used, as RabbitMQ does."""
+        if self.connection.credit_held or self.leader_waits > LEADER_WAITS or self.credit > LINK_CREDIT // 2:
             return
         self.credit = LINK_CREDIT
         self.session.send(frames.performative(
@@ -668,7 +674,12 @@ class Incoming(LinkEndpoint):
         self.forwarded_rejected.discard(seq)
 
     def waiting(self, change: int) -> None:
-        """(Not held for a quorum queue's leader: the link credit this node grants bounds what its client sends.)"""
+        """``change`` more (or fewer) of its transfers wait for a quorum queue's leader (``remote_queue.Window``):
+        past ``LEADER_WAITS`` of them the link is granted no more credit until they go to one, as RabbitMQ 4.x's
+        session grants none to a link whose target queue blocks it; this link alone is held."""
+        self.leader_waits += change
+        if change < 0 and self.session.links.get(self.handle) is self:
+            self.top_up()
 
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
