@@ -1004,11 +1004,16 @@ def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_recor
     """RabbitMQ 4.x (mc_amqp): an AMQP 1.0 message dead-lettered is read over AMQP 1.0 with an ``x-opt-deaths``
     annotation (maps newest first, one per queue and reason, counted) and ``x-first-death-*`` / ``x-last-death-*``
     annotations, not a conversion of its 0-9-1 ``x-death`` header; a 0-9-1 reader still gets ``x-death``."""
+    from proton import Delivery
+
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
     channel = connection.channel()
     channel.queue_declare("dlq", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
     channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
     channel.queue_declare("slow", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    channel.queue_declare("limited", durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": 1, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "dlq"})
     amqp = connect(node)
     try:
         sender = amqp.create_sender("/queues/work")
@@ -1041,6 +1046,18 @@ def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_recor
         expired = _deaths(message)
         assert [(d["queue"], d["reason"], d["ttl"]) for d in expired] == [("slow", "expired", 50)]
         assert message.ttl is None or message.ttl == 0  # (the ttl goes with the death)
+
+        limited = amqp.create_receiver("/queues/limited", credit=1)
+        amqp.create_sender("/queues/limited").send(Message(body=b"poison"))
+        for _ in range(2):  # delivery-failed once is the limit; the second time it goes
+            assert limited.receive(timeout=5).body == b"poison"
+            assert limited.fetcher is not None  # (a blocking receiver's)
+            limited.fetcher.unsettled[0].local.failed = True
+            limited.settle(Delivery.MODIFIED)
+        message = dlq.receive(timeout=5)
+        dlq.accept()
+        assert [(d["queue"], d["reason"], d["count"]) for d in _deaths(message)] == [
+            ("limited", "delivery_limit", 1)]
         dlq.close()
         sender.send(Message(body=b"for 0-9-1"))
         assert work.receive(timeout=5).body == b"for 0-9-1"
