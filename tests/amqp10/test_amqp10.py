@@ -997,6 +997,7 @@ def test_fuzz_the_transfer_read_in_place_agrees_with_the_general_decoder_or_leav
 
 
 def _deaths(message: Message) -> list[dict[str, Any]]:
+    assert message.annotations is not None
     return [dict(death) for death in message.annotations["x-opt-deaths"]]
 
 
@@ -1036,6 +1037,7 @@ def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_recor
                                                                            ("dlq", "rejected", 1)]
         assert deaths[0]["first-time"] == first[0]["first-time"] <= deaths[0]["last-time"]
         annotations = message.annotations
+        assert annotations is not None
         assert (annotations["x-first-death-queue"], annotations["x-first-death-reason"]) == ("work", "rejected")
         assert (annotations["x-last-death-queue"], annotations["x-last-death-exchange"]) == ("work", "")
         assert annotations["x-opt-mine"] == "kept" and "x-death" not in annotations
