@@ -937,7 +937,8 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
     4.x records it (mc_amqp): its ``x-opt-deaths`` message annotation, an array of maps newest first, one per
     (queue, reason), counted, with the first and last time (ms), and the exchange, routing keys and ttl (the one
     ``expiration`` stands for) of its first death there; ``x-first-death-*`` set once, ``x-last-death-*`` each
-    time.  An AMQP 1.0 reader gets these, not the 0-9-1 ``x-death`` header the message keeps for 0-9-1 readers."""
+    time.  An AMQP 1.0 reader gets these, not the 0-9-1 ``x-death`` header the message keeps for 0-9-1 readers.
+    TooLarge if the sections would then hold more values than ``MAX_ITEMS`` (no reader would decode them)."""
     found = sections(kept) if kept else []
     annotations = next((list(content.value) for descriptor, content, _ in found
                         if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"), [])
@@ -980,7 +981,9 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
     section = described(MESSAGE_ANNOTATIONS, encode(Value("map", annotations)))
     before = [encoded for descriptor, _, encoded in found if descriptor in (HEADER, DELIVERY_ANNOTATIONS)]
     after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES)]
-    return b"".join((*before, section, *after))
+    dead = b"".join((*before, section, *after))
+    sections(dead)  # (TooLarge past the values a reader decodes: the caller keeps the sections it had)
+    return dead
 
 
 def _says(value: Value | None, text: str) -> bool:

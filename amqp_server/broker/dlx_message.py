@@ -57,10 +57,13 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     key = routing_key if routing_key is not None else message.routing_key
     dead = Message(exchange, key, encode_route(exchange, key), header, message.body)
     if message.amqp10 is not None:  # (published over AMQP 1.0: an AMQP 1.0 reader gets x-opt-deaths)
-        dead.amqp10 = amqp10.dead_lettered(
-            message.amqp10, queue, reason, message.exchange, [message.routing_key, *header_keys(
-                message.headers or {}, "CC")], message.property_str(codec.FLAG_EXPIRATION),
-            int(time.time() * 1000))
+        try:
+            dead.amqp10 = amqp10.dead_lettered(
+                message.amqp10, queue, reason, message.exchange, [message.routing_key, *header_keys(
+                    message.headers or {}, "CC")], message.property_str(codec.FLAG_EXPIRATION),
+                int(time.time() * 1000))
+        except amqp10.TooLarge:  # (its history past the values one record may hold: its sections kept as they were)
+            dead.amqp10 = message.amqp10
     if routing_key is None:
         dead.bcc_keys = message.bcc_keys
     return dead
