@@ -931,6 +931,65 @@ def _kept_envelope(message: Message, kept: bytes) -> bytes:
         + b"".join(bare)
 
 
+def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_keys: list[str],
+                  expiration: str | None, now_ms: int) -> bytes:
+    """An AMQP 1.0 message's kept sections (``Message.amqp10``) as it leaves ``queue`` dead-lettered, as RabbitMQ
+    4.x records it (mc_amqp): its ``x-opt-deaths`` message annotation, an array of maps newest first, one per
+    (queue, reason), counted, with the first and last time (ms), and the exchange, routing keys and ttl (the one
+    ``expiration`` stands for) of its first death there; ``x-first-death-*`` set once, ``x-last-death-*`` each
+    time.  An AMQP 1.0 reader gets these, not the 0-9-1 ``x-death`` header the message keeps for 0-9-1 readers.
+    TooLarge if the sections would then hold more values than ``MAX_ITEMS`` (no reader would decode them)."""
+    found = sections(kept) if kept else []
+    annotations = next((list(content.value) for descriptor, content, _ in found
+                        if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"), [])
+    names = {key.value: i for i, (key, _) in enumerate(annotations) if key.kind == "symbol"}
+    old = annotations[names["x-opt-deaths"]][1] if "x-opt-deaths" in names else None
+    deaths = list(old.value) if old is not None and old.kind == "array" else []
+    for i, death in enumerate(deaths):
+        fields = {key.value: value for key, value in death.value} if death.kind == "map" else {}
+        count = fields.get("count")
+        if _says(fields.get("queue"), queue) and _says(fields.get("reason"), reason):
+            number = count.value if count is not None and count.kind == "ulong" else 1
+            del deaths[i]
+            deaths.insert(0, Value("map", [(key, Value("ulong", number + 1)) if key.value == "count" else
+                                           (key, Value("timestamp", now_ms)) if key.value == "last-time" else
+                                           (key, value) for key, value in death.value]))
+            break
+    else:
+        entry = [("queue", Value("string", queue)), ("reason", Value("symbol", reason)),
+                 ("count", Value("ulong", 1)), ("first-time", Value("timestamp", now_ms)),
+                 ("last-time", Value("timestamp", now_ms)), ("exchange", Value("string", exchange)),
+                 ("routing-keys", Value("array", [Value("string", key) for key in routing_keys]))]
+        ttl = _ttl(expiration)
+        if ttl is not None:
+            entry.append(("ttl", Value("uint", ttl)))
+        deaths.insert(0, Value("map", [(Value("symbol", key), value) for key, value in entry]))
+    updates = [("x-opt-deaths", Value("array", deaths))]
+    if "x-first-death-queue" not in names:
+        updates += [("x-first-death-queue", Value("string", queue)),
+                    ("x-first-death-reason", Value("string", reason)),
+                    ("x-first-death-exchange", Value("string", exchange))]
+    updates += [("x-last-death-queue", Value("string", queue)), ("x-last-death-reason", Value("string", reason)),
+                ("x-last-death-exchange", Value("string", exchange))]
+    for name, value in updates:
+        at = names.get(name)
+        if at is None:
+            names[name] = len(annotations)
+            annotations.append((Value("symbol", name), value))
+        else:
+            annotations[at] = (annotations[at][0], value)
+    section = described(MESSAGE_ANNOTATIONS, encode(Value("map", annotations)))
+    before = [encoded for descriptor, _, encoded in found if descriptor in (HEADER, DELIVERY_ANNOTATIONS)]
+    after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES)]
+    dead = b"".join((*before, section, *after))
+    sections(dead)  # (TooLarge past the values a reader decodes: the caller keeps the sections it had)
+    return dead
+
+
+def _says(value: Value | None, text: str) -> bool:
+    return value is not None and value.kind in ("string", "symbol") and value.value == text
+
+
 def kept_properties_of(message: Message) -> list[Value] | None:
     """The fields of the properties section an AMQP 1.0 publish had (kept with it, or in ``PROPERTIES_HEADER``
     by an older record), None if it had none kept: what a properties filter reads in place of 0-9-1's."""

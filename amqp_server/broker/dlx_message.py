@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 import time
 
+from stream_log import amqp10
+
 from ..framing import codec, header_table, properties
 from ..framing.header_table import Field
 from ..message import Message, encode_route
@@ -54,6 +56,14 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], fields)
     key = routing_key if routing_key is not None else message.routing_key
     dead = Message(exchange, key, encode_route(exchange, key), header, message.body)
+    if message.amqp10 is not None:  # (published over AMQP 1.0: an AMQP 1.0 reader gets x-opt-deaths)
+        try:
+            dead.amqp10 = amqp10.dead_lettered(
+                message.amqp10, queue, reason, message.exchange, [message.routing_key, *header_keys(
+                    message.headers or {}, "CC")], message.property_str(codec.FLAG_EXPIRATION),
+                int(time.time() * 1000))
+        except amqp10.TooLarge:  # (its history past the values one record may hold: its sections kept as they were)
+            dead.amqp10 = message.amqp10
     if routing_key is None:
         dead.bcc_keys = message.bcc_keys
     return dead

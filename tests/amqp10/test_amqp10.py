@@ -994,3 +994,83 @@ def test_fuzz_the_transfer_read_in_place_agrees_with_the_general_decoder_or_leav
     if fast is not None:
         assert fast == (*frames.transfer_of(value.value[1].value)[:4], at)
         assert frames.transfer_of(value.value[1].value)[4] is False
+
+
+def _deaths(message: Message) -> list[dict[str, Any]]:
+    assert message.annotations is not None
+    return [dict(death) for death in message.annotations["x-opt-deaths"]]
+
+
+def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_records_them(node):
+    """RabbitMQ 4.x (mc_amqp): an AMQP 1.0 message dead-lettered is read over AMQP 1.0 with an ``x-opt-deaths``
+    annotation (maps newest first, one per queue and reason, counted) and ``x-first-death-*`` / ``x-last-death-*``
+    annotations, not a conversion of its 0-9-1 ``x-death`` header; a 0-9-1 reader still gets ``x-death``."""
+    from proton import Delivery
+
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("dlq", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    channel.queue_declare("slow", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    channel.queue_declare("limited", durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": 1, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "dlq"})
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/work")
+        sender.send(Message(body=b"once", annotations={"x-opt-mine": "kept"}))
+        work = amqp.create_receiver("/queues/work", credit=1)
+        dlq = amqp.create_receiver("/queues/dlq", credit=1)
+        for _ in range(2):  # work -> dlq -> work -> dlq
+            assert work.receive(timeout=5).body == b"once"
+            work.reject()
+            message = dlq.receive(timeout=5)
+            if _ == 0:
+                first = _deaths(message)
+                dlq.reject()
+        dlq.accept()
+        assert len(first) == 1 and first[0]["queue"] == "work" and first[0]["reason"] == "rejected"
+        assert first[0]["count"] == 1 and first[0]["exchange"] == "" and list(first[0]["routing-keys"]) == ["work"]
+        assert first[0]["first-time"] == first[0]["last-time"] > 0
+        deaths = _deaths(message)
+        assert [(d["queue"], d["reason"], d["count"]) for d in deaths] == [("work", "rejected", 2),
+                                                                           ("dlq", "rejected", 1)]
+        assert deaths[0]["first-time"] == first[0]["first-time"] <= deaths[0]["last-time"]
+        annotations = message.annotations
+        assert annotations is not None
+        assert (annotations["x-first-death-queue"], annotations["x-first-death-reason"]) == ("work", "rejected")
+        assert (annotations["x-last-death-queue"], annotations["x-last-death-exchange"]) == ("work", "")
+        assert annotations["x-opt-mine"] == "kept" and "x-death" not in annotations
+
+        amqp.create_sender("/queues/slow").send(Message(body=b"late", ttl=0.05))
+        message = dlq.receive(timeout=5)
+        dlq.accept()
+        expired = _deaths(message)
+        assert [(d["queue"], d["reason"], d["ttl"]) for d in expired] == [("slow", "expired", 50)]
+        assert message.ttl is None or message.ttl == 0  # (the ttl goes with the death)
+
+        limited = amqp.create_receiver("/queues/limited", credit=1)
+        amqp.create_sender("/queues/limited").send(Message(body=b"poison"))
+        for _ in range(2):  # delivery-failed once is the limit; the second time it goes
+            assert limited.receive(timeout=5).body == b"poison"
+            assert limited.fetcher is not None  # (a blocking receiver's)
+            limited.fetcher.unsettled[0].local.failed = True
+            limited.settle(Delivery.MODIFIED)
+        message = dlq.receive(timeout=5)
+        dlq.accept()
+        assert [(d["queue"], d["reason"], d["count"]) for d in _deaths(message)] == [
+            ("limited", "delivery_limit", 1)]
+        dlq.close()
+        sender.send(Message(body=b"for 0-9-1"))
+        assert work.receive(timeout=5).body == b"for 0-9-1"
+        work.reject()
+        with pytest.raises(proton.Timeout):
+            work.receive(timeout=0.3)  # (Proton sends the disposition as it next works)
+    finally:
+        amqp.close()
+    deadline = time.monotonic() + 5
+    method = None
+    while method is None and time.monotonic() < deadline:
+        method, properties, _ = channel.basic_get("dlq", auto_ack=True)
+    assert method is not None and headers_of(properties)["x-death"][0]["queue"] == "work"
+    connection.close()

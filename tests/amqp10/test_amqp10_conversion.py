@@ -248,3 +248,22 @@ def test_an_amqp10_user_id_is_checked_even_when_no_0_9_1_reader_could_be_shown_i
     _, props, _ = connection.channel().basic_get("q", auto_ack=True)
     connection.close()
     assert props is not None and props.user_id == "guest"
+
+
+def test_a_dead_letter_whose_deaths_would_pass_the_values_a_reader_decodes_keeps_its_sections():
+    """An AMQP 1.0 message with nearly ``MAX_ITEMS`` values is dead-lettered with its sections as they were
+    rather than with an ``x-opt-deaths`` that would make it one no AMQP 1.0 reader could decode; a roomier one
+    gets its deaths."""
+    from amqp_server.broker.dlx_message import dead_letter_message
+    from stream_log import amqp10
+    from stream_log.amqp10 import described, encode_map, symbol, utf8
+    body = b"\x00\x53\x75\xa0\x04body"
+    for count, recorded in ((amqp10.MAX_ITEMS // 2 - 4, False), (10, True)):
+        annotations = described(amqp10.MESSAGE_ANNOTATIONS,
+                                encode_map([(symbol(f"x-{i}"), utf8("v")) for i in range(count)]))
+        published = _publish(annotations + body)
+        assert published.amqp10 == annotations
+        dead = dead_letter_message(published, "s", "rejected", "dlx", None)
+        assert dead.body == b"body" and dead.amqp10 is not None and (dead.amqp10 == annotations) is not recorded
+        amqp10.sections(dead.amqp10)  # (a reader decodes it)
+        assert (b"x-opt-deaths" in dead.amqp10) is recorded
