@@ -277,14 +277,16 @@ class Queues:
         for consumer in list(queue.consumers):
             consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
-        queue.drop_all()
-        local = queue.local()
-        if local is not None and local.exclusive_owner is not None:
-            local.exclusive_owner.exclusive_queues.discard(local)
-        else:
-            self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
-        if local is not None and local.durable:  # (another node's keeps its offsets there)
-            self.store.delete("queue_offsets", str(local.index_id))
+        try:
+            queue.drop_all()
+        finally:  # (its definition goes whatever its storage does: gone here, it would come back at a restart)
+            local = queue.local()
+            if local is not None and local.exclusive_owner is not None:
+                local.exclusive_owner.exclusive_queues.discard(local)
+            else:
+                self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
+            if local is not None and local.durable:  # (another node's keeps its offsets there)
+                self.store.delete("queue_offsets", str(local.index_id))
 
     def save_offsets(self, queue: Queue) -> None:
         """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""

@@ -326,6 +326,30 @@ async def test_queue_index_ids_are_never_reused(core, vhost):
     assert core.queues.declare_queue(vhost, "a", durable=True).index_id > first
 
 
+async def test_a_queue_whose_storage_fails_to_go_is_deleted_whole_not_brought_back_by_a_restart(tmp_path, monkeypatch):
+    """Its storage raising as it goes (a bug, a disk) leaves no definition behind: gone from memory but kept in
+    the store, the queue came back at the next start."""
+    data = str(tmp_path / "data")
+    core = Broker(data)
+    vhost = core.vhost("/")
+    core.declare_queue(vhost, "q", durable=True)
+    queue = local(vhost.queues["q"])
+
+    def failing() -> None:
+        raise OSError("the disk")
+
+    monkeypatch.setattr(queue, "drop_all", failing)
+    with pytest.raises(OSError):
+        core.queues.delete_queue(vhost, "q")
+    assert "q" not in vhost.queues
+    core.close()
+    core = Broker(data)
+    try:
+        assert "q" not in core.vhost("/").queues
+    finally:
+        core.close()
+
+
 # -- vhosts --------------------------------------------------------------------------------------------------
 
 async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(core):
