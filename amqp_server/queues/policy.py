@@ -141,7 +141,7 @@ VALIDATORS = {
     "consumer-timeout": _integer(0, "consumer timeout"),
     "max-age": lambda value: None if isinstance(value, str) and queue_args.interval_ms(value)
     else f"{_erl(value)} is not a valid max age",
-    "stream-max-segment-size-bytes": _integer(queue_args.MIN_SEGMENT_BYTES, "segment size",
+    "stream-max-segment-size-bytes": _integer(0, "segment size",
                                               queue_args.MAX_SEGMENT_BYTES),
     # exchange and queue federation (rabbit_federation_parameters:validate_policy); one of them at most
     "federation-upstream": _string("federation upstream name"),

@@ -20,8 +20,9 @@ QUEUE_MODES = ("default", "lazy")  # accepted; Warren pages to disk by memory pr
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 MAX_SUPPORTED_PRIORITY = 255
 # RabbitMQ's cap on a stream's segments (rabbit_stream_queue's ?MAX_STREAM_MAX_SEGMENT_SIZE, refused as
-# "Exceeded max value for ..."), and Warren's floor: a stream keeps at most one segment file per MB of its data
-# however it is published (RabbitMQ takes any size, and a size of 1 opens a file per chunk)
+# "Exceeded max value for ..."), and the floor its log segments at: a stream keeps at most one segment file per MB
+# of its data however it is published (RabbitMQ takes any size, as Warren does, but a size of 1 opens a file per
+# chunk there)
 MIN_SEGMENT_BYTES = 1_000_000
 MAX_SEGMENT_BYTES = 3_000_000_000
 INTERVAL = re.compile(r"^(\d+)([YMDhms])$")
@@ -69,15 +70,15 @@ class Refusals(Protocol):
 
 
 def check_caps(arguments: dict[str, Any]) -> None:
-    """406 for a stream's segment size beyond RabbitMQ's cap or below Warren's floor (a negative or non-integer
-    one is :func:`parse`'s to refuse, in RabbitMQ's words)."""
+    """406 for a stream's segment size beyond RabbitMQ's cap (a negative or non-integer one is :func:`parse`'s to
+    refuse, in RabbitMQ's words).  One below ``MIN_SEGMENT_BYTES`` is taken, as RabbitMQ takes it, and the log
+    segments at that floor (``StreamQueue``): a segment file per chunk would be a client's way to fill the disk
+    with files."""
     value = arguments.get("x-stream-max-segment-size-bytes")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return
     if value > MAX_SEGMENT_BYTES:
         raise errors.precondition_failed("Exceeded max value for x-stream-max-segment-size-bytes")
-    if value < MIN_SEGMENT_BYTES:
-        raise errors.precondition_failed(f"Below min value for x-stream-max-segment-size-bytes ({MIN_SEGMENT_BYTES})")
 
 
 def where(queue: str, vhost: str) -> str:

@@ -28,7 +28,7 @@ from ..framing import header_table
 from ..clock import now_ms
 from ..message import Message
 from .queue import Consumer, Entry, Queue
-from .queue_args import QueueArgs, interval_ms
+from .queue_args import MIN_SEGMENT_BYTES, QueueArgs, interval_ms
 from stream_log import amqp10, chunk
 from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog, StreamLogs
 
@@ -102,7 +102,8 @@ class StreamQueue(Queue):
 
     def _limits(self, stream_log: StreamLog) -> None:
         args = self.args
-        stream_log.segment_bytes = args.segment_bytes or DEFAULT_SEGMENT_BYTES
+        stream_log.segment_bytes = max(args.segment_bytes, MIN_SEGMENT_BYTES) if args.segment_bytes \
+            else DEFAULT_SEGMENT_BYTES  # (below the floor: taken, as RabbitMQ takes it, and segmented at the floor)
         stream_log.max_bytes = args.max_length_bytes
         stream_log.max_age_ms = args.max_age
 

@@ -350,6 +350,19 @@ async def test_a_queue_whose_storage_fails_to_go_is_deleted_whole_not_brought_ba
         core.close()
 
 
+async def test_a_stream_taken_with_a_segment_size_below_the_floor_segments_at_the_floor(core, vhost):
+    """RabbitMQ takes any segment size (rabbitmq-amqp-python-client's test declares 200), so Warren does; its log
+    segments at ``MIN_SEGMENT_BYTES`` all the same, or a client would have a file made per chunk."""
+    from amqp_server.queues.queue_args import MIN_SEGMENT_BYTES
+    from amqp_server.queues.stream_queue import StreamQueue
+    big = 2 * MIN_SEGMENT_BYTES
+    for name, size, segments in (("tiny", 200, MIN_SEGMENT_BYTES), ("big", big, big)):
+        queue = core.declare_queue(vhost, name, durable=True, arguments={
+            "x-queue-type": "stream", "x-stream-max-segment-size-bytes": size})
+        assert isinstance(queue, StreamQueue) and queue.arguments["x-stream-max-segment-size-bytes"] == size
+        assert queue.log.segment_bytes == segments
+
+
 # -- vhosts --------------------------------------------------------------------------------------------------
 
 async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(core):
