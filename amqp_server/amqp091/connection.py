@@ -303,13 +303,19 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             self.direct = (ch, left - nbytes)
             return
         channel.body_read(left)
+        self._large = True
+        ahead = channel.read_ahead(nbytes - left)
+        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not self.stalled:
+            ftype, next_ch, size = _HEAD.unpack_from(ahead, 1)
+            if ftype == 3 and next_ch == ch and DIRECT_FROM <= size <= self.frame_max:
+                self.direct = (ch, size)  # the body's next frame (there was room after this one: not its last),
+                return  # read into it as this one was: what the frame loop would make of these octets, without it
         self.direct = None  # the frame's end octet follows, behind a head of its own: the frame loop
         self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
-        self._large = True
-        if nbytes == left:  # (the body had no room after the frame: its last) the end octet is read next
+        if not ahead:  # (the body had no room after the frame: its last) the end octet is read next
             self._peek = True
             return
-        self.buf += channel.read_ahead(nbytes - left)
+        self.buf += ahead
         self._frames()
 
     def data_received(self, data: bytes | memoryview) -> None:
