@@ -30,8 +30,8 @@ import numpy as np
 from cachetools import LRUCache
 
 from .locations import Locations, fsync_dir
-from .segment import (HEAD_SIZE, Segment, encode_head, list_segments, list_sidecars, new_records, read_sidecar,
-                      scan, segment_path, sidecar_path, write_sidecar)
+from .segment import (HEAD_SIZE, Segment, encode_head, list_segments, list_sidecars, new_records, preallocate,
+                      read_sidecar, scan, segment_path, sidecar_path, write_sidecar)
 
 log = logging.getLogger("warren.msg_store")
 
@@ -556,6 +556,7 @@ class MessageStore:
         if os.path.exists(sidecar_path(self.directory, number)):  # a leftover must never describe this file
             os.unlink(sidecar_path(self.directory, number))
         segment = Segment(number, os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 0)
+        preallocate(segment.fd, self.segment_size)
         self.segments[number] = segment
         previous, self.current = self.current, segment
         if previous is not None:

@@ -235,15 +235,15 @@ class Channel:
             into[:] = view[start:end]
         self._took(received)
 
-    def body_into(self, size: int) -> memoryview | None:
+    def body_into(self, size: int, ahead: int = 0) -> memoryview | None:
         """Where the next ``size`` octets of a large body frame are read to, straight from the socket: the
-        message's buffer (not through a read buffer: no copy); ``body_read`` says how many came, and only
-        those count (what was set aside and not read is never part of a message).  None if this channel
-        takes no such part (it failed meanwhile, or the part overruns the declared size): ``body_part``
-        deals with those."""
+        message's buffer (not through a read buffer: no copy), with up to ``ahead`` octets more as far as the
+        declared size leaves room (``read_ahead``); ``body_read`` says how many came, and only those count
+        (what was set aside and not read is never part of a message).  None if this channel takes no such
+        part (it failed meanwhile, or the part overruns the declared size): ``body_part`` deals with those."""
         if self.expect != EXPECT_BODY or self._received + size > self._size:
             return None
-        return self._room(size)
+        return self._room(min(size + ahead, self._size - self._received))
 
     def _room(self, size: int) -> memoryview:
         """The message's buffer from what was received, ``size`` octets, set aside uninitialised: what arrives
@@ -261,6 +261,13 @@ class Channel:
     def body_read(self, size: int) -> None:
         """``size`` octets came into the view ``body_into`` gave."""
         self._took(self._received + size)
+
+    def read_ahead(self, size: int) -> bytes:
+        """The ``size`` octets read past a body frame into the room after it (``body_into``'s ``ahead``): no
+        part of the body, which the next frame's bytes overwrite."""
+        body = self._body
+        assert body is not None  # (body_into set it aside)
+        return bytes(body[self._received:self._received + size])
 
     def _took(self, received: int) -> None:
         if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:

@@ -50,6 +50,7 @@ MIN_FRAME_MAX = 4096
 DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read
 READ_SIZE = 256 * 1024  # what one read takes (into the thread's read buffer, see get_buffer)
 LARGE_READ_SIZE = 4096  # what it takes while large bodies arrive: their frames are read into the bodies (get_buffer)
+AHEAD = 8  # a large body frame's end octet and the next frame's head, read with its last bytes (get_buffer)
 _reads = threading.local()  # the thread's read buffer (read_buffer)
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
@@ -262,8 +263,11 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Where the next read goes.  Inside a large body frame, its message's buffer: the socket's bytes land
-        where they stay, copied by no one.  Else the thread's read buffer, whose bytes ``buffer_updated`` hands
-        to ``data_received``: after a large body frame, its end octet and the next frame's head alone, and
+        where they stay, copied by no one, and ``AHEAD`` octets more where the body has room for them (the next
+        frame's bytes overwrite them): the frame's end and the next frame's head, which ``buffer_updated`` hands
+        to the frame loop, come with the frame's last bytes rather than in a read of their own.  Else the
+        thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: after a large body
+        frame that left no such room (its message's last), its end octet and the next frame's head alone, and
         while large bodies arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a
         frame read whole is copied), until a read of that size holds no large body frame."""
         direct = self.direct
@@ -272,7 +276,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             return self._reads
         if direct is not None:
             channel = self.channels.get(direct[0])
-            view = channel.body_into(direct[1]) if channel is not None and self.state == OPEN else None
+            view = channel.body_into(direct[1], AHEAD) if channel is not None and self.state == OPEN else None
             if view is not None:
                 self._into = channel
                 return view
@@ -294,13 +298,25 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.recv_cnt += 1
         assert self.direct is not None  # (get_buffer read into the channel's body for it)
         ch, left = self.direct
-        channel.body_read(nbytes)
         if nbytes < left:
+            channel.body_read(nbytes)
             self.direct = (ch, left - nbytes)
             return
-        self.direct = None  # the frame's end octet is read next, behind a head of its own: the frame loop
+        channel.body_read(left)
+        self._large = True
+        ahead = channel.read_ahead(nbytes - left)
+        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not self.stalled:
+            ftype, next_ch, size = _HEAD.unpack_from(ahead, 1)
+            if ftype == 3 and next_ch == ch and DIRECT_FROM <= size <= self.frame_max:
+                self.direct = (ch, size)  # the body's next frame (there was room after this one: not its last),
+                return  # read into it as this one was: what the frame loop would make of these octets, without it
+        self.direct = None  # the frame's end octet follows, behind a head of its own: the frame loop
         self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
-        self._peek = self._large = True
+        if not ahead:  # (the body had no room after the frame: its last) the end octet is read next
+            self._peek = True
+            return
+        self.buf += ahead
+        self._frames()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._received = True

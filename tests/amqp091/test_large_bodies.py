@@ -178,6 +178,53 @@ def test_a_client_gone_mid_body_leaves_nothing_behind(broker, uid):
         assert rss(broker) - before < 24 * 1024 * 1024
 
 
+def test_large_bodies_whose_frames_interleave_across_channels_arrive_byte_exact(broker, uid):
+    """Two channels' 1 MiB bodies, frame by frame in turn, with heartbeats between, in sends cut anywhere: the node
+    reads each frame into its body with the next frame's head after it, which is now the other channel's (or a
+    heartbeat, or not all there): every body arrives whole and in place."""
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid)
+    size = 1 << 20
+    bodies = {1: body(size), 2: body(size + 1)[1:]}
+    raw = Raw(broker, timeout=30)
+    raw.handshake()
+    for ch in bodies:
+        raw.open_channel(ch)
+    wire = b"".join(publish_frames(ch, "", uid, b"", declared=size) for ch in bodies)
+    step = FRAME_MAX - 8
+    for at in range(0, size, step):
+        for ch, whole in bodies.items():
+            wire += struct.pack(">BHI", 3, ch, len(whole[at:at + step])) + whole[at:at + step] + b"\xce"
+        wire += struct.pack(">BHI", 8, 0, 0) + b"\xce"
+    for at, cut in enumerate(range(0, len(wire), 50_003)):  # (cuts fall inside frames and heads alike)
+        raw.send(wire[cut:cut + 50_003])
+        if at % 7 == 0:
+            time.sleep(0.01)
+    with connect(broker) as connection:
+        channel = connection.channel()
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            _method, _properties, data = channel.basic_get(uid, auto_ack=True)
+            if data is not None:
+                got.append(data)
+    raw.close()
+    assert sorted(got) == sorted(bodies.values())
+
+
+def test_a_large_body_frame_without_its_end_octet_is_a_frame_error(broker, uid):
+    """The end octet read with a large body frame's last bytes is checked as any frame's: a wrong one closes the
+    connection with 501."""
+    raw = Raw(broker, timeout=30)
+    raw.handshake()
+    raw.open_channel(1)
+    chunk = b"z" * (FRAME_MAX - 8)
+    raw.send(publish_frames(1, "", uid, b"", declared=4 * len(chunk))
+             + struct.pack(">BHI", 3, 1, len(chunk)) + chunk + b"\x00" + struct.pack(">BHI", 3, 1, len(chunk)))
+    assert raw.expect_connection_close().reply_code == 501
+    raw.close()
+
+
 def rss(broker) -> int:
     """The node's resident memory, where the test can read it (0 for a node elsewhere)."""
     proc = getattr(broker, "proc", None)
