@@ -126,6 +126,7 @@ class Group:
     acks: list[tuple[int, "PeerSession", int]] = field(default_factory=list)  # (batch, to, index) to answer
     electing: asyncio.Task | None = None
     rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
+    hinted: bool = False  # the leader followed is one another node named (``_hinted``), not etcd's key yet
     ballot_out: bool = False  # our position may be in etcd (an election's): no op is acknowledged (``_withdraw``)
     unsent: tuple[int, "PeerSession", int] | None = None  # (term, to, index) durable, not yet acknowledged
     window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
@@ -481,11 +482,15 @@ class QuorumGroups:
 
     def _hinted(self, group: Group, leader: str, term: int) -> None:
         """Another node named the leader of a later term than ours (our etcd watch may be stalled or cut): we
-        follow it."""
+        follow it, and ask etcd, which has the last word if it answers: the node that named it may have been cut
+        off since, and that leader gone with its key (its deletion, heard before the hint, would come no more:
+        both live members once followed a dead leader so, electing nobody for 30 s)."""
         if (term > group.term and leader != self.name and leader in self.cluster.peers
                 and self.groups.get(group.key) is group):
             log.info("%s leads %s in term %d, as another node says", leader, group.key, term)
             self._follow(group, leader, term)
+            group.hinted = True
+            self._recheck(group)
 
     def _recheck(self, group: Group) -> None:
         """The node we take for the leader refused a consumer: ask etcd who leads (our watch may have stalled)."""
@@ -493,11 +498,25 @@ class QuorumGroups:
             group.rechecking = asyncio.get_running_loop().create_task(self._ask_leader(group))
 
     async def _ask_leader(self, group: Group) -> None:
+        """Etcd's key, followed if it is of our term or later; if we follow a leader only another node named,
+        etcd's answer stands whatever it is (no key: an election), unless the leader changed meanwhile."""
+        asked = (group.leader, group.term) if group.hinted else None
         try:
             current = await self.client.get(LEADERS + group.key.encode())
         except aetcd.ClientError:
             return  # (tried again at the next refusal)
-        if current is not None and current.create_revision >= group.term and self.groups.get(group.key) is group:
+        if self.groups.get(group.key) is not group:
+            return
+        if asked is not None and asked == (group.leader, group.term):
+            if current is None:
+                log.info("no leader of %s in etcd, though another node named %s: an election", group.key,
+                         group.leader)
+                self._follow(group, "", 0)
+                if self.name in group.members:
+                    self._elect(group)
+            else:
+                self._follow(group, current.value.decode(), current.create_revision, current.lease)
+        elif current is not None and current.create_revision >= group.term:
             self._follow(group, current.value.decode(), current.create_revision, current.lease)
 
     async def _watch(self) -> None:
@@ -656,6 +675,7 @@ class QuorumGroups:
             asyncio.get_running_loop().create_task(self._revoke(lease))
             leader, term, lease = "", 0, 0
         group.leader_lease = lease
+        group.hinted = False
         if leader == group.leader and term == group.term:
             return
         if not leader and group.members == [self.name] and group.replicator is not None:

@@ -1183,6 +1183,31 @@ async def test_a_leader_cut_from_its_followers_but_not_etcd_steps_down_and_they_
     assert await copies_agree(network) == bodies(10) + bodies(5, "cut")
 
 
+async def test_a_leader_another_node_names_is_checked_with_etcd_whose_word_stands(network):
+    """A node that named a leader may have been cut off since, and that leader gone with its key: n2 follows the
+    leader it is told of only until etcd answers, which names n1 again (a later term another node named but etcd
+    holds no key of), and with no key at all, n2 and n3 elect rather than follow a leader none can reach (nemesis
+    seed 29: both live members followed a dead one, named by a member back from a cut, for 30 s)."""
+    node = await declared(network)
+    n2 = network.nodes["n2"]
+    group = n2.quorum.groups[KEY]
+    term = group.term
+    n2.quorum._hinted(group, "n3", term + 1000)
+    assert group.leader == "n3"
+    await wait_for(lambda: (group.leader, group.term) == ("n1", term), "n2 follows etcd's leader again")
+    for name in ("n2", "n3"):
+        network.nodes[name].client.deaf = True  # (their watches hear nothing: as after a stalled stream)
+    network.cut("n1", "n2")
+    network.cut("n1", "n3")
+    assert node.quorum.lease is not None
+    network.etcd.revoke(node.quorum.lease.id)  # n1 goes from etcd, and the deaf do not hear it
+    for name in ("n2", "n3"):  # a node back from a cut names the leader it knew, to each
+        other = network.nodes[name].quorum
+        other._hinted(other.groups[KEY], "n1", term + 1000)
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name in ("n2", "n3"),
+                   "n2 or n3 leads")
+
+
 async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network, monkeypatch):
     """n3 misses ops, and its request to catch up is lost (the leader was not leading yet when it came, say):
     as ops it cannot take go on coming it asks again a while later, rather than wait for a change of term."""
