@@ -487,7 +487,7 @@ class QuorumGroups:
         both live members once followed a dead leader so, electing nobody for 30 s)."""
         if (term > group.term and leader != self.name and leader in self.cluster.peers
                 and self.groups.get(group.key) is group):
-            log.info("%s leads %s in term %d, as another node says", leader, group.key, term)
+            log.info("%s leads %s in term %d, as another node says", leader, untrusted(group.key), term)
             self._follow(group, leader, term)
             group.hinted = True
             self._recheck(group)
@@ -509,7 +509,7 @@ class QuorumGroups:
             return
         if asked is not None and asked == (group.leader, group.term):
             if current is None:
-                log.info("no leader of %s in etcd, though another node named %s: an election", group.key,
+                log.info("no leader of %s in etcd, though another node named %s: an election", untrusted(group.key),
                          group.leader)
                 self._follow(group, "", 0)
                 if self.name in group.members:
