@@ -162,7 +162,8 @@ class FakeClient:
         self.failing_deletes = 0  # so many deletes fail next (etcd went away just then)
         self.deaf = False  # its watches hear nothing, and fail not (a stream stalled on a cut): events wait
         self.transactions = SimpleNamespace(create=lambda key: _Created(key),
-                                            put=lambda key, value, lease: ("put", key, value, lease))
+                                            put=lambda key, value, lease: ("put", key, value, lease),
+                                            delete=lambda key: ("delete", key, b"", None))
 
     async def gate(self) -> None:
         if self.unreachable:
@@ -206,7 +207,11 @@ class FakeClient:
         won = all((etcd.kvs[key].create_revision if key in etcd.kvs else 0) == value
                   for key, value in compare)
         responses = []
-        for _, key, value, lease in (success if won else failure):
+        for kind, key, value, lease in (success if won else failure):
+            if kind == "delete":
+                etcd.delete(key)
+                responses.append(SimpleNamespace(response_delete_range=SimpleNamespace()))
+                continue
             revision = etcd.put(key, value, lease.id if lease is not None else 0)
             responses.append(SimpleNamespace(response_put=SimpleNamespace(header=SimpleNamespace(revision=revision))))
         return won, responses

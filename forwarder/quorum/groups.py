@@ -574,6 +574,14 @@ class QuorumGroups:
     def _standing(self, group: Group) -> bool:
         return not group.leader and self.groups.get(group.key) is group and self.name in group.members
 
+    def _reaches_majority(self, group: Group) -> bool:
+        """This node and the members its links reach are a majority of the group's (as a Raft member that
+        hears no majority neither leads on nor is elected: RabbitMQ's Ra followers elect among themselves
+        when their leader is cut off from them, however it still reaches etcd)."""
+        peers = self.cluster.peers
+        reached = sum(1 for name in group.members if name == self.name or name in peers and peers[name].up)
+        return reached > len(group.members) // 2
+
     async def _stand(self, group: Group, mine: bytes) -> None:
         loop = asyncio.get_running_loop()
         written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
@@ -581,6 +589,9 @@ class QuorumGroups:
         passed_over = 0.0  # (loop time) since when a copy further ahead has not claimed, 0: none is
         while self._standing(group):
             lease = self.lease
+            if not self._reaches_majority(group):  # (cut off: the members that reach one another elect)
+                await asyncio.sleep(ELECTION_POLL)
+                continue
             try:
                 ballot = group.ballot
                 if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
@@ -774,15 +785,42 @@ class QuorumGroups:
         host went down), the followers of that leader revoke its lease, so that its queues elect a leader now
         rather than when the lease lapses.  A link closed here because it fell ``silent`` revokes nothing: the
         leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
-        heartbeats' silence, has lapsed by now if it is not."""
+        heartbeats' silence, has lapsed by now if it is not.  A leader whose last link to a majority falls silent
+        steps down (``_step_down``)."""
         leases = set()
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_down(name)
+                if silent and not self._reaches_majority(group):
+                    self._step_down(group)
             elif group.leader == name and group.index_id and group.leader_lease and not silent:
                 leases.add(group.leader_lease)
         for lease in leases:
             asyncio.get_running_loop().create_task(self._revoke(lease))
+
+    def _step_down(self, group: Group) -> None:
+        """A leader whose links reach no majority of its members, the last of them fallen silent (cut from its
+        followers, though not from etcd, it would keep its key and the queue would confirm nothing until the cut
+        heals): its key goes, if it is still this term's, and the members that reach one another elect a leader
+        (it stands in no election until it reaches a majority again).  Followers whose nodes went down (their
+        links closed by the other end) depose nobody: no one else could lead, and one back follows at once."""
+        log.warning("%s reaches no majority of %s's members: no longer leading", self.name, untrusted(group.key))
+        term = group.term
+        self._follow(group, "", 0)
+        asyncio.get_running_loop().create_task(self._release_term(group, term))
+
+    async def _release_term(self, group: Group, term: int) -> None:
+        """Delete the queue's leader key if it is still the one of ``term`` (a later term's is another's)."""
+        full = LEADERS + group.key.encode()
+        ops = self.client.transactions
+        while self.groups.get(group.key) is group:
+            try:
+                await self.client.transaction(compare=[ops.create(full) == term], success=[ops.delete(full)],
+                                              failure=[])
+                return
+            except aetcd.ClientError as exc:  # (etcd away: our lease lapses, with the key, if it stays so)
+                log.debug("releasing %s: %s; trying again", untrusted(group.key), exc)
+                await asyncio.sleep(ELECTION_RETRY)
 
     async def _revoke(self, lease: int) -> None:
         try:

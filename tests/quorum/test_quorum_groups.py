@@ -1182,6 +1182,32 @@ async def test_a_leader_another_node_names_is_checked_with_etcd_whose_word_stand
                    "n2 or n3 leads")
 
 
+async def test_a_leader_cut_from_its_followers_but_not_etcd_steps_down_and_they_elect_one(network):
+    """n1 leads and is cut from n2 and n3 (its links fall silent), though not from etcd, whose lease it keeps:
+    before, it kept its key and the queue confirmed nothing until the cut healed.  Now a leader whose links
+    reach no majority gives up its key, the members that reach one another elect one of them, and the cut-off
+    node stands in no election meanwhile (it would win with the ops only it has); healed, it follows."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the first confirms")
+    term = node.quorum.groups[KEY].term
+    network.cut("n1", "n2", silent=True)
+    network.cut("n1", "n3", silent=True)
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    assert replicator_of(the_leader(network)).term > term
+    assert node.quorum.groups[KEY].replicator is None
+    publish(network.nodes["n2"], bodies(5, "cut"), confirms)
+    await wait_for(lambda: len(confirms.outcomes) == 15, "an answer to each")
+    assert confirms.acked() == list(range(1, 16))
+    await asyncio.sleep(0.5)
+    assert node.quorum.groups[KEY].replicator is None  # (cut off, it claims nothing)
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
+    assert await copies_agree(network) == bodies(10) + bodies(5, "cut")
+
+
 async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network, monkeypatch):
     """n3 misses ops, and its request to catch up is lost (the leader was not leading yet when it came, say):
     as ops it cannot take go on coming it asks again a while later, rather than wait for a change of term."""
@@ -1263,13 +1289,16 @@ async def test_what_a_node_that_never_comes_back_held_comes_back_after_the_grace
 
 
 async def test_what_a_silent_nodes_consumer_held_goes_to_the_next_leader_once_the_leader_dies(network):
-    """n2 pauses, n1 (which kept what n2's consumer held) dies: the next leader returns it after its handover
-    grace, and n2's consumer, back, gets every message."""
+    """n2 pauses, n1 (which kept what n2's consumer held) dies: no majority is left until n2 runs again (n3
+    alone elects nobody), then the next leader returns it after its handover grace, and n2's consumer gets
+    every message."""
     _, client, sent = await consumer_holding(network, "n2")
     pause(network, "n2")
     await network.kill("n1")
-    await wait_for(lambda: leader(network) is not None, "a new leader")
+    await asyncio.sleep(1.0)
+    assert leader(network) is None
     resume(network, "n2")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
     await drained(network, client, sent)
 
 
