@@ -1430,3 +1430,15 @@ async def test_what_a_node_held_on_a_link_found_silent_after_its_next_link_came_
     old.link.silent = True
     old.closed()
     await drained(network, client, sent, timeout=5)
+
+
+@pytest.mark.parametrize("on", ["n1", "n2"])
+async def test_a_consumer_outlives_its_leaders_step_down(network, on):
+    node, client, sent = await consumer_holding(network, on)
+    network.cut("n1", "n2", silent=True)
+    network.cut("n1", "n3", silent=True)
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    await asyncio.sleep(0.5)
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await drained(network, client, sent)
