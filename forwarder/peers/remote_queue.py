@@ -570,6 +570,11 @@ class RemoteQueue:
     def reject(self, entries: list[Entry]) -> None:
         self._settle(link.SETTLE_REJECT, entries)
 
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        """(A settle's mode is all a cluster link carries: the annotations stay here.)"""
+        self._settle(link.SETTLE_REJECT if not requeue else link.SETTLE_REQUEUE if counted else link.SETTLE_RELEASE,
+                     entries)
+
     def _settle(self, mode: int, entries: list[Entry]) -> None:
         """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader (or while none is
         known: the old one takes settles it no longer replicates) parks them."""

@@ -30,6 +30,7 @@ from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
 from queue_index import QueueIndex
+from stream_log import amqp10
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -549,6 +550,39 @@ async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(netw
     new.settle([taken])  # its ack, after the change, counts
     assert await copies_agree(network) == bodies(20)[1:]
     assert new.state.messages == 19 and new.unacked == 0
+
+
+async def test_a_modified_outcomes_annotations_are_in_every_copy_and_the_next_leader_delivers_them(network):
+    """AMQP 1.0's modified outcome with message annotations (RabbitMQ 4.x's quorum queues keep them with the
+    message): its log op carries them, every copy's row holds the annotated message (the leader's bytes), and
+    the next leader delivers it with them, to an AMQP 1.0 reader as message annotations (beside those an AMQP
+    1.0 publish had) and to an AMQP 0-9-1 one as headers."""
+    node = await declared(network)
+    vhost = node.broker.vhosts["/"]
+    sent = make_message("", "q", commands.Basic.Properties(delivery_mode=2), b"amqp10")
+    sent.amqp10 = amqp10.described(amqp10.MESSAGE_ANNOTATIONS, amqp10.encode_map([
+        (amqp10.symbol("x-opt-mine"), amqp10.utf8("kept"))]))
+    node.broker.publish(vhost, vhost.exchange(""), sent)
+    publish(node, [b"amqp091"])
+    queue = queue_of(node)
+    held = [take(queue), take(queue)]
+    annotations = amqp10.encode(amqp10.Value("map", [(amqp10.Value("symbol", "x-opt-string"),
+                                                      amqp10.Value("string", "x-test1"))]))
+    node.broker.settle(queue, held, True, annotations=annotations)
+    assert await copies_agree(network) == [b"amqp10", b"amqp091"]
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = queue_of(the_leader(network))
+    for body in (b"amqp10", b"amqp091"):
+        entry = take(new)
+        message = entry.message
+        assert message.body == body and new.state.count(entry.seq) == 1
+        found = {key.value: value.value for descriptor, content, _ in amqp10.sections(amqp10.record_parts(
+            message, True)[0]) if descriptor == amqp10.MESSAGE_ANNOTATIONS for key, value in content.value}
+        assert found["x-opt-string"] == "x-test1" and message.header_value("x-opt-string") == "x-test1"
+        assert ("x-opt-mine" in found) == (body == b"amqp10")
+        new.settle([entry])
+    assert await copies_agree(network) == []
 
 
 async def test_no_leader_without_a_majority_of_positions(network):
