@@ -156,7 +156,7 @@ class QuorumQueue(Queue):
     def _carry_out_annotate(self, effect: machine.Annotate) -> None:
         """Held entries' messages take a modified outcome's annotations: each a message of its own, written to the
         store, its row pointing there (as a copy's rows do: ``ReplicaStore.annotate``)."""
-        persistence, counts = self.persistence, self.state.counts
+        persistence = self.persistence
         for seq in effect.seqs:
             entry = self.held[seq]
             message = entry.message
@@ -164,7 +164,7 @@ class QuorumQueue(Queue):
                 persistence.load_body(message)
             entry.message = amqp10.modified(message, effect.annotations)
             persistence.keep(entry.message)
-            persistence.delivered(self, entry, counts.get(seq, 0))
+            persistence.index.relink(self.index_id, seq, entry.message.msg_id)
             persistence.release(message)
 
     def _carry_out_drop(self, effect: machine.Drop) -> None:

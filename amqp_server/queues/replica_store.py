@@ -76,15 +76,15 @@ class ReplicaStore:
         of its own, which its row now names, the old one's reference released."""
         index, store = self.index, self.store
         for seq in seqs:
-            row = index.remove(index_id, seq)
+            row = index.peek(index_id, seq)
             if row is None:
                 continue
             message = Message.stored(row.msg_id, row.size)
             message.fill_from(store.read(row.msg_id))
             msg_id = store.new_id()
             store.write(msg_id, amqp10.modified(message, annotations).payload(), 1)
+            index.relink(index_id, seq, msg_id)
             store.remove(row.msg_id)
-            index.publish(index_id, seq, msg_id, row.expiry, row.size, row.delivered, returns=row.returns)
         self.persistence.stage()
 
     def drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
