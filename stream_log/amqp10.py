@@ -1094,6 +1094,9 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
         for name, field in headers.items():
             if name in named:
                 continue  # (the kept section says it)
+            if native and name == "x-death":
+                annotations.extend(_deaths(field, headers))
+                continue
             value = _header_value(field)
             if value is None:
                 continue
@@ -1123,6 +1126,42 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     elif application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
+
+
+def _deaths(field: header_table.Field, headers: dict[str, header_table.Field]) -> list[tuple[bytes, bytes]]:
+    """A dead-lettered AMQP 0-9-1 message's ``x-death`` header as RabbitMQ 4.x gives an AMQP 1.0 reader its
+    deaths (mc_amqp, as ``dead_lettered`` records them for an AMQP 1.0 message): ``x-opt-deaths``, one map a
+    death, newest first, and the newest one's ``x-last-death-*``, unless headers say them."""
+    deaths = [_death(death.value) for death in (field.value if field.kind == "A" else ()) if death.kind == "F"]
+    if not deaths:
+        return []
+    out = [(symbol("x-opt-deaths"), encode(Value("array", deaths)))]
+    newest = {key.value: value for key, value in deaths[0].value}
+    for name in ("queue", "reason", "exchange"):
+        if f"x-last-death-{name}" not in headers and name in newest:
+            out.append((symbol(f"x-last-death-{name}"), utf8(newest[name].value)))
+    return out
+
+
+def _death(info: dict[str, header_table.Field]) -> Value:
+    """One ``x-death`` table as an ``x-opt-deaths`` map: its time (seconds) is both the first and the last, as
+    the header has no other."""
+    def text(name: str, kind: str) -> Value | None:
+        found = info.get(name)
+        return Value(kind, found.value) if found is not None and found.kind == "S" else None
+
+    count, when, keys, expiration = (info.get(name) for name in ("count", "time", "routing-keys",
+                                                                 "original-expiration"))
+    time = Value("timestamp", when.value * 1000) if when is not None and when.kind == "T" else None
+    ttl = _ttl(expiration.value) if expiration is not None and expiration.kind == "S" else None
+    entry = [("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
+             ("count", Value("ulong", max(count.value, 0)) if count is not None and count.kind in "bBsuIilL"
+              else None),
+             ("first-time", time), ("last-time", time), ("exchange", text("exchange", "string")),
+             ("routing-keys", Value("array", [Value("string", key.value) for key in keys.value if key.kind == "S"])
+              if keys is not None and keys.kind == "A" else None),
+             ("ttl", Value("uint", ttl) if ttl is not None else None)]
+    return Value("map", [(Value("symbol", name), value) for name, value in entry if value is not None])
 
 
 def _id_value(value: str | None, native: bool) -> bytes:

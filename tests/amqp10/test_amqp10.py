@@ -1169,3 +1169,46 @@ def test_a_modified_outcome_with_an_annotation_not_x_opt_ends_the_session_and_th
         receiver.accept()
     finally:
         amqp.close()
+
+
+def test_a_dead_lettered_amqp091_message_is_read_over_amqp10_with_x_opt_deaths(node):
+    """RabbitMQ 4.x: a message published over AMQP 0-9-1 and dead-lettered is read over AMQP 1.0 with its deaths
+    as ``x-opt-deaths`` (maps newest first, counted, with their exchange, routing keys and ttl) and the
+    ``x-first-death-*`` / ``x-last-death-*`` annotations, not an ``x-death`` one; a 0-9-1 reader still gets
+    ``x-death``."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("final")
+    channel.queue_declare("dlq", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "final"})
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    for body in (b"for 1.0", b"for 0-9-1"):
+        channel.basic_publish("", "work", body, pika.BasicProperties(expiration="60000", headers={"x-mine": "kept"}))
+    for queue in ("work", "dlq"):  # work -> dlq -> final, rejected each time
+        for _ in range(2):
+            method = None
+            deadline = time.monotonic() + 5
+            while method is None and time.monotonic() < deadline:
+                method, _, _ = channel.basic_get(queue)
+            assert method is not None
+            channel.basic_reject(delivery_tag(method), requeue=False)
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/final", credit=1)
+        message = receiver.receive(timeout=5)
+        receiver.accept()
+    finally:
+        amqp.close()
+    assert binary(message) == b"for 1.0"
+    deaths = _deaths(message)
+    assert [(d["queue"], d["reason"], d["count"], d["exchange"], list(d["routing-keys"])) for d in deaths] == [
+        ("dlq", "rejected", 1, "", ["dlq"]), ("work", "rejected", 1, "", ["work"])]
+    assert deaths[1]["ttl"] == 60000 and deaths[0]["first-time"] == deaths[0]["last-time"] > 0
+    annotations = message.annotations
+    assert annotations is not None and "x-death" not in annotations and annotations["x-mine"] == "kept"
+    names = ("queue", "reason", "exchange")
+    assert [annotations[f"x-first-death-{name}"] for name in names] == ["work", "rejected", ""]
+    assert [annotations[f"x-last-death-{name}"] for name in names] == ["dlq", "rejected", ""]
+    method, properties, body = channel.basic_get("final", auto_ack=True)
+    assert method is not None and body == b"for 0-9-1"
+    assert [death["queue"] for death in headers_of(properties)["x-death"]] == ["dlq", "work"]
+    connection.close()
