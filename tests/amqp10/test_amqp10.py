@@ -1208,7 +1208,7 @@ def test_a_dead_lettered_amqp091_message_is_read_over_amqp10_with_x_opt_deaths(n
     names = ("queue", "reason", "exchange")
     assert [annotations[f"x-first-death-{name}"] for name in names] == ["work", "rejected", ""]
     assert [annotations[f"x-last-death-{name}"] for name in names] == ["dlq", "rejected", ""]
-    method, properties, body = channel.basic_get("final", auto_ack=True)
-    assert method is not None and body == b"for 0-9-1"
+    method, properties, got = channel.basic_get("final", auto_ack=True)
+    assert method is not None and got == b"for 0-9-1"
     assert [death["queue"] for death in headers_of(properties)["x-death"]] == ["dlq", "work"]
     connection.close()
