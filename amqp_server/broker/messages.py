@@ -196,9 +196,12 @@ class Messages:
         for queue, entries in by_queue.items():
             settle(queue, entries, requeue, reject, counted, annotations)
 
-    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode) -> None:
-        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it."""
-        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release")
+    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode,
+                  annotations: bytes = b"") -> None:
+        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it
+        (``annotations``: a modified outcome's)."""
+        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release",
+                          annotations=annotations)
 
     def hand_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue, held: list[Entry]) -> list[Entry | None]:
         """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
@@ -207,10 +210,10 @@ class Messages:
         the new object's entry for each held one; None: not taken back (it stays with the old one, where a
         settle does nothing)."""
         seqs, parked = old.release(consumer, held)
-        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq in parked)])
-        for (mode, _, _), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
+        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq, _ in parked)])
+        for (mode, _, _, modified), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
             if entry is not None:  # (counted off the consumer's prefetch then)
-                self.settle_as([(entry, new, None)], mode)
+                self.settle_as([(entry, new, None)], mode, modified)
         return taken[:len(held)]
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,

@@ -44,7 +44,8 @@ __all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSet
 # how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
 # (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
 SettleMode = Literal["ack", "requeue", "reject", "release"]
-ParkedSettle = tuple[SettleMode, Entry, int]  # a settle kept for the queue's next leader: mode, entry, its seq
+# a settle kept for the queue's next leader: mode, entry, its seq, a modified outcome's annotations (b"": none)
+ParkedSettle = tuple[SettleMode, Entry, int, bytes]
 
 
 class QueueHost(Protocol):

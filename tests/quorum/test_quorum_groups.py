@@ -906,6 +906,35 @@ async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_
     await drained(network, client, sent)
 
 
+def annotated(node: Node, body: bytes) -> object:
+    """The ``x-opt-string`` header of the message ``body`` in ``node``'s copy (a modified outcome's annotation)."""
+    for row in copy_of(node)[1]:
+        message = Message.stored(0, 0)
+        message.fill_from(row[4])
+        if message.body == body:
+            return message.header_value("x-opt-string")
+    raise AssertionError(f"{body!r} is not in {node.name}'s copy")
+
+
+async def test_a_modified_outcome_through_a_follower_reaches_the_leader_with_its_annotations(network):
+    """A consumer on n2 of n1's queue: its modified outcome's annotations go to the leader with the settle (a
+    MODIFY frame), into every copy; one made while no leader is known is parked with them, and the next leader
+    carries it out with them."""
+    _, client, _ = await consumer_holding(network, "n2")
+    first, second = sorted(client.unacked)[:2]
+    for tag, value in ((first, "x-test1"), (second, "x-test2")):
+        if tag == second:
+            await network.kill("n1")
+        entry, queue, consumer = client.unacked.pop(tag)
+        client.broker.settle_taken([(entry, queue, consumer)], True, annotations=amqp10.encode(amqp10.Value(
+            "map", [(amqp10.Value("symbol", "x-opt-string"), amqp10.Value("string", value))])))
+        await wait_for(lambda: leader(network) is not None and in_step(network), "the settle applied")
+        body = entry.message.body
+        await wait_for(lambda body=body, value=value: annotated(the_leader(network), body) == value, value)
+    await copies_agree(network)
+    assert annotated(the_leader(network), bodies(200)[0]) == "x-test1"
+
+
 async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_again_not_refused(network):
     """n2's basic.consume reaches n1, the leader, but n2's link to n1 drops before n1's answer comes back: rather
     than fail as for a queue whose node is down (a quorum queue stays reachable while a majority leads it), the
