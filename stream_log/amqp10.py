@@ -1007,9 +1007,16 @@ def modified(message: Message, annotations: bytes) -> Message:
     set (``annotations``: their encoded map, ``x-opt-`` symbol keys), as RabbitMQ 4.x's quorum queues set them
     (rabbit_fifo keeps them with the message, mc:set_annotation applies them): in the sections an AMQP 1.0
     publish kept (the values as they came), and as headers (``_native_field``), which a 0-9-1 reader gets and an
-    AMQP 1.0 reader of a 0-9-1 message gets back as annotations.  Not written to any store (no msg_id)."""
-    pairs = [(key.value, value) for key, value in value_at(annotations)[0].value]
+    AMQP 1.0 reader of a 0-9-1 message gets back as annotations.  Not written to any store (no msg_id).  What is
+    no map of symbols changes nothing (every copy of a quorum queue comes to the same message)."""
+    try:
+        found = value_at(annotations)[0]
+    except (Invalid, TooLarge):
+        found = Value("null", None)
+    pairs = [(key.value, value) for key, value in found.value if key.kind == "symbol"] if found.kind == "map" else []
     out = message.copy()
+    if not pairs:
+        return out
     fields = message.typed_headers() if message.has_headers else {}
     for name, value in pairs:
         field = _native_field(value)
