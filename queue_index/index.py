@@ -207,16 +207,38 @@ class QueueIndex:
         queue's entry a consumer held when its leader changed: back in its place)."""
         self._reflag(queue_id, seq, 0xFF & ~FLAG_TRANSIENT, min(returns, MAX_RETURNS) << RETURNS_SHIFT)
 
+    def peek(self, queue_id: int, seq: int) -> IndexEntry | None:
+        """One entry, staged or committed (``get`` without a commit: what is staged stays uncommitted)."""
+        key = KEY.pack(queue_id, seq)
+        value = self._current(key)
+        return _entry(key, value) if value is not None else None
+
+    def relink(self, queue_id: int, seq: int, msg_id: int) -> None:
+        """One entry, staged or committed, names another record of the store (a quorum queue's message rewritten
+        with a modified outcome's annotations), all else as it was."""
+        key = KEY.pack(queue_id, seq)
+        value = self._current(key)
+        if value is not None:
+            _, expiry, size, flags = VALUE.unpack(value)
+            self._restage(key, VALUE.pack(msg_id, expiry, size, flags))
+
     def _reflag(self, queue_id: int, seq: int, mask: int, flags: int) -> None:
         """The entry's flags become ``flags`` where ``mask`` has bits, as they were elsewhere."""
         key = KEY.pack(queue_id, seq)
-        if key in self._deletes:
-            return
-        value = self._puts.get(key) or self._updates.get(key) or self._committed(key)
+        value = self._current(key)
         if value is None:
             return
         msg_id, expiry, size, old = VALUE.unpack(value)
-        value = VALUE.pack(msg_id, expiry, size, old & ~mask | flags)
+        self._restage(key, VALUE.pack(msg_id, expiry, size, old & ~mask | flags))
+
+    def _current(self, key: bytes) -> bytes | None:
+        """An entry's value, staged or committed (None if there is none, or its deletion is staged)."""
+        if key in self._deletes:
+            return None
+        return self._puts.get(key) or self._updates.get(key) or self._committed(key)
+
+    def _restage(self, key: bytes, value: bytes) -> None:
+        """A new value for an entry that is there (``_current``), staged where its last one is."""
         if key in self._puts:
             self._puts[key] = value
         else:

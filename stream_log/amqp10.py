@@ -939,10 +939,7 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
     ``expiration`` stands for) of its first death there; ``x-first-death-*`` set once, ``x-last-death-*`` each
     time.  An AMQP 1.0 reader gets these, not the 0-9-1 ``x-death`` header the message keeps for 0-9-1 readers.
     TooLarge if the sections would then hold more values than ``MAX_ITEMS`` (no reader would decode them)."""
-    found = sections(kept) if kept else []
-    annotations = next((list(content.value) for descriptor, content, _ in found
-                        if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"), [])
-    names = {key.value: i for i, (key, _) in enumerate(annotations) if key.kind == "symbol"}
+    found, annotations, names = _annotations_of(kept)
     old = annotations[names["x-opt-deaths"]][1] if "x-opt-deaths" in names else None
     deaths = list(old.value) if old is not None and old.kind == "array" else []
     for i, death in enumerate(deaths):
@@ -971,6 +968,22 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
                     ("x-first-death-exchange", Value("string", exchange))]
     updates += [("x-last-death-queue", Value("string", queue)), ("x-last-death-reason", Value("string", reason)),
                 ("x-last-death-exchange", Value("string", exchange))]
+    return _with_annotations(found, annotations, names, updates)
+
+
+def _annotations_of(kept: bytes) -> tuple[list[tuple[int, Value, bytes]], list[tuple[Value, Value]], dict[str, int]]:
+    """Kept sections (``Message.amqp10``), their message annotations, and where each symbol key is in them."""
+    found = sections(kept) if kept else []
+    annotations = next((list(content.value) for descriptor, content, _ in found
+                        if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"), [])
+    return found, annotations, {key.value: i for i, (key, _) in enumerate(annotations) if key.kind == "symbol"}
+
+
+def _with_annotations(found: list[tuple[int, Value, bytes]], annotations: list[tuple[Value, Value]],
+                      names: dict[str, int], updates: list[tuple[str, Value]]) -> bytes:
+    """The sections ``found`` with their message annotations (``annotations``, their symbol keys' places in
+    ``names``) set to ``updates``, each in its place or added.  TooLarge if they would then hold more values than a
+    reader decodes (the caller keeps the sections it had)."""
     for name, value in updates:
         at = names.get(name)
         if at is None:
@@ -981,9 +994,42 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
     section = described(MESSAGE_ANNOTATIONS, encode(Value("map", annotations)))
     before = [encoded for descriptor, _, encoded in found if descriptor in (HEADER, DELIVERY_ANNOTATIONS)]
     after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES)]
-    dead = b"".join((*before, section, *after))
-    sections(dead)  # (TooLarge past the values a reader decodes: the caller keeps the sections it had)
-    return dead
+    out = b"".join((*before, section, *after))
+    sections(out)
+    return out
+
+
+MODIFIABLE = "x-opt-"  # the message annotations a modified outcome may set (RabbitMQ 4.x refuses others)
+
+
+def modified(message: Message, annotations: bytes) -> Message:
+    """A copy of ``message`` (its body loaded) with the message annotations of an AMQP 1.0 ``modified`` outcome
+    set (``annotations``: their encoded map, ``x-opt-`` symbol keys), as RabbitMQ 4.x's quorum queues set them
+    (rabbit_fifo keeps them with the message, mc:set_annotation applies them): in the sections an AMQP 1.0
+    publish kept (the values as they came), and as headers (``_native_field``), which a 0-9-1 reader gets and an
+    AMQP 1.0 reader of a 0-9-1 message gets back as annotations.  Not written to any store (no msg_id).  What is
+    no map of symbols changes nothing (every copy of a quorum queue comes to the same message)."""
+    try:
+        found = value_at(annotations)[0]
+    except (Invalid, TooLarge):
+        found = Value("null", None)
+    pairs = [(key.value, value) for key, value in found.value if key.kind == "symbol"] if found.kind == "map" else []
+    out = message.copy()
+    if not pairs:
+        return out
+    fields = message.typed_headers() if message.has_headers else {}
+    for name, value in pairs:
+        field = _native_field(value)
+        if field is not None and len(name.encode()) <= 255:
+            fields[name] = field
+    out.replace_headers(fields)
+    kept = message.amqp10
+    if kept is not None:
+        try:
+            out.amqp10 = _with_annotations(*_annotations_of(kept), pairs)
+        except (Invalid, TooLarge):  # (past the values one record may hold: its sections kept as they were)
+            pass
+    return out
 
 
 def _says(value: Value | None, text: str) -> bool:
@@ -1055,6 +1101,9 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
         for name, field in headers.items():
             if name in named:
                 continue  # (the kept section says it)
+            if native and name == "x-death":
+                annotations.extend(_deaths(field, headers))
+                continue
             value = _header_value(field)
             if value is None:
                 continue
@@ -1084,6 +1133,42 @@ def _envelope(message: Message, sections_body: bool = False, native: bool = Fals
     elif application:
         out.append(described(APPLICATION_PROPERTIES, encode_map(application)))
     return b"".join(out)
+
+
+def _deaths(field: header_table.Field, headers: dict[str, header_table.Field]) -> list[tuple[bytes, bytes]]:
+    """A dead-lettered AMQP 0-9-1 message's ``x-death`` header as RabbitMQ 4.x gives an AMQP 1.0 reader its
+    deaths (mc_amqp, as ``dead_lettered`` records them for an AMQP 1.0 message): ``x-opt-deaths``, one map a
+    death, newest first, and the newest one's ``x-last-death-*``, unless headers say them."""
+    deaths = [_death(death.value) for death in (field.value if field.kind == "A" else ()) if death.kind == "F"]
+    if not deaths:
+        return []
+    out = [(symbol("x-opt-deaths"), encode(Value("array", deaths)))]
+    newest = {key.value: value for key, value in deaths[0].value}
+    for name in ("queue", "reason", "exchange"):
+        if f"x-last-death-{name}" not in headers and name in newest:
+            out.append((symbol(f"x-last-death-{name}"), utf8(newest[name].value)))
+    return out
+
+
+def _death(info: dict[str, header_table.Field]) -> Value:
+    """One ``x-death`` table as an ``x-opt-deaths`` map: its time (seconds) is both the first and the last, as
+    the header has no other."""
+    def text(name: str, kind: str) -> Value | None:
+        found = info.get(name)
+        return Value(kind, found.value) if found is not None and found.kind == "S" else None
+
+    count, when, keys, expiration = (info.get(name) for name in ("count", "time", "routing-keys",
+                                                                 "original-expiration"))
+    time = Value("timestamp", when.value * 1000) if when is not None and when.kind == "T" else None
+    ttl = _ttl(expiration.value) if expiration is not None and expiration.kind == "S" else None
+    entry = [("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
+             ("count", Value("ulong", max(count.value, 0)) if count is not None and count.kind in "bBsuIilL"
+              else None),
+             ("first-time", time), ("last-time", time), ("exchange", text("exchange", "string")),
+             ("routing-keys", Value("array", [Value("string", key.value) for key in keys.value if key.kind == "S"])
+              if keys is not None and keys.kind == "A" else None),
+             ("ttl", Value("uint", ttl) if ttl is not None else None)]
+    return Value("map", [(Value("symbol", name), value) for name, value in entry if value is not None])
 
 
 def _id_value(value: str | None, native: bool) -> bytes:

@@ -315,8 +315,8 @@ class FakeLink:
         pass
 
 
-_TO_OWNER = {link.PUBLISH, link.RELAY, link.ENQUEUE, link.CONSUME, link.CANCEL, link.SETTLE, link.CREDIT, link.REQUEST,
-             link.REPLICATE}  # what a dialer's Peer sends; the owner's Session answers with the others
+_TO_OWNER = {link.PUBLISH, link.RELAY, link.ENQUEUE, link.CONSUME, link.CANCEL, link.SETTLE, link.MODIFY, link.CREDIT,
+             link.REQUEST, link.REPLICATE}  # what a dialer's Peer sends; the owner's Session answers with the others
 
 
 class Node:

@@ -274,8 +274,9 @@ class Session:
             ids = [i for i in unsettled if first <= i <= last]
         if not ids:
             return
-        taken = [unsettled.pop(i)[:3] for i in ids]
         code = state[0] if state is not None else frames.ACCEPTED
+        annotations = _modified_annotations(state[1]) if state is not None and code == frames.MODIFIED else b""
+        taken = [unsettled.pop(i)[:3] for i in ids]
         try:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
@@ -288,7 +289,7 @@ class Session:
                 assert state is not None
                 failed = frames.field(state[1], 0, False) is True
                 undeliverable = frames.field(state[1], 1, False) is True
-                self.broker.nack_taken(taken, not undeliverable, counted=failed)
+                self.broker.nack_taken(taken, not undeliverable, counted=failed, annotations=annotations)
             else:
                 self.broker.settle_taken(taken, True)
                 raise SessionError(frames.NOT_IMPLEMENTED, f"delivery state 0x{code:02x} is not supported")
@@ -719,6 +720,21 @@ def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
             subject = values[3].value if len(values) > 3 and values[3].kind == "string" else None
             return to, subject
     return None, None
+
+
+def _modified_annotations(fields: list[Value]) -> bytes:
+    """A modified outcome's message-annotations, encoded (b"" for none); a key that is no ``x-opt-`` symbol ends
+    the session, as RabbitMQ 4.x refuses it, before anything is settled."""
+    found = fields[2] if len(fields) > 2 else None
+    if found is None or found.kind == "null":
+        return b""
+    if found.kind != "map":
+        raise SessionError(frames.DECODE_ERROR, f"message-annotations of type {found.kind}, expected map")
+    for key, _ in found.value:
+        if key.kind != "symbol" or not key.value.startswith(amqp10.MODIFIABLE):
+            raise SessionError(frames.INVALID_FIELD, "only message annotation keys starting with "
+                               f"'{amqp10.MODIFIABLE}' can be modified: {key.value!r}")
+    return amqp10.encode(found) if found.value else b""
 
 
 _OFFSET_ANNOTATION = amqp10.symbol("x-stream-offset")

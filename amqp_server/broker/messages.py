@@ -144,11 +144,16 @@ class Messages:
 
     @staticmethod
     def settle(queue: AnyQueue, entries: list[Entry], requeue: bool, reject: bool = False,
-               counted: bool = True) -> None:
+               counted: bool = True, annotations: bytes = b"") -> None:
         """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued (not
-        ``counted``: released, no delivery counted against them)."""
+        ``counted``: released, no delivery counted against them); ``annotations``: an AMQP 1.0 modified
+        outcome's (``AnyQueue.modify``)."""
         if queue.deleted:
             queue.settle(entries)
+        elif annotations:
+            queue.modify(entries, requeue, counted, annotations)
+            if not requeue:
+                queue.deliver_ready()
         elif requeue:
             if counted:
                 queue.requeue(entries)
@@ -162,20 +167,20 @@ class Messages:
             queue.deliver_ready()
 
     def nack_taken(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
-                   counted: bool = True) -> None:
+                   counted: bool = True, annotations: bytes = b"") -> None:
         """basic.nack or basic.reject of what a client held: requeued or rejected (dead-lettered), unless a queue
         refuses them (a stream: the connection closes, and what the frame named is requeued first, as the rest
-        of what the connection held is as it closes)."""
+        of what the connection held is as it closes).  ``annotations``: see ``settle``."""
         try:
             for queue in {queue for _, queue, _ in taken}:
                 queue.type.check_nack(queue.name, queue.vhost)
         except AMQPError:
             self.settle_taken(taken, True)
             raise
-        self.settle_taken(taken, requeue, reject=not requeue, counted=counted)
+        self.settle_taken(taken, requeue, reject=not requeue, counted=counted, annotations=annotations)
 
     def settle_taken(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
-                     reject: bool = False, counted: bool = True) -> None:
+                     reject: bool = False, counted: bool = True, annotations: bytes = b"") -> None:
         """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
         the consumers get their credit back.  A requeue not ``counted`` counts no delivery (``requeue_released``)."""
         by_queue: dict[AnyQueue, list[Entry]] = {}
@@ -189,11 +194,14 @@ class Messages:
                 entries.append(entry)
         settle = self.settle
         for queue, entries in by_queue.items():
-            settle(queue, entries, requeue, reject, counted)
+            settle(queue, entries, requeue, reject, counted, annotations)
 
-    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode) -> None:
-        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it."""
-        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release")
+    def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode,
+                  annotations: bytes = b"") -> None:
+        """``settle_taken`` by a settle's mode, as one kept for a later leader or sent over a cluster link names it
+        (``annotations``: a modified outcome's)."""
+        self.settle_taken(taken, mode in ("requeue", "release"), mode == "reject", counted=mode != "release",
+                          annotations=annotations)
 
     def hand_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue, held: list[Entry]) -> list[Entry | None]:
         """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
@@ -202,10 +210,10 @@ class Messages:
         the new object's entry for each held one; None: not taken back (it stays with the old one, where a
         settle does nothing)."""
         seqs, parked = old.release(consumer, held)
-        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq in parked)])
-        for (mode, _, _), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
+        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq, _ in parked)])
+        for (mode, _, _, modified), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
             if entry is not None:  # (counted off the consumer's prefetch then)
-                self.settle_as([(entry, new, None)], mode)
+                self.settle_as([(entry, new, None)], mode, modified)
         return taken[:len(held)]
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,

@@ -44,7 +44,8 @@ __all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSet
 # how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
 # (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
 SettleMode = Literal["ack", "requeue", "reject", "release"]
-ParkedSettle = tuple[SettleMode, Entry, int]  # a settle kept for the queue's next leader: mode, entry, its seq
+# a settle kept for the queue's next leader: mode, entry, its seq, a modified outcome's annotations (b"": none)
+ParkedSettle = tuple[SettleMode, Entry, int, bytes]
 
 
 class QueueHost(Protocol):
@@ -188,6 +189,10 @@ class AnyQueue(Protocol):
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         """Requeued as ``requeue`` does, but counting no delivery (AMQP 1.0's ``released``): only a queue that
         counts deliveries (a quorum queue's x-delivery-count) tells the two apart."""
+
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        """AMQP 1.0's modified outcome with message annotations (their encoded map): requeued (``counted`` or
+        not) or rejected; only a quorum queue sets the annotations on the messages, as in RabbitMQ 4.x."""
 
     # get, purge, delete
     async def fetch(self, no_ack: bool) -> Entry | None: ...
@@ -615,6 +620,15 @@ class Queue:
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries)
+
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        """The annotations are not kept: RabbitMQ 4.x's classic queues ignore them."""
+        if not requeue:
+            self.reject(entries)
+        elif counted:
+            self.requeue(entries)
+        else:
+            self.requeue_released(entries)
 
     def forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""

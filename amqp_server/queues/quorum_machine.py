@@ -294,6 +294,15 @@ class Move:
 
 
 @dataclass(slots=True)
+class Annotate:
+    """Storage and the leader: the messages of these checked-out entries take ``annotations`` (a modified
+    outcome's, ``Return.annotations``), before the effects that move or dead-letter them."""
+
+    seqs: list[int]
+    annotations: bytes
+
+
+@dataclass(slots=True)
 class Unhold:
     """Storage: the rows of ``(seq, returns)`` are ready again in their places, counting those returns."""
 
@@ -328,7 +337,7 @@ class DeadLetterEntries:
     reason: str
 
 
-Effect = Store | Held | Move | Unhold | Remove | Drop | Clear | DeadLetterEntries
+Effect = Store | Held | Annotate | Move | Unhold | Remove | Drop | Clear | DeadLetterEntries
 Effects = tuple[Effect, ...]
 
 
@@ -527,6 +536,10 @@ def _return(op: Return, state: State) -> Effects:
     checked_out, counts, limit = state.checked_out, state.counts, state.delivery_limit
     sizes, expiries = state.sizes, state.expiries
     effects: list[Effect] = []
+    if op.annotations:
+        annotated = sorted(seq for seq in op.seqs if seq in checked_out)
+        if annotated:
+            effects.append(Annotate(annotated, op.annotations))
     over = []
     new = op.first
     for seq in sorted(op.seqs):
@@ -574,7 +587,11 @@ def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
             from_out.append(seq)
     _unready(state, from_ready)
     effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
-    return effects + _dead_letter(state, from_out, op.reason, False) if from_out else effects
+    if not from_out:
+        return effects
+    if op.annotations:
+        effects += (Annotate(from_out, op.annotations),)
+    return effects + _dead_letter(state, from_out, op.reason, False)
 
 
 def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Effects:

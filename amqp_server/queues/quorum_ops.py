@@ -53,11 +53,14 @@ class Return:
     """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
     return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
     the delivery limit (then it is dead-lettered).  Not ``counted`` (AMQP 1.0's ``released``, RabbitMQ 4.x's
-    return without a delivery failure): each goes to the back with the count it had."""
+    return without a delivery failure): each goes to the back with the count it had.  ``annotations`` (AMQP
+    1.0's ``modified`` outcome, an encoded map of ``x-opt-`` keys): set on the messages first, as ``rabbit_fifo``'s
+    ``modify`` sets them in a message's header, so that whichever copy leads later delivers them."""
 
     seqs: list[int]
     first: int
     counted: bool = True
+    annotations: bytes = b""
 
 
 @dataclass(slots=True)
@@ -70,10 +73,11 @@ class Expire:
 @dataclass(slots=True)
 class DeadLetter:
     """Entries leave for the dead-letter exchange: ready ones a full queue drops (maxlen), checked-out ones a
-    consumer rejected (rejected)."""
+    consumer rejected (rejected).  ``annotations``: as a Return's (a modified outcome that dead-letters)."""
 
     seqs: list[int]
     reason: str
+    annotations: bytes = b""
 
 
 @dataclass(slots=True)
@@ -113,7 +117,8 @@ LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettere
 # -- the codec ------------------------------------------------------------------------------------
 
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
- PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP) = range(1, 15)
+ PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP, MODIFIED_RETURN_OP,
+ MODIFIED_DEAD_LETTER_OP) = range(1, 17)
 ENQUEUE = struct.Struct(">BQQI")  # seq, expiry, record length; then the record (the message as a store keeps it)
 ENQUEUE_FROM = struct.Struct(">BQQIQQ")  # from a window of publishes: ENQUEUE's fields, its enqueuer, its seq there
 SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
@@ -121,6 +126,10 @@ SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered, recover some: a co
 RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
 DEAD_LETTER = struct.Struct(">BBI")  # a reason (REASONS), a count, then the seqs
 CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
+# a Return or DeadLetter with annotations (kinds of their own: the older ones decode as they did): RETURN's or
+# DEAD_LETTER's fields (a return's ``counted`` before its count), the annotations' length; the seqs, the annotations
+MODIFIED_RETURN = struct.Struct(">BQBII")
+MODIFIED_DEAD_LETTER = struct.Struct(">BBII")
 
 
 def encode(op: LogOp) -> bytes:
@@ -193,6 +202,9 @@ def _list_codec(kind: int, make: Callable[[list[int]], LogOp]) -> tuple[Callable
 
 
 def _encode_return(op: Return) -> bytes:
+    if op.annotations:
+        return b"".join((MODIFIED_RETURN.pack(MODIFIED_RETURN_OP, op.first, op.counted, len(op.seqs),
+                                              len(op.annotations)), _seqs(op.seqs), op.annotations))
     return RETURN.pack(RETURN_OP if op.counted else RELEASE_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
 
 
@@ -202,14 +214,30 @@ def _decode_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
     return Return(seqs, first, kind == RETURN_OP), pos
 
 
+def _decode_modified_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, first, counted, count, size = MODIFIED_RETURN.unpack_from(data, pos)
+    seqs, pos = _read_seqs(data, pos + MODIFIED_RETURN.size, count)
+    return Return(seqs, first, bool(counted), bytes(data[pos:pos + size])), pos + size
+
+
 def _encode_dead_letter(op: DeadLetter) -> bytes:
-    return DEAD_LETTER.pack(DEAD_LETTER_OP, REASONS.index(op.reason), len(op.seqs)) + _seqs(op.seqs)
+    reason = REASONS.index(op.reason)
+    if op.annotations:
+        return b"".join((MODIFIED_DEAD_LETTER.pack(MODIFIED_DEAD_LETTER_OP, reason, len(op.seqs),
+                                                   len(op.annotations)), _seqs(op.seqs), op.annotations))
+    return DEAD_LETTER.pack(DEAD_LETTER_OP, reason, len(op.seqs)) + _seqs(op.seqs)
 
 
 def _decode_dead_letter(data: memoryview, pos: int) -> tuple[LogOp, int]:
     _, reason, count = DEAD_LETTER.unpack_from(data, pos)
     seqs, pos = _read_seqs(data, pos + DEAD_LETTER.size, count)
     return DeadLetter(seqs, REASONS[reason]), pos
+
+
+def _decode_modified_dead_letter(data: memoryview, pos: int) -> tuple[LogOp, int]:
+    _, reason, count, size = MODIFIED_DEAD_LETTER.unpack_from(data, pos)
+    seqs, pos = _read_seqs(data, pos + MODIFIED_DEAD_LETTER.size, count)
+    return DeadLetter(seqs, REASONS[reason], bytes(data[pos:pos + size])), pos + size
 
 
 def _encode_purge(op: Purge) -> bytes:
@@ -249,6 +277,7 @@ _ENCODERS: Final[Mapping[type, Callable[[Any], bytes]]] = MappingProxyType({
 _DECODERS: Final[Mapping[int, Callable[[memoryview, int], tuple[LogOp, int]]]] = MappingProxyType({
     ENQUEUE_OP: _decode_enqueue, ENQUEUE_FROM_OP: _decode_enqueue_from, CHECKOUT_OP: _decode_checkout,
     CHECKOUT_SETTLED_OP: _decode_checkout, SETTLE_OP: _SETTLE[1], RETURN_OP: _decode_return,
-    RELEASE_OP: _decode_return, EXPIRE_OP: _EXPIRE[1], DEAD_LETTER_OP: _decode_dead_letter,
+    RELEASE_OP: _decode_return, MODIFIED_RETURN_OP: _decode_modified_return, EXPIRE_OP: _EXPIRE[1],
+    DEAD_LETTER_OP: _decode_dead_letter, MODIFIED_DEAD_LETTER_OP: _decode_modified_dead_letter,
     DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
     RECOVER_OP: _decode_recover, RECOVER_SOME_OP: _RECOVER_SOME[1], CONFIGURE_OP: _decode_configure})

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from ..clock import now_ms
 from ..framing import header_table
+from stream_log import amqp10
 from . import quorum_machine as machine
 from ..message import Message
 from .queue import Entry, Queue
@@ -152,6 +153,20 @@ class QuorumQueue(Queue):
         self.replicas.returned(self, old, entry, effect.returns)
         self.append_entry(entry)
 
+    def _carry_out_annotate(self, effect: machine.Annotate) -> None:
+        """Held entries' messages take a modified outcome's annotations: each a message of its own, written to the
+        store, its row pointing there (as a copy's rows do: ``ReplicaStore.annotate``)."""
+        persistence = self.persistence
+        for seq in effect.seqs:
+            entry = self.held[seq]
+            message = entry.message
+            if message.body is None:
+                persistence.load_body(message)
+            entry.message = amqp10.modified(message, effect.annotations)
+            persistence.keep(entry.message)
+            persistence.index.relink(self.index_id, seq, entry.message.msg_id)
+            persistence.release(message)
+
     def _carry_out_drop(self, effect: machine.Drop) -> None:
         Queue.remove_below(self, effect.below)
 
@@ -174,7 +189,8 @@ class QuorumQueue(Queue):
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
 
     _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
-        machine.Held: _carry_out_held, machine.Remove: _carry_out_remove, machine.Move: _carry_out_move,
+        machine.Held: _carry_out_held, machine.Annotate: _carry_out_annotate, machine.Remove: _carry_out_remove,
+        machine.Move: _carry_out_move,
         machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
         machine.DeadLetterEntries: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
 
@@ -479,17 +495,26 @@ class QuorumQueue(Queue):
         self.stats.ack += len(entries)
         self.run(machine.Settle([entry.seq for entry in entries]))
 
-    def requeue(self, entries: Iterable[Entry], counted: bool = True) -> None:
+    def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
         limit leave for good.  Not ``counted`` (``requeue_released``), they keep the count they had."""
         entries = list(entries)
         self.settled(entries)
-        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted))
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted, annotations))
         self.deliver_ready()
         self._expire_or_arm()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries, counted=False)
+
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        """As RabbitMQ 4.x's quorum queues take a modified outcome: the annotations go with the messages, into
+        the log op that returns or dead-letters them (``machine.Annotate``)."""
+        if requeue:
+            self.requeue(entries, counted, annotations)
+        else:
+            self.settled(entries)
+            self.run(machine.DeadLetter([entry.seq for entry in entries], "rejected", annotations), entries)
 
     def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)

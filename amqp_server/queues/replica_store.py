@@ -16,7 +16,10 @@ import numpy as np
 from queue_index import FLAG_DELIVERED, Totals
 from queue_index.index import RETURNS_SHIFT
 
+from stream_log import amqp10
+
 from .. import payload
+from ..message import Message
 from .quorum_machine import State
 
 if TYPE_CHECKING:
@@ -66,6 +69,22 @@ class ReplicaStore:
             self.store.remove(row.msg_id)
         else:
             self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
+        self.persistence.stage()
+
+    def annotate(self, index_id: int, seqs: list[int], annotations: bytes) -> None:
+        """The messages of these entries take a modified outcome's annotations (``amqp10.modified``): each a record
+        of its own, which its row now names, the old one's reference released."""
+        index, store = self.index, self.store
+        for seq in seqs:
+            row = index.peek(index_id, seq)
+            if row is None:
+                continue
+            message = Message.stored(row.msg_id, row.size)
+            message.fill_from(store.read(row.msg_id))
+            msg_id = store.new_id()
+            store.write(msg_id, amqp10.modified(message, annotations).payload(), 1)
+            index.relink(index_id, seq, msg_id)
+            store.remove(row.msg_id)
         self.persistence.stage()
 
     def drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:

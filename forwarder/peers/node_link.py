@@ -52,8 +52,9 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 6  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
-# 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies)
+LINK_VERSION = 7  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+# 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
+# 7: MODIFY)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -67,6 +68,7 @@ RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PU
 ENQUEUE = 13  # a publish of a quorum queue's window (``remote_queue.Window``) to its leader: never passed on
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
+MODIFY = 33  # a SETTLE (requeue, release or reject) with an AMQP 1.0 modified outcome's annotations for the messages
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
 REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
@@ -79,6 +81,7 @@ CONFIRM_BODY = struct.Struct(">QB")  # link seq, status; CONFIRM_MOVED's then th
 MOVED_HINT = struct.Struct(">Q")  # its term (0: none known), then its name
 DELIVER_HEAD = struct.Struct(">IQQB")  # consumer id, delivery tag, the entry's seq in its queue, redelivered
 SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
+MODIFY_HEAD = struct.Struct(">BI")  # SETTLE's mode, the annotations' length; then the annotations, the delivery tags
 TAG = struct.Struct(">Q")
 ID = struct.Struct(">I")
 CREDIT_BODY = struct.Struct(">II")  # consumer id, deliveries made to the client

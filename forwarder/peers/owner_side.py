@@ -190,7 +190,8 @@ class PeerSession:
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
-                          link.CANCEL: self._cancel, link.SETTLE: self._settle, link.CREDIT: self._credit,
+                          link.CANCEL: self._cancel, link.SETTLE: self._settle, link.MODIFY: self._modify,
+                          link.CREDIT: self._credit,
                           link.REQUEST: self._request, link.REPLICATE: self._replicate,
                           link.REPLICATED: self._replicated}
 
@@ -440,15 +441,20 @@ class PeerSession:
             cast(RemoteConsumerChannel, consumer.channel).in_flight -= count  # (a session's consumers deliver to it)
             consumer.queue.deliver_ready()
 
-    def _settle(self, payload: bytes) -> None:
+    def _settle(self, payload: bytes, at: int = 1, annotations: bytes = b"") -> None:
         mode = payload[0]
         pop = self.unacked.pop
         taken = []
-        for (tag,) in link.TAG.iter_unpack(payload[1:]):
+        for (tag,) in link.TAG.iter_unpack(payload[at:]):
             item = pop(tag, None)
             if item is not None:  # unknown: from before a reconnect, already requeued
                 taken.append(item)
-        self.broker.settle_as(taken, link.SETTLE_MODES[mode])
+        self.broker.settle_as(taken, link.SETTLE_MODES[mode], annotations)
+
+    def _modify(self, payload: bytes) -> None:
+        size = link.MODIFY_HEAD.unpack_from(payload)[1]
+        at = link.MODIFY_HEAD.size + size
+        self._settle(payload, at, payload[link.MODIFY_HEAD.size:at])
 
     def _replicate(self, payload: bytes) -> None:
         cluster = self.broker.cluster

@@ -249,12 +249,17 @@ class Peer:
             self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
         return reply, message
 
-    def settle(self, mode: int, entries: list[Entry]) -> None:
-        self.settle_tags(mode, [e.seq for e in entries])
+    def settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None:
+        self.settle_tags(mode, [e.seq for e in entries], annotations)
 
-    def settle_tags(self, mode: int, tags: list[int]) -> None:
+    def settle_tags(self, mode: int, tags: list[int], annotations: bytes = b"") -> None:
+        """``annotations``: a modified outcome's, for the owner to set on the messages (a MODIFY frame)."""
         if self.link is not None and tags:
-            self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
+            if annotations:
+                self.link.send(link.MODIFY, link.MODIFY_HEAD.pack(mode, len(annotations)), annotations,
+                               struct.pack(f">{len(tags)}Q", *tags))
+            else:
+                self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
         """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""

@@ -238,7 +238,7 @@ class RemoteConsumer:
         # whose seqs it asked the new leader to take back
         self.attached = True
         self.adopting: list[Entry] = []
-        self.parked: list[tuple[int, Entry]] = []
+        self.parked: list[tuple[int, Entry, bytes]] = []  # (mode, entry, a modified outcome's annotations)
         self.tries = 0
         # its latest settles sent to the leader (loop time, mode, the queue's seq): sent again to the next one,
         # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
@@ -270,7 +270,7 @@ class Owner(Protocol):
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
-    def settle(self, mode: int, entries: list[Entry]) -> None: ...
+    def settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None: ...
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
 
@@ -496,8 +496,8 @@ class RemoteQueue:
             remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
         remote.attached = True
         parked, remote.parked = remote.parked, []
-        for mode, entry in parked:
-            self._settle(mode, [entry])
+        for mode, entry, modified in parked:
+            self._settle(mode, [entry], modified)
         self._drain(remote)
 
     def _try_again(self, remote: RemoteConsumer, refused_id: int) -> None:
@@ -544,12 +544,12 @@ class RemoteQueue:
         parked: list[ParkedSettle] = []
         if remote is not None:
             self.peer.forget(remote)
-            for mode, entry in remote.parked:
+            for mode, entry, modified in remote.parked:
                 found = self.taken.pop(entry, None)
                 if found is not None:
-                    parked.append((link.SETTLE_MODES[mode], entry, found[1]))
+                    parked.append((link.SETTLE_MODES[mode], entry, found[1], modified))
             # (and, sent again, its latest settles: no entry here stands for them any more)
-            parked.extend((link.SETTLE_MODES[mode], Entry(0, _GONE), seq) for mode, seq in remote.resettles())
+            parked.extend((link.SETTLE_MODES[mode], Entry(0, _GONE), seq, b"") for mode, seq in remote.resettles())
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
@@ -570,9 +570,14 @@ class RemoteQueue:
     def reject(self, entries: list[Entry]) -> None:
         self._settle(link.SETTLE_REJECT, entries)
 
-    def _settle(self, mode: int, entries: list[Entry]) -> None:
-        """By delivery tag, to the owner; a quorum queue's consumer not attached to a leader (or while none is
-        known: the old one takes settles it no longer replicates) parks them."""
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        self._settle(link.SETTLE_REJECT if not requeue else link.SETTLE_REQUEUE if counted else link.SETTLE_RELEASE,
+                     entries, annotations)
+
+    def _settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None:
+        """By delivery tag, to the owner (with a modified outcome's ``annotations``, if any); a quorum queue's
+        consumer not attached to a leader (or while none is known: the old one takes settles it no longer
+        replicates) parks them.  (One sent again to a new leader, ``RemoteConsumer.resettles``, is its mode.)"""
         taken = self.taken
         if taken:
             waiting = (self.publishes is not None and self.publishes.leaderless) or not self.peer.up
@@ -582,14 +587,14 @@ class RemoteQueue:
                 found = taken.get(entry)
                 if found is not None:
                     if waiting or not found[0].attached:
-                        found[0].parked.append((mode, entry))
+                        found[0].parked.append((mode, entry, annotations))
                         continue
                     del taken[entry]
                     found[0].settled.append((now, mode, found[1]))
                 if entry.seq:
                     send.append(entry)
             entries = send
-        self.peer.settle(mode, entries)
+        self.peer.settle(mode, entries, annotations)
 
     async def fetch(self, no_ack: bool) -> Entry | None:
         """basic.get at the owner: the entry stays unacked there until settled from here.  A quorum queue's node

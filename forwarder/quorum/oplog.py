@@ -573,6 +573,8 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
             replicas.delivered(index_id, effect.seq)
         elif isinstance(effect, machine.Remove):
             replicas.remove(index_id, effect.seqs)
+        elif isinstance(effect, machine.Annotate):
+            replicas.annotate(index_id, effect.seqs, effect.annotations)
         elif isinstance(effect, machine.Move):
             replicas.move(index_id, effect.old, effect.new, effect.returns)
         elif isinstance(effect, machine.Drop):

@@ -1074,3 +1074,141 @@ def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_recor
         method, properties, _ = channel.basic_get("dlq", auto_ack=True)
     assert method is not None and headers_of(properties)["x-death"][0]["queue"] == "work"
     connection.close()
+
+
+def _modify(receiver: Any, annotations: dict[Any, Any], failed: bool = False, undeliverable: bool = False) -> None:
+    """Settle the receiver's delivery with the modified outcome, carrying ``annotations``."""
+    from proton import Delivery
+
+    assert receiver.fetcher is not None  # (a blocking receiver's)
+    state = receiver.fetcher.unsettled[0].local
+    state.annotations, state.failed, state.undeliverable = annotations, failed, undeliverable
+    receiver.settle(Delivery.MODIFIED)
+
+
+def test_a_modified_outcomes_annotations_go_with_a_quorum_queues_message_requeued_or_dead_lettered(node):
+    """RabbitMQ 4.x's quorum queues: ``modified`` with message annotations sets them on the message, which is
+    delivered again with them (and keeps the ones it had; delivery-failed false counts no delivery), or dead-
+    lettered with them (undeliverable-here), beside its ``x-opt-deaths``; an AMQP 0-9-1 reader gets them as
+    headers.  A classic queue ignores them, as RabbitMQ's classic queues do."""
+    from proton import symbol
+
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("dlq")
+    channel.queue_declare("qq", durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    channel.queue_declare("classic")
+    amqp = connect(node)
+    try:
+        sender = amqp.create_sender("/queues/qq")
+        sender.send(Message(body=b"m", annotations={"x-opt-mine": "kept"}))
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        assert receiver.receive(timeout=5).body == b"m"
+        _modify(receiver, {symbol("x-opt-string"): "x-test1", symbol("x-opt-n"): 7})
+        message = receiver.receive(timeout=5)  # requeued with them
+        assert message.annotations is not None
+        assert (message.annotations["x-opt-string"], message.annotations["x-opt-n"]) == ("x-test1", 7)
+        assert message.annotations["x-opt-mine"] == "kept"
+        _modify(receiver, {symbol("x-opt-string"): "x-test2"}, failed=True, undeliverable=True)
+        dlq = amqp.create_receiver("/queues/dlq", credit=1)
+        message = dlq.receive(timeout=5)  # dead-lettered with them
+        dlq.accept()
+        annotations = message.annotations
+        assert annotations is not None
+        assert (annotations["x-opt-string"], annotations["x-opt-n"], annotations["x-opt-mine"]) == (
+            "x-test2", 7, "kept")
+        assert [(death["queue"], death["reason"]) for death in _deaths(message)] == [("qq", "rejected")]
+
+        sender.send(Message(body=b"for 0-9-1"))
+        assert receiver.receive(timeout=5).body == b"for 0-9-1"
+        _modify(receiver, {symbol("x-opt-string"): "x-test3"})
+        receiver.close()
+        amqp.create_sender("/queues/classic").send(Message(body=b"c"))
+        classic = amqp.create_receiver("/queues/classic", credit=1)
+        assert classic.receive(timeout=5).body == b"c"
+        _modify(classic, {symbol("x-opt-string"): "x-test4"})
+        message = classic.receive(timeout=5)
+        assert message.body == b"c" and "x-opt-string" not in (message.annotations or {})
+        classic.accept()
+    finally:
+        amqp.close()
+    deadline = time.monotonic() + 5
+    method = None
+    while method is None and time.monotonic() < deadline:
+        method, properties, _ = channel.basic_get("qq", auto_ack=True)
+    assert method is not None and headers_of(properties)["x-opt-string"] == "x-test3"
+    assert headers_of(properties).get("x-delivery-count", 0) == 0  # (delivery-failed false: none counted)
+    connection.close()
+
+
+def test_a_modified_outcome_with_an_annotation_not_x_opt_ends_the_session_and_the_message_stays(node):
+    """RabbitMQ 4.x lets a modified outcome set only ``x-opt-`` message annotations: any other key ends the
+    session (amqp:invalid-field), and the message it named is not lost: it goes back to the queue."""
+    declare(node, "qq", **{"x-queue-type": "quorum"}).close()
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/qq").send(Message(body=b"m"))
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        assert receiver.receive(timeout=5).body == b"m"
+        from proton import symbol
+
+        _modify(receiver, {symbol("x-not-opt"): "no"})
+        with pytest.raises(proton.Timeout):  # (Proton sends the disposition as it next works)
+            receiver.receive(timeout=0.5)
+        condition = receiver.link.session.remote_condition
+        assert condition is not None and condition.name == "amqp:invalid-field"
+        assert "'x-opt-'" in str(condition.description)
+    finally:
+        amqp.close()
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/qq", credit=1)
+        message = receiver.receive(timeout=5)
+        assert message.body == b"m" and "x-not-opt" not in (message.annotations or {})
+        receiver.accept()
+    finally:
+        amqp.close()
+
+
+def test_a_dead_lettered_amqp091_message_is_read_over_amqp10_with_x_opt_deaths(node):
+    """RabbitMQ 4.x: a message published over AMQP 0-9-1 and dead-lettered is read over AMQP 1.0 with its deaths
+    as ``x-opt-deaths`` (maps newest first, counted, with their exchange, routing keys and ttl) and the
+    ``x-first-death-*`` / ``x-last-death-*`` annotations, not an ``x-death`` one; a 0-9-1 reader still gets
+    ``x-death``."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    channel = connection.channel()
+    channel.queue_declare("final")
+    channel.queue_declare("dlq", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "final"})
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    for body in (b"for 1.0", b"for 0-9-1"):
+        channel.basic_publish("", "work", body, pika.BasicProperties(expiration="60000", headers={"x-mine": "kept"}))
+    for queue in ("work", "dlq"):  # work -> dlq -> final, rejected each time
+        for _ in range(2):
+            method = None
+            deadline = time.monotonic() + 5
+            while method is None and time.monotonic() < deadline:
+                method, _, _ = channel.basic_get(queue)
+            assert method is not None
+            channel.basic_reject(delivery_tag(method), requeue=False)
+    amqp = connect(node)
+    try:
+        receiver = amqp.create_receiver("/queues/final", credit=1)
+        message = receiver.receive(timeout=5)
+        receiver.accept()
+    finally:
+        amqp.close()
+    assert binary(message) == b"for 1.0"
+    deaths = _deaths(message)
+    assert [(d["queue"], d["reason"], d["count"], d["exchange"], list(d["routing-keys"])) for d in deaths] == [
+        ("dlq", "rejected", 1, "", ["dlq"]), ("work", "rejected", 1, "", ["work"])]
+    assert deaths[1]["ttl"] == 60000 and deaths[0]["first-time"] == deaths[0]["last-time"] > 0
+    annotations = message.annotations
+    assert annotations is not None and "x-death" not in annotations and annotations["x-mine"] == "kept"
+    names = ("queue", "reason", "exchange")
+    assert [annotations[f"x-first-death-{name}"] for name in names] == ["work", "rejected", ""]
+    assert [annotations[f"x-last-death-{name}"] for name in names] == ["dlq", "rejected", ""]
+    method, properties, got = channel.basic_get("final", auto_ack=True)
+    assert method is not None and got == b"for 0-9-1"
+    assert [death["queue"] for death in headers_of(properties)["x-death"]] == ["dlq", "work"]
+    connection.close()

@@ -267,3 +267,26 @@ def test_a_dead_letter_whose_deaths_would_pass_the_values_a_reader_decodes_keeps
         assert dead.body == b"body" and dead.amqp10 is not None and (dead.amqp10 == annotations) is not recorded
         amqp10.sections(dead.amqp10)  # (a reader decodes it)
         assert (b"x-opt-deaths" in dead.amqp10) is recorded
+
+
+def test_a_modified_outcomes_annotations_merge_into_the_kept_sections_and_the_headers():
+    """``amqp10.modified`` (a quorum queue's copies all make the same message of it): an annotation replaces one of
+    its name in place and the others are added, in the kept sections as sent and in the 0-9-1 headers; what is no
+    map of symbols changes nothing; the body and the original message are untouched."""
+    from stream_log import amqp10
+    from stream_log.amqp10 import Value, described, encode_map, symbol as sym, utf8
+
+    body = b"\x00\x53\x75\xa0\x04body"
+    kept = described(amqp10.MESSAGE_ANNOTATIONS, encode_map([(sym("x-opt-a"), utf8("old")), (sym("x-b"), utf8("b"))]))
+    published = _publish(kept + body)
+    update = amqp10.encode(Value("map", [(Value("symbol", "x-opt-a"), Value("string", "new")),
+                                         (Value("symbol", "x-opt-n"), Value("long", 7))]))
+    modified = amqp10.modified(published, update)
+    assert modified.amqp10 is not None and modified.body == b"body" and published.amqp10 == kept
+    found = amqp10.sections(modified.amqp10)
+    assert [(key.value, value.value) for key, value in found[0][1].value] == [("x-opt-a", "new"), ("x-b", "b"),
+                                                                             ("x-opt-n", 7)]
+    assert (modified.header_value("x-opt-a"), modified.header_value("x-opt-n")) == ("new", 7)
+    for malformed in (b"", b"\xff", amqp10.encode(Value("string", "x-opt-a"))):
+        same = amqp10.modified(published, malformed)
+        assert (same.amqp10, same.header) == (published.amqp10, published.header)

@@ -30,6 +30,7 @@ from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
 from queue_index import QueueIndex
+from stream_log import amqp10
 
 NAMES = ["n1", "n2", "n3"]
 KEY = queue_key("/", "q")
@@ -551,6 +552,39 @@ async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(netw
     assert new.state.messages == 19 and new.unacked == 0
 
 
+async def test_a_modified_outcomes_annotations_are_in_every_copy_and_the_next_leader_delivers_them(network):
+    """AMQP 1.0's modified outcome with message annotations (RabbitMQ 4.x's quorum queues keep them with the
+    message): its log op carries them, every copy's row holds the annotated message (the leader's bytes), and
+    the next leader delivers it with them, to an AMQP 1.0 reader as message annotations (beside those an AMQP
+    1.0 publish had) and to an AMQP 0-9-1 one as headers."""
+    node = await declared(network)
+    vhost = node.broker.vhosts["/"]
+    sent = make_message("", "q", commands.Basic.Properties(delivery_mode=2), b"amqp10")
+    sent.amqp10 = amqp10.described(amqp10.MESSAGE_ANNOTATIONS, amqp10.encode_map([
+        (amqp10.symbol("x-opt-mine"), amqp10.utf8("kept"))]))
+    node.broker.publish(vhost, vhost.exchange(""), sent)
+    publish(node, [b"amqp091"])
+    queue = queue_of(node)
+    held = [take(queue), take(queue)]
+    annotations = amqp10.encode(amqp10.Value("map", [(amqp10.Value("symbol", "x-opt-string"),
+                                                      amqp10.Value("string", "x-test1"))]))
+    node.broker.settle(queue, held, True, annotations=annotations)
+    assert await copies_agree(network) == [b"amqp10", b"amqp091"]
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = queue_of(the_leader(network))
+    for body in (b"amqp10", b"amqp091"):
+        entry = take(new)
+        message = entry.message
+        assert message.body == body and new.state.count(entry.seq) == 1
+        found = {key.value: value.value for descriptor, content, _ in amqp10.sections(amqp10.record_parts(
+            message, True)[0]) if descriptor == amqp10.MESSAGE_ANNOTATIONS for key, value in content.value}
+        assert found["x-opt-string"] == "x-test1" and message.header_value("x-opt-string") == "x-test1"
+        assert ("x-opt-mine" in found) == (body == b"amqp10")
+        new.settle([entry])
+    assert await copies_agree(network) == []
+
+
 async def test_no_leader_without_a_majority_of_positions(network):
     node = await declared(network)
     publish(node, bodies(10))
@@ -870,6 +904,35 @@ async def test_a_consumer_through_a_follower_gets_every_message_across_a_change_
     _, client, sent = await consumer_holding(network, on)
     await network.kill("n1")
     await drained(network, client, sent)
+
+
+def annotated(node: Node, body: bytes) -> object:
+    """The ``x-opt-string`` header of the message ``body`` in ``node``'s copy (a modified outcome's annotation)."""
+    for row in copy_of(node)[1]:
+        message = Message.stored(0, 0)
+        message.fill_from(row[4])
+        if message.body == body:
+            return message.header_value("x-opt-string")
+    raise AssertionError(f"{body!r} is not in {node.name}'s copy")
+
+
+async def test_a_modified_outcome_through_a_follower_reaches_the_leader_with_its_annotations(network):
+    """A consumer on n2 of n1's queue: its modified outcome's annotations go to the leader with the settle (a
+    MODIFY frame), into every copy; one made while no leader is known is parked with them, and the next leader
+    carries it out with them."""
+    _, client, _ = await consumer_holding(network, "n2")
+    first, second = sorted(client.unacked)[:2]
+    for tag, value in ((first, "x-test1"), (second, "x-test2")):
+        if tag == second:
+            await network.kill("n1")
+        entry, queue, consumer = client.unacked.pop(tag)
+        client.broker.settle_taken([(entry, queue, consumer)], True, annotations=amqp10.encode(amqp10.Value(
+            "map", [(amqp10.Value("symbol", "x-opt-string"), amqp10.Value("string", value))])))
+        await wait_for(lambda: leader(network) is not None and in_step(network), "the settle applied")
+        body = entry.message.body
+        await wait_for(lambda body=body, value=value: annotated(the_leader(network), body) == value, value)
+    await copies_agree(network)
+    assert annotated(the_leader(network), bodies(200)[0]) == "x-test1"
 
 
 async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_again_not_refused(network):

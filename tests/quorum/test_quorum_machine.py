@@ -526,6 +526,8 @@ class Payload:
         return payload.encode(b"r", b"hdr", b"body")
 
 
+ANNOTATIONS = b"\xc1\x0d\x02\xa3\x07x-opt-a\xa1\x01b"
+
 # every op the leader ships, with its bytes as the wire has carried them (link version 3)
 WIRE: list[tuple[ops.LogOp, str]] = [
     (m.Enqueue(7, 0, Payload(), size=4), "01000000000000000700000000000000000000000e00010000000372686472626f6479"),
@@ -540,6 +542,9 @@ WIRE: list[tuple[ops.LogOp, str]] = [
     (m.Expire([8]), "06000000010000000000000008"),
     (m.DeadLetter([1, 2], "rejected"), "07020000000200000000000000010000000000000002"),
     (m.DeadLetter([3], "delivery_limit"), "0703000000010000000000000003"),
+    # a modified outcome's annotations (an encoded map: {x-opt-a: "b"}): kinds of their own, the others unchanged
+    (m.Return([4], 12, False, ANNOTATIONS), "0f000000000000000c00000000010000000f0000000000000004" + ANNOTATIONS.hex()),
+    (m.DeadLetter([3], "rejected", ANNOTATIONS), "1002000000010000000f0000000000000003" + ANNOTATIONS.hex()),
     (m.DeadLettered([6, 7]), "080000000200000000000000060000000000000007"),
     (m.Purge(100), "090000000000000064"),
     (m.Recover(), "0a"),
@@ -584,7 +589,8 @@ def test_an_amqp10_publish_reaches_a_follower_with_its_sections():
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.integers(0, 2**64 - 1), st.sampled_from(m.REASONS))
 def test_ops_of_seqs_round_trip(seqs, seq, reason):
     for op in (m.Settle(seqs), m.Expire(seqs), m.DeadLettered(seqs), m.Recover(seqs), m.Return(seqs, seq),
-               m.Return(seqs, seq, False), m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq)):
+               m.Return(seqs, seq, False), m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq),
+               m.Return(seqs, seq, True, ANNOTATIONS), m.DeadLetter(seqs, reason, ANNOTATIONS)):
         data = ops.encode(op)
         assert ops.decode(memoryview(data), 0) == (op, len(data))
 
@@ -592,9 +598,31 @@ def test_ops_of_seqs_round_trip(seqs, seq, reason):
 def test_the_codec_refuses_what_it_does_not_know():
     with pytest.raises(TypeError):
         ops.encode(m.Restore(State()))  # type: ignore[arg-type]  # (a snapshot goes as rows, not as an op)
-    for kind in (0, *range(15, 256)):  # (14 ops; a frame's rows and markers take 20 on)
+    for kind in (0, *range(17, 256)):  # (16 ops; a frame's rows and markers take 20 on)
         with pytest.raises(ValueError):
             ops.decode(memoryview(bytes((kind,)) + bytes(40)), 0)
+
+
+def test_a_modified_outcomes_annotations_go_to_the_messages_before_they_move_or_are_dead_lettered():
+    """RabbitMQ 4.x's quorum queues keep a modified outcome's annotations with the message: the op names them and
+    its first effect sets them on the checked-out entries' messages (storage's, so that any copy that leads
+    later delivers them), before the Move to the back, or the dead-lettering (past the delivery limit too);
+    entries not checked out, and ops with none, have no such effect."""
+    state = State(delivery_limit=1)
+    for seq in range(4):
+        state, _ = m.apply(META, m.Enqueue(seq, 0, b"x", size=1), state)
+    for seq in range(3):
+        state, _ = m.apply(META, m.Checkout(seq), state)
+    state, effects = m.apply(META, m.Return([0, 3], 4, True, ANNOTATIONS), state)
+    assert effects == (m.Annotate([0], ANNOTATIONS), m.Move(0, 4, 1))
+    state, effects = m.apply(META, m.Checkout(4), state)
+    state, effects = m.apply(META, m.Return([4], 5, True, ANNOTATIONS), state)  # (past the limit: it goes)
+    assert effects == (m.Annotate([4], ANNOTATIONS), m.DeadLetterEntries([4], "delivery_limit"), m.Remove([4]))
+    state, effects = m.apply(META, m.DeadLetter([1, 3], "rejected", ANNOTATIONS), state)
+    assert effects == (m.DeadLetterEntries([3], "rejected"), m.Remove([3]), m.Annotate([1], ANNOTATIONS),
+                       m.DeadLetterEntries([1], "rejected"), m.Remove([1]))
+    state, effects = m.apply(META, m.Return([2], 5), state)
+    assert effects == (m.Move(2, 5, 1),)
 
 
 def test_check_names_each_broken_rule():

@@ -270,6 +270,24 @@ def test_remove_and_mark_delivered_find_staged_and_committed_entries(index):
     assert index.totals(1).count == 1 and index.totals(1).bytes == 3
 
 
+def test_relink_names_another_record_keeping_flags_and_totals_staged_or_committed(index):
+    """A quorum queue's entry whose message a modified outcome rewrote names the new record, with its flags,
+    returns and totals as they were; ``peek`` reads it without committing, and a later reflag still finds it."""
+    index.publish(1, 1, 11, 0, 3, delivered=True, returns=2)
+    index.commit()
+    index.publish(1, 2, 12, 0, 4, delivered=True)  # staged only
+    index.relink(1, 1, 21)
+    index.relink(1, 2, 22)
+    index.relink(1, 9, 29)  # (none there: nothing)
+    assert (index.peek(1, 1).msg_id, index.peek(1, 2).msg_id, index.peek(1, 9)) == (21, 22, None)
+    assert index.pending
+    index.mark_returned(1, 1, 3)
+    index.commit()
+    assert [(e.seq, e.msg_id, e.delivered, e.returns) for e in index.entries(1)] == [(1, 21, False, 3),
+                                                                                     (2, 22, True, 0)]
+    assert index.totals(1).count == 2 and index.totals(1).bytes == 7
+
+
 def test_reopen_keeps_committed_and_synced_entries(tmp_path):
     path = str(tmp_path / "index")
     index = QueueIndex(path, map_size=1 << 24)
