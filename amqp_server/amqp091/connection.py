@@ -93,7 +93,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.buf = bytearray()
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self._into: "Channel | None" = None  # the channel whose body the read under way goes into
-        self._peek = False  # a large body frame was read: read its end and the next frame's head alone
         self._large = False  # large bodies arrive: reads are small, so that their frames are read into them
         self._reads = read_buffer()
         self.out: list[bytes] = []
@@ -266,10 +265,11 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         where they stay, copied by no one, and ``AHEAD`` octets more where the body has room for them (the next
         frame's bytes overwrite them): the frame's end and the next frame's head, which ``buffer_updated`` hands
         to the frame loop, come with the frame's last bytes rather than in a read of their own.  Else the
-        thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: after a large body
-        frame that left no such room (its message's last), its end octet and the next frame's head alone, and
-        while large bodies arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a
-        frame read whole is copied), until a read of that size holds no large body frame."""
+        thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: while large bodies
+        arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a frame read whole is
+        copied), until a read of that size holds no large body frame.  After a body's last frame (which has no
+        room after it), that read takes its end octet with the frames after it (the next publish, its header,
+        its body's head): one read, where reading the end octet and the next frame's head alone took two."""
         direct = self.direct
         self._into = None
         if direct is None and not self._large:  # (the common case, first)
@@ -280,9 +280,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             if view is not None:
                 self._into = channel
                 return view
-        if self._peek:
-            self._peek = False
-            return self._reads[:8]
         return self._reads[:LARGE_READ_SIZE] if self._large else self._reads
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -312,11 +309,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                 return  # read into it as this one was: what the frame loop would make of these octets, without it
         self.direct = None  # the frame's end octet follows, behind a head of its own: the frame loop
         self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
-        if not ahead:  # (the body had no room after the frame: its last) the end octet is read next
-            self._peek = True
-            return
-        self.buf += ahead
-        self._frames()
+        if ahead:  # (else the body had no room after the frame, its last: the end octet comes with the next read)
+            self.buf += ahead
+            self._frames()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._received = True
