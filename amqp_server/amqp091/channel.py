@@ -1077,7 +1077,8 @@ def _forget_left(queue: AnyQueue, entry: Entry) -> None:
 
 def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> bytes | FileRange:
     """A large body as a delivery sends it: from the store's file where it is stored (``sendfile``: the output
-    does not hold the body, so neither does a delivery waiting for its ack), else from memory."""
+    does not hold the body, so neither does a delivery waiting for its ack), else from memory.  A stored body
+    still in memory goes with the range: what the socket takes at once is written from it (``framing.file_out``)."""
     store = _store_of(message, queue)
     found = store.body_file(message) if store is not None else None
     if found is None:
@@ -1087,7 +1088,7 @@ def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> byt
             local.host.load_body(message)
         return message.body
     connection.file_out = True
-    return FileRange(found[0], found[1], message.body_size, owns=True)
+    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body)
 
 
 def _publish_error(error: ChannelError) -> ChannelError:
