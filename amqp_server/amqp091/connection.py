@@ -93,8 +93,8 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.buf = bytearray()
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self._into: "Channel | None" = None  # the channel whose body the read under way goes into
-        self._peek = False  # a large body frame was read: read its end and the next frame's head alone
         self._large = False  # large bodies arrive: reads are small, so that their frames are read into them
+        self._tail = False  # frames read after a body's last frame wait in buf until that read's buffer is let go
         self._reads = read_buffer()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
@@ -266,10 +266,13 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         where they stay, copied by no one, and ``AHEAD`` octets more where the body has room for them (the next
         frame's bytes overwrite them): the frame's end and the next frame's head, which ``buffer_updated`` hands
         to the frame loop, come with the frame's last bytes rather than in a read of their own.  Else the
-        thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: after a large body
-        frame that left no such room (its message's last), its end octet and the next frame's head alone, and
-        while large bodies arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a
-        frame read whole is copied), until a read of that size holds no large body frame."""
+        thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: while large bodies
+        arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a frame read whole is
+        copied), until a read of that size holds no large body frame.  A body's last frame is read with the
+        frames after it (its end octet, the next publish, its header, its body's head) into the body's tail room
+        (``Channel.body_into``): a publish of one body frame is one read, where it was three."""
+        if self._tail:  # (the last read's buffer is let go now: the body it completed can be cut to its size)
+            self._after_tail()
         direct = self.direct
         self._into = None
         if direct is None and not self._large:  # (the common case, first)
@@ -280,9 +283,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             if view is not None:
                 self._into = channel
                 return view
-        if self._peek:
-            self._peek = False
-            return self._reads[:8]
         return self._reads[:LARGE_READ_SIZE] if self._large else self._reads
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -305,18 +305,27 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         channel.body_read(left)
         self._large = True
         ahead = channel.read_ahead(nbytes - left)
-        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not self.stalled:
+        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not (self.stalled or channel.body_complete):
             ftype, next_ch, size = _HEAD.unpack_from(ahead, 1)
             if ftype == 3 and next_ch == ch and DIRECT_FROM <= size <= self.frame_max:
                 self.direct = (ch, size)  # the body's next frame (there was room after this one: not its last),
                 return  # read into it as this one was: what the frame loop would make of these octets, without it
         self.direct = None  # the frame's end octet follows, behind a head of its own: the frame loop
         self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
-        if not ahead:  # (the body had no room after the frame: its last) the end octet is read next
-            self._peek = True
+        if not ahead:  # (the socket held nothing after the frame) the end octet comes with the next read
             return
         self.buf += ahead
-        self._frames()
+        if not channel.body_complete:
+            self._frames()
+        elif not self._tail:  # what followed the body's last frame, read into its tail room: the frame loop
+            self._tail = True  # completes the message once the event loop lets go of this read's buffer (the
+            self.loop.call_soon(self._after_tail)  # next get_buffer, or the next turn), which then cuts the body
+
+    def _after_tail(self) -> None:
+        """The frames read with a body's last frame (``buffer_updated``), handled."""
+        if self._tail:
+            self._tail = False
+            self._frames()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._received = True

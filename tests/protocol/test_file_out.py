@@ -98,3 +98,40 @@ async def test_output_dropped_closes_the_descriptors_its_ranges_own(tmp_path):
     outbox.extend([b"head", *FileRange(fd, 0, 1000, owns=True).pieces(300), b"end"])
     outbox.clear()
     assert not fd_open(fd)
+
+
+async def test_a_range_whose_bytes_are_in_memory_is_written_from_them(tmp_path):
+    """A body the node still holds goes from memory (one sendmsg with its frames), not from its file: here the
+    memory's bytes differ from the file's, to tell which was sent."""
+    size = 64 * 1024
+    held = os.urandom(size)
+    got, sender, _ = await send_slowly(
+        tmp_path, lambda fd: [b"head", *FileRange(fd, 0, size, owns=True, data=held).pieces(16 * 1024), b"end"])
+    assert got == b"head" + held + b"end"
+    assert not sender.outbox
+
+
+async def test_what_the_socket_does_not_take_at_once_waits_without_the_bytes_in_memory(tmp_path):
+    """The first direct write sends what the socket takes from memory; the rest waits as plain ranges of the
+    file (a client that does not read makes the node hold no body), and arrives byte-exact."""
+    path = tmp_path / "segment"
+    data = os.urandom(3 << 20)
+    path.write_bytes(data)
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    _, sender = await loop.connect_accepted_socket(Sender, ours)
+    theirs.setblocking(False)
+    fd = os.open(path, os.O_RDONLY)
+    sender.outbox.extend([b"head", *FileRange(fd, 0, len(data), owns=True, data=data).pieces(131064), b"end"])
+    sender.pump()
+    waiting = [part for part in sender.outbox.parts if isinstance(part, FileRange)]
+    assert waiting and all(part.data is None for part in waiting)
+    got = bytearray()
+    while len(got) < len(data) + 7:
+        got += await loop.sock_recv(theirs, 256 * 1024)
+        await asyncio.sleep(0)
+    assert sender.transport is not None
+    sender.transport.close()
+    theirs.close()
+    assert bytes(got) == b"head" + data + b"end"
+    assert not fd_open(fd)
