@@ -124,7 +124,9 @@ class Peer:
             if not future.done():
                 future.set_exception(home_node_down(queue))
         consumers, self.consumers = self.consumers, {}
-        for queue, remote in consumers.values():
+        for consumer_id, (queue, remote) in consumers.items():
+            if self._stale(consumer_id, remote):  # (it consumes at another node now, or here under a later id)
+                continue
             if remote.accepted.done() and queue.replicated:  # it waits for the queue's (new) leader: ``follow``
                 remote.attached = False
             elif remote.accepted.done():
@@ -199,6 +201,7 @@ class Peer:
             remote = RemoteConsumer(next(self._ids), consumer)
         else:
             was, remote.id = remote.id, next(self._ids)
+        remote.owner = self
         self.consumers[remote.id] = (queue, remote)
         if self.link is not None:
             arguments, timestamps = link.portable_arguments(consumer.arguments)
@@ -217,11 +220,16 @@ class Peer:
 
     def forget(self, remote: RemoteConsumer) -> None:
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
+        if remote.owner is not self:  # (it consumes here no more: ``remote.id`` may be another consumer's here)
+            return
         self.consumers.pop(remote.id, None)
         if self.link is not None:
             self.link.send(link.CANCEL, link.ID.pack(remote.id))
 
     def cancel(self, remote: RemoteConsumer) -> None:
+        if remote.owner is not None and remote.owner is not self:  # (its latest consume went to another node)
+            remote.owner.cancel(remote)
+            return
         self.consumers.pop(remote.id, None)
         if not remote.accepted.done():
             remote.accepted.cancel()  # its basic.consume waits no more
@@ -334,12 +342,22 @@ class Peer:
         message = link.read_message(payload, link.DELIVER_HEAD.size)
         queue.delivered(remote, Entry(tag, message, bool(redelivered)), seq)
 
+    def _stale(self, consumer_id: int, remote: RemoteConsumer) -> bool:
+        """``consumer_id`` here is an earlier consume of ``remote``, which consumed again since (a quorum queue's
+        consumer following its leader, or trying again), here or at another node: what comes of it is no news."""
+        return remote.owner is not self or remote.id != consumer_id
+
     def _consumed(self, reply: dict[str, Any]) -> None:
         found = self.consumers.get(reply["id"])
         if found is None:
             return
         queue, remote = found
         error = reply["error"]
+        if self._stale(reply["id"], remote):  # it consumed again since, here or at another node: the owner's
+            del self.consumers[reply["id"]]  # consumer of that id goes (what it delivers meanwhile comes back:
+            if error is None and self.link is not None:  # ``_deliver``), and the consumer does not hear of it
+                self.link.send(link.CANCEL, link.ID.pack(reply["id"]))
+            return
         # consuming again at a quorum queue's new leader, maybe before the answer to its first consume came (lost
         # with its link, or never sent: its link was down then)
         again = remote.accepted.done() or "tags" in reply
@@ -366,7 +384,7 @@ class Peer:
 
     def _cancelled(self, consumer_id: int) -> None:
         found = self.consumers.pop(consumer_id, None)
-        if found is not None:
+        if found is not None and not self._stale(consumer_id, found[1]):
             queue, remote = found
             if remote.buffer:
                 self.settle(link.SETTLE_REQUEUE, list(remote.buffer))

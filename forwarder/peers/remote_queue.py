@@ -226,10 +226,14 @@ class Window:
 class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
-    __slots__ = ("id", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries", "settled")
+    __slots__ = ("id", "owner", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries",
+                 "settled")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
+        # the node it last consumed at, under ``id`` (ids are a link's own: another node's may be the same number);
+        # an answer to an earlier consume, there or elsewhere, is stale
+        self.owner: Owner | None = None
         self.consumer = consumer
         self.buffer: deque[Entry] = deque()
         self.accepted = asyncio.get_running_loop().create_future()  # the owner's answer to CONSUME
