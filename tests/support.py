@@ -136,6 +136,18 @@ def delivery_tag(method: Basic.Deliver | Basic.GetOk | None) -> int:
     return method.delivery_tag
 
 
+def get_within(channel: BlockingChannel, queue: str, auto_ack: bool = False,
+               seconds: float = 5.0) -> tuple[Basic.GetOk | None, pika.BasicProperties | None, bytes | None]:
+    """basic.get until the queue gives a message (one that arrives through another node or a dead-lettering may
+    take a while), or ``seconds`` pass: (None, None, None) then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = channel.basic_get(queue, auto_ack=auto_ack)
+        if got[0] is not None or time.monotonic() > deadline:
+            return got
+        time.sleep(0.01)
+
+
 def headers_of(properties: pika.BasicProperties | None) -> dict[str, Any]:
     """A message's headers, which the test knows it has, to read as it knows them (pika types each value as any
     field value a table may hold)."""

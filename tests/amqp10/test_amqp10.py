@@ -23,7 +23,7 @@ from amqp_server.node.server import Node
 from stream_log import amqp10
 from stream_log.amqp10 import described, encode_list, symbol, uint, utf8
 from conftest import free_port
-from support import delivery_tag, headers_of
+from support import delivery_tag, get_within, headers_of
 
 proton = pytest.importorskip("proton")
 from proton import Message  # noqa: E402
@@ -240,10 +240,7 @@ def test_released_requeues_a_quorum_queues_message_without_counting_a_delivery_a
         receiver.close()  # (with the message unsettled: a consumer gone counts one return)
     finally:
         amqp.close()
-    deadline = time.monotonic() + 5
-    method = None
-    while method is None and time.monotonic() < deadline:
-        method, properties, body = channel.basic_get("qq")
+    method, properties, body = get_within(channel, "qq")
     assert method is not None and body == b"poison"
     assert headers_of(properties)["x-delivery-count"] == 1  # the consumer gone, not the five releases
     channel.basic_nack(delivery_tag(method), requeue=False)  # (dead-lettered nowhere: gone)
@@ -1068,10 +1065,7 @@ def test_a_dead_lettered_amqp10_message_carries_x_opt_deaths_as_rabbitmq_4_recor
             work.receive(timeout=0.3)  # (Proton sends the disposition as it next works)
     finally:
         amqp.close()
-    deadline = time.monotonic() + 5
-    method = None
-    while method is None and time.monotonic() < deadline:
-        method, properties, _ = channel.basic_get("dlq", auto_ack=True)
+    method, properties, _ = get_within(channel, "dlq", auto_ack=True)
     assert method is not None and headers_of(properties)["x-death"][0]["queue"] == "work"
     connection.close()
 
@@ -1133,10 +1127,7 @@ def test_a_modified_outcomes_annotations_go_with_a_quorum_queues_message_requeue
         classic.accept()
     finally:
         amqp.close()
-    deadline = time.monotonic() + 5
-    method = None
-    while method is None and time.monotonic() < deadline:
-        method, properties, _ = channel.basic_get("qq", auto_ack=True)
+    method, properties, _ = get_within(channel, "qq", auto_ack=True)
     assert method is not None and headers_of(properties)["x-opt-string"] == "x-test3"
     assert headers_of(properties).get("x-delivery-count", 0) == 0  # (delivery-failed false: none counted)
     connection.close()
@@ -1185,10 +1176,7 @@ def test_a_dead_lettered_amqp091_message_is_read_over_amqp10_with_x_opt_deaths(n
         channel.basic_publish("", "work", body, pika.BasicProperties(expiration="60000", headers={"x-mine": "kept"}))
     for queue in ("work", "dlq"):  # work -> dlq -> final, rejected each time
         for _ in range(2):
-            method = None
-            deadline = time.monotonic() + 5
-            while method is None and time.monotonic() < deadline:
-                method, _, _ = channel.basic_get(queue)
+            method, _, _ = get_within(channel, queue)
             assert method is not None
             channel.basic_reject(delivery_tag(method), requeue=False)
     amqp = connect(node)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Callable
 
 import pytest
 
@@ -49,9 +50,11 @@ def fd_open(fd: int) -> bool:
     return True
 
 
-async def send_slowly(tmp_path, parts_of) -> tuple[bytes, Sender, bytes]:
-    """Write a 4 MiB file, hand the outbox ``parts_of(fd)`` and read what arrives in small sips."""
-    data = os.urandom(4 << 20)
+async def send_slowly(tmp_path, parts_of, data: bytes | None = None,
+                      pumped: Callable[[Sender], None] = lambda sender: None) -> tuple[bytes, Sender, bytes]:
+    """Write a file of ``data`` (4 random MiB by default), hand the outbox ``parts_of(fd)``, see it after its first
+    pump (``pumped``) and read what arrives in small sips."""
+    data = os.urandom(4 << 20) if data is None else data
     path = tmp_path / "segment"
     path.write_bytes(data)
     loop = asyncio.get_running_loop()
@@ -63,6 +66,7 @@ async def send_slowly(tmp_path, parts_of) -> tuple[bytes, Sender, bytes]:
     expected = b"".join(bytes(p) if not isinstance(p, FileRange) else data[p.pos:p.pos + p.size] for p in parts)
     sender.outbox.extend(parts)
     sender.pump()
+    pumped(sender)
     got = bytearray()
     while len(got) < len(expected):
         got += await loop.sock_recv(theirs, 256 * 1024)
@@ -114,24 +118,16 @@ async def test_a_range_whose_bytes_are_in_memory_is_written_from_them(tmp_path):
 async def test_what_the_socket_does_not_take_at_once_waits_without_the_bytes_in_memory(tmp_path):
     """The first direct write sends what the socket takes from memory; the rest waits as plain ranges of the
     file (a client that does not read makes the node hold no body), and arrives byte-exact."""
-    path = tmp_path / "segment"
     data = os.urandom(3 << 20)
-    path.write_bytes(data)
-    loop = asyncio.get_running_loop()
-    ours, theirs = socket.socketpair()
-    _, sender = await loop.connect_accepted_socket(Sender, ours)
-    theirs.setblocking(False)
-    fd = os.open(path, os.O_RDONLY)
-    sender.outbox.extend([b"head", *FileRange(fd, 0, len(data), owns=True, data=data).pieces(131064), b"end"])
-    sender.pump()
-    waiting = [part for part in sender.outbox.parts if isinstance(part, FileRange)]
+    fds: list[int] = []
+    waiting: list[FileRange] = []
+
+    def parts_of(fd: int) -> list:
+        fds.append(fd)
+        return [b"head", *FileRange(fd, 0, len(data), owns=True, data=data).pieces(131064), b"end"]
+
+    got, _, _ = await send_slowly(tmp_path, parts_of, data, lambda sender: waiting.extend(
+        part for part in sender.outbox.parts if isinstance(part, FileRange)))
     assert waiting and all(part.data is None for part in waiting)
-    got = bytearray()
-    while len(got) < len(data) + 7:
-        got += await loop.sock_recv(theirs, 256 * 1024)
-        await asyncio.sleep(0)
-    assert sender.transport is not None
-    sender.transport.close()
-    theirs.close()
-    assert bytes(got) == b"head" + data + b"end"
-    assert not fd_open(fd)
+    assert got == b"head" + data + b"end"
+    assert not fd_open(fds[0])
