@@ -996,6 +996,56 @@ def test_fuzz_the_transfer_read_in_place_agrees_with_the_general_decoder_or_leav
         assert frames.transfer_of(value.value[1].value)[4] is False
 
 
+def _alike(fields: tuple[bytes, ...], delivery_id: int, fill: int) -> tuple[bytes, ...]:
+    """A client's next transfer encoded as ``fields`` were: another delivery-id (a uint32 one) and tag bytes."""
+    handle, delivery, tag, *rest = fields
+    if delivery[:1] == b"\x70":
+        delivery = b"\x70" + struct.pack(">I", delivery_id)
+    if tag[:1] == b"\xa0":
+        tag = amqp10.binary(bytes((fill,)) * tag[1])
+    return (handle, delivery, tag, *rest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_TRANSFER_FIELDS, st.integers(2, 7), st.booleans(), st.integers(0, 3)), min_size=1,
+                max_size=8), st.integers(0, 2**32 - 1), st.integers(0, 255))
+def test_fuzz_transfers_read_like_the_one_before_agree_with_the_read_field_by_field(transfers, delivery_id, fill):
+    """A connection's transfers read with the layout of the one before (``frames.Transfers``) give what
+    ``transfer_at`` gives each, whatever changes from one to the next: each encoding comes twice, the second time
+    with another delivery-id and tag, as a client's next message."""
+    from amqp_server.amqp1 import frames
+
+    reader = frames.Transfers()
+    for fields, count, list32, cut in transfers:
+        for each in (fields, _alike(fields, delivery_id, fill)):
+            data = b"".join(each[:count])
+            body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, count) if list32
+                                       else bytes((0xC0, len(data) + 1, count))) + data + b"payload")
+            buf = bytearray(b"\x40" * 3 + body)  # (read where it lies: not at the buffer's start)
+            end = len(buf) - cut
+            assert reader.read(buf, 3, end) == frames.transfer_at(buf, 3, end)
+
+
+def test_a_transfer_like_the_one_before_but_for_its_tag_encoding_or_its_end_is_read_field_by_field():
+    """The layout kept of a transfer (a binary8 tag, the performative whole in the frame) is not taken for one
+    whose tag is another type of the same size, nor for a frame that ends inside its performative."""
+    from amqp_server.amqp1 import frames
+
+    def transfer(tag: bytes) -> bytearray:
+        data = uint(0) + b"\x70" + struct.pack(">I", 7) + tag + b"\x43\x41"
+        return bytearray(b"\x00\x53\x14" + bytes((0xC0, len(data) + 1, 5)) + data + b"payload")
+
+    reader = frames.Transfers()
+    first = transfer(b"\xa0\x04tag1")
+    assert reader.read(first, 0, len(first)) == (0, 7, True, False, len(first) - 7)
+    other = transfer(b"\xb0\x00\x00\x00\x01t")  # (a binary32: the in-place read leaves it to the decoder)
+    assert frames.transfer_at(other, 0, len(other)) is None
+    assert reader.read(other, 0, len(other)) is None
+    cut = transfer(b"\xa0\x04tag2")
+    assert reader.read(cut, 0, len(cut) - 8) is None
+    assert reader.read(cut, 0, len(cut)) == (0, 7, True, False, len(cut) - 7)
+
+
 def _deaths(message: Message) -> list[dict[str, Any]]:
     assert message.annotations is not None
     return [dict(death) for death in message.annotations["x-opt-deaths"]]
