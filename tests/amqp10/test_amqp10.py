@@ -1046,6 +1046,39 @@ def test_a_transfer_like_the_one_before_but_for_its_tag_encoding_or_its_end_is_r
     assert reader.read(cut, 0, len(cut)) == (0, 7, True, False, len(cut) - 7)
 
 
+def test_outcomes_due_out_of_order_go_out_as_one_disposition_per_run():
+    """A publishing link's outcomes, due as they come (an fsync's later than the transient ones around them),
+    go out at the flush as one disposition per run of consecutive delivery ids with one outcome, in order;
+    ``accepted`` ones counted as confirms."""
+    from types import SimpleNamespace
+
+    from amqp_server.amqp1 import frames
+    from amqp_server.amqp1.session import Incoming
+    from amqp_server.stats import MessageStats
+
+    sent: list[bytes] = []
+    session = SimpleNamespace(send=sent.append, stats=MessageStats(), vhost_stats=MessageStats(), confirming=set())
+    link = Incoming.__new__(Incoming)
+    link.session, link.connection = session, SimpleNamespace(schedule_flush=lambda: None)  # type: ignore[assignment]
+    link.outcomes, link.run_state = [], None
+    error = [frames.rejected("amqp:precondition-failed", "no") for _ in range(2)]  # (equal, not the same object)
+    for delivery_id, state in [(5, frames.ACCEPTED_STATE), (6, frames.ACCEPTED_STATE), (7, frames.ACCEPTED_STATE),
+                               (8, frames.RELEASED_STATE), (9, frames.ACCEPTED_STATE), (3, frames.ACCEPTED_STATE),
+                               (4, frames.ACCEPTED_STATE), (10, error[0]), (11, error[1]), (12, frames.RELEASED_STATE)]:
+        link._outcome(delivery_id, False, state)
+    link._outcome(13, True, frames.ACCEPTED_STATE)  # (settled by its sender: no outcome)
+    assert session.confirming == {link}
+    link.emit_outcomes()
+    assert sent == [frames.disposition(3, 7, frames.ACCEPTED_STATE), frames.disposition(8, 8, frames.RELEASED_STATE),
+                    frames.disposition(9, 9, frames.ACCEPTED_STATE), frames.disposition(10, 11, error[0]),
+                    frames.disposition(12, 12, frames.RELEASED_STATE)]
+    assert session.stats.confirm == session.vhost_stats.confirm == 6
+    sent.clear()
+    link._outcome(14, False, frames.ACCEPTED_STATE)
+    link.emit_outcomes()
+    assert sent == [frames.disposition(14, 14, frames.ACCEPTED_STATE)]
+
+
 def _deaths(message: Message) -> list[dict[str, Any]]:
     assert message.annotations is not None
     return [dict(death) for death in message.annotations["x-opt-deaths"]]
