@@ -756,7 +756,8 @@ def boolean(value: bool) -> bytes:
 
 
 def uint(value: int) -> bytes:
-    return _unsigned(0x43, 0x52, 0x70, ">I", value)
+    """(Every performative's handles, ids, windows and credit: one step for the common values.)"""
+    return _UINTS[value] if value < 256 else b"\x70" + _U32.pack(value)
 
 
 def ulong(value: int) -> bytes:
@@ -1028,6 +1029,7 @@ _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
 _last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes]] = (b"", b"", False, -1, None,
                                                                                    (b"", b""))
 _BYTES = [bytes((i,)) for i in range(256)]
+_UINTS = [b"\x43"] + [b"\x52" + _BYTES[i] for i in range(1, 256)]  # uint0, then smalluint
 
 
 def kept_properties(section: bytes | bytearray) -> list[Value] | None:

@@ -194,7 +194,7 @@ class Amqp10Connection(FrontEnd):
         n = len(buf)
         budget = FRAMES_PER_TURN
         frame_head = frames.FRAME_HEAD.unpack_from
-        read_transfer = self.transfers.read
+        transfers = self.transfers
         sessions = self.sessions
         try:
             while self.state != CLOSED and not self._holds:
@@ -211,6 +211,14 @@ class Amqp10Connection(FrontEnd):
                 if budget < 0:
                     self.next_turn()
                     break
+                if self.state == OPEN:  # the publish path: a transfer frame like the last, read in place
+                    fast = transfers.like_the_last(buf, pos, n, self.frame_max)
+                    if fast is not None:
+                        channel, handle, delivery_id, settled, more, at, pos = fast
+                        session = sessions.get(channel)
+                        if session is not None:
+                            session.on_transfer(handle, delivery_id, settled, more, False, buf, at, pos)
+                        continue
                 size, doff, kind, channel = frame_head(buf, pos)
                 if doff != 2 or kind != self.frame_kind or not 8 <= size <= self.frame_max:
                     self._check_head(size, doff, kind)
@@ -221,12 +229,11 @@ class Amqp10Connection(FrontEnd):
                 if start == end:
                     continue  # an empty frame: the client's heartbeat
                 if self.state == OPEN and channel <= self.channel_max:
-                    fast = read_transfer(buf, start, end)
-                    if fast is not None:  # the publish path: read in place
+                    head = transfers.read(buf, end - size, start, end, channel)
+                    if head is not None:  # a transfer read in place (its layout kept for the next)
                         session = sessions.get(channel)
                         if session is not None:
-                            handle, delivery_id, settled, more, at = fast
-                            session.on_transfer(handle, delivery_id, settled, more, False, buf, at, end)
+                            session.on_transfer(head[0], head[1], head[2], head[3], False, buf, head[4], end)
                         continue
                 self._frame(channel, buf, start, end)
         except Amqp10Error as exc:

@@ -937,12 +937,8 @@ class Outgoing(LinkEndpoint):
         size = len(envelope) + len(data_head) + len(body)
         if size <= self.room:
             transfer = self._transfer
-            out = connection.out
-            out.append(transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4, delivery_id,
-                                     self._transfer_tail))
-            out.append(envelope)
-            out.append(data_head)
-            out.append(body)
+            connection.out += (transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4,
+                                             delivery_id, self._transfer_tail), envelope, data_head, body)
             if len(body) >= LARGE_BODY:
                 connection.large_out = True
             session.next_outgoing_id = (session.next_outgoing_id + 1) & MAX_UINT

@@ -1006,44 +1006,67 @@ def _alike(fields: tuple[bytes, ...], delivery_id: int, fill: int) -> tuple[byte
     return (handle, delivery, tag, *rest)
 
 
+def _transfer_frame(fields: tuple[bytes, ...], count: int, list32: bool, payload: bytes = b"payload",
+                    channel: int = 1) -> bytearray:
+    data = b"".join(fields[:count])
+    body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, count) if list32
+                               else bytes((0xC0, len(data) + 1, count))) + data + payload)
+    return bytearray(b"\x40" * 3 + struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body)  # (at 3, as it lies)
+
+
+def _read(reader: Any, buf: bytearray, n: int) -> Any:
+    """The frame at 3 as the frame loop reads it: like the last one, else its performative field by field."""
+    from amqp_server.amqp1 import frames
+
+    fast = reader.like_the_last(buf, 3, n, 1 << 20)
+    if fast is not None:
+        return fast
+    size, _, _, channel = frames.FRAME_HEAD.unpack_from(buf, 3)
+    head = reader.read(buf, 3, 11, 3 + size, channel) if 3 + size <= n else None
+    return None if head is None else (channel, *head, 3 + size)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(_TRANSFER_FIELDS, st.integers(2, 7), st.booleans(), st.integers(0, 3)), min_size=1,
                 max_size=8), st.integers(0, 2**32 - 1), st.integers(0, 255))
 def test_fuzz_transfers_read_like_the_one_before_agree_with_the_read_field_by_field(transfers, delivery_id, fill):
-    """A connection's transfers read with the layout of the one before (``frames.Transfers``) give what
+    """A connection's transfer frames read with the layout of the one before (``frames.Transfers``) give what
     ``transfer_at`` gives each, whatever changes from one to the next: each encoding comes twice, the second time
-    with another delivery-id and tag, as a client's next message."""
+    with another delivery-id and tag, as a client's next message; a frame not all read yet is not read."""
     from amqp_server.amqp1 import frames
 
     reader = frames.Transfers()
     for fields, count, list32, cut in transfers:
         for each in (fields, _alike(fields, delivery_id, fill)):
-            data = b"".join(each[:count])
-            body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, count) if list32
-                                       else bytes((0xC0, len(data) + 1, count))) + data + b"payload")
-            buf = bytearray(b"\x40" * 3 + body)  # (read where it lies: not at the buffer's start)
-            end = len(buf) - cut
-            assert reader.read(buf, 3, end) == frames.transfer_at(buf, 3, end)
+            buf = _transfer_frame(each, count, list32)
+            found = frames.transfer_at(buf, 11, len(buf))
+            if cut:
+                assert reader.like_the_last(buf, 3, len(buf) - cut, 1 << 20) is None
+            assert _read(reader, buf, len(buf)) == (None if found is None else (1, *found, len(buf)))
 
 
 def test_a_transfer_like_the_one_before_but_for_its_tag_encoding_or_its_end_is_read_field_by_field():
-    """The layout kept of a transfer (a binary8 tag, the performative whole in the frame) is not taken for one
-    whose tag is another type of the same size, nor for a frame that ends inside its performative."""
+    """The layout kept of a transfer frame (a binary8 tag, the frame whole in the buffer and within the frame
+    size) is not taken for one whose tag is another type of the same size, nor for a frame not all read yet, too
+    large, or ending inside its performative; one with another payload size is read with it."""
     from amqp_server.amqp1 import frames
 
-    def transfer(tag: bytes) -> bytearray:
-        data = uint(0) + b"\x70" + struct.pack(">I", 7) + tag + b"\x43\x41"
-        return bytearray(b"\x00\x53\x14" + bytes((0xC0, len(data) + 1, 5)) + data + b"payload")
+    def transfer(tag: bytes, payload: bytes = b"payload") -> bytearray:
+        return _transfer_frame((uint(0), b"\x70" + struct.pack(">I", 7), tag, b"\x43", b"\x41"), 5, False, payload)
 
     reader = frames.Transfers()
     first = transfer(b"\xa0\x04tag1")
-    assert reader.read(first, 0, len(first)) == (0, 7, True, False, len(first) - 7)
+    assert _read(reader, first, len(first)) == (1, 0, 7, True, False, len(first) - 7, len(first))
     other = transfer(b"\xb0\x00\x00\x00\x01t")  # (a binary32: the in-place read leaves it to the decoder)
-    assert frames.transfer_at(other, 0, len(other)) is None
-    assert reader.read(other, 0, len(other)) is None
-    cut = transfer(b"\xa0\x04tag2")
-    assert reader.read(cut, 0, len(cut) - 8) is None
-    assert reader.read(cut, 0, len(cut)) == (0, 7, True, False, len(cut) - 7)
+    assert frames.transfer_at(other, 11, len(other)) is None
+    assert reader.like_the_last(other, 3, len(other), 1 << 20) is None
+    longer = transfer(b"\xa0\x04tag2", b"payload, longer")
+    assert reader.like_the_last(longer, 3, len(longer) - 1, 1 << 20) is None
+    assert reader.like_the_last(longer, 3, len(longer), len(longer) - 4) is None
+    struct.pack_into(">I", short := bytearray(longer), 3, 20)  # (a frame ending inside the performative)
+    assert reader.like_the_last(short, 3, len(short), 1 << 20) is None
+    assert reader.like_the_last(longer, 3, len(longer), 1 << 20) == (1, 0, 7, True, False, len(longer) - 15,
+                                                                     len(longer))
 
 
 def test_outcomes_due_out_of_order_go_out_as_one_disposition_per_run():
