@@ -64,9 +64,10 @@ class Amqp10Connection(FrontEnd):
         self.state = SASL
         self.frame_kind = frames.SASL_FRAME  # the frame type expected: SASL until its outcome, AMQP after
         self.buf = bytearray()
+        self.transfers = frames.Transfers()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: written from where it is, not joined
-        self._flush_scheduled = False
+        self.flush_scheduled = False
         self.sessions: dict[int, Session] = {}
         self.channels: dict[int, Any] = {}  # (0-9-1 channels: none; the HTTP API counts and lists them)
         self.exclusive_queues: set[Any] = set()
@@ -137,12 +138,12 @@ class Amqp10Connection(FrontEnd):
         self.schedule_flush()
 
     def schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
             self.clients.schedule_flush(self)
 
     def flush(self) -> None:
-        self._flush_scheduled = False
+        self.flush_scheduled = False
         for session in self.sessions.values():
             session.emit_confirms()
         transport = self.transport
@@ -186,12 +187,17 @@ class Amqp10Connection(FrontEnd):
         self._frames()
 
     def _frames(self) -> None:
+        """The frames read, as far as the connection may go on: a transfer is read in place (``frames.Transfers``)
+        and handed to its session with where its payload lies; any other frame is decoded (``_frame``)."""
         buf = self.buf
         pos = 0
+        n = len(buf)
         budget = FRAMES_PER_TURN
+        frame_head = frames.FRAME_HEAD.unpack_from
+        transfers = self.transfers
+        sessions = self.sessions
         try:
-            while self.state != CLOSED and not self.reading_paused:
-                n = len(buf)
+            while self.state != CLOSED and not self._holds:
                 if self.state == AWAIT_HEADER:
                     if n - pos < 8:
                         break
@@ -205,7 +211,15 @@ class Amqp10Connection(FrontEnd):
                 if budget < 0:
                     self.next_turn()
                     break
-                size, doff, kind, channel = frames.FRAME_HEAD.unpack_from(buf, pos)
+                if self.state == OPEN:  # the publish path: a transfer frame like the last, read in place
+                    fast = transfers.like_the_last(buf, pos, n, self.frame_max)
+                    if fast is not None:
+                        channel, handle, delivery_id, settled, more, at, pos = fast
+                        session = sessions.get(channel)
+                        if session is not None:
+                            session.on_transfer(handle, delivery_id, settled, more, False, buf, at, pos)
+                        continue
+                size, doff, kind, channel = frame_head(buf, pos)
                 if doff != 2 or kind != self.frame_kind or not 8 <= size <= self.frame_max:
                     self._check_head(size, doff, kind)
                 if n - pos < size:
@@ -214,21 +228,21 @@ class Amqp10Connection(FrontEnd):
                 pos = end
                 if start == end:
                     continue  # an empty frame: the client's heartbeat
-                fast = frames.transfer_at(buf, start, end) if self.state == OPEN else None
-                if fast is not None and channel <= self.channel_max:  # the publish path: read in place
-                    session = self.sessions.get(channel)
-                    if session is not None:
-                        handle, delivery_id, settled, more, at = fast
-                        session.on_transfer(handle, delivery_id, settled, more, False, buf, at, end)
-                    continue
+                if self.state == OPEN and channel <= self.channel_max:
+                    head = transfers.read(buf, end - size, start, end, channel)
+                    if head is not None:  # a transfer read in place (its layout kept for the next)
+                        session = sessions.get(channel)
+                        if session is not None:
+                            session.on_transfer(head[0], head[1], head[2], head[3], False, buf, head[4], end)
+                        continue
                 self._frame(channel, buf, start, end)
         except Amqp10Error as exc:
             self.close_with(exc)
-            pos = len(buf)
+            pos = n
         except Exception:  # a bug must not take the node down; the answer quotes nothing of the input
             complaints.internal("AMQP 1.0 connection", self.name)
             self.close_with(Amqp10Error(frames.INTERNAL_ERROR, INTERNAL_ERROR_TEXT))
-            pos = len(buf)
+            pos = n
         del buf[:pos]
         if self.out:
             self.schedule_flush()

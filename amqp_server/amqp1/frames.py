@@ -178,8 +178,16 @@ _LIST32 = struct.Struct(">II")
 def transfer_at(buf: bytearray, pos: int, end: int) -> TransferHead | None:
     """A transfer performative at ``pos`` read in place, when it has the encodings clients send: a list8 or
     list32 of at most six fields, uints in any of their three encodings, a short binary tag, booleans as
-    constants; else None, for the general decoder (``transfer_of``).  The publish path reads one of these per
-    message, so the fields are read in line, with no value objects and no loop."""
+    constants; else None, for the general decoder (``transfer_of``)."""
+    found = _transfer_at(buf, pos, end)
+    return None if found is None else found[:5]
+
+
+def _transfer_at(buf: bytearray, pos: int, end: int) -> tuple[int, int | None, bool, bool, int, int, int] | None:
+    """``transfer_at``'s, and where a ``Transfers`` layout would have the delivery-id's value (a uint32) start
+    and the tag's bytes (a binary8) end: -1 for a field of another encoding.  The fields are read in line, with no
+    value objects and no loop."""
+    id_at = tag_end = -1
     try:
         if buf[pos + 2] != TRANSFER or buf[pos + 1] != 0x53 or buf[pos]:
             return None
@@ -212,6 +220,7 @@ def transfer_at(buf: bytearray, pos: int, end: int) -> TransferHead | None:
         delivery_id: int | None
         if kind == 0x70:
             delivery_id = _U32.unpack_from(buf, at + 1)[0]
+            id_at = at + 1
             at += 5
         elif kind == 0x52:
             delivery_id = buf[at + 1]
@@ -229,6 +238,7 @@ def transfer_at(buf: bytearray, pos: int, end: int) -> TransferHead | None:
             kind = buf[at]  # delivery-tag
             if kind == 0xA0:
                 at += 2 + buf[at + 1]
+                tag_end = at
             elif kind == 0x40:
                 at += 1
             else:
@@ -245,11 +255,67 @@ def transfer_at(buf: bytearray, pos: int, end: int) -> TransferHead | None:
         return None
     if at != stop:
         return None
-    return handle, delivery_id, settled, more, stop
+    return handle, delivery_id, settled, more, stop, id_at, tag_end
 
 
 _UINT_SIZES = {0x43: 1, 0x52: 2, 0x70: 5, 0x40: 1}
 _BOOLS = {0x41: True, 0x42: False, 0x40: False}
+_ID_AND_TAG = struct.Struct(">IH")  # a delivery-id's uint32, then the tag's binary8 constructor and size
+
+
+TransferFrame = tuple[int, int, int, bool, bool, int, int]
+"""A transfer frame read whole in place: channel, handle, delivery-id, settled, more, where its payload starts, where
+the frame ends."""
+
+
+class Transfers:
+    """The transfer frames of one connection read in place, their performative as ``transfer_at`` reads it.  A
+    client sends its transfers alike but for the frame's size (its message's), the delivery-id and the tag's
+    bytes, so the layout of the last one read is kept: a frame like it (``like_the_last``) costs two comparisons
+    and two unpacks, its header and fields read one by one by no one.  A layout is kept of a frame with the usual
+    data offset (2), a delivery-id in four bytes (0x70) and a binary8 tag, whose sizes no longer change."""
+
+    __slots__ = ("head", "tag", "tail", "tail_at", "size", "channel", "handle", "settled", "more")
+
+    def __init__(self) -> None:
+        # the frame from its data offset (type, channel) to its delivery-id's value: descriptor, list size and
+        # count, handle
+        self.head = b""
+        self.tag = 0  # the tag's constructor and size (0xA0, n)
+        self.tail = b""  # what follows the tag's bytes: message-format, settled, more
+        self.tail_at = 0  # where the tail starts, from the frame's start
+        self.size = 1 << 32  # the frame header's and the performative's size: where the payload starts (none yet)
+        self.channel = self.handle = 0
+        self.settled = self.more = False
+
+    def like_the_last(self, buf: bytearray, pos: int, n: int, frame_max: int) -> TransferFrame | None:
+        """The transfer frame at ``pos`` if it is laid out as the last one ``read`` kept, and whole before ``n``
+        within ``frame_max``; else None (the frame is read the general way)."""
+        head = self.head
+        if buf.startswith(head, pos + 4):
+            size = _U32.unpack_from(buf, pos)[0]
+            end = pos + size
+            if self.size <= size <= frame_max and end <= n:
+                delivery_id, tag = _ID_AND_TAG.unpack_from(buf, pos + 4 + len(head))
+                if tag == self.tag and buf.startswith(self.tail, pos + self.tail_at):
+                    return self.channel, self.handle, delivery_id, self.settled, self.more, pos + self.size, end
+        return None
+
+    def read(self, buf: bytearray, frame_at: int, pos: int, end: int, channel: int) -> TransferHead | None:
+        """The transfer performative at ``pos`` of the frame at ``frame_at`` on ``channel`` (``transfer_at``),
+        whose layout is kept if it may be."""
+        found = _transfer_at(buf, pos, end)
+        if found is None:
+            return None
+        handle, delivery_id, settled, more, stop, id_at, tag_end = found
+        if id_at >= 0 and tag_end >= 0 and pos == frame_at + 8:  # (then the tag follows the delivery-id)
+            self.head = bytes(buf[frame_at + 4:id_at])
+            self.tag = 0xA000 | buf[id_at + 5]
+            self.tail = bytes(buf[tag_end:stop])
+            self.tail_at = tag_end - frame_at
+            self.size = stop - frame_at
+            self.channel, self.handle, self.settled, self.more = channel, handle, settled, more
+        return handle, delivery_id, settled, more, stop
 
 
 def transfer_of(fields: list[Value]) -> tuple[int | None, int | None, bool, bool, bool]:

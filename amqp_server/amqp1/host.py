@@ -27,6 +27,7 @@ class SessionHost(ExclusiveOwner[Queue], Protocol):
     principal: Principal | None
     out: list[bytes]
     large_out: bool
+    flush_scheduled: bool
     deliver_budget: int
     peer_frame_max: int
     write_paused: bool

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Coroutine
 
 from urllib.parse import quote
@@ -41,8 +42,10 @@ if TYPE_CHECKING:
     from .host import SessionHost
 
 INCOMING_WINDOW = 400  # RabbitMQ's ?MAX_INCOMING_WINDOW
+_HALF_WINDOW = INCOMING_WINDOW // 2  # a flow opens the window again once half is used
 HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
 LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is granted, topped up at half
+_HALF_CREDIT = LINK_CREDIT // 2
 MAX_UINT = 0xFFFFFFFF
 _TAG = struct.Struct(">I")
 _TAG_BIN4 = 0xA004  # a delivery tag's constructor: a binary of 4 bytes
@@ -69,7 +72,7 @@ class Session:
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, LinkEndpoint] = {}
-        self.unsettled: dict[int, tuple[Entry, AnyQueue, Consumer | None, Outgoing]] = {}
+        self.unsettled: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}  # (the consumer's link: its channel)
         self.confirming: set[Incoming] = set()  # links with outcomes to send at the next flush
         self.stats = MessageStats()
         vhost = connection.vhost
@@ -201,7 +204,7 @@ class Session:
             link.closed()
         self.links.clear()
         if self.unsettled:
-            taken = [(entry, queue, consumer) for entry, queue, consumer, _ in self.unsettled.values()]
+            taken = list(self.unsettled.values())
             self.unsettled.clear()
             self.broker.settle_taken(taken, True)
         for link in list(self.confirming):
@@ -249,7 +252,7 @@ class Session:
             if not isinstance(link, Incoming):
                 raise SessionError(frames.NOT_ALLOWED, f"transfer on link {link.handle}, which sends to the client")
             link.on_transfer(delivery_id, settled, more, aborted, buf, at, end)
-            if self.incoming_window <= INCOMING_WINDOW // 2:
+            if self.incoming_window <= _HALF_WINDOW:
                 self.incoming_window = INCOMING_WINDOW
                 self.send(frames.performative(frames.FLOW, *self.session_fields()))
         except LinkError as exc:
@@ -268,11 +271,11 @@ class Session:
         unsettled = self.unsettled
         if last < first:
             raise SessionError(frames.INVALID_FIELD, f"disposition last ({last}) < first ({first})")
-        if last - first + 1 <= len(unsettled):
-            ids = [i for i in range(first, last + 1) if i in unsettled]
+        if last - first + 1 <= len(unsettled):  # (each id looked up where C does it: a range settles thousands)
+            taken = list(filter(None, map(unsettled.pop, range(first, last + 1), repeat(None, last - first + 1))))
         else:
-            ids = [i for i in unsettled if first <= i <= last]
-        if not ids:
+            taken = [unsettled.pop(i) for i in [i for i in unsettled if first <= i <= last]]
+        if not taken:
             return
         code = state[0] if state is not None else frames.ACCEPTED
         annotations = _modified_annotations(state[1]) if state is not None and code == frames.MODIFIED else b""
@@ -419,7 +422,11 @@ class Incoming(LinkEndpoint):
         self.partial_settled = False
         self.decoder = amqp10.Decoder("", native=True)
         self.checked: dict[str, Exchange] = {}  # exchanges the user may publish to (checked once each)
-        self.outcomes: list[tuple[int, bytes]] = []  # (delivery id, outcome) to send
+        # the outcomes to send: runs of consecutive delivery ids with one outcome, (first, last, outcome), and the
+        # run still growing (a run of one outcome object: ``frames.ACCEPTED_STATE``…, or none)
+        self.outcomes: list[tuple[int, int, bytes]] = []
+        self.run_first = self.run_last = 0
+        self.run_state: bytes | None = None
         self.unsynced: deque[tuple[int, int]] = deque()  # (delivery id, group commit batch) awaiting fsync
         self.forwarded_copies: dict[int, int] = {}  # delivery id -> copies other nodes have yet to accept
         self.forwarded_rejected: set[int] = set()
@@ -492,7 +499,7 @@ class Incoming(LinkEndpoint):
     def top_up(self) -> None:
         """Link credit, unless an alarm holds publishers or too many of its transfers wait for a quorum queue's
         leader: topped up once half is used, as RabbitMQ does."""
-        if self.connection.credit_held or self.leader_waits > LEADER_WAITS or self.credit > LINK_CREDIT // 2:
+        if self.connection.credit_held or self.leader_waits > LEADER_WAITS or self.credit > _HALF_CREDIT:
             return
         self.credit = LINK_CREDIT
         self.session.send(frames.performative(
@@ -533,7 +540,7 @@ class Incoming(LinkEndpoint):
                 return
             record, self.partial = self.partial, None
             self._publish(record, 0, len(record), self.partial_id, self.partial_settled)
-        if self.credit <= LINK_CREDIT // 2:
+        if self.credit <= _HALF_CREDIT:
             self.top_up()
 
     def _too_large(self, size: int) -> None:
@@ -638,12 +645,17 @@ class Incoming(LinkEndpoint):
         return exchange, routing_key
 
     def _outcome(self, delivery_id: int, settled: bool, state: bytes) -> None:
+        """``state`` (one of ``frames``' outcome objects) is due for ``delivery_id``: it joins the run it follows,
+        else starts one, sent at the next flush (``emit_outcomes``)."""
         if settled:
             return
-        if state is frames.ACCEPTED_STATE:
-            self.session.stats.confirm += 1
-            self.session.vhost_stats.confirm += 1
-        self.outcomes.append((delivery_id, state))
+        if state is self.run_state and delivery_id == self.run_last + 1:
+            self.run_last = delivery_id
+            return
+        if self.run_state is not None:
+            self.outcomes.append((self.run_first, self.run_last, self.run_state))
+        self.run_first = self.run_last = delivery_id
+        self.run_state = state
         self.session.confirming.add(self)
         self.connection.schedule_flush()
 
@@ -684,20 +696,18 @@ class Incoming(LinkEndpoint):
 
     def emit_outcomes(self) -> None:
         """The outcomes due, one disposition per run of consecutive delivery ids with the same outcome."""
-        outcomes, self.outcomes = self.outcomes, []
-        outcomes.sort()  # (mostly in order already: one pass)
-        i, count = 0, len(outcomes)
-        while i < count:
-            first, state = outcomes[i]
-            last = first
-            i += 1
-            while i < count:
-                following, following_state = outcomes[i]
-                if following != last + 1 or following_state != state:
-                    break
-                last = following
-                i += 1
-            self.session.send(frames.disposition(first, last, state))
+        runs, self.outcomes = self.outcomes, []
+        if self.run_state is not None:
+            runs.append((self.run_first, self.run_last, self.run_state))
+            self.run_state = None
+        if len(runs) > 1:
+            runs = _joined(sorted(runs))
+        session = self.session
+        for first, last, state in runs:
+            if state is frames.ACCEPTED_STATE:
+                session.stats.confirm += last - first + 1
+                session.vhost_stats.confirm += last - first + 1
+            session.send(frames.disposition(first, last, state))
 
     def closed(self) -> None:
         self.partial = None
@@ -705,6 +715,20 @@ class Incoming(LinkEndpoint):
 
     def dropped(self) -> None:
         self.outcomes.clear()
+        self.run_state = None
+
+
+def _joined(runs: list[tuple[int, int, bytes]]) -> list[tuple[int, int, bytes]]:
+    """Sorted runs of outcomes with each run that continues the one before (the next delivery id, the same
+    outcome) joined to it."""
+    joined = [runs[0]]
+    for first, last, state in runs[1:]:
+        before_first, before_last, before_state = joined[-1]
+        if first == before_last + 1 and state == before_state:
+            joined[-1] = (before_first, last, state)
+        else:
+            joined.append((first, last, state))
+    return joined
 
 
 def _to_and_subject(record: bytes) -> tuple[str | None, str | None]:
@@ -796,6 +820,7 @@ class Outgoing(LinkEndpoint):
                                + b"\x00\x53\x14\xc0" + bytes((len(handle) + 14, 5)) + handle + b"\x70")
         self._transfer_tail = b"\x43" + boolean(self.settled)
         self._transfer = struct.Struct(f">I{len(self._transfer_head)}sIHI{len(self._transfer_tail)}s")
+        self.room = self.connection.peer_frame_max - _TRANSFER_OVERHEAD  # what a message sent in one transfer fits
 
     def listed(self) -> ListedLink:
         listed = super().listed()
@@ -884,7 +909,7 @@ class Outgoing(LinkEndpoint):
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0), boolean(True)]
-            self._deliver_frames(fields, record, self.connection.peer_frame_max - _TRANSFER_OVERHEAD)
+            self._deliver_frames(fields, record, self.room)
         self.connection.schedule_flush()
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
@@ -918,7 +943,7 @@ class Outgoing(LinkEndpoint):
         if consumer.no_ack:
             stats.deliver_no_ack += 1
         else:
-            session.unsettled[delivery_id] = (entry, consumer.queue, consumer, self)
+            session.unsettled[delivery_id] = (entry, consumer.queue, consumer)
             stats.deliver += 1
         if entry.redelivered:
             stats.redeliver += 1
@@ -926,16 +951,11 @@ class Outgoing(LinkEndpoint):
         envelope, data_head = amqp10.record_parts(message, True)
         if self.offsets:
             envelope, data_head = _with_offset(envelope + data_head, entry.seq), b""
-        room = connection.peer_frame_max - _TRANSFER_OVERHEAD
         size = len(envelope) + len(data_head) + len(body)
-        if size <= room:
+        if size <= self.room:
             transfer = self._transfer
-            out = connection.out
-            out.append(transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4, delivery_id,
-                                     self._transfer_tail))
-            out.append(envelope)
-            out.append(data_head)
-            out.append(body)
+            connection.out += (transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4,
+                                             delivery_id, self._transfer_tail), envelope, data_head, body)
             if len(body) >= LARGE_BODY:
                 connection.large_out = True
             session.next_outgoing_id = (session.next_outgoing_id + 1) & MAX_UINT
@@ -943,10 +963,11 @@ class Outgoing(LinkEndpoint):
         else:
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
                       boolean(consumer.no_ack)]
-            self._deliver_frames(fields, envelope + data_head + body, room)
+            self._deliver_frames(fields, envelope + data_head + body, self.room)
             connection.large_out = True
         connection.deliver_budget -= 1 + (size >> 16)
-        connection.schedule_flush()
+        if not connection.flush_scheduled:
+            connection.schedule_flush()
 
     def _deliver_frames(self, fields: list[bytes], record: bytes, room: int) -> None:
         """A message larger than the client's frames, in transfers that say ``more`` but the last."""
@@ -977,10 +998,10 @@ class Outgoing(LinkEndpoint):
         """(What the link's client holds goes on under the same delivery ids: ``Broker.hand_over``.)"""
         self.queue = new
         unsettled = self.session.unsettled
-        ids = [i for i, (_, queue, held_by, _) in unsettled.items() if held_by is consumer and queue is old]
+        ids = [i for i, (_, queue, held_by) in unsettled.items() if held_by is consumer and queue is old]
         for i, entry in zip(ids, self.broker.hand_over(consumer, old, new, [unsettled[i][0] for i in ids])):
             if entry is not None:
-                unsettled[i] = (entry, new, consumer, self)
+                unsettled[i] = (entry, new, consumer)
 
     def closed(self) -> None:
         """Detached: the consumer goes, and what the link's client held is requeued."""
@@ -991,9 +1012,9 @@ class Outgoing(LinkEndpoint):
         if consumer is not None:
             self.broker.remove_consumer(consumer)
         unsettled = self.session.unsettled
-        ids = [i for i, held in unsettled.items() if held[3] is self]
+        ids = [i for i, (_, _, held_by) in unsettled.items() if held_by is not None and held_by.channel is self]
         if ids:
-            self.broker.settle_taken([unsettled.pop(i)[:3] for i in ids], True)
+            self.broker.settle_taken([unsettled.pop(i) for i in ids], True)
         if consumer is not None:
             consumer.queue.deliver_ready()
 

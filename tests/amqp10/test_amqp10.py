@@ -993,6 +993,112 @@ def test_fuzz_the_transfer_read_in_place_agrees_with_the_general_decoder_or_leav
         assert frames.transfer_of(value.value[1].value)[4] is False
 
 
+def _alike(fields: tuple[bytes, ...], delivery_id: int, fill: int) -> tuple[bytes, ...]:
+    """A client's next transfer encoded as ``fields`` were: another delivery-id (a uint32 one) and tag bytes."""
+    handle, delivery, tag, *rest = fields
+    if delivery[:1] == b"\x70":
+        delivery = b"\x70" + struct.pack(">I", delivery_id)
+    if tag[:1] == b"\xa0":
+        tag = amqp10.binary(bytes((fill,)) * tag[1])
+    return (handle, delivery, tag, *rest)
+
+
+def _transfer_frame(fields: tuple[bytes, ...], count: int, list32: bool, payload: bytes = b"payload",
+                    channel: int = 1) -> bytearray:
+    data = b"".join(fields[:count])
+    body = (b"\x00\x53\x14" + (b"\xd0" + struct.pack(">II", len(data) + 4, count) if list32
+                               else bytes((0xC0, len(data) + 1, count))) + data + payload)
+    return bytearray(b"\x40" * 3 + struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body)  # (at 3, as it lies)
+
+
+def _read(reader: Any, buf: bytearray, n: int) -> Any:
+    """The frame at 3 as the frame loop reads it: like the last one, else its performative field by field."""
+    from amqp_server.amqp1 import frames
+
+    fast = reader.like_the_last(buf, 3, n, 1 << 20)
+    if fast is not None:
+        return fast
+    size, _, _, channel = frames.FRAME_HEAD.unpack_from(buf, 3)
+    head = reader.read(buf, 3, 11, 3 + size, channel) if 3 + size <= n else None
+    return None if head is None else (channel, *head, 3 + size)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_TRANSFER_FIELDS, st.integers(2, 7), st.booleans(), st.integers(0, 3)), min_size=1,
+                max_size=8), st.integers(0, 2**32 - 1), st.integers(0, 255))
+def test_fuzz_transfers_read_like_the_one_before_agree_with_the_read_field_by_field(transfers, delivery_id, fill):
+    """A connection's transfer frames read with the layout of the one before (``frames.Transfers``) give what
+    ``transfer_at`` gives each, whatever changes from one to the next: each encoding comes twice, the second time
+    with another delivery-id and tag, as a client's next message; a frame not all read yet is not read."""
+    from amqp_server.amqp1 import frames
+
+    reader = frames.Transfers()
+    for fields, count, list32, cut in transfers:
+        for each in (fields, _alike(fields, delivery_id, fill)):
+            buf = _transfer_frame(each, count, list32)
+            found = frames.transfer_at(buf, 11, len(buf))
+            if cut:
+                assert reader.like_the_last(buf, 3, len(buf) - cut, 1 << 20) is None
+            assert _read(reader, buf, len(buf)) == (None if found is None else (1, *found, len(buf)))
+
+
+def test_a_transfer_like_the_one_before_but_for_its_tag_encoding_or_its_end_is_read_field_by_field():
+    """The layout kept of a transfer frame (a binary8 tag, the frame whole in the buffer and within the frame
+    size) is not taken for one whose tag is another type of the same size, nor for a frame not all read yet, too
+    large, or ending inside its performative; one with another payload size is read with it."""
+    from amqp_server.amqp1 import frames
+
+    def transfer(tag: bytes, payload: bytes = b"payload") -> bytearray:
+        return _transfer_frame((uint(0), b"\x70" + struct.pack(">I", 7), tag, b"\x43", b"\x41"), 5, False, payload)
+
+    reader = frames.Transfers()
+    first = transfer(b"\xa0\x04tag1")
+    assert _read(reader, first, len(first)) == (1, 0, 7, True, False, len(first) - 7, len(first))
+    other = transfer(b"\xb0\x00\x00\x00\x01t")  # (a binary32: the in-place read leaves it to the decoder)
+    assert frames.transfer_at(other, 11, len(other)) is None
+    assert reader.like_the_last(other, 3, len(other), 1 << 20) is None
+    longer = transfer(b"\xa0\x04tag2", b"payload, longer")
+    assert reader.like_the_last(longer, 3, len(longer) - 1, 1 << 20) is None
+    assert reader.like_the_last(longer, 3, len(longer), len(longer) - 4) is None
+    struct.pack_into(">I", short := bytearray(longer), 3, 20)  # (a frame ending inside the performative)
+    assert reader.like_the_last(short, 3, len(short), 1 << 20) is None
+    assert reader.like_the_last(longer, 3, len(longer), 1 << 20) == (1, 0, 7, True, False, len(longer) - 15,
+                                                                     len(longer))
+
+
+def test_outcomes_due_out_of_order_go_out_as_one_disposition_per_run():
+    """A publishing link's outcomes, due as they come (an fsync's later than the transient ones around them),
+    go out at the flush as one disposition per run of consecutive delivery ids with one outcome, in order;
+    ``accepted`` ones counted as confirms."""
+    from types import SimpleNamespace
+
+    from amqp_server.amqp1 import frames
+    from amqp_server.amqp1.session import Incoming
+    from amqp_server.stats import MessageStats
+
+    sent: list[bytes] = []
+    session = SimpleNamespace(send=sent.append, stats=MessageStats(), vhost_stats=MessageStats(), confirming=set())
+    link = Incoming.__new__(Incoming)
+    link.session, link.connection = session, SimpleNamespace(schedule_flush=lambda: None)  # type: ignore[assignment]
+    link.outcomes, link.run_state = [], None
+    error = [frames.rejected("amqp:precondition-failed", "no") for _ in range(2)]  # (equal, not the same object)
+    for delivery_id, state in [(5, frames.ACCEPTED_STATE), (6, frames.ACCEPTED_STATE), (7, frames.ACCEPTED_STATE),
+                               (8, frames.RELEASED_STATE), (9, frames.ACCEPTED_STATE), (3, frames.ACCEPTED_STATE),
+                               (4, frames.ACCEPTED_STATE), (10, error[0]), (11, error[1]), (12, frames.RELEASED_STATE)]:
+        link._outcome(delivery_id, False, state)
+    link._outcome(13, True, frames.ACCEPTED_STATE)  # (settled by its sender: no outcome)
+    assert session.confirming == {link}
+    link.emit_outcomes()
+    assert sent == [frames.disposition(3, 7, frames.ACCEPTED_STATE), frames.disposition(8, 8, frames.RELEASED_STATE),
+                    frames.disposition(9, 9, frames.ACCEPTED_STATE), frames.disposition(10, 11, error[0]),
+                    frames.disposition(12, 12, frames.RELEASED_STATE)]
+    assert session.stats.confirm == session.vhost_stats.confirm == 6
+    sent.clear()
+    link._outcome(14, False, frames.ACCEPTED_STATE)
+    link.emit_outcomes()
+    assert sent == [frames.disposition(14, 14, frames.ACCEPTED_STATE)]
+
+
 def _deaths(message: Message) -> list[dict[str, Any]]:
     assert message.annotations is not None
     return [dict(death) for death in message.annotations["x-opt-deaths"]]

@@ -160,3 +160,23 @@ def test_an_amqp10_publish_of_any_annotations_and_properties_is_kept_and_convert
     assert amqp10.record_parts(message, True)[0].endswith(bare)
     read = amqp10.Decoder("s").message(amqp10.entry(message)[4:])
     assert read.header == message.header and amqp10.record_parts(read, True)[0].endswith(bare)
+
+
+def test_records_of_one_size_with_other_sections_are_each_read_as_themselves():
+    """The decoder keeps its last record's bytes before the body: a record of that size whose sections differ
+    (another message-id of the same length), or the same one where it lies in a larger buffer, reads as what it
+    is."""
+    from stream_log.amqp10 import PROPERTIES, described, encode_list, utf8
+
+    def record(message_id: str, body: bytes) -> bytes:
+        return (described(PROPERTIES, encode_list([utf8(message_id)]))
+                + b"\x00\x53\x75\xa0" + bytes((len(body),)) + body)
+
+    decoder = amqp10.Decoder("s", native=True)
+    seen = [decoder.message(record(message_id, body)) for message_id, body in [("a", b"xy"), ("a", b"zw"),
+                                                                                ("b", b"zw"), ("b", b"z")]]
+    assert [(message.properties.message_id, message.body) for message in seen] == [
+        ("a", b"xy"), ("a", b"zw"), ("b", b"zw"), ("b", b"z")]
+    buf = bytearray(b"\x40" + record("b", b"uv") + b"\x40")
+    message = decoder.message(buf, 1, len(buf) - 1)
+    assert (message.properties.message_id, message.body) == ("b", b"uv")
