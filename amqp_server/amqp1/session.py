@@ -271,15 +271,14 @@ class Session:
         unsettled = self.unsettled
         if last < first:
             raise SessionError(frames.INVALID_FIELD, f"disposition last ({last}) < first ({first})")
+        code = state[0] if state is not None else frames.ACCEPTED
+        annotations = _modified_annotations(state[1]) if state is not None and code == frames.MODIFIED else b""
         if last - first + 1 <= len(unsettled):  # (each id looked up where C does it: a range settles thousands)
             taken = list(filter(None, map(unsettled.pop, range(first, last + 1), repeat(None, last - first + 1))))
         else:
             taken = [unsettled.pop(i) for i in [i for i in unsettled if first <= i <= last]]
         if not taken:
             return
-        code = state[0] if state is not None else frames.ACCEPTED
-        annotations = _modified_annotations(state[1]) if state is not None and code == frames.MODIFIED else b""
-        taken = [unsettled.pop(i)[:3] for i in ids]
         try:
             if code == frames.ACCEPTED:
                 self.broker.settle_taken(taken, False)
