@@ -52,7 +52,6 @@ NO_ROUTE_TEXT = "NO_ROUTE"
 _PUBLISH = commands.Basic.Publish()  # the method a publish that waits for the cluster's definitions names in errors
 MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
 BODY_ROOM = 1024 * 1024  # a body's buffer is set aside this large at first (at most its size), then doubled (_room)
-TAIL_ROOM = 1024  # octets set aside after a body, where its last frame's read takes the frames after it (body_into)
 _grow = ctypes.pythonapi.PyByteArray_Resize
 _grow.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
 _grow.restype = ctypes.c_int
@@ -217,11 +216,8 @@ class Channel:
         self.body_part(buf, start, end)
         if self._received == self._size:
             body, self._body = self._body, None
-            assert body is not None  # (set: the size was reached)
-            if len(body) > self._size:  # its TAIL_ROOM goes, no octet moved (no read is under way into it now:
-                del body[self._size:]  # see Connection.buffer_updated)
             self.expect = EXPECT_METHOD
-            self._publish(body)
+            self._publish(body)  # type: ignore[arg-type]  # (set: the size was reached)
 
     def body_part(self, buf: bytes | bytearray | memoryview, start: int, end: int) -> None:
         """Part of a body frame (the connection hands over a large frame's bytes as they are read), put in
@@ -242,34 +238,24 @@ class Channel:
     def body_into(self, size: int, ahead: int = 0) -> memoryview | None:
         """Where the next ``size`` octets of a large body frame are read to, straight from the socket: the
         message's buffer (not through a read buffer: no copy), with up to ``ahead`` octets more as far as the
-        declared size leaves room, or ``TAIL_ROOM`` more after the body's last frame (``read_ahead``: the
-        frames after it, its end octet, the next publish and header, come with its last bytes).  ``body_read``
-        says how many came, and only those count (what was set aside and not read is never part of a
-        message).  None if this channel takes no such part (it failed meanwhile, or the part overruns the
-        declared size): ``body_part`` deals with those."""
-        left = self._size - self._received
-        if self.expect != EXPECT_BODY or size > left:
+        declared size leaves room (``read_ahead``); ``body_read`` says how many came, and only those count
+        (what was set aside and not read is never part of a message).  None if this channel takes no such
+        part (it failed meanwhile, or the part overruns the declared size): ``body_part`` deals with those."""
+        if self.expect != EXPECT_BODY or self._received + size > self._size:
             return None
-        return self._room(size + TAIL_ROOM if size == left else min(size + ahead, left))
-
-    @property
-    def body_complete(self) -> bool:
-        """Every octet of the declared body came: what was read after it is other frames'."""
-        return self._received >= self._size
+        return self._room(min(size + ahead, self._size - self._received))
 
     def _room(self, size: int) -> memoryview:
         """The message's buffer from what was received, ``size`` octets, set aside uninitialised: what arrives
         writes every octet, and zeroing them first (bytearray's only way to grow) cost 0.5 ms a MiB, as much as
-        a copy.  It grows by doubling from ``BODY_ROOM`` to the declared size and its ``TAIL_ROOM`` (taken
-        with the last growth: the last frame's read reallocates nothing), so that a header alone makes the node
-        set aside nothing and the reallocations are few."""
+        a copy.  It grows by doubling from ``BODY_ROOM`` to the declared size, so that a header alone makes the
+        node set aside nothing and the reallocations are few."""
         body = self._body
         if body is None:
             body = self._body = bytearray()
         received = self._received
         if len(body) < received + size:
-            room = max(2 * len(body), BODY_ROOM)
-            _grow(body, max(received + size, room if room < self._size else self._size + TAIL_ROOM))
+            _grow(body, min(self._size, max(received + size, 2 * len(body), BODY_ROOM)))
         return memoryview(body)[received:received + size]
 
     def body_read(self, size: int) -> None:

@@ -94,7 +94,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.direct: tuple[int, int] | None = None  # (channel, payload bytes to come) of a large body frame being read
         self._into: "Channel | None" = None  # the channel whose body the read under way goes into
         self._large = False  # large bodies arrive: reads are small, so that their frames are read into them
-        self._tail = False  # frames read after a body's last frame wait in buf until that read's buffer is let go
         self._reads = read_buffer()
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
@@ -268,11 +267,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         to the frame loop, come with the frame's last bytes rather than in a read of their own.  Else the
         thread's read buffer, whose bytes ``buffer_updated`` hands to ``data_received``: while large bodies
         arrive, ``LARGE_READ_SIZE``, so that their frames are seldom read whole there (a frame read whole is
-        copied), until a read of that size holds no large body frame.  A body's last frame is read with the
-        frames after it (its end octet, the next publish, its header, its body's head) into the body's tail room
-        (``Channel.body_into``): a publish of one body frame is one read, where it was three."""
-        if self._tail:  # (the last read's buffer is let go now: the body it completed can be cut to its size)
-            self._after_tail()
+        copied), until a read of that size holds no large body frame.  After a body's last frame (which has no
+        room after it), that read takes its end octet with the frames after it (the next publish, its header,
+        its body's head): one read, where reading the end octet and the next frame's head alone took two."""
         direct = self.direct
         self._into = None
         if direct is None and not self._large:  # (the common case, first)
@@ -305,26 +302,15 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         channel.body_read(left)
         self._large = True
         ahead = channel.read_ahead(nbytes - left)
-        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not (self.stalled or channel.body_complete):
+        if len(ahead) == AHEAD and ahead[0] == codec.FRAME_END_BYTE and not self.stalled:
             ftype, next_ch, size = _HEAD.unpack_from(ahead, 1)
             if ftype == 3 and next_ch == ch and DIRECT_FROM <= size <= self.frame_max:
                 self.direct = (ch, size)  # the body's next frame (there was room after this one: not its last),
                 return  # read into it as this one was: what the frame loop would make of these octets, without it
         self.direct = None  # the frame's end octet follows, behind a head of its own: the frame loop
         self.buf += _HEAD.pack(3, ch, 0)  # checks it and completes the message as it does any frame's
-        if not ahead:  # (the socket held nothing after the frame) the end octet comes with the next read
-            return
-        self.buf += ahead
-        if not channel.body_complete:
-            self._frames()
-        elif not self._tail:  # what followed the body's last frame, read into its tail room: the frame loop
-            self._tail = True  # completes the message once the event loop lets go of this read's buffer (the
-            self.loop.call_soon(self._after_tail)  # next get_buffer, or the next turn), which then cuts the body
-
-    def _after_tail(self) -> None:
-        """The frames read with a body's last frame (``buffer_updated``), handled."""
-        if self._tail:
-            self._tail = False
+        if ahead:  # (else the body had no room after the frame, its last: the end octet comes with the next read)
+            self.buf += ahead
             self._frames()
 
     def data_received(self, data: bytes | memoryview) -> None:

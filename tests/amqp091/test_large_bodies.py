@@ -272,39 +272,6 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
         assert all(data == body(size + number) for number, data in enumerate(again))
 
 
-def read_calls(broker) -> int:
-    """The node's read system calls so far."""
-    with open(f"/proc/{broker.proc.pid}/io") as io:
-        return next(int(line.split()[1]) for line in io if line.startswith("syscr:"))
-
-
-def test_a_publish_whose_body_is_one_large_frame_is_one_read(broker, uid):
-    """Publishes of 64 KiB bodies sent back to back: the node reads each body's frame with the frames after it
-    (its end octet, the next publish, its header, the next body's head) in one read, where it took three (the
-    end octet and next frame's head alone, then the next publish and header), and the bodies arrive whole."""
-    if not rss(broker):
-        pytest.skip("reads the node's counters")
-    count, size = 200, 64 * 1024
-    with connect(broker) as connection:
-        channel = connection.channel()
-        channel.queue_declare(uid)
-        raw = Raw(broker, timeout=60)
-        raw.handshake()
-        raw.open_channel(1)
-        frames = b"".join(publish_frames(1, "", uid, body(size + number)) for number in range(count))
-        before = read_calls(broker)
-        raw.send(frames)
-        deadline = time.monotonic() + 60
-        while channel.queue_declare(uid, passive=True).method.message_count < count:
-            assert time.monotonic() < deadline, "the publishes did not all arrive"
-            time.sleep(0.05)
-        reads = read_calls(broker) - before
-        raw.close()
-        got = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(count)]
-    assert got == [body(size + number) for number in range(count)]
-    assert reads < 1.5 * count, f"{reads} reads for {count} publishes"
-
-
 def read_octets(broker) -> int:
     """What the node's reads took from files and sockets (a ``sendfile`` counts in not)."""
     with open(f"/proc/{broker.proc.pid}/io") as io:
