@@ -26,6 +26,7 @@ from ..message import encode_route
 from ..publisher_flow import LEADER_WAITS
 from ..frontend.front_end import ListedLink, ListedSession
 from ..ports import ClientChannel
+from ..logs import untrusted
 from ..stats import MessageStats
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, Value, binary, boolean, described, encode_list, uint, utf8
@@ -756,7 +757,7 @@ def _modified_annotations(fields: list[Value]) -> bytes:
     for key, _ in found.value:
         if key.kind != "symbol" or not key.value.startswith(amqp10.MODIFIABLE):
             raise SessionError(frames.INVALID_FIELD, "only message annotation keys starting with "
-                               f"'{amqp10.MODIFIABLE}' can be modified: {key.value!r}")
+                               f"'{amqp10.MODIFIABLE}' can be modified: {untrusted(key.value)}")
     return amqp10.encode(found) if found.value else b""
 
 
