@@ -1503,6 +1503,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--broker both needs --seeds")
     if args.broker == "rabbitmq" and not os.access(args.rabbitmq_cluster, os.X_OK):
         parser.error(f"no RabbitMQ cluster tool at {args.rabbitmq_cluster} (give it with --rabbitmq-cluster PATH)")
+    if args.broker == "rabbitmq" and shutil.which("iptables") is None:
+        parser.error("cutting RabbitMQ's nodes apart needs iptables (Debian: apt-get install iptables)")
     kinds = args.kinds.split(",") if args.kinds else KINDS
     unknown = set(kinds) - set(KINDS)
     if unknown:
