@@ -46,6 +46,8 @@ __all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSet
 SettleMode = Literal["ack", "requeue", "reject", "release"]
 # a settle kept for the queue's next leader: mode, entry, its seq, a modified outcome's annotations (b"": none)
 ParkedSettle = tuple[SettleMode, Entry, int, bytes]
+RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
+RESETTLE_MAX = 10_000  # of them at most
 
 
 class QueueHost(Protocol):

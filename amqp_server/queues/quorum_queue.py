@@ -36,6 +36,7 @@ a restart and, replicated, a failover.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from ..clock import now_ms
@@ -43,7 +44,8 @@ from ..framing import header_table
 from stream_log import amqp10
 from . import quorum_machine as machine
 from ..message import Message
-from .queue import Entry, Queue
+from .queue import RESETTLE_AGE, RESETTLE_MAX, Consumer, Entry, ParkedSettle, Queue, SettleMode
+from .ready import SETTLED
 from .quorum_ops import LogOp
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ DLX_RETRY = 1.0  # seconds between tries of at-least-once dead letters that no q
 REFUSED_MAX = 1024  # enqueuers whose latest refused publish the leader keeps in mind
 UNLIMITED_WINDOW = 1000  # a consumer with no prefetch, as many deliveries wait for a majority (``_window``)
 HANDOVER_GRACE = 5.0  # seconds a new leader keeps what consumers held for them to take back (``adopt``)
+HANDOVER_MAX = 30.0  # seconds at most it keeps them while a member's node may yet come back (``unreached``)
 
 
 class QuorumQueue(Queue):
@@ -75,9 +78,15 @@ class QuorumQueue(Queue):
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._grace_timer: asyncio.TimerHandle | None = None
+        self._grace_until = 0.0  # (loop time) the latest ``_grace_over`` may wait for an unreached member
+        # a member's node is out of reach but may come back, or came back just now (set by the cluster): its
+        # consumers may yet take back what they hold
+        self.unreached: Callable[[], bool] = lambda: False
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
+        # (when, how, seq, a modified outcome's annotations) of the latest acks and rejects: for the next leader
+        self._settled_lately: deque[tuple[float, SettleMode, int, bytes]] = deque(maxlen=RESETTLE_MAX)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
         self._configure(apply=False)
@@ -240,7 +249,9 @@ class QuorumQueue(Queue):
             if ready.paged_from == before:
                 break
         self._expire_or_arm()
-        self._grace_timer = asyncio.get_running_loop().call_later(HANDOVER_GRACE, self._grace_over)
+        loop = asyncio.get_running_loop()
+        self._grace_until = loop.time() + HANDOVER_MAX
+        self._grace_timer = loop.call_later(HANDOVER_GRACE, self._grace_over)
 
     def _keep_apart(self, entry: Entry) -> bool:
         """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
@@ -269,8 +280,14 @@ class QuorumQueue(Queue):
         return found
 
     def _grace_over(self) -> None:
-        """What no consumer took back goes back in its place, counted as returned."""
+        """What no consumer took back goes back in its place, counted as returned — once no member's node that may
+        hold a consumer of them is out of reach (a cut heals: its consumers take theirs back, as RabbitMQ's
+        consumers on a node cut off for less than its net tick time keep theirs), or after ``HANDOVER_MAX``."""
         self._grace_timer = None
+        loop = asyncio.get_running_loop()
+        if self.unreached() and loop.time() < self._grace_until and not (self.detached or self.deleted):
+            self._grace_timer = loop.call_later(HANDOVER_GRACE / 5, self._grace_over)
+            return
         awaiting, self._awaiting = self._awaiting, set()
         if self.detached or self.deleted:
             return
@@ -493,7 +510,30 @@ class QuorumQueue(Queue):
     def settle(self, entries: list[Entry]) -> None:
         self.settled(entries)
         self.stats.ack += len(entries)
-        self.run(machine.Settle([entry.seq for entry in entries]))
+        seqs = [entry.seq for entry in entries]
+        self._remember("ack", seqs)
+        self.run(machine.Settle(seqs))
+
+    def reject(self, entries: list[Entry]) -> None:
+        self._remember("reject", [entry.seq for entry in entries])
+        super().reject(entries)
+
+    def _remember(self, mode: SettleMode, seqs: list[int], annotations: bytes = b"") -> None:
+        """A settle this leader may not get onto a majority before it is deposed (``release``)."""
+        if self.replicator is not None:
+            now = asyncio.get_running_loop().time()
+            self._settled_lately.extend((now, mode, seq, annotations) for seq in seqs)
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
+        """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
+        hold, the settles made here lately: this leader may not have got them onto a majority, and the next
+        would otherwise deliver those messages again (RabbitMQ's consumers send theirs again to a new leader).
+        The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once."""
+        seqs, _ = super().release(consumer, entries)
+        oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
+        lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
+        return seqs, [(mode, Entry(0, SETTLED), seq, annotations) for when, mode, seq, annotations in lately
+                      if when >= oldest]
 
     def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
@@ -514,7 +554,9 @@ class QuorumQueue(Queue):
             self.requeue(entries, counted, annotations)
         else:
             self.settled(entries)
-            self.run(machine.DeadLetter([entry.seq for entry in entries], "rejected", annotations), entries)
+            seqs = [entry.seq for entry in entries]
+            self._remember("reject", seqs, annotations)
+            self.run(machine.DeadLetter(seqs, "rejected", annotations), entries)
 
     def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)

@@ -12,6 +12,8 @@ from typing import Iterator
 
 from ..message import Message
 
+SETTLED = Message.stored(0, 0)  # the message of an entry that stands for one settled already (a settle sent again)
+
 
 class Entry:
     """A message's place in one queue: its sequence number keeps requeues in order."""

@@ -21,14 +21,14 @@ from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
 from amqp_server.message import Message
-from amqp_server.queues.queue import AnyQueue, Consumer, Entry, Queue
+from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Consumer, Entry, Queue
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.broker.vhost import home_node_down
 from amqp_server.amqp1 import filters
 
 from . import node_link as link
-from .remote_queue import RESETTLE_MAX, RemoteQueue, proxy_of
+from .remote_queue import RemoteQueue, proxy_of
 
 if TYPE_CHECKING:
     from amqp_server.broker import Broker

@@ -17,7 +17,8 @@ from amqp_server.broker.vhost import LEADER_WAIT
 from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
-from amqp_server.queues.queue import AnyQueue, Consumer, Entry, ParkedSettle
+from amqp_server.queues.queue import RESETTLE_AGE, RESETTLE_MAX, AnyQueue, Consumer, Entry, ParkedSettle
+from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.queue_type import REPLICATED, QueueType
 from amqp_server.stats import MessageStats
@@ -32,8 +33,6 @@ HOLD_MAX = 100_000  # publishes waiting at most per queue (beyond: nacked at onc
 RESEND_RETRY = 0.5  # seconds before a window sends again to the node that said it does not lead
 REATTACH_RETRY = 0.5  # seconds between tries of a quorum queue's consumer to consume at its new leader
 REATTACH_TRIES = 20  # then it is cancelled (the leader refuses it: exclusive use, ...)
-RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
-RESETTLE_MAX = 10_000  # of them at most
 
 
 class Relayed:
@@ -553,7 +552,7 @@ class RemoteQueue:
                 if found is not None:
                     parked.append((link.SETTLE_MODES[mode], entry, found[1], modified))
             # (and, sent again, its latest settles: no entry here stands for them any more)
-            parked.extend((link.SETTLE_MODES[mode], Entry(0, _GONE), seq, b"") for mode, seq in remote.resettles())
+            parked.extend((link.SETTLE_MODES[mode], Entry(0, SETTLED), seq, b"") for mode, seq in remote.resettles())
         seqs = []
         for entry in entries:
             found = self.taken.pop(entry, None)
@@ -638,9 +637,6 @@ class RemoteQueue:
 
 def _unused() -> None:
     """(A proxy's x-expires never runs out here: the owner's does.)"""
-
-
-_GONE = Message.stored(0, 0)  # the message of an entry settled already
 
 
 def proxy_of(queues: Mapping[str, AnyQueue], name: str) -> RemoteQueue | None:

@@ -21,17 +21,20 @@ a quorum queue's consumers outlive a change of leader, their clients unaware.  E
 again at the new leader (``RemoteQueue.follow``; those of a leader deposed, or of a node that now leads, move
 to the queue's new object here, ``Broker.replace_queue``) with the queue's seqs of what they hold, which the
 leader kept for them (``QuorumQueue.adopt``) and gives back under new delivery tags; what none took back
-within ``HANDOVER_GRACE`` comes back redelivered.  A leader that sees a later term, or whose lease lapsed,
-stops: its consumers are dropped there, uncancelled.  A confirmed publish through a node goes through that
-node's window of the queue (``remote_queue.Window``, an enqueuer of the queue's state as ``rabbit_fifo``'s
-are): what the leader has not confirmed, the window sends again to the next leader as soon as it is known,
-which takes each publish once; a deposed leader's own unconfirmed publishes join its node's window.
+within ``HANDOVER_GRACE`` comes back redelivered (or later, up to ``HANDOVER_MAX``, while the node of a member
+whose link fell silent may come back: ``_unreached``); a deposed leader's consumers also take the settles made
+there lately, which it may not have got onto a majority (``QuorumQueue.release``).  A leader that sees a later
+term, or whose lease lapsed, stops: its consumers are dropped there, uncancelled.  A confirmed publish through a
+node goes through that node's window of the queue (``remote_queue.Window``, an enqueuer of the queue's state as
+``rabbit_fifo``'s are): what the leader has not confirmed, the window sends again to the next leader as soon as
+it is known, which takes each publish once; a deposed leader's own unconfirmed publishes join its node's window.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -43,6 +46,7 @@ from amqp_server.queues import queue_args, types as queue_types
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.logs import untrusted
 from amqp_server.queues.quorum_machine import CHECKS, State
+from amqp_server.queues.quorum_queue import HANDOVER_GRACE
 from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
 
@@ -166,6 +170,9 @@ class QuorumGroups:
         self.name = cluster.name
         self.client: aetcd.Client = cluster.client
         self.groups: dict[str, Group] = {}
+        # (loop time) until when a peer whose link fell silent may still have consumers coming back: inf while
+        # its link is down, a grace after it comes back (``_unreached``)
+        self._reach: dict[str, float] = {}
         self.lease: aetcd.Lease | None = None
         self._renewed = 0.0  # (loop time) when the last refresh etcd took was sent
         self.ready = asyncio.Event()  # the lease is granted and the watch runs
@@ -732,6 +739,7 @@ class QuorumGroups:
         queue.members = [self.name] + [name for name in group.members if name != self.name]
         self.broker.replicas.recover_queue(queue)
         group.replicator = queue.replicator = OpLogShipper(self, group, queue, group.term, group.applied)
+        queue.unreached = lambda: self._unreached(group)
         queue.start(group.state, handover=True)
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
@@ -768,6 +776,8 @@ class QuorumGroups:
     def peer_up(self, name: str) -> None:
         """A link came up: a leader sends that follower a snapshot; a follower of that leader without this
         term's snapshot asks for one (what either sent before the other knew the term was ignored)."""
+        if name in self._reach:
+            self._reach[name] = asyncio.get_running_loop().time() + HANDOVER_GRACE
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_up(name)
@@ -780,6 +790,11 @@ class QuorumGroups:
                 if group.index_id:
                     self._ask_to_catch_up(group)
 
+    def _unreached(self, group: Group) -> bool:
+        """A member's link fell silent and is still down, or came back within ``HANDOVER_GRACE``."""
+        now = asyncio.get_running_loop().time()
+        return any(self._reach.get(member, 0.0) > now for member in group.members if member != self.name)
+
     def peer_down(self, name: str, silent: bool = False) -> None:
         """A link dropped: a leader stops shipping to that follower; if the other end closed it (its node or
         host went down), the followers of that leader revoke its lease, so that its queues elect a leader now
@@ -787,6 +802,10 @@ class QuorumGroups:
         leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
         heartbeats' silence, has lapsed by now if it is not.  A leader whose last link to a majority falls silent
         steps down (``_step_down``)."""
+        if silent:
+            self._reach[name] = math.inf
+        else:  # (its node went: so did its consumers)
+            self._reach.pop(name, None)
         leases = set()
         for group in self.groups.values():
             if group.replicator is not None:

@@ -1505,3 +1505,40 @@ async def test_a_consumer_outlives_its_leaders_step_down(network, on):
     network.heal("n1", "n2")
     network.heal("n1", "n3")
     await drained(network, client, sent)
+
+
+async def test_a_leader_cut_from_its_followers_delivers_nothing_twice_to_its_own_consumer(network):
+    """n1 leads with a consumer of its own, and is cut from both followers: what its consumer acks meanwhile
+    cannot reach a majority.  Once n2 or n3 leads and the cut heals, nothing the consumer had is delivered to it
+    again (RabbitMQ's consumer settles with the next leader what the deposed one could not commit)."""
+    node, client, sent = await consumer_holding(network, "n1")
+    network.cut("n1", "n2", silent=True)
+    network.cut("n1", "n3", silent=True)
+    for _ in range(20):  # (the consumer goes on acking what it gets, as a client would)
+        client.ack()
+        await asyncio.sleep(0.02)
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await drained(network, client, sent)
+    assert len(client.received) == len(set(client.received)), "delivered twice"
+
+
+async def test_what_a_deposed_leaders_consumer_acked_there_is_not_delivered_again(network):
+    """n1's consumer acks its 50 while n1 still leads, but n1's ops no longer reach its followers: deposed, n1
+    hands the consumer on with those settles, which the next leader carries out rather than deliver the 50 again."""
+    node, client, sent = await consumer_holding(network, "n1")
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    first = list(client.received)
+    assert client.ack() == 50
+    network.cut("n1", "n2", silent=True)
+    network.cut("n1", "n3", silent=True)
+    for follower in ("n2", "n3"):
+        network.held.pop(("n1", follower))  # (lost with the links)
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await drained(network, client, sent)
+    again = [body for body in client.received[len(first):] if body in first]
+    assert again == []
