@@ -425,7 +425,12 @@ def _convert_native(header_fields: list[Value], annotations: dict[str, Value], p
             if value.kind == "timestamp":
                 ordered.append(("timestamp_in_ms", header_table.Field("l", value.value)))
             continue
-        elif not name.startswith("x-") or _internal(name) or name == "x-opt-deaths":
+        elif name == "x-opt-deaths":
+            if value.kind == "array":
+                ordered.append(("x-death", header_table.Field("A", [_death_table(death) for death in value.value
+                                                                    if death.kind == "map"])))
+            continue
+        elif not name.startswith("x-") or _internal(name):
             continue
         converted = _native_field(value)
         if converted is not None and len(name.encode()) <= 255:
@@ -451,6 +456,34 @@ def _convert_native(header_fields: list[Value], annotations: dict[str, Value], p
         timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
         app_id=_shortstr(props.get("group_id")), user_id=_user_id(props.get("user_id")))
     return _converted(basic, headers, annotations, stream, body)
+
+
+def _death_table(death: Value) -> header_table.Field:
+    """One ``x-opt-deaths`` map as the ``x-death`` table a 0-9-1 reader gets (mc_amqpl's
+    convert_from_amqp_deaths): the first time, in seconds, is its time; a ttl its ``original-expiration``.  A
+    field of another type is left out (RabbitMQ fails the conversion)."""
+    info = {key.value: value for key, value in death.value if key.kind == "symbol"}
+    table: dict[str, header_table.Field] = {}
+    ttl = info.get("ttl")
+    if ttl is not None and ttl.kind == "uint":
+        table["original-expiration"] = header_table.Field("S", str(ttl.value))
+    count = info.get("count")
+    if count is not None and count.kind == "ulong":
+        table["count"] = header_table.Field("l", min(count.value, (1 << 63) - 1))
+    for name, kind in (("reason", "symbol"), ("queue", "string")):
+        found = info.get(name)
+        if found is not None and found.kind == kind:
+            table[name] = header_table.Field("S", found.value)
+    first = info.get("first-time")
+    if first is not None and first.kind == "timestamp" and first.value >= 0:
+        table["time"] = header_table.Field("T", first.value // 1000)
+    exchange, keys = info.get("exchange"), info.get("routing-keys")
+    if exchange is not None and exchange.kind == "string":
+        table["exchange"] = header_table.Field("S", exchange.value)
+    if keys is not None and keys.kind == "array":
+        table["routing-keys"] = header_table.Field("A", [header_table.Field("S", key.value) for key in keys.value
+                                                         if key.kind == "string"])
+    return header_table.Field("F", table)
 
 
 def _user_id(value: Value | None) -> str | None:
@@ -968,13 +1001,12 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
                                            (key, value) for key, value in death.value]))
             break
     else:
-        entry = [("queue", Value("string", queue)), ("reason", Value("symbol", reason)),
-                 ("count", Value("ulong", 1)), ("first-time", Value("timestamp", now_ms)),
-                 ("last-time", Value("timestamp", now_ms)), ("exchange", Value("string", exchange)),
-                 ("routing-keys", Value("array", [Value("string", key) for key in routing_keys]))]
         ttl = _ttl(expiration)
-        if ttl is not None:
-            entry.append(("ttl", Value("uint", ttl)))
+        entry = [("ttl", Value("uint", ttl))] if ttl is not None else []  # (first, as mc_amqp:encode_deaths)
+        entry += [("queue", Value("string", queue)), ("reason", Value("symbol", reason)),
+                  ("count", Value("ulong", 1)), ("first-time", Value("timestamp", now_ms)),
+                  ("last-time", Value("timestamp", now_ms)), ("exchange", Value("string", exchange)),
+                  ("routing-keys", Value("array", [Value("string", key) for key in routing_keys]))]
         deaths.insert(0, Value("map", [(Value("symbol", key), value) for key, value in entry]))
     updates = [("x-opt-deaths", Value("array", deaths))]
     if "x-first-death-queue" not in names:
@@ -1177,13 +1209,13 @@ def _death(info: dict[str, header_table.Field]) -> Value:
                                                                  "original-expiration"))
     time = Value("timestamp", when.value * 1000) if when is not None and when.kind == "T" else None
     ttl = _ttl(expiration.value) if expiration is not None and expiration.kind == "S" else None
-    entry = [("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
+    entry = [("ttl", Value("uint", ttl) if ttl is not None else None),
+             ("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
              ("count", Value("ulong", max(count.value, 0)) if count is not None and count.kind in "bBsuIilL"
               else None),
              ("first-time", time), ("last-time", time), ("exchange", text("exchange", "string")),
              ("routing-keys", Value("array", [Value("string", key.value) for key in keys.value if key.kind == "S"])
-              if keys is not None and keys.kind == "A" else None),
-             ("ttl", Value("uint", ttl) if ttl is not None else None)]
+              if keys is not None and keys.kind == "A" else None)]
     return Value("map", [(Value("symbol", name), value) for name, value in entry if value is not None])
 
 

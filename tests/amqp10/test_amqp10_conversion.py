@@ -11,7 +11,8 @@ import pytest
 from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
 
-from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
+from support import get_within, headers_of
+from test_amqp10 import _deaths, connect, declare, node  # noqa: F401  (the node fixture)
 
 pytestmark = pytest.mark.timeout(60)
 SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -290,3 +291,34 @@ def test_a_modified_outcomes_annotations_merge_into_the_kept_sections_and_the_he
     for malformed in (b"", b"\xff", amqp10.encode(Value("string", "x-opt-a"))):
         same = amqp10.modified(published, malformed)
         assert (same.amqp10, same.header) == (published.amqp10, published.header)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum", "stream"])
+def test_an_amqp10_publish_with_x_opt_deaths_is_read_over_091_with_x_death(node, queue_type):  # noqa: F811
+    """mc_amqpl:convert_from_amqp_deaths: an AMQP 1.0 message's ``x-opt-deaths`` annotation (here a dead letter's,
+    sent again as it was received: its maps begin with the ttl, as mc_amqp:encode_deaths writes them) is the
+    ``x-death`` header a 0-9-1 reader gets: the one a 0-9-1 reader of the dead letter got."""
+    connection = declare(node, "q", **{"x-queue-type": queue_type})
+    channel = connection.channel()
+    channel.queue_declare("dlq")
+    channel.queue_declare("slow", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/slow").send(Message(body=b"late", inferred=True, ttl=0.05))
+        dead = amqp.create_receiver("/queues/dlq", credit=1).receive(timeout=5)
+        assert list(_deaths(dead)[0])[0] == "ttl"
+        amqp.create_sender("/queues/q").send(Message(body=b"again", inferred=True, annotations=dead.annotations))
+    finally:
+        amqp.close()  # (unsettled: back in the dlq)
+    _, dead_props, body = get_within(channel, "dlq", auto_ack=True)
+    assert body == b"late"
+    channel.basic_qos(prefetch_count=1)
+    read: list[Any] = []
+    channel.basic_consume("q", lambda ch, method, props, body: read.append(props),
+                          arguments={"x-stream-offset": "first"} if queue_type == "stream" else None)
+    while not read:
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    death = headers_of(dead_props)["x-death"]
+    assert [entry["original-expiration"] for entry in death] == ["50"]
+    assert headers_of(read[0])["x-death"] == death
