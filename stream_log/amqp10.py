@@ -878,14 +878,26 @@ _UINT_MAX = 0xFFFFFFFF
 
 
 def _header_section(message: Message) -> bytes:
-    """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
+    """The header section an AMQP 1.0 reader gets for a message, as mc_amqp:protocol_state writes it: durable,
+    priority, ttl, and first-acquirer true (``redelivered`` makes a redelivery's)."""
     props = message.properties
     ttl = _ttl(props.expiration)
-    fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
-              uint(ttl) if ttl is not None else NULL]
-    while fields and fields[-1] in (NULL, b"\x42"):
+    return described(HEADER, encode_list([
+        boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
+        uint(ttl) if ttl is not None else NULL, b"\x41"]))
+
+
+def redelivered(envelope: bytes, count: int) -> bytes:
+    """An envelope ``record_parts`` made for an AMQP 1.0 reader (its header section first) as a redelivery's:
+    first-acquirer false, and ``count`` (the returns a quorum queue counted) its delivery-count, as
+    mc_amqp:protocol_state writes a redelivered message's header.  Made per redelivery: first deliveries, the
+    many, keep the remembered envelope."""
+    header, end = value_at(envelope)
+    durable, priority, ttl = (list(header.value[1].value) + [Value("null", None)] * 3)[:3]
+    fields = [encode(durable), encode(priority), encode(ttl)] + ([b"\x42", uint(count)] if count else [])
+    while fields[-1] == NULL:
         fields.pop()
-    return described(HEADER, encode_list(fields)) if fields else b""
+    return described(HEADER, encode_list(fields)) + envelope[end:]
 
 
 def _ttl(expiration: str | None) -> int | None:

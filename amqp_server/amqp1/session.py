@@ -769,7 +769,7 @@ _U32 = struct.Struct(">I")
 def _with_offset(head: bytes, seq: int) -> bytes:
     """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
     the end of the message-annotations section ``record_head`` always writes (after a header section, if any: a
-    list8 of at most three fields)."""
+    list8 of at most five fields)."""
     at = 0 if head.startswith(b"\x00\x53\x72") else 5 + head[4]
     if head[at + 3] == 0xC1:
         size, count, data_at = head[at + 4], head[at + 5], at + 6
@@ -945,10 +945,11 @@ class Outgoing(LinkEndpoint):
         else:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer)
             stats.deliver += 1
-        if entry.redelivered:
-            stats.redeliver += 1
         body = message.body
         envelope, data_head = amqp10.record_parts(message, True)
+        if entry.redelivered:
+            stats.redeliver += 1
+            envelope = amqp10.redelivered(envelope, consumer.queue.returns(entry))
         if self.offsets:
             envelope, data_head = _with_offset(envelope + data_head, entry.seq), b""
         size = len(envelope) + len(data_head) + len(body)
