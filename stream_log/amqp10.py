@@ -682,17 +682,21 @@ class Decoder:
         header = header[:4] + _SIZE.pack(len(data)) + header[12:]
         message = Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
         if native:
-            message.amqp10 = _before_body(found)
+            message.amqp10 = _kept(found)
         return message
 
 
-def _before_body(found: list[tuple[int, Value, bytes]]) -> bytes:
-    """The encoded sections before a message's first body section."""
+def _kept(found: list[tuple[int, Value, bytes]]) -> bytes:
+    """What ``Message.amqp10`` keeps of a message's sections: the encoded ones before its first body section, then
+    after a data body its footer (RabbitMQ's bare_and_footer: ``record_parts`` sends it after the body; an
+    amqp-value or amqp-sequence body keeps its footer in its encoded sections)."""
     parts = []
+    body = 0
     for descriptor, _, encoded in found:
         if descriptor in _BODIES:
-            break
-        parts.append(encoded)
+            body = body or descriptor
+        elif not body or (descriptor == FOOTER and body == DATA):
+            parts.append(encoded)
     return b"".join(parts)
 
 
@@ -873,7 +877,7 @@ def _element(value: Value) -> tuple[bytes, bytes]:
     raise Invalid(f"no encoding of {kind}")
 
 
-_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool]] = {}
+_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool, bytes]] = {}
 _UINT_MAX = 0xFFFFFFFF
 
 
@@ -912,26 +916,28 @@ def from_amqp091(message: Message) -> bytes:
 
 def entry(message: Message) -> bytes:
     """``from_amqp091`` as a chunk's simple entry: its size, then the record (one join, the envelope remembered)."""
-    head = record_head(message)
-    return b"".join((_U32.pack(len(head) + len(message.body)), head, message.body))
+    envelope, data_head, footer = record_parts(message, False)
+    body = message.body
+    return b"".join((_U32.pack(len(envelope) + len(data_head) + len(body) + len(footer)), envelope, data_head, body,
+                     footer))
 
 
-def record_head(message: Message, native: bool = False) -> bytes:
-    """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
-    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
-    (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
-    (type ``amqp-1.0``) goes out as those sections, the type not told."""
-    envelope, data_head = record_parts(message, native)
-    return envelope + data_head
+def record(message: Message, native: bool = False) -> bytes:
+    """``from_amqp091``, or (``native``) the message an AMQP 1.0 consumer gets, as RabbitMQ 4.x converts it
+    (mc_amqpl): a header section says ``durable``, ``priority``, ``ttl`` and ``first-acquirer``, and a body of
+    AMQP 1.0 sections (type ``amqp-1.0``) goes out as those sections, the type not told."""
+    envelope, data_head, footer = record_parts(message, native)
+    return b"".join((envelope, data_head, message.body, footer))
 
 
-def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
-    """``record_head`` in its two parts: the sections before the body, and the body's data section constructor
-    (empty for a body of AMQP 1.0 sections already).  A message published over AMQP 1.0 (``Message.amqp10``)
-    keeps its sections: an AMQP 1.0 reader gets them as RabbitMQ 4.x sends them (``_kept_envelope``), and a
-    stream stores them as RabbitMQ 4.x does (``native`` false), with a header section.  The last message's route
-    and header objects are remembered with its parts, so a run of messages alike (their header shared by their
-    publisher) costs no lookup."""
+def record_parts(message: Message, native: bool) -> tuple[bytes, bytes, bytes]:
+    """``record`` in the parts around its body, for a writer that sends the body from where it is: the sections
+    before the body, the body's data section constructor (empty for a body of AMQP 1.0 sections already), and
+    the footer after it (empty but for an AMQP 1.0 publish's data body that had one).  A message published over
+    AMQP 1.0 (``Message.amqp10``) keeps its sections: an AMQP 1.0 reader gets them as RabbitMQ 4.x sends them
+    (``_kept_envelope``), and a stream stores them as RabbitMQ 4.x does (``native`` false), with a header
+    section.  The last message's route and header objects are remembered with its parts, so a run of messages
+    alike (their header shared by their publisher) costs no lookup."""
     global _last_parts
     route, header, size, kept, last = message.route, message.header, len(message.body), message.amqp10, _last_parts
     if last[0] is route and last[1] is header and last[2] is native and last[3] == size and last[4] is kept:
@@ -947,15 +953,17 @@ def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
             envelope = _envelope(message, sections_body, native)
             if native:
                 envelope = _header_section(message) + envelope
-        cached = (envelope, sections_body)
+        footer = b"".join(encoded for descriptor, _, encoded in sections(kept) if descriptor == FOOTER) \
+            if kept else b""
+        cached = (envelope, sections_body, footer)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
         _ENVELOPES[key] = cached
-    envelope, sections_body = cached
+    envelope, sections_body, footer = cached
     if sections_body:
-        parts = (envelope, b"")
+        parts = (envelope, b"", footer)
     else:
-        parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size))
+        parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size), footer)
     _last_parts = (route, header, native, size, kept, parts)
     return parts
 
@@ -1052,7 +1060,8 @@ def _with_annotations(found: list[tuple[int, Value, bytes]], annotations: list[t
             annotations[at] = (annotations[at][0], value)
     section = described(MESSAGE_ANNOTATIONS, encode(Value("map", annotations)))
     before = [encoded for descriptor, _, encoded in found if descriptor in (HEADER, DELIVERY_ANNOTATIONS)]
-    after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES)]
+    after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES,
+                                                                           FOOTER)]
     out = b"".join((*before, section, *after))
     sections(out)
     return out
@@ -1116,8 +1125,8 @@ _KEPT_PROPERTIES: dict[bytes, list[Value]] = {}
 
 
 _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
-_last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes]] = (b"", b"", False, -1, None,
-                                                                                   (b"", b""))
+_last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes, bytes]] = (
+    b"", b"", False, -1, None, (b"", b"", b""))
 _BYTES = [bytes((i,)) for i in range(256)]
 _UINTS = [b"\x43"] + [b"\x52" + _BYTES[i] for i in range(1, 256)]  # uint0, then smalluint
 
