@@ -1124,6 +1124,24 @@ def kept_properties_of(message: Message) -> list[Value] | None:
 _KEPT_PROPERTIES: dict[bytes, list[Value]] = {}
 
 
+def kept_annotations(kept: bytes) -> dict[str, Value]:
+    """The message annotations (symbol keys) of an AMQP 1.0 publish's kept sections (``Message.amqp10``), read
+    once per distinct sections: what RabbitMQ 4.x's mc_amqp:x_header reads, where a 0-9-1 header (which also
+    holds the application properties) would not do."""
+    found = _KEPT_ANNOTATIONS.get(kept)
+    if found is None:
+        found = {key.value: value for descriptor, content, _ in (sections(kept) if kept else ())
+                 if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"
+                 for key, value in reversed(content.value) if key.kind == "symbol"}
+        if len(_KEPT_ANNOTATIONS) >= CACHED:
+            _KEPT_ANNOTATIONS.clear()
+        _KEPT_ANNOTATIONS[kept] = found
+    return found
+
+
+_KEPT_ANNOTATIONS: dict[bytes, dict[str, Value]] = {}
+
+
 _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
 _last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes, bytes]] = (
     b"", b"", False, -1, None, (b"", b"", b""))
