@@ -425,7 +425,12 @@ def _convert_native(header_fields: list[Value], annotations: dict[str, Value], p
             if value.kind == "timestamp":
                 ordered.append(("timestamp_in_ms", header_table.Field("l", value.value)))
             continue
-        elif not name.startswith("x-") or _internal(name) or name == "x-opt-deaths":
+        elif name == "x-opt-deaths":
+            if value.kind == "array":
+                ordered.append(("x-death", header_table.Field("A", [_death_table(death) for death in value.value
+                                                                    if death.kind == "map"])))
+            continue
+        elif not name.startswith("x-") or _internal(name):
             continue
         converted = _native_field(value)
         if converted is not None and len(name.encode()) <= 255:
@@ -451,6 +456,34 @@ def _convert_native(header_fields: list[Value], annotations: dict[str, Value], p
         timestamp=_timestamp(props.get("creation_time")), message_type=_text(basic_type),
         app_id=_shortstr(props.get("group_id")), user_id=_user_id(props.get("user_id")))
     return _converted(basic, headers, annotations, stream, body)
+
+
+def _death_table(death: Value) -> header_table.Field:
+    """One ``x-opt-deaths`` map as the ``x-death`` table a 0-9-1 reader gets (mc_amqpl's
+    convert_from_amqp_deaths): the first time, in seconds, is its time; a ttl its ``original-expiration``.  A
+    field of another type is left out (RabbitMQ fails the conversion)."""
+    info = {key.value: value for key, value in death.value if key.kind == "symbol"}
+    table: dict[str, header_table.Field] = {}
+    ttl = info.get("ttl")
+    if ttl is not None and ttl.kind == "uint":
+        table["original-expiration"] = header_table.Field("S", str(ttl.value))
+    count = info.get("count")
+    if count is not None and count.kind == "ulong":
+        table["count"] = header_table.Field("l", min(count.value, (1 << 63) - 1))
+    for name, kind in (("reason", "symbol"), ("queue", "string")):
+        found = info.get(name)
+        if found is not None and found.kind == kind:
+            table[name] = header_table.Field("S", found.value)
+    first = info.get("first-time")
+    if first is not None and first.kind == "timestamp" and first.value >= 0:
+        table["time"] = header_table.Field("T", first.value // 1000)
+    exchange, keys = info.get("exchange"), info.get("routing-keys")
+    if exchange is not None and exchange.kind == "string":
+        table["exchange"] = header_table.Field("S", exchange.value)
+    if keys is not None and keys.kind == "array":
+        table["routing-keys"] = header_table.Field("A", [header_table.Field("S", key.value) for key in keys.value
+                                                         if key.kind == "string"])
+    return header_table.Field("F", table)
 
 
 def _user_id(value: Value | None) -> str | None:
@@ -649,17 +682,21 @@ class Decoder:
         header = header[:4] + _SIZE.pack(len(data)) + header[12:]
         message = Message(exchange, routing_key, encode_route(exchange, routing_key), header, data)
         if native:
-            message.amqp10 = _before_body(found)
+            message.amqp10 = _kept(found)
         return message
 
 
-def _before_body(found: list[tuple[int, Value, bytes]]) -> bytes:
-    """The encoded sections before a message's first body section."""
+def _kept(found: list[tuple[int, Value, bytes]]) -> bytes:
+    """What ``Message.amqp10`` keeps of a message's sections: the encoded ones before its first body section, then
+    after a data body its footer (RabbitMQ's bare_and_footer: ``record_parts`` sends it after the body; an
+    amqp-value or amqp-sequence body keeps its footer in its encoded sections)."""
     parts = []
+    body = 0
     for descriptor, _, encoded in found:
         if descriptor in _BODIES:
-            break
-        parts.append(encoded)
+            body = body or descriptor
+        elif not body or (descriptor == FOOTER and body == DATA):
+            parts.append(encoded)
     return b"".join(parts)
 
 
@@ -840,19 +877,31 @@ def _element(value: Value) -> tuple[bytes, bytes]:
     raise Invalid(f"no encoding of {kind}")
 
 
-_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool]] = {}
+_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool, bytes]] = {}
 _UINT_MAX = 0xFFFFFFFF
 
 
 def _header_section(message: Message) -> bytes:
-    """The header section an AMQP 1.0 reader gets for a message: durable, priority, ttl (none if all are unset)."""
+    """The header section an AMQP 1.0 reader gets for a message, as mc_amqp:protocol_state writes it: durable,
+    priority, ttl, and first-acquirer true (``redelivered`` makes a redelivery's)."""
     props = message.properties
     ttl = _ttl(props.expiration)
-    fields = [boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
-              uint(ttl) if ttl is not None else NULL]
-    while fields and fields[-1] in (NULL, b"\x42"):
+    return described(HEADER, encode_list([
+        boolean(message.persistent), ubyte(props.priority) if props.priority is not None else NULL,
+        uint(ttl) if ttl is not None else NULL, b"\x41"]))
+
+
+def redelivered(envelope: bytes, count: int) -> bytes:
+    """An envelope ``record_parts`` made for an AMQP 1.0 reader (its header section first) as a redelivery's:
+    first-acquirer false, and ``count`` (the returns a quorum queue counted) its delivery-count, as
+    mc_amqp:protocol_state writes a redelivered message's header.  Made per redelivery: first deliveries, the
+    many, keep the remembered envelope."""
+    header, end = value_at(envelope)
+    durable, priority, ttl = (list(header.value[1].value) + [Value("null", None)] * 3)[:3]
+    fields = [encode(durable), encode(priority), encode(ttl)] + ([b"\x42", uint(count)] if count else [])
+    while fields[-1] == NULL:
         fields.pop()
-    return described(HEADER, encode_list(fields)) if fields else b""
+    return described(HEADER, encode_list(fields)) + envelope[end:]
 
 
 def _ttl(expiration: str | None) -> int | None:
@@ -867,26 +916,28 @@ def from_amqp091(message: Message) -> bytes:
 
 def entry(message: Message) -> bytes:
     """``from_amqp091`` as a chunk's simple entry: its size, then the record (one join, the envelope remembered)."""
-    head = record_head(message)
-    return b"".join((_U32.pack(len(head) + len(message.body)), head, message.body))
+    envelope, data_head, footer = record_parts(message, False)
+    body = message.body
+    return b"".join((_U32.pack(len(envelope) + len(data_head) + len(body) + len(footer)), envelope, data_head, body,
+                     footer))
 
 
-def record_head(message: Message, native: bool = False) -> bytes:
-    """``from_amqp091`` but its body's bytes: the envelope (remembered) and the data section's constructor, for a
-    writer that sends the body from where it is.  ``native``: for an AMQP 1.0 consumer, as RabbitMQ 4.x converts
-    (mc_amqpl): a header section says ``durable``, ``priority`` and ``ttl``, and a body of AMQP 1.0 sections
-    (type ``amqp-1.0``) goes out as those sections, the type not told."""
-    envelope, data_head = record_parts(message, native)
-    return envelope + data_head
+def record(message: Message, native: bool = False) -> bytes:
+    """``from_amqp091``, or (``native``) the message an AMQP 1.0 consumer gets, as RabbitMQ 4.x converts it
+    (mc_amqpl): a header section says ``durable``, ``priority``, ``ttl`` and ``first-acquirer``, and a body of
+    AMQP 1.0 sections (type ``amqp-1.0``) goes out as those sections, the type not told."""
+    envelope, data_head, footer = record_parts(message, native)
+    return b"".join((envelope, data_head, message.body, footer))
 
 
-def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
-    """``record_head`` in its two parts: the sections before the body, and the body's data section constructor
-    (empty for a body of AMQP 1.0 sections already).  A message published over AMQP 1.0 (``Message.amqp10``)
-    keeps its sections: an AMQP 1.0 reader gets them as RabbitMQ 4.x sends them (``_kept_envelope``), and a
-    stream stores them as RabbitMQ 4.x does (``native`` false), with a header section.  The last message's route
-    and header objects are remembered with its parts, so a run of messages alike (their header shared by their
-    publisher) costs no lookup."""
+def record_parts(message: Message, native: bool) -> tuple[bytes, bytes, bytes]:
+    """``record`` in the parts around its body, for a writer that sends the body from where it is: the sections
+    before the body, the body's data section constructor (empty for a body of AMQP 1.0 sections already), and
+    the footer after it (empty but for an AMQP 1.0 publish's data body that had one).  A message published over
+    AMQP 1.0 (``Message.amqp10``) keeps its sections: an AMQP 1.0 reader gets them as RabbitMQ 4.x sends them
+    (``_kept_envelope``), and a stream stores them as RabbitMQ 4.x does (``native`` false), with a header
+    section.  The last message's route and header objects are remembered with its parts, so a run of messages
+    alike (their header shared by their publisher) costs no lookup."""
     global _last_parts
     route, header, size, kept, last = message.route, message.header, len(message.body), message.amqp10, _last_parts
     if last[0] is route and last[1] is header and last[2] is native and last[3] == size and last[4] is kept:
@@ -902,15 +953,17 @@ def record_parts(message: Message, native: bool) -> tuple[bytes, bytes]:
             envelope = _envelope(message, sections_body, native)
             if native:
                 envelope = _header_section(message) + envelope
-        cached = (envelope, sections_body)
+        footer = b"".join(encoded for descriptor, _, encoded in sections(kept) if descriptor == FOOTER) \
+            if kept else b""
+        cached = (envelope, sections_body, footer)
         if len(_ENVELOPES) >= CACHED:
             _ENVELOPES.clear()
         _ENVELOPES[key] = cached
-    envelope, sections_body = cached
+    envelope, sections_body, footer = cached
     if sections_body:
-        parts = (envelope, b"")
+        parts = (envelope, b"", footer)
     else:
-        parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size))
+        parts = (envelope, _DATA_HEADS[size] if size < 256 else b"\x00\x53\x75\xb0" + _U32.pack(size), footer)
     _last_parts = (route, header, native, size, kept, parts)
     return parts
 
@@ -968,13 +1021,12 @@ def dead_lettered(kept: bytes, queue: str, reason: str, exchange: str, routing_k
                                            (key, value) for key, value in death.value]))
             break
     else:
-        entry = [("queue", Value("string", queue)), ("reason", Value("symbol", reason)),
-                 ("count", Value("ulong", 1)), ("first-time", Value("timestamp", now_ms)),
-                 ("last-time", Value("timestamp", now_ms)), ("exchange", Value("string", exchange)),
-                 ("routing-keys", Value("array", [Value("string", key) for key in routing_keys]))]
         ttl = _ttl(expiration)
-        if ttl is not None:
-            entry.append(("ttl", Value("uint", ttl)))
+        entry = [("ttl", Value("uint", ttl))] if ttl is not None else []  # (first, as mc_amqp:encode_deaths)
+        entry += [("queue", Value("string", queue)), ("reason", Value("symbol", reason)),
+                  ("count", Value("ulong", 1)), ("first-time", Value("timestamp", now_ms)),
+                  ("last-time", Value("timestamp", now_ms)), ("exchange", Value("string", exchange)),
+                  ("routing-keys", Value("array", [Value("string", key) for key in routing_keys]))]
         deaths.insert(0, Value("map", [(Value("symbol", key), value) for key, value in entry]))
     updates = [("x-opt-deaths", Value("array", deaths))]
     if "x-first-death-queue" not in names:
@@ -1008,7 +1060,8 @@ def _with_annotations(found: list[tuple[int, Value, bytes]], annotations: list[t
             annotations[at] = (annotations[at][0], value)
     section = described(MESSAGE_ANNOTATIONS, encode(Value("map", annotations)))
     before = [encoded for descriptor, _, encoded in found if descriptor in (HEADER, DELIVERY_ANNOTATIONS)]
-    after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES)]
+    after = [encoded for descriptor, _, encoded in found if descriptor in (PROPERTIES, APPLICATION_PROPERTIES,
+                                                                           FOOTER)]
     out = b"".join((*before, section, *after))
     sections(out)
     return out
@@ -1071,9 +1124,27 @@ def kept_properties_of(message: Message) -> list[Value] | None:
 _KEPT_PROPERTIES: dict[bytes, list[Value]] = {}
 
 
+def kept_annotations(kept: bytes) -> dict[str, Value]:
+    """The message annotations (symbol keys) of an AMQP 1.0 publish's kept sections (``Message.amqp10``), read
+    once per distinct sections: what RabbitMQ 4.x's mc_amqp:x_header reads, where a 0-9-1 header (which also
+    holds the application properties) would not do."""
+    found = _KEPT_ANNOTATIONS.get(kept)
+    if found is None:
+        found = {key.value: value for descriptor, content, _ in (sections(kept) if kept else ())
+                 if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"
+                 for key, value in reversed(content.value) if key.kind == "symbol"}
+        if len(_KEPT_ANNOTATIONS) >= CACHED:
+            _KEPT_ANNOTATIONS.clear()
+        _KEPT_ANNOTATIONS[kept] = found
+    return found
+
+
+_KEPT_ANNOTATIONS: dict[bytes, dict[str, Value]] = {}
+
+
 _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]
-_last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes]] = (b"", b"", False, -1, None,
-                                                                                   (b"", b""))
+_last_parts: tuple[bytes, bytes, bool, int, bytes | None, tuple[bytes, bytes, bytes]] = (
+    b"", b"", False, -1, None, (b"", b"", b""))
 _BYTES = [bytes((i,)) for i in range(256)]
 _UINTS = [b"\x43"] + [b"\x52" + _BYTES[i] for i in range(1, 256)]  # uint0, then smalluint
 
@@ -1177,13 +1248,13 @@ def _death(info: dict[str, header_table.Field]) -> Value:
                                                                  "original-expiration"))
     time = Value("timestamp", when.value * 1000) if when is not None and when.kind == "T" else None
     ttl = _ttl(expiration.value) if expiration is not None and expiration.kind == "S" else None
-    entry = [("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
+    entry = [("ttl", Value("uint", ttl) if ttl is not None else None),
+             ("queue", text("queue", "string")), ("reason", text("reason", "symbol")),
              ("count", Value("ulong", max(count.value, 0)) if count is not None and count.kind in "bBsuIilL"
               else None),
              ("first-time", time), ("last-time", time), ("exchange", text("exchange", "string")),
              ("routing-keys", Value("array", [Value("string", key.value) for key in keys.value if key.kind == "S"])
-              if keys is not None and keys.kind == "A" else None),
-             ("ttl", Value("uint", ttl) if ttl is not None else None)]
+              if keys is not None and keys.kind == "A" else None)]
     return Value("map", [(Value("symbol", name), value) for name, value in entry if value is not None])
 
 

@@ -41,7 +41,7 @@ STREAM_FILTER = "rabbitmq:stream-filter"
 MATCH_UNFILTERED = "rabbitmq:stream-match-unfiltered"
 PROPERTIES_FILTER = ("amqp:properties-filter", 0x173)
 APPLICATION_PROPERTIES_FILTER = ("amqp:application-properties-filter", 0x174)
-FILTER_VALUE = "x-stream-filter-value"  # the message annotation (a header once stored) stream filters read
+FILTER_VALUE = "x-stream-filter-value"  # the message annotation (a 0-9-1 message's header) stream filters read
 MAX_FIELDS = 16  # fields one property filter may name (RabbitMQ's MAX_FILTER_FIELDS)
 PROPERTY_FIELDS = ("message-id", "user-id", "to", "subject", "reply-to", "correlation-id", "content-type",
                    "content-encoding", "absolute-expiry-time", "creation-time", "group-id", "group-sequence",
@@ -154,7 +154,12 @@ def _stream_filter(values: list[str], match_unfiltered: bool) -> Accepts:
     wanted = frozenset(values)
 
     def accepts(message: Message) -> bool:
-        value = message.header_value(FILTER_VALUE)
+        kept = message.amqp10
+        if kept is None:
+            value = message.header_value(FILTER_VALUE)
+        else:  # (its annotation only, not an application property of that name: mc_amqp:x_header)
+            found = amqp10.kept_annotations(kept).get(FILTER_VALUE)
+            value = found.value if found is not None else None
         return match_unfiltered if value is None else value in wanted
     return accepts
 

@@ -768,8 +768,8 @@ _U32 = struct.Struct(">I")
 
 def _with_offset(head: bytes, seq: int) -> bytes:
     """A stream message's record head with the ``x-stream-offset`` annotation (a long) RabbitMQ 4.x gives it, at
-    the end of the message-annotations section ``record_head`` always writes (after a header section, if any: a
-    list8 of at most three fields)."""
+    the end of the message-annotations section ``record_parts`` always writes (after a header section, if any: a
+    list8 of at most five fields)."""
     at = 0 if head.startswith(b"\x00\x53\x72") else 5 + head[4]
     if head[at + 3] == 0xC1:
         size, count, data_at = head[at + 4], head[at + 5], at + 6
@@ -916,7 +916,7 @@ class Outgoing(LinkEndpoint):
         """A reply to this link's address (``ports.ReplyTarget``): sent settled as credit allows, as RabbitMQ
         4.2's volatile queue sends; past ``MAX_RESPONSES`` waiting for credit, dropped (never stored)."""
         if len(self.responses) < MAX_RESPONSES:
-            self.responses.append(amqp10.record_head(message, native=True) + message.body)
+            self.responses.append(amqp10.record(message, native=True))
             self._send_responses()
 
     # -- ports.DeliveryTarget ----------------------------------------------------------------
@@ -945,17 +945,20 @@ class Outgoing(LinkEndpoint):
         else:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer)
             stats.deliver += 1
+        body = message.body
+        envelope, data_head, footer = amqp10.record_parts(message, True)
         if entry.redelivered:
             stats.redeliver += 1
-        body = message.body
-        envelope, data_head = amqp10.record_parts(message, True)
+            envelope = amqp10.redelivered(envelope, consumer.queue.returns(entry))
         if self.offsets:
             envelope, data_head = _with_offset(envelope + data_head, entry.seq), b""
-        size = len(envelope) + len(data_head) + len(body)
+        size = len(envelope) + len(data_head) + len(body) + len(footer)
         if size <= self.room:
             transfer = self._transfer
             connection.out += (transfer.pack(transfer.size + size, self._transfer_head, delivery_id, _TAG_BIN4,
                                              delivery_id, self._transfer_tail), envelope, data_head, body)
+            if footer:
+                connection.out.append(footer)
             if len(body) >= LARGE_BODY:
                 connection.large_out = True
             session.next_outgoing_id = (session.next_outgoing_id + 1) & MAX_UINT
@@ -963,7 +966,7 @@ class Outgoing(LinkEndpoint):
         else:
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
                       boolean(consumer.no_ack)]
-            self._deliver_frames(fields, envelope + data_head + body, self.room)
+            self._deliver_frames(fields, b"".join((envelope, data_head, body, footer)), self.room)
             connection.large_out = True
         connection.deliver_budget -= 1 + (size >> 16)
         if not connection.flush_scheduled:

@@ -461,7 +461,7 @@ CACHED_SIZE = 4096  # the largest envelope whose view is remembered
 def view_of(message: Message) -> View | None:
     """The message as an AMQP 1.0 consumer would get it (the same conversion), decoded once per distinct
     envelope (the envelope is itself remembered per route and header); None if it cannot be read."""
-    envelope, _ = amqp10.record_parts(message, True)
+    envelope = amqp10.record_parts(message, True)[0]
     view = _VIEWS.get(envelope)
     if view is not None:
         return view

@@ -176,6 +176,10 @@ class AnyQueue(Protocol):
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes: ...
 
+    def returns(self, entry: Entry) -> int:
+        """How many times ``entry`` came back counted (a quorum queue's x-delivery-count): an AMQP 1.0 reader's
+        header ``delivery-count``; 0 where a queue counts none."""
+
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]: ...
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
@@ -528,6 +532,9 @@ class Queue:
         """The content header a consumer (``get``: basic.get) receives for ``entry`` (the hot path asks only
         where ``counts_deliveries``)."""
         return entry.message.header
+
+    def returns(self, entry: Entry) -> int:
+        return 0
 
     def adopt(self, seqs: list[int]) -> list[Entry | None]:
         """A consumer that outlived a change of leader takes back what it held (a quorum queue's); here, none."""

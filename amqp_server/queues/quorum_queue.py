@@ -353,11 +353,14 @@ class QuorumQueue(Queue):
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""
-        seq = entry.seq
-        count = self.state.counts.get(seq) or (self._taken_count[1] if self._taken_count[0] == seq else 0)
+        count = self.returns(entry)
         if not count and not get:
             return entry.message.header
         return header_table.with_int_set(entry.message.header, DELIVERY_COUNT, count)
+
+    def returns(self, entry: Entry) -> int:
+        seq = entry.seq
+        return self.state.counts.get(seq) or (self._taken_count[1] if self._taken_count[0] == seq else 0)
 
     @property
     def message_count(self) -> int:

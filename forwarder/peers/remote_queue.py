@@ -21,6 +21,7 @@ from amqp_server.queues.queue import RESETTLE_AGE, RESETTLE_MAX, AnyQueue, Consu
 from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.queue_type import REPLICATED, QueueType
+from amqp_server.queues.quorum_queue import DELIVERY_COUNT
 from amqp_server.stats import MessageStats
 
 from . import node_link as link
@@ -367,6 +368,13 @@ class RemoteQueue:
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The owner made its deliveries' headers (``counts_deliveries`` is False): as they came."""
         return entry.message.header
+
+    def returns(self, entry: Entry) -> int:
+        """The count the owner wrote in the delivery's header (a quorum queue's ``x-delivery-count``)."""
+        if REPLICATED not in self.type.capabilities:
+            return 0
+        count = entry.message.header_value(DELIVERY_COUNT) if entry.message.has_headers else None
+        return count if isinstance(count, int) and count > 0 else 0
 
     def touch(self) -> None:
         """x-expires is the owner's business."""

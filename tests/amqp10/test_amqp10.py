@@ -261,6 +261,28 @@ def test_released_requeues_a_quorum_queues_message_without_counting_a_delivery_a
     connection.close()
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_redelivery_says_it_is_no_first_acquirer_and_the_failed_deliveries_a_quorum_queue_counted(node, queue_type):
+    """mc_amqp:protocol_state: the header says ``first-acquirer`` on a first delivery, not on a redelivery, whose
+    ``delivery-count`` is the failed deliveries a quorum queue counted (rabbit_quorum_queue: ``released`` counts
+    none); a classic queue counts none."""
+    declare(node, "q", **{"x-queue-type": queue_type}).close()
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/q").send(Message(body=b"m"))
+        receiver = amqp.create_receiver("/queues/q", credit=1)
+        got = []
+        for settle in (lambda: _modify(receiver, {}, failed=True), lambda: receiver.release(delivered=False),
+                       receiver.accept):
+            message = receiver.receive(timeout=5)
+            got.append((message.first_acquirer, message.delivery_count))
+            settle()
+    finally:
+        amqp.close()
+    counted = 1 if queue_type == "quorum" else 0
+    assert got == [(True, 0), (False, counted), (False, counted)]
+
+
 def test_credit_bounds_what_the_node_sends(node):
     declare(node, "credit").close()
     connection = connect(node)

@@ -8,10 +8,11 @@ from typing import Any
 
 import pika
 import pytest
-from proton import Described, Message, symbol, ulong
+from proton import Described, Handler, Message, symbol, ulong
 from proton.reactor import Filter
 
-from test_amqp10 import connect, declare, node  # noqa: F401  (the node fixture)
+from support import get_within, headers_of
+from test_amqp10 import _deaths, connect, declare, node  # noqa: F401  (the node fixture)
 
 pytestmark = pytest.mark.timeout(60)
 SENT_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -201,11 +202,11 @@ def test_a_stream_keeps_an_amqp10_message_as_it_came_and_gives_its_sections_back
     assert stored.endswith(bare + body) and len(kept) == 5
     read = amqp10.Decoder("s").message(stored)
     assert (read.exchange, read.routing_key, read.body, read.header) == ("", "s", b"body", published.header)
-    envelope, data_head = amqp10.record_parts(read, True)
-    assert envelope.endswith(bare) and data_head + read.body == body
+    envelope, data_head, footer = amqp10.record_parts(read, True)
+    assert envelope.endswith(bare) and data_head + read.body == body and footer == b""
     assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [
         amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS, amqp10.PROPERTIES, amqp10.APPLICATION_PROPERTIES]
-    assert amqp10.record_parts(published, True) == (envelope, data_head)
+    assert amqp10.record_parts(published, True) == (envelope, data_head, footer)
 
 
 @pytest.mark.parametrize("header, annotations, delivery_mode", [
@@ -224,10 +225,10 @@ def test_an_amqp10_message_of_a_body_alone_goes_out_and_into_a_stream():
     """No section before the body (what a raw client such as benchmarks/amqp10_load.py sends)."""
     from stream_log import amqp10
     published = _publish(b"\x00\x53\x75\xa0\x01x")
-    envelope, data_head = amqp10.record_parts(published, True)
-    assert [descriptor for descriptor, _, _ in amqp10.sections(envelope)] == [amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS]
+    parts = amqp10.record_parts(published, True)
+    assert [descriptor for descriptor, _, _ in amqp10.sections(parts[0])] == [amqp10.HEADER, amqp10.MESSAGE_ANNOTATIONS]
     read = amqp10.Decoder("s").message(amqp10.entry(published)[4:])
-    assert (read.body, read.amqp10 is not None, amqp10.record_parts(read, True)) == (b"x", True, (envelope, data_head))
+    assert (read.body, read.amqp10 is not None, amqp10.record_parts(read, True)) == (b"x", True, parts)
 
 
 def test_an_amqp10_user_id_is_checked_even_when_no_0_9_1_reader_could_be_shown_it(node):  # noqa: F811
@@ -290,3 +291,109 @@ def test_a_modified_outcomes_annotations_merge_into_the_kept_sections_and_the_he
     for malformed in (b"", b"\xff", amqp10.encode(Value("string", "x-opt-a"))):
         same = amqp10.modified(published, malformed)
         assert (same.amqp10, same.header) == (published.amqp10, published.header)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum", "stream"])
+def test_an_amqp10_publish_with_x_opt_deaths_is_read_over_091_with_x_death(node, queue_type):  # noqa: F811
+    """mc_amqpl:convert_from_amqp_deaths: an AMQP 1.0 message's ``x-opt-deaths`` annotation (here a dead letter's,
+    sent again as it was received: its maps begin with the ttl, as mc_amqp:encode_deaths writes them) is the
+    ``x-death`` header a 0-9-1 reader gets: the one a 0-9-1 reader of the dead letter got."""
+    connection = declare(node, "q", **{"x-queue-type": queue_type})
+    channel = connection.channel()
+    channel.queue_declare("dlq")
+    channel.queue_declare("slow", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/slow").send(Message(body=b"late", inferred=True, ttl=0.05))
+        dead = amqp.create_receiver("/queues/dlq", credit=1).receive(timeout=5)
+        assert list(_deaths(dead)[0])[0] == "ttl"
+        amqp.create_sender("/queues/q").send(Message(body=b"again", inferred=True, annotations=dead.annotations))
+    finally:
+        amqp.close()  # (unsettled: back in the dlq)
+    _, dead_props, body = get_within(channel, "dlq", auto_ack=True)
+    assert body == b"late"
+    channel.basic_qos(prefetch_count=1)
+    read: list[Any] = []
+    channel.basic_consume("q", lambda ch, method, props, body: read.append(props),
+                          arguments={"x-stream-offset": "first"} if queue_type == "stream" else None)
+    while not read:
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    death = headers_of(dead_props)["x-death"]
+    assert [entry["original-expiration"] for entry in death] == ["50"]
+    assert headers_of(read[0])["x-death"] == death
+
+
+class _Raw(Message):
+    """A message sent as its encoded sections as they are (Proton encodes no footer)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+    def send(self, sender: Any, tag: Any = None) -> Any:
+        delivery = sender.delivery(tag or sender.delivery_tag())
+        sender.stream(self.data)
+        sender.advance()
+        return delivery
+
+
+class _RawReceiver(Handler):
+    """Keeps each transfer's bytes as they came (Proton decodes no footer), leaving it unsettled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[bytes] = []
+
+    def on_delivery(self, event: Any) -> None:
+        delivery = event.delivery
+        if delivery.readable and not delivery.partial:
+            self.received.append(event.link.recv(delivery.pending))
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum", "stream"])
+def test_a_data_body_s_footer_reaches_an_amqp10_reader_and_not_an_091_one(node, queue_type):  # noqa: F811
+    """mc_amqp keeps an AMQP 1.0 message's bare message and footer (bare_and_footer): an AMQP 1.0 reader gets the
+    footer after the data body; a 0-9-1 reader gets the body alone (mc_amqpl:convert_from)."""
+    from stream_log import amqp10
+    footer = amqp10.described(amqp10.FOOTER, amqp10.encode_map([(amqp10.symbol("x-sum"), amqp10.utf8("abc"))]))
+    bare = Message(body=b"x", inferred=True, properties={"k": 1}).encode()
+    connection = declare(node, "q", **{"x-queue-type": queue_type})
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/q").send(_Raw(bare + footer))
+        raw = _RawReceiver()
+        receiver = amqp.create_receiver("/queues/q", handler=raw, options=Filter({
+            symbol("offset"): Described(symbol("rabbitmq:stream-offset-spec"), "first")})
+            if queue_type == "stream" else None)
+        amqp.wait(lambda: bool(raw.received), timeout=5)
+        receiver.close()
+    finally:
+        amqp.close()  # (unsettled: back in the queue)
+    got = Message()
+    got.decode(raw.received[0])
+    assert raw.received[0].endswith(b"\x00\x53\x75\xa0\x01x" + footer)
+    assert (got.body, got.properties) == (b"x", {"k": 1})
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=1)
+    read: list[Any] = []
+    channel.basic_consume("q", lambda ch, method, props, body: read.append((props.type, body)),
+                          arguments={"x-stream-offset": "first"} if queue_type == "stream" else None)
+    while not read:
+        connection.process_data_events(time_limit=1)
+    connection.close()
+    assert read == [(None, b"x")]
+
+
+def test_a_data_body_s_footer_stays_through_a_dead_letter_and_a_modified_outcome():
+    """The footer kept with an AMQP 1.0 message's sections stays after them when its annotations change."""
+    from amqp_server.broker.dlx_message import dead_letter_message
+    from stream_log import amqp10
+    from stream_log.amqp10 import Value, described, encode_map, symbol as sym, utf8
+
+    footer = described(amqp10.FOOTER, encode_map([(sym("x-sum"), utf8("abc"))]))
+    published = _publish(b"\x00\x53\x75\xa0\x04body" + footer)
+    update = amqp10.encode(Value("map", [(Value("symbol", "x-opt-a"), Value("string", "new"))]))
+    for message in (published, dead_letter_message(published, "s", "rejected", "dlx", None),
+                    amqp10.modified(published, update)):
+        assert message.body == b"body" and amqp10.record(message, True).endswith(b"body" + footer)

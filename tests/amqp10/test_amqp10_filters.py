@@ -335,3 +335,15 @@ def test_an_encoded_filter_set_reads_back_as_the_filters_it_holds():
     assert filters.decode(sql) is not None
     for wrong in (sql[:-1], sql + b"\x40", b"", b"\xff" * 8, b"\xd1\xff\xff\xff\xff\x00\x00\x00\x10", offset_only):
         assert filters.decode(wrong) is None
+
+
+def test_only_the_annotation_is_a_filter_value_not_an_application_property_of_its_name(stream):
+    """rabbit_stream_queue reads a message's filter value with mc:x_header, which for an AMQP 1.0 message is its
+    message annotation only (mc_amqp): an application property named ``x-stream-filter-value`` is none, the
+    message unfiltered; the annotation is read beside it."""
+    publish(stream, [{"application_properties": {"x-stream-filter-value": "apple"}},
+                     {"annotations": {"x-stream-filter-value": "banana"},
+                      "application_properties": {"x-stream-filter-value": "apple"}}])
+    assert [offset for offset, _, _ in consume(stream, 1, values=["banana"])] == [1]
+    assert [offset for offset, _, _ in consume(stream, 1, values=["apple"], match_unfiltered=True)] == [0]
+    nothing_before(stream, 2, {"annotations": {"x-stream-filter-value": "apple"}}, values=["apple"])

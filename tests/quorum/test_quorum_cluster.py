@@ -525,6 +525,38 @@ def test_an_amqp10_release_through_another_node_counts_no_delivery(nodes, uid):
         amqp.close()
 
 
+def test_an_amqp10_redelivery_through_another_node_carries_the_failed_deliveries_the_leader_counted(nodes, uid):
+    """mc_amqp:protocol_state, for a receiver on a node that does not lead the queue: a first delivery says
+    ``first-acquirer``, a redelivery does not and its header's ``delivery-count`` is the count the leader keeps
+    (``modified`` with delivery-failed counts one, ``released`` none)."""
+    pytest.importorskip("proton")
+    from proton import Delivery
+    from proton.utils import BlockingConnection
+    _, (n1, n2, _) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0], "leader known")
+    publish(n1, uid, [b"m"])
+    amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10, allowed_mechs="PLAIN")
+    got = []
+    try:
+        receiver = amqp.create_receiver(f"/queues/{uid}", credit=1)
+        for settle in ("failed", "released", "accepted"):
+            message = receiver.receive(timeout=10)
+            got.append((message.first_acquirer, message.delivery_count))
+            if settle == "failed":
+                assert receiver.fetcher is not None  # (a blocking receiver's)
+                receiver.fetcher.unsettled[0].local.failed = True
+                receiver.settle(Delivery.MODIFIED)
+            elif settle == "released":
+                receiver.release(delivered=False)
+            else:
+                receiver.accept()
+    finally:
+        amqp.close()
+    assert got == [(True, 0), (False, 1), (False, 1)]
+
+
 def test_a_member_added_while_the_queue_changes_gets_all_of_it(nodes, uid):
     """The snapshot is sent a chunk per loop turn while publishes, acks and returns go on; the new member's
     copy ends up the leader's, as shown when it leads."""
