@@ -79,6 +79,7 @@ class QuorumQueue(Queue):
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._grace_timer: asyncio.TimerHandle | None = None
         self._grace_until = 0.0  # (loop time) the latest ``_grace_over`` may wait for an unreached member
+        self._handover_next = 0  # a new leader's next seq when it took over: below it, seqs mean what they meant
         # a member's node is out of reach but may come back, or came back just now (set by the cluster): its
         # consumers may yet take back what they hold
         self.unreached: Callable[[], bool] = lambda: False
@@ -241,6 +242,7 @@ class QuorumQueue(Queue):
             self.run(machine.Recover(sorted(state.dead)))
         if not state.checked_out:
             return
+        self._handover_next = state.next_seq
         self._awaiting = awaiting = set(state.checked_out)
         ready = self.ready
         while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
@@ -267,17 +269,31 @@ class QuorumQueue(Queue):
 
     def adopt(self, seqs: list[int]) -> list[Entry | None]:
         """A consumer that outlived the change of leader takes back what it held under ``seqs``: the entries
-        still waiting for it (None for the others: settled before, or returned after the grace period).  The
-        caller counts them against the consumer's prefetch, and settles them as any it delivered."""
-        awaiting, held = self._awaiting, self.held
+        still waiting for it, and those still ready here that the previous leader gave it without getting the
+        delivery onto a majority (None for the others: settled before, or returned after the grace period, or
+        given to another consumer since).  The caller counts them against the consumer's prefetch, and settles
+        them as any it delivered."""
+        awaiting, held, ready = self._awaiting, self.held, self.state.ready
         found: list[Entry | None] = []
         for seq in seqs:
             if seq in awaiting and seq in held:
                 awaiting.discard(seq)
                 found.append(held[seq])
+            elif seq < self._handover_next and seq in ready:  # (a seq made since may stand for another message)
+                found.append(self._take_ready(seq))
             else:
                 found.append(None)
         return found
+
+    def _take_ready(self, seq: int) -> Entry | None:
+        """The ready entry ``seq`` is checked out, as a delivery takes one, wherever it is in the ready list."""
+        entry = self.ready.take_out(seq)
+        if entry is None:
+            return None
+        self.unacked += 1
+        self.unacked_bytes += entry.message.body_size
+        self.run(machine.Checkout(seq), [entry])
+        return entry
 
     def _grace_over(self) -> None:
         """What no consumer took back goes back in its place, counted as returned — once no member's node that may
@@ -641,6 +657,10 @@ class QuorumQueue(Queue):
         self._stop_dead_letters()
         self._stop_grace()
         self._arm_expiry()  # (detached: stopped)
+
+    def stop_timers(self) -> None:
+        super().stop_timers()
+        self._stop_grace()
 
     def _stop_grace(self) -> None:
         self._awaiting = set()

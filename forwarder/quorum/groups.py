@@ -46,7 +46,7 @@ from amqp_server.queues import queue_args, types as queue_types
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.logs import untrusted
 from amqp_server.queues.quorum_machine import CHECKS, State
-from amqp_server.queues.quorum_queue import HANDOVER_GRACE
+from amqp_server.queues import quorum_queue
 from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
 
@@ -777,7 +777,7 @@ class QuorumGroups:
         """A link came up: a leader sends that follower a snapshot; a follower of that leader without this
         term's snapshot asks for one (what either sent before the other knew the term was ignored)."""
         if name in self._reach:
-            self._reach[name] = asyncio.get_running_loop().time() + HANDOVER_GRACE
+            self._reach[name] = asyncio.get_running_loop().time() + quorum_queue.HANDOVER_GRACE
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_up(name)
@@ -791,9 +791,17 @@ class QuorumGroups:
                     self._ask_to_catch_up(group)
 
     def _unreached(self, group: Group) -> bool:
-        """A member's link fell silent and is still down, or came back within ``HANDOVER_GRACE``."""
+        """A member's link fell silent and it is still out of reach, or came back within ``HANDOVER_GRACE`` (from
+        when this is first asked, if one of its links fell silent after another came back)."""
         now = asyncio.get_running_loop().time()
-        return any(self._reach.get(member, 0.0) > now for member in group.members if member != self.name)
+        unreached = False
+        for member in group.members:
+            until = self._reach.get(member, 0.0)
+            if until > now and member != self.name:
+                if until == math.inf and self.cluster.peer(member).up:
+                    until = self._reach[member] = now + quorum_queue.HANDOVER_GRACE
+                unreached = True
+        return unreached
 
     def peer_down(self, name: str, silent: bool = False) -> None:
         """A link dropped: a leader stops shipping to that follower; if the other end closed it (its node or
