@@ -395,6 +395,8 @@ class PeerSession:
         link's consumers consuming here before held (the consumer's node told it to consume again here, as if
         the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
         consumers that are gone, they would stay unacked for good."""
+        seqs = [seq if type(seq) is int else -1 for seq in seqs] if isinstance(seqs, list) else []  # (a peer's)
+        buffered = buffered if type(buffered) is int and buffered >= 0 else 0
         queue = consumer.queue
         local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
         found = local.adopt(seqs) if local is not None else [None] * len(seqs)

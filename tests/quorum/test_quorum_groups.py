@@ -1581,3 +1581,16 @@ async def test_what_a_cut_off_nodes_consumer_held_waits_for_it_past_the_grace(ne
         other.ack()
         await asyncio.sleep(0.02)
     assert not set(client.received) & set(other.received), "delivered to both"
+
+
+async def test_a_consume_again_whose_seqs_are_not_numbers_takes_back_nothing(network):
+    """A peer's consume-again names what its consumer holds; what is not a seq is taken back as nothing (the
+    leader compares the seqs with its own to take ready entries back), and the queue goes on as it was."""
+    node = await declared(network)
+    publish(node, bodies(5))
+    await copies_agree(network)
+    request = {"id": 99, "vhost": "/", "queue": "q", "tag": "ctag", "exclusive": False, "arguments": {},
+               "timestamps": {}, "prefetch": 10, "adopt": ["x", None, [1]], "buffered": "y", "settled": []}
+    network.deliver("n2", "n1", link.CONSUME, link.encode_json(request))
+    await asyncio.sleep(0.05)
+    assert queue_of(node).state.messages == 5
