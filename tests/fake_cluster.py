@@ -18,6 +18,7 @@ from typing import Any
 
 import aetcd
 from aetcd import rtypes
+from pamqp import commands
 
 from amqp_server.broker import Broker
 from amqp_server.amqp091.channel import Channel
@@ -523,6 +524,8 @@ class Client:
         self.events: list[tuple[int, str, bytes, int]] = []
         self.consumer: Any = None
         self.cancelled = False
+        self.unanswered: dict[Any, commands.Basic.Consume] = {}  # as the channel's: a consume not answered yet
+        self.replies: list[Any] = []  # the methods the channel sent its client (consume-ok)
 
     def client(self) -> ClientChannel:
         return ClientChannel("test", 1, ("127.0.0.1", 1), "guest", self.node.name)
@@ -547,14 +550,23 @@ class Client:
         queue = self.node.broker.vhosts["/"].queues[self.queue_name]
         self.consumer = self.broker.consume(queue, self, "ctag", False, False, {}, self.prefetch)
         accepted = queue.accepted(self.consumer)
-        if accepted is not None:  # (another node's queue: refused, the channel would fail)
-            accepted.add_done_callback(self._refused)
+        if accepted is not None:  # (another node's queue: consume-ok once it accepts; refused, the channel fails)
+            self.unanswered[self.consumer] = commands.Basic.Consume(queue=self.queue_name, consumer_tag="ctag")
+            accepted.add_done_callback(self._answered)
+        else:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag="ctag"))
         queue.deliver_ready()
         return self
 
-    def _refused(self, accepted: Any) -> None:
+    def _answered(self, accepted: Any) -> None:
+        unanswered = self.unanswered.pop(self.consumer, None) is not None
         if accepted.cancelled() or accepted.exception() is not None:
             self.cancelled = True
+        elif unanswered:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag="ctag"))
+
+    def reply(self, method: Any) -> None:
+        self.replies.append(method)
 
     def ack(self, count: int | None = None, requeue: bool = False) -> int:
         """Acks (or requeues) the oldest ``count`` deliveries held (all by default); how many."""

@@ -129,6 +129,8 @@ class Channel:
         self._headers: dict[bytes, bytes] = {}
         # consuming
         self.consumers: dict[str, Consumer] = {}
+        # consumers whose basic.consume waits for their queue's node to accept them (``_accepted``): its method
+        self.unanswered: dict[Consumer, commands.Basic.Consume] = {}
         self.reply_consumer: ReplyConsumer | None = None  # consuming amq.rabbitmq.reply-to
         self.unacked: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}
         self.delivery_tag = 0
@@ -846,12 +848,15 @@ class Channel:
 
     async def _accepted(self, m: commands.Basic.Consume, consumer: Consumer, accepted: asyncio.Future[None]) -> None:
         """The queue's node must accept the consumer (another node checks exclusivity) before consume-ok."""
+        self.unanswered[consumer] = m
         try:
             await accepted
         except ChannelError:
             self.consumers.pop(consumer.tag, None)
             raise
-        if self.open and consumer.tag in self.consumers:
+        finally:
+            unanswered = self.unanswered.pop(consumer, None) is not None
+        if unanswered and self.open and consumer.tag in self.consumers:
             self._consuming(m, consumer)
 
     def _consuming(self, m: commands.Basic.Consume, consumer: Consumer) -> None:
@@ -911,7 +916,12 @@ class Channel:
             self.connection.close_with(errors.ConnectionError(errors.INTERNAL_ERROR, reason))
 
     def handed_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue) -> None:
-        """(What the consumer holds goes on under the same delivery tags: ``Broker.hand_over``.)"""
+        """(What the consumer holds goes on under the same delivery tags: ``Broker.hand_over``.)  A consumer whose
+        basic.consume still waited for the old object's node goes on with the new one: consume-ok now, before the
+        new one delivers to it."""
+        m = self.unanswered.pop(consumer, None)
+        if m is not None and not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=consumer.tag))
         unacked = self.unacked
         tags = [tag for tag, (_, queue, held_by) in unacked.items() if held_by is consumer and queue is old]
         for tag, entry in zip(tags, self.broker.hand_over(consumer, old, new, [unacked[tag][0] for tag in tags])):

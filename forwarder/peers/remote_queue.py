@@ -554,6 +554,8 @@ class RemoteQueue:
         remote = self.by_consumer.pop(consumer, None)
         parked: list[ParkedSettle] = []
         if remote is not None:
+            if not remote.accepted.done():  # its basic.consume waited for the leader: the new object took it
+                remote.accepted.set_result(None)
             self.peer.forget(remote)
             for mode, entry, modified in remote.parked:
                 found = self.taken.pop(entry, None)

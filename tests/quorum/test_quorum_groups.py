@@ -957,6 +957,36 @@ async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_agai
     assert not client.cancelled
 
 
+async def test_a_consume_waiting_for_the_leader_is_answered_when_its_own_node_comes_to_lead(network):
+    """n2's basic.consume waits for n1, the leader, to answer, when n1 dies and n2 leads: the consume is the new
+    leader's, so it is answered (the channel's connection reads again only then) before anything is delivered to
+    it, and the consumer gets every message."""
+    node = await declared(network)
+    sent = bodies(100)
+    confirms = Confirms()
+    publish(node, sent, confirms)
+    await wait_for(lambda: len(confirms.acked()) == 100, "the publishes confirmed")
+    network.hold("n1", "n3")  # n2's copy goes further than n3's: n2 wins the election
+    more = bodies(10, "late")
+    publish(node, more)
+    await wait_for(lambda: node.quorum.lag()[KEY]["n2"] == 0, "n2 in step")
+    network.hold("n2", "n1")  # (n2's consume waits)
+    client = Client(network.nodes["n2"], prefetch=200)
+    deliver = client.deliver
+    client.deliver = lambda consumer, entry: (  # type: ignore[method-assign]
+        deliver(consumer, entry) if client.replies else pytest.fail("a delivery before consume-ok"))
+    client.consume()
+    accepted = network.nodes["n2"].broker.vhosts["/"].queues["q"].accepted(client.consumer)
+    assert accepted is not None and not accepted.done() and not client.replies
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert the_leader(network).name == "n2"
+    await wait_for(accepted.done, "the consume answered")
+    assert accepted.exception() is None and not client.cancelled
+    assert [(type(reply), reply.consumer_tag) for reply in client.replies] == [(commands.Basic.ConsumeOk, "ctag")]
+    await drained(network, client, sent + more)
+
+
 async def test_a_consumer_that_goes_during_a_change_of_leader_leaves_nothing_stranded(network):
     _, client, sent = await consumer_holding(network, "n2")
     await network.kill("n1")
