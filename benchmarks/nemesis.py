@@ -767,6 +767,8 @@ class Consumer:
     attached: int | None = None  # the node it consumes through now (consume-ok received), if any
     phase: str = "run"  # what deliveries count towards: the run, or a drain after restarts
     found: dict[str, set[str]] = field(default_factory=dict)  # phase -> message ids first delivered in it
+    # (when sent, seconds until consume-ok, or until the session ended unanswered) of each basic.consume
+    consume_waits: list[tuple[float, float, bool]] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event) -> None:
         turn = 0
@@ -829,6 +831,15 @@ class Consumer:
         await connection.method(60, 11)
         writer.write(method_frame(1, 60, 20, struct.pack("!H", 0) + shortstr(QUEUE) + shortstr("c") + b"\x00"
                                   + table(None)))
+        sent = time.monotonic()
+        try:
+            await self._consuming(connection, node, sent)
+        finally:
+            if self.attached != node:  # (never answered)
+                self.consume_waits.append((round(sent - self.started, 1), round(time.monotonic() - sent, 1), False))
+
+    async def _consuming(self, connection: Connection, node: int, sent: float) -> None:
+        writer = connection.writer
         while True:
             kind, payload = await connection.frame()
             if kind != 1:
@@ -844,6 +855,7 @@ class Consumer:
                 writer.write(method_frame(1, 60, 80, struct.pack("!QB", tag, 0)))
             elif method == (60, 21):
                 self.attached = node
+                self.consume_waits.append((round(sent - self.started, 1), round(time.monotonic() - sent, 1), True))
             elif method == (60, 30):  # basic.cancel from the broker (the leader moved)
                 raise Closed("cancelled")
 
@@ -1319,6 +1331,9 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, wat
         "queue_missing_sample": watcher.missing[:20], "views": watcher.views, "stuck_while_attached": watcher.stuck,
         "timeline": watcher.timeline,
         "consumer_connections": consumer.connections, "consumer_sessions_ended": dict(consumer.ended),
+        # [sent at, seconds, answered]: the basic.consume that waited longest for consume-ok (a quorum queue's
+        # consume waits up to 10 s for a leader, as RabbitMQ's member does)
+        "longest_consume_wait": max(consumer.consume_waits, key=lambda wait: wait[1], default=None),
         "duplicates_by_second": dict(Counter(int(t) for t in consumer.again)),
         "confirms_by_second": dict(Counter(int(t) for t in confirms)),
         "nacks_by_second": dict(Counter(int(t) for p in publishers for t in p.nacked)),
