@@ -74,6 +74,7 @@ ELECTION_POLL = 0.1
 ELECTION_TIMEOUT = 10.0
 ELECTION_GRACE = 2.0  # a queue found without a leader: time for its declaring node to claim it first
 PASSED_OVER = 2.0  # a copy ahead of a majority's waits this long for a copy further ahead to claim (``_stand``)
+ELECTION_TOLD = 3.0  # an election still going on logs what it waits for this often
 RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
 CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
 CATCH_UP_TRIES = 5  # how many times at most, while its copy does not move
@@ -239,6 +240,7 @@ class QuorumGroups:
         self._step_down_everywhere()
         self.lease = None
         loop = asyncio.get_running_loop()
+        lapsed = loop.time()
         while self.lease is None:
             sent = loop.time()
             try:
@@ -246,6 +248,7 @@ class QuorumGroups:
                 self._renewed = sent
             except (aetcd.ClientError, asyncio.TimeoutError):
                 await asyncio.sleep(LEASE_TTL / 8)
+        log.info("%s's etcd lease had lapsed: a new one after %.1f s", self.name, loop.time() - lapsed)
         for group in self.groups.values():
             if not group.leader and self.name in group.members:
                 self._elect(group)
@@ -594,20 +597,30 @@ class QuorumGroups:
         written: tuple[int, list[int]] | None = None  # (lease, ballot) of our latest write
         deadline = 0.0
         passed_over = 0.0  # (loop time) since when a copy further ahead has not claimed, 0: none is
+        told = loop.time()  # when the election's progress was last logged (``ELECTION_TOLD``)
+        waits = "no etcd answer yet"  # what it waits for now
         while self._standing(group):
+            if loop.time() - told >= ELECTION_TOLD:
+                told = loop.time()
+                log.info("%s's election for %s goes on: %s", self.name, untrusted(group.key), waits)
             lease = self.lease
             if not self._reaches_majority(group):  # (cut off: the members that reach one another elect)
+                waits = "no majority of the members reached over links"
                 await asyncio.sleep(ELECTION_POLL)
                 continue
             try:
                 ballot = group.ballot
-                if lease is not None and (written != (lease.id, ballot) or loop.time() > deadline):
+                if lease is None:
+                    waits = "no etcd lease"
+                elif written != (lease.id, ballot) or loop.time() > deadline:
                     group.ballot_out = True  # (before: a write that fails may be in etcd all the same)
                     await self.client.put(mine, json.dumps(ballot).encode(), lease=lease)
                     written, deadline = (lease.id, ballot), loop.time() + ELECTION_TIMEOUT
                 ballots = {kv.key.rsplit(b"/", 1)[1].decode(): json.loads(kv.value)
                            for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
                 ballots = {name: b for name, b in ballots.items() if name in group.members}
+                if lease is not None:
+                    waits = f"positions {ballots}, ours {ballot}"
                 half = len(group.members) // 2
                 if written is not None and len(ballots) > half and ballot[2]:
                     best = max((name for name, b in ballots.items() if b[2]),
@@ -622,6 +635,7 @@ class QuorumGroups:
                     else:
                         passed_over = 0.0
             except aetcd.ClientError as exc:
+                waits = f"etcd ({exc})"
                 log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
                 written = None
                 await asyncio.sleep(ELECTION_RETRY)

@@ -504,6 +504,18 @@ async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(n
     assert await copies_agree(network) == [*bodies(300), *bodies(50, "late"), *bodies(20, "new")]
 
 
+async def test_an_election_that_goes_on_says_what_it_waits_for(network, caplog, monkeypatch):
+    """n2 alone of three stands in an election that cannot end: it logs, every ``ELECTION_TOLD``, what it waits
+    for (so that a node log shows why a queue had no leader for seconds)."""
+    monkeypatch.setattr(quorum, "ELECTION_TOLD", 0.2)
+    await declared(network)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum")
+    await network.kill("n3")
+    await network.kill("n1")
+    await wait_for(lambda: any("n2's election for" in record.message and "no majority of the members" in
+                               record.message for record in caplog.records), "the election's progress logged")
+
+
 async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapshot(network, caplog):
     """n1, cut off from n2 and n3, took publishes no majority has; n2 leads the next term, and its log passes
     where n1's copy stood before them, not where it stands: n1's copy of those ops is replaced."""
