@@ -10,8 +10,9 @@ etcd that does not answer at all is another matter: the node serves its mirrored
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 import aetcd
@@ -94,6 +95,33 @@ def _stale_token(exc: rpc.AioRpcError) -> bool:
             or "auth store is old" in details)
 
 
+class _Watcher(watcher.Watcher):
+    """aetcd's watcher, each watch created under an id of ours.  aetcd takes the next "created" answer for the
+    watch it waits for: after a create that timed out (etcd frozen, or slow), the late answer to it was taken for
+    the next watch, which then followed the other's keys while its own was cancelled as a stale one's.  An answer
+    under another id than the one awaited is now that stale watch's, and cancelled."""
+
+    def __init__(self, stub: rpc.WatchStub, timeout: int | None) -> None:
+        super().__init__(stub, timeout=timeout, metadata=None)
+        self._ids = itertools.count(1)  # (unique on a stream, which is all etcd asks)
+        self._awaited = 0  # the id of the watch whose create is awaited
+
+    async def add_callback(self, key: bytes, callback: Callable[..., Any], **options: Any) -> Any:
+        options["watch_id"] = next(self._ids)
+        return await super().add_callback(key, callback, **options)
+
+    async def _enqueue_watch_create(self, *args: Any, **kwargs: Any) -> None:
+        request = self._build_watch_create_request(*args, **kwargs)
+        request.create_request.watch_id = self._awaited = kwargs["watch_id"]  # (aetcd leaves it out)
+        await self._request_queue.put(request)
+
+    async def _handle_response(self, response: Any) -> None:
+        if response.created and self._new_callback is not None and response.watch_id != self._awaited:
+            await self._enqueue_watch_cancel(watch_id=response.watch_id)
+            return
+        await super()._handle_response(response)
+
+
 class EtcdClient(aetcd.Client):
     """aetcd's client over TLS when ``credentials`` are given (aetcd itself dials in plain text only), its login
     kept by a :class:`_Token` (aetcd's would hold the first token until the node restarts)."""
@@ -131,7 +159,7 @@ class EtcdClient(aetcd.Client):
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
             self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=None)
+            self._watcher = _Watcher(rpc.WatchStub(self.channel), self._timeout)
             self._connected.set()
         finally:
             self._is_connecting = False

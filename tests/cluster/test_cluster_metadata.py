@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterator
 
@@ -13,7 +14,7 @@ import aetcd
 import pytest
 
 from amqp_server.definition_store import DefinitionStore
-from forwarder.metadata import membership, mirror as metadata
+from forwarder.metadata import etcd as etcd_client, membership, mirror as metadata
 from forwarder.metadata.membership import MEMBERS_PREFIX, Membership
 from forwarder.metadata.mirror import Metadata, etcd_key
 from forwarder.metadata.signing import MAC_FIELD, Signer
@@ -361,6 +362,36 @@ def test_members_are_read_again_after_a_broken_watch_whatever_etcd_compacted(tmp
                 await until(caught_up, "node b left and node c joined")
             finally:
                 await members.stop()
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_watch_made_after_one_that_timed_out_follows_its_own_keys(etcd, run):
+    """etcd frozen: a watch's create times out and the next one's waits.  Once etcd answers, the late answer to
+    the first is not taken for the second's (aetcd takes the next answer for the watch it waits for): the second
+    follows its own keys, not the first's.  A node's leader watch once followed the definitions so, and never
+    heard that the leader's key went."""
+
+    async def scenario() -> None:
+        client = etcd_client.EtcdClient("127.0.0.1", etcd.port, None, None, None, timeout=1)
+        async with admin_of(etcd) as admin:
+            try:
+                await client.put(b"/warm", b"up")
+                etcd.proc.send_signal(signal.SIGSTOP)
+                try:
+                    with pytest.raises(aetcd.WatchTimeoutError):
+                        await client.watch_prefix(b"/first/")
+                    second = asyncio.ensure_future(client.watch_prefix(b"/second/"))
+                    await asyncio.sleep(0.3)
+                finally:
+                    etcd.proc.send_signal(signal.SIGCONT)
+                watch = await asyncio.wait_for(second, 10)
+                await admin.put(b"/first/key", b"1")
+                await admin.put(b"/second/key", b"2")
+                event = await asyncio.wait_for(anext(aiter(watch)), 5)
+                assert event.kv.key == b"/second/key"
+            finally:
                 await client.close()
 
     run(scenario())
