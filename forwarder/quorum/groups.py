@@ -121,6 +121,7 @@ class Group:
     state: State = field(default_factory=State)  # that copy's state (the leader's queue applies ops to it)
     leader: str = ""
     term: int = 0  # the term this node follows (0: none, during an election)
+    over: int = 0  # the latest term known to be over (its key gone): a node that names its leader is behind
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
     partial: bool = False  # a snapshot is coming in: the copy is not whole yet
@@ -494,8 +495,10 @@ class QuorumGroups:
         """Another node named the leader of a later term than ours (our etcd watch may be stalled or cut): we
         follow it, and ask etcd, which has the last word if it answers: the node that named it may have been cut
         off since, and that leader gone with its key (its deletion, heard before the hint, would come no more:
-        both live members once followed a dead leader so, electing nobody for 30 s)."""
-        if (term > group.term and leader != self.name and leader in self.cluster.peers
+        both live members once followed a dead leader so, electing nobody for 30 s).  A term known to be over is
+        no news: a node whose watch missed its key's deletion named it again and again, and each time our
+        election began anew."""
+        if (term > max(group.term, group.over) and leader != self.name and leader in self.cluster.peers
                 and self.groups.get(group.key) is group):
             log.info("%s leads %s in term %d, as another node says", leader, untrusted(group.key), term)
             self._follow(group, leader, term)
@@ -701,6 +704,8 @@ class QuorumGroups:
             return
         if not leader and group.members == [self.name] and group.replicator is not None:
             return  # the only member keeps leading while it claims the key again
+        if not leader:
+            group.over = max(group.over, group.term)
         group.leader, group.term = leader, term
         group.window.leaderless = not leader
         vhost = self.broker.vhosts.get(group.vhost)

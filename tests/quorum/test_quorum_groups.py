@@ -516,6 +516,20 @@ async def test_an_election_that_goes_on_says_what_it_waits_for(network, caplog, 
                                record.message for record in caplog.records), "the election's progress logged")
 
 
+async def test_a_node_naming_a_leader_whose_term_is_over_does_not_stop_an_election(network):
+    """n3, alone, stands in an election once n1's key went; a node whose etcd watch missed that (it started while
+    etcd was frozen) names n1, of that term, as the leader: n3 stands on rather than follow a dead leader (and
+    begin its election anew at each such word, twice a second)."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    await network.kill("n2")
+    await network.kill("n1")
+    group = network.nodes["n3"].quorum.groups[KEY]
+    await wait_for(lambda: group.leader == "" and group.electing is not None, "n3 standing")
+    group.window.hinted("n1", term)
+    assert group.leader == "" and not group.electing.done()
+
+
 async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapshot(network, caplog):
     """n1, cut off from n2 and n3, took publishes no majority has; n2 leads the next term, and its log passes
     where n1's copy stood before them, not where it stands: n1's copy of those ops is replaced."""
