@@ -205,6 +205,11 @@ class Channel:
         self._received = 0
         self.expect = EXPECT_BODY
 
+    @property
+    def body_size(self) -> int:
+        """The size the content header declared for the body being received (or the last one)."""
+        return self._size
+
     def on_body(self, buf: bytes | bytearray, start: int, end: int) -> None:
         """A body frame, whose payload is ``buf[start:end]``."""
         if self.expect != EXPECT_BODY:

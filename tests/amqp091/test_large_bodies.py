@@ -537,3 +537,36 @@ def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_t
         assert channel.queue_declare(uid, passive=True).method.message_count == 0
     assert [data == body(size) for size, data in zip(sizes, got)] == [True] * len(sizes)
     assert read < sum(sizes) // 2, f"{read} octets read to send {sum(sizes)}"
+
+
+def read_calls(broker) -> int:
+    """How many reads the node has made of files and sockets."""
+    with open(f"/proc/{broker.proc.pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("syscr:"))
+
+
+def test_publishes_of_64_kib_bodies_are_read_several_to_a_read(broker, uid):
+    """Bodies smaller than a read (64 KiB) go through the read buffer with the frames around them, several
+    publishes to a read, not read into each message's buffer at two reads a publish at least (its frames before
+    the body, then the body): a read and a loop turn a message cost the node more than the copy they save."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    count, size = 200, 64 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid)
+        raw = Raw(broker, timeout=30)
+        raw.handshake()
+        raw.open_channel(1)
+        before = read_calls(broker)
+        raw.send(b"".join(publish_frames(1, "", uid, body(size + number % 3)) for number in range(count)))
+        deadline = time.monotonic() + 30
+        while channel.queue_declare(uid, passive=True).method.message_count < count:
+            assert time.monotonic() < deadline, "the publishes did not all arrive"
+            time.sleep(0.05)
+        reads = read_calls(broker) - before
+        raw.close()
+        got = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)]
+    assert got == [body(size + number) for number in range(3)]
+    assert reads < count * 3 // 2, f"{reads} reads for {count} publishes"
+
