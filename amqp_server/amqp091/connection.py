@@ -47,7 +47,8 @@ _HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
-DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read
+DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read,
+DIRECT_BODY_FROM = 256 * 1024  # if its body is at least this large (_body_direct)
 READ_SIZE = 256 * 1024  # what one read takes (into the thread's read buffer, see get_buffer)
 LARGE_READ_SIZE = 4096  # what it takes while large bodies arrive: their frames are read into the bodies (get_buffer)
 AHEAD = 8  # a large body frame's end octet and the next frame's head, read with its last bytes (get_buffer)
@@ -436,9 +437,13 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def _body_direct(self, ch: int, buf: bytearray, pos: int, n: int, end: int) -> int:
         """A large body frame read in part: what has come goes into its message's buffer now, and what follows
-        as it is read (``_into_body``), rather than through ``buf``; where the frame loop goes on."""
+        as it is read (``_into_body``), rather than through ``buf``; where the frame loop goes on.  Only for a
+        body of ``DIRECT_BODY_FROM`` or more: a smaller one's frames wait in ``buf`` for reads of ``READ_SIZE``,
+        which take several publishes at once.  Read into its message, each publish took two reads at least (the
+        frames before the body, the body) and loop turns of its own, which cost more than the copy they saved
+        (64 KiB persistent-confirm: 330 -> 260 us of broker CPU a message)."""
         channel = self.channels.get(ch)
-        if channel is None or self.state != OPEN:
+        if channel is None or self.state != OPEN or channel.body_size < DIRECT_BODY_FROM:
             return pos
         channel.body_part(buf, pos + 7, n)
         self.direct = (ch, end - n)

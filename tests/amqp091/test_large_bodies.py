@@ -537,3 +537,64 @@ def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_t
         assert channel.queue_declare(uid, passive=True).method.message_count == 0
     assert [data == body(size) for size, data in zip(sizes, got)] == [True] * len(sizes)
     assert read < sum(sizes) // 2, f"{read} octets read to send {sum(sizes)}"
+
+
+def read_calls(broker) -> int:
+    """How many reads the node has made of files and sockets."""
+    with open(f"/proc/{broker.proc.pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("syscr:"))
+
+
+def test_publishes_of_64_kib_bodies_are_read_several_to_a_read(broker, uid):
+    """Bodies smaller than a read (64 KiB) go through the read buffer with the frames around them, several
+    publishes to a read, not read into each message's buffer at two reads a publish at least (its frames before
+    the body, then the body): a read and a loop turn a message cost the node more than the copy they save."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    count, size = 200, 64 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid)
+        raw = Raw(broker, timeout=30)
+        raw.handshake()
+        raw.open_channel(1)
+        before = read_calls(broker)
+        raw.send(b"".join(publish_frames(1, "", uid, body(size + number % 3)) for number in range(count)))
+        deadline = time.monotonic() + 30
+        while channel.queue_declare(uid, passive=True).method.message_count < count:
+            assert time.monotonic() < deadline, "the publishes did not all arrive"
+            time.sleep(0.05)
+        reads = read_calls(broker) - before
+        raw.close()
+        got = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)]
+    assert got == [body(size + number) for number in range(3)]
+    assert reads < count * 3 // 2, f"{reads} reads for {count} publishes"
+
+
+def test_a_stored_body_held_for_its_ack_goes_from_memory_without_a_descriptor(broker, uid):
+    """A persistent 64 KiB body delivered for manual ack is held by the node until acked anyway: it goes from
+    memory, as a smaller one does, not as a range of the store's file with a descriptor of its own (taken and
+    closed for each delivery, and held while the client does not read)."""
+    if not rss(broker):
+        pytest.skip("reads the node's descriptors")
+    count, size = 100, 64 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True)
+        channel.confirm_delivery()
+        for number in range(count):
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        time.sleep(0.5)
+        before = len(open_fds(broker))
+        raw = stalled_consumer(broker, uid)  # reads nothing: most deliveries wait in the node
+        deadline = time.monotonic() + 20
+        while channel.queue_declare(uid, passive=True).method.message_count:
+            assert time.monotonic() < deadline, "not all delivered"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        held = len(open_fds(broker)) - before
+        frames = read_frames(raw, sum(size + number for number in range(count)))
+        raw.close()
+    assert held <= 1, f"{held} descriptors more (the consumer's socket is one)"
+    bodies = [payload for ftype, _channel, payload in frames if ftype == 3]
+    assert bodies == [body(size + number) for number in range(count)]
