@@ -255,7 +255,7 @@ async def test_publishes_through_a_follower_are_answered_a_turn_at_a_time_in_one
             frames.append((ftype, payload))
         deliver(source, destination, ftype, payload)
 
-    network.deliver = watched  # type: ignore[method-assign]  # (the frames n1 answers n2 with, seen)
+    network.deliver = watched  # (the frames n1 answers n2 with, seen)
     confirms = Confirms()
     publish(network.nodes["n2"], bodies(10), confirms)
     await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")

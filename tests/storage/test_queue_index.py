@@ -236,8 +236,12 @@ def test_a_replicas_position_on_disk_leaves_its_entries_totals_counted_in_one_go
     index.commit()
     counted: list[int] = []
     account = index_module._account
-    monkeypatch.setattr(index_module, "_account", lambda changes, keys, values, sign: (
-        counted.append(len(keys)), account(changes, keys, values, sign)))
+
+    def counting(changes: dict[bytes, list[int]], keys: list[bytes], values: list[bytes], sign: int) -> None:
+        counted.append(len(keys))
+        account(changes, keys, values, sign)
+
+    monkeypatch.setattr(index_module, "_account", counting)
     for seq in range(1, 41):
         index.publish(5, seq, seq, 0, 3)
     index.set_position(5, 2, 80)
