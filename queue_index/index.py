@@ -249,8 +249,13 @@ class QueueIndex:
             return txn.get(key)
 
     def set_position(self, queue_id: int, term: int, index: int) -> None:
-        """A replica's position in its group's log, committed with the entries staged with it."""
-        self.publish(POSITIONS, queue_id, term, index, 0)
+        """A replica's position in its group's log, committed with the entries staged with it.  Staged as an
+        update, written over in place and counted in no totals, as the enqueuers are: a put of a key on disk
+        would make the commit count each of its entries' totals one by one (a replica stages its position
+        with every batch)."""
+        key = KEY.pack(POSITIONS, queue_id)
+        self._deletes.pop(key, None)
+        self._updates[key] = VALUE.pack(term, index, 0, 0)
 
     def position(self, queue_id: int) -> tuple[int, int]:
         """(term, index) last committed for a replica; (0, 0) for none."""

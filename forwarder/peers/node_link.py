@@ -52,9 +52,9 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 7  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+LINK_VERSION = 8  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
-# 7: MODIFY)
+# 7: MODIFY; 8: CONFIRMS)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -65,6 +65,7 @@ CHALLENGE, AUTH, AUTH_OK, HEARTBEAT = 1, 2, 3, 4
 SILENT = 5
 PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PUBLISH, but never passed on again
+CONFIRMS = 14  # owner -> dialer: CONFIRM_BODYs, the answers of one turn (a CONFIRM_MOVED with its hint: a CONFIRM)
 ENQUEUE = 13  # a publish of a quorum queue's window (``remote_queue.Window``) to its leader: never passed on
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32

@@ -187,6 +187,8 @@ class PeerSession:
         # answered already (a group refused it: nacked at once)]
         self.replicating: dict[int, list] = {}
         self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
+        self._confirms: list[bytes] = []  # this turn's confirms, one CONFIRMS frame (``_send_confirm``)
+        self._send_confirms_cb = self._send_confirms
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
@@ -272,10 +274,23 @@ class PeerSession:
         """The publish is on disk here: confirmed now, or once the groups of its replicated queues have it."""
         waiting = self.replicating.get(seq)
         if waiting is None:
-            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, status))
+            self._send_confirm(seq, status)
             return
         waiting[1] = status
         self._settled(seq, waiting)
+
+    def _send_confirm(self, seq: int, status: int) -> None:
+        """A publish's answer joins this turn's CONFIRMS frame, held on the link (``FrameLink.hold``): sent before
+        any other frame, so in the order the answers were given, and at the latest at the end of the turn.  (A
+        frame each cost both nodes a frame's work per publish.)"""
+        confirms = self._confirms
+        if not confirms:
+            self.link.hold(self._send_confirms_cb)
+        confirms.append(link.CONFIRM_BODY.pack(seq, status))
+
+    def _send_confirms(self) -> None:
+        confirms, self._confirms = self._confirms, []
+        self.link.send(link.CONFIRMS, *confirms)
 
     def forwarded(self) -> int:
         """A replicated queue led here took the publish: its confirm also waits for the queue's group."""
@@ -291,7 +306,7 @@ class PeerSession:
         waiting[0] -= 1
         if rejected and not waiting[2]:
             waiting[2] = True
-            self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, link.CONFIRM_REJECTED))
+            self._send_confirm(seq, link.CONFIRM_REJECTED)
         self._settled(seq, waiting)
 
     def waiting(self, change: int) -> None:
@@ -302,7 +317,7 @@ class PeerSession:
         if waiting[0] == 0 and waiting[1] is not None:
             del self.replicating[seq]
             if not waiting[2]:
-                self.link.send(link.CONFIRM, link.CONFIRM_BODY.pack(seq, waiting[1]))
+                self._send_confirm(seq, waiting[1])
 
     @staticmethod
     def _pass_on(proxy: RemoteQueue, message: Message, sink: "PeerSession | None", relayed: bool) -> bool:

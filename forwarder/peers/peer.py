@@ -295,6 +295,14 @@ class Peer:
     def frame(self, ftype: int, payload: bytes) -> None:
         if ftype == link.DELIVER:
             self._deliver(payload)
+        elif ftype == link.CONFIRMS:
+            enqueued = self._enqueued
+            for seq, status in link.CONFIRM_BODY.iter_unpack(payload):
+                publish = enqueued.pop(seq, None)
+                if publish is not None:
+                    publish.window.answered(publish, status)
+                else:
+                    self._confirmed(seq, status)
         elif ftype == link.CONFIRM:
             seq, status = link.CONFIRM_BODY.unpack_from(payload)
             publish = self._enqueued.pop(seq, None)
@@ -305,9 +313,7 @@ class Peer:
                     hint = (payload[link.CONFIRM_BODY.size + link.MOVED_HINT.size:].decode(errors="replace"), term)
                 publish.window.answered(publish, status, hint)
                 return
-            pending = self._pending.pop(seq, None)
-            if pending is not None:
-                pending[0].remote_confirmed(pending[1], status not in (link.CONFIRM_OK, link.CONFIRM_NO_QUEUE))
+            self._confirmed(seq, status)
         elif ftype == link.CONSUMED:
             self._consumed(json.loads(payload))
         elif ftype == link.CANCELLED:
@@ -320,6 +326,12 @@ class Peer:
             cluster.quorum.replicated(self.name, payload)
         elif ftype == link.REPLY:
             self._reply(payload)
+
+    def _confirmed(self, seq: int, status: int) -> None:
+        """The answer to a PUBLISH: its publisher is told."""
+        pending = self._pending.pop(seq, None)
+        if pending is not None:
+            pending[0].remote_confirmed(pending[1], status not in (link.CONFIRM_OK, link.CONFIRM_NO_QUEUE))
 
     def _reply(self, payload: bytes) -> None:
         size = link.REPLY_HEAD.unpack_from(payload)[0]

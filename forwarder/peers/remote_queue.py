@@ -98,14 +98,21 @@ class Window:
         self.hinted: Callable[[str, int], None] | None = None  # follows the leader (and term) a node named
         self.publishes: dict[int, Publish] = {}  # unanswered, by seq: oldest first
         self._next = 1
+        self._floor = 1  # no unanswered seq is below it (``floor``)
         self._round = 0
         self.held = False  # no leader to send to: each publish here counts against its channel (``waiting``)
         self._retry: asyncio.TimerHandle | None = None
 
     @property
     def floor(self) -> int:
-        """The oldest unanswered seq: what is below it the leader need not wait for."""
-        return next(iter(self.publishes), self._next)
+        """The oldest unanswered seq: what is below it the leader need not wait for.  Found by walking up from the
+        last one over the seqs answered since (one per publish, in the usual order of answers): the first key of a
+        dict whose oldest keys go, as these do, is found past every slot they left, hundreds of them."""
+        floor, publishes, end = self._floor, self.publishes, self._next
+        while floor < end and floor not in publishes:
+            floor += 1
+        self._floor = floor
+        return floor
 
     def publish(self, confirm: "ConfirmSink | None", message: Message) -> bool:
         """Send a publish to the leader, and again to each next one until one answers; False (nacked at once)
@@ -138,6 +145,7 @@ class Window:
         publishes[seq] = publish
         for p in later:
             publishes[p.seq] = p
+        self._floor = min(self._floor, seq)
         if self.held:
             confirm.waiting(1)
         self.stalled()

@@ -32,6 +32,7 @@ it is known, which takes each publish once; a deposed leader's own unconfirmed p
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -276,7 +277,7 @@ class QuorumGroups:
             self._regroup(vhost, group, record)
             return
         group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
-        group.window.send = lambda publish: self._send(group, publish)
+        group.window.send = functools.partial(self._send, group)  # (each publish: a partial is no frame more)
         group.window.recheck = lambda: self._recheck(group)
         group.window.hinted = lambda leader, term: self._hinted(group, leader, term)
         if self.name in group.members:

@@ -243,6 +243,29 @@ async def test_a_publish_is_confirmed_once_a_majority_has_it(network):
     await copies_agree(network)
 
 
+async def test_publishes_through_a_follower_are_answered_a_turn_at_a_time_in_one_frame(network):
+    """n2's publishes a majority took together are answered in one CONFIRMS frame (a frame each cost both nodes
+    a frame's work per publish), in order."""
+    await declared(network)
+    frames: list[tuple[int, bytes]] = []
+    deliver = network.deliver
+
+    def watched(source: str, destination: str, ftype: int, payload: bytes) -> None:
+        if (source, destination) == ("n1", "n2") and ftype in (link.CONFIRM, link.CONFIRMS):
+            frames.append((ftype, payload))
+        deliver(source, destination, ftype, payload)
+
+    network.deliver = watched  # (the frames n1 answers n2 with, seen)
+    confirms = Confirms()
+    publish(network.nodes["n2"], bodies(10), confirms)
+    await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
+    assert {ftype for ftype, _ in frames} == {link.CONFIRMS} and len(frames) < 10
+    answers = [answer for _, payload in frames for answer in link.CONFIRM_BODY.iter_unpack(payload)]
+    assert [status for _, status in answers] == [link.CONFIRM_OK] * 10
+    assert [seq for seq, _ in answers] == sorted(seq for seq, _ in answers)
+    await copies_agree(network)
+
+
 async def test_a_leader_counts_its_own_copy_toward_a_majority_only_once_it_is_on_disk(network, monkeypatch):
     """The leader and one follower are a majority only with the leader's group commit done: a confirm counted
     on the leader's page cache would be lost by a power loss of the leader and of the other follower."""

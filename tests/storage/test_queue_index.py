@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queue_index import ExpiryHeap, IndexEntry, QueueIndex, Totals
+from queue_index import index as index_module
 
 
 @pytest.fixture
@@ -226,6 +227,30 @@ def test_a_replicas_position_commits_with_its_entries(tmp_path):
     index.forget_position(5)
     assert index.position(5) == (0, 0)
     index.close()
+
+
+def test_a_replicas_position_on_disk_leaves_its_entries_totals_counted_in_one_go(index, monkeypatch):
+    """A replica stages its position with every batch: written over in place, it does not turn the commit's
+    entries into one put and one count each (as a put of a key on disk would)."""
+    index.set_position(5, 2, 40)
+    index.commit()
+    counted: list[int] = []
+    account = index_module._account
+
+    def counting(changes: dict[bytes, list[int]], keys: list[bytes], values: list[bytes], sign: int) -> None:
+        counted.append(len(keys))
+        account(changes, keys, values, sign)
+
+    monkeypatch.setattr(index_module, "_account", counting)
+    for seq in range(1, 41):
+        index.publish(5, seq, seq, 0, 3)
+    index.set_position(5, 2, 80)
+    index.commit()
+    assert counted == [40]
+    assert index.position(5) == (2, 80) and kept_totals(index, 5) == Totals(40, 120, 0, 0)
+    index.forget_position(5)
+    index.set_position(5, 3, 1)  # (forgotten and set again in one batch: set)
+    assert index.position(5) == (3, 1)
 
 
 def test_a_replicas_enqueuers_commit_with_its_entries_and_only_changes_are_written(tmp_path):
