@@ -99,7 +99,8 @@ class _Watcher(watcher.Watcher):
     """aetcd's watcher, each watch created under an id of ours.  aetcd takes the next "created" answer for the
     watch it waits for: after a create that timed out (etcd frozen, or slow), the late answer to it was taken for
     the next watch, which then followed the other's keys while its own was cancelled as a stale one's.  An answer
-    under another id than the one awaited is now that stale watch's, and cancelled."""
+    under another id than the one awaited is now that stale watch's, and cancelled.  (Watch ids a client picks
+    are etcd 3.4's and later's.)"""
 
     def __init__(self, stub: rpc.WatchStub, timeout: int | None) -> None:
         super().__init__(stub, timeout=timeout, metadata=None)
