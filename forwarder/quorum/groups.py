@@ -624,7 +624,7 @@ class QuorumGroups:
                            for kv in await self.client.get_prefix(mine.rsplit(b"/", 1)[0] + b"/")}
                 ballots = {name: b for name, b in ballots.items() if name in group.members}
                 if lease is not None:
-                    waits = f"positions {ballots}, ours {ballot}"
+                    waits = f"positions {untrusted(ballots)}, ours {ballot}"
                 half = len(group.members) // 2
                 if written is not None and len(ballots) > half and ballot[2]:
                     best = max((name for name, b in ballots.items() if b[2]),
@@ -639,7 +639,7 @@ class QuorumGroups:
                     else:
                         passed_over = 0.0
             except aetcd.ClientError as exc:
-                waits = f"etcd ({exc})"
+                waits = f"etcd ({untrusted(exc)})"
                 log.warning("election for %s: %s; trying again", untrusted(group.key), exc)
                 written = None
                 await asyncio.sleep(ELECTION_RETRY)
