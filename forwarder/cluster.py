@@ -25,6 +25,7 @@ from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from amqp_server.broker.vhost import VHost
+from amqp_server.tasks import stop_tasks
 
 from .metadata import etcd
 from .peers.node_link import STATS, ServerLink, encode_json, listener
@@ -132,8 +133,7 @@ class Cluster:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        self._stats.cancel()
-        self._joining.cancel()
+        await stop_tasks(self._stats, self._joining)
         await self.quorum.stop()
         self.orphans.close()
         await self.membership.stop()

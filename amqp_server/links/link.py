@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..logs import untrusted
+from ..tasks import stop_tasks
 from . import uri as uri_module
 from .amqp_client import Client, ClientError
 
@@ -97,12 +98,7 @@ class Link:
     async def stop(self, cleanup: bool = True) -> None:
         """Stop; for good (``cleanup``) a subclass's :meth:`_stopped` may still use the connections before they
         close."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_tasks(self._task)
         try:
             if cleanup:
                 await self._stopped()

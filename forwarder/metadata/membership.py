@@ -16,6 +16,8 @@ from typing import Any, Callable
 import aetcd
 from aetcd import rtypes
 
+from amqp_server.tasks import stop_tasks
+
 log = logging.getLogger("warren.forwarder.membership")
 
 MEMBERS_PREFIX = b"/warren/members/"  # every node that joined, until forgotten
@@ -39,9 +41,7 @@ class Membership:
         self._task = asyncio.get_running_loop().create_task(self._watch(revision))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_tasks(self._task)
 
     async def _register(self) -> None:
         await self.client.put(MEMBERS_PREFIX + self.name.encode(), json.dumps(self.address).encode())

@@ -29,6 +29,7 @@ from aetcd import rtypes
 
 from amqp_server.definition_store import DefinitionStore
 from amqp_server.logs import untrusted
+from amqp_server.tasks import stop_tasks
 
 from .signing import Signer
 
@@ -212,9 +213,7 @@ class Metadata:
         self._tasks = [loop.create_task(self._writer()), loop.create_task(self._watch())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(*self._tasks)
 
     async def _watch(self) -> None:
         """Read etcd's whole state and follow it from there; after an error, or a watch found quiet while

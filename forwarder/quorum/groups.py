@@ -50,6 +50,7 @@ from amqp_server.queues.quorum_machine import CHECKS, State
 from amqp_server.queues import quorum_queue
 from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
+from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
 from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, History, OpLogShipper,
@@ -189,12 +190,7 @@ class QuorumGroups:
         self.ready.set()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for group in self.groups.values():
-            if group.electing is not None:
-                group.electing.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(*self._tasks, *(group.electing for group in self.groups.values()))
         if self.lease is not None:
             try:
                 await asyncio.wait_for(self.lease.revoke(), 2)  # the others need not wait for it to lapse
