@@ -143,6 +143,7 @@ class FakeLease:
     async def refresh(self) -> SimpleNamespace:
         etcd = self.client.etcd
         await self.client.gate()
+        await asyncio.sleep(self.client.refresh_delay)
         state = etcd.leases.get(self.id)
         if state is None:
             return SimpleNamespace(TTL=-1)
@@ -162,6 +163,7 @@ class FakeClient:
         self.unreachable = False  # this node cut off from etcd (the others reach it)
         self.failing_deletes = 0  # so many deletes fail next (etcd went away just then)
         self.deaf = False  # its watches hear nothing, and fail not (a stream stalled on a cut): events wait
+        self.refresh_delay = 0.0  # seconds before a lease refresh reaches etcd (a loop slowed by long turns)
         self.transactions = SimpleNamespace(create=lambda key: _Created(key),
                                             put=lambda key, value, lease: ("put", key, value, lease),
                                             delete=lambda key: ("delete", key, b"", None))

@@ -179,6 +179,7 @@ class QuorumGroups:
         self._reach: dict[str, float] = {}
         self.lease: aetcd.Lease | None = None
         self._renewed = 0.0  # (loop time) when the last refresh etcd took was sent
+        self._lapsed = False  # etcd answered a refresh that the lease is gone
         self.ready = asyncio.Event()  # the lease is granted and the watch runs
         self._tasks: list[asyncio.Task] = []
 
@@ -206,29 +207,50 @@ class QuorumGroups:
         return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
 
     async def _keep_lease(self) -> None:
-        """Refresh the lease, and go on refreshing it while etcd does not answer (its queues deliver nothing
-        once it may have lapsed: ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our
-        queues meanwhile (a key lives as long as its lease), so they deliver again with no change of leader —
-        after a pause of this node or of its loop, etcd frozen for less than the lease or restarted (it keeps
-        its leases).  Etcd answers that it is gone: lead nothing, and a new lease."""
+        """Refresh the lease every eighth of it, each refresh answered in its own time (``_refresh``), and go on
+        refreshing while etcd does not answer (its queues deliver nothing once it may have lapsed:
+        ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our queues meanwhile (a key
+        lives as long as its lease), so they deliver again with no change of leader — after a pause of this
+        node or of its loop, etcd frozen for less than the lease or restarted (it keeps its leases).  Etcd
+        answers that it is gone: lead nothing, and a new lease."""
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(LEASE_TTL / 8)
-            assert self.lease is not None  # (start got one; _new_lease, awaited below, leaves one)
-            sent = loop.time()
-            try:
-                reply = await asyncio.wait_for(self.lease.refresh(), LEASE_TTL / 4)
-            except (aetcd.ClientError, asyncio.TimeoutError):
-                continue
-            if reply.TTL <= 0:
-                await self._new_lease()
-                continue
-            unsure = not self.lease_sure
-            self._renewed = sent
-            if unsure:
-                for group in self.groups.values():
-                    if group.replicator is not None:
-                        group.replicator.queue.deliver_ready()
+        refreshing: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(LEASE_TTL / 8)
+                if self._lapsed:
+                    await self._new_lease()
+                    continue
+                assert self.lease is not None  # (start got one; _new_lease, awaited above, leaves one)
+                task = loop.create_task(self._refresh(self.lease))
+                refreshing.add(task)
+                task.add_done_callback(refreshing.discard)
+        finally:
+            for task in refreshing:
+                task.cancel()
+
+    async def _refresh(self, lease: aetcd.Lease) -> None:
+        """One refresh, waited for up to the lease, not less: a loop slowed by long turns (a deep queue's
+        snapshots under load) sends and hears late, and a refresh given up sooner may never have left — the
+        lease lapsed so, every new term's snapshots slowed the next, and the leader changed every few seconds.
+        The next refresh does not wait for this one."""
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        try:
+            reply = await asyncio.wait_for(lease.refresh(), LEASE_TTL)
+        except (aetcd.ClientError, asyncio.TimeoutError):
+            return
+        if lease is not self.lease or sent <= self._renewed:
+            return  # a lapsed lease's, or answered after a later one
+        if reply.TTL <= 0:
+            self._lapsed = True
+            return
+        unsure = not self.lease_sure
+        self._renewed = sent
+        if unsure:
+            for group in self.groups.values():
+                if group.replicator is not None:
+                    group.replicator.queue.deliver_ready()
 
     async def _new_lease(self) -> None:
         """The lease lapsed (etcd says so, and dropped its keys): lead nothing; then a new lease, asked for until
@@ -237,6 +259,7 @@ class QuorumGroups:
             log.warning("etcd lease lapsed: leading no queue")
         self._step_down_everywhere()
         self.lease = None
+        self._lapsed = False
         loop = asyncio.get_running_loop()
         lapsed = loop.time()
         while self.lease is None:

@@ -890,6 +890,21 @@ async def test_etcd_out_of_reach_for_less_than_the_lease_stops_no_confirm_and_ke
 
 
 
+
+async def test_refreshes_that_reach_etcd_late_keep_the_lease_and_the_leader(network):
+    """Every refresh reaches etcd a second after it was made, as from a loop slowed by long turns (a deep
+    queue's snapshots to two followers, on a loaded machine).  The leader leads on in the same term.  Refreshes
+    given up after a quarter of the lease never arrived: the lease lapsed, the new term's snapshots slowed the
+    next leader alike, and the leader changed every 4 s for a minute (a nemesis seed, 60,000 messages behind)."""
+    node = await declared(network)
+    term = node.quorum.groups[KEY].term
+    for each in network.nodes.values():
+        each.client.refresh_delay = 1.0
+    await asyncio.sleep(quorum.LEASE_TTL * 3)
+    assert leader(network) is node
+    assert all(other.quorum.groups[KEY].term == term for other in network.nodes.values())
+
+
 async def test_ops_a_follower_has_already_are_skipped_and_it_asks_for_nothing(network, caplog):
     """A catch-up's log overlaps what the leader ships meanwhile: a frame whose first ops n3 has is applied from
     the first it lacks, one it has whole is dropped, and neither makes it ask to catch up again (under load
