@@ -44,6 +44,7 @@ complaints = Complaints(log)
 FRAME = struct.Struct(">IB")  # payload length, frame type
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 MAX_FRAME = 256 * 1024 * 1024
+BYTES_PER_TURN = 1 << 20  # a read handles frames up to this many bytes (the one that crosses it too) a turn
 HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
 HANDSHAKE_TIMEOUT = 5.0  # seconds from connect to a proven peer, on both ends
 HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one more closes the oldest
@@ -272,7 +273,9 @@ class FrameLink(FrontEnd):
         self.read_on()
 
     def read_on(self) -> None:
-        """The frames read, ``FRAMES_PER_TURN`` at most, while the peer reads what they answer (a listener)."""
+        """The frames read, ``FRAMES_PER_TURN`` at most and ``BYTES_PER_TURN`` or a frame more, while the peer
+        reads what they answer (a listener).  (A snapshot's frames of 4,096 rows each, all read in one turn,
+        held a follower's loop past its etcd lease on a loaded machine.)"""
         buf = self._buf
         pos = 0
         n = len(buf)
@@ -280,7 +283,7 @@ class FrameLink(FrontEnd):
         try:
             while n - pos >= FRAME.size and not self.reading_paused:
                 budget -= 1
-                if budget < 0:
+                if budget < 0 or pos >= BYTES_PER_TURN:
                     self.next_turn()
                     break
                 size, ftype = FRAME.unpack_from(buf, pos)

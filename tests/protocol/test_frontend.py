@@ -224,6 +224,16 @@ async def test_one_link_read_handles_a_bounded_number_of_frames():
     assert len(recorder.frames) == 2500 and not transport.paused
 
 
+async def test_one_link_read_handles_a_bounded_number_of_bytes():
+    """Frames of 400 KB, as a snapshot's: three a turn (the one that crosses ``BYTES_PER_TURN`` too), the rest
+    at the next turns."""
+    server, transport, recorder = await authenticated_link()
+    server.data_received(frame(link.STATS, b" " * 400_000) * 8)
+    assert len(recorder.frames) == 3 and transport.paused
+    await turns(10)
+    assert len(recorder.frames) == 8 and not transport.paused
+
+
 # -- the client ports' shared pre-login cap, live -------------------------------------------------------------
 
 
