@@ -10,6 +10,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 
+MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # RabbitMQ's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
+
+
 def _total_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -84,6 +87,12 @@ class Config:
         """The host the stream protocol's open and metadata name for this node: ``stream_advertised_host``, else the
         host of the node's name, as RabbitMQ's (empty if the name has none)."""
         return self.stream_advertised_host or self.node_name.partition("@")[2]
+
+    @property
+    def message_size_limit(self) -> int:
+        """``max_message_size`` as every protocol applies it: at most ``MAX_MESSAGE_SIZE``, as RabbitMQ takes it at
+        boot (the message store's records hold at most 1 GiB)."""
+        return min(self.max_message_size, MAX_MESSAGE_SIZE)
 
     @property
     def memory_limit(self) -> int:

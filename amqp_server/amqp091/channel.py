@@ -20,6 +20,7 @@ from ..framing import codec, properties
 from ..broker import direct_reply
 from .. import errors
 from ..broker import server_name
+from ..config import MAX_MESSAGE_SIZE
 from ..framing.codec import CONTENT_UNIT_BITS
 from ..framing.file_out import FileRange
 from .consumer_timeout import AckTimeout
@@ -50,7 +51,6 @@ log = logging.getLogger("warren.channel")
 EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
 _PUBLISH = commands.Basic.Publish()  # the method a publish that waits for the cluster's definitions names in errors
-MAX_MESSAGE_SIZE = 512 * 1024 * 1024  # rabbit_channel's ?MAX_MSG_SIZE: a larger max_message_size is taken as this
 BODY_ROOM = 1024 * 1024  # a body's buffer is set aside this large at first (at most its size), then doubled (_room)
 _grow = ctypes.pythonapi.PyByteArray_Resize
 _grow.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
@@ -159,7 +159,7 @@ class Channel:
         self._topic_checked: dict[tuple[str, str], None] = {}  # the latest TOPIC_CHECKS_KEPT, oldest first
         self.stats = MessageStats()
         self.vhost_stats = self.broker.vhost_stats(self.vhost.name)
-        self.max_message_size = min(connection.config.max_message_size, MAX_MESSAGE_SIZE)
+        self.max_message_size = connection.config.message_size_limit
 
     # -- hot path: publish --------------------------------------------------------------------
 

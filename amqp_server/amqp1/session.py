@@ -366,7 +366,7 @@ class LinkEndpoint:
         return frames.performative(
             frames.ATTACH, utf8(self.name), uint(self.handle), boolean(self.role), amqp10.ubyte(self.settle_mode),
             amqp10.ubyte(0), source, target, NULL, NULL, uint(0) if not self.role else NULL,
-            amqp10.ulong(self.connection.config.max_message_size) if self.role else NULL)
+            amqp10.ulong(self.connection.config.message_size_limit) if self.role else NULL)
 
     @staticmethod
     def _terminus(code: int, fields: list[Value] | None, filter_set: bytes = NULL) -> bytes:
@@ -436,7 +436,7 @@ class Incoming(LinkEndpoint):
         self.leader_waits = 0  # its transfers waiting for a quorum queue's leader (``waiting``)
         self.route = encode_route("", "")
         self.fixed = False  # the target names the exchange and routing key: every message goes there
-        self.max_size = self.connection.config.max_message_size
+        self.max_size = self.connection.config.message_size_limit
 
     def listed(self) -> ListedLink:
         listed = super().listed()

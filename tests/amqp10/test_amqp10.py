@@ -523,6 +523,26 @@ def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(no
             "amqp:link:transfer-limit-exceeded", "insufficient credit (0) for delivery 0 on link 'l'")
 
 
+
+def test_a_max_message_size_above_rabbitmq_s_ceiling_is_its_ceiling_for_amqp10_too(tmp_path):
+    """A link a client sends on is told RabbitMQ's 512 MiB, not a larger configured size (a body over 1 GiB
+    cannot be stored)."""
+    capped = start(tmp_path, max_message_size=1 << 30)
+    try:
+        declare(capped, "big").close()
+        sock = _logged_in(capped)
+        with sock:
+            sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+            _read_frames(sock, 0x11)
+            target = described(0x29, encode_list([utf8("/queues/big")]))
+            sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                              amqp10.NULL, amqp10.NULL, target)))
+            attach = _read_frames(sock, 0x12)[-1][1]
+            assert attach[10].value == 512 << 20
+    finally:
+        capped.stop()
+
+
 def _until_closed(sock: socket.socket) -> bytes:
     sock.settimeout(5)
     data = b""
