@@ -5,7 +5,11 @@ A record is ``length (u32) | crc (u32) | msg_id (u64) | payload``, where
 write at the tail of a segment is found at recovery and cut off.  The CRC is
 CRC-32C, which the CPU computes (``CRC32C`` set in ``length``; about 0.06 ms a
 MiB against zlib's CRC-32 at 0.4); records written before it carry zlib's and
-are read as they are.
+are read as they are.  A record's CRC-32C starts from its segment's number
+(``SEEDED``): a segment file is recycled under a new number (see
+``MessageStore.unlink``), and the records of its former life that its new ones
+have not yet overwritten then fail their CRC, so recovery never takes them for
+records of this one.
 """
 from __future__ import annotations
 
@@ -25,8 +29,11 @@ log = logging.getLogger("warren.msg_store")
 RECORD_HEAD = struct.Struct(">IIQ")
 HEAD_SIZE = RECORD_HEAD.size
 CRC32C = 0x8000_0000  # in a record's length: its CRC is CRC-32C (clear: zlib's CRC-32, an older record)
+SEEDED = 0x4000_0000  # in a record's length: its CRC-32C starts from its segment's number (clear: from 0, older)
+FLAGS = CRC32C | SEEDED
 SUFFIX = ".seg"
 SIDECAR_SUFFIX = ".idx"
+SPARE_SUFFIX = ".spare"  # a deleted segment's file kept to be written again as a new segment
 _SIDECAR_HEAD = struct.Struct(">4sIQI")  # magic, records, segment size, crc32 of the columns
 _SIDECAR_MAGIC = b"WIX1"
 
@@ -58,6 +65,10 @@ def sidecar_path(directory: str, number: int) -> str:
     return os.path.join(directory, f"{number:08d}{SIDECAR_SUFFIX}")
 
 
+def spare_path(directory: str, number: int) -> str:
+    return os.path.join(directory, f"{number:08d}{SPARE_SUFFIX}")
+
+
 def list_sidecars(directory: str) -> list[int]:
     return sorted(int(name[:-len(SIDECAR_SUFFIX)]) for name in os.listdir(directory)
                   if name.endswith(SIDECAR_SUFFIX) and name[:-len(SIDECAR_SUFFIX)].isdigit())
@@ -68,15 +79,15 @@ def list_segments(directory: str) -> list[int]:
                   if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit())
 
 
-def encode_head(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...]) -> bytes:
-    """Record head for a payload given in parts (so a body is never concatenated just to be hashed)."""
-    id_bytes = msg_id.to_bytes(8, "big")
-    crc = crc32c(id_bytes)
+def encode_head(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...], number: int) -> bytes:
+    """Record head, for segment ``number``, of a payload given in parts (so a body is never concatenated just to be
+    hashed)."""
+    crc = crc32c(msg_id.to_bytes(8, "big"), number)
     size = 8
     for part in payload_parts:
         crc = crc32c(part, crc)
         size += len(part)
-    return RECORD_HEAD.pack(size | CRC32C, crc, msg_id)
+    return RECORD_HEAD.pack(size | FLAGS, crc, msg_id)
 
 
 @dataclass(slots=True)
@@ -89,14 +100,27 @@ class Segment:
     live: int = 0
     dead_bytes: int = 0
     touched: float = 0.0  # time.monotonic() of the last removal of one of its records
+    extent: int = 0  # the file's length, where a former life of the file (recycled) left it beyond ``size``
+    recyclable: bool = False  # its file may be written again once deleted: opened by this run, never read by a loan
+    spare: bool = False  # deleted, its file kept under a spare's name (``MessageStore.unlink``)
+    lent: int = 0  # descriptors of it ``MessageStore.open_payload`` lent and not given back
+
+    def read_through(self) -> None:
+        """A lent descriptor reads the file (``framing.file_out.Loan``): a reader may hold a mapping of it longer
+        than the descriptor, so it is never written again."""
+        self.recyclable = False
+
+    def given_back(self) -> None:
+        self.lent -= 1
 
     @property
     def dead_fraction(self) -> float:
         return self.dead_bytes / self.size if self.size else 0.0
 
 
-def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
-    """Yield (msg_id, payload offset, payload size) of every intact record; cut a torn tail if ``repair``."""
+def scan(path: str, number: int, repair: bool = True) -> Iterator[tuple[int, int, int]]:
+    """Yield (msg_id, payload offset, payload size) of every intact record of segment ``number``; cut a torn tail,
+    or what a former life of the file left after its records, if ``repair``."""
     with open(path, "r+b" if repair else "rb") as handle:
         data = handle.read()
         view = memoryview(data)  # CRCs over slices of the file without copying them
@@ -104,10 +128,21 @@ def scan(path: str, repair: bool = True) -> Iterator[tuple[int, int, int]]:
         end = len(data)
         while pos + HEAD_SIZE <= end:
             length, crc, msg_id = RECORD_HEAD.unpack_from(data, pos)
-            checksum = crc32c if length & CRC32C else zlib.crc32
-            length &= ~CRC32C
+            flags = length & FLAGS
+            length &= ~FLAGS
             stop = pos + 8 + length
-            if length < 8 or stop > end or checksum(view[pos + 8:stop]) != crc:
+            if length < 8 or stop > end:
+                break
+            record = view[pos + 8:stop]
+            if flags == FLAGS:
+                found = crc32c(record, number)
+            elif flags == CRC32C:
+                found = crc32c(record)
+            elif flags == 0:
+                found = zlib.crc32(record)
+            else:
+                break
+            if found != crc:
                 break
             yield msg_id, pos + HEAD_SIZE, length - 8
             pos = stop

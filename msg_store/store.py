@@ -6,7 +6,9 @@ current segment file and ``sync`` makes durable; the caller batches many
 writes per ``sync`` (group commit).  ``remove`` only drops a reference: bytes
 become dead in their segment's summary, a segment with no live record left is
 deleted, and one whose dead fraction passes the threshold is compacted — its
-live records moved to the tail a slice at a time by ``compact_step``.
+live records moved to the tail a slice at a time by ``compact_step``.  A deleted
+segment's file is kept (a few at a time) to be written again as a new segment:
+its blocks and page cache are reused rather than freed and allocated again.
 
 The index (msg_id → segment, offset, size, refs) is compact arrays
 (:mod:`locations`).  A clean ``close`` saves it whole; after a crash it is
@@ -22,6 +24,7 @@ import os
 import shutil
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from array import array
@@ -30,8 +33,8 @@ import numpy as np
 from cachetools import LRUCache
 
 from .locations import Locations, fsync_dir
-from .segment import (HEAD_SIZE, Segment, encode_head, list_segments, list_sidecars, new_records, preallocate,
-                      read_sidecar, scan, segment_path, sidecar_path, write_sidecar)
+from .segment import (HEAD_SIZE, SPARE_SUFFIX, Segment, encode_head, list_segments, list_sidecars, new_records,
+                      preallocate, read_sidecar, scan, segment_path, sidecar_path, spare_path, write_sidecar)
 
 log = logging.getLogger("warren.msg_store")
 
@@ -43,6 +46,8 @@ DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
 READ_GAP = 64 * 1024  # dead bytes between two wanted records that read_many reads through rather than seek
 WRITE_THROUGH = 64 * 1024  # a record whose body is this large goes to its file from its own buffers, not via the tail
+SPARES = 4  # deleted segments' files kept to be written again (see ``unlink``)
+SPARE_LIFE = 1.0  # seconds a spare waits to be written again before its file goes (its disk given back)
 ID_FILE = "next_id"
 ID_BLOCK = 1 << 20
 SNAPSHOT = "clean_shutdown"  # the index as a clean close left it; removed as soon as it is read
@@ -78,6 +83,11 @@ class MessageStore:
         if wipe and os.path.isdir(directory):
             shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):  # spare files a crash left: nothing in them is wanted
+            if name.endswith(SPARE_SUFFIX):
+                os.unlink(os.path.join(directory, name))
+        self._directory_fd = os.open(directory, os.O_RDONLY)  # fsynced after a spare is renamed into use
+        self._renamed = False  # a spare became a segment since the last dirty_fds
         self.index = Locations()
         self.clean = False  # recovered from a clean shutdown's snapshot: refs are known, claims only check
         self.segments: dict[int, Segment] = {}
@@ -94,7 +104,8 @@ class MessageStore:
         self.current: Segment | None = None
         self._records: array | None = new_records() if sidecars else None  # the current segment's
         self._sealed: list[tuple[int, int, array]] = []  # full segments whose sidecar is not written
-        self._doomed: list[tuple[int, int]] = []  # deleted segments (number, fd): files gone at the next sync
+        self._doomed: list[Segment] = []  # deleted segments: their files go (or become spares) at the next sync
+        self._spares: deque[Segment] = deque()  # deleted segments whose files wait to be written again
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -118,7 +129,7 @@ class MessageStore:
             size = os.path.getsize(path)
             records_bytes = read_sidecar(self.directory, number, size)
             if records_bytes is None:  # no sidecar: the segment itself, read into the sidecar's form
-                records_bytes = array("Q", itertools.chain.from_iterable(scan(path))).tobytes()
+                records_bytes = array("Q", itertools.chain.from_iterable(scan(path, number=number))).tobytes()
             replaced, count, highest = index.put_records(number, records_bytes)
             segment = Segment(number, os.open(path, os.O_RDWR), os.path.getsize(path))
             self.segments[number] = segment
@@ -235,10 +246,10 @@ class MessageStore:
         A small record joins the tail (many go to the file in one write at the next ``flush``); a large one
         is written at once, with the tail before it, by one ``pwritev`` from the parts themselves, so that its
         body is never copied in this process."""
-        head = encode_head(msg_id, parts)
-        self.writes += 1
         current = self.current
         assert current is not None  # opened by finish_recovery, before any write
+        head = encode_head(msg_id, parts, current.number)
+        self.writes += 1
         tail = self._tail
         record_at = current.size + len(tail)
         if len(parts[-1]) >= WRITE_THROUGH:  # (the body, last)
@@ -294,9 +305,14 @@ class MessageStore:
         self._tail_ids.clear()
 
     def dirty_fds(self) -> list[int]:
-        """File descriptors a ``sync`` must fsync; the caller may fsync them off the event loop."""
+        """File descriptors a ``sync`` must fsync; the caller may fsync them off the event loop.  The directory's
+        is among them after a spare file was renamed into use: records written to it are durable only once the
+        name is (a crash could otherwise leave them under the spare's old number, whose CRCs they fail)."""
         fds = [self.segments[n].fd for n in self._dirty if n in self.segments]
         self._dirty.clear()
+        if self._renamed:
+            self._renamed = False
+            fds.append(self._directory_fd)
         return fds
 
     def take_sealed(self) -> list[tuple[int, int, array]]:
@@ -387,22 +403,29 @@ class MessageStore:
         self.flush()
         return self.index.find_many(msg_ids)
 
-    def open_payload(self, msg_id: int) -> tuple[int, int, int] | None:
+    def open_payload(self, msg_id: int) -> tuple[int, int, int, Segment] | None:
         """Where ``msg_id``'s payload lies, for a reader that sends it from the file (``sendfile``): a descriptor
         of the caller's own on its segment file (the caller closes it), the payload's offset and size; None if
         the record still waits in the tail or is gone.  Until closed, the descriptor reads those bytes whatever
         the store does meanwhile: records are never rewritten in place, and a compacted or deleted segment's
-        file, unlinked, lives on while a descriptor is open."""
+        file, unlinked, lives on while a descriptor is open.  The segment comes with it, as the loan the reader
+        tells when it reads the file through the descriptor and when it closes it (``Segment.read_through``,
+        ``given_back``): a file read through one, or with one still open, is not recycled (``unlink``)."""
         if msg_id in self._tail_ids:
             return None
         found_at = self.index.find(msg_id)
         if found_at is None:
             return None
         number, offset, size = found_at
-        return os.dup(self.segments[number].fd), offset, size
+        segment = self.segments[number]
+        segment.lent += 1
+        return os.dup(segment.fd), offset, size, segment
 
     def segment_fd(self, number: int) -> int:
-        return self.segments[number].fd
+        """The segment's descriptor, for a reader that duplicates it: the file is never recycled."""
+        segment = self.segments[number]
+        segment.recyclable = False
+        return segment.fd
 
     def __contains__(self, msg_id: int) -> bool:
         return msg_id in self.index
@@ -478,19 +501,51 @@ class MessageStore:
         if segment.number in self._to_compact:
             self._to_compact.remove(segment.number)
         self._sealed = [sealed for sealed in self._sealed if sealed[0] != segment.number]
-        self._doomed.append((segment.number, segment.fd))
+        self._doomed.append(segment)
 
-    def take_doomed(self) -> list[tuple[int, int]]:
-        """Deleted segments whose files ``unlink`` removes, off the event loop if need be: freeing a large
-        file's blocks takes milliseconds.  (No number is reused meanwhile: the newest segment is never deleted,
-        and a new one is numbered after it.)"""
+    def take_doomed(self) -> list[Segment]:
+        """Deleted segments whose files ``unlink`` removes or keeps as spares, off the event loop if need be:
+        freeing a large file's blocks takes milliseconds; with them, spares kept longer than ``SPARE_LIFE``,
+        whose files it removes.  (No number is reused meanwhile: the newest segment is never deleted, and a new
+        one is numbered after it.)"""
         doomed, self._doomed = self._doomed, []
+        spares, cutoff = self._spares, time.monotonic() - SPARE_LIFE
+        while spares and spares[0].touched < cutoff:  # (the oldest first; only this thread takes from the left)
+            doomed.append(spares.popleft())
         return doomed
 
-    def unlink(self, doomed: list[tuple[int, int]]) -> None:
-        for number, fd in doomed:
-            os.close(fd)
-            for path in (segment_path(self.directory, number), sidecar_path(self.directory, number)):
+    @property
+    def has_spares(self) -> bool:
+        """Spare files are kept: a later ``take_doomed`` gives them up if no new segment takes them."""
+        return bool(self._spares)
+
+    def unlink(self, doomed: list[Segment]) -> None:
+        """Remove deleted segments' files, or keep up to ``SPARES`` of them under a spare's name, to be written
+        again by a new segment (``_open_new_segment``): overwriting a file's blocks, still in the page cache,
+        costs the file system about half the CPU of allocating new ones, and freeing the old file's blocks and
+        pages is saved as well.  Only a file this run created (so that every record in it has a CRC
+        seeded with its number) is kept, and only if no reader may still read it: none of the descriptors
+        ``open_payload`` lent is open or read the file, and ``segment_fd`` was never asked for it.  The caller calls
+        this once the deletions' removals are durable (the queue index's included): a spare's records are then
+        wanted by no one, whatever a crash leaves of the spare's overwriting.  (A deleted segment is lent no
+        more descriptors: ``lent`` only falls.)"""
+        for segment in doomed:
+            if segment.spare:  # one kept too long
+                os.close(segment.fd)
+                os.unlink(spare_path(self.directory, segment.number))
+                continue
+            try:
+                os.unlink(sidecar_path(self.directory, segment.number))
+            except FileNotFoundError:
+                pass
+            path = segment_path(self.directory, segment.number)
+            if segment.recyclable and not segment.lent and len(self._spares) < SPARES:
+                os.rename(path, spare_path(self.directory, segment.number))
+                segment.spare = True
+                segment.touched = time.monotonic()
+                self._spares.append(segment)  # (taken by the event loop's thread: deque's ends are thread-safe)
+            else:
+                os.close(segment.fd)
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -518,7 +573,7 @@ class MessageStore:
                     self._to_compact.remove(number)
                     index = self.index
                     path = segment_path(self.directory, number)
-                    ids = [msg_id for msg_id, offset, _size in scan(path, repair=False)
+                    ids = [msg_id for msg_id, offset, _size in scan(path, number=number, repair=False)
                            if (location := index.get(msg_id)) is not None and location.segment == number
                            and location.offset == offset]
                     self._compacting = (number, ids)
@@ -551,30 +606,56 @@ class MessageStore:
     # -- housekeeping -------------------------------------------------------------------------
 
     def _open_new_segment(self) -> None:
+        """A new segment to write: a spare file renamed (its former records left to be overwritten), else a new
+        file."""
         number = max(self.segments, default=0) + 1
         path = segment_path(self.directory, number)
         if os.path.exists(sidecar_path(self.directory, number)):  # a leftover must never describe this file
             os.unlink(sidecar_path(self.directory, number))
-        segment = Segment(number, os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 0)
-        preallocate(segment.fd, self.segment_size)
+        try:
+            spare = self._spares.popleft()
+        except IndexError:
+            segment = Segment(number, os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 0, recyclable=True)
+            preallocate(segment.fd, self.segment_size)
+        else:
+            os.rename(spare_path(self.directory, spare.number), path)
+            self._renamed = True
+            segment = Segment(number, spare.fd, 0, extent=max(spare.size, spare.extent), recyclable=True)
         self.segments[number] = segment
         previous, self.current = self.current, segment
         if previous is not None:
+            self._cut_extent(previous)  # (it is dirty: the commit that syncs its records syncs its length)
             if self._records is not None:
                 self._sealed.append((previous.number, previous.size, self._records))
                 self._records = new_records()
             self._reclaim(previous.number)
 
+    def _cut_extent(self, segment: Segment) -> None:
+        """A segment written in full (or at a clean close): what a former life of its file left after its records
+        is cut off, so that the file ends where its records do (as a sidecar and the snapshot expect)."""
+        if segment.extent > segment.size:
+            os.ftruncate(segment.fd, segment.size)
+            self._dirty.add(segment.number)
+        segment.extent = 0
+
     def stats(self) -> StoreStats:
-        disk = sum(s.size for s in self.segments.values()) + len(self._tail)
+        disk = sum(max(s.size, s.extent) for s in self.segments.values()) + len(self._tail)
         dead = sum(s.dead_bytes for s in self.segments.values())
         return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions, self.writes, self.reads)
 
     def close(self, snapshot: bool = True) -> None:
         """Sync and close; ``snapshot`` (a clean shutdown) saves the index so the next start need not scan."""
+        if self.current is not None:
+            self.flush()
+            self._cut_extent(self.current)
         self.sync()
         if snapshot and self.current is not None:
             self._save_snapshot()
         for segment in self.segments.values():
             os.close(segment.fd)
         self.segments.clear()
+        while self._spares:
+            spare = self._spares.popleft()
+            os.close(spare.fd)
+            os.unlink(spare_path(self.directory, spare.number))
+        os.close(self._directory_fd)

@@ -1106,7 +1106,7 @@ def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> byt
             local.host.load_body(message)
         return message.body
     connection.file_out = True
-    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body)
+    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body, loan=found[2])
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

@@ -10,7 +10,10 @@ transport's buffer, not by the bodies in flight.
 
 A range may own its file descriptor (a duplicate taken for it, see ``MessageStore.open_payload``): it is closed once
 the range is sent or dropped, and until then the bytes stay readable whatever the store does (a segment file is never
-rewritten in place, and one compacted or deleted and unlinked lives on while a descriptor is open).
+rewritten in place, and one compacted or deleted and unlinked lives on while a descriptor is open).  Such a range
+carries its ``loan``, which it tells when the file is read through it (from then on the file is never written
+again: a transport may still hold a mapping of it after the range is closed) and when it gives the descriptor back;
+a deleted segment whose loans all came back unread has its file written again as a new segment.
 
 A range may also carry its bytes in memory (``data``: a body the node still holds): the first :func:`write_direct`
 of its output writes them from there, with the frames around them, in one ``sendmsg``.  On loopback that costs the
@@ -25,25 +28,34 @@ import mmap
 import os
 import socket
 from collections import deque
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator, Protocol, Union
 
 WRITEV_MAX = 512  # parts one writev takes at most (the system's IOV_MAX is 1024)
 MAP_WINDOW = 16 << 20  # how much of a file the outbox maps at once, for the transport to write from
 
 
+class Loan(Protocol):
+    """What lent a range its descriptor (a message store's segment)."""
+
+    def read_through(self) -> None: ...  # the file is read through the descriptor: never write it again
+
+    def given_back(self) -> None: ...  # the descriptor is closed
+
+
 class FileRange:
     """``size`` bytes of the file ``fd`` from ``pos``.  ``owns``: this range closes ``fd`` once sent or dropped (the
-    last of the ranges cut from one descriptor, see :meth:`pieces`)."""
+    last of the ranges cut from one descriptor, see :meth:`pieces`), and gives it back to its ``loan``."""
 
-    __slots__ = ("fd", "pos", "size", "owns", "data")
+    __slots__ = ("fd", "pos", "size", "owns", "data", "loan")
 
     def __init__(self, fd: int, pos: int, size: int, owns: bool = False,
-                 data: bytes | bytearray | memoryview | None = None) -> None:
+                 data: bytes | bytearray | memoryview | None = None, loan: Loan | None = None) -> None:
         self.fd = fd
         self.pos = pos
         self.size = size
         self.owns = owns
         self.data = data  # the same bytes in memory, if the node holds them (see the module's docstring)
+        self.loan = loan
 
     def __len__(self) -> int:
         return self.size
@@ -56,11 +68,13 @@ class FileRange:
         for start in range(self.pos, end, limit):
             stop = min(start + limit, end)
             yield FileRange(self.fd, start, stop - start, self.owns and stop == end,
-                            None if view is None else view[start - self.pos:stop - self.pos])
+                            None if view is None else view[start - self.pos:stop - self.pos], self.loan)
 
     def read(self, size: int | None = None) -> bytes:
         """The range's first ``size`` bytes (all of it by default) read into memory."""
         size = self.size if size is None else min(size, self.size)
+        if self.loan is not None:
+            self.loan.read_through()
         data = os.pread(self.fd, size, self.pos)
         if len(data) != size:
             raise OSError(f"short read of {size} bytes at {self.pos}")
@@ -70,6 +84,8 @@ class FileRange:
         if self.owns:
             self.owns = False
             os.close(self.fd)
+            if self.loan is not None:
+                self.loan.given_back()
 
 
 Part = Union[bytes, bytearray, memoryview, FileRange]
@@ -99,6 +115,8 @@ def write_direct(sock: socket.socket, parts: Iterable[Part]) -> int:
                 if took < wanted:
                     return written
             if isinstance(part, FileRange) and data is None:
+                if part.loan is not None:
+                    part.loan.read_through()
                 done = 0
                 while done < part.size:
                     took = os.sendfile(fd, part.fd, part.pos + done, part.size - done)
@@ -171,7 +189,8 @@ class Outbox:
                     run = []
                 data = self._mapped(part)
                 if len(data) < part.size:
-                    parts.appendleft(FileRange(part.fd, part.pos + len(data), part.size - len(data), part.owns))
+                    parts.appendleft(FileRange(part.fd, part.pos + len(data), part.size - len(data), part.owns,
+                                               loan=part.loan))
                 else:
                     self._done(part)
                 transport.write(data)
@@ -202,6 +221,8 @@ class Outbox:
         """As much of ``part`` as lies in the window of its file mapped into memory (mapped anew where it does
         not lie in the last): the transport writes it from the page cache, not from a copy read here.  One
         mapping serves a body's frames, and goes with the last view of it the transport holds."""
+        if part.loan is not None:
+            part.loan.read_through()
         window = self._window
         if window is None or window[0] != part.fd or not window[1] <= part.pos < window[1] + len(window[2]):
             start = part.pos - part.pos % mmap.ALLOCATIONGRANULARITY

@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Pro
 
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
+from msg_store.store import SPARE_LIFE
 from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
 from ..message import Message
 
 if TYPE_CHECKING:
+    from msg_store.segment import Segment
+
     from .ready import Entry
 
 log = logging.getLogger("warren.persistence")
@@ -89,6 +92,7 @@ class Persistence:
         self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
         self.lost_copies: set[int] = set()  # replicas whose entries lost their message at recovery (``recover``)
         self._compactor: asyncio.TimerHandle | None = None
+        self._spares_expire: asyncio.TimerHandle | None = None  # a commit, later, to remove spares left unused
         self.loop = asyncio.get_running_loop()
         self._fsyncer = ThreadPoolExecutor(1, "group-commit")  # one fsync at a time, off the loop
         self._fsyncing: Future | None = None  # the one under way: close waits for it before closing the files
@@ -157,15 +161,15 @@ class Persistence:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
 
-    def body_file(self, message: Message) -> tuple[int, int] | None:
+    def body_file(self, message: Message) -> tuple[int, int, Segment] | None:
         """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own
-        (``MessageStore.open_payload``: the caller closes it) and the body's offset there (the body ends the
-        record); None if it is not in a file."""
+        (``MessageStore.open_payload``: the caller closes it and tells the segment, its loan), the body's offset
+        there (the body ends the record) and the segment; None if it is not in a file."""
         found = self.store.open_payload(message.msg_id)
         if found is None:
             return None
-        fd, offset, size = found
-        return fd, offset + size - message.body_size
+        fd, offset, size, segment = found
+        return fd, offset + size - message.body_size, segment
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -201,7 +205,7 @@ class Persistence:
         if self.store.needs_compaction and self._compactor is None:
             self._compactor = self.loop.call_later(COMPACTION_INTERVAL, self._compact)
 
-    def _fsync(self, fds: list[int], sealed: list, doomed: list[tuple[int, int]]) -> None:
+    def _fsync(self, fds: list[int], sealed: list, doomed: list[Segment]) -> None:
         for fd in fds:
             try:
                 os.fsync(fd)
@@ -210,10 +214,12 @@ class Persistence:
                     raise
                 log.debug("fsync skipped: %s", exc)
         self.store.write_sidecars(sealed)  # full segments, synced just now
-        self.store.unlink(doomed)  # segments deleted before the commit began: their fds are not among ``fds``
         self.index.sync()
         for journal in self.journals:
             journal.sync()
+        # segments deleted before the commit began (their fds are not among ``fds``), once the removals that
+        # deleted them are durable: a file kept as a spare is written again at once (``MessageStore.unlink``)
+        self.store.unlink(doomed)
 
     def _committed(self, batch: int, future: asyncio.Future) -> None:
         """A group commit is durable: its waiters are confirmed, and so on for every later one — unless one
@@ -233,6 +239,12 @@ class Persistence:
         if self._dirty:
             self._scheduled = True
             self.loop.call_soon(self._commit)
+        elif self.store.has_spares and self._spares_expire is None:  # the store may have gone quiet: its disk back
+            self._spares_expire = self.loop.call_later(SPARE_LIFE, self._expire_spares)
+
+    def _expire_spares(self) -> None:
+        self._spares_expire = None
+        self.stage()  # its take_doomed gives up the spares kept too long
 
     def _compact(self) -> None:
         self._compactor = None
@@ -251,6 +263,8 @@ class Persistence:
     def close(self) -> None:
         if self._compactor is not None:
             self._compactor.cancel()
+        if self._spares_expire is not None:
+            self._spares_expire.cancel()
         self._closed = True
         if self._fsyncing is not None:  # its files must stay open until it is done
             wait([self._fsyncing])

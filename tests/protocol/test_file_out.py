@@ -131,3 +131,31 @@ async def test_what_the_socket_does_not_take_at_once_waits_without_the_bytes_in_
     assert waiting and all(part.data is None for part in waiting)
     assert got == b"head" + data + b"end"
     assert not fd_open(fds[0])
+
+
+class Loan:
+    """What lent a range its descriptor, as a message store's segment is: told when the file is read through it
+    and when it is given back."""
+
+    def __init__(self) -> None:
+        self.read = self.back = 0
+
+    def read_through(self) -> None:
+        self.read += 1
+
+    def given_back(self) -> None:
+        self.back += 1
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 3 << 20])
+async def test_a_ranges_loan_is_given_back_once_and_told_whether_the_file_was_read(tmp_path, size):
+    """A body the socket takes at once from memory leaves its file unread (its segment may be written again once
+    deleted); one the socket does not take at once is read from the file (a transport may map it), and the loan
+    hears so before its descriptor is given back."""
+    data = os.urandom(size)
+    loan = Loan()
+    got, _, _ = await send_slowly(tmp_path, lambda fd: [
+        b"head", *FileRange(fd, 0, size, owns=True, data=data, loan=loan).pieces(131064), b"end"], data)
+    assert got == b"head" + data + b"end"
+    assert loan.back == 1
+    assert bool(loan.read) == (size > 1 << 20)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from msg_store import MessageStore
-from msg_store.segment import CRC32C, HEAD_SIZE, RECORD_HEAD, Segment, list_segments, segment_path
+from msg_store.segment import CRC32C, HEAD_SIZE, RECORD_HEAD, SEEDED, Segment, list_segments, segment_path
 
 
 def new_store(path, **kw) -> MessageStore:
@@ -46,6 +46,15 @@ def put(store: MessageStore, payload: bytes, refs: int = 1) -> int:
     msg_id = store.new_id()
     store.write(msg_id, (payload,), refs)
     return msg_id
+
+
+def crash(store: MessageStore) -> None:
+    """Leave ``store`` as a killed process would: its tail handed to the operating system, nothing synced, renamed
+    or removed, no snapshot; only its descriptors closed (the test's process goes on)."""
+    store.flush()
+    for segment in [*store.segments.values(), *store._doomed, *store._spares]:
+        os.close(segment.fd)
+    os.close(store._directory_fd)
 
 
 def seg_files(path) -> list[int]:
@@ -173,6 +182,84 @@ def test_segment_all_removed_is_deleted_but_never_current(tmp_path):
     store.close()
 
 
+def test_a_deleted_segments_file_is_written_again_as_a_new_segment(tmp_path):
+    """Once its removals are synced, a deleted segment's file is kept as a spare and the next new segment is that
+    file renamed (its blocks and cached pages overwritten rather than freed and allocated again); what the new
+    segment holds reads back byte-exact, from the store and after a clean restart."""
+    store = new_store(tmp_path, segment_size=1000)
+    first = [put(store, bytes([i]) * 100) for i in range(9)]
+    assert {store.index[m].segment for m in first} == {1}
+    inode = os.fstat(store.segments[1].fd).st_ino
+    for msg_id in first:
+        store.remove(msg_id)
+    store.sync()
+    assert not os.path.exists(segment_path(str(tmp_path), 1)) and len(store._spares) == 1
+    later = {put(store, bytes([i]) * 60): bytes([i]) * 60 for i in range(40)}
+    reused = [n for n, segment in store.segments.items() if os.fstat(segment.fd).st_ino == inode]
+    assert len(reused) == 1 and reused[0] > 1 and not store._spares
+    store.sync()
+    store.cache.clear()
+    assert {msg_id: store.read(msg_id) for msg_id in later} == later
+    store.close()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".spare")]
+    for number in seg_files(tmp_path):  # every file ends where its records do (the snapshot is used)
+        assert os.path.getsize(segment_path(str(tmp_path), number)) <= 1000 + 60 + HEAD_SIZE
+    recovered, dead = reopen(tmp_path)
+    assert recovered.clean and dead == 0
+    assert {msg_id: recovered.read(msg_id) for msg_id in later} == later
+    recovered.close()
+
+
+@pytest.mark.parametrize("loan", ["still out", "read", "given back unread"])
+def test_a_segment_lent_to_a_reader_is_recycled_only_if_the_reader_gave_back_the_file_unread(tmp_path, loan):
+    """``open_payload`` lends a descriptor with the segment as its loan: while one is out, or if one read the file
+    (a transport may still hold a mapping of it), the deleted segment's file is removed, not written again."""
+    store = new_store(tmp_path, segment_size=1000)
+    first = [put(store, bytes([i]) * 100) for i in range(9)]
+    opened = store.open_payload(first[0])
+    assert opened is not None
+    fd, offset, size, segment = opened
+    assert os.pread(fd, size, offset) == bytes([0]) * 100
+    if loan == "read":
+        segment.read_through()
+    if loan != "still out":
+        os.close(fd)
+        segment.given_back()
+    for msg_id in first:
+        store.remove(msg_id)
+    store.sync()
+    assert [spare.number for spare in store._spares] == ([1] if loan == "given back unread" else [])
+    assert not os.path.exists(segment_path(str(tmp_path), 1))
+    if loan == "still out":
+        os.close(fd)
+    store.close()
+
+
+def test_a_recycled_segment_never_gives_back_its_former_records_after_a_crash(tmp_path):
+    """A crash while a recycled file is written leaves its former life's records after the new ones (the same
+    sizes here, so that they start where the new ones end).  Recovery takes only the new ones, byte-exact: the
+    former records fail their CRC, seeded with another segment number, and are cut off."""
+    store = new_store(tmp_path, segment_size=1000)
+    former = [put(store, bytes([i]) * 100) for i in range(9)]  # segment 1, full
+    for msg_id in former:
+        store.remove(msg_id)
+    store.sync()
+    bodies = {put(store, bytes([100 + i]) * 100): bytes([100 + i]) * 100 for i in range(12)}  # 2, then 1's file
+    current = writing(store)
+    assert current.number == 3 and current.extent > current.size  # the spare's file, former records after
+    crash(store)
+    path = segment_path(str(tmp_path), current.number)
+    assert os.path.getsize(path) > (100 + HEAD_SIZE) * 3
+    recovered = MessageStore(str(tmp_path))
+    recovered.recover()
+    assert not any(recovered.claim(msg_id) for msg_id in former)
+    assert all(recovered.claim(msg_id) for msg_id in bodies)
+    assert recovered.finish_recovery() == 0
+    assert os.path.getsize(path) == (100 + HEAD_SIZE) * 3
+    assert {msg_id: recovered.read(msg_id) for msg_id in bodies} == bodies
+    recovered.close()
+
+
 # -- compaction ----------------------------------------------------------------------------------
 
 
@@ -239,8 +326,9 @@ def test_a_payload_opened_for_sending_reads_the_same_bytes_after_its_segment_is_
     kept = in_first[-1]
     opened = store.open_payload(kept)
     assert opened is not None
-    fd, offset, size = opened
+    fd, offset, size, loan = opened
     assert os.pread(fd, size, offset) == payloads[kept]
+    loan.read_through()
     for msg_id in in_first[:-1]:
         store.remove(msg_id)
     while store.compact_step():
@@ -573,25 +661,31 @@ def test_flipped_byte_in_last_record_detected_by_crc(tmp_path, caplog):
 
 
 def test_records_carry_crc32c_and_older_zlib_crc32_records_still_recover(tmp_path):
-    """New records are checksummed with CRC-32C (flagged in their length); a segment of records written with
-    zlib's CRC-32, as earlier versions wrote them, is read back as it is, and a damaged one is still cut off."""
+    """New records are checksummed with CRC-32C seeded with their segment's number (flagged in their length);
+    a segment of records written with zlib's CRC-32 or an unseeded CRC-32C, as earlier versions wrote them, is
+    read back as it is, and a damaged one is still cut off."""
     store = new_store(tmp_path)
     msg_id = put(store, b"new" * 100)
+    number = writing(store).number
     store.close(snapshot=False)
     with open(_last_segment(tmp_path), "rb") as handle:
         length, crc, found = RECORD_HEAD.unpack(handle.read(HEAD_SIZE))
-    assert found == msg_id and length == CRC32C | (8 + 300)
-    assert crc == crc32c(msg_id.to_bytes(8, "big") + b"new" * 100)
+    assert found == msg_id and length == CRC32C | SEEDED | (8 + 300)
+    record = msg_id.to_bytes(8, "big") + b"new" * 100
+    assert crc == crc32c(record, number) != crc32c(record)
     old = tmp_path / "old"
     old.mkdir()
-    bodies = {7: b"seven" * 40, 8: b"eight" * 3}
+    bodies = {7: b"seven" * 40, 8: b"eight" * 3, 10: b"ten" * 9}
     with open(segment_path(str(old), 1), "wb") as handle:
         for old_id, body in bodies.items():
             record = old_id.to_bytes(8, "big") + body
-            handle.write(RECORD_HEAD.pack(len(record), zlib.crc32(record), old_id) + body)
+            if old_id == 10:  # (an unseeded CRC-32C)
+                handle.write(RECORD_HEAD.pack(CRC32C | len(record), crc32c(record), old_id) + body)
+            else:
+                handle.write(RECORD_HEAD.pack(len(record), zlib.crc32(record), old_id) + body)
         record = (9).to_bytes(8, "big") + b"torn"
         handle.write(RECORD_HEAD.pack(len(record), zlib.crc32(record) ^ 1, 9) + b"torn")
-    recovered, dead = reopen(old, {7: 1, 8: 1})
+    recovered, dead = reopen(old, {7: 1, 8: 1, 10: 1})
     assert dead == 0 and 9 not in recovered
     assert {old_id: recovered.read(old_id) for old_id in bodies} == bodies
     recovered.close()
@@ -712,6 +806,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.store, _ = reopen(self.dir, {m: refs for m, (_, refs) in self.model.items()}, **self.kw)
         assert self.store.next_id > max(self.model, default=0)
 
+    @rule()
+    def crash(self):
+        """The process dies: what it handed the operating system stays, nothing else is done; a recycled segment's
+        file then holds its former records after its new ones, which recovery must never take for messages."""
+        crash(self.store)
+        self.store, _ = reopen(self.dir, {m: refs for m, (_, refs) in self.model.items()}, **self.kw)
+        assert self.store.next_id > max(self.model, default=0)
+
     @invariant()
     def matches_model(self):
         store = self.store
@@ -723,7 +825,7 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def files_match_segments(self):
         store = self.store
-        doomed = {number for number, _fd in store._doomed}  # deleted, their files gone at the next sync
+        doomed = {segment.number for segment in store._doomed}  # deleted: their files go at the next sync
         assert set(list_segments(self.dir)) == set(store.segments) | doomed and not doomed & set(store.segments)
         assert writing(store).number in store.segments
         for number, segment in store.segments.items():
