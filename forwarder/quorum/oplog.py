@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
 
 from amqp_server.queues import quorum_machine as machine
-from amqp_server.queues.quorum_ops import LogOp, decode, encode
+from amqp_server.queues.quorum_machine import CHECKS
+from amqp_server.queues.quorum_ops import ENQUEUE_FROM_OP, ENQUEUE_OP, LogOp, decode, encode, enqueue_fields
 from amqp_server.queues.quorum_queue import QuorumQueue
 
 from ..peers import node_link as link
@@ -524,7 +525,9 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: an op's ``Meta`` has this node's
-    (no op's outcome depends on it).  ``bounds``: where each log op starts and ends in ``payload`` is added to it."""
+    (no op's outcome depends on it).  An Enqueue, most of a log, is applied from its fields (``machine.enqueue``),
+    its row written with no op or effect made for it.  ``bounds``: where each log op starts and ends in
+    ``payload`` is added to it."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -541,21 +544,34 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         pos += CONT.size
     count = 0
     now = _now()
+    has, store = replicas.has, replicas.store_row
+    stored = False  # rows ``store`` wrote, staged once at the end
     while pos < end:
-        if data[pos] == ENTRY_OP:
+        kind = data[pos]
+        if kind == ENTRY_OP:
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
-            if not replicas.has(index_id, seq):
+            if not has(index_id, seq):
                 replicas.put(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
             pos += size
             continue
         start = pos
-        op, pos = decode(data, pos)
-        state, effects = machine.apply((first + count, now), op, state)
-        _carry_out(replicas, index_id, effects, idempotent)
+        if kind == ENQUEUE_OP or kind == ENQUEUE_FROM_OP:  # the hot path: no op, no effect (``machine.enqueue``)
+            seq, expiry, at, pos, size, enqueuer, publish = enqueue_fields(data, start)
+            if machine.enqueue(state, seq, expiry, size, enqueuer, publish) and not (idempotent and has(index_id, seq)):
+                store(index_id, seq, data[at:pos], expiry, size)
+                stored = True
+            if CHECKS:
+                machine.check(state, f"Enqueue of {seq}")
+        else:
+            op, pos = decode(data, pos)
+            state, effects = machine.apply((first + count, now), op, state)
+            _carry_out(replicas, index_id, effects, idempotent)
         if bounds is not None:
             bounds += (start, pos)
         count += 1
+    if stored:
+        replicas.persistence.stage()
     return state, count
 
 
