@@ -443,7 +443,9 @@ def admit(state: State, enqueuer: int, publish: int, floor: int) -> str:
     """Where ``publish``, of the window ``enqueuer`` whose unanswered publishes start at ``floor``, stands:
     ``SEEN`` (taken before: a publish sent again), ``NEXT`` (to take) or ``AHEAD`` (one before it has not come;
     the window must send them again, in order)."""
-    expected = max(state.enqueuers.get(enqueuer, floor), floor)
+    expected = state.enqueuers.get(enqueuer, floor)
+    if expected < floor:
+        expected = floor
     return SEEN if publish < expected else NEXT if publish == expected else AHEAD
 
 
