@@ -13,7 +13,8 @@ and through another node (``follower``); the queue is purged in between.  Failov
 published and confirmed, the leader is killed with SIGKILL, and the time is measured until a publish
 with confirm through another node is acked again; then every confirmed message is counted.
 
-Usage: ``python benchmarks/quorum.py --broker warren --messages 50000 --runs 3``
+Usage: ``python benchmarks/quorum.py --broker warren --messages 50000 --runs 3``; ``--quorum-only`` runs only the
+quorum queue's two publish phases (the brokers' CPU per message, old and new code alternately, in less time).
 """
 from __future__ import annotations
 
@@ -93,23 +94,28 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def rates(ports: list[int], messages: int, runs: int, in_flight: int, pids: list[int] | None = None) -> None:
+def rates(ports: list[int], messages: int, runs: int, in_flight: int, pids: list[int] | None = None,
+          kinds: tuple[bool, ...] = (False, True)) -> None:
     """Publish rates; with ``pids`` (the brokers' processes), also the CPU time they spend per message, which
-    other work on the machine changes much less than the rate."""
-    for quorum in (False, True):
+    other work on the machine changes much less than the rate: in all, and the median per node (the leader's, then
+    the node ``follower`` publishes through, then the third)."""
+    for quorum in kinds:
         kind = "quorum" if quorum else "classic"
         queue = f"bench-{kind}-{os.urandom(3).hex()}"
         declare(ports[0], queue, quorum)
         time.sleep(1.0)  # the queue and its leader are known on every node
         for via, port in (("leader", ports[0]), ("follower", ports[1])):
-            figures, costs = [], []
+            figures, costs, nodes = [], [], []
             for _ in range(runs):
-                used = cpu_seconds(pids) if pids else 0.0
+                used = [cpu_seconds([pid]) for pid in pids] if pids else []
                 figures.append(publish_rate(port, queue, messages, in_flight))
                 if pids:
-                    costs.append((cpu_seconds(pids) - used) / messages * 1e6)
+                    nodes.append([(cpu_seconds([pid]) - before) / messages * 1e6 for pid, before in zip(pids, used)])
+                    costs.append(sum(nodes[-1]))
                 purge(ports[0], queue)
-            cost = f"   brokers' CPU {statistics.median(costs):.1f} us/msg ({', '.join(f'{c:.1f}' for c in costs)})"
+            per_node = " / ".join(f"{statistics.median(cost):.1f}" for cost in zip(*nodes))
+            cost = (f"   brokers' CPU {statistics.median(costs):.1f} us/msg ({', '.join(f'{c:.1f}' for c in costs)}; "
+                    f"per node {per_node})")
             print(f"{kind:<8} publish+confirm via {via:<8} {statistics.median(figures):>9.0f} msg/s   "
                   f"runs: {', '.join(f'{r:.0f}' for r in figures)}{cost if pids else ''}", flush=True)
 
@@ -142,11 +148,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=1000, help="unconfirmed publishes at most")
     parser.add_argument("--kill-leader", metavar="CMD", help="RabbitMQ: a shell command that kills -9 node 1")
+    parser.add_argument("--quorum-only", action="store_true",
+                        help="the quorum queue's publish phases only: no classic queue, no failover")
     args = parser.parse_args()
+    kinds = (True,) if args.quorum_only else (False, True)
     if args.broker == "rabbitmq":
         ports = [int(p) for p in args.ports.split(",")]
-        rates(ports, args.messages, args.runs, args.in_flight)
-        if args.kill_leader:
+        rates(ports, args.messages, args.runs, args.in_flight, kinds=kinds)
+        if args.kill_leader and not args.quorum_only:
             failover(lambda: subprocess.run(args.kill_leader, shell=True, check=True), ports, args.messages)
         return 0
     if not shutil.which("etcd"):
@@ -155,8 +164,9 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="warren-quorum-bench-")
     procs, ports = start_cluster(tmp)
     try:
-        rates(ports, args.messages, args.runs, args.in_flight, [proc.pid for proc in procs[1:]])
-        failover(lambda: procs[1].send_signal(signal.SIGKILL), ports, args.messages)  # procs[0] is etcd
+        rates(ports, args.messages, args.runs, args.in_flight, [proc.pid for proc in procs[1:]], kinds)
+        if not args.quorum_only:
+            failover(lambda: procs[1].send_signal(signal.SIGKILL), ports, args.messages)  # procs[0] is etcd
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -443,22 +443,31 @@ def admit(state: State, enqueuer: int, publish: int, floor: int) -> str:
     """Where ``publish``, of the window ``enqueuer`` whose unanswered publishes start at ``floor``, stands:
     ``SEEN`` (taken before: a publish sent again), ``NEXT`` (to take) or ``AHEAD`` (one before it has not come;
     the window must send them again, in order)."""
-    expected = max(state.enqueuers.get(enqueuer, floor), floor)
+    expected = state.enqueuers.get(enqueuer, floor)
+    if expected < floor:
+        expected = floor
     return SEEN if publish < expected else NEXT if publish == expected else AHEAD
 
 
 def _enqueue(op: Enqueue, state: State) -> Effects:
-    seq = op.seq
-    if seq < state.next_seq:  # a replay of what a snapshot brought
+    if not enqueue(state, op.seq, op.expiry, op.size, op.enqueuer, op.publish):
         return ()
-    enqueuer = op.enqueuer
+    return (Store(op.seq, op.expiry, op.message, op.size),)
+
+
+def enqueue(state: State, seq: int, expiry: int, size: int, enqueuer: int = 0, publish: int = 0) -> bool:
+    """An ``Enqueue``'s change to ``state``, from its fields; whether the entry joined (its ``Store`` is due).  A
+    follower applies its log's enqueues so (``oplog.apply``), with neither an op nor an effect object made per
+    message; ``apply`` of an Enqueue makes this same change.  (The caller runs ``check`` under ``CHECKS``.)"""
+    if seq < state.next_seq:  # a replay of what a snapshot brought
+        return False
     if enqueuer:
         enqueuers = state.enqueuers
         expected = enqueuers.pop(enqueuer, 0)  # (put back last: the least lately heard of comes first)
-        if op.publish < expected:
+        if publish < expected:
             enqueuers[enqueuer] = expected
-            return ()
-        enqueuers[enqueuer] = op.publish + 1
+            return False
+        enqueuers[enqueuer] = publish + 1
         if not expected and len(enqueuers) > ENQUEUERS_MAX:  # (a new one)
             del enqueuers[next(iter(enqueuers))]
     ready = state.ready
@@ -469,13 +478,11 @@ def _enqueue(op: Enqueue, state: State) -> Effects:
     else:
         ready.add(seq)
     state.next_seq = seq + 1
-    size = op.size
     state.sizes[seq] = size
     state.bytes += size
-    expiry = op.expiry
     if expiry:
         _add_deadline(state, seq, expiry)
-    return (Store(seq, expiry, op.message, size),)
+    return True
 
 
 def _add_deadline(state: State, seq: int, expiry: int) -> None:

@@ -337,7 +337,9 @@ class QuorumQueue(Queue):
         ``machine.SEEN``: taken before, confirmed once what this leader has is on a majority; ``machine.AHEAD``:
         one before it never came (lost with a link or a leader), the window must send again from its oldest;
         "refused": the queue refused it (reject-publish)."""
-        verdict = machine.admit(self.state, enqueuer, publish, max(floor, self._refused.get(enqueuer, 0)))
+        refused = self._refused
+        verdict = machine.admit(self.state, enqueuer, publish, max(floor, refused.get(enqueuer, 0)) if refused
+                                else floor)
         if verdict == machine.SEEN:
             if self.replicator is not None and confirm is not None:
                 self.replicator.confirm_later(confirm)
@@ -354,18 +356,21 @@ class QuorumQueue(Queue):
         return verdict
 
     def store_entry(self, entry: Entry, confirm: "ConfirmSink | None") -> None:
-        """The hot path's ``run``: an Enqueue's one effect is the Store of its entry."""
+        """The hot path's ``run``: an Enqueue's one effect is the Store of its entry, so the state takes it from
+        its fields (``machine.enqueue``), with no Meta nor effect made, and the op is made only to be shipped."""
         if self.detached:
             return
         replicator = self.replicator
         message = entry.message
-        tag = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
-        op = machine.Enqueue(entry.seq, entry.expiry, message, *tag, message.body_size)
-        self.state, effects = machine.apply(self.meta(), op, self.state)
-        if effects:
-            self.persistence.write(self, entry)
-            if replicator is not None:
-                replicator.append(op, confirm)
+        enqueuer, publish = self._from if self._from[0] or confirm is None or replicator is None else replicator.tag()
+        if not machine.enqueue(self.state, entry.seq, entry.expiry, message.body_size, enqueuer, publish):
+            return
+        if machine.CHECKS:
+            machine.check(self.state, f"Enqueue of {entry.seq}")
+        self.persistence.write(self, entry)
+        if replicator is not None:
+            replicator.append(machine.Enqueue(entry.seq, entry.expiry, message, enqueuer, publish, message.body_size),
+                              confirm)
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
         """The content header a consumer (``get``: basic.get) receives: the message's, with ``x-delivery-count``."""

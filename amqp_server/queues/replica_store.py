@@ -42,11 +42,16 @@ class ReplicaStore:
             returns: int = 0, size: int | None = None) -> None:
         """An entry of a copy, its message as the leader's store keeps it (``Message.payload``); ``size``: its body's,
         if known."""
+        self.store_row(index_id, seq, record, expiry, payload.body_size(record) if size is None else size, held,
+                       returns)
+        self.persistence.stage()
+
+    def store_row(self, index_id: int, seq: int, record: bytes | memoryview, expiry: int, size: int,
+                  held: bool = False, returns: int = 0) -> None:
+        """``put``, staged by the caller: once for the entries of a frame (``oplog.apply``)."""
         msg_id = self.store.new_id()
         self.store.write(msg_id, (record,), 1)
-        self.index.publish(index_id, seq, msg_id, expiry, payload.body_size(record) if size is None else size, held,
-                           returns=returns)
-        self.persistence.stage()
+        self.index.publish(index_id, seq, msg_id, expiry, size, held, returns=returns)
 
     def delivered(self, index_id: int, seq: int) -> None:
         self.index.mark_delivered(index_id, seq)

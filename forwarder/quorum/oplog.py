@@ -21,12 +21,14 @@ import logging
 import struct
 import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
 from amqp_server.queues import quorum_machine as machine
-from amqp_server.queues.quorum_ops import LogOp, decode, encode
+from amqp_server.queues.quorum_machine import CHECKS
+from amqp_server.queues.quorum_ops import ENQUEUE_FROM_OP, ENQUEUE_OP, LogOp, decode, encode, enqueue_fields
 from amqp_server.queues.quorum_queue import QuorumQueue
 
 from ..peers import node_link as link
@@ -93,65 +95,104 @@ class History:
     of the term at its index, or at the next index the first op of a term that began there) is brought to this
     copy's state by the ops after it — after a change of leader too, with no snapshot.
 
-    An op is kept as where its bytes lie, ``(term, index, source, start, end)``: a leader's op is its own bytes, a
-    follower's a span of the frame it came in, cut out only when a catch-up reads it.  (A slice per op would be
-    an object the garbage collector walks at each full collection, hundreds of thousands of them in
-    ``LOG_BYTES``; a tuple of ints and bytes it stops walking the first time it sees it.)"""
+    Kept as the batches they came in, ``[term, first index, source, bounds, ops trimmed]``: a leader's turn is
+    its ops' own bytes (``source`` a list, ``bounds`` None), a follower's frame the frame itself with where each
+    op starts and ends in it (``bounds``, an array), cut out only when a catch-up reads it.  (An object per op —
+    a slice, or a tuple of where it lies — would be allocated for every message and walked by the garbage
+    collector, hundreds of thousands of them in ``LOG_BYTES``.)"""
 
     def __init__(self) -> None:
-        self.ops: deque[tuple[int, int, bytes, int, int]] = deque()  # the indexes in a row
+        self.batches: deque[list] = deque()  # the indexes in a row
         self.size = 0
+        self.last = -1  # the index of the latest op kept (-1: none)
 
     def add(self, term: int, first: int, ops: list[bytes]) -> None:
         """A leader's ops, each its own bytes, from index ``first`` on (a turn's, as they are shipped)."""
         if ops:
-            ends = [len(op) for op in ops]
-            self._add(term, first, ops, itertools.repeat(0), ends, sum(ends))
+            self._add([term, first, ops, None, 0], len(ops), sum(map(len, ops)))
 
     def extend(self, term: int, first: int, frame: bytes, bounds: list[int]) -> None:
         """Ops of one frame, from index ``first`` on: ``bounds`` holds where each starts and ends in ``frame``."""
         if bounds:
-            starts, ends = bounds[::2], bounds[1::2]
-            self._add(term, first, itertools.repeat(frame), starts, ends, sum(ends) - sum(starts))
+            self._add([term, first, frame, array("Q", bounds), 0], len(bounds) // 2,
+                      sum(bounds[1::2]) - sum(bounds[::2]))
 
-    def _add(self, term: int, first: int, sources: Iterable[bytes], starts: Iterable[int], ends: list[int],
-             size: int) -> None:
-        ops = self.ops
-        if ops and ops[-1][1] + 1 != first:  # (the copy moved by other means: a snapshot)
+    def _add(self, batch: list, count: int, size: int) -> None:
+        if self.batches and self.last + 1 != batch[1]:  # (the copy moved by other means: a snapshot)
             self.clear()
-        ops.extend(zip(itertools.repeat(term), itertools.count(first), sources, starts, ends))
+        self.batches.append(batch)
+        self.last = batch[1] + count - 1
         self.size += size
         if self.size > LOG_BYTES:
             self._trim()
 
+    @staticmethod
+    def _span(batch: list, i: int) -> tuple[int, int]:
+        """Where the batch's ``i``-th op lies in its source (a leader's: all of its own bytes)."""
+        bounds = batch[3]
+        return (0, len(batch[2][i])) if bounds is None else (bounds[2 * i], bounds[2 * i + 1])
+
+    @staticmethod
+    def _count(batch: list) -> int:
+        return len(batch[2]) if batch[3] is None else len(batch[3]) // 2
+
     def _trim(self) -> None:
-        ops = self.ops
+        """The oldest ops go, one by one, until the rest fit in ``LOG_BYTES``."""
+        batches = self.batches
         while self.size > LOG_BYTES:
-            _, _, _, start, end = ops.popleft()
+            batch = batches[0]
+            start, end = self._span(batch, batch[4])
             self.size -= end - start
+            batch[4] += 1
+            if batch[4] == self._count(batch):
+                batches.popleft()
+        if not batches:
+            self.last = -1
 
     def clear(self) -> None:
-        self.ops.clear()
+        self.batches.clear()
         self.size = 0
+        self.last = -1
+
+    def _first(self) -> int:
+        """The index of the oldest op kept (past ``last`` if none)."""
+        if not self.batches:
+            return self.last + 1
+        batch = self.batches[0]
+        return batch[1] + batch[4]
+
+    def _ops(self, index: int) -> Iterator[tuple[int, int, list, int]]:
+        """(term, index, batch, position in it) of each op from ``index`` (kept) on."""
+        for batch in self.batches:
+            first, count = batch[1], self._count(batch)
+            if first + count <= index:
+                continue
+            for i in range(max(index - first, batch[4]), count):
+                yield batch[0], first + i, batch, i
 
     def after(self, index: int) -> list[tuple[int, int, bytes]] | None:
         """The ops after ``index``, up to the latest; None if the first of them is gone (or was never here)."""
-        ops = self.ops
-        if not ops or ops[-1][1] < index or ops[0][1] > index + 1:
+        if not self.batches or self.last < index or self._first() > index + 1:
             return None
-        first = ops[0][1]
-        return [(term, at, source[start:end])  # (a leader's own op: the same bytes)
-                for term, at, source, start, end in itertools.islice(ops, index + 1 - first, None)]
+        ops = []
+        for term, at, batch, i in self._ops(index + 1):
+            if batch[3] is None:
+                ops.append((term, at, batch[2][i]))  # (a leader's own op: the same bytes)
+            else:
+                start, end = self._span(batch, i)
+                ops.append((term, at, batch[2][start:end]))
+        return ops
 
     def passes(self, term: int, index: int) -> bool:
         """A copy that stands at (term, index) is at a state these ops pass through."""
-        ops = self.ops
-        if term <= 0 or not ops:
+        if term <= 0 or not self.batches:
             return False
-        first = ops[0][1]
-        at = index - first
-        return ((0 <= at < len(ops) and ops[at][0] == term)
-                or (-1 <= at < len(ops) - 1 and ops[at + 1][0] == term))
+        first = self._first()
+        if not first - 1 <= index <= self.last:
+            return False
+        ops = [op[0] for op in itertools.islice(self._ops(max(index, first)), 2)]  # terms from there on
+        at, following = (ops[0], ops[1] if len(ops) > 1 else 0) if index >= first else (0, ops[0])
+        return at == term or following == term  # (the op at index, or the next: the first of a term begun there)
 
 
 class ShippedGroup(Protocol):
@@ -524,7 +565,9 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: an op's ``Meta`` has this node's
-    (no op's outcome depends on it).  ``bounds``: where each log op starts and ends in ``payload`` is added to it."""
+    (no op's outcome depends on it).  An Enqueue, most of a log, is applied from its fields (``machine.enqueue``),
+    its row written with no op or effect made for it.  ``bounds``: where each log op starts and ends in
+    ``payload`` is added to it."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -541,21 +584,34 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         pos += CONT.size
     count = 0
     now = _now()
+    has, store = replicas.has, replicas.store_row
+    stored = False  # rows ``store`` wrote, staged once at the end
     while pos < end:
-        if data[pos] == ENTRY_OP:
+        kind = data[pos]
+        if kind == ENTRY_OP:
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
-            if not replicas.has(index_id, seq):
+            if not has(index_id, seq):
                 replicas.put(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
             pos += size
             continue
         start = pos
-        op, pos = decode(data, pos)
-        state, effects = machine.apply((first + count, now), op, state)
-        _carry_out(replicas, index_id, effects, idempotent)
+        if kind == ENQUEUE_OP or kind == ENQUEUE_FROM_OP:  # the hot path: no op, no effect (``machine.enqueue``)
+            seq, expiry, at, pos, size, enqueuer, publish = enqueue_fields(data, start)
+            if machine.enqueue(state, seq, expiry, size, enqueuer, publish) and not (idempotent and has(index_id, seq)):
+                store(index_id, seq, data[at:pos], expiry, size)
+                stored = True
+            if CHECKS:
+                machine.check(state, f"Enqueue of {seq}")
+        else:
+            op, pos = decode(data, pos)
+            state, effects = machine.apply((first + count, now), op, state)
+            _carry_out(replicas, index_id, effects, idempotent)
         if bounds is not None:
             bounds += (start, pos)
         count += 1
+    if stored:
+        replicas.persistence.stage()
     return state, count
 
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pamqp import commands
 
 from amqp_server.broker import Broker, vhost as vhost_module
@@ -293,6 +295,54 @@ async def test_a_leader_counts_its_own_copy_toward_a_majority_only_once_it_is_on
 
 
 # -- catch-up -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["leader", "frame", "clear"]), st.integers(1, 3), st.integers(-1, 1),
+                          st.lists(st.binary(min_size=1, max_size=9), max_size=6)), max_size=25))
+def test_the_log_a_copy_keeps_gives_back_its_latest_ops_whichever_way_they_came(steps):
+    """``History`` keeps a leader's turns and a follower's frames as they came (no object per op), trimmed an op
+    at a time to ``LOG_BYTES``: it gives back the ops after an index, and says which positions they pass
+    through, as a plain list of ``(term, index, op)`` does."""
+    limit = 40
+    history = quorum_log.History()
+    model: list[tuple[int, int, bytes]] = []  # (term, index, op), oldest first
+    original = quorum_log.LOG_BYTES
+    quorum_log.LOG_BYTES = limit
+    try:
+        index = 0
+        for kind, term, gap, ops in steps:
+            if kind == "clear":
+                history.clear()
+                model.clear()
+                continue
+            first = max(index + 1 + gap, 1)
+            if kind == "leader":
+                history.add(term, first, ops)
+            else:  # a follower's frame: a head, then the ops one after another
+                frame, bounds = b"head", list[int]()
+                for op in ops:
+                    bounds += (len(frame), len(frame) + len(op))
+                    frame += op
+                history.extend(term, first, frame, bounds)
+            if ops:
+                if model and model[-1][1] + 1 != first:
+                    model.clear()
+                model += [(term, first + i, op) for i, op in enumerate(ops)]
+                while sum(len(op) for _, _, op in model) > limit:
+                    model.pop(0)
+                index = first + len(ops) - 1
+            for at in range(index - 8, index + 2):
+                expected = None
+                if model and model[-1][1] >= at and model[0][1] <= at + 1:
+                    expected = [(t, i, op) for t, i, op in model if i > at]
+                assert history.after(at) == expected
+                for t in (0, 1, 2, 3):
+                    terms = {i: t_ for t_, i, _ in model}
+                    assert history.passes(t, at) == (t > 0 and (terms.get(at) == t or terms.get(at + 1) == t))
+    finally:
+        quorum_log.LOG_BYTES = original
+
 
 
 async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog):
