@@ -503,17 +503,23 @@ def test_a_channel_above_channel_max_closes_with_a_framing_error(node):
             "amqp:connection:framing-error", "channel number (64) exceeds maximum channel number (63)")
 
 
+
+def _sender_attached(sock: socket.socket, queue: str) -> list[tuple[int, list[amqp10.Value]]]:
+    """A session begun and a link ``l`` attached to send to ``queue``: the performatives read up to the node's
+    attach."""
+    sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
+    _read_frames(sock, 0x11)
+    target = described(0x29, encode_list([utf8(f"/queues/{queue}")]))
+    sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                      amqp10.NULL, amqp10.NULL, target)))
+    return _read_frames(sock, 0x12)
+
 def test_an_alarm_grants_no_credit_and_a_transfer_beyond_it_detaches_the_link(node):
     declare(node, "nocredit").close()
     node.call(lambda: node.node.flow.block("memory"))
     sock = _logged_in(node)
     with sock:
-        sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
-        _read_frames(sock, 0x11)
-        target = described(0x29, encode_list([utf8("/queues/nocredit")]))
-        sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
-                                          amqp10.NULL, amqp10.NULL, target)))
-        assert [code for code, _ in _read_frames(sock, 0x12)] == [0x12]
+        assert [code for code, _ in _sender_attached(sock, "nocredit")] == [0x12]
         with pytest.raises(socket.timeout):
             _read_frames(sock, 0x13, timeout=0.3)  # no flow: no credit while the alarm stands
         record = described(0x75, amqp10.binary(b"x"))
@@ -532,12 +538,7 @@ def test_a_max_message_size_above_rabbitmq_s_ceiling_is_its_ceiling_for_amqp10_t
         declare(capped, "big").close()
         sock = _logged_in(capped)
         with sock:
-            sock.sendall(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100))))
-            _read_frames(sock, 0x11)
-            target = described(0x29, encode_list([utf8("/queues/big")]))
-            sock.sendall(_frame(_performative(0x12, utf8("l"), uint(0), amqp10.boolean(False), amqp10.NULL,
-                                              amqp10.NULL, amqp10.NULL, target)))
-            attach = _read_frames(sock, 0x12)[-1][1]
+            attach = _sender_attached(sock, "big")[-1][1]
             assert attach[10].value == 512 << 20
     finally:
         capped.stop()
