@@ -76,15 +76,21 @@ START_TIMEOUT = 60.0  # a node's start, to its listening port: over 15 s on a lo
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
+    """Until ``proc`` listens on ``port``.  A connection to itself is not a listener: ports here are in the
+    ephemeral range, and a connect to one nobody listens on gets it as its own source port now and then (TCP's
+    simultaneous open), which once took a restarting node for started (its client then had the connection
+    reset)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"broker exited with {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                if sock.getsockname() != sock.getpeername():
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise TimeoutError(f"broker did not listen on {port} within {timeout}s")
 
 
