@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..broker.vhost import VHost
 
 FRAMES_PER_TURN = 1024  # frames one read handles before the loop turns: others' work waits at most that long
+BYTES_PER_TURN = 1 << 20  # and bytes of frames (the one crossing it too), for front ends whose frames are large
 PRELOGIN_WRITE_HIGH = 64 * 1024  # output buffered for a peer not logged in before it is read no more
 ACCEPT_RETRY = 1.0  # seconds before a TLS port that could not accept (EMFILE) tries again
 BACKLOG = 1024

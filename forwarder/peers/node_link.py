@@ -32,7 +32,7 @@ import os
 import struct
 from typing import Any, Callable
 
-from amqp_server.frontend.front_end import FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
+from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
 from amqp_server.payload import decode, encode, route_names
@@ -44,7 +44,6 @@ complaints = Complaints(log)
 FRAME = struct.Struct(">IB")  # payload length, frame type
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 MAX_FRAME = 256 * 1024 * 1024
-BYTES_PER_TURN = 1 << 20  # a read handles frames up to this many bytes (the one that crosses it too) a turn
 HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
 HANDSHAKE_TIMEOUT = 5.0  # seconds from connect to a proven peer, on both ends
 HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one more closes the oldest
