@@ -140,6 +140,8 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.broker.churn.connection_created += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.state == OPEN:  # as rabbit_reader logs it: a lost consumer is told apart from one the node closed
+            complaints.warning("closing connection %s: client unexpectedly closed TCP connection", self.name)
         self.state = CLOSED
         super().connection_lost(exc)
         if self._timer is not None:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame as pframe, header as pheader, body as pbody
 
+from conftest import BrokerProcess
 from support import FRAME_END, PROTOCOL_HEADER, Closed, Raw, method_payload, publish_frames, raw_frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -654,3 +655,28 @@ def test_broker_alive_after_fuzz(broker):
     assert_serves(broker)
     assert broker.running
     assert "internal error" not in broker.log() and "Traceback" not in broker.log(), broker.log()[-3000:]
+
+
+def test_a_client_that_drops_its_socket_is_logged_as_rabbitmq_logs_it(broker):
+    """rabbit_reader logs "client unexpectedly closed TCP connection" for a connection whose client went without
+    closing it, and nothing of the kind for one closed as the protocol says: a consumer's lost connection is then
+    told apart from one the node closed (a node that closes one says why)."""
+    if not isinstance(broker, BrokerProcess):
+        pytest.skip("reads the node's log")
+    ports = []
+    for close_first in (True, False):
+        client = Raw(broker)
+        client.handshake()
+        ports.append(client.sock.getsockname()[1])
+        if close_first:
+            client.send_method(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0,
+                                                            method_id=0))
+            client.expect(commands.Connection.CloseOk)
+        client.close()
+    closed, dropped = (f":{port} -> " for port in ports)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and dropped not in broker.log():
+        time.sleep(0.05)
+    said = [line for line in broker.log().splitlines() if "client unexpectedly closed TCP connection" in line]
+    assert any(dropped in line for line in said), broker.log()[-2000:]
+    assert not any(closed in line for line in said)
