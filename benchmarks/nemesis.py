@@ -769,6 +769,9 @@ class Consumer:
     found: dict[str, set[str]] = field(default_factory=dict)  # phase -> message ids first delivered in it
     # (when sent, seconds until consume-ok, or until the session ended unanswered) of each basic.consume
     consume_waits: list[tuple[float, float, bool]] = field(default_factory=list)
+    # each session of ``run`` that ended in an error: (connected, ended, node, why, messages come again in it),
+    # to lay its duplicates beside the faults of the moment: a lost session is a fault's or unexplained
+    sessions: list[tuple[float, float, int, str, int]] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event) -> None:
         turn = 0
@@ -782,6 +785,7 @@ class Consumer:
                 await asyncio.sleep(0.2)
                 continue
             self.connections += 1
+            connected, again = time.monotonic() - self.started, len(self.again)
             session = asyncio.ensure_future(self._session(connection, node))
             stopping = asyncio.ensure_future(stop.wait())
             await asyncio.wait([session, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -793,7 +797,10 @@ class Consumer:
             except asyncio.CancelledError:
                 pass
             except (OSError, Closed, ConnectionError, asyncio.IncompleteReadError) as exc:
-                self.ended[str(exc)[:80] or type(exc).__name__] += 1
+                why = str(exc)[:80] or type(exc).__name__
+                self.ended[why] += 1
+                self.sessions.append((round(connected, 1), round(time.monotonic() - self.started, 1),
+                                      node, why, len(self.again) - again))
                 turn += 1  # the next node, after any error
                 await asyncio.sleep(0.2)  # as a client would, before it tries again
             finally:
@@ -1331,6 +1338,8 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, wat
         "queue_missing_sample": watcher.missing[:20], "views": watcher.views, "stuck_while_attached": watcher.stuck,
         "timeline": watcher.timeline,
         "consumer_connections": consumer.connections, "consumer_sessions_ended": dict(consumer.ended),
+        "consumer_sessions_lost": [(connected, ended, cluster.names[node], why, again)
+                                   for connected, ended, node, why, again in consumer.sessions],
         # [sent at, seconds, answered]: the basic.consume that waited longest for consume-ok (a quorum queue's
         # consume waits up to 10 s for a leader, as RabbitMQ's member does)
         "longest_consume_wait": max(consumer.consume_waits, key=lambda wait: wait[1], default=None),
