@@ -391,6 +391,10 @@ class Network:
     def deliver(self, source: str, destination: str, ftype: int, payload: bytes) -> None:
         if not self.connected(source, destination):
             return  # (cut while it was on its way)
+        if len(payload) > link.MAX_FRAME:  # a real link's reader refuses it and closes the link; the dialer dials again
+            self._link(source, destination, False)
+            asyncio.get_running_loop().call_later(0.05, self._redial, source, destination)
+            return
         if ftype in _TO_OWNER:
             session = self.sessions.get((destination, source))
             if session is not None:
@@ -423,6 +427,10 @@ class Network:
                 peer._went_down()
                 if session is not None:
                     session.closed()
+
+    def _redial(self, a: str, b: str) -> None:
+        if self.connected(a, b):
+            self._link(a, b, True)
 
     def hold(self, a: str, b: str) -> None:
         """The link from ``a`` to ``b`` goes on, but its frames wait (a slow link, a stalled reader)."""

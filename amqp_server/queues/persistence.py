@@ -18,6 +18,7 @@ import asyncio
 import errno
 import logging
 import os
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
@@ -160,6 +161,11 @@ class Persistence:
     def load_body(self, message: Message) -> None:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
+
+    def records(self, messages: list[Message]) -> list[bytes | None]:
+        """The store's records of stored messages (what ``load_body`` fills them from), read a run of neighbours
+        at a time and left out of the messages and the read cache; None for one the store lacks."""
+        return self.store.read_many([message.msg_id for message in messages], sys.maxsize)
 
     def body_file(self, message: Message) -> tuple[int, int, Segment] | None:
         """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own

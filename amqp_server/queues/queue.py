@@ -771,12 +771,14 @@ class Queue:
             found.extend(batch)
         return found
 
-    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None,
+                   load: bool = True) -> Iterator[list[Entry]]:
         """``browse`` a batch of at most ``step`` entries at a time, so a long read can let others run
-        between batches while the queue changes: each batch is what is ready when it is read."""
+        between batches while the queue changes: each batch is what is ready when it is read.  ``load``: with
+        the bodies on disk loaded (else they stay there, for a reader of the store's records)."""
         remaining = limit
         for entries in self.ready.range_slices(start, end, step):
-            batch = self.readable(entries, remaining)
+            batch = self.readable(entries, remaining, load)
             if batch:
                 yield batch
             if remaining is not None:
@@ -784,13 +786,13 @@ class Queue:
                 if remaining <= 0:
                     return
 
-    def readable(self, entries: Iterable[Entry], limit: int | None = None) -> list[Entry]:
-        """Of ``entries``, those still ready and unexpired, at most ``limit``, bodies loaded."""
+    def readable(self, entries: Iterable[Entry], limit: int | None = None, load: bool = True) -> list[Entry]:
+        """Of ``entries``, those still ready and unexpired, at most ``limit``, bodies loaded if ``load``."""
         found: list[Entry] = []
         if limit is not None and limit <= 0:
             return found
         now = now_ms()
-        host = self.host
+        host = self.host if load else None
         for entry in entries:
             if entry.gone or (entry.expiry and entry.expiry <= now):
                 continue

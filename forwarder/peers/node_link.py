@@ -32,6 +32,7 @@ import os
 import struct
 from typing import Any, Callable
 
+from amqp_server.config import MAX_MESSAGE_SIZE
 from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
@@ -43,7 +44,9 @@ complaints = Complaints(log)
 
 FRAME = struct.Struct(">IB")  # payload length, frame type
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
-MAX_FRAME = 256 * 1024 * 1024
+# a frame may carry one message of the largest size any protocol takes, with its route, header and op head around
+# it (a quorum queue's op, a publish forwarded); frames of many ops or rows stop at ``oplog.FRAME_BYTES``
+MAX_FRAME = MAX_MESSAGE_SIZE + 16 * 1024 * 1024
 HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
 HANDSHAKE_TIMEOUT = 5.0  # seconds from connect to a proven peer, on both ends
 HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one more closes the oldest

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
+from amqp_server.payload import body_size
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.quorum_machine import CHECKS
 from amqp_server.queues.quorum_ops import ENQUEUE_FROM_OP, ENQUEUE_OP, LogOp, decode, encode, enqueue_fields
@@ -63,12 +64,43 @@ RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 # applied itself, which continue a copy that stands at ``first - 1`` in the first term
 CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
-SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up)
+SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up or a turn)
+# bytes of ops (or a snapshot's rows) per frame, a larger one alone: a frame of many stays far below the link's
+# ``MAX_FRAME`` (and a follower's loop turn short), however large the messages
+FRAME_BYTES = 16 << 20
 PROGRESS = 0.5  # seconds a leader goes on delivering while its ops wait for a majority (``allowance``)
 UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has yet: at most its consumers' prefetch,
 # or this (``allowance``)
 UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
+
+
+def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of the runs of ``ops`` one frame each carries: at most ``SNAPSHOT_CHUNK`` ops and
+    ``FRAME_BYTES`` bytes, an op larger than that alone.  None for no ops."""
+    if len(ops) <= SNAPSHOT_CHUNK and sum(map(len, ops)) <= FRAME_BYTES:  # (a turn's ops: nearly always)
+        if ops:
+            yield 0, len(ops)
+        return
+    start = size = 0
+    for i, op in enumerate(ops):
+        if i > start and (size + len(op) > FRAME_BYTES or i - start >= SNAPSHOT_CHUNK):
+            yield start, i
+            start, size = i, 0
+        size += len(op)
+    yield start, len(ops)
+
+
+def _by_size(entries: list["Entry"]) -> Iterator[list["Entry"]]:
+    """``entries`` in runs whose bodies come to about ``FRAME_BYTES``: what a snapshot reads into memory at once."""
+    start = size = 0
+    for i, entry in enumerate(entries):
+        if i > start and size + entry.message.body_size > FRAME_BYTES:
+            yield entries[start:i]
+            start, size = i, 0
+        size += entry.message.body_size
+    if start < len(entries):
+        yield entries[start:]
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
@@ -298,8 +330,9 @@ class OpLogShipper:
         self._scheduled = False
         if not self.ops:
             return
-        frame = self._frame(self.first, self.ops)
-        self.log.add(self.term, self.first, self.ops)
+        ops, first = self.ops, self.first
+        frames = [self._frame(first + start, ops[start:end]) for start, end in runs(ops)]
+        self.log.add(self.term, first, ops)
         self.ops = []
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
@@ -308,7 +341,8 @@ class OpLogShipper:
         self._written_at(self.index)
         for follower in self.followers.values():
             if follower.joined:
-                self._send(follower, frame)
+                for frame in frames:
+                    self._send(follower, frame)
 
     def _written_at(self, index: int) -> None:
         """The leader's copy stands at ``index`` once the group commit staged now is on disk: until then it
@@ -361,8 +395,8 @@ class OpLogShipper:
             follower.snapshot = None
 
     async def _snapshot(self, follower: Follower) -> None:
-        """The state as it stands now, then the queue's entries as rows, a chunk per frame and per loop turn (so
-        that nobody waits on a deep queue's), each as it is when its chunk is read, the held ones at the end;
+        """The state as it stands now, then the queue's entries as rows, a frame (``runs``) and a loop turn at a
+        time (so that nobody waits on a deep queue's), each as it is when it is read, the held ones at the end;
         then the ops since the state's index.  The follower applies those ops to the state as they were applied
         here, and carries out their storage effects idempotently (a row may be of a later state already),
         which brings its rows where the state is."""
@@ -372,17 +406,29 @@ class OpLogShipper:
                  queue.message_count + len(queue.held))
         state = machine.encode_state(queue.state)
         counts = queue.state.counts
-        ops = [MARK.pack(RESET_OP, len(state)), state]
-        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
-            ops.extend(_entry(entry, False, counts.get(entry.seq, 0)) for entry in batch)
-            if len(ops) >= SNAPSHOT_CHUNK:
-                if not self._send(follower, self._frame(start, ops)):
-                    return
-                ops = [MARK.pack(MORE_OP, 0)]
-                await asyncio.sleep(0)
-        ops.extend(_entry(entry, True, counts.get(entry.seq, 0))
-                   for entry in sorted(queue.held.values(), key=lambda e: e.seq))
-        if not self._send(follower, self._frame(start, ops)):
+        marker = [MARK.pack(RESET_OP, len(state)), state]
+
+        def send(rows: list[bytes]) -> bool:
+            nonlocal marker
+            for first, end in list(runs(rows)) or [(0, 0)]:  # one at least: it may be the state's own
+                if not self._send(follower, self._frame(start, [*marker, *rows[first:end]])):
+                    return False
+                marker = [MARK.pack(MORE_OP, 0)]
+            return True
+
+        rows: list[bytes] = []
+        size = 0
+        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK, load=False):  # entries that arrive meanwhile too
+            for part in _by_size(batch):
+                more = self._rows([entry for entry in part if not entry.gone], False, counts)
+                rows += more
+                size += sum(map(len, more))
+                if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
+                    if not send(rows):
+                        return
+                    rows, size = [], 0
+                    await asyncio.sleep(0)
+        if not send(rows + self._rows(sorted(queue.held.values(), key=lambda e: e.seq), True, counts)):
             return
         self.flush()
         since = self.log.after(start) if self.index > start else []
@@ -390,11 +436,29 @@ class OpLogShipper:
             asyncio.get_running_loop().call_soon(self.join, follower)
             return
         missed = [op for _, _, op in since]
-        for first in range(0, max(len(missed), 1), SNAPSHOT_CHUNK):  # one at least: the follower's copy is whole
-            chunk = [MARK.pack(REPLAY_OP, 0), *missed[first:first + SNAPSHOT_CHUNK]]
-            if not self._send(follower, self._frame(start + 1 + first, chunk)):
+        for first, end in list(runs(missed)) or [(0, 0)]:  # one at least: the follower's copy is whole
+            if not self._send(follower, self._frame(start + 1 + first, [MARK.pack(REPLAY_OP, 0), *missed[first:end]])):
                 return
         follower.joined = True
+
+    def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
+        """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
+        records, read a run of neighbours at a time and never into their messages (a snapshot of a deep queue
+        brings no body into memory, nor into the store's read cache).  One the store lacks has no row: the
+        leader's state drops it when it reaches it."""
+        stored = [entry.message for entry in entries if entry.message.body is None]
+        records = iter(self.groups.broker.persistence.records(stored) if stored else ())
+        rows = []
+        for entry in entries:
+            returns = counts.get(entry.seq, 0)
+            if entry.message.body is not None:
+                rows.append(_entry(entry, held, returns))
+                continue
+            record = next(records)
+            if record is not None:
+                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(record))
+                            + record)
+        return rows
 
     def _stop_snapshot(self, follower: Follower) -> None:
         if follower.snapshot is not None:
@@ -450,17 +514,17 @@ class OpLogShipper:
             if adopt:  # its copy as it stands becomes this term's
                 follower.joined = self._send(follower, self._frame(applied + 1, [MARK.pack(ADOPT_OP, applied_term)]))
             missed = [op for _, _, op in since]
-            for start in range(0, len(missed), SNAPSHOT_CHUNK):
-                frame = self._frame(applied + 1 + start, missed[start:start + SNAPSHOT_CHUNK])
+            for start, end in runs(missed):
+                frame = self._frame(applied + 1 + start, missed[start:end])
                 follower.joined = follower.joined and self._send(follower, frame)
             return
         last = applied_term  # the term of the copy's last op, as the ops below move it
         for term, run in itertools.groupby(since, key=lambda entry: entry[0]):
             ops = list(run)
-            for start in range(0, len(ops), SNAPSHOT_CHUNK):
-                chunk = ops[start:start + SNAPSHOT_CHUNK]
-                ops_ = [CONT.pack(CONTINUE_OP, last, term), *(op for _, _, op in chunk)]
-                follower.joined = follower.joined and self._send(follower, self._frame(chunk[0][1], ops_))
+            encoded = [op for _, _, op in ops]
+            for start, end in runs(encoded):
+                frame = self._frame(ops[start][1], [CONT.pack(CONTINUE_OP, last, term), *encoded[start:end]])
+                follower.joined = follower.joined and self._send(follower, frame)
                 last = term
         if last != self.term:  # no op of this term yet: its copy is where this term started
             frame = self._frame(self.index + 1, [MARK.pack(ADOPT_OP, last)])
@@ -592,7 +656,9 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
             _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
             if not has(index_id, seq):
-                replicas.put(index_id, seq, data[pos:pos + size], expiry, bool(held), returns)
+                record = data[pos:pos + size]
+                store(index_id, seq, record, expiry, body_size(record), bool(held), returns)
+                stored = True
             pos += size
             continue
         start = pos

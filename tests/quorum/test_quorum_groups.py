@@ -421,6 +421,40 @@ async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_th
     await copies_agree(network)
 
 
+def small_link_frames(monkeypatch) -> None:
+    """Links that take frames of at most 300 KB (the fake cluster refuses a larger one as a real link's reader
+    does: the link closes, and is dialled again), and ops or rows of at most 100 KB a frame."""
+    monkeypatch.setattr(link, "MAX_FRAME", 300_000)
+    monkeypatch.setattr(quorum_log, "FRAME_BYTES", 100_000)
+
+
+async def test_a_snapshot_of_large_messages_goes_in_frames_a_link_takes(network, monkeypatch):
+    """Finding: a snapshot's rows went 4,096 to a frame whatever their size, so a follower of a queue holding
+    4,096 messages of 64 KiB was sent a frame its link refuses (above 256 MiB): the link closed, the follower
+    asked again, got the same frame, and never came back into step.  Rows now go ``FRAME_BYTES`` to a frame."""
+    small_link_frames(monkeypatch)
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 20_000)
+    node = await declared(network)
+    await network.kill("n3")
+    sent = [bytes([i]) * 20_000 for i in range(60)]  # 1.2 MB: no frame of them all fits
+    for i in range(0, 60, 4):  # (a turn's ops fit in one frame)
+        publish(node, sent[i:i + 4])
+        await asyncio.sleep(0)
+    await network.start_node("n3")
+    assert await copies_agree(network) == sent
+
+
+async def test_a_turn_of_large_publishes_goes_to_followers_in_frames_a_link_takes(network, monkeypatch):
+    """Finding: a turn's ops went in one frame, so publishes of large messages arriving together (twenty of
+    16 MiB) made a frame a follower's link refuses, and the catch-up sent it again: no confirm, ever."""
+    small_link_frames(monkeypatch)
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, [bytes([i]) * 20_000 for i in range(30)], confirms)  # one turn's
+    await wait_for(lambda: len(confirms.acked()) == 30, "every publish confirmed")
+    await copies_agree(network)
+
+
 async def n3_far_behind(network: Network, monkeypatch, confirms: Confirms | None = None) -> Node:
     """n3 went down, then the leader (n1) took 1,000 messages, more than its log keeps: n3 will need a snapshot
     (of 32 rows a frame, so that it takes many loop turns)."""
