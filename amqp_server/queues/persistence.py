@@ -161,6 +161,11 @@ class Persistence:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
 
+    def load_head(self, message: Message) -> None:
+        """Fill a recovered message's route and header from the store, its body left there (to be sent from
+        its file: ``body_file``)."""
+        message.fill_head_from(self.store.read_head(message.msg_id, message.body_size))
+
     def body_file(self, message: Message) -> tuple[int, int, Segment] | None:
         """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own
         (``MessageStore.open_payload``: the caller closes it and tells the segment, its loan), the body's offset
