@@ -24,6 +24,10 @@ _FLAGS = struct.Struct(">H")
 _CHECKED = codec.FLAG_USER_ID | codec.FLAG_EXPIRATION | codec.FLAG_REPLY_TO | codec.FLAG_HEADERS
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
 MAX_EXPIRY = 315_360_000_000  # ten years in ms: rabbit_misc:check_expiry
+# a stored body at least this large is not held in memory by a queue's entry nor by an unacked delivery: it is sent
+# from the store's file (``amqp091.channel``), or read back when needed (a requeue to another protocol's consumer,
+# a dead-lettering)
+RELEASE_FROM = 256 * 1024
 
 
 def expiration_error(value: str) -> str | None:
@@ -118,6 +122,12 @@ class Message:
         self.header = header
         self.body = body
         self._flags = _FLAGS.unpack_from(header, 12)[0] if len(header) >= 14 else 0
+
+    def fill_head_from(self, head: bytes) -> None:
+        """Route and header back from a store's record without its body (``MessageStore.read_head``): the body
+        stays in the store, as ``stored`` left it."""
+        self.fill_from(head)
+        self.body = None  # type: ignore[assignment]  # (as Message.stored's)
 
     def property_str(self, flag: int) -> str | None:
         """One shortstr property (``codec.FLAG_*``), read from the bytes without decoding the others."""

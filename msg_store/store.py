@@ -356,6 +356,24 @@ class MessageStore:
         self.cache[msg_id] = data
         return data
 
+    def read_head(self, msg_id: int, tail: int) -> bytes:
+        """``msg_id``'s payload but its last ``tail`` bytes (a message's body, which ends its payload): what a
+        reader that sends the body from the file needs of the rest, without reading the body into memory.  The
+        read cache is neither consulted nor filled."""
+        pending = self._tail_ids.get(msg_id)
+        if pending is not None:
+            start, size = pending
+            return bytes(self._tail[start:start + size - tail])
+        found_at = self.index.find(msg_id)
+        if found_at is None:
+            raise KeyError(msg_id)
+        number, offset, size = found_at
+        data = os.pread(self.segments[number].fd, size - tail, offset)
+        self.reads += 1
+        if len(data) != size - tail:
+            raise IOError(f"message {msg_id}: short read from segment {number}")
+        return data
+
     def read_many(self, msg_ids: list[int], budget: int) -> list[bytes | None]:
         """Payloads of several messages, with one pread per run of neighbouring records (a queue bringing its
         next entries into memory reads them this way, usually one run); None for an id the store lacks or

@@ -28,7 +28,7 @@ from ..broker.direct_reply import ReplyConsumer
 from ..errors import AMQPError, ChannelError, ConnectionError
 from ..logs import untrusted
 from ..memory import MEMORY_CHECK_BYTES
-from ..message import Message
+from ..message import RELEASE_FROM, Message
 from ..payload import route_names
 from ..ports import ClientChannel, ExclusiveOwner
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue
@@ -55,7 +55,6 @@ BODY_ROOM = 1024 * 1024  # a body's buffer is set aside this large at first (at 
 _grow = ctypes.pythonapi.PyByteArray_Resize
 _grow.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
 _grow.restype = ctypes.c_int
-RELEASE_FROM = 256 * 1024  # a body at least this large is not held by an unacked delivery (_release_body)
 # a stored body at least this large is sent from the store's file (_body_out); a smaller one is held for its ack
 # anyway, and goes from memory: a range of the file cost each delivery a descriptor (taken, closed) and the outbox's
 # path, 64 KiB persistent-confirm 260 -> 230 us of broker CPU a message

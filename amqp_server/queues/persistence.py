@@ -167,6 +167,11 @@ class Persistence:
         at a time and left out of the messages and the read cache; None for one the store lacks."""
         return self.store.read_many([message.msg_id for message in messages], sys.maxsize)
 
+    def load_head(self, message: Message) -> None:
+        """Fill a recovered message's route and header from the store, its body left there (to be sent from
+        its file: ``body_file``)."""
+        message.fill_head_from(self.store.read_head(message.msg_id, message.body_size))
+
     def body_file(self, message: Message) -> tuple[int, int, Segment] | None:
         """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own
         (``MessageStore.open_payload``: the caller closes it and tells the segment, its loan), the body's offset

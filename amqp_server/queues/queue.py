@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Pr
 from ..clock import now_ms
 from .consumers import ConsumerGroup, Consumers
 from .expiry import Expiry
-from ..message import Message
+from ..message import RELEASE_FROM, Message
 from .queue_args import QueueArgs
 from .queue_type import DELIVERY_HEADER, STORES_ALL
 from .ready import Entry
@@ -368,7 +368,8 @@ class Queue:
         entry = self._new_entry(self.next_seq, message, False, expiry)
         self.next_seq += 1
         self.stats.publish += 1
-        if self.persistence is not None and (self.persists_all or message.persistent):
+        stored = self.persistence is not None and (self.persists_all or message.persistent)
+        if stored:
             self.store_entry(entry, confirm)  # before anything else can remove the entry
         ready = self.ready
         if ready.tail.count or expiry:
@@ -382,6 +383,8 @@ class Queue:
             self.fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
             self.fresh = -1
+        if stored and message.body_size >= RELEASE_FROM and entry.seq > ready.taken_upto:
+            self.release_body(entry)
         depth, pager = len(ready.entries), self.pager
         # a cheap test first (the hot path): could the window, whatever it is now, be exceeded?
         if self.window is not None and depth > MIN_WINDOW and pager is not None and (
@@ -397,6 +400,14 @@ class Queue:
         """A durable queue's persistent entry goes to storage (a replicated queue's to its group too)."""
         assert self.rows is not None  # (durable: attach gave it its type's)
         self.rows.write(self, entry)
+
+    def release_body(self, entry: Entry) -> None:
+        """A large persistent body this queue stored (its file has it: ``MessageStore.write`` wrote it at once)
+        is not held by its ready entry: a delivery sends it from the file, or reads it back; so what a queue
+        of large messages holds in memory is not its bodies.  (Other queues the message went to keep theirs:
+        a transient queue's is only in memory.  A quorum or stream queue keeps its bodies in its own store.)"""
+        if not self.persists_all and entry.message.persistent:
+            entry.message = entry.message.without_body()
 
     def stored_copy(self, message: Message) -> Message:
         """The message as a queue that stores every message (``persists_all``) keeps it: a transient one not
@@ -513,17 +524,21 @@ class Queue:
     def took(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> None:
         """What ``take`` counts, and the body it loads; its storage is the caller's.  A body the consumer sends
         from the store's file (``sends_from``: one this large, stored) is not read back: a redelivery of a large
-        body costs no copy of it.  Taken without ack, such an entry keeps its store reference until the caller
-        has the body's file and forgets the entry."""
+        body, or of one recovered after a restart (whose header alone is read), costs no copy of it.  Taken
+        without ack, such an entry keeps its store reference until the caller has the body's file and forgets the
+        entry."""
         message = entry.message
         if entry.redelivered:
             self.stats.redeliver += 1
         ready = self.ready
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
-        if message.body is None and (not 0 < sends_from <= message.body_size or not message.msg_id
-                                     or message.header is None):  # (recovered: no header yet either)
-            self.host.load_body(message)
+        if message.body is None:
+            if 0 < sends_from <= message.body_size and message.msg_id and self.persistence is not None:
+                if message.header is None:  # recovered (or paged in unread): its header only, the body stays
+                    self.persistence.load_head(message)
+            else:
+                self.host.load_body(message)
         if not no_ack:
             self.unacked += 1
             self.unacked_bytes += message.body_size

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Peak RSS of a Warren node that takes and delivers large persistent messages: is its memory bounded by the
+frames in flight, not by the bodies in flight?
+
+Starts a throwaway node (its data in a temp dir, removed at the end), declares a durable classic queue, then
+
+1. publishes ``--messages`` (100) persistent ``--size`` (16 MiB) messages with publisher confirms, at most
+   ``--window`` (4) unconfirmed (the raw client of ``amqp_load.py``);
+2. with ``--restart``, stops the node (SIGTERM) and starts it again on its data: the messages are recovered;
+3. takes them all with one pika consumer: ``--mode ack`` (prefetch ``--prefetch``, 100, manual acks: it acks
+   none until it holds as many as its prefetch lets it, then all of them), ``noack`` (a no-ack consumer), or
+   ``get`` (basic.get with acks, each acked at once); every body is checked octet for octet.
+
+The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
+phase, with its RSS when idle before it::
+
+    .venv/bin/python benchmarks/large_rss.py
+    .venv/bin/python benchmarks/large_rss.py --restart --mode noack --messages 50
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pika
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from amqp_load import Connection, publish_frames  # noqa: E402  # (the load generator beside this script)
+
+MIB = 1 << 20
+
+
+def body(size: int, number: int) -> bytes:
+    """``size`` octets of a counter that starts at ``number``: no two messages alike, nor two places in one."""
+    return np.arange(number, number + size // 8 + 1, dtype=">u8").tobytes()[:size]
+
+
+def status(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` figure in bytes (``VmRSS``, ``VmHWM``)."""
+    with open(f"/proc/{pid}/status") as lines:
+        for line in lines:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Node:
+    def __init__(self, data: Path, port: int) -> None:
+        self.data, self.port = data, port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.data.parent / "broker.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
+             "--mgmt-enabled", "false", "--log-level", "WARNING", "--data-dir", str(self.data)],
+            cwd=HERE.parent, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("the node exited") from None
+                time.sleep(0.1)
+        raise TimeoutError("the node did not listen")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def publish(port: int, queue: str, count: int, size: int, window: int) -> float:
+    """Publish with confirms, at most ``window`` unconfirmed; the seconds it took."""
+    conn = Connection("127.0.0.1", port, "guest", "guest")
+    conn.channel_open(1)
+    conn.queue_declare(1, queue, durable=True)
+    conn.confirm_select(1)
+    started = time.monotonic()
+    sent = confirmed = 0
+    sock = conn.sock
+    sock.setblocking(False)
+    pending = memoryview(b"")
+    while confirmed < count:
+        if not pending and sent < count and sent - confirmed < window:
+            pending = memoryview(publish_frames(1, "", queue, body(size, sent), True, conn.frame_max))
+            sent += 1
+        readable, writable, _ = select.select([sock], [sock] if pending else [], [], 1.0)
+        if writable and pending:
+            try:
+                pending = pending[sock.send(pending):]
+            except BlockingIOError:
+                pass
+        if readable:
+            try:
+                conn.fill()
+            except BlockingIOError:
+                continue
+            while (frame := conn.poll_frame()) is not None:
+                ftype, _channel, p0, _p1 = frame
+                cls, meth = struct.unpack_from("!HH", conn.buf, p0)
+                if ftype == 1 and (cls, meth) == (60, 80):
+                    tag, multiple = struct.unpack_from("!QB", conn.buf, p0 + 4)
+                    confirmed = tag if multiple & 1 else confirmed + 1
+                elif ftype == 1:
+                    raise RuntimeError(f"unexpected method {cls}.{meth}")
+    sock.setblocking(True)
+    conn.close()
+    return time.monotonic() - started
+
+
+def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float) -> float:
+    """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+    channel = connection.channel()
+    started = time.monotonic()
+    deadline = started + timeout
+    got = 0
+    last_tag = 0
+
+    def check(data: bytes) -> None:
+        nonlocal got
+        if data != body(size, got):
+            raise AssertionError(f"message {got}: its body differs")
+        got += 1
+
+    if mode == "get":
+        while got < count and time.monotonic() < deadline:
+            method, _properties, data = channel.basic_get(queue, auto_ack=False)
+            if method is None or data is None:
+                time.sleep(0.05)
+                continue
+            check(data)
+            channel.basic_ack(method.delivery_tag or 0)
+    else:
+        channel.basic_qos(prefetch_count=prefetch)
+
+        def on_message(channel, method, _properties, data: bytes) -> None:
+            nonlocal last_tag
+            check(data)
+            last_tag = method.delivery_tag
+            if mode == "ack" and got % prefetch == 0:  # (it holds as many as its prefetch lets it, then acks)
+                channel.basic_ack(last_tag, multiple=True)
+
+        channel.basic_consume(queue, on_message, auto_ack=mode == "noack")
+        while got < count and time.monotonic() < deadline:
+            connection.process_data_events(0.1)
+        if mode == "ack" and got % prefetch:
+            channel.basic_ack(last_tag, multiple=True)
+    if got < count:
+        raise TimeoutError(f"{got} of {count} taken")
+    elapsed = time.monotonic() - started
+    connection.close()
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=100)
+    ap.add_argument("--size", type=int, default=16 * MIB)
+    ap.add_argument("--window", type=int, default=4, help="unconfirmed publishes at most")
+    ap.add_argument("--prefetch", type=int, default=100)
+    ap.add_argument("--mode", choices=("ack", "noack", "get"), default="ack")
+    ap.add_argument("--restart", action="store_true", help="restart the node between publishing and taking")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
+    node = Node(tmp / "data", free_port())
+    result: dict[str, float] = {}
+    try:
+        node.start()
+        time.sleep(0.5)
+        result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
+        reset_peak(node.pid)
+        result["publish_s"] = publish(node.port, "large-rss", args.messages, args.size, args.window)
+        result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
+        if args.restart:
+            node.stop()
+            node.start()
+            time.sleep(0.5)
+        result["before_take_rss_mib"] = status(node.pid, "VmRSS") / MIB
+        reset_peak(node.pid)
+        result["take_s"] = take(node.port, "large-rss", args.messages, args.size, args.mode, args.prefetch,
+                                args.timeout)
+        result["take_peak_mib"] = status(node.pid, "VmHWM") / MIB
+    finally:
+        node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
+              f"{' after a restart' if args.restart else ''}, prefetch {args.prefetch}")
+        for key, value in result.items():
+            print(f"  {key:22} {value:10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
