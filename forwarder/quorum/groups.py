@@ -444,9 +444,17 @@ class QuorumGroups:
     # -- leadership ----------------------------------------------------------------------------
 
     async def claim_first(self, vhost: str, name: str) -> tuple[int, int] | None:
-        """A queue declared here and placed here: claim its lead from the start; (term, lease) if won."""
-        await asyncio.wait_for(self.ready.wait(), LEASE_TTL * 5)
-        return await self._claim(queue_key(vhost, name))
+        """A queue declared here and placed here: claim its lead from the start; (term, lease) if won.  None
+        too if etcd would not have it (this node's lease lapsed just then, or etcd is out of reach): the queue
+        is declared all the same, and its members elect a leader as for any queue without one."""
+        key = queue_key(vhost, name)
+        try:
+            await asyncio.wait_for(self.ready.wait(), LEASE_TTL * 5)
+            return await self._claim(key)
+        except (aetcd.ClientError, asyncio.TimeoutError) as exc:
+            log.info("%s did not claim the lead of %s at its declaration (%s): its members elect one", self.name,
+                     untrusted(key), untrusted(exc) or "timeout")
+            return None
 
     def lead(self, vhost: str, name: str, term: int, lease: int) -> None:
         """Lead a queue just claimed (``claim_first``), before its declare-ok."""

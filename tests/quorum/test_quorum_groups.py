@@ -26,6 +26,7 @@ from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
+from amqp_server.records import QueueRecord
 from fake_cluster import Client, FakeLink, Network, Node
 from forwarder.peers import node_link as link, owner_side
 from forwarder.quorum import groups as quorum, oplog as quorum_log
@@ -419,6 +420,20 @@ async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_th
     assert sent > 10  # the queue changed all along the snapshot
     assert any("n3 takes a snapshot" in record.message for record in caplog.records)
     await copies_agree(network)
+
+
+async def test_a_declaration_whose_claim_meets_a_lapsed_lease_is_declared_and_its_leader_elected(network):
+    """Finding (a full suite under load): the declaring node's etcd lease had just lapsed, etcd refused its claim
+    ("requested lease not found"), and the declaration failed with 541 INTERNAL_ERROR, the client's connection
+    closed.  The queue exists by then; its members elect a leader as for any queue without one."""
+    record = QueueRecord("/", "q", True, False, {"x-queue-type": "quorum"}, node="n1", members=list(NAMES))
+    for node in network.nodes.values():
+        node.quorum.put_queue(node.broker.vhosts["/"], record)
+    n1 = network.nodes["n1"].quorum
+    assert n1.lease is not None
+    network.etcd.revoke(n1.lease.id)
+    assert await n1.claim_first("/", "q") is None
+    await wait_for(lambda: leader(network) is not None, "a leader elected")
 
 
 def small_link_frames(monkeypatch) -> None:
