@@ -763,7 +763,10 @@ class Consumer:
     connections: int = 0
     ended: Counter = field(default_factory=Counter)  # why its sessions ended
     started: float = 0.0
-    again: list[float] = field(default_factory=list)  # when a message came a second time
+    # each message come a second time: (when, when it came first, redelivered flag the second time), so that a
+    # prefetch window sent again at once (a consumer or leader lost) is told from one returned to the queue's back
+    again: list[tuple[float, float, bool]] = field(default_factory=list)
+    first: dict[str, float] = field(default_factory=dict)  # message id -> when it came first
     attached: int | None = None  # the node it consumes through now (consume-ok received), if any
     phase: str = "run"  # what deliveries count towards: the run, or a drain after restarts
     found: dict[str, set[str]] = field(default_factory=dict)  # phase -> message ids first delivered in it
@@ -855,8 +858,9 @@ class Consumer:
             if method == (60, 60):
                 tag_at = 4 + 1 + payload[4]
                 tag = struct.unpack_from("!Q", payload, tag_at)[0]
+                redelivered = bool(payload[tag_at + 8] & 1)
                 body = await connection.content()
-                self._delivered(message_id(body))
+                self._delivered(message_id(body), redelivered)
                 if writer.is_closing():
                     raise Closed("connection lost")
                 writer.write(method_frame(1, 60, 80, struct.pack("!QB", tag, 0)))
@@ -866,12 +870,14 @@ class Consumer:
             elif method == (60, 30):  # basic.cancel from the broker (the leader moved)
                 raise Closed("cancelled")
 
-    def _delivered(self, mid: str) -> None:
+    def _delivered(self, mid: str, redelivered: bool = False) -> None:
         self.last_delivery = time.monotonic()
+        at = self.last_delivery - self.started
         self.deliveries[mid] += 1
         if self.deliveries[mid] == 2:
-            self.again.append(self.last_delivery - self.started)
+            self.again.append((at, self.first[mid], redelivered))
         if self.deliveries[mid] == 1:
+            self.first[mid] = at
             self.found.setdefault(self.phase, set()).add(mid)
             publisher, seq = mid[1:].split("-")
             self.order.setdefault(int(publisher), []).append(int(seq))
@@ -1289,6 +1295,18 @@ def recover(cluster: Cluster, with_etcd: bool) -> None:
         time.sleep(0.5)
 
 
+def duplicates_detail(again: list[tuple[float, float, bool]]) -> dict[int, list[Any]]:
+    """By the second in which they came again: [how many, how many flagged redelivered, the least and the most
+    seconds since each came first]."""
+    detail: dict[int, list[Any]] = {}
+    for at, first, redelivered in again:
+        row = detail.setdefault(int(at), [0, 0, float("inf"), 0.0])
+        row[0] += 1
+        row[1] += redelivered
+        row[2], row[3] = min(row[2], round(at - first, 1)), max(row[3], round(at - first, 1))
+    return detail
+
+
 def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, watcher: Watcher, cluster: Cluster,
           held: int) -> dict[str, Any]:
     """Lost: confirmed, never delivered.  Stranded: confirmed, not delivered through the run and the drain
@@ -1343,7 +1361,8 @@ def check(publishers: list[Publisher], consumer: Consumer, nemesis: Nemesis, wat
         # [sent at, seconds, answered]: the basic.consume that waited longest for consume-ok (a quorum queue's
         # consume waits up to 10 s for a leader, as RabbitMQ's member does)
         "longest_consume_wait": max(consumer.consume_waits, key=lambda wait: wait[1], default=None),
-        "duplicates_by_second": dict(Counter(int(t) for t in consumer.again)),
+        "duplicates_by_second": dict(Counter(int(t) for t, _, _ in consumer.again)),
+        "duplicates_detail": duplicates_detail(consumer.again),
         "confirms_by_second": dict(Counter(int(t) for t in confirms)),
         "nacks_by_second": dict(Counter(int(t) for p in publishers for t in p.nacked)),
         "publishers": per_publisher, "nemesis": nemesis.log}
