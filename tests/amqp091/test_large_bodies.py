@@ -31,6 +31,17 @@ def body(size: int) -> bytes:
     return np.arange(size, size + size // 8 + 1, dtype=">u8").tobytes()[:size]
 
 
+def stored_bodies(connection, queue: str, count: int, size: int, arguments: dict | None = None):
+    """A durable ``queue`` holding ``count`` persistent bodies of ``size``, ``size + 1``... octets, confirmed; the
+    channel that published them."""
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True, arguments=arguments)
+    channel.confirm_delivery()
+    for number in range(count):
+        channel.basic_publish("", queue, body(size + number), pika.BasicProperties(delivery_mode=2))
+    return channel
+
+
 def publish_all(connection, routing_key: str, **properties) -> None:
     channel = connection.channel()
     channel.confirm_delivery()
@@ -293,11 +304,7 @@ def test_large_bodies_recovered_after_a_restart_go_from_the_store_unread(start_b
     count, size = 6, 16 * 1024 * 1024
     node = start_broker()
     with connect(node) as connection:
-        channel = connection.channel()
-        channel.queue_declare(uid, durable=True)
-        channel.confirm_delivery()
-        for number in range(count):
-            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        stored_bodies(connection, uid, count, size)
     node.stop()
     node = start_broker(data_dir=node.data_dir)
     with connect(node) as connection:
@@ -377,11 +384,7 @@ def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, a
         pytest.skip("reads the node's counters")
     count, size = 3, 16 * 1024 * 1024
     with connect(broker) as connection:
-        channel = connection.channel()
-        channel.queue_declare(uid, durable=True, arguments=arguments)
-        channel.confirm_delivery()
-        for number in range(count):
-            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        stored_bodies(connection, uid, count, size, arguments)
         first, held = holding(connection, uid, count)
         if how == "nack":
             first.basic_cancel(first.consumer_tags[0])
@@ -464,11 +467,7 @@ def test_a_consumer_gone_mid_delivery_from_the_store_leaves_no_descriptor_and_ge
         pytest.skip("reads the node's descriptors")
     size = 16 * 1024 * 1024
     with connect(broker) as connection:
-        channel = connection.channel()
-        channel.queue_declare(uid, durable=True)
-        channel.confirm_delivery()
-        for number in range(3):
-            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        stored_bodies(connection, uid, 3, size)
     time.sleep(0.5)
     before = len(open_fds(broker))
     raw = stalled_consumer(broker, uid)
@@ -668,11 +667,7 @@ def test_a_stored_body_held_for_its_ack_goes_from_memory_without_a_descriptor(br
         pytest.skip("reads the node's descriptors")
     count, size = 100, 64 * 1024
     with connect(broker) as connection:
-        channel = connection.channel()
-        channel.queue_declare(uid, durable=True)
-        channel.confirm_delivery()
-        for number in range(count):
-            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        channel = stored_bodies(connection, uid, count, size)
         time.sleep(0.5)
         before = len(open_fds(broker))
         raw = stalled_consumer(broker, uid)  # reads nothing: most deliveries wait in the node
