@@ -79,8 +79,10 @@ class Recovery:
             queue.index_id = record.index_id
             self.queues.storage.attach(queue, True)
             durable.append(queue)
-        # a cluster's replicated queues keep copies here too (forwarder.quorum.groups): not orphans
-        copies = {saved["index_id"] for _, saved in self.store.items("replica")}
+        # a cluster's replicated queues keep copies here too, and their spares (forwarder.quorum.groups): not
+        # orphans (a spare's rows, a snapshot's that was coming in, are counted, and go once its group knows)
+        copies = {index_id for _, saved in self.store.items("replica")
+                  for index_id in (saved["index_id"], saved.get("spare", 0)) if index_id}
         self.stream_logs.drop_orphans({queue.index_id for queue in durable} | copies)
         self.persistence.recover(durable, copies)
         for queue in durable:  # offsets never go back across restarts (see Queues.save_offsets)

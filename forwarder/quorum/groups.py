@@ -53,8 +53,8 @@ from amqp_server.broker.vhost import VHost
 from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
-from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, RESET_OP, History, OpLogShipper,
-                    check_copy, skip)
+from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP, RESET_OP, History,
+                    OpLogShipper, check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -81,7 +81,7 @@ RETRY_INTERVAL = 1.0  # etcd did not answer: asked again after this
 CATCH_UP_RETRY = 2.0  # a follower that asked to catch up and still misses ops asks again after this
 CATCH_UP_TRIES = 5  # how many times at most, while its copy does not move
 ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
-REPLICA = "replica"  # definition-store kind: queue key -> this node's index id for its copy
+REPLICA = "replica"  # definition-store kind: queue key -> this node's index ids for its copy, and its spare
 DEFAULT_GROUP_SIZE = 3
 
 def queue_key(vhost: str, name: str) -> str:
@@ -112,6 +112,19 @@ class GroupsHost(Protocol):
 
 
 @dataclass
+class Incoming:
+    """A snapshot coming in from the leader of ``term``: the state as it stood at index ``at``, the rows of the
+    queue's entries then, the ops since.  It is written under the copy's spare index id, beside the copy it
+    replaces, which stays whole meanwhile (it stands in elections, may lead, and may yet be caught up from a
+    leader's log), as a Raft follower keeps its log until a snapshot it is sent is complete.  Its end (the
+    first REPLAY frame) makes it the copy (``QuorumGroups._install``)."""
+
+    term: int
+    at: int
+    state: State = field(default_factory=State)
+
+
+@dataclass
 class Group:
     """One quorum queue as this node knows it: its members, its leader, and this node's copy."""
 
@@ -120,14 +133,15 @@ class Group:
     members: list[str]
     record: QueueRecord
     index_id: int = 0  # this node's copy, if a member
+    spare: int = 0  # the index id a snapshot comes into (``Incoming``), once one has
     state: State = field(default_factory=State)  # that copy's state (the leader's queue applies ops to it)
     leader: str = ""
     term: int = 0  # the term this node follows (0: none, during an election)
     over: int = 0  # the latest term known to be over (its key gone): a node that names its leader is behind
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
-    partial: bool = False  # a snapshot is coming in: the copy is not whole yet
-    vouched: tuple[int, int] = (0, 0)  # where the copy stood whole when a snapshot began to replace it
+    incoming: Incoming | None = None  # a snapshot coming in
+    vouched: tuple[int, int] = (0, 0)  # where the copy stood whole before its restart found it lost messages
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
     replicator: OpLogShipper | None = None
@@ -146,22 +160,22 @@ class Group:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(term, index) of the last op this node's copy holds whole: what it stands for in an election and
-        asks a leader from; (0, index) while a snapshot is coming in, so a partial copy never wins, nor is
-        taken for whole by a new leader."""
-        return (0 if self.partial else self.applied_term), self.applied
+        """(term, index) of the last op this node's copy holds: what it stands for in an election and asks a
+        leader from; (0, index) for a copy not whole (``_lost_rows``), so that it never wins, nor is taken for
+        whole by a new leader."""
+        return self.applied_term, self.applied
 
     @property
     def whole(self) -> bool:
-        """The copy holds every op up to its position: it is not one a snapshot is coming into, nor was when
-        the node stopped (its position's term is 0 then, past index 0)."""
-        return not self.partial and (self.applied_term > 0 or self.applied == 0)
+        """The copy holds every op up to its position: its restart did not find it lost messages (its
+        position's term is 0 then, past index 0)."""
+        return self.applied_term > 0 or self.applied == 0
 
     @property
     def ballot(self) -> list[int]:
         """What this copy stands for in an election: its position and 1 if whole; else where it stood whole
-        before a snapshot began to replace its rows, and 0 — it cannot lead, but it may have had (and
-        acknowledged) ops up to there, which whoever leads must have too."""
+        before it lost messages, and 0 — it cannot lead, but it may have had (and acknowledged) ops up to
+        there, which whoever leads must have too."""
         return [*self.position, 1] if self.whole else [*self.vouched, 0]
 
 
@@ -309,12 +323,23 @@ class QuorumGroups:
         asyncio.get_running_loop().create_task(self._learn_leader(group))
 
     def _open_copy(self, group: Group) -> None:
-        """This node's copy of the queue: the index id it has (or a new one), and where its log stands."""
+        """This node's copy of the queue: the index id it has (or a new one), and where its log stands.  Of the
+        copy and its spare, the copy is the one whose position is whole and furthest: a snapshot's position is
+        written only by its end, in the group commit that also takes the copy it replaces away
+        (``_install``), so a restart before that commit keeps the copy it had.  The other's rows go."""
         saved = self.broker.store.get(REPLICA, group.key)
         if saved is None:
             saved = {"index_id": self.broker.next_index_id()}
             self.broker.store.put(REPLICA, group.key, saved)
-        group.index_id = saved["index_id"]
+        copy, spare = saved["index_id"], saved.get("spare", 0)
+        positions = self.broker.persistence.index
+        if spare and positions.position(spare)[0] > 0 and positions.position(spare) > positions.position(copy):
+            copy, spare = spare, copy
+            self.broker.store.put(REPLICA, group.key, {**saved, "index_id": copy, "spare": spare})
+        if spare:
+            self.broker.replicas.clear(spare)
+            positions.forget_position(spare)
+        group.index_id, group.spare = copy, spare
         term, index = saved.get("vouched", (0, 0))
         group.vouched = (term, index)
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
@@ -332,7 +357,7 @@ class QuorumGroups:
         self.broker.persistence.lost_copies.discard(group.index_id)
         if group.whole:
             self._vouch(group)
-        group.applied_term = 0  # of no term: as a copy a snapshot was coming into when the node stopped
+        group.applied_term = 0  # of no term: not whole, until a snapshot replaces it
         self.broker.replicas.position(group.index_id, *group.position, group.state.enqueuers)
 
     def _drop_copy(self, group: Group) -> None:
@@ -340,10 +365,12 @@ class QuorumGroups:
             return
         self.broker.replicas.clear(group.index_id)
         self.broker.persistence.index.forget_position(group.index_id)
+        if group.spare:
+            self.broker.replicas.clear(group.spare)
         self.broker.store.delete(REPLICA, group.key)
-        group.index_id = group.applied = group.applied_term = 0
+        group.index_id = group.spare = group.applied = group.applied_term = 0
         group.history.clear()
-        group.partial = False
+        group.incoming = None
         group.vouched = (0, 0)
         group.state = State()
 
@@ -736,6 +763,7 @@ class QuorumGroups:
             group.over = max(group.over, group.term)
         group.leader, group.term = leader, term
         group.window.leaderless = not leader
+        self._discard_incoming(group)  # (a snapshot of the term over, were it to go on, would end nowhere)
         vhost = self.broker.vhosts.get(group.vhost)
         if vhost is None:
             return
@@ -951,37 +979,37 @@ class QuorumGroups:
                       term, group.term)
             return
         persistence = self.broker.persistence
-        index_id = group.index_id
         end = len(payload)
-        reset = pos < end and payload[pos] == RESET_OP  # a snapshot: the queue as it is at index ``first``
-        if reset:
-            group.history.clear()
-            if group.whole:  # it replaces our rows as it comes: what we had, we vouch for until it is whole
-                self._vouch(group)
+        marker = payload[pos] if pos < end else 0
+        incoming = group.incoming
+        if marker == RESET_OP or (marker == MORE_OP and incoming is not None and (incoming.term, incoming.at)
+                                  == (term, first)):  # a snapshot, the queue as it is at index ``first``
+            self._take_snapshot(group, term, first, payload, pos)
+            return
+        replaced = 0  # the copy a snapshot's end replaces
+        if marker == REPLAY_OP and incoming is not None and (incoming.term, incoming.at + 1) == (term, first):
+            replaced = self._install(group, incoming)  # its end: the ops since then follow, on the copy it makes
         # an earlier term's ops the leader applied, which continue our copy if it is whole and stands where they
         # start, at an op of the term they follow (else we ask to catch up, as for ops we miss)
-        continued = pos < end and payload[pos] == CONTINUE_OP
+        continued = marker == CONTINUE_OP
         ops_term = follows = term  # the term of the frame's ops, and that of the op they follow
         if continued:
             _, follows, ops_term = CONT.unpack_from(payload, pos)
-            if first <= group.applied and not group.partial:  # an answer to an earlier request of ours: moved on
+            if first <= group.applied:  # an answer to an earlier request of ours: moved on
                 return
-        more = pos < end and payload[pos] == MORE_OP  # the rest of that snapshot
-        if more and group.applied_term == term and first == group.applied:
-            reset = True
-        elif (pos < end and payload[pos] == ADOPT_OP and first == group.applied + 1
-              and group.position[0] == MARK.unpack_from(payload, pos)[1]):  # our copy is where this term started
+        if (marker == ADOPT_OP and first == group.applied + 1
+                and group.position[0] == MARK.unpack_from(payload, pos)[1]):  # our copy is where this term started
             group.applied_term = term
-        elif (pos < end and payload[pos] < ENTRY_OP and first <= group.applied and group.applied_term == term
-              and not group.partial):  # ops of our term, the first of which we have: a catch-up's log overlapping
-            # what was shipped meanwhile (a term's op at an index is the same wherever it comes from)
+        elif pos < end and marker < ENTRY_OP and first <= group.applied and group.applied_term == term:
+            # ops of our term, the first of which we have: a catch-up's log overlapping what was shipped meanwhile
+            # (a term's op at an index is the same wherever it comes from)
             rest = skip(payload, pos, group.applied + 1 - first)
             if rest is None:  # all of them: nothing to do (asking to catch up again would only overlap again)
                 return
             pos, first = rest, group.applied + 1
-        if not reset and (first != group.applied + 1 or (group.position[0] if continued else group.applied_term)
-                          != follows):  # not in step: we missed
-            # ops of this term, or our copy is of an earlier term (it may hold ops this leader never had)
+        if first != group.applied + 1 or (group.position[0] if continued else group.applied_term) != follows:
+            # not in step: we missed ops of this term, or our copy is of an earlier term (it may hold ops this
+            # leader never had), or this is the rest of a snapshot we do not take (begun before our restart)
             now = asyncio.get_running_loop().time()
             # once, the answer being on its way behind these; again after a while (the leader was not leading
             # yet when the request came, or it was lost)
@@ -991,26 +1019,62 @@ class QuorumGroups:
                 session.link.send(link.REPLICATED, *self._catch_up_request(group, term))
                 self._catch_up_again(group)
             return
+        if group.incoming is not None:  # our copy moved on by other means (a catch-up from the log)
+            self._discard_incoming(group)
+        index_id = group.index_id
         bounds: list[int] = []
         group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds)
-        group.applied = first if reset else first + count - 1
-        group.applied_term, group.partial = ops_term, reset
+        group.applied = first + count - 1
+        group.applied_term = ops_term
         group.history.extend(ops_term, first, payload, bounds)
-        # (a restart mid-snapshot asks for another)
         self.broker.replicas.position(index_id, *group.position, group.state.enqueuers)
-        if group.partial:  # a copy a snapshot is coming into has no op for sure yet: it counts toward no majority
-            return
+        if replaced:  # (only now: a commit with its rows gone but its position kept would make it the copy)
+            self.broker.persistence.index.forget_position(replaced)
+            self.broker.replicas.clear(replaced)
         if CHECKS:
             check_copy(group.state, self.broker.replicas, index_id, payload, pos)
         group.acks.append((persistence.batch, session, group.applied))
         persistence.waiters.add(self)
 
+    def _take_snapshot(self, group: Group, term: int, first: int, payload: bytes, pos: int) -> None:
+        """A snapshot's frame, its start or more of its rows, goes into the spare (``Incoming``): our copy
+        neither moves nor answers until it ends."""
+        if payload[pos] == RESET_OP:
+            if not group.spare:
+                group.spare = self.broker.next_index_id()
+                saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
+                # (LMDB syncs it now: before the group commit that holds the spare's first rows)
+                self.broker.store.put(REPLICA, group.key, {**saved, "spare": group.spare})
+            group.incoming = Incoming(term, first)  # (its Restore clears what a snapshot begun before left)
+        incoming = group.incoming
+        assert incoming is not None  # (a MORE frame of it)
+        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first)
+
+    def _install(self, group: Group, incoming: Incoming) -> int:
+        """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the
+        copy it replaces becomes the spare; the index id of that, whose rows the caller removes once the new
+        copy's position is staged (its first: a restart before a commit holds it keeps the old copy,
+        ``_open_copy``)."""
+        old = group.index_id
+        group.index_id, group.spare, group.state, group.incoming = group.spare, old, incoming.state, None
+        group.applied_term, group.applied = incoming.term, incoming.at
+        group.history.clear()
+        saved = self.broker.store.get(REPLICA, group.key) or {}
+        self.broker.store.put(REPLICA, group.key, {**saved, "index_id": group.index_id, "spare": old})
+        return old
+
+    def _discard_incoming(self, group: Group) -> None:
+        """A snapshot that will not end (another term's leader, or our copy caught up otherwise): its rows go."""
+        if group.incoming is not None:
+            group.incoming = None
+            self.broker.replicas.clear(group.spare)
+
     def _vouch(self, group: Group) -> None:
-        """Keep where the copy stands whole, before a snapshot replaces its rows: in an election while it is
-        partial (a restart too), no member behind it may lead (``Group.ballot``)."""
+        """Keep where the copy stood whole, before it was found to lack messages: in an election until a
+        snapshot makes it whole (a restart too), no member behind it may lead (``Group.ballot``)."""
         group.vouched = group.position
         saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
-        # (LMDB syncs it now: before the group commit that takes the rows away)
+        # (LMDB syncs it now: before the group commit that writes the copy's position of no term)
         self.broker.store.put(REPLICA, group.key, {**saved, "vouched": list(group.vouched)})
 
     def synced(self, batch: int) -> None:

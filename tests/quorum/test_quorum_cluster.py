@@ -619,27 +619,52 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
     assert drain(n3, uid) == bodies
 
 
-async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_whole(tmp_path):
-    """A follower's copy during a snapshot is partial: its position reads (0, index), in memory and on disk, so
-    it never wins an election against a whole copy at the same index nor is adopted by a new leader; the
-    frame that ends the snapshot makes it whole.  A new leader's ADOPT frame carries on a whole copy standing
-    where the new term began; a partial one asks to catch up instead."""
+async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_one_copy_whole(tmp_path):
+    """A follower's copy stays as it stood, in memory and on disk, while a snapshot comes into its spare index
+    id; the snapshot's end makes the spare the copy and the old copy the spare.  A crash at any point of that
+    (the node's data copied as it is on disk then) comes back to one whole copy: the old one, or the new one,
+    never a mix, and the other's rows gone.  A new leader's ADOPT frame carries on the copy where the new term
+    began; the old one's, once replaced, asks to catch up."""
     from types import SimpleNamespace
     from typing import cast
 
     from amqp_server.broker import Broker
+    from amqp_server.message import make_message
     from amqp_server.records import QueueRecord
     from forwarder.quorum.groups import Group, QuorumGroups
     from amqp_server.queues.quorum_machine import State, encode_state
-    from forwarder.quorum.oplog import ADOPT_OP, HEAD, MARK, REPLAY_OP, RESET_OP
+    from forwarder.quorum.oplog import ADOPT_OP, ENTRY, ENTRY_OP, HEAD, MARK, REPLAY_OP, RESET_OP
     from forwarder.peers.owner_side import PeerSession
 
-    broker = Broker(str(tmp_path / "data"))
-    try:
+    def record(body: bytes) -> bytes:
+        return b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), body).payload())
+
+    def opened(data: str) -> tuple[Broker, QuorumGroups, Group]:
+        broker = Broker(data)
         groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
-        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), index_id=broker.next_index_id(),
-                      leader="leader", term=3, applied_term=3, applied=10)
+        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), leader="leader", term=3)
+        groups._open_copy(group)
         groups.groups[group.key] = group
+        return broker, groups, group
+
+    def body_at_1(broker: Broker, index_id: int) -> bytes | None:
+        row = broker.persistence.index.peek(index_id, 1)
+        return None if row is None else broker.persistence.store.read(row.msg_id)[-3:]
+
+    crashes: list[tuple[str, str]] = []
+
+    def crash(when: str) -> None:
+        """The node's data as it is on disk now, for a restart from it later."""
+        crashes.append((when, shutil.copytree(tmp_path / "data", tmp_path / f"crash-{len(crashes)}")))
+
+    broker, groups, group = opened(str(tmp_path / "data"))
+    try:
+        old = group.index_id
+        broker.replicas.put(old, 1, record(b"old"), 0)
+        broker.replicas.position(old, 3, 10, {})
+        group.applied_term, group.applied = 3, 10
+        group.state = broker.replicas.copy_state(old)
+        broker.persistence.commit_now()
         asked: list[tuple] = []
         # a stand-in for the leader's link session: replicate reads only its link's peer name and sends on it
         session = cast(PeerSession, SimpleNamespace(link=SimpleNamespace(peer_name="leader",
@@ -648,23 +673,53 @@ async def test_a_copy_a_snapshot_is_coming_into_stands_for_nothing_until_it_is_w
         def frame(term: int, first: int, *ops: bytes) -> bytes:
             return HEAD.pack(term, first, len(group.key.encode())) + group.key.encode() + b"".join(ops)
 
-        state = encode_state(State())
-        groups.replicate(session, frame(3, 10, MARK.pack(RESET_OP, len(state)), state))
-        assert group.position == (0, 10) and broker.persistence.index.position(group.index_id) == (0, 10)
-        groups.replicate(session, frame(3, 11, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
-        assert group.position == (3, 10) and broker.persistence.index.position(group.index_id) == (3, 10)
+        snapshot = State()
+        snapshot.ready.add_run(1, 2)
+        snapshot.next_seq = 2
+        state, row = encode_state(snapshot), record(b"new")
+        groups.replicate(session, frame(3, 20, MARK.pack(RESET_OP, len(state)), state,
+                                        ENTRY.pack(ENTRY_OP, 1, 0, 0, 0, len(row)), row))
+        spare = group.spare
+        assert spare and group.incoming is not None and group.incoming.at == 20
+        assert (group.index_id, group.position) == (old, (3, 10))
+        assert broker.persistence.index.position(old) == (3, 10) and body_at_1(broker, old) == b"old"
+        assert body_at_1(broker, spare) == b"new"
+        broker.persistence.commit_now()
+        crash("mid-snapshot")
+        install = groups._install
+
+        def crash_at_install(*args: Any) -> int:
+            replaced = install(*args)
+            crash("at its end")
+            return replaced
+
+        groups._install = crash_at_install  # type: ignore[method-assign, assignment]
+        groups.replicate(session, frame(3, 21, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
+        crash("at its end, staged")
+        assert (group.index_id, group.spare, group.position) == (spare, old, (3, 20))
+        broker.persistence.commit_now()
+        crash("committed")
+        assert body_at_1(broker, spare) == b"new" and body_at_1(broker, old) is None
 
         group.leader, group.term = "new", 4
         session.link.peer_name = "new"
-        groups.replicate(session, frame(4, 11, MARK.pack(ADOPT_OP, 3)))
-        assert group.position == (4, 10) and not asked
-
-        group.leader, group.term, group.partial = "newer", 5, True
-        session.link.peer_name = "newer"
-        groups.replicate(session, frame(5, 11, MARK.pack(ADOPT_OP, 4)))
-        assert group.position == (0, 10) and len(asked) == 1  # it asks (a snapshot is the answer)
+        groups.replicate(session, frame(4, 21, MARK.pack(ADOPT_OP, 3)))
+        assert group.position == (4, 20) and not asked
     finally:
         broker.close()
+
+    expected = {"mid-snapshot": "old", "at its end": "old", "at its end, staged": "new", "committed": "new"}
+    for when, data in crashes:
+        (tmp_path / data / "msg_store_persistent" / "clean_shutdown").unlink(missing_ok=True)
+        broker, _, group = opened(data)
+        try:
+            copy, other = (old, spare) if expected[when] == "old" else (spare, old)
+            assert (group.index_id, group.spare) == (copy, other), when
+            assert group.position == ((3, 10) if copy == old else (3, 20)), when
+            assert body_at_1(broker, copy) == expected[when].encode(), when
+            assert body_at_1(broker, other) is None, when
+        finally:
+            broker.close()
 
 
 def publish_until_confirmed(node: BrokerProcess, queue: str, bodies: list[bytes], timeout: float = 30.0) -> int:
