@@ -460,6 +460,7 @@ class Queue:
             entry = self.pop_ready()
             if entry is None:
                 break
+            self.ready.unhold(entry)
             dropped.append(entry)
         if dropped:
             self.dead_letter(dropped, "maxlen")
@@ -511,6 +512,7 @@ class Queue:
             if entry.expiry:
                 self.expiry.expiring.pop(ready.row_key(entry), None)
                 if entry.expiry <= now_ms() and entry.seq != self.fresh:
+                    ready.unhold(entry)
                     self.dead_letter([entry], "expired")
                     continue
             return entry
@@ -540,6 +542,7 @@ class Queue:
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
         if message.body is None:
+            ready.unheld -= message.body_size  # (as ``ReadyList.unhold``: it left the ready list, ``pop_ready``)
             if 0 < sends_from <= message.body_size and message.msg_id and self.persistence is not None:
                 if message.header is None:  # recovered (or paged in unread): its header only, the body stays
                     self.persistence.load_head(message)

@@ -129,7 +129,9 @@ class ReadyList:
     among them, ``gone`` of them), the tail on disk (``tail``: all with seq >= ``paged_from``), and the bytes of
     both (``bytes``).  Of the bytes in memory, ``unheld`` are bodies memory does not hold: the store keeps them
     (a large one released, ``release_body``; one paged in or recovered unread); it is counted where an entry's
-    body is released or leaves memory, so that what the node holds (``Queue.held_bytes``) costs no walk of the entries.
+    body is released or its entry comes into memory or leaves it, so that what the node holds
+    (``Queue.held_bytes``) costs no walk of the entries, and the delivery path no test more: an entry ``pop_head``
+    hands over is uncounted by its taker, which tests its body anyway (``Queue.took``), or ``unhold``.
 
     ``expiring`` is the queue's expiry's map of the entries in memory that have an expiry, by ``row_key``: an
     entry leaving memory leaves it (None: a quorum queue's deadlines are its state machine's, which names the
@@ -214,6 +216,12 @@ class ReadyList:
         put_back(self.entries, entry)
         self.came_back(entry)
 
+    def unhold(self, entry: Entry) -> None:
+        """An entry ``pop_head`` handed over leaves the ready list for good otherwise than taken by a consumer
+        (expired, dropped): ``unheld`` forgets its body if the store held it (``Queue.took`` does so inline)."""
+        if entry.message.body is None:
+            self.unheld -= entry.message.body_size
+
     def came_back(self, entry: Entry) -> None:
         """``entry`` is in memory again: a body of it the store alone holds is counted."""
         if entry.message.body is None:
@@ -242,11 +250,8 @@ class ReadyList:
             if entry.gone:
                 self.gone -= 1
                 continue
-            message = entry.message
-            self.bytes -= message.body_size
-            if message.body is None:
-                self.unheld -= message.body_size
-            return entry
+            self.bytes -= entry.message.body_size
+            return entry  # (its taker's to uncount if its body is in the store: ``unhold``)
 
     def take_out(self, seq: int) -> Entry | None:
         """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
