@@ -939,7 +939,7 @@ def record_parts(message: Message, native: bool) -> tuple[bytes, bytes, bytes]:
     section.  The last message's route and header objects are remembered with its parts, so a run of messages
     alike (their header shared by their publisher) costs no lookup."""
     global _last_parts
-    route, header, size, kept, last = message.route, message.header, len(message.body), message.amqp10, _last_parts
+    route, header, size, kept, last = message.route, message.header, message.body_size, message.amqp10, _last_parts
     if last[0] is route and last[1] is header and last[2] is native and last[3] == size and last[4] is kept:
         return last[5]
     key = (route, header[12:], native, kept)

@@ -22,10 +22,10 @@ from .. import errors
 from ..broker import server_name
 from ..config import MAX_MESSAGE_SIZE
 from ..framing.codec import CONTENT_UNIT_BITS
-from ..framing.file_out import FileRange
 from .consumer_timeout import AckTimeout
 from ..broker.direct_reply import ReplyConsumer
 from ..errors import AMQPError, ChannelError, ConnectionError
+from ..frontend.stored_bodies import SEND_FROM_FILE, body_out, forget_left, release_body
 from ..logs import untrusted
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import RELEASE_FROM, Message
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from ..broker import Broker
     from ..config import Config
     from ..ports import ConfirmSink
-    from ..queues.persistence import Persistence
     from ..publisher_flow import PublisherFlow
     from ..frontend.front_end import Registry
     from ..broker.vhost import VHost
@@ -55,10 +54,6 @@ BODY_ROOM = 1024 * 1024  # a body's buffer is set aside this large at first (at 
 _grow = ctypes.pythonapi.PyByteArray_Resize
 _grow.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
 _grow.restype = ctypes.c_int
-# a stored body at least this large is sent from the store's file (_body_out); a smaller one is held for its ack
-# anyway, and goes from memory: a range of the file cost each delivery a descriptor (taken, closed) and the outbox's
-# path, 64 KiB persistent-confirm 260 -> 230 us of broker CPU a message
-SEND_FROM_FILE = RELEASE_FROM
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -521,14 +516,14 @@ class Channel:
         connection.large_out |= codec.append_deliver(
             self.out, self.number, consumer.prefix, tag, entry.redelivered, message.route,
             consumer.queue.delivery_header(entry) if consumer.counted else message.header,
-            _body_out(connection, message, consumer.queue) if message.body_size >= SEND_FROM_FILE else message.body,
+            body_out(connection, message, consumer.queue) if message.body_size >= SEND_FROM_FILE else message.body,
             connection.frame_max)
         if left:
-            _forget_left(consumer.queue, entry)
+            forget_left(consumer.queue, entry)
         connection.deliver_budget -= 1 + (message.body_size >> CONTENT_UNIT_BITS)
         connection.schedule_flush()
         if message.body_size >= RELEASE_FROM and not consumer.no_ack:
-            _release_body(entry, consumer.queue)
+            release_body(entry, consumer.queue)
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
         """A reply to this channel's amq.rabbitmq.reply-to name: delivered at once, never acknowledged."""
@@ -968,16 +963,16 @@ class Channel:
         message = entry.message
         header = queue.delivery_header(entry, get=True)
         left = m.no_ack and message.body is None  # in the store for the file (Queue.took): forgotten once sent
-        body = _body_out(self.connection, message, queue) if message.body_size >= SEND_FROM_FILE else message.body
+        body = body_out(self.connection, message, queue) if message.body_size >= SEND_FROM_FILE else message.body
         if left:
-            _forget_left(queue, entry)
+            forget_left(queue, entry)
         self.connection.large_out |= codec.append_get_ok(self.out, self.number, self.delivery_tag, entry.redelivered,
                                                          message.route, queue.message_count, header, body,
                                                          self.connection.frame_max)
         self.connection.schedule_flush()
         self.connection.content_out(len(header) + message.body_size)
         if message.body_size >= RELEASE_FROM and not m.no_ack:
-            _release_body(entry, queue)
+            release_body(entry, queue)
 
     def _basic_recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:
@@ -1064,48 +1059,6 @@ class Channel:
         self._settle(taken, True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
             queue.deliver_ready()
-
-
-def _store_of(message: Message, queue: AnyQueue) -> Persistence | None:
-    """The store that holds ``message``'s body for ``queue`` (a classic durable queue's persistent message, whose
-    record the queue holds a reference to while it holds the entry); None if no store does."""
-    local = queue.local()  # (another node's delivered it without its body's reference here)
-    if (message.msg_id and local is not None and local.persistence is not None and not local.persists_all
-            and message.persistent):
-        return local.persistence
-    return None
-
-
-def _release_body(entry: Entry, queue: AnyQueue) -> None:
-    """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
-    requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry,
-    so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
-    if entry.message.body is not None and _store_of(entry.message, queue) is not None:
-        entry.message = entry.message.without_body()
-
-
-def _forget_left(queue: AnyQueue, entry: Entry) -> None:
-    """An entry taken without ack whose body ``Queue.took`` left in the store leaves its queue for good (and its
-    store reference goes) once its delivery has the body's file."""
-    local = queue.local()
-    assert local is not None  # (a queue of this node took it)
-    local.forget(entry)
-
-
-def _body_out(connection: ChannelHost, message: Message, queue: AnyQueue) -> bytes | FileRange:
-    """A large body as a delivery sends it: from the store's file where it is stored (``sendfile``: the output
-    does not hold the body, so neither does a delivery waiting for its ack), else from memory.  A stored body
-    still in memory goes with the range: what the socket takes at once is written from it (``framing.file_out``)."""
-    store = _store_of(message, queue)
-    found = store.body_file(message) if store is not None else None
-    if found is None:
-        if message.body is None:  # (left in the store for the file by ``Queue.took``, and not there after all)
-            local = queue.local()
-            assert local is not None and local.host is not None  # (a queue of this node took it)
-            local.host.load_body(message)
-        return message.body
-    connection.file_out = True
-    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body, loan=found[2])
 
 
 def _publish_error(error: ChannelError) -> ChannelError:

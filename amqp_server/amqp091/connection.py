@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
-import socket
 import struct
 import sys
 import threading
@@ -22,7 +21,7 @@ from pamqp.base import Frame
 
 from .. import __version__, errors
 from ..frontend import auth_mechanisms
-from ..framing.file_out import Outbox, direct_socket
+from ..framing.file_out import FileSender
 from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import (EVERY_REASON, FLOW, FRAMES_PER_TURN, LEADERLESS, STOPPED, WAITING, Complaints,
@@ -99,9 +98,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self.file_out = False  # the output holds a body in a file: it goes through the outbox
-        self.outbox = Outbox()  # output behind a body in a file the socket did not take at once
-        self._socket: socket.socket | None = None  # the client's, written directly while the transport has nothing
-        self._socket_taken = False  # (made at the first body sent from a file: a descriptor more)
+        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self._flush_scheduled = False
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
@@ -152,10 +149,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.buf = bytearray()  # a half-sent frame goes with the socket
         self.direct = None
         self._discard_out()
-        self.outbox.clear()
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        self.files.close()
         self.flow.gone(self)
         self.clients.remove(self)
         if self.user is not None:
@@ -170,8 +164,8 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def writable(self) -> None:
         self.stalled = self.suspended
-        if self.outbox:
-            self._pump()
+        if self.files:
+            self.files.pump(self.transport, self.write_high)
             if self.write_paused:
                 return
         self.resume_deliveries()
@@ -198,12 +192,10 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             if channel.confirm_pending:
                 channel.emit_confirms()
         if self.out and self.transport is not None and not self.transport.is_closing():
-            if self.file_out or self.outbox:
-                size = sum(map(len, self.out))
-                self.outbox.extend(self.out)
+            if self.file_out or self.files:
+                size = self.files.send(self.transport, self.out, self.write_high)
                 self.out.clear()  # (the outbox's now)
                 self.file_out = False
-                self._pump()
             elif self.large_out:
                 parts, size = codec.gather(self.out)
                 self.transport.writelines(parts)
@@ -222,15 +214,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
                 self.resume_deliveries()
-
-    def _pump(self) -> None:
-        """The outbox to the socket, and to the transport while it has room."""
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            if not self._socket_taken:
-                self._socket_taken = True
-                self._socket = direct_socket(transport)
-            self.outbox.pump(transport, self._socket, self.write_high)
 
     def _discard_out(self) -> None:
         """The output is done with (written, or dropped): the descriptors of bodies in files not sent are closed."""

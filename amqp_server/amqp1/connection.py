@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
 from .. import __version__, errors
 from ..frontend import auth_mechanisms
+from ..framing import file_out
+from ..framing.file_out import FileSender, Part
 from ..access_control import loopback_refused
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
 from ..logs import untrusted
@@ -65,8 +67,10 @@ class Amqp10Connection(FrontEnd):
         self.frame_kind = frames.SASL_FRAME  # the frame type expected: SASL until its outcome, AMQP after
         self.buf = bytearray()
         self.transfers = frames.Transfers()
-        self.out: list[bytes] = []
+        self.out: list[Part] = []
         self.large_out = False  # the output holds a large body: written from where it is, not joined
+        self.file_out = False  # the output holds a body in a file (``stored_bodies``): it goes through the outbox
+        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self.flush_scheduled = False
         self.sessions: dict[int, Session] = {}
         self.channels: dict[int, Any] = {}  # (0-9-1 channels: none; the HTTP API counts and lists them)
@@ -112,7 +116,8 @@ class Amqp10Connection(FrontEnd):
             self._timer.cancel()
         self._end_sessions()
         self.buf = bytearray()
-        self.out.clear()
+        self._discard_out()
+        self.files.close()
         self.flow.gone(self)
         self.clients.remove(self)
         if self.user is not None and self.vhost is not None:
@@ -148,24 +153,39 @@ class Amqp10Connection(FrontEnd):
             session.emit_confirms()
         transport = self.transport
         if self.out and transport is not None and not transport.is_closing():
-            if self.large_out:  # a large body goes from where it is
+            if self.file_out or self.files:  # a body from a file, or output waiting behind one
+                size = self.files.send(transport, self.out, self.write_high)
+                self.out.clear()  # (the outbox's now)
+                self.file_out = False
+            elif self.large_out:  # a large body goes from where it is
                 size = sum(map(len, self.out))
-                transport.writelines(self.out)
+                transport.writelines(self.out)  # type: ignore[arg-type]  # (no file range: file_out is not set)
             else:
-                data = b"".join(self.out)
+                data = b"".join(self.out)  # type: ignore[arg-type]  # (as writelines')
                 size = len(data)
                 transport.write(data)
             self.send_oct += size
             self.send_cnt += 1
             self._sent = True
-        self.out.clear()
+        self._discard_out()
         self.large_out = False
         if self.deliver_budget <= 0:
             self.deliver_budget = self.config.deliveries_per_flush
             if not self.write_paused:
                 self.resume_deliveries()
 
+    def _discard_out(self) -> None:
+        """The output is done with (written, or dropped): the descriptors of bodies in files not sent are closed."""
+        if self.file_out:
+            file_out.discard(self.out)
+            self.file_out = False
+        self.out.clear()
+
     def writable(self) -> None:
+        if self.files:
+            self.files.pump(self.transport, self.write_high)
+            if self.write_paused:
+                return
         self.resume_deliveries()
 
     def resume_deliveries(self) -> None:

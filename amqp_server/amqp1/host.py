@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
+from ..framing.file_out import Part
 from ..ports import ExclusiveOwner
 from ..queues.queue import Queue
 
@@ -25,8 +26,9 @@ class SessionHost(ExclusiveOwner[Queue], Protocol):
     vhost: VHost | None
     user: User | None
     principal: Principal | None
-    out: list[bytes]
+    out: list[Part]
     large_out: bool
+    file_out: bool
     flush_scheduled: bool
     deliver_budget: int
     peer_frame_max: int

@@ -21,8 +21,10 @@ from urllib.parse import quote
 from ..broker import direct_reply, server_name
 from .. import errors
 from ..errors import AMQPError, ChannelError
+from ..framing.file_out import FileRange, Part, cut
+from ..frontend.stored_bodies import SEND_FROM_FILE, body_out, forget_left, release_body
 from ..memory import MEMORY_CHECK_BYTES
-from ..message import encode_route
+from ..message import RELEASE_FROM, encode_route
 from ..publisher_flow import LEADER_WAITS
 from ..frontend.front_end import ListedLink, ListedSession
 from ..ports import ClientChannel
@@ -869,6 +871,7 @@ class Outgoing(LinkEndpoint):
         self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF,
                                             filter_set=self.filter_set if wanted.accepts is not None and log
                                             and local is None else None)
+        self.consumer.sends_from = SEND_FROM_FILE
         self.offsets = log
         if wanted.accepts is not None and local is not None:
             local.filter_consumer(self.consumer, wanted.accepts)
@@ -909,7 +912,7 @@ class Outgoing(LinkEndpoint):
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0), boolean(True)]
-            self._deliver_frames(fields, record, self.room)
+            self._deliver_frames(fields, (record,), self.room)
         self.connection.schedule_flush()
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
@@ -945,7 +948,9 @@ class Outgoing(LinkEndpoint):
         else:
             session.unsettled[delivery_id] = (entry, consumer.queue, consumer)
             stats.deliver += 1
-        body = message.body
+        left = consumer.no_ack and message.body is None  # in the store for the file (Queue.took): forgotten once sent
+        body: bytes | FileRange = (message.body if message.body_size < SEND_FROM_FILE
+                                   else body_out(connection, message, consumer.queue))
         envelope, data_head, footer = amqp10.record_parts(message, True)
         if entry.redelivered:
             stats.redeliver += 1
@@ -966,25 +971,31 @@ class Outgoing(LinkEndpoint):
         else:
             fields = [uint(self.handle), uint(delivery_id), binary(_TAG.pack(delivery_id)), uint(0),
                       boolean(consumer.no_ack)]
-            self._deliver_frames(fields, b"".join((envelope, data_head, body, footer)), self.room)
+            self._deliver_frames(fields, (envelope, data_head, body, footer), self.room)
             connection.large_out = True
+        if left:
+            forget_left(consumer.queue, entry)
         connection.deliver_budget -= 1 + (size >> 16)
         if not connection.flush_scheduled:
             connection.schedule_flush()
+        if message.body_size >= RELEASE_FROM and not consumer.no_ack:
+            release_body(entry, consumer.queue)
 
-    def _deliver_frames(self, fields: list[bytes], record: bytes, room: int) -> None:
-        """A message larger than the client's frames, in transfers that say ``more`` but the last."""
+    def _deliver_frames(self, fields: list[bytes], record: tuple[Part, ...], room: int) -> None:
+        """A message (``record``: its parts, a body in a file among them) larger than the client's frames, in
+        transfers of ``room`` bytes of it that say ``more`` but the last; nothing of it is copied."""
         session = self.session
         out = self.connection.out
-        pos = 0
-        while pos < len(record):
-            chunk = record[pos:pos + room]
-            more = boolean(pos + len(chunk) < len(record))
-            perf = frames.performative(frames.TRANSFER, *fields, more) if pos == 0 else \
-                frames.performative(frames.TRANSFER, uint(self.handle), NULL, NULL, NULL, NULL, more)
-            pos += len(chunk)
-            out.append(frames.FRAME_HEAD.pack(8 + len(perf) + len(chunk), 2, 0, session.channel) + perf)
-            out.append(chunk)
+        left = sum(map(len, record))
+        first = True
+        for chunk in cut(record, room):
+            size = sum(map(len, chunk))
+            left -= size
+            perf = frames.performative(frames.TRANSFER, *fields, boolean(left > 0)) if first else \
+                frames.performative(frames.TRANSFER, uint(self.handle), NULL, NULL, NULL, NULL, boolean(left > 0))
+            first = False
+            out.append(frames.FRAME_HEAD.pack(8 + len(perf) + size, 2, 0, session.channel) + perf)
+            out.extend(chunk)
             session.sent_transfers(1)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:

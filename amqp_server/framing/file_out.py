@@ -4,9 +4,9 @@
 An output is a list of parts: bytes (or views) and :class:`FileRange`\\ s.  :func:`write_direct` writes parts to a
 plain (not TLS) socket as far as it takes them without blocking: ``writev`` for a run of in-memory parts, ``sendfile``
 for a file range.  What the socket does not take is the caller's to queue: the stream protocol reads the rest of its
-chunk into its transport (:func:`read_rest`); the AMQP 0-9-1 connection keeps it in an :class:`Outbox`, which its
-transport is given a frame at a time while it has room, so what a slow client holds in memory is bounded by the
-transport's buffer, not by the bodies in flight.
+chunk into its transport (:func:`read_rest`); the AMQP 0-9-1 and AMQP 1.0 connections keep it in an :class:`Outbox`
+(:class:`FileSender`), which their transport is given a frame at a time while it has room, so what a slow client
+holds in memory is bounded by the transport's buffer, not by the bodies in flight.
 
 A range may own its file descriptor (a duplicate taken for it, see ``MessageStore.open_payload``): it is closed once
 the range is sent or dropped, and until then the bytes stay readable whatever the store does (a segment file is never
@@ -28,7 +28,7 @@ import mmap
 import os
 import socket
 from collections import deque
-from typing import Iterable, Iterator, Protocol, Union
+from typing import Iterable, Iterator, Protocol, Sequence, Union
 
 WRITEV_MAX = 512  # parts one writev takes at most (the system's IOV_MAX is 1024)
 MAP_WINDOW = 16 << 20  # how much of a file the outbox maps at once, for the transport to write from
@@ -149,6 +149,34 @@ def read_rest(parts: list[Part], written: int) -> bytes:
     return b"".join(rest)
 
 
+def cut(parts: Iterable[Part], limit: int) -> Iterator[list[Part]]:
+    """``parts`` in runs of ``limit`` bytes (the last one may be shorter), a frame's payload each: parts are cut
+    where a run ends, none copied (views of bytes; ranges of a file, the last piece of one owning its descriptor
+    if the range did, each with its part of ``data``)."""
+    run: list[Part] = []
+    room = limit
+    for part in parts:
+        at, size = 0, len(part)
+        while at < size:
+            take = min(room, size - at)
+            run.append(part if take == size else _piece(part, at, take))
+            at += take
+            room -= take
+            if not room:
+                yield run
+                run, room = [], limit
+    if run:
+        yield run
+
+
+def _piece(part: Part, at: int, size: int) -> Part:
+    """``size`` bytes of ``part`` from ``at``."""
+    if type(part) is FileRange:
+        data = None if part.data is None else memoryview(part.data)[at:at + size]
+        return FileRange(part.fd, part.pos + at, size, part.owns and at + size == part.size, data, part.loan)
+    return memoryview(part)[at:at + size]  # type: ignore[arg-type]  # (bytes or a view)
+
+
 def discard(parts: Iterable[Part]) -> None:
     """Output that will not be sent: the descriptors its ranges own are closed."""
     for part in parts:
@@ -243,6 +271,43 @@ class Outbox:
         self._window = None
         discard(self.parts)
         self.parts.clear()
+
+
+class FileSender:
+    """How a connection whose output may hold file ranges (AMQP 0-9-1's, AMQP 1.0's) writes it: through an
+    :class:`Outbox`, straight to a socket of its own while the transport holds nothing (made at the first output
+    sent so: a descriptor more)."""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox()
+        self._socket: socket.socket | None = None
+        self._socket_taken = False
+
+    def __bool__(self) -> bool:
+        """Output waits in the outbox: what follows goes after it."""
+        return bool(self.outbox)
+
+    def send(self, transport: asyncio.WriteTransport, parts: Sequence[Part], high: int) -> int:
+        """``parts`` go after what waits (the outbox has them now: the caller clears its list); their size."""
+        size = sum(map(len, parts))
+        self.outbox.extend(parts)
+        self.pump(transport, high)
+        return size
+
+    def pump(self, transport: asyncio.WriteTransport | None, high: int) -> None:
+        """What waits, to the socket and to the transport while it holds no more than ``high`` (``Outbox.pump``)."""
+        if transport is not None and not transport.is_closing():
+            if not self._socket_taken:
+                self._socket_taken = True
+                self._socket = direct_socket(transport)
+            self.outbox.pump(transport, self._socket, high)
+
+    def close(self) -> None:
+        """The connection is lost: what waits is dropped (its descriptors closed), and the socket closed."""
+        self.outbox.clear()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def direct_socket(transport: asyncio.BaseTransport) -> socket.socket | None:

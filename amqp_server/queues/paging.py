@@ -178,10 +178,11 @@ class Pager:
 
     def page_out(self, queues: Iterable["Queue"], keep: int = PAGED_WINDOW) -> int:
         """Memory runs short: every queue keeps its first ``keep`` ready entries in memory, the rest goes to
-        disk, deepest queues first; returns bytes of message bodies freed."""
+        disk, those holding the most bodies in memory first (not those whose bodies are in the store already);
+        returns bytes of message bodies freed."""
         written: dict[int, tuple[Message, int]] = {}  # a message held by several queues is written once
         freed = sum(queue.page_out(keep, written)
-                    for queue in sorted(queues, key=lambda q: q.ready_bytes, reverse=True))
+                    for queue in sorted(queues, key=lambda q: q.held_bytes, reverse=True))
         self.store.flush()
         self.index.commit()
         self.paged_out += freed

@@ -226,6 +226,8 @@ class PriorityReadyList(ReadyList):
                 self.tail.add(1, entry.message.body_size)
                 if entry.message.body is not None:
                     freed += entry.message.body_size
+                else:
+                    self.unheld -= entry.message.body_size
             if len(ready) <= keep:
                 break
         return freed
@@ -233,6 +235,12 @@ class PriorityReadyList(ReadyList):
     def put_back(self, entry: Entry) -> None:
         put_back(self.entries.level(entry), entry)  # type: ignore[arg-type]  # a priority queue's entries are LeveledEntry (entry_type)
         self.entries.count += 1
+        self.came_back(entry)
+
+    def release_body(self, entry: Entry) -> None:
+        level = self.entries.levels[self.entries.index_of(entry)]  # type: ignore[arg-type]  # (LeveledEntry)
+        if level and level[-1] is entry:
+            self._leave_body(entry)
 
     # -- what is on disk ------------------------------------------------------------------------
 

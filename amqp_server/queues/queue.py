@@ -294,6 +294,12 @@ class Queue:
         """Their bodies' bytes (in ``ready_bytes`` too)."""
         return self.ready.tail.bytes
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the ready messages' bodies memory holds (RabbitMQ's ``message_bytes_ram``): not those on disk,
+        nor those in memory whose body is in the store only (a large one released, one paged in unread)."""
+        return self.ready_bytes - self.ready.tail.bytes - self.ready.unheld
+
     def row_key(self, entry: Entry) -> int:
         """Where ``entry`` is in the queue index (a priority queue's storage asks: its seq for other types)."""
         return self.ready.row_key(entry)
@@ -407,7 +413,7 @@ class Queue:
         of large messages holds in memory is not its bodies.  (Other queues the message went to keep theirs:
         a transient queue's is only in memory.  A quorum or stream queue keeps its bodies in its own store.)"""
         if not self.persists_all and entry.message.persistent:
-            entry.message = entry.message.without_body()
+            self.ready.release_body(entry)
 
     def stored_copy(self, message: Message) -> Message:
         """The message as a queue that stores every message (``persists_all``) keeps it: a transient one not
@@ -454,6 +460,7 @@ class Queue:
             entry = self.pop_ready()
             if entry is None:
                 break
+            self.ready.unhold(entry)
             dropped.append(entry)
         if dropped:
             self.dead_letter(dropped, "maxlen")
@@ -505,6 +512,7 @@ class Queue:
             if entry.expiry:
                 self.expiry.expiring.pop(ready.row_key(entry), None)
                 if entry.expiry <= now_ms() and entry.seq != self.fresh:
+                    ready.unhold(entry)
                     self.dead_letter([entry], "expired")
                     continue
             return entry
@@ -534,6 +542,7 @@ class Queue:
         if entry.seq > ready.taken_upto:
             ready.taken_upto = entry.seq
         if message.body is None:
+            ready.unheld -= message.body_size  # (as ``ReadyList.unhold``: it left the ready list, ``pop_ready``)
             if 0 < sends_from <= message.body_size and message.msg_id and self.persistence is not None:
                 if message.header is None:  # recovered (or paged in unread): its header only, the body stays
                     self.persistence.load_head(message)
@@ -595,13 +604,20 @@ class Queue:
         """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.
         ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
         without walking the queue from its head again)."""
-        return self._with_bodies(self.ready.peek(offset, count, after))
+        host = self.host
+        return [self.loaded(entry, host) for entry in self.ready.peek(offset, count, after)]
 
-    def _with_bodies(self, entries: list[Entry]) -> list[Entry]:
-        for entry in entries:
-            if entry.message.body is None and self.host is not None:
-                self.host.load_body(entry.message)
-        return entries
+    @staticmethod
+    def loaded(entry: Entry, host: QueueHost | None) -> Entry:
+        """``entry`` with its body, for a reader: where the store alone holds it, read into a copy of the entry,
+        so that the ready entry goes on leaving it there (``ReadyList.unheld``: a large body released stays out
+        of memory however often it is browsed)."""
+        message = entry.message
+        if message.body is not None or host is None:
+            return entry
+        copy = Message.stored(message.msg_id, message.body_size, message.transient_id)
+        host.load_body(copy)
+        return entry.with_message(copy)
 
     # -- settling: what consumers and basic.get took comes back --------------------------------
 
@@ -673,9 +689,7 @@ class Queue:
                     if entry is not None:
                         expired.append(entry)
                 continue  # delivered or already expired
-            entry.gone = True
-            ready.gone += 1
-            ready.bytes -= entry.message.body_size
+            ready.mark_gone(entry)
             expired.append(entry)
         if expired:
             self.dead_letter(expired, "expired")
@@ -811,9 +825,7 @@ class Queue:
         for entry in entries:
             if entry.gone or (entry.expiry and entry.expiry <= now):
                 continue
-            if entry.message.body is None and host is not None:
-                host.load_body(entry.message)
-            found.append(entry)
+            found.append(self.loaded(entry, host))
             if limit is not None and len(found) >= limit:
                 break
         return found

@@ -6,6 +6,7 @@ helpers keep a deque in order as entries come back (requeued) and leave (committ
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from copy import copy
 from collections import deque
 from itertools import islice
 from typing import Iterator
@@ -34,6 +35,12 @@ class Entry:
 
     def __lt__(self, other: "Entry") -> bool:
         return self.seq < other.seq
+
+    def with_message(self, message: Message) -> "Entry":
+        """A copy of the entry (its type's: a priority queue's knows its level) that holds ``message`` instead."""
+        other = copy(self)
+        other.message = message
+        return other
 
 
 def put_back(ready: deque[Entry], entry: Entry) -> None:

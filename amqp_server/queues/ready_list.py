@@ -127,7 +127,11 @@ def stored_message(row: IndexEntry) -> Message:
 class ReadyList:
     """A queue's ready entries: a deque in seq order in memory (``entries``, entries marked ``gone`` by expiry
     among them, ``gone`` of them), the tail on disk (``tail``: all with seq >= ``paged_from``), and the bytes of
-    both (``bytes``).
+    both (``bytes``).  Of the bytes in memory, ``unheld`` are bodies memory does not hold: the store keeps them
+    (a large one released, ``release_body``; one paged in or recovered unread); it is counted where an entry's
+    body is released or its entry comes into memory or leaves it, so that what the node holds
+    (``Queue.held_bytes``) costs no walk of the entries, and the delivery path no test more: an entry ``pop_head``
+    hands over is uncounted by its taker, which tests its body anyway (``Queue.took``), or ``unhold``.
 
     ``expiring`` is the queue's expiry's map of the entries in memory that have an expiry, by ``row_key``: an
     entry leaving memory leaves it (None: a quorum queue's deadlines are its state machine's, which names the
@@ -147,6 +151,7 @@ class ReadyList:
         self.entries: Any = deque()  # deque[Entry]; a priority queue's: priority_queue.PriorityReady
         self.gone = 0
         self.bytes = 0  # of the entries in memory and on disk, those gone excepted
+        self.unheld = 0  # of the entries in memory (those gone excepted) whose body is in a store only
         self.tail = TailCount()  # ready entries on disk only, all with seq >= paged_from, and their bytes
         self.paged_from = 0
         self.page_id = 0  # a non-durable queue's id in the transient index, once it pages
@@ -183,7 +188,6 @@ class ReadyList:
     def paged_bytes(self) -> int:
         """Their bodies' bytes (in ``bytes`` too)."""
         return self.tail.bytes
-
     @property
     def disk_floor(self) -> int:
         """Every entry on disk still in the queue is at or above this seq (a commit's being counted are below)."""
@@ -207,8 +211,32 @@ class ReadyList:
         return False
 
     def put_back(self, entry: Entry) -> None:
-        """A requeued entry goes back where its seq puts it (its bytes are the caller's to count)."""
+        """A requeued entry goes back where its seq puts it (its bytes are the caller's to count; a body its
+        delivery released, ``unheld``'s here)."""
         put_back(self.entries, entry)
+        self.came_back(entry)
+
+    def unhold(self, entry: Entry) -> None:
+        """An entry ``pop_head`` handed over leaves the ready list for good otherwise than taken by a consumer
+        (expired, dropped): ``unheld`` forgets its body if the store held it (``Queue.took`` does so inline)."""
+        if entry.message.body is None:
+            self.unheld -= entry.message.body_size
+
+    def came_back(self, entry: Entry) -> None:
+        """``entry`` is in memory again: a body of it the store alone holds is counted."""
+        if entry.message.body is None:
+            self.unheld += entry.message.body_size
+
+    def release_body(self, entry: Entry) -> None:
+        """The entry just appended leaves its body to the store (``Queue.release_body``) if it is still the last
+        in memory (not delivered, dropped, or gone to disk already)."""
+        entries = self.entries
+        if entries and entries[-1] is entry:
+            self._leave_body(entry)
+
+    def _leave_body(self, entry: Entry) -> None:
+        entry.message = entry.message.without_body()
+        self.unheld += entry.message.body_size
 
     def pop_head(self) -> Entry | None:
         """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""
@@ -223,7 +251,7 @@ class ReadyList:
                 self.gone -= 1
                 continue
             self.bytes -= entry.message.body_size
-            return entry
+            return entry  # (its taker's to uncount if its body is in the store: ``unhold``)
 
     def take_out(self, seq: int) -> Entry | None:
         """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
@@ -233,13 +261,20 @@ class ReadyList:
             i = bisect_left(entries, seq, key=_seq)
             entry = entries[i]
             if entry.seq == seq and not entry.gone:
-                entry.gone = True
-                self.gone += 1
-                self.bytes -= entry.message.body_size
+                self.mark_gone(entry)
                 return entry
         if self.tail.count and seq >= self.disk_floor:
             return self.expire_paged(seq)
         return None
+
+    def mark_gone(self, entry: Entry) -> None:
+        """An entry in memory leaves the ready list where it is (passed over when the head reaches it)."""
+        entry.gone = True
+        self.gone += 1
+        message = entry.message
+        self.bytes -= message.body_size
+        if message.body is None:
+            self.unheld -= message.body_size
 
     def compact(self) -> None:
         """Drop the entries marked gone (in place: whoever holds the deque sees the change)."""
@@ -252,7 +287,7 @@ class ReadyList:
         """Nothing is ready any more (what was is the caller's to have forgotten)."""
         self.entries.clear()
         self.gone = 0
-        self.bytes = 0
+        self.bytes = self.unheld = 0
         self.tail.clear()
 
     def _tail_on_disk(self, entry: Entry) -> bool:
@@ -294,6 +329,8 @@ class ReadyList:
             self.tail.add(1, entry.message.body_size)
             if entry.message.body is not None:
                 freed += entry.message.body_size
+            else:
+                self.unheld -= entry.message.body_size
         return freed
 
     def page_in(self) -> None:
@@ -340,6 +377,7 @@ class ReadyList:
                 entry.message.fill_from(payload, routes, headers)
             if keep_apart is None or not keep_apart(entry):
                 admit(entry)
+                self.came_back(entry)
             if row.expiry and self.expiring is not None:
                 self.expiring[self.row_key(entry)] = entry
         if lost and self.lost is not None:
@@ -548,6 +586,8 @@ class ReadyList:
                 self.gone -= 1
                 continue
             self.bytes -= entry.message.body_size
+            if entry.message.body is None:
+                self.unheld -= entry.message.body_size
             if entry.expiry and self.expiring is not None:
                 self.expiring.pop(self.row_key(entry), None)
             self.forget(entry)

@@ -18,7 +18,7 @@ import pytest
 from pamqp import commands
 
 from conftest import connect
-from support import Raw, publish_frames
+from support import Raw, call, publish_frames
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -366,6 +366,39 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
             again.append(data)
         assert [len(data) for data in again] == [size + number for number in range(count)]
         assert all(data == body(size + number) for number, data in enumerate(again))
+
+
+@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}], ids=["classic", "priority"])
+def test_message_bytes_ram_counts_the_bodies_the_node_holds(broker, uid, arguments):
+    """The HTTP API's ``message_bytes_ram`` (RabbitMQ's "bytes of messages currently in RAM") counts the bodies the
+    node holds: not large persistent ones its durable queue left in the store, queued or requeued after a delivery
+    released them; small ones and a large transient one (held in memory only) it does count."""
+    large, small, transient = 1024 * 1024, 1000, 2 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = stored_bodies(connection, uid, 4, large, arguments)
+        for number in range(3):
+            channel.basic_publish("", uid, body(small + number), pika.BasicProperties(delivery_mode=2))
+        channel.basic_publish("", uid, body(transient), pika.BasicProperties(delivery_mode=1))
+        held = sum(small + number for number in range(3)) + transient
+        total = sum(large + number for number in range(4)) + held
+
+        def shown() -> tuple[int, int]:
+            queue = call(broker, "GET", f"/api/queues/%2F/{uid}").json
+            return queue["message_bytes"], queue["message_bytes_ram"]
+
+        assert shown() == (total, held)
+        consumer = connection.channel()
+        consumer.basic_qos(prefetch_count=2)
+        taken: list[int] = []
+        consumer.basic_consume(uid, lambda _ch, _method, _properties, data: taken.append(len(data)))
+        deadline = time.monotonic() + 30
+        while len(taken) < 2 and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+        consumer.close()  # the two unacked come back, their bodies in the store
+        assert shown() == (total, held)
+        for _ in range(8):
+            assert channel.basic_get(uid, auto_ack=True)[0] is not None
+        assert shown() == (0, 0)
 
 
 def read_octets(broker) -> int:

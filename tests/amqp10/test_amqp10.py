@@ -179,6 +179,66 @@ def test_a_message_larger_than_a_frame_goes_both_ways_in_several_transfers(node)
         connection.close()
 
 
+def unsettled_bodies(node: Running) -> list[bytes | None]:
+    """The bodies the node's AMQP 1.0 sessions hold for the deliveries they wait to have settled."""
+    from amqp_server.amqp1.connection import Amqp10Connection
+
+    assert node.node is not None
+    return [entry.message.body for connection in node.node.clients.connections
+            if isinstance(connection, Amqp10Connection) for session in connection.sessions.values()
+            for entry, _queue, _consumer in session.unsettled.values()]
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["stored", "recovered"])
+def test_large_stored_bodies_reach_a_receiver_of_small_frames_from_the_store(tmp_path, monkeypatch, restart):
+    """Persistent bodies of 1 MiB and 3 MiB + 7 octets in a durable queue, as stored or recovered after a restart,
+    reach an AMQP 1.0 receiver of 16 KiB frames byte-exact, in many transfers, from the store's file: never read
+    whole into the node (``Persistence.load_body``), nor held for the deliveries it waits to have settled;
+    released, they come back so too."""
+    from test_large_bodies import body
+
+    from amqp_server.queues.persistence import Persistence
+
+    sizes = [1 << 20, (3 << 20) + 7]
+    node = start(tmp_path)
+    try:
+        connection = declare(node, "large")
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for size in sizes:
+            channel.basic_publish("", "large", body(size), pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        if restart:
+            node.stop()
+            node = start(tmp_path)
+        read: list[int] = []
+        load_body = Persistence.load_body
+
+        def counted(self: Persistence, message: Any) -> None:
+            read.append(message.body_size)
+            load_body(self, message)
+
+        monkeypatch.setattr(Persistence, "load_body", counted)
+        client = BlockingConnection(url(node), timeout=10, allowed_mechs="PLAIN", max_frame_size=16384)
+        try:
+            receiver = client.create_receiver("/queues/large", credit=10)
+            first = [binary(receiver.receive(timeout=10)) for _ in sizes]
+            held = node.call(lambda: unsettled_bodies(node))
+            for _ in sizes:
+                receiver.release(delivered=False)
+            again = [binary(receiver.receive(timeout=10)) for _ in sizes]
+            for _ in sizes:
+                receiver.accept()
+        finally:
+            client.close()
+    finally:
+        node.stop()
+    assert [len(got) for got in first] == [len(got) for got in again] == sizes
+    assert [got == body(size) for got, size in zip(first + again, sizes + sizes)] == [True] * 4
+    assert held == [None, None]
+    assert read == []
+
+
 def test_pre_settled_both_ways(node):
     declare(node, "settled").close()
     connection = connect(node)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from amqp_server.framing.file_out import FileRange, Outbox, direct_socket
+from amqp_server.framing.file_out import FileRange, Outbox, cut, direct_socket
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,6 +101,25 @@ async def test_output_dropped_closes_the_descriptors_its_ranges_own(tmp_path):
     outbox = Outbox()
     outbox.extend([b"head", *FileRange(fd, 0, 1000, owns=True).pieces(300), b"end"])
     outbox.clear()
+    assert not fd_open(fd)
+
+
+async def test_output_cut_in_frames_is_the_same_bytes_and_the_range_s_last_piece_owns_its_descriptor(tmp_path):
+    """``cut``: the parts of an AMQP 1.0 transfer in runs of a frame's payload, bytes as views and a range as
+    ranges (each with its part of the bytes in memory), the whole read back byte-exact."""
+    data = os.urandom(100)
+    path = tmp_path / "segment"
+    path.write_bytes(b"-" * 10 + data)
+    fd = os.open(path, os.O_RDONLY)
+    runs = list(cut([b"head", FileRange(fd, 10, 100, owns=True, data=data), b"", b"tail"], 30))
+    ranges = [part for run in runs for part in run if isinstance(part, FileRange)]
+    assert [sum(map(len, run)) for run in runs] == [30, 30, 30, 18]
+    assert b"".join(part.read() if isinstance(part, FileRange) else bytes(part) for run in runs
+                    for part in run) == b"head" + data + b"tail"
+    assert b"".join(bytes(part.data) for part in ranges if part.data is not None) == data
+    assert [part.owns for part in ranges] == [False, False, False, True]
+    for part in ranges:
+        part.close()
     assert not fd_open(fd)
 
 

@@ -65,8 +65,9 @@ def head_timestamp(queue: Queue) -> int | None:
 
 
 def memory_fields(queue: Queue) -> dict[str, int]:
-    """Where a queue's ready messages are: in memory or paged out (an owner's figures)."""
+    """Where a queue's ready messages are: in memory or paged out (an owner's figures); the bytes in memory are
+    bodies memory holds, as RabbitMQ's ``message_bytes_ram`` (not those a durable queue left in its store)."""
     in_ram = queue.message_count - queue.paged
     return {"messages_ram": in_ram + queue.unacked, "messages_ready_ram": in_ram,
             "messages_unacknowledged_ram": queue.unacked, "messages_paged_out": queue.paged,
-            "message_bytes_ram": queue.ready_bytes - queue.paged_bytes, "message_bytes_paged_out": queue.paged_bytes}
+            "message_bytes_ram": queue.held_bytes, "message_bytes_paged_out": queue.paged_bytes}
