@@ -188,6 +188,7 @@ class ReadyList:
     def paged_bytes(self) -> int:
         """Their bodies' bytes (in ``bytes`` too)."""
         return self.tail.bytes
+
     @property
     def disk_floor(self) -> int:
         """Every entry on disk still in the queue is at or above this seq (a commit's being counted are below)."""
