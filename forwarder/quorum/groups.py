@@ -122,6 +122,7 @@ class Incoming:
     term: int
     at: int
     state: State = field(default_factory=State)
+    frames: int = 0  # of it taken so far
 
 
 @dataclass
@@ -940,17 +941,26 @@ class QuorumGroups:
         self._catch_up_again(group, tries)
 
     def _catch_up_again(self, group: Group, tries: int = CATCH_UP_TRIES) -> None:
-        """Ask to catch up again in ``CATCH_UP_RETRY`` if our copy has not moved by then (see _ask_to_catch_up)."""
+        """Ask to catch up again in ``CATCH_UP_RETRY`` if our copy has not moved by then, nor a snapshot come in
+        further (see _ask_to_catch_up): our copy stands where it stood until a snapshot's end, and asked again
+        meanwhile, the leader would start another once it had sent this one."""
         if tries <= 0:
             return
-        asked = (group.leader, group.term, group.position)
+        asked = self._progress(group)
 
         def again() -> None:
             if (self.groups.get(group.key) is group and group.replicator is None
-                    and (group.leader, group.term, group.position) == asked):
+                    and self._progress(group) == asked):
                 self._ask_to_catch_up(group, tries - 1)
 
         asyncio.get_running_loop().call_later(CATCH_UP_RETRY, again)
+
+    @staticmethod
+    def _progress(group: Group) -> tuple:
+        """Where a follower's copy stands, and how far a snapshot coming into it has come."""
+        incoming = group.incoming
+        return (group.leader, group.term, group.position,
+                (incoming.term, incoming.at, incoming.frames) if incoming is not None else None)
 
     @staticmethod
     def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
@@ -1048,6 +1058,7 @@ class QuorumGroups:
             group.incoming = Incoming(term, first)  # (its Restore clears what a snapshot begun before left)
         incoming = group.incoming
         assert incoming is not None  # (a MORE frame of it)
+        incoming.frames += 1
         incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first)
 
     def _install(self, group: Group, incoming: Incoming) -> int:

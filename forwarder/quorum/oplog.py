@@ -73,6 +73,9 @@ UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has ye
 # or this (``allowance``)
 UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
+# seconds after a snapshot is sent whole in which a follower's request to catch up from before its index is one it
+# sent before the snapshot reached it (its answer: a second snapshot of the queue, begun as the first arrives)
+SNAPSHOT_SETTLES = 2.0
 
 
 def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
@@ -119,6 +122,7 @@ class Follower:
     joined: bool = False  # in step: it gets every op as it is shipped
     match: int = 0  # the highest index it has durably
     snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
+    snapshot_sent: tuple[int, float] = (0, 0.0)  # the index of the last sent whole, and (loop time) when
 
 
 class History:
@@ -440,6 +444,7 @@ class OpLogShipper:
             if not self._send(follower, self._frame(start + 1 + first, [MARK.pack(REPLAY_OP, 0), *missed[first:end]])):
                 return
         follower.joined = True
+        follower.snapshot_sent = (start, asyncio.get_running_loop().time())
 
     def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
         """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
@@ -493,6 +498,10 @@ class OpLogShipper:
         (``History``: a copy of the previous leader's, after a change of leader) — else a snapshot."""
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
+            return
+        index, sent = follower.snapshot_sent
+        if (follower.joined and applied < index
+                and asyncio.get_running_loop().time() - sent < SNAPSHOT_SETTLES):  # (so is what it asked before)
             return
         follower.joined = False  # what is staged goes to the others now (and to the log), to this one below
         self.flush()

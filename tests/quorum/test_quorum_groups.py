@@ -853,6 +853,37 @@ async def test_two_copies_snapshots_are_coming_into_elect_one_of_them_with_every
     assert await copies_agree(network) == [b"first"]
 
 
+async def test_a_snapshot_coming_in_is_not_asked_for_again_nor_sent_twice(network, monkeypatch, caplog):
+    """Finding (nemesis seed 98 again, 11 s without confirms): a follower's copy stands where it stood while a
+    snapshot comes in beside it, so its retry timer, seeing it unmoved, asked to catch up again; the leader,
+    done sending, took that for a new request and began a second snapshot of 122,000 messages as the first
+    arrived.  The follower does not ask while a snapshot comes in further, and a leader answers a request
+    from before a snapshot it has just sent whole with nothing (a while later, with another)."""
+    monkeypatch.setattr(quorum, "CATCH_UP_RETRY", 0.05)
+    node = await n3_far_behind(network, monkeypatch)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.hold("n1", "n3")
+    await network.start_node("n3")
+    n3 = network.nodes["n3"].quorum
+    copy = n3.groups[KEY]
+    stale = copy.position
+    await snapshot_under_way(network)
+    follower = replicator_of(node).followers["n3"]
+    await wait_for(lambda: follower.snapshot is None and follower.joined, "the snapshot sent whole")
+    asked: list[tuple] = []
+    monkeypatch.setattr(n3, "_ask_to_catch_up", lambda *args: asked.append(args))
+    await asyncio.sleep(0.3)  # six retry periods
+    assert not asked
+    replicator_of(node).catch_up("n3", *stale)  # (as a request sent before the snapshot reached it)
+    assert follower.snapshot is None and follower.joined
+    network.release("n1", "n3")
+    assert await copies_agree(network) == [b"first", *bodies(1000)]
+    assert sum("n3 takes a snapshot" in record.message for record in caplog.records) == 1
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_SETTLES", 0.0)
+    replicator_of(node).catch_up("n3", *stale)  # (a request from that far back, later: one lost its copy)
+    assert follower.snapshot is not None
+
+
 async def test_a_node_restarted_while_a_snapshot_comes_in_keeps_its_copy_and_drops_the_snapshots_rows(
         network, monkeypatch):
     """n3 stops halfway through a snapshot: it comes back with the copy it had, standing where it stood, and
