@@ -3,7 +3,7 @@ follower applies them to its copy.
 
 The ops are :mod:`amqp_server.queues.quorum_machine`'s, numbered by an index within the leader's term, and go on the
 wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands
-it to its :class:`Replicator`, which encodes it, stages a turn's ops and ships them in one ``REPLICATE`` frame per
+it to its :class:`OpLogShipper`, which encodes it, stages a turn's ops and ships them in one ``REPLICATE`` frame per
 follower; it keeps the latest ops its copy applied, of its term and of earlier ones (``History``, ``LOG_BYTES``), to
 catch up a follower that missed a few (a copy of an earlier term these ops pass through too; one where the leader's
 own stood when it took over, a failover's usual case, its term adopts as it is), and sends a snapshot to one that
