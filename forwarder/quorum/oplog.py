@@ -73,9 +73,11 @@ UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has ye
 # or this (``allowance``)
 UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
-# seconds after a snapshot is sent whole in which a follower's request to catch up from before its index is one it
-# sent before the snapshot reached it (its answer: a second snapshot of the queue, begun as the first arrives)
-SNAPSHOT_SETTLES = 2.0
+# seconds after a follower is sent what it missed (a snapshot, or ops from the log) in which its request to catch up
+# from before where that brings it is one it sent before the answer reached it (a second answer would send it all
+# again: a second snapshot begun as the first arrives, or tens of thousands of ops twice); less than a follower's
+# ``CATCH_UP_RETRY``, so that one that lost an answer is answered when it asks again
+ANSWERED = 1.5
 
 
 def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
@@ -122,7 +124,7 @@ class Follower:
     joined: bool = False  # in step: it gets every op as it is shipped
     match: int = 0  # the highest index it has durably
     snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
-    snapshot_sent: tuple[int, float] = (0, 0.0)  # the index of the last sent whole, and (loop time) when
+    answered: tuple[int, float] = (0, 0.0)  # where what it was last sent to catch up brings it, and (loop time) when
 
 
 class History:
@@ -444,7 +446,7 @@ class OpLogShipper:
             if not self._send(follower, self._frame(start + 1 + first, [MARK.pack(REPLAY_OP, 0), *missed[first:end]])):
                 return
         follower.joined = True
-        follower.snapshot_sent = (start, asyncio.get_running_loop().time())
+        self._answered(follower)
 
     def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
         """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
@@ -499,9 +501,9 @@ class OpLogShipper:
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
-        index, sent = follower.snapshot_sent
+        index, sent = follower.answered
         if (follower.joined and applied < index
-                and asyncio.get_running_loop().time() - sent < SNAPSHOT_SETTLES):  # (so is what it asked before)
+                and asyncio.get_running_loop().time() - sent < ANSWERED):  # (so is what it asked before)
             return
         follower.joined = False  # what is staged goes to the others now (and to the log), to this one below
         self.flush()
@@ -526,6 +528,7 @@ class OpLogShipper:
             for start, end in runs(missed):
                 frame = self._frame(applied + 1 + start, missed[start:end])
                 follower.joined = follower.joined and self._send(follower, frame)
+            self._answered(follower)
             return
         last = applied_term  # the term of the copy's last op, as the ops below move it
         for term, run in itertools.groupby(since, key=lambda entry: entry[0]):
@@ -538,6 +541,12 @@ class OpLogShipper:
         if last != self.term:  # no op of this term yet: its copy is where this term started
             frame = self._frame(self.index + 1, [MARK.pack(ADOPT_OP, last)])
             follower.joined = follower.joined and self._send(follower, frame)
+        self._answered(follower)
+
+    def _answered(self, follower: Follower) -> None:
+        """What the follower missed is on its way: what it asked for from further back meanwhile is too."""
+        if follower.joined:
+            follower.answered = (self.index, asyncio.get_running_loop().time())
 
     def peer_down(self, name: str) -> None:
         follower = self.followers.get(name)

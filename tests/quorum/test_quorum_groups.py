@@ -879,9 +879,29 @@ async def test_a_snapshot_coming_in_is_not_asked_for_again_nor_sent_twice(networ
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(1000)]
     assert sum("n3 takes a snapshot" in record.message for record in caplog.records) == 1
-    monkeypatch.setattr(quorum_log, "SNAPSHOT_SETTLES", 0.0)
+    monkeypatch.setattr(quorum_log, "ANSWERED", 0.0)
     replicator_of(node).catch_up("n3", *stale)  # (a request from that far back, later: one lost its copy)
     assert follower.snapshot is not None
+
+
+async def test_a_request_to_catch_up_made_before_the_answer_arrived_is_not_answered_twice(network, caplog):
+    """Finding (nemesis seed 98): a follower back on its link asked to catch up, and asked again at once on the
+    gap the next ops showed; the leader sent it the same 35,000 ops twice.  A request from before where the
+    last answer brings the follower, made before that answer could arrive, gets none."""
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    publish(node, bodies(300))
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.hold("n1", "n3")
+    await network.start_node("n3")
+    stale = network.nodes["n3"].quorum.groups[KEY].position
+    replicator_of(node).catch_up("n3", *stale)  # (its request on the link's return)
+    replicator_of(node).catch_up("n3", *stale)  # (its second, made before the answer to the first arrived)
+    network.release("n1", "n3")
+    assert await copies_agree(network) == [b"first", *bodies(300)]
+    assert sum("n3 catches up on" in record.message for record in caplog.records) == 1
 
 
 async def test_a_node_restarted_while_a_snapshot_comes_in_keeps_its_copy_and_drops_the_snapshots_rows(
