@@ -54,7 +54,7 @@ from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
 from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP, RESET_OP, History,
-                    OpLogShipper, check_copy, skip)
+                    OpLogShipper, SpareRows, check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -122,6 +122,7 @@ class Incoming:
     term: int
     at: int
     state: State = field(default_factory=State)
+    rows: SpareRows = field(default_factory=SpareRows)
 
 
 @dataclass
@@ -1048,7 +1049,8 @@ class QuorumGroups:
             group.incoming = Incoming(term, first)  # (its Restore clears what a snapshot begun before left)
         incoming = group.incoming
         assert incoming is not None  # (a MORE frame of it)
-        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first)
+        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
+                                      spare=incoming.rows)
 
     def _install(self, group: Group, incoming: Incoming) -> int:
         """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the

@@ -26,7 +26,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
-from amqp_server.payload import body_size
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.quorum_machine import CHECKS
 from amqp_server.queues.quorum_ops import ENQUEUE_FROM_OP, ENQUEUE_OP, LogOp, decode, encode, enqueue_fields
@@ -50,8 +49,8 @@ HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; t
 ACKED = struct.Struct(">QQQBH")
 
 # a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned,
-# record length; then the record
-ENTRY = struct.Struct(">BQQBBI")
+# its body's size, record length; then the record
+ENTRY = struct.Struct(">BQQBBII")
 ENTRY_OP = 20
 # a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
 # a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
@@ -107,8 +106,17 @@ def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
     """A snapshot's row for ``entry``."""
     head, route, header, body = entry.message.payload()
     size = len(head) + len(route) + len(header) + len(body)
-    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), size), head, route,
-                     header, body))
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(body), size), head,
+                     route, header, body))
+
+
+@dataclass
+class SpareRows:
+    """A snapshot's rows in the spare they come into, which its RESET empties: the highest seq written there so far.
+    A row above it cannot be there yet, so it is written with no lookup; one at or below it may be (an entry read
+    ready, then held by the time the held rows, the last, are read)."""
+
+    top: int = -1
 
 
 @dataclass
@@ -456,8 +464,8 @@ class OpLogShipper:
                 continue
             record = next(records)
             if record is not None:
-                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(record))
-                            + record)
+                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255),
+                                       entry.message.body_size, len(record)) + record)
         return rows
 
     def _stop_snapshot(self, follower: Follower) -> None:
@@ -623,15 +631,16 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
 
 
 def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
-          first: int, bounds: list[int] | None = None) -> tuple[machine.State, int]:
+          first: int, bounds: list[int] | None = None, spare: SpareRows | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: an op's ``Meta`` has this node's
     (no op's outcome depends on it).  An Enqueue, most of a log, is applied from its fields (``machine.enqueue``),
-    its row written with no op or effect made for it.  ``bounds``: where each log op starts and ends in
-    ``payload`` is added to it."""
+    its row written with no op or effect made for it; a frame's snapshot rows are written together.  ``bounds``:
+    where each log op starts and ends in ``payload`` is added to it.  ``spare``: a snapshot coming into a spare
+    (its rows above its ``top`` need no lookup)."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -650,17 +659,27 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     now = _now()
     has, store = replicas.has, replicas.store_row
     stored = False  # rows ``store`` wrote, staged once at the end
+    rows: list[tuple[int, memoryview, int, int, bool, int]] = []  # snapshot rows to write (``store_rows``)
+    top = spare.top if spare is not None else 1 << 64  # (else every row is looked up)
     while pos < end:
         kind = data[pos]
         if kind == ENTRY_OP:
-            _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
+            _, seq, expiry, held, returns, size, length = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
-            if not has(index_id, seq):
-                record = data[pos:pos + size]
-                store(index_id, seq, record, expiry, body_size(record), bool(held), returns)
+            fresh = seq > top
+            if fresh:
+                top = seq
+            elif rows:  # (those before it first: it may be among them)
+                replicas.store_rows(index_id, rows)
+                rows = []
+            if fresh or not has(index_id, seq):
+                rows.append((seq, data[pos:pos + length], expiry, size, bool(held), returns))
                 stored = True
-            pos += size
+            pos += length
             continue
+        if rows:
+            replicas.store_rows(index_id, rows)
+            rows = []
         start = pos
         if kind == ENQUEUE_OP or kind == ENQUEUE_FROM_OP:  # the hot path: no op, no effect (``machine.enqueue``)
             seq, expiry, at, pos, size, enqueuer, publish = enqueue_fields(data, start)
@@ -676,6 +695,10 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         if bounds is not None:
             bounds += (start, pos)
         count += 1
+    if rows:
+        replicas.store_rows(index_id, rows)
+    if spare is not None:
+        spare.top = top
     if stored:
         replicas.persistence.stage()
     return state, count
