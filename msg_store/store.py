@@ -281,29 +281,42 @@ class MessageStore:
 
     def write_many(self, msg_ids: range, records: Sequence[bytes | memoryview], refs: int) -> None:
         """``write`` of each record as its own payload, under the id of the same place in ``msg_ids``: the same
-        bytes and locations as those writes one by one, in one call (a follower's snapshot rows, a frame's at
-        once)."""
-        index, tail_ids = self.index, self._tail_ids
-        for msg_id, record in zip(msg_ids, records):
-            size = len(record)
-            if size >= WRITE_THROUGH:  # (a large one: ``write``'s way, from its own buffer)
-                self.write(msg_id, (record,), refs)
+        bytes and locations as those writes one by one, the small records of a segment joining the tail at once
+        (a follower's snapshot rows, a frame's in one call)."""
+        i, count = 0, len(records)
+        while i < count:
+            if len(records[i]) >= WRITE_THROUGH:  # (a large one: ``write``'s way, from its own buffer)
+                self.write(msg_ids[i], (records[i],), refs)
+                i += 1
                 continue
             current = self.current
             assert current is not None  # opened by finish_recovery, before any write
-            tail = self._tail
-            record_at = current.size + len(tail)
-            tail += encode_head(msg_id, (record,), current.number)
-            tail_ids[msg_id] = (len(tail), size)
-            tail += record
-            self.writes += 1
-            index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
-            if self._records is not None:
-                self._records.extend((msg_id, record_at + HEAD_SIZE, size))
-            current.live += 1
-            if current.size + len(tail) >= self.segment_size:
+            room = self.segment_size - current.size - len(self._tail)
+            end, used = i, 0  # the run the segment takes: up to the record that fills it, as ``write`` would
+            while end < count and used < room and len(records[end]) < WRITE_THROUGH:
+                used += HEAD_SIZE + len(records[end])
+                end += 1
+            self._append_run(current, msg_ids[i:end], records[i:end], refs)
+            if current.size + len(self._tail) >= self.segment_size:
                 self.flush()
                 self._open_new_segment()
+            i = end
+
+    def _append_run(self, segment: Segment, msg_ids: range, records: Sequence[bytes | memoryview], refs: int) -> None:
+        """Small records, heads before them, joining the tail in one append; their locations a run of arrays."""
+        number, tail = segment.number, self._tail
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        at = len(tail) + np.cumsum(sizes + HEAD_SIZE) - sizes  # each payload's place in the tail, after its head
+        heads = [encode_head(msg_id, (record,), number) for msg_id, record in zip(msg_ids, records)]
+        tail += b"".join(itertools.chain.from_iterable(zip(heads, records)))
+        self._tail_ids.update(zip(msg_ids, zip(at.tolist(), sizes.tolist())))
+        offsets = at + segment.size
+        self.index.put_run(msg_ids, number, offsets, sizes, refs)
+        if self._records is not None:
+            ids = np.arange(msg_ids.start, msg_ids.stop, dtype=np.uint64)
+            self._records.frombytes(np.column_stack((ids, offsets, sizes)).astype(np.uint64).tobytes())
+        segment.live += len(records)
+        self.writes += len(records)
 
     def add_ref(self, msg_id: int, count: int = 1) -> None:
         self.index.add_refs(msg_id, count)

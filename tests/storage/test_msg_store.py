@@ -102,16 +102,17 @@ def test_many_messages_distinct_payloads(tmp_path):
 def test_write_many_is_the_same_as_writes_one_by_one(tmp_path):
     """A follower writes a snapshot's frame of rows at once: the segment files, the locations, the sidecars and the
     ids handed out are those of the same records written one by one (small ones and large ones, across
-    segments)."""
+    segments and chunks of ids)."""
     rng = random.Random(3)
     records = [rng.randbytes(rng.choice((0, 40, 100, 300, 70_000))) for _ in range(120)]
+    records += [rng.randbytes(20) for _ in range(4200)]  # (ids across a chunk of the locations)
     stores = []
     for way in ("one by one", "many"):
         store = new_store(tmp_path / way, segment_size=20_000, sidecars=True)
         put(store, b"before")
         if way == "many":
-            for start in range(0, len(records), 50):
-                run = records[start:start + 50]
+            for start in range(0, len(records), 1000):
+                run = records[start:start + 1000]
                 store.write_many(store.new_ids(len(run)), run, 1)
         else:
             for record in records:
