@@ -35,6 +35,8 @@ from ..peers import node_link as link
 from ..peers.remote_queue import Window
 
 if TYPE_CHECKING:
+    from queue_index import IndexEntry
+
     from amqp_server.queues.replica_store import ReplicaStore
     from amqp_server.ports import ConfirmSink
     from amqp_server.queues.queue import Entry
@@ -90,16 +92,17 @@ def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
     yield start, len(ops)
 
 
-def _by_size(entries: list["Entry"]) -> Iterator[list["Entry"]]:
-    """``entries`` in runs whose bodies come to about ``FRAME_BYTES``: what a snapshot reads into memory at once."""
+def _by_size(sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of the runs of entries whose bodies (of ``sizes``) come to about ``FRAME_BYTES``: what a
+    snapshot reads into memory at once."""
     start = size = 0
-    for i, entry in enumerate(entries):
-        if i > start and size + entry.message.body_size > FRAME_BYTES:
-            yield entries[start:i]
+    for i, body in enumerate(sizes):
+        if i > start and size + body > FRAME_BYTES:
+            yield start, i
             start, size = i, 0
-        size += entry.message.body_size
-    if start < len(entries):
-        yield entries[start:]
+        size += body
+    if start < len(sizes):
+        yield start, len(sizes)
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
@@ -426,9 +429,8 @@ class OpLogShipper:
 
         rows: list[bytes] = []
         size = 0
-        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK, load=False):  # entries that arrive meanwhile too
-            for part in _by_size(batch):
-                more = self._rows([entry for entry in part if not entry.gone], False, counts)
+        for entries, paged in queue.read_parts(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
+            for more in self._ready_rows(entries, paged, counts):
                 rows += more
                 size += sum(map(len, more))
                 if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
@@ -449,12 +451,21 @@ class OpLogShipper:
                 return
         follower.joined = True
 
+    def _ready_rows(self, entries: list["Entry"], paged: list["IndexEntry"],
+                    counts: Mapping[int, int]) -> Iterator[list[bytes]]:
+        """The rows of a batch of ready entries (``Queue.read_parts``), a run of about ``FRAME_BYTES`` of bodies at
+        a time, each read when it is reached."""
+        for first, end in _by_size([entry.message.body_size for entry in entries]):
+            yield self._rows([entry for entry in entries[first:end] if not entry.gone], False, counts)
+        for first, end in _by_size([row.size for row in paged]):
+            yield self._paged_rows(paged[first:end], counts)
+
     def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
         """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
         records, read a run of neighbours at a time and never into their messages (a snapshot of a deep queue
         brings no body into memory, nor into the store's read cache).  One the store lacks has no row: the
         leader's state drops it when it reaches it."""
-        stored = [entry.message for entry in entries if entry.message.body is None]
+        stored = [entry.message.msg_id for entry in entries if entry.message.body is None]
         records = iter(self.groups.broker.persistence.records(stored) if stored else ())
         rows = []
         for entry in entries:
@@ -467,6 +478,15 @@ class OpLogShipper:
                 rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255),
                                        entry.message.body_size, len(record)) + record)
         return rows
+
+    def _paged_rows(self, paged: list["IndexEntry"], counts: Mapping[int, int]) -> list[bytes]:
+        """``_rows`` of ready entries on disk, from their index rows (no entry made for them).  One whose message
+        is in the transient store has no row, as one the store lacks."""
+        paged = [row for row in paged if not row.transient]
+        records = self.groups.broker.persistence.records([row.msg_id for row in paged]) if paged else []
+        pack = ENTRY.pack
+        return [pack(ENTRY_OP, row.seq, row.expiry, False, min(counts.get(row.seq, 0), 255), row.size, len(record))
+                + record for row, record in zip(paged, records) if record is not None]
 
     def _stop_snapshot(self, follower: Follower) -> None:
         if follower.snapshot is not None:
