@@ -116,6 +116,26 @@ class Locations:
         chunk.size[i] = size
         chunk.refs[i] = refs
 
+    def put_run(self, msg_ids: range, segment: int, offsets: "np.ndarray", sizes: "np.ndarray", refs: int) -> None:
+        """``put`` of consecutive ids in one segment (records written at once), a chunk's slice at a time."""
+        done = 0
+        while done < len(msg_ids):
+            number, slot = msg_ids[done] >> CHUNK_BITS, msg_ids[done] & _SLOT
+            count = min(len(msg_ids) - done, CHUNK - slot)
+            chunk = self._chunks.get(number)
+            if chunk is None:
+                chunk = self._chunks[number] = _Chunk()
+            here = slice(slot, slot + count)
+            refs_here = _view(chunk.refs)
+            new = int(np.count_nonzero(refs_here[here] == ABSENT))
+            chunk.live += new
+            self._count += new
+            _view(chunk.segment)[here] = segment
+            _view(chunk.offset)[here] = offsets[done:done + count]
+            _view(chunk.size)[here] = sizes[done:done + count]
+            refs_here[here] = refs
+            done += count
+
     def put_records(self, segment: int, records: bytes) -> tuple[list[tuple[int, int]], int, int]:
         """Recovery: a segment's records from its sidecar ((msg_id, offset, size) as machine u64s), refs 0,
         a chunk at a time.  Returns the (segment, size) of the locations this replaced (records copied by a

@@ -26,6 +26,7 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Sequence
 
 from array import array
 
@@ -219,6 +220,14 @@ class MessageStore:
             self._reserve()
         return msg_id
 
+    def new_ids(self, count: int) -> range:
+        """``count`` ids in a row, as ``new_id`` hands them out one by one (``write_many``'s)."""
+        first = self.next_id
+        self.next_id += count
+        if self.next_id > self._reserved:
+            self._reserve()
+        return range(first, self.next_id)
+
     def _reserve(self) -> None:
         """Record, durably, a block of ids as handed out, so no id is reused after a restart.
 
@@ -269,6 +278,45 @@ class MessageStore:
         if current.size + len(self._tail) >= self.segment_size:
             self.flush()
             self._open_new_segment()
+
+    def write_many(self, msg_ids: range, records: Sequence[bytes | memoryview], refs: int) -> None:
+        """``write`` of each record as its own payload, under the id of the same place in ``msg_ids``: the same
+        bytes and locations as those writes one by one, the small records of a segment joining the tail at once
+        (a follower's snapshot rows, a frame's in one call)."""
+        i, count = 0, len(records)
+        while i < count:
+            if len(records[i]) >= WRITE_THROUGH:  # (a large one: ``write``'s way, from its own buffer)
+                self.write(msg_ids[i], (records[i],), refs)
+                i += 1
+                continue
+            current = self.current
+            assert current is not None  # opened by finish_recovery, before any write
+            room = self.segment_size - current.size - len(self._tail)
+            end, used = i, 0  # the run the segment takes: up to the record that fills it, as ``write`` would
+            while end < count and used < room and len(records[end]) < WRITE_THROUGH:
+                used += HEAD_SIZE + len(records[end])
+                end += 1
+            self._append_run(current, msg_ids[i:end], records[i:end], refs)
+            if current.size + len(self._tail) >= self.segment_size:
+                self.flush()
+                self._open_new_segment()
+            i = end
+
+    def _append_run(self, segment: Segment, msg_ids: range, records: Sequence[bytes | memoryview], refs: int) -> None:
+        """Small records, heads before them, joining the tail in one append; their locations a run of arrays."""
+        number, tail = segment.number, self._tail
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        at = len(tail) + np.cumsum(sizes + HEAD_SIZE) - sizes  # each payload's place in the tail, after its head
+        heads = [encode_head(msg_id, (record,), number) for msg_id, record in zip(msg_ids, records)]
+        tail += b"".join(itertools.chain.from_iterable(zip(heads, records)))
+        self._tail_ids.update(zip(msg_ids, zip(at.tolist(), sizes.tolist())))
+        offsets = at + segment.size
+        self.index.put_run(msg_ids, number, offsets, sizes, refs)
+        if self._records is not None:
+            ids = np.arange(msg_ids.start, msg_ids.stop, dtype=np.uint64)
+            self._records.frombytes(np.column_stack((ids, offsets, sizes)).astype(np.uint64).tobytes())
+        segment.live += len(records)
+        self.writes += len(records)
 
     def add_ref(self, msg_id: int, count: int = 1) -> None:
         self.index.add_refs(msg_id, count)

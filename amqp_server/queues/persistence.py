@@ -162,10 +162,10 @@ class Persistence:
         """Fill a recovered message's route, header and body from the store."""
         message.fill_from(self.store.read(message.msg_id))
 
-    def records(self, messages: list[Message]) -> list[bytes | None]:
+    def records(self, msg_ids: list[int]) -> list[bytes | None]:
         """The store's records of stored messages (what ``load_body`` fills them from), read a run of neighbours
         at a time and left out of the messages and the read cache; None for one the store lacks."""
-        return self.store.read_many([message.msg_id for message in messages], sys.maxsize)
+        return self.store.read_many(msg_ids, sys.maxsize)
 
     def load_head(self, message: Message) -> None:
         """Fill a recovered message's route and header from the store, its body left there (to be sent from

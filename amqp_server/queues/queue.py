@@ -33,6 +33,8 @@ from .ready_list import CONSUMED_WINDOW, MIN_WINDOW, ReadyList, TransientPages
 from ..stats import MessageStats
 
 if TYPE_CHECKING:
+    from queue_index import IndexEntry
+
     from .persistence import Persistence, QueueRows
     from .policy import Policy
     from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
@@ -800,20 +802,26 @@ class Queue:
             found.extend(batch)
         return found
 
-    def read_range(self, start: int, end: int, step: int, limit: int | None = None,
-                   load: bool = True) -> Iterator[list[Entry]]:
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
         """``browse`` a batch of at most ``step`` entries at a time, so a long read can let others run
-        between batches while the queue changes: each batch is what is ready when it is read.  ``load``: with
-        the bodies on disk loaded (else they stay there, for a reader of the store's records)."""
+        between batches while the queue changes: each batch is what is ready when it is read."""
         remaining = limit
         for entries in self.ready.range_slices(start, end, step):
-            batch = self.readable(entries, remaining, load)
+            batch = self.readable(entries, remaining)
             if batch:
                 yield batch
             if remaining is not None:
                 remaining -= len(batch)
                 if remaining <= 0:
                     return
+
+    def read_parts(self, start: int, end: int, step: int) -> Iterator[tuple[list[Entry], list[IndexEntry]]]:
+        """``read_range`` with no body loaded, each batch as its ready entries in memory and the index rows of
+        those on disk (``ReadyList.range_parts``: no entry is made for them), for a reader of the store's
+        records (a quorum queue's snapshot)."""
+        for entries, rows in self.ready.range_parts(start, end, step):
+            now = now_ms()
+            yield self.readable(entries, load=False), [row for row in rows if not row.expiry or row.expiry > now]
 
     def readable(self, entries: Iterable[Entry], limit: int | None = None, load: bool = True) -> list[Entry]:
         """Of ``entries``, those still ready and unexpired, at most ``limit``, bodies loaded if ``load``."""

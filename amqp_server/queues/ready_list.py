@@ -661,23 +661,33 @@ class ReadyList:
     def range_slices(self, start: int, end: int, step: int) -> Iterator[list[Entry]]:
         """The entries with ``start <= seq < end``, at most ``step`` at a time in seq order, dead ones included:
         those in memory below the first on disk, then from where they ended on, what is there when asked."""
+        for entries, rows in self.range_parts(start, end, step):
+            yield sorted([*entries, *map(self.paged_entry, rows)], key=_seq) if rows else sorted(entries, key=_seq)
+
+    def range_parts(self, start: int, end: int, step: int) -> Iterator[tuple[list[Entry], list[IndexEntry]]]:
+        """``range_slices``, each slice as its entries in memory and the index rows of those on disk, with no
+        entry made for these (a reader of their records in the store: a quorum queue's snapshot)."""
         first_on_disk = self.first_paged(start)  # memory up to there first (a priority queue's interleave)
         memory = self.span(start, end if first_on_disk is None else min(end, first_on_disk))
         cursor = start
         for i in range(0, len(memory), step):
-            yield memory[i:i + step]
+            yield memory[i:i + step], []
             cursor = memory[min(i + step, len(memory)) - 1].seq + 1
         while cursor < end:
             # entries at or above cursor: any paged in or requeued since (in memory), then those on disk
             entries = [entry for entry in islice(self.from_seq(cursor), step) if entry.seq < end]
-            if self.paged:
-                entries.extend(self.paged_entry(row) for row in self.paged_rows(cursor, step) if row.seq < end)
-            if not entries:
+            rows = [row for row in self.paged_rows(cursor, step) if row.seq < end] if self.paged else []
+            if not entries and not rows:
                 return
-            entries.sort(key=_seq)
-            entries = entries[:step]
-            cursor = entries[-1].seq + 1
-            yield entries
+            if entries and rows:  # the first ``step`` of both (each has at most that many)
+                seqs = sorted([*(entry.seq for entry in entries), *(row.seq for row in rows)])
+                last = seqs[min(step, len(seqs)) - 1]
+                entries = [entry for entry in entries if entry.seq <= last]
+                rows = [row for row in rows if row.seq <= last]
+            else:
+                last = max(item.seq for item in entries or rows)
+            cursor = last + 1
+            yield entries, rows
 
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` on in delivery order, without taking them (their bodies may be on disk).

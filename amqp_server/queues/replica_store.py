@@ -10,7 +10,7 @@ commit (``persistence``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from queue_index import FLAG_DELIVERED, Totals
@@ -52,6 +52,15 @@ class ReplicaStore:
         msg_id = self.store.new_id()
         self.store.write(msg_id, (record,), 1)
         self.index.publish(index_id, seq, msg_id, expiry, size, held, returns=returns)
+
+    def store_rows(self, index_id: int, rows: Sequence[tuple[int, bytes | memoryview, int, int, bool, int]]) -> None:
+        """``store_row`` of each of ``rows`` (seq, record, expiry, size, held, returns), the records written in one
+        call: a snapshot's frame of rows (``oplog.apply``)."""
+        msg_ids = self.store.new_ids(len(rows))
+        self.store.write_many(msg_ids, [row[1] for row in rows], 1)
+        publish = self.index.publish
+        for msg_id, (seq, _, expiry, size, held, returns) in zip(msg_ids, rows):
+            publish(index_id, seq, msg_id, expiry, size, held, returns=returns)
 
     def delivered(self, index_id: int, seq: int) -> None:
         self.index.mark_delivered(index_id, seq)

@@ -427,9 +427,7 @@ class StreamQueue(Queue):
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         return self.read(self.first + offset if after is None else after.seq + 1, count)
 
-    def read_range(self, start: int, end: int, step: int, limit: int | None = None,
-                   load: bool = True) -> Iterator[list[Entry]]:
-        """(Entries read from the log come whole: ``load`` changes nothing.)"""
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]:
         cursor, remaining = max(start, self.first), limit
         while cursor < min(end, self.next_seq) and (remaining is None or remaining > 0):
             want = step if remaining is None else min(step, remaining)

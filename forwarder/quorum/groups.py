@@ -54,7 +54,7 @@ from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
 from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP, RESET_OP, History,
-                    OpLogShipper, check_copy, skip)
+                    OpLogShipper, SpareRows, check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -123,6 +123,7 @@ class Incoming:
     at: int
     state: State = field(default_factory=State)
     frames: int = 0  # of it taken so far
+    rows: SpareRows = field(default_factory=SpareRows)
 
 
 @dataclass
@@ -1059,7 +1060,8 @@ class QuorumGroups:
         incoming = group.incoming
         assert incoming is not None  # (a MORE frame of it)
         incoming.frames += 1
-        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first)
+        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
+                                      spare=incoming.rows)
 
     def _install(self, group: Group, incoming: Incoming) -> int:
         """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the

@@ -26,7 +26,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
-from amqp_server.payload import body_size
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.quorum_machine import CHECKS
 from amqp_server.queues.quorum_ops import ENQUEUE_FROM_OP, ENQUEUE_OP, LogOp, decode, encode, enqueue_fields
@@ -36,6 +35,8 @@ from ..peers import node_link as link
 from ..peers.remote_queue import Window
 
 if TYPE_CHECKING:
+    from queue_index import IndexEntry
+
     from amqp_server.queues.replica_store import ReplicaStore
     from amqp_server.ports import ConfirmSink
     from amqp_server.queues.queue import Entry
@@ -50,8 +51,8 @@ HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; t
 ACKED = struct.Struct(">QQQBH")
 
 # a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned,
-# record length; then the record
-ENTRY = struct.Struct(">BQQBBI")
+# its body's size, record length; then the record
+ENTRY = struct.Struct(">BQQBBII")
 ENTRY_OP = 20
 # a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
 # a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
@@ -96,24 +97,34 @@ def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
     yield start, len(ops)
 
 
-def _by_size(entries: list["Entry"]) -> Iterator[list["Entry"]]:
-    """``entries`` in runs whose bodies come to about ``FRAME_BYTES``: what a snapshot reads into memory at once."""
+def _by_size(sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of the runs of entries whose bodies (of ``sizes``) come to about ``FRAME_BYTES``: what a
+    snapshot reads into memory at once."""
     start = size = 0
-    for i, entry in enumerate(entries):
-        if i > start and size + entry.message.body_size > FRAME_BYTES:
-            yield entries[start:i]
+    for i, body in enumerate(sizes):
+        if i > start and size + body > FRAME_BYTES:
+            yield start, i
             start, size = i, 0
-        size += entry.message.body_size
-    if start < len(entries):
-        yield entries[start:]
+        size += body
+    if start < len(sizes):
+        yield start, len(sizes)
 
 
 def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
     """A snapshot's row for ``entry``."""
     head, route, header, body = entry.message.payload()
     size = len(head) + len(route) + len(header) + len(body)
-    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), size), head, route,
-                     header, body))
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(body), size), head,
+                     route, header, body))
+
+
+@dataclass
+class SpareRows:
+    """A snapshot's rows in the spare they come into, which its RESET empties: the highest seq written there so far.
+    A row above it cannot be there yet, so it is written with no lookup; one at or below it may be (an entry read
+    ready, then held by the time the held rows, the last, are read)."""
+
+    top: int = -1
 
 
 @dataclass
@@ -424,9 +435,8 @@ class OpLogShipper:
 
         rows: list[bytes] = []
         size = 0
-        for batch in queue.read_range(0, 1 << 63, SNAPSHOT_CHUNK, load=False):  # entries that arrive meanwhile too
-            for part in _by_size(batch):
-                more = self._rows([entry for entry in part if not entry.gone], False, counts)
+        for entries, paged in queue.read_parts(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
+            for more in self._ready_rows(entries, paged, counts):
                 rows += more
                 size += sum(map(len, more))
                 if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
@@ -448,12 +458,21 @@ class OpLogShipper:
         follower.joined = True
         self._answered(follower)
 
+    def _ready_rows(self, entries: list["Entry"], paged: list["IndexEntry"],
+                    counts: Mapping[int, int]) -> Iterator[list[bytes]]:
+        """The rows of a batch of ready entries (``Queue.read_parts``), a run of about ``FRAME_BYTES`` of bodies at
+        a time, each read when it is reached."""
+        for first, end in _by_size([entry.message.body_size for entry in entries]):
+            yield self._rows([entry for entry in entries[first:end] if not entry.gone], False, counts)
+        for first, end in _by_size([row.size for row in paged]):
+            yield self._paged_rows(paged[first:end], counts)
+
     def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
         """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
         records, read a run of neighbours at a time and never into their messages (a snapshot of a deep queue
         brings no body into memory, nor into the store's read cache).  One the store lacks has no row: the
         leader's state drops it when it reaches it."""
-        stored = [entry.message for entry in entries if entry.message.body is None]
+        stored = [entry.message.msg_id for entry in entries if entry.message.body is None]
         records = iter(self.groups.broker.persistence.records(stored) if stored else ())
         rows = []
         for entry in entries:
@@ -463,9 +482,18 @@ class OpLogShipper:
                 continue
             record = next(records)
             if record is not None:
-                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(record))
-                            + record)
+                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255),
+                                       entry.message.body_size, len(record)) + record)
         return rows
+
+    def _paged_rows(self, paged: list["IndexEntry"], counts: Mapping[int, int]) -> list[bytes]:
+        """``_rows`` of ready entries on disk, from their index rows (no entry made for them).  One whose message
+        is in the transient store has no row, as one the store lacks."""
+        paged = [row for row in paged if not row.transient]
+        records = self.groups.broker.persistence.records([row.msg_id for row in paged]) if paged else []
+        pack = ENTRY.pack
+        return [pack(ENTRY_OP, row.seq, row.expiry, False, min(counts.get(row.seq, 0), 255), row.size, len(record))
+                + record for row, record in zip(paged, records) if record is not None]
 
     def _stop_snapshot(self, follower: Follower) -> None:
         if follower.snapshot is not None:
@@ -641,15 +669,16 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
 
 
 def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
-          first: int, bounds: list[int] | None = None) -> tuple[machine.State, int]:
+          first: int, bounds: list[int] | None = None, spare: SpareRows | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
     the copy's; its rows, and the storage effects of the ops that follow it, are carried out idempotently (a
     row the copy has is kept as it is).  The wire has no leader's clock: an op's ``Meta`` has this node's
     (no op's outcome depends on it).  An Enqueue, most of a log, is applied from its fields (``machine.enqueue``),
-    its row written with no op or effect made for it.  ``bounds``: where each log op starts and ends in
-    ``payload`` is added to it."""
+    its row written with no op or effect made for it; a frame's snapshot rows are written together.  ``bounds``:
+    where each log op starts and ends in ``payload`` is added to it.  ``spare``: a snapshot coming into a spare
+    (its rows above its ``top`` need no lookup)."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
@@ -668,17 +697,27 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     now = _now()
     has, store = replicas.has, replicas.store_row
     stored = False  # rows ``store`` wrote, staged once at the end
+    rows: list[tuple[int, memoryview, int, int, bool, int]] = []  # snapshot rows to write (``store_rows``)
+    top = spare.top if spare is not None else 1 << 64  # (else every row is looked up)
     while pos < end:
         kind = data[pos]
         if kind == ENTRY_OP:
-            _, seq, expiry, held, returns, size = ENTRY.unpack_from(data, pos)
+            _, seq, expiry, held, returns, size, length = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
-            if not has(index_id, seq):
-                record = data[pos:pos + size]
-                store(index_id, seq, record, expiry, body_size(record), bool(held), returns)
+            fresh = seq > top
+            if fresh:
+                top = seq
+            elif rows:  # (those before it first: it may be among them)
+                replicas.store_rows(index_id, rows)
+                rows = []
+            if fresh or not has(index_id, seq):
+                rows.append((seq, data[pos:pos + length], expiry, size, bool(held), returns))
                 stored = True
-            pos += size
+            pos += length
             continue
+        if rows:
+            replicas.store_rows(index_id, rows)
+            rows = []
         start = pos
         if kind == ENQUEUE_OP or kind == ENQUEUE_FROM_OP:  # the hot path: no op, no effect (``machine.enqueue``)
             seq, expiry, at, pos, size, enqueuer, publish = enqueue_fields(data, start)
@@ -694,6 +733,10 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         if bounds is not None:
             bounds += (start, pos)
         count += 1
+    if rows:
+        replicas.store_rows(index_id, rows)
+    if spare is not None:
+        spare.top = top
     if stored:
         replicas.persistence.stage()
     return state, count

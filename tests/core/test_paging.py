@@ -248,6 +248,22 @@ async def test_peek_offsets_range_reads_and_commit_across_memory_and_disk(core, 
 
 
 @pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}])
+async def test_read_parts_are_read_range_with_the_entries_on_disk_as_their_index_rows(core, vhost, arguments):
+    """A quorum queue's snapshot reads the entries on disk as their index rows (no entry made for each): the same
+    entries in the same batches as ``read_range``, those in memory as they are."""
+    core.declare_queue(vhost, "q", durable=True, arguments=arguments)
+    queue = vhost.queue("q")
+    send(core, vhost, "q", bodies(100))
+    assert queue.ready.paged and queue.ready.entries  # (some on disk, some in memory)
+    slices = [[(e.seq, e.message.msg_id, e.message.body_size) for e in batch] for batch in queue.read_range(3, 97, 7)]
+    parts = list(queue.read_parts(3, 97, 7))
+    assert [sorted([*((e.seq, e.message.msg_id, e.message.body_size) for e in entries),
+                    *((row.seq, row.msg_id, row.size) for row in rows)]) for entries, rows in parts] == slices
+    assert any(rows for _, rows in parts) and any(entries for entries, _ in parts)
+    assert all(entry.message.body is not None for entries, _ in parts for entry in entries)
+
+
+@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 9}])
 async def test_a_peek_in_steps_reads_as_one_peek_across_memory_and_disk(core, vhost, arguments):
     """The HTTP peek reads a slice per loop turn, each going on after the last entry of the one before (no walk
     from the head again): the same entries, in delivery order, as one peek."""

@@ -678,7 +678,7 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
         snapshot.next_seq = 2
         state, row = encode_state(snapshot), record(b"new")
         groups.replicate(session, frame(3, 20, MARK.pack(RESET_OP, len(state)), state,
-                                        ENTRY.pack(ENTRY_OP, 1, 0, 0, 0, len(row)), row))
+                                        ENTRY.pack(ENTRY_OP, 1, 0, 0, 0, 3, len(row)), row))
         spare = group.spare
         assert spare and group.incoming is not None and group.incoming.at == 20
         assert (group.index_id, group.position) == (old, (3, 10))

@@ -443,6 +443,33 @@ def small_link_frames(monkeypatch) -> None:
     monkeypatch.setattr(quorum_log, "FRAME_BYTES", 100_000)
 
 
+async def test_a_snapshots_rows_come_into_its_spare_once_each_whatever_comes_twice(network):
+    """A follower writes a snapshot's rows above the highest it wrote with no lookup, a frame's at once: a seq that
+    comes again (read ready, then among the held rows at the end, the highest among them) keeps the row it has,
+    and its message is in the store once, as when every row was looked up."""
+    n3 = network.nodes["n3"].broker
+    record = b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), b"body").payload())
+    state = quorum_log.machine.encode_state(quorum_log.machine.State())
+
+    def rows(*seqs: int, held: bool = False) -> list[bytes]:
+        return [quorum_log.ENTRY.pack(quorum_log.ENTRY_OP, seq, 0, held, 0, 4, len(record)) + record for seq in seqs]
+
+    frames = [b"".join([quorum_log.MARK.pack(quorum_log.RESET_OP, len(state)), state, *rows(1, 2, 3)]),
+              b"".join([quorum_log.MARK.pack(quorum_log.MORE_OP, 0), *rows(4), *rows(2, 4, 5, held=True)])]
+    copies = []
+    for spare in (quorum_log.SpareRows(), None):  # (None: each row looked up, as a frame of ops' rows are)
+        index_id = n3.next_index_id()
+        records = len(n3.persistence.store.index)
+        for frame in frames:
+            quorum_log.apply(quorum_log.machine.State(), n3.replicas, index_id, frame, 0, 7, spare=spare)
+        n3.persistence.index.commit()
+        copies.append([(row.seq, row.delivered, n3.persistence.store.read(row.msg_id))
+                       for row in n3.persistence.index.entries(index_id)])
+        assert len(n3.persistence.store.index) - records == 5
+    assert copies[0] == copies[1] == [(1, False, record), (2, False, record), (3, False, record), (4, False, record),
+                                      (5, True, record)]
+
+
 async def test_a_snapshot_of_large_messages_goes_in_frames_a_link_takes(network, monkeypatch):
     """Finding: a snapshot's rows went 4,096 to a frame whatever their size, so a follower of a queue holding
     4,096 messages of 64 KiB was sent a frame its link refuses (above 256 MiB): the link closed, the follower

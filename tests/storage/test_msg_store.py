@@ -99,6 +99,43 @@ def test_many_messages_distinct_payloads(tmp_path):
     store.close()
 
 
+def test_write_many_is_the_same_as_writes_one_by_one(tmp_path):
+    """A follower writes a snapshot's frame of rows at once: the segment files, the locations, the sidecars and the
+    ids handed out are those of the same records written one by one (small ones and large ones, across
+    segments and chunks of ids)."""
+    rng = random.Random(3)
+    records = [rng.randbytes(rng.choice((0, 40, 100, 300, 70_000))) for _ in range(120)]
+    records += [rng.randbytes(20) for _ in range(4200)]  # (ids across a chunk of the locations)
+    stores = []
+    for way in ("one by one", "many"):
+        store = new_store(tmp_path / way, segment_size=20_000, sidecars=True)
+        put(store, b"before")
+        if way == "many":
+            for start in range(0, len(records), 1000):
+                run = records[start:start + 1000]
+                store.write_many(store.new_ids(len(run)), run, 1)
+        else:
+            for record in records:
+                put(store, record)
+        put(store, b"after")
+        store.sync()
+        stores.append(store)
+    one, many = stores
+    assert one.next_id == many.next_id and one.writes == many.writes
+    assert seg_files(tmp_path / "one by one") == seg_files(tmp_path / "many")
+    for number in seg_files(tmp_path / "many"):
+        with open(segment_path(str(tmp_path / "one by one"), number), "rb") as a, \
+                open(segment_path(str(tmp_path / "many"), number), "rb") as b:
+            assert a.read() == b.read()
+    for msg_id in range(one.next_id):
+        assert one.index.get(msg_id) == many.index.get(msg_id)
+    assert one.take_sealed() == many.take_sealed()
+    many.cache.clear()
+    assert [many.read(msg_id) for msg_id in range(2, 2 + len(records))] == records
+    one.close()
+    many.close()
+
+
 # -- refcounts -----------------------------------------------------------------------------------
 
 
