@@ -237,10 +237,9 @@ class PriorityReadyList(ReadyList):
         self.entries.count += 1
         self.came_back(entry)
 
-    def release_body(self, entry: Entry) -> None:
+    def last_in_memory(self, entry: Entry) -> bool:
         level = self.entries.levels[self.entries.index_of(entry)]  # type: ignore[arg-type]  # (LeveledEntry)
-        if level and level[-1] is entry:
-            self._leave_body(entry)
+        return bool(level) and level[-1] is entry
 
     # -- what is on disk ------------------------------------------------------------------------
 

@@ -231,13 +231,14 @@ class ReadyList:
     def release_body(self, entry: Entry) -> None:
         """The entry just appended leaves its body to the store (``Queue.release_body``) if it is still the last
         in memory (not delivered, dropped, or gone to disk already)."""
-        entries = self.entries
-        if entries and entries[-1] is entry:
-            self._leave_body(entry)
+        if self.last_in_memory(entry):
+            entry.message = entry.message.without_body()
+            self.unheld += entry.message.body_size
 
-    def _leave_body(self, entry: Entry) -> None:
-        entry.message = entry.message.without_body()
-        self.unheld += entry.message.body_size
+    def last_in_memory(self, entry: Entry) -> bool:
+        """``entry`` is the last appended in memory (a priority queue's: of its level)."""
+        entries = self.entries
+        return bool(entries) and entries[-1] is entry
 
     def pop_head(self) -> Entry | None:
         """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""

@@ -112,7 +112,7 @@ class GroupsHost(Protocol):
 
 
 @dataclass
-class Incoming:
+class IncomingSnapshot:
     """A snapshot coming in from the leader of ``term``: the state as it stood at index ``at``, the rows of the
     queue's entries then, the ops since.  It is written under the copy's spare index id, beside the copy it
     replaces, which stays whole meanwhile (it stands in elections, may lead, and may yet be caught up from a
@@ -135,14 +135,14 @@ class Group:
     members: list[str]
     record: QueueRecord
     index_id: int = 0  # this node's copy, if a member
-    spare: int = 0  # the index id a snapshot comes into (``Incoming``), once one has
+    spare: int = 0  # the index id a snapshot comes into (``IncomingSnapshot``), once one has
     state: State = field(default_factory=State)  # that copy's state (the leader's queue applies ops to it)
     leader: str = ""
     term: int = 0  # the term this node follows (0: none, during an election)
     over: int = 0  # the latest term known to be over (its key gone): a node that names its leader is behind
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
-    incoming: Incoming | None = None  # a snapshot coming in
+    incoming: IncomingSnapshot | None = None  # a snapshot coming in
     vouched: tuple[int, int] = (0, 0)  # where the copy stood whole before its restart found it lost messages
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
@@ -1048,7 +1048,7 @@ class QuorumGroups:
         persistence.waiters.add(self)
 
     def _take_snapshot(self, group: Group, term: int, first: int, payload: bytes, pos: int) -> None:
-        """A snapshot's frame, its start or more of its rows, goes into the spare (``Incoming``): our copy
+        """A snapshot's frame, its start or more of its rows, goes into the spare (``IncomingSnapshot``): our copy
         neither moves nor answers until it ends."""
         if payload[pos] == RESET_OP:
             if not group.spare:
@@ -1056,14 +1056,14 @@ class QuorumGroups:
                 saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
                 # (LMDB syncs it now: before the group commit that holds the spare's first rows)
                 self.broker.store.put(REPLICA, group.key, {**saved, "spare": group.spare})
-            group.incoming = Incoming(term, first)  # (its Restore clears what a snapshot begun before left)
+            group.incoming = IncomingSnapshot(term, first)  # (its Restore clears what a snapshot begun before left)
         incoming = group.incoming
         assert incoming is not None  # (a MORE frame of it)
         incoming.frames += 1
         incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
                                       spare=incoming.rows)
 
-    def _install(self, group: Group, incoming: Incoming) -> int:
+    def _install(self, group: Group, incoming: IncomingSnapshot) -> int:
         """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the
         copy it replaces becomes the spare; the index id of that, whose rows the caller removes once the new
         copy's position is staged (its first: a restart before a commit holds it keeps the old copy,
