@@ -147,7 +147,8 @@ class Group:
     leader_lease: int = 0  # the etcd lease the leader holds its key under
     asked: tuple[int, int, float] = (0, 0, 0.0)  # (term, index) we last asked to catch up from, on a gap, and when
     replicator: OpLogShipper | None = None
-    acks: list[tuple[int, "PeerSession", int]] = field(default_factory=list)  # (batch, to, index) to answer
+    # (batch, to, term, index) to answer: the term of the leader whose ops those are, which alone may count them
+    acks: list[tuple[int, "PeerSession", int, int]] = field(default_factory=list)
     electing: asyncio.Task | None = None
     rechecking: asyncio.Task | None = None  # asking etcd who leads (``_recheck``)
     hinted: bool = False  # the leader followed is one another node named (``_hinted``), not etcd's key yet
@@ -1044,7 +1045,7 @@ class QuorumGroups:
             self.broker.replicas.clear(replaced)
         if CHECKS:
             check_copy(group.state, self.broker.replicas, index_id, payload, pos)
-        group.acks.append((persistence.batch, session, group.applied))
+        group.acks.append((persistence.batch, session, term, group.applied))
         persistence.waiters.add(self)
 
     def _take_snapshot(self, group: Group, term: int, first: int, payload: bytes, pos: int) -> None:
@@ -1098,8 +1099,8 @@ class QuorumGroups:
             sent = None
             while acks and acks[0][0] <= batch:
                 sent = acks.pop(0)
-            if sent is not None:
-                group.unsent = (group.term, sent[1], sent[2])
+            if sent is not None:  # (ops of a term over by now are answered to nobody: ``_acknowledge``)
+                group.unsent = (sent[2], sent[1], sent[3])
                 if not group.ballot_out:
                     self._acknowledge(group)
             waiting = waiting or bool(acks)

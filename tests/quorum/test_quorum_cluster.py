@@ -722,6 +722,43 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
             broker.close()
 
 
+async def test_a_followers_answer_counts_only_for_the_term_whose_ops_it_took(tmp_path):
+    """A follower's copy is durable only once a group commit has it; should it follow another term by then (a
+    leader re-elected after a restart that lost ops it had shipped, a follower paused past the election), its
+    answer must not say that term's: the leader would count ops of its earlier term at those indexes as its
+    new ones on this copy, and confirm what one copy alone has."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from amqp_server.broker import Broker
+    from amqp_server.records import QueueRecord
+    from forwarder.quorum.groups import Group, QuorumGroups
+    from forwarder.quorum.oplog import ACKED, ADOPT_OP, HEAD, MARK
+    from forwarder.peers.owner_side import PeerSession
+
+    broker = Broker(str(tmp_path / "data"))
+    try:
+        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
+        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), index_id=broker.next_index_id(),
+                      leader="leader", term=3, applied_term=2, applied=10)
+        groups.groups[group.key] = group
+        sent: list[tuple] = []
+        session = cast(PeerSession, SimpleNamespace(link=SimpleNamespace(peer_name="leader",
+                                                                     send=lambda *parts: sent.append(parts))))
+        key = group.key.encode()
+        groups.replicate(session, HEAD.pack(3, 11, len(key)) + key + MARK.pack(ADOPT_OP, 2))  # (term 3's ops)
+        assert group.acks and group.position == (3, 10)
+        group.term = 4  # (the same node leads again, in term 4, before the commit is on disk)
+        groups.synced(broker.persistence.batch)
+        assert not sent
+        group.term = 3
+        groups.replicate(session, HEAD.pack(3, 11, len(key)) + key)  # (an empty frame at the next index)
+        groups.synced(broker.persistence.batch)
+        assert [ACKED.unpack_from(parts[1])[:2] for parts in sent] == [(3, 10)]
+    finally:
+        broker.close()
+
+
 def publish_until_confirmed(node: BrokerProcess, queue: str, bodies: list[bytes], timeout: float = 30.0) -> int:
     """Publish each message with a confirm, sending it again after a nack, a closed channel or a closed
     connection, until every one is confirmed; how many nacks that took."""
