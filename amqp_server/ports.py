@@ -100,6 +100,7 @@ class Replicator(Protocol[OpT]):
     core only hands them over, in the order it applied them."""
 
     index: int  # the index in its term's log of the latest op appended
+    term: int  # the leader's: what its checkouts are named by, with their seqs (``Checkout.term``)
 
     def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
         """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""

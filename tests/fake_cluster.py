@@ -547,7 +547,7 @@ class Client:
         self.tag += 1
         self.unacked[self.tag] = (entry, consumer.queue, consumer)
         self.received.append(entry.message.body)
-        seq = getattr(consumer.queue, "taken", {}).get(entry, (None, entry.seq))[1]
+        seq = getattr(consumer.queue, "taken", {}).get(entry, (None, (entry.seq, 0)))[1][0]
         self.events.append((next(CLOCK), "redeliver" if entry.redelivered else "deliver", entry.message.body, seq))
 
     def cancelled_by_broker(self, consumer: Any) -> None:

@@ -209,8 +209,8 @@ class Messages:
         change of leader unaware.  The settles the old one kept for a leader to come are carried out.  Returns
         the new object's entry for each held one; None: not taken back (it stays with the old one, where a
         settle does nothing)."""
-        seqs, parked = old.release(consumer, held)
-        taken = new.take_consumer(consumer, [*zip(held, seqs), *((entry, seq) for _, entry, seq, _ in parked)])
+        checked, parked = old.release(consumer, held)
+        taken = new.take_consumer(consumer, [*zip(held, checked), *((entry, c) for _, entry, c, _ in parked)])
         for (mode, _, _, modified), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
             if entry is not None:  # (counted off the consumer's prefetch then)
                 self.settle_as([(entry, new, None)], mode, modified)

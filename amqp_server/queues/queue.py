@@ -41,13 +41,17 @@ if TYPE_CHECKING:
     from .queue_type import QueueType
 
 # what the rest of the node takes from a queue
-__all__ = ["AnyQueue", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSettle", "QueueHost", "SettleMode"]
+__all__ = ["AnyQueue", "Checked", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSettle", "QueueHost",
+           "SettleMode"]
 
 # how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
 # (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
 SettleMode = Literal["ack", "requeue", "reject", "release"]
-# a settle kept for the queue's next leader: mode, entry, its seq, a modified outcome's annotations (b"": none)
-ParkedSettle = tuple[SettleMode, Entry, int, bytes]
+# an entry a consumer holds as a quorum queue's leader checked it out: (seq, term), the pair that names one message
+# in every copy (``quorum_ops.Checkout``); a term of 0 names none (not known: never taken back)
+Checked = tuple[int, int]
+# a settle kept for the queue's next leader: mode, entry, its checkout, a modified outcome's annotations (b"": none)
+ParkedSettle = tuple[SettleMode, Entry, Checked, bytes]
 RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
 RESETTLE_MAX = 10_000  # of them at most
 
@@ -182,9 +186,9 @@ class AnyQueue(Protocol):
         """How many times ``entry`` came back counted (a quorum queue's x-delivery-count): an AMQP 1.0 reader's
         header ``delivery-count``; 0 where a queue counts none."""
 
-    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]: ...
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]: ...
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         ...
 
     # settle
@@ -562,24 +566,34 @@ class Queue:
     def returns(self, entry: Entry) -> int:
         return 0
 
-    def adopt(self, seqs: list[int]) -> list[Entry | None]:
+    def adopt(self, held: list[Checked]) -> list[Entry | None]:
         """A consumer that outlived a change of leader takes back what it held (a quorum queue's); here, none."""
-        return [None] * len(seqs)
+        return [None] * len(held)
 
-    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
+    @property
+    def term(self) -> int:
+        """The term a replicated queue's leader checks entries out in (``Checked``); 0 for the others."""
+        return 0
+
+    def holds(self, checked: Checked) -> bool:
+        """Whether a consumer may hold ``checked`` here: a quorum queue's entry checked out in that term (a
+        classic queue's consumers never move)."""
+        return False
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
         """A consumer of the object that stood for this queue before (a quorum queue's leader moved) goes on
-        with this one, taking back what it holds (``held``: its entries there, and their seqs in the queue):
-        the entries that stand for them here (None: not taken back)."""
+        with this one, taking back what it holds (``held``: its entries there, and their checkouts in the
+        queue): the entries that stand for them here (None: not taken back)."""
         consumer.queue = self
         consumer.counted = self.counts_deliveries
         self.add_consumer(consumer)
-        return self.adopt([seq for _, seq in held])
+        return self.adopt([checked for _, checked in held])
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's
-        seqs of the entries it holds, and the settles (their mode; entry, seq) it made that
-        this object kept for the queue's next leader (a proxy's)."""
-        return [entry.seq for entry in entries], []
+        checkouts of the entries it holds, and the settles (their mode; entry, checkout) it made that this
+        object kept for the queue's next leader (a proxy's).  Here, none that a next leader could take back."""
+        return [(entry.seq, 0) for entry in entries], []
 
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         """basic.get: the head entry, or None (``sends_from``: as ``took``'s)."""

@@ -173,7 +173,9 @@ class State:
 
     next_seq: int = 0  # above every seq the queue has given out
     ready: SeqSet = field(default_factory=SeqSet)  # ready entries, in order
-    checked_out: set[int] = field(default_factory=set)  # held by consumers until settled or returned
+    # held by consumers until settled or returned: the term each was checked out in (``Checkout.term``; 0: not
+    # known, read back from rows), which with its seq names the message a consumer holds
+    checked_out: dict[int, int] = field(default_factory=dict)
     dead: dict[int, str] = field(default_factory=dict)  # at-least-once dead letters no queue took yet: reason
     counts: dict[int, int] = field(default_factory=dict)  # times an entry came back (its x-delivery-count), if any
     delivery_limit: int | None = None  # returned more often than this: dead-lettered (delivery_limit)
@@ -201,7 +203,7 @@ class State:
         return self.counts.get(seq, 0)
 
     def copy(self) -> "State":
-        return State(self.next_seq, self.ready.copy(), set(self.checked_out), dict(self.dead), dict(self.counts),
+        return State(self.next_seq, self.ready.copy(), dict(self.checked_out), dict(self.dead), dict(self.counts),
                      self.delivery_limit, self.at_least_once, dict(self.enqueuers), dict(self.sizes),
                      dict(self.expiries), self.bytes, list(self.deadlines))
 
@@ -241,7 +243,7 @@ class State:
         ready = state.ready
         for seq, out, returns in rows:
             if out:
-                state.checked_out.add(seq)
+                state.checked_out[seq] = 0
             else:
                 ready.add(seq)
             if returns:
@@ -521,7 +523,7 @@ def _checkout(op: Checkout, state: State) -> Effects:
         state.counts.pop(seq, None)
         _forget(state, (seq,))
         return (Remove([seq]),)
-    state.checked_out.add(seq)
+    state.checked_out[seq] = op.term
     return (Held(seq),)
 
 
@@ -530,7 +532,7 @@ def _settle(op: Settle, state: State) -> Effects:
     gone = []
     for seq in op.seqs:
         if seq in checked_out:
-            checked_out.remove(seq)
+            del checked_out[seq]
             counts.pop(seq, None)
             gone.append(seq)
     if not gone:
@@ -552,7 +554,7 @@ def _return(op: Return, state: State) -> Effects:
     for seq in sorted(op.seqs):
         if seq not in checked_out:
             continue
-        checked_out.remove(seq)
+        del checked_out[seq]
         returns = counts.get(seq, 0) + op.counted
         if limit is not None and returns > limit:  # (its count stays: it did not go back)
             over.append(seq)
@@ -590,7 +592,7 @@ def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
         if ready.discard(seq):
             from_ready.append(seq)
         elif seq in checked_out:
-            checked_out.remove(seq)
+            del checked_out[seq]
             from_out.append(seq)
     _unready(state, from_ready)
     effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
@@ -644,7 +646,7 @@ def _purge(op: Purge, state: State) -> Effects:
             _unready(state, range(start, end))
             _forget(state, range(start, end))
     else:  # (what is left is out of the ready list)
-        kept = state.checked_out | state.dead.keys()
+        kept = state.checked_out.keys() | state.dead.keys()
         state.sizes = {seq: size for seq, size in state.sizes.items() if seq in kept}
         state.expiries = {seq: when for seq, when in state.expiries.items() if seq in kept}
         state.bytes = 0
@@ -657,7 +659,7 @@ def _recover(op: Recover, state: State) -> Effects:
     if op.seqs is None:
         out, waiting = set(checked_out), set(dead)
     else:
-        out, waiting = checked_out.intersection(op.seqs), dead.keys() & set(op.seqs)
+        out, waiting = checked_out.keys() & set(op.seqs), dead.keys() & set(op.seqs)
     rows = []
     for seq in out:
         counts[seq] = counts.get(seq, 0) + 1
@@ -669,7 +671,8 @@ def _recover(op: Recover, state: State) -> Effects:
         expiry = expiries.get(seq)
         if expiry:
             _add_deadline(state, seq, expiry)
-    checked_out -= out
+    for seq in out:
+        del checked_out[seq]
     for seq in waiting:
         del dead[seq]
     return (Unhold(rows),) if rows else ()
@@ -707,9 +710,8 @@ _APPLY: Final[Mapping[type, Callable[[Any, State], Effects]]] = MappingProxyType
 # -- the state as bytes (a snapshot's first frame; a clean shutdown's saved state) -----------------
 
 _HEAD = struct.Struct(">QqBIIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
-# runs (start, end), checked out (seq), dead (seq, reason), counts (seq, count), enqueuers (id, next seq)
+# runs (start, end), checked out (seq, term), dead (seq, reason), counts (seq, count), enqueuers (id, next seq)
 _PAIR = struct.Struct(">QQ")
-_SEQ = struct.Struct(">Q")
 _DEAD = struct.Struct(">QB")
 
 
@@ -718,7 +720,7 @@ def encode_state(state: State) -> bytes:
     parts = [_HEAD.pack(state.next_seq, limit, state.at_least_once, len(state.ready.starts),
                         len(state.checked_out), len(state.dead), len(state.counts), len(state.enqueuers))]
     parts.extend(_PAIR.pack(start, end) for start, end in state.ready.runs())
-    parts.extend(_SEQ.pack(seq) for seq in sorted(state.checked_out))
+    parts.extend(_PAIR.pack(seq, term) for seq, term in sorted(state.checked_out.items()))
     parts.extend(_DEAD.pack(seq, REASONS.index(reason)) for seq, reason in sorted(state.dead.items()))
     parts.extend(_PAIR.pack(seq, count) for seq, count in sorted(state.counts.items()))
     parts.extend(_PAIR.pack(enqueuer, publish) for enqueuer, publish in state.enqueuers.items())
@@ -734,8 +736,9 @@ def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
         state.ready.add_run(*_PAIR.unpack_from(data, pos))
         pos += _PAIR.size
     for _ in range(out):
-        state.checked_out.add(_SEQ.unpack_from(data, pos)[0])
-        pos += _SEQ.size
+        seq, term = _PAIR.unpack_from(data, pos)
+        state.checked_out[seq] = term
+        pos += _PAIR.size
     for _ in range(dead):
         seq, reason = _DEAD.unpack_from(data, pos)
         state.dead[seq] = REASONS[reason]

@@ -33,10 +33,14 @@ class Enqueue:
 
 @dataclass(slots=True)
 class Checkout:
-    """The ready entry ``seq`` goes to a consumer (or basic.get); ``settled``: no-ack, it leaves at once."""
+    """The ready entry ``seq`` goes to a consumer (or basic.get); ``settled``: no-ack, it leaves at once.
+    ``term``: the leader's that checks it out.  Only that leader gives out ``seq`` in that term, so the pair
+    names one message in every copy that has the op, where a seq alone may name another message in a copy
+    that never had the entry a deposed leader gave out (``QuorumQueue.adopt``)."""
 
     seq: int
     settled: bool = False
+    term: int = 0
 
 
 @dataclass(slots=True)
@@ -116,12 +120,13 @@ LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettere
 
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
  PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP, MODIFIED_RETURN_OP,
- MODIFIED_DEAD_LETTER_OP) = range(1, 17)
+ MODIFIED_DEAD_LETTER_OP, CHECKOUT_IN_OP) = range(1, 18)
 # seq, expiry, record length, the body's size (a copy need not read it from the record); then the record (the
 # message as a store keeps it)
 ENQUEUE = struct.Struct(">BQQII")
 ENQUEUE_FROM = struct.Struct(">BQQIIQQ")  # from a window of publishes: ENQUEUE's fields, its enqueuer, its seq there
-SEQ = struct.Struct(">BQ")  # checkout (settled or not) of a seq; purge below a seq
+SEQ = struct.Struct(">BQ")  # a settled checkout of a seq (and one of no term, before terms); purge below a seq
+CHECKOUT = struct.Struct(">BQQ")  # a checkout of a seq, in a term
 SEQS = struct.Struct(">BI")  # settle, expire, dead-lettered, recover some: a count, then that many seqs
 RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
 DEAD_LETTER = struct.Struct(">BBI")  # a reason (REASONS), a count, then the seqs
@@ -184,11 +189,16 @@ def enqueue_fields(data: memoryview, pos: int) -> tuple[int, int, int, int, int,
 
 
 def _encode_checkout(op: Checkout) -> bytes:
-    return SEQ.pack(CHECKOUT_SETTLED_OP if op.settled else CHECKOUT_OP, op.seq)
+    if op.settled:
+        return SEQ.pack(CHECKOUT_SETTLED_OP, op.seq)
+    return CHECKOUT.pack(CHECKOUT_IN_OP, op.seq, op.term)
 
 
 def _decode_checkout(data: memoryview, pos: int) -> tuple[LogOp, int]:
     kind, seq = SEQ.unpack_from(data, pos)
+    if kind == CHECKOUT_IN_OP:
+        _, seq, term = CHECKOUT.unpack_from(data, pos)
+        return Checkout(seq, False, term), pos + CHECKOUT.size
     return Checkout(seq, kind == CHECKOUT_SETTLED_OP), pos + SEQ.size
 
 
@@ -279,8 +289,8 @@ _ENCODERS: Final[Mapping[type, Callable[[Any], bytes]]] = MappingProxyType({
     Recover: _encode_recover, Configure: _encode_configure})
 _DECODERS: Final[Mapping[int, Callable[[memoryview, int], tuple[LogOp, int]]]] = MappingProxyType({
     ENQUEUE_OP: _decode_enqueue, ENQUEUE_FROM_OP: _decode_enqueue, CHECKOUT_OP: _decode_checkout,
-    CHECKOUT_SETTLED_OP: _decode_checkout, SETTLE_OP: _SETTLE[1], RETURN_OP: _decode_return,
-    RELEASE_OP: _decode_return, MODIFIED_RETURN_OP: _decode_modified_return, EXPIRE_OP: _EXPIRE[1],
-    DEAD_LETTER_OP: _decode_dead_letter, MODIFIED_DEAD_LETTER_OP: _decode_modified_dead_letter,
+    CHECKOUT_SETTLED_OP: _decode_checkout, CHECKOUT_IN_OP: _decode_checkout, SETTLE_OP: _SETTLE[1],
+    RETURN_OP: _decode_return, RELEASE_OP: _decode_return, MODIFIED_RETURN_OP: _decode_modified_return,
+    EXPIRE_OP: _EXPIRE[1], DEAD_LETTER_OP: _decode_dead_letter, MODIFIED_DEAD_LETTER_OP: _decode_modified_dead_letter,
     DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
     RECOVER_OP: _decode_recover, RECOVER_SOME_OP: _RECOVER_SOME[1], CONFIGURE_OP: _decode_configure})

@@ -44,7 +44,7 @@ from ..framing import header_table
 from stream_log import amqp10
 from . import quorum_machine as machine
 from ..message import Message
-from .queue import RESETTLE_AGE, RESETTLE_MAX, Consumer, Entry, ParkedSettle, Queue, SettleMode
+from .queue import RESETTLE_AGE, RESETTLE_MAX, Checked, Consumer, Entry, ParkedSettle, Queue, SettleMode
 from .ready import SETTLED
 from .quorum_ops import LogOp
 
@@ -79,15 +79,14 @@ class QuorumQueue(Queue):
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._grace_timer: asyncio.TimerHandle | None = None
         self._grace_until = 0.0  # (loop time) the latest ``_grace_over`` may wait for an unreached member
-        self._handover_next = 0  # a new leader's next seq when it took over: below it, seqs mean what they meant
         # a member's node is out of reach but may come back, or came back just now (set by the cluster): its
         # consumers may yet take back what they hold
         self.unreached: Callable[[], bool] = lambda: False
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
-        # (when, how, seq, a modified outcome's annotations) of the latest acks and rejects: for the next leader
-        self._settled_lately: deque[tuple[float, SettleMode, int, bytes]] = deque(maxlen=RESETTLE_MAX)
+        # (when, how, checkout, a modified outcome's annotations) of the latest acks and rejects: for the next leader
+        self._settled_lately: deque[tuple[float, SettleMode, Checked, bytes]] = deque(maxlen=RESETTLE_MAX)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
         self._configure(apply=False)
@@ -131,7 +130,7 @@ class QuorumQueue(Queue):
         and waiting dead letters, and its ready ones as many as the state's."""
         state = self.state
         problems = []
-        held, out = self.held.keys(), state.checked_out | state.dead.keys()
+        held, out = self.held.keys(), state.checked_out.keys() | state.dead.keys()
         if held != out:
             problems.append(f"held but not out: {sorted(held - out)[:10]}, out but not held: {sorted(out - held)[:10]}")
         ready = self.ready
@@ -242,7 +241,6 @@ class QuorumQueue(Queue):
             self.run(machine.Recover(sorted(state.dead)))
         if not state.checked_out:
             return
-        self._handover_next = state.next_seq
         self._awaiting = awaiting = set(state.checked_out)
         ready = self.ready
         while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
@@ -267,33 +265,33 @@ class QuorumQueue(Queue):
         self.unacked_bytes += size
         return True
 
-    def adopt(self, seqs: list[int]) -> list[Entry | None]:
-        """A consumer that outlived the change of leader takes back what it held under ``seqs``: the entries
-        still waiting for it, and those still ready here that the previous leader gave it without getting the
-        delivery onto a majority (None for the others: settled before, or returned after the grace period, or
-        given to another consumer since).  The caller counts them against the consumer's prefetch, and settles
-        them as any it delivered."""
-        awaiting, held, ready = self._awaiting, self.held, self.state.ready
+    def adopt(self, held: list[Checked]) -> list[Entry | None]:
+        """A consumer that outlived the change of leader takes back what it held (its checkouts, ``held``): the
+        entries still waiting for it that this copy has checked out in the same term (None for the others:
+        settled before, returned after the grace period, or given out by a leader whose op this copy never had,
+        which the next delivers again, as RabbitMQ delivers what its leader had not committed).  A seq alone
+        will not do: a copy that never had a deposed leader's entry may have given its seq to another message,
+        which the consumer's ack would then remove undelivered.  The caller counts them against the consumer's
+        prefetch, and settles them as any it delivered."""
+        awaiting, entries = self._awaiting, self.held
         found: list[Entry | None] = []
-        for seq in seqs:
-            if seq in awaiting and seq in held:
+        for checked in held:
+            seq = checked[0]
+            if seq in awaiting and seq in entries and self.holds(checked):
                 awaiting.discard(seq)
-                found.append(held[seq])
-            elif seq < self._handover_next and seq in ready:  # (a seq made since may stand for another message)
-                found.append(self._take_ready(seq))
+                found.append(entries[seq])
             else:
                 found.append(None)
         return found
 
-    def _take_ready(self, seq: int) -> Entry | None:
-        """The ready entry ``seq`` is checked out, as a delivery takes one, wherever it is in the ready list."""
-        entry = self.ready.take_out(seq)
-        if entry is None:
-            return None
-        self.unacked += 1
-        self.unacked_bytes += entry.message.body_size
-        self.run(machine.Checkout(seq), [entry])
-        return entry
+    def holds(self, checked: Checked) -> bool:
+        seq, term = checked
+        return term > 0 and self.state.checked_out.get(seq) == term
+
+    @property
+    def term(self) -> int:
+        """The term this leader checks entries out in (0 on a single node: no other leader takes them back)."""
+        return self.replicator.term if self.replicator is not None else 0
 
     def _grace_over(self) -> None:
         """What no consumer took back goes back in its place, counted as returned — once no member's node that may
@@ -528,7 +526,7 @@ class QuorumQueue(Queue):
         seq = entry.seq
         self._taken_count = (seq, self.state.counts.get(seq, 0))  # (no-ack: the state forgets it now)
         self.took(entry, no_ack)
-        self.run(machine.Checkout(seq, no_ack), (entry,))
+        self.run(machine.Checkout(seq, no_ack, self.term), (entry,))
         return entry
 
     def settle(self, entries: list[Entry]) -> None:
@@ -545,19 +543,20 @@ class QuorumQueue(Queue):
     def _remember(self, mode: SettleMode, seqs: list[int], annotations: bytes = b"") -> None:
         """A settle this leader may not get onto a majority before it is deposed (``release``)."""
         if self.replicator is not None:
-            now = asyncio.get_running_loop().time()
-            self._settled_lately.extend((now, mode, seq, annotations) for seq in seqs)
+            now, out = asyncio.get_running_loop().time(), self.state.checked_out
+            self._settled_lately.extend((now, mode, (seq, out.get(seq, 0)), annotations) for seq in seqs)
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
         hold, the settles made here lately: this leader may not have got them onto a majority, and the next
         would otherwise deliver those messages again (RabbitMQ's consumers send theirs again to a new leader).
         The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once."""
-        seqs, _ = super().release(consumer, entries)
+        out = self.state.checked_out
         oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
         lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
-        return seqs, [(mode, Entry(0, SETTLED), seq, annotations) for when, mode, seq, annotations in lately
-                      if when >= oldest]
+        return ([(entry.seq, out.get(entry.seq, 0)) for entry in entries],
+                [(mode, Entry(0, SETTLED), checked, annotations) for when, mode, checked, annotations in lately
+                 if when >= oldest])
 
     def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery

@@ -164,7 +164,7 @@ class ReplicaStore:
                 ends = np.concatenate((ready[cuts] + 1, ready[-1:] + 1))
                 for start, end in zip(starts.tolist(), ends.tolist()):
                     state.ready.add_run(start, end)
-            state.checked_out.update(seqs[held].tolist())
+            state.checked_out.update(dict.fromkeys(seqs[held].tolist(), 0))  # (the terms are not kept)
             returns = flags >> RETURNS_SHIFT
             counted = returns != 0
             state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))

@@ -21,7 +21,7 @@ from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
 from amqp_server.message import Message
-from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Consumer, Entry, Queue
+from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, Queue
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.broker.vhost import home_node_down
@@ -379,51 +379,41 @@ class PeerSession:
         if accepts is not None:
             queue.filter_consumer(consumer, accepts)
         self.consumers[consumer_id] = consumer
-        reply: dict[str, Any] = {"id": consumer_id, "error": None}
+        # ``term``: what the deliveries through this consumer are checked out in (``Checked``)
+        reply: dict[str, Any] = {"id": consumer_id, "error": None, "term": queue.term}
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
-            self._resettle(queue, request.get("settled") or [])
-            reply["tags"] = self._adopt(consumer, request["adopt"], request["buffered"])
+            self._resettle(queue, request.get("settled"))
+            reply["tags"] = self._adopt(consumer, request["adopt"], request.get("buffered"))
             if isinstance(request.get("was"), int):
                 self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
 
-    def _resettle(self, queue: Queue, settled: list[list[int]]) -> None:
-        """Settles a consumer sent the previous leader (mode, the queue's seq), sent again: those of entries
-        still kept for a consumer to take back (``QuorumQueue.adopt``; the previous leader had not replicated
-        them) are carried out; the others were, or the entry is no longer the consumer's: nothing to do."""
-        by_mode: dict[int, list[int]] = {}
-        for mode, seq in settled[:RESETTLE_MAX]:
-            if mode in range(len(link.SETTLE_MODES)) and isinstance(seq, int):
-                by_mode.setdefault(mode, []).append(seq)
-        node, orphans = self.link.peer_name, self.orphans
-        for mode, seqs in by_mode.items():
-            found = [kept or orphans.take(node, queue, seq) for kept, seq in zip(queue.adopt(seqs), seqs)]
+    def _resettle(self, queue: Queue, settled: Any) -> None:
+        """Settles a consumer sent the previous leader (mode, the queue's seq and the term it was checked out
+        in), sent again: those of entries still kept for a consumer to take back (``QuorumQueue.adopt``; the
+        previous leader had not replicated them) are carried out; the others were, or the entry is no longer
+        the consumer's: nothing to do."""
+        by_mode: dict[int, list[Checked]] = {}
+        for settle in settled[:RESETTLE_MAX] if isinstance(settled, list) else ():
+            if isinstance(settle, list) and len(settle) == 3 and settle[0] in range(len(link.SETTLE_MODES)):
+                by_mode.setdefault(settle[0], []).append(_checked(settle[1:]))
+        for mode, held in by_mode.items():
+            found = self._taken_back(queue, held, queue.adopt(held))
             taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
 
-    def _adopt(self, consumer: Consumer, seqs: list[int], buffered: int) -> list[int]:
-        """The entries of ``seqs`` the queue kept for a consumer of the previous leader become this consumer's
-        unacked, under new tags (0: not taken back; its client's settle of it is a no-op); ``buffered`` of
-        them are not yet passed to the client (the link's credit counts them).  So do those of them that this
-        link's consumers consuming here before held (the consumer's node told it to consume again here, as if
-        the leader had changed: a change of term it heard late, a retry crossing a change of leader): left to
-        consumers that are gone, they would stay unacked for good."""
-        seqs = [seq if type(seq) is int else -1 for seq in seqs] if isinstance(seqs, list) else []  # (a peer's)
+    def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> list[int]:
+        """The entries the queue kept for a consumer of the previous leader (``held``: their checkouts) become
+        this consumer's unacked, under new tags (0: not taken back; its client's settle of it is a no-op);
+        ``buffered`` of them are not yet passed to the client (the link's credit counts them)."""
+        checked = [_checked(c) for c in held] if isinstance(held, list) else []  # (a peer's)
         buffered = buffered if type(buffered) is int and buffered >= 0 else 0
         queue = consumer.queue
         local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
-        found = local.adopt(seqs) if local is not None else [None] * len(seqs)
+        found = self._taken_back(local, checked, local.adopt(checked)) if local is not None else [None] * len(checked)
         unacked = self.unacked
-        if None in found:
-            gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
-                    if held_in is queue and holder is not None and holder not in queue.consumers}
-            found = [entry if entry is not None or seq not in gone else unacked.pop(gone[seq])[0]
-                     for entry, seq in zip(found, seqs)]
-        if None in found and local is not None:  # (and what it held when its node's link fell silent)
-            node = self.link.peer_name
-            found = [entry or self.orphans.take(node, local, seq) for entry, seq in zip(found, seqs)]
         tags = []
         for entry in found:
             if entry is None:
@@ -435,6 +425,25 @@ class PeerSession:
             tags.append(tag)
         cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
         return tags
+
+    def _taken_back(self, queue: Queue, held: list[Checked], found: list[Entry | None]) -> list[Entry | None]:
+        """Besides what ``queue`` kept for a consumer to take back (``found``), the entries of ``held`` that this
+        link's consumers consuming here before held (the consumer's node told it to consume again here, as if
+        the leader had changed: a change of term it heard late, a retry crossing a change of leader), and those
+        its node's consumers held when its link fell silent (``Orphans``): left to consumers that are gone, they
+        would stay unacked for good.  Each only if checked out here in the term the consumer names."""
+        if None not in found:
+            return found
+        unacked, node = self.unacked, self.link.peer_name
+        gone = {entry.seq: tag for tag, (entry, held_in, holder) in unacked.items()
+                if held_in is queue and holder is not None and holder not in queue.consumers}
+        taken: list[Entry | None] = []
+        for entry, checked in zip(found, held):
+            if entry is None and queue.holds(checked):
+                seq = checked[0]
+                entry = unacked.pop(gone[seq])[0] if seq in gone else self.orphans.take(node, queue, seq)
+            taken.append(entry)
+        return taken
 
     def _local_queue(self, vhost_name: str, name: str) -> Queue:
         vhost = self.broker.vhosts.get(vhost_name)
@@ -534,6 +543,13 @@ class PeerSession:
         for queue in queues:
             if not queue.deleted:
                 queue.deliver_ready()
+
+
+def _checked(value: Any) -> Checked:
+    """A checkout as a peer names it, ``[seq, term]``; (-1, 0), which names none, if it is not that."""
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int and v >= 0 for v in value):
+        return value[0], value[1]
+    return -1, 0
 
 
 def _filters(filter_set: Any) -> Callable[[Message], bool] | None:

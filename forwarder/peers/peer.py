@@ -20,7 +20,7 @@ from amqp_server import errors, publisher_flow
 from amqp_server.broker.vhost import home_node_down
 from amqp_server.message import Message
 from amqp_server.queues.quorum_machine import CHECKS, Broken
-from amqp_server.queues.queue import Consumer, Entry
+from amqp_server.queues.queue import Checked, Consumer, Entry
 
 from . import node_link as link
 from .remote_queue import Publish, RemoteConsumer, RemoteQueue
@@ -191,10 +191,11 @@ class Peer:
         self.link.send_message(ftype, link.PUBLISH_HEAD.pack(seq, len(qid_block)) + qid_block, message)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer:
+                adopt: list[Checked] | None = None, settled: list[tuple[int, Checked]] | None = None
+                ) -> RemoteConsumer:
         """Consume at the owner; ``remote``: a consumer of a quorum queue that outlived a change of leader,
-        consuming again at the new one, which takes back what it holds (the queue's seqs ``adopt``) and
-        applies the settles it sent lately (``settled``: (mode, seq)) that the previous leader had not
+        consuming again at the new one, which takes back what it holds (the queue's checkouts ``adopt``) and
+        applies the settles it sent lately (``settled``: (mode, checkout)) that the previous leader had not
         replicated; ``was``, its id before: what else it held under that id is not coming back to it."""
         was = None
         if remote is None:
@@ -212,7 +213,8 @@ class Peer:
                 "prefetch": 0 if consumer.no_ack else consumer.prefetch,
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
-                request.update(adopt=adopt, buffered=len(remote.buffer), settled=settled or [], was=was)
+                request.update(adopt=adopt, buffered=len(remote.buffer),
+                               settled=[[mode, *checked] for mode, checked in settled or ()], was=was)
             if consumer.filter_set is not None:
                 request["filter_set"] = base64.b64encode(consumer.filter_set).decode()
             self.link.send(link.CONSUME, link.encode_json(request))
@@ -352,7 +354,9 @@ class Peer:
             return
         queue, remote = found
         message = link.read_message(payload, link.DELIVER_HEAD.size)
-        queue.delivered(remote, Entry(tag, message, bool(redelivered)), seq)
+        # (through an earlier consume of it: checked out in a term it no longer knows, never taken back)
+        term = 0 if self._stale(consumer_id, remote) else remote.term
+        queue.delivered(remote, Entry(tag, message, bool(redelivered)), (seq, term))
 
     def _stale(self, consumer_id: int, remote: RemoteConsumer) -> bool:
         """``consumer_id`` here is an earlier consume of ``remote``, which consumed again since (a quorum queue's
@@ -374,6 +378,8 @@ class Peer:
         # with its link, or never sent: its link was down then)
         again = remote.accepted.done() or "tags" in reply
         if error is None:
+            term = reply.get("term")
+            remote.term = term if type(term) is int and term >= 0 else 0
             if not remote.accepted.done():
                 remote.accepted.set_result(None)
             if again:

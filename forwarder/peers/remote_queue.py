@@ -17,7 +17,7 @@ from amqp_server.broker.vhost import LEADER_WAIT
 from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
-from amqp_server.queues.queue import RESETTLE_AGE, RESETTLE_MAX, AnyQueue, Consumer, Entry, ParkedSettle
+from amqp_server.queues.queue import RESETTLE_AGE, RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, ParkedSettle
 from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.queue_type import REPLICATED, QueueType
@@ -235,7 +235,7 @@ class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
     __slots__ = ("id", "owner", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries",
-                 "settled")
+                 "settled", "term")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
@@ -252,17 +252,18 @@ class RemoteConsumer:
         self.adopting: list[Entry] = []
         self.parked: list[tuple[int, Entry, bytes]] = []  # (mode, entry, a modified outcome's annotations)
         self.tries = 0
-        # its latest settles sent to the leader (loop time, mode, the queue's seq): sent again to the next one,
-        # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
-        self.settled: deque[tuple[float, int, int]] = deque(maxlen=RESETTLE_MAX)
+        # its latest settles sent to the leader (loop time, mode, the queue's checkout): sent again to the next
+        # one, which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
+        self.settled: deque[tuple[float, int, Checked]] = deque(maxlen=RESETTLE_MAX)
+        self.term = 0  # what the owner checks out its deliveries under ``id`` in (its answer to consuming)
 
-    def resettles(self) -> list[list[int]]:
-        """(mode, seq) of the settles sent in the last ``RESETTLE_AGE`` seconds."""
+    def resettles(self) -> list[tuple[int, Checked]]:
+        """(mode, checkout) of the settles sent in the last ``RESETTLE_AGE`` seconds."""
         settled = self.settled
         oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
         while settled and settled[0][0] < oldest:
             settled.popleft()
-        return [[mode, seq] for _, mode, seq in settled]
+        return [(mode, checked) for _, mode, checked in settled]
 
 
 class Owner(Protocol):
@@ -278,7 +279,8 @@ class Owner(Protocol):
     def enqueue(self, queue: RemoteQueue, publish: Publish) -> bool: ...
 
     def consume(self, queue: RemoteQueue, consumer: Consumer, remote: RemoteConsumer | None = None,
-                adopt: list[int] | None = None, settled: list[list[int]] | None = None) -> RemoteConsumer: ...
+                adopt: list[Checked] | None = None, settled: list[tuple[int, Checked]] | None = None
+                ) -> RemoteConsumer: ...
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
@@ -326,7 +328,7 @@ class RemoteQueue:
         self.replicated = REPLICATED in queue_type.capabilities
         # a quorum queue's deliveries not yet settled: the consumer, and the entry's seq in the queue (what a
         # new leader takes back for it)
-        self.taken: dict[Entry, tuple[RemoteConsumer, int]] = {}
+        self.taken: dict[Entry, tuple[RemoteConsumer, Checked]] = {}
         # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
         self.recheck: Callable[[], None] | None = None
         self.leads: Callable[[], bool] | None = None  # a quorum queue's: whether its node is the leader known here
@@ -427,11 +429,11 @@ class RemoteQueue:
         self.consumers.leave(consumer)
         self.by_consumer.pop(consumer, None)
 
-    def delivered(self, remote: RemoteConsumer, entry: Entry, seq: int) -> None:
-        """A delivery from the owner (``seq``: the entry's in the queue): straight to the client if it has
-        credit, else in the buffer."""
+    def delivered(self, remote: RemoteConsumer, entry: Entry, checked: Checked) -> None:
+        """A delivery from the owner (``checked``: the entry's checkout in the queue): straight to the client if
+        it has credit, else in the buffer."""
         if self.replicated:
-            self.taken[entry] = (remote, seq)
+            self.taken[entry] = (remote, checked)
         remote.buffer.append(entry)
         self._drain(remote)
 
@@ -541,7 +543,7 @@ class RemoteQueue:
         remote.accepted.set_exception(error)
         self.remove_consumer(remote.consumer)
 
-    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, int]]) -> list[Entry | None]:
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
         """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
         leader takes back what it holds, under the same entries."""
         consumer.queue = self
@@ -549,15 +551,16 @@ class RemoteQueue:
         self.consumers.join(consumer)
         remote = self.by_consumer[consumer] = RemoteConsumer(0, consumer)
         remote.accepted.set_result(None)
-        for entry, seq in held:
-            if seq >= 0:
-                self.taken[entry] = (remote, seq)
+        for entry, checked in held:
+            if checked[1] > 0:
+                self.taken[entry] = (remote, checked)
         self._attach(remote)
-        return [entry if seq >= 0 else None for entry, seq in held]
+        return [entry if checked[1] > 0 else None for entry, checked in held]
 
-    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[int], list[ParkedSettle]]:
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """The consumer goes on with the queue's new object (this node leads it now): gone from the old
-        leader, uncancelled; the queue's seqs of the entries it holds (-1: unknown), and its parked settles."""
+        leader, uncancelled; the queue's checkouts of the entries it holds ((-1, 0): unknown), and its parked
+        settles."""
         self.consumers.leave(consumer)
         remote = self.by_consumer.pop(consumer, None)
         parked: list[ParkedSettle] = []
@@ -570,12 +573,13 @@ class RemoteQueue:
                 if found is not None:
                     parked.append((link.SETTLE_MODES[mode], entry, found[1], modified))
             # (and, sent again, its latest settles: no entry here stands for them any more)
-            parked.extend((link.SETTLE_MODES[mode], Entry(0, SETTLED), seq, b"") for mode, seq in remote.resettles())
-        seqs = []
+            parked.extend((link.SETTLE_MODES[mode], Entry(0, SETTLED), checked, b"")
+                          for mode, checked in remote.resettles())
+        held = []
         for entry in entries:
             found = self.taken.pop(entry, None)
-            seqs.append(found[1] if found is not None else -1)
-        return seqs, parked
+            held.append(found[1] if found is not None else (-1, 0))
+        return held, parked
 
     # -- settling -----------------------------------------------------------------------------
 

@@ -775,8 +775,8 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
     a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
     :class:`machine.Broken` names the frame's ops."""
     rows = replicas.copy_state(index_id)
-    out = state.checked_out | state.dead.keys()
-    if rows.ready == state.ready and rows.checked_out == out:
+    out = state.checked_out.keys() | state.dead.keys()
+    if rows.ready == state.ready and rows.checked_out.keys() == out:
         return
     data, end, ops = memoryview(payload), len(payload), []
     if pos < end and data[pos] >= RESET_OP:

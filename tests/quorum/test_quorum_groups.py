@@ -706,27 +706,67 @@ async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapsho
 
 
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
-    """A consumer that outlived the change of leader takes back, by seq, what it held: it stays checked out, as
-    the consumer's; what no consumer took back within the grace period is returned, counted, and one back
-    later still takes it while it is ready; an unknown seq is refused."""
+    """A consumer that outlived the change of leader takes back what it held, named by seq and the term it was
+    checked out in: it stays checked out, as the consumer's; what no consumer took back within the grace
+    period is returned, counted, and one back later takes it back no more (it goes to a consumer again); an
+    unknown seq, or a known one of another term, is refused."""
     node = await declared(network)
     publish(node, bodies(20))
     queue = queue_of(node)
     kept, left = take(queue), take(queue)
+    term = queue.term
     await copies_agree(network)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
     new = queue_of(the_leader(network))
-    assert new.state.checked_out == {kept.seq, left.seq} and new.message_count == 18
-    taken, unknown = new.adopt([kept.seq, new.next_seq + 7])
-    assert taken is not None and taken.message.body == kept.message.body and unknown is None
-    await wait_for(lambda: new.state.checked_out == {kept.seq}, "the grace period over")
+    assert new.state.checked_out == {kept.seq: term, left.seq: term} and new.message_count == 18
+    taken, unknown, other_term = new.adopt([(kept.seq, term), (new.next_seq + 7, term), (left.seq, term + 1)])
+    assert taken is not None and taken.message.body == kept.message.body and unknown is other_term is None
+    await wait_for(lambda: new.state.checked_out == {kept.seq: term}, "the grace period over")
     assert new.state.count(left.seq) == 1 and new.message_count == 19
-    late, = new.adopt([left.seq])  # (in its place again: the same message)
-    assert late is not None and late.message.body == left.message.body and new.message_count == 18
-    new.settle([taken, late])  # their acks, after the change, count
-    assert await copies_agree(network) == bodies(20)[2:]
-    assert new.state.messages == 18 and new.unacked == 0
+    assert new.adopt([(left.seq, term)]) == [None]  # (ready again: it is delivered again)
+    new.settle([taken])  # its ack, after the change, counts
+    assert await copies_agree(network) == bodies(20)[1:]
+    assert new.state.messages == 19 and new.unacked == 0
+
+
+async def test_a_consumer_back_after_two_changes_of_leader_takes_back_no_other_message_under_its_seq(network):
+    """n1 gives its consumer a message (seq 10) that no other copy ever gets, and is cut off from everything;
+    n2 or n3 leads, gives seq 10 to another message, confirms it, checks one out, and dies; the third copy
+    leads with that one ready.  n1 comes back, and its consumer, which outlived both changes, asks to take
+    back what it holds.  A seq alone would name the other message there, which its ack would then remove
+    undelivered; a seq and the term of its checkout, which no copy but n1's has, names nothing there.  Every
+    confirmed message reaches a consumer."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the first confirmed")
+    for other in ("n2", "n3"):
+        network.hold("n1", other)
+    publish(node, [b"n1's only"])
+    client = Client(node).consume()
+    await wait_for(lambda: len(client.received) == 11, "n1's consumer holding all eleven")
+    node.client.unreachable = True
+    for other in ("n2", "n3"):
+        network.cut("n1", other)
+        network.release("n1", other)  # (nothing: what it held back went with the cut)
+    await wait_for(lambda: leader(network) not in (None, node), "n2 or n3 leading")
+    second = the_leader(network)
+    later = Confirms()
+    publish(second, [b"confirmed"], later)
+    await wait_for(lambda: later.acked() == [1], "its confirm")
+    assert queue_of(second).state.ready.first() == 0 and queue_of(second).state.next_seq == 11
+    take(queue_of(second))  # (a checkout the third copy has too: it keeps it for a consumer to take back)
+    shipper = replicator_of(second)
+    await wait_for(lambda: shipper.committed >= shipper.index, "the checkout committed")
+    await network.kill(second.name)
+    node.client.unreachable = False
+    for other in ("n2", "n3"):
+        network.heal("n1", other)
+    third = next(name for name in NAMES if name not in ("n1", second.name))
+    await wait_for(lambda: leader(network) is network.nodes[third], f"{third} leading")
+    await network.start_node(second.name)
+    await drained(network, client, [*bodies(10), b"confirmed"])
 
 
 async def test_a_modified_outcomes_annotations_are_in_every_copy_and_the_next_leader_delivers_them(network):
@@ -1636,7 +1676,7 @@ async def test_what_a_node_that_never_comes_back_held_comes_back_after_the_grace
     pause(network, "n2")
     other = Client(network.nodes["n3"], prefetch=50).consume()
     await wait_for(lambda: other.ack() >= 0 and len(other.received) == 150, "the others")
-    assert held <= queue_of(node).state.checked_out and not set(client.received) & set(other.received)
+    assert held <= queue_of(node).state.checked_out.keys() and not set(client.received) & set(other.received)
     await drained(network, other, sent)
 
 
@@ -1870,14 +1910,21 @@ async def test_what_a_cut_off_nodes_consumer_held_waits_for_it_past_the_grace(ne
     assert not set(client.received) & set(other.received), "delivered to both"
 
 
-async def test_a_consume_again_whose_seqs_are_not_numbers_takes_back_nothing(network):
-    """A peer's consume-again names what its consumer holds; what is not a seq is taken back as nothing (the
-    leader compares the seqs with its own to take ready entries back), and the queue goes on as it was."""
+async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothing(network):
+    """A peer's consume-again names what its consumer holds and settled lately; what is not a checkout
+    (``[seq, term]``, each a number) is taken back or settled as nothing, and the queue goes on as it was."""
     node = await declared(network)
     publish(node, bodies(5))
+    queue = queue_of(node)
+    held = take(queue)
     await copies_agree(network)
-    request = {"id": 99, "vhost": "/", "queue": "q", "tag": "ctag", "exclusive": False, "arguments": {},
-               "timestamps": {}, "prefetch": 10, "adopt": ["x", None, [1]], "buffered": "y", "settled": []}
-    network.deliver("n2", "n1", link.CONSUME, link.encode_json(request))
+    term = queue.term
+    bad = ["x", None, [1], [held.seq], [held.seq, "t"], [-1, term], [held.seq, term, 0], {"a": 1}]
+    for number, (adopt, settled) in enumerate([(bad, [[0, *checked] for checked in bad if isinstance(checked, list)]),
+                                               ("x", {"a": 1}), ([], [[0, held.seq], [9, held.seq, term]])]):
+        request = {"id": 99 + number, "vhost": "/", "queue": "q", "tag": "ctag", "exclusive": False,
+                   "arguments": {}, "timestamps": {}, "prefetch": 10, "adopt": adopt, "buffered": "y",
+                   "settled": settled}
+        network.deliver("n2", "n1", link.CONSUME, link.encode_json(request))
     await asyncio.sleep(0.05)
-    assert queue_of(node).state.messages == 5
+    assert queue.state.messages == 5 and queue.state.checked_out[held.seq] == term  # (its consumer's still)

@@ -175,8 +175,8 @@ class Leader(RuleBasedStateMachine):
         assert queue.message_count == len(state.ready) == queue.ready.message_count
         assert queue.ready_bytes == state.bytes == queue.ready.bytes
         assert not machine.expired(state.copy(), self.clock)  # (what is due went at once, wherever it was)
-        assert set(queue.held) == state.checked_out | state.dead.keys()
-        assert {entry.seq for entry in self.held} == state.checked_out
+        assert set(queue.held) == state.checked_out.keys() | state.dead.keys()
+        assert {entry.seq for entry in self.held} == state.checked_out.keys()
         assert queue.unacked == len(state.checked_out)
         assert queue.next_seq >= state.next_seq
 
@@ -186,7 +186,7 @@ class Leader(RuleBasedStateMachine):
         persistence = self.node.persistence
         rows = self.run(self.node.replicas.copy_state, queue.index_id)
         assert rows.ready == state.ready
-        assert rows.checked_out == state.checked_out | state.dead.keys()
+        assert rows.checked_out.keys() == state.checked_out.keys() | state.dead.keys()
         assert rows.counts == state.counts
         store = persistence.store
         msg_ids = [row.msg_id for row in persistence.index.entries(queue.index_id)]

@@ -376,7 +376,7 @@ class QuorumMachine(RuleBasedStateMachine):
     @rule()
     def follower_joins(self) -> None:
         """A follower from a snapshot: the state as bytes, then the rows (a leader sends them a chunk at a time)."""
-        state, rows = State(next_seq=7, checked_out={1}), Rows({1: Row(-1)})  # whatever it had goes
+        state, rows = State(next_seq=7, checked_out={1: 2}), Rows({1: Row(-1)})  # whatever it had goes
         snapshot, _ = m.decode_state(m.encode_state(self.state))
         state, effects = m.apply((self.index, 0), m.Restore(snapshot), state)
         rows.carry_out(effects)
@@ -409,7 +409,7 @@ class QuorumMachine(RuleBasedStateMachine):
     @invariant()
     def the_rows_stand_for_the_state(self) -> None:
         state, rows = self.state, self.rows
-        assert set(rows) == set(state.ready) | state.checked_out | state.dead.keys()
+        assert set(rows) == set(state.ready) | state.checked_out.keys() | state.dead.keys()
         for seq, row in rows.items():
             assert row.held == (seq not in state.ready)
             assert row.returns == state.count(seq)
@@ -417,7 +417,7 @@ class QuorumMachine(RuleBasedStateMachine):
         restarted = State.from_rows(((seq, row.held, row.returns) for seq, row in sorted(rows.items())),
                                     state.delivery_limit, state.at_least_once)
         assert restarted.ready == state.ready
-        assert restarted.checked_out == state.checked_out | state.dead.keys()
+        assert restarted.checked_out == dict.fromkeys(state.checked_out.keys() | state.dead.keys(), 0)
         assert restarted.counts == state.counts
 
     @invariant()
@@ -512,8 +512,8 @@ def test_apply_is_a_value_with_its_effects_as_a_tuple():
     assert effects == (m.Store(0, 0, b"a"),)
     state, effects = m.apply((2, 1_700_000_000_001), m.Settle([0]), state)
     assert effects == ()  # (not checked out: nothing to settle)
-    state, effects = m.apply((3, 1_700_000_000_002), m.Checkout(0), state)
-    assert effects == (m.Held(0),) and state.checked_out == {0} and not state.ready
+    state, effects = m.apply((3, 1_700_000_000_002), m.Checkout(0, term=3), state)
+    assert effects == (m.Held(0),) and state.checked_out == {0: 3} and not state.ready
     mutable = {name: type(value).__name__ for name, value in vars(m).items()
                if isinstance(value, (list, dict, set, bytearray)) and not name.startswith("__")}
     assert mutable == {}
@@ -535,7 +535,7 @@ WIRE: list[tuple[ops.LogOp, str]] = [
      "01000000000000000700000000000000000000000e0000000400010000000372686472626f6479"),
     (m.Enqueue(2**40, 1_700_000_000_000, Payload(), 3, 99, 4),
      "0d00000100000000000000018bcfe568000000000e000000040000000000000003000000000000006300010000000372686472626f6479"),
-    (m.Checkout(5), "020000000000000005"),
+    (m.Checkout(5, term=9), "1100000000000000050000000000000009"),  # (a checkout of no term, kind 2, before)
     (m.Checkout(5, True), "030000000000000005"),
     (m.Settle([1, 2, 3]), "0400000003000000000000000100000000000000020000000000000003"),
     (m.Settle([]), "0400000000"),
@@ -572,6 +572,7 @@ def test_every_shipped_op_keeps_its_wire_bytes_and_comes_back_the_same():
         assert (decoded, end) == (op, pos + len(bytes.fromhex(wire)))
         pos = end
     assert pos == len(frame)
+    assert ops.decode(memoryview(bytes.fromhex("020000000000000005")), 0) == (m.Checkout(5), 9)
 
 
 def test_an_amqp10_publish_reaches_a_follower_with_its_sections():
@@ -600,7 +601,7 @@ def test_ops_of_seqs_round_trip(seqs, seq, reason):
 def test_the_codec_refuses_what_it_does_not_know():
     with pytest.raises(TypeError):
         ops.encode(m.Restore(State()))  # type: ignore[arg-type]  # (a snapshot goes as rows, not as an op)
-    for kind in (0, *range(17, 256)):  # (16 ops; a frame's rows and markers take 20 on)
+    for kind in (0, *range(18, 256)):  # (17 ops; a frame's rows and markers take 20 on)
         with pytest.raises(ValueError):
             ops.decode(memoryview(bytes((kind,)) + bytes(40)), 0)
 
@@ -629,11 +630,11 @@ def test_a_modified_outcomes_annotations_go_to_the_messages_before_they_move_or_
 
 def test_check_names_each_broken_rule():
     """``check`` (run after every op under WARREN_CHECK_INVARIANTS) says which of the state's rules broke."""
-    m.check(State(next_seq=3, ready=SeqSet([(0, 1)]), checked_out={1}, dead={2: "expired"}, counts={1: 1}))
+    m.check(State(next_seq=3, ready=SeqSet([(0, 1)]), checked_out={1: 1}, dead={2: "expired"}, counts={1: 1}))
     broken = [
-        (State(next_seq=3, ready=SeqSet([(0, 2)]), checked_out={1}), "two places"),
+        (State(next_seq=3, ready=SeqSet([(0, 2)]), checked_out={1: 1}), "two places"),
         (State(next_seq=2, ready=SeqSet([(0, 1)]), dead={0: "maxlen"}), "two places"),
-        (State(next_seq=1, checked_out={5}), "at or above next_seq"),
+        (State(next_seq=1, checked_out={5: 1}), "at or above next_seq"),
         (State(next_seq=2, ready=SeqSet([(0, 1)]), counts={1: 2}), "counts for seqs the queue does not hold"),
     ]
     for state, problem in broken:

@@ -56,7 +56,7 @@ def holders(network: Network, clients: list[Client]) -> dict[str, Any]:
     for (here, there), session in network.sessions.items():
         if here == lead:
             held = [entry.seq for entry, q, _ in session.unacked.values() if q is queue]
-            found[f"session {here}<-{there}"] = {"held": len(held), "out": len(set(held) & out),
+            found[f"session {here}<-{there}"] = {"held": len(held), "out": len(set(held) & out.keys()),
                                                  "consumers": {i: c.unacked for i, c in session.consumers.items()}}
     found["local consumers"] = [(c.tag, c.unacked, type(c.channel).__name__) for c in queue.consumers]
     for client in clients[-2:]:
