@@ -47,9 +47,11 @@ __all__ = ["AnyQueue", "Checked", "Consumer", "ConsumerGroup", "Entry", "Queue",
 # how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
 # (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
 SettleMode = Literal["ack", "requeue", "reject", "release"]
-# an entry a consumer holds as a quorum queue's leader checked it out: (seq, term), the pair that names one message
-# in every copy (``quorum_ops.Checkout``); a term of 0 names none (not known: never taken back)
-Checked = tuple[int, int]
+# an entry a consumer holds, as a quorum queue's leader checked it out: (seq, term, agreed).  The seq and the term
+# of its checkout name one message in every copy that has the checkout (``quorum_ops.Checkout``; a term of 0 names
+# none); ``agreed``: the op that made the seq was on a majority, so every later leader's copy has that message
+# under that seq, checked out or not (``QuorumQueue.adopt``)
+Checked = tuple[int, int, bool]
 # a settle kept for the queue's next leader: mode, entry, its checkout, a modified outcome's annotations (b"": none)
 ParkedSettle = tuple[SettleMode, Entry, Checked, bytes]
 RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
@@ -190,6 +192,9 @@ class AnyQueue(Protocol):
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         ...
+
+    def agreed(self, seq: int) -> bool:
+        """Whether every later leader's copy has ``seq`` as the message it is here (a quorum queue's)."""
 
     # settle
     def settle(self, entries: list[Entry]) -> None: ...
@@ -575,6 +580,14 @@ class Queue:
         """The term a replicated queue's leader checks entries out in (``Checked``); 0 for the others."""
         return 0
 
+    def checked(self, entry: Entry) -> Checked:
+        """How a consumer names ``entry`` to a later leader (a quorum queue's; here, as nothing it takes back)."""
+        return entry.seq, 0, False
+
+    def agreed(self, seq: int) -> bool:
+        """Whether every later leader's copy has ``seq`` as the message it is here (a quorum queue's)."""
+        return False
+
     def holds(self, checked: Checked) -> bool:
         """Whether a consumer may hold ``checked`` here: a quorum queue's entry checked out in that term (a
         classic queue's consumers never move)."""
@@ -593,7 +606,7 @@ class Queue:
         """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's
         checkouts of the entries it holds, and the settles (their mode; entry, checkout) it made that this
         object kept for the queue's next leader (a proxy's).  Here, none that a next leader could take back."""
-        return [(entry.seq, 0) for entry in entries], []
+        return [self.checked(entry) for entry in entries], []
 
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         """basic.get: the head entry, or None (``sends_from``: as ``took``'s)."""

@@ -77,6 +77,7 @@ class QuorumQueue(Queue):
         self._dlx_timer: asyncio.TimerHandle | None = None
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
+        self._agreed_below = 0  # deposed: the replicator's ``agreed_below`` as it stood (``agreed``)
         self._grace_timer: asyncio.TimerHandle | None = None
         self._grace_until = 0.0  # (loop time) the latest ``_grace_over`` may wait for an unreached member
         # a member's node is out of reach but may come back, or came back just now (set by the cluster): its
@@ -85,8 +86,9 @@ class QuorumQueue(Queue):
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
-        # (when, how, checkout, a modified outcome's annotations) of the latest acks and rejects: for the next leader
-        self._settled_lately: deque[tuple[float, SettleMode, Checked, bytes]] = deque(maxlen=RESETTLE_MAX)
+        # (when, how, seq, its checkout's term, a modified outcome's annotations) of the latest acks and rejects: for
+        # the next leader
+        self._settled_lately: deque[tuple[float, SettleMode, int, int, bytes]] = deque(maxlen=RESETTLE_MAX)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
         self._configure(apply=False)
@@ -267,26 +269,46 @@ class QuorumQueue(Queue):
 
     def adopt(self, held: list[Checked]) -> list[Entry | None]:
         """A consumer that outlived the change of leader takes back what it held (its checkouts, ``held``): the
-        entries still waiting for it that this copy has checked out in the same term (None for the others:
-        settled before, returned after the grace period, or given out by a leader whose op this copy never had,
-        which the next delivers again, as RabbitMQ delivers what its leader had not committed).  A seq alone
-        will not do: a copy that never had a deposed leader's entry may have given its seq to another message,
-        which the consumer's ack would then remove undelivered.  The caller counts them against the consumer's
-        prefetch, and settles them as any it delivered."""
-        awaiting, entries = self._awaiting, self.held
+        entries still waiting for it that this copy has checked out in the same term, and those still ready
+        here whose seq was agreed (the previous leader gave them out without getting the delivery onto a
+        majority).  None for the others: settled before, given to another consumer since, or given out by a
+        leader whose op this copy never had, which is delivered again, as RabbitMQ delivers again what its
+        leader had not committed.  A seq alone will not do: a copy that never had a deposed leader's entry may
+        have given its seq to another message, which the consumer's ack would then remove undelivered.  The
+        caller counts them against the consumer's prefetch, and settles them as any it delivered."""
+        awaiting, entries, ready = self._awaiting, self.held, self.state.ready
         found: list[Entry | None] = []
         for checked in held:
             seq = checked[0]
             if seq in awaiting and seq in entries and self.holds(checked):
                 awaiting.discard(seq)
                 found.append(entries[seq])
+            elif checked[2] and seq in ready:
+                found.append(self._take_ready(seq))
             else:
                 found.append(None)
         return found
 
+    def _take_ready(self, seq: int) -> Entry | None:
+        """The ready entry ``seq`` is checked out, as a delivery takes one, wherever it is in the ready list."""
+        entry = self.ready.take_out(seq)
+        if entry is None:
+            return None
+        self.unacked += 1
+        self.unacked_bytes += entry.message.body_size
+        self.run(machine.Checkout(seq, False, self.term), [entry])
+        return entry
+
     def holds(self, checked: Checked) -> bool:
-        seq, term = checked
+        seq, term, _ = checked
         return term > 0 and self.state.checked_out.get(seq) == term
+
+    def checked(self, entry: Entry) -> Checked:
+        seq = entry.seq
+        return seq, self.state.checked_out.get(seq, 0), self.agreed(seq)
+
+    def agreed(self, seq: int) -> bool:
+        return seq < (self.replicator.agreed_below if self.replicator is not None else self._agreed_below)
 
     @property
     def term(self) -> int:
@@ -544,19 +566,18 @@ class QuorumQueue(Queue):
         """A settle this leader may not get onto a majority before it is deposed (``release``)."""
         if self.replicator is not None:
             now, out = asyncio.get_running_loop().time(), self.state.checked_out
-            self._settled_lately.extend((now, mode, (seq, out.get(seq, 0)), annotations) for seq in seqs)
+            self._settled_lately.extend((now, mode, seq, out.get(seq, 0), annotations) for seq in seqs)
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
         hold, the settles made here lately: this leader may not have got them onto a majority, and the next
         would otherwise deliver those messages again (RabbitMQ's consumers send theirs again to a new leader).
         The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once."""
-        out = self.state.checked_out
         oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
         lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
-        return ([(entry.seq, out.get(entry.seq, 0)) for entry in entries],
-                [(mode, Entry(0, SETTLED), checked, annotations) for when, mode, checked, annotations in lately
-                 if when >= oldest])
+        return ([self.checked(entry) for entry in entries],
+                [(mode, Entry(0, SETTLED), (seq, term, self.agreed(seq)), annotations)
+                 for when, mode, seq, term, annotations in lately if when >= oldest])
 
     def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
@@ -657,6 +678,8 @@ class QuorumQueue(Queue):
     def detach(self) -> None:
         super().detach()
         self.detached = True
+        if self.replicator is not None:  # (what its consumers hold is named by it still: ``release``)
+            self._agreed_below = self.replicator.agreed_below
         self.replicator = None
         self._stop_dead_letters()
         self._stop_grace()

@@ -37,7 +37,7 @@ from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Comp
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
 from amqp_server.payload import decode, encode, route_names
-from amqp_server.queues.queue import SettleMode
+from amqp_server.queues.queue import Checked, SettleMode
 
 log = logging.getLogger("warren.forwarder.link")
 complaints = Complaints(log)
@@ -83,7 +83,9 @@ QID = struct.Struct(">H")  # each queue id ("vhost\0name") is prefixed by its le
 ENQUEUER_HEAD = struct.Struct(">QQQ")  # ENQUEUE, after its queue id: the window's id, the seq, its oldest unanswered
 CONFIRM_BODY = struct.Struct(">QB")  # link seq, status; CONFIRM_MOVED's then the leader known there (MOVED_HINT)
 MOVED_HINT = struct.Struct(">Q")  # its term (0: none known), then its name
-DELIVER_HEAD = struct.Struct(">IQQB")  # consumer id, delivery tag, the entry's seq in its queue, redelivered
+# consumer id, delivery tag, the entry's seq in its queue, flags: REDELIVERED, AGREED (the queue's ``agreed``)
+DELIVER_HEAD = struct.Struct(">IQQB")
+REDELIVERED, AGREED = 1, 2
 SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
 MODIFY_HEAD = struct.Struct(">BI")  # SETTLE's mode, the annotations' length; then the annotations, the delivery tags
 TAG = struct.Struct(">Q")
@@ -125,6 +127,14 @@ def read_message(payload: bytes, pos: int) -> Message:
     message = Message(exchange, routing_key, route, header, body)
     message.amqp10 = sections
     return message
+
+
+def read_checked(value: Any) -> Checked:
+    """A checkout as a peer names it in JSON, ``[seq, term, agreed]``; one that names nothing if it is not that."""
+    if (isinstance(value, list) and len(value) == 3 and all(type(v) is int and v >= 0 for v in value[:2])
+            and type(value[2]) is bool):
+        return value[0], value[1], value[2]
+    return -1, 0, False
 
 
 def encode_json(value: Any) -> bytes:

@@ -67,8 +67,10 @@ class RemoteConsumerChannel:
         self.in_flight += 1
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
-        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, entry.redelivered),
-                                  entry.message, consumer.queue.delivery_header(entry) if consumer.counted else None)
+        queue = consumer.queue
+        flags = entry.redelivered | (link.AGREED if queue.agreed(entry.seq) else 0)
+        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, flags),
+                                  entry.message, queue.delivery_header(entry) if consumer.counted else None)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
@@ -383,7 +385,7 @@ class PeerSession:
         reply: dict[str, Any] = {"id": consumer_id, "error": None, "term": queue.term}
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
             self._resettle(queue, request.get("settled"))
-            reply["tags"] = self._adopt(consumer, request["adopt"], request.get("buffered"))
+            reply["tags"], reply["held"] = self._adopt(consumer, request["adopt"], request.get("buffered"))
             if isinstance(request.get("was"), int):
                 self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
@@ -397,34 +399,39 @@ class PeerSession:
         by_mode: dict[int, list[Checked]] = {}
         for settle in settled[:RESETTLE_MAX] if isinstance(settled, list) else ():
             if isinstance(settle, list) and len(settle) == 3 and settle[0] in range(len(link.SETTLE_MODES)):
-                by_mode.setdefault(settle[0], []).append(_checked(settle[1:]))
+                by_mode.setdefault(settle[0], []).append(link.read_checked(settle[1:]))
         for mode, held in by_mode.items():
             found = self._taken_back(queue, held, queue.adopt(held))
             taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
 
-    def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> list[int]:
+    def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> tuple[list[int], list[Checked | None]]:
         """The entries the queue kept for a consumer of the previous leader (``held``: their checkouts) become
-        this consumer's unacked, under new tags (0: not taken back; its client's settle of it is a no-op);
-        ``buffered`` of them are not yet passed to the client (the link's credit counts them)."""
-        checked = [_checked(c) for c in held] if isinstance(held, list) else []  # (a peer's)
+        this consumer's unacked, under new tags (0: not taken back; its client's settle of it is a no-op), and
+        their checkouts here; ``buffered`` of them are not yet passed to the client (the link's credit counts
+        them)."""
+        checked = [link.read_checked(c) for c in held] if isinstance(held, list) else []  # (a peer's)
         buffered = buffered if type(buffered) is int and buffered >= 0 else 0
         queue = consumer.queue
         local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
-        found = self._taken_back(local, checked, local.adopt(checked)) if local is not None else [None] * len(checked)
+        cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
+        if local is None:
+            return [0] * len(checked), [None] * len(checked)
         unacked = self.unacked
-        tags = []
-        for entry in found:
+        tags: list[int] = []
+        held_here: list[Checked | None] = []
+        for entry in self._taken_back(local, checked, local.adopt(checked)):
             if entry is None:
                 tags.append(0)
+                held_here.append(None)
                 continue
             tag = next(_tags)
             unacked[tag] = (entry, queue, consumer)
             consumer.unacked += 1
             tags.append(tag)
-        cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
-        return tags
+            held_here.append(local.checked(entry))
+        return tags, held_here
 
     def _taken_back(self, queue: Queue, held: list[Checked], found: list[Entry | None]) -> list[Entry | None]:
         """Besides what ``queue`` kept for a consumer to take back (``found``), the entries of ``held`` that this
@@ -543,13 +550,6 @@ class PeerSession:
         for queue in queues:
             if not queue.deleted:
                 queue.deliver_ready()
-
-
-def _checked(value: Any) -> Checked:
-    """A checkout as a peer names it, ``[seq, term]``; (-1, 0), which names none, if it is not that."""
-    if isinstance(value, list) and len(value) == 2 and all(type(v) is int and v >= 0 for v in value):
-        return value[0], value[1]
-    return -1, 0
 
 
 def _filters(filter_set: Any) -> Callable[[Message], bool] | None:

@@ -347,7 +347,7 @@ class Peer:
             future.set_result((reply, message))
 
     def _deliver(self, payload: bytes) -> None:
-        consumer_id, tag, seq, redelivered = link.DELIVER_HEAD.unpack_from(payload)
+        consumer_id, tag, seq, flags = link.DELIVER_HEAD.unpack_from(payload)
         found = self.consumers.get(consumer_id)
         if found is None:  # cancelled meanwhile: back to the queue
             self.settle_tags(link.SETTLE_REQUEUE, [tag])
@@ -356,7 +356,8 @@ class Peer:
         message = link.read_message(payload, link.DELIVER_HEAD.size)
         # (through an earlier consume of it: checked out in a term it no longer knows, never taken back)
         term = 0 if self._stale(consumer_id, remote) else remote.term
-        queue.delivered(remote, Entry(tag, message, bool(redelivered)), (seq, term))
+        queue.delivered(remote, Entry(tag, message, bool(flags & link.REDELIVERED)),
+                        (seq, term, bool(flags & link.AGREED)))
 
     def _stale(self, consumer_id: int, remote: RemoteConsumer) -> bool:
         """``consumer_id`` here is an earlier consume of ``remote``, which consumed again since (a quorum queue's
@@ -383,14 +384,16 @@ class Peer:
             if not remote.accepted.done():
                 remote.accepted.set_result(None)
             if again:
-                queue.reattached(remote, True, reply.get("tags") or [])
+                held = reply.get("held")
+                queue.reattached(remote, True, reply.get("tags") or [],
+                                 [link.read_checked(c) for c in held] if isinstance(held, list) else [])
             if CHECKS and not remote.attached:
                 raise Broken(f"{queue!r}: consumer {remote.id} accepted by {self.name} but not attached (its "
                              "settles would wait for good)")
             return
         del self.consumers[remote.id]
         if remote.accepted.done():
-            queue.reattached(remote, False, [])
+            queue.reattached(remote, False, [], [])
             return
         code, text = reply["error"]
         error = errors.ChannelError(code, text.split(" - ", 1)[-1])

@@ -489,11 +489,11 @@ class RemoteQueue:
         self.peer.consume(self, remote.consumer, remote, [taken[entry][1] for entry in remote.adopting],
                           remote.resettles())
 
-    def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int]) -> None:
+    def reattached(self, remote: RemoteConsumer, ok: bool, tags: list[int], held: list[Checked]) -> None:
         """The leader's answer: the tags it took the held entries back under (0: not taken back, gone or
-        returned: the client's settle of it goes nowhere), or a refusal, tried again for a while (a leader
-        just elected may not have its queue yet; this node may not have heard of the next one, ``recheck``)
-        before the consumer is cancelled."""
+        returned: the client's settle of it goes nowhere) and their checkouts there (``held``), or a refusal,
+        tried again for a while (a leader just elected may not have its queue yet; this node may not have heard
+        of the next one, ``recheck``) before the consumer is cancelled."""
         adopting, remote.adopting = remote.adopting, []
         if not ok:
             remote.attached = False  # (a deposed leader's word that the consumer is not there any more)
@@ -509,10 +509,13 @@ class RemoteQueue:
             return
         remote.tries = 0
         tags = tags + [0] * (len(adopting) - len(tags))
-        for entry, tag in zip(adopting, tags):
+        held = held + [(-1, 0, False)] * (len(adopting) - len(held))
+        for entry, tag, checked in zip(adopting, tags, held):
             entry.seq = tag
             if not tag:
                 self.taken.pop(entry, None)
+            elif entry in self.taken:
+                self.taken[entry] = (remote, checked)
         if any(not entry.seq for entry in remote.buffer):
             remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
         remote.attached = True
@@ -543,6 +546,9 @@ class RemoteQueue:
         remote.accepted.set_exception(error)
         self.remove_consumer(remote.consumer)
 
+    def agreed(self, seq: int) -> bool:
+        return False  # (what the owner delivers from here, it names itself: ``delivered``)
+
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
         """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
         leader takes back what it holds, under the same entries."""
@@ -551,16 +557,17 @@ class RemoteQueue:
         self.consumers.join(consumer)
         remote = self.by_consumer[consumer] = RemoteConsumer(0, consumer)
         remote.accepted.set_result(None)
-        for entry, checked in held:
-            if checked[1] > 0:
+        kept = [checked[1] > 0 or checked[2] for _, checked in held]  # (the others name nothing a leader has)
+        for (entry, checked), keep in zip(held, kept):
+            if keep:
                 self.taken[entry] = (remote, checked)
         self._attach(remote)
-        return [entry if checked[1] > 0 else None for entry, checked in held]
+        return [entry if keep else None for (entry, _), keep in zip(held, kept)]
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """The consumer goes on with the queue's new object (this node leads it now): gone from the old
-        leader, uncancelled; the queue's checkouts of the entries it holds ((-1, 0): unknown), and its parked
-        settles."""
+        leader, uncancelled; the queue's checkouts of the entries it holds ((-1, 0, False): unknown), and its
+        parked settles."""
         self.consumers.leave(consumer)
         remote = self.by_consumer.pop(consumer, None)
         parked: list[ParkedSettle] = []
@@ -578,7 +585,7 @@ class RemoteQueue:
         held = []
         for entry in entries:
             found = self.taken.pop(entry, None)
-            held.append(found[1] if found is not None else (-1, 0))
+            held.append(found[1] if found is not None else (-1, 0, False))
         return held, parked
 
     # -- settling -----------------------------------------------------------------------------

@@ -308,6 +308,11 @@ class OpLogShipper:
         self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
         self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
+        # the seqs below it were made by ops a majority has, so every later leader's copy has them as here (a
+        # consumer's delivery of one of them is taken back even if its checkout never reached one: ``adopt``);
+        # (index, the state's next seq after it) of each batch of ops shipped since, to raise it by
+        self.agreed_below = 0
+        self._made: deque[tuple[int, int]] = deque([(index, queue.state.next_seq)])
         # when a majority last answered, or ops began to wait for one; deliveries stopped since (``allowance``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
@@ -350,6 +355,7 @@ class OpLogShipper:
         ops, first = self.ops, self.first
         frames = [self._frame(first + start, ops[start:end]) for start, end in runs(ops)]
         self.log.add(self.term, first, ops)
+        self._made.append((self.index, self.queue.state.next_seq))
         self.ops = []
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
@@ -600,6 +606,9 @@ class OpLogShipper:
         checkouts = self.checkouts
         while checkouts and checkouts[0] <= committed:
             checkouts.popleft()
+        made = self._made
+        while made and made[0][0] <= committed:
+            self.agreed_below = made.popleft()[1]
         self.confirm_committed()
         if self._stalled:
             self._stalled = False

@@ -708,26 +708,31 @@ async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapsho
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
     """A consumer that outlived the change of leader takes back what it held, named by seq and the term it was
     checked out in: it stays checked out, as the consumer's; what no consumer took back within the grace
-    period is returned, counted, and one back later takes it back no more (it goes to a consumer again); an
-    unknown seq, or a known one of another term, is refused."""
+    period is returned, counted, and one back later still takes it while it is ready, its seq agreed (made
+    by an op a majority had); an unknown seq, a known one of another term, or a ready one not agreed, is
+    refused."""
     node = await declared(network)
     publish(node, bodies(20))
     queue = queue_of(node)
     kept, left = take(queue), take(queue)
-    term = queue.term
     await copies_agree(network)
+    kept_checked, left_checked = queue.checked(kept), queue.checked(left)
+    term = queue.term
+    assert kept_checked == (kept.seq, term, True) and left_checked == (left.seq, term, True)
     await network.kill("n1")
     await wait_for(lambda: leader(network) is not None, "a new leader")
     new = queue_of(the_leader(network))
     assert new.state.checked_out == {kept.seq: term, left.seq: term} and new.message_count == 18
-    taken, unknown, other_term = new.adopt([(kept.seq, term), (new.next_seq + 7, term), (left.seq, term + 1)])
+    taken, unknown, other_term = new.adopt([kept_checked, (new.next_seq + 7, term, True), (left.seq, term + 1, False)])
     assert taken is not None and taken.message.body == kept.message.body and unknown is other_term is None
     await wait_for(lambda: new.state.checked_out == {kept.seq: term}, "the grace period over")
     assert new.state.count(left.seq) == 1 and new.message_count == 19
-    assert new.adopt([(left.seq, term)]) == [None]  # (ready again: it is delivered again)
-    new.settle([taken])  # its ack, after the change, counts
-    assert await copies_agree(network) == bodies(20)[1:]
-    assert new.state.messages == 19 and new.unacked == 0
+    assert new.adopt([(left.seq, term, False)]) == [None]  # (not agreed: its seq may name another message here)
+    late, = new.adopt([left_checked])  # (in its place again: the same message)
+    assert late is not None and late.message.body == left.message.body and new.message_count == 18
+    new.settle([taken, late])  # their acks, after the change, count
+    assert await copies_agree(network) == bodies(20)[2:]
+    assert new.state.messages == 18 and new.unacked == 0
 
 
 async def test_a_consumer_back_after_two_changes_of_leader_takes_back_no_other_message_under_its_seq(network):
@@ -1912,16 +1917,19 @@ async def test_what_a_cut_off_nodes_consumer_held_waits_for_it_past_the_grace(ne
 
 async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothing(network):
     """A peer's consume-again names what its consumer holds and settled lately; what is not a checkout
-    (``[seq, term]``, each a number) is taken back or settled as nothing, and the queue goes on as it was."""
+    (``[seq, term, agreed]``: two numbers and a boolean) is taken back or settled as nothing, and the queue
+    goes on as it was."""
     node = await declared(network)
     publish(node, bodies(5))
     queue = queue_of(node)
     held = take(queue)
     await copies_agree(network)
     term = queue.term
-    bad = ["x", None, [1], [held.seq], [held.seq, "t"], [-1, term], [held.seq, term, 0], {"a": 1}]
-    for number, (adopt, settled) in enumerate([(bad, [[0, *checked] for checked in bad if isinstance(checked, list)]),
-                                               ("x", {"a": 1}), ([], [[0, held.seq], [9, held.seq, term]])]):
+    bad = ["x", None, [1], [held.seq, term], [held.seq, "t", True], [-1, term, True], [held.seq, term, 1],
+           [held.seq, term, True, 0], {"a": 1}]
+    requests = [(bad, [[0, *checked] for checked in bad if isinstance(checked, list)]), ("x", {"a": 1}),
+                ([], [[0, held.seq, term], [9, held.seq, term, True]])]
+    for number, (adopt, settled) in enumerate(requests):
         request = {"id": 99 + number, "vhost": "/", "queue": "q", "tag": "ctag", "exclusive": False,
                    "arguments": {}, "timestamps": {}, "prefetch": 10, "adopt": adopt, "buffered": "y",
                    "settled": settled}
