@@ -705,6 +705,53 @@ async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapsho
     assert any("n1 takes a snapshot" in record.message for record in caplog.records)
 
 
+async def test_a_deposed_leaders_diverged_copy_keeps_its_rows_of_what_both_had_and_takes_only_the_rest(
+        network, caplog):
+    """n1, cut off, settles, returns and takes publishes no majority has; n2 or n3 leads the next term, settles,
+    returns and takes publishes of its own.  n1's log agrees with the new leader's up to where its term began:
+    n1 keeps its rows of the entries made before that the new leader holds, gets the others (those it settled
+    alone among them), drops its own tail, and every copy is the leader's, rows and records alike."""
+    node = await declared(network)
+    publish(node, bodies(300))
+    queue = queue_of(node)
+    held = [take(queue) for _ in range(10)]
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    node.broker.settle(queue, held[:5], False)  # (n1 alone: the new leader still holds them)
+    node.broker.settle(queue, held[5:7], True)  # back, under new seqs on n1 alone
+    node.broker.settle(queue, [take(queue) for _ in range(20)], False)
+    publish(node, bodies(30, "lone"))  # (no confirm: on n1 alone)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.cut("n1", "n2")
+    network.cut("n1", "n3")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    assert node.quorum.lease is not None
+    network.etcd.revoke(node.quorum.lease.id)
+    await wait_for(lambda: (found := leader(network)) is not None and found.name != "n1", "a new leader")
+    new = the_leader(network)
+    other = ({"n2", "n3"} - {new.name}).pop()
+    await wait_for(lambda: new.quorum.lag()[KEY][other] == 0, "the other member in step")
+    ours = queue_of(new)
+    taken = [take(ours) for _ in range(15)]
+    new.broker.settle(ours, taken[:10], False)
+    new.broker.settle(ours, taken[10:], True)
+    publish(new, bodies(40, "new"))
+    await wait_for(lambda: new.quorum.lag()[KEY][other] == 0, "the other member in step")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await copies_agree(network)
+    _, rows = copy_of(new)
+    settled = {entry.message.body for entry in taken[:10]}
+    assert sorted(body_of(row[4]) for row in rows) == sorted({*bodies(300), *bodies(40, "new")} - settled)
+    sent = replicator_of(new).followers["n1"].rows
+    assert any("n1 takes a snapshot" in record.message and "diverged" in record.message for record in caplog.records)
+    # the 7 held there that n1 settled or returned alone, the 5 of the 20 n1 settled alone that the new leader has
+    # not, the 5 it returned and the 40 published there; none of the 273 others n1 has (a full snapshot: 330)
+    assert sent == 7 + 5 + 5 + 40, sent
+
+
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
     """A consumer that outlived the change of leader takes back, by seq, what it held: it stays checked out, as
     the consumer's; what no consumer took back within the grace period is returned, counted, and one back
