@@ -1126,13 +1126,16 @@ class QuorumGroups:
         """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the
         copy it replaces becomes the spare; the index id of that, whose rows the caller removes once the new
         copy's position is staged (its first: a restart before a commit holds it keeps the old copy,
-        ``_open_copy``)."""
+        ``_open_copy``).  Its rows may hold annotations of any op up to its index (they are the leader's), which
+        this copy never applied: it counts as annotated there."""
         old = group.index_id
         group.index_id, group.spare, group.state, group.incoming = group.spare, old, incoming.state, None
         group.applied_term, group.applied = incoming.term, incoming.at
+        group.annotated = max(group.annotated, incoming.at)
         group.history.clear()
         saved = self.broker.store.get(REPLICA, group.key) or {}
-        self.broker.store.put(REPLICA, group.key, {**saved, "index_id": group.index_id, "spare": old})
+        self.broker.store.put(REPLICA, group.key, {**saved, "index_id": group.index_id, "spare": old,
+                                                   "annotated": group.annotated})
         return old
 
     def _discard_incoming(self, group: Group) -> None:

@@ -809,6 +809,7 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
         groups.replicate(session, frame(21, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
         crash("at its end, staged")
         assert (group.index_id, group.spare, group.position) == (spare, old, (4, 20))
+        assert group.annotated == 20  # (the leader's rows may hold annotations of its ops up to there)
         broker.persistence.commit_now()
         crash("committed")
         assert rows(broker, spare) == new_rows and rows(broker, old) == {}
@@ -825,6 +826,7 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
             assert group.position == ((3, 10) if copy == old else (4, 20)), when
             assert rows(broker, copy) == (old_rows if copy == old else new_rows), when
             assert rows(broker, other) == {}, when
+            assert group.annotated == (10 if when == "mid-snapshot" else 20), when  # (a restart keeps it)
         finally:
             broker.close()
 
