@@ -1078,7 +1078,9 @@ class QuorumGroups:
         if payload[pos] == DIFF_OP:
             _, _, kept, *made_for = DIFF.unpack_from(payload, pos)
             if tuple(made_for) != group.position or not group.whole:  # (our copy moved since: a request of ours
-                return  # answered late; the frames that follow show us a gap, and we ask again)
+                # answered late): no snapshot begun before takes its rows; they show us a gap, and we ask again
+                self._discard_incoming(group)
+                return
         if payload[pos] in (RESET_OP, DIFF_OP):
             if not group.spare:
                 group.spare = self.broker.next_index_id()

@@ -786,8 +786,10 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
         snapshot.ready.add(7)
         state = encode_state(snapshot)
         assert group.state.ready.first() == 1 and 3 not in group.state.ready
+        groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 10), state))
+        assert group.incoming is not None
         groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 9), state))  # made for (3, 9)
-        assert group.incoming is None  # (not for our copy as it stands: nothing taken)
+        assert group.incoming is None  # (not for our copy as it stands: nothing taken, nor one begun before)
         groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 10), state))
         spare = group.spare
         assert spare and group.incoming is not None
