@@ -563,8 +563,10 @@ def _return(op: Return, state: State) -> Effects:
         state.ready.add(new)
         if returns:
             counts[new] = returns
-        size = sizes[new] = sizes.pop(seq, 0)
-        state.bytes += size
+        size = sizes.pop(seq, None)
+        if size is not None:  # (else unknown, as the entry's was: a state from a snapshot, ``has_facts``)
+            sizes[new] = size
+            state.bytes += size
         expiry = expiries.pop(seq, 0) if expiries else 0
         if expiry:
             _add_deadline(state, new, expiry)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import aetcd
+import numpy as np
 from aetcd import rtypes
 
 from amqp_server import patterns
@@ -53,8 +54,8 @@ from amqp_server.broker.vhost import VHost
 from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
-from .oplog import (ACKED, ADOPT_OP, CONT, CONTINUE_OP, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP, RESET_OP, History,
-                    OpLogShipper, SpareRows, check_copy, skip)
+from .oplog import (ACKED, ADOPT_OP, ANNOTATED, CONT, CONTINUE_OP, DIFF, DIFF_OP, ENTRY_OP, HEAD, MARK, MORE_OP,
+                    REPLAY_OP, RESET_OP, Diverged, History, OpLogShipper, SpareRows, check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -142,6 +143,9 @@ class Group:
     over: int = 0  # the latest term known to be over (its key gone): a node that names its leader is behind
     applied_term: int = 0  # the term of the last op this node's copy has
     applied: int = 0  # the index of that op
+    # the index of the last op that annotated a row of the copy (kept with its index ids): a copy diverged from a
+    # leader's log before it keeps its rows of the entries both had then (``OpLogShipper.catch_up``)
+    annotated: int = 0
     incoming: IncomingSnapshot | None = None  # a snapshot coming in
     vouched: tuple[int, int] = (0, 0)  # where the copy stood whole before its restart found it lost messages
     leader_lease: int = 0  # the etcd lease the leader holds its key under
@@ -346,6 +350,7 @@ class QuorumGroups:
         term, index = saved.get("vouched", (0, 0))
         group.vouched = (term, index)
         group.applied_term, group.applied = self.broker.persistence.index.position(group.index_id)
+        group.annotated = saved.get("annotated", group.applied)  # (not kept yet: as if by its last op)
         group.state = self.broker.replicas.copy_state(group.index_id)
         if group.index_id in self.broker.persistence.lost_copies:
             self._lost_rows(group)
@@ -965,10 +970,23 @@ class QuorumGroups:
                 (incoming.term, incoming.at, incoming.frames) if incoming is not None else None)
 
     @staticmethod
-    def _catch_up_request(group: Group, term: int) -> tuple[bytes, bytes]:
+    def _catch_up_request(group: Group, term: int) -> tuple[bytes, ...]:
+        """Where the copy stands; a whole one's also says what it holds (``Diverged``: a leader whose log it left
+        sends only what it lacks)."""
         key = group.key.encode()
         applied_term, applied = group.position
-        return ACKED.pack(term, applied, applied_term, 1, len(key)), key
+        head = ACKED.pack(term, applied, applied_term, 1, len(key))
+        if not group.whole or not applied_term:
+            return head, key
+        return head, key, ANNOTATED.pack(group.annotated), machine.encode_state(group.state)
+
+    def annotated(self, key: str, index: int) -> None:
+        """An op at ``index`` annotated rows of the queue's copy: kept (LMDB syncs it now, before the group commit
+        that holds the rows), so that no leader takes them for its own after a restart either."""
+        group = self.groups[key]
+        group.annotated = index
+        saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
+        self.broker.store.put(REPLICA, group.key, {**saved, "annotated": index})
 
     def replicate(self, session: "PeerSession", payload: bytes) -> None:
         """A leader's ops for our copy: applied, positioned, and answered once fsynced."""
@@ -994,8 +1012,8 @@ class QuorumGroups:
         end = len(payload)
         marker = payload[pos] if pos < end else 0
         incoming = group.incoming
-        if marker == RESET_OP or (marker == MORE_OP and incoming is not None and (incoming.term, incoming.at)
-                                  == (term, first)):  # a snapshot, the queue as it is at index ``first``
+        if marker in (RESET_OP, DIFF_OP) or (marker == MORE_OP and incoming is not None and (
+                incoming.term, incoming.at) == (term, first)):  # a snapshot, the queue as it is at index ``first``
             self._take_snapshot(group, term, first, payload, pos)
             return
         replaced = 0  # the copy a snapshot's end replaces
@@ -1035,7 +1053,11 @@ class QuorumGroups:
             self._discard_incoming(group)
         index_id = group.index_id
         bounds: list[int] = []
-        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds)
+        annotated: list[int] = []
+        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds,
+                                       annotated=annotated)
+        if annotated:
+            self.annotated(group.key, annotated[-1])
         group.applied = first + count - 1
         group.applied_term = ops_term
         group.history.extend(ops_term, first, payload, bounds)
@@ -1050,8 +1072,16 @@ class QuorumGroups:
 
     def _take_snapshot(self, group: Group, term: int, first: int, payload: bytes, pos: int) -> None:
         """A snapshot's frame, its start or more of its rows, goes into the spare (``IncomingSnapshot``): our copy
-        neither moves nor answers until it ends."""
-        if payload[pos] == RESET_OP:
+        neither moves nor answers until it ends.  A DIFF's start, made for our copy as it stands, is followed by
+        our copy's rows the leader does not send (``_keep_rows``)."""
+        kept = 0  # (a DIFF's: our entries below it that the state holds are ours)
+        if payload[pos] == DIFF_OP:
+            _, _, kept, *made_for = DIFF.unpack_from(payload, pos)
+            if tuple(made_for) != group.position or not group.whole:  # (our copy moved since: a request of ours
+                # answered late): no snapshot begun before takes its rows; they show us a gap, and we ask again
+                self._discard_incoming(group)
+                return
+        if payload[pos] in (RESET_OP, DIFF_OP):
             if not group.spare:
                 group.spare = self.broker.next_index_id()
                 saved = self.broker.store.get(REPLICA, group.key) or {"index_id": group.index_id}
@@ -1063,18 +1093,51 @@ class QuorumGroups:
         incoming.frames += 1
         incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
                                       spare=incoming.rows)
+        if kept:
+            self._keep_rows(group, incoming, kept)
+
+    def _keep_rows(self, group: Group, incoming: IncomingSnapshot, below: int) -> None:
+        """A DIFF: our copy's rows of the entries below ``below`` that the snapshot's state holds go into the spare
+        too, flagged and counted as that state says (their records shared, a reference more each).  Our log and
+        the leader's agree up to where its term started, and neither annotated a row since (``catch_up``): an
+        entry below ``below`` was made by an op both had, and its record is the same in both copies; no op since
+        makes one there, so the leader's rows of the others are all it sends.  The copy itself is untouched: it
+        stays whole until the snapshot's end makes the spare the copy (``_install``), and a restart before keeps
+        it (``_open_copy``)."""
+        theirs = incoming.state
+        out = theirs.checked_out | theirs.dead.keys()
+        index, store = self.broker.persistence.index, self.broker.persistence.store
+        spare = group.spare
+        top = -1
+        index.commit()  # (our copy's rows as they stand: nothing of it waits, it has not moved since it asked)
+        for seqs, rows in index.columns(group.index_id):
+            under = int(np.searchsorted(seqs, below))
+            for seq, msg_id, expiry, size in zip(seqs[:under].tolist(), rows["msg_id"][:under].tolist(),
+                                                 rows["expiry"][:under].tolist(), rows["size"][:under].tolist()):
+                held = seq in out
+                if held or seq in theirs.ready:
+                    store.add_ref(msg_id)
+                    index.publish(spare, seq, msg_id, expiry, size, held, returns=theirs.counts.get(seq, 0))
+                    top = seq
+            if under < len(seqs):
+                break
+        incoming.rows.top = top
+        self.broker.persistence.stage()
 
     def _install(self, group: Group, incoming: IncomingSnapshot) -> int:
         """A snapshot's end: its copy becomes this node's, standing where the snapshot's state stood, and the
         copy it replaces becomes the spare; the index id of that, whose rows the caller removes once the new
         copy's position is staged (its first: a restart before a commit holds it keeps the old copy,
-        ``_open_copy``)."""
+        ``_open_copy``).  Its rows may hold annotations of any op up to its index (they are the leader's), which
+        this copy never applied: it counts as annotated there."""
         old = group.index_id
         group.index_id, group.spare, group.state, group.incoming = group.spare, old, incoming.state, None
         group.applied_term, group.applied = incoming.term, incoming.at
+        group.annotated = max(group.annotated, incoming.at)
         group.history.clear()
         saved = self.broker.store.get(REPLICA, group.key) or {}
-        self.broker.store.put(REPLICA, group.key, {**saved, "index_id": group.index_id, "spare": old})
+        self.broker.store.put(REPLICA, group.key, {**saved, "index_id": group.index_id, "spare": old,
+                                                   "annotated": group.annotated})
         return old
 
     def _discard_incoming(self, group: Group) -> None:
@@ -1118,14 +1181,19 @@ class QuorumGroups:
     def replicated(self, peer_name: str, payload: bytes) -> None:
         """A follower's answer: how far its copy is durable, or that it wants a snapshot."""
         term, index, applied_term, catch_up, size = ACKED.unpack_from(payload)
-        group = self.groups.get(payload[ACKED.size:ACKED.size + size].decode())
+        end = ACKED.size + size
+        group = self.groups.get(payload[ACKED.size:end].decode())
         if group is None or group.replicator is None:
             return
         replicator = group.replicator
         if term > replicator.term:  # a later leader exists: we were deposed
             self._follow(group, "", 0)
         elif catch_up:
-            replicator.catch_up(peer_name, applied_term, index)
+            theirs = None
+            if len(payload) > end:  # (a whole copy's: what it holds)
+                state, _ = machine.decode_state(payload, end + ANNOTATED.size)
+                theirs = Diverged(applied_term, index, ANNOTATED.unpack_from(payload, end)[0], state)
+            replicator.catch_up(peer_name, applied_term, index, theirs)
         elif term == replicator.term:
             replicator.acked(peer_name, index)
 

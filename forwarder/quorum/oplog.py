@@ -65,6 +65,15 @@ RESET_OP, MORE_OP, REPLAY_OP, ADOPT_OP = 30, 31, 32, 33
 # applied itself, which continue a copy that stands at ``first - 1`` in the first term
 CONT = struct.Struct(">BQQ")
 CONTINUE_OP = 34
+# DIFF (kind, the state's length as RESET's, below, the follower's term and index): a snapshot for a copy whose
+# log agrees with this one's up to where this term started (its own ops since were never this leader's): the
+# follower keeps its rows of the state's entries below ``below`` that it has (``QuorumGroups._keep_rows``), and
+# only the others come as rows; the state follows, then MORE and REPLAY frames as a snapshot's
+DIFF = struct.Struct(">BQQQQ")
+DIFF_OP = 35
+# a catch-up request's tail (a whole copy's): the index of the last op that annotated a row of the copy, then
+# its state (whose entries a DIFF need not send)
+ANNOTATED = struct.Struct(">Q")
 SNAPSHOT_CHUNK = 4096  # entries per frame of a snapshot (and ops per frame of a catch-up or a turn)
 # bytes of ops (or a snapshot's rows) per frame, a larger one alone: a frame of many stays far below the link's
 # ``MAX_FRAME`` (and a follower's loop turn short), however large the messages
@@ -135,6 +144,7 @@ class Follower:
     joined: bool = False  # in step: it gets every op as it is shipped
     match: int = 0  # the highest index it has durably
     snapshot: asyncio.Task | None = None  # a snapshot being sent (it is not in step until it ends)
+    rows: int = 0  # snapshot rows sent to it (all told: what a copy it could keep saves shows here)
     answered: tuple[int, float] = (0, 0.0)  # where what it was last sent to catch up brings it, and (loop time) when
 
 
@@ -244,6 +254,42 @@ class History:
         return at == term or following == term  # (the op at index, or the next: the first of a term begun there)
 
 
+@dataclass
+class Diverged:
+    """What a whole copy asking to catch up says of itself (a request's tail, ``ANNOTATED``): where it stands,
+    the index of the last op that annotated one of its rows, and its state (which entries it has rows of)."""
+
+    term: int
+    index: int
+    annotated: int
+    state: machine.State
+
+
+def missing(ours: machine.State, theirs: machine.State, below: int) -> tuple[machine.SeqSet, set[int]]:
+    """The entries of ``ours`` below seq ``below`` that ``theirs`` lacks: ready ones (as runs), and held ones."""
+    has = theirs.checked_out | theirs.dead.keys()
+    held = {seq for seq in ours.checked_out | ours.dead.keys()
+            if seq < below and seq not in has and seq not in theirs.ready}
+    ready = machine.SeqSet()
+    other = list(theirs.ready.runs())
+    i = 0
+    for at, end in ours.ready.runs():
+        end = min(end, below)
+        while at < end:  # [at, end) less the runs of ``other``
+            while i < len(other) and other[i][1] <= at:
+                i += 1
+            if i < len(other) and other[i][0] <= at:  # (theirs from here)
+                at = other[i][1]
+                continue
+            stop = min(other[i][0] if i < len(other) else end, end)
+            ready.add_run(at, stop)
+            at = stop
+    for seq in has:
+        if seq in ready:
+            ready.discard(seq)
+    return ready, held
+
+
 class ShippedGroup(Protocol):
     """A replicated queue as its leader's replicator sees it (``quorum.Group``): its members, where the leader's
     own copy stands, and the ops it applied last."""
@@ -252,6 +298,8 @@ class ShippedGroup(Protocol):
     index_id: int
     applied_term: int
     applied: int
+    annotated: int
+    state: machine.State
     window: Window
     history: History
 
@@ -284,6 +332,8 @@ class Groups(Protocol):
     @property
     def cluster(self) -> PeerNodes: ...
 
+    def annotated(self, key: str, index: int) -> None: ...
+
 
 class OpLogShipper:
     """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
@@ -296,6 +346,8 @@ class OpLogShipper:
         self.index = index  # the last op's index
         self.followers = {name: Follower(name) for name in group.members if name != groups.name}
         self.base = group.position  # where the copy this term starts from stood: a follower's there too adopts it
+        # no entry made since has a seq below this (the next seq of the state there, or less: one read from rows)
+        self.base_seq = group.state.next_seq
         self.ops: list[bytes] = []
         self.first = index + 1  # index of ops[0]
         self.log = group.history  # this term's latest ops, after those the copy applied before
@@ -327,6 +379,8 @@ class OpLogShipper:
         """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
         majority has it."""
         self._op(encode(op))
+        if getattr(op, "annotations", b""):  # (a copy diverged since then keeps none of its rows: ``catch_up``)
+            self.groups.annotated(self.group.key, self.index)
         if isinstance(op, machine.Checkout) and self.followers:
             self.checkouts.append(self.index)
         if confirm is not None and self.followers:
@@ -403,12 +457,13 @@ class OpLogShipper:
 
     # -- followers -----------------------------------------------------------------------------
 
-    def join(self, follower: Follower) -> None:
-        """Send the follower a snapshot in the background (see ``_snapshot``); it is out of step until then."""
+    def join(self, follower: Follower, theirs: Diverged | None = None) -> None:
+        """Send the follower a snapshot in the background (see ``_snapshot``), of only what its copy lacks if
+        ``theirs``; it is out of step until then."""
         self._stop_snapshot(follower)
         follower.joined = False
         self.flush()  # what is staged goes to the others; the snapshot covers it for this one
-        follower.snapshot = task = asyncio.get_running_loop().create_task(self._snapshot(follower))
+        follower.snapshot = task = asyncio.get_running_loop().create_task(self._snapshot(follower, theirs))
         task.add_done_callback(lambda _: self._snapshot_ended(follower, task))
 
     @staticmethod
@@ -417,40 +472,60 @@ class OpLogShipper:
         if follower.snapshot is task:
             follower.snapshot = None
 
-    async def _snapshot(self, follower: Follower) -> None:
+    async def _snapshot(self, follower: Follower, theirs: Diverged | None = None) -> None:
         """The state as it stands now, then the queue's entries as rows, a frame (``runs``) and a loop turn at a
         time (so that nobody waits on a deep queue's), each as it is when it is read, the held ones at the end;
         then the ops since the state's index.  The follower applies those ops to the state as they were applied
         here, and carries out their storage effects idempotently (a row may be of a later state already),
-        which brings its rows where the state is."""
+        which brings its rows where the state is.  For a copy that diverged from where this term started
+        (``theirs``), the rows of entries below ``base_seq`` it has are its own (``DIFF``): only the others go,
+        those below first, in seq order as ever."""
         queue = self.queue
         start = self.index
-        log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
-                 queue.message_count + len(queue.held))
         state = machine.encode_state(queue.state)
         counts = queue.state.counts
-        marker = [MARK.pack(RESET_OP, len(state)), state]
+        spans: list[tuple[int, int]] = [(0, 1 << 63)]  # the seqs whose ready entries go as rows
+        below, held = 0, set[int]()  # the held ones: those from ``below`` on, and these
+        if theirs is None:
+            marker = [MARK.pack(RESET_OP, len(state)), state]
+            log.info("%s takes a snapshot of %s: %d messages", follower.name, self.group.key,
+                     queue.message_count + len(queue.held))
+        else:
+            below = self.base_seq
+            ready, held = missing(queue.state, theirs.state, below)
+            spans = [*ready.runs(), (below, 1 << 63)]
+            marker = [DIFF.pack(DIFF_OP, len(state), below, theirs.term, theirs.index), state]
+            log.info("%s takes a snapshot of %s: %d messages, all but %d of those below seq %d its own copy's "
+                     "(it diverged at %s)", follower.name, self.group.key, queue.message_count + len(queue.held),
+                     len(ready) + len(held), below, self.base)
+            if not self._send(follower, self._frame(start, marker)):  # (alone: the follower's rows come first)
+                return
+            marker = [MARK.pack(MORE_OP, 0)]
 
         def send(rows: list[bytes]) -> bool:
             nonlocal marker
             for first, end in list(runs(rows)) or [(0, 0)]:  # one at least: it may be the state's own
                 if not self._send(follower, self._frame(start, [*marker, *rows[first:end]])):
                     return False
+                follower.rows += end - first
                 marker = [MARK.pack(MORE_OP, 0)]
             return True
 
         rows: list[bytes] = []
         size = 0
-        for entries, paged in queue.read_parts(0, 1 << 63, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
-            for more in self._ready_rows(entries, paged, counts):
-                rows += more
-                size += sum(map(len, more))
-                if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
-                    if not send(rows):
-                        return
-                    rows, size = [], 0
-                    await asyncio.sleep(0)
-        if not send(rows + self._rows(sorted(queue.held.values(), key=lambda e: e.seq), True, counts)):
+        for low, high in spans:
+            for entries, paged in queue.read_parts(low, high, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
+                for more in self._ready_rows(entries, paged, counts):
+                    rows += more
+                    size += sum(map(len, more))
+                    if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
+                        if not send(rows):
+                            return
+                        rows, size = [], 0
+                        await asyncio.sleep(0)
+        held_entries = sorted((entry for entry in queue.held.values() if entry.seq >= below or entry.seq in held),
+                              key=lambda e: e.seq)
+        if not send(rows + self._rows(held_entries, True, counts)):
             return
         self.flush()
         since = self.log.after(start) if self.index > start else []
@@ -528,10 +603,13 @@ class OpLogShipper:
             if name != self.groups.name and name not in self.followers:
                 self.probe(self.followers.setdefault(name, Follower(name)))
 
-    def catch_up(self, name: str, applied_term: int, applied: int) -> None:
+    def catch_up(self, name: str, applied_term: int, applied: int, theirs: Diverged | None = None) -> None:
         """A follower asks to catch up from ``applied``: the log from there if it still has it — this term's (a
         copy where this term started from adopted first), or earlier terms' for a copy they pass through
-        (``History``: a copy of the previous leader's, after a change of leader) — else a snapshot."""
+        (``History``: a copy of the previous leader's, after a change of leader) — else a snapshot.  A copy of
+        the term this one started from, past where it started (ops this leader never had: a deposed leader's
+        unconfirmed tail), agrees with this copy up to there: its rows of entries made before are this copy's,
+        unless either annotated one since, and a snapshot sends only the others (``_snapshot``)."""
         follower = self.followers.get(name)
         if follower is None or follower.snapshot is not None:  # (what it asks for is on its way)
             return
@@ -549,7 +627,9 @@ class OpLogShipper:
         elif applied <= self.index and (ours or self.log.passes(applied_term, applied)):
             since = self.log.after(applied)
         if since is None:
-            self.join(follower)
+            diverged = (theirs is not None and 0 < self.base[0] == applied_term and applied > self.base[1]
+                        and theirs.annotated <= self.base[1] and self.group.annotated <= self.base[1])
+            self.join(follower, theirs if diverged else None)
             return
         log.info("%s catches up on %s from the log: %d ops%s", name, self.group.key, len(since),
                  f" (its copy of term {applied_term} adopted)" if adopt
@@ -678,7 +758,8 @@ def skip(payload: bytes, pos: int, count: int) -> int | None:
 
 
 def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
-          first: int, bounds: list[int] | None = None, spare: SpareRows | None = None) -> tuple[machine.State, int]:
+          first: int, bounds: list[int] | None = None, spare: SpareRows | None = None,
+          annotated: list[int] | None = None) -> tuple[machine.State, int]:
     """A follower applies the ops of ``payload`` from ``pos``, the first of them at index ``first``, to its
     copy: to its ``state``, their storage effects to its rows (``index_id``).  Returns the state and how many
     log ops that was (a frame's leading marker, and a snapshot's rows, are none).  A snapshot's state replaces
@@ -687,15 +768,17 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     (no op's outcome depends on it).  An Enqueue, most of a log, is applied from its fields (``machine.enqueue``),
     its row written with no op or effect made for it; a frame's snapshot rows are written together.  ``bounds``:
     where each log op starts and ends in ``payload`` is added to it.  ``spare``: a snapshot coming into a spare
-    (its rows above its ``top`` need no lookup)."""
+    (its rows above its ``top`` need no lookup).  ``annotated``: the index of each op that annotated rows is added
+    to it."""
     data = memoryview(payload)
     end = len(data)
     marker = data[pos] if pos < end else 0
-    idempotent = marker in (RESET_OP, MORE_OP, REPLAY_OP)
-    if marker == RESET_OP:
+    idempotent = marker in (RESET_OP, MORE_OP, REPLAY_OP, DIFF_OP)
+    if marker == RESET_OP or marker == DIFF_OP:
+        head = MARK.size if marker == RESET_OP else DIFF.size
         size = MARK.unpack_from(data, pos)[1]
-        snapshot, _ = machine.decode_state(data, pos + MARK.size)
-        pos += MARK.size + size
+        snapshot, _ = machine.decode_state(data, pos + head)
+        pos += head + size
         state, effects = machine.apply((first, _now()), machine.Restore(snapshot), state)
         _carry_out(replicas, index_id, effects, False)
     elif marker in (MORE_OP, REPLAY_OP, ADOPT_OP):
@@ -738,7 +821,8 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
         else:
             op, pos = decode(data, pos)
             state, effects = machine.apply((first + count, now), op, state)
-            _carry_out(replicas, index_id, effects, idempotent)
+            if _carry_out(replicas, index_id, effects, idempotent) and annotated is not None:
+                annotated.append(first + count)
         if bounds is not None:
             bounds += (start, pos)
         count += 1
@@ -755,8 +839,10 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects, idempotent: bool) -> None:
-    """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone)."""
+def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects, idempotent: bool) -> bool:
+    """A follower's copy: the storage effects of an op (``idempotent``: a row may be there already, or gone);
+    whether they annotated rows."""
+    annotated = False
     for effect in effects:
         if isinstance(effect, machine.Store):
             if not (idempotent and replicas.has(index_id, effect.seq)):
@@ -767,6 +853,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
             replicas.remove(index_id, effect.seqs)
         elif isinstance(effect, machine.Annotate):
             replicas.annotate(index_id, effect.seqs, effect.annotations)
+            annotated = True
         elif isinstance(effect, machine.Move):
             replicas.move(index_id, effect.old, effect.new, effect.returns)
         elif isinstance(effect, machine.Drop):
@@ -777,6 +864,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
         elif isinstance(effect, machine.Clear):
             replicas.clear(index_id)
         # (DeadLetters: the leader's)
+    return annotated
 
 
 def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int) -> None:
@@ -789,7 +877,7 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
         return
     data, end, ops = memoryview(payload), len(payload), []
     if pos < end and data[pos] >= RESET_OP:
-        pos = end if data[pos] == RESET_OP else pos + (CONT.size if data[pos] == CONTINUE_OP else MARK.size)
+        pos = end if data[pos] in (RESET_OP, DIFF_OP) else pos + (CONT.size if data[pos] == CONTINUE_OP else MARK.size)
     while pos < end and data[pos] != ENTRY_OP:
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))

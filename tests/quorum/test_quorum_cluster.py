@@ -722,6 +722,117 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
             broker.close()
 
 
+async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhere_leaves_one_copy_whole(tmp_path):
+    """A DIFF (a copy diverged from where the leader's term began) comes into the spare as a snapshot does, with the
+    copy's own rows of the entries below its seq that the state holds (their records shared), flagged as the state
+    says; its rows of others (its own tail, what the state no longer holds) stay in the copy until the end.  A crash
+    at any point comes back to one whole copy, the old or the new, and a record both shared is still there once
+    the old copy's rows are gone, after a restart too."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from amqp_server.broker import Broker
+    from amqp_server.message import make_message
+    from amqp_server.records import QueueRecord
+    from forwarder.quorum.groups import Group, QuorumGroups
+    from amqp_server.queues.quorum_machine import State, encode_state
+    from forwarder.quorum.oplog import DIFF, DIFF_OP, ENTRY, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP
+    from forwarder.peers.owner_side import PeerSession
+
+    def record(body: bytes) -> bytes:
+        return b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), body).payload())
+
+    def opened(data: str) -> tuple[Broker, QuorumGroups, Group]:
+        broker = Broker(data)
+        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
+        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), leader="leader", term=4)
+        groups._open_copy(group)
+        groups.groups[group.key] = group
+        return broker, groups, group
+
+    def rows(broker: Broker, index_id: int) -> dict[int, tuple[bool, int, bytes]]:
+        """seq: (held, returns, the body's last 3 bytes)."""
+        persistence = broker.persistence
+        persistence.index.commit()
+        return {row.seq: (row.delivered, row.returns, persistence.store.read(row.msg_id)[-3:])
+                for row in persistence.index.entries(index_id)}
+
+    crashes: list[tuple[str, str]] = []
+
+    def crash(when: str) -> None:
+        crashes.append((when, shutil.copytree(tmp_path / "data", tmp_path / f"crash-{len(crashes)}")))
+
+    old_rows = {1: (False, 0, b"ol1"), 2: (True, 0, b"ol2"), 5: (False, 0, b"lon")}
+    new_rows = {1: (True, 2, b"ol1"), 3: (False, 0, b"mis"), 7: (False, 0, b"new")}
+    broker, groups, group = opened(str(tmp_path / "data"))
+    try:
+        old = group.index_id
+        for seq, (held, _, body) in old_rows.items():  # 1 and 2 made before the leader's term, 5 its own tail
+            broker.replicas.put(old, seq, record(body), 0, held=held)
+        broker.replicas.position(old, 3, 10, {})
+        group.applied_term, group.applied = 3, 10
+        group.state = broker.replicas.copy_state(old)
+        broker.persistence.commit_now()
+        session = cast(PeerSession, SimpleNamespace(link=SimpleNamespace(peer_name="leader", send=lambda *_: None)))
+
+        def frame(first: int, *ops: bytes) -> bytes:
+            return HEAD.pack(4, first, len(group.key.encode())) + group.key.encode() + b"".join(ops)
+
+        # the leader's state: 1 held twice returned (ours, kept), 2 gone, 3 one we settled alone (sent), 7 its own
+        snapshot = State(next_seq=8)
+        snapshot.checked_out.add(1)
+        snapshot.counts[1] = 2
+        snapshot.ready.add(3)
+        snapshot.ready.add(7)
+        state = encode_state(snapshot)
+        assert group.state.ready.first() == 1 and 3 not in group.state.ready
+        groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 10), state))
+        assert group.incoming is not None
+        groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 9), state))  # made for (3, 9)
+        assert group.incoming is None  # (not for our copy as it stands: nothing taken, nor one begun before)
+        groups.replicate(session, frame(20, DIFF.pack(DIFF_OP, len(state), 4, 3, 10), state))
+        spare = group.spare
+        assert spare and group.incoming is not None
+        mis, new = record(b"mis"), record(b"new")
+        groups.replicate(session, frame(20, MARK.pack(MORE_OP, 0), ENTRY.pack(ENTRY_OP, 3, 0, 0, 0, 3, len(mis)), mis,
+                                        ENTRY.pack(ENTRY_OP, 7, 0, 0, 0, 3, len(new)), new))
+        assert (group.index_id, group.position) == (old, (3, 10)) and rows(broker, old) == old_rows
+        assert rows(broker, spare) == new_rows
+        broker.persistence.commit_now()
+        crash("mid-snapshot")
+        install = groups._install
+
+        def crash_at_install(*args: Any) -> int:
+            replaced = install(*args)
+            crash("at its end")
+            return replaced
+
+        groups._install = crash_at_install
+        groups.replicate(session, frame(21, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
+        crash("at its end, staged")
+        assert (group.index_id, group.spare, group.position) == (spare, old, (4, 20))
+        assert group.annotated == 20  # (the leader's rows may hold annotations of its ops up to there)
+        broker.persistence.commit_now()
+        crash("committed")
+        assert rows(broker, spare) == new_rows and rows(broker, old) == {}
+    finally:
+        broker.close()
+
+    expected = {"mid-snapshot": "old", "at its end": "old", "at its end, staged": "new", "committed": "new"}
+    for when, data in crashes:
+        (tmp_path / data / "msg_store_persistent" / "clean_shutdown").unlink(missing_ok=True)
+        broker, _, group = opened(data)
+        try:
+            copy, other = (old, spare) if expected[when] == "old" else (spare, old)
+            assert (group.index_id, group.spare) == (copy, other), when
+            assert group.position == ((3, 10) if copy == old else (4, 20)), when
+            assert rows(broker, copy) == (old_rows if copy == old else new_rows), when
+            assert rows(broker, other) == {}, when
+            assert group.annotated == (10 if when == "mid-snapshot" else 20), when  # (a restart keeps it)
+        finally:
+            broker.close()
+
+
 async def test_a_followers_answer_counts_only_for_the_term_whose_ops_it_took(tmp_path):
     """A follower's copy is durable only once a group commit has it; should it follow another term by then (a
     leader re-elected after a restart that lost ops it had shipped, a follower paused past the election), its

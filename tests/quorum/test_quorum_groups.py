@@ -205,15 +205,22 @@ async def test_followers_apply_the_leaders_ops_and_their_copies_are_the_leaders(
     """Whatever clients do at the leader — publish, get, ack, nack, reject, purge, commit, a policy's delivery
     limit — each follower's state and rows end where the leader's are."""
     node = await declared(network, **{"x-delivery-limit": 2})
+    await client_work(node, random.Random(seed), 200)
+    await copies_agree(network)
+
+
+async def client_work(node: Node, rng: random.Random, steps: int, prefix: bytes = b"s",
+                      purge: float = 0.2) -> list[Entry]:
+    """Random client work at the leader ``node``: publish, get, ack, nack, reject, purge (``purge``: its odds when
+    drawn), commit.  Returns the entries it left held."""
     queue = queue_of(node)
-    rng = random.Random(seed)
     held: list = []
     sent = 0
-    for _ in range(200):
+    for _ in range(steps):
         action = rng.choice(["publish"] * 4 + ["get", "get", "ack", "nack", "reject", "purge", "commit"])
         if action == "publish":
             count = rng.randint(1, 20)
-            publish(node, [b"s%d" % i for i in range(sent, sent + count)])
+            publish(node, [b"%s%d" % (prefix, i) for i in range(sent, sent + count)])
             sent += count
         elif action == "get":
             entry = queue.get(no_ack=rng.random() < 0.3)
@@ -223,13 +230,13 @@ async def test_followers_apply_the_leaders_ops_and_their_copies_are_the_leaders(
             chosen = rng.sample(held, rng.randint(1, len(held)))
             held = [entry for entry in held if entry not in chosen]
             node.broker.settle(queue, chosen, action == "nack", action == "reject")
-        elif action == "purge" and rng.random() < 0.2:
+        elif action == "purge" and rng.random() < purge:
             queue.purge()
         elif action == "commit":
             queue.remove_upto((queue.state.ready.first() or 0) + rng.randint(0, 5))
         if rng.random() < 0.2:
             await asyncio.sleep(0)  # a loop turn: what was staged is shipped
-    await copies_agree(network)
+    return held
 
 
 async def test_a_publish_is_confirmed_once_a_majority_has_it(network):
@@ -703,6 +710,132 @@ async def test_a_deposed_leaders_copy_with_ops_the_next_never_had_gets_a_snapsho
     network.heal("n1", "n3")
     assert await copies_agree(network) == [*bodies(100), *bodies(40, "new")]
     assert any("n1 takes a snapshot" in record.message for record in caplog.records)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=60), st.integers(0, 70))
+def test_a_diff_sends_the_entries_below_its_seq_the_copy_lacks_and_no_other(places, below):
+    """``oplog.missing``: of the leader's entries below ``below``, those the copy holds nowhere (ready or held),
+    as the leader holds them (ready runs, held seqs)."""
+    from amqp_server.queues.quorum_machine import State
+
+    ours, theirs = State(), State()
+    for seq, (mine, copy) in enumerate(places):  # 0: absent, 1: ready, 2: checked out, 3: a waiting dead letter
+        for state, place in ((ours, mine), (theirs, copy)):
+            if place == 1:
+                state.ready.add(seq)
+            elif place == 2:
+                state.checked_out.add(seq)
+            elif place == 3:
+                state.dead[seq] = "rejected"
+    ready, held = quorum_log.missing(ours, theirs, below)
+    has = set(theirs.ready) | theirs.checked_out | set(theirs.dead)
+    assert list(ready) == [seq for seq in ours.ready if seq < below and seq not in has]
+    assert held == {seq for seq in ours.checked_out | set(ours.dead) if seq < below and seq not in has}
+
+
+async def depose_cut_off(network: Network, node: Node, alone) -> Node:
+    """``node`` leads, cut off from the others: ``alone()`` is done there (no majority has it), then another
+    member leads, which is returned once the others are in step."""
+    network.hold(node.name, "n2")
+    network.hold(node.name, "n3")
+    await alone()
+    for other in ("n2", "n3"):
+        network.cut(node.name, other)
+        network.release(node.name, other)
+    assert node.quorum.lease is not None
+    network.etcd.revoke(node.quorum.lease.id)
+    await wait_for(lambda: (found := leader(network)) is not None and found is not node, "a new leader")
+    new = the_leader(network)
+    await wait_for(lambda: all(lag == 0 for name, lag in new.quorum.lag()[KEY].items() if name != node.name),
+                   "the others in step")
+    return new
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_a_diverged_copy_after_random_work_on_both_sides_is_the_leaders_again(network, caplog, seed):
+    """Random client work at a leader cut off (no majority has it), then at the next one: the deposed leader's copy,
+    caught up by a DIFF, holds the new leader's state and rows, records alike."""
+    node = await declared(network, **{"x-delivery-limit": 2})
+    rng = random.Random(seed)
+    await client_work(node, rng, 150, purge=0.05)  # (what it leaves held, the next leader keeps for a while)
+    await copies_agree(network)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    new = await depose_cut_off(network, node, lambda: client_work(node, rng, 60, b"lone", purge=0.05))
+    await client_work(new, rng, 60, b"new", purge=0.05)
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await copies_agree(network)
+    assert any("n1 takes a snapshot" in record.message and "diverged" in record.message for record in caplog.records)
+
+
+async def test_a_diverged_copy_that_annotated_a_row_alone_takes_the_whole_queue(network, caplog):
+    """An op of the deposed leader's own tail annotated a message (a modified outcome): its rows of the entries
+    both had may differ from the new leader's, so it takes a snapshot of the whole queue."""
+    node = await declared(network)
+    publish(node, bodies(20))
+    queue = queue_of(node)
+    await copies_agree(network)
+    annotations = amqp10.encode(amqp10.Value("map", [(amqp10.Value("symbol", "x-opt-string"),
+                                                      amqp10.Value("string", "x-test1"))]))
+
+    async def alone() -> None:
+        node.broker.settle(queue, [take(queue)], True, annotations=annotations)
+
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    new = await depose_cut_off(network, node, alone)
+    publish(new, bodies(5, "new"))
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await copies_agree(network)
+    taken = [record.message for record in caplog.records if "n1 takes a snapshot" in record.message]
+    assert taken and not any("diverged" in message for message in taken)
+
+
+async def test_a_deposed_leaders_diverged_copy_keeps_its_rows_of_what_both_had_and_takes_only_the_rest(
+        network, caplog):
+    """n1, cut off, settles, returns and takes publishes no majority has; n2 or n3 leads the next term, settles,
+    returns and takes publishes of its own.  n1's log agrees with the new leader's up to where its term began:
+    n1 keeps its rows of the entries made before that the new leader holds, gets the others (those it settled
+    alone among them), drops its own tail, and every copy is the leader's, rows and records alike."""
+    node = await declared(network)
+    publish(node, bodies(300))
+    queue = queue_of(node)
+    held = [take(queue) for _ in range(10)]
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    node.broker.settle(queue, held[:5], False)  # (n1 alone: the new leader still holds them)
+    node.broker.settle(queue, held[5:7], True)  # back, under new seqs on n1 alone
+    node.broker.settle(queue, [take(queue) for _ in range(20)], False)
+    publish(node, bodies(30, "lone"))  # (no confirm: on n1 alone)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.cut("n1", "n2")
+    network.cut("n1", "n3")
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    assert node.quorum.lease is not None
+    network.etcd.revoke(node.quorum.lease.id)
+    await wait_for(lambda: (found := leader(network)) is not None and found.name != "n1", "a new leader")
+    new = the_leader(network)
+    other = ({"n2", "n3"} - {new.name}).pop()
+    await wait_for(lambda: new.quorum.lag()[KEY][other] == 0, "the other member in step")
+    ours = queue_of(new)
+    taken = [take(ours) for _ in range(15)]
+    new.broker.settle(ours, taken[:10], False)
+    new.broker.settle(ours, taken[10:], True)
+    publish(new, bodies(40, "new"))
+    await wait_for(lambda: new.quorum.lag()[KEY][other] == 0, "the other member in step")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await copies_agree(network)
+    _, rows = copy_of(new)
+    settled = {entry.message.body for entry in taken[:10]}
+    assert sorted(body_of(row[4]) for row in rows) == sorted({*bodies(300), *bodies(40, "new")} - settled)
+    sent = replicator_of(new).followers["n1"].rows
+    assert any("n1 takes a snapshot" in record.message and "diverged" in record.message for record in caplog.records)
+    # the 7 held there that n1 settled or returned alone, the 5 of the 20 n1 settled alone that the new leader has
+    # not, the 5 it returned and the 40 published there; none of the 273 others n1 has (a full snapshot: 330)
+    assert sent == 7 + 5 + 5 + 40, sent
 
 
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):

@@ -504,6 +504,22 @@ def test_the_state_keeps_the_enqueuers_lately_heard_of(monkeypatch):
     assert list(state.enqueuers) == [3, 1, 4]
 
 
+def test_an_entry_of_unknown_size_returned_stays_of_unknown_size():
+    """A state from a snapshot knows no entry's size (they are not on the wire): one of its entries returned to the
+    back is still of unknown size there, so the state still says it must read them from its rows before it leads
+    (``has_facts``).  Taken for 0, once every such entry had moved so, a new leader's ready bytes were short of
+    its queue's (the invariant check broke at its first delivery)."""
+    snapshot = State(next_seq=2)
+    snapshot.ready.add_run(0, 2)
+    state = m.apply(META, m.Restore(snapshot), State())[0]
+    for seq, new in ((0, 2), (1, 3)):
+        state = m.apply(META, m.Checkout(seq), state)[0]
+        state = m.apply(META, ops.Return([seq], new, True), state)[0]
+    assert list(state.ready) == [2, 3] and not state.has_facts
+    state.add_facts([(2, 5, 0), (3, 7, 0)])
+    assert state.has_facts and state.bytes == 12
+
+
 def test_apply_is_a_value_with_its_effects_as_a_tuple():
     """As ``rabbit_fifo:apply/3``: the caller goes on with the state returned; effects are an immutable tuple,
     empty for none, and the module keeps nothing mutable that an op could leave something in."""
