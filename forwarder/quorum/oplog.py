@@ -267,8 +267,8 @@ class Diverged:
 
 def missing(ours: machine.State, theirs: machine.State, below: int) -> tuple[machine.SeqSet, set[int]]:
     """The entries of ``ours`` below seq ``below`` that ``theirs`` lacks: ready ones (as runs), and held ones."""
-    has = theirs.checked_out | theirs.dead.keys()
-    held = {seq for seq in ours.checked_out | ours.dead.keys()
+    has = theirs.checked_out.keys() | theirs.dead.keys()
+    held = {seq for seq in ours.checked_out.keys() | ours.dead.keys()
             if seq < below and seq not in has and seq not in theirs.ready}
     ready = machine.SeqSet()
     other = list(theirs.ready.runs())
@@ -379,7 +379,8 @@ class OpLogShipper:
         """The queue applied ``op``: it goes to the followers; ``confirm`` (an Enqueue's publish) is told once a
         majority has it."""
         self._op(encode(op))
-        if getattr(op, "annotations", b""):  # (a copy diverged since then keeps none of its rows: ``catch_up``)
+        # (a copy diverged since an annotation keeps none of its rows: ``catch_up``)
+        if isinstance(op, (machine.Return, machine.DeadLetter)) and op.annotations:
             self.groups.annotated(self.group.key, self.index)
         if isinstance(op, machine.Checkout) and self.followers:
             self.checkouts.append(self.index)

@@ -780,7 +780,7 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
 
         # the leader's state: 1 held twice returned (ours, kept), 2 gone, 3 one we settled alone (sent), 7 its own
         snapshot = State(next_seq=8)
-        snapshot.checked_out.add(1)
+        snapshot.checked_out[1] = 2
         snapshot.counts[1] = 2
         snapshot.ready.add(3)
         snapshot.ready.add(7)

@@ -724,13 +724,13 @@ def test_a_diff_sends_the_entries_below_its_seq_the_copy_lacks_and_no_other(plac
             if place == 1:
                 state.ready.add(seq)
             elif place == 2:
-                state.checked_out.add(seq)
+                state.checked_out[seq] = 1
             elif place == 3:
                 state.dead[seq] = "rejected"
     ready, held = quorum_log.missing(ours, theirs, below)
-    has = set(theirs.ready) | theirs.checked_out | set(theirs.dead)
+    has = set(theirs.ready) | theirs.checked_out.keys() | set(theirs.dead)
     assert list(ready) == [seq for seq in ours.ready if seq < below and seq not in has]
-    assert held == {seq for seq in ours.checked_out | set(ours.dead) if seq < below and seq not in has}
+    assert held == {seq for seq in ours.checked_out.keys() | set(ours.dead) if seq < below and seq not in has}
 
 
 async def depose_cut_off(network: Network, node: Node, alone) -> Node:
