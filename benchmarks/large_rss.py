@@ -12,7 +12,11 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    ``get`` (basic.get with acks, each acked at once); every body is checked octet for octet.  With ``--amqp10``,
    one AMQP 1.0 receiver (Qpid Proton) takes them instead: link credit ``--prefetch``, frames of
    ``--frame-max`` octets; ``ack`` accepts none until it holds as many as its credit lets it, ``noack``
-   receives them pre-settled (``get`` has no AMQP 1.0 counterpart).
+   receives them pre-settled (``get`` has no AMQP 1.0 counterpart).  With ``--dead-letter``, the queue
+   dead-letters to ``large-rss-dead``: ``ack`` rejects (nacks without requeue) where it would ack, and the
+   dead letters are then taken from there with acks, as ``--mode ack`` does.  With ``--http``, the management
+   API's ``POST /api/queues/%2F/large-rss/get`` takes them instead, ``--prefetch`` at a time (``ackmode``
+   ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -20,10 +24,13 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py
     .venv/bin/python benchmarks/large_rss.py --restart --mode noack --messages 50
     .venv/bin/python benchmarks/large_rss.py --amqp10
+    .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
+    .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import select
 import shutil
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +51,8 @@ sys.path.insert(0, str(HERE))
 from amqp_load import Connection, publish_frames  # noqa: E402  # (the load generator beside this script)
 
 MIB = 1 << 20
+QUEUE = "large-rss"
+DEAD = "large-rss-dead"
 
 
 def body(size: int, number: int) -> bytes:
@@ -71,15 +81,16 @@ def free_port() -> int:
 
 
 class Node:
-    def __init__(self, data: Path, port: int) -> None:
-        self.data, self.port = data, port
+    def __init__(self, data: Path, port: int, mgmt_port: int = 0) -> None:
+        self.data, self.port, self.mgmt_port = data, port, mgmt_port  # (mgmt_port 0: no management API)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         log = open(self.data.parent / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
-             "--mgmt-enabled", "false", "--log-level", "WARNING", "--data-dir", str(self.data)],
+             *(("--mgmt-port", str(self.mgmt_port)) if self.mgmt_port else ("--mgmt-enabled", "false")),
+             "--log-level", "WARNING", "--data-dir", str(self.data)],
             cwd=HERE.parent, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -107,11 +118,16 @@ class Node:
         return self.proc.pid
 
 
-def publish(port: int, queue: str, count: int, size: int, window: int) -> float:
-    """Publish with confirms, at most ``window`` unconfirmed; the seconds it took."""
+def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False) -> float:
+    """Publish with confirms, at most ``window`` unconfirmed; the seconds it took.  ``dead_letter``: the queue
+    dead-letters to ``DEAD``, declared too."""
     conn = Connection("127.0.0.1", port, "guest", "guest")
     conn.channel_open(1)
-    conn.queue_declare(1, queue, durable=True)
+    arguments = None
+    if dead_letter:
+        conn.queue_declare(1, DEAD, durable=True)
+        arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
+    conn.queue_declare(1, queue, durable=True, arguments=arguments)
     conn.confirm_select(1)
     started = time.monotonic()
     sent = confirmed = 0
@@ -146,14 +162,22 @@ def publish(port: int, queue: str, count: int, size: int, window: int) -> float:
     return time.monotonic() - started
 
 
-def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float) -> float:
-    """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took."""
+def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float,
+         reject: bool = False) -> float:
+    """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took.  ``reject``: nacked
+    without requeue (dead-lettered) where they would be acked."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
     channel = connection.channel()
     started = time.monotonic()
     deadline = started + timeout
     got = 0
     last_tag = 0
+
+    def settle(tag: int, multiple: bool) -> None:
+        if reject:
+            channel.basic_nack(tag, multiple=multiple, requeue=False)
+        else:
+            channel.basic_ack(tag, multiple=multiple)
 
     def check(data: bytes) -> None:
         nonlocal got
@@ -168,7 +192,7 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
                 time.sleep(0.05)
                 continue
             check(data)
-            channel.basic_ack(method.delivery_tag or 0)
+            settle(method.delivery_tag or 0, False)
     else:
         channel.basic_qos(prefetch_count=prefetch)
 
@@ -177,18 +201,44 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
             check(data)
             last_tag = method.delivery_tag
             if mode == "ack" and got % prefetch == 0:  # (it holds as many as its prefetch lets it, then acks)
-                channel.basic_ack(last_tag, multiple=True)
+                settle(last_tag, True)
 
         channel.basic_consume(queue, on_message, auto_ack=mode == "noack")
         while got < count and time.monotonic() < deadline:
             connection.process_data_events(0.1)
         if mode == "ack" and got % prefetch:
-            channel.basic_ack(last_tag, multiple=True)
+            settle(last_tag, True)
     if got < count:
         raise TimeoutError(f"{got} of {count} taken")
     elapsed = time.monotonic() - started
     connection.close()
     return elapsed
+
+
+def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: int, timeout: float,
+              truncate: int | None) -> float:
+    """``take`` by the management API's "get messages", ``batch`` a request, each payload checked (its first
+    ``truncate`` octets with ``--truncate``)."""
+    request = {"count": batch, "ackmode": "ack_requeue_false" if mode == "noack" else "reject_requeue_false",
+               "encoding": "base64"}
+    if truncate is not None:
+        request["truncate"] = truncate
+    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    started = time.monotonic()
+    got = 0
+    while got < count:
+        answer = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/get", json.dumps(request).encode(),
+            {"Content-Type": "application/json", "Authorization": auth}), timeout=timeout)
+        items = json.load(answer)
+        if not items:
+            raise RuntimeError(f"{got} of {count} got, then none")
+        for item in items:
+            expected = body(size, got)[:truncate]
+            if item["payload_bytes"] != size or base64.b64decode(item["payload"]) != expected:
+                raise AssertionError(f"message {got}: its payload differs")
+            got += 1
+    return time.monotonic() - started
 
 
 def take_amqp10(port: int, queue: str, count: int, size: int, mode: str, credit: int, timeout: float,
@@ -228,20 +278,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart", action="store_true", help="restart the node between publishing and taking")
     ap.add_argument("--amqp10", action="store_true", help="take them with an AMQP 1.0 receiver (credit: --prefetch)")
     ap.add_argument("--frame-max", type=int, default=131072, help="the AMQP 1.0 receiver's max-frame-size")
+    ap.add_argument("--dead-letter", action="store_true",
+                    help="reject them to a dead-letter queue where they would be acked, then take them from there")
+    ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
+    ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.amqp10 and args.mode == "get":
         ap.error("--amqp10 takes --mode ack or noack")
+    if args.dead_letter and (args.amqp10 or args.http or args.mode != "ack"):
+        ap.error("--dead-letter takes --mode ack, an AMQP 0-9-1 consumer")
+    if args.http and (args.amqp10 or args.mode == "get"):
+        ap.error("--http takes --mode ack or noack")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
-    node = Node(tmp / "data", free_port())
+    node = Node(tmp / "data", free_port(), free_port() if args.http else 0)
     result: dict[str, float] = {}
     try:
         node.start()
         time.sleep(0.5)
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
-        result["publish_s"] = publish(node.port, "large-rss", args.messages, args.size, args.window)
+        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter)
         result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.restart:
             node.stop()
@@ -250,12 +308,20 @@ def main(argv: list[str] | None = None) -> int:
         result["before_take_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
         if args.amqp10:
-            result["take_s"] = take_amqp10(node.port, "large-rss", args.messages, args.size, args.mode, args.prefetch,
+            result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                            args.timeout, args.frame_max)
+        elif args.http:
+            result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                         args.timeout, args.truncate)
         else:
-            result["take_s"] = take(node.port, "large-rss", args.messages, args.size, args.mode, args.prefetch,
-                                    args.timeout)
+            result["take_s"] = take(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                    args.timeout, args.dead_letter)
         result["take_peak_mib"] = status(node.pid, "VmHWM") / MIB
+        if args.dead_letter:
+            reset_peak(node.pid)
+            result["dead_take_s"] = take(node.port, DEAD, args.messages, args.size, "ack", args.prefetch,
+                                         args.timeout)
+            result["dead_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
     finally:
         node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -263,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
-              f"{' after a restart' if args.restart else ''}, "
+              f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
+              f"{', by HTTP' if args.http else ''}"
+              f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))
         for key, value in result.items():
