@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import time
+from typing import Any
 
 import numpy as np
 import pika
@@ -736,11 +737,12 @@ def test_a_nack_of_many_held_large_bodies_dead_letters_them_a_body_at_a_time(bro
         holder.basic_nack(held[-1], multiple=True, requeue=False)
         dead = channel.queue_declare(f"{uid}-dead", passive=True).method.message_count
         grew = rss(broker, "VmHWM") - before
-        got: list[tuple[bytes, str]] = []
+        got: list[tuple[bytes, Any]] = []
         for _ in range(count):
             method, properties, data = channel.basic_get(f"{uid}-dead", auto_ack=True)
-            assert method is not None and data is not None
-            got.append((data, properties.headers["x-death"][0]["reason"]))
+            assert method is not None and properties is not None and data is not None
+            headers: Any = properties.headers
+            got.append((data, headers["x-death"][0]["reason"]))
         channel.queue_delete(uid)
         channel.queue_delete(f"{uid}-dead")
     assert dead == count
