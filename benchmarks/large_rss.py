@@ -17,6 +17,9 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    dead letters are then taken from there with acks, as ``--mode ack`` does.  With ``--http``, the management
    API's ``POST /api/queues/%2F/large-rss/get`` takes them instead, ``--prefetch`` at a time (``ackmode``
    ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
+   With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
+   the first's, and the messages are taken through the second (its link to the first), whose peak is
+   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -26,6 +29,7 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --amqp10
     .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
     .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
+    .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
 """
 from __future__ import annotations
 
@@ -80,9 +84,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class Etcd:
+    """An etcd of the benchmark's own, for ``--remote``'s cluster."""
+
+    def __init__(self, data: Path) -> None:
+        self.port = free_port()
+        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{free_port()}"
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("--remote needs etcd on the PATH")
+        self.proc = subprocess.Popen(
+            [etcd, "--name", "large-rss", "--data-dir", str(data), "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"large-rss={peer}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("etcd did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 class Node:
-    def __init__(self, data: Path, port: int, mgmt_port: int = 0) -> None:
+    def __init__(self, data: Path, port: int, mgmt_port: int = 0, extra: tuple[str, ...] = ()) -> None:
         self.data, self.port, self.mgmt_port = data, port, mgmt_port  # (mgmt_port 0: no management API)
+        self.extra = extra
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -90,7 +124,7 @@ class Node:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
              *(("--mgmt-port", str(self.mgmt_port)) if self.mgmt_port else ("--mgmt-enabled", "false")),
-             "--log-level", "WARNING", "--data-dir", str(self.data)],
+             "--log-level", "WARNING", "--data-dir", str(self.data), *self.extra],
             cwd=HERE.parent, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -282,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="reject them to a dead-letter queue where they would be acked, then take them from there")
     ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
     ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
+    ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -292,10 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.http and (args.amqp10 or args.mode == "get"):
         ap.error("--http takes --mode ack or noack")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
-    node = Node(tmp / "data", free_port(), free_port() if args.http else 0)
+    etcd = Etcd(tmp / "etcd") if args.remote else None
+    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if args.http else 0, () if etcd is None else (
+        "--node-name", f"large-rss{number}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+        "--cluster-secret", "large-rss", "--cluster-port", str(free_port())))
+        for number in range(2 if args.remote else 1)]
+    node, taker = nodes[0], nodes[-1]  # (the queue's node, and the node the messages are taken through)
     result: dict[str, float] = {}
     try:
-        node.start()
+        for each in nodes:
+            each.start()
         time.sleep(0.5)
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
@@ -305,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             node.stop()
             node.start()
             time.sleep(0.5)
-        result["before_take_rss_mib"] = status(node.pid, "VmRSS") / MIB
-        reset_peak(node.pid)
+        result["before_take_rss_mib"] = status(taker.pid, "VmRSS") / MIB
+        for each in nodes:
+            reset_peak(each.pid)
         if args.amqp10:
             result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                            args.timeout, args.frame_max)
@@ -314,23 +356,28 @@ def main(argv: list[str] | None = None) -> int:
             result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                          args.timeout, args.truncate)
         else:
-            result["take_s"] = take(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+            result["take_s"] = take(taker.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                     args.timeout, args.dead_letter)
-        result["take_peak_mib"] = status(node.pid, "VmHWM") / MIB
+        result["take_peak_mib"] = status(taker.pid, "VmHWM") / MIB
+        if args.remote:
+            result["owner_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.dead_letter:
             reset_peak(node.pid)
             result["dead_take_s"] = take(node.port, DEAD, args.messages, args.size, "ack", args.prefetch,
                                          args.timeout)
             result["dead_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
     finally:
-        node.stop()
+        for each in nodes:
+            each.stop()
+        if etcd is not None:
+            etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
               f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
-              f"{', by HTTP' if args.http else ''}"
+              f"{', by HTTP' if args.http else ''}{', through another node' if args.remote else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))
