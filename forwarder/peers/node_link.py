@@ -198,7 +198,7 @@ class FrameLink(FrontEnd):
             log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
                         HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
             self.silent = True
-            if self.authenticated:
+            if self.authenticated and not self.files:  # (behind a body part sent, it would land inside the body)
                 self.transport.write(FRAME.pack(0, SILENT))  # (what waits in ``_out`` goes with the link)
             self.transport.abort()
             return
