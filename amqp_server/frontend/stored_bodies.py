@@ -37,8 +37,9 @@ def store_of(message: Message, queue: AnyQueue) -> Persistence | None:
 def release_body(entry: Entry, queue: AnyQueue) -> None:
     """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
     requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry,
-    so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
-    if entry.message.body is not None and store_of(entry.message, queue) is not None:
+    so that a consumer's prefetch of large messages does not keep as many bodies in memory.  Another node's
+    queue (a proxy's entry) settles by the entry's tag there, its node holding the body: none is needed here."""
+    if entry.message.body is not None and (queue.local() is None or store_of(entry.message, queue) is not None):
         entry.message = entry.message.without_body()
 
 
