@@ -499,6 +499,7 @@ def large_body(size: int) -> bytes:
 
 def rss(node: BrokerProcess, field: str = "VmRSS", reset: bool = False) -> int:
     """The node's resident memory (``VmHWM``: its peak since it was last ``reset``, which starts it again)."""
+    assert node.proc is not None  # (started)
     if reset:
         with open(f"/proc/{node.proc.pid}/clear_refs", "w") as refs:
             refs.write("5")
@@ -539,17 +540,17 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
         passed_on = rss(n2) - at_rest
         ch.close()  # (all requeued)
         ch = connection.channel()
-        again = []
+        again: list[bytes | None] = []
         for _ in range(2):
-            method, _, data = ch.basic_get(uid)
+            method, _, got_again = ch.basic_get(uid)
             assert method is not None and method.redelivered
-            again.append(data)
+            again.append(got_again)
             ch.basic_ack(delivery_tag(method))
         ch.queue_delete(uid)
     assert [data == want for data, want in zip(got, expected)] == [True] * count
     assert again == expected[:2]
-    assert held < 96 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
-    assert passed_on < 96 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
+    assert held < 128 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
+    assert passed_on < 128 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
 
 
 def test_a_stream_through_another_node(cluster, uid):
