@@ -11,16 +11,17 @@ page-out or another node's copy gives an AMQP 1.0 reader the message it was sent
 from __future__ import annotations
 
 import struct
+from typing import TypeVar
 
 import numpy as np
 
 HEAD = struct.Struct(">HI")  # route length (with ``SECTIONS``), header length
 SECTIONS = 0x8000  # a route is at most 512 bytes: this bit of its length says AMQP 1.0 sections follow the lengths
 SECTIONS_LEN = struct.Struct(">I")
+Body = TypeVar("Body")  # a body as its writer has it: bytes, or a range of the store's file it is sent from
 
 
-def encode(route: bytes, header: bytes, body: bytes,
-           sections: bytes | None = None) -> tuple[bytes, bytes, bytes, bytes]:
+def encode(route: bytes, header: bytes, body: Body, sections: bytes | None = None) -> tuple[bytes, bytes, bytes, Body]:
     """The payload in parts, never concatenated here: a store or a socket writes them one after another.  The
     first part is the lengths, with the AMQP 1.0 sections, if any."""
     if sections is None:

@@ -12,7 +12,14 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    ``get`` (basic.get with acks, each acked at once); every body is checked octet for octet.  With ``--amqp10``,
    one AMQP 1.0 receiver (Qpid Proton) takes them instead: link credit ``--prefetch``, frames of
    ``--frame-max`` octets; ``ack`` accepts none until it holds as many as its credit lets it, ``noack``
-   receives them pre-settled (``get`` has no AMQP 1.0 counterpart).
+   receives them pre-settled (``get`` has no AMQP 1.0 counterpart).  With ``--dead-letter``, the queue
+   dead-letters to ``large-rss-dead``: ``ack`` rejects (nacks without requeue) where it would ack, and the
+   dead letters are then taken from there with acks, as ``--mode ack`` does.  With ``--http``, the management
+   API's ``POST /api/queues/%2F/large-rss/get`` takes them instead, ``--prefetch`` at a time (``ackmode``
+   ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
+   With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
+   the first's, and the messages are taken through the second (its link to the first), whose peak is
+   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -20,10 +27,14 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py
     .venv/bin/python benchmarks/large_rss.py --restart --mode noack --messages 50
     .venv/bin/python benchmarks/large_rss.py --amqp10
+    .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
+    .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
+    .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import select
 import shutil
@@ -33,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +55,8 @@ sys.path.insert(0, str(HERE))
 from amqp_load import Connection, publish_frames  # noqa: E402  # (the load generator beside this script)
 
 MIB = 1 << 20
+QUEUE = "large-rss"
+DEAD = "large-rss-dead"
 
 
 def body(size: int, number: int) -> bytes:
@@ -70,16 +84,47 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class Etcd:
+    """An etcd of the benchmark's own, for ``--remote``'s cluster."""
+
+    def __init__(self, data: Path) -> None:
+        self.port = free_port()
+        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{free_port()}"
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("--remote needs etcd on the PATH")
+        self.proc = subprocess.Popen(
+            [etcd, "--name", "large-rss", "--data-dir", str(data), "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"large-rss={peer}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("etcd did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 class Node:
-    def __init__(self, data: Path, port: int) -> None:
-        self.data, self.port = data, port
+    def __init__(self, data: Path, port: int, mgmt_port: int = 0, extra: tuple[str, ...] = ()) -> None:
+        self.data, self.port, self.mgmt_port = data, port, mgmt_port  # (mgmt_port 0: no management API)
+        self.extra = extra
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         log = open(self.data.parent / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(self.port),
-             "--mgmt-enabled", "false", "--log-level", "WARNING", "--data-dir", str(self.data)],
+             *(("--mgmt-port", str(self.mgmt_port)) if self.mgmt_port else ("--mgmt-enabled", "false")),
+             "--log-level", "WARNING", "--data-dir", str(self.data), *self.extra],
             cwd=HERE.parent, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -107,11 +152,16 @@ class Node:
         return self.proc.pid
 
 
-def publish(port: int, queue: str, count: int, size: int, window: int) -> float:
-    """Publish with confirms, at most ``window`` unconfirmed; the seconds it took."""
+def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False) -> float:
+    """Publish with confirms, at most ``window`` unconfirmed; the seconds it took.  ``dead_letter``: the queue
+    dead-letters to ``DEAD``, declared too."""
     conn = Connection("127.0.0.1", port, "guest", "guest")
     conn.channel_open(1)
-    conn.queue_declare(1, queue, durable=True)
+    arguments = None
+    if dead_letter:
+        conn.queue_declare(1, DEAD, durable=True)
+        arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
+    conn.queue_declare(1, queue, durable=True, arguments=arguments)
     conn.confirm_select(1)
     started = time.monotonic()
     sent = confirmed = 0
@@ -146,14 +196,22 @@ def publish(port: int, queue: str, count: int, size: int, window: int) -> float:
     return time.monotonic() - started
 
 
-def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float) -> float:
-    """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took."""
+def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float,
+         reject: bool = False) -> float:
+    """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took.  ``reject``: nacked
+    without requeue (dead-lettered) where they would be acked."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
     channel = connection.channel()
     started = time.monotonic()
     deadline = started + timeout
     got = 0
     last_tag = 0
+
+    def settle(tag: int, multiple: bool) -> None:
+        if reject:
+            channel.basic_nack(tag, multiple=multiple, requeue=False)
+        else:
+            channel.basic_ack(tag, multiple=multiple)
 
     def check(data: bytes) -> None:
         nonlocal got
@@ -168,7 +226,7 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
                 time.sleep(0.05)
                 continue
             check(data)
-            channel.basic_ack(method.delivery_tag or 0)
+            settle(method.delivery_tag or 0, False)
     else:
         channel.basic_qos(prefetch_count=prefetch)
 
@@ -177,18 +235,44 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
             check(data)
             last_tag = method.delivery_tag
             if mode == "ack" and got % prefetch == 0:  # (it holds as many as its prefetch lets it, then acks)
-                channel.basic_ack(last_tag, multiple=True)
+                settle(last_tag, True)
 
         channel.basic_consume(queue, on_message, auto_ack=mode == "noack")
         while got < count and time.monotonic() < deadline:
             connection.process_data_events(0.1)
         if mode == "ack" and got % prefetch:
-            channel.basic_ack(last_tag, multiple=True)
+            settle(last_tag, True)
     if got < count:
         raise TimeoutError(f"{got} of {count} taken")
     elapsed = time.monotonic() - started
     connection.close()
     return elapsed
+
+
+def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: int, timeout: float,
+              truncate: int | None) -> float:
+    """``take`` by the management API's "get messages", ``batch`` a request, each payload checked (its first
+    ``truncate`` octets with ``--truncate``)."""
+    request = {"count": batch, "ackmode": "ack_requeue_false" if mode == "noack" else "reject_requeue_false",
+               "encoding": "base64"}
+    if truncate is not None:
+        request["truncate"] = truncate
+    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    started = time.monotonic()
+    got = 0
+    while got < count:
+        answer = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/get", json.dumps(request).encode(),
+            {"Content-Type": "application/json", "Authorization": auth}), timeout=timeout)
+        items = json.load(answer)
+        if not items:
+            raise RuntimeError(f"{got} of {count} got, then none")
+        for item in items:
+            expected = body(size, got)[:truncate]
+            if item["payload_bytes"] != size or base64.b64decode(item["payload"]) != expected:
+                raise AssertionError(f"message {got}: its payload differs")
+            got += 1
+    return time.monotonic() - started
 
 
 def take_amqp10(port: int, queue: str, count: int, size: int, mode: str, credit: int, timeout: float,
@@ -228,42 +312,73 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart", action="store_true", help="restart the node between publishing and taking")
     ap.add_argument("--amqp10", action="store_true", help="take them with an AMQP 1.0 receiver (credit: --prefetch)")
     ap.add_argument("--frame-max", type=int, default=131072, help="the AMQP 1.0 receiver's max-frame-size")
+    ap.add_argument("--dead-letter", action="store_true",
+                    help="reject them to a dead-letter queue where they would be acked, then take them from there")
+    ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
+    ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
+    ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.amqp10 and args.mode == "get":
         ap.error("--amqp10 takes --mode ack or noack")
+    if args.dead_letter and (args.amqp10 or args.http or args.mode != "ack"):
+        ap.error("--dead-letter takes --mode ack, an AMQP 0-9-1 consumer")
+    if args.http and (args.amqp10 or args.mode == "get"):
+        ap.error("--http takes --mode ack or noack")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
-    node = Node(tmp / "data", free_port())
+    etcd = Etcd(tmp / "etcd") if args.remote else None
+    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if args.http else 0, () if etcd is None else (
+        "--node-name", f"large-rss{number}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
+        "--cluster-secret", "large-rss", "--cluster-port", str(free_port())))
+        for number in range(2 if args.remote else 1)]
+    node, taker = nodes[0], nodes[-1]  # (the queue's node, and the node the messages are taken through)
     result: dict[str, float] = {}
     try:
-        node.start()
+        for each in nodes:
+            each.start()
         time.sleep(0.5)
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
-        result["publish_s"] = publish(node.port, "large-rss", args.messages, args.size, args.window)
+        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter)
         result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.restart:
             node.stop()
             node.start()
             time.sleep(0.5)
-        result["before_take_rss_mib"] = status(node.pid, "VmRSS") / MIB
-        reset_peak(node.pid)
+        result["before_take_rss_mib"] = status(taker.pid, "VmRSS") / MIB
+        for each in nodes:
+            reset_peak(each.pid)
         if args.amqp10:
-            result["take_s"] = take_amqp10(node.port, "large-rss", args.messages, args.size, args.mode, args.prefetch,
+            result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                            args.timeout, args.frame_max)
+        elif args.http:
+            result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                         args.timeout, args.truncate)
         else:
-            result["take_s"] = take(node.port, "large-rss", args.messages, args.size, args.mode, args.prefetch,
-                                    args.timeout)
-        result["take_peak_mib"] = status(node.pid, "VmHWM") / MIB
+            result["take_s"] = take(taker.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                    args.timeout, args.dead_letter)
+        result["take_peak_mib"] = status(taker.pid, "VmHWM") / MIB
+        if args.remote:
+            result["owner_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
+        if args.dead_letter:
+            reset_peak(node.pid)
+            result["dead_take_s"] = take(node.port, DEAD, args.messages, args.size, "ack", args.prefetch,
+                                         args.timeout)
+            result["dead_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
     finally:
-        node.stop()
+        for each in nodes:
+            each.stop()
+        if etcd is not None:
+            etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
-              f"{' after a restart' if args.restart else ''}, "
+              f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
+              f"{', by HTTP' if args.http else ''}{', through another node' if args.remote else ''}"
+              f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))
         for key, value in result.items():

@@ -94,9 +94,10 @@ def encode_payload(body: bytes, encoding: str, truncate: int | None) -> tuple[st
     return base64.b64encode(body).decode(), "base64"
 
 
-def entry_to_json(entry: Entry, encoding: str, truncate: int | None) -> dict[str, Any]:
+def entry_to_json(entry: Entry, encoding: str, truncate: int | None, body: bytes | None = None) -> dict[str, Any]:
+    """``body``: the message's (its first ``truncate`` bytes will do) where the message does not hold it."""
     message = entry.message
-    payload, payload_encoding = encode_payload(message.body or b"", encoding, truncate)
+    payload, payload_encoding = encode_payload((message.body or b"") if body is None else body, encoding, truncate)
     return {"payload_bytes": message.body_size, "redelivered": entry.redelivered, "exchange": message.exchange,
             "routing_key": message.routing_key, "properties": properties_to_json(message),
             "payload": payload, "payload_encoding": payload_encoding}

@@ -7,6 +7,8 @@ from aiohttp import web
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
+from amqp_server.frontend.stored_bodies import SEND_FROM_FILE, body_head, forget_left, release_body
+from amqp_server.message import RELEASE_FROM
 from amqp_server.queues.policy import effective_definition
 from amqp_server.queues.queue import AnyQueue, Entry
 
@@ -154,7 +156,9 @@ async def get(request: web.Request) -> web.StreamResponse:
     """RabbitMQ's "get messages": basic.get ``count`` times, then ack, reject or requeue them all.  Refusals
     read as RabbitMQ's, which makes the gets on a channel (a missing queue is basic.get's 404 text).  A slice
     per loop turn, at most ``bulk.MAX_MESSAGES`` (see :mod:`bulk`); what is taken is held until the end, as on
-    RabbitMQ's channel (requeued, a later slice would take it again), then settled a slice per turn too."""
+    RabbitMQ's channel (requeued, a later slice would take it again), then settled a slice per turn too.  A large
+    stored body is read from the store's file for its payload (``truncate`` of it only) and not held by what is
+    taken."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     body = await read_json(request, required=True)  # the body is checked first, as RabbitMQ does
@@ -179,14 +183,21 @@ async def get(request: web.Request) -> web.StreamResponse:
             items: list[dict[str, Any]] = []
             turn = bulk.Turn()
             while left > 0:
-                _, entry = await broker.get_anywhere(vhost, queue.name, no_ack=no_ack, who=who)
+                got, entry = await broker.get_anywhere(vhost, queue.name, no_ack=no_ack, who=who,
+                                                       sends_from=SEND_FROM_FILE)
                 if entry is None:
                     left = 0
                     break
                 left -= 1
-                if not no_ack:
+                stored = entry.message.body is None  # left in the store for the file (Queue.took)
+                item = entry_to_json(entry, encoding, truncate, body_head(entry.message, got, truncate))
+                if no_ack:
+                    if stored:
+                        forget_left(got, entry)
+                else:
                     taken.append(entry)
-                item = entry_to_json(entry, encoding, truncate)
+                    if entry.message.body_size >= RELEASE_FROM:
+                        release_body(entry, got)
                 item["message_count"] = queue.message_count
                 items.append(item)
                 if not turn.spend(1, entry.message.body_size):

@@ -408,17 +408,28 @@ class MessageStore:
         """``msg_id``'s payload but its last ``tail`` bytes (a message's body, which ends its payload): what a
         reader that sends the body from the file needs of the rest, without reading the body into memory.  The
         read cache is neither consulted nor filled."""
+        return self._read_part(msg_id, tail, False)
+
+    def read_tail(self, msg_id: int, tail: int) -> bytes:
+        """``msg_id``'s last ``tail`` bytes (a message's body) alone, as ``read_head`` reads the rest: a large
+        body read back is neither a copy of a record's slice nor kept in the read cache."""
+        return self._read_part(msg_id, tail, True)
+
+    def _read_part(self, msg_id: int, tail: int, last: bool) -> bytes:
+        """The last ``tail`` bytes of ``msg_id``'s payload (``last``), or what comes before them."""
         pending = self._tail_ids.get(msg_id)
         if pending is not None:
             start, size = pending
-            return bytes(self._tail[start:start + size - tail])
+            cut = start + size - tail
+            return bytes(self._tail[cut:start + size] if last else self._tail[start:cut])
         found_at = self.index.find(msg_id)
         if found_at is None:
             raise KeyError(msg_id)
         number, offset, size = found_at
-        data = os.pread(self.segments[number].fd, size - tail, offset)
+        want, at = (tail, offset + size - tail) if last else (size - tail, offset)
+        data = os.pread(self.segments[number].fd, want, at)
         self.reads += 1
-        if len(data) != size - tail:
+        if len(data) != want:
             raise IOError(f"message {msg_id}: short read from segment {number}")
         return data
 

@@ -22,6 +22,7 @@ from pamqp import commands
 
 from amqp_server.broker import Broker
 from amqp_server.amqp091.channel import Channel
+from amqp_server.framing.file_out import FileRange
 from amqp_server.payload import encode
 from amqp_server.ports import ClientChannel
 from amqp_server.publisher_flow import PublisherFlow
@@ -277,6 +278,7 @@ class FakeLink:
 
     write_paused = False
     silent = False  # closed after its heartbeats went unheard (``Network.fall_silent``)
+    file_out = False  # (``stored_bodies.body_out`` sets it: its output holds a file's range)
 
     def __init__(self, network: "Network", source: str, peer_name: str) -> None:
         self.network, self.source, self.peer_name = network, source, peer_name
@@ -293,12 +295,19 @@ class FakeLink:
             else:
                 asyncio.get_running_loop().call_soon(network.deliver, *frame)
 
-    def send_message(self, ftype: int, head: bytes, message: Any, header: bytes | None = None) -> None:
+    def send_message(self, ftype: int, head: bytes, message: Any, header: bytes | None = None,
+                     body: bytes | FileRange | None = None) -> None:
         if message is None:
             self.send(ftype, head)
             return
-        self.send(ftype, head, *encode(message.route, message.header if header is None else header, message.body,
-                                       message.amqp10))
+        if isinstance(body, FileRange):  # (from the store's file, ``stored_bodies.body_out``: read for the frame)
+            stored = body
+            try:
+                body = stored.read()
+            finally:
+                stored.close()
+        self.send(ftype, head, *encode(message.route, message.header if header is None else header,
+                                       message.body if body is None else body, message.amqp10))
 
     def hold(self, complete: Any) -> None:
         """A publish gathering its queues: sent before any other frame, at the latest at the end of the turn."""

@@ -87,7 +87,7 @@ class Broker:
         self.bindings = bindings = Bindings(definitions)
         self.exchanges = exchanges = Exchanges(bindings, definitions, self.policies)
         self.router = router = Router(self.replies, self.delayed)
-        self.dead_letters = DeadLetters(self.vhosts, router)
+        self.dead_letters = DeadLetters(self.vhosts, router, self.pager.load_body)
         self.messages = messages = Messages(router)
         storage = Storage(node_name, self.pager, self.persistence, queue_window, RankedRows(self.persistence),
                           self.replicas, self.stream_logs)

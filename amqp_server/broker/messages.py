@@ -113,15 +113,16 @@ class Messages:
         return queue, local.get(no_ack, sends_from) if local is not None else None  # (another node's: see get_anywhere)
 
     async def get_anywhere(self, vhost: VHost, name: str, no_ack: bool, owner: "ExclusiveOwner[Queue] | None" = None,
-                    who: Principal | None = None) -> tuple[AnyQueue, Entry | None]:
+                    who: Principal | None = None, sends_from: int = 0) -> tuple[AnyQueue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included (a quorum queue's leader
-        waited for a while if none is reached now: ``reached``)."""
+        waited for a while if none is reached now: ``reached``); ``sends_from``: as ``get_local``'s, for a queue
+        of this node."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
         await vhost.reached(name)
         queue = vhost.queue(name)
         check_exclusive(queue, owner)
-        return queue, await queue.fetch(no_ack)
+        return queue, await queue.fetch(no_ack, sends_from)
 
     def peek(self, queue: AnyQueue, offset: int, count: int, who: Principal | None = None,
              after: Entry | None = None) -> list[Entry]:

@@ -37,8 +37,9 @@ def store_of(message: Message, queue: AnyQueue) -> Persistence | None:
 def release_body(entry: Entry, queue: AnyQueue) -> None:
     """A large body sent for manual ack is not held for the ack: the output holds it until it is written, and a
     requeue or a dead-lettering reads it back from the store, where the queue holds a reference for the entry,
-    so that a consumer's prefetch of large messages does not keep as many bodies in memory."""
-    if entry.message.body is not None and store_of(entry.message, queue) is not None:
+    so that a consumer's prefetch of large messages does not keep as many bodies in memory.  Another node's
+    queue (a proxy's entry) settles by the entry's tag there, its node holding the body: none is needed here."""
+    if entry.message.body is not None and (queue.local() is None or store_of(entry.message, queue) is not None):
         entry.message = entry.message.without_body()
 
 
@@ -50,10 +51,10 @@ def forget_left(queue: AnyQueue, entry: Entry) -> None:
     local.forget(entry)
 
 
-def body_out(connection: FileOutput, message: Message, queue: AnyQueue) -> bytes | FileRange:
-    """A large body as a delivery sends it: from the store's file where it is stored (``sendfile``: the output
-    does not hold the body, so neither does a delivery waiting for its ack), else from memory.  A stored body
-    still in memory goes with the range: what the socket takes at once is written from it (``framing.file_out``)."""
+def stored_range(message: Message, queue: AnyQueue) -> FileRange | None:
+    """The body of ``message`` as a range of the store's file where it is stored (the range owns a descriptor:
+    its user closes it), with the body's bytes if the node holds them; None if it is not in a file, its body
+    then in memory (read now if ``Queue.took`` left it in the store)."""
     store = store_of(message, queue)
     found = store.body_file(message) if store is not None else None
     if found is None:
@@ -61,6 +62,28 @@ def body_out(connection: FileOutput, message: Message, queue: AnyQueue) -> bytes
             local = queue.local()
             assert local is not None and local.host is not None  # (a queue of this node took it)
             local.host.load_body(message)
+        return None
+    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body, loan=found[2])
+
+
+def body_out(connection: FileOutput, message: Message, queue: AnyQueue) -> bytes | FileRange:
+    """A large body as a delivery sends it: from the store's file where it is stored (``sendfile``: the output
+    does not hold the body, so neither does a delivery waiting for its ack), else from memory.  A stored body
+    still in memory goes with the range: what the socket takes at once is written from it (``framing.file_out``)."""
+    found = stored_range(message, queue)
+    if found is None:
         return message.body
     connection.file_out = True
-    return FileRange(found[0], found[1], message.body_size, owns=True, data=message.body, loan=found[2])
+    return found
+
+
+def body_head(message: Message, queue: AnyQueue, size: int | None = None) -> bytes:
+    """The body's first ``size`` bytes (all of it by default) for a reader that needs them in memory (the HTTP
+    API's get, ``truncate``): a body ``Queue.took`` left in the store is read from its file, that much only,
+    and not kept by the message."""
+    if message.body is None and (found := stored_range(message, queue)) is not None:
+        try:
+            return found.read(size)
+        finally:
+            found.close()
+    return message.body if size is None else message.body[:size]

@@ -28,7 +28,7 @@ from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
 from msg_store.store import SPARE_LIFE
 from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
-from ..message import Message
+from ..message import RELEASE_FROM, Message
 
 if TYPE_CHECKING:
     from msg_store.segment import Segment
@@ -159,8 +159,14 @@ class Persistence:
         self.stage()
 
     def load_body(self, message: Message) -> None:
-        """Fill a recovered message's route, header and body from the store."""
-        message.fill_from(self.store.read(message.msg_id))
+        """Fill a recovered message's route, header and body from the store.  A large body (one its queue leaves
+        to the store, ``RELEASE_FROM``) is read apart from the rest, into its own bytes, and not kept in the
+        read cache: a dead-lettering of many such bodies held four in the cache and a copy of each."""
+        if message.body_size < RELEASE_FROM:
+            message.fill_from(self.store.read(message.msg_id))
+            return
+        self.load_head(message)
+        message.body = self.store.read_tail(message.msg_id, message.body_size)
 
     def records(self, msg_ids: list[int]) -> list[bytes | None]:
         """The store's records of stored messages (what ``load_body`` fills them from), read a run of neighbours

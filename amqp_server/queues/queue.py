@@ -212,7 +212,7 @@ class AnyQueue(Protocol):
         not) or rejected; only a quorum queue sets the annotations on the messages, as in RabbitMQ 4.x."""
 
     # get, purge, delete
-    async def fetch(self, no_ack: bool) -> Entry | None: ...
+    async def fetch(self, no_ack: bool, sends_from: int = 0) -> Entry | None: ...
 
     async def purged(self) -> int: ...
 
@@ -621,9 +621,10 @@ class Queue:
             self.stats.get += 1
         return self.take(entry, no_ack, sends_from)
 
-    async def fetch(self, no_ack: bool) -> Entry | None:
-        """basic.get wherever the queue lives (a proxy asks its node): here, at once."""
-        return self.get(no_ack)
+    async def fetch(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
+        """basic.get wherever the queue lives (a proxy asks its node): here, at once (``sends_from``: as
+        ``took``'s)."""
+        return self.get(no_ack, sends_from)
 
     async def purged(self) -> int:
         """queue.purge wherever the queue lives (a proxy asks its node): here, at once."""
@@ -729,10 +730,7 @@ class Queue:
     def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         """Entries leave the queue for good: to the dead-letter exchange if one is set."""
         if self.args.dead_letter_exchange is not None and self.host is not None:
-            for entry in entries:
-                if entry.message.body is None:
-                    self.host.load_body(entry.message)
-            self.host.dead_letter(self, entries, reason)
+            self.host.dead_letter(self, entries, reason)  # (it reads a body the store alone holds as it goes)
         if persisted:
             for entry in entries:
                 self.forget(entry)

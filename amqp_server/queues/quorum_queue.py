@@ -641,10 +641,7 @@ class QuorumQueue(Queue):
         host = self.host
         if self.args.dead_letter_exchange is None or host is None:
             return
-        for entry in entries:
-            if entry.message.body is None:
-                host.load_body(entry.message)
-        left = host.dead_letter(self, entries, reason)
+        left = host.dead_letter(self, entries, reason)  # (it reads a body the store alone holds as it goes)
         if not self.state.at_least_once:
             return
         untaken = {id(entry) for entry in left}

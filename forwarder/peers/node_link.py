@@ -30,9 +30,11 @@ import json
 import logging
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from amqp_server.config import MAX_MESSAGE_SIZE
+from amqp_server.framing import file_out
+from amqp_server.framing.file_out import FileRange, FileSender, Part
 from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
@@ -172,7 +174,9 @@ class FrameLink(FrontEnd):
         self.peer_name = ""
         self.authenticated = False
         self._buf = bytearray()
-        self._out: list[bytes] = []
+        self._out: list[Part] = []
+        self.file_out = False  # ``_out`` holds a body in a file (``stored_bodies.body_out``): it goes by ``files``
+        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self._scheduled = False
         self._held: Callable[[], None] | None = None
         self._heard = True
@@ -204,7 +208,7 @@ class FrameLink(FrontEnd):
             log.warning("link with %s silent for %.0f s: closing", self.peer_name or "?",
                         HEARTBEAT_MISSES * HEARTBEAT_INTERVAL)
             self.silent = True
-            if self.authenticated:
+            if self.authenticated and not self.files:  # (behind a body part sent, it would land inside the body)
                 self.transport.write(FRAME.pack(0, SILENT))  # (what waits in ``_out`` goes with the link)
             self.transport.abort()
             return
@@ -215,6 +219,8 @@ class FrameLink(FrontEnd):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._discard_out()
+        self.files.close()
         now = asyncio.get_running_loop().time()
         if now - self._beat >= STALL or now - self._woke <= 2 * HEARTBEAT_INTERVAL:
             self.silent = True  # (this node stalled: the other end may have closed it for hearing nothing)
@@ -251,15 +257,19 @@ class FrameLink(FrontEnd):
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def send_message(self, ftype: int, head: bytes, message: Message | None, header: bytes | None = None) -> None:
+    def send_message(self, ftype: int, head: bytes, message: Message | None, header: bytes | None = None,
+                     body: bytes | FileRange | None = None) -> None:
         """A frame of ``head`` and then the message, if any (route, header and body as published, or with
-        ``header`` as its queue delivers it)."""
+        ``header`` as its queue delivers it; ``body``: the body as it goes, from a file where ``body_out`` says so
+        and the message's own by default)."""
         if message is None:
             self.send(ftype, head)
             return
         if self._held is not None:
             self._complete_held()
-        route, body = message.route, message.body
+        route = message.route
+        if body is None:
+            body = message.body
         if header is None:
             header = message.header
         lengths, *parts = encode(route, header, body, message.amqp10)
@@ -273,9 +283,32 @@ class FrameLink(FrontEnd):
         self._complete_held()
         self._scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self._out))
+            if self.file_out or self.files:  # (what follows output waiting there goes after it)
+                self.files.send(self.transport, self._out, self.write_high)
+                self._out.clear()  # (the outbox's now)
+                self.file_out = False
+            else:
+                self.transport.write(b"".join(cast(list[bytes], self._out)))
             self._sent = True
+        self._discard_out()
+
+    def _discard_out(self) -> None:
+        """The output is done with (written, or dropped): the descriptors of bodies in files not sent are closed."""
+        if self.file_out:
+            file_out.discard(self._out)
+            self.file_out = False
         self._out.clear()
+
+    def writable(self) -> None:
+        """What waits in the outbox goes first; what waited for room goes on once it has gone (``drained``)."""
+        if self.files:
+            self.files.pump(self.transport, self.write_high)
+            if self.write_paused:
+                return
+        self.drained()
+
+    def drained(self) -> None:
+        """The peer caught up: what waited for room to write may go on."""
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -389,7 +422,7 @@ class ServerLink(FrameLink):
     def frame(self, ftype: int, payload: bytes) -> None:
         self.session.frame(ftype, payload)
 
-    def writable(self) -> None:
+    def drained(self) -> None:
         if self.session is not None:
             self.session.writable()
 
@@ -446,7 +479,7 @@ class ClientLink(FrameLink):
     def frame(self, ftype: int, payload: bytes) -> None:
         self.handler.frame(ftype, payload)
 
-    def writable(self) -> None:
+    def drained(self) -> None:
         self.handler.writable()
 
     def connection_lost(self, exc: Exception | None) -> None:

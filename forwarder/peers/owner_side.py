@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
-from amqp_server.message import Message
+from amqp_server.frontend.stored_bodies import SEND_FROM_FILE, body_out, release_body
+from amqp_server.message import RELEASE_FROM, Message
 from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, Queue
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.queue_type import REPLICATED
@@ -69,8 +70,8 @@ class RemoteConsumerChannel:
         session.unacked[tag] = (entry, consumer.queue, consumer)
         queue = consumer.queue
         flags = entry.redelivered | (link.AGREED if queue.agreed(entry.seq) else 0)
-        session.link.send_message(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, flags),
-                                  entry.message, queue.delivery_header(entry) if consumer.counted else None)
+        session.send_entry(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, flags), entry, queue,
+                           queue.delivery_header(entry) if consumer.counted else None)
 
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         self.session.consumers.pop(self.id, None)
@@ -375,6 +376,7 @@ class PeerSession:
                                            False, request["exclusive"],
                                            link.arguments_from(request["arguments"], request["timestamps"]),
                                            request["prefetch"])
+            consumer.sends_from = SEND_FROM_FILE
         except AMQPError as exc:
             self.link.send(link.CONSUMED, link.encode_json({"id": consumer_id, "error": [exc.code, exc.text]}))
             return
@@ -502,24 +504,36 @@ class PeerSession:
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
-        message: Message | None = None
-        header: bytes | None = None
+        entry: Entry | None = None
         try:
             queue = self._local_queue(request["vhost"], request["queue"])
             if request["op"] == "get":
-                entry = queue.get(no_ack=False)
+                entry = queue.get(no_ack=False, sends_from=SEND_FROM_FILE)
                 if entry is not None:
                     tag = next(_tags)
                     self.unacked[tag] = (entry, queue, None)
                     reply.update(tag=tag, redelivered=entry.redelivered)
-                    message, header = entry.message, queue.delivery_header(entry, get=True)
                 reply["count"] = queue.message_count
             else:  # the broker's operation, as for a purge on this node (the asking node checked permissions)
                 reply["count"] = self.broker.purge_local(self.broker.vhosts[request["vhost"]], queue.name)
         except AMQPError as exc:
             reply["error"] = [exc.code, exc.text]
         raw = link.encode_json(reply)
-        self.link.send_message(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw, message, header)
+        head = link.REPLY_HEAD.pack(len(raw)) + raw
+        if entry is None:
+            self.link.send(link.REPLY, head)
+        else:
+            self.send_entry(link.REPLY, head, entry, queue, queue.delivery_header(entry, get=True))
+
+    def send_entry(self, ftype: int, head: bytes, entry: Entry, queue: AnyQueue, header: bytes | None) -> None:
+        """A frame of ``head`` and an entry taken for ack, as its queue delivers it: a large body its queue
+        stored goes from the store's file (``stored_bodies.body_out``), and the entry waiting for its ack
+        holds no body (``release_body``), so that what the link carries costs this node no copy of its bodies."""
+        message = entry.message
+        body = body_out(self.link, message, queue) if message.body_size >= SEND_FROM_FILE else message.body
+        self.link.send_message(ftype, head, message, header, body)
+        if message.body_size >= RELEASE_FROM:
+            release_body(entry, queue)
 
     def writable(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:

@@ -628,10 +628,10 @@ class RemoteQueue:
             entries = send
         self.peer.settle(mode, entries, annotations)
 
-    async def fetch(self, no_ack: bool) -> Entry | None:
+    async def fetch(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         """basic.get at the owner: the entry stays unacked there until settled from here.  A quorum queue's node
         that answers it does not lead (any more: this node had not heard) is asked again once this node knows
-        the leader, for up to ``LEADER_WAIT``."""
+        the leader, for up to ``LEADER_WAIT``.  (``sends_from`` does not apply: the body comes with the reply.)"""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LEADER_WAIT
         while True:

@@ -7,10 +7,12 @@ dropped, repeated or out of place shows.
 """
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import struct
 import time
+from typing import Any
 
 import numpy as np
 import pika
@@ -715,3 +717,68 @@ def test_a_stored_body_held_for_its_ack_goes_from_memory_without_a_descriptor(br
     assert held <= 1, f"{held} descriptors more (the consumer's socket is one)"
     bodies = [payload for ftype, _channel, payload in frames if ftype == 3]
     assert bodies == [body(size + number) for number in range(count)]
+
+
+def test_a_nack_of_many_held_large_bodies_dead_letters_them_a_body_at_a_time(broker, uid):
+    """16 persistent 16 MiB messages (256 MiB) held by a consumer (the node holds none of their bodies), then
+    nacked at once without requeue to a dead-letter queue: the node reads each body back for its dead letter as
+    it goes, not all of them first; the dead letters arrive byte-exact with their x-death."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    count, size = 16, 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(f"{uid}-dead", durable=True)
+        stored_bodies(connection, uid, count, size, {"x-dead-letter-exchange": "",
+                                                     "x-dead-letter-routing-key": f"{uid}-dead"})
+        holder, held = holding(connection, uid, count)
+        before = rss(broker)
+        reset_peak(broker)
+        holder.basic_nack(held[-1], multiple=True, requeue=False)
+        dead = channel.queue_declare(f"{uid}-dead", passive=True).method.message_count
+        grew = rss(broker, "VmHWM") - before
+        got: list[tuple[bytes, Any]] = []
+        for _ in range(count):
+            method, properties, data = channel.basic_get(f"{uid}-dead", auto_ack=True)
+            assert method is not None and properties is not None and data is not None
+            headers: Any = properties.headers
+            got.append((data, headers["x-death"][0]["reason"]))
+        channel.queue_delete(uid)
+        channel.queue_delete(f"{uid}-dead")
+    assert dead == count
+    assert [(data == body(size + number), reason) for number, (data, reason) in enumerate(got)] == [
+        (True, "rejected")] * count
+    assert grew < 128 * 1024 * 1024, f"{grew >> 20} MiB more held dead-lettering"
+
+
+@pytest.mark.parametrize("ackmode", ["ack_requeue_true", "ack_requeue_false"])
+def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker, uid, ackmode):
+    """The HTTP API's "get messages" of large persistent bodies the node holds in its store only: with
+    ``truncate``, as much of each body as it answers is read from the store's file, not the body; without,
+    each payload is whole and byte-exact.  Taken without ack, they are gone; else they are back, byte-exact."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    sizes = [16 * 1024 * 1024 + number for number in range(3)]
+    path = f"/api/queues/%2F/{uid}/get"
+    with connect(broker) as connection:
+        requeued_without_bodies(connection, uid, sizes)
+        before = read_octets(broker)
+        cut = call(broker, "POST", path, {"count": 3, "ackmode": "ack_requeue_true", "encoding": "base64",
+                                          "truncate": 100})
+        read = read_octets(broker) - before
+        assert cut.status == 200, cut.raw
+        assert [(item["payload_bytes"], base64.b64decode(item["payload"])) for item in cut.json] == [
+            (size, body(size)[:100]) for size in sizes]
+        whole = call(broker, "POST", path, {"count": 3, "ackmode": ackmode, "encoding": "base64"})
+        assert whole.status == 200, whole.raw
+        assert [base64.b64decode(item["payload"]) == body(size) for item, size in zip(whole.json, sizes)] == [
+            True] * len(sizes)
+        channel = connection.channel()
+        left = channel.queue_declare(uid, passive=True).method.message_count
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(left)]
+        channel.queue_delete(uid)
+    assert read < sum(sizes) // 2, f"{read} octets read to answer 100 of each of {sizes}"
+    if ackmode == "ack_requeue_false":
+        assert left == 0
+    else:
+        assert [data == body(size) for data, size in zip(again, sizes)] == [True] * len(sizes)

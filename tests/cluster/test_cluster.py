@@ -492,6 +492,67 @@ def test_basic_get_and_purge_through_another_node(cluster, uid):
     assert passive(n1, uid) == 0
 
 
+def large_body(size: int) -> bytes:
+    """``size`` octets, no two places alike (a counter)."""
+    return b"".join(number.to_bytes(8, "big") for number in range(size // 8 + 1))[:size]
+
+
+def rss(node: BrokerProcess, field: str = "VmRSS", reset: bool = False) -> int:
+    """The node's resident memory (``VmHWM``: its peak since it was last ``reset``, which starts it again)."""
+    assert node.proc is not None  # (started)
+    if reset:
+        with open(f"/proc/{node.proc.pid}/clear_refs", "w") as refs:
+            refs.write("5")
+    with open(f"/proc/{node.proc.pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
+
+
+def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_queue_s_node(cluster, uid):
+    """12 persistent 16 MiB messages (192 MiB) of a durable queue of node 1, all held unacked by a consumer on
+    node 2, then a basic.get there: node 1 sends each body over the link from its store's file and holds none
+    for its ack, nor does node 2 once sent (the ack goes to node 1 by its tag); each arrives byte-exact,
+    redelivered too."""
+    _, (n1, n2, _) = cluster
+    count, size = 12, 16 * 1024 * 1024
+    expected = [large_body(size + number) for number in range(count)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True)
+        ch.confirm_delivery()
+        for data in expected:
+            ch.basic_publish("", uid, data, pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, uid) == count, "owner's count reported on node 2")
+    before = rss(n1, "VmHWM", reset=True)
+    at_rest = rss(n2)
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.basic_qos(prefetch_count=100)
+        got: list[bytes] = []
+        tags: list[int] = []
+
+        def on_message(_ch, method, _properties, data: bytes) -> None:
+            got.append(data)
+            tags.append(delivery_tag(method))
+
+        ch.basic_consume(uid, on_message)
+        pump(connection, lambda: len(got) == count, timeout=60)
+        held = rss(n1, "VmHWM") - before
+        passed_on = rss(n2) - at_rest
+        ch.close()  # (all requeued)
+        ch = connection.channel()
+        again: list[bytes | None] = []
+        for _ in range(2):
+            method, _, got_again = ch.basic_get(uid)
+            assert method is not None and method.redelivered
+            again.append(got_again)
+            ch.basic_ack(delivery_tag(method))
+        ch.queue_delete(uid)
+    assert [data == want for data, want in zip(got, expected)] == [True] * count
+    assert again == expected[:2]
+    assert held < 128 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
+    assert passed_on < 128 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
+
+
 def test_a_stream_through_another_node(cluster, uid):
     """A stream lives on its owner; another node's clients publish and read it at the offsets they name."""
     _, (n1, n2, _) = cluster
