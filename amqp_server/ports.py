@@ -102,6 +102,8 @@ class Replicator(Protocol[OpT]):
     index: int  # the index in its term's log of the latest op appended
     term: int  # the leader's: what its checkouts are named by, with their seqs (``Checkout.term``)
     agreed_below: int  # the seqs below it were made by ops a majority has: every later leader's copy has them
+    base: tuple[int, int]  # (term, index) where the leader's copy stood as its term began
+    base_seq: int  # no entry made since has a seq below this
 
     def append(self, op: OpT, confirm: ConfirmSink | None = None) -> None:
         """An op applied; ``confirm`` (an enqueue's publish, if any) is told once the queue's group has it."""

@@ -269,13 +269,14 @@ class QuorumQueue(Queue):
 
     def adopt(self, held: list[Checked]) -> list[Entry | None]:
         """A consumer that outlived the change of leader takes back what it held (its checkouts, ``held``): the
-        entries still waiting for it that this copy has checked out in the same term, and those still ready
-        here whose seq was agreed (the previous leader gave them out without getting the delivery onto a
-        majority).  None for the others: settled before, given to another consumer since, or given out by a
-        leader whose op this copy never had, which is delivered again, as RabbitMQ delivers again what its
-        leader had not committed.  A seq alone will not do: a copy that never had a deposed leader's entry may
-        have given its seq to another message, which the consumer's ack would then remove undelivered.  The
-        caller counts them against the consumer's prefetch, and settles them as any it delivered."""
+        entries still waiting for it that this copy has checked out in the same term, and those still ready here
+        whose seq names the same message here (``_same_message``; the previous leader gave them out without
+        getting the delivery onto a majority).  None for the others: settled before, given to another consumer
+        since, or given out by a leader whose op this copy never had, which is delivered again, as RabbitMQ
+        delivers again what its leader had not committed.  A seq alone will not do: a copy that never had a
+        deposed leader's entry may have given its seq to another message, which the consumer's ack would then
+        remove undelivered.  The caller counts them against the consumer's prefetch, and settles them as any it
+        delivered."""
         awaiting, entries, ready = self._awaiting, self.held, self.state.ready
         found: list[Entry | None] = []
         for checked in held:
@@ -283,7 +284,7 @@ class QuorumQueue(Queue):
             if seq in awaiting and seq in entries and self.holds(checked):
                 awaiting.discard(seq)
                 found.append(entries[seq])
-            elif checked[2] and seq in ready:
+            elif seq in ready and self._same_message(checked):
                 found.append(self._take_ready(seq))
             else:
                 found.append(None)
@@ -298,6 +299,15 @@ class QuorumQueue(Queue):
         self.unacked_bytes += entry.message.body_size
         self.run(machine.Checkout(seq, False, self.term), [entry])
         return entry
+
+    def _same_message(self, checked: Checked) -> bool:
+        """Whether the seq of an entry checked out by the leader of the term ``checked`` names names the same
+        message here: it was agreed there (every later leader's copy has it), or this leader's copy ran through
+        that term's log and the seq is one it had made by then (``base_seq``: both logs made it, in the ops
+        they share)."""
+        seq, term, agreed = checked
+        replicator = self.replicator
+        return agreed or (replicator is not None and 0 < term == replicator.base[0] and seq < replicator.base_seq)
 
     def holds(self, checked: Checked) -> bool:
         seq, term, _ = checked

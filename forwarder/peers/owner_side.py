@@ -394,13 +394,13 @@ class PeerSession:
         queue.deliver_ready()
 
     def _resettle(self, queue: Queue, settled: Any) -> None:
-        """Settles a consumer sent the previous leader (mode, the queue's seq and the term it was checked out
-        in), sent again: those of entries still kept for a consumer to take back (``QuorumQueue.adopt``; the
+        """Settles a consumer sent the previous leader (mode, then its checkout: ``[mode, seq, term, agreed]``),
+        sent again: those of entries still kept for a consumer to take back (``QuorumQueue.adopt``; the
         previous leader had not replicated them) are carried out; the others were, or the entry is no longer
         the consumer's: nothing to do."""
         by_mode: dict[int, list[Checked]] = {}
         for settle in settled[:RESETTLE_MAX] if isinstance(settled, list) else ():
-            if isinstance(settle, list) and len(settle) == 3 and settle[0] in range(len(link.SETTLE_MODES)):
+            if isinstance(settle, list) and len(settle) == 4 and settle[0] in range(len(link.SETTLE_MODES)):
                 by_mode.setdefault(settle[0], []).append(link.read_checked(settle[1:]))
         for mode, held in by_mode.items():
             found = self._taken_back(queue, held, queue.adopt(held))

@@ -841,9 +841,9 @@ async def test_a_deposed_leaders_diverged_copy_keeps_its_rows_of_what_both_had_a
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):
     """A consumer that outlived the change of leader takes back what it held, named by seq and the term it was
     checked out in: it stays checked out, as the consumer's; what no consumer took back within the grace
-    period is returned, counted, and one back later still takes it while it is ready, its seq agreed (made
-    by an op a majority had); an unknown seq, a known one of another term, or a ready one not agreed, is
-    refused."""
+    period is returned, counted, and one back later still takes it while it is ready, its seq the same
+    message here (agreed: made by an op a majority had; or made in the ops both copies share); an unknown seq,
+    a known one of another term, or a ready one of neither, is refused."""
     node = await declared(network)
     publish(node, bodies(20))
     queue = queue_of(node)
@@ -860,7 +860,7 @@ async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(netw
     assert taken is not None and taken.message.body == kept.message.body and unknown is other_term is None
     await wait_for(lambda: new.state.checked_out == {kept.seq: term}, "the grace period over")
     assert new.state.count(left.seq) == 1 and new.message_count == 19
-    assert new.adopt([(left.seq, term, False)]) == [None]  # (not agreed: its seq may name another message here)
+    assert new.adopt([(left.seq, term + 1, False)]) == [None]  # (another copy's term: its seq may be another's)
     late, = new.adopt([left_checked])  # (in its place again: the same message)
     assert late is not None and late.message.body == left.message.body and new.message_count == 18
     new.settle([taken, late])  # their acks, after the change, count
@@ -905,6 +905,33 @@ async def test_a_consumer_back_after_two_changes_of_leader_takes_back_no_other_m
     await wait_for(lambda: leader(network) is network.nodes[third], f"{third} leading")
     await network.start_node(second.name)
     await drained(network, client, [*bodies(10), b"confirmed"])
+
+
+async def test_a_consumer_takes_back_what_the_next_leaders_copy_has_as_the_same_message(network):
+    """n1's followers have its 10 publishes, but n1 never hears so, and its consumer's checkouts of them never
+    leave it: deposed, it names them as not agreed.  The next leader's copy ran through n1's term up to those
+    publishes (its ``base``), so their seqs name the same messages there: the consumer takes them back from
+    the ready list and its acks count; nothing is delivered twice."""
+    node = await declared(network)
+    for follower in ("n2", "n3"):
+        network.hold(follower, "n1")  # (their answers)
+    publish(node, bodies(10))
+    await wait_for(lambda: all(network.nodes[name].quorum.groups[KEY].applied >= 10 for name in ("n2", "n3")),
+                   "the followers have them")
+    for follower in ("n2", "n3"):
+        network.hold("n1", follower)  # (the checkouts stay on n1)
+    client = Client(node).consume()
+    await wait_for(lambda: len(client.received) == 10, "n1's consumer holding all ten")
+    assert [queue_of(node).checked(entry)[2] for entry, _, _ in client.unacked.values()] == [False] * 10
+    network.etcd.revoke(node.quorum.groups[KEY].leader_lease)
+    await wait_for(lambda: leader(network) not in (None, node), "another leader")
+    for follower in ("n2", "n3"):
+        network.cut("n1", follower)
+        network.release("n1", follower)
+        network.release(follower, "n1")
+        network.heal("n1", follower)
+    await drained(network, client, bodies(10))
+    assert sorted(client.received) == bodies(10)  # (each once)
 
 
 async def test_a_modified_outcomes_annotations_are_in_every_copy_and_the_next_leader_delivers_them(network):
