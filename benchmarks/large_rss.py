@@ -52,6 +52,7 @@ import pika
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import etcd_local  # noqa: E402  # (beside this script)
 from amqp_load import Connection, publish_frames  # noqa: E402  # (the load generator beside this script)
 
 MIB = 1 << 20
@@ -90,23 +91,13 @@ class Etcd:
     def __init__(self, data: Path) -> None:
         self.port = free_port()
         url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{free_port()}"
-        etcd = shutil.which("etcd")
-        if etcd is None:
+        if shutil.which("etcd") is None:
             raise RuntimeError("--remote needs etcd on the PATH")
-        self.proc = subprocess.Popen(
-            [etcd, "--name", "large-rss", "--data-dir", str(data), "--listen-client-urls", url,
-             "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"large-rss={peer}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-                    if json.load(reply).get("health") == "true":
-                        return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError("etcd did not become healthy")
+        self.proc = subprocess.Popen(etcd_local.command("large-rss", str(data), url, peer),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not etcd_local.healthy(url, 30):
+            self.stop()
+            raise TimeoutError("etcd did not become healthy")
 
     def stop(self) -> None:
         self.proc.kill()

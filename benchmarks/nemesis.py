@@ -74,6 +74,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amqp_load  # noqa: E402 (after sys.path takes this folder)
+import etcd_local  # noqa: E402 (after sys.path takes this folder)
 from amqp_load import method_frame, publish_frames, shortstr, table  # noqa: E402 (after sys.path takes this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,20 +355,12 @@ class Warren(Cluster):
         url, peer = f"http://{ETCD_ADDRESS}:{ETCD_PORT}", f"http://{ETCD_ADDRESS}:{ETCD_PORT + 1}"
         log = open(os.path.join(self.data, "etcd.log"), "ab")
         self.etcd = subprocess.Popen(
-            ["ip", "netns", "exec", self.network.ns("etcd"), shutil.which("etcd") or "etcd", "--name", "nemesis",
-             "--data-dir", os.path.join(self.data, "etcd"), "--listen-client-urls", url,
-             "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"nemesis={peer}"], stdout=log, stderr=subprocess.STDOUT)
+            ["ip", "netns", "exec", self.network.ns("etcd"),
+             *etcd_local.command("nemesis", os.path.join(self.data, "etcd"), url, peer)],
+            stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-                    if json.load(reply).get("health") == "true":
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("etcd did not start")
+        if not etcd_local.healthy(url, 20):
+            raise RuntimeError("etcd did not start")
 
     def start_node(self, index: int) -> None:
         log = open(os.path.join(self.data, f"node{index + 1}.log"), "ab")

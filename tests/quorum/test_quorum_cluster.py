@@ -13,7 +13,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, cast
 
 import pika
 import pytest
@@ -23,7 +25,11 @@ from pika.exceptions import AMQPError
 from conftest import CLUSTER, BrokerProcess, free_port, starts
 from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
+from amqp_server.broker import Broker
+from amqp_server.message import make_message
+from amqp_server.records import QueueRecord
 from forwarder.quorum import groups as quorum
+from forwarder.quorum.groups import Group, QuorumGroups
 from support import Raw, delivery_tag, drain_from as drain, publish_frames, publish_to
 
 publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
@@ -619,45 +625,76 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
     assert drain(n3, uid) == bodies
 
 
+class InstallCrashes:
+    """A follower's node as a snapshot comes into its copy's spare index id (``QuorumGroups.replicate``): its data
+    directory copied at four points of the install, each restarted later from its copy."""
+
+    KEPT = {"mid-snapshot": "old", "at its end": "old", "at its end, staged": "new", "committed": "new"}
+
+    def __init__(self, tmp_path: Path, term: int) -> None:
+        self.tmp_path, self.term = tmp_path, term
+        self.crashes: list[tuple[str, str]] = []
+
+    def opened(self, data: str) -> tuple[Broker, QuorumGroups, Group]:
+        broker = Broker(data)
+        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
+        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), leader="leader", term=self.term)
+        groups._open_copy(group)
+        groups.groups[group.key] = group
+        return broker, groups, group
+
+    def crash(self, when: str) -> None:
+        """The node's data as it is on disk now, for a restart from it later."""
+        copy = shutil.copytree(self.tmp_path / "data", self.tmp_path / f"crash-{len(self.crashes)}")
+        self.crashes.append((when, str(copy)))
+
+    def at_install(self, groups: QuorumGroups) -> None:
+        """A crash just as the snapshot's end swaps the copies, before anything is staged."""
+        install = groups._install
+
+        def crash_at_install(*args: Any) -> int:
+            replaced = install(*args)
+            self.crash("at its end")
+            return replaced
+
+        groups._install = crash_at_install  # type: ignore[method-assign, assignment]
+
+    def restarted(self, old: int, spare: int) -> Iterator[tuple[str, int, int, Broker, Group]]:
+        """Each crash's node restarted: (when, the copy it keeps, the other, its broker, its group); the copy is
+        the old one before the install is staged, the new one after."""
+        for when, data in self.crashes:
+            (self.tmp_path / data / "msg_store_persistent" / "clean_shutdown").unlink(missing_ok=True)
+            broker, _, group = self.opened(data)
+            try:
+                copy, other = (old, spare) if self.KEPT[when] == "old" else (spare, old)
+                assert (group.index_id, group.spare) == (copy, other), when
+                yield when, copy, other, broker, group
+            finally:
+                broker.close()
+
+
+def stored_record(body: bytes) -> bytes:
+    return b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), body).payload())
+
+
 async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_one_copy_whole(tmp_path):
     """A follower's copy stays as it stood, in memory and on disk, while a snapshot comes into its spare index
     id; the snapshot's end makes the spare the copy and the old copy the spare.  A crash at any point of that
     (the node's data copied as it is on disk then) comes back to one whole copy: the old one, or the new one,
     never a mix, and the other's rows gone.  A new leader's ADOPT frame carries on the copy where the new term
     began; the old one's, once replaced, asks to catch up."""
-    from types import SimpleNamespace
-    from typing import cast
-
-    from amqp_server.broker import Broker
-    from amqp_server.message import make_message
-    from amqp_server.records import QueueRecord
-    from forwarder.quorum.groups import Group, QuorumGroups
     from amqp_server.queues.quorum_machine import State, encode_state
     from forwarder.quorum.oplog import ADOPT_OP, ENTRY, ENTRY_OP, HEAD, MARK, REPLAY_OP, RESET_OP
     from forwarder.peers.owner_side import PeerSession
 
-    def record(body: bytes) -> bytes:
-        return b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), body).payload())
-
-    def opened(data: str) -> tuple[Broker, QuorumGroups, Group]:
-        broker = Broker(data)
-        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
-        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), leader="leader", term=3)
-        groups._open_copy(group)
-        groups.groups[group.key] = group
-        return broker, groups, group
+    crashes = InstallCrashes(tmp_path, 3)
+    record, crash = stored_record, crashes.crash
 
     def body_at_1(broker: Broker, index_id: int) -> bytes | None:
         row = broker.persistence.index.peek(index_id, 1)
         return None if row is None else broker.persistence.store.read(row.msg_id)[-3:]
 
-    crashes: list[tuple[str, str]] = []
-
-    def crash(when: str) -> None:
-        """The node's data as it is on disk now, for a restart from it later."""
-        crashes.append((when, shutil.copytree(tmp_path / "data", tmp_path / f"crash-{len(crashes)}")))
-
-    broker, groups, group = opened(str(tmp_path / "data"))
+    broker, groups, group = crashes.opened(str(tmp_path / "data"))
     try:
         old = group.index_id
         broker.replicas.put(old, 1, record(b"old"), 0)
@@ -686,14 +723,7 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
         assert body_at_1(broker, spare) == b"new"
         broker.persistence.commit_now()
         crash("mid-snapshot")
-        install = groups._install
-
-        def crash_at_install(*args: Any) -> int:
-            replaced = install(*args)
-            crash("at its end")
-            return replaced
-
-        groups._install = crash_at_install  # type: ignore[method-assign, assignment]
+        crashes.at_install(groups)
         groups.replicate(session, frame(3, 21, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
         crash("at its end, staged")
         assert (group.index_id, group.spare, group.position) == (spare, old, (3, 20))
@@ -708,18 +738,10 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
     finally:
         broker.close()
 
-    expected = {"mid-snapshot": "old", "at its end": "old", "at its end, staged": "new", "committed": "new"}
-    for when, data in crashes:
-        (tmp_path / data / "msg_store_persistent" / "clean_shutdown").unlink(missing_ok=True)
-        broker, _, group = opened(data)
-        try:
-            copy, other = (old, spare) if expected[when] == "old" else (spare, old)
-            assert (group.index_id, group.spare) == (copy, other), when
-            assert group.position == ((3, 10) if copy == old else (3, 20)), when
-            assert body_at_1(broker, copy) == expected[when].encode(), when
-            assert body_at_1(broker, other) is None, when
-        finally:
-            broker.close()
+    for when, copy, other, broker, group in crashes.restarted(old, spare):
+        assert group.position == ((3, 10) if copy == old else (3, 20)), when
+        assert body_at_1(broker, copy) == InstallCrashes.KEPT[when].encode(), when
+        assert body_at_1(broker, other) is None, when
 
 
 async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhere_leaves_one_copy_whole(tmp_path):
@@ -728,27 +750,12 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
     says; its rows of others (its own tail, what the state no longer holds) stay in the copy until the end.  A crash
     at any point comes back to one whole copy, the old or the new, and a record both shared is still there once
     the old copy's rows are gone, after a restart too."""
-    from types import SimpleNamespace
-    from typing import cast
-
-    from amqp_server.broker import Broker
-    from amqp_server.message import make_message
-    from amqp_server.records import QueueRecord
-    from forwarder.quorum.groups import Group, QuorumGroups
     from amqp_server.queues.quorum_machine import State, encode_state
     from forwarder.quorum.oplog import DIFF, DIFF_OP, ENTRY, ENTRY_OP, HEAD, MARK, MORE_OP, REPLAY_OP
     from forwarder.peers.owner_side import PeerSession
 
-    def record(body: bytes) -> bytes:
-        return b"".join(make_message("", "q", commands.Basic.Properties(delivery_mode=2), body).payload())
-
-    def opened(data: str) -> tuple[Broker, QuorumGroups, Group]:
-        broker = Broker(data)
-        groups = QuorumGroups(SimpleNamespace(broker=broker, name="me", client=None))
-        group = Group("/", "q", ["leader", "me"], QueueRecord("/", "q"), leader="leader", term=4)
-        groups._open_copy(group)
-        groups.groups[group.key] = group
-        return broker, groups, group
+    crashes = InstallCrashes(tmp_path, 4)
+    record, crash = stored_record, crashes.crash
 
     def rows(broker: Broker, index_id: int) -> dict[int, tuple[bool, int, bytes]]:
         """seq: (held, returns, the body's last 3 bytes)."""
@@ -757,14 +764,9 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
         return {row.seq: (row.delivered, row.returns, persistence.store.read(row.msg_id)[-3:])
                 for row in persistence.index.entries(index_id)}
 
-    crashes: list[tuple[str, str]] = []
-
-    def crash(when: str) -> None:
-        crashes.append((when, shutil.copytree(tmp_path / "data", tmp_path / f"crash-{len(crashes)}")))
-
     old_rows = {1: (False, 0, b"ol1"), 2: (True, 0, b"ol2"), 5: (False, 0, b"lon")}
     new_rows = {1: (True, 2, b"ol1"), 3: (False, 0, b"mis"), 7: (False, 0, b"new")}
-    broker, groups, group = opened(str(tmp_path / "data"))
+    broker, groups, group = crashes.opened(str(tmp_path / "data"))
     try:
         old = group.index_id
         for seq, (held, _, body) in old_rows.items():  # 1 and 2 made before the leader's term, 5 its own tail
@@ -800,14 +802,7 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
         assert rows(broker, spare) == new_rows
         broker.persistence.commit_now()
         crash("mid-snapshot")
-        install = groups._install
-
-        def crash_at_install(*args: Any) -> int:
-            replaced = install(*args)
-            crash("at its end")
-            return replaced
-
-        groups._install = crash_at_install
+        crashes.at_install(groups)
         groups.replicate(session, frame(21, MARK.pack(REPLAY_OP, 0)))  # the snapshot's end
         crash("at its end, staged")
         assert (group.index_id, group.spare, group.position) == (spare, old, (4, 20))
@@ -818,19 +813,11 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
     finally:
         broker.close()
 
-    expected = {"mid-snapshot": "old", "at its end": "old", "at its end, staged": "new", "committed": "new"}
-    for when, data in crashes:
-        (tmp_path / data / "msg_store_persistent" / "clean_shutdown").unlink(missing_ok=True)
-        broker, _, group = opened(data)
-        try:
-            copy, other = (old, spare) if expected[when] == "old" else (spare, old)
-            assert (group.index_id, group.spare) == (copy, other), when
-            assert group.position == ((3, 10) if copy == old else (4, 20)), when
-            assert rows(broker, copy) == (old_rows if copy == old else new_rows), when
-            assert rows(broker, other) == {}, when
-            assert group.annotated == (10 if when == "mid-snapshot" else 20), when  # (a restart keeps it)
-        finally:
-            broker.close()
+    for when, copy, other, broker, group in crashes.restarted(old, spare):
+        assert group.position == ((3, 10) if copy == old else (4, 20)), when
+        assert rows(broker, copy) == (old_rows if copy == old else new_rows), when
+        assert rows(broker, other) == {}, when
+        assert group.annotated == (10 if when == "mid-snapshot" else 20), when  # (a restart keeps it)
 
 
 async def test_a_followers_answer_counts_only_for_the_term_whose_ops_it_took(tmp_path):
