@@ -364,7 +364,7 @@ class OpLogShipper:
         # consumer's delivery of one of them is taken back even if its checkout never reached one: ``adopt``);
         # (index, the state's next seq after it) of each batch of ops shipped since, to raise it by
         self.agreed_below = 0
-        self._made: deque[tuple[int, int]] = deque([(index, queue.state.next_seq)])
+        self._made: deque[tuple[int, int]] = deque([(index, self.base_seq)])  # (the copy the term starts from)
         # when a majority last answered, or ops began to wait for one; deliveries stopped since (``allowance``)
         self._progress = asyncio.get_running_loop().time()
         self._stalled = False
