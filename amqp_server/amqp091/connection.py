@@ -21,7 +21,6 @@ from pamqp.base import Frame
 
 from .. import __version__, errors
 from ..frontend import auth_mechanisms
-from ..framing.file_out import FileSender
 from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import (EVERY_REASON, FLOW, FRAMES_PER_TURN, LEADERLESS, STOPPED, WAITING, Complaints,
@@ -98,7 +97,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.out: list[bytes] = []
         self.large_out = False  # the output holds a large body: it is written from its buffer (codec.gather)
         self.file_out = False  # the output holds a body in a file: it goes through the outbox
-        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self._flush_scheduled = False
         self.channels: dict[int, "Channel"] = {}
         self.closing_channels: set[int] = set()
@@ -149,7 +147,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.buf = bytearray()  # a half-sent frame goes with the socket
         self.direct = None
         self._discard_out()
-        self.files.close()
         self.flow.gone(self)
         self.clients.remove(self)
         if self.user is not None:
@@ -164,10 +161,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def writable(self) -> None:
         self.stalled = self.suspended
-        if self.files:
-            self.files.pump(self.transport, self.write_high)
-            if self.write_paused:
-                return
+        super().writable()
+
+    def drained(self) -> None:
         self.resume_deliveries()
 
     def read_on(self) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 from .. import __version__, errors
 from ..frontend import auth_mechanisms
 from ..framing import file_out
-from ..framing.file_out import FileSender, Part
+from ..framing.file_out import Part
 from ..access_control import loopback_refused
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
 from ..logs import untrusted
@@ -70,7 +70,6 @@ class Amqp10Connection(FrontEnd):
         self.out: list[Part] = []
         self.large_out = False  # the output holds a large body: written from where it is, not joined
         self.file_out = False  # the output holds a body in a file (``stored_bodies``): it goes through the outbox
-        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self.flush_scheduled = False
         self.sessions: dict[int, Session] = {}
         self.channels: dict[int, Any] = {}  # (0-9-1 channels: none; the HTTP API counts and lists them)
@@ -117,7 +116,6 @@ class Amqp10Connection(FrontEnd):
         self._end_sessions()
         self.buf = bytearray()
         self._discard_out()
-        self.files.close()
         self.flow.gone(self)
         self.clients.remove(self)
         if self.user is not None and self.vhost is not None:
@@ -181,11 +179,7 @@ class Amqp10Connection(FrontEnd):
             self.file_out = False
         self.out.clear()
 
-    def writable(self) -> None:
-        if self.files:
-            self.files.pump(self.transport, self.write_high)
-            if self.write_paused:
-                return
+    def drained(self) -> None:
         self.resume_deliveries()
 
     def resume_deliveries(self) -> None:

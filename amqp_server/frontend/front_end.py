@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sized, cast
 
 from .. import tls
+from ..framing.file_out import FileSender
 from ..logs import Throttle, untrusted
 
 if TYPE_CHECKING:
@@ -421,6 +422,7 @@ class FrontEnd(asyncio.BaseProtocol):
         self.write_paused = False
         self._holds = 0  # why reading is paused (WRITES_FULL, FLOW…): read while none
         self._turn: asyncio.Handle | None = None
+        self.files = FileSender()  # output behind a body in a file the socket did not take at once
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -456,6 +458,7 @@ class FrontEnd(asyncio.BaseProtocol):
         if self._turn is not None:
             self._turn.cancel()
             self._turn = None
+        self.files.close()
 
     def abandon(self) -> None:
         """Closed at once: not logged in within the deadline, or to make room for a newer connection."""
@@ -495,7 +498,16 @@ class FrontEnd(asyncio.BaseProtocol):
             self._turn = asyncio.get_running_loop().call_soon(self._turned)
 
     def writable(self) -> None:
-        """The peer caught up: what waited for room to write may go on."""
+        """The peer caught up: output waiting behind a body in a file goes first, and once it has gone (the
+        transport not full again), what waited for room to write (:meth:`drained`)."""
+        if self.files:
+            self.files.pump(self.transport, self.write_high)
+            if self.write_paused:
+                return
+        self.drained()
+
+    def drained(self) -> None:
+        """What waited for room to write may go on."""
 
     def next_turn(self) -> None:
         """The frames one read may handle are spent and more are waiting: the rest at the next loop turn, the

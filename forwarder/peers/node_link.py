@@ -34,7 +34,7 @@ from typing import Any, Callable, cast
 
 from amqp_server.config import MAX_MESSAGE_SIZE
 from amqp_server.framing import file_out
-from amqp_server.framing.file_out import FileRange, FileSender, Part
+from amqp_server.framing.file_out import FileRange, Part
 from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
@@ -176,7 +176,6 @@ class FrameLink(FrontEnd):
         self._buf = bytearray()
         self._out: list[Part] = []
         self.file_out = False  # ``_out`` holds a body in a file (``stored_bodies.body_out``): it goes by ``files``
-        self.files = FileSender()  # output behind a body in a file the socket did not take at once
         self._scheduled = False
         self._held: Callable[[], None] | None = None
         self._heard = True
@@ -220,7 +219,6 @@ class FrameLink(FrontEnd):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._discard_out()
-        self.files.close()
         now = asyncio.get_running_loop().time()
         if now - self._beat >= STALL or now - self._woke <= 2 * HEARTBEAT_INTERVAL:
             self.silent = True  # (this node stalled: the other end may have closed it for hearing nothing)
@@ -298,17 +296,6 @@ class FrameLink(FrontEnd):
             file_out.discard(self._out)
             self.file_out = False
         self._out.clear()
-
-    def writable(self) -> None:
-        """What waits in the outbox goes first; what waited for room goes on once it has gone (``drained``)."""
-        if self.files:
-            self.files.pump(self.transport, self.write_high)
-            if self.write_paused:
-                return
-        self.drained()
-
-    def drained(self) -> None:
-        """The peer caught up: what waited for room to write may go on."""
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
