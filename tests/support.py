@@ -406,6 +406,17 @@ class Raw:
         raise AssertionError("server did not close the socket")
 
 
+def stalled_consumer(broker: Any, queue: str) -> Raw:
+    """A raw client consuming ``queue`` for manual ack, reading nothing yet."""
+    raw = Raw(broker, timeout=60)
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    raw.handshake()
+    raw.open_channel(1)
+    raw.send_method(1, commands.Basic.Consume(queue=queue))
+    raw.expect(commands.Basic.ConsumeOk)
+    return raw
+
+
 def raw_frame(ftype: int, channel: int, payload: bytes, end: bytes = FRAME_END) -> bytes:
     return struct.pack(">BHI", ftype, channel, len(payload)) + payload + end
 

@@ -4,7 +4,9 @@ A remote consumer is an ordinary :class:`Consumer` on the local queue whose "cha
 :class:`RemoteConsumerChannel`: the queue's round-robin, prefetch and requeue logic stay the
 queue's own.  Deliveries are always taken with manual ack here; the consuming node acks at once
 for its no-ack consumers, so a message in flight when a link drops is requeued, not lost.  Each
-consumer has a credit window: deliveries the consuming node has not yet passed to its client.
+consumer has a credit window: deliveries the consuming node has not yet passed to its client, at most
+``CREDIT_WINDOW`` of them and ``BYTE_WINDOW`` of their bodies, so that a client that does not read makes its node
+hold a few large bodies, not its prefetch of them.
 """
 from __future__ import annotations
 
@@ -38,12 +40,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.forwarder.session")
 
 CREDIT_WINDOW = 2000
+BYTE_WINDOW = 8 << 20  # bodies' bytes sent to a consumer's node and not yet passed to its client (one more may go)
 # seconds a quorum queue keeps what a node's consumers hold when their link falls silent (heartbeats unheard):
 # the node may only be paused or cut off a while, as RabbitMQ does not notice a node gone silent before its
 # net_ticktime (60 s) has passed
 SILENT_GRACE = 60.0
 RECONCILE = 5.0  # seconds, once that node's link is back, for its consumers to take back what they held
 _tags = itertools.count(time.time_ns())  # unique across sessions: a stale ack never hits a new delivery
+
+
+class InFlight:
+    """A remote consumer's deliveries its node has not yet passed to its client: their bodies' sizes, in the order
+    sent, since its node gives credit back by count, in that order (``Peer.passed_on``)."""
+
+    __slots__ = ("sizes", "bytes")
+
+    def __init__(self) -> None:
+        self.sizes: deque[int] = deque()
+        self.bytes = 0
+
+    def sent(self, size: int) -> None:
+        self.sizes.append(size)
+        self.bytes += size
+
+    def credited(self, count: int) -> None:
+        sizes = self.sizes
+        for _ in range(min(count, len(sizes))):
+            self.bytes -= sizes.popleft()
+
+    def carried_over(self, count: int) -> None:
+        """A consumer taken over from the previous leader: ``count`` deliveries it sent are still on their way
+        to the client (of sizes unknown here: counted as empty)."""
+        self.sizes = deque(itertools.repeat(0, min(count, CREDIT_WINDOW)))
+        self.bytes = 0
 
 
 class RemoteConsumerChannel:
@@ -54,18 +83,20 @@ class RemoteConsumerChannel:
     def __init__(self, session: "PeerSession", consumer_id: int, client: ClientChannel) -> None:
         self.session = session
         self.id = consumer_id
-        self.in_flight = 0
+        self.in_flight = InFlight()
         self._client = client
 
     def client(self) -> ClientChannel:
         return self._client
 
     def can_deliver(self) -> bool:
-        return self.in_flight < CREDIT_WINDOW and not self.session.link.write_paused
+        in_flight = self.in_flight
+        return len(in_flight.sizes) < CREDIT_WINDOW and in_flight.bytes < BYTE_WINDOW \
+            and not self.session.link.write_paused
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         tag = next(_tags)
-        self.in_flight += 1
+        self.in_flight.sent(entry.message.body_size)
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
         queue = consumer.queue
@@ -417,7 +448,7 @@ class PeerSession:
         buffered = buffered if type(buffered) is int and buffered >= 0 else 0
         queue = consumer.queue
         local = queue.local()  # (the consumer's queue: this node's, unless its leader moved away since)
-        cast(RemoteConsumerChannel, consumer.channel).in_flight = buffered
+        cast(RemoteConsumerChannel, consumer.channel).in_flight.carried_over(buffered)
         if local is None:
             return [0] * len(checked), [None] * len(checked)
         unacked = self.unacked
@@ -473,7 +504,8 @@ class PeerSession:
         consumer_id, count = link.CREDIT_BODY.unpack(payload)
         consumer = self.consumers.get(consumer_id)
         if consumer is not None:
-            cast(RemoteConsumerChannel, consumer.channel).in_flight -= count  # (a session's consumers deliver to it)
+            channel = cast(RemoteConsumerChannel, consumer.channel)  # (a session's consumers deliver to it)
+            channel.in_flight.credited(count)
             consumer.queue.deliver_ready()
 
     def _settle(self, payload: bytes, at: int = 1, annotations: bytes = b"") -> None:

@@ -20,7 +20,7 @@ import pytest
 from pamqp import commands
 
 from conftest import connect
-from support import Raw, call, publish_frames
+from support import Raw, call, publish_frames, stalled_consumer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -482,17 +482,6 @@ def open_fds(broker) -> list[str]:
         except OSError:  # closed meanwhile
             pass
     return names
-
-
-def stalled_consumer(broker, queue: str) -> Raw:
-    """A raw client consuming ``queue`` for manual ack, reading nothing yet."""
-    raw = Raw(broker, timeout=60)
-    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-    raw.handshake()
-    raw.open_channel(1)
-    raw.send_method(1, commands.Basic.Consume(queue=queue))
-    raw.expect(commands.Basic.ConsumeOk)
-    return raw
 
 
 def test_a_consumer_gone_mid_delivery_from_the_store_leaves_no_descriptor_and_gets_its_messages_back(broker, uid):

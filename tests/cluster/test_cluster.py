@@ -25,7 +25,7 @@ from pika.spec import Basic
 
 from conftest import CLUSTER, ROOT, BrokerProcess, free_port, starts, unavailable
 from conftest import connect as conftest_connect
-from support import delivery_tag, headers_of
+from support import delivery_tag, headers_of, stalled_consumer
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 if ETCD is None:
@@ -551,6 +551,33 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     assert again == expected[:2]
     assert held < 128 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
     assert passed_on < 128 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
+
+
+def test_a_consumer_on_another_node_that_does_not_read_makes_its_node_hold_a_few_large_bodies(cluster, uid):
+    """20 persistent 16 MiB messages (320 MiB) of node 1's queue, consumed on node 2 with no prefetch limit by a
+    client that reads nothing: node 1 sends that consumer's node no more bodies than ``BYTE_WINDOW`` (and one)
+    beyond what it passed on, so node 2 holds what its client's socket buffers and a body or two, and the rest
+    stays ready on node 1; they are all there again once the client goes."""
+    _, (n1, n2, _) = cluster
+    count, size = 20, 16 * 1024 * 1024
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True)
+        ch.confirm_delivery()
+        for number in range(count):
+            ch.basic_publish("", uid, large_body(size + number), pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, uid) == count, "owner's count reported on node 2")
+    before = rss(n2, "VmHWM", reset=True)
+    raw = stalled_consumer(n2, uid)
+    try:
+        time.sleep(3)  # (before: every body reached node 2 within this)
+        held = rss(n2, "VmHWM") - before
+        ready = passive(n1, uid)
+    finally:
+        raw.close()
+    wait_for(lambda: passive(n1, uid) == count, "every message ready again")
+    assert ready >= count - 4, f"{count - ready} of {count} bodies sent to a node whose client reads none"
+    assert held < 96 * 1024 * 1024, f"node 2 held {held >> 20} MiB more"
 
 
 def test_a_stream_through_another_node(cluster, uid):
