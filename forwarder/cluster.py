@@ -47,6 +47,7 @@ AGREE_TIMEOUT = 10.0
 STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 CURRENT_TIMEOUT = 5.0  # how long a publish routed nowhere waits for this node's definitions to be current
+SPREAD_WAIT = 2.0  # how long a change of definitions answered here waits for another node to have it too
 BALANCED = ("balanced", "least-leaders", "random")
 ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter",
                 "parameter")
@@ -233,12 +234,31 @@ class Cluster:
             self.metadata.delete(kind, key)
 
     async def written(self) -> None:
-        """Every definition change made here so far is in etcd; 506 if etcd does not take them within
-        AGREE_TIMEOUT (they stay made here and reach etcd once it answers)."""
+        """Every definition change made here so far is in etcd (506 if etcd does not take them within
+        AGREE_TIMEOUT: they stay made here and reach etcd once it answers), and the other nodes this one reaches
+        have them too, or were waited for ``SPREAD_WAIT``: a client told of a change (declare-ok, bind-ok) finds
+        it through any node at once, as RabbitMQ answers once every node's Mnesia has it.  A node whose watch lags
+        behind etcd would otherwise route a publish by its older view (to no queue: confirmed and dropped)."""
         try:
             await asyncio.wait_for(self.metadata.written(), AGREE_TIMEOUT)
         except asyncio.TimeoutError:
             raise errors.ChannelError(errors.RESOURCE_ERROR, "cluster metadata store unavailable: timeout") from None
+        revision = self.metadata.made
+        behind = [peer.reached(revision) for peer in self.peers.values()
+                  if peer.up and peer.reached_revision < revision]
+        if behind:
+            await asyncio.wait([asyncio.ensure_future(ask) for ask in behind], timeout=SPREAD_WAIT)
+
+    async def reached(self, revision: int) -> bool:
+        """Whether the definitions here became etcd's at ``revision`` within ``SPREAD_WAIT`` (another node made a
+        change and waits for this one to have it)."""
+        if not self.current:  # (a publish routed nowhere here waits until it is: ``caught_up``)
+            return False
+        try:
+            await asyncio.wait_for(self.metadata.reached(revision), SPREAD_WAIT)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def agree(self, record: Record) -> None:
         """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""

@@ -71,6 +71,9 @@ class ClusterHooks(Protocol):
 
     async def written(self) -> None: ...
 
+    async def reached(self, revision: int) -> bool:
+        """Another node made a change of definitions: waits (bounded) until this node's have it; whether they do."""
+
     def nodes(self) -> list[tuple[str, bool]]: ...
 
     async def forget(self, name: str) -> None: ...

@@ -15,7 +15,9 @@ Writes made by this node go through one ordered writer, so a binding never reach
 its queue; :meth:`written` waits until etcd has those asked for so far, so that a change is answered only
 once a crash of this node can no longer lose it.  A new queue is different: :meth:`create` is a transaction that
 only succeeds if the key does not exist yet, so of two concurrent declarations exactly one wins and both nodes see
-it.
+it.  The revision of the last change made here is ``made``; another node's :meth:`reached` waits until its
+definitions are etcd's at a revision (its watch brought them that far), so that a change is answered only once the
+other nodes route by it too (``Cluster.written``).
 """
 from __future__ import annotations
 
@@ -79,6 +81,9 @@ class Metadata:
         # etcd key -> revision of every mirrored definition, as the mirror has it (for the checks)
         self._revisions = {key: saved["revision"] for key, saved in self._items()}
         self._floor = 0  # the revision of the last full read: an event up to it is in the mirror already
+        self.revision = 0  # etcd's revision the definitions here are at (events applied, full reads, own changes)
+        self.made = 0  # the revision of the last change made here
+        self._reaching: list[tuple[int, asyncio.Future[None]]] = []  # (revision, waiter) of ``reached``
 
     # -- the local mirror ---------------------------------------------------------------------
 
@@ -145,13 +150,16 @@ class Metadata:
             compare=[ops.create(full) == 0], success=[ops.put(full, self._seal(full, record))],
             failure=[ops.get(full)])
         if won:
-            self._mirror(full, record, responses[0].response_put.header.revision)
+            revision = responses[0].response_put.header.revision
+            self._mirror(full, record, revision)
+            self._made(revision)
             return record
         value, meta = responses[0][0]
         current = self._open(full, value, meta.mod_revision)
         if current is None:
             raise aetcd.exceptions.ClientError(f"{kind} {key} in etcd is not signed with the cluster secret")
         self._mirror(full, current, meta.mod_revision)
+        self._made(meta.mod_revision)  # (another node's declaration, answered here: the others may lag too)
         return current
 
     async def fetch(self, kind: str, key: str) -> dict[str, Any] | None:
@@ -195,16 +203,47 @@ class Metadata:
             while True:
                 try:
                     if record is None:
-                        await self.client.delete(key)
+                        deleted = await self.client.delete(key)
                         self._mirror(key, None, 0)
+                        if deleted is not None:  # (None: not there, no change)
+                            self._made(deleted.header.revision)
                     else:
                         reply = await self.client.put(key, self._seal(key, record))
                         self._mirror(key, record, reply.header.revision)
+                        self._made(reply.header.revision)
                     self._wrote()
                     break
                 except aetcd.exceptions.ClientError as exc:
                     log.warning("etcd write of %s failed (%s); retrying", untrusted(key), exc)
                     await asyncio.sleep(RETRY_INTERVAL)
+
+    def _made(self, revision: int) -> None:
+        self.made = max(self.made, revision)
+        self._at(revision)
+
+    # -- how far the definitions here are --------------------------------------------------------
+
+    def _at(self, revision: int) -> None:
+        """The definitions here are etcd's at ``revision`` at least."""
+        if revision <= self.revision:
+            return
+        self.revision = revision
+        still = []
+        for wanted, waiter in self._reaching:
+            if wanted <= revision:
+                if not waiter.done():
+                    waiter.set_result(None)
+            elif not waiter.done():
+                still.append((wanted, waiter))
+        self._reaching = still
+
+    async def reached(self, revision: int) -> None:
+        """Returns once the definitions here are etcd's at ``revision`` at least (the caller bounds the wait)."""
+        if revision <= self.revision:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._reaching.append((revision, waiter))
+        await waiter
 
     # -- watching -----------------------------------------------------------------------------
 
@@ -283,6 +322,10 @@ class Metadata:
         revision = event.kv.mod_revision
         if revision <= self._floor:
             return  # the last full read had it (or what came after it)
+        self._apply_event(event, key, revision)
+        self._at(revision)
+
+    def _apply_event(self, event: Any, key: bytes, revision: int) -> None:
         saved = self.store.get(MIRROR, key.decode())
         if event.kind == rtypes.EventKind.PUT:
             if saved is not None and saved["revision"] >= revision:
@@ -322,5 +365,6 @@ class Metadata:
             if saved is None or saved["record"] != record:
                 self.apply(_kind(key.encode()), _name(key.encode()), record, saved["record"] if saved else None)
         self._floor = revision
+        self._at(revision)
         self.caught_up.set()
         return revision

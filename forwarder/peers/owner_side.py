@@ -224,6 +224,7 @@ class PeerSession:
         self._confirms: list[bytes] = []  # this turn's confirms, one CONFIRMS frame (``_send_confirm``)
         self._send_confirms_cb = self._send_confirms
         self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
+        self._syncs: set[asyncio.Task[bool]] = set()  # the other node's changes of definitions waited for here
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
                           link.CANCEL: self._cancel, link.SETTLE: self._settle, link.MODIFY: self._modify,
@@ -535,6 +536,9 @@ class PeerSession:
 
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
+        if request.get("op") == "sync":
+            self._sync(request)
+            return
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
         entry: Entry | None = None
         try:
@@ -557,6 +561,25 @@ class PeerSession:
         else:
             self.send_entry(link.REPLY, head, entry, queue, queue.delivery_header(entry, get=True))
 
+    def _sync(self, request: dict[str, Any]) -> None:
+        """The other node made a change of definitions: the answer once this node's are etcd's at its revision
+        (``reached``: true), or it gave up waiting for them."""
+        rid, revision = request.get("rid"), request.get("revision")
+        if type(rid) is not int or type(revision) is not int:
+            return
+        cluster = self.broker.cluster
+        assert cluster is not None  # (a session is the cluster's)
+        task = asyncio.get_running_loop().create_task(cluster.reached(revision))
+        self._syncs.add(task)
+
+        def answer(done: asyncio.Task[bool]) -> None:
+            self._syncs.discard(done)
+            if not done.cancelled():
+                raw = link.encode_json({"rid": rid, "reached": done.result()})
+                self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw)
+
+        task.add_done_callback(answer)
+
     def send_entry(self, ftype: int, head: bytes, entry: Entry, queue: AnyQueue, header: bytes | None) -> None:
         """A frame of ``head`` and an entry taken for ack, as its queue delivers it: a large body its queue
         stored goes from the store's file (``stored_bodies.body_out``), and the entry waiting for its ack
@@ -578,6 +601,8 @@ class PeerSession:
         node is found down, after its net_ticktime."""
         log.info("link from node %s closed", self.link.peer_name)
         self.broker.persistence.waiters.discard(self)
+        for task in self._syncs:
+            task.cancel()
         queues = set()
         for consumer in list(self.consumers.values()):
             self.broker.remove_consumer(consumer)

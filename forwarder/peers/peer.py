@@ -55,7 +55,8 @@ class Peer:
         self._acks: list[int] = []
         self._flush_scheduled = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
-        self._requests: dict[int, tuple[asyncio.Future, RemoteQueue]] = {}
+        self._requests: dict[int, tuple[asyncio.Future, RemoteQueue | None]] = {}  # (None: ``reached``'s)
+        self.reached_revision = 0  # etcd's revision its definitions said they were at, as far as this node asked
         # publish gathering queues: message, channel, link seq, queue ids, frame type (PUBLISH or RELAY)
         self._open: tuple[Message, "ConfirmSink | None", int, list[bytes], int] | None = None
         self._send_open_cb = self._send_open
@@ -121,7 +122,11 @@ class Peer:
             publish.window.lost(publish)
         requests, self._requests = self._requests, {}
         for future, queue in requests.values():
-            if not future.done():
+            if future.done():
+                continue
+            if queue is None:
+                future.set_result(({}, None))
+            else:
                 future.set_exception(home_node_down(queue))
         consumers, self.consumers = self.consumers, {}
         for consumer_id, (queue, remote) in consumers.items():
@@ -258,6 +263,19 @@ class Peer:
         if "count" in reply and "key" in reply:
             self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
         return reply, message
+
+    async def reached(self, revision: int) -> None:
+        """Until the node's definitions are etcd's at ``revision`` (it says so once its watch brought them), or it
+        gives up waiting for them (``Cluster.reached``), or the link goes down."""
+        if self.link is None or not self.up:
+            return
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, None)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": "sync", "revision": revision}))
+        reply, _ = await future
+        if reply.get("reached") is True:
+            self.reached_revision = max(self.reached_revision, revision)
 
     def settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None:
         self.settle_tags(mode, [e.seq for e in entries], annotations)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import queue as queue_module
 import shutil
 import signal
 import socket
@@ -946,6 +947,93 @@ def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
                 node.stop()
         if etcd is not None:
             etcd.stop()
+
+
+class LaggingEtcd:
+    """A TCP proxy in front of etcd whose answers reach the node ``lag`` seconds late (changeable while it runs):
+    a node whose watch lags behind etcd's, its connection healthy."""
+
+    def __init__(self, etcd_port: int) -> None:
+        self.etcd_port = etcd_port
+        self.lag = 0.0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                node, _ = self.listener.accept()
+            except OSError:
+                return
+            etcd = socket.create_connection(("127.0.0.1", self.etcd_port))
+            self.sockets += [node, etcd]
+            late: queue_module.Queue[tuple[float, bytes]] = queue_module.Queue()
+            threading.Thread(target=self._pipe, args=(node, etcd, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(etcd, node, late), daemon=True).start()
+            threading.Thread(target=self._late, args=(late, node), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket,
+              late: queue_module.Queue[tuple[float, bytes]] | None) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if late is None:
+                    target.sendall(data)
+                else:
+                    late.put((time.monotonic() + self.lag, data))
+            except OSError:
+                break
+        for sock in (source, target):
+            sock.close()
+
+    def _late(self, late: queue_module.Queue[tuple[float, bytes]], target: socket.socket) -> None:
+        while True:
+            due, data = late.get()
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                target.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.mark.cluster
+def test_a_change_answered_through_one_node_routes_publishes_through_another_whose_watch_lags(tmp_path):
+    """Node 2 hears etcd a second late.  A queue declared and bound through node 1 is answered (declare-ok,
+    bind-ok) once node 2 has it too, as RabbitMQ answers once every node's Mnesia has it: a publish through node 2
+    right after bind-ok reaches it, where node 2's older view routed it to no queue (confirmed, and dropped)."""
+    etcd = Etcd(tmp_path / "etcd")
+    lagging = LaggingEtcd(etcd.port)
+    nodes: list[BrokerProcess] = []
+    try:
+        nodes.append(start_node(tmp_path, etcd, 1))
+        nodes.append(start_node(tmp_path, lagging, 2))
+        n1, n2 = nodes
+        wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "nodes see each other", 30)
+        lagging.lag = 1.0
+        names = [f"lagging-view-{number}" for number in range(3)]
+        with connect(n2) as publisher, connect(n1) as declarer:
+            publishing = publisher.channel()
+            publishing.confirm_delivery()
+            declaring = declarer.channel()
+            for name in names:
+                declaring.queue_declare(name, durable=True)
+                declaring.queue_bind(name, "amq.direct", routing_key=name)
+                publishing.basic_publish("amq.direct", name, b"right after bind-ok")
+        lagging.lag = 0.0
+        assert [passive(n1, name) for name in names] == [1, 1, 1]
+    finally:
+        for node in nodes:
+            node.stop()
+        lagging.close()
+        etcd.stop()
 
 
 class Flooder(threading.Thread):

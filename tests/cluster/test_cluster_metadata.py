@@ -446,3 +446,42 @@ def test_a_stop_that_meets_a_watch_s_creation_ends_the_mirror(tmp_path, run):
             store.close()
 
     run(scenario())
+
+
+def test_another_node_reaches_a_change_made_here_once_its_watch_applied_it(tmp_path, etcd, run):
+    """A change made here (a put, a create, a delete) is ``made`` at its revision; another node's ``reached`` of
+    that revision returns only once its watch applied the change, and at once for a revision it has passed."""
+
+    async def scenario() -> None:
+        here, there = Node(tmp_path, etcd, name="here"), Node(tmp_path, etcd, name="there")
+        try:
+            await here.start()
+            await there.start()
+            kind, key, record = queue("made-here")
+            here.metadata.put(kind, key, record)
+            await here.metadata.written()
+            put_at = here.metadata.made
+            assert put_at > 0
+            await asyncio.wait_for(there.metadata.reached(put_at), 10)
+            assert there.broker[(kind, key)] == record  # applied before ``reached`` returned
+            created = queue("created-here")
+            await here.metadata.create(*created)
+            assert here.metadata.made > put_at
+            await asyncio.wait_for(there.metadata.reached(here.metadata.made), 10)
+            assert created[:2] in there.broker
+            here.metadata.delete(kind, key)
+            await here.metadata.written()
+            await asyncio.wait_for(there.metadata.reached(here.metadata.made), 10)
+            assert (kind, key) not in there.broker
+            await asyncio.wait_for(there.metadata.reached(put_at), 0.01)  # (passed: no wait)
+            pending = asyncio.ensure_future(there.metadata.reached(here.metadata.made + 1))
+            await asyncio.sleep(0.3)
+            assert not pending.done()  # nothing made that far yet
+            async with admin_of(etcd) as admin:
+                await put(admin, *queue("later"))
+            await asyncio.wait_for(pending, 10)
+        finally:
+            await here.stop()
+            await there.stop()
+
+    run(scenario())
