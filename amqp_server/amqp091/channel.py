@@ -718,14 +718,15 @@ class Channel:
             self._declare_reply_queue(name, m.nowait)
             return
         if self.broker.cluster is not None and not m.exclusive and (name not in self.vhost.queues
-                                                                     or self._leaderless(name)):
+                                                                     or self.vhost.queues[name].remote):
             self.connection.suspend(self, m, self._agreed_declare(m, name))
             return
         self._declare(m, name)
 
     async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
         """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first; one
-        whose leader is not reached from here now: wait a while for one (``VHost.reached``)."""
+        whose leader is not reached from here now: wait a while for one (``VHost.reached``).  Another node's
+        queue: declare-ok has its figures from that node (``counted``)."""
         if name in self.vhost.queues:
             await self.vhost.reached(name)
         elif m.passive:
@@ -733,8 +734,13 @@ class Channel:
         else:
             await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
                                           self.principal)
-        if self.open:
-            self._declare(m, name)
+        if not self.open:
+            return
+        queue = self._declared(m, name)
+        if not m.nowait:
+            count, consumers = await queue.counted()
+            if self.open:
+                self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=count, consumer_count=consumers))
 
     def _leaderless(self, name: str) -> bool:
         """A quorum queue known here whose leader cannot be reached now (``AnyQueue.leaderless``)."""
@@ -742,13 +748,17 @@ class Channel:
         return queue is not None and queue.leaderless
 
     def _declare(self, m: commands.Queue.Declare, name: str) -> None:
+        queue = self._declared(m, name)
+        if not m.nowait:
+            self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
+                                                consumer_count=len(queue.consumers)))
+
+    def _declared(self, m: commands.Queue.Declare, name: str) -> AnyQueue:
         queue = self.broker.declare_queue(self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                           m.arguments, self.connection, server_named=not m.queue,
                                           who=self.principal)
         self.last_queue = queue.name
-        if not m.nowait:
-            self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
-                                                consumer_count=len(queue.consumers)))
+        return queue
 
     def _declare_reply_queue(self, name: str, nowait: bool) -> None:
         """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does."""

@@ -119,7 +119,7 @@ async def _request(connection: SessionHost, method: str, path: str, body: Value)
             queue = vhost.queues.get(name)
             if queue is None:
                 raise Refused("404", f"queue '{name}' in vhost '{vhost.name}' not found")
-            return "200", _queue_info(connection, queue)
+            return "200", await _queue_info(connection, queue)
         if method == "PUT":
             return await _declare_queue(connection, name, body)
         if method == "DELETE":
@@ -210,7 +210,7 @@ async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tup
     existed = name in vhost.queues
     queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, arguments,
                                             connection, who=connection.principal)
-    return ("200" if existed else "201"), _queue_info(connection, queue)
+    return ("200" if existed else "201"), await _queue_info(connection, queue)
 
 
 async def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
@@ -328,15 +328,17 @@ def _value(value: Any) -> bytes:
     return utf8(str(value))
 
 
-def _queue_info(connection: SessionHost, queue: AnyQueue) -> bytes:
-    node = connection.broker.node_name
+async def _queue_info(connection: SessionHost, queue: AnyQueue) -> bytes:
+    """RabbitMQ 4.x's answer about a queue: its node's figures (``counted``: a proxy asks that node)."""
+    node = queue.node or connection.broker.node_name
     kind = queue.type.name
+    count, consumers = await queue.counted()
     return encode_map([
         (utf8("leader"), utf8(node)),
         (utf8("replicas"), b"\xe0" + bytes((len(node.encode()) + 3, 1, 0xA1, len(node.encode()))) + node.encode()
          if len(node.encode()) < 250 else NULL),
-        (utf8("message_count"), amqp10.ulong(queue.message_count)),
-        (utf8("consumer_count"), amqp10.uint(len(queue.consumers))),
+        (utf8("message_count"), amqp10.ulong(count)),
+        (utf8("consumer_count"), amqp10.uint(consumers)),
         (utf8("name"), utf8(queue.name)),
         (utf8("vhost"), utf8(queue.vhost)),
         (utf8("durable"), amqp10.boolean(queue.durable)),

@@ -216,6 +216,10 @@ class AnyQueue(Protocol):
 
     async def purged(self) -> int: ...
 
+    async def counted(self) -> tuple[int, int]:
+        """(Ready messages, consumers) as the queue's node has them now, for queue.declare-ok and AMQP 1.0's
+        management: a proxy asks its node, as a RabbitMQ channel asks the queue's process."""
+
     def drop_all(self) -> None: ...
 
 
@@ -629,6 +633,9 @@ class Queue:
     async def purged(self) -> int:
         """queue.purge wherever the queue lives (a proxy asks its node): here, at once."""
         return self.purge()
+
+    async def counted(self) -> tuple[int, int]:
+        return self.message_count, len(self.consumers)
 
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.

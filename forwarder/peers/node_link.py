@@ -57,9 +57,10 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 9  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+LINK_VERSION = 10  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
-# 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size)
+# 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size; 10: a Checkout carries its term,
+# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 

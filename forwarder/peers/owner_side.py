@@ -550,8 +550,12 @@ class PeerSession:
                     self.unacked[tag] = (entry, queue, None)
                     reply.update(tag=tag, redelivered=entry.redelivered)
                 reply["count"] = queue.message_count
-            else:  # the broker's operation, as for a purge on this node (the asking node checked permissions)
+            elif request["op"] == "count":  # (queue.declare-ok's figures, through another node)
+                reply.update(count=queue.message_count, consumers=len(queue.consumers))
+            elif request["op"] == "purge":  # the broker's operation (the asking node checked permissions)
                 reply["count"] = self.broker.purge_local(self.broker.vhosts[request["vhost"]], queue.name)
+            else:
+                raise errors.ChannelError(errors.NOT_IMPLEMENTED, "no such request")
         except AMQPError as exc:
             reply["error"] = [exc.code, exc.text]
         raw = link.encode_json(reply)

@@ -261,7 +261,8 @@ class Peer:
             code, text = reply["error"]
             raise errors.ChannelError(code, text.split(" - ", 1)[-1])
         if "count" in reply and "key" in reply:
-            self.stats[reply["key"]] = [reply["count"], self.stats.get(reply["key"], [0, 0])[1]]
+            last = self.stats.get(reply["key"], [0, 0])
+            self.stats[reply["key"]] = [reply["count"], reply.get("consumers", last[1])]
         return reply, message
 
     async def reached(self, revision: int) -> None:

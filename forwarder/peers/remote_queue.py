@@ -658,6 +658,18 @@ class RemoteQueue:
         reply, _ = await self.peer.request(self, "purge")
         return reply["count"]
 
+    async def counted(self) -> tuple[int, int]:
+        """The owner's figures now (its consumers include other nodes'); as it last reported them if it cannot
+        answer (a quorum queue's node that leads it no more, say)."""
+        try:
+            reply, _ = await self.peer.request(self, "count")
+        except ChannelError:
+            reply = {}
+        count, consumers = reply.get("count"), reply.get("consumers")
+        if type(count) is int and type(consumers) is int and count >= 0 and consumers >= 0:
+            return count, consumers
+        return self.message_count, self.peer.stats.get(self.key, (0, 0))[1]
+
     def drop_all(self) -> None:
         for remote in self.by_consumer.values():
             self.peer.cancel(remote)

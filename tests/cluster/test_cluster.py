@@ -581,6 +581,31 @@ def test_a_consumer_on_another_node_that_does_not_read_makes_its_node_hold_a_few
     assert held < 96 * 1024 * 1024, f"node 2 held {held >> 20} MiB more"
 
 
+def test_declare_ok_through_another_node_has_the_queue_s_figures_now(cluster, uid):
+    """queue.declare-ok (passive or not) through node 2 for node 1's queue carries node 1's figures at that moment,
+    as RabbitMQ's channel asks the queue's process: its consumers wherever they are (node 1's included) and the
+    messages published a moment before, not node 2's own consumers and node 1's report of up to a second ago."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as c1, connect(n2) as c2:
+        declaring = c1.channel()
+        declaring.queue_declare(uid, durable=True)
+        wait_for(lambda: passive(n2, uid) == 0, "the queue known on node 2")
+        holding = c1.channel()
+        holding.basic_qos(prefetch_count=1)
+        holding.basic_consume(uid, lambda *_: None)  # takes one, acks none
+        declaring.confirm_delivery()
+        asking = c2.channel()
+        figures = []
+        for count in (3, 4, 5):
+            for _ in range(count):
+                declaring.basic_publish("", uid, b"m")
+            figures.append((asking.queue_declare(uid, passive=True).method.message_count,
+                            asking.queue_declare(uid, durable=True).method.consumer_count))
+            declaring.queue_purge(uid)
+        declaring.queue_delete(uid)
+    assert figures == [(2, 1), (4, 1), (5, 1)]  # (node 1's consumer holds the first, unacked, through the purges)
+
+
 def test_a_stream_through_another_node(cluster, uid):
     """A stream lives on its owner; another node's clients publish and read it at the offsets they name."""
     _, (n1, n2, _) = cluster
