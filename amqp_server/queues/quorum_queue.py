@@ -292,7 +292,7 @@ class QuorumQueue(Queue):
 
     def _take_ready(self, seq: int) -> Entry | None:
         """The ready entry ``seq`` is checked out, as a delivery takes one, wherever it is in the ready list."""
-        entry = self.ready.take_out(seq)
+        entry = self.ready.take_out(seq, leaving=False)
         if entry is None:
             return None
         self.unacked += 1

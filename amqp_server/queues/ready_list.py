@@ -255,9 +255,13 @@ class ReadyList:
             self.bytes -= entry.message.body_size
             return entry  # (its taker's to uncount if its body is in the store: ``unhold``)
 
-    def take_out(self, seq: int) -> Entry | None:
+    def take_out(self, seq: int, leaving: bool = True) -> Entry | None:
         """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
-        over when the head reaches it), on disk its row is read; None if it is in neither."""
+        over when the head reaches it); on disk, if it is ``leaving`` the queue (expired: the caller removes it),
+        its row is read where it is, else (a quorum queue's checkout, whose row stays) the tail is brought into
+        memory up to it first, since a page-in would read its row back as ready; None if it is in neither."""
+        if not leaving:
+            self.page_in_upto(seq)
         entries = self.entries
         if entries and entries[0].seq <= seq <= entries[-1].seq:
             i = bisect_left(entries, seq, key=_seq)
@@ -265,9 +269,17 @@ class ReadyList:
             if entry.seq == seq and not entry.gone:
                 self.mark_gone(entry)
                 return entry
-        if self.tail.count and seq >= self.disk_floor:
+        if leaving and self.tail.count and seq >= self.disk_floor:
             return self.expire_paged(seq)
         return None
+
+    def page_in_upto(self, seq: int) -> None:
+        """Bring the tail into memory, a batch at a time, until ``seq`` is in memory (or nothing more comes)."""
+        while self.tail.count and seq >= self.disk_floor:
+            before = self.paged_from
+            self.page_in()
+            if self.paged_from == before:
+                return
 
     def mark_gone(self, entry: Entry) -> None:
         """An entry in memory leaves the ready list where it is (passed over when the head reaches it)."""

@@ -223,3 +223,27 @@ async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_pa
     assert "is missing from the store" in caplog.text
     assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.sizes
     broker.close()
+
+
+async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_ready(tmp_path):
+    """A consumer that outlived a change of leader takes back a ready entry that lies in the part of the queue on
+    disk (``adopt``): it leaves from memory, its row kept (it is checked out, not gone), and no later page-in reads
+    that row back as ready, which would deliver it twice and put the ready list out of step with the state."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = local(broker.declare_queue(vhost, "q", durable=True, arguments={"x-queue-type": "quorum"}))
+    assert isinstance(queue, QuorumQueue)
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    for i in range(100):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    await asyncio.sleep(0.05)  # (the group commit)
+    assert queue.paged and queue.ready.disk_floor < 50
+    (taken,) = queue.adopt([(50, queue.term, True)])  # (agreed: the seq names the same message here)
+    assert taken is not None and taken.seq == 50 and 50 in queue.state.checked_out
+    got = []
+    while (entry := queue.get(True)) is not None:
+        got.append(entry.message.body)
+    assert got == [b"m%d" % i for i in range(100) if i != 50]
+    queue.settle([taken])
+    assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.checked_out
+    broker.close()
