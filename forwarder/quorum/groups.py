@@ -222,14 +222,13 @@ class QuorumGroups:
     @property
     def lease_sure(self) -> bool:
         """The lease is alive for sure: a refresh etcd took was sent less than half its TTL ago (etcd counts the
-        TTL from when it took it, later).  Queues led here deliver only while it is (``Replicator.live``): once
-        it may have lapsed, etcd may have let another member claim them, which would deliver again what they
-        deliver meanwhile (they confirm on: a majority's answers are enough)."""
+        TTL from when it took it, later).  A queue led here with no follower delivers only while it is
+        (``OpLogShipper.allowance``); one with followers, while they answer."""
         return asyncio.get_running_loop().time() - self._renewed <= LEASE_TTL / 2
 
     async def _keep_lease(self) -> None:
         """Refresh the lease every eighth of it, each refresh answered in its own time (``_refresh``), and go on
-        refreshing while etcd does not answer (its queues deliver nothing once it may have lapsed:
+        refreshing while etcd does not answer (a queue of no follower delivers nothing once it may have lapsed:
         ``lease_sure``).  Etcd answers that it is alive: nobody else could claim our queues meanwhile (a key
         lives as long as its lease), so they deliver again with no change of leader — after a pause of this
         node or of its loop, etcd frozen for less than the lease or restarted (it keeps its leases).  Etcd

@@ -710,19 +710,19 @@ class OpLogShipper:
         del pending[:done]
 
     def allowance(self, window: int) -> int:
-        """Deliveries go on while the lease is sure and a majority answers: ops wait for one no longer than
-        ``PROGRESS`` seconds, and no more than the consumers' ``window`` (their prefetch, at least
-        ``UNCOMMITTED_DELIVERIES``) of deliveries wait for one.  A leader cut off from its followers would
-        otherwise deliver (and take acks) on for as long as etcd keeps it, or as fast as its consumers ack for
-        ``PROGRESS`` seconds (thousands), none of which it can commit: the next leader would deliver all of it
-        again.  A ``rabbit_fifo`` leader delivers only what committed commands check out (a consumer's settles
-        commit before it is given more): a deposed leader's consumer is delivered again at most its window
-        there, twice that here, at as many deliveries per commit.  Once none is allowed, the next commit
-        delivers again."""
-        if not self.groups.lease_sure:
-            return self._stall()
+        """Deliveries go on while a majority answers: ops wait for one no longer than ``PROGRESS`` seconds, and
+        no more than the consumers' ``window`` (their prefetch, at least ``UNCOMMITTED_DELIVERIES``) of
+        deliveries wait for one.  A leader cut off from its followers would otherwise deliver (and take acks) on
+        for as long as etcd keeps it, or as fast as its consumers ack for ``PROGRESS`` seconds (thousands), none
+        of which it can commit: the next leader would deliver all of it again.  A ``rabbit_fifo`` leader
+        delivers only what committed commands check out (a consumer's settles commit before it is given more): a
+        deposed leader's consumer is delivered again at most its window there, twice that here, at as many
+        deliveries per commit.  Once none is allowed, the next commit delivers again.  Whether etcd still holds
+        the leader's lease does not matter while its followers answer, as a Raft leader serves while a majority
+        hears it: a member that etcd let claim the queue would take them, and the commits here would stop (a
+        leader with no follower has nobody to be replaced by)."""
         if not self.followers:
-            return UNBOUNDED
+            return UNBOUNDED if self.groups.lease_sure else self._stall()
         if self.committed < self.index and asyncio.get_running_loop().time() - self._progress > PROGRESS:
             return self._stall()
         room = max(window, UNCOMMITTED_DELIVERIES) - len(self.checkouts)

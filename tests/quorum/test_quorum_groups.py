@@ -1289,6 +1289,33 @@ async def test_etcd_out_of_reach_for_less_than_the_lease_stops_no_confirm_and_ke
 
 
 
+async def test_etcd_out_of_reach_stops_no_delivery_while_a_majority_answers(network):
+    """etcd stops answering (frozen past half the lease: the leader's lease may have lapsed): the leader delivers
+    on, and takes acks, as long as its followers answer, as a Raft leader serves while a majority hears it.  A
+    member that etcd let claim the queue meanwhile would take the followers, and the leader's deliveries would
+    stall within ``PROGRESS`` with no more than its consumers' window uncommitted (delivered again by the next
+    leader), as when it is cut from its followers.  Before, it delivered nothing until etcd answered: 12 s
+    without a delivery while etcd restarted (nemesis seed 153), its publishes confirmed throughout."""
+    node = await declared(network)
+    client = Client(node, prefetch=20).consume()
+    confirms = Confirms()
+    network.etcd.freeze()
+    await asyncio.sleep(quorum.LEASE_TTL * 0.55)  # past half the lease since the last refresh
+    assert not node.quorum.lease_sure
+    publish(node, bodies(100), confirms)
+
+    def taken() -> bool:
+        client.ack()
+        return len(client.received) == 100
+
+    await wait_for(taken, "every message delivered and acked", quorum.LEASE_TTL * 0.4)
+    assert len(confirms.acked()) == 100
+    network.etcd.thaw()
+    shipper = replicator_of(node)
+    await wait_for(lambda: shipper.committed >= shipper.index, "the acks committed")
+    assert await copies_agree(network) == []
+
+
 async def test_refreshes_that_reach_etcd_late_keep_the_lease_and_the_leader(network):
     """Every refresh reaches etcd a second after it was made, as from a loop slowed by long turns (a deep
     queue's snapshots to two followers, on a loaded machine).  The leader leads on in the same term.  Refreshes
