@@ -1330,6 +1330,41 @@ async def test_ops_a_follower_has_already_are_skipped_and_it_asks_for_nothing(ne
     assert "asking to catch up" not in caplog.text
 
 
+async def test_a_follower_walks_its_deep_copy_whole_once_in_a_share_of_its_entries_not_after_every_frame(
+        network, monkeypatch):
+    """Under the tests' invariant checks (``CHECKS``) a follower checks its copy's rows against its state
+    (``check_copy``): once the ops since the last check are an eighth of its entries, not after every frame.  A
+    copy of 9,650 entries walked after each of the frames of a basic.get loop at the leader held the follower's
+    loop for seconds in a turn of frames; the leader heard nothing from it for 5 s, stepped down, and the queue had
+    no leader (``test_a_member_added_while_the_queue_changes_gets_all_of_it``, under load)."""
+    assert quorum_log.CHECKS  # (the tests' environment: tests/conftest.py)
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(800), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 800, "the publishes confirmed")
+    await copies_agree(network)
+    n2 = network.nodes["n2"]
+    replicas, walks = n2.broker.replicas, []
+    walk = replicas.copy_state
+    monkeypatch.setattr(replicas, "copy_state", lambda index_id: walks.append(index_id) or walk(index_id))
+    frames: list[bytes] = []
+    deliver = network.deliver
+
+    def counted(sender: str, to: str, ftype: int, payload: bytes) -> None:
+        if (sender, to, ftype) == ("n1", "n2", link.REPLICATE):
+            frames.append(payload)
+        deliver(sender, to, ftype, payload)
+
+    monkeypatch.setattr(network, "deliver", counted)
+    queue = queue_of(node)
+    for _ in range(100):  # a frame each
+        take(queue)
+        await asyncio.sleep(0)
+    assert await copies_agree(network) == bodies(800)[100:]  # (held, not acked: each copy has them checked out)
+    assert len(frames) >= 50
+    assert len(walks) <= 2, f"{len(walks)} walks of the copy for {len(frames)} frames"
+
+
 # -- consumers across nodes ---------------------------------------------------------------------
 
 
