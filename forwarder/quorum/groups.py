@@ -825,6 +825,9 @@ class QuorumGroups:
         group.replicator = queue.replicator = OpLogShipper(self, group, queue, group.term, group.applied)
         queue.unreached = lambda: self._unreached(group)
         queue.start(group.state, handover=True)
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:  # (a basic.get waiting on it is answered here: ``RemoteQueue.fetch``)
+            proxy.replaced = True
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
 

@@ -28,7 +28,7 @@ from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
 from amqp_server.records import QueueRecord
 from fake_cluster import Client, FakeLink, Network, Node
-from forwarder.peers import node_link as link, owner_side
+from forwarder.peers import node_link as link, owner_side, remote_queue
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
@@ -1236,6 +1236,28 @@ async def test_a_get_through_a_node_that_missed_a_change_of_leader_is_answered_b
     vhost = n2.broker.vhosts["/"]
     _, entry = await asyncio.wait_for(n2.broker.get_anywhere(vhost, "q", True), 30)
     assert entry is not None and entry.message.body == bodies(10)[0]
+
+
+async def test_a_get_under_way_through_the_node_that_comes_to_lead_is_answered_there(network, monkeypatch):
+    """A basic.get through n3 is on its way to n1 when n1 dies, and n3 comes to lead: the get is answered by n3's
+    own queue, rather than wait on the proxy it started on (which names n1, down for good) for ``LEADER_WAIT`` and
+    fail with 404 "home node 'n1' ... is down"."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    await copies_agree(network)
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 30.0)
+    monkeypatch.setattr(remote_queue, "LEADER_WAIT", 30.0)
+    n3 = network.nodes["n3"]
+    vhost = n3.broker.vhosts["/"]
+    network.hold("n3", "n1")  # (the get's request waits on its way)
+    got = asyncio.ensure_future(n3.broker.get_anywhere(vhost, "q", True))
+    await wait_for(lambda: network.held[("n3", "n1")], "the get on its way to n1")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is n3, "n3 leads")  # (a tie goes to the name that sorts last)
+    queue, entry = await asyncio.wait_for(got, 10)
+    assert queue is vhost.queues["q"] and entry is not None and entry.message.body == bodies(10)[0]
 
 
 # -- fencing ------------------------------------------------------------------------------------
