@@ -1368,7 +1368,12 @@ async def test_a_follower_walks_its_deep_copy_whole_once_in_a_share_of_its_entri
     n2 = network.nodes["n2"]
     replicas, walks = n2.broker.replicas, []
     walk = replicas.copy_state
-    monkeypatch.setattr(replicas, "copy_state", lambda index_id: walks.append(index_id) or walk(index_id))
+
+    def walked(index_id: int) -> quorum_log.machine.State:
+        walks.append(index_id)
+        return walk(index_id)
+
+    monkeypatch.setattr(replicas, "copy_state", walked)
     frames: list[bytes] = []
     deliver = network.deliver
 
