@@ -874,7 +874,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
 
 
 def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
-               since: int = 1) -> None:
+               since: int) -> None:
     """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``,
     the last of the ``since`` ops applied since the last check: a row for each entry the state holds and none
     other, flagged if checked out or a waiting dead letter.  :class:`machine.Broken` names the frame's ops."""
