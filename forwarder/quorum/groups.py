@@ -783,7 +783,8 @@ class QuorumGroups:
                 self._promote(vhost, group)
         elif leader:
             self._proxy(vhost, group, leader)
-            if group.index_id and group.applied_term != term:
+            if group.index_id:  # (a copy of this term too: back from a restart, the leader's probe may have come
+                # before we knew the leader, and an idle queue ships no ops that would show us the gap)
                 self._ask_to_catch_up(group)
         elif proxy_of(vhost.queues, group.name) is None:
             # deposed, none elected yet: publishes through here are refused by another member until one is
