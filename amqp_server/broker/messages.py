@@ -116,13 +116,21 @@ class Messages:
                     who: Principal | None = None, sends_from: int = 0) -> tuple[AnyQueue, Entry | None]:
         """basic.get on any queue, one owned by another node (cluster mode) included (a quorum queue's leader
         waited for a while if none is reached now: ``reached``); ``sends_from``: as ``get_local``'s, for a queue
-        of this node."""
+        of this node.  A quorum queue whose leader moved while the get waited on the object that stood for it
+        here (the leader's node died, and this node leads now) is asked again through the one that stands for it
+        now, as RabbitMQ's channel asks the new leader rather than fail."""
         if who is not None:
             who.check("read", "queue", vhost.name, name)
-        await vhost.reached(name)
-        queue = vhost.queue(name)
-        check_exclusive(queue, owner)
-        return queue, await queue.fetch(no_ack, sends_from)
+        while True:
+            await vhost.reached(name)
+            queue = vhost.queue(name)
+            check_exclusive(queue, owner)
+            try:
+                return queue, await queue.fetch(no_ack, sends_from)
+            except errors.ChannelError as exc:
+                now = vhost.queues.get(name)
+                if exc.code != errors.NOT_FOUND or now is None or now is queue:
+                    raise
 
     def peek(self, queue: AnyQueue, offset: int, count: int, who: Principal | None = None,
              after: Entry | None = None) -> list[Entry]:

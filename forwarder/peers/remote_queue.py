@@ -332,6 +332,8 @@ class RemoteQueue:
         # a quorum queue's: asks etcd who leads, when the node followed as the leader refuses a consumer
         self.recheck: Callable[[], None] | None = None
         self.leads: Callable[[], bool] | None = None  # a quorum queue's: whether its node is the leader known here
+        # a quorum queue's whose leader came to this node: the node's own queue stands for it now (``fetch``)
+        self.replaced = False
 
     @property
     def node(self) -> str:
@@ -631,7 +633,9 @@ class RemoteQueue:
     async def fetch(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         """basic.get at the owner: the entry stays unacked there until settled from here.  A quorum queue's node
         that answers it does not lead (any more: this node had not heard) is asked again once this node knows
-        the leader, for up to ``LEADER_WAIT``.  (``sends_from`` does not apply: the body comes with the reply.)"""
+        the leader, for up to ``LEADER_WAIT``; if this node comes to lead meanwhile, the error is raised at once
+        for the caller to get through the node's own queue (``Messages.get_anywhere``).  (``sends_from`` does not
+        apply: the body comes with the reply.)"""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LEADER_WAIT
         while True:
@@ -639,12 +643,13 @@ class RemoteQueue:
                 reply, message = await self.peer.request(self, "get")
                 break
             except ChannelError as exc:
-                if not self.replicated or exc.code != NOT_FOUND or self.deleted or loop.time() >= deadline:
+                if (not self.replicated or exc.code != NOT_FOUND or self.deleted or self.replaced
+                        or loop.time() >= deadline):
                     raise
             if self.recheck is not None:
                 self.recheck()
             await asyncio.sleep(REATTACH_RETRY)
-            while self.leaderless and loop.time() < deadline:
+            while self.leaderless and not self.replaced and loop.time() < deadline:
                 await asyncio.sleep(REATTACH_RETRY / 10)
         if message is None:
             return None

@@ -54,8 +54,8 @@ from amqp_server.broker.vhost import VHost
 from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
-from .oplog import (ACKED, ADOPT_OP, ANNOTATED, CONT, CONTINUE_OP, DIFF, DIFF_OP, ENTRY_OP, HEAD, MARK, MORE_OP,
-                    REPLAY_OP, RESET_OP, Diverged, History, OpLogShipper, SpareRows, check_copy, skip)
+from .oplog import (ACKED, ADOPT_OP, ANNOTATED, CHECK_SHARE, CONT, CONTINUE_OP, DIFF, DIFF_OP, ENTRY_OP, HEAD, MARK,
+                    MORE_OP, REPLAY_OP, RESET_OP, Diverged, History, OpLogShipper, SpareRows, check_copy, skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -160,6 +160,7 @@ class Group:
     unsent: tuple[int, "PeerSession", int] | None = None  # (term, to, index) durable, not yet acknowledged
     window: Window = field(default_factory=Window)  # confirmed publishes through this node, until a leader answers
     history: History = field(default_factory=History)  # the ops the copy applied last (a leader's log)
+    unchecked: int = 0  # (``CHECKS``) ops applied since the copy's rows were last checked whole (``check_copy``)
 
     @property
     def key(self) -> str:
@@ -781,7 +782,8 @@ class QuorumGroups:
                 self._promote(vhost, group)
         elif leader:
             self._proxy(vhost, group, leader)
-            if group.index_id and group.applied_term != term:
+            if group.index_id:  # (a copy of this term too: back from a restart, the leader's probe may have come
+                # before we knew the leader, and an idle queue ships no ops that would show us the gap)
                 self._ask_to_catch_up(group)
         elif proxy_of(vhost.queues, group.name) is None:
             # deposed, none elected yet: publishes through here are refused by another member until one is
@@ -823,6 +825,9 @@ class QuorumGroups:
         group.replicator = queue.replicator = OpLogShipper(self, group, queue, group.term, group.applied)
         queue.unreached = lambda: self._unreached(group)
         queue.start(group.state, handover=True)
+        proxy = proxy_of(vhost.queues, group.name)
+        if proxy is not None:  # (a basic.get waiting on it is answered here: ``RemoteQueue.fetch``)
+            proxy.replaced = True
         self._swap(vhost, vhost.queues.get(group.name), queue)
         log.info("%s leads %s (term %d, %d messages)", self.name, group.key, group.term, queue.message_count)
 
@@ -1065,7 +1070,10 @@ class QuorumGroups:
             self.broker.persistence.index.forget_position(replaced)
             self.broker.replicas.clear(replaced)
         if CHECKS:
-            check_copy(group.state, self.broker.replicas, index_id, payload, pos)
+            group.unchecked += count
+            if group.unchecked * CHECK_SHARE >= group.state.messages + len(group.state.dead):
+                check_copy(group.state, self.broker.replicas, index_id, payload, pos, group.unchecked)
+                group.unchecked = 0
         group.acks.append((persistence.batch, session, term, group.applied))
         persistence.waiters.add(self)
 

@@ -88,6 +88,11 @@ LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up
 # again: a second snapshot begun as the first arrives, or tens of thousands of ops twice); less than a follower's
 # ``CATCH_UP_RETRY``, so that one that lost an answer is answered when it asks again
 ANSWERED = 1.5
+# (``CHECKS``, the tests') a follower walks its copy's rows whole (``check_copy``) once the ops it applied since the
+# last walk are an eighth of its entries, a few rows' reading an op: walked after every frame, a deep copy held the
+# loop for seconds in a turn of frames (the link reads up to 1,024), the leader heard nothing from it for 5 s and
+# stepped down, and the queue had no leader
+CHECK_SHARE = 8
 
 
 def runs(ops: list[bytes]) -> Iterator[tuple[int, int]]:
@@ -868,10 +873,11 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
     return annotated
 
 
-def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int) -> None:
-    """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``:
-    a row for each entry the state holds and none other, flagged if checked out or a waiting dead letter.
-    :class:`machine.Broken` names the frame's ops."""
+def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, payload: bytes, pos: int,
+               since: int) -> None:
+    """A follower's rows are what its state says (``machine.CHECKS``), after the ops of ``payload`` from ``pos``,
+    the last of the ``since`` ops applied since the last check: a row for each entry the state holds and none
+    other, flagged if checked out or a waiting dead letter.  :class:`machine.Broken` names the frame's ops."""
     rows = replicas.copy_state(index_id)
     out = state.checked_out.keys() | state.dead.keys()
     if rows.ready == state.ready and rows.checked_out.keys() == out:
@@ -882,6 +888,6 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
     while pos < end and data[pos] != ENTRY_OP:
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
-    raise machine.Broken(f"copy {index_id} after {ops[:20]}: rows ready {rows.ready}, out "
-                         f"{sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
+    raise machine.Broken(f"copy {index_id} after {since} ops, the last frame's {ops[:20]}: rows ready {rows.ready}, "
+                         f"out {sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
 

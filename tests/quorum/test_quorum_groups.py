@@ -28,7 +28,7 @@ from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
 from amqp_server.records import QueueRecord
 from fake_cluster import Client, FakeLink, Network, Node
-from forwarder.peers import node_link as link, owner_side
+from forwarder.peers import node_link as link, owner_side, remote_queue
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
 from forwarder.quorum.oplog import OpLogShipper
@@ -369,6 +369,34 @@ async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog)
     assert any("n3 catches up on" in record.message and "from the log" in record.message
                for record in caplog.records)
     assert not any("takes a snapshot" in record.message for record in caplog.records)
+
+
+async def test_a_follower_back_whose_links_come_up_before_it_knows_the_leader_catches_up(network):
+    """n3 comes back behind on an idle queue, its copy of the leader's term; its links come up before etcd tells it
+    who leads, so the leader's probe finds it following nobody and is ignored.  Once it follows the leader it asks
+    to catch up all the same, rather than wait for ops that an idle queue never ships (a real cluster's follower
+    stayed 5,000 ops behind for a minute so)."""
+    node = await declared(network)
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    confirms = Confirms()
+    publish(node, bodies(50), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 50, "the publishes confirmed")
+    n3 = Node(network, "n3", network.root / "n3")
+    network.nodes["n3"] = n3
+    network.down.discard("n3")
+    await n3.quorum.start()
+    n3.client.unreachable = True  # (etcd answers it only once its links are up)
+    for record in network.records:
+        n3.quorum.put_queue(n3.broker.vhosts["/"], record)
+    for other in ("n1", "n2"):
+        network._link("n3", other, True)
+    await asyncio.sleep(0.3)
+    assert n3.quorum.groups[KEY].leader == ""
+    n3.client.unreachable = False
+    await wait_for(lambda: n3.quorum.groups[KEY].leader == "n1", "n3 following n1")
+    assert await copies_agree(network) == [b"first", *bodies(50)]
 
 
 async def test_a_request_to_catch_up_in_the_turn_of_ops_not_yet_shipped_gets_them_too(network, caplog):
@@ -792,11 +820,14 @@ async def test_a_diverged_copy_that_annotated_a_row_alone_takes_the_whole_queue(
 
 
 async def test_a_deposed_leaders_diverged_copy_keeps_its_rows_of_what_both_had_and_takes_only_the_rest(
-        network, caplog):
+        network, caplog, monkeypatch):
     """n1, cut off, settles, returns and takes publishes no majority has; n2 or n3 leads the next term, settles,
     returns and takes publishes of its own.  n1's log agrees with the new leader's up to where its term began:
     n1 keeps its rows of the entries made before that the new leader holds, gets the others (those it settled
-    alone among them), drops its own tail, and every copy is the leader's, rows and records alike."""
+    alone among them), drops its own tail, and every copy is the leader's, rows and records alike.  The new
+    leader keeps the 10 n1 held for their consumer throughout (a grace of 0.3 s ran out under load before the
+    new leader's 15 were taken, which were then the 10 returned and 5 more: 60 rows sent, not 57)."""
+    monkeypatch.setattr(quorum_queue, "HANDOVER_GRACE", 30.0)
     node = await declared(network)
     publish(node, bodies(300))
     queue = queue_of(node)
@@ -1238,6 +1269,28 @@ async def test_a_get_through_a_node_that_missed_a_change_of_leader_is_answered_b
     assert entry is not None and entry.message.body == bodies(10)[0]
 
 
+async def test_a_get_under_way_through_the_node_that_comes_to_lead_is_answered_there(network, monkeypatch):
+    """A basic.get through n3 is on its way to n1 when n1 dies, and n3 comes to lead: the get is answered by n3's
+    own queue, rather than wait on the proxy it started on (which names n1, down for good) for ``LEADER_WAIT`` and
+    fail with 404 "home node 'n1' ... is down"."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "the publishes confirmed")
+    await copies_agree(network)
+    monkeypatch.setattr(vhost_module, "LEADER_WAIT", 30.0)
+    monkeypatch.setattr(remote_queue, "LEADER_WAIT", 30.0)
+    n3 = network.nodes["n3"]
+    vhost = n3.broker.vhosts["/"]
+    network.hold("n3", "n1")  # (the get's request waits on its way)
+    got = asyncio.ensure_future(n3.broker.get_anywhere(vhost, "q", True))
+    await wait_for(lambda: network.held[("n3", "n1")], "the get on its way to n1")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is n3, "n3 leads")  # (a tie goes to the name that sorts last)
+    queue, entry = await asyncio.wait_for(got, 10)
+    assert queue is vhost.queues["q"] and entry is not None and entry.message.body == bodies(10)[0]
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 
@@ -1355,6 +1408,46 @@ async def test_ops_a_follower_has_already_are_skipped_and_it_asks_for_nothing(ne
     network.release("n1", "n3")
     assert await copies_agree(network) == [b"first", *bodies(5, "a"), *bodies(5, "b")]
     assert "asking to catch up" not in caplog.text
+
+
+async def test_a_follower_walks_its_deep_copy_whole_once_in_a_share_of_its_entries_not_after_every_frame(
+        network, monkeypatch):
+    """Under the tests' invariant checks (``CHECKS``) a follower checks its copy's rows against its state
+    (``check_copy``): once the ops since the last check are an eighth of its entries, not after every frame.  A
+    copy of 9,650 entries walked after each of the frames of a basic.get loop at the leader held the follower's
+    loop for seconds in a turn of frames; the leader heard nothing from it for 5 s, stepped down, and the queue had
+    no leader (``test_a_member_added_while_the_queue_changes_gets_all_of_it``, under load)."""
+    assert quorum_log.CHECKS  # (the tests' environment: tests/conftest.py)
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(800), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 800, "the publishes confirmed")
+    await copies_agree(network)
+    n2 = network.nodes["n2"]
+    replicas, walks = n2.broker.replicas, []
+    walk = replicas.copy_state
+
+    def walked(index_id: int) -> quorum_log.machine.State:
+        walks.append(index_id)
+        return walk(index_id)
+
+    monkeypatch.setattr(replicas, "copy_state", walked)
+    frames: list[bytes] = []
+    deliver = network.deliver
+
+    def counted(sender: str, to: str, ftype: int, payload: bytes) -> None:
+        if (sender, to, ftype) == ("n1", "n2", link.REPLICATE):
+            frames.append(payload)
+        deliver(sender, to, ftype, payload)
+
+    monkeypatch.setattr(network, "deliver", counted)
+    queue = queue_of(node)
+    for _ in range(100):  # a frame each
+        take(queue)
+        await asyncio.sleep(0)
+    assert await copies_agree(network) == bodies(800)[100:]  # (held, not acked: each copy has them checked out)
+    assert len(frames) >= 50
+    assert len(walks) <= 2, f"{len(walks)} walks of the copy for {len(frames)} frames"
 
 
 # -- consumers across nodes ---------------------------------------------------------------------
