@@ -718,7 +718,7 @@ class Channel:
             self._declare_reply_queue(name, m.nowait)
             return
         if self.broker.cluster is not None and not m.exclusive and (name not in self.vhost.queues
-                                                                     or self.vhost.queues[name].remote):
+                                                                     or self._remote(name)):
             self.connection.suspend(self, m, self._agreed_declare(m, name))
             return
         self._declare(m, name)
