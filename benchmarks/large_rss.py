@@ -19,7 +19,8 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
    With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
    the first's, and the messages are taken through the second (its link to the first), whose peak is
-   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.
+   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
+   (of the one node, or of the first with ``--remote``).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -30,6 +31,7 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
     .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
+    .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
 """
 from __future__ import annotations
 
@@ -143,16 +145,17 @@ class Node:
         return self.proc.pid
 
 
-def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False) -> float:
+def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False,
+            quorum: bool = False) -> float:
     """Publish with confirms, at most ``window`` unconfirmed; the seconds it took.  ``dead_letter``: the queue
-    dead-letters to ``DEAD``, declared too."""
+    dead-letters to ``DEAD``, declared too; ``quorum``: it is a quorum queue."""
     conn = Connection("127.0.0.1", port, "guest", "guest")
     conn.channel_open(1)
-    arguments = None
+    arguments: dict[str, str] = {"x-queue-type": "quorum"} if quorum else {}
     if dead_letter:
         conn.queue_declare(1, DEAD, durable=True)
-        arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
-    conn.queue_declare(1, queue, durable=True, arguments=arguments)
+        arguments |= {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
+    conn.queue_declare(1, queue, durable=True, arguments=arguments or None)
     conn.confirm_select(1)
     started = time.monotonic()
     sent = confirmed = 0
@@ -308,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
     ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
     ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
+    ap.add_argument("--quorum", action="store_true", help="a quorum queue rather than a classic one")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -331,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
-        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter)
+        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter,
+                                      args.quorum)
         result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.restart:
             node.stop()
@@ -369,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
               f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
               f"{', by HTTP' if args.http else ''}{', through another node' if args.remote else ''}"
+              f"{', quorum' if args.quorum else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))
