@@ -423,11 +423,13 @@ class Queue:
         self.rows.write(self, entry)
 
     def release_body(self, entry: Entry) -> None:
-        """A large persistent body this queue stored (its file has it: ``MessageStore.write`` wrote it at once)
-        is not held by its ready entry: a delivery sends it from the file, or reads it back; so what a queue
-        of large messages holds in memory is not its bodies.  (Other queues the message went to keep theirs:
-        a transient queue's is only in memory.  A quorum or stream queue keeps its bodies in its own store.)"""
-        if not self.persists_all and entry.message.persistent:
+        """A large body this queue stored (its file has it: ``MessageStore.write`` wrote it at once) is not held
+        by its ready entry: a delivery sends it from the file, or reads it back; so what a queue of large
+        messages holds in memory is not its bodies.  (Other queues the message went to keep theirs: a transient
+        queue's is only in memory.  A queue that stores every message, a quorum queue, stores a transient one
+        as a copy of its own, ``stored_copy``; it stores none it does not take, ``QuorumQueue.store_entry``.)"""
+        message = entry.message
+        if message.msg_id and (self.persists_all or message.persistent):
             self.ready.release_body(entry)
 
     def stored_copy(self, message: Message) -> Message:
