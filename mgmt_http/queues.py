@@ -223,7 +223,9 @@ async def get(request: web.Request) -> web.StreamResponse:
 @routes.get("/api/queues/{vhost}/{name}/peek")
 async def peek(request: web.Request) -> web.StreamResponse:
     """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were.  A
-    slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it."""
+    slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it.  A
+    large stored body is read from the store's file for its payload, ``truncate`` of it only, as ``get`` reads
+    it."""
     context, queue = find_queue(request)
     who = auth.principal(request, queue.vhost)
     context.broker.consumable(context.vhost(queue.vhost), queue.name, None, who)
@@ -245,7 +247,7 @@ async def peek(request: web.Request) -> web.StreamResponse:
                 wanted = min(bulk.STEP, offset + count - position)
                 entries = context.broker.peek(queue, position, wanted, who, after=last)
                 for entry in entries:
-                    item = entry_to_json(entry, encoding, truncate)
+                    item = entry_to_json(entry, encoding, truncate, body_head(entry.message, queue, truncate))
                     item["position"] = position
                     items.append(item)
                     position += 1

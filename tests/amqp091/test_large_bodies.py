@@ -756,8 +756,9 @@ def test_a_nack_of_many_held_large_bodies_dead_letters_them_a_body_at_a_time(bro
     assert grew < 128 * 1024 * 1024, f"{grew >> 20} MiB more held dead-lettering"
 
 
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
 @pytest.mark.parametrize("ackmode", ["ack_requeue_true", "ack_requeue_false"])
-def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker, uid, ackmode):
+def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker, uid, ackmode, arguments):
     """The HTTP API's "get messages" of large persistent bodies the node holds in its store only: with
     ``truncate``, as much of each body as it answers is read from the store's file, not the body; without,
     each payload is whole and byte-exact.  Taken without ack, they are gone; else they are back, byte-exact."""
@@ -766,7 +767,7 @@ def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker,
     sizes = [16 * 1024 * 1024 + number for number in range(3)]
     path = f"/api/queues/%2F/{uid}/get"
     with connect(broker) as connection:
-        requeued_without_bodies(connection, uid, sizes)
+        requeued_without_bodies(connection, uid, sizes, arguments)
         before = read_octets(broker)
         cut = call(broker, "POST", path, {"count": 3, "ackmode": "ack_requeue_true", "encoding": "base64",
                                           "truncate": 100})
@@ -787,3 +788,31 @@ def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker,
         assert left == 0
     else:
         assert [data == body(size) for data, size in zip(again, sizes)] == [True] * len(sizes)
+
+
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
+def test_the_http_api_s_peek_of_large_stored_bodies_reads_what_it_answers(broker, uid, arguments):
+    """Warren's peek of large persistent bodies its queue left in the store (a consumer or a restart can): with
+    ``truncate``, as much of each as it answers is read from the store's file, not the body; without, each
+    payload is whole and byte-exact; the queue holds them as before, in their order."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    sizes = [16 * 1024 * 1024 + number for number in range(3)]
+    path = f"/api/queues/%2F/{uid}/peek"
+    with connect(broker) as connection:
+        stored_bodies(connection, uid, len(sizes), sizes[0], arguments)
+        before = read_octets(broker)
+        cut = call(broker, "GET", f"{path}?count=3&encoding=base64&truncate=100")
+        read = read_octets(broker) - before
+        assert cut.status == 200, cut.raw
+        assert [(item["payload_bytes"], base64.b64decode(item["payload"])) for item in cut.json] == [
+            (size, body(size)[:100]) for size in sizes]
+        whole = call(broker, "GET", f"{path}?count=3&encoding=base64")
+        assert whole.status == 200, whole.raw
+        assert [base64.b64decode(item["payload"]) == body(size) for item, size in zip(whole.json, sizes)] == [
+            True] * len(sizes)
+        channel = connection.channel()
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in sizes]
+        channel.queue_delete(uid)
+    assert read < sum(sizes) // 2, f"{read} octets read to answer 100 of each of {sizes}"
+    assert [data == body(size) for data, size in zip(again, sizes)] == [True] * len(sizes)
