@@ -17,6 +17,8 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    dead letters are then taken from there with acks, as ``--mode ack`` does.  With ``--http``, the management
    API's ``POST /api/queues/%2F/large-rss/get`` takes them instead, ``--prefetch`` at a time (``ackmode``
    ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
+   With ``--peek``, Warren's ``GET /api/queues/%2F/large-rss/peek`` reads them all first, ``--prefetch`` at a
+   time (``--truncate``: its ``truncate``), its peak ``peek_peak_mib``; they are then taken as above.
    With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
    the first's, and the messages are taken through the second (its link to the first), whose peak is
    ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
@@ -30,6 +32,7 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --amqp10
     .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
     .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
+    .venv/bin/python benchmarks/large_rss.py --peek --prefetch 10 --messages 20 [--truncate 100] [--quorum]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
     .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
 """
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -244,20 +248,22 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
 
 
 def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: int, timeout: float,
-              truncate: int | None) -> float:
+              truncate: int | None, peek: bool = False) -> float:
     """``take`` by the management API's "get messages", ``batch`` a request, each payload checked (its first
-    ``truncate`` octets with ``--truncate``)."""
+    ``truncate`` octets with ``--truncate``); ``peek``: read by Warren's peek instead, none taken."""
     request = {"count": batch, "ackmode": "ack_requeue_false" if mode == "noack" else "reject_requeue_false",
                "encoding": "base64"}
     if truncate is not None:
         request["truncate"] = truncate
-    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
     started = time.monotonic()
     got = 0
     while got < count:
-        answer = urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/get", json.dumps(request).encode(),
-            {"Content-Type": "application/json", "Authorization": auth}), timeout=timeout)
+        url = f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/"
+        answer = urllib.request.urlopen(
+            urllib.request.Request(url + "peek?" + urllib.parse.urlencode({**request, "offset": got}), headers=auth)
+            if peek else urllib.request.Request(url + "get", json.dumps(request).encode(),
+                                                {"Content-Type": "application/json", **auth}), timeout=timeout)
         items = json.load(answer)
         if not items:
             raise RuntimeError(f"{got} of {count} got, then none")
@@ -309,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dead-letter", action="store_true",
                     help="reject them to a dead-letter queue where they would be acked, then take them from there")
     ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
-    ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
+    ap.add_argument("--peek", action="store_true", help="peek at them all by the management API first, --prefetch a "
+                                                        "time")
+    ap.add_argument("--truncate", type=int, help="the management API get's or peek's truncate (--http, --peek)")
     ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
     ap.add_argument("--quorum", action="store_true", help="a quorum queue rather than a classic one")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
@@ -323,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--http takes --mode ack or noack")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
     etcd = Etcd(tmp / "etcd") if args.remote else None
-    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if args.http else 0, () if etcd is None else (
+    mgmt = args.http or args.peek
+    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if mgmt else 0, () if etcd is None else (
         "--node-name", f"large-rss{number}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
         "--cluster-secret", "large-rss", "--cluster-port", str(free_port())))
         for number in range(2 if args.remote else 1)]
@@ -343,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
             node.start()
             time.sleep(0.5)
         result["before_take_rss_mib"] = status(taker.pid, "VmRSS") / MIB
+        if args.peek:
+            reset_peak(node.pid)
+            result["peek_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                         args.timeout, args.truncate, peek=True)
+            result["peek_peak_mib"] = status(node.pid, "VmHWM") / MIB
         for each in nodes:
             reset_peak(each.pid)
         if args.amqp10:
@@ -373,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
               f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
-              f"{', by HTTP' if args.http else ''}{', through another node' if args.remote else ''}"
+              f"{', by HTTP' if args.http else ''}{', peeked first' if args.peek else ''}"
+              f"{', through another node' if args.remote else ''}"
               f"{', quorum' if args.quorum else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
