@@ -17,9 +17,12 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    dead letters are then taken from there with acks, as ``--mode ack`` does.  With ``--http``, the management
    API's ``POST /api/queues/%2F/large-rss/get`` takes them instead, ``--prefetch`` at a time (``ackmode``
    ``ack_requeue_false`` for ``noack``, else ``reject_requeue_false``; ``--truncate``: its ``truncate``).
+   With ``--peek``, Warren's ``GET /api/queues/%2F/large-rss/peek`` reads them all first, ``--prefetch`` at a
+   time (``--truncate``: its ``truncate``), its peak ``peek_peak_mib``; they are then taken as above.
    With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
    the first's, and the messages are taken through the second (its link to the first), whose peak is
-   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.
+   ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
+   (of the one node, or of the first with ``--remote``).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -29,7 +32,9 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --amqp10
     .venv/bin/python benchmarks/large_rss.py --dead-letter --messages 50
     .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
+    .venv/bin/python benchmarks/large_rss.py --peek --prefetch 10 --messages 20 [--truncate 100] [--quorum]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
+    .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -143,16 +149,17 @@ class Node:
         return self.proc.pid
 
 
-def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False) -> float:
+def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False,
+            quorum: bool = False) -> float:
     """Publish with confirms, at most ``window`` unconfirmed; the seconds it took.  ``dead_letter``: the queue
-    dead-letters to ``DEAD``, declared too."""
+    dead-letters to ``DEAD``, declared too; ``quorum``: it is a quorum queue."""
     conn = Connection("127.0.0.1", port, "guest", "guest")
     conn.channel_open(1)
-    arguments = None
+    arguments: dict[str, str] = {"x-queue-type": "quorum"} if quorum else {}
     if dead_letter:
         conn.queue_declare(1, DEAD, durable=True)
-        arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
-    conn.queue_declare(1, queue, durable=True, arguments=arguments)
+        arguments |= {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
+    conn.queue_declare(1, queue, durable=True, arguments=arguments or None)
     conn.confirm_select(1)
     started = time.monotonic()
     sent = confirmed = 0
@@ -241,20 +248,22 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
 
 
 def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: int, timeout: float,
-              truncate: int | None) -> float:
+              truncate: int | None, peek: bool = False) -> float:
     """``take`` by the management API's "get messages", ``batch`` a request, each payload checked (its first
-    ``truncate`` octets with ``--truncate``)."""
+    ``truncate`` octets with ``--truncate``); ``peek``: read by Warren's peek instead, none taken."""
     request = {"count": batch, "ackmode": "ack_requeue_false" if mode == "noack" else "reject_requeue_false",
                "encoding": "base64"}
     if truncate is not None:
         request["truncate"] = truncate
-    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
     started = time.monotonic()
     got = 0
     while got < count:
-        answer = urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/get", json.dumps(request).encode(),
-            {"Content-Type": "application/json", "Authorization": auth}), timeout=timeout)
+        url = f"http://127.0.0.1:{port}/api/queues/%2F/{queue}/"
+        answer = urllib.request.urlopen(
+            urllib.request.Request(url + "peek?" + urllib.parse.urlencode({**request, "offset": got}), headers=auth)
+            if peek else urllib.request.Request(url + "get", json.dumps(request).encode(),
+                                                {"Content-Type": "application/json", **auth}), timeout=timeout)
         items = json.load(answer)
         if not items:
             raise RuntimeError(f"{got} of {count} got, then none")
@@ -306,8 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dead-letter", action="store_true",
                     help="reject them to a dead-letter queue where they would be acked, then take them from there")
     ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
-    ap.add_argument("--truncate", type=int, help="the management API get's truncate (with --http)")
+    ap.add_argument("--peek", action="store_true", help="peek at them all by the management API first, --prefetch a "
+                                                        "time")
+    ap.add_argument("--truncate", type=int, help="the management API get's or peek's truncate (--http, --peek)")
     ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
+    ap.add_argument("--quorum", action="store_true", help="a quorum queue rather than a classic one")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -319,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--http takes --mode ack or noack")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
     etcd = Etcd(tmp / "etcd") if args.remote else None
-    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if args.http else 0, () if etcd is None else (
+    mgmt = args.http or args.peek
+    nodes = [Node(tmp / f"data{number}", free_port(), free_port() if mgmt else 0, () if etcd is None else (
         "--node-name", f"large-rss{number}@localhost", "--cluster-etcd", f"127.0.0.1:{etcd.port}",
         "--cluster-secret", "large-rss", "--cluster-port", str(free_port())))
         for number in range(2 if args.remote else 1)]
@@ -331,13 +344,19 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
-        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter)
+        result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter,
+                                      args.quorum)
         result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.restart:
             node.stop()
             node.start()
             time.sleep(0.5)
         result["before_take_rss_mib"] = status(taker.pid, "VmRSS") / MIB
+        if args.peek:
+            reset_peak(node.pid)
+            result["peek_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                         args.timeout, args.truncate, peek=True)
+            result["peek_peak_mib"] = status(node.pid, "VmHWM") / MIB
         for each in nodes:
             reset_peak(each.pid)
         if args.amqp10:
@@ -368,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{args.messages} x {args.size / MIB:g} MiB, window {args.window}, {args.mode}"
               f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
-              f"{', by HTTP' if args.http else ''}{', through another node' if args.remote else ''}"
+              f"{', by HTTP' if args.http else ''}{', peeked first' if args.peek else ''}"
+              f"{', through another node' if args.remote else ''}"
+              f"{', quorum' if args.quorum else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))

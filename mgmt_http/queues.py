@@ -223,7 +223,9 @@ async def get(request: web.Request) -> web.StreamResponse:
 @routes.get("/api/queues/{vhost}/{name}/peek")
 async def peek(request: web.Request) -> web.StreamResponse:
     """Warren: ready messages from ``offset``, leaving order, redelivered flags and counters as they were.  A
-    slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it."""
+    slice per loop turn, at most ``bulk.MAX_MESSAGES``: a queue that changes meanwhile may shift under it.  A
+    large stored body is read from the store's file for its payload, ``truncate`` of it only, as ``get`` reads
+    it, and a slice's bodies are within its budget of bytes (``bulk.Turn``), as a get's are."""
     context, queue = find_queue(request)
     who = auth.principal(request, queue.vhost)
     context.broker.consumable(context.vhost(queue.vhost), queue.name, None, who)
@@ -244,16 +246,19 @@ async def peek(request: web.Request) -> web.StreamResponse:
             while going and position < offset + count:
                 wanted = min(bulk.STEP, offset + count - position)
                 entries = context.broker.peek(queue, position, wanted, who, after=last)
-                for entry in entries:
-                    item = entry_to_json(entry, encoding, truncate)
+                for entry in entries:  # (a slice ends at its budget: the next goes on after its last entry)
+                    item = entry_to_json(entry, encoding, truncate, body_head(entry.message, queue, truncate))
                     item["position"] = position
                     items.append(item)
                     position += 1
-                if len(entries) < wanted:
-                    yield items
-                    return
-                last = entries[-1]
-                going = turn.spend(len(entries), sum(entry.message.body_size for entry in entries))
+                    last = entry
+                    going = turn.spend(1, entry.message.body_size)
+                    if not going:
+                        break
+                else:
+                    if len(entries) < wanted:
+                        yield items
+                        return
             yield items
             await bulk.next_turn()
 

@@ -25,11 +25,12 @@ class FileOutput(Protocol):
 
 
 def store_of(message: Message, queue: AnyQueue) -> Persistence | None:
-    """The store that holds ``message``'s body for ``queue`` (a classic durable queue's persistent message, whose
-    record the queue holds a reference to while it holds the entry); None if no store does."""
+    """The store that holds ``message``'s body for ``queue`` (a durable queue's persistent message, or any a
+    quorum queue stored, whose record the queue holds a reference to while it holds the entry); None if no
+    store does."""
     local = queue.local()  # (another node's delivered it without its body's reference here)
-    if (message.msg_id and local is not None and local.persistence is not None and not local.persists_all
-            and message.persistent):
+    if (message.msg_id and local is not None and local.persistence is not None
+            and (message.persistent or local.persists_all)):
         return local.persistence
     return None
 

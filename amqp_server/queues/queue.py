@@ -423,11 +423,13 @@ class Queue:
         self.rows.write(self, entry)
 
     def release_body(self, entry: Entry) -> None:
-        """A large persistent body this queue stored (its file has it: ``MessageStore.write`` wrote it at once)
-        is not held by its ready entry: a delivery sends it from the file, or reads it back; so what a queue
-        of large messages holds in memory is not its bodies.  (Other queues the message went to keep theirs:
-        a transient queue's is only in memory.  A quorum or stream queue keeps its bodies in its own store.)"""
-        if not self.persists_all and entry.message.persistent:
+        """A large body this queue stored (its file has it: ``MessageStore.write`` wrote it at once) is not held
+        by its ready entry: a delivery sends it from the file, or reads it back; so what a queue of large
+        messages holds in memory is not its bodies.  (Other queues the message went to keep theirs: a transient
+        queue's is only in memory.  A queue that stores every message, a quorum queue, stores a transient one
+        as a copy of its own, ``stored_copy``; it stores none it does not take, ``QuorumQueue.store_entry``.)"""
+        message = entry.message
+        if message.msg_id and (self.persists_all or message.persistent):
             self.ready.release_body(entry)
 
     def stored_copy(self, message: Message) -> Message:
@@ -640,20 +642,25 @@ class Queue:
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.
         ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
-        without walking the queue from its head again)."""
-        host = self.host
-        return [self.loaded(entry, host) for entry in self.ready.peek(offset, count, after)]
+        without walking the queue from its head again).  A large body the store alone holds stays there, the
+        entry's route and header read (its reader reads what it needs of it, ``stored_bodies.body_head``)."""
+        host, persistence = self.host, self.persistence
+        return [self.loaded(entry, host, persistence) for entry in self.ready.peek(offset, count, after)]
 
     @staticmethod
-    def loaded(entry: Entry, host: QueueHost | None) -> Entry:
+    def loaded(entry: Entry, host: QueueHost | None, heads: Persistence | None = None) -> Entry:
         """``entry`` with its body, for a reader: where the store alone holds it, read into a copy of the entry,
         so that the ready entry goes on leaving it there (``ReadyList.unheld``: a large body released stays out
-        of memory however often it is browsed)."""
+        of memory however often it is browsed).  ``heads``: of a large body this store holds, the copy has the
+        route and header only."""
         message = entry.message
         if message.body is not None or host is None:
             return entry
         copy = Message.stored(message.msg_id, message.body_size, message.transient_id)
-        host.load_body(copy)
+        if heads is not None and message.msg_id and message.body_size >= RELEASE_FROM:
+            heads.load_head(copy)
+        else:
+            host.load_body(copy)
         return entry.with_message(copy)
 
     # -- settling: what consumers and basic.get took comes back --------------------------------

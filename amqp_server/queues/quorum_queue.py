@@ -76,6 +76,7 @@ class QuorumQueue(Queue):
         self._running = 0  # ops being carried out (an effect may run one of its own)
         self._dlx_timer: asyncio.TimerHandle | None = None
         self._taken_count = (-1, 0)  # (seq, delivery count) of the entry a delivery or get just took
+        self._left = -1  # the seq of the entry being taken without ack whose body stays in the store (``take``)
         self._awaiting: set[int] = set()  # held entries a consumer of the previous leader may take back
         self._agreed_below = 0  # deposed: the replicator's ``agreed_below`` as it stood (``agreed``)
         self._grace_timer: asyncio.TimerHandle | None = None
@@ -153,7 +154,8 @@ class QuorumQueue(Queue):
 
     def _carry_out_remove(self, effect: machine.Remove) -> None:
         for seq in effect.seqs:
-            self.forget(self._entry(seq))
+            if seq != self._left:  # (a body left in the store for the file: forgotten once sent, ``take``)
+                self.forget(self._entry(seq))
 
     def _carry_out_move(self, effect: machine.Move) -> None:
         """A returned entry goes to the back as ``new``."""
@@ -422,8 +424,10 @@ class QuorumQueue(Queue):
         return self.state.bytes
 
     def append_entry(self, entry: Entry) -> None:
-        """A ready entry's message joins the ready list (its deadline is the state's)."""
-        self.ready.push(entry)
+        """A ready entry's message joins the ready list (its deadline is the state's); a returned one's body its
+        delivery left to the store (``stored_bodies.release_body``) is counted as the store's."""
+        if not self.ready.push(entry):
+            self.ready.came_back(entry)
 
     def full(self, incoming: int) -> bool:
         """RabbitMQ 3.10's quorum queues refuse a publish (reject-publish) only once they are over a limit: the
@@ -543,7 +547,7 @@ class QuorumQueue(Queue):
         return sum(consumer.prefetch or UNLIMITED_WINDOW for consumer in self.consumers)
 
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
-        entry = super().get(no_ack)
+        entry = super().get(no_ack, sends_from)
         self._ship()
         return entry
 
@@ -554,11 +558,18 @@ class QuorumQueue(Queue):
             self.replicator.flush()
 
     def take(self, entry: Entry, no_ack: bool, sends_from: int = 0) -> Entry:
-        """(Bodies are read back for every delivery, ``sends_from`` or not: the replicas' store sends none.)"""
+        """A large body the consumer sends from the store's file is not read back (``took``); taken without ack,
+        its entry leaves the state now but keeps its store reference until the caller has the body's file and
+        forgets it (``stored_bodies.forget_left``), as a classic queue's does."""
         seq = entry.seq
         self._taken_count = (seq, self.state.counts.get(seq, 0))  # (no-ack: the state forgets it now)
-        self.took(entry, no_ack)
-        self.run(machine.Checkout(seq, no_ack, self.term), (entry,))
+        self.took(entry, no_ack, sends_from)
+        if no_ack and entry.message.body is None:
+            self._left = seq
+        try:
+            self.run(machine.Checkout(seq, no_ack, self.term), (entry,))
+        finally:
+            self._left = -1
         return entry
 
     def settle(self, entries: list[Entry]) -> None:

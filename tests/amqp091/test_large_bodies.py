@@ -25,6 +25,7 @@ from support import Raw, call, publish_frames, stalled_consumer
 pytestmark = pytest.mark.timeout(180)
 
 FRAME_MAX = 131072  # the node's default, which pika takes
+QUORUM = {"x-queue-type": "quorum"}
 SIZES = [0, 1, FRAME_MAX - 8, FRAME_MAX - 7, 16 * 1024 * 1024]
 
 
@@ -80,7 +81,7 @@ def assert_bodies(got: list[bytes]) -> None:
     ({}, True),
     ({}, False),
     ({"x-max-priority": 10}, True),
-    ({"x-queue-type": "quorum"}, True),
+    (QUORUM, True),
 ], ids=["classic", "classic-transient", "priority", "quorum"])
 def test_bodies_arrive_byte_exact(broker, uid, arguments, persistent):
     with connect(broker) as connection:
@@ -107,16 +108,20 @@ def test_dead_lettered_bodies_arrive_byte_exact(broker, uid):
         assert_bodies(consume(connection, f"{uid}-dead"))
 
 
-def test_basic_get_of_bodies_is_byte_exact(broker, uid):
+@pytest.mark.parametrize("arguments, no_ack", [({}, True), (QUORUM, True), (QUORUM, False)],
+                         ids=["classic", "quorum-no-ack", "quorum"])
+def test_basic_get_of_bodies_is_byte_exact(broker, uid, arguments, no_ack):
     with connect(broker) as connection:
         channel = connection.channel()
-        channel.queue_declare(uid, durable=True)
+        channel.queue_declare(uid, durable=True, arguments=arguments)
         publish_all(connection, uid, delivery_mode=2)
         got: list[bytes] = []
         for _ in SIZES:
-            method, _properties, data = channel.basic_get(uid, auto_ack=True)
+            method, _properties, data = channel.basic_get(uid, auto_ack=no_ack)
             assert method is not None and data is not None
             got.append(data)
+            if not no_ack:
+                channel.basic_ack(method.delivery_tag or 0)
         assert_bodies(got)
 
 
@@ -257,13 +262,15 @@ def reset_peak(broker) -> None:
         refs.write("5")
 
 
-@pytest.mark.parametrize("arguments, count", [({}, 64), ({"x-max-priority": 10}, 24)], ids=["classic", "priority"])
+@pytest.mark.parametrize("arguments, count", [({}, 64), ({"x-max-priority": 10}, 24), (QUORUM, 24)],
+                         ids=["classic", "priority", "quorum"])
 def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none(broker, uid, arguments, count):
     """64 persistent 16 MiB messages (1 GiB) queued in a durable queue, then all taken by a consumer with
     prefetch 100 that acks none until it has them all: the node's peak RSS grows by a body or two, publishing
     as delivering, not with the bodies in flight (``benchmarks/large_rss.py`` measures 100 against the issue's
     bound: under 256 MiB in all).  A ready entry holds no body its queue stored, nor
-    does an unacked delivery; each arrives byte-exact.  (A priority queue's entries neither: fewer, of one level.)"""
+    does an unacked delivery; each arrives byte-exact.  (A priority queue's entries neither: fewer, of one level;
+    nor a quorum queue's, whose deliveries' header it makes.)"""
     if not rss(broker):
         pytest.skip("reads the node's memory")
     size = 16 * 1024 * 1024
@@ -298,15 +305,16 @@ def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none
     assert delivered < 128 * 1024 * 1024, f"{delivered >> 20} MiB more held delivering"
 
 
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
 @pytest.mark.parametrize("how", ["ack", "no-ack", "get"])
-def test_large_bodies_recovered_after_a_restart_go_from_the_store_unread(start_broker, uid, how):
+def test_large_bodies_recovered_after_a_restart_go_from_the_store_unread(start_broker, uid, how, arguments):
     """Persistent 16 MiB messages recovered after a restart (their route and header are in the store too) are
     delivered for manual ack, without ack and to basic.get byte-exact, their headers read from the store and
     their bodies sent from its files, not read into the node's memory: little read, little more held."""
     count, size = 6, 16 * 1024 * 1024
     node = start_broker()
     with connect(node) as connection:
-        stored_bodies(connection, uid, count, size)
+        stored_bodies(connection, uid, count, size, arguments)
     node.stop()
     node = start_broker(data_dir=node.data_dir)
     with connect(node) as connection:
@@ -370,19 +378,20 @@ def test_unacked_large_bodies_are_not_held_in_memory(broker, uid):
         assert all(data == body(size + number) for number, data in enumerate(again))
 
 
-@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}], ids=["classic", "priority"])
+@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}, QUORUM], ids=["classic", "priority", "quorum"])
 def test_message_bytes_ram_counts_the_bodies_the_node_holds(broker, uid, arguments):
     """The HTTP API's ``message_bytes_ram`` (RabbitMQ's "bytes of messages currently in RAM") counts the bodies the
     node holds: not large persistent ones its durable queue left in the store, queued or requeued after a delivery
-    released them; small ones and a large transient one (held in memory only) it does count."""
+    released them (a quorum queue's to its back); small ones and a large transient one (held in memory only) it
+    does count, but a quorum queue stores a transient one too, and leaves it there."""
     large, small, transient = 1024 * 1024, 1000, 2 * 1024 * 1024
     with connect(broker) as connection:
         channel = stored_bodies(connection, uid, 4, large, arguments)
         for number in range(3):
             channel.basic_publish("", uid, body(small + number), pika.BasicProperties(delivery_mode=2))
         channel.basic_publish("", uid, body(transient), pika.BasicProperties(delivery_mode=1))
-        held = sum(small + number for number in range(3)) + transient
-        total = sum(large + number for number in range(4)) + held
+        total = sum(large + number for number in range(4)) + sum(small + number for number in range(3)) + transient
+        held = sum(small + number for number in range(3)) + (0 if arguments == QUORUM else transient)
 
         def shown() -> tuple[int, int]:
             queue = call(broker, "GET", f"/api/queues/%2F/{uid}").json
@@ -409,12 +418,13 @@ def read_octets(broker) -> int:
         return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
 
 
-@pytest.mark.parametrize("how, arguments", [("nack", {}), ("close", {}), ("close", {"x-max-priority": 10})],
-                         ids=["nack", "close", "priority"])
+@pytest.mark.parametrize("how, arguments", [("nack", {}), ("close", {}), ("close", {"x-max-priority": 10}),
+                                           ("nack", QUORUM), ("close", QUORUM)],
+                         ids=["nack", "close", "priority", "quorum-nack", "quorum-close"])
 def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, arguments):
     """Large persistent bodies sent for manual ack and requeued (a nack, the channel closed) come back
     byte-exact and flagged redelivered, sent from the store's file as their first delivery was, not read back
-    into memory first."""
+    into memory first: a quorum queue's with the header it makes, which counts the return."""
     if not rss(broker):
         pytest.skip("reads the node's counters")
     count, size = 3, 16 * 1024 * 1024
@@ -429,9 +439,11 @@ def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, a
         again = connection.channel()
         again.basic_qos(prefetch_count=10)
         got: list[tuple[bool, bytes]] = []
+        counts: list[Any] = []
 
-        def on_message(ch, method, _properties, data):
+        def on_message(ch, method, properties, data):
             got.append((method.redelivered, data))
+            counts.append((properties.headers or {}).get("x-delivery-count"))
             ch.basic_ack(method.delivery_tag)
 
         again.basic_consume(uid, on_message)
@@ -441,6 +453,7 @@ def test_a_redelivered_large_body_goes_from_the_store_unread(broker, uid, how, a
         read = read_octets(broker) - before
     assert [redelivered for redelivered, _data in got] == [True] * count
     assert [data == body(size + number) for number, (_redelivered, data) in enumerate(got)] == [True] * count
+    assert counts == [1 if arguments == QUORUM else None] * count
     sent = sum(size + number for number in range(count))
     assert read < sent // 2, f"{read} octets read to send {sent}"
 
@@ -575,12 +588,13 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
 
 
-def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued(start_broker, uid):
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
+def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued(start_broker, uid, arguments):
     """Confirmed large bodies are there after ``kill -9`` (recovered: route, header and body in the store), and
     requeued once delivered they come back byte-exact again."""
     node = start_broker()
     with connect(node) as connection:
-        connection.channel().queue_declare(uid, durable=True)
+        connection.channel().queue_declare(uid, durable=True, arguments=arguments)
         publish_all(connection, uid, delivery_mode=2)
     node.kill()
     node = start_broker(data_dir=node.data_dir)
@@ -589,11 +603,11 @@ def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued
         assert_bodies(consume(connection, uid))
 
 
-def requeued_without_bodies(connection, queue: str, sizes: list[int]) -> None:
+def requeued_without_bodies(connection, queue: str, sizes: list[int], arguments: dict | None = None) -> None:
     """Persistent bodies of ``sizes`` in ``queue``, delivered once for manual ack and requeued: the node holds
     them in its store only (an unacked large delivery holds no body)."""
     channel = connection.channel()
-    channel.queue_declare(queue, durable=True)
+    channel.queue_declare(queue, durable=True, arguments=arguments)
     channel.confirm_delivery()
     for size in sizes:
         channel.basic_publish("", queue, body(size), pika.BasicProperties(delivery_mode=2))
@@ -620,8 +634,10 @@ def held_and_requeued(connection, queue: str, count: int) -> None:
     holding(connection, queue, count)[0].close()
 
 
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
 @pytest.mark.parametrize("how", ["consume-no-ack", "get-no-ack", "get-ack"])
-def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_to_basic_get(broker, uid, how):
+def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_to_basic_get(broker, uid, how,
+                                                                                             arguments):
     """Large stored bodies that are not in memory (requeued) go from the store's file, not read back into memory
     first, to a consumer without acks and to basic.get (with or without ack): byte-exact, and gone from the
     queue once taken without ack."""
@@ -629,7 +645,7 @@ def test_a_large_body_not_in_memory_goes_from_the_store_unread_without_ack_and_t
         pytest.skip("reads the node's counters")
     sizes = [16 * 1024 * 1024 + number for number in range(3)]
     with connect(broker) as connection:
-        requeued_without_bodies(connection, uid, sizes)
+        requeued_without_bodies(connection, uid, sizes, arguments)
         channel = connection.channel()
         before = read_octets(broker)
         got: list[bytes] = []
@@ -740,8 +756,9 @@ def test_a_nack_of_many_held_large_bodies_dead_letters_them_a_body_at_a_time(bro
     assert grew < 128 * 1024 * 1024, f"{grew >> 20} MiB more held dead-lettering"
 
 
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
 @pytest.mark.parametrize("ackmode", ["ack_requeue_true", "ack_requeue_false"])
-def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker, uid, ackmode):
+def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker, uid, ackmode, arguments):
     """The HTTP API's "get messages" of large persistent bodies the node holds in its store only: with
     ``truncate``, as much of each body as it answers is read from the store's file, not the body; without,
     each payload is whole and byte-exact.  Taken without ack, they are gone; else they are back, byte-exact."""
@@ -750,7 +767,7 @@ def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker,
     sizes = [16 * 1024 * 1024 + number for number in range(3)]
     path = f"/api/queues/%2F/{uid}/get"
     with connect(broker) as connection:
-        requeued_without_bodies(connection, uid, sizes)
+        requeued_without_bodies(connection, uid, sizes, arguments)
         before = read_octets(broker)
         cut = call(broker, "POST", path, {"count": 3, "ackmode": "ack_requeue_true", "encoding": "base64",
                                           "truncate": 100})
@@ -771,3 +788,31 @@ def test_the_http_api_s_get_of_large_stored_bodies_reads_what_it_answers(broker,
         assert left == 0
     else:
         assert [data == body(size) for data, size in zip(again, sizes)] == [True] * len(sizes)
+
+
+@pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
+def test_the_http_api_s_peek_of_large_stored_bodies_reads_what_it_answers(broker, uid, arguments):
+    """Warren's peek of large persistent bodies its queue left in the store (a consumer or a restart can): with
+    ``truncate``, as much of each as it answers is read from the store's file, not the body; without, each
+    payload is whole and byte-exact; the queue holds them as before, in their order."""
+    if not rss(broker):
+        pytest.skip("reads the node's counters")
+    sizes = [16 * 1024 * 1024 + number for number in range(3)]
+    path = f"/api/queues/%2F/{uid}/peek"
+    with connect(broker) as connection:
+        stored_bodies(connection, uid, len(sizes), sizes[0], arguments)
+        before = read_octets(broker)
+        cut = call(broker, "GET", f"{path}?count=3&encoding=base64&truncate=100")
+        read = read_octets(broker) - before
+        assert cut.status == 200, cut.raw
+        assert [(item["payload_bytes"], base64.b64decode(item["payload"])) for item in cut.json] == [
+            (size, body(size)[:100]) for size in sizes]
+        whole = call(broker, "GET", f"{path}?count=3&encoding=base64")
+        assert whole.status == 200, whole.raw
+        assert [base64.b64decode(item["payload"]) == body(size) for item, size in zip(whole.json, sizes)] == [
+            True] * len(sizes)
+        channel = connection.channel()
+        again = [channel.basic_get(uid, auto_ack=True)[2] for _ in sizes]
+        channel.queue_delete(uid)
+    assert read < sum(sizes) // 2, f"{read} octets read to answer 100 of each of {sizes}"
+    assert [data == body(size) for data, size in zip(again, sizes)] == [True] * len(sizes)

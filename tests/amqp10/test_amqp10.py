@@ -189,12 +189,14 @@ def unsettled_bodies(node: Running) -> list[bytes | None]:
             for entry, _queue, _consumer in session.unsettled.values()]
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 @pytest.mark.parametrize("restart", [False, True], ids=["stored", "recovered"])
-def test_large_stored_bodies_reach_a_receiver_of_small_frames_from_the_store(tmp_path, monkeypatch, restart):
-    """Persistent bodies of 1 MiB and 3 MiB + 7 octets in a durable queue, as stored or recovered after a restart,
-    reach an AMQP 1.0 receiver of 16 KiB frames byte-exact, in many transfers, from the store's file: never read
-    whole into the node (``Persistence.load_body``), nor held for the deliveries it waits to have settled;
-    released, they come back so too."""
+def test_large_stored_bodies_reach_a_receiver_of_small_frames_from_the_store(tmp_path, monkeypatch, restart,
+                                                                             queue_type):
+    """Persistent bodies of 1 MiB and 3 MiB + 7 octets in a durable queue (classic or quorum), as stored or
+    recovered after a restart, reach an AMQP 1.0 receiver of 16 KiB frames byte-exact, in many transfers, from the
+    store's file: never read whole into the node (``Persistence.load_body``), nor held for the deliveries it waits
+    to have settled; released, they come back so too (a quorum queue's to its back)."""
     from test_large_bodies import body
 
     from amqp_server.queues.persistence import Persistence
@@ -202,7 +204,7 @@ def test_large_stored_bodies_reach_a_receiver_of_small_frames_from_the_store(tmp
     sizes = [1 << 20, (3 << 20) + 7]
     node = start(tmp_path)
     try:
-        connection = declare(node, "large")
+        connection = declare(node, "large", **{"x-queue-type": queue_type})
         channel = connection.channel()
         channel.confirm_delivery()
         for size in sizes:

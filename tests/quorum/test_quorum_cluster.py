@@ -508,6 +508,52 @@ def test_the_delivery_count_is_replicated(nodes, uid):
         assert (body, method.redelivered, properties.headers) == (b"m", True, {"x-delivery-count": 2})
 
 
+def test_large_bodies_go_byte_exact_from_the_leaders_store_and_then_from_a_new_leaders_copy(nodes, uid):
+    """Bodies at the edges of framing and of 16 MiB, which the leader leaves to its store and sends from its file
+    (to a consumer on its node, returned, then to basic.get with the header it makes), reach a consumer byte-exact;
+    after the leader's death, the next leader sends them from its copy's records, counted as returned."""
+    from test_large_bodies import SIZES, body
+
+    _, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    bodies = [body(size) for size in SIZES]
+    publish_all_then_confirm(n1, uid, bodies)
+    with connect(n1) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=len(bodies))
+        got: list[bytes] = []
+        for deliver, _properties, data in channel.consume(uid, inactivity_timeout=30):
+            assert deliver is not None and data is not None  # (not idle)
+            got.append(data)
+            if len(got) == len(bodies):
+                break
+        channel.cancel()  # (before the returns, which it would be delivered again)
+        channel.basic_nack(delivery_tag(deliver), multiple=True, requeue=True)
+        counts: list[tuple[bool, Any]] = []
+        for _ in bodies:
+            method, properties, data = channel.basic_get(uid)
+            assert method is not None and properties is not None
+            counts.append((data == bodies[len(counts)], properties.headers))
+            channel.basic_nack(delivery_tag(method), requeue=True)
+    assert got == bodies
+    assert counts == [(True, {"x-delivery-count": 1})] * len(bodies)
+    time.sleep(0.5)  # the returns reach the followers
+    n1.kill()
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
+             timeout=20)
+    leader = {NAMES[1]: n2, NAMES[2]: n3}[leader_of(n2, uid)]
+    with connect(leader) as connection:
+        channel = connection.channel()
+        again: list[tuple[bool, Any]] = []
+        for _ in bodies:
+            method, properties, data = channel.basic_get(uid, auto_ack=True)
+            assert method is not None and properties is not None
+            again.append((data == bodies[len(again)], properties.headers))
+    assert again == [(True, {"x-delivery-count": 2})] * len(bodies)
+
+
 def test_an_amqp10_release_through_another_node_counts_no_delivery(nodes, uid):
     """AMQP 1.0's ``released`` of a quorum queue's message, by a receiver on a node that does not lead the queue,
     returns it uncounted there too (RabbitMQ 4.x): more releases than the delivery limit allows returns, and the
