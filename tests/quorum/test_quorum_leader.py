@@ -201,9 +201,8 @@ Leader.TestCase.settings = settings(max_examples=100, stateful_step_count=50, de
 test_a_leader_carries_out_its_state_machine = pytest.mark.long(pytest.mark.timeout(600)(Leader.TestCase))
 
 
-async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_path, caplog):
-    """The ready list drops an entry read back from disk whose message the store no longer has: the state,
-    which decides what is delivered, drops it too (else its head would name a message nobody has)."""
+async def paged_quorum_queue(tmp_path) -> tuple[Broker, QuorumQueue]:
+    """A broker with a quorum queue of 100 persistent messages (m0 to m99), all but a window's on disk."""
     broker = Broker(str(tmp_path), queue_window=WINDOW)
     vhost = broker.vhost("/")
     queue = local(broker.declare_queue(vhost, "q", durable=True, arguments={"x-queue-type": "quorum"}))
@@ -212,6 +211,13 @@ async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_pa
     for i in range(100):
         broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
     await asyncio.sleep(0.05)  # (the group commit)
+    return broker, queue
+
+
+async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_path, caplog):
+    """The ready list drops an entry read back from disk whose message the store no longer has: the state,
+    which decides what is delivered, drops it too (else its head would name a message nobody has)."""
+    broker, queue = await paged_quorum_queue(tmp_path)
     assert queue.paged
     index, queue_id = queue.ready.page_index()
     (row,) = index.read(queue_id, 50, 1)
@@ -229,14 +235,7 @@ async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_rea
     """A consumer that outlived a change of leader takes back a ready entry that lies in the part of the queue on
     disk (``adopt``): it leaves from memory, its row kept (it is checked out, not gone), and no later page-in reads
     that row back as ready, which would deliver it twice and put the ready list out of step with the state."""
-    broker = Broker(str(tmp_path), queue_window=WINDOW)
-    vhost = broker.vhost("/")
-    queue = local(broker.declare_queue(vhost, "q", durable=True, arguments={"x-queue-type": "quorum"}))
-    assert isinstance(queue, QuorumQueue)
-    persistent = commands.Basic.Properties(delivery_mode=2)
-    for i in range(100):
-        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
-    await asyncio.sleep(0.05)  # (the group commit)
+    broker, queue = await paged_quorum_queue(tmp_path)
     assert queue.paged and queue.ready.disk_floor < 50
     (taken,) = queue.adopt([(50, queue.term, True)])  # (agreed: the seq names the same message here)
     assert taken is not None and taken.seq == 50 and 50 in queue.state.checked_out
