@@ -980,59 +980,77 @@ def test_node_starts_without_etcd_and_joins_when_it_comes(tmp_path):
             etcd.stop()
 
 
-class LaggingEtcd:
-    """A TCP proxy in front of etcd whose answers reach the node ``lag`` seconds late (changeable while it runs):
-    a node whose watch lags behind etcd's, its connection healthy."""
+class Cuttable:
+    """A TCP proxy on loopback that can cut every connection through it, and let new ones through again; what the
+    target answers reaches the client ``lag`` seconds late (changeable while it runs: a node whose etcd watch lags,
+    its connection healthy)."""
 
-    def __init__(self, etcd_port: int) -> None:
-        self.etcd_port = etcd_port
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.port = free_port()
+        self.open = True
         self.lag = 0.0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         while True:
             try:
-                node, _ = self.listener.accept()
+                client, _ = self._listener.accept()
             except OSError:
                 return
-            etcd = socket.create_connection(("127.0.0.1", self.etcd_port))
-            self.sockets += [node, etcd]
+            if not self.open:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self._sockets += [client, upstream]
             late: queue_module.Queue[tuple[float, bytes]] = queue_module.Queue()
-            threading.Thread(target=self._pipe, args=(node, etcd, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(etcd, node, late), daemon=True).start()
-            threading.Thread(target=self._late, args=(late, node), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, late), daemon=True).start()
+            threading.Thread(target=self._late, args=(late, client), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, target: socket.socket,
+    def _pipe(self, source: socket.socket, sink: socket.socket,
               late: queue_module.Queue[tuple[float, bytes]] | None) -> None:
-        while True:
-            try:
-                data = source.recv(65536)
-                if not data:
-                    break
+        try:
+            while data := source.recv(65536):
                 if late is None:
-                    target.sendall(data)
+                    sink.sendall(data)
                 else:
                     late.put((time.monotonic() + self.lag, data))
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.close()
             except OSError:
-                break
-        for sock in (source, target):
-            sock.close()
+                pass
 
-    def _late(self, late: queue_module.Queue[tuple[float, bytes]], target: socket.socket) -> None:
+    @staticmethod
+    def _late(late: queue_module.Queue[tuple[float, bytes]], sink: socket.socket) -> None:
         while True:
             due, data = late.get()
             time.sleep(max(0.0, due - time.monotonic()))
             try:
-                target.sendall(data)
+                sink.sendall(data)
             except OSError:
                 return
 
+    def cut(self) -> None:
+        self.open = False
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._sockets = []
+
+    def restore(self) -> None:
+        self.open = True
+
     def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
+        self.cut()
+        self._listener.close()
 
 
 @pytest.mark.cluster
@@ -1041,7 +1059,7 @@ def test_a_change_answered_through_one_node_routes_publishes_through_another_who
     bind-ok) once node 2 has it too, as RabbitMQ answers once every node's Mnesia has it: a publish through node 2
     right after bind-ok reaches it, where node 2's older view routed it to no queue (confirmed, and dropped)."""
     etcd = Etcd(tmp_path / "etcd")
-    lagging = LaggingEtcd(etcd.port)
+    lagging = Cuttable(etcd.port)
     nodes: list[BrokerProcess] = []
     try:
         nodes.append(start_node(tmp_path, etcd, 1))

@@ -6,7 +6,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import threading
 import time
 import urllib.error
@@ -22,8 +21,8 @@ import pytest
 from pamqp import commands
 from pika.exceptions import AMQPError
 
-from conftest import CLUSTER, BrokerProcess, free_port, starts
-from test_cluster import Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
+from conftest import CLUSTER, BrokerProcess, starts
+from test_cluster import Cuttable, Etcd, api, connect, passive, pump, running_nodes, start_node, wait_for
 from test_warrenctl import fails, ok
 from amqp_server.broker import Broker
 from amqp_server.message import make_message
@@ -112,61 +111,6 @@ def test_kill_the_leader_and_a_follower_leads_with_every_confirmed_message(nodes
     wait_for(lambda: leader_of(survivors[0], uid) != leader and leader_of(survivors[1], uid) != leader,
              "another leader", timeout=20)
     assert drain(n1, uid) == later
-
-
-class Cuttable:
-    """A TCP proxy on loopback that can cut every connection through it, and let new ones through again."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target = target_port
-        self.port = free_port()
-        self.open = True
-        self._sockets: list[socket.socket] = []
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if not self.open:
-                client.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        for s in (source, sink):
-            try:
-                s.close()
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        self.open = False
-        for s in self._sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._sockets = []
-
-    def restore(self) -> None:
-        self.open = True
-
-    def close(self) -> None:
-        self.cut()
-        self._listener.close()
 
 
 @dataclass
