@@ -41,6 +41,7 @@ log = logging.getLogger("warren.forwarder.session")
 
 CREDIT_WINDOW = 2000
 BYTE_WINDOW = 8 << 20  # bodies' bytes sent to a consumer's node and not yet passed to its client (one more may go)
+SYNCS_MAX = 256  # another node's changes of definitions waited for here at once; past them, answered "not yet"
 # seconds a quorum queue keeps what a node's consumers hold when their link falls silent (heartbeats unheard):
 # the node may only be paused or cut off a while, as RabbitMQ does not notice a node gone silent before its
 # net_ticktime (60 s) has passed
@@ -536,6 +537,8 @@ class PeerSession:
 
     def _request(self, payload: bytes) -> None:
         request = json.loads(payload)
+        if not isinstance(request, dict):
+            return  # (a peer's frame: a request is a JSON object)
         if request.get("op") == "sync":
             self._sync(request)
             return
@@ -573,16 +576,22 @@ class PeerSession:
             return
         cluster = self.broker.cluster
         assert cluster is not None  # (a session is the cluster's)
+        if len(self._syncs) >= SYNCS_MAX:  # (each waits at most SPREAD_WAIT: a peer's flood keeps no more)
+            self._synced(rid, False)
+            return
         task = asyncio.get_running_loop().create_task(cluster.reached(revision))
         self._syncs.add(task)
 
         def answer(done: asyncio.Task[bool]) -> None:
             self._syncs.discard(done)
             if not done.cancelled():
-                raw = link.encode_json({"rid": rid, "reached": done.result()})
-                self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw)
+                self._synced(rid, done.result())
 
         task.add_done_callback(answer)
+
+    def _synced(self, rid: int, reached: bool) -> None:
+        raw = link.encode_json({"rid": rid, "reached": reached})
+        self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw)
 
     def send_entry(self, ftype: int, head: bytes, entry: Entry, queue: AnyQueue, header: bytes | None) -> None:
         """A frame of ``head`` and an entry taken for ack, as its queue delivers it: a large body its queue

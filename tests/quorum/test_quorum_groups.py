@@ -9,6 +9,7 @@ the same rows (seq, held, delivery count, expiry, message) in their queue indexe
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -2216,3 +2217,29 @@ async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothin
         network.deliver("n2", "n1", link.CONSUME, link.encode_json(request))
     await asyncio.sleep(0.05)
     assert queue.state.messages == 5 and queue.state.checked_out[held.seq] == term  # (its consumer's still)
+
+
+async def test_a_peer_s_requests_to_wait_for_definitions_are_bounded_and_its_malformed_requests_ignored(network):
+    """A node's ``sync`` requests (wait until this node's definitions reach a revision) are each answered, and no
+    more than ``SYNCS_MAX`` wait at once: past them the answer is "not yet" at once, so a flood keeps nothing here.
+    A request that is no JSON object, or whose ids are not integers, is dropped without an answer or an error."""
+    node = network.nodes["n1"]
+    session = network.sessions[("n1", "n2")]
+    sent: list[bytes] = []
+    session.link.send = lambda ftype, *parts: sent.append(b"".join(parts))
+    never = asyncio.Event()
+
+    async def reached(revision: int) -> bool:
+        await never.wait()
+        return True
+
+    node.reached = reached  # (the fake cluster stands in for Cluster)
+    for malformed in (b"[1]", b'"sync"', b'{"op": "sync", "rid": "1", "revision": 5}'):
+        session.frame(link.REQUEST, malformed)
+    for rid in range(owner_side.SYNCS_MAX + 3):
+        session.frame(link.REQUEST, json.dumps({"op": "sync", "rid": rid, "revision": 10 ** 9}).encode())
+    await asyncio.sleep(0)
+    replies = [json.loads(raw[link.REPLY_HEAD.size:]) for raw in sent]
+    assert replies == [{"rid": rid, "reached": False} for rid in range(owner_side.SYNCS_MAX, owner_side.SYNCS_MAX + 3)]
+    never.set()
+    await wait_for(lambda: len(sent) == owner_side.SYNCS_MAX + 3, "every waiting request answered")
