@@ -123,6 +123,15 @@ class _Watcher(watcher.Watcher):
         await super()._handle_response(response)
 
 
+# gRPC's channel waits between tries to connect 1 s, then 1.6 times longer each time, up to 120 s: once etcd was out
+# of reach for 10 s (a restart, a cut), a node heard it again up to 7 s after it was back, and a queue whose leader
+# died meanwhile elected none until then.  A try every half second at most costs etcd nothing.  A try is given
+# 2 s (gRPC's "min reconnect backoff" is that, 20 s by default): one whose packets a partition drops is not waited
+# for past that, as a handshake on a healthy network takes milliseconds.
+RECONNECT = {"grpc.initial_reconnect_backoff_ms": 250, "grpc.max_reconnect_backoff_ms": 500,
+             "grpc.min_reconnect_backoff_ms": 2000}
+
+
 class EtcdClient(aetcd.Client):
     """aetcd's client over TLS when ``credentials`` are given (aetcd itself dials in plain text only), its login
     kept by a :class:`_Token` (aetcd's would hold the first token until the node restarts)."""
@@ -131,7 +140,7 @@ class EtcdClient(aetcd.Client):
 
     def __init__(self, host: str, port: int, username: str | None, password: str | None,
                  credentials: grpc.ChannelCredentials | None, timeout: int) -> None:
-        super().__init__(host=host, port=port, timeout=timeout)
+        super().__init__(host=host, port=port, timeout=timeout, options=RECONNECT)
         self._credentials = credentials
         self._token = None if username is None else _Token(username, password or "", timeout)
 

@@ -19,7 +19,7 @@ from forwarder.metadata.membership import MEMBERS_PREFIX, Membership
 from forwarder.metadata.mirror import Metadata, etcd_key
 from forwarder.metadata.signing import MAC_FIELD, Signer
 from conftest import CLUSTER, starts
-from test_cluster import Etcd
+from test_cluster import Cuttable, Etcd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -485,3 +485,40 @@ def test_another_node_reaches_a_change_made_here_once_its_watch_applied_it(tmp_p
             await there.stop()
 
     run(scenario())
+
+
+def test_a_node_hears_etcd_again_within_a_second_of_its_return(etcd, run):
+    """After 10 s without etcd (a restart, a cut), a node's client reaches it again within a second of its return:
+    gRPC's own backoff (1 s, then 1.6 times longer each try) made it up to 6.5 s, during which a queue whose leader
+    had died meanwhile elected none."""
+    proxy = Cuttable(etcd.port)
+    client = etcd_client.EtcdClient("127.0.0.1", proxy.port, None, None, None, timeout=5)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def answers() -> bool:
+            try:
+                await asyncio.wait_for(client.get(b"probe"), 1.0)
+                return True
+            except (aetcd.ClientError, asyncio.TimeoutError):
+                return False
+
+        assert await answers()
+        proxy.cut()
+        away = loop.time() + 10.5
+        while loop.time() < away:
+            assert not await answers()
+            await asyncio.sleep(0.2)
+        proxy.restore()
+        back = loop.time()
+        while not await answers():
+            assert loop.time() - back < 10, "etcd never heard again"
+            await asyncio.sleep(0.05)
+        assert loop.time() - back < 1.5
+        await client.close()
+
+    try:
+        run(scenario())
+    finally:
+        proxy.close()
