@@ -754,8 +754,9 @@ class QuorumGroups:
         """The queue's leader is now ``leader`` (``""``: none, an election is on) in ``term``, holding the key
         under ``lease``."""
         if leader == self.name and (self.lease is None or lease != self.lease.id):
-            # the key of an earlier run of this node (etcd keeps a lease through its own restart, and a kill
-            # during etcd's absence is revoked by no follower), or of a lease it replaced: that term is over.
+            # the key of an earlier run of this node (etcd keeps a lease through its own restart, and its
+            # followers stop revoking it once this node is back, ``_revoking``), or of a lease it replaced: that
+            # term is over.
             # Its copy here may lack ops its followers took from it that were not on its disk yet; leading on
             # would put a second op at their indexes.  As a restarted Ra member comes back a follower, the lease
             # goes (its keys with it) and the members elect a leader of a later term.
@@ -910,7 +911,7 @@ class QuorumGroups:
             elif group.leader == name and group.index_id and group.leader_lease and not silent:
                 leases.add(group.leader_lease)
         for lease in leases:
-            asyncio.get_running_loop().create_task(self._revoke(lease))
+            asyncio.get_running_loop().create_task(self._revoke(lease, name))
 
     def _step_down(self, group: Group) -> None:
         """A leader whose links reach no majority of its members, the last of them fallen silent (cut from its
@@ -936,11 +937,30 @@ class QuorumGroups:
                 log.debug("releasing %s: %s; trying again", untrusted(group.key), exc)
                 await asyncio.sleep(ELECTION_RETRY)
 
-    async def _revoke(self, lease: int) -> None:
-        try:
-            await self.client.revoke_lease(lease)
-        except aetcd.ClientError as exc:  # gone already, or etcd unreachable: the lease lapses by itself
-            log.debug("revoking lease %x: %s", lease, exc)
+    async def _revoke(self, lease: int, holder: str = "") -> None:
+        """Revoke ``lease`` (gone already: nothing to do).  Etcd out of reach, again every ``ELECTION_RETRY`` for as
+        long as the node of its ``holder`` stays down and a queue here still has its leader under it: etcd gives
+        every lease its whole TTL anew when it restarts, so a leader killed while etcd was away held its queues'
+        keys one lease longer after etcd's return, with no leader to confirm anything (nemesis seed 173: a
+        12 s gap, 3.9 s of it after etcd was back)."""
+        while True:
+            try:
+                await self.client.revoke_lease(lease)
+                return
+            except aetcd.ClientError as exc:
+                log.debug("revoking lease %x: %s", lease, exc)
+                if "not found" in str(exc) or not self._revoking(lease, holder):
+                    return
+            await asyncio.sleep(ELECTION_RETRY)
+            if not self._revoking(lease, holder):
+                return
+
+    def _revoking(self, lease: int, holder: str) -> bool:
+        """A revoke of ``holder``'s ``lease`` is still worth trying: its node is still down, and a queue here
+        still follows a leader under that lease."""
+        peer = self.cluster.peers.get(holder)
+        return (peer is not None and not peer.up
+                and any(group.leader_lease == lease for group in self.groups.values()))
 
     def _ask_to_catch_up(self, group: Group, tries: int = CATCH_UP_TRIES) -> None:
         """Following a leader (new, or newly heard of): it sends what we miss of its log, or its queue whole.  Asked

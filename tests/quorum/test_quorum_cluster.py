@@ -925,6 +925,28 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     assert [body for i, body in enumerate(got) if body not in got[:i]] == before + after
 
 
+def test_a_leader_killed_while_etcd_is_away_is_replaced_as_soon_as_etcd_is_back(nodes, uid):
+    """The leader is killed while etcd restarts.  Etcd gives every lease its whole TTL anew when it starts, so the
+    dead leader's key stood a lease longer after etcd's return, and the queue had no leader; the followers whose
+    links the dead node closed revoke its lease once etcd answers, and the members elect a leader at once."""
+    etcd, (n1, n2, n3) = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    before = [b"before%d" % i for i in range(100)]
+    publish(n2, uid, before)
+    etcd.kill()
+    n1.kill()
+    time.sleep(1.0)  # (the links close, and the followers' revokes find no etcd)
+    etcd.start()
+    back = time.monotonic()
+    wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
+             timeout=20)
+    elected = time.monotonic() - back
+    assert elected < quorum.LEASE_TTL - 0.5, elected
+    assert drain(n3, uid) == before
+
+
 def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_node_within_the_link_timeout(nodes, uid):
     """The leader is paused (SIGSTOP) with a publish through node 2 waiting on it: the paused leader can neither
     confirm it nor pass it on, so node 2's window of the queue sends it again to the leader elected next, which
