@@ -55,7 +55,8 @@ from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
 from .oplog import (ACKED, ADOPT_OP, ANNOTATED, CHECK_SHARE, CONT, CONTINUE_OP, DIFF, DIFF_OP, ENTRY_OP, HEAD, MARK,
-                    MORE_OP, REPLAY_OP, RESET_OP, Diverged, History, OpLogShipper, SpareRows, check_copy, skip)
+                    MORE_OP, REPLAY_OP, RESET_OP, Diverged, History, LogBudget, OpLogShipper, SpareRows, check_copy,
+                    skip)
 from .oplog import apply as apply_ops
 from ..peers.remote_queue import Publish, Relayed, RemoteQueue, Window, proxy_of
 from ..peers.owner_side import PeerSession
@@ -196,6 +197,7 @@ class QuorumGroups:
         self.name = cluster.name
         self.client: aetcd.Client = cluster.client
         self.groups: dict[str, Group] = {}
+        self.logs = LogBudget()  # what the copies' logs of their latest ops hold together
         # (loop time) until when a peer whose link fell silent may still have consumers coming back: inf while
         # its link is down, a grace after it comes back (``_unreached``)
         self._reach: dict[str, float] = {}
@@ -316,7 +318,8 @@ class QuorumGroups:
         if group is not None:
             self._regroup(vhost, group, record)
             return
-        group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record)
+        group = self.groups[key] = Group(vhost.name, record.name, list(record.members), record,
+                                         history=History(self.logs))
         group.window.send = functools.partial(self._send, group)  # (each publish: a partial is no frame more)
         group.window.recheck = lambda: self._recheck(group)
         group.window.hinted = lambda leader, term: self._hinted(group, leader, term)

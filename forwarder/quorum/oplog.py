@@ -4,7 +4,8 @@ follower applies them to its copy.
 The ops are :mod:`amqp_server.queues.quorum_machine`'s, numbered by an index within the leader's term, and go on the
 wire as :mod:`amqp_server.queues.quorum_ops` encodes them.  The leader's queue applies each to its state and hands
 it to its :class:`OpLogShipper`, which encodes it, stages a turn's ops and ships them in one ``REPLICATE`` frame per
-follower; it keeps the latest ops its copy applied, of its term and of earlier ones (``History``, ``LOG_BYTES``), to
+follower; it keeps the latest ops its copy applied, of its term and of earlier ones (``History``, ``LOG_BYTES``, and
+the node's copies together ``NODE_LOG_BYTES``: ``LogBudget``), to
 catch up a follower that missed a few (a copy of an earlier term these ops pass through too; one where the leader's
 own stood when it took over, a failover's usual case, its term adopts as it is), and sends a snapshot to one that
 missed more or whose copy holds ops it never had.  A snapshot is the state as it stood at an index (small: it does
@@ -21,6 +22,7 @@ import logging
 import struct
 import sys
 import time
+import weakref
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -83,6 +85,9 @@ UNCOMMITTED_DELIVERIES = 50  # deliveries a leader makes that no majority has ye
 # or this (``allowance``)
 UNBOUNDED = sys.maxsize  # (a group of one: what it applies is committed)
 LOG_BYTES = 64 << 20  # a copy keeps its latest ops up to this size, to catch up a follower that missed few
+# and the node's copies keep this many together (``LogBudget``): 64 MiB each, a node holding copies of many queues of
+# large messages kept gigabytes that only a lagging follower would ever read
+NODE_LOG_BYTES = 256 << 20
 # seconds after a follower is sent what it missed (a snapshot, or ops from the log) in which its request to catch up
 # from before where that brings it is one it sent before the answer reached it (a second answer would send it all
 # again: a second snapshot begun as the first arrives, or tens of thousands of ops twice); less than a follower's
@@ -153,6 +158,33 @@ class Follower:
     answered: tuple[int, float] = (0, 0.0)  # where what it was last sent to catch up brings it, and (loop time) when
 
 
+class LogBudget:
+    """What the node's copies keep of their latest ops (``History``), together at most ``limit`` bytes: once past
+    it, every log longer than a common cap gives up its oldest ops down to that cap, the cap chosen so that all of
+    them fit in seven eighths of the limit (the next trim comes an eighth of it later).  A follower that missed
+    more than its leader's log holds gets a snapshot, as one that missed more than ``LOG_BYTES`` does."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = NODE_LOG_BYTES if limit is None else limit
+        self.size = 0
+        self.logs: weakref.WeakSet[History] = weakref.WeakSet()
+
+    def shrink(self) -> None:
+        logs = list(self.logs)
+        sizes = sorted((log.size for log in logs), reverse=True)
+        self.size = sum(sizes)  # (what a log dropped without ``clear`` held no longer counts)
+        target = self.limit - self.limit // 8
+        rest, cap = self.size, 0
+        for i, size in enumerate(sizes):  # the first i + 1 logs capped, the others whole
+            rest -= size
+            cap = max(0, (target - rest) // (i + 1))
+            if i + 1 == len(sizes) or cap >= sizes[i + 1]:
+                break
+        for log in logs:
+            if log.size > cap:
+                log.trim(cap)
+
+
 class History:
     """The latest ops a copy applied, whoever led their terms (up to ``LOG_BYTES``), each with its term and index:
     a term's op at an index is the same wherever it was applied, so a copy that stands where these pass (an op
@@ -165,10 +197,12 @@ class History:
     a slice, or a tuple of where it lies — would be allocated for every message and walked by the garbage
     collector, hundreds of thousands of them in ``LOG_BYTES``.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: LogBudget | None = None) -> None:
         self.batches: deque[list] = deque()  # the indexes in a row
         self.size = 0
         self.last = -1  # the index of the latest op kept (-1: none)
+        self.budget = LogBudget() if budget is None else budget  # (the node's: ``QuorumGroups``)
+        self.budget.logs.add(self)
 
     def add(self, term: int, first: int, ops: list[bytes]) -> None:
         """A leader's ops, each its own bytes, from index ``first`` on (a turn's, as they are shipped)."""
@@ -187,8 +221,12 @@ class History:
         self.batches.append(batch)
         self.last = batch[1] + count - 1
         self.size += size
+        budget = self.budget
+        budget.size += size
         if self.size > LOG_BYTES:
-            self._trim()
+            self.trim(LOG_BYTES)
+        if budget.size > budget.limit:
+            budget.shrink()
 
     @staticmethod
     def _span(batch: list, i: int) -> tuple[int, int]:
@@ -200,21 +238,24 @@ class History:
     def _count(batch: list) -> int:
         return len(batch[2]) if batch[3] is None else len(batch[3]) // 2
 
-    def _trim(self) -> None:
-        """The oldest ops go, one by one, until the rest fit in ``LOG_BYTES``."""
+    def trim(self, limit: int) -> None:
+        """The oldest ops go, one by one, until the rest fit in ``limit`` bytes."""
         batches = self.batches
-        while self.size > LOG_BYTES:
+        before = self.size
+        while self.size > limit and batches:
             batch = batches[0]
             start, end = self._span(batch, batch[4])
             self.size -= end - start
             batch[4] += 1
             if batch[4] == self._count(batch):
                 batches.popleft()
+        self.budget.size -= before - self.size
         if not batches:
             self.last = -1
 
     def clear(self) -> None:
         self.batches.clear()
+        self.budget.size -= self.size
         self.size = 0
         self.last = -1
 

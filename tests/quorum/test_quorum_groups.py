@@ -354,6 +354,54 @@ def test_the_log_a_copy_keeps_gives_back_its_latest_ops_whichever_way_they_came(
 
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.binary(min_size=1, max_size=9), max_size=6)),
+                max_size=40))
+def test_the_node_s_op_logs_keep_together_at_most_their_budget_each_giving_up_its_oldest(steps):
+    """``LogBudget``: the logs of a node's copies hold together at most its limit.  Past it, the longest give up
+    their oldest ops down to a common cap: each keeps the latest of what it took, and a log trimmed is no shorter
+    than one left whole, but for an op."""
+    budget = quorum_log.LogBudget(60)
+    logs = [quorum_log.History(budget) for _ in range(4)]
+    taken: list[list[bytes]] = [[] for _ in logs]
+    nexts = [1] * len(logs)
+    for which, ops in steps:
+        before = [log.size for log in logs]
+        logs[which].add(1, nexts[which], ops)
+        nexts[which] += len(ops)
+        taken[which] += ops
+        assert budget.size == sum(log.size for log in logs) <= budget.limit
+        for log, ops_taken in zip(logs, taken):
+            kept = [op for _, _, op in log.after(log._first() - 1) or ()]
+            assert kept == ops_taken[len(ops_taken) - len(kept):] and len(b"".join(kept)) == log.size
+        grew = [size + (len(b"".join(ops)) if i == which else 0) for i, size in enumerate(before)]
+        trimmed = [log.size for log, size in zip(logs, grew) if log.size < size]
+        whole = [log.size for log, size in zip(logs, grew) if log.size == size]
+        if trimmed and whole:
+            assert min(trimmed) + 9 > max(whole)
+
+
+async def test_the_copies_of_a_node_share_one_budget_for_their_logs(network):
+    """Two queues' copies on each node keep, together, no more of their latest ops than the node's budget, and
+    agree all the same."""
+    node = await declared(network)
+    await network.declare("q2", "n1")
+    await wait_for(lambda: all(n.quorum.groups[queue_key("/", "q2")].leader == "n1" for n in network.nodes.values()),
+                   "n1 leading q2 everywhere")
+    for each in network.nodes.values():
+        each.quorum.logs.limit = 30_000
+    vhost = node.broker.vhosts["/"]
+    properties = commands.Basic.Properties(delivery_mode=2)
+    for body in bodies(2000):
+        for name in ("q", "q2"):
+            node.broker.publish(vhost, vhost.exchange(""), make_message("", name, properties, body))
+    await copies_agree(network)
+    for name, each in network.nodes.items():
+        held = [group.history.size for group in each.quorum.groups.values()]
+        assert each.quorum.logs.size == sum(held) <= 30_000, name
+        assert all(held), name  # (both kept some)
+
+
 async def test_a_follower_that_was_down_catches_up_from_the_log(network, caplog):
     node = await declared(network)
     publish(node, [b"first"])
