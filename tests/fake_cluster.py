@@ -80,6 +80,17 @@ class FakeEtcd:
     def freeze(self) -> None:
         self.frozen.clear()
 
+    def stop(self) -> None:
+        """Down, as for a restart: every call fails and every watch breaks; no lease lapses meanwhile."""
+        self.unreachable = True
+
+    def start(self) -> None:
+        """Up again: every lease has its whole TTL anew, as etcd's lessor grants when its member leads again."""
+        now = asyncio.get_running_loop().time()
+        for state in self.leases.values():
+            state.expires = now + state.ttl
+        self.unreachable = False
+
     def thaw(self) -> None:
         self.frozen.set()
 
@@ -96,6 +107,8 @@ class FakeEtcd:
         while True:
             await asyncio.sleep(0.02)
             await self.frozen.wait()
+            if self.unreachable:
+                continue
             for lease_id, state in list(self.leases.items()):
                 if state.expires <= loop.time():
                     self.revoke(lease_id)
@@ -259,7 +272,7 @@ class Watch:
         etcd = self.client.etcd
         try:
             while self.queue.empty() or not etcd.frozen.is_set() or self.client.deaf:
-                if self.client.unreachable:
+                if self.client.unreachable or etcd.unreachable:
                     raise aetcd.ConnectionFailedError("watch broken")
                 await asyncio.sleep(0.01)
             return self.queue.get_nowait()
@@ -384,9 +397,17 @@ class Network:
         return self
 
     async def start_node(self, name: str, node: Node | None = None) -> Node:
+        """``name`` (back) up once etcd answers its join, as a real node's join is tried until it does
+        (``Cluster._join``); here it takes part in nothing meanwhile."""
+        node = node or Node(self, name, self.root / name)
+        while True:
+            try:
+                await node.quorum.start()
+                break
+            except aetcd.ClientError:
+                await asyncio.sleep(0.1)
         self.down.discard(name)
-        node = self.nodes[name] = node or Node(self, name, self.root / name)
-        await node.quorum.start()
+        self.nodes[name] = node
         for record in self.records:
             node.quorum.put_queue(node.broker.vhosts["/"], record)
         for other in self.names:

@@ -655,6 +655,23 @@ async def test_the_highest_position_of_a_majority_leads_with_every_confirmed_mes
     assert await copies_agree(network) == [*bodies(100), *bodies(50, "late")]
 
 
+async def test_a_leader_killed_while_etcd_restarts_is_replaced_as_soon_as_etcd_is_back(network):
+    """Etcd gives every lease its whole TTL anew when it starts: the key of a leader killed while etcd was away
+    stood a lease past etcd's return.  The followers whose links the dead node closed revoke its lease once etcd
+    answers, and the members elect at once; every confirmed message is there."""
+    node = await declared(network)
+    publish(node, bodies(100))
+    await copies_agree(network)
+    network.etcd.stop()
+    await network.kill("n1")
+    await asyncio.sleep(0.5)
+    network.etcd.start()
+    back = asyncio.get_running_loop().time()
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert asyncio.get_running_loop().time() - back < quorum.LEASE_TTL / 2
+    assert await copies_agree(network) == bodies(100)
+
+
 async def test_a_tie_goes_to_the_name_that_sorts_last_and_the_other_copy_is_adopted(network, caplog):
     node = await declared(network)
     publish(node, bodies(300))

@@ -1,6 +1,6 @@
 """A seeded nemesis in one event loop: publishers on every node, a consumer that moves to another node when
 it loses its own, and overlapping faults drawn from a seed (kills, cuts, a node cut from etcd, etcd frozen, a
-link that falls silent one way, a node paused past its links' heartbeats) on the fake cluster of
+link that falls silent one way, a node paused past its links' heartbeats, etcd restarted) on the fake cluster of
 tests/fake_cluster.py.  Afterwards, with every fault healed, every confirmed message must have reached a
 consumer and the queue be empty: nothing lost, nothing stranded.  benchmarks/nemesis.py does the same with
 processes, a real etcd and network namespaces."""
@@ -160,7 +160,7 @@ async def fault(network: Network, rng: random.Random) -> None:
     up = [name for name in NAMES if name not in network.down]
     lead = leader_name(network)
     target = lead if lead is not None and rng.random() < 0.6 else rng.choice(up)
-    kind = rng.choice(["kill", "cut", "etcd-cut", "freeze", "silent", "pause"])
+    kind = rng.choice(["kill", "cut", "etcd-cut", "freeze", "silent", "pause", "etcd-restart"])
     length = rng.uniform(0.2, 3.0)
     if kind == "kill" and len(up) == len(NAMES):
         await network.kill(target)
@@ -181,6 +181,10 @@ async def fault(network: Network, rng: random.Random) -> None:
         network.etcd.freeze()
         await asyncio.sleep(min(length, 1.5))
         network.etcd.thaw()
+    elif kind == "etcd-restart":  # (every lease's TTL anew once it is back)
+        network.etcd.stop()
+        await asyncio.sleep(length)
+        network.etcd.start()
     elif kind == "pause" and len(up) == len(NAMES):  # (its links close for their heartbeats went unheard)
         others = [name for name in NAMES if name != target]
         network.nodes[target].client.unreachable = True
