@@ -519,6 +519,13 @@ def test_a_queue_of_another_node_is_a_proxy_not_a_queue_of_this_node():
     assert "ignore[override]" not in (ROOT / "forwarder" / "peers" / "remote_queue.py").read_text()
 
 
+def test_a_stream_is_a_queue_of_its_own_not_a_classic_queue():
+    """``StreamQueue`` provides ``queue.LocalQueue`` itself, composing what it uses (its consumers, its stats), and
+    inherits no ready list, expiry, paging or settling of the classic queue."""
+    assert "Queue" not in ancestors(class_bases(), "StreamQueue")
+    assert "ignore[override]" not in (ROOT / "amqp_server" / "queues" / "stream_queue.py").read_text()
+
+
 def test_mypy_checks_every_kind_of_queue_against_the_protocol():
     """What makes mypy check it: the proxy assigned to ``type[AnyQueue]``, and each type's ``queue_class``
     declared as a ``type[LocalQueue]`` (a queue of this node: ``AnyQueue`` and what the node asks of such a
