@@ -102,11 +102,11 @@ class Consumer:
 class AnyQueue(Protocol):
     """A queue as the rest of the node uses it, wherever it lives and whatever its type (RabbitMQ's
     rabbit_queue_type): what the broker's services, the channel, AMQP 1.0's sessions, the stream protocol and the
-    HTTP API call on a queue.  A queue of this node is a :class:`Queue` (its type's ``queue_class``); a queue of
-    another node is a proxy of it (``forwarder.peers.remote_queue.RemoteQueue``), which is not a :class:`Queue`.  What
-    a queue can do is asked of its ``type``; where it lives, of ``node``, ``available`` and ``remote``.  Code that
-    needs what only a queue of this node holds (its entries, its storage, a commit of the Spark bridge) asks
-    ``local()`` for it and takes None for an answer."""
+    HTTP API call on a queue.  A queue of this node is its type's ``queue_class`` (a :class:`Queue`, or a stream's
+    ``stream_queue.StreamQueue``: each a :class:`LocalQueue`); a queue of another node is a proxy of it
+    (``forwarder.peers.remote_queue.RemoteQueue``).  What a queue can do is asked of its ``type``; where it lives,
+    of ``node``, ``available`` and ``remote``.  Code that needs what only a queue of this node holds (its entries,
+    its storage, a commit of the Spark bridge) asks ``local()`` for it and takes None for an answer."""
 
     type: "QueueType"
     name: str
