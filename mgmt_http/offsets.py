@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from amqp_server.errors import AMQPError
-from amqp_server.queues.queue import AnyQueue, Queue
+from amqp_server.queues.queue import AnyQueue, LocalQueue
 from amqp_server.spark_bridge import arrow_records, record_reader, record_stream as records
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.spark_bridge.queue_reads import RecordSource
@@ -126,14 +126,14 @@ def _owned(handler: Any) -> Any:
 
 @_guarded
 @_owned
-async def offsets(request: web.Request, queue: Queue) -> web.Response:
+async def offsets(request: web.Request, queue: LocalQueue) -> web.Response:
     request.app[READERS].start()  # the reads that follow find the reader processes up
     return json_response(records.describe(RecordSource(queue)))
 
 
 @_guarded
 @_owned
-async def read_records(request: web.Request, queue: Queue) -> web.StreamResponse:
+async def read_records(request: web.Request, queue: LocalQueue) -> web.StreamResponse:
     """The range as an Arrow stream (``spark_bridge.records``)."""
     source = RecordSource(queue)
     head, tail = source.offsets()
@@ -198,7 +198,7 @@ class _Output:
 
 @_guarded
 @_owned
-async def commit(request: web.Request, queue: Queue) -> web.Response:
+async def commit(request: web.Request, queue: LocalQueue) -> web.Response:
     body = await read_json(request, required=True)
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:

@@ -30,7 +30,7 @@ from pika.spec import Basic
 from amqp_server.broker import Broker
 from amqp_server.message import Message, make_message
 from amqp_server.ports import ClientChannel
-from amqp_server.queues.queue import AnyQueue, Consumer, Entry, Queue
+from amqp_server.queues.queue import AnyQueue, Consumer, Entry, LocalQueue, Queue
 from amqp_server.broker.vhost import VHost
 from conftest import connect
 
@@ -498,8 +498,15 @@ def consume(broker: Broker, vhost: VHost, queue: str, target: Target, tag: str, 
     return consumer
 
 
-def local(queue: AnyQueue) -> Queue:
+def local(queue: AnyQueue) -> LocalQueue:
     """The queue of this node that ``queue`` is (tests of one node's own queues)."""
     found = queue.local()
     assert found is not None, f"{queue.name} is another node's"
+    return found
+
+
+def classic(queue: AnyQueue) -> Queue:
+    """The queue of this node that ``queue`` is, holding a ready list (a classic queue, or a type built on it)."""
+    found = local(queue)
+    assert isinstance(found, Queue), f"{queue.name} holds no ready list"
     return found

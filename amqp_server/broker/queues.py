@@ -21,8 +21,7 @@ from ..queues.paging import Pager
 from ..queues.persistence import Persistence
 from ..queues.policy import Policies
 from ..queues.priority_queue import RankedRows
-from ..queues.queue import AnyQueue, Consumer, Entry, Queue
-from ..queues.queue_type import PAGING
+from ..queues.queue import AnyQueue, Consumer, Entry, LocalQueue, Queue
 from ..queues.replica_store import ReplicaStore
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
@@ -59,16 +58,9 @@ class Storage:
         self.replicas = replicas
         self.stream_logs = stream_logs
 
-    def attach(self, queue: Queue, durable: bool) -> None:
-        """A queue of this node gets its storage: the pager, and for a durable one the persistent store, its
-        type's storage and a bounded window in memory (a transient queue pages only when memory runs short)."""
-        queue.pager = self.pager
-        queue.type.attached(queue, self.node_name)
-        if durable:
-            queue.persistence = self.persistence
-            queue.type.stored(queue, self)
-            if PAGING in queue.type.capabilities:
-                queue.window = self.queue_window
+    def attach(self, queue: LocalQueue, durable: bool) -> None:
+        """A queue of this node gets its storage, as its type hands it out (``QueueType.attached``)."""
+        queue.type.attached(queue, self, durable)
 
 
 class Queues:
@@ -288,7 +280,7 @@ class Queues:
             if local is not None and local.durable:  # (another node's keeps its offsets there)
                 self.store.delete("queue_offsets", str(local.index_id))
 
-    def save_offsets(self, queue: Queue) -> None:
+    def save_offsets(self, queue: LocalQueue) -> None:
         """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""
         self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
 
@@ -304,7 +296,7 @@ class Queues:
         for vhost in self.vhosts.values():
             yield from vhost.queues.values()
 
-    def local_queues(self) -> Iterable[Queue]:
+    def local_queues(self) -> Iterable[LocalQueue]:
         """The queues of this node (no proxy of another node's)."""
         for queue in self.all_queues():
             local = queue.local()

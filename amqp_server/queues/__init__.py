@@ -6,5 +6,6 @@ is what the node asks of a type; ``types.TYPES`` the registry of the types (clas
 ``queue_args`` and ``policy`` check and apply what shapes a queue; ``persistence.Persistence`` keeps durable
 messages (the message store, the queue index, group commit), what a type keeps apart its type's storage
 (``priority_queue.RankedRows``, ``replica_store.ReplicaStore``).  A quorum queue's state is ``quorum_machine``'s; a
-stream's is a ``stream_queue`` over the stream log (``stream_log``).
+stream is a ``stream_queue.StreamQueue`` over the stream log (``stream_log``), a class of its own that composes the
+consumers and stats it shares with ``queue.Queue``.
 """

@@ -44,7 +44,7 @@ from ..message import Message
 
 if TYPE_CHECKING:
     from .persistence import Persistence
-    from .queue import Queue
+    from .queue import LocalQueue, Queue
 
 log = logging.getLogger("warren.paging")
 
@@ -176,7 +176,7 @@ class Pager:
         self.store.write(transient_id, message.payload(), 1)
         return transient_id
 
-    def page_out(self, queues: Iterable["Queue"], keep: int = PAGED_WINDOW) -> int:
+    def page_out(self, queues: Iterable["LocalQueue"], keep: int = PAGED_WINDOW) -> int:
         """Memory runs short: every queue keeps its first ``keep`` ready entries in memory, the rest goes to
         disk, those holding the most bodies in memory first (not those whose bodies are in the store already);
         returns bytes of message bodies freed."""

@@ -45,15 +45,19 @@ class SyncWaiter(Protocol):
     def synced(self, batch: int) -> None: ...
 
 
-class StoredQueue(Protocol):
-    """A durable queue as its storage sees it: its id in the queue index, where an entry is keyed there (its
-    type's storage asks, if it keys otherwise than by seq), and the totals it takes back at recovery."""
+class RecoveredQueue(Protocol):
+    """A durable queue as its recovery sees it: its id in the queue index, and the totals it takes back."""
 
     index_id: int
 
-    def row_key(self, entry: Entry) -> int: ...
-
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None: ...
+
+
+class StoredQueue(RecoveredQueue, Protocol):
+    """A durable queue whose entries are rows of the queue index: where an entry is keyed there (its type's
+    storage asks, if it keys otherwise than by seq)."""
+
+    def row_key(self, entry: Entry) -> int: ...
 
 
 class QueueRows(Protocol):
@@ -292,7 +296,7 @@ class Persistence:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, queues: Sequence[StoredQueue], copies: AbstractSet[int] = frozenset()) -> None:
+    def recover(self, queues: Sequence[RecoveredQueue], copies: AbstractSet[int] = frozenset()) -> None:
         """Give each durable queue its totals from the index; its entries stay on disk until they near the
         head.  Entries are walked only where they must be: after a crash (to count the store's references),
         for a queue holding transient entries (dropped: their store is gone) or entries with an expiry (the

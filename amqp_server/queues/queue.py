@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from .queue_type import QueueType
 
 # what the rest of the node takes from a queue
-__all__ = ["AnyQueue", "Checked", "Consumer", "ConsumerGroup", "Entry", "Queue", "ParkedSettle", "QueueHost",
-           "SettleMode"]
+__all__ = ["AnyQueue", "Checked", "Consumer", "ConsumerGroup", "Entry", "LocalQueue", "Queue", "ParkedSettle",
+           "QueueHost", "SettleMode"]
 
 # how a client settled what it held, as kept for a later leader or sent across a cluster link: acked, requeued
 # (a delivery counted), rejected (dead-lettered), or released (requeued uncounted: AMQP 1.0's ``released``)
@@ -102,11 +102,11 @@ class Consumer:
 class AnyQueue(Protocol):
     """A queue as the rest of the node uses it, wherever it lives and whatever its type (RabbitMQ's
     rabbit_queue_type): what the broker's services, the channel, AMQP 1.0's sessions, the stream protocol and the
-    HTTP API call on a queue.  A queue of this node is a :class:`Queue` (its type's ``queue_class``); a queue of
-    another node is a proxy of it (``forwarder.peers.remote_queue.RemoteQueue``), which is not a :class:`Queue`.  What
-    a queue can do is asked of its ``type``; where it lives, of ``node``, ``available`` and ``remote``.  Code that
-    needs what only a queue of this node holds (its entries, its storage, a commit of the Spark bridge) asks
-    ``local()`` for it and takes None for an answer."""
+    HTTP API call on a queue.  A queue of this node is its type's ``queue_class`` (a :class:`Queue`, or a stream's
+    ``stream_queue.StreamQueue``: each a :class:`LocalQueue`); a queue of another node is a proxy of it
+    (``forwarder.peers.remote_queue.RemoteQueue``).  What a queue can do is asked of its ``type``; where it lives,
+    of ``node``, ``available`` and ``remote``.  Code that needs what only a queue of this node holds (its entries,
+    its storage, a commit of the Spark bridge) asks ``local()`` for it and takes None for an answer."""
 
     type: "QueueType"
     name: str
@@ -147,7 +147,7 @@ class AnyQueue(Protocol):
     def remote(self) -> bool:
         """Another node's: basic.get and queue.purge are awaited there (``fetch``, ``purged``)."""
 
-    def local(self) -> Queue | None:
+    def local(self) -> LocalQueue | None:
         """The queue of this node (itself), or None for a proxy of another node's."""
 
     @property
@@ -221,6 +221,75 @@ class AnyQueue(Protocol):
         management: a proxy asks its node, as a RabbitMQ channel asks the queue's process."""
 
     def drop_all(self) -> None: ...
+
+
+class LocalQueue(AnyQueue, Protocol):
+    """A queue of this node, whatever its type (what ``AnyQueue.local`` answers): what the broker's services, the
+    stream protocol, the cluster link's owner side and the Spark bridge ask of the queue that holds the messages
+    here.  The classic queue (:class:`Queue`, and the types built on it) and the stream (``stream_queue``) each
+    provide it; where an operation means nothing to a type, its answer says so (a stream pages nothing out)."""
+
+    index_id: int  # its id in this node's storage (0: a transient queue's)
+    next_seq: int  # the seq the next message gets (a restart sets it no lower than it was)
+    committed: int  # the Spark bridge's commit cursor
+    persists_all: bool  # a durable one stores transient messages too
+    host: QueueHost | None
+
+    @property
+    def persistence(self) -> "Persistence | None":
+        """A durable queue's store."""
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of ready messages' bodies memory holds, that ``page_out`` could free."""
+
+    @property
+    def term(self) -> int:
+        """The term a replicated queue's leader checks entries out in (``Checked``); 0 for the others."""
+
+    @property
+    def committed_drops(self) -> int: ...
+
+    def filter_consumer(self, consumer: Consumer, accepts: Callable[[Message], bool]) -> None: ...
+
+    def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None: ...
+
+    def purge(self) -> int: ...
+
+    def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]: ...
+
+    def forget(self, entry: Entry) -> None: ...
+
+    def adopt(self, held: list[Checked]) -> list[Entry | None]: ...
+
+    def checked(self, entry: Entry) -> Checked: ...
+
+    def holds(self, checked: Checked) -> bool: ...
+
+    def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int: ...
+
+    def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None: ...
+
+    def restarted(self) -> None: ...
+
+    def stop_timers(self) -> None: ...
+
+    def remove_upto(self, offset: int) -> int: ...
+
+    def count_committed(self) -> bool: ...
+
+    def offsets(self) -> tuple[int, int]: ...
+
+    def read_range(self, start: int, end: int, step: int, limit: int | None = None) -> Iterator[list[Entry]]: ...
+
+
+def taken_over(queue: LocalQueue, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
+    """``AnyQueue.take_consumer`` of a queue of this node: the consumer goes on with ``queue``, which takes back
+    what it can of what the consumer held (``LocalQueue.adopt``)."""
+    consumer.queue = queue
+    consumer.counted = queue.counts_deliveries
+    queue.add_consumer(consumer)
+    return queue.adopt([checked for _, checked in held])
 
 
 class Queue:
@@ -603,10 +672,7 @@ class Queue:
         """A consumer of the object that stood for this queue before (a quorum queue's leader moved) goes on
         with this one, taking back what it holds (``held``: its entries there, and their checkouts in the
         queue): the entries that stand for them here (None: not taken back)."""
-        consumer.queue = self
-        consumer.counted = self.counts_deliveries
-        self.add_consumer(consumer)
-        return self.adopt([checked for _, checked in held])
+        return taken_over(self, consumer, held)
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """The consumer goes on with another object standing for this queue (``take_consumer``): the queue's

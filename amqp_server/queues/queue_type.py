@@ -18,7 +18,7 @@ from ..framing import field_types
 from . import queue_args
 from .queue_args import QueueArgs
 from .ready import Entry
-from .ready_list import ReadyList, ReadyOwner
+from .ready_list import ReadyList, ReadyOwner, TransientPages
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -54,13 +54,19 @@ class HttpView(Protocol):
 
 
 class NodeStorage(Protocol):
-    """This node's storage, as the types hand it to their durable queues (``broker.queues.Storage``, built with the
-    broker): the persistence every durable queue shares, and what one type keeps apart."""
+    """This node's storage, as the types hand it to their queues (``broker.queues.Storage``, built with the
+    broker): the pager, the persistence every durable queue shares, and what one type keeps apart."""
 
+    node_name: str
+    queue_window: int  # ready entries a durable queue that pages keeps in memory
     persistence: Persistence
     ranked_rows: RankedRows  # priority queues' rows, keyed by level
     replicas: ReplicaStore  # the quorum queues' copies
     stream_logs: StreamLogs  # the streams' logs
+
+    @property
+    def pager(self) -> TransientPages:
+        """Where a queue's ready entries page out to when memory runs short."""
 
 
 class QueueType:
@@ -145,8 +151,16 @@ class QueueType:
             raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"basic.nack and basic.reject not supported by "
                                          f"{self.name} queues {errors.resource_name('queue', queue, vhost)}")
 
-    def attached(self, queue: Any, node: str) -> None:
-        """A queue of this type was given its storage on ``node``."""
+    def attached(self, queue: Any, storage: NodeStorage, durable: bool) -> None:
+        """A queue of this type is given its storage on this node: the pager, and for a durable one the persistent
+        store, its type's storage (``stored``) and, if the type pages, a bounded window in memory (a transient
+        queue pages only when memory runs short)."""
+        queue.pager = storage.pager
+        if durable:
+            queue.persistence = storage.persistence
+            self.stored(queue, storage)
+            if PAGING in self.capabilities:
+                queue.window = storage.queue_window
 
     def stored(self, queue: Any, storage: NodeStorage) -> None:
         """A durable queue of this type is given its type's storage on this node: its entries indexed by seq in

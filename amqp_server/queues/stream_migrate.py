@@ -21,7 +21,7 @@ from stream_log import amqp10, chunk
 from stream_log.log import StreamLog, StreamLogs, _sync_dir
 
 if TYPE_CHECKING:
-    from .persistence import Persistence, StoredQueue
+    from .persistence import Persistence, RecoveredQueue
 
 log = logging.getLogger("warren.stream")
 
@@ -31,7 +31,7 @@ CHUNK_RECORDS = 4096  # records per chunk at most (and chunk.MAX_ENTRIES, CHUNK_
 CHUNK_BYTES = 1 << 20
 
 
-def legacy_stream(persistence: "Persistence", streams: StreamLogs, queue: "StoredQueue", name: str) -> None:
+def legacy_stream(persistence: "Persistence", streams: StreamLogs, queue: "RecoveredQueue", name: str) -> None:
     """Move the messages of the stream ``name`` from the queue index and the message store into its log."""
     index = persistence.index
     queue_id = queue.index_id
@@ -60,7 +60,7 @@ def legacy_stream(persistence: "Persistence", streams: StreamLogs, queue: "Store
     persistence.recovered.append(lambda: _forget(persistence, queue, first, last + 1))
 
 
-def _forget(persistence: "Persistence", queue: "StoredQueue", start: int, end: int) -> None:
+def _forget(persistence: "Persistence", queue: "RecoveredQueue", start: int, end: int) -> None:
     """The old entries, their store references and their runs go (once the store has recovered)."""
     persistence.drop(queue.index_id, [(start, end)])
     persistence.index.delete_queue(queue.index_id)

@@ -27,13 +27,19 @@ from .. import errors
 from ..framing import header_table
 from ..clock import now_ms
 from ..message import Message
-from .queue import Consumer, Entry, Queue
+from .consumers import Consumers
+from .queue import Checked, Consumer, Entry, ParkedSettle, QueueHost, taken_over
 from .queue_args import MIN_SEGMENT_BYTES, QueueArgs, interval_ms
+from .queue_type import DELIVERY_HEADER, STORES_ALL
+from ..stats import MessageStats
 from stream_log import amqp10, chunk
 from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog, StreamLogs
 
 if TYPE_CHECKING:
-    from ..ports import ConfirmSink, StreamListener
+    from .persistence import Persistence
+    from .policy import Policy
+    from .queue_type import QueueType
+    from ..ports import ConfirmSink, ExclusiveOwner, StreamListener
 
 OFFSET_HEADER = "x-stream-offset"
 CHUNK_BYTES = 1 << 20  # records of AMQP publishes buffered before they are written as a chunk (else: the turn's end)
@@ -68,15 +74,47 @@ class _Decoded:
         self.size = 0  # the memory its entries take
 
 
-class StreamQueue(Queue):
+def _unexpired() -> None:
+    """(A stream has no x-expires to run out: its type refuses the argument and the policy key.)"""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+
+class StreamQueue:
+    """A stream of this node (``queue.LocalQueue``): its log, its consumers (each with its own offset) and its
+    stream-protocol readers and writers.  It holds no ready list: nothing is taken, paged, expired or settled."""
+
+    available = True  # (as AnyQueue says: this node's queue is)
+    leaderless = False
+    remote = False
+    term = 0  # (no leader checks entries out: ``LocalQueue.term``)
+    committed = 0  # (no commit moves it: ``remove_upto``)
+    committed_drops = 0
+    held_bytes = 0  # (its log is on disk; decoded chunks are a cache of their own size: ``DECODED_BYTES``)
+
+    def __init__(self, name: str, vhost: str, durable: bool = False,
+                 exclusive_owner: "ExclusiveOwner[Any] | None" = None, auto_delete: bool = False,
+                 arguments: dict[str, Any] | None = None, args: QueueArgs | None = None,
+                 host: QueueHost | None = None, *, queue_type: "QueueType") -> None:
+        self.type = queue_type
+        self.counts_deliveries = DELIVERY_HEADER in queue_type.capabilities  # (x-stream-offset: delivery_header)
+        self.persists_all = STORES_ALL in queue_type.capabilities
+        self.name, self.vhost, self.durable, self.host = name, vhost, durable, host
+        self.exclusive_owner, self.auto_delete = exclusive_owner, auto_delete  # (its type refuses both)
+        self.arguments = arguments or {}
+        self.args = args or QueueArgs()
+        self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
+        self.operator_policy: "Policy | None" = None
+        self.consumers = Consumers(self.args, _unexpired)
+        self.stats = MessageStats()
+        self.unacked = 0  # deliveries not acked yet: an ack gives credit back
+        self.deleted = False
+        self.index_id = 0
+        self.persistence: "Persistence | None" = None  # (an earlier version's stream is moved from it: ``recover``)
         self.logs: StreamLogs | None = None  # its type's storage, the node's streams' logs (set when it is attached)
         self._log: StreamLog | None = None
         self._turn: list[bytes] = []  # this turn's AMQP publishes: the next chunk's entries
         self._open_body = 0
         self._flush_scheduled = False
-        super().__init__(*args, **kwargs)
+        self._bytes = 0  # of the bodies in its log and this turn's
         self.cursors: dict[Consumer, int] = {}  # each consumer's next offset
         self.filters: dict[Consumer, Callable[[Message], bool]] = {}  # the messages a consumer takes, if not all
         # stream-protocol readers and writers (stream.reader)
@@ -119,11 +157,26 @@ class StreamQueue(Queue):
 
     @next_seq.setter
     def next_seq(self, value: int) -> None:
-        """(A stream's offsets are its log's: what the queue's base class or a restart sets is not used.)"""
+        """(A stream's offsets are its log's: what a restart sets is not used.)"""
 
     @property
     def message_count(self) -> int:
         return self.next_seq - self.first
+
+    @property
+    def ready_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def exclusive(self) -> bool:
+        return False
+
+    @property
+    def node(self) -> str:
+        return self.host.node_name if self.host is not None else ""
+
+    def local(self) -> StreamQueue:
+        return self
 
     def __repr__(self) -> str:
         return f"<Stream {self.vhost}/{self.name}>"
@@ -139,7 +192,7 @@ class StreamQueue(Queue):
         opened.append(amqp10.entry(message))
         size = message.body_size
         self._open_body += size
-        self.ready.bytes += size
+        self._bytes += size
         self.stats.publish += 1
         message.logged = True
         if len(opened) >= chunk.MAX_ENTRIES or self._open_body >= CHUNK_BYTES:
@@ -179,7 +232,7 @@ class StreamQueue(Queue):
         return chunk_id
 
     def _appended(self) -> None:
-        self.ready.bytes = self.log.body + self._open_body  # (retention may have removed segments)
+        self._bytes = self.log.body + self._open_body  # (retention may have removed segments)
         if self.cursors:
             self.deliver_ready()
         for listener in self.listeners:
@@ -193,9 +246,23 @@ class StreamQueue(Queue):
 
     # -- consumers ----------------------------------------------------------------------------
 
+    def touch(self) -> None:
+        """(No x-expires countdown runs on a stream.)"""
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.cursors[consumer] = self.attach_at(consumer.arguments.get(OFFSET_HEADER, "next"))
-        super().add_consumer(consumer)
+        self.consumers.join(consumer)
+
+    def accepted(self, consumer: Consumer) -> asyncio.Future[None] | None:
+        return None
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        return None  # (no single active consumer: its type refuses it)
+
+    @property
+    def unused_auto_delete(self) -> bool:
+        return False
 
     def filter_consumer(self, consumer: Consumer, accepts: Callable[[Message], bool]) -> None:
         """The consumer takes only the messages ``accepts`` says (an AMQP 1.0 source's filters): it reads past
@@ -206,7 +273,26 @@ class StreamQueue(Queue):
         self.cursors.pop(consumer, None)
         self.filters.pop(consumer, None)
         self._failed.discard(consumer)
-        super().remove_consumer(consumer)
+        self.consumers.leave(consumer)
+
+    def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
+        return taken_over(self, consumer, held)
+
+    def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
+        return [self.checked(entry) for entry in entries], []
+
+    def adopt(self, held: list[Checked]) -> list[Entry | None]:
+        """What a consumer held: nothing to take back (its offsets are read)."""
+        return [None] * len(held)
+
+    def checked(self, entry: Entry) -> Checked:
+        return entry.seq, 0, False
+
+    def holds(self, checked: Checked) -> bool:
+        return False
+
+    def agreed(self, seq: int) -> bool:
+        return False
 
     def attach_at(self, spec: Any) -> int:
         """The offset a consumer starts from, within the stream (its type, ``queue_types.stream``, checked the
@@ -386,10 +472,36 @@ class StreamQueue(Queue):
         """What a closed channel or cancelled consumer held: nothing comes back (the offsets are read)."""
         self.unacked -= sum(1 for _ in entries)
 
+    def requeue_released(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries)
+
+    def reject(self, entries: list[Entry]) -> None:
+        """An AMQP 1.0 reader's rejected outcome: credit comes back, nothing is dead-lettered (no acks counted)."""
+        self.unacked -= len(entries)
+
+    def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
+        """As ``reject`` or ``requeue``: the message stays, its annotations are not kept."""
+        self.unacked -= len(entries)
+
+    def returns(self, entry: Entry) -> int:
+        return 0
+
+    def forget(self, entry: Entry) -> None:
+        """(Nothing is taken from a stream: its entries leave by retention.)"""
+
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         raise errors.ConnectionError(
             errors.NOT_IMPLEMENTED,
             f"basic.get not supported by stream queues {errors.resource_name('queue', self.name, self.vhost)}")
+
+    async def fetch(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
+        return self.get(no_ack, sends_from)
+
+    async def purged(self) -> int:
+        return self.purge()
+
+    async def counted(self) -> tuple[int, int]:
+        return self.message_count, len(self.consumers)
 
     # -- what reads or changes the whole stream -----------------------------------------------
 
@@ -411,6 +523,13 @@ class StreamQueue(Queue):
         if self.logs is not None:
             self.logs.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)
 
+    def stop_timers(self) -> None:
+        """(No timer runs on a stream: a turn's chunk is written by the group commit at the latest.)"""
+
+    def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
+        """Memory runs short: a stream holds none of its log (its decoded chunks are bounded: ``DECODED_BYTES``)."""
+        return 0
+
     def recover(self, count: int, size: int, last_seq: int | None, expiries: Iterable[tuple[int, int]]) -> None:
         """The log from disk (a stream kept in the queue index by an earlier version is moved into one first)."""
         if count:
@@ -418,7 +537,10 @@ class StreamQueue(Queue):
 
             assert self.persistence is not None and self.logs is not None
             migrate.legacy_stream(self.persistence, self.logs, self, f"'{self.name}' in vhost '{self.vhost}'")
-        self.ready.bytes = self.log.body
+        self._bytes = self.log.body
+
+    def restarted(self) -> None:
+        """(Its log is all its state, read back by ``recover``.)"""
 
     def offsets(self) -> tuple[int, int]:
         self.flush()
@@ -447,3 +569,6 @@ class StreamQueue(Queue):
         raise errors.precondition_failed(
             f"{errors.resource_name('queue', self.name, self.vhost)} is a stream: its messages leave by "
             "retention only")
+
+    def count_committed(self) -> bool:
+        return False

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..queues.paging import paced
-from ..queues.queue import Queue
+from ..queues.queue import LocalQueue
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -18,7 +18,7 @@ class Commit:
     def __init__(self, broker: Broker) -> None:
         self.queues = broker.queues
 
-    async def commit_offset(self, queue: Queue, offset: int) -> int:
+    async def commit_offset(self, queue: LocalQueue, offset: int) -> int:
         """Remove the queue's ready entries below ``offset`` (idempotent, monotonic): the Spark bridge's commit.
 
         A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so

@@ -21,7 +21,7 @@ from ..queues.ready import Entry
 if TYPE_CHECKING:
     from msg_store import MessageStore
 
-    from ..queues.queue import Queue
+    from ..queues.queue import LocalQueue
 
     from stream_log.log import ChunkSpan
 
@@ -93,7 +93,7 @@ class RecordSource:
 
     __slots__ = ("queue", "log")
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: LocalQueue) -> None:
         self.queue: Any = queue
         self.log = LOG in queue.type.capabilities  # a stream: its log's chunks, no part on disk
 

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from ..frontend.clients import Clients
     from ..config import Config
     from ..publisher_flow import PublisherFlow
-    from ..queues.queue import Queue
     from ..broker.vhost import VHost
 
 log = logging.getLogger("warren.stream")
@@ -932,14 +931,14 @@ class StreamConnection(FrontEnd):
 
     # -- what the streams tell ----------------------------------------------------------------
 
-    def appended(self, stream: "Queue") -> None:
+    def appended(self, stream: StreamQueue) -> None:
         for subscription in self.subscriptions.values():
             if subscription.stream is stream and subscription.credit:
                 if subscription not in self._pending:
                     self._pending[subscription] = None
                     self.schedule_flush()
 
-    def deleted(self, stream: Queue) -> None:
+    def deleted(self, stream: StreamQueue) -> None:
         """RabbitMQ's metadata update: the stream is not available any more; what used it here goes."""
         for publisher_id in [p.id for p in self.publishers.values() if p.stream is stream]:
             del self.publishers[publisher_id]

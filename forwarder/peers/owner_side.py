@@ -24,7 +24,7 @@ from amqp_server.errors import AMQPError
 from amqp_server.ports import ClientChannel
 from amqp_server.frontend.stored_bodies import SEND_FROM_FILE, body_out, release_body
 from amqp_server.message import RELEASE_FROM, Message
-from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, Queue
+from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, LocalQueue
 from amqp_server.queues import quorum_machine as machine
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.broker.vhost import home_node_down
@@ -224,7 +224,7 @@ class PeerSession:
         self._publishing = 0  # the link seq being enqueued (what ``forwarded`` hands out)
         self._confirms: list[bytes] = []  # this turn's confirms, one CONFIRMS frame (``_send_confirm``)
         self._send_confirms_cb = self._send_confirms
-        self._queues: dict[bytes, Queue] = {}  # publish targets by queue id
+        self._queues: dict[bytes, LocalQueue] = {}  # publish targets by queue id
         self._syncs: set[asyncio.Task[bool]] = set()  # the other node's changes of definitions waited for here
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
@@ -374,7 +374,7 @@ class PeerSession:
         proxy = proxy_of(vhost.queues, name) if vhost is not None else None
         return proxy if proxy is not None and REPLICATED in proxy.type.capabilities else None
 
-    def _queue(self, qid: bytes) -> Queue | None:
+    def _queue(self, qid: bytes) -> LocalQueue | None:
         """A publish target by its id (vhost, NUL, name); None if there is no such queue here."""
         queue = self._queues.get(qid)
         if queue is None or queue.deleted:
@@ -426,7 +426,7 @@ class PeerSession:
         self.link.send(link.CONSUMED, link.encode_json(reply))
         queue.deliver_ready()
 
-    def _resettle(self, queue: Queue, settled: Any) -> None:
+    def _resettle(self, queue: LocalQueue, settled: Any) -> None:
         """Settles a consumer sent the previous leader (mode, then its checkout: ``[mode, seq, term, agreed]``),
         sent again: those of entries still kept for a consumer to take back (``QuorumQueue.adopt``; the
         previous leader had not replicated them) are carried out; the others were, or the entry is no longer
@@ -468,7 +468,7 @@ class PeerSession:
             held_here.append(local.checked(entry))
         return tags, held_here
 
-    def _taken_back(self, queue: Queue, held: list[Checked], found: list[Entry | None]) -> list[Entry | None]:
+    def _taken_back(self, queue: LocalQueue, held: list[Checked], found: list[Entry | None]) -> list[Entry | None]:
         """Besides what ``queue`` kept for a consumer to take back (``found``), the entries of ``held`` that this
         link's consumers consuming here before held (the consumer's node told it to consume again here, as if
         the leader had changed: a change of term it heard late, a retry crossing a change of leader), and those
@@ -487,7 +487,7 @@ class PeerSession:
             taken.append(entry)
         return taken
 
-    def _local_queue(self, vhost_name: str, name: str) -> Queue:
+    def _local_queue(self, vhost_name: str, name: str) -> LocalQueue:
         vhost = self.broker.vhosts.get(vhost_name)
         if vhost is None or (queue := vhost.queues.get(name)) is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{vhost_name}'")

@@ -26,7 +26,7 @@ from amqp_server.queues.persistence import Persistence
 from amqp_server.spark_bridge.commit import Commit
 from amqp_server.broker.vhost import VHost
 
-from support import Target, consume, delivery_tag, drain_local as drain, local
+from support import Target, consume, delivery_tag, drain_local as drain, classic, local
 
 WINDOW = 16
 pytestmark = pytest.mark.core(queue_window=WINDOW)
@@ -188,7 +188,7 @@ async def test_held_bytes_stays_what_a_walk_of_the_entries_in_memory_finds(core,
     from amqp_server.message import RELEASE_FROM
 
     core.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 60, **arguments})
-    queue = local(vhost.queue("q"))
+    queue = classic(vhost.queue("q"))
 
     def check() -> None:
         walked = sum(entry.message.body_size for entry in queue.ready
@@ -521,7 +521,7 @@ async def test_a_commit_cut_short_by_a_stop_is_finished_at_the_next_start(tmp_pa
     core = Broker(data, queue_window=WINDOW)
     try:
         vhost = core.vhost("/")
-        queue = local(vhost.queue("q"))
+        queue = classic(vhost.queue("q"))
         assert queue.message_count == DROP_BATCH + 3
         assert await Commit(core).commit_offset(queue, 3 * DROP_BATCH) == 0
         assert drain(core, vhost, "q") == held + bodies(4 * DROP_BATCH)[3 * DROP_BATCH:]
@@ -567,7 +567,7 @@ async def test_a_cursor_saved_past_the_tail_comes_back_at_the_tail(tmp_path):
     core = Broker(data, queue_window=WINDOW)
     try:
         vhost = core.vhost("/")
-        queue = local(vhost.queue("q"))
+        queue = classic(vhost.queue("q"))
         assert queue.committed == 3 and queue.offsets() == (0, 3)
         send(core, vhost, "q", bodies(2, "late"))
         assert await Commit(core).commit_offset(queue, 4) == 4 and drain(core, vhost, "q") == [b"late1"]
@@ -611,7 +611,7 @@ async def test_restart_reads_totals_and_pages_in_lazily(tmp_path):
 
     core = Broker(data, queue_window=WINDOW)
     vhost = core.vhost("/")
-    queue = local(vhost.queue("q"))
+    queue = classic(vhost.queue("q"))
     assert queue.message_count == 300 and len(queue.ready) == 0  # counted from the index's totals
     assert queue.next_seq == 310
     assert drain(core, vhost, "q") == bodies(300)
@@ -716,11 +716,11 @@ async def test_deep_queues_share_a_memory_budget(tmp_path, monkeypatch):
     for name in names:
         core.declare_queue(vhost, name, durable=True)
         send(core, vhost, name, bodies(1000, name))
-    assert len(local(vhost.queue("q0")).ready) > 128  # paged while it was the only deep queue
+    assert len(classic(vhost.queue("q0")).ready) > 128  # paged while it was the only deep queue
     for name in names:
         send(core, vhost, name, [b"last"])  # each enqueue trims to the share
     assert core.pager.share == 128
-    assert all(len(local(vhost.queue(name)).ready) <= 128 for name in names)
+    assert all(len(classic(vhost.queue(name)).ready) <= 128 for name in names)
     for name in names:
         assert drain(core, vhost, name) == bodies(1000, name) + [b"last"]
     core.pager.housekeeping()
@@ -916,7 +916,7 @@ async def test_priority_queue_restart_reads_totals_and_pages_levels_in(tmp_path)
 
     core = Broker(data, queue_window=WINDOW)
     vhost = core.vhost("/")
-    queue = local(vhost.queue("p"))
+    queue = classic(vhost.queue("p"))
     assert queue.message_count == 600 and len(queue.ready) == 0
     assert queue.next_seq == 601
     sent += send_levels(core, vhost, "p", [9, 0], prefix="new")

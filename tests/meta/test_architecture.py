@@ -519,16 +519,26 @@ def test_a_queue_of_another_node_is_a_proxy_not_a_queue_of_this_node():
     assert "ignore[override]" not in (ROOT / "forwarder" / "peers" / "remote_queue.py").read_text()
 
 
+def test_a_stream_is_a_queue_of_its_own_not_a_classic_queue():
+    """``StreamQueue`` provides ``queue.LocalQueue`` itself, composing what it uses (its consumers, its stats), and
+    inherits no ready list, expiry, paging or settling of the classic queue."""
+    assert "Queue" not in ancestors(class_bases(), "StreamQueue")
+    assert "ignore[override]" not in (ROOT / "amqp_server" / "queues" / "stream_queue.py").read_text()
+
+
 def test_mypy_checks_every_kind_of_queue_against_the_protocol():
     """What makes mypy check it: the proxy assigned to ``type[AnyQueue]``, and each type's ``queue_class``
-    declared as one (a type whose queue lacks an operation fails mypy)."""
-    declared = set()
+    declared as a ``type[LocalQueue]`` (a queue of this node: ``AnyQueue`` and what the node asks of such a
+    queue), so that a type whose queue lacks an operation fails mypy."""
+    declared: dict[str, set[str]] = {}
     for path in [ROOT / "forwarder" / "peers" / "remote_queue.py",
                  *sorted((ROOT / "amqp_server" / "queues" / "types").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.AnnAssign) and "type[AnyQueue]" in ast.unparse(node.annotation) and node.value:
-                declared.add(ast.unparse(node.value))
-    assert declared == {"RemoteQueue", "Queue", "QuorumQueue", "StreamQueue"}
+            if isinstance(node, ast.AnnAssign) and node.value:
+                for protocol in ("AnyQueue", "LocalQueue"):
+                    if f"type[{protocol}]" in ast.unparse(node.annotation):
+                        declared.setdefault(protocol, set()).add(ast.unparse(node.value))
+    assert declared == {"AnyQueue": {"RemoteQueue"}, "LocalQueue": {"Queue", "QuorumQueue", "StreamQueue"}}
 
 
 # -- names -------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ...framing import properties
-from ..queue import AnyQueue, Queue
+from ..queue import LocalQueue, Queue
 from ..queue_type import GLOBAL_QOS, NACK, PAGING, TRANSIENT, UNREPLICATED, HttpView, QueueType
 
 
@@ -19,7 +19,7 @@ class Classic(QueueType):
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority", "x-cancel-on-ha-failover")
     capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING, UNREPLICATED})
-    queue_class: ClassVar[type[AnyQueue]] = Queue  # (mypy checks it is a queue as the node uses one)
+    queue_class: ClassVar[type[LocalQueue]] = Queue  # (mypy checks it provides the protocol)
 
     def chosen_by(self, arguments: dict[str, Any]) -> bool:
         return "x-max-priority" not in arguments

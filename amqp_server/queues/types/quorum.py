@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
                           NodeStorage, QueueType)
-from ..queue import AnyQueue
+from ..queue import LocalQueue
 from ..quorum_queue import QuorumQueue
 from ..ready import Entry
 from ..ready_list import ReadyList, ReadyOwner
@@ -24,7 +24,7 @@ class Quorum(QueueType):
     policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
     # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
     capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
-    queue_class: ClassVar[type[AnyQueue]] = QuorumQueue  # (mypy checks it is a queue as the node uses one)
+    queue_class: ClassVar[type[LocalQueue]] = QuorumQueue  # (mypy checks it provides the protocol)
 
     def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
         """The messages of the entries the state machine holds ready: which leaves, and when, is the machine's
@@ -32,8 +32,9 @@ class Quorum(QueueType):
         carried out."""
         return ReadyList(queue, None, drops_later=False)
 
-    def attached(self, queue: Any, node: str) -> None:
-        queue.members = [node]  # a group of one until the cluster replicates it
+    def attached(self, queue: Any, storage: NodeStorage, durable: bool) -> None:
+        queue.members = [storage.node_name]  # a group of one until the cluster replicates it
+        super().attached(queue, storage, durable)
 
     def stored(self, queue: Any, storage: NodeStorage) -> None:
         """Its entries written as a classic queue's; what its machine decides of its rows beyond that, and its

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ... import errors
 from ..queue_args import interval_ms
 from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, NodeStorage, QueueType
-from ..queue import AnyQueue
+from ..queue import LocalQueue
 from ..stream_queue import StreamQueue
 
 
@@ -26,11 +26,12 @@ class Stream(QueueType):
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
     capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
-    queue_class: ClassVar[type[AnyQueue]] = StreamQueue  # (mypy checks it is a queue as the node uses one)
+    queue_class: ClassVar[type[LocalQueue]] = StreamQueue  # (mypy checks it provides the protocol)
 
-    def stored(self, queue: Any, storage: NodeStorage) -> None:
-        """Its messages in its log, among the node's streams' logs."""
-        super().stored(queue, storage)
+    def attached(self, queue: Any, storage: NodeStorage, durable: bool) -> None:
+        """Its messages in its log, among the node's streams' logs (a stream is durable, and pages nothing); the
+        persistence, for a stream an earlier version kept there (``StreamQueue.recover``)."""
+        queue.persistence = storage.persistence
         queue.logs = storage.stream_logs
 
     def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
