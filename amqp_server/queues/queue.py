@@ -54,7 +54,7 @@ SettleMode = Literal["ack", "requeue", "reject", "release"]
 Checked = tuple[int, int, bool]
 # a settle kept for the queue's next leader: mode, entry, its checkout, a modified outcome's annotations (b"": none)
 ParkedSettle = tuple[SettleMode, Entry, Checked, bytes]
-RESETTLE_AGE = 10.0  # seconds a quorum queue's consumer's settles are sent again to a new leader
+RESETTLE_AGE = 10.0  # seconds of a quorum queue consumer's latest settles sent again to a new leader
 RESETTLE_MAX = 10_000  # of them at most
 
 

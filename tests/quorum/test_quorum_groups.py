@@ -25,6 +25,7 @@ from amqp_server.broker import Broker, vhost as vhost_module
 from amqp_server.errors import ChannelError
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
+from amqp_server.queues.queue import RESETTLE_AGE
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
 from amqp_server.records import QueueRecord
@@ -2259,6 +2260,28 @@ async def test_what_a_cut_off_nodes_consumer_held_waits_for_it_past_the_grace(ne
         other.ack()
         await asyncio.sleep(0.02)
     assert not set(client.received) & set(other.received), "delivered to both"
+
+
+@pytest.mark.integration
+async def test_a_consumer_s_acks_that_its_leader_never_committed_reach_the_next_leader_however_long_after(network):
+    """A consumer on n3 acks the 50 it holds just as n1, the leader, is cut off (the acks never reach it) while
+    n2 is down: no majority anywhere, for longer than ``RESETTLE_AGE``.  Once n2 is back and a leader elected,
+    n3's consumer sends it those acks all the same, and it delivers none of those messages again (only the
+    settles of the last 10 s before the consume again were sent: nemesis seed 178 delivered such a window
+    twice, 10.5 s apart)."""
+    _, client, sent = await consumer_holding(network, "n3")
+    await network.kill("n2")
+    network.hold("n3", "n1")
+    assert client.ack() == 50
+    network.held[("n3", "n1")].clear()  # (lost with the cut)
+    network.cut("n1", "n3", silent=True)
+    network.release("n3", "n1")
+    await asyncio.sleep(RESETTLE_AGE + 0.5)
+    await network.start_node("n2")
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    network.heal("n1", "n3")
+    await drained(network, client, sent)
+    assert len(client.received) == len(set(client.received)), "delivered twice"
 
 
 async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothing(network):
