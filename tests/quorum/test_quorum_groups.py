@@ -1436,6 +1436,30 @@ async def test_etcd_out_of_reach_stops_no_delivery_while_a_majority_answers(netw
     assert await copies_agree(network) == []
 
 
+async def test_a_leader_whose_lease_may_have_lapsed_and_that_heard_no_majority_lately_delivers_one_first(network):
+    """A leader whose lease may have lapsed (etcd frozen past half of it) and whose followers answered nothing for
+    ``PROGRESS`` (an idle queue; a node that woke from a pause, the others having elected another meanwhile)
+    delivers one message, then more once a majority took its checkout: before, a paused leader that woke up
+    delivered its consumers' whole window at once, which the next leader gave again."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(100), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 100, "the publishes confirmed")
+    network.etcd.freeze()
+    await asyncio.sleep(quorum.LEASE_TTL * 0.55)  # past half the lease since the last refresh
+    assert not node.quorum.lease_sure
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    client = Client(node, prefetch=50).consume()
+    await asyncio.sleep(0.3)
+    assert len(client.received) == 1
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await wait_for(lambda: len(client.received) == 50, "the window once a majority answered")
+    network.etcd.thaw()
+    await drained(network, client, bodies(100))
+
+
 async def test_refreshes_that_reach_etcd_late_keep_the_lease_and_the_leader(network):
     """Every refresh reaches etcd a second after it was made, as from a loop slowed by long turns (a deep
     queue's snapshots to two followers, on a loaded machine).  The leader leads on in the same term.  Refreshes
