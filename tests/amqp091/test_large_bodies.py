@@ -588,6 +588,73 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
 
 
+STREAM = {"x-queue-type": "stream"}
+FROM_FIRST = {"x-stream-offset": "first"}
+
+
+def stream_of_large_bodies(connection, queue: str, count: int, size: int) -> None:
+    """A stream holding ``count`` bodies of ``size``, ``size + 1``... octets, confirmed."""
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True, arguments=STREAM)
+    channel.confirm_delivery()
+    for number in range(count):
+        channel.basic_publish("", queue, body(size + number), pika.BasicProperties(delivery_mode=2))
+
+
+def test_stream_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
+    """A stream of 16 bodies of 16 MiB read by eight consumers with prefetch 100, each from an offset of its own,
+    that read nothing: what waits for them is a window of frames each, not a body each (128 MiB) nor the bodies
+    each was sent."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    size, count = 16 * 1024 * 1024, 16
+    with connect(broker) as connection:
+        stream_of_large_bodies(connection, uid, count, size)
+        time.sleep(0.5)
+        before = rss(broker)
+        stalled = [stalled_consumer(broker, uid, prefetch=100, arguments={"x-stream-offset": 2 * number})
+                   for number in range(8)]
+        time.sleep(2)
+        held = rss(broker) - before
+        for raw in stalled:
+            raw.close()
+        connection.channel().queue_delete(uid)
+    assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for 8 stream consumers that do not read"
+
+
+def test_a_prefetch_100_stream_consumer_of_large_bodies_makes_the_node_hold_none(broker, uid):
+    """A consumer with prefetch 100 reads a stream of 16 bodies of 16 MiB from the first, acking none until it
+    has them all: the node's peak RSS grows by a body or two, not with the bodies in flight; each arrives
+    byte-exact."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    size, count = 16 * 1024 * 1024, 16
+    with connect(broker) as connection:
+        stream_of_large_bodies(connection, uid, count, size)
+        time.sleep(0.5)
+        before = rss(broker)
+        reset_peak(broker)
+        consumer = connection.channel()
+        consumer.basic_qos(prefetch_count=100)
+        exact: list[bool] = []
+        tags: list[int] = []
+
+        def on_message(_ch, method, _properties, data):
+            exact.append(data == body(size + len(exact)))
+            tags.append(method.delivery_tag or 0)
+
+        consumer.basic_consume(uid, on_message, arguments=FROM_FIRST)
+        deadline = time.monotonic() + 60
+        while len(exact) < count and time.monotonic() < deadline:
+            connection.process_data_events(0.05)
+        delivered = rss(broker, "VmHWM") - before
+        consumer.basic_ack(tags[-1], multiple=True)
+        channel = connection.channel()
+        channel.queue_delete(uid)
+    assert exact == [True] * count
+    assert delivered < 48 * 1024 * 1024, f"{delivered >> 20} MiB more held delivering"
+
+
 @pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])
 def test_large_bodies_come_back_byte_exact_after_a_crash_and_again_when_requeued(start_broker, uid, arguments):
     """Confirmed large bodies are there after ``kill -9`` (recovered: route, header and body in the store), and
