@@ -26,6 +26,8 @@ pytestmark = pytest.mark.timeout(180)
 
 FRAME_MAX = 131072  # the node's default, which pika takes
 QUORUM = {"x-queue-type": "quorum"}
+STREAM = {"x-queue-type": "stream"}
+FROM_FIRST: dict[str, Any] = {"x-stream-offset": "first"}
 SIZES = [0, 1, FRAME_MAX - 8, FRAME_MAX - 7, 16 * 1024 * 1024]
 
 
@@ -143,16 +145,22 @@ def read_frames(raw: Raw, until: int) -> list[tuple[int, int, bytes]]:
     return frames
 
 
-@pytest.mark.parametrize("stored", [False, True], ids=["in-memory", "from-the-store"])
-def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid, stored):
-    """Bodies framed from memory (transient, no ack) and from the store's file (persistent, for manual ack)."""
+@pytest.mark.parametrize("stored, arguments", [(False, None), (True, None), (True, STREAM)],
+                         ids=["in-memory", "from-the-store", "from-a-stream"])
+def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid, stored, arguments):
+    """Bodies framed from memory (transient, no ack), from the store's file (persistent, for manual ack) and
+    from a stream's segment file (read from the first, with a prefetch)."""
     with connect(broker) as connection:
-        connection.channel().queue_declare(uid, durable=stored)
+        connection.channel().queue_declare(uid, durable=stored, arguments=arguments)
         publish_all(connection, uid, delivery_mode=2 if stored else 1)
     raw = Raw(broker, timeout=30)
     raw.handshake(frame_max=4096)
     raw.open_channel(1)
-    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=not stored))
+    if arguments:
+        raw.send_method(1, commands.Basic.Qos(prefetch_count=100))
+        raw.expect(commands.Basic.QosOk)
+    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=not stored, arguments=FROM_FIRST if arguments
+                                              else {}))
     raw.expect(commands.Basic.ConsumeOk)
     frames = read_frames(raw, sum(SIZES))
     raw.close()
@@ -561,6 +569,31 @@ def test_a_body_sent_from_the_store_arrives_whole_though_its_segment_is_compacte
     assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
 
 
+def test_a_body_sent_from_a_stream_arrives_whole_though_retention_removes_its_segment_meanwhile(broker, uid):
+    """A consumer has not read a 16 MiB body sent from a stream's segment file when retention removes that
+    segment (unlinked, the log's descriptors of it closed): the delivery already begun still arrives byte-exact,
+    read through the descriptor it holds."""
+    if not rss(broker):
+        pytest.skip("reads the node's descriptors")
+    size = 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True, arguments={**STREAM, "x-max-length-bytes": 20_000_000,
+                                                            "x-stream-max-segment-size-bytes": 1_000_000})
+        channel.confirm_delivery()
+        channel.basic_publish("", uid, body(size), pika.BasicProperties(delivery_mode=2))
+        raw = stalled_consumer(broker, uid, prefetch=1, arguments=FROM_FIRST)
+        for number in range(1, 3):  # a segment each: past 20 MB, the first goes
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        assert channel.queue_declare(uid, passive=True).method.message_count < 3
+        assert any(name.endswith(".segment (deleted)") for name in open_fds(broker))
+        frames = read_frames(raw, size)
+        raw.close()
+        channel.queue_delete(uid)
+    assert [ftype for ftype, _channel, _payload in frames[:2]] == [1, 2]
+    assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
+
+
 def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
     """Eight consumers that read nothing are each sent a 16 MiB persistent body: what waits for them is a
     window of frames each (the transport's buffer), not their bodies (128 MiB)."""
@@ -586,10 +619,6 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
             raw.close()
         channel.queue_delete(uid)
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
-
-
-STREAM = {"x-queue-type": "stream"}
-FROM_FIRST = {"x-stream-offset": "first"}
 
 
 def stream_of_large_bodies(connection, queue: str, count: int, size: int) -> None:
