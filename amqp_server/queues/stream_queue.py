@@ -449,7 +449,8 @@ class StreamQueue:
                         decoded.refused.clear()
                     continue
                 try:
-                    converted = self._left(decoded.segment, record) if isinstance(record, Left) else message(record)
+                    converted = (self._message_left(decoded.segment, record) if isinstance(record, Left)
+                                 else message(record))
                 except amqp10.TooLarge as exc:
                     append(Unreadable(offset, str(exc)))
                 else:
@@ -463,7 +464,7 @@ class StreamQueue:
         decoded.size += size
         return size
 
-    def _left(self, segment: StreamSegment, record: Left) -> Message:
+    def _message_left(self, segment: StreamSegment, record: Left) -> Message:
         """The message of a record ``chunk.file_records`` left in the file: without its body where the body is one
         data section of ``RELEASE_FROM`` bytes or more that ends the record, else read whole."""
         converted = self._decoder.head(record.head, record.size)
