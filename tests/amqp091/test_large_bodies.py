@@ -270,6 +270,25 @@ def reset_peak(broker) -> None:
         refs.write("5")
 
 
+def held_by_a_consumer(connection, queue: str, count: int, size: int, arguments: dict | None = None):
+    """A consumer with prefetch 100 (``arguments``: its consume's) takes ``count`` bodies of ``size``,
+    ``size + 1``... octets, acking none: its channel, whether each arrived byte-exact, and their tags."""
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=100)
+    exact: list[bool] = []
+    tags: list[int] = []
+
+    def on_message(_ch, method, _properties, data):
+        exact.append(data == body(size + len(exact)))
+        tags.append(method.delivery_tag or 0)
+
+    consumer.basic_consume(queue, on_message, arguments=arguments)
+    deadline = time.monotonic() + 60
+    while len(exact) < count and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    return consumer, exact, tags
+
+
 @pytest.mark.parametrize("arguments, count", [({}, 64), ({"x-max-priority": 10}, 24), (QUORUM, 24)],
                          ids=["classic", "priority", "quorum"])
 def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none(broker, uid, arguments, count):
@@ -292,19 +311,7 @@ def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none
             channel.basic_publish("", uid, body(size + number),
                                   pika.BasicProperties(delivery_mode=2, priority=5))
         published = rss(broker, "VmHWM") - before
-        consumer = connection.channel()
-        consumer.basic_qos(prefetch_count=100)
-        exact: list[bool] = []
-        tags: list[int] = []
-
-        def on_message(_ch, method, _properties, data):
-            exact.append(data == body(size + len(exact)))
-            tags.append(method.delivery_tag or 0)
-
-        consumer.basic_consume(uid, on_message)
-        deadline = time.monotonic() + 60
-        while len(exact) < count and time.monotonic() < deadline:
-            connection.process_data_events(0.05)
+        consumer, exact, tags = held_by_a_consumer(connection, uid, count, size)
         delivered = rss(broker, "VmHWM") - before
         consumer.basic_ack(tags[-1], multiple=True)
         channel.queue_delete(uid)
@@ -621,13 +628,15 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
 
 
-def stream_of_large_bodies(connection, queue: str, count: int, size: int) -> None:
-    """A stream holding ``count`` bodies of ``size``, ``size + 1``... octets, confirmed."""
+def stream_of_large_bodies(broker, connection, queue: str) -> int:
+    """A stream holding 16 bodies of 16 MiB, 16 MiB + 1... octets, confirmed: the node's RSS then, at rest."""
     channel = connection.channel()
     channel.queue_declare(queue, durable=True, arguments=STREAM)
     channel.confirm_delivery()
-    for number in range(count):
-        channel.basic_publish("", queue, body(size + number), pika.BasicProperties(delivery_mode=2))
+    for number in range(16):
+        channel.basic_publish("", queue, body((16 << 20) + number), pika.BasicProperties(delivery_mode=2))
+    time.sleep(0.5)
+    return rss(broker)
 
 
 def test_stream_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
@@ -636,11 +645,8 @@ def test_stream_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, ui
     each was sent."""
     if not rss(broker):
         pytest.skip("reads the node's memory")
-    size, count = 16 * 1024 * 1024, 16
     with connect(broker) as connection:
-        stream_of_large_bodies(connection, uid, count, size)
-        time.sleep(0.5)
-        before = rss(broker)
+        before = stream_of_large_bodies(broker, connection, uid)
         stalled = [stalled_consumer(broker, uid, prefetch=100, arguments={"x-stream-offset": 2 * number})
                    for number in range(8)]
         time.sleep(2)
@@ -657,30 +663,15 @@ def test_a_prefetch_100_stream_consumer_of_large_bodies_makes_the_node_hold_none
     byte-exact."""
     if not rss(broker):
         pytest.skip("reads the node's memory")
-    size, count = 16 * 1024 * 1024, 16
     with connect(broker) as connection:
-        stream_of_large_bodies(connection, uid, count, size)
-        time.sleep(0.5)
-        before = rss(broker)
+        before = stream_of_large_bodies(broker, connection, uid)
         reset_peak(broker)
-        consumer = connection.channel()
-        consumer.basic_qos(prefetch_count=100)
-        exact: list[bool] = []
-        tags: list[int] = []
-
-        def on_message(_ch, method, _properties, data):
-            exact.append(data == body(size + len(exact)))
-            tags.append(method.delivery_tag or 0)
-
-        consumer.basic_consume(uid, on_message, arguments=FROM_FIRST)
-        deadline = time.monotonic() + 60
-        while len(exact) < count and time.monotonic() < deadline:
-            connection.process_data_events(0.05)
+        consumer, exact, tags = held_by_a_consumer(connection, uid, 16, 16 << 20, FROM_FIRST)
         delivered = rss(broker, "VmHWM") - before
         consumer.basic_ack(tags[-1], multiple=True)
         channel = connection.channel()
         channel.queue_delete(uid)
-    assert exact == [True] * count
+    assert exact == [True] * 16
     assert delivered < 48 * 1024 * 1024, f"{delivered >> 20} MiB more held delivering"
 
 
