@@ -1,6 +1,7 @@
 """Large stored bodies as the front ends send them (AMQP 0-9-1's deliveries and gets, AMQP 1.0's transfers): from
-the store's file, never read into the node (``framing.file_out``), and let go of once sent for a settlement, so that
-neither a ready entry nor a delivery waiting for its ack holds a body its queue stored (``message.RELEASE_FROM``)."""
+the store's file (or a stream's segment file), never read into the node (``framing.file_out``), and let go of once
+sent for a settlement, so that neither a ready entry nor a delivery waiting for its ack holds a body its queue
+stored (``message.RELEASE_FROM``)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
