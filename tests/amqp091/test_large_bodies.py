@@ -576,6 +576,19 @@ def test_a_body_sent_from_the_store_arrives_whole_though_its_segment_is_compacte
     assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
 
 
+def test_a_stream_s_large_bodies_reach_a_consumer_and_warren_s_peek_whole(broker, uid):
+    """The bodies a stream's decoded entries leave in the segment file go from there to a consumer, and are read
+    for Warren's peek, which answers them whole: byte-exact both ways, the peek after the consumer."""
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=STREAM)
+        publish_all(connection, uid, delivery_mode=2)
+        assert_bodies(consume(connection, uid, arguments=FROM_FIRST))
+        peeked = call(broker, "GET", f"/api/queues/%2F/{uid}/peek?count={len(SIZES)}&encoding=base64")
+        connection.channel().queue_delete(uid)
+    assert peeked.status == 200, peeked.raw
+    assert_bodies([base64.b64decode(item["payload"]) for item in peeked.json])
+
+
 def test_a_body_sent_from_a_stream_arrives_whole_though_retention_removes_its_segment_meanwhile(broker, uid):
     """A consumer has not read a 16 MiB body sent from a stream's segment file when retention removes that
     segment (unlinked, the log's descriptors of it closed): the delivery already begun still arrives byte-exact,
