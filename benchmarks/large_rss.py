@@ -22,7 +22,8 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
    the first's, and the messages are taken through the second (its link to the first), whose peak is
    ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
-   (of the one node, or of the first with ``--remote``).
+   (of the one node, or of the first with ``--remote``).  With ``--stream``, it is a stream, read from its first
+   offset (by an AMQP 0-9-1 consumer, ``--mode ack``, or an AMQP 1.0 receiver).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -35,6 +36,7 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --peek --prefetch 10 --messages 20 [--truncate 100] [--quorum]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
     .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
+    .venv/bin/python benchmarks/large_rss.py --stream [--restart] [--amqp10]
 """
 from __future__ import annotations
 
@@ -150,12 +152,12 @@ class Node:
 
 
 def publish(port: int, queue: str, count: int, size: int, window: int, dead_letter: bool = False,
-            quorum: bool = False) -> float:
+            queue_type: str = "classic") -> float:
     """Publish with confirms, at most ``window`` unconfirmed; the seconds it took.  ``dead_letter``: the queue
-    dead-letters to ``DEAD``, declared too; ``quorum``: it is a quorum queue."""
+    dead-letters to ``DEAD``, declared too; ``queue_type``: its x-queue-type."""
     conn = Connection("127.0.0.1", port, "guest", "guest")
     conn.channel_open(1)
-    arguments: dict[str, str] = {"x-queue-type": "quorum"} if quorum else {}
+    arguments: dict[str, str] = {"x-queue-type": queue_type} if queue_type != "classic" else {}
     if dead_letter:
         conn.queue_declare(1, DEAD, durable=True)
         arguments |= {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": DEAD}
@@ -195,9 +197,9 @@ def publish(port: int, queue: str, count: int, size: int, window: int, dead_lett
 
 
 def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int, timeout: float,
-         reject: bool = False) -> float:
+         reject: bool = False, stream: bool = False) -> float:
     """Take ``count`` messages as ``mode`` says, checking each body; the seconds it took.  ``reject``: nacked
-    without requeue (dead-lettered) where they would be acked."""
+    without requeue (dead-lettered) where they would be acked; ``stream``: read from the stream's first offset."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
     channel = connection.channel()
     started = time.monotonic()
@@ -235,7 +237,8 @@ def take(port: int, queue: str, count: int, size: int, mode: str, prefetch: int,
             if mode == "ack" and got % prefetch == 0:  # (it holds as many as its prefetch lets it, then acks)
                 settle(last_tag, True)
 
-        channel.basic_consume(queue, on_message, auto_ack=mode == "noack")
+        channel.basic_consume(queue, on_message, auto_ack=mode == "noack",
+                              arguments={"x-stream-offset": "first"} if stream else None)
         while got < count and time.monotonic() < deadline:
             connection.process_data_events(0.1)
         if mode == "ack" and got % prefetch:
@@ -276,15 +279,19 @@ def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: in
 
 
 def take_amqp10(port: int, queue: str, count: int, size: int, mode: str, credit: int, timeout: float,
-                frame_max: int) -> float:
-    """``take`` by an AMQP 1.0 receiver of link credit ``credit`` and frames of ``frame_max`` octets."""
-    from proton.reactor import AtMostOnce
+                frame_max: int, stream: bool = False) -> float:
+    """``take`` by an AMQP 1.0 receiver of link credit ``credit`` and frames of ``frame_max`` octets (``stream``:
+    from the stream's first offset)."""
+    from proton import Described, symbol
+    from proton.reactor import AtMostOnce, Filter
     from proton.utils import BlockingConnection
 
     connection = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", timeout=timeout, allowed_mechs="PLAIN",
                                     max_frame_size=frame_max)
-    receiver = connection.create_receiver(f"/queues/{queue}", credit=credit,
-                                          options=AtMostOnce() if mode == "noack" else None)
+    options = [AtMostOnce()] if mode == "noack" else []
+    if stream:
+        options.append(Filter({symbol("first"): Described(symbol("rabbitmq:stream-offset-spec"), "first")}))
+    receiver = connection.create_receiver(f"/queues/{queue}", credit=credit, options=options or None)
     started = time.monotonic()
     unsettled = 0
     for got in range(count):
@@ -320,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--truncate", type=int, help="the management API get's or peek's truncate (--http, --peek)")
     ap.add_argument("--remote", action="store_true", help="take them through another node of a cluster of two")
     ap.add_argument("--quorum", action="store_true", help="a quorum queue rather than a classic one")
+    ap.add_argument("--stream", action="store_true", help="a stream rather than a classic queue, read from first")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -329,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dead-letter takes --mode ack, an AMQP 0-9-1 consumer")
     if args.http and (args.amqp10 or args.mode == "get"):
         ap.error("--http takes --mode ack or noack")
+    if args.stream and (args.quorum or args.dead_letter or args.http or args.peek or args.remote or args.mode != "ack"):
+        ap.error("--stream takes --mode ack, a consumer or an AMQP 1.0 receiver of this node")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
     etcd = Etcd(tmp / "etcd") if args.remote else None
     mgmt = args.http or args.peek
@@ -345,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         result["idle_rss_mib"] = status(node.pid, "VmRSS") / MIB
         reset_peak(node.pid)
         result["publish_s"] = publish(node.port, QUEUE, args.messages, args.size, args.window, args.dead_letter,
-                                      args.quorum)
+                                      "quorum" if args.quorum else "stream" if args.stream else "classic")
         result["publish_peak_mib"] = status(node.pid, "VmHWM") / MIB
         if args.restart:
             node.stop()
@@ -361,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             reset_peak(each.pid)
         if args.amqp10:
             result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
-                                           args.timeout, args.frame_max)
+                                           args.timeout, args.frame_max, args.stream)
         elif args.http:
             result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                          args.timeout, args.truncate)
         else:
             result["take_s"] = take(taker.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
-                                    args.timeout, args.dead_letter)
+                                    args.timeout, args.dead_letter, args.stream)
         result["take_peak_mib"] = status(taker.pid, "VmHWM") / MIB
         if args.remote:
             result["owner_take_peak_mib"] = status(node.pid, "VmHWM") / MIB
@@ -389,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{' after a restart' if args.restart else ''}{', dead-lettered' if args.dead_letter else ''}"
               f"{', by HTTP' if args.http else ''}{', peeked first' if args.peek else ''}"
               f"{', through another node' if args.remote else ''}"
-              f"{', quorum' if args.quorum else ''}"
+              f"{', quorum' if args.quorum else ''}{', stream' if args.stream else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))

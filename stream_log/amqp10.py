@@ -624,11 +624,30 @@ class Decoder:
                 return message
         return self._convert(bytes(record[start:end]))
 
-    def _prefix(self, record: bytes) -> tuple[_Conversion | None, int]:
+    def head(self, head: bytes, size: int) -> Message | None:
+        """The message of a record of ``size`` bytes whose first bytes are ``head``, its body (one binary data
+        section that ends the record, after sections within ``head``) left where it lies: the message holds none
+        (``Message.body`` None) and says where the body starts in the record (``body_size`` from the end); None
+        for another record, which is read whole."""
+        cached, body_at = self._prefix(head, size)
+        if cached is None or head[body_at + 3] != 0xB0 or len(head) < body_at + 8:
+            return None
+        body_size = _U32.unpack_from(head, body_at + 4)[0]
+        if body_at + 8 + body_size != size:
+            return None
+        exchange, routing_key, route, header, kept = cached
+        message = Message(exchange, routing_key, route, header[:4] + _SIZE.pack(body_size) + header[12:], b"")
+        message.body = None  # type: ignore[assignment]  # (as Message.stored's: the caller sends it from the file)
+        message.body_size = body_size
+        message.amqp10 = kept
+        return message
+
+    def _prefix(self, record: bytes, end: int | None = None) -> tuple[_Conversion | None, int]:
         """The conversion of the sections before a record's body, where its body is one binary data section that
-        ends it; and where that section starts."""
+        ends it (``end``: the record's size, of which ``record`` may be the first bytes only); and where that
+        section starts."""
         body_at = pos = 0
-        end = len(record)
+        end = len(record) if end is None else end
         while pos < end:
             body_at = pos
             pos = _skip(record, pos)

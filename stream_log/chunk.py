@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 HEADER = struct.Struct(">BBHIqQQIIII")
 MAGIC_VERSION = 0x50  # osiris: magic 5, chunk format 0
@@ -31,6 +31,7 @@ _VALUE = struct.Struct(">Q")
 
 
 MAX_INFLATED = 32 << 20  # bytes a chunk's gzip sub-batches may inflate to, together
+READ_AHEAD = 128 << 10  # bytes of a chunk ``file_records`` reads at a time
 
 
 class UnsupportedCompression(Exception):
@@ -87,25 +88,70 @@ def records(data: bytes | memoryview, entries: int, refused: list[str] | None = 
     this node cannot read, or one that would inflate the chunk's records past ``MAX_INFLATED``, yields None for
     each of its records (they keep their offsets); why is added to ``refused``."""
     pos = 0
-    room = MAX_INFLATED
+    room = [MAX_INFLATED]
     for _ in range(entries):
         if data[pos] & 0x80:
             type_byte, count, uncompressed, size = SUB_BATCH.unpack_from(data, pos)
             pos += SUB_BATCH.size
-            try:
-                found = sub_batch_records(type_byte, count, uncompressed, bytes(data[pos:pos + size]), room)
-                room -= uncompressed
-                yield from found
-            except (ValueError, UnsupportedCompression) as exc:
-                if refused is not None:
-                    refused.append(str(exc))
-                yield from (None for _ in range(count))
+            yield from _sub_batch(type_byte, count, uncompressed, bytes(data[pos:pos + size]), room, refused)
             pos += size
         else:
             size = ENTRY.unpack_from(data, pos)[0]
             pos += 4
             yield bytes(data[pos:pos + size])
             pos += size
+
+
+class Left(NamedTuple):
+    """A record ``file_records`` left in the segment file: where it lies there, its size and its first bytes."""
+
+    pos: int
+    size: int
+    head: bytes
+
+
+def file_records(read: Callable[[int, int], bytes], pos: int, sent: int, large: int, head: int,
+                 refused: list[str] | None = None) -> Iterator[bytes | Left | None]:
+    """``records`` of the chunk at ``pos`` of a segment file (``sent``: its header's and data's bytes there),
+    which ``read(pos, size)`` reads, ``READ_AHEAD`` bytes at a time: a simple entry of ``large`` bytes or more is
+    not read but its first ``head`` bytes (no more than ``large``: its sections before the body, for a record
+    whose body ends it), so that its body can be sent from the file."""
+    end = pos + sent
+    buf = read(pos, min(READ_AHEAD, sent))
+    entries = HEADER.unpack_from(buf)[2]
+    at, at_buf = HEADER.size, pos  # (the next entry's place in ``buf``, and the file's position of ``buf``)
+    room = [MAX_INFLATED]
+    for _ in range(entries):
+        if at + SUB_BATCH.size > len(buf):
+            at_buf += at
+            buf, at = read(at_buf, min(READ_AHEAD, end - at_buf)), 0
+        if buf[at] & 0x80:
+            type_byte, count, uncompressed, size = SUB_BATCH.unpack_from(buf, at)
+            at += SUB_BATCH.size
+            data = buf[at:at + size] if at + size <= len(buf) else read(at_buf + at, size)
+            yield from _sub_batch(type_byte, count, uncompressed, data, room, refused)
+        else:
+            size = ENTRY.unpack_from(buf, at)[0]
+            at += 4
+            if size >= large:
+                yield Left(at_buf + at, size, buf[at:at + head] if at + head <= len(buf) else read(at_buf + at, head))
+            else:
+                yield buf[at:at + size] if at + size <= len(buf) else read(at_buf + at, size)
+        at += size
+
+
+def _sub_batch(type_byte: int, count: int, uncompressed: int, data: bytes, room: list[int],
+               refused: list[str] | None) -> list[bytes] | list[None]:
+    """A sub-batch's records (``room``: what the chunk's may still inflate to, less this one's after), or a None
+    for each, why added to ``refused``."""
+    try:
+        found = sub_batch_records(type_byte, count, uncompressed, data, room[0])
+    except (ValueError, UnsupportedCompression) as exc:
+        if refused is not None:
+            refused.append(str(exc))
+        return [None] * count
+    room[0] -= uncompressed
+    return found
 
 
 def sub_batch_records(type_byte: int, count: int, uncompressed: int, data: bytes,

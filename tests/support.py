@@ -406,13 +406,17 @@ class Raw:
         raise AssertionError("server did not close the socket")
 
 
-def stalled_consumer(broker: Any, queue: str) -> Raw:
-    """A raw client consuming ``queue`` for manual ack, reading nothing yet."""
+def stalled_consumer(broker: Any, queue: str, prefetch: int = 0, arguments: dict | None = None) -> Raw:
+    """A raw client consuming ``queue`` for manual ack (``prefetch``: its basic.qos first, which a stream asks
+    for; ``arguments``: the consume's), reading nothing yet."""
     raw = Raw(broker, timeout=60)
     raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     raw.handshake()
     raw.open_channel(1)
-    raw.send_method(1, commands.Basic.Consume(queue=queue))
+    if prefetch:
+        raw.send_method(1, commands.Basic.Qos(prefetch_count=prefetch))
+        raw.expect(commands.Basic.QosOk)
+    raw.send_method(1, commands.Basic.Consume(queue=queue, arguments=arguments or {}))
     raw.expect(commands.Basic.ConsumeOk)
     return raw
 

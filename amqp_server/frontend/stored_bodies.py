@@ -1,6 +1,7 @@
 """Large stored bodies as the front ends send them (AMQP 0-9-1's deliveries and gets, AMQP 1.0's transfers): from
-the store's file, never read into the node (``framing.file_out``), and let go of once sent for a settlement, so that
-neither a ready entry nor a delivery waiting for its ack holds a body its queue stored (``message.RELEASE_FROM``)."""
+the store's file (or a stream's segment file), never read into the node (``framing.file_out``), and let go of once
+sent for a settlement, so that neither a ready entry nor a delivery waiting for its ack holds a body its queue
+stored (``message.RELEASE_FROM``)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
@@ -53,14 +54,15 @@ def forget_left(queue: AnyQueue, entry: Entry) -> None:
 
 
 def stored_range(message: Message, queue: AnyQueue) -> FileRange | None:
-    """The body of ``message`` as a range of the store's file where it is stored (the range owns a descriptor:
-    its user closes it), with the body's bytes if the node holds them; None if it is not in a file, its body
-    then in memory (read now if ``Queue.took`` left it in the store)."""
+    """The body of ``message`` as a range of the store's file where it is stored, or of a stream's segment file
+    where its entry left it (``LocalQueue.logged_body``; the range owns a descriptor: its user closes it), with
+    the body's bytes if the node holds them; None if it is not in a file, its body then in memory (read now if
+    ``Queue.took`` left it in the store)."""
     store = store_of(message, queue)
-    found = store.body_file(message) if store is not None else None
+    local = queue.local()
+    found = store.body_file(message) if store is not None else local.logged_body(message) if local else None
     if found is None:
         if message.body is None:  # (left in the store for the file by ``Queue.took``, and not there after all)
-            local = queue.local()
             assert local is not None and local.host is not None  # (a queue of this node took it)
             local.host.load_body(message)
         return None

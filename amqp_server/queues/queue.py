@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from .persistence import Persistence, QueueRows
     from .policy import Policy
+    from ..framing.file_out import Loan
     from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
     from .queue_type import QueueType
 
@@ -259,6 +260,11 @@ class LocalQueue(AnyQueue, Protocol):
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]: ...
 
     def forget(self, entry: Entry) -> None: ...
+
+    def logged_body(self, message: Message) -> "tuple[int, int, Loan | None] | None":
+        """Where a body its own log holds and ``message`` does not (a stream's large one) lies, to be sent from
+        there: a descriptor of the caller's own and the body's position; None for others (a stored body is the
+        store's: ``Persistence.body_file``)."""
 
     def adopt(self, held: list[Checked]) -> list[Entry | None]: ...
 
@@ -783,6 +789,9 @@ class Queue:
     def forget(self, entry: Entry) -> None:
         """An entry leaves the queue for good: its index entry and its store reference go."""
         self.ready.forget(entry)
+
+    def logged_body(self, message: Message) -> None:
+        """(A stored body is in the store's file: ``Persistence.body_file``.)"""
 
     # -- entries leaving for good ---------------------------------------------------------------
 

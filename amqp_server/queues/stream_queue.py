@@ -11,29 +11,34 @@ stored as the AMQP 1.0 record RabbitMQ 3.10 writes (``stream.amqp10``); the publ
 chunk, written at the end of the turn (or by the group commit, which makes it durable: the publisher's confirm
 follows).  A stream-protocol publish frame is chunks of its own, cut as osiris's writer cuts it
 (``append_chunks``).  AMQP consumers read chunks back, each decoded once into entries kept while memory allows
-(``DECODED_BYTES``).  An offset is the record's
-place in the log; ``last`` is the newest chunk's first offset, as in RabbitMQ.
+(``DECODED_BYTES``).  A body of ``RELEASE_FROM`` bytes or more (one data section that ends its record) is not
+read: its entry holds none, and a delivery sends it from the segment file (``logged_body``), as a classic queue
+sends a stored body, so that consumers with large prefetches make the node hold frames, not bodies.  An offset is
+the record's place in the log; ``last`` is the newest chunk's first offset, as in RabbitMQ.
 """
 from __future__ import annotations
 
 import asyncio
 import datetime
 import logging
+import os
 from collections import OrderedDict
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
+from weakref import WeakKeyDictionary
 
 from .. import errors
 from ..framing import header_table
 from ..clock import now_ms
-from ..message import Message
+from ..message import RELEASE_FROM, Message
 from .consumers import Consumers
 from .queue import Checked, Consumer, Entry, ParkedSettle, QueueHost, taken_over
 from .queue_args import MIN_SEGMENT_BYTES, QueueArgs, interval_ms
 from .queue_type import DELIVERY_HEADER, STORES_ALL
 from ..stats import MessageStats
 from stream_log import amqp10, chunk
-from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog, StreamLogs
+from stream_log.chunk import Left
+from stream_log.log import DEFAULT_SEGMENT_BYTES, ChunkSpan, StreamLog, StreamLogs, StreamSegment
 
 if TYPE_CHECKING:
     from .persistence import Persistence
@@ -49,6 +54,7 @@ DECODE_SLICE = 256  # records of a chunk decoded at a time for AMQP consumers
 DECODE_BATCH = 8  # records decoded between two looks at ``TURN_WORK``
 TURN_WORK = 4 << 20  # what consumers' decoding may cost per loop turn: memory of entries, ``VALUE_COST`` a value
 VALUE_COST = 64  # (an AMQP 1.0 value decoded the slow way costs about as much as this many bytes copied)
+RECORD_HEAD = 64 << 10  # bytes of a large record read for its sections before the body (more: it is read whole)
 
 log = logging.getLogger("warren.stream")
 
@@ -61,17 +67,28 @@ class Unreadable(NamedTuple):
 
 
 class _Decoded:
-    """A chunk's records decoded for AMQP consumers so far (``records``: the rest, None once all are)."""
+    """A chunk's records decoded for AMQP consumers so far (``records``: the rest, None once all are).  A chunk
+    that may hold a body of ``RELEASE_FROM`` bytes is read a part at a time, such records left in the file
+    (``chunk.file_records``); a smaller one is read whole."""
 
-    __slots__ = ("entries", "records", "size", "refused")
+    __slots__ = ("entries", "records", "size", "refused", "segment")
 
-    def __init__(self, raw: bytes) -> None:
-        entries_count, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
+    def __init__(self, stream_log: StreamLog, segment: StreamSegment, i: int) -> None:
         self.entries: list[Entry | Unreadable | None] = []
         self.refused: list[str] = []  # why sub-batches were passed over (``chunk.records``)
-        self.records: Iterator[bytes | None] | None = chunk.records(
-            memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len], entries_count, self.refused)
+        self.segment = segment
         self.size = 0  # the memory its entries take
+        row = stream_log.rows(segment)[i]
+        self.records: Iterator[bytes | Left | None] | None
+        if row["sent"] < RELEASE_FROM:
+            raw = stream_log.chunk_bytes(segment, i)
+            entries_count, data_len = chunk.HEADER.unpack_from(raw)[2], chunk.HEADER.unpack_from(raw)[8]
+            self.records = chunk.records(
+                memoryview(raw)[chunk.HEADER.size:chunk.HEADER.size + data_len], entries_count, self.refused)
+        else:  # (read as the consumers go, while ``_entries`` finds the segment in the log: its file is open)
+            self.records = chunk.file_records(lambda pos, size: os.pread(stream_log.fd(segment), size, pos),
+                                              int(row["pos"]), int(row["sent"]), RELEASE_FROM, RECORD_HEAD,
+                                              self.refused)
 
 
 def _unexpired() -> None:
@@ -125,6 +142,8 @@ class StreamQueue:
         self._decoded_work = 0  # memory of the entries decoded (``_work``)
         self._later = False  # a delivery is due at the next loop turn (``TURN_WORK`` was reached)
         self._failed: set[Consumer] = set()  # consumers that reached an unreadable record, being failed
+        # the messages of decoded entries whose bodies are left in the log: their segment, and the body's position
+        self._in_log: WeakKeyDictionary[Message, tuple[StreamSegment, int]] = WeakKeyDictionary()
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -351,6 +370,8 @@ class StreamQueue:
                     self.unacked += 1
                     stats.deliver += 1
                     cursor = entry.seq + 1
+                    if entry.message.body is None and not 0 < consumer.sends_from <= entry.message.body_size:
+                        entry = self._whole(entry)  # (a consumer whose body goes from memory)
                     channel.deliver(consumer, entry)
                 else:
                     cursor = cursor_end
@@ -393,7 +414,7 @@ class StreamQueue:
         chunk_id = int(row["id"])
         decoded = self._decoded.get(chunk_id)
         if decoded is None:
-            decoded = self._decoded[chunk_id] = _Decoded(stream_log.chunk_bytes(segment, i))
+            decoded = self._decoded[chunk_id] = _Decoded(stream_log, segment, i)
         else:
             self._decoded.move_to_end(chunk_id)
         entries = decoded.entries
@@ -428,11 +449,12 @@ class StreamQueue:
                         decoded.refused.clear()
                     continue
                 try:
-                    converted = message(record)
+                    converted = (self._message_left(decoded.segment, record) if isinstance(record, Left)
+                                 else message(record))
                 except amqp10.TooLarge as exc:
                     append(Unreadable(offset, str(exc)))
                 else:
-                    size += converted.body_size + ENTRY_OVERHEAD
+                    size += (converted.body_size if converted.body is not None else 0) + ENTRY_OVERHEAD
                     append(Entry(offset, converted))
             if len(entries) == had:
                 decoded.records = None
@@ -441,6 +463,42 @@ class StreamQueue:
         self._decoded_work += size
         decoded.size += size
         return size
+
+    def _message_left(self, segment: StreamSegment, record: Left) -> Message:
+        """The message of a record ``chunk.file_records`` left in the file: without its body where the body is one
+        data section of ``RELEASE_FROM`` bytes or more that ends the record, else read whole."""
+        converted = self._decoder.head(record.head, record.size)
+        if converted is None or converted.body_size < RELEASE_FROM:
+            return self._decoder.message(self._pread(segment, record.size, record.pos))
+        self._in_log[converted] = (segment, record.pos + record.size - converted.body_size)
+        return converted
+
+    def _pread(self, segment: StreamSegment, size: int, pos: int) -> bytes:
+        data = os.pread(self.log.fd(segment), size, pos)
+        if len(data) != size:
+            raise OSError(f"short read of {size} bytes at {pos} of {segment.path}.segment")
+        return data
+
+    def _whole(self, entry: Entry) -> Entry:
+        """An entry whose body is left in the log (``logged_body``), with its body read (for this reader only: the
+        decoded entry keeps none)."""
+        message = entry.message
+        segment, pos = self._in_log[message]
+        whole = Message(message.exchange, message.routing_key, message.route, message.header,
+                        self._pread(segment, message.body_size, pos))
+        whole.amqp10 = message.amqp10
+        return Entry(entry.seq, whole)
+
+    def logged_body(self, message: Message) -> tuple[int, int, None] | None:
+        """Where the body of ``message``, delivered from a decoded entry that holds none, lies in the log: a
+        descriptor of the caller's own (which keeps the file readable whatever retention does meanwhile: a
+        segment file is never written again, only unlinked) and the body's position there; None for a message
+        that holds its body."""
+        found = self._in_log.get(message) if message.body is None else None
+        if found is None:
+            return None
+        segment, pos = found
+        return os.dup(self.log.fd(segment)), pos, None
 
     def read(self, start: int, count: int) -> list[Entry]:
         """Up to ``count`` entries from offset ``start`` (within the stream) with their contents; a record too
@@ -457,7 +515,7 @@ class StreamQueue:
                                               f"{errors.resource_name('queue', self.name, self.vhost)} cannot "
                                               f"be read: {entry.reason}")
                 if entry is not None:
-                    found.append(entry)
+                    found.append(self._whole(entry) if entry.message.body is None else entry)
         return found
 
     def delivery_header(self, entry: Entry, get: bool = False) -> bytes:
@@ -519,6 +577,7 @@ class StreamQueue:
         self.cursors.clear()
         self._turn = []
         self._decoded.clear()
+        self._in_log.clear()
         self._failed.clear()
         if self.logs is not None:
             self.logs.forget(self.index_id)  # (its log object stays, empty: nothing reads it any more)

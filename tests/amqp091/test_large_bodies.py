@@ -26,6 +26,8 @@ pytestmark = pytest.mark.timeout(180)
 
 FRAME_MAX = 131072  # the node's default, which pika takes
 QUORUM = {"x-queue-type": "quorum"}
+STREAM = {"x-queue-type": "stream"}
+FROM_FIRST: dict[str, Any] = {"x-stream-offset": "first"}
 SIZES = [0, 1, FRAME_MAX - 8, FRAME_MAX - 7, 16 * 1024 * 1024]
 
 
@@ -143,16 +145,22 @@ def read_frames(raw: Raw, until: int) -> list[tuple[int, int, bytes]]:
     return frames
 
 
-@pytest.mark.parametrize("stored", [False, True], ids=["in-memory", "from-the-store"])
-def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid, stored):
-    """Bodies framed from memory (transient, no ack) and from the store's file (persistent, for manual ack)."""
+@pytest.mark.parametrize("stored, arguments", [(False, None), (True, None), (True, STREAM)],
+                         ids=["in-memory", "from-the-store", "from-a-stream"])
+def test_a_client_with_a_small_frame_max_gets_frames_it_can_take(broker, uid, stored, arguments):
+    """Bodies framed from memory (transient, no ack), from the store's file (persistent, for manual ack) and
+    from a stream's segment file (read from the first, with a prefetch)."""
     with connect(broker) as connection:
-        connection.channel().queue_declare(uid, durable=stored)
+        connection.channel().queue_declare(uid, durable=stored, arguments=arguments)
         publish_all(connection, uid, delivery_mode=2 if stored else 1)
     raw = Raw(broker, timeout=30)
     raw.handshake(frame_max=4096)
     raw.open_channel(1)
-    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=not stored))
+    if arguments:
+        raw.send_method(1, commands.Basic.Qos(prefetch_count=100))
+        raw.expect(commands.Basic.QosOk)
+    raw.send_method(1, commands.Basic.Consume(queue=uid, no_ack=not stored, arguments=FROM_FIRST if arguments
+                                              else {}))
     raw.expect(commands.Basic.ConsumeOk)
     frames = read_frames(raw, sum(SIZES))
     raw.close()
@@ -262,6 +270,25 @@ def reset_peak(broker) -> None:
         refs.write("5")
 
 
+def held_by_a_consumer(connection, queue: str, count: int, size: int, arguments: dict | None = None):
+    """A consumer with prefetch 100 (``arguments``: its consume's) takes ``count`` bodies of ``size``,
+    ``size + 1``... octets, acking none: its channel, whether each arrived byte-exact, and their tags."""
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=100)
+    exact: list[bool] = []
+    tags: list[int] = []
+
+    def on_message(_ch, method, _properties, data):
+        exact.append(data == body(size + len(exact)))
+        tags.append(method.delivery_tag or 0)
+
+    consumer.basic_consume(queue, on_message, arguments=arguments)
+    deadline = time.monotonic() + 60
+    while len(exact) < count and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    return consumer, exact, tags
+
+
 @pytest.mark.parametrize("arguments, count", [({}, 64), ({"x-max-priority": 10}, 24), (QUORUM, 24)],
                          ids=["classic", "priority", "quorum"])
 def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none(broker, uid, arguments, count):
@@ -284,19 +311,7 @@ def test_a_prefetch_100_consumer_of_queued_large_bodies_makes_the_node_hold_none
             channel.basic_publish("", uid, body(size + number),
                                   pika.BasicProperties(delivery_mode=2, priority=5))
         published = rss(broker, "VmHWM") - before
-        consumer = connection.channel()
-        consumer.basic_qos(prefetch_count=100)
-        exact: list[bool] = []
-        tags: list[int] = []
-
-        def on_message(_ch, method, _properties, data):
-            exact.append(data == body(size + len(exact)))
-            tags.append(method.delivery_tag or 0)
-
-        consumer.basic_consume(uid, on_message)
-        deadline = time.monotonic() + 60
-        while len(exact) < count and time.monotonic() < deadline:
-            connection.process_data_events(0.05)
+        consumer, exact, tags = held_by_a_consumer(connection, uid, count, size)
         delivered = rss(broker, "VmHWM") - before
         consumer.basic_ack(tags[-1], multiple=True)
         channel.queue_delete(uid)
@@ -561,6 +576,44 @@ def test_a_body_sent_from_the_store_arrives_whole_though_its_segment_is_compacte
     assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
 
 
+def test_a_stream_s_large_bodies_reach_a_consumer_and_warren_s_peek_whole(broker, uid):
+    """The bodies a stream's decoded entries leave in the segment file go from there to a consumer, and are read
+    for Warren's peek, which answers them whole: byte-exact both ways, the peek after the consumer."""
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments=STREAM)
+        publish_all(connection, uid, delivery_mode=2)
+        assert_bodies(consume(connection, uid, arguments=FROM_FIRST))
+        peeked = call(broker, "GET", f"/api/queues/%2F/{uid}/peek?count={len(SIZES)}&encoding=base64")
+        connection.channel().queue_delete(uid)
+    assert peeked.status == 200, peeked.raw
+    assert_bodies([base64.b64decode(item["payload"]) for item in peeked.json])
+
+
+def test_a_body_sent_from_a_stream_arrives_whole_though_retention_removes_its_segment_meanwhile(broker, uid):
+    """A consumer has not read a 16 MiB body sent from a stream's segment file when retention removes that
+    segment (unlinked, the log's descriptors of it closed): the delivery already begun still arrives byte-exact,
+    read through the descriptor it holds."""
+    if not rss(broker):
+        pytest.skip("reads the node's descriptors")
+    size = 16 * 1024 * 1024
+    with connect(broker) as connection:
+        channel = connection.channel()
+        channel.queue_declare(uid, durable=True, arguments={**STREAM, "x-max-length-bytes": 20_000_000,
+                                                            "x-stream-max-segment-size-bytes": 1_000_000})
+        channel.confirm_delivery()
+        channel.basic_publish("", uid, body(size), pika.BasicProperties(delivery_mode=2))
+        raw = stalled_consumer(broker, uid, prefetch=1, arguments=FROM_FIRST)
+        for number in range(1, 3):  # a segment each: past 20 MB, the first goes
+            channel.basic_publish("", uid, body(size + number), pika.BasicProperties(delivery_mode=2))
+        assert channel.queue_declare(uid, passive=True).method.message_count < 3
+        assert any(name.endswith(".segment (deleted)") for name in open_fds(broker))
+        frames = read_frames(raw, size)
+        raw.close()
+        channel.queue_delete(uid)
+    assert [ftype for ftype, _channel, _payload in frames[:2]] == [1, 2]
+    assert b"".join(payload for ftype, _channel, payload in frames if ftype == 3) == body(size)
+
+
 def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
     """Eight consumers that read nothing are each sent a 16 MiB persistent body: what waits for them is a
     window of frames each (the transport's buffer), not their bodies (128 MiB)."""
@@ -586,6 +639,53 @@ def test_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
             raw.close()
         channel.queue_delete(uid)
     assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for {count} consumers that do not read"
+
+
+def stream_of_large_bodies(broker, connection, queue: str) -> int:
+    """A stream holding 16 bodies of 16 MiB, 16 MiB + 1... octets, confirmed: the node's RSS then, at rest."""
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True, arguments=STREAM)
+    channel.confirm_delivery()
+    for number in range(16):
+        channel.basic_publish("", queue, body((16 << 20) + number), pika.BasicProperties(delivery_mode=2))
+    time.sleep(0.5)
+    return rss(broker)
+
+
+def test_stream_consumers_that_do_not_read_hold_no_bodies_in_the_node(broker, uid):
+    """A stream of 16 bodies of 16 MiB read by eight consumers with prefetch 100, each from an offset of its own,
+    that read nothing: what waits for them is a window of frames each, not a body each (128 MiB) nor the bodies
+    each was sent."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    with connect(broker) as connection:
+        before = stream_of_large_bodies(broker, connection, uid)
+        stalled = [stalled_consumer(broker, uid, prefetch=100, arguments={"x-stream-offset": 2 * number})
+                   for number in range(8)]
+        time.sleep(2)
+        held = rss(broker) - before
+        for raw in stalled:
+            raw.close()
+        connection.channel().queue_delete(uid)
+    assert held < 64 * 1024 * 1024, f"{held >> 20} MiB held for 8 stream consumers that do not read"
+
+
+def test_a_prefetch_100_stream_consumer_of_large_bodies_makes_the_node_hold_none(broker, uid):
+    """A consumer with prefetch 100 reads a stream of 16 bodies of 16 MiB from the first, acking none until it
+    has them all: the node's peak RSS grows by a body or two, not with the bodies in flight; each arrives
+    byte-exact."""
+    if not rss(broker):
+        pytest.skip("reads the node's memory")
+    with connect(broker) as connection:
+        before = stream_of_large_bodies(broker, connection, uid)
+        reset_peak(broker)
+        consumer, exact, tags = held_by_a_consumer(connection, uid, 16, 16 << 20, FROM_FIRST)
+        delivered = rss(broker, "VmHWM") - before
+        consumer.basic_ack(tags[-1], multiple=True)
+        channel = connection.channel()
+        channel.queue_delete(uid)
+    assert exact == [True] * 16
+    assert delivered < 48 * 1024 * 1024, f"{delivered >> 20} MiB more held delivering"
 
 
 @pytest.mark.parametrize("arguments", [{}, QUORUM], ids=["classic", "quorum"])

@@ -5,6 +5,7 @@ What the node answers is checked against RabbitMQ 4.2's texts (rabbit_amqp_reade
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import threading
@@ -239,6 +240,49 @@ def test_large_stored_bodies_reach_a_receiver_of_small_frames_from_the_store(tmp
     assert [got == body(size) for got, size in zip(first + again, sizes + sizes)] == [True] * 4
     assert held == [None, None]
     assert read == []
+
+
+@pytest.mark.parametrize("max_frame_size", [None, 16384], ids=["default-frames", "small-frames"])
+def test_large_bodies_of_a_stream_reach_a_receiver_from_the_segment_file(tmp_path, monkeypatch, max_frame_size):
+    """Bodies at the edges of framing and one of 16 MiB, published over AMQP 0-9-1 to a stream, reach an AMQP 1.0
+    receiver byte-exact (in transfers of its frames): the 16 MiB one from the segment file, never read into the
+    node (its largest read is a part of a chunk), nor held for the delivery it waits to have settled."""
+    from test_large_bodies import SIZES, body
+    from proton import Described, symbol
+    from proton.reactor import Filter
+
+    node = start(tmp_path)
+    try:
+        connection = declare(node, "large", **{"x-queue-type": "stream"})
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for size in SIZES:
+            channel.basic_publish("", "large", body(size), pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        reads: list[int] = []
+        pread = os.pread
+
+        def counted(fd: int, size: int, pos: int) -> bytes:
+            reads.append(size)
+            return pread(fd, size, pos)
+
+        monkeypatch.setattr(os, "pread", counted)
+        client = BlockingConnection(url(node), timeout=10, allowed_mechs="PLAIN", max_frame_size=max_frame_size)
+        try:
+            receiver = client.create_receiver("/queues/large", credit=10, options=Filter(
+                {symbol("from start"): Described(symbol("rabbitmq:stream-offset-spec"), "first")}))
+            got = [binary(receiver.receive(timeout=10)) for _ in SIZES]
+            held = node.call(lambda: unsettled_bodies(node))
+            for _ in SIZES:
+                receiver.accept()
+        finally:
+            client.close()
+    finally:
+        node.stop()
+    assert [len(data) for data in got] == SIZES
+    assert [data == body(size) for data, size in zip(got, SIZES)] == [True] * len(SIZES)
+    assert held[-1] is None, "the 16 MiB body is held for its settlement"
+    assert max(reads) < 1 << 20
 
 
 def test_pre_settled_both_ways(node):

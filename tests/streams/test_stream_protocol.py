@@ -216,6 +216,25 @@ def test_an_amqp_091_publish_read_over_the_stream_protocol(node):
     assert message.message_annotations[b"x-basic-delivery-mode"] == 2
 
 
+def test_bodies_at_the_edges_of_framing_and_of_16_mib_read_over_the_stream_protocol_byte_exact(node):
+    """AMQP 0-9-1 publishes of the sizes ``test_large_bodies`` frames, the large ones kept in the segment file
+    for AMQP consumers, reach a stream-protocol subscriber byte-exact in their chunks, as they reach AMQP ones."""
+    from test_large_bodies import SIZES, body
+
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    for size in SIZES:
+        channel.basic_publish("", stream, body(size), pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    got = run(read(node, stream, len(SIZES), decoder=amqp_decoder))
+    assert [offset for offset, _message in got] == list(range(len(SIZES)))
+    assert [len(message.body) for _offset, message in got] == SIZES
+    assert all(message.body == body(size) for (_offset, message), size in zip(got, SIZES))
+
+
 def test_an_amqp_091_publish_is_stored_as_the_record_rabbitmq_writes(node):
     """Byte for byte the AMQP 1.0 record RabbitMQ 3.10.8 stores for this publish (read back over the stream protocol);
     an AMQP 0-9-1 consumer gets it back as RabbitMQ converts it: tables and arrays in the headers are gone."""
