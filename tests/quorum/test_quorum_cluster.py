@@ -56,6 +56,14 @@ def leader_of(node: BrokerProcess, queue: str) -> str:
     return api(node, f"/queues/%2F/{queue}")["leader"]
 
 
+def declare_led_by_n1(nodes: tuple[BrokerProcess, ...], queue: str) -> None:
+    """A quorum queue declared through node 1, which leads it, once the other nodes know it does."""
+    n1, n2, n3 = nodes
+    with connect(n1) as connection:
+        connection.channel().queue_declare(queue, durable=True, arguments=QUORUM)
+    wait_for(lambda: leader_of(n2, queue) == NAMES[0] and leader_of(n3, queue) == NAMES[0], "leader known")
+
+
 def publish_all_then_confirm(node: BrokerProcess, queue: str, bodies: list[bytes]) -> None:
     """Publish persistent messages, the last one in confirm mode: once it is confirmed the others are on a majority
     too (they are before it in the queue's log), with no round trip each (a loaded machine took minutes)."""
@@ -82,9 +90,7 @@ def test_a_quorum_queue_has_three_members_and_one_leader(nodes, uid):
 
 def test_kill_the_leader_and_a_follower_leads_with_every_confirmed_message(nodes, uid):
     etcd, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     bodies = [b"m%d" % i for i in range(500)]
     publish(n2, uid, bodies[:250])
     publish(n1, uid, bodies[250:])
@@ -321,9 +327,7 @@ def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(n
     (a snapshot of a deep queue would hold the first confirm after the failover for as long as it takes), and
     that copy is whole: with the new leader killed in turn, it leads with every confirmed message."""
     _, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     before = [b"m%05d" % i for i in range(3000)]
     publish_all_then_confirm(n1, uid, before)
     wait_for(lambda: lag(n1, uid, NAMES[1]) == 0 and lag(n1, uid, NAMES[2]) == 0, "followers in step")
@@ -344,9 +348,7 @@ def test_a_frozen_leader_that_wakes_up_confirms_nothing_the_group_loses(nodes, u
     """SIGSTOP, as a long pause or a host cut off from everything: the others elect a leader; when the old one
     runs again it still believes it leads until it finds its lease revoked, and confirms nothing meanwhile."""
     _, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     confirmed = [b"before%d" % i for i in range(50)]
     publish(n1, uid, confirmed)
     outcomes: list[tuple[bytes, str]] = []
@@ -393,9 +395,7 @@ def test_a_follower_paused_past_the_heartbeats_deposes_no_healthy_leader(nodes, 
     The follower, running again, finds its link to the leader closed by the other end, yet revokes no lease (it
     was the silent one, not the leader): node 1 leads on, and the follower follows it again."""
     _, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     publish(n1, uid, [b"first"])
     assert n3.proc is not None
     n3.proc.send_signal(signal.SIGSTOP)
@@ -459,9 +459,7 @@ def test_large_bodies_go_byte_exact_from_the_leaders_store_and_then_from_a_new_l
     from test_large_bodies import SIZES, body
 
     _, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     bodies = [body(size) for size in SIZES]
     publish_all_then_confirm(n1, uid, bodies)
     with connect(n1) as connection:
@@ -878,9 +876,7 @@ def test_etcd_frozen_longer_than_the_lease_and_the_queue_leads_and_confirms_agai
     written under a lease etcd then dropped tries again under the node's new lease); every confirmed message
     is there."""
     etcd, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     before = [b"before%d" % i for i in range(100)]
     publish(n2, uid, before)
     nacks: list[float] = []
@@ -930,9 +926,7 @@ def test_a_leader_killed_while_etcd_is_away_is_replaced_as_soon_as_etcd_is_back(
     dead leader's key stood a lease longer after etcd's return, and the queue had no leader; the followers whose
     links the dead node closed revoke its lease once etcd answers, and the members elect a leader at once."""
     etcd, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     before = [b"before%d" % i for i in range(100)]
     publish(n2, uid, before)
     etcd.kill()
@@ -953,9 +947,7 @@ def test_a_paused_leader_s_successor_confirms_publishes_through_a_follower_s_nod
     confirms it — at the election (the lease lapses 3 s after its last refresh), with no nack, rather than
     once the link to the paused node is found silent (5 s)."""
     _, (n1, n2, n3) = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
     publish(n2, uid, [b"before"])
     n1.proc.send_signal(signal.SIGSTOP)
     try:
@@ -1124,9 +1116,7 @@ def test_a_consumer_on_a_deposed_leader_outlives_its_deposition(nodes, uid):
 
 def declared_on_node_1(nodes: list[BrokerProcess], uid: str) -> None:
     n1, n2, n3 = nodes
-    with connect(n1) as connection:
-        connection.channel().queue_declare(uid, durable=True, arguments=QUORUM)
-    wait_for(lambda: leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0], "leader known")
+    declare_led_by_n1((n1, n2, n3), uid)
 
 
 @contextlib.contextmanager
