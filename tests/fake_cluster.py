@@ -397,21 +397,23 @@ class Network:
         return self
 
     async def start_node(self, name: str, node: Node | None = None) -> Node:
-        """``name`` (back) up as a real node starts (``Cluster.start``): its queues from its mirror, its links, then
-        its join, tried until etcd answers (``Cluster._join``)."""
+        """``name`` (back) up once etcd answers its join, as a real node's join is tried until it does
+        (``Cluster._join``); here it takes part in nothing meanwhile."""
+        node = node or Node(self, name, self.root / name)
+        while True:
+            try:
+                await node.quorum.start()
+                break
+            except aetcd.ClientError:
+                await asyncio.sleep(0.1)
         self.down.discard(name)
-        node = self.nodes[name] = node or Node(self, name, self.root / name)
+        self.nodes[name] = node
         for record in self.records:
             node.quorum.put_queue(node.broker.vhosts["/"], record)
         for other in self.names:
             if other != name and other not in self.down:
                 self._link(name, other, True)
-        while True:
-            try:
-                await node.quorum.start()
-                return node
-            except aetcd.ClientError:
-                await asyncio.sleep(0.1)
+        return node
 
     def connected(self, a: str, b: str) -> bool:
         return a not in self.down and b not in self.down and frozenset((a, b)) not in self.cuts
