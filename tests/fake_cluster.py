@@ -397,22 +397,24 @@ class Network:
         return self
 
     async def start_node(self, name: str, node: Node | None = None) -> Node:
-        """``name`` (back) up once etcd answers its join, as a real node's join is tried until it does
-        (``Cluster._join``); here it takes part in nothing meanwhile."""
-        node = node or Node(self, name, self.root / name)
-        while True:
-            try:
-                await node.quorum.start()
-                break
-            except aetcd.ClientError:
-                await asyncio.sleep(0.1)
+        """``name`` (back) up as a real node starts (``Cluster.start``): its queues from its mirror, its links, then
+        its join, tried until etcd answers (``Cluster._join``)."""
         self.down.discard(name)
-        self.nodes[name] = node
+        node = self.nodes[name] = node or Node(self, name, self.root / name)
         for record in self.records:
             node.quorum.put_queue(node.broker.vhosts["/"], record)
         for other in self.names:
             if other != name and other not in self.down:
                 self._link(name, other, True)
+        while name not in self.down:  # (killed meanwhile: a dead process joins nothing)
+            try:
+                await node.quorum.start()
+            except aetcd.ClientError:
+                await asyncio.sleep(0.1)
+                continue
+            if name in self.down:  # (killed while its join waited for etcd's answer)
+                await self._halt(node)
+            break
         return node
 
     def connected(self, a: str, b: str) -> bool:
@@ -510,6 +512,13 @@ class Network:
         for other in self.names:
             if other != name:
                 self._link(name, other, False)
+        await self._halt(node)
+        node.orphans.close()
+        node.broker.close()
+
+    @staticmethod
+    async def _halt(node: Node) -> None:
+        """The node's quorum groups do nothing more: their tasks end, their snapshots stop."""
         groups = node.quorum
         tasks = [*groups._tasks, *(group.electing for group in groups.groups.values() if group.electing)]
         for group in groups.groups.values():
@@ -520,8 +529,6 @@ class Network:
             for task in tasks:
                 task.cancel()
             await asyncio.sleep(0.01)
-        node.orphans.close()
-        node.broker.close()
 
     async def close(self) -> None:
         for name in list(self.nodes):
