@@ -122,6 +122,10 @@ class Replicator(Protocol[OpT]):
         unless this node surely still leads (its lease is alive); the replicator asks the queue to deliver again
         (``deliver_ready``) once it may make more."""
 
+    def deliverable(self, seq: int) -> bool:
+        """Whether the ready entry ``seq`` may go to a consumer: only once the op that made it is on a majority;
+        else the replicator asks the queue to deliver again (``deliver_ready``) once it is."""
+
 
 class ShovelRunner(Protocol):
     """The node's dynamic shovels (``shovel.Shovels``), as the HTTP API reaches them through the broker."""

@@ -444,11 +444,14 @@ class QuorumQueue(Queue):
 
     def pop_ready(self) -> Entry | None:
         """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
-        what is due is expired first."""
+        what is due is expired first.  A consumer gets it only once a majority has its enqueue
+        (``Replicator.deliverable``; a TTL 0 message on its way to a waiting consumer does not wait);
+        basic.get does not wait, as RabbitMQ's answers a get after the enqueue before it."""
         allowed = self._allowed
+        replicator = self.replicator
         if allowed >= 0:  # (delivering: ``deliver_ready``)
-            if not allowed and self.replicator is not None:  # (what it allowed is used up: any more?)
-                allowed = self.replicator.allowance(self._window())
+            if not allowed and replicator is not None:  # (what it allowed is used up: any more?)
+                allowed = replicator.allowance(self._window())
                 if not allowed:
                     return None
             self._allowed = allowed - 1
@@ -462,7 +465,15 @@ class QuorumQueue(Queue):
             seq = machine.next_ready(state)
             if seq is None:
                 return None
+        if allowed >= 0 and replicator is not None and not self._due_fresh(seq) and not replicator.deliverable(seq):
+            return None
         return self._take_head(seq)
+
+    def _due_fresh(self, seq: int) -> bool:
+        """``seq`` is the message being published, and its time is up (TTL 0): only a waiting consumer gets it."""
+        expiries = self.state.expiries
+        expiry = expiries.get(seq) if expiries and seq == self.fresh else None
+        return expiry is not None and expiry <= now_ms()
 
     def _take_head(self, seq: int) -> Entry:
         """The ready list's head, which holds the message of ``seq``, the state's head."""

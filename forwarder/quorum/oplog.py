@@ -782,6 +782,18 @@ class OpLogShipper:
             room = min(room, 1 - len(self.checkouts))  # (one delivery, to hear a majority by)
         return room if room > 0 else self._stall()
 
+    def deliverable(self, seq: int) -> bool:
+        """A consumer is given only entries whose enqueue a majority has (``agreed_below``), as a ``rabbit_fifo``
+        leader delivers only what committed commands enqueued.  An entry given out before may be one no later
+        leader has: a deposed leader's publish waiting for a majority goes to the next leader, which enqueues
+        it under a seq of its own and delivers it again, with no redelivered flag (the issue's fixed schedule:
+        43 and 50 messages twice, 0.6 s apart, after a leader's pause and etcd's freeze).  One given out once
+        agreed is taken back by every later leader (``QuorumQueue.adopt``)."""
+        if seq < self.agreed_below:
+            return True
+        self._stalled = True
+        return False
+
     def _stall(self) -> int:
         self._stalled = True
         return 0
