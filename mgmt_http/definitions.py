@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -261,15 +262,17 @@ class _Import:
 
     def topology(self) -> None:
         """Exchanges, queues, then bindings (one whose ends are not both there skipped, as RabbitMQ's import
-        does)."""
+        does).  As RabbitMQ's, an exchange or queue named with the reserved ``amq.`` prefix is skipped, not
+        refused: an export holds the server-named queues (``amq.gen-...``) that no declare may name, and its
+        import into a fresh node was refused whole (401) once one was there."""
         broker, body, vhost_of = self.broker, self.body, self.vhost_of
-        for item in _items(body, "exchanges"):
+        for item in self.named(body, "exchanges"):
             broker.declare_exchange(vhost_of(item), get_str(item, "name"), get_str(item, "type"),
                                     durable=get_bool(item, "durable", True),
                                     auto_delete=get_bool(item, "auto_delete", False),
                                     internal=get_bool(item, "internal", False),
                                     arguments=_arguments_in(item))
-        for item in _items(body, "queues"):
+        for item in self.named(body, "queues"):
             broker.declare_queue(vhost_of(item), get_str(item, "name"), durable=get_bool(item, "durable", True),
                                  auto_delete=get_bool(item, "auto_delete", False),
                                  arguments=_arguments_in(item))
@@ -285,6 +288,19 @@ class _Import:
                             untrusted(name), untrusted(source))
                 continue
             broker.add_binding(vhost, source, destination, get_str(item, "routing_key", ""), _arguments_in(item))
+
+
+    @staticmethod
+    def named(body: dict[str, Any], key: str) -> Iterator[dict[str, Any]]:
+        """The exchanges or queues (``key``) of ``body`` but those of a reserved name, skipped with a warning in
+        the log alone, as RabbitMQ's import skips them (its answer is still 204)."""
+        kind = key[:-1]
+        for item in _items(body, key):
+            name = get_str(item, "name")
+            if name.startswith("amq.") or (kind == "exchange" and not name):
+                log.warning("definitions import: %s %s skipped: a reserved name", kind, untrusted(repr(name)))
+                continue
+            yield item
 
 
 def _known(access: AccessControl, item: dict[str, Any]) -> tuple[str, str]:

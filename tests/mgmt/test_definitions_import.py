@@ -407,3 +407,25 @@ def test_vhost_export_matches_rabbitmq_and_imports_elsewhere(start_broker) -> No
     created = queue(node, "orders.created", "copy")
     assert (created["policy"], created["operator_policy"]) == ("limit-orders", "op-ttl")
     assert [p["vhost"] for p in call(node, "GET", "/api/policies/copy").json] == ["copy"] * 3
+
+
+def test_exchanges_and_queues_of_reserved_names_are_skipped_as_rabbitmq_skips_them(start_broker) -> None:
+    """An export holds the server-named queues (``amq.gen-...``) of the node it came from; RabbitMQ's import
+    skips any exchange or queue named ``amq.*`` (and the default exchange), with a warning in its log, and
+    imports the rest.  Refused as a declare of such a name is, the whole import was refused (401)."""
+    node = start_broker()
+    definitions = {"vhosts": [{"name": "/"}],
+                   "exchanges": [{"vhost": "/", "name": "amq.custom", "type": "fanout", "durable": True},
+                                 {"vhost": "/", "name": "", "type": "direct", "durable": True},
+                                 {"vhost": "/", "name": "kept-x", "type": "fanout", "durable": True}],
+                   "queues": [{"vhost": "/", "name": "amq.gen-Jq9aZ", "durable": True, "auto_delete": False},
+                              {"vhost": "/", "name": "kept-q", "durable": True, "auto_delete": False}],
+                   "bindings": [{"vhost": "/", "source": "kept-x", "destination": "amq.gen-Jq9aZ",
+                                 "destination_type": "queue", "routing_key": ""},
+                                {"vhost": "/", "source": "kept-x", "destination": "kept-q",
+                                 "destination_type": "queue", "routing_key": ""}]}
+    assert call(node, "POST", "/api/definitions", definitions).status == 204
+    assert call(node, "GET", f"/api/queues/%2F/{q('amq.gen-Jq9aZ')}").status == 404
+    assert call(node, "GET", "/api/exchanges/%2F/amq.custom").status == 404
+    assert call(node, "GET", "/api/queues/%2F/kept-q").status == 200
+    assert [b["destination"] for b in call(node, "GET", "/api/exchanges/%2F/kept-x/bindings/source").json] == ["kept-q"]
