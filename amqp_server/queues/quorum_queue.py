@@ -604,9 +604,11 @@ class QuorumQueue(Queue):
         """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
         hold, the settles made here lately: this leader may not have got them onto a majority, and the next
         would otherwise deliver those messages again (RabbitMQ's consumers send theirs again to a new leader).
-        The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once."""
-        oldest = asyncio.get_running_loop().time() - RESETTLE_AGE
+        The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once.
+        Those of the ``RESETTLE_AGE`` before the latest go, however long ago: a leader learns it was deposed
+        only once its cut heals (``RemoteConsumer.resettles``)."""
         lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
+        oldest = lately[-1][0] - RESETTLE_AGE if lately else 0.0
         return ([self.checked(entry) for entry in entries],
                 [(mode, Entry(0, SETTLED), (seq, term, self.agreed(seq)), annotations)
                  for when, mode, seq, term, annotations in lately if when >= oldest])

@@ -2345,6 +2345,25 @@ async def test_a_consumer_s_acks_that_its_leader_never_committed_reach_the_next_
     assert len(client.received) == len(set(client.received)), "delivered twice"
 
 
+async def test_a_deposed_leader_s_consumer_takes_along_the_settles_before_its_latest_however_long_ago(
+        network, monkeypatch):
+    """A leader deposed long after its consumer's last acks (cut off, no majority anywhere, for longer than
+    ``RESETTLE_AGE``) still hands those acks to the next leader with what the consumer holds: the settles of
+    the ``RESETTLE_AGE`` before the latest, not before now, as a consumer on another node does."""
+    monkeypatch.setattr(quorum_queue, "RESETTLE_AGE", 0.2)
+    node = await declared(network)
+    publish(node, bodies(3))
+    client = Client(node, prefetch=3).consume()
+    await wait_for(lambda: len(client.unacked) == 3, "three held")
+    client.ack(1)
+    await asyncio.sleep(0.1)
+    client.ack(1)
+    await asyncio.sleep(0.5)
+    queue = queue_of(node)
+    _, settles = queue.release(queue.consumers[0], [])
+    assert [checked[0] for _, _, checked, _ in settles] == [0, 1]
+
+
 async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothing(network):
     """A peer's consume-again names what its consumer holds and settled lately; what is not a checkout
     (``[seq, term, agreed]``: two numbers and a boolean) is taken back or settled as nothing, and the queue
