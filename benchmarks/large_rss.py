@@ -23,7 +23,8 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    the first's, and the messages are taken through the second (its link to the first), whose peak is
    ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
    (of the one node, or of the first with ``--remote``).  With ``--stream``, it is a stream, read from its first
-   offset (by an AMQP 0-9-1 consumer, ``--mode ack``, or an AMQP 1.0 receiver).
+   offset (by an AMQP 0-9-1 consumer, ``--mode ack``, or an AMQP 1.0 receiver; of the first node, read through
+   the second with ``--remote``).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -36,7 +37,7 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --peek --prefetch 10 --messages 20 [--truncate 100] [--quorum]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
     .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
-    .venv/bin/python benchmarks/large_rss.py --stream [--restart] [--amqp10]
+    .venv/bin/python benchmarks/large_rss.py --stream [--restart] [--amqp10] [--remote]
 """
 from __future__ import annotations
 
@@ -337,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dead-letter takes --mode ack, an AMQP 0-9-1 consumer")
     if args.http and (args.amqp10 or args.mode == "get"):
         ap.error("--http takes --mode ack or noack")
-    if args.stream and (args.quorum or args.dead_letter or args.http or args.peek or args.remote or args.mode != "ack"):
-        ap.error("--stream takes --mode ack, a consumer or an AMQP 1.0 receiver of this node")
+    if args.stream and (args.quorum or args.dead_letter or args.http or args.peek or args.mode != "ack"):
+        ap.error("--stream takes --mode ack, a consumer or an AMQP 1.0 receiver")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
     etcd = Etcd(tmp / "etcd") if args.remote else None
     mgmt = args.http or args.peek
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         for each in nodes:
             reset_peak(each.pid)
         if args.amqp10:
-            result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+            result["take_s"] = take_amqp10(taker.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                            args.timeout, args.frame_max, args.stream)
         elif args.http:
             result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,

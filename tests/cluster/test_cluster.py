@@ -560,6 +560,38 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     assert passed_on < 128 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
 
 
+def test_a_stream_s_large_bodies_read_through_another_node_are_held_by_neither_node(cluster, uid):
+    """12 16 MiB messages (192 MiB) of a stream of node 1, read from its first offset by a consumer on node 2 that
+    acks none until it holds them all: node 1 sends each body over the link from the stream's segment file
+    (``StreamQueue.logged_body``, as a stored body from the store's), and node 2 holds none once passed on; each
+    arrives byte-exact."""
+    _, (n1, n2, _) = cluster
+    count, size = 12, 16 * 1024 * 1024
+    expected = [large_body(size + number) for number in range(count)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(uid, durable=True, arguments={"x-queue-type": "stream"})
+        ch.confirm_delivery()
+        for data in expected:
+            ch.basic_publish("", uid, data, pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, uid) == count, "the stream's count reported on node 2")
+    before = rss(n1, "VmHWM", reset=True)
+    at_rest = rss(n2)
+    with connect(n2) as connection:
+        ch = connection.channel()
+        ch.basic_qos(prefetch_count=100)
+        got: list[bytes] = []
+        ch.basic_consume(uid, lambda _ch, _method, _properties, data: got.append(data),
+                         arguments={"x-stream-offset": "first"})
+        pump(connection, lambda: len(got) == count, timeout=60)
+        held = rss(n1, "VmHWM") - before
+        passed_on = rss(n2) - at_rest
+        ch.queue_delete(uid)
+    assert [data == want for data, want in zip(got, expected)] == [True] * count
+    assert held < 96 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
+    assert passed_on < 96 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
+
+
 def test_a_consumer_on_another_node_that_does_not_read_makes_its_node_hold_a_few_large_bodies(cluster, uid):
     """20 persistent 16 MiB messages (320 MiB) of node 1's queue, consumed on node 2 with no prefetch limit by a
     client that reads nothing: node 1 sends that consumer's node no more bodies than ``BYTE_WINDOW`` (and one)
