@@ -508,6 +508,21 @@ def rss(node: BrokerProcess, field: str = "VmRSS", reset: bool = False) -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
 
 
+def large_bodies_published(n1: BrokerProcess, n2: BrokerProcess, queue: str, arguments: dict[str, Any],
+                           count: int) -> list[bytes]:
+    """``count`` persistent messages of 16 MiB, 16 MiB + 1... octets published with confirms to a durable queue of
+    node 1 (declared with ``arguments``), once node 2 reports them all: their bodies."""
+    expected = [large_body((16 << 20) + number) for number in range(count)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(queue, durable=True, arguments=arguments)
+        ch.confirm_delivery()
+        for data in expected:
+            ch.basic_publish("", queue, data, pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, queue) == count, "the queue's count reported on node 2")
+    return expected
+
+
 @pytest.mark.parametrize("arguments", [{}, {"x-queue-type": "quorum"}], ids=["classic", "quorum"])
 def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_queue_s_node(cluster, uid, arguments):
     """12 persistent 16 MiB messages (192 MiB) of a durable queue of node 1 (a quorum queue's leader), all held
@@ -516,16 +531,9 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     byte-exact, redelivered too.  Nor does node 1 hold them while they wait (a quorum queue's op log keeps what it
     shipped, up to 64 MiB)."""
     _, (n1, n2, _) = cluster
-    count, size = 12, 16 * 1024 * 1024
-    expected = [large_body(size + number) for number in range(count)]
+    count = 12
     idle = rss(n1)
-    with connect(n1) as connection:
-        ch = connection.channel()
-        ch.queue_declare(uid, durable=True, arguments=arguments)
-        ch.confirm_delivery()
-        for data in expected:
-            ch.basic_publish("", uid, data, pika.BasicProperties(delivery_mode=2))
-    wait_for(lambda: passive(n2, uid) == count, "owner's count reported on node 2")
+    expected = large_bodies_published(n1, n2, uid, arguments, count)
     waiting = rss(n1) - idle
     before = rss(n1, "VmHWM", reset=True)
     at_rest = rss(n2)
@@ -566,15 +574,8 @@ def test_a_stream_s_large_bodies_read_through_another_node_are_held_by_neither_n
     (``StreamQueue.logged_body``, as a stored body from the store's), and node 2 holds none once passed on; each
     arrives byte-exact."""
     _, (n1, n2, _) = cluster
-    count, size = 12, 16 * 1024 * 1024
-    expected = [large_body(size + number) for number in range(count)]
-    with connect(n1) as connection:
-        ch = connection.channel()
-        ch.queue_declare(uid, durable=True, arguments={"x-queue-type": "stream"})
-        ch.confirm_delivery()
-        for data in expected:
-            ch.basic_publish("", uid, data, pika.BasicProperties(delivery_mode=2))
-    wait_for(lambda: passive(n2, uid) == count, "the stream's count reported on node 2")
+    count = 12
+    expected = large_bodies_published(n1, n2, uid, {"x-queue-type": "stream"}, count)
     before = rss(n1, "VmHWM", reset=True)
     at_rest = rss(n2)
     with connect(n2) as connection:
