@@ -523,6 +523,21 @@ def large_bodies_published(n1: BrokerProcess, n2: BrokerProcess, queue: str, arg
     return expected
 
 
+def taken_through(n1: BrokerProcess, n2: BrokerProcess, connection: pika.BlockingConnection, queue: str, count: int,
+                  arguments: dict[str, Any] | None = None) -> tuple[BlockingChannel, list[bytes], int, int]:
+    """A consumer on node 2 (``connection``; ``arguments``: its consume's) with prefetch 100 takes ``count``
+    messages of node 1's ``queue``, acking none: its channel, their bodies, how much more node 1 held at its peak
+    meanwhile and how much more node 2 holds then."""
+    before = rss(n1, "VmHWM", reset=True)
+    at_rest = rss(n2)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=100)
+    got: list[bytes] = []
+    ch.basic_consume(queue, lambda _ch, _method, _properties, data: got.append(data), arguments=arguments)
+    pump(connection, lambda: len(got) == count, timeout=60)
+    return ch, got, rss(n1, "VmHWM") - before, rss(n2) - at_rest
+
+
 @pytest.mark.parametrize("arguments", [{}, {"x-queue-type": "quorum"}], ids=["classic", "quorum"])
 def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_queue_s_node(cluster, uid, arguments):
     """12 persistent 16 MiB messages (192 MiB) of a durable queue of node 1 (a quorum queue's leader), all held
@@ -535,22 +550,8 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     idle = rss(n1)
     expected = large_bodies_published(n1, n2, uid, arguments, count)
     waiting = rss(n1) - idle
-    before = rss(n1, "VmHWM", reset=True)
-    at_rest = rss(n2)
     with connect(n2) as connection:
-        ch = connection.channel()
-        ch.basic_qos(prefetch_count=100)
-        got: list[bytes] = []
-        tags: list[int] = []
-
-        def on_message(_ch, method, _properties, data: bytes) -> None:
-            got.append(data)
-            tags.append(delivery_tag(method))
-
-        ch.basic_consume(uid, on_message)
-        pump(connection, lambda: len(got) == count, timeout=60)
-        held = rss(n1, "VmHWM") - before
-        passed_on = rss(n2) - at_rest
+        ch, got, held, passed_on = taken_through(n1, n2, connection, uid, count)
         ch.close()  # (all requeued)
         ch = connection.channel()
         again: list[bytes | None] = []
@@ -576,17 +577,8 @@ def test_a_stream_s_large_bodies_read_through_another_node_are_held_by_neither_n
     _, (n1, n2, _) = cluster
     count = 12
     expected = large_bodies_published(n1, n2, uid, {"x-queue-type": "stream"}, count)
-    before = rss(n1, "VmHWM", reset=True)
-    at_rest = rss(n2)
     with connect(n2) as connection:
-        ch = connection.channel()
-        ch.basic_qos(prefetch_count=100)
-        got: list[bytes] = []
-        ch.basic_consume(uid, lambda _ch, _method, _properties, data: got.append(data),
-                         arguments={"x-stream-offset": "first"})
-        pump(connection, lambda: len(got) == count, timeout=60)
-        held = rss(n1, "VmHWM") - before
-        passed_on = rss(n2) - at_rest
+        ch, got, held, passed_on = taken_through(n1, n2, connection, uid, count, {"x-stream-offset": "first"})
         ch.queue_delete(uid)
     assert [data == want for data, want in zip(got, expected)] == [True] * count
     assert held < 96 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
