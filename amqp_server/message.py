@@ -88,8 +88,10 @@ class Message:
 
     def copy(self) -> "Message":
         """The same content in an object of its own (references, no bytes copied): a queue that stores a
-        transient message, which the other queues it went to keep in memory only, holds its own."""
-        other = Message(self.exchange, self.routing_key, self.route, self.header, self.body)
+        transient message, which the other queues it went to keep in memory only, holds its own.  A body left in
+        its store stays there (None, of the same size)."""
+        other = Message(self.exchange, self.routing_key, self.route, self.header, self.body or b"")
+        other.body, other.body_size = self.body, self.body_size
         other.bcc_keys = self.bcc_keys
         other.amqp10 = self.amqp10
         return other

@@ -22,8 +22,10 @@ Starts a throwaway node (its data in a temp dir, removed at the end), declares a
    With ``--remote``, two nodes make a cluster (with an etcd of their own, ``etcd`` on the PATH): the queue is
    the first's, and the messages are taken through the second (its link to the first), whose peak is
    ``take_peak_mib``; the first's is ``owner_take_peak_mib``.  With ``--quorum``, the queue is a quorum queue
-   (of the one node, or of the first with ``--remote``).  With ``--stream``, it is a stream, read from its first
-   offset (by an AMQP 0-9-1 consumer, ``--mode ack``, or an AMQP 1.0 receiver).
+   (of the one node, or of the first with ``--remote``); ``--modify`` (with ``--amqp10``) settles each with a
+   modified outcome that sets an annotation first (requeued with it), then takes them again.  With
+   ``--stream``, it is a stream, read from its first offset (by an AMQP 0-9-1 consumer, ``--mode ack``, or an
+   AMQP 1.0 receiver; of the first node, read through the second with ``--remote``).
 
 The node's peak RSS (``VmHWM``, reset between the phases through ``/proc/PID/clear_refs``) is reported for each
 phase, with its RSS when idle before it::
@@ -35,8 +37,8 @@ phase, with its RSS when idle before it::
     .venv/bin/python benchmarks/large_rss.py --http --prefetch 10 --messages 20 [--truncate 100]
     .venv/bin/python benchmarks/large_rss.py --peek --prefetch 10 --messages 20 [--truncate 100] [--quorum]
     .venv/bin/python benchmarks/large_rss.py --remote --messages 30 [--mode get]
-    .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10]
-    .venv/bin/python benchmarks/large_rss.py --stream [--restart] [--amqp10]
+    .venv/bin/python benchmarks/large_rss.py --quorum [--restart] [--mode noack|get] [--amqp10 [--modify]]
+    .venv/bin/python benchmarks/large_rss.py --stream [--restart] [--amqp10] [--remote]
 """
 from __future__ import annotations
 
@@ -279,10 +281,12 @@ def take_http(port: int, queue: str, count: int, size: int, mode: str, batch: in
 
 
 def take_amqp10(port: int, queue: str, count: int, size: int, mode: str, credit: int, timeout: float,
-                frame_max: int, stream: bool = False) -> float:
+                frame_max: int, stream: bool = False, modify: bool = False) -> float:
     """``take`` by an AMQP 1.0 receiver of link credit ``credit`` and frames of ``frame_max`` octets (``stream``:
-    from the stream's first offset)."""
-    from proton import Described, symbol
+    from the stream's first offset).  ``modify``: each message is first settled at once with a modified outcome
+    that sets an annotation (requeued to the back with it, as RabbitMQ 4.x's quorum queues keep it), then taken
+    again, with it, as ``mode`` says."""
+    from proton import Delivery, Described, symbol
     from proton.reactor import AtMostOnce, Filter
     from proton.utils import BlockingConnection
 
@@ -293,11 +297,20 @@ def take_amqp10(port: int, queue: str, count: int, size: int, mode: str, credit:
         options.append(Filter({symbol("first"): Described(symbol("rabbitmq:stream-offset-spec"), "first")}))
     receiver = connection.create_receiver(f"/queues/{queue}", credit=credit, options=options or None)
     started = time.monotonic()
+    for got in range(count if modify else 0):
+        message = receiver.receive(timeout=timeout)
+        if not isinstance(message.body, (bytes, memoryview)) or message.body != body(size, got):
+            raise AssertionError(f"message {got}: its body differs")
+        assert receiver.fetcher is not None  # (a blocking receiver's)
+        receiver.fetcher.unsettled[0].local.annotations = {symbol("x-opt-large-rss"): got}
+        receiver.settle(Delivery.MODIFIED)
     unsettled = 0
     for got in range(count):
         message = receiver.receive(timeout=timeout)  # (its body is a view of the message's: kept while read)
         if not isinstance(message.body, (bytes, memoryview)) or message.body != body(size, got):
             raise AssertionError(f"message {got}: its body differs")
+        if modify and (message.annotations or {}).get("x-opt-large-rss") != got:
+            raise AssertionError(f"message {got}: its modified outcome's annotation is not there")
         if mode == "ack":
             unsettled += 1
             if unsettled == credit or got == count - 1:  # (it holds as many as its credit lets it, then accepts)
@@ -319,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart", action="store_true", help="restart the node between publishing and taking")
     ap.add_argument("--amqp10", action="store_true", help="take them with an AMQP 1.0 receiver (credit: --prefetch)")
     ap.add_argument("--frame-max", type=int, default=131072, help="the AMQP 1.0 receiver's max-frame-size")
+    ap.add_argument("--modify", action="store_true", help="the AMQP 1.0 receiver settles each with a modified "
+                                                          "outcome first, then takes them again (--quorum)")
     ap.add_argument("--dead-letter", action="store_true",
                     help="reject them to a dead-letter queue where they would be acked, then take them from there")
     ap.add_argument("--http", action="store_true", help="take them with the management API's get, --prefetch a time")
@@ -333,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.amqp10 and args.mode == "get":
         ap.error("--amqp10 takes --mode ack or noack")
+    if args.modify and not (args.amqp10 and args.quorum and args.mode == "ack"):
+        ap.error("--modify takes --amqp10 --quorum --mode ack")
     if args.dead_letter and (args.amqp10 or args.http or args.mode != "ack"):
         ap.error("--dead-letter takes --mode ack, an AMQP 0-9-1 consumer")
     if args.http and (args.amqp10 or args.mode == "get"):
         ap.error("--http takes --mode ack or noack")
-    if args.stream and (args.quorum or args.dead_letter or args.http or args.peek or args.remote or args.mode != "ack"):
-        ap.error("--stream takes --mode ack, a consumer or an AMQP 1.0 receiver of this node")
+    if args.stream and (args.quorum or args.dead_letter or args.http or args.peek or args.mode != "ack"):
+        ap.error("--stream takes --mode ack, a consumer or an AMQP 1.0 receiver")
     tmp = Path(tempfile.mkdtemp(prefix="warren-large-rss."))
     etcd = Etcd(tmp / "etcd") if args.remote else None
     mgmt = args.http or args.peek
@@ -370,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         for each in nodes:
             reset_peak(each.pid)
         if args.amqp10:
-            result["take_s"] = take_amqp10(node.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
-                                           args.timeout, args.frame_max, args.stream)
+            result["take_s"] = take_amqp10(taker.port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
+                                           args.timeout, args.frame_max, args.stream, args.modify)
         elif args.http:
             result["take_s"] = take_http(node.mgmt_port, QUEUE, args.messages, args.size, args.mode, args.prefetch,
                                          args.timeout, args.truncate)
@@ -400,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', by HTTP' if args.http else ''}{', peeked first' if args.peek else ''}"
               f"{', through another node' if args.remote else ''}"
               f"{', quorum' if args.quorum else ''}{', stream' if args.stream else ''}"
+              f"{', each modified once first' if args.modify else ''}"
               f"{f' truncated to {args.truncate}' if args.truncate is not None else ''}, "
               + (f"AMQP 1.0 credit {args.prefetch}, frames of {args.frame_max}" if args.amqp10
                  else f"prefetch {args.prefetch}"))

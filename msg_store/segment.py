@@ -82,11 +82,22 @@ def list_segments(directory: str) -> list[int]:
 def encode_head(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...], number: int) -> bytes:
     """Record head, for segment ``number``, of a payload given in parts (so a body is never concatenated just to be
     hashed)."""
+    return head_of(msg_id, *started_crc(msg_id, payload_parts, number))
+
+
+def started_crc(msg_id: int, payload_parts: tuple[bytes | bytearray | memoryview, ...], number: int) -> tuple[int, int]:
+    """A record's CRC and length over its msg_id and the first parts of its payload, for segment ``number``: a
+    writer that has the rest only a slice at a time goes on with ``crc32c`` (``MessageStore.write_from``)."""
     crc = crc32c(msg_id.to_bytes(8, "big"), number)
     size = 8
     for part in payload_parts:
         crc = crc32c(part, crc)
         size += len(part)
+    return crc, size
+
+
+def head_of(msg_id: int, crc: int, size: int) -> bytes:
+    """Record head of a record whose CRC and length (its msg_id's 8 octets included) are known."""
     return RECORD_HEAD.pack(size | FLAGS, crc, msg_id)
 
 

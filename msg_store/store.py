@@ -32,10 +32,12 @@ from array import array
 
 import numpy as np
 from cachetools import LRUCache
+from crc32c import crc32c
 
 from .locations import Locations, fsync_dir
-from .segment import (HEAD_SIZE, SPARE_SUFFIX, Segment, encode_head, list_segments, list_sidecars, new_records,
-                      preallocate, read_sidecar, scan, segment_path, sidecar_path, spare_path, write_sidecar)
+from .segment import (HEAD_SIZE, SPARE_SUFFIX, Segment, encode_head, head_of, list_segments, list_sidecars,
+                      new_records, preallocate, read_sidecar, scan, segment_path, sidecar_path, spare_path,
+                      started_crc, write_sidecar)
 
 log = logging.getLogger("warren.msg_store")
 
@@ -45,6 +47,7 @@ _SEGMENT_SUMMARY = struct.Struct(">IQQQ")  # number, size, live records, dead by
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 COMPACT_SLICE = 4 * 1024 * 1024
+COPY_SLICE = 1024 * 1024  # what ``write_from`` holds of a body it copies from one record to another
 READ_GAP = 64 * 1024  # dead bytes between two wanted records that read_many reads through rather than seek
 WRITE_THROUGH = 64 * 1024  # a record whose body is this large goes to its file from its own buffers, not via the tail
 SPARES = 4  # deleted segments' files kept to be written again (see ``unlink``)
@@ -271,6 +274,11 @@ class MessageStore:
                 tail += part
             size = len(tail) - payload_at
             self._tail_ids[msg_id] = (payload_at, size)
+        self._placed(msg_id, current, record_at, size, refs)
+
+    def _placed(self, msg_id: int, current: Segment, record_at: int, size: int, refs: int) -> None:
+        """A record of ``size`` payload bytes was appended at ``record_at`` of the current segment: the index
+        finds it, and the segment rolls over once full."""
         self.index.put(msg_id, current.number, record_at + HEAD_SIZE, size, refs)
         if self._records is not None:
             self._records.extend((msg_id, record_at + HEAD_SIZE, size))
@@ -278,6 +286,37 @@ class MessageStore:
         if current.size + len(self._tail) >= self.segment_size:
             self.flush()
             self._open_new_segment()
+
+    def write_from(self, msg_id: int, parts: tuple[bytes, ...], source: int, tail: int, refs: int) -> None:
+        """Append a record for ``msg_id`` whose payload is ``parts`` and then the last ``tail`` bytes of
+        ``source``'s payload (a stored body under a new head: ``ReplicaStore.annotated``), copied from file to
+        file ``COPY_SLICE`` at a time, so that the body is never whole in memory.  The slices go to their place
+        as they are hashed, then the record's head before them (a crash between leaves a torn record, cut at
+        recovery as any).  KeyError if ``source`` is gone."""
+        found_at = self.index.find(source)
+        if found_at is None:
+            raise KeyError(source)
+        self.flush()  # (the source's record and the tail before this one in their files)
+        current = self.current
+        assert current is not None  # opened by finish_recovery, before any write
+        number, offset, size = found_at
+        source_fd, record_at = self.segments[number].fd, current.size
+        crc, length = started_crc(msg_id, parts, current.number)
+        at, to = offset + size - tail, record_at + HEAD_SIZE + length - 8  # (``length`` counts the msg_id)
+        for start in range(0, tail, COPY_SLICE):
+            want = min(COPY_SLICE, tail - start)
+            piece = os.pread(source_fd, want, at + start)
+            if len(piece) != want:
+                raise IOError(f"message {source}: short read from segment {number}")
+            crc = crc32c(piece, crc)
+            written = 0
+            while written < len(piece):
+                written += os.pwrite(current.fd, piece[written:], to + start + written)
+        self.reads += 1
+        self.writes += 1
+        self._write_through(current, [head_of(msg_id, crc, length + tail), *parts])
+        current.size += tail
+        self._placed(msg_id, current, record_at, length - 8 + tail, refs)
 
     def write_many(self, msg_ids: range, records: Sequence[bytes | memoryview], refs: int) -> None:
         """``write`` of each record as its own payload, under the id of the same place in ``msg_ids``: the same

@@ -554,6 +554,8 @@ def _skip(record: bytes, pos: int) -> int:
 
 _SIZE = struct.Struct(">Q")
 _DATA_SECTION = b"\x00\x53\x75"
+_FOOTER_SECTION = b"\x00\x53\x78"
+FOOTER_MAX = 64 << 10  # the footer of a large record read to convert it without its body (``Decoder.head``)
 _HEADER_SECTION = b"\x00\x53\x70"  # a record that starts with one is an AMQP 1.0 message as RabbitMQ 4.x keeps it
 _BODIES = (DATA, AMQP_VALUE, AMQP_SEQUENCE)
 # (exchange, routing key, route, 0-9-1 content header, and the sections before the body of a message kept as
@@ -624,23 +626,46 @@ class Decoder:
                 return message
         return self._convert(bytes(record[start:end]))
 
-    def head(self, head: bytes, size: int) -> Message | None:
+    def head(self, head: bytes, size: int, read: Callable[[int, int], bytes]) -> tuple[Message, int] | None:
         """The message of a record of ``size`` bytes whose first bytes are ``head``, its body (one binary data
-        section that ends the record, after sections within ``head``) left where it lies: the message holds none
-        (``Message.body`` None) and says where the body starts in the record (``body_size`` from the end); None
-        for another record, which is read whole."""
+        section after sections within ``head``, that ends the record or a footer of ``FOOTER_MAX`` bytes at most
+        follows, which ``read(pos, size)`` reads from the record) left where it lies: the message holds none
+        (``Message.body`` None); and where the body starts in the record.  None for another record, which is
+        read whole."""
         cached, body_at = self._prefix(head, size)
-        if cached is None or head[body_at + 3] != 0xB0 or len(head) < body_at + 8:
+        if cached is None:
+            return self._footed(head, size, read)
+        if head[body_at + 3] != 0xB0 or len(head) < body_at + 8:
             return None
         body_size = _U32.unpack_from(head, body_at + 4)[0]
         if body_at + 8 + body_size != size:
             return None
         exchange, routing_key, route, header, kept = cached
-        message = Message(exchange, routing_key, route, header[:4] + _SIZE.pack(body_size) + header[12:], b"")
-        message.body = None  # type: ignore[assignment]  # (as Message.stored's: the caller sends it from the file)
-        message.body_size = body_size
+        message = Message(exchange, routing_key, route, header, b"")
         message.amqp10 = kept
-        return message
+        return _without_body(message, body_size), body_at + 8
+
+    def _footed(self, head: bytes, size: int, read: Callable[[int, int], bytes]) -> tuple[Message, int] | None:
+        """``head`` of a record whose binary data body a footer follows: converted the slow way (``_convert``, as
+        the whole record is) from its sections around an empty body, the footer read from the record."""
+        body_at = 0
+        while not head.startswith(_DATA_SECTION, body_at):
+            body_at = _skip(head, body_at)
+            if body_at < 0:
+                return None
+        if len(head) < body_at + 8 or head[body_at + 3] != 0xB0:
+            return None
+        body_size = _U32.unpack_from(head, body_at + 4)[0]
+        body_end = body_at + 8 + body_size
+        if not 0 < size - body_end <= FOOTER_MAX:
+            return None
+        footer = read(body_end, size - body_end)
+        if not footer.startswith(_FOOTER_SECTION):
+            return None
+        message = self._convert(head[:body_at] + _DATA_SECTION + b"\xa0\x00" + footer)
+        if message.body_size:  # (not read as AMQP 1.0 sections: its bytes are the body, read whole)
+            return None
+        return _without_body(message, body_size), body_at + 8
 
     def _prefix(self, record: bytes, end: int | None = None) -> tuple[_Conversion | None, int]:
         """The conversion of the sections before a record's body, where its body is one binary data section that
@@ -703,6 +728,15 @@ class Decoder:
         if native:
             message.amqp10 = _kept(found)
         return message
+
+
+def _without_body(message: Message, body_size: int) -> Message:
+    """A record's message whose body of ``body_size`` bytes is left where it lies (``Message.body`` None, as
+    Message.stored's: its reader sends it from the file), its content header saying that size."""
+    message.header = message.header[:4] + _SIZE.pack(body_size) + message.header[12:]
+    message.body = None  # type: ignore[assignment]
+    message.body_size = body_size
+    return message
 
 
 def _kept(found: list[tuple[int, Value, bytes]]) -> bytes:

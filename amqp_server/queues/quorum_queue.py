@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from ..clock import now_ms
 from ..framing import header_table
-from stream_log import amqp10
 from . import quorum_machine as machine
 from ..message import Message
 from .queue import RESETTLE_AGE, RESETTLE_MAX, Checked, Consumer, Entry, ParkedSettle, Queue, SettleMode
@@ -168,15 +167,13 @@ class QuorumQueue(Queue):
 
     def _carry_out_annotate(self, effect: machine.Annotate) -> None:
         """Held entries' messages take a modified outcome's annotations: each a message of its own, written to the
-        store, its row pointing there (as a copy's rows do: ``ReplicaStore.annotate``)."""
+        store, its row pointing there (as a copy's rows do: ``ReplicaStore.annotate``); a body left in the store
+        stays there, copied to the new record without being read into memory."""
         persistence = self.persistence
         for seq in effect.seqs:
             entry = self.held[seq]
             message = entry.message
-            if message.body is None:
-                persistence.load_body(message)
-            entry.message = amqp10.modified(message, effect.annotations)
-            persistence.keep(entry.message)
+            entry.message = self.replicas.annotated(message, effect.annotations)
             persistence.index.relink(self.index_id, seq, entry.message.msg_id)
             persistence.release(message)
 

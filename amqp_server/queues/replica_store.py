@@ -86,20 +86,32 @@ class ReplicaStore:
         self.persistence.stage()
 
     def annotate(self, index_id: int, seqs: list[int], annotations: bytes) -> None:
-        """The messages of these entries take a modified outcome's annotations (``amqp10.modified``): each a record
-        of its own, which its row now names, the old one's reference released."""
-        index, store = self.index, self.store
+        """The messages of these entries take a modified outcome's annotations (``annotated``): each a record of
+        its own, which its row now names, the old one's reference released."""
+        index = self.index
         for seq in seqs:
             row = index.peek(index_id, seq)
             if row is None:
                 continue
-            message = Message.stored(row.msg_id, row.size)
-            message.fill_from(store.read(row.msg_id))
-            msg_id = store.new_id()
-            store.write(msg_id, amqp10.modified(message, annotations).payload(), 1)
-            index.relink(index_id, seq, msg_id)
-            store.remove(row.msg_id)
+            index.relink(index_id, seq, self.annotated(Message.stored(row.msg_id, row.size), annotations).msg_id)
+            self.store.remove(row.msg_id)
         self.persistence.stage()
+
+    def annotated(self, message: Message, annotations: bytes) -> Message:
+        """``message``, which the store holds, with a modified outcome's annotations (``amqp10.modified``), as a
+        record of its own (a reference for the caller; staged by the caller): written from memory if the
+        message holds its body, else with the body copied from the old record's file a slice at a time
+        (``MessageStore.write_from``), never read whole into memory (a large body its queue left to the store,
+        16 MiB rewritten on every copy for each modified outcome)."""
+        if message.header is None:  # (``Message.stored``: a copy's row, or an entry recovered without its head)
+            self.persistence.load_head(message)
+        out = amqp10.modified(message, annotations)
+        out.msg_id = self.store.new_id()
+        if message.body is None:
+            self.store.write_from(out.msg_id, out.payload()[:-1], message.msg_id, message.body_size, 1)
+        else:
+            self.store.write(out.msg_id, out.payload(), 1)
+        return out
 
     def drop(self, index_id: int, runs: list[tuple[int, int]]) -> None:
         """The entries of the copy with seqs in ``runs`` (``[start, end)``) go, with their store references."""

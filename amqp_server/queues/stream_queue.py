@@ -466,11 +466,14 @@ class StreamQueue:
 
     def _message_left(self, segment: StreamSegment, record: Left) -> Message:
         """The message of a record ``chunk.file_records`` left in the file: without its body where the body is one
-        data section of ``RELEASE_FROM`` bytes or more that ends the record, else read whole."""
-        converted = self._decoder.head(record.head, record.size)
-        if converted is None or converted.body_size < RELEASE_FROM:
+        data section of ``RELEASE_FROM`` bytes or more that ends the record or its footer follows, else read
+        whole."""
+        found = self._decoder.head(record.head, record.size,
+                                   lambda at, size: self._pread(segment, size, record.pos + at))
+        if found is None or found[0].body_size < RELEASE_FROM:
             return self._decoder.message(self._pread(segment, record.size, record.pos))
-        self._in_log[converted] = (segment, record.pos + record.size - converted.body_size)
+        converted, body_at = found
+        self._in_log[converted] = (segment, record.pos + body_at)
         return converted
 
     def _pread(self, segment: StreamSegment, size: int, pos: int) -> bytes:

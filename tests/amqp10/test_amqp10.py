@@ -1388,6 +1388,34 @@ def test_a_modified_outcomes_annotations_go_with_a_quorum_queues_message_requeue
     connection.close()
 
 
+def test_a_modified_outcome_on_a_large_quorum_body_sent_from_the_file_keeps_it_byte_exact(node):
+    """A quorum queue's 1 MiB body goes to an AMQP 1.0 receiver from the store's file, and its unsettled delivery
+    holds none: a modified outcome writes the annotated message from the old record's file
+    (``MessageStore.write_from``), and the body comes back byte-exact with the annotations, requeued and then
+    dead-lettered (read from the new record)."""
+    from proton import symbol
+
+    data = bytes(range(256)) * 4096
+    declare(node, "dlq").close()
+    declare(node, "qq-large", **{"x-queue-type": "quorum", "x-dead-letter-exchange": "",
+                                 "x-dead-letter-routing-key": "dlq"}).close()
+    amqp = connect(node)
+    try:
+        amqp.create_sender("/queues/qq-large").send(Message(body=data))
+        receiver = amqp.create_receiver("/queues/qq-large", credit=1)
+        assert receiver.receive(timeout=5).body == data
+        _modify(receiver, {symbol("x-opt-a"): "first"})
+        message = receiver.receive(timeout=5)
+        assert message.body == data and message.annotations is not None
+        assert message.annotations["x-opt-a"] == "first"
+        _modify(receiver, {symbol("x-opt-b"): "second"}, failed=True, undeliverable=True)
+        dead = amqp.create_receiver("/queues/dlq", credit=1).receive(timeout=5)
+        assert dead.body == data and dead.annotations is not None
+        assert (dead.annotations["x-opt-a"], dead.annotations["x-opt-b"]) == ("first", "second")
+    finally:
+        amqp.close()
+
+
 def test_a_modified_outcome_with_an_annotation_not_x_opt_ends_the_session_and_the_message_stays(node):
     """RabbitMQ 4.x lets a modified outcome set only ``x-opt-`` message annotations: any other key ends the
     session (amqp:invalid-field), and the message it named is not lost: it goes back to the queue."""

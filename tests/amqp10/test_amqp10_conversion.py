@@ -385,6 +385,46 @@ def test_a_data_body_s_footer_reaches_an_amqp10_reader_and_not_an_091_one(node, 
     assert read == [(None, b"x")]
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["amqp10", "converted"])
+def test_a_large_record_s_head_and_footer_convert_as_the_whole_record_its_body_left_where_it_lies(kept):
+    """``Decoder.head``: the sections of a large record before its binary data body, and the footer after it if
+    any (read from the record as asked, nothing else), convert as the whole record does, the body left where it
+    lies and its place told; a record whose body is more than one data section, or whose footer is larger than
+    ``FOOTER_MAX``, is read whole (None).  ``kept``: a record that starts with a header section (an AMQP 1.0
+    message as a stream keeps it, its sections and footer kept with it)."""
+    from stream_log import amqp10
+    from stream_log.amqp10 import described, encode_list, encode_map, symbol as sym, utf8
+
+    body = bytes(range(256)) * 1200
+    prefix = ((described(amqp10.HEADER, encode_list([b"\x41"])) if kept else b"")
+              + described(amqp10.MESSAGE_ANNOTATIONS, encode_map([(sym("x-a"), utf8("b"))]))
+              + described(amqp10.PROPERTIES, encode_list([utf8("id")]))
+              + described(amqp10.APPLICATION_PROPERTIES, encode_map([(utf8("k"), utf8("v"))])))
+    data = b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body
+    footer = described(amqp10.FOOTER, encode_map([(sym("x-sum"), utf8("abc"))]))
+    reads: list[int] = []
+
+    def head(record: bytes) -> Any:
+        def read(pos: int, size: int) -> bytes:
+            reads.append(size)
+            return record[pos:pos + size]
+        return amqp10.Decoder("s").head(record[:64 << 10], len(record), read)
+
+    for record in (prefix + data, prefix + data + footer):
+        whole = amqp10.Decoder("s").message(record)
+        found = head(record)
+        assert found is not None
+        message, body_at = found
+        assert message.body is None and record[body_at:body_at + message.body_size] == whole.body == body
+        assert (message.exchange, message.routing_key, message.route, message.header, message.amqp10) == (
+            whole.exchange, whole.routing_key, whole.route, whole.header, whole.amqp10)
+        assert (message.amqp10 is not None and message.amqp10.endswith(footer)) == (kept and record.endswith(footer))
+    assert reads == [len(footer)]
+    large_footer = described(amqp10.FOOTER, encode_map([(sym("x-sum"), utf8("f" * amqp10.FOOTER_MAX))]))
+    assert head(prefix + data + b"\x00\x53\x75\xa0\x01x" + footer) is None
+    assert head(prefix + data + large_footer) is None
+
+
 def test_a_data_body_s_footer_stays_through_a_dead_letter_and_a_modified_outcome():
     """The footer kept with an AMQP 1.0 message's sections stays after them when its annotations change."""
     from amqp_server.broker.dlx_message import dead_letter_message

@@ -508,6 +508,36 @@ def rss(node: BrokerProcess, field: str = "VmRSS", reset: bool = False) -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
 
 
+def large_bodies_published(n1: BrokerProcess, n2: BrokerProcess, queue: str, arguments: dict[str, Any],
+                           count: int) -> list[bytes]:
+    """``count`` persistent messages of 16 MiB, 16 MiB + 1... octets published with confirms to a durable queue of
+    node 1 (declared with ``arguments``), once node 2 reports them all: their bodies."""
+    expected = [large_body((16 << 20) + number) for number in range(count)]
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(queue, durable=True, arguments=arguments)
+        ch.confirm_delivery()
+        for data in expected:
+            ch.basic_publish("", queue, data, pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: passive(n2, queue) == count, "the queue's count reported on node 2")
+    return expected
+
+
+def taken_through(n1: BrokerProcess, n2: BrokerProcess, connection: pika.BlockingConnection, queue: str, count: int,
+                  arguments: dict[str, Any] | None = None) -> tuple[BlockingChannel, list[bytes], int, int]:
+    """A consumer on node 2 (``connection``; ``arguments``: its consume's) with prefetch 100 takes ``count``
+    messages of node 1's ``queue``, acking none: its channel, their bodies, how much more node 1 held at its peak
+    meanwhile and how much more node 2 holds then."""
+    before = rss(n1, "VmHWM", reset=True)
+    at_rest = rss(n2)
+    ch = connection.channel()
+    ch.basic_qos(prefetch_count=100)
+    got: list[bytes] = []
+    ch.basic_consume(queue, lambda _ch, _method, _properties, data: got.append(data), arguments=arguments)
+    pump(connection, lambda: len(got) == count, timeout=60)
+    return ch, got, rss(n1, "VmHWM") - before, rss(n2) - at_rest
+
+
 @pytest.mark.parametrize("arguments", [{}, {"x-queue-type": "quorum"}], ids=["classic", "quorum"])
 def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_queue_s_node(cluster, uid, arguments):
     """12 persistent 16 MiB messages (192 MiB) of a durable queue of node 1 (a quorum queue's leader), all held
@@ -516,33 +546,12 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     byte-exact, redelivered too.  Nor does node 1 hold them while they wait (a quorum queue's op log keeps what it
     shipped, up to 64 MiB)."""
     _, (n1, n2, _) = cluster
-    count, size = 12, 16 * 1024 * 1024
-    expected = [large_body(size + number) for number in range(count)]
+    count = 12
     idle = rss(n1)
-    with connect(n1) as connection:
-        ch = connection.channel()
-        ch.queue_declare(uid, durable=True, arguments=arguments)
-        ch.confirm_delivery()
-        for data in expected:
-            ch.basic_publish("", uid, data, pika.BasicProperties(delivery_mode=2))
-    wait_for(lambda: passive(n2, uid) == count, "owner's count reported on node 2")
+    expected = large_bodies_published(n1, n2, uid, arguments, count)
     waiting = rss(n1) - idle
-    before = rss(n1, "VmHWM", reset=True)
-    at_rest = rss(n2)
     with connect(n2) as connection:
-        ch = connection.channel()
-        ch.basic_qos(prefetch_count=100)
-        got: list[bytes] = []
-        tags: list[int] = []
-
-        def on_message(_ch, method, _properties, data: bytes) -> None:
-            got.append(data)
-            tags.append(delivery_tag(method))
-
-        ch.basic_consume(uid, on_message)
-        pump(connection, lambda: len(got) == count, timeout=60)
-        held = rss(n1, "VmHWM") - before
-        passed_on = rss(n2) - at_rest
+        ch, got, held, passed_on = taken_through(n1, n2, connection, uid, count)
         ch.close()  # (all requeued)
         ch = connection.channel()
         again: list[bytes | None] = []
@@ -558,6 +567,22 @@ def test_large_stored_bodies_taken_through_another_node_are_not_held_by_their_qu
     assert waiting < 128 * 1024 * 1024 + log, f"node 1 holds {waiting >> 20} MiB more for them to be taken"
     assert held < 128 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
     assert passed_on < 128 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
+
+
+def test_a_stream_s_large_bodies_read_through_another_node_are_held_by_neither_node(cluster, uid):
+    """12 16 MiB messages (192 MiB) of a stream of node 1, read from its first offset by a consumer on node 2 that
+    acks none until it holds them all: node 1 sends each body over the link from the stream's segment file
+    (``StreamQueue.logged_body``, as a stored body from the store's), and node 2 holds none once passed on; each
+    arrives byte-exact."""
+    _, (n1, n2, _) = cluster
+    count = 12
+    expected = large_bodies_published(n1, n2, uid, {"x-queue-type": "stream"}, count)
+    with connect(n2) as connection:
+        ch, got, held, passed_on = taken_through(n1, n2, connection, uid, count, {"x-stream-offset": "first"})
+        ch.queue_delete(uid)
+    assert [data == want for data, want in zip(got, expected)] == [True] * count
+    assert held < 96 * 1024 * 1024, f"node 1 held {held >> 20} MiB more"
+    assert passed_on < 96 * 1024 * 1024, f"node 2 holds {passed_on >> 20} MiB more"
 
 
 def test_a_consumer_on_another_node_that_does_not_read_makes_its_node_hold_a_few_large_bodies(cluster, uid):

@@ -23,6 +23,7 @@ from pamqp import commands
 
 from amqp_server.broker import Broker, vhost as vhost_module
 from amqp_server.errors import ChannelError
+from amqp_server.frontend.stored_bodies import SEND_FROM_FILE
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
 from amqp_server.queues.queue import RESETTLE_AGE
@@ -30,6 +31,7 @@ from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
 from amqp_server.records import QueueRecord
 from fake_cluster import Client, FakeLink, Network, Node
+from msg_store import MessageStore, store as store_module
 from forwarder.peers import node_link as link, owner_side, remote_queue
 from forwarder.quorum import groups as quorum, oplog as quorum_log
 from forwarder.quorum.groups import queue_key
@@ -1073,6 +1075,44 @@ async def test_a_modified_outcomes_annotations_are_in_every_copy_and_the_next_le
         assert ("x-opt-mine" in found) == (body == b"amqp10")
         new.settle([entry])
     assert await copies_agree(network) == []
+
+
+async def test_a_modified_outcome_copies_a_large_body_left_in_the_store_from_file_to_file(network, monkeypatch):
+    """A modified outcome's annotations on a large body its leader left in the store (taken to be sent from the
+    file, held for its ack without it): every copy writes the annotated record with the body copied from the old
+    record's file a slice at a time (``MessageStore.write_from``), where the leader read the body whole into memory
+    and each follower read the whole record; every copy's record is the leader's, and the next leader delivers
+    the body byte-exact with the annotations."""
+    monkeypatch.setattr(store_module, "COPY_SLICE", 100_000, raising=False)  # (several slices, the last short)
+    node = await declared(network)
+    body = bytes(range(256)) * 1500  # (384,000 octets: a body a queue leaves to its store)
+    half = len(body) // 2
+    publish(node, [body])
+    await copies_agree(network)
+    queue = queue_of(node)
+    entry = queue.get(no_ack=False, sends_from=SEND_FROM_FILE)
+    assert entry is not None and entry.message.body is None
+    read: list[int] = []
+
+    def spying(original):
+        def spy(self, *args):
+            found = original(self, *args)
+            read.append(len(found))
+            return found
+        return spy
+
+    for name in ("read", "read_tail", "read_head"):
+        monkeypatch.setattr(MessageStore, name, spying(getattr(MessageStore, name)))
+    annotations = amqp10.encode(amqp10.Value("map", [(amqp10.Value("symbol", "x-opt-string"),
+                                                      amqp10.Value("string", "x-test1"))]))
+    node.broker.settle(queue, [entry], True, annotations=annotations)
+    await wait_for(lambda: in_step(network), "the followers in step")
+    assert read and max(read) < half, "a body read into memory"
+    assert await copies_agree(network) == [body]
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    message = take(queue_of(the_leader(network))).message
+    assert message.body == body and message.header_value("x-opt-string") == "x-test1"
 
 
 async def test_no_leader_without_a_majority_of_positions(network):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from msg_store import MessageStore
+from msg_store import MessageStore, store as store_module
 from msg_store.segment import CRC32C, HEAD_SIZE, RECORD_HEAD, SEEDED, Segment, list_segments, segment_path
 
 
@@ -80,6 +80,34 @@ def test_round_trip_parts_before_and_after_flush_sync_and_cache_clear(tmp_path):
     assert store.read(msg_id) == whole
     assert store.read(msg_id) == whole  # now from the cache
     assert msg_id in store.cache
+    store.close()
+
+
+def test_a_record_written_from_another_s_body_is_the_one_written_from_memory_and_survives_a_crash(tmp_path,
+                                                                                                    monkeypatch):
+    """``write_from``: a new head and the body of another record (in its file, or still in the tail), copied a
+    slice at a time, make the record ``write`` would have made of them; the records before and after it are
+    untouched, and after a crash recovery finds it whole (its CRC the record's)."""
+    monkeypatch.setattr(store_module, "COPY_SLICE", 1000)
+    store = new_store(tmp_path, segment_size=64 * 1024)
+    rng = random.Random(7)
+    expected: dict[int, bytes] = {}
+    for size in (0, 999, 1000, 2500, 100_000):
+        body = rng.randbytes(size)
+        source = put(store, b"old head" + body)
+        before = put(store, b"small")  # (in the tail as ``write_from`` begins)
+        msg_id = store.new_id()
+        store.write_from(msg_id, (b"new", b" head"), source, size, 1)
+        after = put(store, b"after")
+        expected |= {source: b"old head" + body, before: b"small", msg_id: b"new head" + body, after: b"after"}
+    with pytest.raises(KeyError):
+        store.write_from(store.new_id(), (b"h",), 1 << 40, 1, 1)
+    store.cache.clear()
+    assert {msg_id: store.read(msg_id) for msg_id in expected} == expected
+    crash(store)
+    store, dead = reopen(tmp_path, {msg_id: 1 for msg_id in expected})
+    assert dead == 0
+    assert {msg_id: store.read(msg_id) for msg_id in expected} == expected
     store.close()
 
 

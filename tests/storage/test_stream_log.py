@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gzip
 import json
 import os
 import shutil
@@ -74,6 +75,46 @@ def test_a_chunk_is_stored_in_osiris_layout_and_read_without_its_trailer(tmp_pat
     assert [(int(r["id"]), int(r["records"]), int(r["body"])) for r in rows] == [(0, 3, 11), (3, 1, 4)]
     assert (log.first, log.next, log.last_chunk, log.body) == (0, 4, 3, 15)
     assert list(chunk.read_trailer(trailer)) == [("app", 7)]
+
+
+def test_a_large_record_of_an_uncompressed_sub_batch_is_left_in_the_file_as_a_simple_entry_s(tmp_path):
+    """``chunk.file_records`` reads a chunk's records as ``chunk.records`` does, but leaves a record of ``large``
+    bytes or more in the file, its first ``head`` bytes read: a simple entry's and now one in an uncompressed
+    sub-batch too, where the whole sub-batch was read into memory; a gzip sub-batch is inflated as before, and
+    an uncompressed one whose records do not fit it is passed over (a None each, why told), the entries after
+    it read right."""
+    large, head = 300_000, 1_000
+    big = [bytes([number]) * (large + number) for number in range(3)]
+
+    def simple(record: bytes) -> bytes:
+        return chunk.ENTRY.pack(len(record)) + record
+
+    def sub_batch(records: list[bytes], compression: int = chunk.COMPRESSION_NONE, count: int | None = None) -> bytes:
+        plain = b"".join(map(simple, records))
+        stored = gzip.compress(plain) if compression == chunk.COMPRESSION_GZIP else plain
+        return chunk.SUB_BATCH.pack(0x80 | compression << 4, len(records) if count is None else count, len(plain),
+                                    len(stored)) + stored
+
+    entries = [simple(b"s0"), sub_batch([b"u0", big[0], b"u1", big[1]]), sub_batch([b"g0", b"g1"], 1),
+               sub_batch([b"x0"], count=2), simple(big[2]), sub_batch([b"t" * 200_000] * 2)]
+    data = b"".join(entries)
+    whole = b"?" * 1000 + chunk.HEADER.pack(chunk.MAGIC_VERSION, 0, len(entries), 0, 0, 1, 0, 0, len(data), 0, 0) + data
+    reads: list[int] = []
+
+    def read(pos: int, size: int) -> bytes:
+        reads.append(size)
+        return whole[pos:pos + size]
+
+    refused: list[str] = []
+    found = list(chunk.file_records(read, 1000, len(whole) - 1000, large, head, refused))
+    assert max(reads) < large
+    assert [whole[item.pos:item.pos + item.size] if isinstance(item, chunk.Left) else item for item in found] == [
+        b"s0", b"u0", big[0], b"u1", big[1], b"g0", b"g1", None, None, big[2], b"t" * 200_000, b"t" * 200_000]
+    assert [item.head == whole[item.pos:item.pos + head] for item in found if isinstance(item, chunk.Left)] == [
+        True] * 3
+    assert refused == ["sub-batch shorter than its records"]
+    assert list(chunk.records(data, len(entries))) == [
+        b"s0", b"u0", big[0], b"u1", big[1], b"g0", b"g1", None, None, big[2], b"t" * 200_000, b"t" * 200_000]
 
 
 def test_a_frames_many_chunks_are_all_written_and_recovered_with_their_trailers(tmp_path):

@@ -556,6 +556,59 @@ def test_a_sub_batch_is_stored_as_it_came_and_read_over_amqp_091_as_its_records(
     assert got == [(0, b"r0"), (1, b"r1"), (2, b"r2"), (5, b"end")]
 
 
+@pytest.mark.parametrize("shape", ["sub-batch", "footer"])
+def test_large_records_in_sub_batches_or_with_footers_reach_an_amqp_091_consumer_from_the_file(node, shape):
+    """Eight 16 MiB AMQP 1.0 records, each between two small ones in an uncompressed sub-batch (``sub-batch``), or
+    simple entries with a footer after the body (``footer``), read from the first offset by an AMQP 0-9-1
+    consumer with prefetch 100 that acks none: each arrives byte-exact, its body sent from the segment file as
+    a simple record's that ends with it is (``chunk.file_records``, ``Decoder.head``), where each was read
+    into memory whole (a sub-batch whole) and decoded with its body: the node's peak grows by a body or two,
+    not by the bodies in flight (17 and 20 MiB more at its peak, 143 and 126 before)."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    size, count = 16 << 20, 8
+    bodies = [bytes([65 + number]) * 7 + struct.pack(">Q", number) * (size // 8 - 1) for number in range(count)]
+    footer = b"\x00\x53\x78\xc1\x0c\x02\xa3\x05x-sum\xa1\x02ok"  # (a map of x-sum: "ok")
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string(stream)) == 1
+    for number, data in enumerate(bodies):
+        records = [b"\x00\x53\x75\xa0\x05small", b"\x00\x53\x75\xb0" + struct.pack(">I", len(data)) + data
+                   + (footer if shape == "footer" else b""), b"\x00\x53\x75\xa0\x05after"]
+        plain = [struct.pack(">I", len(record)) + record for record in records]
+        entries = [struct.pack(">BHII", 0x80, len(records), len(b"".join(plain)), len(b"".join(plain)))
+                   + b"".join(plain)] if shape == "sub-batch" else plain
+        raw.send(frame(0x02, b"\x01" + struct.pack(">i", len(entries)) + b"".join(
+            struct.pack(">Q", 3 * number + k + 1) + entry for k, entry in enumerate(entries))))
+        key, rest = raw.receive()
+        assert key == 0x03
+    with open(f"/proc/{node.proc.pid}/clear_refs", "w") as refs:
+        refs.write("5")
+    before = peak_rss(node)
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    got: list[tuple[int, bool]] = []
+
+    def on_message(_channel, _method, props, body: bytes) -> None:
+        got.append((offset_of(props), body == bodies[len(got) // 3] if len(got) % 3 == 1 else len(body) == 5))
+
+    channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 30
+    while len(got) < 3 * count and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    held = peak_rss(node) - before
+    connection.close()
+    assert got == [(offset, True) for offset in range(3 * count)]
+    assert held < 64 << 20, f"{held >> 20} MiB more at the node's peak"
+
+
+def peak_rss(node) -> int:
+    """The node's peak resident memory (``VmHWM``) since it was last reset."""
+    with open(f"/proc/{node.proc.pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
 RABBITMQ_CUTS = {  # frames' entry counts: the chunks RabbitMQ 3.10.8's writer made of them into a new stream
     "4999, 100, 3000": ([4999, 100, 3000], [32, 64, 128, 256, 512, 1024, 2048, 935, 100, 1024, 1976]),
     "32, 32, 31, 200": ([32, 32, 31, 200], [32, 32, 31, 32, 64, 104]),
