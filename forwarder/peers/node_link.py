@@ -198,7 +198,8 @@ class FrameLink(FrontEnd, asyncio.BufferedProtocol):
         self._filled = 0  # how much of it has come
         self._into_large = False  # the read under way goes into it
         self._out: list[Part] = []
-        self.file_out = False  # ``_out`` holds a body in a file (``stored_bodies.body_out``): it goes by ``files``
+        # ``_out`` holds a body in a file (``stored_bodies.body_out``) or a large one: it goes by ``files``
+        self.file_out = False
         self._scheduled = False
         self._held: Callable[[], None] | None = None
         self._heard = True
@@ -296,6 +297,8 @@ class FrameLink(FrontEnd, asyncio.BufferedProtocol):
         if header is None:
             header = message.header
         lengths, *parts = encode(route, header, body, message.amqp10)
+        if len(body) >= LARGE_FRAME:  # (in memory too: written from where it is, never joined with the rest)
+            self.file_out = True
         self._out += (FRAME.pack(len(head) + len(lengths) + len(route) + len(header) + len(body), ftype), head,
                       lengths, *parts)
         if not self._scheduled:

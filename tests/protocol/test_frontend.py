@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import time
@@ -24,6 +25,8 @@ from amqp_server.frontend import front_end as frontend
 from amqp_server.broker import Broker
 from amqp_server.frontend.clients import Clients
 from amqp_server.config import Config
+from amqp_server.framing.file_out import WRITE_ALONE
+from amqp_server.message import Message
 from amqp_server.payload import encode
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.stream.manager import StreamManager
@@ -266,13 +269,14 @@ async def test_a_large_link_frame_is_read_into_a_buffer_of_its_own_that_becomes_
     assert (message.exchange, message.routing_key, type(message.route), type(message.header)) == ("", "q", bytes, bytes)
 
 
-async def test_a_large_link_frame_read_in_pieces_is_held_once():
+async def test_a_large_link_frame_read_in_pieces_is_held_once(monkeypatch):
     """16 MiB read in pieces (the reads of a plain transport): the node holds it once, where the read buffer, the
     frame cut from it and the body cut from that held it three times or more."""
     server, _, recorder = await authenticated_link()
     data, body = large_deliver(16 << 20)
     messages = []
-    recorder.frame = lambda ftype, payload: messages.append(link.read_message(payload, link.DELIVER_HEAD.size))
+    monkeypatch.setattr(recorder, "frame",
+                        lambda ftype, payload: messages.append(link.read_message(payload, link.DELIVER_HEAD.size)))
     tracemalloc.start()
     try:
         with memoryview(data) as view:
@@ -313,6 +317,35 @@ async def test_a_large_link_frame_cut_short_by_the_link_s_end_leaves_nothing_and
     finally:
         tracemalloc.stop()
     assert transport.aborted and recorder.frames == [] and peak < 4 << 20
+
+
+async def test_a_large_body_a_link_sends_goes_to_its_transport_as_the_peer_reads_never_joined():
+    """A 16 MiB body in memory leaves as the peer reads: the transport is given pieces of it up to its high-water
+    mark (each copied once), not the frame joined into one copy and all of it copied again into its buffer."""
+    server, transport, _ = await authenticated_link()
+    body = bytearray(os.urandom(16 << 20))
+    server.send_message(link.DELIVER, link.DELIVER_HEAD.pack(1, 2, 3, 0),
+                        Message("", "q", b"\x00\x01q", b"\x00\x3c" + b"h" * 12, body))  # type: ignore[arg-type]
+    await turns()
+    assert len(transport.written) <= link.WRITE_BUFFER_HIGH + WRITE_ALONE and server.write_paused
+    got = bytearray()
+    while transport.written:
+        got += transport.written
+        transport.drained()
+        await turns()
+    [payload] = [payload for ftype, payload in frames(bytes(got)) if ftype == link.DELIVER]
+    assert link.read_message(payload, link.DELIVER_HEAD.size).body == body
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """The link frames of ``data``."""
+    found = []
+    at = 0
+    while at < len(data):
+        size, ftype = link.FRAME.unpack_from(data, at)
+        found.append((ftype, data[at + link.FRAME.size:at + link.FRAME.size + size]))
+        at += link.FRAME.size + size
+    return found
 
 
 # -- the client ports' shared pre-login cap, live -------------------------------------------------------------
