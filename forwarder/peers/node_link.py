@@ -7,7 +7,9 @@ event-loop turn go out in one write (batched), nothing waits for a reply before 
 (pipelined), and a full socket buffer pauses the producers (flow control).  Each end is a front end
 (``amqp_server.frontend.front_end``): a read handles a bounded number of frames, and the listening end reads no more
 while its dialer does not read what it is sent (the dialing end always reads: were both ends to stop, neither would
-drain the other).
+drain the other).  A large frame (``LARGE_FRAME``) is read straight into one buffer of its declared size, which
+becomes its message's body (no copy), and a large body leaves through the outbox, never joined with its frame (what
+the socket does not take is copied into the transport a piece at a time, as it has room).
 
 A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
 random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
