@@ -18,6 +18,7 @@ import numpy as np
 HEAD = struct.Struct(">HI")  # route length (with ``SECTIONS``), header length
 SECTIONS = 0x8000  # a route is at most 512 bytes: this bit of its length says AMQP 1.0 sections follow the lengths
 SECTIONS_LEN = struct.Struct(">I")
+Bytes = TypeVar("Bytes", bytes, bytearray)
 Body = TypeVar("Body")  # a body as its writer has it: bytes, or a range of the store's file it is sent from
 
 
@@ -33,6 +34,13 @@ def encode(route: bytes, header: bytes, body: Body, sections: bytes | None = Non
 def decode(payload: bytes, pos: int = 0) -> tuple[bytes, bytes, bytes, bytes | None]:
     """(route, header, body, AMQP 1.0 sections or None) of the payload at ``pos`` of ``payload``, whose body runs
     to its end."""
+    route, header, body_at, sections = decode_head(payload, pos)
+    return route, header, payload[body_at:], sections
+
+
+def decode_head(payload: Bytes, pos: int = 0) -> tuple[Bytes, Bytes, int, bytes | None]:
+    """``decode`` but for the body: where it begins instead (route and header are slices of ``payload``'s
+    type)."""
     route_len, header_len = HEAD.unpack_from(payload, pos)
     route_at = pos + HEAD.size
     sections = None
@@ -43,7 +51,7 @@ def decode(payload: bytes, pos: int = 0) -> tuple[bytes, bytes, bytes, bytes | N
         route_at += SECTIONS_LEN.size + sections_len
     header_at = route_at + route_len
     body_at = header_at + header_len
-    return payload[route_at:header_at], payload[header_at:body_at], payload[body_at:], sections
+    return payload[route_at:header_at], payload[header_at:body_at], body_at, sections
 
 
 def body_size(payload: bytes | memoryview) -> int:

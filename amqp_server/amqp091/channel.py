@@ -5,7 +5,6 @@ every other method arrives as a pamqp object and is dispatched by type.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 from bisect import insort
 from collections import deque
@@ -25,6 +24,7 @@ from ..framing.codec import CONTENT_UNIT_BITS
 from .consumer_timeout import AckTimeout
 from ..broker.direct_reply import ReplyConsumer
 from ..errors import AMQPError, ChannelError, ConnectionError
+from ..frontend.front_end import grow
 from ..frontend.stored_bodies import SEND_FROM_FILE, body_out, forget_left, release_body
 from ..logs import untrusted
 from ..memory import MEMORY_CHECK_BYTES
@@ -51,9 +51,6 @@ EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY = range(3)
 NO_ROUTE_TEXT = "NO_ROUTE"
 _PUBLISH = commands.Basic.Publish()  # the method a publish that waits for the cluster's definitions names in errors
 BODY_ROOM = 1024 * 1024  # a body's buffer is set aside this large at first (at most its size), then doubled (_room)
-_grow = ctypes.pythonapi.PyByteArray_Resize
-_grow.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
-_grow.restype = ctypes.c_int
 SHARED_MAX = 256  # distinct routes / content headers remembered per channel
 TOPIC_CHECKS_KEPT = 12  # (exchange, routing key) pairs a topic permission allowed, remembered per channel as RabbitMQ
 
@@ -259,7 +256,7 @@ class Channel:
             body = self._body = bytearray()
         received = self._received
         if len(body) < received + size:
-            _grow(body, min(self._size, max(received + size, 2 * len(body), BODY_ROOM)))
+            grow(body, min(self._size, max(received + size, 2 * len(body), BODY_ROOM)))
         return memoryview(body)[received:received + size]
 
     def body_read(self, size: int) -> None:

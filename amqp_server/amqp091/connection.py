@@ -12,7 +12,6 @@ import logging
 import select
 import struct
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
@@ -24,7 +23,7 @@ from ..frontend import auth_mechanisms
 from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import (EVERY_REASON, FLOW, FRAMES_PER_TURN, LEADERLESS, STOPPED, WAITING, Complaints,
-                                  FrontEnd, Registry)
+                                  FrontEnd, Registry, read_buffer)
 from ..memory import MEMORY_CHECK_BYTES
 from ..publisher_flow import LEADER_WAITS, PublisherFlow
 from ..errors import AMQPError, ConnectionError
@@ -47,10 +46,8 @@ _PUBLISH = (60 << 16) | 40
 MIN_FRAME_MAX = 4096
 DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read,
 DIRECT_BODY_FROM = 256 * 1024  # if its body is at least this large (_body_direct)
-READ_SIZE = 256 * 1024  # what one read takes (into the thread's read buffer, see get_buffer)
 LARGE_READ_SIZE = 4096  # what it takes while large bodies arrive: their frames are read into the bodies (get_buffer)
 AHEAD = 8  # a large body frame's end octet and the next frame's head, read with its last bytes (get_buffer)
-_reads = threading.local()  # the thread's read buffer (read_buffer)
 CLOSE_TIMEOUT = 3.0
 SILENT_CLOSE_DELAY = 3.0  # rabbit_reader's ?SILENT_CLOSE_DELAY
 INTERNAL_ERROR_TEXT = "internal error; see the node's log"  # a bug of ours: no exception text, it may quote input
@@ -831,11 +828,3 @@ def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
     """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
     return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
 
-
-def read_buffer() -> memoryview:
-    """The thread's read buffer, which its connections share: each read's bytes are copied out of it before the
-    next read."""
-    view = getattr(_reads, "view", None)
-    if view is None:
-        view = _reads.view = memoryview(bytearray(READ_SIZE))
-    return view

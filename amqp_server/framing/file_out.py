@@ -32,6 +32,9 @@ from typing import Iterable, Iterator, Protocol, Sequence, Union
 
 WRITEV_MAX = 512  # parts one writev takes at most (the system's IOV_MAX is 1024)
 MAP_WINDOW = 16 << 20  # how much of a file the outbox maps at once, for the transport to write from
+# an in-memory part at least this large waiting in the outbox (a body) is given to the transport in pieces of this
+# size while it has room, each copied once into its buffer (joined with the rest, it was copied twice, all of it)
+WRITE_ALONE = 1 << 20
 
 
 class Loan(Protocol):
@@ -222,6 +225,14 @@ class Outbox:
                 else:
                     self._done(part)
                 transport.write(data)
+            elif len(part) >= WRITE_ALONE:  # a body in memory: given a piece at a time, not copied into a join
+                if run:
+                    transport.write(b"".join(run))
+                    run = []
+                view = memoryview(part)  # type: ignore[arg-type]  # (not a FileRange)
+                if len(view) > WRITE_ALONE:
+                    parts.appendleft(view[WRITE_ALONE:])
+                transport.write(view[:WRITE_ALONE])
             else:
                 run.append(part)  # type: ignore[arg-type]  # (not a FileRange)
         if run:

@@ -7,7 +7,9 @@ event-loop turn go out in one write (batched), nothing waits for a reply before 
 (pipelined), and a full socket buffer pauses the producers (flow control).  Each end is a front end
 (``amqp_server.frontend.front_end``): a read handles a bounded number of frames, and the listening end reads no more
 while its dialer does not read what it is sent (the dialing end always reads: were both ends to stop, neither would
-drain the other).
+drain the other).  A large frame (``LARGE_FRAME``) is read straight into one buffer of its declared size, which
+becomes its message's body (no copy), and a large body leaves through the outbox, never joined with its frame (what
+the socket does not take is copied into the transport a piece at a time, as it has room).
 
 A link is authenticated with the shared cluster secret, as Erlang's cookie: the listener sends a
 random nonce, the dialer answers with its name and an HMAC of the nonce; the listener proves it
@@ -35,10 +37,11 @@ from typing import Any, Callable, cast
 from amqp_server.config import MAX_MESSAGE_SIZE
 from amqp_server.framing import file_out
 from amqp_server.framing.file_out import FileRange, Part
-from amqp_server.frontend.front_end import BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated
+from amqp_server.frontend.front_end import (BYTES_PER_TURN, FRAMES_PER_TURN, Complaints, FrontEnd, Unauthenticated,
+                                           grow, read_buffer)
 from amqp_server.logs import untrusted
 from amqp_server.message import Message
-from amqp_server.payload import decode, encode, route_names
+from amqp_server.payload import decode_head, encode, route_names
 from amqp_server.queues.queue import Checked, SettleMode
 
 log = logging.getLogger("warren.forwarder.link")
@@ -49,6 +52,10 @@ WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 # a frame may carry one message of the largest size any protocol takes, with its route, header and op head around
 # it (a quorum queue's op, a publish forwarded); frames of many ops or rows stop at ``oplog.FRAME_BYTES``
 MAX_FRAME = MAX_MESSAGE_SIZE + 16 * 1024 * 1024
+# a frame at least this large not read whole with the frames before it is read into a buffer of its own, of its declared
+# size (``FrameLink.get_buffer``): a large body crosses the node with no copy, where the read buffer and the payload
+# cut from it held it three times
+LARGE_FRAME = 256 * 1024
 HANDSHAKE_FRAME_MAX = 512  # before the handshake is done: a nonce, a proof and a node name (at most 255 bytes)
 HANDSHAKE_TIMEOUT = 5.0  # seconds from connect to a proven peer, on both ends
 HANDSHAKES_MAX = 16  # connections in their handshake at once on a listener; one more closes the oldest
@@ -100,14 +107,17 @@ CONFIRM_OK, CONFIRM_REJECTED, CONFIRM_NO_QUEUE = 0, 1, 2
 CONFIRM_MOVED, CONFIRM_RESEND = 3, 4
 SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT, SETTLE_RELEASE = 0, 1, 2, 3
 SETTLE_MODES: tuple[SettleMode, ...] = ("ack", "requeue", "reject", "release")  # by a SETTLE frame's mode
+# the frames whose handlers take a large frame's payload as the bytearray it was read into (``read_message`` makes it
+# the body); the others get bytes
+IN_PLACE = frozenset((PUBLISH, RELAY, ENQUEUE, DELIVER, REPLY))
 
 
-def read_queue_ids(payload: bytes, pos: int, end: int) -> list[bytes]:
+def read_queue_ids(payload: bytes | bytearray, pos: int, end: int) -> list[bytes]:
     qids = []
     while pos < end:
         size = QID.unpack_from(payload, pos)[0]
         pos += QID.size
-        qids.append(payload[pos:pos + size])
+        qids.append(bytes(payload[pos:pos + size]))  # (bytes of bytes is the same object)
         pos += size
     return qids
 
@@ -123,11 +133,20 @@ def _route_names(route: bytes) -> tuple[str, str]:
     return names
 
 
-def read_message(payload: bytes, pos: int) -> Message:
-    """The message of a frame whose payload from ``pos`` on is a message's (``amqp_server.payload``)."""
-    route, header, body, sections = decode(payload, pos)
+def read_message(payload: bytes | bytearray, pos: int) -> Message:
+    """The message of a frame whose payload from ``pos`` on is a message's (``amqp_server.payload``).  A bytearray
+    (a large frame's own buffer, ``FrameLink.get_buffer``) becomes the body, what comes before it cut off in place
+    (bytearray moves its start: no copy): its caller reads nothing more of it."""
+    body: bytes | bytearray
+    if type(payload) is bytearray:
+        head, header_in, body_at, sections = decode_head(payload, pos)
+        route, header, body = bytes(head), bytes(header_in), payload
+        del payload[:body_at]
+    else:
+        route, header, body_at, sections = decode_head(cast(bytes, payload), pos)
+        body = payload[body_at:]
     exchange, routing_key = _names.get(route) or _route_names(route)
-    message = Message(exchange, routing_key, route, header, body)
+    message = Message(exchange, routing_key, route, header, body)  # type: ignore[arg-type]  # (read as bytes)
     message.amqp10 = sections
     return message
 
@@ -161,7 +180,7 @@ def _proof(secret: bytes, nonce: bytes, name: str, role: bytes) -> bytes:
     return hmac.new(secret, role + nonce + name.encode(), hashlib.sha256).digest()
 
 
-class FrameLink(FrontEnd):
+class FrameLink(FrontEnd, asyncio.BufferedProtocol):
     """Framing, batched output and write flow control shared by both ends of a link."""
 
     kind = "cluster link"
@@ -175,8 +194,14 @@ class FrameLink(FrontEnd):
         self.peer_name = ""
         self.authenticated = False
         self._buf = bytearray()
+        self._reads = read_buffer()
+        self._large: bytearray | None = None  # the payload of a large frame being read (``get_buffer``)
+        self._large_type = 0
+        self._filled = 0  # how much of it has come
+        self._into_large = False  # the read under way goes into it
         self._out: list[Part] = []
-        self.file_out = False  # ``_out`` holds a body in a file (``stored_bodies.body_out``): it goes by ``files``
+        # ``_out`` holds a body in a file (``stored_bodies.body_out``) or a large one: it goes by ``files``
+        self.file_out = False
         self._scheduled = False
         self._held: Callable[[], None] | None = None
         self._heard = True
@@ -220,6 +245,8 @@ class FrameLink(FrontEnd):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._discard_out()
+        self._large = None  # (a frame cut short: none of it stays)
+        self._buf.clear()
         now = asyncio.get_running_loop().time()
         if now - self._beat >= STALL or now - self._woke <= 2 * HEARTBEAT_INTERVAL:
             self.silent = True  # (this node stalled: the other end may have closed it for hearing nothing)
@@ -272,6 +299,8 @@ class FrameLink(FrontEnd):
         if header is None:
             header = message.header
         lengths, *parts = encode(route, header, body, message.amqp10)
+        if len(body) >= LARGE_FRAME:  # (in memory too: written from where it is, never joined with the rest)
+            self.file_out = True
         self._out += (FRAME.pack(len(head) + len(lengths) + len(route) + len(header) + len(body), ftype), head,
                       lengths, *parts)
         if not self._scheduled:
@@ -298,22 +327,60 @@ class FrameLink(FrontEnd):
             self.file_out = False
         self._out.clear()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: inside a large frame, the rest of its own buffer (the socket's bytes land where
+        its handler takes them, copied by no one); else the thread's read buffer, whose bytes ``data_received``
+        takes."""
+        large = self._large
+        self._into_large = large is not None
+        if large is not None:
+            return memoryview(large)[self._filled:]
+        return self._reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if not self._into_large:
+            self.data_received(self._reads[:nbytes])
+            return
+        self._heard = True
+        self._filled += nbytes
+        assert self._large is not None  # (``get_buffer`` read into it)
+        if self._filled == len(self._large):  # handled at the next turn: the transport's view of it is gone then
+            self.next_turn()
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._refused:
             return
         self._heard = True
-        self._buf += data
+        large = self._large
+        if large is not None:  # (read whole in the read buffer, or a test's: copied into the frame's buffer)
+            take = min(len(large) - self._filled, len(data))
+            with memoryview(large) as into, memoryview(data) as view:
+                into[self._filled:self._filled + take] = view[:take]
+                self._filled += take
+                self._buf += view[take:]
+        else:
+            self._buf += data
         self.read_on()
 
     def read_on(self) -> None:
         """The frames read, ``FRAMES_PER_TURN`` at most and ``BYTES_PER_TURN`` or a frame more, while the peer
         reads what they answer (a listener).  (A snapshot's frames of 4,096 rows each, all read in one turn,
-        held a follower's loop past its etcd lease on a loaded machine.)"""
+        held a follower's loop past its etcd lease on a loaded machine.)  A large frame read into a buffer of its
+        own is a turn's frames."""
         buf = self._buf
         pos = 0
         n = len(buf)
         budget = FRAMES_PER_TURN
         try:
+            large = self._large
+            if large is not None:
+                if self._filled < len(large) or self.reading_paused:
+                    return
+                self._large = None
+                self.frame(self._large_type, large if self._large_type in IN_PLACE else bytes(large))
+                if n and self.transport is not None:
+                    self.next_turn()
+                return
             while n - pos >= FRAME.size and not self.reading_paused:
                 budget -= 1
                 if budget < 0 or pos >= BYTES_PER_TURN:
@@ -324,6 +391,9 @@ class FrameLink(FrontEnd):
                     raise ValueError(f"frame of {size} bytes")
                 end = pos + FRAME.size + size
                 if end > n:
+                    if size >= LARGE_FRAME and self.authenticated and ftype > SILENT:
+                        self._read_large(ftype, size, pos + FRAME.size)
+                        pos = n
                     break
                 payload = bytes(buf[pos + FRAME.size:end])
                 pos = end
@@ -347,6 +417,17 @@ class FrameLink(FrontEnd):
             return
         del buf[:pos]
 
+    def _read_large(self, ftype: int, size: int, start: int) -> None:
+        """A large frame whose payload begins at ``start`` of the read buffer, which holds no more of it: its
+        own buffer is set aside, of its declared size (checked against ``MAX_FRAME`` already), and what came of it
+        goes there; the rest is read there (``get_buffer``)."""
+        large = bytearray()
+        grow(large, size)
+        taken = len(self._buf) - start
+        with memoryview(large) as into, memoryview(self._buf) as view:
+            into[:taken] = view[start:]
+        self._large, self._large_type, self._filled = large, ftype, taken
+
     def handshake(self, ftype: int, payload: bytes) -> None:
         raise NotImplementedError
 
@@ -362,7 +443,8 @@ class FrameLink(FrontEnd):
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
 
-    def frame(self, ftype: int, payload: bytes) -> None:
+    def frame(self, ftype: int, payload: bytes | bytearray) -> None:
+        """A frame read; its payload is a bytearray only for a large frame of ``IN_PLACE``."""
         raise NotImplementedError
 
 
@@ -407,7 +489,7 @@ class ServerLink(FrameLink):
         self.session = self._open_session(self)
         log.info("link from node %s accepted", untrusted(name))
 
-    def frame(self, ftype: int, payload: bytes) -> None:
+    def frame(self, ftype: int, payload: bytes | bytearray) -> None:
         self.session.frame(ftype, payload)
 
     def drained(self) -> None:
@@ -464,7 +546,7 @@ class ClientLink(FrameLink):
         if not self.ready.done():
             self.ready.set_result(None)
 
-    def frame(self, ftype: int, payload: bytes) -> None:
+    def frame(self, ftype: int, payload: bytes | bytearray) -> None:
         self.handler.frame(ftype, payload)
 
     def drained(self) -> None:

@@ -245,11 +245,12 @@ class PeerSession:
         """One message for one or more queues here: stored once, confirmed once (refused if any refused)."""
         seq, qids_len = link.PUBLISH_HEAD.unpack_from(payload)
         pos = link.PUBLISH_HEAD.size
-        message = link.read_message(payload, pos + qids_len)
+        qids = link.read_queue_ids(payload, pos, pos + qids_len)
+        message = link.read_message(payload, pos + qids_len)  # (the last read of it: it may take the payload)
         found = rejected = False
         self._publishing = seq
         sink = self if seq else None
-        for qid in link.read_queue_ids(payload, pos, pos + qids_len):
+        for qid in qids:
             queue = self._queue(qid)
             if queue is not None:
                 found = True

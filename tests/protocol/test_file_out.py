@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from amqp_server.framing.file_out import FileRange, Outbox, cut, direct_socket
+from amqp_server.framing.file_out import WRITE_ALONE, FileRange, Outbox, cut, direct_socket
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,6 +150,19 @@ async def test_what_the_socket_does_not_take_at_once_waits_without_the_bytes_in_
     assert waiting and all(part.data is None for part in waiting)
     assert got == b"head" + data + b"end"
     assert not fd_open(fds[0])
+
+
+async def test_a_large_body_in_memory_the_socket_does_not_take_at_once_is_given_to_the_transport_a_piece_at_a_time(
+        tmp_path):
+    """What the socket does not take of a body the node holds in memory goes to the transport in pieces while it
+    has room (each copied once, into its buffer), the rest waiting as a view of the body: not all of it joined and
+    copied into the transport at once."""
+    body = bytearray(os.urandom(8 << 20))
+    buffered: list[int] = []
+    got, _, _ = await send_slowly(tmp_path, lambda fd: [b"head", body, b"end"], pumped=lambda sender: buffered.append(
+        sender.transport.get_write_buffer_size()))  # type: ignore[union-attr]  # (connected)
+    assert got == b"head" + body + b"end"
+    assert buffered[0] <= HIGH + WRITE_ALONE, f"{buffered[0] >> 20} MiB given to the transport at once"
 
 
 class Loan:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -23,6 +25,9 @@ from amqp_server.frontend import front_end as frontend
 from amqp_server.broker import Broker
 from amqp_server.frontend.clients import Clients
 from amqp_server.config import Config
+from amqp_server.framing.file_out import WRITE_ALONE
+from amqp_server.message import Message
+from amqp_server.payload import encode
 from amqp_server.publisher_flow import PublisherFlow
 from amqp_server.stream.manager import StreamManager
 from amqp_server.stream.reader import StreamConnection
@@ -232,6 +237,115 @@ async def test_one_link_read_handles_a_bounded_number_of_bytes():
     assert len(recorder.frames) == 3 and transport.paused
     await turns(10)
     assert len(recorder.frames) == 8 and not transport.paused
+
+
+def large_deliver(size: int) -> tuple[bytes, bytes]:
+    """A DELIVER frame of a message whose body is ``size`` octets, and the body."""
+    body = bytes(range(256)) * (size // 256)
+    payload = b"".join((link.DELIVER_HEAD.pack(1, 2, 3, 0), *encode(b"\x00\x01q", b"\x00\x3c" + b"h" * 12, body)))
+    return frame(link.DELIVER, payload), body
+
+
+async def test_a_large_link_frame_is_read_into_a_buffer_of_its_own_that_becomes_its_body():
+    """Past its first read, a large frame is read straight into one buffer of its declared size, which its handler
+    gets and whose message's body it becomes, the head before it cut off in place: the body is copied by no one."""
+    server, _, recorder = await authenticated_link()
+    data, body = large_deliver(4 << 20)
+    server.data_received(data[:100_000])  # (its first read, with the frames before it)
+    at = 100_000
+    while at < len(data):
+        into = server.get_buffer(-1)
+        assert len(into) == len(data) - at  # the rest of the frame, and no more
+        took = min(len(into), 256 * 1024)
+        into[:took] = data[at:at + took]
+        del into  # (as the transport's read lets go of it)
+        server.buffer_updated(took)
+        at += took
+    await turns()
+    [(ftype, payload)] = recorder.frames
+    assert ftype == link.DELIVER and type(payload) is bytearray and len(payload) == len(data) - link.FRAME.size
+    message = link.read_message(payload, link.DELIVER_HEAD.size)
+    assert message.body is payload and message.body == body
+    assert (message.exchange, message.routing_key, type(message.route), type(message.header)) == ("", "q", bytes, bytes)
+
+
+async def test_a_large_link_frame_read_in_pieces_is_held_once(monkeypatch):
+    """16 MiB read in pieces (the reads of a plain transport): the node holds it once, where the read buffer, the
+    frame cut from it and the body cut from that held it three times or more."""
+    server, _, recorder = await authenticated_link()
+    data, body = large_deliver(16 << 20)
+    messages = []
+    monkeypatch.setattr(recorder, "frame",
+                        lambda ftype, payload: messages.append(link.read_message(payload, link.DELIVER_HEAD.size)))
+    tracemalloc.start()
+    try:
+        with memoryview(data) as view:
+            for at in range(0, len(data), 256 * 1024):
+                server.data_received(view[at:at + 256 * 1024])
+        await turns()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [m.body == body for m in messages] == [True]
+    assert peak < len(body) + (2 << 20), f"{peak >> 20} MiB held for a body of 16 MiB"
+
+
+async def test_a_large_link_frame_cut_short_by_the_link_s_end_leaves_nothing_and_an_oversized_one_is_refused():
+    """A large frame half sent when the link closes leaves nothing behind; a frame larger than ``MAX_FRAME`` closes
+    the link before any byte of it is kept."""
+    server, transport, recorder = await authenticated_link()
+    data, _ = large_deliver(8 << 20)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        server.data_received(data[:len(data) // 2])
+        assert tracemalloc.get_traced_memory()[0] - before > len(data) // 2  # (its buffer, of its declared size)
+        transport.abort()
+        await turns()
+        left = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert recorder.frames == [] and left < 1 << 20, f"{left} octets left"
+
+    server, transport, recorder = await authenticated_link()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        server.data_received(link.FRAME.pack(link.MAX_FRAME + 1, link.DELIVER) + data[link.FRAME.size:1 << 20])
+        await turns()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert transport.aborted and recorder.frames == [] and peak < 4 << 20
+
+
+async def test_a_large_body_a_link_sends_goes_to_its_transport_as_the_peer_reads_never_joined():
+    """A 16 MiB body in memory leaves as the peer reads: the transport is given pieces of it up to its high-water
+    mark (each copied once), not the frame joined into one copy and all of it copied again into its buffer."""
+    server, transport, _ = await authenticated_link()
+    body = bytearray(os.urandom(16 << 20))
+    server.send_message(link.DELIVER, link.DELIVER_HEAD.pack(1, 2, 3, 0),
+                        Message("", "q", b"\x00\x01q", b"\x00\x3c" + b"h" * 12, body))  # type: ignore[arg-type]
+    await turns()
+    assert len(transport.written) <= link.WRITE_BUFFER_HIGH + WRITE_ALONE and server.write_paused
+    got = bytearray()
+    while transport.written:
+        got += transport.written
+        transport.drained()
+        await turns()
+    [payload] = [payload for ftype, payload in frames(bytes(got)) if ftype == link.DELIVER]
+    assert link.read_message(payload, link.DELIVER_HEAD.size).body == body
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """The link frames of ``data``."""
+    found = []
+    at = 0
+    while at < len(data):
+        size, ftype = link.FRAME.unpack_from(data, at)
+        found.append((ftype, data[at + link.FRAME.size:at + link.FRAME.size + size]))
+        at += link.FRAME.size + size
+    return found
 
 
 # -- the client ports' shared pre-login cap, live -------------------------------------------------------------
