@@ -298,7 +298,7 @@ class _Import:
         for item in _items(body, key):
             name = get_str(item, "name")
             if name.startswith("amq.") or (kind == "exchange" and not name):
-                log.warning("definitions import: %s %s skipped: a reserved name", kind, untrusted(repr(name)))
+                log.warning("definitions import: %s %s skipped: a reserved name", kind, untrusted(name))
                 continue
             yield item
 
