@@ -70,9 +70,11 @@ def node_info(context: Context) -> dict[str, Any]:
 
 
 def store_io(context: Context) -> dict[str, Any]:
-    """The node's msg_store_read_count / msg_store_write_count with rates, as RabbitMQ's."""
+    """The node's msg_store_read_count / msg_store_write_count, and io_read_bytes (what the message stores read
+    from their files into memory: a body sent by ``sendfile`` is not), with rates, as RabbitMQ's."""
     io, rates = disk_counters(context.broker), context.sampler.node_rates()
-    return {"msg_store_read_count": io["disk_reads"],
+    return {"io_read_bytes": io["io_read_bytes"], "io_read_bytes_details": {"rate": rates.get("io_read_bytes", 0.0)},
+            "msg_store_read_count": io["disk_reads"],
             "msg_store_read_count_details": {"rate": rates.get("disk_reads", 0.0)},
             "msg_store_write_count": io["disk_writes"],
             "msg_store_write_count_details": {"rate": rates.get("disk_writes", 0.0)}}

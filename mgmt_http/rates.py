@@ -33,9 +33,11 @@ CHURN_STATS = ("connection_created", "connection_closed", "channel_created", "ch
 
 
 def disk_counters(broker: Broker) -> dict[str, int]:
-    """Message records written to and read back from disk: the persistent store's and the pager's."""
+    """Message records written to and read back from disk, and the bytes those reads took: the persistent
+    store's and the pager's."""
     stores = (broker.persistence.store, broker.pager.store)
-    return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores)}
+    return {"disk_reads": sum(store.reads for store in stores), "disk_writes": sum(store.writes for store in stores),
+            "io_read_bytes": sum(store.read_bytes for store in stores)}
 
 
 def node_gauges(broker: Broker, clients: Clients) -> dict[str, int]:

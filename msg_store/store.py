@@ -66,6 +66,7 @@ class StoreStats:
     compactions: int
     writes: int  # records appended (compaction's copies included)
     reads: int  # records read from a segment file (cache hits excluded, compaction's included)
+    read_bytes: int  # what those reads took from the files into memory (a body sent by ``sendfile`` is not read)
 
     @property
     def dead_fraction(self) -> float:
@@ -102,7 +103,7 @@ class MessageStore:
         self._compacting: tuple[int, list[int]] | None = None
         self._dirty: set[int] = set()  # segments written since the last sync
         self.compactions = 0
-        self.writes = self.reads = 0
+        self.writes = self.reads = self.read_bytes = 0
         self.next_id = 1
         self._reserved = 0  # ids below this are on record as handed out (see _reserve)
         self.current: Segment | None = None
@@ -306,6 +307,7 @@ class MessageStore:
         for start in range(0, tail, COPY_SLICE):
             want = min(COPY_SLICE, tail - start)
             piece = os.pread(source_fd, want, at + start)
+            self.read_bytes += len(piece)
             if len(piece) != want:
                 raise IOError(f"message {source}: short read from segment {number}")
             crc = crc32c(piece, crc)
@@ -438,6 +440,7 @@ class MessageStore:
         number, offset, size = found_at
         data = os.pread(self.segments[number].fd, size, offset)
         self.reads += 1
+        self.read_bytes += len(data)
         if len(data) != size:
             raise IOError(f"message {msg_id}: short read from segment {number}")
         self.cache[msg_id] = data
@@ -449,25 +452,28 @@ class MessageStore:
         read cache is neither consulted nor filled."""
         return self._read_part(msg_id, tail, False)
 
-    def read_tail(self, msg_id: int, tail: int) -> bytes:
-        """``msg_id``'s last ``tail`` bytes (a message's body) alone, as ``read_head`` reads the rest: a large
-        body read back is neither a copy of a record's slice nor kept in the read cache."""
-        return self._read_part(msg_id, tail, True)
+    def read_tail(self, msg_id: int, tail: int, size: int | None = None) -> bytes:
+        """``msg_id``'s last ``tail`` bytes (a message's body) alone, or their first ``size`` (a body's head), as
+        ``read_head`` reads the rest: a large body read back is neither a copy of a record's slice nor kept in the
+        read cache."""
+        return self._read_part(msg_id, tail, True, tail if size is None else min(size, tail))
 
-    def _read_part(self, msg_id: int, tail: int, last: bool) -> bytes:
-        """The last ``tail`` bytes of ``msg_id``'s payload (``last``), or what comes before them."""
+    def _read_part(self, msg_id: int, tail: int, last: bool, size: int = 0) -> bytes:
+        """``size`` bytes from where the last ``tail`` bytes of ``msg_id``'s payload start (``last``), or what
+        comes before them."""
         pending = self._tail_ids.get(msg_id)
         if pending is not None:
-            start, size = pending
-            cut = start + size - tail
-            return bytes(self._tail[cut:start + size] if last else self._tail[start:cut])
+            start, length = pending
+            cut = start + length - tail
+            return bytes(self._tail[cut:cut + size] if last else self._tail[start:cut])
         found_at = self.index.find(msg_id)
         if found_at is None:
             raise KeyError(msg_id)
-        number, offset, size = found_at
-        want, at = (tail, offset + size - tail) if last else (size - tail, offset)
+        number, offset, length = found_at
+        want, at = (size, offset + length - tail) if last else (length - tail, offset)
         data = os.pread(self.segments[number].fd, want, at)
         self.reads += 1
+        self.read_bytes += len(data)
         if len(data) != want:
             raise IOError(f"message {msg_id}: short read from segment {number}")
         return data
@@ -502,6 +508,7 @@ class MessageStore:
                 end = max(end, wanted[j][1] + wanted[j][2])
                 j += 1
             data = os.pread(self.segments[number].fd, end - first, first)
+            self.read_bytes += len(data)
             if len(data) != end - first:
                 raise IOError(f"short read of {end - first} bytes from segment {number}")
             view = memoryview(data)
@@ -706,6 +713,7 @@ class MessageStore:
                 continue
             data = os.pread(segment.fd, location.size, location.offset)
             self.reads += 1
+            self.read_bytes += len(data)
             refs = location.refs
             segment.live -= 1
             segment.dead_bytes += location.size + HEAD_SIZE
@@ -757,7 +765,8 @@ class MessageStore:
     def stats(self) -> StoreStats:
         disk = sum(max(s.size, s.extent) for s in self.segments.values()) + len(self._tail)
         dead = sum(s.dead_bytes for s in self.segments.values())
-        return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions, self.writes, self.reads)
+        return StoreStats(len(self.index), len(self.segments), disk, dead, self.compactions, self.writes, self.reads,
+                          self.read_bytes)
 
     def close(self, snapshot: bool = True) -> None:
         """Sync and close; ``snapshot`` (a clean shutdown) saves the index so the next start need not scan."""

@@ -82,11 +82,15 @@ def body_out(connection: FileOutput, message: Message, queue: AnyQueue) -> bytes
 
 def body_head(message: Message, queue: AnyQueue, size: int | None = None) -> bytes:
     """The body's first ``size`` bytes (all of it by default) for a reader that needs them in memory (the HTTP
-    API's get, ``truncate``): a body ``Queue.took`` left in the store is read from its file, that much only,
-    and not kept by the message."""
-    if message.body is None and (found := stored_range(message, queue)) is not None:
-        try:
-            return found.read(size)
-        finally:
-            found.close()
+    API's get, ``truncate``): a body ``Queue.took`` left in the store is read from its file (counted as the
+    store's reads), or from a stream's, that much only, and not kept by the message."""
+    if message.body is None:
+        store = store_of(message, queue)
+        if store is not None and (head := store.body_head(message, size)) is not None:
+            return head
+        if (found := stored_range(message, queue)) is not None:
+            try:
+                return found.read(size)
+            finally:
+                found.close()
     return message.body if size is None else message.body[:size]

@@ -182,6 +182,13 @@ class Persistence:
         its file: ``body_file``)."""
         message.fill_head_from(self.store.read_head(message.msg_id, message.body_size))
 
+    def body_head(self, message: Message, size: int | None = None) -> bytes | None:
+        """The first ``size`` bytes (all by default) of the body of ``message``, which the store holds and the
+        message does not, read from the store that much only; None if the store has no such record."""
+        if message.msg_id not in self.store:
+            return None
+        return self.store.read_tail(message.msg_id, message.body_size, size)
+
     def body_file(self, message: Message) -> tuple[int, int, Segment] | None:
         """Where the stored body of ``message`` lies, to be sent from its file: a descriptor of the caller's own
         (``MessageStore.open_payload``: the caller closes it and tells the segment, its loan), the body's offset
