@@ -373,19 +373,31 @@ def test_a_watch_made_after_one_that_timed_out_follows_its_own_keys(etcd, run):
     follows its own keys, not the first's.  A node's leader watch once followed the definitions so, and never
     heard that the leader's key went."""
 
+    async def first_timed_out(client: etcd_client.EtcdClient) -> asyncio.Future[Any] | None:
+        """etcd stopped, a watch of /first/ timed out and one of /second/ waits: that one; None if etcd answered
+        the first after all (it had not stopped yet: once in about 25 runs on a loaded machine)."""
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                first = await client.watch_prefix(b"/first/")
+            except aetcd.WatchTimeoutError:
+                second = asyncio.ensure_future(client.watch_prefix(b"/second/"))
+                await asyncio.sleep(0.3)
+                return second
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        await first.cancel()
+        return None
+
     async def scenario() -> None:
         client = etcd_client.EtcdClient("127.0.0.1", etcd.port, None, None, None, timeout=1)
         async with admin_of(etcd) as admin:
             try:
                 await client.put(b"/warm", b"up")
-                etcd.proc.send_signal(signal.SIGSTOP)
-                try:
-                    with pytest.raises(aetcd.WatchTimeoutError):
-                        await client.watch_prefix(b"/first/")
-                    second = asyncio.ensure_future(client.watch_prefix(b"/second/"))
-                    await asyncio.sleep(0.3)
-                finally:
-                    etcd.proc.send_signal(signal.SIGCONT)
+                for _ in range(3):
+                    if (second := await first_timed_out(client)) is not None:
+                        break
+                assert second is not None, "etcd answered a watch's create while stopped, three times"
                 watch = await asyncio.wait_for(second, 10)
                 await admin.put(b"/first/key", b"1")
                 await admin.put(b"/second/key", b"2")
