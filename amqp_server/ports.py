@@ -10,7 +10,7 @@ it takes that object's class as a type parameter, which the core fills in (``Del
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Callable, NamedTuple, Protocol, TypeVar
 
 ConsumerT = TypeVar("ConsumerT", contravariant=True)  # a consumer (queue.Consumer, direct_reply.ReplyConsumer)
 EntryT = TypeVar("EntryT", contravariant=True)  # a queue's entry (queue.Entry)
@@ -122,9 +122,9 @@ class Replicator(Protocol[OpT]):
         unless this node surely still leads (its lease is alive); the replicator asks the queue to deliver again
         (``deliver_ready``) once it may make more."""
 
-    def deliverable(self, seq: int) -> bool:
-        """Whether the ready entry ``seq`` may go to a consumer: only once the op that made it is on a majority;
-        else the replicator asks the queue to deliver again (``deliver_ready``) once it is."""
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        """``done(False)`` once every op so far is on a majority, ``done(True)`` if the leader is deposed (or its
+        queue deleted) first; False, ``done`` never called, when no other member's copy is waited for."""
 
 
 class ShovelRunner(Protocol):

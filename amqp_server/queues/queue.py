@@ -338,6 +338,9 @@ class Queue:
         self.ready: ReadyList = queue_type.ready_list(self, self.expiry.expiring)  # swapped by the type
         self._new_entry = self.ready.entry_type
         self.fresh = -1  # seq of the entry being published: not expired on its way to a waiting consumer
+        # deliveries for manual ack that ``deliver_ready`` holds back rather than writes, while a list (a quorum
+        # leader's, written once their checkouts are on a majority)
+        self.held_back: list[tuple[Consumer, Entry]] | None = None
         self.committed = 0  # offset cursor of remove_upto (Spark bridge): only moves forward; in memory
         self.policy: "Policy | None" = None  # the user / operator policy applied (see policy.py)
         self.operator_policy: "Policy | None" = None
@@ -568,6 +571,7 @@ class Queue:
         entries, tail = ready.entries, ready.tail
         if len(entries) == ready.gone and not tail.count:
             return
+        held_back = self.held_back
         for group in self.consumers.groups:
             consumers = group.consumers
             n = len(consumers)
@@ -587,10 +591,15 @@ class Queue:
                 idle = 0
                 if consumer.no_ack:
                     self.stats.deliver_no_ack += 1
+                    consumer.channel.deliver(consumer, self.take(entry, True, consumer.sends_from))
+                    continue
+                self.stats.deliver += 1
+                consumer.unacked += 1  # against its prefetch until settled (Broker.settle_taken)
+                entry = self.take(entry, False, consumer.sends_from)
+                if held_back is None:
+                    consumer.channel.deliver(consumer, entry)
                 else:
-                    self.stats.deliver += 1
-                    consumer.unacked += 1  # against its prefetch until settled (Broker.settle_taken)
-                consumer.channel.deliver(consumer, self.take(entry, consumer.no_ack, consumer.sends_from))
+                    held_back.append((consumer, entry))
             group.rr = i
 
     def pop_ready(self) -> Entry | None:

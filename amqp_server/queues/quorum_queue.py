@@ -441,9 +441,7 @@ class QuorumQueue(Queue):
 
     def pop_ready(self) -> Entry | None:
         """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
-        what is due is expired first.  A consumer gets it only once a majority has its enqueue
-        (``Replicator.deliverable``; a TTL 0 message on its way to a waiting consumer does not wait);
-        basic.get does not wait, as RabbitMQ's answers a get after the enqueue before it."""
+        what is due is expired first."""
         allowed = self._allowed
         replicator = self.replicator
         if allowed >= 0:  # (delivering: ``deliver_ready``)
@@ -462,15 +460,7 @@ class QuorumQueue(Queue):
             seq = machine.next_ready(state)
             if seq is None:
                 return None
-        if allowed >= 0 and replicator is not None and not self._due_fresh(seq) and not replicator.deliverable(seq):
-            return None
         return self._take_head(seq)
-
-    def _due_fresh(self, seq: int) -> bool:
-        """``seq`` is the message being published, and its time is up (TTL 0): only a waiting consumer gets it."""
-        expiries = self.state.expiries
-        expiry = expiries.get(seq) if expiries and seq == self.fresh else None
-        return expiry is not None and expiry <= now_ms()
 
     def _take_head(self, seq: int) -> Entry:
         """The ready list's head, which holds the message of ``seq``, the state's head."""
@@ -536,7 +526,11 @@ class QuorumQueue(Queue):
     def deliver_ready(self) -> None:
         """Deliver as many as the replicator allows (``Replicator.allowance``): a leader that may have been
         deposed would go on feeding its consumers what no majority will ever have, all of it delivered again by
-        the next leader."""
+        the next leader.  A delivery for manual ack is written to its consumer only once a majority has its
+        checkout (``Replicator.when_agreed``), as a ``rabbit_fifo`` leader delivers only what committed commands
+        check out: whatever a client was given, every later leader knows it was, and gives it again flagged
+        redelivered.  (Written at once, the next leader of a copy that missed the checkout gave it as a first
+        delivery, to a consumer whose node had died with the leader.)"""
         replicator = self.replicator
         if replicator is None:
             super().deliver_ready()
@@ -544,11 +538,32 @@ class QuorumQueue(Queue):
         allowed = replicator.allowance(self._window())
         if allowed:
             self._allowed = allowed
+            held = self.held_back = []
             try:
                 super().deliver_ready()
             finally:
                 self._allowed = -1
+                self.held_back = None
             self._ship()
+            if held and not replicator.when_agreed(lambda deposed: self._write_held(held, deposed)):
+                self._write_held(held, False)
+
+    def _write_held(self, held: list[tuple[Consumer, Entry]], deposed: bool) -> None:
+        """Deliveries held back until their checkouts are on a majority go to their consumers.  Deposed first, they
+        are dropped unseen: the next leader gives those it has ready as first deliveries, and those whose
+        checkout it has, flagged, once no consumer took them back (``HANDOVER_GRACE``).  A consumer cancelled
+        meanwhile has its entries back in their places, counted as no delivery (it never was)."""
+        gone: list[Entry] = []
+        consumers = self.consumers
+        for consumer, entry in held:
+            if not deposed and consumer in consumers:
+                consumer.channel.deliver(consumer, entry)
+                continue
+            consumer.unacked -= 1
+            if not deposed:
+                gone.append(entry)
+        if gone:
+            self.requeue_released(gone)
 
     def _window(self) -> int:
         """What the consumers may hold: their prefetch added up (``UNLIMITED_WINDOW`` for one with none)."""

@@ -406,6 +406,8 @@ class OpLogShipper:
         self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
         self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
+        # (the index a majority must have, what to call then): ``when_agreed``
+        self._agreed_waiters: deque[tuple[int, Callable[[bool], None]]] = deque()
         # the seqs below it were made by ops a majority has, so every later leader's copy has them as here (a
         # consumer's delivery of one of them is taken back even if its checkout never reached one: ``adopt``);
         # (index, the state's next seq after it) of each batch of ops shipped since, to raise it by
@@ -738,6 +740,9 @@ class OpLogShipper:
         while made and made[0][0] <= committed:
             self.agreed_below = made.popleft()[1]
         self.confirm_committed()
+        waiters = self._agreed_waiters
+        while waiters and waiters[0][0] <= committed:
+            waiters.popleft()[1](False)
         if self._stalled:
             self._stalled = False
             self.queue.deliver_ready()
@@ -782,17 +787,18 @@ class OpLogShipper:
             room = min(room, 1 - len(self.checkouts))  # (one delivery, to hear a majority by)
         return room if room > 0 else self._stall()
 
-    def deliverable(self, seq: int) -> bool:
-        """A consumer is given only entries whose enqueue a majority has (``agreed_below``), as a ``rabbit_fifo``
-        leader delivers only what committed commands enqueued.  An entry given out before may be one no later
-        leader has: a deposed leader's publish waiting for a majority goes to the next leader, which enqueues
-        it under a seq of its own and delivers it again, with no redelivered flag (the issue's fixed schedule:
-        43 and 50 messages twice, 0.6 s apart, after a leader's pause and etcd's freeze).  One given out once
-        agreed is taken back by every later leader (``QuorumQueue.adopt``)."""
-        if seq < self.agreed_below:
-            return True
-        self._stalled = True
-        return False
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        """``done(False)`` once a majority has every op so far, ``done(True)`` if deposed first (``stop``): what a
+        leader's consumers are given waits for it (``QuorumQueue.deliver_ready``).  A consumer given an entry
+        before then was given one no later leader may know of: a deposed leader's publish waiting for a
+        majority went to the next leader, which enqueued it under a seq of its own and delivered it again, with
+        no redelivered flag (the issue's fixed schedule: 43 and 50 messages twice, 0.6 s apart, after a leader's
+        pause and etcd's freeze), and a checkout no follower had was given again as a first delivery once the
+        leader's node died with the consumer's connection (a random schedule: 50, a consumer's prefetch)."""
+        if not self.followers:
+            return False
+        self._agreed_waiters.append((self.index, done))
+        return True
 
     def _stall(self) -> int:
         self._stalled = True
@@ -809,6 +815,9 @@ class OpLogShipper:
             self._stop_snapshot(follower)
         self._writing.clear()
         self.groups.broker.persistence.waiters.discard(self)
+        waiters, self._agreed_waiters = self._agreed_waiters, deque()
+        for _, done in waiters:
+            done(True)
         pending, self.pending = self.pending, []
         return [(sink, seq, op) for _, sink, seq, op in pending]
 

@@ -970,10 +970,10 @@ async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(netw
 
 @pytest.fixture
 def delivering_unagreed(monkeypatch) -> None:
-    """The leader gives consumers entries no majority has yet, as it gives a TTL 0 message to a waiting
-    consumer (``OpLogShipper.deliverable`` holds back the others): what a consumer then holds across a change
-    of leader is taken back by seq and term, never by seq alone."""
-    monkeypatch.setattr(OpLogShipper, "deliverable", lambda self, seq: True)
+    """The leader gives consumers entries no majority has yet, as it answers basic.get (``OpLogShipper.when_agreed``
+    holds back deliveries to consumers): what a consumer then holds across a change of leader is taken back by
+    seq and term, never by seq alone."""
+    monkeypatch.setattr(OpLogShipper, "when_agreed", lambda self, done: False)
 
 
 @pytest.mark.usefixtures("delivering_unagreed")
@@ -1489,8 +1489,8 @@ async def test_etcd_out_of_reach_stops_no_delivery_while_a_majority_answers(netw
 async def test_a_leader_whose_lease_may_have_lapsed_and_that_heard_no_majority_lately_delivers_one_first(network):
     """A leader whose lease may have lapsed (etcd frozen past half of it) and whose followers answered nothing for
     ``PROGRESS`` (an idle queue; a node that woke from a pause, the others having elected another meanwhile)
-    delivers one message, then more once a majority took its checkout: before, a paused leader that woke up
-    delivered its consumers' whole window at once, which the next leader gave again."""
+    checks out one message, written to its consumer, with more, once a majority took its checkout: before, a
+    paused leader that woke up delivered its consumers' whole window at once, which the next leader gave again."""
     node = await declared(network)
     confirms = Confirms()
     publish(node, bodies(100), confirms)
@@ -1502,7 +1502,7 @@ async def test_a_leader_whose_lease_may_have_lapsed_and_that_heard_no_majority_l
     network.hold("n1", "n3")
     client = Client(node, prefetch=50).consume()
     await asyncio.sleep(0.3)
-    assert len(client.received) == 1
+    assert queue_of(node).unacked == 1 and client.received == []
     network.release("n1", "n2")
     network.release("n1", "n3")
     await wait_for(lambda: len(client.received) == 50, "the window once a majority answered")
@@ -1535,6 +1535,29 @@ async def test_a_consumer_is_given_a_message_only_once_a_majority_has_its_enqueu
     network.release("n1", "n2")
     network.release("n1", "n3")
     await wait_for(lambda: in_step(network), "the copies in step")
+
+
+async def test_a_consumer_is_given_a_message_only_once_a_majority_has_its_checkout(network):
+    """Messages every copy has go to a consumer of the leader only once a follower has their checkouts too,
+    as a ``rabbit_fifo`` leader delivers only what committed commands check out.  Given at once, they were
+    given again by the next leader as first deliveries, unflagged, once the leader's node died with the
+    consumer's connection (a random schedule: 50, the consumer's prefetch); held back, the consumer that dies
+    with the leader never had them, and the next consumer gets each once."""
+    node = await declared(network)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 10, "every publish on a majority")
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    client = Client(node, prefetch=50).consume()
+    await asyncio.sleep(0.3)
+    assert node.quorum.lease_sure and queue_of(node).unacked == 10  # (checked out: waiting for a majority)
+    assert client.received == []
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) not in (None, node), "another leader")
+    after = Client(the_leader(network), prefetch=50).consume()
+    await wait_for(lambda: len(after.received) == 10, "the next consumer given every message")
+    assert sorted(after.received) == bodies(10)
 
 
 async def test_refreshes_that_reach_etcd_late_keep_the_lease_and_the_leader(network):
@@ -2320,11 +2343,14 @@ async def test_a_leader_cut_from_its_followers_delivers_nothing_twice_to_its_own
 
 
 @pytest.mark.parametrize("more", [False, True])
-async def test_what_a_deposed_leaders_consumer_acked_there_is_not_delivered_again(network, more):
+async def test_what_a_deposed_leaders_consumer_acked_there_is_not_delivered_again(network, more, request):
     """n1's consumer acks its 50 while n1 still leads, but n1's ops no longer reach its followers: deposed, n1
     hands the consumer on with those settles, which the next leader carries out rather than deliver the 50 again.
-    ``more``: n1 delivers 50 more, acked too, which the next leader has ready, never checked out: the settles
-    check them out and settle them."""
+    ``more``: n1 delivers 50 more, acked too, which the next leader has ready, never checked out (as a
+    ``basic.get`` takes one: a consumer's wait for a majority, ``delivering_unagreed``): the settles check them
+    out and settle them."""
+    if more:
+        request.getfixturevalue("delivering_unagreed")
     _, client, sent = await consumer_holding(network, "n1")
     network.hold("n1", "n2")
     network.hold("n1", "n3")
