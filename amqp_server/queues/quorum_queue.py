@@ -554,7 +554,7 @@ class QuorumQueue(Queue):
         checkout it has, flagged, once no consumer took them back (``HANDOVER_GRACE``).  A consumer cancelled
         meanwhile has its entries back in their places, counted as no delivery (it never was)."""
         gone: list[Entry] = []
-        consumers = self.consumers
+        consumers = set(self.consumers)  # (once a batch: a list's ``in`` was a scan of every consumer a delivery)
         for consumer, entry in held:
             if not deposed and consumer in consumers:
                 consumer.channel.deliver(consumer, entry)
