@@ -100,6 +100,7 @@ class Replicator(Protocol[OpT]):
     core only hands them over, in the order it applied them."""
 
     index: int  # the index in its term's log of the latest op appended
+    committed: int  # the highest index a majority of the group's copies has
     term: int  # the leader's: what its checkouts are named by, with their seqs (``Checkout.term``)
     agreed_below: int  # the seqs below it were made by ops a majority has: every later leader's copy has them
     base: tuple[int, int]  # (term, index) where the leader's copy stood as its term began
@@ -124,7 +125,7 @@ class Replicator(Protocol[OpT]):
 
     def when_agreed(self, done: Callable[[bool], None]) -> bool:
         """``done(False)`` once every op so far is on a majority, ``done(True)`` if the leader is deposed (or its
-        queue deleted) first; False, ``done`` never called, when no other member's copy is waited for."""
+        queue deleted) first; False, ``done`` never called, when a majority has them already."""
 
 
 class ShovelRunner(Protocol):

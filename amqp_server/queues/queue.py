@@ -55,8 +55,9 @@ SettleMode = Literal["ack", "requeue", "reject", "release"]
 Checked = tuple[int, int, bool]
 # a settle kept for the queue's next leader: mode, entry, its checkout, a modified outcome's annotations (b"": none)
 ParkedSettle = tuple[SettleMode, Entry, Checked, bytes]
-RESETTLE_AGE = 10.0  # seconds of a quorum queue consumer's latest settles sent again to a new leader
-RESETTLE_MAX = 10_000  # of them at most
+# a quorum queue consumer's settles kept for a new leader, until a majority has them, at most (beyond: the oldest
+# go; a leader delivers for manual ack only what a majority checked out, so what waits is about a prefetch window)
+RESETTLE_MAX = 10_000
 
 
 class QueueHost(Protocol):
@@ -196,6 +197,10 @@ class AnyQueue(Protocol):
 
     def agreed(self, seq: int) -> bool:
         """Whether every later leader's copy has ``seq`` as the message it is here (a quorum queue's)."""
+
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        """``done(deposed)`` once a majority of the queue's copies has what was done to it so far (a quorum
+        queue's ops), or once its leader here was deposed first: False, and no call, if nothing waits."""
 
     # settle
     def settle(self, entries: list[Entry]) -> None: ...
@@ -677,6 +682,9 @@ class Queue:
     def agreed(self, seq: int) -> bool:
         """Whether every later leader's copy has ``seq`` as the message it is here (a quorum queue's)."""
         return False
+
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        return False  # (one copy)
 
     def holds(self, checked: Checked) -> bool:
         """Whether a consumer may hold ``checked`` here: a quorum queue's entry checked out in that term (a

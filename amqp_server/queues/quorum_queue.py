@@ -43,7 +43,7 @@ from ..clock import now_ms
 from ..framing import header_table
 from . import quorum_machine as machine
 from ..message import Message
-from .queue import RESETTLE_AGE, RESETTLE_MAX, Checked, Consumer, Entry, ParkedSettle, Queue, SettleMode
+from .queue import RESETTLE_MAX, Checked, Consumer, Entry, ParkedSettle, Queue, SettleMode
 from .ready import SETTLED
 from .quorum_ops import LogOp
 
@@ -86,9 +86,9 @@ class QuorumQueue(Queue):
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
-        # (when, how, seq, its checkout's term, a modified outcome's annotations) of the latest acks and rejects: for
-        # the next leader
-        self._settled_lately: deque[tuple[float, SettleMode, int, int, bytes]] = deque(maxlen=RESETTLE_MAX)
+        # (the log index a majority must have, how, seq, its checkout's term, a modified outcome's annotations) of
+        # the acks and rejects not yet known to be on a majority: for the next leader
+        self._settled_lately: deque[tuple[int, SettleMode, int, int, bytes]] = deque(maxlen=RESETTLE_MAX)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
         self._configure(apply=False)
@@ -318,6 +318,12 @@ class QuorumQueue(Queue):
 
     def agreed(self, seq: int) -> bool:
         return seq < (self.replicator.agreed_below if self.replicator is not None else self._agreed_below)
+
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        if self.detached:
+            done(True)
+            return True
+        return self.replicator is not None and self.replicator.when_agreed(done)
 
     @property
     def term(self) -> int:
@@ -599,31 +605,42 @@ class QuorumQueue(Queue):
         self.settled(entries)
         self.stats.ack += len(entries)
         seqs = [entry.seq for entry in entries]
-        self._remember("ack", seqs)
+        terms = self._checkouts(seqs)
         self.run(machine.Settle(seqs))
+        self._remember("ack", seqs, terms)
 
     def reject(self, entries: list[Entry]) -> None:
-        self._remember("reject", [entry.seq for entry in entries])
+        seqs = [entry.seq for entry in entries]
+        terms = self._checkouts(seqs)
         super().reject(entries)
+        self._remember("reject", seqs, terms)
 
-    def _remember(self, mode: SettleMode, seqs: list[int], annotations: bytes = b"") -> None:
-        """A settle this leader may not get onto a majority before it is deposed (``release``)."""
-        if self.replicator is not None:
-            now, out = asyncio.get_running_loop().time(), self.state.checked_out
-            self._settled_lately.extend((now, mode, seq, out.get(seq, 0), annotations) for seq in seqs)
+    def _checkouts(self, seqs: list[int]) -> list[int]:
+        out = self.state.checked_out
+        return [out.get(seq, 0) for seq in seqs]
+
+    def _remember(self, mode: SettleMode, seqs: list[int], terms: list[int], annotations: bytes = b"") -> None:
+        """A settle just made, which this leader may not get onto a majority before it is deposed (``release``);
+        those a majority has now are forgotten."""
+        replicator = self.replicator
+        if replicator is not None:
+            lately, committed = self._settled_lately, replicator.committed
+            while lately and lately[0][0] <= committed:
+                lately.popleft()
+            index = replicator.index
+            lately.extend((index, mode, seq, term, annotations) for seq, term in zip(seqs, terms))
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
         hold, the settles made here lately: this leader may not have got them onto a majority, and the next
         would otherwise deliver those messages again (RabbitMQ's consumers send theirs again to a new leader).
         The next leader carries out those of entries it keeps for a consumer to take back (``adopt``), once.
-        Those of the ``RESETTLE_AGE`` before the latest go, however long ago: a leader learns it was deposed
-        only once its cut heals (``RemoteConsumer.resettles``)."""
+        All that no majority was known to have go, however long ago they were made: a leader learns it was
+        deposed only once its cut heals (``RemoteConsumer.resettles``)."""
         lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
-        oldest = lately[-1][0] - RESETTLE_AGE if lately else 0.0
         return ([self.checked(entry) for entry in entries],
                 [(mode, Entry(0, SETTLED), (seq, term, self.agreed(seq)), annotations)
-                 for when, mode, seq, term, annotations in lately if when >= oldest])
+                 for _, mode, seq, term, annotations in lately])
 
     def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery
@@ -645,8 +662,9 @@ class QuorumQueue(Queue):
         else:
             self.settled(entries)
             seqs = [entry.seq for entry in entries]
-            self._remember("reject", seqs, annotations)
+            terms = self._checkouts(seqs)
             self.run(machine.DeadLetter(seqs, "rejected", annotations), entries)
+            self._remember("reject", seqs, terms, annotations)
 
     def dead_letter(self, entries: list[Entry], reason: str, persisted: bool = True) -> None:
         if not persisted:  # (refused at the door: never the queue's)

@@ -313,6 +313,9 @@ class StreamQueue:
     def agreed(self, seq: int) -> bool:
         return False
 
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        return False  # (settles change nothing in a stream)
+
     def attach_at(self, spec: Any) -> int:
         """The offset a consumer starts from, within the stream (its type, ``queue_types.stream``, checked the
         spec).  ``last`` is the newest chunk's first offset, as osiris has it."""

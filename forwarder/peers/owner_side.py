@@ -226,6 +226,8 @@ class PeerSession:
         self._send_confirms_cb = self._send_confirms
         self._queues: dict[bytes, LocalQueue] = {}  # publish targets by queue id
         self._syncs: set[asyncio.Task[bool]] = set()  # the other node's changes of definitions waited for here
+        self._settling: set[AnyQueue] = set()  # the queues the link's settles went to since it last asked (``_agree``)
+        self.gone = False  # its link closed: answers waited for go nowhere
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
                           link.CANCEL: self._cancel, link.SETTLE: self._settle, link.MODIFY: self._modify,
@@ -440,6 +442,7 @@ class PeerSession:
             found = self._taken_back(queue, held, queue.adopt(held))
             taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
+                self._settling.add(queue)
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
 
     def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> tuple[list[int], list[Checked | None]]:
@@ -519,6 +522,9 @@ class PeerSession:
             item = pop(tag, None)
             if item is not None:  # unknown: from before a reconnect, already requeued
                 taken.append(item)
+        for queue in {item[1] for item in taken}:
+            if REPLICATED in queue.type.capabilities:  # whether a majority has these settles is asked (``_agree``)
+                self._settling.add(queue)
         self.broker.settle_as(taken, link.SETTLE_MODES[mode], annotations)
 
     def _modify(self, payload: bytes) -> None:
@@ -542,6 +548,9 @@ class PeerSession:
             return  # (a peer's frame: a request is a JSON object)
         if request.get("op") == "sync":
             self._sync(request)
+            return
+        if request.get("op") == "settled":
+            self._agree(request.get("rid"))
             return
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
         entry: Entry | None = None
@@ -591,8 +600,32 @@ class PeerSession:
         task.add_done_callback(answer)
 
     def _synced(self, rid: int, reached: bool) -> None:
-        raw = link.encode_json({"rid": rid, "reached": reached})
+        self._reply({"rid": rid, "reached": reached})
+
+    def _reply(self, reply: dict[str, Any]) -> None:
+        raw = link.encode_json(reply)
         self.link.send(link.REPLY, link.REPLY_HEAD.pack(len(raw)) + raw)
+
+    def _agree(self, rid: Any) -> None:
+        """The other node asks whether what its settles did to the queues here is on a majority of their copies:
+        the answer (``agreed``) once every one's ops so far are, or false if one was deposed first.  Its consumers
+        keep their settles for the next leader until then (``RemoteConsumer.settled``)."""
+        if type(rid) is not int:
+            return  # (a peer's frame: ids are integers)
+        queues, self._settling = self._settling, set()
+        waiting = [1, True]  # (ops to wait for, the registering below among them; all agreed)
+
+        def one(deposed: bool) -> None:
+            waiting[0] -= 1
+            waiting[1] = waiting[1] and not deposed
+            if not waiting[0] and not self.gone:
+                self._reply({"rid": rid, "agreed": waiting[1]})
+
+        for queue in queues:
+            waiting[0] += 1
+            if not queue.when_agreed(one):
+                one(False)
+        one(False)
 
     def send_entry(self, ftype: int, head: bytes, entry: Entry, queue: AnyQueue, header: bytes | None) -> None:
         """A frame of ``head`` and an entry taken for ack, as its queue delivers it: a large body its queue
@@ -614,6 +647,8 @@ class PeerSession:
         (``Orphans``), as their node may only have paused; RabbitMQ's quorum queues return it only once the
         node is found down, after its net_ticktime."""
         log.info("link from node %s closed", self.link.peer_name)
+        self.gone = True
+        self._settling.clear()
         self.broker.persistence.waiters.discard(self)
         for task in self._syncs:
             task.cancel()

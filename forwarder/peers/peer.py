@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.forwarder.peer")
 
 REDIAL_INTERVAL = 0.5
+# seconds a link's settles of a quorum queue's entries wait before the owner is asked whether a majority has them
+# (one asking at a time): what its consumers keep for the next leader meanwhile (``RemoteConsumer.settled``)
+SETTLES_ASK = 0.05
 
 
 class Peer:
@@ -56,6 +59,9 @@ class Peer:
         self._flush_scheduled = False
         self.stats: dict[str, list[int]] = {}  # the owner's last report on its queues
         self._requests: dict[int, tuple[asyncio.Future, RemoteQueue | None]] = {}  # (None: ``reached``'s)
+        self._settles_mark = 1  # the mark of the next answer on settles (``settles_sent``)
+        self._settles_unasked = False  # settles went since the latest asking
+        self._asking = False  # an asking is scheduled or awaits its answer
         self.reached_revision = 0  # etcd's revision its definitions said they were at, as far as this node asked
         # publish gathering queues: message, channel, link seq, queue ids, frame type (PUBLISH or RELAY)
         self._open: tuple[Message, "ConfirmSink | None", int, list[bytes], int] | None = None
@@ -289,6 +295,37 @@ class Peer:
                                struct.pack(f">{len(tags)}Q", *tags))
             else:
                 self.link.send(link.SETTLE, bytes((mode,)), struct.pack(f">{len(tags)}Q", *tags))
+
+    def settles_sent(self) -> int:
+        self._settles_unasked = True
+        self._ask_soon()
+        return self._settles_mark
+
+    def _ask_soon(self) -> None:
+        if self._settles_unasked and not self._asking:
+            self._asking = True
+            asyncio.get_running_loop().call_later(SETTLES_ASK, self._ask_settled)
+
+    def _ask_settled(self) -> None:
+        """Whether the owner's queues have on a majority what this link's settles did to them so far: its
+        answer comes after those settles, once their ops are agreed (``OwnerSide``'s ``settled``)."""
+        if self.link is None or not self.up or not self._settles_unasked:
+            self._asking = False  # (a link that went down: its consumers send their settles again, and ask anew)
+            return
+        self._settles_unasked = False
+        mark, self._settles_mark = self._settles_mark, self._settles_mark + 1
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, None)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": "settled"}))
+        future.add_done_callback(lambda done: self._settles_answered(mark, done.result()[0]))
+
+    def _settles_answered(self, mark: int, reply: dict[str, Any]) -> None:
+        if reply.get("agreed") is True:
+            for _, remote in self.consumers.values():
+                remote.agreed(self, mark)
+        self._asking = False
+        self._ask_soon()
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None:
         """A delivery reached the client: its credit returns to the owner (and no-ack ones are acked there)."""

@@ -17,7 +17,7 @@ from amqp_server.broker.vhost import LEADER_WAIT
 from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
-from amqp_server.queues.queue import RESETTLE_AGE, RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, ParkedSettle
+from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, ParkedSettle
 from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
 from amqp_server.queues.queue_type import REPLICATED, QueueType
@@ -252,23 +252,34 @@ class RemoteConsumer:
         self.adopting: list[Entry] = []
         self.parked: list[tuple[int, Entry, bytes]] = []  # (mode, entry, a modified outcome's annotations)
         self.tries = 0
-        # its latest settles sent to the leader (loop time, mode, the queue's checkout): sent again to the next
-        # one, which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
-        self.settled: deque[tuple[float, int, Checked]] = deque(maxlen=RESETTLE_MAX)
+        # its settles sent to the leader and not yet known to be on a majority there (the leader they went to, the
+        # mark of its link's answer that will tell, mode, the queue's checkout): sent again to the next leader,
+        # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
+        self.settled: deque[tuple[Owner, int, int, Checked]] = deque(maxlen=RESETTLE_MAX)
         self.term = 0  # what the owner checks out its deliveries under ``id`` in (its answer to consuming)
 
     def resettles(self) -> list[tuple[int, Checked]]:
-        """(mode, checkout) of the settles sent in the ``RESETTLE_AGE`` seconds before the latest: those its leader
-        may not have got onto a majority before it was lost, however long ago that was.  (The last 10 s before now
-        were sent: a leader cut off with no majority anywhere for longer lost a consumer's acks made as the cut
-        began, and the next delivered their window again: nemesis seed 178, 50 messages, 10.5 s apart.)  One that
-        a majority had is taken back by no leader (``adopt``), and does nothing."""
+        """(mode, checkout) of the settles no leader has said a majority has, however long ago they were sent: a
+        leader cut off with no majority anywhere for long lost what a consumer acked as the cut began (nemesis
+        seed 178: 50 messages again, 10.5 s apart), and one that lost them across two changes of leader had them
+        sent to it once already (seeds 208 and 228: 22 to 31 s apart).  One that a majority had is taken back
+        by no leader (``adopt``), and does nothing."""
+        return [(mode, checked) for _, _, mode, checked in self.settled]
+
+    def resent(self, owner: "Owner") -> None:
+        """The settles went again to ``owner`` (``resettles``, with consuming there): its answer tells of them."""
+        mark = owner.settles_sent()
+        self.settled = deque(((owner, mark, mode, checked) for _, _, mode, checked in self.settled),
+                             maxlen=RESETTLE_MAX)
+
+    def agreed(self, owner: "Owner", mark: int) -> None:
+        """``owner`` has on a majority the settles it was sent before its answer ``mark``: they are kept no more."""
         settled = self.settled
-        if settled:
-            oldest = settled[-1][0] - RESETTLE_AGE
-            while settled[0][0] < oldest:
-                settled.popleft()
-        return [(mode, checked) for _, mode, checked in settled]
+        while settled and settled[0][0] is owner and settled[0][1] == mark:
+            settled.popleft()
+        if settled and settled[0][1] != mark and any(item[0] is owner and item[1] == mark for item in settled):
+            self.settled = deque((item for item in settled if item[0] is not owner or item[1] != mark),
+                                 maxlen=RESETTLE_MAX)
 
 
 class Owner(Protocol):
@@ -290,6 +301,10 @@ class Owner(Protocol):
     def cancel(self, remote: RemoteConsumer) -> None: ...
 
     def settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None: ...
+
+    def settles_sent(self) -> int:
+        """Settles went to the owner: the mark of its answer that tells whether a majority has them
+        (``RemoteConsumer.agreed``)."""
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
 
@@ -526,6 +541,8 @@ class RemoteQueue:
         if any(not entry.seq for entry in remote.buffer):
             remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
         remote.attached = True
+        if remote.owner is not None:  # (its settles went with its consume: that leader's answer tells of them)
+            remote.resent(remote.owner)
         parked, remote.parked = remote.parked, []
         for mode, entry, modified in parked:
             self._settle(mode, [entry], modified)
@@ -555,6 +572,12 @@ class RemoteQueue:
 
     def agreed(self, seq: int) -> bool:
         return False  # (what the owner delivers from here, it names itself: ``delivered``)
+
+    def when_agreed(self, done: Callable[[bool], None]) -> bool:
+        """What was settled through here went on to the queue's leader: who asked is not told of it (its
+        consumers send their settles to that leader again, as they follow it)."""
+        done(True)
+        return True
 
     def take_consumer(self, consumer: Consumer, held: list[tuple[Entry, Checked]]) -> list[Entry | None]:
         """A consumer of the queue's object here before (this node led it) goes on through this proxy: the
@@ -621,7 +644,7 @@ class RemoteQueue:
         if taken:
             waiting = (self.publishes is not None and self.publishes.leaderless) or not self.peer.up
             send = []
-            now = asyncio.get_running_loop().time()
+            peer, mark = self.peer, 0
             for entry in entries:
                 found = taken.get(entry)
                 if found is not None:
@@ -629,7 +652,8 @@ class RemoteQueue:
                         found[0].parked.append((mode, entry, annotations))
                         continue
                     del taken[entry]
-                    found[0].settled.append((now, mode, found[1]))
+                    mark = mark or peer.settles_sent()
+                    found[0].settled.append((peer, mark, mode, found[1]))
                 if entry.seq:
                     send.append(entry)
             entries = send

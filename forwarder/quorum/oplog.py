@@ -795,7 +795,7 @@ class OpLogShipper:
         no redelivered flag (the issue's fixed schedule: 43 and 50 messages twice, 0.6 s apart, after a leader's
         pause and etcd's freeze), and a checkout no follower had was given again as a first delivery once the
         leader's node died with the consumer's connection (a random schedule: 50, a consumer's prefetch)."""
-        if not self.followers:
+        if not self.followers or self.committed >= self.index:
             return False
         self._agreed_waiters.append((self.index, done))
         return True
