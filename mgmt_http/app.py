@@ -27,6 +27,7 @@ from .rates import DEFAULT_INTERVAL, Sampler
 
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+STATIC_DIR_KEY = web.AppKey("static_dir", str)  # the directory served, where it exists
 RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
              bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation)
 
@@ -84,7 +85,7 @@ def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Re
 
 
 async def _index(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(os.path.join(request.app["static_dir"], "index.html"))
+    return web.FileResponse(os.path.join(request.app[STATIC_DIR_KEY], "index.html"))
 
 
 def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INTERVAL,
@@ -99,7 +100,6 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     clients = clients or Clients()
     sampler = Sampler(broker, clients, sample_interval)
     app[KEY] = Context(broker, config, sampler, clients, flow or PublisherFlow())
-    app["broker"] = broker  # plain key for add-on modules (offsets.py)
     for module in RESOURCES:
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
             if not isinstance(route, web.RouteDef):
@@ -112,7 +112,7 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     forward.setup(app)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
     if static_dir and os.path.isdir(static_dir):
-        app["static_dir"] = static_dir
+        app[STATIC_DIR_KEY] = static_dir
         if os.path.exists(os.path.join(static_dir, "index.html")):
             app.router.add_get("/", _index, expect_handler=expect.defer)
         app.router.add_static("/", static_dir, expect_handler=expect.defer)

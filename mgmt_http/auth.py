@@ -53,6 +53,9 @@ class Login:
         return any(tag in MANAGEMENT_TAGS for tag in self.user.tags)
 
 
+LOGIN = web.RequestKey("login", Login)  # who a request logged in as (its middleware, or the route, set it)
+
+
 def unauthenticated(reason: str, error: str = "not_authorised") -> HTTPError:
     return HTTPError(401, error, reason, {"WWW-Authenticate": REALM})
 
@@ -105,11 +108,11 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
         gate = gate_of(request)
         try:
             if request.path.startswith("/api/") and request.path != "/api/auth":  # (the UI asks it before a login)
-                request["login"] = authenticate(request, broker, loopback_only_guest)
+                request[LOGIN] = authenticate(request, broker, loopback_only_guest)
             elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
-                request["login"] = authenticate(request, broker, loopback_only_guest)
+                request[LOGIN] = authenticate(request, broker, loopback_only_guest)
                 require_monitor(request)
-            if "login" in request:
+            if LOGIN in request:
                 if gate is not None:
                     gate.logged_in()
                 await expect.proceed(request, ctx(request).config.mgmt_max_body_size)
@@ -122,7 +125,7 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
 
 
 def login(request: web.Request) -> Login:
-    return request["login"]
+    return request[LOGIN]
 
 
 def require_admin(request: web.Request) -> Login:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from amqp_server.queues.queue import AnyQueue
 
+from .context import ctx
 from .http import error_response
 
 FORWARDED_HEADERS = ("Content-Type", "X-Warren-Head", "X-Warren-Tail")
@@ -52,7 +53,7 @@ async def by_owner(request: web.Request, queue: AnyQueue) -> web.StreamResponse 
 
 async def forward(request: web.Request, node: str) -> web.StreamResponse:
     """``node``'s answer to this request (502 if it serves no management API or cannot be reached)."""
-    broker = request.app["broker"]
+    broker = ctx(request).broker
     peer = broker.cluster.peers.get(node) if broker.cluster is not None else None
     if peer is None or peer.http is None:
         return error_response(502, "bad_gateway", f"node {node} serves no management API")

@@ -39,6 +39,7 @@ from amqp_server.spark_bridge.commit import Commit
 from amqp_server.spark_bridge.queue_reads import RecordSource
 
 from . import auth, expect
+from .context import ctx
 from .forward import forward
 from .http import HTTPError, bad_request, from_amqp, json_response, not_authorised, not_found, read_json
 
@@ -50,23 +51,15 @@ READERS = web.AppKey("record_readers", record_reader.RecordReaders)
 
 # -- auth: the management API's, reused ------------------------------------------------------
 
-def _broker(request: web.Request) -> Any:
-    from .context import KEY
-
-    if KEY in request.app:
-        return request.app[KEY].broker
-    return request.app["broker"]
-
-
 def authorize_queue_read(request: web.Request) -> AnyQueue:
     """The path's queue, once the caller is authenticated and may read it (401/404 otherwise).
 
     The management API's login (set by its middleware, or authenticated here when the route is
     reached without it), its vhost visibility rule, and the broker's one permission check.
     """
-    broker = _broker(request)
-    if "login" not in request:
-        request["login"] = auth.authenticate(request, broker, True)
+    broker = ctx(request).broker
+    if auth.LOGIN not in request:
+        request[auth.LOGIN] = auth.authenticate(request, broker, True)
     login = auth.login(request)
     vhost_name = request.match_info["vhost"]
     if not broker.access.vhost_exists(vhost_name):
@@ -203,7 +196,7 @@ async def commit(request: web.Request, queue: LocalQueue) -> web.Response:
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise bad_request("offset must be a non-negative integer")
-    removed = await Commit(_broker(request)).commit_offset(queue, offset)
+    removed = await Commit(ctx(request).broker).commit_offset(queue, offset)
     return json_response({"removed": removed, "committed": queue.committed})
 
 
