@@ -424,6 +424,9 @@ class PeerSession:
         if "adopt" in request:  # a consumer that outlived a change of leader: what it holds, taken back
             self._resettle(queue, request.get("settled"))
             reply["tags"], reply["held"] = self._adopt(consumer, request["adopt"], request.get("buffered"))
+            if not all(reply["tags"]):  # (what is not taken back is delivered again, or was settled: the logs tell)
+                log.info("%s's consumer %s of %s took back %d of the %d entries it held", self.link.peer_name,
+                         consumer_id, queue.name, sum(1 for tag in reply["tags"] if tag), len(reply["tags"]))
             if isinstance(request.get("was"), int):
                 self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
@@ -444,6 +447,8 @@ class PeerSession:
             if taken:
                 self._settling.add(queue)
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
+                log.info("%s's consumer of %s: %d of the %d %s settles it sent again carried out here",
+                         self.link.peer_name, queue.name, len(taken), len(held), link.SETTLE_MODES[mode])
 
     def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> tuple[list[int], list[Checked | None]]:
         """The entries the queue kept for a consumer of the previous leader (``held``: their checkouts) become
