@@ -1522,7 +1522,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=600, help="at most this long to drain the queue")
     parser.add_argument("--prefix", default=f"wn{os.getpid()}", help="names of the run's network namespaces")
     parser.add_argument("--data", help="directory for the nodes' data and logs (default: a new temporary one, "
-                                       "removed after a run that lost and stranded nothing)")
+                                       "removed after a run that lost, stranded and duplicated nothing)")
     parser.add_argument("--rabbitmq-cluster", default=RABBIT_TOOL, metavar="PATH",
                         help="the RabbitMQ cluster tool (default: ../shared/tools/rabbitmq-cluster.sh from the "
                              "repository's root)")
@@ -1583,8 +1583,8 @@ def main(argv: list[str] | None = None) -> int:
             Network.remove(args.prefix)
         report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         if args.data is None:
-            if not any(report.get(key, 1) for key in ("lost", "stranded", "queue_missing_seen", "minority_confirms",
-                                                       "left_in_queue", "stuck_while_attached")) \
+            if not any(report.get(key, 1) for key in ("lost", "stranded", "duplicates", "queue_missing_seen",
+                                                       "minority_confirms", "left_in_queue", "stuck_while_attached")) \
                     and report.get("longest_confirm_gap", 0) < 30:
                 shutil.rmtree(data, ignore_errors=True)
             else:
