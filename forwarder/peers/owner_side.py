@@ -227,6 +227,7 @@ class PeerSession:
         self._queues: dict[bytes, LocalQueue] = {}  # publish targets by queue id
         self._syncs: set[asyncio.Task[bool]] = set()  # the other node's changes of definitions waited for here
         self._settling: set[AnyQueue] = set()  # the queues the link's settles went to since it last asked (``_agree``)
+        self._unknown_settles = False  # one of them named a delivery tag unknown here (its consumer was handed over)
         self.gone = False  # its link closed: answers waited for go nowhere
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
@@ -525,8 +526,10 @@ class PeerSession:
         taken = []
         for (tag,) in link.TAG.iter_unpack(payload[at:]):
             item = pop(tag, None)
-            if item is not None:  # unknown: from before a reconnect, already requeued
+            if item is not None:
                 taken.append(item)
+            else:  # unknown: from before a reconnect, already requeued, or its consumer handed over to a next leader
+                self._unknown_settles = True
         for queue in {item[1] for item in taken}:
             if REPLICATED in queue.type.capabilities:  # whether a majority has these settles is asked (``_agree``)
                 self._settling.add(queue)
@@ -613,12 +616,14 @@ class PeerSession:
 
     def _agree(self, rid: Any) -> None:
         """The other node asks whether what its settles did to the queues here is on a majority of their copies:
-        the answer (``agreed``) once every one's ops so far are, or false if one was deposed first.  Its consumers
-        keep their settles for the next leader until then (``RemoteConsumer.settled``)."""
+        the answer (``agreed``) once every one's ops so far are, or false if one was deposed first, or if a settle
+        named a delivery tag this node no longer knew (it did nothing here).  Its consumers keep their settles for
+        the next leader until then (``RemoteConsumer.settled``), and send those again as they consume anew."""
         if type(rid) is not int:
             return  # (a peer's frame: ids are integers)
         queues, self._settling = self._settling, set()
-        waiting = [1, True]  # (ops to wait for, the registering below among them; all agreed)
+        waiting = [1, not self._unknown_settles]  # (ops to wait for, the registering below among them; all agreed)
+        self._unknown_settles = False
 
         def one(deposed: bool) -> None:
             waiting[0] -= 1

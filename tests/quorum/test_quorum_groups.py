@@ -2466,6 +2466,23 @@ async def test_a_consumer_s_settles_through_a_follower_are_kept_until_its_leader
     assert queue.by_consumer[client.consumer] is remote
 
 
+async def test_a_leader_that_knew_not_a_settle_s_delivery_tag_says_the_settles_are_not_agreed(network):
+    """A settle naming a delivery tag the leader no longer knows (its consumer was handed over as the leader
+    stood down, or the link went) did nothing there: the next answer on settles says they are not agreed, so
+    that the consumer's node keeps them for the leader it consumes at next; the answer after that, to settles
+    that all did what they said, is that they are."""
+    await declared(network)
+    session = network.sessions[("n1", "n3")]
+    sent: list[tuple[int, bytes]] = []
+    session.link.send = lambda ftype, *parts: sent.append((ftype, b"".join(parts)))
+    session.frame(link.SETTLE, bytes((link.SETTLE_ACK,)) + link.TAG.pack(12345))
+    session.frame(link.REQUEST, link.encode_json({"rid": 7, "op": "settled"}))
+    session.frame(link.REQUEST, link.encode_json({"rid": 8, "op": "settled"}))
+    session.frame(link.REQUEST, link.encode_json({"rid": "x", "op": "settled"}))
+    assert [json.loads(payload[link.REPLY_HEAD.size:]) for ftype, payload in sent if ftype == link.REPLY] == [
+        {"rid": 7, "agreed": False}, {"rid": 8, "agreed": True}]
+
+
 async def test_a_consume_again_whose_checkouts_are_not_numbers_takes_back_nothing(network):
     """A peer's consume-again names what its consumer holds and settled lately; what is not a checkout
     (``[seq, term, agreed]``: two numbers and a boolean) is taken back or settled as nothing, and the queue
