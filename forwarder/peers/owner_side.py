@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 from amqp_server import errors
 from amqp_server.errors import AMQPError
+from amqp_server.logs import untrusted
 from amqp_server.ports import ClientChannel
 from amqp_server.frontend.stored_bodies import SEND_FROM_FILE, body_out, release_body
 from amqp_server.message import RELEASE_FROM, Message
@@ -426,8 +427,9 @@ class PeerSession:
             self._resettle(queue, request.get("settled"))
             reply["tags"], reply["held"] = self._adopt(consumer, request["adopt"], request.get("buffered"))
             if not all(reply["tags"]):  # (what is not taken back is delivered again, or was settled: the logs tell)
-                log.info("%s's consumer %s of %s took back %d of the %d entries it held", self.link.peer_name,
-                         consumer_id, queue.name, sum(1 for tag in reply["tags"] if tag), len(reply["tags"]))
+                log.info("%s's consumer %s of %s took back %d of the %d entries it held",
+                         untrusted(self.link.peer_name), untrusted(consumer_id), untrusted(queue.name),
+                         sum(1 for tag in reply["tags"] if tag), len(reply["tags"]))
             if isinstance(request.get("was"), int):
                 self.orphans.taken_back(self.link.peer_name, request["was"])
         self.link.send(link.CONSUMED, link.encode_json(reply))
@@ -449,7 +451,8 @@ class PeerSession:
                 self._settling.add(queue)
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
                 log.info("%s's consumer of %s: %d of the %d %s settles it sent again carried out here",
-                         self.link.peer_name, queue.name, len(taken), len(held), link.SETTLE_MODES[mode])
+                         untrusted(self.link.peer_name), untrusted(queue.name), len(taken), len(held),
+                         link.SETTLE_MODES[mode])
 
     def _adopt(self, consumer: Consumer, held: Any, buffered: Any) -> tuple[list[int], list[Checked | None]]:
         """The entries the queue kept for a consumer of the previous leader (``held``: their checkouts) become
