@@ -271,8 +271,10 @@ class QuorumGroups:
         unsure = not self.lease_sure
         self._renewed = sent
         if unsure:
-            for group in self.groups.values():
-                if group.replicator is not None:
+            for group in list(self.groups.values()):
+                if group.replicator is not None and self._cut_off(group):
+                    self._step_down(group)  # (found cut off while etcd was away too: ``_step_down``)
+                elif group.replicator is not None:
                     group.replicator.queue.deliver_ready()
 
     async def _new_lease(self) -> None:
@@ -900,7 +902,7 @@ class QuorumGroups:
         rather than when the lease lapses.  A link closed here because it fell ``silent`` revokes nothing: the
         leader may be alive with only our link to it cut (an asymmetric cut), and its lease, shorter than the
         heartbeats' silence, has lapsed by now if it is not.  A leader whose last link to a majority falls silent
-        steps down (``_step_down``)."""
+        steps down if its lease is sure (``_step_down``)."""
         if silent:
             self._reach[name] = math.inf
         else:  # (its node went: so did its consumers)
@@ -909,19 +911,29 @@ class QuorumGroups:
         for group in self.groups.values():
             if group.replicator is not None:
                 group.replicator.peer_down(name)
-                if silent and not self._reaches_majority(group):
+                if silent and self.lease_sure and self._cut_off(group):
                     self._step_down(group)
             elif group.leader == name and group.index_id and group.leader_lease and not silent:
                 leases.add(group.leader_lease)
         for lease in leases:
             asyncio.get_running_loop().create_task(self._revoke(lease, name))
 
+    def _cut_off(self, group: Group) -> bool:
+        """This node's links reach no majority of the group's members, and one of those it misses fell silent
+        (members whose nodes went down, their links closed by the other end, leave nobody else to lead)."""
+        return (not self._reaches_majority(group)
+                and any(self._reach.get(member) == math.inf for member in group.members))
+
     def _step_down(self, group: Group) -> None:
-        """A leader whose links reach no majority of its members, the last of them fallen silent (cut from its
-        followers, though not from etcd, it would keep its key and the queue would confirm nothing until the cut
-        heals): its key goes, if it is still this term's, and the members that reach one another elect a leader
-        (it stands in no election until it reaches a majority again).  Followers whose nodes went down (their
-        links closed by the other end) depose nobody: no one else could lead, and one back follows at once."""
+        """A leader cut off from its followers (``_cut_off``) while its lease is sure: cut from them though not from
+        etcd, it would keep its key and the queue would confirm nothing until the cut heals.  Its key goes, if it
+        is still this term's, and the members that reach one another elect a leader (it stands in no election
+        until it reaches a majority again).  A leader whose lease is not sure when its links fall silent (cut
+        from etcd as well, or etcd away) leads on: its key lapses with its lease if etcd is there for the others,
+        and if etcd is away nobody can be elected, so a leader that stepped down left the queue with none after
+        the cut healed, until etcd was back (nemesis seed 266: a 13 s confirm gap for a 5.7 s cut, etcd
+        restarting).  Should its lease be sure again while it is still cut off, it steps down then
+        (``_refresh``)."""
         log.warning("%s reaches no majority of %s's members: no longer leading", self.name, untrusted(group.key))
         term = group.term
         self._follow(group, "", 0)

@@ -2075,6 +2075,55 @@ async def test_a_leader_cut_from_its_followers_but_not_etcd_steps_down_and_they_
     assert await copies_agree(network) == bodies(10) + bodies(5, "cut")
 
 
+async def cut_off_while_etcd_is_away(network: Network) -> Node:
+    """n1 leads; etcd goes away (restarting: no lease lapses meanwhile) and, past half the lease (n1 is no longer
+    sure of its own), n1's links to n2 and n3 fall silent: cut off from everything, as its links find it."""
+    node = await declared(network)
+    network.etcd.stop()
+    await asyncio.sleep(quorum.LEASE_TTL * 0.55)
+    assert not node.quorum.lease_sure
+    network.cut("n1", "n2", silent=True)
+    network.cut("n1", "n3", silent=True)
+    await asyncio.sleep(0.3)
+    assert node.quorum.groups[KEY].replicator is not None  # (leads on)
+    return node
+
+
+async def test_a_leader_cut_off_while_etcd_is_away_leads_on_once_the_cut_heals(network):
+    """Nobody can be elected while etcd is away, so a leader cut off then gains nothing by stepping down: before,
+    n1 did all the same, and the queue had no leader once the cut healed, until etcd was back (nemesis seed 266:
+    a 13 s confirm gap for a 5.7 s cut, etcd restarting).  Now it leads on, and healed, it confirms again in the
+    same term with etcd still away."""
+    confirms = Confirms()
+    node = await cut_off_while_etcd_is_away(network)
+    term = node.quorum.groups[KEY].term
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    publish(node, bodies(5), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 5, "confirms with etcd still away", quorum.LEASE_TTL)
+    assert all(other.quorum.groups[KEY].leader == "n1" and other.quorum.groups[KEY].term == term
+               for other in network.nodes.values())
+    network.etcd.start()
+    assert await copies_agree(network) == bodies(5)
+
+
+async def test_a_leader_cut_off_while_etcd_was_away_steps_down_once_its_lease_is_sure_again(network):
+    """etcd comes back while n1 is still cut from n2 and n3, and n1 reaches it: etcd kept n1's lease through its
+    restart, and n1's refreshes keep it, with its key.  Once its lease is sure again n1 steps down, and n2 and n3
+    elect one of them, rather than confirm nothing until the cut heals."""
+    confirms = Confirms()
+    node = await cut_off_while_etcd_is_away(network)
+    network.etcd.start()
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "n2 or n3 leads")
+    assert node.quorum.groups[KEY].replicator is None
+    publish(network.nodes["n2"], bodies(5), confirms)
+    await wait_for(lambda: len(confirms.acked()) == 5, "confirms through n2")
+    network.heal("n1", "n2")
+    network.heal("n1", "n3")
+    await wait_for(lambda: node.quorum.groups[KEY].leader == the_leader(network).name, "n1 follows")
+    assert await copies_agree(network) == bodies(5)
+
+
 async def test_a_follower_whose_request_to_catch_up_was_lost_asks_again(network, monkeypatch):
     """n3 misses ops, and its request to catch up is lost (the leader was not leading yet when it came, say):
     as ops it cannot take go on coming it asks again a while later, rather than wait for a change of term."""
