@@ -246,3 +246,21 @@ async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_rea
     queue.settle([taken])
     assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.checked_out
     broker.close()
+
+
+def test_a_ttl_0_publish_expires_at_once_while_the_timer_of_an_entry_expired_since_is_pending():
+    """What hypothesis found (full suite): seq 0 expires by the clock before its timer fires, and a publish with TTL
+    0 at that same ms has the pending timer's deadline: it waited for that timer, so the state held an expired
+    entry that the queue's reads no longer showed."""
+    leader = Leader()
+    try:
+        leader.declare(limit=None, at_least_once=False, max_length=None)
+        leader.publish(count=1, ttl=20)
+        leader.time_passes(ms=10)
+        leader.publish(count=1, ttl=20)
+        leader.time_passes(ms=10)  # (seq 0 expires; its timer, set for this ms, is still pending)
+        leader.publish(count=1, ttl=0)
+        leader.the_queue_stands_for_its_state()
+        assert list(leader.queue.state.ready) == [1]
+    finally:
+        leader.teardown()
