@@ -37,7 +37,8 @@ each node in turn: every confirmed message delivered at least once, or else lost
 node (then etcd too) restarted from its data is "stranded", reported apart (``--no-recover``: no restarts,
 and as many as the leader still holds ready are stranded); duplicates; no message confirmed to a publisher
 whose node was on a side without a majority (paused or dead, or reaching and heard by no running peer) from
-before it was published until after it was confirmed; the periods with no majority anywhere; per publisher,
+before it was published until after it was confirmed (each pause checked to have stopped its node, from its
+start to its end: ``pauses_not_held`` names any that did not); the periods with no majority anywhere; per publisher,
 deliveries out of publish order and the longest gap between confirms; the longest gap between any two
 confirms; nacks; ready messages no consumer got for ``STUCK`` seconds while one was attached; every time a
 node answered without the queue; every node with the same declared queues and bindings, and with each one
