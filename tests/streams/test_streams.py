@@ -27,13 +27,16 @@ def declare(channel, name: str, **arguments) -> int:
 def read(connection, channel, name: str, count: int, offset=None, prefetch: int = 100, ack: bool = True,
          timeout: float = 5.0, quiet: float = 0.0) -> list[tuple[int, bytes, bool]]:
     """(x-stream-offset, body, redelivered) of up to ``count`` deliveries from ``offset``; ``quiet``: then wait that
-    long for any more."""
-    channel.basic_qos(prefetch_count=prefetch)
+    long for any more.  Without ``quiet`` the broker is given credit for ``count`` deliveries at most (a prefetch of
+    no more, acks only for those it makes room for): pika rejects what it holds undispatched as its connection
+    closes, and a stream queue answers a reject by closing the connection (540), as RabbitMQ's does."""
+    window = prefetch if quiet else min(prefetch, count)
+    channel.basic_qos(prefetch_count=window)
     got: list[tuple[int, bytes, bool]] = []
 
     def on_message(ch, method, properties, body):
         got.append((properties.headers["x-stream-offset"], body, method.redelivered))
-        if ack:
+        if ack and (quiet or len(got) <= count - window):
             ch.basic_ack(method.delivery_tag)
 
     arguments = {"x-stream-offset": offset} if offset is not None else None
