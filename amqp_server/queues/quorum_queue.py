@@ -360,9 +360,10 @@ class QuorumQueue(Queue):
         taken = super().enqueue(self.stored_copy(message), confirm)
         if self.state.deadlines:
             deadline = machine.next_deadline(self.state)
-            if self._expiry_timer is None or deadline is None or deadline <= self._expiry_at:
-                # (a deadline no later than the timer's: TTL 0 expires now, unless delivered, though a timer set
-                # for an entry expired since, at the same ms, has not fired yet)
+            if (self._expiry_timer is None or deadline is None or deadline <= self._expiry_at
+                    or deadline <= now_ms()):
+                # (a deadline no later than the timer's, or already due: TTL 0 expires now, unless delivered, though
+                # a timer set for an entry expired since, due at that ms or before, has not fired yet)
                 self._expire_or_arm()
         return taken
 

@@ -264,3 +264,20 @@ def test_a_ttl_0_publish_expires_at_once_while_the_timer_of_an_entry_expired_sin
         assert list(leader.queue.state.ready) == [1]
     finally:
         leader.teardown()
+
+
+def test_a_ttl_0_publish_expires_at_once_while_a_timer_already_due_is_pending():
+    """What hypothesis found next (full suite): seq 1 expires by the clock, the timer set for it (20 ms, not fired)
+    is kept for seq 0's later deadline, and a publish with TTL 0 a ms after that timer's deadline has a deadline
+    past it: it waited for that timer too."""
+    leader = Leader()
+    try:
+        leader.declare(limit=None, at_least_once=False, max_length=None)
+        leader.publish(count=1, ttl=50)
+        leader.publish(count=1, ttl=20)
+        leader.time_passes(ms=21)  # (seq 1 expires; its timer, due a ms ago, is still pending)
+        leader.publish(count=1, ttl=0)
+        leader.the_queue_stands_for_its_state()
+        assert list(leader.queue.state.ready) == [0]
+    finally:
+        leader.teardown()
