@@ -248,36 +248,23 @@ async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_rea
     broker.close()
 
 
-def test_a_ttl_0_publish_expires_at_once_while_the_timer_of_an_entry_expired_since_is_pending():
-    """What hypothesis found (full suite): seq 0 expires by the clock before its timer fires, and a publish with TTL
-    0 at that same ms has the pending timer's deadline: it waited for that timer, so the state held an expired
-    entry that the queue's reads no longer showed."""
+@pytest.mark.parametrize("steps, left", [
+    ([("publish", 20), ("wait", 10), ("publish", 20), ("wait", 10), ("publish", 0)], [1]),
+    ([("publish", 50), ("publish", 20), ("wait", 21), ("publish", 0)], [0]),
+], ids=["timer-at-that-ms", "timer-already-due"])
+def test_a_ttl_0_publish_expires_at_once_while_the_timer_of_an_entry_expired_since_is_pending(steps, left):
+    """What hypothesis found (full suite, twice): an entry expires by the clock before its timer fires, and that
+    timer, set for this ms or one before, stays pending; a publish with TTL 0 now waited for it, so the state held
+    an expired entry that the queue's reads no longer showed."""
     leader = Leader()
     try:
         leader.declare(limit=None, at_least_once=False, max_length=None)
-        leader.publish(count=1, ttl=20)
-        leader.time_passes(ms=10)
-        leader.publish(count=1, ttl=20)
-        leader.time_passes(ms=10)  # (seq 0 expires; its timer, set for this ms, is still pending)
-        leader.publish(count=1, ttl=0)
+        for step, value in steps:
+            if step == "publish":
+                leader.publish(count=1, ttl=value)
+            else:
+                leader.time_passes(ms=value)
         leader.the_queue_stands_for_its_state()
-        assert list(leader.queue.state.ready) == [1]
-    finally:
-        leader.teardown()
-
-
-def test_a_ttl_0_publish_expires_at_once_while_a_timer_already_due_is_pending():
-    """What hypothesis found next (full suite): seq 1 expires by the clock, the timer set for it (20 ms, not fired)
-    is kept for seq 0's later deadline, and a publish with TTL 0 a ms after that timer's deadline has a deadline
-    past it: it waited for that timer too."""
-    leader = Leader()
-    try:
-        leader.declare(limit=None, at_least_once=False, max_length=None)
-        leader.publish(count=1, ttl=50)
-        leader.publish(count=1, ttl=20)
-        leader.time_passes(ms=21)  # (seq 1 expires; its timer, due a ms ago, is still pending)
-        leader.publish(count=1, ttl=0)
-        leader.the_queue_stands_for_its_state()
-        assert list(leader.queue.state.ready) == [0]
+        assert list(leader.queue.state.ready) == left
     finally:
         leader.teardown()
