@@ -358,13 +358,8 @@ class QuorumQueue(Queue):
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
         taken = super().enqueue(self.stored_copy(message), confirm)
-        if self.state.deadlines:
-            deadline = machine.next_deadline(self.state)
-            if (self._expiry_timer is None or deadline is None or deadline <= self._expiry_at
-                    or deadline <= now_ms()):
-                # (a deadline no later than the timer's, or already due: TTL 0 expires now, unless delivered, though
-                # a timer set for an entry expired since, due at that ms or before, has not fired yet)
-                self._expire_or_arm()
+        if self.state.deadlines:  # (TTL 0 expires now, unless delivered, whatever timer an entry gone since left)
+            self._expire_or_arm()
         return taken
 
     def enqueue_from(self, message: Message, confirm: "ConfirmSink | None", enqueuer: int, publish: int,
