@@ -240,16 +240,20 @@ class QuorumQueue(Queue):
             return
         if state.dead:
             self.run(machine.Recover(sorted(state.dead)))
-        if not state.checked_out:
-            return
-        self._awaiting = awaiting = set(state.checked_out)
+        if state.checked_out:
+            self._await_consumers(set(state.checked_out))
+        self._expire_or_arm()
+
+    def _await_consumers(self, awaiting: set[int]) -> None:
+        """A new leader keeps the entries checked out before (``awaiting``) apart for the consumers that outlive
+        the change of leader, until they take them back or ``HANDOVER_GRACE`` is over."""
+        self._awaiting = awaiting
         ready = self.ready
         while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
             before = ready.paged_from
             ready.page_in()
             if ready.paged_from == before:
                 break
-        self._expire_or_arm()
         loop = asyncio.get_running_loop()
         self._grace_until = loop.time() + HANDOVER_MAX
         self._grace_timer = loop.call_later(HANDOVER_GRACE, self._grace_over)
@@ -439,9 +443,16 @@ class QuorumQueue(Queue):
     def drop_overflow(self) -> None:
         """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
         args = self.args
-        seqs = machine.overflow(self.state, args.max_length, args.max_length_bytes)
-        if seqs:
-            self.run(machine.DeadLetter(seqs, "maxlen"), [self._take_head(seq) for seq in seqs])
+        state, ready = self.state, self.ready
+        taken = []
+        for seq in machine.overflow(state, args.max_length, args.max_length_bytes):
+            ready.fill()
+            if seq in state.ready:  # (else its message was found lost as the tail came in: it left the state)
+                entry = self._take_head(seq)
+                ready.unhold(entry)
+                taken.append(entry)
+        if taken:
+            self.run(machine.DeadLetter([entry.seq for entry in taken], "maxlen"), taken)
 
     def pop_ready(self) -> Entry | None:
         """The entry the state delivers next (``next_ready``): the ready list's head; if the head's time is up,
@@ -454,17 +465,25 @@ class QuorumQueue(Queue):
                 if not allowed:
                     return None
             self._allowed = allowed - 1
-        state = self.state
-        seq = machine.next_ready(state)
+        seq = self._head()
         if seq is None:
             return None
+        state = self.state
         expiry = state.expiries.get(seq) if state.expiries else None  # (the timer finds the others)
         if expiry is not None and expiry <= now_ms() and seq != self.fresh:
             self.expire_due()
-            seq = machine.next_ready(state)
+            seq = self._head()
             if seq is None:
                 return None
         return self._take_head(seq)
+
+    def _head(self) -> int | None:
+        """The state's head, with the ready list's in memory: the tail comes in first if memory runs short, so a
+        message the store lost that is found there leaves the state (``_lost``) before the head is named."""
+        ready = self.ready
+        if ready.tail.count:
+            ready.fill()
+        return machine.next_ready(self.state)
 
     def _take_head(self, seq: int) -> Entry:
         """The ready list's head, which holds the message of ``seq``, the state's head."""
@@ -482,13 +501,16 @@ class QuorumQueue(Queue):
 
     def expire_due(self) -> None:
         """The ready entries the state says are past their deadline at this leader's clock (``machine.expired``)
-        leave, wherever they are in the queue: dead-lettered (expired)."""
+        leave, wherever they are in the queue: dead-lettered (expired).  At least once, their rows stay until a
+        queue takes their dead letters: those on disk come into memory first (``ReadyList.take_out``), or a
+        page-in would read them back as ready."""
         if self.detached or self.deleted:
             return
-        seqs = machine.expired(self.state, now_ms(), self.fresh)
+        state = self.state
+        seqs = machine.expired(state, now_ms(), self.fresh)
         if seqs:
-            ready = self.ready
-            entries = [ready.take_out(seq) for seq in seqs]
+            ready, leaving = self.ready, not state.at_least_once
+            entries = [ready.take_out(seq, leaving) for seq in seqs]
             found = [entry for entry in entries if entry is not None]
             self.run(machine.Expire([entry.seq for entry in found]), found)
             if ready.gone > 1024 and ready.gone * 2 > len(ready.entries):

@@ -240,12 +240,21 @@ class ReadyList:
         entries = self.entries
         return bool(entries) and entries[-1] is entry
 
+    def fill(self) -> None:
+        """Bring in the tail, a batch at a time, while memory runs short (``page_due``): the head is in memory
+        after, and the entries whose message the store lost are found (``lost``) before anyone takes it."""
+        while self.tail.count and self.page_due():
+            before = self.paged_from
+            self.page_in()
+            if self.paged_from == before:
+                return
+
     def pop_head(self) -> Entry | None:
         """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""
         entries, tail = self.entries, self.tail
         while True:
-            if tail.count and self.page_due():
-                self.page_in()
+            if tail.count:
+                self.fill()
             if not entries:
                 return None
             entry = entries.popleft()
@@ -259,9 +268,11 @@ class ReadyList:
         """The ready entry of ``seq`` leaves the ready list wherever it is: in memory it is marked gone (passed
         over when the head reaches it); on disk, if it is ``leaving`` the queue (expired: the caller removes it),
         its row is read where it is, else (a quorum queue's checkout, whose row stays) the tail is brought into
-        memory up to it first, since a page-in would read its row back as ready; None if it is in neither."""
+        memory up to it first, since a page-in would read its row back as ready, and no page-out takes the tail
+        down past it again (``taken_upto``); None if it is in neither."""
         if not leaving:
             self.page_in_upto(seq)
+            self.taken_upto = max(self.taken_upto, seq)
         entries = self.entries
         if entries and entries[0].seq <= seq <= entries[-1].seq:
             i = bisect_left(entries, seq, key=_seq)

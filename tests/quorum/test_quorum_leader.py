@@ -23,7 +23,7 @@ from amqp_server.queues import quorum_machine as machine
 from amqp_server.framing import properties
 from amqp_server.queues import queue as queue_module
 from amqp_server.broker import Broker
-from amqp_server.message import make_message
+from amqp_server.message import RELEASE_FROM, make_message
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.spark_bridge import queue_reads
 from support import local
@@ -73,10 +73,12 @@ class Leader(RuleBasedStateMachine):
         self.vhost = self.node.vhost("/")
 
     @initialize(limit=st.one_of(st.none(), st.integers(0, 2)), at_least_once=st.booleans(),
-                max_length=st.one_of(st.none(), st.integers(1, 12)))
-    def declare(self, limit, at_least_once, max_length) -> None:
+                max_length=st.one_of(st.none(), st.integers(1, 12)), routed=st.booleans())
+    def declare(self, limit, at_least_once, max_length, routed=True) -> None:
+        """``routed``: dead letters reach a queue (else, at least once, they wait in this one, retried)."""
         self.open()
-        arguments = {"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+        arguments = {"x-queue-type": "quorum", "x-dead-letter-exchange": "",
+                     "x-dead-letter-routing-key": "dead" if routed else "nowhere"}
         if limit is not None:
             arguments["x-delivery-limit"] = limit
         if at_least_once:
@@ -239,6 +241,7 @@ async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_rea
     assert queue.paged and queue.ready.disk_floor < 50
     (taken,) = queue.adopt([(50, queue.term, True)])  # (agreed: the seq names the same message here)
     assert taken is not None and taken.seq == 50 and 50 in queue.state.checked_out
+    queue.page_out(0)  # (the pager wants memory back: the tail goes to disk again, down to what was taken)
     got = []
     while (entry := queue.get(True)) is not None:
         got.append(entry.message.body)
@@ -246,6 +249,92 @@ async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_rea
     queue.settle([taken])
     assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.checked_out
     broker.close()
+
+
+async def test_a_message_the_store_lost_at_the_head_of_the_part_on_disk_leaves_the_state_before_a_get(tmp_path):
+    """The head on disk, its message gone from the store: the page-in a get makes drops it from the state too
+    before the get names its head (else the get would find another entry at the head than the state's, and
+    every later one too)."""
+    broker, queue = await paged_quorum_queue(tmp_path)
+    queue.page_out(0)  # (every ready entry on disk, as after a restart)
+    index, queue_id = queue.ready.page_index()
+    (row,) = index.read(queue_id, 0, 1)
+    broker.persistence.store.remove(row.msg_id)  # (a damaged store)
+    got = []
+    while (entry := queue.get(True)) is not None:
+        got.append(entry.message.body)
+    assert got == [b"m%d" % i for i in range(1, 100)]
+    broker.close()
+
+
+async def test_drop_head_of_a_body_left_to_the_store_counts_it_out_of_memory(tmp_path):
+    """A large body a ready entry left to the store (``release_body``) is counted as the store's in memory
+    (``unheld``), until its entry leaves: dropped from the head (x-max-length) too."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = local(broker.declare_queue(vhost, "q", durable=True,
+                                       arguments={"x-queue-type": "quorum", "x-max-length": 1}))
+    assert isinstance(queue, QuorumQueue)
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    for _ in range(3):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"x" * RELEASE_FROM))
+    assert queue.message_count == 1
+    assert queue.ready.unheld == RELEASE_FROM
+    broker.close()
+
+
+async def test_an_expired_entry_on_disk_whose_dead_letter_waits_is_not_read_back_as_ready(tmp_path):
+    """At least once, an entry that expires on disk stays, held, until a queue takes its dead letter (here none
+    does): no page-in may read it back as ready, nor a later page-out put it back among the ready rows."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = local(broker.declare_queue(vhost, "q", durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "nowhere",
+        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}))
+    assert isinstance(queue, QuorumQueue) and queue.state.at_least_once
+    for i in range(40):  # every other one expires: the expired are scattered over the part on disk
+        properties = commands.Basic.Properties(delivery_mode=2, expiration="50" if i % 2 else None)
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", properties, b"m%d" % i))
+    await asyncio.sleep(0.05)  # (the group commit)
+    queue.page_out(0)
+    await asyncio.sleep(0.15)  # the TTLs ran out: the timer expired them where they lay
+    assert len(queue.state.dead) == 20 and len(queue.state.ready) == 20
+    queue.page_out(0)
+    got = []
+    try:
+        while (entry := queue.get(True)) is not None:
+            got.append(entry.message.body)
+        assert got == [b"m%d" % i for i in range(0, 40, 2)]
+        assert len(queue.state.dead) == 20
+    finally:
+        broker.close()
+
+
+async def test_a_new_leader_with_nothing_checked_out_expires_what_falls_due(tmp_path):
+    """A copy that becomes leader (``start``, handover) with no entry checked out still runs the timer for its
+    state's deadlines: an idle queue of messages with a TTL empties as they fall due."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    old = local(broker.declare_queue(vhost, "q", durable=True, arguments={"x-queue-type": "quorum"}))
+    assert isinstance(old, QuorumQueue)
+    for i in range(3):
+        properties = commands.Basic.Properties(delivery_mode=2, expiration="100")
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", properties, b"m%d" % i))
+    await asyncio.sleep(0.05)  # (the group commit)
+    state = broker.replicas.copy_state(old.index_id)
+    old.detach()
+    new = old.type.new("q", "/", True, None, False, old.arguments, old.args, broker)
+    new.index_id = old.index_id
+    broker.attach(new, True)
+    broker.replicas.recover_queue(new)
+    new.start(state, handover=True)  # (as the quorum groups promote a copy)
+    assert new.message_count == 3
+    await asyncio.sleep(0.2)
+    try:
+        assert new.message_count == 0
+    finally:
+        new.detach()
+        broker.close()
 
 
 @pytest.mark.parametrize("steps, left", [
