@@ -167,6 +167,11 @@ class BrokerProcess:
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
 
+    def said(self) -> str:
+        """The log as one line of words: rich wraps a line where the console's width falls, which the paths and
+        names in it move, so a phrase the node logged may span two lines of ``log()``."""
+        return " ".join(self.log().replace("\0", " ").split())
+
     def admin(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "amqp_server.node.admin", "--data-dir", str(self.data_dir), *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=30)

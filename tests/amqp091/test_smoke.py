@@ -36,7 +36,7 @@ def test_sigterm_stops_cleanly(start_broker):
     node = start_broker()
     conn = pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port))
     assert node.stop() == 0
-    assert "shutting down" in node.log()
+    assert "shutting down" in node.said()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
         conn.process_data_events(1)
     assert closed.value.reply_code == 320

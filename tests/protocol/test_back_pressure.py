@@ -212,7 +212,7 @@ def test_replies_piling_up_for_a_client_that_does_not_read_set_the_memory_alarm(
     watch.stop()
     assert watch.peak < limit + 64 * MiB, f"memory reached {watch.peak / MiB:.0f} MiB, watermark {limit / MiB:.0f}"
     assert sent < 400 * MiB, "the replier was read on through the memory alarm"
-    assert "memory alarm set" in node.log()
+    assert "memory alarm set" in node.said()
     abort(requester)
     abort(replier)
 

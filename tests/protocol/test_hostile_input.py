@@ -138,7 +138,7 @@ def test_partial_bodies_are_held_by_the_memory_alarm_and_freed(start_broker, uid
         ch.confirm_delivery()
         ch.basic_publish("", uid, b"after")
         assert time.monotonic() < deadline
-    assert "memory alarm cleared" in node.log()
+    assert "memory alarm cleared" in node.said()
 
 
 def partial_body(channel: ListedChannel) -> bool:

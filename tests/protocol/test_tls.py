@@ -277,7 +277,7 @@ def test_external_login_with_unknown_cn_is_refused(node: TLSNode, pki: PKI) -> N
         pika.BlockingConnection(node.params(pki.client_context("nobody"),
                                             credentials=pika.credentials.ExternalCredentials()))
     assert f"(403) '{LOGIN_REFUSED}'" in str(refused.value)
-    assert "login refused for user 'nobody'" in node.broker.log()
+    assert "login refused for user 'nobody'" in node.broker.said()
 
 
 async def test_external_login_without_client_certificate_is_refused(node: TLSNode, pki: PKI) -> None:
@@ -285,7 +285,7 @@ async def test_external_login_without_client_certificate_is_refused(node: TLSNod
         await aio_pika.connect(f"amqps://localhost:{node.tls_port}/?auth=external",
                                ssl_context=pki.client_context(), timeout=10)
     assert LOGIN_REFUSED in str(refused.value)
-    assert "EXTERNAL login refused: connection peer presented no TLS (x.509) certificate" in node.broker.log()
+    assert "EXTERNAL login refused: connection peer presented no TLS (x.509) certificate" in node.broker.said()
 
 
 def test_password_logins_still_work_with_a_client_certificate(node: TLSNode, pki: PKI) -> None:

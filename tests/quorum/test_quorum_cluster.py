@@ -314,7 +314,7 @@ def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
     publish_all_then_confirm(n2, uid, bodies)
     n3.start()
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=60)
-    assert f"{NAMES[2]} catches up on / {uid} from the log: 5000 ops" in n1.log().replace("\0", " ")
+    assert f"{NAMES[2]} catches up on / {uid} from the log: 5000 ops" in n1.said()
     n1.kill()  # nodes 2 and 3 have the same position: the tie goes to the name that sorts last, node 3
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
              timeout=20)
@@ -335,7 +335,7 @@ def test_after_a_failover_a_follower_in_step_keeps_its_copy_without_a_snapshot(n
     wait_for(lambda: leader_of(n2, uid) == NAMES[2] and leader_of(n3, uid) == NAMES[2], "node 3 leads", timeout=20)
     after = [b"a%03d" % i for i in range(100)]
     publish(n2, uid, after)  # confirmed once node 2 has them too: node 3's the only other copy
-    log_of_n3 = n3.log().replace("\0", " ")
+    log_of_n3 = n3.said()
     assert f"{NAMES[1]} catches up on / {uid} from the log: 0 ops (its copy of term" in log_of_n3
     assert f"takes a snapshot of / {uid}" not in log_of_n3
     n3.kill()
@@ -400,13 +400,13 @@ def test_a_follower_paused_past_the_heartbeats_deposes_no_healthy_leader(nodes, 
     assert n3.proc is not None
     n3.proc.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: "link with warren3@localhost silent" in n1.log(), "node 1 closes the links", timeout=20)
+        wait_for(lambda: "link with warren3@localhost silent" in n1.said(), "node 1 closes the links", timeout=20)
         time.sleep(1.0)
     finally:
         n3.proc.send_signal(signal.SIGCONT)
-    wait_for(lambda: n3.log().count("link to node warren1@localhost up") >= 2, "node 3 links again", timeout=30)
+    wait_for(lambda: n3.said().count("link to node warren1@localhost up") >= 2, "node 3 links again", timeout=30)
     time.sleep(quorum.LEASE_TTL)  # the lease's time: revoked, node 1 would have been deposed by now
-    assert "no longer leads" not in n1.log()
+    assert "no longer leads" not in n1.said()
     assert leader_of(n2, uid) == NAMES[0] and leader_of(n3, uid) == NAMES[0]
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 back in step", timeout=30)
     publish(n3, uid, [b"second"])
@@ -605,7 +605,7 @@ def test_a_wiped_node_rejoins_and_catches_up_by_snapshot(nodes, uid):
     publish_all_then_confirm(n2, uid, bodies[1000:])
     n3.start()
     wait_for(lambda: lag(n1, uid, NAMES[2]) == 0, "node 3 caught up", timeout=30)
-    assert f"{NAMES[2]} takes a snapshot of / {uid}" in n1.log().replace("\0", " ")
+    assert f"{NAMES[2]} takes a snapshot of / {uid}" in n1.said()
     n1.kill()  # nodes 2 and 3 have the same position: node 3, rebuilt from the snapshot, leads
     wait_for(lambda: leader_of(n2, uid) in NAMES[1:] and leader_of(n3, uid) == leader_of(n2, uid), "a new leader",
              timeout=20)

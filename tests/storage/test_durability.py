@@ -240,7 +240,7 @@ def test_corrupt_segment_tail_is_cut_off(start_broker):
         assert [b for b, _ in got] == [b"m%d" % i + b"." * 100 for i in range(50)]
         ch.confirm_delivery()
         ch.basic_publish("", "dq", b"after", PERSISTENT)  # the store still takes writes
-    log = node.log()
+    log = node.said()
     assert "cut off" in log and "WARNING" in log.upper()
     node = restart(start_broker, node)
     with connect(node) as conn:
@@ -322,7 +322,7 @@ def test_deep_queue_paged_to_disk_survives_sigkill_and_clean_restarts(start_brok
     assert len(numbers) - (len(confirmed) - taken) in (0, 1)  # at most the one in flight at the first kill
 
     node = restart(start_broker, node, *window)
-    assert "clean shutdown" in node.log()  # no segment was scanned
+    assert "clean shutdown" in node.said()  # no segment was scanned
     with connect(node) as conn:
         ch = conn.channel()
         assert ch.queue_declare("deep", durable=True, passive=True).method.message_count == len(got)
