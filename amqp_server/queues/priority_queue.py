@@ -135,9 +135,10 @@ class PriorityReadyList(ReadyList):
     """A ready list whose entries in memory are a :class:`PriorityReady`, each level paging on its own.
 
     Level ``n``'s entries with ``seq >= level_from[n]`` are on disk while ``on_disk[n]`` (which may stay set
-    once the level's last entry on disk left otherwise than by paging in: the next page-in finds none and
-    clears it); ``paged`` counts them all.  A level pages out only above ``entries.taken[n]``, so every unacked
-    entry is in front of the level's part on disk and a requeue puts it back in memory."""
+    once the level's last entry on disk left otherwise than by paging in, while other levels are on disk: the
+    next page-in finds none and clears it; once none is on disk, none is set); ``paged`` counts them all.  A
+    level pages out only above ``entries.taken[n]``, so every unacked entry is in front of the level's part on
+    disk and a requeue puts it back in memory."""
 
     ranked = True
     entry_type = LeveledEntry
@@ -179,12 +180,13 @@ class PriorityReadyList(ReadyList):
         top = self.entries.highest()
         return level > top or (level == top and len(self.entries.levels[level]) < PAGE_IN_BELOW)
 
-    def page_in(self) -> None:
-        """The next batch of the highest level on disk comes in."""
+    def page_in(self) -> bool:
+        """The next batch of the highest level on disk comes in; a level found with no more on disk is so no longer
+        (the next page-in reads the one below).  False if no level is on disk."""
         level = self.disk_top
         if level < 0:
             self.trust_index()
-            return
+            return False
         rows = self._level_rows(level, self.level_from[level], PAGE_IN_BATCH)
         ready = self.entries
         entries = ready.at(level)
@@ -200,6 +202,9 @@ class PriorityReadyList(ReadyList):
             self._set_on_disk(level, False)
             if self.disk_top < 0 and self.paged:
                 self.trust_index()
+        if not self.tail.count:
+            self._none_on_disk()
+        return True
 
     def page_out(self, keep: int, written: dict[int, tuple[Message, int]] | None = None) -> int:
         """Entries after the first ``keep`` (in delivery order) go to disk, lowest level first, each level from
@@ -325,6 +330,17 @@ class PriorityReadyList(ReadyList):
 
     def clear(self) -> None:
         super().clear()
+        self._none_on_disk()
+
+    def _left_disk(self, count: int, size: int) -> None:
+        """Entries on disk left without coming into memory (expired there, committed): once none is left, no level
+        is on disk, which a level's flag may otherwise still say (only a page-in finds a level empty), and the
+        next entry of that level, going to memory, would be read back by a page-in of it."""
+        super()._left_disk(count, size)
+        if not self.tail.count:
+            self._none_on_disk()
+
+    def _none_on_disk(self) -> None:
         for level, on_disk in enumerate(self.on_disk):
             if on_disk:
                 self._set_on_disk(level, False)

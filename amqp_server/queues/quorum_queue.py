@@ -250,9 +250,7 @@ class QuorumQueue(Queue):
         self._awaiting = awaiting
         ready = self.ready
         while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
-            before = ready.paged_from
-            ready.page_in()
-            if ready.paged_from == before:
+            if not ready.page_in():
                 break
         loop = asyncio.get_running_loop()
         self._grace_until = loop.time() + HANDOVER_MAX

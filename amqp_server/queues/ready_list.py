@@ -244,9 +244,7 @@ class ReadyList:
         """Bring in the tail, a batch at a time, while memory runs short (``page_due``): the head is in memory
         after, and the entries whose message the store lost are found (``lost``) before anyone takes it."""
         while self.tail.count and self.page_due():
-            before = self.paged_from
-            self.page_in()
-            if self.paged_from == before:
+            if not self.page_in():
                 return
 
     def pop_head(self) -> Entry | None:
@@ -287,9 +285,7 @@ class ReadyList:
     def page_in_upto(self, seq: int) -> None:
         """Bring the tail into memory, a batch at a time, until ``seq`` is in memory (or nothing more comes)."""
         while self.tail.count and seq >= self.disk_floor:
-            before = self.paged_from
-            self.page_in()
-            if self.paged_from == before:
+            if not self.page_in():
                 return
 
     def mark_gone(self, entry: Entry) -> None:
@@ -358,10 +354,10 @@ class ReadyList:
                 self.unheld -= entry.message.body_size
         return freed
 
-    def page_in(self) -> None:
+    def page_in(self) -> bool:
         """Bring the next batch of the tail into memory; the whole tail if it fits in the window, so a queue
         that is no longer deep leaves the disk (else, with publishers keeping pace, every message would go
-        on through it)."""
+        on through it).  False if there was none: another page-in would find none either."""
         self._finish_count()
         index, queue_id = self.page_index()
         room = self.window() - (len(self.entries) - self.gone)
@@ -371,6 +367,7 @@ class ReadyList:
             self.paged_from = rows[-1].seq + 1
         if not rows or self.paged <= 0:
             self.trust_index()
+        return bool(rows)
 
     def bring_in(self, rows: list[IndexEntry], admit: Callable[[Entry], None]) -> None:
         """Index rows of the part on disk become ready entries in memory (``admit``; those the queue keeps apart

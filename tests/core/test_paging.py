@@ -858,6 +858,51 @@ async def test_priority_ttl_of_entries_paged_in_and_out_again(core, vhost, monke
     assert drain(core, vhost, "p") == bodies(100, "k")
 
 
+@pytest.mark.parametrize("how", ["committed", "expired"])
+async def test_a_priority_level_that_left_the_disk_otherwise_than_paged_in_takes_new_entries_once(
+        core, vhost, monkeypatch, how):
+    """A level's whole part on disk goes without a page-in (a commit, TTL): nothing is on disk any more, so no
+    level is; its next message goes to memory, and no page-in of the level reads that message's row back as
+    ready (it was delivered twice)."""
+    clock = [now_ms()]
+    for module in (expiry, queue_module):
+        monkeypatch.setattr(module, "now_ms", lambda: clock[0])
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    send(core, vhost, "p", bodies(100), priority=1, expiration="100" if how == "expired" else None)
+    assert queue.paged > 0
+    if how == "committed":
+        queue.remove_upto(100)
+    else:
+        clock[0] += 200
+        queue.expire_due()
+    assert queue.message_count == 0 and queue.paged == 0
+    send(core, vhost, "p", [b"x"], priority=1)
+    send(core, vhost, "p", [b"y"], priority=1, expiration="100000")
+    assert drain(core, vhost, "p") == [b"x", b"y"]
+    assert queue.message_count == 0 and queue.paged == 0
+
+
+async def test_a_consumer_of_a_priority_queue_gets_the_levels_below_one_whose_part_on_disk_expired(
+        core, vhost, monkeypatch):
+    """Level 5's part on disk all expired there while level 1's is on disk too: a page-in finds level 5 empty
+    and goes on to level 1, rather than leaving a consumer waiting with 20 messages ready."""
+    clock = [now_ms()]
+    for module in (expiry, queue_module):
+        monkeypatch.setattr(module, "now_ms", lambda: clock[0])
+    core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
+    queue = vhost.queue("p")
+    send(core, vhost, "p", bodies(20), priority=1)
+    send(core, vhost, "p", bodies(20, "t"), priority=5, expiration="100")
+    queue.page_out(0)
+    clock[0] += 200
+    queue.expire_due()
+    assert queue.message_count == 20 and len(queue.ready) == 0
+    target = Target()
+    consume(core, vhost, "p", target, "c", no_ack=True)
+    assert [body for _, body, _ in target.delivered] == bodies(20)
+
+
 async def test_priority_peek_offsets_range_reads_and_commit_across_memory_and_disk(core, vhost):
     core.declare_queue(vhost, "p", durable=True, arguments=PRIORITIES)
     queue = vhost.queue("p")
