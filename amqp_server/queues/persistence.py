@@ -113,13 +113,16 @@ class Persistence:
         self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, len(message.body))
 
     def keep(self, message: Message) -> None:
-        """Take a reference to the message in the store, writing it there the first time."""
+        """Take a reference to the message in the store, writing it there the first time, or again if its record
+        went with the last reference: a queue the same publish reached first may have let its copy go at once
+        (an auto-ack consumer took it, TTL 0, drop-head)."""
         store = self.store
-        if not message.msg_id:
+        msg_id = message.msg_id
+        if msg_id and msg_id in store:
+            store.add_ref(msg_id)
+        else:
             message.msg_id = store.new_id()
             store.write(message.msg_id, message.payload(), 1)
-        else:
-            store.add_ref(message.msg_id)
         self.stage()
 
     def release(self, message: Message) -> None:

@@ -181,3 +181,29 @@ def test_guest_logs_in_from_loopback_only(name, host, loopback_only, refused):
     from amqp_server.access_control import User, loopback_refused
     assert loopback_refused(User(name, ""), host, loopback_only) is refused
     assert loopback_refused(None, host, loopback_only) is False  # not logged in: refused for that reason instead
+
+
+@pytest.mark.parametrize("second", ["classic", "priority", "quorum"])
+@pytest.mark.parametrize("first", ["auto-ack consumer", "TTL 0", "max-length 0"])
+async def test_a_persistent_message_for_several_durable_queues_stays_in_those_that_keep_it(core, vhost, first,
+                                                                                          second):
+    """A queue the publish reaches first lets its copy go at once, its store record with it (the only
+    reference): the next durable queue stores the message anew, rather than failing on the record gone (the
+    publisher's connection closed, 541)."""
+    arguments = {"x-message-ttl": 0} if first == "TTL 0" else {"x-max-length": 0} if first == "max-length 0" else {}
+    core.declare_queue(vhost, "first", durable=True, arguments=arguments)
+    core.declare_queue(vhost, "second", durable=True, arguments={
+        "classic": {}, "priority": {"x-max-priority": 5}, "quorum": {"x-queue-type": "quorum"}}[second])
+    target = Target()
+    if first == "auto-ack consumer":
+        consume(core, vhost, "first", target, "c", no_ack=True)
+    exchange = vhost.exchange("amq.fanout")
+    for name in ("first", "second"):  # (bound in this order: routed in it)
+        core.bind(vhost, "amq.fanout", "queue", name, "")
+    message = make_message("amq.fanout", "", commands.Basic.Properties(delivery_mode=2), b"hello")
+    core.publish(vhost, exchange, message)
+    assert vhost.queue("first").message_count == 0
+    assert target.delivered == ([("c", b"hello", False)] if first == "auto-ack consumer" else [])
+    got = core.get_local(vhost, "second", no_ack=False)[1]
+    assert got is not None and got.message.body == b"hello"
+    assert core.persistence.store.refs(got.message.msg_id) == 1

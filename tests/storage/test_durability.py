@@ -327,3 +327,33 @@ def test_deep_queue_paged_to_disk_survives_sigkill_and_clean_restarts(start_brok
         ch = conn.channel()
         assert ch.queue_declare("deep", durable=True, passive=True).method.message_count == len(got)
         assert [body for body, _ in drain(ch, "deep")] == got
+
+
+def test_a_fanout_to_durable_queues_with_auto_ack_consumers_keeps_the_copy_of_the_queue_without_one(start_broker):
+    """A persistent message through a fanout to two durable queues: the queue with an auto-ack consumer lets its
+    copy go at once, whichever the publish reaches first; both consumers get it and the other queue keeps it,
+    confirmed, across a kill -9 (the second queue's reference to a store record gone closed the connection)."""
+    node = start_broker()
+    with connect(node) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("fx", "fanout", durable=True)
+        got: list[bytes] = []
+        for name in ("q1", "q2", "q3"):
+            ch.queue_declare(name, durable=True)
+            ch.queue_bind(name, "fx")
+        for name in ("q1", "q2"):
+            ch.basic_consume(name, lambda c, m, p, b: got.append(b), auto_ack=True)
+        publisher = conn.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("fx", "", b"hello", PERSISTENT)  # (confirmed, or it raises)
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+        assert got == [b"hello", b"hello"]
+    node.kill()
+    node = start_broker(data_dir=node.data_dir)
+    with connect(node) as conn:
+        ch = conn.channel()
+        assert [ch.queue_declare(name, passive=True).method.message_count for name in ("q1", "q2", "q3")] == [0, 0, 1]
+        method, _, body = ch.basic_get("q3", auto_ack=True)
+        assert body == b"hello"
