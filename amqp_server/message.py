@@ -64,11 +64,17 @@ class Message:
         self.body_size = len(body)
         self.msg_id = 0  # set once written to the persistent store
         self.transient_id = 0  # a message paged in from the transient store: its record there (to load it)
-        self.logged = False  # written to a stream's log: durable with the group commit being staged
+        self.logged = False  # stored apart from this object (a stream's log, a quorum queue's copy of a transient one)
         self.bcc_keys = ()
         self.amqp10 = None
         self._properties: Properties | None = None
         self._flags = struct.unpack_from(">H", header, 12)[0] if len(header) >= 14 else 0
+
+    @property
+    def awaits_commit(self) -> bool:
+        """A queue it went to stored it (in the store, a stream's log, a copy of its own): its publish is confirmed
+        once the group commit being staged is durable."""
+        return bool(self.msg_id) or self.logged
 
     @classmethod
     def stored(cls, msg_id: int, body_size: int, transient_id: int = 0) -> "Message":

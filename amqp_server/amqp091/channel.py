@@ -417,7 +417,7 @@ class Channel:
         """
         if rejected:
             self.rejected.append(self.publish_seq)
-        if message.msg_id or message.logged:
+        if message.awaits_commit:
             persistence = self.broker.persistence
             self.unsynced.append((self.publish_seq, persistence.batch))
             persistence.waiters.add(self)

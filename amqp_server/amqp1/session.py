@@ -600,7 +600,7 @@ class Incoming(LinkEndpoint):
             self._outcome(delivery_id, False, frames.RELEASED_STATE)
         elif rejected:
             self._outcome(delivery_id, False, frames.REJECTED_STATE)
-        elif message.msg_id or message.logged:
+        elif message.awaits_commit:
             persistence = self.broker.persistence
             self.unsynced.append((delivery_id, persistence.batch))
             persistence.waiters.add(self)

@@ -359,7 +359,13 @@ class QuorumQueue(Queue):
             yield from zip(seqs.tolist(), values["size"].tolist(), values["expiry"].tolist())
 
     def enqueue(self, message: Message, confirm: "ConfirmSink | None" = None) -> bool:
-        taken = super().enqueue(self.stored_copy(message), confirm)
+        """A transient message is stored as a copy of its own (``stored_copy``), whose publish is confirmed, as a
+        persistent one's, once the group commit is durable (``Message.awaits_commit``): RabbitMQ's quorum queues
+        confirm every message once it is in the log, on disk."""
+        stored = self.stored_copy(message)
+        taken = super().enqueue(stored, confirm)
+        if taken and stored is not message:  # (one it refused it did not store: nacked at once)
+            message.logged = True
         if self.state.deadlines:  # (TTL 0 expires now, unless delivered, whatever timer an entry gone since left)
             self._expire_or_arm()
         return taken

@@ -304,7 +304,7 @@ class PeerSession:
 
     def _answer(self, seq: int, status: int, message: Message | None = None) -> None:
         """Confirm (or refuse) the publish ``seq``: once on disk here if it was stored, and taken by its group."""
-        if message is not None and (message.msg_id or message.logged):
+        if message is not None and message.awaits_commit:
             persistence = self.broker.persistence
             self.unsynced.append((seq, status, persistence.batch))
             persistence.waiters.add(self)

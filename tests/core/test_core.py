@@ -207,3 +207,20 @@ async def test_a_persistent_message_for_several_durable_queues_stays_in_those_th
     got = core.get_local(vhost, "second", no_ack=False)[1]
     assert got is not None and got.message.body == b"hello"
     assert core.persistence.store.refs(got.message.msg_id) == 1
+
+
+@pytest.mark.parametrize("types, awaits", [
+    (["classic"], False), (["quorum"], True), (["classic", "quorum"], True), (["stream"], True)])
+async def test_a_transient_message_is_confirmed_after_the_group_commit_if_a_queue_stores_it(core, vhost, types,
+                                                                                             awaits):
+    """What the front ends ask before they confirm a publish (``Message.awaits_commit``): a durable classic queue
+    keeps a transient message in memory, confirmed at once; a quorum queue stores a copy of its own, and a
+    stream its log, so its confirm waits for their fsync, as RabbitMQ's does for its log's."""
+    for i, kind in enumerate(types):
+        core.declare_queue(vhost, f"q{i}", durable=True,
+                           arguments={} if kind == "classic" else {"x-queue-type": kind})
+        core.bind(vhost, "amq.fanout", "queue", f"q{i}", "")
+    message = make_message("amq.fanout", "", commands.Basic.Properties(delivery_mode=1), b"hello")
+    core.publish(vhost, vhost.exchange("amq.fanout"), message)
+    assert message.awaits_commit is awaits
+    assert message.msg_id == 0  # (the classic queue's entry is the message itself, kept in memory)
