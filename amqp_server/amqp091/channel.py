@@ -137,7 +137,9 @@ class Channel:
         self.publish_seq = 0
         self.confirmed = 0
         self.unsynced: deque[tuple[int, int]] = deque()  # (publish seq, group commit batch) awaiting fsync
-        self.tx_commit_batch = 0  # tx.commit-ok waits for this group commit's fsync
+        # the group commit each tx.commit-ok waits for, in order (0: none, only the ones before it): a client may
+        # send its next tx.commit before the previous one is answered
+        self.tx_commits: deque[int] = deque()
         self.rejected: deque[int] = deque()  # publish seqs to nack
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.leader_waits = 0  # of its publishes, how many wait for a quorum queue's leader (``waiting``)
@@ -427,11 +429,13 @@ class Channel:
 
     def synced(self, batch: int) -> None:
         """Group commit ``batch`` is durable: confirm (or tx.commit-ok) what waited for it."""
-        if self.tx_commit_batch:
-            if batch >= self.tx_commit_batch:
-                self.tx_commit_batch = 0
-                self.broker.persistence.waiters.discard(self)
+        commits = self.tx_commits
+        if commits:
+            while commits and commits[0] <= batch:
+                commits.popleft()
                 self.reply(commands.Tx.CommitOk())
+            if not commits:
+                self.broker.persistence.waiters.discard(self)
             return
         unsynced = self.unsynced
         while unsynced and unsynced[0][1] <= batch:
@@ -1014,8 +1018,8 @@ class Channel:
         for action in pending:
             action()
         persistence = self.broker.persistence
-        if persistence.staged:  # as a confirm would: commit-ok once what the transaction stored is fsynced
-            self.tx_commit_batch = persistence.batch
+        if persistence.staged or self.tx_commits:  # as a confirm would: once what it stored is fsynced, and in order
+            self.tx_commits.append(persistence.batch if persistence.staged else 0)
             persistence.waiters.add(self)
             return
         self.reply(commands.Tx.CommitOk())

@@ -8,10 +8,11 @@ import time
 
 import pika
 import pytest
+from pamqp import body, commands, frame, header
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
 from conftest import connect
-from support import AsyncClose, bodies, channel_closed, consume_n, drain
+from support import AsyncClose, Raw, bodies, channel_closed, consume_n, drain
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -204,3 +205,27 @@ def test_user_id_mismatch_refused(conn, uid):
     closed.wait(406, "PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user "
                              "was 'guest'")
     conn.channel().queue_delete(uid)
+
+
+def test_pipelined_tx_commits_are_each_answered_in_order(broker, uid):
+    """A client may send its next tx.commit before the last is answered: each gets its commit-ok, in order, the
+    first once what it stored is fsynced (one was answered for both, and the client waited for the other)."""
+    with connect(broker) as conn:
+        conn.channel().queue_declare(uid, durable=True)
+    raw = Raw(broker)
+    try:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_method(1, commands.Tx.Select())
+        raw.expect(commands.Tx.SelectOk)
+        publish = (frame.marshal(commands.Basic.Publish(exchange="", routing_key=uid), 1)
+                   + frame.marshal(header.ContentHeader(0, 1, commands.Basic.Properties(delivery_mode=2)), 1)
+                   + frame.marshal(body.ContentBody(b"x"), 1))
+        commit = frame.marshal(commands.Tx.Commit(), 1)
+        raw.send(publish + commit + publish + commit + commit)
+        for _ in range(3):
+            raw.expect(commands.Tx.CommitOk)
+    finally:
+        raw.close()
+    with connect(broker) as conn:
+        assert conn.channel().queue_delete(uid).method.message_count == 2
