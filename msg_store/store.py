@@ -416,13 +416,19 @@ class MessageStore:
                 write_sidecar(self.directory, number, size, records)
 
     def sync(self) -> None:
+        doomed = self.take_doomed()
+        self.sync_writes()
+        self.unlink(doomed)
+
+    def sync_writes(self) -> None:
+        """Make what was written durable, leaving deleted segments' files to the next ``sync`` (or the caller's
+        group commit, which removes them once the removals that deleted them are durable, on its own thread: a
+        file closed here could be one that thread is fsyncing, its descriptor number meanwhile another file's)."""
         self.flush()
         sealed = self.take_sealed()
-        doomed = self.take_doomed()
         for fd in self.dirty_fds():
             os.fsync(fd)
         self.write_sidecars(sealed)
-        self.unlink(doomed)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -722,7 +728,7 @@ class MessageStore:
         if not ids:
             self._compacting = None
             self.compactions += 1
-            self.sync()  # the copies are durable before the original goes
+            self.sync_writes()  # the copies are durable before the original goes
             if segment.number in self.segments and segment.live <= 0:
                 self._delete_segment(segment)
         return self.needs_compaction

@@ -381,6 +381,28 @@ def test_compaction_moves_live_records_and_deletes_old_file(tmp_path):
     store.close()
 
 
+def test_a_compaction_leaves_the_files_of_deleted_segments_to_the_next_sync(tmp_path):
+    """A compaction makes its copies durable, but removes no deleted segment's file: that is the group commit's,
+    on its own thread, once the removals that deleted the segment are durable (the queue index's too); closed by
+    a compaction on the event loop, a descriptor that thread was fsyncing could be another file's by then."""
+    store = new_store(tmp_path, segment_size=2000, compaction_threshold=0.5)
+    payloads = _fill(store, 60)
+    segments = sorted({store.index[m].segment for m in payloads})
+    assert len(segments) >= 3
+    for msg_id in [m for m in payloads if store.index[m].segment == 2]:  # segment 2 emptied: deleted
+        store.remove(msg_id)
+    in_first = [m for m in payloads if m in store.index and store.index[m].segment == 1]
+    for msg_id in in_first[: int(len(in_first) * 0.7)]:  # segment 1 mostly dead: compacted
+        store.remove(msg_id)
+    while store.compact_step():
+        pass
+    assert store.compactions == 1
+    assert os.path.exists(segment_path(str(tmp_path), 2))
+    store.sync()
+    assert not os.path.exists(segment_path(str(tmp_path), 2)) and not os.path.exists(segment_path(str(tmp_path), 1))
+    store.close()
+
+
 def test_a_payload_opened_for_sending_reads_the_same_bytes_after_its_segment_is_compacted_and_deleted(tmp_path):
     """``open_payload``'s descriptor is the reader's own: the segment compacted away (its file unlinked and the
     store's descriptor closed) and new segments opened meanwhile (which may take the closed descriptor's number),
@@ -760,7 +782,7 @@ def test_duplicate_copies_after_interrupted_compaction_later_wins(tmp_path):
     """A crash between a compaction's copies and the old segment's deletion leaves two copies."""
     store = new_store(tmp_path, segment_size=1000)
     payloads = _fill(store, 20)
-    in_first = [m for m in payloads if store.index[m].segment == 1]
+    in_first = [m for m in payloads if m in store.index and store.index[m].segment == 1]
     for msg_id in in_first[:-2]:
         store.remove(msg_id)
         del payloads[msg_id]
