@@ -36,8 +36,9 @@ class DeliveryTarget(Protocol[ConsumerT, EntryT]):
     def client(self) -> ClientChannel:
         """The client's channel (the link: as the client's node described it)."""
 
-    def can_deliver(self) -> bool:
-        """Room for another delivery now (prefetch aside: the queue counts that per consumer)."""
+    def can_deliver(self, shared: bool) -> bool:
+        """Room for another delivery now (prefetch aside: the queue counts that per consumer); ``shared``: for a
+        consumer whose queue takes a limit the target's consumers share into account (basic.qos global)."""
 
     def deliver(self, consumer: ConsumerT, entry: EntryT) -> None:
         """Send ``entry`` to ``consumer``'s client; it stays unacked unless the consumer is no-ack.

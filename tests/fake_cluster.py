@@ -577,7 +577,7 @@ class Client:
     def client(self) -> ClientChannel:
         return ClientChannel("test", 1, ("127.0.0.1", 1), "guest", self.node.name)
 
-    def can_deliver(self) -> bool:
+    def can_deliver(self, shared: bool) -> bool:
         return True
 
     def deliver(self, consumer: Any, entry: Any) -> None:

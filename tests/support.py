@@ -242,6 +242,14 @@ class AsyncClose:
             assert self.reason.reply_text == text
 
 
+def wait_for_events(connection: pika.BlockingConnection, check: Callable[..., object], timeout: float = 10.0) -> None:
+    """Let pika's connection take what arrives until ``check()`` holds (an AssertionError after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        connection.process_data_events(time_limit=0.1)
+
+
 def consume_n(conn: pika.BlockingConnection, ch: BlockingChannel, queue: str, n: int, auto_ack: bool = True,
               timeout: float = 3.0) -> list:
     """Collect n deliveries (method, props, body) with a consumer, then cancel it."""
@@ -478,7 +486,7 @@ class Target:
     def handed_over(self, consumer: Consumer, old: Any, new: Any) -> None:
         """(a quorum queue's leader moved: nothing to change here)"""
 
-    def can_deliver(self) -> bool:
+    def can_deliver(self, shared: bool) -> bool:
         return self.room
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:

@@ -493,11 +493,11 @@ class Channel:
 
     # -- hot path: deliver --------------------------------------------------------------------
 
-    def can_deliver(self) -> bool:
+    def can_deliver(self, shared: bool) -> bool:
         connection = self.connection
         if not self.flow_active or connection.write_paused or connection.deliver_budget <= 0:
             return False
-        return not self.global_prefetch or self.unacked_for_global < self.global_prefetch
+        return not (shared and self.global_prefetch) or self.unacked_for_global < self.global_prefetch
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         self.delivery_tag += 1
@@ -507,7 +507,7 @@ class Channel:
             stats.deliver_no_ack += 1
         else:
             self.unacked[tag] = (entry, consumer.queue, consumer)
-            self.unacked_for_global += 1
+            self.unacked_for_global += consumer.shares_limit
             stats.deliver += 1
         if entry.redelivered:
             stats.redeliver += 1
@@ -575,12 +575,17 @@ class Channel:
             self.tx_held = {}
 
     def _settle(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
-        """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again."""
-        self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None)  # before queues run
+        """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again;
+        every queue the channel consumes from if its shared limit held them all (as ``rabbit_limiter`` wakes the
+        queues it blocked), not only those the settled entries came from."""
+        held = self.global_prefetch and self.unacked_for_global >= self.global_prefetch
+        self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None and consumer.shares_limit)
         if nack:
             self.broker.nack_taken(taken, requeue)
         else:
             self.broker.settle_taken(taken, requeue)
+        if held:
+            self.resume_deliveries()
 
     def _ack(self, method: commands.Basic.Ack) -> None:
         taken = self._take_unacked(method.delivery_tag, method.multiple)
@@ -815,8 +820,9 @@ class Channel:
             raise ConnectionError(errors.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
         if m.global_:
             self.global_prefetch = m.prefetch_count
-        else:
+        else:  # for consumers made from now on; the channel's shared limit goes (rabbit_channel: unlimit_prefetch)
             self.prefetch = m.prefetch_count
+            self.global_prefetch = 0
         self.reply(commands.Basic.QosOk())
         self.resume_deliveries()
 

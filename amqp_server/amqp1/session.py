@@ -929,7 +929,7 @@ class Outgoing(LinkEndpoint):
         return ClientChannel(connection.name, self.session.channel, connection.peer,
                              connection.user.name if connection.user else "", self.broker.node_name)
 
-    def can_deliver(self) -> bool:
+    def can_deliver(self, shared: bool) -> bool:
         connection = self.connection
         return (self.credit > 0 and self.session.remote_incoming_window > 0 and not connection.write_paused
                 and connection.deliver_budget > 0)

@@ -27,7 +27,7 @@ from .consumers import ConsumerGroup, Consumers
 from .expiry import Expiry
 from ..message import RELEASE_FROM, Message
 from .queue_args import QueueArgs
-from .queue_type import DELIVERY_HEADER, STORES_ALL
+from .queue_type import DELIVERY_HEADER, GLOBAL_QOS, STORES_ALL
 from .ready import Entry
 from .ready_list import CONSUMED_WINDOW, MIN_WINDOW, ReadyList, TransientPages
 from ..stats import MessageStats
@@ -77,7 +77,7 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority", "counted", "filter_set", "sends_from")
+                 "unacked", "prefix", "priority", "counted", "shares_limit", "filter_set", "sends_from")
 
     def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -92,13 +92,16 @@ class Consumer:
         self.prefix = prefix  # encoded Basic.Deliver class/method + consumer tag
         self.priority = priority  # x-priority
         self.counted = queue.counts_deliveries  # its deliveries' header is the queue's (delivery_header)
+        # its queue takes the channel's shared prefetch (basic.qos global) into account: a classic queue's does, a
+        # quorum queue's consumers are credited by the queue alone, as rabbit_fifo's
+        self.shares_limit = GLOBAL_QOS in queue.type.capabilities
         self.filter_set: bytes | None = None  # an AMQP 1.0 consumer's filters, encoded, for a stream's owner to apply
         self.sends_from = 0  # stored bodies this large it sends from the store's file, unread (0: none; ``took``)
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return self.channel.can_deliver()
+        return self.channel.can_deliver(self.shares_limit)
 
 
 class AnyQueue(Protocol):

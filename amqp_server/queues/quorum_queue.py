@@ -39,6 +39,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
+from .. import errors
 from ..clock import now_ms
 from ..framing import header_table
 from . import quorum_machine as machine
@@ -119,7 +120,7 @@ class QuorumQueue(Queue):
         finally:
             self._context = outer
             self._running -= 1
-        if machine.CHECKS and not self._running:
+        if machine.CHECKS and not self._running and not self.deleted:  # (deleted: its ready list is no more)
             self.check(op)
 
     def meta(self) -> machine.Meta:
@@ -600,6 +601,10 @@ class QuorumQueue(Queue):
         return sum(consumer.prefetch or UNLIMITED_WINDOW for consumer in self.consumers)
 
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
+        if self.args.single_active_consumer:  # (rabbit_fifo refuses the dequeue)
+            raise errors.resource_locked(
+                f"cannot obtain access to locked {errors.resource_name('queue', self.name, self.vhost)}. basic.get "
+                "operations are not supported by quorum queues with single active consumer")
         entry = super().get(no_ack, sends_from)
         self._ship()
         return entry

@@ -91,7 +91,7 @@ class RemoteConsumerChannel:
     def client(self) -> ClientChannel:
         return self._client
 
-    def can_deliver(self) -> bool:
+    def can_deliver(self, shared: bool) -> bool:
         in_flight = self.in_flight
         return len(in_flight.sizes) < CREDIT_WINDOW and in_flight.bytes < BYTE_WINDOW \
             and not self.session.link.write_paused

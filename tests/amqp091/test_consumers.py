@@ -12,6 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from conftest import connect
+from support import wait_for_events
 from pika.exceptions import ChannelClosedByBroker
 from support import numbered, publish
 
@@ -282,3 +283,96 @@ def test_exclusive_consumer_released_when_its_connection_closes(broker, conn, ui
     conn.channel().basic_consume(uid, lambda *a: None, exclusive=True)
     assert api(broker, f"/api/queues/%2F/{uid}")["consumers"] == 1
     conn.channel().queue_delete(uid)
+
+
+def test_qos_global_false_after_global_true_clears_channel_limit(conn, uid):
+    """rabbit_channel (3.8+): basic.qos global=false calls rabbit_limiter:unlimit_prefetch, so a channel
+    (global) prefetch set before is dropped (seen on RabbitMQ 3.10.2: amqp-node/amqplib#743)."""
+    ch = conn.channel()
+    ch.queue_declare(uid, auto_delete=True)
+    for _ in range(10):
+        ch.basic_publish("", uid, b"x")
+    ch.basic_qos(prefetch_count=2, global_qos=True)
+    ch.basic_qos(prefetch_count=5, global_qos=False)
+    got = []
+    ch.basic_consume(uid, lambda c, m, p, b: got.append(m))
+    wait_for_events(conn, lambda: len(got) >= 5)
+    conn.process_data_events(0.3)
+    assert len(got) == 5
+
+
+def test_global_qos_ack_from_one_queue_resumes_the_other(conn, uid):
+    """A channel-wide (global) prefetch shared by consumers of two queues: acking the message of queue A (now
+    empty) frees the channel's credit, and queue B's waiting message must follow (rabbit_limiter notifies every
+    queue it blocked)."""
+    ch = conn.channel()
+    qa, qb = uid + "-a", uid + "-b"
+    ch.queue_declare(qa, auto_delete=True)
+    ch.queue_declare(qb, auto_delete=True)
+    ch.basic_publish("", qa, b"a0")
+    for i in range(3):
+        ch.basic_publish("", qb, b"b%d" % i)
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    got = []
+    ch.basic_consume(qa, lambda c, m, p, b: got.append((m, b)))
+    conn.process_data_events(0.3)
+    assert [b for _, b in got] == [b"a0"]
+    ch.basic_consume(qb, lambda c, m, p, b: got.append((m, b)))
+    conn.process_data_events(0.3)
+    assert len(got) == 1  # the channel's one credit is held
+    ch.basic_ack(got[0][0].delivery_tag)
+    wait_for_events(conn, lambda: len(got) >= 2)
+    assert [b for _, b in got] == [b"a0", b"b0"]
+
+
+def test_basic_get_on_quorum_queue_with_single_active_consumer_is_refused(conn, uid):
+    """rabbit_fifo answers a dequeue with {error, {unsupported, single_active_consumer}}; rabbit_channel closes
+    the channel 405 RESOURCE_LOCKED "cannot obtain access to locked queue '...' in vhost '/'. basic.get
+    operations are not supported by quorum queues with single active consumer"."""
+    ch = conn.channel()
+    ch.queue_declare(uid, durable=True, arguments={"x-queue-type": "quorum", "x-single-active-consumer": True})
+    ch.basic_publish("", uid, b"x")
+    try:
+        with pytest.raises(ChannelClosedByBroker) as closed:
+            ch.basic_get(uid, auto_ack=True)
+        assert closed.value.reply_code == 405
+        assert closed.value.reply_text == (
+            f"RESOURCE_LOCKED - cannot obtain access to locked queue '{uid}' in vhost '/'. basic.get operations "
+            "are not supported by quorum queues with single active consumer")
+    finally:
+        conn.channel().queue_delete(uid)
+
+
+def test_global_qos_set_after_consuming_from_a_quorum_queue_does_not_limit_it(conn, uid):
+    """RabbitMQ: quorum queue consumers are credited by rabbit_fifo (their own prefetch), never by the channel's
+    limiter: basic.qos global=true activates the limit on classic queues only (classic_consumer_queue_pids)."""
+    ch = conn.channel()
+    ch.queue_declare(uid, durable=True, arguments={"x-queue-type": "quorum"})
+    try:
+        ch.basic_qos(prefetch_count=10)
+        got = []
+        ch.basic_consume(uid, lambda c, m, p, b: got.append(m))
+        ch.basic_qos(prefetch_count=1, global_qos=True)
+        for _ in range(5):
+            ch.basic_publish("", uid, b"x")
+        wait_for_events(conn, lambda: len(got) == 5)
+    finally:
+        ch.close()
+        conn.channel().queue_delete(uid)
+
+
+def test_ack_after_quorum_queue_deleted(conn, uid):
+    """A settle for a quorum queue that is gone is ignored, as RabbitMQ's; the connection carries on (the state
+    machine's invariant checks, which the tests turn on, failed on the deleted queue's state: 541)."""
+    ch = conn.channel()
+    ch.queue_declare(uid, durable=True, arguments={"x-queue-type": "quorum"})
+    for _ in range(3):
+        ch.basic_publish("", uid, b"x")
+    ch.basic_qos(prefetch_count=1)
+    got = []
+    ch.basic_consume(uid, lambda c, m, p, b: got.append(m))
+    while not got:
+        conn.process_data_events(0.1)
+    conn.channel().queue_delete(uid)  # 2 ready messages go with it, 1 delivery held
+    ch.basic_ack(got[0].delivery_tag)
+    conn.channel().queue_declare(uid + "-other", auto_delete=True)  # a round trip: the connection is still open

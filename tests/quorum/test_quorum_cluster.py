@@ -29,7 +29,7 @@ from amqp_server.message import make_message
 from amqp_server.records import QueueRecord
 from forwarder.quorum import groups as quorum
 from forwarder.quorum.groups import Group, QuorumGroups
-from support import Raw, delivery_tag, drain_from as drain, publish_frames, publish_to
+from support import Raw, delivery_tag, drain_from as drain, publish_frames, publish_to, wait_for_events
 
 publish = partial(publish_to, mandatory=True, delivery_mode=2)  # persistent and confirmed: pika raises on a nack
 
@@ -291,13 +291,6 @@ def test_consumers_go_on_through_failover_with_bindings_kept(nodes, uid):
         assert got[-1][1] == b"routed"
     finally:
         connection.close()
-
-
-def wait_for_events(connection: pika.BlockingConnection, check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        connection.process_data_events(time_limit=0.1)
 
 
 def test_a_follower_that_was_down_catches_up_before_it_leads(nodes, uid):
