@@ -29,12 +29,22 @@ def _freeze(value: Any) -> Any:
         return tuple(_freeze(v) for v in value)
     if isinstance(value, bytearray):
         return _FrozenByteArray(value)
+    if isinstance(value, (bool, float)):
+        return _Typed(value, type(value))
     return value
 
 
 class _FrozenByteArray(bytes):
     """A byte array ('x') frozen: hashable, equal to the same bytes, and a byte array again once thawed."""
     __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Typed:
+    """A bool or a float frozen apart from the int Python finds it equal to (``True == 1``, ``1.0 == 1``): as
+    RabbitMQ's typed argument tables, ``{f: true}`` and ``{f: 1}`` are two bindings."""
+    value: Any
+    kind: type
 
 
 def _thaw(value: Any) -> Any:
@@ -44,6 +54,8 @@ def _thaw(value: Any) -> Any:
         return [_thaw(v) for v in value]
     if isinstance(value, _FrozenByteArray):
         return bytearray(value)
+    if isinstance(value, _Typed):
+        return value.value
     return value
 
 

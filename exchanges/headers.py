@@ -54,8 +54,13 @@ def _compile(arguments: dict[str, Any]) -> _Matcher:
 
 
 def _equal(actual: Any, expected: Any) -> bool:
-    # Erlang compares true and 1 as different terms; Python does not.
-    return actual == expected and (type(actual) is bool) == (type(expected) is bool)
+    """rabbit_exchange_type_headers: equal values of the same type class (true is not 1, nor 1.0 the long 1, nor
+    a byte array the string of its bytes), where Python finds them equal across types."""
+    return actual == expected and _type_class(actual) is _type_class(expected)
+
+
+def _type_class(value: Any) -> type:
+    return bytes if isinstance(value, bytearray) else type(value)
 
 
 def _matches(match_all: bool, items: tuple[tuple[str, Any], ...],

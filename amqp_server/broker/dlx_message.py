@@ -47,9 +47,10 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
             break
     else:
         deaths.insert(0, _death(message, queue, reason, header_keys(message.headers or {}, "CC")))
+    if old is None:  # the first death (by the header's say): rabbit_dead_letter sets these then, and only then
+        for name, value in (("reason", reason), ("queue", queue), ("exchange", message.exchange)):
+            fields[f"x-first-death-{name}"] = Field("S", value)
     fields["x-death"] = Field("A", deaths)
-    for name, value in (("reason", reason), ("queue", queue), ("exchange", message.exchange)):
-        fields.setdefault(f"x-first-death-{name}", Field("S", value))
     if routing_key is not None:
         fields.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
     header = properties.replace(message.header, codec.FLAG_EXPIRATION, None)

@@ -28,23 +28,29 @@ class Exchanges:
         self.policies = policies
 
     @staticmethod
-    def check_exchange_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
-                               who: Principal | None) -> None:
-        """configure on the exchange; with an alternate exchange also read on it and write on that one."""
+    def check_exchange_declare(vhost: VHost, name: str, type_name: str, arguments: dict[str, Any] | None,
+                               who: Principal | None) -> type[Exchange]:
+        """The exchange type's class, checked in rabbit_channel's order: the type, the default exchange, configure
+        on the exchange; for a new one with an alternate exchange, also read on it and write on that one (an
+        exchange declared again needs neither)."""
+        cls = exchange_class(type_name)
+        if cls is None:
+            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{type_name}'")
+        if name == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
         if who is None:
-            return
+            return cls
         who.check("configure", "exchange", vhost.name, name)
         alternate = (arguments or {}).get("alternate-exchange")
-        if alternate and isinstance(alternate, (str, bytes)):  # another type is declare's 406
+        if name not in vhost.exchanges and alternate and isinstance(alternate, (str, bytes)):  # (else declare's 406)
             who.check("read", "exchange", vhost.name, name)
             who.check("write", "exchange", vhost.name, codec.text(alternate))
+        return cls
 
     def declare_exchange(self, vhost: VHost, name: str, type_name: str, passive: bool = False,
                          durable: bool = False, auto_delete: bool = False, internal: bool = False,
                          arguments: dict[str, Any] | None = None, who: Principal | None = None) -> Exchange:
         """exchange.declare for ``who`` (None: the node itself, e.g. a definitions import by an administrator)."""
-        if not passive:
-            self.check_exchange_declare(vhost, name, arguments, who)
         existing = vhost.exchanges.get(name)
         if passive:
             if name == "":
@@ -52,13 +58,8 @@ class Exchanges:
             if existing is None:
                 raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
             return existing
-        # RabbitMQ's order: type, default exchange, then (only for a new exchange) the amq. prefix
-        cls = exchange_class(type_name)
-        if cls is None:
-            raise ConnectionError(errors.COMMAND_INVALID, f"unknown exchange type '{type_name}'")
-        if name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
-        if existing is None and name.startswith("amq."):
+        cls = self.check_exchange_declare(vhost, name, type_name, arguments, who)
+        if existing is None and name.startswith("amq."):  # (a new exchange's)
             raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         arguments = dict(arguments or {})
         what = resource_name("exchange", name, vhost.name)
@@ -96,10 +97,9 @@ class Exchanges:
                              auto_delete: bool = False, internal: bool = False,
                              arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
         """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
-        self.check_exchange_declare(vhost, name, arguments, who)
+        self.check_exchange_declare(vhost, name, type_name, arguments, who)
         cluster = self.definitions.cluster
-        if (cluster is not None and name and name not in vhost.exchanges and not name.startswith("amq.")
-                and exchange_class(type_name) is not None):
+        if cluster is not None and name not in vhost.exchanges and not name.startswith("amq."):
             what = resource_name("exchange", name, vhost.name)
             storable(arguments, what)
             if durable:

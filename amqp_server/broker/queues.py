@@ -86,13 +86,14 @@ class Queues:
     @staticmethod
     def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
                             who: Principal | None) -> None:
-        """configure on the queue; with a dead-letter exchange also read on the queue and write on that
-        exchange, as rabbit_channel checks them: dead letters may only go where their publisher could send."""
+        """configure on the queue; for a new one with a dead-letter exchange also read on the queue and write on
+        that exchange, as rabbit_channel checks them (a queue declared again needs neither): dead letters may only
+        go where their publisher could send."""
         if who is None:
             return
         who.check("configure", "queue", vhost.name, name)
         dlx = (arguments or {}).get("x-dead-letter-exchange")
-        if isinstance(dlx, (str, bytes)):
+        if name not in vhost.queues and isinstance(dlx, (str, bytes)):
             who.check("read", "queue", vhost.name, name)
             who.check("write", "exchange", vhost.name, codec.text(dlx))
 

@@ -177,7 +177,9 @@ async def test_agreeing_an_exchange_asks_the_cluster_only_in_cluster_mode_and_on
     cluster = exchanges.definitions.cluster = Cluster()
     await exchanges.agree_exchange(vhost, "x", "direct", durable=True)
     await exchanges.agree_exchange(vhost, "amq.direct", "direct")
-    await exchanges.agree_exchange(vhost, "y", "no-such-type")  # declare's error, not the cluster's
+    with pytest.raises(ConnectionError) as refused:  # declare's error, before the cluster is asked
+        await exchanges.agree_exchange(vhost, "y", "no-such-type")
+    assert refused.value.code == 503
     assert [record.key for record in cluster.agreed] == [name_key("/", "x")]
 
 
