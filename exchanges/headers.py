@@ -9,6 +9,7 @@ all-with-x or any-with-x.  "x-match" itself never takes part in matching; other
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from .base import Binding, Exchange
@@ -54,13 +55,20 @@ def _compile(arguments: dict[str, Any]) -> _Matcher:
 
 
 def _equal(actual: Any, expected: Any) -> bool:
-    """rabbit_exchange_type_headers: equal values of the same type class (true is not 1, nor 1.0 the long 1, nor
-    a byte array the string of its bytes), where Python finds them equal across types."""
-    return actual == expected and _type_class(actual) is _type_class(expected)
+    """rabbit_exchange_type_headers compares the values as Erlang's ``==`` does: a string and a byte array of
+    the same bytes are one binary, and 1 is 1.0; but true is not 1, nor a decimal a number (Python finds those
+    equal)."""
+    return _term(actual) == _term(expected)
 
 
-def _type_class(value: Any) -> type:
-    return bytes if isinstance(value, bytearray) else type(value)
+def _term(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, (bool, Decimal)):
+        return type(value), value
+    return value
 
 
 def _matches(match_all: bool, items: tuple[tuple[str, Any], ...],

@@ -2,6 +2,8 @@
 there already, what a headers binding is and what it matches, and the ``x-first-death-*`` headers."""
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from amqp_server.access_control import Permissions, Principal
@@ -51,11 +53,13 @@ async def test_declaring_the_default_exchange_is_refused_as_such_before_any_perm
 
 
 @pytest.mark.parametrize("bound, header, matches", [
-    (True, True, True), (True, 1, False), (1, 1, True), (1, 1.0, False), ("pdf", "pdf", True),
-    ("pdf", bytearray(b"pdf"), False), (bytearray(b"pdf"), bytearray(b"pdf"), True)])
-async def test_a_headers_binding_matches_a_value_of_its_type_class_alone(core, vhost, bound, header, matches):
-    """rabbit_exchange_type_headers compares values only of one type class (rabbit_misc:type_class): a bool is no
-    long, a double no long, a byte array no string; Python finds some of them equal."""
+    (True, True, True), (True, 1, False), (1, 1, True), (1, 1.0, True), ("pdf", "pdf", True),
+    ("pdf", bytearray(b"pdf"), True), (bytearray(b"pdf"), "pdf", True), ("pdf", "pdg", False),
+    (1, Decimal(1), False)])
+async def test_a_headers_binding_matches_values_as_erlang_compares_them(core, vhost, bound, header, matches):
+    """rabbit_exchange_type_headers matches a value with ``PV == DV``: a string and a byte array of the same bytes
+    are one binary (Go's []byte and Java's byte[] go as byte arrays), and the long 1 is the double 1.0; but true is
+    not 1, nor a decimal 1 the long 1, which Python finds equal."""
     core.declare_exchange(vhost, "hx", "headers")
     core.declare_queue(vhost, "hq")
     core.bind(vhost, "hx", "queue", "hq", "", {"x-match": "all", "f": bound})
