@@ -332,11 +332,11 @@ class PriorityReadyList(ReadyList):
         super().clear()
         self._none_on_disk()
 
-    def _left_disk(self, count: int, size: int) -> None:
+    def left_disk(self, count: int, size: int) -> None:
         """Entries on disk left without coming into memory (expired there, committed): once none is left, no level
         is on disk, which a level's flag may otherwise still say (only a page-in finds a level empty), and the
         next entry of that level, going to memory, would be read back by a page-in of it."""
-        super()._left_disk(count, size)
+        super().left_disk(count, size)
         if not self.tail.count:
             self._none_on_disk()
 

@@ -48,7 +48,7 @@ PAGE_IN_BYTES = 4 * 1024 * 1024  # contents read with a batch; the rest of it is
 class TailCount:
     """How many of a queue's ready entries are on disk, and their bodies' bytes: counted in this one object, the two
     always together (a priority queue's levels' tails in one too).  ``ReadyList.bytes`` counts these bytes as
-    well; ``ReadyList._left_disk`` moves it with them when entries leave the queue from disk."""
+    well; ``ReadyList.left_disk`` moves it with them when entries leave the queue from disk."""
 
     __slots__ = ("count", "bytes")
 
@@ -515,10 +515,10 @@ class ReadyList:
         row = index.get(queue_id, key)
         if row is None:
             return None
-        self._left_disk(1, row.size)
+        self.left_disk(1, row.size)
         return self.paged_entry(row)
 
-    def _left_disk(self, count: int, size: int) -> None:
+    def left_disk(self, count: int, size: int) -> None:
         """``count`` entries on disk, ``size`` bytes in all, left the queue without coming into memory."""
         self.tail.remove(count, size)
         self.bytes -= size
@@ -551,7 +551,7 @@ class ReadyList:
         """Entries on disk left the queue without coming into memory (``QueueIndex.take`` deleted them): the
         store references they held go, and their weight."""
         self._release(rows)
-        self._left_disk(len(rows), int(rows["size"].sum()))
+        self.left_disk(len(rows), int(rows["size"].sum()))
 
     def _release(self, rows: np.ndarray) -> None:
         """The store references of index rows taken from the queue's index (transient ones in the pager's store)."""
@@ -646,7 +646,7 @@ class ReadyList:
     def _cut(self, count: int, size: int) -> None:
         """The entries on disk below ``_drop_below``, ``count`` of ``size`` bytes, leave the queue now, as acked;
         their rows go in the background, named by the drop marks until they are gone."""
-        self._left_disk(count, size)
+        self.left_disk(count, size)
         self.owner.stats.ack += count
         self.committed_drops += count
         self._drop_marked([(self.paged_from, self._drop_below)], self._drop_marks)
