@@ -88,6 +88,7 @@ def _uniform(buf: bytes | bytearray | memoryview, pos: int, end: int, count: int
 
 
 _SPECS = {core.OFFSET_FIRST: "first", core.OFFSET_LAST: "last", core.OFFSET_NEXT: "next"}
+NONE_YET = -1  # a name's publishing sequence before its first message: osiris finds none, so 0 is no duplicate
 _LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
 
 # states
@@ -101,7 +102,7 @@ class StreamPublisher:
         self.id = publisher_id
         self.reference = reference
         self.stream = stream
-        self.sequence = sequence  # the last publishing id written (deduplication, with a reference)
+        self.sequence = sequence  # the last publishing id written (deduplication, with a reference); NONE_YET
 
 
 class Subscription:
@@ -581,7 +582,7 @@ class StreamConnection(FrontEnd):
         except StreamError as exc:
             self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
             return
-        sequence = self.manager.writers(stream).get(reference, 0) if reference else 0
+        sequence = self.manager.writers(stream).get(reference, NONE_YET) if reference else NONE_YET
         self.publishers[publisher_id] = StreamPublisher(publisher_id, reference, stream, sequence)
         stream.listeners[self] = None
         self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
@@ -624,7 +625,7 @@ class StreamConnection(FrontEnd):
             self.flow.publishing(self)
         buf, pos, end = fields.buf, fields.pos, fields.end
         dedup = publisher is not None and bool(publisher.reference)
-        last = publisher.sequence if publisher is not None else 0
+        last = publisher.sequence if publisher is not None else NONE_YET
         stream = publisher.stream if publisher is not None else None
         if version == 1 and stream is not None and not stream.deleted and stream.writable():
             uniform = _uniform(buf, pos, end, count, last if dedup else None)
