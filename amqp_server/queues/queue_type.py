@@ -129,9 +129,7 @@ class QueueType:
             raise errors.precondition_failed(
                 f"invalid arg 'x-cancel-on-ha-failover' {at}: {{unacceptable_type,{kind}}}")
         what = errors.resource_name("queue", queue, vhost)
-        if global_prefetch and GLOBAL_QOS not in self.capabilities:
-            raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"{what} does not support global qos")
-        self.refuse_consumer(what, no_ack, prefetch)
+        self.refuse_consumer(what, no_ack, prefetch, global_prefetch)
         for name in CONSUMER_ARGUMENTS:
             if name in arguments and name not in self.consumer_arguments:
                 raise errors.precondition_failed(
@@ -139,8 +137,14 @@ class QueueType:
         self.check_consumer_arguments(what, arguments)
         return priority
 
-    def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
-        """What this type refuses of a consumer beyond its arguments (``what``: the queue, as texts name it)."""
+    def refuse_consumer(self, what: str, no_ack: bool, prefetch: int, global_prefetch: int) -> None:
+        """What this type refuses of a consumer beyond its arguments (``what``: the queue, as texts name it): a
+        channel-wide prefetch (basic.qos global) if the type takes none (rabbit_quorum_queue's first check)."""
+        self.refuse_global_qos(what, global_prefetch)
+
+    def refuse_global_qos(self, what: str, global_prefetch: int) -> None:
+        if global_prefetch and GLOBAL_QOS not in self.capabilities:
+            raise errors.ConnectionError(errors.NOT_IMPLEMENTED, f"{what} does not support global qos")
 
     def check_consumer_arguments(self, what: str, arguments: dict[str, Any]) -> None:
         """The values of the consumer arguments this type takes, beyond those every queue checks."""

@@ -142,6 +142,23 @@ def test_a_consumer_needs_a_prefetch_and_manual_acks(broker, uid, qos, no_ack, e
     assert (closed.reply_code, closed.reply_text) == (error[0], error[1].format(q=uid))
 
 
+def test_a_consumer_with_a_prefetch_on_a_channel_with_a_shared_one_is_refused(broker, uid):
+    """rabbit_stream_queue refuses a consumer on a channel whose limiter is active (basic.qos global) after its
+    prefetch and ack checks: 540, the channel's "does not support global qos"."""
+    with connect(broker) as connection:
+        declare(connection.channel(), uid)
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=10)
+        channel.basic_qos(prefetch_count=5, global_qos=True)
+        with pytest.raises((ChannelClosedByBroker, ConnectionClosedByBroker)) as caught:
+            channel.basic_consume(uid, lambda *_: None)
+            connection.process_data_events(1)
+    closed = caught.value
+    assert isinstance(closed, (ChannelClosedByBroker, ConnectionClosedByBroker))  # (what pytest.raises took)
+    assert (closed.reply_code, closed.reply_text) == (
+        540, f"NOT_IMPLEMENTED - queue '{uid}' in vhost '/' does not support global qos")
+
+
 def test_offsets_first_a_number_next_and_last(broker, uid):
     with connect(broker) as connection:
         declare(connection.channel(), uid)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from ... import errors
 from ..queue_args import interval_ms
-from ..queue_type import DELIVERY_HEADER, GLOBAL_QOS, LOG, STORES_ALL, HttpView, NodeStorage, QueueType
+from ..queue_type import DELIVERY_HEADER, LOG, STORES_ALL, HttpView, NodeStorage, QueueType
 from ..queue import LocalQueue
 from ..stream_queue import StreamQueue
 
@@ -25,7 +25,7 @@ class Stream(QueueType):
     # What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
-    capabilities = frozenset({GLOBAL_QOS, LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
+    capabilities = frozenset({LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
     queue_class: ClassVar[type[LocalQueue]] = StreamQueue  # (mypy checks it provides the protocol)
 
     def attached(self, queue: Any, storage: NodeStorage, durable: bool) -> None:
@@ -34,13 +34,15 @@ class Stream(QueueType):
         queue.persistence = storage.persistence
         queue.logs = storage.stream_logs
 
-    def refuse_consumer(self, what: str, no_ack: bool, prefetch: int) -> None:
-        """A per-consumer prefetch, and manual acks (RabbitMQ would fail on no prefetch with 541)."""
+    def refuse_consumer(self, what: str, no_ack: bool, prefetch: int, global_prefetch: int) -> None:
+        """A per-consumer prefetch, manual acks, and no channel-wide prefetch, in rabbit_stream_queue's order
+        (RabbitMQ would fail on no prefetch with 541)."""
         if not prefetch:
             raise errors.precondition_failed(f"consumer prefetch count is not set for '{what}'")
         if no_ack:
             raise errors.ConnectionError(errors.NOT_IMPLEMENTED,
                                          f"automatic acknowledgement not supported by stream queues {what}")
+        self.refuse_global_qos(what, global_prefetch)
 
     def check_consumer_arguments(self, what: str, arguments: dict[str, Any]) -> None:
         """An x-stream-offset that is one (RabbitMQ fails on others with 541)."""
