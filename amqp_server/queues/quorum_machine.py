@@ -662,9 +662,13 @@ def _recover(op: Recover, state: State) -> Effects:
         out, waiting = set(checked_out), set(dead)
     else:
         out, waiting = checked_out.keys() & set(op.seqs), dead.keys() & set(op.seqs)
-    rows = []
+    over = past_limit_on_return(state, out)  # (its count stays: it does not go back, as at a Return)
+    for seq in over:
+        del checked_out[seq]
+    out -= over
     for seq in out:
         counts[seq] = counts.get(seq, 0) + 1
+    rows = []
     sizes, expiries = state.sizes, state.expiries
     for seq in sorted(out | waiting):
         ready.add_run(seq, seq + 1)
@@ -677,7 +681,15 @@ def _recover(op: Recover, state: State) -> Effects:
         del checked_out[seq]
     for seq in waiting:
         del dead[seq]
-    return (Unhold(rows),) if rows else ()
+    effects: Effects = (Unhold(rows),) if rows else ()
+    return effects + _dead_letter(state, sorted(over), "delivery_limit", False) if over else effects
+
+
+def past_limit_on_return(state: State, seqs: Iterable[int]) -> set[int]:
+    """Those of ``seqs`` that one more counted return takes past the delivery limit: they are dead-lettered
+    rather than returned."""
+    limit, counts = state.delivery_limit, state.counts
+    return set() if limit is None else {seq for seq in seqs if counts.get(seq, 0) >= limit}
 
 
 def _configure(op: Configure, state: State) -> Effects:

@@ -236,11 +236,11 @@ class QuorumQueue(Queue):
         self._configure()
         if not handover:
             if state.checked_out or state.dead:
-                self.run(machine.Recover())
+                self._recover(None)
             self._expire_or_arm()
             return
         if state.dead:
-            self.run(machine.Recover(sorted(state.dead)))
+            self._recover(sorted(state.dead))
         if state.checked_out:
             self._await_consumers(set(state.checked_out))
         self._expire_or_arm()
@@ -248,14 +248,37 @@ class QuorumQueue(Queue):
     def _await_consumers(self, awaiting: set[int]) -> None:
         """A new leader keeps the entries checked out before (``awaiting``) apart for the consumers that outlive
         the change of leader, until they take them back or ``HANDOVER_GRACE`` is over."""
-        self._awaiting = awaiting
-        ready = self.ready
-        while self.paged and not awaiting <= self.held.keys():  # (they come first: each was the head once)
-            if not ready.page_in():
-                break
+        self._page_in_held(awaiting)
         loop = asyncio.get_running_loop()
         self._grace_until = loop.time() + HANDOVER_MAX
         self._grace_timer = loop.call_later(HANDOVER_GRACE, self._grace_over)
+
+    def _recover(self, seqs: list[int] | None) -> None:
+        """``machine.Recover``: what it dead-letters, past the delivery limit, comes into memory first (a restart's
+        entries are on disk), and is no longer unacked."""
+        state = self.state
+        out = state.checked_out.keys() if seqs is None else state.checked_out.keys() & set(seqs)
+        over = machine.past_limit_on_return(state, out)
+        if over:
+            awaiting = self._awaiting
+            self._page_in_held(over)
+            self._awaiting = awaiting
+            lost = sorted(over - self.held.keys())  # (the store lost their messages: they leave as settled)
+            if lost:
+                self.run(machine.Settle(lost), [Entry(seq, Message.stored(0, 0)) for seq in lost])
+            for seq in over.difference(lost):
+                self.unacked -= 1
+                self.unacked_bytes -= self.held[seq].message.body_size
+        self.run(machine.Recover(seqs))
+
+    def _page_in_held(self, seqs: set[int]) -> None:
+        """Checked-out entries on disk (``seqs``) come into memory, held (``_keep_apart``): those a consumer may
+        take back, or that leave as dead letters."""
+        self._awaiting = seqs
+        ready = self.ready
+        while self.paged and not seqs <= self.held.keys():  # (they come first: each was the head once)
+            if not ready.page_in():
+                break
 
     def _keep_apart(self, entry: Entry) -> bool:
         """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
@@ -348,7 +371,7 @@ class QuorumQueue(Queue):
         seqs = [seq for seq in sorted(awaiting) if seq in self.held]
         if not seqs:
             return
-        self.run(machine.Recover(seqs))
+        self._recover(seqs)
         self.deliver_ready()
         self._expire_or_arm()
 

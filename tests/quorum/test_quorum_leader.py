@@ -238,6 +238,30 @@ async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_pa
     broker.close()
 
 
+async def test_a_held_entry_whose_message_the_store_lost_leaves_at_a_restart_past_the_delivery_limit(tmp_path):
+    """A restart dead-letters what a consumer held past ``x-delivery-limit``, reading it from disk first; one whose
+    message the store lost cannot be, and leaves as settled (else the restart failed on it)."""
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    vhost = broker.vhost("/")
+    queue = local(broker.declare_queue(vhost, "q", durable=True,
+                                       arguments={"x-queue-type": "quorum", "x-delivery-limit": 0}))
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    for i in range(20):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    entry = queue.get(False)
+    assert entry is not None
+    await asyncio.sleep(0.05)  # (the group commit)
+    broker.persistence.store.remove(entry.message.msg_id)  # (a damaged store)
+    broker.close()
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    recovered = broker.vhost("/").queue("q")
+    assert isinstance(recovered, QuorumQueue)
+    assert (recovered.message_count, recovered.unacked, recovered.state.checked_out) == (19, 0, {})
+    got = recovered.get(True)
+    assert got is not None and got.message.body == b"m1"
+    broker.close()
+
+
 async def test_an_entry_on_disk_taken_back_by_a_consumer_is_not_read_back_as_ready(tmp_path):
     """A consumer that outlived a change of leader takes back a ready entry that lies in the part of the queue on
     disk (``adopt``): it leaves from memory, its row kept (it is checked out, not gone), and no later page-in reads

@@ -105,6 +105,14 @@ class Model:
             self.left[message] = why
             self.counts.pop(message, None)
 
+    def count_return(self, messages: set[int]) -> set[int]:
+        """Those of ``messages`` one more return takes past the limit; the others' counts go up by one."""
+        limit, counts = self.delivery_limit, self.counts
+        over = {message for message in messages if limit is not None and counts.get(message, 0) >= limit}
+        for message in messages - over:
+            counts[message] = counts.get(message, 0) + 1
+        return over
+
     def dead_letter(self, messages: list[int], reason: str) -> None:
         if self.at_least_once:
             self.dead.update(dict.fromkeys(messages, reason))
@@ -344,13 +352,16 @@ class QuorumMachine(RuleBasedStateMachine):
 
     @rule()
     def recover(self) -> None:
-        """A new term: what consumers held is back in its place, counted as returned; waiting dead letters too."""
+        """A new term: what consumers held is back in its place, counted as returned (past the limit,
+        dead-lettered); waiting dead letters too."""
         model = self.model
-        for message in model.out:
-            model.counts[message] = model.counts.get(message, 0) + 1
-        model.back_in_place([*model.out, *model.dead])
+        self.remember([self.seq_of(message) for message in model.out])
+        over = model.count_return(model.out)
+        model.back_in_place([*(model.out - over), *model.dead])
         model.out, model.dead = set(), {}
         self.run(m.Recover())
+        model.dead_letter(sorted(over), "delivery_limit")
+        self.expect_sent(sorted(over), "delivery_limit")
 
     @rule(data=st.data())
     def recover_some(self, data) -> None:
@@ -359,9 +370,9 @@ class QuorumMachine(RuleBasedStateMachine):
         model = self.model
         back = data.draw(st.sets(st.sampled_from(sorted(model.out | model.dead.keys() | {-1}))))
         back.discard(-1)
-        for message in back & model.out:
-            model.counts[message] = model.counts.get(message, 0) + 1
-        model.back_in_place(back)
+        self.remember([self.seq_of(message) for message in back & model.out])
+        over = model.count_return(back & model.out)
+        model.back_in_place(back - over)
         model.out -= back
         for message in back:
             model.dead.pop(message, None)
@@ -372,6 +383,8 @@ class QuorumMachine(RuleBasedStateMachine):
             assert first is not None
             seqs.append(first)
         self.run(m.Recover(data.draw(st.permutations(seqs))))
+        model.dead_letter(sorted(over), "delivery_limit")
+        self.expect_sent(sorted(over), "delivery_limit")
 
     @rule()
     def follower_joins(self) -> None:

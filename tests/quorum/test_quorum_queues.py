@@ -509,6 +509,32 @@ def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_co
             [*others, held] if how == "stop" else [held, *others])
 
 
+@pytest.mark.warren_only("kills the node")
+def test_a_message_held_when_the_node_was_killed_is_dead_lettered_past_the_delivery_limit(start_broker, uid):
+    """The restart's return of what a consumer held counts, as a consumer's going does, and past
+    ``x-delivery-limit`` dead-letters the message rather than putting it back (rabbit_fifo's return_one)."""
+    node = start_broker()
+    connection = connect(node)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(f"{uid}-dead", durable=True)
+    declare(channel, uid, **{"x-delivery-limit": 0, "x-dead-letter-exchange": "",
+                             "x-dead-letter-routing-key": f"{uid}-dead"})
+    for body in (b"a", b"b"):
+        channel.basic_publish("", uid, body, pika.BasicProperties(delivery_mode=2))
+    method, _, body = _get(channel, uid)
+    assert body == b"a"
+    channel.basic_publish("", uid, b"c", pika.BasicProperties(delivery_mode=2))  # (its fsync covers the delivery)
+    node.kill()
+    node.start()
+    with connect(node) as other:
+        channel = other.channel()
+        method, properties, body = _get(channel, f"{uid}-dead")
+        assert (body, properties.headers["x-first-death-reason"]) == (b"a", "delivery_limit")
+        got = [channel.basic_get(uid, auto_ack=True)[2] for _ in range(3)]
+        assert got == [b"b", b"c", None]
+
+
 def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
     with connect(broker) as connection:
         channel = connection.channel()
