@@ -23,6 +23,7 @@ from ..queues.policy import Policies
 from ..queues.priority_queue import RankedRows
 from ..queues.queue import AnyQueue, Consumer, Entry, LocalQueue, Queue
 from ..queues.replica_store import ReplicaStore
+from ..queues.queue_type import EXCLUSIVE_CONSUME
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
 from .vhost import VHost, home_node_down
@@ -235,7 +236,10 @@ class Queues:
     @staticmethod
     def check_consumer_exclusivity(queue: AnyQueue, exclusive: bool) -> None:
         """An exclusive consumer wants the queue alone (none there, no single active consumer); nobody joins
-        an exclusive consumer.  AMQP channels and remote consumers (cluster mode) both ask here."""
+        an exclusive consumer, where the type has them (``EXCLUSIVE_CONSUME``).  AMQP channels and remote consumers
+        (cluster mode) both ask here."""
+        if EXCLUSIVE_CONSUME not in queue.type.capabilities:
+            return
         if (exclusive and (queue.consumers or queue.args.single_active_consumer)
                 or any(c.exclusive for c in queue.consumers)):
             raise errors.access_refused(f"{resource_name('queue', queue.name, queue.vhost)} in exclusive use")

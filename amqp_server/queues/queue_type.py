@@ -36,6 +36,8 @@ LOG = "log"  # an append-only log read from offsets: what RabbitMQ's stream prot
 DELIVERY_HEADER = "delivery_header"  # each delivery carries a header of the queue's (x-delivery-count, x-stream-offset)
 UNREPLICATED = "unreplicated"  # held by one node alone (RabbitMQ's classic queues): what x-local-random picks from
 STORES_ALL = "stores_all"  # every message is on disk, whatever its delivery mode (a durable queue's transient ones too)
+EXCLUSIVE_CONSUME = "exclusive_consume"  # an exclusive consumer has the queue alone (rabbit_amqqueue_process's; a
+# quorum queue or stream records the flag and refuses no one, as rabbit_fifo and rabbit_stream_queue)
 # Policy keys whose value and the queue's own argument both count: the lower applies (every type that takes them)
 LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "consumer-timeout")
 # Policy keys where the queue's own argument, when set, overrides the policy

@@ -223,6 +223,21 @@ def test_single_active_consumer_refuses_exclusive_consume(conn, uid):
     conn.channel().queue_delete(uid)
 
 
+@pytest.mark.parametrize("queue_type", ["quorum", "stream"])
+def test_an_exclusive_consumer_of_a_quorum_queue_or_stream_shares_it(conn, uid, queue_type):
+    """Only classic queues keep a queue for an exclusive consumer: rabbit_fifo and rabbit_stream_queue record the
+    flag and refuse no consumer, before it or after it."""
+    ch = conn.channel()
+    ch.queue_declare(uid, durable=True, arguments={"x-queue-type": queue_type})
+    channels = [conn.channel() for _ in range(3)]
+    for channel, exclusive in zip(channels, (False, True, False)):
+        channel.basic_qos(prefetch_count=10)
+        channel.basic_consume(uid, lambda *a: None, exclusive=exclusive)
+    for channel in channels:
+        channel.close()
+    ch.queue_delete(uid)
+
+
 @pytest.mark.parametrize("value, kind", [("true", "longstr"), (1, "signedint")])
 def test_invalid_single_active_consumer_arg_406(conn, uid, value, kind):
     ch = conn.channel()

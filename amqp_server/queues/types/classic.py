@@ -5,7 +5,7 @@ from typing import Any, ClassVar
 
 from ...framing import properties
 from ..queue import LocalQueue, Queue
-from ..queue_type import GLOBAL_QOS, NACK, PAGING, TRANSIENT, UNREPLICATED, HttpView, QueueType
+from ..queue_type import EXCLUSIVE_CONSUME, GLOBAL_QOS, NACK, PAGING, TRANSIENT, UNREPLICATED, HttpView, QueueType
 
 
 class Classic(QueueType):
@@ -18,7 +18,7 @@ class Classic(QueueType):
                          "x-max-in-memory-bytes", "x-quorum-initial-group-size", "x-max-age", "x-initial-cluster-size",
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority", "x-cancel-on-ha-failover")
-    capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING, UNREPLICATED})
+    capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING, UNREPLICATED, EXCLUSIVE_CONSUME})
     queue_class: ClassVar[type[LocalQueue]] = Queue  # (mypy checks it provides the protocol)
 
     def chosen_by(self, arguments: dict[str, Any]) -> bool:
