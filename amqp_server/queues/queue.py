@@ -484,12 +484,12 @@ class Queue:
         else:  # append_entry's common case, inline: this is the hot path
             ready.bytes += message.body_size
             ready.entries.append(entry)
-        if limited and args.overflow == "drop-head":
-            self.drop_overflow()
         if self.consumers:
             self.fresh = entry.seq  # TTL 0 (or a deadline passing this ms): a waiting consumer still gets it
             self.deliver_ready()
             self.fresh = -1
+        if limited:  # (after a waiting consumer took it, as rabbit_amqqueue_process's deliver_or_enqueue)
+            self.drop_overflow()
         if stored and message.body_size >= RELEASE_FROM and entry.seq > ready.taken_upto:
             self.release_body(entry)
         depth, pager = len(ready.entries), self.pager
@@ -542,8 +542,7 @@ class Queue:
         self.args = args
         self._limited = args.limited
         self._ttl = args.message_ttl is not None
-        if self._limited and args.overflow == "drop-head":
-            self.drop_overflow()
+        self.drop_overflow()
         self.consumers.set_args(args)
         self.touch()
 
@@ -555,8 +554,10 @@ class Queue:
 
     def drop_overflow(self) -> None:
         """drop-head: the oldest messages go (dead-lettered as maxlen) until the limits hold (a quorum queue's
-        state machine names them)."""
+        state machine names them): after a publish none took, a requeue, or a policy's new limit."""
         args = self.args
+        if not self._limited or args.overflow != "drop-head":
+            return
         dropped = []
         while ((args.max_length is not None and self.message_count > args.max_length)
                or (args.max_length_bytes is not None and self.ready_bytes > args.max_length_bytes)):
@@ -791,6 +792,7 @@ class Queue:
         self.unacked -= count
         if count:
             self.deliver_ready()
+            self.drop_overflow()  # (rabbit_amqqueue_process's requeue_and_run: maybe_drop_head)
             if self.expiry.expiring:
                 self.expire_due()
 

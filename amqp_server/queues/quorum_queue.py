@@ -471,6 +471,8 @@ class QuorumQueue(Queue):
     def drop_overflow(self) -> None:
         """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
         args = self.args
+        if not self._limited or args.overflow != "drop-head":
+            return
         state, ready = self.state, self.ready
         taken = []
         for seq in machine.overflow(state, args.max_length, args.max_length_bytes):
@@ -701,6 +703,7 @@ class QuorumQueue(Queue):
         self.settled(entries)
         self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted, annotations))
         self.deliver_ready()
+        self.drop_overflow()  # (rabbit_fifo's checkout, then evaluate_limit)
         self._expire_or_arm()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:

@@ -635,3 +635,33 @@ async def test_a_restart_keeps_persistent_messages_of_durable_queues_and_exchang
         assert [queue.name for queue in routed] == ["q"]
     finally:
         again.close()
+
+
+QUEUE_TYPES = pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+
+
+@QUEUE_TYPES
+async def test_a_requeue_past_a_drop_head_limit_drops_from_the_head(core, vhost, queue_type):
+    """rabbit_amqqueue_process's requeue_and_run (maybe_drop_head), as rabbit_fifo's return (checkout, then
+    evaluate_limit): a requeue that takes the queue past x-max-length drops from the head at once."""
+    core.declare_queue(vhost, "q", durable=True, arguments={"x-max-length": 2, "x-queue-type": queue_type})
+    publish_local(core, vhost, "q", b"1")
+    queue, taken = core.get_local(vhost, "q", no_ack=False)
+    assert taken is not None
+    publish_local(core, vhost, "q", b"2", b"3")
+    core.settle(queue, [taken], requeue=True)
+    assert queue.message_count == 2
+    assert len(drain_local(core, vhost, "q")) == 2
+
+
+@QUEUE_TYPES
+@pytest.mark.parametrize("limit", [{"x-max-length": 0}, {"x-max-length-bytes": 3}])
+async def test_a_drop_head_limit_leaves_a_waiting_consumer_what_it_takes_at_once(core, vhost, queue_type, limit):
+    """rabbit_amqqueue_process's deliver_or_enqueue tries a delivery first and drops the head only for a message
+    none took (as rabbit_fifo checks its limit after the checkout): a message over the limit on its own still
+    goes to a consumer with credit."""
+    core.declare_queue(vhost, "q", durable=True, arguments={**limit, "x-queue-type": queue_type})
+    target = Target()
+    consume(core, vhost, "q", target, "c", prefetch=10)
+    publish_local(core, vhost, "q", b"1234", b"5678")
+    assert target.bodies("c") == [b"1234", b"5678"]
