@@ -573,12 +573,13 @@ class Client:
         self.cancelled = False
         self.unanswered: dict[Any, commands.Basic.Consume] = {}  # as the channel's: a consume not answered yet
         self.replies: list[Any] = []  # the methods the channel sent its client (consume-ok)
+        self.reading = True  # False: a client that does not read (its connection's writes paused)
 
     def client(self) -> ClientChannel:
         return ClientChannel("test", 1, ("127.0.0.1", 1), "guest", self.node.name)
 
     def can_deliver(self, shared: bool) -> bool:
-        return True
+        return self.reading
 
     def deliver(self, consumer: Any, entry: Any) -> None:
         self.tag += 1

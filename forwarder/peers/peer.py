@@ -246,12 +246,8 @@ class Peer:
         self.consumers.pop(remote.id, None)
         if not remote.accepted.done():
             remote.accepted.cancel()  # its basic.consume waits no more
-        if self.link is None:
-            return
-        self.link.send(link.CANCEL, link.ID.pack(remote.id))
-        if remote.buffer:  # never reached the client: back to the queue, in place
-            self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
-            remote.buffer.clear()
+        if self.link is not None:  # (what its buffer holds goes back with the queue's ``give_back``)
+            self.link.send(link.CANCEL, link.ID.pack(remote.id))
 
     async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]:
         """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
@@ -463,10 +459,7 @@ class Peer:
         found = self.consumers.pop(consumer_id, None)
         if found is not None and not self._stale(consumer_id, found[1]):
             queue, remote = found
-            if remote.buffer:
-                self.settle(link.SETTLE_REQUEUE, list(remote.buffer))
-                remote.buffer.clear()
-            queue.cancelled(remote.consumer)
+            queue.cancelled(remote.consumer)  # (which gives back what its buffer holds)
 
     def writable(self) -> None:
         """The link drained: publishers held for it may go on (unless another reason holds them)."""

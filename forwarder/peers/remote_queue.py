@@ -440,6 +440,7 @@ class RemoteQueue:
         remote = self.by_consumer.pop(consumer, None)
         if remote is not None:
             self.peer.cancel(remote)
+            self.give_back(remote)
 
     def accepted(self, consumer: Consumer) -> asyncio.Future[None] | None:
         """Done once the owner accepted the consumer; its refusal (e.g. exclusive use) is raised by it.  None if the
@@ -449,7 +450,28 @@ class RemoteQueue:
 
     def refused(self, consumer: Consumer) -> None:
         self.consumers.leave(consumer)
-        self.by_consumer.pop(consumer, None)
+        remote = self.by_consumer.pop(consumer, None)
+        if remote is not None:
+            self.give_back(remote)
+
+    def give_back(self, remote: RemoteConsumer) -> None:
+        """The consumer is gone (cancelled here or by the owner, its channel closed, the queue deleted): the
+        deliveries its client never got go back to the queue, in place, at the node it consumes at (its consumer
+        there is gone too, so nothing else settles them), and nothing of them stays here.  A quorum queue's
+        consumer not attached to a leader sends nothing (its entries are named by another node's tags): the next
+        leader returns what no consumer took back, as it does the entries of the settles such a consumer parked,
+        which go too."""
+        buffer, remote.buffer = remote.buffer, deque()
+        taken = self.taken
+        if taken:
+            for entry in buffer:
+                taken.pop(entry, None)
+            for _, entry, _ in remote.parked:
+                taken.pop(entry, None)
+            remote.parked = []
+        returned = [entry for entry in buffer if entry.seq]
+        if returned and remote.attached:
+            (remote.owner or self.peer).settle(link.SETTLE_REQUEUE, returned)
 
     def delivered(self, remote: RemoteConsumer, entry: Entry, checked: Checked) -> None:
         """A delivery from the owner (``checked``: the entry's checkout in the queue): straight to the client if
@@ -707,6 +729,7 @@ class RemoteQueue:
     def drop_all(self) -> None:
         for remote in self.by_consumer.values():
             self.peer.cancel(remote)
+            self.give_back(remote)
         self.by_consumer.clear()
 
 

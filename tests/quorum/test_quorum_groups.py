@@ -1729,6 +1729,32 @@ async def test_a_consume_whose_answer_is_lost_with_the_leaders_link_is_made_agai
     assert not client.cancelled
 
 
+@pytest.mark.parametrize("going", ["its channel closed", "cancelled by the leader"])
+async def test_a_consumer_gone_with_deliveries_buffered_returns_them_and_its_node_holds_nothing_of_them(network,
+                                                                                                     going):
+    """A consumer on n2 whose client does not read goes (its channel closes, or the leader cancels it) while
+    deliveries wait in n2's buffer for its client: they go back to the queue, and n2 keeps nothing of them (its
+    proxy held each entry, body included, in ``taken`` for good)."""
+    node = await declared(network)
+    n2 = network.nodes["n2"]
+    client = Client(n2, prefetch=10)
+    client.reading = False
+    client.consume()
+    await wait_for(lambda: client.replies, "consume-ok")
+    publish(node, bodies(5))
+    proxy = n2.broker.vhosts["/"].queues["q"]
+    assert isinstance(proxy, remote_queue.RemoteQueue)
+    await wait_for(lambda: len(proxy.by_consumer[client.consumer].buffer) == 5, "5 deliveries buffered on n2")
+    if going == "its channel closed":
+        client.close()
+    else:
+        (consumer,) = network.sessions[("n1", "n2")].consumers.values()
+        consumer.channel.failed(consumer, "a message it was to get cannot be read")
+    await wait_for(lambda: queue_of(node).message_count == 5, "the 5 back in the queue at n1")
+    assert not proxy.by_consumer
+    assert not proxy.taken
+
+
 async def test_a_consume_waiting_for_the_leader_is_answered_when_its_own_node_comes_to_lead(network):
     """n2's basic.consume waits for n1, the leader, to answer, when n1 dies and n2 leads: the consume is the new
     leader's, so it is answered (the channel's connection reads again only then) before anything is delivered to
