@@ -386,8 +386,10 @@ class RemoteQueue:
 
     @property
     def unused_auto_delete(self) -> bool:
-        """An auto-delete queue goes once its last consumer has gone."""
-        return self.auto_delete and self.consumers.had_consumer and not self.consumers
+        """Never here: an auto-delete queue goes once its last consumer has gone, which its owner tells, counting
+        every node's (a consumer of this node's is one of its queue's, and its cancel goes there), as RabbitMQ's
+        queue process decides (rabbit_amqqueue_process: ``should_auto_delete``, ``is_unused``)."""
+        return False
 
     def __repr__(self) -> str:
         return f"<RemoteQueue {self.vhost}/{self.name} on {self.peer.name}>"

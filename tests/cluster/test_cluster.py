@@ -637,6 +637,35 @@ def test_declare_ok_through_another_node_has_the_queue_s_figures_now(cluster, ui
     assert figures == [(2, 1), (4, 1), (5, 1)]  # (node 1's consumer holds the first, unacked, through the purges)
 
 
+def test_an_auto_delete_queue_goes_with_its_last_consumer_whichever_node_that_is_on(cluster, uid):
+    """rabbit_amqqueue_process (should_auto_delete, is_unused): an auto-delete queue goes once its last consumer is
+    cancelled, counting every consumer.  Node 2's consumer leaving while node 1's (the owner's) stays leaves the
+    queue (node 2 deleted it for every node, counting its own consumers alone); node 1's leaving while node 2's
+    stays leaves it too; node 2's, the last, leaving deletes it everywhere."""
+    _, (n1, n2, _) = cluster
+    owner_side, remote = connect(n1), None
+    try:
+        near = owner_side.channel()
+        near.queue_declare(uid, auto_delete=True)
+        near_tag = near.basic_consume(uid, lambda *_: None)
+        wait_for(lambda: passive(n2, uid) == 0, "the queue known on node 2")
+        remote = connect(n2)
+        far = remote.channel()
+        far.basic_cancel(far.basic_consume(uid, lambda *_: None))
+        remote.process_data_events(time_limit=0.5)
+        assert passive(n1, uid) == 0 and passive(n2, uid) == 0  # node 1's consumer stays
+        far_tag = far.basic_consume(uid, lambda *_: None)
+        near.basic_cancel(near_tag)
+        owner_side.process_data_events(time_limit=0.5)
+        assert passive(n1, uid) == 0 and passive(n2, uid) == 0  # node 2's consumer stays
+        far.basic_cancel(far_tag)
+        wait_for(lambda: gone(n1, uid) and gone(n2, uid), "the queue gone with its last consumer, node 2's")
+    finally:
+        for connection in (remote, owner_side):
+            if connection is not None and connection.is_open:
+                connection.close()
+
+
 def test_a_stream_through_another_node(cluster, uid):
     """A stream lives on its owner; another node's clients publish and read it at the offsets they name."""
     _, (n1, n2, _) = cluster
