@@ -254,10 +254,10 @@ class Queues:
             return 0  # idempotent, as RabbitMQ
         check_exclusive(queue, owner)
         what = resource_name("queue", name, vhost.name)
+        if if_empty and queue.message_count:  # (checked first, as rabbit_amqqueue_process does)
+            raise errors.precondition_failed(f"{what} not empty")
         if if_unused and queue.consumers:
             raise errors.precondition_failed(f"{what} in use")
-        if if_empty and queue.message_count:
-            raise errors.precondition_failed(f"{what} not empty")
         count = queue.message_count
         self.remove(vhost, queue)
         return count

@@ -545,6 +545,9 @@ async def test_deleting_a_queue_if_unused_or_if_empty_refuses_as_rabbitmq_and_el
     with pytest.raises(ChannelError) as in_use:
         core.queues.delete_queue(vhost, "q", if_unused=True)
     assert (in_use.value.code, in_use.value.detail) == (errors.PRECONDITION_FAILED, "queue 'q' in vhost '/' in use")
+    with pytest.raises(ChannelError) as both:  # if-empty is checked first (rabbit_amqqueue_process)
+        core.queues.delete_queue(vhost, "q", if_unused=True, if_empty=True)
+    assert both.value.detail == "queue 'q' in vhost '/' not empty"
     core.queues.remove_consumer(consumer)
     with pytest.raises(ChannelError) as not_empty:
         core.queues.delete_queue(vhost, "q", if_empty=True)
