@@ -127,8 +127,10 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/queues/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
-    context.broker.delete_queue(context.vhost(queue.vhost), queue.name, if_unused=query_flag(request, "if-unused"),
-                                if_empty=query_flag(request, "if-empty"), who=auth.principal(request, queue.vhost))
+    await context.broker.delete_anywhere(context.vhost(queue.vhost), queue.name,  # the owner node's too
+                                         if_unused=query_flag(request, "if-unused"),
+                                         if_empty=query_flag(request, "if-empty"),
+                                         who=auth.principal(request, queue.vhost))
     await context.broker.agreed()
     return no_content()
 

@@ -625,7 +625,11 @@ class Channel:
             raise
         finally:
             cancels, self._cancels = self._cancels, None
-        for tag in cancels if self.open else ():  # after the method's reply (queue.delete-ok first), as RabbitMQ
+        self._send_cancels(cancels)
+
+    def _send_cancels(self, cancels: list[str]) -> None:
+        """The broker's cancels raised by the method handled, after its reply (queue.delete-ok first), as RabbitMQ."""
+        for tag in cancels if self.open else ():
             self.reply(commands.Basic.Cancel(consumer_tag=tag, nowait=True))
 
     def reply(self, method: Frame) -> None:
@@ -808,10 +812,27 @@ class Channel:
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
+        if self._remote(name):
+            self.connection.suspend(self, m, self._remote_delete(m, name))
+            return
         count = self.broker.delete_queue(self.vhost, name, m.if_unused, m.if_empty, self.connection,
                                          self.principal)
         if not m.nowait:
             self._answer_agreed(m, commands.Queue.DeleteOk(message_count=count))
+
+    async def _remote_delete(self, m: commands.Queue.Delete, name: str) -> None:
+        """Another node's queue: its node decides (``Broker.delete_anywhere``), and cancels this channel's consumers
+        of it before it answers: their basic.cancel follows queue.delete-ok all the same."""
+        self._cancels = []
+        try:
+            count = await self.broker.delete_anywhere(self.vhost, name, m.if_unused, m.if_empty, self.connection,
+                                                      self.principal)
+            await self.broker.agreed()  # (what this node changed: a quorum queue's record)
+        finally:
+            cancels, self._cancels = self._cancels, None
+        if self.open and not m.nowait:
+            self.reply(commands.Queue.DeleteOk(message_count=count))
+        self._send_cancels(cancels)
 
     # basic.*
 

@@ -123,7 +123,7 @@ async def _request(connection: SessionHost, method: str, path: str, body: Value)
         if method == "PUT":
             return await _declare_queue(connection, name, body)
         if method == "DELETE":
-            count = broker.delete_queue(vhost, name, owner=connection, who=who)
+            count = await broker.delete_anywhere(vhost, name, owner=connection, who=who)
             await broker.agreed()
             return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["queues"] and len(segments) == 3 and segments[2] == "messages" and method == "DELETE":

@@ -114,6 +114,7 @@ class Broker:
         self.check_consumer_exclusivity = queues.check_consumer_exclusivity
         self.remove_consumer, self.connection_closed = queues.remove_consumer, queues.connection_closed
         self.delete_queue, self.replace_queue = queues.delete_queue, queues.replace_queue
+        self.delete_anywhere = queues.delete_anywhere
         self.all_queues, self.local_queues = queues.all_queues, queues.local_queues
         self.route = router.route
         self.publish, self.check_publish = messages.publish, messages.check_publish

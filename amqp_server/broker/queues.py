@@ -262,9 +262,30 @@ class Queues:
         self.remove(vhost, queue)
         return count
 
-    def remove(self, vhost: VHost, queue: AnyQueue) -> None:
+    async def delete_anywhere(self, vhost: VHost, name: str, if_unused: bool = False, if_empty: bool = False,
+                              owner: "ExclusiveOwner[Queue] | None" = None, who: Principal | None = None) -> int:
+        """queue.delete on any queue (``delete_queue``'s checks).  A classic queue of another node (cluster mode)
+        is deleted by its node, which checks if-unused and if-empty against its queue as it is then (every
+        node's consumers, the messages it holds) and counts them, as RabbitMQ's queue process answers
+        ``{delete, IfUnused, IfEmpty, _}`` whichever node asks (rabbit_amqqueue_process): a proxy's own view,
+        this node's consumers and the count last reported, is not the queue's.  That node answers once etcd
+        has the deletion (``Broker.agreed``); the proxy here goes then, if the cluster's change has not taken it
+        yet."""
+        if who is not None:
+            who.check("configure", "queue", vhost.name, name)
+        queue = vhost.queues.get(name)
+        if queue is not None:
+            check_exclusive(queue, owner)
+            count = await queue.deleted_by_node(if_unused, if_empty)
+            if count is not None:
+                self.remove(vhost, queue, undefine=False)
+                return count
+        return self.delete_queue(vhost, name, if_unused, if_empty, owner)
+
+    def remove(self, vhost: VHost, queue: AnyQueue, undefine: bool = True) -> None:
         """A queue goes (deleted, expired, its owner or last consumer gone, its vhost deleted), with its bindings
-        and its definition."""
+        and its definition (unless ``undefine`` is False: another node's queue its node deleted, and its
+        definition with it)."""
         if vhost.queues.get(queue.name) is not queue:
             return
         del vhost.queues[queue.name]
@@ -280,7 +301,7 @@ class Queues:
             local = queue.local()
             if local is not None and local.exclusive_owner is not None:
                 local.exclusive_owner.exclusive_queues.discard(local)
-            else:
+            elif undefine:
                 self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
             if local is not None and local.durable:  # (another node's keeps its offsets there)
                 self.store.delete("queue_offsets", str(local.index_id))

@@ -229,6 +229,12 @@ class AnyQueue(Protocol):
         """(Ready messages, consumers) as the queue's node has them now, for queue.declare-ok and AMQP 1.0's
         management: a proxy asks its node, as a RabbitMQ channel asks the queue's process."""
 
+    async def deleted_by_node(self, if_unused: bool, if_empty: bool) -> int | None:
+        """queue.delete decided by the queue's node (``Queues.delete_anywhere``): a proxy of another node's
+        classic queue asks that node, which deletes it unless it refuses (raised here), and answers the count of
+        ready messages it had; None where this node decides (a queue of its own, or one the cluster deletes
+        through its record)."""
+
     def drop_all(self) -> None: ...
 
 
@@ -731,6 +737,9 @@ class Queue:
 
     async def counted(self) -> tuple[int, int]:
         return self.message_count, len(self.consumers)
+
+    async def deleted_by_node(self, if_unused: bool, if_empty: bool) -> int | None:
+        return None  # (this node's: ``delete_queue`` decides)
 
     def peek(self, offset: int = 0, count: int = 10, after: Entry | None = None) -> list[Entry]:
         """Ready entries from ``offset`` on, without taking them: order, redelivered flags and stats stay.

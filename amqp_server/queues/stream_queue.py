@@ -567,6 +567,9 @@ class StreamQueue:
     async def counted(self) -> tuple[int, int]:
         return self.message_count, len(self.consumers)
 
+    async def deleted_by_node(self, if_unused: bool, if_empty: bool) -> int | None:
+        return None  # (this node's: ``delete_queue`` decides)
+
     # -- what reads or changes the whole stream -----------------------------------------------
 
     def purge(self) -> int:

@@ -226,7 +226,7 @@ class PeerSession:
         self._confirms: list[bytes] = []  # this turn's confirms, one CONFIRMS frame (``_send_confirm``)
         self._send_confirms_cb = self._send_confirms
         self._queues: dict[bytes, LocalQueue] = {}  # publish targets by queue id
-        self._syncs: set[asyncio.Task[bool]] = set()  # the other node's changes of definitions waited for here
+        self._syncs: set[asyncio.Task[Any]] = set()  # changes of definitions waited for here (the other node's, ours)
         self._settling: set[AnyQueue] = set()  # the queues the link's settles went to since it last asked (``_agree``)
         self._unknown_settles = False  # one of them named a delivery tag unknown here (its consumer was handed over)
         self.gone = False  # its link closed: answers waited for go nowhere
@@ -578,6 +578,12 @@ class PeerSession:
                 reply.update(count=queue.message_count, consumers=len(queue.consumers))
             elif request["op"] == "purge":  # the broker's operation (the asking node checked permissions)
                 reply["count"] = self.broker.purge_local(self.broker.vhosts[request["vhost"]], queue.name)
+            elif request["op"] == "delete":  # the broker's, deciding on the queue here (permissions: as purge's)
+                reply["deleted"] = self.broker.delete_queue(self.broker.vhosts[request["vhost"]], queue.name,
+                                                            request.get("if_unused") is True,
+                                                            request.get("if_empty") is True)
+                self._reply_agreed(reply)
+                return
             else:
                 raise errors.ChannelError(errors.NOT_IMPLEMENTED, "no such request")
         except AMQPError as exc:
@@ -607,6 +613,27 @@ class PeerSession:
             self._syncs.discard(done)
             if not done.cancelled():
                 self._synced(rid, done.result())
+
+        task.add_done_callback(answer)
+
+    def _reply_agreed(self, reply: dict[str, Any]) -> None:
+        """The answer to a change of definitions made here for the other node (its client deleted a queue of this
+        node): sent once etcd has it, and the nodes this one reaches, as a change answered to a client of this
+        node is (``Broker.agreed``); a 506 if etcd does not take it in time."""
+        task = asyncio.get_running_loop().create_task(self.broker.agreed())
+        self._syncs.add(task)
+
+        def answer(done: asyncio.Task[None]) -> None:
+            self._syncs.discard(done)
+            if done.cancelled():
+                return
+            error = done.exception()
+            if isinstance(error, AMQPError):
+                reply["error"] = [error.code, error.text]
+            elif error is not None:
+                log.error("a change made for node %s not agreed", untrusted(self.link.peer_name), exc_info=error)
+                reply["error"] = [errors.INTERNAL_ERROR, "INTERNAL_ERROR - the change was not agreed"]
+            self._reply(reply)
 
         task.add_done_callback(answer)
 

@@ -249,14 +249,15 @@ class Peer:
         if self.link is not None:  # (what its buffer holds goes back with the queue's ``give_back``)
             self.link.send(link.CANCEL, link.ID.pack(remote.id))
 
-    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]:
-        """Ask the owner (basic.get, purge); its error is raised here as the same channel error."""
+    async def request(self, queue: RemoteQueue, op: str, **fields: Any) -> tuple[dict[str, Any], Message | None]:
+        """Ask the owner (basic.get, purge, delete: ``fields``, its arguments); its error is raised here as the same
+        channel error."""
         if self.link is None or not self.up:
             raise home_node_down(queue)
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._requests[rid] = (future, queue)
-        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": op, "vhost": queue.vhost,
+        self.link.send(link.REQUEST, link.encode_json({**fields, "rid": rid, "op": op, "vhost": queue.vhost,
                                                        "queue": queue.name}))
         reply, message = await future
         if reply.get("error"):

@@ -20,7 +20,7 @@ from amqp_server.message import Message
 from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, ParkedSettle
 from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
-from amqp_server.queues.queue_type import REPLICATED, QueueType
+from amqp_server.queues.queue_type import LOG, REPLICATED, QueueType
 from amqp_server.queues.quorum_queue import DELIVERY_COUNT
 from amqp_server.stats import MessageStats
 
@@ -308,7 +308,7 @@ class Owner(Protocol):
 
     def passed_on(self, remote: RemoteConsumer, entry: Entry, no_ack: bool) -> None: ...
 
-    async def request(self, queue: RemoteQueue, op: str) -> tuple[dict[str, Any], Message | None]: ...
+    async def request(self, queue: RemoteQueue, op: str, **fields: Any) -> tuple[dict[str, Any], Message | None]: ...
 
     def forget(self, remote: RemoteConsumer) -> None:
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
@@ -727,6 +727,16 @@ class RemoteQueue:
         if type(count) is int and type(consumers) is int and count >= 0 and consumers >= 0:
             return count, consumers
         return self.message_count, self.peer.stats.get(self.key, (0, 0))[1]
+
+    async def deleted_by_node(self, if_unused: bool, if_empty: bool) -> int | None:
+        """queue.delete at the owner, which decides (its refusal is raised here) and counts the messages the queue
+        had; None for a quorum queue or a stream, which the cluster deletes through its record (each member drops
+        its copy)."""
+        if self.replicated or LOG in self.type.capabilities:
+            return None
+        reply, _ = await self.peer.request(self, "delete", if_unused=if_unused, if_empty=if_empty)
+        count = reply.get("deleted")
+        return count if type(count) is int and count >= 0 else 0
 
     def drop_all(self) -> None:
         for remote in self.by_consumer.values():

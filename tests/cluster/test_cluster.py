@@ -666,6 +666,69 @@ def test_an_auto_delete_queue_goes_with_its_last_consumer_whichever_node_that_is
                 connection.close()
 
 
+def test_delete_if_unused_through_another_node_is_refused_while_the_queue_has_a_consumer_on_its_node(cluster, uid):
+    """rabbit_channel: queue.delete if-unused of a queue with a consumer is 406 "in use", as the queue's process
+    decides ({delete, IfUnused, IfEmpty, _}), counting every node's consumers, whichever node the client is on;
+    the HTTP API's ?if-unused=true too.  Without the consumer it is deleted everywhere."""
+    _, (n1, n2, n3) = cluster
+    owner_side = connect(n1)
+    try:
+        channel = owner_side.channel()
+        channel.queue_declare(uid)
+        tag = channel.basic_consume(uid, lambda *_: None)
+        wait_for(lambda: passive(n2, uid) == 0 and passive(n3, uid) == 0, "the queue known on nodes 2 and 3")
+        with connect(n2) as connection:
+            with pytest.raises(ChannelClosedByBroker) as info:
+                connection.channel().queue_delete(uid, if_unused=True)
+        assert (info.value.reply_code, info.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - queue '{uid}' in vhost '/' in use")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            api_put(n3, f"/queues/%2F/{uid}?if-unused=true", None, method="DELETE")
+        assert refused.value.code == 400
+        assert passive(n1, uid) == 0 and passive(n2, uid) == 0
+        channel.basic_cancel(tag)
+        with connect(n2) as connection:
+            assert connection.channel().queue_delete(uid, if_unused=True).method.message_count == 0
+        assert gone(n1, uid) and gone(n2, uid) and gone(n3, uid)  # as soon as it was answered
+    finally:
+        owner_side.close()
+
+
+def test_delete_if_empty_through_another_node_is_refused_for_a_queue_just_published_to(cluster, uid):
+    """rabbit_channel: queue.delete if-empty of a queue holding messages is 406 "not empty", as the queue's
+    process counts them then, not as another node last heard (every second)."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n2, uid) == 0, "the queue known on node 2")  # (node 2's count of it: 0)
+    with connect(n1) as publisher, connect(n2) as deleter:
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        for i in range(3):
+            channel.basic_publish("", uid, f"m{i}".encode())  # confirmed: in the queue
+        with pytest.raises(ChannelClosedByBroker) as info:
+            deleter.channel().queue_delete(uid, if_empty=True)
+        assert (info.value.reply_code, info.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - queue '{uid}' in vhost '/' not empty")
+    assert passive(n1, uid) == 3
+
+
+def test_delete_ok_through_another_node_counts_the_messages_the_queue_had(cluster, uid):
+    """queue.delete-ok's message-count is what the queue held when it was deleted (rabbit_amqqueue_process: the
+    backing queue's length as it stops), not another node's last report of it."""
+    _, (n1, n2, _) = cluster
+    with connect(n1) as connection:
+        connection.channel().queue_declare(uid)
+    wait_for(lambda: passive(n2, uid) == 0, "the queue known on node 2")
+    with connect(n1) as publisher, connect(n2) as deleter:
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        for i in range(3):
+            channel.basic_publish("", uid, f"m{i}".encode())
+        assert deleter.channel().queue_delete(uid).method.message_count == 3
+    assert gone(n1, uid)
+
+
 def test_a_stream_through_another_node(cluster, uid):
     """A stream lives on its owner; another node's clients publish and read it at the offsets they name."""
     _, (n1, n2, _) = cluster
