@@ -268,6 +268,9 @@ class AccessControl:
         for record in self.parameters():
             if record["vhost"] == name:
                 self.clear_parameter(name, record["component"], record["name"])
+        for key, record in list(self.store.items("federation_suffix")):
+            if record["vhost"] == name:
+                self._delete("federation_suffix", key)
         return self._delete("vhost", vhost_key(name))
 
     def permissions(self, vhost: str, user: str) -> Permissions | None:
@@ -340,6 +343,25 @@ class AccessControl:
     def clear_parameter(self, vhost: str, component: str, name: str) -> bool:
         return self._delete("parameter", _parameter_key(vhost, component, name))
 
+    # -- federation: the upstream exchange each exchange link uses (RabbitMQ's rabbit_federation_db, kept in the
+    # federated exchange's scratch space) -------------------------------------------------------------------------
+
+    def federation_suffix(self, vhost: str, exchange: str, upstream: str, upstream_exchange: str) -> str | None:
+        """The suffix ("A" or "B") of the upstream exchange the link of federated ``exchange`` and ``upstream`` (whose
+        exchange is ``upstream_exchange``) bound last, None if none (get_active_suffix)."""
+        record = self.store.get("federation_suffix", _suffix_key(vhost, exchange, upstream, upstream_exchange))
+        return None if record is None else record["suffix"]
+
+    def set_federation_suffix(self, vhost: str, exchange: str, upstream: str, upstream_exchange: str,
+                              suffix: str | None) -> None:
+        """Keep ``suffix`` as the link's (set_active_suffix); None forgets it (prune_scratch)."""
+        key = _suffix_key(vhost, exchange, upstream, upstream_exchange)
+        if suffix is not None:
+            self._put("federation_suffix", key, {"vhost": vhost, "exchange": exchange, "upstream": upstream,
+                                                 "upstream_exchange": upstream_exchange, "suffix": suffix})
+        elif self.store.get("federation_suffix", key) is not None:
+            self._delete("federation_suffix", key)
+
     def direct_login(self, name: str, secret: str) -> User | None:
         """A connection this node made to itself for a user (a shovel's ``amqp://``, RabbitMQ's direct connection,
         which checks no password): it proves itself with this process's secret, which never leaves it."""
@@ -393,6 +415,10 @@ VHOST_METADATA = ("description", "tags", "default_queue_type")
 
 def _parameter_key(vhost: str, component: str, name: str) -> str:
     return json.dumps([vhost, component, name])
+
+
+def _suffix_key(vhost: str, exchange: str, upstream: str, upstream_exchange: str) -> str:
+    return json.dumps([vhost, exchange, upstream, upstream_exchange])
 
 
 def vhost_key(name: str) -> str:

@@ -50,7 +50,7 @@ CURRENT_TIMEOUT = 5.0  # how long a publish routed nowhere waits for this node's
 SPREAD_WAIT = 2.0  # how long a change of definitions answered here waits for another node to have it too
 BALANCED = ("balanced", "least-leaders", "random")
 ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter",
-                "parameter")
+                "parameter", "federation_suffix")
 
 
 class Cluster:
@@ -348,6 +348,9 @@ class Cluster:
                 access.clear_parameter(latest["vhost"], latest["component"], latest["name"])
             else:
                 access.set_parameter(new["vhost"], new["component"], new["name"], new["value"], new.get("user", ""))
+        elif kind == "federation_suffix":
+            access.set_federation_suffix(latest["vhost"], latest["exchange"], latest["upstream"],
+                                         latest["upstream_exchange"], new["suffix"] if new is not None else None)
         elif kind in ("vhost_limits", "user_limits"):
             access.set_limits(kind, latest["vhost" if kind == "vhost_limits" else "user"],
                               new["value"] if new is not None else {})

@@ -183,17 +183,18 @@ def upstream_queue_name(upstream_exchange: str, upstream_vhost: str, vhost: str,
 class ExchangeLink(FederationLink):
     """Declares upstream a durable queue (``federation: X -> <this cluster>``, with ``x-expires`` and
     ``x-message-ttl`` from the upstream), an ``x-federation-upstream`` exchange (``<queue> A`` or ``... B``, in
-    turn at each start, so that the previous one routes until the new one is bound) bound to it and to the
+    turn at each start, so that the previous one routes until the new one is bound; which one is in use is kept
+    in the definition store, so this holds across restarts of the node and moves in a cluster) bound to it and to the
     upstream exchange with the bindings of the federated exchange here, which it follows; and publishes what the
     queue delivers to the federated exchange, unless it has made ``max-hops`` hops or came through this node."""
 
     kind = "exchange"
-    suffixes: dict[tuple[str, str, str], str] = {}  # the suffix each link's upstream exchange has now
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = ""
         self.internal_exchange = ""
+        self.suffix = "A"  # of the upstream exchange in use (RabbitMQ's active suffix)
         self._first_hop: dict[bool, bytes] = {}  # x-received-from of a message that has none yet, by redelivered
         self._bound: dict[tuple[str, tuple], tuple[str, dict[str, Any]]] = {}
         self._serial = -1
@@ -239,15 +240,27 @@ class ExchangeLink(FederationLink):
         vhost = self.broker.vhosts.get(self.vhost)
         return vhost.exchanges.get(self.resource) if vhost is not None else None
 
+    def _active_suffix(self, suffix: str | None = None, forget: bool = False) -> str | None:
+        """The suffix kept for this link, durably and cluster-wide as RabbitMQ keeps it with the federated exchange
+        (rabbit_federation_db): set to ``suffix`` if given, forgotten if ``forget``."""
+        key = (self.vhost, self.resource, self.upstream.name, self.upstream_resource)
+        if suffix is not None or forget:
+            self.broker.access.set_federation_suffix(*key, suffix)
+            return suffix
+        return self.broker.access.federation_suffix(*key)
+
     async def _ensure_upstream_bindings(self, up: Client) -> None:
-        key = (self.vhost, self.resource, self.upstream.name)
-        old = self.suffixes.get(key, "A")
+        """rabbit_federation_exchange_link:ensure_upstream_bindings: the other upstream exchange than the one the
+        link used last (after a restart of this node too) is made and bound before that one is deleted, so that the
+        upstream exchange routes to the link's queue throughout."""
+        old = self._active_suffix() or "A"
         new = "B" if old == "A" else "A"
         self.internal_exchange = f"{self.queue} {new}"
         await self._ensure_upstream_exchange(up)
         await self._ensure_internal_exchange(up)
         await up.call(CHANNEL, commands.Queue.Bind(queue=self.queue, exchange=self.internal_exchange))
-        self.suffixes[key] = new
+        self.suffix = new
+        self._active_suffix(new)
         self._bound.clear()
         self._serial = -1
         await self._follow_bindings(up)
@@ -308,9 +321,8 @@ class ExchangeLink(FederationLink):
                 hops = min(previous - 1, hops)
         if hops <= 0:
             return None
-        suffix = self.suffixes.get((self.vhost, self.resource, self.upstream.name), "A")
         info = {"cluster-name": self.cluster_name, "vhost": self.vhost,
-                "exchange": f"{self.vhost}:{self.resource} {suffix}", "hops": hops}
+                "exchange": f"{self.vhost}:{self.resource} {self.suffix}", "hops": hops}
         return {**arguments, BINDING_HEADER: [info, *(seen if isinstance(seen, list) else [])]}
 
     async def _follow_bindings(self, up: Client) -> None:
@@ -370,11 +382,14 @@ class ExchangeLink(FederationLink):
     async def _stopped(self) -> None:
         """The policy or upstream went: delete the upstream queue and exchange (resource-cleanup-mode default)."""
         up = self._up
+        if self._local_exchange() is None:
+            self._active_suffix(forget=True)  # (RabbitMQ's goes with the exchange, in its scratch space)
         if up is None or up.closed.done() or not self.upstream.cleanup or not self.queue:
             return
         await asyncio.wait_for(self._delete_upstream(up, commands.Queue.Delete(queue=self.queue)), 5)
         await asyncio.wait_for(self._delete_upstream(up, commands.Exchange.Delete(exchange=self.internal_exchange)),
                                5)
+        self._active_suffix(forget=True)  # (the upstream exchange is gone: a link starting anew may take either)
 
 
 class QueueLink(FederationLink):

@@ -5,6 +5,7 @@ consumer."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from typing import Any
 
@@ -184,6 +185,50 @@ def test_a_link_whose_upstream_exchange_was_deleted_makes_it_anew(start_broker):
     running(down)
     publish(up, "fed.d", ["k"] * 10)
     settled(down, "here", 10, "messages through the new upstream exchange")
+
+
+def test_an_exchange_link_restarted_with_its_node_leaves_no_gap_upstream(start_broker):
+    """The link's active suffix outlives its node (RabbitMQ keeps it with the federated exchange,
+    rabbit_federation_db): started again, the link binds the other upstream exchange before it deletes the one it
+    used, so the upstream exchange routes to the link's queue throughout and nothing published upstream is
+    unroutable."""
+    up, down = node_named(start_broker, "up"), node_named(start_broker, "down")
+    declare(down, "fed.r", "here", "#")
+    federate(down, up, r"^fed\.", keys={"reconnect-delay": 1})
+    running(down)
+    exchange = "federation%3A%20fed.r%20-%3E%20down%40localhost%20"
+    wait_for(lambda: call(up, "GET", f"/api/exchanges/%2F/{exchange}B").status == 200, what="the upstream exchange")
+    returned: list[bytes] = []
+    published = [0]
+    stop = threading.Event()
+
+    def publisher() -> None:
+        connection = connect(up)
+        channel = connection.channel()
+        channel.add_on_return_callback(lambda _ch, _method, _props, body: returned.append(body))
+        while not stop.is_set():
+            channel.basic_publish("fed.r", "k", str(published[0]).encode(), mandatory=True)
+            published[0] += 1
+            connection.process_data_events(time_limit=0.001)
+        connection.process_data_events(time_limit=0.5)
+        connection.close()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        down.stop()
+        time.sleep(0.5)
+        down = node_named(start_broker, "down", data_dir=down.data_dir, port=down.port)
+        running(down)
+        wait_for(lambda: call(up, "GET", f"/api/exchanges/%2F/{exchange}A").status == 200, what="the other one")
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join()
+    assert published[0] > 100
+    assert call(up, "GET", f"/api/exchanges/%2F/{exchange}B").status == 404  # (the one used before, deleted)
+    assert returned == [], f"{len(returned)} of {published[0]} published upstream during the restart were unroutable"
 
 
 def test_removing_the_policy_stops_the_link_and_cleans_up_upstream(start_broker):
