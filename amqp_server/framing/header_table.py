@@ -3,10 +3,11 @@
 pamqp picks integer widths by value when it encodes, so a table it re-encodes loses the publisher's
 types (an ``I`` 5 comes back as ``b``) and cannot write RabbitMQ's x-death types (``l`` count, ``T``
 time).  :func:`headers` decodes the table into :class:`Field` values that remember their type and
-:func:`with_headers` writes one back, leaving every other property byte for byte; dead-lettering and
-BCC removal use them.  A delayed exchange reads ``x-delay`` from every message published to it and
-rewrites it once (:func:`read`, :func:`with_int`) without decoding the rest.  A field type this does not
-read raises :class:`Unsupported`.
+:func:`with_headers` writes one back, leaving every other property byte for byte; dead-lettering,
+BCC removal, shovels and federation links use them, the links with RabbitMQ's own table edits
+(:func:`set_value`, :func:`prepend_table`).  A delayed exchange reads ``x-delay`` from every message
+published to it and rewrites it once (:func:`read`, :func:`with_int`) without decoding the rest.  A field
+type this does not read raises :class:`Unsupported`.
 """
 from __future__ import annotations
 
@@ -215,6 +216,39 @@ def encode(fields: dict[str, Field]) -> bytes:
         key = name.encode("utf-8", "surrogateescape")
         out.append(bytes((len(key),)) + key + encode_value(field))
     return b"".join(out)
+
+
+INVALID_HEADERS = "x-invalid-headers"  # rabbit_basic's ?INVALID_HEADERS_KEY
+
+
+def set_value(fields: dict[str, Field], name: str, value: Field) -> dict[str, Field]:
+    """rabbit_misc:set_table_value: ``fields`` with ``name`` set to ``value`` (in its place, else added), the
+    table then sorted by name as RabbitMQ sorts it (sort_field_table: the names' bytes)."""
+    changed = {**fields, name: value}
+    return dict(sorted(changed.items(), key=lambda item: item[0].encode("utf-8", "surrogateescape")))
+
+
+def prepend_table(fields: dict[str, Field], name: str, entry: dict[str, Field]) -> dict[str, Field]:
+    """rabbit_basic:prepend_table_header: ``entry`` put first in the array ``name`` (the hop lists x-shovelled,
+    x-received-from); a ``name`` that is not an array is replaced by a new one and its value kept under
+    ``x-invalid-headers`` (set_invalid_header)."""
+    existing = fields.get(name)
+    prior = existing.value if existing is not None and existing.kind == "A" else []
+    changed = set_value(fields, name, Field("A", [Field("F", entry), *prior]))
+    if existing is None or existing.kind == "A":
+        return changed
+    return _set_invalid(changed, name, existing)
+
+
+def _set_invalid(fields: dict[str, Field], name: str, value: Field) -> dict[str, Field]:
+    invalid = fields.get(INVALID_HEADERS)
+    if invalid is not None and invalid.kind != "F":  # (itself corrupt: kept in itself first)
+        fields = set_value(fields, INVALID_HEADERS, Field("F", {INVALID_HEADERS: Field("A", [invalid])}))
+        invalid = fields[INVALID_HEADERS]
+    table: dict[str, Field] = invalid.value if invalid is not None else {}
+    prior = table.get(name)
+    values = [value, *(prior.value if prior is not None and prior.kind == "A" else [])]
+    return set_value(fields, INVALID_HEADERS, Field("F", set_value(table, name, Field("A", values))))
 
 
 def headers(header: bytes, flags: int) -> dict[str, Field]:

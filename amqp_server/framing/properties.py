@@ -173,6 +173,24 @@ def replace(header: bytes, flag: int, encoded: bytes | None) -> bytes:
     return header[:12] + struct.pack(">H", flags) + header[14:start] + (encoded or b"") + header[end:]
 
 
+_BY_NAME = {name: (flag, kind) for flag, name, kind in FIELDS}
+
+
+def with_value(header: bytes, name: str, value: str | int) -> bytes:
+    """The header with property ``name`` (a :class:`Properties` attribute other than ``headers``) set to
+    ``value``; every other byte stays."""
+    flag, kind = _BY_NAME[name]
+    if kind == "s":
+        encoded = codec.shortstr(str(value))
+    elif kind == "o":
+        encoded = bytes((int(value),))
+    elif kind == "T":
+        encoded = _TIMESTAMP.pack(int(value))
+    else:
+        raise ValueError(f"{name} is not set with with_value")
+    return replace(header, flag, encoded)
+
+
 @dataclass(slots=True)
 class Properties:
     """Every basic property, decoded; ``timestamp`` is the wire's integer (seconds), never a datetime."""

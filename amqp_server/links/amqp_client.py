@@ -18,7 +18,7 @@ import struct
 import time
 from typing import Any, Callable
 
-from pamqp import commands, frame as pframe, heartbeat as pheartbeat, header as pheader
+from pamqp import commands, frame as pframe, heartbeat as pheartbeat
 from pamqp.base import Frame
 
 from .. import __version__
@@ -352,14 +352,3 @@ def typed_arguments(method: Frame, channel: int, arguments: dict[str, Field]) ->
     table = encode_table(arguments)
     payload = payload[:-4] + struct.pack(">I", len(table)) + table
     return FRAME_HEADER.pack(1, channel, len(payload)) + payload + FRAME_END
-
-
-def header_payload(properties: commands.Basic.Properties, body_size: int) -> bytes:
-    """A content header's payload for ``properties`` (when the shovel changes a message's properties)."""
-    return pheader.ContentHeader(0, body_size, properties).marshal()
-
-
-def read_properties(header: bytes) -> commands.Basic.Properties:
-    content = pheader.ContentHeader()
-    content.unmarshal(header)
-    return content.properties

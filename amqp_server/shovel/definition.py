@@ -8,22 +8,20 @@ AMQP 1.0 client of its own yet.
 """
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 from typing import Any
-
-from pamqp import commands
 
 from ..links.validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
                                     number as _number, prefetch_count, proplist, terms as _terms,
                                     uri as _uri)
+from ..framing import properties
 from ..queues.policy import erlang_term
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
 PROTOCOLS = ("amqp091",)
 DEFAULT_PREFETCH = 1000
 DEFAULT_RECONNECT_DELAY = 5  # seconds (rabbit_shovel.hrl's ?DEFAULT_RECONNECT_DELAY)
-# dest-publish-properties: RabbitMQ's P_basic field names -> pamqp's Basic.Properties attributes
+# dest-publish-properties: RabbitMQ's P_basic field names -> framing.properties.Properties attributes
 PUBLISH_PROPERTIES: dict[str, tuple[str, type]] = {
     "content_type": ("content_type", str), "content_encoding": ("content_encoding", str),
     "delivery_mode": ("delivery_mode", int), "priority": ("priority", int), "correlation_id": ("correlation_id", str),
@@ -175,8 +173,8 @@ class Definition:
                 fields[key] = item
         return fields
 
-    def set_properties(self, properties: commands.Basic.Properties) -> None:
+    def set_properties(self, header: bytes) -> bytes:
+        """The content header with the publish-properties set (RabbitMQ's set_properties), the rest as it was."""
         for key, item in self.publish_properties.items():
-            if key == "timestamp":
-                item = datetime.datetime.fromtimestamp(item, datetime.timezone.utc)
-            setattr(properties, PUBLISH_PROPERTIES[key][0], item)
+            header = properties.with_value(header, PUBLISH_PROPERTIES[key][0], item)
+        return header

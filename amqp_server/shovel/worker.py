@@ -13,15 +13,21 @@ many messages, confirmed under ``on-confirm``; it then clears its own parameter,
 """
 from __future__ import annotations
 
+import logging
+import struct
 import time
 from typing import Any, Awaitable, Callable
 
 from pamqp import commands
 
-from ..links.amqp_client import ChannelClosed, Client, ClientError, header_payload, read_properties
+from ..framing import header_table
+from ..framing.header_table import Field
+from ..links.amqp_client import ChannelClosed, Client, ClientError
 from ..links.link import CHANNEL, Finished, Link, Resolve, Transfer, status_time
 from ..logs import untrusted
 from .definition import Definition
+
+log = logging.getLogger("warren.shovel")
 
 
 class Worker(Link):
@@ -112,25 +118,31 @@ class Worker(Link):
         return exchange, routing_key, header
 
     def _changed(self, header: bytes, size: int) -> bytes:
-        properties = read_properties(header)
+        """RabbitMQ's props_fun: the publish-properties set, then x-shovelled prepended and x-shovelled-timestamp
+        (a long) set in the message's own typed table (rabbit_shovel_util), whose other headers keep their types
+        and values."""
         definition = self.definition
-        definition.set_properties(properties)
-        headers = dict(properties.headers or {})
+        header = definition.set_properties(header)
+        if not (definition.add_forward_headers or definition.add_timestamp_header):
+            return header
+        flags = header[12] << 8 | header[13]
+        try:
+            fields = header_table.headers(header, flags)
+        except (header_table.NotInTable, ValueError, IndexError, struct.error):
+            log.warning("%s: a message's headers cannot be read: it goes on without the shovel's", self.what)
+            return header
         if definition.add_forward_headers:
-            previous = headers.get("x-shovelled")
-            headers["x-shovelled"] = [self.forward_headers(), *(previous if isinstance(previous, list) else [])]
+            fields = header_table.prepend_table(fields, "x-shovelled", self.forward_headers())
         if definition.add_timestamp_header:
-            headers["x-shovelled-timestamp"] = int(time.time())
-        if definition.add_forward_headers or definition.add_timestamp_header:
-            properties.headers = headers
-        return header_payload(properties, size)
+            fields = header_table.set_value(fields, "x-shovelled-timestamp", Field("l", int(time.time())))
+        return header_table.with_headers(header, flags, fields)
 
     # -- forward headers ----------------------------------------------------------------------
 
-    def forward_headers(self) -> dict[str, Any]:
-        """The table RabbitMQ's shovel prepends to ``x-shovelled`` (rabbit_shovel_util:update_headers)."""
+    def forward_headers(self) -> dict[str, Field]:
+        """The table RabbitMQ's shovel prepends to ``x-shovelled`` (rabbit_shovel_util:update_headers): longstrs."""
         definition = self.definition
-        table: dict[str, Any] = {"shovelled-by": self._cluster_name, "shovel-type": "dynamic",
+        table: dict[str, str] = {"shovelled-by": self._cluster_name, "shovel-type": "dynamic",
                                  "shovel-name": self.name, "shovel-vhost": self.vhost,
                                  "src-uri": self.src_uri, "dest-uri": self.dest_uri}
         if definition.src_queue is not None:
@@ -142,4 +154,4 @@ class Worker(Link):
                           ("dest-exchange-key", definition.dest_exchange_key), ("dest-queue", definition.dest_queue)):
             if item is not None:
                 table[key] = item
-        return table
+        return {key: Field("S", item) for key, item in table.items()}

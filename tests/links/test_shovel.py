@@ -3,6 +3,7 @@ clients on both sides, nodes killed with SIGKILL mid-transfer under ack-mode on-
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from functools import partial
 from typing import Any
@@ -10,13 +11,16 @@ from typing import Any
 import pika
 import pytest
 from aiohttp import web
+from pamqp import commands
 
 from amqp_server.access_control import AccessControl
 from amqp_server.definition_store import DefinitionStore
+from amqp_server.framing import header_table
+from amqp_server.framing.header_table import Field
 from conftest import connect, free_port
 from mgmt_http.forward import Forwarder
 from test_tls import PKI, start_tls_node
-from support import assert_error, call, drain_consumed, publish_pipelined
+from support import Raw, assert_error, call, drain_consumed, publish_pipelined, raw_frame
 
 drain = partial(drain_consumed, keep=lambda got: (got.body, got.properties))
 
@@ -57,6 +61,43 @@ def depth(node, queue: str) -> int:
 def shovel_status(node, name: str) -> dict[str, Any] | None:
     found = [s for s in call(node, "GET", "/api/shovels").json or [] if s["name"] == name]
     return found[0] if found else None
+
+
+def publish_typed(node, queue: str, headers: dict[str, Field], exchange: str = "") -> None:
+    """One message to a durable ``queue`` (declared), or to ``exchange`` with routing key ``queue``, with
+    ``headers`` written in their AMQP types (pika picks its own), confirmed."""
+    raw = Raw(node, timeout=10)
+    try:
+        raw.handshake()
+        raw.open_channel()
+        if not exchange:
+            raw.send_method(1, commands.Queue.Declare(queue=queue, durable=True))
+            raw.expect(commands.Queue.DeclareOk)
+        raw.send_method(1, commands.Confirm.Select())
+        raw.expect(commands.Confirm.SelectOk)
+        raw.send_method(1, commands.Basic.Publish(exchange=exchange, routing_key=queue))
+        table = header_table.encode(headers)
+        header = struct.pack(">HHQHI", 60, 0, 1, 0x2000, len(table)) + table
+        raw.send(raw_frame(2, 1, header) + raw_frame(3, 1, b"x"))
+        raw.expect(commands.Basic.Ack)
+    finally:
+        raw.close()
+
+
+def typed_headers(node, queue: str) -> dict[str, Field]:
+    """The headers of ``queue``'s next message (taken) in the AMQP types the node sent them in."""
+    raw = Raw(node, timeout=10)
+    try:
+        raw.handshake()
+        raw.open_channel()
+        raw.send_method(1, commands.Basic.Get(queue=queue, no_ack=True))
+        raw.expect(commands.Basic.GetOk)
+        while len(raw.buf) < 7 or len(raw.buf) < 8 + struct.unpack_from(">BHI", raw.buf)[2]:
+            raw.buf += raw.recv()
+        header = raw.buf[7:7 + struct.unpack_from(">BHI", raw.buf)[2]]
+        return header_table.headers(header, header[12] << 8 | header[13])
+    finally:
+        raw.close()
 
 
 def test_a_shovel_moves_a_queue_keeping_each_message_whole(start_broker):
@@ -110,6 +151,53 @@ def test_forward_headers_timestamp_and_publish_properties(start_broker):
     assert shovelled["shovel-type"] == "dynamic" and shovelled["src-exchange"] == "fwd-x"
     assert shovelled["src-exchange-key"] == "a.*" and shovelled["dest-exchange"] == "amq.topic"
     connection.close()
+
+
+@pytest.mark.parametrize("change", [{"dest-add-forward-headers": True}, {"add-timestamp-header": True},
+                                    {"dest-publish-properties": {"app_id": "shovelled"}}])
+def test_a_message_whose_properties_the_shovel_changes_keeps_its_own_headers_types_and_values(start_broker,
+                                                                                             change):
+    """RabbitMQ's shovel edits the message's typed header table (rabbit_shovel_util:update_headers,
+    add_timestamp_header; set_properties leaves it be): a double stays a double, a long a long."""
+    node = start_broker()
+    value = {"src-uri": "amqp://", "src-queue": "ht-src", "dest-uri": "amqp://", "dest-queue": "ht-dest", **change}
+    assert call(node, "PUT", SHOVEL + "ht", {"value": value}).status == 201
+    wait_for(lambda: (shovel_status(node, "ht") or {}).get("state") == "running", what="running")
+    own = {"ratio": Field("d", 0.1), "small": Field("l", 5), "flag": Field("t", 1), "u": Field("u", 7)}
+    publish_typed(node, "ht-src", own)
+    wait_for(lambda: depth(node, "ht-dest") == 1, what="moved")
+    headers = typed_headers(node, "ht-dest")
+    assert {name: headers[name] for name in own} == own, headers
+
+
+def test_the_timestamp_header_is_a_long_and_the_hop_a_table_of_longstrs(start_broker):
+    """rabbit_shovel_util: x-shovelled-timestamp is set as a ``long`` ('l'), x-shovelled's entry is longstrs."""
+    node = start_broker()
+    value = {"src-uri": "amqp://", "src-queue": "ts-src", "dest-uri": "amqp://", "dest-queue": "ts-dest",
+             "dest-add-timestamp-header": True, "dest-add-forward-headers": True}
+    assert call(node, "PUT", SHOVEL + "ts", {"value": value}).status == 201
+    wait_for(lambda: (shovel_status(node, "ts") or {}).get("state") == "running", what="running")
+    publish_pipelined(node, "ts-src", ["x"], declare=True)
+    wait_for(lambda: depth(node, "ts-dest") == 1, what="moved")
+    headers = typed_headers(node, "ts-dest")
+    assert headers["x-shovelled-timestamp"].kind == "l", headers
+    (entry,) = headers["x-shovelled"].value
+    assert entry.kind == "F" and {field.kind for field in entry.value.values()} == {"S"}, entry
+
+
+def test_an_x_shovelled_that_is_not_an_array_is_kept_in_x_invalid_headers(start_broker):
+    """rabbit_basic:prepend_table_header: a header of the hop list's name that is not an array is replaced by a
+    new array, and kept under x-invalid-headers (set_invalid_header)."""
+    node = start_broker()
+    value = {"src-uri": "amqp://", "src-queue": "inv-src", "dest-uri": "amqp://", "dest-queue": "inv-dest",
+             "dest-add-forward-headers": True}
+    assert call(node, "PUT", SHOVEL + "inv", {"value": value}).status == 201
+    wait_for(lambda: (shovel_status(node, "inv") or {}).get("state") == "running", what="running")
+    publish_pipelined(node, "inv-src", ["x"], declare=True, headers={"x-shovelled": "bogus"})
+    wait_for(lambda: depth(node, "inv-dest") == 1, what="moved")
+    headers = typed_headers(node, "inv-dest")
+    assert headers["x-shovelled"].kind == "A" and len(headers["x-shovelled"].value) == 1, headers
+    assert headers.get("x-invalid-headers") == Field("F", {"x-shovelled": Field("A", [Field("S", "bogus")])})
 
 
 @pytest.mark.parametrize("mode", ["on-publish", "no-ack"])
