@@ -373,10 +373,7 @@ class ExchangeLink(FederationLink):
         if isinstance(hops, list) and (len(hops) >= self.upstream.max_hops
                                        or already_seen(self.cluster_name, self.vhost, hops)):
             return None  # (an upstream without the x-federation-upstream type does not drop it: this link does)
-        previous = fields.get(ROUTING_HEADER)
-        fields[ROUTING_HEADER] = Field("A", [Field("F", self._hop(redelivered)),
-                                             *(previous.value if previous is not None and previous.kind == "A"
-                                               else [])])
+        fields = header_table.prepend_table(fields, ROUTING_HEADER, self._hop(redelivered))  # (update_routing_headers)
         return self.resource, routing_key, self._finish_header(header, flags, fields)
 
     async def _stopped(self) -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import connect
 from support import assert_error, call, publish_pipelined
-from test_shovel import depth, drain, wait_for
+from amqp_server.framing.header_table import Field
+from test_shovel import depth, drain, publish_typed, typed_headers, wait_for
 
 UPSTREAM = "/api/parameters/federation-upstream/%2F/"
 N = 1000
@@ -99,6 +100,22 @@ def test_an_exchange_federated_from_another_node_gets_every_message_bound_here(s
     assert hop == {"uri": f"amqp://127.0.0.1:{up.port}", "exchange": "fed.x", "redelivered": False,
                    "cluster-name": "up@localhost", "vhost": "/"}
     assert properties.user_id is None  # trust-user-id false: cleared, as RabbitMQ's link does
+
+
+def test_an_x_received_from_that_is_not_an_array_is_kept_in_x_invalid_headers(start_broker):
+    """rabbit_federation_exchange_link:update_routing_headers -> rabbit_basic:prepend_table_header: the message's
+    x-received-from that is no array is kept under x-invalid-headers, and its other headers keep their types."""
+    up, down = node_named(start_broker, "up"), node_named(start_broker, "down")
+    declare(down, "fed.i", "here", "#")
+    federate(down, up, r"^fed\.")
+    running(down)
+    wait_for(lambda: call(up, "GET", "/api/exchanges/%2F/fed.i/bindings/source").json, what="the binding upstream")
+    publish_typed(up, "k", {"x-received-from": Field("S", "bogus"), "small": Field("l", 5)}, exchange="fed.i")
+    wait_for(lambda: depth(down, "here") == 1, what="moved")
+    headers = typed_headers(down, "here")
+    assert headers["small"] == Field("l", 5)
+    assert headers["x-received-from"].kind == "A" and len(headers["x-received-from"].value) == 1, headers
+    assert headers["x-invalid-headers"] == Field("F", {"x-received-from": Field("A", [Field("S", "bogus")])})
 
 
 def test_binding_changes_here_are_followed_upstream(start_broker):
