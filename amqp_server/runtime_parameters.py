@@ -22,7 +22,8 @@ def _failed(errors: list[str]) -> ParameterError:
 
 
 def _direct_users(access: AccessControl, value: dict[str, Any], user: User) -> list[str]:
-    """RabbitMQ's validate_params_user: an ``amqp://`` URI (this node) is for a vhost the setter may use; and, as
+    """RabbitMQ's validate_params_user: an ``amqp://`` URI (this node) is for a vhost the setter may use
+    (rabbit_access_control:check_vhost_access: permissions there, an administrator's too); and, as
     RabbitMQ's direct connection checks no password, only an administrator may name another user in one."""
     errors: list[str] = []
     for key in URI_KEYS:
@@ -32,8 +33,7 @@ def _direct_users(access: AccessControl, value: dict[str, Any], user: User) -> l
             parsed = uri_module.parse(text)
             if not parsed.direct:
                 continue
-            if not access.vhost_exists(parsed.vhost) or (access.permissions(parsed.vhost, user.name) is None
-                                                         and "administrator" not in user.tags):
+            if not access.vhost_exists(parsed.vhost) or access.permissions(parsed.vhost, user.name) is None:
                 errors.append(f"user \"{user.name}\" may not connect to vhost \"{parsed.vhost}\"")
             elif parsed.user not in (None, user.name) and "administrator" not in user.tags:
                 errors.append(f"user \"{user.name}\" may not act as user \"{parsed.user}\" in \"{text}\"")

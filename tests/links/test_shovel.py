@@ -326,6 +326,15 @@ def test_permissions(start_broker):
         "src-uri": "amqp://guest@/%2F", "src-queue": "a", "dest-uri": "amqp://"}}, auth=("maker", "pw")), 400)
     assert 'user "maker" may not act as user "guest"' in body["reason"]
     assert_error(call(node, "GET", "/api/shovels", auth=("maker", "pw")), 401)  # monitoring, as RabbitMQ
+    # an amqp:// URI's vhost needs permissions there, an administrator's too (check_vhost_access)
+    assert call(node, "PUT", "/api/vhosts/secret", {}).status == 201
+    assert call(node, "PUT", "/api/users/boss", {"password": "pw", "tags": "administrator"}).status == 201
+    assert call(node, "PUT", "/api/permissions/%2F/boss", {"configure": ".*", "write": ".*", "read": ".*"}).status \
+        == 201
+    body = assert_error(call(node, "PUT", SHOVEL + "peek", {"value": {
+        "src-uri": "amqp:///secret", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b"}},
+        auth=("boss", "pw")), 400)
+    assert 'user "boss" may not connect to vhost "secret"' in body["reason"]
     assert_error(call(node, "DELETE", SHOVEL + "p", auth=("plain", "pw")), 401)
     assert call(node, "DELETE", SHOVEL + "p", auth=("maker", "pw")).status == 204
 
