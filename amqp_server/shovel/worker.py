@@ -95,6 +95,8 @@ class Worker(Link):
         if definition.src_queue is None:
             ok = await src.call(CHANNEL, commands.Queue.Declare(exclusive=True))
             queue = ok.queue
+            if definition.delete_after == "queue-length":  # (RabbitMQ's remaining/2: the new queue's length, 0)
+                remaining = ok.message_count
             await src.call(CHANNEL, commands.Queue.Bind(queue=queue, exchange=definition.src_exchange or "",
                                                         routing_key=definition.src_exchange_key))
         if remaining is not None and remaining <= 0:

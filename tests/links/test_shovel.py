@@ -229,6 +229,16 @@ def test_src_delete_after_queue_length_and_a_number(start_broker):
     assert depth(node, "da-dest") == 130
 
 
+def test_queue_length_with_a_source_exchange_deletes_the_shovel_at_once(start_broker):
+    """RabbitMQ's remaining/2 reads queue-length from the source queue, for src-exchange the server-named queue it
+    just declared: 0, so the shovel ends at once ({shutdown, autodelete}) and its parameter is cleared."""
+    node = start_broker()
+    value = {"src-uri": "amqp://", "src-exchange": "amq.direct", "src-exchange-key": "k",
+             "src-delete-after": "queue-length", "dest-uri": "amqp://", "dest-queue": "qlx-dest"}
+    assert call(node, "PUT", SHOVEL + "qlx", {"value": value}).status == 201
+    wait_for(lambda: call(node, "GET", SHOVEL + "qlx").status == 404, timeout=10, what="the parameter cleared")
+
+
 def test_validation_in_rabbitmqs_words(start_broker):
     node = start_broker()
     body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
