@@ -14,7 +14,7 @@ from typing import Any
 from ..links.validation import (Check, binary as _binary, boolean as _boolean, enum as _enum,
                                     number as _number, prefetch_count, proplist, terms as _terms,
                                     uri as _uri)
-from ..framing import properties
+from ..framing import codec, properties
 from ..queues.policy import erlang_term
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
@@ -36,6 +36,17 @@ def _delete_after(key: str, value: Any) -> str | None:
     if value in ("never", "queue-length") or (isinstance(value, int) and not isinstance(value, bool)):
         return None
     return f"{key} should be number, \"never\" or \"queue-length\", actually was {erlang_term(value)}"
+
+
+def _queue_name(key: str, value: Any) -> str | None:
+    """rabbit_parameter_validation:amqp091_queue_name: a name a queue can have (a shortstr)."""
+    if not isinstance(value, str):
+        return _binary(key, value)
+    try:
+        codec.shortstr(value)
+    except ValueError:
+        return f"{key} should be less than 255 bytes, actually was {len(value.encode())}"
+    return None
 
 
 def _queue_args(key: str, value: Any) -> str | None:
@@ -78,7 +89,7 @@ VALIDATION: tuple[tuple[str, Check, bool], ...] = (
     ("dest-uri", _uri, True),
     ("dest-exchange", _binary, False),
     ("dest-exchange-key", _binary, False),
-    ("dest-queue", _binary, False),
+    ("dest-queue", _queue_name, False),
     ("dest-queue-args", _queue_args, False),
     ("add-forward-headers", _boolean, False),
     ("add-timestamp-header", _boolean, False),

@@ -56,3 +56,12 @@ def test_validation_texts():
     assert validate("n", {"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
                           "dest-publish-properties": {"colour": "red"}}) == [
         'Unrecognised terms [{<<"colour">>,<<"red">>}] in dest-publish-properties']
+
+
+def test_a_dest_queue_longer_than_255_bytes_is_refused():
+    """rabbit_parameter_validation:amqp091_queue_name, as rabbit_shovel_parameters checks dest-queue."""
+    value = {"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://"}
+    assert validate("n", {**value, "dest-queue": "q" * 255}) == []
+    assert validate("n", {**value, "dest-queue": "é" * 128}) == [
+        "dest-queue should be less than 255 bytes, actually was 256"]
+    assert validate("n", {**value, "dest-queue": 1}) == ["dest-queue should be binary, actually was 1"]
