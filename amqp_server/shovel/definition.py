@@ -168,6 +168,13 @@ class Definition:
         return exchange, routing_key
 
     @property
+    def restart_delay(self) -> int:
+        """Seconds before a failed shovel starts again; 0: it stays terminated.  rabbit_shovel_dyn_worker_sup
+        restarts the worker only for a whole reconnect-delay above 0 (0.5 and -1 leave it ``temporary``)."""
+        delay = self.reconnect_delay
+        return delay if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0 else 0
+
+    @property
     def changes_properties(self) -> bool:
         return self.add_forward_headers or self.add_timestamp_header or bool(self.publish_properties)
 

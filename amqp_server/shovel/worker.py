@@ -5,8 +5,9 @@ declares what RabbitMQ's shovel declares (the named queues if missing, durable; 
 server-named queue bound with ``src-exchange-key``), consumes with ``src-prefetch-count`` and publishes each message
 on.  ``on-confirm`` acks a message upstream only once the destination confirmed it, so nothing is lost whatever
 fails; ``on-publish`` acks once it is written, ``no-ack`` consumes without acks.  Any failure ends both connections:
-the shovel reports ``terminated`` with the reason, waits ``reconnect-delay`` seconds and starts again (0: it stays
-terminated, as in RabbitMQ).  Unacked messages go back to the source queue when its connection goes.
+the shovel reports ``terminated`` with the reason, waits ``reconnect-delay`` seconds and starts again (anything
+but a whole number above 0 — 0, 0.5 — leaves it terminated, as in RabbitMQ).  Unacked messages go back to the
+source queue when its connection goes.
 
 ``src-delete-after`` (``queue-length``: the source's length when the shovel started, or a number) stops it after so
 many messages, confirmed under ``on-confirm``; it then clears its own parameter, as RabbitMQ's does.
@@ -36,7 +37,7 @@ class Worker(Link):
     def __init__(self, vhost: str, name: str, definition: Definition, resolve: Resolve, cluster_name: str,
                  on_finished: Callable[[], Awaitable[None]]) -> None:
         super().__init__(f"shovel {untrusted(name)} in vhost {untrusted(vhost)}", f"Shovel {name}", resolve,
-                         definition.reconnect_delay)
+                         definition.restart_delay)
         self.vhost = vhost
         self.name = name
         self.definition = definition

@@ -239,6 +239,22 @@ def test_queue_length_with_a_source_exchange_deletes_the_shovel_at_once(start_br
     wait_for(lambda: call(node, "GET", SHOVEL + "qlx").status == 404, timeout=10, what="the parameter cleared")
 
 
+def test_a_fractional_reconnect_delay_leaves_a_failed_shovel_terminated(start_broker):
+    """rabbit_shovel_dyn_worker_sup:init restarts the worker only for ``N when is_integer(N) andalso N > 0``;
+    anything else, 0.5 as 0, makes it ``temporary``: a shovel that fails stays terminated."""
+    node = start_broker()
+    publish_pipelined(node, "rd-src", ["x"], declare=True)
+    value = {"src-uri": "amqp://", "src-queue": "rd-src", "dest-uri": "amqp://", "dest-queue": "rd-dest",
+             "reconnect-delay": 0.5}
+    assert call(node, "PUT", SHOVEL + "rd", {"value": value}).status == 201
+    wait_for(lambda: depth(node, "rd-dest") == 1, what="moved")
+    assert call(node, "DELETE", "/api/queues/%2F/rd-src").status == 204  # basic.cancel: the shovel fails
+    wait_for(lambda: (shovel_status(node, "rd") or {}).get("state") == "terminated", what="terminated")
+    time.sleep(2)
+    status = shovel_status(node, "rd")
+    assert status is not None and status["state"] == "terminated", status
+
+
 def test_validation_in_rabbitmqs_words(start_broker):
     node = start_broker()
     body = assert_error(call(node, "PUT", SHOVEL + "bad", {"value": {
@@ -387,7 +403,7 @@ def test_uris_tried_in_turn_and_the_restart_endpoint(start_broker):
     assert first["name"] == "r"
 
 
-def _three_nodes(start_broker, reconnect_delay: float = 0.5):
+def _three_nodes(start_broker, reconnect_delay: int = 1):
     source, destination, host = start_broker(), start_broker(), start_broker()
     publish(source, "k-src", N)
     value = {"src-uri": [f"amqp://guest:guest@127.0.0.1:{source.port}"], "src-queue": "k-src",

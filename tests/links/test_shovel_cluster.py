@@ -43,7 +43,7 @@ def test_a_shovel_runs_on_one_node_and_moves_when_it_dies(three):
     connection.channel().queue_declare("cs-dest", durable=True)
     connection.close()
     value = {"src-uri": "amqp://", "src-queue": "cs-src", "src-prefetch-count": 20, "dest-uri": "amqp://",
-             "dest-queue": "cs-dest", "reconnect-delay": 0.5}
+             "dest-queue": "cs-dest", "reconnect-delay": 1}
     assert call(nodes[0], "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": value}).status == 201
     for node in nodes:  # every node's answer lists it once, on its node
         wait_for(lambda node=node: [s["node"] for s in listed(node)] == [home], f"{name} listed on {home}")
