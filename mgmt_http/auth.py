@@ -1,9 +1,9 @@
 """HTTP basic auth against the broker's users, and RabbitMQ's management tags.
 
-``administrator`` may do anything; ``monitoring`` sees every vhost, connection and
-channel and the node; ``policymaker`` and ``management`` see only the vhosts they
-have permissions on (and their own connections).  A user with none of these tags
-may not use the API.  As RabbitMQ's plugin, both "who are you?" and "you may not" are 401
+``administrator`` may do anything; ``monitoring`` sees every vhost listed, every connection and
+channel and the node, but the objects (queues, exchanges, bindings, policies) of the vhosts it has
+permissions on only, as ``policymaker`` and ``management`` (who also see only their own connections).
+A user with none of these tags may not use the API.  As RabbitMQ's plugin, both "who are you?" and "you may not" are 401
 (only the former asks for credentials with ``WWW-Authenticate``).
 """
 from __future__ import annotations
@@ -142,24 +142,42 @@ def require_monitor(request: web.Request) -> Login:
     return user
 
 
+def has_vhost_access(broker: Broker, user: Login, vhost: str) -> bool:
+    """RabbitMQ's is_authorized_vhost (``is_admin orelse user_matches_vhost``): an administrator, or a user that may
+    log in to the vhost (it has permissions there, what check_vhost_access asks).  Monitoring is not access."""
+    return user.is_admin or broker.access.permissions(vhost, user.name) is not None
+
+
 def can_see_vhost(broker: Broker, user: Login, vhost: str) -> bool:
-    return user.is_monitor or broker.access.permissions(vhost, user.name) is not None
+    """RabbitMQ's is_authorized_vhost_visible (list_visible_vhosts): a monitoring user sees every vhost."""
+    return user.is_monitor or has_vhost_access(broker, user, vhost)
 
 
 def visible_vhosts(request: web.Request) -> list[str]:
+    """The vhosts a user may see listed (list_visible_vhosts): every one for monitoring and administrators."""
     broker = ctx(request).broker
     user = login(request)
     return [name for name in broker.access.vhosts() if can_see_vhost(broker, user, name)]
 
 
-def require_vhost(request: web.Request, name: str | None = None, creating: bool = False) -> str:
+def login_vhosts(request: web.Request) -> list[str]:
+    """The vhosts whose objects a listing shows (RabbitMQ's filter_vhost): every one for an administrator, else
+    those the user may log in to, monitoring or not."""
+    broker = ctx(request).broker
+    user = login(request)
+    return [name for name in broker.access.vhosts() if has_vhost_access(broker, user, name)]
+
+
+def require_vhost(request: web.Request, name: str | None = None, creating: bool = False,
+                  visible: bool = False) -> str:
     """The path's vhost: 404 if there is none such (RabbitMQ's ``vhost_not_found`` when ``creating`` something
-    in it), 401 if the user may not see it."""
+    in it), 401 if the user has no access to it (``has_vhost_access``; ``can_see_vhost`` with ``visible``)."""
     broker = ctx(request).broker
     vhost = request.match_info["vhost"] if name is None else name
     if not broker.access.vhost_exists(vhost):
         raise HTTPError(404, "not_found", "vhost_not_found") if creating else not_found()
-    if not can_see_vhost(broker, login(request), vhost):
+    allowed = can_see_vhost if visible else has_vhost_access
+    if not allowed(broker, login(request), vhost):
         raise not_authorised("User not authorised to access virtual host")
     return vhost
 

@@ -62,7 +62,7 @@ def _matching(items: Iterable[dict[str, Any]], **fields: str) -> list[dict[str, 
 @routes.get("/api/bindings")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    items = [b for name in auth.visible_vhosts(request) for b in vhost_bindings(context, context.vhost(name))]
+    items = [b for name in auth.login_vhosts(request) for b in vhost_bindings(context, context.vhost(name))]
     return respond(request, items, ("vhost", "source", "destination", "routing_key"))
 
 

@@ -247,5 +247,5 @@ async def list_consumers(request: web.Request) -> web.Response:
 
 @routes.get("/api/consumers/{vhost}")
 async def list_vhost_consumers(request: web.Request) -> web.Response:
-    return respond(request, _consumers(request, auth.require_vhost(request)),
+    return respond(request, _consumers(request, auth.require_vhost(request, visible=True)),
                    ("queue.vhost", "queue.name", "consumer_tag"))

@@ -49,7 +49,7 @@ def find_exchange(request: web.Request) -> tuple[Context, str, Exchange]:
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    items = [exchange_info(context, name, exchange) for name in auth.visible_vhosts(request)
+    items = [exchange_info(context, name, exchange) for name in auth.login_vhosts(request)
              for exchange in list(context.vhost(name).exchanges.values())]
     return respond(request, items)
 

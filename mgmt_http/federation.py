@@ -41,14 +41,14 @@ async def list_down(request: web.Request) -> web.Response:
 @routes.get("/api/federation-links/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     auth.require_monitor(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)
     return respond(request, [i for i in await _status(request) if i["vhost"] == vhost], SORT)
 
 
 @routes.get("/api/federation-links/{vhost}/state/down")
 async def list_vhost_down(request: web.Request) -> web.Response:
     auth.require_monitor(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)
     return respond(request, [i for i in await _status(request, down=True) if i["vhost"] == vhost], SORT)
 
 
@@ -56,7 +56,7 @@ async def list_vhost_down(request: web.Request) -> web.Response:
 async def restart(request: web.Request) -> web.StreamResponse:
     """Restart a link on its node (asked by its management API in a cluster, as RabbitMQ asks by RPC)."""
     auth.require_monitor(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)
     node = request.match_info["node"]
     context = ctx(request)
     federation = context.broker.federation

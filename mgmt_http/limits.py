@@ -62,7 +62,7 @@ async def list_vhost_limits(request: web.Request) -> web.Response:
 
 @routes.get("/api/vhost-limits/{vhost}")
 async def show_vhost_limits(request: web.Request) -> web.Response:
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)  # rabbit_mgmt_wm_limits: is_authorized_vhost_visible
     limits = ctx(request).broker.access.vhost_limits(vhost)
     return respond(request, [{"vhost": vhost, "value": limits}] if limits else [], ("vhost",))
 

@@ -39,7 +39,7 @@ async def gather(request: web.Request, local: list[dict[str, Any]], path: str) -
         addresses = [peer.http for name, peer in cluster.peers.items() if dict(cluster.nodes()).get(name)]
         for found in await asyncio.gather(*(_peer(request, a, path) for a in addresses if a is not None)):
             items += found
-    visible = set(auth.visible_vhosts(request))
+    visible = set(auth.login_vhosts(request))  # (RabbitMQ's filter_vhost)
     return [item for item in items if item.get("vhost") in visible]
 
 

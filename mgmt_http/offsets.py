@@ -64,7 +64,7 @@ def authorize_queue_read(request: web.Request) -> AnyQueue:
     vhost_name = request.match_info["vhost"]
     if not broker.access.vhost_exists(vhost_name):
         raise not_found()
-    if not auth.can_see_vhost(broker, login, vhost_name):
+    if not auth.has_vhost_access(broker, login, vhost_name):
         raise not_authorised("Access refused.")
     who = broker.access.principal(vhost_name, login.name)
     vhost = broker.vhost(vhost_name)

@@ -45,13 +45,13 @@ def _records(request: web.Request, vhosts: list[str], component: str | None = No
 
 @routes.get("/api/parameters")
 async def list_all(request: web.Request) -> web.Response:
-    return respond(request, _records(request, auth.visible_vhosts(request)), ("vhost", "component", "name"))
+    return respond(request, _records(request, auth.login_vhosts(request)), ("vhost", "component", "name"))
 
 
 @routes.get("/api/parameters/{component}")
 async def list_component(request: web.Request) -> web.Response:
     _policymaker(request)
-    records = _records(request, auth.visible_vhosts(request), request.match_info["component"])
+    records = _records(request, auth.login_vhosts(request), request.match_info["component"])
     return respond(request, records, ("vhost", "name"))
 
 

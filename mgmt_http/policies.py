@@ -39,7 +39,7 @@ def _listed(request: web.Request, kind: str, vhosts: list[str]) -> web.Response:
 
 @routes.get("/api/{kind:policies|operator-policies}")
 async def list_all(request: web.Request) -> web.Response:
-    return _listed(request, _kind(request), auth.visible_vhosts(request))
+    return _listed(request, _kind(request), auth.login_vhosts(request))
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}")

@@ -82,7 +82,7 @@ def _listing(request: web.Request, context: Context, queues: list[AnyQueue]) -> 
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
     context = ctx(request)
-    return _listing(request, context, [queue for name in auth.visible_vhosts(request)
+    return _listing(request, context, [queue for name in auth.login_vhosts(request)
                                        for queue in list(context.vhost(name).queues.values())])
 
 

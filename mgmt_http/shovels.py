@@ -38,7 +38,7 @@ async def list_all(request: web.Request) -> web.Response:
 @routes.get("/api/shovels/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     auth.require_monitor(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)
     return respond(request, [i for i in await _status(request) if i["vhost"] == vhost], ("name",))
 
 
@@ -46,7 +46,7 @@ async def list_vhost(request: web.Request) -> web.Response:
 async def restart(request: web.Request) -> web.StreamResponse:
     """Restart a shovel here, or (cluster) ask the node running it, as RabbitMQ does by RPC."""
     auth.require_monitor(request)
-    vhost = auth.require_vhost(request)
+    vhost = auth.require_vhost(request, visible=True)
     name = request.match_info["name"]
     context = ctx(request)
     shovels = context.broker.shovels

@@ -64,7 +64,7 @@ async def list_vhosts(request: web.Request) -> web.Response:
 
 @routes.get("/api/vhosts/{vhost}")
 async def show(request: web.Request) -> web.Response:
-    return respond_one(request, vhost_info(ctx(request), auth.require_vhost(request)))
+    return respond_one(request, vhost_info(ctx(request), auth.require_vhost(request, visible=True)))
 
 
 @routes.put("/api/vhosts/{vhost}")

@@ -118,6 +118,37 @@ def test_users_see_only_vhosts_they_have_permissions_on(broker, uid):
     assert call(broker, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+@pytest.fixture
+def other_vhost(broker, uid):
+    """A vhost of the test's own, with a queue ``q`` and a policy ``p`` in it."""
+    vhost = f"other-{uid}"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    assert call(broker, "PUT", f"/api/queues/{q(vhost)}/q", {}).status == 201
+    assert call(broker, "PUT", f"/api/policies/{q(vhost)}/p", {"pattern": "^zz", "definition": {"max-length": 1}}
+                ).status == 201
+    yield vhost
+    call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
+
+
+def test_monitoring_is_no_access_to_a_vhosts_queues_exchanges_and_bindings(broker, uid, other_vhost):
+    """rabbit_mgmt_wm_queue(s), _exchange(s), _binding(s): is_authorized_vhost (is_admin orelse user_matches_vhost,
+    the vhosts check_vhost_access lets the user log in to): a monitoring user without permissions in the vhost is
+    refused, and filter_vhost leaves its objects out of the listings; it still sees the vhost listed
+    (list_visible_vhosts) and its limits (is_authorized_vhost_visible)."""
+    monitor = make_user(broker, f"mon-{uid}", "monitoring", vhost=None)
+    for path in (f"/api/queues/{q(other_vhost)}/q", f"/api/queues/{q(other_vhost)}",
+                 f"/api/exchanges/{q(other_vhost)}", f"/api/exchanges/{q(other_vhost)}/amq.direct",
+                 f"/api/bindings/{q(other_vhost)}", f"/api/vhosts/{q(other_vhost)}/connections",
+                 f"/api/aliveness-test/{q(other_vhost)}"):
+        refused = assert_error(call(broker, "GET", path, auth=monitor), 401)
+        assert refused == {"error": "not_authorised", "reason": "User not authorised to access virtual host"}, path
+    for path in ("/api/queues", "/api/exchanges", "/api/bindings"):
+        assert [i for i in call(broker, "GET", path, auth=monitor).json if i["vhost"] == other_vhost] == [], path
+    assert other_vhost in {v["name"] for v in call(broker, "GET", "/api/vhosts", auth=monitor).json}
+    assert call(broker, "GET", f"/api/vhost-limits/{q(other_vhost)}", auth=monitor).status == 200
+    assert call(broker, "DELETE", f"/api/users/{q(monitor[0])}").status == 204
+
+
 # -- overview, nodes, health -------------------------------------------------------------------
 
 
