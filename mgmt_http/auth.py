@@ -49,6 +49,10 @@ class Login:
         return self.is_admin or "monitoring" in self.user.tags
 
     @property
+    def is_policymaker(self) -> bool:
+        return self.is_admin or "policymaker" in self.user.tags
+
+    @property
     def is_management(self) -> bool:
         return any(tag in MANAGEMENT_TAGS for tag in self.user.tags)
 
@@ -180,6 +184,19 @@ def require_vhost(request: web.Request, name: str | None = None, creating: bool 
     if not allowed(broker, login(request), vhost):
         raise not_authorised("User not authorised to access virtual host")
     return vhost
+
+
+def require_policymaker(request: web.Request) -> Login:
+    """RabbitMQ's is_authorized_policies (a policy, parameters) and is_authorized_global_parameters: an
+    administrator, or a policymaker with access to the path's vhost if it names one that exists (an unknown one
+    is the handler's 404); else 401 "User not authorised to access object", for a vhost refused too."""
+    broker = ctx(request).broker
+    user = login(request)
+    vhost = request.match_info.get("vhost")
+    if user.is_admin or (user.is_policymaker and (vhost is None or not broker.access.vhost_exists(vhost)
+                                                  or has_vhost_access(broker, user, vhost))):
+        return user
+    raise not_authorised("User not authorised to access object")
 
 
 def principal(request: web.Request, vhost: str) -> Principal:

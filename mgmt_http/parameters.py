@@ -3,7 +3,8 @@
 Of RabbitMQ's components Warren serves ``shovel`` (dynamic shovels), ``federation-upstream`` and
 ``federation-upstream-set`` (federation), and lists ``vhost-limits`` (set through
 /api/vhost-limits); any other is refused in RabbitMQ's words for a component no enabled plugin registers.
-Managing them takes the policymaker tag (or administrator), as in RabbitMQ; URIs are shown with their
+Listing and managing them takes the policymaker tag (or administrator) and access to the vhost, as in RabbitMQ
+(is_authorized_policies); URIs are shown with their
 credentials to administrators only.
 """
 from __future__ import annotations
@@ -16,18 +17,11 @@ from amqp_server import runtime_parameters
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, key_missing, no_content, not_authorised, not_found, read_json
+from .http import bad_request, created_or_updated, key_missing, no_content, not_found, read_json
 from .limits import COMPONENT as LIMITS, limits_parameter
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
-
-
-def _policymaker(request: web.Request) -> auth.Login:
-    login = auth.login(request)
-    if not (login.is_admin or "policymaker" in login.tags):
-        raise not_authorised("Not policymaker user")
-    return login
 
 
 def _records(request: web.Request, vhosts: list[str], component: str | None = None) -> list[dict[str, Any]]:
@@ -45,26 +39,27 @@ def _records(request: web.Request, vhosts: list[str], component: str | None = No
 
 @routes.get("/api/parameters")
 async def list_all(request: web.Request) -> web.Response:
+    auth.require_policymaker(request)  # rabbit_mgmt_wm_parameters: is_authorized_policies, for every listing
     return respond(request, _records(request, auth.login_vhosts(request)), ("vhost", "component", "name"))
 
 
 @routes.get("/api/parameters/{component}")
 async def list_component(request: web.Request) -> web.Response:
-    _policymaker(request)
+    auth.require_policymaker(request)
     records = _records(request, auth.login_vhosts(request), request.match_info["component"])
     return respond(request, records, ("vhost", "name"))
 
 
 @routes.get("/api/parameters/{component}/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    _policymaker(request)
+    auth.require_policymaker(request)
     records = _records(request, [auth.require_vhost(request)], request.match_info["component"])
     return respond(request, records, ("name",))
 
 
 @routes.get("/api/parameters/{component}/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
-    _policymaker(request)
+    auth.require_policymaker(request)
     vhost = auth.require_vhost(request)
     record = ctx(request).broker.access.parameter(vhost, request.match_info["component"], request.match_info["name"])
     if record is None:
@@ -74,7 +69,7 @@ async def show(request: web.Request) -> web.Response:
 
 @routes.put("/api/parameters/{component}/{vhost}/{name}")
 async def put(request: web.Request) -> web.Response:
-    login = _policymaker(request)
+    login = auth.require_policymaker(request)
     vhost = auth.require_vhost(request, creating=True)
     component, name = request.match_info["component"], request.match_info["name"]
     body = await read_json(request, required=True)
@@ -95,7 +90,7 @@ async def put(request: web.Request) -> web.Response:
 
 @routes.delete("/api/parameters/{component}/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
-    _policymaker(request)
+    auth.require_policymaker(request)
     vhost = auth.require_vhost(request)
     context = ctx(request)
     if not context.broker.access.clear_parameter(vhost, request.match_info["component"], request.match_info["name"]):

@@ -9,7 +9,7 @@ from amqp_server.queues.policy import OPERATOR_POLICY, POLICY, PolicyError, pars
 
 from . import auth
 from .context import ctx
-from .http import bad_request, created_or_updated, no_content, not_authorised, not_found, read_json
+from .http import bad_request, created_or_updated, no_content, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
@@ -17,12 +17,12 @@ KINDS = {"policies": POLICY, "operator-policies": OPERATOR_POLICY}
 
 
 def _require(request: web.Request, kind: str) -> None:
-    """Policies need the policymaker (or administrator) tag; operator policies need administrator."""
-    login = auth.login(request)
+    """One policy: the policymaker tag (or administrator) and access to its vhost, as rabbit_mgmt_wm_policy's
+    is_authorized_policies; an operator policy administrator (rabbit_mgmt_wm_operator_policy)."""
     if kind == OPERATOR_POLICY:
         auth.require_admin(request)
-    elif not (login.is_admin or "policymaker" in login.tags):
-        raise not_authorised("Not policymaker user")
+    else:
+        auth.require_policymaker(request)
 
 
 def _kind(request: web.Request) -> str:
@@ -39,13 +39,14 @@ def _listed(request: web.Request, kind: str, vhosts: list[str]) -> web.Response:
 
 @routes.get("/api/{kind:policies|operator-policies}")
 async def list_all(request: web.Request) -> web.Response:
-    return _listed(request, _kind(request), auth.login_vhosts(request))
+    """Any user lists the policies of its vhosts (rabbit_mgmt_wm_policies and _operator_policies:
+    is_authorized_vhost and filter_vhost), no tag needed."""
+    return _listed(request, KINDS[request.match_info["kind"]], auth.login_vhosts(request))
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    kind = _kind(request)
-    return _listed(request, kind, [auth.require_vhost(request)])
+    return _listed(request, KINDS[request.match_info["kind"]], [auth.require_vhost(request)])
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}/{name}")

@@ -149,6 +149,44 @@ def test_monitoring_is_no_access_to_a_vhosts_queues_exchanges_and_bindings(broke
     assert call(broker, "DELETE", f"/api/users/{q(monitor[0])}").status == 204
 
 
+def test_any_user_lists_the_policies_of_its_vhosts_and_one_policy_takes_policymaker(broker, uid, other_vhost):
+    """rabbit_mgmt_wm_policies and _operator_policies: is_authorized_vhost and filter_vhost, no tag; one policy
+    (rabbit_mgmt_wm_policy) takes is_authorized_policies, refused as "User not authorised to access object"."""
+    user = make_user(broker, f"mg-{uid}", "management", vhost=other_vhost)
+    for kind in ("policies", "operator-policies"):
+        listed = call(broker, "GET", f"/api/{kind}/{q(other_vhost)}", auth=user)
+        assert listed.status == 200, (kind, listed.raw)
+        assert [p["name"] for p in listed.json] == (["p"] if kind == "policies" else [])
+        assert call(broker, "GET", f"/api/{kind}", auth=user).status == 200
+    assert {p["vhost"] for p in call(broker, "GET", "/api/policies", auth=user).json} == {other_vhost}
+    body = {"pattern": ".*", "definition": {"max-length": 1}}
+    for method, path in (("GET", f"/api/policies/{q(other_vhost)}/p"), ("PUT", f"/api/policies/{q(other_vhost)}/p2"),
+                         ("DELETE", f"/api/policies/{q(other_vhost)}/p")):
+        refused = call(broker, method, path, body if method == "PUT" else None, auth=user)
+        assert assert_error(refused, 401) == {"error": "not_authorised",
+                                              "reason": "User not authorised to access object"}, path
+    assert call(broker, "DELETE", f"/api/users/{q(user[0])}").status == 204
+
+
+def test_a_policymaker_sees_policies_and_parameters_of_its_vhosts_only(broker, uid, other_vhost):
+    """is_authorized_policies: is_admin orelse (is_policymaker andalso user_matches_vhost), monitoring or not;
+    filter_vhost lists a non-administrator's login vhosts only; rabbit_mgmt_wm_parameters takes
+    is_authorized_policies for /api/parameters too."""
+    maker = make_user(broker, f"mp-{uid}", "monitoring,policymaker", vhost=None)
+    for path in (f"/api/policies/{q(other_vhost)}/p", f"/api/parameters/shovel/{q(other_vhost)}",
+                 f"/api/parameters/shovel/{q(other_vhost)}/s"):
+        assert assert_error(call(broker, "GET", path, auth=maker), 401)["reason"] == \
+            "User not authorised to access object", path
+    assert [p for p in call(broker, "GET", "/api/policies", auth=maker).json if p["vhost"] == other_vhost] == []
+    assert call(broker, "GET", "/api/parameters", auth=maker).status == 200
+    plain = make_user(broker, f"mg3-{uid}", "management")
+    for path in ("/api/parameters", "/api/parameters/shovel", "/api/parameters/shovel/%2F"):
+        assert assert_error(call(broker, "GET", path, auth=plain), 401) == {
+            "error": "not_authorised", "reason": "User not authorised to access object"}, path
+    for name in (maker[0], plain[0]):
+        assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
+
+
 # -- overview, nodes, health -------------------------------------------------------------------
 
 
