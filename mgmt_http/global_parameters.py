@@ -6,27 +6,21 @@ from aiohttp import web
 
 from . import auth
 from .context import ctx
-from .http import (created_or_updated, get_str, json_response, key_missing, no_content, not_authorised, not_found,
-                   read_json)
+from .http import created_or_updated, get_str, json_response, key_missing, no_content, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
 
 
-def _admin(request: web.Request) -> None:
-    if not auth.login(request).is_admin:
-        raise not_authorised("User not authorised to access object")  # RabbitMQ's words here
-
-
 @routes.get("/api/global-parameters")
 async def list_all(request: web.Request) -> web.Response:
-    _admin(request)
+    auth.require_policymaker(request)  # rabbit_mgmt_wm_global_parameter(s): is_authorized_global_parameters
     return respond(request, ctx(request).broker.access.global_parameters(), ("name",))
 
 
 @routes.get("/api/global-parameters/{name}")
 async def show(request: web.Request) -> web.Response:
-    _admin(request)
+    auth.require_policymaker(request)  # rabbit_mgmt_wm_global_parameter(s): is_authorized_global_parameters
     record = ctx(request).broker.access.global_parameter(request.match_info["name"])
     if record is None:
         raise not_found()
@@ -35,7 +29,7 @@ async def show(request: web.Request) -> web.Response:
 
 @routes.put("/api/global-parameters/{name}")
 async def put(request: web.Request) -> web.Response:
-    _admin(request)
+    auth.require_policymaker(request)  # rabbit_mgmt_wm_global_parameter(s): is_authorized_global_parameters
     body = await read_json(request, required=True)
     if "value" not in body:
         raise key_missing("value")
@@ -48,7 +42,7 @@ async def put(request: web.Request) -> web.Response:
 
 @routes.delete("/api/global-parameters/{name}")
 async def delete(request: web.Request) -> web.Response:
-    _admin(request)
+    auth.require_policymaker(request)  # rabbit_mgmt_wm_global_parameter(s): is_authorized_global_parameters
     if not ctx(request).broker.access.clear_global_parameter(request.match_info["name"]):
         raise not_found()
     return no_content()

@@ -187,6 +187,22 @@ def test_a_policymaker_sees_policies_and_parameters_of_its_vhosts_only(broker, u
         assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
 
 
+def test_a_policymaker_manages_global_parameters(broker, uid):
+    """rabbit_mgmt_wm_global_parameter(s):is_authorized -> is_authorized_global_parameters: is_policymaker(Tags),
+    in RabbitMQ 3.10 as later; a management user is refused as "User not authorised to access object"."""
+    maker = make_user(broker, f"pm-{uid}", "policymaker")
+    path = f"/api/global-parameters/{q(uid)}"
+    assert call(broker, "GET", "/api/global-parameters", auth=maker).status == 200
+    assert call(broker, "PUT", path, {"value": "v"}, auth=maker).status == 201
+    assert call(broker, "GET", path, auth=maker).json["value"] == "v"
+    assert call(broker, "DELETE", path, auth=maker).status == 204
+    plain = make_user(broker, f"mg5-{uid}", "management")
+    assert assert_error(call(broker, "GET", "/api/global-parameters", auth=plain), 401)["reason"] == \
+        "User not authorised to access object"
+    for name in (maker[0], plain[0]):
+        assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
+
+
 # -- overview, nodes, health -------------------------------------------------------------------
 
 
