@@ -203,6 +203,20 @@ def test_a_policymaker_manages_global_parameters(broker, uid):
         assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
 
 
+def test_any_user_reads_another_users_limits(broker, uid):
+    """rabbit_mgmt_wm_user_limits (RabbitMQ 3.10 has it): is_authorized_vhost_visible, which no vhost in the path
+    lets any management user through; setting one (rabbit_mgmt_wm_user_limit) takes administrator."""
+    other = make_user(broker, f"lim-{uid}", "", vhost=None)
+    assert call(broker, "PUT", f"/api/user-limits/{q(other[0])}/max-channels", {"value": 7}).status == 204
+    user = make_user(broker, f"mg4-{uid}", "management")
+    seen = call(broker, "GET", f"/api/user-limits/{q(other[0])}", auth=user)
+    assert seen.status == 200, seen.raw
+    assert seen.json == [{"user": other[0], "value": {"max-channels": 7}}]
+    assert_error(call(broker, "PUT", f"/api/user-limits/{q(other[0])}/max-channels", {"value": 8}, auth=user), 401)
+    for name in (other[0], user[0]):
+        assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
+
+
 # -- overview, nodes, health -------------------------------------------------------------------
 
 
