@@ -15,7 +15,7 @@ from exchanges import DelayedExchange, Exchange
 from . import auth
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, exchange_param, get_arguments, get_bool, get_str,
-                   json_response, new_name, no_content, not_found, query_flag, read_json, with_code)
+                   json_response, new_name, no_content, not_found, query_is_true, read_json, with_code)
 from .listing import respond, respond_one
 from .messages import message_from_json
 from .rates import EXCHANGE_STATS, message_stats
@@ -92,7 +92,7 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/exchanges/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     context, vhost, exchange = find_exchange(request)
-    context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_flag(request, "if-unused"),
+    context.broker.delete_exchange(context.vhost(vhost), exchange.name, if_unused=query_is_true(request, "if-unused"),
                                    who=auth.principal(request, vhost))
     await context.broker.agreed()
     return no_content()

@@ -226,8 +226,10 @@ def _amqp_value(value: Any) -> Any:
     return value
 
 
-def query_flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "false").lower() in ("true", "1", "yes")
+def query_is_true(request: web.Request, name: str) -> bool:
+    """A query flag as RabbitMQ's handlers read one: ``<<"true">> =:= qs_val(Name, ReqData)``, the word true only
+    (if-empty, if-unused, use_regex)."""
+    return request.query.get(name) == "true"
 
 
 MAX_NAME_BYTES = 255  # an AMQP short string: longer names could never be used by a client

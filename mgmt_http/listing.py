@@ -15,7 +15,7 @@ from aiohttp import web
 
 from amqp_server import patterns
 
-from .http import HTTPError, bad_request, encode, encoded_response, json_response, query_flag
+from .http import HTTPError, bad_request, encode, encoded_response, json_response, query_is_true
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
@@ -131,8 +131,8 @@ def _listing(request: web.Request, items: list[Any], default_sort: tuple[str, ..
     else:
         rows = [(render(item) if render is not None else item, None) for item in items]
     if query.get("name"):
-        rows = filter_by_name(rows, query["name"], query_flag(request, "use_regex"))
-    rows = sort_items(rows, keys, query_flag(request, "sort_reverse"))
+        rows = filter_by_name(rows, query["name"], query_is_true(request, "use_regex"))
+    rows = sort_items(rows, keys, query_is_true(request, "sort_reverse"))
     columns = [c.strip() for c in query.get("columns", "").split(",") if c.strip()]
 
     def finish(chosen: list[Row]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from .connections import consumer_info
 from .forward import by_owner
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, from_channel, get_arguments, get_bool, get_int, get_str,
-                   json_response, new_name, no_content, not_found, query_flag, read_json)
+                   json_response, new_name, no_content, not_found, query_is_true, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
@@ -128,8 +128,8 @@ async def declare(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
     await context.broker.delete_anywhere(context.vhost(queue.vhost), queue.name,  # the owner node's too
-                                         if_unused=query_flag(request, "if-unused"),
-                                         if_empty=query_flag(request, "if-empty"),
+                                         if_unused=query_is_true(request, "if-unused"),
+                                         if_empty=query_is_true(request, "if-empty"),
                                          who=auth.principal(request, queue.vhost))
     await context.broker.agreed()
     return no_content()

@@ -410,6 +410,21 @@ def test_queue_declare_show_purge_delete(broker, uid):
     assert_error(call(broker, "DELETE", path + "/contents"), 404)
 
 
+def test_delete_conditions_are_the_word_true_only(broker, uid):
+    """rabbit_mgmt_wm_queue and _exchange delete_resource: IfEmpty = <<"true">> =:= qs_val(<<"if-empty">>, ReqData),
+    the same for if-unused: ``if-empty=1`` or ``if-unused=True`` asks nothing, and what they name is deleted."""
+    path = f"/api/queues/%2F/{q(uid)}"
+    assert call(broker, "PUT", path, {}).status == 201
+    publish(broker, uid, "x")
+    assert call(broker, "DELETE", path + "?if-empty=1&if-unused=yes").status == 204
+    assert_error(call(broker, "GET", path), 404)
+    exchange = f"/api/exchanges/%2F/{q(uid)}"
+    assert call(broker, "PUT", exchange, {"type": "fanout"}).status == 201
+    assert call(broker, "POST", f"/api/bindings/%2F/e/{q(uid)}/e/amq.direct", {}).status == 201
+    assert call(broker, "DELETE", exchange + "?if-unused=True").status == 204
+    assert_error(call(broker, "GET", exchange), 404)
+
+
 def test_get_ack_modes_encoding_truncate(broker, uid):
     dlx = f"{uid}-dlq"
     call(broker, "PUT", f"/api/queues/%2F/{q(dlx)}", {})
