@@ -1,13 +1,14 @@
-"""Listing query parameters as RabbitMQ's management API reads them.
+"""Listing query parameters as RabbitMQ's management API reads them (rabbit_mgmt_util).
 
-``name`` + ``use_regex`` filter, ``sort`` (a dotted path such as
-``message_stats.publish_details.rate``) + ``sort_reverse``, ``page`` + ``page_size``
-(answered in RabbitMQ's paged shape), and ``columns`` to keep only some fields.
+``sort`` (a dotted path such as ``message_stats.publish_details.rate``, ties then in the listing's default
+order) + ``sort_reverse``, ``page`` + ``page_size`` (answered in RabbitMQ's paged shape) with the ``name`` +
+``use_regex`` filter of a page, and ``columns`` to keep only some fields.
 """
 from __future__ import annotations
 
 import gc
 import math
+import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
@@ -47,14 +48,20 @@ def _sort_key(value: Any) -> tuple:
 Row = tuple[dict[str, Any], Any]  # (the fields filters and sorts read, the object to render, or None)
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def filter_by_name(rows: list[Row], pattern: str, use_regex: bool) -> list[Row]:
+    """match_value: a case-insensitive regular expression, or a substring of the name, both lowercased as
+    string:to_lower lowers their UTF-8 bytes (A-Z only, for any name that is valid UTF-8)."""
     if use_regex:
         try:
             regex = patterns.compile(pattern, ignore_case=True)
         except patterns.Error as exc:
             raise bad_request(f"invalid regular expression: {exc}") from None
         return [row for row in rows if patterns.search(regex, str(row[0].get("name", "")))]
-    return [row for row in rows if pattern in str(row[0].get("name", ""))]
+    pattern = pattern.translate(_ASCII_LOWER)
+    return [row for row in rows if pattern in str(row[0].get("name", "")).translate(_ASCII_LOWER)]
 
 
 def sort_items(rows: list[Row], keys: Iterable[str], reverse: bool) -> list[Row]:
@@ -77,18 +84,31 @@ def select_columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return result
 
 
-def _pagination(request: web.Request) -> tuple[int, int]:
-    """(page, page_size), refused with RabbitMQ's errors: not integers, page < 1, size outside 1..500."""
-    raw_page, raw_size = request.query["page"], request.query.get("page_size")  # (asked only with a page)
-    try:
-        page = int(raw_page)
-        page_size = int(raw_size) if raw_size is not None else DEFAULT_PAGE_SIZE
-    except (TypeError, ValueError):
-        raise bad_request("Pagination parameters are invalid") from None
+_ERLANG_INTEGER = re.compile(r"[+-]?[0-9]+\Z")  # what list_to_integer/1 takes (Python's int() takes more)
+
+
+def _query_integer(request: web.Request, name: str) -> int | None:
+    """check_request_param: the parameter as list_to_integer/1 reads it, else 400 "Pagination parameters are
+    invalid" (its badarg), whether or not a page is asked for."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    if not _ERLANG_INTEGER.match(raw):
+        raise bad_request("Pagination parameters are invalid")
+    return int(raw)
+
+
+def _pagination(request: web.Request) -> tuple[int, int] | None:
+    """pagination_params: (page, page_size) if a page is asked for, refused with RabbitMQ's errors: not
+    integers, page < 1, size outside 1..500."""
+    page, size = _query_integer(request, "page"), _query_integer(request, "page_size")
+    if page is None:
+        return None
+    page_size = DEFAULT_PAGE_SIZE if size is None else size
     if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
-        size = raw_size if raw_size is not None else "undefined"
+        shown = "undefined" if size is None else size
         raise HTTPError(400, "invalid_pagination_parameters",
-                        f"Invalid pagination parameters: page number {page}, page size {size}")
+                        f"Invalid pagination parameters: page number {page}, page size {shown}")
     return page, page_size
 
 
@@ -122,28 +142,39 @@ def _listing(request: web.Request, items: list[Any], default_sort: tuple[str, ..
              stub: Callable[[Any], dict[str, Any]] | None) -> bytes:
     query = request.query
     total = len(items)
+    pagination = _pagination(request)
     sort = query.get("sort")
-    keys = [sort] if sort else list(default_sort)
+    keys = list(default_sort) if sort is None else [sort, *default_sort]  # merge_sorts: ties in the default order
     rows: list[Row]
     if render is not None and stub is not None and items and all(lookup(stub(items[0]), k) is not _MISSING
                                                                   for k in keys):
         rows = [(stub(item), item) for item in items]
     else:
         rows = [(render(item) if render is not None else item, None) for item in items]
-    if query.get("name"):
+    if pagination is not None and query.get("name"):  # maybe_filter_context: a page's only
         rows = filter_by_name(rows, query["name"], query_is_true(request, "use_regex"))
-    rows = sort_items(rows, keys, query_is_true(request, "sort_reverse"))
+    if sort != "":  # sort_list: an empty sort leaves the listing as it is, unreversed
+        rows = sort_items(rows, keys, _sort_reverse(request, rows))
     columns = [c.strip() for c in query.get("columns", "").split(",") if c.strip()]
 
     def finish(chosen: list[Row]) -> list[dict[str, Any]]:
         rendered = [fields if item is None or render is None else render(item) for fields, item in chosen]
         return [select_columns(item, columns) for item in rendered] if columns else rendered
 
-    if "page" not in query:
+    if pagination is None:
         return encode(finish(rows))
-    paged = paginate(rows, *_pagination(request), total)
+    paged = paginate(rows, *pagination, total)
     paged["items"] = finish(paged["items"])
     return encode(paged)
+
+
+def _sort_reverse(request: web.Request, rows: list[Row]) -> bool:
+    """get_sort_reverse: list_to_atom of the value, which maybe_reverse takes as true or false only; any other
+    value crashes RabbitMQ's listing when it has items (a 500), refused here with a reason."""
+    value = request.query.get("sort_reverse", "false")
+    if value not in ("true", "false") and rows:
+        raise bad_request(f"sort_reverse must be true or false, not {value!r}")
+    return value == "true"
 
 
 @contextmanager

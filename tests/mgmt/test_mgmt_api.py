@@ -622,8 +622,8 @@ def test_columns_sort_paging_and_name_filter(broker, uid):
     assert paged["total_count"] >= 7
     regex = call(broker, "GET", f"/api/queues/%2F?page=1&use_regex=true&name={q('list-[0-2]$')}").json
     assert sorted(i["name"] for i in regex["items"] if i["name"].startswith(uid)) == names[:3]
-    trimmed = call(broker, "GET", f"/api/queues/%2F?columns=name,messages,message_stats.publish"
-                                  f"&name={q(uid + '-list-')}&sort=messages&sort_reverse=true").json
+    trimmed = call(broker, "GET", f"/api/queues/%2F?columns=name,messages,message_stats.publish&page=1"
+                                  f"&name={q(uid + '-list-')}&sort=messages&sort_reverse=true").json["items"]
     assert set(trimmed[0]) <= {"name", "messages", "message_stats"} and trimmed[0]["messages"] == 2
     assert [t["messages"] for t in trimmed] == sorted((t["messages"] for t in trimmed), reverse=True)
     assert set(trimmed[0]["message_stats"]) == {"publish"}
@@ -640,11 +640,55 @@ def test_columns_sort_paging_and_name_filter(broker, uid):
         "reason": "Invalid pagination parameters: page number 0, page size undefined"}
     assert assert_error(call(broker, "GET", "/api/queues?page=x"), 400) == {
         "error": "bad_request", "reason": "Pagination parameters are invalid"}
-    assert_error(call(broker, "GET", f"/api/queues?name={q('[')}&use_regex=true"), 400)
+    assert_error(call(broker, "GET", f"/api/queues?page=1&name={q('[')}&use_regex=true"), 400)
     exchanges = call(broker, "GET", "/api/exchanges?page=1&page_size=2&sort=name").json
     assert exchanges["item_count"] == 2 and exchanges["page_size"] == 2
     for name in names:
         call(broker, "DELETE", f"/api/queues/%2F/{q(name)}")
+
+
+@pytest.fixture
+def listed_vhost(broker, uid):
+    """A vhost holding non-durable queues declared in the order b, Alpha, c."""
+    vhost = f"listed-{uid}"
+    assert call(broker, "PUT", f"/api/vhosts/{q(vhost)}").status == 201
+    for name in ("b", "Alpha", "c"):
+        assert call(broker, "PUT", f"/api/queues/{q(vhost)}/{name}", {}).status == 201
+    yield vhost
+    call(broker, "DELETE", f"/api/vhosts/{q(vhost)}")
+
+
+def test_name_filters_a_page_only_and_ignores_case(broker, listed_vhost):
+    """rabbit_mgmt_util:maybe_filter_context(List, _) -> List without pagination ("backward with the other API(s),
+    that don't filter the data"); match_value without use_regex compares string:to_lower of both."""
+    path = f"/api/queues/{q(listed_vhost)}"
+    assert [i["name"] for i in call(broker, "GET", f"{path}?page=1&name=ALPHA").json["items"]] == ["Alpha"]
+    assert [i["name"] for i in call(broker, "GET", f"{path}?page=1&name=alp&use_regex=1").json["items"]] == \
+        ["Alpha"]  # (use_regex is "true" or nothing: a substring, lowered)
+    assert sorted(i["name"] for i in call(broker, "GET", f"{path}?name=Alpha").json) == ["Alpha", "b", "c"]
+
+
+def test_sort_ties_fall_back_to_the_default_sort_and_an_empty_sort_sorts_nothing(broker, listed_vhost):
+    """merge_sorts(DefaultSorts, Extra) -> [Extra | DefaultSorts]: by ``durable`` (all equal) the queues come by
+    vhost and name; sort_list(Facts, _, [], _) -> Facts: ``sort=`` leaves them unsorted; sort_reverse is
+    list_to_atom'd, which anything but true or false crashes (refused here)."""
+    path = f"/api/queues/{q(listed_vhost)}"
+    assert [i["name"] for i in call(broker, "GET", f"{path}?sort=durable").json] == ["Alpha", "b", "c"]
+    assert [i["name"] for i in call(broker, "GET", f"{path}?sort=durable&sort_reverse=true").json] == \
+        ["c", "b", "Alpha"]
+    assert [i["name"] for i in call(broker, "GET", f"{path}?sort=&sort_reverse=true").json] == ["b", "Alpha", "c"]
+    assert_error(call(broker, "GET", f"{path}?sort_reverse=1"), 400)
+
+
+def test_pagination_numbers_are_erlang_integers(broker, listed_vhost):
+    """check_request_param: list_to_integer(binary_to_list(Str)), for page and page_size whether or not a page is
+    asked for: "1_0", " 2" or "" is badarg, 400 "Pagination parameters are invalid" (Python's int() takes the
+    first two); a sign is an integer's."""
+    path = f"/api/queues/{q(listed_vhost)}"
+    for query in ("page=1&page_size=1_0", "page=1&page_size=%202", "page=", "page_size=x"):
+        assert assert_error(call(broker, "GET", f"{path}?{query}"), 400) == {
+            "error": "bad_request", "reason": "Pagination parameters are invalid"}, query
+    assert call(broker, "GET", f"{path}?page=%2B1&page_size=02").json["page_size"] == 2
 
 
 # -- definitions -------------------------------------------------------------------------------
