@@ -133,17 +133,29 @@ def created_or_updated(created: bool) -> web.Response:
     return web.Response(status=201 if created else 204)
 
 
+DOUBLY_ENCODED = ("invalid payload: the request body JSON-decoded to a string. "
+                  "Is the input doubly-JSON-encoded?")  # rabbit_mgmt_util:decode/1's words
+
+
 async def read_json(request: web.Request, required: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is ``{}`` unless required; anything else is 400."""
+    """The request body as a JSON object, as rabbit_mgmt_util:decode/1 reads it: an empty body is ``{}`` unless
+    required, so are ``null``, ``true``, ``false`` and ``undefined`` ("some HTTP API clients include null for
+    payload"); a JSON string is refused as doubly encoded, anything else that is no object is ``not_json``."""
     raw = await request.read()  # at most the app's client_max_size (--mgmt-max-body-size): larger is a 413
     if not raw.strip():
         if required:
             raise bad_request("body is required")
         return {}
+    if raw == b"undefined":
+        return {}
     try:
         body = orjson.loads(raw)  # several times faster and leaner than json, and it bounds nesting
     except orjson.JSONDecodeError:
         raise bad_request("not_json") from None
+    if body is None or isinstance(body, bool):  # an atom, to Erlang
+        return {}
+    if isinstance(body, str):
+        raise bad_request(DOUBLY_ENCODED)
     if not isinstance(body, dict):
         raise bad_request("not_json")
     check_depth(body)

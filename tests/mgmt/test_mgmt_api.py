@@ -1103,7 +1103,7 @@ def test_malformed_bodies_are_400_never_500(broker, uid):
                  ("PUT", f"/api/users/{name}"), ("PUT", f"/api/permissions/{v}/{name}"),
                  ("POST", "/api/definitions"), ("POST", f"/api/definitions/{v}"),
                  ("POST", f"/api/queues/{v}/{name}/move"), ("PUT", f"/api/policies/{v}/{name}")]
-    garbage = [b"{not json", b"[]", b'"text"', b"null", b"42", b"\xff\xfe",
+    garbage = [b"{not json", b"[]", b'"text"', b"42", b"\xff\xfe",
                json.dumps({"durable": [], "arguments": "x", "type": 7, "count": "many", "ackmode": None,
                            "encoding": 1, "routing_key": {}, "payload": 5, "properties": [], "password": 1,
                            "tags": {}, "configure": 1, "queues": "all", "destination": [], "pattern": 3,
@@ -1116,6 +1116,22 @@ def test_malformed_bodies_are_400_never_500(broker, uid):
     call(broker, "DELETE", f"/api/queues/{v}/{name}")
     call(broker, "DELETE", f"/api/exchanges/{v}/{name}")
     call(broker, "DELETE", f"/api/users/{name}")
+
+
+def test_a_null_body_is_an_empty_object_and_a_string_body_is_doubly_encoded(broker, uid):
+    """rabbit_mgmt_util:decode/1: <<"null">> and <<"undefined">> are #{} ("some HTTP API clients include null for
+    payload"), so is any JSON atom; a body that decodes to a string is refused with rabbitmq-management#839's
+    reason."""
+    for raw in (b"null", b"undefined", b"true", b" null "):
+        path = f"/api/queues/%2F/{q(uid)}"
+        made = call(broker, "PUT", path, raw=raw)
+        assert made.status == 201, (raw, made.raw)
+        assert call(broker, "GET", path).json["durable"] is False  # the defaults
+        assert call(broker, "DELETE", path).status == 204
+    refused = call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", raw=b'"{\\"durable\\": true}"')
+    assert assert_error(refused, 400) == {"error": "bad_request", "reason": "invalid payload: the request body "
+                                          "JSON-decoded to a string. Is the input doubly-JSON-encoded?"}
+    assert_error(call(broker, "GET", f"/api/queues/%2F/{q(uid)}"), 404)
 
 
 def test_unknown_paths_and_methods(broker):
