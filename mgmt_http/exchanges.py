@@ -6,7 +6,6 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.queues.policy import effective_definition
 from amqp_server.publisher_flow import PublisherFlow
@@ -73,8 +72,7 @@ async def declare(request: web.Request) -> web.Response:
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request, creating=True))
     name = exchange_param(new_name(request, "name", "exchange"))
-    who = auth.principal(request, vhost.name)
-    who.check("configure", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
+    who = auth.principal(request, vhost.name)  # checked by the broker, after the body and the type (rabbit_channel)
     body = await read_json(request)
     type_name = get_str(body, "type", "direct")  # exchange.declare's defaults, as RabbitMQ
     durable = get_bool(body, "durable", False)
@@ -127,9 +125,10 @@ async def publish(request: web.Request) -> web.Response:
     """Publish one message, as basic.publish does (same permission and message checks): ``{"routed": bool}``.
 
     A refusal (a missing exchange, no write permission, a user_id that is not the caller's) is 400 with the
-    reply code and text basic.publish would get, as RabbitMQ answers it.  While the publisher flow holds
-    publishers (a memory or disk alarm, a full link), the request waits with its body unread, as a publishing
-    connection waits unread (RabbitMQ 3.10's HTTP publish goes through its alarms)."""
+    reply code and text basic.publish would get, as RabbitMQ answers it, once the body is read and checked (its
+    with_decode, then the channel).  While the publisher flow holds publishers (a memory or disk alarm, a full
+    link), the request waits with its body unread, as a publishing connection waits unread (RabbitMQ 3.10's HTTP
+    publish goes through its alarms)."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
     name = exchange_param(request.match_info["name"])
@@ -137,14 +136,9 @@ async def publish(request: web.Request) -> web.Response:
     broker = context.broker
     vhost_name = vhost.name
     try:
-        who.check("write", "exchange", vhost.name, name)  # before the body is read: refusing costs nothing
         await until_released(context.flow)
-        body = await read_json(request, required=True)
-        exchange = vhost.exchanges.get(name)
-        if exchange is None:
-            raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
-        message = message_from_json(exchange.name, body)
-        broker.check_publish(vhost, exchange, who, message.routing_key)
+        message = message_from_json(name, await read_json(request, required=True))
+        exchange = broker.publish_target(vhost, name, who, message.routing_key)
         broker.check_message(vhost, exchange, who, message, auth.login(request).name)
     except AMQPError as exc:
         raise with_code(exc) from None

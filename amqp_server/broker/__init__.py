@@ -118,6 +118,7 @@ class Broker:
         self.all_queues, self.local_queues = queues.all_queues, queues.local_queues
         self.route = router.route
         self.publish, self.check_publish = messages.publish, messages.check_publish
+        self.publish_target = messages.publish_target
         self.check_message, self.check_topic_write = messages.check_message, messages.check_topic_write
         self.get_local, self.get_anywhere, self.peek = messages.get_local, messages.get_anywhere, messages.peek
         self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere

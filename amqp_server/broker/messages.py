@@ -69,6 +69,23 @@ class Messages:
         ``check_topic_write``.  A channel may skip this for an exchange it checked, but for the latter."""
         if who is not None:
             who.check("write", "exchange", vhost.name, exchange.name)
+        Messages._check_publish_to(vhost, exchange, who, routing_key)
+
+    @staticmethod
+    def publish_target(vhost: VHost, name: str, who: Principal | None, routing_key: str) -> Exchange:
+        """The exchange a publish names, checked in rabbit_channel's order for basic.publish: write permission on
+        the name first (a missing exchange the user may not write to is refused, not not_found), then that it
+        exists, then ``check_publish``'s others."""
+        if who is not None:
+            who.check("write", "exchange", vhost.name, name)
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            raise errors.not_found(f"no exchange '{name}' in vhost '{vhost.name}'")
+        Messages._check_publish_to(vhost, exchange, who, routing_key)
+        return exchange
+
+    @staticmethod
+    def _check_publish_to(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:
         if exchange.internal:
             raise errors.access_refused(
                 f"cannot publish to internal {resource_name('exchange', exchange.name, vhost.name)}")

@@ -325,6 +325,27 @@ def test_exchange_declare_show_delete(broker, uid):
     call(broker, "DELETE", f"/api/queues/%2F/{q(uid)}")
 
 
+def test_exchange_declare_and_publish_check_in_rabbitmqs_order(broker, uid, other_vhost):
+    """exchange.declare (rabbit_channel): rabbit_exchange:check_type (command_invalid, a 400 through direct_request)
+    before check_configure_permitted; rabbit_mgmt_wm_exchange_publish: with_decode's keys before the channel's
+    basic.publish, which checks write on the exchange before it looks the exchange up."""
+    user = make_user(broker, f"narrow-{uid}", "management", vhost=None)
+    assert call(broker, "PUT", f"/api/permissions/{q(other_vhost)}/{q(user[0])}",
+                {"configure": "^only-", "write": "^only-", "read": ".*"}).status == 201
+    path = f"/api/exchanges/{q(other_vhost)}"
+    refused = assert_error(call(broker, "PUT", f"{path}/other", {"type": "no-such-type"}, auth=user), 400)
+    assert "unknown exchange type 'no-such-type'" in refused["reason"]
+    assert assert_error(call(broker, "PUT", f"{path}/other", {"type": "direct"}, auth=user), 401)["reason"] == \
+        "Access refused."
+    assert "key_missing" in assert_error(call(broker, "POST", f"{path}/amq.direct/publish", {}, auth=user),
+                                         400)["reason"]
+    body = {"properties": {}, "routing_key": "k", "payload": "x", "payload_encoding": "string"}
+    for exchange, reason in (("missing", "403 ACCESS_REFUSED"), ("only-missing", "404 NOT_FOUND")):
+        answer = assert_error(call(broker, "POST", f"{path}/{exchange}/publish", body, auth=user), 400)
+        assert answer["reason"].startswith(reason), (exchange, answer)
+    assert call(broker, "DELETE", f"/api/users/{q(user[0])}").status == 204
+
+
 def test_publish_routes_like_amqp(broker, uid):
     assert call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {"durable": True}).status == 201
     assert publish(broker, uid, "hello", delivery_mode=2, headers={"k": "v"}, content_type="text/plain") == {
