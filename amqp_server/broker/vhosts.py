@@ -79,9 +79,20 @@ class VHosts:
                     self.bindings.remove_exchange(vhost, exchange)
             if self.clients is not None:
                 self.clients.close_vhost(name, f"vhost '{name}' is deleted")
-        for kind in ("exchange", "queue", "binding"):
-            for key, record in list(self.store.items(kind)):
-                if record["vhost"] == name:
-                    self.store.delete(kind, key)
-        self.policies.drop_vhost(name)
-        self.access.delete_vhost(name)
+        forget_vhost(self.store, self.access, self.policies, name)
+
+
+def forget_vhost(store: DefinitionStore, access: AccessControl, policies: Policies, name: str) -> bool:
+    """Every durable definition of the vhost goes, as rabbit_vhost:delete/2 takes everything the vhost had: its
+    exchanges, queues (their offsets with them; their messages are orphans the next start drops), bindings,
+    policies and operator policies, then what access control keeps (permissions, limits, parameters) and its
+    record.  ``VHosts.delete_vhost`` calls it once the vhost is gone from memory, ``warren-admin delete-vhost`` on
+    a node's data directory.  Whether the vhost was there."""
+    for kind in ("exchange", "queue", "binding"):
+        for key, record in list(store.items(kind)):
+            if record["vhost"] == name:
+                store.delete(kind, key)
+                if kind == "queue" and record.get("index_id"):
+                    store.delete("queue_offsets", str(record["index_id"]))
+    policies.drop_vhost(name)
+    return access.delete_vhost(name)

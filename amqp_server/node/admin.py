@@ -1,7 +1,9 @@
 """``warren-admin``: users, vhosts and permissions, written straight to a node's definition store.
 
 LMDB allows this while the node runs; logins read users and permissions from
-the store, so a change applies to the next connection.
+the store, so a change applies to the next connection.  delete-vhost deletes
+every definition the vhost had (``broker.vhosts.forget_vhost``, as the HTTP API's
+deletion does); a running node keeps what it holds in memory until it restarts.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import sys
 from typing import Sequence
 
 from ..access_control import AccessControl, Permissions
+from ..broker.vhosts import forget_vhost
 from ..definition_store import DefinitionStore
+from ..queues.policy import Policies
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "add-vhost":
             access.add_vhost(args.name)
         elif args.command == "delete-vhost":
-            if not access.delete_vhost(args.name):
+            if not forget_vhost(store, access, Policies(store), args.name):
                 return _fail(f"no such vhost: {args.name}")
         elif args.command == "list-vhosts":
             for name in access.vhosts():

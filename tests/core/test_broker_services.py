@@ -381,6 +381,31 @@ async def test_deleting_a_vhost_removes_what_it_had_from_memory_and_the_store(co
     assert gone.value.code == errors.NOT_ALLOWED
 
 
+async def test_warren_admin_delete_vhost_leaves_no_queue_or_policy_to_come_back(tmp_path):
+    """warren-admin delete-vhost deletes what rabbit_vhost:delete/2 does, everything the vhost had (the sweep
+    VHosts.delete_vhost runs): the vhost made again has neither the old policy nor, after a restart, the old
+    queue."""
+    from amqp_server.node import admin
+    from amqp_server.queues.policy import Policy
+    data = str(tmp_path / "data")
+    core = Broker(data)
+    vhost = core.add_vhost("v")
+    core.declare_queue(vhost, "old", durable=True)
+    core.virtual_hosts.set_policy("policy", Policy("v", "old-policy", ".*", {"max-length": 1}, 0, "queues"))
+    core.close()
+    assert admin.main(["--data-dir", data, "delete-vhost", "v"]) == 0
+    core = Broker(data)
+    core.add_vhost("v")  # made again, empty
+    policies = [p.name for p in core.policies.list("policy", "v")]
+    core.close()
+    core = Broker(data)
+    try:
+        queues = list(core.vhost("v").queues)
+    finally:
+        core.close()
+    assert (policies, queues) == ([], [])
+
+
 async def test_a_policy_sending_dead_letters_needs_write_on_that_exchange(core):
     from amqp_server.queues.policy import Policy
     policy = Policy("/", "p", ".*", {"dead-letter-exchange": "dlx"}, 0, "queues")
