@@ -162,7 +162,7 @@ def _items(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
 def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None,
                        user: str = "") -> list[dict[str, Any]]:
     """Users, vhosts, permissions (whole-node import only), then policies, runtime parameters, exchanges, queues,
-    bindings — through the same broker operations as AMQP declares, so conflicts are errors as they would be there.
+    bindings — through the same broker operations as AMQP declares, those not there yet (see ``topology``).
 
     As RabbitMQ does, unknown fields are ignored.  What Warren does not serve — a runtime parameter of a component
     it does not serve (``mqtt-port-to-vhost-mapping``...) or an invalid one, a policy key of a plugin it lacks —
@@ -262,18 +262,26 @@ class _Import:
 
     def topology(self) -> None:
         """Exchanges, queues, then bindings (one whose ends are not both there skipped, as RabbitMQ's import
-        does).  As RabbitMQ's, an exchange or queue named with the reserved ``amq.`` prefix is skipped, not
-        refused: an export holds the server-named queues (``amq.gen-...``) that no declare may name, and its
-        import into a fresh node was refused whole (401) once one was there."""
+        does).  An exchange or queue already there is kept as it is, whatever the file says of it: RabbitMQ's
+        import (add_exchange_int, add_queue_int) declares only those that do not exist, and no equivalence is
+        checked (that is rabbit_channel's).  As RabbitMQ's, an exchange or queue named with the reserved ``amq.``
+        prefix is skipped, not refused: an export holds the server-named queues (``amq.gen-...``) that no declare
+        may name, and its import into a fresh node was refused whole (401) once one was there."""
         broker, body, vhost_of = self.broker, self.body, self.vhost_of
         for item in self.named(body, "exchanges"):
-            broker.declare_exchange(vhost_of(item), get_str(item, "name"), get_str(item, "type"),
+            vhost = vhost_of(item)
+            if get_str(item, "name") in vhost.exchanges:
+                continue
+            broker.declare_exchange(vhost, get_str(item, "name"), get_str(item, "type"),
                                     durable=get_bool(item, "durable", True),
                                     auto_delete=get_bool(item, "auto_delete", False),
                                     internal=get_bool(item, "internal", False),
                                     arguments=_arguments_in(item))
         for item in self.named(body, "queues"):
-            broker.declare_queue(vhost_of(item), get_str(item, "name"), durable=get_bool(item, "durable", True),
+            vhost = vhost_of(item)
+            if get_str(item, "name") in vhost.queues:
+                continue
+            broker.declare_queue(vhost, get_str(item, "name"), durable=get_bool(item, "durable", True),
                                  auto_delete=get_bool(item, "auto_delete", False),
                                  arguments=_arguments_in(item))
         for item in _items(body, "bindings"):
