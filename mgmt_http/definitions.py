@@ -162,7 +162,8 @@ def _items(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
 def import_definitions(context: Context, body: dict[str, Any], only_vhost: str | None = None,
                        user: str = "") -> list[dict[str, Any]]:
     """Users, vhosts, permissions (whole-node import only), then policies, runtime parameters, exchanges, queues,
-    bindings — through the same broker operations as AMQP declares, those not there yet (see ``topology``).
+    bindings, once the queues are found to fit the vhosts' ``max-queues`` (``_Import.queue_limits``, after the
+    vhosts) — through the same broker operations as AMQP declares, those not there yet (see ``topology``).
 
     As RabbitMQ does, unknown fields are ignored.  What Warren does not serve — a runtime parameter of a component
     it does not serve (``mqtt-port-to-vhost-mapping``...) or an invalid one, a policy key of a plugin it lacks —
@@ -172,6 +173,8 @@ def import_definitions(context: Context, body: dict[str, Any], only_vhost: str |
     run = _Import(context.broker, body, only_vhost, user)
     if only_vhost is None:
         run.node_wide()
+    else:
+        run.queue_limits()
     run.policies()
     run.parameters()
     try:
@@ -203,12 +206,34 @@ class _Import:
                 access.set_limits("user_limits", name, _limits(item["limits"], USER_LIMITS, "user-limits"))
         for item in _items(body, "vhosts"):
             self.broker.add_vhost(get_str(item, "name"), **vhost_metadata(item))
+        self.queue_limits()
         for item in _items(body, "permissions"):
             vhost, user = _known(access, item)
             access.set_permissions(vhost, user, permissions_from_json(item))
         for item in _items(body, "topic_permissions"):
             vhost, user = _known(access, item)
             access.set_topic_permission(vhost, user, topic_permission_from_json(item))
+
+    def queue_limits(self) -> None:
+        """rabbit_definitions:validate_limits: the file's queues not there yet, counted by vhost as they stand
+        (``amq.`` names too, which are skipped later), must fit each vhost's ``max-queues`` as its limits are
+        before the import; else nothing more is imported.  A vhost import answers the message, a whole-node one
+        the term RabbitMQ's answer encodes: ``vhost_limit_exceeded`` and the message's bytes as numbers."""
+        adding: dict[str, int] = {}
+        for item in _items(self.body, "queues"):
+            name, queue = self.only_vhost if self.only_vhost is not None else item.get("vhost"), item.get("name")
+            if isinstance(name, str) and self.access.vhost_exists(name) and not (
+                    isinstance(queue, str) and queue in self.broker.vhost(name).queues):
+                adding[name] = adding.get(name, 0) + 1
+        for name, count in sorted(adding.items(), key=lambda added: added[0].encode()):  # (an Erlang map's order)
+            exceeded = self.broker.limits.would_exceed_queue_limit(name, count, len(self.broker.vhost(name).queues))
+            if exceeded is not None:
+                limit, queues = exceeded
+                message = (f'Adding {count} queue(s) to virtual host "{name}" would exceed the limit of {limit} '
+                           f"queue(s).\n\nThis virtual host currently has {queues} queue(s) defined.\n\n"
+                           "Import aborted!")
+                raise bad_request(message if self.only_vhost is not None
+                                  else ["vhost_limit_exceeded", list(message.encode())])
 
     def vhost_of(self, item: dict[str, Any]) -> VHost:
         name = self.only_vhost if self.only_vhost is not None else get_str(item, "vhost")

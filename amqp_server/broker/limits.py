@@ -63,7 +63,17 @@ class Limits:
 
     def new_queue(self, vhost: str, queues: int, name: str) -> None:
         """A queue not yet there is declared (by a client): refused (406) once the vhost has ``max-queues``."""
-        limit = self.access.vhost_limits(vhost).get("max-queues")
-        if reached(limit, queues):
+        exceeded = self.would_exceed_queue_limit(vhost, 1, queues)
+        if exceeded is not None:
             raise errors.precondition_failed(f"cannot declare queue '{name}': queue limit in vhost '{vhost}' "
-                                             f"({limit}) is reached")
+                                             f"({exceeded[0]}) is reached")
+
+    def would_exceed_queue_limit(self, vhost: str, adding: int, queues: int) -> tuple[int, int] | None:
+        """Whether ``adding`` queues to the vhost's ``queues`` would pass its ``max-queues``: its limit and the
+        count, as rabbit_vhost_limit:would_exceed_queue_limit/2 answers (a limit of 0 with a count of 0)."""
+        limit = self.access.vhost_limits(vhost).get("max-queues")
+        if limit == 0:
+            return 0, 0
+        if limit is not None and limit > 0 and queues + adding > limit:
+            return limit, queues
+        return None

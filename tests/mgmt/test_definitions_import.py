@@ -448,3 +448,26 @@ def test_an_import_keeps_an_existing_exchange_or_queue_and_checks_no_equivalence
     assert (response.status, names) == (204, ["new", "q"]), response.raw
     assert call(node, "GET", "/api/exchanges/%2F/x").json["type"] == "fanout"
     assert call(node, "GET", "/api/queues/%2F/q").json["durable"] is True
+
+
+def test_an_import_past_the_vhosts_max_queues_is_refused_whole(start_broker) -> None:
+    """rabbit_definitions:apply_defs checks validate_limits/1 right after users and vhosts (a vhost import: first):
+    the queues not there yet, counted by vhost, must fit max-queues (rabbit_vhost_limit:would_exceed_queue_limit),
+    else no queue is made and the answer is 400 with RabbitMQ 3.10.8's text: the message for a vhost import, and
+    for a whole-node import the term {vhost_limit_exceeded, Message} as its JSON encoder writes it (the message a
+    list of character codes), both as RabbitMQ 3.10.8 answered them.  A queue already there is not counted."""
+    node = start_broker()
+    assert call(node, "PUT", "/api/vhost-limits/%2F/max-queues", {"value": 2}).status == 204
+    assert call(node, "PUT", "/api/queues/%2F/there", {"durable": True}).status == 201
+    queues: list[dict[str, Any]] = [
+        {"name": name, "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+        for name in ("there", "a", "b")]
+    message = ('Adding 2 queue(s) to virtual host "/" would exceed the limit of 2 queue(s).\n\nThis virtual host '
+               "currently has 1 queue(s) defined.\n\nImport aborted!")
+    whole = call(node, "POST", "/api/definitions", {"queues": queues})
+    one = call(node, "POST", "/api/definitions/%2F", {"queues": queues})
+    names = [queue["name"] for queue in call(node, "GET", "/api/queues/%2F").json]
+    assert (whole.status, one.status, names) == (400, 400, ["there"])
+    assert whole.json["reason"] == ["vhost_limit_exceeded", list(message.encode())]
+    assert one.json["reason"] == message
+    assert call(node, "POST", "/api/definitions", {"queues": queues[:2]}).status == 204
