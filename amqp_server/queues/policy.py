@@ -35,7 +35,8 @@ POLICY = "policy"
 OPERATOR_POLICY = "operator_policy"
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 # Which keys apply to a queue, and how they meet its own arguments, its type says (QueueType.policy_lower_wins,
-# policy_argument_wins): a key a type does not list it refuses as an argument and ignores here.
+# policy_argument_wins): a key a type does not list it refuses as an argument and ignores here.  A policy with a key
+# of the type's unsupported_policies does not apply to its queues at all (rabbit_policy:is_applicable/2).
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
 # Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings): accepted so that
@@ -165,10 +166,12 @@ class Policy:
         object.__setattr__(self, "_regex", patterns.compile(self.pattern))
 
     def matches(self, kind: str, name: str, queue_type: QueueType | None = None) -> bool:
-        """``kind`` is queue (of ``queue_type``) or exchange; the pattern is searched anywhere in the name, as re:run
-        does."""
+        """``kind`` is queue (of ``queue_type``) or exchange, as rabbit_policy:matches/2: its apply-to, then for a
+        queue whether its type supports every key (``QueueType.is_policy_applicable``), then the pattern, searched
+        anywhere in the name as re:run does."""
         if kind == "queue":
-            applies = self.apply_to in ("all", "queues", queue_type.apply_to if queue_type is not None else None)
+            applies = self.apply_to in ("all", "queues", queue_type.apply_to if queue_type is not None else None) \
+                and (queue_type is None or queue_type.is_policy_applicable(self.definition))
         else:
             applies = self.apply_to in ("all", "exchanges")
         return applies and patterns.search(self._regex, name)

@@ -80,11 +80,18 @@ class QueueType:
     consumer_arguments: ClassVar[tuple[str, ...]] = ()  # basic.consume arguments taken (others: refused)
     policy_lower_wins: ClassVar[tuple[str, ...]] = LOWER_WINS  # policy keys as LOWER_WINS says, for this type
     policy_argument_wins: ClassVar[tuple[str, ...]] = ARGUMENT_WINS  # and as ARGUMENT_WINS says
+    # policy keys that make a policy not apply to this type's queues (RabbitMQ 3.10's unsupported_policies)
+    unsupported_policies: ClassVar[frozenset[str]] = frozenset()
     capabilities: ClassVar[frozenset[str]] = frozenset()
     queue_class: ClassVar[Callable[..., Any]]  # the class that holds its messages on the node it lives on
 
     def __repr__(self) -> str:
         return f"<queue type {type(self).__name__}>"
+
+    def is_policy_applicable(self, definition: Collection[str]) -> bool:
+        """Whether a policy of these keys may apply to this type's queues: not if it has one of the type's
+        ``unsupported_policies`` (rabbit_queue_type:is_policy_applicable/2), and the next by priority does."""
+        return self.unsupported_policies.isdisjoint(definition)
 
     def chosen_by(self, arguments: dict[str, Any]) -> bool:
         """Among the types of one name, whether a declaration with these arguments is of this one (a classic

@@ -613,6 +613,21 @@ async def test_a_policy_applies_to_the_queues_it_matches_and_no_others(core, vho
     assert drain_local(core, vhost, "free") == [b"1", b"2"]
 
 
+async def test_a_policy_with_a_key_the_queue_type_does_not_support_does_not_apply_to_it(core, vhost):
+    """rabbit_policy:matches/2 -> rabbit_queue_type:is_policy_applicable/2 (3.10.8): a policy with any key of the
+    type's unsupported_policies (rabbit_classic_queue's lists delivery-limit) does not match the queue at all, and
+    the next by priority applies; a quorum queue, which supports delivery-limit, takes the first."""
+    from amqp_server.queues.policy import Policy
+    core.virtual_hosts.set_policy("policy", Policy("/", "hi", "^q", {"max-length": 1, "delivery-limit": 5}, 10,
+                                                   "queues"))
+    core.virtual_hosts.set_policy("policy", Policy("/", "lo", "^q", {"max-length": 2}, 0, "queues"))
+    core.declare_queue(vhost, "q")
+    core.declare_queue(vhost, "qq", durable=True, arguments={"x-queue-type": "quorum"})
+    publish_local(core, vhost, "q", b"1", b"2", b"3")
+    assert (vhost.queues["q"].policy.name, vhost.queues["qq"].policy.name) == ("lo", "hi")
+    assert drain_local(core, vhost, "q") == [b"2", b"3"]
+
+
 async def test_a_new_vhost_has_the_standard_exchanges_and_an_unknown_one_is_not_allowed(core):
     vhost = core.add_vhost("fresh")
     assert {"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"} <= set(vhost.exchanges)

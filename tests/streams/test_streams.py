@@ -355,12 +355,12 @@ def test_a_policy_sets_a_streams_retention(broker, uid):
         pytest.skip("needs the HTTP API")
     response = call(broker, "PUT", f"/api/policies/%2F/{q(uid)}", {
         "pattern": f"^{uid}$", "apply-to": "streams",
-        "definition": {"max-length-bytes": 2_000_000, "stream-max-segment-size-bytes": 1_000_000, "message-ttl": 5}})
+        "definition": {"max-length-bytes": 2_000_000, "stream-max-segment-size-bytes": 1_000_000}})
     assert response.status == 201, response.raw
     try:
         with connect(broker) as connection:
             declare(connection.channel(), uid)
-        publish(broker, uid, [b"%099000d" % i for i in range(100)])  # message-ttl: not a stream's, so no effect
+        publish(broker, uid, [b"%099000d" % i for i in range(100)])
         got = consume_from(broker, uid, "first", 100, timeout=1.0)
         assert 0 < len(got) * 99_000 <= 2_000_000 and got[-1][0] == 99
         info = call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json

@@ -18,6 +18,8 @@ class Classic(QueueType):
                          "x-max-in-memory-bytes", "x-quorum-initial-group-size", "x-max-age", "x-initial-cluster-size",
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority", "x-cancel-on-ha-failover")
+    unsupported_policies = frozenset({"max-age", "stream-max-segment-size-bytes", "queue-leader-locator",
+                                      "initial-cluster-size", "delivery-limit", "dead-letter-strategy"})
     capabilities = frozenset({TRANSIENT, GLOBAL_QOS, NACK, PAGING, UNREPLICATED, EXCLUSIVE_CONSUME})
     queue_class: ClassVar[type[LocalQueue]] = Queue  # (mypy checks it provides the protocol)
 

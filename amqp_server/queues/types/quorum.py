@@ -22,6 +22,10 @@ class Quorum(QueueType):
     consumer_arguments = ("x-priority",)
     policy_lower_wins = LOWER_WINS + ("delivery-limit",)
     policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
+    unsupported_policies = frozenset({"max-priority", "queue-mode", "single-active-consumer", "ha-mode", "ha-params",
+                                      "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure",
+                                      "queue-master-locator", "max-age", "stream-max-segment-size-bytes",
+                                      "initial-cluster-size"})
     # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
     capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
     queue_class: ClassVar[type[LocalQueue]] = QuorumQueue  # (mypy checks it provides the protocol)

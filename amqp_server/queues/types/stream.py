@@ -25,6 +25,11 @@ class Stream(QueueType):
     # What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
+    unsupported_policies = frozenset({"expires", "message-ttl", "dead-letter-exchange", "dead-letter-routing-key",
+                                      "max-length", "max-in-memory-length", "max-in-memory-bytes", "max-priority",
+                                      "overflow", "queue-mode", "single-active-consumer", "delivery-limit",
+                                      "ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown",
+                                      "ha-promote-on-failure", "queue-master-locator", "dead-letter-strategy"})
     capabilities = frozenset({LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
     queue_class: ClassVar[type[LocalQueue]] = StreamQueue  # (mypy checks it provides the protocol)
 
