@@ -39,14 +39,18 @@ APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "st
 # of the type's unsupported_policies does not apply to its queues at all (rabbit_policy:is_applicable/2).
 OPERATOR_KEYS = frozenset({"expires", "message-ttl", "max-length", "max-length-bytes", "max-in-memory-length",
                            "max-in-memory-bytes", "delivery-limit"})
-# Keys RabbitMQ accepts that change nothing in Warren (mirroring, quorum/stream settings): accepted so that
-# definitions exported from RabbitMQ import unchanged.  A plugin's keys that Warren does not serve are refused,
-# as RabbitMQ refuses them without the plugin.
-WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "max-segment-size",
-                            "max-segment-size-bytes", "initial-cluster-size", "max-in-memory-length",
-                            "max-in-memory-bytes", "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
-                            "ha-promote-on-shutdown", "ha-promote-on-failure"})
+# Keys RabbitMQ 3.10 accepts that change nothing in Warren (mirroring, classic queue placement, quorum settings):
+# accepted, and their values checked as RabbitMQ checks them, so that definitions exported from RabbitMQ import
+# unchanged.  A plugin's keys that Warren does not serve are refused, as RabbitMQ refuses them without the plugin.
+MIRRORING_KEYS = ("ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
+                  "ha-promote-on-failure")  # rabbit_mirror_queue_misc's, checked together (_mirroring)
+WITHOUT_EFFECT = frozenset({"queue-mode", "queue-version", "initial-cluster-size", "max-in-memory-length",
+                            "max-in-memory-bytes", "queue-master-locator", *MIRRORING_KEYS})
 LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
+MASTER_LOCATORS = ("min-masters", "client-local", "random")  # rabbit_queue_location_validator's
+HA_MODES = ("all", "exactly", "nodes")
+HA_SYNC_MODES = ("manual", "automatic")
+HA_PROMOTE = ("always", "when-synced")
 
 
 class Governed(Protocol):
@@ -120,9 +124,54 @@ def _pattern(value: Any) -> str | None:
     return None
 
 
-def _one_of(choices: Iterable[str], what: str):
+def _one_of(choices: Iterable[Any], what: str):
+    """One of ``choices``, of their type (Erlang's true is not 1)."""
     choices = tuple(choices)
-    return lambda value: None if value in choices else f"{_erl(value)} is not a valid {what}"
+    return lambda value: None if any(type(value) is type(choice) and value == choice for choice in choices) \
+        else f"{_erl(value)} is not a valid {what}"
+
+
+def _master_locator(value: Any) -> str | None:
+    """rabbit_queue_location_validator:validate_strategy/1."""
+    return None if isinstance(value, str) and value in MASTER_LOCATORS \
+        else f"{_erl(value)} invalid queue-master-locator value"
+
+
+def _mirroring(definition: dict[str, Any]) -> str | None:
+    """The ha-* keys, together as rabbit_mirror_queue_misc:validate_policy/1 checks them: ha-mode first (none of
+    the others without it), then ha-params as the mode's module takes them (rabbit_mirror_queue_mode_all, _exactly,
+    _nodes), ha-sync-mode, ha-sync-batch-size, ha-promote-on-shutdown, ha-promote-on-failure.  A key that is not
+    there prints as Erlang's ``none``.  (A mode that is no string RabbitMQ crashes on, 500: here it is invalid.)"""
+    if not any(key in definition for key in MIRRORING_KEYS):
+        return None
+    if "ha-mode" not in definition:
+        return "ha-mode must be specified to specify ha-params, ha-sync-mode or ha-promote-on-shutdown"
+    mode = definition["ha-mode"]
+    if not (isinstance(mode, str) and mode in HA_MODES):
+        return f"{_erl(mode)} is not a valid ha-mode value"
+    given = {key: _erl(definition[key]) if key in definition else "none" for key in MIRRORING_KEYS}
+    params = definition.get("ha-params")
+    if mode == "all" and "ha-params" in definition:
+        return 'ha-mode="all" does not take parameters'
+    if mode == "exactly" and not (isinstance(params, int) and not isinstance(params, bool) and params > 0):
+        return f'ha-mode="exactly" takes an integer, {given["ha-params"]} given'
+    if mode == "nodes":
+        if not isinstance(params, list):
+            return f'ha-mode="nodes" takes a list, {given["ha-params"]} given'
+        if not params:
+            return 'ha-mode="nodes" list must be non-empty'
+        invalid = [node for node in params if not isinstance(node, str)]
+        if invalid:
+            return f'ha-mode="nodes" takes a list of strings, {_erl(invalid)} was not a string'
+    if definition.get("ha-sync-mode", "manual") not in HA_SYNC_MODES:
+        return f'ha-sync-mode must be "manual" or "automatic", got {given["ha-sync-mode"]}'
+    size = definition.get("ha-sync-batch-size", 1)
+    if not (isinstance(size, int) and not isinstance(size, bool) and size > 0):
+        return f'ha-sync-batch-size takes an integer greater than 0, {given["ha-sync-batch-size"]} given'
+    for key in ("ha-promote-on-shutdown", "ha-promote-on-failure"):
+        if definition.get(key, "always") not in HA_PROMOTE:
+            return f'{key} must be "always" or "when-synced", got {given[key]}'
+    return None
 
 
 VALIDATORS = {
@@ -135,6 +184,10 @@ VALIDATORS = {
     "max-length-bytes": _integer(0, "maximum length in bytes"),
     "overflow": _one_of(OVERFLOW_MODES, "overflow value"),
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
+    "queue-master-locator": _master_locator,
+    "queue-mode": _one_of(("default", "lazy"), "queue-mode value"),
+    "queue-version": _one_of((1, 2), "queue-version value"),
+    "initial-cluster-size": _integer(0, "cluster size"),
     "delivery-limit": _integer(0, "delivery limit"),
     "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES, "dead letter strategy"),
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),
@@ -224,6 +277,9 @@ def parse(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -
         problem = check(value) if check is not None else None
         if problem:
             raise _failed(problem)
+    problem = _mirroring(definition)
+    if problem:
+        raise _failed(problem)
     if sum(key in definition for key in FEDERATION_KEYS) > 1:
         raise _failed("cannot specify federation-upstream, federation-upstream-set or federation-upstream-pattern "
                       "together")

@@ -80,12 +80,43 @@ def test_crud_and_listing(broker, vhost: str) -> None:
      'Validation failed\n\npriority should be a number, actually was &lt;&lt;"abc"&gt;&gt;\n'),
     ("operator-policies", {"pattern": ".*", "definition": {"dead-letter-exchange": "x"}},
      'Validation failed\n\n[{<<"dead-letter-exchange">>,<<"x">>}] are not recognised policy settings\n'),
-], ids=["max-priority", "negative", "expires-zero", "overflow", "empty", "no-pattern", "priority", "operator-key"])
+    # keys without effect in Warren, checked as RabbitMQ 3.10 checks them (rabbit_policies,
+    # rabbit_queue_location_validator, rabbit_mirror_queue_misc:validate_policy/1 and the ha modes')
+    ("policies", {"pattern": ".*", "definition": {"queue-master-locator": "bogus"}},
+     'Validation failed\n\n&lt;&lt;"bogus"&gt;&gt; invalid queue-master-locator value\n'),
+    ("policies", {"pattern": ".*", "definition": {"max-segment-size-bytes": 5}},
+     'Validation failed\n\n[{&lt;&lt;"max-segment-size-bytes"&gt;&gt;,5}] are not recognised policy settings\n'),
+    ("policies", {"pattern": ".*", "definition": {"queue-version": True}},
+     "Validation failed\n\ntrue is not a valid queue-version value\n"),
+    ("policies", {"pattern": ".*", "definition": {"initial-cluster-size": -1}},
+     "Validation failed\n\n-1 is not a valid cluster size\n"),
+    ("policies", {"pattern": ".*", "definition": {"ha-params": 2}},
+     "Validation failed\n\nha-mode must be specified to specify ha-params, ha-sync-mode or ha-promote-on-shutdown\n"),
+    ("policies", {"pattern": ".*", "definition": {"ha-mode": "bogus"}},
+     'Validation failed\n\n&lt;&lt;"bogus"&gt;&gt; is not a valid ha-mode value\n'),
+    ("policies", {"pattern": ".*", "definition": {"ha-mode": "exactly"}},
+     'Validation failed\n\nha-mode="exactly" takes an integer, none given\n'),
+    ("policies", {"pattern": ".*", "definition": {"ha-mode": "nodes", "ha-params": ["a", 1]}},
+     'Validation failed\n\nha-mode="nodes" takes a list of strings, [1] was not a string\n'),
+    ("policies", {"pattern": ".*", "definition": {"ha-mode": "exactly", "ha-params": 2, "ha-sync-batch-size": True}},
+     "Validation failed\n\nha-sync-batch-size takes an integer greater than 0, true given\n"),
+], ids=["max-priority", "negative", "expires-zero", "overflow", "empty", "no-pattern", "priority", "operator-key",
+        "master-locator", "segment-size", "queue-version", "cluster-size", "ha-params-alone", "ha-mode",
+        "ha-exactly-none", "ha-nodes", "ha-batch"])
 # (RabbitMQ escapes a user policy's reason for HTML: <<"x">> is &lt;&lt;"x"&gt;&gt; there, not for an operator policy)
 def test_validation_errors_as_rabbitmq(broker, vhost: str, kind: str, body: dict, reason: str) -> None:
     error = assert_error(call(broker, "PUT", f"/api/{kind}/{q(vhost)}/bad", body), 400)
     assert error["reason"] == reason
     assert_error(call(broker, "GET", f"/api/{kind}/{q(vhost)}/bad"), 404)
+
+
+def test_keys_of_rabbitmq_3_10_without_effect_in_warren_are_taken(broker, vhost: str) -> None:
+    """A 3.10 export's queue-master-locator and ha-* policies import unchanged (rabbit_queue_location_validator
+    registers queue-master-locator: min-masters, client-local, random)."""
+    for locator in ("min-masters", "client-local", "random"):
+        set_policy(broker, vhost, f"locate-{locator}", "zzz", {"queue-master-locator": locator})
+    set_policy(broker, vhost, "mirrored", "zzz", {"ha-mode": "nodes", "ha-params": ["rabbit@a"], "ha-sync-mode":
+                                                  "automatic", "ha-promote-on-failure": "when-synced"})
 
 
 def test_bad_pattern_and_apply_to(broker, vhost: str) -> None:
