@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from amqp_server import errors
-from amqp_server.access_control import Principal
+from amqp_server.access_control import Permissions, Principal, TopicPermission
 from amqp_server.broker import Broker
 from amqp_server.broker.bindings import Bindings
 from amqp_server.broker.definitions import Definitions
@@ -626,6 +626,30 @@ async def test_a_policy_with_a_key_the_queue_type_does_not_support_does_not_appl
     publish_local(core, vhost, "q", b"1", b"2", b"3")
     assert (vhost.queues["q"].policy.name, vhost.queues["qq"].policy.name) == ("lo", "hi")
     assert drain_local(core, vhost, "q") == [b"2", b"3"]
+
+
+async def test_a_policy_pattern_matches_the_names_bytes_as_erlang_re_does(core, vhost):
+    """rabbit_policy:matches/2 runs re:run(Name, Pattern, [{capture, none}]) on the name's binary without the
+    ``unicode`` option: '.' is one byte, and \\w a Latin-1 letter of one byte (the first byte of é's two, C3, is Ã,
+    the second, A9, ©), so neither '^caf.$' nor '^\\w+$' matches 'café' (5 bytes), and 'é' in a pattern is its bytes."""
+    from amqp_server.queues.policy import Policy
+    core.virtual_hosts.set_policy("policy", Policy("/", "dot", "^caf.$", {"max-length": 1}, 2, "queues"))
+    core.virtual_hosts.set_policy("policy", Policy("/", "word", "^\\w+$", {"max-length": 1}, 1, "queues"))
+    core.declare_queue(vhost, "café")
+    assert vhost.queues["café"].policy is None
+    core.virtual_hosts.set_policy("policy", Policy("/", "bytes", "^caf..$", {"max-length": 1}, 0, "queues"))
+    assert vhost.queues["café"].policy == core.policies.get("policy", "/", "bytes")
+
+
+def test_permission_and_topic_patterns_match_the_names_bytes_as_erlang_re_does():
+    """rabbit_auth_backend_internal:check_resource_access and check_topic_access run re:run without ``unicode``
+    too: a pattern's '.' is one byte of the name or routing key."""
+    assert not Permissions(configure="^caf.$").allows("configure", "café")
+    assert Permissions(configure="^caf..$").allows("configure", "café")
+    who = Principal("u", Permissions(), {"t": TopicPermission("t", write="^caf.$")})
+    with pytest.raises(ChannelError) as refused:
+        who.check_topic("write", "/", "t", "café")
+    assert refused.value.code == errors.ACCESS_REFUSED
 
 
 async def test_a_new_vhost_has_the_standard_exchanges_and_an_unknown_one_is_not_allowed(core):
