@@ -42,7 +42,8 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
         if _text(info.get("queue")) == queue and _text(info.get("reason")) == reason:
             count = info.get("count")
             number = count.value if count is not None and isinstance(count.value, int) else 1
-            deaths.insert(0, Field("F", {**info, "count": Field("l", number + 1)}))  # RabbitMQ keeps the first time
+            deaths.insert(0, Field("F", header_table.sort_table({**info, "count": Field("l", number + 1)})))  # (its
+            # first time kept)
             del deaths[i + 1]
             break
     else:
@@ -50,9 +51,9 @@ def dead_letter_message(message: Message, queue: str, reason: str, exchange: str
     if old is None:  # the first death (by the header's say): rabbit_dead_letter sets these then, and only then
         for name, value in (("reason", reason), ("queue", queue), ("exchange", message.exchange)):
             fields[f"x-first-death-{name}"] = Field("S", value)
-    fields["x-death"] = Field("A", deaths)
     if routing_key is not None:
         fields.pop("CC", None)  # as RabbitMQ: the dead-letter routing key replaces the CC keys too
+    fields = header_table.set_value(fields, "x-death", Field("A", deaths))  # (the table sorted, as RabbitMQ's)
     header = properties.replace(message.header, codec.FLAG_EXPIRATION, None)
     header = header_table.with_headers(header, struct.unpack_from(">H", header, 12)[0], fields)
     key = routing_key if routing_key is not None else message.routing_key

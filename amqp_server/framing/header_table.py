@@ -224,8 +224,12 @@ INVALID_HEADERS = "x-invalid-headers"  # rabbit_basic's ?INVALID_HEADERS_KEY
 def set_value(fields: dict[str, Field], name: str, value: Field) -> dict[str, Field]:
     """rabbit_misc:set_table_value: ``fields`` with ``name`` set to ``value`` (in its place, else added), the
     table then sorted by name as RabbitMQ sorts it (sort_field_table: the names' bytes)."""
-    changed = {**fields, name: value}
-    return dict(sorted(changed.items(), key=lambda item: item[0].encode("utf-8", "surrogateescape")))
+    return sort_table({**fields, name: value})
+
+
+def sort_table(fields: dict[str, Field]) -> dict[str, Field]:
+    """rabbit_misc:sort_field_table: ``fields`` in the order of their names' bytes."""
+    return dict(sorted(fields.items(), key=lambda item: item[0].encode("utf-8", "surrogateescape")))
 
 
 def prepend_table(fields: dict[str, Field], name: str, entry: dict[str, Field]) -> dict[str, Field]:

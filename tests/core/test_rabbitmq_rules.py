@@ -102,3 +102,14 @@ async def test_the_first_death_headers_are_not_added_to_a_message_with_an_x_deat
     headers = rejected_into(core, vhost, "w", {"x-death": [{"queue": "elsewhere", "reason": "expired", "count": 1}]})
     assert "x-first-death-queue" not in headers
     assert [death["queue"] for death in headers["x-death"]] == ["w", "elsewhere"]
+
+
+async def test_a_dead_letters_headers_are_sorted_by_name_as_rabbitmq_writes_them(core, vhost):
+    """rabbit_dead_letter writes x-death and x-first-death-* with rabbit_misc:set_table_value, which sorts the
+    table by name; an x-death entry counted again is sorted too (sort_field_table), a new one keeps its order."""
+    headers = rejected_into(core, vhost, "w", {"zz": 1, "aa": 2})
+    assert list(headers) == ["aa", "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                             "zz"]
+    assert list(headers["x-death"][0]) == ["count", "reason", "queue", "time", "exchange", "routing-keys"]
+    again = rejected_into(core, vhost, "w2", {"x-death": [{"reason": "rejected", "queue": "w2", "count": 1}]})
+    assert list(again["x-death"][0]) == ["count", "queue", "reason"]
