@@ -184,8 +184,12 @@ class Session:
         link.refuse(condition, description)
 
     def _detach(self, fields: list[Value]) -> None:
-        link = self._link(fields)
-        del self.links[link.handle]
+        handle = frames.typed(fields, 0, ("uint",), "handle")
+        if handle is None:
+            raise SessionError(frames.UNATTACHED_HANDLE, "link handle None is not attached")
+        link = self.links.pop(handle, None)
+        if link is None:  # the client's answer to a detach of the node's (a refused attach, a deleted queue, a
+            return  # transfer beyond credit): taken quietly, as RabbitMQ's detach_reply sends nothing for it
         link.closed()
         self.send(frames.performative(frames.DETACH, uint(link.handle), boolean(frames.field(fields, 1) is True)))
 

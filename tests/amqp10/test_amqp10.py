@@ -1035,6 +1035,117 @@ def _written(connection: Any, transport: Transport) -> list[tuple[int, list[amqp
     return found
 
 
+ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x12, 0x19)
+_RECORD = described(0x75, amqp10.binary(b"x"))  # a message: one data section
+
+
+def _broker_with_q(tmp_path: Path) -> Any:
+    """A broker in this process with the durable queue ``q``."""
+    from amqp_server.broker import Broker
+
+    broker = Broker(str(tmp_path / "data"))
+    broker.declare_queue(broker.vhost("/"), "q", durable=True)
+    return broker
+
+
+def _attach(handle: int, role: bool, address: str, name: str, settle_mode: bytes = amqp10.NULL) -> bytes:
+    """An attach of session 0: the client receiving from (``role`` True) or sending to ``address``."""
+    terminus = described(0x28 if role else 0x29, encode_list([utf8(address)]))
+    termini = (terminus,) if role else (amqp10.NULL, terminus)
+    return _frame(_performative(ATTACH, utf8(name), uint(handle), amqp10.boolean(role), settle_mode, amqp10.NULL,
+                                *termini))
+
+
+def _sender(handle: int, queue: str = "q", name: str = "s", settle_mode: bytes = amqp10.NULL) -> bytes:
+    return _attach(handle, False, f"/queues/{queue}", name, settle_mode)
+
+
+def _receiver(handle: int, queue: str = "q", name: str = "r", settle_mode: bytes = amqp10.NULL) -> bytes:
+    return _attach(handle, True, f"/queues/{queue}", name, settle_mode)
+
+
+def _transfer(handle: int, delivery_id: int | None, settled: bool, more: bool = False,
+              payload: bytes = _RECORD) -> bytes:
+    """A transfer of session 0 (a continuation when ``delivery_id`` is None)."""
+    if delivery_id is None:
+        head: tuple[bytes, ...] = (amqp10.NULL, amqp10.NULL, amqp10.NULL)
+    else:
+        head = (uint(delivery_id), amqp10.binary(struct.pack(">I", delivery_id)), uint(0))
+    return _frame(_performative(TRANSFER, uint(handle), *head, amqp10.boolean(settled), amqp10.boolean(more))
+                  + payload)
+
+
+def _link_flow(handle: int, delivery_count: int, credit: int, drain: bool = False) -> bytes:
+    return _frame(_performative(FLOW, uint(0), uint(5000), uint(0), uint(5000), uint(handle), uint(delivery_count),
+                                uint(credit), amqp10.NULL, amqp10.boolean(drain)))
+
+
+def _error(fields: list[amqp10.Value], at: int) -> tuple[str, str | None]:
+    """The condition and description of the error field at ``at`` (of a detach, end or close)."""
+    error = fields[at].value[1].value
+    description = error[1].value if len(error) > 1 and error[1].kind != "null" else None
+    return error[0].value, description
+
+
+def _publish_settled(connection: Any, transport: Any, count: int) -> None:
+    """``count`` messages put in ``q`` by a link of handle 9, pre-settled."""
+    connection.data_received(_sender(9))
+    _written(connection, transport)
+    connection.data_received(b"".join(_transfer(9, i, True) for i in range(count)))
+    _written(connection, transport)
+
+
+async def test_the_clients_answer_to_a_refused_attach_does_not_end_the_session(tmp_path):
+    """The node refuses an attach (an attach, then a detach with the error); the client answers with its own
+    detach, which RabbitMQ's session takes quietly (``handle_frame(#'v1_0.detach'{})``: ``maps:take`` finds no
+    link, ``detach_reply`` sends nothing): the session and its other links go on."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_sender(1))
+        _written(connection, transport)
+        connection.data_received(_receiver(0, queue="missing"))
+        assert [code for code, _ in _written(connection, transport)] == [ATTACH, DETACH]
+        connection.data_received(_frame(_performative(DETACH, uint(0), amqp10.boolean(True))))
+        assert _written(connection, transport) == []
+        assert 0 in connection.sessions and 1 in connection.sessions[0].links
+    finally:
+        broker.close()
+
+
+async def test_the_clients_answer_to_a_detach_for_a_deleted_queue_does_not_end_the_session(tmp_path):
+    """As above for the node's detach of a link whose queue was deleted (amqp:resource-deleted)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        vhost = broker.vhost("/")
+        broker.declare_queue(vhost, "other", durable=True)
+        connection, transport = _in_process(broker)
+        connection.data_received(_receiver(0) + _receiver(1, queue="other", name="r2"))
+        _written(connection, transport)
+        broker.delete_queue(vhost, "q")
+        assert [code for code, _ in _written(connection, transport)] == [DETACH]
+        connection.data_received(_frame(_performative(DETACH, uint(0), amqp10.boolean(True))))
+        assert _written(connection, transport) == []
+        assert 0 in connection.sessions and 1 in connection.sessions[0].links
+    finally:
+        broker.close()
+
+
+def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
+    """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
+    import proton
+
+    declare(node, "there").close()
+    connection = connect(node)
+    try:
+        with pytest.raises(proton.utils.LinkDetached):
+            connection.create_receiver("/queues/missing")
+        sender = connection.create_sender("/queues/there")
+        sender.send(Message(body=b"after the refusal"), timeout=5)
+    finally:
+        connection.close()
+
+
 async def test_drain_with_nothing_to_send_gives_the_credit_back_and_a_deleted_queue_detaches_its_link(tmp_path):
     from amqp_server.broker import Broker
 
