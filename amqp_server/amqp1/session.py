@@ -132,17 +132,29 @@ class Session:
         return link
 
     def _attach(self, fields: list[Value]) -> None:
+        """An attach; a field of it that does not decode ends the session (RabbitMQ's session process exits with
+        the error and ends the session alone), not the connection."""
+        try:
+            self._attach_fields(fields)
+        except SessionError:
+            raise
+        except Amqp10Error as exc:
+            raise SessionError(exc.condition, exc.description) from None
+
+    def _attach_fields(self, fields: list[Value]) -> None:
         name = frames.typed(fields, 0, ("string",), "name", "")
         handle = frames.typed(fields, 1, ("uint",), "handle")
         role = frames.typed(fields, 2, ("bool",), "role")
         if handle is None or role is None:
             raise SessionError(frames.DECODE_ERROR, "attach without handle or role")
+        settle_mode = frames.typed(fields, 3, ("ubyte",), "snd-settle-mode", 2)
+        rcv_settle_mode = frames.typed(fields, 4, ("ubyte",), "rcv-settle-mode", 0)
+        _validate_attach(fields, settle_mode, rcv_settle_mode)
         if handle > HANDLE_MAX:
             raise SessionError(frames.RESOURCE_LIMIT_EXCEEDED,
                                f"link handle value ({handle}) exceeds maximum link handle value ({HANDLE_MAX})")
         if handle in self.links:
             raise SessionError(frames.HANDLE_IN_USE, f"link handle {handle} in use")
-        settle_mode = frames.typed(fields, 3, ("ubyte",), "snd-settle-mode", 2)
         source = frames.composite(fields, 5, frames.SOURCE)
         target = frames.composite(fields, 6, frames.TARGET)
         if role:  # the client receives: the node sends from a queue
@@ -325,6 +337,24 @@ class Session:
             links, self.confirming = self.confirming, set()
             for link in links:
                 link.emit_outcomes()
+
+
+COORDINATOR = 0x30  # a transaction coordinator target
+_COORDINATOR_SYMBOL = "amqp:coordinator:list"
+
+
+def _validate_attach(fields: list[Value], settle_mode: int, rcv_settle_mode: int) -> None:
+    """What RabbitMQ's ``validate_attach`` refuses before anything else of an attach, ending the session with
+    amqp:not-implemented: a coordinator target (transactions), link recovery (an unsettled map, incomplete
+    unsettled), and rcv-settle-mode second unless the sender settles."""
+    target = fields[6] if len(fields) > 6 else None
+    if target is not None and target.kind == "described" and target.value[0] in (COORDINATOR, _COORDINATOR_SYMBOL):
+        raise SessionError(frames.NOT_IMPLEMENTED, "Transactions not supported")
+    unsettled = fields[7] if len(fields) > 7 else None
+    if unsettled is not None and unsettled.kind == "map" and unsettled.value or frames.field(fields, 8) is True:
+        raise SessionError(frames.NOT_IMPLEMENTED, "Link recovery not supported")
+    if rcv_settle_mode == 1 and settle_mode != frames.SETTLED:
+        raise SessionError(frames.NOT_IMPLEMENTED, "rcv-settle-mode second not supported")
 
 
 class LinkEndpoint:

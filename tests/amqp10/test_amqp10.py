@@ -1131,6 +1131,53 @@ async def test_the_clients_answer_to_a_detach_for_a_deleted_queue_does_not_end_t
         broker.close()
 
 
+async def test_a_coordinator_target_ends_the_session_with_not_implemented_not_the_connection(tmp_path):
+    """A transactional client's coordinator link: rabbit_amqp_session ``validate_attach`` ->
+    ``exit_not_implemented("Transactions not supported")``, the session ends and the connection stays."""
+    from amqp_server.amqp1.connection import OPEN as CONNECTION_OPEN
+
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        coordinator = described(0x30, encode_list([amqp10.NULL]))
+        connection.data_received(_frame(_performative(ATTACH, utf8("txn"), uint(0), amqp10.boolean(False),
+                                                      amqp10.NULL, amqp10.NULL, amqp10.NULL, coordinator)))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0) == ("amqp:not-implemented", "Transactions not supported")
+        assert connection.state == CONNECTION_OPEN and 0 not in connection.sessions
+    finally:
+        broker.close()
+
+
+async def test_an_attach_that_does_not_decode_ends_the_session_not_the_connection(tmp_path):
+    """A source of another descriptor: the session process that reads the attach exits with the error, which
+    ends the session alone."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_frame(_performative(ATTACH, utf8("r"), uint(0), amqp10.boolean(True), amqp10.NULL,
+                                                      amqp10.NULL, described(0x77, encode_list([])))))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0)[0] == "amqp:decode-error"
+    finally:
+        broker.close()
+
+
+async def test_rcv_settle_mode_second_is_refused_as_not_implemented(tmp_path):
+    """rabbit_amqp_session ``validate_attach``: rcv-settle-mode second with a sender that does not settle ->
+    ``exit_not_implemented("rcv-settle-mode second not supported")``: the session ends."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        source = described(0x28, encode_list([utf8("/queues/q")]))
+        connection.data_received(_frame(_performative(ATTACH, utf8("r"), uint(0), amqp10.boolean(True),
+                                                      amqp10.ubyte(0), amqp10.ubyte(1), source)))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0) == ("amqp:not-implemented", "rcv-settle-mode second not supported")
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
