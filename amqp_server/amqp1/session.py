@@ -290,7 +290,11 @@ class Session:
         unsettled = self.unsettled
         if last < first:
             raise SessionError(frames.INVALID_FIELD, f"disposition last ({last}) < first ({first})")
-        code = state[0] if state is not None else frames.ACCEPTED
+        if not unsettled:  # (RabbitMQ answers nothing while nothing is unsettled)
+            return
+        code = state[0] if state is not None else None
+        if code not in _OUTCOMES:  # no outcome, or received: nothing is settled (settle_op_from_outcome)
+            raise SessionError(frames.INVALID_FIELD, f"Unrecognised state: {_state_name(code)} in DISPOSITION")
         annotations = _modified_annotations(state[1]) if state is not None and code == frames.MODIFIED else b""
         if last - first + 1 <= len(unsettled):  # (each id looked up where C does it: a range settles thousands)
             taken = list(filter(None, map(unsettled.pop, range(first, last + 1), repeat(None, last - first + 1))))
@@ -311,9 +315,6 @@ class Session:
                 failed = frames.field(state[1], 0, False) is True
                 undeliverable = frames.field(state[1], 1, False) is True
                 self.broker.nack_taken(taken, not undeliverable, counted=failed, annotations=annotations)
-            else:
-                self.broker.settle_taken(taken, True)
-                raise SessionError(frames.NOT_IMPLEMENTED, f"delivery state 0x{code:02x} is not supported")
         except AMQPError as exc:  # a stream refuses reject and release
             raise SessionError(*_error_of(exc)) from None
         if not settled:  # the client awaits the node's settlement
@@ -337,6 +338,17 @@ class Session:
             links, self.confirming = self.confirming, set()
             for link in links:
                 link.emit_outcomes()
+
+
+_OUTCOMES = (frames.ACCEPTED, frames.RELEASED, frames.REJECTED, frames.MODIFIED)
+_STATES = {frames.RECEIVED: "received", 0x34: "declared", 0x38: "transactional-state"}
+
+
+def _state_name(code: Any) -> str:
+    """A delivery state's name as a disposition's error names it (``undefined`` for none, as RabbitMQ's)."""
+    if code is None:
+        return "undefined"
+    return _STATES.get(code, f"0x{code:02x}" if isinstance(code, int) else str(code))
 
 
 COORDINATOR = 0x30  # a transaction coordinator target

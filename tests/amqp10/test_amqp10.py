@@ -1178,6 +1178,45 @@ async def test_rcv_settle_mode_second_is_refused_as_not_implemented(tmp_path):
         broker.close()
 
 
+async def test_a_disposition_without_an_outcome_is_refused_and_acks_nothing(tmp_path):
+    """rabbit_amqp_session ``settle_op_from_outcome(undefined)`` (its last clause): amqp:invalid-field
+    "Unrecognised state: undefined in DISPOSITION" before anything is settled; the session ends and the queue gets
+    the message back (it was taken as accepted, and acked)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        _publish_settled(connection, transport, 1)
+        connection.data_received(_receiver(0) + _link_flow(0, 0, 1))
+        assert TRANSFER in [code for code, _ in _written(connection, transport)]
+        connection.data_received(_frame(_performative(DISPOSITION, amqp10.boolean(True), uint(0), uint(0),
+                                                      amqp10.boolean(True))))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0) == ("amqp:invalid-field",
+                                                     "Unrecognised state: undefined in DISPOSITION")
+        assert broker.vhost("/").queues["q"].message_count == 1
+    finally:
+        broker.close()
+
+
+async def test_an_unknown_delivery_state_ends_the_session_with_invalid_field(tmp_path):
+    """``received`` is no outcome: ``settle_op_from_outcome`` ends the session with amqp:invalid-field (it was
+    amqp:not-implemented)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        _publish_settled(connection, transport, 1)
+        connection.data_received(_receiver(0) + _link_flow(0, 0, 1))
+        _written(connection, transport)
+        received = described(0x23, encode_list([uint(0), amqp10.ulong(0)]))
+        connection.data_received(_frame(_performative(DISPOSITION, amqp10.boolean(True), uint(0), uint(0),
+                                                      amqp10.boolean(True), received)))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0) == ("amqp:invalid-field",
+                                                     "Unrecognised state: received in DISPOSITION")
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
