@@ -442,6 +442,10 @@ class LinkEndpoint:
         """Its session ended with outcomes still to send."""
 
 
+MIXED = 2  # sender-settle-mode mixed: the sender says per transfer
+_SETTLE_MODES = {0: "unsettled", 1: "settled", 2: "mixed"}
+
+
 def _durable(fields: list[Value] | None) -> bool:
     """A terminus asking for configuration (1) or unsettled-state (2) durability: a queue it declares is durable."""
     return fields is not None and frames.typed(fields, 1, ("uint",), "durable", 0) in (1, 2)
@@ -568,7 +572,10 @@ class Incoming(LinkEndpoint):
                                 self.handle)
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
-            settled = settled or self.settled
+            if self.settle_mode != MIXED and settled != self.settled:
+                mode = _SETTLE_MODES.get(self.settle_mode, self.settle_mode)
+                raise SessionError(frames.FRAMING_ERROR, f"sender settle mode is '{mode}' but transfer settled flag "
+                                   f"is interpreted as being '{str(settled).lower()}'")
             if end - at > self.max_size:
                 self._too_large(end - at)
             if more:
@@ -576,7 +583,14 @@ class Incoming(LinkEndpoint):
                 self.partial_id, self.partial_settled = delivery_id, settled
                 return
             self._publish(buf, at, end, delivery_id, settled)
-        else:
+        else:  # a continuation: its delivery-id and settled, if said, are the first transfer's
+            if delivery_id is not None and delivery_id != self.partial_id:
+                raise SessionError(frames.FRAMING_ERROR, "delivery-id of continuation transfer "
+                                   f"({{uint,{delivery_id}}}) differs from delivery-id on first transfer "
+                                   f"({self.partial_id})")
+            if settled and not self.partial_settled:  # (an absent flag reads false: only a true one can differ)
+                raise SessionError(frames.FRAMING_ERROR, "field 'settled' of continuation transfer (true) differs "
+                                   "from (interpreted) field 'settled' on first transfer (false)")
             before = len(self.partial)
             with memoryview(buf) as view:
                 self.partial += view[at:end]

@@ -1217,6 +1217,46 @@ async def test_an_unknown_delivery_state_ends_the_session_with_invalid_field(tmp
         broker.close()
 
 
+@pytest.mark.parametrize("mode,settled", [(0, True), (1, False)])
+async def test_a_transfer_against_its_links_settle_mode_is_a_framing_error(tmp_path, mode, settled):
+    """rabbit_amqp_session ``validate_transfer_snd_settle_mode``: a settled transfer on a link attached unsettled,
+    or one not settled on a link attached settled, ends the session with amqp:connection:framing-error (the
+    first was published as settled, its outcome never sent; the second was taken as settled)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_sender(0, settle_mode=amqp10.ubyte(mode)))
+        _written(connection, transport)
+        connection.data_received(_transfer(0, 0, settled))
+        [(code, fields)] = _written(connection, transport)
+        names = {0: "unsettled", 1: "settled"}
+        assert code == END and _error(fields, 0) == (
+            "amqp:connection:framing-error", f"sender settle mode is '{names[mode]}' but transfer settled flag is "
+            f"interpreted as being '{str(settled).lower()}'")
+        assert broker.vhost("/").queues["q"].message_count == 0
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("delivery_id,settled", [(5, False), (0, True)])
+async def test_a_continuation_transfer_unlike_the_first_is_a_framing_error(tmp_path, delivery_id, settled):
+    """rabbit_amqp_session ``validate_multi_transfer_delivery_id`` / ``validate_multi_transfer_settled``: a
+    continuation saying another delivery-id, or settled where the first did not, ends the session with
+    amqp:connection:framing-error (the joined message was published under the first's)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_sender(0))
+        _written(connection, transport)
+        connection.data_received(_transfer(0, 0, False, more=True, payload=_RECORD[:3])
+                                 + _transfer(0, delivery_id, settled, payload=_RECORD[3:]))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0)[0] == "amqp:connection:framing-error"
+        assert broker.vhost("/").queues["q"].message_count == 0
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
