@@ -488,6 +488,7 @@ class Incoming(LinkEndpoint):
         self.leader_waits = 0  # its transfers waiting for a quorum queue's leader (``waiting``)
         self.route = encode_route("", "")
         self.fixed = False  # the target names the exchange and routing key: every message goes there
+        self.looked_up = False  # the target's exchange is looked up at each transfer (``_look_up``)
         self.max_size = self.connection.config.message_size_limit
 
     def listed(self) -> ListedLink:
@@ -517,10 +518,27 @@ class Incoming(LinkEndpoint):
         if destination.exchange == "" and destination.routing_key is not None:
             self._check_queue(destination.routing_key)
         self.exchange = self._exchange(destination.exchange)
+        # only the default exchange and the amq.* ones, which cannot be deleted, are kept: another is looked up
+        # by name at each transfer, as RabbitMQ's check_exchange keeps only its name (lookup_target)
+        self.looked_up = not (destination.exchange == "" or destination.exchange.startswith("amq."))
         if destination.routing_key is not None:
             self.fixed = True
             self.routed = (self.exchange.name, destination.routing_key)
             self.route = encode_route(*self.routed)
+
+    def _look_up(self, delivery_id: int, settled: bool) -> None:
+        """The target's exchange, as it is now (declared again, it is another object); gone, the message is
+        released (its outcome sent first) and the link detaches with amqp:not-found, as RabbitMQ's
+        lookup_target finds no exchange of that name."""
+        assert self.destination is not None
+        try:
+            self.exchange = self._exchange(self.destination.exchange)
+        except AMQPError as exc:
+            if not settled:
+                self._outcome(delivery_id, False, frames.RELEASED_STATE)
+                self.session.confirming.discard(self)
+                self.emit_outcomes()
+            raise LinkError(*_error_of(exc), self.handle) from None
 
     def _check_queue(self, name: str) -> None:
         """A queue, or a direct reply-to name, is there: else ``not-found``.  Whether it can take a message now
@@ -620,6 +638,8 @@ class Incoming(LinkEndpoint):
             message = self.decoder.message(buf, at, end)
         except (amqp10.Invalid, amqp10.TooLarge) as exc:
             raise LinkError(frames.DECODE_ERROR, f"cannot decode message: {exc}", self.handle) from None
+        if self.looked_up:
+            self._look_up(delivery_id, settled)
         exchange = self.exchange
         principal = connection.principal
         if not self.fixed or (principal is not None and principal.topics):
@@ -699,7 +719,8 @@ class Incoming(LinkEndpoint):
             destination = address.target(to)
             if destination.exchange == "" and destination.routing_key is not None:
                 self._check_queue(destination.routing_key)
-        exchange = self._exchange(destination.exchange)
+        exchange = self.exchange if destination is self.destination and self.exchange is not None \
+            else self._exchange(destination.exchange)
         routing_key = destination.routing_key if destination.routing_key is not None else (subject or "")
         if self.connection.principal is not None and self.connection.principal.topics:
             self.broker.check_topic_write(self.connection.vhost, exchange,  # type: ignore[arg-type]

@@ -1257,6 +1257,56 @@ async def test_a_continuation_transfer_unlike_the_first_is_a_framing_error(tmp_p
         broker.close()
 
 
+def _exchange_x_bound_to(broker: Any, queue: str) -> None:
+    """The direct exchange ``x`` (declared anew) bound to the new queue ``queue`` with the key ``k``."""
+    vhost = broker.vhost("/")
+    broker.declare_exchange(vhost, "x", "direct")
+    broker.declare_queue(vhost, queue, durable=True)
+    broker.bind(vhost, "x", "queue", queue, "k")
+
+
+_SUBJECT_K = described(0x73, encode_list([amqp10.NULL] * 3 + [utf8("k")]))  # properties: subject k
+
+
+@pytest.mark.parametrize("address", ["/exchanges/x/k", "/exchanges/x"])
+async def test_a_link_to_an_exchange_deleted_after_the_attach_releases_and_detaches_not_found(tmp_path, address):
+    """rabbit_amqp_session ``check_exchange`` keeps only the name of an exchange but the default and ``amq.*``,
+    and ``lookup_target`` looks it up at each transfer: gone, the message is released, then the link detaches
+    with amqp:not-found "no exchange 'x' in vhost '/'" (the deleted exchange took the message, and the link
+    stayed)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        _exchange_x_bound_to(broker, "old")
+        connection, transport = _in_process(broker)
+        connection.data_received(_attach(0, False, address, "s"))
+        _written(connection, transport)
+        broker.delete_exchange(broker.vhost("/"), "x")
+        connection.data_received(_transfer(0, 0, False, payload=_SUBJECT_K + _RECORD))
+        (code, disposition), (last, detach) = _written(connection, transport)
+        assert code == DISPOSITION and disposition[4].value[0] == 0x26  # released
+        assert last == DETACH and _error(detach, 2) == ("amqp:not-found", "no exchange 'x' in vhost '/'")
+    finally:
+        broker.close()
+
+
+async def test_a_link_to_an_exchange_declared_again_routes_through_the_new_one(tmp_path):
+    """As above, the exchange then declared again and bound to another queue: the link's messages go through
+    the new exchange's bindings (they went through the deleted one's: released, or lost when pre-settled)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        _exchange_x_bound_to(broker, "old")
+        connection, transport = _in_process(broker)
+        connection.data_received(_attach(0, False, "/exchanges/x/k", "s"))
+        _written(connection, transport)
+        broker.delete_exchange(broker.vhost("/"), "x")
+        _exchange_x_bound_to(broker, "new")
+        connection.data_received(_transfer(0, 0, True))
+        assert _written(connection, transport) == []
+        assert broker.vhost("/").queues["new"].message_count == 1
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
