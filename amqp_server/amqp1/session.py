@@ -624,9 +624,11 @@ class Incoming(LinkEndpoint):
             self.top_up()
 
     def _too_large(self, size: int) -> None:
+        """The session ends with amqp:link:message-size-exceeded: RabbitMQ's validate_message_size exits the
+        session process (protocol_error), which ends the session, not just the link."""
         self.partial = None
-        raise LinkError(frames.MESSAGE_SIZE_EXCEEDED,
-                        f"message size ({size} bytes) > maximum message size ({self.max_size} bytes)", self.handle)
+        raise SessionError(frames.MESSAGE_SIZE_EXCEEDED,
+                           f"message size ({size} bytes) > maximum message size ({self.max_size} bytes)")
 
     def _publish(self, buf: bytes | bytearray, at: int, end: int, delivery_id: int, settled: bool) -> None:
         """The message ``buf[at:end]``: decoded where it lies, its body alone copied out."""

@@ -1307,6 +1307,29 @@ async def test_a_link_to_an_exchange_declared_again_routes_through_the_new_one(t
         broker.close()
 
 
+@pytest.mark.parametrize("parts", [1, 2])
+async def test_an_oversized_message_ends_the_session(tmp_path, parts):
+    """rabbit_amqp_session ``validate_message_size`` -> ``protocol_error(?V_1_0_LINK_ERROR_MESSAGE_SIZE_EXCEEDED,
+    ...)``, an exit that ends the session (it detached the link alone), in one transfer or several."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_sender(0))
+        _written(connection, transport)
+        connection.sessions[0].links[0].max_size = 16  # (the limit the link was given: --max-message-size)
+        big = described(0x75, amqp10.binary(b"y" * 64))
+        if parts == 1:
+            connection.data_received(_transfer(0, 0, False, payload=big))
+        else:
+            connection.data_received(_transfer(0, 0, False, more=True, payload=big[:10])
+                                     + _transfer(0, None, False, payload=big[10:]))
+        [(code, fields)] = _written(connection, transport)
+        assert code == END and _error(fields, 0) == (
+            "amqp:link:message-size-exceeded", f"message size ({len(big)} bytes) > maximum message size (16 bytes)")
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
