@@ -18,6 +18,7 @@ MessageT = TypeVar("MessageT", contravariant=True)  # a message (message.Message
 OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state (quorum_ops.LogOp)
 QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
+TargetT = TypeVar("TargetT", contravariant=True)  # a queue a publisher's target names (queue.Queue)
 
 
 class ClientChannel(NamedTuple):
@@ -28,6 +29,13 @@ class ClientChannel(NamedTuple):
     peer: tuple[str, int]  # the client's address
     user: str
     node: str  # the node the client is connected to
+
+
+class QueueTarget(Protocol[TargetT]):
+    """A publisher whose target names one queue (an AMQP 1.0 link to ``/queues/q``): told when the queue goes."""
+
+    def target_deleted(self, queue: TargetT) -> None:
+        """The queue was deleted."""
 
 
 class DeliveryTarget(Protocol[ConsumerT, EntryT]):

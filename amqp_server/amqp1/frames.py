@@ -46,6 +46,7 @@ WINDOW_VIOLATION = "amqp:session:window-violation"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 DETACH_FORCED = "amqp:link:detach-forced"
+RESOURCE_DELETED = "amqp:resource-deleted"
 
 
 class Amqp10Error(Exception):
@@ -83,6 +84,9 @@ def performative(code: int, *fields: bytes) -> bytes:
 
 
 def error(condition: str, description: str) -> bytes:
+    """An error; with no description (``""``) the condition alone, as RabbitMQ sends some."""
+    if not description:
+        return described(ERROR, encode_list([symbol(condition)]))
     return described(ERROR, encode_list([symbol(condition), utf8(description[:4096])]))
 
 

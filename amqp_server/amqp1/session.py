@@ -489,6 +489,7 @@ class Incoming(LinkEndpoint):
         self.route = encode_route("", "")
         self.fixed = False  # the target names the exchange and routing key: every message goes there
         self.looked_up = False  # the target's exchange is looked up at each transfer (``_look_up``)
+        self.target_queue: str | None = None  # the queue the target names, while the link is told of its deletion
         self.max_size = self.connection.config.message_size_limit
 
     def listed(self) -> ListedLink:
@@ -562,6 +563,10 @@ class Incoming(LinkEndpoint):
 
     def attached(self) -> None:
         super().attached()
+        destination = self.destination
+        if destination is not None and destination.exchange == "" and destination.routing_key is not None:
+            self.target_queue = destination.routing_key  # its deletion detaches the link (``target_deleted``)
+            self.broker.watch_target(self.connection.vhost_name, self.target_queue, self)
         if not self.connection.publishing:  # held by alarms from now on: no credit while one stands
             self.connection.started_publishing()
         self.top_up()
@@ -794,9 +799,25 @@ class Incoming(LinkEndpoint):
                 session.vhost_stats.confirm += last - first + 1
             session.send(frames.disposition(first, last, state))
 
+    def target_deleted(self, queue: AnyQueue) -> None:
+        """The queue the target names was deleted (``ports.QueueTarget``): the outcomes due go out, what waits
+        for the queue's fsync is released, then the link detaches with amqp:resource-deleted, as RabbitMQ's
+        handle_stashed_eol (settle_eol, then destroy_incoming_link: the condition alone)."""
+        self.target_queue = None
+        for delivery_id, _ in self.unsynced:
+            if delivery_id not in self.forwarded_copies:
+                self._outcome(delivery_id, False, frames.RELEASED_STATE)
+        self.unsynced.clear()
+        self.session.confirming.discard(self)
+        self.emit_outcomes()
+        self.session.detach_with(self.handle, Amqp10Error(frames.RESOURCE_DELETED, ""))
+
     def closed(self) -> None:
         self.partial = None
         self.broker.persistence.waiters.discard(self)
+        if self.target_queue is not None:
+            self.broker.unwatch_target(self.connection.vhost_name, self.target_queue, self)
+            self.target_queue = None
 
     def dropped(self) -> None:
         self.outcomes.clear()

@@ -115,6 +115,7 @@ class Broker:
         self.remove_consumer, self.connection_closed = queues.remove_consumer, queues.connection_closed
         self.delete_queue, self.replace_queue = queues.delete_queue, queues.replace_queue
         self.delete_anywhere = queues.delete_anywhere
+        self.watch_target, self.unwatch_target = queues.watch_target, queues.unwatch_target
         self.all_queues, self.local_queues = queues.all_queues, queues.local_queues
         self.route = router.route
         self.publish, self.check_publish = messages.publish, messages.check_publish

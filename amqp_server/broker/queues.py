@@ -32,7 +32,7 @@ from .definitions import Definitions, check_exclusive, exclusive_locked, shown, 
 from .dead_letters import DeadLetters
 
 if TYPE_CHECKING:
-    from ..ports import DeliveryTarget, ExclusiveOwner
+    from ..ports import DeliveryTarget, ExclusiveOwner, QueueTarget
     from stream_log.log import StreamLogs
 
 log = logging.getLogger("warren.broker")
@@ -83,6 +83,8 @@ class Queues:
         self.node_name = storage.node_name
         self.dead_letter = dead_letters.dead_letter
         self.load_body: Callable[[Message], None] = storage.pager.load_body
+        # publishers whose target names a queue, by vhost and queue name: told when it is deleted
+        self.targets: dict[tuple[str, str], dict[QueueTarget[AnyQueue], None]] = {}
 
     @staticmethod
     def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
@@ -295,6 +297,8 @@ class Queues:
         for consumer in list(queue.consumers):
             consumer.channel.cancelled_by_broker(consumer)
         queue.consumers.clear()
+        for target in list(self.targets.pop((vhost.name, queue.name), ())):
+            target.target_deleted(queue)
         try:
             queue.drop_all()
         finally:  # (its definition goes whatever its storage does: gone here, it would come back at a restart)
@@ -305,6 +309,17 @@ class Queues:
                 self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
             if local is not None and local.durable:  # (another node's keeps its offsets there)
                 self.store.delete("queue_offsets", str(local.index_id))
+
+    def watch_target(self, vhost: str, name: str, target: QueueTarget[AnyQueue]) -> None:
+        """``target`` publishes to the queue ``name``: it is told when the queue is deleted (once)."""
+        self.targets.setdefault((vhost, name), {})[target] = None
+
+    def unwatch_target(self, vhost: str, name: str, target: QueueTarget[AnyQueue]) -> None:
+        watching = self.targets.get((vhost, name))
+        if watching is not None:
+            watching.pop(target, None)
+            if not watching:
+                del self.targets[(vhost, name)]
 
     def save_offsets(self, queue: LocalQueue) -> None:
         """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""

@@ -1330,6 +1330,32 @@ async def test_an_oversized_message_ends_the_session(tmp_path, parts):
         broker.close()
 
 
+async def test_deleting_the_target_queue_detaches_the_sending_link(tmp_path):
+    """rabbit_amqp_session ``handle_stashed_eol`` -> ``destroy_incoming_link``: a link whose target is the deleted
+    queue detaches with amqp:resource-deleted (the condition alone), after the outcomes due (it stayed, its
+    messages released from then on); a link to another queue stays, and its client's answer ends nothing."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        vhost = broker.vhost("/")
+        broker.declare_queue(vhost, "other", durable=True)
+        connection, transport = _in_process(broker)
+        connection.data_received(_sender(0) + _sender(1, queue="other", name="s2"))
+        _written(connection, transport)
+        connection.data_received(_transfer(0, 0, False))
+        for _ in range(5):
+            await asyncio.sleep(0.05)
+        assert DISPOSITION in [code for code, _ in _written(connection, transport)]
+        broker.delete_queue(vhost, "q")
+        [(code, fields)] = _written(connection, transport)
+        assert code == DETACH and fields[0].value == 0 and _error(fields, 2) == ("amqp:resource-deleted", None)
+        assert list(connection.sessions[0].links) == [1] and not broker.queues.targets.get(("/", "q"))
+        connection.data_received(_frame(_performative(DETACH, uint(1), amqp10.boolean(True))))
+        _written(connection, transport)
+        assert not broker.queues.targets
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
