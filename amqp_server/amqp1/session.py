@@ -989,7 +989,7 @@ class Outgoing(LinkEndpoint):
             self._send_responses()
         elif self.credit > 0:
             self.queue.deliver_ready()
-        if self.drain and self.credit:
+        if self.drain:  # drained whether deliveries used the credit or not (RabbitMQ's handle_credit_reply0)
             self.delivery_count = (self.delivery_count + self.credit) & MAX_UINT
             self.credit = 0
             self._send_flow(True)

@@ -1356,6 +1356,24 @@ async def test_deleting_the_target_queue_detaches_the_sending_link(tmp_path):
         broker.close()
 
 
+async def test_a_drain_answered_by_deliveries_that_use_all_the_credit_still_ends_with_a_drain_flow(tmp_path):
+    """rabbit_amqp_session ``handle_credit_reply0`` (drain): once the queue answers, a flow with drain=true, credit 0
+    and the delivery-count advanced goes out even when the messages used all the credit (none went out then)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        _publish_settled(connection, transport, 3)
+        connection.data_received(_receiver(0))
+        _written(connection, transport)
+        connection.data_received(_link_flow(0, 0, 3, drain=True))
+        found = _written(connection, transport)
+        assert [code for code, _ in found] == [TRANSFER] * 3 + [FLOW]
+        flow = found[-1][1]
+        assert (flow[4].value, flow[5].value, flow[6].value, flow[8].value) == (0, 3, 0, True)
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
