@@ -72,6 +72,8 @@ class Session:
         self.incoming_window = INCOMING_WINDOW
         self.remote_incoming_window = frames.typed(fields, 2, ("uint",), "incoming-window", 0)
         self.remote_outgoing_window = frames.typed(fields, 3, ("uint",), "outgoing-window", 0)
+        # the highest handle either end may use: the client's, when lower (RabbitMQ's EffectiveHandleMax)
+        self.handle_max = min(HANDLE_MAX, frames.typed(fields, 4, ("uint",), "handle-max", HANDLE_MAX))
         self.next_outgoing_id = 0  # transfer frames sent (what the windows count)
         self.next_delivery_id = 0
         self.links: dict[int, LinkEndpoint] = {}
@@ -82,7 +84,8 @@ class Session:
         assert vhost is not None  # begin comes after open
         self.vhost_stats = self.broker.vhost_stats(vhost.name)
         connection.send(channel, frames.performative(
-            frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT), uint(HANDLE_MAX)))
+            frames.BEGIN, amqp10.ushort(channel), uint(0), uint(INCOMING_WINDOW), uint(MAX_UINT),
+            uint(self.handle_max)))
 
     def send(self, body: bytes) -> None:
         self.connection.send(self.channel, body)
@@ -150,9 +153,9 @@ class Session:
         settle_mode = frames.typed(fields, 3, ("ubyte",), "snd-settle-mode", 2)
         rcv_settle_mode = frames.typed(fields, 4, ("ubyte",), "rcv-settle-mode", 0)
         _validate_attach(fields, settle_mode, rcv_settle_mode)
-        if handle > HANDLE_MAX:
-            raise SessionError(frames.RESOURCE_LIMIT_EXCEEDED,
-                               f"link handle value ({handle}) exceeds maximum link handle value ({HANDLE_MAX})")
+        if handle > self.handle_max:
+            raise SessionError(frames.FRAMING_ERROR, f"link handle value ({handle}) exceeds maximum link handle "
+                               f"value ({self.handle_max})")
         if handle in self.links:
             raise SessionError(frames.HANDLE_IN_USE, f"link handle {handle} in use")
         source = frames.composite(fields, 5, frames.SOURCE)
@@ -233,7 +236,7 @@ class Session:
 
     def listed(self) -> ListedSession:
         """As the HTTP API lists it."""
-        listed = ListedSession(self.channel, HANDLE_MAX, self.next_incoming_id, self.incoming_window,
+        listed = ListedSession(self.channel, self.handle_max, self.next_incoming_id, self.incoming_window,
                                self.next_outgoing_id, self.remote_incoming_window, self.remote_outgoing_window,
                                len(self.unsettled))
         for handle in sorted(self.links):

@@ -1374,6 +1374,30 @@ async def test_a_drain_answered_by_deliveries_that_use_all_the_credit_still_ends
         broker.close()
 
 
+async def test_the_begin_answer_takes_the_clients_smaller_handle_max_and_a_handle_above_it_is_a_framing_error(
+        tmp_path):
+    """rabbit_amqp_session ``init``: ``min(N, HandleMax)`` for the client's handle-max, sent back in the begin; a
+    handle above it ends the session with amqp:connection:framing-error (``handle_frame(#'v1_0.attach'{})``; it
+    was resource-limit-exceeded, above 255 alone)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_frame(_performative(0x11, amqp10.NULL, uint(0), uint(100), uint(100), uint(7)),
+                                        channel=1))
+        [(code, fields)] = _written(connection, transport)
+        assert code == 0x11 and fields[4].value == 7
+        connection.data_received(_frame(_performative(ATTACH, utf8("s"), uint(8), amqp10.boolean(False)), channel=1)
+                                 + _sender(300))
+        (code, fields), (code0, fields0) = _written(connection, transport)
+        assert code == code0 == END
+        assert _error(fields, 0) == ("amqp:connection:framing-error",
+                                     "link handle value (8) exceeds maximum link handle value (7)")
+        assert _error(fields0, 0) == ("amqp:connection:framing-error",
+                                      "link handle value (300) exceeds maximum link handle value (255)")
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
