@@ -415,9 +415,16 @@ class LinkEndpoint:
 
     def _attach_frame(self, source: bytes, target: bytes) -> bytes:
         return frames.performative(
-            frames.ATTACH, utf8(self.name), uint(self.handle), boolean(self.role), amqp10.ubyte(self.settle_mode),
+            frames.ATTACH, utf8(self.name), uint(self.handle), boolean(self.role), amqp10.ubyte(self._settle_answer()),
             amqp10.ubyte(0), source, target, NULL, NULL, uint(0) if not self.role else NULL,
             amqp10.ulong(self.connection.config.message_size_limit) if self.role else NULL)
+
+    def _settle_answer(self) -> int:
+        """The snd-settle-mode the attach answers: a link the client sends on, the client's; one the node sends
+        on, settled or else unsettled (mixed too), as RabbitMQ's handle_attach answers (EffectiveSndSettleMode)."""
+        if self.role:
+            return self.settle_mode
+        return frames.SETTLED if self.settled else 0
 
     @staticmethod
     def _terminus(code: int, fields: list[Value] | None, filter_set: bytes = NULL) -> bytes:

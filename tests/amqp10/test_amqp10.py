@@ -1398,6 +1398,19 @@ async def test_the_begin_answer_takes_the_clients_smaller_handle_max_and_a_handl
         broker.close()
 
 
+async def test_a_receiving_link_asking_mixed_is_answered_unsettled(tmp_path):
+    """rabbit_amqp_session ``handle_attach`` (the client receiving): a snd-settle-mode other than settled is
+    answered unsettled (0), the mode the node sends in (mixed, Proton's receivers' default, was echoed)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_receiver(0, settle_mode=amqp10.ubyte(2)))
+        [(code, fields)] = _written(connection, transport)
+        assert code == ATTACH and fields[3].value == 0
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
