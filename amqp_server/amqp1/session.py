@@ -599,10 +599,8 @@ class Incoming(LinkEndpoint):
         if self.partial is None:
             if delivery_id is None:
                 raise SessionError(frames.DECODE_ERROR, "first transfer of a delivery without delivery-id")
-            if self.credit <= 0:
-                raise LinkError(frames.TRANSFER_LIMIT_EXCEEDED,
-                                f"insufficient credit (0) for delivery {delivery_id} on link '{self.name}'",
-                                self.handle)
+            if self.credit <= 0:  # the condition alone, as RabbitMQ's incoming_link_transfer detaches
+                raise LinkError(frames.TRANSFER_LIMIT_EXCEEDED, "", self.handle)
             self.credit -= 1
             self.delivery_count = (self.delivery_count + 1) & MAX_UINT
             if self.settle_mode != MIXED and settled != self.settled:
