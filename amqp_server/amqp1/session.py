@@ -49,6 +49,7 @@ _HALF_WINDOW = INCOMING_WINDOW // 2  # a flow opens the window again once half i
 HANDLE_MAX = 255  # RabbitMQ's link_max_per_session (256) less one
 LINK_CREDIT = 128  # RabbitMQ's ?LINK_CREDIT_RCV: what a publishing link is granted, topped up at half
 _HALF_CREDIT = LINK_CREDIT // 2
+MANAGEMENT_LINK_CREDIT = 8  # RabbitMQ's ?MAX_MANAGEMENT_LINK_CREDIT: a /management request link's, topped up at half
 MAX_UINT = 0xFFFFFFFF
 _TAG = struct.Struct(">I")
 _TAG_BIN4 = 0xA004  # a delivery tag's constructor: a binary of 4 bytes
@@ -164,6 +165,7 @@ class Session:
             link: LinkEndpoint = Outgoing(self, name, handle, settle_mode, source, target)
         else:
             link = Incoming(self, name, handle, settle_mode, source, target)
+        link.properties = fields[13] if len(fields) > 13 else None
         try:
             declaration = link.declaration()
         except (Amqp10Error, AMQPError) as exc:
@@ -392,6 +394,7 @@ class LinkEndpoint:
         self.delivery_count = 0
         self.refusal: Amqp10Error | AMQPError | None = None  # what a declaration before the attach raised
         self.filter_set = NULL  # the source's filters in place, echoed ("the sending endpoint sets the filter")
+        self.properties: Value | None = None  # the attach's link properties
 
     def declaration(self) -> Coroutine[Any, Any, None] | None:
         """What a v1 address declares before the link attaches (``terminus.declare``), if anything."""
@@ -454,6 +457,15 @@ class LinkEndpoint:
 
 MIXED = 2  # sender-settle-mode mixed: the sender says per transfer
 _SETTLE_MODES = {0: "unsettled", 1: "settled", 2: "mixed"}
+
+
+def _check_paired(properties: Value | None) -> None:
+    """A /management link is one of a pair: its properties say ``paired`` true, else it is refused with RabbitMQ's
+    check_paired's amqp:invalid-field."""
+    if properties is None or properties.kind != "map" or not any(
+            key.kind == "symbol" and key.value == "paired" and value.kind == "bool" and value.value is True
+            for key, value in properties.value):
+        raise Amqp10Error(frames.INVALID_FIELD, "Link property 'paired' is not set to boolean value 'true'")
 
 
 def _durable(fields: list[Value] | None) -> bool:
@@ -521,6 +533,7 @@ class Incoming(LinkEndpoint):
         if target is None:
             return  # the anonymous terminus: each message's ``to`` names where it goes
         if target == management.ADDRESS:
+            _check_paired(self.properties)
             self.management = True
             return
         self.destination = destination = address.target(target)
@@ -584,9 +597,14 @@ class Incoming(LinkEndpoint):
     def top_up(self) -> None:
         """Link credit, unless an alarm holds publishers or too many of its transfers wait for a quorum queue's
         leader: topped up once half is used, as RabbitMQ does."""
-        if self.connection.credit_held or self.leader_waits > LEADER_WAITS or self.credit > _HALF_CREDIT:
+        if self.management:  # (granted as RabbitMQ grants it, alarms or not: maybe_grant_mgmt_link_credit)
+            if self.credit > MANAGEMENT_LINK_CREDIT // 2:
+                return
+            self.credit = MANAGEMENT_LINK_CREDIT
+        elif self.connection.credit_held or self.leader_waits > LEADER_WAITS or self.credit > _HALF_CREDIT:
             return
-        self.credit = LINK_CREDIT
+        else:
+            self.credit = LINK_CREDIT
         self.session.send(frames.performative(
             frames.FLOW, *self.session.session_fields(), uint(self.handle), uint(self.delivery_count),
             uint(self.credit)))
@@ -957,6 +975,7 @@ class Outgoing(LinkEndpoint):
     def attach(self) -> None:
         source = _address(self.source)
         if source == management.ADDRESS:
+            _check_paired(self.properties)
             self.management = True
             return
         if source is None and _volatile(self.source):

@@ -1413,6 +1413,35 @@ async def test_a_receiving_link_asking_mixed_is_answered_unsettled(tmp_path):
         broker.close()
 
 
+def _management_attach(handle: int, role: bool, paired: bool) -> bytes:
+    """An attach of half of a /management link pair, its properties saying ``paired`` (or nothing)."""
+    terminus = (described(0x28, encode_list([utf8("/management")])),
+                described(0x29, encode_list([utf8("/management")])))
+    properties = amqp10.encode_map([(symbol("paired"), amqp10.boolean(True))]) if paired else amqp10.NULL
+    return _frame(_performative(ATTACH, utf8("mgmt"), uint(handle), amqp10.boolean(role), amqp10.ubyte(1),
+                                amqp10.NULL, *terminus, amqp10.NULL, amqp10.NULL, uint(0), amqp10.NULL,
+                                amqp10.NULL, amqp10.NULL, properties))
+
+
+async def test_the_management_link_is_granted_rabbitmqs_8_credit_and_an_unpaired_one_is_refused(tmp_path):
+    """rabbit_amqp_session ``handle_attach`` for a sender to /management grants ``?MAX_MANAGEMENT_LINK_CREDIT`` (8;
+    it was a publishing link's 128), and ``check_paired`` refuses a half without ``paired`` true
+    (amqp:invalid-field)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_management_attach(1, True, True) + _management_attach(0, False, True))
+        found = _written(connection, transport)
+        flows = [fields for code, fields in found if code == FLOW and fields[4].value == 0]
+        assert [flow[6].value for flow in flows] == [8]
+        connection.data_received(_management_attach(2, False, False))
+        (code, _), (last, detach) = _written(connection, transport)
+        assert (code, last) == (ATTACH, DETACH) and _error(detach, 2) == (
+            "amqp:invalid-field", "Link property 'paired' is not set to boolean value 'true'")
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
