@@ -119,7 +119,8 @@ class Session:
             self._attach(fields)
         elif code == frames.DETACH:
             self._detach(fields)
-        elif code == frames.END:
+        elif code == frames.END:  # the outcomes due go out first, as RabbitMQ's handle_frame(end) sends them
+            self.emit_confirms()
             self.closed()
             self.connection.ended(self.channel)
             self.send(frames.performative(frames.END))

@@ -1433,6 +1433,21 @@ async def test_the_management_link_is_granted_rabbitmqs_8_credit_and_an_unpaired
         broker.close()
 
 
+async def test_the_outcomes_due_when_the_client_ends_the_session_go_out_before_its_end(tmp_path):
+    """An unroutable transfer and the client's END in one read: the released outcome goes out, then the END
+    (RabbitMQ's ``handle_frame(#'v1_0.end'{})`` sends the delivery state changes first; it was dropped)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        connection.data_received(_attach(0, False, "/exchanges/amq.direct/nowhere", "s"))
+        _written(connection, transport)
+        connection.data_received(_transfer(0, 0, False) + _frame(_performative(END)))
+        found = _written(connection, transport)
+        assert [code for code, _ in found] == [DISPOSITION, END] and found[0][1][4].value[0] == 0x26  # released
+    finally:
+        broker.close()
+
+
 def test_proton_after_a_refused_receiver_the_same_session_still_sends(node):
     """End to end: Proton answers a refused receiver with its detach; a sender on the same session then works."""
     import proton
