@@ -471,7 +471,7 @@ class QuorumQueue(Queue):
     def drop_overflow(self) -> None:
         """drop-head: the state names the ready entries that go (dead-lettered as maxlen), from the head."""
         args = self.args
-        if not self._limited or args.overflow != "drop-head":
+        if not args.limited or args.overflow != "drop-head":
             return
         state, ready = self.state, self.ready
         taken = []
