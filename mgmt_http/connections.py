@@ -234,10 +234,14 @@ async def show_channel(request: web.Request) -> web.Response:
 
 
 def _consumers(request: web.Request, vhost: str | None) -> list[dict[str, Any]]:
+    """Every consumer (of ``vhost``) for a monitoring user, else those on the user's own channels, as RabbitMQ
+    3.10's rabbit_mgmt_wm_consumers (filter_user; no vhost access asked)."""
     context = ctx(request)
-    names = [vhost] if vhost is not None else auth.visible_vhosts(request)
-    return [consumer_info(consumer) for name in names
-            for queue in list(context.vhost(name).queues.values()) for consumer in list(queue.consumers)]
+    user = auth.login(request)
+    names = [vhost] if vhost is not None else context.broker.access.vhosts()
+    found = [consumer_info(consumer) for name in names
+             for queue in list(context.vhost(name).queues.values()) for consumer in list(queue.consumers)]
+    return found if user.is_monitor else [c for c in found if c["channel_details"]["user"] == user.name]
 
 
 @routes.get("/api/consumers")
@@ -247,5 +251,7 @@ async def list_consumers(request: web.Request) -> web.Response:
 
 @routes.get("/api/consumers/{vhost}")
 async def list_vhost_consumers(request: web.Request) -> web.Response:
-    return respond(request, _consumers(request, auth.require_vhost(request, visible=True)),
-                   ("queue.vhost", "queue.name", "consumer_tag"))
+    vhost = request.match_info["vhost"]
+    if not ctx(request).broker.access.vhost_exists(vhost):
+        raise not_found()
+    return respond(request, _consumers(request, vhost), ("queue.vhost", "queue.name", "consumer_tag"))

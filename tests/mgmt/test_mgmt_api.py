@@ -13,7 +13,7 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port, wait_for_port
+from conftest import connect, free_port, wait_for_port
 from support import GUEST, assert_error, call, delivery_tag, headers_of, q
 
 
@@ -147,6 +147,26 @@ def test_monitoring_is_no_access_to_a_vhosts_queues_exchanges_and_bindings(broke
     assert other_vhost in {v["name"] for v in call(broker, "GET", "/api/vhosts", auth=monitor).json}
     assert call(broker, "GET", f"/api/vhost-limits/{q(other_vhost)}", auth=monitor).status == 200
     assert call(broker, "DELETE", f"/api/users/{q(monitor[0])}").status == 204
+
+
+def test_one_vhost_is_an_administrators_and_consumers_are_a_non_monitoring_users_own(broker, uid, other_vhost):
+    """rabbit_mgmt_wm_vhost: is_authorized_admin, whatever the user's permissions or tags; rabbit_mgmt_wm_consumers
+    asks no vhost access and shows a user without monitoring only the consumers on its own channels (filter_user)."""
+    user = make_user(broker, f"own-{uid}", "monitoring", vhost=other_vhost)
+    assert assert_error(call(broker, "GET", f"/api/vhosts/{q(other_vhost)}", auth=user), 401)["reason"] == \
+        "Not administrator user"
+    plain = make_user(broker, f"plain-{uid}", "management", vhost=other_vhost)
+    with connect(broker, *plain, vhost=other_vhost) as mine, connect(broker) as guests:
+        mine.channel().basic_consume("q", lambda *a: None, consumer_tag="mine")
+        guests.channel().queue_declare(uid, exclusive=True)
+        guests.channel().basic_consume(uid, lambda *a: None, consumer_tag="guests")
+        for path in ("/api/consumers", f"/api/consumers/{q(other_vhost)}", "/api/consumers/%2F"):
+            tags = {c["consumer_tag"] for c in call(broker, "GET", path, auth=plain).json}
+            assert tags == ({"mine"} if "%2F" not in path else set()), path
+        assert "guests" in {c["consumer_tag"] for c in call(broker, "GET", "/api/consumers", auth=user).json}
+    assert_error(call(broker, "GET", "/api/consumers/nowhere", auth=plain), 404)
+    for name, _ in (user, plain):
+        assert call(broker, "DELETE", f"/api/users/{q(name)}").status == 204
 
 
 def test_any_user_lists_the_policies_of_its_vhosts_and_one_policy_takes_policymaker(broker, uid, other_vhost):
