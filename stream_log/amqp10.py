@@ -24,7 +24,7 @@ import datetime
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from pamqp import commands
 
@@ -254,7 +254,42 @@ def _sections(reading: _Reading, skipped: int | None = None) -> list[tuple[int, 
 # -- AMQP 1.0 -> AMQP 0-9-1 ---------------------------------------------------------------------------------------
 
 AMQP10_TYPE = "amqp-1.0"  # the 0-9-1 type of a message whose body is AMQP 1.0 sections (amqp-value, amqp-sequence)
-CACHED = 4096  # conversions remembered, by the bytes of a record's sections before its body
+CACHED = 4096  # conversions a Memo remembers at most
+CACHED_KEY = 4096  # the most bytes a remembered conversion may be keyed by: a larger one is made again each time
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """Conversions remembered by what they were made from (``size``: its bytes), all forgotten at once when full:
+    at most ``CACHED`` of them and ``budget`` bytes of keys, none keyed by more than ``CACHED_KEY`` bytes.  Runs
+    of messages alike share one; messages each unlike the last (a request id in every one) keep at most the
+    budget, not thousands of their sections."""
+
+    __slots__ = ("entries", "size", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.entries: dict[K, V] = {}
+        self.size = 0
+        self.budget = budget
+
+    def get(self, key: K) -> V | None:
+        return self.entries.get(key)
+
+    def put(self, key: K, value: V, size: int) -> V:
+        if size > CACHED_KEY:
+            return value
+        entries = self.entries
+        if len(entries) >= CACHED or self.size + size > self.budget:
+            entries.clear()
+            self.size = 0
+        entries[key] = value
+        self.size += size
+        return value
+
+
+LINK_MEMO = 256 * 1024  # a decoder's (one per publishing link, or stream): the bytes of keys it may keep
+SHARED_MEMO = 4 * 1024 * 1024  # a node-wide memo's
 
 
 def _plain(value: Value) -> Any:
@@ -574,7 +609,7 @@ class Decoder:
         self.native = native  # an AMQP 1.0 client's messages (see _convert)
         self.values = 0
         self.route = encode_route("", stream)
-        self._cache: dict[bytes, _Conversion] = {}
+        self._cache: Memo[bytes, _Conversion] = Memo(LINK_MEMO)
         self._last = b"\xff"  # the sections before the body of the last record read (the next is likely alike)
         self._last_data = self._last + _DATA_SECTION  # and the data section's descriptor after them
         self._last_conversion: _Conversion | None = None
@@ -705,11 +740,8 @@ class Decoder:
             return None
         native = self.native or prefix.startswith(_HEADER_SECTION)
         exchange, routing_key, header, _ = _convert(found, self.stream, native)
-        if len(self._cache) >= CACHED:
-            self._cache.clear()
         route = self.route if (exchange, routing_key) == ("", self.stream) else encode_route(exchange, routing_key)
-        cached = self._cache[prefix] = (exchange, routing_key, route, header, prefix if native else None)
-        return cached
+        return self._cache.put(prefix, (exchange, routing_key, route, header, prefix if native else None), len(prefix))
 
     def _convert(self, record: bytes) -> Message:
         """The slow way: a record the cache cannot take (several body sections, an amqp-value), or not AMQP 1.0."""
@@ -930,7 +962,7 @@ def _element(value: Value) -> tuple[bytes, bytes]:
     raise Invalid(f"no encoding of {kind}")
 
 
-_ENVELOPES: dict[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool, bytes]] = {}
+_ENVELOPES: Memo[tuple[bytes, bytes, bool, bytes | None], tuple[bytes, bool, bytes]] = Memo(SHARED_MEMO)
 _UINT_MAX = 0xFFFFFFFF
 
 
@@ -1009,9 +1041,7 @@ def record_parts(message: Message, native: bool) -> tuple[bytes, bytes, bytes]:
         footer = b"".join(encoded for descriptor, _, encoded in sections(kept) if descriptor == FOOTER) \
             if kept else b""
         cached = (envelope, sections_body, footer)
-        if len(_ENVELOPES) >= CACHED:
-            _ENVELOPES.clear()
-        _ENVELOPES[key] = cached
+        _ENVELOPES.put(key, cached, len(route) + len(header) + (len(kept) if kept else 0))
     envelope, sections_body, footer = cached
     if sections_body:
         parts = (envelope, b"", footer)
@@ -1168,13 +1198,11 @@ def kept_properties_of(message: Message) -> list[Value] | None:
     if fields is None:
         fields = next((content.value for descriptor, content, _ in sections(kept)
                        if descriptor == PROPERTIES and content.kind == "list"), []) if kept else []
-        if len(_KEPT_PROPERTIES) >= CACHED:
-            _KEPT_PROPERTIES.clear()
-        _KEPT_PROPERTIES[kept] = fields
+        _KEPT_PROPERTIES.put(kept, fields, len(kept))
     return fields
 
 
-_KEPT_PROPERTIES: dict[bytes, list[Value]] = {}
+_KEPT_PROPERTIES: Memo[bytes, list[Value]] = Memo(SHARED_MEMO)
 
 
 def kept_annotations(kept: bytes) -> dict[str, Value]:
@@ -1186,13 +1214,11 @@ def kept_annotations(kept: bytes) -> dict[str, Value]:
         found = {key.value: value for descriptor, content, _ in (sections(kept) if kept else ())
                  if descriptor == MESSAGE_ANNOTATIONS and content.kind == "map"
                  for key, value in reversed(content.value) if key.kind == "symbol"}
-        if len(_KEPT_ANNOTATIONS) >= CACHED:
-            _KEPT_ANNOTATIONS.clear()
-        _KEPT_ANNOTATIONS[kept] = found
+        _KEPT_ANNOTATIONS.put(kept, found, len(kept))
     return found
 
 
-_KEPT_ANNOTATIONS: dict[bytes, dict[str, Value]] = {}
+_KEPT_ANNOTATIONS: Memo[bytes, dict[str, Value]] = Memo(SHARED_MEMO)
 
 
 _DATA_HEADS = [b"\x00\x53\x75\xa0" + bytes((i,)) for i in range(256)]

@@ -453,9 +453,7 @@ def _plain(value: Value) -> Any:
 
 
 _INTEGERS = ("ubyte", "byte", "ushort", "short", "uint", "int", "ulong", "long")
-_VIEWS: dict[bytes, View] = {}
-CACHED = 4096  # views remembered, by the envelope they were read from
-CACHED_SIZE = 4096  # the largest envelope whose view is remembered
+_VIEWS: amqp10.Memo[bytes, View] = amqp10.Memo(amqp10.SHARED_MEMO)  # by the envelope they were read from
 
 
 def view_of(message: Message) -> View | None:
@@ -480,12 +478,7 @@ def view_of(message: Message) -> View | None:
             properties = tuple(values + [None] * (len(PROPERTY_FIELDS) - len(values)))
         elif content.kind == "map" and descriptor == amqp10.APPLICATION_PROPERTIES:
             application = {key.value: _plain(item) for key, item in content.value if key.kind == "string"}
-    view = View(priority, properties, application)
-    if len(envelope) <= CACHED_SIZE:
-        if len(_VIEWS) >= CACHED:
-            _VIEWS.clear()
-        _VIEWS[envelope] = view
-    return view
+    return _VIEWS.put(envelope, View(priority, properties, application), len(envelope))
 
 
 def _number(value: Any) -> bool:

@@ -1911,3 +1911,36 @@ def test_a_dead_lettered_amqp091_message_is_read_over_amqp10_with_x_opt_deaths(n
     assert method is not None and got == b"for 0-9-1"
     assert [death["queue"] for death in headers_of(properties)["x-death"]] == ["dlq", "work"]
     connection.close()
+
+
+@pytest.mark.parametrize("size, count", [(100_000, 60), (3_000, 300)])
+async def test_a_publishing_link_keeps_no_more_than_its_budget_of_sections_gone(tmp_path, size, count):
+    """A link remembers the conversion of the sections before a body (a publisher's runs of messages alike share
+    it), but not of sections larger than ``amqp10.CACHED_KEY``, and of smaller ones at most ``LINK_MEMO`` bytes:
+    messages each with other application-properties (a request id) are not kept once routed, as RabbitMQ keeps
+    nothing of a transfer it has routed."""
+    import gc
+    import tracemalloc
+
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        target = described(0x29, encode_list([utf8("/exchanges/amq.direct/nowhere")]))
+        connection.data_received(_frame(_performative(0x12, utf8("s"), uint(0), amqp10.boolean(False), amqp10.NULL,
+                                                      amqp10.NULL, amqp10.NULL, target)))
+        _written(connection, transport)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(count):  # each with application-properties of its own, all unroutable
+            value = (b"%06d" % i) * (size // 6)
+            props = described(0x74, amqp10.encode_map([(utf8("k"), amqp10.binary(value))]))
+            connection.data_received(_transfer(0, i, True, payload=props + described(0x75, amqp10.binary(b"x"))))
+            _written(connection, transport)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        # (the last message's sections stay, a few copies of them: what the next one alike is compared with)
+        assert kept < 2 * amqp10.LINK_MEMO + 8 * size, f"{kept / 1e6:.1f} MB kept of {size * count / 1e6:.1f} MB sent"
+    finally:
+        broker.close()
