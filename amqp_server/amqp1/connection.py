@@ -325,9 +325,13 @@ class Amqp10Connection(FrontEnd):
         try:
             username, user = auth_mechanisms.authenticate(self.broker.access, self.config, self.ssl_object,
                                                           mechanism, response)
-        except errors.ConnectionError as exc:  # an unknown or unoffered mechanism, a malformed response
-            condition = frames.NOT_FOUND if exc.code == errors.COMMAND_INVALID else frames.DECODE_ERROR
-            self._refuse_login("", Amqp10Error(condition, exc.detail))
+        except errors.ConnectionError as exc:  # an unknown or unoffered mechanism, a malformed response: as
+            # rabbit_amqp_reader's protocol_error before open, no sasl-outcome, the socket closed after the delay
+            if exc.code != errors.COMMAND_INVALID:  # (auth_phase's protocol_error counts a failed attempt)
+                self.broker.auth_attempts.record("amqp10", False)
+            self.clients.handshakes.log.warning("AMQP 1.0 login refused from %s: %s", self.peer[0],
+                                                untrusted(exc.detail))
+            self._stop_after(SILENT_CLOSE_DELAY)
             return
         self.broker.auth_attempts.record("amqp10", user is not None)
         if user is None:

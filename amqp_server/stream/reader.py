@@ -364,6 +364,13 @@ class StreamConnection(FrontEnd):
         fields.done()
         self.send(core.response(core.SASL_HANDSHAKE, correlation, core.OK, core.strings(MECHANISMS)))
 
+    def _login_failed(self, correlation: int, code: int) -> None:
+        """A failed sasl_authenticate is answered and the connection closed, as rabbit_stream_reader's step
+        ``failure`` (an unknown mechanism, a malformed response, refused credentials)."""
+        self.send(core.response(core.SASL_AUTHENTICATE, correlation, code))
+        self.flush()
+        self._drop()
+
     def _sasl_authenticate(self, fields: Fields) -> None:
         correlation = fields.u32()
         mechanism = fields.string()
@@ -373,11 +380,12 @@ class StreamConnection(FrontEnd):
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             return
         if mechanism not in MECHANISMS:
-            self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.SASL_MECHANISM_NOT_SUPPORTED))
+            self._login_failed(correlation, core.SASL_MECHANISM_NOT_SUPPORTED)
             return
         parts = data.split(b"\x00")
         if len(parts) != 3:
-            self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.SASL_ERROR))
+            self.broker.auth_attempts.record("stream", False)
+            self._login_failed(correlation, core.SASL_ERROR)
             return
         username, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
         user = self.broker.access.authenticate(username, password)
@@ -386,10 +394,8 @@ class StreamConnection(FrontEnd):
         if user is None or refused:
             self.clients.handshakes.log.warning("stream login refused for user %s from %s", untrusted(username),
                                                 self.peer[0])
-            code = core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if refused else core.AUTHENTICATION_FAILURE
-            self.send(core.response(core.SASL_AUTHENTICATE, correlation, code))
-            self.flush()
-            self._drop()
+            self._login_failed(correlation, core.SASL_AUTHENTICATION_FAILURE_LOOPBACK if refused
+                               else core.AUTHENTICATION_FAILURE)
             return
         self.user = user
         self.state = AWAIT_TUNE

@@ -680,6 +680,18 @@ def test_before_login_a_huge_frame_is_refused_unread_and_a_wrong_password_gets_s
         assert [code for code, _ in found] == [0x40, 0x44] and found[-1][1][0].value == 1  # sasl-outcome auth
 
 
+@pytest.mark.parametrize("mechanism, response", [("FOO", b"\0guest\0guest"), ("PLAIN", b"no-nul-bytes")])
+def test_an_unknown_mechanism_or_a_malformed_response_gets_no_sasl_outcome(node, monkeypatch, mechanism, response):
+    """rabbit_amqp_reader: auth_mechanism_to_module's not-found and auth_phase's decode-error are protocol errors
+    before open (handle_exception: silent_close_delay, nothing sent); only refused credentials get a sasl-outcome."""
+    from amqp_server.amqp1 import connection as amqp10_connection
+
+    monkeypatch.setattr(amqp10_connection, "SILENT_CLOSE_DELAY", 0.1)
+    with socket.create_connection(("127.0.0.1", node.port)) as sock:
+        sock.sendall(SASL_HEADER + _frame(_performative(0x41, symbol(mechanism), amqp10.binary(response)), kind=1))
+        assert [code for code, _ in _parse(_until_closed(sock))] == [0x40]  # the mechanisms, then the close
+
+
 def _parse(data: bytes) -> list[tuple[int, list[amqp10.Value]]]:
     found = []
     data = data[8:] if data.startswith(b"AMQP") else data

@@ -359,16 +359,19 @@ class Raw:
         data, self.buf = self.buf[4:4 + size], self.buf[4 + size:]
         return struct.unpack_from(">H", data)[0], data[4:]
 
-    def login(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> int:
+    def authenticate(self, mechanism: str, data: bytes) -> int:
+        """Peer properties, the SASL handshake and one sasl_authenticate: its response code."""
         self.send(frame(0x11, struct.pack(">I", 1) + struct.pack(">i", 0)))
         assert self.receive()[0] == 0x8011
         self.send(frame(0x12, struct.pack(">I", 2)))
         assert self.receive()[0] == 0x8012
-        self.send(frame(0x13, struct.pack(">I", 3) + string("PLAIN")
-                        + struct.pack(">i", len(user) + len(password) + 2) + b"\0" + user.encode() + b"\0"
-                        + password.encode()))
+        self.send(frame(0x13, struct.pack(">I", 3) + string(mechanism) + struct.pack(">i", len(data)) + data))
         key, rest = self.receive()
-        code = struct.unpack_from(">IH", rest)[1]
+        assert key == 0x8013
+        return struct.unpack_from(">IH", rest)[1]
+
+    def login(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> int:
+        code = self.authenticate("PLAIN", b"\0" + user.encode() + b"\0" + password.encode())
         if code != 1:
             return code
         key, rest = self.receive()
@@ -415,6 +418,15 @@ def test_a_truncated_frame_closes_with_unknown_frame(node):
 
 def test_a_wrong_password_is_authentication_failure(node):
     assert Raw(node).login(password="wrong") == 0x08
+
+
+@pytest.mark.parametrize("mechanism, data, code", [("FOO", b"\0guest\0guest", 0x07), ("PLAIN", b"no-nul-bytes", 0x09)])
+def test_a_failed_sasl_authenticate_closes_the_connection(node, mechanism, data, code):
+    """rabbit_stream_reader's sasl_authenticate answers an unknown mechanism (7) or a malformed response (9) and sets
+    the step to failure, which closes the socket (invalid_transition): no second try on the connection."""
+    raw = Raw(node)
+    assert raw.authenticate(mechanism, data) == code
+    assert raw.receive() == (-1, b"")
 
 
 def test_an_unknown_vhost_is_vhost_access_failure(node):
