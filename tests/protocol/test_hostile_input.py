@@ -611,8 +611,8 @@ def test_a_pattern_that_backtracks_does_not_hold_the_broker(broker, conn, uid):
             channel.basic_publish("amq.topic", name, b"x")
         assert refused.value.reply_code == 403
         user_connection.close()
-        listed = call(broker, "GET", f"/api/queues/%2F?name={urllib.parse.quote(slow)}&use_regex=true")
-        assert listed.status == 200 and listed.json == []
+        listed = call(broker, "GET", f"/api/queues/%2F?page=1&name={urllib.parse.quote(slow)}&use_regex=true")
+        assert listed.status == 200 and listed.json["items"] == []  # (a name filters a page only, as RabbitMQ)
         assert call(broker, "GET", f"/api/queues/%2F/{q(name)}").json["policy"] is None
         assert time.monotonic() - started < 10
     finally:
