@@ -719,10 +719,13 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.state = CLOSED
 
     def _heartbeat_tick(self) -> None:
-        """Every half interval: send a heartbeat if we were quiet; close after two silent intervals."""
+        """Every half interval: send a heartbeat if we were quiet; close after two silent intervals.  A publisher held
+        (not read: a resource alarm, flow) is not counted silent: its heartbeats wait unread with its publishes, and
+        its silence is counted afresh once it is read again (rabbit_reader's maybe_block pauses the heartbeat
+        monitor, rabbit_heartbeat:pause_monitor, and maybe_unblock resumes it)."""
         if self.state != OPEN:
             return
-        self._silent_ticks = 0 if self._received else self._silent_ticks + 1
+        self._silent_ticks = 0 if self._received or self.held else self._silent_ticks + 1
         self._received = False
         if not self._sent:
             self.out.append(codec.HEARTBEAT_FRAME)

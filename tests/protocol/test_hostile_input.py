@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from conftest import connect
-from support import Closed, Raw, assert_error, call, q, raw_frame
+from support import Closed, Raw, assert_error, call, publish_frames, q, raw_frame
 
 from amqp_server.amqp091.channel import Channel
 from amqp_server.frontend.front_end import ListedChannel
@@ -139,6 +139,33 @@ def test_partial_bodies_are_held_by_the_memory_alarm_and_freed(start_broker, uid
         ch.basic_publish("", uid, b"after")
         assert time.monotonic() < deadline
     assert "memory alarm cleared" in node.said()
+
+
+@pytest.mark.warren_only("starts a node with a small memory watermark")
+def test_a_publisher_blocked_by_an_alarm_is_not_closed_for_the_heartbeats_it_cannot_send(start_broker):
+    """A publisher held by the memory alarm is not read, so its heartbeats wait unread: rabbit_reader's maybe_block
+    pauses the heartbeat monitor (rabbit_heartbeat:pause_monitor) until it is read again, and so does Warren (it
+    closed the client, heartbeating every half second, after two intervals)."""
+    node = start_broker("--memory-high-watermark", str(1024 * 1024))  # below any node's memory: the alarm stands
+    client = Raw(node, timeout=10)
+    try:
+        client.handshake(heartbeat=1, capabilities={"connection.blocked": True})
+        client.open_channel(1)
+        client.send(publish_frames(1, "", "nowhere", b"x"))  # a publisher: held, not read, once the alarm stands
+        client.expect(commands.Connection.Blocked)
+        client.sock.settimeout(0.5)
+        until = time.monotonic() + 3.5  # three and a half intervals
+        while time.monotonic() < until:
+            try:
+                client.send(raw_frame(8, 0, b""))
+                data = client.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                data = b""
+            assert data, f"closed while blocked, {3.5 - (until - time.monotonic()):.1f} s in"
+    finally:
+        client.close()
 
 
 def partial_body(channel: ListedChannel) -> bool:
