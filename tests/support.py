@@ -372,7 +372,7 @@ class Raw:
         return value
 
     def handshake(self, frame_max: int = 0, heartbeat: int = 0, capabilities: dict | str | None = None,
-                  password: str = "guest", open_vhost: bool = True) -> commands.Connection.Tune:
+                  password: str = "guest", open_vhost: bool = True, channel_max: int = 0) -> commands.Connection.Tune:
         """Open the connection; ``capabilities`` is the client's property as sent (a str: one that is no table)."""
         self.send(PROTOCOL_HEADER)
         self.expect(commands.Connection.Start)
@@ -381,7 +381,7 @@ class Raw:
             client_properties={"product": "raw-test", "capabilities": caps},
             mechanism="PLAIN", response=f"\x00guest\x00{password}", locale="en_US"))
         tune = self.expect(commands.Connection.Tune)
-        self.send_method(0, commands.Connection.TuneOk(channel_max=tune.channel_max,
+        self.send_method(0, commands.Connection.TuneOk(channel_max=channel_max or tune.channel_max,
                                                         frame_max=frame_max or tune.frame_max,
                                                         heartbeat=heartbeat))
         if open_vhost:

@@ -401,13 +401,16 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
     def _frame(self, ftype: int, ch: int, channel: "Channel | None", buf: bytearray, start: int, end: int) -> None:
         """A frame other than a publish's on an open channel: a method, a heartbeat, content on a channel that is
         not open, or a frame of no known type."""
+        if ftype == 8:
+            if ch != 0:
+                raise unexpected_frame(ftype, buf[start:end])
+            return
+        if channel is None and ch and ch not in self.closing_channels and ftype in (1, 2, 3):
+            self._create_channel()
         if ftype == 1:
             if end - start < 4:
                 raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
             self._method(ch, channel, self._unmarshal(buf, start, end))
-        elif ftype == 8:
-            if ch != 0:
-                raise unexpected_frame(ftype, buf[start:end])
         elif ftype in (2, 3):  # (a channel's are _frames')
             self._no_channel(ch, ftype, buf[start:end])
         else:
@@ -535,16 +538,23 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         else:
             raise ConnectionError(errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(method.index, 0x10000))
 
+    def _create_channel(self) -> None:
+        """The first frame on a channel number that has no channel, whatever the frame (rabbit_reader:process_frame
+        calls create_channel before the channel reads it): refused (530) at the negotiated channel_max, which counts
+        the channels open and those awaiting our close's close-ok (any number 1-65535, as RabbitMQ), or at the
+        user's max-channels."""
+        count = len(self.channels) + len(self.closing_channels)
+        if self.channel_max and count >= self.channel_max:
+            raise ConnectionError(errors.NOT_ALLOWED, f"number of channels opened ({count}) has reached the "
+                                  f"negotiated channel_max ({self.channel_max})")
+        assert self.user is not None  # (a channel's frame is read once the connection is open)
+        self.broker.limits.open_channel(self.user.name)
+
     def _open_channel(self, ch: int) -> None:
         from .channel import Channel
 
         if self.state != OPEN or self.user is None:  # (open: a user logged in)
             raise ConnectionError(errors.CHANNEL_ERROR, "channel.open before connection.open")
-        if self.channel_max and len(self.channels) >= self.channel_max:  # any number 1-65535, as RabbitMQ
-            raise ConnectionError(errors.NOT_ALLOWED,
-                                  f"number of channels opened ({len(self.channels)}) has reached the "
-                                  f"negotiated channel_max ({self.channel_max})")
-        self.broker.limits.open_channel(self.user.name)
         self.channels[ch] = Channel(self, ch)
         self.send_method(ch, commands.Channel.OpenOk())
 

@@ -238,6 +238,29 @@ def test_second_channel_open_is_channel_error(broker):
     assert_serves(broker)
 
 
+@pytest.mark.parametrize("frame", [pframe.marshal(commands.Queue.Declare(queue="x", passive=True), 2),
+                                   raw_frame(3, 2, b"stray")], ids=["method", "body"])
+@pytest.mark.parametrize("awaiting_close_ok", [False, True], ids=["channel open", "channel awaiting close-ok"])
+def test_the_first_frame_on_a_channel_past_channel_max_is_not_allowed(broker, uid, frame, awaiting_close_ok):
+    """rabbit_reader:process_frame calls create_channel for the first frame on any channel number that has no
+    channel, whatever the frame: at the negotiated channel_max, which counts a channel awaiting the close-ok of the
+    node's channel.close, that frame is 530, before the channel could say "expected 'channel.open'" (504) or
+    "expected method frame" (505)."""
+    client = Raw(broker)
+    try:
+        client.handshake(channel_max=1)
+        client.open_channel(1)
+        if awaiting_close_ok:
+            client.send_method(1, commands.Queue.Declare(queue=f"missing-{uid}", passive=True))
+            client.expect(commands.Channel.Close)
+        client.send(frame)
+        close = client.expect_connection_close()
+    finally:
+        client.close()
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        530, "NOT_ALLOWED - number of channels opened (1) has reached the negotiated channel_max (1)", 0, 0)
+
+
 def test_channel_error_leaves_connection_and_other_channels_usable(broker, uid):
     client = Raw(broker)
     try:
