@@ -70,6 +70,13 @@ CAPABILITIES = {
 # Handshake states; DRAINING: close-ok sent, frames still arriving are read and dropped until the client
 # closes the socket (closing it with unread data would reset it under a client still writing)
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
+# what rabbit_reader names the states that read methods on channel 0, and the methods each takes (handle_method0; a
+# connection closing reads only close and close-ok, _closing_frame); any other is 504 CHANNEL_ERROR
+_STATES = {AWAIT_START_OK: "starting", AWAIT_TUNE_OK: "tuning", AWAIT_OPEN: "opening", OPEN: "running"}
+_TAKES: dict[int, tuple[type, ...]] = {AWAIT_START_OK: (commands.Connection.StartOk,),
+                                       AWAIT_TUNE_OK: (commands.Connection.TuneOk,),
+                                       AWAIT_OPEN: (commands.Connection.Open,),
+                                       OPEN: (commands.Connection.Close, commands.Connection.UpdateSecret)}
 
 
 class Connection(FrontEnd, asyncio.BufferedProtocol):
@@ -569,16 +576,12 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             commands.Connection.TuneOk: self._tune_ok,
             commands.Connection.Open: self._open,
             commands.Connection.Close: self._close,
-            commands.Connection.CloseOk: lambda _m: self._drop(),
             commands.Connection.UpdateSecret: self._update_secret,
         }
-        handler = handlers.get(type(method))
-        if self.state == OPEN and not isinstance(method, (commands.Connection.Close, commands.Connection.UpdateSecret)):
-            raise ConnectionError(errors.CHANNEL_ERROR, "unexpected method in connection state running",
+        if not isinstance(method, _TAKES[self.state]):  # handle_method0's last clause
+            raise ConnectionError(errors.CHANNEL_ERROR, f"unexpected method in connection state {_STATES[self.state]}",
                                   *divmod(method.index, 0x10000))
-        if handler is None:
-            raise ConnectionError(errors.COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
-        handler(method)
+        handlers[type(method)](method)
 
     def _start(self) -> None:
         properties: dict[str, Any] = {
@@ -596,8 +599,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                                                       locales="en_US"))
 
     def _start_ok(self, method: commands.Connection.StartOk) -> None:
-        if self.state != AWAIT_START_OK:
-            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.start-ok")
         self.client_properties = method.client_properties or {}
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}  # a table, or none
@@ -621,8 +622,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                                                      heartbeat=self.config.heartbeat))
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        if self.state != AWAIT_TUNE_OK:
-            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.tune-ok")
         server = self.config
         frame_max = method.frame_max  # 0 ("no limit") is above any limit the server set, as in rabbit_reader
         if 0 < frame_max < MIN_FRAME_MAX:
@@ -641,8 +640,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: commands.Connection.Open) -> None:
-        if self.state != AWAIT_OPEN or self.user is None:  # (awaiting open: a user logged in)
-            raise ConnectionError(errors.COMMAND_INVALID, "unexpected connection.open")
+        assert self.user is not None  # (awaiting open: a user logged in)
         name = method.virtual_host
         if not self.broker.access.vhost_exists(name):
             raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")

@@ -539,6 +539,29 @@ def test_tune_ok_outside_the_servers_limits_is_not_allowed(start_broker, frame_m
     assert_serves(broker)
 
 
+@pytest.mark.parametrize("method", [
+    commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+    commands.Connection.CloseOk(),
+    commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0),
+    commands.Connection.StartOk(client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest",
+                                locale="en_US"),
+], ids=["close", "close-ok", "tune-ok", "start-ok"])
+def test_a_connection_method_other_than_open_after_tune_ok_is_channel_error(broker, method):
+    """After tune-ok rabbit_reader is in state ``opening``, where handle_method0 takes connection.open alone (close
+    only once running): any other method is channel_error "unexpected method in connection state opening", and
+    handle_exception(opening, ...) answers it with connection.close naming the method (respond_and_close)."""
+    client = Raw(broker)
+    try:
+        client.handshake(open_vhost=False)
+        client.send_method(0, method)
+        close = client.expect_connection_close()
+        client.assert_eof()
+    finally:
+        client.close()
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        504, "CHANNEL_ERROR - unexpected method in connection state opening", *divmod(method.index, 0x10000))
+
+
 @pytest.mark.parametrize("case", ["unknown mechanism", "frame_max too low"])
 def test_handshake_errors_drop_the_socket_after_a_delay(broker, case):
     """Before connection.open RabbitMQ trusts no client: no connection.close, the socket goes after 3 s."""
