@@ -170,8 +170,6 @@ class Channel:
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
             raise _unexpected_content(self.expect)
-        if len(header) < 14:
-            raise ConnectionError(errors.FRAME_ERROR, "malformed content header frame")
         if header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.UNEXPECTED_FRAME, "expected content header for class 60, got one for "
                                   f"class {header[0] << 8 | header[1]} instead", 60, 40)

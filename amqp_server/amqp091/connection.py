@@ -43,6 +43,10 @@ complaints = Complaints(log)
 _HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH = (60 << 16) | 40
+# the payload sizes rabbit_command_assembler:analyze_frame reads, by frame type: a method's class and method ids, a
+# content header's class, weight and body size, a body of any size, an empty heartbeat; no other type
+_PAYLOAD_SIZES = tuple({1: (4, 1 << 32), 2: (12, 1 << 32), 3: (0, 1 << 32), 8: (0, 0)}.get(ftype, (1, 0))
+                       for ftype in range(256))
 MIN_FRAME_MAX = 4096
 DIRECT_FROM = 32 * 1024  # a body frame at least this large, not read whole, goes into its message as it is read,
 DIRECT_BODY_FROM = 256 * 1024  # if its body is at least this large (_body_direct)
@@ -361,8 +365,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
-                    raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, all octets = <<>>: "
-                                          f"{{frame_too_large,{size},{limit - 8}}}")
+                    raise frame_error(ftype, b"", f"{{frame_too_large,{size},{limit - 8}}}")
                 if end >= n:
                     if ftype == 3 and size >= DIRECT_FROM:
                         pos = self._body_direct(ch, buf, pos, n, end)
@@ -377,6 +380,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                 channel = channels.get(ch)
                 if channel is None and ch and self.state != OPEN:  # rabbit_reader: no channel frame before open
                     raise unexpected_frame(ftype, buf[start:end])
+                low, high = _PAYLOAD_SIZES[ftype]
+                if not low <= size <= high:  # a frame rabbit_command_assembler:analyze_frame cannot read: any channel's
+                    raise frame_error(ftype, buf[start:end], "unknown_frame")
                 try:  # a publish's frames here, the rest in _frame
                     if channel is None:
                         self._frame(ftype, ch, None, buf, start, end)
@@ -384,7 +390,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                         channel.on_body(buf, start, end)
                     elif ftype == 2:
                         channel.on_header(bytes(buf[start:end]))
-                    elif ftype == 1 and size >= 4 and _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH:
+                    elif ftype == 1 and _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH:
                         self._publish(channel, buf, start, end)
                     else:
                         self._frame(ftype, ch, channel, buf, start, end)
@@ -406,22 +412,18 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.clients.flush()
 
     def _frame(self, ftype: int, ch: int, channel: "Channel | None", buf: bytearray, start: int, end: int) -> None:
-        """A frame other than a publish's on an open channel: a method, a heartbeat, content on a channel that is
-        not open, or a frame of no known type."""
+        """A frame other than a publish's on an open channel, of a shape analyze_frame reads (``_frames`` checked
+        it): a method, a heartbeat, content on a channel that is not open."""
         if ftype == 8:
             if ch != 0:
                 raise unexpected_frame(ftype, buf[start:end])
             return
-        if channel is None and ch and ch not in self.closing_channels and ftype in (1, 2, 3):
+        if channel is None and ch and ch not in self.closing_channels:
             self._create_channel()
         if ftype == 1:
-            if end - start < 4:
-                raise ConnectionError(errors.FRAME_ERROR, "method frame shorter than its method id")
             self._method(ch, channel, self._unmarshal(buf, start, end))
-        elif ftype in (2, 3):  # (a channel's are _frames')
+        else:  # content (an open channel's is _frames')
             self._no_channel(ch, ftype, buf[start:end])
-        else:
-            raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, {octets(buf[start:end])}: unknown_frame")
 
     def _body_direct(self, ch: int, buf: bytearray, pos: int, n: int, end: int) -> int:
         """A large body frame read in part: what has come goes into its message's buffer now, and what follows
@@ -519,7 +521,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def _closing_frame(self, ftype: int, ch: int, buf: bytearray, start: int, end: int) -> None:
         """After we sent connection.close only close / close-ok matter."""
-        if ftype != 1 or ch != 0:
+        if ftype != 1 or ch != 0 or end - start < 4:  # (what analyze_frame cannot read is ignored too)
             return
         method = self._unmarshal(buf, start, end)
         if isinstance(method, commands.Connection.Close):
@@ -833,6 +835,11 @@ def octets(payload: bytes | bytearray) -> str:
         text = "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in part)
         return f'{which} octets = <<"{text}">>'
     return f"{which} octets = <<{','.join(map(str, part))}>>"
+
+
+def frame_error(ftype: int, payload: bytes | bytearray, error: str) -> ConnectionError:
+    """A frame the reader cannot take (rabbit_reader's frame_error, ``error`` the Erlang term it names): 501."""
+    return ConnectionError(errors.FRAME_ERROR, f"type {ftype}, {octets(payload)}: {error}")
 
 
 def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:

@@ -321,6 +321,8 @@ MALFORMED = {
     "flag continuation": header(0x8001, b"\x02ab\x00\x00"),
     "unknown field type": header(0x2000, struct.pack(">I", 4) + b"\x01aZ\x00"),
     "bytes after the last property": header(0x1000, b"\x02\x00\x00"),
+    "no property flags": struct.pack(">HHQ", 60, 0, 1),  # (analyze_frame reads it: 12 octets)
+    "half the property flags": struct.pack(">HHQ", 60, 0, 1) + b"\x00",
 }
 
 
