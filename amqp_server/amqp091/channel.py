@@ -170,6 +170,9 @@ class Channel:
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
             raise _unexpected_content(self.expect)
+        if header[2] or header[3]:  # rabbit_command_assembler:process takes a header of weight 0 alone
+            raise ConnectionError(errors.UNEXPECTED_FRAME, "expected content header for class 60, got non content "
+                                  "header frame instead", 60, 40)
         if header[0] != 0 or header[1] != 60:
             raise ConnectionError(errors.UNEXPECTED_FRAME, "expected content header for class 60, got one for "
                                   f"class {header[0] << 8 | header[1]} instead", 60, 40)

@@ -364,6 +364,17 @@ def test_content_header_of_another_class_is_unexpected_frame(broker):
     assert_serves(broker)
 
 
+@pytest.mark.parametrize("class_id", [60, 50])
+def test_content_header_of_a_weight_other_than_0_is_unexpected_frame(broker, class_id):
+    """rabbit_command_assembler:process takes a content header of weight 0 alone (of another class it is "got one for
+    class"): any other weight, of any class, is "got non content header frame instead", naming basic.publish."""
+    header = struct.pack(">HHQH", class_id, 1, 1, 0)  # weight 1, body size 1, no properties
+    close = connection_error(broker, pframe.marshal(commands.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+                             + raw_frame(2, 1, header) + raw_frame(3, 1, b"x"))
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        505, "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead", 60, 40)
+
+
 def test_body_without_publish_is_unexpected_frame(broker):
     close = connection_error(broker, pframe.marshal(pbody.ContentBody(b"stray"), 1))
     assert close.reply_code == 505
