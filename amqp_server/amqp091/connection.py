@@ -15,8 +15,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
-from pamqp import commands
+from pamqp import commands, decode
 from pamqp.base import Frame
+from pamqp.common import FieldValue
 
 from .. import __version__, errors
 from ..frontend import auth_mechanisms
@@ -421,7 +422,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         if channel is None and ch and ch not in self.closing_channels:
             self._create_channel()
         if ftype == 1:
-            self._method(ch, channel, self._unmarshal(buf, start, end))
+            self._method(ch, channel, self._unmarshal(buf, start, end, ch))
         else:  # content (an open channel's is _frames')
             self._no_channel(ch, ftype, buf[start:end])
 
@@ -488,26 +489,27 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         try:
             rk_at = route_start + 1 + buf[route_start]
             flags_at = rk_at + 1 + buf[rk_at]
-            if flags_at >= end:
+            if flags_at != end - 1:  # the flags' octet ends the frame: decode_method_fields matches it exactly
                 raise IndexError
         except IndexError:
-            raise ConnectionError(errors.FRAME_ERROR, "cannot decode basic.publish fields",
-                                  60, 40) from None
+            raise cannot_decode(buf[start + 4:end], 60, 40) from None
         channel.on_publish(bytes(buf[route_start:flags_at]), buf[flags_at])
 
-    @staticmethod
-    def _unmarshal(buf: bytearray, start: int, end: int) -> Frame:
+    def _unmarshal(self, buf: bytearray, start: int, end: int, ch: int = 0) -> Frame:
         index = _METHOD_ID.unpack_from(buf, start)[0]
         cls = commands.INDEX_MAPPING.get(index)
         if cls is None:
             raise ConnectionError(errors.COMMAND_INVALID, f"unknown method class {index >> 16} method {index & 0xFFFF}")
         method = cls()
+        fields = bytes(buf[start + 4:end])
         try:
-            method.unmarshal(bytes(buf[start + 4:end]))
-        except Exception as exc:
-            # rabbit_misc:frame_error/2: undecodable method fields are a 501, not a 502
-            raise ConnectionError(errors.FRAME_ERROR, f"cannot decode {method.name} fields: {exc}",
-                                  index >> 16, index & 0xFFFF) from None
+            decode_fields(method, fields)
+        except Exception:
+            error = cannot_decode(fields, index >> 16, index & 0xFFFF)
+            if ch == 0:  # handle_method0 catches an amqp_error naming no method alone: this one crashes it, a bare 541
+                complaints.warning("connection %s: %s", self.name, untrusted(error.text))
+                error = ConnectionError(errors.INTERNAL_ERROR, "")
+            raise error from None
         return method
 
     def _no_channel(self, ch: int, ftype: int, payload: bytearray) -> None:
@@ -826,6 +828,41 @@ _ERLANG_ESCAPES = {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v", 0x08: "\\
                    0x22: '\\"', 0x5C: "\\\\"}
 
 
+def decode_fields(method: Frame, fields: bytes) -> None:
+    """Set ``method``'s fields from ``fields``, which they must fill exactly, as the generated
+    rabbit_framing_amqp_0_9_1:decode_method_fields matches each method's fields whole (pamqp's unmarshal lets octets
+    after them, or a string cut short at the end, through): ValueError if they do not."""
+    pos = 0
+    bit = -1  # the bit of the octet at ``pos`` the next bit field reads; -1: no bit octet under way
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        value: FieldValue
+        if kind == "bit":
+            if bit == 8:
+                pos, bit = pos + 1, 0
+            _, value = decode.bit(fields[pos:pos + 1], max(bit, 0))
+            bit = max(bit, 0) + 1
+        else:
+            if bit >= 0:
+                pos, bit = pos + 1, -1
+            consumed, value = decode.by_type(fields[pos:], kind)
+            pos += consumed
+        setattr(method, name, value)
+    if pos + (bit >= 0) != len(fields):
+        raise ValueError("method fields do not fill the frame")
+
+
+def cannot_decode(fields: bytes | bytearray, class_id: int, method_id: int) -> ConnectionError:
+    """Method fields decode_method_fields cannot match (rabbit_misc:frame_error/2): 501 naming the method."""
+    return ConnectionError(errors.FRAME_ERROR, f"cannot decode {binary_w(fields[:128])}", class_id, method_id)
+
+
+def binary_w(data: bytes | bytearray) -> str:
+    """A binary as Erlang's ~w writes it: ``<<0,20,0,40>>``, every octet a number.  (Of a longer one, cut to fit a
+    reply text, the first 128 octets are enough: its text is cut before their end.)"""
+    return f"<<{','.join(map(str, data))}>>"
+
+
 def octets(payload: bytes | bytearray) -> str:
     """rabbit_reader's payload snippet (all of a payload up to 16 octets, else the first 16) as Erlang's ~p prints a
     binary: ``<<"text">>`` when every octet is printable ASCII, else ``<<0,20,0,40>>``."""
@@ -834,7 +871,7 @@ def octets(payload: bytes | bytearray) -> str:
     if part and all(0x20 <= b < 0x7F or b in _ERLANG_ESCAPES for b in part):
         text = "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in part)
         return f'{which} octets = <<"{text}">>'
-    return f"{which} octets = <<{','.join(map(str, part))}>>"
+    return f"{which} octets = {binary_w(part)}"
 
 
 def frame_error(ftype: int, payload: bytes | bytearray, error: str) -> ConnectionError:

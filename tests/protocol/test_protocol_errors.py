@@ -440,18 +440,33 @@ def test_body_longer_than_declared_is_swallowed_until_the_next_method(broker):
 # -- method arguments ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("payload", [
-    method_payload(50, 10, b"\x00"),                               # queue.declare cut inside reserved-1
-    method_payload(50, 10, b"\x00\x00\x20abc"),                    # shortstr longer than the frame
-    method_payload(60, 40, b"\x00\x00\x05ab"),                     # basic.publish, exchange name truncated
-    method_payload(60, 40, b"\x00\x00"),                           # basic.publish without its names
-    method_payload(40, 10, b"\x00\x00\x01x\x01d\x00\x00\x00\x00\xff\xff\xff\xff"),  # exchange.declare, table too long
+@pytest.mark.parametrize("class_id, method_id, fields", [
+    (50, 10, b"\x00"),                                            # queue.declare cut inside reserved-1
+    (50, 10, b"\x00\x00\x20abc"),                                 # shortstr longer than the frame
+    (60, 40, b"\x00\x00\x05ab"),                                  # basic.publish, exchange name truncated
+    (60, 40, b"\x00\x00"),                                        # basic.publish without its names
+    (40, 10, b"\x00\x00\x01x\x01d\x00\x00\x00\x00\xff\xff\xff\xff"),  # exchange.declare, table too long
+    (60, 10, b"\x00\x00\x00"),                                    # basic.qos cut inside prefetch-size
+    (60, 10, commands.Basic.Qos(prefetch_count=5).marshal() + b"\x00"),  # basic.qos and an octet after it
+    (60, 40, commands.Basic.Publish(exchange="", routing_key="q").marshal() + b"\x00\x00"),  # publish, after it
+    (60, 80, commands.Basic.Ack(delivery_tag=1).marshal() + b"\x00"),  # basic.ack, an octet after its bits
 ])
-def test_truncated_method_arguments_are_frame_error(broker, payload):
-    # rabbit_misc:frame_error/2: "cannot decode <<...>>" is a 501 FRAME_ERROR
-    close = connection_error(broker, raw_frame(1, 1, payload))
-    assert close.reply_code == 501
-    assert close.reply_text.startswith("FRAME_ERROR - cannot decode")
+def test_method_fields_that_do_not_fill_their_frame_exactly_are_frame_error(broker, class_id, method_id, fields):
+    """The generated rabbit_framing_amqp_0_9_1:decode_method_fields matches each method's fields exactly: fields cut
+    short or followed by more octets fall to rabbit_misc:frame_error/2, 501 "cannot decode ~w" (every octet a
+    number) naming the method."""
+    close = connection_error(broker, raw_frame(1, 1, method_payload(class_id, method_id, fields)))
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        501, f"FRAME_ERROR - cannot decode <<{','.join(map(str, fields))}>>", class_id, method_id)
+    assert_serves(broker)
+
+
+def test_method_fields_on_channel_0_that_do_not_fill_their_frame_are_a_bare_internal_error(broker):
+    """On channel 0 the same frame_error crashes rabbit_reader's handle_method0, which catches an amqp_error naming no
+    method alone (frame_error names its method): respond_and_close answers the crash with a bare 541."""
+    fields = commands.Connection.Close(reply_code=200, reply_text="", class_id=0, method_id=0).marshal() + b"\x00"
+    close = connection_error(broker, raw_frame(1, 0, method_payload(10, 50, fields)))
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (541, "INTERNAL_ERROR", 0, 0)
     assert_serves(broker)
 
 
