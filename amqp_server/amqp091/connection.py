@@ -614,9 +614,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.broker.auth_attempts.record("amqp091", user is not None)
         if user is None:
             self.clients.handshakes.log.warning("login refused for user %s from %s", untrusted(username), self.peer[0])
-            if not self.client_capabilities.get("authentication_failure_close"):
-                self._drop()  # RabbitMQ only sends connection.close to clients advertising the capability
-                return
             raise ConnectionError(errors.ACCESS_REFUSED, LOGIN_REFUSED.format(method.mechanism))
         self.user = user
         self.auth_mechanism = method.mechanism
@@ -687,13 +684,14 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         """Send connection.close with the error and wait (bounded) for close-ok.
 
         Before tune-ok is accepted, RabbitMQ trusts no client: it logs the error and drops the socket after
-        SILENT_CLOSE_DELAY, telling only a refused login (403) why; so does Warren unless
+        SILENT_CLOSE_DELAY, telling only a refused login (403) why, and only to a client with the
+        authentication_failure_close capability (rabbit_reader:auth_fail); so does Warren unless
         ``explain_handshake_errors`` is set.
         """
         if self.state in (CLOSING, DRAINING, CLOSED):
             return
-        if (self.state in (AWAIT_START_OK, AWAIT_TUNE_OK) and error.code != errors.ACCESS_REFUSED
-                and not self.config.explain_handshake_errors):
+        told = error.code == errors.ACCESS_REFUSED and self.client_capabilities.get("authentication_failure_close")
+        if self.state in (AWAIT_START_OK, AWAIT_TUNE_OK) and not told and not self.config.explain_handshake_errors:
             self.clients.handshakes.log.warning("closing connection %s in its handshake: %s", self.name,
                                                 untrusted(error.text))
             self.state = CLOSING

@@ -66,15 +66,20 @@ def _external(access: "AccessControl", config: "Config", ssl_object: ssl.SSLObje
 
 
 def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    """(username, password) as UTF-8, as RabbitMQ reads them; never quoted in a reply or a log line."""
+    """(username, password) as UTF-8, as RabbitMQ reads them; never quoted in a reply or a log line.  A response the
+    mechanism cannot read is a syntax error (502), not a refused login (rabbit_auth_mechanism_plain and _amqplain
+    answer it with protocol_error): RabbitMQ tells no client of it, even one that asks to be told of a refusal."""
     raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
-        if len(parts) != 3:
-            raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed PLAIN response")
+        if len(parts) != 3 or parts[0]:  # NUL user NUL password alone: no authorisation identity (extract_elem)
+            raise ConnectionError(errors.SYNTAX_ERROR, "authentication failed: malformed PLAIN response")
         return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
     try:
         _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
     except Exception:
-        raise ConnectionError(errors.ACCESS_REFUSED, "authentication failed: malformed AMQPLAIN response") from None
-    return codec.text(table.get("LOGIN", "")), codec.text(table.get("PASSWORD", ""))
+        raise ConnectionError(errors.SYNTAX_ERROR, "authentication failed: malformed AMQPLAIN response") from None
+    if "LOGIN" not in table or "PASSWORD" not in table:
+        raise ConnectionError(errors.SYNTAX_ERROR, "authentication failed: AMQPLAIN response without LOGIN or "
+                              "PASSWORD")
+    return codec.text(table["LOGIN"]), codec.text(table["PASSWORD"])
