@@ -366,13 +366,13 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                 ftype, ch, size = _HEAD.unpack_from(buf, pos)
                 end = pos + 7 + size
                 if size > limit:  # RabbitMQ lets a payload reach frame_max (its FRAME_SIZE_FUDGE)
-                    raise frame_error(ftype, b"", f"{{frame_too_large,{size},{limit - 8}}}")
+                    raise frame_error(ftype, b"", ("frame_too_large", size, limit - 8))
                 if end >= n:
                     if ftype == 3 and size >= DIRECT_FROM:
                         pos = self._body_direct(ch, buf, pos, n, end)
                     break
                 if buf[end] != codec.FRAME_END_BYTE:
-                    raise ConnectionError(errors.FRAME_ERROR, f"type {ftype}, channel {ch}: no frame-end octet")
+                    raise frame_error(ftype, buf[pos + 7:end], ("invalid_frame_end_marker", buf[end]))
                 start = pos + 7
                 pos = end + 1
                 if self.state == CLOSING:
@@ -861,23 +861,26 @@ def binary_w(data: bytes | bytearray) -> str:
     return f"<<{','.join(map(str, data))}>>"
 
 
-def octets(payload: bytes | bytearray) -> str:
-    """rabbit_reader's payload snippet (all of a payload up to 16 octets, else the first 16) as Erlang's ~p prints a
-    binary: ``<<"text">>`` when every octet is printable ASCII, else ``<<0,20,0,40>>``."""
+def frame_text(ftype: int, payload: bytes | bytearray) -> str:
+    """rabbit_reader's "type ~p, ~s octets = ~p": the frame's type and all of its payload up to 16 octets, else the
+    first 16, as Erlang's ~p prints a binary: ``<<"text">>`` when every octet is printable ASCII, else
+    ``<<0,20,0,40>>``.  (Where that line, or the frame error's after it, would pass column 80, io_lib_pretty breaks it
+    over lines, which this does not.)"""
     part = bytes(payload[:16])
     which = "all" if len(payload) <= 16 else "first 16"
     if part and all(0x20 <= b < 0x7F or b in _ERLANG_ESCAPES for b in part):
-        text = "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in part)
-        return f'{which} octets = <<"{text}">>'
-    return f"{which} octets = {binary_w(part)}"
+        return f'type {ftype}, {which} octets = <<"' + "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in part) + '">>'
+    return f"type {ftype}, {which} octets = {binary_w(part)}"
 
 
-def frame_error(ftype: int, payload: bytes | bytearray, error: str) -> ConnectionError:
-    """A frame the reader cannot take (rabbit_reader's frame_error, ``error`` the Erlang term it names): 501."""
-    return ConnectionError(errors.FRAME_ERROR, f"type {ftype}, {octets(payload)}: {error}")
+def frame_error(ftype: int, payload: bytes | bytearray, error: str | tuple[str | int, ...]) -> ConnectionError:
+    """A frame the reader cannot take (rabbit_reader's frame_error, "type ~p, ~s octets = ~p: ~p"): 501; ``error``
+    the Erlang term it names, an atom or a tuple of atoms and numbers."""
+    term = error if isinstance(error, str) else "{" + ",".join(map(str, error)) + "}"
+    return ConnectionError(errors.FRAME_ERROR, f"{frame_text(ftype, payload)}: {term}")
 
 
 def unexpected_frame(ftype: int, payload: bytes | bytearray) -> ConnectionError:
     """A frame the connection's state does not take (rabbit_reader's unexpected_frame): 505."""
-    return ConnectionError(errors.UNEXPECTED_FRAME, f"type {ftype}, {octets(payload)}")
+    return ConnectionError(errors.UNEXPECTED_FRAME, frame_text(ftype, payload))
 
