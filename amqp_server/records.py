@@ -65,7 +65,10 @@ class ExchangeRecord(Record):
 @dataclass(frozen=True)
 class QueueRecord(Record):
     """A queue.  ``index_id`` names its queue index (a durable queue on its node); ``node`` is its owner in
-    cluster mode ('' until placed), for a quorum queue its first leader."""
+    cluster mode ('' until placed), for a quorum queue its first leader.  An ``exclusive`` queue is the cluster's
+    too (cluster mode), as RabbitMQ's are in its metadata with their owner: other nodes route to it and lock other
+    connections out of it; ``run`` is the run of its node (``Cluster.run``) whose connection owns it, so that a
+    record left by an earlier run is known as stale."""
 
     kind: ClassVar[str] = "queue"
     vhost: str
@@ -76,6 +79,8 @@ class QueueRecord(Record):
     index_id: int = 0
     node: str = ""
     members: list[str] = field(default_factory=list)  # a quorum queue's group in cluster mode, leader first
+    exclusive: bool = False
+    run: str = ""
 
     @property
     def key(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
@@ -59,6 +60,7 @@ class Cluster:
         self.config = config
         self.flow = flow
         self.name = config.node_name
+        self.run = uuid.uuid4().hex  # this run of the node: its exclusive queues' records name it
         self.secret = config.cluster_secret.encode()
         self.client = etcd.client(config)
         self.metadata = Metadata(self.client, broker.store, self.apply, Signer(self.secret))
@@ -181,8 +183,8 @@ class Cluster:
             raise ValueError(f"node {name} is running: stop it before forgetting it")
         for vhost in list(self.broker.vhosts.values()):
             for queue in list(vhost.queues.values()):
-                if queue.node == name:
-                    self.broker.delete_queue(vhost, queue.name)
+                if queue.node == name:  # (an exclusive queue's too: no connection of this node owns it)
+                    self.broker.remove_queue(vhost, queue)
         await self.membership.forget(name)
 
     def _session(self, server_link: ServerLink) -> PeerSession:
@@ -227,6 +229,8 @@ class Cluster:
         record = {k: v for k, v in record.items() if k != "index_id"}
         if kind == "queue":
             record["node"] = self.name
+            if record.get("exclusive"):
+                record["run"] = self.run
         self.metadata.put(kind, key, record)
 
     def undefined(self, kind: str, key: str) -> None:
@@ -263,8 +267,8 @@ class Cluster:
     async def agree(self, record: Record) -> None:
         """A new exchange or queue: created in etcd unless it exists; this node then has the cluster's one."""
         if isinstance(record, QueueRecord):
-            node = self._place(record.arguments)
-            record = replace(record, node=node)
+            node = self.name if record.exclusive else self._place(record.arguments)
+            record = replace(record, node=node, run=self.run if record.exclusive else "")
             if REPLICATED in queue_types.of(record.arguments).capabilities:
                 record = replace(record, members=self.quorum.members_for(record.arguments, node))
         kind, key = record.kind, record.key
@@ -371,7 +375,9 @@ class Cluster:
             return
         existing = vhost.queues.get(record.name)
         storable(record.arguments, resource_name("queue", record.name, vhost.name), queue=True)  # as a declaration
-        if record.node == self.name:
+        if record.exclusive and record.node == self.name:
+            pass  # its connection declares it here (``Queues.declare_queue``), or it went and etcd hears of it
+        elif record.node == self.name:
             if existing is None:
                 self.broker.declare_queue(vhost, record.name, durable=record.durable, auto_delete=record.auto_delete,
                                           arguments=record.arguments)
@@ -380,13 +386,16 @@ class Cluster:
         elif existing is None:
             self.broker.add_remote_queue(vhost, RemoteQueue(
                 record.name, vhost.name, record.durable, record.auto_delete, record.arguments,
-                *queue_types.declared(record.arguments, record.name, vhost.name), self.peer(record.node)))
+                *queue_types.declared(record.arguments, record.name, vhost.name), self.peer(record.node),
+                record.exclusive))
 
     def _delete_queue(self, vhost: VHost, record: QueueRecord) -> None:
         if record.members:
             self.quorum.delete_queue(vhost, record)
             return
-        self.broker.delete_queue(vhost, record.name)
+        queue = vhost.queues.get(record.name)
+        if queue is not None:  # (another node's exclusive queue too: this is no connection's use of it)
+            self.broker.remove_queue(vhost, queue)
 
     def _put_exchange(self, vhost: VHost, record: ExchangeRecord) -> None:
         if record.name not in vhost.exchanges:

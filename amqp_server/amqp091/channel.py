@@ -728,8 +728,7 @@ class Channel:
         if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
             self._declare_reply_queue(name, m.nowait)
             return
-        if self.broker.cluster is not None and not m.exclusive and (name not in self.vhost.queues
-                                                                     or self._remote(name)):
+        if self.broker.cluster is not None and (name not in self.vhost.queues or self._remote(name)):
             self.connection.suspend(self, m, self._agreed_declare(m, name))
             return
         self._declare(m, name)
@@ -737,18 +736,27 @@ class Channel:
     async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
         """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first; one
         whose leader is not reached from here now: wait a while for one (``VHost.reached``).  Another node's
-        queue: declare-ok has its figures from that node (``counted``)."""
+        queue: declare-ok has its figures from that node (``counted``).  A new exclusive queue is answered once the
+        nodes this one reaches have it (``Broker.agreed``): an RPC client's reply queue, which its server on another
+        node publishes to once it has the request, must be routed to there by then."""
+        agreed = False
         if name in self.vhost.queues:
             await self.vhost.reached(name)
         elif m.passive:
             await self.broker.find_queue(self.vhost, name)
         else:
-            await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
+            agreed = await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
                                           self.principal)
-        if not self.open:
-            return
-        queue = self._declared(m, name)
-        if not m.nowait:
+        try:
+            if not self.open:
+                return
+            queue = self._declared(m, name)
+        finally:
+            if agreed and m.exclusive:
+                self.broker.unclaimed(self.vhost, name)
+        if agreed and m.exclusive:
+            await self.broker.agreed()
+        if not m.nowait and self.open:
             count, consumers = await queue.counted()
             if self.open:
                 self.reply(commands.Queue.DeclareOk(queue=queue.name, message_count=count, consumer_count=consumers))

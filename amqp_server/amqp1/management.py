@@ -208,8 +208,12 @@ async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tup
     arguments = _arguments(fields)
     await connection.broker.agree_queue(vhost, name, durable, exclusive, auto_delete, arguments, connection.principal)
     existed = name in vhost.queues
-    queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, arguments,
-                                            connection, who=connection.principal)
+    try:
+        queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, arguments,
+                                                connection, who=connection.principal)
+    finally:
+        if exclusive and not existed:
+            connection.broker.unclaimed(vhost, name)
     return ("200" if existed else "201"), await _queue_info(connection, queue)
 
 

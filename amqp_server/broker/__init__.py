@@ -109,11 +109,13 @@ class Broker:
         self.check_queue_declare = queues.check_queue_declare
         self.declare_queue, self.agree_queue = queues.declare_queue, queues.agree_queue
         self.find_queue, self.add_remote_queue = queues.find_queue, queues.add_remote_queue
+        self.unclaimed = queues.unclaimed
         self.attach, self.next_index_id = storage.attach, queues.next_index_id
         self.consumable, self.consume = queues.consumable, queues.consume
         self.check_consumer_exclusivity = queues.check_consumer_exclusivity
         self.remove_consumer, self.connection_closed = queues.remove_consumer, queues.connection_closed
         self.delete_queue, self.replace_queue = queues.delete_queue, queues.replace_queue
+        self.remove_queue = queues.remove
         self.delete_anywhere = queues.delete_anywhere
         self.watch_target, self.unwatch_target = queues.watch_target, queues.unwatch_target
         self.all_queues, self.local_queues = queues.all_queues, queues.local_queues

@@ -30,7 +30,8 @@ def _binding(vhost: VHost, source: str, destination: AnyQueue | Exchange, routin
 
 
 def _exclusive(destination: AnyQueue | Exchange) -> bool:
-    """Exclusive queues live on their connection's node only: their bindings are not the cluster's."""
+    """An exclusive queue's bindings are never kept (they go with its connection); they are the cluster's in
+    cluster mode, as the queue is (other nodes route to it)."""
     return not isinstance(destination, Exchange) and destination.exclusive
 
 
@@ -101,8 +102,9 @@ class Bindings:
             raise errors.precondition_failed(str(exc)) from None
         if not added:
             return
-        if not _exclusive(destination):
-            durable = exchange.durable and destination.durable
+        exclusive = _exclusive(destination)
+        if not exclusive or self.definitions.cluster is not None:
+            durable = exchange.durable and destination.durable and not exclusive
             try:
                 if durable:
                     self.definitions.check_room("binding", arguments, who)
@@ -133,9 +135,10 @@ class Bindings:
 
     def _forget_binding(self, vhost: VHost, source: str, destination: AnyQueue | Exchange, routing_key: str,
                         arguments: dict[str, Any] | None) -> None:
-        if not _exclusive(destination):
+        exclusive = _exclusive(destination)
+        if not exclusive or self.definitions.cluster is not None:
             record = _binding(vhost, source, destination, routing_key, arguments)
-            self.definitions.undefine(record, destination.durable)
+            self.definitions.undefine(record, destination.durable and not exclusive)
 
     def drop_destination(self, vhost: VHost, destination: AnyQueue | Exchange) -> None:
         """A queue or exchange is gone: remove every binding to it, at the cost of those bindings."""

@@ -85,6 +85,8 @@ class Queues:
         self.load_body: Callable[[Message], None] = storage.pager.load_body
         # publishers whose target names a queue, by vhost and queue name: told when it is deleted
         self.targets: dict[tuple[str, str], dict[QueueTarget[AnyQueue], None]] = {}
+        # (vhost, name) of exclusive queues the cluster agreed on for a declaration not made yet (``unclaimed``)
+        self.agreed_exclusive: set[tuple[str, str]] = set()
 
     @staticmethod
     def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
@@ -156,6 +158,10 @@ class Queues:
         if not exclusive:  # kept first: a write that fails leaves nothing behind
             record = QueueRecord(vhost.name, name, durable, auto_delete, arguments, queue.index_id)
             self.definitions.define(record, durable)
+        elif self.definitions.cluster is not None and (vhost.name, name) not in self.agreed_exclusive:
+            # (cluster mode: the cluster's, agreed on before unless etcd was unreachable then)
+            self.definitions.define(QueueRecord(vhost.name, name, durable, auto_delete, arguments, exclusive=True),
+                                    False)
         vhost.queues[name] = queue
         self.churn.queue_created += 1
         self.policies.apply_to_queue(queue)
@@ -172,22 +178,42 @@ class Queues:
 
     async def agree_queue(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
                           auto_delete: bool = False, arguments: dict[str, Any] | None = None,
-                          who: Principal | None = None) -> None:
+                          who: Principal | None = None) -> bool:
         """Cluster mode, before declaring a new queue: the first declaration the cluster agrees on wins.
 
-        Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual.
+        Afterwards the queue (or its proxy) exists here, and ``declare_queue`` checks equivalence as usual; an
+        exclusive one agreed on for this declaration does once that declaration makes it.  Whether the cluster
+        agreed on it now (not a queue known here, nor one made while etcd is unreachable).
         """
         self.check_queue_declare(vhost, name, arguments, who)
         if who is not None and name not in vhost.queues:
             self.limits.new_queue(vhost.name, len(vhost.queues), name)
         cluster = self.definitions.cluster
-        if cluster is not None and not exclusive and name not in vhost.queues:
+        if cluster is not None and name not in vhost.queues:
             what = resource_name("queue", name, vhost.name)
             storable(arguments, what, queue=True)
-            if durable:
+            typed = self._typed(vhost, arguments, durable, exclusive, auto_delete)
+            if exclusive:  # (its connection's declaration makes it: what it would refuse is refused before)
+                queue_types.declared(typed, name, vhost.name)[0].check_properties(name, vhost.name, durable,
+                                                                                   exclusive, auto_delete)
+                if not cluster.current:  # (etcd unreachable: made here, its record written through later)
+                    return False
+            elif durable:
                 self.definitions.check_room(what, arguments, who)
-            await cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete,
-                                                 self._typed(vhost, arguments, durable, exclusive, auto_delete)))
+            await cluster.agree(QueueRecord(vhost.name, name, durable, auto_delete, typed, exclusive=exclusive))
+            if exclusive:
+                self.agreed_exclusive.add((vhost.name, name))
+            return True
+        return False
+
+    def unclaimed(self, vhost: VHost, name: str) -> None:
+        """Cluster mode: an exclusive queue agreed on (``agree_queue``) that its connection did not declare after
+        all (the declaration refused, the channel gone meanwhile): its record goes, unless another connection's
+        queue of that name is there."""
+        if (vhost.name, name) in self.agreed_exclusive:
+            self.agreed_exclusive.discard((vhost.name, name))
+            if name not in vhost.queues:
+                self.definitions.undefine(QueueRecord(vhost.name, name), False)
 
     def _typed(self, vhost: VHost, arguments: dict[str, Any] | None, durable: bool, exclusive: bool,
                auto_delete: bool) -> dict[str, Any]:
@@ -303,10 +329,11 @@ class Queues:
             queue.drop_all()
         finally:  # (its definition goes whatever its storage does: gone here, it would come back at a restart)
             local = queue.local()
+            exclusive = local is not None and local.exclusive_owner is not None
             if local is not None and local.exclusive_owner is not None:
                 local.exclusive_owner.exclusive_queues.discard(local)
-            elif undefine:
-                self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable)
+            if undefine and (not exclusive or self.definitions.cluster is not None):  # (exclusive: etcd's only)
+                self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable and not exclusive)
             if local is not None and local.durable:  # (another node's keeps its offsets there)
                 self.store.delete("queue_offsets", str(local.index_id))
 

@@ -314,16 +314,33 @@ class Owner(Protocol):
         """The consumer goes on elsewhere (a quorum queue's leader moved): gone here, uncancelled."""
 
 
+class AnotherNodesConnection:
+    """The owner of another node's exclusive queue as this node sees it (an ``ExclusiveOwner``): a connection
+    of that node, so every connection of this one is another connection to it (405 RESOURCE_LOCKED), as
+    rabbit_amqqueue:check_exclusive_access compares the queue's owner pid with the channel's connection."""
+
+    peer = ("", 0)
+
+    def __init__(self, node: str, vhost: str) -> None:
+        self.name = f"a connection of {node}"
+        self.vhost_name = vhost
+        self.exclusive_queues: set[Any] = set()
+
+    def force_close(self, reason: str) -> None:
+        """(Its node closes it.)"""
+
+
 class RemoteQueue:
     """The proxy of another node's queue (an ``AnyQueue``): what is done to it here goes to its owner."""
 
     remote = True
-    exclusive_owner = None  # (an exclusive queue lives on its connection's node only)
-    exclusive = False
     counts_deliveries = False  # the owner adds its deliveries' headers (and stores what it must)
 
     def __init__(self, name: str, vhost: str, durable: bool, auto_delete: bool, arguments: dict[str, Any],
-                 queue_type: QueueType, args: QueueArgs, peer: Owner) -> None:
+                 queue_type: QueueType, args: QueueArgs, peer: Owner, exclusive: bool = False) -> None:
+        # an exclusive queue of a connection of the owner (cluster mode): locked to this node's connections
+        self.exclusive_owner = AnotherNodesConnection(peer.name, vhost) if exclusive else None
+        self.exclusive = exclusive
         self.type = queue_type
         self.name = name
         self.vhost = vhost

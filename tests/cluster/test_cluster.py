@@ -918,6 +918,90 @@ def test_exclusive_consumer_is_refused_across_nodes(cluster, uid):
     owner_side.close()
 
 
+def test_publish_through_another_node_reaches_an_exclusive_queue(cluster, uid):
+    """An exclusive queue is in RabbitMQ's cluster-wide metadata (only its *use* is locked to its connection):
+    any connection on any node may publish to it, and its messages are routed there, not confirmed and dropped
+    (the RPC pattern: a client's exclusive reply queue on node 1, its server on node 2)."""
+    _, (n1, n2, _) = cluster
+    owner = connect(n1)
+    och = owner.channel()
+    och.queue_declare(uid, exclusive=True)
+    try:
+        with connect(n2) as connection:
+            ch = connection.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", uid, b"to an exclusive queue", mandatory=True)  # unroutable: UnroutableError
+        _, _, body = och.basic_get(uid, auto_ack=True)
+        assert body == b"to an exclusive queue"
+    finally:
+        owner.close()
+
+
+def test_a_server_named_exclusive_queue_is_bound_and_reached_through_another_node(cluster, uid):
+    """amq.gen-… declared exclusive on node 1 and bound to an exchange: a publish to that exchange through node 2
+    reaches it at once (the binding is the cluster's, as the queue is), as with a subscriber's queue in RabbitMQ."""
+    _, (n1, n2, _) = cluster
+    owner = connect(n1)
+    och = owner.channel()
+    name = och.queue_declare("", exclusive=True).method.queue
+    assert name.startswith("amq.gen-")
+    och.exchange_declare(uid, "topic")
+    och.queue_bind(name, uid, "k.#")
+    try:
+        with connect(n2) as connection:
+            ch = connection.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", name, b"direct", mandatory=True)
+            ch.basic_publish(uid, "k.1", b"bound", mandatory=True)
+        assert [och.basic_get(name, auto_ack=True)[2] for _ in range(2)] == [b"direct", b"bound"]
+    finally:
+        owner.close()
+
+
+def test_another_node_s_connection_is_locked_out_of_an_exclusive_queue(cluster, uid):
+    """rabbit_amqqueue:check_exclusive_access: declaring (passive or not), consuming, getting, purging, deleting
+    or binding another connection's exclusive queue from any node is 405 RESOURCE_LOCKED, not a second queue of
+    the same name; publishing to it is not locked."""
+    _, (n1, n2, _) = cluster
+    uid = f"locked-{uid[-6:]}"  # (the whole text fits a reply's 255 characters)
+    owner = connect(n1)
+    owner.channel().queue_declare(uid, exclusive=True)
+    locked = (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{uid}' in vhost '/'. It could be "
+              "originally declared on another connection or the exclusive property value does not match that of "
+              "the original declaration.")
+    try:
+        with connect(n2) as connection:
+            for use in (lambda ch: ch.queue_declare(uid, passive=True),
+                        lambda ch: ch.queue_declare(uid, exclusive=True), lambda ch: ch.queue_declare(uid),
+                        lambda ch: ch.basic_consume(uid, lambda *a: None), lambda ch: ch.basic_get(uid),
+                        lambda ch: ch.queue_purge(uid), lambda ch: ch.queue_delete(uid),
+                        lambda ch: ch.queue_bind(uid, "amq.fanout")):
+                with pytest.raises(ChannelClosedByBroker) as info:
+                    use(connection.channel())
+                assert (info.value.reply_code, info.value.reply_text) == (405, locked)
+        assert api(n2, f"/queues/%2F/{uid}")["exclusive"] is True
+    finally:
+        owner.close()
+
+
+def test_an_exclusive_queue_goes_from_every_node_with_its_connection(cluster, uid):
+    """The owner's connection closes: the queue is deleted cluster-wide, with its bindings (rabbit_amqqueue's
+    delete_exclusive), and the name is free for another node's connection."""
+    _, (n1, n2, n3) = cluster
+    owner = connect(n1)
+    och = owner.channel()
+    och.queue_declare(uid, exclusive=True)
+    och.queue_bind(uid, "amq.fanout", uid)
+    bound = lambda node: [b for b in api(node, "/exchanges/%2F/amq.fanout/bindings/source") if b["destination"] == uid]  # noqa: E731
+    assert bound(n3)
+    owner.close()
+    for node in (n2, n3):
+        wait_for(lambda node=node: gone(node, uid), f"the queue gone from node {node.port}")
+        assert bound(node) == []
+    with connect(n2) as connection:
+        connection.channel().queue_declare(uid, exclusive=True)  # (node 2's now, while this connection lasts)
+
+
 def test_concurrent_conflicting_declares_resolve_to_one_definition(cluster, uid):
     _, (n1, n2, n3) = cluster
     winner = race([(n1, lambda ch: ch.queue_declare(uid, durable=True, arguments={"x-message-ttl": 1000}), 1000),
