@@ -78,6 +78,7 @@ class Cluster:
         self.orphans = Orphans(broker)  # what consumers of nodes whose link fell silent held: outlives the sessions
         self.applying = False
         self._lost: list[tuple[VHost, str]] = []  # transient queues of ours that did not survive a restart
+        self._stale: list[tuple[VHost, QueueRecord]] = []  # exclusive queues of an earlier run of this node
         self._server: asyncio.base_events.Server | None = None
         # kind -> (record from JSON, create or change it here, delete it here)
         self._appliers: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[VHost, Any], None],
@@ -110,6 +111,7 @@ class Cluster:
         self.metadata.start()
         self._stats = loop.create_task(self._report_stats())
         self._joining = loop.create_task(self._join())
+        self._dropping = loop.create_task(self._drop_stale_when_caught_up())
         try:
             await asyncio.wait_for(asyncio.shield(self._joining), STARTUP_TIMEOUT)
             await asyncio.wait_for(self.metadata.caught_up.wait(), STARTUP_TIMEOUT)
@@ -124,6 +126,21 @@ class Cluster:
         log.info("cluster node %s: links on port %d, %d other node(s) known", self.name, self.link_port,
                  len(self.peers))
 
+    async def _drop_stale_when_caught_up(self) -> None:
+        await self.metadata.caught_up.wait()
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """The exclusive queues of an earlier run of this node are deleted cluster-wide, as RabbitMQ deletes a
+        down node's exclusive queues (rabbit_amqqueue:on_node_down): their connections went with that run.  Done
+        once etcd's state is read (the mirror's may be older), and only for a name nothing here took since."""
+        stale, self._stale = self._stale, []
+        for vhost, record in stale:
+            if record.name not in vhost.queues:
+                log.info("exclusive %s of this node's earlier run deleted",
+                         untrusted(resource_name("queue", record.name, vhost.name)))
+                self.metadata.delete(record.kind, record.key)
+
     async def _join(self) -> None:
         """Register and learn the other nodes; retried until etcd answers."""
         while True:
@@ -136,7 +153,7 @@ class Cluster:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        await stop_tasks(self._stats, self._joining)
+        await stop_tasks(self._stats, self._joining, self._dropping)
         await self.quorum.stop()
         self.orphans.close()
         await self.membership.stop()
@@ -274,6 +291,10 @@ class Cluster:
         kind, key = record.kind, record.key
         try:
             current = await asyncio.wait_for(self.metadata.create(kind, key, record.to_json()), AGREE_TIMEOUT)
+            if self._earlier_run(current):  # (a client declaring its exclusive queue again after a restart)
+                self.metadata.delete(kind, key)
+                await asyncio.wait_for(self.metadata.written(), AGREE_TIMEOUT)
+                current = await asyncio.wait_for(self.metadata.create(kind, key, record.to_json()), AGREE_TIMEOUT)
         except (asyncio.TimeoutError, aetcd.exceptions.ClientError) as exc:
             raise errors.ChannelError(errors.RESOURCE_ERROR,
                                       f"cluster metadata store unavailable: {exc or 'timeout'}") from None
@@ -284,6 +305,10 @@ class Cluster:
         self.apply(kind, key, current, None)
         if queue is not None and claimed is not None:  # leads it before declare-ok
             self.quorum.lead(queue.vhost, queue.name, *claimed)
+
+    def _earlier_run(self, record: dict[str, Any]) -> bool:
+        """An exclusive queue's record of this node's earlier run (stale: its connection is gone)."""
+        return bool(record.get("exclusive")) and record.get("node") == self.name and record.get("run") != self.run
 
     async def look_up(self, kind: str, key: str) -> None:
         """Not known here (yet): if the cluster has it, apply it now rather than when the watch brings it."""
@@ -376,7 +401,11 @@ class Cluster:
         existing = vhost.queues.get(record.name)
         storable(record.arguments, resource_name("queue", record.name, vhost.name), queue=True)  # as a declaration
         if record.exclusive and record.node == self.name:
-            pass  # its connection declares it here (``Queues.declare_queue``), or it went and etcd hears of it
+            if record.run != self.run:  # its connection went with an earlier run of this node: so does it
+                self._stale.append((vhost, record))
+                if self.metadata.caught_up.is_set():
+                    self._drop_stale()
+            # else its connection declares it here (``Queues.declare_queue``), or it went and etcd hears of it
         elif record.node == self.name:
             if existing is None:
                 self.broker.declare_queue(vhost, record.name, durable=record.durable, auto_delete=record.auto_delete,
