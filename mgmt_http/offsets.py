@@ -13,7 +13,8 @@ queues).  Three endpoints, each needing *read* permission on the queue:
     head, tail), at most ``limit``, in record batches of about ``batch`` rows of ``arrow_records.arrow_schema()``,
     or of the ``columns`` named (comma-separated, kept in the schema's order; an unknown one is a 400).  Nothing
     changes: no redelivered flag, no delivery.  Entries held unacked by AMQP consumers are not
-    included.  The stream ends after ``limit`` rows or at ``end``; its offset column tells where.
+    included.  The stream ends after ``limit`` rows or at ``end`` (for a durable queue, at most at the offsets
+    reserved for readers: a block above the tail, ``Queues.reserve_offsets``); its offset column tells where.
 ``POST /api/queues/{vhost}/{name}/commit`` ``{"offset": N}``
     removes every ready entry below ``N`` as an ack would; idempotent and monotonic (an offset at
     or below the cursor removes nothing; one past the tail commits up to the tail).
@@ -121,6 +122,7 @@ def _owned(handler: Any) -> Any:
 @_owned
 async def offsets(request: web.Request, queue: LocalQueue) -> web.Response:
     request.app[READERS].start()  # the reads that follow find the reader processes up
+    ctx(request).broker.queues.reserve_offsets(queue)  # (its tail: a restart carries on above it)
     return json_response(records.describe(RecordSource(queue)))
 
 
@@ -129,9 +131,12 @@ async def offsets(request: web.Request, queue: LocalQueue) -> web.Response:
 async def read_records(request: web.Request, queue: LocalQueue) -> web.StreamResponse:
     """The range as an Arrow stream (``spark_bridge.records``)."""
     source = RecordSource(queue)
+    ceiling = ctx(request).broker.queues.reserve_offsets(queue)
     head, tail = source.offsets()
     start = _int_query(request, "start", head)
     end = _int_query(request, "end", tail)
+    if ceiling is not None:  # no offset shown that a restart could give again (entries published meanwhile)
+        end = min(end, ceiling)
     limit = min(_int_query(request, "limit", records.MAX_LIMIT, 1), records.MAX_LIMIT)
     batch_rows = _int_query(request, "batch", records.DEFAULT_BATCH_ROWS, 1)
     body_format = request.query.get("body", "binary")

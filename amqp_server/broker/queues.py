@@ -23,7 +23,7 @@ from ..queues.policy import Policies
 from ..queues.priority_queue import RankedRows
 from ..queues.queue import AnyQueue, Consumer, Entry, LocalQueue, Queue
 from ..queues.replica_store import ReplicaStore
-from ..queues.queue_type import EXCLUSIVE_CONSUME
+from ..queues.queue_type import EXCLUSIVE_CONSUME, LOG
 from ..records import QueueRecord, name_key
 from ..stats import ChurnStats
 from .vhost import VHost, home_node_down
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warren.broker")
 
+
+OFFSET_BLOCK = 4096  # offsets reserved for readers at once (``Queues.reserve_offsets``): a write each, at most
 
 # Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
 EQUIVALENT_QUEUE_ARGS = (
@@ -87,6 +89,8 @@ class Queues:
         self.targets: dict[tuple[str, str], dict[QueueTarget[AnyQueue], None]] = {}
         # (vhost, name) of exclusive queues the cluster agreed on for a declaration not made yet (``unclaimed``)
         self.agreed_exclusive: set[tuple[str, str]] = set()
+        # a durable queue's offsets readers may be shown, by index id: below the ceiling saved (``reserve_offsets``)
+        self.reserved: dict[int, int] = {}
 
     @staticmethod
     def check_queue_declare(vhost: VHost, name: str, arguments: dict[str, Any] | None,
@@ -336,6 +340,7 @@ class Queues:
                 self.definitions.undefine(QueueRecord(vhost.name, queue.name), queue.durable and not exclusive)
             if local is not None and local.durable:  # (another node's keeps its offsets there)
                 self.store.delete("queue_offsets", str(local.index_id))
+                self.reserved.pop(local.index_id, None)
 
     def watch_target(self, vhost: str, name: str, target: QueueTarget[AnyQueue]) -> None:
         """``target`` publishes to the queue ``name``: it is told when the queue is deleted (once)."""
@@ -348,16 +353,37 @@ class Queues:
             if not watching:
                 del self.targets[(vhost, name)]
 
-    def save_offsets(self, queue: LocalQueue) -> None:
-        """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back."""
-        self.store.put("queue_offsets", str(queue.index_id), {"next_seq": queue.next_seq, "committed": queue.committed})
+    def save_offsets(self, queue: LocalQueue, ceiling: int | None = None) -> None:
+        """A durable queue's offsets, kept across restarts (see ``Recovery``): they never go back.  What is saved as
+        its ``next_seq`` is ``ceiling`` (by default the highest of its ``next_seq`` and the offsets reserved for
+        readers, ``reserve_offsets``): a restart, even after a ``kill -9``, carries on from there."""
+        if ceiling is None:
+            ceiling = max(queue.next_seq, self.reserved.get(queue.index_id, 0))
+        self.store.put("queue_offsets", str(queue.index_id), {"next_seq": ceiling, "committed": queue.committed})
+
+    def reserve_offsets(self, queue: LocalQueue) -> int | None:
+        """A reader (the Spark bridge's ``/offsets`` and ``/records``) is about to be shown offsets up to the queue's
+        ``next_seq``: the ceiling below which it may be shown any, saved first for a durable queue, whose offsets a
+        restart rebuilds from its persistent entries alone (a ``kill -9`` saves nothing; transient messages at the
+        tail, or those removed since, would give their offsets to new messages).  The ceiling is raised a block of
+        ``OFFSET_BLOCK`` above ``next_seq`` when ``next_seq`` reaches it: one write per block at most, and only
+        when a reader asks; nothing more on the publishing path.  None for a queue whose offsets need no ceiling:
+        not durable (they do not outlive the node), or a stream (they are its log's, every record shown written to
+        its segment file first, and a segment being written is never removed)."""
+        if queue.persistence is None or LOG in queue.type.capabilities:
+            return None
+        ceiling = self.reserved.get(queue.index_id, 0)
+        if queue.next_seq >= ceiling:
+            ceiling = self.reserved[queue.index_id] = queue.next_seq + OFFSET_BLOCK
+            self.save_offsets(queue)
+        return ceiling
 
     def close(self) -> None:
         """The node stops: every durable queue's offsets are saved, and no queue's timer fires on the stores
-        closed next."""
+        closed next.  Its ``next_seq`` is above every offset shown (the reservations beyond it are not needed)."""
         for queue in self.local_queues():
             if queue.persistence is not None:
-                self.save_offsets(queue)
+                self.save_offsets(queue, queue.next_seq)
             queue.stop_timers()
 
     def all_queues(self) -> Iterable[AnyQueue]:

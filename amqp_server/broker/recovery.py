@@ -85,7 +85,7 @@ class Recovery:
                   for index_id in (saved["index_id"], saved.get("spare", 0)) if index_id}
         self.stream_logs.drop_orphans({queue.index_id for queue in durable} | copies)
         self.persistence.recover(durable, copies)
-        for queue in durable:  # offsets never go back across restarts (see Queues.save_offsets)
+        for queue in durable:  # offsets never go back across restarts, above any a reader saw (Queues.save_offsets)
             saved = self.store.get("queue_offsets", str(queue.index_id))
             if saved is not None:
                 queue.next_seq = max(queue.next_seq, saved["next_seq"])

@@ -21,9 +21,10 @@ class Commit:
     async def commit_offset(self, queue: LocalQueue, offset: int) -> int:
         """Remove the queue's ready entries below ``offset`` (idempotent, monotonic): the Spark bridge's commit.
 
-        A durable queue's offset high-water mark and commit cursor are saved (here and at shutdown), so
-        after a restart offsets carry on above every offset a reader has seen, even when the entries
-        at the tail were transient or removed.  The entries on disk leave once counted (at once when
+        A durable queue's commit cursor is saved with its offsets' ceiling (here, at shutdown, and when a reader
+        is shown offsets above the ceiling: ``Queues.reserve_offsets``), so after a restart, ``kill -9`` included,
+        offsets carry on above every offset a reader has seen, even when the entries at the tail were transient
+        or removed.  The entries on disk leave once counted (at once when
         every one is below ``offset``, else a batch per loop turn: ``Queue.count_committed``); their index rows
         go in the background, named meanwhile by a drop mark in the queue index, which a restart drops first.
         Answers with how many were removed.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CLIENT, ROOT, starts, unavailable
-from support import publish_pipelined, publish_to
+from support import channel_on, drain, publish_pipelined, publish_to
 
 publish = partial(publish_to, declare=True)
 
@@ -239,6 +239,27 @@ def test_streaming_available_now_restart_exactly_once(spark, node, tmp_path):
     assert state["tail"] == 62 and 62 - BATCH <= state["head"] <= 62
 
 
+def test_streaming_drain_reads_what_is_published_after_a_broker_kill(spark, start_broker, tmp_path):
+    """A drain query reads a durable queue's transient messages (offsets 0..9, its checkpoint at 10); the broker is
+    killed, which keeps none of them: the confirmed persistent messages published after its restart are read by
+    the restarted query, none skipped below the checkpoint nor removed unread by its commit."""
+    node = start_broker()
+    with channel_on(node, confirm=True) as channel:
+        channel.queue_declare("events", durable=True)
+        for i in range(10):
+            channel.basic_publish("", "events", f"t{i}".encode(), pika.BasicProperties(delivery_mode=1))
+    checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
+    _stream(spark, node, checkpoint, out)
+    assert spark.read.parquet(str(out)).count() == 10
+    node.kill()
+    node.start()
+    publish_to(node, "events", [f"p{i}".encode() for i in range(15)], delivery_mode=2)
+    _stream(spark, node, checkpoint, out)
+    read = [bytes(r.body) for r in spark.read.parquet(str(out)).collect()]
+    assert sorted(b for b in read if b.startswith(b"p")) == sorted(f"p{i}".encode() for i in range(15)), (
+        read, api(node, "/api/queues/%2F/events/offsets"))
+
+
 def test_streaming_memory_sink_browse(spark, node):
     publish(node, "ticks", [b"t"] * 12)
     query = (spark.readStream.format("warren").option("url", mgmt(node)).option("queue", "ticks").load()
@@ -360,6 +381,42 @@ def test_records_limit_and_batches_through_gone_entries(node):
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == list(range(5, 30))
     assert [bytes(b) for b in batches[0].column("body").to_pylist()][:2] == [b"m5", b"m6"]
+
+
+@pytest.mark.parametrize("kind, gone, shown", [
+    ("classic", "transient", "records"),  # transient messages of a durable queue: not in the index to rebuild from
+    ("classic", "transient", "offsets"),  # the tail alone shown, no message
+    ("classic", "acked", "records"),  # persistent ones, removed since
+    ("quorum", "acked", "records"),
+])
+def test_offsets_shown_to_a_reader_are_never_given_again_after_a_kill(start_broker, kind, gone, shown):
+    """A reader was shown offsets 0..9 of a durable queue (by ``/records``, or the tail by ``/offsets``); the node
+    is killed (nothing saved at a shutdown) with none of those messages left in its index: the messages published
+    after the restart get offsets above 10, not 0..9 again (a reader's checkpoint at 10 would skip them)."""
+    node = start_broker()
+    arguments = {"x-queue-type": "quorum"} if kind == "quorum" else {}
+    with channel_on(node, confirm=True) as channel:
+        channel.queue_declare("d", durable=True, arguments=arguments)
+        for i in range(10):
+            channel.basic_publish("", "d", f"t{i}".encode(),
+                                  pika.BasicProperties(delivery_mode=1 if gone == "transient" else 2))
+    if shown == "records":
+        assert [o for b in _records(node, "d", "") for o in b.column("offset").to_pylist()] == list(range(10))
+    else:
+        assert api(node, "/api/queues/%2F/d/offsets")["tail"] == 10
+    if gone == "acked":
+        with channel_on(node) as channel:
+            assert len(drain(channel, "d", settle="ack")) == 10
+        publish_to(node, "sync", [b"s"], declare=True, delivery_mode=2)  # its confirm: the acks are on disk too
+    node.kill()
+    node.start()
+    publish_to(node, "d", [f"p{i}".encode() for i in range(3)], delivery_mode=2)
+    rows = [row for b in _records(node, "d", "columns=offset,body") for row in b.to_pylist()]
+    after = {row["body"]: row["offset"] for row in rows}  # (a message of before the kill kept: at its offset)
+    assert {f"p{i}".encode() for i in range(3)} <= after.keys() and len(set(after.values())) == len(rows), rows
+    new = [after[f"p{i}".encode()] for i in range(3)]
+    assert min(new) >= 10, rows
+    assert api(node, "/api/queues/%2F/d/offsets")["tail"] > max(new)
 
 
 @pytest.mark.timeout(300)
