@@ -190,7 +190,7 @@ def _property_row(flags_and_properties: bytes) -> tuple[Any, ...]:
     props = properties.decode(b"\0" * PROPERTIES_AT + flags_and_properties)
     values: dict[str, Any] = {name: getattr(props, attr) for name, attr in _STRING_PROPS.items()}
     if props.headers:
-        values["headers"] = [(str(k), None if v is None else _text(v)) for k, v in props.headers.items()]
+        values["headers"] = [(_text(k), None if v is None else _text(v)) for k, v in props.headers.items()]
     values["delivery_mode"] = props.delivery_mode
     values["priority"] = props.priority
     stamp = props.timestamp  # seconds, opaque on the wire: one Arrow (µs, int64) cannot hold is null
@@ -200,11 +200,14 @@ def _property_row(flags_and_properties: bytes) -> tuple[Any, ...]:
 
 
 def _text(value: Any) -> str:
+    """A header's name or value as text: bytes that are not UTF-8 replaced (U+FFFD), never refused, those of a byte
+    array and those a field table's names and strings keep as they came (decoded with surrogateescape, which
+    Arrow cannot encode) alike, nested ones too; a value of another type as JSON."""
     if isinstance(value, str):
-        return value
+        return _text(value.encode("utf-8", "surrogateescape"))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", "replace")
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
+    return _text(json.dumps(value, default=_json_default, separators=(",", ":"), ensure_ascii=False))
 
 
 def _json_default(value: Any) -> Any:

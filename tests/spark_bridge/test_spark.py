@@ -355,6 +355,20 @@ def test_records_of_the_columns_asked_for_from_memory_and_from_disk(start_broker
     assert refused.value.code == 400 and "unknown column 'bogus'" in refused.value.read().decode()
 
 
+def test_records_of_messages_with_header_names_that_are_not_utf8(start_broker):
+    """A field table's names are octets: a message whose header name (or a nested table's) is not UTF-8, which AMQP
+    takes and delivers, is read with those bytes replaced by U+FFFD, as its values and routing keys are, from memory
+    and from a reader process alike (the queue's window is 16); it failed its whole batch."""
+    node = start_broker("--queue-window", "16")
+    publish_pipelined(node, "odd", [f"m{i}".encode() for i in range(40)], declare=True, delivery_mode=2,
+                      headers={b"k\xff": "v", "t": {b"n\xfe": b"x\xfd", "s": "\u00e9"}})
+    rows = [row for b in _records(node, "odd", "columns=offset,headers") for row in b.to_pylist()]
+    assert [row["offset"] for row in rows] == list(range(40))
+    assert {tuple(row["headers"]) for row in rows} == {
+        (("k\ufffd", "v"), ("t", json.dumps({"n\ufffd": "x\ufffd", "s": "\u00e9"}, separators=(",", ":"),
+                                         ensure_ascii=False)))}
+
+
 def test_a_schema_of_a_few_columns_reads_only_those(spark, node):
     """A ``.schema(...)`` of a few of the source's columns: the rows are right, and only those columns (with the
     offset, for paging) are asked of the broker."""
