@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amqp_load  # noqa: E402 (after sys.path takes this folder)
@@ -48,6 +50,19 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"nothing listens on {port}")
+
+
+@contextmanager
+def stopping(procs: list[subprocess.Popen], tmp: str) -> Iterator[None]:
+    """However the body ends: ``procs`` stopped (the last started first, as many as the list then holds) and
+    ``tmp`` removed."""
+    try:
+        yield
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def start_cluster(tmp: str) -> tuple[list[subprocess.Popen], list[int]]:
@@ -158,7 +173,7 @@ def main() -> int:
         return 2
     tmp = tempfile.mkdtemp(prefix="warren-cluster-bench-")
     procs, ports = start_cluster(tmp)
-    try:
+    with stopping(procs, tmp):
         results = {}
         for scenario, pairs in SCENARIOS.items():
             if args.only and scenario not in args.only:
@@ -168,11 +183,6 @@ def main() -> int:
             print(f"{scenario:<8} {results[scenario]:>10.0f} msg/s   runs: {', '.join(f'{r:.0f}' for r in runs)}")
         if "3-nodes" in results and "local" in results:
             print(f"3-nodes / local = {results['3-nodes'] / results['local']:.2f}")
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

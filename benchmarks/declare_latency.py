@@ -20,7 +20,7 @@ import time
 import pika
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import ROOT, free_port, start_cluster, wait_port  # noqa: E402 (after sys.path takes this folder)
+from cluster import ROOT, free_port, start_cluster, stopping, wait_port  # noqa: E402 (after sys.path takes this folder)
 
 
 def measure(port: int, count: int, **declare: bool) -> str:
@@ -55,17 +55,12 @@ def main() -> int:
     procs = [subprocess.Popen(
         [sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port", str(port), "--mgmt-enabled",
          "false", "--data-dir", f"{tmp}/single", "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL)]
-    try:
+    with stopping(procs, tmp):
         wait_port(port)
         report("one node     ", port, args.count)
         cluster, ports = start_cluster(tmp)
         procs += cluster
         report("node of three", ports[0], args.count)
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

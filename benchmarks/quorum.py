@@ -31,7 +31,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amqp_load  # noqa: E402 (after sys.path takes this folder)
-from cluster import start_cluster  # noqa: E402 (after sys.path takes this folder)
+from cluster import start_cluster, stopping  # noqa: E402 (after sys.path takes this folder)
 
 BODY = b"x" * 100
 
@@ -163,15 +163,10 @@ def main() -> int:
         return 2
     tmp = tempfile.mkdtemp(prefix="warren-quorum-bench-")
     procs, ports = start_cluster(tmp)
-    try:
+    with stopping(procs, tmp):
         rates(ports, args.messages, args.runs, args.in_flight, [proc.pid for proc in procs[1:]], kinds)
         if not args.quorum_only:
             failover(lambda: procs[1].send_signal(signal.SIGKILL), ports, args.messages)  # procs[0] is etcd
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
