@@ -339,9 +339,11 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         transport = self.transport
         assert transport is not None  # data came through it
         self.state = CLOSED
-        FrontEnd.connection_lost(self, None)  # out of the pre-login pool
-        self.clients.remove(self)
         successor = Amqp10Connection(self.broker, self.config, self.flow, self.clients)
+        if self.prelogin is not None:  # (its place and deadline in the pre-login pool the successor's)
+            self.prelogin.hand_over(self, successor)
+        FrontEnd.connection_lost(self, None)
+        self.clients.remove(self)
         transport.set_protocol(successor)
         successor.connection_made(transport)
         rest = bytes(self.buf[8:])

@@ -128,6 +128,8 @@ class Unauthenticated:
         return len(self._waiting)
 
     def enter(self, peer: Waiting, name: str) -> None:
+        if peer in self._waiting:  # (handed over: it has its predecessor's place and deadline)
+            return
         timer = asyncio.get_running_loop().call_later(self.timeout, self._time_out, peer)
         self._waiting[peer] = (name, timer)
         if len(self._waiting) > self.cap:
@@ -136,6 +138,18 @@ class Unauthenticated:
             self.log.warning("%s connection %s closed in its handshake to make room: %d others are in theirs (the "
                              "most there may be)", self.what, self._waiting[oldest][0], self.cap)
             self._drop(oldest)
+
+    def hand_over(self, old: Waiting, new: Waiting) -> None:
+        """``new`` speaks for ``old``'s connection (another protocol's front end took it over): it takes its place
+        and the deadline counted from accept, as RabbitMQ's one reader process keeps its handshake timer."""
+        waiting = self._waiting.get(old)
+        if waiting is None:
+            return
+        name, timer = waiting
+        timer.cancel()
+        handed = (name, asyncio.get_running_loop().call_at(timer.when(), self._time_out, new))
+        self._waiting = {new if peer is old else peer: handed if peer is old else entry
+                         for peer, entry in self._waiting.items()}
 
     def leave(self, peer: Waiting) -> None:
         """Logged in, or closed."""

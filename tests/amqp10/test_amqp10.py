@@ -663,6 +663,23 @@ def _until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+def test_the_handshake_deadline_counts_from_accept_not_from_the_sasl_header(tmp_path):
+    """RabbitMQ's handshake timer is armed at accept (rabbit_reader:start_connection) and the AMQP 1.0 reader runs in
+    the same process (rabbit_amqp_reader:handle_other(handshake_timeout, ...)): one deadline covers the wait for the
+    header and SASL together, not a fresh one from the SASL header on."""
+    running = start(tmp_path, handshake_timeout=2000)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port)) as sock:
+            connected = time.monotonic()
+            time.sleep(1.6)
+            sock.sendall(SASL_HEADER)  # then no sasl-init
+            _until_closed(sock)
+            took = time.monotonic() - connected
+        assert took < 2.9, f"closed {took:.1f} s after connect, handshake_timeout is 2 s"
+    finally:
+        running.stop()
+
+
 def test_before_login_a_huge_frame_is_refused_unread_and_a_wrong_password_gets_sasl_auth(node, monkeypatch):
     from amqp_server.amqp1 import connection as amqp10_connection
 
