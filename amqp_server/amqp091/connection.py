@@ -383,17 +383,14 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
                 channel = channels.get(ch)
                 if channel is None and ch and self.state != OPEN:  # rabbit_reader: no channel frame before open
                     raise unexpected_frame(ftype, buf[start:end])
-                low, high = _PAYLOAD_SIZES[ftype]
-                if not low <= size <= high:  # a frame rabbit_command_assembler:analyze_frame cannot read: any channel's
-                    raise frame_error(ftype, buf[start:end], "unknown_frame")
-                try:  # a publish's frames here, the rest in _frame
+                try:  # a publish's frames here (of shapes analyze_frame reads), the rest in _frame
                     if channel is None:
                         self._frame(ftype, ch, None, buf, start, end)
                     elif ftype == 3:
                         channel.on_body(buf, start, end)
-                    elif ftype == 2:
+                    elif ftype == 2 and size >= 12:
                         channel.on_header(bytes(buf[start:end]))
-                    elif ftype == 1 and _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH:
+                    elif ftype == 1 and size >= 4 and _METHOD_ID.unpack_from(buf, start)[0] == _PUBLISH:
                         self._publish(channel, buf, start, end)
                     else:
                         self._frame(ftype, ch, channel, buf, start, end)
@@ -415,8 +412,12 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.clients.flush()
 
     def _frame(self, ftype: int, ch: int, channel: "Channel | None", buf: bytearray, start: int, end: int) -> None:
-        """A frame other than a publish's on an open channel, of a shape analyze_frame reads (``_frames`` checked
-        it): a method, a heartbeat, content on a channel that is not open."""
+        """A frame other than a publish's on an open channel: a method, a heartbeat, content on a channel that is not
+        open; one of a shape rabbit_command_assembler:analyze_frame cannot read is refused first, whatever the channel
+        (the publish path in ``_frames`` checks its own frames' shapes)."""
+        low, high = _PAYLOAD_SIZES[ftype]
+        if not low <= end - start <= high:
+            raise frame_error(ftype, buf[start:end], "unknown_frame")
         if ftype == 8:
             if ch != 0:
                 raise unexpected_frame(ftype, buf[start:end])
