@@ -505,8 +505,14 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             raise ConnectionError(errors.COMMAND_INVALID, f"unknown method class {index >> 16} method {index & 0xFFFF}")
         method = cls()
         fields = bytes(buf[start + 4:end])
+        size = _FIXED_SIZES.get(cls)
         try:
-            decode_fields(method, fields)
+            if size is None:
+                decode_fields(method, fields)
+            elif len(fields) != size:  # (an ack's, a qos's: their fields are of one size, pamqp's unmarshal quicker)
+                raise ValueError("method fields do not fill the frame")
+            else:
+                method.unmarshal(fields)
         except Exception:
             error = cannot_decode(fields, index >> 16, index & 0xFFFF)
             if ch == 0:  # handle_method0 catches an amqp_error naming no method alone: this one crashes it, a bare 541
@@ -827,6 +833,27 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
 _ERLANG_ESCAPES = {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v", 0x08: "\\b", 0x0C: "\\f", 0x1B: "\\e",
                    0x22: '\\"', 0x5C: "\\\\"}
+
+
+_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8}
+
+
+def _fixed_size(method: Frame) -> int | None:
+    """The octets a method's fields take when none is of a variable size (strings, tables), else None: consecutive
+    bits share an octet, eight at most."""
+    size, bits = 0, 0
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        if kind == "bit":
+            bits += 1
+            continue
+        if kind not in _SIZES:
+            return None
+        size, bits = size + _SIZES[kind] + (bits + 7) // 8, 0
+    return size + (bits + 7) // 8
+
+
+_FIXED_SIZES = {cls: size for cls in commands.INDEX_MAPPING.values() if (size := _fixed_size(cls())) is not None}
 
 
 def decode_fields(method: Frame, fields: bytes) -> None:
