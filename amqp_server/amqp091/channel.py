@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from bisect import insort
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Collection, Coroutine, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -40,10 +40,10 @@ if TYPE_CHECKING:
     from ..access_control import Principal, User
     from ..broker import Broker
     from ..config import Config
-    from ..ports import ConfirmSink
     from ..publisher_flow import PublisherFlow
     from ..frontend.front_end import Registry
     from ..broker.vhost import VHost
+    from ..broker.definitions import Destination
 
 log = logging.getLogger("warren.channel")
 
@@ -144,7 +144,9 @@ class Channel:
         self.remote_unconfirmed: dict[int, int] = {}  # publish seq -> copies other nodes have yet to accept
         self.leader_waits = 0  # of its publishes, how many wait for a quorum queue's leader (``waiting``)
         self.confirm_pending = False
-        self.tx: list[Callable[[], object]] | None = None
+        self.tx: list[Callable[[], object]] | None = None  # a transaction's acks, nacks and rejects
+        # its publishes: each with the queues basic.publish routed it to, delivered at tx.commit
+        self.tx_publishes: list[tuple[Exchange, Message, bool, Collection[Destination]]] = []
         self.tx_held: dict[int, tuple[Entry, AnyQueue, Consumer | None]] = {}  # settled in the open transaction
         self.last_queue = ""
         self._cancels: list[str] | None = None  # broker cancels raised by the method being handled
@@ -323,11 +325,11 @@ class Channel:
             self.publish_seq += 1
         if self.connection.flow.blocked:
             self.connection.hold(self.connection.flow.alarm())
-        if self.tx is not None:
-            mandatory = self._mandatory
-            self.tx.append(lambda: self._route_message(exchange, message, mandatory))
-            return
         mandatory = self._mandatory
+        if self.tx is not None:  # routed now, delivered at tx.commit (rabbit_channel: {Delivery, QNames} in the tx)
+            self.tx_publishes.append((exchange, message, mandatory,
+                                      self.broker.route(vhost, exchange, message, self if mandatory else None)))
+            return
         routed, rejected = self.broker.publish(vhost, exchange, message, self if mandatory else None,
                                                self if self.confirm_mode else None)
         if not routed:
@@ -387,10 +389,12 @@ class Channel:
             if len(checked) > TOPIC_CHECKS_KEPT:
                 del checked[next(iter(checked))]
 
-    def _route_message(self, exchange: Exchange, message: Message, mandatory: bool,
-                       confirm: ConfirmSink | None = None) -> bool:
-        """Enqueue on every queue routed to; True if a queue's length limit rejected it."""
-        routed, rejected = self.broker.publish(self.vhost, exchange, message, self if mandatory else None, confirm)
+    def _deliver_routed(self, exchange: Exchange, message: Message, mandatory: bool,
+                        queues: Collection[Destination]) -> bool:
+        """A transaction's publish at tx.commit: enqueued on the queues it was routed to at basic.publish that are
+        still there (returned if mandatory and none are); True if a queue's length limit rejected it."""
+        broker = self.broker
+        routed, rejected = broker.deliver(exchange, message, broker.still_routed(self.vhost, queues))
         if not routed:
             self._unroutable(message, mandatory)
         return rejected
@@ -1049,10 +1053,13 @@ class Channel:
     def _tx_commit(self, m: commands.Tx.Commit) -> None:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
-        pending, self.tx = self.tx, []
+        publishes, self.tx_publishes = self.tx_publishes, []
+        settles, self.tx = self.tx, []
         self.tx_held = {}
-        for action in pending:
-            action()
+        for exchange, message, mandatory, queues in publishes:  # every publish first, then the settles, as
+            self._deliver_routed(exchange, message, mandatory, queues)  # rabbit_channel's tx.commit
+        for settle in settles:
+            settle()
         persistence = self.broker.persistence
         if persistence.staged or self.tx_commits:  # as a confirm would: once what it stored is fsynced, and in order
             self.tx_commits.append(persistence.batch if persistence.staged else 0)
@@ -1064,6 +1071,7 @@ class Channel:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
         self.tx.clear()
+        self.tx_publishes.clear()
         self._release_held()
         self.reply(commands.Tx.RollbackOk())
 
@@ -1088,6 +1096,7 @@ class Channel:
         self._headers.clear()
         self._routes.clear()
         self.tx = None
+        self.tx_publishes.clear()
         self._release_held()
         if self.leader_waits:  # (its publishes still wait in their windows, for no one now)
             self.connection.leader_waits(-self.leader_waits)

@@ -122,6 +122,7 @@ class Broker:
         self.route = router.route
         self.publish, self.check_publish = messages.publish, messages.check_publish
         self.publish_target = messages.publish_target
+        self.deliver, self.still_routed = messages.deliver, messages.still_routed
         self.check_message, self.check_topic_write = messages.check_message, messages.check_topic_write
         self.get_local, self.get_anywhere, self.peek = messages.get_local, messages.get_anywhere, messages.peek
         self.purge_local, self.purge_anywhere = messages.purge_local, messages.purge_anywhere

@@ -3,7 +3,7 @@ reject, requeue), peek, purge and move.  An AMQP channel, the HTTP API and the f
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Collection, Iterable
 
 from exchanges import DEFERRED, Exchange
 
@@ -12,11 +12,12 @@ from .. import errors
 from . import sender_selected
 from ..access_control import Principal
 from .delayed_messages import MandatoryPublisher
+from .direct_reply import ReplyConsumer
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue, SettleMode
 from .vhost import VHost
-from .definitions import check_exclusive
+from .definitions import Destination, check_exclusive
 from .routing import Router
 
 if TYPE_CHECKING:
@@ -48,7 +49,13 @@ class Messages:
         A queue whose home node is down takes nothing (enqueue answers None): routed only to such
         queues, the message is unroutable.
         """
-        queues = self._route(vhost, exchange, message, publisher)
+        return self.deliver(exchange, message, self._route(vhost, exchange, message, publisher), confirm)
+
+    @staticmethod
+    def deliver(exchange: Exchange, message: Message, queues: "Collection[Destination]",
+                confirm: "ConfirmSink | None" = None) -> tuple[bool, bool]:
+        """Enqueue a message routed (``Router.route``) to ``queues``: ``publish``'s answer.  A transaction routes
+        at basic.publish and delivers at tx.commit (``still_routed``), as rabbit_channel's deliver_to_queues."""
         exchange.publish_in += 1
         if queues:
             exchange.publish_out += 1
@@ -62,6 +69,23 @@ class Messages:
                 else:
                     rejected = True
         return len(queues) > unavailable or queues is DEFERRED, rejected
+
+    @staticmethod
+    def still_routed(vhost: VHost, queues: "Collection[Destination]") -> "Collection[Destination]":
+        """The queues a publish was routed to earlier, by their names now (rabbit_amqqueue:lookup(QNames) at a
+        tx.commit): one deleted since is left out, one declared again by the name takes it; a direct reply-to
+        consumer as it was."""
+        if queues is DEFERRED:
+            return queues
+        now: list[Destination] = []
+        for destination in queues:
+            if isinstance(destination, ReplyConsumer):
+                now.append(destination)
+            else:
+                queue = vhost.queues.get(destination.name)
+                if queue is not None:
+                    now.append(queue)
+        return now
 
     @staticmethod
     def check_publish(vhost: VHost, exchange: Exchange, who: Principal | None, routing_key: str) -> None:

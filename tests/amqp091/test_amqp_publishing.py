@@ -127,6 +127,54 @@ def test_tx_acks_applied_on_commit(conn, uid):
     ch.queue_delete(uid)
 
 
+def test_tx_publish_is_routed_when_published_not_at_commit(conn, uid):
+    """rabbit_channel basic.publish: QNames = rabbit_exchange:route(...) at publish, the {Delivery, QNames} pair kept
+    in the transaction; tx.commit delivers to those queues.  A binding made before the commit gets nothing (a
+    mandatory publish that reached no queue is returned at commit); one removed before it still gets the message."""
+    ch = conn.channel()
+    ch.exchange_declare(uid, "direct", auto_delete=False)
+    ch.queue_declare(uid)
+    returned = []
+    ch.add_on_return_callback(lambda _ch, method, _props, body: returned.append((method.reply_code, body)))
+    ch.tx_select()
+    ch.basic_publish(uid, "k", b"early", mandatory=True)
+    ch.queue_bind(uid, uid, "k")
+    ch.basic_publish(uid, "k", b"bound")
+    ch.queue_unbind(uid, uid, "k")
+    ch.tx_commit()
+    conn.process_data_events(time_limit=0.3)
+    got = drain(ch, uid)
+    ch.queue_delete(uid)
+    ch.exchange_delete(uid)
+    assert (got, returned) == ([b"bound"], [(312, b"early")])
+
+
+def test_tx_commit_delivers_publishes_before_settling_acks(conn, uid):
+    """rabbit_channel tx.commit: lqueue:fold(fun deliver_to_queues/2, ...) delivers every publish of the transaction
+    first, then settles its acks and rejects.  A reject (requeue=false) dead-letters into a queue the transaction
+    published to after the reject: the published message is ahead of the dead-lettered one."""
+    ch = conn.channel()
+    dlq = uid + "-dlq"
+    ch.queue_declare(dlq)
+    ch.queue_declare(uid, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", uid, b"dead")
+    ch.tx_select()
+    method, _, _ = ch.basic_get(uid)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.basic_publish("", dlq, b"published")
+    ch.tx_commit()
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        body = ch.basic_get(dlq, auto_ack=True)[2]
+        if body is not None:
+            got.append(body)
+    ch.tx_commit()
+    ch.queue_delete(uid)
+    ch.queue_delete(dlq)
+    assert got == [b"published", b"dead"]
+
+
 def test_tx_after_confirm(conn):
     ch = conn.channel()
     ch.confirm_delivery()
