@@ -1056,10 +1056,13 @@ class Channel:
         publishes, self.tx_publishes = self.tx_publishes, []
         settles, self.tx = self.tx, []
         self.tx_held = {}
+        failed = False  # a queue refused a publish (reject-publish): rabbit_channel's record_rejects, tx = failed
         for exchange, message, mandatory, queues in publishes:  # every publish first, then the settles, as
-            self._deliver_routed(exchange, message, mandatory, queues)  # rabbit_channel's tx.commit
+            failed |= self._deliver_routed(exchange, message, mandatory, queues)  # rabbit_channel's tx.commit
         for settle in settles:
             settle()
+        if failed:  # complete_tx(#ch{tx = failed})
+            raise errors.precondition_failed("partial tx completion")
         persistence = self.broker.persistence
         if persistence.staged or self.tx_commits:  # as a confirm would: once what it stored is fsynced, and in order
             self.tx_commits.append(persistence.batch if persistence.staged else 0)

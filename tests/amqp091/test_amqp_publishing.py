@@ -175,6 +175,26 @@ def test_tx_commit_delivers_publishes_before_settling_acks(conn, uid):
     assert got == [b"published", b"dead"]
 
 
+def test_tx_commit_with_a_rejected_publish_fails_partial_tx(conn, uid):
+    """rabbit_channel: in a transaction every delivery is confirm-tracked (DoConfirm = Tx =/= none orelse ...); a
+    queue's reject goes to record_rejects, which makes the tx 'failed', and complete_tx closes the channel: 406
+    "PRECONDITION_FAILED - partial tx completion" (class tx, method commit).  The rest of it was delivered."""
+    ch = conn.channel()
+    ch.queue_declare(uid, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch.queue_declare(uid + "-other")
+    ch.basic_publish("", uid, b"fills")
+    ch.tx_select()
+    ch.basic_publish("", uid, b"refused")
+    ch.basic_publish("", uid + "-other", b"delivered")
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.tx_commit()
+    channel_closed(exc, 406, "PRECONDITION_FAILED - partial tx completion")
+    ch = conn.channel()
+    assert (drain(ch, uid), drain(ch, uid + "-other")) == ([b"fills"], [b"delivered"])
+    ch.queue_delete(uid)
+    ch.queue_delete(uid + "-other")
+
+
 def test_tx_after_confirm(conn):
     ch = conn.channel()
     ch.confirm_delivery()
