@@ -295,16 +295,20 @@ class Channel:
         message = Message(exchange_name, routing_key, route, self._header, body)  # type: ignore[arg-type]
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
-        if exchange is None:
-            cluster = self.broker.cluster
-            if cluster is not None and not waited and not cluster.current:  # declared elsewhere a moment ago?
-                self.connection.suspend(self, _PUBLISH, self._when_current(body))
-                return
-            raise _publish_error(errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'"))
         principal = self.principal
         try:
-            if self._write_checked.get(exchange_name) is not exchange:  # once per exchange: the hot path stays lean
-                self.broker.check_publish(vhost, exchange, principal, routing_key)
+            # once per exchange (the hot path stays lean), in rabbit_channel's order: write permission, then that
+            # the exchange exists (Messages.publish_target)
+            if exchange is None or self._write_checked.get(exchange_name) is not exchange:
+                try:
+                    exchange = self.broker.publish_target(vhost, exchange_name, principal, routing_key)
+                except ChannelError as exc:
+                    cluster = self.broker.cluster
+                    if (exc.code == errors.NOT_FOUND and cluster is not None and not waited
+                            and not cluster.current):  # declared elsewhere a moment ago?
+                        self.connection.suspend(self, _PUBLISH, self._when_current(body))
+                        return
+                    raise
                 self._write_checked[exchange_name] = exchange
                 self._topic_allowed(exchange, routing_key)
             elif principal.topics and (exchange_name, routing_key) not in self._topic_checked:

@@ -138,6 +138,21 @@ def test_permission_regexes(broker, uid):
 
 # -- isolation ------------------------------------------------------------------------------------
 
+def test_publish_write_permission_checked_before_exchange_exists(broker, uid):
+    """rabbit_channel basic.publish: check_write_permitted(ExchangeName, ...) before rabbit_exchange:lookup_or_die: a
+    missing exchange the user may not write to is 403, not 404; one it may write to is 404."""
+    name = _user(broker, uid, perms=(".*", "^(amq\\.default|may-.*)$", ".*"))
+    with connect(broker, name, "pw") as c:
+        ch = c.channel()
+        closed = AsyncClose(ch)
+        ch.basic_publish("missing-" + uid, "k", b"x")
+        closed.wait(403, f"ACCESS_REFUSED - access to exchange 'missing-{uid}' in {V} refused for user '{name}'")
+        ch = c.channel()
+        closed = AsyncClose(ch)
+        ch.basic_publish("may-" + uid, "k", b"x")
+        closed.wait(404, f"NOT_FOUND - no exchange 'may-{uid}' in {V}")
+
+
 def test_channel_error_does_not_disturb_other_connection(broker, uid):
     with connect(broker) as good, connect(broker) as bad:
         gch = good.channel()
