@@ -139,7 +139,7 @@ async def publish(request: web.Request) -> web.Response:
         await until_released(context.flow)
         message = message_from_json(name, await read_json(request, required=True))
         exchange = broker.publish_target(vhost, name, who, message.routing_key)
-        broker.check_message(vhost, exchange, who, message, auth.login(request).name)
+        broker.check_message(vhost, exchange, who, message, auth.login(request).user)
     except AMQPError as exc:
         raise with_code(exc) from None
     if message.body_size > context.config.max_message_size:

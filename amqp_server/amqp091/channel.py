@@ -318,7 +318,7 @@ class Channel:
             raise _publish_error(exc) from None
         if message.needs_checks:
             try:
-                self.broker.check_message(vhost, exchange, principal, message, self.user.name)
+                self.broker.check_message(vhost, exchange, principal, message, self.user)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
             if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:

@@ -695,8 +695,7 @@ class Incoming(LinkEndpoint):
         assert vhost is not None
         if message.needs_checks:
             try:
-                self.broker.check_message(vhost, exchange, principal, message,
-                                          connection.user.name if connection.user else "")
+                self.broker.check_message(vhost, exchange, principal, message, connection.user)
             except ChannelError as exc:
                 self._outcome(delivery_id, settled, frames.rejected(*_error_of(exc)))
                 return

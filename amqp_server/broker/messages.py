@@ -10,7 +10,7 @@ from exchanges import DEFERRED, Exchange
 from ..framing import codec
 from .. import errors
 from . import sender_selected
-from ..access_control import Principal
+from ..access_control import Principal, User
 from .delayed_messages import MandatoryPublisher
 from .direct_reply import ReplyConsumer
 from ..errors import AMQPError, resource_name
@@ -124,14 +124,15 @@ class Messages:
 
     @staticmethod
     def check_message(vhost: VHost, exchange: Exchange, who: Principal | None, message: Message,
-                      user_name: str) -> None:
-        """A published message's user_id must be the publisher's, its expiration an integer, CC/BCC arrays of keys
-        that ``check_topic_write`` allows as it allows the routing key (RabbitMQ 3.10 let them past the topic
+                      user: User | None) -> None:
+        """A published message's user_id must be the publisher's (``user``) name, unless it is tagged impersonator
+        (rabbit_channel's check_user_id_header), its expiration an integer, CC/BCC arrays of keys that
+        ``check_topic_write`` allows as it allows the routing key (RabbitMQ 3.10 let them past the topic
         permission; later versions check every key, as here)."""
         user_id = message.property_str(codec.FLAG_USER_ID)
-        if user_id is not None and user_id != user_name:
+        if user_id is not None and (user is None or user_id != user.name and "impersonator" not in user.tags):
             raise errors.precondition_failed(
-                f"user_id property set to '{user_id}' but authenticated user was '{user_name}'")
+                f"user_id property set to '{user_id}' but authenticated user was '{user.name if user else ''}'")
         expiration = message.property_str(codec.FLAG_EXPIRATION)
         if expiration is not None:
             error = expiration_error(expiration)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pika
 import pytest
 from pika.exceptions import (ChannelClosedByBroker, ConnectionClosedByBroker, ProbableAccessDeniedError,
                              ProbableAuthenticationError)
@@ -31,9 +32,9 @@ def test_unknown_user_refused(broker, uid):
     assert "403" in str(exc.value)
 
 
-def _user(broker, uid, perms=(".*", ".*", ".*"), vhost="/"):
+def _user(broker, uid, perms=(".*", ".*", ".*"), vhost="/", tags=""):
     name = "u" + uid[-6:]
-    assert broker.admin("add-user", name, "pw").returncode == 0
+    assert broker.admin("add-user", name, "pw", "--tags", tags).returncode == 0
     if perms is not None:
         result = broker.admin("set-permissions", vhost, name, *perms)
         assert result.returncode == 0, result.stderr
@@ -151,6 +152,18 @@ def test_publish_write_permission_checked_before_exchange_exists(broker, uid):
         closed = AsyncClose(ch)
         ch.basic_publish("may-" + uid, "k", b"x")
         closed.wait(404, f"NOT_FOUND - no exchange 'may-{uid}' in {V}")
+
+
+def test_impersonator_may_publish_with_any_user_id(broker, uid):
+    """rabbit_channel check_user_id_header: a user tagged impersonator may publish with someone else's user_id."""
+    name = _user(broker, uid, tags="impersonator")
+    with connect(broker, name, "pw") as c:
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(uid, exclusive=True)
+        ch.basic_publish("", uid, b"x", pika.BasicProperties(user_id="someone-else"))
+        _, props, body = ch.basic_get(uid, auto_ack=True)
+    assert props is not None and (body, props.user_id) == (b"x", "someone-else")
 
 
 def test_channel_error_does_not_disturb_other_connection(broker, uid):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from amqp_server import errors
-from amqp_server.access_control import Permissions, Principal, TopicPermission
+from amqp_server.access_control import Permissions, Principal, TopicPermission, User
 from amqp_server.broker import Broker
 from amqp_server.broker.bindings import Bindings
 from amqp_server.broker.definitions import Definitions
@@ -227,13 +227,18 @@ async def test_publish_answers_routed_and_rejected_as_the_queues_took_it(core, v
     assert default.publish_in == 3 and default.publish_out == 2
 
 
+GUEST = User("guest", "")
+
+
 async def test_messages_check_user_id_and_expiration_as_rabbitmq(core, vhost):
     default = vhost.exchange("")
     with pytest.raises(ChannelError) as user_id:
-        core.messages.check_message(vhost, default, None, message(routing_key="q", user_id="mallory"), "guest")
+        core.messages.check_message(vhost, default, None, message(routing_key="q", user_id="mallory"), GUEST)
     assert user_id.value.detail == "user_id property set to 'mallory' but authenticated user was 'guest'"
+    core.messages.check_message(vhost, default, None, message(routing_key="q", user_id="mallory"),
+                                User("guest", "", ["impersonator"]))  # rabbit_channel check_user_id_header
     with pytest.raises(ChannelError) as expiration:
-        core.messages.check_message(vhost, default, None, message(routing_key="q", expiration="-1"), "guest")
+        core.messages.check_message(vhost, default, None, message(routing_key="q", expiration="-1"), GUEST)
     assert expiration.value.detail == "invalid expiration '-1': {value_negative,-1}"
 
 
