@@ -317,14 +317,14 @@ class Channel:
         except ChannelError as exc:
             raise _publish_error(exc) from None
         if message.needs_checks:
+            if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:  # first: maybe_set_fast_reply_to
+                if self.reply_consumer is None:
+                    raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
+                message = direct_reply.with_reply_to(message, self.reply_consumer.name)
             try:
                 self.broker.check_message(vhost, exchange, principal, message, self.user)
             except ChannelError as exc:
                 raise _publish_error(exc) from None
-            if message.property_str(codec.FLAG_REPLY_TO) == direct_reply.PSEUDO_QUEUE:
-                if self.reply_consumer is None:
-                    raise _publish_error(errors.precondition_failed("fast reply consumer does not exist"))
-                message = direct_reply.with_reply_to(message, self.reply_consumer.name)
         if self.confirm_mode:
             self.publish_seq += 1
         if self.connection.flow.blocked:

@@ -9,7 +9,7 @@ import pika.exceptions
 import pytest
 
 from conftest import connect
-from support import beneath
+from support import AsyncClose, beneath
 
 pytestmark = pytest.mark.timeout(60)
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -95,6 +95,16 @@ def test_publish_with_reply_to_without_consumer_is_refused(broker, uid: str) -> 
         while len(closed) < 2:
             connection.process_data_events(0.1)
         assert closed[1].reply_code == 406
+
+
+def test_fast_reply_to_checked_before_user_id(broker, uid: str) -> None:
+    """rabbit_channel basic.publish: maybe_set_fast_reply_to (406 "fast reply consumer does not exist") comes before
+    check_user_id_header."""
+    with connect(broker) as connection:
+        channel = connection.channel()
+        closed = AsyncClose(channel)
+        channel.basic_publish("", uid, b"x", pika.BasicProperties(user_id="mallory", reply_to=REPLY_TO))
+        closed.wait(406, "PRECONDITION_FAILED - fast reply consumer does not exist")
 
 
 def test_reply_to_unknown_or_gone_consumer(broker) -> None:
