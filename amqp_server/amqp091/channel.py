@@ -922,14 +922,15 @@ class Channel:
         consumer.queue.deliver_ready()
 
     def _consume_replies(self, m: commands.Basic.Consume) -> None:
-        """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel."""
+        """basic.consume on amq.rabbitmq.reply-to: no-ack only, one per channel; a tag a queue consumer of the
+        channel has is refused before anything else, as rabbit_channel looks it up first."""
+        if m.consumer_tag in self.consumers:
+            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{m.consumer_tag}'")
         if not m.no_ack:
             raise errors.precondition_failed("reply consumer cannot acknowledge")
         if self.reply_consumer is not None:
             raise errors.precondition_failed("reply consumer already set")
         tag = m.consumer_tag or server_name("amq.ctag-")
-        if tag in self.consumers:
-            raise ConnectionError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         self.reply_consumer = self.broker.replies.add(self, tag, codec.deliver_prefix(tag))
         if not m.nowait:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))

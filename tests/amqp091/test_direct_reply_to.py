@@ -7,9 +7,10 @@ import aio_pika
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
 
 from conftest import connect
-from support import AsyncClose, beneath
+from support import AsyncClose, Raw, beneath
 
 pytestmark = pytest.mark.timeout(60)
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -105,6 +106,32 @@ def test_fast_reply_to_checked_before_user_id(broker, uid: str) -> None:
         closed = AsyncClose(channel)
         channel.basic_publish("", uid, b"x", pika.BasicProperties(user_id="mallory", reply_to=REPLY_TO))
         closed.wait(406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+
+
+def _raw_channel(broker) -> Raw:
+    raw = Raw(broker)
+    raw.handshake()
+    raw.open_channel(1)
+    return raw
+
+
+def test_reply_to_consume_with_a_tag_in_use_is_530_before_other_checks(broker, uid: str) -> None:
+    """rabbit_channel basic.consume of amq.rabbitmq.reply-to: maps:find(CTag0, ConsumerMapping) comes first: a tag a
+    queue consumer has is 530 even with no_ack=false (which alone is 406)."""
+    raw = _raw_channel(broker)
+    try:
+        raw.send_method(1, commands.Queue.Declare(queue=uid, exclusive=True))
+        raw.expect(commands.Queue.DeclareOk)
+        raw.send_method(1, commands.Basic.Consume(queue=uid, consumer_tag="t"))
+        raw.expect(commands.Basic.ConsumeOk)
+        raw.send_method(1, commands.Basic.Consume(queue=REPLY_TO, consumer_tag="t", no_ack=False))
+        while True:
+            _, frame = raw.read_frame()
+            if isinstance(frame, (commands.Connection.Close, commands.Channel.Close)):
+                break
+        assert (frame.reply_code, frame.reply_text) == (530, "NOT_ALLOWED - attempt to reuse consumer tag 't'")
+    finally:
+        raw.close()
 
 
 def test_reply_to_unknown_or_gone_consumer(broker) -> None:
