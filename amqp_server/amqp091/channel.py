@@ -942,7 +942,10 @@ class Channel:
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer.tag:
-            self._cancel_replies()
+            self._cancel_replies()  # only it: rabbit_channel's first basic.cancel clause (reply_consumer = {Tag, ...})
+            if not m.nowait:
+                self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+            return
         consumer = self.consumers.pop(m.consumer_tag or "", None)  # (a frame read has a tag)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))

@@ -10,7 +10,7 @@ import pytest
 from pamqp import commands
 
 from conftest import connect
-from support import AsyncClose, Raw, beneath
+from support import AsyncClose, Raw, beneath, publish_frames
 
 pytestmark = pytest.mark.timeout(60)
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -130,6 +130,29 @@ def test_reply_to_consume_with_a_tag_in_use_is_530_before_other_checks(broker, u
             if isinstance(frame, (commands.Connection.Close, commands.Channel.Close)):
                 break
         assert (frame.reply_code, frame.reply_text) == (530, "NOT_ALLOWED - attempt to reuse consumer tag 't'")
+    finally:
+        raw.close()
+
+
+def test_cancel_of_reply_consumer_tag_leaves_queue_consumer(broker, uid: str) -> None:
+    """rabbit_channel basic.cancel, first clause (reply_consumer = {ConsumerTag, _, _}): the reply consumer's tag
+    cancels only it; a queue consumer of the channel with the same tag (allowed: the reply consumer is not in
+    consumer_mapping) keeps consuming, and a second cancel of the tag cancels it."""
+    raw = _raw_channel(broker)
+    try:
+        raw.send_method(1, commands.Queue.Declare(queue=uid, exclusive=True))
+        raw.expect(commands.Queue.DeclareOk)
+        raw.send_method(1, commands.Basic.Consume(queue=REPLY_TO, consumer_tag="same", no_ack=True))
+        raw.expect(commands.Basic.ConsumeOk)
+        raw.send_method(1, commands.Basic.Consume(queue=uid, consumer_tag="same", no_ack=True))
+        raw.expect(commands.Basic.ConsumeOk)
+        raw.send_method(1, commands.Basic.Cancel(consumer_tag="same"))
+        raw.expect(commands.Basic.CancelOk)
+        raw.send(publish_frames(1, "", uid, b"still-consumed"))
+        assert raw.expect(commands.Basic.Deliver).consumer_tag == "same"
+        raw.read_frame(), raw.read_frame()  # (its header and body)
+        raw.send_method(1, commands.Basic.Cancel(consumer_tag="same"))
+        raw.expect(commands.Basic.CancelOk)
     finally:
         raw.close()
 
