@@ -93,6 +93,14 @@ class Exchange(ABC):
 
     type_name: ClassVar[str]
 
+    @property
+    def routes_each_key(self) -> bool:
+        """Whether a message with several routing keys (CC, BCC) is routed by each of them and the destinations
+        joined (direct, topic: their route/2 match every key), or once for the whole message (the others: fanout
+        and headers ignore keys, RabbitMQ's random exchanges pick one queue, the consistent hash hashes the first
+        key only)."""
+        return False
+
     def __init__(self, name: str, durable: bool = False, auto_delete: bool = False,
                  internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
         self.name = name

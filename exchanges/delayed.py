@@ -65,6 +65,10 @@ class DelayedExchange(Exchange):
             raise LookupError(inner_type)
         self.inner: Exchange = cls(name, *args, **kwargs)
 
+    @property
+    def routes_each_key(self) -> bool:
+        return self.inner.routes_each_key  # (the plugin's route/2 calls the underlying type's)
+
     def route(self, routing_key: str, message: Any) -> Any:
         if 0 < delay_of(message) <= MAX_DELAY:
             return DEFERRED

@@ -14,6 +14,10 @@ class DirectExchange(Exchange):
 
     type_name = "direct"
 
+    @property
+    def routes_each_key(self) -> bool:
+        return True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._routes: dict[str, DestinationSet] = {}

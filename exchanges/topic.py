@@ -42,6 +42,10 @@ class TopicExchange(Exchange):
 
     type_name = "topic"
 
+    @property
+    def routes_each_key(self) -> bool:
+        return True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._root = _Node(False)

@@ -47,7 +47,8 @@ class Router:
     def _route_keys(self, vhost: VHost, exchange: Exchange, message: Message,
                     keys: tuple[str, ...], publisher: MandatoryPublisher | None = None) -> Collection[Destination]:
         """Route by several keys (CC/BCC) at once: each queue once, an alternate exchange only for an
-        exchange none of the keys routes through."""
+        exchange none of the keys routes through.  An exchange type that routes once per message
+        (``Exchange.routes_each_key`` false) is asked once, with the first key."""
         queues: dict[Destination, None] = {}
         if exchange.name == "":
             for key in keys:
@@ -67,7 +68,7 @@ class Router:
                 self.delayed.defer(vhost, current, message, publisher)
                 deferred = True
                 continue
-            if len(keys) > 1:
+            if len(keys) > 1 and current.routes_each_key:  # (others: once per message, by the first key)
                 routed = [destination for key in keys for destination in current.route(key, message)]
             for destination in routed:
                 if isinstance(destination, Exchange):  # (an exchange's binding)

@@ -216,6 +216,45 @@ def test_routing_follows_exchange_to_exchange_bindings_and_alternate_exchanges(c
     assert routed("k") == ["direct", "via-e2e"] and routed("other") == ["caught"]
 
 
+def test_a_cc_message_goes_to_one_queue_of_a_consistent_hash_exchange_hashed_on_its_first_key(core, vhost):
+    """rabbit_exchange_type_consistent_hash:route/2 hashes the message's routing keys list, of which
+    jump_consistent_hash/2 takes the head (the routing key): CC/BCC keys add no bucket, no queue."""
+    core.declare_exchange(vhost, "chx", "x-consistent-hash")
+    for i in range(4):
+        core.declare_queue(vhost, f"q{i}")
+        core.bind(vhost, "chx", "queue", f"q{i}", "1")
+    chx = vhost.exchange("chx")
+    for i in range(20):
+        alone = list(core.router.route(vhost, chx, message(routing_key=f"k{i}", exchange="chx")))
+        with_cc = list(core.router.route(vhost, chx, message(routing_key=f"k{i}", exchange="chx",
+                                                             headers={"CC": [f"c{j}" for j in range(20)]})))
+        assert with_cc == alone and len(alone) == 1
+
+
+def test_a_cc_message_goes_to_one_queue_of_a_local_random_exchange(core, vhost):
+    """The random exchanges' route/2 ignore the routing keys: one queue picked per message, whatever CC adds."""
+    core.declare_exchange(vhost, "lr", "x-local-random")
+    for i in range(4):
+        core.declare_queue(vhost, f"q{i}")
+        core.bind(vhost, "lr", "queue", f"q{i}", "")
+    lr = vhost.exchange("lr")
+    counts = {len(list(core.router.route(vhost, lr, message(routing_key="k", exchange="lr",
+                                                            headers={"CC": [f"c{j}" for j in range(20)]}))))
+              for _ in range(20)}
+    assert counts == {1}
+
+
+def test_a_cc_message_goes_by_each_key_through_a_delayed_exchange_over_a_direct_one(core, vhost):
+    """The delayed plugin's route/2 routes a message it does not delay with its underlying type's: by every key."""
+    core.declare_exchange(vhost, "dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    for name in ("a", "b"):
+        core.declare_queue(vhost, name)
+        core.bind(vhost, "dx", "queue", name, name)
+    routed = core.router.route(vhost, vhost.exchange("dx"), message(routing_key="a", exchange="dx",
+                                                                   headers={"CC": ["b"]}))
+    assert sorted(queue.name for queue in routed) == ["a", "b"]
+
+
 # -- messages ------------------------------------------------------------------------------------------------
 
 async def test_publish_answers_routed_and_rejected_as_the_queues_took_it(core, vhost):
