@@ -27,8 +27,9 @@ class Router:
               publisher: MandatoryPublisher | None = None) -> Collection[Destination]:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
 
-        A delayed exchange on the way that defers the message hands it to ``delayed``; if nothing else
-        took it, the answer is ``DEFERRED`` (empty, but not unroutable).
+        A delayed exchange on the way that defers the message hands it to ``delayed``, and its alternate
+        exchange, if it has one, routes it now as well (rabbit_exchange:route1/3's process_alternate sees the
+        plugin's []); if nothing else took it, the answer is ``DEFERRED`` (empty, but not unroutable).
         """
         if message.has_headers:
             extra = sender_selected.routing_keys(message)
@@ -64,11 +65,10 @@ class Router:
                 continue
             seen.add(current)
             routed = current.route(keys[0], message)
-            if routed is DEFERRED:  # whatever the key: the delay is the message's
-                self.delayed.defer(vhost, current, message, publisher)
+            if routed is DEFERRED:  # whatever the key: the delay is the message's; held, it routed nowhere now,
+                self.delayed.defer(vhost, current, message, publisher)  # so its alternate exchange takes it too
                 deferred = True
-                continue
-            if len(keys) > 1 and current.routes_each_key:  # (others: once per message, by the first key)
+            elif len(keys) > 1 and current.routes_each_key:  # (others: once per message, by the first key)
                 routed = [destination for key in keys for destination in current.route(key, message)]
             for destination in routed:
                 if isinstance(destination, Exchange):  # (an exchange's binding)

@@ -244,6 +244,23 @@ def test_a_cc_message_goes_to_one_queue_of_a_local_random_exchange(core, vhost):
     assert counts == {1}
 
 
+def test_a_delayed_message_goes_at_once_to_its_delayed_exchanges_alternate_exchange_too(core, vhost):
+    """rabbit_exchange:route1/3 calls process_alternate/2 with the type's answer; the delayed plugin's route/2
+    answers [] for a message it delays, so the alternate exchange gets it at publish time (and the exchange routes
+    it again when due)."""
+    core.declare_exchange(vhost, "alt", "fanout")
+    core.declare_queue(vhost, "caught")
+    core.bind(vhost, "alt", "queue", "caught", "")
+    core.declare_exchange(vhost, "dx", "x-delayed-message",
+                          arguments={"x-delayed-type": "direct", "alternate-exchange": "alt"})
+    core.declare_queue(vhost, "q")
+    core.bind(vhost, "dx", "queue", "q", "k")
+    routed = core.router.route(vhost, vhost.exchange("dx"),
+                               message(routing_key="k", exchange="dx", headers={"x-delay": 60000}))
+    assert [queue.name for queue in routed] == ["caught"]
+    assert core.delayed.pending == {("/", "dx"): 1}
+
+
 def test_a_cc_message_goes_by_each_key_through_a_delayed_exchange_over_a_direct_one(core, vhost):
     """The delayed plugin's route/2 routes a message it does not delay with its underlying type's: by every key."""
     core.declare_exchange(vhost, "dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
