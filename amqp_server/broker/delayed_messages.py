@@ -153,17 +153,21 @@ class DelayedMessages:
     def defer(self, vhost: "VHost", exchange: Exchange, message: Message, publisher: MandatoryPublisher | None) -> None:
         """Hold a message its delayed exchange deferred; ``publisher`` is set if it was published mandatory."""
         delay = delay_of(message)
-        message.set_int_header("x-delay", -delay)  # as the plugin: routed once, not again
+        # the copy routed when due, x-delay negated as the plugin's swap_delay_header: routed once, not again; a
+        # queue the same publish reached at once (through another binding upstream) keeps the message as sent
+        held = message.copy()
+        held.set_int_header("x-delay", -delay)
         due = now_ms() + delay
         seq = self._seq
         self._seq += 1
         target = (vhost.name, exchange.name)
         self.pending[target] += 1
         if not (exchange.durable and message.persistent):
-            self._push((due, seq, 0, 0, _Held(target, message, publisher)))
+            self._push((due, seq, 0, 0, _Held(target, held, publisher)))
             return
-        self.persistence.keep(message)
-        entry = ScheduledEntry(due, seq, message.msg_id, message.body_size, _tag(vhost.name, exchange.name))
+        self.persistence.keep(held)
+        message.logged = True  # (stored apart: its publish is confirmed once the stored copy is durable)
+        entry = ScheduledEntry(due, seq, held.msg_id, held.body_size, _tag(vhost.name, exchange.name))
         self.schedule.put(entry)
         if publisher is not None:
             self._returns[seq] = publisher

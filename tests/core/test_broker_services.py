@@ -261,6 +261,22 @@ def test_a_delayed_message_goes_at_once_to_its_delayed_exchanges_alternate_excha
     assert core.delayed.pending == {("/", "dx"): 1}
 
 
+async def test_a_queue_the_publish_reaches_at_once_beside_a_delayed_exchange_gets_the_x_delay_as_sent(core, vhost):
+    """The plugin negates x-delay on the copy it routes when due (swap_delay_header); a queue the same publish
+    reached at once, through another binding of an upstream exchange, gets the message as published."""
+    core.declare_exchange(vhost, "up", "fanout")
+    core.declare_exchange(vhost, "dx", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+    for name in ("now", "later"):
+        core.declare_queue(vhost, name)
+    core.bind(vhost, "up", "queue", "now", "")
+    core.bind(vhost, "up", "exchange", "dx", "")
+    core.bind(vhost, "dx", "queue", "later", "")
+    assert core.publish(vhost, vhost.exchange("up"), message(routing_key="k", exchange="up",
+                                                             headers={"x-delay": 60000})) == (True, False)
+    entry = core.get_local(vhost, "now", no_ack=True)[1]
+    assert entry is not None and entry.message.headers["x-delay"] == 60000
+
+
 def test_a_cc_message_goes_by_each_key_through_a_delayed_exchange_over_a_direct_one(core, vhost):
     """The delayed plugin's route/2 routes a message it does not delay with its underlying type's: by every key."""
     core.declare_exchange(vhost, "dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
