@@ -1,11 +1,13 @@
 """Delayed messages (``x-delayed-message`` exchanges): held until due, then routed as if just published.
 
-A persistent message sent to a durable delayed exchange is stored before its
-publish is confirmed — the message in the persistent store, an entry keyed by
-(due time, seq) in the LMDB schedule — in the same group commit (and fsync) as
-queue writes, so it survives a restart or kill -9 and is routed when due, or at
-once if it fell due while the node was down.  Anything else is held in memory
-and lost on restart, as with RabbitMQ's plugin.
+A message sent to a durable delayed exchange is stored — the message in the
+persistent store, an entry keyed by (due time, seq) in the LMDB schedule — in
+the same group commit (and fsync) as queue writes, so it survives a restart and
+is routed when due, or at once if it fell due while the node was down: the
+plugin keeps every delivery in disc_copies tables, whatever its delivery mode.
+A persistent one's publish is confirmed once that is durable (so it survives a
+kill -9 too); a transient one's is confirmed at once.  A message sent to a
+non-durable exchange is held in memory: the exchange does not outlive a restart.
 
 One timer serves every delayed exchange.  A heap holds what falls due soon:
 in-memory messages, and stored entries due within ``WINDOW_MS`` (as references,
@@ -162,11 +164,12 @@ class DelayedMessages:
         self._seq += 1
         target = (vhost.name, exchange.name)
         self.pending[target] += 1
-        if not (exchange.durable and message.persistent):
+        if not exchange.durable:
             self._push((due, seq, 0, 0, _Held(target, held, publisher)))
             return
         self.persistence.keep(held)
-        message.logged = True  # (stored apart: its publish is confirmed once the stored copy is durable)
+        if message.persistent:  # (stored apart: its publish is confirmed once the stored copy is durable)
+            message.logged = True
         entry = ScheduledEntry(due, seq, held.msg_id, held.body_size, _tag(vhost.name, exchange.name))
         self.schedule.put(entry)
         if publisher is not None:

@@ -739,13 +739,14 @@ async def test_a_new_vhost_has_the_standard_exchanges_and_an_unknown_one_is_not_
 
 
 async def test_a_restart_takes_back_the_stored_delayed_messages(tmp_path):
-    """A durable delayed exchange's persistent messages wait on in the store across a clean restart, counted for
-    their exchange (the schedule claims them back as the store recovers); a transient one is gone."""
+    """A durable delayed exchange's messages wait on in the store across a clean restart, counted for their
+    exchange (the schedule claims them back as the store recovers), a transient one too: the plugin keeps every
+    delivery in disc_copies tables (internal_delay_message/4), whatever its delivery_mode."""
     data = str(tmp_path / "data")
     first = Broker(data)
     vhost = first.vhost("/")
     first.declare_exchange(vhost, "later", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
-    for body, mode in ((b"kept", 2), (b"too", 2), (b"lost", 1)):
+    for body, mode in ((b"kept", 2), (b"too", 2), (b"transient", 1)):
         first.publish(vhost, vhost.exchange("later"), message(body, "q", "later", delivery_mode=mode,
                                                               headers={"x-delay": 600_000}))
     assert first.delayed.pending == {("/", "later"): 3}
@@ -753,7 +754,28 @@ async def test_a_restart_takes_back_the_stored_delayed_messages(tmp_path):
     first.close()
     again = Broker(data)
     try:
-        assert again.delayed.pending == {("/", "later"): 2}
+        assert again.delayed.pending == {("/", "later"): 3}
+    finally:
+        again.close()
+
+
+async def test_a_transient_delayed_message_on_a_durable_exchange_is_routed_when_due_after_a_clean_restart(tmp_path):
+    """The plugin re-arms its stored deliveries at boot (init/1 -> recover/0, go -> maybe_delay_first/0), a
+    transient one's too: after a clean restart it is routed when due."""
+    data = str(tmp_path / "data")
+    first = Broker(data)
+    vhost = first.vhost("/")
+    first.declare_exchange(vhost, "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+    first.declare_queue(vhost, "q", durable=True)
+    first.bind(vhost, "dx", "queue", "q", "k")
+    assert first.publish(vhost, vhost.exchange("dx"), message(b"transient", "k", "dx", headers={"x-delay": 300}))[0]
+    await asyncio.sleep(0)
+    first.close()
+    again = Broker(data)
+    try:
+        vhost = again.vhost("/")
+        await asyncio.sleep(0.8)
+        assert drain_local(again, vhost, "q") == [b"transient"]
     finally:
         again.close()
 
