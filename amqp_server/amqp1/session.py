@@ -979,7 +979,8 @@ class Outgoing(LinkEndpoint):
             self.management = True
             return
         if source is None and _volatile(self.source):
-            self.reply = self.broker.replies.add(self, f"ctag-{self.session.channel}-{self.handle}", b"")
+            self.reply = self.broker.replies.add(self, f"ctag-{self.session.channel}-{self.handle}", b"",
+                                                volatile_queue=True)
             assert self.source is not None
             self.source = [Value("string", "/queues/" + quote(self.reply.name, safe=""))] + self.source[1:]
             return

@@ -27,6 +27,8 @@ class Router:
               publisher: MandatoryPublisher | None = None) -> Collection[Destination]:
         """The queues a message goes to, through exchange-to-exchange bindings and alternate exchanges.
 
+        A reply to an AMQP 0-9-1 direct reply-to consumer is delivered here and is no queue's (``ReplyConsumers``).
+
         A delayed exchange on the way that defers the message hands it to ``delayed``, and its alternate
         exchange, if it has one, routes it now as well (rabbit_exchange:route1/3's process_alternate sees the
         plugin's []); if nothing else took it, the answer is ``DEFERRED`` (empty, but not unroutable).
@@ -37,7 +39,7 @@ class Router:
                 return self._route_keys(vhost, exchange, message, (message.routing_key, *extra), publisher)
         if exchange.name == "":
             queue = vhost.queues.get(message.routing_key)
-            return (queue,) if queue is not None else self.replies.route(message.routing_key)
+            return (queue,) if queue is not None else self.replies.route(message.routing_key, message)
         destinations = exchange.route(message.routing_key, message)
         if not vhost.e2e_bindings and (destinations or exchange.alternate is None):
             if destinations is DEFERRED:
@@ -52,9 +54,9 @@ class Router:
         (``Exchange.routes_each_key`` false) is asked once, with the first key."""
         queues: dict[Destination, None] = {}
         if exchange.name == "":
-            for key in keys:
+            for key in dict.fromkeys(keys):  # (each reply consumer once, as rabbit_exchange:route/2's usort)
                 queue = vhost.queues.get(key)
-                queues.update(dict.fromkeys((queue,) if queue is not None else self.replies.route(key)))
+                queues.update(dict.fromkeys((queue,) if queue is not None else self.replies.route(key, message)))
             return queues.keys()
         seen: set[Exchange] = set()
         pending = [exchange]

@@ -186,6 +186,32 @@ def test_reply_after_cancel_or_close_is_unroutable(broker, uid: str) -> None:
         server_channel.queue_delete(uid)
 
 
+def test_a_mandatory_reply_is_delivered_and_also_returned_and_confirmed(broker, uid: str) -> None:
+    """rabbit_exchange:route/2 hands a reply-to key to rabbit_channel:deliver_reply/2 and answers no queue name for
+    it, so rabbit_channel:deliver_to_queues/2 sees [] and process_routing_mandatory(true, [], ...) returns the
+    reply (312 NO_ROUTE) it delivered; its confirm is an ack at once. A CC of the same key delivers it once."""
+    with connect(broker) as client, connect(broker) as server:
+        client_channel = client.channel()
+        replies: list[bytes] = []
+        client_channel.basic_consume(REPLY_TO, lambda ch, m, p, body: replies.append(body), auto_ack=True)
+        server_channel = server.channel()
+        server_channel.queue_declare(uid, auto_delete=True)
+        client_channel.basic_publish("", uid, b"req", pika.BasicProperties(reply_to=REPLY_TO))
+        _, props, _ = _get(server, server_channel, uid)
+        returned: list[tuple[int | None, str, bytes]] = []
+        server_channel.add_on_return_callback(lambda ch, m, p, body: returned.append((m.reply_code, m.reply_text,
+                                                                                        body)))
+        server_channel.basic_publish("", props.reply_to, b"resp", mandatory=True)
+        server_channel.basic_publish("", props.reply_to, b"cc", pika.BasicProperties(headers={"CC": [props.reply_to]}))
+        server_channel.confirm_delivery()
+        server_channel.basic_publish("", props.reply_to, b"confirmed")  # (acked: no UnroutableError, not mandatory)
+        while len(replies) < 3:
+            client.process_data_events(0.05)
+        server.process_data_events(0.1)
+        assert replies == [b"resp", b"cc", b"confirmed"]
+        assert returned == [(312, "NO_ROUTE", b"resp")]
+
+
 async def test_aio_pika_rpc(broker, uid: str) -> None:
     client = await aio_pika.connect(broker.url, timeout=10)
     server = await aio_pika.connect(broker.url, timeout=10)
