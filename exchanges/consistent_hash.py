@@ -7,7 +7,9 @@ argument ``hash-header``, a header's value, or with ``hash-property`` one of
 ``message_id``, ``correlation_id``, ``timestamp``.  The same value always lands
 on the same destination while the bindings stay; adding a destination moves
 only the keys its new buckets take.  As in the plugin, a destination is on the
-ring once, with the weight of its first binding.
+ring once, with the weight of the binding that put it there; removing any of its
+bindings takes it off the ring (remove_binding/1 drops every bucket of the
+destination), and a binding added later puts it back at the end of the ring.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ class ConsistentHashExchange(Exchange):
             raise ValueError("hash-header and hash-property are mutually exclusive")
         if self._property is not None and self._property not in HASH_PROPERTIES:
             raise ValueError(f"Unsupported property: {self._property}")
-        # destination -> its bindings in order; the first one's weight counts
-        self._owners: dict[object, list[Binding]] = {}
+        # the destinations on the ring, in the order they were put there -> their weight
+        self._owners: dict[object, int] = {}
         self._ring: list[object] = []
         self._ends: list[int] = []  # cumulative bucket counts, parallel to _ring
 
@@ -88,20 +90,18 @@ class ConsistentHashExchange(Exchange):
         return routing_key
 
     def _add(self, binding: Binding) -> None:
-        parse_weight(binding.routing_key)
-        self._owners.setdefault(binding.destination, []).append(binding)
-        self._rebuild()
+        weight = parse_weight(binding.routing_key)
+        if binding.destination not in self._owners:  # (add_binding/3: not when it has buckets already)
+            self._owners[binding.destination] = weight
+            self._rebuild()
 
     def _remove(self, binding: Binding) -> None:
-        owned = self._owners[binding.destination]
-        owned.remove(binding)
-        if not owned:
-            del self._owners[binding.destination]
-        self._rebuild()
+        if self._owners.pop(binding.destination, None) is not None:
+            self._rebuild()
 
     def _rebuild(self) -> None:
         self._ring, self._ends, total = [], [], 0
-        for destination, owned in self._owners.items():
-            total += parse_weight(owned[0].routing_key)
+        for destination, weight in self._owners.items():
+            total += weight
             self._ring.append(destination)
             self._ends.append(total)

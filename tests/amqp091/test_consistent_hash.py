@@ -159,6 +159,6 @@ def test_a_destination_is_on_the_ring_once():
     x.bind("q2", "5")  # the plugin keeps the first weight
     hits = Counter(next(iter(x.route(f"k{i}", None))) for i in range(2000))
     assert abs(hits["q1"] - hits["q2"]) < 200
-    x.unbind("q2", "1")
+    x.unbind("q2", "1")  # remove_binding/1 drops every bucket of q2: its "5" binding stays, off the ring
     hits = Counter(next(iter(x.route(f"k{i}", None))) for i in range(2000))
-    assert hits["q2"] > 4 * hits["q1"]
+    assert set(hits) == {"q1"}

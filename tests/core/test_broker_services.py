@@ -231,6 +231,25 @@ def test_a_cc_message_goes_to_one_queue_of_a_consistent_hash_exchange_hashed_on_
         assert with_cc == alone and len(alone) == 1
 
 
+def test_unbinding_any_binding_of_a_queue_takes_it_off_a_consistent_hash_ring_until_it_is_bound_again(core, vhost):
+    """rabbit_exchange_type_consistent_hash:remove_binding/1 removes every bucket of the destination, whichever of
+    its bindings went; add_binding/3 puts a destination with no bucket back, at the end of the ring."""
+    core.declare_exchange(vhost, "chx", "x-consistent-hash")
+    for name in ("a", "b"):
+        core.declare_queue(vhost, name)
+    for name, weight in (("a", "1"), ("a", "2"), ("b", "1")):
+        core.bind(vhost, "chx", "queue", name, weight)
+    core.unbind(vhost, "chx", "queue", "a", "2")
+    chx = vhost.exchange("chx")
+
+    def reached() -> set[str]:
+        return {queue.name for i in range(200)
+                for queue in core.router.route(vhost, chx, message(routing_key=f"key{i}", exchange="chx"))}
+    assert reached() == {"b"}
+    core.bind(vhost, "chx", "queue", "a", "3")
+    assert reached() == {"a", "b"}
+
+
 def test_a_cc_message_goes_to_one_queue_of_a_local_random_exchange(core, vhost):
     """The random exchanges' route/2 ignore the routing keys: one queue picked per message, whatever CC adds."""
     core.declare_exchange(vhost, "lr", "x-local-random")
