@@ -744,9 +744,9 @@ class Channel:
     async def _agreed_declare(self, m: commands.Queue.Declare, name: str) -> None:
         """Cluster mode, a queue unknown here: agree on it (or, passive, look for it) in the cluster first; one
         whose leader is not reached from here now: wait a while for one (``VHost.reached``).  Another node's
-        queue: declare-ok has its figures from that node (``counted``).  A new exclusive queue is answered once the
-        nodes this one reaches have it (``Broker.agreed``): an RPC client's reply queue, which its server on another
-        node publishes to once it has the request, must be routed to there by then."""
+        queue: declare-ok has its figures from that node (``counted``).  A new queue is answered once the nodes this
+        one reaches have it (``Broker.agreed``), as RabbitMQ answers once every node's Mnesia has it: a publish through
+        another node right after declare-ok (an RPC server's reply to an exclusive queue) is routed there."""
         agreed = False
         if name in self.vhost.queues:
             await self.vhost.reached(name)
@@ -762,7 +762,7 @@ class Channel:
         finally:
             if agreed and m.exclusive:
                 self.broker.unclaimed(self.vhost, name)
-        if agreed and m.exclusive:
+        if agreed:
             await self.broker.agreed()
         if not m.nowait and self.open:
             count, consumers = await queue.counted()

@@ -1271,10 +1271,12 @@ class Cuttable:
 
 
 @pytest.mark.cluster
-def test_a_change_answered_through_one_node_routes_publishes_through_another_whose_watch_lags(tmp_path):
-    """Node 2 hears etcd a second late.  A queue declared and bound through node 1 is answered (declare-ok,
+@pytest.mark.parametrize("bound", [True, False], ids=["bind-ok", "declare-ok"])
+def test_a_change_answered_through_one_node_routes_publishes_through_another_whose_watch_lags(tmp_path, bound):
+    """Node 2 hears etcd a second late.  A queue declared (and bound) through node 1 is answered (declare-ok,
     bind-ok) once node 2 has it too, as RabbitMQ answers once every node's Mnesia has it: a publish through node 2
-    right after bind-ok reaches it, where node 2's older view routed it to no queue (confirmed, and dropped)."""
+    right after the answer reaches it (through the binding, or the default exchange), where node 2's older view
+    routed it to no queue (confirmed, and dropped)."""
     etcd = Etcd(tmp_path / "etcd")
     lagging = Cuttable(etcd.port)
     nodes: list[BrokerProcess] = []
@@ -1291,8 +1293,9 @@ def test_a_change_answered_through_one_node_routes_publishes_through_another_who
             declaring = declarer.channel()
             for name in names:
                 declaring.queue_declare(name, durable=True)
-                declaring.queue_bind(name, "amq.direct", routing_key=name)
-                publishing.basic_publish("amq.direct", name, b"right after bind-ok")
+                if bound:
+                    declaring.queue_bind(name, "amq.direct", routing_key=name)
+                publishing.basic_publish("amq.direct" if bound else "", name, b"right after the answer")
         lagging.lag = 0.0
         assert [passive(n1, name) for name in names] == [1, 1, 1]
     finally:
