@@ -117,12 +117,10 @@ async def declare(request: web.Request) -> web.Response:
     if not name:
         raise bad_request("queue name must not be empty")
     existed = name in vhost.queues
-    agreed = await context.broker.agree_queue(vhost, name, durable=durable, auto_delete=auto_delete,
-                                              arguments=arguments, who=who)
-    context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments,
-                                 who=who)
-    if agreed:  # (answered once the nodes this one reaches have it, as the channel's declare-ok)
-        await context.broker.agreed()
+    async with context.broker.declaring(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments,
+                                        who=who):
+        context.broker.declare_queue(vhost, name, durable=durable, auto_delete=auto_delete, arguments=arguments,
+                                     who=who)
     return created_or_updated(not existed)
 
 

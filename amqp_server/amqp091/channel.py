@@ -5,6 +5,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from bisect import insort
 from collections import deque
@@ -747,23 +748,16 @@ class Channel:
         queue: declare-ok has its figures from that node (``counted``).  A new queue is answered once the nodes this
         one reaches have it (``Broker.agreed``), as RabbitMQ answers once every node's Mnesia has it: a publish through
         another node right after declare-ok (an RPC server's reply to an exclusive queue) is routed there."""
-        agreed = False
         if name in self.vhost.queues:
             await self.vhost.reached(name)
         elif m.passive:
             await self.broker.find_queue(self.vhost, name)
-        else:
-            agreed = await self.broker.agree_queue(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
-                                          self.principal)
-        try:
+        async with (contextlib.nullcontext() if m.passive else
+                    self.broker.declaring(self.vhost, name, m.durable, m.exclusive, m.auto_delete, m.arguments,
+                                          self.principal)):
             if not self.open:
                 return
             queue = self._declared(m, name)
-        finally:
-            if agreed and m.exclusive:
-                self.broker.unclaimed(self.vhost, name)
-        if agreed:
-            await self.broker.agreed()
         if not m.nowait and self.open:
             count, consumers = await queue.counted()
             if self.open:

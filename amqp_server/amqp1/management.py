@@ -206,17 +206,11 @@ async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tup
     exclusive = _flag(fields, "exclusive", False, "queue")
     auto_delete = _flag(fields, "auto_delete", False, "queue")
     arguments = _arguments(fields)
-    agreed = await connection.broker.agree_queue(vhost, name, durable, exclusive, auto_delete, arguments,
-                                                 connection.principal)
-    existed = name in vhost.queues
-    try:
+    async with connection.broker.declaring(vhost, name, durable, exclusive, auto_delete, arguments,
+                                           connection.principal):
+        existed = name in vhost.queues
         queue = connection.broker.declare_queue(vhost, name, False, durable, exclusive, auto_delete, arguments,
                                                 connection, who=connection.principal)
-    finally:
-        if exclusive and not existed:
-            connection.broker.unclaimed(vhost, name)
-    if agreed:  # (answered once the nodes this one reaches have it, as the channel's declare-ok)
-        await connection.broker.agreed()
     return ("200" if existed else "201"), await _queue_info(connection, queue)
 
 

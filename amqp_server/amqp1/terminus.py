@@ -25,9 +25,9 @@ async def declare(connection: SessionHost, queue: str, durable: bool, exchange: 
         who.check("configure", "queue", vhost.name, queue)
     await broker.find_queue(vhost, queue)
     if queue not in vhost.queues:
-        await broker.agree_queue(vhost, queue, durable, who=who)
-        broker.declare_queue(vhost, queue, durable=durable, owner=connection, server_named=exchange is not None,
-                             who=who)
+        async with broker.declaring(vhost, queue, durable, who=who):
+            broker.declare_queue(vhost, queue, durable=durable, owner=connection, server_named=exchange is not None,
+                                 who=who)
     if exchange is not None:
         broker.bind(vhost, exchange, "queue", queue, binding_key, None, connection, who)
-    await broker.agreed()
+        await broker.agreed()

@@ -109,7 +109,7 @@ class Broker:
         self.check_queue_declare = queues.check_queue_declare
         self.declare_queue, self.agree_queue = queues.declare_queue, queues.agree_queue
         self.find_queue, self.add_remote_queue = queues.find_queue, queues.add_remote_queue
-        self.unclaimed = queues.unclaimed
+        self.declaring = queues.declaring
         self.attach, self.next_index_id = storage.attach, queues.next_index_id
         self.consumable, self.consume = queues.consumable, queues.consume
         self.check_consumer_exclusivity = queues.check_consumer_exclusivity

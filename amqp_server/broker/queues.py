@@ -5,8 +5,9 @@ consumer; and what a queue asks of the broker that holds it (``queue.QueueHost``
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 
 from ..framing import codec
 from .. import errors
@@ -209,6 +210,24 @@ class Queues:
                 self.agreed_exclusive.add((vhost.name, name))
             return True
         return False
+
+    @contextlib.asynccontextmanager
+    async def declaring(self, vhost: VHost, name: str, durable: bool = False, exclusive: bool = False,
+                        auto_delete: bool = False, arguments: dict[str, Any] | None = None,
+                        who: Principal | None = None) -> AsyncIterator[None]:
+        """Around a front end's ``declare_queue`` (every front end's, so that none answers early).  In cluster mode
+        the cluster agrees on a new queue first (``agree_queue``), and the block's end waits until the nodes this
+        one reaches have it (``Definitions.agreed``), as RabbitMQ answers once every node's Mnesia has it: a publish
+        through another node right after the answer is routed to the queue.  An exclusive queue agreed on but not
+        declared (refused, or its connection gone meanwhile) loses its record (``unclaimed``)."""
+        agreed = await self.agree_queue(vhost, name, durable, exclusive, auto_delete, arguments, who)
+        try:
+            yield
+        finally:
+            if agreed and exclusive:
+                self.unclaimed(vhost, name)
+        if agreed:
+            await self.definitions.agreed()
 
     def unclaimed(self, vhost: VHost, name: str) -> None:
         """Cluster mode: an exclusive queue agreed on (``agree_queue``) that its connection did not declare after

@@ -61,26 +61,16 @@ class StreamManager:
 
     # -- streams ------------------------------------------------------------------------------
 
-    def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal,
-               agreed: bool = False) -> None:
-        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS (``agreed``: the
-        cluster has just agreed on it, so it is here already, or its proxy)."""
-        vhost = self._vhost(vhost_name)
-        converted = _queue_arguments(arguments)
-        try:
-            if not agreed:
-                self._check_new(vhost, name, converted, who)
-            self.broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
-        except AMQPError as exc:
-            raise StreamError(code_of(exc)) from None
-
-    async def agree(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
-        """Cluster mode, before ``create``: the cluster agrees on the new stream and on the node it lives on."""
+    async def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
+        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS.  In cluster mode
+        the cluster agrees on the stream (and the node it lives on) first, and the answer waits until the nodes
+        this one reaches have it (``Broker.declaring``): a publisher through another node right after finds it."""
         vhost = self._vhost(vhost_name)
         converted = _queue_arguments(arguments)
         try:
             self._check_new(vhost, name, converted, who)
-            await self.broker.agree_queue(vhost, name, durable=True, arguments=converted, who=who)
+            async with self.broker.declaring(vhost, name, durable=True, arguments=converted, who=who):
+                self.broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
 

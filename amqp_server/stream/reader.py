@@ -475,21 +475,15 @@ class StreamConnection(FrontEnd):
         name = fields.string()
         arguments = fields.properties()
         fields.done()
-        if self.broker.cluster is None:
-            self._answer(core.CREATE, correlation, lambda: self.manager.create(self.vhost_name, name, arguments,
-                                                                             self._who()))
-            return
-        self._wait_for(self._agreed_create(correlation, name, arguments))
+        self._wait_for(self._created(correlation, name, arguments))
 
-    async def _agreed_create(self, correlation: int, name: str, arguments: dict[str, str]) -> None:
-        """Cluster mode: the cluster agrees on the stream (and where it lives) before it is created here."""
+    async def _created(self, correlation: int, name: str, arguments: dict[str, str]) -> None:
         try:
-            await self.manager.agree(self.vhost_name, name, arguments, self._who())
+            await self.manager.create(self.vhost_name, name, arguments, self._who())
         except StreamError as exc:
             self.send(core.response(core.CREATE, correlation, exc.code))
             return
-        self._answer(core.CREATE, correlation, lambda: self.manager.create(self.vhost_name, name, arguments,
-                                                                         self._who(), agreed=True))
+        self.send(core.response(core.CREATE, correlation, core.OK))
 
     def _wait_for(self, operation: Any) -> None:
         """Run ``operation`` (a coroutine); frames after this one wait until it is done, unread meanwhile."""

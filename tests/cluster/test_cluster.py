@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -202,22 +202,29 @@ def test_declared_queue_is_visible_on_every_node(cluster, uid):
         assert info["node"] == "warren1@localhost" and info["state"] == "running"
 
 
+def amqp10_client() -> Any:
+    return pytest.importorskip("rabbitmq_amqp_python_client")
+
+
+@contextmanager
+def amqp10_management(node: BrokerProcess) -> Iterator[Any]:
+    """RabbitMQ's AMQP 1.0 client's management of ``node`` (its /management requests)."""
+    environment = amqp10_client().Environment(uri=f"amqp://guest:guest@127.0.0.1:{node.port}/")
+    connection = environment.connection()
+    connection.dial()
+    try:
+        yield connection.management()
+    finally:
+        connection.close()
+        environment.close()
+
+
 def test_amqp10_management_declares_purges_and_deletes_as_the_cluster_agrees(cluster, uid):
     """RabbitMQ's AMQP 1.0 client's /management requests, each to another node: what one node declares another
     finds at once, a purge through a node that does not hold the queue empties it, a delete is the cluster's."""
-    client = pytest.importorskip("rabbitmq_amqp_python_client")
+    client = amqp10_client()
     _, (n1, n2, n3) = cluster
-    managers = []
-
-    def management(node: BrokerProcess):
-        environment = client.Environment(uri=f"amqp://guest:guest@127.0.0.1:{node.port}/")
-        connection = environment.connection()
-        connection.dial()
-        managers.append((environment, connection))
-        return connection.management()
-
-    try:
-        m1, m2, m3 = management(n1), management(n2), management(n3)
+    with amqp10_management(n1) as m1, amqp10_management(n2) as m2, amqp10_management(n3) as m3:
         m1.declare_exchange(client.ExchangeSpecification(name=f"x-{uid}"))
         m1.declare_queue(client.ClassicQueueSpecification(name=uid))
         assert m2.queue_info(uid).name == uid  # at once, through another node
@@ -234,10 +241,6 @@ def test_amqp10_management_declares_purges_and_deletes_as_the_cluster_agrees(clu
         m3.delete_queue(uid)
         assert gone(n1, uid) and gone(n2, uid)
         m2.delete_exchange(f"x-{uid}")
-    finally:
-        for environment, connection in managers:
-            connection.close()
-            environment.close()
 
 
 def test_arguments_of_every_field_type_are_the_clusters(cluster, uid):
@@ -1271,12 +1274,12 @@ class Cuttable:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("via", ["bind-ok", "declare-ok", "HTTP API"])
+@pytest.mark.parametrize("via", ["bind-ok", "declare-ok", "HTTP API", "AMQP 1.0 management"])
 def test_a_change_answered_through_one_node_routes_publishes_through_another_whose_watch_lags(tmp_path, via):
     """Node 2 hears etcd a second late.  A queue declared (and bound) through node 1 is answered (declare-ok,
-    bind-ok) once node 2 has it too, as RabbitMQ answers once every node's Mnesia has it: a publish through node 2
-    right after the answer reaches it (through the binding, or the default exchange), where node 2's older view
-    routed it to no queue (confirmed, and dropped)."""
+    bind-ok, the HTTP API's 201, AMQP 1.0's management 201) once node 2 has it too, as RabbitMQ answers once every
+    node's Mnesia has it: a publish through node 2 right after the answer reaches it (through the binding, or the
+    default exchange), where node 2's older view routed it to no queue (confirmed, and dropped)."""
     etcd = Etcd(tmp_path / "etcd")
     lagging = Cuttable(etcd.port)
     nodes: list[BrokerProcess] = []
@@ -1287,13 +1290,16 @@ def test_a_change_answered_through_one_node_routes_publishes_through_another_who
         wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "nodes see each other", 30)
         lagging.lag = 1.0
         names = [f"lagging-view-{number}" for number in range(3)]
-        with connect(n2) as publisher, connect(n1) as declarer:
+        amqp10 = amqp10_management(n1) if via == "AMQP 1.0 management" else nullcontext()
+        with connect(n2) as publisher, connect(n1) as declarer, amqp10 as management:
             publishing = publisher.channel()
             publishing.confirm_delivery()
             declaring = declarer.channel()
             for name in names:
                 if via == "HTTP API":
                     api_put(n1, f"/queues/%2F/{name}", {"durable": True})
+                elif via == "AMQP 1.0 management":
+                    management.declare_queue(amqp10_client().ClassicQueueSpecification(name=name))
                 else:
                     declaring.queue_declare(name, durable=True)
                 if via == "bind-ok":

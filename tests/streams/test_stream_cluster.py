@@ -111,3 +111,40 @@ def test_a_stream_created_or_deleted_through_any_node_is_agreed_by_the_cluster(n
     assert other.login() == 1
     assert other.request(0x0E, string(stream)) == 1  # deleted through the node that does not own it
     wait_for(lambda: leader(second, stream) == (0x02, None), "gone on node 2 too")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_a_stream_created_through_one_node_is_known_to_another_whose_watch_lags_when_create_is_answered(tmp_path):
+    """Node 2 hears etcd a second late.  A create answered through node 1 is answered once node 2 has the stream
+    too, as the other front ends' declarations are (and as RabbitMQ answers once every node's Mnesia has it): a
+    client that goes to node 2 right after finds the stream's leader in its metadata, where node 2's older view
+    said the stream did not exist."""
+    from test_cluster import Cuttable
+    etcd = Etcd(tmp_path / "etcd")
+    lagging = Cuttable(etcd.port)
+    nodes: list[BrokerProcess] = []
+    try:
+        for index, view in ((1, etcd), (2, lagging)):
+            port = free_port()
+            nodes.append(start_node(tmp_path, view, index, extra=("--stream-enabled", "true", "--stream-port",
+                                                                 str(port))))
+            nodes[-1].stream_port = port
+            wait_for_stream_port(port)
+        first, second = nodes
+        wait_for(lambda: all(leader(node, "nothing") == (0x02, None) for node in nodes), "the nodes up")
+        lagging.lag = 1.0
+        raw = Raw(first)
+        assert raw.login() == 1
+        found = []
+        for number in range(3):
+            stream = f"lagging-{number}"
+            assert raw.request(0x0D, string(stream) + struct.pack(">i", 0)) == 1
+            found.append(leader(second, stream))
+        lagging.lag = 0.0
+        assert found == [(1, first.stream_port)] * 3
+    finally:
+        for node in nodes:
+            node.stop()
+        lagging.close()
+        etcd.stop()
