@@ -362,22 +362,24 @@ def _policy(vhost: str, item: dict[str, Any], body: dict[str, Any], operator: bo
         raise bad_request(str(exc)) from None
 
 
-def _imported(skipped: list[dict[str, Any]]) -> web.Response:
-    """204 as RabbitMQ answers, unless something was skipped: then 200 with ``skipped`` (what, and why)."""
+async def _imported(context: Context, skipped: list[dict[str, Any]]) -> web.Response:
+    """204 as RabbitMQ answers, unless something was skipped: then 200 with ``skipped`` (what, and why).  In cluster
+    mode once the nodes this one reaches have what was imported (``Broker.agreed``), as every other change."""
+    await context.broker.agreed()
     return json_response({"skipped": skipped}) if skipped else no_content()
 
 
 @routes.post("/api/definitions")
 async def import_all(request: web.Request) -> web.Response:
     login = auth.require_admin(request)
-    return _imported(import_definitions(ctx(request), await _body(request), user=login.name))
+    return await _imported(ctx(request), import_definitions(ctx(request), await _body(request), user=login.name))
 
 
 @routes.post("/api/definitions/{vhost}")
 async def import_vhost(request: web.Request) -> web.Response:
     login = auth.require_admin(request)
-    return _imported(import_definitions(ctx(request), await _body(request),
-                                        auth.require_vhost(request, creating=True), login.name))
+    return await _imported(ctx(request), import_definitions(ctx(request), await _body(request),
+                                                            auth.require_vhost(request, creating=True), login.name))
 
 
 __all__ = ["routes", "export_all", "import_definitions"]

@@ -80,10 +80,8 @@ async def declare(request: web.Request) -> web.Response:
     internal = get_bool(body, "internal", False)
     arguments = get_arguments(body)
     existed = name in vhost.exchanges
-    await context.broker.agree_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
-                                        internal=internal, arguments=arguments, who=who)
-    context.broker.declare_exchange(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
-                                    internal=internal, arguments=arguments, who=who)
+    await context.broker.declare_exchange_agreed(vhost, name, type_name, durable=durable, auto_delete=auto_delete,
+                                                 internal=internal, arguments=arguments, who=who)
     return created_or_updated(not existed)
 
 

@@ -690,10 +690,10 @@ class Channel:
         self._declare_exchange(m)
 
     async def _agreed_exchange(self, m: commands.Exchange.Declare) -> None:
-        await self.broker.agree_exchange(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete, m.internal,
-                                         m.arguments, self.principal)
-        if self.open:
-            self._declare_exchange(m)
+        await self.broker.declare_exchange_agreed(self.vhost, m.exchange, m.exchange_type, m.durable, m.auto_delete,
+                                                  m.internal, m.arguments, self.principal)
+        if not m.nowait and self.open:
+            self.reply(commands.Exchange.DeclareOk())
 
     def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self.vhost, m.exchange, m.exchange_type, m.passive, m.durable,

@@ -224,10 +224,8 @@ async def _declare_exchange(connection: SessionHost, name: str, body: Value) -> 
         raise Refused("403", f"exchange '{name}' in vhost '{vhost.name}' starts with reserved prefix 'amq.'")
     durable, auto_delete = _flag(fields, "durable", True, "exchange"), _flag(fields, "auto_delete", False, "exchange")
     internal, arguments = _flag(fields, "internal", False, "exchange"), _arguments(fields)
-    await connection.broker.agree_exchange(vhost, name, type_name, durable, auto_delete, internal, arguments,
-                                           connection.principal)
-    connection.broker.declare_exchange(vhost, name, type_name, False, durable, auto_delete, internal, arguments,
-                                       connection.principal)
+    await connection.broker.declare_exchange_agreed(vhost, name, type_name, durable, auto_delete, internal, arguments,
+                                                    connection.principal)
     return "204", NULL
 
 

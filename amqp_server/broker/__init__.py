@@ -101,7 +101,7 @@ class Broker:
         self.add_vhost, self.delete_vhost = virtual_hosts.add_vhost, virtual_hosts.delete_vhost
         self.set_policy = virtual_hosts.set_policy
         self.check_exchange_declare = exchanges.check_exchange_declare
-        self.declare_exchange, self.agree_exchange = exchanges.declare_exchange, exchanges.agree_exchange
+        self.declare_exchange, self.declare_exchange_agreed = exchanges.declare_exchange, exchanges.declare_agreed
         self.delete_exchange = exchanges.delete_exchange
         self.bind, self.unbind = bindings.bind, bindings.unbind
         self.add_binding, self.remove_binding = bindings.add_binding, bindings.remove_binding

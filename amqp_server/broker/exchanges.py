@@ -95,17 +95,34 @@ class Exchanges:
 
     async def agree_exchange(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
                              auto_delete: bool = False, internal: bool = False,
-                             arguments: dict[str, Any] | None = None, who: Principal | None = None) -> None:
-        """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue)."""
+                             arguments: dict[str, Any] | None = None, who: Principal | None = None) -> bool:
+        """Cluster mode, before declaring a new exchange: the first declaration agreed on wins (see agree_queue).
+        Whether the cluster agreed on one now."""
         self.check_exchange_declare(vhost, name, type_name, arguments, who)
         cluster = self.definitions.cluster
-        if cluster is not None and name not in vhost.exchanges and not name.startswith("amq."):
-            what = resource_name("exchange", name, vhost.name)
-            storable(arguments, what)
-            if durable:
-                self.definitions.check_room(what, arguments, who)
-            await cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
-                                               dict(arguments or {})))
+        if cluster is None or name in vhost.exchanges or name.startswith("amq."):
+            return False
+        what = resource_name("exchange", name, vhost.name)
+        storable(arguments, what)
+        if durable:
+            self.definitions.check_room(what, arguments, who)
+        await cluster.agree(ExchangeRecord(vhost.name, name, type_name, durable, auto_delete, internal,
+                                           dict(arguments or {})))
+        return True
+
+    async def declare_agreed(self, vhost: VHost, name: str, type_name: str, durable: bool = False,
+                             auto_delete: bool = False, internal: bool = False,
+                             arguments: dict[str, Any] | None = None, who: Principal | None = None) -> Exchange:
+        """exchange.declare (not passive) as every front end's answer needs it: in cluster mode a new exchange is
+        agreed on first (``agree_exchange``) and declared once the nodes this one reaches have it
+        (``Definitions.agreed``), as RabbitMQ answers once every node's Mnesia has it: a publish or a bind
+        through another node right after the answer finds it."""
+        agreed = await self.agree_exchange(vhost, name, type_name, durable, auto_delete, internal, arguments, who)
+        exchange = self.declare_exchange(vhost, name, type_name, False, durable, auto_delete, internal, arguments,
+                                         who)
+        if agreed:
+            await self.definitions.agreed()
+        return exchange
 
     def delete_exchange(self, vhost: VHost, name: str, if_unused: bool = False, who: Principal | None = None) -> None:
         """exchange.delete for ``who``: the default and amq.* exchanges are refused first, then permission

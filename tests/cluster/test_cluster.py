@@ -1274,12 +1274,13 @@ class Cuttable:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("via", ["bind-ok", "declare-ok", "HTTP API", "AMQP 1.0 management"])
+@pytest.mark.parametrize("via", ["bind-ok", "declare-ok", "HTTP API", "AMQP 1.0 management", "exchange.declare-ok"])
 def test_a_change_answered_through_one_node_routes_publishes_through_another_whose_watch_lags(tmp_path, via):
     """Node 2 hears etcd a second late.  A queue declared (and bound) through node 1 is answered (declare-ok,
     bind-ok, the HTTP API's 201, AMQP 1.0's management 201) once node 2 has it too, as RabbitMQ answers once every
     node's Mnesia has it: a publish through node 2 right after the answer reaches it (through the binding, or the
-    default exchange), where node 2's older view routed it to no queue (confirmed, and dropped)."""
+    default exchange), where node 2's older view routed it to no queue (confirmed, and dropped).  An exchange's
+    declare-ok too: a publish to it through node 2 right after closed the channel with 404 NOT_FOUND."""
     etcd = Etcd(tmp_path / "etcd")
     lagging = Cuttable(etcd.port)
     nodes: list[BrokerProcess] = []
@@ -1299,14 +1300,20 @@ def test_a_change_answered_through_one_node_routes_publishes_through_another_who
                 if via == "HTTP API":
                     api_put(n1, f"/queues/%2F/{name}", {"durable": True})
                 elif via == "AMQP 1.0 management":
+                    assert management is not None
                     management.declare_queue(amqp10_client().ClassicQueueSpecification(name=name))
+                elif via == "exchange.declare-ok":
+                    declaring.exchange_declare(name, "fanout", durable=True)
+                    publishing.basic_publish(name, "", b"right after the answer")  # 404 NOT_FOUND if not there
+                    continue
                 else:
                     declaring.queue_declare(name, durable=True)
                 if via == "bind-ok":
                     declaring.queue_bind(name, "amq.direct", routing_key=name)
                 publishing.basic_publish("amq.direct" if via == "bind-ok" else "", name, b"right after the answer")
         lagging.lag = 0.0
-        assert [passive(n1, name) for name in names] == [1, 1, 1]
+        if via != "exchange.declare-ok":
+            assert [passive(n1, name) for name in names] == [1, 1, 1]
     finally:
         for node in nodes:
             node.stop()
