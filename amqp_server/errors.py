@@ -6,6 +6,8 @@ matching on them keep working.
 """
 from __future__ import annotations
 
+from .config import MAX_MESSAGE_SIZE
+
 
 CONTENT_TOO_LARGE = 311
 NO_ROUTE = 312
@@ -93,6 +95,13 @@ def access_refused(detail: str) -> ChannelError:
 
 def precondition_failed(detail: str) -> ChannelError:
     return ChannelError(PRECONDITION_FAILED, detail)
+
+
+def message_too_large(size: int, limit: int) -> ChannelError:
+    """A publish of ``size`` bytes over ``max_message_size`` (``Config.message_size_limit``), in rabbit_channel's
+    check_msg_size words, which name the limit as configured unless it is RabbitMQ's own ceiling."""
+    what = "max size" if limit == MAX_MESSAGE_SIZE else "configured max size"
+    return precondition_failed(f"message size {size} is larger than {what} {limit}")
 
 
 def resource_locked(detail: str) -> ChannelError:

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.queues.policy import effective_definition
 from amqp_server.publisher_flow import PublisherFlow
@@ -13,7 +14,7 @@ from exchanges import DelayedExchange, Exchange
 
 from . import auth
 from .context import Context, ctx
-from .http import (bad_request, created_or_updated, exchange_param, get_arguments, get_bool, get_str,
+from .http import (created_or_updated, exchange_param, get_arguments, get_bool, get_str,
                    json_response, new_name, no_content, not_found, query_is_true, read_json, with_code)
 from .listing import respond, respond_one
 from .messages import message_from_json
@@ -136,13 +137,13 @@ async def publish(request: web.Request) -> web.Response:
     try:
         await until_released(context.flow)
         message = message_from_json(name, await read_json(request, required=True))
+        limit = context.config.message_size_limit
+        if message.body_size > limit:  # (rabbit_channel's first check, before the exchange's)
+            raise errors.message_too_large(message.body_size, limit)
         exchange = broker.publish_target(vhost, name, who, message.routing_key)
         broker.check_message(vhost, exchange, who, message, auth.login(request).user)
     except AMQPError as exc:
         raise with_code(exc) from None
-    if message.body_size > context.config.max_message_size:
-        raise bad_request(f"message size {message.body_size} is larger than configured max size "
-                          f"{context.config.max_message_size}")
     routed, _ = broker.publish(vhost, exchange, message)
     broker.vhost_stats(vhost_name).publish += 1
     return json_response({"routed": routed})

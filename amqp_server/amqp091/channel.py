@@ -20,7 +20,6 @@ from ..framing import codec, properties
 from ..broker import direct_reply
 from .. import errors
 from ..broker import server_name
-from ..config import MAX_MESSAGE_SIZE
 from ..framing.codec import CONTENT_UNIT_BITS
 from .consumer_timeout import AckTimeout
 from ..broker.direct_reply import ReplyConsumer
@@ -200,9 +199,7 @@ class Channel:
         if size > self.max_message_size:
             self.expect = EXPECT_BODY
             self._size = size
-            limit = "max size" if self.max_message_size == MAX_MESSAGE_SIZE else "configured max size"
-            raise _publish_error(errors.precondition_failed(
-                f"message size {size} is larger than {limit} {self.max_message_size}"))
+            raise _publish_error(errors.message_too_large(size, self.max_message_size))
         self._size = size
         self._received = 0
         self.expect = EXPECT_BODY

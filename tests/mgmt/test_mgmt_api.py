@@ -366,6 +366,18 @@ def test_exchange_declare_and_publish_check_in_rabbitmqs_order(broker, uid, othe
     assert call(broker, "DELETE", f"/api/users/{q(user[0])}").status == 204
 
 
+def test_an_http_publish_over_the_max_message_size_is_refused_before_the_exchange_is_looked_at(start_broker):
+    """rabbit_channel's basic.publish checks the size first (check_msg_size), in its words, before the write
+    permission and the exchange; the HTTP publish gets the channel's 406 as its 400's reason."""
+    node = start_broker("--max-message-size", "10")
+    body = {"routing_key": "k", "payload": "x" * 11, "payload_encoding": "string", "properties": {}}
+    for exchange in ("amq.default", "no-such-exchange"):
+        assert assert_error(call(node, "POST", f"/api/exchanges/%2F/{exchange}/publish", body), 400)["reason"] == (
+            "406 PRECONDITION_FAILED - message size 11 is larger than configured max size 10")
+    assert call(node, "POST", "/api/exchanges/%2F/amq.default/publish", {**body, "payload": "x" * 10}).json == {
+        "routed": False}
+
+
 def test_publish_routes_like_amqp(broker, uid):
     assert call(broker, "PUT", f"/api/queues/%2F/{q(uid)}", {"durable": True}).status == 201
     assert publish(broker, uid, "hello", delivery_mode=2, headers={"k": "v"}, content_type="text/plain") == {
