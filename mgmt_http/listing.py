@@ -53,12 +53,16 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 
 def filter_by_name(rows: list[Row], pattern: str, use_regex: bool) -> list[Row]:
     """match_value: a case-insensitive regular expression, or a substring of the name, both lowercased as
-    string:to_lower lowers their UTF-8 bytes (A-Z only, for any name that is valid UTF-8)."""
+    string:to_lower lowers their UTF-8 bytes (A-Z only, for any name that is valid UTF-8).  A pattern that is no
+    regular expression is re:run's badarg, which with_valid_pagination answers as it answers a page that is no
+    number (only once a row is matched: with none, nothing is refused)."""
     if use_regex:
         try:
             regex = patterns.compile(pattern, ignore_case=True)
-        except patterns.Error as exc:
-            raise bad_request(f"invalid regular expression: {exc}") from None
+        except patterns.Error:
+            if not rows:
+                return rows
+            raise bad_request("Pagination parameters are invalid") from None
         return [row for row in rows if patterns.search(regex, str(row[0].get("name", "")))]
     pattern = pattern.translate(_ASCII_LOWER)
     return [row for row in rows if pattern in str(row[0].get("name", "")).translate(_ASCII_LOWER)]

@@ -693,7 +693,13 @@ def test_columns_sort_paging_and_name_filter(broker, uid):
         "reason": "Invalid pagination parameters: page number 0, page size undefined"}
     assert assert_error(call(broker, "GET", "/api/queues?page=x"), 400) == {
         "error": "bad_request", "reason": "Pagination parameters are invalid"}
-    assert_error(call(broker, "GET", f"/api/queues?page=1&name={q('[')}&use_regex=true"), 400)
+    # re:run's badarg, caught by with_valid_pagination; with nothing to match, nothing is refused
+    assert assert_error(call(broker, "GET", f"/api/queues?page=1&name={q('[')}&use_regex=true"), 400) == {
+        "error": "bad_request", "reason": "Pagination parameters are invalid"}
+    empty = f"{uid}-empty"
+    assert call(broker, "PUT", f"/api/vhosts/{q(empty)}").status == 201
+    assert call(broker, "GET", f"/api/queues/{q(empty)}?page=1&name={q('[')}&use_regex=true").json["items"] == []
+    assert call(broker, "DELETE", f"/api/vhosts/{q(empty)}").status == 204
     exchanges = call(broker, "GET", "/api/exchanges?page=1&page_size=2&sort=name").json
     assert exchanges["item_count"] == 2 and exchanges["page_size"] == 2
     for name in names:
