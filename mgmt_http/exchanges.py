@@ -136,7 +136,7 @@ async def publish(request: web.Request) -> web.Response:
     vhost_name = vhost.name
     try:
         await until_released(context.flow)
-        message = message_from_json(name, await read_json(request, required=True))
+        message = message_from_json(name, await read_json(request))
         limit = context.config.message_size_limit
         if message.body_size > limit:  # (rabbit_channel's first check, before the exchange's)
             raise errors.message_too_large(message.body_size, limit)

@@ -30,7 +30,7 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/global-parameters/{name}")
 async def put(request: web.Request) -> web.Response:
     auth.require_policymaker(request)  # rabbit_mgmt_wm_global_parameter(s): is_authorized_global_parameters
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     if "value" not in body:
         raise key_missing("value")
     access = ctx(request).broker.access
@@ -57,7 +57,7 @@ async def cluster_name(request: web.Request) -> web.Response:
 @routes.put("/api/cluster-name")
 async def set_cluster_name(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     if "name" not in body:
         raise key_missing("name")
     ctx(request).broker.access.set_global_parameter("cluster_name", get_str(body, "name"))

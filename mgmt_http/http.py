@@ -137,16 +137,13 @@ DOUBLY_ENCODED = ("invalid payload: the request body JSON-decoded to a string. "
                   "Is the input doubly-JSON-encoded?")  # rabbit_mgmt_util:decode/1's words
 
 
-async def read_json(request: web.Request, required: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, as rabbit_mgmt_util:decode/1 reads it: an empty body is ``{}`` unless
-    required, so are ``null``, ``true``, ``false`` and ``undefined`` ("some HTTP API clients include null for
-    payload"); a JSON string is refused as doubly encoded, anything else that is no object is ``not_json``."""
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, as rabbit_mgmt_util:decode/1 reads it: an empty body is ``{}``, so are
+    ``null``, ``true``, ``false`` and ``undefined`` ("some HTTP API clients include null for payload"), and what a
+    request needs of it is then missing as from any ``{}``; a JSON string is refused as doubly encoded, anything
+    else that is no object is ``not_json``."""
     raw = await request.read()  # at most the app's client_max_size (--mgmt-max-body-size): larger is a 413
-    if not raw.strip():
-        if required:
-            raise bad_request("body is required")
-        return {}
-    if raw == b"undefined":
+    if not raw.strip() or raw == b"undefined":
         return {}
     try:
         body = orjson.loads(raw)  # several times faster and leaner than json, and it bounds nesting

@@ -72,7 +72,7 @@ async def put_vhost_limit(request: web.Request) -> web.Response:
     auth.require_admin(request)
     vhost = auth.require_vhost(request, creating=True)
     name = request.match_info["name"]
-    value = limit_value(await read_json(request, required=True), name, VHOST_LIMITS, "limits")
+    value = limit_value(await read_json(request), name, VHOST_LIMITS, "limits")
     access = ctx(request).broker.access
     access.set_limits("vhost_limits", vhost, {**access.vhost_limits(vhost), name: value})
     return no_content()
@@ -107,7 +107,7 @@ async def put_user_limit(request: web.Request) -> web.Response:
     auth.require_admin(request)
     user = _user(request, bad_request(["no_such_user", request.match_info["user"]]))
     name = request.match_info["name"]
-    value = limit_value(await read_json(request, required=True), name, USER_LIMITS, "user-limits")
+    value = limit_value(await read_json(request), name, USER_LIMITS, "user-limits")
     access = ctx(request).broker.access
     access.set_limits("user_limits", user, {**access.user_limits(user), name: value})
     return no_content()

@@ -197,7 +197,7 @@ class _Output:
 @_guarded
 @_owned
 async def commit(request: web.Request, queue: LocalQueue) -> web.Response:
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     offset = body.get("offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise bad_request("offset must be a non-negative integer")

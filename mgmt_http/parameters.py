@@ -72,7 +72,7 @@ async def put(request: web.Request) -> web.Response:
     login = auth.require_policymaker(request)
     vhost = auth.require_vhost(request, creating=True)
     component, name = request.match_info["component"], request.match_info["name"]
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     if "value" not in body:
         raise key_missing("value")
     context = ctx(request)

@@ -82,7 +82,7 @@ async def show(request: web.Request) -> web.Response:
 async def put(request: web.Request) -> web.Response:
     vhost, user = _target(request, bad_request("vhost_or_user_not_found"))  # RabbitMQ's answer: 400, not 404
     access = ctx(request).broker.access
-    perms = permissions_from_json(await read_json(request, required=True))
+    perms = permissions_from_json(await read_json(request))
     existed = access.permissions(vhost, user) is not None
     access.set_permissions(vhost, user, perms)
     return created_or_updated(not existed)
@@ -137,7 +137,7 @@ async def put_topic(request: web.Request) -> web.Response:
     """Set the topic permission for the body's exchange: 201 if the user had none in the vhost, as RabbitMQ."""
     vhost, user = _target(request, bad_request("vhost_or_user_not_found"))
     access = ctx(request).broker.access
-    rule = topic_permission_from_json(await read_json(request, required=True))
+    rule = topic_permission_from_json(await read_json(request))
     existed = bool(access.topic_permissions(vhost, user))
     access.set_topic_permission(vhost, user, rule)
     return created_or_updated(not existed)

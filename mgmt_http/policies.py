@@ -64,7 +64,7 @@ async def put(request: web.Request) -> web.Response:
     vhost = auth.require_vhost(request, creating=True)
     name = request.match_info["name"]
     try:
-        policy = parse(vhost, name, await read_json(request, required=True), kind == OPERATOR_POLICY)
+        policy = parse(vhost, name, await read_json(request), kind == OPERATOR_POLICY)
     except PolicyError as exc:  # RabbitMQ escapes a user policy's reason for HTML (not an operator policy's)
         raise bad_request(html.escape(str(exc), quote=False) if kind == POLICY else str(exc)) from None
     broker = ctx(request).broker

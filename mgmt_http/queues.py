@@ -163,7 +163,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     taken."""
     context = ctx(request)
     vhost = context.vhost(auth.require_vhost(request))
-    body = await read_json(request, required=True)  # the body is checked first, as RabbitMQ does
+    body = await read_json(request)  # the body is checked first, as RabbitMQ does
     count = bulk.capped(get_int(body, "count", minimum=0))
     ackmode = get_str(body, "ackmode")
     if ackmode not in ACK_MODES:
@@ -272,7 +272,7 @@ async def move(request: web.Request) -> web.Response:
     """Warren: move ready messages (all, or ``count``; at most ``bulk.MAX_MESSAGES``) to the tail of
     ``destination`` in the same vhost, a slice per loop turn; ``moved`` says how many."""
     context, queue = find_queue(request)
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     destination_name = get_str(body, "destination")
     count = get_int(body, "count", minimum=0) if body.get("count") is not None else bulk.MAX_MESSAGES
     vhost = context.vhost(queue.vhost)

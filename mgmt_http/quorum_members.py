@@ -28,7 +28,7 @@ def _groups(request: web.Request):
 async def _change(request: web.Request, add: bool) -> web.Response:
     groups = _groups(request)
     vhost = auth.require_vhost(request)
-    node = get_str(await read_json(request, required=True), "node")
+    node = get_str(await read_json(request), "node")
     try:
         if add:
             groups.change_members(vhost, request.match_info["name"], add=node)

@@ -107,7 +107,7 @@ async def delete(request: web.Request) -> web.Response:
 @routes.post("/api/users/bulk-delete")
 async def bulk_delete(request: web.Request) -> web.Response:
     auth.require_admin(request)
-    body = await read_json(request, required=True)
+    body = await read_json(request)
     if "users" not in body:
         raise key_missing("users")
     names = body["users"]

@@ -41,6 +41,24 @@ def user_exists(node, name: str) -> bool:
     return call(node, "GET", f"/api/users/{q(name)}").status == 200
 
 
+@pytest.mark.parametrize("method, path", [
+    ("PUT", "/api/global-parameters/{uid}"), ("PUT", "/api/cluster-name"), ("PUT", "/api/vhost-limits/%2F/{uid}"),
+    ("PUT", "/api/user-limits/guest/{uid}"), ("PUT", "/api/parameters/shovel/%2F/{uid}"),
+    ("PUT", "/api/permissions/%2F/guest"), ("PUT", "/api/topic-permissions/%2F/guest"),
+    ("PUT", "/api/policies/%2F/{uid}"), ("PUT", "/api/operator-policies/%2F/{uid}"),
+    ("POST", "/api/exchanges/%2F/amq.direct/publish"), ("POST", "/api/queues/%2F/{uid}/get"),
+    ("POST", "/api/queues/%2F/{uid}/commit")])
+def test_an_empty_body_is_an_empty_object_as_rabbitmq_decodes_it(broker, method, path):
+    """rabbit_mgmt_util:decode(<<"">>) is ``{ok, #{}}``: an empty body is answered as ``{}`` is (the keys a
+    request needs are then missing), not refused for being empty."""
+    path = path.format(uid="empty-body")
+    assert call(broker, "PUT", "/api/queues/%2F/empty-body", {}).status in (201, 204)
+    empty, braces = call(broker, method, path, raw=b""), call(broker, method, path, {})
+    call(broker, "DELETE", "/api/queues/%2F/empty-body")
+    assert (empty.status, empty.json) == (braces.status, braces.json)
+    assert empty.status == 400
+
+
 # -- cross-site requests -------------------------------------------------------------------------------
 
 def definitions_adding(user: str) -> bytes:
