@@ -72,6 +72,16 @@ class ReplyTarget(Protocol[ConsumerT, MessageT]):
     def deliver_reply(self, consumer: ConsumerT, message: MessageT) -> None: ...
 
 
+class ReplyNode(Protocol[MessageT]):
+    """Another node (cluster mode), as direct reply-to reaches the reply consumers of its clients."""
+
+    def send_reply(self, name: str, message: MessageT) -> None:
+        """Hand a reply to its consumer ``name`` there, over the link (nothing is answered: none is awaited)."""
+
+    async def has_reply_consumer(self, name: str) -> bool:
+        """Whether its consumer ``name`` is there (False while the link is down)."""
+
+
 class ExclusiveOwner(Protocol[QueueT]):
     """A client connection: it owns its exclusive queues, and the broker may close it."""
 

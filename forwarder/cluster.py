@@ -97,6 +97,7 @@ class Cluster:
         needed), then links, then etcd's current state."""
         await etcd.check(self.client, self.config.cluster_etcd, DEF_PREFIX)
         self.broker.cluster = self
+        self.broker.replies.clustered(self.name, self.peers)
         self.broker.access.listener = self
         self.broker.policies.listener = self
         mirrored = self.metadata.mirrored()

@@ -732,7 +732,7 @@ class Channel:
         if not name and not m.passive:
             name = server_name("amq.gen-")
         if m.passive and name.startswith(direct_reply.PSEUDO_QUEUE):
-            self._declare_reply_queue(name, m.nowait)
+            self._declare_reply_queue(m, name)
             return
         if self.broker.cluster is not None and (name not in self.vhost.queues or self._remote(name)):
             self.connection.suspend(self, m, self._agreed_declare(m, name))
@@ -778,16 +778,28 @@ class Channel:
         self.last_queue = queue.name
         return queue
 
-    def _declare_reply_queue(self, name: str, nowait: bool) -> None:
-        """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does."""
+    def _declare_reply_queue(self, m: commands.Queue.Declare, name: str) -> None:
+        """Passive declare of amq.rabbitmq.reply-to (or a reply-to name) answers as RabbitMQ does; the name of
+        another node's consumer is asked there (rabbit_channel's declare_fast_reply_to calls the channel)."""
         if name == direct_reply.PSEUDO_QUEUE:
             consumers = 1 if self.reply_consumer is not None else 0
         elif self.broker.replies.get(name) is not None:
             consumers = 1
         else:
-            raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
-        if not nowait:
+            found = self.broker.replies.found_elsewhere(name)
+            if found is None:
+                raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
+            self.connection.suspend(self, m, self._declare_reply_elsewhere(m, name, found))
+            return
+        if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=consumers))
+
+    async def _declare_reply_elsewhere(self, m: commands.Queue.Declare, name: str,
+                                       found: Coroutine[None, None, bool]) -> None:
+        if not await found:
+            raise errors.not_found(f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not m.nowait and self.open:
+            self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))
 
     def _queue_binding(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)

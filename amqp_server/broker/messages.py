@@ -12,7 +12,7 @@ from .. import errors
 from . import sender_selected
 from ..access_control import Principal, User
 from .delayed_messages import MandatoryPublisher
-from .direct_reply import ReplyConsumer
+from .direct_reply import NodeReply, ReplyConsumer
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue, SettleMode
@@ -79,7 +79,7 @@ class Messages:
             return queues
         now: list[Destination] = []
         for destination in queues:
-            if isinstance(destination, ReplyConsumer):
+            if isinstance(destination, (ReplyConsumer, NodeReply)):
                 now.append(destination)
             else:
                 queue = vhost.queues.get(destination.name)

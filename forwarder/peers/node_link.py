@@ -64,10 +64,10 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 10  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+LINK_VERSION = 11  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
 # 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size; 10: a Checkout carries its term,
-# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count)
+# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -80,6 +80,9 @@ PUBLISH, CONFIRM = 10, 11  # dialer -> owner, owner -> dialer
 RELAY = 12  # a publish a deposed leader passes on to the leader it knows: as PUBLISH, but never passed on again
 CONFIRMS = 14  # owner -> dialer: CONFIRM_BODYs, the answers of one turn (a CONFIRM_MOVED with its hint: a CONFIRM)
 ENQUEUE = 13  # a publish of a quorum queue's window (``remote_queue.Window``) to its leader: never passed on
+# a reply for a direct reply-to consumer of the other node's: its name (after its length, as a queue id's), then the
+# message; never answered
+DIRECT_REPLY = 15
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
 MODIFY = 33  # a SETTLE (requeue, release or reject) with an AMQP 1.0 modified outcome's annotations for the messages
@@ -109,7 +112,7 @@ SETTLE_ACK, SETTLE_REQUEUE, SETTLE_REJECT, SETTLE_RELEASE = 0, 1, 2, 3
 SETTLE_MODES: tuple[SettleMode, ...] = ("ack", "requeue", "reject", "release")  # by a SETTLE frame's mode
 # the frames whose handlers take a large frame's payload as the bytearray it was read into (``read_message`` makes it
 # the body); the others get bytes
-IN_PLACE = frozenset((PUBLISH, RELAY, ENQUEUE, DELIVER, REPLY))
+IN_PLACE = frozenset((PUBLISH, RELAY, ENQUEUE, DIRECT_REPLY, DELIVER, REPLY))
 
 
 def read_queue_ids(payload: bytes | bytearray, pos: int, end: int) -> list[bytes]:

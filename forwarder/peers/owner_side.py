@@ -235,7 +235,7 @@ class PeerSession:
                           link.CANCEL: self._cancel, link.SETTLE: self._settle, link.MODIFY: self._modify,
                           link.CREDIT: self._credit,
                           link.REQUEST: self._request, link.REPLICATE: self._replicate,
-                          link.REPLICATED: self._replicated}
+                          link.REPLICATED: self._replicated, link.DIRECT_REPLY: self._direct_reply}
 
     def frame(self, ftype: int, payload: bytes) -> None:
         self._handlers[ftype](payload)
@@ -294,6 +294,12 @@ class PeerSession:
             self._confirm(seq, link.CONFIRM_OK)  # (on a majority's disks: once what the leader has is)
         else:
             self._answer(seq, link.CONFIRM_REJECTED if verdict == "refused" else link.CONFIRM_OK, message)
+
+    def _direct_reply(self, payload: bytes) -> None:
+        """A reply the other node routed to a direct reply-to consumer of this node's (``ReplyConsumers.route``)."""
+        size = link.QID.unpack_from(payload)[0]
+        name = bytes(payload[link.QID.size:link.QID.size + size]).decode()
+        self.broker.replies.deliver(name, link.read_message(payload, link.QID.size + size))
 
     def moved(self, seq: int, leader: str, term: int) -> None:
         """A publish of another node's window this node does not take (it does not lead the queue, or was
@@ -562,6 +568,11 @@ class PeerSession:
             return
         if request.get("op") == "settled":
             self._agree(request.get("rid"))
+            return
+        if request.get("op") == "reply":  # (a passive queue.declare of a reply name made here)
+            name = request.get("name")
+            self._reply({"rid": request.get("rid"),
+                         "exists": isinstance(name, str) and self.broker.replies.get(name) is not None})
             return
         reply: dict[str, Any] = {"rid": request["rid"], "key": f"{request['vhost']}\0{request['queue']}"}
         entry: Entry | None = None

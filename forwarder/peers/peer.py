@@ -193,6 +193,27 @@ class Peer:
             self.flow.block(self._held_for)
         return True
 
+    def send_reply(self, name: str, message: Message) -> None:
+        """A reply to the direct reply-to consumer ``name`` of a client there (``ports.ReplyNode``); while the link
+        is down it is dropped, as a reply to a consumer gone is."""
+        client = self.link
+        if not self.up or client is None:
+            return
+        raw = name.encode()
+        client.send_message(link.DIRECT_REPLY, link.QID.pack(len(raw)) + raw, message)
+        if client.write_paused:
+            self.flow.block(self._held_for)
+
+    async def has_reply_consumer(self, name: str) -> bool:
+        if self.link is None or not self.up:
+            return False
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._requests[rid] = (future, None)  # (the link going down answers it: no consumer)
+        self.link.send(link.REQUEST, link.encode_json({"rid": rid, "op": "reply", "name": name}))
+        reply, _ = await future
+        return reply.get("exists") is True
+
     def _send_open(self) -> None:
         open_, self._open = self._open, None
         if open_ is None or self.link is None:

@@ -38,6 +38,7 @@ def test_pika_rpc_round_trip(broker, uid: str) -> None:
             method, props, body = _get(server, server_channel, uid)
             assert body == f"req{i}".encode()
             assert props.reply_to.startswith(REPLY_TO + ".") and len(props.reply_to) > len(REPLY_TO) + 8
+            assert "." not in props.reply_to[len(REPLY_TO) + 1:]  # one node: no node tag in the name
             assert props.correlation_id == str(i)
             server_channel.basic_publish("", props.reply_to, f"resp{i}".encode(),
                                          pika.BasicProperties(correlation_id=props.correlation_id))
