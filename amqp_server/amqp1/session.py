@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Coroutine
 
 from urllib.parse import quote
 
-from ..broker import direct_reply, server_name
+from ..broker import server_name
 from .. import errors
 from ..errors import AMQPError, ChannelError
 from ..framing.file_out import FileRange, Part, cut
@@ -525,9 +525,15 @@ class Incoming(LinkEndpoint):
         if target is None or target == management.ADDRESS:
             return None
         destination = address.target(target)
-        if not destination.declare or destination.routing_key is None:
+        if destination.routing_key is None:
             return None
-        return terminus.declare(self.connection, destination.routing_key, _durable(self.target))
+        if destination.declare:
+            return terminus.declare(self.connection, destination.routing_key, _durable(self.target))
+        if destination.exchange == "":
+            found = self.broker.replies.found_elsewhere(destination.routing_key)
+            if found is not None:
+                return _reply_found(self.connection, destination.routing_key, found)
+        return None
 
     def attach(self) -> None:
         target = _address(self.target)
@@ -567,11 +573,12 @@ class Incoming(LinkEndpoint):
 
     def _check_queue(self, name: str) -> None:
         """A queue, or a direct reply-to name, is there: else ``not-found``.  Whether it can take a message now
-        is not asked (RabbitMQ 4.x checks that the queue exists): a quorum queue electing a leader is a target."""
+        is not asked (RabbitMQ 4.x checks that the queue exists): a quorum queue electing a leader is a target.
+        Another node's reply name is that node's to answer for: a target naming it was asked there
+        (``declaration``), a message's ``to`` goes there as it is."""
         vhost = self.connection.vhost
         assert vhost is not None
-        if name not in vhost.queues and not (name.startswith(direct_reply.PREFIX)
-                                             and self.broker.replies.get(name) is not None):
+        if name not in vhost.queues and not self.broker.replies.known(name):
             raise errors.not_found(f"no queue '{name}' in vhost '{vhost.name}'")
 
     def _exchange(self, name: str) -> Exchange:
@@ -916,6 +923,13 @@ def _with_offset(head: bytes, seq: int) -> bytes:
     else:
         annotations = b"\xd1" + _U32.pack(len(data) + 4) + _U32.pack(count) + data
     return head[:at + 3] + annotations + head[end:]
+
+
+async def _reply_found(connection: SessionHost, name: str, found: Coroutine[None, None, bool]) -> None:
+    """A target naming another node's reply consumer attaches if that node has it."""
+    if not await found:
+        assert connection.vhost is not None
+        raise errors.not_found(f"no queue '{name}' in vhost '{connection.vhost.name}'")
 
 
 VOLATILE_QUEUE = "rabbitmq:volatile-queue"

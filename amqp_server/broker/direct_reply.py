@@ -126,10 +126,14 @@ class ReplyConsumers:
         if consumer is not None:
             consumer.enqueue(message)
 
+    def known(self, name: str) -> bool:
+        """A consumer of this node's is named, or the name's tag is another node's, which answers for it."""
+        return name.startswith(PREFIX) and (name in self._by_name or self._elsewhere(name) is not None)
+
     def found_elsewhere(self, name: str) -> "Coroutine[None, None, bool] | None":
         """Whether another node's consumer is named (a passive queue.declare, as rabbit_channel's
         declare_fast_reply_to asks the channel wherever it is); None if the name is no other node's."""
-        consumer = self._elsewhere(name)
+        consumer = self._elsewhere(name) if name.startswith(PREFIX) else None
         return None if consumer is None else consumer.node.has_reply_consumer(name)
 
     def _elsewhere(self, name: str) -> NodeReply | None:

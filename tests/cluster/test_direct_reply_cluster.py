@@ -25,20 +25,23 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProce
         yield started[1]
 
 
-def requested(server: pika.BlockingConnection, queue: str) -> pika.BasicProperties:
-    """The properties of the request the server takes from ``queue`` (it may take a moment to cross the nodes)."""
+def requested(server: pika.BlockingConnection, queue: str) -> tuple[str, str | None]:
+    """The reply-to and correlation id of the request the server takes from ``queue`` (it may take a moment to
+    cross the nodes)."""
     channel = server.channel()
     got: list[pika.BasicProperties] = []
 
     def take() -> bool:
         method, props, _ = channel.basic_get(queue, auto_ack=True)
-        if method is not None:
+        if method is not None and props is not None:
             got.append(props)
         return bool(got)
 
     wait_for(take, "the request reaches the server")
     channel.close()
-    return got[0]
+    reply_to = got[0].reply_to
+    assert reply_to is not None
+    return reply_to, got[0].correlation_id
 
 
 def returned(channel, name: str, body: bytes) -> tuple[int, str]:
@@ -47,7 +50,7 @@ def returned(channel, name: str, body: bytes) -> tuple[int, str]:
     with pytest.raises(pika.exceptions.UnroutableError) as info:
         channel.basic_publish("", name, body, pika.BasicProperties(correlation_id="c"), mandatory=True)
     method = info.value.messages[0].method
-    return method.reply_code, method.reply_text
+    return method.reply_code or 0, method.reply_text
 
 
 def test_a_reply_through_another_node_reaches_the_requester_and_is_confirmed(nodes, uid):
@@ -64,9 +67,8 @@ def test_a_reply_through_another_node_reaches_the_requester_and_is_confirmed(nod
         replies: list[tuple] = []
         client_channel.basic_consume(REPLY_TO, lambda ch, m, p, b: replies.append((m, p, b)), auto_ack=True)
         client_channel.basic_publish("", uid, b"request", pika.BasicProperties(reply_to=REPLY_TO, correlation_id="7"))
-        props = requested(server, uid)
-        name = props.reply_to
-        assert name.startswith(REPLY_TO + ".") and props.correlation_id == "7"
+        name, correlation_id = requested(server, uid)
+        assert name.startswith(REPLY_TO + ".") and correlation_id == "7"
         replying = server.channel()
         assert replying.queue_declare(name, passive=True).method.consumer_count == 1
         replying.confirm_delivery()
@@ -90,12 +92,12 @@ def test_a_reply_to_a_gone_requester_through_another_node_is_returned_and_reache
         requester = client.channel()
         requester.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
         requester.basic_publish("", uid, b"request", pika.BasicProperties(reply_to=REPLY_TO))
-        name = requested(server, uid).reply_to
+        name, _ = requested(server, uid)
         other = client.channel()
         replies: list[bytes] = []
         other.basic_consume(REPLY_TO, lambda ch, m, p, b: replies.append(b), auto_ack=True)
         other.basic_publish("", uid, b"request", pika.BasicProperties(reply_to=REPLY_TO))
-        live = requested(server, uid).reply_to
+        live, _ = requested(server, uid)
         requester.close()
         replying = server.channel()
         replying.confirm_delivery()
@@ -109,3 +111,47 @@ def test_a_reply_to_a_gone_requester_through_another_node_is_returned_and_reache
             server.channel().queue_declare(name, passive=True)
         assert (info.value.reply_code, info.value.reply_text) == (404, f"NOT_FOUND - no queue '{name}' in vhost '/'")
         server.channel().queue_delete(uid)
+
+
+def test_an_amqp10_reply_link_on_one_node_gets_replies_sent_through_another(nodes):
+    """An AMQP 1.0 direct reply-to link (RabbitMQ 4.2's volatile queue) on node 1: a 0-9-1 reply through node 2
+    reaches it and is routed as to a queue (a mandatory one is not returned; it is confirmed), an AMQP 1.0 sender
+    through node 2 attaches to its address (node 1 is asked) and sends to it, and so does the anonymous terminus
+    with the address as ``to``; an address of node 1 that no link holds there is not found."""
+    client = pytest.importorskip("rabbitmq_amqp_python_client")
+    from proton import Message
+    from proton.utils import BlockingConnection, LinkDetached
+    from test_amqp10_filters import Collect, Done
+
+    n1, n2, _ = nodes
+    environment = client.Environment(uri=f"amqp://guest:guest@127.0.0.1:{n1.port}")
+    try:
+        connection = environment.connection()
+        connection.dial()
+        handler = Collect(3, accept=False)
+        options = client.ConsumerOptions(settle_strategy=client.ConsumerSettleStrategy.DirectReplyTo)
+        consumer = connection.consumer(None, message_handler=handler, consumer_options=options)
+        address = consumer.address
+        name = address.removeprefix("/queues/")
+        with connect(n2) as server:
+            channel = server.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", name, b"from 0-9-1", pika.BasicProperties(correlation_id="a"), mandatory=True)
+        sender_side = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{n2.port}", timeout=10,
+                                         allowed_mechs="PLAIN")
+        try:
+            sender = sender_side.create_sender(address)
+            sender.send(Message(body=b"from 1.0", correlation_id="b"))
+            sender_side.create_sender(None).send(Message(address=address, body=b"to", correlation_id="c"))
+            with pytest.raises(Done):
+                consumer.run()
+            assert [(correlation, body) for (_, _, correlation), (_, body, _) in
+                    zip(handler.messages, handler.seen)] == [("a", "from 0-9-1"), ("b", "from 1.0"), ("c", "to")]
+            made_up = address[:-4] + ("AAAA" if not address.endswith("AAAA") else "BBBB")
+            with pytest.raises(LinkDetached, match="amqp:not-found"):
+                sender_side.create_sender(made_up)
+        finally:
+            sender_side.close()
+        consumer.close()
+    finally:
+        environment.close()
