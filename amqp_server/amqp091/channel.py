@@ -336,7 +336,7 @@ class Channel:
                                                self if self.confirm_mode else None)
         if not routed:
             cluster = self.broker.cluster
-            current = cluster is None or cluster.current
+            current = cluster is None or cluster.current or direct_reply.is_reply(exchange_name, routing_key)
             if not current and not waited:  # a queue or binding made elsewhere may be missing here
                 self.connection.suspend(self, _PUBLISH, self._routed_when_current(exchange, message, mandatory))
                 return

@@ -152,6 +152,13 @@ class ReplyConsumers:
         return None if node is None or found is None else NodeReply(name, node, found[1])
 
 
+def is_reply(exchange: str, routing_key: str) -> bool:
+    """A publish to a reply name: delivered (or dropped) as it is routed, whatever the definitions say (no queue
+    is named so: a client may name none ``amq.*``, the server names its ``amq.gen-…``), so a view of them that may
+    be behind the cluster's neither holds it nor routes it again."""
+    return exchange == "" and routing_key.startswith(PREFIX)
+
+
 def with_reply_to(message: Message, reply_to: str) -> Message:
     """The message with its reply_to property replaced on the bytes (every other property stays as sent)."""
     header = properties.replace(message.header, codec.FLAG_REPLY_TO, codec.shortstr(reply_to))

@@ -118,3 +118,33 @@ async def test_a_publish_to_an_exchange_missing_from_a_stale_view_waits_for_it_a
         await publish
         queue = await channel.get_queue("bound-elsewhere")
         assert (await queue.get(no_ack=True, timeout=5)).body == b"to a new exchange"
+
+
+async def test_a_direct_reply_on_a_stale_view_is_delivered_once_and_confirmed_at_once(node):
+    """A reply to a direct reply-to name is delivered as it is routed and routes to no queue: no definition can
+    route it otherwise (no queue is named so), so a stale view does not hold it, route it again
+    (a second delivery) or nack it; it is confirmed at once, as RabbitMQ confirms a publish routed to no queue."""
+    server, view = node
+    view.wait = 0.3
+    connection, channel = await confirming(server)
+    async with connection:
+        requester = await connection.channel()
+        replies: asyncio.Queue[bytes] = asyncio.Queue()
+        reply_queue = await requester.get_queue("amq.rabbitmq.reply-to", ensure=False)
+
+        async def on_reply(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            replies.put_nowait(message.body)
+
+        await reply_queue.consume(on_reply, no_ack=True)
+        server.broker.declare_queue(server.broker.vhosts["/"], "requests")
+        await requester.default_exchange.publish(aio_pika.Message(b"request", reply_to="amq.rabbitmq.reply-to"),
+                                                 routing_key="requests")
+        request = await (await channel.get_queue("requests")).get(no_ack=True, timeout=5)
+        name = request.reply_to
+        assert name is not None and name.startswith("amq.rabbitmq.reply-to.")
+        confirm = await channel.default_exchange.publish(aio_pika.Message(b"reply"), routing_key=name,
+                                                         mandatory=False, timeout=5)
+        assert isinstance(confirm, commands.Basic.Ack)
+        assert await asyncio.wait_for(replies.get(), 5) == b"reply"
+        await asyncio.sleep(0.5)  # (a second delivery would come after the view's wait)
+        assert replies.empty() and view.waiting == 0
