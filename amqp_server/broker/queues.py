@@ -41,12 +41,6 @@ log = logging.getLogger("warren.broker")
 
 OFFSET_BLOCK = 4096  # offsets reserved for readers at once (``Queues.reserve_offsets``): a write each, at most
 
-# Queue arguments whose values must match on redeclaration, as RabbitMQ checks them.
-EQUIVALENT_QUEUE_ARGS = (
-    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
-    "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-type", "x-single-active-consumer",
-)
-
 
 class Storage:
     """Where this node's queues keep their messages: the pager, the persistent store for durable queues and what
@@ -138,7 +132,7 @@ class Queues:
                 if asked != was:
                     raise errors.precondition_failed(
                         f"inequivalent arg '{arg}' for {what}: received '{shown(asked)}' but current is '{shown(was)}'")
-            for arg in EQUIVALENT_QUEUE_ARGS:
+            for arg in existing.type.equivalent_arguments:
                 new, old = arguments.get(arg), existing.arguments.get(arg)
                 if new != old:
                     if new is not None and old is not None:  # rabbit_misc: both set -> bare values

@@ -111,6 +111,32 @@ def test_what_a_stream_takes(broker, uid):
             channel.queue_delete(f"{uid}-{i}")
 
 
+@pytest.mark.parametrize("first, again, text", [
+    ({"x-max-age": "1h"}, {"x-max-age": "2h"}, "received '2h' but current is '1h'"),
+    ({"x-max-age": "1h"}, {}, "received none but current is the value '1h' of type 'longstr'"),
+    ({"x-stream-max-segment-size-bytes": 2_000_000}, {"x-stream-max-segment-size-bytes": 3_000_000},
+     "received '3000000' but current is '2000000'"),
+    ({"x-initial-cluster-size": 1}, {"x-initial-cluster-size": 2}, "received '2' but current is '1'"),
+    ({"x-queue-leader-locator": "client-local"}, {"x-queue-leader-locator": "balanced"},
+     "received 'balanced' but current is 'client-local'"),
+])
+def test_a_stream_declared_again_with_other_retention_is_inequivalent(broker, uid, first, again, text):
+    """rabbit_amqqueue:assert_args_equivalence checks the existing queue's type's queue_arguments: a stream's
+    retention, segment size, cluster size and leader locator among them (the stream would keep its old ones)."""
+    with connect(broker) as connection:
+        declare(connection.channel(), uid, **first)
+    try:
+        arguments = next(iter(again), None)
+        assert refused(broker, uid, durable=True, arguments=again) == (
+            406, f"PRECONDITION_FAILED - inequivalent arg '{arguments or next(iter(first))}' for queue '{uid}' in "
+                 f"vhost '/': {text}")
+        with connect(broker) as connection:
+            assert declare(connection.channel(), uid, **first) == 0  # the same again is the same stream
+    finally:
+        with connect(broker) as connection:
+            connection.channel().queue_delete(uid)
+
+
 def test_basic_get_is_not_implemented(broker, uid):
     with connect(broker) as connection:
         declare(connection.channel(), uid)

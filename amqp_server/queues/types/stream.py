@@ -22,6 +22,9 @@ class Stream(QueueType):
                          "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
                          "x-quorum-initial-group-size", "x-delivery-limit")
     consumer_arguments = ("x-stream-offset",)
+    # rabbit_stream_queue's queue_arguments: a stream declared again with other retention is inequivalent
+    equivalent_arguments = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
+                            "x-initial-cluster-size", "x-queue-leader-locator")
     # What a stream takes of a policy (it refuses the other keys as arguments and ignores them here).
     policy_lower_wins = ("max-length-bytes",)
     policy_argument_wins = ("max-age", "stream-max-segment-size-bytes")
