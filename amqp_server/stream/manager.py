@@ -16,6 +16,7 @@ from ..access_control import Principal
 from ..errors import AMQPError
 from ..message import Message, make_message
 from ..queues.queue import AnyQueue
+from ..queues.policy import LEADER_LOCATORS
 from ..queues.queue_type import LOG
 from ..queues.stream_queue import StreamQueue
 from . import wire as core
@@ -62,24 +63,30 @@ class StreamManager:
     # -- streams ------------------------------------------------------------------------------
 
     async def create(self, vhost_name: str, name: str, arguments: dict[str, str], who: Principal) -> None:
-        """create: configure permission; an existing queue of that name is STREAM_ALREADY_EXISTS.  In cluster mode
-        the cluster agrees on the stream (and the node it lives on) first, and the answer waits until the nodes
-        this one reaches have it (``Broker.declaring``): a publisher through another node right after finds it."""
+        """create: the checks of ``_check_new``.  In cluster mode the cluster agrees on the stream (and the node it
+        lives on) first, and the answer waits until the nodes this one reaches have it (``Broker.declaring``): a
+        publisher through another node right after finds it."""
         vhost = self._vhost(vhost_name)
-        converted = _queue_arguments(arguments)
         try:
-            self._check_new(vhost, name, converted, who)
+            converted = self._check_new(vhost, name, arguments, who)
             async with self.broker.declaring(vhost, name, durable=True, arguments=converted, who=who):
                 self.broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
 
-    def _check_new(self, vhost: VHost, name: str, arguments: dict[str, Any], who: Principal) -> None:
-        self.broker.check_queue_declare(vhost, name, arguments, who)
-        if name in vhost.queues:
-            raise StreamError(core.STREAM_ALREADY_EXISTS)
+    def _check_new(self, vhost: VHost, name: str, arguments: dict[str, str], who: Principal) -> dict[str, Any]:
+        """create's checks in rabbit_stream_reader's order: the name, configure permission, the arguments; a queue
+        of that name is STREAM_ALREADY_EXISTS if declaring it again with these arguments would be equivalent, as
+        rabbit_stream_manager:create_stream asserts it (another type, other retention: PRECONDITION_FAILED).  The
+        arguments as queue arguments."""
         if not name or len(name.encode()) > 255 or name.startswith("amq."):
             raise StreamError(core.PRECONDITION_FAILED)
+        self.broker.check_queue_declare(vhost, name, None, who)  # (create's arguments name no dead-letter exchange)
+        converted = _queue_arguments(arguments)
+        if name in vhost.queues:
+            self.broker.declare_queue(vhost, name, durable=True, arguments=converted, who=who)
+            raise StreamError(core.STREAM_ALREADY_EXISTS)
+        return converted
 
     def delete(self, vhost_name: str, name: str, who: Principal) -> None:
         """delete: configure permission; only a stream (another queue type is STREAM_DOES_NOT_EXIST), here or on
@@ -201,7 +208,8 @@ class StreamManager:
 
 
 def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
-    """create's arguments as queue arguments, as rabbit_stream_manager turns them (others are ignored)."""
+    """create's arguments as queue arguments, as rabbit_stream_manager turns them (others are ignored), a cluster
+    size below 1 or an unknown leader locator refused as it refuses them."""
     converted: dict[str, Any] = {"x-queue-type": "stream"}
     for key, value in arguments.items():
         if key in _INTEGER_ARGUMENTS:
@@ -211,6 +219,9 @@ def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
                 raise StreamError(core.PRECONDITION_FAILED) from None
         elif key in _STRING_ARGUMENTS:
             converted[_STRING_ARGUMENTS[key]] = value
+    if converted.get("x-initial-cluster-size", 1) <= 0 or \
+            converted.get("x-queue-leader-locator", LEADER_LOCATORS[0]) not in LEADER_LOCATORS:
+        raise StreamError(core.PRECONDITION_FAILED)  # (validate_stream_queue_arguments)
     return converted
 
 

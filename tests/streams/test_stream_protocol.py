@@ -471,6 +471,42 @@ def test_bad_requests_get_their_response_codes(node):
     assert raw.request(0x0E, string(stream)) == 1
 
 
+def create(raw: "Raw", stream: str, **arguments: str) -> int:
+    return raw.request(0x0D, string(stream) + struct.pack(">i", len(arguments))
+                       + b"".join(string(key.replace("_", "-")) + string(value) for key, value in arguments.items()))
+
+
+def test_create_checks_its_arguments_and_an_existing_queues_equivalence_as_rabbitmq(node):
+    """rabbit_stream_manager: a cluster size below 1 or an unknown leader locator is PRECONDITION_FAILED; an
+    existing queue of the name is STREAM_ALREADY_EXISTS only if declaring it with these arguments is equivalent
+    (assert_equivalence), else PRECONDITION_FAILED; the name is checked before the permission."""
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    assert create(raw, stream, initial_cluster_size="0") == 0x11
+    assert create(raw, stream, queue_leader_locator="nowhere") == 0x11
+    assert create(raw, stream, max_age="1h", queue_leader_locator="balanced") == 1
+    assert create(raw, stream, max_age="1h", queue_leader_locator="balanced") == 0x05
+    assert create(raw, stream, max_age="2h", queue_leader_locator="balanced") == 0x11
+    assert create(raw, stream) == 0x11
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(f"{stream}-amqp", durable=True, arguments={"x-queue-type": "stream"})
+        channel.queue_declare(f"{stream}-classic", durable=True)
+    assert create(raw, f"{stream}-amqp") == 0x05
+    assert create(raw, f"{stream}-classic") == 0x11
+    for name in (stream, f"{stream}-amqp"):
+        assert raw.request(0x0E, string(name)) == 1
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        connection.channel().queue_delete(f"{stream}-classic")
+    user = f"u-{uuid.uuid4().hex[:6]}"
+    assert node.admin("add-user", user, "pw").returncode == 0
+    assert node.admin("set-permissions", "/", user, "^cfg-.*", ".*", ".*").returncode == 0
+    refused = Raw(node)
+    assert refused.login(user, "pw") == 1
+    assert create(refused, "amq.nope") == 0x11 and create(refused, "nope") == 0x10
+
+
 @pytest.mark.warren_only("kills a node of its own")
 def test_a_named_publishers_sequence_and_its_confirmed_messages_survive_kill_9(start_broker):
     """Deduplication is as durable as the messages it confirmed: right after the last confirm, kill -9; the
