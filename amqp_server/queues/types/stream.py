@@ -53,10 +53,16 @@ class Stream(QueueType):
         self.refuse_global_qos(what, global_prefetch)
 
     def check_consumer_arguments(self, what: str, arguments: dict[str, Any]) -> None:
-        """An x-stream-offset that is one (RabbitMQ fails on others with 541)."""
+        """An x-stream-offset that is one.  A string of digits and what is not a unit (or a zero) is refused as
+        rabbit_amqqueue:check_stream_offset_arg refuses it; RabbitMQ fails on the others with 541 (a string
+        without digits: rabbit_amqqueue:check_max_age crashes), refused here with the value."""
         offset = arguments.get("x-stream-offset")
-        if "x-stream-offset" in arguments and not stream_offset(offset):
-            raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {what}: {offset!r}")
+        if "x-stream-offset" not in arguments or stream_offset(offset):
+            return
+        if isinstance(offset, (str, bytes)) and (text := _text(offset))[:1].isdigit() and text[:1].isascii():
+            raise errors.precondition_failed(
+                f"invalid arg 'x-stream-offset' for {what}: {{invalid_stream_offset_arg,{{longstr,{_binary(text)}}}}}")
+        raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {what}: {offset!r}")
 
     def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
         """One replica, where it lives (RabbitMQ's JSON has no RAM figures for streams)."""
@@ -68,9 +74,21 @@ TYPE = Stream()
 
 
 def stream_offset(value: Any) -> bool:
-    """Whether ``value`` is an ``x-stream-offset``: first, last, next, an offset, a timestamp or an interval."""
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if isinstance(value, str):
-        return value in ("first", "last", "next") or interval_ms(value) is not None
+    """Whether ``value`` is an ``x-stream-offset``: first, last, next, an offset, a timestamp or an interval (of
+    more than nothing: rabbit_amqqueue:check_max_age)."""
+    if isinstance(value, (str, bytes)):
+        text = _text(value)
+        return text in ("first", "last", "next") or bool(interval_ms(text))
     return isinstance(value, (int, datetime.datetime)) and not isinstance(value, bool)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _binary(text: str) -> str:
+    """A binary as Erlang's ~p prints it: quoted if its bytes are printable, else a list of them."""
+    raw = text.encode()
+    if all(32 <= byte < 127 for byte in raw):
+        return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    return "<<" + ",".join(map(str, raw)) + ">>"
