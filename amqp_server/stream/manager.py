@@ -127,10 +127,19 @@ class StreamManager:
         """The stream ``who`` may use for ``kind`` (write: declare a publisher, store an offset; read: subscribe,
         query an offset or a publisher's sequence), permission first as RabbitMQ checks it.  A stream of another
         node is STREAM_NOT_AVAILABLE here: clients find its node by metadata."""
+        self.permit(kind, vhost_name, name, who)
+        return self.find(vhost_name, name)
+
+    @staticmethod
+    def permit(kind: str, vhost_name: str, name: str, who: Principal) -> None:
+        """``for_``'s permission check alone (declare_publisher checks its ids between it and the lookup)."""
         try:
             who.check(kind, "queue", vhost_name, name)
         except AMQPError as exc:
             raise StreamError(code_of(exc)) from None
+
+    def find(self, vhost_name: str, name: str) -> StreamQueue:
+        """``for_``'s lookup alone."""
         queue = self.stream(vhost_name, name)
         if queue is None:
             where = self.locate(vhost_name, name)

@@ -572,13 +572,14 @@ class StreamConnection(FrontEnd):
         reference = fields.string()
         name = fields.string()
         fields.done()
-        try:
+        try:  # in rabbit_stream_reader's order: permission, the ids, the stream
             if len(reference.encode()) > core.MAX_REFERENCE:
                 raise StreamError(core.PRECONDITION_FAILED)
-            stream = self.manager.for_("write", self.vhost_name, name, self._who())
+            self.manager.permit("write", self.vhost_name, name, self._who())
             if publisher_id in self.publishers or (reference and any(
-                    p.reference == reference and p.stream is stream for p in self.publishers.values())):
+                    p.reference == reference and p.stream.name == name for p in self.publishers.values())):
                 raise StreamError(core.PRECONDITION_FAILED)
+            stream = self.manager.find(self.vhost_name, name)
         except StreamError as exc:
             self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
             return
@@ -781,10 +782,10 @@ class StreamConnection(FrontEnd):
         credit = fields.u16()
         fields.properties()  # (single-active-consumer, super-stream: RabbitMQ 3.11; 3.10 ignores them)
         fields.done()
-        try:
+        try:  # in rabbit_stream_reader's order: permission, the stream, the id
+            stream = self.manager.for_("read", self.vhost_name, name, self._who())
             if subscription_id in self.subscriptions:
                 raise StreamError(core.SUBSCRIPTION_ID_ALREADY_EXISTS)
-            stream = self.manager.for_("read", self.vhost_name, name, self._who())
         except StreamError as exc:
             self.send(core.response(core.SUBSCRIBE, correlation, exc.code))
             return

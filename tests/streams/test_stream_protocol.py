@@ -507,6 +507,24 @@ def test_create_checks_its_arguments_and_an_existing_queues_equivalence_as_rabbi
     assert create(refused, "amq.nope") == 0x11 and create(refused, "nope") == 0x10
 
 
+def test_a_taken_id_on_a_missing_stream_is_answered_in_rabbitmqs_order(node):
+    """rabbit_stream_reader: declare_publisher checks the ids before looking the stream up (PRECONDITION_FAILED),
+    subscribe looks the stream up first (STREAM_DOES_NOT_EXIST)."""
+    raw = Raw(node)
+    assert raw.login() == 1
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    assert create(raw, stream) == 1
+    assert raw.request(0x01, b"\x01" + string("ref") + string(stream)) == 1
+    assert raw.request(0x01, b"\x01" + string("") + string("missing")) == 0x11
+    assert raw.request(0x01, b"\x02" + string("ref") + string(stream)) == 0x11  # its reference, on that stream
+    assert raw.request(0x01, b"\x02" + string("ref") + string("missing")) == 0x02
+    subscribe = struct.pack(">H", 1) + struct.pack(">H", 10) + struct.pack(">i", 0)
+    assert raw.request(0x07, b"\x01" + string(stream) + subscribe) == 1
+    assert raw.request(0x07, b"\x01" + string("missing") + subscribe) == 0x02
+    assert raw.request(0x07, b"\x01" + string(stream) + subscribe) == 0x03
+    assert raw.request(0x0E, string(stream)) == 1
+
+
 @pytest.mark.warren_only("kills a node of its own")
 def test_a_named_publishers_sequence_and_its_confirmed_messages_survive_kill_9(start_broker):
     """Deduplication is as durable as the messages it confirmed: right after the last confirm, kill -9; the
