@@ -14,6 +14,7 @@ from exchanges import Exchange
 from .. import errors
 from ..access_control import Principal
 from ..errors import AMQPError
+from ..framing import field_types
 from ..message import Message, make_message
 from ..queues.queue import AnyQueue
 from ..queues.policy import LEADER_LOCATORS
@@ -223,7 +224,7 @@ def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
     for key, value in arguments.items():
         if key in _INTEGER_ARGUMENTS:
             try:
-                converted[_INTEGER_ARGUMENTS[key]] = int(value)
+                converted[_INTEGER_ARGUMENTS[key]] = field_types.Long(int(value))  # (a long, as RabbitMQ's)
             except ValueError:
                 raise StreamError(core.PRECONDITION_FAILED) from None
         elif key in _STRING_ARGUMENTS:

@@ -495,7 +495,14 @@ def test_create_checks_its_arguments_and_an_existing_queues_equivalence_as_rabbi
         channel.queue_declare(f"{stream}-classic", durable=True)
     assert create(raw, f"{stream}-amqp") == 0x05
     assert create(raw, f"{stream}-classic") == 0x11
-    for name in (stream, f"{stream}-amqp"):
+    assert create(raw, f"{stream}-long", max_length_bytes="1000") == 1
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            connection.channel().queue_declare(f"{stream}-long", durable=True, arguments={"x-queue-type": "stream"})
+    assert caught.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'x-max-length-bytes' for queue '{stream}-long' in vhost '/': "
+        "received none but current is the value '1000' of type 'long'")  # (create's integers are longs)
+    for name in (stream, f"{stream}-amqp", f"{stream}-long"):
         assert raw.request(0x0E, string(name)) == 1
     with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
         connection.channel().queue_delete(f"{stream}-classic")
