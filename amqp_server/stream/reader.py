@@ -96,13 +96,12 @@ AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
 
 
 class StreamPublisher:
-    __slots__ = ("id", "reference", "stream", "sequence")
+    __slots__ = ("id", "reference", "stream")
 
-    def __init__(self, publisher_id: int, reference: str, stream: StreamQueue, sequence: int) -> None:
+    def __init__(self, publisher_id: int, reference: str, stream: StreamQueue) -> None:
         self.id = publisher_id
-        self.reference = reference
+        self.reference = reference  # with one, deduplicated against the stream's last id for it (``writers``)
         self.stream = stream
-        self.sequence = sequence  # the last publishing id written (deduplication, with a reference); NONE_YET
 
 
 class Subscription:
@@ -583,8 +582,7 @@ class StreamConnection(FrontEnd):
         except StreamError as exc:
             self.send(core.response(core.DECLARE_PUBLISHER, correlation, exc.code))
             return
-        sequence = self.manager.writers(stream).get(reference, NONE_YET) if reference else NONE_YET
-        self.publishers[publisher_id] = StreamPublisher(publisher_id, reference, stream, sequence)
+        self.publishers[publisher_id] = StreamPublisher(publisher_id, reference, stream)
         stream.listeners[self] = None
         self.send(core.response(core.DECLARE_PUBLISHER, correlation, core.OK))
 
@@ -616,7 +614,8 @@ class StreamConnection(FrontEnd):
         """publish (v1; v2 carries a filter value per message, read and ignored): the frame's messages are the chunks
         osiris's writer cuts, their entries as they came (a sub-batch stays as the client compressed it), written
         at once and confirmed after the group commit's fsync.  A named publisher's messages whose publishing id is
-        not above its last are confirmed, not written; each chunk's trailer holds its last id there."""
+        not above the stream's last for its name (whichever connection wrote it: osiris_writer's tracking) are
+        confirmed, not written; each chunk's trailer holds its last id there."""
         publisher_id = fields.u8()
         count = fields.count(12)
         self.stats.publish += count
@@ -625,9 +624,11 @@ class StreamConnection(FrontEnd):
             self.publishing = True
             self.flow.publishing(self)
         buf, pos, end = fields.buf, fields.pos, fields.end
-        dedup = publisher is not None and bool(publisher.reference)
-        last = publisher.sequence if publisher is not None else NONE_YET
         stream = publisher.stream if publisher is not None else None
+        dedup = publisher is not None and bool(publisher.reference)
+        last = NONE_YET
+        if publisher is not None and publisher.reference and not publisher.stream.deleted:
+            last = self.manager.writers(publisher.stream).get(publisher.reference, NONE_YET)
         if version == 1 and stream is not None and not stream.deleted and stream.writable():
             uniform = _uniform(buf, pos, end, count, last if dedup else None)
             if uniform is not None:
@@ -702,7 +703,6 @@ class StreamConnection(FrontEnd):
             at = end
         stream.append_chunks(chunks)
         if dedup:
-            publisher.sequence = last
             stream.log.wrote(publisher.reference, last)
         self._to_confirm(publisher, ids)
 
@@ -739,7 +739,6 @@ class StreamConnection(FrontEnd):
                 at += n
         stream.append_chunks(chunks)
         if last is not None:
-            publisher.sequence = last
             stream.log.wrote(publisher.reference, last)
 
     def _publish_errors(self, publisher_id: int, errors: list[tuple[int, int]]) -> None:

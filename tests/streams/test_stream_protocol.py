@@ -598,6 +598,41 @@ def read_chunks(raw: "Raw", count: int) -> list[tuple[int, int, int, bytes]]:
     return chunks
 
 
+def publish_raw(raw: "Raw", publisher_id: int, messages: list[tuple[int, bytes]]) -> list[int]:
+    """A publish frame of (publishing id, entry): the publishing ids its confirms name."""
+    raw.send(frame(0x02, bytes([publisher_id]) + struct.pack(">i", len(messages)) + b"".join(
+        struct.pack(">QI", publishing_id, len(entry)) + entry for publishing_id, entry in messages)))
+    confirmed: list[int] = []
+    while len(confirmed) < len(messages):
+        key, rest = raw.receive()
+        assert key == 0x03 and rest[0] == publisher_id, (key, rest)
+        count = struct.unpack_from(">I", rest, 1)[0]
+        confirmed += struct.unpack_from(f">{count}Q", rest, 5)
+    return confirmed
+
+
+def test_a_name_published_under_on_two_connections_is_deduplicated_by_the_streams_sequence(node):
+    """osiris_writer checks a publishing id against the stream's last for that writer name, whichever
+    connection wrote it: a client that reconnects while its old connection lives on (or two instances of one
+    producer) writes no message twice."""
+    first, second = Raw(node), Raw(node)
+    assert first.login() == 1 and second.login() == 1
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    assert create(first, stream) == 1
+    for raw in (first, second):
+        assert raw.request(0x01, b"\x01" + string("app") + string(stream)) == 1
+    assert sorted(publish_raw(first, 1, [(i, b"a%d" % i) for i in range(1, 6)])) == [1, 2, 3, 4, 5]
+    assert sorted(publish_raw(second, 1, [(i, b"b%d" % i) for i in range(3, 8)])) == [3, 4, 5, 6, 7]
+    assert sorted(publish_raw(first, 1, [(6, b"a6"), (9, b"a9")])) == [6, 9]
+    assert first.request(0x07, b"\x01" + string(stream) + struct.pack(">HH", 1, 50) + struct.pack(">i", 0)) == 1
+    chunks = read_chunks(first, 3)
+    assert [(offset, records) for offset, _, records, _ in chunks] == [(0, 5), (5, 2), (7, 1)]
+    entries = b"".join(data for _, _, _, data in chunks)
+    assert [entries[at + 4:at + 6] for at in range(0, len(entries), 6)] == [
+        b"a1", b"a2", b"a3", b"a4", b"a5", b"b6", b"b7", b"a9"]
+    assert first.request(0x0E, string(stream)) == 1
+
+
 def test_a_sub_batch_is_stored_as_it_came_and_read_over_amqp_091_as_its_records(node):
     """A sub-batch entry reaches subscribers as the client compressed it, its records an offset each; an AMQP
     0-9-1 consumer gets the records of a gzip sub-batch, and passes over those of a compression it cannot read."""
