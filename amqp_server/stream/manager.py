@@ -7,6 +7,7 @@ response code.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from exchanges import Exchange
@@ -162,15 +163,14 @@ class StreamManager:
         return [queue.name for queue in exchange.route(routing_key, probe) if served_here(queue)]
 
     def partitions(self, vhost_name: str, super_stream: str, who: Principal) -> list[str]:
-        """The super stream's streams in binding order (x-stream-partition-order first, where bindings have it)."""
+        """The super stream's streams, a binding each, as rabbit_stream_manager lists them: in Mnesia's order (by
+        routing key, then stream), those with an x-stream-partition-order first, by it
+        (rabbit_stream_utils:sort_partitions; a string of digits counts as its integer)."""
         exchange = self._exchange(vhost_name, super_stream, who)
-        bound: list[tuple[int, int, str]] = []
-        for position, binding in enumerate(exchange.bindings()):
-            destination = binding.destination
-            if served_here(destination) and all(name != destination.name for _, _, name in bound):
-                order = binding.args_dict().get("x-stream-partition-order")
-                bound.append((order if isinstance(order, int) else position, position, destination.name))
-        return [name for _, _, name in sorted(bound)]
+        bound = sorted(((binding.routing_key.encode(), binding.destination.name.encode(), binding)
+                        for binding in exchange.bindings() if served_here(binding.destination)),
+                       key=lambda row: row[:2])
+        return [binding.destination.name for _, _, binding in sorted(bound, key=lambda row: _order(row[2]))]
 
     def _exchange(self, vhost_name: str, name: str, who: Principal) -> Any:
         try:
@@ -233,6 +233,16 @@ def _queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
             converted.get("x-queue-leader-locator", LEADER_LOCATORS[0]) not in LEADER_LOCATORS:
         raise StreamError(core.PRECONDITION_FAILED)  # (validate_stream_queue_arguments)
     return converted
+
+
+def _order(binding: Any) -> tuple[int, int]:
+    """A binding's place by its x-stream-partition-order: those with one (an integer, or a string of one) first."""
+    order = binding.args_dict().get("x-stream-partition-order")
+    if isinstance(order, bytes):
+        order = order.decode(errors="replace")
+    if isinstance(order, str) and re.fullmatch(r"[+-]?[0-9]+", order):  # (rabbit_data_coercion:to_integer)
+        order = int(order)
+    return (0, order) if isinstance(order, int) and not isinstance(order, bool) else (1, 0)
 
 
 def _probe(exchange: str, routing_key: str) -> Message:

@@ -532,6 +532,49 @@ def test_a_taken_id_on_a_missing_stream_is_answered_in_rabbitmqs_order(node):
     assert raw.request(0x0E, string(stream)) == 1
 
 
+def partitions(raw: "Raw", super_stream: str) -> list[str]:
+    raw.send(frame(0x19, struct.pack(">I", 9) + string(super_stream)))
+    key, rest = raw.receive()
+    assert key & 0x7FFF == 0x19 and struct.unpack_from(">IH", rest) == (9, 1)  # (RabbitMQ 3.10: key 0x19, no bit)
+    names, at = [], 10
+    for _ in range(struct.unpack_from(">i", rest, 6)[0]):
+        size = struct.unpack_from(">h", rest, at)[0]
+        names.append(rest[at + 2:at + 2 + size].decode())
+        at += 2 + size
+    return names
+
+
+@pytest.mark.parametrize("bindings, expected", [
+    ([("b", "s2", None), ("a", "s1", None), ("c", "s0", None)], ["s1", "s2", "s0"]),  # by routing key
+    ([("10", "s0", None), ("2", "s1", None), ("1", "s2", None)], ["s2", "s0", "s1"]),  # (as binaries)
+    ([("k", "s2", None), ("k", "s1", None), ("k", "s0", None)], ["s0", "s1", "s2"]),  # then by stream
+    ([("x", "s0", "2"), ("y", "s1", "10"), ("z", "s2", 1)], ["s2", "s0", "s1"]),  # an order, a string one too
+    ([("b", "s1", None), ("a", "s2", None), ("c", "s0", 5)], ["s0", "s2", "s1"]),  # ordered ones first
+    ([("b", "s1", None), ("a", "s2", None), ("d", "s1", None)], ["s2", "s1", "s1"]),  # each binding
+], ids=["key", "key-binary", "stream", "order", "ordered-first", "twice"])
+def test_a_super_streams_partitions_are_in_rabbitmqs_order(node, bindings, expected):
+    """rabbit_stream_manager:super_stream_partitions: the exchange's bindings to streams as Mnesia holds them (by
+    routing key, then stream), those with an x-stream-partition-order (an integer, or a string of one) first by
+    it (rabbit_stream_utils:sort_partitions): a client routing by hash picks the partition by its place."""
+    tag = uuid.uuid4().hex[:8]
+    super_stream = f"ss-{tag}"
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        channel = connection.channel()
+        channel.exchange_declare(super_stream, "direct", durable=True)
+        for key, stream, order in bindings:
+            channel.queue_declare(f"{stream}-{tag}", durable=True, arguments={"x-queue-type": "stream"})
+            channel.queue_bind(f"{stream}-{tag}", super_stream, key,
+                               arguments=None if order is None else {"x-stream-partition-order": order})
+    raw = Raw(node)
+    assert raw.login() == 1
+    assert partitions(raw, super_stream) == [f"{stream}-{tag}" for stream in expected]
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        channel = connection.channel()
+        channel.exchange_delete(super_stream)
+        for stream in {stream for _, stream, _ in bindings}:
+            channel.queue_delete(f"{stream}-{tag}")
+
+
 @pytest.mark.warren_only("kills a node of its own")
 def test_a_named_publishers_sequence_and_its_confirmed_messages_survive_kill_9(start_broker):
     """Deduplication is as durable as the messages it confirmed: right after the last confirm, kill -9; the
