@@ -31,6 +31,7 @@ import numpy as np
 from .. import __version__
 from ..access_control import loopback_refused
 from ..errors import AMQPError
+from ..frontend import auth_mechanisms
 from ..framing.file_out import FileRange, Part, direct_socket, read_rest, write_direct
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
@@ -59,7 +60,6 @@ TURN_CHUNKS = 64  # chunks a subscription sends per loop turn at most
 TURN_BYTES = 4 << 20  # and bytes
 SENDFILE_FROM = 16 << 10  # a chunk at least this large is sent with sendfile; a smaller one read and written
 RUN_BELOW = 128 << 10  # chunks below this size that lie side by side are read at once and written with one writev
-MECHANISMS = ("PLAIN",)
 _ID_SIZE = struct.Struct(">QI")  # a message of a publish frame: publishing id, entry size (or sub-batch type)
 _ENTRY = struct.Struct(">I")
 _DELIVER_HEAD = struct.Struct(">IHHB")  # size, key, version, subscription id
@@ -361,7 +361,8 @@ class StreamConnection(FrontEnd):
     def _sasl_handshake(self, fields: Fields) -> None:
         correlation = fields.u32()
         fields.done()
-        self.send(core.response(core.SASL_HANDSHAKE, correlation, core.OK, core.strings(MECHANISMS)))
+        offered = auth_mechanisms.offered(self.config, None)  # (no TLS on the stream port)
+        self.send(core.response(core.SASL_HANDSHAKE, correlation, core.OK, core.strings(offered)))
 
     def _login_failed(self, correlation: int, code: int) -> None:
         """A failed sasl_authenticate is answered and the connection closed, as rabbit_stream_reader's step
@@ -378,16 +379,15 @@ class StreamConnection(FrontEnd):
         if self.state != AWAIT_LOGIN:
             self._close(core.UNKNOWN_FRAME, "unknown frame")
             return
-        if mechanism not in MECHANISMS:
+        if mechanism not in auth_mechanisms.offered(self.config, None):
             self._login_failed(correlation, core.SASL_MECHANISM_NOT_SUPPORTED)
             return
-        parts = data.split(b"\x00")
-        if len(parts) != 3:
+        try:  # the mechanisms AMQP's logins use (rabbit_stream_utils:auth_mechanism_to_module, the node's)
+            username, user = auth_mechanisms.authenticate(self.broker.access, self.config, None, mechanism, data)
+        except AMQPError:  # a response the mechanism cannot read: its protocol_error
             self.broker.auth_attempts.record("stream", False)
             self._login_failed(correlation, core.SASL_ERROR)
             return
-        username, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-        user = self.broker.access.authenticate(username, password)
         refused = loopback_refused(user, self.peer[0], self.config.loopback_users_only)
         self.broker.auth_attempts.record("stream", user is not None and not refused)
         if user is None or refused:
@@ -397,6 +397,7 @@ class StreamConnection(FrontEnd):
                                else core.AUTHENTICATION_FAILURE)
             return
         self.user = user
+        self.auth_mechanism = mechanism
         self.state = AWAIT_TUNE
         self.send(core.response(core.SASL_AUTHENTICATE, correlation, core.OK))
         self.send(core.frame(core.TUNE, core.u32(self.config.stream_frame_max) + core.u32(self.config.heartbeat)))

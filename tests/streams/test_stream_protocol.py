@@ -420,13 +420,34 @@ def test_a_wrong_password_is_authentication_failure(node):
     assert Raw(node).login(password="wrong") == 0x08
 
 
-@pytest.mark.parametrize("mechanism, data, code", [("FOO", b"\0guest\0guest", 0x07), ("PLAIN", b"no-nul-bytes", 0x09)])
+@pytest.mark.parametrize("mechanism, data, code", [("FOO", b"\0guest\0guest", 0x07), ("PLAIN", b"no-nul-bytes", 0x09),
+                                                   ("PLAIN", b"guest\0guest\0guest", 0x09)])
 def test_a_failed_sasl_authenticate_closes_the_connection(node, mechanism, data, code):
     """rabbit_stream_reader's sasl_authenticate answers an unknown mechanism (7) or a malformed response (9) and sets
     the step to failure, which closes the socket (invalid_transition): no second try on the connection."""
     raw = Raw(node)
     assert raw.authenticate(mechanism, data) == code
     assert raw.receive() == (-1, b"")
+
+
+def test_the_nodes_mechanisms_are_offered_and_amqplain_logs_in(node):
+    """rabbit_stream_utils:auth_mechanisms: the node's configured mechanisms (PLAIN and AMQPLAIN by default), each
+    as AMQP's logins take it (rabbit_auth_mechanism_amqplain: a table of LOGIN and PASSWORD)."""
+    raw = Raw(node)
+    raw.send(frame(0x11, struct.pack(">I", 1) + struct.pack(">i", 0)))
+    assert raw.receive()[0] == 0x8011
+    raw.send(frame(0x12, struct.pack(">I", 2)))
+    key, rest = raw.receive()
+    assert key == 0x8012 and rest[4:] == struct.pack(">Hi", 1, 2) + string("PLAIN") + string("AMQPLAIN")
+
+    def amqplain(password: bytes) -> bytes:
+        return b"".join(bytes([len(name)]) + name + b"S" + struct.pack(">I", len(value)) + value
+                        for name, value in ((b"LOGIN", b"guest"), (b"PASSWORD", password)))
+    raw.send(frame(0x13, struct.pack(">I", 3) + string("AMQPLAIN") + struct.pack(">i", len(amqplain(b"guest")))
+                   + amqplain(b"guest")))
+    key, rest = raw.receive()
+    assert key == 0x8013 and struct.unpack_from(">IH", rest) == (3, 1)
+    assert Raw(node).authenticate("AMQPLAIN", amqplain(b"wrong")) == 0x08
 
 
 def test_an_unknown_vhost_is_vhost_access_failure(node):
