@@ -320,7 +320,7 @@ class StreamQueue:
         """The offset a consumer starts from, within the stream (its type, ``queue_types.stream``, checked the
         spec).  ``last`` is the newest chunk's first offset, as osiris has it."""
         self.flush()
-        if isinstance(spec, bytes):
+        if isinstance(spec, (bytes, bytearray)):
             spec = spec.decode(errors="replace")
         stream_log = self.log
         if spec == "next":

@@ -230,6 +230,17 @@ def test_an_interval_rabbitmq_reads_but_refuses_is_invalid_stream_offset_arg(bro
              f'{{invalid_stream_offset_arg,{{longstr,<<"{offset}">>}}}}')
 
 
+def test_first_last_and_next_as_byte_arrays_are_taken(broker, uid):
+    """rabbit_stream_queue:parse_offset_arg matches first, last and next whatever their field type: pika sends
+    bytes as a byte array."""
+    with connect(broker) as connection:
+        declare(connection.channel(), uid)
+    publish_stored(broker, uid, [b"a", b"b"])
+    assert [body for _, body, _ in consume_from(broker, uid, b"first", 2)] == [b"a", b"b"]
+    assert [body for _, body, _ in consume_from(broker, uid, b"last", 1)] == [b"b"]
+    assert consume_from(broker, uid, b"next", 1, timeout=0.5) == []
+
+
 def test_a_consumer_priority_is_refused(broker, uid):
     with connect(broker) as connection:
         declare(connection.channel(), uid)

@@ -79,6 +79,8 @@ def stream_offset(value: Any) -> bool:
     if isinstance(value, (str, bytes)):
         text = _text(value)
         return text in ("first", "last", "next") or bool(interval_ms(text))
+    if isinstance(value, bytearray):  # (a byte array: rabbit_stream_queue:parse_offset_arg matches these by value)
+        return value in (b"first", b"last", b"next")
     return isinstance(value, (int, datetime.datetime)) and not isinstance(value, bool)
 
 
