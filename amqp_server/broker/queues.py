@@ -298,6 +298,9 @@ class Queues:
         if queue is None:
             return 0  # idempotent, as RabbitMQ
         check_exclusive(queue, owner)
+        if not queue.type.delete_checked:
+            self.remove(vhost, queue)
+            return 0
         what = resource_name("queue", name, vhost.name)
         if if_empty and queue.message_count:  # (checked first, as rabbit_amqqueue_process does)
             raise errors.precondition_failed(f"{what} not empty")

@@ -313,6 +313,24 @@ def test_closing_with_unacked_messages_leaves_the_stream_as_it_was(broker, uid):
     assert consume_from(broker, uid, "first", 2) == [(0, b"a", False), (1, b"b", False)]
 
 
+@pytest.mark.parametrize("conditions", [{}, {"if_empty": True}, {"if_unused": True}])
+def test_a_delete_takes_a_stream_whatever_its_conditions_and_counts_no_messages(broker, uid, conditions):
+    """rabbit_stream_queue:delete ignores if-unused and if-empty, and the stream coordinator's answer counts no
+    messages."""
+    with connect(broker) as connection:
+        declare(connection.channel(), uid)
+    publish_stored(broker, uid, [b"a", b"b"])
+    with connect(broker) as connection:
+        consuming = connection.channel()
+        consuming.basic_qos(prefetch_count=1)
+        consuming.basic_consume(uid, lambda *_: None)
+        connection.process_data_events(0.2)
+        assert connection.channel().queue_delete(uid, **conditions).method.message_count == 0
+    with connect(broker) as connection, pytest.raises(ChannelClosedByBroker) as caught:
+        connection.channel().queue_declare(uid, passive=True)
+    assert caught.value.reply_code == 404
+
+
 def test_a_purge_is_not_implemented(broker, uid):
     with connect(broker) as connection:
         declare(connection.channel(), uid)

@@ -22,6 +22,7 @@ class Stream(QueueType):
                          "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
                          "x-quorum-initial-group-size", "x-delivery-limit")
     consumer_arguments = ("x-stream-offset",)
+    delete_checked = False  # (rabbit_stream_queue:delete ignores both; the coordinator's answer counts nothing)
     # rabbit_stream_queue's queue_arguments: a stream declared again with other retention is inequivalent
     equivalent_arguments = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
                             "x-initial-cluster-size", "x-queue-leader-locator")
