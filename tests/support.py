@@ -3,14 +3,17 @@ hand-driven AMQP socket, and the core in-process.  A helper lives here once, its
 file keeps a helper of its own only where no other file needs it."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
 import struct
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple, overload
 from urllib.parse import quote
@@ -28,11 +31,13 @@ from pika.exceptions import ChannelClosedByBroker
 from pika.spec import Basic
 
 from amqp_server.broker import Broker
+from amqp_server.config import Config
 from amqp_server.message import Message, make_message
 from amqp_server.ports import ClientChannel
 from amqp_server.queues.queue import AnyQueue, Consumer, Entry, LocalQueue, Queue
 from amqp_server.broker.vhost import VHost
-from conftest import connect
+from amqp_server.node.server import Node
+from conftest import connect, free_port
 
 # -- AMQP through pika ---------------------------------------------------------------------------------------------
 
@@ -443,6 +448,58 @@ def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes, d
     return (pframe.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel)
             + pframe.marshal(pheader.ContentHeader(0, size, commands.Basic.Properties()), channel)
             + (pframe.marshal(pbody.ContentBody(body), channel) if body else b""))
+
+
+# -- a node in this process -------------------------------------------------------------------------------------
+
+class Running:
+    """A node serving in this process, in a thread of its own with its own event loop: a test can reach into it
+    (``call``) while real clients drive it."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.host = config.bind
+        self.port = config.amqp_port
+        self.mgmt_port = config.mgmt_port
+        self.stream_port = config.stream_port
+        self.loop = asyncio.new_event_loop()
+        self.node: Node | None = None
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def serve() -> None:
+                self.node = Node(config)
+                await self.node.start()
+                started.set()
+                await self.node.run_until_stopped()
+
+            self.loop.run_until_complete(serve())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(15), "the node did not start"
+
+    def call(self, fn: Any) -> Any:
+        """``fn()`` on the node's loop, its answer back."""
+        return asyncio.run_coroutine_threadsafe(_call(fn), self.loop).result(10)
+
+    def stop(self) -> None:
+        assert self.node is not None
+        self.loop.call_soon_threadsafe(self.node.stop)
+        self.thread.join(15)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
+
+
+def start(tmp_path: Path, **options: Any) -> Running:
+    """A node on free ports, without the HTTP API unless ``options`` say otherwise."""
+    defaults = {"amqp_port": free_port(), "mgmt_enabled": False, "bind": "127.0.0.1", "data_dir": str(tmp_path)}
+    return Running(Config(**{**defaults, **options}))
+
 
 
 # -- the core in-process: no sockets, no frames --------------------------------------------------------------------

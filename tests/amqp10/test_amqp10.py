@@ -8,7 +8,6 @@ import asyncio
 import os
 import socket
 import struct
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,11 +19,10 @@ from hypothesis import strategies as st
 
 from amqp_server.access_control import Permissions
 from amqp_server.config import Config
-from amqp_server.node.server import Node
 from stream_log import amqp10
 from stream_log.amqp10 import described, encode_list, symbol, uint, utf8
 from conftest import free_port
-from support import delivery_tag, get_within, headers_of
+from support import Running, delivery_tag, get_within, headers_of, start
 
 proton = pytest.importorskip("proton")
 from proton import Message  # noqa: E402
@@ -35,50 +33,6 @@ pytestmark = pytest.mark.timeout(60)
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-
-
-class Running:
-    """A node serving in a thread of its own, with its own event loop."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.port = config.amqp_port
-        self.loop = asyncio.new_event_loop()
-        self.node: Node | None = None
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-
-            async def serve() -> None:
-                self.node = Node(config)
-                await self.node.start()
-                started.set()
-                await self.node.run_until_stopped()
-
-            self.loop.run_until_complete(serve())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert started.wait(15), "the node did not start"
-
-    def call(self, fn: Any) -> Any:
-        """``fn()`` on the node's loop, its answer back."""
-        return asyncio.run_coroutine_threadsafe(_call(fn), self.loop).result(10)
-
-    def stop(self) -> None:
-        assert self.node is not None
-        self.loop.call_soon_threadsafe(self.node.stop)
-        self.thread.join(15)
-
-
-async def _call(fn: Any) -> Any:
-    return fn()
-
-
-def start(tmp_path: Path, **options: Any) -> Running:
-    return Running(Config(amqp_port=free_port(), mgmt_enabled=False, bind="127.0.0.1", data_dir=str(tmp_path),
-                          **options))
 
 
 @pytest.fixture
