@@ -5,6 +5,11 @@ full link to another node (back-pressure, as RabbitMQ's credit flow).  Each reas
 whoever knows about it; a publisher is released only when the last one is gone, so clearing the memory
 alarm does not let loose a publisher that a full link still holds.  Alarms are told to clients that
 asked (``connection.blocked`` with RabbitMQ's texts); flow is not, as in RabbitMQ.
+
+Who is held: a publisher of AMQP 1.0 or the stream protocol from its first publishing link or publish on
+(``publishing``); an AMQP 0-9-1 connection only once it publishes while a reason stands, until none is
+left (``published``, rabbit_reader's ``publish_received``: a connection that published before an alarm, or
+only consumes, is read through it, and the next alarm holds it only at its next publish).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ LEADER_WAITS = 32  # publishes a connection may have waiting for a quorum queue'
 # (``rabbit_fifo_client``'s soft limit of pending commands, past which RabbitMQ's credit flow blocks the channel)
 MEMORY = "memory"
 DISK = "disk"
-ALARM_TEXTS = {MEMORY: "low on memory", DISK: "low on disk space"}
+RESOURCES = {MEMORY: "memory", DISK: "disk"}  # each alarm's word in ``connection.blocked``
 
 
 def link(node: str) -> str:
@@ -36,6 +41,7 @@ class PublisherFlow:
     def __init__(self) -> None:
         self._reasons: dict[str, None] = {}  # insertion-ordered set: the first alarm names connection.blocked
         self._publishers: set[Publisher] = set()
+        self._published: set[Publisher] = set()  # publishers held until no reason is left
         self.recheck: Callable[[], object] = lambda: None  # the node's alarm check, for a large message
 
     @property
@@ -50,21 +56,27 @@ class PublisherFlow:
         return reason in self._reasons
 
     def alarm(self) -> str | None:
-        """The ``connection.blocked`` text of the first alarm standing, if any."""
-        for reason in self._reasons:
-            text = ALARM_TEXTS.get(reason)
-            if text is not None:
-                return text
-        return None
+        """The ``connection.blocked`` text of the alarms standing, if any: rabbit_reader's ``blocked_by_message``
+        ("low on memory", "low on disk & memory": the order of its set)."""
+        words = sorted(RESOURCES[reason] for reason in self._reasons if reason in RESOURCES)
+        return f"low on {' & '.join(words)}" if words else None
 
     def publishing(self, publisher: Publisher) -> None:
-        """``publisher`` has sent a publish: from now on it is held whenever a reason stands (at once if one does)."""
+        """``publisher`` has a publishing link or sent a publish: from now on it is held whenever a reason stands
+        (at once if one does)."""
         self._publishers.add(publisher)
         if self._reasons:
             publisher.hold(self.alarm())
 
+    def published(self, publisher: Publisher) -> None:
+        """``publisher`` sent a publish (or part of one): held at once if a reason stands, until none is left."""
+        if self._reasons:
+            self._published.add(publisher)
+            publisher.hold(self.alarm())
+
     def gone(self, publisher: Publisher) -> None:
         self._publishers.discard(publisher)
+        self._published.discard(publisher)
 
     def block(self, reason: str) -> None:
         if reason in self._reasons:
@@ -77,9 +89,12 @@ class PublisherFlow:
             self._tell()
 
     def _tell(self) -> None:
-        alarm = self.alarm()
-        for publisher in list(self._publishers):
-            if self._reasons:
+        held = self._publishers | self._published
+        if self._reasons:
+            alarm = self.alarm()
+            for publisher in held:
                 publisher.hold(alarm)
-            else:
-                publisher.release()
+            return
+        self._published.clear()
+        for publisher in held:
+            publisher.release()

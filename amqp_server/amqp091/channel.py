@@ -75,7 +75,6 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
     frame_max: int
     deliver_budget: int
     write_paused: bool
-    publishing: bool
 
     def schedule_flush(self) -> None: ...
 
@@ -89,9 +88,9 @@ class ChannelHost(ExclusiveOwner[Queue], Protocol):
 
     def close_with(self, error: errors.AMQPError) -> None: ...
 
-    def started_publishing(self) -> None: ...
-
     def hold(self, alarm: str | None) -> None: ...
+
+    def release(self) -> None: ...
 
     def leader_waits(self, change: int) -> None: ...
 
@@ -166,8 +165,6 @@ class Channel:
         self._route = route
         self._mandatory = (flags & 1) == 1
         self.expect = EXPECT_HEADER
-        if not self.connection.publishing:
-            self.connection.started_publishing()
 
     def on_header(self, header: bytes) -> None:
         if self.expect != EXPECT_HEADER:
@@ -277,7 +274,7 @@ class Channel:
         if received // MEMORY_CHECK_BYTES != self._received // MEMORY_CHECK_BYTES:
             self.connection.flow.recheck()  # a large message can outrun the once-a-second memory check
         if self.connection.flow.blocked:  # a large message arriving during an alarm waits with the rest
-            self.connection.hold(self.connection.flow.alarm())
+            self.connection.flow.published(self.connection)
         self._received = received
 
     def _publish(self, body: bytes | bytearray, waited: bool = False) -> None:
@@ -326,7 +323,7 @@ class Channel:
         if self.confirm_mode:
             self.publish_seq += 1
         if self.connection.flow.blocked:
-            self.connection.hold(self.connection.flow.alarm())
+            self.connection.flow.published(self.connection)
         mandatory = self._mandatory
         if self.tx is not None:  # routed now, delivered at tx.commit (rabbit_channel: {Delivery, QNames} in the tx)
             self.tx_publishes.append((exchange, message, mandatory,

@@ -125,7 +125,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.stalled = False  # write_paused or suspended: the one flag the frame loop tests per frame
         self.paused_output = 0  # bytes added to the output while writes are paused, since memory was checked
         self.blocked_notified = False
-        self.publishing = False
+        self.flow_held = False  # held by the publisher flow: it published while a reason stood
         self._leader_waits = 0  # its channels' publishes waiting for a quorum queue's leader
         self.deliver_budget = config.deliveries_per_flush
         self._received = True
@@ -666,9 +666,6 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
         self.send_method(0, commands.Connection.OpenOk())
-        alarm = self.flow.alarm()
-        if alarm is not None:
-            self.notify_blocked(alarm)
 
     def _update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         self.send_method(0, commands.Connection.UpdateSecretOk())
@@ -760,9 +757,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     @property
     def held(self) -> bool:
-        """A publisher while the flow has a reason to hold publishers, or while too many of its publishes wait for
-        a quorum queue's leader: not read."""
-        return self.publishing and self.flow.blocked or self._leader_waits > LEADER_WAITS
+        """A connection that published while the flow had a reason to hold publishers, or while too many of its
+        publishes wait for a quorum queue's leader: not read."""
+        return self.flow_held or self._leader_waits > LEADER_WAITS
 
     @property
     def flow_state(self) -> str:
@@ -775,12 +772,9 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
             return "blocked" if alarm else "flow"
         return "blocking" if alarm else "running"
 
-    def started_publishing(self) -> None:
-        self.publishing = True
-        self.flow.publishing(self)
-
     def hold(self, alarm: str | None) -> None:
         """Stop reading, also in the middle of a message; an alarm is told to clients that asked."""
+        self.flow_held = True
         if alarm is not None:
             self.notify_blocked(alarm)
         else:
@@ -788,6 +782,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         self.hold_reading(FLOW)
 
     def release(self) -> None:
+        self.flow_held = False
         self._notify_unblocked()
         self.release_reading(FLOW)
 

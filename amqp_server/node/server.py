@@ -98,6 +98,7 @@ class Node:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.check_memory()  # the alarm stands before any client connects, as RabbitMQ's monitor starts first
         if self.config.cluster_etcd:
             import forwarder
 

@@ -53,7 +53,10 @@ def test_reasons_are_counted_once_and_named():
     flow.block(link("n3"))
     flow.block(DISK)
     assert flow.reasons == ["link to n2", "link to n3", "disk"]
-    assert flow.alarm() == "low on disk space"
+    assert flow.alarm() == "low on disk"  # rabbit_reader's blocked_by_message: "low on " and the resources
+    flow.block(MEMORY)
+    assert flow.alarm() == "low on disk & memory"
+    flow.unblock(MEMORY)
     flow.unblock(link("n2"))
     flow.unblock(DISK)
     assert not publisher.reading
@@ -72,3 +75,21 @@ def test_a_new_publisher_is_held_at_once_and_a_gone_one_is_forgotten():
     flow.gone(first)
     flow.unblock(MEMORY)
     assert late.reading and not first.reading  # first was not told: it is closed
+
+
+def test_a_publish_holds_its_connection_only_while_the_reasons_of_that_time_stand():
+    """rabbit_reader's publish_received and maybe_unblock: a connection is held once it publishes during an
+    alarm, until no reason is left; the next alarm holds it only at its next publish."""
+    flow, publisher = PublisherFlow(), FakePublisher()
+    flow.published(publisher)
+    flow.block(MEMORY)
+    assert publisher.reading, "held for a publish sent before the alarm"
+    flow.published(publisher)
+    assert not publisher.reading and publisher.alarm == "low on memory"
+    flow.block(link("n2"))
+    flow.unblock(MEMORY)
+    assert not publisher.reading and publisher.alarm is None
+    flow.unblock(link("n2"))
+    assert publisher.reading
+    flow.block(MEMORY)
+    assert publisher.reading, "the last alarm's publish holds it in this one"
