@@ -34,6 +34,7 @@ class Config:
     max_message_size: int = 128 * 1024 * 1024
     consumer_timeout: int = 30 * 60 * 1000  # ms a delivery may stay unacknowledged; 0 (or false) disables
     memory_high_watermark: float = 0.4  # fraction of RAM (<= 1) or absolute bytes (> 1), as RabbitMQ
+    disk_free_limit: int = 50_000_000  # bytes free on the data directory's disk below which publishers are held
     paging_ratio: float = 0.5  # of the high watermark: above it, bodies deep in queues are paged out
     queue_window: int = 2048  # ready entries a durable queue keeps in memory; the rest waits on disk
     write_buffer_high: int = 4 * 1024 * 1024
@@ -117,6 +118,7 @@ _HELP = {
     "max_message_size": "largest message body accepted, bytes",
     "consumer_timeout": "delivery acknowledgement timeout, ms (0 or false disables)",
     "memory_high_watermark": "memory alarm: fraction of RAM, or bytes if > 1",
+    "disk_free_limit": "disk alarm: bytes free on the data directory's file system below which publishers are held",
     "paging_ratio": "fraction of the memory watermark above which every queue's tail is paged to disk",
     "queue_window": "ready messages a durable queue keeps in memory (the rest waits on disk until near the head)",
     "write_buffer_high": "bytes buffered for a slow client before delivery pauses",

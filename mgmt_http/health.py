@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from amqp_server.publisher_flow import MEMORY
+from amqp_server.publisher_flow import DISK, MEMORY
 
 from .context import Context, ctx
 from .http import bad_request, json_response
@@ -39,7 +39,8 @@ async def node(request: web.Request) -> web.Response:
 
 
 def _alarms(context: Context) -> list[dict[str, str]]:
-    return [{"node": context.node, "resource": "memory"}] if context.flow.alarmed(MEMORY) else []
+    return [{"node": context.node, "resource": resource} for resource in (MEMORY, DISK)
+            if context.flow.alarmed(resource)]
 
 
 @routes.get("/api/health/checks/alarms")

@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 
 from aiohttp import web
 
-from amqp_server.publisher_flow import MEMORY
+from amqp_server.publisher_flow import DISK, MEMORY
 from amqp_server.stats import MessageStats
 
 from .context import ctx
@@ -105,6 +105,8 @@ def render(request: web.Request) -> str:
                [({}, context.config.memory_limit)])
     out.family("rabbitmq_alarms_memory_used_watermark", "gauge", "1 while the memory alarm blocks publishers",
                [({}, int(context.flow.alarmed(MEMORY)))])
+    out.family("rabbitmq_alarms_free_disk_space_watermark", "gauge", "1 while the disk alarm blocks publishers",
+               [({}, int(context.flow.alarmed(DISK)))])
     out.family("rabbitmq_process_open_fds", "gauge", "Open file descriptors", [({}, fd_used())])
     stats = broker.persistence.store.stats()
     out.family("warren_message_store_messages", "gauge", "Messages in the persistent message store",

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
-
+from amqp_server.disk_monitor import free_space
 from amqp_server.memory import memory_used
 
 __all__ = ["disk_free", "fd_total", "fd_used", "memory_used"]
@@ -23,6 +22,6 @@ def fd_total() -> int:
 
 def disk_free(path: str) -> int:
     try:
-        return shutil.disk_usage(path).free
+        return free_space(path)
     except OSError:
         return 0

@@ -11,7 +11,7 @@ from pamqp import commands
 
 from amqp_server import __version__
 from amqp_server.message import make_message
-from amqp_server.publisher_flow import MEMORY
+from amqp_server.publisher_flow import DISK, MEMORY
 from exchanges import EXCHANGE_TYPES
 
 from . import auth
@@ -25,7 +25,6 @@ from .rates import (CHURN_STATS, DISK_STATS, GAUGE_STATS, VHOST_STATS, depth_fie
                     node_gauges, queue_depths)
 
 routes = web.RouteTableDef()
-DISK_FREE_LIMIT = 50_000_000
 ALIVENESS_QUEUE = "aliveness-test"
 
 
@@ -55,8 +54,9 @@ def node_info(context: Context) -> dict[str, Any]:
     return {
         "name": context.node, "type": "disc", "running": True, "being_drained": False,
         **message_stats(node_gauges(broker, context.clients), context.sampler.rates("gauges"), GAUGE_STATS),
-        "mem_limit": config.memory_limit, "mem_alarm": context.flow.alarmed(MEMORY), "disk_free_limit": DISK_FREE_LIMIT,
-        "disk_free_alarm": False, "fd_total": fd_total(), "sockets_total": fd_total(),
+        "mem_limit": config.memory_limit, "mem_alarm": context.flow.alarmed(MEMORY),
+        "disk_free_limit": config.disk_free_limit, "disk_free_alarm": context.flow.alarmed(DISK),
+        "fd_total": fd_total(), "sockets_total": fd_total(),
         "proc_used": 1, "proc_total": 1, "run_queue": 0, "processors": os.cpu_count() or 1,
         "uptime": int((time.time() - context.started) * 1000), "os_pid": str(os.getpid()),
         "partitions": [], "net_ticktime": 60, "rates_mode": "basic", "db_dir": config.data_dir,

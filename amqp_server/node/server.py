@@ -18,6 +18,7 @@ from ..broker import Broker
 from ..frontend.clients import Clients
 from ..config import Config
 from ..amqp091.connection import Connection
+from ..disk_monitor import DiskMonitor
 from ..memory import memory_used
 from ..queues.persistence import Persistence
 from ..publisher_flow import MEMORY, PublisherFlow
@@ -75,7 +76,7 @@ def _trim() -> None:
 
 
 class Node:
-    """The running broker: listener, client connections, memory alarm, shutdown."""
+    """The running broker: listener, client connections, memory and disk alarms, shutdown."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -94,11 +95,14 @@ class Node:
         self.federation: Federation | None = None  # its federation links, once it listens
         self.flow = PublisherFlow()
         self.flow.recheck = self.check_memory
+        self.disk = DiskMonitor(config.data_dir, config.disk_free_limit, self.flow)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.check_memory()  # the alarm stands before any client connects, as RabbitMQ's monitor starts first
+        # the alarms stand before any client connects, as RabbitMQ's monitors start before its listeners
+        self.check_memory()
+        self._disk_task = asyncio.create_task(self.disk.run(self.disk.poll()))
         if self.config.cluster_etcd:
             import forwarder
 
@@ -171,6 +175,7 @@ class Node:
         await self._stopped.wait()
         log.info("shutting down")
         self._memory_task.cancel()
+        self._disk_task.cancel()
         if self.server is not None:
             self.server.close()
         if self.stream_server is not None:

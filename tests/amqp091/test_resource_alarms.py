@@ -9,8 +9,9 @@ from typing import Iterator
 import pytest
 from pamqp import commands
 
-from amqp_server.publisher_flow import MEMORY
-from support import Raw, Running, publish_frames, start
+from amqp_server.publisher_flow import DISK, MEMORY
+from conftest import free_port
+from support import Raw, Running, call, publish_frames, start
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +93,32 @@ def test_a_connection_that_published_before_an_alarm_is_read_until_it_publishes_
     finally:
         raw.close()
 
+
+def test_too_little_free_disk_space_blocks_publishers_and_shows_in_the_http_api(tmp_path):
+    """rabbit_disk_monitor: free space on the data directory's disk below ``disk_free_limit`` sets the disk alarm
+    from the node's start: a publisher is told "low on disk" and held, ``/api/nodes`` says ``disk_free_alarm``,
+    the alarm health checks fail naming it, and /metrics has RabbitMQ's gauge."""
+    node = start(tmp_path, mgmt_enabled=True, mgmt_port=free_port(), disk_free_limit=1 << 62)
+    raw = _client(node, "disk")
+    try:
+        [info] = call(node, "GET", "/api/nodes").json
+        assert (info["disk_free_alarm"], info["disk_free_limit"], info["mem_alarm"]) == (True, 1 << 62, False)
+        checked = call(node, "GET", "/api/health/checks/local-alarms")
+        assert checked.status == 503
+        assert checked.json["alarms"] == [{"node": node.config.node_name, "resource": "disk"}]
+        assert "rabbitmq_alarms_free_disk_space_watermark 1" in call(node, "GET", "/metrics").raw.decode()
+        _declared(raw, "disk")
+        raw.send(publish_frames(1, "", "disk", b"m"))
+        assert raw.expect(commands.Connection.Blocked).reason == "low on disk"
+        _alarm(node, True, MEMORY)
+        _alarm(node, False, DISK)  # the memory alarm still holds it, with no new word to the client
+        raw.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            raw.read_frame()
+        raw.sock.settimeout(5)
+        _alarm(node, False, MEMORY)
+        raw.expect(commands.Connection.Unblocked)
+        assert call(node, "GET", "/api/health/checks/local-alarms").status == 200
+    finally:
+        raw.close()
+        node.stop()
