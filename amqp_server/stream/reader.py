@@ -35,6 +35,7 @@ from ..frontend import auth_mechanisms
 from ..framing.file_out import FileRange, Part, direct_socket, read_rest, write_direct
 from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
 from ..logs import untrusted
+from ..publisher_flow import DISK
 from ..stats import MessageStats
 from ..queues.stream_queue import StreamQueue
 from stream_log import chunk
@@ -572,7 +573,9 @@ class StreamConnection(FrontEnd):
         reference = fields.string()
         name = fields.string()
         fields.done()
-        try:  # in rabbit_stream_reader's order: permission, the ids, the stream
+        try:  # in rabbit_stream_reader's order: the disk alarm (a clause of its own), permission, the ids, the stream
+            if self.flow.alarmed(DISK):
+                raise StreamError(core.PRECONDITION_FAILED)
             if len(reference.encode()) > core.MAX_REFERENCE:
                 raise StreamError(core.PRECONDITION_FAILED)
             self.manager.permit("write", self.vhost_name, name, self._who())

@@ -923,3 +923,25 @@ def test_open_and_metadata_name_the_host_of_the_nodes_name(node):
     raw.send(frame(0x0F, struct.pack(">I", 5) + struct.pack(">i", 1) + string(stream)))
     key, rest = raw.receive()
     assert key == 0x800F and rest[8:8 + 4 + len(host)] == struct.pack(">H", 0) + string(host)
+
+
+@pytest.mark.warren_only("a node in this process, its disk limit above any disk's free space")
+def test_a_publisher_is_refused_while_the_disk_alarm_stands(tmp_path):
+    """rabbit_stream_reader's declare_publisher with ``resource_alarm = true`` (the disk alarm, which a connection
+    learns of as it registers): PRECONDITION_FAILED; once the alarm clears, the publisher is declared."""
+    from amqp_server.publisher_flow import DISK
+    from support import start
+
+    running = start(tmp_path, stream_enabled=True, stream_port=free_port(), disk_free_limit=1 << 62)
+    try:
+        raw = Raw(running)
+        assert raw.login() == 1
+        assert raw.request(0x0D, string("s") + struct.pack(">i", 0)) == 1  # create: not refused
+        declare = bytes([0]) + string("") + string("s")
+        assert raw.request(0x01, declare) == 0x11
+        assert running.node is not None
+        flow = running.node.flow
+        running.call(lambda: flow.unblock(DISK))
+        assert raw.request(0x01, declare) == 1
+    finally:
+        running.stop()
