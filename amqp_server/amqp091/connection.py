@@ -654,6 +654,7 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
         name = method.virtual_host
         if not self.broker.access.vhost_exists(name):
             raise ConnectionError(errors.NOT_ALLOWED, f"vhost {name} not found")
+        self.broker.limits.check_connection(name, self.user.name)
         principal = self.broker.access.principal(name, self.user.name)
         if principal.permissions is None:
             raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'")

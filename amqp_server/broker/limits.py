@@ -35,6 +35,13 @@ class Limits:
 
     def open_connection(self, connection: LimitedConnection, vhost: str, user: str) -> None:
         """connection.open: refused (530) over the vhost's, then the user's ``max-connections``; else counted."""
+        self.check_connection(vhost, user)
+        self._by_vhost.setdefault(vhost, set()).add(connection)
+        self._by_user.setdefault(user, set()).add(connection)
+
+    def check_connection(self, vhost: str, user: str) -> None:
+        """``open_connection``'s refusals alone: AMQP 0-9-1 checks them before the vhost permission, as
+        rabbit_reader does (a user refused both is told of the limit)."""
         limit = self.access.vhost_limits(vhost).get("max-connections")
         if reached(limit, len(self._by_vhost.get(vhost, ()))):
             raise ConnectionError(errors.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}': "
@@ -43,8 +50,6 @@ class Limits:
         if reached(limit, len(self._by_user.get(user, ()))):
             raise ConnectionError(errors.NOT_ALLOWED, f"connection refused for user '{user}': "
                                                       f"user connection limit ({limit}) is reached")
-        self._by_vhost.setdefault(vhost, set()).add(connection)
-        self._by_user.setdefault(user, set()).add(connection)
 
     def close_connection(self, connection: LimitedConnection, vhost: str, user: str) -> None:
         for counted, key in ((self._by_vhost, vhost), (self._by_user, user)):

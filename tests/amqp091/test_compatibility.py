@@ -743,6 +743,28 @@ def test_user_limits(broker, limited_vhost, uid):
         call(broker, "DELETE", f"/api/users/{q(user)}")
 
 
+def test_connection_limits_are_checked_before_the_vhost_permission(broker, limited_vhost, uid):
+    """rabbit_reader's connection.open: is_over_vhost_connection_limit, then is_over_user_connection_limit, then
+    check_vhost_access: a user without permissions on a vhost at its limit is told of the limit."""
+    user, password = uid, "pw"
+    assert call(broker, "PUT", f"/api/users/{q(user)}", {"password": password, "tags": ""}).status == 201
+    try:
+        vhost_limit = f"/api/vhost-limits/{q(limited_vhost)}/max-connections"
+        assert call(broker, "PUT", vhost_limit, {"value": 0}).status == 204
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+            _login(broker, limited_vhost, user, password)
+        assert f"NOT_ALLOWED - access to vhost '{limited_vhost}' refused for user '{user}': connection limit (0) " \
+            "is reached" in str(refused.value)
+        assert call(broker, "DELETE", vhost_limit).status == 204
+        assert call(broker, "PUT", f"/api/user-limits/{q(user)}/max-connections", {"value": 0}).status == 204
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+            _login(broker, limited_vhost, user, password)
+        assert f"NOT_ALLOWED - connection refused for user '{user}': user connection limit (0) is reached" \
+            in str(refused.value)
+    finally:
+        call(broker, "DELETE", f"/api/users/{q(user)}")
+
+
 # -- what the HTTP API shows ------------------------------------------------------------------------------
 
 def _queue(broker, name: str) -> dict:
