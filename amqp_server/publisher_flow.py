@@ -1,10 +1,11 @@
 """Why publishers are held, and who is held: one owner for blocking and unblocking.
 
-A publishing connection is not read while any reason stands: an alarm of the node (memory, disk) or a
-full link to another node (back-pressure, as RabbitMQ's credit flow).  Each reason is set and cleared by
-whoever knows about it; a publisher is released only when the last one is gone, so clearing the memory
-alarm does not let loose a publisher that a full link still holds.  Alarms are told to clients that
-asked (``connection.blocked`` with RabbitMQ's texts); flow is not, as in RabbitMQ.
+A publishing connection is not read while any reason stands: an alarm (memory, disk) of this node or of
+another node of its cluster (RabbitMQ's alarms hold the whole cluster's publishers), or a full link to another
+node (back-pressure, as RabbitMQ's credit flow).  Each reason is set and cleared by whoever knows about it;
+a publisher is released only when the last one is gone, so clearing the memory alarm does not let loose a
+publisher that a full link still holds.  Alarms are told to clients that asked (``connection.blocked`` with
+RabbitMQ's texts); flow is not, as in RabbitMQ.
 
 Who is held: a publisher of AMQP 1.0 or the stream protocol from its first publishing link or publish on
 (``publishing``); an AMQP 0-9-1 connection only once it publishes while a reason stands, until none is
@@ -27,6 +28,11 @@ def link(node: str) -> str:
     return f"link to {node}"
 
 
+def alarm_on(resource: str, node: str) -> str:
+    """The reason another node's ``resource`` (MEMORY, DISK) alarm holds this node's publishers."""
+    return f"{resource} alarm on {node}"
+
+
 class Publisher(Protocol):
     """A connection that has published: the flow holds and releases it."""
 
@@ -39,7 +45,7 @@ class Publisher(Protocol):
 
 class PublisherFlow:
     def __init__(self) -> None:
-        self._reasons: dict[str, None] = {}  # insertion-ordered set: the first alarm names connection.blocked
+        self._reasons: dict[str, str | None] = {}  # each reason standing: its alarm's resource, None for flow
         self._publishers: set[Publisher] = set()
         self._published: set[Publisher] = set()  # publishers held until no reason is left
         self.recheck: Callable[[], object] = lambda: None  # the node's alarm check, for a large message
@@ -58,7 +64,7 @@ class PublisherFlow:
     def alarm(self) -> str | None:
         """The ``connection.blocked`` text of the alarms standing, if any: rabbit_reader's ``blocked_by_message``
         ("low on memory", "low on disk & memory": the order of its set)."""
-        words = sorted(RESOURCES[reason] for reason in self._reasons if reason in RESOURCES)
+        words = sorted({RESOURCES[resource] for resource in self._reasons.values() if resource is not None})
         return f"low on {' & '.join(words)}" if words else None
 
     def publishing(self, publisher: Publisher) -> None:
@@ -78,14 +84,17 @@ class PublisherFlow:
         self._publishers.discard(publisher)
         self._published.discard(publisher)
 
-    def block(self, reason: str) -> None:
+    def block(self, reason: str, resource: str | None = None) -> None:
+        """``reason`` holds publishers: an alarm of ``resource`` (this node's MEMORY or DISK are their own), or
+        flow (None)."""
         if reason in self._reasons:
             return
-        self._reasons[reason] = None
+        self._reasons[reason] = resource if reason not in RESOURCES else reason
         self._tell()
 
     def unblock(self, reason: str) -> None:
-        if self._reasons.pop(reason, 0) is None:
+        if reason in self._reasons:
+            del self._reasons[reason]
             self._tell()
 
     def _tell(self) -> None:

@@ -22,14 +22,14 @@ from amqp_server.broker.definitions import storable
 from amqp_server.errors import AMQPError, resource_name
 from amqp_server.logs import untrusted
 from amqp_server.queues.policy import Policy
-from amqp_server.publisher_flow import PublisherFlow
+from amqp_server.publisher_flow import RESOURCES, PublisherFlow
 from amqp_server.queues.queue_type import REPLICATED
 from amqp_server.records import BindingRecord, ExchangeRecord, QueueRecord, Record
 from amqp_server.broker.vhost import VHost
 from amqp_server.tasks import stop_tasks
 
 from .metadata import etcd
-from .peers.node_link import STATS, ServerLink, encode_json, listener
+from .peers.node_link import ALARMS, STATS, ServerLink, encode_json, listener
 from .metadata.membership import Membership
 from .metadata.mirror import DEF_PREFIX, Metadata
 from .peers.peer import Peer
@@ -212,15 +212,18 @@ class Cluster:
         return session
 
     async def _report_stats(self) -> None:
-        """Every second, tell the other nodes how many messages the queues owned here hold."""
+        """Every second, tell the other nodes how many messages the queues owned here hold, and the alarms that
+        stand here (which hold their publishers too, as RabbitMQ's alarms hold the cluster's)."""
         while True:
             await asyncio.sleep(STATS_INTERVAL)
             if not self.sessions:
                 continue
             report = encode_json({f"{q.vhost}\0{q.name}": [q.message_count, len(q.consumers)]
                                   for q in self.broker.all_queues() if q.node == self.name})
+            alarms = encode_json([resource for resource in RESOURCES if self.flow.alarmed(resource)])
             for session in self.sessions:
                 session.link.send(STATS, report)
+                session.link.send(ALARMS, alarms)
 
     def nodes(self) -> list[tuple[str, bool]]:
         """(name, running) of every other member."""

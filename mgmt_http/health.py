@@ -45,7 +45,12 @@ def _alarms(context: Context) -> list[dict[str, str]]:
 
 @routes.get("/api/health/checks/alarms")
 async def alarms(request: web.Request) -> web.Response:
-    found = _alarms(ctx(request))
+    """This node's alarms and those the other nodes of its cluster last told it of."""
+    context = ctx(request)
+    cluster = context.broker.cluster
+    found = _alarms(context) + ([{"node": name, "resource": resource} for name, peer in sorted(cluster.peers.items())
+                                 for resource in (MEMORY, DISK) if resource in peer.alarms]
+                                if cluster is not None else [])
     return _failed("There are alarms in effect in the cluster", alarms=found) if found else _ok()
 
 

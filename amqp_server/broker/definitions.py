@@ -54,6 +54,10 @@ class PeerHooks(Protocol):
     def http(self) -> tuple[str, int] | None:
         """Its management API, if it serves one."""
 
+    @property
+    def alarms(self) -> set[str]:
+        """The resources alarmed on it (``publisher_flow.MEMORY``, ``DISK``), as it last said."""
+
 
 class ClusterHooks(Protocol):
     """What the broker tells the cluster (``forwarder``): definition changes made on this node; and what the

@@ -67,7 +67,7 @@ STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long 
 LINK_VERSION = 11  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
 # 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size; 10: a Checkout carries its term,
-# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply)
+# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply, ALARMS)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -89,6 +89,7 @@ MODIFY = 33  # a SETTLE (requeue, release or reject) with an AMQP 1.0 modified o
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
 REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
+ALARMS = 41  # owner -> dialer, with STATS: the resources alarmed on the owner's node (["memory", "disk"])
 REPLICATE, REPLICATED = 60, 61  # a quorum queue's leader -> follower: its log (see quorum); follower -> leader
 
 PUBLISH_HEAD = struct.Struct(">QI")  # link seq (0: no confirm wanted), length of the queue ids that follow

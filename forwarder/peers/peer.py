@@ -43,6 +43,7 @@ class Peer:
         self.broker = broker
         self.flow = flow
         self._held_for = publisher_flow.link(name)  # the flow's reason while this link's buffer is full
+        self.alarms: set[str] = set()  # the resources alarmed on the node, as it last said (ALARMS)
         self.secret = secret
         self.address: tuple[str, int] | None = None
         self.http: tuple[str, int] | None = None  # its management API (offset reads go there), if it serves one
@@ -120,6 +121,7 @@ class Peer:
         cluster.quorum.peer_down(self.name, silent)
         self._open = None
         self.flow.unblock(self._held_for)  # what was buffered is gone with the link
+        self._alarmed([])  # a node not reached holds no publishers here (RabbitMQ: its alarms go with it)
         pending, self._pending = self._pending, {}
         for channel, seq, _ in pending.values():  # their fate is unknown: nack, as for a crashed queue
             channel.remote_confirmed(seq, rejected=True)
@@ -396,12 +398,25 @@ class Peer:
             self._cancelled(link.ID.unpack(payload)[0])
         elif ftype == link.STATS:
             self.stats = json.loads(payload)
+        elif ftype == link.ALARMS:
+            self._alarmed(json.loads(payload))
         elif ftype == link.REPLICATED:
             cluster = self.broker.cluster
             assert cluster is not None  # (a peer is the cluster's)
             cluster.quorum.replicated(self.name, payload)
         elif ftype == link.REPLY:
             self._reply(payload)
+
+    def _alarmed(self, resources: list[str]) -> None:
+        """The node's alarms (ALARMS): each holds this node's publishers until the node says it cleared."""
+        alarms = {resource for resource in publisher_flow.RESOURCES if resource in resources}
+        for resource in publisher_flow.RESOURCES:
+            reason = publisher_flow.alarm_on(resource, self.name)
+            if resource in alarms:
+                self.flow.block(reason, resource)
+            else:
+                self.flow.unblock(reason)
+        self.alarms = alarms
 
     def _confirmed(self, seq: int, status: int) -> None:
         """The answer to a PUBLISH: its publisher is told."""

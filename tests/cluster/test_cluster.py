@@ -22,11 +22,12 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
+from pamqp import commands
 from pika.spec import Basic
 
 from conftest import CLUSTER, ROOT, BrokerProcess, free_port, starts, unavailable
 from conftest import connect as conftest_connect
-from support import delivery_tag, headers_of, stalled_consumer
+from support import Raw, call, delivery_tag, headers_of, publish_frames, stalled_consumer
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 if ETCD is None:
@@ -1498,3 +1499,33 @@ def test_amqp10_filters_on_a_stream_of_another_node_are_applied_by_its_owner(clu
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.cluster
+def test_another_node_s_alarm_blocks_this_node_s_publishers(tmp_path):
+    """rabbit_alarm: a resource alarm of one node holds the publishers of every node of the cluster (rabbit_reader's
+    conserve_resources is told whether any node has the alarm); the cluster's alarm health check names the node,
+    the local one passes."""
+    etcd = Etcd(tmp_path / "etcd")
+    nodes: list[BrokerProcess] = []
+    try:
+        nodes.append(start_node(tmp_path, etcd, 1))
+        nodes.append(start_node(tmp_path, etcd, 2, extra=("--disk-free-limit", str(1 << 62))))
+        wait_for(lambda: all(len(running_nodes(n)) == 2 for n in nodes), "nodes see each other", timeout=30)
+        n1 = nodes[0]
+        wait_for(lambda: call(n1, "GET", "/api/health/checks/alarms").status == 503, "node 2's alarm on node 1")
+        assert call(n1, "GET", "/api/health/checks/alarms").json["alarms"] == [
+            {"node": "warren2@localhost", "resource": "disk"}]
+        assert call(n1, "GET", "/api/health/checks/local-alarms").status == 200
+        raw = Raw(n1)
+        try:
+            raw.handshake(capabilities={"connection.blocked": True})
+            raw.open_channel(1)
+            raw.send(publish_frames(1, "", "nowhere", b"m"))
+            assert raw.expect(commands.Connection.Blocked).reason == "low on disk"
+        finally:
+            raw.close()
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()

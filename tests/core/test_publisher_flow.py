@@ -1,7 +1,7 @@
 """PublisherFlow in-process: a publisher is released only when every reason to hold it is gone."""
 from __future__ import annotations
 
-from amqp_server.publisher_flow import DISK, MEMORY, PublisherFlow, link
+from amqp_server.publisher_flow import DISK, MEMORY, PublisherFlow, alarm_on, link
 
 
 class FakePublisher:
@@ -93,3 +93,17 @@ def test_a_publish_holds_its_connection_only_while_the_reasons_of_that_time_stan
     assert publisher.reading
     flow.block(MEMORY)
     assert publisher.reading, "the last alarm's publish holds it in this one"
+
+
+def test_another_node_s_alarm_holds_publishers_under_its_resource_s_name():
+    """rabbit_alarm tells every node's readers of any node's alarm; blocked_by_message names each resource once."""
+    flow, publisher = PublisherFlow(), FakePublisher()
+    flow.block(alarm_on(DISK, "n2"), DISK)
+    flow.published(publisher)
+    assert not publisher.reading and publisher.alarm == "low on disk"
+    assert not flow.alarmed(DISK)  # not this node's: the local health check passes
+    flow.block(DISK)
+    assert flow.alarm() == "low on disk"
+    flow.unblock(DISK)
+    flow.unblock(alarm_on(DISK, "n2"))
+    assert publisher.reading
