@@ -298,7 +298,7 @@ class Queues:
         if queue is None:
             return 0  # idempotent, as RabbitMQ
         check_exclusive(queue, owner)
-        if not queue.type.delete_checked:
+        if not queue.type.delete_checks(name, vhost.name, if_unused, if_empty):
             self.remove(vhost, queue)
             return 0
         what = resource_name("queue", name, vhost.name)
@@ -324,6 +324,7 @@ class Queues:
         queue = vhost.queues.get(name)
         if queue is not None:
             check_exclusive(queue, owner)
+            queue.type.delete_checks(name, vhost.name, if_unused, if_empty)
             count = await queue.deleted_by_node(if_unused, if_empty)
             if count is not None:
                 self.remove(vhost, queue, undefine=False)

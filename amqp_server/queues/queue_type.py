@@ -83,14 +83,17 @@ class QueueType:
     equivalent_arguments: ClassVar[tuple[str, ...]] = (
         "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
         "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-type", "x-single-active-consumer")
-    # whether queue.delete's if-unused and if-empty apply, and its delete-ok counts the ready messages
-    delete_checked: ClassVar[bool] = True
     policy_lower_wins: ClassVar[tuple[str, ...]] = LOWER_WINS  # policy keys as LOWER_WINS says, for this type
     policy_argument_wins: ClassVar[tuple[str, ...]] = ARGUMENT_WINS  # and as ARGUMENT_WINS says
     # policy keys that make a policy not apply to this type's queues (RabbitMQ 3.10's unsupported_policies)
     unsupported_policies: ClassVar[frozenset[str]] = frozenset()
     capabilities: ClassVar[frozenset[str]] = frozenset()
     queue_class: ClassVar[Callable[..., Any]]  # the class that holds its messages on the node it lives on
+
+    def delete_checks(self, name: str, vhost: str, if_unused: bool, if_empty: bool) -> bool:
+        """Whether queue.delete's if-unused and if-empty are checked on a queue of this type (and its delete-ok
+        counts the ready messages); a type that does not serve them refuses them here."""
+        return True
 
     def __repr__(self) -> str:
         return f"<queue type {type(self).__name__}>"

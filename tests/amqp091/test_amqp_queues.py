@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from pika.exceptions import ChannelClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from conftest import connect
 from support import channel_closed
@@ -192,6 +192,26 @@ def test_delete_if_empty(ch, uid, conn):
     ch = conn.channel()
     ch.queue_purge(uid)
     ch.queue_delete(uid, if_empty=True, if_unused=True)
+
+
+def test_a_conditional_delete_of_a_quorum_queue_is_not_implemented_as_rabbitmq_3_10_answers_it(broker, uid):
+    """rabbit_quorum_queue:delete refuses if-unused (first) and if-empty with a protocol error, 540 NOT_IMPLEMENTED,
+    which closes the connection; the queue stays."""
+    with connect(broker) as connection:
+        connection.channel().queue_declare(uid, durable=True, arguments={"x-queue-type": "quorum"})
+    with connect(broker) as connection:
+        with pytest.raises(ConnectionClosedByBroker) as exc:
+            connection.channel().queue_delete(uid, if_unused=True, if_empty=True)
+    channel_closed(exc, 540, f"NOT_IMPLEMENTED - cannot delete queue '{uid}' in {V}. queue.delete operations with "
+                             "if-unused flag set are not supported by quorum queues")
+    with connect(broker) as connection:
+        with pytest.raises(ConnectionClosedByBroker) as exc:
+            connection.channel().queue_delete(uid, if_empty=True)
+        assert not connection.is_open
+    channel_closed(exc, 540, f"NOT_IMPLEMENTED - cannot delete queue '{uid}' in {V}. queue.delete operations with "
+                             "if-empty flag set are not supported by quorum queues")
+    with connect(broker) as connection:
+        assert connection.channel().queue_delete(uid).method.message_count == 0
 
 
 def test_delete_missing_queue_is_ok(ch, uid):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ... import errors
+
 from ..queue_type import (ARGUMENT_WINS, DELIVERY_HEADER, LOWER_WINS, NACK, PAGING, REPLICATED, STORES_ALL, HttpView,
                           NodeStorage, QueueType)
 from ..queue import LocalQueue
@@ -29,6 +31,16 @@ class Quorum(QueueType):
     # not GLOBAL_QOS, as RabbitMQ 3.10; as RabbitMQ's, every message on disk and a delivery count on deliveries
     capabilities = frozenset({NACK, PAGING, REPLICATED, STORES_ALL, DELIVERY_HEADER})
     queue_class: ClassVar[type[LocalQueue]] = QuorumQueue  # (mypy checks it provides the protocol)
+
+    def delete_checks(self, name: str, vhost: str, if_unused: bool, if_empty: bool) -> bool:
+        """rabbit_quorum_queue:delete refuses both conditions, if-unused first, with a protocol error: 540 closes
+        the connection."""
+        for flag, given in (("if-unused", if_unused), ("if-empty", if_empty)):
+            if given:
+                raise errors.ConnectionError(
+                    errors.NOT_IMPLEMENTED, f"cannot delete {errors.resource_name('queue', name, vhost)}. queue.delete "
+                    f"operations with {flag} flag set are not supported by quorum queues", 50, 40)
+        return True
 
     def ready_list(self, queue: ReadyOwner, expiring: dict[int, Entry]) -> ReadyList:
         """The messages of the entries the state machine holds ready: which leaves, and when, is the machine's

@@ -22,7 +22,6 @@ class Stream(QueueType):
                          "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
                          "x-quorum-initial-group-size", "x-delivery-limit")
     consumer_arguments = ("x-stream-offset",)
-    delete_checked = False  # (rabbit_stream_queue:delete ignores both; the coordinator's answer counts nothing)
     # rabbit_stream_queue's queue_arguments: a stream declared again with other retention is inequivalent
     equivalent_arguments = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
                             "x-initial-cluster-size", "x-queue-leader-locator")
@@ -36,6 +35,10 @@ class Stream(QueueType):
                                       "ha-promote-on-failure", "queue-master-locator", "dead-letter-strategy"})
     capabilities = frozenset({LOG, STORES_ALL, DELIVERY_HEADER})  # (x-stream-offset on deliveries)
     queue_class: ClassVar[type[LocalQueue]] = StreamQueue  # (mypy checks it provides the protocol)
+
+    def delete_checks(self, name: str, vhost: str, if_unused: bool, if_empty: bool) -> bool:
+        """rabbit_stream_queue:delete ignores both; the coordinator's answer counts nothing."""
+        return False
 
     def attached(self, queue: Any, storage: NodeStorage, durable: bool) -> None:
         """Its messages in its log, among the node's streams' logs (a stream is durable, and pages nothing); the
