@@ -78,11 +78,13 @@ class QueueType:
     apply_to: ClassVar[str]  # the policies' apply-to value that names this type's queues
     refused_arguments: ClassVar[tuple[str, ...]] = ()  # queue arguments refused (RabbitMQ 3.10's texts name them)
     consumer_arguments: ClassVar[tuple[str, ...]] = ()  # basic.consume arguments taken (others: refused)
-    # the arguments a declaration of an existing queue of this type must repeat (RabbitMQ 3.10's queue_arguments,
-    # which rabbit_amqqueue:assert_args_equivalence checks); the classic queue's and quorum queue's, as kept
+    # the arguments a declaration of an existing queue of this type must repeat, in the order the first that
+    # differs is named (RabbitMQ 3.10's queue_arguments, which rabbit_amqqueue:assert_args_equivalence checks):
+    # rabbit_classic_queue's
     equivalent_arguments: ClassVar[tuple[str, ...]] = (
-        "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-dead-letter-exchange",
-        "x-dead-letter-routing-key", "x-max-priority", "x-overflow", "x-queue-type", "x-single-active-consumer")
+        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
+        "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
+        "x-single-active-consumer", "x-queue-type", "x-queue-master-locator")
     policy_lower_wins: ClassVar[tuple[str, ...]] = LOWER_WINS  # policy keys as LOWER_WINS says, for this type
     policy_argument_wins: ClassVar[tuple[str, ...]] = ARGUMENT_WINS  # and as ARGUMENT_WINS says
     # policy keys that make a policy not apply to this type's queues (RabbitMQ 3.10's unsupported_policies)

@@ -87,6 +87,28 @@ def test_redeclare_inequivalent_x_args(conn, uid):
     ch.queue_delete(uid)
 
 
+@pytest.mark.parametrize("queue_type, first, second, named", [
+    ("classic", {}, {"x-queue-mode": "lazy"}, "x-queue-mode"),
+    ("classic", {"x-queue-version": 1}, {"x-queue-version": 2}, "x-queue-version"),
+    ("classic", {"x-message-ttl": 1, "x-expires": 60000}, {"x-message-ttl": 2, "x-expires": 70000}, "x-expires"),
+    ("quorum", {"x-delivery-limit": 3}, {"x-delivery-limit": 4}, "x-delivery-limit"),
+    ("quorum", {}, {"x-quorum-initial-group-size": 1}, "x-quorum-initial-group-size"),
+    ("quorum", {"x-message-ttl": 1, "x-expires": 60000}, {"x-message-ttl": 2, "x-expires": 70000}, "x-expires"),
+])
+def test_redeclare_checks_the_queue_types_arguments_in_rabbitmqs_order(conn, uid, queue_type, first, second, named):
+    """rabbit_amqqueue:assert_args_equivalence checks the existing queue type's queue_arguments, in their order
+    (rabbit_classic_queue's, rabbit_quorum_queue's): the first that differs is named."""
+    ch = conn.channel()
+    typed = {"x-queue-type": queue_type}
+    ch.queue_declare(uid, durable=True, arguments={**typed, **first})
+    with pytest.raises(ChannelClosedByBroker) as exc:
+        ch.queue_declare(uid, durable=True, arguments={**typed, **second})
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text.startswith(
+        f"PRECONDITION_FAILED - inequivalent arg '{named}' for queue '{uid}' in {V}: received ")
+    conn.channel().queue_delete(uid)
+
+
 def test_redeclare_equivalent_is_ok(ch, uid):
     ch.queue_declare(uid, durable=True)
     assert ch.queue_declare(uid, durable=True).method.queue == uid

@@ -22,6 +22,11 @@ class Quorum(QueueType):
     refused_arguments = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",
                          "x-stream-max-segment-size-bytes")
     consumer_arguments = ("x-priority",)
+    equivalent_arguments = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy",
+                            "x-expires", "x-max-length", "x-max-length-bytes", "x-max-in-memory-length",
+                            "x-max-in-memory-bytes", "x-overflow", "x-single-active-consumer", "x-queue-type",
+                            "x-quorum-initial-group-size", "x-delivery-limit", "x-message-ttl",
+                            "x-queue-leader-locator")  # rabbit_quorum_queue's queue_arguments
     policy_lower_wins = LOWER_WINS + ("delivery-limit",)
     policy_argument_wins = ARGUMENT_WINS + ("dead-letter-strategy",)
     unsupported_policies = frozenset({"max-priority", "queue-mode", "single-active-consumer", "ha-mode", "ha-params",
