@@ -5,6 +5,7 @@ every other method arrives as a pamqp object and is dispatched by type.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from bisect import insort
@@ -35,8 +36,6 @@ from ..queues.queue import AnyQueue, Consumer, Entry, Queue
 from ..stats import MessageStats
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ..access_control import Principal, User
     from ..broker import Broker
     from ..config import Config
@@ -389,11 +388,12 @@ class Channel:
                 del checked[next(iter(checked))]
 
     def _deliver_routed(self, exchange: Exchange, message: Message, mandatory: bool,
-                        queues: Collection[Destination]) -> bool:
+                        queues: Collection[Destination], verdicts: TxVerdicts | None = None) -> bool:
         """A transaction's publish at tx.commit: enqueued on the queues it was routed to at basic.publish that are
-        still there (returned if mandatory and none are); True if a queue's length limit rejected it."""
+        still there (returned if mandatory and none are); True if a queue's length limit rejected it.  Another
+        node's queue (or a replicated queue's group) answers later, to ``verdicts``."""
         broker = self.broker
-        routed, rejected = broker.deliver(exchange, message, broker.still_routed(self.vhost, queues))
+        routed, rejected = broker.deliver(exchange, message, broker.still_routed(self.vhost, queues), verdicts)
         if not routed:
             self._unroutable(message, mandatory)
         return rejected
@@ -1065,15 +1065,34 @@ class Channel:
         settles, self.tx = self.tx, []
         self.tx_held = {}
         failed = False  # a queue refused a publish (reject-publish): rabbit_channel's record_rejects, tx = failed
+        verdicts = TxVerdicts(self)
         for exchange, message, mandatory, queues in publishes:  # every publish first, then the settles, as
-            failed |= self._deliver_routed(exchange, message, mandatory, queues)  # rabbit_channel's tx.commit
-        for settle in settles:
+            failed |= self._deliver_routed(exchange, message, mandatory, queues, verdicts)  # rabbit_channel's
+        for settle in settles:  # tx.commit
             settle()
         if failed:  # complete_tx(#ch{tx = failed})
             raise errors.precondition_failed("partial tx completion")
         persistence = self.broker.persistence
-        if persistence.staged or self.tx_commits:  # as a confirm would: once what it stored is fsynced, and in order
-            self.tx_commits.append(persistence.batch if persistence.staged else 0)
+        batch = persistence.batch if persistence.staged else 0  # the group commit that makes its writes durable
+        if verdicts.awaited():  # other nodes' queues have yet to answer (maybe_complete_tx waits for unconfirmed)
+            self.connection.suspend(self, m, self._committed_when_answered(verdicts, batch))
+            return
+        self._commit_ok(batch)
+
+    async def _committed_when_answered(self, verdicts: TxVerdicts, batch: int) -> None:
+        """tx.commit once every other node's queue answered its publishes: refused by one, it fails as a refusal
+        here does."""
+        await verdicts.answered
+        if verdicts.refused:
+            raise errors.precondition_failed("partial tx completion")
+        if self.open:
+            self._commit_ok(batch)
+
+    def _commit_ok(self, batch: int) -> None:
+        """commit-ok as a confirm would go: once group commit ``batch`` (0: none) is fsynced, and in order."""
+        persistence = self.broker.persistence
+        if batch > persistence.synced or self.tx_commits:
+            self.tx_commits.append(batch if batch > persistence.synced else 0)
             persistence.waiters.add(self)
             return
         self.reply(commands.Tx.CommitOk())
@@ -1126,6 +1145,42 @@ class Channel:
         self._settle(taken, True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
             queue.deliver_ready()
+
+
+class TxVerdicts:
+    """A ``ConfirmSink`` for one tx.commit's publishes: the answers of other nodes' queues (and of replicated
+    queues' groups), which the commit waits for (rabbit_channel's ``tx = committing`` until its unconfirmed are
+    answered); a refusal fails it (``record_rejects``: ``tx = failed``, ``partial tx completion``)."""
+
+    __slots__ = ("channel", "pending", "refused", "answered", "_sealed")
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.pending = 0
+        self.refused = False
+        self.answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sealed = False
+
+    def awaited(self) -> bool:
+        """Every publish went: whether answers are still awaited (``answered`` is done once they came)."""
+        self._sealed = True
+        if not self.pending:
+            self.answered.set_result(None)
+            return False
+        return True
+
+    def forwarded(self) -> int:
+        self.pending += 1
+        return 0
+
+    def remote_confirmed(self, seq: int, rejected: bool) -> None:
+        self.pending -= 1
+        self.refused |= rejected
+        if not self.pending and self._sealed and not self.answered.done():
+            self.answered.set_result(None)
+
+    def waiting(self, change: int) -> None:
+        self.channel.waiting(change)
 
 
 def _publish_error(error: ChannelError) -> ChannelError:
