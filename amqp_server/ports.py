@@ -19,6 +19,7 @@ OpT = TypeVar("OpT", contravariant=True)  # an op of a replicated queue's state 
 QueueT = TypeVar("QueueT")  # a queue (queue.Queue)
 StreamT = TypeVar("StreamT", contravariant=True)  # a stream (stream_queue.StreamQueue)
 TargetT = TypeVar("TargetT", contravariant=True)  # a queue a publisher's target names (queue.Queue)
+UNLIMITED = 0xFFFFFFFF  # a ``SharedLimit``'s grant once the channel has no shared limit: the queue's own window only
 
 
 class ClientChannel(NamedTuple):
@@ -64,6 +65,35 @@ class DeliveryTarget(Protocol[ConsumerT, EntryT]):
     def handed_over(self, consumer: ConsumerT, old: Any, new: Any) -> None:
         """Another object stands for the consumer's queue (a quorum queue's leader moved): the consumer goes on
         with it (``Queue.take_consumer``), its client unaware."""
+
+
+class Grantee(Protocol):
+    """A consumer of another node's queue as its channel's ``SharedLimit`` grants it room."""
+
+    def grant(self, count: int) -> None:
+        """The queue's node may send it ``count`` more (``UNLIMITED``: the channel has no shared limit now)."""
+
+    def recall(self) -> None:
+        """What it was granted and has not used is wanted back (another of the channel's queues waits for room)."""
+
+
+class SharedLimit(Protocol[ConsumerT]):
+    """A channel's shared prefetch (basic.qos global) as another node's queue is held to it: as
+    rabbit_limiter:can_send is asked before each delivery, the queue's node sends a consumer of this node only
+    what the channel granted it out of its room (reserved until it arrives or comes back unused)."""
+
+    global_prefetch: int
+
+    def want(self, consumer: ConsumerT, grantee: Grantee) -> None:
+        """The queue has (or may soon have) a message for ``consumer`` and no credit for it (rabbit_limiter's
+        blocked queue): ``grantee`` is granted room once the channel has some."""
+
+    def arrived(self) -> None:
+        """A delivery granted arrived: it takes its room as an unacked delivery now."""
+
+    def unreserve(self, consumer: ConsumerT, count: int) -> None:
+        """``count`` deliveries granted to ``consumer`` came back unused, or will not come (it is gone): the room
+        goes to the queues waiting for it."""
 
 
 class ReplyTarget(Protocol[ConsumerT, MessageT]):

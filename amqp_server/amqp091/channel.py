@@ -31,7 +31,7 @@ from ..logs import untrusted
 from ..memory import MEMORY_CHECK_BYTES
 from ..message import RELEASE_FROM, Message
 from ..payload import route_names
-from ..ports import ClientChannel, ExclusiveOwner
+from ..ports import UNLIMITED, ClientChannel, ExclusiveOwner, Grantee
 from ..queues.queue import AnyQueue, Consumer, Entry, Queue
 from ..stats import MessageStats
 
@@ -129,6 +129,11 @@ class Channel:
         self.prefetch = 0  # basic.qos global=false: for consumers created afterwards
         self.global_prefetch = 0  # basic.qos global=true: shared by the channel's consumers
         self.unacked_for_global = 0
+        # of the shared limit, what other nodes' queues were granted for its consumers and have not yet delivered
+        # here or given back; the consumers whose queues wait for a grant, in the order they asked; those granted
+        self.reserved = 0
+        self.wanting: dict[Consumer, Grantee] = {}
+        self.granted: dict[Consumer, Grantee] = {}
         self.ack_timeout = AckTimeout(self)
         # publishing
         self.confirm_mode = False
@@ -501,7 +506,11 @@ class Channel:
         connection = self.connection
         if not self.flow_active or connection.write_paused or connection.deliver_budget <= 0:
             return False
-        return not (shared and self.global_prefetch) or self.unacked_for_global < self.global_prefetch
+        if not (shared and self.global_prefetch) or self.unacked_for_global + self.reserved < self.global_prefetch:
+            return True
+        if self.reserved and self.unacked_for_global < self.global_prefetch:
+            self._recall()  # another node's queue holds room it does not use
+        return False
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         self.delivery_tag += 1
@@ -538,6 +547,48 @@ class Channel:
         connection.large_out |= codec.append_deliver(self.out, self.number, consumer.prefix, self.delivery_tag, False,
                                                      message.route, message.header, message.body, connection.frame_max)
         connection.schedule_flush()
+
+    def want(self, consumer: Consumer, grantee: Grantee) -> None:
+        """(``ports.SharedLimit``) Another node's queue has a message for ``consumer``: granted room now or once
+        some is free, in the order the queues asked (rabbit_limiter resumes the queues it blocked); with none free,
+        the unused room of the channel's other queues is asked back."""
+        if not self.global_prefetch:
+            grantee.grant(UNLIMITED)
+            return
+        self.wanting[consumer] = grantee
+        self._grant()
+        if self.wanting and self.reserved:
+            self._recall()
+
+    def arrived(self) -> None:
+        self.reserved = max(0, self.reserved - 1)
+
+    def unreserve(self, consumer: Consumer, count: int) -> None:
+        self.reserved = max(0, self.reserved - count)
+        if not self.open:  # (its consumers leaving as it closes: nothing more goes to it)
+            return
+        if self.wanting:
+            self._grant()
+        if self.unacked_for_global + self.reserved < self.global_prefetch:
+            self.resume_deliveries()  # (a queue of this node's may have waited for that room)
+
+    def _grant(self) -> None:
+        """The room the shared limit has left, shared among the queues that wait for it."""
+        wanting = self.wanting
+        while wanting:  # (a grant to a consumer gone meanwhile comes back at once: the room is counted anew)
+            room = self.global_prefetch - self.unacked_for_global - self.reserved
+            if room <= 0:
+                return
+            share = max(1, room // len(wanting))
+            consumer = next(iter(wanting))
+            grantee = self.granted[consumer] = wanting.pop(consumer)
+            self.reserved += share
+            grantee.grant(share)
+
+    def _recall(self) -> None:
+        for consumer, grantee in self.granted.items():
+            if consumer not in self.wanting:
+                grantee.recall()
 
     def resume_deliveries(self) -> None:
         for queue in {consumer.queue for consumer in self.consumers.values()}:
@@ -588,6 +639,8 @@ class Channel:
             self.broker.nack_taken(taken, requeue)
         else:
             self.broker.settle_taken(taken, requeue)
+        if self.wanting:
+            self._grant()
         if held:
             self.resume_deliveries()
 
@@ -861,6 +914,13 @@ class Channel:
         else:  # for consumers made from now on; the channel's shared limit goes (rabbit_channel: unlimit_prefetch)
             self.prefetch = m.prefetch_count
             self.global_prefetch = 0
+        if not self.global_prefetch:  # what waited for room of it waits no more
+            self.reserved = 0
+            wanting, self.wanting = self.wanting, {}
+            for grantee in wanting.values():
+                grantee.grant(UNLIMITED)
+        elif self.wanting:
+            self._grant()
         self.reply(commands.Basic.QosOk())
         self.resume_deliveries()
 
@@ -896,7 +956,7 @@ class Channel:
         """The consumer, made; and what its queue's node answers, if it must accept it first."""
         queue = self.broker.consumable(self.vhost, name, self.connection, self.principal)
         consumer = self.broker.consume(queue, self, tag, m.no_ack, m.exclusive, m.arguments or {}, self.prefetch,
-                                       self.global_prefetch)
+                                       self.global_prefetch, limiter=self)
         consumer.sends_from = SEND_FROM_FILE
         self.consumers[tag] = consumer
         if not m.no_ack:
@@ -954,6 +1014,8 @@ class Channel:
             consumer.queue.deliver_ready()  # a single active consumer's successor takes over
 
     def _remove_consumer(self, consumer: Consumer) -> None:
+        self.wanting.pop(consumer, None)
+        self.granted.pop(consumer, None)
         self.broker.remove_consumer(consumer)
 
     def client(self) -> ClientChannel:
@@ -963,6 +1025,8 @@ class Channel:
     def cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel from the server."""
         self.consumers.pop(consumer.tag, None)
+        self.wanting.pop(consumer, None)
+        self.granted.pop(consumer, None)
         if not self.connection.client_capabilities.get("consumer_cancel_notify"):
             return
         if self._cancels is not None:

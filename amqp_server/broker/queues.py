@@ -33,7 +33,7 @@ from .definitions import Definitions, check_exclusive, exclusive_locked, shown, 
 from .dead_letters import DeadLetters
 
 if TYPE_CHECKING:
-    from ..ports import DeliveryTarget, ExclusiveOwner, QueueTarget
+    from ..ports import DeliveryTarget, ExclusiveOwner, QueueTarget, SharedLimit
     from stream_log.log import StreamLogs
 
 log = logging.getLogger("warren.broker")
@@ -265,16 +265,18 @@ class Queues:
 
     def consume(self, queue: AnyQueue, target: "DeliveryTarget[Consumer, Entry]", tag: str, no_ack: bool,
                 exclusive: bool, arguments: dict[str, Any], prefetch: int, global_prefetch: int = 0,
-                filter_set: bytes | None = None) -> Consumer:
+                filter_set: bytes | None = None, limiter: "SharedLimit[Consumer] | None" = None) -> Consumer:
         """basic.consume on a queue ``consumable`` found, for a channel or a consumer on another node: what the
         queue's type refuses, its x-priority, every exclusivity rule checked, the consumer added.  The caller
         answers, then lets the queue deliver (``deliver_ready``).  ``filter_set``: an AMQP 1.0 consumer's filters
-        (encoded), told to the owner of a queue of another node with the consumer."""
+        (encoded), told to the owner of a queue of another node with the consumer; ``limiter``: the channel's
+        shared prefetch, which bounds what such a queue sends the consumer (``ports.SharedLimit``)."""
         priority = queue.type.check_consumer(queue.name, queue.vhost, no_ack, prefetch, global_prefetch, arguments)
         self.check_consumer_exclusivity(queue, exclusive)
         consumer = Consumer(tag, target, queue, no_ack, exclusive, arguments, prefetch, codec.deliver_prefix(tag),
                             priority)
         consumer.filter_set = filter_set
+        consumer.limiter = limiter
         queue.add_consumer(consumer)
         return consumer
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .persistence import Persistence, QueueRows
     from .policy import Policy
     from ..framing.file_out import Loan
-    from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner
+    from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, SharedLimit
     from .queue_type import QueueType
 
 # what the rest of the node takes from a queue
@@ -77,7 +77,7 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority", "counted", "shares_limit", "filter_set", "sends_from")
+                 "unacked", "prefix", "priority", "counted", "shares_limit", "filter_set", "sends_from", "limiter")
 
     def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -97,6 +97,8 @@ class Consumer:
         self.shares_limit = GLOBAL_QOS in queue.type.capabilities
         self.filter_set: bytes | None = None  # an AMQP 1.0 consumer's filters, encoded, for a stream's owner to apply
         self.sends_from = 0  # stored bodies this large it sends from the store's file, unread (0: none; ``took``)
+        # its channel's shared prefetch, which another node's queue is granted credit from (an AMQP 0-9-1 channel's)
+        self.limiter: "SharedLimit[Consumer] | None" = None
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:

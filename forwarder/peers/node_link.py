@@ -67,7 +67,8 @@ STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long 
 LINK_VERSION = 11  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
 # 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size; 10: a Checkout carries its term,
-# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply, ALARMS)
+# DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply, ALARMS,
+# SHARE, WANT, UNUSED, RECALL, DELIVER's GRANTED flag, CONSUME's shared)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 
@@ -86,6 +87,11 @@ DIRECT_REPLY = 15
 CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
 MODIFY = 33  # a SETTLE (requeue, release or reject) with an AMQP 1.0 modified outcome's annotations for the messages
+# a consumer whose channel has a shared prefetch (CONSUME's shared) gets only what its node granted it of the
+# channel's room: SHARE (dialer -> owner, CREDIT_BODY: that many more; ``ports.UNLIMITED``: no shared limit any more),
+# WANT (owner -> dialer, ID: a message waits for it and it has no grant), UNUSED (owner -> dialer, CREDIT_BODY: the
+# grant it had not used, given back when its node asked: RECALL, dialer -> owner, ID)
+SHARE, WANT, UNUSED, RECALL = 34, 35, 36, 37
 REQUEST, REPLY = 50, 51  # basic.get and purge on the owner: JSON request; JSON reply (+ message)
 REPLY_HEAD = struct.Struct(">I")  # JSON length; then JSON, then the message if one was got
 STATS = 40  # owner -> dialer, every second: {"vhost\0queue": [ready messages, consumers]}
@@ -97,9 +103,10 @@ QID = struct.Struct(">H")  # each queue id ("vhost\0name") is prefixed by its le
 ENQUEUER_HEAD = struct.Struct(">QQQ")  # ENQUEUE, after its queue id: the window's id, the seq, its oldest unanswered
 CONFIRM_BODY = struct.Struct(">QB")  # link seq, status; CONFIRM_MOVED's then the leader known there (MOVED_HINT)
 MOVED_HINT = struct.Struct(">Q")  # its term (0: none known), then its name
-# consumer id, delivery tag, the entry's seq in its queue, flags: REDELIVERED, AGREED (the queue's ``agreed``)
+# consumer id, delivery tag, the entry's seq in its queue, flags: REDELIVERED, AGREED (the queue's ``agreed``),
+# GRANTED (sent under a SHARE)
 DELIVER_HEAD = struct.Struct(">IQQB")
-REDELIVERED, AGREED = 1, 2
+REDELIVERED, AGREED, GRANTED = 1, 2, 4
 SETTLE_HEAD = struct.Struct(">B")  # mode, then delivery tags
 MODIFY_HEAD = struct.Struct(">BI")  # SETTLE's mode, the annotations' length; then the annotations, the delivery tags
 TAG = struct.Struct(">Q")

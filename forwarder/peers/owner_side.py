@@ -6,7 +6,9 @@ queue's own.  Deliveries are always taken with manual ack here; the consuming no
 for its no-ack consumers, so a message in flight when a link drops is requeued, not lost.  Each
 consumer has a credit window: deliveries the consuming node has not yet passed to its client, at most
 ``CREDIT_WINDOW`` of them and ``BYTE_WINDOW`` of their bodies, so that a client that does not read makes its node
-hold a few large bodies, not its prefetch of them.
+hold a few large bodies, not its prefetch of them.  A consumer whose channel has a shared prefetch (basic.qos
+global) gets, besides, only what its node granted it of the channel's room (``RemoteConsumerChannel.grant``), as
+RabbitMQ's queue asks the channel's limiter before each delivery: the rest goes to the queue's other consumers.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from amqp_server import errors
 from amqp_server.errors import AMQPError
 from amqp_server.logs import untrusted
-from amqp_server.ports import ClientChannel
+from amqp_server.ports import UNLIMITED, ClientChannel
 from amqp_server.frontend.stored_bodies import SEND_FROM_FILE, body_out, release_body
 from amqp_server.message import RELEASE_FROM, Message
 from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, LocalQueue
@@ -80,29 +82,48 @@ class InFlight:
 class RemoteConsumerChannel:
     """Stands in for the AMQP channel of a consumer on another node."""
 
-    __slots__ = ("session", "id", "in_flight", "_client")
+    __slots__ = ("session", "id", "in_flight", "_client", "grant", "wants")
 
-    def __init__(self, session: "PeerSession", consumer_id: int, client: ClientChannel) -> None:
+    def __init__(self, session: "PeerSession", consumer_id: int, client: ClientChannel, shared: bool) -> None:
         self.session = session
         self.id = consumer_id
         self.in_flight = InFlight()
         self._client = client
+        # ``shared``: deliveries its node granted of its channel's shared prefetch and not yet sent (None: the
+        # channel has none); with none left, a delivery due asks for more (WANT) once until granted
+        self.grant: int | None = 0 if shared else None
+        self.wants = False
 
     def client(self) -> ClientChannel:
         return self._client
 
     def can_deliver(self, shared: bool) -> bool:
         in_flight = self.in_flight
-        return len(in_flight.sizes) < CREDIT_WINDOW and in_flight.bytes < BYTE_WINDOW \
-            and not self.session.link.write_paused
+        if len(in_flight.sizes) >= CREDIT_WINDOW or in_flight.bytes >= BYTE_WINDOW or self.session.link.write_paused:
+            return False
+        if self.grant is None or self.grant > 0:
+            return True
+        if not self.wants:  # rabbit_limiter:can_send said suspend: the channel resumes the queue when it has room
+            self.wants = True
+            self.session.link.send(link.WANT, link.ID.pack(self.id))
+        return False
+
+    def granted(self, count: int) -> None:
+        """Its node granted ``count`` more (``UNLIMITED``: its channel has no shared limit now); what it does not
+        use is kept for the queue's next messages until its node asks for it back (``PeerSession._recall``)."""
+        self.wants = False
+        self.grant = None if count == UNLIMITED else (self.grant or 0) + count
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        if self.grant is not None:
+            self.grant -= 1
         tag = next(_tags)
         self.in_flight.sent(entry.message.body_size)
         session = self.session
         session.unacked[tag] = (entry, consumer.queue, consumer)
         queue = consumer.queue
-        flags = entry.redelivered | (link.AGREED if queue.agreed(entry.seq) else 0)
+        flags = entry.redelivered | (link.AGREED if queue.agreed(entry.seq) else 0) \
+            | (link.GRANTED if self.grant is not None else 0)
         session.send_entry(link.DELIVER, link.DELIVER_HEAD.pack(self.id, tag, entry.seq, flags), entry, queue,
                            queue.delivery_header(entry) if consumer.counted else None)
 
@@ -233,7 +254,8 @@ class PeerSession:
         self._handlers = {link.PUBLISH: self._publish, link.RELAY: self._relayed, link.ENQUEUE: self._enqueue,
                           link.CONSUME: self._consume,
                           link.CANCEL: self._cancel, link.SETTLE: self._settle, link.MODIFY: self._modify,
-                          link.CREDIT: self._credit,
+                          link.CREDIT: self._credit, link.SHARE: self._share,
+                          link.RECALL: self._recall,
                           link.REQUEST: self._request, link.REPLICATE: self._replicate,
                           link.REPLICATED: self._replicated, link.DIRECT_REPLY: self._direct_reply}
 
@@ -416,8 +438,9 @@ class PeerSession:
             # the client's channel, as its node tells it (not told by a node of an earlier version)
             connection, number, host, port, user = request.get("client") or ("", 0, "?", 0, "")
             client = ClientChannel(connection, number, (host, port), user, self.link.peer_name)
-            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id, client), request["tag"],
-                                           False, request["exclusive"],
+            consumer = self.broker.consume(queue, RemoteConsumerChannel(self, consumer_id, client,
+                                                                        request.get("shared") is True),
+                                           request["tag"], False, request["exclusive"],
                                            link.arguments_from(request["arguments"], request["timestamps"]),
                                            request["prefetch"])
             consumer.sends_from = SEND_FROM_FILE
@@ -528,6 +551,26 @@ class PeerSession:
             channel = cast(RemoteConsumerChannel, consumer.channel)  # (a session's consumers deliver to it)
             channel.in_flight.credited(count)
             consumer.queue.deliver_ready()
+
+    def _share(self, payload: bytes) -> None:
+        consumer_id, count = link.CREDIT_BODY.unpack(payload)
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            return  # (gone: its node forgot the grant with it)
+        cast(RemoteConsumerChannel, consumer.channel).granted(count)
+        consumer.queue.deliver_ready()
+
+    def _recall(self, payload: bytes) -> None:
+        """Its node wants back what the consumer was granted and has not used (another queue of its channel
+        waits for room): given back, even none, which tells its node it may ask again."""
+        consumer_id = link.ID.unpack(payload)[0]
+        consumer = self.consumers.get(consumer_id)
+        unused = 0
+        if consumer is not None:
+            channel = cast(RemoteConsumerChannel, consumer.channel)
+            if channel.grant is not None:
+                unused, channel.grant = channel.grant, 0
+        self.link.send(link.UNUSED, link.CREDIT_BODY.pack(consumer_id, unused))
 
     def _settle(self, payload: bytes, at: int = 1, annotations: bytes = b"") -> None:
         mode = payload[0]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from amqp_server import errors, publisher_flow
 from amqp_server.broker.vhost import home_node_down
 from amqp_server.message import Message
+from amqp_server.ports import UNLIMITED
 from amqp_server.queues.quorum_machine import CHECKS, Broken
 from amqp_server.queues.queue import Checked, Consumer, Entry
 
@@ -244,7 +245,7 @@ class Peer:
             request = {
                 "id": remote.id, "vhost": queue.vhost, "queue": queue.name, "tag": consumer.tag,
                 "exclusive": consumer.exclusive, "arguments": arguments, "timestamps": timestamps,
-                "prefetch": 0 if consumer.no_ack else consumer.prefetch,
+                "prefetch": 0 if consumer.no_ack else consumer.prefetch, "shared": remote.shared,
                 "client": [client.connection, client.number, *client.peer, client.user]}
             if adopt is not None:
                 request.update(adopt=adopt, buffered=len(remote.buffer),
@@ -252,6 +253,8 @@ class Peer:
             if consumer.filter_set is not None:
                 request["filter_set"] = base64.b64encode(consumer.filter_set).decode()
             self.link.send(link.CONSUME, link.encode_json(request))
+            if remote.shared:  # its share of the channel's room goes with it, lest its first messages go elsewhere
+                self._wanted(remote)
         return remote
 
     def forget(self, remote: RemoteConsumer) -> None:
@@ -406,6 +409,37 @@ class Peer:
             cluster.quorum.replicated(self.name, payload)
         elif ftype == link.REPLY:
             self._reply(payload)
+        elif ftype == link.WANT:
+            found = self.consumers.get(link.ID.unpack(payload)[0])
+            if found is not None and not self._stale(found[1].id, found[1]):
+                self._wanted(found[1])
+        elif ftype == link.UNUSED:
+            consumer_id, count = link.CREDIT_BODY.unpack(payload)
+            found = self.consumers.get(consumer_id)
+            if found is not None and not self._stale(consumer_id, found[1]):
+                found[1].recalled = False
+                found[1].ungranted(count)
+
+    def _wanted(self, remote: RemoteConsumer) -> None:
+        """The owner has a message for a consumer of a channel with a shared prefetch, which has granted it
+        nothing (or it has just consumed): granted once the channel has room."""
+        limiter = remote.consumer.limiter
+        if limiter is not None and remote.shared:
+            limiter.want(remote.consumer, remote)
+
+    def grant(self, remote: RemoteConsumer, count: int) -> None:
+        if self.link is None or self.consumers.get(remote.id, (None, None))[1] is not remote:
+            limiter = remote.consumer.limiter
+            if count != UNLIMITED and limiter is not None:  # (gone meanwhile: the room is back)
+                limiter.unreserve(remote.consumer, count)
+            return
+        if count != UNLIMITED:
+            remote.granted += count
+        self.link.send(link.SHARE, link.CREDIT_BODY.pack(remote.id, count))
+
+    def recall(self, remote: RemoteConsumer) -> None:
+        if self.link is not None:
+            self.link.send(link.RECALL, link.ID.pack(remote.id))
 
     def _alarmed(self, resources: list[str]) -> None:
         """The node's alarms (ALARMS): each holds this node's publishers until the node says it cleared."""
@@ -445,6 +479,8 @@ class Peer:
         message = link.read_message(payload, link.DELIVER_HEAD.size)
         # (through an earlier consume of it: checked out in a term it no longer knows, never taken back)
         term = 0 if self._stale(consumer_id, remote) else remote.term
+        if flags & link.GRANTED:
+            remote.arrived()
         queue.delivered(remote, Entry(tag, message, bool(flags & link.REDELIVERED)),
                         (seq, term, bool(flags & link.AGREED)))
 

@@ -17,6 +17,7 @@ from amqp_server.broker.vhost import LEADER_WAIT
 from amqp_server.errors import NOT_FOUND, ChannelError
 from amqp_server.queues.consumers import Consumers
 from amqp_server.message import Message
+from amqp_server.ports import UNLIMITED
 from amqp_server.queues.queue import RESETTLE_MAX, AnyQueue, Checked, Consumer, Entry, ParkedSettle
 from amqp_server.queues.ready import SETTLED
 from amqp_server.queues.queue_args import QueueArgs
@@ -235,10 +236,17 @@ class RemoteConsumer:
     """One local consumer of a remote queue: its id on the link and the deliveries not yet passed on."""
 
     __slots__ = ("id", "owner", "consumer", "buffer", "accepted", "attached", "adopting", "parked", "tries",
-                 "settled", "term")
+                 "settled", "term", "shared", "granted", "recalled")
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
+        # its channel's shared prefetch bounds what the owner sends it (``ports.SharedLimit``): ``granted`` of its
+        # room, not yet delivered here nor given back
+        limiter = consumer.limiter
+        self.shared = bool(limiter is not None and limiter.global_prefetch and consumer.shares_limit
+                           and not consumer.no_ack)
+        self.granted = 0
+        self.recalled = False  # what it has not used of its grant was asked back, and the owner has not answered
         # the node it last consumed at, under ``id`` (ids are a link's own: another node's may be the same number);
         # an answer to an earlier consume, there or elsewhere, is stale
         self.owner: Owner | None = None
@@ -257,6 +265,33 @@ class RemoteConsumer:
         # which applies those its predecessor had not replicated (as RabbitMQ's channel resends its settles)
         self.settled: deque[tuple[Owner, int, int, Checked]] = deque(maxlen=RESETTLE_MAX)
         self.term = 0  # what the owner checks out its deliveries under ``id`` in (its answer to consuming)
+
+    def grant(self, count: int) -> None:
+        """(``ports.Grantee``)"""
+        if self.owner is not None:
+            self.owner.grant(self, count)
+        elif count != UNLIMITED and self.consumer.limiter is not None:  # (never sent: the room is back)
+            self.consumer.limiter.unreserve(self.consumer, count)
+
+    def recall(self) -> None:
+        if self.granted and not self.recalled and self.owner is not None:
+            self.recalled = True
+            self.owner.recall(self)
+
+    def arrived(self) -> None:
+        """A delivery of its grant came (before it goes on to the client, which counts it unacked then)."""
+        limiter = self.consumer.limiter
+        if self.granted and limiter is not None:
+            self.granted -= 1
+            limiter.arrived()
+
+    def ungranted(self, count: int) -> None:
+        """``count`` of its grant came back unused, or never will come (it is gone)."""
+        count = min(count, self.granted)
+        limiter = self.consumer.limiter
+        if count and limiter is not None:
+            self.granted -= count
+            limiter.unreserve(self.consumer, count)
 
     def resettles(self) -> list[tuple[int, Checked]]:
         """(mode, checkout) of the settles no leader has said a majority has, however long ago they were sent: a
@@ -299,6 +334,13 @@ class Owner(Protocol):
                 ) -> RemoteConsumer: ...
 
     def cancel(self, remote: RemoteConsumer) -> None: ...
+
+    def grant(self, remote: RemoteConsumer, count: int) -> None:
+        """Its channel's shared prefetch grants ``remote`` ``count`` more deliveries (``ports.UNLIMITED``: no limit
+        of it now); what cannot be sent comes back to the channel at once."""
+
+    def recall(self, remote: RemoteConsumer) -> None:
+        """What ``remote`` has not used of its grant is asked back (answered by its ``ungranted``)."""
 
     def settle(self, mode: int, entries: list[Entry], annotations: bytes = b"") -> None: ...
 
@@ -481,6 +523,7 @@ class RemoteQueue:
         leader returns what no consumer took back, as it does the entries of the settles such a consumer parked,
         which go too."""
         buffer, remote.buffer = remote.buffer, deque()
+        remote.ungranted(remote.granted)
         taken = self.taken
         if taken:
             for entry in buffer:

@@ -4,13 +4,16 @@ transaction's commit waits for every queue's answer to its publishes (rabbit_cha
 with ``partial tx completion`` if one refused."""
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
+from pika.spec import Basic
 
 from conftest import CLUSTER, BrokerProcess, starts
+from support import delivery_tag
 from test_cluster import Etcd, connect, passive, three_nodes, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,3 +63,92 @@ def test_a_commit_waits_for_another_node_s_queue_to_take_its_publishes(nodes, ui
             ch.basic_publish("", uid, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
         ch.tx_commit()
         assert reader.channel().queue_declare(uid, passive=True).method.message_count == 50
+
+
+def test_a_shared_prefetch_bounds_what_another_node_s_queues_send_its_consumers(nodes, uid):
+    """Two queues of node 1, consumed on one channel of node 2 with ``basic.qos(5, global=True)`` and by a
+    competing consumer each on node 1: node 2's client gets 5, and the rest go to node 1's consumers rather than
+    wait in node 2 for the channel's room.  Once node 1's consumers are gone, node 2's take everything, 5 unacked
+    at most at any moment, as the channel acks."""
+    n1, n2, _ = nodes
+    queues = [uid + "-a", uid + "-b"]
+    local = connect(n1)
+    lch = local.channel()
+    competing: list[int] = []
+    for queue in queues:
+        lch.queue_declare(queue)
+        lch.basic_consume(queue, lambda c, m, p, b: competing.append(delivery_tag(m)))  # (no prefetch limit)
+    for queue in queues:
+        wait_for(lambda queue=queue: passive(n2, queue) == 0, "the queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    rch.basic_qos(prefetch_count=5, global_qos=True)
+    held: list[int] = []
+    total = [0]
+
+    def take(channel: object, method: Basic.Deliver, properties: object, body: bytes) -> None:
+        held.append(delivery_tag(method))
+        total[0] += 1
+
+    for queue in queues:
+        rch.basic_consume(queue, take)
+    remote.process_data_events(time_limit=0.5)  # node 1 has node 2's consumers before anything is published
+    with connect(n1) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for i in range(100):
+            for queue in queues:
+                pch.basic_publish("", queue, f"m{i}".encode())
+    deadline = time.monotonic() + 10
+    while len(competing) + len(held) < 200 and time.monotonic() < deadline:
+        local.process_data_events(time_limit=0.05)
+        remote.process_data_events(time_limit=0.05)
+    remote.process_data_events(time_limit=0.3)
+    assert (len(held), len(competing)) == (5, 195)
+    local.close()  # node 1's consumers go: what they held is ready again, for node 2's only
+    deadline = time.monotonic() + 20
+    while total[0] < 200 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+        assert len(held) <= 5  # never more unacked than the channel's shared limit
+        if held:
+            rch.basic_ack(held[-1], multiple=True)
+            held.clear()
+    assert total[0] == 200
+    remote.close()
+
+
+def test_a_queue_of_another_node_with_nothing_for_the_channel_holds_none_of_its_shared_prefetch(nodes, uid):
+    """Of a channel's ``basic.qos(4, global=True)``, a busy queue of node 1 gets all 4 while the channel's other
+    queue there stays empty (the room the idle one was granted is asked back); lifting the limit lets the rest
+    come."""
+    n1, n2, _ = nodes
+    idle, busy = uid + "-idle", uid + "-busy"
+    with connect(n1) as connection:
+        ch = connection.channel()
+        ch.queue_declare(idle)
+        ch.queue_declare(busy)
+    for queue in (idle, busy):
+        wait_for(lambda queue=queue: passive(n2, queue) == 0, "the queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    rch.basic_qos(prefetch_count=4, global_qos=True)
+    got: list[bytes] = []
+    rch.basic_consume(idle, lambda c, m, p, b: got.append(b))
+    rch.basic_consume(busy, lambda c, m, p, b: got.append(b))
+    remote.process_data_events(time_limit=0.5)
+    with connect(n1) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for i in range(20):
+            pch.basic_publish("", busy, f"m{i}".encode())
+    deadline = time.monotonic() + 5
+    while len(got) < 4 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+    remote.process_data_events(time_limit=0.3)
+    assert len(got) == 4
+    rch.basic_qos(prefetch_count=0, global_qos=True)
+    deadline = time.monotonic() + 5
+    while len(got) < 20 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+    assert len(got) == 20
+    remote.close()

@@ -41,17 +41,22 @@ def peers() -> tuple[Peer, Peer]:
     return (Peer("n1", broker, b"", flow), Peer("n3", broker, b"", flow))  # type: ignore[arg-type]
 
 
+def consumer() -> SimpleNamespace:
+    """A consumer of a channel with no shared prefetch, as the peer sees it."""
+    return SimpleNamespace(limiter=None)
+
+
 async def moved_consumer() -> tuple[Peer, Peer, Queue, RemoteConsumer, int]:
     """A consumer that consumed at n1 (its id there ``first``), again at n1, then at n3, where it has the id
     its first consume had at n1 (another consumer took n3's first id)."""
     n1, n3 = peers()
     queue = Queue()
-    remote = n1.consume(queue, object())  # type: ignore[arg-type]
+    remote = n1.consume(queue, consumer())  # type: ignore[arg-type]
     first = remote.id
     remote.accepted.set_result(None)
     n1.consume(queue, remote.consumer, remote, [], [])  # type: ignore[arg-type]  # (its answer has not come)
     n1.forget(remote)
-    n3.consume(queue, object())  # type: ignore[arg-type]
+    n3.consume(queue, consumer())  # type: ignore[arg-type]
     n3.consume(queue, remote.consumer, remote, [], [])  # type: ignore[arg-type]
     assert remote.id != first and n3.consumers[remote.id] == (queue, remote)
     return n1, n3, queue, remote, first
@@ -83,7 +88,7 @@ async def test_a_stale_cancel_and_a_link_gone_leave_the_consumer_where_it_consum
 
 async def test_a_consumer_cancelled_is_cancelled_where_it_consumes_not_under_its_number_elsewhere():
     n1, n3, queue, remote, first = await moved_consumer()
-    other = RemoteConsumer(remote.id, object())  # type: ignore[arg-type]
+    other = RemoteConsumer(remote.id, consumer())  # type: ignore[arg-type]
     other.owner = n1
     # another consumer at n1 under the moved one's number at n3
     n1.consumers[remote.id] = (queue, other)  # type: ignore[assignment]
