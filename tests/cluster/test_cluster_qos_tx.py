@@ -152,3 +152,34 @@ def test_a_queue_of_another_node_with_nothing_for_the_channel_holds_none_of_its_
         remote.process_data_events(time_limit=0.05)
     assert len(got) == 20
     remote.close()
+
+
+def test_room_granted_to_another_node_s_idle_queue_goes_to_this_node_s_queue_that_has_messages(nodes, uid):
+    """A channel of node 2 with ``basic.qos(3, global=True)`` consumes an empty queue of node 1 (which is granted
+    the channel's room as it consumes) and a queue of node 2: the latter's messages still come, 3 at a time."""
+    n1, n2, _ = nodes
+    idle, own = uid + "-idle", uid + "-own"
+    with connect(n1) as connection:
+        connection.channel().queue_declare(idle)
+    wait_for(lambda: passive(n2, idle) == 0, "the queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    rch.queue_declare(own)
+    rch.basic_qos(prefetch_count=3, global_qos=True)
+    got: list[int] = []
+    rch.basic_consume(idle, lambda c, m, p, b: got.append(delivery_tag(m)))
+    rch.basic_consume(own, lambda c, m, p, b: got.append(delivery_tag(m)))
+    remote.process_data_events(time_limit=0.3)
+    for i in range(10):
+        rch.basic_publish("", own, f"m{i}".encode())
+    seen = 0
+    deadline = time.monotonic() + 5
+    while seen < 10 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+        assert len(got) <= 3
+        if got:
+            seen += len(got)
+            rch.basic_ack(got[-1], multiple=True)
+            got.clear()
+    assert seen == 10
+    remote.close()
