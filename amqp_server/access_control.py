@@ -104,12 +104,14 @@ class TopicPermission:
     read: str = ".*"
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Principal:
     """Whom a broker operation is done for: a user and its permissions in the operation's vhost.
 
-    Broker operations take one and check it themselves, so AMQP, HTTP and the cluster cannot differ.
-    ``topics`` are its topic permissions there, by exchange name: a live view, as RabbitMQ reads them at each check.
+    Broker operations take one and check it themselves, so AMQP, HTTP and the cluster cannot differ.  The
+    permissions and ``topics`` (its topic permissions there, by exchange name) of one ``AccessControl.principal``
+    are live: changed in place when an administrator changes them, as RabbitMQ reads them at each check (its
+    channel's cache of the last few resources aside), so that a connection already open is held to the new ones.
     """
     name: str
     permissions: Permissions | None
@@ -177,14 +179,20 @@ class AccessControl:
         # (vhost, user) -> its topic permissions by exchange: one dict per pair, shared by its principals and
         # changed in place, so that a change applies to connections already open
         self._topics: dict[tuple[str, str], dict[str, TopicPermission]] = {}
+        # a permission's key -> the principal of that user in that vhost, shared by its connections (``principal``)
+        self._principals: dict[str, Principal] = {}
 
     def _put(self, kind: str, key: str, record: dict[str, Any]) -> None:
         self.store.put(kind, key, record)
+        if kind == "permission" and key in self._principals:
+            self._principals[key].permissions = Permissions(record["configure"], record["write"], record["read"])
         if self.listener is not None:
             self.listener.defined(kind, key, record)
 
     def _delete(self, kind: str, key: str) -> bool:
         found = self.store.delete(kind, key)
+        if kind == "permission" and key in self._principals:
+            self._principals[key].permissions = None  # (kept: given again, they are its connections' again)
         if self.listener is not None:
             self.listener.undefined(kind, key)
         return found
@@ -375,8 +383,18 @@ class AccessControl:
         return record["value"] if record is not None and isinstance(record["value"], str) else default
 
     def principal(self, vhost: str, user: str) -> Principal:
-        """``user`` with its permissions and topic permissions in ``vhost``: what its operations there check."""
-        return Principal(user, self.permissions(vhost, user), self.topic_permissions(vhost, user))
+        """``user`` with its permissions and topic permissions in ``vhost``: what its operations there check, kept
+        up to date (``Principal``) while the permissions are there."""
+        key = f"{vhost_key(vhost)}/{user}"
+        permissions = self.permissions(vhost, user)  # (read again: warren-admin writes the store from outside)
+        found = self._principals.get(key)
+        if found is not None:
+            found.permissions = permissions
+            return found
+        principal = Principal(user, permissions, self.topic_permissions(vhost, user))
+        if permissions is not None:  # (one without any is refused; one made later is asked for anew)
+            self._principals[key] = principal
+        return principal
 
     def topic_permissions(self, vhost: str, user: str) -> dict[str, TopicPermission]:
         """A user's topic permissions in a vhost, by exchange (the live view: callers must not change it)."""

@@ -10,7 +10,7 @@ from pika.exceptions import (ChannelClosedByBroker, ConnectionClosedByBroker, Pr
                              ProbableAuthenticationError)
 
 from conftest import connect
-from support import AsyncClose, channel_closed
+from support import AsyncClose, call, channel_closed
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -135,6 +135,29 @@ def test_permission_regexes(broker, uid):
     finally:
         with connect(broker) as admin:
             admin.channel().queue_delete("no-" + uid)
+
+
+@pytest.mark.warren_only("changes permissions through the HTTP API")
+def test_a_permission_changed_while_connected_holds_from_the_next_check(broker, uid):
+    """rabbit_channel checks each resource against the user's permissions as they are now (its cache of the
+    last 12 resources aside): a connection open before an administrator narrowed or cleared them is held to the
+    new ones, and to the old ones again once they are given back."""
+    name = _user(broker, uid)
+    refused = "ACCESS_REFUSED - access to queue '{res}' in vhost '/' refused for user '%s'" % name
+    path = f"/api/permissions/%2F/{name}"
+    with connect(broker, name, "pw") as c:
+        c.channel().queue_declare("before-" + uid, auto_delete=True)
+        assert call(broker, "PUT", path, {"configure": "^ok-", "write": ".*", "read": ".*"}).status == 204
+        c.channel().queue_declare("ok-" + uid, auto_delete=True)
+        with pytest.raises(ChannelClosedByBroker) as exc:
+            c.channel().queue_declare("no-" + uid)
+        channel_closed(exc, 403, refused.format(res="no-" + uid))
+        assert call(broker, "DELETE", path).status == 204
+        with pytest.raises(ChannelClosedByBroker) as exc:
+            c.channel().queue_declare("ok-2-" + uid)
+        channel_closed(exc, 403, refused.format(res="ok-2-" + uid))
+        assert call(broker, "PUT", path, {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+        c.channel().queue_declare("again-" + uid, auto_delete=True)
 
 
 # -- isolation ------------------------------------------------------------------------------------
