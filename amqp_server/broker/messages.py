@@ -257,14 +257,20 @@ class Messages:
     def hand_over(self, consumer: Consumer, old: AnyQueue, new: AnyQueue, held: list[Entry]) -> list[Entry | None]:
         """A quorum queue's leader moved: the consumer goes on with the object that stands for the queue now,
         which takes back what it holds (``held``, its entries of the old one), as RabbitMQ's consumers outlive a
-        change of leader unaware.  The settles the old one kept for a leader to come are carried out.  Returns
-        the new object's entry for each held one; None: not taken back (it stays with the old one, where a
-        settle does nothing)."""
+        change of leader unaware.  The settles the old one kept for a leader to come are carried out; those the
+        new one takes nothing back for it keeps for the leader after it (``keep_settles``).  Returns the new
+        object's entry for each held one; None: not taken back (it stays with the old one, where a settle does
+        nothing)."""
         checked, parked = old.release(consumer, held)
         taken = new.take_consumer(consumer, [*zip(held, checked), *((entry, c) for _, entry, c, _ in parked)])
-        for (mode, _, _, modified), entry in zip(parked, taken[len(held):]):  # settled while no leader took them
-            if entry is not None:  # (counted off the consumer's prefetch then)
-                self.settle_as([(entry, new, None)], mode, modified)
+        kept = []
+        for settle, entry in zip(parked, taken[len(held):]):  # settled while no leader took them
+            if entry is None:
+                kept.append(settle)
+            else:  # (counted off the consumer's prefetch then)
+                self.settle_as([(entry, new, None)], settle[0], settle[3])
+        if kept:
+            new.keep_settles(kept)
         return taken[:len(held)]
 
     def move_messages(self, source: AnyQueue, destination: AnyQueue, count: int | None = None,

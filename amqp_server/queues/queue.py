@@ -200,6 +200,10 @@ class AnyQueue(Protocol):
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         ...
 
+    def keep_settles(self, settles: list[ParkedSettle]) -> None:
+        """Settles a consumer handed over kept for the queue's next leader, which this object took nothing back
+        for (``take_consumer``): a quorum queue's leader keeps them for the leader after it."""
+
     def agreed(self, seq: int) -> bool:
         """Whether every later leader's copy has ``seq`` as the message it is here (a quorum queue's)."""
 
@@ -714,6 +718,9 @@ class Queue:
         checkouts of the entries it holds, and the settles (their mode; entry, checkout) it made that this
         object kept for the queue's next leader (a proxy's).  Here, none that a next leader could take back."""
         return [self.checked(entry) for entry in entries], []
+
+    def keep_settles(self, settles: list[ParkedSettle]) -> None:
+        """Nothing to keep: a classic queue has no next leader."""
 
     def get(self, no_ack: bool, sends_from: int = 0) -> Entry | None:
         """basic.get: the head entry, or None (``sends_from``: as ``took``'s)."""

@@ -87,9 +87,9 @@ class QuorumQueue(Queue):
         self._from = (0, 0)  # (enqueuer, its seq) of the publish being enqueued (``enqueue_from``)
         self._allowed = -1  # deliveries the replicator still allows in the ``deliver_ready`` under way (-1: none is)
         self._refused: dict[int, int] = {}  # enqueuer -> the seq after its latest publish refused (reject-publish)
-        # (the log index a majority must have, how, seq, its checkout's term, a modified outcome's annotations) of
-        # the acks and rejects not yet known to be on a majority: for the next leader
-        self._settled_lately: deque[tuple[int, SettleMode, int, int, bytes]] = deque(maxlen=RESETTLE_MAX)
+        # (the log index a majority must have, how, seq, its checkout's term, whether its seq was agreed, a modified
+        # outcome's annotations) of the acks and rejects not yet known to be on a majority: for the next leader
+        self._settled_lately: deque[tuple[int, SettleMode, int, int, bool, bytes]] = deque(maxlen=RESETTLE_MAX)
         self._expiry_timer: asyncio.TimerHandle | None = None  # at the state's next deadline (``_expiry_at``)
         self._expiry_at = 0
         self._configure(apply=False)
@@ -682,7 +682,20 @@ class QuorumQueue(Queue):
             while lately and lately[0][0] <= committed:
                 lately.popleft()
             index = replicator.index
-            lately.extend((index, mode, seq, term, annotations) for seq, term in zip(seqs, terms))
+            lately.extend((index, mode, seq, term, False, annotations) for seq, term in zip(seqs, terms))
+
+    def keep_settles(self, settles: list[ParkedSettle]) -> None:
+        """Settles a consumer made under an earlier leader that this one took nothing back for: its copy has them
+        carried out already, in that leader's ops, or the entry left since.  Those ops may be on no majority: kept
+        as its own consumers' settles are (``_remember``), until a majority has all this leader has now, they go
+        on to the next leader should this one be deposed first (``release``), as ``rabbit_fifo_client`` keeps a
+        settle pending until a leader applied it.  (Dropped, a leader deposed again before any follower had its
+        ops lost them, and the next delivered those messages again.)"""
+        replicator = self.replicator
+        if replicator is not None:
+            index = replicator.index
+            self._settled_lately.extend((index, mode, checked[0], checked[1], checked[2], annotations)
+                                        for mode, _, checked, annotations in settles)
 
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         """Deposed, as a proxy's consumers do, this leader's consumers take to the next one, besides what they
@@ -693,8 +706,8 @@ class QuorumQueue(Queue):
         deposed only once its cut heals (``RemoteConsumer.resettles``)."""
         lately, self._settled_lately = self._settled_lately, deque(maxlen=RESETTLE_MAX)
         return ([self.checked(entry) for entry in entries],
-                [(mode, Entry(0, SETTLED), (seq, term, self.agreed(seq)), annotations)
-                 for _, mode, seq, term, annotations in lately])
+                [(mode, Entry(0, SETTLED), (seq, term, agreed or self.agreed(seq)), annotations)
+                 for _, mode, seq, term, agreed, annotations in lately])
 
     def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
         """Returned entries count one more return and go to the back, under new seqs; those past the delivery

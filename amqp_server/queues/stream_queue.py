@@ -300,6 +300,9 @@ class StreamQueue:
     def release(self, consumer: Consumer, entries: list[Entry]) -> tuple[list[Checked], list[ParkedSettle]]:
         return [self.checked(entry) for entry in entries], []
 
+    def keep_settles(self, settles: list[ParkedSettle]) -> None:
+        """Nothing to keep: a stream's consumers settle nothing a leader holds."""
+
     def adopt(self, held: list[Checked]) -> list[Entry | None]:
         """What a consumer held: nothing to take back (its offsets are read)."""
         return [None] * len(held)

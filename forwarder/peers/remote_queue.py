@@ -702,6 +702,9 @@ class RemoteQueue:
             held.append(found[1] if found is not None else (-1, 0, False))
         return held, parked
 
+    def keep_settles(self, settles: list[ParkedSettle]) -> None:
+        """Nothing to keep: what it took nothing back for (``take_consumer``) names nothing a leader has."""
+
     # -- settling -----------------------------------------------------------------------------
 
     def settle(self, entries: list[Entry]) -> None:

@@ -2605,3 +2605,42 @@ async def test_a_peer_s_requests_to_wait_for_definitions_are_bounded_and_its_mal
     assert replies == [{"rid": rid, "reached": False} for rid in range(owner_side.SYNCS_MAX, owner_side.SYNCS_MAX + 3)]
     never.set()
     await wait_for(lambda: len(sent) == owner_side.SYNCS_MAX + 3, "every waiting request answered")
+
+
+async def test_settles_a_leader_took_back_into_its_own_unagreed_ops_go_on_to_the_leader_after_it(network):
+    """n1's own consumer acks its 50 as n1 is cut off (their ops reach nobody), and n1 steps down, its consumer
+    keeping the settles for the next leader.  n1 leads again, its copy the furthest: the settles are in its own
+    ops already, which it is deposed again before any follower has.  The leader after it, which never had them,
+    must get them from the consumer, as ``rabbit_fifo_client`` keeps a settle until a leader applied it: they
+    were dropped once a leader had them at all, and n3 delivered the 50 again."""
+    node, client, _ = await consumer_holding(network, "n1")
+    first = list(client.received)
+
+    def cut_off() -> None:
+        for other in ("n2", "n3"):
+            network.hold("n1", other)
+        for other in ("n2", "n3"):
+            network.cut("n1", other, silent=True)
+
+    for other in ("n2", "n3"):
+        network.nodes[other].client.unreachable = True  # (no election without n1 yet)
+    for other in ("n2", "n3"):
+        network.hold("n1", other)
+    assert client.ack() == 50
+    await asyncio.sleep(0.05)
+    cut_off()
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 stepped down")
+    for other in ("n2", "n3"):
+        network.heal("n1", other)
+        network.hold("n1", other)  # (n1's ops still reach nobody)
+        network.nodes[other].client.unreachable = False
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is not None, "n1 leading again")
+    await asyncio.sleep(0.1)
+    cut_off()
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 stepped down again")
+    await wait_for(lambda: leader(network) is not None and the_leader(network) is not node, "another leader")
+    for other in ("n2", "n3"):
+        network.release("n1", other)
+        network.heal("n1", other)
+    await drained(network, client, bodies(200))
+    assert [body for body in client.received[len(first):] if body in first] == []
