@@ -15,7 +15,7 @@ from .delayed_messages import MandatoryPublisher
 from .direct_reply import NodeReply, ReplyConsumer
 from ..errors import AMQPError, resource_name
 from ..message import Message, expiration_error
-from ..queues.queue import AnyQueue, Consumer, Entry, Queue, SettleMode
+from ..queues.queue import AnyQueue, Consumer, Entry, ParkedSettle, Queue, SettleMode
 from .vhost import VHost
 from .definitions import Destination, check_exclusive
 from .routing import Router
@@ -263,12 +263,13 @@ class Messages:
         nothing)."""
         checked, parked = old.release(consumer, held)
         taken = new.take_consumer(consumer, [*zip(held, checked), *((entry, c) for _, entry, c, _ in parked)])
-        kept = []
+        kept: list[ParkedSettle] = []
         for settle, entry in zip(parked, taken[len(held):]):  # settled while no leader took them
+            mode, _, _, modified = settle
             if entry is None:
                 kept.append(settle)
             else:  # (counted off the consumer's prefetch then)
-                self.settle_as([(entry, new, None)], settle[0], settle[3])
+                self.settle_as([(entry, new, None)], mode, modified)
         if kept:
             new.keep_settles(kept)
         return taken[:len(held)]
