@@ -30,13 +30,18 @@ fetch celery 5.7.0 celery-5.7.0
 if [ ! -d pika-1.3.2 ]; then  # Debian trixie's python-pika 1.3.2-1, through a source list of our own
   mkdir -p apt/lists/partial
   sed -n 's/^URIs: *\(.*\)/deb-src \1 trixie main/p' /etc/apt/sources.list.d/debian.sources | head -1 > apt/src.list
-  APT=(-o Dir::Etc::SourceList="$WORK/apt/src.list" -o Dir::Etc::SourceParts=/nonexistent -o Dir::State::Lists="$WORK/apt/lists")
+  APT=(-o Dir::Etc::SourceList="$WORK/apt/src.list" -o Dir::Etc::SourceParts=/nonexistent
+       -o Dir::State::Lists="$WORK/apt/lists")
   apt-get "${APT[@]}" update -qq
-  (cd apt && apt-get "${APT[@]}" source --download-only -qq python-pika=1.3.2-1) || [ -f apt/python-pika_1.3.2.orig.tar.gz ]
+  # the mirror may lack the .dsc: the upstream tarball (with tests/) is what is needed
+  (cd apt && apt-get "${APT[@]}" source --download-only -qq python-pika=1.3.2-1) ||
+    [ -f apt/python-pika_1.3.2.orig.tar.gz ]
   tar xzf apt/python-pika_1.3.2.orig.tar.gz
   # the suite's broker is localhost:5672: take the port from PIKA_TEST_PORT instead
-  sed -i "s/{'port': 5672}/{'port': int(__import__('os').environ['PIKA_TEST_PORT'])}/" pika-1.3.2/tests/acceptance/blocking_adapter_test.py
-  sed -i "s/host='localhost', port=5672)/host='localhost', port=int(os.environ['PIKA_TEST_PORT']))/" pika-1.3.2/tests/base/async_test_base.py
+  sed -i "s/{'port': 5672}/{'port': int(__import__('os').environ['PIKA_TEST_PORT'])}/" \
+    pika-1.3.2/tests/acceptance/blocking_adapter_test.py
+  sed -i "s/host='localhost', port=5672)/host='localhost', port=int(os.environ['PIKA_TEST_PORT']))/" \
+    pika-1.3.2/tests/base/async_test_base.py
 fi
 if [ ! -x venv/bin/pytest ]; then
   python3 -m venv venv && venv/bin/pip install -q aio-pika==10.2.1 aiormq==7.2.4 amqp==5.4.2 kombu==5.7.0 \
@@ -46,7 +51,8 @@ if [ ! -x venv/bin/pytest ]; then
   python3 -m venv venv-rstream && venv-rstream/bin/pip install -q rstream==1.1.1 pytest pytest-asyncio \
     pytest-timeout pytest-rerunfailures requests
   python3 -m venv venv-celery && venv-celery/bin/pip install -q celery==5.7.0 pytest pytest-celery \
-    pytest-rerunfailures pytest-subtests pytest-timeout pytest-order redis msgpack pyyaml freezegun pydantic
+    pytest-rerunfailures pytest-subtests pytest-timeout pytest-order redis msgpack pyyaml freezegun pydantic \
+    django
   # the asyncio suites start a docker container: the shim gives them the broker under test instead
   for conftest in aio_pika-10.2.1/tests/conftest.py aiormq-7.2.4/tests/conftest.py; do
     sed -i '1i from shim import rabbitmq_container, amqp_direct_url  # noqa' "$conftest"
@@ -63,7 +69,8 @@ fi
 export PYTHONPATH=$HERE BROKER=127.0.0.1:$AMQP_PORT RABBITMQ_HOST=127.0.0.1 RABBITMQ_5672_TCP=$AMQP_PORT
 run() {  # label dir pytest-args...
   local label=$1 dir=$2; shift 2
-  (cd "$dir" && timeout 1800 "$@" -p no:cacheprovider -q --timeout=60 > "$WORK/$label.log" 2>&1) || true
+  (cd "$dir" && timeout 1800 "$@" -p no:cacheprovider -q --timeout="${TEST_TIMEOUT:-60}" > "$WORK/$label.log" 2>&1) ||
+    true
   printf '%-10s %s\n' "$label" "$(tail -1 "$WORK/$label.log")"
 }
 # TLS variants need certificates configured on the broker: left out for both brokers alike
@@ -80,11 +87,12 @@ AMQP_HOST=127.0.0.2 AMQP_USERNAME=guest AMQP_PASSWORD=guest AMQP_URI="amqp://gue
 # pika's own sources (tests/ imports pika from the source tree); the kqueue variants skip on Linux
 PIKA_TEST_PORT=$AMQP_PORT run pika pika-1.3.2 ../venv-pika/bin/python -m pytest \
   tests/acceptance/async_adapter_tests.py tests/acceptance/blocking_adapter_test.py
-# Celery with RabbitMQ's setup in its CI: py-amqp broker, rpc result backend (no redis: its files left out)
-TEST_BROKER="pyamqp://guest:guest@127.0.0.1:$AMQP_PORT//" TEST_BACKEND=rpc run celery celery-5.7.0 \
-  ../venv-celery/bin/python -m pytest t/integration/test_tasks.py t/integration/test_canvas.py \
-  t/integration/test_inspect.py t/integration/test_worker.py t/integration/test_serialization.py \
-  t/integration/test_group_chains.py t/integration/test_loader.py t/integration/test_connection_recovery.py
+# Celery with RabbitMQ's setup in its CI: py-amqp broker, rpc result backend (no redis: its files left out);
+# the worker tests start the `celery` command
+PATH="$WORK/venv-celery/bin:$PATH" TEST_BROKER="pyamqp://guest:guest@127.0.0.1:$AMQP_PORT//" TEST_BACKEND=rpc \
+  TEST_TIMEOUT=120 run celery celery-5.7.0 ../venv-celery/bin/python -m pytest t/integration/test_tasks.py \
+  t/integration/test_canvas.py t/integration/test_inspect.py t/integration/test_worker.py \
+  t/integration/test_serialization.py t/integration/test_group_chains.py t/integration/test_loader.py t/integration/test_connection_recovery.py
 if [ -n "${RSTREAM_TESTS:-}" ] && [ "$STREAM_PORT" = 5552 ] && [ "$MGMT_PORT" = 15672 ]; then
   rm -rf rstream-tests && mkdir rstream-tests && cp -r "$RSTREAM_TESTS" rstream-tests/tests
   # left out: test_cluster (three nodes), the validate_id files (they need rstream's unreleased API) and
