@@ -64,6 +64,24 @@ def mgmt_context(config: "Config") -> ssl.SSLContext | None:
     return server_context(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile)
 
 
+def _files(certfile: str, keyfile: str, cacertfile: str) -> dict[str, str]:
+    return {key: path for key, path in (("cacertfile", cacertfile), ("certfile", certfile), ("keyfile", keyfile))
+            if path}
+
+
+def amqp_options(config: "Config") -> dict[str, Any]:
+    """The AMQPS listener's ``ssl_options`` as the HTTP API lists them (rabbit_mgmt_format:format_socket_opts/1)."""
+    return {**_files(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile), "verify": config.tls_verify,
+            "fail_if_no_peer_cert": config.tls_fail_if_no_peer_cert}
+
+
+def mgmt_options(config: "Config") -> dict[str, str]:
+    """The HTTPS listener's ``management.ssl`` files, those :func:`mgmt_context` loads."""
+    if config.mgmt_tls_certfile:
+        return _files(config.mgmt_tls_certfile, config.mgmt_tls_keyfile, config.tls_cacertfile)
+    return _files(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile)
+
+
 def _escape(value: str) -> str:
     """RFC 4514 escaping as rabbit_cert_info:escape_rdn_value/1 does it (non-printable bytes as \\XX)."""
     out = []

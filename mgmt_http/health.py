@@ -72,6 +72,8 @@ def listeners(context: Context) -> list[tuple[str, int]]:
             found.append(("https", config.mgmt_tls_port))
     if config.cluster_etcd:
         found.append(("clustering", config.cluster_port or config.amqp_port + 20000))
+    if config.stream_enabled:
+        found.append(("stream", config.stream_port))
     return found
 
 

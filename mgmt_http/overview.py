@@ -9,12 +9,12 @@ from typing import Any, Iterable
 from aiohttp import web
 from pamqp import commands
 
-from amqp_server import __version__
+from amqp_server import __version__, tls
 from amqp_server.message import make_message
 from amqp_server.publisher_flow import DISK, MEMORY
 from exchanges import EXCHANGE_TYPES
 
-from . import auth
+from . import auth, health
 from .connections import visible_connections
 from .context import Context, ctx
 from .definitions import RABBIT_VERSION
@@ -33,14 +33,25 @@ def exchange_types() -> list[dict[str, Any]]:
 
 
 def listeners(context: Context) -> list[dict[str, Any]]:
+    """Every listener of the node (rabbit_networking:active_listeners/0), sorted by protocol then port as
+    rabbit_mgmt_wm_overview sorts them; the AMQPS one shows its ssl_options."""
     config = context.config
-    return [{"node": context.node, "protocol": "amqp", "ip_address": config.bind, "port": config.amqp_port,
-             "socket_opts": []}]
+    return [{"node": context.node, "protocol": protocol, "ip_address": config.bind, "port": port,
+             "socket_opts": tls.amqp_options(config) if protocol == "amqp/ssl" else []}
+            for protocol, port in sorted(health.listeners(context))]
 
 
 def http_contexts(context: Context) -> list[dict[str, Any]]:
-    return [{"node": context.node, "description": "RabbitMQ Management", "path": "/",
-             "port": str(context.config.mgmt_port), "ip": context.config.bind}]
+    """The management listeners (rabbit_web_dispatch_registry:list_all/0): HTTP, and HTTPS with its ssl_opts,
+    every value a string as rabbit_mgmt_external_stats:format_context/1 makes it."""
+    config = context.config
+    found = [{"node": context.node, "description": "RabbitMQ Management", "path": "/", "port": str(config.mgmt_port),
+              "ip": config.bind}]
+    if config.mgmt_tls:
+        found.append({"node": context.node, "description": "RabbitMQ Management", "path": "/",
+                      "port": str(config.mgmt_tls_port), "ip": config.bind, "ssl": "true",
+                      "ssl_opts": tls.mgmt_options(config)})
+    return sorted(found, key=lambda entry: entry["port"])  # (rabbit_mgmt_wm_overview sorts them by port)
 
 
 def churn_rates(context: Context) -> dict[str, Any]:

@@ -323,6 +323,22 @@ def test_https_management_api_shows_connections_tls_fields(node: TLSNode, pki: P
         plain.close()
 
 
+def test_overview_lists_the_tls_listeners_and_the_https_context(node: TLSNode, pki: PKI) -> None:
+    """As rabbit_mgmt_wm_overview lists rabbit_networking:active_listeners() and the web dispatch contexts."""
+    overview = node.api("/api/overview", pki)
+    listed = {(entry["protocol"], entry["port"]) for entry in overview["listeners"]}
+    assert {("amqp", node.broker.port), ("amqp/ssl", node.tls_port), ("http", node.broker.mgmt_port),
+            ("https", node.mgmt_tls_port)} <= listed
+    assert [entry["protocol"] for entry in overview["listeners"]] == sorted(
+        entry["protocol"] for entry in overview["listeners"])
+    [amqps] = [entry for entry in overview["listeners"] if entry["protocol"] == "amqp/ssl"]
+    assert amqps["socket_opts"] == {"cacertfile": pki.cafile, "certfile": pki.server_cert, "keyfile": pki.server_key,
+                                    "verify": "verify_peer", "fail_if_no_peer_cert": False}
+    [https] = [entry for entry in overview["contexts"] if entry["port"] == str(node.mgmt_tls_port)]
+    assert (https["description"], https["path"], https["ssl"]) == ("RabbitMQ Management", "/", "true")
+    assert https["ssl_opts"] == {"cacertfile": pki.cafile, "certfile": pki.server_cert, "keyfile": pki.server_key}
+
+
 def test_tls12_connection_fields_in_erlang_spelling(node: TLSNode, pki: PKI, uid: str) -> None:
     context = pki.client_context()
     context.maximum_version = ssl.TLSVersion.TLSv1_2

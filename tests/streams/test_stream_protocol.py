@@ -19,6 +19,7 @@ import pika
 import pytest
 
 from conftest import free_port, node_fixture
+from support import call
 
 rstream = pytest.importorskip("rstream")
 from rstream import (  # noqa: E402 (after importorskip)
@@ -77,6 +78,17 @@ async def read(node, stream: str, count: int, offset=OffsetType.FIRST, value=Non
     finally:
         await reader.close()
     return got
+
+
+def test_the_stream_listener_is_listed_and_health_checked(node):
+    """rabbit_networking:active_listeners() holds the stream plugin's listener: /api/overview shows it and the
+    protocol-listener and port-listener checks find it."""
+    listed = [(entry["protocol"], entry["port"]) for entry in call(node, "GET", "/api/overview").json["listeners"]]
+    assert ("stream", node.stream_port) in listed
+    assert call(node, "GET", "/api/health/checks/protocol-listener/stream").json == {"status": "ok",
+                                                                                     "protocol": "stream"}
+    assert call(node, "GET", f"/api/health/checks/port-listener/{node.stream_port}").json == {
+        "status": "ok", "port": node.stream_port}
 
 
 def test_publish_confirmed_then_read_from_first_and_from_an_offset(node):
