@@ -18,14 +18,15 @@ if TYPE_CHECKING:
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds, RabbitMQ's ssl_handshake_timeout
 
-# OpenSSL's long attribute names -> the RFC 4514 keys RabbitMQ prints (rabbit_cert_info:format_rdn/1)
+# OpenSSL's long attribute names -> the RFC 4514 keys RabbitMQ prints (rabbit_cert_info:format_rdn/1); its STREET
+# entry is keyed on 17, not on streetAddress's OID, so a street prints as 2.5.4.9 like every attribute not listed
 _RDN_KEYS = {
     "surname": "SN", "givenName": "GIVENNAME", "initials": "INITIALS", "generationQualifier": "GENERATIONQUALIFIER",
     "commonName": "CN", "localityName": "L", "stateOrProvinceName": "ST", "organizationName": "O",
     "organizationalUnitName": "OU", "title": "TITLE", "countryName": "C", "serialNumber": "SERIALNUMBER",
-    "pseudonym": "PSEUDONYM", "domainComponent": "DC", "emailAddress": "EMAILADDRESS", "streetAddress": "STREET",
-    "userId": "UID",
+    "pseudonym": "PSEUDONYM", "domainComponent": "DC", "emailAddress": "EMAILADDRESS", "userId": "UID",
 }
+_DOTTED_OID = re.compile(r"\d+(\.\d+)+")
 _KEY_EXCHANGES = {"ECDHE", "DHE", "ECDH", "DH", "RSA", "ECDSA", "DSS", "PSK", "SRP"}
 _SIZED_CIPHER = re.compile(r"(AES|CAMELLIA|ARIA)(\d+)")
 SSL_FIELDS = ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash",
@@ -97,10 +98,17 @@ def _escape(value: str) -> str:
     return "".join(out)
 
 
+def _rdn_key(name: str) -> str:
+    """RabbitMQ's key for an attribute ``getpeercert()`` names: its short name if listed, else its dotted OID
+    (OpenSSL gives the long name of the attributes it knows, the OID of others)."""
+    if name in _RDN_KEYS:
+        return _RDN_KEYS[name]
+    return name if _DOTTED_OID.fullmatch(name) else ssl._ASN1Object.fromname(name).oid
+
+
 def format_name(rdns: tuple) -> str:
     """An RDN sequence from ``getpeercert()`` as RabbitMQ's RFC 4514 string: last RDN first, ``+`` within one."""
-    return ",".join("+".join(f"{_RDN_KEYS.get(key, key)}={_escape(value)}" for key, value in rdn)
-                    for rdn in reversed(rdns))
+    return ",".join("+".join(f"{_rdn_key(key)}={_escape(value)}" for key, value in rdn) for rdn in reversed(rdns))
 
 
 def _iso(timestamp: str) -> str:

@@ -82,12 +82,14 @@ class PKI:
         pki.server_cert, pki.server_key = pki.issue("localhost", server=True)
         return pki
 
-    def issue(self, cn: str, server: bool = False) -> tuple[str, str]:
-        """(certfile, keyfile) for ``cn``: a server certificate for localhost/127.0.0.1, or a client one."""
+    def issue(self, cn: str, server: bool = False, *more: x509.NameAttribute) -> tuple[str, str]:
+        """(certfile, keyfile) for ``cn`` (and ``more`` subject attributes, before O and CN): a server certificate
+        for localhost/127.0.0.1, or a client one."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.ca_cert.subject)
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([*more, *_name(cn)]))
+                   .issuer_name(self.ca_cert.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(hours=1))
                    .not_valid_after(now + datetime.timedelta(days=1))
@@ -103,11 +105,11 @@ class PKI:
         certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return str(certfile), _write_key(key, self.directory / f"{stem}.key")
 
-    def client_context(self, cn: str | None = None) -> ssl.SSLContext:
-        """Trusts the CA; presents a certificate for ``cn`` when given."""
+    def client_context(self, cn: str | None = None, *more: x509.NameAttribute) -> ssl.SSLContext:
+        """Trusts the CA; presents a certificate for ``cn`` (:meth:`issue`) when given."""
         context = ssl.create_default_context(cafile=self.cafile)
         if cn is not None:
-            context.load_cert_chain(*self.issue(cn))
+            context.load_cert_chain(*self.issue(cn, False, *more))
         return context
 
 
@@ -417,6 +419,15 @@ def test_external_login_by_distinguished_name_by_default(pki: PKI, tmp_path: Pat
             connection.close()
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):  # the CN alone names no user here
             pika.BlockingConnection(dn_node.params(pki.client_context("cn-only"), credentials=external))
+        # attributes outside rabbit_cert_info:format_rdn/1's table are named by their OID, STREET among them
+        postal = f"CN=postal,O={ORG},2.5.4.17=10115,2.5.4.9=Main St 1,C=DE"
+        assert broker.admin("add-user", postal, "unused").returncode == 0
+        assert broker.admin("set-permissions", "/", postal, ".*", ".*", ".*").returncode == 0
+        context = pki.client_context("postal", x509.NameAttribute(NameOID.COUNTRY_NAME, "DE"),
+                                     x509.NameAttribute(NameOID.STREET_ADDRESS, "Main St 1"),
+                                     x509.NameAttribute(NameOID.POSTAL_CODE, "10115"))
+        connection = pika.BlockingConnection(dn_node.params(context, credentials=external))
+        connection.close()
     finally:
         dn_node.broker.stop()
 
@@ -463,4 +474,8 @@ def test_subject_formatting_escapes_as_rabbitmq() -> None:
     subject = ((("countryName", "DE"),), (("organizationName", "A, B+C"),),
                (("commonName", " lead#"), ("userId", "x;y")), (("commonName", "é"),))
     assert tls.format_name(subject) == "CN=\\C3\\A9,CN=\\ lead#+UID=x\\;y,O=A\\, B\\+C,C=DE"
+    unlisted = ((("streetAddress", "Main St"),), (("businessCategory", "Private"),), (("dnQualifier", "q"),),
+                (("1.2.3.4", "odd"),), (("domainComponent", "dc"), ("emailAddress", "a@b.c")))
+    assert tls.format_name(unlisted) == ("DC=dc+EMAILADDRESS=a@b.c,1.2.3.4=odd,2.5.4.46=q,2.5.4.15=Private,"
+                                         "2.5.4.9=Main St")
     assert tls.login_name({"subject": subject}, "common_name") == " lead#,é"
