@@ -50,7 +50,7 @@ def http_contexts(context: Context) -> list[dict[str, Any]]:
     if config.mgmt_tls:
         found.append({"node": context.node, "description": "RabbitMQ Management", "path": "/",
                       "port": str(config.mgmt_tls_port), "ip": config.bind, "ssl": "true",
-                      "ssl_opts": tls.mgmt_options(config)})
+                      "ssl_opts": {"port": str(config.mgmt_tls_port), **tls.mgmt_options(config)}})
     return sorted(found, key=lambda entry: entry["port"])  # (rabbit_mgmt_wm_overview sorts them by port)
 
 

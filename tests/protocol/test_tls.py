@@ -338,7 +338,8 @@ def test_overview_lists_the_tls_listeners_and_the_https_context(node: TLSNode, p
                                     "verify": "verify_peer", "fail_if_no_peer_cert": False}
     [https] = [entry for entry in overview["contexts"] if entry["port"] == str(node.mgmt_tls_port)]
     assert (https["description"], https["path"], https["ssl"]) == ("RabbitMQ Management", "/", "true")
-    assert https["ssl_opts"] == {"cacertfile": pki.cafile, "certfile": pki.server_cert, "keyfile": pki.server_key}
+    assert https["ssl_opts"] == {"port": str(node.mgmt_tls_port), "cacertfile": pki.cafile,
+                                 "certfile": pki.server_cert, "keyfile": pki.server_key}
 
 
 def test_tls12_connection_fields_in_erlang_spelling(node: TLSNode, pki: PKI, uid: str) -> None:
