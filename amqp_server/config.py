@@ -144,7 +144,7 @@ _HELP = {
     "tls_certfile": "PEM server certificate (chain) for AMQPS",
     "tls_keyfile": "PEM private key of the certificate (empty: in the certificate file)",
     "tls_cacertfile": "PEM CA bundle that client certificates are verified against",
-    "tls_verify": "verify_none or verify_peer: whether clients are asked for a certificate",
+    "tls_verify": "verify_none or verify_peer: whether clients are asked for a certificate (needs --tls-cacertfile)",
     "tls_fail_if_no_peer_cert": "with verify_peer: refuse the TLS handshake of a client without a certificate",
     "tls_cert_login_from": "EXTERNAL login name: distinguished_name (RFC 4514 subject) or common_name",
     "auth_mechanisms": "SASL mechanisms offered, of PLAIN, AMQPLAIN, EXTERNAL (EXTERNAL on TLS only), ANONYMOUS",
@@ -234,6 +234,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         parser.error(f"unknown auth_mechanisms: {', '.join(strangers)} (known: {', '.join(MECHANISMS)})")
     if config.mgmt_tls and not (config.mgmt_tls_certfile or config.tls_certfile):
         parser.error("mgmt_tls needs mgmt_tls_certfile or tls_certfile")
+    if config.tls_certfile:  # options ssl:listen/2 refuses: RabbitMQ serves no TLS port with them
+        if config.tls_fail_if_no_peer_cert and config.tls_verify != "verify_peer":
+            parser.error("tls_fail_if_no_peer_cert needs tls_verify verify_peer")
+        if config.tls_verify == "verify_peer" and not config.tls_cacertfile:
+            parser.error("tls_verify verify_peer needs tls_cacertfile (the CAs client certificates are checked "
+                         "against)")
     return config
 
 

@@ -42,8 +42,6 @@ def server_context(certfile: str, keyfile: str = "", cacertfile: str = "", verif
     if cacertfile:
         context.load_verify_locations(cacertfile)
     if verify == "verify_peer":
-        if not cacertfile:
-            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
         context.verify_mode = ssl.CERT_REQUIRED if fail_if_no_peer_cert else ssl.CERT_OPTIONAL
     return context
 

@@ -448,11 +448,29 @@ def test_bad_tls_configuration_is_refused_at_start(tmp_path: Path, args: list[st
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("args, message", [
+    (["--tls-fail-if-no-peer-cert", "true"], "tls_fail_if_no_peer_cert needs tls_verify verify_peer"),
+    (["--tls-verify", "verify_peer"], "tls_verify verify_peer needs tls_cacertfile"),
+])
+def test_tls_options_that_rabbitmq_cannot_listen_with_stop_the_node(pki: PKI, tmp_path: Path, args: list[str],
+                                                                     message: str) -> None:
+    """ssl:listen/2 refuses {verify, verify_none} with {fail_if_no_peer_cert, true}, and verify_peer without a CA
+    ({options, {cacertfile, []}}): RabbitMQ serves no TLS port then.  Listening anyway would let in clients the
+    options were to keep out (without a certificate, or with one any public CA signed)."""
+    result = subprocess.run([sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port",
+                             str(free_port()), "--mgmt-enabled", "false", "--tls-port", str(free_port()),
+                             "--tls-certfile", pki.server_cert, "--tls-keyfile", pki.server_key, *args,
+                             "--data-dir", str(tmp_path / "d")], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and message in result.stderr
+
+
 def test_tls_options_from_toml_env_and_command_line(tmp_path: Path) -> None:
     from amqp_server import config
 
     toml = tmp_path / "warren.toml"
     toml.write_text('tls_certfile = "/etc/warren/server.pem"\ntls_verify = "verify_peer"\n'
+                    'tls_cacertfile = "/etc/warren/ca.pem"\n'
                     'auth_mechanisms = ["PLAIN", "EXTERNAL"]\ntls_port = 5000\n')
     loaded = config.load(["--config", str(toml), "--tls-cert-login-from", "common_name"],
                          environ={"WARREN_TLS_PORT": "5001", "WARREN_TLS_FAIL_IF_NO_PEER_CERT": "true"})
