@@ -57,6 +57,7 @@ class Config:
     tls_port: int = 5671  # AMQPS; listens only when tls_certfile is set
     tls_certfile: str = ""
     tls_keyfile: str = ""
+    tls_password: str = ""  # of an encrypted tls_keyfile
     tls_cacertfile: str = ""
     tls_verify: str = "verify_none"
     tls_fail_if_no_peer_cert: bool = False
@@ -68,6 +69,7 @@ class Config:
     mgmt_tls_port: int = 15671
     mgmt_tls_certfile: str = ""  # empty: tls_certfile
     mgmt_tls_keyfile: str = ""  # empty: tls_keyfile
+    mgmt_tls_password: str = ""  # of an encrypted mgmt_tls_keyfile
     mgmt_max_body_size: int = 10 * 1024 * 1024  # RabbitMQ's management.http.max_body_size; larger is 413
     mgmt_idle_timeout: float = 120.0  # s an HTTP connection may wait for (or trickle) a request's head
     metrics_auth: bool = False  # /metrics needs a monitoring or administrator login (prometheus.authentication)
@@ -143,6 +145,7 @@ _HELP = {
     "tls_port": "AMQPS listener port, served when --tls-certfile is set",
     "tls_certfile": "PEM server certificate (chain) for AMQPS",
     "tls_keyfile": "PEM private key of the certificate (empty: in the certificate file)",
+    "tls_password": "password of the private key when it is encrypted (ssl_options.password)",
     "tls_cacertfile": "PEM CA bundle that client certificates are verified against",
     "tls_verify": "verify_none or verify_peer: whether clients are asked for a certificate (needs --tls-cacertfile)",
     "tls_fail_if_no_peer_cert": "with verify_peer: refuse the TLS handshake of a client without a certificate",
@@ -154,6 +157,7 @@ _HELP = {
     "mgmt_tls_port": "management HTTPS port",
     "mgmt_tls_certfile": "PEM certificate for HTTPS (empty: --tls-certfile)",
     "mgmt_tls_keyfile": "PEM key for HTTPS (empty: --tls-keyfile)",
+    "mgmt_tls_password": "password of --mgmt-tls-keyfile when it is encrypted (management.ssl.password)",
     "mgmt_max_body_size": "largest HTTP request body, bytes (larger: 413)",
     "mgmt_idle_timeout": "seconds an HTTP connection may stay idle or take to send a request's headers",
     "metrics_auth": "require a monitoring or administrator login for /metrics",

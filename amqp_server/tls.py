@@ -33,12 +33,17 @@ SSL_FIELDS = ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash",
               "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity")
 
 
-def server_context(certfile: str, keyfile: str = "", cacertfile: str = "", verify: str = "verify_none",
-                   fail_if_no_peer_cert: bool = False) -> ssl.SSLContext:
-    """TLS 1.2+ server context; ``verify_peer`` asks clients for a certificate and checks it against the CA."""
+def server_context(certfile: str, keyfile: str = "", password: str = "", cacertfile: str = "",
+                   verify: str = "verify_none", fail_if_no_peer_cert: bool = False) -> ssl.SSLContext:
+    """TLS 1.2+ server context; ``verify_peer`` asks clients for a certificate and checks it against the CA.  The
+    key's password is always given (empty when none is configured), so that OpenSSL never asks a terminal for it."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile, keyfile or None)
+    try:
+        context.load_cert_chain(certfile, keyfile or None, password)
+    except ssl.SSLError as exc:
+        raise ssl.SSLError(exc.errno, f"cannot load the key of {certfile} (wrong password, or not its key?): "
+                                      f"{exc.strerror}") from None
     if cacertfile:
         context.load_verify_locations(cacertfile)
     if verify == "verify_peer":
@@ -50,8 +55,8 @@ def amqp_context(config: "Config") -> ssl.SSLContext | None:
     """The AMQPS listener's context, or None when no certificate is configured (no AMQPS listener)."""
     if not config.tls_certfile or not config.tls_port:
         return None
-    return server_context(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile, config.tls_verify,
-                          config.tls_fail_if_no_peer_cert)
+    return server_context(config.tls_certfile, config.tls_keyfile, config.tls_password, config.tls_cacertfile,
+                          config.tls_verify, config.tls_fail_if_no_peer_cert)
 
 
 def mgmt_context(config: "Config") -> ssl.SSLContext | None:
@@ -59,8 +64,9 @@ def mgmt_context(config: "Config") -> ssl.SSLContext | None:
     if not config.mgmt_tls:
         return None
     if config.mgmt_tls_certfile:
-        return server_context(config.mgmt_tls_certfile, config.mgmt_tls_keyfile, config.tls_cacertfile)
-    return server_context(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile)
+        return server_context(config.mgmt_tls_certfile, config.mgmt_tls_keyfile, config.mgmt_tls_password,
+                              config.tls_cacertfile)
+    return server_context(config.tls_certfile, config.tls_keyfile, config.tls_password, config.tls_cacertfile)
 
 
 def _files(certfile: str, keyfile: str, cacertfile: str) -> dict[str, str]:

@@ -437,6 +437,30 @@ def test_external_login_by_distinguished_name_by_default(pki: PKI, tmp_path: Pat
 
 
 @pytest.mark.integration
+def test_an_encrypted_key_is_opened_with_its_password_and_never_asked_for(pki: PKI, tmp_path: Path) -> None:
+    """ssl_options.password: AMQPS and HTTPS serve with a password-protected key; without the password the node
+    stops at once with a reason, instead of OpenSSL asking a terminal for a pass phrase."""
+    key = serialization.load_pem_private_key(Path(pki.server_key).read_bytes(), None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"s3cret")))
+    locked = start_tls_node(tmp_path / "data", pki, "--tls-keyfile", str(encrypted), "--tls-password", "s3cret")
+    try:
+        pika.BlockingConnection(locked.params(pki.client_context())).close()
+        assert locked.api("/api/whoami", pki)["name"] == "guest"
+    finally:
+        locked.broker.stop()
+    result = subprocess.run([sys.executable, "-m", "amqp_server", "--bind", "127.0.0.1", "--amqp-port",
+                             str(free_port()), "--mgmt-enabled", "false", "--tls-port", str(free_port()),
+                             "--tls-certfile", pki.server_cert, "--tls-keyfile", str(encrypted),
+                             "--data-dir", str(tmp_path / "d")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, stdin=subprocess.DEVNULL)
+    said = " ".join((result.stdout + result.stderr).split())  # (the log wraps long lines)
+    assert result.returncode == 1 and "cannot start: cannot load the key" in said and "wrong password" in said
+    assert "pass phrase" not in said
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["--tls-verify", "verify_maybe"], "tls_verify must be one of verify_none, verify_peer"),
     (["--auth-mechanisms", "PLAIN CRAM-MD5"], "unknown auth_mechanisms: CRAM-MD5"),
