@@ -4,8 +4,9 @@ upstream's ``uri``.
 ``amqp://host:port/vhost`` with optional ``user:password@`` (guest/guest when absent), ``amqps://`` for TLS, and
 ``amqp://`` with no host: this node (RabbitMQ's direct connection), acting as the URI's user or, without one, as
 the user who set the parameter.  The query may set ``heartbeat``, ``connection_timeout`` and, for ``amqps``,
-``cacertfile``, ``certfile``, ``keyfile``, ``verify`` (``verify_peer``, the default here, or ``verify_none``) and
-``server_name_indication``.  :func:`redacted` is ``amqp_uri:remove_credentials``: scheme, host, port and path only.
+``cacertfile``, ``certfile``, ``keyfile`` (``password`` when it is encrypted: never asked for on a terminal),
+``verify`` (``verify_peer``, the default here, or ``verify_none``) and ``server_name_indication``.
+:func:`redacted` is ``amqp_uri:remove_credentials``: scheme, host, port and path only.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}
 QUERY_KEYS = frozenset({"heartbeat", "connection_timeout", "channel_max", "frame_max", "cacertfile", "certfile",
-                        "keyfile", "verify", "server_name_indication", "auth_mechanism"})
+                        "keyfile", "password", "verify", "server_name_indication", "auth_mechanism"})
 
 
 class URIError(ValueError):
@@ -51,7 +52,8 @@ class AMQPURI:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         if self.query.get("certfile"):
-            context.load_cert_chain(self.query["certfile"], self.query.get("keyfile") or None)
+            context.load_cert_chain(self.query["certfile"], self.query.get("keyfile") or None,
+                                    self.query.get("password", ""))
         return context
 
     def server_hostname(self) -> str | None:

@@ -1,7 +1,14 @@
 """A shovel's definition and URIs, in-process: RabbitMQ's defaults, where messages go, what the API shows."""
 from __future__ import annotations
 
+import datetime
+import ssl
+
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from amqp_server.shovel.definition import Definition, validate
 from amqp_server.links.uri import URIError, parse, redacted
@@ -20,6 +27,25 @@ def test_uris_as_amqp_uri_reads_them():
     for bad in ("http://host", "amqp://host:99999", "amqp://host/a/b", "amqp://host?nosuch=1", "amqps://"):
         with pytest.raises(URIError):
             parse(bad)
+
+
+def test_an_encrypted_client_key_takes_the_uris_password(tmp_path):
+    """amqp_uri's ``password`` query parameter opens the keyfile; without it the URI's TLS context fails at once
+    (OpenSSL would otherwise ask the node's terminal, holding its event loop)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "shovel")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    certfile, keyfile = tmp_path / "client.pem", tmp_path / "client.key"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.BestAvailableEncryption(b"pw")))
+    uri = f"amqps://remote.example?certfile={certfile}&keyfile={keyfile}"
+    assert parse(f"{uri}&password=pw").ssl_context() is not None
+    with pytest.raises(ssl.SSLError):
+        parse(uri).ssl_context()
 
 
 def test_redacted_as_remove_credentials():
