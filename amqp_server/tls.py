@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .config import Config
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds, RabbitMQ's ssl_handshake_timeout
+VERSIONS = ["tlsv1.3", "tlsv1.2"]  # what server_context accepts, in Erlang's spelling
 
 # OpenSSL's long attribute names -> the RFC 4514 keys RabbitMQ prints (rabbit_cert_info:format_rdn/1); its STREET
 # entry is keyed on 17, not on streetAddress's OID, so a street prints as 2.5.4.9 like every attribute not listed
@@ -75,9 +76,11 @@ def _files(certfile: str, keyfile: str, cacertfile: str) -> dict[str, str]:
 
 
 def amqp_options(config: "Config") -> dict[str, Any]:
-    """The AMQPS listener's ``ssl_options`` as the HTTP API lists them (rabbit_mgmt_format:format_socket_opts/1)."""
-    return {**_files(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile), "verify": config.tls_verify,
-            "fail_if_no_peer_cert": config.tls_fail_if_no_peer_cert}
+    """The AMQPS listener's ``ssl_options`` as the HTTP API lists them (rabbit_mgmt_format:format_socket_opts/1):
+    the versions served, the files, and verify and fail_if_no_peer_cert when set."""
+    return {"versions": VERSIONS, **_files(config.tls_certfile, config.tls_keyfile, config.tls_cacertfile),
+            **({"verify": "verify_peer"} if config.tls_verify == "verify_peer" else {}),
+            **({"fail_if_no_peer_cert": True} if config.tls_fail_if_no_peer_cert else {})}
 
 
 def mgmt_options(config: "Config") -> dict[str, str]:

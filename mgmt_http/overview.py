@@ -34,11 +34,15 @@ def exchange_types() -> list[dict[str, Any]]:
 
 def listeners(context: Context) -> list[dict[str, Any]]:
     """Every listener of the node (rabbit_networking:active_listeners/0), sorted by protocol then port as
-    rabbit_mgmt_wm_overview sorts them; the AMQPS one shows its ssl_options."""
+    rabbit_mgmt_wm_overview sorts them; the AMQPS one shows its ssl_options, the management ones their
+    listener's options (rabbit_mgmt_app)."""
     config = context.config
+    web = {"cowboy_opts": {"sendfile": False}}
+    options: dict[str, Any] = {"amqp/ssl": tls.amqp_options(config), "http": {**web, "port": config.mgmt_port},
+                               "https": {**web, "port": config.mgmt_tls_port, "ssl": True,
+                                         "ssl_opts": {**tls.mgmt_options(config), "port": config.mgmt_tls_port}}}
     return [{"node": context.node, "protocol": protocol, "ip_address": config.bind, "port": port,
-             "socket_opts": tls.amqp_options(config) if protocol == "amqp/ssl" else []}
-            for protocol, port in sorted(health.listeners(context))]
+             "socket_opts": options.get(protocol, [])} for protocol, port in sorted(health.listeners(context))]
 
 
 def http_contexts(context: Context) -> list[dict[str, Any]]:

@@ -334,8 +334,11 @@ def test_overview_lists_the_tls_listeners_and_the_https_context(node: TLSNode, p
     assert [entry["protocol"] for entry in overview["listeners"]] == sorted(
         entry["protocol"] for entry in overview["listeners"])
     [amqps] = [entry for entry in overview["listeners"] if entry["protocol"] == "amqp/ssl"]
-    assert amqps["socket_opts"] == {"cacertfile": pki.cafile, "certfile": pki.server_cert, "keyfile": pki.server_key,
-                                    "verify": "verify_peer", "fail_if_no_peer_cert": False}
+    files = {"cacertfile": pki.cafile, "certfile": pki.server_cert, "keyfile": pki.server_key}
+    assert amqps["socket_opts"] == {"versions": ["tlsv1.3", "tlsv1.2"], **files, "verify": "verify_peer"}
+    [https_listener] = [entry for entry in overview["listeners"] if entry["protocol"] == "https"]
+    assert https_listener["socket_opts"] == {"cowboy_opts": {"sendfile": False}, "port": node.mgmt_tls_port,
+                                             "ssl": True, "ssl_opts": {**files, "port": node.mgmt_tls_port}}
     [https] = [entry for entry in overview["contexts"] if entry["port"] == str(node.mgmt_tls_port)]
     assert (https["description"], https["path"], https["ssl"]) == ("RabbitMQ Management", "/", "true")
     assert https["ssl_opts"] == {"port": str(node.mgmt_tls_port), "cacertfile": pki.cafile,
