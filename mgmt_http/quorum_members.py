@@ -31,9 +31,9 @@ async def _change(request: web.Request, add: bool) -> web.Response:
     node = get_str(await read_json(request), "node")
     try:
         if add:
-            groups.change_members(vhost, request.match_info["name"], add=node)
+            await groups.change_members(vhost, request.match_info["name"], add=node)
         else:
-            groups.change_members(vhost, request.match_info["name"], remove=node)
+            await groups.change_members(vhost, request.match_info["name"], remove=node)
     except LookupError as exc:
         raise not_found(str(exc)) from None
     except ValueError as exc:
@@ -60,7 +60,7 @@ async def grow(request: web.Request) -> web.Response:
         raise bad_request(f"strategy must be one of {', '.join(STRATEGIES)}")
     node = request.match_info["node"]
     try:
-        groups.grow(node, strategy, get_str(body, "vhost_pattern", ".*"), get_str(body, "queue_pattern", ".*"))
+        await groups.grow(node, strategy, get_str(body, "vhost_pattern", ".*"), get_str(body, "queue_pattern", ".*"))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     return no_content()

@@ -355,7 +355,7 @@ class Node:
         self.client = network.etcd.client()
         self.flow = PublisherFlow()
         self.peers = {other: Peer(other, self.broker, b"secret", self.flow) for other in network.names if other != name}
-        self.metadata = SimpleNamespace(put=lambda *args: None)
+        self.metadata = SimpleNamespace(put=network.put_definition)
         self.quorum = quorum.QuorumGroups(self)  # type: ignore[arg-type]  # the fake cluster stands in for Cluster
         self.orphans = Orphans(self.broker)
 
@@ -537,6 +537,18 @@ class Network:
         self.etcd.close()
 
     # -- queues ---------------------------------------------------------------------------------
+
+    def put_definition(self, kind: str, key: str, raw: dict[str, Any]) -> None:
+        """A definition a node writes to etcd: a quorum queue's record (a change of its members) reaches every
+        running node a loop turn later, as their watches bring it (``Cluster._put_queue``); a node started later
+        reads it from its mirror."""
+        if kind != QueueRecord.kind:
+            return
+        record = QueueRecord.from_json(raw)
+        self.records = [old for old in self.records if old.key != record.key] + [record]
+        for name, node in self.nodes.items():
+            if name not in self.down:
+                asyncio.get_running_loop().call_soon(node.quorum.put_queue, node.broker.vhosts["/"], replace(record))
 
     async def declare(self, name: str, first: str, **arguments: Any) -> None:
         """A quorum queue placed on ``first``, which claims its lead at once (as its declaring node does)."""

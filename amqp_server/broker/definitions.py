@@ -42,9 +42,12 @@ class QuorumHooks(Protocol):
     def critical(self) -> list[tuple[str, str]]:
         """(vhost, name) of the queues this node's shutdown would leave without a majority of running members."""
 
-    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None: ...
+    async def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None: ...
 
-    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int: ...
+    def change_here(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
+        """``change_members`` at the queue's leader (this node), which another node's asked for."""
+
+    async def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int: ...
 
 
 class PeerHooks(Protocol):

@@ -612,6 +612,9 @@ class PeerSession:
         if request.get("op") == "settled":
             self._agree(request.get("rid"))
             return
+        if request.get("op") == "members":
+            self._members(request)
+            return
         if request.get("op") == "reply":  # (a passive queue.declare of a reply name made here)
             name = request.get("name")
             self._reply({"rid": request.get("rid"),
@@ -648,6 +651,23 @@ class PeerSession:
             self.link.send(link.REPLY, head)
         else:
             self.send_entry(link.REPLY, head, entry, queue, queue.delivery_header(entry, get=True))
+
+    def _members(self, request: dict[str, Any]) -> None:
+        """The other node's administrator changes the members of a quorum queue led here (``QuorumGroups.
+        change_members``): made here, or refused with why."""
+        fields = [request.get(name, "") for name in ("vhost", "queue", "add", "remove")]
+        cluster = self.broker.cluster
+        reply: dict[str, Any] = {"rid": request.get("rid")}
+        if cluster is None or not all(isinstance(field, str) for field in fields):
+            reply["refused"] = "not a change of members"
+        else:
+            try:
+                cluster.quorum.change_here(*fields)
+            except LookupError as exc:
+                reply.update(refused=str(exc), missing=True)
+            except ValueError as exc:
+                reply["refused"] = str(exc)
+        self._reply(reply)
 
     def _sync(self, request: dict[str, Any]) -> None:
         """The other node made a change of definitions: the answer once this node's are etcd's at its revision

@@ -51,6 +51,7 @@ from amqp_server.queues.quorum_machine import CHECKS, State
 from amqp_server.queues import quorum_queue
 from amqp_server.records import QueueRecord
 from amqp_server.broker.vhost import VHost
+from amqp_server.errors import ChannelError
 from amqp_server.tasks import stop_tasks
 
 from ..peers import node_link as link
@@ -389,25 +390,56 @@ class QuorumGroups:
 
     # -- membership changes (warrenctl, HTTP) -----------------------------------------------------
 
-    def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
-        """A node joins (``add``) or leaves (``remove``) a queue's group; the cluster agrees through etcd.
-        LookupError: no such quorum queue; ValueError: a change that cannot be made."""
+    async def change_members(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
+        """A node joins (``add``) or leaves (``remove``) a queue's group, as ``rabbit_quorum_queue:add_member`` and
+        ``delete_member`` have it: a node that is a member already joins, and one that is not leaves, as a no-op.
+        The queue's leader makes the change (asked over its link from another node): it alone knows whether the
+        change before is on a majority of the members yet (``OpLogShipper.regroup_agreed``).
+        LookupError: no such quorum queue; ValueError: a change that cannot be made (now)."""
         group = self.groups.get(queue_key(vhost, name))
         if group is None:
             raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+        if (add and add in group.members) or (remove and remove not in group.members):
+            return
+        if group.replicator is not None:
+            self.change_here(vhost, name, add, remove)
+            return
+        vhost_object = self.broker.vhosts.get(vhost)
+        proxy = proxy_of(vhost_object.queues, name) if vhost_object is not None else None
+        peer = self.cluster.peers.get(group.leader)
+        if proxy is None or peer is None:
+            raise ValueError(f"queue '{name}' has no leader now: its members elect one")
+        try:
+            reply, _ = await peer.request(proxy, "members", add=add, remove=remove)
+        except ChannelError:
+            raise ValueError(f"the leader of queue '{name}', node '{peer.name}', is out of reach") from None
+        if isinstance(reply.get("refused"), str):
+            raise (LookupError if reply.get("missing") is True else ValueError)(reply["refused"])
+
+    def change_here(self, vhost: str, name: str, add: str = "", remove: str = "") -> None:
+        """``change_members`` at the queue's leader (this node), written to etcd for every node to regroup."""
+        group = self.groups.get(queue_key(vhost, name))
+        if group is None:
+            raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+        if group.replicator is None:
+            raise ValueError(f"node '{self.name}' no longer leads queue '{name}': try again")
         members = list(group.members)
-        if add:
-            if add != self.name and add not in dict(self.cluster.nodes()):
+        if add and add not in members:
+            running = dict(self.cluster.nodes())
+            if add != self.name and add not in running:
                 raise ValueError(f"no node '{add}' in the cluster")
-            if add in members:
-                raise ValueError(f"node '{add}' is a member of queue '{name}' already")
+            if add != self.name and not running[add]:
+                raise ValueError(f"node '{add}' is not running")  # (rabbit_quorum_queue's node_not_running)
             members.append(add)
-        if remove:
-            if remove not in members:
-                raise ValueError(f"node '{remove}' is not a member of queue '{name}'")
+        if remove and remove in members:
             if len(members) == 1:
-                raise ValueError(f"queue '{name}' has only one member")
+                raise ValueError(f"queue '{name}' has only one member")  # (its last_node)
             members.remove(remove)
+        if members == group.members:
+            return
+        if not group.replicator.regroup_agreed:
+            raise ValueError(f"queue '{name}' is changing members: the change before is not on a majority of its "
+                             "members yet")  # (Ra's cluster_change_not_permitted)
         record = replace(group.record, members=members)
         self.cluster.metadata.put(QueueRecord.kind, record.key, {k: v for k, v in record.to_json().items()
                                                                  if k != "index_id"})
@@ -415,21 +447,30 @@ class QuorumGroups:
         if vhost_object is not None:
             self._regroup(vhost_object, group, record)
 
-    def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int:
+    async def grow(self, node: str, strategy: str, vhost_pattern: str = ".*", queue_pattern: str = ".*") -> int:
         """Add ``node`` to every matching quorum queue (``strategy`` all) or those with an even number of
-        members (even), as rabbitmq-queues grow; returns how many queues it joined."""
-        if node != self.name and node not in dict(self.cluster.nodes()):
+        members (even), as ``rabbit_quorum_queue:grow``: only a running node, and a queue that refuses (its last
+        change not on a majority yet, its leader out of reach) is left as it is, logged; returns how many queues
+        it joined."""
+        running = dict(self.cluster.nodes())
+        if node != self.name and node not in running:
             raise ValueError(f"no node '{node}' in the cluster")
         try:
             vhosts, queues = patterns.compile(vhost_pattern), patterns.compile(queue_pattern)
         except patterns.Error as exc:
             raise ValueError(f"invalid pattern: {exc}") from None
+        if node != self.name and not running[node]:
+            return 0
         joined = 0
         for group in list(self.groups.values()):
             if node in group.members or (strategy == "even" and len(group.members) % 2):
                 continue
             if patterns.search(vhosts, group.vhost) and patterns.search(queues, group.name):
-                self.change_members(group.vhost, group.name, add=node)
+                try:
+                    await self.change_members(group.vhost, group.name, add=node)
+                except (LookupError, ValueError) as exc:
+                    log.warning("%s did not join %s: %s", untrusted(node), untrusted(group.key), exc)
+                    continue
                 joined += 1
         return joined
 

@@ -403,6 +403,9 @@ class OpLogShipper:
         # (index, sink, its seq, the publish's Enqueue: None for one taken before), oldest first
         self.pending: list[tuple[int, "ConfirmSink", int, machine.Enqueue | None]] = []
         self.committed = 0  # the highest index a majority has durably, as their answers and our group commits tell
+        # the last op before the members took their present set (this term's start, or a change since): the next
+        # change waits until a majority of them has it (``regroup_agreed``)
+        self.regrouped = index
         self.written = 0  # the highest index the leader's own copy has on disk (its group commits)
         self._writing: deque[tuple[int, int]] = deque()  # (group commit, the index it makes durable here)
         self.checkouts: deque[int] = deque()  # the indexes of deliveries (Checkout ops) past ``committed``
@@ -652,6 +655,21 @@ class OpLogShipper:
         for name in members:
             if name != self.groups.name and name not in self.followers:
                 self.probe(self.followers.setdefault(name, Follower(name)))
+        self.regrouped = self.index
+
+    @property
+    def regroup_agreed(self) -> bool:
+        """A majority of the members as they stand has every op up to their change (or this term's start): only
+        then may they change again, as a Ra leader appends no membership change until the one before is committed
+        (``ra_server:append_log_leader``, ``cluster_change_not_permitted``).  Else a confirmed message may be on
+        no majority of the next set: n1 and n2 of three had it, n4 joined and n2 left before n4 had the log, and
+        n3 and n4 elected a leader without it."""
+        return self._majority_has() >= self.regrouped
+
+    def _majority_has(self) -> int:
+        """The highest index a majority of the copies, the leader's own among them, has on disk."""
+        matches = sorted([self.written] + [f.match for f in self.followers.values()], reverse=True)
+        return matches[len(self.group.members) // 2]
 
     def catch_up(self, name: str, applied_term: int, applied: int, theirs: Diverged | None = None) -> None:
         """A follower asks to catch up from ``applied``: the log from there if it still has it — this term's (a
@@ -727,8 +745,7 @@ class OpLogShipper:
 
     def _advance(self) -> None:
         """Commit what a majority of the copies, the leader's own among them, has on disk."""
-        matches = sorted([self.written] + [f.match for f in self.followers.values()], reverse=True)
-        committed = matches[len(self.group.members) // 2]  # the highest index a majority has
+        committed = self._majority_has()
         if committed <= self.committed:
             return
         self.committed = committed

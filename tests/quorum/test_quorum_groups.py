@@ -2644,3 +2644,68 @@ async def test_settles_a_leader_took_back_into_its_own_unagreed_ops_go_on_to_the
         network.heal("n1", other)
     await drained(network, client, bodies(200))
     assert [body for body in client.received[len(first):] if body in first] == []
+
+
+# -- membership ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def network4(tmp_path) -> AsyncIterator[Network]:
+    """Four nodes, for a group of three that takes a fourth member."""
+    network = await Network(tmp_path, [*NAMES, "n4"]).start()
+    yield network
+    await network.close()
+
+
+def members_everywhere(network: Network, members: list[str]) -> bool:
+    return all(node.quorum.groups[KEY].members == members for name, node in network.nodes.items()
+               if name not in network.down)
+
+
+async def test_a_change_of_members_waits_for_the_one_before_to_be_on_a_majority(network4):
+    """n1 and n2 confirmed the last publishes (n3's link is slow).  n4 joins, and n2 is removed before n4 has
+    the log: a group of n1, n3 and n4 whose only copy of those messages is n1's, which n3 and n4 elect without.
+    As Ra refuses a membership change until the one before is committed (``cluster_change_not_permitted``), the
+    removal is refused until a majority of the four has every op; then made, every confirmed message outlives
+    n1."""
+    network = network4
+    node = await declared(network, **{"x-quorum-initial-group-size": 3})
+    publish(node, bodies(100))
+    await wait_for(lambda: in_step(network), "n2 and n3 in step")
+    network.hold("n1", "n3")
+    confirms = Confirms()
+    publish(node, bodies(20, "late"), confirms)
+    await wait_for(lambda: confirms.acked() == list(range(1, 21)), "the late ones confirmed by n1 and n2")
+    network.hold("n1", "n4")
+    await node.quorum.change_members("/", "q", add="n4")
+    await wait_for(lambda: members_everywhere(network, ["n1", "n2", "n3", "n4"]), "n4 a member everywhere")
+    with pytest.raises(ValueError, match="the change before is not on a majority of its members yet"):
+        await network.nodes["n2"].quorum.change_members("/", "q", remove="n2")  # (through the leader)
+    network.release("n1", "n4")
+    await wait_for(lambda: node.quorum.lag()[KEY]["n4"] == 0, "n4 in step")  # (n3's link still slow)
+    await node.quorum.change_members("/", "q", remove="n2")
+    await wait_for(lambda: members_everywhere(network, ["n1", "n3", "n4"]), "n2 gone everywhere")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert queue_of(the_leader(network)).message_count == 120
+
+
+async def test_a_node_that_is_not_running_joins_no_group_and_a_change_made_already_is_none(network4):
+    """As ``rabbit_quorum_queue:add_member`` (``node_not_running``) and ``grow`` (running nodes only): a group of
+    three that took a stopped fourth member would need three of four, and lose its majority with one more node.
+    A node that is a member already joins, and one that is not leaves, as no-ops (RabbitMQ answers ``ok``)."""
+    network = network4
+    node = await declared(network, **{"x-quorum-initial-group-size": 3})
+    await network.kill("n4")
+    with pytest.raises(ValueError, match="node 'n4' is not running"):
+        await node.quorum.change_members("/", "q", add="n4")
+    assert await node.quorum.grow("n4", "all") == 0
+    await network.nodes["n2"].quorum.change_members("/", "q", add="n3")
+    await network.nodes["n2"].quorum.change_members("/", "q", remove="n4")
+    await asyncio.sleep(0.1)
+    assert members_everywhere(network, ["n1", "n2", "n3"])
+    await network.start_node("n4")
+    await wait_for(lambda: node.peers["n4"].up, "n4 back")
+    assert await network.nodes["n3"].quorum.grow("n4", "all") == 1  # (through the leader)
+    await wait_for(lambda: members_everywhere(network, ["n1", "n2", "n3", "n4"]), "n4 a member everywhere")
+    await wait_for(lambda: in_step(network), "n4 in step")
