@@ -328,6 +328,12 @@ class QuorumGroups:
         group.window.hinted = lambda leader, term: self._hinted(group, leader, term)
         if self.name in group.members:
             self._open_copy(group)
+        elif (saved := self.broker.store.get(REPLICA, group.key)) is not None:
+            # removed from the group while this node was down (the mirror had the change before any copy here
+            # acted on it): its copy goes, as it would have had the node been up (``_regroup``); kept, its rows and
+            # messages stayed on disk for good, and a later re-add took the stale copy up
+            group.index_id, group.spare = saved["index_id"], saved.get("spare", 0)
+            self._drop_copy(group)
         # until the leader is known, clients here reach another member (which refuses what needs a leader), so
         # that the queue exists here at once and is never declared anew
         others = [record.node] if record.node != self.name else [m for m in group.members if m != self.name]

@@ -2709,3 +2709,30 @@ async def test_a_node_that_is_not_running_joins_no_group_and_a_change_made_alrea
     assert await network.nodes["n3"].quorum.grow("n4", "all") == 1  # (through the leader)
     await wait_for(lambda: members_everywhere(network, ["n1", "n2", "n3", "n4"]), "n4 a member everywhere")
     await wait_for(lambda: in_step(network), "n4 in step")
+
+
+
+
+
+
+async def test_a_member_removed_while_down_drops_its_copy_when_it_starts(network):
+    """n3 is removed from the group while its node is down: started again, it is no member, and its copy (rows,
+    messages, position) goes, as it would have had n3 been up (they stayed on disk for good); added again
+    later, it takes the queue as it is then."""
+    node = await declared(network)
+    publish(node, bodies(50))
+    await copies_agree(network)
+    n3 = network.nodes["n3"]
+    index_id = n3.quorum.groups[KEY].index_id
+    await network.kill("n3")
+    await node.quorum.change_members("/", "q", remove="n3")
+    await wait_for(lambda: members_everywhere(network, ["n1", "n2"]), "n3 gone")
+    n3 = await network.start_node("n3")
+    n3.broker.persistence.index.commit()
+    assert n3.broker.store.get(quorum.REPLICA, KEY) is None
+    assert list(n3.broker.persistence.index.entries(index_id)) == []
+    assert n3.broker.persistence.index.position(index_id) == (0, 0)
+    publish(node, bodies(10, "late"))
+    await node.quorum.change_members("/", "q", add="n3")
+    await wait_for(lambda: members_everywhere(network, NAMES), "n3 back in the group")
+    assert await copies_agree(network) == [*bodies(50), *bodies(10, "late")]
