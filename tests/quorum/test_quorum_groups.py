@@ -2715,6 +2715,31 @@ async def test_a_node_that_is_not_running_joins_no_group_and_a_change_made_alrea
 
 
 
+async def test_the_leader_removed_from_its_group_hands_it_over_with_every_confirmed_message(network4):
+    """n1 leads and is removed from the group (through another node) while publishes through it wait for their
+    confirms: n2 or n3 leads next, with every message n1 confirmed and those it had not (its window sends them
+    again); n1 keeps no copy and reaches the queue through the new leader."""
+    network = network4
+    node = await declared(network, **{"x-quorum-initial-group-size": 3})
+    confirms = Confirms()
+    publish(node, bodies(100), confirms)
+    await wait_for(lambda: confirms.acked() == list(range(1, 101)), "the first confirmed")
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    publish(node, bodies(20, "late"), confirms)  # (on n1 alone when it leaves)
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    await network.nodes["n2"].quorum.change_members("/", "q", remove="n1")
+    await wait_for(lambda: members_everywhere(network, ["n2", "n3"]), "n1 gone everywhere")
+    await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "a new leader")
+    await wait_for(lambda: confirms.acked() == list(range(1, 121)), "every publish confirmed")
+    assert node.quorum.groups[KEY].index_id == 0 and node.quorum.groups[KEY].leader == the_leader(network).name
+    queue = queue_of(the_leader(network))
+    assert queue.message_count == 120
+    got = [take(queue).message.body for _ in range(120)]
+    assert sorted(got) == sorted([*bodies(100), *bodies(20, "late")])
+
+
 async def test_a_member_removed_while_down_drops_its_copy_when_it_starts(network):
     """n3 is removed from the group while its node is down: started again, it is no member, and its copy (rows,
     messages, position) goes, as it would have had n3 been up (they stayed on disk for good); added again
