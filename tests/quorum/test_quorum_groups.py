@@ -2761,3 +2761,34 @@ async def test_a_member_removed_while_down_drops_its_copy_when_it_starts(network
     await node.quorum.change_members("/", "q", add="n3")
     await wait_for(lambda: members_everywhere(network, NAMES), "n3 back in the group")
     assert await copies_agree(network) == [*bodies(50), *bodies(10, "late")]
+
+
+async def test_every_member_restarted_after_a_snapshot_of_held_entries_counts_them_returned(network, monkeypatch):
+    """n3 takes a snapshot while consumers hold four entries, two returned once before; then every node
+    restarts from its disk.  What was held comes back in its place counted once more: the two held first time
+    are ready with a delivery count of 1, the two past ``x-delivery-limit`` 1 are gone, in every copy."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
+    monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
+    node = await declared(network, **{"x-delivery-limit": 1})
+    publish(node, [b"first"])
+    await copies_agree(network)
+    await network.kill("n3")
+    publish(node, bodies(300))
+    queue = queue_of(node)
+    taken = [take(queue) for _ in range(301)]
+    node.broker.settle(queue, taken[2:], True)  # back, counted once; the first two still held
+    held = [*taken[:2], take(queue), take(queue)]
+    names = [entry.message.body for entry in held]
+    await network.start_node("n3")
+    await copies_agree(network)
+    for name in NAMES:
+        await network.kill(name)
+    for name in NAMES:
+        await network.start_node(name)
+    await wait_for(lambda: leader(network) is not None, "a leader")
+    await wait_for(lambda: not queue_of(the_leader(network)).state.checked_out, "the held ones back, no consumer "
+                   "having taken them (``HANDOVER_GRACE``)")
+    ready = await copies_agree(network)
+    assert len(ready) == 299 and names[2] not in ready and names[3] not in ready
+    state = queue_of(the_leader(network)).state
+    assert [state.counts.get(seq) for seq, body in zip(sorted(state.ready), ready) if body in names[:2]] == [1, 1]
