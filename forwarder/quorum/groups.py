@@ -405,6 +405,8 @@ class QuorumGroups:
         group = self.groups.get(queue_key(vhost, name))
         if group is None:
             raise LookupError(f"no quorum queue '{name}' in vhost '{vhost}'")
+        if not (add or remove):
+            raise ValueError("no node named")
         if (add and add in group.members) or (remove and remove not in group.members):
             return
         if group.replicator is not None:

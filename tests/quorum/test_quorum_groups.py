@@ -2702,6 +2702,8 @@ async def test_a_node_that_is_not_running_joins_no_group_and_a_change_made_alrea
     assert await node.quorum.grow("n4", "all") == 0
     await network.nodes["n2"].quorum.change_members("/", "q", add="n3")
     await network.nodes["n2"].quorum.change_members("/", "q", remove="n4")
+    with pytest.raises(ValueError, match="no node named"):  # (an HTTP body's empty name)
+        await network.nodes["n2"].quorum.change_members("/", "q", add="")
     await asyncio.sleep(0.1)
     assert members_everywhere(network, ["n1", "n2", "n3"])
     await network.start_node("n4")
