@@ -100,6 +100,8 @@ class Cluster:
         self.broker.replies.clustered(self.name, self.peers)
         self.broker.access.listener = self
         self.broker.policies.listener = self
+        for kind, key, record in self.metadata.unwritten():  # (made here, never the cluster's)
+            self.apply(kind, key, None, record)
         mirrored = self.metadata.mirrored()
         for kind, key, record in mirrored:
             self.apply(kind, key, record, None)

@@ -39,6 +39,8 @@ log = logging.getLogger("warren.forwarder.metadata")
 
 DEF_PREFIX = b"/warren/def/"
 MIRROR = "cluster_def"  # LMDB kind: etcd key -> {"key" (the etcd key), "record", "revision"}
+# LMDB kind: etcd key -> {"key", "record" (None: a delete)} of a change made here that etcd has not taken yet
+UNWRITTEN = "cluster_unwritten"
 RETRY_INTERVAL = 1.0
 CHECK_INTERVAL = 10.0  # seconds between comparisons of etcd's keys with the mirror's
 ORDER = {"vhost": 0, "global_parameter": 0, "user": 1, "permission": 2, "topic_permission": 2, "vhost_limits": 2,
@@ -69,6 +71,7 @@ class Metadata:
         self.store = store
         self.apply = apply
         self._writes: asyncio.Queue[tuple[bytes, dict[str, Any] | None]] = asyncio.Queue()
+        self._unwritten: dict[bytes, int] = {}  # etcd key -> its writes queued and not yet taken by etcd
         self._queued = self._done = 0  # writes put on _writes, and those etcd has taken
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # (writes to be done, its waiter)
         self._tasks: list[asyncio.Task] = []
@@ -91,6 +94,19 @@ class Metadata:
         """(kind, key, record) of every mirrored definition, each after what it depends on."""
         records = [(_kind(k.encode()), _name(k.encode()), v["record"]) for k, v in self._items()]
         return sorted(records, key=lambda kr: ORDER.get(kr[0], 9))
+
+    def unwritten(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(kind, key, record) of what this node's last run made here but etcd never took (its writes queued
+        when it died, etcd unreachable), that the mirror does not hold: to be undone at start, as a Raft member
+        drops the entries no majority committed (their answers were never sent: they waited for etcd).  A change
+        to a definition the mirror holds, or a deletion, is undone by applying the mirror.  Forgotten once read."""
+        found = []
+        for stored, saved in list(self.store.items(UNWRITTEN)):
+            key = saved["key"]
+            if saved["record"] is not None and self.store.get(MIRROR, key) is None:
+                found.append((_kind(key.encode()), _name(key.encode()), saved["record"]))
+            self.store.delete(UNWRITTEN, stored)
+        return sorted(found, key=lambda kr: -ORDER.get(kr[0], 9))  # (what depends on others first)
 
     def _items(self) -> list[tuple[str, dict[str, Any]]]:
         """(etcd key, saved) of every mirrored definition.  The key is read from the record: the store keeps a
@@ -175,6 +191,8 @@ class Metadata:
         self._write(etcd_key(kind, key), None)
 
     def _write(self, key: bytes, record: dict[str, Any] | None) -> None:
+        self.store.put(UNWRITTEN, key.decode(), {"key": key.decode(), "record": record})
+        self._unwritten[key] = self._unwritten.get(key, 0) + 1
         self._queued += 1
         self._writes.put_nowait((key, record))
 
@@ -211,11 +229,20 @@ class Metadata:
                         reply = await self.client.put(key, self._seal(key, record))
                         self._mirror(key, record, reply.header.revision)
                         self._made(reply.header.revision)
+                    self._taken(key)
                     self._wrote()
                     break
                 except aetcd.exceptions.ClientError as exc:
                     log.warning("etcd write of %s failed (%s); retrying", untrusted(key), exc)
                     await asyncio.sleep(RETRY_INTERVAL)
+
+    def _taken(self, key: bytes) -> None:
+        """etcd took a write of ``key`` (after the mirror has it): once it took the last queued, none is unwritten."""
+        left = self._unwritten.pop(key) - 1
+        if left:
+            self._unwritten[key] = left
+        else:
+            self.store.delete(UNWRITTEN, key.decode())
 
     def _made(self, revision: int) -> None:
         self.made = max(self.made, revision)

@@ -1529,3 +1529,42 @@ def test_another_node_s_alarm_blocks_this_node_s_publishers(tmp_path):
         for node in nodes:
             node.stop()
         etcd.stop()
+
+
+@pytest.mark.cluster
+def test_a_change_etcd_never_took_is_undone_when_its_node_starts_again(tmp_path):
+    """A bind made while etcd was cut off is applied on its node and waits there to be written (bind-ok waits
+    with it); the node is killed before etcd answers again, the write lost with it.  Started again, the node
+    undoes what etcd never took, as a Raft member drops entries no majority committed: the binding stayed on that
+    node alone for good (a publish through it was routed where no other node's was), and the nodes disagreed."""
+    etcd = Etcd(tmp_path / "etcd")
+    cut = Cuttable(etcd.port)
+    nodes: list[BrokerProcess] = []
+    try:
+        nodes.append(start_node(tmp_path, etcd, 1))
+        nodes.append(start_node(tmp_path, cut, 2))
+        n1, n2 = nodes
+        wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "nodes see each other", 30)
+        with connect(n2) as connection:
+            connection.channel().queue_declare("kept", durable=True)
+        cut.cut()
+        cut.open = False
+        raw = Raw(n2)
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_method(1, commands.Queue.Bind(queue="kept", exchange="amq.direct", routing_key="never-agreed"))
+        wait_for(lambda: any(b["routing_key"] == "never-agreed" for b in api(n2, "/queues/%2F/kept/bindings")),
+                 "the binding applied on node 2", 10)
+        n2.kill()
+        raw.close()
+        cut.restore()
+        n2.start()
+        wait_for(lambda: len(running_nodes(n2)) == 2, "node 2 back", 30)
+        time.sleep(2)  # (its full read of etcd done)
+        for node in (n1, n2):
+            assert [b["routing_key"] for b in api(node, "/queues/%2F/kept/bindings")] == ["kept"], (node is n2)
+    finally:
+        for node in nodes:
+            node.stop()
+        cut.close()
+        etcd.stop()
