@@ -468,7 +468,12 @@ class PeerSession:
         """Settles a consumer sent the previous leader (mode, then its checkout: ``[mode, seq, term, agreed]``),
         sent again: those of entries still kept for a consumer to take back (``QuorumQueue.adopt``; the
         previous leader had not replicated them) are carried out; the others were, or the entry is no longer
-        the consumer's: nothing to do."""
+        the consumer's: nothing to do.  Either way, its node's next question on settles (``_agree``) is answered
+        once a majority has all this leader has now: its copy may have carried out those settles, or its node's
+        held back for the entries not taken back (``RemoteQueue.reattached``), in a deposed leader's ops no
+        majority has, and its node keeps them for the next leader until then.  (Answered at once, it forgot
+        them, and this leader deposed before its followers had those ops left the next to deliver them again.)"""
+        self._settling.add(queue)
         by_mode: dict[int, list[Checked]] = {}
         for settle in settled[:RESETTLE_MAX] if isinstance(settled, list) else ():
             if isinstance(settle, list) and len(settle) == 4 and settle[0] in range(len(link.SETTLE_MODES)):
@@ -477,7 +482,6 @@ class PeerSession:
             found = self._taken_back(queue, held, queue.adopt(held))
             taken = [(entry, queue, None) for entry in found if entry is not None]
             if taken:
-                self._settling.add(queue)
                 self.broker.settle_as(taken, link.SETTLE_MODES[mode])
                 log.info("%s's consumer of %s: %d of the %d %s settles it sent again carried out here",
                          untrusted(self.link.peer_name), untrusted(queue.name), len(taken), len(held),

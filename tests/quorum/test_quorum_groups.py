@@ -2794,3 +2794,49 @@ async def test_every_member_restarted_after_a_snapshot_of_held_entries_counts_th
     assert len(ready) == 299 and names[2] not in ready and names[3] not in ready
     state = queue_of(the_leader(network)).state
     assert [state.counts.get(seq) for seq, body in zip(sorted(state.ready), ready) if body in names[:2]] == [1, 1]
+
+
+def ops_held_from(network: Network, name: str) -> list:
+    """What ``name`` ships its followers (REPLICATE frames) waits, all else between the nodes goes on: a leader
+    whose ops reach no follower, while its links carry its consumers' frames."""
+    held: list = []
+    deliver = network.deliver
+
+    def holding(source: str, destination: str, ftype: int, payload: bytes) -> None:
+        if source == name and ftype == link.REPLICATE:
+            held.append((source, destination, ftype, payload))
+        else:
+            deliver(source, destination, ftype, payload)
+
+    network.deliver = holding  # type: ignore[method-assign]
+    return held
+
+
+async def test_settles_sent_again_that_the_leader_has_already_are_agreed_only_once_a_majority_has_them(network):
+    """n2's consumer acks its 50 at n1, whose ops reach no follower: n2 keeps the settles.  n1 is cut off and
+    steps down; it leads again, its copy the furthest, and n2's consumer consumes there again with them, which
+    n1's copy has carried out already.  n1 must answer n2's question (are they on a majority?) only once its
+    ops are: it answered at once, n2 forgot the settles, and n1 killed then left the next leader to deliver the
+    50 again (``rabbit_fifo_client`` keeps a settle pending until a leader applied it)."""
+    node, client, sent = await consumer_holding(network, "n2")
+    first = list(client.received)
+    ops_held_from(network, "n1")
+    for other in ("n2", "n3"):
+        network.nodes[other].client.unreachable = True  # (no election without n1 yet)
+    assert client.ack() == 50
+    await asyncio.sleep(0.1)
+    for other in ("n2", "n3"):
+        network.cut("n1", other, silent=True)
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 stepped down")
+    for other in ("n2", "n3"):
+        network.heal("n1", other)
+        network.nodes[other].client.unreachable = False
+    await wait_for(lambda: node.quorum.groups[KEY].replicator is not None, "n1 leading again")
+    remote = network.nodes["n2"].broker.vhosts["/"].queues["q"]
+    assert isinstance(remote, remote_queue.RemoteQueue)
+    await wait_for(lambda: all(r.attached and r.owner is network.nodes["n2"].peers["n1"]
+                               for r in remote.by_consumer.values()), "n2's consumer back at n1")
+    await asyncio.sleep(0.3)  # (n2 asked n1 whether a majority has its settles)
+    await network.kill("n1")
+    await drained(network, client, sent)
+    assert [body for body in client.received[len(first):] if body in first] == []
