@@ -335,8 +335,13 @@ class QuorumQueue(Queue):
         return agreed or (replicator is not None and 0 < term == replicator.base[0] and seq < replicator.base_seq)
 
     def holds(self, checked: Checked) -> bool:
-        seq, term, _ = checked
-        return term > 0 and self.state.checked_out.get(seq) == term
+        """Checked out here in the term ``checked`` names; or, in a term this copy does not know (read back from
+        its rows, which keep no terms: ``State.from_rows``), an agreed seq, which names the same message in
+        every later leader's copy.  (Refused, a consumer's settles sent again to a leader whose copy was read
+        back were not carried out, and it delivered those messages again: in-process nemesis seed 28.)"""
+        seq, term, agreed = checked
+        here = self.state.checked_out.get(seq)
+        return term > 0 and (here == term or here == 0 and agreed)
 
     def checked(self, entry: Entry) -> Checked:
         seq = entry.seq

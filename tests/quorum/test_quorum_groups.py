@@ -2840,3 +2840,23 @@ async def test_settles_sent_again_that_the_leader_has_already_are_agreed_only_on
     await network.kill("n1")
     await drained(network, client, sent)
     assert [body for body in client.received[len(first):] if body in first] == []
+
+
+async def test_settles_sent_again_to_a_leader_whose_copy_was_read_back_from_its_rows_are_carried_out(network):
+    """n3 restarts while n2's consumer holds 50 of n1's: its copy, read back from its rows, knows them checked out
+    but not in which term.  n2's acks of them never reach n1, which dies; n3 leads, and n2 sends them again
+    there.  They name messages every copy has under those seqs (agreed): n3 carries them out, as ``rabbit_fifo``
+    applies a settle whatever became of its leader; it took none (their checkout's term was not its copy's) and
+    delivered the 50 again once the handover's grace was over (in-process nemesis seed 28)."""
+    _, client, sent = await consumer_holding(network, "n2")
+    first = list(client.received)
+    await network.kill("n3")
+    n3 = await network.start_node("n3")
+    await wait_for(lambda: n3.quorum.groups[KEY].leader == "n1" and in_step(network), "n3 back with n1")
+    network.hold("n2", "n1")
+    assert client.ack() == 50
+    await asyncio.sleep(0.05)
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is n3, "n3 leads")
+    await drained(network, client, sent)
+    assert [body for body in client.received[len(first):] if body in first] == []
