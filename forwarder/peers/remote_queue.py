@@ -616,20 +616,29 @@ class RemoteQueue:
         remote.tries = 0
         tags = tags + [0] * (len(adopting) - len(tags))
         held = held + [(-1, 0, False)] * (len(adopting) - len(held))
+        untaken: dict[Entry, Checked] = {}  # (not taken back: their checkouts)
         for entry, tag, checked in zip(adopting, tags, held):
             entry.seq = tag
             if not tag:
-                self.taken.pop(entry, None)
+                found = self.taken.pop(entry, None)
+                if found is not None:
+                    untaken[entry] = found[1]
             elif entry in self.taken:
                 self.taken[entry] = (remote, checked)
         if any(not entry.seq for entry in remote.buffer):
             remote.buffer = deque(entry for entry in remote.buffer if entry.seq)
         remote.attached = True
-        if remote.owner is not None:  # (its settles went with its consume: that leader's answer tells of them)
-            remote.resent(remote.owner)
         parked, remote.parked = remote.parked, []
+        if remote.owner is not None:  # (its settles went with its consume: that leader's answer tells of them)
+            # and so do those it held back of entries the leader took nothing back for: its copy may have them
+            # carried out in a deposed leader's ops no majority has (that leader's own consumer's settles, handed
+            # over), so they are kept for the next leader as those sent are, until a majority has what it has
+            remote.settled.extend((remote.owner, 0, mode, untaken[entry]) for mode, entry, _ in parked
+                                  if entry in untaken)
+            remote.resent(remote.owner)
         for mode, entry, modified in parked:
-            self._settle(mode, [entry], modified)
+            if entry not in untaken:
+                self._settle(mode, [entry], modified)
         self._drain(remote)
 
     def _try_again(self, remote: RemoteConsumer, refused_id: int) -> None:

@@ -2860,3 +2860,45 @@ async def test_settles_sent_again_to_a_leader_whose_copy_was_read_back_from_its_
     await wait_for(lambda: leader(network) is n3, "n3 leads")
     await drained(network, client, sent)
     assert [body for body in client.received[len(first):] if body in first] == []
+
+
+async def test_settles_a_consumer_held_back_that_the_next_leader_took_nothing_back_for_go_on_to_the_one_after(
+        tmp_path):
+    """Five copies.  n1's own consumer acks its 50 and only n2 gets n1's ops; n1 is cut off and steps down, its
+    consumer holding the settles back for the next leader, n2.  n2's copy has them carried out already: it
+    takes nothing back for them, and n1 dropped them.  n2 dies before any other copy has its ops, and n1 is cut
+    off meanwhile: the leader after, n3, n4 or n5, never had them and must get them from n1, as
+    ``rabbit_fifo_client`` keeps a settle pending until a leader applied it; it delivered the 50 again."""
+    network = await Network(tmp_path, ["n1", "n2", "n3", "n4", "n5"]).start()
+    others = ["n2", "n3", "n4", "n5"]
+    try:
+        node, client, sent = await consumer_holding(network, "n1")
+        first = list(client.received)
+        for other in others[1:]:
+            network.hold("n1", other)
+        assert client.ack() == 50
+        n2 = network.nodes["n2"].quorum.groups[KEY]
+        await wait_for(lambda: not n2.state.checked_out.keys() & set(range(50)), "n2 has the acks")
+        ops_held_from(network, "n2")
+        for other in others:
+            network.cut("n1", other, silent=True)
+        await wait_for(lambda: node.quorum.groups[KEY].replicator is None, "n1 stepped down")
+        await wait_for(lambda: leader(network) is network.nodes["n2"], "n2 leads")
+        for other in others:
+            network.release("n1", other)  # (what it held was dropped with the links)
+            network.heal("n1", other)
+        proxy = node.broker.vhosts["/"].queues["q"]
+        assert isinstance(proxy, remote_queue.RemoteQueue)
+        await wait_for(lambda: all(r.attached and r.owner is node.peers["n2"] for r in proxy.by_consumer.values()),
+                       "n1's consumer consuming at n2")
+        await asyncio.sleep(0.3)  # (n1 asked n2 whether a majority has its settles)
+        for other in others:
+            network.cut("n1", other, silent=True)
+        await network.kill("n2")
+        await wait_for(lambda: leader(network) is not None, "a leader of n3, n4 and n5")
+        for other in others[1:]:
+            network.heal("n1", other)
+        await drained(network, client, sent)
+        assert [body for body in client.received[len(first):] if body in first] == []
+    finally:
+        await network.close()
