@@ -382,12 +382,16 @@ class MessageStore:
         self._tail_ids.clear()
 
     def flush(self) -> None:
-        """Hand the tail to the operating system (no fsync)."""
+        """Hand the tail to the operating system (no fsync).  A full disk may take part of it and refuse the rest:
+        the rest is written on until then, and an error leaves the tail whole, to be written again."""
         if not self._tail:
             return
         current = self.current
         assert current is not None  # a tail was written to it
-        os.pwrite(current.fd, self._tail, current.size)
+        tail, written = memoryview(self._tail), 0
+        while written < len(tail):
+            written += os.pwrite(current.fd, tail[written:], current.size + written)
+        tail.release()
         current.size += len(self._tail)
         self._dirty.add(current.number)
         self._tail = bytearray()

@@ -363,7 +363,6 @@ class QueueIndex:
         if self._before_commit is not None:
             self._before_commit()
         puts, updates, deletes = self._puts, self._updates, list(self._deletes)
-        self._puts, self._updates, self._deletes = {}, {}, {}
         changes: dict[bytes, list[int]] = {}
         with self._env.begin(write=True) as txn:
             if deletes:
@@ -389,6 +388,8 @@ class QueueIndex:
                     txn.put(prefix, TOTALS.pack(*totals))
                 else:  # no entry left: no totals either, so queue_ids names only queues with entries
                     txn.delete(prefix)
+        # only now: a transaction the disk refused leaves them staged, for the group commit to try again
+        self._puts, self._updates, self._deletes = {}, {}, {}
 
     def sync(self) -> None:
         self._synced = sync(self._env, self._synced)

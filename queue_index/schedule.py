@@ -49,9 +49,8 @@ class Schedule:
         """Apply the staged changes in one transaction (durable after the next ``sync``)."""
         if not (self._puts or self._deletes):
             return
-        puts, deletes = self._puts, self._deletes
-        self._puts, self._deletes = {}, set()
-        write_batch(self._env, puts, deletes)
+        write_batch(self._env, self._puts, self._deletes)
+        self._puts, self._deletes = {}, set()  # only now: a refused transaction leaves them to be tried again
 
     def sync(self) -> None:
         self._synced = sync(self._env, self._synced)

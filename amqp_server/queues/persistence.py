@@ -23,6 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
 
+import lmdb
 import numpy as np
 from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
 from msg_store.store import SPARE_LIFE
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren.persistence")
 
 COMPACTION_INTERVAL = 0.05
+WRITE_RETRY = 1.0  # seconds before a group commit whose writes the disk refused (full, for one) is tried again
 COMPACTION_QUIET = 1.0  # a segment consumers are emptying is left to die whole rather than copied
 
 
@@ -220,11 +222,17 @@ class Persistence:
         self._scheduled = False
         if not self._dirty or self._closed:
             return
+        try:
+            self.store.flush()
+            self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
+            for journal in self.journals:
+                journal.commit()
+        except (OSError, lmdb.Error) as exc:  # the disk refused a write: what it was to hold stays staged
+            log.error("group commit %d not written: %s; trying again in %ss", self.batch, exc, WRITE_RETRY)
+            self._scheduled = True
+            self.loop.call_later(WRITE_RETRY, self._commit)
+            return
         self._dirty = False
-        self.store.flush()
-        self.index.commit()  # before the journals: a crash in between repeats a delayed message, never loses it
-        for journal in self.journals:
-            journal.commit()
         sealed = self.store.take_sealed()
         doomed = self.store.take_doomed()
         fds = self.store.dirty_fds()
