@@ -131,11 +131,13 @@ class Segment:
 
 def scan(path: str, number: int, repair: bool = True) -> Iterator[tuple[int, int, int]]:
     """Yield (msg_id, payload offset, payload size) of every intact record of segment ``number``; cut a torn tail,
-    or what a former life of the file left after its records, if ``repair``."""
+    or what a former life of the file left after its records, if ``repair``.  A damaged record whose length is
+    sound is passed over, as RabbitMQ's ``rabbit_msg_file:scanner`` passes over one without its write marker: the
+    intact records after it are kept (only records of this segment's own form: seeded with its number)."""
     with open(path, "r+b" if repair else "rb") as handle:
         data = handle.read()
         view = memoryview(data)  # CRCs over slices of the file without copying them
-        pos = 0
+        pos = good = 0  # where the next record starts; where the last intact one ends
         end = len(data)
         while pos + HEAD_SIZE <= end:
             length, crc, msg_id = RECORD_HEAD.unpack_from(data, pos)
@@ -147,21 +149,24 @@ def scan(path: str, number: int, repair: bool = True) -> Iterator[tuple[int, int
             record = view[pos + 8:stop]
             if flags == FLAGS:
                 found = crc32c(record, number)
-            elif flags == CRC32C:
+            elif flags == CRC32C and pos == good:
                 found = crc32c(record)
-            elif flags == 0:
+            elif flags == 0 and pos == good:
                 found = zlib.crc32(record)
             else:
                 break
-            if found != crc:
-                break
-            yield msg_id, pos + HEAD_SIZE, length - 8
+            if found == crc:
+                if pos != good:
+                    log.warning("segment %s: %d bytes of damaged records at offset %d passed over", path,
+                                pos - good, good)
+                yield msg_id, pos + HEAD_SIZE, length - 8
+                good = stop
             pos = stop
         view.release()
-        if pos != end and repair:
+        if good != end and repair:
             log.warning("segment %s: %d bytes of torn or corrupt records after offset %d cut off",
-                        path, end - pos, pos)
-            handle.truncate(pos)
+                        path, end - good, good)
+            handle.truncate(good)
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -747,6 +747,38 @@ def test_flipped_byte_in_last_record_detected_by_crc(tmp_path, caplog):
     store.close()
 
 
+def test_a_damaged_record_mid_segment_loses_only_itself(tmp_path, caplog):
+    """A record whose bytes rotted in the middle of a segment (its length intact): the records after it were cut
+    off with it, and the file truncated there, though every byte of theirs was sound.  As RabbitMQ's scanner
+    passes over a record without its write marker, only the damaged one goes; the file keeps the rest."""
+    store = new_store(tmp_path)
+    payloads = _fill(store, 5)
+    damaged = sorted(payloads)[1]
+    offset = store.index[damaged].offset
+    store.close(snapshot=False)  # a crash: no snapshot
+    path = _last_segment(tmp_path)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(offset + 10)
+        byte = handle.read(1)
+        handle.seek(offset + 10)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    with caplog.at_level(logging.WARNING, logger="warren.msg_store"):
+        store = MessageStore(str(tmp_path))
+        store.recover()
+    assert damaged not in store
+    assert os.path.getsize(path) == size
+    for msg_id in payloads:
+        if msg_id != damaged:
+            assert store.claim(msg_id)
+    assert store.finish_recovery() == 0
+    for msg_id, data in payloads.items():
+        if msg_id != damaged:
+            assert store.read(msg_id) == data
+    store.close()
+    assert any("passed over" in r.getMessage() for r in caplog.records)
+
+
 def test_records_carry_crc32c_and_older_zlib_crc32_records_still_recover(tmp_path):
     """New records are checksummed with CRC-32C seeded with their segment's number (flagged in their length);
     a segment of records written with zlib's CRC-32 or an unseeded CRC-32C, as earlier versions wrote them, is
