@@ -721,12 +721,13 @@ class StreamLogs:
     def commit(self) -> None:
         """On the loop, at the start of a group commit: buffered chunks are written, and what the commit is to make
         durable is taken."""
-        buffered, self._buffered = self._buffered, {}
         self.rolls = 0
         self._committing = True
         try:
-            for flush in buffered:
+            while self._buffered:  # one the disk refuses raises: it and those after it stay for the commit's retry
+                flush = next(iter(self._buffered))
                 flush()
+                del self._buffered[flush]
         finally:
             self._committing = False
         jobs = [stream_log.sync_job() for stream_log in self._dirty if not stream_log.deleted]

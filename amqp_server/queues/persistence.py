@@ -29,6 +29,7 @@ from msg_store import DEFAULT_CACHE_BYTES, DEFAULT_SEGMENT_SIZE, MessageStore
 from msg_store.store import SPARE_LIFE
 from queue_index import FLAG_TRANSIENT, QueueIndex, Totals
 
+from ..logs import Throttle
 from ..message import RELEASE_FROM, Message
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .ready import Entry
 
 log = logging.getLogger("warren.persistence")
+_refused = Throttle(log, burst=1, interval=10.0)  # a full disk refuses every retry: said once in a while
 
 COMPACTION_INTERVAL = 0.05
 WRITE_RETRY = 1.0  # seconds before a group commit whose writes the disk refused (full, for one) is tried again
@@ -228,7 +230,7 @@ class Persistence:
             for journal in self.journals:
                 journal.commit()
         except (OSError, lmdb.Error) as exc:  # the disk refused a write: what it was to hold stays staged
-            log.error("group commit %d not written: %s; trying again in %ss", self.batch, exc, WRITE_RETRY)
+            _refused.warning("group commit %d not written: %s; tried again every %ss", self.batch, exc, WRITE_RETRY)
             self._scheduled = True
             self.loop.call_later(WRITE_RETRY, self._commit)
             return

@@ -30,6 +30,7 @@ from weakref import WeakKeyDictionary
 from .. import errors
 from ..framing import header_table
 from ..clock import now_ms
+from ..logs import Throttle
 from ..message import RELEASE_FROM, Message
 from .consumers import Consumers
 from .queue import Checked, Consumer, Entry, ParkedSettle, QueueHost, taken_over
@@ -57,6 +58,7 @@ VALUE_COST = 64  # (an AMQP 1.0 value decoded the slow way costs about as much a
 RECORD_HEAD = 64 << 10  # bytes of a large record read for its sections before the body (more: it is read whole)
 
 log = logging.getLogger("warren.stream")
+_refused = Throttle(log, burst=1, interval=10.0)  # a full disk refuses every turn's chunk: said once in a while
 
 
 class Unreadable(NamedTuple):
@@ -220,20 +222,28 @@ class StreamQueue:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
             assert self.logs is not None
-            self.logs.buffered(self.flush)
+            self.logs.buffered(self.write_turn)
         return True
 
     def flush(self) -> None:
-        """This turn's AMQP publishes become a chunk; consumers and stream-protocol readers read on."""
+        """This turn's AMQP publishes become a chunk; consumers and stream-protocol readers read on.  A chunk the
+        disk refuses is logged and left to the group commit, which confirms nothing until it is written."""
+        try:
+            self.write_turn()
+        except OSError as exc:
+            _refused.warning("stream %s: %d publishes not written (%s): tried again with the next group commit",
+                             self, len(self._turn), exc)
+
+    def write_turn(self) -> None:
+        """``flush``, for the group commit: OSError if the disk refuses the chunk, whose publishes stay this turn's
+        (to be written, and confirmed, when it takes them)."""
         self._flush_scheduled = False
         if not self._turn or self.deleted:
             return
-        data = b"".join(self._turn)
-        count = len(self._turn)
-        body = self._open_body
+        count, body = len(self._turn), self._open_body
+        self.log.append(b"".join(self._turn), count, count, body, chunk.body_trailer(body))
         self._turn = []
         self._open_body = 0
-        self.log.append(data, count, count, body, chunk.body_trailer(body))
         self._appended()
 
     def writable(self) -> bool:
