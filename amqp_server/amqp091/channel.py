@@ -454,6 +454,21 @@ class Channel:
         self.confirm_pending = True
         self.connection.schedule_flush()
 
+    def refused(self, batch: int) -> None:
+        """Group commit ``batch`` failed: what waited for it is nacked; a tx.commit that did closes the connection
+        with 541 (a transaction has no nack)."""
+        if self.tx_commits:
+            self.broker.persistence.waiters.discard(self)
+            self.connection.close_with(errors.ConnectionError(errors.INTERNAL_ERROR, "transaction not written"))
+            return
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][1] <= batch:
+            insort(self.rejected, unsynced.popleft()[0])
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+        self.confirm_pending = True
+        self.connection.schedule_flush()
+
     def forwarded(self) -> int:
         """A copy of the publish being routed went to its queue's owner node: its confirm waits for that node."""
         seq = self.publish_seq

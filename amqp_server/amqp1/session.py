@@ -793,6 +793,16 @@ class Incoming(LinkEndpoint):
         if not unsynced:
             self.broker.persistence.waiters.discard(self)
 
+    def refused(self, batch: int) -> None:
+        """Group commit ``batch`` failed: what waited for it is rejected."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][1] <= batch:
+            delivery_id = unsynced.popleft()[0]
+            if delivery_id not in self.forwarded_copies:
+                self._outcome(delivery_id, False, frames.REJECTED_STATE)
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
     def forwarded(self) -> int:
         self.forwarded_copies[self.current] = self.forwarded_copies.get(self.current, 0) + 1
         return self.current

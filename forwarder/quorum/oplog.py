@@ -495,6 +495,9 @@ class OpLogShipper:
             self.written = written
             self._advance()
 
+    def refused(self, batch: int) -> None:
+        """A group commit failed: the leader's copy is never counted durable again (its followers' may be)."""
+
     def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
         key = self.group.key.encode()
         return [HEAD.pack(self.term, first, len(key)), key, *ops]

@@ -35,9 +35,13 @@ class Stored:
 class Waiter:
     def __init__(self) -> None:
         self.batches: list[int] = []
+        self.refusals: list[int] = []
 
     def synced(self, batch: int) -> None:
         self.batches.append(batch)
+
+    def refused(self, batch: int) -> None:
+        self.refusals.append(batch)
 
 
 async def committed(persistence: Persistence, seq: int) -> int:

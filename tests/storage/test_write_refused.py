@@ -14,6 +14,7 @@ import pika
 import pytest
 
 from conftest import connect
+from amqp_server.queues import persistence as persistence_module
 from stream_log import log as log_module
 from support import drain, start
 
@@ -113,3 +114,35 @@ def test_a_message_written_in_part_at_the_file_size_limit_is_confirmed_only_once
     node = start_broker(data_dir=node.data_dir)
     with connect(node) as connection:
         assert drain(connection.channel(), "q") == [body] * 3 + [b"y" * 30000]
+
+
+def test_after_a_failed_fsync_publishes_are_nacked_not_left_waiting(tmp_path, monkeypatch):
+    """A group commit whose fsync fails confirms nothing again until a restart (its writes may be lost for good);
+    the publishes waiting for it, and the persistent ones after it, waited forever.  As RabbitMQ's channel
+    rejects what a crashed queue had not confirmed, they are nacked; a transient publish is confirmed still."""
+    node = start(tmp_path)
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("q", durable=True)
+        channel.basic_publish("", "q", b"before", PERSISTENT)
+
+        def failing(fd: int) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(persistence_module.os, "fsync", failing)
+        refused = Publish(channel, "q", b"refused")
+        refused.start()
+        refused.join(5)
+        assert refused.outcome is not None and "NackError" in refused.outcome
+        monkeypatch.undo()
+        later = Publish(channel, "q", b"later")
+        later.start()
+        later.join(5)
+        assert later.outcome is not None and "NackError" in later.outcome
+        channel.basic_publish("", "q", b"transient")
+        assert channel.is_open
+        connection.close()
+    finally:
+        node.stop()
