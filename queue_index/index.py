@@ -40,6 +40,7 @@ import itertools
 import os
 import shutil
 import struct
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -126,6 +127,22 @@ def _compact(directory: str, map_size: int) -> None:
     os.rmdir(tmp)
 
 
+def _opened(directory: str, map_size: int) -> lmdb.Environment:
+    """The index's environment, compacted if need be.  One LMDB cannot read (its meta pages damaged) is moved
+    aside, kept for an operator, and the node starts with an empty index rather than failing at every start: the
+    entries it held are lost (their messages are then unclaimed in the store, and go)."""
+    try:
+        _compact(directory, map_size)
+        return open_env(directory, map_size)
+    except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError) as exc:
+        aside = f"{directory}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+        log.critical("queue index %s unreadable (%s): moved to %s; the messages of its queues are lost",
+                     directory, exc, aside)
+        os.rename(directory, aside)
+        os.makedirs(directory)
+        return open_env(directory, map_size)
+
+
 class QueueIndex:
     def __init__(self, directory: str, map_size: int = 1 << 36, wipe: bool = False,
                  auto_commit: int | None = None, before_commit: Callable[[], None] | None = None) -> None:
@@ -136,8 +153,7 @@ class QueueIndex:
         if wipe:
             shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
-        _compact(directory, map_size)
-        self._env = open_env(directory, map_size)
+        self._env = _opened(directory, map_size)
         self._synced = -1  # the last transaction a sync covered
         self._puts: dict[bytes, bytes] = {}  # entries published in this batch (not yet on disk)
         self._updates: dict[bytes, bytes] = {}  # entries on disk marked delivered (their totals do not change)

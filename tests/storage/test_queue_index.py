@@ -1,6 +1,7 @@
 """Unit tests of queue_index: staged publish/delivered/ack over LMDB, and the expiry heap."""
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -541,3 +542,29 @@ def test_reads_match_the_entries_with_or_without_gaps(index, queues, start, limi
         wanted = sorted(seq for seq in seqs if seq >= start)[:limit]
         got = index.read(queue_id, start, limit)
         assert [(e.seq, e.msg_id, e.size) for e in got] == [(seq, seq * 10 + queue_id, seq + 1) for seq in wanted]
+
+
+def test_an_index_lmdb_cannot_read_is_moved_aside_and_the_node_starts_without_it(tmp_path, caplog):
+    """Its meta pages damaged (zeroed by a power loss, say), LMDB refuses the file: the index raised at every
+    start, so the node could never start again.  The file is kept aside for an operator, the index starts empty,
+    and the loss is logged."""
+    path = tmp_path / "index"
+    index = QueueIndex(str(path), map_size=1 << 24)
+    index.publish(1, 1, 10, 0, 1)
+    index.commit()
+    index.sync()
+    index.close()
+    with open(path / "data.mdb", "r+b") as handle:
+        handle.write(bytes(8192))
+    with caplog.at_level(logging.CRITICAL, logger="warren.queue_index"):
+        index = QueueIndex(str(path), map_size=1 << 24)
+    try:
+        assert seqs(index, 1) == []
+        index.publish(1, 2, 20, 0, 1)
+        index.commit()
+        assert seqs(index, 1) == [2]
+    finally:
+        index.close()
+    [aside] = tmp_path.glob("index.damaged-*")
+    assert (aside / "data.mdb").stat().st_size > 8192
+    assert any("unreadable" in record.getMessage() for record in caplog.records)
