@@ -37,6 +37,9 @@ async def error_middleware(request: web.Request,
                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Every error leaves as RabbitMQ's ``{"error", "reason"}`` JSON; nothing escapes as a bare 500."""
     if request.path.startswith("/api/") and isinstance(request.match_info.route.resource, web.StaticResource):
+        allowed = await _allowed_methods(request)
+        if allowed:  # an API resource, not for this method: it fell through to the UI's files (GET, HEAD)
+            return web.Response(status=405, headers={"Allow": ",".join(sorted(allowed))})
         return error_response(404, "Object Not Found", "Not Found")  # no API route: not a UI file either
     try:
         response = await handler(request)
@@ -76,6 +79,15 @@ async def security_headers(request: web.Request,
     return response
 
 
+async def _allowed_methods(request: web.Request) -> set[str]:
+    """The methods the API resources matching the request's path allow."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if not isinstance(resource, web.StaticResource):
+            allowed |= (await resource.resolve(request))[1]
+    return allowed
+
+
 def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Response:
     if response.status == 404:
         return error_response(404, "Object Not Found", "Not Found")
@@ -104,11 +116,14 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
             if not isinstance(route, web.RouteDef):
                 continue
-            app.router.add_route(route.method, route.path, route.handler, expect_handler=expect.defer,
-                                 **route.kwargs)
+            paths = [route.path]
             if route.path.startswith("/api/") and not route.path.endswith("/"):
-                app.router.add_route(route.method, route.path + "/", route.handler, expect_handler=expect.defer,
-                                     **route.kwargs)
+                paths.append(route.path + "/")
+            # every resource that answers GET answers HEAD (cowboy_rest's): the same status and headers, no body
+            methods = [route.method, "HEAD"] if route.method == "GET" else [route.method]
+            for path in paths:
+                for method in methods:
+                    app.router.add_route(method, path, route.handler, expect_handler=expect.defer, **route.kwargs)
     forward.setup(app)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
     if static_dir and os.path.isdir(static_dir):

@@ -17,6 +17,7 @@ from .rates import CHANNEL_STATS, message_stats
 
 routes = web.RouteTableDef()
 FORCED_REASON = "Closed via management plugin"
+NOT_YOURS = "User not authorised to access object"  # RabbitMQ's is_authorized_user refusal
 
 
 def _opened(context: Context) -> list[ClientConnection]:
@@ -163,6 +164,32 @@ async def close_connection(request: web.Request) -> web.Response:
         raise not_authorised("Not administrator user")
     connection.force_close(request.headers.get("X-Reason", FORCED_REASON))
     return no_content()
+
+
+@routes.get("/api/connections/username/{username}")
+async def list_user_connections(request: web.Request) -> web.Response:
+    """RabbitMQ's tracked connections of one user, as four fields; monitoring users only (its
+    ``is_authorized_user`` over the list, which names no single owner)."""
+    if not auth.login(request).is_monitor:
+        raise not_authorised(NOT_YOURS)
+    context = ctx(request)
+    return respond(request, [{"name": c.name, "vhost": c.vhost_name, "user": _user(c), "node": context.node}
+                             for c in _of_user(context, request.match_info["username"])])
+
+
+@routes.delete("/api/connections/username/{username}")
+async def close_user_connections(request: web.Request) -> web.Response:
+    """Closes every connection of the user (administrators only), as DELETE /api/connections/{name} does one."""
+    if not auth.login(request).is_admin:
+        raise not_authorised(NOT_YOURS)
+    reason = request.headers.get("X-Reason", FORCED_REASON)
+    for connection in _of_user(ctx(request), request.match_info["username"]):
+        connection.force_close(reason)
+    return no_content()
+
+
+def _of_user(context: Context, username: str) -> list[ClientConnection]:
+    return [c for c in _opened(context) if _user(c) == username]
 
 
 @routes.get("/api/connections/{name}/channels")

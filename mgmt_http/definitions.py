@@ -117,6 +117,7 @@ def _download(request: web.Request, body: dict[str, Any]) -> web.Response:
     return json_response(body, headers=headers)
 
 
+@routes.get("/api/all-configuration")  # RabbitMQ's older name for the same resource
 @routes.get("/api/definitions")
 async def export(request: web.Request) -> web.Response:
     auth.require_admin(request)
@@ -369,6 +370,7 @@ async def _imported(context: Context, skipped: list[dict[str, Any]]) -> web.Resp
     return json_response({"skipped": skipped}) if skipped else no_content()
 
 
+@routes.post("/api/all-configuration")
 @routes.post("/api/definitions")
 async def import_all(request: web.Request) -> web.Response:
     login = auth.require_admin(request)

@@ -155,6 +155,17 @@ async def feature_flags(request: web.Request) -> web.Response:
                               "provided_by": provider} for name, desc, provider in FEATURE_FLAGS], ("name",))
 
 
+@routes.put("/api/feature-flags/{name}/enable")
+async def enable_feature_flag(request: web.Request) -> web.Response:
+    """Every flag Warren knows is enabled from the start, so enabling one changes nothing (RabbitMQ's
+    rabbit_feature_flags:enable of an enabled flag is ``ok``); a flag it does not know is RabbitMQ's
+    ``unsupported``."""
+    auth.require_admin(request)
+    if request.match_info["name"] not in {name for name, _desc, _provider in FEATURE_FLAGS}:
+        raise bad_request("unsupported")
+    return no_content()
+
+
 @routes.get("/api/auth")
 async def auth_settings(request: web.Request) -> web.Response:
     """What the UI's login page asks first (no login needed): OAuth 2 (UAA) is not in use."""

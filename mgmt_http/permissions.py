@@ -11,7 +11,7 @@ from amqp_server.access_control import Permissions, TopicPermission
 
 from . import auth
 from .context import ctx
-from .http import HTTPError, bad_request, created_or_updated, get_str, no_content, not_found, read_json
+from .http import HTTPError, bad_request, created_or_updated, exchange_param, get_str, no_content, not_found, read_json
 from .listing import respond, respond_one
 
 routes = web.RouteTableDef()
@@ -123,6 +123,7 @@ async def list_user_topic(request: web.Request) -> web.Response:
     return _topic_listing(request, user=user)
 
 
+@routes.get("/api/topic-permissions/{vhost}/{user}/{exchange}")  # RabbitMQ's same resource: every exchange's
 @routes.get("/api/topic-permissions/{vhost}/{user}")
 async def show_topic(request: web.Request) -> web.Response:
     """The user's topic permissions in the vhost, one per exchange (404 if it has none)."""
@@ -132,6 +133,7 @@ async def show_topic(request: web.Request) -> web.Response:
     return _topic_listing(request, vhost, user)
 
 
+@routes.put("/api/topic-permissions/{vhost}/{user}/{exchange}")  # the body's exchange, as without it
 @routes.put("/api/topic-permissions/{vhost}/{user}")
 async def put_topic(request: web.Request) -> web.Response:
     """Set the topic permission for the body's exchange: 201 if the user had none in the vhost, as RabbitMQ."""
@@ -145,8 +147,20 @@ async def put_topic(request: web.Request) -> web.Response:
 
 @routes.delete("/api/topic-permissions/{vhost}/{user}")
 async def delete_topic(request: web.Request) -> web.Response:
-    """Every topic permission of the user in the vhost goes (RabbitMQ 3.10 names no exchange here)."""
+    """Every topic permission of the user in the vhost goes."""
     vhost, user = _target(request)
     if not ctx(request).broker.access.clear_topic_permissions(vhost, user):
         raise not_found()
+    return no_content()
+
+
+@routes.delete("/api/topic-permissions/{vhost}/{user}/{exchange}")
+async def delete_exchange_topic(request: web.Request) -> web.Response:
+    """Only the path's exchange's topic permission goes; as RabbitMQ's resource_exists, 404 only when the user has
+    none in the vhost (204 for an exchange it had none on)."""
+    vhost, user = _target(request)
+    access = ctx(request).broker.access
+    if not access.topic_permissions(vhost, user):
+        raise not_found()
+    access.clear_topic_permission(vhost, user, exchange_param(request.match_info["exchange"]))
     return no_content()

@@ -42,6 +42,36 @@ async def list_vhost(request: web.Request) -> web.Response:
     return respond(request, [i for i in await _status(request) if i["vhost"] == vhost], ("name",))
 
 
+async def _named(request: web.Request) -> tuple[str, list[dict[str, Any]]]:
+    """The path's vhost and its shovels; 404 unless the named one is among them (RabbitMQ's resource_exists)."""
+    auth.require_monitor(request)
+    vhost = auth.require_vhost(request, visible=True)
+    shovels = [i for i in await _status(request) if i["vhost"] == vhost]
+    if not any(i["name"] == request.match_info["name"] for i in shovels):
+        raise not_found()
+    return vhost, shovels
+
+
+@routes.get("/api/shovels/vhost/{vhost}/{name}")
+async def show(request: web.Request) -> web.Response:
+    """RabbitMQ answers with every shovel of the vhost here, the named one among them (its to_json filters by
+    vhost only)."""
+    return respond(request, (await _named(request))[1], ("vhost", "name"))
+
+
+@routes.delete("/api/shovels/vhost/{vhost}/{name}")
+async def delete(request: web.Request) -> web.Response:
+    """Delete the shovel: its runtime parameter goes (rabbit_shovel_util:delete_shovel), and with it the shovel on
+    whichever node runs it.  RabbitMQ lets monitoring users do this too."""
+    vhost, _shovels = await _named(request)
+    context = ctx(request)
+    if not context.broker.access.clear_parameter(vhost, "shovel", request.match_info["name"]):
+        raise not_found()
+    await context.broker.agreed()
+    context.broker.links_changed()
+    return no_content()
+
+
 @routes.delete("/api/shovels/vhost/{vhost}/{name}/restart")
 async def restart(request: web.Request) -> web.StreamResponse:
     """Restart a shovel here, or (cluster) ask the node running it, as RabbitMQ does by RPC."""

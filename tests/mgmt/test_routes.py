@@ -1,0 +1,138 @@
+"""Routes of RabbitMQ 3.10.8's management API (rabbit_mgmt_dispatcher, rabbit_shovel_mgmt:dispatcher) that tools
+call, with RabbitMQ's methods, codes and shapes, over HTTP against a real node."""
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pika
+import pytest
+
+from support import GUEST, assert_error, call, q
+
+
+def _user(broker, name: str, tags: str) -> tuple[str, str]:
+    assert call(broker, "PUT", f"/api/users/{q(name)}", {"password": "pw", "tags": tags}).status == 201
+    assert call(broker, "PUT", f"/api/permissions/%2F/{q(name)}",
+                {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+    return name, "pw"
+
+
+def _until(predicate, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    pytest.fail(f"no {what} within {timeout}s")
+
+
+@pytest.mark.parametrize("path", ["/api/overview", "/api/whoami", "/api/queues", "/api/health/checks/alarms"])
+def test_head_answers_as_get_without_a_body(broker, path):
+    """cowboy_rest answers HEAD wherever GET is allowed: GET's status and headers, no body."""
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.mgmt_port}{path}", method="HEAD",
+                                     headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert (response.status, response.headers["Content-Type"], response.read()) == (200, "application/json", b"")
+    assert call(broker, "HEAD", path, auth=None).status == 401
+
+
+def test_connections_of_a_user_listed_and_closed(broker, uid):
+    """rabbit_mgmt_wm_connection_user_name: the user's tracked connections as name/vhost/user/node, for monitoring
+    users (GET) and administrators (DELETE), the list naming no owner; DELETE closes them all (204)."""
+    owner = _user(broker, f"owner-{uid}", "management")
+    monitor = _user(broker, f"monitor-{uid}", "monitoring")
+    path = f"/api/connections/username/{q(owner[0])}"
+    connections = [pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.port, "/", pika.PlainCredentials(*owner))) for _ in range(2)]
+    try:
+        listed = _until(lambda: len(call(broker, "GET", path).json) == 2 and call(broker, "GET", path).json,
+                        "two connections")
+        node = call(broker, "GET", "/api/overview").json["node"]
+        assert all(set(c) == {"name", "vhost", "user", "node"} for c in listed)
+        assert {(c["vhost"], c["user"], c["node"]) for c in listed} == {("/", owner[0], node)}
+        assert call(broker, "GET", path, auth=monitor).json == listed
+        for who in (owner, monitor):  # the owner too: the list is no object of one user
+            assert assert_error(call(broker, "DELETE", path, auth=who), 401)["reason"] == \
+                "User not authorised to access object"
+        assert assert_error(call(broker, "GET", path, auth=owner), 401)["reason"] == \
+            "User not authorised to access object"
+        assert call(broker, "DELETE", path).status == 204
+        for connection in connections:
+            with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+                connection.process_data_events(time_limit=5)
+                connection.channel()
+            assert "Closed via management plugin" in str(closed.value)
+        _until(lambda: call(broker, "GET", path).json == [], "no connections")
+        assert call(broker, "DELETE", f"/api/connections/username/nobody-{uid}").status == 204
+    finally:
+        for connection in connections:
+            if connection.is_open:
+                connection.close()
+
+
+def test_feature_flag_enable(broker, uid):
+    """rabbit_mgmt_wm_feature_flag_enable: PUT, administrators; an enabled flag stays so (204), an unknown one is
+    rabbit_ff_extra:format_error(unsupported)."""
+    assert call(broker, "PUT", "/api/feature-flags/quorum_queue/enable").status == 204
+    assert call(broker, "PUT", "/api/feature-flags/no_such_flag/enable").json == \
+        {"error": "bad_request", "reason": "unsupported"}
+    assert assert_error(call(broker, "PUT", "/api/feature-flags/quorum_queue/enable",
+                             auth=_user(broker, f"ff-{uid}", "monitoring")), 401)["reason"] == \
+        "Not administrator user"
+    assert call(broker, "GET", "/api/feature-flags/quorum_queue/enable").status == 405
+
+
+def test_all_configuration_is_definitions(broker, uid):
+    """/api/all-configuration is rabbit_mgmt_wm_definitions under its older name: GET exports, POST imports."""
+    queue = f"allconf-{uid}"
+    assert call(broker, "POST", "/api/all-configuration", {"queues": [
+        {"name": queue, "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}]}).status == 204
+    exported = call(broker, "GET", "/api/all-configuration").json
+    assert queue in {item["name"] for item in exported["queues"]}
+    assert exported.keys() == call(broker, "GET", "/api/definitions").json.keys()
+    assert call(broker, "DELETE", f"/api/queues/%2F/{queue}").status == 204
+
+
+def test_topic_permission_of_one_exchange(broker, uid):
+    """/api/topic-permissions/{vhost}/{user}/{exchange} (rabbit_mgmt_wm_topic_permission): GET and PUT as without
+    the exchange, DELETE clears only that exchange's; 404 once the user has none in the vhost."""
+    user = _user(broker, f"topic-{uid}", "")[0]
+    base = f"/api/topic-permissions/%2F/{q(user)}"
+    assert call(broker, "GET", base + "/amq.topic").status == 404
+    assert call(broker, "PUT", base + "/ignored", {"exchange": "amq.topic", "write": "w", "read": "r"}).status == 201
+    assert call(broker, "PUT", base, {"exchange": "amq.direct", "write": "w", "read": "r"}).status == 204
+    both = call(broker, "GET", base + "/whatever").json
+    assert [item["exchange"] for item in both] == ["amq.direct", "amq.topic"]
+    assert both == call(broker, "GET", base).json
+    assert call(broker, "DELETE", base + "/amq.topic").status == 204
+    assert [item["exchange"] for item in call(broker, "GET", base).json] == ["amq.direct"]
+    assert call(broker, "DELETE", base + "/never-set").status == 204
+    assert call(broker, "DELETE", base + "/amq.direct").status == 204
+    assert call(broker, "DELETE", base + "/amq.direct").status == 404
+    assert call(broker, "DELETE", f"/api/topic-permissions/%2F/nobody-{uid}/amq.topic").status == 404
+
+
+def test_one_shovel_shown_and_deleted(broker, uid):
+    """/api/shovels/vhost/{vhost}/{name} (rabbit_shovel_mgmt): 404 unless the shovel exists; GET then lists every
+    shovel of the vhost (its to_json filters by vhost only); DELETE clears its parameter (204), monitoring users
+    may."""
+    names = [f"sh-{uid}-a", f"sh-{uid}-b"]
+    for name in names:
+        assert call(broker, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
+            "src-uri": "amqp://", "src-queue": f"{name}-src", "dest-uri": "amqp://",
+            "dest-queue": f"{name}-dest"}}).status == 201
+    path = f"/api/shovels/vhost/%2F/{names[0]}"
+    listed = _until(lambda: {s["name"] for s in call(broker, "GET", path).json} >= set(names) and
+                    call(broker, "GET", path).json, "both shovels")
+    assert {s["vhost"] for s in listed} == {"/"}
+    monitor = _user(broker, f"shmon-{uid}", "monitoring")
+    assert call(broker, "DELETE", path, auth=monitor).status == 204
+    assert names[0] not in {p["name"] for p in call(broker, "GET", "/api/parameters/shovel/%2F").json}
+    _until(lambda: call(broker, "GET", path).status == 404, "the shovel gone")
+    assert call(broker, "DELETE", path).status == 404
+    assert call(broker, "GET", f"/api/shovels/vhost/nosuchvhost-{uid}/{names[1]}").status == 404
+    assert_error(call(broker, "DELETE", f"/api/shovels/vhost/%2F/{names[1]}",
+                      auth=_user(broker, f"shplain-{uid}", "management")), 401)
+    assert call(broker, "DELETE", f"/api/shovels/vhost/%2F/{names[1]}", auth=GUEST).status == 204
