@@ -16,7 +16,7 @@ from amqp_server.logs import untrusted
 from amqp_server.frontend.front_end import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
-from . import federation, parameters, permissions, policies, queues, quorum_members, shovels, users, vhosts
+from . import federation, parameters, permissions, policies, queues, quorum_members, shovels, streams, users, vhosts
 from . import expect, forward, offsets
 from .auth import auth_middleware
 from .csrf import csrf_middleware
@@ -29,7 +29,7 @@ log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 STATIC_DIR_KEY = web.AppKey("static_dir", str)  # the directory served, where it exists
 RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
-             bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation)
+             bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation, streams)
 
 
 @web.middleware

@@ -18,7 +18,7 @@ routes = web.RouteTableDef()
 CONTENT_TYPE = "text/plain"  # ; version=0.0.4 is added as a charset-free parameter below
 RATE_KEYS = ("publish", "deliver_get", "ack", "redeliver")
 # RabbitMQ's protocol label of each front end (the HTTP API's protocol name), every one listed even before use
-PROTOCOL_LABELS = {"AMQP 0-9-1": "amqp091", "AMQP 1.0": "amqp10", "RabbitMQ Stream": "stream"}
+PROTOCOL_LABELS = {"AMQP 0-9-1": "amqp091", "AMQP 1.0": "amqp10", "stream": "stream"}
 # rabbitmq_global_messages_*_total: what each counts, from MessageStats
 GLOBAL_COUNTERS: tuple[tuple[str, str, Callable[[MessageStats], int]], ...] = (
     ("received", "Total number of messages received from publishers", lambda s: s.publish),

@@ -344,7 +344,7 @@ class ClientConnection(Protocol):
 
     @property
     def protocol(self) -> str:
-        """As RabbitMQ's API names it: "AMQP 0-9-1", "RabbitMQ Stream"."""
+        """As RabbitMQ's API names it: "AMQP 0-9-1", "stream"."""
 
     @property
     def peer(self) -> tuple[str, int]: ...

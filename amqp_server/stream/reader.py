@@ -120,7 +120,7 @@ class StreamConnection(FrontEnd):
     every stream it writes to or reads from."""
 
     kind = "stream"
-    protocol = "RabbitMQ Stream"
+    protocol = "stream"  # as rabbit_stream_reader reports it (i(protocol, ...)), the API and its UI show it
     auth_mechanism = "PLAIN"
     ssl_object = None
     channels: dict[int, Any] = {}

@@ -2,12 +2,14 @@
 call, with RabbitMQ's methods, codes and shapes, over HTTP against a real node."""
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
 import pika
 import pytest
 
+from conftest import node_fixture
 from support import GUEST, assert_error, call, q
 
 
@@ -136,3 +138,57 @@ def test_one_shovel_shown_and_deleted(broker, uid):
     assert_error(call(broker, "DELETE", f"/api/shovels/vhost/%2F/{names[1]}",
                       auth=_user(broker, f"shplain-{uid}", "management")), 401)
     assert call(broker, "DELETE", f"/api/shovels/vhost/%2F/{names[1]}", auth=GUEST).status == 204
+
+
+stream_node = node_fixture(streams=True, name="stream_node")
+
+
+def test_stream_connections(stream_node, uid):
+    """rabbitmq_stream_management's /api/stream/connections[/{vhost}[/{name}]]: the connections of protocol
+    ``stream`` (rabbit_stream_reader's i(protocol)) as /api/connections shows them; GET for the owner or monitoring
+    users, DELETE for the owner or administrators, closing it."""
+    rstream = pytest.importorskip("rstream")
+    owner = _user(stream_node, f"streamer-{uid}", "management")
+    other = _user(stream_node, f"other-{uid}", "management")
+
+    async def scenario() -> None:
+        producer = rstream.Producer("127.0.0.1", port=stream_node.stream_port, username=owner[0],
+                                    password=owner[1], connection_name=f"probe-{uid}")
+        await producer.start()
+        amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", stream_node.port))
+        try:
+            await producer.create_stream(f"s-{uid}", exists_ok=True)
+            await producer.send(f"s-{uid}", rstream.AMQPMessage(body=b"x"))  # (rstream reconnects to publish)
+            for _ in range(100):
+                listed = call(stream_node, "GET", "/api/stream/connections").json
+                if listed:
+                    break
+                await asyncio.sleep(0.1)
+            assert {c["user"] for c in listed} == {owner[0]}
+            mine = listed[0]
+            assert mine["protocol"] == "stream"
+            assert mine["client_properties"]["connection_name"].endswith(f"probe-{uid}")
+            everything = {c["name"]: c["protocol"] for c in call(stream_node, "GET", "/api/connections").json}
+            assert everything[mine["name"]] == "stream" and "AMQP 0-9-1" in everything.values()
+            names = [c["name"] for c in listed]
+            assert [c["name"] for c in call(stream_node, "GET", "/api/stream/connections/%2F").json] == names
+            assert [c["name"] for c in call(stream_node, "GET", "/api/stream/connections", auth=owner).json] == names
+            assert call(stream_node, "GET", "/api/stream/connections", auth=other).json == []
+            path = f"/api/stream/connections/%2F/{q(mine['name'])}"
+            shown = call(stream_node, "GET", path, auth=owner).json
+            assert (shown["name"], shown["user"], shown["protocol"]) == (mine["name"], owner[0], "stream")
+            assert_error(call(stream_node, "GET", path, auth=other), 401)
+            assert_error(call(stream_node, "DELETE", path, auth=other), 401)
+            assert call(stream_node, "GET", f"/api/stream/connections/nosuch/{q(mine['name'])}").status == 404
+            assert call(stream_node, "GET", "/api/stream/connections/nosuch").status == 404
+            assert call(stream_node, "DELETE", path).status == 204
+            for _ in range(100):
+                if mine["name"] not in {c["name"] for c in call(stream_node, "GET", "/api/stream/connections").json}:
+                    break
+                await asyncio.sleep(0.1)
+            assert call(stream_node, "GET", path).status == 404
+        finally:
+            amqp.close()
+            await producer.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
