@@ -159,6 +159,10 @@ class AuthAttempts:
     def record(self, protocol: str, succeeded: bool) -> None:
         self.counts.setdefault(protocol, [0, 0])[0 if succeeded else 1] += 1
 
+    def reset(self) -> None:
+        """Forget every count (rabbit_core_metrics:reset_auth_attempt_metrics)."""
+        self.counts.clear()
+
 
 class DefinitionListener(Protocol):
     """Told of every definition written (cluster mode: it becomes the cluster's)."""

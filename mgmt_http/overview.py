@@ -183,6 +183,18 @@ async def auth_attempts(request: web.Request) -> web.Response:
                            "auth_attempts_succeeded": ok} for protocol, (ok, failed) in counts.items()])
 
 
+@routes.delete("/api/auth/attempts/{node}")
+@routes.delete("/api/auth/attempts/{node}/source")
+async def reset_auth_attempts(request: web.Request) -> web.Response:
+    """Both of RabbitMQ's paths reset every count of the node (monitoring users may)."""
+    auth.require_monitor(request)
+    context = ctx(request)
+    if request.match_info["node"] != context.node:
+        raise not_found()
+    context.broker.auth_attempts.reset()
+    return no_content()
+
+
 @routes.get("/api/auth/attempts/{node}/source")
 async def auth_attempts_by_source(request: web.Request) -> web.Response:
     """Empty, as RabbitMQ's while it does not track sources (its default)."""

@@ -10,6 +10,7 @@ from amqp_server.queues.types import NAMES as QUEUE_TYPES
 
 from . import auth
 from .connections import octets
+from .limits import erlang_term
 from .context import Context, ctx
 from .http import bad_request, created_or_updated, get_bool, get_str, new_name, no_content, not_found, read_json
 from .listing import respond, respond_one
@@ -98,4 +99,20 @@ async def delete(request: web.Request) -> web.Response:
     if not broker.access.vhost_exists(name):
         raise not_found()
     broker.delete_vhost(name)
+    return no_content()
+
+
+@routes.post("/api/vhosts/{vhost}/start/{node}")
+async def start(request: web.Request) -> web.Response:
+    """RabbitMQ restarts a vhost whose supervisor stopped on a node; Warren's vhosts run on every running node from
+    their creation, so on one of those this is rabbit_vhost_sup_sup's ``already_started`` (204).  Another node is
+    its {badrpc, nodedown}; an unknown vhost its ``no_such_vhost`` (a POST goes on past resource_exists: 400)."""
+    auth.require_admin(request)
+    context = ctx(request)
+    vhost, node = request.match_info["vhost"], request.match_info["node"]
+    others = context.broker.cluster.nodes() if context.broker.cluster is not None else []
+    if node != context.node and (node, True) not in others:
+        raise bad_request(f"Request to node {node} failed with nodedown")
+    if not context.broker.access.vhost_exists(vhost):
+        raise bad_request(f"Request to node {node} failed with {{no_such_vhost,{erlang_term(vhost)}}}")
     return no_content()

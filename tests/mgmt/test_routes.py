@@ -192,3 +192,33 @@ def test_stream_connections(stream_node, uid):
             await producer.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_auth_attempts_reset(broker, uid):
+    """DELETE /api/auth/attempts/{node}[/source] (rabbit_mgmt_wm_auth_attempts): monitoring users reset the node's
+    counts (rabbit_core_metrics:reset_auth_attempt_metrics), 204; another node is 404."""
+    node = call(broker, "GET", "/api/overview").json["node"]
+    assert call(broker, "GET", "/api/overview", auth=("guest", "wrong")).status == 401
+    monitor = _user(broker, f"attempts-{uid}", "monitoring")
+    assert call(broker, "DELETE", f"/api/auth/attempts/{q(node)}", auth=monitor).status == 204
+    # only this GET's own login counted since
+    assert call(broker, "GET", f"/api/auth/attempts/{q(node)}").json == [
+        {"protocol": "http", "auth_attempts": 1, "auth_attempts_failed": 0, "auth_attempts_succeeded": 1}]
+    assert call(broker, "DELETE", f"/api/auth/attempts/{q(node)}/source").status == 204
+    assert call(broker, "DELETE", "/api/auth/attempts/nosuch@node").status == 404
+    assert_error(call(broker, "DELETE", f"/api/auth/attempts/{q(node)}",
+                      auth=_user(broker, f"attempts-plain-{uid}", "management")), 401)
+
+
+def test_vhost_start(broker, uid):
+    """POST /api/vhosts/{vhost}/start/{node} (rabbit_mgmt_wm_vhost_restart): administrators; a running vhost is
+    ``already_started`` (204), a node that is not running is {badrpc, nodedown} (400), an unknown vhost
+    ``no_such_vhost`` (400: a POST goes on past resource_exists)."""
+    node = call(broker, "GET", "/api/overview").json["node"]
+    assert call(broker, "POST", f"/api/vhosts/%2F/start/{q(node)}", {}).status == 204
+    assert call(broker, "POST", "/api/vhosts/%2F/start/other@host", {}).json == \
+        {"error": "bad_request", "reason": "Request to node other@host failed with nodedown"}
+    assert call(broker, "POST", f"/api/vhosts/nosuch-{uid}/start/{q(node)}", {}).json == {
+        "error": "bad_request", "reason": f'Request to node {node} failed with {{no_such_vhost,<<"nosuch-{uid}">>}}'}
+    assert_error(call(broker, "POST", f"/api/vhosts/%2F/start/{q(node)}", {},
+                      auth=_user(broker, f"vstart-{uid}", "monitoring")), 401)
