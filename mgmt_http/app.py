@@ -68,6 +68,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
 }
+METHOD_ORDER = ("HEAD", "GET", "PUT", "POST", "DELETE", "OPTIONS")  # as RabbitMQ's allowed_methods list them
 
 
 @web.middleware
@@ -77,6 +78,17 @@ async def security_headers(request: web.Request,
     if not response.prepared:
         response.headers.update(SECURITY_HEADERS)
     return response
+
+
+@web.middleware
+async def options_middleware(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """OPTIONS on the API, without a login: cowboy_rest's 200 with the resource's allowed methods (a path no
+    resource has is the UI's files: GET, HEAD)."""
+    if request.method != "OPTIONS" or not request.path.startswith("/api/"):
+        return await handler(request)
+    allowed = (await _allowed_methods(request) or {"GET", "HEAD"}) | {"OPTIONS"}
+    return web.Response(headers={"Allow": ", ".join(m for m in METHOD_ORDER if m in allowed)})
 
 
 async def _allowed_methods(request: web.Request) -> set[str]:
@@ -107,7 +119,7 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     ``clients`` its AMQP connections."""
     app = web.Application(middlewares=[security_headers, error_middleware,
                                        auth_middleware(broker, config.loopback_users_only, config.metrics_auth),
-                                       csrf_middleware],
+                                       options_middleware, csrf_middleware],
                           client_max_size=config.mgmt_max_body_size)
     clients = clients or Clients()
     sampler = Sampler(broker, clients, sample_interval)

@@ -111,7 +111,8 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
                          ) -> web.StreamResponse:
         gate = gate_of(request)
         try:
-            if request.path.startswith("/api/") and request.path != "/api/auth":  # (the UI asks it before a login)
+            if request.path.startswith("/api/") and request.path != "/api/auth" and request.method != "OPTIONS":
+                # (the UI asks /api/auth before a login; OPTIONS is answered without one, as rabbit_mgmt_util's)
                 request[LOGIN] = authenticate(request, broker, loopback_only_guest)
             elif metrics_auth and request.path.startswith(PUBLIC_PREFIXES):
                 request[LOGIN] = authenticate(request, broker, loopback_only_guest)

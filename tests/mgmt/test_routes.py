@@ -222,3 +222,16 @@ def test_vhost_start(broker, uid):
         "error": "bad_request", "reason": f'Request to node {node} failed with {{no_such_vhost,<<"nosuch-{uid}">>}}'}
     assert_error(call(broker, "POST", f"/api/vhosts/%2F/start/{q(node)}", {},
                       auth=_user(broker, f"vstart-{uid}", "monitoring")), 401)
+
+
+@pytest.mark.parametrize("path, allowed", [
+    ("/api/queues/%2F/x", "HEAD, GET, PUT, DELETE, OPTIONS"),
+    ("/api/exchanges/%2F/x/publish", "POST, OPTIONS"),
+    ("/api/definitions", "HEAD, GET, POST, OPTIONS"),
+    ("/api/no-such-resource", "HEAD, GET, OPTIONS"),
+])
+def test_options_needs_no_login(broker, path, allowed):
+    """OPTIONS: rabbit_mgmt_util:is_authorized lets it through without credentials, and cowboy_rest answers 200,
+    no body, the resource's allowed_methods in ``Allow``."""
+    response = call(broker, "OPTIONS", path, auth=None)
+    assert (response.status, response.headers["Allow"], response.raw) == (200, allowed, b"")
