@@ -17,7 +17,7 @@ from .connections import consumer_info
 from .forward import by_owner
 from .context import Context, ctx
 from .http import (bad_request, created_or_updated, from_channel, get_arguments, get_bool, get_int, get_str,
-                   json_response, new_name, no_content, not_found, query_is_true, read_json)
+                   json_response, key_missing, new_name, no_content, not_found, query_is_true, read_json)
 from .listing import respond, respond_one
 from .messages import entry_to_json
 from .rates import QUEUE_STATS, depth_fields, message_stats, queue_depths
@@ -140,6 +140,22 @@ async def purge(request: web.Request) -> web.Response:
     context, queue = find_queue(request)
     await context.broker.purge_anywhere(context.vhost(queue.vhost), queue.name,  # the owner node's too
                                         who=auth.principal(request, queue.vhost))
+    return no_content()
+
+
+@routes.post("/api/queues/{vhost}/{name}/actions")
+async def actions(request: web.Request) -> web.Response:
+    """rabbit_mgmt_wm_queue_actions (administrators): ``sync`` and ``cancel_sync`` of a classic queue's mirrors.
+    Warren mirrors no queue, and RabbitMQ answers 204 for a queue without mirrors too (it spawns the sync, or
+    ignores cancel_sync's not_mirrored); any other action is its ``{unknown, Action}``.  A missing queue is 404
+    (RabbitMQ's handler crashes: 500)."""
+    auth.require_admin(request)
+    body = await read_json(request)
+    if "action" not in body:
+        raise key_missing("action")
+    find_queue(request)
+    if body["action"] not in ("sync", "cancel_sync"):
+        raise bad_request(["unknown", body["action"]])
     return no_content()
 
 

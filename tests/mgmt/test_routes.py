@@ -235,3 +235,21 @@ def test_options_needs_no_login(broker, path, allowed):
     no body, the resource's allowed_methods in ``Allow``."""
     response = call(broker, "OPTIONS", path, auth=None)
     assert (response.status, response.headers["Allow"], response.raw) == (200, allowed, b"")
+
+
+def test_queue_actions(broker, uid):
+    """POST /api/queues/{vhost}/{name}/actions (rabbit_mgmt_wm_queue_actions): administrators; ``sync`` and
+    ``cancel_sync`` of a queue without mirrors are 204, another action is ``{unknown, Action}``, no action
+    ``key_missing``."""
+    queue = f"/api/queues/%2F/actions-{uid}"
+    assert call(broker, "PUT", queue, {}).status == 201
+    for action in ("sync", "cancel_sync"):
+        assert call(broker, "POST", queue + "/actions", {"action": action}).status == 204
+    assert call(broker, "POST", queue + "/actions", {"action": "bogus"}).json == \
+        {"error": "bad_request", "reason": ["unknown", "bogus"]}
+    assert call(broker, "POST", queue + "/actions", {"action": 5}).json["reason"] == ["unknown", 5]
+    assert call(broker, "POST", queue + "/actions", {}).json["reason"] == "[{key_missing,action}]"
+    assert call(broker, "POST", f"/api/queues/%2F/nosuch-{uid}/actions", {"action": "sync"}).status == 404
+    assert_error(call(broker, "POST", queue + "/actions", {"action": "sync"},
+                      auth=_user(broker, f"actions-{uid}", "monitoring")), 401)
+    assert call(broker, "DELETE", queue).status == 204
