@@ -125,14 +125,15 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     sampler = Sampler(broker, clients, sample_interval)
     app[KEY] = Context(broker, config, sampler, clients, flow or PublisherFlow())
     for module in RESOURCES:
+        head = getattr(module, "ANSWERS_HEAD", True)
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
             if not isinstance(route, web.RouteDef):
                 continue
             paths = [route.path]
             if route.path.startswith("/api/") and not route.path.endswith("/"):
                 paths.append(route.path + "/")
-            # every resource that answers GET answers HEAD (cowboy_rest's): the same status and headers, no body
-            methods = [route.method, "HEAD"] if route.method == "GET" else [route.method]
+            # a resource that answers GET answers HEAD (cowboy_rest's): the same status and headers, no body
+            methods = [route.method, "HEAD"] if route.method == "GET" and head else [route.method]
             for path in paths:
                 for method in methods:
                     app.router.add_route(method, path, route.handler, expect_handler=expect.defer, **route.kwargs)

@@ -52,6 +52,7 @@ async def _named(request: web.Request) -> tuple[str, list[dict[str, Any]]]:
     return vhost, shovels
 
 
+@routes.get("/api/shovels/vhost/{vhost}/{name}/restart")  # the same resource in rabbit_shovel_mgmt
 @routes.get("/api/shovels/vhost/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
     """RabbitMQ answers with every shovel of the vhost here, the named one among them (its to_json filters by

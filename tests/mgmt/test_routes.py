@@ -129,6 +129,7 @@ def test_one_shovel_shown_and_deleted(broker, uid):
     listed = _until(lambda: {s["name"] for s in call(broker, "GET", path).json} >= set(names) and
                     call(broker, "GET", path).json, "both shovels")
     assert {s["vhost"] for s in listed} == {"/"}
+    assert call(broker, "GET", path + "/restart").json == listed  # the same resource
     monitor = _user(broker, f"shmon-{uid}", "monitoring")
     assert call(broker, "DELETE", path, auth=monitor).status == 204
     assert names[0] not in {p["name"] for p in call(broker, "GET", "/api/parameters/shovel/%2F").json}
@@ -253,3 +254,12 @@ def test_queue_actions(broker, uid):
     assert_error(call(broker, "POST", queue + "/actions", {"action": "sync"},
                       auth=_user(broker, f"actions-{uid}", "monitoring")), 401)
     assert call(broker, "DELETE", queue).status == 204
+
+
+@pytest.mark.parametrize("path", ["/api/vhost-limits", "/api/vhost-limits/%2F", "/api/user-limits",
+                                  "/api/user-limits/guest"])
+def test_limits_answer_get_not_head(broker, path):
+    """rabbit_mgmt_wm_limits and rabbit_mgmt_wm_user_limits allow GET and OPTIONS only: HEAD is a 405."""
+    assert call(broker, "GET", path).status == 200
+    assert call(broker, "HEAD", path).status == 405
+    assert call(broker, "OPTIONS", path, auth=None).headers["Allow"] == "GET, OPTIONS"
