@@ -172,13 +172,18 @@ async def auth_settings(request: web.Request) -> web.Response:
     return json_response({"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""})
 
 
-@routes.get("/api/auth/attempts/{node}")
-async def auth_attempts(request: web.Request) -> web.Response:
+def _monitored_node(request: web.Request) -> Context:
+    """A monitoring user's request about this node (``{node}``: another is not found)."""
     auth.require_monitor(request)
     context = ctx(request)
     if request.match_info["node"] != context.node:
         raise not_found()
-    counts = context.broker.auth_attempts.counts
+    return context
+
+
+@routes.get("/api/auth/attempts/{node}")
+async def auth_attempts(request: web.Request) -> web.Response:
+    counts = _monitored_node(request).broker.auth_attempts.counts
     return json_response([{"protocol": protocol, "auth_attempts": ok + failed, "auth_attempts_failed": failed,
                            "auth_attempts_succeeded": ok} for protocol, (ok, failed) in counts.items()])
 
@@ -187,11 +192,7 @@ async def auth_attempts(request: web.Request) -> web.Response:
 @routes.delete("/api/auth/attempts/{node}/source")
 async def reset_auth_attempts(request: web.Request) -> web.Response:
     """Both of RabbitMQ's paths reset every count of the node (monitoring users may)."""
-    auth.require_monitor(request)
-    context = ctx(request)
-    if request.match_info["node"] != context.node:
-        raise not_found()
-    context.broker.auth_attempts.reset()
+    _monitored_node(request).broker.auth_attempts.reset()
     return no_content()
 
 
