@@ -30,6 +30,7 @@ STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 STATIC_DIR_KEY = web.AppKey("static_dir", str)  # the directory served, where it exists
 RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
              bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation, streams)
+HEADLESS = (limits,)  # rabbit_mgmt_wm_limits and _user_limits allow GET and OPTIONS only: HEAD is 405 there
 
 
 @web.middleware
@@ -125,7 +126,7 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
     sampler = Sampler(broker, clients, sample_interval)
     app[KEY] = Context(broker, config, sampler, clients, flow or PublisherFlow())
     for module in RESOURCES:
-        head = getattr(module, "ANSWERS_HEAD", True)
+        head = module not in HEADLESS
         for route in module.routes:  # RabbitMQ serves /api/queues/ as /api/queues (clients' recovery code asks so)
             if not isinstance(route, web.RouteDef):
                 continue

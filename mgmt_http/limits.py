@@ -15,7 +15,6 @@ from .http import HTTPError, bad_request, key_missing, no_content, not_found, re
 from .listing import respond
 
 routes = web.RouteTableDef()
-ANSWERS_HEAD = False  # rabbit_mgmt_wm_limits and _user_limits allow GET and OPTIONS only (HEAD: 405)
 COMPONENT = "vhost-limits"  # the runtime parameter component RabbitMQ keeps vhost limits in
 
 
