@@ -202,30 +202,30 @@ def test_offsets_first_a_number_next_and_last(broker, uid):
     assert len(consume_from(broker, uid, "first", 11)) == 11  # the messages stay: reading takes nothing
 
 
-@pytest.mark.parametrize("offset", ["foo", True])
-@pytest.mark.warren_only("RabbitMQ 3.10 fails such a consume with 541 INTERNAL_ERROR")
-def test_an_offset_that_is_none_is_refused(broker, uid, offset):
+def consume_refused(broker: Any, uid: str, offset: object) -> ChannelClosedByBroker:
+    """How a consume of a new stream from ``offset`` is refused."""
     with connect(broker) as connection:
         declare(connection.channel(), uid)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
         with pytest.raises(ChannelClosedByBroker) as caught:
             channel.basic_consume(uid, lambda *_: None, arguments={"x-stream-offset": offset})
-    assert caught.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{uid}' in "
-                                       f"vhost '/': {offset!r}")
+    return caught.value
+
+
+@pytest.mark.parametrize("offset", ["foo", True])
+@pytest.mark.warren_only("RabbitMQ 3.10 fails such a consume with 541 INTERNAL_ERROR")
+def test_an_offset_that_is_none_is_refused(broker, uid, offset):
+    assert consume_refused(broker, uid, offset).reply_text == (
+        f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{uid}' in vhost '/': {offset!r}")
 
 
 @pytest.mark.parametrize("offset", ["10", "1x", "0s", "5 h"])
 def test_an_interval_rabbitmq_reads_but_refuses_is_invalid_stream_offset_arg(broker, uid, offset):
     """rabbit_amqqueue:check_stream_offset_arg: a string of digits and a unit that rabbit_amqqueue:check_max_age
     refuses (no unit, another one, a zero) is 406 with the value as Erlang prints it."""
-    with connect(broker) as connection:
-        declare(connection.channel(), uid)
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=1)
-        with pytest.raises(ChannelClosedByBroker) as caught:
-            channel.basic_consume(uid, lambda *_: None, arguments={"x-stream-offset": offset})
-    assert (caught.value.reply_code, caught.value.reply_text) == (
+    refused = consume_refused(broker, uid, offset)
+    assert (refused.reply_code, refused.reply_text) == (
         406, f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{uid}' in vhost '/': "
              f'{{invalid_stream_offset_arg,{{longstr,<<"{offset}">>}}}}')
 
