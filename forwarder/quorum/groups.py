@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import aetcd
+import lmdb
 import numpy as np
 from aetcd import rtypes
 
@@ -86,6 +87,7 @@ CATCH_UP_TRIES = 5  # how many times at most, while its copy does not move
 ELECTION_RETRY = LEASE_TTL / 8  # an election's write or read failed (etcd away, or our lease just lapsed): again
 REPLICA = "replica"  # definition-store kind: queue key -> this node's index ids for its copy, and its spare
 DEFAULT_GROUP_SIZE = 3
+STORAGE_ERRORS = (OSError, lmdb.Error)  # a follower's disk refused a write (``_unstored``)
 
 def queue_key(vhost: str, name: str) -> str:
     return f"{vhost}\0{name}"
@@ -1142,8 +1144,12 @@ class QuorumGroups:
         index_id = group.index_id
         bounds: list[int] = []
         annotated: list[int] = []
-        group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds,
-                                       annotated=annotated)
+        try:
+            group.state, count = apply_ops(group.state, self.broker.replicas, index_id, payload, pos, first, bounds,
+                                           annotated=annotated)
+        except STORAGE_ERRORS as exc:
+            self._unstored(group, exc)
+            return
         if annotated:
             self.annotated(group.key, annotated[-1])
         group.applied = first + count - 1
@@ -1182,10 +1188,26 @@ class QuorumGroups:
         incoming = group.incoming
         assert incoming is not None  # (a MORE frame of it)
         incoming.frames += 1
-        incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
-                                      spare=incoming.rows)
-        if kept:
-            self._keep_rows(group, incoming, kept)
+        try:
+            incoming.state, _ = apply_ops(incoming.state, self.broker.replicas, group.spare, payload, pos, first,
+                                          spare=incoming.rows)
+            if kept:
+                self._keep_rows(group, incoming, kept)
+        except STORAGE_ERRORS as exc:  # (our copy is as it was: the snapshot's rows go, and we ask again)
+            log.error("%s's disk refused a snapshot's rows of %s: %s; asking again", self.name,
+                      untrusted(group.key), exc)
+            self._discard_incoming(group)
+            self._catch_up_again(group)
+
+    def _unstored(self, group: Group, exc: Exception) -> None:
+        """The disk refused rows of a frame (full, or failing) after our copy's state had taken its ops: the copy
+        holds less than its state says.  Caught up from the log, it skipped the ops its state had seen and
+        acknowledged them, rows it never stored (a confirm counted on it).  As a copy that lost messages at its
+        restart, it acknowledges nothing more and takes a snapshot (``_lost_rows``), as a Ra member whose log
+        write failed restarts from what its log holds."""
+        log.error("%s's disk refused rows of %s: %s", self.name, untrusted(group.key), exc)
+        self._lost_rows(group)
+        self._ask_to_catch_up(group)
 
     def _keep_rows(self, group: Group, incoming: IncomingSnapshot, below: int) -> None:
         """A DIFF: our copy's rows of the entries below ``below`` that the snapshot's state holds go into the spare
