@@ -704,7 +704,10 @@ class QuorumGroups:
                 await self._withdraw(group, mine)
 
     def _standing(self, group: Group) -> bool:
-        return not group.leader and self.groups.get(group.key) is group and self.name in group.members
+        """An election of the queue goes on and this node stands in it: not once a group commit failed here (no
+        copy here is durable again until the node restarts: elected, it would confirm nothing, ``unwritable``)."""
+        return (not group.leader and self.groups.get(group.key) is group and self.name in group.members
+                and not self.broker.persistence.failed)
 
     def _reaches_majority(self, group: Group) -> bool:
         """This node and the members its links reach are a majority of the group's (as a Raft member that
@@ -1286,6 +1289,27 @@ class QuorumGroups:
     def refused(self, batch: int) -> None:
         """A group commit failed: our copies are acknowledged to their leaders no more, as a member whose log
         write failed gives its vote to nothing after it; each group goes on with its other members."""
+        for group in self.groups.values():
+            group.acks.clear()
+        self.broker.persistence.waiters.discard(self)
+
+    def unwritable(self, key: str) -> None:
+        """A group commit failed while this node leads the queue: its copy never counts toward a majority again
+        (until the node restarts), so its followers alone confirmed nothing, nor refused anything, for as long
+        as they were no majority (one follower of three out of reach, or the other of two).  As a Ra server
+        whose log write fails restarts a follower (``ra_log_wal`` exits, its supervisors restart the servers,
+        ``ra_log_sup`` and ``ra_system_sup`` being one_for_all), it steps down and stands in no election
+        (``_standing``): the other members elect one of them, and what waited here goes there (``_demote``: this
+        node's window sends its publishes again), as ``rabbit_fifo_client`` resends its pending commands to a
+        new leader.  The only member of its group leads on: its publishes are refused (nacked) as a classic
+        queue's."""
+        group = self.groups.get(key)
+        if group is None or group.replicator is None or group.members == [self.name]:
+            return
+        log.error("%s's disk failed: no longer leading %s", self.name, untrusted(key))
+        term = group.term
+        self._follow(group, "", 0)
+        asyncio.get_running_loop().create_task(self._release_term(group, term))
 
     @staticmethod
     def _acknowledge(group: Group) -> None:

@@ -380,6 +380,8 @@ class Groups(Protocol):
 
     def annotated(self, key: str, index: int) -> None: ...
 
+    def unwritable(self, key: str) -> None: ...
+
 
 class OpLogShipper:
     """The leader's side of one queue: stages its changes as log ops and ships them to the followers."""
@@ -496,7 +498,11 @@ class OpLogShipper:
             self._advance()
 
     def refused(self, batch: int) -> None:
-        """A group commit failed: the leader's copy is never counted durable again (its followers' may be)."""
+        """A group commit failed: the leader's copy is never counted durable again (its followers' may be), and
+        with it no longer counted, its followers alone may be no majority: it steps down (``unwritable``)."""
+        self.groups.broker.persistence.waiters.discard(self)
+        self._writing.clear()
+        self.groups.unwritable(self.group.key)
 
     def _frame(self, first: int, ops: list[bytes]) -> list[bytes]:
         key = self.group.key.encode()

@@ -339,6 +339,33 @@ async def test_a_follower_whose_disk_refuses_a_row_acknowledges_no_op_it_lacks_a
     assert await copies_agree(network) == bodies(10) + bodies(10, "n")
 
 
+def failing_disk(node: Node, monkeypatch) -> None:
+    """``node``'s next group commits fail at their fsync (an I/O error): nothing is durable there again."""
+    def failing(*args) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(node.broker.persistence, "_fsync", failing)
+
+
+async def test_a_leader_whose_disk_fails_steps_down_and_its_publishes_are_confirmed_by_the_next(network, monkeypatch):
+    """n1's fsync fails while n2 does not hear it: n1's copy never counts again, and n3's alone is no majority.
+    n1 led on, confirming and refusing nothing, for as long as n2 stayed away.  As a Ra server whose log write
+    fails restarts a follower, n1 steps down and stands in no election; n2 and n3 elect one of them, and n1's
+    window sends its publishes there, which confirms each once a majority has it."""
+    node = await declared(network)
+    await copies_agree(network)
+    network.hold("n1", "n2")
+    failing_disk(node, monkeypatch)
+    confirms = Confirms()
+    publish(node, bodies(10), confirms)
+    await wait_for(lambda: confirms.acked() == list(range(1, 11)), "the confirms")
+    assert the_leader(network).name == "n3"
+    assert sorted(body_of(row[4]) for row in copy_of(network.nodes["n3"])[1]) == bodies(10)  # (each once)
+    network.release("n1", "n2")
+    await asyncio.sleep(0.5)
+    assert the_leader(network).name == "n3"  # (n1 never leads again: it would confirm nothing)
+
+
 # -- catch-up -----------------------------------------------------------------------------------
 
 

@@ -116,16 +116,18 @@ def test_a_message_written_in_part_at_the_file_size_limit_is_confirmed_only_once
         assert drain(connection.channel(), "q") == [body] * 3 + [b"y" * 30000]
 
 
-def test_after_a_failed_fsync_publishes_are_nacked_not_left_waiting(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_after_a_failed_fsync_publishes_are_nacked_not_left_waiting(tmp_path, monkeypatch, kind):
     """A group commit whose fsync fails confirms nothing again until a restart (its writes may be lost for good);
     the publishes waiting for it, and the persistent ones after it, waited forever.  As RabbitMQ's channel
-    rejects what a crashed queue had not confirmed, they are nacked; a transient publish is confirmed still."""
+    rejects what a crashed queue had not confirmed, they are nacked; a transient publish is confirmed still (by a
+    classic queue).  A quorum queue on one node is nacked the same way."""
     node = start(tmp_path)
     try:
         connection = pika.BlockingConnection(pika.ConnectionParameters(node.host, node.port))
         channel = connection.channel()
         channel.confirm_delivery()
-        channel.queue_declare("q", durable=True)
+        channel.queue_declare("q", durable=True, arguments={"x-queue-type": kind})
         channel.basic_publish("", "q", b"before", PERSISTENT)
 
         def failing(fd: int) -> None:
@@ -141,7 +143,11 @@ def test_after_a_failed_fsync_publishes_are_nacked_not_left_waiting(tmp_path, mo
         later.start()
         later.join(5)
         assert later.outcome is not None and "NackError" in later.outcome
-        channel.basic_publish("", "q", b"transient")
+        if kind == "classic":
+            channel.basic_publish("", "q", b"transient")
+        else:  # (a quorum queue writes every message it takes to its log, as rabbit_fifo's: nacked too)
+            with pytest.raises(pika.exceptions.NackError):
+                channel.basic_publish("", "q", b"transient")
         assert channel.is_open
         connection.close()
     finally:
