@@ -18,6 +18,12 @@ are under the reserved queue id ``ENQUEUERS``, with ``queue id << 32 | slot`` as
 its next seq as expiry: staged with the position, they commit with the entries they describe, so a replica
 restarted from its entries takes no window's publish twice when it leads.
 
+A quorum queue's entry keeps how often it came back (its x-delivery-count) in its flags' upper six bits, up to
+63; past that they say 63, and the count itself is under the reserved queue id ``COUNTS``, keyed ``COUNTS |
+queue id (u32) | seq (u64)`` (a key of its own length: a u64 seq cannot hold both), its value the count (u64).
+Those rows are few (the entries of poison messages), read into memory at open, and go with their entries.  An
+entry an earlier version kept saturated at 63 has no such row: it reads 63, as it did.
+
 A stream kept by an earlier version (an entry per message) has its runs (first offset, publish time, bytes)
 under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq:
 ``amqp_server.queues.stream_migrate`` reads them once, when it moves the stream into a log of its own.
@@ -59,7 +65,7 @@ TOTALS = struct.Struct(">QQQQ")
 FLAG_DELIVERED = 1
 FLAG_TRANSIENT = 2  # msg_id names a record of the transient store (gone at the next start)
 RETURNS_SHIFT = 2  # the flags' upper six bits: how often the entry came back to its queue (a quorum queue's
-MAX_RETURNS = 63  # x-delivery-count), saturating
+MAX_RETURNS = 63  # x-delivery-count); more than this: the count is under ``COUNTS``
 COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
 POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
@@ -68,7 +74,10 @@ MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | n
 DROPS = 0xFFFFFFFD  # reserved queue id: drop marks (seq = queue id << 32 | number, msg_id = start, expiry = end)
 ENQUEUERS = 0xFFFFFFFC  # reserved queue id: replicas' enqueuers (seq = queue id << 32 | slot, msg_id = enqueuer,
 # expiry = its next publish seq)
-RESERVED = (POSITIONS, MARKS, DROPS, ENQUEUERS)
+COUNTS = 0xFFFFFFFB  # reserved queue id: the delivery counts past MAX_RETURNS (``COUNT_KEY``, ``COUNT``)
+COUNT_KEY = struct.Struct(">I12s")  # COUNTS, then the entry's key
+COUNT = struct.Struct(">Q")
+RESERVED = (POSITIONS, MARKS, DROPS, ENQUEUERS, COUNTS)
 
 
 class IndexEntry(NamedTuple):
@@ -80,7 +89,7 @@ class IndexEntry(NamedTuple):
     size: int
     delivered: bool
     transient: bool = False
-    returns: int = 0  # times returned to the queue (kept for quorum queues, at most MAX_RETURNS)
+    returns: int = 0  # times returned to the queue (kept for quorum queues)
 
 
 def _row(seq: int, msg_id: int, expiry: int, size: int, flags: int) -> IndexEntry:
@@ -163,6 +172,10 @@ class QueueIndex:
         self._enqueuers: dict[int, dict[int, tuple[int, int]]] = {}  # queue id -> enqueuer -> (slot, seq) as staged
         self._drop_marks = itertools.count(1 + max((number for _queue, number, _s, _e in self._drop_marks_of(None)),
                                                    default=0))
+        # entry key -> its delivery count, for those of MAX_RETURNS or more, as staged; and their changes since the
+        # last commit (None: the row goes)
+        self._counts: dict[bytes, int] = self._read_counts()
+        self._counts_staged: dict[bytes, int | None] = {}
 
     def close(self) -> None:
         self._env.close()
@@ -172,7 +185,7 @@ class QueueIndex:
         key = KEY.pack(queue_id, seq)
         self._puts[key] = VALUE.pack(msg_id, expiry, size, (FLAG_DELIVERED if delivered else 0)
                                      | (FLAG_TRANSIENT if transient else 0)
-                                     | (min(returns, MAX_RETURNS) << RETURNS_SHIFT if returns else 0))
+                                     | (self._count(key, returns) if returns or self._counts else 0))
         if self._auto_commit is not None and len(self._puts) >= self._auto_commit:
             self.commit()
 
@@ -182,14 +195,56 @@ class QueueIndex:
         are the entry's, as published, and the times it came back)."""
         key = KEY.pack(queue_id, seq)
         value = VALUE.pack(msg_id, expiry, size, FLAG_DELIVERED | (FLAG_TRANSIENT if transient else 0)
-                           | (min(returns, MAX_RETURNS) << RETURNS_SHIFT if returns else 0))
+                           | (self._count(key, returns) if returns or self._counts else 0))
         if key in self._puts:
             self._puts[key] = value
         else:
             self._updates[key] = value
 
+    def _count(self, key: bytes, returns: int) -> int:
+        """The flags' bits for an entry that came back ``returns`` times; a count past ``MAX_RETURNS`` is staged
+        under ``COUNTS`` (one of ``MAX_RETURNS`` needs none: it reads so), and one the entry had there goes once
+        it has less."""
+        if returns > MAX_RETURNS:
+            if self._counts.get(key) != returns:
+                self._counts[key] = self._counts_staged[key] = returns
+            return MAX_RETURNS << RETURNS_SHIFT
+        self._uncount(key)
+        return returns << RETURNS_SHIFT
+
+    def _returns(self, key: bytes, entry: IndexEntry) -> IndexEntry:
+        """``entry`` (of ``key``) with its delivery count from ``COUNTS`` if its flags say it is there."""
+        if entry.returns < MAX_RETURNS:
+            return entry
+        return entry._replace(returns=self._counts.get(key, MAX_RETURNS))
+
+    def returns(self, queue_id: int, seq: int) -> int:
+        """The delivery count of an entry whose flags say ``MAX_RETURNS`` (as staged)."""
+        return self._counts.get(KEY.pack(queue_id, seq), MAX_RETURNS)
+
+    def _uncount(self, key: bytes) -> None:
+        """The entry of ``key`` goes: its count under ``COUNTS`` too, if it has one."""
+        if key in self._counts:
+            del self._counts[key]
+            self._counts_staged[key] = None
+
+    def _read_counts(self) -> dict[bytes, int]:
+        lo, hi = COUNTS.to_bytes(4, "big"), (COUNTS + 1).to_bytes(4, "big")
+        counts = {}
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            more = cursor.set_range(lo)
+            while more and cursor.key() < hi:
+                key = cursor.key()
+                if len(key) == COUNT_KEY.size:
+                    counts[key[4:]] = COUNT.unpack(cursor.value())[0]
+                more = cursor.next()
+        return counts
+
     def ack(self, queue_id: int, seq: int) -> None:
         key = KEY.pack(queue_id, seq)
+        if self._counts:
+            self._uncount(key)
         if self._puts.pop(key, None) is None:
             self._updates.pop(key, None)
             self._deletes[key] = None
@@ -207,7 +262,11 @@ class QueueIndex:
             if value is None:
                 return None
             self._deletes[key] = None
-        return _entry(key, value)
+        entry = _entry(key, value)
+        if self._counts:
+            entry = self._returns(key, entry)
+            self._uncount(key)
+        return entry
 
     def has(self, queue_id: int, seq: int) -> bool:
         """An entry is there, staged or committed (and not staged for deletion)."""
@@ -221,13 +280,15 @@ class QueueIndex:
     def mark_returned(self, queue_id: int, seq: int, returns: int) -> None:
         """One entry, staged or committed, is no longer delivered and came back ``returns`` times (a quorum
         queue's entry a consumer held when its leader changed: back in its place)."""
-        self._reflag(queue_id, seq, 0xFF & ~FLAG_TRANSIENT, min(returns, MAX_RETURNS) << RETURNS_SHIFT)
+        key = KEY.pack(queue_id, seq)
+        if self._current(key) is not None:
+            self._reflag(queue_id, seq, 0xFF & ~FLAG_TRANSIENT, self._count(key, returns))
 
     def peek(self, queue_id: int, seq: int) -> IndexEntry | None:
         """One entry, staged or committed (``get`` without a commit: what is staged stays uncommitted)."""
         key = KEY.pack(queue_id, seq)
         value = self._current(key)
-        return _entry(key, value) if value is not None else None
+        return self._returns(key, _entry(key, value)) if value is not None else None
 
     def relink(self, queue_id: int, seq: int, msg_id: int) -> None:
         """One entry, staged or committed, names another record of the store (a quorum queue's message rewritten
@@ -370,11 +431,11 @@ class QueueIndex:
 
     @property
     def pending(self) -> bool:
-        return bool(self._puts or self._updates or self._deletes)
+        return bool(self._puts or self._updates or self._deletes or self._counts_staged)
 
     def commit(self) -> None:
         """Apply the staged changes in one transaction (durable after the next ``sync``)."""
-        if not (self._puts or self._updates or self._deletes):
+        if not (self._puts or self._updates or self._deletes or self._counts_staged):
             return
         if self._before_commit is not None:
             self._before_commit()
@@ -396,6 +457,11 @@ class QueueIndex:
                     _account(changes, [key], [value], 1)
             if updates:
                 txn.cursor().putmulti(sorted(updates.items()))
+            for key, count in self._counts_staged.items():  # (counted in no totals, as the updates)
+                if count is None:
+                    txn.delete(COUNT_KEY.pack(COUNTS, key))
+                else:
+                    txn.put(COUNT_KEY.pack(COUNTS, key), COUNT.pack(count))
             for prefix, change in changes.items():
                 current = txn.get(prefix)
                 totals = TOTALS.unpack(current) if current is not None else (0, 0, 0, 0)
@@ -405,7 +471,7 @@ class QueueIndex:
                 else:  # no entry left: no totals either, so queue_ids names only queues with entries
                     txn.delete(prefix)
         # only now: a transaction the disk refused leaves them staged, for the group commit to try again
-        self._puts, self._updates, self._deletes = {}, {}, {}
+        self._puts, self._updates, self._deletes, self._counts_staged = {}, {}, {}, {}
 
     def sync(self) -> None:
         self._synced = sync(self._env, self._synced)
@@ -421,7 +487,7 @@ class QueueIndex:
             for key, value in cursor:
                 if key[:4] != prefix:
                     break
-                yield _row(key_unpack(key)[1], *value_unpack(value))
+                yield self._returns(key, _row(key_unpack(key)[1], *value_unpack(value)))
 
     def columns(self, queue_id: int, batch: int = 65536,
                 start: int = 0) -> Iterator[tuple["np.ndarray", "np.ndarray"]]:
@@ -471,7 +537,10 @@ class QueueIndex:
         first: durable only after the next ``sync``, as any commit)."""
         self.commit()
         keys, values = self._walk(queue_id, start, limit)
-        return [_row(seq, *value) for (_queue, seq), value in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))]
+        rows = [_row(seq, *value) for (_queue, seq), value in zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values))]
+        if self._counts:
+            rows = [self._returns(KEY.pack(queue_id, row.seq), row) for row in rows]
+        return rows
 
     def _walk(self, queue_id: int, start: int, limit: int) -> tuple[bytes, bytes]:
         return walk(self._env, queue_id, start, limit)
@@ -491,6 +560,10 @@ class QueueIndex:
         below = _count_below(seqs, end)
         if below:
             self._deletes.update(dict.fromkeys(keys[at:at + KEY.size] for at in range(0, below * KEY.size, KEY.size)))
+            if self._counts:
+                lo, hi = keys[:KEY.size], keys[(below - 1) * KEY.size:below * KEY.size]
+                for key in [key for key in self._counts if lo <= key <= hi]:
+                    self._uncount(key)
             self.commit()
         return seqs[:below], rows[:below]
 
@@ -510,7 +583,7 @@ class QueueIndex:
         key = KEY.pack(queue_id, seq)
         with self._env.begin() as txn:
             value = txn.get(key)
-        return _entry(key, value) if value is not None else None
+        return self._returns(key, _entry(key, value)) if value is not None else None
 
     def totals(self, queue_id: int) -> Totals | None:
         """The queue's committed totals; None if the index has none for it (a queue from before they were
@@ -559,6 +632,11 @@ class QueueIndex:
         described = [(KEY.pack(reserved, queue_id << 32), KEY.pack(reserved, (queue_id + 1) << 32))
                      for reserved in (MARKS, DROPS, ENQUEUERS)]  # a stream's runs, drop marks, enqueuers
         self._enqueuers.pop(queue_id, None)
+        for key in [key for key in self._counts if key[:4] == prefix]:
+            del self._counts[key]
+        self._counts_staged = {k: v for k, v in self._counts_staged.items() if k[:4] != prefix}
+        described.append((COUNT_KEY.pack(COUNTS, KEY.pack(queue_id, 0)), (COUNTS + 1).to_bytes(4, "big")
+                          if queue_id == 0xFFFFFFFF else COUNT_KEY.pack(COUNTS, KEY.pack(queue_id + 1, 0))))
         self._puts = {k: v for k, v in self._puts.items() if not any(lo <= k < hi for lo, hi in described)}
         self._updates = {k: v for k, v in self._updates.items() if not any(lo <= k < hi for lo, hi in described)}
         with self._env.begin(write=True) as txn:

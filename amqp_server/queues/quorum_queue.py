@@ -30,8 +30,8 @@ holds the messages of the ready entries, in memory and paged to disk, in the sta
 the entry of the seq the state names.  A
 queue's replicas are the cluster's business (``forwarder.quorum.groups``, told of every change through
 ``replicator``); on a single node the group is this node.  The delivery counts are the state's, so they
-survive an entry paging out and back, and the rows' (``queue_index.MAX_RETURNS`` at most), so they survive
-a restart and, replicated, a failover.
+survive an entry paging out and back, and the rows' (whatever their size: ``queue_index.COUNTS``), so they
+survive a restart and, replicated, a failover.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from queue_index import FLAG_DELIVERED, Totals
-from queue_index.index import RETURNS_SHIFT
+from queue_index.index import MAX_RETURNS, RETURNS_SHIFT
 
 from stream_log import amqp10
 
@@ -180,6 +180,8 @@ class ReplicaStore:
             returns = flags >> RETURNS_SHIFT
             counted = returns != 0
             state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
+            for seq in seqs[returns == MAX_RETURNS].tolist():  # (this many or more: a count past it is kept apart)
+                state.counts[seq] = self.index.returns(index_id, seq)
             state.next_seq = int(seqs[-1]) + 1
         state.enqueuers = self.index.enqueuers(index_id)
         return state

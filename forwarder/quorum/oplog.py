@@ -52,9 +52,10 @@ HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; t
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
 
-# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned,
-# its body's size, record length; then the record
-ENTRY = struct.Struct(">BQQBBII")
+# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned (its
+# delivery count, of no bound: a byte kept 255 of a message returned 300 times), its body's size, record length;
+# then the record
+ENTRY = struct.Struct(">BQQBQII")
 ENTRY_OP = 20
 # a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
 # a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
@@ -133,7 +134,7 @@ def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
     """A snapshot's row for ``entry``."""
     head, route, header, body = entry.message.payload()
     size = len(head) + len(route) + len(header) + len(body)
-    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255), len(body), size), head,
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, returns, len(body), size), head,
                      route, header, body))
 
 
@@ -625,7 +626,7 @@ class OpLogShipper:
                 continue
             record = next(records)
             if record is not None:
-                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, min(returns, 255),
+                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, returns,
                                        entry.message.body_size, len(record)) + record)
         return rows
 
@@ -635,7 +636,7 @@ class OpLogShipper:
         paged = [row for row in paged if not row.transient]
         records = self.groups.broker.persistence.records([row.msg_id for row in paged]) if paged else []
         pack = ENTRY.pack
-        return [pack(ENTRY_OP, row.seq, row.expiry, False, min(counts.get(row.seq, 0), 255), row.size, len(record))
+        return [pack(ENTRY_OP, row.seq, row.expiry, False, counts.get(row.seq, 0), row.size, len(record))
                 + record for row, record in zip(paged, records) if record is not None]
 
     def _stop_snapshot(self, follower: Follower) -> None:

@@ -617,6 +617,24 @@ async def test_a_snapshots_rows_come_into_its_spare_once_each_whatever_comes_twi
                                       (5, True, record)]
 
 
+async def test_a_snapshot_row_keeps_a_delivery_count_past_255(network, monkeypatch):
+    """A snapshot's row carried its entry's delivery count in a byte: a follower that took the queue by snapshot
+    kept 255 for a message returned 300 times, and counted from there once it led, or after its restart."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 1_000)
+    node = await declared(network)
+    await network.kill("n3")
+    publish(node, [b"poison"])
+    queue = queue_of(node)
+    for _ in range(300):
+        node.broker.settle(queue, [take(queue)], True)
+        await asyncio.sleep(0)
+    await network.start_node("n3")
+    await copies_agree(network)
+    await network.kill("n3")
+    n3 = await network.start_node("n3")
+    assert list(n3.quorum.groups[KEY].state.counts.values()) == [300]
+
+
 async def test_a_snapshot_of_large_messages_goes_in_frames_a_link_takes(network, monkeypatch):
     """Finding: a snapshot's rows went 4,096 to a frame whatever their size, so a follower of a queue holding
     4,096 messages of 64 KiB was sent a frame its link refuses (above 256 MiB): the link closed, the follower

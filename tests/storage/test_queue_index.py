@@ -137,6 +137,45 @@ def test_delivered_flag_persists(tmp_path):
     index.close()
 
 
+def test_a_delivery_count_of_any_size_is_kept_and_goes_with_its_entry(tmp_path):
+    """The flags held six bits of count: 63 at most, so a count past it came back from a reopen as 63.  Counts
+    past 63 are kept apart, read back as they were written, staged or committed, and go with their entries
+    (acked, removed, taken, their queue deleted, or counting less again); an entry an earlier version saturated
+    at 63 reads 63."""
+    path = str(tmp_path / "index")
+    index = QueueIndex(path, map_size=1 << 24)
+    for seq, returns in enumerate([0, 5, 62, 63, 64, 300, 2 ** 40, 70, 80, 90]):
+        index.publish(1, seq, 10 + seq, 0, 4, returns=returns)
+    index.delivered(2, 0, 99, 0, 4, returns=1000)
+    index.publish(2, 1, 98, 0, 4)
+    assert index.peek(1, 5) == IndexEntry(5, 15, 0, 4, False, False, 300)
+    index.commit()
+    index.mark_returned(2, 1, 77)
+    index.commit()
+    index.publish(1, 10, 20, 0, 4, returns=index_module.MAX_RETURNS)  # (as an earlier version saturated one)
+    index.commit()
+    index.sync()
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert [entry.returns for entry in index.entries(1)] == [0, 5, 62, 63, 64, 300, 2 ** 40, 70, 80, 90, 63]
+    assert [entry.returns for entry in index.read(1, 4, 3)] == [64, 300, 2 ** 40]
+    assert [getattr(index.get(2, seq), "returns", None) for seq in (0, 1)] == [1000, 77]
+    index.ack(1, 4)
+    assert getattr(index.remove(1, 5), "returns", None) == 300
+    index.mark_returned(1, 6, 3)  # (less than 63 again: in the flags)
+    index.take(1, 7, 9, 10)  # 7 and 8
+    index.delete_queue(2)
+    index.commit()
+    assert [(entry.seq, entry.returns) for entry in index.entries(1)] == [
+        (0, 0), (1, 5), (2, 62), (3, 63), (6, 3), (9, 90), (10, 63)]
+    assert list(index._counts) == [index_module.KEY.pack(1, 9)]
+    index.close()
+    index = QueueIndex(path, map_size=1 << 24)
+    assert list(index._counts) == [index_module.KEY.pack(1, 9)]  # (on disk too: the others' went)
+    assert index_module.COUNTS not in index.queue_ids()
+    index.close()
+
+
 def test_delete_queue_drops_committed_and_staged(index):
     for seq in range(1, 4):
         index.publish(1, seq, seq, 0, 1)
@@ -198,7 +237,7 @@ def test_drop_marks_name_ranges_until_forgotten_and_go_with_their_queue(tmp_path
 
 def test_queue_ids(index):
     assert index.queue_ids() == set()
-    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFB):
+    for queue_id in (1, 2, 255, 256, 70000, 0xFFFFFFFA):
         index.publish(queue_id, 1, 1, 0, 1)
         index.publish(queue_id, 2, 2, 0, 1)
     index.publish(3, 1, 1, 0, 1)
@@ -206,7 +245,7 @@ def test_queue_ids(index):
     index.put_mark(2, 0, 1, 1000, 2, 1)
     index.set_enqueuers(2, {1 << 62: 5})
     index.commit()
-    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFB}
+    assert index.queue_ids() == {1, 2, 3, 255, 256, 70000, 0xFFFFFFFA}
     index.ack(3, 1)
     index.commit()
     assert 3 not in index.queue_ids()
