@@ -502,6 +502,41 @@ def test_exchange_declare_bind_publish_unbind_delete(ui: UI, node: BrokerProcess
     assert call(node, "DELETE", f"/api/queues/%2F/{q(queue)}").status == 204
 
 
+def test_names_with_markup_and_escapes_show_as_text_and_their_bindings_unbind(ui: UI, node: BrokerProcess, uid: str):
+    """Names and routing keys with ``/``, ``%``, ``+``, spaces, unicode and markup: each page shows them as text
+    (markup run as HTML would make elements, or a console error as the page's policy refused its script), and
+    Unbind removes such a binding, as RabbitMQ's UI does by sending its ``properties_key`` escaped as a path
+    segment (it was sent as it is, so the node read another key and answered 404)."""
+    page = ui.page
+    vhost = f"v/%2F ü <b>{uid}</b>"
+    name = f"<img src=x onerror=alert(1)> a/b %41+☃ {uid}"
+    keys = ["<i>key</i> a+b c/d %2F ☃", "100%", "plain"]
+    assert call(node, "PUT", f"/api/vhosts/{q(vhost)}", {}).status == 201  # (its creator may use it)
+    try:
+        assert call(node, "PUT", f"/api/queues/{q(vhost)}/{q(name)}", {"durable": False}).status == 201
+        assert call(node, "PUT", f"/api/exchanges/{q(vhost)}/{q(name)}", {"type": "topic"}).status == 201
+        for key in keys:  # each with arguments too: "<quoted key>~<hash>"
+            for arguments in ({}, {"<u>arg</u>": key}):
+                assert call(node, "POST", f"/api/bindings/{q(vhost)}/e/{q(name)}/q/{q(name)}",
+                            {"routing_key": key, "arguments": arguments}).status == 201
+        ui.go("#/queues")
+        expect(page.locator("table[data-table=queues] a[data-queue]", has_text=name)).to_have_text(name)
+        ui.go(f"#/queues/{q(vhost)}/{q(name)}")
+        expect(page.locator("#main h1")).to_have_text(f"Queue {name}")
+        expect(page.locator(".crumbs b")).to_have_text(vhost)
+        rows = page.locator("table[data-table=queue-bindings] tbody tr", has=page.locator("[data-action=unbind]"))
+        expect(rows).to_have_count(2 * len(keys))
+        expect(page.locator("#main img, #main b > b, #main i, #main u")).to_have_count(0)
+        for _ in range(2 * len(keys)):
+            ui.dismiss_banners()
+            rows.first.locator("[data-action=unbind]").click()
+            ui.success(f"Unbound {name} from {name}")
+        expect(rows).to_have_count(0)
+        assert api_get(node, f"/api/exchanges/{q(vhost)}/{q(name)}/bindings/source") == []
+    finally:
+        assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
 def test_exchange_types_come_from_the_node(ui: UI, node: BrokerProcess, uid: str):
     page = ui.page
     exchange = f"with-ae-{uid}"

@@ -363,8 +363,8 @@
     ];
     async function unbind(button, b) {
       const kind = b.destination_type === "queue" ? "q" : "e";
-      await act(button, async () => {
-        await api("DELETE", `bindings/${enc(vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/${b.properties_key}`);
+      await act(button, async () => {  // the key is escaped already; escaped again as a segment, as RabbitMQ's UI sends it
+        await api("DELETE", `bindings/${enc(vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/${enc(b.properties_key)}`);
         await onChange();
       }, `Unbound ${b.destination} from ${b.source}.`, "Unbind");
     }
