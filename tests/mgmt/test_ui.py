@@ -537,6 +537,17 @@ def test_names_with_markup_and_escapes_show_as_text_and_their_bindings_unbind(ui
         assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_an_address_typed_with_a_bare_percent_opens_its_queue(ui: UI, node: BrokerProcess, uid: str):
+    """A queue's address typed by hand, its name's "%" not escaped: the queue's page opens (decoding the address
+    threw, uncaught, and the page before stayed)."""
+    name = f"50% off {uid}"
+    assert call(node, "PUT", f"/api/queues/%2F/{q(name)}", {"durable": False}).status == 201
+    ui.page.evaluate("(r) => { location.hash = r; }", f"#/queues/%2F/{name}")
+    expect(ui.page.locator("#main h1")).to_have_text(f"Queue {name}")
+    expect(ui.page.locator("#main")).not_to_have_attribute("aria-busy", "true")
+    assert call(node, "DELETE", f"/api/queues/%2F/{q(name)}").status == 204
+
+
 def test_exchange_types_come_from_the_node(ui: UI, node: BrokerProcess, uid: str):
     page = ui.page
     exchange = f"with-ae-{uid}"

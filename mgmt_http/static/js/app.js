@@ -97,9 +97,14 @@
   }
 
   /* ---------- routing ---------- */
+  // A "%" that starts no valid escape (an address typed by hand: #/queues/%2F/50% off) is taken as it stands.
+  function decodePart(part) {
+    return part.replace(/(?:%[0-9a-f]{2})+/gi, (escapes) => {
+      try { return decodeURIComponent(escapes); } catch (e) { return escapes; }
+    });
+  }
   function parseHash() {
-    const parts = (location.hash.replace(/^#\/?/, "") || "").split("/").filter((p, i) => p !== "" || i > 0).map(decodeURIComponent);
-    return parts;
+    return (location.hash.replace(/^#\/?/, "") || "").split("/").filter((p, i) => p !== "" || i > 0).map(decodePart);
   }
   async function route() {
     const parts = parseHash();
