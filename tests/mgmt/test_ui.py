@@ -774,6 +774,44 @@ def test_vhosts_page_add_and_delete(ui: UI, node: BrokerProcess, uid: str):
     assert call(node, "GET", f"/api/vhosts/{q(vhost)}").status == 404
 
 
+def test_limits_page_sets_and_clears_vhost_and_user_limits(ui: UI, node: BrokerProcess, uid: str):
+    """Admin > Limits, as RabbitMQ's: each virtual host's and user's limits listed, set and cleared."""
+    page = ui.page
+    vhost, user = f"limited <v> {uid}", f"limited-{uid}"
+    assert call(node, "PUT", f"/api/vhosts/{q(vhost)}", {}).status == 201
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": ""}).status == 201
+    try:
+        ui.go("#/admin/limits")
+        page.select_option("#vhost-limit-vhost", vhost)
+        page.select_option("#vhost-limit-name", "max-queues")
+        page.fill("#vhost-limit-value", "many")
+        page.click("#vhost-limit-set")
+        expect(page.locator("#banners .banner-error")).to_contain_text('max-queues should be a number, actually was "many"')
+        page.fill("#vhost-limit-value", "3")
+        page.click("#vhost-limit-set")
+        ui.success(f"Limit max-queues of {vhost} set")
+        row = page.locator("table[data-table=vhost-limits] tbody tr", has_text=vhost)
+        expect(row.locator("td[data-col=value]")).to_have_text("3")
+        assert api_get(node, f"/api/vhost-limits/{q(vhost)}") == [{"vhost": vhost, "value": {"max-queues": 3}}]
+
+        page.select_option("#user-limit-user", user)
+        page.select_option("#user-limit-name", "max-channels")
+        page.fill("#user-limit-value", "7")
+        page.click("#user-limit-set")
+        ui.success(f"Limit max-channels of {user} set")
+        user_row = page.locator("table[data-table=user-limits] tbody tr", has_text=user)
+        expect(user_row.locator("td[data-col=name]")).to_have_text("max-channels")
+        assert api_get(node, f"/api/user-limits/{q(user)}") == [{"user": user, "value": {"max-channels": 7}}]
+
+        delete_row(ui, row, "clear-vhost-limit", f"Limit max-queues of {vhost} cleared")
+        delete_row(ui, user_row, "clear-user-limit", f"Limit max-channels of {user} cleared")
+        assert api_get(node, f"/api/vhost-limits/{q(vhost)}") == []
+        assert api_get(node, f"/api/user-limits/{q(user)}") == []
+    finally:
+        assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
+        assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
 def test_definitions_export_and_import(ui: UI, node: BrokerProcess, uid: str, tmp_path: Path):
     page = ui.page
     kept, imported = f"kept-{uid}", f"imported-{uid}"

@@ -1,4 +1,4 @@
-/* Admin: users, virtual hosts, permissions, policies, definitions export/import, shovel and federation status. */
+/* Admin: users, virtual hosts, permissions, policies, limits, definitions export/import, shovel and federation status. */
 "use strict";
 (function (W) {
   const { h, api, act, replace, fmtNum, enc } = W;
@@ -6,7 +6,7 @@
   // [key, label, who may open it]: as in RabbitMQ, policymakers see the Admin tab with Policies only.
   const admin = () => W.isAdmin();
   const SECTIONS = [["users", "Users", admin], ["vhosts", "Virtual hosts", admin], ["permissions", "Permissions", admin],
-    ["policies", "Policies", () => W.isPolicymaker()], ["definitions", "Definitions", admin],
+    ["policies", "Policies", () => W.isPolicymaker()], ["limits", "Limits", admin], ["definitions", "Definitions", admin],
     ["shovels", "Shovel Status", () => W.isMonitor()], ["federation", "Federation Status", () => W.isMonitor()]];
 
   W.pages.admin = function (section = "users") {
@@ -306,6 +306,66 @@
         await Promise.all(kinds.map((k) => k.refresh(vhosts)));
       },
     };
+  };
+
+  /* ---------- limits (RabbitMQ's Admin > Limits: per virtual host and per user) ---------- */
+  const LIMIT_KINDS = [
+    { path: "vhost-limits", id: "vhost-limit", owner: "vhost", ownerLabel: "Virtual host", title: "Virtual host limits",
+      names: ["max-connections", "max-queues"], owners: async () => (await W.vhostNames()).map((v) => v.name) },
+    { path: "user-limits", id: "user-limit", owner: "user", ownerLabel: "User", title: "User limits",
+      names: ["max-connections", "max-channels"], owners: async () => (await api("GET", "users")).map((u) => u.name) },
+  ];
+
+  function limitKind(kind) {
+    const { path, id, owner, ownerLabel } = kind;
+    const count = W.countLabel();
+    const table = W.dataTable(path, [
+      { key: owner, label: ownerLabel, render: (l) => h("b", l[owner]) },
+      { key: "name", label: "Limit" },
+      { key: "value", label: "Value", num: true },
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (l) => h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": `clear-${id}`, on: { click: (e) => clearLimit(e.target, l) } }, "Clear") },
+    ], { empty: `No ${kind.title.toLowerCase()}.`, filterFields: [owner], rowKey: (l) => `${l[owner]}/${l.name}`, onRender: (s, t) => count.set(s, t) });
+    async function clearLimit(button, l) {
+      if (!await W.confirmDialog("Clear limit", [`Clear ${l.name} of `, h("b", l[owner]), "?"], "Clear")) return;
+      await act(button, async () => { await api("DELETE", `${path}/${enc(l[owner])}/${enc(l.name)}`); await refresh(); },
+        `Limit ${l.name} of ${l[owner]} cleared.`, "Clear limit");
+    }
+    const who = h("select", { id: `${id}-${owner}`, name: owner });
+    const name = W.select({ id: `${id}-name`, name: "name" }, kind.names, kind.names[0]);
+    const value = h("input", { id: `${id}-value`, name: "value", required: true, style: "max-width:160px" });
+    const submit = h("button.btn.btn-primary", { type: "submit", id: `${id}-set` }, "Set / update limit");
+    const form = h("form.form", { id: `${id}-form`, on: { submit: async (e) => {
+      e.preventDefault();
+      const target = who.value;
+      const ok = await act(submit, async () => {
+        const n = parseInt(value.value, 10);  // as RabbitMQ's form reads it
+        if (isNaN(n)) throw new W.InputError(`${name.value} should be a number, actually was "${value.value}"`);
+        await api("PUT", `${path}/${enc(target)}/${enc(name.value)}`, { value: n });
+        return true;
+      }, `Limit ${name.value} of ${target} set.`, "Set limit");
+      if (ok) { value.value = ""; await refresh(); }
+    } } }, W.field(ownerLabel, who), W.field("Limit", name), W.field("Value", value, "A negative value means no limit"),
+      h("div.actions", submit));
+    async function refresh() {
+      const [limits, owners] = await Promise.all([api("GET", path), kind.owners()]);
+      const cur = who.value;
+      replace(who, owners.map((o) => h("option", { value: o }, o)));
+      if (owners.includes(cur)) who.value = cur;
+      table.update(limits.flatMap((l) => Object.entries(l.value).map(([k, v]) => ({ [owner]: l[owner], name: k, value: v }))));
+    }
+    return {
+      el: h("div",
+        h("section.panel", { id: path }, h("div.panel-head", h("h2", kind.title), count.el, h("span.spacer"),
+          h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
+        h("details.panel", { id: `set-${id}`, open: true }, h("summary", `Set / update a ${kind.title.toLowerCase().replace(/s$/, "")}`),
+          h("div.panel-body", form))),
+      refresh,
+    };
+  }
+
+  sections.limits = function () {
+    const kinds = LIMIT_KINDS.map(limitKind);
+    return { el: h("div", kinds.map((k) => k.el)), refresh: () => Promise.all(kinds.map((k) => k.refresh())) };
   };
 
   /* ---------- shovel status (RabbitMQ's rabbitmq_shovel_management page) ---------- */
