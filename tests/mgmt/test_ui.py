@@ -406,6 +406,45 @@ def test_connections_and_channels_pages_and_close(ui: UI, node: BrokerProcess, u
             connection.close()
 
 
+def test_one_virtual_host_chosen_filters_every_list(ui: UI, node: BrokerProcess, uid: str):
+    """As RabbitMQ's virtual host selector: the one chosen on a page is the one the next page's list shows (and
+    its declare form's), connections and channels included (those two had no filter: every vhost's showed)."""
+    page = ui.page
+    vhost = f"chosen-{uid}"
+    assert call(node, "PUT", f"/api/vhosts/{q(vhost)}", {}).status == 201
+    assert call(node, "PUT", f"/api/queues/{q(vhost)}/in-{uid}", {"durable": False}).status == 201
+    assert call(node, "PUT", f"/api/queues/%2F/out-{uid}", {"durable": False}).status == 201
+    inside = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.port, vhost, client_properties={"connection_name": f"in-{uid}"}, socket_timeout=10))
+    outside = amqp(node, f"out-{uid}")
+    try:
+        inside.channel()
+        outside.channel()
+        ui.go("#/queues")
+        expect(page.locator(f"a[data-queue='out-{uid}']")).to_have_count(1)
+        page.select_option("[data-filter=vhost]", vhost)
+        expect(page.locator(f"a[data-queue='out-{uid}']")).to_have_count(0)
+        expect(page.locator(f"a[data-queue='in-{uid}']")).to_have_count(1)
+        ui.go("#/exchanges")
+        expect(page.locator("[data-filter=vhost]")).to_have_value(vhost)
+        expect(page.locator("table[data-table=exchanges] tbody tr td[data-col=vhost]", has_text="/")).to_have_count(0)
+        expect(page.locator("#ex-vhost")).to_have_value(vhost)
+        ui.go("#/connections")
+        expect(page.locator("[data-filter=vhost]")).to_have_value(vhost)
+        expect(page.locator("table[data-table=connections] tbody tr")).to_have_count(1)
+        expect(page.locator("table[data-table=connections] tbody")).to_contain_text(f"in-{uid}")
+        ui.go("#/channels")
+        expect(page.locator("[data-filter=vhost]")).to_have_value(vhost)
+        expect(page.locator("table[data-table=channels] tbody td[data-col=vhost]")).to_have_text([vhost])
+        page.select_option("[data-filter=vhost]", "")
+        expect(page.locator("table[data-table=channels] tbody td[data-col=vhost]", has_text="/")).not_to_have_count(0)
+    finally:
+        inside.close()
+        outside.close()
+        assert call(node, "DELETE", f"/api/queues/%2F/out-{uid}").status == 204
+        assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
 def test_an_amqp10_connection_page_shows_its_sessions_and_links(ui: UI, node: BrokerProcess, uid: str):
     from proton.utils import BlockingConnection
 

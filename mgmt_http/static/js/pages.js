@@ -14,12 +14,17 @@
   function pageHead(title, ...rest) {
     return h("div.page-head", h("h1", title), ...rest);
   }
+  // One virtual host chosen for every page's lists and forms, as with RabbitMQ's selector: kept for the tab.
+  const VHOST_KEY = "warren.vhost";
+  const chosenVhost = () => sessionStorage.getItem(VHOST_KEY) || "";
   function vhostFilter(onChange) {
-    const sel = h("select", { "data-filter": "vhost", "aria-label": "Virtual host", on: { change: () => onChange() } });
+    const sel = h("select", { "data-filter": "vhost", "aria-label": "Virtual host", on: { change: () => {
+      sessionStorage.setItem(VHOST_KEY, sel.value);
+      onChange();
+    } } });
     const fill = (vhosts) => {
-      const cur = sel.value;
       replace(sel, h("option", { value: "" }, "All virtual hosts"), vhosts.map((v) => h("option", { value: v.name }, v.name)));
-      sel.value = vhosts.some((v) => v.name === cur) ? cur : "";
+      sel.value = vhosts.some((v) => v.name === chosenVhost()) ? chosenVhost() : "";
     };
     return { el: sel, fill, get value() { return sel.value; } };
   }
@@ -38,7 +43,7 @@
   }
   function vhostSelect(attrs) {
     const names = (W.state.vhosts || [{ name: "/" }]).map((v) => v.name);
-    return W.select(attrs, names, names.includes("/") ? "/" : names[0]);
+    return W.select(attrs, names, names.includes(chosenVhost()) ? chosenVhost() : names.includes("/") ? "/" : names[0]);
   }
   function exchangePath(vhost, name) { return `${enc(vhost)}/${enc(name === "" ? DEFAULT_EX : name)}`; }
   function exchangeLink(vhost, name) {
@@ -147,6 +152,7 @@
   /* ====================== Connections ====================== */
   pages.connections = function () {
     const count = countLabel();
+    const vf = vhostFilter(() => page.refresh());
     const table = W.dataTable("connections", [
       { key: "name", label: "Name", render: (c) => connectionLink(c.name, c.user_provided_name ? [c.user_provided_name, " ", h("span.muted", `(${c.name})`)] : c.name) },
       { key: "vhost", label: "Virtual host" },
@@ -165,9 +171,12 @@
     }
     const page = {
       el: h("div", pageHead("Connections"), h("section.panel",
-        h("div.panel-head", h("h2", "All connections"), count.el, h("span.spacer"), h("div.filter-bar", searchBox(table))),
+        h("div.panel-head", h("h2", "All connections"), count.el, h("span.spacer"), h("div.filter-bar", vf.el, searchBox(table))),
         h("div.panel-body.flush", table.el))),
-      async refresh() { table.update(await api("GET", "connections")); },
+      async refresh() {
+        vf.fill(await vhostNames());
+        table.update(await api("GET", vf.value ? `vhosts/${enc(vf.value)}/connections` : "connections"));
+      },
     };
     return page;
   };
@@ -264,6 +273,7 @@
   /* ====================== Channels ====================== */
   pages.channels = function () {
     const count = countLabel();
+    const vf = vhostFilter(() => page.refresh());
     const table = W.dataTable("channels", [
       { key: "name", label: "Channel" },
       { key: "vhost", label: "Virtual host" },
@@ -279,12 +289,16 @@
       { key: "deliver_rate", label: "Deliver / get", num: true, value: (c) => rate(c, "deliver_get"), render: (c) => fmtRate(rate(c, "deliver_get")) },
       { key: "ack_rate", label: "Ack", num: true, value: (c) => rate(c, "ack"), render: (c) => fmtRate(rate(c, "ack")) },
     ], { empty: "No open channels.", filterFields: ["name", "user"], onRender: (s, t) => count.set(s, t) });
-    return {
+    const page = {
       el: h("div", pageHead("Channels"), h("section.panel",
-        h("div.panel-head", h("h2", "All channels"), count.el, h("span.spacer"), h("div.filter-bar", searchBox(table))),
+        h("div.panel-head", h("h2", "All channels"), count.el, h("span.spacer"), h("div.filter-bar", vf.el, searchBox(table))),
         h("div.panel-body.flush", table.el))),
-      async refresh() { table.update(await api("GET", "channels")); },
+      async refresh() {
+        vf.fill(await vhostNames());
+        table.update(await api("GET", vf.value ? `vhosts/${enc(vf.value)}/channels` : "channels"));
+      },
     };
+    return page;
   };
 
   /* ====================== Exchanges ====================== */
