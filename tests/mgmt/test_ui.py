@@ -307,6 +307,28 @@ def test_queue_declare_publish_peek_get_move_purge_delete(ui: UI, node: BrokerPr
     assert call(node, "GET", f"/api/queues/%2F/{q(target)}").status == 404
 
 
+def test_an_action_that_succeeds_takes_down_the_last_ones_refusal(ui: UI, node: BrokerProcess, uid: str):
+    """A refused declare, corrected and sent again: the page shows that it worked, and no longer the refusal
+    (it stayed up beside the success, as if the second declare had been refused too)."""
+    page = ui.page
+    name = f"retried-{uid}"
+    ui.go("#/queues")
+    page.fill("#q-name", name)
+    page.select_option("#q-durable", "false")
+    page.click("#queue-form [data-hint=x-max-length]")
+    page.keyboard.type("-1")
+    page.click("#q-add")
+    expect(page.locator("#banners .banner-error")).to_contain_text("x-max-length")
+    assert [e for e in ui.errors if "400 (Bad Request)" not in e] == []  # only the browser noting the refusal
+    ui.errors.clear()
+    page.locator("#queue-form [data-kv-value]").first.fill("10")
+    page.click("#q-add")
+    ui.success(f"Queue {name} declared")
+    expect(page.locator("#banners .banner-error")).to_have_count(0)
+    assert api_get(node, f"/api/queues/%2F/{q(name)}")["arguments"] == {"x-max-length": 10}
+    assert call(node, "DELETE", f"/api/queues/%2F/{q(name)}").status == 204
+
+
 def test_queue_argument_hints_are_typed_and_consumers_show_activity(ui: UI, node: BrokerProcess, uid: str):
     page = ui.page
     name = f"hinted-{uid}"

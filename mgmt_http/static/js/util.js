@@ -156,7 +156,7 @@ window.W = window.W || {};
       h("button.close", { type: "button", title: "Dismiss", "aria-label": "Dismiss", on: { click: () => el.remove() } }, "×"));
     // one error banner at a time, newest first
     if (kind === "error") box.querySelectorAll(".banner-error").forEach((b) => b.remove());
-    box.querySelectorAll(".banner-success,.banner-info").forEach((b) => b.remove());
+    box.querySelectorAll(".banner-success,.banner-info,.banner-warn").forEach((b) => b.remove());
     box.prepend(el);
     if (timeout) setTimeout(() => el.remove(), timeout);
     return el;
@@ -177,6 +177,8 @@ window.W = window.W || {};
     if (button) button.disabled = true;
     try {
       const result = await fn();
+      // done: an earlier action's refusal no longer stands (a page's failing refresh says so again itself)
+      document.querySelectorAll("#banners .banner-error:not([data-refresh])").forEach((b) => b.remove());
       if (successMessage) showSuccess(typeof successMessage === "function" ? successMessage(result) : successMessage);
       return result;
     } catch (err) {
