@@ -236,6 +236,37 @@ def test_overview_charts_draw_and_follow_the_broker(ui: UI, node: BrokerProcess,
     expect(queued).to_have_attribute("aria-label", re.compile(r"Total 0\b"))
 
 
+def test_overview_lists_nodes_with_their_alarms_for_monitoring_users(browser: Browser, start_broker, uid: str):
+    """As RabbitMQ's overview: for users who may monitor, each node's descriptors, memory and disk against their
+    watermarks, an alarm marked; a management user's overview has no Nodes (nor asks for /api/nodes)."""
+    node = start_broker("--disk-free-limit", str(1 << 60))  # more than any disk has free: the disk alarm is on
+    user = f"mgmt-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": "management"}).status == 201
+    assert call(node, "PUT", f"/api/permissions/%2F/{q(user)}", {"configure": ".*", "write": ".*",
+                                                                 "read": ".*"}).status == 201
+    for who, password in (("guest", "guest"), (user, "pw")):
+        context = browser.new_context()
+        context.set_default_timeout(TIMEOUT_MS)
+        try:
+            session = UI(context.new_page(), node)
+            session.login(who, password)
+            row = session.page.locator("table[data-table=nodes] tbody tr")
+            if who == "guest":
+                expect(row).to_have_count(1)
+                expect(row.locator("td[data-col=name]")).to_have_text(api_get(node, "/api/overview")["node"])
+                expect(row.locator("td[data-col=disk_free] [data-alarm]")).to_have_text("disk alarm")
+                expect(row.locator("td[data-col=disk_free]")).to_contain_text("low watermark")
+                expect(row.locator("td[data-col=mem_used] [data-alarm]")).to_have_count(0)
+                expect(row.locator("td[data-col=mem_used]")).to_contain_text("high watermark")
+                expect(row.locator("td[data-col=uptime]")).to_have_text(re.compile(r"^\d+m \d+s$"))
+            else:
+                expect(session.page.locator("#nodes")).to_be_hidden()
+                assert not [r for r in session.requests if r.endswith("/api/nodes")]
+            assert session.off_host() == [] and session.errors == [], (session.off_host(), session.errors)
+        finally:
+            context.close()
+
+
 # -- queues --------------------------------------------------------------------------------------
 
 

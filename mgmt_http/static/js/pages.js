@@ -99,9 +99,24 @@
       { key: "ip_address", label: "Bound to" },
       { key: "port", label: "Port", num: true, render: (r) => String(r.port) },
     ], { empty: "No listeners" });
+    // As RabbitMQ's overview, for monitoring users (GET /api/nodes is theirs): resources against their alarm limits.
+    const used = (n, key, total) => `${fmtNum(n[key])} / ${fmtNum(n[total])}`;
+    const alarm = (on, text) => (on ? h("span.tag.alarm", { "data-alarm": text }, text) : null);
+    const nodes = W.dataTable("nodes", [
+      { key: "name", label: "Name", render: (n) => h("span.mono", n.name) },
+      { key: "fd_used", label: "File descriptors", num: true, render: (n) => used(n, "fd_used", "fd_total") },
+      { key: "sockets_used", label: "Socket descriptors", num: true, render: (n) => used(n, "sockets_used", "sockets_total") },
+      { key: "mem_used", label: "Memory", num: true, render: (n) => [alarm(n.mem_alarm, "memory alarm"),
+        `${fmtBytes(n.mem_used)} / ${fmtBytes(n.mem_limit)} high watermark`] },
+      { key: "disk_free", label: "Disk space", num: true, render: (n) => [alarm(n.disk_free_alarm, "disk alarm"),
+        `${fmtBytes(n.disk_free)} free / ${fmtBytes(n.disk_free_limit)} low watermark`] },
+      { key: "uptime", label: "Uptime", num: true, render: (n) => fmtUptime(n.uptime) },
+      { key: "type", label: "Info", render: (n) => [h("span.tag", n.type), h("span.tag", { title: "Message rates" }, n.rates_mode)] },
+    ], { empty: "No nodes", rowKey: (n) => n.name });
+    const nodesPanel = h("section.panel", { id: "nodes", hidden: true }, h("div.panel-head", h("h2", "Nodes")), h("div.panel-body.flush", nodes.el));
     const el = h("div",
       pageHead("Overview", h("span.subtitle", "Totals, message rates and queue depths, refreshed live")),
-      cards,
+      cards, nodesPanel,
       h("div.grid-2",
         h("section.panel", h("div.panel-head", h("h2", "Message rates")), rates.el),
         h("section.panel", h("div.panel-head", h("h2", "Queued messages")), depth.el)),
@@ -139,6 +154,8 @@
           ["Management API", ov.management_version || ""],
         ]));
         listeners.update(ov.listeners || []);
+        nodesPanel.hidden = !W.isMonitor();
+        if (W.isMonitor()) nodes.update(await api("GET", "nodes"));
         const queues = await api("GET", "queues?columns=name,vhost,messages_ready,messages_unacknowledged,messages");
         const deepest = queues.filter((q) => (q.messages || 0) > 0)
           .sort((a, b) => (b.messages || 0) - (a.messages || 0))
@@ -148,6 +165,13 @@
       },
     };
   };
+
+  // As RabbitMQ's fmt_uptime: the two largest units.
+  function fmtUptime(ms) {
+    const s = Math.floor((ms || 0) / 1000);
+    const [d, hr, m] = [Math.floor(s / 86400), Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60)];
+    return d ? `${d}d ${hr}h` : hr ? `${hr}h ${m}m` : `${m}m ${s % 60}s`;
+  }
 
   /* ====================== Connections ====================== */
   pages.connections = function () {
