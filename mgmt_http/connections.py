@@ -252,11 +252,17 @@ async def list_vhost_channels(request: web.Request) -> web.Response:
 
 @routes.get("/api/channels/{name}")
 async def show_channel(request: web.Request) -> web.Response:
+    """One channel also lists its consumers (rabbit_mgmt_db's detail_channel_stats), found on its vhost's queues."""
     context = ctx(request)
+    name = request.match_info["name"]
     for channel in _channels(visible_connections(request)):
-        if channel_name(channel) == request.match_info["name"]:
+        if channel_name(channel) == name:
+            queues = list(context.vhost(channel.connection.vhost_name).queues.values())
+            consumers = [info for queue in queues for consumer in list(queue.consumers)
+                         if (info := consumer_info(consumer))["channel_details"]["name"] == name]
             # per-queue and per-exchange figures are empty, as RabbitMQ's in its (and Warren's) basic rates mode
-            return respond_one(request, dict(channel_info(context, channel), publishes=[], deliveries=[]))
+            return respond_one(request, dict(channel_info(context, channel), consumer_details=consumers,
+                                             publishes=[], deliveries=[]))
     raise not_found()
 
 

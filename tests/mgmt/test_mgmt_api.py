@@ -639,6 +639,9 @@ def test_connections_channels_consumers_and_forced_close(broker, uid):
     assert len(channels) == 1 and channels[0]["number"] == 1 and channels[0]["consumer_count"] == 1
     assert channels[0]["prefetch_count"] == 7 and "message_stats" in channels[0]
     assert call(broker, "GET", f"/api/connections/{q(name)}/channels").json[0]["name"] == channels[0]["name"]
+    detail = call(broker, "GET", f"/api/channels/{q(channels[0]['name'])}").json  # with its consumers, as RabbitMQ's
+    assert [(c["consumer_tag"], c["queue"]) for c in detail["consumer_details"]] == [(f"ctag-{uid}", {"name": uid,
+                                                                                                      "vhost": "/"})]
     consumers = [c for c in call(broker, "GET", "/api/consumers/%2F").json if c["queue"]["name"] == uid]
     assert consumers[0]["consumer_tag"] == f"ctag-{uid}" and consumers[0]["ack_required"] is True
     assert consumers[0]["channel_details"]["connection_name"] == name
