@@ -498,6 +498,44 @@ def test_one_virtual_host_chosen_filters_every_list(ui: UI, node: BrokerProcess,
         assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_channel_page_shows_its_details_and_consumers(ui: UI, node: BrokerProcess, uid: str):
+    """As RabbitMQ's channel page, reached from the channels list and from a queue's consumer: the channel's
+    connection, mode, prefetch and unacked count, and its consumers with their queues (there was no such page)."""
+    page = ui.page
+    queue = f"chan-{uid}"
+    with amqp(node, f"chan-{uid}") as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, auto_delete=False)
+        channel.basic_qos(prefetch_count=3)
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, b"held")
+        tag = channel.basic_consume(queue, lambda *_: None)
+        connection.process_data_events(time_limit=0.5)  # the message delivered, unacked
+        name = next(c["name"] for c in api_get(node, "/api/channels")
+                    if c["connection_details"]["name"] in
+                    [x["name"] for x in api_get(node, "/api/connections") if x.get("user_provided_name") == queue])
+        route = "#/channels/" + quote(name, safe="!*'()")  # as encodeURIComponent escapes it
+        ui.go(f"#/queues/%2F/{q(queue)}")
+        page.locator(f"table[data-table=queue-consumers] a[data-channel='{name}']").click()
+        ui.wait_for_page(route)
+        expect(page.locator("#main h1")).to_have_text(f"Channel {name}")
+        details = page.locator("#main table.kv").first
+        expect(details).to_contain_text("confirm")
+        expect(page.locator("[data-field=prefetch_count]")).to_have_text("3")
+        expect(page.locator("[data-field=messages_unacknowledged]")).to_have_text("1")
+        row = page.locator("table[data-table=channel-consumers] tbody tr")
+        expect(row).to_have_count(1)
+        expect(row.locator("td[data-col=consumer_tag]")).to_have_text(tag)
+        row.locator(f"a[data-queue='{queue}']").click()
+        ui.wait_for_page(f"#/queues/%2F/{q(queue)}")
+        ui.go("#/channels")
+        page.locator(f"table[data-table=channels] a[data-channel='{name}']").click()
+        ui.wait_for_page(route)
+        page.locator("#main table.kv a[data-connection]").click()
+        expect(page.locator("table[data-table=connection-channels] a[data-channel]")).to_have_text("1")
+        channel.queue_delete(queue)
+
+
 def test_an_amqp10_connection_page_shows_its_sessions_and_links(ui: UI, node: BrokerProcess, uid: str):
     from proton.utils import BlockingConnection
 

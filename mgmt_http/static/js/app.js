@@ -114,6 +114,7 @@
       if (!tab) { page = W.pages.overview(); active = "overview"; }
       else if (tab === "connections" && parts.length >= 2) { page = W.pages.connection(parts.slice(1).join("/")); active = tab; }
       else if (tab === "connections") { page = W.pages.connections(); active = tab; }
+      else if (tab === "channels" && parts.length >= 2) { page = W.pages.channel(parts.slice(1).join("/")); active = tab; }
       else if (tab === "channels") { page = W.pages.channels(); active = tab; }
       else if (tab === "exchanges" && parts.length >= 3) { page = W.pages.exchange(parts[1], parts.slice(2).join("/")); active = tab; }
       else if (tab === "exchanges") { page = W.pages.exchanges(); active = tab; }

@@ -55,6 +55,9 @@
   function connectionLink(name, label) {
     return h("a", { href: `#/connections/${enc(name)}`, "data-connection": name }, label || name);
   }
+  function channelLink(name, label) {
+    return h("a", { href: `#/channels/${enc(name)}`, "data-channel": name }, label || name);
+  }
   // Policy names link to the policies page for those who may see it.
   function policyName(name) {
     return W.isPolicymaker() ? h("a", { href: "#/admin/policies", "data-policy": name }, name) : name;
@@ -228,7 +231,7 @@
     const tlsInfo = h("div", { id: "connection-tls" });
     const props = h("div");
     const channels = W.dataTable("connection-channels", [
-      { key: "number", label: "Channel", num: true },
+      { key: "number", label: "Channel", num: true, render: (c) => channelLink(c.name, String(c.number)) },
       { key: "state", label: "State", render: (c) => h("span.tag" + (c.state === "running" ? ".ok" : ".warn"), c.state) },
       { key: "prefetch_count", label: "Prefetch", num: true },
       { key: "consumer_count", label: "Consumers", num: true },
@@ -299,7 +302,7 @@
     const count = countLabel();
     const vf = vhostFilter(() => page.refresh());
     const table = W.dataTable("channels", [
-      { key: "name", label: "Channel" },
+      { key: "name", label: "Channel", render: (c) => channelLink(c.name) },
       { key: "vhost", label: "Virtual host" },
       { key: "user", label: "User" },
       { key: "mode", label: "Mode", value: (c) => (c.confirm ? "C" : "") + (c.transactional ? "T" : ""),
@@ -323,6 +326,46 @@
       },
     };
     return page;
+  };
+
+  /* ====================== Channel detail ====================== */
+  pages.channel = function (name) {
+    const info = h("div");
+    const rates = h("div");
+    const consumers = W.dataTable("channel-consumers", [
+      { key: "consumer_tag", label: "Consumer tag", render: (c) => h("span.mono", c.consumer_tag) },
+      { key: "queue", label: "Queue", value: (c) => c.queue.name, render: (c) => queueLink(c.queue.vhost, c.queue.name) },
+      { key: "ack_required", label: "Ack required" },
+      { key: "exclusive", label: "Exclusive" },
+      { key: "prefetch_count", label: "Prefetch count", num: true },
+      { key: "activity_status", label: "Activity status", render: (c) => h("span.tag" + (c.active ? ".ok" : ""), activityLabel(c.activity_status)) },
+      { key: "arguments", label: "Arguments", sortable: false, render: (c) => Object.keys(c.arguments || {}).length ? h("span.mono", JSON.stringify(c.arguments)) : "" },
+    ], { sortKey: "consumer_tag", empty: "No consumers.", rowKey: (c) => c.consumer_tag });
+    return {
+      el: h("div",
+        pageHead(h("span", h("span.muted", "Channel "), name), h("span.spacer"), h("a", { href: "#/channels" }, "← All channels")),
+        h("div.grid-2",
+          h("section.panel", h("div.panel-head", h("h2", "Details")), h("div.panel-body", info)),
+          h("section.panel", h("div.panel-head", h("h2", "Message rates")), h("div.panel-body", rates))),
+        h("section.panel", { id: "channel-consumers" }, h("div.panel-head", h("h2", "Consumers")), h("div.panel-body.flush", consumers.el))),
+      async refresh() {
+        const c = await api("GET", `channels/${enc(name)}`);
+        replace(info, W.kvTable([
+          ["Connection", connectionLink(c.connection_details.name)], ["Virtual host", c.vhost], ["User", c.user],
+          ["Node", h("span.mono", c.node || "")],
+          ["State", h("span.tag" + (c.state === "running" ? ".ok" : ".warn"), c.state)],
+          ["Mode", [c.confirm ? h("span.tag", "confirm") : null, c.transactional ? h("span.tag", "transactional") : null,
+            c.confirm || c.transactional ? null : h("span.muted", "none")]],
+          ...[["Prefetch count", "prefetch_count"], ["Global prefetch count", "global_prefetch_count"],
+            ["Messages unacknowledged", "messages_unacknowledged"], ["Messages unconfirmed", "messages_unconfirmed"],
+            ["Messages uncommitted", "messages_uncommitted"], ["Acks uncommitted", "acks_uncommitted"],
+            ["Pending Raft commands", "pending_raft_commands"]].map(([label, key]) => [label, h("span", { "data-field": key }, fmtNum(c[key]))]),
+        ]));
+        replace(rates, W.kvTable([["Publish", "publish"], ["Confirm", "confirm"], ["Deliver / get", "deliver_get"],
+          ["Redelivered", "redeliver"], ["Ack", "ack"]].map(([label, stat]) => [label, fmtRate(rate(c, stat)) || "0.0/s"])));
+        consumers.update(c.consumer_details || []);
+      },
+    };
   };
 
   /* ====================== Exchanges ====================== */
@@ -607,7 +650,7 @@
     const bind = bindForm(vhost, { queue: name }, () => page.refresh());
     const consumers = W.dataTable("queue-consumers", [
       { key: "channel", label: "Channel", value: (c) => c.channel_details.name,
-        render: (c) => connectionLink(c.channel_details.connection_name, c.channel_details.name) },
+        render: (c) => channelLink(c.channel_details.name) },
       { key: "consumer_tag", label: "Consumer tag", render: (c) => h("span.mono", c.consumer_tag) },
       { key: "ack_required", label: "Ack required" },
       { key: "exclusive", label: "Exclusive" },
