@@ -756,6 +756,51 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_a_user_is_edited_in_place(ui: UI, node: BrokerProcess, uid: str):
+    """As RabbitMQ's "Update this user": the user's name and tags into the form, a password typed again or none,
+    the user's permissions left alone (there was no way to edit a user: adding them again with the password left
+    empty took their password away)."""
+    page = ui.page
+    user, vhost = f"edited-{uid}", f"edited-vh-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "old", "tags": "management"}).status == 201
+    assert call(node, "PUT", f"/api/vhosts/{q(vhost)}", {}).status == 201
+    assert call(node, "PUT", f"/api/permissions/{q(vhost)}/{q(user)}", {"configure": "", "write": "",
+                                                                         "read": "x"}).status == 201
+    try:
+        ui.go("#/admin/users")
+        row = page.locator(f"table[data-table=users] tbody tr[data-key='{user}']")
+        row.locator("[data-action=edit-user]").click()
+        expect(page.locator("#user-name")).to_have_value(user)
+        expect(page.locator("#user-tags")).to_have_value("management")
+        expect(page.locator("#user-password-mode")).to_have_value("password")
+        expect(page.locator("#user-grant")).not_to_be_checked()
+        page.click("#user-add")
+        expect(page.locator("#banners .banner-error")).to_contain_text("Please specify a password.")
+        assert call(node, "GET", "/api/whoami", auth=(user, "old")).status == 200  # nothing was sent
+
+        page.fill("#user-password", "new")
+        page.fill("#user-tags", "monitoring")
+        page.click("#user-add")
+        ui.success(f"User {user} updated")
+        expect(row).to_contain_text("monitoring")
+        assert call(node, "GET", "/api/whoami", auth=(user, "new")).status == 200
+        assert call(node, "GET", "/api/whoami", auth=(user, "old")).status == 401
+        assert api_get(node, f"/api/users/{q(user)}")["tags"] == ["monitoring"]
+        assert [(p["vhost"], p["read"]) for p in api_get(node, f"/api/users/{q(user)}/permissions")] == [(vhost, "x")]
+
+        row.locator("[data-action=edit-user]").click()
+        page.select_option("#user-password-mode", "none")
+        expect(page.locator("#user-password")).to_be_hidden()
+        page.click("#user-add")
+        ui.success(f"User {user} updated")
+        assert api_get(node, f"/api/users/{q(user)}")["password_hash"] == ""
+        row.locator("[data-action=edit-user]").click()
+        expect(page.locator("#user-password-mode")).to_have_value("none")
+    finally:
+        assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
+        assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
+
+
 def test_refused_action_keeps_the_session_and_changed_password_ends_it(browser: Browser, node: BrokerProcess,
                                                                        uid: str):
     user, vhost, queue = f"ro-{uid}", f"ro-vh-{uid}", f"keep-{uid}"

@@ -34,8 +34,10 @@
       { key: "tags", label: "Tags", value: (u) => (u.tags || []).join(","), render: (u) => (u.tags || []).length ? u.tags.map((t) => h("span.tag" + (t === "administrator" ? ".accent" : ""), t)) : h("span.muted", "no access to the management UI") },
       { key: "password", label: "Password", value: (u) => (u.password_hash ? 1 : 0), render: (u) => (u.password_hash ? "●●●●●●" : h("span.muted", "none")) },
       { key: "vhosts", label: "Can access", value: (u) => (perms[u.name] || []).join(","), render: (u) => (perms[u.name] || []).length ? perms[u.name].map((v) => h("span.tag", v)) : h("span.muted", "no virtual hosts") },
-      { key: "_actions", label: "", sortable: false, cls: "actions", render: (u) => h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "delete-user", disabled: u.name === W.auth.user(), title: u.name === W.auth.user() ? "You are logged in as this user" : null, on: { click: (e) => remove(e.target, u) } }, "Delete") },
-    ], { empty: "No users.", onRender: (s, t) => count.set(s, t) });
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (u) => [
+        h("button.btn.btn-sm", { type: "button", "data-action": "edit-user", on: { click: () => edit(u) } }, "Edit"),
+        h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "delete-user", disabled: u.name === W.auth.user(), title: u.name === W.auth.user() ? "You are logged in as this user" : null, on: { click: (e) => remove(e.target, u) } }, "Delete")] },
+    ], { empty: "No users.", rowKey: (u) => u.name, onRender: (s, t) => count.set(s, t) });
     let perms = {};
     async function remove(button, u) {
       if (!await W.confirmDialog("Delete user", ["Delete user ", h("b", u.name), "? Their connections stay open until they close."], "Delete")) return;
@@ -43,6 +45,9 @@
     }
     const name = h("input", { id: "user-name", name: "username", required: true, autocomplete: "off" });
     const password = h("input", { id: "user-password", name: "password", type: "password", autocomplete: "new-password" });
+    // As RabbitMQ's user forms: a password, or none (the user cannot log in with one); an update sets it afresh.
+    const passwordMode = W.select({ id: "user-password-mode", name: "has-password", on: { change: () => { password.hidden = passwordMode.value !== "password"; } } },
+      [["password", "Password"], ["none", "No password"]], "password");
     const tags = h("input", { id: "user-tags", name: "tags", placeholder: "comma-separated, e.g. management" });
     const quick = h("div.quick-add", h("span.muted.hint-group", "Set"), TAGS.map((t) => h("button", { type: "button", on: { click: () => {
       const cur = tags.value.split(",").map((s) => s.trim()).filter(Boolean);
@@ -50,23 +55,38 @@
       tags.value = cur.join(", ");
     } } }, t)));
     const grant = h("input", { type: "checkbox", id: "user-grant", checked: true });
-    const submit = h("button.btn.btn-primary", { type: "submit", id: "user-add" }, "Add user");
+    const submit = h("button.btn.btn-primary", { type: "submit", id: "user-add" }, "Add / update user");
     const form = h("form.form", { id: "user-form", on: { submit: async (e) => {
       e.preventDefault();
       const user = name.value.trim();
+      const existed = table.rows.some((u) => u.name === user);
       const ok = await act(submit, async () => {
         if (!user) throw new W.InputError("User name is required");
+        if (passwordMode.value === "password" && !password.value) throw new W.InputError("Please specify a password.");
         const body = { tags: tags.value.split(",").map((s) => s.trim()).filter(Boolean).join(",") };
-        if (password.value) body.password = password.value; else body.password_hash = "";
+        if (passwordMode.value === "password") body.password = password.value; else body.password_hash = "";
         await api("PUT", `users/${enc(user)}`, body);
         if (grant.checked) await api("PUT", `permissions/%2F/${enc(user)}`, { configure: ".*", write: ".*", read: ".*" });
         return true;
-      }, `User ${user} added.`, "Add user");
-      if (ok) { name.value = ""; password.value = ""; tags.value = ""; await refresh(); }
+      }, `User ${user} ${existed ? "updated" : "added"}.`, existed ? "Update user" : "Add user");
+      if (ok) { name.value = ""; password.value = ""; tags.value = ""; grant.checked = true; await refresh(); }
     } } },
-      W.field("Username", name), W.field("Password", password, "Leave empty for a user who cannot log in with a password"),
+      W.field("Username", name), W.field("Password", h("div", passwordMode, " ", password), "With no password, the user cannot log in with one"),
       W.field("Tags", h("div", tags, quick)), W.field("Permissions", h("label", grant, " Grant full permissions on the default virtual host \"/\"")),
       h("div.actions", submit));
+    const details = h("details.panel", { id: "add-user", open: true }, h("summary", "Add / update a user"), h("div.panel-body", form));
+    // Into the form: its name and tags; a password to type again, or none as now; its permissions left as they are.
+    function edit(u) {
+      name.value = u.name;
+      tags.value = (u.tags || []).join(", ");
+      passwordMode.value = u.password_hash ? "password" : "none";
+      password.value = "";
+      password.hidden = !u.password_hash;
+      grant.checked = false;
+      details.open = true;
+      details.scrollIntoView({ block: "start" });
+      (u.password_hash ? password : tags).focus();
+    }
     async function refresh() {
       const [users, permissions] = await Promise.all([api("GET", "users"), api("GET", "permissions")]);
       perms = {};
@@ -76,7 +96,7 @@
     return {
       el: h("div",
         h("section.panel", h("div.panel-head", h("h2", "Users"), count.el, h("span.spacer"), h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
-        h("details.panel", { id: "add-user", open: true }, h("summary", "Add a user"), h("div.panel-body", form))),
+        details),
       refresh,
     };
   };
