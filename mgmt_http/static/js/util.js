@@ -210,15 +210,21 @@ window.W = window.W || {};
 
   /* ---------- sortable table ---------- */
   const sortState = {};
+  const collator = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
+  // Rows shown a page at a time, as RabbitMQ's lists (100 by default): a thousand queues' rows, each
+  // refresh, kept the page from answering for a second or more.
+  const PAGE_SIZES = [100, 500, 1000];
   // columns: [{key, label, value(row) -> sortable, render(row) -> node|string, num, sortable=true, cls}]
   function dataTable(id, columns, options = {}) {
-    const state = sortState[id] || (sortState[id] = { key: options.sortKey || columns[0].key, dir: options.sortDir || 1 });
+    const state = sortState[id] || (sortState[id] = { key: options.sortKey || columns[0].key, dir: options.sortDir || 1,
+      page: 1, size: PAGE_SIZES[0] });
     const wrap = h("div.table-wrap");
     const table = h("table.data", { "data-table": id });
     const thead = h("thead");
     const tbody = h("tbody");
+    const pager = h("div.pager", { "data-pager": id, hidden: true });
     table.append(thead, tbody);
-    wrap.append(table);
+    wrap.append(table, pager);
     let rows = [];
     let filter = "";
     const colValue = (col, row) => (col.value ? col.value(row) : get(row, col.key));
@@ -238,7 +244,21 @@ window.W = window.W || {};
       if (a === undefined || a === null || a === "") return -1;
       if (b === undefined || b === null || b === "") return 1;
       if (typeof a === "number" && typeof b === "number") return a - b;
-      return String(a).localeCompare(String(b), undefined, { numeric: true, sensitivity: "base" });
+      return collator.compare(String(a), String(b));
+    }
+    function renderPager(count) {
+      const pages = Math.max(1, Math.ceil(count / state.size));
+      pager.hidden = count <= PAGE_SIZES[0];
+      if (pager.hidden) return;
+      const go = (n) => ({ click: () => { state.page = n; render(); } });
+      const first = (state.page - 1) * state.size;
+      replace(pager,
+        h("span.muted", { "data-page-range": "" }, `${fmtNum(first + 1)}–${fmtNum(Math.min(first + state.size, count))} of ${fmtNum(count)}`),
+        h("label.muted", "Rows per page ", select({ "data-page-size": "", on: { change: (e) => { state.size = Number(e.target.value); state.page = 1; render(); } } },
+          PAGE_SIZES.map((n) => [String(n), String(n)]), String(state.size))),
+        h("button.btn.btn-sm", { type: "button", "data-page": "previous", disabled: state.page <= 1, on: go(state.page - 1) }, "‹ Previous"),
+        h("span", { "data-page-of": "" }, `Page ${fmtNum(state.page)} of ${fmtNum(pages)}`),
+        h("button.btn.btn-sm", { type: "button", "data-page": "next", disabled: state.page >= pages, on: go(state.page + 1) }, "Next ›"));
     }
     function render() {
       renderHead();
@@ -250,6 +270,10 @@ window.W = window.W || {};
         shown = rows.filter((r) => fields.some((k) => String(get(r, k, "")).toLowerCase().includes(f)));
       }
       shown = shown.slice().sort((a, b) => state.dir * compare(colValue(col, a), colValue(col, b)));
+      state.page = Math.min(state.page, Math.max(1, Math.ceil(shown.length / state.size)));
+      renderPager(shown.length);
+      const total = shown.length;
+      shown = shown.slice((state.page - 1) * state.size, state.page * state.size);
       if (!shown.length) {
         replace(tbody, h("tr", h("td.empty", { colspan: columns.length }, rows.length ? "No rows match the filter." : (options.empty || "Nothing here yet."))));
       } else {
@@ -259,7 +283,7 @@ window.W = window.W || {};
             return h("td" + (c.num ? ".num" : "") + (c.cls ? "." + c.cls : ""), { "data-col": c.key }, content);
           }))));
       }
-      if (options.onRender) options.onRender(shown.length, rows.length);
+      if (options.onRender) options.onRender(total, rows.length);
     }
     function fmtCell(v) {
       if (typeof v === "number") return fmtNum(v);
@@ -271,7 +295,7 @@ window.W = window.W || {};
     return {
       el: wrap,
       update(newRows) { rows = newRows || []; render(); },
-      setFilter(f) { filter = f; render(); },
+      setFilter(f) { filter = f; state.page = 1; render(); },
       get rows() { return rows; },
     };
   }
