@@ -1000,7 +1000,8 @@ def test_limits_page_sets_and_clears_vhost_and_user_limits(ui: UI, node: BrokerP
         page.select_option("#vhost-limit-name", "max-queues")
         page.fill("#vhost-limit-value", "many")
         page.click("#vhost-limit-set")
-        expect(page.locator("#banners .banner-error")).to_contain_text('max-queues should be a number, actually was "many"')
+        expect(page.locator("#banners .banner-error")).to_contain_text(
+            'max-queues should be a number, actually was "many"')
         page.fill("#vhost-limit-value", "3")
         page.click("#vhost-limit-set")
         ui.success(f"Limit max-queues of {vhost} set")
