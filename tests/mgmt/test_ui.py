@@ -840,6 +840,31 @@ def test_a_user_is_edited_in_place(ui: UI, node: BrokerProcess, uid: str):
         assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_a_user_without_a_management_tag_is_refused_with_rabbitmqs_reason(browser: Browser, node: BrokerProcess,
+                                                                         uid: str):
+    """A user with no tag the UI admits gets RabbitMQ's reason (rabbit_mgmt_util's "Not management user"), not
+    "wrong password", and stays on the login form; a wrong password says so."""
+    user = f"plain-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": ""}).status == 201
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        session = UI(context.new_page(), node)
+        page = session.page
+        page.goto(session.base)
+        for password, message in (("pw", f"{user} may not log in here: Not management user"),
+                                  ("nope", "Wrong username or password.")):
+            page.fill("#login-username", user)
+            page.fill("#login-password", password)
+            page.click("#login-submit")
+            expect(page.locator("#login-error")).to_have_text(message)
+            expect(page.locator("#app-view")).to_be_hidden()
+        assert [e for e in session.errors if "401 (Unauthorized)" not in e] == []  # the browser notes the 401s
+    finally:
+        context.close()
+    assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
+
+
 def test_refused_action_keeps_the_session_and_changed_password_ends_it(browser: Browser, node: BrokerProcess,
                                                                        uid: str):
     user, vhost, queue = f"ro-{uid}", f"ro-vh-{uid}", f"keep-{uid}"
