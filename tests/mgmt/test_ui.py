@@ -795,6 +795,44 @@ def test_users_and_permissions(ui: UI, browser: Browser, node: BrokerProcess, ui
     assert call(node, "DELETE", f"/api/vhosts/{q(vhost)}").status == 204
 
 
+def test_topic_permissions_are_set_and_cleared(ui: UI, node: BrokerProcess, uid: str):
+    """Topic permissions, as on RabbitMQ's user page: set per (user, vhost, exchange), listed, cleared; the broker
+    applies them to a publish (there was no way to see or set them in the UI)."""
+    page = ui.page
+    user = f"topic-{uid}"
+    assert call(node, "PUT", f"/api/users/{q(user)}", {"password": "pw", "tags": ""}).status == 201
+    assert call(node, "PUT", f"/api/permissions/%2F/{q(user)}", {"configure": ".*", "write": ".*",
+                                                                 "read": ".*"}).status == 201
+    try:
+        ui.go("#/admin/permissions")
+        page.select_option("#topic-user", user)
+        page.select_option("#topic-vhost", "/")
+        expect(page.locator("#topic-exchange")).to_have_value("amq.topic")
+        page.fill("#topic-write", "^orders\\.")
+        page.fill("#topic-read", "^$")
+        page.click("#topic-set")
+        ui.success(f"Topic permission of {user} on amq.topic in / set")
+        row = page.locator("table[data-table=topic-permissions] tbody tr", has_text=user)
+        expect(row.locator("td[data-col=write]")).to_have_text("^orders\\.")
+        assert api_get(node, f"/api/topic-permissions/%2F/{q(user)}") == [
+            {"user": user, "vhost": "/", "exchange": "amq.topic", "write": "^orders\\.", "read": "^$"}]
+        credentials = pika.PlainCredentials(user, "pw")
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port, credentials=credentials,
+                                                               socket_timeout=10)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()  # each publish waits for its answer
+            channel.basic_publish("amq.topic", "orders.new", b"allowed")
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                channel.basic_publish("amq.topic", "invoices.new", b"refused")
+            assert refused.value.reply_code == 403
+        row.locator("[data-action=clear-topic-permission]").click()  # as its permissions' Clear: no dialog
+        ui.success(f"Topic permission of {user} on amq.topic in / cleared")
+        expect(row).to_have_count(0)
+        assert call(node, "GET", f"/api/topic-permissions/%2F/{q(user)}").status == 404
+    finally:
+        assert call(node, "DELETE", f"/api/users/{q(user)}").status == 204
+
+
 def test_a_user_is_edited_in_place(ui: UI, node: BrokerProcess, uid: str):
     """As RabbitMQ's "Update this user": the user's name and tags into the form, a password typed again or none,
     the user's permissions left alone (there was no way to edit a user: adding them again with the password left

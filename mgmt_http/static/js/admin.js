@@ -170,21 +170,59 @@
       W.field("User", user), W.field("Virtual host", vhost),
       W.field("Configure regexp", configure), W.field("Write regexp", write), W.field("Read regexp", read),
       h("div.actions", submit));
+
+    // Topic permissions (RabbitMQ's user page): routing key patterns per topic exchange.
+    const topicCount = W.countLabel();
+    const topicTable = W.dataTable("topic-permissions", [
+      { key: "user", label: "User", render: (p) => h("b", p.user) },
+      { key: "vhost", label: "Virtual host" },
+      { key: "exchange", label: "Exchange" },
+      { key: "write", label: "Write", render: (p) => h("span.mono", p.write) },
+      { key: "read", label: "Read", render: (p) => h("span.mono", p.read) },
+      { key: "_actions", label: "", sortable: false, cls: "actions", render: (p) => h("button.btn.btn-sm.btn-danger", { type: "button", "data-action": "clear-topic-permission", on: { click: (e) => clearTopic(e.target, p) } }, "Clear") },
+    ], { empty: "No topic permissions set.", filterFields: ["user", "vhost", "exchange"], onRender: (s, t) => topicCount.set(s, t) });
+    async function clearTopic(button, p) {
+      await act(button, async () => { await api("DELETE", `topic-permissions/${enc(p.vhost)}/${enc(p.user)}/${enc(p.exchange)}`); await refresh(); },
+        `Topic permission of ${p.user} on ${p.exchange} in ${p.vhost} cleared.`, "Clear topic permission");
+    }
+    const topicUser = h("select", { id: "topic-user", name: "user" });
+    const topicVhost = h("select", { id: "topic-vhost", name: "vhost" });
+    const topicExchange = h("input", { id: "topic-exchange", name: "exchange", value: "amq.topic", required: true });
+    const topicWrite = h("input", { id: "topic-write", value: ".*" });
+    const topicRead = h("input", { id: "topic-read", value: ".*" });
+    const topicSubmit = h("button.btn.btn-primary", { type: "submit", id: "topic-set" }, "Set topic permission");
+    const topicForm = h("form.form", { id: "topic-form", on: { submit: async (e) => {
+      e.preventDefault();
+      const ok = await act(topicSubmit, async () => {
+        await api("PUT", `topic-permissions/${enc(topicVhost.value)}/${enc(topicUser.value)}`,
+          { exchange: topicExchange.value, write: topicWrite.value, read: topicRead.value });
+        return true;
+      }, `Topic permission of ${topicUser.value} on ${topicExchange.value} in ${topicVhost.value} set.`, "Set topic permission");
+      if (ok) await refresh();
+    } } },
+      W.field("User", topicUser), W.field("Virtual host", topicVhost), W.field("Exchange", topicExchange, "A topic exchange"),
+      W.field("Write regexp", topicWrite, "Routing keys the user may publish with"),
+      W.field("Read regexp", topicRead, "Routing keys the user may bind with"), h("div.actions", topicSubmit));
     function fill(sel, names) {
       const cur = sel.value;
       replace(sel, names.map((n) => h("option", { value: n }, n)));
       if (names.includes(cur)) sel.value = cur;
     }
     async function refresh() {
-      const [permissions, users, vhosts] = await Promise.all([api("GET", "permissions"), api("GET", "users"), W.vhostNames()]);
-      fill(user, users.map((u) => u.name));
-      fill(vhost, vhosts.map((v) => v.name));
+      const [permissions, topic, users, vhosts] = await Promise.all([api("GET", "permissions"), api("GET", "topic-permissions"),
+        api("GET", "users"), W.vhostNames()]);
+      for (const sel of [user, topicUser]) fill(sel, users.map((u) => u.name));
+      for (const sel of [vhost, topicVhost]) fill(sel, vhosts.map((v) => v.name));
       table.update(permissions);
+      topicTable.update(topic);
     }
     return {
       el: h("div",
         h("section.panel", h("div.panel-head", h("h2", "Permissions"), count.el, h("span.spacer"), h("div.filter-bar", W.searchBox(table))), h("div.panel-body.flush", table.el)),
-        h("details.panel", { id: "set-permission", open: true }, h("summary", "Set permission"), h("div.panel-body", form))),
+        h("details.panel", { id: "set-permission", open: true }, h("summary", "Set permission"), h("div.panel-body", form)),
+        h("section.panel", { id: "topic-permissions" }, h("div.panel-head", h("h2", "Topic permissions"), topicCount.el, h("span.spacer"),
+          h("div.filter-bar", W.searchBox(topicTable))), h("div.panel-body.flush", topicTable.el)),
+        h("details.panel", { id: "set-topic-permission", open: true }, h("summary", "Set topic permission"), h("div.panel-body", topicForm))),
       refresh,
     };
   };
