@@ -16,8 +16,8 @@ from amqp_server.logs import untrusted
 from amqp_server.frontend.front_end import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
-from . import federation, parameters, permissions, policies, queues, quorum_members, shovels, streams, users, vhosts
-from . import expect, forward, offsets
+from . import federation, parameters, permissions, policies, queues, quorum_members, rebalance, shovels, streams, users
+from . import expect, forward, offsets, vhosts
 from .auth import auth_middleware
 from .csrf import csrf_middleware
 from .context import KEY, Context
@@ -28,8 +28,10 @@ from .rates import DEFAULT_INTERVAL, Sampler
 log = logging.getLogger("warren.mgmt")
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 STATIC_DIR_KEY = web.AppKey("static_dir", str)  # the directory served, where it exists
+SHADOWS_KEY = web.AppKey("shadows", dict)  # literal API paths a pattern fits too: their own methods
 RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
-             bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation, streams)
+             bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation, streams,
+             rebalance)
 HEADLESS = (limits,)  # rabbit_mgmt_wm_limits and _user_limits allow GET and OPTIONS only: HEAD is 405 there
 
 
@@ -85,15 +87,23 @@ async def security_headers(request: web.Request,
 async def options_middleware(request: web.Request,
                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """OPTIONS on the API, without a login: cowboy_rest's 200 with the resource's allowed methods (a path no
-    resource has is the UI's files: GET, HEAD)."""
+    resource has is the UI's files: GET, HEAD).  Another method a literal path does not allow is its 405, not
+    the request of the pattern it also fits (``_shadows``)."""
     if request.method != "OPTIONS" or not request.path.startswith("/api/"):
+        shadowing = request.app[SHADOWS_KEY].get(request.path)
+        if shadowing is not None and request.method not in shadowing:
+            return web.Response(status=405, headers={"Allow": ",".join(sorted(shadowing))})
         return await handler(request)
     allowed = (await _allowed_methods(request) or {"GET", "HEAD"}) | {"OPTIONS"}
     return web.Response(headers={"Allow": ", ".join(m for m in METHOD_ORDER if m in allowed)})
 
 
 async def _allowed_methods(request: web.Request) -> set[str]:
-    """The methods the API resources matching the request's path allow."""
+    """The methods the API resources matching the request's path allow: a literal path's own, where a pattern
+    fits it too."""
+    shadowing = request.app[SHADOWS_KEY].get(request.path)
+    if shadowing is not None:
+        return set(shadowing)
     allowed: set[str] = set()
     for resource in request.app.router.resources():
         if not isinstance(resource, web.StaticResource):
@@ -107,6 +117,19 @@ def _as_json_error(request: web.Request, response: web.StreamResponse) -> web.Re
     if response.status == 405:  # a bare 405, as RabbitMQ's
         return web.Response(status=405, headers={"Allow": response.headers.get("Allow", "")})
     return error_response(response.status, response.reason or "error", response.reason or "error")
+
+
+def _shadows(router: web.UrlDispatcher) -> dict[str, frozenset[str]]:
+    """The API's literal paths that a pattern fits too, with their methods.  RabbitMQ's dispatcher (cowboy_router)
+    lists each before the pattern (``/users/bulk-delete``, ``/users/without-permissions`` before ``/users/:user``),
+    so a method it does not allow is its 405; aiohttp would try the pattern's routes next (PUT
+    /api/users/bulk-delete made a user of that name)."""
+    patterns = [info["pattern"] for resource in router.resources()
+                if isinstance(resource, web.DynamicResource) and "pattern" in (info := resource.get_info())]
+    return {resource.canonical: frozenset(route.method for route in resource)
+            for resource in router.resources()
+            if isinstance(resource, web.PlainResource) and resource.canonical.startswith("/api/")
+            and any(pattern.fullmatch(resource.canonical) for pattern in patterns)}
 
 
 async def _index(request: web.Request) -> web.FileResponse:
@@ -140,6 +163,7 @@ def create_app(broker: Broker, config: Any, sample_interval: float = DEFAULT_INT
                     app.router.add_route(method, path, route.handler, expect_handler=expect.defer, **route.kwargs)
     forward.setup(app)
     offsets.add_routes(app)  # the Spark bridge: queue contents by offset as Arrow (mgmt_http/offsets.py)
+    app[SHADOWS_KEY] = _shadows(app.router)
     if static_dir and os.path.isdir(static_dir):
         app[STATIC_DIR_KEY] = static_dir
         if os.path.exists(os.path.join(static_dir, "index.html")):

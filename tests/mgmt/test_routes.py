@@ -263,3 +263,36 @@ def test_limits_answer_get_not_head(broker, path):
     assert call(broker, "GET", path).status == 200
     assert call(broker, "HEAD", path).status == 405
     assert call(broker, "OPTIONS", path, auth=None).headers["Allow"] == "GET, OPTIONS"
+
+
+@pytest.mark.parametrize("path, allowed, refused", [
+    ("/api/users/bulk-delete", "POST, OPTIONS", ("GET", "HEAD", "PUT", "DELETE")),
+    ("/api/users/without-permissions", "HEAD, GET, OPTIONS", ("PUT", "DELETE")),
+])
+def test_literal_path_before_its_pattern(broker, path, allowed, refused):
+    """rabbit_mgmt_dispatcher lists /users/bulk-delete and /users/without-permissions before /users/:user, so
+    cowboy_router gives them their own resource (rabbit_mgmt_wm_users_bulk_delete, rabbit_mgmt_wm_users): another
+    method is its 405, never the user resource's (no user of that name made, shown or deleted)."""
+    name = path.rsplit("/", 1)[1]
+    for method in refused:
+        body = {"password": "pw", "tags": ""} if method == "PUT" else None
+        response = call(broker, method, path, body)
+        assert (response.status, response.raw) == (405, b""), (method, response.status, response.raw)
+        assert set(response.headers["Allow"].split(",")) == set(allowed.split(", ")) - {"OPTIONS"}
+    assert name not in {u["name"] for u in call(broker, "GET", "/api/users").json}
+    assert call(broker, "OPTIONS", path, auth=None).headers["Allow"] == allowed
+    assert call(broker, "OPTIONS", "/api/users/someone", auth=None).headers["Allow"] == \
+        "HEAD, GET, PUT, DELETE, OPTIONS"
+
+
+def test_rebalance_queues(broker, uid):
+    """POST /api/rebalance/queues (rabbit_mgmt_wm_rebalance_queues): administrators only; it spawns
+    rabbit_amqqueue:rebalance and answers 204 with no body whatever it moves (on one node nothing: each node's
+    share is every queue); POST is its only method."""
+    response = call(broker, "POST", "/api/rebalance/queues", {"anything": "ignored"})
+    assert (response.status, response.raw) == (204, b"")
+    assert assert_error(call(broker, "POST", "/api/rebalance/queues", {},
+                             auth=_user(broker, f"rebal-{uid}", "monitoring")), 401)["reason"] == \
+        "Not administrator user"
+    assert call(broker, "GET", "/api/rebalance/queues").status == 405
+    assert call(broker, "OPTIONS", "/api/rebalance/queues", auth=None).headers["Allow"] == "POST, OPTIONS"
