@@ -24,7 +24,7 @@ from ..frontend import auth_mechanisms
 from ..framing import codec, file_out
 from ..access_control import Principal, loopback_refused
 from ..frontend.front_end import (EVERY_REASON, FLOW, FRAMES_PER_TURN, LEADERLESS, STOPPED, WAITING, Complaints,
-                                  FrontEnd, Registry, read_buffer)
+                                  FrontEnd, ListedPublisher, ListedSubscription, Registry, read_buffer)
 from ..memory import MEMORY_CHECK_BYTES
 from ..publisher_flow import LEADER_WAITS, PublisherFlow
 from ..errors import AMQPError, ConnectionError
@@ -809,6 +809,12 @@ class Connection(FrontEnd, asyncio.BufferedProtocol):
 
     def listed_sessions(self) -> None:
         return None
+
+    def listed_publishers(self) -> list[ListedPublisher]:
+        return []
+
+    def listed_subscriptions(self) -> list[ListedSubscription]:
+        return []
 
     def message_stats(self) -> Iterable[MessageStats]:
         return [channel.stats for channel in self.channels.values()]

@@ -23,7 +23,8 @@ from ..frontend import auth_mechanisms
 from ..framing import file_out
 from ..framing.file_out import Part
 from ..access_control import loopback_refused
-from ..frontend.front_end import FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedSession, Registry
+from ..frontend.front_end import (FLOW, FRAMES_PER_TURN, STOPPED, WAITING, Complaints, FrontEnd, ListedPublisher,
+                                  ListedSession, ListedSubscription, Registry)
 from ..logs import untrusted
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
@@ -563,6 +564,12 @@ class Amqp10Connection(FrontEnd):
 
     def listed_sessions(self) -> list[ListedSession]:
         return [session.listed() for session in self.sessions.values()]
+
+    def listed_publishers(self) -> list[ListedPublisher]:
+        return []
+
+    def listed_subscriptions(self) -> list[ListedSubscription]:
+        return []
 
     def message_stats(self) -> Iterable[MessageStats]:
         return [session.stats for session in self.sessions.values()]

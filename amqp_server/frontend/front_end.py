@@ -292,6 +292,34 @@ class ListedSession:
     outgoing: list[ListedLink] = field(default_factory=list)  # links the node sends on
 
 
+@dataclass
+class ListedPublisher:
+    """A stream-protocol publisher as the HTTP API lists it (rabbitmq_stream_management's publishers; the counts
+    rabbit_stream_reader keeps of it: messages published to it, confirmed, and refused with a publish error)."""
+
+    id: int
+    reference: str
+    stream: str
+    published: int
+    confirmed: int
+    errored: int
+
+
+@dataclass
+class ListedSubscription:
+    """A stream-protocol subscription as the HTTP API lists it (rabbitmq_stream_management's consumers):
+    ``offset`` is the first offset of the chunk last sent (where it attached, before one is sent),
+    ``offset_lag`` the newest chunk's first offset (-1 with none) less it, as rabbit_stream_reader counts them."""
+
+    id: int
+    stream: str
+    credits: int
+    consumed: int
+    offset: int
+    offset_lag: int
+    properties: dict[str, str]
+
+
 class ListedChannel(Protocol):
     """A client's channel as the management API lists it (``channel.Channel``)."""
 
@@ -405,6 +433,12 @@ class ClientConnection(Protocol):
 
     def listed_sessions(self) -> list[ListedSession] | None:
         """Its AMQP 1.0 sessions; None for a protocol without them (the API's 400)."""
+
+    def listed_publishers(self) -> list[ListedPublisher]:
+        """Its stream publishers (a protocol without them has none)."""
+
+    def listed_subscriptions(self) -> list[ListedSubscription]:
+        """Its stream subscriptions (a protocol without them has none)."""
 
     def message_stats(self) -> Iterable[MessageStats]:
         """The message counters of its live channels or sessions (or its own): what ``Registry.fold`` is given of

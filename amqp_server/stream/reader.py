@@ -33,7 +33,8 @@ from ..access_control import loopback_refused
 from ..errors import AMQPError
 from ..frontend import auth_mechanisms
 from ..framing.file_out import FileRange, Part, direct_socket, read_rest, write_direct
-from ..frontend.front_end import FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd
+from ..frontend.front_end import (FLOW, FRAMES_PER_TURN, WAITING, Complaints, FrontEnd, ListedPublisher,
+                                  ListedSubscription)
 from ..logs import untrusted
 from ..publisher_flow import DISK
 from ..stats import MessageStats
@@ -97,22 +98,37 @@ AWAIT_LOGIN, AWAIT_TUNE, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
 
 
 class StreamPublisher:
-    __slots__ = ("id", "reference", "stream")
+    __slots__ = ("id", "reference", "stream", "published", "confirmed", "errored")
 
     def __init__(self, publisher_id: int, reference: str, stream: StreamQueue) -> None:
         self.id = publisher_id
         self.reference = reference  # with one, deduplicated against the stream's last id for it (``writers``)
         self.stream = stream
+        self.published = self.confirmed = self.errored = 0  # messages, as rabbit_stream_reader counts them
+
+    def listed(self) -> ListedPublisher:
+        return ListedPublisher(self.id, self.reference, self.stream.name, self.published, self.confirmed,
+                               self.errored)
 
 
 class Subscription:
-    __slots__ = ("id", "stream", "offset", "credit")
+    __slots__ = ("id", "stream", "offset", "credit", "properties", "consumed", "chunk")
 
-    def __init__(self, subscription_id: int, stream: StreamQueue, offset: int, credit: int) -> None:
+    def __init__(self, subscription_id: int, stream: StreamQueue, offset: int, credit: int,
+                 properties: dict[str, str]) -> None:
         self.id = subscription_id
         self.stream = stream
         self.offset = offset  # the next offset to send
         self.credit = credit  # chunks it may still be sent
+        self.properties = properties  # as the client subscribed with them
+        self.consumed = 0  # messages sent
+        self.chunk = offset  # the first offset of the chunk last sent (where it attached, before one)
+
+    def listed(self) -> ListedSubscription:
+        stream_log = self.stream.log
+        committed = stream_log.last_chunk if stream_log.next else -1  # (osiris: the newest chunk's id, -1 for none)
+        return ListedSubscription(self.id, self.stream.name, self.credit, self.consumed, self.chunk,
+                                  committed - self.chunk, self.properties)
 
 
 class StreamConnection(FrontEnd):
@@ -218,6 +234,12 @@ class StreamConnection(FrontEnd):
 
     def listed_sessions(self) -> None:
         return None
+
+    def listed_publishers(self) -> list[ListedPublisher]:
+        return [publisher.listed() for publisher in self.publishers.values()]
+
+    def listed_subscriptions(self) -> list[ListedSubscription]:
+        return [subscription.listed() for subscription in self.subscriptions.values()]
 
     def message_stats(self) -> Iterable[MessageStats]:
         return (self.stats,)
@@ -623,7 +645,7 @@ class StreamConnection(FrontEnd):
         publisher_id = fields.u8()
         count = fields.count(12)
         self.stats.publish += count
-        publisher = self.publishers.get(publisher_id)
+        publisher = self._counted(publisher_id, count)
         if not self.publishing:
             self.publishing = True
             self.flow.publishing(self)
@@ -690,6 +712,14 @@ class StreamConnection(FrontEnd):
         if ids:
             self._to_confirm(publisher, struct.pack(f">{len(ids)}Q", *ids))
 
+    def _counted(self, publisher_id: int, count: int) -> StreamPublisher | None:
+        """The frame's publisher if it was declared, its ``count`` messages counted published (rabbit_stream_reader
+        counts them as the frame comes, whether they are written or refused)."""
+        publisher = self.publishers.get(publisher_id)
+        if publisher is not None:
+            publisher.published += count
+        return publisher
+
     def _write_uniform(self, publisher: StreamPublisher, stream: StreamQueue, count: int, ids: bytes, data: bytes,
                        size: int, last: int, dedup: bool) -> None:
         """A frame ``_uniform`` took apart: its ``count`` entries of ``size`` bytes in the chunks osiris's writer
@@ -746,6 +776,9 @@ class StreamConnection(FrontEnd):
             stream.log.wrote(publisher.reference, last)
 
     def _publish_errors(self, publisher_id: int, errors: list[tuple[int, int]]) -> None:
+        publisher = self.publishers.get(publisher_id)
+        if publisher is not None:
+            publisher.errored += len(errors)
         body = core.u8(publisher_id) + core.u32(len(errors)) + b"".join(
             core.u64(pid) + core.u16(code) for pid, code in errors)
         self.send(core.frame(core.PUBLISH_ERROR, body))
@@ -779,6 +812,7 @@ class StreamConnection(FrontEnd):
             self.out.append(_CONFIRM_HEAD.pack(9 + len(ids), core.PUBLISH_CONFIRM, 1, publisher.id, len(ids) // 8))
             self.out.append(ids)
             self.stats.confirm += len(ids) // 8
+            publisher.confirmed += len(ids) // 8
         self._confirms.clear()
 
     # -- consuming ----------------------------------------------------------------------------
@@ -795,7 +829,7 @@ class StreamConnection(FrontEnd):
         else:
             raise MalformedFrame("unknown offset specification")
         credit = fields.u16()
-        fields.properties()  # (single-active-consumer, super-stream: RabbitMQ 3.11; 3.10 ignores them)
+        properties = fields.properties()  # (single-active-consumer, super-stream: RabbitMQ 3.11; 3.10 lists them)
         fields.done()
         try:  # in rabbit_stream_reader's order: permission, the stream, the id
             stream = self.manager.for_("read", self.vhost_name, name, self._who())
@@ -811,7 +845,8 @@ class StreamConnection(FrontEnd):
         else:
             ms = min(max(value, 0), _LAST_MS)  # (any i64 is taken, as RabbitMQ takes it)
             start = stream.attach_at(datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc))
-        subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit)
+        subscription = self.subscriptions[subscription_id] = Subscription(subscription_id, stream, start, credit,
+                                                                                  properties)
         stream.listeners[self] = None
         self.send(core.response(core.SUBSCRIBE, correlation, core.OK))
         self._pending[subscription] = None
@@ -898,12 +933,15 @@ class StreamConnection(FrontEnd):
             if len(run) == 1:
                 chunk_id, _ts, pos, records, size, _whole, _body = run[0].item()
                 self._send_chunk(_DELIVER_HEAD.pack(size + 5, core.DELIVER, 1, subscription.id), fd, pos, size)
-                self.stats.deliver_no_ack += records
+                sent_records = records
             else:
                 self._send_run(subscription.id, fd, run)
                 chunk_id, records = int(run[-1]["id"]), int(run[-1]["records"])
                 size = int(sizes[:len(run)].sum())
-                self.stats.deliver_no_ack += int(run["records"].sum())
+                sent_records = int(run["records"].sum())
+            self.stats.deliver_no_ack += sent_records
+            subscription.consumed += sent_records
+            subscription.chunk = chunk_id
             subscription.offset = chunk_id + records
             subscription.credit -= len(run)
             chunks += len(run)

@@ -296,3 +296,93 @@ def test_rebalance_queues(broker, uid):
         "Not administrator user"
     assert call(broker, "GET", "/api/rebalance/queues").status == 405
     assert call(broker, "OPTIONS", "/api/rebalance/queues", auth=None).headers["Allow"] == "POST, OPTIONS"
+
+
+PUBLISHER_FIELDS = {"publisher_id", "reference", "published", "confirmed", "errored", "queue", "connection_details"}
+CONSUMER_FIELDS = {"subscription_id", "credits", "consumed", "offset", "offset_lag", "properties", "queue",
+                   "connection_details"}
+
+
+def test_stream_publishers_and_consumers(stream_node, uid):
+    """rabbitmq_stream_management's /api/stream/publishers[/{vhost}[/{stream}]], /api/stream/consumers[/{vhost}]
+    and /api/stream/connections/{vhost}/{name}/publishers|consumers: rabbit_stream_metrics' rows (a publisher's
+    id, reference and published/confirmed/errored counts; a subscription's id, credits, messages consumed, the
+    first offset of the chunk last sent, its lag behind the newest chunk, its properties) with their stream and
+    connection_details.  The listings are for any management user, a monitoring user's whole, another's those of
+    its own connections; a vhost or stream not there is 404; a connection's are its owner's or a monitoring user's
+    (rabbit_mgmt_wm_connection:conn: found by name alone)."""
+    rstream = pytest.importorskip("rstream")
+    owner = _user(stream_node, f"sowner-{uid}", "management")
+    other = _user(stream_node, f"sother-{uid}", "management")
+    monitor = _user(stream_node, f"smon-{uid}", "monitoring")
+    stream = f"pc-{uid}"
+    node = call(stream_node, "GET", "/api/overview").json["node"]
+
+    def mine(path: str, who=GUEST) -> list:
+        return [row for row in call(stream_node, "GET", path, auth=who).json
+                if row["connection_details"]["user"] == owner[0]]
+
+    async def scenario() -> None:
+        producer = rstream.Producer("127.0.0.1", port=stream_node.stream_port, username=owner[0],
+                                    password=owner[1])
+        consumer = rstream.Consumer("127.0.0.1", port=stream_node.stream_port, username=owner[0],
+                                    password=owner[1])
+        await producer.start()
+        await consumer.start()
+        got: list = []
+        try:
+            await producer.create_stream(stream, exists_ok=True)
+            for body in (b"a", b"b", b"c"):
+                await producer.send_wait(stream, rstream.AMQPMessage(body=body), publisher_name=f"ref-{uid}")
+            await consumer.subscribe(stream, lambda message, context: got.append(bytes(message)),
+                                     properties={"purpose": "probe"},
+                                     offset_specification=rstream.ConsumerOffsetSpecification(
+                                         rstream.OffsetType.FIRST))
+            for _ in range(100):
+                if len(got) == 3:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(got) == 3
+
+            [publisher] = mine("/api/stream/publishers")
+            assert set(publisher) == PUBLISHER_FIELDS
+            assert (publisher["reference"], publisher["published"], publisher["confirmed"], publisher["errored"],
+                    publisher["queue"]) == (f"ref-{uid}", 3, 3, 0, {"name": stream, "vhost": "/"})
+            details = publisher["connection_details"]
+            assert (set(details), details["node"]) == ({"name", "user", "node", "peer_host", "peer_port"}, node)
+            [consumer_row] = mine("/api/stream/consumers")
+            assert set(consumer_row) == CONSUMER_FIELDS
+            assert (consumer_row["consumed"], consumer_row["offset"], consumer_row["offset_lag"],
+                    consumer_row["queue"]) == (3, 2, 0, {"name": stream, "vhost": "/"})
+            assert consumer_row["properties"]["purpose"] == "probe"
+            assert isinstance(consumer_row["credits"], int) and isinstance(consumer_row["subscription_id"], int)
+
+            assert mine("/api/stream/publishers/%2F") == [publisher]
+            assert mine(f"/api/stream/publishers/%2F/{q(stream)}") == [publisher]
+            assert mine("/api/stream/consumers/%2F") == [consumer_row]
+            assert mine("/api/stream/publishers", monitor) == [publisher]
+            assert mine("/api/stream/publishers", owner) == [publisher]
+            assert call(stream_node, "GET", "/api/stream/publishers", auth=other).json == []
+            assert call(stream_node, "GET", "/api/stream/consumers", auth=other).json == []
+            for path in ("/api/stream/publishers/nosuch", f"/api/stream/publishers/%2F/nosuch-{uid}",
+                         f"/api/stream/publishers/nosuch/{q(stream)}", "/api/stream/consumers/nosuch"):
+                assert call(stream_node, "GET", path).status == 404, path
+
+            by_connection = f"/api/stream/connections/%2F/{q(details['name'])}"
+            assert call(stream_node, "GET", by_connection + "/publishers", auth=owner).json == [publisher]
+            assert call(stream_node, "GET", by_connection + "/publishers", auth=monitor).json == [publisher]
+            assert_error(call(stream_node, "GET", by_connection + "/publishers", auth=other), 401)
+            consumed_on = q(consumer_row["connection_details"]["name"])
+            assert call(stream_node, "GET", f"/api/stream/connections/any/{consumed_on}/consumers").json == \
+                [consumer_row]
+            assert call(stream_node, "GET", f"/api/stream/connections/%2F/nosuch-{uid}/consumers").status == 404
+        finally:
+            await consumer.close()
+            await producer.close()
+        for _ in range(100):
+            if not mine("/api/stream/publishers") and not mine("/api/stream/consumers"):
+                break
+            await asyncio.sleep(0.1)
+        assert mine("/api/stream/publishers") == mine("/api/stream/consumers") == []
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
