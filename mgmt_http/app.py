@@ -17,7 +17,7 @@ from amqp_server.frontend.front_end import Unauthenticated
 
 from . import bindings, connections, definitions, exchanges, global_parameters, health, limits, metrics, overview
 from . import federation, parameters, permissions, policies, queues, quorum_members, rebalance, shovels, streams, users
-from . import expect, forward, offsets, vhosts
+from . import expect, forward, node_memory, offsets, vhosts
 from .auth import auth_middleware
 from .csrf import csrf_middleware
 from .context import KEY, Context
@@ -31,7 +31,7 @@ STATIC_DIR_KEY = web.AppKey("static_dir", str)  # the directory served, where it
 SHADOWS_KEY = web.AppKey("shadows", dict)  # literal API paths a pattern fits too: their own methods
 RESOURCES = (overview, health, users, vhosts, permissions, limits, global_parameters, policies, connections, exchanges,
              bindings, queues, quorum_members, definitions, metrics, parameters, shovels, federation, streams,
-             rebalance)
+             rebalance, node_memory)
 HEADLESS = (limits,)  # rabbit_mgmt_wm_limits and _user_limits allow GET and OPTIONS only: HEAD is 405 there
 
 

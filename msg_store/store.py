@@ -112,6 +112,11 @@ class MessageStore:
         self._doomed: list[Segment] = []  # deleted segments: their files go (or become spares) at the next sync
         self._spares: deque[Segment] = deque()  # deleted segments whose files wait to be written again
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bodies it holds in memory: read back and cached, or written and not flushed to a segment yet."""
+        return int(self.cache.currsize) + len(self._tail)
+
     # -- recovery -----------------------------------------------------------------------------
 
     def recover(self) -> float:

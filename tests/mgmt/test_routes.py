@@ -10,7 +10,7 @@ import pika
 import pytest
 
 from conftest import node_fixture
-from support import GUEST, assert_error, call, q
+from support import GUEST, assert_error, call, publish_to, q
 
 
 def _user(broker, name: str, tags: str) -> tuple[str, str]:
@@ -386,3 +386,52 @@ def test_stream_publishers_and_consumers(stream_node, uid):
         assert mine("/api/stream/publishers") == mine("/api/stream/consumers") == []
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+MEMORY_CATEGORIES = {  # rabbit_vm:memory/0's
+    "connection_readers", "connection_writers", "connection_channels", "connection_other", "queue_procs",
+    "queue_slave_procs", "quorum_queue_procs", "quorum_queue_dlx_procs", "stream_queue_procs",
+    "stream_queue_replica_reader_procs", "stream_queue_coordinator_procs", "plugins", "other_proc", "metrics",
+    "mgmt_db", "mnesia", "quorum_ets", "other_ets", "binary", "msg_index", "code", "atom", "other_system",
+    "allocated_unused", "reserved_unallocated"}
+
+
+def test_node_memory(broker, uid):
+    """GET /api/nodes/{node}/memory[/relative] (rabbit_mgmt_wm_node_memory): monitoring users; rabbit_vm:memory/0's
+    categories, ``strategy`` and ``total``, or each in percent of the RSS (``total`` 100); another node 404.
+    The bodies a classic or quorum queue holds show as queue_procs and quorum_queue_procs, and the categories
+    add up to the RSS."""
+    node = call(broker, "GET", "/api/overview").json["node"]
+    path = f"/api/nodes/{q(node)}/memory"
+
+    def memory() -> dict:
+        found = call(broker, "GET", path).json["memory"]
+        assert set(found) == MEMORY_CATEGORIES | {"strategy", "total"} and found["strategy"] == "rss"
+        assert set(found["total"]) == {"erlang", "rss", "allocated"} and found["total"]["rss"] > 0
+        assert all(isinstance(found[key], int) and found[key] >= 0 for key in MEMORY_CATEGORIES)
+        assert sum(found[key] for key in MEMORY_CATEGORIES) == found["total"]["rss"]
+        return found
+
+    before = memory()
+    classic, quorum = f"mem-classic-{uid}", f"mem-quorum-{uid}"
+    assert call(broker, "PUT", f"/api/queues/%2F/{classic}", {}).status == 201
+    assert call(broker, "PUT", f"/api/queues/%2F/{quorum}", {"durable": True,
+                                                              "arguments": {"x-queue-type": "quorum"}}).status == 201
+    try:
+        publish_to(broker, classic, [b"x" * (1 << 20)] * 4)
+        publish_to(broker, quorum, [b"x" * 1000] * 2000)  # (bodies that large would be left in its store)
+        held = memory()
+        assert held["queue_procs"] - before["queue_procs"] >= 4 << 20
+        assert held["quorum_queue_procs"] - before["quorum_queue_procs"] >= 500_000  # (the head of it, at least)
+        shares = call(broker, "GET", path + "/relative").json["memory"]
+        assert set(shares) == MEMORY_CATEGORIES | {"total"} and shares["total"] == 100
+        assert all(isinstance(shares[key], int) and 0 <= shares[key] <= 100 for key in MEMORY_CATEGORIES)
+        assert shares["queue_procs"] >= 1 and shares["quorum_queue_procs"] >= 1
+    finally:
+        for queue in (classic, quorum):
+            assert call(broker, "DELETE", f"/api/queues/%2F/{queue}").status == 204
+    assert memory()["queue_procs"] <= held["queue_procs"] - (4 << 20)
+    assert assert_error(call(broker, "GET", path, auth=_user(broker, f"mem-{uid}", "management")), 401)["reason"] == \
+        "Not monitor user"
+    assert call(broker, "GET", "/api/nodes/nosuch@nowhere/memory").status == 404
+    assert call(broker, "GET", "/api/nodes/nosuch@nowhere/memory/relative").status == 404
