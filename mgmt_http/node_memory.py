@@ -28,7 +28,6 @@ CATEGORIES = (  # rabbit_vm:memory/0's, in its order
     "stream_queue_replica_reader_procs", "stream_queue_coordinator_procs", "plugins", "other_proc", "metrics",
     "mgmt_db", "mnesia", "quorum_ets", "other_ets", "binary", "msg_index", "code", "atom", "other_system",
     "allocated_unused", "reserved_unallocated")
-QUEUE_CATEGORIES = {"classic": "queue_procs", "quorum": "quorum_queue_procs"}
 
 
 def breakdown(context: Context) -> dict[str, Any]:
@@ -40,9 +39,7 @@ def breakdown(context: Context) -> dict[str, Any]:
                                          for connection in list(context.clients.connections)
                                          if connection.transport is not None)
     for queue in _queues(broker):
-        category = QUEUE_CATEGORIES.get(queue.type.name)
-        if category is not None and not queue.remote:
-            measured[category] += queue.held_bytes
+        measured[queue.type.memory_category] += queue.type.held_bytes(queue)
     stores = (broker.persistence.store, broker.pager.store)
     measured["msg_index"] = sum(store.index.memory() for store in stores)
     measured["binary"] = sum(store.buffered_bytes for store in stores)

@@ -91,6 +91,7 @@ class QueueType:
     unsupported_policies: ClassVar[frozenset[str]] = frozenset()
     capabilities: ClassVar[frozenset[str]] = frozenset()
     queue_class: ClassVar[Callable[..., Any]]  # the class that holds its messages on the node it lives on
+    memory_category: ClassVar[str]  # rabbit_vm:memory/0's category of its queues (the HTTP API's node memory)
 
     def delete_checks(self, name: str, vhost: str, if_unused: bool, if_empty: bool) -> bool:
         """Whether queue.delete's if-unused and if-empty are checked on a queue of this type (and its delete-ok
@@ -191,6 +192,10 @@ class QueueType:
         """A durable queue of this type is given its type's storage on this node: its entries indexed by seq in
         the shared persistence (a type that keys or keeps its messages otherwise hands it its own)."""
         queue.rows = storage.persistence
+
+    def held_bytes(self, queue: Any) -> int:
+        """Bytes of message bodies ``queue`` holds in this node's memory (a proxy of another node's holds none)."""
+        return 0 if queue.remote else queue.held_bytes
 
     def describe(self, queue: Any, view: HttpView, info: dict[str, Any]) -> None:
         """The fields this type adds to the HTTP API's view of ``queue`` (of this node, or a proxy of another

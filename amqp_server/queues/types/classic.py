@@ -10,6 +10,7 @@ from ..queue_type import EXCLUSIVE_CONSUME, GLOBAL_QOS, NACK, PAGING, TRANSIENT,
 
 class Classic(QueueType):
     name = "classic"
+    memory_category = "queue_procs"
     apply_to = "classic_queues"
     # Quorum and stream arguments RabbitMQ refuses on a classic queue (rabbit_classic_queue's capabilities lack
     # them).  x-queue-leader-locator is not among them: classic queues take it from RabbitMQ 3.12 on, and cluster

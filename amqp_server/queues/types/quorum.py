@@ -17,6 +17,7 @@ from .classic import byte_fields, memory_fields
 
 class Quorum(QueueType):
     name = "quorum"
+    memory_category = "quorum_queue_procs"
     apply_to = "quorum_queues"
     # Arguments RabbitMQ 3.10 refuses on a quorum queue (rabbit_quorum_queue's capabilities lack them).
     refused_arguments = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-max-age", "x-initial-cluster-size",

@@ -15,6 +15,7 @@ from ..stream_queue import StreamQueue
 
 class Stream(QueueType):
     name = "stream"
+    memory_category = "stream_queue_procs"
     apply_to = "streams"
     # Arguments RabbitMQ 3.10 refuses on a stream (rabbit_stream_queue's capabilities lack them).
     refused_arguments = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
