@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
@@ -21,7 +21,7 @@ from . import expect, forward, node_memory, offsets, vhosts
 from .auth import auth_middleware
 from .csrf import csrf_middleware
 from .context import KEY, Context
-from .gate import GatedSite, ServerLog
+from .gate import GatedSite, ServerLog, let_next_head
 from .http import HTTPError, error_response, from_amqp
 from .rates import DEFAULT_INTERVAL, Sampler
 
@@ -39,11 +39,11 @@ HEADLESS = (limits,)  # rabbit_mgmt_wm_limits and _user_limits allow GET and OPT
 async def error_middleware(request: web.Request,
                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Every error leaves as RabbitMQ's ``{"error", "reason"}`` JSON; nothing escapes as a bare 500."""
-    if request.path.startswith("/api/") and isinstance(request.match_info.route.resource, web.StaticResource):
-        allowed = await _allowed_methods(request)
-        if allowed:  # an API resource, not for this method: it fell through to the UI's files (GET, HEAD)
-            return web.Response(status=405, headers={"Allow": ",".join(sorted(allowed))})
-        return error_response(404, "Object Not Found", "Not Found")  # no API route: not a UI file either
+    if request.path.startswith("/api/") and request.method != "OPTIONS":
+        refused = await _refused_method(request)
+        if refused is not None:
+            let_next_head(request)  # (answered without a login)
+            return refused
     try:
         response = await handler(request)
         if response.status >= 400 and request.path.startswith("/api/") and response.content_type != "application/json":
@@ -87,15 +87,40 @@ async def security_headers(request: web.Request,
 async def options_middleware(request: web.Request,
                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """OPTIONS on the API, without a login: cowboy_rest's 200 with the resource's allowed methods (a path no
-    resource has is the UI's files: GET, HEAD).  Another method a literal path does not allow is its 405, not
-    the request of the pattern it also fits (``_shadows``)."""
+    resource has is the UI's files: GET, HEAD)."""
     if request.method != "OPTIONS" or not request.path.startswith("/api/"):
-        shadowing = request.app[SHADOWS_KEY].get(request.path)
-        if shadowing is not None and request.method not in shadowing:
-            return web.Response(status=405, headers={"Allow": ",".join(sorted(shadowing))})
         return await handler(request)
-    allowed = (await _allowed_methods(request) or {"GET", "HEAD"}) | {"OPTIONS"}
-    return web.Response(headers={"Allow": ", ".join(m for m in METHOD_ORDER if m in allowed)})
+    return web.Response(headers={"Allow": _allow(await _allowed_methods(request) or UI_FILES)})
+
+
+UI_FILES = frozenset({"GET", "HEAD"})  # what a path no API resource has allows: the UI's files (cowboy_static)
+
+
+def _allow(methods: Iterable[str]) -> str:
+    """An ``Allow`` header as cowboy_rest writes a resource's allowed_methods: OPTIONS among them."""
+    allowed = {*methods, "OPTIONS"}
+    return ", ".join(m for m in METHOD_ORDER if m in allowed)
+
+
+async def _refused_method(request: web.Request) -> web.Response | None:
+    """What cowboy_rest answers before it asks who is asking (is_authorized): 405 for a method the path's resource
+    does not allow (a literal path's own, not the pattern's it also fits: ``_shadows``), 404 for a GET or HEAD of
+    a path no API resource has that fell through to the UI's files; None for a request to serve."""
+    match = request.match_info
+    shadowing = request.app[SHADOWS_KEY].get(request.path)
+    if shadowing is not None:
+        if request.method in shadowing:
+            return None
+        allowed: set[str] | frozenset[str] = shadowing
+    elif isinstance(match.route.resource, web.StaticResource):
+        allowed = await _allowed_methods(request)
+        if not allowed:
+            return error_response(404, "Object Not Found", "Not Found")
+    elif match.http_exception is not None and match.http_exception.status == 405:
+        allowed = await _allowed_methods(request) or UI_FILES
+    else:
+        return None
+    return web.Response(status=405, headers={"Allow": _allow(allowed)})
 
 
 async def _allowed_methods(request: web.Request) -> set[str]:

@@ -8,7 +8,6 @@ A user with none of these tags may not use the API.  As RabbitMQ's plugin, both 
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from amqp_server.broker import Broker
 
 from . import expect
 from .context import ctx
-from .gate import gate_of
+from .gate import gate_of, let_next_head
 from .http import HTTPError, not_authorised, not_found
 
 REALM = 'Basic realm="RabbitMQ Management"'
@@ -123,8 +122,7 @@ def auth_middleware(broker: Broker, loopback_only_guest: bool, metrics_auth: boo
                 await expect.proceed(request, ctx(request).config.mgmt_max_body_size)
             return await handler(request)
         finally:
-            if gate is not None and not gate.open:  # the answer is written within this loop turn, then read on
-                asyncio.get_running_loop().call_soon(gate.answered)
+            let_next_head(request)
 
     return middleware
 

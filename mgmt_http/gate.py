@@ -154,6 +154,14 @@ def gate_of(request: web.Request) -> Gate | None:
     return protocol if isinstance(protocol, Gate) else None
 
 
+def let_next_head(request: web.Request) -> None:
+    """The request is answered: if its connection has not logged in, its next head may come once the answer is
+    written (within this loop turn)."""
+    gate = gate_of(request)
+    if gate is not None and not gate.open:
+        asyncio.get_running_loop().call_soon(gate.answered)
+
+
 class GatedSite(web.BaseSite):
     """aiohttp's TCPSite, its connections made through a :class:`Gate` counted in one ``handshakes``."""
 

@@ -3,6 +3,8 @@ call, with RabbitMQ's methods, codes and shapes, over HTTP against a real node."
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import time
 import urllib.request
 
@@ -276,9 +278,10 @@ def test_literal_path_before_its_pattern(broker, path, allowed, refused):
     name = path.rsplit("/", 1)[1]
     for method in refused:
         body = {"password": "pw", "tags": ""} if method == "PUT" else None
-        response = call(broker, method, path, body)
-        assert (response.status, response.raw) == (405, b""), (method, response.status, response.raw)
-        assert set(response.headers["Allow"].split(",")) == set(allowed.split(", ")) - {"OPTIONS"}
+        for auth in (GUEST, None):
+            response = call(broker, method, path, body, auth=auth)
+            assert (response.status, response.headers["Allow"], response.raw) == (405, allowed, b""), \
+                (method, auth, response.status, response.raw)
     assert name not in {u["name"] for u in call(broker, "GET", "/api/users").json}
     assert call(broker, "OPTIONS", path, auth=None).headers["Allow"] == allowed
     assert call(broker, "OPTIONS", "/api/users/someone", auth=None).headers["Allow"] == \
@@ -294,7 +297,7 @@ def test_rebalance_queues(broker, uid):
     assert assert_error(call(broker, "POST", "/api/rebalance/queues", {},
                              auth=_user(broker, f"rebal-{uid}", "monitoring")), 401)["reason"] == \
         "Not administrator user"
-    assert call(broker, "GET", "/api/rebalance/queues").status == 405
+    assert call(broker, "GET", "/api/rebalance/queues").headers["Allow"] == "POST, OPTIONS"
     assert call(broker, "OPTIONS", "/api/rebalance/queues", auth=None).headers["Allow"] == "POST, OPTIONS"
 
 
@@ -435,3 +438,28 @@ def test_node_memory(broker, uid):
         "Not monitor user"
     assert call(broker, "GET", "/api/nodes/nosuch@nowhere/memory").status == 404
     assert call(broker, "GET", "/api/nodes/nosuch@nowhere/memory/relative").status == 404
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("PUT", "/api/overview", "HEAD, GET, OPTIONS"),
+    ("GET", "/api/exchanges/%2F/amq.direct/publish", "POST, OPTIONS"),
+    ("DELETE", "/api/vhost-limits", "GET, OPTIONS"),
+    ("PUT", "/api/no-such-resource", "HEAD, GET, OPTIONS"),
+])
+def test_a_method_not_allowed_is_405_before_any_login(broker, method, path, allowed):
+    """cowboy_rest asks allowed_methods before is_authorized: a method the resource does not allow is 405, its
+    allowed methods in ``Allow`` as cowboy writes them, with or without credentials (a path no API resource has
+    is the UI's files: cowboy_static's GET and HEAD); the connection then takes its next request, logged in."""
+    for auth in (GUEST, None):
+        response = call(broker, method, path, auth=auth)
+        assert (response.status, response.headers["Allow"], response.raw) == (405, allowed, b""), auth
+    connection = http.client.HTTPConnection("127.0.0.1", broker.mgmt_port, timeout=10)
+    try:
+        connection.request(method, path)
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (405, b"")
+        connection.request("GET", "/api/whoami", headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+        answer = connection.getresponse()
+        assert (answer.status, json.loads(answer.read())["name"]) == (200, "guest")
+    finally:
+        connection.close()
