@@ -102,20 +102,24 @@ def consumer_info(context: Context, connection: ClientConnection, consumer: List
             "connection_details": _details(context, connection)}
 
 
+def _publishers(context: Context, connection: ClientConnection) -> list[dict[str, Any]]:
+    return [publisher_info(context, connection, p) for p in connection.listed_publishers()]
+
+
+def _consumers(context: Context, connection: ClientConnection) -> list[dict[str, Any]]:
+    return [consumer_info(context, connection, c) for c in connection.listed_subscriptions()]
+
+
 @routes.get("/api/stream/connections/{vhost}/{name}/publishers")
 async def connection_publishers(request: web.Request) -> web.Response:
     """rabbit_stream_connection_publishers_mgmt."""
-    connection = _conn(request)
-    context = ctx(request)
-    return respond(request, [publisher_info(context, connection, p) for p in connection.listed_publishers()])
+    return respond(request, _publishers(ctx(request), _conn(request)))
 
 
 @routes.get("/api/stream/connections/{vhost}/{name}/consumers")
 async def connection_consumers(request: web.Request) -> web.Response:
     """rabbit_stream_connection_consumers_mgmt."""
-    connection = _conn(request)
-    context = ctx(request)
-    return respond(request, [consumer_info(context, connection, c) for c in connection.listed_subscriptions()])
+    return respond(request, _consumers(ctx(request), _conn(request)))
 
 
 def _everyone(request: web.Request, vhost: str | None,
@@ -137,14 +141,6 @@ def _vhost(request: web.Request) -> str:
     if not ctx(request).broker.access.vhost_exists(vhost):
         raise not_found()
     return vhost
-
-
-def _publishers(context: Context, connection: ClientConnection) -> list[dict[str, Any]]:
-    return [publisher_info(context, connection, p) for p in connection.listed_publishers()]
-
-
-def _consumers(context: Context, connection: ClientConnection) -> list[dict[str, Any]]:
-    return [consumer_info(context, connection, c) for c in connection.listed_subscriptions()]
 
 
 @routes.get("/api/stream/publishers")
